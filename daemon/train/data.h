@@ -1,0 +1,66 @@
+/*
+ * data.h — token shards in the llm.c layout and the byte-level tokenizer.
+ *
+ * Shard file: a header of 256 int32 (little-endian): [0] magic 20240520,
+ * [1] version 1, [2] token count n; then n uint16 tokens. Nothing else.
+ * Shards made by llm.c's tools load as they are.
+ */
+#ifndef M6_DATA_H
+#define M6_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_INTS 256
+
+/* The tokens of every shard matched by a glob, mapped read-only. */
+typedef struct {
+    int n_shards;
+    const uint16_t **tokens;  /* per shard */
+    size_t *n_tokens;         /* per shard */
+    size_t total;             /* sum of n_tokens */
+    /* private */
+    void **maps; size_t *map_len; char **paths;
+} token_set;
+
+/* Open every shard matching glob (sorted by name), check header, size and
+ * that every token < vocab_size. Errors name the file and the problem:
+ * "no files match", "truncated: header says N tokens, file holds M",
+ * "bad magic X (want 20240520)", "token 300 at index 17 >= vocab_size 256".
+ * Returns 0 or -1 with err filled. */
+int token_set_open(token_set *ts, const char *glob, int vocab_size,
+                   char *err, size_t errlen);
+void token_set_close(token_set *ts);
+
+/* Token at global index i (0 <= i < total), shards concatenated in order. */
+uint16_t token_set_at(const token_set *ts, size_t i);
+
+/* Copy B*T+1 consecutive tokens starting at global index pos into buf
+ * (int32) — a batch's inputs are buf[0..BT) and targets buf[1..BT]. */
+void token_set_window(const token_set *ts, size_t pos, int32_t *buf, size_t n);
+
+/* Write one shard: header + tokens. Written to path.tmp, fsynced, renamed. */
+int shard_write(const char *path, const uint16_t *tokens, size_t n,
+                char *err, size_t errlen);
+
+/* Byte-level tokenizer (vocab 256): token = byte value. */
+static inline uint16_t byte_token(unsigned char c) { return (uint16_t)c; }
+
+/* `m6ctl data prepare`: read text files (directories walked recursively in
+ * name order, .gz files decompressed, binary files — a NUL in the first 8 KiB —
+ * skipped and counted), tokenize bytewise, and write train_000000.bin,
+ * train_000001.bin, ... and val_000000.bin, ... into out_dir (created).
+ * The last val_fraction of each file's bytes goes to val (at least one window
+ * worth overall). shard_tokens caps tokens per shard. progress, if not NULL,
+ * is called per file. Returns 0 or -1 with err. */
+typedef struct {
+    size_t files, skipped, train_tokens, val_tokens, train_shards, val_shards;
+} prepare_stats;
+int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
+                 double val_fraction, size_t shard_tokens, prepare_stats *st,
+                 void (*progress)(const char *file, size_t bytes, void *ud),
+                 void *ud, char *err, size_t errlen);
+
+#endif /* M6_DATA_H */

@@ -1,0 +1,67 @@
+/*
+ * spec.h — the run spec: what an operator submits (a JSON file, DESIGN.md §4),
+ * parsed and range-checked into a plain struct. Unknown keys and bad values
+ * are errors naming the key ("train.lr: must be > 0, got -1").
+ */
+#ifndef M6_SPEC_H
+#define M6_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SPEC_STR 1024
+
+typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
+typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
+
+typedef struct {
+    int vocab_size;   /* V */
+    int n_layer;      /* L */
+    int n_head;       /* NH */
+    int n_embd;       /* C */
+    int seq_len;      /* T (also the size of the position table) */
+} model_config;
+
+typedef struct {
+    char name[256];
+    struct { char train[SPEC_STR]; char val[SPEC_STR]; } data;  /* globs */
+    model_config model;
+    struct { int share_groups; long steps; } pseudo;  /* steps 0: from scratch */
+    struct { delink_optimizer optimizer; long rewarm_steps; } delink;
+    struct {
+        long steps;          /* total optimizer steps, pseudo + real */
+        int batch_size;      /* B: sequences per microbatch */
+        int grad_accum;      /* microbatches per optimizer step */
+        float lr, min_lr;    /* peak and floor of the cosine schedule */
+        long warmup_steps;
+        float weight_decay;  /* decoupled; applied to 2-D weights only */
+        float grad_clip;     /* global-norm clip; 0 disables */
+        float beta1, beta2, eps;
+        uint64_t seed;
+        long eval_every;     /* 0: only at the end */
+        int eval_batches;
+    } train;
+    struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
+    struct { backend_kind backend; int threads; size_t memory_budget; } device;
+    struct { int prefetch; int host_threads; } offload;
+} run_spec;
+
+/* Fill *s with the defaults (those of examples/fortunes-p2r.json's shape). */
+void spec_defaults(run_spec *s);
+
+/* Parse a JSON spec text (len bytes) over the defaults and validate it.
+ * Returns 0, or -1 with a message naming the key in err. */
+int spec_parse(run_spec *s, const char *json, size_t len, char *err,
+               size_t errlen);
+
+/* Parse the file at path (errors name the file). */
+int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen);
+
+/* Serialize to canonical JSON (malloc'd string, caller frees); NULL on OOM.
+ * spec_parse(spec_to_json(s)) gives back s. */
+char *spec_to_json(const run_spec *s);
+
+/* FNV-1a 64 of the canonical JSON: identifies a spec in checkpoints. */
+uint64_t spec_hash(const run_spec *s);
+
+#endif /* M6_SPEC_H */

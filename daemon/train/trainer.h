@@ -1,0 +1,79 @@
+/*
+ * trainer.h — one training run, driven one optimizer step at a time.
+ *
+ * The daemon's worker thread owns a trainer: it calls trainer_step() in a
+ * loop and, between steps, acts on operator commands (pause, stop, delink)
+ * and on the coordinator's phase policy (daemon/coord/). The trainer is the
+ * mechanism; when to delink is decided by the caller.
+ *
+ * Determinism: given the spec (seed included), the sequence of losses is
+ * bitwise reproducible on the CPU backend, across save/load too.
+ */
+#ifndef M6_TRAINER_H
+#define M6_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "train/spec.h"
+
+typedef struct trainer trainer;
+
+typedef enum { PHASE_PSEUDO = 0, PHASE_REAL = 1 } train_phase;
+
+typedef struct {
+    long step;            /* optimizer steps done after this one (1-based) */
+    train_phase phase;    /* phase this step ran in */
+    float train_loss;     /* mean over the step's B*T*grad_accum tokens, nats */
+    float val_loss;       /* NAN unless an eval ran after this step */
+    float lr;             /* learning rate used */
+    float grad_norm;      /* global L2 norm before clipping */
+    double tokens_per_s;  /* training tokens / wall seconds of this step */
+    double step_ms;
+} step_result;
+
+/* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
+ * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
+ * projections scaled by 1/sqrt(2L)), open the train and val shards.
+ * threads > 0 sets the OpenMP/BLAS thread count. Returns NULL with err. */
+trainer *trainer_create(const run_spec *spec, char *err, size_t errlen);
+void trainer_free(trainer *t);
+
+/* One optimizer step: grad_accum microbatches forward+backward, global-norm
+ * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
+ * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss). */
+int trainer_step(trainer *t, step_result *res, char *err, size_t errlen);
+
+/* Mean validation loss over spec.train.eval_batches fixed batches (nats). */
+float trainer_eval(trainer *t);
+
+/* Loss (nats) of the model on a fixed batch of the validation set, index i,
+ * without touching any state: used to show delink keeps the function. */
+float trainer_probe_loss(trainer *t, int batch_index);
+
+/* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it
+ * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR
+ * schedule continues, re-warming over spec.delink.rewarm_steps.
+ * No-op returning 0 when already Real. Returns -1 with err on OOM. */
+int trainer_delink(trainer *t, char *err, size_t errlen);
+
+long trainer_step_count(const trainer *t);
+train_phase trainer_phase(const trainer *t);
+int trainer_n_slots(const trainer *t);
+/* Step at which delink happened (-1 if still pseudo or trained from scratch). */
+long trainer_delink_step(const trainer *t);
+size_t trainer_param_count(const trainer *t);
+/* Model FLOPs per token: 6N + 6 L C T (N = parameters of the Real model's
+ * compute path, embeddings included). */
+double trainer_flops_per_token(const trainer *t);
+
+/* Checkpoint into dir (must not exist): model.safetensors,
+ * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file
+ * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1. */
+long trainer_save(trainer *t, const char *dir, char *err, size_t errlen);
+
+/* Restore from a complete checkpoint dir written by trainer_save for the same
+ * spec (spec hash checked). After loading, the run continues bitwise as if
+ * never interrupted. Returns 0 or -1 with err. */
+int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
+
+#endif /* M6_TRAINER_H */
