@@ -36,6 +36,7 @@ static int setup_tmp(void **state)
 {
     const char *base = getenv("TMPDIR");
     char *dir = malloc(4096);
+    if (!dir) return -1;
     snprintf(dir, 4096, "%s/m6-test-data-XXXXXX", base && *base ? base : "/tmp");
     if (!mkdtemp(dir)) { free(dir); return -1; }
     *state = dir;
@@ -52,8 +53,10 @@ static int teardown_tmp(void **state)
 
 static char *join(const char *a, const char *b)
 {
-    char *p = malloc(strlen(a) + strlen(b) + 2);
-    sprintf(p, "%s/%s", a, b);
+    size_t len = strlen(a) + strlen(b) + 2;
+    char *p = malloc(len);
+    assert_non_null(p);
+    snprintf(p, len, "%s/%s", a, b);
     return p;
 }
 
