@@ -273,6 +273,18 @@ static int parse_size_(const char *s, size_t *out)
     return -1;
 }
 
+/* Shortest "%.Ng" that reads back (as spec_parse reads it: strtod, then a
+ * float cast) to exactly f; 9 digits always do. Keeps a '.' or exponent so
+ * the value stays a JSON real. */
+static void float_text_(float f, char *buf, size_t len)
+{
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, len, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    if (!strpbrk(buf, ".eE")) strncat(buf, ".0", len - strlen(buf) - 1);
+}
+
 /* Print a float range like "> 0", ">= 0" or "in [0, 1)". */
 static void range_text_(const key_ *k, char *buf, size_t len)
 {
@@ -322,7 +334,7 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
         }
         long long x = json_integer_value(v);
         if (x < k->ilo || x > k->ihi) {
-            if (k->ihi == INT_MAX || k->ihi == LONG_MAX)
+            if (x < k->ilo && (k->ihi == INT_MAX || k->ihi == LONG_MAX))
                 seterr_(err, errlen, "%s: must be >= %lld, got %lld", path,
                         k->ilo, x);
             else
@@ -374,9 +386,12 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
         if (!ok) {
             char range[64];
             range_text_(k, range, sizeof range);
-            if ((double)f != d)
-                seterr_(err, errlen, "%s: must be %s, got %s (%.9g as a "
-                        "32-bit float)", path, range, shown, (double)f);
+            if ((double)f != d) {
+                char ft[48];
+                float_text_(f, ft, sizeof ft);
+                seterr_(err, errlen, "%s: must be %s, got %s (%s as a "
+                        "32-bit float)", path, range, shown, ft);
+            }
             else
                 seterr_(err, errlen, "%s: must be %s, got %s", path, range,
                         shown);
@@ -466,8 +481,11 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
         return -1;
     }
     if (s->train.min_lr > s->train.lr) {
-        seterr_(err, errlen, "train.min_lr: must be in [0, train.lr = %.9g], "
-                "got %.9g", (double)s->train.lr, (double)s->train.min_lr);
+        char lr[48], min_lr[48];
+        float_text_(s->train.lr, lr, sizeof lr);
+        float_text_(s->train.min_lr, min_lr, sizeof min_lr);
+        seterr_(err, errlen, "train.min_lr: must be in [0, train.lr = %s], "
+                "got %s", lr, min_lr);
         return -1;
     }
     return 0;
@@ -592,65 +610,88 @@ int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen)
 /* Canonical JSON                                                            */
 /* ------------------------------------------------------------------------ */
 
-static json_t *value_json_(const run_spec *s, const key_ *k)
+/* One value as canonical JSON text, appended to out. 0 or -1. */
+static int value_text_(FILE *out, const run_spec *s, const key_ *k)
 {
     const char *src = (const char *)s + k->off;
     switch (k->kind) {
     case K_STR: {
-        size_t n = strnlen(src, k->size);
-        return json_stringn(src, n);
+        json_t *j = json_stringn(src, strnlen(src, k->size));
+        char *t = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        if (!t) return -1;  /* not UTF-8 */
+        fputs(t, out);
+        free(t);
+        return 0;
     }
-    case K_INT: { int x; memcpy(&x, src, sizeof x); return json_integer(x); }
-    case K_LONG: { long x; memcpy(&x, src, sizeof x); return json_integer(x); }
+    case K_INT: { int x; memcpy(&x, src, sizeof x); fprintf(out, "%d", x); return 0; }
+    case K_LONG: { long x; memcpy(&x, src, sizeof x); fprintf(out, "%ld", x); return 0; }
     case K_U64: {
         uint64_t x;
         memcpy(&x, src, sizeof x);
-        if (x <= (uint64_t)INT64_MAX) return json_integer((json_int_t)x);
-        char t[32];
-        snprintf(t, sizeof t, "%llu", (unsigned long long)x);
-        return json_string(t);
+        /* above INT64_MAX as a decimal string: JSON integers stop there here */
+        fprintf(out, x <= (uint64_t)INT64_MAX ? "%llu" : "\"%llu\"",
+                (unsigned long long)x);
+        return 0;
     }
-    case K_FLOAT: { float f; memcpy(&f, src, sizeof f); return json_real(f); }
+    case K_FLOAT: {
+        float f;
+        memcpy(&f, src, sizeof f);
+        if (!isfinite(f)) return -1;
+        char t[48];
+        float_text_(f, t, sizeof t);
+        fputs(t, out);
+        return 0;
+    }
     case K_ENUM: {
         int i, n = 0;
         memcpy(&i, src, sizeof i);
         while (k->names[n]) n++;
-        return i >= 0 && i < n ? json_string(k->names[i]) : NULL;
+        if (i < 0 || i >= n) return -1;
+        fprintf(out, "\"%s\"", k->names[i]);
+        return 0;
     }
     case K_SIZE: {
         size_t x;
         memcpy(&x, src, sizeof x);
-        if (x > (size_t)INT64_MAX) return NULL;
-        return json_integer((json_int_t)x);
+        if (x > (size_t)INT64_MAX) return -1;
+        fprintf(out, "%zu", x);
+        return 0;
     }
     }
-    return NULL;
+    return -1;
 }
 
 char *spec_to_json(const run_spec *s)
 {
-    json_t *root = json_object();
-    if (!root) return NULL;
     char *text = NULL;
-    for (size_t i = 0; i < N_KEYS; i++) {
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    if (!out) return NULL;
+    int rc = 0;
+    const char *section = NULL;
+    fputs("{\n", out);
+    for (size_t i = 0; i < N_KEYS && rc == 0; i++) {
         const key_ *k = &keys_[i];
-        json_t *parent = root;
-        if (k->section) {
-            parent = json_object_get(root, k->section);
-            if (!parent) {
-                parent = json_object();
-                if (!parent || json_object_set_new(root, k->section, parent))
-                    goto out;
-            }
-        }
-        json_t *v = value_json_(s, k);
-        if (!v || json_object_set_new(parent, k->key, v) != 0) goto out;
+        int last_in_scope = i + 1 == N_KEYS ||
+            (keys_[i + 1].section == NULL) != (k->section == NULL) ||
+            (k->section && strcmp(keys_[i + 1].section, k->section) != 0);
+        if (k->section && (!section || strcmp(section, k->section) != 0))
+            fprintf(out, "  \"%s\": {\n", k->section);
+        section = k->section;
+        fprintf(out, "%s\"%s\": ", k->section ? "    " : "  ", k->key);
+        rc = value_text_(out, s, k);
+        if (k->section && last_in_scope)
+            fprintf(out, "\n  }%s\n", i + 1 == N_KEYS ? "" : ",");
+        else
+            fputs(",\n", out);
     }
-    /* %.9g round-trips every float; jansson keeps insertion order */
-    text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
-                            JSON_REAL_PRECISION(9));
-out:
-    json_decref(root);
+    fputs("}\n", out);
+    if (fclose(out) != 0) rc = -1;
+    if (rc != 0) {
+        free(text);
+        return NULL;
+    }
     return text;
 }
 
