@@ -19,6 +19,15 @@
  *   slots.<s>.mlp.c_fc.weight (4C,C),    slots.<s>.mlp.c_fc.bias (4C),
  *   slots.<s>.mlp.c_proj.weight (C,4C),  slots.<s>.mlp.c_proj.bias (C)
  * Weights are (out, in) row-major, as nn.Linear stores them.
+ *
+ * Storage and placement (granular offloading, daemon/offload/): by default
+ * every buffer is one plain allocation and every slot is resident. A
+ * gpt_storage may instead place the model: then params/grads/m/v hold only
+ * the globals and the resident slots (the "device block"), each offloaded
+ * slot's state lives elsewhere (host memory), and the layer kernels find a
+ * slot's working weights and gradient through the compute view w[s], dw[s],
+ * which the storage points at a staging buffer around the layers that use
+ * the slot (gpt_event hooks). The math is the same either way.
  */
 #ifndef M6_GPT_H
 #define M6_GPT_H
@@ -70,15 +79,53 @@ typedef struct {
     float *dlosses;            /* (B,T) */
 } gpt_acts;
 
+/* Where one slot's state lives: slot_size floats each. */
 typedef struct {
+    float *params, *grads, *m, *v;
+} gpt_slot_state;
+
+/* Hook events, in call order within a pass. layer is -1 for pass events. */
+typedef enum {
+    GPT_FWD_START, GPT_FWD_LAYER_BEGIN, GPT_FWD_LAYER_END, GPT_FWD_DONE,
+    GPT_BWD_START, GPT_BWD_LAYER_BEGIN, GPT_BWD_LAYER_END, GPT_BWD_DONE
+} gpt_event;
+
+typedef struct gpt_model gpt_model;
+
+/* A placement of the model's state (NULL everywhere: plain allocations).
+ * alloc_state: g->S, the layout and g->slot_of are set; allocate and zero
+ *   g->params, grads, m, v (g->n_local floats each, set it), fill
+ *   g->slots[s], g->w[s], g->dw[s] (resident: = slots[s].params/grads;
+ *   offloaded: NULL until an event) and g->offloaded[s] for every slot
+ *   (those arrays are allocated by gpt.c). 0, or -1 with errno.
+ * free_state: release what alloc_state allocated.
+ * alloc_acts/free_acts: the activation block (floats, 64-byte aligned).
+ * event: called around passes and layers; on *_LAYER_BEGIN the compute view
+ *   of slot_of[layer] must be valid when it returns. May be NULL. */
+typedef struct {
+    void *ctx;
+    int (*alloc_state)(void *ctx, gpt_model *g);
+    void (*free_state)(void *ctx, gpt_model *g);
+    float *(*alloc_acts)(void *ctx, size_t floats);
+    void (*free_acts)(void *ctx, float *p);
+    void (*event)(void *ctx, gpt_model *g, gpt_event ev, int layer);
+} gpt_storage;
+
+struct gpt_model {
     model_config cfg;          /* V, L, NH, C, T */
     int S;                     /* number of parameter slots */
     int *slot_of;              /* [L] slot used by each layer */
     size_t n_global;           /* floats in the global region (padded) */
     size_t slot_size;          /* floats per slot (padded) */
-    size_t n_params;           /* n_global + S * slot_size */
-    float *params, *grads;     /* (n_params) each */
-    float *m, *v;              /* AdamW moments (n_params) each */
+    size_t n_params;           /* n_global + S * slot_size: the whole model */
+    size_t n_local;            /* floats in params..v: n_params unless some
+                                * slots are offloaded */
+    float *params, *grads;     /* (n_local) each: globals, resident slots */
+    float *m, *v;              /* AdamW moments (n_local) each */
+    gpt_slot_state *slots;     /* [S] where each slot's state lives */
+    float **w, **dw;           /* [S] compute view: weights/grads the layer
+                                * kernels use for each slot */
+    unsigned char *offloaded;  /* [S] 1: state outside the device block */
     long adam_t_global;        /* AdamW step count of the globals */
     long *adam_t_slot;         /* [S] AdamW step count of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
@@ -86,20 +133,34 @@ typedef struct {
     int B, T;                  /* activation shapes allocated */
     gpt_acts a;
     float *act_mem;            /* one allocation behind a */
-} gpt_model;
+    const gpt_storage *storage;  /* NULL: plain allocations, all resident */
+};
 
 /* Allocate a model with S slots (1 <= S <= L; slot_of[l] = l*S/L) and
  * activations for microbatches of B sequences of cfg->seq_len tokens.
  * Weights zeroed; call gpt_init_weights. Returns 0 or -1 (errno ENOMEM). */
 int gpt_create(gpt_model *g, const model_config *cfg, int S, int B);
+/* The same with the state placed by storage (kept by pointer; NULL = plain). */
+int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
+                    const gpt_storage *storage);
 void gpt_free(gpt_model *g);
+
+/* Sizes of the layout for cfg, in floats (padded to 16): the global region
+ * and one slot. */
+void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
+                      size_t *slot_size);
+/* Floats of the activation block for microbatches of B sequences (forward
+ * activations of all L layers plus one layer's backward scratch). */
+size_t gpt_act_floats(const model_config *cfg, int B);
 
 /* GPT-2 initialisation from a 64-bit seed: every 2-D weight N(0, 0.02), the
  * residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
  * (GPT-2 paper §2.3), biases 0, LayerNorm weights 1. */
 void gpt_init_weights(gpt_model *g, uint64_t seed);
 
-/* Pointer to slot s's region inside buf (params, grads, m or v). */
+/* Pointer to slot s's region inside buf (params, grads, m or v) of a model
+ * with the plain layout (every slot resident, no storage). Anywhere else use
+ * g->slots[s]. */
 static inline float *gpt_slot_ptr(const gpt_model *g, float *buf, int s)
 {
     return buf + g->n_global + (size_t)s * g->slot_size;
@@ -117,20 +178,36 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                   int B, float loss_scale);
 
+/* Zero the gradients in the device block (globals and resident slots; with
+ * plain storage, all of them). An offloaded slot's gradient belongs to its
+ * storage, which starts every step from zero. */
 void gpt_zero_grad(gpt_model *g);
 
-/* Global L2 norm of g->grads (double accumulation). */
+/* Global L2 norm of all gradients: sums of squares (double) of the globals,
+ * then of slot 0, 1, ..., S-1 (each slot's gradient where slots[s] says),
+ * added in that order, so the result does not depend on placement. */
 float gpt_grad_norm(const gpt_model *g);
 
-/* AdamW over all parameters (decay on 2-D tensors only), each region with
- * its own step count (incremented here). grad_scale folds clipping. */
+/* AdamW over the globals and every resident slot (decay on 2-D tensors
+ * only), each region with its own step count (incremented here). grad_scale
+ * folds clipping. Offloaded slots are updated by their storage through
+ * gpt_adamw_slot. */
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale);
+
+/* AdamW over slot s's state wherever it lives (slots[s]); increments
+ * adam_t_slot[s]. Safe to run for different slots on different threads. */
+void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float grad_scale);
 
 /* Re-lay the model to S' slots with the given share map (len L), each new
  * slot s' a copy of old slot src_of[s'] (params, m, v, step count);
  * grads zeroed. reset_moments zeroes m, v and the step counts of the slots.
- * This is delink when S' = L and src_of[l] = old slot_of[l]. 0 or -1. */
+ * This is delink when S' = L and src_of[l] = old slot_of[l]. The old state
+ * is first copied to a temporary host snapshot and released, then the new
+ * state allocated (through the storage, which may place it anew), so peak
+ * memory in the placed pools is max(old, new), not their sum.
+ * 0, or -1 (errno): on failure the old layout is restored. */
 int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments);
 

@@ -289,12 +289,28 @@ double trainer_flops_per_token(const trainer *t)
 
 /* ------------------------------------------------------------- checkpoints */
 
-/* Enumerate every tensor of the model over buffer buf (params, m or v) with
- * the given name prefix. Returns the count; names malloc'd into names[]. */
-static int collect_tensors_(const gpt_model *g, float *buf, const char *prefix,
-                            st_tensor *out, char **names)
+/* The state buffers a checkpoint holds. */
+typedef enum { BUF_PARAMS, BUF_M, BUF_V } state_buf_;
+
+static float *glob_buf_(const gpt_model *g, state_buf_ b)
+{
+    return b == BUF_PARAMS ? g->params : b == BUF_M ? g->m : g->v;
+}
+
+static float *slot_buf_(const gpt_model *g, state_buf_ b, int s)
+{
+    const gpt_slot_state *st = &g->slots[s];
+    return b == BUF_PARAMS ? st->params : b == BUF_M ? st->m : st->v;
+}
+
+/* Enumerate every tensor of the model over buffer b (params, m or v; each
+ * slot wherever it lives, offloaded slots in host memory) with the given
+ * name prefix. Returns the count; names malloc'd into names[]. */
+static int collect_tensors_(const gpt_model *g, state_buf_ b,
+                            const char *prefix, st_tensor *out, char **names)
 {
     int n = 0;
+    float *buf = glob_buf_(g, b);
     char nm[160];
     for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
         const gpt_tensor *gt = &g->glob[i];
@@ -309,7 +325,7 @@ static int collect_tensors_(const gpt_model *g, float *buf, const char *prefix,
             snprintf(nm, sizeof nm, "%sslots.%d.%s", prefix, s, st->name);
             names[n] = strdup(nm);
             out[n] = (st_tensor){names[n],
-                                 gpt_slot_ptr(g, buf, s) + st->offset,
+                                 slot_buf_(g, b, s) + st->offset,
                                  st->cols ? 2 : 1, {st->rows, st->cols}};
         }
     }
@@ -317,7 +333,8 @@ static int collect_tensors_(const gpt_model *g, float *buf, const char *prefix,
 }
 
 static long write_tensors_file_(const char *path, const gpt_model *g,
-                                float *const *bufs, const char *const *prefixes,
+                                const state_buf_ *bufs,
+                                const char *const *prefixes,
                                 int nbufs, char *err, size_t errlen)
 {
     int per = GLOB_NTENSORS + g->S * SLOT_NTENSORS;
@@ -399,13 +416,13 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
     }
     gpt_model *g = &t->model;
     long total = 0, rc;
-    float *pb[] = {g->params};
+    const state_buf_ pb[] = {BUF_PARAMS};
     const char *pp[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     if ((rc = write_tensors_file_(path, g, pb, pp, 1, err, errlen)) < 0)
         return -1;
     total += rc;
-    float *ob[] = {g->m, g->v};
+    const state_buf_ ob[] = {BUF_M, BUF_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
     if ((rc = write_tensors_file_(path, g, ob, op, 2, err, errlen)) < 0)
@@ -434,7 +451,7 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
     return total;
 }
 
-static int load_tensors_(const char *path, gpt_model *g, float *const *bufs,
+static int load_tensors_(const char *path, gpt_model *g, const state_buf_ *bufs,
                          const char *const *prefixes, int nbufs, char *err,
                          size_t errlen)
 {
@@ -524,12 +541,12 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory loading %s", dir);
         goto out;
     }
-    float *pb[] = {g->params};
+    const state_buf_ pb[] = {BUF_PARAMS};
     const char *pp[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (load_tensors_(path, g, pb, pp, 1, err, errlen) != 0)
         goto out;
-    float *ob[] = {g->m, g->v};
+    const state_buf_ ob[] = {BUF_M, BUF_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if (load_tensors_(path, g, ob, op, 2, err, errlen) != 0)
