@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "model/gpt.h"
+#include "offload/offload.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 
@@ -34,6 +35,7 @@ struct trainer {
     train_phase phase;
     int32_t *inp, *tgt;    /* (B,T) */
     int32_t *window;       /* (T+1) */
+    offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
 };
 
 static double now_s_(void)
@@ -85,8 +87,17 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
-    if (gpt_create(&t->model, mc, S, B) != 0) {
-        snprintf(err, errlen, "cannot allocate the model: %s", strerror(errno));
+    if (spec->device.memory_budget > 0 &&
+        !(t->off = offload_create(spec, err, errlen)))
+        goto fail;
+    if (gpt_create_with(&t->model, mc, S, B,
+                        t->off ? offload_storage(t->off) : NULL) != 0) {
+        if (t->off && offload_last_error(t->off)[0])
+            snprintf(err, errlen, "cannot place the model: %s",
+                     offload_last_error(t->off));
+        else
+            snprintf(err, errlen, "cannot allocate the model: %s",
+                     strerror(errno));
         goto fail;
     }
     gpt_init_weights(&t->model, spec->train.seed);
@@ -111,6 +122,7 @@ void trainer_free(trainer *t)
     if (!t)
         return;
     gpt_free(&t->model);
+    offload_free(t->off);
     token_set_close(&t->train);
     token_set_close(&t->val);
     free(t->inp);
@@ -184,14 +196,26 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
 
     memset(res, 0, sizeof *res);
     res->phase = t->phase;
+    float clip = sp->train.grad_clip;
+    float lr = lr_at_(t, t->step);
+    offload_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
+                         sp->train.weight_decay, 1.0f};
+    /* without clipping the scale is 1 and known now: offloaded slots are
+     * updated as soon as their gradients are final */
+    if (t->off)
+        offload_step_begin(t->off, clip > 0 ? NULL : &adam);
     gpt_zero_grad(&t->model);
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
+        if (t->off)
+            offload_microbatch(t->off, k);
         next_train_batch_(t);
         loss_sum += gpt_forward(&t->model, t->inp, t->tgt, B);
         gpt_backward(&t->model, t->inp, t->tgt, B,
                      1.0f / ((float)B * (float)T * (float)accum));
     }
+    if (t->off)
+        offload_wait_grads(t->off);
     float loss = (float)(loss_sum / accum);
     float norm = gpt_grad_norm(&t->model);
     if (!isfinite(loss) || !isfinite(norm)) {
@@ -199,9 +223,11 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
                  t->step + 1, isfinite(loss) ? "gradient" : "loss", loss, norm);
         return -1;
     }
-    float clip = sp->train.grad_clip;
     float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
-    float lr = lr_at_(t, t->step);
+    if (t->off) { /* host threads update offloaded slots meanwhile */
+        adam.grad_scale = scale;
+        offload_adamw(t->off, &adam);
+    }
     gpt_adamw(&t->model, lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
               sp->train.weight_decay, scale);
     t->step++;
@@ -243,6 +269,8 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
     int L = g->cfg.n_layer;
     if (t->phase == PHASE_REAL)
         return 0;
+    if (t->off)
+        offload_sync(t->off);
     int *slot_of = malloc((size_t)L * sizeof(int));
     int *src = malloc((size_t)L * sizeof(int));
     if (!slot_of || !src) {
@@ -261,7 +289,8 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
     free(src);
     if (rc != 0) {
         snprintf(err, errlen, "delink: cannot allocate %d slots: %s", L,
-                 strerror(errno));
+                 t->off && offload_last_error(t->off)[0]
+                     ? offload_last_error(t->off) : strerror(errno));
         return -1;
     }
     t->phase = PHASE_REAL;
@@ -416,6 +445,8 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
     }
     gpt_model *g = &t->model;
     long total = 0, rc;
+    if (t->off) /* offloaded slots are read from host memory, settled */
+        offload_sync(t->off);
     const state_buf_ pb[] = {BUF_PARAMS};
     const char *pp[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
@@ -493,6 +524,8 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     }
     gpt_model *g = &t->model;
     int L = g->cfg.n_layer, version = 0, n_slots = 0, rc = -1;
+    if (t->off)
+        offload_sync(t->off);
     json_int_t step, delink_step, adam_t_global;
     const char *phase, *rng, *hash, *format;
     json_t *slot_of, *adam_t;
@@ -562,4 +595,42 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
 out:
     json_decref(m);
     return rc;
+}
+
+/* ------------------------------------------------------------- state access */
+
+size_t trainer_copy_state(trainer *t, int which, float *dst)
+{
+    const gpt_model *g = &t->model;
+    if (!dst)
+        return g->n_params;
+    if (t->off)
+        offload_sync(t->off);
+    state_buf_ b = which == 0 ? BUF_PARAMS : which == 1 ? BUF_M : BUF_V;
+    memcpy(dst, glob_buf_(g, b), g->n_global * sizeof(float));
+    for (int s = 0; s < g->S; s++)
+        memcpy(dst + g->n_global + (size_t)s * g->slot_size, slot_buf_(g, b, s),
+               g->slot_size * sizeof(float));
+    return g->n_params;
+}
+
+int trainer_copy_adam_steps(trainer *t, long *dst)
+{
+    const gpt_model *g = &t->model;
+    if (t->off)
+        offload_sync(t->off);
+    dst[0] = g->adam_t_global;
+    memcpy(dst + 1, g->adam_t_slot, (size_t)g->S * sizeof(long));
+    return g->S + 1;
+}
+
+int trainer_offload_stats(trainer *t, offload_stats *st)
+{
+    if (!t->off) {
+        memset(st, 0, sizeof *st);
+        st->n_slots = st->n_resident = t->model.S;
+        return -1;
+    }
+    offload_get_stats(t->off, st);
+    return 0;
 }

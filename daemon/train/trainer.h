@@ -7,13 +7,17 @@
  * mechanism; when to delink is decided by the caller.
  *
  * Determinism: given the spec (seed included), the sequence of losses is
- * bitwise reproducible on the CPU backend, across save/load too.
+ * bitwise reproducible on the CPU backend, across save/load too, and does
+ * not depend on offloading: with device.memory_budget > 0 some slots may be
+ * offloaded (daemon/offload/offload.h), and the losses stay bitwise those
+ * of the fully resident run.
  */
 #ifndef M6_TRAINER_H
 #define M6_TRAINER_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include "offload/offload.h"
 #include "train/spec.h"
 
 typedef struct trainer trainer;
@@ -40,7 +44,9 @@ void trainer_free(trainer *t);
 
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
- * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss). */
+ * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss);
+ * after -1 the run should stop: with offloading and grad_clip 0, offloaded
+ * slots may already hold the update from the failed step. */
 int trainer_step(trainer *t, step_result *res, char *err, size_t errlen);
 
 /* Mean validation loss over spec.train.eval_batches fixed batches (nats). */
@@ -75,5 +81,20 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen);
  * spec (spec hash checked). After loading, the run continues bitwise as if
  * never interrupted. Returns 0 or -1 with err. */
 int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
+
+/* Offloading figures for status and metrics: slot counts, pool capacity,
+ * use and peak, bytes and GB/s each way, fraction of copy time hidden
+ * behind compute. Returns 0, or -1 when offloading is off
+ * (memory_budget 0; then only n_slots = n_resident = S are set). */
+int trainer_offload_stats(trainer *t, offload_stats *st);
+
+/* The model's state in the plain layout of gpt.h, [globals | slot 0 | ...
+ * | slot S-1] (n_global + S*slot_size floats), wherever it is placed:
+ * which 0 parameters, 1 AdamW m, 2 AdamW v. Returns the float count
+ * (dst NULL: only that). For tests and export; waits for pending updates. */
+size_t trainer_copy_state(trainer *t, int which, float *dst);
+/* AdamW step counts [globals, slot 0, ..., slot S-1] into dst (S+1
+ * entries); returns S+1. */
+int trainer_copy_adam_steps(trainer *t, long *dst);
 
 #endif /* M6_TRAINER_H */

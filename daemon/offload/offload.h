@@ -1,0 +1,247 @@
+/*
+ * offload.h — granular CPU offloading (DESIGN.md §1): memory pools, the
+ * planner, the submit-time preflight check, and the step scheduler that
+ * streams offloaded slots between host and device.
+ *
+ * Terms. A slot is RESIDENT when its weights, gradient and AdamW moments
+ * live in device memory, OFFLOADED when its fp32 master weights, gradient
+ * and moments live in pinned host memory and its weights are copied to a
+ * device staging buffer just before the layers that use it run. The globals
+ * (embeddings, final LayerNorm) are always resident.
+ *
+ * Offloading is on when the spec sets device.memory_budget > 0 (bytes);
+ * 0 means unlimited: no pools, every slot resident, exactly the plain path.
+ *
+ * In CPU builds the "device" is a pool of ordinary memory with the budget
+ * enforced byte for byte; copies are memcpy on a copy thread. The CUDA
+ * backend will put the same pools on cudaMalloc / cudaHostAlloc and the
+ * copies on a stream; the plan and the schedule do not change.
+ *
+ * Units: bytes everywhere (size_t / uint64_t), seconds as double.
+ */
+#ifndef M6_OFFLOAD_H
+#define M6_OFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/gpt.h"
+#include "train/spec.h"
+
+/* ================================================================ pools */
+
+/* Both pools hand out 64-byte aligned, zeroed blocks from large chunks
+ * (first fit, neighbours coalesced on free). Thread-safe. */
+typedef struct offload_pool offload_pool;
+
+typedef struct {
+    size_t capacity;   /* bytes the pool may hand out (device: the budget;
+                        * host: sum of its chunks) */
+    size_t in_use;     /* bytes handed out now */
+    size_t peak;       /* most bytes ever in use at once */
+    size_t pinned;     /* host: bytes of chunks page-locked (0 for device) */
+    int chunks;        /* host: chunks held */
+} offload_pool_stats;
+
+/* Device pool with a hard budget of `budget` bytes: an allocation that
+ * would take in_use past the budget fails (NULL, errno ENOMEM). The CPU
+ * stand-in reserves `budget` bytes of address space once (pages are
+ * committed as they are touched). NULL on failure. */
+offload_pool *offload_device_pool_create(size_t budget);
+
+/* Pinned host pool. It grows by chunks of max(chunk_bytes, request) bytes,
+ * each page-locked with mlock. When locking fails (RLIMIT_MEMLOCK, no
+ * CAP_IPC_LOCK) the chunk is kept unlocked and one warning line goes to
+ * stderr: a run goes on, slower, rather than failing mid-way (submit-time
+ * policy is offload_check's). NULL on failure. */
+offload_pool *offload_host_pool_create(size_t chunk_bytes);
+
+/* A zeroed, 64-byte aligned block of `bytes` (> 0); NULL with errno ENOMEM
+ * when the budget (device) or memory (host) runs out. */
+void *offload_pool_alloc(offload_pool *p, size_t bytes);
+void offload_pool_free(offload_pool *p, void *ptr);
+void offload_pool_get_stats(offload_pool *p, offload_pool_stats *st);
+/* Host pool: return chunks with nothing in use to the system. */
+void offload_pool_trim(offload_pool *p);
+void offload_pool_destroy(offload_pool *p);
+
+/* Bytes this process may page-lock: SIZE_MAX with CAP_IPC_LOCK, else the
+ * soft RLIMIT_MEMLOCK (or the test override below). */
+size_t offload_pin_limit(void);
+/* Tests: pretend RLIMIT_MEMLOCK is `bytes` and CAP_IPC_LOCK is absent, so
+ * that pinning beyond it fails as it would for an unprivileged daemon.
+ * SIZE_MAX restores the real limits. */
+void offload_test_set_pin_limit(size_t bytes);
+
+/* ================================================================ planner */
+
+typedef enum { OFFLOAD_RESIDENT = 0, OFFLOAD_OFFLOADED = 1 } offload_placement;
+
+/* What the planner needs: the model shape and share map, the microbatch,
+ * the budget and the backend. */
+typedef struct {
+    model_config model;    /* V, L, NH, C, T */
+    int n_slots;           /* S, 1..L */
+    const int *slot_of;    /* [L] share map; NULL: the default l*S/L */
+    int batch_size;        /* B, sequences per microbatch */
+    int grad_accum;        /* microbatches per optimizer step (>= 1) */
+    int prefetch;          /* staging buffers (offload.prefetch, >= 1) */
+    backend_kind backend;  /* sets the workspace reserve */
+    size_t budget;         /* device bytes; 0: unlimited */
+} offload_plan_input;
+
+/* A memory plan for one phase (one share map).
+ *
+ * Device memory = globals + resident slots + activations + staging buffers
+ * + backend workspace, with
+ *   global_bytes  = 4 buffers (params, grads, m, v) * n_global floats * 4
+ *   slot_bytes    = 4 buffers * slot_size floats * 4      (one resident slot)
+ *   staging_bytes = 2 buffers (weights, grads) * slot_size floats * 4
+ *   act_bytes     = gpt_act_floats(model, B) * 4
+ *   workspace     = 0 on CPU; 32 MiB (cuBLASLt workspace) on CUDA
+ * (n_global, slot_size: gpt_layout_sizes, padded to 16 floats). There are
+ * n_staging = min(prefetch, n_offloaded) staging buffers.
+ *
+ * Which slots: resident slots fill the budget first; the rest are
+ * offloaded, taken from the END of the stack. In backward the last layers'
+ * gradients are final first, so their host AdamW has the longest time to
+ * finish, and their weights are needed last in the next forward, so their
+ * copies hide behind the resident layers' compute. The offloaded slots are
+ * therefore always a suffix [n_resident, n_slots).
+ *
+ * Bytes moved per optimizer step (training microbatches only; evaluation
+ * passes add forward fetches): the layers of one microbatch, forward then
+ * backward, are cut into intervals, maximal runs of adjacent layers using
+ * the same offloaded slot (so the last layer's forward and backward share
+ * one fetch). Each interval fetches the slot's weights once (h2d,
+ * slot_size*4); each interval with backward layers drains the gradient
+ * (d2h, slot_size*4) and, unless it is the slot's first backward use in the
+ * step, first fetches the partial gradient (h2d, slot_size*4), so that
+ * accumulation happens in the same kernel, in the same order, as for a
+ * resident slot. For the Real phase with k offloaded slots and A
+ * microbatches: h2d = A(2k-1)W + (A-1)kW, d2h = AkW, W = slot_size*4. */
+typedef struct offload_plan {
+    int n_layer, n_slots;
+    int n_resident, n_offloaded;
+    unsigned char *placement;  /* [n_slots] offload_placement (malloc'd) */
+    int n_staging;             /* staging buffers on the device */
+    int batch_size, grad_accum, prefetch;
+    backend_kind backend;
+    size_t budget_bytes;       /* 0: unlimited */
+    size_t global_bytes;       /* globals: params, grads, m, v */
+    size_t slot_bytes;         /* one resident slot: params, grads, m, v */
+    size_t staging_bytes;      /* one staging buffer: weights + grads */
+    size_t act_bytes;          /* activations and backward scratch */
+    size_t workspace_bytes;    /* backend workspace reserve */
+    size_t peak_device_bytes;  /* predicted peak device memory */
+    size_t min_budget_bytes;   /* device memory with every slot offloaded */
+    size_t host_bytes;         /* pinned host: offloaded params, grads, m, v */
+    uint64_t h2d_bytes_per_step, d2h_bytes_per_step;
+    struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
+                                   * phase's plan when the run has one */
+} offload_plan;
+
+/* Plan one phase. 0, or -1 with err when the input is invalid or the model
+ * does not fit even with every slot offloaded; the message gives the budget,
+ * the minimum and its parts. out is filled in both cases (placement NULL on
+ * error); release with offload_plan_free. */
+int offload_plan_make(const offload_plan_input *in, offload_plan *out,
+                      char *err, size_t errlen);
+
+/* Plan a spec: the Real phase (L slots: what must fit) in *out and, when
+ * pseudo.steps > 0, the Pseudo phase in out->pseudo. budget_override > 0
+ * replaces spec->device.memory_budget (m6ctl plan --device-memory).
+ * 0 or -1 with err as offload_plan_make. */
+int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
+                          offload_plan *out, char *err, size_t errlen);
+
+/* Human table (json 0) or one JSON object (json 1) with at least
+ * resident_slots, offloaded_slots (arrays of slot indices),
+ * peak_device_bytes, h2d_bytes_per_step, d2h_bytes_per_step,
+ * min_budget_bytes, host_bytes, budget_bytes and a breakdown; the Pseudo
+ * phase, if any, nested as "pseudo". */
+void offload_plan_print(FILE *f, const offload_plan *p, int json);
+void offload_plan_free(offload_plan *p);
+
+/* ================================================================ submit */
+
+enum { OFFLOAD_REQUIRE_PINNED = 1 };
+
+/* Preflight at submit. Plans the spec (both phases) and checks that the
+ * host side can be had:
+ *  - the plan fits the budget (else offload_plan_for_spec's error);
+ *  - host memory: the pinned host bytes of the Real phase must not exceed
+ *    MemAvailable ("host memory: offloading needs X, only Y available");
+ *  - pinning: when the host bytes exceed what this process may lock
+ *    (offload_pin_limit), it is an error under OFFLOAD_REQUIRE_PINNED
+ *    (naming RLIMIT_MEMLOCK, the bytes, and LimitMEMLOCK=/ulimit -l), and
+ *    otherwise a warning in warn (the run will use pageable memory).
+ * out (may be NULL) receives the plan. 0 (warn may be non-empty) or -1. */
+int offload_check(const run_spec *spec, size_t budget_override, int flags,
+                  offload_plan *out, char *warn, size_t warnlen, char *err,
+                  size_t errlen);
+
+/* ================================================================ runtime */
+
+/* One run's offload runtime: the pools, the model's placement (a
+ * gpt_storage), a copy thread and offload.host_threads AdamW threads.
+ *
+ * A step, as trainer_step drives it:
+ *   offload_step_begin(o, &adam or NULL)  // adam given: clip is off, so an
+ *                                         // offloaded slot's AdamW starts
+ *                                         // as soon as its gradient is final
+ *   gpt_zero_grad; for k in microbatches:
+ *       offload_microbatch(o, k); gpt_forward; gpt_backward
+ *   offload_wait_grads(o)                 // every gradient on the host
+ *   gpt_grad_norm; offload_adamw(o, &adam with the clip scale);
+ *   gpt_adamw (resident; runs while the host threads update offloaded slots)
+ * The next forward waits per slot for its host update (a slot's fetch
+ * starts when its AdamW is done), so updates overlap the resident layers.
+ * Anything that reads state (checkpoints, delink) calls offload_sync first.
+ *
+ * Per slot, a small state machine: IDLE (master copy current) -> UPDATING
+ * (AdamW queued or running) -> IDLE; staging buffers go FREE -> LOADING ->
+ * READY -> IN_USE -> (DRAINING) -> FREE. The compute thread never spins:
+ * it waits on condition variables. */
+typedef struct offload_ctx offload_ctx;
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+} offload_adam;
+
+typedef struct {
+    int enabled;               /* 0: memory_budget 0, nothing below is set
+                                * except the slot counts */
+    int n_slots, n_resident, n_offloaded, n_staging;
+    size_t budget_bytes, predicted_peak_bytes;
+    offload_pool_stats device, host;
+    uint64_t h2d_bytes, d2h_bytes;   /* since creation */
+    double h2d_s, d2h_s;       /* copy thread busy time */
+    double h2d_gbps, d2h_gbps; /* bytes / busy time, 1e9 bytes per second */
+    double stall_s;            /* compute thread waiting on transfers */
+    double hidden_fraction;    /* 1 - stall_s / (h2d_s + d2h_s), in [0,1];
+                                * 1 when nothing was copied */
+    double adam_s;             /* host AdamW busy time, all threads */
+} offload_stats;
+
+/* Create the runtime for spec (memory_budget > 0). NULL with err. */
+offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen);
+/* The storage to pass to gpt_create_with; it plans every (re)allocation of
+ * the model's state for the model's current share map. */
+const gpt_storage *offload_storage(offload_ctx *o);
+/* Why the last storage allocation failed (plan or pool), or "". */
+const char *offload_last_error(const offload_ctx *o);
+
+void offload_step_begin(offload_ctx *o, const offload_adam *early);
+void offload_microbatch(offload_ctx *o, int k);
+void offload_wait_grads(offload_ctx *o);
+void offload_adamw(offload_ctx *o, const offload_adam *a);
+void offload_sync(offload_ctx *o);
+
+/* The current plan (valid until the model is re-slotted). */
+const offload_plan *offload_current_plan(const offload_ctx *o);
+void offload_get_stats(offload_ctx *o, offload_stats *st);
+void offload_free(offload_ctx *o);
+
+#endif /* M6_OFFLOAD_H */

@@ -1,0 +1,384 @@
+/*
+ * plan.c — the offload planner (what is resident, what is offloaded, bytes
+ * per step), its printable forms, and the submit-time preflight check.
+ * The accounting is written out in offload.h; this file follows it.
+ */
+#include "offload/offload.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload/intervals.h"
+
+#define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
+
+/* "1.50 MiB (1572864 bytes)" */
+static const char *fmt_bytes_(char *buf, size_t len, size_t n)
+{
+    const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%zu bytes", n);
+    else
+        snprintf(buf, len, "%.2f %s (%zu bytes)", v, unit[u], n);
+    return buf;
+}
+
+static const char *short_bytes_(char *buf, size_t len, uint64_t n)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return buf;
+}
+
+static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch)
+{
+    int k = p->n_slots - n_resident;
+    int nst = k < prefetch ? k : prefetch;
+    return p->global_bytes + p->act_bytes + p->workspace_bytes +
+           (size_t)n_resident * p->slot_bytes + (size_t)nst * p->staging_bytes;
+}
+
+/* h2d and d2h bytes of one optimizer step (see offload.h). */
+static int count_step_bytes_(offload_plan *p, const int *slot_of)
+{
+    int L = p->n_layer;
+    size_t W = p->staging_bytes / 2;
+    offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
+    int *at = malloc(2 * (size_t)L * sizeof(int));
+    unsigned char *touched = calloc((size_t)p->n_slots, 1);
+    if (!iv || !at || !touched) {
+        free(iv);
+        free(at);
+        free(touched);
+        return -1;
+    }
+    p->h2d_bytes_per_step = p->d2h_bytes_per_step = 0;
+    for (int k = 0; k < p->grad_accum; k++) {
+        int n = offload_cut_pass(slot_of, L, p->placement, 1,
+                                 k == p->grad_accum - 1, touched, iv, at);
+        for (int j = 0; j < n; j++) {
+            p->h2d_bytes_per_step += W;
+            if (iv[j].has_bwd) {
+                p->d2h_bytes_per_step += W;
+                if (iv[j].grad_from_host)
+                    p->h2d_bytes_per_step += W;
+            }
+        }
+    }
+    free(iv);
+    free(at);
+    free(touched);
+    return 0;
+}
+
+int offload_plan_make(const offload_plan_input *in, offload_plan *out,
+                      char *err, size_t errlen)
+{
+    const model_config *c = &in->model;
+    memset(out, 0, sizeof *out);
+    int L = c->n_layer, S = in->n_slots;
+    if (L < 1 || S < 1 || S > L || in->batch_size < 1 || in->grad_accum < 1 ||
+        in->prefetch < 1 || c->n_head < 1 || c->n_embd % c->n_head) {
+        snprintf(err, errlen,
+                 "offload plan: bad input (L %d, slots %d, batch %d, accum %d, "
+                 "prefetch %d)", L, S, in->batch_size, in->grad_accum,
+                 in->prefetch);
+        return -1;
+    }
+    size_t ng, ss;
+    gpt_layout_sizes(c, &ng, &ss);
+    out->n_layer = L;
+    out->n_slots = S;
+    out->batch_size = in->batch_size;
+    out->grad_accum = in->grad_accum;
+    out->prefetch = in->prefetch;
+    out->backend = in->backend;
+    out->budget_bytes = in->budget;
+    out->global_bytes = 4 * ng * sizeof(float);
+    out->slot_bytes = 4 * ss * sizeof(float);
+    out->staging_bytes = 2 * ss * sizeof(float);
+    out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
+    out->workspace_bytes = in->backend == BACKEND_CUDA ? CUDA_WORKSPACE_ : 0;
+    out->min_budget_bytes = device_bytes_(out, 0, in->prefetch);
+
+    int R = S;
+    if (in->budget > 0) {
+        while (R >= 0 && device_bytes_(out, R, in->prefetch) > in->budget)
+            R--;
+        if (R < 0) {
+            char b[64], m[64], g[64], a[64], st[64], w[64];
+            int nst = S < in->prefetch ? S : in->prefetch;
+            snprintf(err, errlen,
+                     "device memory budget %s is too small for this model: "
+                     "even with all %d slots offloaded it needs %s (globals "
+                     "%s, activations %s for batch %d, %d staging buffer%s of "
+                     "%s, workspace %s)",
+                     fmt_bytes_(b, sizeof b, in->budget), S,
+                     fmt_bytes_(m, sizeof m, out->min_budget_bytes),
+                     fmt_bytes_(g, sizeof g, out->global_bytes),
+                     fmt_bytes_(a, sizeof a, out->act_bytes), in->batch_size,
+                     nst, nst == 1 ? "" : "s",
+                     fmt_bytes_(st, sizeof st, out->staging_bytes),
+                     fmt_bytes_(w, sizeof w, out->workspace_bytes));
+            return -1;
+        }
+    }
+    int *map = malloc((size_t)L * sizeof(int));
+    out->placement = calloc((size_t)S, 1);
+    if (!map || !out->placement) {
+        free(map);
+        free(out->placement);
+        out->placement = NULL;
+        snprintf(err, errlen, "offload plan: out of memory");
+        return -1;
+    }
+    for (int l = 0; l < L; l++) {
+        map[l] = in->slot_of ? in->slot_of[l] : (int)((long)l * S / L);
+        if (map[l] < 0 || map[l] >= S) {
+            snprintf(err, errlen, "offload plan: slot_of[%d] = %d out of "
+                     "range [0,%d)", l, map[l], S);
+            free(map);
+            offload_plan_free(out);
+            return -1;
+        }
+    }
+    out->n_resident = R;
+    out->n_offloaded = S - R;
+    for (int s = R; s < S; s++)
+        out->placement[s] = OFFLOAD_OFFLOADED;
+    out->n_staging = out->n_offloaded < in->prefetch ? out->n_offloaded
+                                                     : in->prefetch;
+    out->peak_device_bytes = device_bytes_(out, R, in->prefetch);
+    out->host_bytes = (size_t)out->n_offloaded * out->slot_bytes;
+    int rc = count_step_bytes_(out, map);
+    free(map);
+    if (rc != 0) {
+        offload_plan_free(out);
+        snprintf(err, errlen, "offload plan: out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+void offload_plan_free(offload_plan *p)
+{
+    if (!p)
+        return;
+    free(p->placement);
+    p->placement = NULL;
+    if (p->pseudo) {
+        offload_plan_free(p->pseudo);
+        free(p->pseudo);
+        p->pseudo = NULL;
+    }
+}
+
+int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
+                          offload_plan *out, char *err, size_t errlen)
+{
+    offload_plan_input in = {
+        .model = spec->model,
+        .n_slots = spec->model.n_layer,
+        .slot_of = NULL,
+        .batch_size = spec->train.batch_size,
+        .grad_accum = spec->train.grad_accum,
+        .prefetch = spec->offload.prefetch,
+        .backend = spec->device.backend,
+        .budget = budget_override ? budget_override
+                                  : spec->device.memory_budget,
+    };
+    if (offload_plan_make(&in, out, err, errlen) != 0)
+        return -1;
+    if (spec->pseudo.steps > 0) {
+        char e2[512];
+        out->pseudo = calloc(1, sizeof *out->pseudo);
+        in.n_slots = spec->pseudo.share_groups;
+        if (!out->pseudo ||
+            offload_plan_make(&in, out->pseudo, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "pseudo phase: %s",
+                     out->pseudo ? e2 : "out of memory");
+            offload_plan_free(out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- printing */
+
+/* "0-3,7" style list of the slots with placement pl; "-" when none. */
+static void slot_list_(char *buf, size_t len, const offload_plan *p, int pl)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int s = 0; s < p->n_slots; s++) {
+        if (p->placement[s] != pl || (s > 0 && p->placement[s - 1] == pl))
+            continue;
+        int e = s;
+        while (e + 1 < p->n_slots && p->placement[e + 1] == pl)
+            e++;
+        int w = e > s ? snprintf(buf + o, len - o, "%s%d-%d", o ? "," : "", s, e)
+                      : snprintf(buf + o, len - o, "%s%d", o ? "," : "", s);
+        if (w < 0 || (size_t)w >= len - o)
+            break;
+        o += (size_t)w;
+    }
+    if (!o)
+        snprintf(buf, len, "-");
+}
+
+static void print_row_(FILE *f, const char *phase, const offload_plan *p)
+{
+    char r[64], o[64], pk[32], h[32], d[32], hb[32];
+    slot_list_(r, sizeof r, p, OFFLOAD_RESIDENT);
+    slot_list_(o, sizeof o, p, OFFLOAD_OFFLOADED);
+    fprintf(f, "%-7s %5d  %-12s %-12s %7d  %12s  %12s  %12s  %12s\n", phase,
+            p->n_slots, r, o, p->n_staging,
+            short_bytes_(pk, sizeof pk, p->peak_device_bytes),
+            short_bytes_(h, sizeof h, p->h2d_bytes_per_step),
+            short_bytes_(d, sizeof d, p->d2h_bytes_per_step),
+            short_bytes_(hb, sizeof hb, p->host_bytes));
+}
+
+static json_t *plan_json_(const offload_plan *p)
+{
+    json_t *res = json_array(), *off = json_array();
+    for (int s = 0; s < p->n_slots; s++)
+        json_array_append_new(p->placement[s] ? off : res, json_integer(s));
+    json_t *bd = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+        "globals_bytes", (json_int_t)p->global_bytes,
+        "slot_bytes", (json_int_t)p->slot_bytes,
+        "resident_slots_bytes", (json_int_t)(p->n_resident * p->slot_bytes),
+        "activations_bytes", (json_int_t)p->act_bytes,
+        "staging_buffer_bytes", (json_int_t)p->staging_bytes,
+        "staging_bytes", (json_int_t)(p->n_staging * p->staging_bytes),
+        "workspace_bytes", (json_int_t)p->workspace_bytes);
+    return json_pack(
+        "{s:i, s:i, s:o, s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, "
+        "s:o}",
+        "n_layer", p->n_layer, "n_slots", p->n_slots,
+        "resident_slots", res, "offloaded_slots", off,
+        "staging_buffers", p->n_staging,
+        "budget_bytes", (json_int_t)p->budget_bytes,
+        "peak_device_bytes", (json_int_t)p->peak_device_bytes,
+        "min_budget_bytes", (json_int_t)p->min_budget_bytes,
+        "host_bytes", (json_int_t)p->host_bytes,
+        "h2d_bytes_per_step", (json_int_t)p->h2d_bytes_per_step,
+        "d2h_bytes_per_step", (json_int_t)p->d2h_bytes_per_step,
+        "batch_size", p->batch_size, "grad_accum", p->grad_accum,
+        "breakdown", bd);
+}
+
+void offload_plan_print(FILE *f, const offload_plan *p, int json)
+{
+    if (json) {
+        json_t *j = plan_json_(p);
+        json_object_set_new(j, "backend", json_string(p->backend == BACKEND_CUDA
+                                                          ? "cuda" : "cpu"));
+        if (p->pseudo)
+            json_object_set_new(j, "pseudo", plan_json_(p->pseudo));
+        json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', f);
+        json_decref(j);
+        return;
+    }
+    char b[64], m[64], g[64], a[64], st[64], w[64], sl[64];
+    fprintf(f, "%-7s %5s  %-12s %-12s %7s  %12s  %12s  %12s  %12s\n", "phase",
+            "slots", "resident", "offloaded", "staging", "peak device",
+            "h2d/step", "d2h/step", "pinned host");
+    if (p->pseudo)
+        print_row_(f, "pseudo", p->pseudo);
+    print_row_(f, "real", p);
+    fprintf(f, "budget %s; minimum with every slot offloaded %s\n",
+            p->budget_bytes ? fmt_bytes_(b, sizeof b, p->budget_bytes)
+                            : "unlimited",
+            fmt_bytes_(m, sizeof m, p->min_budget_bytes));
+    fprintf(f, "device (real): globals %s + %d resident x %s + activations "
+            "%s + %d staging x %s + workspace %s\n",
+            short_bytes_(g, sizeof g, p->global_bytes), p->n_resident,
+            short_bytes_(sl, sizeof sl, p->slot_bytes),
+            short_bytes_(a, sizeof a, p->act_bytes), p->n_staging,
+            short_bytes_(st, sizeof st, p->staging_bytes),
+            short_bytes_(w, sizeof w, p->workspace_bytes));
+}
+
+/* ------------------------------------------------------------- preflight */
+
+/* MemAvailable in bytes, or SIZE_MAX when unknown. */
+static size_t mem_available_(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    size_t kb = SIZE_MAX;
+    if (!f)
+        return SIZE_MAX;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb == SIZE_MAX ? SIZE_MAX : kb * 1024;
+}
+
+int offload_check(const run_spec *spec, size_t budget_override, int flags,
+                  offload_plan *out, char *warn, size_t warnlen, char *err,
+                  size_t errlen)
+{
+    offload_plan p;
+    if (warnlen)
+        warn[0] = 0;
+    if (offload_plan_for_spec(spec, budget_override, &p, err, errlen) != 0)
+        return -1;
+    size_t need = p.host_bytes; /* the Real phase needs the most */
+    char a[64], b[64];
+    if (need > 0) {
+        size_t avail = mem_available_();
+        if (avail != SIZE_MAX && need > avail) {
+            snprintf(err, errlen,
+                     "host memory: offloading %d slots needs %s of host "
+                     "memory, only %s available", p.n_offloaded,
+                     fmt_bytes_(a, sizeof a, need),
+                     fmt_bytes_(b, sizeof b, avail));
+            offload_plan_free(&p);
+            return -1;
+        }
+        size_t lim = offload_pin_limit();
+        if (need > lim) {
+            const char *fmt =
+                "pinning: offloading %d slots pins %s of host memory but "
+                "this process may lock only %s (RLIMIT_MEMLOCK, no "
+                "CAP_IPC_LOCK); raise LimitMEMLOCK= in m6d.service or "
+                "`ulimit -l`%s";
+            if (flags & OFFLOAD_REQUIRE_PINNED) {
+                snprintf(err, errlen, fmt, p.n_offloaded,
+                         fmt_bytes_(a, sizeof a, need),
+                         fmt_bytes_(b, sizeof b, lim), "");
+                offload_plan_free(&p);
+                return -1;
+            }
+            snprintf(warn, warnlen, fmt, p.n_offloaded,
+                     fmt_bytes_(a, sizeof a, need),
+                     fmt_bytes_(b, sizeof b, lim),
+                     "; the run will use pageable memory (slower copies)");
+        }
+    }
+    if (out)
+        *out = p;
+    else
+        offload_plan_free(&p);
+    return 0;
+}

@@ -1,0 +1,648 @@
+/*
+ * sched.c — the offload runtime: places the model's state in the pools
+ * (a gpt_storage), streams offloaded slots through device staging buffers
+ * on a copy thread, and runs their AdamW updates on host threads.
+ *
+ * Threads and what they own:
+ *   compute (the trainer's thread): gpt_forward/backward; at a layer whose
+ *     slot is offloaded it waits for the slot's staging buffer to be READY,
+ *     points the compute view at it, and releases it after the interval's
+ *     last layer (queueing a gradient drain when backward layers ran).
+ *   copy thread: drains first (they free buffers and complete gradients),
+ *     then the next fetch of the pass, in interval order, into buffer
+ *     (interval mod n_staging) once that buffer is FREE and the slot is not
+ *     being updated. "Prefetch" is simply that the copy thread runs ahead
+ *     of the compute thread by up to n_staging - 1 intervals.
+ *   host threads: AdamW of offloaded slots whose gradient is final.
+ * One mutex guards all shared state; three condition variables wake the
+ * copy thread, the host threads and waiters on the compute side. Copies and
+ * updates run outside the lock. Nothing spins.
+ */
+#include "offload/offload.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "offload/intervals.h"
+
+#define HOST_CHUNK_ (2u << 20) /* host pool growth, bytes */
+
+/* staging buffer states */
+enum { BUF_FREE, BUF_LOADING, BUF_READY, BUF_IN_USE, BUF_DRAINING };
+/* interval states within the current pass */
+enum { IV_PLANNED, IV_FETCHED, IV_RELEASED, IV_DRAINED };
+
+typedef struct {
+    float *w, *dw;        /* slot_size floats each, in the device pool */
+    int state;
+    long pass;            /* pass and interval it holds */
+    int iv;
+    int slot, final, has_bwd;
+} staging_;
+
+struct offload_ctx {
+    run_spec spec;
+    offload_pool *dev, *host;
+    gpt_storage storage;
+    gpt_model *g;
+    offload_plan plan;
+    char last_err[512];
+
+    /* placement of the current state */
+    float *dev_block;          /* params | grads | m | v, n_local floats each */
+    float *host_block;         /* offloaded slots: params | grads | m | v */
+    staging_ *buf;
+    int nbuf;
+    size_t W;                  /* bytes of one slot region */
+
+    /* per slot */
+    unsigned char *updating;   /* AdamW queued or running */
+    unsigned char *touched;    /* partial gradient on the host this step */
+    unsigned char *adam_queued;/* queued this step */
+    int *pending_drains;
+
+    /* the current pass */
+    offload_interval *iv;      /* [2L] */
+    int *at_pos;               /* [2L] */
+    int *iv_state, *dep;       /* [2L] dep: earlier backward interval of
+                                * the same slot in this pass, or -1 */
+    int n_iv, next_fetch, pass_active, pass_bwd, armed, armed_k;
+    long pass_id;
+
+    /* queues */
+    int *drainq, dq_head, dq_n;    /* buffer indices (ring of nbuf) */
+    int *adamq, aq_head, aq_n;     /* slots (ring of S) */
+    int qcap_s;
+    offload_adam adam;
+    int early;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_copy, cv_work, cv_done;
+    pthread_t copy_thread, *workers;
+    int nworkers, quit;
+
+    /* statistics */
+    uint64_t h2d_bytes, d2h_bytes;
+    double h2d_s, d2h_s, stall_s, adam_s;
+};
+
+static double now_s_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------- copy thread */
+
+static int fetch_ready_(const offload_ctx *o, int j)
+{
+    const offload_interval *I = &o->iv[j];
+    if (o->buf[j % o->nbuf].state != BUF_FREE || o->updating[I->slot])
+        return 0;
+    if (I->has_bwd && I->grad_from_host &&
+        (o->pending_drains[I->slot] > 0 ||
+         (o->dep[j] >= 0 && o->iv_state[o->dep[j]] != IV_DRAINED)))
+        return 0;
+    return 1;
+}
+
+static void do_drain_(offload_ctx *o)
+{
+    int b = o->drainq[o->dq_head];
+    o->dq_head = (o->dq_head + 1) % o->nbuf;
+    o->dq_n--;
+    staging_ *B = &o->buf[b];
+    float *dst = o->g->slots[B->slot].grads;
+    pthread_mutex_unlock(&o->mu);
+    double t0 = now_s_();
+    memcpy(dst, B->dw, o->W);
+    double dt = now_s_() - t0;
+    pthread_mutex_lock(&o->mu);
+    o->d2h_s += dt;
+    o->d2h_bytes += o->W;
+    o->pending_drains[B->slot]--;
+    if (B->pass == o->pass_id)
+        o->iv_state[B->iv] = IV_DRAINED;
+    if (B->final && o->early && !o->adam_queued[B->slot]) {
+        o->adam_queued[B->slot] = o->updating[B->slot] = 1;
+        o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = B->slot;
+        pthread_cond_signal(&o->cv_work);
+    }
+    B->state = BUF_FREE;
+    pthread_cond_broadcast(&o->cv_done);
+}
+
+static void do_fetch_(offload_ctx *o)
+{
+    int j = o->next_fetch++;
+    const offload_interval *I = &o->iv[j];
+    staging_ *B = &o->buf[j % o->nbuf];
+    B->state = BUF_LOADING;
+    B->pass = o->pass_id;
+    B->iv = j;
+    B->slot = I->slot;
+    B->final = I->final;
+    B->has_bwd = I->has_bwd;
+    const gpt_slot_state *st = &o->g->slots[I->slot];
+    int grads = I->has_bwd, from_host = I->grad_from_host;
+    pthread_mutex_unlock(&o->mu);
+    double t0 = now_s_();
+    memcpy(B->w, st->params, o->W);
+    if (grads && from_host)
+        memcpy(B->dw, st->grads, o->W);
+    double dt = now_s_() - t0;
+    if (grads && !from_host)
+        memset(B->dw, 0, o->W); /* a device memset, not a transfer */
+    pthread_mutex_lock(&o->mu);
+    o->h2d_s += dt;
+    o->h2d_bytes += o->W * (grads && from_host ? 2 : 1);
+    o->iv_state[j] = IV_FETCHED;
+    B->state = BUF_READY;
+    pthread_cond_broadcast(&o->cv_done);
+}
+
+static void *copy_main_(void *arg)
+{
+    offload_ctx *o = arg;
+    pthread_mutex_lock(&o->mu);
+    while (!o->quit) {
+        if (o->dq_n > 0)
+            do_drain_(o);
+        else if (o->pass_active && o->next_fetch < o->n_iv &&
+                 fetch_ready_(o, o->next_fetch))
+            do_fetch_(o);
+        else
+            pthread_cond_wait(&o->cv_copy, &o->mu);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------- host threads */
+
+static void *worker_main_(void *arg)
+{
+    offload_ctx *o = arg;
+    omp_set_num_threads(1); /* this thread's kernels run serially */
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->quit && o->aq_n == 0)
+            pthread_cond_wait(&o->cv_work, &o->mu);
+        if (o->quit)
+            break;
+        int s = o->adamq[o->aq_head];
+        o->aq_head = (o->aq_head + 1) % o->qcap_s;
+        o->aq_n--;
+        offload_adam a = o->adam;
+        pthread_mutex_unlock(&o->mu);
+        double t0 = now_s_();
+        gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                       a.grad_scale);
+        double dt = now_s_() - t0;
+        pthread_mutex_lock(&o->mu);
+        o->adam_s += dt;
+        o->updating[s] = 0;
+        pthread_cond_signal(&o->cv_copy);
+        pthread_cond_broadcast(&o->cv_done);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------- passes */
+
+/* Start a pass (the lock is held): cut it into intervals, wake the copy
+ * thread. A train pass was announced by offload_microbatch. */
+static void pass_start_(offload_ctx *o, int with_bwd)
+{
+    gpt_model *g = o->g;
+    int L = g->cfg.n_layer;
+    o->pass_id++;
+    o->pass_bwd = with_bwd;
+    o->n_iv = offload_cut_pass(g->slot_of, L, g->offloaded, with_bwd,
+                               with_bwd && o->armed_k == o->spec.train.grad_accum - 1,
+                               o->touched, o->iv, o->at_pos);
+    for (int j = 0; j < o->n_iv; j++) {
+        o->iv_state[j] = IV_PLANNED;
+        o->dep[j] = -1;
+        for (int i = j - 1; i >= 0 && o->iv[j].has_bwd; i--)
+            if (o->iv[i].slot == o->iv[j].slot && o->iv[i].has_bwd) {
+                o->dep[j] = i;
+                break;
+            }
+    }
+    o->next_fetch = 0;
+    o->pass_active = 1;
+    pthread_cond_signal(&o->cv_copy);
+}
+
+static void acquire_(offload_ctx *o, int j)
+{
+    staging_ *B = &o->buf[j % o->nbuf];
+    if (!(B->state == BUF_READY && B->pass == o->pass_id && B->iv == j)) {
+        double t0 = now_s_();
+        while (!(B->state == BUF_READY && B->pass == o->pass_id && B->iv == j))
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        o->stall_s += now_s_() - t0;
+    }
+    B->state = BUF_IN_USE;
+    int s = o->iv[j].slot;
+    o->g->w[s] = B->w;
+    o->g->dw[s] = B->has_bwd ? B->dw : NULL;
+}
+
+static void release_(offload_ctx *o, int j)
+{
+    int b = j % o->nbuf, s = o->iv[j].slot;
+    staging_ *B = &o->buf[b];
+    o->g->w[s] = o->g->dw[s] = NULL;
+    o->iv_state[j] = IV_RELEASED;
+    if (B->has_bwd) {
+        B->state = BUF_DRAINING;
+        o->pending_drains[s]++;
+        o->drainq[(o->dq_head + o->dq_n++) % o->nbuf] = b;
+    } else {
+        B->state = BUF_FREE;
+        o->iv_state[j] = IV_DRAINED;
+    }
+    pthread_cond_signal(&o->cv_copy);
+}
+
+static void event_(void *ctx, gpt_model *g, gpt_event ev, int layer)
+{
+    offload_ctx *o = ctx;
+    int L = g->cfg.n_layer;
+    if (g->n_local == g->n_params)
+        return; /* nothing offloaded */
+    pthread_mutex_lock(&o->mu);
+    switch (ev) {
+    case GPT_FWD_START:
+        pass_start_(o, o->armed);
+        o->armed = 0;
+        break;
+    case GPT_FWD_DONE:
+        if (!o->pass_bwd)
+            o->pass_active = 0;
+        break;
+    case GPT_BWD_DONE:
+        o->pass_active = 0;
+        break;
+    case GPT_FWD_LAYER_BEGIN:
+    case GPT_BWD_LAYER_BEGIN:
+    case GPT_FWD_LAYER_END:
+    case GPT_BWD_LAYER_END: {
+        int pos = ev == GPT_FWD_LAYER_BEGIN || ev == GPT_FWD_LAYER_END
+                      ? layer : L + (L - 1 - layer);
+        int j = o->at_pos[pos];
+        if (j < 0)
+            break;
+        if ((ev == GPT_FWD_LAYER_BEGIN || ev == GPT_BWD_LAYER_BEGIN) &&
+            o->iv[j].first == pos)
+            acquire_(o, j);
+        else if ((ev == GPT_FWD_LAYER_END || ev == GPT_BWD_LAYER_END) &&
+                 o->iv[j].last == pos)
+            release_(o, j);
+        break;
+    }
+    default:
+        break;
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* ------------------------------------------------------------- storage */
+
+static void free_placement_(offload_ctx *o)
+{
+    for (int b = 0; b < o->nbuf; b++)
+        offload_pool_free(o->dev, o->buf[b].w);
+    free(o->buf);
+    o->buf = NULL;
+    o->nbuf = 0;
+    offload_pool_free(o->dev, o->dev_block);
+    offload_pool_free(o->host, o->host_block);
+    o->dev_block = o->host_block = NULL;
+    offload_pool_trim(o->host);
+    free(o->updating);
+    free(o->touched);
+    free(o->adam_queued);
+    free(o->pending_drains);
+    free(o->iv);
+    free(o->at_pos);
+    free(o->iv_state);
+    free(o->dep);
+    free(o->drainq);
+    free(o->adamq);
+    o->updating = o->touched = o->adam_queued = NULL;
+    o->pending_drains = o->at_pos = o->iv_state = o->dep = NULL;
+    o->drainq = o->adamq = NULL;
+    o->iv = NULL;
+}
+
+static void pool_error_(offload_ctx *o, offload_pool *p, const char *what,
+                        size_t bytes)
+{
+    offload_pool_stats st;
+    offload_pool_get_stats(p, &st);
+    snprintf(o->last_err, sizeof o->last_err,
+             "%s pool: cannot allocate %zu bytes for %s (%zu of %zu in use)",
+             p == o->dev ? "device" : "host", bytes, what, st.in_use,
+             st.capacity);
+}
+
+static int alloc_state_(void *ctx, gpt_model *g)
+{
+    offload_ctx *o = ctx;
+    o->g = g;
+    o->last_err[0] = 0;
+    offload_plan_free(&o->plan);
+    offload_plan_input in = {
+        .model = g->cfg, .n_slots = g->S, .slot_of = g->slot_of,
+        .batch_size = g->B, .grad_accum = o->spec.train.grad_accum,
+        .prefetch = o->spec.offload.prefetch, .backend = o->spec.device.backend,
+        .budget = o->spec.device.memory_budget,
+    };
+    if (offload_plan_make(&in, &o->plan, o->last_err, sizeof o->last_err) != 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int S = g->S, L = g->cfg.n_layer, R = o->plan.n_resident;
+    size_t ng = g->n_global, ss = g->slot_size;
+    o->W = ss * sizeof(float);
+    g->n_local = ng + (size_t)R * ss;
+    size_t nb = 4 * g->n_local * sizeof(float);
+    o->dev_block = offload_pool_alloc(o->dev, nb);
+    if (!o->dev_block) {
+        pool_error_(o, o->dev, "globals and resident slots", nb);
+        goto fail;
+    }
+    size_t hb = (size_t)o->plan.n_offloaded * 4 * o->W;
+    if (hb && !(o->host_block = offload_pool_alloc(o->host, hb))) {
+        pool_error_(o, o->host, "offloaded slots", hb);
+        goto fail;
+    }
+    o->nbuf = o->plan.n_staging;
+    o->buf = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof *o->buf);
+    if (!o->buf)
+        goto oom;
+    for (int b = 0; b < o->nbuf; b++) {
+        o->buf[b].w = offload_pool_alloc(o->dev, 2 * o->W);
+        if (!o->buf[b].w) {
+            pool_error_(o, o->dev, "a staging buffer", 2 * o->W);
+            goto fail;
+        }
+        o->buf[b].dw = o->buf[b].w + ss;
+        o->buf[b].pass = -1;
+    }
+    o->updating = calloc((size_t)S, 1);
+    o->touched = calloc((size_t)S, 1);
+    o->adam_queued = calloc((size_t)S, 1);
+    o->pending_drains = calloc((size_t)S, sizeof(int));
+    o->iv = calloc(2 * (size_t)L, sizeof *o->iv);
+    o->at_pos = calloc(2 * (size_t)L, sizeof(int));
+    o->iv_state = calloc(2 * (size_t)L, sizeof(int));
+    o->dep = calloc(2 * (size_t)L, sizeof(int));
+    o->drainq = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof(int));
+    o->adamq = calloc((size_t)S, sizeof(int));
+    if (!o->updating || !o->touched || !o->adam_queued || !o->pending_drains ||
+        !o->iv || !o->at_pos || !o->iv_state || !o->dep || !o->drainq ||
+        !o->adamq)
+        goto oom;
+    o->qcap_s = S;
+    o->dq_head = o->dq_n = o->aq_head = o->aq_n = 0;
+    o->pass_active = o->armed = 0;
+
+    g->params = o->dev_block;
+    g->grads = g->params + g->n_local;
+    g->m = g->grads + g->n_local;
+    g->v = g->m + g->n_local;
+    int r = 0, k = 0;
+    for (int s = 0; s < S; s++) {
+        gpt_slot_state *st = &g->slots[s];
+        if (o->plan.placement[s] == OFFLOAD_RESIDENT) {
+            size_t off = ng + (size_t)r++ * ss;
+            *st = (gpt_slot_state){g->params + off, g->grads + off, g->m + off,
+                                   g->v + off};
+            g->w[s] = st->params;
+            g->dw[s] = st->grads;
+            g->offloaded[s] = 0;
+        } else {
+            float *h = o->host_block + (size_t)k++ * 4 * ss;
+            *st = (gpt_slot_state){h, h + ss, h + 2 * ss, h + 3 * ss};
+            g->w[s] = g->dw[s] = NULL;
+            g->offloaded[s] = 1;
+        }
+    }
+    return 0;
+oom:
+    snprintf(o->last_err, sizeof o->last_err, "offload: out of memory");
+fail:
+    free_placement_(o);
+    errno = ENOMEM;
+    return -1;
+}
+
+static void free_state_(void *ctx, gpt_model *g)
+{
+    offload_ctx *o = ctx;
+    offload_sync(o);
+    free_placement_(o);
+    g->params = g->grads = g->m = g->v = NULL;
+}
+
+static float *alloc_acts_(void *ctx, size_t floats)
+{
+    offload_ctx *o = ctx;
+    float *p = offload_pool_alloc(o->dev, floats * sizeof(float));
+    if (!p)
+        pool_error_(o, o->dev, "activations", floats * sizeof(float));
+    return p;
+}
+
+static void free_acts_(void *ctx, float *p)
+{
+    offload_ctx *o = ctx;
+    offload_pool_free(o->dev, p);
+}
+
+/* ------------------------------------------------------------- public */
+
+offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen)
+{
+    offload_ctx *o = calloc(1, sizeof *o);
+    if (!o) {
+        snprintf(err, errlen, "offload: out of memory");
+        return NULL;
+    }
+    o->spec = *spec;
+    o->storage = (gpt_storage){
+        /* .ctx         = */ o,
+        /* .alloc_state = */ alloc_state_,
+        /* .free_state  = */ free_state_,
+        /* .alloc_acts  = */ alloc_acts_,
+        /* .free_acts   = */ free_acts_,
+        /* .event       = */ event_,
+    };
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv_copy, NULL);
+    pthread_cond_init(&o->cv_work, NULL);
+    pthread_cond_init(&o->cv_done, NULL);
+    o->dev = offload_device_pool_create(spec->device.memory_budget);
+    o->host = offload_host_pool_create(HOST_CHUNK_);
+    if (!o->dev || !o->host) {
+        snprintf(err, errlen, "offload: cannot create the memory pools "
+                 "(device budget %zu bytes)", spec->device.memory_budget);
+        goto fail;
+    }
+    if (pthread_create(&o->copy_thread, NULL, copy_main_, o) != 0) {
+        snprintf(err, errlen, "offload: cannot start the copy thread");
+        goto fail;
+    }
+    o->workers = calloc((size_t)spec->offload.host_threads, sizeof(pthread_t));
+    for (int i = 0; o->workers && i < spec->offload.host_threads; i++) {
+        if (pthread_create(&o->workers[i], NULL, worker_main_, o) != 0)
+            break;
+        o->nworkers++;
+    }
+    if (o->nworkers != spec->offload.host_threads) {
+        snprintf(err, errlen, "offload: cannot start %d host threads",
+                 spec->offload.host_threads);
+        offload_free(o);
+        return NULL;
+    }
+    return o;
+fail:
+    offload_pool_destroy(o->dev);
+    offload_pool_destroy(o->host);
+    free(o);
+    return NULL;
+}
+
+void offload_free(offload_ctx *o)
+{
+    if (!o)
+        return;
+    pthread_mutex_lock(&o->mu);
+    o->quit = 1;
+    pthread_cond_broadcast(&o->cv_copy);
+    pthread_cond_broadcast(&o->cv_work);
+    pthread_mutex_unlock(&o->mu);
+    pthread_join(o->copy_thread, NULL);
+    for (int i = 0; i < o->nworkers; i++)
+        pthread_join(o->workers[i], NULL);
+    free(o->workers);
+    free_placement_(o);
+    offload_plan_free(&o->plan);
+    offload_pool_destroy(o->dev);
+    offload_pool_destroy(o->host);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv_copy);
+    pthread_cond_destroy(&o->cv_work);
+    pthread_cond_destroy(&o->cv_done);
+    free(o);
+}
+
+const gpt_storage *offload_storage(offload_ctx *o) { return &o->storage; }
+const char *offload_last_error(const offload_ctx *o) { return o->last_err; }
+const offload_plan *offload_current_plan(const offload_ctx *o)
+{
+    return &o->plan;
+}
+
+void offload_step_begin(offload_ctx *o, const offload_adam *early)
+{
+    pthread_mutex_lock(&o->mu);
+    int S = o->g->S;
+    memset(o->touched, 0, (size_t)S);
+    memset(o->adam_queued, 0, (size_t)S);
+    o->early = early != NULL;
+    if (early)
+        o->adam = *early;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_microbatch(offload_ctx *o, int k)
+{
+    pthread_mutex_lock(&o->mu);
+    o->armed = 1;
+    o->armed_k = k;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_wait_grads(offload_ctx *o)
+{
+    pthread_mutex_lock(&o->mu);
+    int S = o->g->S, busy = 1;
+    double t0 = now_s_();
+    while (busy) {
+        busy = o->dq_n > 0;
+        for (int s = 0; s < S && !busy; s++)
+            busy = o->pending_drains[s] > 0;
+        if (busy)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+    }
+    o->stall_s += now_s_() - t0;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_adamw(offload_ctx *o, const offload_adam *a)
+{
+    pthread_mutex_lock(&o->mu);
+    o->adam = *a;
+    for (int s = 0; s < o->g->S; s++)
+        if (o->g->offloaded[s] && !o->adam_queued[s]) {
+            o->adam_queued[s] = o->updating[s] = 1;
+            o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = s;
+        }
+    pthread_cond_broadcast(&o->cv_work);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_sync(offload_ctx *o)
+{
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        int busy = o->dq_n > 0 || o->aq_n > 0;
+        for (int s = 0; o->g && o->updating && s < o->g->S && !busy; s++)
+            busy = o->updating[s] || o->pending_drains[s] > 0;
+        if (!busy)
+            break;
+        pthread_cond_wait(&o->cv_done, &o->mu);
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_get_stats(offload_ctx *o, offload_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->enabled = 1;
+    offload_pool_get_stats(o->dev, &st->device);
+    offload_pool_get_stats(o->host, &st->host);
+    pthread_mutex_lock(&o->mu);
+    st->n_slots = o->plan.n_slots;
+    st->n_resident = o->plan.n_resident;
+    st->n_offloaded = o->plan.n_offloaded;
+    st->n_staging = o->plan.n_staging;
+    st->budget_bytes = o->plan.budget_bytes;
+    st->predicted_peak_bytes = o->plan.peak_device_bytes;
+    st->h2d_bytes = o->h2d_bytes;
+    st->d2h_bytes = o->d2h_bytes;
+    st->h2d_s = o->h2d_s;
+    st->d2h_s = o->d2h_s;
+    st->stall_s = o->stall_s;
+    st->adam_s = o->adam_s;
+    pthread_mutex_unlock(&o->mu);
+    st->h2d_gbps = st->h2d_s > 0 ? st->h2d_bytes / st->h2d_s / 1e9 : 0;
+    st->d2h_gbps = st->d2h_s > 0 ? st->d2h_bytes / st->d2h_s / 1e9 : 0;
+    double copy = st->h2d_s + st->d2h_s;
+    st->hidden_fraction = 1.0;
+    if (copy > 0) {
+        double h = 1.0 - st->stall_s / copy;
+        st->hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
+    }
+}
