@@ -1,0 +1,627 @@
+/*
+ * test_offload.c — granular offloading: the planner against byte counts
+ * made by hand, the preflight errors, and training with offloaded slots
+ * against the same training fully resident (bitwise, where the method
+ * promises it), across delink, gradient accumulation and save/resume.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/gpt.h"
+#include "offload/offload.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+/* ---------------------------------------------------------- data */
+
+static char tmpdir_[256];
+
+/* Shards of a synthetic, learnable byte stream (as test_model.c). */
+static int setup_data(void **state)
+{
+    (void)state;
+    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-offload-XXXXXX");
+    if (!mkdtemp(tmpdir_))
+        return -1;
+    const char *text = "the quick brown fox jumps over the lazy dog. ";
+    size_t n = 20000, tl = strlen(text);
+    uint16_t *tok = malloc(n * sizeof(uint16_t));
+    uint64_t s = 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (s >> 60) == 0 ? (uint16_t)('a' + (s >> 33) % 26)
+                                : (uint16_t)(unsigned char)text[i % tl];
+    }
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/train_000000.bin", tmpdir_);
+    if (shard_write(path, tok, n * 3 / 4, err, sizeof err) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/val_000000.bin", tmpdir_);
+    if (shard_write(path, tok + n * 3 / 4, n / 4, err, sizeof err) != 0)
+        return -1;
+    free(tok);
+    return 0;
+}
+
+static int teardown_data(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir_);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* 6 layers so that "most slots offloaded" means 5 of 6. */
+static run_spec spec6_(long steps, long pseudo_steps)
+{
+    run_spec s;
+    spec_defaults(&s);
+    snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", tmpdir_);
+    snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", tmpdir_);
+    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
+                             .n_embd = 16, .seq_len = 16};
+    s.pseudo.share_groups = 2;
+    s.pseudo.steps = pseudo_steps;
+    s.train.steps = steps;
+    s.train.batch_size = 4;
+    s.train.grad_accum = 2;
+    s.train.lr = 3e-3f;
+    s.train.min_lr = 3e-4f;
+    s.train.warmup_steps = 5;
+    s.train.eval_every = 10;
+    s.train.eval_batches = 2;
+    s.delink.rewarm_steps = 3;
+    s.offload.prefetch = 2;
+    s.offload.host_threads = 2;
+    return s;
+}
+
+/* A budget that leaves `resident` slots of the Real phase on the device. */
+static size_t budget_for_(const run_spec *s, int resident)
+{
+    offload_plan p;
+    char err[512];
+    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
+    offload_plan_free(&p);
+    return b;
+}
+
+static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
+{
+    char err[256];
+    while (trainer_step_count(t) < until) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == s->pseudo.steps)
+            if (trainer_delink(t, err, sizeof err) != 0)
+                fail_msg("delink: %s", err);
+        step_result r;
+        if (trainer_step(t, &r, err, sizeof err) != 0)
+            fail_msg("step: %s", err);
+        losses[r.step - 1] = r.train_loss;
+    }
+}
+
+static trainer *create_(const run_spec *s)
+{
+    char err[512];
+    trainer *t = trainer_create(s, err, sizeof err);
+    if (!t)
+        fail_msg("trainer_create: %s", err);
+    return t;
+}
+
+static float *copy_state_(trainer *t, int which)
+{
+    size_t n = trainer_copy_state(t, which, NULL);
+    float *p = malloc(n * sizeof(float));
+    assert_non_null(p);
+    trainer_copy_state(t, which, p);
+    return p;
+}
+
+/* ---------------------------------------------------------- 1. bitwise */
+
+/* 50 steps with delink at 20: a budget that keeps 1 of 6 Real slots on the
+ * device gives the same losses and final weights, bit for bit, as the run
+ * with no budget; the device pool never goes past the budget. Run with
+ * clipping (host AdamW after the global norm) and without (host AdamW as
+ * soon as each offloaded gradient is final). */
+static void check_offload_bitwise_(float clip)
+{
+    run_spec plain = spec6_(50, 20);
+    plain.train.grad_clip = clip;
+    run_spec off = plain;
+    off.device.memory_budget = budget_for_(&plain, 1);
+
+    float a[50], b[50];
+    trainer *ta = create_(&plain), *tb = create_(&off);
+    run_steps_(ta, &plain, 50, a);
+    run_steps_(tb, &off, 50, b);
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(a[49] < a[0]);
+
+    size_t n = trainer_copy_state(ta, 0, NULL);
+    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
+    for (int w = 0; w < 3; w++) {
+        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        assert_memory_equal(pa, pb, n * sizeof(float));
+        free(pa);
+        free(pb);
+    }
+
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(ta, &st), -1);
+    assert_int_equal(st.n_resident, 6);
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.n_slots, 6);
+    assert_int_equal(st.n_resident, 1);
+    assert_int_equal(st.n_offloaded, 5);
+    assert_int_equal(st.device.capacity, off.device.memory_budget);
+    assert_true(st.device.peak <= off.device.memory_budget);
+    /* the planned peak is exactly what the pool saw (Real > Pseudo) */
+    assert_int_equal(st.device.peak, st.predicted_peak_bytes);
+    assert_true(st.h2d_bytes > 0 && st.d2h_bytes > 0);
+    assert_true(st.hidden_fraction >= 0 && st.hidden_fraction <= 1);
+    assert_true(st.host.in_use > 0);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+static void test_offload_bitwise_50_steps_with_delink(void **state)
+{
+    (void)state;
+    check_offload_bitwise_(1.0f);
+}
+
+static void test_offload_bitwise_no_clip(void **state)
+{
+    (void)state;
+    check_offload_bitwise_(0.0f);
+}
+
+/* ---------------------------------------------------------- 2. accumulation */
+
+/* The sampler draws rows in order, so 4 microbatches of 2 and 1 of 8 see the
+ * same 8 windows, each scaled by 1/(8T): no batch hook is needed. */
+static float *params_after_(int B, int accum, int offload, int steps)
+{
+    run_spec s = spec6_(1000, 0); /* Real from step 0, no eval */
+    s.train.batch_size = B;
+    s.train.grad_accum = accum;
+    s.train.eval_every = 0;
+    if (offload)
+        s.device.memory_budget = budget_for_(&s, 1);
+    trainer *t = create_(&s);
+    float l[8];
+    run_steps_(t, &s, steps, l);
+    if (offload) {
+        offload_stats st;
+        assert_int_equal(trainer_offload_stats(t, &st), 0);
+        assert_int_equal(st.n_offloaded, 5);
+        assert_true(st.device.peak <= s.device.memory_budget);
+    }
+    float *p = copy_state_(t, 0);
+    trainer_free(t);
+    return p;
+}
+
+static void test_grad_accum_offloaded_equals_big_batch(void **state)
+{
+    (void)state;
+    const int steps = 3;
+    float *acc_off = params_after_(2, 4, 1, steps);
+    float *acc_on = params_after_(2, 4, 0, steps);
+    float *big_off = params_after_(8, 1, 1, steps);
+    float *big_on = params_after_(8, 1, 0, steps);
+    run_spec s = spec6_(1, 0);
+    size_t n = 0;
+    {
+        size_t ng, ss;
+        gpt_layout_sizes(&s.model, &ng, &ss);
+        n = ng + (size_t)s.model.n_layer * ss;
+    }
+    /* offloading changes nothing: same kernels, same order */
+    assert_memory_equal(acc_off, acc_on, n * sizeof(float));
+    assert_memory_equal(big_off, big_on, n * sizeof(float));
+    /* 4x2 vs 1x8: the gradient sums run in another order (fp32 rounding,
+     * relative ~1e-6), which AdamW turns into an update difference of at
+     * most lr * that; over 3 steps of lr 3e-3 the weights agree to 1e-6. */
+    double maxd = 0;
+    for (size_t i = 0; i < n; i++)
+        maxd = fmax(maxd, fabs((double)acc_off[i] - big_off[i]));
+    printf("# max |4x2 - 1x8| after %d steps: %.3g\n", steps, maxd);
+    assert_true(maxd <= 1e-6);
+    assert_true(memcmp(acc_off, big_off, n * sizeof(float)) != 0 || maxd == 0);
+    free(acc_off);
+    free(acc_on);
+    free(big_off);
+    free(big_on);
+}
+
+/* ---------------------------------------------------------- 3. resume */
+
+static void test_save_resume_offloaded(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(30, 10);
+    s.device.memory_budget = budget_for_(&s, 2);
+    float a[30], b[30];
+    char err[512], dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt-offload-15", tmpdir_);
+    trainer *t = create_(&s);
+    run_steps_(t, &s, 15, a);
+    offload_stats st;
+    trainer_offload_stats(t, &st);
+    assert_int_equal(st.n_offloaded, 4);
+    size_t n = trainer_copy_state(t, 0, NULL);
+    float *saved[3];
+    for (int w = 0; w < 3; w++)
+        saved[w] = copy_state_(t, w);
+    long steps_saved[8], steps_loaded[8];
+    assert_int_equal(trainer_copy_adam_steps(t, steps_saved), 7);
+    if (trainer_save(t, dir, err, sizeof err) < 0)
+        fail_msg("save: %s", err);
+    run_steps_(t, &s, 30, a);
+    trainer_free(t);
+
+    t = create_(&s); /* a fresh process: Pseudo phase, 2 slots */
+    if (trainer_load(t, dir, err, sizeof err) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(trainer_n_slots(t), 6);
+    trainer_offload_stats(t, &st);
+    assert_int_equal(st.n_offloaded, 4);
+    assert_int_equal(trainer_copy_state(t, 0, NULL), n);
+    for (int w = 0; w < 3; w++) {
+        float *p = copy_state_(t, w);
+        assert_memory_equal(saved[w], p, n * sizeof(float));
+        free(p);
+        free(saved[w]);
+    }
+    assert_int_equal(trainer_copy_adam_steps(t, steps_loaded), 7);
+    assert_memory_equal(steps_saved, steps_loaded, 7 * sizeof(long));
+    run_steps_(t, &s, 30, b);
+    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
+    trainer_free(t);
+}
+
+/* ---------------------------------------------------------- 4. errors */
+
+static void test_budget_too_small_errors(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(10, 0);
+    offload_plan p;
+    char err[1024], warn[512];
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    size_t min = p.min_budget_bytes;
+    offload_plan_free(&p);
+
+    s.device.memory_budget = min - 1;
+    assert_int_equal(offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                   sizeof err), -1);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "device memory budget"));
+    assert_non_null(strstr(err, "too small"));
+    assert_non_null(strstr(err, "even with all 6 slots offloaded"));
+    char want[64];
+    snprintf(want, sizeof want, "(%zu bytes)", min);
+    assert_non_null(strstr(err, want)); /* the minimum, exactly */
+    /* the trainer refuses the same spec with the same reason */
+    assert_null(trainer_create(&s, err, sizeof err));
+    assert_non_null(strstr(err, "too small"));
+    /* exactly the minimum works: everything offloaded */
+    s.device.memory_budget = min;
+    assert_int_equal(offload_check(&s, 0, 0, &p, warn, sizeof warn, err,
+                                   sizeof err), 0);
+    assert_int_equal(p.n_resident, 0);
+    assert_int_equal(p.peak_device_bytes, min);
+    offload_plan_free(&p);
+}
+
+static void test_pinning_failure(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(10, 0);
+    s.train.eval_every = 0;
+    s.device.memory_budget = budget_for_(&s, 1);
+    char err[1024], warn[1024];
+
+    /* simulated: an unprivileged daemon with RLIMIT_MEMLOCK 0 */
+    offload_test_set_pin_limit(0);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), -1);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "pinning: offloading 5 slots pins"));
+    assert_non_null(strstr(err, "RLIMIT_MEMLOCK"));
+    assert_non_null(strstr(err, "LimitMEMLOCK="));
+    /* without the requirement: a warning, and the run works unpinned */
+    assert_int_equal(offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                   sizeof err), 0);
+    assert_non_null(strstr(warn, "pageable memory"));
+    trainer *t = create_(&s);
+    float l[2];
+    run_steps_(t, &s, 2, l);
+    offload_stats st;
+    trainer_offload_stats(t, &st);
+    assert_int_equal(st.host.pinned, 0);
+    assert_true(st.host.in_use > 0);
+    trainer_free(t);
+    offload_test_set_pin_limit(SIZE_MAX);
+
+    /* a spec with nothing offloaded needs no pinning */
+    run_spec r = s;
+    r.device.memory_budget = 0;
+    offload_test_set_pin_limit(0);
+    assert_int_equal(offload_check(&r, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), 0);
+    offload_test_set_pin_limit(SIZE_MAX);
+
+    /* for real, in a child: RLIMIT_MEMLOCK 0 (meaningless with
+     * CAP_IPC_LOCK, which lets root lock anyway) */
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {0, 0};
+        if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+            _exit(3);
+        if (offload_pin_limit() == SIZE_MAX)
+            _exit(2);
+        int rc = offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                               sizeof warn, err, sizeof err);
+        _exit(rc == -1 && strstr(err, "RLIMIT_MEMLOCK") ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 2)
+        printf("# real RLIMIT_MEMLOCK check skipped: process has "
+               "CAP_IPC_LOCK\n");
+    else
+        assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* ---------------------------------------------------------- 5. planner */
+
+static size_t pad16_(size_t n) { return (n + 15) / 16 * 16; }
+
+/* V 64, L 4, NH 2, C 16, T 8, microbatch 2, accum 2, prefetch 2, counted
+ * here from the shapes, independently of gpt.c. */
+static void test_plan_hand_counted(void **state)
+{
+    (void)state;
+    const size_t V = 64, L = 4, NH = 2, C = 16, T = 8, B = 2, BT = B * T;
+    const size_t F = sizeof(float);
+    /* wte, wpe, ln_f weight and bias */
+    size_t n_global = pad16_(V * C + T * C + 2 * C);
+    assert_int_equal(n_global, 1184);
+    /* ln_1 (2C), c_attn (3C*C + 3C), attn c_proj (C*C + C), ln_2 (2C),
+     * c_fc (4C*C + 4C), mlp c_proj (4C*C + C) = 12C^2 + 13C */
+    size_t slot = pad16_(12 * C * C + 13 * C);
+    assert_int_equal(slot, 3280);
+    /* activations: every tensor padded to 16 floats */
+    size_t acts[] = {
+        BT * C,                                   /* encoded */
+        L * BT * C, L * BT, L * BT,               /* ln1, mean, rstd */
+        L * BT * 3 * C, L * BT * C,               /* qkv, atty */
+        L * B * NH * T * T, L * BT * C,           /* att, residual2 */
+        L * BT * C, L * BT, L * BT,               /* ln2, mean, rstd */
+        L * BT * 4 * C, L * BT * 4 * C,           /* fch, fch_gelu */
+        L * BT * C,                               /* residual3 */
+        BT * C, BT, BT,                           /* lnf, mean, rstd */
+        BT * V, BT * V, BT,                       /* logits, probs, losses */
+        BT * C, BT * C, BT * C, BT * 3 * C,       /* dres, dln, datty, dqkv */
+        BT * 4 * C, BT * 4 * C, B * NH * T * T,   /* dfch, dfch_gelu, datt */
+        BT * V, BT * C, BT,                       /* dlogits, dlnf, dlosses */
+    };
+    size_t act = 0;
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        act += pad16_(acts[i]);
+    const size_t G = 4 * n_global * F, SL = 4 * slot * F, ST = 2 * slot * F;
+    const size_t A = act * F, W = slot * F;
+
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 2,
+        .prefetch = 2, .backend = BACKEND_CPU, .budget = 0,
+    };
+    offload_plan p;
+    char err[512];
+    /* unlimited: all resident, nothing moves */
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.global_bytes, G);
+    assert_int_equal(p.slot_bytes, SL);
+    assert_int_equal(p.staging_bytes, ST);
+    assert_int_equal(p.act_bytes, A);
+    assert_int_equal(p.n_resident, 4);
+    assert_int_equal(p.peak_device_bytes, G + A + 4 * SL);
+    assert_int_equal(p.min_budget_bytes, G + A + 2 * ST);
+    assert_int_equal(p.h2d_bytes_per_step, 0);
+    assert_int_equal(p.d2h_bytes_per_step, 0);
+    offload_plan_free(&p);
+
+    /* room for 1 resident slot and 2 staging buffers: slots 1-3 offloaded.
+     * Per microbatch: forward fetches 1,2,3; 3 stays for backward (one
+     * interval); backward fetches 2,1: 5 weight fetches, 3 drains. The
+     * second microbatch also fetches the 3 partial gradients:
+     * h2d = 2*5W + 3W, d2h = 2*3W. */
+    in.budget = G + A + SL + 2 * ST + 100;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_resident, 1);
+    assert_int_equal(p.n_offloaded, 3);
+    assert_int_equal(p.placement[0], OFFLOAD_RESIDENT);
+    for (int s = 1; s < 4; s++)
+        assert_int_equal(p.placement[s], OFFLOAD_OFFLOADED);
+    assert_int_equal(p.n_staging, 2);
+    assert_int_equal(p.peak_device_bytes, G + A + SL + 2 * ST);
+    assert_int_equal(p.host_bytes, 3 * SL);
+    assert_int_equal(p.h2d_bytes_per_step, 13 * W);
+    assert_int_equal(p.d2h_bytes_per_step, 6 * W);
+
+    /* printable: JSON with the documented fields */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    offload_plan_print(f, &p, 1);
+    fclose(f);
+    json_error_t je;
+    json_t *j = json_loads(buf, 0, &je);
+    assert_non_null(j);
+    assert_int_equal(json_array_size(json_object_get(j, "resident_slots")), 1);
+    assert_int_equal(json_array_size(json_object_get(j, "offloaded_slots")), 3);
+    assert_int_equal(json_integer_value(json_array_get(
+                         json_object_get(j, "offloaded_slots"), 0)), 1);
+    assert_int_equal(json_integer_value(json_object_get(j, "peak_device_bytes")),
+                     G + A + SL + 2 * ST);
+    assert_int_equal(json_integer_value(json_object_get(j, "h2d_bytes_per_step")),
+                     13 * W);
+    assert_int_equal(json_integer_value(json_object_get(j, "d2h_bytes_per_step")),
+                     6 * W);
+    assert_int_equal(json_integer_value(json_object_get(j, "min_budget_bytes")),
+                     G + A + 2 * ST);
+    json_decref(j);
+    free(buf);
+    f = open_memstream(&buf, &len);
+    offload_plan_print(f, &p, 0);
+    fclose(f);
+    printf("%s", buf);
+    assert_non_null(strstr(buf, "real"));
+    assert_non_null(strstr(buf, "1-3"));
+    free(buf);
+    offload_plan_free(&p);
+
+    /* Pseudo, one slot used by all 4 layers, offloaded: one interval spans
+     * the whole microbatch: h2d = 2W (weights) + W (partial gradient of the
+     * second microbatch), d2h = 2W; one staging buffer. */
+    in.n_slots = 1;
+    in.budget = G + A + ST;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 1);
+    assert_int_equal(p.n_staging, 1);
+    assert_int_equal(p.min_budget_bytes, G + A + ST);
+    assert_int_equal(p.h2d_bytes_per_step, 3 * W);
+    assert_int_equal(p.d2h_bytes_per_step, 2 * W);
+    offload_plan_free(&p);
+
+    /* an interleaved share map, both slots offloaded, one microbatch:
+     * pass s0 s1 s0 s1 | s1 s0 s1 s0 -> 7 intervals (the middle s1 s1
+     * merges); backward intervals s1 s0 s1 s0, the last two start from the
+     * host's partial gradient: h2d = 7W + 2W, d2h = 4W */
+    int map[4] = {0, 1, 0, 1};
+    in.n_slots = 2;
+    in.slot_of = map;
+    in.grad_accum = 1;
+    in.budget = G + A + 2 * ST;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 2);
+    assert_int_equal(p.h2d_bytes_per_step, 9 * W);
+    assert_int_equal(p.d2h_bytes_per_step, 4 * W);
+    offload_plan_free(&p);
+
+    /* CUDA reserves a workspace */
+    in.backend = BACKEND_CUDA;
+    in.budget = 0;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.workspace_bytes, 32u << 20);
+    offload_plan_free(&p);
+}
+
+/* The scheduler moves exactly the planned bytes: 3 training steps without
+ * evaluation move 3 times the plan's per-step figures. */
+static void test_measured_bytes_match_plan(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(1000, 0);
+    s.train.eval_every = 0;
+    s.device.memory_budget = budget_for_(&s, 2);
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    trainer *t = create_(&s);
+    float l[3];
+    run_steps_(t, &s, 3, l);
+    offload_stats st;
+    trainer_offload_stats(t, &st);
+    assert_int_equal(st.n_offloaded, p.n_offloaded);
+    assert_int_equal(st.h2d_bytes, 3 * p.h2d_bytes_per_step);
+    assert_int_equal(st.d2h_bytes, 3 * p.d2h_bytes_per_step);
+    assert_int_equal(st.device.peak, p.peak_device_bytes);
+    offload_plan_free(&p);
+    trainer_free(t);
+}
+
+/* ---------------------------------------------------------- pools */
+
+static void test_pools(void **state)
+{
+    (void)state;
+    offload_pool *d = offload_device_pool_create(1000);
+    assert_non_null(d);
+    void *a = offload_pool_alloc(d, 100); /* rounds to 128 */
+    void *b = offload_pool_alloc(d, 640);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    assert_null(offload_pool_alloc(d, 300)); /* 768 + 320 > 1000 */
+    offload_pool_stats st;
+    offload_pool_get_stats(d, &st);
+    assert_int_equal(st.capacity, 1000);
+    assert_int_equal(st.in_use, 768);
+    offload_pool_free(d, a);
+    void *c = offload_pool_alloc(d, 192);
+    assert_non_null(c);
+    offload_pool_get_stats(d, &st);
+    assert_int_equal(st.in_use, 832);
+    assert_int_equal(st.peak, 832);
+    offload_pool_free(d, b);
+    offload_pool_free(d, c);
+    offload_pool_get_stats(d, &st);
+    assert_int_equal(st.in_use, 0);
+    a = offload_pool_alloc(d, 960); /* coalesced again */
+    assert_non_null(a);
+    offload_pool_destroy(d);
+
+    offload_pool *h = offload_host_pool_create(4096);
+    a = offload_pool_alloc(h, 1000);
+    b = offload_pool_alloc(h, 100000); /* its own chunk */
+    assert_non_null(a);
+    assert_non_null(b);
+    offload_pool_get_stats(h, &st);
+    assert_int_equal(st.chunks, 2);
+    assert_true(st.capacity >= 4096 + 100000);
+    offload_pool_free(h, b);
+    offload_pool_trim(h);
+    offload_pool_get_stats(h, &st);
+    assert_int_equal(st.chunks, 1);
+    assert_int_equal(st.in_use, 1024);
+    offload_pool_destroy(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pools),
+        cmocka_unit_test(test_plan_hand_counted),
+        cmocka_unit_test(test_budget_too_small_errors),
+        cmocka_unit_test(test_pinning_failure),
+        cmocka_unit_test(test_measured_bytes_match_plan),
+        cmocka_unit_test(test_offload_bitwise_50_steps_with_delink),
+        cmocka_unit_test(test_offload_bitwise_no_clip),
+        cmocka_unit_test(test_grad_accum_offloaded_equals_big_batch),
+        cmocka_unit_test(test_save_resume_offloaded),
+    };
+    return cmocka_run_group_tests(tests, setup_data, teardown_data);
+}
