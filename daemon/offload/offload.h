@@ -243,5 +243,8 @@ void offload_sync(offload_ctx *o);
 const offload_plan *offload_current_plan(const offload_ctx *o);
 void offload_get_stats(offload_ctx *o, offload_stats *st);
 void offload_free(offload_ctx *o);
+/* Tests: hold (1) or release (0) the host AdamW threads, so that queued
+ * updates stay queued. A fetch of a held slot waits: release first. */
+void offload_test_hold_updates(offload_ctx *o, int hold);
 
 #endif /* M6_OFFLOAD_H */

@@ -44,6 +44,13 @@ typedef struct {
     int slot, final, has_bwd;
 } staging_;
 
+/* A queued AdamW update carries its own hyperparameters: it may run after
+ * the next step has begun. */
+typedef struct {
+    int slot;
+    offload_adam a;
+} adam_job_;
+
 struct offload_ctx {
     run_spec spec;
     offload_pool *dev, *host;
@@ -75,15 +82,16 @@ struct offload_ctx {
 
     /* queues */
     int *drainq, dq_head, dq_n;    /* buffer indices (ring of nbuf) */
-    int *adamq, aq_head, aq_n;     /* slots (ring of S) */
-    int qcap_s;
-    offload_adam adam;
+    adam_job_ *adamq;              /* ring of S */
+    int aq_head, aq_n, qcap_s;
+    offload_adam adam;             /* this step's, for early updates */
     int early;
 
     pthread_mutex_t mu;
     pthread_cond_t cv_copy, cv_work, cv_done;
     pthread_t copy_thread, *workers;
     int nworkers, quit;
+    int hold;                  /* tests: host threads take no jobs */
 
     /* statistics */
     uint64_t h2d_bytes, d2h_bytes;
@@ -111,6 +119,13 @@ static int fetch_ready_(const offload_ctx *o, int j)
     return 1;
 }
 
+static void queue_adam_(offload_ctx *o, int s, const offload_adam *a)
+{
+    o->adam_queued[s] = o->updating[s] = 1;
+    o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = (adam_job_){s, *a};
+    pthread_cond_signal(&o->cv_work);
+}
+
 static void do_drain_(offload_ctx *o)
 {
     int b = o->drainq[o->dq_head];
@@ -128,11 +143,8 @@ static void do_drain_(offload_ctx *o)
     o->pending_drains[B->slot]--;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
-    if (B->final && o->early && !o->adam_queued[B->slot]) {
-        o->adam_queued[B->slot] = o->updating[B->slot] = 1;
-        o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = B->slot;
-        pthread_cond_signal(&o->cv_work);
-    }
+    if (B->final && o->early && !o->adam_queued[B->slot])
+        queue_adam_(o, B->slot, &o->adam);
     B->state = BUF_FREE;
     pthread_cond_broadcast(&o->cv_done);
 }
@@ -191,14 +203,15 @@ static void *worker_main_(void *arg)
     omp_set_num_threads(1); /* this thread's kernels run serially */
     pthread_mutex_lock(&o->mu);
     for (;;) {
-        while (!o->quit && o->aq_n == 0)
+        while (!o->quit && (o->aq_n == 0 || o->hold))
             pthread_cond_wait(&o->cv_work, &o->mu);
         if (o->quit)
             break;
-        int s = o->adamq[o->aq_head];
+        adam_job_ job = o->adamq[o->aq_head];
         o->aq_head = (o->aq_head + 1) % o->qcap_s;
         o->aq_n--;
-        offload_adam a = o->adam;
+        int s = job.slot;
+        const offload_adam a = job.a;
         pthread_mutex_unlock(&o->mu);
         double t0 = now_s_();
         gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
@@ -340,7 +353,8 @@ static void free_placement_(offload_ctx *o)
     free(o->adamq);
     o->updating = o->touched = o->adam_queued = NULL;
     o->pending_drains = o->at_pos = o->iv_state = o->dep = NULL;
-    o->drainq = o->adamq = NULL;
+    o->drainq = NULL;
+    o->adamq = NULL;
     o->iv = NULL;
 }
 
@@ -408,7 +422,7 @@ static int alloc_state_(void *ctx, gpt_model *g)
     o->iv_state = calloc(2 * (size_t)L, sizeof(int));
     o->dep = calloc(2 * (size_t)L, sizeof(int));
     o->drainq = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof(int));
-    o->adamq = calloc((size_t)S, sizeof(int));
+    o->adamq = calloc((size_t)S, sizeof *o->adamq);
     if (!o->updating || !o->touched || !o->adam_queued || !o->pending_drains ||
         !o->iv || !o->at_pos || !o->iv_state || !o->dep || !o->drainq ||
         !o->adamq)
@@ -593,13 +607,15 @@ void offload_wait_grads(offload_ctx *o)
 void offload_adamw(offload_ctx *o, const offload_adam *a)
 {
     pthread_mutex_lock(&o->mu);
-    o->adam = *a;
-    for (int s = 0; s < o->g->S; s++)
-        if (o->g->offloaded[s] && !o->adam_queued[s]) {
-            o->adam_queued[s] = o->updating[s] = 1;
-            o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = s;
-        }
-    pthread_cond_broadcast(&o->cv_work);
+    for (int s = 0; s < o->g->S; s++) {
+        if (!o->g->offloaded[s] || o->adam_queued[s])
+            continue;
+        /* a slot no layer uses was never fetched: its last update may
+         * still be queued; one job per slot in the ring */
+        while (o->updating[s])
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        queue_adam_(o, s, a);
+    }
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -614,6 +630,14 @@ void offload_sync(offload_ctx *o)
             break;
         pthread_cond_wait(&o->cv_done, &o->mu);
     }
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_test_hold_updates(offload_ctx *o, int hold)
+{
+    pthread_mutex_lock(&o->mu);
+    o->hold = hold;
+    pthread_cond_broadcast(&o->cv_work);
     pthread_mutex_unlock(&o->mu);
 }
 
