@@ -614,11 +614,13 @@ static float model_step_(gpt_model *g, offload_ctx *o, int accum, int B,
     return model_step_lr_(g, o, accum, B, seed, 1e-2f, 0);
 }
 
-/* A share map the trainer never makes, layers 0..5 -> slots 0,1,2,0,1,2,
- * re-slotted from a 1-slot model: a slot's backward uses are not adjacent,
- * so its later uses start from the partial gradient drained by the earlier
- * ones within the same microbatch. Offloaded (2 of 3 slots) and plain
- * models agree bitwise, forward-only passes in between included. */
+/* A share map the trainer never makes, layers 0..5 -> slots 0,3,1,2,1,0,
+ * re-slotted from a 1-slot model, slot 0 resident, 1-3 offloaded, three
+ * staging buffers. Backward runs slots 1,2,1,3: slot 1's second backward
+ * interval lands in another buffer than its first and must start from the
+ * partial gradient the first one drained, while the copy thread is free to
+ * run ahead. Offloaded and plain models agree bitwise, forward-only passes
+ * in between included. */
 static void test_interleaved_share_map(void **state)
 {
     (void)state;
@@ -635,7 +637,7 @@ static void test_interleaved_share_map(void **state)
     size_t ng, ss;
     gpt_layout_sizes(&cfg, &ng, &ss);
     s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, B) * 4 +
-                             1 * 4 * ss * 4 + 2 * 2 * ss * 4;
+                             1 * 4 * ss * 4 + 3 * 2 * ss * 4;
     char err[512];
     offload_ctx *o = offload_create(&s, err, sizeof err);
     assert_non_null(o);
@@ -648,12 +650,13 @@ static void test_interleaved_share_map(void **state)
     for (int i = 0; i < 2; i++)
         assert_true(model_step_(&a, NULL, accum, B, i) ==
                     model_step_(&b, o, accum, B, i));
-    int map[6] = {0, 1, 2, 0, 1, 2}, src[3] = {0, 0, 0};
-    assert_int_equal(gpt_reslot(&a, 3, map, src, 0), 0);
-    assert_int_equal(gpt_reslot(&b, 3, map, src, 0), 0);
-    assert_int_equal(offload_current_plan(o)->n_offloaded, 2);
+    int map[6] = {0, 3, 1, 2, 1, 0}, src[4] = {0, 0, 0, 0};
+    assert_int_equal(gpt_reslot(&a, 4, map, src, 0), 0);
+    assert_int_equal(gpt_reslot(&b, 4, map, src, 0), 0);
+    assert_int_equal(offload_current_plan(o)->n_offloaded, 3);
+    assert_int_equal(offload_current_plan(o)->n_staging, 3);
     assert_int_equal(b.offloaded[0], 0);
-    assert_int_equal(b.offloaded[2], 1);
+    assert_int_equal(b.offloaded[1], 1);
     int32_t inp[64], tgt[64];
     for (int i = 2; i < 8; i++) {
         assert_true(model_step_(&a, NULL, accum, B, i) ==
@@ -662,7 +665,7 @@ static void test_interleaved_share_map(void **state)
         assert_true(gpt_forward(&a, inp, tgt, B) == gpt_forward(&b, inp, tgt, B));
     }
     offload_sync(o);
-    for (int sl = 0; sl < 3; sl++) {
+    for (int sl = 0; sl < 4; sl++) {
         assert_memory_equal(a.slots[sl].params, b.slots[sl].params,
                             ss * sizeof(float));
         assert_memory_equal(a.slots[sl].v, b.slots[sl].v, ss * sizeof(float));
