@@ -330,6 +330,7 @@ static void event_(void *ctx, gpt_model *g, gpt_event ev, int layer)
 
 /* ------------------------------------------------------------- storage */
 
+/* Release the placement (lock held, or the threads gone). */
 static void free_placement_(offload_ctx *o)
 {
     for (int b = 0; b < o->nbuf; b++)
@@ -372,21 +373,26 @@ static void pool_error_(offload_ctx *o, offload_pool *p, const char *what,
 static int alloc_state_(void *ctx, gpt_model *g)
 {
     offload_ctx *o = ctx;
-    o->g = g;
+    offload_plan plan;
     o->last_err[0] = 0;
-    offload_plan_free(&o->plan);
     offload_plan_input in = {
         .model = g->cfg, .n_slots = g->S, .slot_of = g->slot_of,
         .batch_size = g->B, .grad_accum = o->spec.train.grad_accum,
         .prefetch = o->spec.offload.prefetch, .backend = o->spec.device.backend,
         .budget = o->spec.device.memory_budget,
     };
-    if (offload_plan_make(&in, &o->plan, o->last_err, sizeof o->last_err) != 0) {
+    if (offload_plan_make(&in, &plan, o->last_err, sizeof o->last_err) != 0) {
         errno = ENOMEM;
         return -1;
     }
-    int S = g->S, L = g->cfg.n_layer, R = o->plan.n_resident;
+    int S = g->S, L = g->cfg.n_layer, R = plan.n_resident;
     size_t ng = g->n_global, ss = g->slot_size;
+    /* the threads are idle (the model was synced) but may wake, and stats
+     * may be read: publish the new placement under the lock */
+    pthread_mutex_lock(&o->mu);
+    offload_plan_free(&o->plan);
+    o->plan = plan;
+    o->g = g;
     o->W = ss * sizeof(float);
     g->n_local = ng + (size_t)R * ss;
     size_t nb = 4 * g->n_local * sizeof(float);
@@ -452,11 +458,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
             g->offloaded[s] = 1;
         }
     }
+    pthread_mutex_unlock(&o->mu);
     return 0;
 oom:
     snprintf(o->last_err, sizeof o->last_err, "offload: out of memory");
 fail:
     free_placement_(o);
+    pthread_mutex_unlock(&o->mu);
     errno = ENOMEM;
     return -1;
 }
@@ -465,7 +473,9 @@ static void free_state_(void *ctx, gpt_model *g)
 {
     offload_ctx *o = ctx;
     offload_sync(o);
+    pthread_mutex_lock(&o->mu);
     free_placement_(o);
+    pthread_mutex_unlock(&o->mu);
     g->params = g->grads = g->m = g->v = NULL;
 }
 
