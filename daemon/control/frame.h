@@ -39,7 +39,7 @@ void frame_reader_free(frame_reader *r);
  * Returns 0, or -1 when out of memory. */
 int frame_reader_feed(frame_reader *r, const void *data, size_t n);
 
-/* Next complete frame: FRAME_OK with *payload/*len (valid until the next
+/* Next complete frame: FRAME_OK with *payload and *len (valid until the next
  * feed), FRAME_NEED_MORE, or FRAME_TOO_LARGE with *len = declared length. */
 frame_result frame_reader_next(frame_reader *r, const uint8_t **payload,
                                size_t *len);

@@ -24,7 +24,7 @@ typedef struct {
 } session;
 
 /* Handle one frame payload. Returns a malloc'd frame (header included) in
- * *out/*outlen; *close_after tells the server to close the connection once
+ * *out and *outlen; *close_after tells the server to close the connection once
  * the reply is written. Returns -1 only when no reply could be built (OOM). */
 int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
                       size_t len, uint8_t **out, size_t *outlen,

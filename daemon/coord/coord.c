@@ -280,7 +280,7 @@ static void publish_(run_ctx *r, int paused)
 
 static void fail_run_(coord *c, int64_t id, const char *what, const char *err)
 {
-    char msg[1024];
+    char msg[1200];
     snprintf(msg, sizeof msg, "%s: %s", what, err);
     log_error("run.failed", "run=%lld err=\"%s\"", (long long)id, msg);
     state_run_set_state(c->st, id, RUN_FAILED, msg);
