@@ -67,6 +67,13 @@ static void fill(float *f, double *d, size_t n, float lo, float hi)
     }
 }
 
+/* forwards overwrite their outputs: start them from stale values */
+static void stale(float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        f[i] = 7.0f;
+}
+
 static float *falloc(size_t n) { float *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
 static double *dalloc(size_t n) { double *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
 
@@ -281,6 +288,7 @@ static void test_encoder(void **state)
 
     /* forward: a single fp32 add per element, so exact to 1 ulp (6e-8) */
     float out[N * C];
+    stale(out, N * C);
     encoder_forward(out, x->inp, x->wte, x->wpe, B, T, C);
     enc_obj(x);
     check_("encoder fwd", out, x->out_d, N * C, 1e-7);
@@ -332,6 +340,7 @@ static void test_layernorm(void **state)
 
     /* forward: mean/var/rstd in fp32 over C values: a few ulp, 1e-6 */
     float out[N * C];
+    stale(out, N * C);
     layernorm_forward(out, x->mean, x->rstd, x->x, x->w, x->b, N, C);
     ln_obj(x);
     check_("layernorm fwd", out, x->out_d, N * C, 1e-6);
@@ -399,6 +408,7 @@ static void test_matmul(void **state)
     float out[N * OC];
     for (int ub = 0; ub <= 1; ub++) {
         x->use_bias = ub;
+        stale(out, N * OC);
         matmul_forward(out, x->x, x->w, ub ? x->b : NULL, N, C, OC);
         mm_obj(x);
         check_(ub ? "matmul fwd (bias)" : "matmul fwd (no bias)", out,
@@ -458,6 +468,8 @@ static void test_attention(void **state)
     /* forward: fp32 dot of hs terms, expf, a normalising sum and a weighted
      * sum of T values: a few ulp each, compounded; 1e-6 */
     float out[N * C];
+    stale(x->att, B * NH * T * T);
+    stale(out, N * C);
     attention_forward(out, x->att, x->qkv, B, T, C, NH);
     att_obj(x);
     check_("attention fwd out", out, x->out_d, N * C, 1e-6);
@@ -488,6 +500,7 @@ static void test_attention_causal(void **state)
     float *qkv = falloc(N * 3 * C), *out1 = falloc(N * C), *out2 = falloc(N * C);
     float *att = falloc(B * NH * T * T);
     fill(qkv, NULL, N * 3 * C, -2, 2);
+    fill(att, NULL, B * NH * T * T, 1, 2);      /* forward must overwrite */
     attention_forward(out1, att, qkv, B, T, C, NH);
     for (int r = 0; r < B * NH * T; r++) {
         int t = r % T;
@@ -563,6 +576,7 @@ static void test_gelu(void **state)
     /* forward: tanhf (≤ 2 ulp) and a few fp32 ops per element: 1e-6 */
     float out[N * C];
     double ref[N * C];
+    stale(out, N * C);
     gelu_forward(out, x->x, N * C);
     for (int i = 0; i < N * C; i++) ref[i] = ref_gelu1(x->x_d[i]);
     check_("gelu fwd", out, ref, N * C, 1e-6);
@@ -612,6 +626,7 @@ static void test_residual(void **state)
     /* forward: one fp32 add, correctly rounded: 1e-7 */
     float out[N * C];
     double ref[N * C];
+    stale(out, N * C);
     residual_forward(out, x->a, x->b, N * C);
     for (int i = 0; i < N * C; i++) ref[i] = x->a_d[i] + x->b_d[i];
     check_("residual fwd", out, ref, N * C, 1e-7);
@@ -663,6 +678,8 @@ static void test_crossentropy(void **state)
     /* forward: expf, a sum of V terms and logf: a few ulp; 1e-6 */
     float losses[N];
     double probs_d[N * V];
+    stale(losses, N);
+    stale(x->probs, N * V);
     softmax_crossentropy_forward(losses, x->probs, x->z, x->y, N, V);
     ref_crossentropy(x->loss_d, probs_d, x->z_d, x->y);
     check_("crossentropy loss", losses, x->loss_d, N, 1e-6);
