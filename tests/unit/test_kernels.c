@@ -33,6 +33,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "cpu/cpu_math.h"      /* the internal exp_, tested on its own */
 
 /* shapes: small so the finite differences are quick */
 enum { B = 2, T = 5, C = 8, NH = 2, V = 11, OC = 12, MAXT = 7, N = B * T };
@@ -437,6 +438,55 @@ static void test_matmul(void **state)
     (void)state;
 }
 
+/* matmul cuts its GEMM outputs into 16-aligned blocks, one per thread; at
+ * the shapes above every block but the first is empty. Here C and OC span
+ * several blocks (and end mid-block); gradients of this linear op are
+ * written out in double (dinp = dout W, dweight = dout^T x, dbias = column
+ * sums), with the same 1e-6 tolerance as above. */
+static void test_matmul_blocks(void **state)
+{
+    enum { MN = 9, MC = 41, MOC = 53 };
+    rng_seed(11);
+    float *x = falloc(MN * MC), *w = falloc(MOC * MC), *b = falloc(MOC);
+    float *d = falloc(MN * MOC), *out = falloc(MN * MOC);
+    float *dx = falloc(MN * MC), *dw = falloc(MOC * MC), *db = falloc(MOC);
+    double *rout = dalloc(MN * MOC), *rdx = dalloc(MN * MC);
+    double *rdw = dalloc(MOC * MC), *rdb = dalloc(MOC);
+    fill(x, NULL, MN * MC, -1, 1);
+    fill(w, NULL, MOC * MC, -1, 1);
+    fill(b, NULL, MOC, -1, 1);
+    fill(d, NULL, MN * MOC, -1, 1);
+    for (int n = 0; n < MN; n++)
+        for (int o = 0; o < MOC; o++) {
+            double s = b[o];
+            for (int c = 0; c < MC; c++) s += (double)x[n * MC + c] * w[o * MC + c];
+            rout[n * MOC + o] = s;
+            rdb[o] += d[n * MOC + o];
+            for (int c = 0; c < MC; c++) {
+                rdx[n * MC + c] += (double)d[n * MOC + o] * w[o * MC + c];
+                rdw[o * MC + c] += (double)d[n * MOC + o] * x[n * MC + c];
+            }
+        }
+    int nt = omp_get_max_threads();
+    for (int th = 1; th <= 3; th++) {
+        omp_set_num_threads(th);
+        stale(out, MN * MOC);
+        memset(dx, 0, MN * MC * sizeof(float));
+        memset(dw, 0, MOC * MC * sizeof(float));
+        memset(db, 0, MOC * sizeof(float));
+        matmul_forward(out, x, w, b, MN, MC, MOC);
+        matmul_backward(dx, dw, db, d, x, w, MN, MC, MOC);
+        check_("matmul blocks fwd", out, rout, MN * MOC, 1e-6);
+        check_("matmul blocks dinp", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dweight", dw, rdw, MOC * MC, 1e-6);
+        check_("matmul blocks dbias", db, rdb, MOC, 1e-6);
+    }
+    omp_set_num_threads(nt);
+    free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);
+    free(rout); free(rdx); free(rdw); free(rdb);
+    (void)state;
+}
+
 /* ------------------------------------------------------------ attention */
 
 typedef struct {
@@ -724,6 +774,26 @@ static void test_crossentropy_by_hand(void **state)
     (void)state;
 }
 
+/* exp_ (the vectorisable expf of the CPU kernels) against exp in double
+ * over its whole unclamped range: within 3 ulp (2^-23 * 3 relative), and
+ * exact at 0. */
+static void test_exp(void **state)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 2000000.0f;
+        double want = exp((double)x);
+        double e = fabs(exp_(x) - want) / want;
+        if (e > worst) worst = e;
+    }
+    printf("    exp_ worst relative error %.2e\n", worst);
+    assert_true(worst <= 3.0 * 1.1920929e-7);
+    assert_true(exp_(0.0f) == 1.0f);
+    assert_true(exp_(-INFINITY) >= 0.0f && exp_(-INFINITY) < 1e-37f);
+    assert_true(isnan(exp_(NAN)));
+    (void)state;
+}
+
 /* ---------------------------------------------------------------- AdamW */
 
 /* Three steps over a few scalars against the formula of kernels.h in double,
@@ -853,12 +923,14 @@ int main(void)
         cmocka_unit_test(test_encoder),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_blocks),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_crossentropy_by_hand),
+        cmocka_unit_test(test_exp),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_grad_sumsq),
         cmocka_unit_test(test_determinism),
