@@ -5,7 +5,6 @@
  */
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -66,10 +65,10 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     t->spec = *spec;
     t->delink_step = -1;
-    if (spec->device.threads > 0) {
+    /* OpenMP threads run the kernels; each GEMM block runs single-threaded
+     * OpenBLAS inside them (kernels/cpu/matmul.c). */
+    if (spec->device.threads > 0)
         omp_set_num_threads(spec->device.threads);
-        openblas_set_num_threads(spec->device.threads);
-    }
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
     if (token_set_open(&t->train, spec->data.train, mc->vocab_size, err,
@@ -386,7 +385,7 @@ static char *meta_json_(const trainer *t)
 
 long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
 {
-    char tmp[PATH_MAX], path[PATH_MAX];
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
     struct stat st;
     if (stat(dir, &st) == 0) {
         snprintf(err, errlen, "%s: already exists", dir);
