@@ -1,1 +1,184 @@
-/* placeholder */
+/*
+ * checkpoint.c — safetensors reading/writing and durable file writes for
+ * checkpoints (the directory protocol itself is in trainer.c).
+ */
+#include "train/checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int fwrite_all_(FILE *f, const void *p, size_t n)
+{
+    return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
+                       size_t errlen)
+{
+    json_t *h = json_object();
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1;
+        json_t *shape = json_array();
+        for (int d = 0; d < ts[i].ndim; d++) {
+            numel *= (size_t)ts[i].shape[d];
+            json_array_append_new(shape, json_integer(ts[i].shape[d]));
+        }
+        size_t bytes = numel * sizeof(float);
+        json_object_set_new(h, ts[i].name,
+            json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
+                      "data_offsets", (json_int_t)off,
+                      (json_int_t)(off + bytes)));
+        off += bytes;
+    }
+    json_object_set_new(h, "__metadata__",
+                        json_pack("{s:s}", "format", "pt"));
+    char *hs = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    if (!hs) {
+        snprintf(err, errlen, "out of memory building safetensors header");
+        return -1;
+    }
+    size_t hl = strlen(hs), padded = (hl + 7) / 8 * 8;
+    uint64_t n64 = padded; /* little-endian hosts only (x86-64, aarch64) */
+    int bad = fwrite_all_(f, &n64, 8) || fwrite_all_(f, hs, hl);
+    for (size_t i = hl; i < padded && !bad; i++)
+        bad = fputc(' ', f) == EOF;
+    free(hs);
+    for (int i = 0; i < n && !bad; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= (size_t)ts[i].shape[d];
+        bad = fwrite_all_(f, ts[i].data, numel * sizeof(float));
+    }
+    if (bad || fflush(f) != 0) {
+        snprintf(err, errlen, "write failed: %s", strerror(errno));
+        return -1;
+    }
+    return (long)(8 + padded + off);
+}
+
+int safetensors_open(st_file *sf, const char *path, char *err, size_t errlen)
+{
+    memset(sf, 0, sizeof *sf);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
+        snprintf(err, errlen, "%s: truncated (no header)", path);
+        fclose(f);
+        return -1;
+    }
+    sf->len = (size_t)st.st_size;
+    sf->buf = malloc(sf->len);
+    if (!sf->buf || fread(sf->buf, 1, sf->len, f) != sf->len) {
+        snprintf(err, errlen, "%s: read failed", path);
+        fclose(f);
+        safetensors_close(sf);
+        return -1;
+    }
+    fclose(f);
+    uint64_t hl;
+    memcpy(&hl, sf->buf, 8);
+    if (hl > sf->len - 8) {
+        snprintf(err, errlen, "%s: header length %llu exceeds file size %zu",
+                 path, (unsigned long long)hl, sf->len);
+        safetensors_close(sf);
+        return -1;
+    }
+    json_error_t je;
+    sf->header = json_loadb((const char *)sf->buf + 8, hl, 0, &je);
+    if (!sf->header || !json_is_object((json_t *)sf->header)) {
+        snprintf(err, errlen, "%s: bad header JSON: %s", path, je.text);
+        safetensors_close(sf);
+        return -1;
+    }
+    sf->data_start = 8 + hl;
+    return 0;
+}
+
+void safetensors_close(st_file *sf)
+{
+    if (sf->header)
+        json_decref((json_t *)sf->header);
+    free(sf->buf);
+    memset(sf, 0, sizeof *sf);
+}
+
+int safetensors_get(const st_file *sf, const char *name, float *dst,
+                    size_t numel, char *err, size_t errlen)
+{
+    json_t *t = json_object_get((json_t *)sf->header, name);
+    json_int_t a, b;
+    const char *dtype;
+    if (!t) {
+        snprintf(err, errlen, "missing tensor %s", name);
+        return -1;
+    }
+    if (json_unpack(t, "{s:s, s:[II]}", "dtype", &dtype, "data_offsets", &a,
+                    &b) != 0 || strcmp(dtype, "F32") != 0) {
+        snprintf(err, errlen, "tensor %s: not an F32 tensor entry", name);
+        return -1;
+    }
+    if (a < 0 || b < a || (size_t)b > sf->len - sf->data_start) {
+        snprintf(err, errlen, "tensor %s: data offsets out of range", name);
+        return -1;
+    }
+    if ((size_t)(b - a) != numel * sizeof(float)) {
+        snprintf(err, errlen, "tensor %s has %zu elements, want %zu", name,
+                 (size_t)(b - a) / sizeof(float), numel);
+        return -1;
+    }
+    memcpy(dst, sf->buf + sf->data_start + a, (size_t)(b - a));
+    return 0;
+}
+
+int fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+long write_file_durable(const char *path, const void *buf, size_t len,
+                        char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    const char *p = buf;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            snprintf(err, errlen, "%s: write: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        snprintf(err, errlen, "%s: fsync: %s", path, strerror(errno));
+        return -1;
+    }
+    return (long)len;
+}

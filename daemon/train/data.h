@@ -29,12 +29,14 @@ typedef struct {
  * that every token < vocab_size. Errors name the file and the problem:
  * "no files match", "truncated: header says N tokens, file holds M",
  * "bad magic X (want 20240520)", "token 300 at index 17 >= vocab_size 256".
- * Returns 0 or -1 with err filled. */
+ * A set whose shards hold no tokens at all is an error too.
+ * Returns 0 or -1 with err filled (and *ts zeroed: token_set_close is safe). */
 int token_set_open(token_set *ts, const char *glob, int vocab_size,
                    char *err, size_t errlen);
 void token_set_close(token_set *ts);
 
-/* Token at global index i (0 <= i < total), shards concatenated in order. */
+/* Token at global index i (0 <= i < total), shards concatenated in order.
+ * Here and in token_set_window, indices at or past total wrap around. */
 uint16_t token_set_at(const token_set *ts, size_t i);
 
 /* Copy B*T+1 consecutive tokens starting at global index pos into buf
@@ -55,6 +57,15 @@ static inline uint16_t byte_token(unsigned char c) { return (uint16_t)c; }
  * The last val_fraction of each file's bytes goes to val (at least one window
  * worth overall). shard_tokens caps tokens per shard. progress, if not NULL,
  * is called per file. Returns 0 or -1 with err. */
+/* As built: val gets floor(size * val_fraction) bytes of each file; with
+ * val_fraction > 0, an empty val overall is an error (seq_len is not known
+ * here, so "one window" is checked by whoever opens the val set); with 0, no
+ * val shard is written. val_fraction must be in [0, 1); shard_tokens 0 means
+ * 100M. Symlinks are followed, each inode read once; fifos, sockets and
+ * devices are skipped and counted in skipped. An out_dir already holding
+ * train_*.bin / val_*.bin is refused; on error the shards of this run are
+ * removed. progress gets each text file after it is read, with its
+ * (uncompressed) size. */
 typedef struct {
     size_t files, skipped, train_tokens, val_tokens, train_shards, val_shards;
 } prepare_stats;

@@ -1,1 +1,709 @@
-/* placeholder */
+/*
+ * spec.c — the run spec (spec.h): JSON text ⇄ run_spec, with every key
+ * range-checked and named in errors. One table lists every key once; parsing,
+ * validation and the canonical serialisation all walk it.
+ */
+#include "train/spec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(delink_optimizer) == sizeof(int), "enum is not int-sized");
+_Static_assert(sizeof(backend_kind) == sizeof(int), "enum is not int-sized");
+
+static void seterr_(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr_(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The key table                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+    K_STR,     /* char[size] */
+    K_INT,     /* int, [ilo, ihi] */
+    K_LONG,    /* long, [ilo, ihi] */
+    K_U64,     /* uint64_t: JSON integer >= 0, or a decimal string */
+    K_FLOAT,   /* float, lo/hi with open ends */
+    K_ENUM,    /* int-sized enum, value = index in names */
+    K_SIZE,    /* size_t bytes: integer, or string with a unit suffix */
+} kind_;
+
+typedef struct {
+    const char *section;  /* NULL: top level */
+    const char *key;
+    kind_ kind;
+    size_t off, size;
+    long long ilo, ihi;
+    double flo, fhi;
+    int lo_open, hi_open;
+    const char *const *names;  /* K_ENUM, NULL-terminated */
+} key_;
+
+static const char *const delink_names_[] = { "copy", "reset", NULL };
+static const char *const backend_names_[] = { "cpu", "cuda", NULL };
+
+#define OFF(m) offsetof(run_spec, m)
+#define STR(sec, k, m) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
+                         0, 0, 0, 0, 0, 0, NULL }
+#define INT(sec, k, m, lo, hi) { sec, k, K_INT, OFF(m), sizeof(int), lo, hi, \
+                                 0, 0, 0, 0, NULL }
+#define LONG(sec, k, m, lo, hi) { sec, k, K_LONG, OFF(m), sizeof(long), lo, hi, \
+                                  0, 0, 0, 0, NULL }
+#define FLT(sec, k, m, lo, lo_open, hi, hi_open) \
+    { sec, k, K_FLOAT, OFF(m), sizeof(float), 0, 0, lo, hi, lo_open, hi_open, NULL }
+#define ENUM(sec, k, m, names) { sec, k, K_ENUM, OFF(m), sizeof(int), 0, 0, \
+                                 0, 0, 0, 0, names }
+
+/* In canonical order: spec_to_json writes the keys as listed here. */
+static const key_ keys_[] = {
+    STR(NULL, "name", name),
+    STR("data", "train", data.train),
+    STR("data", "val", data.val),
+    INT("model", "vocab_size", model.vocab_size, 1, 65536),
+    INT("model", "n_layer", model.n_layer, 1, INT_MAX),
+    INT("model", "n_head", model.n_head, 1, INT_MAX),
+    INT("model", "n_embd", model.n_embd, 1, INT_MAX),
+    INT("model", "seq_len", model.seq_len, 1, INT_MAX),
+    INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX),
+    LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX),
+    ENUM("delink", "optimizer", delink.optimizer, delink_names_),
+    LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX),
+    LONG("train", "steps", train.steps, 1, LONG_MAX),
+    INT("train", "batch_size", train.batch_size, 1, INT_MAX),
+    INT("train", "grad_accum", train.grad_accum, 1, INT_MAX),
+    FLT("train", "lr", train.lr, 0, 1, INFINITY, 0),
+    FLT("train", "min_lr", train.min_lr, 0, 0, INFINITY, 0),
+    LONG("train", "warmup_steps", train.warmup_steps, 0, LONG_MAX),
+    FLT("train", "weight_decay", train.weight_decay, 0, 0, INFINITY, 0),
+    FLT("train", "grad_clip", train.grad_clip, 0, 0, INFINITY, 0),
+    FLT("train", "beta1", train.beta1, 0, 0, 1, 1),
+    FLT("train", "beta2", train.beta2, 0, 0, 1, 1),
+    FLT("train", "eps", train.eps, 0, 1, INFINITY, 0),
+    { "train", "seed", K_U64, OFF(train.seed), sizeof(uint64_t), 0, 0, 0, 0,
+      0, 0, NULL },
+    LONG("train", "eval_every", train.eval_every, 0, LONG_MAX),
+    INT("train", "eval_batches", train.eval_batches, 1, INT_MAX),
+    LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX),
+    INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX),
+    ENUM("device", "backend", device.backend, backend_names_),
+    INT("device", "threads", device.threads, 0, INT_MAX),
+    { "device", "memory_budget", K_SIZE, OFF(device.memory_budget),
+      sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL },
+    INT("offload", "prefetch", offload.prefetch, 1, INT_MAX),
+    INT("offload", "host_threads", offload.host_threads, 1, INT_MAX),
+};
+#define N_KEYS (sizeof keys_ / sizeof keys_[0])
+
+static const char *const sections_[] = {
+    "data", "model", "pseudo", "delink", "train", "checkpoint", "device",
+    "offload",
+};
+#define N_SECTIONS (sizeof sections_ / sizeof sections_[0])
+
+static const key_ *find_key_(const char *section, const char *key)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_ *k = &keys_[i];
+        if ((section == NULL) != (k->section == NULL)) continue;
+        if (section && strcmp(section, k->section) != 0) continue;
+        if (strcmp(key, k->key) == 0) return k;
+    }
+    return NULL;
+}
+
+static int is_section_(const char *name)
+{
+    for (size_t i = 0; i < N_SECTIONS; i++)
+        if (strcmp(name, sections_[i]) == 0) return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Defaults                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void spec_defaults(run_spec *s)
+{
+    memset(s, 0, sizeof *s);  /* padding and string tails too: memcmp-stable */
+    strcpy(s->name, "run");
+    s->model = (model_config){ .vocab_size = 256, .n_layer = 6, .n_head = 4,
+                               .n_embd = 128, .seq_len = 128 };
+    s->pseudo.share_groups = 1;
+    s->pseudo.steps = 0;
+    s->delink.optimizer = DELINK_OPT_COPY;
+    s->delink.rewarm_steps = 0;
+    s->train.steps = 1000;
+    s->train.batch_size = 16;
+    s->train.grad_accum = 1;
+    s->train.lr = 1e-3f;
+    s->train.min_lr = 1e-4f;
+    s->train.warmup_steps = 50;
+    s->train.weight_decay = 0.1f;
+    s->train.grad_clip = 1.0f;
+    s->train.beta1 = 0.9f;
+    s->train.beta2 = 0.95f;
+    s->train.eps = 1e-8f;
+    s->train.seed = 1337;
+    s->train.eval_every = 100;
+    s->train.eval_batches = 8;
+    s->checkpoint.every = 0;
+    s->checkpoint.keep = 2;
+    s->device.backend = BACKEND_CPU;
+    s->device.threads = 0;
+    s->device.memory_budget = 0;
+    s->offload.prefetch = 2;
+    s->offload.host_threads = 2;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Parsing one value                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* "section.key" or "key" */
+static void path_of_(const key_ *k, char *buf, size_t len)
+{
+    if (k->section) snprintf(buf, len, "%s.%s", k->section, k->key);
+    else snprintf(buf, len, "%s", k->key);
+}
+
+/* A JSON value as the operator wrote it, shortened for messages. */
+static void show_(const json_t *v, char *buf, size_t len)
+{
+    char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT |
+                            JSON_REAL_PRECISION(9));
+    if (!t) {
+        snprintf(buf, len, "(value)");
+        return;
+    }
+    if (strlen(t) > 60) strcpy(t + 57, "...");
+    snprintf(buf, len, "%s", t);
+    free(t);
+}
+
+static const char *type_name_(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static int name_ok_(const char *s)
+{
+    if (!*s || *s == '.' || *s == '-') return 0;
+    for (; *s; s++) {
+        char c = *s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* "4GiB", "1.5 MiB", "512MB", "1024" → bytes. 0 ok, -1 bad text, -2 overflow */
+static int parse_size_(const char *s, size_t *out)
+{
+    static const struct { const char *sfx; unsigned long long mult; } units[] = {
+        { "", 1 }, { "B", 1 },
+        { "KiB", 1ULL << 10 }, { "MiB", 1ULL << 20 }, { "GiB", 1ULL << 30 },
+        { "TiB", 1ULL << 40 },
+        { "KB", 1000ULL }, { "MB", 1000000ULL }, { "GB", 1000000000ULL },
+        { "TB", 1000000000000ULL },
+    };
+    const char *p = s;
+    if (*p < '0' || *p > '9') return -1;
+    unsigned long long whole = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (whole > (ULLONG_MAX - 9) / 10) return -2;
+        whole = whole * 10 + (unsigned)(*p - '0');
+    }
+    const char *frac = NULL;
+    size_t nfrac = 0;
+    if (*p == '.') {
+        frac = ++p;
+        for (; *p >= '0' && *p <= '9'; p++) nfrac++;
+        if (nfrac == 0) return -1;
+    }
+    if (*p == ' ') p++;
+    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        if (strcasecmp(p, units[u].sfx) != 0) continue;
+        unsigned long long m = units[u].mult;
+        if (whole > (unsigned long long)INT64_MAX / m) return -2;
+        unsigned long long v = whole * m;
+        if (frac) {  /* fraction of the unit, rounded down to whole bytes */
+            long double f = 0, scale = 1;
+            for (size_t i = 0; i < nfrac; i++) {
+                scale /= 10;
+                f += (frac[i] - '0') * scale;
+            }
+            unsigned long long extra = (unsigned long long)(f * (long double)m);
+            if (v > (unsigned long long)INT64_MAX - extra) return -2;
+            v += extra;
+        }
+        if (v > SIZE_MAX) return -2;
+        *out = (size_t)v;
+        return 0;
+    }
+    return -1;
+}
+
+/* Shortest "%.Ng" that reads back (as spec_parse reads it: strtod, then a
+ * float cast) to exactly f; 9 digits always do. Keeps a '.' or exponent so
+ * the value stays a JSON real. */
+static void float_text_(float f, char *buf, size_t len)
+{
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, len, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    if (!strpbrk(buf, ".eE")) strncat(buf, ".0", len - strlen(buf) - 1);
+}
+
+/* Print a float range like "> 0", ">= 0" or "in [0, 1)". */
+static void range_text_(const key_ *k, char *buf, size_t len)
+{
+    if (isinf(k->fhi))
+        snprintf(buf, len, "%s %g", k->lo_open ? ">" : ">=", k->flo);
+    else
+        snprintf(buf, len, "in %c%g, %g%c", k->lo_open ? '(' : '[', k->flo,
+                 k->fhi, k->hi_open ? ')' : ']');
+}
+
+static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
+                      size_t errlen)
+{
+    char path[64], shown[80];
+    path_of_(k, path, sizeof path);
+    show_(v, shown, sizeof shown);
+    char *dst = (char *)s + k->off;
+
+    switch (k->kind) {
+    case K_STR: {
+        if (!json_is_string(v)) {
+            seterr_(err, errlen, "%s: must be a string, got %s", path, shown);
+            return -1;
+        }
+        size_t n = json_string_length(v);
+        if (n >= k->size) {
+            seterr_(err, errlen, "%s: too long (%zu bytes, at most %zu)", path,
+                    n, k->size - 1);
+            return -1;
+        }
+        const char *str = json_string_value(v);
+        if (k->section == NULL && !name_ok_(str)) {
+            seterr_(err, errlen,
+                    "%s: must be letters, digits, '.', '_' or '-', not starting "
+                    "with '.' or '-', got %s", path, shown);
+            return -1;
+        }
+        memset(dst, 0, k->size);
+        memcpy(dst, str, n);
+        return 0;
+    }
+    case K_INT:
+    case K_LONG: {
+        if (!json_is_integer(v)) {
+            seterr_(err, errlen, "%s: must be an integer, got %s", path, shown);
+            return -1;
+        }
+        long long x = json_integer_value(v);
+        if (x < k->ilo || x > k->ihi) {
+            if (x < k->ilo && (k->ihi == INT_MAX || k->ihi == LONG_MAX))
+                seterr_(err, errlen, "%s: must be >= %lld, got %lld", path,
+                        k->ilo, x);
+            else
+                seterr_(err, errlen, "%s: must be in [%lld, %lld], got %lld",
+                        path, k->ilo, k->ihi, x);
+            return -1;
+        }
+        if (k->kind == K_INT) { int y = (int)x; memcpy(dst, &y, sizeof y); }
+        else { long y = (long)x; memcpy(dst, &y, sizeof y); }
+        return 0;
+    }
+    case K_U64: {
+        uint64_t x;
+        if (json_is_integer(v) && json_integer_value(v) >= 0) {
+            x = (uint64_t)json_integer_value(v);
+        } else if (json_is_string(v)) {  /* full uint64 range */
+            const char *t = json_string_value(v);
+            char *end;
+            errno = 0;
+            unsigned long long y = strtoull(t, &end, 10);
+            if (*t < '0' || *t > '9' || *end || errno == ERANGE) {
+                seterr_(err, errlen, "%s: must be an integer in [0, 2^64), got %s",
+                        path, shown);
+                return -1;
+            }
+            x = (uint64_t)y;
+        } else {
+            seterr_(err, errlen, "%s: must be an integer in [0, 2^64), got %s",
+                    path, shown);
+            return -1;
+        }
+        memcpy(dst, &x, sizeof x);
+        return 0;
+    }
+    case K_FLOAT: {
+        if (!json_is_number(v)) {
+            seterr_(err, errlen, "%s: must be a number, got %s", path, shown);
+            return -1;
+        }
+        double d = json_number_value(v);
+        if (!(fabs(d) <= FLT_MAX)) {
+            seterr_(err, errlen, "%s: %s is out of range for a 32-bit float",
+                    path, shown);
+            return -1;
+        }
+        float f = (float)d;
+        int ok = (k->lo_open ? f > k->flo : f >= k->flo) &&
+                 (k->hi_open ? f < k->fhi : f <= k->fhi);
+        if (!ok) {
+            char range[64];
+            range_text_(k, range, sizeof range);
+            if ((double)f != d) {
+                char ft[48];
+                float_text_(f, ft, sizeof ft);
+                seterr_(err, errlen, "%s: must be %s, got %s (%s as a "
+                        "32-bit float)", path, range, shown, ft);
+            }
+            else
+                seterr_(err, errlen, "%s: must be %s, got %s", path, range,
+                        shown);
+            return -1;
+        }
+        memcpy(dst, &f, sizeof f);
+        return 0;
+    }
+    case K_ENUM: {
+        if (json_is_string(v)) {
+            for (int i = 0; k->names[i]; i++)
+                if (strcmp(json_string_value(v), k->names[i]) == 0) {
+                    memcpy(dst, &i, sizeof i);
+                    return 0;
+                }
+        }
+        char want[128] = "";
+        for (int i = 0; k->names[i]; i++) {
+            size_t len = strlen(want);
+            snprintf(want + len, sizeof want - len, "%s\"%s\"",
+                     i == 0 ? "" : k->names[i + 1] ? ", " : " or ",
+                     k->names[i]);
+        }
+        seterr_(err, errlen, "%s: must be %s, got %s", path, want, shown);
+        return -1;
+    }
+    case K_SIZE: {
+        size_t bytes;
+        if (json_is_integer(v)) {
+            if (json_integer_value(v) < 0) {
+                seterr_(err, errlen, "%s: must be >= 0, got %s", path, shown);
+                return -1;
+            }
+            bytes = (size_t)json_integer_value(v);
+        } else if (json_is_string(v)) {
+            int rc = parse_size_(json_string_value(v), &bytes);
+            if (rc == -2) {
+                seterr_(err, errlen, "%s: %s is too large", path, shown);
+                return -1;
+            }
+            if (rc != 0) {
+                seterr_(err, errlen, "%s: bad size %s (want bytes, or a number "
+                        "with a KiB/MiB/GiB/KB/MB/GB suffix)", path, shown);
+                return -1;
+            }
+        } else {
+            seterr_(err, errlen, "%s: must be bytes (an integer) or a string "
+                    "like \"8GiB\", got %s", path, shown);
+            return -1;
+        }
+        memcpy(dst, &bytes, sizeof bytes);
+        return 0;
+    }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Parsing a spec                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Checks between keys, once every key is read. */
+static int cross_check_(const run_spec *s, char *err, size_t errlen)
+{
+    if (!s->data.train[0]) {
+        seterr_(err, errlen, "data.train: required (a glob of token shards)");
+        return -1;
+    }
+    if (!s->data.val[0]) {
+        seterr_(err, errlen, "data.val: required (a glob of token shards)");
+        return -1;
+    }
+    const model_config *m = &s->model;
+    if (m->n_embd % m->n_head != 0) {
+        seterr_(err, errlen, "model.n_embd: must be divisible by model.n_head "
+                "(%d %% %d != 0)", m->n_embd, m->n_head);
+        return -1;
+    }
+    if (s->pseudo.share_groups > m->n_layer) {
+        seterr_(err, errlen, "pseudo.share_groups: must be in [1, model.n_layer "
+                "= %d], got %d", m->n_layer, s->pseudo.share_groups);
+        return -1;
+    }
+    if (s->pseudo.steps > s->train.steps) {
+        seterr_(err, errlen, "pseudo.steps: must be in [0, train.steps = %ld], "
+                "got %ld", s->train.steps, s->pseudo.steps);
+        return -1;
+    }
+    if (s->train.min_lr > s->train.lr) {
+        char lr[48], min_lr[48];
+        float_text_(s->train.lr, lr, sizeof lr);
+        float_text_(s->train.min_lr, min_lr, sizeof min_lr);
+        seterr_(err, errlen, "train.min_lr: must be in [0, train.lr = %s], "
+                "got %s", lr, min_lr);
+        return -1;
+    }
+    return 0;
+}
+
+int spec_parse(run_spec *out, const char *json, size_t len, char *err,
+               size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(json ? json : "", json ? len : 0,
+                              JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        seterr_(err, errlen, "JSON syntax error at line %d, column %d: %s",
+                jerr.line, jerr.column, jerr.text);
+        return -1;
+    }
+    int rc = -1;
+    char shown[80];
+    if (!json_is_object(root)) {
+        show_(root, shown, sizeof shown);
+        seterr_(err, errlen, "spec: must be a JSON object, got %s", shown);
+        goto out;
+    }
+    run_spec s;
+    spec_defaults(&s);
+
+    const char *name;
+    json_t *val;
+    json_object_foreach(root, name, val) {  /* document order */
+        if (!is_section_(name)) {
+            const key_ *k = find_key_(NULL, name);
+            if (!k) {
+                seterr_(err, errlen, "unknown key '%s'", name);
+                goto out;
+            }
+            if (set_value_(&s, k, val, err, errlen) != 0) goto out;
+            continue;
+        }
+        if (!json_is_object(val)) {
+            seterr_(err, errlen, "%s: must be an object, got %s", name,
+                    type_name_(val));
+            goto out;
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach(val, key, v) {
+            const key_ *k = find_key_(name, key);
+            if (!k) {
+                seterr_(err, errlen, "unknown key '%s.%s'", name, key);
+                goto out;
+            }
+            if (set_value_(&s, k, v, err, errlen) != 0) goto out;
+        }
+    }
+    if (cross_check_(&s, err, errlen) != 0) goto out;
+    *out = s;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen)
+{
+    enum { MAX_SPEC = 16 << 20 };
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        seterr_(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        seterr_(err, errlen, "%s: stat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        seterr_(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size > MAX_SPEC) {
+        seterr_(err, errlen, "%s: %lld bytes is too large for a spec (max %d)",
+                path, (long long)st.st_size, MAX_SPEC);
+        close(fd);
+        return -1;
+    }
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        seterr_(err, errlen, "%s: out of memory", path);
+        close(fd);
+        return -1;
+    }
+    for (;;) {
+        if (n == cap) {  /* file grew since fstat */
+            seterr_(err, errlen, "%s: changed while being read", path);
+            free(buf);
+            close(fd);
+            return -1;
+        }
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            seterr_(err, errlen, "%s: read: %s", path, strerror(errno));
+            free(buf);
+            close(fd);
+            return -1;
+        }
+        if (k == 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    char msg[1024];
+    int rc = spec_parse(s, buf, n, msg, sizeof msg);
+    free(buf);
+    if (rc != 0) seterr_(err, errlen, "%s: %s", path, msg);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Canonical JSON                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* One value as canonical JSON text, appended to out. 0 or -1. */
+static int value_text_(FILE *out, const run_spec *s, const key_ *k)
+{
+    const char *src = (const char *)s + k->off;
+    switch (k->kind) {
+    case K_STR: {
+        json_t *j = json_stringn(src, strnlen(src, k->size));
+        char *t = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        if (!t) return -1;  /* not UTF-8 */
+        fputs(t, out);
+        free(t);
+        return 0;
+    }
+    case K_INT: { int x; memcpy(&x, src, sizeof x); fprintf(out, "%d", x); return 0; }
+    case K_LONG: { long x; memcpy(&x, src, sizeof x); fprintf(out, "%ld", x); return 0; }
+    case K_U64: {
+        uint64_t x;
+        memcpy(&x, src, sizeof x);
+        /* above INT64_MAX as a decimal string: JSON integers stop there here */
+        fprintf(out, x <= (uint64_t)INT64_MAX ? "%llu" : "\"%llu\"",
+                (unsigned long long)x);
+        return 0;
+    }
+    case K_FLOAT: {
+        float f;
+        memcpy(&f, src, sizeof f);
+        if (!isfinite(f)) return -1;
+        char t[48];
+        float_text_(f, t, sizeof t);
+        fputs(t, out);
+        return 0;
+    }
+    case K_ENUM: {
+        int i, n = 0;
+        memcpy(&i, src, sizeof i);
+        while (k->names[n]) n++;
+        if (i < 0 || i >= n) return -1;
+        fprintf(out, "\"%s\"", k->names[i]);
+        return 0;
+    }
+    case K_SIZE: {
+        size_t x;
+        memcpy(&x, src, sizeof x);
+        if (x > (size_t)INT64_MAX) return -1;
+        fprintf(out, "%zu", x);
+        return 0;
+    }
+    }
+    return -1;
+}
+
+char *spec_to_json(const run_spec *s)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    if (!out) return NULL;
+    int rc = 0;
+    const char *section = NULL;
+    fputs("{\n", out);
+    for (size_t i = 0; i < N_KEYS && rc == 0; i++) {
+        const key_ *k = &keys_[i];
+        int last_in_scope = i + 1 == N_KEYS ||
+            (keys_[i + 1].section == NULL) != (k->section == NULL) ||
+            (k->section && strcmp(keys_[i + 1].section, k->section) != 0);
+        if (k->section && (!section || strcmp(section, k->section) != 0))
+            fprintf(out, "  \"%s\": {\n", k->section);
+        section = k->section;
+        fprintf(out, "%s\"%s\": ", k->section ? "    " : "  ", k->key);
+        rc = value_text_(out, s, k);
+        if (k->section && last_in_scope)
+            fprintf(out, "\n  }%s\n", i + 1 == N_KEYS ? "" : ",");
+        else
+            fputs(",\n", out);
+    }
+    fputs("}\n", out);
+    if (fclose(out) != 0) rc = -1;
+    if (rc != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+uint64_t spec_hash(const run_spec *s)
+{
+    char *text = spec_to_json(s);
+    if (!text) return 0;
+    uint64_t h = 14695981039346656037ULL;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ULL;
+    }
+    free(text);
+    return h;
+}

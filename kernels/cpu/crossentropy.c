@@ -1,1 +1,47 @@
-/* placeholder */
+/*
+ * crossentropy.c — fused softmax + cross-entropy over the vocabulary, CPU
+ * reference. For each row i with logits z (V) and target y:
+ *   probs = exp(z - max z) / sum exp(z - max z)
+ *   loss  = -log probs[y] = log sum exp(z - max z) - (z[y] - max z)
+ * (the log-sum-exp form stays finite when probs[y] underflows to 0).
+ * Backward: dlogits += (probs - onehot(y)) dloss[i].
+ */
+#include <math.h>
+#include "kernels.h"
+#include "cpu_math.h"
+
+void softmax_crossentropy_forward(float *losses, float *probs,
+                                  const float *logits, const int32_t *targets,
+                                  int N, int V)
+{
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *z = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V;
+        float maxv = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (z[j] > maxv) maxv = z[j];
+        for (int j = 0; j < V; j++)
+            p[j] = exp_(z[j] - maxv);
+        float sum = sum_(p, V);
+        float inv = 1.0f / sum;
+        for (int j = 0; j < V; j++)
+            p[j] *= inv;
+        losses[i] = logf(sum) - (z[targets[i]] - maxv);
+    }
+}
+
+void softmax_crossentropy_backward(float *dlogits, const float *probs,
+                                   const int32_t *targets,
+                                   const float *dlosses, int N, int V)
+{
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *p = probs + (size_t)i * V;
+        float *dz = dlogits + (size_t)i * V;
+        float dl = dlosses[i];
+        for (int j = 0; j < V; j++)
+            dz[j] += p[j] * dl;
+        dz[targets[i]] -= dl;
+    }
+}

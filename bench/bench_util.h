@@ -1,0 +1,46 @@
+/*
+ * bench_util.h — small shared pieces of the benchmarks: a monotonic clock
+ * and the machine's own CBLAS sgemm peak, measured in the same run.
+ */
+#ifndef M6_BENCH_UTIL_H
+#define M6_BENCH_UTIL_H
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <time.h>
+
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Best-of-reps GFLOP/s of an n x n x n sgemm (2 n^3 FLOPs): the BLAS peak
+ * the model's FLOP rate is compared with. */
+static inline double bench_sgemm_peak_gflops(int n, int reps)
+{
+    float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n);
+    float *c = malloc(sizeof(float) * n * n);
+    for (long i = 0; i < (long)n * n; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+        c[i] = 0;
+    }
+    double best = 0;
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = bench_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a,
+                    n, b, n, 0.0f, c, n);
+        double dt = bench_now() - t0;
+        double gf = 2.0 * n * (double)n * n / dt / 1e9;
+        if (r > 0 && gf > best) /* first run warms up */
+            best = gf;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+#endif

@@ -1,0 +1,127 @@
+/*
+ * cpu_train.c — training throughput of the CPU engine, and its MFU against
+ * the machine's own BLAS peak measured in the same run.
+ *
+ * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
+ * Ends with: tokens_per_s=… model_gflops=… blas_peak_gflops=… ratio=…
+ */
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "model/gpt.h"
+
+static void usage_(void)
+{
+    printf("usage: cpu_train [options]\n"
+           "  --layers L    n_layer (6)        --embd C    n_embd (384)\n"
+           "  --heads NH    n_head (6)         --seq T     seq_len (64)\n"
+           "  --batch B     batch (4)          --vocab V   vocab (256)\n"
+           "  --share S     parameter slots (L = unshared)\n"
+           "  --steps N     timed steps (20)   --warmup N  untimed steps (3)\n"
+           "  --threads N   OpenMP/BLAS threads (all cores)\n"
+           "  --peak-n N    size of the square sgemm for the peak (2048)\n");
+}
+
+int main(int argc, char **argv)
+{
+    model_config c = {.vocab_size = 256, .n_layer = 6, .n_head = 6,
+                      .n_embd = 384, .seq_len = 64};
+    int B = 4, steps = 20, warmup = 3, threads = 0, S = 0, peak_n = 2048;
+    static const struct option opts[] = {
+        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},
+        {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"vocab", 1, 0, 'V'},
+        {"share", 1, 0, 'S'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
+        {"threads", 1, 0, 't'}, {"peak-n", 1, 0, 'p'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'L': c.n_layer = atoi(optarg); break;
+        case 'C': c.n_embd = atoi(optarg); break;
+        case 'H': c.n_head = atoi(optarg); break;
+        case 'T': c.seq_len = atoi(optarg); break;
+        case 'B': B = atoi(optarg); break;
+        case 'V': c.vocab_size = atoi(optarg); break;
+        case 'S': S = atoi(optarg); break;
+        case 'n': steps = atoi(optarg); break;
+        case 'w': warmup = atoi(optarg); break;
+        case 't': threads = atoi(optarg); break;
+        case 'p': peak_n = atoi(optarg); break;
+        case 'h': usage_(); return 0;
+        default: usage_(); return 2;
+        }
+    }
+    if (S <= 0)
+        S = c.n_layer;
+    if (threads > 0)
+        omp_set_num_threads(threads);
+    /* The peak first, with OpenBLAS's own threads on every core (the
+     * training GEMMs later run single-threaded BLAS inside OpenMP blocks). */
+    openblas_set_num_threads(omp_get_max_threads());
+    double peak = bench_sgemm_peak_gflops(peak_n, 3);
+    if (c.n_layer < 1 || c.n_embd < 1 || c.n_head < 1 || c.n_embd % c.n_head ||
+        c.seq_len < 1 || B < 1 || c.vocab_size < 2 || steps < 1 || S > c.n_layer) {
+        fprintf(stderr, "cpu_train: bad shape (n_embd must divide by n_head, "
+                        "1 <= share <= layers)\n");
+        return 2;
+    }
+    gpt_model g;
+    if (gpt_create(&g, &c, S, B) != 0) {
+        perror("cpu_train: gpt_create");
+        return 1;
+    }
+    gpt_init_weights(&g, 1);
+    int BT = B * c.seq_len;
+    int32_t *inp = malloc(BT * sizeof(int32_t)), *tgt = malloc(BT * sizeof(int32_t));
+    uint64_t s = 1;
+    for (int i = 0; i < BT; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        inp[i] = (int32_t)((s >> 33) % (uint64_t)c.vocab_size);
+        tgt[i] = (int32_t)((s >> 17) % (uint64_t)c.vocab_size);
+    }
+    printf("cpu_train: L=%d C=%d NH=%d T=%d B=%d V=%d S=%d threads=%d\n",
+           c.n_layer, c.n_embd, c.n_head, c.seq_len, B, c.vocab_size, S,
+           omp_get_max_threads());
+    double t_fwd = 0, t_bwd = 0, t_opt = 0, t0 = 0;
+    for (int i = 0; i < warmup + steps; i++) {
+        if (i == warmup)
+            t0 = bench_now();
+        double a = bench_now();
+        gpt_zero_grad(&g);
+        gpt_forward(&g, inp, tgt, B);
+        double b = bench_now();
+        gpt_backward(&g, inp, tgt, B, 1.0f / BT);
+        double d = bench_now();
+        float norm = gpt_grad_norm(&g);
+        gpt_adamw(&g, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1 ? 1 / norm : 1);
+        double e = bench_now();
+        if (i >= warmup) {
+            t_fwd += b - a;
+            t_bwd += d - b;
+            t_opt += e - d;
+        }
+    }
+    double dt = bench_now() - t0;
+    double tok_s = (double)BT * steps / dt;
+    double n_params = (double)gpt_compute_params(&g);
+    double flops_tok = 6.0 * n_params + 6.0 * c.n_layer * (double)c.n_embd * c.seq_len;
+    double model_gflops = flops_tok * tok_s / 1e9;
+    printf("params (compute path) %.2fM, %.1f MFLOP/token\n", n_params / 1e6,
+           flops_tok / 1e6);
+    printf("step %.2f ms: forward %.2f, backward %.2f, optimizer %.2f\n",
+           dt / steps * 1e3, t_fwd / steps * 1e3, t_bwd / steps * 1e3,
+           t_opt / steps * 1e3);
+    printf("training: %.0f tokens/s, %.2f model GFLOP/s\n", tok_s, model_gflops);
+    printf("BLAS peak: %.2f GFLOP/s (sgemm %dx%dx%d, best of 3)\n", peak,
+           peak_n, peak_n, peak_n);
+    printf("tokens_per_s=%.0f model_gflops=%.2f blas_peak_gflops=%.2f ratio=%.3f\n",
+           tok_s, model_gflops, peak, model_gflops / peak);
+    gpt_free(&g);
+    free(inp);
+    free(tgt);
+    return 0;
+}

@@ -1,0 +1,227 @@
+/*
+ * p2r_convergence.c — does Pseudo-to-Real pay? Trains the same model on the
+ * same text with the same seed and total steps twice: from scratch (S = L
+ * throughout) and Pseudo-to-Real (S = share_groups for the first
+ * pseudo_frac of the steps, then delink). Prints both validation-loss curves,
+ * the step and wall-clock at which each first reaches the scratch run's
+ * final loss, and their ratios. Ends with one key=value line.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+typedef struct {
+    int n;
+    long *step;
+    double *wall, *val;
+    double final_val, total_wall;
+    long delink_step;
+} curve;
+
+static int run_(const run_spec *s, curve *c)
+{
+    char err[512];
+    trainer *t = trainer_create(s, err, sizeof err);
+    if (!t) {
+        fprintf(stderr, "p2r_convergence: %s\n", err);
+        return -1;
+    }
+    c->n = 0;
+    c->step = calloc((size_t)s->train.steps + 1, sizeof(long));
+    c->wall = calloc((size_t)s->train.steps + 1, sizeof(double));
+    c->val = calloc((size_t)s->train.steps + 1, sizeof(double));
+    double t0 = bench_now(), evals = 0;
+    c->delink_step = -1;
+    while (trainer_step_count(t) < s->train.steps) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) >= s->pseudo.steps) {
+            if (trainer_delink(t, err, sizeof err) != 0) {
+                fprintf(stderr, "p2r_convergence: %s\n", err);
+                return -1;
+            }
+            c->delink_step = trainer_step_count(t);
+        }
+        step_result r;
+        double a = bench_now();
+        if (trainer_step(t, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "p2r_convergence: %s\n", err);
+            trainer_free(t);
+            return -1;
+        }
+        if (!isnan(r.val_loss)) {
+            /* wall-clock excludes the time spent evaluating */
+            evals += (bench_now() - a) - r.step_ms / 1e3;
+            c->step[c->n] = r.step;
+            c->wall[c->n] = bench_now() - t0 - evals;
+            c->val[c->n] = r.val_loss;
+            c->n++;
+        }
+    }
+    c->total_wall = bench_now() - t0 - evals;
+    c->final_val = c->val[c->n - 1];
+    trainer_free(t);
+    return 0;
+}
+
+/* first eval point with val <= target; -1 if never */
+static int reach_(const curve *c, double target)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->val[i] <= target)
+            return i;
+    return -1;
+}
+
+static void usage_(void)
+{
+    printf(
+        "usage: p2r_convergence [options]\n"
+        "  --data DIR          shards train_*.bin / val_*.bin (default: prepare\n"
+        "                      /usr/share/games/fortunes into /tmp/m6-p2r-data)\n"
+        "  --layers L (8) --embd C (128) --heads NH (4) --seq T (128)\n"
+        "  --batch B (16) --steps N (600) --lr LR (2e-3) --warmup N (30)\n"
+        "  --pseudo-frac F     fraction of steps in the pseudo phase (0.3)\n"
+        "  --share-groups S    slots in the pseudo phase (1)\n"
+        "  --delink-optimizer copy|reset (copy)   --rewarm N (0)\n"
+        "  --eval-every N (25) --eval-batches N (16) --seed N (1337)\n"
+        "  --threads N         OpenMP/BLAS threads (all cores)\n");
+}
+
+int main(int argc, char **argv)
+{
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 256, .n_layer = 8, .n_head = 4,
+                             .n_embd = 128, .seq_len = 128};
+    s.train.batch_size = 16;
+    s.train.steps = 600;
+    s.train.lr = 2e-3f;
+    s.train.min_lr = 2e-4f;
+    s.train.warmup_steps = 30;
+    s.train.eval_every = 25;
+    s.train.eval_batches = 16;
+    double frac = 0.3;
+    const char *data = NULL;
+    static const struct option opts[] = {
+        {"data", 1, 0, 'd'}, {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'},
+        {"heads", 1, 0, 'H'}, {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'},
+        {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'},
+        {"pseudo-frac", 1, 0, 'f'}, {"share-groups", 1, 0, 'S'},
+        {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
+        {"eval-every", 1, 0, 'e'}, {"eval-batches", 1, 0, 'E'},
+        {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'd': data = optarg; break;
+        case 'L': s.model.n_layer = atoi(optarg); break;
+        case 'C': s.model.n_embd = atoi(optarg); break;
+        case 'H': s.model.n_head = atoi(optarg); break;
+        case 'T': s.model.seq_len = atoi(optarg); break;
+        case 'B': s.train.batch_size = atoi(optarg); break;
+        case 'n': s.train.steps = atol(optarg); break;
+        case 'l': s.train.lr = (float)atof(optarg); s.train.min_lr = s.train.lr / 10; break;
+        case 'w': s.train.warmup_steps = atol(optarg); break;
+        case 'f': frac = atof(optarg); break;
+        case 'S': s.pseudo.share_groups = atoi(optarg); break;
+        case 'o':
+            if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {
+                fprintf(stderr, "--delink-optimizer: copy or reset\n");
+                return 2;
+            }
+            s.delink.optimizer = strcmp(optarg, "reset") == 0 ? DELINK_OPT_RESET
+                                                               : DELINK_OPT_COPY;
+            break;
+        case 'r': s.delink.rewarm_steps = atol(optarg); break;
+        case 'e': s.train.eval_every = atol(optarg); break;
+        case 'E': s.train.eval_batches = atoi(optarg); break;
+        case 's': s.train.seed = strtoull(optarg, NULL, 10); break;
+        case 't': s.device.threads = atoi(optarg); break;
+        case 'h': usage_(); return 0;
+        default: usage_(); return 2;
+        }
+    }
+    if (frac <= 0 || frac >= 1 || s.pseudo.share_groups < 1 ||
+        s.pseudo.share_groups > s.model.n_layer || s.train.steps < 2 ||
+        s.model.n_embd % s.model.n_head) {
+        fprintf(stderr, "p2r_convergence: need 0 < pseudo-frac < 1, "
+                        "1 <= share-groups <= layers, n_embd %% heads == 0\n");
+        return 2;
+    }
+    char err[512], dir[512];
+    if (!data) {
+        snprintf(dir, sizeof dir, "/tmp/m6-p2r-data");
+        struct stat st;
+        snprintf(s.data.train, sizeof s.data.train, "%s/train_000000.bin", dir);
+        if (stat(s.data.train, &st) != 0) {
+            const char *in[] = {"/usr/share/games/fortunes"};
+            prepare_stats ps;
+            if (data_prepare(dir, in, 1, 0.1, 100000000, &ps, NULL, NULL, err,
+                             sizeof err) != 0) {
+                fprintf(stderr, "p2r_convergence: preparing fortunes: %s\n"
+                                "(install Debian's fortunes, or pass --data)\n",
+                        err);
+                return 1;
+            }
+        }
+        data = dir;
+    }
+    snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", data);
+    snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", data);
+
+    run_spec scratch = s, p2r = s;
+    scratch.pseudo.steps = 0;
+    p2r.pseudo.steps = (long)(frac * s.train.steps);
+    printf("p2r_convergence: L=%d C=%d NH=%d T=%d B=%d steps=%ld lr=%g; "
+           "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld\n",
+           s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.seq_len,
+           s.train.batch_size, s.train.steps, s.train.lr, s.pseudo.share_groups,
+           p2r.pseudo.steps,
+           s.delink.optimizer == DELINK_OPT_RESET ? "reset" : "copy",
+           s.delink.rewarm_steps);
+    curve a, b;
+    printf("training from scratch...\n");
+    fflush(stdout);
+    if (run_(&scratch, &a) != 0)
+        return 1;
+    printf("training pseudo-to-real...\n");
+    fflush(stdout);
+    if (run_(&p2r, &b) != 0)
+        return 1;
+
+    printf("\n%6s  %10s %8s  %10s %8s\n", "step", "scratch", "wall_s",
+           "p2r", "wall_s");
+    for (int i = 0; i < a.n && i < b.n; i++)
+        printf("%6ld  %10.4f %8.1f  %10.4f %8.1f%s\n", a.step[i], a.val[i],
+               a.wall[i], b.val[i], b.wall[i],
+               b.step[i] == b.delink_step ? "  <- delink" : "");
+    double target = a.final_val;
+    int ia = reach_(&a, target), ib = reach_(&b, target);
+    long sa = a.step[ia], sb = ib >= 0 ? b.step[ib] : -1;
+    double wa = a.wall[ia], wb = ib >= 0 ? b.wall[ib] : NAN;
+    printf("\ntarget = scratch final val loss %.4f\n", target);
+    printf("scratch reaches it at step %ld (%.1f s); p2r ", sa, wa);
+    if (ib >= 0)
+        printf("at step %ld (%.1f s)\n", sb, wb);
+    else
+        printf("never (final %.4f, %+.2f%%)\n", b.final_val,
+               100 * (b.final_val - target) / target);
+    printf("total wall: scratch %.1f s, p2r %.1f s\n", a.total_wall, b.total_wall);
+    printf("scratch_final_val=%.4f p2r_final_val=%.4f final_val_ratio=%.4f "
+           "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
+           "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
+           "pseudo_steps=%ld share_groups=%d\n",
+           a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
+           ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
+           ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups);
+    return 0;
+}

@@ -1,0 +1,50 @@
+/*
+ * checkpoint.h — files of a checkpoint: safetensors I/O and durable writes.
+ *
+ * safetensors (huggingface/safetensors format): u64 little-endian header
+ * length n, then n bytes of JSON {"name": {"dtype", "shape", "data_offsets"}},
+ * "__metadata__": {str: str}}, padded with spaces to 8 bytes, then the data.
+ * m6 writes F32 tensors only. Files are read fully and every offset checked.
+ */
+#ifndef M6_CHECKPOINT_H
+#define M6_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *name;
+    const float *data;
+    int ndim;
+    long shape[2];
+} st_tensor;
+
+/* Write n tensors to the open stream f (already positioned at 0).
+ * Returns bytes written or -1 with err (ENOSPC etc. named). */
+long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
+                       size_t errlen);
+
+typedef struct {
+    unsigned char *buf;   /* the whole file */
+    size_t len;
+    size_t data_start;
+    void *header;         /* json_t* */
+} st_file;
+
+/* Read and validate a safetensors file. 0 or -1 with err naming the file. */
+int safetensors_open(st_file *sf, const char *path, char *err, size_t errlen);
+void safetensors_close(st_file *sf);
+
+/* Copy tensor `name` (F32, numel elements) into dst. 0 or -1 with err
+ * ("missing tensor X", "tensor X has N elements, want M"). */
+int safetensors_get(const st_file *sf, const char *name, float *dst,
+                    size_t numel, char *err, size_t errlen);
+
+/* fsync a file by path / a directory by path. 0 or -1 (errno). */
+int fsync_path(const char *path);
+
+/* Write buf to path (created), fsync it. Bytes or -1 with err. */
+long write_file_durable(const char *path, const void *buf, size_t len,
+                        char *err, size_t errlen);
+
+#endif /* M6_CHECKPOINT_H */

@@ -1,0 +1,109 @@
+/*
+ * dump_model.c — test helper for torch_reference.py: builds a small model
+ * with S slots, runs one forward+backward on a seeded random batch, and
+ * writes weights, batch, loss and gradients to a safetensors file (plus the
+ * config in a JSON sidecar). The Python side recomputes all of it with
+ * PyTorch autograd, independently of this code.
+ *
+ * usage: dump_model OUT.safetensors S [L C NH T V B]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gpt.h"
+#include "train/checkpoint.h"
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: dump_model OUT.safetensors S [L C NH T V B]\n");
+        return 2;
+    }
+    model_config cfg = {.vocab_size = 37, .n_layer = 3, .n_head = 2,
+                        .n_embd = 16, .seq_len = 8};
+    int S = atoi(argv[2]), B = 3;
+    if (argc >= 9) {
+        cfg.n_layer = atoi(argv[3]);
+        cfg.n_embd = atoi(argv[4]);
+        cfg.n_head = atoi(argv[5]);
+        cfg.seq_len = atoi(argv[6]);
+        cfg.vocab_size = atoi(argv[7]);
+        B = atoi(argv[8]);
+    }
+    gpt_model g;
+    if (gpt_create(&g, &cfg, S, B) != 0) {
+        perror("gpt_create");
+        return 1;
+    }
+    gpt_init_weights(&g, 42);
+    /* Larger-than-GPT-2 random LN params and biases so every path matters. */
+    uint64_t x = 7;
+    for (size_t i = 0; i < g.n_params; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        float r = (float)((x >> 40) / (double)(1 << 24)) - 0.5f;
+        g.params[i] += 0.1f * r;
+    }
+    int T = cfg.seq_len, BT = B * T;
+    int32_t *inp = malloc(BT * sizeof(int32_t)), *tgt = malloc(BT * sizeof(int32_t));
+    float *inpf = malloc(BT * sizeof(float)), *tgtf = malloc(BT * sizeof(float));
+    for (int i = 0; i < BT; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        inp[i] = (int32_t)((x >> 33) % (uint64_t)cfg.vocab_size);
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tgt[i] = (int32_t)((x >> 33) % (uint64_t)cfg.vocab_size);
+        inpf[i] = (float)inp[i];
+        tgtf[i] = (float)tgt[i];
+    }
+    gpt_zero_grad(&g);
+    float loss = gpt_forward(&g, inp, tgt, B);
+    gpt_backward(&g, inp, tgt, B, 1.0f / (float)BT);
+
+    int per = GLOB_NTENSORS + S * SLOT_NTENSORS;
+    st_tensor *ts = calloc((size_t)(2 * per + 3), sizeof *ts);
+    char **names = calloc((size_t)(2 * per), sizeof *names);
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        float *buf = pass ? g.grads : g.params;
+        const char *pre = pass ? "grad." : "";
+        char nm[160];
+        for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
+            snprintf(nm, sizeof nm, "%s%s", pre, g.glob[i].name);
+            names[n] = strdup(nm);
+            ts[n] = (st_tensor){names[n], buf + g.glob[i].offset,
+                                g.glob[i].cols ? 2 : 1,
+                                {g.glob[i].rows, g.glob[i].cols}};
+        }
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
+                snprintf(nm, sizeof nm, "%sslots.%d.%s", pre, s, g.slot[i].name);
+                names[n] = strdup(nm);
+                ts[n] = (st_tensor){names[n],
+                                    gpt_slot_ptr(&g, buf, s) + g.slot[i].offset,
+                                    g.slot[i].cols ? 2 : 1,
+                                    {g.slot[i].rows, g.slot[i].cols}};
+            }
+    }
+    ts[n++] = (st_tensor){"inputs", inpf, 2, {B, T}};
+    ts[n++] = (st_tensor){"targets", tgtf, 2, {B, T}};
+    ts[n++] = (st_tensor){"loss", &loss, 1, {1, 0}};
+    FILE *f = fopen(argv[1], "wb");
+    char err[256];
+    if (!f || safetensors_write(f, ts, n, err, sizeof err) < 0) {
+        fprintf(stderr, "dump_model: cannot write %s\n", argv[1]);
+        return 1;
+    }
+    fclose(f);
+    char side[4096];
+    snprintf(side, sizeof side, "%s.json", argv[1]);
+    f = fopen(side, "w");
+    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
+               "\"B\": %d, \"S\": %d, \"slot_of\": [", cfg.vocab_size,
+            cfg.n_layer, cfg.n_head, cfg.n_embd, T, B, S);
+    for (int l = 0; l < cfg.n_layer; l++)
+        fprintf(f, "%s%d", l ? ", " : "", g.slot_of[l]);
+    fprintf(f, "]}\n");
+    fclose(f);
+    printf("dump_model: S=%d loss=%.6f -> %s\n", S, loss, argv[1]);
+    return 0;
+}

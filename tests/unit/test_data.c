@@ -1,0 +1,533 @@
+/*
+ * test_data.c — token shards (write, read back, every rejection) and
+ * data_prepare on a hand-made tree and on the fortunes corpus.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "train/data.h"
+
+#define FORTUNES "/usr/share/games/fortunes"
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int rm_one_(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb; (void)flag; (void)f;
+    return remove(p);
+}
+
+static int setup_tmp(void **state)
+{
+    const char *base = getenv("TMPDIR");
+    char *dir = malloc(4096);
+    if (!dir) return -1;
+    snprintf(dir, 4096, "%s/m6-test-data-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) { free(dir); return -1; }
+    *state = dir;
+    return 0;
+}
+
+static int teardown_tmp(void **state)
+{
+    char *dir = *state;
+    nftw(dir, rm_one_, 16, FTW_DEPTH | FTW_PHYS);
+    free(dir);
+    return 0;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t len = strlen(a) + strlen(b) + 2;
+    char *p = malloc(len);
+    assert_non_null(p);
+    snprintf(p, len, "%s/%s", a, b);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+static unsigned char *read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)len + 1);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+/* Deterministic text: printable ASCII and newlines, seeded per file. */
+static unsigned char *make_text(size_t n, unsigned seed)
+{
+    unsigned char *t = malloc(n);
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        unsigned r = (x >> 24) % 96;
+        t[i] = r == 95 ? '\n' : (unsigned char)(' ' + r);
+    }
+    return t;
+}
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    if (!strstr(hay, needle))
+        fail_msg("error \"%s\" lacks \"%s\"", hay, needle);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Shards                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void test_shard_roundtrip(void **state)
+{
+    const char *dir = *state;
+    char err[512];
+    size_t na = 1000, nb = 37;
+    uint16_t *a = malloc(na * 2), *b = malloc(nb * 2);
+    for (size_t i = 0; i < na; i++) a[i] = (uint16_t)((i * 7919u) % 65536u);
+    for (size_t i = 0; i < nb; i++) b[i] = (uint16_t)(65535 - i);
+    char *pa = join(dir, "s_000000.bin"), *pb = join(dir, "s_000001.bin");
+    /* written out of order: the set is sorted by name, not by creation */
+    assert_int_equal(shard_write(pb, b, nb, err, sizeof err), 0);
+    assert_int_equal(shard_write(pa, a, na, err, sizeof err), 0);
+
+    /* the file is exactly the llm.c layout, and no .tmp is left over */
+    size_t len;
+    unsigned char *raw = read_file(pa, &len);
+    assert_int_equal(len, 1024 + 2 * na);
+    int32_t hdr[256];
+    memcpy(hdr, raw, sizeof hdr);
+    assert_int_equal(hdr[0], 20240520);
+    assert_int_equal(hdr[1], 1);
+    assert_int_equal(hdr[2], (int32_t)na);
+    for (int i = 3; i < 256; i++) assert_int_equal(hdr[i], 0);
+    assert_memory_equal(raw + 1024, a, 2 * na);
+    free(raw);
+    char *tmp = join(dir, "s_000000.bin.tmp");
+    assert_int_not_equal(access(tmp, F_OK), 0);
+
+    char *pat = join(dir, "s_*.bin");
+    token_set ts;
+    assert_int_equal(token_set_open(&ts, pat, 65536, err, sizeof err), 0);
+    assert_int_equal(ts.n_shards, 2);
+    assert_int_equal(ts.total, na + nb);
+    assert_int_equal(ts.n_tokens[0], na);
+    assert_int_equal(ts.n_tokens[1], nb);
+    for (size_t i = 0; i < na; i++) assert_int_equal(token_set_at(&ts, i), a[i]);
+    for (size_t i = 0; i < nb; i++)
+        assert_int_equal(token_set_at(&ts, na + i), b[i]);
+
+    /* a window across the shard boundary */
+    int32_t win[21];
+    token_set_window(&ts, na - 10, win, 21);
+    for (int k = 0; k < 10; k++) assert_int_equal(win[k], a[na - 10 + k]);
+    for (int k = 10; k < 21; k++) assert_int_equal(win[k], b[k - 10]);
+    /* past the end the set wraps around */
+    token_set_window(&ts, na + nb - 2, win, 4);
+    assert_int_equal(win[0], b[nb - 2]);
+    assert_int_equal(win[1], b[nb - 1]);
+    assert_int_equal(win[2], a[0]);
+    assert_int_equal(win[3], a[1]);
+    token_set_close(&ts);
+
+    /* the same tokens are too big for vocab 50257: the error names the file */
+    assert_int_equal(token_set_open(&ts, pat, 50257, err, sizeof err), -1);
+    assert_contains(err, pa);
+    assert_contains(err, ">= vocab_size 50257");
+
+    free(a); free(b); free(pa); free(pb); free(tmp); free(pat);
+}
+
+/* A shard written by hand, as another tool would, opens as it is. */
+static void test_foreign_shard(void **state)
+{
+    const char *dir = *state;
+    char err[512];
+    unsigned char buf[1024 + 2 * 5];
+    memset(buf, 0, sizeof buf);
+    int32_t h[3] = { 20240520, 1, 5 };
+    memcpy(buf, h, sizeof h);
+    uint16_t t[5] = { 50256, 0, 1, 255, 40000 };
+    memcpy(buf + 1024, t, sizeof t);
+    char *p = join(dir, "x.bin");
+    write_file(p, buf, sizeof buf);
+    token_set ts;
+    assert_int_equal(token_set_open(&ts, p, 50257, err, sizeof err), 0);
+    assert_int_equal(ts.total, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(token_set_at(&ts, i), t[i]);
+    token_set_close(&ts);
+    free(p);
+}
+
+/* Write a good 100-token shard at dir/name, return its path. */
+static char *good_shard(const char *dir, const char *name)
+{
+    char err[512];
+    uint16_t t[100];
+    for (int i = 0; i < 100; i++) t[i] = (uint16_t)i;
+    char *p = join(dir, name);
+    assert_int_equal(shard_write(p, t, 100, err, sizeof err), 0);
+    return p;
+}
+
+static void expect_open_error(const char *pattern, int vocab, const char *names,
+                              const char *problem)
+{
+    char err[512] = "";
+    token_set ts;
+    assert_int_equal(token_set_open(&ts, pattern, vocab, err, sizeof err), -1);
+    assert_contains(err, names);
+    assert_contains(err, problem);
+    assert_int_equal(ts.n_shards, 0);  /* closed on failure */
+}
+
+static void test_truncated(void **state)
+{
+    char *p = good_shard(*state, "t.bin");
+    assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
+    expect_open_error(p, 256, p, "truncated: header says 100 tokens, file holds 99");
+    assert_int_equal(truncate(p, 1000), 0);
+    expect_open_error(p, 256, p, "too short");
+    free(p);
+}
+
+static void test_bad_magic(void **state)
+{
+    char *p = good_shard(*state, "m.bin");
+    FILE *f = fopen(p, "r+b");
+    int32_t bad = 20240521;
+    fwrite(&bad, 4, 1, f);
+    fclose(f);
+    expect_open_error(p, 256, p, "bad magic 20240521 (want 20240520)");
+    free(p);
+}
+
+static void test_bad_version(void **state)
+{
+    char *p = good_shard(*state, "v.bin");
+    FILE *f = fopen(p, "r+b");
+    int32_t bad = 7;
+    fseek(f, 4, SEEK_SET);
+    fwrite(&bad, 4, 1, f);
+    fclose(f);
+    expect_open_error(p, 256, p, "bad version 7");
+    free(p);
+}
+
+static void test_token_out_of_vocab(void **state)
+{
+    char err[512];
+    uint16_t t[40];
+    for (int i = 0; i < 40; i++) t[i] = (uint16_t)(i + 1);
+    t[17] = 300;
+    char *p = join(*state, "o.bin");
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
+    expect_open_error(p, 256, p, "token 300 at index 17 >= vocab_size 256");
+    /* the boundary: vocab_size itself is out, vocab_size - 1 is in */
+    t[17] = 256;
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
+    expect_open_error(p, 256, p, "token 256 at index 17 >= vocab_size 256");
+    token_set ts;
+    assert_int_equal(token_set_open(&ts, p, 257, err, sizeof err), 0);
+    token_set_close(&ts);
+    /* a later shard's error names that shard, not the first one */
+    char *g = good_shard(*state, "a.bin");
+    char *pat = join(*state, "*.bin");
+    expect_open_error(pat, 256, p, "index 17");
+    free(p); free(g); free(pat);
+}
+
+static void test_empty_glob(void **state)
+{
+    char *pat = join(*state, "nothing_*.bin");
+    char want[4200];
+    snprintf(want, sizeof want, "no files match '%s'", pat);
+    expect_open_error(pat, 256, pat, want);
+    free(pat);
+}
+
+static void test_shard_write_error(void **state)
+{
+    char err[512] = "";
+    uint16_t t[3] = { 1, 2, 3 };
+    char *p = join(*state, "no/such/dir/s.bin");
+    assert_int_equal(shard_write(p, t, 3, err, sizeof err), -1);
+    assert_contains(err, p);
+    assert_contains(err, "No such file or directory");
+    free(p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* data_prepare                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void count_progress(const char *file, size_t bytes, void *ud)
+{
+    (void)file; (void)bytes;
+    (*(int *)ud)++;
+}
+
+/* All tokens of the shards matching dir/prefix_*.bin, as bytes. */
+static unsigned char *read_tokens(const char *dir, const char *prefix,
+                                  size_t cap, size_t *n, int *n_shards)
+{
+    char pat[4200], err[512];
+    snprintf(pat, sizeof pat, "%s/%s_*.bin", dir, prefix);
+    token_set ts;
+    if (token_set_open(&ts, pat, 256, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    unsigned char *b = malloc(ts.total);
+    for (size_t i = 0; i < ts.total; i++) b[i] = (unsigned char)token_set_at(&ts, i);
+    for (int s = 0; s < ts.n_shards; s++) assert_true(ts.n_tokens[s] <= cap);
+    *n = ts.total;
+    *n_shards = ts.n_shards;
+    token_set_close(&ts);
+    return b;
+}
+
+static void test_prepare_tree(void **state)
+{
+    const char *dir = *state;
+    char err[512];
+    char *in = join(dir, "in"), *sub = join(in, "sub"), *out = join(dir, "out/a/b");
+    assert_int_equal(mkdir(in, 0755), 0);
+    assert_int_equal(mkdir(sub, 0755), 0);
+
+    /* walk order (bytewise names): a.txt b.txt.gz c.bin link.txt sub/d.txt */
+    size_t na = 1001, nb = 20000, nd = 333;
+    unsigned char *ta = make_text(na, 1), *tb = make_text(nb, 2),
+                  *td = make_text(nd, 3);
+    char *pa = join(in, "a.txt"), *pb = join(in, "b.txt.gz"),
+         *pc = join(in, "c.bin"), *pl = join(in, "link.txt"),
+         *pd = join(sub, "d.txt");
+    write_file(pa, ta, na);
+    gzFile gz = gzopen(pb, "wb9");
+    assert_non_null(gz);
+    assert_int_equal(gzwrite(gz, tb, (unsigned)nb), (int)nb);
+    assert_int_equal(gzclose(gz), Z_OK);
+    unsigned char binary[300];
+    memcpy(binary, "text before a NUL", 17);
+    memset(binary + 17, 0, sizeof binary - 17);
+    write_file(pc, binary, sizeof binary);
+    assert_int_equal(symlink("a.txt", pl), 0);
+    write_file(pd, td, nd);
+
+    /* val is the last quarter (rounded down) of each text file */
+    const unsigned char *texts[3] = { ta, tb, td };
+    size_t sizes[3] = { na, nb, nd };
+    size_t want_train_n = 0, want_val_n = 0;
+    unsigned char *want_train = malloc(na + nb + nd), *want_val = malloc(na + nb + nd);
+    for (int f = 0; f < 3; f++) {
+        size_t v = sizes[f] / 4, t = sizes[f] - v;
+        memcpy(want_train + want_train_n, texts[f], t);
+        memcpy(want_val + want_val_n, texts[f] + t, v);
+        want_train_n += t;
+        want_val_n += v;
+    }
+
+    const char *inputs[1] = { in };
+    prepare_stats st;
+    int calls = 0;
+    size_t cap = 700;
+    if (data_prepare(out, inputs, 1, 0.25, cap, &st, count_progress, &calls,
+                     err, sizeof err) != 0)
+        fail_msg("data_prepare: %s", err);
+    assert_int_equal(st.files, 3);
+    assert_int_equal(st.skipped, 1);
+    assert_int_equal(calls, 3);
+    assert_int_equal(st.train_tokens, want_train_n);
+    assert_int_equal(st.val_tokens, want_val_n);
+    assert_int_equal(st.train_shards, (want_train_n + cap - 1) / cap);
+    assert_int_equal(st.val_shards, (want_val_n + cap - 1) / cap);
+
+    size_t n;
+    int shards;
+    unsigned char *got = read_tokens(out, "train", cap, &n, &shards);
+    assert_int_equal(n, want_train_n);
+    assert_int_equal(shards, (int)st.train_shards);
+    assert_memory_equal(got, want_train, n);
+    free(got);
+    got = read_tokens(out, "val", cap, &n, &shards);
+    assert_int_equal(n, want_val_n);
+    assert_int_equal(shards, (int)st.val_shards);
+    assert_memory_equal(got, want_val, n);
+    free(got);
+
+    /* a second run into the same directory would mix shards: refused */
+    assert_int_equal(data_prepare(out, inputs, 1, 0.25, cap, &st, NULL, NULL,
+                                  err, sizeof err), -1);
+    assert_contains(err, out);
+    assert_contains(err, "already holds shards");
+
+    /* naming the file and its symlink directly still reads it once */
+    char *out2 = join(dir, "out2");
+    const char *twice[2] = { pl, pa };
+    assert_int_equal(data_prepare(out2, twice, 2, 0.0, 0, &st, NULL, NULL,
+                                  err, sizeof err), 0);
+    assert_int_equal(st.files, 1);
+    assert_int_equal(st.train_tokens, na);
+    assert_int_equal(st.val_tokens, 0);
+    assert_int_equal(st.val_shards, 0);
+
+    free(ta); free(tb); free(td); free(want_train); free(want_val);
+    free(pa); free(pb); free(pc); free(pl); free(pd);
+    free(in); free(sub); free(out); free(out2);
+}
+
+static void test_prepare_errors(void **state)
+{
+    const char *dir = *state;
+    char err[512];
+    prepare_stats st;
+
+    /* missing input */
+    char *missing = join(dir, "missing.txt"), *out = join(dir, "out");
+    const char *in1[1] = { missing };
+    assert_int_equal(data_prepare(out, in1, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, missing);
+    assert_contains(err, "No such file");
+
+    /* a corrupt .gz: the error names it, and no shard survives */
+    size_t n = 50000;
+    unsigned char *t = make_text(n, 9);
+    char *good = join(dir, "a.txt"), *gzp = join(dir, "b.gz");
+    write_file(good, t, n);
+    gzFile gz = gzopen(gzp, "wb");
+    gzwrite(gz, t, (unsigned)n);
+    gzclose(gz);
+    size_t len;
+    unsigned char *raw = read_file(gzp, &len);
+    write_file(gzp, raw, len / 2);
+    const char *in2[2] = { good, gzp };
+    assert_int_equal(data_prepare(out, in2, 2, 0.1, 1000, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, gzp);
+    assert_contains(err, "gzip");
+    DIR *d = opendir(out);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') fail_msg("left behind: %s", de->d_name);
+    closedir(d);
+
+    /* only binary input */
+    char *bin = join(dir, "z.bin");
+    unsigned char zeros[64] = { 0 };
+    write_file(bin, zeros, sizeof zeros);
+    const char *in3[1] = { bin };
+    assert_int_equal(data_prepare(out, in3, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, "no text");
+    assert_int_equal(st.skipped, 1);
+
+    /* bad fraction */
+    const char *in4[1] = { good };
+    assert_int_equal(data_prepare(out, in4, 1, 1.0, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, "val_fraction");
+
+    free(missing); free(out); free(t); free(good); free(gzp); free(raw);
+    free(bin);
+}
+
+/* The real corpus: text files, binary .dat indexes, .u8 symlinks. */
+static void test_prepare_fortunes(void **state)
+{
+    struct stat sb;
+    if (stat(FORTUNES, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        print_message("skipped: %s not present\n", FORTUNES);
+        skip();
+    }
+    /* Independently: the bytes of every regular (non-symlink) text file. */
+    size_t want = 0, want_val = 0, texts = 0;
+    DIR *d = opendir(FORTUNES);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char *p = join(FORTUNES, de->d_name);
+        struct stat ls;
+        if (lstat(p, &ls) == 0 && S_ISREG(ls.st_mode)) {
+            size_t n;
+            unsigned char *b = read_file(p, &n);
+            if (!memchr(b, 0, n < 8192 ? n : 8192)) {
+                want += n;
+                want_val += n / 10;  /* val_fraction 0.1, rounded down */
+                texts++;
+            }
+            free(b);
+        }
+        free(p);
+    }
+    closedir(d);
+    assert_true(want > 0);
+
+    char err[512];
+    char *out = join(*state, "fortunes");
+    const char *in[1] = { FORTUNES };
+    prepare_stats st;
+    if (data_prepare(out, in, 1, 0.1, 0, &st, NULL, NULL, err, sizeof err) != 0)
+        fail_msg("data_prepare: %s", err);
+    assert_int_equal(st.files, texts);
+    assert_true(st.skipped > 0);  /* the .dat files */
+    assert_int_equal(st.train_tokens + st.val_tokens, want);
+    assert_int_equal(st.val_tokens, want_val);
+    assert_int_equal(st.train_shards, 1);
+    assert_int_equal(st.val_shards, 1);
+
+    char *pat = join(out, "*.bin");
+    token_set ts;
+    if (token_set_open(&ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(ts.total, want);
+    for (int s = 0; s < ts.n_shards; s++)
+        for (size_t i = 0; i < ts.n_tokens[s]; i++)
+            assert_true(ts.tokens[s][i] < 256);
+    token_set_close(&ts);
+    free(out);
+    free(pat);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_tmp, teardown_tmp)
+    const struct CMUnitTest tests[] = {
+        T(test_shard_roundtrip),
+        T(test_foreign_shard),
+        T(test_truncated),
+        T(test_bad_magic),
+        T(test_bad_version),
+        T(test_token_out_of_vocab),
+        T(test_empty_glob),
+        T(test_shard_write_error),
+        T(test_prepare_tree),
+        T(test_prepare_errors),
+        T(test_prepare_fortunes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,939 @@
+/*
+ * test_kernels.c — unit tests of the CPU reference kernels (kernels/cpu/).
+ *
+ * Every op is checked against an independent double-precision reference
+ * forward written here from the math (plain loops; nothing from the code
+ * under test). With a fixed random R and the scalar objective
+ *     L(x) = sum(out(x) ⊙ R),
+ * dL/dx is taken by central differences on the double reference (h = 1e-5:
+ * truncation ~h^2 and round-off ~1e-16/h, both ~1e-10, far below fp32
+ * noise) and compared with the fp32 backward seeded with dout = R.
+ * Inputs and R are drawn as floats, so the fp32 and double runs see exactly
+ * the same numbers; any difference is the fp32 arithmetic (or a bug).
+ *
+ * Errors are max|got - ref| / max|ref| (normalised by the largest reference
+ * value, so tiny entries don't blow up a relative error). Each op states its
+ * tolerance and why next to its test.
+ *
+ * Also: accumulation (+=) semantics of every backward, attention causality,
+ * softmax rows summing to 1, the cross-entropy loss against -log p by hand,
+ * AdamW against a hand-computed 3-step update, grad_sumsq, and bitwise
+ * determinism across runs and thread counts.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "kernels.h"
+#include "cpu/cpu_math.h"      /* the internal exp_, tested on its own */
+
+/* shapes: small so the finite differences are quick */
+enum { B = 2, T = 5, C = 8, NH = 2, V = 11, OC = 12, MAXT = 7, N = B * T };
+
+#define FD_H 1e-5
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_state_;
+
+static void rng_seed(uint64_t s) { rng_state_ = s; }
+
+/* splitmix64 -> uniform float in [lo, hi) */
+static float rng_float(float lo, float hi)
+{
+    uint64_t z = (rng_state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
+}
+
+static int rng_int(int n) { return (int)(rng_float(0.0f, 1.0f) * n) % n; }
+
+/* fill f with floats in [lo,hi) and d with the same values in double */
+static void fill(float *f, double *d, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) {
+        f[i] = rng_float(lo, hi);
+        if (d)
+            d[i] = f[i];
+    }
+}
+
+/* forwards overwrite their outputs: start them from stale values */
+static void stale(float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        f[i] = 7.0f;
+}
+
+static float *falloc(size_t n) { float *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
+static double *dalloc(size_t n) { double *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
+
+/* max|got - ref| / max|ref| */
+static double nerr(const float *got, const double *ref, size_t n)
+{
+    double maxref = 1e-30, maxdiff = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= maxdiff)) maxdiff = d;     /* NaN propagates as failure */
+    }
+    return maxdiff / maxref;
+}
+
+static void check_(const char *what, const float *got, const double *ref,
+                   size_t n, double tol)
+{
+    double e = nerr(got, ref, n);
+    printf("    %-28s err %.2e (tol %.0e)\n", what, e, tol);
+    if (!(e <= tol))
+        fail_msg("%s: normalised error %.3e > %.1e", what, e, tol);
+}
+
+static double dotR(const double *out, const double *R, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += out[i] * R[i];
+    return s;
+}
+
+/* central differences of f(ctx) w.r.t. every x[i] */
+typedef double (*objective_fn)(void *ctx);
+static void fd_grad(objective_fn f, void *ctx, double *x, size_t n, double *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i];
+        x[i] = x0 + FD_H;
+        double lp = f(ctx);
+        x[i] = x0 - FD_H;
+        double lm = f(ctx);
+        x[i] = x0;
+        g[i] = (lp - lm) / (2.0 * FD_H);
+    }
+}
+
+/*
+ * Accumulation semantics of a backward: with g1 = bwd from zeroed grads,
+ *   bwd twice from zero   == 2 g1
+ *   bwd onto prefilled P  == P + g1
+ * (to 1e-5 of the largest value: the kernels may round the sum differently,
+ * e.g. sgemm with beta = 1, but overwriting instead of adding is off by O(1)).
+ */
+typedef void (*bwd_fn)(void *ctx, float **grads);
+static void check_accumulation(const char *name, bwd_fn bwd, void *ctx,
+                               int ngrad, const size_t *sizes)
+{
+    float *g1[4], *g2[4], *g3[4], *pre[4];
+    for (int k = 0; k < ngrad; k++) {
+        g1[k] = falloc(sizes[k]);
+        g2[k] = falloc(sizes[k]);
+        g3[k] = falloc(sizes[k]);
+        pre[k] = falloc(sizes[k]);
+        fill(pre[k], NULL, sizes[k], -1.0f, 1.0f);
+        memcpy(g3[k], pre[k], sizes[k] * sizeof(float));
+    }
+    bwd(ctx, g1);
+    bwd(ctx, g2);
+    bwd(ctx, g2);
+    bwd(ctx, g3);
+    for (int k = 0; k < ngrad; k++) {
+        double *twice = dalloc(sizes[k]), *added = dalloc(sizes[k]);
+        double maxg = 0.0;
+        for (size_t i = 0; i < sizes[k]; i++) {
+            twice[i] = 2.0 * g1[k][i];
+            added[i] = (double)pre[k][i] + g1[k][i];
+            if (fabs(g1[k][i]) > maxg) maxg = fabs(g1[k][i]);
+        }
+        char what[64];
+        if (maxg == 0.0)
+            fail_msg("%s grad %d: all zero, accumulation untested", name, k);
+        snprintf(what, sizeof what, "%s accum twice [%d]", name, k);
+        check_(what, g2[k], twice, sizes[k], 1e-5);
+        snprintf(what, sizeof what, "%s accum prefill [%d]", name, k);
+        check_(what, g3[k], added, sizes[k], 1e-5);
+        free(twice); free(added);
+        free(g1[k]); free(g2[k]); free(g3[k]); free(pre[k]);
+    }
+}
+
+/* ------------------------------------------- double reference forwards */
+
+static void ref_encoder(double *out, const int32_t *inp, const double *wte,
+                        const double *wpe)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                out[(b * T + t) * C + c] = wte[inp[b * T + t] * C + c] + wpe[t * C + c];
+}
+
+static void ref_layernorm(double *out, const double *x, const double *w,
+                          const double *bias)
+{
+    for (int n = 0; n < N; n++) {
+        double mean = 0.0, var = 0.0;
+        for (int c = 0; c < C; c++) mean += x[n * C + c];
+        mean /= C;
+        for (int c = 0; c < C; c++) var += (x[n * C + c] - mean) * (x[n * C + c] - mean);
+        var /= C;
+        for (int c = 0; c < C; c++)
+            out[n * C + c] = (x[n * C + c] - mean) / sqrt(var + 1e-5) * w[c] + bias[c];
+    }
+}
+
+static void ref_matmul(double *out, const double *x, const double *w,
+                       const double *bias)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++) s += x[n * C + c] * w[o * C + c];
+            out[n * OC + o] = s;
+        }
+}
+
+/* out (B,T,C), att (B,NH,T,T) */
+static void ref_attention(double *out, double *att, const double *qkv)
+{
+    int hs = C / NH;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double p[T], mx = -INFINITY, sum = 0.0;
+                for (int s = 0; s < T; s++) {
+                    if (s > t) { p[s] = -INFINITY; continue; }
+                    double d = 0.0;
+                    for (int i = 0; i < hs; i++)
+                        d += qkv[(b * T + t) * 3 * C + h * hs + i] *
+                             qkv[(b * T + s) * 3 * C + C + h * hs + i];
+                    p[s] = d / sqrt((double)hs);
+                    if (p[s] > mx) mx = p[s];
+                }
+                for (int s = 0; s < T; s++) { p[s] = exp(p[s] - mx); sum += p[s]; }
+                for (int s = 0; s < T; s++) {
+                    p[s] /= sum;
+                    if (att) att[((b * NH + h) * T + t) * T + s] = p[s];
+                }
+                for (int i = 0; i < hs; i++) {
+                    double o = 0.0;
+                    for (int s = 0; s < T; s++)
+                        o += p[s] * qkv[(b * T + s) * 3 * C + 2 * C + h * hs + i];
+                    out[(b * T + t) * C + h * hs + i] = o;
+                }
+            }
+}
+
+static double ref_gelu1(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* losses (N), probs (N,V): -log of the softmax probability of the target */
+static void ref_crossentropy(double *losses, double *probs, const double *z,
+                             const int32_t *y)
+{
+    for (int n = 0; n < N; n++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++) if (z[n * V + j] > mx) mx = z[n * V + j];
+        for (int j = 0; j < V; j++) sum += exp(z[n * V + j] - mx);
+        for (int j = 0; j < V; j++) {
+            double p = exp(z[n * V + j] - mx) / sum;
+            if (probs) probs[n * V + j] = p;
+        }
+        losses[n] = -log(exp(z[n * V + y[n]] - mx) / sum);
+    }
+}
+
+/* -------------------------------------------------------------- encoder */
+
+typedef struct {
+    int32_t inp[N];
+    float wte[V * C], wpe[MAXT * C], dout[N * C];
+    double wte_d[V * C], wpe_d[MAXT * C], R[N * C], out_d[N * C];
+} enc_ctx;
+
+static double enc_obj(void *p)
+{
+    enc_ctx *x = p;
+    ref_encoder(x->out_d, x->inp, x->wte_d, x->wpe_d);
+    return dotR(x->out_d, x->R, N * C);
+}
+
+static void enc_bwd(void *p, float **g)
+{
+    enc_ctx *x = p;
+    encoder_backward(g[0], g[1], x->dout, x->inp, B, T, C);
+}
+
+static void test_encoder(void **state)
+{
+    rng_seed(1);
+    enc_ctx *x = calloc(1, sizeof *x);
+    /* tokens from a small range so rows of dwte receive several scatters;
+     * rows >= 4 of wte and rows >= T of wpe are never used (grad stays 0) */
+    for (int i = 0; i < N; i++) x->inp[i] = rng_int(4);
+    x->inp[0] = x->inp[1] = x->inp[N - 1];
+    fill(x->wte, x->wte_d, V * C, -1, 1);
+    fill(x->wpe, x->wpe_d, MAXT * C, -1, 1);
+    fill(x->dout, x->R, N * C, -1, 1);
+
+    /* forward: a single fp32 add per element, so exact to 1 ulp (6e-8) */
+    float out[N * C];
+    stale(out, N * C);
+    encoder_forward(out, x->inp, x->wte, x->wpe, B, T, C);
+    enc_obj(x);
+    check_("encoder fwd", out, x->out_d, N * C, 1e-7);
+
+    /* backward: sums of at most N fp32 values of |R| <= 1: 1e-6 covers it */
+    double gwte[V * C], gwpe[MAXT * C];
+    fd_grad(enc_obj, x, x->wte_d, V * C, gwte);
+    fd_grad(enc_obj, x, x->wpe_d, MAXT * C, gwpe);
+    float *g[2] = { falloc(V * C), falloc(MAXT * C) };
+    enc_bwd(x, g);
+    check_("encoder dwte", g[0], gwte, V * C, 1e-6);
+    check_("encoder dwpe", g[1], gwpe, MAXT * C, 1e-6);
+
+    size_t sizes[2] = { V * C, MAXT * C };
+    check_accumulation("encoder", enc_bwd, x, 2, sizes);
+    free(g[0]); free(g[1]); free(x);
+    (void)state;
+}
+
+/* ------------------------------------------------------------ layernorm */
+
+typedef struct {
+    float x[N * C], w[C], b[C], dout[N * C], mean[N], rstd[N];
+    double x_d[N * C], w_d[C], b_d[C], R[N * C], out_d[N * C];
+} ln_ctx;
+
+static double ln_obj(void *p)
+{
+    ln_ctx *x = p;
+    ref_layernorm(x->out_d, x->x_d, x->w_d, x->b_d);
+    return dotR(x->out_d, x->R, N * C);
+}
+
+static void ln_bwd(void *p, float **g)
+{
+    ln_ctx *x = p;
+    layernorm_backward(g[0], g[1], g[2], x->dout, x->x, x->w, x->mean,
+                       x->rstd, N, C);
+}
+
+static void test_layernorm(void **state)
+{
+    rng_seed(2);
+    ln_ctx *x = calloc(1, sizeof *x);
+    fill(x->x, x->x_d, N * C, -2, 3);        /* non-zero mean */
+    fill(x->w, x->w_d, C, 0.5, 1.5);
+    fill(x->b, x->b_d, C, -0.5, 0.5);
+    fill(x->dout, x->R, N * C, -1, 1);
+
+    /* forward: mean/var/rstd in fp32 over C values: a few ulp, 1e-6 */
+    float out[N * C];
+    stale(out, N * C);
+    layernorm_forward(out, x->mean, x->rstd, x->x, x->w, x->b, N, C);
+    ln_obj(x);
+    check_("layernorm fwd", out, x->out_d, N * C, 1e-6);
+    for (int n = 0; n < N; n++) {
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += x->x_d[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x->x_d[n * C + c] - m) * (x->x_d[n * C + c] - m);
+        v /= C;
+        assert_true(fabs(x->mean[n] - m) <= 1e-6 * (1.0 + fabs(m)));
+        assert_true(fabs(x->rstd[n] - 1.0 / sqrt(v + 1e-5)) <= 1e-5 / sqrt(v + 1e-5));
+    }
+
+    /* backward: dinp subtracts two row means from g (cancellation), so fp32
+     * error grows beyond a plain sum: ~1e-7 of max|g| seen, 2e-6 allowed.
+     * dweight/dbias are sums over N rows: 1e-6. */
+    double gx[N * C], gw[C], gb[C];
+    fd_grad(ln_obj, x, x->x_d, N * C, gx);
+    fd_grad(ln_obj, x, x->w_d, C, gw);
+    fd_grad(ln_obj, x, x->b_d, C, gb);
+    float *g[3] = { falloc(N * C), falloc(C), falloc(C) };
+    ln_bwd(x, g);
+    check_("layernorm dinp", g[0], gx, N * C, 2e-6);
+    check_("layernorm dweight", g[1], gw, C, 1e-6);
+    check_("layernorm dbias", g[2], gb, C, 1e-6);
+
+    size_t sizes[3] = { N * C, C, C };
+    check_accumulation("layernorm", ln_bwd, x, 3, sizes);
+    free(g[0]); free(g[1]); free(g[2]); free(x);
+    (void)state;
+}
+
+/* --------------------------------------------------------------- matmul */
+
+typedef struct {
+    float x[N * C], w[OC * C], b[OC], dout[N * OC];
+    double x_d[N * C], w_d[OC * C], b_d[OC], R[N * OC], out_d[N * OC];
+    int use_bias;
+} mm_ctx;
+
+static double mm_obj(void *p)
+{
+    mm_ctx *x = p;
+    ref_matmul(x->out_d, x->x_d, x->w_d, x->use_bias ? x->b_d : NULL);
+    return dotR(x->out_d, x->R, N * OC);
+}
+
+static void mm_bwd(void *p, float **g)
+{
+    mm_ctx *x = p;
+    matmul_backward(g[0], g[1], g[2], x->dout, x->x, x->w, N, C, OC);
+}
+
+static void test_matmul(void **state)
+{
+    rng_seed(3);
+    mm_ctx *x = calloc(1, sizeof *x);
+    fill(x->x, x->x_d, N * C, -1, 1);
+    fill(x->w, x->w_d, OC * C, -1, 1);
+    fill(x->b, x->b_d, OC, -1, 1);
+    fill(x->dout, x->R, N * OC, -1, 1);
+
+    /* forward: dot products of C (or N) fp32 terms of magnitude <= 1 (sgemm
+     * may use FMA and any summation order): ~C ulp of the result; 1e-6 */
+    float out[N * OC];
+    for (int ub = 0; ub <= 1; ub++) {
+        x->use_bias = ub;
+        stale(out, N * OC);
+        matmul_forward(out, x->x, x->w, ub ? x->b : NULL, N, C, OC);
+        mm_obj(x);
+        check_(ub ? "matmul fwd (bias)" : "matmul fwd (no bias)", out,
+               x->out_d, N * OC, 1e-6);
+    }
+
+    /* backward (same reasoning): 1e-6 */
+    double gx[N * C], gw[OC * C], gb[OC];
+    fd_grad(mm_obj, x, x->x_d, N * C, gx);
+    fd_grad(mm_obj, x, x->w_d, OC * C, gw);
+    fd_grad(mm_obj, x, x->b_d, OC, gb);
+    float *g[3] = { falloc(N * C), falloc(OC * C), falloc(OC) };
+    mm_bwd(x, g);
+    check_("matmul dinp", g[0], gx, N * C, 1e-6);
+    check_("matmul dweight", g[1], gw, OC * C, 1e-6);
+    check_("matmul dbias", g[2], gb, OC, 1e-6);
+
+    /* dinp == NULL and dbias == NULL: the rest is computed the same */
+    float *dw = falloc(OC * C);
+    matmul_backward(NULL, dw, NULL, x->dout, x->x, x->w, N, C, OC);
+    check_("matmul dweight (NULLs)", dw, gw, OC * C, 1e-6);
+
+    size_t sizes[3] = { N * C, OC * C, OC };
+    check_accumulation("matmul", mm_bwd, x, 3, sizes);
+    free(dw); free(g[0]); free(g[1]); free(g[2]); free(x);
+    (void)state;
+}
+
+/* matmul cuts its GEMM outputs into 16-aligned blocks, one per thread; at
+ * the shapes above every block but the first is empty. Here C and OC span
+ * several blocks (and end mid-block); gradients of this linear op are
+ * written out in double (dinp = dout W, dweight = dout^T x, dbias = column
+ * sums), with the same 1e-6 tolerance as above. */
+static void test_matmul_blocks(void **state)
+{
+    enum { MN = 9, MC = 41, MOC = 53 };
+    rng_seed(11);
+    float *x = falloc(MN * MC), *w = falloc(MOC * MC), *b = falloc(MOC);
+    float *d = falloc(MN * MOC), *out = falloc(MN * MOC);
+    float *dx = falloc(MN * MC), *dw = falloc(MOC * MC), *db = falloc(MOC);
+    double *rout = dalloc(MN * MOC), *rdx = dalloc(MN * MC);
+    double *rdw = dalloc(MOC * MC), *rdb = dalloc(MOC);
+    fill(x, NULL, MN * MC, -1, 1);
+    fill(w, NULL, MOC * MC, -1, 1);
+    fill(b, NULL, MOC, -1, 1);
+    fill(d, NULL, MN * MOC, -1, 1);
+    for (int n = 0; n < MN; n++)
+        for (int o = 0; o < MOC; o++) {
+            double s = b[o];
+            for (int c = 0; c < MC; c++) s += (double)x[n * MC + c] * w[o * MC + c];
+            rout[n * MOC + o] = s;
+            rdb[o] += d[n * MOC + o];
+            for (int c = 0; c < MC; c++) {
+                rdx[n * MC + c] += (double)d[n * MOC + o] * w[o * MC + c];
+                rdw[o * MC + c] += (double)d[n * MOC + o] * x[n * MC + c];
+            }
+        }
+    int nt = omp_get_max_threads();
+    for (int th = 1; th <= 3; th++) {
+        omp_set_num_threads(th);
+        stale(out, MN * MOC);
+        memset(dx, 0, MN * MC * sizeof(float));
+        memset(dw, 0, MOC * MC * sizeof(float));
+        memset(db, 0, MOC * sizeof(float));
+        matmul_forward(out, x, w, b, MN, MC, MOC);
+        matmul_backward(dx, dw, db, d, x, w, MN, MC, MOC);
+        check_("matmul blocks fwd", out, rout, MN * MOC, 1e-6);
+        check_("matmul blocks dinp", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dweight", dw, rdw, MOC * MC, 1e-6);
+        check_("matmul blocks dbias", db, rdb, MOC, 1e-6);
+    }
+    omp_set_num_threads(nt);
+    free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);
+    free(rout); free(rdx); free(rdw); free(rdb);
+    (void)state;
+}
+
+/* ------------------------------------------------------------ attention */
+
+typedef struct {
+    float qkv[N * 3 * C], dout[N * C], att[B * NH * T * T];
+    double qkv_d[N * 3 * C], R[N * C], out_d[N * C], att_d[B * NH * T * T];
+} att_ctx;
+
+static double att_obj(void *p)
+{
+    att_ctx *x = p;
+    ref_attention(x->out_d, x->att_d, x->qkv_d);
+    return dotR(x->out_d, x->R, N * C);
+}
+
+static void att_bwd(void *p, float **g)
+{
+    att_ctx *x = p;
+    float scratch[B * NH * T * T];
+    attention_backward(g[0], scratch, x->dout, x->qkv, x->att, B, T, C, NH);
+}
+
+static void test_attention(void **state)
+{
+    rng_seed(4);
+    att_ctx *x = calloc(1, sizeof *x);
+    fill(x->qkv, x->qkv_d, N * 3 * C, -2, 2);   /* peaked enough softmaxes */
+    fill(x->dout, x->R, N * C, -1, 1);
+
+    /* forward: fp32 dot of hs terms, expf, a normalising sum and a weighted
+     * sum of T values: a few ulp each, compounded; 1e-6 */
+    float out[N * C];
+    stale(x->att, B * NH * T * T);
+    stale(out, N * C);
+    attention_forward(out, x->att, x->qkv, B, T, C, NH);
+    att_obj(x);
+    check_("attention fwd out", out, x->out_d, N * C, 1e-6);
+    check_("attention fwd att", x->att, x->att_d, B * NH * T * T, 1e-6);
+
+    /* backward: chains dot products, the softmax Jacobian (a difference
+     * datt - sum att datt, with cancellation) and two more sums:
+     * ~1e-7 seen, 2e-6 allowed */
+    double gqkv[N * 3 * C];
+    fd_grad(att_obj, x, x->qkv_d, N * 3 * C, gqkv);
+    float *g[1] = { falloc(N * 3 * C) };
+    att_bwd(x, g);
+    check_("attention dqkv", g[0], gqkv, N * 3 * C, 2e-6);
+
+    size_t sizes[1] = { N * 3 * C };
+    check_accumulation("attention", att_bwd, x, 1, sizes);
+    free(g[0]); free(x);
+    (void)state;
+}
+
+/* att rows sum to 1; zeros above the diagonal; a future token's k and v
+ * don't change earlier outputs; earlier douts give no gradient to later
+ * positions. */
+static void test_attention_causal(void **state)
+{
+    rng_seed(5);
+    enum { T0 = 3 };
+    float *qkv = falloc(N * 3 * C), *out1 = falloc(N * C), *out2 = falloc(N * C);
+    float *att = falloc(B * NH * T * T);
+    fill(qkv, NULL, N * 3 * C, -2, 2);
+    fill(att, NULL, B * NH * T * T, 1, 2);      /* forward must overwrite */
+    attention_forward(out1, att, qkv, B, T, C, NH);
+    for (int r = 0; r < B * NH * T; r++) {
+        int t = r % T;
+        double sum = 0.0;
+        for (int s = 0; s < T; s++) {
+            sum += att[r * T + s];
+            if (s > t) assert_true(att[r * T + s] == 0.0f);
+            else assert_true(att[r * T + s] > 0.0f);
+        }
+        assert_true(fabs(sum - 1.0) < 1e-6);
+    }
+
+    /* perturb k and v (all heads) of position T0 in every batch row */
+    for (int b = 0; b < B; b++)
+        for (int c = C; c < 3 * C; c++)
+            qkv[(b * T + T0) * 3 * C + c] += 0.75f;
+    attention_forward(out2, att, qkv, B, T, C, NH);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int same = memcmp(out1 + (b * T + t) * C, out2 + (b * T + t) * C,
+                              C * sizeof(float)) == 0;
+            if (t < T0) assert_true(same);      /* the past is untouched */
+            else assert_false(same);            /* the present/future sees it */
+        }
+
+    /* dout only at positions < T0: no gradient reaches positions >= T0 */
+    float *dout = falloc(N * C), *dqkv = falloc(N * 3 * C);
+    float *scratch = falloc(B * NH * T * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T0; t++)
+            for (int c = 0; c < C; c++)
+                dout[(b * T + t) * C + c] = rng_float(-1, 1);
+    attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < 3 * C; c++) {
+                float gv = dqkv[(b * T + t) * 3 * C + c];
+                if (t >= T0) assert_true(gv == 0.0f);
+            }
+    free(qkv); free(out1); free(out2); free(att);
+    free(dout); free(dqkv); free(scratch);
+    (void)state;
+}
+
+/* ----------------------------------------------------------------- gelu */
+
+typedef struct {
+    float x[N * C], dout[N * C];
+    double x_d[N * C], R[N * C];
+} gelu_ctx;
+
+static double gelu_obj(void *p)
+{
+    gelu_ctx *x = p;
+    double s = 0.0;
+    for (int i = 0; i < N * C; i++) s += ref_gelu1(x->x_d[i]) * x->R[i];
+    return s;
+}
+
+static void gelu_bwd(void *p, float **g)
+{
+    gelu_ctx *x = p;
+    gelu_backward(g[0], x->x, x->dout, N * C);
+}
+
+static void test_gelu(void **state)
+{
+    rng_seed(6);
+    gelu_ctx *x = calloc(1, sizeof *x);
+    fill(x->x, x->x_d, N * C, -4, 4);
+    fill(x->dout, x->R, N * C, -1, 1);
+
+    /* forward: tanhf (≤ 2 ulp) and a few fp32 ops per element: 1e-6 */
+    float out[N * C];
+    double ref[N * C];
+    stale(out, N * C);
+    gelu_forward(out, x->x, N * C);
+    for (int i = 0; i < N * C; i++) ref[i] = ref_gelu1(x->x_d[i]);
+    check_("gelu fwd", out, ref, N * C, 1e-6);
+
+    /* backward: GELU' from the same few fp32 ops, times dout: 1e-6 */
+    double gx[N * C];
+    fd_grad(gelu_obj, x, x->x_d, N * C, gx);
+    float *g[1] = { falloc(N * C) };
+    gelu_bwd(x, g);
+    check_("gelu dinp", g[0], gx, N * C, 1e-6);
+
+    size_t sizes[1] = { N * C };
+    check_accumulation("gelu", gelu_bwd, x, 1, sizes);
+    free(g[0]); free(x);
+    (void)state;
+}
+
+/* ------------------------------------------------------------- residual */
+
+typedef struct {
+    float a[N * C], b[N * C], dout[N * C];
+    double a_d[N * C], b_d[N * C], R[N * C];
+} res_ctx;
+
+static double res_obj(void *p)
+{
+    res_ctx *x = p;
+    double s = 0.0;
+    for (int i = 0; i < N * C; i++) s += (x->a_d[i] + x->b_d[i]) * x->R[i];
+    return s;
+}
+
+static void res_bwd(void *p, float **g)
+{
+    res_ctx *x = p;
+    residual_backward(g[0], g[1], x->dout, N * C);
+}
+
+static void test_residual(void **state)
+{
+    rng_seed(7);
+    res_ctx *x = calloc(1, sizeof *x);
+    fill(x->a, x->a_d, N * C, -1, 1);
+    fill(x->b, x->b_d, N * C, -1, 1);
+    fill(x->dout, x->R, N * C, -1, 1);
+
+    /* forward: one fp32 add, correctly rounded: 1e-7 */
+    float out[N * C];
+    double ref[N * C];
+    stale(out, N * C);
+    residual_forward(out, x->a, x->b, N * C);
+    for (int i = 0; i < N * C; i++) ref[i] = x->a_d[i] + x->b_d[i];
+    check_("residual fwd", out, ref, N * C, 1e-7);
+
+    /* backward: a copy of dout; only the FD error remains (~1e-10): 1e-7 */
+    double ga[N * C], gb[N * C];
+    fd_grad(res_obj, x, x->a_d, N * C, ga);
+    fd_grad(res_obj, x, x->b_d, N * C, gb);
+    float *g[2] = { falloc(N * C), falloc(N * C) };
+    res_bwd(x, g);
+    check_("residual da", g[0], ga, N * C, 1e-7);
+    check_("residual db", g[1], gb, N * C, 1e-7);
+
+    size_t sizes[2] = { N * C, N * C };
+    check_accumulation("residual", res_bwd, x, 2, sizes);
+    free(g[0]); free(g[1]); free(x);
+    (void)state;
+}
+
+/* -------------------------------------------------------- cross-entropy */
+
+typedef struct {
+    int32_t y[N];
+    float z[N * V], dl[N], probs[N * V];
+    double z_d[N * V], R[N], loss_d[N];
+} ce_ctx;
+
+static double ce_obj(void *p)
+{
+    ce_ctx *x = p;
+    ref_crossentropy(x->loss_d, NULL, x->z_d, x->y);
+    return dotR(x->loss_d, x->R, N);
+}
+
+static void ce_bwd(void *p, float **g)
+{
+    ce_ctx *x = p;
+    softmax_crossentropy_backward(g[0], x->probs, x->y, x->dl, N, V);
+}
+
+static void test_crossentropy(void **state)
+{
+    rng_seed(8);
+    ce_ctx *x = calloc(1, sizeof *x);
+    for (int i = 0; i < N; i++) x->y[i] = rng_int(V);
+    fill(x->z, x->z_d, N * V, -3, 3);
+    fill(x->dl, x->R, N, 0, 1);
+
+    /* forward: expf, a sum of V terms and logf: a few ulp; 1e-6 */
+    float losses[N];
+    double probs_d[N * V];
+    stale(losses, N);
+    stale(x->probs, N * V);
+    softmax_crossentropy_forward(losses, x->probs, x->z, x->y, N, V);
+    ref_crossentropy(x->loss_d, probs_d, x->z_d, x->y);
+    check_("crossentropy loss", losses, x->loss_d, N, 1e-6);
+    check_("crossentropy probs", x->probs, probs_d, N * V, 1e-6);
+    for (int i = 0; i < N; i++) {
+        double s = 0.0;
+        for (int j = 0; j < V; j++) s += x->probs[i * V + j];
+        assert_true(fabs(s - 1.0) < 1e-6);
+    }
+
+    /* backward: (probs - onehot) * dloss, one rounding each: 1e-6 */
+    double gz[N * V];
+    fd_grad(ce_obj, x, x->z_d, N * V, gz);
+    float *g[1] = { falloc(N * V) };
+    ce_bwd(x, g);
+    check_("crossentropy dlogits", g[0], gz, N * V, 1e-6);
+
+    size_t sizes[1] = { N * V };
+    check_accumulation("crossentropy", ce_bwd, x, 1, sizes);
+    free(g[0]); free(x);
+    (void)state;
+}
+
+/* The loss is -log p(target), worked out by hand for three rows: an easy
+ * one, one with huge logits (needs the max subtraction), and one whose
+ * target probability underflows fp32 (e^-200) yet must give a finite loss. */
+static void test_crossentropy_by_hand(void **state)
+{
+    float z[3 * 3] = { 1, 2, 3,   1000, 999, 998,   100, 0, -100 };
+    int32_t y[3] = { 0, 1, 2 };
+    float losses[3], probs[9];
+    softmax_crossentropy_forward(losses, probs, z, y, 3, 3);
+    double e1 = exp(1), e2 = exp(2), e3 = exp(3);
+    double want0 = -log(e1 / (e1 + e2 + e3));                  /* 2.4076 */
+    double want1 = -log(exp(-1) / (1 + exp(-1) + exp(-2)));    /* 1.4076 */
+    double want2 = 200 + log(1 + exp(-100) + exp(-200));       /* 200 */
+    printf("    losses %.6f %.6f %.6f\n", losses[0], losses[1], losses[2]);
+    assert_true(fabs(losses[0] - want0) < 1e-6 * want0);
+    assert_true(fabs(losses[1] - want1) < 1e-6 * want1);
+    assert_true(fabs(losses[2] - want2) < 1e-6 * want2);
+    assert_true(fabs(probs[2] - e3 / (e1 + e2 + e3)) < 1e-6);
+    (void)state;
+}
+
+/* exp_ (the vectorisable expf of the CPU kernels) against exp in double
+ * over its whole unclamped range: within 3 ulp (2^-23 * 3 relative), and
+ * exact at 0. */
+static void test_exp(void **state)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 2000000.0f;
+        double want = exp((double)x);
+        double e = fabs(exp_(x) - want) / want;
+        if (e > worst) worst = e;
+    }
+    printf("    exp_ worst relative error %.2e\n", worst);
+    assert_true(worst <= 3.0 * 1.1920929e-7);
+    assert_true(exp_(0.0f) == 1.0f);
+    assert_true(exp_(-INFINITY) >= 0.0f && exp_(-INFINITY) < 1e-37f);
+    assert_true(isnan(exp_(NAN)));
+    (void)state;
+}
+
+/* ---------------------------------------------------------------- AdamW */
+
+/* Three steps over a few scalars against the formula of kernels.h in double,
+ * with bias correction, weight decay and grad_scale. fp32 rounding of m, v,
+ * sqrt and the update: relative error ~1e-7 of the parameter; 1e-6. */
+static void test_adamw(void **state)
+{
+    enum { NP = 5, STEPS = 3 };
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const float gscale = 0.5f;
+    float p[NP] = { 0.5f, -1.25f, 2.0f, 0.0f, -0.03125f };
+    float m[NP] = { 0 }, v[NP] = { 0 };
+    float grads[STEPS][NP] = {
+        { 0.1f, -0.2f, 0.3f, 1.0f, 0.0f },
+        { -0.4f, 0.05f, 0.3f, 1.0f, 2.0f },
+        { 0.2f, 0.2f, -0.6f, -1.0f, 0.5f },
+    };
+    double pd[NP], md[NP] = { 0 }, vd[NP] = { 0 };
+    for (int i = 0; i < NP; i++) pd[i] = p[i];
+
+    for (int t = 1; t <= STEPS; t++) {
+        adamw_update(p, grads[t - 1], m, v, NP, lr, b1, b2, eps, wd, gscale, t);
+        for (int i = 0; i < NP; i++) {
+            double g = (double)grads[t - 1][i] * gscale;
+            md[i] = (double)b1 * md[i] + (1.0 - (double)b1) * g;
+            vd[i] = (double)b2 * vd[i] + (1.0 - (double)b2) * g * g;
+            double mhat = md[i] / (1.0 - pow(b1, t));
+            double vhat = vd[i] / (1.0 - pow(b2, t));
+            pd[i] -= (double)lr * (mhat / (sqrt(vhat) + eps) + (double)wd * pd[i]);
+        }
+        for (int i = 0; i < NP; i++) {
+            printf("    t=%d p[%d] %.9f want %.9f\n", t, i, p[i], pd[i]);
+            assert_true(fabs(p[i] - pd[i]) <= 1e-6 * (1.0 + fabs(pd[i])));
+            assert_true(fabs(m[i] - md[i]) <= 1e-6 * (1e-3 + fabs(md[i])));
+            assert_true(fabs(v[i] - vd[i]) <= 1e-6 * (1e-6 + fabs(vd[i])));
+        }
+    }
+    /* a plain number worked out on paper: step 1 with g = 0.1*0.5, p = 0.5:
+     * mhat = 0.05, vhat = 0.0025, update = 0.01*(0.05/0.05 + 0.1*0.5) */
+    float q = 0.5f, gq = 0.1f, mq = 0, vq = 0;
+    adamw_update(&q, &gq, &mq, &vq, 1, lr, b1, b2, 0.0f, wd, gscale, 1);
+    assert_true(fabs(q - (0.5 - 0.01 * 1.05)) < 1e-7);
+    (void)state;
+}
+
+static void test_grad_sumsq(void **state)
+{
+    rng_seed(9);
+    enum { NG = 100003 };
+    float *g = falloc(NG);
+    fill(g, NULL, NG, -3, 3);
+    long double want = 0.0L;
+    for (int i = 0; i < NG; i++) want += (long double)g[i] * g[i];
+    double got = grad_sumsq(g, NG);
+    printf("    grad_sumsq %.17g want %.17Lg\n", got, want);
+    assert_true(fabsl(got - want) <= 1e-12L * want);
+    /* small and empty buffers */
+    float three[3] = { 1, 2, -2 };
+    assert_true(grad_sumsq(three, 3) == 9.0);
+    assert_true(grad_sumsq(three, 0) == 0.0);
+    /* same bits for 1 and 2 threads */
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double one = grad_sumsq(g, NG);
+    omp_set_num_threads(2);
+    double two = grad_sumsq(g, NG);
+    omp_set_num_threads(nt);
+    assert_true(memcmp(&one, &two, sizeof one) == 0);
+    free(g);
+    (void)state;
+}
+
+/* ---------------------------------------------------------- determinism */
+
+/* The non-GEMM backwards reduce over rows; they must give the same bits on
+ * every run and for every thread count. Larger shapes so several threads
+ * get work. */
+static void test_determinism(void **state)
+{
+    enum { DB = 3, DT = 17, DC = 96, DNH = 4, DV = 50, DN = DB * DT };
+    rng_seed(10);
+    int32_t inp[DN];
+    for (int i = 0; i < DN; i++) inp[i] = rng_int(5);
+    float *dout = falloc(DN * DC), *x = falloc(DN * DC), *w = falloc(DC);
+    float *qkv = falloc(DN * 3 * DC), *att = falloc(DB * DNH * DT * DT);
+    float *scr = falloc(DB * DNH * DT * DT), *mean = falloc(DN), *rstd = falloc(DN);
+    float *tmp = falloc(DN * DC);
+    fill(dout, NULL, DN * DC, -1, 1);
+    fill(x, NULL, DN * DC, -1, 1);
+    fill(w, NULL, DC, -1, 1);
+    fill(qkv, NULL, DN * 3 * DC, -1, 1);
+    layernorm_forward(tmp, mean, rstd, x, w, w, DN, DC);
+    attention_forward(tmp, att, qkv, DB, DT, DC, DNH);
+
+    int nt = omp_get_max_threads();
+    float *ref[5] = { NULL };
+    const int threads[3] = { 1, 2, 2 };
+    for (int run = 0; run < 3; run++) {
+        omp_set_num_threads(threads[run]);
+        float *dwte = falloc(DV * DC), *dwpe = falloc(DT * DC);
+        float *dx = falloc(DN * DC), *dw = falloc(DC), *dbias = falloc(DC);
+        float *dqkv = falloc(DN * 3 * DC);
+        encoder_backward(dwte, dwpe, dout, inp, DB, DT, DC);
+        layernorm_backward(dx, dw, dbias, dout, x, w, mean, rstd, DN, DC);
+        attention_backward(dqkv, scr, dout, qkv, att, DB, DT, DC, DNH);
+        float *got[5] = { dwte, dx, dw, dqkv, dwpe };
+        size_t sz[5] = { DV * DC, DN * DC, DC, DN * 3 * DC, DT * DC };
+        for (int k = 0; k < 5; k++) {
+            if (run == 0) ref[k] = got[k];
+            else {
+                assert_memory_equal(ref[k], got[k], sz[k] * sizeof(float));
+                free(got[k]);
+            }
+        }
+        free(dbias);
+    }
+    omp_set_num_threads(nt);
+    for (int k = 0; k < 5; k++) free(ref[k]);
+    free(dout); free(x); free(w); free(qkv); free(att); free(scr);
+    free(mean); free(rstd); free(tmp);
+    (void)state;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_encoder),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_blocks),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_crossentropy_by_hand),
+        cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_grad_sumsq),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

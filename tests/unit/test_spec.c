@@ -1,0 +1,382 @@
+/*
+ * test_spec.c — the run spec: defaults, canonical JSON round trip, a full
+ * spec, and a table of bad specs with the words their errors must hold.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/spec.h"
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    if (!strstr(hay, needle))
+        fail_msg("error \"%s\" lacks \"%s\"", hay, needle);
+}
+
+static int parse(run_spec *s, const char *json, char *err, size_t errlen)
+{
+    return spec_parse(s, json, strlen(json), err, errlen);
+}
+
+/* A spec with the defaults and the two required globs. */
+static void minimal(run_spec *s)
+{
+    spec_defaults(s);
+    strcpy(s->data.train, "data/train_*.bin");
+    strcpy(s->data.val, "data/val_*.bin");
+}
+
+static void roundtrip(const run_spec *a)
+{
+    char err[512];
+    char *j = spec_to_json(a);
+    assert_non_null(j);
+    run_spec b;
+    memset(&b, 0xAB, sizeof b);
+    if (parse(&b, j, err, sizeof err) != 0) fail_msg("%s\n%s", err, j);
+    assert_memory_equal(a, &b, sizeof b);
+    char *j2 = spec_to_json(&b);
+    assert_string_equal(j, j2);
+    assert_true(spec_hash(a) == spec_hash(&b));
+    free(j);
+    free(j2);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    assert_string_equal(s.name, "run");
+    assert_int_equal(s.model.vocab_size, 256);
+    assert_int_equal(s.model.n_layer, 6);
+    assert_int_equal(s.model.n_head, 4);
+    assert_int_equal(s.model.n_embd, 128);
+    assert_int_equal(s.model.seq_len, 128);
+    assert_int_equal(s.pseudo.share_groups, 1);
+    assert_int_equal(s.pseudo.steps, 0);
+    assert_int_equal(s.delink.optimizer, DELINK_OPT_COPY);
+    assert_int_equal(s.train.steps, 1000);
+    assert_int_equal(s.train.batch_size, 16);
+    assert_true(s.train.lr == 1e-3f && s.train.min_lr == 1e-4f);
+    assert_true(s.train.beta2 == 0.95f && s.train.eps == 1e-8f);
+    assert_int_equal(s.train.seed, 1337);
+    assert_int_equal(s.checkpoint.keep, 2);
+    assert_int_equal(s.device.backend, BACKEND_CPU);
+    assert_int_equal(s.offload.prefetch, 2);
+    assert_int_equal(s.offload.host_threads, 2);
+
+    /* the defaults alone lack data.train */
+    char err[512];
+    assert_int_equal(parse(&s, "{}", err, sizeof err), -1);
+    assert_contains(err, "data.train: required");
+
+    /* with the two globs they round-trip to a memcmp-equal struct */
+    minimal(&s);
+    roundtrip(&s);
+    /* and parsing only the globs gives exactly the defaults */
+    run_spec p;
+    assert_int_equal(parse(&p, "{\"data\": {\"train\": \"data/train_*.bin\","
+                               " \"val\": \"data/val_*.bin\"}}",
+                           err, sizeof err), 0);
+    assert_memory_equal(&s, &p, sizeof s);
+}
+
+static void test_hash(void **state)
+{
+    (void)state;
+    run_spec a, b;
+    minimal(&a);
+    minimal(&b);
+    assert_true(spec_hash(&a) == spec_hash(&b));
+    b.train.lr = nextafterf(b.train.lr, 1.0f);
+    assert_true(spec_hash(&a) != spec_hash(&b));
+    /* FNV-1a 64 of the canonical text, computed here independently */
+    char *j = spec_to_json(&a);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *p = j; *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 0x100000001b3ULL;
+    }
+    assert_true(h == spec_hash(&a));
+    free(j);
+}
+
+/* Every float survives spec_to_json → spec_parse bit for bit. */
+static void test_float_roundtrip(void **state)
+{
+    (void)state;
+    run_spec s;
+    minimal(&s);
+    uint32_t x = 12345;
+    for (int i = 0; i < 2000; i++) {
+        x = x * 1664525u + 1013904223u;
+        float f = (float)ldexp((double)(x >> 8) / (1 << 24), -(int)(x % 40));
+        if (!(f > 0)) continue;
+        s.train.lr = f;
+        s.train.min_lr = f * 0.37f;
+        s.train.eps = f;
+        s.train.beta1 = fmodf(f * 7.1f, 1.0f);
+        s.train.weight_decay = f * 1e10f;
+        roundtrip(&s);
+    }
+    /* uint64 seeds above INT64_MAX travel as a decimal string */
+    s.train.seed = UINT64_MAX;
+    roundtrip(&s);
+    s.device.memory_budget = (size_t)3 << 40;
+    roundtrip(&s);
+}
+
+static void test_full_spec(void **state)
+{
+    (void)state;
+    const char *json =
+        "{\n"
+        "  \"name\": \"fortunes-p2r\",\n"
+        "  \"data\": {\"train\": \"runs/d/train_*.bin\", \"val\": \"runs/d/val_*.bin\"},\n"
+        "  \"model\": {\"vocab_size\": 50257, \"n_layer\": 12, \"n_head\": 6,\n"
+        "            \"n_embd\": 384, \"seq_len\": 256},\n"
+        "  \"pseudo\": {\"share_groups\": 5, \"steps\": 300},\n"
+        "  \"delink\": {\"optimizer\": \"reset\", \"rewarm_steps\": 20},\n"
+        "  \"train\": {\"steps\": 900, \"batch_size\": 8, \"grad_accum\": 4,\n"
+        "            \"lr\": 6e-4, \"min_lr\": 0, \"warmup_steps\": 0,\n"
+        "            \"weight_decay\": 0, \"grad_clip\": 0, \"beta1\": 0,\n"
+        "            \"beta2\": 0.999, \"eps\": 1e-6, \"seed\": \"18446744073709551615\",\n"
+        "            \"eval_every\": 0, \"eval_batches\": 1},\n"
+        "  \"checkpoint\": {\"every\": 50, \"keep\": 1},\n"
+        "  \"device\": {\"backend\": \"cuda\", \"threads\": 3, \"memory_budget\": \"1.5GiB\"},\n"
+        "  \"offload\": {\"prefetch\": 1, \"host_threads\": 7}\n"
+        "}\n";
+    run_spec s;
+    char err[512];
+    if (parse(&s, json, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_string_equal(s.name, "fortunes-p2r");
+    assert_string_equal(s.data.train, "runs/d/train_*.bin");
+    assert_string_equal(s.data.val, "runs/d/val_*.bin");
+    assert_int_equal(s.model.vocab_size, 50257);
+    assert_int_equal(s.model.n_layer, 12);
+    assert_int_equal(s.model.n_head, 6);
+    assert_int_equal(s.model.n_embd, 384);
+    assert_int_equal(s.model.seq_len, 256);
+    assert_int_equal(s.pseudo.share_groups, 5);
+    assert_int_equal(s.pseudo.steps, 300);
+    assert_int_equal(s.delink.optimizer, DELINK_OPT_RESET);
+    assert_int_equal(s.delink.rewarm_steps, 20);
+    assert_int_equal(s.train.steps, 900);
+    assert_int_equal(s.train.batch_size, 8);
+    assert_int_equal(s.train.grad_accum, 4);
+    assert_true(s.train.lr == 6e-4f);
+    assert_true(s.train.min_lr == 0.0f);
+    assert_int_equal(s.train.warmup_steps, 0);
+    assert_true(s.train.weight_decay == 0.0f && s.train.grad_clip == 0.0f);
+    assert_true(s.train.beta1 == 0.0f && s.train.beta2 == 0.999f);
+    assert_true(s.train.eps == 1e-6f);
+    assert_true(s.train.seed == UINT64_MAX);
+    assert_int_equal(s.train.eval_every, 0);
+    assert_int_equal(s.train.eval_batches, 1);
+    assert_int_equal(s.checkpoint.every, 50);
+    assert_int_equal(s.checkpoint.keep, 1);
+    assert_int_equal(s.device.backend, BACKEND_CUDA);
+    assert_int_equal(s.device.threads, 3);
+    assert_int_equal(s.device.memory_budget, (size_t)3 << 29);
+    assert_int_equal(s.offload.prefetch, 1);
+    assert_int_equal(s.offload.host_threads, 7);
+    roundtrip(&s);
+}
+
+static void test_memory_budget(void **state)
+{
+    (void)state;
+    static const struct { const char *v; size_t bytes; } ok[] = {
+        { "0", 0 },
+        { "123456789", 123456789 },
+        { "\"4096\"", 4096 },
+        { "\"64KiB\"", 64 << 10 },
+        { "\"8MiB\"", 8 << 20 },
+        { "\"80GiB\"", (size_t)80 << 30 },
+        { "\"2 GiB\"", (size_t)2 << 30 },
+        { "\"500KB\"", 500000 },
+        { "\"3MB\"", 3000000 },
+        { "\"141GB\"", 141000000000ULL },
+        { "\"0.5MiB\"", 1 << 19 },
+        { "\"12gib\"", (size_t)12 << 30 },
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char json[256], err[512];
+        snprintf(json, sizeof json, "{\"data\": {\"train\": \"t\", \"val\": \"v\"},"
+                 " \"device\": {\"memory_budget\": %s}}", ok[i].v);
+        run_spec s;
+        if (parse(&s, json, err, sizeof err) != 0) fail_msg("%s: %s", ok[i].v, err);
+        if (s.device.memory_budget != ok[i].bytes)
+            fail_msg("%s: got %zu, want %zu", ok[i].v, s.device.memory_budget,
+                     ok[i].bytes);
+    }
+}
+
+/* Bad specs: the data globs are supplied unless the case is about them. */
+static void test_bad_specs(void **state)
+{
+    (void)state;
+    static const struct { const char *body; const char *want; } bad[] = {
+        /* unknown keys, with their full path */
+        { "\"nmae\": \"x\"", "unknown key 'nmae'" },
+        { "\"train\": {\"lrr\": 0.1}", "unknown key 'train.lrr'" },
+        { "\"model\": {\"n_layers\": 2}", "unknown key 'model.n_layers'" },
+        /* wrong types */
+        { "\"model\": {\"n_layer\": 3.5}", "model.n_layer: must be an integer, got 3.5" },
+        { "\"model\": {\"n_layer\": \"6\"}", "model.n_layer: must be an integer, got \"6\"" },
+        { "\"train\": {\"lr\": \"fast\"}", "train.lr: must be a number" },
+        { "\"train\": {\"steps\": true}", "train.steps: must be an integer" },
+        { "\"model\": 3", "model: must be an object" },
+        { "\"name\": 7", "name: must be a string" },
+        { "\"device\": {\"threads\": null}", "device.threads: must be an integer" },
+        /* out of range */
+        { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
+        { "\"model\": {\"vocab_size\": 0}", "model.vocab_size: must be in [1, 65536], got 0" },
+        { "\"model\": {\"n_layer\": 0}", "model.n_layer: must be >= 1, got 0" },
+        { "\"model\": {\"seq_len\": -3}", "model.seq_len: must be >= 1, got -3" },
+        { "\"model\": {\"n_embd\": 4294967296}", "model.n_embd: must be in [1, 2147483647], got 4294967296" },
+        { "\"train\": {\"lr\": -1}", "train.lr: must be > 0, got -1" },
+        { "\"train\": {\"lr\": 0}", "train.lr: must be > 0, got 0" },
+        { "\"train\": {\"lr\": 1e-3, \"min_lr\": 1e-2}", "train.min_lr: must be in [0, train.lr" },
+        { "\"train\": {\"min_lr\": -0.1}", "train.min_lr: must be >= 0" },
+        { "\"train\": {\"beta1\": 1}", "train.beta1: must be in [0, 1), got 1" },
+        { "\"train\": {\"beta2\": -0.5}", "train.beta2: must be in [0, 1)" },
+        { "\"train\": {\"beta2\": 0.999999999}", "as a 32-bit float" },
+        { "\"train\": {\"eps\": 0}", "train.eps: must be > 0" },
+        { "\"train\": {\"grad_clip\": -1}", "train.grad_clip: must be >= 0" },
+        { "\"train\": {\"weight_decay\": 1e39}", "train.weight_decay: 1e39 is out of range" },
+        { "\"train\": {\"eval_batches\": 0}", "train.eval_batches: must be >= 1" },
+        { "\"train\": {\"batch_size\": 0}", "train.batch_size: must be >= 1" },
+        { "\"train\": {\"seed\": -1}", "train.seed: must be an integer in [0, 2^64)" },
+        { "\"train\": {\"seed\": \"99999999999999999999\"}", "train.seed" },
+        { "\"checkpoint\": {\"keep\": 0}", "checkpoint.keep: must be >= 1, got 0" },
+        { "\"offload\": {\"prefetch\": 0}", "offload.prefetch: must be >= 1, got 0" },
+        { "\"device\": {\"threads\": -1}", "device.threads: must be >= 0, got -1" },
+        { "\"pseudo\": {\"share_groups\": 7}", "pseudo.share_groups: must be in [1, model.n_layer = 6], got 7" },
+        { "\"pseudo\": {\"share_groups\": 0}", "pseudo.share_groups: must be >= 1" },
+        { "\"pseudo\": {\"steps\": 1001}", "pseudo.steps: must be in [0, train.steps = 1000], got 1001" },
+        { "\"pseudo\": {\"steps\": -1}", "pseudo.steps: must be >= 0" },
+        /* heads must divide the width */
+        { "\"model\": {\"n_embd\": 384, \"n_head\": 5}",
+          "model.n_embd: must be divisible by model.n_head (384 % 5 != 0)" },
+        /* enums */
+        { "\"delink\": {\"optimizer\": \"keep\"}",
+          "delink.optimizer: must be \"copy\" or \"reset\", got \"keep\"" },
+        { "\"device\": {\"backend\": \"tpu\"}", "device.backend: must be \"cpu\" or \"cuda\", got \"tpu\"" },
+        /* memory budget */
+        { "\"device\": {\"memory_budget\": \"12XB\"}", "device.memory_budget: bad size \"12XB\"" },
+        { "\"device\": {\"memory_budget\": \"GiB\"}", "device.memory_budget: bad size" },
+        { "\"device\": {\"memory_budget\": \"1.GiB\"}", "device.memory_budget: bad size" },
+        { "\"device\": {\"memory_budget\": -5}", "device.memory_budget: must be >= 0" },
+        { "\"device\": {\"memory_budget\": 1.5}", "device.memory_budget: must be bytes" },
+        { "\"device\": {\"memory_budget\": \"99999999999TiB\"}", "too large" },
+        /* names are safe in paths */
+        { "\"name\": \"../etc\"", "name: must be letters" },
+        { "\"name\": \"\"", "name: must be letters" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[1024], err[512] = "";
+        snprintf(json, sizeof json,
+                 "{\"data\": {\"train\": \"t_*.bin\", \"val\": \"v_*.bin\"}, %s}",
+                 bad[i].body);
+        run_spec s, before;
+        spec_defaults(&s);
+        before = s;
+        if (parse(&s, json, err, sizeof err) != -1)
+            fail_msg("accepted: %s", json);
+        assert_contains(err, bad[i].want);
+        assert_memory_equal(&s, &before, sizeof s);  /* untouched on error */
+    }
+
+    /* cases that are not one added key */
+    static const struct { const char *json; const char *want; } whole[] = {
+        { "{\"data\": {\"val\": \"v\"}}", "data.train: required" },
+        { "{\"data\": {\"train\": \"\", \"val\": \"v\"}}", "data.train: required" },
+        { "{\"data\": {\"train\": \"t\"}}", "data.val: required" },
+        { "{\"data\": {\"train\": \"t\", \"val\": \"v\",\n\n \"x\" 1}}", "line 3" },
+        { "{\"data\": {\"train\": \"t\", \"val\": \"v\"},\n \"train\": {\"lr\": 1e-3,\n\"lr\": 2e-3}}",
+          "duplicate" },
+        { "[1, 2]", "must be a JSON object" },
+        { "", "JSON syntax error at line" },
+        { "{\"data\": {\"train\": \"t\", \"val\": \"v\"}} trailing", "JSON syntax error" },
+    };
+    for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
+        char err[512] = "";
+        run_spec s;
+        if (parse(&s, whole[i].json, err, sizeof err) != -1)
+            fail_msg("accepted: %s", whole[i].json);
+        assert_contains(err, whole[i].want);
+    }
+
+    /* a glob too long for the struct */
+    char *json = malloc(4096);
+    char glob[SPEC_STR + 1];
+    memset(glob, 'a', SPEC_STR);
+    glob[SPEC_STR] = '\0';
+    snprintf(json, 4096, "{\"data\": {\"train\": \"%s\", \"val\": \"v\"}}", glob);
+    char err[512];
+    run_spec s;
+    assert_int_equal(parse(&s, json, err, sizeof err), -1);
+    assert_contains(err, "data.train: too long (1024 bytes, at most 1023)");
+    free(json);
+}
+
+static void test_load_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/m6-test-spec-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\n  \"data\": {\"train\": \"t\", \"val\": \"v\"},\n"
+                       "  \"model\": {\"n_layer\": 4,}\n}\n";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    run_spec s;
+    char err[512];
+    assert_int_equal(spec_load_file(&s, path, err, sizeof err), -1);
+    assert_contains(err, path);
+    assert_contains(err, "line 3");
+
+    FILE *f = fopen(path, "w");
+    fputs("{\"data\": {\"train\": \"t\", \"val\": \"v\"}, \"model\": {\"n_layer\": 4}}",
+          f);
+    fclose(f);
+    assert_int_equal(spec_load_file(&s, path, err, sizeof err), 0);
+    assert_int_equal(s.model.n_layer, 4);
+
+    f = fopen(path, "w");
+    fputs("{\"data\": {\"train\": \"t\", \"val\": \"v\"}, \"train\": {\"lrr\": 1}}", f);
+    fclose(f);
+    assert_int_equal(spec_load_file(&s, path, err, sizeof err), -1);
+    assert_contains(err, path);
+    assert_contains(err, "unknown key 'train.lrr'");
+    unlink(path);
+
+    assert_int_equal(spec_load_file(&s, path, err, sizeof err), -1);
+    assert_contains(err, path);
+    assert_contains(err, "No such file");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_hash),
+        cmocka_unit_test(test_float_roundtrip),
+        cmocka_unit_test(test_full_spec),
+        cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_bad_specs),
+        cmocka_unit_test(test_load_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

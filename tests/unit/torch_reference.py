@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""torch_reference.py — the whole model against an independent PyTorch GPT.
+
+Runs tests/unit/dump_model (the C engine) for S=1 (every layer shares slot 0),
+an intermediate S, and S=L, then rebuilds the same GPT in PyTorch from the
+dumped weights (layers reading slot_of[l], sharing nn.Parameters, so autograd
+sums a shared slot's gradient over its layers), and compares the loss and the
+gradient of every parameter tensor.
+
+Reference precision: float64, so the difference measured is the C engine's
+fp32 rounding. Tolerances: loss |diff| < 1e-5 nats (fp32 sums over ~100
+terms); each gradient tensor max|diff| / max|ref| < 1e-4 (fp32 GEMMs and
+softmax over depth 3; a wrong formula gives O(1)).
+
+Needs Debian's python3-torch (run with /usr/bin/python3). Exit 77 (skip) if
+torch is missing.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    print("SKIP: python3-torch not installed (apt-get install python3-torch)")
+    sys.exit(77)
+
+torch.set_default_dtype(torch.float64)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        t = torch.frombuffer(bytearray(buf[8 + n + a:8 + n + b]),
+                             dtype=torch.float32)
+        out[name] = t.reshape(e["shape"]).to(torch.float64)
+    return out
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) *
+                                     (x + 0.044715 * x ** 3)))
+
+
+def block(x, p, NH):
+    B, T, C = x.shape
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"], 1e-5)
+    qkv = h @ p["attn.c_attn.weight"].T + p["attn.c_attn.bias"]
+    q, k, v = qkv.split(C, dim=2)
+    hs = C // NH
+    q = q.view(B, T, NH, hs).transpose(1, 2)
+    k = k.view(B, T, NH, hs).transpose(1, 2)
+    v = v.view(B, T, NH, hs).transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    x = x + y @ p["attn.c_proj.weight"].T + p["attn.c_proj.bias"]
+    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"], 1e-5)
+    h = gelu_tanh(h @ p["mlp.c_fc.weight"].T + p["mlp.c_fc.bias"])
+    return x + h @ p["mlp.c_proj.weight"].T + p["mlp.c_proj.bias"]
+
+
+def check(dump_bin, S, tmp):
+    out = os.path.join(tmp, f"dump_S{S}.safetensors")
+    subprocess.run([dump_bin, out, str(S)], check=True)
+    cfg = json.load(open(out + ".json"))
+    d = read_safetensors(out)
+    params = {k: v.clone().requires_grad_(True) for k, v in d.items()
+              if not k.startswith("grad.") and k not in ("inputs", "targets", "loss")}
+    inp = d["inputs"].long()
+    tgt = d["targets"].long()
+    B, T = inp.shape
+    x = params["wte"][inp] + params["wpe"][:T]
+    for l in range(cfg["L"]):
+        s = cfg["slot_of"][l]
+        pre = f"slots.{s}."
+        x = block(x, {k[len(pre):]: v for k, v in params.items()
+                      if k.startswith(pre)}, cfg["NH"])
+    x = F.layer_norm(x, (cfg["C"],), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
+    logits = x @ params["wte"].T
+    loss = F.cross_entropy(logits.view(-1, cfg["V"]), tgt.view(-1))
+    loss.backward()
+    failures = 0
+    dl = abs(loss.item() - d["loss"].item())
+    print(f"S={S} slot_of={cfg['slot_of']} loss torch={loss.item():.8f} "
+          f"m6={d['loss'].item():.8f} |diff|={dl:.2e}")
+    if dl > 1e-5:
+        print(f"FAIL: loss differs by {dl:.3e} (tol 1e-5)")
+        failures += 1
+    worst = 0.0
+    for name, p in params.items():
+        ref = p.grad
+        got = d["grad." + name]
+        err = (ref - got).abs().max().item() / max(ref.abs().max().item(), 1e-12)
+        worst = max(worst, err)
+        if err > 1e-4:
+            print(f"FAIL: grad {name}: normalised max error {err:.3e} (tol 1e-4)")
+            failures += 1
+    print(f"S={S}: {len(params)} gradient tensors, worst normalised error {worst:.2e}")
+    return failures
+
+
+def main():
+    dump_bin = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        fails = sum(check(dump_bin, S, tmp) for S in (1, 2, 3))
+    print("torch_reference:", "OK" if fails == 0 else f"{fails} failures")
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
