@@ -10,6 +10,9 @@ FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-it.XXXXXX")
 DAEMON_PID=
 cleanup_() {
+    touch "$T/stop-reader"  # ends any background reader loop
+    local j
+    for j in $(jobs -p); do kill "$j" 2>/dev/null || true; done
     if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
         kill -9 "$DAEMON_PID" 2>/dev/null || true
     fi
