@@ -423,7 +423,9 @@ static int cmd_watch_(int argc, char **argv)
             return EXIT_ERR;
         }
         const M6__RunInfo *r = resp->run;
-        if (last_phase == 0 && r->phase == M6__PHASE__PHASE_REAL) {
+        /* Report the delink once: as it happens, or on attach if it already
+         * happened (a fast run may pass it before watch starts). */
+        if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0) {
             if (tty) fputc('\n', stdout);
             if (g.json) {
                 json_t *o = json_object();
@@ -444,10 +446,8 @@ static int cmd_watch_(int argc, char **argv)
         fmt_loss_(vl, sizeof vl, r->val_loss);
         fmt_eta_(eta, sizeof eta, r->eta_s);
         if (g.json && changed) {
-            char *s = json_dumps(run_json_(r), JSON_COMPACT);  /* leak-free below */
-            json_t *o = json_loads(s, 0, NULL);
-            free(s);
-            s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            json_t *o = run_json_(r);
+            char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
             puts(s);
             free(s);
             json_decref(o);
