@@ -294,6 +294,51 @@ static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
     return request_(&rq);
 }
 
+/* Relative data globs in a spec are relative to the spec file's directory
+ * (the daemon runs elsewhere): rewrite them as absolute paths. A spec that
+ * does not parse is sent as it is, for the daemon to explain. Returns the
+ * text to send (buf itself, or a new malloc'd string; buf then freed). */
+static char *resolve_data_paths_(char *buf, const char *path)
+{
+    if (strcmp(path, "-") == 0)
+        return buf;
+    json_t *root = json_loads(buf, 0, NULL);
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    if (!json_is_object(data)) {
+        json_decref(root);
+        return buf;
+    }
+    char *spec_abs = realpath(path, NULL);
+    if (!spec_abs) {
+        json_decref(root);
+        return buf;
+    }
+    char *slash = strrchr(spec_abs, '/');
+    *slash = 0;
+    const char *dir = spec_abs[0] ? spec_abs : "/";
+    int changed = 0;
+    const char *keys[] = {"train", "val"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(data, keys[i]);
+        const char *g0 = json_string_value(v);
+        if (!g0 || !g0[0] || g0[0] == '/')
+            continue;
+        size_t len = strlen(dir) + strlen(g0) + 2;
+        char *abs = malloc(len);
+        snprintf(abs, len, "%s/%s", dir, g0);
+        json_object_set_new(data, keys[i], json_string(abs));
+        free(abs);
+        changed = 1;
+    }
+    free(spec_abs);
+    char *out = changed ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!out)
+        return buf;
+    free(buf);
+    return out;
+}
+
 static int cmd_submit_(int argc, char **argv)
 {
     const char *path = argv[0];
@@ -322,6 +367,7 @@ static int cmd_submit_(int argc, char **argv)
     if (f != stdin) fclose(f);
     if (!buf) return EXIT_ERR;
     buf[n] = 0;
+    buf = resolve_data_paths_(buf, path);
     M6__Submit sub = M6__SUBMIT__INIT;
     sub.spec_json = buf;
     sub.origin = (char *)path;
@@ -616,7 +662,8 @@ typedef struct {
 
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
-     "Submit a run spec (JSON file, - for stdin); prints the run id."},
+     "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
+     "Relative data.train/data.val globs are relative to the spec file."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
