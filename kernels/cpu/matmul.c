@@ -6,10 +6,42 @@
  *   dbias (OC)     += sum over rows of dout
  * Accumulation uses sgemm's beta = 1. The bias is added by pre-filling out
  * and running the forward GEMM with beta = 1 (no extra pass over out).
+ *
+ * -DM6_NO_CBLAS replaces sgemm by plain OpenMP loops (slow, same results up
+ * to summation order) for machines without a BLAS, e.g. the GPU check
+ * (bench/gpu-check.sh) that builds the CPU model as a reference with gcc.
  */
 #include <string.h>
-#include <cblas.h>
 #include "kernels.h"
+
+#ifndef M6_NO_CBLAS
+#include <cblas.h>
+#else
+/* The three sgemm shapes used below, row-major, beta = 1 (accumulate). */
+enum { CblasRowMajor, CblasNoTrans, CblasTrans };
+
+static void cblas_sgemm(int order, int ta, int tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *Cm, int ldc)
+{
+    (void)order;
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float a = ta == CblasTrans ? A[(size_t)k * lda + i]
+                                           : A[(size_t)i * lda + k];
+                float b = tb == CblasTrans ? B[(size_t)j * ldb + k]
+                                           : B[(size_t)k * ldb + j];
+                s += a * b;
+            }
+            float *c = Cm + (size_t)i * ldc + j;
+            *c = alpha * s + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
+}
+#endif
 
 #define MM_CBLOCK 64    /* columns per block in the dbias reduction */
 
