@@ -113,8 +113,9 @@ int main(int argc, char **argv)
     cuda_device_or_skip("gpu_train");
 
     double peak = peak_n > 0 ? gemm_peak_tflops_(peak_n, 10) : 0;
-    printf("gpu_train: cuBLASLt bf16 GEMM %dx%dx%d: %.1f TFLOP/s\n", peak_n,
-           peak_n, peak_n, peak);
+    if (peak_n > 0)
+        printf("gpu_train: cuBLASLt bf16 GEMM %dx%dx%d: %.1f TFLOP/s\n",
+               peak_n, peak_n, peak_n, peak);
 
     gpt_cuda *g = gpt_cuda_create(&c, S, B);
     if (!g)
