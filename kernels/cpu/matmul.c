@@ -16,9 +16,39 @@
  * a block layout fixed by the thread count: deterministic for a given count.
  */
 #include <string.h>
-#include <cblas.h>
 #include <omp.h>
 #include "kernels.h"
+
+/* -DM6_NO_CBLAS replaces sgemm by plain loops (slow, same results up to
+ * summation order) for machines without a BLAS, e.g. the GPU check
+ * (bench/gpu-check.sh) that builds the CPU model as a reference with gcc. */
+#ifndef M6_NO_CBLAS
+#include <cblas.h>
+#else
+enum { CblasRowMajor, CblasNoTrans, CblasTrans };
+static void openblas_set_num_threads(int n) { (void)n; }
+/* Runs inside one OpenMP thread's block, like the single-threaded BLAS. */
+static void cblas_sgemm(int order, int ta, int tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *Cm, int ldc)
+{
+    (void)order;
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float a = ta == CblasTrans ? A[(size_t)k * lda + i]
+                                           : A[(size_t)i * lda + k];
+                float b = tb == CblasTrans ? B[(size_t)j * ldb + k]
+                                           : B[(size_t)k * ldb + j];
+                s += a * b;
+            }
+            float *c = Cm + (size_t)i * ldc + j;
+            *c = alpha * s + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
+}
+#endif
 
 #define MM_ALIGN 16     /* block edges on multiples of 16 floats */
 
