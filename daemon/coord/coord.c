@@ -563,18 +563,10 @@ coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;
     }
-    /* Bad data fails at submit, not when the run starts. */
-    const char *keys[2] = {"data.train", "data.val"};
-    const char *globs[2] = {spec.data.train, spec.data.val};
-    for (int i = 0; i < 2; i++) {
-        if (!globs[i][0]) continue;
-        token_set ts;
-        if (token_set_open(&ts, globs[i], spec.model.vocab_size, err,
-                           sizeof err) < 0) {
-            snprintf(msg, msglen, "invalid spec: %s: %s", keys[i], err);
-            return COORD_INVALID;
-        }
-        token_set_close(&ts);
+    /* Bad data or an unsupported backend fails at submit, not at start. */
+    if (trainer_check_spec(&spec, err, sizeof err) != 0) {
+        snprintf(msg, msglen, "invalid spec: %s", err);
+        return COORD_INVALID;
     }
     /* --threads is folded into the stored spec, so a restart with other
      * flags still loads this run's checkpoints (the spec hash is stable). */

@@ -56,6 +56,42 @@ static uint64_t rng_next_(uint64_t *s)
 
 /* ------------------------------------------------------------- create */
 
+static int check_backend_(const run_spec *spec, char *err, size_t errlen)
+{
+    if (spec->device.backend == BACKEND_CPU)
+        return 0;
+    /* kernels/cuda/ and gpt_cuda exist but are not driven by the trainer
+     * yet: refuse rather than silently train on the CPU. */
+    snprintf(err, errlen, "device.backend: 'cuda' runs are not supported by "
+             "this m6d yet (use 'cpu')");
+    return -1;
+}
+
+int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
+{
+    if (check_backend_(spec, err, errlen) != 0)
+        return -1;
+    const char *keys[2] = {"data.train", "data.val"};
+    const char *globs[2] = {spec->data.train, spec->data.val};
+    char e2[768];
+    for (int i = 0; i < 2; i++) {
+        token_set ts;
+        if (token_set_open(&ts, globs[i], spec->model.vocab_size, e2,
+                           sizeof e2) != 0) {
+            snprintf(err, errlen, "%s: %s", keys[i], e2);
+            return -1;
+        }
+        size_t total = ts.total;
+        token_set_close(&ts);
+        if (total < (size_t)spec->model.seq_len + 2) {
+            snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 "
+                     "= %d", keys[i], total, spec->model.seq_len + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
 {
     trainer *t = calloc(1, sizeof *t);
@@ -65,6 +101,10 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     t->spec = *spec;
     t->delink_step = -1;
+    if (check_backend_(spec, err, errlen) != 0) {
+        free(t);
+        return NULL;
+    }
     /* OpenMP threads run the kernels; each GEMM block runs single-threaded
      * OpenBLAS inside them (kernels/cpu/matmul.c). */
     if (spec->device.threads > 0)
