@@ -57,10 +57,12 @@ int main(int argc, char **argv)
     }
     if (S <= 0)
         S = c.n_layer;
-    if (threads > 0) {
+    if (threads > 0)
         omp_set_num_threads(threads);
-        openblas_set_num_threads(threads);
-    }
+    /* The peak first, with OpenBLAS's own threads on every core (the
+     * training GEMMs later run single-threaded BLAS inside OpenMP blocks). */
+    openblas_set_num_threads(omp_get_max_threads());
+    double peak = bench_sgemm_peak_gflops(peak_n, 3);
     if (c.n_layer < 1 || c.n_embd < 1 || c.n_head < 1 || c.n_embd % c.n_head ||
         c.seq_len < 1 || B < 1 || c.vocab_size < 2 || steps < 1 || S > c.n_layer) {
         fprintf(stderr, "cpu_train: bad shape (n_embd must divide by n_head, "
@@ -114,7 +116,6 @@ int main(int argc, char **argv)
            dt / steps * 1e3, t_fwd / steps * 1e3, t_bwd / steps * 1e3,
            t_opt / steps * 1e3);
     printf("training: %.0f tokens/s, %.2f model GFLOP/s\n", tok_s, model_gflops);
-    double peak = bench_sgemm_peak_gflops(peak_n, 3);
     printf("BLAS peak: %.2f GFLOP/s (sgemm %dx%dx%d, best of 3)\n", peak,
            peak_n, peak_n, peak_n);
     printf("tokens_per_s=%.0f model_gflops=%.2f blas_peak_gflops=%.2f ratio=%.3f\n",

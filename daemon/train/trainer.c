@@ -5,7 +5,6 @@
  */
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -59,6 +58,50 @@ static uint64_t rng_next_(uint64_t *s)
 
 /* ------------------------------------------------------------- create */
 
+static int check_backend_(const run_spec *spec, char *err, size_t errlen)
+{
+    if (spec->device.backend == BACKEND_CPU)
+        return 0;
+    /* kernels/cuda/ and gpt_cuda exist but are not driven by the trainer
+     * yet: refuse rather than silently train on the CPU. */
+    snprintf(err, errlen, "device.backend: 'cuda' runs are not supported by "
+             "this m6d yet (use 'cpu')");
+    return -1;
+}
+
+int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
+{
+    if (check_backend_(spec, err, errlen) != 0)
+        return -1;
+    const char *keys[2] = {"data.train", "data.val"};
+    const char *globs[2] = {spec->data.train, spec->data.val};
+    char e2[768];
+    for (int i = 0; i < 2; i++) {
+        token_set ts;
+        if (token_set_open(&ts, globs[i], spec->model.vocab_size, e2,
+                           sizeof e2) != 0) {
+            snprintf(err, errlen, "%s: %s", keys[i], e2);
+            return -1;
+        }
+        size_t total = ts.total;
+        token_set_close(&ts);
+        if (total < (size_t)spec->model.seq_len + 2) {
+            snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 "
+                     "= %d", keys[i], total, spec->model.seq_len + 1);
+            return -1;
+        }
+    }
+    /* the memory plan must fit; pinning failure is only a warning here
+     * (the host pool says so again when it allocates) */
+    char warn[512];
+    if (spec->device.memory_budget > 0 &&
+        offload_check(spec, 0, 0, NULL, warn, sizeof warn, e2, sizeof e2) != 0) {
+        snprintf(err, errlen, "device.memory_budget: %s", e2);
+        return -1;
+    }
+    return 0;
+}
+
 trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
 {
     trainer *t = calloc(1, sizeof *t);
@@ -68,10 +111,14 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     t->spec = *spec;
     t->delink_step = -1;
-    if (spec->device.threads > 0) {
-        omp_set_num_threads(spec->device.threads);
-        openblas_set_num_threads(spec->device.threads);
+    if (check_backend_(spec, err, errlen) != 0) {
+        free(t);
+        return NULL;
     }
+    /* OpenMP threads run the kernels; each GEMM block runs single-threaded
+     * OpenBLAS inside them (kernels/cpu/matmul.c). */
+    if (spec->device.threads > 0)
+        omp_set_num_threads(spec->device.threads);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
     if (token_set_open(&t->train, spec->data.train, mc->vocab_size, err,
@@ -432,7 +479,7 @@ static char *meta_json_(const trainer *t)
 
 long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
 {
-    char tmp[PATH_MAX], path[PATH_MAX];
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
     struct stat st;
     if (stat(dir, &st) == 0) {
         snprintf(err, errlen, "%s: already exists", dir);

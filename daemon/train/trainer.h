@@ -42,6 +42,11 @@ typedef struct {
 trainer *trainer_create(const run_spec *spec, char *err, size_t errlen);
 void trainer_free(trainer *t);
 
+/* Everything trainer_create would refuse, checked cheaply at submit time:
+ * the backend, both data globs (files, headers, token range) and that each
+ * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key. */
+int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
+
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
  * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss);

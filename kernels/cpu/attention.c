@@ -12,26 +12,12 @@
  * Work is split over (b,h): each task owns its slices of out, att and dqkv,
  * so every output element is written by one thread in a fixed order.
  * Head slices are small (hs = 64 at the model sizes we train), so plain loops
- * beat per-head sgemm calls; dot_ keeps 8 partial sums so the compiler can
- * vectorise it without reassociating (fixed order, deterministic).
+ * with the vectorisable helpers of cpu_math.h (fixed summation order) are
+ * used rather than per-head sgemm calls.
  */
 #include <math.h>
 #include "kernels.h"
-
-/* a·b over n, with 8 interleaved partial sums added in a fixed order */
-static inline float dot_(const float *a, const float *b, int n)
-{
-    float acc[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-              ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
+#include "cpu_math.h"
 
 /* y += alpha x over n */
 static inline void axpy_(float *restrict y, float alpha,
@@ -66,13 +52,9 @@ void attention_forward(float *out, float *att, const float *qkv,
                 if (v > maxv) maxv = v;
             }
             /* softmax over s <= t; zeros above the diagonal */
-            float sum = 0.0f;
-            for (int s = 0; s <= t; s++) {
-                float e = expf(a[s] - maxv);
-                a[s] = e;
-                sum += e;
-            }
-            float inv = 1.0f / sum;
+            for (int s = 0; s <= t; s++)
+                a[s] = exp_(a[s] - maxv);
+            float inv = 1.0f / sum_(a, t + 1);
             for (int s = 0; s <= t; s++)
                 a[s] *= inv;
             for (int s = t + 1; s < T; s++)

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include "kernels.h"
+#include "cpu_math.h"
 
 void softmax_crossentropy_forward(float *losses, float *probs,
                                   const float *logits, const int32_t *targets,
@@ -20,11 +21,9 @@ void softmax_crossentropy_forward(float *losses, float *probs,
         float maxv = -INFINITY;
         for (int j = 0; j < V; j++)
             if (z[j] > maxv) maxv = z[j];
-        float sum = 0.0f;
-        for (int j = 0; j < V; j++) {
-            p[j] = expf(z[j] - maxv);
-            sum += p[j];
-        }
+        for (int j = 0; j < V; j++)
+            p[j] = exp_(z[j] - maxv);
+        float sum = sum_(p, V);
         float inv = 1.0f / sum;
         for (int j = 0; j < V; j++)
             p[j] *= inv;

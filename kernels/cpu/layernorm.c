@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include "kernels.h"
+#include "cpu_math.h"
 
 #define LN_EPS 1e-5f
 #define LN_CBLOCK 64    /* columns per block in the dweight/dbias pass */
@@ -23,19 +24,13 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++)
-            m += x[c];
-        m /= C;
-        float var = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            var += d * d;
-        }
-        var /= C;
+        float m = sum_(x, C) / C;
+        for (int c = 0; c < C; c++)         /* o holds x - mean for now */
+            o[c] = x[c] - m;
+        float var = dot_(o, o, C) / C;
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (int c = 0; c < C; c++)
-            o[c] = (x[c] - m) * s * weight[c] + bias[c];
+            o[c] = o[c] * s * weight[c] + bias[c];
         mean[n] = m;
         rstd[n] = s;
     }
@@ -56,8 +51,20 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias,
             const float *d = dout + (size_t)n * C;
             float *dx = dinp + (size_t)n * C;
             float m = mean[n], s = rstd[n];
-            float gmean = 0.0f, gxmean = 0.0f;
-            for (int c = 0; c < C; c++) {
+            /* row sums of g and g xhat, 8 partial sums each (fixed order) */
+            float ag[8] = {0}, agx[8] = {0};
+            int c = 0;
+            for (; c + 8 <= C; c += 8)
+                for (int j = 0; j < 8; j++) {
+                    float g = d[c + j] * weight[c + j];
+                    ag[j] += g;
+                    agx[j] += g * (x[c + j] - m) * s;
+                }
+            float gmean = ((ag[0] + ag[1]) + (ag[2] + ag[3])) +
+                          ((ag[4] + ag[5]) + (ag[6] + ag[7]));
+            float gxmean = ((agx[0] + agx[1]) + (agx[2] + agx[3])) +
+                           ((agx[4] + agx[5]) + (agx[6] + agx[7]));
+            for (; c < C; c++) {
                 float g = d[c] * weight[c];
                 gmean += g;
                 gxmean += g * (x[c] - m) * s;

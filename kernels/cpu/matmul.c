@@ -6,43 +6,117 @@
  *   dbias (OC)     += sum over rows of dout
  * Accumulation uses sgemm's beta = 1. The bias is added by pre-filling out
  * and running the forward GEMM with beta = 1 (no extra pass over out).
+ *
+ * Threading: the output of each GEMM is cut into one column (or row) block
+ * per OpenMP thread and each thread runs a single-threaded sgemm on its
+ * block. OpenBLAS's own thread pool is set to 1 thread on first use: two
+ * pools (OpenMP for the other kernels, OpenBLAS for GEMMs) busy-waiting on
+ * the same cores starved each other (GEMMs fell to a third of peak between
+ * OpenMP regions). Every output element is computed by one sgemm call with
+ * a block layout fixed by the thread count: deterministic for a given count.
  */
 #include <string.h>
-#include <cblas.h>
+#include <omp.h>
 #include "kernels.h"
 
-#define MM_CBLOCK 64    /* columns per block in the dbias reduction */
+/* -DM6_NO_CBLAS replaces sgemm by plain loops (slow, same results up to
+ * summation order) for machines without a BLAS, e.g. the GPU check
+ * (bench/gpu-check.sh) that builds the CPU model as a reference with gcc. */
+#ifndef M6_NO_CBLAS
+#include <cblas.h>
+#else
+enum { CblasRowMajor, CblasNoTrans, CblasTrans };
+static void openblas_set_num_threads(int n) { (void)n; }
+/* Runs inside one OpenMP thread's block, like the single-threaded BLAS. */
+static void cblas_sgemm(int order, int ta, int tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *Cm, int ldc)
+{
+    (void)order;
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float a = ta == CblasTrans ? A[(size_t)k * lda + i]
+                                           : A[(size_t)i * lda + k];
+                float b = tb == CblasTrans ? B[(size_t)j * ldb + k]
+                                           : B[(size_t)k * ldb + j];
+                s += a * b;
+            }
+            float *c = Cm + (size_t)i * ldc + j;
+            *c = alpha * s + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
+}
+#endif
+
+#define MM_ALIGN 16     /* block edges on multiples of 16 floats */
+
+/* OpenBLAS runs inside our OpenMP threads, one thread each */
+static void blas_single_thread_(void)
+{
+    static int done;
+    if (!done) {
+        openblas_set_num_threads(1);
+        done = 1;
+    }
+}
+
+/* [*lo, *hi) = block `part` of `nparts` over [0, n), edges aligned */
+static void block_(int n, int part, int nparts, int *lo, int *hi)
+{
+    int step = (n + nparts - 1) / nparts;
+    step = (step + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN;
+    *lo = part * step < n ? part * step : n;
+    *hi = *lo + step < n ? *lo + step : n;
+}
 
 void matmul_forward(float *out, const float *inp, const float *weight,
                     const float *bias, int N, int C, int OC)
 {
-    float beta = 0.0f;
-    if (bias) {
-        #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
-        beta = 1.0f;
+    blas_single_thread_();
+    #pragma omp parallel
+    {
+        int o0, o1;
+        block_(OC, omp_get_thread_num(), omp_get_num_threads(), &o0, &o1);
+        if (o1 > o0) {
+            float beta = 0.0f;
+            if (bias) {
+                for (int n = 0; n < N; n++)
+                    memcpy(out + (size_t)n * OC + o0, bias + o0,
+                           (size_t)(o1 - o0) * sizeof(float));
+                beta = 1.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, C,
+                        1.0f, inp, C, weight + (size_t)o0 * C, C,
+                        beta, out + o0, OC);
+        }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
-                1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void matmul_backward(float *dinp, float *dweight, float *dbias,
                      const float *dout, const float *inp, const float *weight,
                      int N, int C, int OC)
 {
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
-                    1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
-                1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias) {
-        /* column blocks, rows in order: each dbias[o] summed by one thread */
-        int nblk = (OC + MM_CBLOCK - 1) / MM_CBLOCK;
-        #pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
-            int o0 = blk * MM_CBLOCK;
-            int o1 = o0 + MM_CBLOCK < OC ? o0 + MM_CBLOCK : OC;
+    blas_single_thread_();
+    #pragma omp parallel
+    {
+        int part = omp_get_thread_num(), nparts = omp_get_num_threads();
+        int c0, c1, o0, o1;
+        block_(C, part, nparts, &c0, &c1);
+        block_(OC, part, nparts, &o0, &o1);
+
+        /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
+        if (dinp && c1 > c0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
+                        1.0f, dout, OC, weight + c0, C, 1.0f, dinp + c0, C);
+        /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
+        if (o1 > o0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N,
+                        1.0f, dout + o0, OC, inp, C, 1.0f,
+                        dweight + (size_t)o0 * C, C);
+        /* dbias[o0:o1]: rows in order, one thread per element */
+        if (dbias) {
             for (int n = 0; n < N; n++) {
                 const float *d = dout + (size_t)n * OC;
                 for (int o = o0; o < o1; o++)

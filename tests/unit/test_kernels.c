@@ -33,6 +33,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "cpu/cpu_math.h"      /* the internal exp_, tested on its own */
 
 /* shapes: small so the finite differences are quick */
 enum { B = 2, T = 5, C = 8, NH = 2, V = 11, OC = 12, MAXT = 7, N = B * T };
@@ -65,6 +66,13 @@ static void fill(float *f, double *d, size_t n, float lo, float hi)
         if (d)
             d[i] = f[i];
     }
+}
+
+/* forwards overwrite their outputs: start them from stale values */
+static void stale(float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        f[i] = 7.0f;
 }
 
 static float *falloc(size_t n) { float *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
@@ -281,6 +289,7 @@ static void test_encoder(void **state)
 
     /* forward: a single fp32 add per element, so exact to 1 ulp (6e-8) */
     float out[N * C];
+    stale(out, N * C);
     encoder_forward(out, x->inp, x->wte, x->wpe, B, T, C);
     enc_obj(x);
     check_("encoder fwd", out, x->out_d, N * C, 1e-7);
@@ -332,6 +341,7 @@ static void test_layernorm(void **state)
 
     /* forward: mean/var/rstd in fp32 over C values: a few ulp, 1e-6 */
     float out[N * C];
+    stale(out, N * C);
     layernorm_forward(out, x->mean, x->rstd, x->x, x->w, x->b, N, C);
     ln_obj(x);
     check_("layernorm fwd", out, x->out_d, N * C, 1e-6);
@@ -399,6 +409,7 @@ static void test_matmul(void **state)
     float out[N * OC];
     for (int ub = 0; ub <= 1; ub++) {
         x->use_bias = ub;
+        stale(out, N * OC);
         matmul_forward(out, x->x, x->w, ub ? x->b : NULL, N, C, OC);
         mm_obj(x);
         check_(ub ? "matmul fwd (bias)" : "matmul fwd (no bias)", out,
@@ -424,6 +435,55 @@ static void test_matmul(void **state)
     size_t sizes[3] = { N * C, OC * C, OC };
     check_accumulation("matmul", mm_bwd, x, 3, sizes);
     free(dw); free(g[0]); free(g[1]); free(g[2]); free(x);
+    (void)state;
+}
+
+/* matmul cuts its GEMM outputs into 16-aligned blocks, one per thread; at
+ * the shapes above every block but the first is empty. Here C and OC span
+ * several blocks (and end mid-block); gradients of this linear op are
+ * written out in double (dinp = dout W, dweight = dout^T x, dbias = column
+ * sums), with the same 1e-6 tolerance as above. */
+static void test_matmul_blocks(void **state)
+{
+    enum { MN = 9, MC = 41, MOC = 53 };
+    rng_seed(11);
+    float *x = falloc(MN * MC), *w = falloc(MOC * MC), *b = falloc(MOC);
+    float *d = falloc(MN * MOC), *out = falloc(MN * MOC);
+    float *dx = falloc(MN * MC), *dw = falloc(MOC * MC), *db = falloc(MOC);
+    double *rout = dalloc(MN * MOC), *rdx = dalloc(MN * MC);
+    double *rdw = dalloc(MOC * MC), *rdb = dalloc(MOC);
+    fill(x, NULL, MN * MC, -1, 1);
+    fill(w, NULL, MOC * MC, -1, 1);
+    fill(b, NULL, MOC, -1, 1);
+    fill(d, NULL, MN * MOC, -1, 1);
+    for (int n = 0; n < MN; n++)
+        for (int o = 0; o < MOC; o++) {
+            double s = b[o];
+            for (int c = 0; c < MC; c++) s += (double)x[n * MC + c] * w[o * MC + c];
+            rout[n * MOC + o] = s;
+            rdb[o] += d[n * MOC + o];
+            for (int c = 0; c < MC; c++) {
+                rdx[n * MC + c] += (double)d[n * MOC + o] * w[o * MC + c];
+                rdw[o * MC + c] += (double)d[n * MOC + o] * x[n * MC + c];
+            }
+        }
+    int nt = omp_get_max_threads();
+    for (int th = 1; th <= 3; th++) {
+        omp_set_num_threads(th);
+        stale(out, MN * MOC);
+        memset(dx, 0, MN * MC * sizeof(float));
+        memset(dw, 0, MOC * MC * sizeof(float));
+        memset(db, 0, MOC * sizeof(float));
+        matmul_forward(out, x, w, b, MN, MC, MOC);
+        matmul_backward(dx, dw, db, d, x, w, MN, MC, MOC);
+        check_("matmul blocks fwd", out, rout, MN * MOC, 1e-6);
+        check_("matmul blocks dinp", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dweight", dw, rdw, MOC * MC, 1e-6);
+        check_("matmul blocks dbias", db, rdb, MOC, 1e-6);
+    }
+    omp_set_num_threads(nt);
+    free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);
+    free(rout); free(rdx); free(rdw); free(rdb);
     (void)state;
 }
 
@@ -458,6 +518,8 @@ static void test_attention(void **state)
     /* forward: fp32 dot of hs terms, expf, a normalising sum and a weighted
      * sum of T values: a few ulp each, compounded; 1e-6 */
     float out[N * C];
+    stale(x->att, B * NH * T * T);
+    stale(out, N * C);
     attention_forward(out, x->att, x->qkv, B, T, C, NH);
     att_obj(x);
     check_("attention fwd out", out, x->out_d, N * C, 1e-6);
@@ -488,6 +550,7 @@ static void test_attention_causal(void **state)
     float *qkv = falloc(N * 3 * C), *out1 = falloc(N * C), *out2 = falloc(N * C);
     float *att = falloc(B * NH * T * T);
     fill(qkv, NULL, N * 3 * C, -2, 2);
+    fill(att, NULL, B * NH * T * T, 1, 2);      /* forward must overwrite */
     attention_forward(out1, att, qkv, B, T, C, NH);
     for (int r = 0; r < B * NH * T; r++) {
         int t = r % T;
@@ -563,6 +626,7 @@ static void test_gelu(void **state)
     /* forward: tanhf (≤ 2 ulp) and a few fp32 ops per element: 1e-6 */
     float out[N * C];
     double ref[N * C];
+    stale(out, N * C);
     gelu_forward(out, x->x, N * C);
     for (int i = 0; i < N * C; i++) ref[i] = ref_gelu1(x->x_d[i]);
     check_("gelu fwd", out, ref, N * C, 1e-6);
@@ -612,6 +676,7 @@ static void test_residual(void **state)
     /* forward: one fp32 add, correctly rounded: 1e-7 */
     float out[N * C];
     double ref[N * C];
+    stale(out, N * C);
     residual_forward(out, x->a, x->b, N * C);
     for (int i = 0; i < N * C; i++) ref[i] = x->a_d[i] + x->b_d[i];
     check_("residual fwd", out, ref, N * C, 1e-7);
@@ -663,6 +728,8 @@ static void test_crossentropy(void **state)
     /* forward: expf, a sum of V terms and logf: a few ulp; 1e-6 */
     float losses[N];
     double probs_d[N * V];
+    stale(losses, N);
+    stale(x->probs, N * V);
     softmax_crossentropy_forward(losses, x->probs, x->z, x->y, N, V);
     ref_crossentropy(x->loss_d, probs_d, x->z_d, x->y);
     check_("crossentropy loss", losses, x->loss_d, N, 1e-6);
@@ -704,6 +771,26 @@ static void test_crossentropy_by_hand(void **state)
     assert_true(fabs(losses[1] - want1) < 1e-6 * want1);
     assert_true(fabs(losses[2] - want2) < 1e-6 * want2);
     assert_true(fabs(probs[2] - e3 / (e1 + e2 + e3)) < 1e-6);
+    (void)state;
+}
+
+/* exp_ (the vectorisable expf of the CPU kernels) against exp in double
+ * over its whole unclamped range: within 3 ulp (2^-23 * 3 relative), and
+ * exact at 0. */
+static void test_exp(void **state)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 2000000.0f;
+        double want = exp((double)x);
+        double e = fabs(exp_(x) - want) / want;
+        if (e > worst) worst = e;
+    }
+    printf("    exp_ worst relative error %.2e\n", worst);
+    assert_true(worst <= 3.0 * 1.1920929e-7);
+    assert_true(exp_(0.0f) == 1.0f);
+    assert_true(exp_(-INFINITY) >= 0.0f && exp_(-INFINITY) < 1e-37f);
+    assert_true(isnan(exp_(NAN)));
     (void)state;
 }
 
@@ -836,12 +923,14 @@ int main(void)
         cmocka_unit_test(test_encoder),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_blocks),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_crossentropy_by_hand),
+        cmocka_unit_test(test_exp),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_grad_sumsq),
         cmocka_unit_test(test_determinism),

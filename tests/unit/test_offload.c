@@ -323,11 +323,15 @@ static void test_budget_too_small_errors(void **state)
     char want[64];
     snprintf(want, sizeof want, "(%zu bytes)", min);
     assert_non_null(strstr(err, want)); /* the minimum, exactly */
-    /* the trainer refuses the same spec with the same reason */
+    /* refused at submit, and by the trainer, with the same reason */
+    assert_int_equal(trainer_check_spec(&s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "device.memory_budget: device memory budget"));
+    assert_non_null(strstr(err, "too small"));
     assert_null(trainer_create(&s, err, sizeof err));
     assert_non_null(strstr(err, "too small"));
     /* exactly the minimum works: everything offloaded */
     s.device.memory_budget = min;
+    assert_int_equal(trainer_check_spec(&s, err, sizeof err), 0);
     assert_int_equal(offload_check(&s, 0, 0, &p, warn, sizeof warn, err,
                                    sizeof err), 0);
     assert_int_equal(p.n_resident, 0);

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# bench/gpu-check.sh — build the CUDA backend, its tests and the GPU benchmark
+# with plain nvcc/gcc (no meson, no Debian packages: the CPU reference is
+# built with -DM6_NO_CBLAS), run the GPU tests and benchmarks, print the
+# figures and end with one key=value line. Made for a machine with one sm_90
+# GPU and CUDA 13; finishes within 8 minutes (a global deadline caps every
+# run). Without a GPU it still builds everything and reports the skip.
+#
+#   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
+#   GPU_CHECK_DIR=dir NVCC=path   override either
+#
+# Exit: 0 all tests passed and the benchmarks ran, 77 no CUDA device, 1 else.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+START=$(date +%s)
+DEADLINE=$((START + 470))          # 8 minutes minus a margin
+
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ ! -x "$NVCC" ]; then
+    echo "gpu-check: nvcc not found (set NVCC=/path/to/nvcc)"
+    echo "gpu_check=no_nvcc"
+    exit 1
+fi
+CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+OUT=${GPU_CHECK_DIR:-$(mktemp -d /tmp/m6-gpu-check.XXXXXX)}
+mkdir -p "$OUT/obj"
+LOG=$OUT/gpu-check.log
+exec > >(tee "$LOG") 2>&1
+
+echo "gpu-check: m6 $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') in $ROOT"
+echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -1)), build in $OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+
+# ------------------------------------------------------------------ build
+NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]'
+         -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
+CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
+LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
+KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda"
+CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
+
+pids=()
+names=()
+compile() { # name command...
+    local name=$1; shift
+    "$@" > "$OUT/obj/$name.log" 2>&1 &
+    pids+=($!); names+=("$name")
+}
+for k in $KERNELS; do
+    compile "$k" "$NVCC" "${NVFLAGS[@]}" -c "kernels/cuda/$k.cu" -o "$OUT/obj/$k.o"
+done
+compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
+compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
+compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
+for k in $CPU_OPS; do
+    compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
+done
+compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
+compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
+
+build_ok=yes
+for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+        echo "gpu-check: compiling ${names[$i]} FAILED:"
+        cat "$OUT/obj/${names[$i]}.log"
+        build_ok=no
+    fi
+done
+KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/$k.o"); done
+COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+if [ $build_ok = yes ]; then
+    "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+    "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
+        "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+    "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
+    build_ok=no
+fi
+BUILD_S=$(( $(date +%s) - START ))
+echo "gpu-check: build ${build_ok} in ${BUILD_S} s"
+if [ $build_ok != yes ]; then
+    echo "gpu_check=build_failed build_s=$BUILD_S"
+    exit 1
+fi
+
+# ------------------------------------------------------------------ run
+# run NAME MAX_SECONDS CMD...: runs under the smaller of MAX_SECONDS and the
+# time left before the deadline; sets RC (124 timeout, 125 no time left).
+run() {
+    local name=$1 max=$2; shift 2
+    local left=$((DEADLINE - $(date +%s)))
+    [ "$left" -lt "$max" ] && max=$left
+    if [ "$max" -lt 15 ]; then
+        echo "gpu-check: $name: no time left, not run"
+        RC=125
+        return
+    fi
+    echo
+    echo "=== $name (limit ${max}s): $*"
+    timeout "$max" "$@" | tee "$OUT/$name.out"
+    RC=${PIPESTATUS[0]}
+    [ "$RC" -eq 124 ] && echo "gpu-check: $name TIMED OUT after ${max}s"
+    echo "=== $name: exit $RC"
+}
+verdict() { # exit code -> yes / no / skip / timeout
+    case $1 in 0) echo yes;; 77) echo skip;; 124) echo timeout;; 125) echo not_run;; *) echo no;; esac
+}
+kv() { # NAME KEY: KEY's value on the last key=value line of NAME's output
+    local v
+    v=$(grep '^tokens_per_s=' "$OUT/$1.out" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p")
+    echo "${v:-na}"
+}
+
+run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
+run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
+if [ "$OPS" = skip ] && [ "$MODEL" = skip ]; then
+    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip build_s=$BUILD_S"
+    exit 77
+fi
+run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
+run train_124m_pseudo 90 "$OUT/gpu_train" --share 1 --steps 10 --warmup 3 --peak-n 0
+run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 10 --warmup 3 --peak-n 0
+
+TOTAL_S=$(( $(date +%s) - START ))
+echo
+echo "gpu-check: log $LOG"
+LINE="ops_ok=$OPS model_ok=$MODEL"
+LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
+LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
+LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
+LINE+=" tok_s_124m_pseudo=$(kv train_124m_pseudo tokens_per_s) mfu_124m_pseudo=$(kv train_124m_pseudo mfu)"
+LINE+=" tok_s_350m=$(kv train_350m tokens_per_s) mfu_350m=$(kv train_350m mfu)"
+LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
+echo "$LINE"
+[ "$OPS" = yes ] && [ "$MODEL" = yes ] && [ "$(kv train_124m tokens_per_s)" != na ] && exit 0
+exit 1

@@ -1,0 +1,185 @@
+/*
+ * gpu_train.cu — training throughput of the GPU model (gpt_cuda) and its MFU,
+ * against the H100/H200 dense bf16 peak (989 TFLOP/s) and against a cuBLASLt
+ * bf16 GEMM peak measured in the same run.
+ *
+ * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
+ * Random tokens (throughput does not depend on the data). Each step: zero
+ * grads, `accum` microbatches of forward + backward, AdamW with clipping.
+ * Exit 77 without a CUDA device. Ends with one line:
+ *   tokens_per_s=… ms_per_step=… mfu=… mfu_vs_gemm=… gemm_tflops=… loss=…
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_check.h"
+#include "gpt_cuda.h"
+#include "kernels_cuda.h"
+
+#define PEAK_BF16_TFLOPS 989.0 /* H100/H200 SXM dense bf16 */
+
+static double now_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Best TFLOP/s of an n x n x n bf16 GEMM (fp32 compute) through the same
+ * cuBLASLt path as the model. */
+static double gemm_peak_tflops_(int n, int reps)
+{
+    size_t nn = (size_t)n * n;
+    bf16 *a, *b, *c;
+    CUDA_CHECK(cudaMalloc(&a, nn * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&b, nn * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&c, nn * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(a, 0, nn * sizeof(bf16))); /* zeros: a GEMM's speed
+                                                        does not depend on them */
+    CUDA_CHECK(cudaMemset(b, 0, nn * sizeof(bf16)));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    double best = 0;
+    for (int r = 0; r < reps + 2; r++) {
+        CUDA_CHECK(cudaEventRecord(e0, 0));
+        matmul_forward_cuda(c, a, b, NULL, n, n, n, 0);
+        CUDA_CHECK(cudaEventRecord(e1, 0));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        double tf = 2.0 * n * (double)n * n / (ms * 1e-3) / 1e12;
+        if (r >= 2 && tf > best) /* two warm-up runs */
+            best = tf;
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+    CUDA_CHECK(cudaFree(c));
+    return best;
+}
+
+static void usage_(void)
+{
+    printf("usage: gpu_train [options]   (defaults: GPT-2 124M shapes)\n"
+           "  --layers L    n_layer (12)       --embd C    n_embd (768)\n"
+           "  --heads NH    n_head (12)        --seq T     seq_len (1024)\n"
+           "  --batch B     microbatch (32)    --vocab V   vocab (50257)\n"
+           "  --accum A     microbatches per step (1)\n"
+           "  --share S     parameter slots (L = Real model, 1 = Pseudo)\n"
+           "  --steps N     timed steps (10)   --warmup N  untimed steps (3)\n"
+           "  --peak-n N    size of the square GEMM for the peak (8192)\n");
+}
+
+int main(int argc, char **argv)
+{
+    model_config c = {50257, 12, 12, 768, 1024};
+    int B = 32, accum = 1, S = 0, steps = 10, warmup = 3, peak_n = 8192;
+    static const struct option opts[] = {
+        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},
+        {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"vocab", 1, 0, 'V'},
+        {"accum", 1, 0, 'a'}, {"share", 1, 0, 'S'}, {"steps", 1, 0, 'n'},
+        {"warmup", 1, 0, 'w'}, {"peak-n", 1, 0, 'p'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'L': c.n_layer = atoi(optarg); break;
+        case 'C': c.n_embd = atoi(optarg); break;
+        case 'H': c.n_head = atoi(optarg); break;
+        case 'T': c.seq_len = atoi(optarg); break;
+        case 'B': B = atoi(optarg); break;
+        case 'V': c.vocab_size = atoi(optarg); break;
+        case 'a': accum = atoi(optarg); break;
+        case 'S': S = atoi(optarg); break;
+        case 'n': steps = atoi(optarg); break;
+        case 'w': warmup = atoi(optarg); break;
+        case 'p': peak_n = atoi(optarg); break;
+        case 'h': usage_(); return 0;
+        default: usage_(); return 2;
+        }
+    }
+    if (S <= 0)
+        S = c.n_layer;
+    if (steps < 1 || warmup < 0 || accum < 1 || B < 1 || S > c.n_layer) {
+        fprintf(stderr, "gpu_train: bad arguments\n");
+        return 2;
+    }
+    cuda_device_or_skip("gpu_train");
+
+    double peak = peak_n > 0 ? gemm_peak_tflops_(peak_n, 10) : 0;
+    if (peak_n > 0)
+        printf("gpu_train: cuBLASLt bf16 GEMM %dx%dx%d: %.1f TFLOP/s\n",
+               peak_n, peak_n, peak_n, peak);
+
+    gpt_cuda *g = gpt_cuda_create(&c, S, B);
+    if (!g)
+        return 1;
+    gpt_cuda_info info;
+    gpt_cuda_get_info(g, &info);
+    int T = c.seq_len, BT = B * T;
+    double flops_tok = 6.0 * info.n_compute +
+                       6.0 * c.n_layer * (double)c.n_embd * T;
+    printf("gpu_train: L=%d C=%d NH=%d T=%d V=%d (Vp=%d) S=%d, B=%d x %d "
+           "microbatches = %d tokens/step\n", c.n_layer, c.n_embd, c.n_head,
+           T, c.vocab_size, info.Vp, S, B, accum, BT * accum);
+    printf("gpu_train: N=%.1fM compute params, %.1fM stored; memory GiB: "
+           "params %.2f grads %.2f optimizer %.2f activations %.2f\n",
+           info.n_compute / 1e6, info.n_params / 1e6,
+           info.bytes_params / 1073741824.0, info.bytes_grads / 1073741824.0,
+           info.bytes_opt / 1073741824.0, info.bytes_acts / 1073741824.0);
+    gpt_cuda_init_weights(g, 1);
+
+    int32_t *inp = (int32_t *)malloc((size_t)accum * BT * sizeof(int32_t));
+    int32_t *tgt = (int32_t *)malloc((size_t)accum * BT * sizeof(int32_t));
+    uint64_t s = 1;
+    for (size_t i = 0; i < (size_t)accum * BT; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        inp[i] = (int32_t)((s >> 33) % c.vocab_size);
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tgt[i] = (int32_t)((s >> 33) % c.vocab_size);
+    }
+
+    float loss = 0, norm = 0;
+    double t0 = 0;
+    for (int k = 0; k < warmup + steps; k++) {
+        if (k == warmup)
+            t0 = now_();
+        double ts = now_();
+        gpt_cuda_zero_grad(g);
+        double lsum = 0;
+        for (int a = 0; a < accum; a++) {
+            const int32_t *in = inp + (size_t)a * BT, *tg = tgt + (size_t)a * BT;
+            lsum += gpt_cuda_forward(g, in, tg, B);
+            gpt_cuda_backward(g, in, tg, B, 1.0f / ((float)BT * accum));
+        }
+        gpt_cuda_adamw(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
+        norm = gpt_cuda_last_grad_norm(g); /* waits for the step */
+        loss = (float)(lsum / accum);
+        printf("  step %2d%s loss %.4f norm %.3f  %.1f ms\n", k + 1,
+               k < warmup ? " (warm-up)" : "", loss, norm,
+               (now_() - ts) * 1e3);
+    }
+    double dt = now_() - t0;
+    double tok_s = (double)BT * accum * steps / dt;
+    double tflops = tok_s * flops_tok / 1e12;
+    double mfu = tflops / PEAK_BF16_TFLOPS;
+    double mfu_gemm = peak > 0 ? tflops / peak : 0;
+    printf("gpu_train: %.0f tokens/s, %.1f ms/step, %.1f TFLOP/s model "
+           "(%.3g GFLOP/token), MFU %.1f%% of %.0f, %.1f%% of measured GEMM "
+           "peak\n", tok_s, dt / steps * 1e3, tflops, flops_tok / 1e9,
+           100 * mfu, PEAK_BF16_TFLOPS, 100 * mfu_gemm);
+    printf("tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f mfu_vs_gemm=%.4f "
+           "gemm_tflops=%.1f loss=%.4f\n", tok_s, dt / steps * 1e3, mfu,
+           mfu_gemm, peak, loss);
+    free(inp);
+    free(tgt);
+    gpt_cuda_free(g);
+    matmul_cuda_fini();
+    return isfinite(loss) ? 0 : 1;
+}

@@ -1,0 +1,810 @@
+/*
+ * m6ctl.c — the operator's CLI for m6d. Table-driven: every subcommand is one
+ * {name, handler, flags, usage, help} row; human and --json output come from
+ * the same values; colour only on a tty; the exit code tells the truth
+ * (0 ok, 1 error or run failed, 2 usage, 3 run stopped).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/paths.h"
+#include "control/frame.h"
+#include "m6.pb-c.h"
+#include "train/data.h"
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3 };
+
+/* ----------------------------------------------------------------- globals */
+
+static struct {
+    char socket[4096];
+    int json, csv, color;
+    int fd;
+    double interval;        /* watch poll period, seconds */
+    char out_dir[4096];     /* data prepare */
+    double val_fraction;
+    long shard_tokens;
+} g = {.fd = -1, .interval = 0.5, .val_fraction = 0.1};
+
+static void errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void errf_(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("m6ctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ client */
+
+static int write_all_(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Send one Request, read one Response (caller frees with
+ * m6__response__free_unpacked). NULL on transport error (reported). */
+static M6__Response *call_(const M6__Request *rq)
+{
+    size_t len;
+    uint8_t *f = frame_pack(&rq->base, &len);
+    if (!f) {
+        errf_("request too large");
+        return NULL;
+    }
+    int rc = write_all_(g.fd, f, len);
+    free(f);
+    if (rc < 0) {
+        errf_("write to %s: %s", g.socket, strerror(errno));
+        return NULL;
+    }
+    frame_reader rd;
+    frame_reader_init(&rd);
+    M6__Response *resp = NULL;
+    uint8_t buf[65536];
+    for (;;) {
+        const uint8_t *payload;
+        size_t plen;
+        frame_result fr = frame_reader_next(&rd, &payload, &plen);
+        if (fr == FRAME_OK) {
+            resp = m6__response__unpack(NULL, plen, payload);
+            if (!resp) errf_("malformed response from m6d");
+            break;
+        }
+        if (fr == FRAME_TOO_LARGE) {
+            errf_("response of %zu bytes exceeds the frame limit", plen);
+            break;
+        }
+        ssize_t r = read(g.fd, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            errf_("m6d closed the connection%s%s", r < 0 ? ": " : "",
+                  r < 0 ? strerror(errno) : "");
+            break;
+        }
+        if (frame_reader_feed(&rd, buf, (size_t)r) < 0) {
+            errf_("out of memory");
+            break;
+        }
+    }
+    frame_reader_free(&rd);
+    return resp;
+}
+
+static int connect_(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(g.socket) >= sizeof sa.sun_path) {
+        errf_("socket path too long: %s", g.socket);
+        return -1;
+    }
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g.socket);
+    g.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (g.fd < 0 || connect(g.fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        errf_("cannot reach m6d at %s: %s (is m6d running? --socket or "
+              "M6_SOCKET choose another socket)", g.socket, strerror(errno));
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(g.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    M6__Hello hello = M6__HELLO__INIT;
+    hello.protocol_version = M6_PROTOCOL_VERSION;
+    hello.client = (char *)"m6ctl " M6_VERSION;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_HELLO;
+    rq.hello = &hello;
+    M6__Response *resp = call_(&rq);
+    if (!resp) return -1;
+    int ok = resp->status == M6__STATUS__STATUS_OK;
+    if (!ok) errf_("%s", resp->message);
+    m6__response__free_unpacked(resp, NULL);
+    return ok ? 0 : -1;
+}
+
+/* Connect if needed, send, and check the status: NULL (message printed) if
+ * the daemon refused. */
+static M6__Response *request_(M6__Request *rq)
+{
+    if (g.fd < 0 && connect_() < 0) return NULL;
+    M6__Response *resp = call_(rq);
+    if (resp && resp->status != M6__STATUS__STATUS_OK) {
+        errf_("%s", resp->message && *resp->message ? resp->message
+                                                    : "request refused");
+        m6__response__free_unpacked(resp, NULL);
+        return NULL;
+    }
+    return resp;
+}
+
+/* RUN: a numeric id, or a name. */
+static int parse_run_(const char *arg, M6__RunRef *ref)
+{
+    m6__run_ref__init(ref);
+    char *end;
+    errno = 0;
+    long long v = strtoll(arg, &end, 10);
+    if (*arg && !*end) {
+        if (errno || v <= 0) {
+            errf_("RUN must be an id > 0 or a name, got \"%s\"", arg);
+            return -1;
+        }
+        ref->run_id = v;
+    } else {
+        ref->name = (char *)arg;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------- rendering */
+
+static const char *state_str_(M6__RunState s)
+{
+    switch (s) {
+    case M6__RUN_STATE__RUN_STATE_QUEUED: return "queued";
+    case M6__RUN_STATE__RUN_STATE_RUNNING: return "running";
+    case M6__RUN_STATE__RUN_STATE_PAUSED: return "paused";
+    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "completed";
+    case M6__RUN_STATE__RUN_STATE_FAILED: return "failed";
+    case M6__RUN_STATE__RUN_STATE_STOPPED: return "stopped";
+    default: return "unknown";
+    }
+}
+
+static const char *state_color_(M6__RunState s)
+{
+    if (!g.color) return "";
+    switch (s) {
+    case M6__RUN_STATE__RUN_STATE_RUNNING: return "\033[32m";
+    case M6__RUN_STATE__RUN_STATE_PAUSED: return "\033[33m";
+    case M6__RUN_STATE__RUN_STATE_FAILED: return "\033[31m";
+    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "\033[1m";
+    default: return "\033[2m";
+    }
+}
+#define RESET_ (g.color ? "\033[0m" : "")
+
+static const char *phase_str_(M6__Phase p)
+{
+    return p == M6__PHASE__PHASE_REAL ? "real" : "pseudo";
+}
+
+static json_t *jnum_(double v) { return isnan(v) || isinf(v) ? json_null() : json_real(v); }
+
+static json_t *run_json_(const M6__RunInfo *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_integer(r->id));
+    json_object_set_new(o, "name", json_string(r->name));
+    json_object_set_new(o, "state", json_string(state_str_(r->state)));
+    json_object_set_new(o, "phase", json_string(phase_str_(r->phase)));
+    json_object_set_new(o, "step", json_integer(r->step));
+    json_object_set_new(o, "total_steps", json_integer(r->total_steps));
+    json_object_set_new(o, "train_loss", jnum_(r->train_loss));
+    json_object_set_new(o, "val_loss", jnum_(r->val_loss));
+    json_object_set_new(o, "tokens_per_s", json_real(r->tokens_per_s));
+    json_object_set_new(o, "lr", jnum_(r->lr));
+    json_object_set_new(o, "pseudo_steps", json_integer(r->pseudo_steps));
+    json_object_set_new(o, "delink_step",
+                        r->delink_step >= 0 ? json_integer(r->delink_step) : json_null());
+    json_object_set_new(o, "checkpoint_step",
+                        r->checkpoint_step >= 0 ? json_integer(r->checkpoint_step) : json_null());
+    json_object_set_new(o, "eta_s", r->eta_s >= 0 ? json_real(r->eta_s) : json_null());
+    json_object_set_new(o, "created", json_real(r->created));
+    json_object_set_new(o, "updated", json_real(r->updated));
+    json_object_set_new(o, "error", r->error && *r->error ? json_string(r->error) : json_null());
+    return o;
+}
+
+static void print_json_(json_t *v)
+{
+    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (s) puts(s);
+    free(s);
+    json_decref(v);
+}
+
+static void fmt_loss_(char *buf, size_t n, double v)
+{
+    if (isnan(v)) snprintf(buf, n, "-");
+    else snprintf(buf, n, "%.4f", v);
+}
+
+static void fmt_eta_(char *buf, size_t n, double s)
+{
+    if (s < 0) snprintf(buf, n, "-");
+    else if (s < 60) snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, n, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
+    else snprintf(buf, n, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
+}
+
+static void print_run_(const M6__RunInfo *r)
+{
+    char tl[32], vl[32], eta[32];
+    fmt_loss_(tl, sizeof tl, r->train_loss);
+    fmt_loss_(vl, sizeof vl, r->val_loss);
+    fmt_eta_(eta, sizeof eta, r->eta_s);
+    printf("id:           %lld\n", (long long)r->id);
+    printf("name:         %s\n", r->name);
+    printf("state:        %s%s%s\n", state_color_(r->state), state_str_(r->state), RESET_);
+    printf("phase:        %s", phase_str_(r->phase));
+    if (r->delink_step >= 0) printf(" (delinked at step %lld)", (long long)r->delink_step);
+    else if (r->pseudo_steps > 0) printf(" (delink at step %lld)", (long long)r->pseudo_steps);
+    printf("\nstep:         %lld/%lld\n", (long long)r->step, (long long)r->total_steps);
+    printf("train_loss:   %s\nval_loss:     %s\n", tl, vl);
+    printf("tokens_per_s: %.0f\n", r->tokens_per_s);
+    printf("eta:          %s\n", eta);
+    if (r->checkpoint_step >= 0)
+        printf("checkpoint:   step %lld\n", (long long)r->checkpoint_step);
+    if (r->error && *r->error) printf("error:        %s\n", r->error);
+}
+
+/* ---------------------------------------------------------------- commands */
+
+static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
+{
+    M6__RunRef ref;
+    if (parse_run_(arg, &ref) < 0) return NULL;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = which;
+    rq.status = &ref;  /* union: the same pointer for every RunRef case */
+    return request_(&rq);
+}
+
+/* Relative data globs in a spec are relative to the spec file's directory
+ * (the daemon runs elsewhere): rewrite them as absolute paths. A spec that
+ * does not parse is sent as it is, for the daemon to explain. Returns the
+ * text to send (buf itself, or a new malloc'd string; buf then freed). */
+static char *resolve_data_paths_(char *buf, const char *path)
+{
+    if (strcmp(path, "-") == 0)
+        return buf;
+    json_t *root = json_loads(buf, 0, NULL);
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    if (!json_is_object(data)) {
+        json_decref(root);
+        return buf;
+    }
+    char *spec_abs = realpath(path, NULL);
+    if (!spec_abs) {
+        json_decref(root);
+        return buf;
+    }
+    char *slash = strrchr(spec_abs, '/');
+    *slash = 0;
+    const char *dir = spec_abs[0] ? spec_abs : "/";
+    int changed = 0;
+    const char *keys[] = {"train", "val"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(data, keys[i]);
+        const char *g0 = json_string_value(v);
+        if (!g0 || !g0[0] || g0[0] == '/')
+            continue;
+        size_t len = strlen(dir) + strlen(g0) + 2;
+        char *abs = malloc(len);
+        snprintf(abs, len, "%s/%s", dir, g0);
+        json_object_set_new(data, keys[i], json_string(abs));
+        free(abs);
+        changed = 1;
+    }
+    free(spec_abs);
+    char *out = changed ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!out)
+        return buf;
+    free(buf);
+    return out;
+}
+
+static int cmd_submit_(int argc, char **argv)
+{
+    const char *path = argv[0];
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        errf_("%s: %s", path, strerror(errno));
+        return EXIT_ERR;
+    }
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t r;
+    while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            if (cap >= (8u << 20)) {
+                errf_("%s: spec larger than 8 MiB", path);
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            char *nb = realloc(buf, (cap *= 2) + 1);
+            if (!nb) { free(buf); buf = NULL; }
+            buf = nb;
+        }
+    }
+    if (f != stdin) fclose(f);
+    if (!buf) return EXIT_ERR;
+    buf[n] = 0;
+    buf = resolve_data_paths_(buf, path);
+    M6__Submit sub = M6__SUBMIT__INIT;
+    sub.spec_json = buf;
+    sub.origin = (char *)path;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_SUBMIT;
+    rq.submit = &sub;
+    M6__Response *resp = request_(&rq);
+    free(buf);
+    if (!resp) return EXIT_ERR;
+    if (g.json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_integer(resp->submit->run_id));
+        json_object_set_new(o, "name", json_string(resp->submit->name));
+        print_json_(o);
+    } else {
+        printf("%lld\n", (long long)resp->submit->run_id);
+    }
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static int cmd_list_(int argc, char **argv)
+{
+    M6__ListRuns lr = M6__LIST_RUNS__INIT;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_LIST;
+    rq.list = &lr;
+    M6__Response *resp = request_(&rq);
+    if (!resp) return EXIT_ERR;
+    M6__RunList *l = resp->list;
+    if (g.json) {
+        json_t *a = json_array();
+        for (size_t i = 0; l && i < l->n_runs; i++) json_array_append_new(a, run_json_(l->runs[i]));
+        print_json_(a);
+    } else {
+        printf("%-5s %-20s %-10s %-7s %-13s %-9s %-9s %s\n", "ID", "NAME", "STATE",
+               "PHASE", "STEP", "LOSS", "VAL", "TOK/S");
+        for (size_t i = 0; l && i < l->n_runs; i++) {
+            const M6__RunInfo *r = l->runs[i];
+            char step[40], tl[32], vl[32];
+            snprintf(step, sizeof step, "%lld/%lld", (long long)r->step, (long long)r->total_steps);
+            fmt_loss_(tl, sizeof tl, r->train_loss);
+            fmt_loss_(vl, sizeof vl, r->val_loss);
+            printf("%-5lld %-20.20s %s%-10s%s %-7s %-13s %-9s %-9s %.0f\n", (long long)r->id,
+                   r->name, state_color_(r->state), state_str_(r->state), RESET_,
+                   phase_str_(r->phase), step, tl, vl, r->tokens_per_s);
+        }
+    }
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static int cmd_status_(int argc, char **argv)
+{
+    M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
+    if (!resp) return EXIT_ERR;
+    if (g.json) print_json_(run_json_(resp->run));
+    else print_run_(resp->run);
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static int command_(M6__Request__BodyCase which, const char *arg)
+{
+    M6__Response *resp = run_request_(which, arg);
+    if (!resp) return EXIT_ERR;
+    if (g.json) {
+        json_t *o = run_json_(resp->run);
+        json_object_set_new(o, "message", json_string(resp->message));
+        print_json_(o);
+    } else {
+        printf("%s\n", resp->message);
+    }
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
+static int cmd_resume_(int argc, char **argv) { return command_(M6__REQUEST__BODY_RESUME, argv[0]); }
+static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
+static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
+
+static int terminal_(M6__RunState s)
+{
+    return s == M6__RUN_STATE__RUN_STATE_COMPLETED || s == M6__RUN_STATE__RUN_STATE_FAILED ||
+           s == M6__RUN_STATE__RUN_STATE_STOPPED;
+}
+
+static int cmd_watch_(int argc, char **argv)
+{
+    int tty = isatty(STDOUT_FILENO) && !g.json;
+    long last_step = -1;
+    int last_phase = -1;
+    M6__RunState last_state = M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
+    for (;;) {
+        M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
+        if (!resp) {
+            if (tty) fputc('\n', stdout);
+            return EXIT_ERR;
+        }
+        const M6__RunInfo *r = resp->run;
+        /* Report the delink once: as it happens, or on attach if it already
+         * happened (a fast run may pass it before watch starts). */
+        if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0) {
+            if (tty) fputc('\n', stdout);
+            if (g.json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "event", json_string("delink"));
+                json_object_set_new(o, "step", json_integer(r->delink_step));
+                char *s = json_dumps(o, JSON_COMPACT);
+                puts(s);
+                free(s);
+                json_decref(o);
+            } else {
+                printf("delinked at step %lld\n", (long long)r->delink_step);
+            }
+        }
+        last_phase = r->phase == M6__PHASE__PHASE_REAL;
+        int changed = r->step != last_step || r->state != last_state;
+        char tl[32], vl[32], eta[32];
+        fmt_loss_(tl, sizeof tl, r->train_loss);
+        fmt_loss_(vl, sizeof vl, r->val_loss);
+        fmt_eta_(eta, sizeof eta, r->eta_s);
+        if (g.json && changed) {
+            json_t *o = run_json_(r);
+            char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            puts(s);
+            free(s);
+            json_decref(o);
+        } else if (tty) {
+            int width = 30;
+            double frac = r->total_steps > 0 ? (double)r->step / (double)r->total_steps : 0;
+            int fill = (int)(frac * width);
+            char bar[64];
+            for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
+            bar[width] = 0;
+            printf("\r\033[K[%s] %lld/%lld %s%s%s %s loss %s val %s %.0f tok/s ETA %s", bar,
+                   (long long)r->step, (long long)r->total_steps, state_color_(r->state),
+                   state_str_(r->state), RESET_, phase_str_(r->phase), tl, vl,
+                   r->tokens_per_s, eta);
+        } else if (changed) {
+            printf("step %lld/%lld %s %s loss %s val %s tok/s %.0f eta %s\n", (long long)r->step,
+                   (long long)r->total_steps, state_str_(r->state), phase_str_(r->phase), tl,
+                   vl, r->tokens_per_s, eta);
+        }
+        fflush(stdout);
+        last_step = r->step;
+        last_state = r->state;
+        if (terminal_(r->state)) {
+            M6__RunState s = r->state;
+            if (tty) fputc('\n', stdout);
+            if (!g.json) {
+                printf("run %lld %s at step %lld", (long long)r->id, state_str_(s),
+                       (long long)r->step);
+                if (r->error && *r->error) printf(": %s", r->error);
+                printf("\n");
+            }
+            m6__response__free_unpacked(resp, NULL);
+            return s == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
+                   : s == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
+                                                           : EXIT_ERR;
+        }
+        m6__response__free_unpacked(resp, NULL);
+        struct timespec ts = {(time_t)g.interval,
+                              (long)((g.interval - (double)(time_t)g.interval) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int cmd_metrics_(int argc, char **argv)
+{
+    M6__RunRef ref;
+    if (parse_run_(argv[0], &ref) < 0) return EXIT_USAGE;
+    M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+    q.run = &ref;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_METRICS;
+    rq.metrics = &q;
+    M6__Response *resp = request_(&rq);
+    if (!resp) return EXIT_ERR;
+    M6__MetricRows *m = resp->metrics;
+    if (g.json) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < m->n_rows; i++) {
+            const M6__MetricRow *r = m->rows[i];
+            json_t *o = json_object();
+            json_object_set_new(o, "step", json_integer(r->step));
+            json_object_set_new(o, "phase", json_string(phase_str_(r->phase)));
+            json_object_set_new(o, "train_loss", jnum_(r->train_loss));
+            json_object_set_new(o, "val_loss", jnum_(r->val_loss));
+            json_object_set_new(o, "lr", jnum_(r->lr));
+            json_object_set_new(o, "tokens_per_s", jnum_(r->tokens_per_s));
+            json_object_set_new(o, "grad_norm", jnum_(r->grad_norm));
+            json_array_append_new(a, o);
+        }
+        print_json_(a);
+    } else {
+        const char *sep = g.csv ? "," : " ";
+        if (g.csv) printf("step,phase,train_loss,val_loss,lr,tokens_per_s,grad_norm\n");
+        else printf("%6s %-6s %-12s %-12s %-12s %-10s %s\n", "STEP", "PHASE", "TRAIN_LOSS",
+                    "VAL_LOSS", "LR", "TOK/S", "GRAD_NORM");
+        for (size_t i = 0; i < m->n_rows; i++) {
+            const M6__MetricRow *r = m->rows[i];
+            char vl[32];
+            if (isnan(r->val_loss)) snprintf(vl, sizeof vl, g.csv ? "" : "-");
+            else snprintf(vl, sizeof vl, "%.9g", r->val_loss);
+            if (g.csv)
+                printf("%lld%s%s%s%.9g%s%s%s%.9g%s%.1f%s%.9g\n", (long long)r->step, sep,
+                       phase_str_(r->phase), sep, r->train_loss, sep, vl, sep, r->lr, sep,
+                       r->tokens_per_s, sep, r->grad_norm);
+            else
+                printf("%6lld %-6s %-12.9g %-12s %-12.6g %-10.0f %.6g\n", (long long)r->step,
+                       phase_str_(r->phase), r->train_loss, vl, r->lr, r->tokens_per_s,
+                       r->grad_norm);
+        }
+    }
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static int cmd_plan_(int argc, char **argv)
+{
+    M6__PlanQuery pq = M6__PLAN_QUERY__INIT;
+    pq.spec_json = (char *)"";
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_PLAN;
+    rq.plan = &pq;
+    M6__Response *resp = request_(&rq);  /* the daemon says: unimplemented */
+    if (!resp) return EXIT_ERR;
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
+static void progress_(const char *file, size_t bytes, void *ud)
+{
+    size_t *count = ud;
+    (*count)++;
+    fprintf(stderr, "  [%zu] %s (%zu bytes)\n", *count, file, bytes);
+}
+
+static int cmd_data_(int argc, char **argv)
+{
+    if (strcmp(argv[0], "prepare") != 0) {
+        errf_("data: unknown action \"%s\" (want: prepare)", argv[0]);
+        return EXIT_USAGE;
+    }
+    if (!g.out_dir[0]) {
+        errf_("data prepare: --out DIR is required");
+        return EXIT_USAGE;
+    }
+    if (argc < 2) {
+        errf_("data prepare: no input FILES");
+        return EXIT_USAGE;
+    }
+    prepare_stats st;
+    size_t count = 0;
+    char err[1024];
+    fprintf(stderr, "preparing shards in %s (val fraction %.3g)\n", g.out_dir, g.val_fraction);
+    if (data_prepare(g.out_dir, (const char *const *)argv + 1, argc - 1, g.val_fraction,
+                     (size_t)g.shard_tokens, &st, progress_, &count, err, sizeof err) < 0) {
+        errf_("data prepare: %s", err);
+        return EXIT_ERR;
+    }
+    if (g.json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "files", json_integer((json_int_t)st.files));
+        json_object_set_new(o, "skipped", json_integer((json_int_t)st.skipped));
+        json_object_set_new(o, "train_tokens", json_integer((json_int_t)st.train_tokens));
+        json_object_set_new(o, "val_tokens", json_integer((json_int_t)st.val_tokens));
+        json_object_set_new(o, "train_shards", json_integer((json_int_t)st.train_shards));
+        json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
+        print_json_(o);
+    } else {
+        printf("%zu files (%zu skipped as binary): %zu train tokens in %zu shards, "
+               "%zu val tokens in %zu shards\n", st.files, st.skipped, st.train_tokens,
+               st.train_shards, st.val_tokens, st.val_shards);
+    }
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------- table */
+
+enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8 };
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    int min_args, max_args;  /* positional; -1 no limit */
+    int flags;
+    const char *usage, *help;
+} command;
+
+static const command commands_[] = {
+    {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
+     "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
+     "Relative data.train/data.val globs are relative to the spec file."},
+    {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
+    {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
+    {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
+     "Follow a run until it ends (exit 0 completed, 1 failed, 3 stopped)."},
+    {"pause", cmd_pause_, 1, 1, F_JSON, "RUN", "Pause at the next step boundary (checkpoints)."},
+    {"resume", cmd_resume_, 1, 1, F_JSON, "RUN", "Resume a paused run."},
+    {"delink", cmd_delink_, 1, 1, F_JSON, "RUN",
+     "Delink now (at the next step boundary), before the spec's pseudo.steps."},
+    {"stop", cmd_stop_, 1, 1, F_JSON, "RUN", "Stop a run (checkpoints) or dequeue it."},
+    {"metrics", cmd_metrics_, 1, 1, F_JSON | F_CSV, "RUN", "Loss curve, one row per step."},
+    {"data", cmd_data_, 2, -1, F_JSON | F_PREPARE,
+     "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
+     "Turn text files into byte-level token shards (no daemon needed)."},
+    {"plan", cmd_plan_, 1, 1, F_JSON, "SPEC", "Memory plan of a spec (not implemented yet)."},
+};
+#define N_COMMANDS (sizeof commands_ / sizeof commands_[0])
+
+static void usage_(FILE *f)
+{
+    fprintf(f, "usage: m6ctl [--socket PATH] [--json] COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-8s %-10s %s\n", commands_[i].name,
+                strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...",
+                commands_[i].help);
+    fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
+               "default of m6d. 'm6ctl COMMAND --help' for details.\n");
+}
+
+static void command_usage_(FILE *f, const command *c)
+{
+    fprintf(f, "usage: m6ctl %s %s\n%s\n\noptions:\n", c->name, c->usage, c->help);
+    if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
+    if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
+    if (c->flags & F_WATCH) fprintf(f, "  --interval SEC    poll period (default 0.5)\n");
+    if (c->flags & F_PREPARE)
+        fprintf(f, "  --out DIR         where to write the shards (required)\n"
+                   "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
+                   "  --shard-tokens N  tokens per shard (default 100M)\n");
+    fprintf(f, "  --socket PATH     m6d's control socket\n");
+}
+
+static int parse_double_(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !(v >= lo && v <= hi)) {
+        errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR };
+    static const struct option opts[] = {
+        {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
+        {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
+        {"val-fraction", required_argument, 0, O_VALF},
+        {"shard-tokens", required_argument, 0, O_SHARD},
+        {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
+        {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
+        {0, 0, 0, 0},
+    };
+    int nocolor = getenv("NO_COLOR") != NULL;
+    if (paths_client_socket(g.socket, sizeof g.socket) < 0) g.socket[0] = 0;
+
+    /* Pass 1: global options up to the command name. */
+    const command *cmd = NULL;
+    int help = 0;
+    int ch;
+    opterr = 1;
+    while ((ch = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+        switch (ch) {
+        case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
+        case O_JSON: g.json = 1; break;
+        case O_NOCOLOR: nocolor = 1; break;
+        case 'h': case O_HELP: help = 1; break;
+        case O_VERSION: printf("m6ctl %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); return 0;
+        default: usage_(stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        usage_(help ? stdout : stderr);
+        return help ? EXIT_OK : EXIT_USAGE;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(argv[optind], commands_[i].name) == 0) cmd = &commands_[i];
+    if (!cmd) {
+        errf_("unknown command \"%s\"", argv[optind]);
+        usage_(stderr);
+        return EXIT_USAGE;
+    }
+    /* Pass 2: the command's options, anywhere among its arguments. */
+    int cargc = argc - optind;
+    char **cargv = argv + optind;
+    optind = 0;  /* glibc: 0 re-initialises getopt for the new argv */
+    while ((ch = getopt_long(cargc, cargv, "h", opts, NULL)) != -1) {
+        int ok = 1;
+        switch (ch) {
+        case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
+        case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
+        case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
+        case O_NOCOLOR: nocolor = 1; break;
+        case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
+        case O_VALF:
+            ok = cmd->flags & F_PREPARE;
+            if (ok && parse_double_("--val-fraction", optarg, 0, 0.5, &g.val_fraction) < 0) return EXIT_USAGE;
+            break;
+        case O_SHARD: {
+            double v = 0;
+            ok = cmd->flags & F_PREPARE;
+            if (ok && parse_double_("--shard-tokens", optarg, 1024, 1e10, &v) < 0) return EXIT_USAGE;
+            g.shard_tokens = (long)v;
+            break;
+        }
+        case O_INTERVAL:
+            ok = cmd->flags & F_WATCH;
+            if (ok && parse_double_("--interval", optarg, 0.05, 60, &g.interval) < 0) return EXIT_USAGE;
+            break;
+        case 'h': case O_HELP: help = 1; break;
+        default: command_usage_(stderr, cmd); return EXIT_USAGE;
+        }
+        if (!ok) {
+            errf_("%s: option %s does not apply", cmd->name, cargv[optind - 1]);
+            return EXIT_USAGE;
+        }
+    }
+    if (help) {
+        command_usage_(stdout, cmd);
+        return EXIT_OK;
+    }
+    int npos = cargc - optind;
+    if (npos < cmd->min_args || (cmd->max_args >= 0 && npos > cmd->max_args)) {
+        errf_("%s: wrong number of arguments", cmd->name);
+        command_usage_(stderr, cmd);
+        return EXIT_USAGE;
+    }
+    g.color = !nocolor && !g.json && isatty(STDOUT_FILENO);
+    int rc = cmd->fn(npos, cargv + optind);
+    if (g.fd >= 0) close(g.fd);
+    return rc;
+}

@@ -1,0 +1,458 @@
+/*
+ * handlers.c — request validation and one handler per command.
+ */
+#include "control/handlers.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "control/frame.h"
+#include "m6.pb-c.h"
+#include "train/spec.h"
+
+#define SPEC_JSON_MAX (1u << 20)
+#define NAME_MAX_ 255
+
+/* Allocations made while building one Response, freed after packing. */
+typedef struct {
+    void **ptrs;
+    int n, cap;
+} arena;
+
+static void *arena_alloc_(arena *a, size_t size)
+{
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 32;
+        void **np = realloc(a->ptrs, (size_t)cap * sizeof *np);
+        if (!np) return NULL;
+        a->ptrs = np;
+        a->cap = cap;
+    }
+    void *p = calloc(1, size ? size : 1);
+    if (p) a->ptrs[a->n++] = p;
+    return p;
+}
+
+static char *arena_strdup_(arena *a, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = arena_alloc_(a, n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+static void arena_free_(arena *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->ptrs[i]);
+    free(a->ptrs);
+}
+
+typedef struct {
+    handlers_ctx *h;
+    session *s;
+    arena *a;
+    M6__Response *resp;
+    int close_after;
+} call;
+
+static void reply_(call *c, M6__Status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void reply_(call *c, M6__Status st, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->resp->status = st;
+    c->resp->message = arena_strdup_(c->a, msg);
+    if (!c->resp->message) c->resp->message = (char *)"out of memory";
+}
+
+/* ---------------------------------------------------------------- run info */
+
+static M6__RunState state_to_pb_(run_state s)
+{
+    switch (s) {
+    case RUN_QUEUED: return M6__RUN_STATE__RUN_STATE_QUEUED;
+    case RUN_RUNNING: return M6__RUN_STATE__RUN_STATE_RUNNING;
+    case RUN_PAUSED: return M6__RUN_STATE__RUN_STATE_PAUSED;
+    case RUN_COMPLETED: return M6__RUN_STATE__RUN_STATE_COMPLETED;
+    case RUN_FAILED: return M6__RUN_STATE__RUN_STATE_FAILED;
+    case RUN_STOPPED: return M6__RUN_STATE__RUN_STATE_STOPPED;
+    }
+    return M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
+}
+
+static M6__Phase phase_to_pb_(int phase)
+{
+    return phase ? M6__PHASE__PHASE_REAL : M6__PHASE__PHASE_PSEUDO;
+}
+
+/* Fill a RunInfo from the DB row (+ latest metrics, phases, checkpoints). */
+static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json)
+{
+    M6__RunInfo *ri = arena_alloc_(c->a, sizeof *ri);
+    if (!ri) return NULL;
+    m6__run_info__init(ri);
+    ri->id = row->id;
+    ri->name = arena_strdup_(c->a, row->name);
+    ri->state = state_to_pb_(row->state);
+    ri->phase = phase_to_pb_(row->phase);
+    ri->step = row->step;
+    ri->total_steps = row->total_steps;
+    ri->created = row->created;
+    ri->updated = row->updated;
+    ri->error = arena_strdup_(c->a, row->error);
+    if (!ri->name || !ri->error) return NULL;
+    ri->train_loss = NAN;
+    ri->val_loss = NAN;
+    ri->lr = NAN;
+    ri->tokens_per_s = 0;
+    metric_row m;
+    double last_val;
+    if (state_metric_last(c->h->st, row->id, &m, &last_val) == 0) {
+        ri->train_loss = (float)m.train_loss;
+        ri->val_loss = (float)last_val;
+        ri->lr = (float)m.lr;
+        ri->tokens_per_s = isnan(m.tokens_per_s) ? 0 : m.tokens_per_s;
+    }
+    int64_t from;
+    ri->delink_step = state_phase_get(c->h->st, row->id, 1, &from) == 0 &&
+                              (row->phase == 1)
+                          ? from
+                          : -1;
+    ri->pseudo_steps = -1;
+    if (spec_json) {
+        run_spec spec;
+        char err[256];
+        if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0)
+            ri->pseudo_steps = spec.pseudo.steps;
+    }
+    ri->eta_s = coord_eta(c->h->co, row->id);
+    ckpt_row *ck;
+    int n;
+    ri->checkpoint_step = -1;
+    if (state_checkpoints_list(c->h->st, row->id, &ck, &n) == 0) {
+        if (n > 0) ri->checkpoint_step = ck[n - 1].step;
+        free(ck);
+    }
+    return ri;
+}
+
+/* Resolve a RunRef: by id if > 0, else by unique name. Replies on error. */
+static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
+{
+    if (!ref) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "missing run reference");
+        return -1;
+    }
+    if (ref->run_id > 0) {
+        run_row row;
+        int rc = state_run_get(c->h->st, ref->run_id, &row);
+        if (rc == 0) {
+            run_row_clear(&row);
+            *id = ref->run_id;
+            return 0;
+        }
+        if (rc == 1)
+            reply_(c, M6__STATUS__STATUS_NOT_FOUND, "no run with id %lld",
+                   (long long)ref->run_id);
+        else
+            reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+        return -1;
+    }
+    if (ref->run_id < 0) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "run id must be > 0, got %lld",
+               (long long)ref->run_id);
+        return -1;
+    }
+    if (!ref->name || !*ref->name || strlen(ref->name) > NAME_MAX_) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+               "run reference needs an id > 0 or a name (1..255 bytes)");
+        return -1;
+    }
+    int rc = state_run_find_name(c->h->st, ref->name, id);
+    if (rc == 0) return 0;
+    if (rc == 1)
+        reply_(c, M6__STATUS__STATUS_NOT_FOUND, "no run named \"%s\"", ref->name);
+    else if (rc == 2)
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+               "several runs are named \"%s\"; use the numeric id", ref->name);
+    else
+        reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    return -1;
+}
+
+static int reply_run_(call *c, int64_t id)
+{
+    run_row row;
+    int rc = state_run_get(c->h->st, id, &row);
+    if (rc != 0) {
+        reply_(c, rc == 1 ? M6__STATUS__STATUS_NOT_FOUND : M6__STATUS__STATUS_INTERNAL,
+               rc == 1 ? "no run with id %lld" : "database error (run %lld)",
+               (long long)id);
+        return -1;
+    }
+    M6__RunInfo *ri = run_info_(c, &row, row.spec);
+    run_row_clear(&row);
+    if (!ri) {
+        reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+        return -1;
+    }
+    c->resp->body_case = M6__RESPONSE__BODY_RUN;
+    c->resp->run = ri;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- handlers */
+
+static void do_hello_(call *c, const M6__Request *rq)
+{
+    const M6__Hello *h = rq->hello;
+    if (h->protocol_version != M6_PROTOCOL_VERSION) {
+        reply_(c, M6__STATUS__STATUS_BAD_VERSION,
+               "bad version: client speaks protocol %u, m6d speaks %u",
+               h->protocol_version, M6_PROTOCOL_VERSION);
+        c->close_after = 1;
+        return;
+    }
+    M6__HelloReply *hr = arena_alloc_(c->a, sizeof *hr);
+    if (!hr) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    m6__hello_reply__init(hr);
+    hr->protocol_version = M6_PROTOCOL_VERSION;
+    hr->server = (char *)"m6d " M6_VERSION;
+    c->s->hello_done = 1;
+    c->resp->body_case = M6__RESPONSE__BODY_HELLO;
+    c->resp->hello = hr;
+    reply_(c, M6__STATUS__STATUS_OK, "hello");
+}
+
+static void do_submit_(call *c, const M6__Request *rq)
+{
+    const char *json = rq->submit->spec_json;
+    size_t len = json ? strlen(json) : 0;
+    if (len == 0)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "empty spec");
+    if (len > SPEC_JSON_MAX)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC,
+                      "spec is %zu bytes; the limit is %u", len, SPEC_JSON_MAX);
+    int64_t id;
+    char name[256] = "", msg[2048];
+    coord_status st = coord_submit(c->h->co, json, len, &id, name, sizeof name,
+                                   msg, sizeof msg);
+    const char *origin = rq->submit->origin && *rq->submit->origin
+                             ? rq->submit->origin : NULL;
+    if (st != COORD_OK) {
+        if (origin)
+            return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
+                                                 : M6__STATUS__STATUS_INTERNAL,
+                          "%s: %s", origin, msg);
+        return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
+                                             : M6__STATUS__STATUS_INTERNAL,
+                      "%s", msg);
+    }
+    M6__SubmitReply *sr = arena_alloc_(c->a, sizeof *sr);
+    if (!sr) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    m6__submit_reply__init(sr);
+    sr->run_id = id;
+    sr->name = arena_strdup_(c->a, name);
+    if (!sr->name) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    c->resp->body_case = M6__RESPONSE__BODY_SUBMIT;
+    c->resp->submit = sr;
+    reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+}
+
+static void do_list_(call *c, const M6__Request *rq)
+{
+    (void)rq;
+    run_row *rows;
+    int n;
+    if (state_run_list(c->h->st, &rows, &n) < 0)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    M6__RunList *rl = arena_alloc_(c->a, sizeof *rl);
+    M6__RunInfo **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
+    if (!rl || !v) goto oom;
+    m6__run_list__init(rl);
+    for (int i = 0; i < n; i++)
+        if (!(v[i] = run_info_(c, &rows[i], NULL))) goto oom;
+    rl->n_runs = (size_t)n;
+    rl->runs = v;
+    free(rows);
+    c->resp->body_case = M6__RESPONSE__BODY_LIST;
+    c->resp->list = rl;
+    return reply_(c, M6__STATUS__STATUS_OK, "%d runs", n);
+oom:
+    free(rows);
+    reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+}
+
+static void do_status_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    if (resolve_(c, rq->status, &id) < 0) return;
+    if (reply_run_(c, id) == 0) reply_(c, M6__STATUS__STATUS_OK, "ok");
+}
+
+static void do_command_(call *c, const M6__RunRef *ref, coord_cmd cmd)
+{
+    int64_t id;
+    if (resolve_(c, ref, &id) < 0) return;
+    char msg[512];
+    coord_status st = coord_command(c->h->co, id, cmd, msg, sizeof msg);
+    if (st != COORD_OK) {
+        M6__Status s = st == COORD_NOT_FOUND  ? M6__STATUS__STATUS_NOT_FOUND
+                       : st == COORD_BAD_STATE ? M6__STATUS__STATUS_BAD_STATE
+                                               : M6__STATUS__STATUS_INTERNAL;
+        return reply_(c, s, "%s", msg);
+    }
+    if (reply_run_(c, id) == 0) reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+}
+
+static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }
+static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resume, CMD_RESUME); }
+static void do_delink_(call *c, const M6__Request *rq) { do_command_(c, rq->delink, CMD_DELINK); }
+static void do_stop_(call *c, const M6__Request *rq) { do_command_(c, rq->stop, CMD_STOP); }
+
+static void do_metrics_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    if (resolve_(c, rq->metrics->run, &id) < 0) return;
+    if (rq->metrics->after_step < 0)
+        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+                      "after_step must be >= 0, got %lld",
+                      (long long)rq->metrics->after_step);
+    metric_row *rows;
+    int n;
+    if (state_metrics_list(c->h->st, id, rq->metrics->after_step, &rows, &n) < 0)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    /* Keep the reply well under the frame limit (~60 bytes a row). */
+    if (n > 100000) n = 100000;
+    M6__MetricRows *mr = arena_alloc_(c->a, sizeof *mr);
+    M6__MetricRow **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
+    M6__MetricRow *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);
+    if (!mr || !v || !cells) {
+        free(rows);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    }
+    m6__metric_rows__init(mr);
+    for (int i = 0; i < n; i++) {
+        M6__MetricRow *r = &cells[i];
+        m6__metric_row__init(r);
+        r->step = rows[i].step;
+        r->phase = phase_to_pb_(rows[i].phase);
+        r->train_loss = (float)rows[i].train_loss;
+        r->val_loss = (float)rows[i].val_loss;
+        r->lr = (float)rows[i].lr;
+        r->tokens_per_s = rows[i].tokens_per_s;
+        r->grad_norm = (float)rows[i].grad_norm;
+        v[i] = r;
+    }
+    free(rows);
+    mr->run_id = id;
+    mr->n_rows = (size_t)n;
+    mr->rows = v;
+    c->resp->body_case = M6__RESPONSE__BODY_METRICS;
+    c->resp->metrics = mr;
+    reply_(c, M6__STATUS__STATUS_OK, "%d rows", n);
+}
+
+static void do_plan_(call *c, const M6__Request *rq)
+{
+    (void)rq;
+    reply_(c, M6__STATUS__STATUS_UNIMPLEMENTED,
+           "plan is not implemented yet (reserved for the offload planner)");
+}
+
+/* The dispatch table: one entry per Request.body case. */
+typedef struct {
+    M6__Request__BodyCase which;
+    const char *name;
+    void (*fn)(call *, const M6__Request *);
+} handler_entry;
+
+static const handler_entry table_[] = {
+    {M6__REQUEST__BODY_HELLO, "hello", do_hello_},
+    {M6__REQUEST__BODY_SUBMIT, "submit", do_submit_},
+    {M6__REQUEST__BODY_LIST, "list", do_list_},
+    {M6__REQUEST__BODY_STATUS, "status", do_status_},
+    {M6__REQUEST__BODY_PAUSE, "pause", do_pause_},
+    {M6__REQUEST__BODY_RESUME, "resume", do_resume_},
+    {M6__REQUEST__BODY_DELINK, "delink", do_delink_},
+    {M6__REQUEST__BODY_STOP, "stop", do_stop_},
+    {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
+    {M6__REQUEST__BODY_PLAN, "plan", do_plan_},
+};
+
+/* protobuf-c leaves a sub-message NULL only if absent; the oneof case says
+ * it is present, so the pointer is set. Guard anyway. */
+static int body_present_(const M6__Request *rq)
+{
+    return rq->hello != NULL;  /* union: any member */
+}
+
+static uint8_t *pack_(const M6__Response *resp, size_t *outlen)
+{
+    return frame_pack(&resp->base, outlen);
+}
+
+uint8_t *handlers_error_frame(int status, const char *message, size_t *outlen)
+{
+    M6__Response resp = M6__RESPONSE__INIT;
+    resp.status = (M6__Status)status;
+    resp.message = (char *)message;
+    return pack_(&resp, outlen);
+}
+
+int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
+                      size_t len, uint8_t **out, size_t *outlen,
+                      int *close_after)
+{
+    arena a = {0};
+    M6__Response resp = M6__RESPONSE__INIT;
+    call c = {.h = h, .s = s, .a = &a, .resp = &resp};
+    M6__Request *rq = m6__request__unpack(NULL, len, payload);
+    const char *name = "?";
+    if (!rq) {
+        reply_(&c, M6__STATUS__STATUS_BAD_REQUEST,
+               "malformed request: %zu bytes that do not decode as m6.Request",
+               len);
+        c.close_after = 1;
+        goto done;
+    }
+    const handler_entry *e = NULL;
+    for (size_t i = 0; i < sizeof table_ / sizeof table_[0]; i++)
+        if (table_[i].which == rq->body_case) e = &table_[i];
+    if (!e || !body_present_(rq)) {
+        reply_(&c, M6__STATUS__STATUS_UNKNOWN_REQUEST,
+               "unknown request type (this m6d speaks protocol %u)",
+               M6_PROTOCOL_VERSION);
+        goto done;
+    }
+    name = e->name;
+    if (!s->hello_done && rq->body_case != M6__REQUEST__BODY_HELLO) {
+        reply_(&c, M6__STATUS__STATUS_NEED_HELLO,
+               "send Hello with protocol_version %u first", M6_PROTOCOL_VERSION);
+        goto done;
+    }
+    e->fn(&c, rq);
+done:
+    if (resp.status != M6__STATUS__STATUS_OK)
+        log_info("request.refused", "request=%s status=%d msg=\"%s\"", name,
+                 resp.status, resp.message ? resp.message : "");
+    else
+        log_debug("request", "request=%s", name);
+    *out = pack_(&resp, outlen);
+    if (!*out) {  /* too big or OOM: say so in a small frame */
+        *out = handlers_error_frame(M6__STATUS__STATUS_INTERNAL,
+                                    "reply too large or out of memory", outlen);
+    }
+    *close_after = c.close_after;
+    if (rq) m6__request__free_unpacked(rq, NULL);
+    arena_free_(&a);
+    return *out ? 0 : -1;
+}

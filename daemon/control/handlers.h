@@ -1,0 +1,37 @@
+/*
+ * handlers.h — one handler per request type of proto/m6.proto. The server
+ * hands over each complete frame; handlers_dispatch checks everything before
+ * dispatch (decodes, Hello first, protocol version, known request type,
+ * sizes, run references) and produces exactly one Response frame.
+ */
+#ifndef M6_HANDLERS_H
+#define M6_HANDLERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coord/coord.h"
+#include "state/state.h"
+
+typedef struct {
+    state *st;
+    coord *co;
+} handlers_ctx;
+
+/* Per-connection protocol state. */
+typedef struct {
+    int hello_done;
+} session;
+
+/* Handle one frame payload. Returns a malloc'd frame (header included) in
+ * *out and *outlen; *close_after tells the server to close the connection once
+ * the reply is written. Returns -1 only when no reply could be built (OOM). */
+int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
+                      size_t len, uint8_t **out, size_t *outlen,
+                      int *close_after);
+
+/* A reply frame carrying only a status and message (for framing errors
+ * found before a payload exists, e.g. an oversized length). */
+uint8_t *handlers_error_frame(int status, const char *message, size_t *outlen);
+
+#endif /* M6_HANDLERS_H */

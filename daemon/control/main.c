@@ -1,0 +1,270 @@
+/*
+ * main.c — m6d: the per-node training daemon (DESIGN.md §2).
+ *
+ * Modules, started in dependency order and stopped in reverse:
+ *   log -> state (m6.db) -> coord (queue + worker thread) -> loop ->
+ *   server (control socket) -> signals -> notify (systemd READY/watchdog).
+ * SIGTERM/SIGINT only set a flag and stop the loop; the worker then finishes
+ * its current step, checkpoints the running run and leaves it to resume at
+ * the next start.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <uv.h>
+#ifdef HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "common/log.h"
+#include "common/paths.h"
+#include "control/frame.h"
+#include "control/handlers.h"
+#include "control/server.h"
+#include "coord/coord.h"
+#include "state/state.h"
+
+typedef struct {
+    char state_dir[2048];
+    char socket_path[2048];
+    int threads;
+} options;
+
+static struct {
+    options opt;
+    uv_loop_t loop;
+    state *st;
+    coord *co;
+    handlers_ctx handlers;
+    server *srv;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t watchdog;
+    int watchdog_on;
+    volatile sig_atomic_t stopping;
+} g;
+
+/* ----------------------------------------------------------------- options */
+
+static void usage_(FILE *f)
+{
+    fprintf(f,
+        "usage: m6d [options]\n"
+        "Train GPT-style models with the Pseudo-to-Real schedule; controlled by m6ctl.\n\n"
+        "  --state-dir DIR    m6.db, runs/ and the socket (default $STATE_DIRECTORY,\n"
+        "                     $XDG_STATE_HOME/m6 or ~/.local/state/m6)\n"
+        "  --socket PATH      control socket (default STATE_DIR/m6d.sock)\n"
+        "  --threads N        CPU threads per run, 1..1024 (default: the spec's)\n"
+        "  --log-level L      debug|info|warn|error (default info)\n"
+        "  --help, --version\n");
+}
+
+static int parse_args_(int argc, char **argv, options *o)
+{
+    static const struct option longopts[] = {
+        {"state-dir", required_argument, 0, 'd'},
+        {"socket", required_argument, 0, 's'},
+        {"threads", required_argument, 0, 't'},
+        {"log-level", required_argument, 0, 'l'},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'd': snprintf(o->state_dir, sizeof o->state_dir, "%s", optarg); break;
+        case 's': snprintf(o->socket_path, sizeof o->socket_path, "%s", optarg); break;
+        case 't': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 1024) {
+                fprintf(stderr, "m6d: --threads: want 1..1024, got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->threads = (int)v;
+            break;
+        }
+        case 'l': {
+            int lv = log_parse_level(optarg);
+            if (lv < 0) {
+                fprintf(stderr, "m6d: --log-level: want debug|info|warn|error, got \"%s\"\n",
+                        optarg);
+                return -1;
+            }
+            log_set_level((log_level)lv);
+            break;
+        }
+        case 'h': usage_(stdout); exit(0);
+        case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
+        default: usage_(stderr); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "m6d: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (!o->state_dir[0] && paths_state_dir(o->state_dir, sizeof o->state_dir) < 0) {
+        fprintf(stderr, "m6d: no --state-dir and no HOME to derive one\n");
+        return -1;
+    }
+    if (!o->socket_path[0])
+        paths_socket_in(o->state_dir, o->socket_path, sizeof o->socket_path);
+    return 0;
+}
+
+static int mkdir_p_(const char *path)
+{
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0750) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------ notify */
+
+static void notify_(const char *msg)
+{
+#ifdef HAVE_SYSTEMD
+    sd_notify(0, msg);
+#else
+    (void)msg;
+#endif
+}
+
+static void watchdog_cb_(uv_timer_t *t)
+{
+    if (uv_is_closing((uv_handle_t *)t) || g.stopping) return;
+    char st[256], msg[320];
+    coord_describe(g.co, st, sizeof st);
+    snprintf(msg, sizeof msg, "WATCHDOG=1\nSTATUS=%s", st);
+    notify_(msg);
+}
+
+static int notify_init_(void)
+{
+#ifdef HAVE_SYSTEMD
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
+        uint64_t ms = usec / 2000;  /* ping at half the interval */
+        if (ms < 100) ms = 100;
+        uv_timer_init(&g.loop, &g.watchdog);
+        uv_timer_start(&g.watchdog, watchdog_cb_, 0, ms);
+        g.watchdog_on = 1;
+    } else {
+        /* No watchdog: still keep STATUS= current, every 5 s. */
+        if (getenv("NOTIFY_SOCKET")) {
+            uv_timer_init(&g.loop, &g.watchdog);
+            uv_timer_start(&g.watchdog, watchdog_cb_, 0, 5000);
+            g.watchdog_on = 1;
+        }
+    }
+#endif
+    notify_("READY=1\nSTATUS=serving");
+    return 0;
+}
+
+static int listen_fd_(void)
+{
+#ifdef HAVE_SYSTEMD
+    int n = sd_listen_fds(1);
+    if (n >= 1) return SD_LISTEN_FDS_START;
+#endif
+    return -1;
+}
+
+/* ----------------------------------------------------------------- signals */
+
+static void on_signal_(uv_signal_t *h, int signum)
+{
+    if (uv_is_closing((uv_handle_t *)h)) return;
+    g.stopping = 1;
+    log_info("daemon.signal", "signal=%s", strsignal(signum));
+    coord_request_shutdown(g.co);  /* a flag: the worker stops after this step */
+    uv_stop(h->loop);
+}
+
+static void close_walk_(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+/* -------------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    char err[2048];
+    if (parse_args_(argc, argv, &g.opt) < 0) return 2;
+    signal(SIGPIPE, SIG_IGN);
+
+    char runs[2200], db[2200];
+    if (mkdir_p_(g.opt.state_dir) < 0) {
+        log_error("daemon.error", "state_dir=%s err=\"%s\"", g.opt.state_dir,
+                  strerror(errno));
+        return 1;
+    }
+    snprintf(db, sizeof db, "%s/m6.db", g.opt.state_dir);
+    snprintf(runs, sizeof runs, "%s/runs", g.opt.state_dir);
+    log_info("daemon.start", "version=%s pid=%d state_dir=%s", M6_VERSION,
+             (int)getpid(), g.opt.state_dir);
+
+    int rc = 1;
+    g.st = state_open(db, err, sizeof err);
+    if (!g.st) {
+        log_error("state.error", "db=%s err=\"%s\"", db, err);
+        return 1;
+    }
+    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
+    g.co = coord_init(&cc, err, sizeof err);
+    if (!g.co) {
+        log_error("coord.error", "err=\"%s\"", err);
+        goto out_state;
+    }
+    if (uv_loop_init(&g.loop) < 0) goto out_coord;
+    g.handlers = (handlers_ctx){.st = g.st, .co = g.co};
+    server_config sc = {.loop = &g.loop, .socket_path = g.opt.socket_path,
+                        .listen_fd = listen_fd_(), .handlers = &g.handlers};
+    g.srv = server_init(&sc, err, sizeof err);
+    if (!g.srv) {
+        log_error("server.error", "err=\"%s\"", err);
+        goto out_loop;
+    }
+    uv_signal_init(&g.loop, &g.sigterm);
+    uv_signal_init(&g.loop, &g.sigint);
+    uv_signal_start(&g.sigterm, on_signal_, SIGTERM);
+    uv_signal_start(&g.sigint, on_signal_, SIGINT);
+    notify_init_();
+
+    uv_run(&g.loop, UV_RUN_DEFAULT);
+
+    notify_("STOPPING=1\nSTATUS=finishing the current step");
+    log_info("daemon.stopping", "waiting_for=current step");
+    rc = 0;
+    server_fini(g.srv);
+    g.srv = NULL;
+out_loop:
+    uv_walk(&g.loop, close_walk_, NULL);
+    uv_run(&g.loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&g.loop) != 0) {
+        log_error("daemon.leak", "msg=\"handles still open at exit\"");
+        rc = 1;
+    }
+out_coord:
+    coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
+out_state:
+    state_close(g.st);
+    log_info("daemon.exit", "rc=%d", rc);
+    return rc;
+}

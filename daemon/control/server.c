@@ -1,0 +1,304 @@
+/*
+ * server.c — libuv listener and connections for the control protocol.
+ *
+ * Lifetimes (libuv rules): a handle is freed only in its close callback; a
+ * write request is freed in its callback whatever the status; every callback
+ * checks whether its connection is closing.
+ */
+#include "control/server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "control/frame.h"
+#include "m6.pb-c.h"
+
+#define UV_CHECK(call, err, errlen)                                           \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        if (rc_ < 0) {                                                        \
+            snprintf(err, errlen, "%s: %s (%s:%d)", #call, uv_strerror(rc_),  \
+                     __FILE__, __LINE__);                                     \
+            goto fail;                                                        \
+        }                                                                     \
+    } while (0)
+
+typedef struct conn conn;
+
+struct server {
+    uv_pipe_t listener;   /* first: handle <-> server */
+    handlers_ctx *handlers;
+    char path[108];
+    int own_path;
+    int listener_open;
+    conn *conns;          /* doubly linked, for closing at exit */
+    unsigned long next_id;
+};
+
+struct conn {
+    uv_pipe_t pipe;       /* first: handle <-> conn */
+    server *srv;
+    unsigned long id;
+    frame_reader rd;
+    session sess;
+    int closing;
+    conn *prev, *next;
+};
+
+typedef struct {
+    uv_write_t req;       /* first: req <-> write_req */
+    conn *c;
+    uint8_t *buf;
+    int close_after;
+} write_req;
+
+/* ------------------------------------------------------------- connections */
+
+static void conn_closed_(uv_handle_t *h)
+{
+    conn *c = (conn *)h;
+    frame_reader_free(&c->rd);
+    free(c);
+}
+
+static void conn_close_(conn *c)
+{
+    if (c->closing) return;
+    c->closing = 1;
+    if (c->prev) c->prev->next = c->next;
+    else c->srv->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    log_debug("conn.close", "conn=%lu", c->id);
+    uv_close((uv_handle_t *)&c->pipe, conn_closed_);
+}
+
+static void write_done_(uv_write_t *req, int status)
+{
+    write_req *w = (write_req *)req;
+    conn *c = w->c;
+    free(w->buf);
+    int close_after = w->close_after;
+    free(w);
+    if (c->closing) return;
+    if (status < 0) {
+        log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
+                  uv_strerror(status));
+        conn_close_(c);
+    } else if (close_after) {
+        conn_close_(c);
+    }
+}
+
+/* Queue a frame; takes ownership of buf. */
+static void conn_send_(conn *c, uint8_t *buf, size_t len, int close_after)
+{
+    if (c->closing) {
+        free(buf);
+        return;
+    }
+    write_req *w = calloc(1, sizeof *w);
+    if (!w) {
+        free(buf);
+        conn_close_(c);
+        return;
+    }
+    w->c = c;
+    w->buf = buf;
+    w->close_after = close_after;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, write_done_);
+    if (rc < 0) {
+        log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
+                  uv_strerror(rc));
+        free(buf);
+        free(w);
+        conn_close_(c);
+    }
+}
+
+static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    size_t n = suggested < 65536 ? 65536 : suggested;
+    buf->base = malloc(n);
+    buf->len = buf->base ? n : 0;
+}
+
+/* Stop reading and close once the pending reply (if any) is written. */
+static void conn_refuse_(conn *c, int status, const char *msg)
+{
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    size_t len;
+    uint8_t *f = handlers_error_frame(status, msg, &len);
+    if (f)
+        conn_send_(c, f, len, 1);
+    else
+        conn_close_(c);
+}
+
+static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *c = (conn *)stream;
+    if (c->closing) goto out;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
+                      uv_strerror((int)nread));
+        conn_close_(c);
+        goto out;
+    }
+    if (nread == 0) goto out;
+    if (frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
+        conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+        goto out;
+    }
+    for (;;) {
+        const uint8_t *payload;
+        size_t len;
+        frame_result fr = frame_reader_next(&c->rd, &payload, &len);
+        if (fr == FRAME_NEED_MORE) break;
+        if (fr == FRAME_TOO_LARGE) {
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "frame of %zu bytes refused: the limit is %u bytes", len,
+                     M6_FRAME_MAX);
+            log_warn("conn.oversize", "conn=%lu len=%zu", c->id, len);
+            conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
+            break;
+        }
+        uint8_t *out;
+        size_t outlen;
+        int close_after = 0;
+        if (handlers_dispatch(c->srv->handlers, &c->sess, payload, len, &out,
+                              &outlen, &close_after) < 0) {
+            conn_close_(c);
+            break;
+        }
+        if (close_after) uv_read_stop((uv_stream_t *)&c->pipe);
+        conn_send_(c, out, outlen, close_after);
+        if (close_after || c->closing) break;
+    }
+out:
+    free(buf->base);
+}
+
+static void on_connection_(uv_stream_t *ls, int status)
+{
+    server *s = (server *)ls;
+    if (!s->listener_open) return;
+    if (status < 0) {
+        log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(status));
+        return;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->srv = s;
+    c->id = ++s->next_id;
+    frame_reader_init(&c->rd);
+    int rc = uv_pipe_init(ls->loop, &c->pipe, 0);
+    if (rc < 0) {
+        free(c);
+        return;
+    }
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    if ((rc = uv_accept(ls, (uv_stream_t *)&c->pipe)) < 0 ||
+        (rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_)) < 0) {
+        log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(rc));
+        conn_close_(c);
+        return;
+    }
+    log_debug("conn.open", "conn=%lu", c->id);
+}
+
+/* ---------------------------------------------------------------- listener */
+
+/* A socket file that nobody answers on is stale: remove it. One that
+ * answers belongs to a running m6d: refuse to start. */
+static int clear_stale_(const char *path, char *err, size_t errlen)
+{
+    struct stat sb;
+    if (lstat(path, &sb) < 0) return 0;
+    if (!S_ISSOCK(sb.st_mode)) {
+        snprintf(err, errlen, "%s exists and is not a socket", path);
+        return -1;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int live = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (fd >= 0) close(fd);
+    if (live) {
+        snprintf(err, errlen, "%s: another m6d is listening there", path);
+        return -1;
+    }
+    unlink(path);
+    return 0;
+}
+
+static void listener_closed_(uv_handle_t *h)
+{
+    free((server *)h);
+}
+
+server *server_init(const server_config *cfg, char *err, size_t errlen)
+{
+    server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->handlers = cfg->handlers;
+    UV_CHECK(uv_pipe_init(cfg->loop, &s->listener, 0), err, errlen);
+    s->listener_open = 1;
+    if (cfg->listen_fd >= 0) {
+        UV_CHECK(uv_pipe_open(&s->listener, cfg->listen_fd), err, errlen);
+        snprintf(s->path, sizeof s->path, "fd %d", cfg->listen_fd);
+    } else {
+        if (strlen(cfg->socket_path) >= sizeof s->path) {
+            snprintf(err, errlen, "%s: socket path too long (max %zu)",
+                     cfg->socket_path, sizeof s->path - 1);
+            goto fail;
+        }
+        snprintf(s->path, sizeof s->path, "%s", cfg->socket_path);
+        if (clear_stale_(s->path, err, errlen) < 0) goto fail;
+        /* umask so the socket never exists with wider permissions. */
+        mode_t old = umask(0117);
+        int rc = uv_pipe_bind(&s->listener, s->path);
+        umask(old);
+        UV_CHECK(rc, err, errlen);
+        s->own_path = 1;
+        if (chmod(s->path, 0660) < 0) {
+            snprintf(err, errlen, "chmod %s: %s", s->path, strerror(errno));
+            goto fail;
+        }
+    }
+    UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_), err,
+             errlen);
+    log_info("server.listen", "socket=%s", s->path);
+    return s;
+fail:
+    server_fini(s);
+    return NULL;
+}
+
+void server_fini(server *s)
+{
+    if (!s) return;
+    while (s->conns) conn_close_(s->conns);
+    if (s->own_path) unlink(s->path);
+    if (s->listener_open) {
+        s->listener_open = 0;
+        uv_close((uv_handle_t *)&s->listener, listener_closed_);
+    } else {
+        free(s);
+    }
+}

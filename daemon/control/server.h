@@ -1,0 +1,27 @@
+/*
+ * server.h — the control socket: a libuv Unix-socket listener, one session
+ * per connection, frames handed to handlers_dispatch in order.
+ */
+#ifndef M6_SERVER_H
+#define M6_SERVER_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "control/handlers.h"
+
+typedef struct server server;
+
+typedef struct {
+    uv_loop_t *loop;
+    const char *socket_path;  /* bind here (mode 0660) unless listen_fd >= 0 */
+    int listen_fd;            /* inherited listening socket (systemd), or -1 */
+    handlers_ctx *handlers;
+} server_config;
+
+server *server_init(const server_config *cfg, char *err, size_t errlen);
+/* Close the listener and every connection (memory freed in close callbacks,
+ * so run the loop afterwards); unlink the socket if we created it. */
+void server_fini(server *s);
+
+#endif /* M6_SERVER_H */

@@ -1,0 +1,704 @@
+/*
+ * coord.c — run queue, phase policy and the training worker (see coord.h).
+ */
+#include "coord/coord.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "train/data.h"
+#include "train/spec.h"
+#include "train/trainer.h"
+
+struct coord {
+    state *st;
+    char runs_dir[3072];
+    int threads;
+
+    pthread_t worker;
+    int worker_started;
+
+    /* Everything below is guarded by mu; the worker waits on cv. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int shutdown;
+    int64_t active;       /* run the worker owns, 0 none */
+    int active_paused;
+    int active_phase;
+    long active_step, active_total, active_delink_step;
+    double step_s_ema;    /* seconds per step, for the ETA */
+    int cmd_pause, cmd_resume, cmd_delink, cmd_stop;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static int rm_entry_(const char *path, const struct stat *sb, int flag,
+                     struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    if (remove(path) < 0 && errno != ENOENT)
+        log_warn("fs.remove", "path=%s err=\"%s\"", path, strerror(errno));
+    return 0;
+}
+
+static void rm_rf_(const char *path)
+{
+    nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int mkdir_p_(const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static long long du_total_;
+static int du_entry_(const char *path, const struct stat *sb, int flag,
+                     struct FTW *ftw)
+{
+    (void)path; (void)ftw;
+    if (flag == FTW_F) du_total_ += sb->st_size;
+    return 0;
+}
+
+static int64_t du_(const char *path)  /* only from the worker / init */
+{
+    du_total_ = 0;
+    nftw(path, du_entry_, 16, FTW_PHYS);
+    return du_total_;
+}
+
+static void ckpt_dir_(const coord *c, int64_t run, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%lld/checkpoints", c->runs_dir, (long long)run);
+}
+
+static int dir_exists_(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* ---------------------------------------------------------------- recovery */
+
+/* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
+ * complete step-N dirs the DB missed (crash between rename and insert), drop
+ * rows whose directory is gone. */
+static void reconcile_run_(coord *c, int64_t run)
+{
+    char dir[4096];
+    ckpt_dir_(c, run, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char p[8192];
+            long long step;
+            char rest;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (strstr(e->d_name, ".tmp-")) {
+                log_warn("checkpoint.stray", "run=%lld path=%s action=removed",
+                         (long long)run, p);
+                state_event(c->st, run, "checkpoint.stray", "removed %s",
+                            e->d_name);
+                rm_rf_(p);
+            } else if (sscanf(e->d_name, "step-%lld%c", &step, &rest) == 1) {
+                ckpt_row *rows;
+                int n, found = 0;
+                if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
+                    for (int i = 0; i < n; i++) found |= rows[i].step == step;
+                    free(rows);
+                }
+                if (!found) {
+                    log_info("checkpoint.adopt", "run=%lld step=%lld",
+                             (long long)run, step);
+                    state_checkpoint_add(c->st, run, step, p, du_(p));
+                }
+            }
+        }
+        closedir(d);
+    }
+    ckpt_row *rows;
+    int n;
+    if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
+        for (int i = 0; i < n; i++)
+            if (!dir_exists_(rows[i].path)) {
+                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
+                         (long long)run, (long long)rows[i].step, rows[i].path);
+                state_checkpoint_delete(c->st, run, rows[i].step);
+            }
+        free(rows);
+    }
+}
+
+static void reconcile_all_(coord *c)
+{
+    run_row *runs;
+    int n;
+    if (state_run_list(c->st, &runs, &n) < 0) return;
+    for (int i = 0; i < n; i++) reconcile_run_(c, runs[i].id);
+    free(runs);
+}
+
+/* The run the worker should own next: one left running (resume), else one
+ * left paused (stays paused), else the oldest queued. 0 if none. */
+static int64_t pick_next_(coord *c, int *paused)
+{
+    static const run_state order[] = {RUN_RUNNING, RUN_PAUSED, RUN_QUEUED};
+    for (int k = 0; k < 3; k++) {
+        int64_t *ids;
+        int n;
+        if (state_run_ids(c->st, order[k], &ids, &n) < 0) return 0;
+        int64_t id = n > 0 ? ids[0] : 0;
+        free(ids);
+        if (id) {
+            *paused = order[k] == RUN_PAUSED;
+            return id;
+        }
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------------- checkpoint */
+
+typedef struct {
+    coord *c;
+    int64_t id;
+    run_spec spec;
+    trainer *t;
+    long last_ckpt;   /* step of the newest checkpoint, -1 none */
+} run_ctx;
+
+static void prune_(run_ctx *r)
+{
+    ckpt_row *rows;
+    int n;
+    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) return;
+    int keep = r->spec.checkpoint.keep > 0 ? r->spec.checkpoint.keep : 1;
+    for (int i = 0; i < n - keep; i++) {
+        rm_rf_(rows[i].path);
+        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
+        log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)r->id,
+                  (long long)rows[i].step);
+    }
+    free(rows);
+}
+
+static int checkpoint_(run_ctx *r, const char *why)
+{
+    long step = trainer_step_count(r->t);
+    if (step == r->last_ckpt) return 0;
+    char dir[4096], path[4200], err[512];
+    ckpt_dir_(r->c, r->id, dir, sizeof dir);
+    if (mkdir_p_(dir) < 0) {
+        log_error("checkpoint.error", "run=%lld dir=%s err=\"%s\"",
+                  (long long)r->id, dir, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/step-%ld", dir, step);
+    if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
+    long bytes = trainer_save(r->t, path, err, sizeof err);
+    if (bytes < 0) {
+        log_error("checkpoint.error", "run=%lld step=%ld err=\"%s\"",
+                  (long long)r->id, step, err);
+        state_event(r->c->st, r->id, "checkpoint.error", "step=%ld %s", step,
+                    err);
+        return -1;
+    }
+    state_checkpoint_add(r->c->st, r->id, step, path, bytes);
+    state_event(r->c->st, r->id, "checkpoint", "step=%ld bytes=%ld why=%s",
+                step, bytes, why);
+    log_info("checkpoint.saved", "run=%lld step=%ld bytes=%ld why=%s",
+             (long long)r->id, step, bytes, why);
+    r->last_ckpt = step;
+    prune_(r);
+    return 0;
+}
+
+/* Newest checkpoint that loads, newest first; a broken one is dropped. On
+ * return r->t is a trainer at the checkpoint's step, or a fresh one. */
+static int restore_(run_ctx *r, char *err, size_t errlen)
+{
+    ckpt_row *rows;
+    int n;
+    r->last_ckpt = -1;
+    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) n = 0, rows = NULL;
+    for (int i = n - 1; i >= 0; i--) {
+        char e[512];
+        if (trainer_load(r->t, rows[i].path, e, sizeof e) == 0) {
+            r->last_ckpt = trainer_step_count(r->t);
+            log_info("run.restore", "run=%lld step=%ld path=%s",
+                     (long long)r->id, r->last_ckpt, rows[i].path);
+            break;
+        }
+        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" action=removed",
+                 (long long)r->id, rows[i].path, e);
+        state_event(r->c->st, r->id, "checkpoint.bad", "step=%lld %s",
+                    (long long)rows[i].step, e);
+        rm_rf_(rows[i].path);
+        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
+        /* A failed load may have half-filled the trainer: start afresh. */
+        trainer_free(r->t);
+        r->t = trainer_create(&r->spec, err, errlen);
+        if (!r->t) {
+            free(rows);
+            return -1;
+        }
+    }
+    free(rows);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ worker */
+
+static void publish_(run_ctx *r, int paused)
+{
+    coord *c = r->c;
+    pthread_mutex_lock(&c->mu);
+    c->active_step = trainer_step_count(r->t);
+    c->active_phase = trainer_phase(r->t) == PHASE_REAL;
+    c->active_delink_step = trainer_delink_step(r->t);
+    c->active_paused = paused;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void fail_run_(coord *c, int64_t id, const char *what, const char *err)
+{
+    char msg[1200];
+    snprintf(msg, sizeof msg, "%s: %s", what, err);
+    log_error("run.failed", "run=%lld err=\"%s\"", (long long)id, msg);
+    state_run_set_state(c->st, id, RUN_FAILED, msg);
+    state_event(c->st, id, "failed", "%s", msg);
+}
+
+static void delink_(run_ctx *r, const char *reason)
+{
+    char err[512];
+    long step = trainer_step_count(r->t);
+    if (trainer_delink(r->t, err, sizeof err) < 0) {
+        log_error("run.delink_failed", "run=%lld step=%ld err=\"%s\"",
+                  (long long)r->id, step, err);
+        return;
+    }
+    state_phase_set(r->c->st, r->id, 1, step);
+    state_run_set_progress(r->c->st, r->id, step, 1);
+    state_event(r->c->st, r->id, "delink", "step=%ld reason=%s slots=%d", step,
+                reason, trainer_n_slots(r->t));
+    log_info("run.delink", "run=%lld step=%ld reason=%s", (long long)r->id,
+             step, reason);
+}
+
+static void run_one_(coord *c, int64_t id, int start_paused)
+{
+    char err[1024];
+    run_row row;
+    run_ctx r = {.c = c, .id = id, .last_ckpt = -1};
+    if (state_run_get(c->st, id, &row) != 0) {
+        log_error("run.lost", "run=%lld", (long long)id);
+        return;
+    }
+    int rc = spec_parse(&r.spec, row.spec, strlen(row.spec), err, sizeof err);
+    int was_queued = row.state == RUN_QUEUED;
+    run_row_clear(&row);
+    if (rc < 0) {
+        fail_run_(c, id, "spec", err);
+        return;
+    }
+    r.t = trainer_create(&r.spec, err, sizeof err);
+    if (!r.t) {
+        fail_run_(c, id, "trainer_create", err);
+        return;
+    }
+    if (restore_(&r, err, sizeof err) < 0) {
+        fail_run_(c, id, "trainer_create", err);
+        return;
+    }
+    long step = trainer_step_count(r.t);
+    int phase = trainer_phase(r.t) == PHASE_REAL;
+
+    /* Keep the tables consistent with the state we resume from: metrics past
+     * the checkpoint are redone. An operator delink recorded at a step we
+     * have not reached yet is kept and replayed at that step. */
+    int dropped = state_metrics_truncate(c->st, id, step);
+    long replay_delink = -1;
+    int64_t from;
+    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
+        if (from >= step)
+            replay_delink = (long)from;
+        else
+            state_phase_delete(c->st, id, 1);
+    }
+    if (state_phase_get(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
+        state_phase_set(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, 0);
+    state_run_set_progress(c->st, id, step, phase);
+
+    int paused = start_paused;
+    state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING, NULL);
+    if (was_queued) {
+        state_event(c->st, id, "start", "phase=%s", phase_name(phase));
+        log_info("run.start", "run=%lld name=%s total_steps=%ld", (long long)id,
+                 r.spec.name, r.spec.train.steps);
+    } else {
+        state_event(c->st, id, "resume.restart",
+                    "step=%ld metrics_dropped=%d paused=%d", step, dropped,
+                    paused);
+        log_info("run.recover", "run=%lld step=%ld metrics_dropped=%d paused=%d",
+                 (long long)id, step, dropped, paused);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->active_total = r.spec.train.steps;
+    pthread_mutex_unlock(&c->mu);
+    publish_(&r, paused);
+
+    for (;;) {
+        int stop, go_pause, go_resume, want_delink, shutdown;
+        pthread_mutex_lock(&c->mu);
+        for (;;) {
+            stop = c->cmd_stop;
+            go_pause = c->cmd_pause;
+            go_resume = c->cmd_resume;
+            want_delink = c->cmd_delink;
+            shutdown = c->shutdown;
+            c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
+            int any = stop || go_pause || go_resume || want_delink || shutdown;
+            if (!paused || any) break;
+            pthread_cond_wait(&c->cv, &c->mu);
+        }
+        pthread_mutex_unlock(&c->mu);
+
+        step = trainer_step_count(r.t);
+        if (shutdown) {
+            checkpoint_(&r, "shutdown");
+            state_event(c->st, id, "interrupted",
+                        "step=%ld resumes at next start", step);
+            log_info("run.interrupted", "run=%lld step=%ld", (long long)id,
+                     step);
+            break;
+        }
+        if (stop) {
+            checkpoint_(&r, "stop");
+            state_run_set_state(c->st, id, RUN_STOPPED, NULL);
+            state_event(c->st, id, "stop", "step=%ld", step);
+            log_info("run.stop", "run=%lld step=%ld", (long long)id, step);
+            break;
+        }
+        if (want_delink && trainer_phase(r.t) == PHASE_PSEUDO)
+            delink_(&r, "operator");
+        if (go_pause && !paused) {
+            checkpoint_(&r, "pause");
+            paused = 1;
+            state_run_set_state(c->st, id, RUN_PAUSED, NULL);
+            state_event(c->st, id, "pause", "step=%ld", step);
+            log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
+        }
+        if (go_resume && paused) {
+            paused = 0;
+            state_run_set_state(c->st, id, RUN_RUNNING, NULL);
+            state_event(c->st, id, "resume", "step=%ld", step);
+            log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
+        }
+        publish_(&r, paused);
+        if (paused) continue;
+
+        if (step >= r.spec.train.steps) {
+            checkpoint_(&r, "end");
+            state_run_set_state(c->st, id, RUN_COMPLETED, NULL);
+            state_event(c->st, id, "completed", "step=%ld", step);
+            log_info("run.completed", "run=%lld step=%ld", (long long)id, step);
+            break;
+        }
+        /* Phase policy: the spec's step, or an operator delink replayed. */
+        if (trainer_phase(r.t) == PHASE_PSEUDO) {
+            if (replay_delink >= 0 && step >= replay_delink)
+                delink_(&r, "replay");
+            else if (r.spec.pseudo.steps > 0 && step >= r.spec.pseudo.steps)
+                delink_(&r, "spec");
+        }
+
+        step_result res;
+        if (trainer_step(r.t, &res, err, sizeof err) < 0) {
+            fail_run_(c, id, "trainer_step", err);
+            break;
+        }
+        metric_row m = {
+            .step = res.step, .phase = res.phase == PHASE_REAL,
+            .train_loss = res.train_loss, .val_loss = res.val_loss,
+            .lr = res.lr, .tokens_per_s = res.tokens_per_s,
+            .grad_norm = res.grad_norm,
+        };
+        state_record_step(c->st, id, &m);
+        log_debug("run.step", "run=%lld step=%ld loss=%.6f ms=%.1f",
+                  (long long)id, res.step, res.train_loss, res.step_ms);
+        pthread_mutex_lock(&c->mu);
+        double s = res.step_ms / 1e3;
+        c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
+        pthread_mutex_unlock(&c->mu);
+        publish_(&r, 0);
+        if (r.spec.checkpoint.every > 0 && res.step % r.spec.checkpoint.every == 0)
+            checkpoint_(&r, "every");
+    }
+    trainer_free(r.t);
+}
+
+static void *worker_main_(void *arg)
+{
+    coord *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->shutdown) {
+        int paused = 0;
+        int64_t id = c->active;
+        if (!id) {
+            id = pick_next_(c, &paused);
+            c->active = id;
+            c->active_paused = paused;
+        } else {
+            paused = c->active_paused;
+        }
+        if (!id) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
+        c->step_s_ema = 0;
+        pthread_mutex_unlock(&c->mu);
+        run_one_(c, id, paused);
+        pthread_mutex_lock(&c->mu);
+        c->active = 0;
+        c->active_paused = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- lifecycle */
+
+coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
+{
+    coord *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    c->st = cfg->st;
+    c->threads = cfg->threads;
+    snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (mkdir_p_(c->runs_dir) < 0) {
+        snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
+        goto fail;
+    }
+    reconcile_all_(c);
+    /* Pick the first active run now, so commands that arrive before the
+     * worker gets going already find it. */
+    int paused = 0;
+    c->active = pick_next_(c, &paused);
+    c->active_paused = paused;
+    c->active_step = 0;
+    if (c->active) {
+        run_row row;
+        if (state_run_get(c->st, c->active, &row) == 0) {
+            c->active_step = row.step;
+            c->active_phase = row.phase;
+            c->active_total = row.total_steps;
+            run_row_clear(&row);
+        }
+    }
+    int rc = pthread_create(&c->worker, NULL, worker_main_, c);
+    if (rc != 0) {
+        snprintf(err, errlen, "pthread_create: %s", strerror(rc));
+        goto fail;
+    }
+    c->worker_started = 1;
+    return c;
+fail:
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return NULL;
+}
+
+void coord_request_shutdown(coord *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->shutdown = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void coord_fini(coord *c)
+{
+    if (!c) return;
+    coord_request_shutdown(c);
+    if (c->worker_started) pthread_join(c->worker, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* ---------------------------------------------------------------- commands */
+
+coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
+                          char *name, size_t namelen, char *msg, size_t msglen)
+{
+    run_spec spec;
+    char err[1024];
+    if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
+        snprintf(msg, msglen, "invalid spec: %s", err);
+        return COORD_INVALID;
+    }
+    /* Bad data or an unsupported backend fails at submit, not at start. */
+    if (trainer_check_spec(&spec, err, sizeof err) != 0) {
+        snprintf(msg, msglen, "invalid spec: %s", err);
+        return COORD_INVALID;
+    }
+    /* --threads is folded into the stored spec, so a restart with other
+     * flags still loads this run's checkpoints (the spec hash is stable). */
+    if (c->threads > 0 && spec.device.threads == 0)
+        spec.device.threads = c->threads;
+    char *canon = spec_to_json(&spec);
+    int phase = spec.pseudo.steps > 0 ? 0 : 1;
+    int64_t rid = state_run_insert(c->st, spec.name, canon ? canon : json,
+                                   spec.train.steps, phase);
+    free(canon);
+    if (rid < 0) {
+        snprintf(msg, msglen, "database error while queueing the run");
+        return COORD_INTERNAL;
+    }
+    run_row row;
+    if (state_run_get(c->st, rid, &row) == 0) {
+        snprintf(name, namelen, "%s", row.name);
+        run_row_clear(&row);
+    }
+    state_event(c->st, rid, "submit", "name=%s steps=%ld pseudo_steps=%ld",
+                name, spec.train.steps, spec.pseudo.steps);
+    log_info("run.submit", "run=%lld name=%s", (long long)rid, name);
+    *id = rid;
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    snprintf(msg, msglen, "run %lld queued", (long long)rid);
+    return COORD_OK;
+}
+
+static const char *const cmd_names[] = {"pause", "resume", "delink", "stop"};
+
+coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
+                           size_t msglen)
+{
+    coord_status ret = COORD_OK;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active) {
+        switch (cmd) {
+        case CMD_PAUSE:
+            if ((c->active_paused && !c->cmd_resume) || c->cmd_pause) {
+                snprintf(msg, msglen, "run %lld is already paused", (long long)id);
+                ret = COORD_BAD_STATE;
+            } else {
+                c->cmd_pause = 1;
+                c->cmd_resume = 0;
+                snprintf(msg, msglen, "run %lld pauses at the next step boundary",
+                         (long long)id);
+            }
+            break;
+        case CMD_RESUME:
+            if (c->cmd_pause && !c->active_paused) {
+                c->cmd_pause = 0;
+                snprintf(msg, msglen, "run %lld: pending pause cancelled",
+                         (long long)id);
+            } else if (!c->active_paused || c->cmd_resume) {
+                snprintf(msg, msglen, "run %lld is not paused", (long long)id);
+                ret = COORD_BAD_STATE;
+            } else {
+                c->cmd_resume = 1;
+                snprintf(msg, msglen, "run %lld resumes", (long long)id);
+            }
+            break;
+        case CMD_DELINK:
+            if (c->active_phase == 1) {
+                snprintf(msg, msglen,
+                         "run %lld is already in the real phase (delinked at "
+                         "step %ld)", (long long)id, c->active_delink_step);
+                ret = COORD_BAD_STATE;
+            } else {
+                c->cmd_delink = 1;
+                snprintf(msg, msglen,
+                         "run %lld delinks at the next step boundary (step %ld)",
+                         (long long)id, c->active_step);
+            }
+            break;
+        case CMD_STOP:
+            c->cmd_stop = 1;
+            snprintf(msg, msglen, "run %lld stops at the next step boundary",
+                     (long long)id);
+            break;
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        return ret;
+    }
+    /* Not the active run: only a queued run can be stopped (dequeued). Done
+     * under mu so the worker can't pick it meanwhile. */
+    run_row row;
+    int rc = state_run_get(c->st, id, &row);
+    if (rc == 1) {
+        snprintf(msg, msglen, "no run with id %lld", (long long)id);
+        ret = COORD_NOT_FOUND;
+    } else if (rc < 0) {
+        snprintf(msg, msglen, "database error");
+        ret = COORD_INTERNAL;
+    } else {
+        if (row.state == RUN_QUEUED && cmd == CMD_STOP) {
+            state_run_set_state(c->st, id, RUN_STOPPED, NULL);
+            state_event(c->st, id, "stop", "step=0 (dequeued)");
+            snprintf(msg, msglen, "run %lld removed from the queue", (long long)id);
+        } else {
+            snprintf(msg, msglen, "cannot %s run %lld: it is %s%s", cmd_names[cmd],
+                     (long long)id, run_state_name(row.state),
+                     row.state == RUN_QUEUED ? " (waiting for the running run)"
+                                             : "");
+            ret = COORD_BAD_STATE;
+        }
+        run_row_clear(&row);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ret;
+}
+
+double coord_eta(coord *c, int64_t id)
+{
+    double eta = -1;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->step_s_ema > 0 && !c->active_paused)
+        eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
+    pthread_mutex_unlock(&c->mu);
+    return eta;
+}
+
+void coord_describe(coord *c, char *buf, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->active)
+        snprintf(buf, len, "run %lld step %ld/%ld %s%s", (long long)c->active,
+                 c->active_step, c->active_total, phase_name(c->active_phase),
+                 c->active_paused ? " (paused)" : "");
+    else
+        snprintf(buf, len, "idle");
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,68 @@
+/*
+ * coord.h — the coordinator: run queue, phase policy, and the worker thread
+ * that drives the trainer. The only writer of the state DB.
+ *
+ * One run trains at a time; queued runs start in submit order. The worker
+ * thread owns the trainer and acts on operator commands (pause, resume,
+ * delink, stop) and on the phase policy only at step boundaries. The policy
+ * lives here and nowhere else: delink before the step that would take the
+ * run past spec.pseudo.steps, or at the next boundary after `m6ctl delink`.
+ *
+ * Threads: coord_submit/coord_command/coord_eta are called from the libuv
+ * loop and never wait on a training step (they take a mutex held only for
+ * flag updates), so the control socket answers mid-step.
+ */
+#ifndef M6_COORD_H
+#define M6_COORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "state/state.h"
+
+typedef struct coord coord;
+
+typedef struct {
+    state *st;
+    const char *runs_dir;  /* <state-dir>/runs */
+    int threads;           /* --threads: device.threads for new runs, 0 keeps */
+} coord_config;
+
+typedef enum {
+    COORD_OK = 0,
+    COORD_NOT_FOUND,
+    COORD_BAD_STATE,
+    COORD_INVALID,   /* bad spec or data; message names the key */
+    COORD_INTERNAL,
+} coord_status;
+
+typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } coord_cmd;
+
+/* Recover (clean stray *.tmp-* checkpoint dirs, reconcile the checkpoints
+ * table with the disk), pick the run to resume, start the worker thread. */
+coord *coord_init(const coord_config *cfg, char *err, size_t errlen);
+
+/* Ask the worker to stop after its current step: it checkpoints the active
+ * run and leaves it running/paused in the DB, so the next start resumes it. */
+void coord_request_shutdown(coord *c);
+
+/* Request shutdown, join the worker, free. */
+void coord_fini(coord *c);
+
+/* Validate and enqueue a spec (JSON text). *id and *name on success; msg
+ * says why not (naming the spec key or the data glob). */
+coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
+                          char *name, size_t namelen, char *msg, size_t msglen);
+
+/* Operator command; takes effect at the next step boundary. msg says what
+ * happened or why not. */
+coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
+                           size_t msglen);
+
+/* Seconds left for the active run (-1 if id isn't active or unknown). */
+double coord_eta(coord *c, int64_t id);
+
+/* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
+void coord_describe(coord *c, char *buf, size_t len);
+
+#endif /* M6_COORD_H */

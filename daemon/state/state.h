@@ -1,0 +1,99 @@
+/*
+ * state.h — m6d's SQLite state (m6.db): runs, phases, metrics, events,
+ * checkpoints. WAL mode, busy timeout, migrations from schema/ recorded in
+ * PRAGMA user_version. One connection, used by the coordinator from the loop
+ * and the worker thread; every call is serialized by a mutex and every write
+ * is one short transaction, so concurrent readers (sqlite3 m6.db 'select')
+ * never see "database is locked".
+ *
+ * Return convention: 0 ok, 1 not found (where said), -1 database error (the
+ * error is logged with the statement, file:line and SQLite's message).
+ */
+#ifndef M6_STATE_H
+#define M6_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct state state;
+
+typedef enum {
+    RUN_QUEUED = 0, RUN_RUNNING, RUN_PAUSED, RUN_COMPLETED, RUN_FAILED,
+    RUN_STOPPED,
+} run_state;
+
+#define RUN_STATE_COUNT 6
+
+const char *run_state_name(run_state s);
+int run_state_parse(const char *s); /* -1 if unknown */
+const char *phase_name(int phase);  /* 0 pseudo, 1 real */
+int phase_parse(const char *s);
+
+typedef struct {
+    int64_t id;
+    char name[256];
+    char *spec;         /* malloc'd by state_run_get only; run_row_clear frees */
+    run_state state;
+    int phase;          /* 0 pseudo, 1 real */
+    int64_t step, total_steps;
+    double created, updated;
+    char error[512];
+} run_row;
+
+typedef struct {
+    int64_t step;
+    int phase;
+    double train_loss, val_loss;  /* val_loss NAN when NULL */
+    double lr, tokens_per_s, grad_norm;
+} metric_row;
+
+typedef struct {
+    int64_t step;
+    char path[1024];
+    int64_t bytes;
+} ckpt_row;
+
+/* Open (create) the database at path and apply pending migrations. */
+state *state_open(const char *path, char *err, size_t errlen);
+void state_close(state *st);
+int state_user_version(state *st);
+
+/* Runs. A run inserted with an empty name is named "run-<id>". */
+int64_t state_run_insert(state *st, const char *name, const char *spec,
+                         int64_t total_steps, int phase);
+int state_run_get(state *st, int64_t id, run_row *out);  /* 0, 1, -1 */
+void run_row_clear(run_row *r);
+/* 0 found one (*id set), 1 none, 2 several, -1 error. */
+int state_run_find_name(state *st, const char *name, int64_t *id);
+/* All runs by id, spec not loaded. *rows malloc'd, caller frees. */
+int state_run_list(state *st, run_row **rows, int *n);
+/* Ids of runs in state s, ascending (submit order). */
+int state_run_ids(state *st, run_state s, int64_t **ids, int *n);
+int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
+int state_run_set_progress(state *st, int64_t id, int64_t step, int phase);
+
+/* Phases: INSERT OR REPLACE (run, phase) from_step. */
+int state_phase_set(state *st, int64_t run, int phase, int64_t from_step);
+int state_phase_get(state *st, int64_t run, int phase, int64_t *from_step);
+int state_phase_delete(state *st, int64_t run, int phase);
+
+/* One step done: the metrics row and the run's step/phase, one transaction. */
+int state_record_step(state *st, int64_t run, const metric_row *m);
+int state_metrics_truncate(state *st, int64_t run, int64_t after_step);
+int state_metrics_list(state *st, int64_t run, int64_t after_step,
+                       metric_row **rows, int *n);
+/* Latest row (1 if none); *last_val = newest non-NULL val_loss or NAN. */
+int state_metric_last(state *st, int64_t run, metric_row *out,
+                      double *last_val);
+
+/* run 0: a daemon-wide event (run NULL). */
+int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+int state_checkpoint_add(state *st, int64_t run, int64_t step,
+                         const char *path, int64_t bytes);
+int state_checkpoint_delete(state *st, int64_t run, int64_t step);
+/* Ascending by step. */
+int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n);
+
+#endif /* M6_STATE_H */

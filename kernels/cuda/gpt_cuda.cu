@@ -1,0 +1,705 @@
+/*
+ * gpt_cuda.cu — the GPT model on one GPU (gpt_cuda.h): layout, memory plan,
+ * device init, forward, backward, AdamW with device-side clipping, reslot.
+ * It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
+ * wires the CPU ops, so the two can be compared step by step.
+ */
+#include "gpt_cuda.h"
+
+#include <math.h>
+#include <string.h>
+#include "common.cuh"
+
+#define PAD 16      /* elements: region padding, as gpt.c */
+#define VPAD 128    /* vocabulary padding */
+
+enum {
+    SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
+    SLOT_ATTPROJ_B, SLOT_LN2_W, SLOT_LN2_B, SLOT_FC_W, SLOT_FC_B,
+    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NT
+};
+enum { GLOB_WTE, GLOB_WPE, GLOB_LNF_W, GLOB_LNF_B, GLOB_NT };
+
+typedef struct {
+    size_t off, numel;
+    int two_d;          /* weight decay applies; random init */
+} tensor_;
+
+/* Activations (bf16 unless marked f32), per-layer ones (L, B, T, ...) */
+typedef struct {
+    bf16 *encoded;                      /* (B,T,C) */
+    bf16 *ln1, *qkv, *atty, *res2;      /* (L,B,T,C|3C|C|C) */
+    bf16 *ln2, *fch, *fchg, *res3;      /* (L,B,T,C|4C|4C|C) */
+    bf16 *lnf;                          /* (B,T,C) */
+    bf16 *logits;                       /* (B,T,Vp); dlogits in place */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  /* f32 (L,B,T) */
+    float *lnf_mean, *lnf_rstd;         /* f32 (B,T) */
+    float *lse;                         /* f32 (L,B,NH,T) */
+    float *losses, *dlosses;            /* f32 (B,T) */
+    bf16 *dres, *dln, *datty, *dlnf;    /* (B,T,C) */
+    bf16 *dqkv;                         /* (B,T,3C) */
+    bf16 *dfch, *dfchg;                 /* (B,T,4C) */
+    float *scratch;                     /* f32 op workspace */
+    float *red;                         /* f32 sumsq partials + scalars */
+    int32_t *inp, *tgt, *plan;          /* (B,T), (B,T), encoder plan */
+} acts_;
+
+/* scalars at the end of red */
+enum { RED_LOSS, RED_SUMSQ, RED_SCALE, RED_NSCALARS };
+
+struct gpt_cuda {
+    model_config cfg;
+    int S, Vp, B, T;
+    int *slot_of;                       /* [L] */
+    size_t n_global, slot_size, n_params, n_global_cpu;
+    tensor_ glob[GLOB_NT], slot[SLOT_NT];
+    bf16 *params, *grads;               /* (n_params) each */
+    float *opt, *master, *m, *v;        /* opt = master | m | v */
+    long adam_t_global, *adam_t_slot;   /* [S] */
+    acts_ a;
+    void *act_mem;
+    size_t act_bytes;
+    int32_t *h_inp, *h_tgt, *h_plan;    /* pinned staging */
+    float *h_out;                       /* pinned: loss, sumsq */
+    int nseg;
+    cudaStream_t stream;
+};
+
+static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
+
+/* ------------------------------------------------------------- layout */
+
+static void set_(tensor_ *t, size_t *off, size_t rows, size_t cols)
+{
+    t->off = *off;
+    t->numel = rows * (cols ? cols : 1);
+    t->two_d = cols != 0;
+    *off += t->numel;
+}
+
+static void layout_(gpt_cuda *g)
+{
+    size_t C = g->cfg.n_embd, T = g->cfg.seq_len, off = 0;
+    set_(&g->glob[GLOB_WTE], &off, g->Vp, C);
+    set_(&g->glob[GLOB_WPE], &off, T, C);
+    set_(&g->glob[GLOB_LNF_W], &off, C, 0);
+    set_(&g->glob[GLOB_LNF_B], &off, C, 0);
+    g->n_global = pad_(off);
+    g->n_global_cpu = pad_(off - (size_t)(g->Vp - g->cfg.vocab_size) * C);
+    off = 0;
+    set_(&g->slot[SLOT_LN1_W], &off, C, 0);
+    set_(&g->slot[SLOT_LN1_B], &off, C, 0);
+    set_(&g->slot[SLOT_QKV_W], &off, 3 * C, C);
+    set_(&g->slot[SLOT_QKV_B], &off, 3 * C, 0);
+    set_(&g->slot[SLOT_ATTPROJ_W], &off, C, C);
+    set_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
+    set_(&g->slot[SLOT_LN2_W], &off, C, 0);
+    set_(&g->slot[SLOT_LN2_B], &off, C, 0);
+    set_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
+    set_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
+    set_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
+    set_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
+    g->slot_size = pad_(off);
+}
+
+/* ------------------------------------------------------------- memory */
+
+static int alloc_state_(gpt_cuda *g, int S, bf16 **params, bf16 **grads,
+                        float **opt, long **t_slot)
+{
+    size_t n = g->n_global + (size_t)S * g->slot_size;
+    *params = NULL;
+    *grads = NULL;
+    *opt = NULL;
+    *t_slot = (long *)calloc((size_t)S, sizeof(long));
+    /* allocation failures are not fatal: the caller may keep its old state */
+    if (!*t_slot || cudaMalloc((void **)params, n * sizeof(bf16)) != cudaSuccess ||
+        cudaMalloc((void **)grads, n * sizeof(bf16)) != cudaSuccess ||
+        cudaMalloc((void **)opt, 3 * n * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the (non-sticky) OOM error */
+        if (*params) CUDA_CHECK(cudaFree(*params));
+        if (*grads) CUDA_CHECK(cudaFree(*grads));
+        free(*t_slot);
+        *params = *grads = NULL;
+        *t_slot = NULL;
+        fprintf(stderr, "gpt_cuda: out of device memory for %d slots "
+                        "(%zu parameters)\n", S, n);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemset(*params, 0, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(*grads, 0, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(*opt, 0, 3 * n * sizeof(float)));
+    return 0;
+}
+
+static void use_state_(gpt_cuda *g, int S, bf16 *params, bf16 *grads,
+                       float *opt, long *t_slot)
+{
+    g->S = S;
+    g->n_params = g->n_global + (size_t)S * g->slot_size;
+    g->params = params;
+    g->grads = grads;
+    g->opt = opt;
+    g->master = opt;
+    g->m = opt + g->n_params;
+    g->v = opt + 2 * g->n_params;
+    g->adam_t_slot = t_slot;
+}
+
+static void free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
+{
+    if (params) CUDA_CHECK(cudaFree(params));
+    if (grads) CUDA_CHECK(cudaFree(grads));
+    if (opt) CUDA_CHECK(cudaFree(opt));
+    free(t_slot);
+}
+
+/* One planned allocation for all activations and scratch: a table of
+ * (pointer, bytes), each region rounded up to 256 bytes. */
+static int alloc_acts_(gpt_cuda *g)
+{
+    size_t L = g->cfg.n_layer, T = g->T, C = g->cfg.n_embd;
+    size_t NH = g->cfg.n_head, Vp = g->Vp, B = g->B, BT = B * T;
+    acts_ *a = &g->a;
+    size_t scratch = matmul_backward_scratch_floats((int)BT, 4 * (int)C);
+    size_t s2 = layernorm_backward_scratch_floats((int)BT, (int)C);
+    size_t s3 = attention_backward_scratch_floats((int)B, (int)T, (int)NH);
+    if (s2 > scratch) scratch = s2;
+    if (s3 > scratch) scratch = s3;
+    const size_t h = sizeof(bf16), f = sizeof(float), i4 = sizeof(int32_t);
+    struct { void **p; size_t bytes; } t[] = {
+        {(void **)&a->encoded, BT * C * h},
+        {(void **)&a->ln1, L * BT * C * h}, {(void **)&a->qkv, L * BT * 3 * C * h},
+        {(void **)&a->atty, L * BT * C * h}, {(void **)&a->res2, L * BT * C * h},
+        {(void **)&a->ln2, L * BT * C * h}, {(void **)&a->fch, L * BT * 4 * C * h},
+        {(void **)&a->fchg, L * BT * 4 * C * h}, {(void **)&a->res3, L * BT * C * h},
+        {(void **)&a->lnf, BT * C * h}, {(void **)&a->logits, BT * Vp * h},
+        {(void **)&a->ln1_mean, L * BT * f}, {(void **)&a->ln1_rstd, L * BT * f},
+        {(void **)&a->ln2_mean, L * BT * f}, {(void **)&a->ln2_rstd, L * BT * f},
+        {(void **)&a->lnf_mean, BT * f}, {(void **)&a->lnf_rstd, BT * f},
+        {(void **)&a->lse, L * B * NH * T * f},
+        {(void **)&a->losses, BT * f}, {(void **)&a->dlosses, BT * f},
+        {(void **)&a->dres, BT * C * h}, {(void **)&a->dln, BT * C * h},
+        {(void **)&a->datty, BT * C * h}, {(void **)&a->dlnf, BT * C * h},
+        {(void **)&a->dqkv, BT * 3 * C * h}, {(void **)&a->dfch, BT * 4 * C * h},
+        {(void **)&a->dfchg, BT * 4 * C * h},
+        {(void **)&a->scratch, scratch * f},
+        {(void **)&a->red, (grad_sumsq_scratch_floats() + RED_NSCALARS) * f},
+        {(void **)&a->inp, BT * i4}, {(void **)&a->tgt, BT * i4},
+        {(void **)&a->plan, encoder_plan_ints((int)BT) * i4},
+    };
+    size_t n = sizeof t / sizeof t[0], total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += ceil_div(t[i].bytes, 256) * 256;
+    if (cudaMalloc(&g->act_mem, total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        g->act_mem = NULL;
+        fprintf(stderr, "gpt_cuda: out of device memory for activations "
+                        "(%.2f GiB for B=%d)\n", total / 1073741824.0, g->B);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemset(g->act_mem, 0, total));
+    char *p = (char *)g->act_mem;
+    for (size_t i = 0; i < n; i++) {
+        *t[i].p = p;
+        p += ceil_div(t[i].bytes, 256) * 256;
+    }
+    g->act_bytes = total;
+    return 0;
+}
+
+/* ------------------------------------------------------------- create */
+
+gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
+{
+    int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head;
+    if (L < 1 || S < 1 || S > L || B < 1 || NH < 1 || C % NH ||
+        C % 8 || cfg->seq_len < 1 || cfg->vocab_size < 2) {
+        fprintf(stderr, "gpt_cuda_create: bad shape (L=%d S=%d B=%d C=%d "
+                        "NH=%d): need 1 <= S <= L, C %% NH == 0, C %% 8 == 0\n",
+                L, S, B, C, NH);
+        return NULL;
+    }
+    int hs = C / NH;
+    if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
+        fprintf(stderr, "gpt_cuda_create: head size %d not supported "
+                        "(16, 32, 64 or 128)\n", hs);
+        return NULL;
+    }
+    gpt_cuda *g = (gpt_cuda *)calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->cfg = *cfg;
+    g->B = B;
+    g->T = cfg->seq_len;
+    g->Vp = (int)ceil_div(cfg->vocab_size, VPAD) * VPAD;
+    layout_(g);
+    size_t BT = (size_t)B * g->T;
+    g->slot_of = (int *)calloc((size_t)L, sizeof(int));
+    if (!g->slot_of) {
+        free(g);
+        return NULL;
+    }
+    for (int l = 0; l < L; l++)
+        g->slot_of[l] = (int)((long)l * S / L);
+    CUDA_CHECK(cudaStreamCreate(&g->stream));
+    matmul_cuda_init();
+    bf16 *params, *grads;
+    float *opt;
+    long *t_slot;
+    if (alloc_state_(g, S, &params, &grads, &opt, &t_slot) != 0) {
+        gpt_cuda_free(g);
+        return NULL;
+    }
+    use_state_(g, S, params, grads, opt, t_slot);
+    if (alloc_acts_(g) != 0) {
+        gpt_cuda_free(g);
+        return NULL;
+    }
+    CUDA_CHECK(cudaMallocHost((void **)&g->h_inp, BT * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&g->h_tgt, BT * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&g->h_plan,
+                              encoder_plan_ints((int)BT) * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&g->h_out, 4 * sizeof(float)));
+    return g;
+}
+
+void gpt_cuda_free(gpt_cuda *g)
+{
+    if (!g)
+        return;
+    if (g->stream)
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    if (g->act_mem) CUDA_CHECK(cudaFree(g->act_mem));
+    if (g->h_inp) CUDA_CHECK(cudaFreeHost(g->h_inp));
+    if (g->h_tgt) CUDA_CHECK(cudaFreeHost(g->h_tgt));
+    if (g->h_plan) CUDA_CHECK(cudaFreeHost(g->h_plan));
+    if (g->h_out) CUDA_CHECK(cudaFreeHost(g->h_out));
+    if (g->stream) CUDA_CHECK(cudaStreamDestroy(g->stream));
+    free(g->slot_of);
+    free(g);
+}
+
+void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->S = g->S;
+    info->Vp = g->Vp;
+    info->n_params = g->n_params;
+    info->n_params_cpu = g->n_global_cpu + (size_t)g->S * g->slot_size;
+    size_t per_slot = 0;
+    for (int i = 0; i < SLOT_NT; i++)
+        per_slot += g->slot[i].numel;
+    size_t C = g->cfg.n_embd;
+    info->n_compute = (size_t)g->cfg.vocab_size * C +
+                      (size_t)g->cfg.seq_len * C + 2 * C +
+                      per_slot * (size_t)g->cfg.n_layer;
+    info->bytes_params = g->n_params * sizeof(bf16);
+    info->bytes_grads = g->n_params * sizeof(bf16);
+    info->bytes_opt = 3 * g->n_params * sizeof(float);
+    info->bytes_acts = g->act_bytes;
+}
+
+const int *gpt_cuda_slot_of(const gpt_cuda *g)
+{
+    return g->slot_of;
+}
+
+void gpt_cuda_synchronize(gpt_cuda *g)
+{
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+}
+
+/* ------------------------------------------------------------- weights */
+
+static __device__ uint64_t mix64_(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* p[i] ~ N(0, std), a counter-based stream: element i of stream `seed` */
+__global__ void init_normal_kernel(float *p, size_t n, float std,
+                                   uint64_t seed)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    uint64_t a = mix64_(seed + 0x9E3779B97F4A7C15ull * (2 * i + 1));
+    uint64_t b = mix64_(a ^ 0xD1B54A32D192ED03ull);
+    double u1 = ((a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double u2 = ((b >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    p[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void init_tensor_(gpt_cuda *g, float *base, const tensor_ *t,
+                         size_t rows_valid_numel, float std, float constant,
+                         uint64_t seed)
+{
+    if (t->two_d) {
+        init_normal_kernel<<<ceil_div(rows_valid_numel, 256), 256, 0,
+                             g->stream>>>(base + t->off, rows_valid_numel,
+                                          std, seed);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        fill_cuda(base + t->off, constant, t->numel, g->stream);
+    }
+}
+
+void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
+{
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * g->cfg.n_layer);
+    size_t C = g->cfg.n_embd;
+    CUDA_CHECK(cudaMemsetAsync(g->master, 0, g->n_params * sizeof(float),
+                               g->stream));
+    uint64_t k = seed * 1000003ull;
+    /* wte: only the V real rows; padded rows stay zero */
+    init_tensor_(g, g->master, &g->glob[GLOB_WTE],
+                 (size_t)g->cfg.vocab_size * C, std, 0, k++);
+    init_tensor_(g, g->master, &g->glob[GLOB_WPE], g->glob[GLOB_WPE].numel,
+                 0.01f, 0, k++);
+    init_tensor_(g, g->master, &g->glob[GLOB_LNF_W], C, 0, 1.0f, k++);
+    init_tensor_(g, g->master, &g->glob[GLOB_LNF_B], C, 0, 0.0f, k++);
+    for (int s = 0; s < g->S; s++) {
+        float *base = g->master + g->n_global + (size_t)s * g->slot_size;
+        for (int i = 0; i < SLOT_NT; i++) {
+            int proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
+            int lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
+            init_tensor_(g, base, &g->slot[i], g->slot[i].numel,
+                         proj ? proj_std : std, lnw ? 1.0f : 0.0f, k++);
+        }
+    }
+    copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+}
+
+/* (cpu offset, gpu offset, floats) of each piece of the two layouts */
+static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3])
+{
+    size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
+    size_t cpu_wpe = V * C, cpu_lnw = cpu_wpe + T * C, cpu_lnb = cpu_lnw + C;
+    size_t slots = (size_t)g->S * g->slot_size;
+    if (n != g->n_global_cpu + slots) {
+        fprintf(stderr, "gpt_cuda: host buffer has %zu floats, the model "
+                        "needs %zu\n", n, g->n_global_cpu + slots);
+        return -1;
+    }
+    size_t t[5][3] = {
+        {0, g->glob[GLOB_WTE].off, V * C},
+        {cpu_wpe, g->glob[GLOB_WPE].off, T * C},
+        {cpu_lnw, g->glob[GLOB_LNF_W].off, C},
+        {cpu_lnb, g->glob[GLOB_LNF_B].off, C},
+        {g->n_global_cpu, g->n_global, slots},
+    };
+    memcpy(off, t, sizeof t);
+    return 5;
+}
+
+int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n)
+{
+    size_t off[5][3];
+    int k = pieces_(g, n, off);
+    if (k < 0)
+        return -1;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
+    for (int i = 0; i < k; i++)
+        CUDA_CHECK(cudaMemcpy(g->master + off[i][1], host + off[i][0],
+                              off[i][2] * sizeof(float),
+                              cudaMemcpyHostToDevice));
+    copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return 0;
+}
+
+int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n)
+{
+    size_t off[5][3];
+    int k = pieces_(g, n, off);
+    if (k < 0)
+        return -1;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    memset(host, 0, n * sizeof(float));
+    for (int i = 0; i < k; i++)
+        CUDA_CHECK(cudaMemcpy(host + off[i][0], g->master + off[i][1],
+                              off[i][2] * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+/* ------------------------------------------------------------- forward */
+
+#define W_(g, s, i) ((g)->params + (g)->n_global + (size_t)(s) * (g)->slot_size + (g)->slot[i].off)
+#define DW_(g, s, i) ((g)->grads + (g)->n_global + (size_t)(s) * (g)->slot_size + (g)->slot[i].off)
+#define GW_(g, i) ((g)->params + (g)->glob[i].off)
+#define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
+
+static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
+                          const int32_t *host, size_t n)
+{
+    memcpy(pinned, host, n * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(dev, pinned, n * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, g->stream));
+}
+
+float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
+                       const int32_t *targets, int B)
+{
+    const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
+    const int V = g->cfg.vocab_size, L = g->cfg.n_layer, Vp = g->Vp;
+    const size_t BT = (size_t)B * T, BTC = BT * C;
+    const size_t Ba = (size_t)g->B * T; /* per-layer stride: allocated B */
+    acts_ *a = &g->a;
+    cudaStream_t st = g->stream;
+    if (B < 1 || B > g->B) {
+        fprintf(stderr, "gpt_cuda_forward: B=%d outside 1..%d\n", B, g->B);
+        exit(1);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(st)); /* staging buffers free */
+    stage_tokens_(g, a->inp, g->h_inp, inp, BT);
+    if (targets)
+        stage_tokens_(g, a->tgt, g->h_tgt, targets, BT);
+
+    encoder_forward_cuda(a->encoded, a->inp, GW_(g, GLOB_WTE),
+                         GW_(g, GLOB_WPE), B, T, C, st);
+    for (int l = 0; l < L; l++) {
+        int s = g->slot_of[l];
+        const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
+        bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
+        bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
+        bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
+        bf16 *fchg = a->fchg + l * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
+        float *lse = a->lse + (size_t)l * g->B * NH * T;
+
+        layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
+                               res, W_(g, s, SLOT_LN1_W), W_(g, s, SLOT_LN1_B),
+                               (int)BT, C, st);
+        matmul_forward_cuda(qkv, ln1, W_(g, s, SLOT_QKV_W),
+                            W_(g, s, SLOT_QKV_B), (int)BT, C, 3 * C, st);
+        attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
+        matmul_forward_cuda(res2, atty, W_(g, s, SLOT_ATTPROJ_W),
+                            W_(g, s, SLOT_ATTPROJ_B), (int)BT, C, C, st);
+        residual_forward_cuda(res2, res, res2, BTC, st);
+        layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
+                               res2, W_(g, s, SLOT_LN2_W),
+                               W_(g, s, SLOT_LN2_B), (int)BT, C, st);
+        matmul_forward_gelu_cuda(fchg, fch, ln2, W_(g, s, SLOT_FC_W),
+                                 W_(g, s, SLOT_FC_B), (int)BT, C, 4 * C, st);
+        matmul_forward_cuda(res3, fchg, W_(g, s, SLOT_FCPROJ_W),
+                            W_(g, s, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
+        residual_forward_cuda(res3, res2, res3, BTC, st);
+    }
+    const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
+    layernorm_forward_cuda(a->lnf, a->lnf_mean, a->lnf_rstd, last,
+                           GW_(g, GLOB_LNF_W), GW_(g, GLOB_LNF_B), (int)BT, C,
+                           st);
+    matmul_forward_cuda(a->logits, a->lnf, GW_(g, GLOB_WTE), NULL, (int)BT, C,
+                        Vp, st);
+    if (!targets) {
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        return 0.0f;
+    }
+    softmax_crossentropy_forward_cuda(a->losses, NULL, a->logits, a->tgt,
+                                      (int)BT, V, Vp, st);
+    float *red = a->red + grad_sumsq_scratch_floats();
+    mean_cuda(red + RED_LOSS, a->losses, (int)BT, st);
+    CUDA_CHECK(cudaMemcpyAsync(g->h_out, red + RED_LOSS, sizeof(float),
+                               cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    return g->h_out[0];
+}
+
+/* ------------------------------------------------------------- backward */
+
+void gpt_cuda_zero_grad(gpt_cuda *g)
+{
+    CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
+                               g->stream));
+}
+
+#define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
+
+void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
+                       const int32_t *targets, int B, float loss_scale)
+{
+    const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
+    const int V = g->cfg.vocab_size, L = g->cfg.n_layer, Vp = g->Vp;
+    const size_t BT = (size_t)B * T, BTC = BT * C;
+    const size_t Ba = (size_t)g->B * T;
+    acts_ *a = &g->a;
+    cudaStream_t st = g->stream;
+    (void)targets; /* staged on the device by the forward */
+    if (B < 1 || B > g->B) {
+        fprintf(stderr, "gpt_cuda_backward: B=%d outside 1..%d\n", B, g->B);
+        exit(1);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(st)); /* plan staging buffer free */
+    int nseg = encoder_backward_plan(g->h_plan, inp, (int)BT, V);
+    if (nseg < 0) {
+        fprintf(stderr, "gpt_cuda_backward: token outside [0,%d)\n", V);
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(a->plan, g->h_plan,
+                               encoder_plan_ints((int)BT) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, st));
+
+    /* loss -> logits (in place) -> lnf -> residual stream */
+    fill_cuda(a->dlosses, loss_scale, BT, st);
+    softmax_crossentropy_backward_cuda(a->logits, a->logits, a->tgt,
+                                       a->dlosses, (int)BT, V, Vp, st);
+    ZERO_(a->dlnf, BTC);
+    matmul_backward_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL, a->logits,
+                         a->lnf, GW_(g, GLOB_WTE), (int)BT, C, Vp, st);
+    ZERO_(a->dres, BTC);
+    const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
+    layernorm_backward_cuda(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
+                            a->scratch, a->dlnf, last, GW_(g, GLOB_LNF_W),
+                            a->lnf_mean, a->lnf_rstd, (int)BT, C, st);
+
+    for (int l = L - 1; l >= 0; l--) {
+        int s = g->slot_of[l];
+        const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
+        const bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
+        const bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
+        const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
+        const bf16 *fchg = a->fchg + l * Ba * 4 * C;
+        const float *lse = a->lse + (size_t)l * g->B * NH * T;
+
+        /* dres holds d(res3): the MLP branch adds to it */
+        ZERO_(a->dfchg, BT * 4 * C);
+        matmul_backward_cuda(a->dfchg, DW_(g, s, SLOT_FCPROJ_W),
+                             DW_(g, s, SLOT_FCPROJ_B), a->scratch, a->dres,
+                             fchg, W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C,
+                             st);
+        ZERO_(a->dfch, BT * 4 * C);
+        gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
+        ZERO_(a->dln, BTC);
+        matmul_backward_cuda(a->dln, DW_(g, s, SLOT_FC_W),
+                             DW_(g, s, SLOT_FC_B), a->scratch, a->dfch, ln2,
+                             W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C, st);
+        layernorm_backward_cuda(a->dres, DW_(g, s, SLOT_LN2_W),
+                                DW_(g, s, SLOT_LN2_B), a->scratch, a->dln,
+                                res2, W_(g, s, SLOT_LN2_W),
+                                a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
+                                (int)BT, C, st);
+        /* dres holds d(res2): the attention branch adds to it */
+        ZERO_(a->datty, BTC);
+        matmul_backward_cuda(a->datty, DW_(g, s, SLOT_ATTPROJ_W),
+                             DW_(g, s, SLOT_ATTPROJ_B), a->scratch, a->dres,
+                             atty, W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C,
+                             st);
+        ZERO_(a->dqkv, BT * 3 * C);
+        attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty, lse,
+                                B, T, C, NH, st);
+        ZERO_(a->dln, BTC);
+        matmul_backward_cuda(a->dln, DW_(g, s, SLOT_QKV_W),
+                             DW_(g, s, SLOT_QKV_B), a->scratch, a->dqkv, ln1,
+                             W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C, st);
+        layernorm_backward_cuda(a->dres, DW_(g, s, SLOT_LN1_W),
+                                DW_(g, s, SLOT_LN1_B), a->scratch, a->dln,
+                                res, W_(g, s, SLOT_LN1_W),
+                                a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
+                                (int)BT, C, st);
+        /* dres holds d(res): the previous layer's res3 */
+    }
+    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), a->dres,
+                          a->plan, nseg, B, T, C, st);
+}
+
+/* ------------------------------------------------------------- optimizer */
+
+float gpt_cuda_grad_norm(gpt_cuda *g)
+{
+    float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
+    grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
+    CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
+                               cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return sqrtf(g->h_out[1]);
+}
+
+float gpt_cuda_last_grad_norm(gpt_cuda *g)
+{
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return sqrtf(g->h_out[1]);
+}
+
+static void adamw_region_(gpt_cuda *g, size_t base, const tensor_ *ts, int nt,
+                          long t, float lr, float b1, float b2, float eps,
+                          float wd, const float *scale)
+{
+    for (int i = 0; i < nt; i++) {
+        size_t o = base + ts[i].off;
+        adamw_update_cuda(g->master + o, g->params + o, g->grads + o,
+                          g->m + o, g->v + o, ts[i].numel, lr, b1, b2, eps,
+                          ts[i].two_d ? wd : 0.0f, scale, t, g->stream);
+    }
+}
+
+void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float max_norm)
+{
+    float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
+    grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
+    grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
+    CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
+                               cudaMemcpyDeviceToHost, g->stream));
+    long t = ++g->adam_t_global;
+    adamw_region_(g, 0, g->glob, GLOB_NT, t, lr, beta1, beta2, eps,
+                  weight_decay, sc + RED_SCALE);
+    for (int s = 0; s < g->S; s++) {
+        t = ++g->adam_t_slot[s];
+        adamw_region_(g, g->n_global + (size_t)s * g->slot_size, g->slot,
+                      SLOT_NT, t, lr, beta1, beta2, eps, weight_decay,
+                      sc + RED_SCALE);
+    }
+}
+
+/* ------------------------------------------------------------- delink */
+
+int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
+                    const int *src_of, int reset_moments)
+{
+    int L = g->cfg.n_layer;
+    if (new_S < 1 || new_S > L)
+        return -1;
+    for (int s = 0; s < new_S; s++)
+        if (src_of[s] < 0 || src_of[s] >= g->S)
+            return -1;
+    for (int l = 0; l < L; l++)
+        if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
+            return -1;
+    bf16 *params, *grads;
+    float *opt;
+    long *t_slot;
+    if (alloc_state_(g, new_S, &params, &grads, &opt, &t_slot) != 0)
+        return -1; /* old state untouched */
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    size_t n_new = g->n_global + (size_t)new_S * g->slot_size;
+    size_t ng = g->n_global, ss = g->slot_size;
+    float *master = opt, *m = opt + n_new, *v = opt + 2 * n_new;
+    cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
+    CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
+    CUDA_CHECK(cudaMemcpy(master, g->master, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(m, g->m, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(v, g->v, ng * sizeof(float), dd));
+    for (int s = 0; s < new_S; s++) {
+        size_t to = ng + (size_t)s * ss, from = ng + (size_t)src_of[s] * ss;
+        CUDA_CHECK(cudaMemcpy(params + to, g->params + from,
+                              ss * sizeof(bf16), dd));
+        CUDA_CHECK(cudaMemcpy(master + to, g->master + from,
+                              ss * sizeof(float), dd));
+        if (!reset_moments) { /* else m, v stay zero from alloc_state_ */
+            CUDA_CHECK(cudaMemcpy(m + to, g->m + from, ss * sizeof(float), dd));
+            CUDA_CHECK(cudaMemcpy(v + to, g->v + from, ss * sizeof(float), dd));
+            t_slot[s] = g->adam_t_slot[src_of[s]];
+        }
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    use_state_(g, new_S, params, grads, opt, t_slot);
+    memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
+    return 0;
+}

@@ -1,0 +1,197 @@
+/*
+ * kernels_cuda.h — the CUDA backend: every op of kernels.h in bf16 with fp32
+ * accumulation, same argument order, plus a trailing cudaStream_t. All
+ * pointers are device pointers unless named *_host. Shapes as in kernels.h
+ * (B batch, T sequence, C channels, NH heads, hs = C/NH, V vocabulary,
+ * N = B*T rows).
+ *
+ * Conventions (as kernels.h unless said otherwise)
+ *  - Forward ops overwrite their outputs; backward ops ACCUMULATE (+=) into
+ *    every gradient (bf16 read, fp32 add, bf16 write).
+ *  - Where the CUDA op needs workspace it takes a `scratch` argument right
+ *    after its outputs, sized by the *_scratch_floats() function next to it.
+ *    Scratch makes the reductions deterministic: partial sums per fixed row
+ *    block, then a fixed-order sum. No op uses floating-point atomics, so two
+ *    runs on the same inputs give bitwise identical results.
+ *  - Nothing allocates except matmul's cuBLASLt workspace (once, lazily).
+ *  - C must be a multiple of 8 (16-byte rows for cuBLASLt and aligned bf16
+ *    tensors); hs must be 16, 32, 64 or 128.
+ *  - Every error (launch, cuBLASLt, unsupported shape) prints and exits
+ *    (cuda_check.h).
+ *
+ * Differences from kernels.h, each for a reason:
+ *  - attention keeps no (T,T) matrix: forward saves the log-sum-exp per row
+ *    (flash-attention style) and backward recomputes the probabilities.
+ *  - cross-entropy works on a padded vocabulary Vp >= V (rows of Vp, the
+ *    columns [V,Vp) are ignored in forward and get zero gradient); backward
+ *    recomputes the softmax from the logits and WRITES dlogits, which may
+ *    alias logits (the logits are not needed after it).
+ *  - encoder_backward takes a token-bucket plan built on the host
+ *    (encoder_backward_plan) instead of the tokens: a deterministic scatter
+ *    without atomics.
+ *  - AdamW updates the fp32 master copy and writes the bf16 working copy in
+ *    the same pass; its grad_scale is a device pointer so global-norm
+ *    clipping never waits for the host.
+ */
+#ifndef M6_KERNELS_CUDA_H
+#define M6_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* ---------------------------------------------------------------- embedding */
+
+/* out (B,T,C) = wte[inp[b,t]] + wpe[t]. inp (B,T) int32 in [0,V). */
+void encoder_forward_cuda(bf16 *out, const int32_t *inp, const bf16 *wte,
+                          const bf16 *wpe, int B, int T, int C,
+                          cudaStream_t stream);
+
+/* Ints in a plan for N = B*T positions. */
+size_t encoder_plan_ints(int N);
+
+/* Host: group the N positions of inp_host by token (counting sort, positions
+ * ascending within a token) into plan_host (encoder_plan_ints(N) ints).
+ * Returns the number of distinct tokens (segments), or -1 if a token is
+ * outside [0,V). Copy the plan to the device for encoder_backward_cuda. */
+int encoder_backward_plan(int32_t *plan_host, const int32_t *inp_host, int N,
+                          int V);
+
+/* dwte (V,C) += sum of dout over the positions of each token (fp32 sum in
+ * position order, one add per token); dwpe (maxT,C) += sum over b of dout.
+ * plan: device copy of encoder_backward_plan's output, nseg its return. */
+void encoder_backward_cuda(bf16 *dwte, bf16 *dwpe, const bf16 *dout,
+                           const int32_t *plan, int nseg, int B, int T, int C,
+                           cudaStream_t stream);
+
+/* ---------------------------------------------------------------- layernorm */
+
+/* out (N,C) bf16; mean, rstd (N) fp32; eps 1e-5, biased variance. */
+void layernorm_forward_cuda(bf16 *out, float *mean, float *rstd,
+                            const bf16 *inp, const bf16 *weight,
+                            const bf16 *bias, int N, int C,
+                            cudaStream_t stream);
+
+size_t layernorm_backward_scratch_floats(int N, int C);
+
+/* dinp (N,C) +=, dweight (C) +=, dbias (C) +=. */
+void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                             float *scratch, const bf16 *dout,
+                             const bf16 *inp, const bf16 *weight,
+                             const float *mean, const float *rstd, int N,
+                             int C, cudaStream_t stream);
+
+/* ------------------------------------------------------------------- matmul */
+
+/* cuBLASLt handle and workspace: created on first use, or explicitly. */
+void matmul_cuda_init(void);
+void matmul_cuda_fini(void);
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL.
+ * cuBLASLt, bf16 in/out, fp32 compute, bias fused as an epilogue. */
+void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,
+                         const bf16 *bias, int N, int C, int OC,
+                         cudaStream_t stream);
+
+/* pre (N,OC) = inp @ weight^T + bias; out (N,OC) = GELU(pre) (tanh
+ * approximation): one GEMM with the GELU_AUX_BIAS epilogue (a plain GEMM
+ * plus own kernels if cuBLASLt offers no algorithm for it). */
+void matmul_forward_gelu_cuda(bf16 *out, bf16 *pre, const bf16 *inp,
+                              const bf16 *weight, const bf16 *bias, int N,
+                              int C, int OC, cudaStream_t stream);
+
+size_t matmul_backward_scratch_floats(int N, int OC);
+
+/* dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) +=
+ * column sums of dout (skipped when NULL; scratch may then be NULL).
+ * dinp may be NULL. */
+void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                          float *scratch, const bf16 *dout, const bf16 *inp,
+                          const bf16 *weight, int N, int C, int OC,
+                          cudaStream_t stream);
+
+/* ---------------------------------------------------------------- attention */
+
+/* Causal multi-head self-attention, flash style (no (T,T) matrix in global
+ * memory). qkv (B,T,3C) as kernels.h; out (B,T,C); lse (B,NH,T) fp32: the
+ * log-sum-exp of each row's scaled scores, saved for backward. */
+void attention_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
+                            int T, int C, int NH, cudaStream_t stream);
+
+size_t attention_backward_scratch_floats(int B, int T, int NH);
+
+/* dqkv (B,T,3C) +=. dout (B,T,C); qkv, out and lse from the forward. */
+void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
+                             const bf16 *qkv, const bf16 *out,
+                             const float *lse, int B, int T, int C, int NH,
+                             cudaStream_t stream);
+
+/* --------------------------------------------------------------------- GELU */
+
+void gelu_forward_cuda(bf16 *out, const bf16 *inp, size_t N,
+                       cudaStream_t stream);
+/* dinp (N) += GELU'(inp) * dout. dinp may alias dout. */
+void gelu_backward_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
+                        size_t N, cudaStream_t stream);
+
+/* ----------------------------------------------------------------- residual */
+
+/* out = a + b (out may alias a or b). */
+void residual_forward_cuda(bf16 *out, const bf16 *a, const bf16 *b, size_t N,
+                           cudaStream_t stream);
+/* da += dout; db += dout. */
+void residual_backward_cuda(bf16 *da, bf16 *db, const bf16 *dout, size_t N,
+                            cudaStream_t stream);
+
+/* ------------------------------------------------- softmax + cross-entropy */
+
+/* logits (N,Vp) bf16, the first V columns valid; losses (N) fp32 in nats;
+ * probs (N,Vp) bf16 written when not NULL (zeros in the padding). */
+void softmax_crossentropy_forward_cuda(float *losses, bf16 *probs,
+                                       const bf16 *logits,
+                                       const int32_t *targets, int N, int V,
+                                       int Vp, cudaStream_t stream);
+
+/* dlogits (N,Vp) = (softmax(logits) - onehot(targets)) * dlosses[i] for the
+ * first V columns, 0 in the padding. WRITES (no +=); dlogits may alias
+ * logits. dlosses (N) fp32. */
+void softmax_crossentropy_backward_cuda(bf16 *dlogits, const bf16 *logits,
+                                        const int32_t *targets,
+                                        const float *dlosses, int N, int V,
+                                        int Vp, cudaStream_t stream);
+
+/* out[0] = mean of x (n), fp32, deterministic (one block, fixed order). */
+void mean_cuda(float *out, const float *x, int n, cudaStream_t stream);
+
+/* x[i] = value for i < n. */
+void fill_cuda(float *x, float value, size_t n, cudaStream_t stream);
+
+/* -------------------------------------------------------------------- AdamW */
+
+size_t grad_sumsq_scratch_floats(void);
+
+/* out[0] = sum of squares of grads (n), fp32, deterministic. */
+void grad_sumsq_cuda(float *out, float *scratch, const bf16 *grads, size_t n,
+                     cudaStream_t stream);
+
+/* scale[0] = max_norm / sqrt(sumsq[0]) when that norm exceeds max_norm > 0,
+ * else 1: the grad_scale of global-norm clipping, computed on the device. */
+void grad_clip_scale_cuda(float *scale, const float *sumsq, float max_norm,
+                          cudaStream_t stream);
+
+/* AdamW as kernels.h over n parameters: updates master (fp32), m, v in place
+ * and writes params = bf16(master) in the same pass. grads bf16.
+ * grad_scale: device pointer to one float, or NULL for 1. */
+void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
+                       float *m, float *v, size_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay,
+                       const float *grad_scale, long t, cudaStream_t stream);
+
+/* params (n) = bf16(master): the working copy after loading fp32 weights. */
+void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
+                       cudaStream_t stream);
+
+#endif /* M6_KERNELS_CUDA_H */

@@ -1,0 +1,536 @@
+/*
+ * test_ops.cu — every CUDA op against the CPU reference (kernels/cpu/) on the
+ * same inputs, forward and backward. Exit 0 all passed, 1 a check failed,
+ * 77 no CUDA device.
+ *
+ * Inputs are drawn in fp32, rounded to bf16, and the rounded values go to
+ * both backends, so the only differences are the GPU's bf16 outputs and
+ * summation order. Error measure (ggml's test-backend-ops style): the
+ * normalised L2 error  ||got - want|| / ||want||  with a per-check limit.
+ * Backward ops accumulate: gradient buffers start from random values and
+ * the check compares the increments (got - start vs want - start), so an op
+ * that overwrote instead of adding would fail.
+ *
+ * Tolerances and their reasons:
+ *  TOL_BF16 1e-2  one bf16 rounding of each output (relative 2^-9 = 0.2%)
+ *                 plus fp32 summation-order noise; 5x margin.
+ *  TOL_ATT  2e-2  attention backward also uses the bf16-rounded forward
+ *                 output for D = dout.out and recomputes probabilities from
+ *                 a saved log-sum-exp: two more roundings of ~0.2%.
+ *  TOL_F32  1e-4  fp32 outputs from identical inputs (LayerNorm statistics,
+ *                 losses, AdamW state): order of summation and FMA only.
+ * The CPU matmul needs CBLAS; the GEMM reference here is a plain loop in
+ * double, so this test links with any kernels/cpu build.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "kernels.h"
+}
+#include "cuda_check.h"
+#include "kernels_cuda.h"
+
+#define TOL_BF16 1e-2
+#define TOL_ATT 2e-2
+#define TOL_F32 1e-4
+
+static int n_checks, n_failed;
+static cudaStream_t st;
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x1234567ull;
+
+static float urand_(void) /* [0,1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0));
+}
+
+static float bf_(float x)
+{
+    return __bfloat162float(__float2bfloat16(x));
+}
+
+/* n values uniform in [lo,hi), rounded to bf16 */
+static float *hrand_(size_t n, float lo, float hi)
+{
+    float *p = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = bf_(lo + (hi - lo) * urand_());
+    return p;
+}
+
+static float *hcopy_(const float *x, size_t n)
+{
+    float *p = (float *)malloc(n * sizeof(float));
+    memcpy(p, x, n * sizeof(float));
+    return p;
+}
+
+static bf16 *dbf_(const float *h, size_t n) /* device bf16 copy of h */
+{
+    bf16 *tmp = (bf16 *)malloc(n * sizeof(bf16)), *d;
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = __float2bfloat16(h[i]);
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemcpy(d, tmp, n * sizeof(bf16), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+static float *hbf_(const bf16 *d, size_t n) /* host fp32 copy of device bf16 */
+{
+    bf16 *tmp = (bf16 *)malloc(n * sizeof(bf16));
+    float *h = (float *)malloc(n * sizeof(float));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaMemcpy(tmp, d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        h[i] = __bfloat162float(tmp[i]);
+    free(tmp);
+    return h;
+}
+
+template <typename X> static X *dcopy_(const X *h, size_t n)
+{
+    X *d;
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(X)));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(X), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename X> static X *hcopy_dev_(const X *d, size_t n)
+{
+    X *h = (X *)malloc(n * sizeof(X));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(X), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static float *dzero_f32_(size_t n)
+{
+    float *d;
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(float)));
+    return d;
+}
+
+/* ||got - want|| / ||want||; inf when got has a non-finite value. If base
+ * is given, both are compared as increments over base. */
+static double nerr_(const float *got, const float *want, const float *base,
+                    size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            return INFINITY;
+        double b = base ? base[i] : 0.0;
+        double d = ((double)got[i] - b) - ((double)want[i] - b);
+        num += d * d;
+        den += ((double)want[i] - b) * ((double)want[i] - b);
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_(const char *what, const float *got, const float *want,
+                   const float *base, size_t n, double tol)
+{
+    double e = nerr_(got, want, base, n);
+    int ok = e <= tol;
+    n_checks++;
+    n_failed += !ok;
+    printf("  %-34s nerr %.3e (tol %.0e) %s\n", what, e, tol,
+           ok ? "ok" : "FAIL");
+}
+
+static void check_true_(const char *what, int ok)
+{
+    n_checks++;
+    n_failed += !ok;
+    printf("  %-34s %s\n", what, ok ? "ok" : "FAIL");
+}
+
+/* ------------------------------------------------ GEMM reference (double) */
+
+static void ref_matmul_forward_(float *out, const float *inp, const float *w,
+                                const float *bias, int N, int C, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++)
+                s += (double)inp[(size_t)n * C + c] * w[(size_t)o * C + c];
+            out[(size_t)n * OC + o] = (float)s;
+        }
+}
+
+static void ref_matmul_backward_(float *dinp, float *dw, float *dbias,
+                                 const float *dout, const float *inp,
+                                 const float *w, int N, int C, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int o = 0; o < OC; o++)
+                s += (double)dout[(size_t)n * OC + o] * w[(size_t)o * C + c];
+            dinp[(size_t)n * C + c] += (float)s;
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int n = 0; n < N; n++)
+                s += (double)dout[(size_t)n * OC + o] * inp[(size_t)n * C + c];
+            dw[(size_t)o * C + c] += (float)s;
+        }
+        if (dbias) {
+            double s = 0;
+            for (int n = 0; n < N; n++)
+                s += dout[(size_t)n * OC + o];
+            dbias[o] += (float)s;
+        }
+    }
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void test_encoder_(void)
+{
+    const int B = 2, T = 37, C = 64, V = 50, N = B * T;
+    printf("encoder (B=%d T=%d C=%d V=%d)\n", B, T, C, V);
+    int32_t *inp = (int32_t *)malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) /* few distinct tokens: many repeats */
+        inp[i] = (int32_t)(urand_() * 12) * 4;
+    float *wte = hrand_((size_t)V * C, -1, 1), *wpe = hrand_((size_t)T * C, -1, 1);
+    float *want = (float *)malloc((size_t)N * C * sizeof(float));
+    encoder_forward(want, inp, wte, wpe, B, T, C);
+    int32_t *d_inp = dcopy_(inp, N);
+    bf16 *d_wte = dbf_(wte, (size_t)V * C), *d_wpe = dbf_(wpe, (size_t)T * C);
+    bf16 *d_out = dbf_(want, (size_t)N * C);
+    encoder_forward_cuda(d_out, d_inp, d_wte, d_wpe, B, T, C, st);
+    float *got = hbf_(d_out, (size_t)N * C);
+    check_("encoder_forward out", got, want, NULL, (size_t)N * C, TOL_BF16);
+
+    float *dout = hrand_((size_t)N * C, -1, 1);
+    float *dwte0 = hrand_((size_t)V * C, -1, 1), *dwpe0 = hrand_((size_t)T * C, -1, 1);
+    float *dwte = hcopy_(dwte0, (size_t)V * C), *dwpe = hcopy_(dwpe0, (size_t)T * C);
+    encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    int32_t *plan = (int32_t *)malloc(encoder_plan_ints(N) * sizeof(int32_t));
+    int nseg = encoder_backward_plan(plan, inp, N, V);
+    check_true_("encoder_backward_plan segments", nseg > 0 && nseg <= 12);
+    int32_t *d_plan = dcopy_(plan, encoder_plan_ints(N));
+    bf16 *d_dout = dbf_(dout, (size_t)N * C);
+    bf16 *d_dwte = dbf_(dwte0, (size_t)V * C), *d_dwpe = dbf_(dwpe0, (size_t)T * C);
+    encoder_backward_cuda(d_dwte, d_dwpe, d_dout, d_plan, nseg, B, T, C, st);
+    float *g1 = hbf_(d_dwte, (size_t)V * C), *g2 = hbf_(d_dwpe, (size_t)T * C);
+    check_("encoder_backward dwte", g1, dwte, dwte0, (size_t)V * C, TOL_BF16);
+    check_("encoder_backward dwpe", g2, dwpe, dwpe0, (size_t)T * C, TOL_BF16);
+    free(inp); free(wte); free(wpe); free(want); free(got); free(dout);
+    free(dwte0); free(dwpe0); free(dwte); free(dwpe); free(plan); free(g1); free(g2);
+    cudaFree(d_inp); cudaFree(d_wte); cudaFree(d_wpe); cudaFree(d_out);
+    cudaFree(d_plan); cudaFree(d_dout); cudaFree(d_dwte); cudaFree(d_dwpe);
+}
+
+static void test_layernorm_(void)
+{
+    const int N = 300, C = 192; /* N not a multiple of the row chunk */
+    size_t NC = (size_t)N * C;
+    printf("layernorm (N=%d C=%d)\n", N, C);
+    float *inp = hrand_(NC, -2, 3), *w = hrand_(C, 0.5f, 1.5f), *b = hrand_(C, -1, 1);
+    float *out = (float *)malloc(NC * sizeof(float));
+    float *mean = (float *)malloc(N * sizeof(float)), *rstd = (float *)malloc(N * sizeof(float));
+    layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, C), *d_b = dbf_(b, C);
+    bf16 *d_out = dbf_(out, NC);
+    float *d_mean = dzero_f32_(N), *d_rstd = dzero_f32_(N);
+    layernorm_forward_cuda(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, st);
+    float *g = hbf_(d_out, NC);
+    float *gm = hcopy_dev_(d_mean, N), *gr = hcopy_dev_(d_rstd, N);
+    check_("layernorm_forward out", g, out, NULL, NC, TOL_BF16);
+    check_("layernorm_forward mean", gm, mean, NULL, N, TOL_F32);
+    check_("layernorm_forward rstd", gr, rstd, NULL, N, TOL_F32);
+
+    float *dout = hrand_(NC, -1, 1);
+    float *dinp0 = hrand_(NC, -1, 1), *dw0 = hrand_(C, -1, 1), *db0 = hrand_(C, -1, 1);
+    float *dinp = hcopy_(dinp0, NC), *dw = hcopy_(dw0, C), *db = hcopy_(db0, C);
+    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    bf16 *d_dout = dbf_(dout, NC), *d_dinp = dbf_(dinp0, NC);
+    bf16 *d_dw = dbf_(dw0, C), *d_db = dbf_(db0, C);
+    float *scratch = dzero_f32_(layernorm_backward_scratch_floats(N, C));
+    layernorm_backward_cuda(d_dinp, d_dw, d_db, scratch, d_dout, d_inp, d_w,
+                            d_mean, d_rstd, N, C, st);
+    float *g1 = hbf_(d_dinp, NC), *g2 = hbf_(d_dw, C), *g3 = hbf_(d_db, C);
+    check_("layernorm_backward dinp", g1, dinp, dinp0, NC, TOL_BF16);
+    check_("layernorm_backward dweight", g2, dw, dw0, C, TOL_BF16);
+    check_("layernorm_backward dbias", g3, db, db0, C, TOL_BF16);
+    free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(g);
+    free(gm); free(gr); free(dout); free(dinp0); free(dw0); free(db0);
+    free(dinp); free(dw); free(db); free(g1); free(g2); free(g3);
+    cudaFree(d_inp); cudaFree(d_w); cudaFree(d_b); cudaFree(d_out);
+    cudaFree(d_mean); cudaFree(d_rstd); cudaFree(d_dout); cudaFree(d_dinp);
+    cudaFree(d_dw); cudaFree(d_db); cudaFree(scratch);
+}
+
+static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
+{
+    size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+    printf("matmul%s (N=%d C=%d OC=%d bias=%d)\n", gelu ? "+gelu" : "", N, C,
+           OC, with_bias);
+    float *inp = hrand_(NC, -1, 1), *w = hrand_(OCC, -0.2f, 0.2f);
+    float *bias = with_bias ? hrand_(OC, -1, 1) : NULL;
+    float *pre = (float *)malloc(NO * sizeof(float));
+    ref_matmul_forward_(pre, inp, w, bias, N, C, OC);
+    bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
+    bf16 *d_bias = bias ? dbf_(bias, OC) : NULL;
+    bf16 *d_out = dbf_(pre, NO), *d_pre = dbf_(pre, NO);
+    if (gelu) {
+        float *act = (float *)malloc(NO * sizeof(float));
+        gelu_forward(act, pre, NO);
+        matmul_forward_gelu_cuda(d_out, d_pre, d_inp, d_w, d_bias, N, C, OC, st);
+        float *g1 = hbf_(d_out, NO), *g2 = hbf_(d_pre, NO);
+        check_("matmul_forward_gelu out", g1, act, NULL, NO, TOL_BF16);
+        check_("matmul_forward_gelu pre", g2, pre, NULL, NO, TOL_BF16);
+        free(act); free(g1); free(g2);
+    } else {
+        matmul_forward_cuda(d_out, d_inp, d_w, d_bias, N, C, OC, st);
+        float *g = hbf_(d_out, NO);
+        check_("matmul_forward out", g, pre, NULL, NO, TOL_BF16);
+        free(g);
+    }
+    if (!gelu) {
+        float *dout = hrand_(NO, -1, 1);
+        float *dinp0 = hrand_(NC, -1, 1), *dw0 = hrand_(OCC, -1, 1);
+        float *db0 = hrand_(OC, -1, 1);
+        float *dinp = hcopy_(dinp0, NC), *dw = hcopy_(dw0, OCC), *db = hcopy_(db0, OC);
+        ref_matmul_backward_(dinp, dw, with_bias ? db : NULL, dout, inp, w, N,
+                             C, OC);
+        bf16 *d_dout = dbf_(dout, NO), *d_dinp = dbf_(dinp0, NC);
+        bf16 *d_dw = dbf_(dw0, OCC), *d_db = dbf_(db0, OC);
+        float *scratch = dzero_f32_(matmul_backward_scratch_floats(N, OC));
+        matmul_backward_cuda(d_dinp, d_dw, with_bias ? d_db : NULL, scratch,
+                             d_dout, d_inp, d_w, N, C, OC, st);
+        float *g1 = hbf_(d_dinp, NC), *g2 = hbf_(d_dw, OCC), *g3 = hbf_(d_db, OC);
+        check_("matmul_backward dinp", g1, dinp, dinp0, NC, TOL_BF16);
+        check_("matmul_backward dweight", g2, dw, dw0, OCC, TOL_BF16);
+        if (with_bias)
+            check_("matmul_backward dbias", g3, db, db0, OC, TOL_BF16);
+        else
+            check_true_("matmul_backward dbias untouched",
+                        nerr_(g3, db0, NULL, OC) == 0.0);
+        free(dout); free(dinp0); free(dw0); free(db0); free(dinp); free(dw);
+        free(db); free(g1); free(g2); free(g3);
+        cudaFree(d_dout); cudaFree(d_dinp); cudaFree(d_dw); cudaFree(d_db);
+        cudaFree(scratch);
+    }
+    free(inp); free(w); free(bias); free(pre);
+    cudaFree(d_inp); cudaFree(d_w); cudaFree(d_bias); cudaFree(d_out);
+    cudaFree(d_pre);
+}
+
+static void test_attention_(int B, int T, int C, int NH)
+{
+    size_t N3 = (size_t)B * T * 3 * C, NC = (size_t)B * T * C;
+    size_t NA = (size_t)B * NH * T * T;
+    printf("attention (B=%d T=%d C=%d NH=%d hs=%d)\n", B, T, C, NH, C / NH);
+    float *qkv = hrand_(N3, -2, 2);
+    float *out = (float *)malloc(NC * sizeof(float));
+    float *att = (float *)malloc(NA * sizeof(float));
+    attention_forward(out, att, qkv, B, T, C, NH);
+    bf16 *d_qkv = dbf_(qkv, N3), *d_out = dbf_(out, NC);
+    float *d_lse = dzero_f32_((size_t)B * NH * T);
+    attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH, st);
+    float *g = hbf_(d_out, NC);
+    check_("attention_forward out", g, out, NULL, NC, TOL_BF16);
+
+    float *dout = hrand_(NC, -1, 1), *dqkv0 = hrand_(N3, -0.1f, 0.1f);
+    float *dqkv = hcopy_(dqkv0, N3);
+    float *scr = (float *)malloc(NA * sizeof(float));
+    attention_backward(dqkv, scr, dout, qkv, att, B, T, C, NH);
+    bf16 *d_dout = dbf_(dout, NC), *d_dqkv = dbf_(dqkv0, N3);
+    bf16 *d_dqkv2 = dbf_(dqkv0, N3);
+    float *d_scr = dzero_f32_(attention_backward_scratch_floats(B, T, NH));
+    attention_backward_cuda(d_dqkv, d_scr, d_dout, d_qkv, d_out, d_lse, B, T,
+                            C, NH, st);
+    attention_backward_cuda(d_dqkv2, d_scr, d_dout, d_qkv, d_out, d_lse, B, T,
+                            C, NH, st);
+    float *g1 = hbf_(d_dqkv, N3), *g2 = hbf_(d_dqkv2, N3);
+    check_("attention_backward dqkv", g1, dqkv, dqkv0, N3, TOL_ATT);
+    check_true_("attention_backward deterministic",
+                memcmp(g1, g2, N3 * sizeof(float)) == 0);
+    free(qkv); free(out); free(att); free(g); free(dout); free(dqkv0);
+    free(dqkv); free(scr); free(g1); free(g2);
+    cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout);
+    cudaFree(d_dqkv); cudaFree(d_dqkv2); cudaFree(d_scr);
+}
+
+static void test_elementwise_(void)
+{
+    const size_t N = 5000;
+    printf("gelu, residual (N=%zu)\n", N);
+    float *x = hrand_(N, -5, 5), *y = hrand_(N, -1, 1);
+    float *out = (float *)malloc(N * sizeof(float));
+    gelu_forward(out, x, N);
+    bf16 *d_x = dbf_(x, N), *d_y = dbf_(y, N), *d_out = dbf_(out, N);
+    gelu_forward_cuda(d_out, d_x, N, st);
+    float *g = hbf_(d_out, N);
+    check_("gelu_forward", g, out, NULL, N, TOL_BF16);
+    free(g);
+    float *d0 = hrand_(N, -1, 1), *d = hcopy_(d0, N);
+    gelu_backward(d, x, y, N);
+    bf16 *d_d = dbf_(d0, N);
+    gelu_backward_cuda(d_d, d_x, d_y, N, st);
+    g = hbf_(d_d, N);
+    check_("gelu_backward", g, d, d0, N, TOL_BF16);
+    free(g);
+
+    residual_forward(out, x, y, N);
+    residual_forward_cuda(d_out, d_x, d_y, N, st);
+    g = hbf_(d_out, N);
+    check_("residual_forward", g, out, NULL, N, TOL_BF16);
+    free(g);
+    float *a0 = hrand_(N, -1, 1), *b0 = hrand_(N, -1, 1);
+    float *a = hcopy_(a0, N), *b = hcopy_(b0, N);
+    residual_backward(a, b, y, N);
+    bf16 *d_a = dbf_(a0, N), *d_b = dbf_(b0, N);
+    residual_backward_cuda(d_a, d_b, d_y, N, st);
+    float *ga = hbf_(d_a, N), *gb = hbf_(d_b, N);
+    check_("residual_backward da", ga, a, a0, N, TOL_BF16);
+    check_("residual_backward db", gb, b, b0, N, TOL_BF16);
+    free(x); free(y); free(out); free(d0); free(d); free(a0); free(b0);
+    free(a); free(b); free(ga); free(gb);
+    cudaFree(d_x); cudaFree(d_y); cudaFree(d_out); cudaFree(d_d);
+    cudaFree(d_a); cudaFree(d_b);
+}
+
+static void test_crossentropy_(void)
+{
+    const int N = 70, V = 200, Vp = 256;
+    printf("softmax_crossentropy (N=%d V=%d Vp=%d)\n", N, V, Vp);
+    float *lp = hrand_((size_t)N * Vp, -4, 4); /* padded rows for the GPU */
+    for (int i = 0; i < N; i++) /* padding holds garbage: must be ignored */
+        for (int j = V; j < Vp; j++)
+            lp[(size_t)i * Vp + j] = 100.0f;
+    float *logits = (float *)malloc((size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++)
+        memcpy(logits + (size_t)i * V, lp + (size_t)i * Vp, V * sizeof(float));
+    int32_t *tgt = (int32_t *)malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(urand_() * V);
+    float *losses = (float *)malloc(N * sizeof(float));
+    float *probs = (float *)malloc((size_t)N * V * sizeof(float));
+    softmax_crossentropy_forward(losses, probs, logits, tgt, N, V);
+
+    bf16 *d_logits = dbf_(lp, (size_t)N * Vp), *d_probs = dbf_(lp, (size_t)N * Vp);
+    int32_t *d_tgt = dcopy_(tgt, N);
+    float *d_losses = dzero_f32_(N);
+    softmax_crossentropy_forward_cuda(d_losses, d_probs, d_logits, d_tgt, N,
+                                      V, Vp, st);
+    float *gl = hcopy_dev_(d_losses, N), *gp = hbf_(d_probs, (size_t)N * Vp);
+    check_("crossentropy_forward losses", gl, losses, NULL, N, TOL_F32);
+    float *gpv = (float *)malloc((size_t)N * V * sizeof(float));
+    int pad_zero = 1;
+    for (int i = 0; i < N; i++) {
+        memcpy(gpv + (size_t)i * V, gp + (size_t)i * Vp, V * sizeof(float));
+        for (int j = V; j < Vp; j++)
+            pad_zero &= gp[(size_t)i * Vp + j] == 0.0f;
+    }
+    check_("crossentropy_forward probs", gpv, probs, NULL, (size_t)N * V, TOL_BF16);
+    check_true_("crossentropy_forward probs padding 0", pad_zero);
+
+    float *dl = hrand_(N, 0.1f, 1.0f);
+    float *dlog = (float *)calloc((size_t)N * V, sizeof(float));
+    softmax_crossentropy_backward(dlog, probs, tgt, dl, N, V);
+    float *d_dl = dcopy_(dl, N);
+    /* in place, as the model runs it */
+    softmax_crossentropy_backward_cuda(d_logits, d_logits, d_tgt, d_dl, N, V,
+                                       Vp, st);
+    float *gd = hbf_(d_logits, (size_t)N * Vp);
+    float *gdv = (float *)malloc((size_t)N * V * sizeof(float));
+    pad_zero = 1;
+    for (int i = 0; i < N; i++) {
+        memcpy(gdv + (size_t)i * V, gd + (size_t)i * Vp, V * sizeof(float));
+        for (int j = V; j < Vp; j++)
+            pad_zero &= gd[(size_t)i * Vp + j] == 0.0f;
+    }
+    check_("crossentropy_backward dlogits", gdv, dlog, NULL, (size_t)N * V, TOL_BF16);
+    check_true_("crossentropy_backward padding 0", pad_zero);
+
+    double mean = 0;
+    for (int i = 0; i < N; i++)
+        mean += gl[i];
+    float want_mean = (float)(mean / N);
+    float *d_mean = dzero_f32_(1);
+    mean_cuda(d_mean, d_losses, N, st);
+    float *gm = hcopy_dev_(d_mean, 1);
+    check_("mean", gm, &want_mean, NULL, 1, TOL_F32);
+    free(lp); free(logits); free(tgt); free(losses); free(probs); free(gl);
+    free(gp); free(gpv); free(dl); free(dlog); free(gd); free(gdv); free(gm);
+    cudaFree(d_logits); cudaFree(d_probs); cudaFree(d_tgt); cudaFree(d_losses);
+    cudaFree(d_dl); cudaFree(d_mean);
+}
+
+static void test_adamw_(void)
+{
+    const size_t n = (1 << 20) + 37; /* more than one grid-stride pass */
+    printf("adamw, grad_sumsq (n=%zu)\n", n);
+    float *p0 = hrand_(n, -1, 1), *gr = hrand_(n, -0.5f, 0.5f);
+    float *m0 = hrand_(n, -0.1f, 0.1f), *v0 = hrand_(n, 0, 0.01f);
+    float *p = hcopy_(p0, n), *m = hcopy_(m0, n), *v = hcopy_(v0, n);
+
+    double sumsq = grad_sumsq(gr, n);
+    bf16 *d_g = dbf_(gr, n);
+    float *d_scr = dzero_f32_(grad_sumsq_scratch_floats()), *d_sc = dzero_f32_(2);
+    grad_sumsq_cuda(d_sc, d_scr, d_g, n, st);
+    float max_norm = (float)sqrt(sumsq) / 2; /* clipping halves the grads */
+    grad_clip_scale_cuda(d_sc + 1, d_sc, max_norm, st);
+    float *gs = hcopy_dev_(d_sc, 2);
+    float want[2] = {(float)sumsq, 0.5f};
+    check_("grad_sumsq", gs, want, NULL, 1, TOL_F32);
+    check_("grad_clip_scale", gs + 1, want + 1, NULL, 1, TOL_F32);
+
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const long t = 3;
+    adamw_update(p, gr, m, v, n, lr, b1, b2, eps, wd, 0.5f, t);
+    float *d_p = dcopy_(p0, n), *d_m = dcopy_(m0, n), *d_v = dcopy_(v0, n);
+    bf16 *d_pb = dbf_(p0, n);
+    adamw_update_cuda(d_p, d_pb, d_g, d_m, d_v, n, lr, b1, b2, eps, wd,
+                      d_sc + 1, t, st);
+    float *gp = hcopy_dev_(d_p, n), *gm = hcopy_dev_(d_m, n);
+    float *gv = hcopy_dev_(d_v, n), *gpb = hbf_(d_pb, n);
+    check_("adamw master (update)", gp, p, p0, n, TOL_F32);
+    check_("adamw m", gm, m, NULL, n, TOL_F32);
+    check_("adamw v", gv, v, NULL, n, TOL_F32);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= gpb[i] == bf_(gp[i]);
+    check_true_("adamw bf16 copy = bf16(master)", same);
+    free(p0); free(gr); free(m0); free(v0); free(p); free(m); free(v);
+    free(gs); free(gp); free(gm); free(gv); free(gpb);
+    cudaFree(d_g); cudaFree(d_scr); cudaFree(d_sc); cudaFree(d_p);
+    cudaFree(d_m); cudaFree(d_v); cudaFree(d_pb);
+}
+
+int main(void)
+{
+    cuda_device_or_skip("test_ops");
+    CUDA_CHECK(cudaStreamCreate(&st));
+    test_encoder_();
+    test_layernorm_();
+    test_matmul_(96, 64, 192, 1, 0);     /* bias epilogue */
+    test_matmul_(96, 128, 256, 0, 0);    /* no bias (the LM head) */
+    test_matmul_(96, 64, 256, 1, 1);     /* GELU_AUX_BIAS epilogue */
+    test_attention_(2, 67, 128, 2);      /* hs 64, T not a tile multiple */
+    test_attention_(2, 130, 128, 4);     /* hs 32 */
+    test_attention_(1, 45, 256, 2);      /* hs 128 */
+    test_attention_(3, 33, 64, 4);       /* hs 16 */
+    test_elementwise_();
+    test_crossentropy_();
+    test_adamw_();
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaStreamDestroy(st));
+    matmul_cuda_fini();
+    printf("test_ops: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed ? 1 : 0;
+}

@@ -1,0 +1,114 @@
+# lib.sh — helpers for the integration tests: a real m6d, real m6ctl, real
+# SQLite and real text (fortunes). Sourced by each test; M6D and M6CTL come
+# from meson (tests/integration/meson.build).
+set -euo pipefail
+
+: "${M6D:?set M6D to the m6d binary}"
+: "${M6CTL:?set M6CTL to the m6ctl binary}"
+FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/m6-it.XXXXXX")
+DAEMON_PID=
+cleanup_() {
+    touch "$T/stop-reader"  # ends any background reader loop
+    local j
+    for j in $(jobs -p); do kill "$j" 2>/dev/null || true; done
+    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+        kill -9 "$DAEMON_PID" 2>/dev/null || true
+    fi
+    if [ "${KEEP:-0}" = 1 ] || [ "${FAILED:-0}" = 1 ]; then
+        echo "# kept $T" >&2
+    else
+        rm -rf "$T"
+    fi
+}
+trap cleanup_ EXIT
+trap 'FAILED=1' ERR
+
+log() { echo "# $*" >&2; }
+fail() { FAILED=1; echo "FAIL: $*" >&2; for f in "$T"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done; exit 1; }
+
+ctl() { "$M6CTL" --socket "$SOCK" "$@"; }
+
+# prepare_data DIR: shards from the fortunes text (once per test).
+prepare_data() {
+    [ -d "$FORTUNES" ] || { echo "SKIP: no $FORTUNES"; exit 77; }
+    "$M6CTL" data prepare --out "$1" --val-fraction 0.05 "$FORTUNES" \
+        >"$T/prepare.out" 2>"$T/prepare.err" || fail "data prepare: $(cat "$T/prepare.err")"
+}
+
+# write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
+write_spec() {
+    cat >"$1" <<JSON
+{
+  "name": "$2",
+  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
+  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+  "pseudo": {"steps": $4},
+  "train": {"steps": $3, "batch_size": 4, "eval_every": 10, "seed": 7},
+  "checkpoint": {"every": ${CKPT_EVERY:-10}, "keep": 3}${5:+,
+  $5}
+}
+JSON
+}
+
+# start_daemon STATE_DIR [extra args]: starts m6d in the background, waits
+# for the socket to answer.
+start_daemon() {
+    local dir=$1; shift
+    SOCK=$dir/m6d.sock
+    "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@" \
+        2>>"$T/m6d-$(basename "$dir").log" &
+    DAEMON_PID=$!
+    for _ in $(seq 1 100); do
+        if ctl list >/dev/null 2>&1; then return 0; fi
+        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d exited at start"
+        sleep 0.05
+    done
+    fail "m6d did not answer on $SOCK"
+}
+
+stop_daemon() {  # SIGTERM and wait; asserts exit 0
+    kill -TERM "$DAEMON_PID"
+    local rc=0
+    wait "$DAEMON_PID" || rc=$?
+    DAEMON_PID=
+    [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM"
+}
+
+kill9_daemon() {
+    kill -9 "$DAEMON_PID"
+    wait "$DAEMON_PID" 2>/dev/null || true
+    DAEMON_PID=
+}
+
+field() {  # field RUN KEY -> value from status --json
+    ctl status "$1" --json | python3 -c "import json,sys; v=json.load(sys.stdin)['$2']; print('' if v is None else v)"
+}
+
+# wait_until RUN STATE [timeout s]
+wait_state() {
+    local run=$1 want=$2 tmo=${3:-60} s
+    for _ in $(seq 1 $((tmo * 20))); do
+        s=$(field "$run" state)
+        [ "$s" = "$want" ] && return 0
+        sleep 0.05
+    done
+    fail "run $run: state $s, wanted $want after ${tmo}s"
+}
+
+# wait_step RUN N: until step >= N
+wait_step() {
+    local run=$1 n=$2 tmo=${3:-60} s
+    for _ in $(seq 1 $((tmo * 50))); do
+        s=$(field "$run" step)
+        [ "$s" -ge "$n" ] && return 0
+        sleep 0.02
+    done
+    fail "run $run: step $s, wanted >= $n"
+}
+
+db() { sqlite3 "$1/m6.db" "$2"; }
+
+# losses RUN: the loss curve, bitwise (%.9g), without the timing columns.
+losses() { ctl metrics "$1" --csv | cut -d, -f1-5,7; }

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# lifecycle.sh — submit -> pause -> delink (by command) -> resume -> stop on a
+# real m6d; the queue (one run at a time, submit order); phases/events rows;
+# a concurrent sqlite3 reader that must never see "database is locked".
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+write_spec "$T/a.json" life-a 400 200
+write_spec "$T/b.json" life-b 400 200
+start_daemon "$T/s"
+
+# A dashboard polling the DB all along, as the run writes.
+( while [ ! -f "$T/stop-reader" ]; do
+      sqlite3 "$T/s/m6.db" 'select count(*) from metrics; select count(*) from events;' \
+          >/dev/null 2>>"$T/reader.err" || echo "rc=$?" >>"$T/reader.err"
+      sleep 0.01
+  done ) &
+READER=$!
+
+A=$(ctl submit "$T/a.json")
+# Pause as soon as the worker owns the run (until then it is queued and a
+# pause is refused), so it stops well before the spec's delink.
+for _ in $(seq 200); do ctl pause "$A" >/dev/null 2>&1 && break; sleep 0.01; done
+B=$(ctl submit "$T/b.json")
+[ "$A" = 1 ] && [ "$B" = 2 ] || fail "run ids $A $B"
+wait_state "$A" paused
+[ "$(field "$B" state)" = queued ] || fail "run $B should wait in the queue"
+ctl pause "$B" 2>"$T/err" && fail "pausing a queued run should be refused"
+grep -q "queued" "$T/err" || fail "pause of a queued run: $(cat "$T/err")"
+
+P=$(field "$A" step)
+sleep 0.3
+[ "$(field "$A" step)" = "$P" ] || fail "run advanced while paused"
+[ "$P" -lt 200 ] || fail "paused too late (step $P)"
+[ "$(db "$T/s" "select count(*) from checkpoints where run=$A and step=$P")" = 1 ] \
+    || fail "no checkpoint at the pause step $P"
+ctl pause "$A" 2>"$T/err" && fail "second pause should be refused"
+grep -q "already paused" "$T/err" || fail "second pause: $(cat "$T/err")"
+
+# Delink by command while paused: takes effect at this boundary.
+ctl delink "$A" >/dev/null
+for _ in $(seq 100); do [ "$(field "$A" phase)" = real ] && break; sleep 0.05; done
+[ "$(field "$A" phase)" = real ] || fail "no delink after the command"
+[ "$(db "$T/s" "select from_step from phases where run=$A and phase='real'")" = "$P" ] \
+    || fail "phases row: $(db "$T/s" "select * from phases")"
+db "$T/s" "select detail from events where run=$A and kind='delink'" | grep -q "step=$P reason=operator" \
+    || fail "delink event: $(db "$T/s" "select * from events where run=$A")"
+ctl delink "$A" 2>"$T/err" && fail "second delink should be refused"
+grep -q "already in the real phase" "$T/err" || fail "second delink: $(cat "$T/err")"
+
+ctl resume "$A" >/dev/null
+wait_state "$A" running
+wait_step "$A" $((P + 2))
+[ "$(db "$T/s" "select phase from metrics where run=$A and step=$((P + 1))")" = real ] \
+    || fail "step after delink not in the real phase"
+
+ctl stop "$A" >/dev/null
+rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
+[ "$rc" = 3 ] || fail "watch of a stopped run should exit 3, got $rc"
+[ "$(field "$A" state)" = stopped ] || fail "run $A not stopped"
+S=$(field "$A" step)
+[ "$(db "$T/s" "select max(step) from checkpoints where run=$A")" = "$S" ] \
+    || fail "no checkpoint at the stop step $S"
+
+# The queue moves on: B runs to the end, through the spec's delink.
+rc=0; ctl watch "$B" --interval 0.05 >"$T/watch-b.out" || rc=$?
+[ "$rc" = 0 ] || fail "watch B exit $rc: $(tail -3 "$T/watch-b.out")"
+grep -q "delinked at step 200" "$T/watch-b.out" || fail "watch did not report the delink: $(cat "$T/watch-b.out")"
+[ "$(db "$T/s" "select from_step from phases where run=$B and phase='real'")" = 200 ] || fail "B phases"
+db "$T/s" "select detail from events where run=$B and kind='delink'" | grep -q "reason=spec" || fail "B delink event"
+[ "$(db "$T/s" "select count(*) from metrics where run=$B")" = 400 ] || fail "B metrics rows"
+[ "$(db "$T/s" "select count(*) from checkpoints where run=$B")" -le 3 ] || fail "checkpoint.keep not honoured"
+[ "$(ls "$T/s/runs/$B/checkpoints" | wc -l)" -le 3 ] || fail "old checkpoint dirs left"
+
+# --json field names are stable.
+ctl list --json | python3 -c '
+import json, sys
+runs = json.load(sys.stdin)
+for k in ("id","name","state","phase","step","total_steps","train_loss","val_loss","tokens_per_s"):
+    assert k in runs[0], k
+assert [r["state"] for r in runs] == ["stopped", "completed"], runs
+' || fail "list --json"
+
+touch "$T/stop-reader"; wait "$READER"
+if [ -s "$T/reader.err" ]; then fail "concurrent reader: $(sort -u "$T/reader.err" | head -3)"; fi
+stop_daemon
+echo "ok lifecycle (paused at $P, stopped at $S)"

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# protocol.sh — bad input on the control socket while a run trains: garbage
+# and oversized frames, an unknown request type, a bad protocol version, an
+# unknown run id, specs with a bad key or a bad data glob. Each gets a clear
+# error; the daemon keeps serving; the run is unaffected (same losses as a
+# quiet run). Then the socket's latency while a big step runs.
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+write_spec "$T/spec.json" proto 150 75
+export M6_STUB_STEP_MS=15
+
+start_daemon "$T/quiet"
+Q=$(ctl submit "$T/spec.json")
+ctl watch "$Q" >/dev/null || fail "quiet run"
+losses "$Q" >"$T/quiet.csv"
+stop_daemon
+
+start_daemon "$T/s"
+[ "$(stat -c %a "$SOCK")" = 660 ] || fail "socket mode $(stat -c %a "$SOCK")"
+R=$(ctl submit "$T/spec.json")
+wait_state "$R" running
+
+python3 "$(dirname "$0")/rawclient.py" "$SOCK" >"$T/raw.out" 2>&1 || fail "rawclient: $(cat "$T/raw.out")"
+cat "$T/raw.out" >&2
+
+ctl status 4242 2>"$T/err" && fail "status of an unknown run should fail"
+grep -q "no run with id 4242" "$T/err" || fail "unknown run message: $(cat "$T/err")"
+ctl pause 4242 2>/dev/null && fail "pause of an unknown run should fail"
+
+sed 's/"seq_len": 32/"seq_len": 32, "n_lyer": 3/' "$T/spec.json" >"$T/badkey.json"
+ctl submit "$T/badkey.json" 2>"$T/err" && fail "a spec with a bad key was accepted"
+grep -q "n_lyer" "$T/err" || fail "bad key not named: $(cat "$T/err")"
+sed 's/"lr"/"lr"/; s/"seed": 7/"seed": 7, "lr": -1/' "$T/spec.json" >"$T/badval.json"
+ctl submit "$T/badval.json" 2>"$T/err" && fail "a spec with lr -1 was accepted"
+grep -q "train.lr" "$T/err" || fail "bad value not named: $(cat "$T/err")"
+sed "s#$T/data/train_\*.bin#$T/nowhere/*.bin#" "$T/spec.json" >"$T/badglob.json"
+ctl submit "$T/badglob.json" 2>"$T/err" && fail "a spec with a bad glob was accepted"
+grep -q "data.train" "$T/err" || fail "bad glob not named: $(cat "$T/err")"
+sed 's/"seed": 7/"seed": 7}, "device": {"backend": "cuda"/' "$T/spec.json" >"$T/cuda.json"
+ctl submit "$T/cuda.json" 2>"$T/err" && fail "a cuda spec was accepted by a daemon that cannot run it"
+grep -q "device.backend" "$T/err" || fail "cuda refusal not named: $(cat "$T/err")"
+echo '{"name": ' >"$T/broken.json"
+ctl submit "$T/broken.json" 2>/dev/null && fail "broken JSON accepted"
+ctl plan "$T/spec.json" 2>"$T/err" && fail "plan should be unimplemented for now"
+grep -q "not implemented" "$T/err" || fail "plan: $(cat "$T/err")"
+
+[ "$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] \
+    || fail "refused submits left rows"
+ctl watch "$R" >/dev/null || fail "the run did not complete after the bad input"
+losses "$R" | diff "$T/quiet.csv" - >"$T/diff" || fail "losses changed: $(head "$T/diff")"
+
+# Latency: a big step (the stub sleeps; the real engine gets a bigger model).
+write_spec "$T/big.json" big 4 0
+python3 - "$T/big.json" <<'PY'
+import json, sys
+p = sys.argv[1]; s = json.load(open(p))
+s["model"].update(n_layer=4, n_embd=256, n_head=4, seq_len=256); s["train"]["batch_size"] = 16
+json.dump(s, open(p, "w"))
+PY
+stop_daemon
+M6_STUB_STEP_MS=600 start_daemon "$T/s"
+B=$(ctl submit "$T/big.json")
+wait_state "$B" running
+python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" >"$T/lat.out" 2>&1 || fail "latency: $(cat "$T/lat.out")"
+tail -1 "$T/lat.out" >&2
+ctl stop "$B" >/dev/null
+stop_daemon
+echo "ok protocol"

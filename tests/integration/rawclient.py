@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""rawclient.py SOCKET — talks to m6d with hand-made frames (no protobuf
+library needed): garbage, oversized lengths, unknown request types, a bad
+protocol version, requests before Hello; and the control socket's latency
+mid-step. Exits non-zero on the first failed check."""
+import socket
+import struct
+import sys
+import time
+
+SOCK = sys.argv[1]
+LATENCY_RUN = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+
+# Status enum of proto/m6.proto
+OK, BAD_REQUEST, BAD_VERSION, NEED_HELLO, UNKNOWN_REQUEST, TOO_LARGE, NOT_FOUND = 0, 1, 2, 3, 4, 5, 6
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def field_bytes(num, payload):
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def field_varint(num, v):
+    return varint(num << 3) + varint(v)
+
+
+def hello(version=1):
+    return field_bytes(1, field_varint(1, version) + field_bytes(2, b"rawclient"))
+
+
+def status_req(run_id):
+    return field_bytes(4, field_varint(1, run_id))
+
+
+def list_req():
+    return field_bytes(3, b"")
+
+
+def frame(payload):
+    return struct.pack(">I", len(payload)) + payload
+
+
+def read_varint(buf, i):
+    shift = n = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def parse_response(buf):
+    """-> (status, message) from a Response's fields 1 and 2."""
+    i, status, msg = 0, 0, ""
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = read_varint(buf, i)
+            if num == 1:
+                status = v
+        elif wt == 2:
+            ln, i = read_varint(buf, i)
+            if num == 2:
+                msg = buf[i:i + ln].decode()
+            i += ln
+        elif wt == 5:
+            i += 4
+        elif wt == 1:
+            i += 8
+        else:
+            raise ValueError("wire type %d" % wt)
+    return status, msg
+
+
+def connect():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(SOCK)
+    return s
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("closed after %d of %d bytes" % (len(buf), n))
+        buf += chunk
+    return buf
+
+
+def recv_response(s):
+    (n,) = struct.unpack(">I", recv_exact(s, 4))
+    return parse_response(recv_exact(s, n))
+
+
+def expect_closed(s, what):
+    try:
+        data = s.recv(1)
+    except ConnectionResetError:
+        data = b""
+    check(data == b"", "%s: connection should be closed" % what)
+
+
+def check(cond, what):
+    if not cond:
+        print("FAIL:", what)
+        sys.exit(1)
+    print("ok  ", what)
+
+
+def call(s, payload):
+    s.sendall(frame(payload))
+    return recv_response(s)
+
+
+# Garbage payload in a well-formed frame: BAD_REQUEST, then closed.
+s = connect()
+st, msg = call(s, b"\xff\xff\xff\xff\x0f\x07garbage")
+check(st == BAD_REQUEST and "malformed" in msg, "garbage frame -> BAD_REQUEST (%r)" % msg)
+expect_closed(s, "garbage frame")
+
+# Oversized length: TOO_LARGE before any payload is read, then closed.
+s = connect()
+s.sendall(struct.pack(">I", 0x7FFFFFF0) + b"xx")
+st, msg = recv_response(s)
+check(st == TOO_LARGE and "limit" in msg, "oversized length -> TOO_LARGE (%r)" % msg)
+expect_closed(s, "oversized length")
+
+# Exactly one byte over 16 MiB is refused too.
+s = connect()
+s.sendall(struct.pack(">I", 16 * 1024 * 1024 + 1))
+st, msg = recv_response(s)
+check(st == TOO_LARGE, "16 MiB + 1 -> TOO_LARGE")
+expect_closed(s, "16 MiB + 1")
+
+# Bad protocol version: a clean "bad version" reply, then closed.
+s = connect()
+st, msg = call(s, hello(99))
+check(st == BAD_VERSION and "bad version" in msg, "hello v99 -> BAD_VERSION (%r)" % msg)
+expect_closed(s, "bad version")
+
+# A request before Hello: NEED_HELLO; the connection stays usable.
+s = connect()
+st, msg = call(s, list_req())
+check(st == NEED_HELLO, "list before hello -> NEED_HELLO (%r)" % msg)
+st, msg = call(s, hello())
+check(st == OK, "hello after NEED_HELLO -> OK")
+
+# Unknown request type (field 99 of Request): UNKNOWN_REQUEST, stays open.
+st, msg = call(s, field_varint(99, 1))
+check(st == UNKNOWN_REQUEST and "unknown request" in msg, "field 99 -> UNKNOWN_REQUEST (%r)" % msg)
+# An empty Request (no oneof member) likewise.
+st, msg = call(s, b"")
+check(st == UNKNOWN_REQUEST, "empty request -> UNKNOWN_REQUEST")
+
+# Unknown run id: NOT_FOUND naming the id.
+st, msg = call(s, status_req(987654))
+check(st == NOT_FOUND and "987654" in msg, "unknown run -> NOT_FOUND (%r)" % msg)
+
+# A frame split into single bytes, and two frames in one write.
+data = frame(list_req()) + frame(status_req(987654))
+for b in data[:5]:
+    s.send(bytes([b]))
+    time.sleep(0.01)
+s.sendall(data[5:])
+st1, _ = recv_response(s)
+st2, _ = recv_response(s)
+check(st1 == OK and st2 == NOT_FOUND, "split and coalesced frames")
+s.close()
+
+# Latency mid-step: connect + hello + status, every 20 ms for ~1.5 s.
+if LATENCY_RUN:
+    worst = 0.0
+    for _ in range(75):
+        t0 = time.monotonic()
+        c = connect()
+        assert call(c, hello())[0] == OK
+        st, _ = call(c, status_req(LATENCY_RUN))
+        dt = time.monotonic() - t0
+        c.close()
+        check(st == OK, "status mid-step") if _ == 0 else None
+        worst = max(worst, dt)
+        time.sleep(0.02)
+    check(worst < 0.1, "control socket answers mid-step: worst %.1f ms" % (worst * 1e3))
