@@ -3,9 +3,11 @@
  */
 #include "common/paths.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int fits_(int n, size_t len) { return n >= 0 && (size_t)n < len ? 0 : -1; }
@@ -42,4 +44,20 @@ int paths_client_socket(char *buf, size_t len)
     if (paths_state_dir(dir, sizeof dir) == 0)
         return paths_socket_in(dir, buf, len);
     return -1;
+}
+
+int paths_mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[4096];
+    if (fits_(snprintf(tmp, sizeof tmp, "%s", path), sizeof tmp) < 0) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, mode) < 0 && errno != EEXIST ? -1 : 0;
 }

@@ -10,6 +10,7 @@
 #define M6_PATHS_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #define M6_SYSTEM_SOCKET "/run/m6d/m6d.sock"
 
@@ -18,5 +19,8 @@ int paths_state_dir(char *buf, size_t len);
 int paths_socket_in(const char *state_dir, char *buf, size_t len);
 /* m6ctl: $M6_SOCKET, else the per-user default, else the system one. */
 int paths_client_socket(char *buf, size_t len);
+/* mkdir -p: the parents 0755, path itself with mode; existing ones are fine.
+ * 0, or -1 with errno set (ENAMETOOLONG when path is 4096 bytes or more). */
+int paths_mkdir_p(const char *path, mode_t mode);
 
 #endif /* M6_PATHS_H */

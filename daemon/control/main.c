@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -119,19 +118,6 @@ static int parse_args_(int argc, char **argv, options *o)
     return 0;
 }
 
-static int mkdir_p_(const char *path)
-{
-    char tmp[2048];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0750) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* ------------------------------------------------------------------ notify */
 
 static void notify_(const char *msg)
@@ -210,7 +196,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     char runs[2200], db[2200];
-    if (mkdir_p_(g.opt.state_dir) < 0) {
+    if (paths_mkdir_p(g.opt.state_dir, 0750) < 0) {
         log_error("daemon.error", "state_dir=%s err=\"%s\"", g.opt.state_dir,
                   strerror(errno));
         return 1;

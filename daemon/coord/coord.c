@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/paths.h"
 #include "train/data.h"
 #include "train/spec.h"
 #include "train/trainer.h"
@@ -53,19 +54,6 @@ static int rm_entry_(const char *path, const struct stat *sb, int flag,
 static void rm_rf_(const char *path)
 {
     nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static int mkdir_p_(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
 static long long du_total_;
@@ -206,7 +194,7 @@ static int checkpoint_(run_ctx *r, const char *why)
     if (step == r->last_ckpt) return 0;
     char dir[4096], path[4200], err[512];
     ckpt_dir_(r->c, r->id, dir, sizeof dir);
-    if (mkdir_p_(dir) < 0) {
+    if (paths_mkdir_p(dir, 0755) < 0) {
         log_error("checkpoint.error", "run=%lld dir=%s err=\"%s\"",
                   (long long)r->id, dir, strerror(errno));
         return -1;
@@ -500,7 +488,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (mkdir_p_(c->runs_dir) < 0) {
+    if (paths_mkdir_p(c->runs_dir, 0755) < 0) {
         snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
         goto fail;
     }

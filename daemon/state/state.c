@@ -21,17 +21,6 @@ struct state {
     pthread_mutex_t mu;
 };
 
-/* The SQLite check macro: logs the statement, file:line and SQLite's error. */
-#define SQL_CHECK(st, call, want)                                             \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != (want)) {                                                  \
-            log_error("sqlite.error", "call=\"%s\" at=%s:%d rc=%d msg=\"%s\"", \
-                      #call, __FILE__, __LINE__, rc_, sqlite3_errmsg((st)->db)); \
-            goto fail;                                                        \
-        }                                                                     \
-    } while (0)
-
 static const char *const state_names[RUN_STATE_COUNT] = {
     "queued", "running", "paused", "completed", "failed", "stopped"};
 
@@ -175,45 +164,167 @@ int state_user_version(state *st)
     return v;
 }
 
+/* ------------------------------------------------------------ sql helpers */
+
+/*
+ * One value for a '?' parameter, written as a compound literal so that each
+ * argument converts to the field's type as it would in an assignment:
+ * A_INT(id), A_REAL(now_()), A_TEXT(name), A_NULL. A_TEXT(NULL) binds NULL,
+ * and so does A_REAL(NAN) (a metric that was not measured).
+ */
+typedef struct {
+    enum { ARG_END = 0, ARG_NULL, ARG_INT, ARG_REAL, ARG_TEXT } kind;
+    int64_t i;
+    double d;
+    const char *t;
+} arg_;
+
+#define A_INT(v)  ((arg_){.kind = ARG_INT, .i = (v)})
+#define A_REAL(v) ((arg_){.kind = ARG_REAL, .d = (v)})
+#define A_TEXT(v) ((arg_){.kind = ARG_TEXT, .t = (v)})
+#define A_NULL    ((arg_){.kind = ARG_NULL})
+
+/* The SQLite check: logs what failed (the statement), the caller's file:line
+ * and SQLite's own error. Every helper below reports through it. */
+static void sql_fail_(state *st, const char *sql, const char *file, int line,
+                      int rc)
+{
+    log_error("sqlite.error", "sql=\"%s\" at=%s:%d rc=%d msg=\"%s\"",
+              sql ? sql : "?", file, line, rc, sqlite3_errmsg(st->db));
+}
+
+/* Prepare sql and bind args (ended by ARG_END); NULL on error, logged. */
+static sqlite3_stmt *prepare_(state *st, const char *file, int line,
+                              const char *sql, const arg_ *args)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(st->db, sql, -1, &s, NULL);
+    for (int i = 0; rc == SQLITE_OK && args[i].kind != ARG_END; i++) {
+        const arg_ *a = &args[i];
+        if (a->kind == ARG_INT)
+            rc = sqlite3_bind_int64(s, i + 1, a->i);
+        else if (a->kind == ARG_REAL && !isnan(a->d))
+            rc = sqlite3_bind_double(s, i + 1, a->d);
+        else if (a->kind == ARG_TEXT && a->t)
+            rc = sqlite3_bind_text(s, i + 1, a->t, -1, SQLITE_TRANSIENT);
+        else
+            rc = sqlite3_bind_null(s, i + 1);
+    }
+    if (rc != SQLITE_OK) {
+        sql_fail_(st, sql, file, line, rc);
+        sqlite3_finalize(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Step s once: 1 a row, 0 done, -1 error (logged). */
+static int next_(state *st, const char *file, int line, sqlite3_stmt *s)
+{
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) return 1;
+    if (rc == SQLITE_DONE) return 0;
+    sql_fail_(st, sqlite3_sql(s), file, line, rc);
+    return -1;
+}
+
+/* Run one statement that returns no rows, with st->mu held by the caller.
+ * Returns the number of rows it changed, or -1 (logged). */
+static int write_locked_(state *st, const char *file, int line,
+                         const char *sql, const arg_ *args)
+{
+    sqlite3_stmt *s = prepare_(st, file, line, sql, args);
+    if (!s) return -1;
+    int rc = sqlite3_step(s);
+    if (rc != SQLITE_DONE) sql_fail_(st, sql, file, line, rc);
+    sqlite3_finalize(s);
+    return rc == SQLITE_DONE ? sqlite3_changes(st->db) : -1;
+}
+
+/* The same, taking st->mu itself. */
+static int write_(state *st, const char *file, int line, const char *sql,
+                  const arg_ *args)
+{
+    pthread_mutex_lock(&st->mu);
+    int n = write_locked_(st, file, line, sql, args);
+    pthread_mutex_unlock(&st->mu);
+    return n;
+}
+
+/* Callers name the statement and its values; file:line are the caller's. */
+#define SQL_ARGS(...) ((const arg_[]){__VA_ARGS__ __VA_OPT__(,) {0}})
+#define SQL_PREPARE(st, sql, ...) \
+    prepare_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
+#define SQL_NEXT(st, s) next_((st), __FILE__, __LINE__, (s))
+#define SQL_WRITE(st, sql, ...) \
+    write_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
+#define SQL_WRITE_LOCKED(st, sql, ...) \
+    write_locked_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
+
+/* Every row of the query, each put into an elem-sized slot by fill; takes
+ * st->mu. 0 with *out malloc'd (NULL when there are no rows) and *n set, or
+ * -1 with *out NULL and *n 0. */
+static int list_(state *st, const char *file, int line, void **out, int *n,
+                 size_t elem, void (*fill)(sqlite3_stmt *, void *),
+                 const char *sql, const arg_ *args)
+{
+    char *v = NULL;
+    int cnt = 0, cap = 0, rc = -1;
+    pthread_mutex_lock(&st->mu);
+    sqlite3_stmt *s = prepare_(st, file, line, sql, args);
+    while (s && (rc = next_(st, file, line, s)) == 1) {
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            char *nv = realloc(v, (size_t)cap * elem);
+            if (!nv) {
+                rc = -1;
+                break;
+            }
+            v = nv;
+        }
+        fill(s, v + (size_t)cnt++ * elem);
+    }
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->mu);
+    if (rc != 0) {
+        free(v);
+        v = NULL;
+        cnt = 0;
+    }
+    *out = v;
+    *n = cnt;
+    return rc == 0 ? 0 : -1;
+}
+
+#define SQL_LIST(st, out, n, elem, fill, sql, ...)                  \
+    list_((st), __FILE__, __LINE__, (out), (n), (elem), (fill), (sql), \
+          SQL_ARGS(__VA_ARGS__))
+
 /* -------------------------------------------------------------------- runs */
 
 int64_t state_run_insert(state *st, const char *name, const char *spec,
                          int64_t total_steps, int phase)
 {
-    sqlite3_stmt *s = NULL;
     int64_t id = -1;
     double t = now_();
     pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
-        "created, updated) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?)",
-        -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_text(s, 1, name ? name : "", -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s, 2, spec, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s, 3, phase_name(phase), -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 4, total_steps);
-    sqlite3_bind_double(s, 5, t);
-    sqlite3_bind_double(s, 6, t);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
+    if (SQL_WRITE_LOCKED(st,
+            "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
+            "created, updated) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?)",
+            A_TEXT(name ? name : ""), A_TEXT(spec), A_TEXT(phase_name(phase)),
+            A_INT(total_steps), A_REAL(t), A_REAL(t)) < 0)
+        goto out;
     id = sqlite3_last_insert_rowid(st->db);
     if (!name || !*name) {
         char nm[64];
         snprintf(nm, sizeof nm, "run-%lld", (long long)id);
-        sqlite3_finalize(s);
-        s = NULL;
-        SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-            "UPDATE runs SET name = ? WHERE id = ?", -1, &s, NULL), SQLITE_OK);
-        sqlite3_bind_text(s, 1, nm, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int64(s, 2, id);
-        SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
+        if (SQL_WRITE_LOCKED(st, "UPDATE runs SET name = ? WHERE id = ?",
+                             A_TEXT(nm), A_INT(id)) < 0)
+            id = -1;
     }
-    sqlite3_finalize(s);
+out:
     pthread_mutex_unlock(&st->mu);
     return id;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return -1;
 }
 
 static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
@@ -240,23 +351,17 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
-    sqlite3_stmt *s = NULL;
     int ret = -1;
     pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT " RUN_COLS ", spec FROM runs WHERE id = ?", -1, &s, NULL),
-        SQLITE_OK);
-    sqlite3_bind_int64(s, 1, id);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
+    sqlite3_stmt *s = SQL_PREPARE(st,
+        "SELECT " RUN_COLS ", spec FROM runs WHERE id = ?", A_INT(id));
+    int rc = s ? SQL_NEXT(st, s) : -1;
+    if (rc == 1) {
         row_from_stmt_(s, out, 1);
         ret = out->spec ? 0 : -1;
-    } else if (rc == SQLITE_DONE) {
+    } else if (rc == 0) {
         ret = 1;
-    } else {
-        SQL_CHECK(st, rc, SQLITE_ROW);
     }
-fail:
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;
@@ -270,132 +375,63 @@ void run_row_clear(run_row *r)
 
 int state_run_find_name(state *st, const char *name, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1, n = 0;
+    int ret = -1, n = 0, rc = -1;
     pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT id FROM runs WHERE name = ? ORDER BY id LIMIT 2", -1, &s,
-        NULL), SQLITE_OK);
-    sqlite3_bind_text(s, 1, name, -1, SQLITE_TRANSIENT);
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    sqlite3_stmt *s = SQL_PREPARE(st,
+        "SELECT id FROM runs WHERE name = ? ORDER BY id LIMIT 2",
+        A_TEXT(name));
+    while (s && (rc = SQL_NEXT(st, s)) == 1) {
         if (n++ == 0) *id = sqlite3_column_int64(s, 0);
     }
-    SQL_CHECK(st, rc, SQLITE_DONE);
-    ret = n == 0 ? 1 : n == 1 ? 0 : 2;
-fail:
+    if (rc == 0) ret = n == 0 ? 1 : n == 1 ? 0 : 2;
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;
+}
+
+static void run_fill_(sqlite3_stmt *s, void *elem)
+{
+    row_from_stmt_(s, elem, 0);
 }
 
 int state_run_list(state *st, run_row **rows, int *n)
 {
-    sqlite3_stmt *s = NULL;
-    run_row *v = NULL;
-    int cnt = 0, cap = 0;
-    *rows = NULL;
-    *n = 0;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT " RUN_COLS " FROM runs ORDER BY id", -1, &s, NULL), SQLITE_OK);
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            cap = cap ? cap * 2 : 16;
-            run_row *nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) goto fail;
-            v = nv;
-        }
-        row_from_stmt_(s, &v[cnt++], 0);
-    }
-    SQL_CHECK(st, rc, SQLITE_DONE);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **rows, run_fill_,
+                       "SELECT " RUN_COLS " FROM runs ORDER BY id");
     *rows = v;
-    *n = cnt;
-    return 0;
-fail:
-    free(v);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return -1;
+    return ret;
+}
+
+static void id_fill_(sqlite3_stmt *s, void *elem)
+{
+    *(int64_t *)elem = sqlite3_column_int64(s, 0);
 }
 
 int state_run_ids(state *st, run_state rs, int64_t **ids, int *n)
 {
-    sqlite3_stmt *s = NULL;
-    int64_t *v = NULL;
-    int cnt = 0, cap = 0;
-    *ids = NULL;
-    *n = 0;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT id FROM runs WHERE state = ? ORDER BY id", -1, &s, NULL),
-        SQLITE_OK);
-    sqlite3_bind_text(s, 1, run_state_name(rs), -1, SQLITE_STATIC);
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            cap = cap ? cap * 2 : 16;
-            int64_t *nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) goto fail;
-            v = nv;
-        }
-        v[cnt++] = sqlite3_column_int64(s, 0);
-    }
-    SQL_CHECK(st, rc, SQLITE_DONE);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **ids, id_fill_,
+                       "SELECT id FROM runs WHERE state = ? ORDER BY id",
+                       A_TEXT(run_state_name(rs)));
     *ids = v;
-    *n = cnt;
-    return 0;
-fail:
-    free(v);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return -1;
+    return ret;
 }
 
 int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?", -1,
-        &s, NULL), SQLITE_OK);
-    sqlite3_bind_text(s, 1, run_state_name(rs), -1, SQLITE_STATIC);
-    if (error)
-        sqlite3_bind_text(s, 2, error, -1, SQLITE_TRANSIENT);
-    else
-        sqlite3_bind_null(s, 2);
-    sqlite3_bind_double(s, 3, now_());
-    sqlite3_bind_int64(s, 4, id);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = sqlite3_changes(st->db) ? 0 : 1;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    int changed = SQL_WRITE(st,
+        "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
+        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(now_()), A_INT(id));
+    return changed < 0 ? -1 : changed ? 0 : 1;
 }
 
 static int set_progress_locked_(state *st, int64_t id, int64_t step, int phase)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "UPDATE runs SET step = ?, phase = ?, updated = ? WHERE id = ?", -1,
-        &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, step);
-    sqlite3_bind_text(s, 2, phase_name(phase), -1, SQLITE_STATIC);
-    sqlite3_bind_double(s, 3, now_());
-    sqlite3_bind_int64(s, 4, id);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    return ret;
+    return SQL_WRITE_LOCKED(st,
+        "UPDATE runs SET step = ?, phase = ?, updated = ? WHERE id = ?",
+        A_INT(step), A_TEXT(phase_name(phase)), A_REAL(now_()),
+        A_INT(id)) < 0 ? -1 : 0;
 }
 
 int state_run_set_progress(state *st, int64_t id, int64_t step, int phase)
@@ -410,75 +446,33 @@ int state_run_set_progress(state *st, int64_t id, int64_t step, int phase)
 
 int state_phase_set(state *st, int64_t run, int phase, int64_t from_step)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
+    return SQL_WRITE(st,
         "INSERT OR REPLACE INTO phases(run, phase, from_step, at) "
-        "VALUES (?, ?, ?, ?)", -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_text(s, 2, phase_name(phase), -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, from_step);
-    sqlite3_bind_double(s, 4, now_());
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+        "VALUES (?, ?, ?, ?)",
+        A_INT(run), A_TEXT(phase_name(phase)), A_INT(from_step),
+        A_REAL(now_())) < 0 ? -1 : 0;
 }
 
 int state_phase_get(state *st, int64_t run, int phase, int64_t *from_step)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
     pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT from_step FROM phases WHERE run = ? AND phase = ?", -1, &s,
-        NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_text(s, 2, phase_name(phase), -1, SQLITE_STATIC);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        *from_step = sqlite3_column_int64(s, 0);
-        ret = 0;
-    } else {
-        SQL_CHECK(st, rc, SQLITE_DONE);
-        ret = 1;
-    }
-fail:
+    sqlite3_stmt *s = SQL_PREPARE(st,
+        "SELECT from_step FROM phases WHERE run = ? AND phase = ?",
+        A_INT(run), A_TEXT(phase_name(phase)));
+    int rc = s ? SQL_NEXT(st, s) : -1;
+    if (rc == 1) *from_step = sqlite3_column_int64(s, 0);
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
-    return ret;
+    return rc == 1 ? 0 : rc == 0 ? 1 : -1;
 }
 
 int state_phase_delete(state *st, int64_t run, int phase)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "DELETE FROM phases WHERE run = ? AND phase = ?", -1, &s, NULL),
-        SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_text(s, 2, phase_name(phase), -1, SQLITE_STATIC);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    return SQL_WRITE(st, "DELETE FROM phases WHERE run = ? AND phase = ?",
+                     A_INT(run), A_TEXT(phase_name(phase))) < 0 ? -1 : 0;
 }
 
 /* ----------------------------------------------------------------- metrics */
-
-static void bind_real_or_null_(sqlite3_stmt *s, int i, double v)
-{
-    if (isnan(v))
-        sqlite3_bind_null(s, i);
-    else
-        sqlite3_bind_double(s, i, v);
-}
 
 static double column_real_or_nan_(sqlite3_stmt *s, int i)
 {
@@ -488,51 +482,31 @@ static double column_real_or_nan_(sqlite3_stmt *s, int i)
 
 int state_record_step(state *st, int64_t run, const metric_row *m)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1, in_tx = 0;
+    int ret = -1;
     pthread_mutex_lock(&st->mu);
-    if (exec_(st, "BEGIN IMMEDIATE") < 0) goto fail;
-    in_tx = 1;
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, val_loss,"
-        " lr, tokens_per_s, grad_norm) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", -1,
-        &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int64(s, 2, m->step);
-    sqlite3_bind_text(s, 3, phase_name(m->phase), -1, SQLITE_STATIC);
-    bind_real_or_null_(s, 4, m->train_loss);
-    bind_real_or_null_(s, 5, m->val_loss);
-    bind_real_or_null_(s, 6, m->lr);
-    bind_real_or_null_(s, 7, m->tokens_per_s);
-    bind_real_or_null_(s, 8, m->grad_norm);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    if (set_progress_locked_(st, run, m->step, m->phase) < 0) goto fail;
-    if (exec_(st, "COMMIT") < 0) goto fail;
-    ret = 0;
-    in_tx = 0;
-fail:
-    if (in_tx) exec_(st, "ROLLBACK");
-    sqlite3_finalize(s);
+    if (exec_(st, "BEGIN IMMEDIATE") < 0) goto out;
+    /* A_REAL(NAN) stores NULL: the metrics that were not measured. */
+    if (SQL_WRITE_LOCKED(st,
+            "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
+            "val_loss, lr, tokens_per_s, grad_norm) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
+            A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
+            A_REAL(m->tokens_per_s), A_REAL(m->grad_norm)) >= 0 &&
+        set_progress_locked_(st, run, m->step, m->phase) == 0 &&
+        exec_(st, "COMMIT") == 0)
+        ret = 0;
+    else
+        exec_(st, "ROLLBACK");
+out:
     pthread_mutex_unlock(&st->mu);
     return ret;
 }
 
 int state_metrics_truncate(state *st, int64_t run, int64_t after_step)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "DELETE FROM metrics WHERE run = ? AND step > ?", -1, &s, NULL),
-        SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int64(s, 2, after_step);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = sqlite3_changes(st->db);
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    return SQL_WRITE(st, "DELETE FROM metrics WHERE run = ? AND step > ?",
+                     A_INT(run), A_INT(after_step));
 }
 
 static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
@@ -546,73 +520,48 @@ static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
     m->grad_norm = column_real_or_nan_(s, 6);
 }
 
+static void metric_fill_(sqlite3_stmt *s, void *elem)
+{
+    metric_from_stmt_(s, elem);
+}
+
 #define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
                     "grad_norm"
 
 int state_metrics_list(state *st, int64_t run, int64_t after_step,
                        metric_row **rows, int *n)
 {
-    sqlite3_stmt *s = NULL;
-    metric_row *v = NULL;
-    int cnt = 0, cap = 0;
-    *rows = NULL;
-    *n = 0;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT " METRIC_COLS " FROM metrics WHERE run = ? AND step > ? "
-        "ORDER BY step", -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int64(s, 2, after_step);
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            cap = cap ? cap * 2 : 64;
-            metric_row *nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) goto fail;
-            v = nv;
-        }
-        metric_from_stmt_(s, &v[cnt++]);
-    }
-    SQL_CHECK(st, rc, SQLITE_DONE);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **rows, metric_fill_,
+                       "SELECT " METRIC_COLS " FROM metrics "
+                       "WHERE run = ? AND step > ? ORDER BY step",
+                       A_INT(run), A_INT(after_step));
     *rows = v;
-    *n = cnt;
-    return 0;
-fail:
-    free(v);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return -1;
+    return ret;
 }
 
 int state_metric_last(state *st, int64_t run, metric_row *out,
                       double *last_val)
 {
-    sqlite3_stmt *s = NULL;
     int ret = -1;
     *last_val = NAN;
     pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
+    sqlite3_stmt *s = SQL_PREPARE(st,
         "SELECT " METRIC_COLS " FROM metrics WHERE run = ? "
-        "ORDER BY step DESC LIMIT 1", -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_DONE) {
-        ret = 1;
-        goto fail;
-    }
-    SQL_CHECK(st, rc, SQLITE_ROW);
+        "ORDER BY step DESC LIMIT 1", A_INT(run));
+    int rc = s ? SQL_NEXT(st, s) : -1;
+    if (rc == 0) ret = 1;
+    if (rc != 1) goto out;
     metric_from_stmt_(s, out);
     sqlite3_finalize(s);
-    s = NULL;
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
+    s = SQL_PREPARE(st,
         "SELECT val_loss FROM metrics WHERE run = ? AND val_loss IS NOT NULL "
-        "ORDER BY step DESC LIMIT 1", -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
+        "ORDER BY step DESC LIMIT 1", A_INT(run));
+    if (!s) goto out;
+    /* No row (or a failed step) leaves *last_val NAN; the row above stands. */
     if (sqlite3_step(s) == SQLITE_ROW) *last_val = sqlite3_column_double(s, 0);
     ret = 0;
-fail:
+out:
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;
@@ -627,25 +576,10 @@ int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "INSERT INTO events(run, time, kind, detail) VALUES (?, ?, ?, ?)", -1,
-        &s, NULL), SQLITE_OK);
-    if (run > 0)
-        sqlite3_bind_int64(s, 1, run);
-    else
-        sqlite3_bind_null(s, 1);
-    sqlite3_bind_double(s, 2, now_());
-    sqlite3_bind_text(s, 3, kind, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s, 4, detail, -1, SQLITE_TRANSIENT);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    return SQL_WRITE(st,
+        "INSERT INTO events(run, time, kind, detail) VALUES (?, ?, ?, ?)",
+        run > 0 ? A_INT(run) : A_NULL, A_REAL(now_()), A_TEXT(kind),
+        A_TEXT(detail)) < 0 ? -1 : 0;
 }
 
 /* ------------------------------------------------------------- checkpoints */
@@ -653,77 +587,33 @@ fail:
 int state_checkpoint_add(state *st, int64_t run, int64_t step,
                          const char *path, int64_t bytes)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
+    return SQL_WRITE(st,
         "INSERT OR REPLACE INTO checkpoints(run, step, path, bytes, at) "
-        "VALUES (?, ?, ?, ?, ?)", -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int64(s, 2, step);
-    sqlite3_bind_text(s, 3, path, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int64(s, 4, bytes);
-    sqlite3_bind_double(s, 5, now_());
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+        "VALUES (?, ?, ?, ?, ?)",
+        A_INT(run), A_INT(step), A_TEXT(path), A_INT(bytes),
+        A_REAL(now_())) < 0 ? -1 : 0;
 }
 
 int state_checkpoint_delete(state *st, int64_t run, int64_t step)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "DELETE FROM checkpoints WHERE run = ? AND step = ?", -1, &s, NULL),
-        SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int64(s, 2, step);
-    SQL_CHECK(st, sqlite3_step(s), SQLITE_DONE);
-    ret = 0;
-fail:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    return SQL_WRITE(st, "DELETE FROM checkpoints WHERE run = ? AND step = ?",
+                     A_INT(run), A_INT(step)) < 0 ? -1 : 0;
+}
+
+static void ckpt_fill_(sqlite3_stmt *s, void *elem)
+{
+    ckpt_row *c = elem;
+    c->step = sqlite3_column_int64(s, 0);
+    copy_text_(c->path, sizeof c->path, sqlite3_column_text(s, 1));
+    c->bytes = sqlite3_column_int64(s, 2);
 }
 
 int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n)
 {
-    sqlite3_stmt *s = NULL;
-    ckpt_row *v = NULL;
-    int cnt = 0, cap = 0;
-    *rows = NULL;
-    *n = 0;
-    pthread_mutex_lock(&st->mu);
-    SQL_CHECK(st, sqlite3_prepare_v2(st->db,
-        "SELECT step, path, bytes FROM checkpoints WHERE run = ? ORDER BY step",
-        -1, &s, NULL), SQLITE_OK);
-    sqlite3_bind_int64(s, 1, run);
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            cap = cap ? cap * 2 : 8;
-            ckpt_row *nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) goto fail;
-            v = nv;
-        }
-        v[cnt].step = sqlite3_column_int64(s, 0);
-        copy_text_(v[cnt].path, sizeof v[cnt].path, sqlite3_column_text(s, 1));
-        v[cnt].bytes = sqlite3_column_int64(s, 2);
-        cnt++;
-    }
-    SQL_CHECK(st, rc, SQLITE_DONE);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **rows, ckpt_fill_,
+                       "SELECT step, path, bytes FROM checkpoints "
+                       "WHERE run = ? ORDER BY step", A_INT(run));
     *rows = v;
-    *n = cnt;
-    return 0;
-fail:
-    free(v);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return -1;
+    return ret;
 }

@@ -6,11 +6,12 @@
  */
 #include "train/data.h"
 
+#include "common/err.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,17 +29,6 @@
 #define HEADER_BYTES ((size_t)SHARD_HEADER_INTS * sizeof(int32_t))
 #define DEFAULT_SHARD_TOKENS ((size_t)100 * 1000 * 1000)
 #define BINARY_PROBE 8192
-
-static void seterr_(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr_(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ------------------------------------------------------------------------ */
 /* Reading shards                                                            */

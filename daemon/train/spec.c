@@ -5,13 +5,14 @@
  */
 #include "train/spec.h"
 
+#include "common/err.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +23,6 @@
 
 _Static_assert(sizeof(delink_optimizer) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(backend_kind) == sizeof(int), "enum is not int-sized");
-
-static void seterr_(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr_(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ------------------------------------------------------------------------ */
 /* The key table                                                             */
