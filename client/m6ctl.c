@@ -23,7 +23,9 @@
 #include "common/paths.h"
 #include "control/frame.h"
 #include "m6.pb-c.h"
+#include "offload/offload.h"
 #include "train/data.h"
+#include "train/spec.h"
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3 };
 
@@ -34,6 +36,7 @@ static struct {
     int json, csv, color;
     int fd;
     double interval;        /* watch poll period, seconds */
+    size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
@@ -588,17 +591,26 @@ static int cmd_metrics_(int argc, char **argv)
     return EXIT_OK;
 }
 
+/* The memory plan is computed here from the spec, like m6d would at submit:
+ * no daemon needed. */
 static int cmd_plan_(int argc, char **argv)
 {
-    M6__PlanQuery pq = M6__PLAN_QUERY__INIT;
-    pq.spec_json = (char *)"";
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_PLAN;
-    rq.plan = &pq;
-    M6__Response *resp = request_(&rq);  /* the daemon says: unimplemented */
-    if (!resp) return EXIT_ERR;
-    m6__response__free_unpacked(resp, NULL);
-    return EXIT_OK;
+    run_spec spec;
+    char err[1024];
+    if (spec_load_file(&spec, argv[0], err, sizeof err) != 0) {
+        errf_("%s", err);
+        return EXIT_ERR;
+    }
+    offload_plan plan;
+    int rc = offload_plan_for_spec(&spec, g.device_memory, &plan, err, sizeof err);
+    if (rc != 0) {
+        errf_("%s", err);
+    } else {
+        offload_plan_print(stdout, &plan, g.json);
+        fflush(stdout);
+    }
+    offload_plan_free(&plan);
+    return rc == 0 ? EXIT_OK : EXIT_ERR;
 }
 
 static void progress_(const char *file, size_t bytes, void *ud)
@@ -650,7 +662,7 @@ static int cmd_data_(int argc, char **argv)
 
 /* ------------------------------------------------------------------- table */
 
-enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8 };
+enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16 };
 
 typedef struct {
     const char *name;
@@ -677,7 +689,9 @@ static const command commands_[] = {
     {"data", cmd_data_, 2, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
-    {"plan", cmd_plan_, 1, 1, F_JSON, "SPEC", "Memory plan of a spec (not implemented yet)."},
+    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC",
+     "Memory plan of a spec: resident and offloaded slots, peak device bytes,\n"
+     "host<->device bytes per step, minimum budget (no daemon needed)."},
 };
 #define N_COMMANDS (sizeof commands_ / sizeof commands_[0])
 
@@ -698,6 +712,9 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
     if (c->flags & F_WATCH) fprintf(f, "  --interval SEC    poll period (default 0.5)\n");
+    if (c->flags & F_PLAN)
+        fprintf(f, "  --device-memory SIZE  device memory budget, e.g. 8GiB (default: the\n"
+                   "                    spec's device.memory_budget; 0 = unlimited)\n");
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
@@ -719,7 +736,7 @@ static int parse_double_(const char *opt, const char *s, double lo, double hi, d
 
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR };
+    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM };
     static const struct option opts[] = {
         {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
         {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -727,6 +744,7 @@ int main(int argc, char **argv)
         {"shard-tokens", required_argument, 0, O_SHARD},
         {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
+        {"device-memory", required_argument, 0, O_DEVMEM},
         {0, 0, 0, 0},
     };
     int nocolor = getenv("NO_COLOR") != NULL;
@@ -784,6 +802,13 @@ int main(int argc, char **argv)
         case O_INTERVAL:
             ok = cmd->flags & F_WATCH;
             if (ok && parse_double_("--interval", optarg, 0.05, 60, &g.interval) < 0) return EXIT_USAGE;
+            break;
+        case O_DEVMEM:
+            ok = cmd->flags & F_PLAN;
+            if (ok && (spec_parse_size(optarg, &g.device_memory) != 0 || g.device_memory == 0)) {
+                errf_("--device-memory: want a size such as 8GiB or 512MiB, got \"%s\"", optarg);
+                return EXIT_USAGE;
+            }
             break;
         case 'h': case O_HELP: help = 1; break;
         default: command_usage_(stderr, cmd); return EXIT_USAGE;

@@ -217,7 +217,7 @@ static int name_ok_(const char *s)
 }
 
 /* "4GiB", "1.5 MiB", "512MB", "1024" → bytes. 0 ok, -1 bad text, -2 overflow */
-static int parse_size_(const char *s, size_t *out)
+int spec_parse_size(const char *s, size_t *out)
 {
     static const struct { const char *sfx; unsigned long long mult; } units[] = {
         { "", 1 }, { "B", 1 },
@@ -417,7 +417,7 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
             }
             bytes = (size_t)json_integer_value(v);
         } else if (json_is_string(v)) {
-            int rc = parse_size_(json_string_value(v), &bytes);
+            int rc = spec_parse_size(json_string_value(v), &bytes);
             if (rc == -2) {
                 seterr_(err, errlen, "%s: %s is too large", path, shown);
                 return -1;

@@ -54,6 +54,11 @@ void spec_defaults(run_spec *s);
 int spec_parse(run_spec *s, const char *json, size_t len, char *err,
                size_t errlen);
 
+/* A byte size as the spec writes it: "4GiB", "1.5 MiB", "512MB", "1024"
+ * (KiB/MiB/GiB/TiB powers of 2, KB/MB/GB/TB powers of 10; case-insensitive).
+ * 0, or -1 for bad text, -2 for overflow. */
+int spec_parse_size(const char *s, size_t *out);
+
 /* Parse the file at path (errors name the file). */
 int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen);
 

@@ -42,8 +42,16 @@ ctl submit "$T/cuda.json" 2>"$T/err" && fail "a cuda spec was accepted by a daem
 grep -q "device.backend" "$T/err" || fail "cuda refusal not named: $(cat "$T/err")"
 echo '{"name": ' >"$T/broken.json"
 ctl submit "$T/broken.json" 2>/dev/null && fail "broken JSON accepted"
-ctl plan "$T/spec.json" 2>"$T/err" && fail "plan should be unimplemented for now"
-grep -q "not implemented" "$T/err" || fail "plan: $(cat "$T/err")"
+ctl plan "$T/spec.json" --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+for k in ("resident_slots", "offloaded_slots", "peak_device_bytes", "h2d_bytes_per_step",
+          "d2h_bytes_per_step", "min_budget_bytes"):
+    assert k in p, k
+assert p["offloaded_slots"] == [] and p["h2d_bytes_per_step"] == 0, p
+' || fail "plan --json"
+ctl plan "$T/spec.json" --device-memory 1KiB 2>"$T/err" && fail "plan with a 1 KiB budget should fail"
+grep -q "too small" "$T/err" || fail "plan budget error: $(cat "$T/err")"
 
 [ "$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] \
     || fail "refused submits left rows"
