@@ -86,12 +86,13 @@ static void usage_(void)
         "usage: p2r_convergence [options]\n"
         "  --data DIR          shards train_*.bin / val_*.bin (default: prepare\n"
         "                      /usr/share/games/fortunes into /tmp/m6-p2r-data)\n"
-        "  --layers L (8) --embd C (128) --heads NH (4) --seq T (128)\n"
-        "  --batch B (16) --steps N (600) --lr LR (2e-3) --warmup N (30)\n"
+        "  --layers L (6) --embd C (128) --heads NH (4) --seq T (128)\n"
+        "  --batch B (16) --steps N (1000) --lr LR (3e-3) --warmup N (30)\n"
+        "  (defaults: the shape of examples/fortunes-p2r.json)\n"
         "  --pseudo-frac F     fraction of steps in the pseudo phase (0.3)\n"
         "  --share-groups S    slots in the pseudo phase (1)\n"
         "  --delink-optimizer copy|reset (copy)   --rewarm N (0)\n"
-        "  --eval-every N (25) --eval-batches N (16) --seed N (1337)\n"
+        "  --eval-every N (50) --eval-batches N (16) --seed N (1337)\n"
         "  --threads N         OpenMP/BLAS threads (all cores)\n");
 }
 
@@ -99,14 +100,14 @@ int main(int argc, char **argv)
 {
     run_spec s;
     spec_defaults(&s);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 8, .n_head = 4,
+    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 4,
                              .n_embd = 128, .seq_len = 128};
     s.train.batch_size = 16;
-    s.train.steps = 600;
-    s.train.lr = 2e-3f;
-    s.train.min_lr = 2e-4f;
+    s.train.steps = 1000;
+    s.train.lr = 3e-3f;
+    s.train.min_lr = 3e-4f;
     s.train.warmup_steps = 30;
-    s.train.eval_every = 25;
+    s.train.eval_every = 50;
     s.train.eval_batches = 16;
     double frac = 0.3;
     const char *data = NULL;

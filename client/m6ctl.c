@@ -453,6 +453,18 @@ static int cmd_resume_(int argc, char **argv) { return command_(M6__REQUEST__BOD
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
 
+static double now_s_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int same_loss_(double a, double b)
+{
+    return (isnan(a) && isnan(b)) || a == b;
+}
+
 static int terminal_(M6__RunState s)
 {
     return s == M6__RUN_STATE__RUN_STATE_COMPLETED || s == M6__RUN_STATE__RUN_STATE_FAILED ||
@@ -465,6 +477,8 @@ static int cmd_watch_(int argc, char **argv)
     long last_step = -1;
     int last_phase = -1;
     M6__RunState last_state = M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
+    double last_print = 0, last_val = NAN;
+    int last_phase_seen = -1;
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
         if (!resp) {
@@ -511,7 +525,14 @@ static int cmd_watch_(int argc, char **argv)
                    (long long)r->step, (long long)r->total_steps, state_color_(r->state),
                    state_str_(r->state), RESET_, phase_str_(r->phase), tl, vl,
                    r->tokens_per_s, eta);
-        } else if (changed) {
+        } else if (changed && (r->state != last_state || (int)r->phase != last_phase_seen ||
+                               !same_loss_(r->val_loss, last_val) || terminal_(r->state) ||
+                               now_s_() - last_print >= 10.0)) {
+            /* Not a tty (a log): one line per eval, phase or state change,
+             * and at least every 10 s, not one per step. */
+            last_print = now_s_();
+            last_val = r->val_loss;
+            last_phase_seen = (int)r->phase;
             printf("step %lld/%lld %s %s loss %s val %s tok/s %.0f eta %s\n", (long long)r->step,
                    (long long)r->total_steps, state_str_(r->state), phase_str_(r->phase), tl,
                    vl, r->tokens_per_s, eta);
