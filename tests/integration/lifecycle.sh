@@ -12,7 +12,7 @@ start_daemon "$T/s"
 # A dashboard polling the DB all along, as the run writes.
 ( while [ ! -f "$T/stop-reader" ]; do
       sqlite3 "$T/s/m6.db" 'select count(*) from metrics; select count(*) from events;' \
-          >/dev/null 2>>"$T/reader.err" || echo "rc=$?" >>"$T/reader.err"
+          >/dev/null 2>>"$T/reader.err" || echo "rc=$? at $(date +%H:%M:%S.%N)" >>"$T/reader.err"
       sleep 0.01
   done ) &
 READER=$!
