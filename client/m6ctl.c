@@ -217,6 +217,20 @@ static const char *phase_str_(M6__Phase p)
 
 static json_t *jnum_(double v) { return isnan(v) || isinf(v) ? json_null() : json_real(v); }
 
+static json_t *jcount_(int64_t v) { return v < 0 ? json_null() : json_integer(v); }
+
+/* "157.1 MiB" */
+static void fmt_bytes_(char *buf, size_t n, double v)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, n, "%.4g %s", v, unit[u]);
+}
+
 static json_t *run_json_(const M6__RunInfo *r)
 {
     json_t *o = json_object();
@@ -239,6 +253,14 @@ static json_t *run_json_(const M6__RunInfo *r)
     json_object_set_new(o, "created", json_real(r->created));
     json_object_set_new(o, "updated", json_real(r->updated));
     json_object_set_new(o, "error", r->error && *r->error ? json_string(r->error) : json_null());
+    json_object_set_new(o, "resident_slots", json_integer(r->resident_slots));
+    json_object_set_new(o, "offloaded_slots", json_integer(r->offloaded_slots));
+    json_object_set_new(o, "device_bytes_in_use", json_integer(r->device_bytes_in_use));
+    json_object_set_new(o, "peak_device_bytes", json_integer(r->peak_device_bytes));
+    json_object_set_new(o, "device_budget_bytes", json_integer(r->device_budget_bytes));
+    json_object_set_new(o, "h2d_gbps", jnum_(r->h2d_gbps));
+    json_object_set_new(o, "d2h_gbps", jnum_(r->d2h_gbps));
+    json_object_set_new(o, "copy_hidden_fraction", jnum_(r->copy_hidden_fraction));
     return o;
 }
 
@@ -264,6 +286,31 @@ static void fmt_eta_(char *buf, size_t n, double s)
     else snprintf(buf, n, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
 }
 
+/* "offload: 4/6 slots offloaded, peak 157.1 MiB of 160 MiB budget, h2d
+ * 3.2 GB/s, 87% of copy time hidden"; nothing before the run has a sample. */
+static void print_offload_(const M6__RunInfo *r)
+{
+    int n = r->resident_slots + r->offloaded_slots;
+    char pk[32], bud[32];
+    if (n <= 0) return;
+    fmt_bytes_(pk, sizeof pk, (double)r->peak_device_bytes);
+    if (r->device_budget_bytes <= 0) {
+        printf("offload:      off (no budget): %d/%d slots resident, device %s\n",
+               r->resident_slots, n, pk);
+        return;
+    }
+    fmt_bytes_(bud, sizeof bud, (double)r->device_budget_bytes);
+    printf("offload:      %d/%d slots offloaded, peak %s of %s budget", r->offloaded_slots, n,
+           pk, bud);
+    if (!isnan(r->h2d_gbps)) printf(", h2d %.3g GB/s", r->h2d_gbps);
+    if (!isnan(r->d2h_gbps)) printf(", d2h %.3g GB/s", r->d2h_gbps);
+    if (!isnan(r->copy_hidden_fraction))
+        printf(", %.0f%% of copy time hidden", 100.0 * r->copy_hidden_fraction);
+    else
+        printf(", no copies in the last step");
+    printf("\n");
+}
+
 static void print_run_(const M6__RunInfo *r)
 {
     char tl[32], vl[32], eta[32];
@@ -282,6 +329,7 @@ static void print_run_(const M6__RunInfo *r)
     printf("eta:          %s\n", eta);
     if (r->checkpoint_step >= 0)
         printf("checkpoint:   step %lld\n", (long long)r->checkpoint_step);
+    print_offload_(r);
     if (r->error && *r->error) printf("error:        %s\n", r->error);
 }
 
@@ -585,27 +633,55 @@ static int cmd_metrics_(int argc, char **argv)
             json_object_set_new(o, "lr", jnum_(r->lr));
             json_object_set_new(o, "tokens_per_s", jnum_(r->tokens_per_s));
             json_object_set_new(o, "grad_norm", jnum_(r->grad_norm));
+            json_object_set_new(o, "resident_slots", jcount_(r->resident_slots));
+            json_object_set_new(o, "offloaded_slots", jcount_(r->offloaded_slots));
+            json_object_set_new(o, "peak_device_bytes", jcount_(r->peak_device_bytes));
+            json_object_set_new(o, "h2d_gbps", jnum_(r->h2d_gbps));
+            json_object_set_new(o, "d2h_gbps", jnum_(r->d2h_gbps));
+            json_object_set_new(o, "copy_hidden_fraction", jnum_(r->copy_hidden_fraction));
             json_array_append_new(a, o);
         }
         print_json_(a);
     } else {
         const char *sep = g.csv ? "," : " ";
-        if (g.csv) printf("step,phase,train_loss,val_loss,lr,tokens_per_s,grad_norm\n");
-        else printf("%6s %-6s %-12s %-12s %-12s %-10s %s\n", "STEP", "PHASE", "TRAIN_LOSS",
-                    "VAL_LOSS", "LR", "TOK/S", "GRAD_NORM");
+        if (g.csv) printf("step,phase,train_loss,val_loss,lr,tokens_per_s,grad_norm,"
+                          "resident_slots,offloaded_slots,peak_device_bytes,h2d_gbps,"
+                          "d2h_gbps,copy_hidden_fraction\n");
+        else printf("%6s %-6s %-12s %-12s %-12s %-10s %-10s %-7s %-10s %-8s %s\n", "STEP",
+                    "PHASE", "TRAIN_LOSS", "VAL_LOSS", "LR", "TOK/S", "GRAD_NORM", "OFFL",
+                    "PEAK", "H2D_GB/S", "HIDDEN");
         for (size_t i = 0; i < m->n_rows; i++) {
             const M6__MetricRow *r = m->rows[i];
-            char vl[32];
-            if (isnan(r->val_loss)) snprintf(vl, sizeof vl, g.csv ? "" : "-");
+            /* Unknown (NaN, or -1: not recorded) is empty in CSV, - else. */
+            const char *none = g.csv ? "" : "-";
+            char vl[32], res[16], off[32], pk[32], h2d[32], d2h[32], hid[32];
+            if (isnan(r->val_loss)) snprintf(vl, sizeof vl, "%s", none);
             else snprintf(vl, sizeof vl, "%.9g", r->val_loss);
+            if (r->resident_slots < 0) snprintf(res, sizeof res, "%s", none);
+            else snprintf(res, sizeof res, "%d", r->resident_slots);
+            if (r->offloaded_slots < 0 || r->resident_slots < 0) snprintf(off, sizeof off, "%s", none);
+            else if (g.csv) snprintf(off, sizeof off, "%d", r->offloaded_slots);
+            else snprintf(off, sizeof off, "%d/%d", r->offloaded_slots,
+                          r->offloaded_slots + r->resident_slots);
+            if (r->peak_device_bytes < 0) snprintf(pk, sizeof pk, "%s", none);
+            else if (g.csv) snprintf(pk, sizeof pk, "%lld", (long long)r->peak_device_bytes);
+            else fmt_bytes_(pk, sizeof pk, (double)r->peak_device_bytes);
+            if (isnan(r->h2d_gbps)) snprintf(h2d, sizeof h2d, "%s", none);
+            else snprintf(h2d, sizeof h2d, g.csv ? "%.6g" : "%.3g", r->h2d_gbps);
+            if (isnan(r->d2h_gbps)) snprintf(d2h, sizeof d2h, "%s", none);
+            else snprintf(d2h, sizeof d2h, "%.6g", r->d2h_gbps);
+            if (isnan(r->copy_hidden_fraction)) snprintf(hid, sizeof hid, "%s", none);
+            else if (g.csv) snprintf(hid, sizeof hid, "%.6g", r->copy_hidden_fraction);
+            else snprintf(hid, sizeof hid, "%.0f%%", 100.0 * r->copy_hidden_fraction);
             if (g.csv)
-                printf("%lld%s%s%s%.9g%s%s%s%.9g%s%.1f%s%.9g\n", (long long)r->step, sep,
-                       phase_str_(r->phase), sep, r->train_loss, sep, vl, sep, r->lr, sep,
-                       r->tokens_per_s, sep, r->grad_norm);
+                printf("%lld%s%s%s%.9g%s%s%s%.9g%s%.1f%s%.9g%s%s%s%s%s%s%s%s%s%s%s%s\n",
+                       (long long)r->step, sep, phase_str_(r->phase), sep, r->train_loss, sep,
+                       vl, sep, r->lr, sep, r->tokens_per_s, sep, r->grad_norm, sep, res, sep,
+                       off, sep, pk, sep, h2d, sep, d2h, sep, hid);
             else
-                printf("%6lld %-6s %-12.9g %-12s %-12.6g %-10.0f %.6g\n", (long long)r->step,
-                       phase_str_(r->phase), r->train_loss, vl, r->lr, r->tokens_per_s,
-                       r->grad_norm);
+                printf("%6lld %-6s %-12.9g %-12s %-12.6g %-10.0f %-10.6g %-7s %-10s %-8s %s\n",
+                       (long long)r->step, phase_str_(r->phase), r->train_loss, vl, r->lr,
+                       r->tokens_per_s, r->grad_norm, off, pk, h2d, hid);
         }
     }
     m6__response__free_unpacked(resp, NULL);

@@ -113,13 +113,35 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->val_loss = NAN;
     ri->lr = NAN;
     ri->tokens_per_s = 0;
+    ri->h2d_gbps = ri->d2h_gbps = ri->copy_hidden_fraction = NAN;
     metric_row m;
     double last_val;
-    if (state_metric_last(c->h->st, row->id, &m, &last_val) == 0) {
+    int have_metrics = state_metric_last(c->h->st, row->id, &m, &last_val) == 0;
+    if (have_metrics) {
         ri->train_loss = (float)m.train_loss;
         ri->val_loss = (float)last_val;
         ri->lr = (float)m.lr;
         ri->tokens_per_s = isnan(m.tokens_per_s) ? 0 : m.tokens_per_s;
+    }
+    /* Offloading: the worker's latest sample while the run is active, else
+     * what its last step recorded (nothing is held then). */
+    coord_offload off;
+    if (coord_offload_get(c->h->co, row->id, &off) == 0) {
+        ri->resident_slots = off.resident_slots;
+        ri->offloaded_slots = off.offloaded_slots;
+        ri->device_bytes_in_use = off.device_bytes_in_use;
+        ri->peak_device_bytes = off.peak_device_bytes;
+        ri->device_budget_bytes = off.device_budget_bytes;
+        ri->h2d_gbps = off.h2d_gbps;
+        ri->d2h_gbps = off.d2h_gbps;
+        ri->copy_hidden_fraction = off.copy_hidden_fraction;
+    } else if (have_metrics) {
+        ri->resident_slots = m.resident_slots > 0 ? m.resident_slots : 0;
+        ri->offloaded_slots = m.offloaded_slots > 0 ? m.offloaded_slots : 0;
+        ri->peak_device_bytes = m.peak_device_bytes > 0 ? m.peak_device_bytes : 0;
+        ri->h2d_gbps = m.h2d_gbps;
+        ri->d2h_gbps = m.d2h_gbps;
+        ri->copy_hidden_fraction = m.copy_hidden_fraction;
     }
     int64_t from;
     ri->delink_step = state_phase_get(c->h->st, row->id, 1, &from) == 0 &&
@@ -130,8 +152,10 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     if (spec_json) {
         run_spec spec;
         char err[256];
-        if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0)
+        if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0) {
             ri->pseudo_steps = spec.pseudo.steps;
+            ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
+        }
     }
     ri->eta_s = coord_eta(c->h->co, row->id);
     ckpt_row *ck;
@@ -330,7 +354,7 @@ static void do_metrics_(call *c, const M6__Request *rq)
     int n;
     if (state_metrics_list(c->h->st, id, rq->metrics->after_step, &rows, &n) < 0)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
-    /* Keep the reply well under the frame limit (~60 bytes a row). */
+    /* Keep the reply well under the frame limit (~110 bytes a row). */
     if (n > 100000) n = 100000;
     M6__MetricRows *mr = arena_alloc_(c->a, sizeof *mr);
     M6__MetricRow **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
@@ -350,6 +374,12 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->lr = (float)rows[i].lr;
         r->tokens_per_s = rows[i].tokens_per_s;
         r->grad_norm = (float)rows[i].grad_norm;
+        r->resident_slots = rows[i].resident_slots;
+        r->offloaded_slots = rows[i].offloaded_slots;
+        r->peak_device_bytes = rows[i].peak_device_bytes;
+        r->h2d_gbps = rows[i].h2d_gbps;
+        r->d2h_gbps = rows[i].d2h_gbps;
+        r->copy_hidden_fraction = rows[i].copy_hidden_fraction;
         v[i] = r;
     }
     free(rows);

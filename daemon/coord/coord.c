@@ -38,6 +38,8 @@ struct coord {
     long active_step, active_total, active_delink_step;
     double step_s_ema;    /* seconds per step, for the ETA */
     int cmd_pause, cmd_resume, cmd_delink, cmd_stop;
+    int offload_valid;    /* offload holds a sample of the active run */
+    coord_offload offload;
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -171,6 +173,9 @@ typedef struct {
     run_spec spec;
     trainer *t;
     long last_ckpt;   /* step of the newest checkpoint, -1 none */
+    size_t plan_peak[2];   /* unbudgeted device bytes: [pseudo], [real] */
+    offload_stats prev;    /* counters at the previous sample */
+    coord_offload off;     /* latest sample, also published to c->offload */
 } run_ctx;
 
 static void prune_(run_ctx *r)
@@ -266,6 +271,71 @@ static void publish_(run_ctx *r, int paused)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* ---------------------------------------------------------------- offload */
+
+/* Device bytes of each phase without a budget (the planner's peak: globals
+ * and slots with their grads and AdamW moments, plus activations), for runs
+ * that do not offload. Worker thread, once per run. */
+static void offload_plan_peaks_(run_ctx *r)
+{
+    run_spec unlimited = r->spec;
+    offload_plan p;
+    char err[512];
+    unlimited.device.memory_budget = 0;
+    r->plan_peak[0] = r->plan_peak[1] = 0;
+    if (offload_plan_for_spec(&unlimited, 0, &p, err, sizeof err) != 0) {
+        log_warn("offload.plan", "run=%lld err=\"%s\"", (long long)r->id, err);
+        return;
+    }
+    r->plan_peak[1] = p.peak_device_bytes;
+    r->plan_peak[0] = p.pseudo ? p.pseudo->peak_device_bytes : p.peak_device_bytes;
+    offload_plan_free(&p);
+}
+
+/* Sample the trainer's offloading figures on the worker thread, between
+ * steps, and publish them under mu. after_step: the counters moved by
+ * exactly one step since the previous sample, so the rates and the hidden
+ * fraction are that step's; otherwise the previous step's rates stay (and
+ * copies made outside steps, by delink or a checkpoint, are not counted). */
+static void offload_sample_(run_ctx *r, int after_step)
+{
+    offload_stats st;
+    coord_offload o = r->off;
+    if (trainer_offload_stats(r->t, &st) == 0) {
+        o.resident_slots = st.n_resident;
+        o.offloaded_slots = st.n_offloaded;
+        o.device_bytes_in_use = (int64_t)st.device.in_use;
+        o.peak_device_bytes = (int64_t)st.device.peak;
+        o.device_budget_bytes = (int64_t)st.budget_bytes;
+        if (after_step) {
+            double hs = st.h2d_s - r->prev.h2d_s, ds = st.d2h_s - r->prev.d2h_s;
+            double stall = st.stall_s - r->prev.stall_s;
+            uint64_t hb = st.h2d_bytes - r->prev.h2d_bytes;
+            uint64_t db = st.d2h_bytes - r->prev.d2h_bytes;
+            o.h2d_gbps = hb > 0 && hs > 0 ? (double)hb / hs / 1e9 : NAN;
+            o.d2h_gbps = db > 0 && ds > 0 ? (double)db / ds / 1e9 : NAN;
+            o.copy_hidden_fraction = NAN;
+            if (hs + ds > 0) {
+                double h = 1.0 - stall / (hs + ds);
+                o.copy_hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
+            }
+        }
+        r->prev = st;
+    } else {
+        size_t dev = r->plan_peak[trainer_phase(r->t) == PHASE_REAL];
+        o.resident_slots = st.n_slots;
+        o.offloaded_slots = 0;
+        o.device_bytes_in_use = o.peak_device_bytes = (int64_t)dev;
+        o.device_budget_bytes = 0;
+        o.h2d_gbps = o.d2h_gbps = o.copy_hidden_fraction = NAN;
+    }
+    r->off = o;
+    pthread_mutex_lock(&r->c->mu);
+    r->c->offload = o;
+    r->c->offload_valid = 1;
+    pthread_mutex_unlock(&r->c->mu);
+}
+
 static void fail_run_(coord *c, int64_t id, const char *what, const char *err)
 {
     char msg[1200];
@@ -290,6 +360,7 @@ static void delink_(run_ctx *r, const char *reason)
                 reason, trainer_n_slots(r->t));
     log_info("run.delink", "run=%lld step=%ld reason=%s", (long long)r->id,
              step, reason);
+    offload_sample_(r, 0);  /* new share map, new plan */
 }
 
 static void run_one_(coord *c, int64_t id, int start_paused)
@@ -297,6 +368,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     char err[1024];
     run_row row;
     run_ctx r = {.c = c, .id = id, .last_ckpt = -1};
+    r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     if (state_run_get(c->st, id, &row) != 0) {
         log_error("run.lost", "run=%lld", (long long)id);
         return;
@@ -352,6 +424,8 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     pthread_mutex_lock(&c->mu);
     c->active_total = r.spec.train.steps;
     pthread_mutex_unlock(&c->mu);
+    offload_plan_peaks_(&r);
+    offload_sample_(&r, 0);
     publish_(&r, paused);
 
     for (;;) {
@@ -430,6 +504,13 @@ static void run_one_(coord *c, int64_t id, int start_paused)
             .lr = res.lr, .tokens_per_s = res.tokens_per_s,
             .grad_norm = res.grad_norm,
         };
+        offload_sample_(&r, 1);
+        m.resident_slots = r.off.resident_slots;
+        m.offloaded_slots = r.off.offloaded_slots;
+        m.peak_device_bytes = r.off.peak_device_bytes;
+        m.h2d_gbps = r.off.h2d_gbps;
+        m.d2h_gbps = r.off.d2h_gbps;
+        m.copy_hidden_fraction = r.off.copy_hidden_fraction;
         state_record_step(c->st, id, &m);
         log_debug("run.step", "run=%lld step=%ld loss=%.6f ms=%.1f",
                   (long long)id, res.step, res.train_loss, res.step_ms);
@@ -469,6 +550,7 @@ static void *worker_main_(void *arg)
         pthread_mutex_lock(&c->mu);
         c->active = 0;
         c->active_paused = 0;
+        c->offload_valid = 0;
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -677,6 +759,18 @@ double coord_eta(coord *c, int64_t id)
         eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
     pthread_mutex_unlock(&c->mu);
     return eta;
+}
+
+int coord_offload_get(coord *c, int64_t id, coord_offload *out)
+{
+    int rc = 1;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->offload_valid) {
+        *out = c->offload;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 void coord_describe(coord *c, char *buf, size_t len)

@@ -62,6 +62,23 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
 /* Seconds left for the active run (-1 if id isn't active or unknown). */
 double coord_eta(coord *c, int64_t id);
 
+/* The active run's offloading figures (m6.proto RunInfo fields of the same
+ * names and units), as the worker sampled them with trainer_offload_stats()
+ * after the run's latest step (or when it took the run, or delinked it).
+ * Rates and the hidden fraction are the latest step's own (counter deltas
+ * over that step); NAN when that step copied nothing or before the first
+ * step. Without a budget: every slot resident, device bytes = the plan's
+ * peak for the current phase, no copies. */
+typedef struct {
+    int resident_slots, offloaded_slots;
+    int64_t device_bytes_in_use, peak_device_bytes, device_budget_bytes;
+    double h2d_gbps, d2h_gbps, copy_hidden_fraction;
+} coord_offload;
+
+/* 0 with *out filled when id is the active run and the worker has sampled
+ * it; 1 otherwise. Never waits on a step (copies under the lock). */
+int coord_offload_get(coord *c, int64_t id, coord_offload *out);
+
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);
 

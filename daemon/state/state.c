@@ -183,6 +183,8 @@ typedef struct {
 #define A_REAL(v) ((arg_){.kind = ARG_REAL, .d = (v)})
 #define A_TEXT(v) ((arg_){.kind = ARG_TEXT, .t = (v)})
 #define A_NULL    ((arg_){.kind = ARG_NULL})
+/* A count or size that may be unknown: negative stores NULL. */
+#define A_INT_OR_NULL(v) ((v) < 0 ? A_NULL : A_INT(v))
 
 /* The SQLite check: logs what failed (the statement), the caller's file:line
  * and SQLite's own error. Every helper below reports through it. */
@@ -480,6 +482,12 @@ static double column_real_or_nan_(sqlite3_stmt *s, int i)
                                                     : sqlite3_column_double(s, i);
 }
 
+static int64_t column_int_or_neg_(sqlite3_stmt *s, int i)
+{
+    return sqlite3_column_type(s, i) == SQLITE_NULL ? -1
+                                                    : sqlite3_column_int64(s, i);
+}
+
 int state_record_step(state *st, int64_t run, const metric_row *m)
 {
     int ret = -1;
@@ -488,11 +496,16 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
     /* A_REAL(NAN) stores NULL: the metrics that were not measured. */
     if (SQL_WRITE_LOCKED(st,
             "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
-            "val_loss, lr, tokens_per_s, grad_norm) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "val_loss, lr, tokens_per_s, grad_norm, resident_slots, "
+            "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
+            "copy_hidden_fraction) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
             A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
-            A_REAL(m->tokens_per_s), A_REAL(m->grad_norm)) >= 0 &&
+            A_REAL(m->tokens_per_s), A_REAL(m->grad_norm),
+            A_INT_OR_NULL(m->resident_slots), A_INT_OR_NULL(m->offloaded_slots),
+            A_INT_OR_NULL(m->peak_device_bytes), A_REAL(m->h2d_gbps),
+            A_REAL(m->d2h_gbps), A_REAL(m->copy_hidden_fraction)) >= 0 &&
         set_progress_locked_(st, run, m->step, m->phase) == 0 &&
         exec_(st, "COMMIT") == 0)
         ret = 0;
@@ -518,6 +531,12 @@ static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
     m->lr = column_real_or_nan_(s, 4);
     m->tokens_per_s = column_real_or_nan_(s, 5);
     m->grad_norm = column_real_or_nan_(s, 6);
+    m->resident_slots = (int)column_int_or_neg_(s, 7);
+    m->offloaded_slots = (int)column_int_or_neg_(s, 8);
+    m->peak_device_bytes = column_int_or_neg_(s, 9);
+    m->h2d_gbps = column_real_or_nan_(s, 10);
+    m->d2h_gbps = column_real_or_nan_(s, 11);
+    m->copy_hidden_fraction = column_real_or_nan_(s, 12);
 }
 
 static void metric_fill_(sqlite3_stmt *s, void *elem)
@@ -526,7 +545,9 @@ static void metric_fill_(sqlite3_stmt *s, void *elem)
 }
 
 #define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
-                    "grad_norm"
+                    "grad_norm, resident_slots, offloaded_slots, "         \
+                    "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
+                    "copy_hidden_fraction"
 
 int state_metrics_list(state *st, int64_t run, int64_t after_step,
                        metric_row **rows, int *n)

@@ -45,6 +45,11 @@ typedef struct {
     int phase;
     double train_loss, val_loss;  /* val_loss NAN when NULL */
     double lr, tokens_per_s, grad_norm;
+    /* Offloading figures (schema 0002, units as m6.proto's MetricRow).
+     * Integers -1 and reals NAN are stored as NULL and read back so. */
+    int resident_slots, offloaded_slots;
+    int64_t peak_device_bytes;
+    double h2d_gbps, d2h_gbps, copy_hidden_fraction;
 } metric_row;
 
 typedef struct {

@@ -1,6 +1,7 @@
 /*
  * test_state.c — the SQLite state module: migrations (idempotent, recorded
- * in user_version, WAL), runs/metrics/phases/events/checkpoints CRUD.
+ * in user_version, WAL), runs/metrics/phases/events/checkpoints CRUD,
+ * the offload columns of schema 0002 on a fresh and an upgraded database.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -177,12 +178,91 @@ static void test_metrics_phases_checkpoints(void **s)
     state_close(st);
 }
 
+/* Schema 0002: the offload columns round-trip, unknown (-1 / NaN) is NULL,
+ * and a version-1 database with rows is upgraded in place, its old rows
+ * reading back as not recorded. */
+static void test_offload_columns(void **s)
+{
+    (void)s;
+    char err[256];
+    /* A database left by an m6d that knew only 0001, with one metrics row. */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    assert_true(schema_n_migrations >= 2);
+    assert_string_equal(schema_migrations[1].name, "0002_offload_metrics.sql");
+    assert_int_equal(sqlite3_exec(db, schema_migrations[0].sql, NULL, NULL, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+        "PRAGMA user_version = 1;"
+        "INSERT INTO runs(name, spec, total_steps, created, updated) "
+        "VALUES ('old', '{}', 5, 0, 0);"
+        "INSERT INTO metrics(run, step, phase, train_loss) "
+        "VALUES (1, 1, 'pseudo', 2.5);", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    assert_int_equal(state_user_version(st), schema_n_migrations);
+    metric_row m = {.step = 2, .phase = 1, .train_loss = 2.25, .val_loss = NAN,
+                    .lr = 1e-3, .tokens_per_s = 10, .grad_norm = 1,
+                    .resident_slots = 1, .offloaded_slots = 5,
+                    .peak_device_bytes = 3043328, .h2d_gbps = 17.5,
+                    .d2h_gbps = 14.25, .copy_hidden_fraction = 0.875};
+    assert_int_equal(state_record_step(st, 1, &m), 0);
+    metric_row u = {.step = 3, .phase = 1, .train_loss = 2, .val_loss = NAN,
+                    .lr = 1e-3, .tokens_per_s = 10, .grad_norm = 1,
+                    .resident_slots = 6, .offloaded_slots = 0,
+                    .peak_device_bytes = -1, .h2d_gbps = NAN, .d2h_gbps = NAN,
+                    .copy_hidden_fraction = NAN};
+    assert_int_equal(state_record_step(st, 1, &u), 0);
+
+    metric_row *rows;
+    int n;
+    assert_int_equal(state_metrics_list(st, 1, 0, &rows, &n), 0);
+    assert_int_equal(n, 3);
+    /* the pre-0002 row: not recorded */
+    assert_true(rows[0].train_loss == 2.5);
+    assert_int_equal(rows[0].resident_slots, -1);
+    assert_int_equal(rows[0].offloaded_slots, -1);
+    assert_int_equal(rows[0].peak_device_bytes, -1);
+    assert_true(isnan(rows[0].h2d_gbps) && isnan(rows[0].d2h_gbps));
+    assert_true(isnan(rows[0].copy_hidden_fraction));
+    /* a recorded row, exactly */
+    assert_int_equal(rows[1].resident_slots, 1);
+    assert_int_equal(rows[1].offloaded_slots, 5);
+    assert_int_equal(rows[1].peak_device_bytes, 3043328);
+    assert_true(rows[1].h2d_gbps == 17.5 && rows[1].d2h_gbps == 14.25);
+    assert_true(rows[1].copy_hidden_fraction == 0.875);
+    /* unknowns stored as NULL */
+    assert_int_equal(rows[2].offloaded_slots, 0);
+    assert_int_equal(rows[2].peak_device_bytes, -1);
+    assert_true(isnan(rows[2].h2d_gbps) && isnan(rows[2].copy_hidden_fraction));
+    free(rows);
+
+    metric_row last;
+    double lv;
+    assert_int_equal(state_metric_last(st, 1, &last, &lv), 0);
+    assert_int_equal(last.step, 3);
+    assert_int_equal(last.resident_slots, 6);
+    state_close(st);
+
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    sqlite3_stmt *q;
+    sqlite3_prepare_v2(db, "SELECT count(*) FROM metrics WHERE h2d_gbps IS NULL",
+                       -1, &q, NULL);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), 2);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
         cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# offload.sh — issue #5's reporting on a real m6d: the same spec with and
+# without a device memory budget trains to bitwise the same losses through a
+# delink; status and metrics report the slot placement, peak device bytes
+# (<= the budget), copy rates and the hidden share of copy time; a budget
+# below the planner's minimum is refused at submit, with the numbers.
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+
+# offload_spec FILE NAME [extra top-level JSON members]: six layers, so that there are slots
+# to offload; delink at step 20.
+offload_spec() {
+    cat >"$1" <<JSON
+{
+  "name": "$2",
+  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
+  "model": {"vocab_size": 256, "n_layer": 6, "n_embd": 32, "n_head": 2, "seq_len": 32},
+  "pseudo": {"steps": 20},
+  "train": {"steps": 120, "batch_size": 4, "eval_every": 20, "seed": 11},
+  "checkpoint": {"every": 0, "keep": 2}${3:+,
+  $3}
+}
+JSON
+}
+
+offload_spec "$T/plain.json" off-plain
+# The plan without a budget: its peak, its minimum, one slot's bytes. A
+# budget of the minimum plus one slot keeps one slot resident.
+read -r PEAK MIN SLOT < <("$M6CTL" plan "$T/plain.json" --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+print(p["peak_device_bytes"], p["min_budget_bytes"], p["breakdown"]["slot_bytes"])') \
+    || fail "plan --json"
+BUDGET=$((MIN + SLOT))
+[ "$BUDGET" -lt "$PEAK" ] || fail "budget $BUDGET not below the unlimited peak $PEAK"
+offload_spec "$T/off.json" off-budget "\"device\": {\"memory_budget\": $BUDGET}"
+OFFLOADED=$("$M6CTL" plan "$T/off.json" --json |
+            python3 -c 'import json,sys; print(len(json.load(sys.stdin)["offloaded_slots"]))')
+[ "$OFFLOADED" -ge 4 ] || fail "plan offloads only $OFFLOADED of 6 slots at $BUDGET bytes"
+SMALL=$((MIN - 1))
+offload_spec "$T/small.json" off-small "\"device\": {\"memory_budget\": $SMALL}"
+
+start_daemon "$T/s"
+
+# Below the minimum: refused at submit, naming the budget and the minimum.
+ctl submit "$T/small.json" >/dev/null 2>"$T/err" && fail "budget $SMALL < min $MIN accepted"
+grep -q "device.memory_budget" "$T/err" && grep -q "($SMALL bytes)" "$T/err" &&
+    grep -q "($MIN bytes)" "$T/err" || fail "refusal message: $(cat "$T/err")"
+[ "$(db "$T/s" "select count(*) from runs")" = 0 ] || fail "a refused spec was queued"
+
+A=$(ctl submit "$T/plain.json")
+rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
+[ "$rc" = 0 ] || fail "plain run: watch exit $rc"
+
+# The offloaded run: pause it as soon as the worker owns it (Pseudo phase,
+# the coordinator's live sample), then again in the Real phase.
+B=$(ctl submit "$T/off.json")
+for _ in $(seq 200); do ctl pause "$B" >/dev/null 2>&1 && break; sleep 0.01; done
+wait_state "$B" paused
+ctl status "$B" --json | python3 -c "
+import json, sys
+r = json.load(sys.stdin)
+assert r['phase'] == 'pseudo', r
+assert (r['resident_slots'], r['offloaded_slots']) == (1, 0), r
+assert r['device_budget_bytes'] == $BUDGET, r
+assert 0 < r['device_bytes_in_use'] <= r['peak_device_bytes'] <= $BUDGET, r
+" || fail "status of the paused pseudo run: $(ctl status "$B" --json)"
+ctl resume "$B" >/dev/null
+# Poll with the C client alone (fast): the run is short. Pause after a
+# Real step or two (the sample after the delink itself has no rates yet).
+for _ in $(seq 2000); do
+    out=$(ctl status "$B")
+    [[ "$out" =~ step:\ +([0-9]+)/ ]] && [ "${BASH_REMATCH[1]}" -ge 22 ] && break
+    sleep 0.005
+done
+ctl pause "$B" >/dev/null || fail "could not pause run $B in the real phase"
+wait_state "$B" paused
+ctl status "$B" --json >"$T/live.json"
+python3 -c "
+import json, math
+r = json.load(open('$T/live.json'))
+assert r['phase'] == 'real', r
+assert r['offloaded_slots'] == $OFFLOADED and r['resident_slots'] == 6 - $OFFLOADED, r
+assert 0 < r['device_bytes_in_use'] <= r['peak_device_bytes'] <= $BUDGET, r
+assert r['h2d_gbps'] > 0 and r['d2h_gbps'] > 0, r
+assert 0 <= r['copy_hidden_fraction'] <= 1, r
+" || fail "status of the paused real run: $(cat "$T/live.json")"
+ctl status "$B" >"$T/live.txt"
+grep -Eq "^offload: +$OFFLOADED/6 slots offloaded, peak .* budget, h2d .* GB/s.*% of copy time hidden" "$T/live.txt" \
+    || fail "status line: $(cat "$T/live.txt")"
+ctl resume "$B" >/dev/null
+rc=0; ctl watch "$B" >"$T/watch-b.out" || rc=$?
+[ "$rc" = 0 ] || fail "offloaded run: watch exit $rc"
+
+# Same spec, same seed: bitwise the same losses, through the delink (and
+# the two pauses with their checkpoints).
+losses "$A" >"$T/loss-a.csv"
+losses "$B" >"$T/loss-b.csv"
+[ "$(wc -l <"$T/loss-a.csv")" = 121 ] || fail "plain run rows: $(wc -l <"$T/loss-a.csv")"
+diff "$T/loss-a.csv" "$T/loss-b.csv" >"$T/loss.diff" || fail "losses differ: $(head "$T/loss.diff")"
+grep -q "^21,real," "$T/loss-b.csv" || fail "no real-phase step 21"
+
+# After the end (no trainer held): status from the last metrics row.
+ctl status "$B" --json | python3 -c "
+import json, sys
+r = json.load(sys.stdin)
+assert r['state'] == 'completed', r
+assert r['offloaded_slots'] == $OFFLOADED and r['resident_slots'] == 6 - $OFFLOADED, r
+assert 0 < r['peak_device_bytes'] <= $BUDGET == r['device_budget_bytes'], r
+assert r['device_bytes_in_use'] == 0, r
+" || fail "status of the finished offloaded run: $(ctl status "$B" --json)"
+ctl status "$A" --json | python3 -c "
+import json, sys
+r = json.load(sys.stdin)
+assert (r['resident_slots'], r['offloaded_slots']) == (6, 0), r
+assert r['peak_device_bytes'] == $PEAK and r['device_budget_bytes'] == 0, r
+assert r['h2d_gbps'] is None and r['copy_hidden_fraction'] is None, r
+" || fail "status of the plain run: $(ctl status "$A" --json)"
+ctl status "$A" >"$T/status-a.txt"
+grep -q "^offload: *off (no budget): 6/6 slots resident" "$T/status-a.txt" \
+    || fail "plain status line: $(cat "$T/status-a.txt")"
+
+# Per-step rows: in m6.db, and through metrics --csv / --json.
+[ "$(db "$T/s" "select count(*) from metrics where run=$B and phase='real'
+        and offloaded_slots=$OFFLOADED and peak_device_bytes<=$BUDGET
+        and h2d_gbps>0 and copy_hidden_fraction between 0 and 1")" = 100 ] \
+    || fail "real-phase rows of run $B: $(db "$T/s" "select * from metrics where run=$B limit 3 offset 19")"
+[ "$(db "$T/s" "select count(*) from metrics where run=$B and phase='pseudo'
+        and offloaded_slots=0 and resident_slots=1")" = 20 ] || fail "pseudo-phase rows of run $B"
+[ "$(db "$T/s" "select count(*) from metrics where run=$A and offloaded_slots=0
+        and peak_device_bytes>0 and h2d_gbps is null")" = 120 ] || fail "rows of run $A"
+# (Into files: with pipefail, `| head -1` would kill m6ctl with SIGPIPE.)
+ctl metrics "$B" --csv >"$T/metrics-b.csv"
+ctl metrics "$B" >"$T/metrics-b.txt"
+sed -n 1p "$T/metrics-b.csv" | grep -q ",resident_slots,offloaded_slots,peak_device_bytes,h2d_gbps,d2h_gbps,copy_hidden_fraction$" \
+    || fail "metrics --csv header: $(sed -n 1p "$T/metrics-b.csv")"
+ctl metrics "$B" --json | python3 -c "
+import json, sys
+rows = json.load(sys.stdin)
+r = rows[-1]
+assert r['offloaded_slots'] == $OFFLOADED and r['peak_device_bytes'] <= $BUDGET, r
+assert rows[0]['h2d_gbps'] is None, rows[0]
+" || fail "metrics --json"
+sed -n 1p "$T/metrics-b.txt" | grep -q "OFFL .*PEAK .*H2D_GB/S .*HIDDEN" || fail "metrics table header"
+grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "metrics table: $(tail -1 "$T/metrics-b.txt")"
+
+stop_daemon
+echo "ok offload ($OFFLOADED/6 slots offloaded at a budget of $BUDGET bytes; min $MIN, unlimited peak $PEAK)"
