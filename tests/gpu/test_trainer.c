@@ -234,7 +234,7 @@ int main(void)
 {
     const char *why = "";
     if (gpt_cuda_device_count(&why) < 1) {
-        printf("test_trainer: no CUDA device (%s): skipped\n", why);
+        printf("test_trainer: SKIP: no CUDA device (%s)\n", why);
         return 77;
     }
     snprintf(dir_, sizeof dir_, "/tmp/m6-gpu-trainer.XXXXXX");
