@@ -2,14 +2,17 @@
 # bench/gpu-check.sh — build the CUDA backend, its tests and the GPU benchmark
 # with plain nvcc/gcc (no meson, no Debian packages: the CPU reference is
 # built with -DM6_NO_CBLAS), run the GPU tests and benchmarks, print the
-# figures and end with one key=value line. Made for a machine with one sm_90
+# figures and end with one key=value line. The trainer test (test_trainer)
+# also needs jansson and zlib; where their headers and libraries are
+# missing it is not built, and the script says so (trainer_ok=no_libs). Made for a machine with one sm_90
 # GPU and CUDA 13; finishes within 8 minutes (a global deadline caps every
 # run). Without a GPU it still builds everything and reports the skip.
 #
 #   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
 #   GPU_CHECK_DIR=dir NVCC=path   override either
 #
-# Exit: 0 all tests passed and the benchmarks ran, 77 no CUDA device, 1 else.
+# Exit: 0 all tests passed (test_trainer: or was not built for want of
+# jansson/zlib) and the benchmarks ran, 77 no CUDA device, 1 else.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -59,6 +62,25 @@ done
 compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
 compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
 
+# The trainer (spec, data, checkpoints, offload, both backends) for
+# test_trainer: needs jansson and zlib.
+TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
+  daemon/train/spec.c daemon/train/data.c daemon/train/checkpoint.c
+  daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+TRAINER_LIBS=(-ljansson -lz -lpthread)
+if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
+    gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
+    HAVE_TRAINER_LIBS=yes
+    for f in $TRAINER_SRC; do
+        n=$(basename "$f" .c)
+        compile "tr_$n" gcc "${CFLAGS[@]}" -DM6_HAVE_CUDA -c "$f" -o "$OUT/obj/tr_$n.o"
+    done
+else
+    HAVE_TRAINER_LIBS=no
+    echo "gpu-check: jansson or zlib (headers and libraries) not found: test_trainer"
+    echo "gpu-check: is NOT built or run (install libjansson-dev zlib1g-dev to include it)"
+fi
+
 build_ok=yes
 for i in "${!pids[@]}"; do
     if ! wait "${pids[$i]}"; then
@@ -75,6 +97,11 @@ if [ $build_ok = yes ]; then
         "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
     "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
     build_ok=no
+fi
+if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
+    TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
+    "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_matmul.o" \
+        "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
 fi
 BUILD_S=$(( $(date +%s) - START ))
 echo "gpu-check: build ${build_ok} in ${BUILD_S} s"
@@ -113,8 +140,14 @@ kv() { # NAME KEY: KEY's value on the last key=value line of NAME's output
 
 run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
 run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
+if [ $HAVE_TRAINER_LIBS = yes ]; then
+    run test_trainer 120 "$OUT/test_trainer"; TRAINER=$(verdict $RC)
+else
+    echo "gpu-check: test_trainer not built (no jansson/zlib): skipped"
+    TRAINER=no_libs
+fi
 if [ "$OPS" = skip ] && [ "$MODEL" = skip ]; then
-    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip build_s=$BUILD_S"
+    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
@@ -124,7 +157,7 @@ run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 1
 TOTAL_S=$(( $(date +%s) - START ))
 echo
 echo "gpu-check: log $LOG"
-LINE="ops_ok=$OPS model_ok=$MODEL"
+LINE="ops_ok=$OPS model_ok=$MODEL trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
@@ -132,5 +165,6 @@ LINE+=" tok_s_124m_pseudo=$(kv train_124m_pseudo tokens_per_s) mfu_124m_pseudo=$
 LINE+=" tok_s_350m=$(kv train_350m tokens_per_s) mfu_350m=$(kv train_350m mfu)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
 echo "$LINE"
-[ "$OPS" = yes ] && [ "$MODEL" = yes ] && [ "$(kv train_124m tokens_per_s)" != na ] && exit 0
+[ "$OPS" = yes ] && [ "$MODEL" = yes ] && { [ "$TRAINER" = yes ] || [ "$TRAINER" = no_libs ]; } &&
+    [ "$(kv train_124m tokens_per_s)" != na ] && exit 0
 exit 1

@@ -278,6 +278,20 @@ void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
     *slot_size = g.slot_size;
 }
 
+void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
+                gpt_tensor slot[SLOT_NTENSORS], size_t *n_global,
+                size_t *slot_size)
+{
+    gpt_model g;
+    memset(&g, 0, sizeof g);
+    g.cfg = *cfg;
+    layout_(&g);
+    memcpy(glob, g.glob, sizeof g.glob);
+    memcpy(slot, g.slot, sizeof g.slot);
+    *n_global = g.n_global;
+    *slot_size = g.slot_size;
+}
+
 size_t gpt_compute_params(const gpt_model *g)
 {
     size_t n = 0;
@@ -352,6 +366,25 @@ void gpt_init_weights(gpt_model *g, uint64_t seed)
                          &s);
         }
     }
+}
+
+int gpt_init_params(const model_config *cfg, int S, float *params,
+                    uint64_t seed)
+{
+    gpt_model g; /* just what gpt_init_weights reads */
+    memset(&g, 0, sizeof g);
+    g.cfg = *cfg;
+    layout_(&g);
+    g.S = S;
+    g.params = params;
+    g.slots = calloc((size_t)S, sizeof *g.slots);
+    if (!g.slots)
+        return -1;
+    for (int s = 0; s < S; s++)
+        g.slots[s].params = gpt_slot_ptr(&g, params, s);
+    gpt_init_weights(&g, seed);
+    free(g.slots);
+    return 0;
 }
 
 /* ------------------------------------------------------------- forward */

@@ -149,6 +149,11 @@ void gpt_free(gpt_model *g);
  * and one slot. */
 void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
                       size_t *slot_size);
+/* The whole layout for cfg without a model: the tensor tables (names,
+ * offsets within their region, shapes) and the padded region sizes. */
+void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
+                gpt_tensor slot[SLOT_NTENSORS], size_t *n_global,
+                size_t *slot_size);
 /* Floats of the activation block for microbatches of B sequences (forward
  * activations of all L layers plus one layer's backward scratch). */
 size_t gpt_act_floats(const model_config *cfg, int B);
@@ -157,6 +162,13 @@ size_t gpt_act_floats(const model_config *cfg, int B);
  * residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
  * (GPT-2 paper §2.3), biases 0, LayerNorm weights 1. */
 void gpt_init_weights(gpt_model *g, uint64_t seed);
+
+/* gpt_init_weights of a model with S slots, written into a plain buffer of
+ * n_global + S*slot_size floats (the plain layout): the same values bit for
+ * bit, without allocating a model. Another backend starts from it. 0, or -1
+ * (errno ENOMEM). */
+int gpt_init_params(const model_config *cfg, int S, float *params,
+                    uint64_t seed);
 
 /* Pointer to slot s's region inside buf (params, grads, m or v) of a model
  * with the plain layout (every slot resident, no storage). Anywhere else use

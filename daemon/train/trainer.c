@@ -2,6 +2,11 @@
  * trainer.c — one training run: data sampling, the step (microbatches,
  * clipping, AdamW), the LR schedule, evaluation, delink and checkpoints.
  * See trainer.h for the contract and DESIGN.md §1 for the method.
+ *
+ * The model itself sits behind a backend (backend.h): the CPU reference
+ * (backend_cpu.c) or one GPU (backend_cuda.c, in CUDA builds). Everything
+ * in this file is shared by both: the sampler, the schedule, the step
+ * sequence, the share maps of delink and the checkpoint format.
  */
 #include "train/trainer.h"
 
@@ -19,6 +24,7 @@
 
 #include "model/gpt.h"
 #include "offload/offload.h"
+#include "train/backend.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 
@@ -26,7 +32,10 @@
 
 struct trainer {
     run_spec spec;
-    gpt_model model;
+    backend be;            /* the model: weights, gradients, optimizer */
+    /* the plain layout of gpt.h (checkpoints, state access) */
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
+    size_t n_global, slot_size;
     token_set train, val;
     uint64_t data_rng;     /* state of the training-batch sampler */
     long step;             /* optimizer steps completed */
@@ -34,7 +43,6 @@ struct trainer {
     train_phase phase;
     int32_t *inp, *tgt;    /* (B,T) */
     int32_t *window;       /* (T+1) */
-    offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
 };
 
 static double now_s_(void)
@@ -42,6 +50,11 @@ static double now_s_(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int n_slots_(const trainer *t)
+{
+    return t->be.iface->n_slots(t->be.ctx);
 }
 
 /* xorshift64* (Vigna 2016): the data sampler's generator; its whole state is
@@ -62,11 +75,13 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
 {
     if (spec->device.backend == BACKEND_CPU)
         return 0;
-    /* kernels/cuda/ and gpt_cuda exist but are not driven by the trainer
-     * yet: refuse rather than silently train on the CPU. */
-    snprintf(err, errlen, "device.backend: 'cuda' runs are not supported by "
-             "this m6d yet (use 'cpu')");
+#ifdef M6_HAVE_CUDA
+    return backend_cuda_check(spec, err, errlen);
+#else
+    snprintf(err, errlen, "device.backend: 'cuda': this m6d was built "
+             "without CUDA");
     return -1;
+#endif
 }
 
 int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
@@ -134,20 +149,16 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
-    if (spec->device.memory_budget > 0 &&
-        !(t->off = offload_create(spec, err, errlen)))
+    gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
+    int rc;
+#ifdef M6_HAVE_CUDA
+    if (spec->device.backend == BACKEND_CUDA)
+        rc = backend_cuda_create(&t->be, spec, S, err, errlen);
+    else
+#endif
+        rc = backend_cpu_create(&t->be, spec, S, err, errlen);
+    if (rc != 0)
         goto fail;
-    if (gpt_create_with(&t->model, mc, S, B,
-                        t->off ? offload_storage(t->off) : NULL) != 0) {
-        if (t->off && offload_last_error(t->off)[0])
-            snprintf(err, errlen, "cannot place the model: %s",
-                     offload_last_error(t->off));
-        else
-            snprintf(err, errlen, "cannot allocate the model: %s",
-                     strerror(errno));
-        goto fail;
-    }
-    gpt_init_weights(&t->model, spec->train.seed);
     t->data_rng = spec->train.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
     if (!t->data_rng)
         t->data_rng = 1;
@@ -168,8 +179,8 @@ void trainer_free(trainer *t)
 {
     if (!t)
         return;
-    gpt_free(&t->model);
-    offload_free(t->off);
+    if (t->be.iface)
+        t->be.iface->free(t->be.ctx);
     token_set_close(&t->train);
     token_set_close(&t->val);
     free(t->inp);
@@ -237,46 +248,31 @@ static float lr_at_(const trainer *t, long s)
 int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
 {
     const run_spec *sp = &t->spec;
+    const backend_iface *be = t->be.iface;
     int B = sp->train.batch_size, T = sp->model.seq_len;
     int accum = sp->train.grad_accum;
     double t0 = now_s_();
 
     memset(res, 0, sizeof *res);
     res->phase = t->phase;
-    float clip = sp->train.grad_clip;
     float lr = lr_at_(t, t->step);
-    offload_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
-                         sp->train.weight_decay, 1.0f};
-    /* without clipping the scale is 1 and known now: offloaded slots are
-     * updated as soon as their gradients are final */
-    if (t->off)
-        offload_step_begin(t->off, clip > 0 ? NULL : &adam);
-    gpt_zero_grad(&t->model);
+    backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
+                         sp->train.weight_decay, sp->train.grad_clip};
+    be->step_begin(t->be.ctx, &adam);
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
-        if (t->off)
-            offload_microbatch(t->off, k);
         next_train_batch_(t);
-        loss_sum += gpt_forward(&t->model, t->inp, t->tgt, B);
-        gpt_backward(&t->model, t->inp, t->tgt, B,
-                     1.0f / ((float)B * (float)T * (float)accum));
+        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, B,
+                                   1.0f / ((float)B * (float)T * (float)accum));
     }
-    if (t->off)
-        offload_wait_grads(t->off);
     float loss = (float)(loss_sum / accum);
-    float norm = gpt_grad_norm(&t->model);
+    float norm = be->grad_norm(t->be.ctx);
     if (!isfinite(loss) || !isfinite(norm)) {
         snprintf(err, errlen, "step %ld: non-finite %s (loss %g, grad norm %g)",
                  t->step + 1, isfinite(loss) ? "gradient" : "loss", loss, norm);
         return -1;
     }
-    float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
-    if (t->off) { /* host threads update offloaded slots meanwhile */
-        adam.grad_scale = scale;
-        offload_adamw(t->off, &adam);
-    }
-    gpt_adamw(&t->model, lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
-              sp->train.weight_decay, scale);
+    be->adamw(t->be.ctx, &adam, norm);
     t->step++;
     double dt = now_s_() - t0;
 
@@ -305,19 +301,17 @@ float trainer_eval(trainer *t)
 float trainer_probe_loss(trainer *t, int batch_index)
 {
     val_batch_(t, batch_index);
-    return gpt_forward(&t->model, t->inp, t->tgt, t->spec.train.batch_size);
+    return t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
+                             t->spec.train.batch_size);
 }
 
 /* ------------------------------------------------------------- delink */
 
 int trainer_delink(trainer *t, char *err, size_t errlen)
 {
-    gpt_model *g = &t->model;
-    int L = g->cfg.n_layer;
+    int L = t->spec.model.n_layer;
     if (t->phase == PHASE_REAL)
         return 0;
-    if (t->off)
-        offload_sync(t->off);
     int *slot_of = malloc((size_t)L * sizeof(int));
     int *src = malloc((size_t)L * sizeof(int));
     if (!slot_of || !src) {
@@ -326,18 +320,19 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
         snprintf(err, errlen, "delink: out of memory");
         return -1;
     }
+    const int *old = t->be.iface->slot_of(t->be.ctx);
     for (int l = 0; l < L; l++) {
         slot_of[l] = l;
-        src[l] = g->slot_of[l];
+        src[l] = old[l];
     }
-    int rc = gpt_reslot(g, L, slot_of, src,
-                        t->spec.delink.optimizer == DELINK_OPT_RESET);
+    char e2[512];
+    int rc = t->be.iface->reslot(t->be.ctx, L, slot_of, src,
+                                 t->spec.delink.optimizer == DELINK_OPT_RESET,
+                                 e2, sizeof e2);
     free(slot_of);
     free(src);
     if (rc != 0) {
-        snprintf(err, errlen, "delink: cannot allocate %d slots: %s", L,
-                 t->off && offload_last_error(t->off)[0]
-                     ? offload_last_error(t->off) : strerror(errno));
+        snprintf(err, errlen, "delink: %s", e2);
         return -1;
     }
     t->phase = PHASE_REAL;
@@ -349,71 +344,77 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
 
 long trainer_step_count(const trainer *t) { return t->step; }
 train_phase trainer_phase(const trainer *t) { return t->phase; }
-int trainer_n_slots(const trainer *t) { return t->model.S; }
+int trainer_n_slots(const trainer *t) { return n_slots_(t); }
 long trainer_delink_step(const trainer *t) { return t->delink_step; }
+
+/* gpt_compute_params from the layout: globals + one slot per layer. */
 size_t trainer_param_count(const trainer *t)
 {
-    return gpt_compute_params(&t->model);
+    size_t n = 0, per_slot = 0;
+    for (int i = 0; i < GLOB_NTENSORS; i++)
+        n += t->glob[i].numel;
+    for (int i = 0; i < SLOT_NTENSORS; i++)
+        per_slot += t->slot[i].numel;
+    return n + per_slot * (size_t)t->spec.model.n_layer;
 }
 
 double trainer_flops_per_token(const trainer *t)
 {
     const model_config *c = &t->spec.model;
-    return 6.0 * (double)gpt_compute_params(&t->model) +
+    return 6.0 * (double)trainer_param_count(t) +
            6.0 * c->n_layer * (double)c->n_embd * c->seq_len;
+}
+
+size_t trainer_device_bytes(const trainer *t)
+{
+    return t->be.iface->device_bytes(t->be.ctx);
 }
 
 /* ------------------------------------------------------------- checkpoints */
 
-/* The state buffers a checkpoint holds. */
-typedef enum { BUF_PARAMS, BUF_M, BUF_V } state_buf_;
+/* Checkpoint files are written from, and read into, the backend's state
+ * regions (backend.h: between state_begin and state_end), tensor by tensor
+ * in the plain layout of gpt.h: the same files on every backend. */
+typedef backend_buf state_buf_;
+#define BUF_PARAMS BACKEND_PARAMS
+#define BUF_M BACKEND_M
+#define BUF_V BACKEND_V
 
-static float *glob_buf_(const gpt_model *g, state_buf_ b)
-{
-    return b == BUF_PARAMS ? g->params : b == BUF_M ? g->m : g->v;
-}
-
-static float *slot_buf_(const gpt_model *g, state_buf_ b, int s)
-{
-    const gpt_slot_state *st = &g->slots[s];
-    return b == BUF_PARAMS ? st->params : b == BUF_M ? st->m : st->v;
-}
-
-/* Enumerate every tensor of the model over buffer b (params, m or v; each
- * slot wherever it lives, offloaded slots in host memory) with the given
- * name prefix. Returns the count; names malloc'd into names[]. */
-static int collect_tensors_(const gpt_model *g, state_buf_ b,
+/* Enumerate every tensor of the model over buffer b (params, m or v) with
+ * the given name prefix. Returns the count; names malloc'd into names[]. */
+static int collect_tensors_(const trainer *t, state_buf_ b,
                             const char *prefix, st_tensor *out, char **names)
 {
-    int n = 0;
-    float *buf = glob_buf_(g, b);
+    const backend_iface *be = t->be.iface;
+    int n = 0, S = n_slots_(t);
+    float *buf = be->state_region(t->be.ctx, b, -1);
     char nm[160];
     for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
-        const gpt_tensor *gt = &g->glob[i];
+        const gpt_tensor *gt = &t->glob[i];
         snprintf(nm, sizeof nm, "%s%s", prefix, gt->name);
         names[n] = strdup(nm);
         out[n] = (st_tensor){names[n], buf + gt->offset, gt->cols ? 2 : 1,
                              {gt->rows, gt->cols}};
     }
-    for (int s = 0; s < g->S; s++) {
+    for (int s = 0; s < S; s++) {
+        float *sbuf = be->state_region(t->be.ctx, b, s);
         for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
-            const gpt_tensor *st = &g->slot[i];
+            const gpt_tensor *st = &t->slot[i];
             snprintf(nm, sizeof nm, "%sslots.%d.%s", prefix, s, st->name);
             names[n] = strdup(nm);
-            out[n] = (st_tensor){names[n],
-                                 slot_buf_(g, b, s) + st->offset,
+            out[n] = (st_tensor){names[n], sbuf + st->offset,
                                  st->cols ? 2 : 1, {st->rows, st->cols}};
         }
     }
     return n;
 }
 
-static long write_tensors_file_(const char *path, const gpt_model *g,
+static long write_tensors_file_(const char *path, const trainer *t,
                                 const state_buf_ *bufs,
                                 const char *const *prefixes,
                                 int nbufs, char *err, size_t errlen)
 {
-    int per = GLOB_NTENSORS + g->S * SLOT_NTENSORS;
+    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS;
     st_tensor *ts = calloc((size_t)per * nbufs, sizeof *ts);
     char **names = calloc((size_t)per * nbufs, sizeof *names);
     long rc = -1;
@@ -423,7 +424,7 @@ static long write_tensors_file_(const char *path, const gpt_model *g,
     }
     int n = 0;
     for (int b = 0; b < nbufs; b++)
-        n += collect_tensors_(g, bufs[b], prefixes[b], ts + n, names + n);
+        n += collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
     FILE *f = fopen(path, "wb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -450,31 +451,79 @@ out:
     return rc;
 }
 
+/* The spec hash a checkpoint carries: the spec's, with device.backend taken
+ * as 'cpu', so checkpoints move between backends (a CPU spec's hash is
+ * exactly spec_hash). */
+static uint64_t ckpt_hash_(const run_spec *spec)
+{
+    run_spec s = *spec;
+    s.device.backend = BACKEND_CPU;
+    return spec_hash(&s);
+}
+
 static char *meta_json_(const trainer *t)
 {
-    const gpt_model *g = &t->model;
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    const int *map = be->slot_of(t->be.ctx);
+    long *steps = malloc(((size_t)S + 1) * sizeof(long));
+    if (!steps)
+        return NULL;
+    be->get_adam_steps(t->be.ctx, steps);
     json_t *slot_of = json_array(), *adam_t = json_array();
-    for (int l = 0; l < g->cfg.n_layer; l++)
-        json_array_append_new(slot_of, json_integer(g->slot_of[l]));
-    for (int s = 0; s < g->S; s++)
-        json_array_append_new(adam_t, json_integer(g->adam_t_slot[s]));
+    for (int l = 0; l < t->spec.model.n_layer; l++)
+        json_array_append_new(slot_of, json_integer(map[l]));
+    for (int s = 0; s < S; s++)
+        json_array_append_new(adam_t, json_integer(steps[s + 1]));
     char rng[32], hash[32];
     snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->data_rng);
     snprintf(hash, sizeof hash, "%016llx",
-             (unsigned long long)spec_hash(&t->spec));
+             (unsigned long long)ckpt_hash_(&t->spec));
     json_t *m = json_pack(
         "{s:s, s:i, s:I, s:s, s:i, s:o, s:I, s:I, s:o, s:s, s:s}",
         "format", "m6-checkpoint", "version", CKPT_VERSION,
         "step", (json_int_t)t->step,
         "phase", t->phase == PHASE_PSEUDO ? "pseudo" : "real",
-        "n_slots", g->S, "slot_of", slot_of,
+        "n_slots", S, "slot_of", slot_of,
         "delink_step", (json_int_t)t->delink_step,
-        "adam_t_global", (json_int_t)g->adam_t_global,
+        "adam_t_global", (json_int_t)steps[0],
         "adam_t_slot", adam_t,
         "data_rng", rng, "spec_hash", hash);
+    free(steps);
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);
     return s;
+}
+
+/* model.safetensors and optimizer.safetensors into dir: bytes or -1. */
+static long write_state_files_(trainer *t, const char *dir, char *err,
+                               size_t errlen)
+{
+    char path[PATH_MAX + 64];
+    const backend_iface *be = t->be.iface;
+    long total = 0, rc;
+    /* e.g. offloaded slots settled in host memory, or a GPU's state
+     * copied to the host */
+    if (be->state_begin(t->be.ctx, 0) != 0) {
+        snprintf(err, errlen, "out of memory reading the %s model's state",
+                 be->name);
+        return -1;
+    }
+    const state_buf_ pb[] = {BUF_PARAMS};
+    const char *pp[] = {""};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((rc = write_tensors_file_(path, t, pb, pp, 1, err, errlen)) < 0)
+        goto out;
+    total += rc;
+    const state_buf_ ob[] = {BUF_M, BUF_V};
+    const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((rc = write_tensors_file_(path, t, ob, op, 2, err, errlen)) < 0)
+        goto out;
+    total += rc;
+out:
+    be->state_end(t->be.ctx, 0);
+    return rc < 0 ? -1 : total;
 }
 
 long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
@@ -490,22 +539,9 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
-    gpt_model *g = &t->model;
-    long total = 0, rc;
-    if (t->off) /* offloaded slots are read from host memory, settled */
-        offload_sync(t->off);
-    const state_buf_ pb[] = {BUF_PARAMS};
-    const char *pp[] = {""};
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    if ((rc = write_tensors_file_(path, g, pb, pp, 1, err, errlen)) < 0)
+    long total, rc;
+    if ((total = write_state_files_(t, tmp, err, errlen)) < 0)
         return -1;
-    total += rc;
-    const state_buf_ ob[] = {BUF_M, BUF_V};
-    const char *op[] = {"exp_avg.", "exp_avg_sq."};
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if ((rc = write_tensors_file_(path, g, ob, op, 2, err, errlen)) < 0)
-        return -1;
-    total += rc;
     char *meta = meta_json_(t);
     snprintf(path, sizeof path, "%s/meta.json", tmp);
     rc = meta ? write_file_durable(path, meta, strlen(meta), err, errlen) : -1;
@@ -529,19 +565,19 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
     return total;
 }
 
-static int load_tensors_(const char *path, gpt_model *g, const state_buf_ *bufs,
+static int load_tensors_(const char *path, trainer *t, const state_buf_ *bufs,
                          const char *const *prefixes, int nbufs, char *err,
                          size_t errlen)
 {
     st_file sf;
     if (safetensors_open(&sf, path, err, errlen) != 0)
         return -1;
-    int per = GLOB_NTENSORS + g->S * SLOT_NTENSORS, rc = 0;
+    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS, rc = 0;
     st_tensor *ts = calloc((size_t)per, sizeof *ts);
     char **names = calloc((size_t)per, sizeof *names);
     char e2[256];
     for (int b = 0; b < nbufs && rc == 0; b++) {
-        int n = collect_tensors_(g, bufs[b], prefixes[b], ts, names);
+        int n = collect_tensors_(t, bufs[b], prefixes[b], ts, names);
         for (int i = 0; i < n; i++) {
             size_t numel = (size_t)ts[i].shape[0] *
                            (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
@@ -569,10 +605,9 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
         return -1;
     }
-    gpt_model *g = &t->model;
-    int L = g->cfg.n_layer, version = 0, n_slots = 0, rc = -1;
-    if (t->off)
-        offload_sync(t->off);
+    const backend_iface *be = t->be.iface;
+    int L = t->spec.model.n_layer, version = 0, n_slots = 0, rc = -1;
+    long *steps = NULL;
     json_int_t step, delink_step, adam_t_global;
     const char *phase, *rng, *hash, *format;
     json_t *slot_of, *adam_t;
@@ -592,7 +627,7 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     }
     char want[32];
     snprintf(want, sizeof want, "%016llx",
-             (unsigned long long)spec_hash(&t->spec));
+             (unsigned long long)ckpt_hash_(&t->spec));
     if (strcmp(hash, want) != 0) {
         snprintf(err, errlen, "%s: spec hash %s does not match this run's %s",
                  path, hash, want);
@@ -614,32 +649,46 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
         }
     }
     /* Re-lay to the checkpoint's slot count; values are overwritten below. */
-    int ok = gpt_reslot(g, n_slots, map, src, 1) == 0;
+    char e2[512];
+    int ok = be->reslot(t->be.ctx, n_slots, map, src, 1, e2, sizeof e2) == 0;
     free(map);
     free(src);
     if (!ok) {
+        snprintf(err, errlen, "loading %s: %s", dir, e2);
+        goto out;
+    }
+    steps = malloc(((size_t)n_slots + 1) * sizeof(long));
+    if (!steps || be->state_begin(t->be.ctx, 1) != 0) {
         snprintf(err, errlen, "out of memory loading %s", dir);
         goto out;
     }
     const state_buf_ pb[] = {BUF_PARAMS};
     const char *pp[] = {""};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (load_tensors_(path, g, pb, pp, 1, err, errlen) != 0)
-        goto out;
     const state_buf_ ob[] = {BUF_M, BUF_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int lrc = load_tensors_(path, t, pb, pp, 1, err, errlen);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (load_tensors_(path, g, ob, op, 2, err, errlen) != 0)
+    if (lrc == 0)
+        lrc = load_tensors_(path, t, ob, op, 2, err, errlen);
+    if (be->state_end(t->be.ctx, lrc == 0) != 0 && lrc == 0) {
+        snprintf(err, errlen, "loading %s: cannot store the state in the %s "
+                 "model", dir, be->name);
+        lrc = -1;
+    }
+    if (lrc != 0)
         goto out;
+    steps[0] = (long)adam_t_global;
     for (int s = 0; s < n_slots; s++)
-        g->adam_t_slot[s] = (long)json_integer_value(json_array_get(adam_t, s));
-    g->adam_t_global = (long)adam_t_global;
+        steps[s + 1] = (long)json_integer_value(json_array_get(adam_t, s));
+    be->set_adam_steps(t->be.ctx, steps);
     t->step = (long)step;
     t->delink_step = (long)delink_step;
     t->phase = strcmp(phase, "pseudo") == 0 ? PHASE_PSEUDO : PHASE_REAL;
     t->data_rng = strtoull(rng, NULL, 16);
     rc = 0;
 out:
+    free(steps);
     json_decref(m);
     return rc;
 }
@@ -648,36 +697,31 @@ out:
 
 size_t trainer_copy_state(trainer *t, int which, float *dst)
 {
-    const gpt_model *g = &t->model;
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    size_t n = t->n_global + (size_t)S * t->slot_size;
     if (!dst)
-        return g->n_params;
-    if (t->off)
-        offload_sync(t->off);
+        return n;
+    if (be->state_begin(t->be.ctx, 0) != 0)
+        return 0;
     state_buf_ b = which == 0 ? BUF_PARAMS : which == 1 ? BUF_M : BUF_V;
-    memcpy(dst, glob_buf_(g, b), g->n_global * sizeof(float));
-    for (int s = 0; s < g->S; s++)
-        memcpy(dst + g->n_global + (size_t)s * g->slot_size, slot_buf_(g, b, s),
-               g->slot_size * sizeof(float));
-    return g->n_params;
+    memcpy(dst, be->state_region(t->be.ctx, b, -1),
+           t->n_global * sizeof(float));
+    for (int s = 0; s < S; s++)
+        memcpy(dst + t->n_global + (size_t)s * t->slot_size,
+               be->state_region(t->be.ctx, b, s),
+               t->slot_size * sizeof(float));
+    be->state_end(t->be.ctx, 0);
+    return n;
 }
 
 int trainer_copy_adam_steps(trainer *t, long *dst)
 {
-    const gpt_model *g = &t->model;
-    if (t->off)
-        offload_sync(t->off);
-    dst[0] = g->adam_t_global;
-    memcpy(dst + 1, g->adam_t_slot, (size_t)g->S * sizeof(long));
-    return g->S + 1;
+    t->be.iface->get_adam_steps(t->be.ctx, dst);
+    return n_slots_(t) + 1;
 }
 
 int trainer_offload_stats(trainer *t, offload_stats *st)
 {
-    if (!t->off) {
-        memset(st, 0, sizeof *st);
-        st->n_slots = st->n_resident = t->model.S;
-        return -1;
-    }
-    offload_get_stats(t->off, st);
-    return 0;
+    return t->be.iface->offload_stats(t->be.ctx, st);
 }

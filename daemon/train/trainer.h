@@ -11,6 +11,15 @@
  * not depend on offloading: with device.memory_budget > 0 some slots may be
  * offloaded (daemon/offload/offload.h), and the losses stay bitwise those
  * of the fully resident run.
+ *
+ * Backends (device.backend): "cpu", the fp32 reference above, and "cuda",
+ * one GPU through kernels/cuda/gpt_cuda.h (bf16 compute, fp32 master
+ * weights and moments), available when m6 is built with CUDA. Both start
+ * from the same weights for a seed, draw the same batches and follow the
+ * same LR schedule; a CUDA run is bitwise reproducible on the same GPU and
+ * build (its kernels use no floating-point atomics), and its losses track
+ * the CPU's to bf16 precision. Checkpoints are the same files on both: one
+ * written by a CUDA run loads into a CPU run of the same spec and back.
  */
 #ifndef M6_TRAINER_H
 #define M6_TRAINER_H
@@ -44,7 +53,12 @@ void trainer_free(trainer *t);
 
 /* Everything trainer_create would refuse, checked cheaply at submit time:
  * the backend, both data globs (files, headers, token range) and that each
- * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key. */
+ * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key.
+ * A 'cuda' spec is refused by an m6d built without CUDA ("device.backend:
+ * 'cuda': this m6d was built without CUDA"), where no device is visible
+ * ("device.backend: 'cuda': no CUDA device (cudaGetDeviceCount: <why>)"),
+ * for shapes gpt_cuda does not support (model.*), and when
+ * device.memory_budget would need offloading (not on the GPU yet). */
 int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
 
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
@@ -83,7 +97,8 @@ double trainer_flops_per_token(const trainer *t);
 long trainer_save(trainer *t, const char *dir, char *err, size_t errlen);
 
 /* Restore from a complete checkpoint dir written by trainer_save for the same
- * spec (spec hash checked). After loading, the run continues bitwise as if
+ * spec (spec hash checked; device.backend is left out of it, so checkpoints
+ * move between backends). After loading, the run continues bitwise as if
  * never interrupted. Returns 0 or -1 with err. */
 int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
 
@@ -92,6 +107,14 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
  * behind compute. Returns 0, or -1 when offloading is off
  * (memory_budget 0; then only n_slots = n_resident = S are set). */
 int trainer_offload_stats(trainer *t, offload_stats *st);
+
+/* Device memory the run's model holds now, in bytes (changes at delink).
+ * cuda: the planned allocations of gpt_cuda — bf16 weights and gradients,
+ * fp32 master weights and AdamW moments, activations and scratch — without
+ * cuBLASLt's workspace and the CUDA context. cpu: the stand-in device
+ * pool's bytes in use when offloading (device.memory_budget > 0), else 0
+ * (the model is ordinary host memory). */
+size_t trainer_device_bytes(const trainer *t);
 
 /* The model's state in the plain layout of gpt.h, [globals | slot 0 | ...
  * | slot S-1] (n_global + S*slot_size floats), wherever it is placed:

@@ -210,20 +210,53 @@ static int alloc_acts_(gpt_cuda *g)
 
 /* ------------------------------------------------------------- create */
 
-gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
+int gpt_cuda_device_count(const char **why)
 {
-    int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head;
-    if (L < 1 || S < 1 || S > L || B < 1 || NH < 1 || C % NH ||
-        C % 8 || cfg->seq_len < 1 || cfg->vocab_size < 2) {
-        fprintf(stderr, "gpt_cuda_create: bad shape (L=%d S=%d B=%d C=%d "
-                        "NH=%d): need 1 <= S <= L, C %% NH == 0, C %% 8 == 0\n",
-                L, S, B, C, NH);
-        return NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *why = cudaGetErrorString(e);
+        return -1;
+    }
+    *why = n > 0 ? "" : "no devices";
+    return n;
+}
+
+int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
+{
+    int C = cfg->n_embd, NH = cfg->n_head;
+    if (NH < 1 || C < 1 || C % NH) {
+        snprintf(err, errlen, "model.n_head: %d does not divide n_embd %d",
+                 NH, C);
+        return -1;
+    }
+    if (C % 8) {
+        snprintf(err, errlen, "model.n_embd: %d is not a multiple of 8 "
+                 "(needed by the cuda backend)", C);
+        return -1;
     }
     int hs = C / NH;
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128) {
-        fprintf(stderr, "gpt_cuda_create: head size %d not supported "
-                        "(16, 32, 64 or 128)\n", hs);
+        snprintf(err, errlen, "model.n_head: head size n_embd/n_head = %d; "
+                 "the cuda backend supports 16, 32, 64 or 128", hs);
+        return -1;
+    }
+    return 0;
+}
+
+gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
+{
+    int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head;
+    char why[256];
+    if (gpt_cuda_check_config(cfg, why, sizeof why) != 0) {
+        fprintf(stderr, "gpt_cuda_create: %s\n", why);
+        return NULL;
+    }
+    if (L < 1 || S < 1 || S > L || B < 1 || cfg->seq_len < 1 ||
+        cfg->vocab_size < 2) {
+        fprintf(stderr, "gpt_cuda_create: bad shape (L=%d S=%d B=%d C=%d "
+                        "NH=%d): need 1 <= S <= L\n", L, S, B, C, NH);
         return NULL;
     }
     gpt_cuda *g = (gpt_cuda *)calloc(1, sizeof *g);
@@ -397,36 +430,67 @@ static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3])
     return 5;
 }
 
-int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n)
+static float *state_buf_(gpt_cuda *g, int which)
+{
+    return which == 0 ? g->master : which == 1 ? g->m : which == 2 ? g->v
+                                                                   : NULL;
+}
+
+int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
 {
     size_t off[5][3];
+    float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off);
-    if (k < 0)
+    if (k < 0 || !buf)
         return -1;
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
+    CUDA_CHECK(cudaMemset(buf, 0, g->n_params * sizeof(float)));
     for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpy(g->master + off[i][1], host + off[i][0],
+        CUDA_CHECK(cudaMemcpy(buf + off[i][1], host + off[i][0],
                               off[i][2] * sizeof(float),
                               cudaMemcpyHostToDevice));
-    copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
+    if (which == 0)
+        copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return 0;
 }
 
-int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n)
+int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
 {
     size_t off[5][3];
+    const float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off);
-    if (k < 0)
+    if (k < 0 || !buf)
         return -1;
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     memset(host, 0, n * sizeof(float));
     for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpy(host + off[i][0], g->master + off[i][1],
+        CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
                               off[i][2] * sizeof(float),
                               cudaMemcpyDeviceToHost));
     return 0;
+}
+
+int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n)
+{
+    return gpt_cuda_set_state(g, 0, host, n);
+}
+
+int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n)
+{
+    return gpt_cuda_get_state(g, 0, host, n);
+}
+
+void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst)
+{
+    dst[0] = g->adam_t_global;
+    memcpy(dst + 1, g->adam_t_slot, (size_t)g->S * sizeof(long));
+}
+
+void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
+{
+    g->adam_t_global = src[0];
+    memcpy(g->adam_t_slot, src + 1, (size_t)g->S * sizeof(long));
 }
 
 /* ------------------------------------------------------------- forward */

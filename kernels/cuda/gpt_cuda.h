@@ -31,6 +31,15 @@ extern "C" {
 
 typedef struct gpt_cuda gpt_cuda;
 
+/* CUDA devices visible to this process; -1 when the runtime cannot say
+ * (no driver, no device), with *why the runtime's error string (static).
+ * Never exits. */
+int gpt_cuda_device_count(const char **why);
+
+/* The shapes gpt_cuda supports: n_embd % 8 == 0, n_embd % n_head == 0 and
+ * head size 16, 32, 64 or 128. 0, or -1 with err naming the model key. */
+int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen);
+
 typedef struct {
     int S;                  /* parameter slots */
     int Vp;                 /* padded vocabulary (rows of wte, cols of logits) */
@@ -57,6 +66,16 @@ void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed);
  * info.n_params_cpu). set also writes the bf16 copy. 0 or -1. */
 int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n);
 int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n);
+
+/* The same for any state buffer, in the gpt.h layout: which 0 fp32 master
+ * weights (set also writes the bf16 copy), 1 AdamW m, 2 AdamW v. The padded
+ * rows of wte stay zero. 0 or -1. */
+int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n);
+int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n);
+
+/* AdamW step counts [globals, slot 0, ..., slot S-1] (S+1 entries). */
+void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst);
+void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src);
 
 /* Forward on host token arrays inp, targets (B,T); targets may be NULL.
  * Returns the mean loss (waits for the GPU). */

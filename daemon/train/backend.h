@@ -1,0 +1,103 @@
+/*
+ * backend.h — the model behind a trainer: the private interface between
+ * trainer.c and the two places a model can run.
+ *
+ * trainer.c owns everything that does not depend on where the model runs:
+ * the data sampler, the LR schedule, the phase and delink policy, and the
+ * checkpoint files. A backend owns weights, gradients and optimizer state
+ * and runs the passes:
+ *
+ *   backend_cpu.c   the CPU reference model (daemon/model/gpt.c), with
+ *                   granular offloading when device.memory_budget > 0
+ *   backend_cuda.c  one GPU (kernels/cuda/gpt_cuda.h); compiled only when m6
+ *                   is built with CUDA (M6_HAVE_CUDA)
+ *
+ * Both start from the same weights for the same seed (gpt_init_weights'
+ * values) and exchange state in the plain layout of gpt.h
+ * ([globals | slot 0 | ... | slot S-1], fp32), so a checkpoint written by
+ * one loads on the other. Every function of the table is required.
+ */
+#ifndef M6_TRAIN_BACKEND_H
+#define M6_TRAIN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "offload/offload.h"
+#include "train/spec.h"
+
+/* Optimizer settings of one step. */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_clip;          /* global-norm clip; <= 0: none */
+} backend_adam;
+
+/* Which state buffer: fp32 weights, AdamW first and second moments. */
+typedef enum { BACKEND_PARAMS = 0, BACKEND_M = 1, BACKEND_V = 2 } backend_buf;
+
+typedef struct {
+    const char *name;   /* "cpu", "cuda" */
+    void (*free)(void *ctx);
+
+    /* One optimizer step, in this order: step_begin (zero the gradients),
+     * microbatch for k = 0..accum-1 (forward, then backward accumulating
+     * the gradient of loss_scale * sum of the token losses; returns the
+     * mean loss), grad_norm (global L2 norm of the step's gradient), and,
+     * when loss and norm are finite, adamw (clip to h->grad_clip, update;
+     * returns when the step's work is done). */
+    void (*step_begin)(void *ctx, const backend_adam *h);
+    float (*microbatch)(void *ctx, int k, const int32_t *inp,
+                        const int32_t *tgt, int B, float loss_scale);
+    float (*grad_norm)(void *ctx);
+    void (*adamw)(void *ctx, const backend_adam *h, float grad_norm);
+
+    /* Mean loss of a forward pass without backward; changes no state. */
+    float (*loss)(void *ctx, const int32_t *inp, const int32_t *tgt, int B);
+
+    /* gpt_reslot: S' slots with share map slot_of (len L), slot s' a copy
+     * of old slot src_of[s'] (moments and step counts zeroed with
+     * reset_moments). 0, or -1 with err saying why; the old state stays. */
+    int (*reslot)(void *ctx, int S, const int *slot_of, const int *src_of,
+                  int reset_moments, char *err, size_t errlen);
+    int (*n_slots)(void *ctx);
+    const int *(*slot_of)(void *ctx);   /* [L] */
+
+    /* State in the plain layout, for checkpoints and tests. Between
+     * state_begin and state_end, state_region gives host memory holding
+     * buffer `which` of the globals (s = -1, n_global floats) or of slot s
+     * (slot_size floats). state_begin(for_load = 1) may leave the regions
+     * uninitialised (they are about to be overwritten); state_end
+     * (modified = 1) makes the model take the regions' values. 0 or -1. */
+    int (*state_begin)(void *ctx, int for_load);
+    float *(*state_region)(void *ctx, backend_buf which, int s);
+    int (*state_end)(void *ctx, int modified);
+    /* AdamW step counts [globals, slot 0, ..., slot S-1]. */
+    void (*get_adam_steps)(void *ctx, long *dst);
+    void (*set_adam_steps)(void *ctx, const long *src);
+
+    /* Device memory the model holds now, bytes (see trainer_device_bytes). */
+    size_t (*device_bytes)(void *ctx);
+    /* trainer_offload_stats. */
+    int (*offload_stats)(void *ctx, offload_stats *st);
+} backend_iface;
+
+typedef struct {
+    const backend_iface *iface;
+    void *ctx;
+} backend;
+
+/* Create the model with S slots (default share map l*S/L) and activations
+ * for microbatches of spec->train.batch_size, weights initialised from
+ * spec->train.seed. 0, or -1 with err. */
+int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
+                       size_t errlen);
+
+#ifdef M6_HAVE_CUDA
+/* What backend_cuda_create would refuse, checked cheaply at submit: a CUDA
+ * device, the model shape, a memory budget that needs no offloading.
+ * 0, or -1 with err naming the key. */
+int backend_cuda_check(const run_spec *spec, char *err, size_t errlen);
+int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
+                        size_t errlen);
+#endif
+
+#endif /* M6_TRAIN_BACKEND_H */

@@ -1,0 +1,231 @@
+/*
+ * backend_cpu.c — the trainer's CPU backend (backend.h): the reference model
+ * of daemon/model/gpt.c, fp32, with granular offloading
+ * (daemon/offload/offload.h) when device.memory_budget > 0. The sequence of
+ * calls per step is the one offload.h documents; losses are bitwise those
+ * of the fully resident run.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gpt.h"
+#include "offload/offload.h"
+#include "train/backend.h"
+
+typedef struct {
+    gpt_model model;
+    offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
+} cpu_ctx_;
+
+static void cpu_free_(void *ctx)
+{
+    cpu_ctx_ *c = ctx;
+    if (!c)
+        return;
+    gpt_free(&c->model);
+    offload_free(c->off);
+    free(c);
+}
+
+/* ------------------------------------------------------------- step */
+
+static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
+{
+    return (offload_adam){h->lr, h->beta1, h->beta2, h->eps,
+                          h->weight_decay, grad_scale};
+}
+
+static void cpu_step_begin_(void *ctx, const backend_adam *h)
+{
+    cpu_ctx_ *c = ctx;
+    /* without clipping the scale is 1 and known now: offloaded slots are
+     * updated as soon as their gradients are final */
+    if (c->off) {
+        offload_adam early = offload_adam_(h, 1.0f);
+        offload_step_begin(c->off, h->grad_clip > 0 ? NULL : &early);
+    }
+    gpt_zero_grad(&c->model);
+}
+
+static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
+                             const int32_t *tgt, int B, float loss_scale)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        offload_microbatch(c->off, k);
+    float loss = gpt_forward(&c->model, inp, tgt, B);
+    gpt_backward(&c->model, inp, tgt, B, loss_scale);
+    return loss;
+}
+
+static float cpu_grad_norm_(void *ctx)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        offload_wait_grads(c->off);
+    return gpt_grad_norm(&c->model);
+}
+
+static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
+{
+    cpu_ctx_ *c = ctx;
+    float clip = h->grad_clip;
+    float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
+    if (c->off) { /* host threads update offloaded slots meanwhile */
+        offload_adam a = offload_adam_(h, scale);
+        offload_adamw(c->off, &a);
+    }
+    gpt_adamw(&c->model, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
+              scale);
+}
+
+static float cpu_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
+                       int B)
+{
+    cpu_ctx_ *c = ctx;
+    return gpt_forward(&c->model, inp, tgt, B);
+}
+
+/* ------------------------------------------------------------- slots */
+
+static int cpu_reslot_(void *ctx, int S, const int *slot_of,
+                       const int *src_of, int reset_moments, char *err,
+                       size_t errlen)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        offload_sync(c->off);
+    if (gpt_reslot(&c->model, S, slot_of, src_of, reset_moments) != 0) {
+        snprintf(err, errlen, "cannot allocate %d slots: %s", S,
+                 c->off && offload_last_error(c->off)[0]
+                     ? offload_last_error(c->off) : strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int cpu_n_slots_(void *ctx) { return ((cpu_ctx_ *)ctx)->model.S; }
+
+static const int *cpu_slot_of_(void *ctx)
+{
+    return ((cpu_ctx_ *)ctx)->model.slot_of;
+}
+
+/* ------------------------------------------------------------- state */
+
+/* The state is host memory already; offloaded slots are read where they
+ * live, once their pending updates are settled. */
+static int cpu_state_begin_(void *ctx, int for_load)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        offload_sync(c->off);
+    return 0;
+}
+
+static float *cpu_state_region_(void *ctx, backend_buf b, int s)
+{
+    const gpt_model *g = &((cpu_ctx_ *)ctx)->model;
+    if (s < 0)
+        return b == BACKEND_PARAMS ? g->params : b == BACKEND_M ? g->m : g->v;
+    const gpt_slot_state *st = &g->slots[s];
+    return b == BACKEND_PARAMS ? st->params : b == BACKEND_M ? st->m : st->v;
+}
+
+static int cpu_state_end_(void *ctx, int modified) { return 0; }
+
+static void cpu_get_adam_steps_(void *ctx, long *dst)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        offload_sync(c->off);
+    dst[0] = c->model.adam_t_global;
+    memcpy(dst + 1, c->model.adam_t_slot, (size_t)c->model.S * sizeof(long));
+}
+
+static void cpu_set_adam_steps_(void *ctx, const long *src)
+{
+    cpu_ctx_ *c = ctx;
+    c->model.adam_t_global = src[0];
+    memcpy(c->model.adam_t_slot, src + 1, (size_t)c->model.S * sizeof(long));
+}
+
+/* ------------------------------------------------------------- figures */
+
+/* The stand-in device pool's use with offloading; 0 without (the model is
+ * ordinary host memory then). */
+static size_t cpu_device_bytes_(void *ctx)
+{
+    cpu_ctx_ *c = ctx;
+    if (!c->off)
+        return 0;
+    offload_stats st;
+    offload_get_stats(c->off, &st);
+    return st.device.in_use;
+}
+
+static int cpu_offload_stats_(void *ctx, offload_stats *st)
+{
+    cpu_ctx_ *c = ctx;
+    if (!c->off) {
+        memset(st, 0, sizeof *st);
+        st->n_slots = st->n_resident = c->model.S;
+        return -1;
+    }
+    offload_get_stats(c->off, st);
+    return 0;
+}
+
+static const backend_iface cpu_iface_ = {
+    /* .name           = */ "cpu",
+    /* .free           = */ cpu_free_,
+    /* .step_begin     = */ cpu_step_begin_,
+    /* .microbatch     = */ cpu_microbatch_,
+    /* .grad_norm      = */ cpu_grad_norm_,
+    /* .adamw          = */ cpu_adamw_,
+    /* .loss           = */ cpu_loss_,
+    /* .reslot         = */ cpu_reslot_,
+    /* .n_slots        = */ cpu_n_slots_,
+    /* .slot_of        = */ cpu_slot_of_,
+    /* .state_begin    = */ cpu_state_begin_,
+    /* .state_region   = */ cpu_state_region_,
+    /* .state_end      = */ cpu_state_end_,
+    /* .get_adam_steps = */ cpu_get_adam_steps_,
+    /* .set_adam_steps = */ cpu_set_adam_steps_,
+    /* .device_bytes   = */ cpu_device_bytes_,
+    /* .offload_stats  = */ cpu_offload_stats_,
+};
+
+/* ------------------------------------------------------------- create */
+
+int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
+                       size_t errlen)
+{
+    cpu_ctx_ *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (spec->device.memory_budget > 0 &&
+        !(c->off = offload_create(spec, err, errlen)))
+        goto fail;
+    if (gpt_create_with(&c->model, &spec->model, S, spec->train.batch_size,
+                        c->off ? offload_storage(c->off) : NULL) != 0) {
+        if (c->off && offload_last_error(c->off)[0])
+            snprintf(err, errlen, "cannot place the model: %s",
+                     offload_last_error(c->off));
+        else
+            snprintf(err, errlen, "cannot allocate the model: %s",
+                     strerror(errno));
+        goto fail;
+    }
+    gpt_init_weights(&c->model, spec->train.seed);
+    be->iface = &cpu_iface_;
+    be->ctx = c;
+    return 0;
+fail:
+    cpu_free_(c);
+    return -1;
+}
