@@ -36,6 +36,7 @@
 #include "cuda/gpt_cuda.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#include "../common/synth_data.h"
 
 #define TOL_LOSS 5e-2
 #define TOL_DELINK 1e-6
@@ -60,42 +61,11 @@ static void check_true_(int ok, const char *what)
     n_failed += !ok;
 }
 
-/* Synthetic text: a repeated sentence with 1/16 random letters, byte
- * tokens; 3/4 train, 1/4 val. */
-static int make_shards_(void)
-{
-    const char *text = "the quick brown fox jumps over the lazy dog. ";
-    size_t n = 40000, tl = strlen(text);
-    uint16_t *tok = malloc(n * sizeof(uint16_t));
-    if (!tok)
-        return -1;
-    uint64_t s = 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (s >> 60) == 0 ? (uint16_t)('a' + (s >> 33) % 26)
-                                : (uint16_t)(unsigned char)text[i % tl];
-    }
-    char path[512], err[256];
-    int rc = 0;
-    snprintf(path, sizeof path, "%s/train_000000.bin", dir_);
-    if (shard_write(path, tok, n * 3 / 4, err, sizeof err) != 0)
-        rc = -1;
-    snprintf(path, sizeof path, "%s/val_000000.bin", dir_);
-    if (rc == 0 && shard_write(path, tok + n * 3 / 4, n / 4, err,
-                               sizeof err) != 0)
-        rc = -1;
-    if (rc != 0)
-        fprintf(stderr, "shard_write: %s\n", err);
-    free(tok);
-    return rc;
-}
-
 static run_spec spec_(backend_kind backend)
 {
     run_spec s;
     spec_defaults(&s);
-    snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", dir_);
-    snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", dir_);
+    synth_spec_data(&s, dir_);
     /* head size 32 and n_embd % 8 == 0: a shape gpt_cuda supports */
     s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
                              .n_embd = 64, .seq_len = 64};
@@ -238,8 +208,8 @@ int main(void)
         return 77;
     }
     snprintf(dir_, sizeof dir_, "/tmp/m6-gpu-trainer.XXXXXX");
-    if (!mkdtemp(dir_) || make_shards_() != 0) {
-        perror("test_trainer: temporary data");
+    if (synth_shards(dir_, 40000) != 0) {
+        fprintf(stderr, "test_trainer: cannot make temporary data\n");
         return 1;
     }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
@@ -348,9 +318,7 @@ int main(void)
     state_free_(&g15);
     state_free_(&c15);
 
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    if (system(cmd) != 0)
+    if (synth_remove(dir_) != 0)
         fprintf(stderr, "test_trainer: could not remove %s\n", dir_);
     printf("test_trainer: %s (%d failed)\n", n_failed ? "FAILED" : "passed",
            n_failed);

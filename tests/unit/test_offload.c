@@ -23,44 +23,23 @@
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#include "../common/synth_data.h"
 
 /* ---------------------------------------------------------- data */
 
 static char tmpdir_[256];
 
-/* Shards of a synthetic, learnable byte stream (as test_model.c). */
 static int setup_data(void **state)
 {
     (void)state;
     snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-offload-XXXXXX");
-    if (!mkdtemp(tmpdir_))
-        return -1;
-    const char *text = "the quick brown fox jumps over the lazy dog. ";
-    size_t n = 20000, tl = strlen(text);
-    uint16_t *tok = malloc(n * sizeof(uint16_t));
-    uint64_t s = 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (s >> 60) == 0 ? (uint16_t)('a' + (s >> 33) % 26)
-                                : (uint16_t)(unsigned char)text[i % tl];
-    }
-    char path[512], err[256];
-    snprintf(path, sizeof path, "%s/train_000000.bin", tmpdir_);
-    if (shard_write(path, tok, n * 3 / 4, err, sizeof err) != 0)
-        return -1;
-    snprintf(path, sizeof path, "%s/val_000000.bin", tmpdir_);
-    if (shard_write(path, tok + n * 3 / 4, n / 4, err, sizeof err) != 0)
-        return -1;
-    free(tok);
-    return 0;
+    return synth_shards(tmpdir_, 20000);
 }
 
 static int teardown_data(void **state)
 {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir_);
-    return system(cmd) == 0 ? 0 : -1;
+    return synth_remove(tmpdir_);
 }
 
 /* 6 layers so that "most slots offloaded" means 5 of 6. */
@@ -68,8 +47,7 @@ static run_spec spec6_(long steps, long pseudo_steps)
 {
     run_spec s;
     spec_defaults(&s);
-    snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", tmpdir_);
-    snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", tmpdir_);
+    synth_spec_data(&s, tmpdir_);
     s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
                              .n_embd = 16, .seq_len = 16};
     s.pseudo.share_groups = 2;
