@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# second_daemon.sh — a second m6d started on a state dir that a live m6d
+# already serves must refuse before it touches the runs: it must not resume
+# the live run, truncate its metrics or write checkpoints into its directory.
+# Both with the same socket (refused, but only after the worker started) and
+# with another --socket (not refused at all when this test was written).
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+CKPT_EVERY=50 write_spec "$T/long.json" long 100000 0 '"device": {"threads": 1}'
+start_daemon "$T/s"
+R=$(ctl submit "$T/long.json")
+wait_state "$R" running
+wait_step "$R" 120  # a checkpoint exists, and metrics past it
+
+for i in 1 2 3 4 5; do
+    rc=0
+    timeout 10 "$M6D" --state-dir "$T/s" --threads 1 2>>"$T/m6d-second.log" || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "second m6d (same socket) exited $rc"
+done
+rc=0
+timeout -s TERM 3 "$M6D" --state-dir "$T/s" --threads 1 --socket "$T/other.sock" \
+    2>>"$T/m6d-second.log" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "second m6d (other socket) was not refused (rc $rc)"
+
+grep -q 'run.recover\|run.restore\|checkpoint.saved' "$T/m6d-second.log" \
+    && fail "a refused m6d resumed the live run: $(grep -m3 'run\.\|checkpoint' "$T/m6d-second.log")"
+gaps=$(db "$T/s" "select count(*) from metrics a where a.run=$R and a.step>1 and not exists
+              (select 1 from metrics b where b.run=$R and b.step=a.step-1)")
+[ "$gaps" = 0 ] || fail "the live run's metrics have $gaps gap(s) after a second m6d"
+ctl stop "$R" >/dev/null
+stop_daemon
+echo "ok second_daemon"
