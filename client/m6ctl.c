@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,10 @@ static M6__Response *call_(const M6__Request *rq)
     int rc = write_all_(g.fd, f, len);
     free(f);
     if (rc < 0) {
-        errf_("write to %s: %s", g.socket, strerror(errno));
+        if (errno == EPIPE)
+            errf_("m6d closed the connection (%s): did it stop?", g.socket);
+        else
+            errf_("write to %s: %s", g.socket, strerror(errno));
         return NULL;
     }
     frame_reader rd;
@@ -346,26 +350,26 @@ static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
 }
 
 /* Relative data globs in a spec are relative to the spec file's directory
- * (the daemon runs elsewhere): rewrite them as absolute paths. A spec that
- * does not parse is sent as it is, for the daemon to explain. Returns the
+ * (the current one for a spec on stdin; the daemon runs elsewhere): rewrite
+ * them as absolute paths. A spec that does not parse (duplicate keys
+ * included) is sent as it is, for the daemon to explain. Returns the
  * text to send (buf itself, or a new malloc'd string; buf then freed). */
 static char *resolve_data_paths_(char *buf, const char *path)
 {
-    if (strcmp(path, "-") == 0)
-        return buf;
-    json_t *root = json_loads(buf, 0, NULL);
+    json_t *root = json_loads(buf, JSON_REJECT_DUPLICATES, NULL);
     json_t *data = root ? json_object_get(root, "data") : NULL;
     if (!json_is_object(data)) {
         json_decref(root);
         return buf;
     }
-    char *spec_abs = realpath(path, NULL);
+    /* a spec on stdin: relative to the current directory */
+    char *spec_abs = strcmp(path, "-") == 0 ? getcwd(NULL, 0) : realpath(path, NULL);
     if (!spec_abs) {
         json_decref(root);
         return buf;
     }
-    char *slash = strrchr(spec_abs, '/');
-    *slash = 0;
+    if (strcmp(path, "-") != 0)
+        *strrchr(spec_abs, '/') = 0;
     const char *dir = spec_abs[0] ? spec_abs : "/";
     int changed = 0;
     const char *keys[] = {"train", "val"};
@@ -737,7 +741,7 @@ static int cmd_data_(int argc, char **argv)
     fprintf(stderr, "preparing shards in %s (val fraction %.3g)\n", g.out_dir, g.val_fraction);
     if (data_prepare(g.out_dir, (const char *const *)argv + 1, argc - 1, g.val_fraction,
                      (size_t)g.shard_tokens, &st, progress_, &count, err, sizeof err) < 0) {
-        errf_("data prepare: %s", err);
+        errf_("%s", err);
         return EXIT_ERR;
     }
     if (g.json) {
@@ -772,7 +776,8 @@ typedef struct {
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
      "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
-     "Relative data.train/data.val globs are relative to the spec file."},
+     "Relative data.train/data.val globs are relative to the spec file\n"
+     "(to the current directory for -)."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
@@ -786,7 +791,7 @@ static const command commands_[] = {
     {"data", cmd_data_, 2, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
-    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC",
+    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE]",
      "Memory plan of a spec: resident and offloaded slots, peak device bytes,\n"
      "host<->device bytes per step, minimum budget (no daemon needed)."},
 };
@@ -795,10 +800,12 @@ static const command commands_[] = {
 static void usage_(FILE *f)
 {
     fprintf(f, "usage: m6ctl [--socket PATH] [--json] COMMAND [ARGS]\n\ncommands:\n");
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-8s %-10s %s\n", commands_[i].name,
-                strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...",
-                commands_[i].help);
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const char *h = commands_[i].help;  /* first line only */
+        int n = (int)strcspn(h, "\n");
+        fprintf(f, "  %-8s %-10s %.*s\n", commands_[i].name,
+                strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...", n, h);
+    }
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
                "default of m6d. 'm6ctl COMMAND --help' for details.\n");
 }
@@ -811,7 +818,7 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_WATCH) fprintf(f, "  --interval SEC    poll period (default 0.5)\n");
     if (c->flags & F_PLAN)
         fprintf(f, "  --device-memory SIZE  device memory budget, e.g. 8GiB (default: the\n"
-                   "                    spec's device.memory_budget; 0 = unlimited)\n");
+                   "                    spec's device.memory_budget)\n");
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
@@ -844,6 +851,8 @@ int main(int argc, char **argv)
         {"device-memory", required_argument, 0, O_DEVMEM},
         {0, 0, 0, 0},
     };
+    /* A daemon that stops mid-watch must give an error, not kill us. */
+    signal(SIGPIPE, SIG_IGN);
     int nocolor = getenv("NO_COLOR") != NULL;
     if (paths_client_socket(g.socket, sizeof g.socket) < 0) g.socket[0] = 0;
 

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <uv.h>
 #ifdef HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -42,7 +44,8 @@ static struct {
     coord *co;
     handlers_ctx handlers;
     server *srv;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
+    int lock_fd;                /* flock on STATE_DIR/m6d.lock, held to exit */
     uv_timer_t watchdog;
     int watchdog_on;
     volatile sig_atomic_t stopping;
@@ -181,6 +184,51 @@ static void on_signal_(uv_signal_t *h, int signum)
     uv_stop(h->loop);
 }
 
+/* SIGHUP (a closed terminal, `systemctl reload`): nothing to reload; keep
+ * training rather than die without a checkpoint. */
+static void on_sighup_(uv_signal_t *h, int signum)
+{
+    (void)h;
+    (void)signum;
+    log_warn("daemon.signal", "signal=SIGHUP action=ignored msg=\"no configuration "
+             "to reload; SIGTERM stops m6d with a checkpoint\"");
+}
+
+/* One m6d per state dir: an exclusive flock on STATE_DIR/m6d.lock, taken
+ * before the DB is opened or any run is touched, held until exit. The file
+ * holds the owner's pid for the error message. 0, or -1 with err. */
+static int lock_state_dir_(const char *dir, char *err, size_t errlen)
+{
+    char path[2200];
+    snprintf(path, sizeof path, "%s/m6d.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "?";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        if (n > 0) {
+            pid[n] = 0;
+            pid[strcspn(pid, "\n")] = 0;
+        }
+        snprintf(err, errlen, "state dir %s is in use by another m6d (pid %s); "
+                 "one m6d per state dir", dir, pid);
+        close(fd);
+        return -1;
+    }
+    char buf[32];
+    int len = snprintf(buf, sizeof buf, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)len, 0) != len) {
+        snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    g.lock_fd = fd;
+    return 0;
+}
+
 static void close_walk_(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -191,7 +239,7 @@ static void close_walk_(uv_handle_t *h, void *arg)
 
 int main(int argc, char **argv)
 {
-    char err[2048];
+    char err[4600];
     if (parse_args_(argc, argv, &g.opt) < 0) return 2;
     signal(SIGPIPE, SIG_IGN);
 
@@ -199,6 +247,11 @@ int main(int argc, char **argv)
     if (paths_mkdir_p(g.opt.state_dir, 0750) < 0) {
         log_error("daemon.error", "state_dir=%s err=\"%s\"", g.opt.state_dir,
                   strerror(errno));
+        return 1;
+    }
+    if (lock_state_dir_(g.opt.state_dir, err, sizeof err) != 0) {
+        log_error("daemon.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
         return 1;
     }
     snprintf(db, sizeof db, "%s/m6.db", g.opt.state_dir);
@@ -231,6 +284,8 @@ int main(int argc, char **argv)
     uv_signal_init(&g.loop, &g.sigint);
     uv_signal_start(&g.sigterm, on_signal_, SIGTERM);
     uv_signal_start(&g.sigint, on_signal_, SIGINT);
+    uv_signal_init(&g.loop, &g.sighup);
+    uv_signal_start(&g.sighup, on_sighup_, SIGHUP);
     notify_init_();
 
     uv_run(&g.loop, UV_RUN_DEFAULT);

@@ -53,7 +53,9 @@ void token_set_close(token_set *ts)
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
                        char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO matched by the glob must not block the caller
+     * (m6d checks specs on its event loop); fstat then refuses it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         seterr_(err, errlen, "%s: open: %s", path, strerror(errno));
         return -1;

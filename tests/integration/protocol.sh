@@ -49,6 +49,13 @@ else
     grep -Eq "device.backend: 'cuda': (no CUDA device \(cudaGetDeviceCount: .+\)|this m6d was built without CUDA)" "$T/err" \
         || fail "cuda refusal does not say why: $(cat "$T/err")"
 fi
+mkfifo "$T/fifo.bin"
+sed "s#$T/data/train_\*.bin#$T/fifo.bin#" "$T/spec.json" >"$T/fifo.json"
+timeout 10 "$M6CTL" --socket "$SOCK" submit "$T/fifo.json" 2>"$T/err" && fail "a FIFO as a shard was accepted"
+grep -q "not a regular file" "$T/err" || fail "FIFO shard: $(cat "$T/err")"
+kill -HUP "$DAEMON_PID"; sleep 0.2
+ctl list >/dev/null || fail "m6d did not survive SIGHUP"
+grep -q "signal=SIGHUP action=ignored" "$T"/m6d-*.log || fail "SIGHUP not logged"
 echo '{"name": ' >"$T/broken.json"
 ctl submit "$T/broken.json" 2>/dev/null && fail "broken JSON accepted"
 ctl plan "$T/spec.json" --json | python3 -c '
