@@ -754,8 +754,8 @@ static int cmd_data_(int argc, char **argv)
         json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
         print_json_(o);
     } else {
-        printf("%zu files (%zu skipped as binary): %zu train tokens in %zu shards, "
-               "%zu val tokens in %zu shards\n", st.files, st.skipped, st.train_tokens,
+        printf("%zu text files read, %zu skipped (binary or special): %zu train tokens "
+               "in %zu shards, %zu val tokens in %zu shards\n", st.files, st.skipped, st.train_tokens,
                st.train_shards, st.val_tokens, st.val_shards);
     }
     return EXIT_OK;

@@ -701,16 +701,20 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
             }
             break;
         case CMD_DELINK:
-            if (c->active_phase == 1) {
+            if (c->active_phase == 1 && c->active_delink_step < 0) {
+                snprintf(msg, msglen,
+                         "run %lld trains from scratch (pseudo.steps 0): it "
+                         "has no shared slots to delink", (long long)id);
+                ret = COORD_BAD_STATE;
+            } else if (c->active_phase == 1) {
                 snprintf(msg, msglen,
                          "run %lld is already in the real phase (delinked at "
                          "step %ld)", (long long)id, c->active_delink_step);
                 ret = COORD_BAD_STATE;
             } else {
                 c->cmd_delink = 1;
-                snprintf(msg, msglen,
-                         "run %lld delinks at the next step boundary (step %ld)",
-                         (long long)id, c->active_step);
+                snprintf(msg, msglen, "run %lld delinks at the next step "
+                         "boundary", (long long)id);
             }
             break;
         case CMD_STOP:

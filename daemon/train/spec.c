@@ -204,9 +204,11 @@ static const char *type_name_(const json_t *v)
     return "?";
 }
 
+/* Run names: path-safe, and not all digits (m6ctl reads "12" as run id 12). */
 static int name_ok_(const char *s)
 {
     if (!*s || *s == '.' || *s == '-') return 0;
+    if (strspn(s, "0123456789") == strlen(s)) return 0;
     for (; *s; s++) {
         char c = *s;
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -309,7 +311,8 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
         if (k->section == NULL && !name_ok_(str)) {
             seterr_(err, errlen,
                     "%s: must be letters, digits, '.', '_' or '-', not starting "
-                    "with '.' or '-', got %s", path, shown);
+                    "with '.' or '-' and not all digits (those are run ids), "
+                    "got %s", path, shown);
             return -1;
         }
         memset(dst, 0, k->size);

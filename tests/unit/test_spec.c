@@ -283,6 +283,7 @@ static void test_bad_specs(void **state)
         /* names are safe in paths */
         { "\"name\": \"../etc\"", "name: must be letters" },
         { "\"name\": \"\"", "name: must be letters" },
+        { "\"name\": \"42\"", "not all digits" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char json[1024], err[512] = "";
