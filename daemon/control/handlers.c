@@ -107,7 +107,12 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->total_steps = row->total_steps;
     ri->created = row->created;
     ri->updated = row->updated;
-    ri->error = arena_strdup_(c->a, row->error);
+    /* A run that paused on a failed write: the worker's word, which the DB
+     * may not have been able to record. */
+    char live_err[512];
+    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err);
+    if (live == 2) ri->state = M6__RUN_STATE__RUN_STATE_PAUSED;
+    ri->error = arena_strdup_(c->a, live ? live_err : row->error);
     if (!ri->name || !ri->error) return NULL;
     ri->train_loss = NAN;
     ri->val_loss = NAN;

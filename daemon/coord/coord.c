@@ -38,6 +38,7 @@ struct coord {
     long active_step, active_total, active_delink_step;
     double step_s_ema;    /* seconds per step, for the ETA */
     int cmd_pause, cmd_resume, cmd_delink, cmd_stop;
+    char active_error[512]; /* why the active run paused itself, "" none */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -173,6 +174,11 @@ typedef struct {
     run_spec spec;
     trainer *t;
     long last_ckpt;   /* step of the newest checkpoint, -1 none */
+    /* Writes owed at this step boundary, retried before the next step: a
+     * metrics row the DB refused, a checkpoint that could not be written. */
+    int metric_pending;
+    metric_row pending;
+    const char *ckpt_owed;  /* the checkpoint's why, NULL none */
     size_t plan_peak[2];   /* unbudgeted device bytes: [pseudo], [real] */
     offload_stats prev;    /* counters at the previous sample */
     coord_offload off;     /* latest sample, also published to c->offload */
@@ -193,28 +199,36 @@ static void prune_(run_ctx *r)
     free(rows);
 }
 
-static int checkpoint_(run_ctx *r, const char *why)
+/* Save the trainer at its step. -1 with msg saying what failed (the caller
+ * pauses the run, which logs it): the run keeps its last good checkpoint. */
+static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
     char dir[4096], path[4200], err[512];
     ckpt_dir_(r->c, r->id, dir, sizeof dir);
     if (paths_mkdir_p(dir, 0755) < 0) {
-        log_error("checkpoint.error", "run=%lld dir=%s err=\"%s\"",
-                  (long long)r->id, dir, strerror(errno));
+        snprintf(msg, msglen, "checkpoint failed: %.600s: %s", dir,
+                 strerror(errno));
         return -1;
     }
     snprintf(path, sizeof path, "%s/step-%ld", dir, step);
     if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
     long bytes = trainer_save(r->t, path, err, sizeof err);
     if (bytes < 0) {
-        log_error("checkpoint.error", "run=%lld step=%ld err=\"%s\"",
-                  (long long)r->id, step, err);
-        state_event(r->c->st, r->id, "checkpoint.error", "step=%ld %s", step,
-                    err);
+        snprintf(msg, msglen, "checkpoint failed: %s", err);
         return -1;
     }
-    state_checkpoint_add(r->c->st, r->id, step, path, bytes);
+    if (state_checkpoint_add(r->c->st, r->id, step, path, bytes) < 0) {
+        /* The directory is complete; the next start adopts it. Removing it
+         * keeps this life's view (the DB list) and the disk the same. */
+        char e[256];
+        state_last_error(r->c->st, e, sizeof e);
+        rm_rf_(path);
+        snprintf(msg, msglen, "checkpoint step %ld not recorded: state DB: %s",
+                 step, e);
+        return -1;
+    }
     state_event(r->c->st, r->id, "checkpoint", "step=%ld bytes=%ld why=%s",
                 step, bytes, why);
     log_info("checkpoint.saved", "run=%lld step=%ld bytes=%ld why=%s",
@@ -345,6 +359,54 @@ static void fail_run_(coord *c, int64_t id, const char *what, const char *err)
     state_event(c->st, id, "failed", "%s", msg);
 }
 
+/* A write the run depends on failed (checkpoint, metrics row, state): stop
+ * training at this boundary, in memory first, so nothing is lost and nothing
+ * loops. One error line; the reason is kept for status even if the DB
+ * cannot take it. `m6ctl resume` retries. */
+static void pause_error_(run_ctx *r, int *paused, const char *reason)
+{
+    coord *c = r->c;
+    long step = trainer_step_count(r->t);
+    *paused = 1;
+    log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
+              (long long)r->id, step, reason);
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->active_error, sizeof c->active_error, "%s", reason);
+    pthread_mutex_unlock(&c->mu);
+    if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
+        state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
+    publish_(r, 1);
+}
+
+/* "what: state DB: <SQLite's message>" */
+static void db_error_(run_ctx *r, const char *what, char *msg, size_t msglen)
+{
+    char e[256];
+    state_last_error(r->c->st, e, sizeof e);
+    snprintf(msg, msglen, "%s: state DB: %s", what, e);
+}
+
+/* Do the writes owed at this step boundary. -1 with msg if one fails; it
+ * stays owed. */
+static int flush_(run_ctx *r, char *msg, size_t msglen)
+{
+    if (r->metric_pending) {
+        if (state_record_step(r->c->st, r->id, &r->pending) < 0) {
+            char what[64];
+            snprintf(what, sizeof what, "recording step %lld",
+                     (long long)r->pending.step);
+            db_error_(r, what, msg, msglen);
+            return -1;
+        }
+        r->metric_pending = 0;
+    }
+    if (r->ckpt_owed) {
+        if (checkpoint_(r, r->ckpt_owed, msg, msglen) < 0) return -1;
+        r->ckpt_owed = NULL;
+    }
+    return 0;
+}
+
 static void delink_(run_ctx *r, const char *reason)
 {
     char err[512];
@@ -375,6 +437,8 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     }
     int rc = spec_parse(&r.spec, row.spec, strlen(row.spec), err, sizeof err);
     int was_queued = row.state == RUN_QUEUED;
+    char kept_error[sizeof row.error];  /* a paused run keeps its reason */
+    snprintf(kept_error, sizeof kept_error, "%s", start_paused ? row.error : "");
     run_row_clear(&row);
     if (rc < 0) {
         fail_run_(c, id, "spec", err);
@@ -409,7 +473,14 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     state_run_set_progress(c->st, id, step, phase);
 
     int paused = start_paused;
-    state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING, NULL);
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->active_error, sizeof c->active_error, "%s", kept_error);
+    pthread_mutex_unlock(&c->mu);
+    if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
+                            kept_error[0] ? kept_error : NULL) < 0) {
+        db_error_(&r, "recording the start", err, sizeof err);
+        pause_error_(&r, &paused, err);
+    }
     if (was_queued) {
         state_event(c->st, id, "start", "phase=%s", phase_name(phase));
         log_info("run.start", "run=%lld name=%s total_steps=%ld", (long long)id,
@@ -446,7 +517,10 @@ static void run_one_(coord *c, int64_t id, int start_paused)
 
         step = trainer_step_count(r.t);
         if (shutdown) {
-            checkpoint_(&r, "shutdown");
+            /* On failure the next start resumes from the last good one. */
+            if (checkpoint_(&r, "shutdown", err, sizeof err) < 0)
+                log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
+                         (long long)id, step, err);
             state_event(c->st, id, "interrupted",
                         "step=%ld resumes at next start", step);
             log_info("run.interrupted", "run=%lld step=%ld", (long long)id,
@@ -454,8 +528,21 @@ static void run_one_(coord *c, int64_t id, int start_paused)
             break;
         }
         if (stop) {
-            checkpoint_(&r, "stop");
-            state_run_set_state(c->st, id, RUN_STOPPED, NULL);
+            /* Stopped is final: only with everything written. Otherwise the
+             * run pauses (training ends now) and a later stop retries. */
+            int ok = flush_(&r, err, sizeof err) == 0 &&
+                     checkpoint_(&r, "stop", err, sizeof err) == 0;
+            if (ok && state_run_set_state(c->st, id, RUN_STOPPED, NULL) < 0) {
+                db_error_(&r, "recording the stop", err, sizeof err);
+                ok = 0;
+            }
+            if (!ok) {
+                char why[1200];
+                snprintf(why, sizeof why, "stop not done (%s); stop again "
+                         "once there is space", err);
+                pause_error_(&r, &paused, why);
+                continue;
+            }
             state_event(c->st, id, "stop", "step=%ld", step);
             log_info("run.stop", "run=%lld step=%ld", (long long)id, step);
             break;
@@ -463,24 +550,49 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         if (want_delink && trainer_phase(r.t) == PHASE_PSEUDO)
             delink_(&r, "operator");
         if (go_pause && !paused) {
-            checkpoint_(&r, "pause");
             paused = 1;
-            state_run_set_state(c->st, id, RUN_PAUSED, NULL);
-            state_event(c->st, id, "pause", "step=%ld", step);
-            log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
+            if (flush_(&r, err, sizeof err) < 0 ||
+                checkpoint_(&r, "pause", err, sizeof err) < 0) {
+                pause_error_(&r, &paused, err);
+            } else if (state_run_set_state(c->st, id, RUN_PAUSED, NULL) < 0) {
+                db_error_(&r, "recording the pause", err, sizeof err);
+                pause_error_(&r, &paused, err);
+            } else {
+                state_event(c->st, id, "pause", "step=%ld", step);
+                log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
+            }
         }
         if (go_resume && paused) {
             paused = 0;
-            state_run_set_state(c->st, id, RUN_RUNNING, NULL);
-            state_event(c->st, id, "resume", "step=%ld", step);
-            log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
+            pthread_mutex_lock(&c->mu);
+            c->active_error[0] = 0;
+            pthread_mutex_unlock(&c->mu);
+            if (state_run_set_state(c->st, id, RUN_RUNNING, NULL) < 0) {
+                db_error_(&r, "recording the resume", err, sizeof err);
+                pause_error_(&r, &paused, err);
+            } else {
+                state_event(c->st, id, "resume", "step=%ld", step);
+                log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
+            }
         }
         publish_(&r, paused);
         if (paused) continue;
+        /* After a resume: what the last boundary could not write. */
+        if (flush_(&r, err, sizeof err) < 0) {
+            pause_error_(&r, &paused, err);
+            continue;
+        }
 
         if (step >= r.spec.train.steps) {
-            checkpoint_(&r, "end");
-            state_run_set_state(c->st, id, RUN_COMPLETED, NULL);
+            if (checkpoint_(&r, "end", err, sizeof err) < 0) {
+                pause_error_(&r, &paused, err);
+                continue;
+            }
+            if (state_run_set_state(c->st, id, RUN_COMPLETED, NULL) < 0) {
+                db_error_(&r, "recording the completion", err, sizeof err);
+                pause_error_(&r, &paused, err);
+                continue;
+            }
             state_event(c->st, id, "completed", "step=%ld", step);
             log_info("run.completed", "run=%lld step=%ld", (long long)id, step);
             break;
@@ -511,16 +623,20 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         m.h2d_gbps = r.off.h2d_gbps;
         m.d2h_gbps = r.off.d2h_gbps;
         m.copy_hidden_fraction = r.off.copy_hidden_fraction;
-        state_record_step(c->st, id, &m);
+        r.pending = m;
+        r.metric_pending = 1;
+        if (r.spec.checkpoint.every > 0 && res.step % r.spec.checkpoint.every == 0)
+            r.ckpt_owed = "every";
         log_debug("run.step", "run=%lld step=%ld loss=%.6f ms=%.1f",
                   (long long)id, res.step, res.train_loss, res.step_ms);
         pthread_mutex_lock(&c->mu);
         double s = res.step_ms / 1e3;
         c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
         pthread_mutex_unlock(&c->mu);
-        publish_(&r, 0);
-        if (r.spec.checkpoint.every > 0 && res.step % r.spec.checkpoint.every == 0)
-            checkpoint_(&r, "every");
+        if (flush_(&r, err, sizeof err) < 0)
+            pause_error_(&r, &paused, err);
+        else
+            publish_(&r, 0);
     }
     trainer_free(r.t);
 }
@@ -550,6 +666,7 @@ static void *worker_main_(void *arg)
         pthread_mutex_lock(&c->mu);
         c->active = 0;
         c->active_paused = 0;
+        c->active_error[0] = 0;
         c->offload_valid = 0;
     }
     pthread_mutex_unlock(&c->mu);
@@ -723,6 +840,13 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                      (long long)id);
             break;
         }
+        /* The worker acts (and records) at the boundary; if the run's last
+         * write failed, say the command may only hold in memory. */
+        if (ret == COORD_OK && c->active_error[0] && cmd != CMD_RESUME) {
+            size_t n = strlen(msg);
+            snprintf(msg + n, msglen - n, "; it takes effect in memory, but "
+                     "may not be recorded: %s", c->active_error);
+        }
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return ret;
@@ -772,6 +896,18 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out)
     if (id == c->active && c->offload_valid) {
         *out = c->offload;
         rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->active_error[0]) {
+        snprintf(buf, len, "%s", c->active_error);
+        rc = 1 + c->active_paused;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -79,6 +79,12 @@ typedef struct {
  * it; 1 otherwise. Never waits on a step (copies under the lock). */
 int coord_offload_get(coord *c, int64_t id, coord_offload *out);
 
+/* Why the active run paused itself (a checkpoint or state DB write failed),
+ * held in memory so status shows it even when the DB cannot record it.
+ * 0: none (or id is not active); 1: buf set, run not paused yet; 2: buf
+ * set, run paused. */
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len);
+
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);
 

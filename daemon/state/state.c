@@ -19,6 +19,7 @@
 struct state {
     sqlite3 *db;
     pthread_mutex_t mu;
+    char last_error[256];  /* SQLite's message for the latest failure */
 };
 
 static const char *const state_names[RUN_STATE_COUNT] = {
@@ -65,6 +66,7 @@ static int exec_(state *st, const char *sql)
     if (sqlite3_exec(st->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
         log_error("sqlite.error", "sql=\"%.60s\" msg=\"%s\"", sql,
                   msg ? msg : "?");
+        snprintf(st->last_error, sizeof st->last_error, "%s", msg ? msg : "?");
         sqlite3_free(msg);
         return -1;
     }
@@ -193,6 +195,8 @@ static void sql_fail_(state *st, const char *sql, const char *file, int line,
 {
     log_error("sqlite.error", "sql=\"%s\" at=%s:%d rc=%d msg=\"%s\"",
               sql ? sql : "?", file, line, rc, sqlite3_errmsg(st->db));
+    snprintf(st->last_error, sizeof st->last_error, "%s",
+             sqlite3_errmsg(st->db));
 }
 
 /* Prepare sql and bind args (ended by ARG_END); NULL on error, logged. */
@@ -509,8 +513,14 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
         set_progress_locked_(st, run, m->step, m->phase) == 0 &&
         exec_(st, "COMMIT") == 0)
         ret = 0;
-    else
+    else {
+        /* Keep the cause: ROLLBACK after a failed COMMIT may fail too
+         * ("no transaction is active"). */
+        char cause[sizeof st->last_error];
+        memcpy(cause, st->last_error, sizeof cause);
         exec_(st, "ROLLBACK");
+        memcpy(st->last_error, cause, sizeof cause);
+    }
 out:
     pthread_mutex_unlock(&st->mu);
     return ret;
@@ -637,4 +647,13 @@ int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n)
                        "WHERE run = ? ORDER BY step", A_INT(run));
     *rows = v;
     return ret;
+}
+
+/* ------------------------------------------------------------------ errors */
+
+void state_last_error(state *st, char *buf, size_t len)
+{
+    pthread_mutex_lock(&st->mu);
+    snprintf(buf, len, "%s", st->last_error[0] ? st->last_error : "unknown error");
+    pthread_mutex_unlock(&st->mu);
 }

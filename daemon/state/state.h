@@ -101,4 +101,8 @@ int state_checkpoint_delete(state *st, int64_t run, int64_t step);
 /* Ascending by step. */
 int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n);
 
+/* SQLite's message for the latest failed statement ("database or disk is
+ * full"), for errors shown to the operator. */
+void state_last_error(state *st, char *buf, size_t len);
+
 #endif /* M6_STATE_H */

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <dirent.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -526,6 +527,26 @@ out:
     return rc < 0 ? -1 : total;
 }
 
+/* Best effort: remove a flat temporary checkpoint directory (the files
+ * trainer_save writes, then the directory). errno is kept for the caller. */
+static void remove_tmp_dir_(const char *tmp)
+{
+    int e = errno;
+    DIR *d = opendir(tmp);
+    if (d) {
+        struct dirent *de;
+        char p[PATH_MAX + 256];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", tmp, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(tmp);
+    errno = e;
+}
+
 long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
 {
     char tmp[PATH_MAX], path[PATH_MAX + 64];
@@ -535,23 +556,26 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
         return -1;
     }
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
+    remove_tmp_dir_(tmp);  /* ours, left by an earlier failed save */
     if (mkdir(tmp, 0755) != 0) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
     long total, rc;
     if ((total = write_state_files_(t, tmp, err, errlen)) < 0)
-        return -1;
+        goto fail;
     char *meta = meta_json_(t);
     snprintf(path, sizeof path, "%s/meta.json", tmp);
+    if (!meta)
+        snprintf(err, errlen, "%s: out of memory", path);
     rc = meta ? write_file_durable(path, meta, strlen(meta), err, errlen) : -1;
     free(meta);
     if (rc < 0)
-        return -1;
+        goto fail;
     total += rc;
     if (fsync_path(tmp) != 0 || rename(tmp, dir) != 0) {
         snprintf(err, errlen, "%s: commit failed: %s", dir, strerror(errno));
-        return -1;
+        goto fail;
     }
     char parent[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", dir);
@@ -563,6 +587,9 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
         fsync_path(".");
     }
     return total;
+fail:
+    remove_tmp_dir_(tmp);  /* err already names the file and the cause */
+    return -1;
 }
 
 static int load_tensors_(const char *path, trainer *t, const state_buf_ *bufs,

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# fulldisk.sh — the state dir's disk fills up mid-run: the run pauses at a
+# step boundary with an error naming the cause, the daemon keeps answering,
+# the log does not fill with one line per step, no *.tmp-* dir is left; once
+# the space is back, `m6ctl resume` finishes the run with the same losses as
+# an uninterrupted one. Needs root to mount a small tmpfs (else skipped).
+. "$(dirname "$0")/lib.sh"
+
+MNT=$T/mnt
+mkdir -p "$MNT"
+if [ "$(id -u)" != 0 ] || ! mount -t tmpfs -o size=8M tmpfs "$MNT" 2>"$T/mount.err"; then
+    echo "SKIP: cannot mount a tmpfs (needs root): $(cat "$T/mount.err" 2>/dev/null)"
+    exit 77
+fi
+CK=$T/ck/runs/1/checkpoints   # stage 5: checkpoints alone on a small disk
+umount_() {
+    [ -n "$DAEMON_PID" ] && kill -9 "$DAEMON_PID" 2>/dev/null
+    DAEMON_PID=
+    umount "$CK" 2>/dev/null || true
+    umount "$MNT" 2>/dev/null || true
+    cleanup_
+}
+trap umount_ EXIT
+
+prepare_data "$T/data"   # outside the small disk
+write_spec "$T/spec.json" fd 600 0 '"device": {"threads": 1}'
+
+# 1. The reference: uninterrupted, on the big disk.
+start_daemon "$T/ref"
+R=$(ctl submit "$T/spec.json")
+ctl watch "$R" >/dev/null || fail "reference run did not complete"
+losses "$R" >"$T/ref.csv"
+stop_daemon
+
+# 2. The same run on the small disk; pause it, fill the disk, resume.
+S=$MNT/s
+start_daemon "$S"
+LOG=$T/m6d-s.log
+R=$(ctl submit "$T/spec.json")
+wait_state "$R" running
+ctl pause "$R" >/dev/null
+wait_state "$R" paused
+P=$(field "$R" step)
+dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null || true  # until ENOSPC
+before=$(wc -l <"$LOG")
+ctl resume "$R" >/dev/null || fail "resume (disk full)"
+for _ in $(seq 1 200); do
+    [ -n "$(field "$R" error)" ] && break
+    sleep 0.05
+done
+wait_state "$R" paused 10
+ERR=$(field "$R" error)
+echo "$ERR" | grep -Eq "No space left on device|disk is full" \
+    || fail "status error does not name the cause: '$ERR'"
+K=$(field "$R" step)
+[ "$K" -lt 600 ] || fail "run reached the end on a full disk"
+[ "$K" -le $((P + 10)) ] || fail "run trained on to step $K after the disk filled at $P"
+ctl list >/dev/null || fail "daemon does not answer on a full disk"
+sleep 1  # a looping or step-spamming worker would show now
+[ "$(field "$R" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$R" step)"
+errs=$(tail -n +"$((before + 1))" "$LOG" | grep -c " error " || true)
+[ "$errs" -le 8 ] || fail "$errs error lines for one full disk: $(tail -n +"$((before + 1))" "$LOG")"
+grep -q "run.paused run=$R" "$LOG" || fail "no run.paused line"
+compgen -G "$S/runs/$R/checkpoints/*.tmp-*" >/dev/null && fail "failed checkpoint left a *.tmp-* dir"
+log "disk full at step $K: paused, error '$ERR', $errs error lines"
+
+# 3. Resuming on a still-full disk pauses again, with the error.
+ctl resume "$R" >/dev/null || fail "resume (still full)"
+sleep 0.5
+wait_state "$R" paused 10
+field "$R" error | grep -Eq "No space left on device|disk is full" || fail "second pause without the cause"
+[ "$(field "$R" step)" = "$K" ] || fail "run trained on a still-full disk"
+
+# 4. Space back: resume finishes the run, the curve is the uninterrupted one.
+rm -f "$MNT/filler"
+ctl resume "$R" >/dev/null || fail "resume (space back)"
+ctl watch "$R" >/dev/null || fail "run did not complete after the space came back"
+[ -z "$(field "$R" error)" ] || fail "error kept after completion: $(field "$R" error)"
+losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the full disk: $(head "$T/diff")"
+stop_daemon
+log "space back: completed with the reference's losses"
+
+# 5. Only the checkpoints' disk is full (the DB is fine): the third
+#    checkpoint (~430 KB each, keep 3) does not fit in 1 MB. The error names
+#    the file and ENOSPC; a retry on the still-full disk says the same (no
+#    "File exists" from a leftover *.tmp-*); more room, resume, same curve.
+mkdir -p "$CK"
+mount -t tmpfs -o size=1M tmpfs "$CK" || fail "mount the checkpoints tmpfs"
+start_daemon "$T/ck"
+R=$(ctl submit "$T/spec.json")
+[ "$R" = 1 ] || fail "expected run 1, got $R"
+wait_state "$R" paused 60
+ERR=$(field "$R" error)
+echo "$ERR" | grep -q "checkpoint failed: .*safetensors.*No space left on device" \
+    || fail "checkpoint error does not name the file and the cause: '$ERR'"
+[ "$(db "$T/ck" "select state from runs where id=$R")" = paused ] || fail "paused not recorded"
+db "$T/ck" "select error from runs where id=$R" | grep -q "No space left on device" \
+    || fail "error not recorded in runs.error"
+compgen -G "$CK/*.tmp-*" >/dev/null && fail "failed checkpoint left a *.tmp-* dir"
+ctl resume "$R" >/dev/null || fail "resume (checkpoints disk full)"
+sleep 0.5
+wait_state "$R" paused 10
+field "$R" error | grep -q "No space left on device" || fail "retry: '$(field "$R" error)'"
+mount -o remount,size=8M "$CK" || fail "remount bigger"
+ctl resume "$R" >/dev/null || fail "resume (checkpoints space back)"
+ctl watch "$R" >/dev/null || fail "run did not complete after the checkpoints disk grew"
+losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the checkpoint failure: $(head "$T/diff")"
+stop_daemon
+log "checkpoints disk full: '$ERR'; completed with the reference's losses"
+echo "ok fulldisk"
