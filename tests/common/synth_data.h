@@ -57,6 +57,31 @@ static inline void synth_spec_data(run_spec *s, const char *dir)
     snprintf(s->data.val, sizeof s->data.val, "%s/val_*.bin", dir);
 }
 
+/* The small spec the engine tests train: V 256, L layers of C 16 (2 heads),
+ * T 16, B 4 x 2 microbatches, warmup 5, cosine 3e-3 -> 3e-4, eval every 10
+ * steps over 2 batches, re-warm 3 steps after delink, data in dir. */
+static inline run_spec synth_tiny_spec(const char *dir, int n_layer, long steps,
+                                       long pseudo_steps)
+{
+    run_spec s;
+    spec_defaults(&s);
+    synth_spec_data(&s, dir);
+    s.model = (model_config){.vocab_size = 256, .n_layer = n_layer,
+                             .n_head = 2, .n_embd = 16, .seq_len = 16};
+    s.pseudo.share_groups = 1;
+    s.pseudo.steps = pseudo_steps;
+    s.train.steps = steps;
+    s.train.batch_size = 4;
+    s.train.grad_accum = 2;
+    s.train.lr = 3e-3f;
+    s.train.min_lr = 3e-4f;
+    s.train.warmup_steps = 5;
+    s.train.eval_every = 10;
+    s.train.eval_batches = 2;
+    s.delink.rewarm_steps = 3;
+    return s;
+}
+
 /* Remove dir and everything in it. 0 or -1. */
 static inline int synth_remove(const char *dir)
 {

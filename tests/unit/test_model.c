@@ -201,23 +201,7 @@ static int teardown_data(void **state)
 
 static run_spec tiny_spec_(long steps, long pseudo_steps)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, tmpdir_);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
-                             .n_embd = 16, .seq_len = 16};
-    s.pseudo.share_groups = 1;
-    s.pseudo.steps = pseudo_steps;
-    s.train.steps = steps;
-    s.train.batch_size = 4;
-    s.train.grad_accum = 2;
-    s.train.lr = 3e-3f;
-    s.train.min_lr = 3e-4f;
-    s.train.warmup_steps = 5;
-    s.train.eval_every = 10;
-    s.train.eval_batches = 2;
-    s.delink.rewarm_steps = 3;
-    return s;
+    return synth_tiny_spec(tmpdir_, 3, steps, pseudo_steps);
 }
 
 /* Drive a run the way the coordinator does: delink when step == pseudo.steps. */

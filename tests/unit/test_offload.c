@@ -45,22 +45,8 @@ static int teardown_data(void **state)
 /* 6 layers so that "most slots offloaded" means 5 of 6. */
 static run_spec spec6_(long steps, long pseudo_steps)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, tmpdir_);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
-                             .n_embd = 16, .seq_len = 16};
+    run_spec s = synth_tiny_spec(tmpdir_, 6, steps, pseudo_steps);
     s.pseudo.share_groups = 2;
-    s.pseudo.steps = pseudo_steps;
-    s.train.steps = steps;
-    s.train.batch_size = 4;
-    s.train.grad_accum = 2;
-    s.train.lr = 3e-3f;
-    s.train.min_lr = 3e-4f;
-    s.train.warmup_steps = 5;
-    s.train.eval_every = 10;
-    s.train.eval_batches = 2;
-    s.delink.rewarm_steps = 3;
     s.offload.prefetch = 2;
     s.offload.host_threads = 2;
     s.device.threads = 1; /* CPUs here are shared: OpenMP barriers that spin
