@@ -792,8 +792,9 @@ static const command commands_[] = {
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
     {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE]",
-     "Memory plan of a spec: resident and offloaded slots, peak device bytes,\n"
-     "host<->device bytes per step, minimum budget (no daemon needed)."},
+     "Memory plan of a spec (computed here, no daemon needed).\n"
+     "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
+     "step and the minimum budget with every slot offloaded."},
 };
 #define N_COMMANDS (sizeof commands_ / sizeof commands_[0])
 
@@ -817,7 +818,8 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
     if (c->flags & F_WATCH) fprintf(f, "  --interval SEC    poll period (default 0.5)\n");
     if (c->flags & F_PLAN)
-        fprintf(f, "  --device-memory SIZE  device memory budget, e.g. 8GiB (default: the\n"
+        fprintf(f, "  --device-memory SIZE\n"
+                   "                    device memory budget, e.g. 8GiB (default: the\n"
                    "                    spec's device.memory_budget)\n");
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
