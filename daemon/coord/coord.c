@@ -842,7 +842,13 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
         }
         /* The worker acts (and records) at the boundary; if the run's last
          * write failed, say the command may only hold in memory. */
-        if (ret == COORD_OK && c->active_error[0] && cmd != CMD_RESUME) {
+        if (ret == COORD_OK && c->active_error[0] && cmd == CMD_STOP) {
+            size_t n = strlen(msg);
+            snprintf(msg + n, msglen - n, ", but its last write failed (%s): "
+                     "the stop is final only once its checkpoint and state are "
+                     "written; until then the run stays paused",
+                     c->active_error);
+        } else if (ret == COORD_OK && c->active_error[0] && cmd != CMD_RESUME) {
             size_t n = strlen(msg);
             snprintf(msg + n, msglen - n, "; it takes effect in memory, but "
                      "may not be recorded: %s", c->active_error);
