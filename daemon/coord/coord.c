@@ -480,6 +480,11 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                             kept_error[0] ? kept_error : NULL) < 0) {
         db_error_(&r, "recording the start", err, sizeof err);
         pause_error_(&r, &paused, err);
+    } else if (dropped < 0) {
+        /* Rows past the checkpoint stay until training rewrites them
+         * (INSERT OR REPLACE); pause so the operator sees why. */
+        db_error_(&r, "dropping metrics past the checkpoint", err, sizeof err);
+        pause_error_(&r, &paused, err);
     }
     if (was_queued) {
         state_event(c->st, id, "start", "phase=%s", phase_name(phase));
