@@ -85,28 +85,37 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
 #endif
 }
 
+/* Open one data split (key "data.train" or "data.val") and check it holds
+ * more than one window of seq_len+1 tokens. 0, or -1 with err naming key. */
+static int open_split_(token_set *ts, const char *key, const char *glob,
+                       const run_spec *spec, char *err, size_t errlen)
+{
+    char e2[768];
+    if (token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2) != 0) {
+        snprintf(err, errlen, "%s: %s", key, e2);
+        return -1;
+    }
+    if (ts->total < (size_t)spec->model.seq_len + 2) {
+        snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %d",
+                 key, ts->total, spec->model.seq_len + 1);
+        token_set_close(ts);
+        return -1;
+    }
+    return 0;
+}
+
 int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
 {
     if (check_backend_(spec, err, errlen) != 0)
         return -1;
-    const char *keys[2] = {"data.train", "data.val"};
-    const char *globs[2] = {spec->data.train, spec->data.val};
+    token_set ts;
+    if (open_split_(&ts, "data.train", spec->data.train, spec, err, errlen) != 0)
+        return -1;
+    token_set_close(&ts);
+    if (open_split_(&ts, "data.val", spec->data.val, spec, err, errlen) != 0)
+        return -1;
+    token_set_close(&ts);
     char e2[768];
-    for (int i = 0; i < 2; i++) {
-        token_set ts;
-        if (token_set_open(&ts, globs[i], spec->model.vocab_size, e2,
-                           sizeof e2) != 0) {
-            snprintf(err, errlen, "%s: %s", keys[i], e2);
-            return -1;
-        }
-        size_t total = ts.total;
-        token_set_close(&ts);
-        if (total < (size_t)spec->model.seq_len + 2) {
-            snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 "
-                     "= %d", keys[i], total, spec->model.seq_len + 1);
-            return -1;
-        }
-    }
     /* the memory plan must fit; pinning failure is only a warning here
      * (the host pool says so again when it allocates) */
     char warn[512];
@@ -137,17 +146,10 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
         omp_set_num_threads(spec->device.threads);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
-    if (token_set_open(&t->train, spec->data.train, mc->vocab_size, err,
-                       errlen) != 0)
+    if (open_split_(&t->train, "data.train", spec->data.train, spec, err,
+                    errlen) != 0 ||
+        open_split_(&t->val, "data.val", spec->data.val, spec, err, errlen) != 0)
         goto fail;
-    if (token_set_open(&t->val, spec->data.val, mc->vocab_size, err, errlen) != 0)
-        goto fail;
-    if (t->train.total < (size_t)T + 2 || t->val.total < (size_t)T + 2) {
-        snprintf(err, errlen,
-                 "data too small: train %zu tokens, val %zu tokens; need > "
-                 "seq_len+1 = %d each", t->train.total, t->val.total, T + 1);
-        goto fail;
-    }
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
     gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
@@ -376,14 +378,9 @@ size_t trainer_device_bytes(const trainer *t)
 /* Checkpoint files are written from, and read into, the backend's state
  * regions (backend.h: between state_begin and state_end), tensor by tensor
  * in the plain layout of gpt.h: the same files on every backend. */
-typedef backend_buf state_buf_;
-#define BUF_PARAMS BACKEND_PARAMS
-#define BUF_M BACKEND_M
-#define BUF_V BACKEND_V
-
 /* Enumerate every tensor of the model over buffer b (params, m or v) with
  * the given name prefix. Returns the count; names malloc'd into names[]. */
-static int collect_tensors_(const trainer *t, state_buf_ b,
+static int collect_tensors_(const trainer *t, backend_buf b,
                             const char *prefix, st_tensor *out, char **names)
 {
     const backend_iface *be = t->be.iface;
@@ -411,7 +408,7 @@ static int collect_tensors_(const trainer *t, state_buf_ b,
 }
 
 static long write_tensors_file_(const char *path, const trainer *t,
-                                const state_buf_ *bufs,
+                                const backend_buf *bufs,
                                 const char *const *prefixes,
                                 int nbufs, char *err, size_t errlen)
 {
@@ -510,13 +507,13 @@ static long write_state_files_(trainer *t, const char *dir, char *err,
                  be->name);
         return -1;
     }
-    const state_buf_ pb[] = {BUF_PARAMS};
+    const backend_buf pb[] = {BACKEND_PARAMS};
     const char *pp[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if ((rc = write_tensors_file_(path, t, pb, pp, 1, err, errlen)) < 0)
         goto out;
     total += rc;
-    const state_buf_ ob[] = {BUF_M, BUF_V};
+    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((rc = write_tensors_file_(path, t, ob, op, 2, err, errlen)) < 0)
@@ -592,7 +589,7 @@ fail:
     return -1;
 }
 
-static int load_tensors_(const char *path, trainer *t, const state_buf_ *bufs,
+static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
                          const char *const *prefixes, int nbufs, char *err,
                          size_t errlen)
 {
@@ -689,9 +686,9 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory loading %s", dir);
         goto out;
     }
-    const state_buf_ pb[] = {BUF_PARAMS};
+    const backend_buf pb[] = {BACKEND_PARAMS};
     const char *pp[] = {""};
-    const state_buf_ ob[] = {BUF_M, BUF_V};
+    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     int lrc = load_tensors_(path, t, pb, pp, 1, err, errlen);
@@ -731,7 +728,7 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
         return n;
     if (be->state_begin(t->be.ctx, 0) != 0)
         return 0;
-    state_buf_ b = which == 0 ? BUF_PARAMS : which == 1 ? BUF_M : BUF_V;
+    backend_buf b = which == 0 ? BACKEND_PARAMS : which == 1 ? BACKEND_M : BACKEND_V;
     memcpy(dst, be->state_region(t->be.ctx, b, -1),
            t->n_global * sizeof(float));
     for (int s = 0; s < S; s++)
