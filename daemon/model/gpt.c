@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +89,15 @@ static void free_tables_(gpt_model *g)
     g->w = g->dw = NULL;
     g->offloaded = NULL;
     g->adam_t_slot = NULL;
+}
+
+void gpt_tensor_name(char *out, size_t n, const char *prefix, int s,
+                     const gpt_tensor *t)
+{
+    if (s < 0)
+        snprintf(out, n, "%s%s", prefix, t->name);
+    else
+        snprintf(out, n, "%sslots.%d.%s", prefix, s, t->name);
 }
 
 /* Plain storage: one allocation per buffer, every slot resident. */

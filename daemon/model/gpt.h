@@ -170,6 +170,12 @@ void gpt_init_weights(gpt_model *g, uint64_t seed);
 int gpt_init_params(const model_config *cfg, int S, float *params,
                     uint64_t seed);
 
+/* The stable name of tensor t (see the list at the top of this file) with a
+ * prefix ("", "exp_avg.", ...): s < 0 for a global ("wte"), else slot s
+ * ("slots.3.attn.c_attn.weight"). Truncated to fit n bytes. */
+void gpt_tensor_name(char *out, size_t n, const char *prefix, int s,
+                     const gpt_tensor *t);
+
 /* Pointer to slot s's region inside buf (params, grads, m or v) of a model
  * with the plain layout (every slot resident, no storage). Anywhere else use
  * g->slots[s]. */

@@ -389,7 +389,7 @@ static int collect_tensors_(const trainer *t, backend_buf b,
     char nm[160];
     for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
         const gpt_tensor *gt = &t->glob[i];
-        snprintf(nm, sizeof nm, "%s%s", prefix, gt->name);
+        gpt_tensor_name(nm, sizeof nm, prefix, -1, gt);
         names[n] = strdup(nm);
         out[n] = (st_tensor){names[n], buf + gt->offset, gt->cols ? 2 : 1,
                              {gt->rows, gt->cols}};
@@ -398,7 +398,7 @@ static int collect_tensors_(const trainer *t, backend_buf b,
         float *sbuf = be->state_region(t->be.ctx, b, s);
         for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
             const gpt_tensor *st = &t->slot[i];
-            snprintf(nm, sizeof nm, "%sslots.%d.%s", prefix, s, st->name);
+            gpt_tensor_name(nm, sizeof nm, prefix, s, st);
             names[n] = strdup(nm);
             out[n] = (st_tensor){names[n], sbuf + st->offset,
                                  st->cols ? 2 : 1, {st->rows, st->cols}};

@@ -68,7 +68,7 @@ int main(int argc, char **argv)
         const char *pre = pass ? "grad." : "";
         char nm[160];
         for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
-            snprintf(nm, sizeof nm, "%s%s", pre, g.glob[i].name);
+            gpt_tensor_name(nm, sizeof nm, pre, -1, &g.glob[i]);
             names[n] = strdup(nm);
             ts[n] = (st_tensor){names[n], buf + g.glob[i].offset,
                                 g.glob[i].cols ? 2 : 1,
@@ -76,7 +76,7 @@ int main(int argc, char **argv)
         }
         for (int s = 0; s < S; s++)
             for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
-                snprintf(nm, sizeof nm, "%sslots.%d.%s", pre, s, g.slot[i].name);
+                gpt_tensor_name(nm, sizeof nm, pre, s, &g.slot[i]);
                 names[n] = strdup(nm);
                 ts[n] = (st_tensor){names[n],
                                     gpt_slot_ptr(&g, buf, s) + g.slot[i].offset,
