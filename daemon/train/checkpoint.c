@@ -4,6 +4,8 @@
  */
 #include "train/checkpoint.h"
 
+#include "common/err.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -181,4 +183,37 @@ long write_file_durable(const char *path, const void *buf, size_t len,
         return -1;
     }
     return (long)len;
+}
+
+int fsync_parent_dir(const char *path, char *err, size_t errlen)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        strcpy(dir, ".");
+    } else if (slash == path) {
+        strcpy(dir, "/");
+    } else {
+        size_t len = (size_t)(slash - path);
+        if (len >= sizeof dir) {
+            seterr_(err, errlen, "%s: path too long", path);
+            return -1;
+        }
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        seterr_(err, errlen, "%s: open directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    int rc = fsync(dfd);
+    int e = errno;
+    close(dfd);
+    /* Some file systems refuse fsync on directories; that is not data loss. */
+    if (rc != 0 && e != EINVAL && e != ENOTSUP) {
+        seterr_(err, errlen, "%s: fsync directory: %s", dir, strerror(e));
+        return -1;
+    }
+    return 0;
 }

@@ -43,6 +43,11 @@ int safetensors_get(const st_file *sf, const char *name, float *dst,
 /* fsync a file by path / a directory by path. 0 or -1 (errno). */
 int fsync_path(const char *path);
 
+/* fsync the directory holding path (after a create or rename in it), so
+ * the new name survives a crash. File systems that refuse fsync on a
+ * directory (EINVAL, ENOTSUP) are not an error. 0, or -1 with err. */
+int fsync_parent_dir(const char *path, char *err, size_t errlen);
+
 /* Write buf to path (created), fsync it. Bytes or -1 with err. */
 long write_file_durable(const char *path, const void *buf, size_t len,
                         char *err, size_t errlen);

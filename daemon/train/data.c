@@ -7,6 +7,7 @@
 #include "train/data.h"
 
 #include "common/err.h"
+#include "train/checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -258,39 +259,6 @@ static int write_all_(int fd, const void *buf, size_t n, const char *path,
     return 0;
 }
 
-static int fsync_dir_of_(const char *path, char *err, size_t errlen)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else if (slash == path) {
-        strcpy(dir, "/");
-    } else {
-        size_t len = (size_t)(slash - path);
-        if (len >= sizeof dir) {
-            seterr_(err, errlen, "%s: path too long", path);
-            return -1;
-        }
-        memcpy(dir, path, len);
-        dir[len] = '\0';
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        seterr_(err, errlen, "%s: open directory: %s", dir, strerror(errno));
-        return -1;
-    }
-    int rc = fsync(dfd);
-    int e = errno;
-    close(dfd);
-    /* Some file systems refuse fsync on directories; that is not data loss. */
-    if (rc != 0 && e != EINVAL && e != ENOTSUP) {
-        seterr_(err, errlen, "%s: fsync directory: %s", dir, strerror(e));
-        return -1;
-    }
-    return 0;
-}
-
 static void fill_header_(int32_t hdr[SHARD_HEADER_INTS], size_t n)
 {
     memset(hdr, 0, HEADER_BYTES);
@@ -387,7 +355,7 @@ static int shard_finish_(shard_out_ *o, char *err, size_t errlen)
         unlink(o->tmp);
         return -1;
     }
-    return fsync_dir_of_(o->path, err, errlen);
+    return fsync_parent_dir(o->path, err, errlen);
 }
 
 int shard_write(const char *path, const uint16_t *tokens, size_t n, char *err,

@@ -574,15 +574,10 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "%s: commit failed: %s", dir, strerror(errno));
         goto fail;
     }
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash && slash != parent) {
-        *slash = 0;
-        fsync_path(parent);
-    } else if (!slash) {
-        fsync_path(".");
-    }
+    /* the checkpoint is complete once renamed; a failed fsync of its
+     * parent only risks the name on a crash, as before */
+    char e3[64];
+    fsync_parent_dir(dir, e3, sizeof e3);
     return total;
 fail:
     remove_tmp_dir_(tmp);  /* err already names the file and the cause */
