@@ -156,6 +156,28 @@ int fsync_path(const char *path)
     return rc;
 }
 
+int write_all_fd(int fd, const void *buf, size_t n, const char *path,
+                 char *err, size_t errlen)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            seterr_(err, errlen, "%s: write: %s%s", path, strerror(errno),
+                    errno == ENOSPC ? " (ENOSPC: disk full)" : "");
+            return -1;
+        }
+        if (w == 0) {
+            seterr_(err, errlen, "%s: write returned 0 (disk full?)", path);
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 long write_file_durable(const char *path, const void *buf, size_t len,
                         char *err, size_t errlen)
 {
@@ -164,19 +186,9 @@ long write_file_durable(const char *path, const void *buf, size_t len,
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
-    const char *p = buf;
-    size_t left = len;
-    while (left) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            snprintf(err, errlen, "%s: write: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
+    if (write_all_fd(fd, buf, len, path, err, errlen) != 0) {
+        close(fd);
+        return -1;
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         snprintf(err, errlen, "%s: fsync: %s", path, strerror(errno));

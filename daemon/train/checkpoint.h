@@ -48,6 +48,11 @@ int fsync_path(const char *path);
  * directory (EINVAL, ENOTSUP) are not an error. 0, or -1 with err. */
 int fsync_parent_dir(const char *path, char *err, size_t errlen);
 
+/* Write all n bytes of buf to fd (retrying short writes and EINTR). 0, or
+ * -1 with err naming path and the cause (ENOSPC said as disk full). */
+int write_all_fd(int fd, const void *buf, size_t n, const char *path,
+                 char *err, size_t errlen);
+
 /* Write buf to path (created), fsync it. Bytes or -1 with err. */
 long write_file_durable(const char *path, const void *buf, size_t len,
                         char *err, size_t errlen);

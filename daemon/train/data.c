@@ -237,28 +237,6 @@ void token_set_window(const token_set *ts, size_t pos, int32_t *buf, size_t n)
 /* Writing shards: to path.tmp, fsync, rename, fsync the directory           */
 /* ------------------------------------------------------------------------ */
 
-static int write_all_(int fd, const void *buf, size_t n, const char *path,
-                      char *err, size_t errlen)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            seterr_(err, errlen, "%s: write: %s%s", path, strerror(errno),
-                    errno == ENOSPC ? " (ENOSPC: disk full)" : "");
-            return -1;
-        }
-        if (w == 0) {
-            seterr_(err, errlen, "%s: write returned 0 (disk full?)", path);
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static void fill_header_(int32_t hdr[SHARD_HEADER_INTS], size_t n)
 {
     memset(hdr, 0, HEADER_BYTES);
@@ -294,7 +272,7 @@ static int shard_begin_(shard_out_ *o, const char *path, char *err,
     int32_t hdr[SHARD_HEADER_INTS];
     fill_header_(hdr, 0);
     hdr[0] = 0;  /* not a valid shard until finished */
-    if (write_all_(o->fd, hdr, HEADER_BYTES, o->tmp, err, errlen) != 0) {
+    if (write_all_fd(o->fd, hdr, HEADER_BYTES, o->tmp, err, errlen) != 0) {
         close(o->fd);
         unlink(o->tmp);
         o->fd = -1;
@@ -315,7 +293,7 @@ static void shard_abort_(shard_out_ *o)
 static int shard_append_(shard_out_ *o, const uint16_t *tok, size_t n,
                          char *err, size_t errlen)
 {
-    if (write_all_(o->fd, tok, n * sizeof *tok, o->tmp, err, errlen) != 0) {
+    if (write_all_fd(o->fd, tok, n * sizeof *tok, o->tmp, err, errlen) != 0) {
         shard_abort_(o);
         return -1;
     }
@@ -332,7 +310,7 @@ static int shard_finish_(shard_out_ *o, char *err, size_t errlen)
         shard_abort_(o);
         return -1;
     }
-    if (write_all_(o->fd, hdr, HEADER_BYTES, o->tmp, err, errlen) != 0) {
+    if (write_all_fd(o->fd, hdr, HEADER_BYTES, o->tmp, err, errlen) != 0) {
         shard_abort_(o);
         return -1;
     }
