@@ -1,6 +1,6 @@
 /*
- * bench_util.h — small shared pieces of the benchmarks: a monotonic clock
- * and the machine's own CBLAS sgemm peak, measured in the same run.
+ * bench_util.h — shared by the CPU benchmarks: the machine's own CBLAS
+ * sgemm peak, measured in the same run (timing: common/clock.h).
  */
 #ifndef M6_BENCH_UTIL_H
 #define M6_BENCH_UTIL_H
@@ -9,12 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static inline double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "common/clock.h"
 
 /* Best-of-reps GFLOP/s of an n x n x n sgemm (2 n^3 FLOPs): the BLAS peak
  * the model's FLOP rate is compared with. */
@@ -29,10 +24,10 @@ static inline double bench_sgemm_peak_gflops(int n, int reps)
     }
     double best = 0;
     for (int r = 0; r < reps + 1; r++) {
-        double t0 = bench_now();
+        double t0 = clock_mono_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a,
                     n, b, n, 0.0f, c, n);
-        double dt = bench_now() - t0;
+        double dt = clock_mono_s() - t0;
         double gf = 2.0 * n * (double)n * n / dt / 1e9;
         if (r > 0 && gf > best) /* first run warms up */
             best = gf;

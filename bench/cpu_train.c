@@ -89,23 +89,23 @@ int main(int argc, char **argv)
     double t_fwd = 0, t_bwd = 0, t_opt = 0, t0 = 0;
     for (int i = 0; i < warmup + steps; i++) {
         if (i == warmup)
-            t0 = bench_now();
-        double a = bench_now();
+            t0 = clock_mono_s();
+        double a = clock_mono_s();
         gpt_zero_grad(&g);
         gpt_forward(&g, inp, tgt, B);
-        double b = bench_now();
+        double b = clock_mono_s();
         gpt_backward(&g, inp, tgt, B, 1.0f / BT);
-        double d = bench_now();
+        double d = clock_mono_s();
         float norm = gpt_grad_norm(&g);
         gpt_adamw(&g, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1 ? 1 / norm : 1);
-        double e = bench_now();
+        double e = clock_mono_s();
         if (i >= warmup) {
             t_fwd += b - a;
             t_bwd += d - b;
             t_opt += e - d;
         }
     }
-    double dt = bench_now() - t0;
+    double dt = clock_mono_s() - t0;
     double tok_s = (double)BT * steps / dt;
     double n_params = (double)gpt_compute_params(&g);
     double flops_tok = 6.0 * n_params + 6.0 * c.n_layer * (double)c.n_embd * c.seq_len;

@@ -38,7 +38,7 @@ static int run_(const run_spec *s, curve *c)
     c->step = calloc((size_t)s->train.steps + 1, sizeof(long));
     c->wall = calloc((size_t)s->train.steps + 1, sizeof(double));
     c->val = calloc((size_t)s->train.steps + 1, sizeof(double));
-    double t0 = bench_now(), evals = 0;
+    double t0 = clock_mono_s(), evals = 0;
     c->delink_step = -1;
     while (trainer_step_count(t) < s->train.steps) {
         if (trainer_phase(t) == PHASE_PSEUDO &&
@@ -50,7 +50,7 @@ static int run_(const run_spec *s, curve *c)
             c->delink_step = trainer_step_count(t);
         }
         step_result r;
-        double a = bench_now();
+        double a = clock_mono_s();
         if (trainer_step(t, &r, err, sizeof err) != 0) {
             fprintf(stderr, "p2r_convergence: %s\n", err);
             trainer_free(t);
@@ -58,14 +58,14 @@ static int run_(const run_spec *s, curve *c)
         }
         if (!isnan(r.val_loss)) {
             /* wall-clock excludes the time spent evaluating */
-            evals += (bench_now() - a) - r.step_ms / 1e3;
+            evals += (clock_mono_s() - a) - r.step_ms / 1e3;
             c->step[c->n] = r.step;
-            c->wall[c->n] = bench_now() - t0 - evals;
+            c->wall[c->n] = clock_mono_s() - t0 - evals;
             c->val[c->n] = r.val_loss;
             c->n++;
         }
     }
-    c->total_wall = bench_now() - t0 - evals;
+    c->total_wall = clock_mono_s() - t0 - evals;
     c->final_val = c->val[c->n - 1];
     trainer_free(t);
     return 0;

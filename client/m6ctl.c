@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "common/paths.h"
 #include "control/frame.h"
 #include "m6.pb-c.h"
@@ -505,13 +506,6 @@ static int cmd_resume_(int argc, char **argv) { return command_(M6__REQUEST__BOD
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
 
-static double now_s_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int same_loss_(double a, double b)
 {
     return (isnan(a) && isnan(b)) || a == b;
@@ -579,10 +573,10 @@ static int cmd_watch_(int argc, char **argv)
                    r->tokens_per_s, eta);
         } else if (changed && (r->state != last_state || (int)r->phase != last_phase_seen ||
                                !same_loss_(r->val_loss, last_val) || terminal_(r->state) ||
-                               now_s_() - last_print >= 10.0)) {
+                               clock_mono_s() - last_print >= 10.0)) {
             /* Not a tty (a log): one line per eval, phase or state change,
              * and at least every 10 s, not one per step. */
-            last_print = now_s_();
+            last_print = clock_mono_s();
             last_val = r->val_loss;
             last_phase_seen = (int)r->phase;
             printf("step %lld/%lld %s %s loss %s val %s tok/s %.0f eta %s\n", (long long)r->step,

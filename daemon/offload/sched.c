@@ -19,6 +19,7 @@
  * updates run outside the lock. Nothing spins.
  */
 #include "offload/offload.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <omp.h>
@@ -98,13 +99,6 @@ struct offload_ctx {
     double h2d_s, d2h_s, stall_s, adam_s;
 };
 
-static double now_s_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ------------------------------------------------------------- copy thread */
 
 static int fetch_ready_(const offload_ctx *o, int j)
@@ -134,9 +128,9 @@ static void do_drain_(offload_ctx *o)
     staging_ *B = &o->buf[b];
     float *dst = o->g->slots[B->slot].grads;
     pthread_mutex_unlock(&o->mu);
-    double t0 = now_s_();
+    double t0 = clock_mono_s();
     memcpy(dst, B->dw, o->W);
-    double dt = now_s_() - t0;
+    double dt = clock_mono_s() - t0;
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
     o->d2h_bytes += o->W;
@@ -163,11 +157,11 @@ static void do_fetch_(offload_ctx *o)
     const gpt_slot_state *st = &o->g->slots[I->slot];
     int grads = I->has_bwd, from_host = I->grad_from_host;
     pthread_mutex_unlock(&o->mu);
-    double t0 = now_s_();
+    double t0 = clock_mono_s();
     memcpy(B->w, st->params, o->W);
     if (grads && from_host)
         memcpy(B->dw, st->grads, o->W);
-    double dt = now_s_() - t0;
+    double dt = clock_mono_s() - t0;
     if (grads && !from_host)
         memset(B->dw, 0, o->W); /* a device memset, not a transfer */
     pthread_mutex_lock(&o->mu);
@@ -213,10 +207,10 @@ static void *worker_main_(void *arg)
         int s = job.slot;
         const offload_adam a = job.a;
         pthread_mutex_unlock(&o->mu);
-        double t0 = now_s_();
+        double t0 = clock_mono_s();
         gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                        a.grad_scale);
-        double dt = now_s_() - t0;
+        double dt = clock_mono_s() - t0;
         pthread_mutex_lock(&o->mu);
         o->adam_s += dt;
         o->updating[s] = 0;
@@ -258,10 +252,10 @@ static void acquire_(offload_ctx *o, int j)
 {
     staging_ *B = &o->buf[j % o->nbuf];
     if (!(B->state == BUF_READY && B->pass == o->pass_id && B->iv == j)) {
-        double t0 = now_s_();
+        double t0 = clock_mono_s();
         while (!(B->state == BUF_READY && B->pass == o->pass_id && B->iv == j))
             pthread_cond_wait(&o->cv_done, &o->mu);
-        o->stall_s += now_s_() - t0;
+        o->stall_s += clock_mono_s() - t0;
     }
     B->state = BUF_IN_USE;
     int s = o->iv[j].slot;
@@ -602,7 +596,7 @@ void offload_wait_grads(offload_ctx *o)
 {
     pthread_mutex_lock(&o->mu);
     int S = o->g->S, busy = 1;
-    double t0 = now_s_();
+    double t0 = clock_mono_s();
     while (busy) {
         busy = o->dq_n > 0;
         for (int s = 0; s < S && !busy; s++)
@@ -610,7 +604,7 @@ void offload_wait_grads(offload_ctx *o)
         if (busy)
             pthread_cond_wait(&o->cv_done, &o->mu);
     }
-    o->stall_s += now_s_() - t0;
+    o->stall_s += clock_mono_s() - t0;
     pthread_mutex_unlock(&o->mu);
 }
 

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"
@@ -45,13 +46,6 @@ struct trainer {
     int32_t *inp, *tgt;    /* (B,T) */
     int32_t *window;       /* (T+1) */
 };
-
-static double now_s_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int n_slots_(const trainer *t)
 {
@@ -254,7 +248,7 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     const backend_iface *be = t->be.iface;
     int B = sp->train.batch_size, T = sp->model.seq_len;
     int accum = sp->train.grad_accum;
-    double t0 = now_s_();
+    double t0 = clock_mono_s();
 
     memset(res, 0, sizeof *res);
     res->phase = t->phase;
@@ -277,7 +271,7 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     }
     be->adamw(t->be.ctx, &adam, norm);
     t->step++;
-    double dt = now_s_() - t0;
+    double dt = clock_mono_s() - t0;
 
     res->step = t->step;
     res->train_loss = loss;
