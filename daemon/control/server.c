@@ -4,6 +4,13 @@
  * Lifetimes (libuv rules): a handle is freed only in its close callback; a
  * write request is freed in its callback whatever the status; every callback
  * checks whether its connection is closing.
+ *
+ * Requests run on libuv's thread pool (uv_queue_work), one at a time per
+ * connection: while a request is in flight the connection stops reading, so
+ * replies keep the order of requests, and a slow request (a submit that
+ * scans a large corpus, a long metrics query) never holds up the event loop
+ * or other connections. A connection closed while its request runs is
+ * freed when the request's after-work callback has run.
  */
 #include "control/server.h"
 
@@ -45,11 +52,21 @@ struct server {
 struct conn {
     uv_pipe_t pipe;       /* first: handle <-> conn */
     server *srv;
+    handlers_ctx *handlers;
     unsigned long id;
     frame_reader rd;
     session sess;
     int closing;
+    int reading;          /* uv_read_start is in effect */
     conn *prev, *next;
+    /* the request in flight on the thread pool (busy), and its reply */
+    uv_work_t work;
+    int busy, free_when_done;
+    uint8_t *req;
+    size_t req_len;
+    uint8_t *rep;
+    size_t rep_len;
+    int rep_rc, rep_close;
 };
 
 typedef struct {
@@ -61,11 +78,19 @@ typedef struct {
 
 /* ------------------------------------------------------------- connections */
 
+static void conn_free_(conn *c)
+{
+    frame_reader_free(&c->rd);
+    free(c);
+}
+
 static void conn_closed_(uv_handle_t *h)
 {
     conn *c = (conn *)h;
-    frame_reader_free(&c->rd);
-    free(c);
+    if (c->busy)
+        c->free_when_done = 1;  /* after_work_ frees it */
+    else
+        conn_free_(c);
 }
 
 static void conn_close_(conn *c)
@@ -131,16 +156,117 @@ static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = buf->base ? n : 0;
 }
 
+static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+
+static void conn_read_stop_(conn *c)
+{
+    if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+}
+
 /* Stop reading and close once the pending reply (if any) is written. */
 static void conn_refuse_(conn *c, int status, const char *msg)
 {
-    uv_read_stop((uv_stream_t *)&c->pipe);
+    conn_read_stop_(c);
     size_t len;
     uint8_t *f = handlers_error_frame(status, msg, &len);
     if (f)
         conn_send_(c, f, len, 1);
     else
         conn_close_(c);
+}
+
+/* Thread pool: decode, dispatch and pack one request. */
+static void work_(uv_work_t *w)
+{
+    conn *c = w->data;
+    c->rep_rc = handlers_dispatch(c->handlers, &c->sess, c->req, c->req_len,
+                                  &c->rep, &c->rep_len, &c->rep_close);
+}
+
+static void conn_pump_(conn *c);
+
+/* Event loop: send the reply, then go on with the next buffered frame. */
+static void after_work_(uv_work_t *w, int status)
+{
+    conn *c = w->data;
+    c->busy = 0;
+    free(c->req);
+    c->req = NULL;
+    if (status < 0) {  /* cancelled: nothing was dispatched */
+        free(c->rep);
+        c->rep = NULL;
+        c->rep_rc = -1;
+    }
+    if (c->free_when_done) {
+        free(c->rep);
+        conn_free_(c);
+        return;
+    }
+    uint8_t *rep = c->rep;
+    c->rep = NULL;
+    if (c->closing) {
+        free(rep);
+        return;
+    }
+    if (c->rep_rc < 0) {
+        conn_close_(c);
+        return;
+    }
+    conn_send_(c, rep, c->rep_len, c->rep_close);
+    if (!c->rep_close) conn_pump_(c);
+}
+
+/* Start the next complete frame on the thread pool, or read more. */
+static void conn_pump_(conn *c)
+{
+    if (c->busy || c->closing) return;
+    const uint8_t *payload;
+    size_t len;
+    frame_result fr = frame_reader_next(&c->rd, &payload, &len);
+    if (fr == FRAME_TOO_LARGE) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "frame of %zu bytes refused: the limit is %u bytes", len,
+                 M6_FRAME_MAX);
+        log_warn("conn.oversize", "conn=%lu len=%zu", c->id, len);
+        conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
+        return;
+    }
+    if (fr == FRAME_NEED_MORE) {
+        if (!c->reading) {
+            int rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_);
+            if (rc < 0) {
+                log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
+                          uv_strerror(rc));
+                conn_close_(c);
+                return;
+            }
+            c->reading = 1;
+        }
+        return;
+    }
+    /* FRAME_OK: copy the payload (the reader's buffer moves on the next
+     * feed), stop reading until the reply is queued, dispatch off-loop. */
+    c->req = malloc(len ? len : 1);
+    if (!c->req) {
+        conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+        return;
+    }
+    memcpy(c->req, payload, len);
+    c->req_len = len;
+    conn_read_stop_(c);
+    c->busy = 1;
+    c->work.data = c;
+    int rc = uv_queue_work(c->pipe.loop, &c->work, work_, after_work_);
+    if (rc < 0) {
+        c->busy = 0;
+        free(c->req);
+        c->req = NULL;
+        log_warn("conn.queue_error", "conn=%lu err=\"%s\"", c->id,
+                 uv_strerror(rc));
+        conn_close_(c);
+    }
 }
 
 static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
@@ -159,32 +285,7 @@ static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
         goto out;
     }
-    for (;;) {
-        const uint8_t *payload;
-        size_t len;
-        frame_result fr = frame_reader_next(&c->rd, &payload, &len);
-        if (fr == FRAME_NEED_MORE) break;
-        if (fr == FRAME_TOO_LARGE) {
-            char msg[160];
-            snprintf(msg, sizeof msg,
-                     "frame of %zu bytes refused: the limit is %u bytes", len,
-                     M6_FRAME_MAX);
-            log_warn("conn.oversize", "conn=%lu len=%zu", c->id, len);
-            conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
-            break;
-        }
-        uint8_t *out;
-        size_t outlen;
-        int close_after = 0;
-        if (handlers_dispatch(c->srv->handlers, &c->sess, payload, len, &out,
-                              &outlen, &close_after) < 0) {
-            conn_close_(c);
-            break;
-        }
-        if (close_after) uv_read_stop((uv_stream_t *)&c->pipe);
-        conn_send_(c, out, outlen, close_after);
-        if (close_after || c->closing) break;
-    }
+    conn_pump_(c);
 out:
     free(buf->base);
 }
@@ -200,6 +301,7 @@ static void on_connection_(uv_stream_t *ls, int status)
     conn *c = calloc(1, sizeof *c);
     if (!c) return;
     c->srv = s;
+    c->handlers = s->handlers;
     c->id = ++s->next_id;
     frame_reader_init(&c->rd);
     int rc = uv_pipe_init(ls->loop, &c->pipe, 0);
@@ -210,8 +312,10 @@ static void on_connection_(uv_stream_t *ls, int status)
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
     s->conns = c;
-    if ((rc = uv_accept(ls, (uv_stream_t *)&c->pipe)) < 0 ||
-        (rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_)) < 0) {
+    if ((rc = uv_accept(ls, (uv_stream_t *)&c->pipe)) == 0 &&
+        (rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_)) == 0)
+        c->reading = 1;
+    if (rc < 0) {
         log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(rc));
         conn_close_(c);
         return;

@@ -50,12 +50,56 @@ void token_set_close(token_set *ts)
     memset(ts, 0, sizeof *ts);
 }
 
-/* Map and check one shard; fills slot i of ts. */
+/* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
+ * rather than through the mapping: faulting a large mapping in holds the
+ * process's mmap lock, which stalls m6d's other threads (the control
+ * socket) whenever they grow their heaps, and read() is faster anyway. */
+static int check_token_range_(int fd, const char *path, size_t n,
+                              int vocab_size, char *err, size_t errlen)
+{
+    enum { CHUNK = 1 << 19 };  /* tokens per read */
+    uint16_t *buf = malloc(CHUNK * sizeof *buf);
+    if (!buf) {
+        seterr_(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    int rc = 0;
+    for (size_t k0 = 0; k0 < n && rc == 0;) {
+        size_t m = n - k0 < CHUNK ? n - k0 : CHUNK, got = 0;
+        while (got < m * sizeof *buf) {
+            ssize_t r = pread(fd, (char *)buf + got, m * sizeof *buf - got,
+                              (off_t)(HEADER_BYTES + k0 * sizeof *buf + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                seterr_(err, errlen, "%s: read: %s", path,
+                        r < 0 ? strerror(errno) : "file shrank while reading");
+                free(buf);
+                return -1;
+            }
+            got += (size_t)r;
+        }
+        unsigned mx = 0;
+        for (size_t j = 0; j < m; j++) mx = buf[j] > mx ? buf[j] : mx;
+        if (mx >= (unsigned)vocab_size) {
+            size_t j = 0;
+            while (buf[j] < vocab_size) j++;
+            seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d",
+                    path, (unsigned)buf[j], k0 + j, vocab_size);
+            rc = -1;
+        }
+        k0 += m;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Check and map one shard; fills slot i of ts. */
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
                        char *err, size_t errlen)
 {
-    /* O_NONBLOCK: a FIFO matched by the glob must not block the caller
-     * (m6d checks specs on its event loop); fstat then refuses it. */
+    /* O_NONBLOCK: a FIFO matched by the glob must not block the caller;
+     * fstat then refuses it. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         seterr_(err, errlen, "%s: open: %s", path, strerror(errno));
@@ -64,22 +108,56 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
     struct stat st;
     if (fstat(fd, &st) != 0) {
         seterr_(err, errlen, "%s: stat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
+        goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
         seterr_(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -1;
+        goto fail;
     }
     size_t size = (size_t)st.st_size;
     if (size < HEADER_BYTES) {
         seterr_(err, errlen,
                 "%s: too short for a shard header (%zu bytes, header is %zu)",
                 path, size, HEADER_BYTES);
-        close(fd);
-        return -1;
+        goto fail;
     }
+    int32_t hdr[3];
+    if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
+        seterr_(err, errlen, "%s: cannot read the header: %s", path,
+                strerror(errno ? errno : EIO));
+        goto fail;
+    }
+    if (hdr[0] != SHARD_MAGIC) {
+        seterr_(err, errlen, "%s: bad magic %d (want %d)", path, hdr[0],
+                SHARD_MAGIC);
+        goto fail;
+    }
+    if (hdr[1] != SHARD_VERSION) {
+        seterr_(err, errlen, "%s: bad version %d (want %d)", path, hdr[1],
+                SHARD_VERSION);
+        goto fail;
+    }
+    if (hdr[2] < 0) {
+        seterr_(err, errlen, "%s: bad token count %d in header", path, hdr[2]);
+        goto fail;
+    }
+    size_t n = (size_t)hdr[2];
+    size_t held = (size - HEADER_BYTES) / sizeof(uint16_t);
+    if (size < HEADER_BYTES + n * sizeof(uint16_t)) {
+        seterr_(err, errlen, "%s: truncated: header says %zu tokens, file holds %zu",
+                path, n, held);
+        goto fail;
+    }
+    if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
+        seterr_(err, errlen,
+                "%s: size mismatch: header says %zu tokens, file holds %zu "
+                "(%zu bytes after the header)",
+                path, n, held, size - HEADER_BYTES);
+        goto fail;
+    }
+    if (vocab_size < 65536 &&
+        check_token_range_(fd, path, n, vocab_size, err, errlen) != 0)
+        goto fail;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);
@@ -87,53 +165,16 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
         seterr_(err, errlen, "%s: mmap: %s", path, strerror(map_errno));
         return -1;
     }
+    madvise(map, size, MADV_WILLNEED);
     ts->maps[i] = map;
     ts->map_len[i] = size;
-
-    const int32_t *hdr = map;
-    if (hdr[0] != SHARD_MAGIC) {
-        seterr_(err, errlen, "%s: bad magic %d (want %d)", path, hdr[0],
-                SHARD_MAGIC);
-        return -1;
-    }
-    if (hdr[1] != SHARD_VERSION) {
-        seterr_(err, errlen, "%s: bad version %d (want %d)", path, hdr[1],
-                SHARD_VERSION);
-        return -1;
-    }
-    if (hdr[2] < 0) {
-        seterr_(err, errlen, "%s: bad token count %d in header", path, hdr[2]);
-        return -1;
-    }
-    size_t n = (size_t)hdr[2];
-    size_t held = (size - HEADER_BYTES) / sizeof(uint16_t);
-    if (size < HEADER_BYTES + n * sizeof(uint16_t)) {
-        seterr_(err, errlen, "%s: truncated: header says %zu tokens, file holds %zu",
-                path, n, held);
-        return -1;
-    }
-    if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
-        seterr_(err, errlen,
-                "%s: size mismatch: header says %zu tokens, file holds %zu "
-                "(%zu bytes after the header)",
-                path, n, held, size - HEADER_BYTES);
-        return -1;
-    }
-    const uint16_t *tok = (const uint16_t *)((const char *)map + HEADER_BYTES);
-    if (vocab_size < 65536) {
-        for (size_t k = 0; k < n; k++) {
-            if (tok[k] >= vocab_size) {
-                seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d",
-                        path, (unsigned)tok[k], k, vocab_size);
-                return -1;
-            }
-        }
-    }
-    madvise(map, size, MADV_WILLNEED);
-    ts->tokens[i] = tok;
+    ts->tokens[i] = (const uint16_t *)((const char *)map + HEADER_BYTES);
     ts->n_tokens[i] = n;
     ts->total += n;
     return 0;
+fail:
+    close(fd);
+    return -1;
 }
 
 int token_set_open(token_set *ts, const char *pattern, int vocab_size,

@@ -88,6 +88,28 @@ B=$(ctl submit "$T/big.json")
 wait_state "$B" running
 python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" >"$T/lat.out" 2>&1 || fail "latency: $(cat "$T/lat.out")"
 tail -1 "$T/lat.out" >&2
+# A submit whose corpus takes seconds to check (a 2 GB sparse shard: every
+# token is read and range-checked) must not hold up the socket for others.
+python3 - "$T/huge" <<'PY'
+import os, struct, sys
+os.makedirs(sys.argv[1])
+n = 1_000_000_000  # tokens (uint16): a 2 GB file of holes, no disk used
+with open(os.path.join(sys.argv[1], "train_000000.bin"), "wb") as f:
+    f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1024 - 12))
+    f.truncate(1024 + 2 * n)
+PY
+sed "s#$T/data/train_\*.bin#$T/huge/train_*.bin#" "$T/spec.json" >"$T/huge.json"
+t0=$(date +%s%N)
+(ctl submit "$T/huge.json" >"$T/huge.id" 2>"$T/huge.err"; echo $? >"$T/huge.rc"; date +%s%N >"$T/huge.done") &
+SUBMIT_PID=$!
+sleep 0.1
+python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" "$T/huge.done" >"$T/lat2.out" 2>&1 || fail "latency during a slow submit: $(cat "$T/lat2.out")"
+wait "$SUBMIT_PID"
+[ "$(cat "$T/huge.rc")" = 0 ] || fail "slow submit: $(cat "$T/huge.err")"
+ms=$(( ($(cat "$T/huge.done") - t0) / 1000000 ))
+log "slow submit took $ms ms; $(tail -1 "$T/lat2.out")"
+[ "$ms" -gt 1000 ] || fail "the slow submit took only $ms ms: make the shard bigger"
+ctl stop "$(cat "$T/huge.id")" >/dev/null
 ctl stop "$B" >/dev/null
 stop_daemon
 echo "ok protocol"
