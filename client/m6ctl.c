@@ -29,7 +29,11 @@
 #include "train/data.h"
 #include "train/spec.h"
 
-enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3 };
+/* Exit status: 0 ok; 1 the daemon refused (its message on stderr) or the
+ * watched run failed; 2 usage; 3 the watched run was stopped; 4 m6d could
+ * not be reached, or the connection broke. */
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3,
+       EXIT_UNREACHABLE = 4 };
 
 /* ----------------------------------------------------------------- globals */
 
@@ -38,11 +42,15 @@ static struct {
     int json, csv, color;
     int fd;
     double interval;        /* watch poll period, seconds */
+    double reconnect;       /* watch: seconds to retry an unreachable m6d */
+    int transport_err;      /* the last failure was the connection's */
+    int no_timeout;         /* submit: wait for the answer however long */
+    int quiet;              /* don't print transport errors (watch retries) */
     size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
-} g = {.fd = -1, .interval = 0.5, .val_fraction = 0.1};
+} g = {.fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
 static void errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void errf_(const char *fmt, ...)
@@ -57,6 +65,8 @@ static void errf_(const char *fmt, ...)
 
 /* ------------------------------------------------------------------ client */
 
+enum { RECV_TIMEOUT_S = 60 };  /* longest wait for an answer (not submit) */
+
 static int write_all_(int fd, const uint8_t *p, size_t n)
 {
     while (n > 0) {
@@ -69,6 +79,24 @@ static int write_all_(int fd, const uint8_t *p, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+/* A broken connection: say so (unless quiet), mark it, drop the socket so
+ * the next request reconnects. */
+static void transport_fail_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void transport_fail_(const char *fmt, ...)
+{
+    if (!g.quiet) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("m6ctl: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+    g.transport_err = 1;
+    if (g.fd >= 0) close(g.fd);
+    g.fd = -1;
 }
 
 /* Send one Request, read one Response (caller frees with
@@ -85,9 +113,9 @@ static M6__Response *call_(const M6__Request *rq)
     free(f);
     if (rc < 0) {
         if (errno == EPIPE)
-            errf_("m6d closed the connection (%s): did it stop?", g.socket);
+            transport_fail_("m6d closed the connection (%s): did it stop?", g.socket);
         else
-            errf_("write to %s: %s", g.socket, strerror(errno));
+            transport_fail_("write to %s: %s", g.socket, strerror(errno));
         return NULL;
     }
     frame_reader rd;
@@ -110,8 +138,12 @@ static M6__Response *call_(const M6__Request *rq)
         ssize_t r = read(g.fd, buf, sizeof buf);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            errf_("m6d closed the connection%s%s", r < 0 ? ": " : "",
-                  r < 0 ? strerror(errno) : "");
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                transport_fail_("no answer from m6d at %s within %d s", g.socket,
+                                RECV_TIMEOUT_S);
+            else
+                transport_fail_("m6d closed the connection%s%s", r < 0 ? ": " : "",
+                                r < 0 ? strerror(errno) : "");
             break;
         }
         if (frame_reader_feed(&rd, buf, (size_t)r) < 0) {
@@ -133,11 +165,12 @@ static int connect_(void)
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g.socket);
     g.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (g.fd < 0 || connect(g.fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        errf_("cannot reach m6d at %s: %s (is m6d running? --socket or "
-              "M6_SOCKET choose another socket)", g.socket, strerror(errno));
+        transport_fail_("cannot reach m6d at %s: %s (is m6d running? --socket or "
+                        "M6_SOCKET choose another socket)", g.socket, strerror(errno));
         return -1;
     }
-    struct timeval tv = {.tv_sec = 60};
+    /* A submit checks its whole corpus before answering: no time limit. */
+    struct timeval tv = {.tv_sec = g.no_timeout ? 0 : RECV_TIMEOUT_S};
     setsockopt(g.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     M6__Hello hello = M6__HELLO__INIT;
     hello.protocol_version = M6_PROTOCOL_VERSION;
@@ -147,6 +180,7 @@ static int connect_(void)
     rq.hello = &hello;
     M6__Response *resp = call_(&rq);
     if (!resp) return -1;
+    g.transport_err = 0;
     int ok = resp->status == M6__STATUS__STATUS_OK;
     if (!ok) errf_("%s", resp->message);
     m6__response__free_unpacked(resp, NULL);
@@ -425,6 +459,7 @@ static int cmd_submit_(int argc, char **argv)
     buf[n] = 0;
     buf = resolve_data_paths_(buf, path);
     M6__Submit sub = M6__SUBMIT__INIT;
+    g.no_timeout = 1;
     sub.spec_json = buf;
     sub.origin = (char *)path;
     M6__Request rq = M6__REQUEST__INIT;
@@ -525,11 +560,35 @@ static int cmd_watch_(int argc, char **argv)
     M6__RunState last_state = M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
     double last_print = 0, last_val = NAN;
     int last_phase_seen = -1;
+    double lost_at = -1;  /* when m6d became unreachable; -1: reachable */
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
+        if (!resp && g.transport_err) {
+            /* m6d restarting (systemd, an upgrade): keep trying. */
+            if (lost_at < 0) {
+                lost_at = clock_mono_s();
+                if (tty) fputc('\n', stdout);
+                if (g.reconnect > 0)
+                    errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)",
+                          g.reconnect);
+                g.quiet = 1;
+            }
+            if (clock_mono_s() - lost_at < g.reconnect) {
+                struct timespec one = {1, 0};
+                nanosleep(&one, NULL);
+                continue;
+            }
+            if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
+            return EXIT_UNREACHABLE;
+        }
         if (!resp) {
             if (tty) fputc('\n', stdout);
             return EXIT_ERR;
+        }
+        if (lost_at >= 0) {
+            errf_("reconnected to m6d after %.0f s", clock_mono_s() - lost_at);
+            lost_at = -1;
+            g.quiet = 0;
         }
         const M6__RunInfo *r = resp->run;
         /* Report the delink once: as it happens, or on attach if it already
@@ -775,7 +834,8 @@ static const command commands_[] = {
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
-     "Follow a run until it ends (exit 0 completed, 1 failed, 3 stopped)."},
+     "Follow a run until it ends (exit 0 completed, 1 failed, 3 stopped,\n"
+     "4 m6d unreachable for longer than --reconnect)."},
     {"pause", cmd_pause_, 1, 1, F_JSON, "RUN", "Pause at the next step boundary (checkpoints)."},
     {"resume", cmd_resume_, 1, 1, F_JSON, "RUN", "Resume a paused run."},
     {"delink", cmd_delink_, 1, 1, F_JSON, "RUN",
@@ -802,7 +862,9 @@ static void usage_(FILE *f)
                 strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...", n, h);
     }
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
-               "default of m6d. 'm6ctl COMMAND --help' for details.\n");
+               "default of m6d. 'm6ctl COMMAND --help' for details.\n"
+               "Exit status: 0 ok, 1 refused by m6d (its message on stderr) or run failed,\n"
+               "2 usage, 3 watched run stopped, 4 m6d unreachable.\n");
 }
 
 static void command_usage_(FILE *f, const command *c)
@@ -810,7 +872,10 @@ static void command_usage_(FILE *f, const command *c)
     fprintf(f, "usage: m6ctl %s %s\n%s\n\noptions:\n", c->name, c->usage, c->help);
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
-    if (c->flags & F_WATCH) fprintf(f, "  --interval SEC    poll period (default 0.5)\n");
+    if (c->flags & F_WATCH)
+        fprintf(f, "  --interval SEC    poll period (default 0.5)\n"
+                   "  --reconnect SEC   keep retrying an unreachable m6d this long\n"
+                   "                    (default 60; 0: give up at once)\n");
     if (c->flags & F_PLAN)
         fprintf(f, "  --device-memory SIZE\n"
                    "                    device memory budget, e.g. 8GiB (default: the\n"
@@ -836,7 +901,7 @@ static int parse_double_(const char *opt, const char *s, double lo, double hi, d
 
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM };
+    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT };
     static const struct option opts[] = {
         {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
         {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -845,6 +910,7 @@ int main(int argc, char **argv)
         {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
         {"device-memory", required_argument, 0, O_DEVMEM},
+        {"reconnect", required_argument, 0, O_RECONNECT},
         {0, 0, 0, 0},
     };
     /* A daemon that stops mid-watch must give an error, not kill us. */
@@ -898,9 +964,17 @@ int main(int argc, char **argv)
             double v = 0;
             ok = cmd->flags & F_PREPARE;
             if (ok && parse_double_("--shard-tokens", optarg, 1024, 1e10, &v) < 0) return EXIT_USAGE;
+            if (ok && v != (double)(long)v) {
+                errf_("--shard-tokens: want a whole number of tokens, got \"%s\"", optarg);
+                return EXIT_USAGE;
+            }
             g.shard_tokens = (long)v;
             break;
         }
+        case O_RECONNECT:
+            ok = cmd->flags & F_WATCH;
+            if (ok && parse_double_("--reconnect", optarg, 0, 86400, &g.reconnect) < 0) return EXIT_USAGE;
+            break;
         case O_INTERVAL:
             ok = cmd->flags & F_WATCH;
             if (ok && parse_double_("--interval", optarg, 0.05, 60, &g.interval) < 0) return EXIT_USAGE;
@@ -930,8 +1004,13 @@ int main(int argc, char **argv)
         command_usage_(stderr, cmd);
         return EXIT_USAGE;
     }
+    if (g.json && g.csv) {
+        errf_("%s: --json and --csv exclude each other", cmd->name);
+        return EXIT_USAGE;
+    }
     g.color = !nocolor && !g.json && isatty(STDOUT_FILENO);
     int rc = cmd->fn(npos, cargv + optind);
     if (g.fd >= 0) close(g.fd);
+    if (rc == EXIT_ERR && g.transport_err) rc = EXIT_UNREACHABLE;
     return rc;
 }

@@ -23,7 +23,10 @@ typedef struct {
     int hello_done;
 } session;
 
-/* Handle one frame payload. Returns a malloc'd frame (header included) in
+/* Handle one frame payload. Runs on libuv's thread pool (server.c), so
+ * handlers for different connections run concurrently: they touch only the
+ * session of their own connection and the thread-safe state_* and coord_*
+ * calls. Returns a malloc'd frame (header included) in
  * *out and *outlen; *close_after tells the server to close the connection once
  * the reply is written. Returns -1 only when no reply could be built (OOM). */
 int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,

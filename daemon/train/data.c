@@ -703,8 +703,10 @@ static void stream_discard_(stream_ *s)
 /* data prepare                                                              */
 /* ------------------------------------------------------------------------ */
 
-static int mkdir_p_(const char *dir, char *err, size_t errlen)
+/* mkdir -p; *created says whether dir itself was made here. */
+static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
 {
+    *created = 0;
     char buf[4096];
     size_t len = strlen(dir);
     if (len == 0 || len >= sizeof buf) {
@@ -716,7 +718,9 @@ static int mkdir_p_(const char *dir, char *err, size_t errlen)
         if (buf[k] != '/' && buf[k] != '\0') continue;
         char c = buf[k];
         buf[k] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(buf, 0755) == 0)
+            *created = k == len || (k == len - 1 && buf[k + 1] == '\0');
+        else if (errno != EEXIST) {
             seterr_(err, errlen, "%s: mkdir: %s", buf, strerror(errno));
             return -1;
         }
@@ -819,7 +823,8 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
             return -1;
         }
     st->skipped = fl.skipped;
-    if (mkdir_p_(out_dir, err, errlen) != 0 ||
+    int created_out = 0;
+    if (mkdir_p_(out_dir, &created_out, err, errlen) != 0 ||
         check_no_shards_(out_dir, err, errlen) != 0) {
         file_list_free_(&fl);
         return -1;
@@ -907,6 +912,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     if (rc != 0) {
         stream_discard_(&train);
         stream_discard_(&val);
+        if (created_out) rmdir(out_dir);  /* leave no empty dir behind */
     }
     st->train_tokens = train.tokens;
     st->val_tokens = val.tokens;

@@ -33,15 +33,31 @@ stop_daemon
 start_daemon "$T/term"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 15
+# A watch started now rides out the restart (m6ctl watch --reconnect).
+(rc=0; ctl watch "$R" --interval 0.05 >"$T/watch-term.out" 2>"$T/watch-term.err" || rc=$?
+ echo "$rc" >"$T/watch-term.rc") &
+WATCH_PID=$!
+sleep 0.3
 stop_daemon
+rc=0; ctl list >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 4 ] || fail "m6ctl with no m6d should exit 4, got $rc"
+grep -q "cannot reach m6d" "$T/err" || fail "unreachable message: $(cat "$T/err")"
+rc=0; ctl watch "$R" --reconnect 0 >/dev/null 2>&1 || rc=$?
+[ "$rc" = 4 ] || fail "watch --reconnect 0 with no m6d should exit 4, got $rc"
 K=$(db "$T/term" "select step from runs where id=$R")
 [ "$K" -lt 120 ] || fail "run finished before SIGTERM; make the spec bigger"
 [ "$(db "$T/term" "select state from runs where id=$R")" = running ] || fail "state after SIGTERM"
 [ "$(db "$T/term" "select max(step) from checkpoints where run=$R")" = "$K" ] \
     || fail "no checkpoint at the SIGTERM step $K"
 db "$T/term" "select kind from events where run=$R" | grep -qx interrupted || fail "no interrupted event"
+sleep 1.2
 start_daemon "$T/term"
 ctl watch "$R" >/dev/null || fail "resumed run (SIGTERM) did not complete"
+wait "$WATCH_PID"
+[ "$(cat "$T/watch-term.rc")" = 0 ] || fail "watch across the restart exited $(cat "$T/watch-term.rc"): $(cat "$T/watch-term.err")"
+grep -q "m6d unreachable; retrying" "$T/watch-term.err" && grep -q "reconnected to m6d" "$T/watch-term.err" \
+    || fail "watch across the restart: $(cat "$T/watch-term.err")"
+grep -q "completed at step 120" "$T/watch-term.out" || fail "watch across the restart: $(tail -2 "$T/watch-term.out")"
 losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after SIGTERM at $K: $(head "$T/diff")"
 stop_daemon
 log "SIGTERM at step $K: same losses"

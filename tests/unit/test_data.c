@@ -257,6 +257,15 @@ static void test_token_out_of_vocab(void **state)
     token_set ts;
     assert_int_equal(token_set_open(&ts, p, 257, err, sizeof err), 0);
     token_set_close(&ts);
+    /* past the first read chunk (512 Ki tokens): the index is still right */
+    size_t nb = 1500000;
+    uint16_t *big = calloc(nb, sizeof *big);
+    assert_non_null(big);
+    big[1234567] = 999;
+    assert_int_equal(shard_write(p, big, nb, err, sizeof err), 0);
+    expect_open_error(p, 256, p, "token 999 at index 1234567 >= vocab_size 256");
+    free(big);
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
     /* a later shard's error names that shard, not the first one */
     char *g = good_shard(*state, "a.bin");
     char *pat = join(*state, "*.bin");
@@ -431,6 +440,13 @@ static void test_prepare_errors(void **state)
                                   sizeof err), -1);
     assert_contains(err, gzp);
     assert_contains(err, "gzip");
+    /* out was made by this call: it goes too */
+    struct stat sb;
+    assert_int_equal(stat(out, &sb), -1);
+    /* an existing out dir stays, emptied of this call's shards */
+    assert_int_equal(mkdir(out, 0755), 0);
+    assert_int_equal(data_prepare(out, in2, 2, 0.1, 1000, &st, NULL, NULL, err,
+                                  sizeof err), -1);
     DIR *d = opendir(out);
     assert_non_null(d);
     struct dirent *de;
