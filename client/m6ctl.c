@@ -47,6 +47,7 @@ static struct {
     int no_timeout;         /* submit: wait for the answer however long */
     int quiet;              /* don't print transport errors (watch retries) */
     size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
+    int plan_daemon;        /* plan --daemon: ask m6d */
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
@@ -429,13 +430,14 @@ static char *resolve_data_paths_(char *buf, const char *path)
     return out;
 }
 
-static int cmd_submit_(int argc, char **argv)
+/* A spec file (- for stdin) as text, with relative data globs made
+ * absolute; NULL with the error printed. */
+static char *read_spec_(const char *path)
 {
-    const char *path = argv[0];
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) {
         errf_("%s: %s", path, strerror(errno));
-        return EXIT_ERR;
+        return NULL;
     }
     size_t cap = 65536, n = 0;
     char *buf = malloc(cap + 1);
@@ -455,9 +457,16 @@ static int cmd_submit_(int argc, char **argv)
         }
     }
     if (f != stdin) fclose(f);
-    if (!buf) return EXIT_ERR;
+    if (!buf) return NULL;
     buf[n] = 0;
-    buf = resolve_data_paths_(buf, path);
+    return resolve_data_paths_(buf, path);
+}
+
+static int cmd_submit_(int argc, char **argv)
+{
+    const char *path = argv[0];
+    char *buf = read_spec_(path);
+    if (!buf) return EXIT_ERR;
     M6__Submit sub = M6__SUBMIT__INIT;
     g.no_timeout = 1;
     sub.spec_json = buf;
@@ -747,8 +756,36 @@ static int cmd_metrics_(int argc, char **argv)
 
 /* The memory plan is computed here from the spec, like m6d would at submit:
  * no daemon needed. */
+/* plan --daemon: m6d plans the spec and adds its own host checks. */
+static int plan_on_daemon_(const char *path)
+{
+    char *buf = read_spec_(path);
+    if (!buf) return EXIT_ERR;
+    M6__PlanQuery q = M6__PLAN_QUERY__INIT;
+    q.spec_json = buf;
+    q.device_memory = g.device_memory;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_PLAN;
+    rq.plan = &q;
+    M6__Response *resp = request_(&rq);
+    free(buf);
+    if (!resp) return EXIT_ERR;
+    if (resp->body_case != M6__RESPONSE__BODY_PLAN) {
+        errf_("m6d sent no plan");
+        m6__response__free_unpacked(resp, NULL);
+        return EXIT_ERR;
+    }
+    if (resp->plan->warning && *resp->plan->warning)
+        errf_("warning: %s", resp->plan->warning);
+    fputs(g.json ? resp->plan->plan_json : resp->plan->plan_text, stdout);
+    fflush(stdout);
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
 static int cmd_plan_(int argc, char **argv)
 {
+    if (g.plan_daemon) return plan_on_daemon_(argv[0]);
     run_spec spec;
     char err[1024];
     if (spec_load_file(&spec, argv[0], err, sizeof err) != 0) {
@@ -845,8 +882,9 @@ static const command commands_[] = {
     {"data", cmd_data_, 2, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
-    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE]",
-     "Memory plan of a spec (computed here, no daemon needed).\n"
+    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE] [--daemon]",
+     "Memory plan of a spec (computed here, no daemon needed; --daemon asks m6d,\n"
+     "which also checks its own host memory and pinned-memory limit).\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
      "step and the minimum budget with every slot offloaded."},
 };
@@ -879,7 +917,9 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_PLAN)
         fprintf(f, "  --device-memory SIZE\n"
                    "                    device memory budget, e.g. 8GiB (default: the\n"
-                   "                    spec's device.memory_budget)\n");
+                   "                    spec's device.memory_budget)\n"
+                   "  --daemon          let m6d plan it (its MemAvailable and\n"
+                   "                    RLIMIT_MEMLOCK, not this shell's)\n");
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
@@ -901,7 +941,7 @@ static int parse_double_(const char *opt, const char *s, double lo, double hi, d
 
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT };
+    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
     static const struct option opts[] = {
         {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
         {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -911,6 +951,7 @@ int main(int argc, char **argv)
         {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
         {"device-memory", required_argument, 0, O_DEVMEM},
         {"reconnect", required_argument, 0, O_RECONNECT},
+        {"daemon", no_argument, 0, O_DAEMON},
         {0, 0, 0, 0},
     };
     /* A daemon that stops mid-watch must give an error, not kill us. */
@@ -971,6 +1012,7 @@ int main(int argc, char **argv)
             g.shard_tokens = (long)v;
             break;
         }
+        case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
         case O_RECONNECT:
             ok = cmd->flags & F_WATCH;
             if (ok && parse_double_("--reconnect", optarg, 0, 86400, &g.reconnect) < 0) return EXIT_USAGE;

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "control/frame.h"
 #include "m6.pb-c.h"
+#include "offload/offload.h"
 #include "train/spec.h"
 
 #define SPEC_JSON_MAX (1u << 20)
@@ -396,11 +397,50 @@ static void do_metrics_(call *c, const M6__Request *rq)
     reply_(c, M6__STATUS__STATUS_OK, "%d rows", n);
 }
 
+/* The plan printed into an arena string (json 1: one JSON object). */
+static char *plan_string_(call *c, const offload_plan *plan, int json)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    offload_plan_print(f, plan, json);
+    fclose(f);
+    char *s = buf ? arena_strdup_(c->a, buf) : NULL;
+    free(buf);
+    return s;
+}
+
 static void do_plan_(call *c, const M6__Request *rq)
 {
-    (void)rq;
-    reply_(c, M6__STATUS__STATUS_UNIMPLEMENTED,
-           "plan is not implemented yet (reserved for the offload planner)");
+    const char *json = rq->plan->spec_json;
+    size_t len = json ? strlen(json) : 0;
+    if (len == 0)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "empty spec");
+    if (len > SPEC_JSON_MAX)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC,
+                      "spec is %zu bytes; the limit is %u", len, SPEC_JSON_MAX);
+    run_spec spec;
+    char err[1024], warn[512];
+    if (spec_parse(&spec, json, len, err, sizeof err) < 0)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "invalid spec: %s", err);
+    offload_plan plan;
+    if (offload_check(&spec, (size_t)rq->plan->device_memory, 0, &plan, warn,
+                      sizeof warn, err, sizeof err) != 0)
+        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "%s", err);
+    M6__PlanReply *pr = arena_alloc_(c->a, sizeof *pr);
+    if (pr) {
+        m6__plan_reply__init(pr);
+        pr->plan_json = plan_string_(c, &plan, 1);
+        pr->plan_text = plan_string_(c, &plan, 0);
+        pr->warning = arena_strdup_(c->a, warn);
+    }
+    offload_plan_free(&plan);
+    if (!pr || !pr->plan_json || !pr->plan_text || !pr->warning)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    c->resp->body_case = M6__RESPONSE__BODY_PLAN;
+    c->resp->plan = pr;
+    reply_(c, M6__STATUS__STATUS_OK, "%s", warn[0] ? warn : "ok");
 }
 
 /* The dispatch table: one entry per Request.body case. */

@@ -68,6 +68,18 @@ assert p["offloaded_slots"] == [] and p["h2d_bytes_per_step"] == 0, p
 ' || fail "plan --json"
 ctl plan "$T/spec.json" --device-memory 1KiB 2>"$T/err" && fail "plan with a 1 KiB budget should fail"
 grep -q "too small" "$T/err" || fail "plan budget error: $(cat "$T/err")"
+# m6d's plan (PlanQuery) is the local plan, table and JSON, with a budget too.
+for a in "" "--json" "--device-memory 1700KiB" "--json --device-memory 1700KiB"; do
+    ctl plan "$T/spec.json" $a >"$T/plan.local" || fail "plan $a"
+    ctl plan "$T/spec.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "plan $a --daemon: $(cat "$T/err")"
+    diff "$T/plan.local" "$T/plan.daemon" >"$T/diff" || fail "plan $a: m6d and m6ctl differ: $(head "$T/diff")"
+done
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["offloaded_slots"]' "$T/plan.daemon" \
+    || fail "a 1700 KiB budget offloaded nothing: $(cat "$T/plan.daemon")"
+ctl plan "$T/spec.json" --device-memory 1KiB --daemon 2>"$T/err" && fail "m6d plan with a 1 KiB budget should fail"
+grep -q "too small" "$T/err" || fail "m6d plan budget error: $(cat "$T/err")"
+ctl plan "$T/badkey.json" --daemon 2>"$T/err" && fail "m6d plan of a bad spec should fail"
+grep -q "n_lyer" "$T/err" || fail "m6d plan bad key: $(cat "$T/err")"
 
 [ "$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] \
     || fail "refused submits left rows"
