@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,14 +51,66 @@ void token_set_close(token_set *ts)
     memset(ts, 0, sizeof *ts);
 }
 
+/* Shards already scanned by this process, with their largest token id:
+ * m6d checks a spec's corpus at submit and again when the run starts (and
+ * at each restart of the trainer), so a large corpus is read once, not
+ * each time. The key is the file's identity and version (device, inode,
+ * size, mtime to the nanosecond): a shard rewritten since is read again. */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    unsigned max_token;
+} scanned_;
+enum { SCANNED_MAX = 4096 };
+static scanned_ scanned_tab_[SCANNED_MAX];
+static int scanned_n_, scanned_next_;
+static pthread_mutex_t scanned_mu_ = PTHREAD_MUTEX_INITIALIZER;
+
+static int same_file_(const scanned_ *e, const struct stat *st)
+{
+    return e->dev == st->st_dev && e->ino == st->st_ino &&
+           e->size == st->st_size && e->mtime.tv_sec == st->st_mtim.tv_sec &&
+           e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+}
+
+/* The largest token id of a shard scanned before, or -1. */
+static long scanned_max_(const struct stat *st)
+{
+    long mx = -1;
+    pthread_mutex_lock(&scanned_mu_);
+    for (int k = 0; k < scanned_n_; k++)
+        if (same_file_(&scanned_tab_[k], st)) mx = scanned_tab_[k].max_token;
+    pthread_mutex_unlock(&scanned_mu_);
+    return mx;
+}
+
+static void scanned_put_(const struct stat *st, unsigned max_token)
+{
+    pthread_mutex_lock(&scanned_mu_);
+    int k = 0;
+    while (k < scanned_n_ && !same_file_(&scanned_tab_[k], st)) k++;
+    if (k == scanned_n_) {  /* new: append, or replace round-robin */
+        if (scanned_n_ < SCANNED_MAX) k = scanned_n_++;
+        else k = scanned_next_++ % SCANNED_MAX;
+    }
+    scanned_tab_[k] = (scanned_){st->st_dev, st->st_ino, st->st_size,
+                                 st->st_mtim, max_token};
+    pthread_mutex_unlock(&scanned_mu_);
+}
+
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
  * rather than through the mapping: faulting a large mapping in holds the
  * process's mmap lock, which stalls m6d's other threads (the control
  * socket) whenever they grow their heaps, and read() is faster anyway. */
-static int check_token_range_(int fd, const char *path, size_t n,
-                              int vocab_size, char *err, size_t errlen)
+static int check_token_range_(int fd, const struct stat *st, const char *path,
+                              size_t n, int vocab_size, char *err,
+                              size_t errlen)
 {
     enum { CHUNK = 1 << 19 };  /* tokens per read */
+    long known = scanned_max_(st);
+    if (known >= 0 && known < vocab_size) return 0;
     uint16_t *buf = malloc(CHUNK * sizeof *buf);
     if (!buf) {
         seterr_(err, errlen, "%s: out of memory", path);
@@ -65,6 +118,7 @@ static int check_token_range_(int fd, const char *path, size_t n,
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     int rc = 0;
+    unsigned file_max = 0;
     for (size_t k0 = 0; k0 < n && rc == 0;) {
         size_t m = n - k0 < CHUNK ? n - k0 : CHUNK, got = 0;
         while (got < m * sizeof *buf) {
@@ -88,9 +142,11 @@ static int check_token_range_(int fd, const char *path, size_t n,
                     path, (unsigned)buf[j], k0 + j, vocab_size);
             rc = -1;
         }
+        file_max = mx > file_max ? mx : file_max;
         k0 += m;
     }
     free(buf);
+    if (rc == 0) scanned_put_(st, file_max);
     return rc;
 }
 
@@ -156,7 +212,7 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
         goto fail;
     }
     if (vocab_size < 65536 &&
-        check_token_range_(fd, path, n, vocab_size, err, errlen) != 0)
+        check_token_range_(fd, &st, path, n, vocab_size, err, errlen) != 0)
         goto fail;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;

@@ -30,6 +30,8 @@ typedef struct {
  * "no files match", "truncated: header says N tokens, file holds M",
  * "bad magic X (want 20240520)", "token 300 at index 17 >= vocab_size 256".
  * A set whose shards hold no tokens at all is an error too.
+ * A shard this process has scanned before (same device, inode, size and
+ * mtime) is not read again. Thread-safe.
  * Returns 0 or -1 with err filled (and *ts zeroed: token_set_close is safe). */
 int token_set_open(token_set *ts, const char *glob, int vocab_size,
                    char *err, size_t errlen);

@@ -10,11 +10,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -265,6 +267,26 @@ static void test_token_out_of_vocab(void **state)
     assert_int_equal(shard_write(p, big, nb, err, sizeof err), 0);
     expect_open_error(p, 256, p, "token 999 at index 1234567 >= vocab_size 256");
     free(big);
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
+    /* a shard checked once (and remembered as such) then changed in place
+     * -- same inode and size, new mtime -- is read again */
+    for (int i = 0; i < 40; i++) t[i] = (uint16_t)(i + 1);
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
+    assert_int_equal(token_set_open(&ts, p, 256, err, sizeof err), 0);
+    token_set_close(&ts);
+    struct stat before, after;
+    assert_int_equal(stat(p, &before), 0);
+    struct timespec pause_ = {0, 20 * 1000 * 1000};
+    nanosleep(&pause_, NULL);  /* a visibly newer mtime */
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    uint16_t bad = 4000;
+    assert_int_equal(pwrite(fd, &bad, 2, 1024 + 2 * 5), 2);
+    close(fd);
+    assert_int_equal(stat(p, &after), 0);
+    assert_true(after.st_ino == before.st_ino && after.st_size == before.st_size);
+    expect_open_error(p, 256, p, "token 4000 at index 5 >= vocab_size 256");
+    t[17] = 256;
     assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
     /* a later shard's error names that shard, not the first one */
     char *g = good_shard(*state, "a.bin");
