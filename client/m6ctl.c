@@ -53,14 +53,19 @@ static struct {
     long shard_tokens;
 } g = {.fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
+static void verrf_(const char *fmt, va_list ap)
+{
+    fputs("m6ctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 static void errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void errf_(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("m6ctl: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    verrf_(fmt, ap);
     va_end(ap);
 }
 
@@ -90,9 +95,7 @@ static void transport_fail_(const char *fmt, ...)
     if (!g.quiet) {
         va_list ap;
         va_start(ap, fmt);
-        fputs("m6ctl: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        verrf_(fmt, ap);
         va_end(ap);
     }
     g.transport_err = 1;

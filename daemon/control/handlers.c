@@ -262,18 +262,31 @@ static void do_hello_(call *c, const M6__Request *rq)
     reply_(c, M6__STATUS__STATUS_OK, "hello");
 }
 
+/* The spec text of a Submit or PlanQuery: its length, or -1 after
+ * replying (empty, or over SPEC_JSON_MAX). */
+static long spec_len_(call *c, const char *json)
+{
+    size_t len = json ? strlen(json) : 0;
+    if (len == 0) {
+        reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "empty spec");
+        return -1;
+    }
+    if (len > SPEC_JSON_MAX) {
+        reply_(c, M6__STATUS__STATUS_INVALID_SPEC,
+               "spec is %zu bytes; the limit is %u", len, SPEC_JSON_MAX);
+        return -1;
+    }
+    return (long)len;
+}
+
 static void do_submit_(call *c, const M6__Request *rq)
 {
     const char *json = rq->submit->spec_json;
-    size_t len = json ? strlen(json) : 0;
-    if (len == 0)
-        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "empty spec");
-    if (len > SPEC_JSON_MAX)
-        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC,
-                      "spec is %zu bytes; the limit is %u", len, SPEC_JSON_MAX);
+    long len = spec_len_(c, json);
+    if (len < 0) return;
     int64_t id;
     char name[256] = "", msg[2048];
-    coord_status st = coord_submit(c->h->co, json, len, &id, name, sizeof name,
+    coord_status st = coord_submit(c->h->co, json, (size_t)len, &id, name, sizeof name,
                                    msg, sizeof msg);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
@@ -414,15 +427,11 @@ static char *plan_string_(call *c, const offload_plan *plan, int json)
 static void do_plan_(call *c, const M6__Request *rq)
 {
     const char *json = rq->plan->spec_json;
-    size_t len = json ? strlen(json) : 0;
-    if (len == 0)
-        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "empty spec");
-    if (len > SPEC_JSON_MAX)
-        return reply_(c, M6__STATUS__STATUS_INVALID_SPEC,
-                      "spec is %zu bytes; the limit is %u", len, SPEC_JSON_MAX);
+    long len = spec_len_(c, json);
+    if (len < 0) return;
     run_spec spec;
     char err[1024], warn[512];
-    if (spec_parse(&spec, json, len, err, sizeof err) < 0)
+    if (spec_parse(&spec, json, (size_t)len, err, sizeof err) < 0)
         return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "invalid spec: %s", err);
     offload_plan plan;
     if (offload_check(&spec, (size_t)rq->plan->device_memory, 0, &plan, warn,
