@@ -125,6 +125,7 @@ static M6__Response *call_(const M6__Request *rq)
     frame_reader rd;
     frame_reader_init(&rd);
     M6__Response *resp = NULL;
+    int said_waiting = 0;
     uint8_t buf[65536];
     for (;;) {
         const uint8_t *payload;
@@ -138,6 +139,14 @@ static M6__Response *call_(const M6__Request *rq)
         if (fr == FRAME_TOO_LARGE) {
             errf_("response of %zu bytes exceeds the frame limit", plen);
             break;
+        }
+        if (g.no_timeout && !said_waiting) {
+            /* a submit of a large corpus: say why nothing happens yet */
+            struct pollfd pfd = {.fd = g.fd, .events = POLLIN};
+            if (poll(&pfd, 1, 2000) == 0 && !g.json)
+                fprintf(stderr, "m6ctl: m6d is checking every shard of the spec "
+                                "(header, size, token ids)...\n");
+            said_waiting = 1;
         }
         ssize_t r = read(g.fd, buf, sizeof buf);
         if (r < 0 && errno == EINTR) continue;

@@ -121,6 +121,9 @@ wait "$SUBMIT_PID"
 ms=$(( ($(cat "$T/huge.done") - t0) / 1000000 ))
 log "slow submit took $ms ms; $(tail -1 "$T/lat2.out")"
 [ "$ms" -gt 1000 ] || fail "the slow submit took only $ms ms: make the shard bigger"
+if [ "$ms" -gt 2500 ]; then
+    grep -q "checking every shard" "$T/huge.err" || fail "a slow submit said nothing: $(cat "$T/huge.err")"
+fi
 ctl stop "$(cat "$T/huge.id")" >/dev/null
 ctl stop "$B" >/dev/null
 stop_daemon
