@@ -61,7 +61,8 @@ static void usage_(FILE *f)
         "  --state-dir DIR    m6.db, runs/ and the socket (default $STATE_DIRECTORY,\n"
         "                     $XDG_STATE_HOME/m6 or ~/.local/state/m6)\n"
         "  --socket PATH      control socket (default STATE_DIR/m6d.sock)\n"
-        "  --threads N        CPU threads per run, 1..1024 (default: the spec's)\n"
+        "  --threads N        CPU threads for runs whose spec leaves device.threads\n"
+        "                     at 0, 1..1024 (default: OpenMP's, one per core)\n"
         "  --log-level L      debug|info|warn|error (default info)\n"
         "  --help, --version\n");
 }

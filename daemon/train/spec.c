@@ -96,11 +96,11 @@ static const key_ keys_[] = {
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX),
     INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX),
     ENUM("device", "backend", device.backend, backend_names_),
-    INT("device", "threads", device.threads, 0, INT_MAX),
+    INT("device", "threads", device.threads, 0, 1024),  /* 0: OpenMP default */
     { "device", "memory_budget", K_SIZE, OFF(device.memory_budget),
       sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL },
-    INT("offload", "prefetch", offload.prefetch, 1, INT_MAX),
-    INT("offload", "host_threads", offload.host_threads, 1, INT_MAX),
+    INT("offload", "prefetch", offload.prefetch, 1, 64),
+    INT("offload", "host_threads", offload.host_threads, 1, 256),
 };
 #define N_KEYS (sizeof keys_ / sizeof keys_[0])
 
