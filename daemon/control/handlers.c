@@ -286,8 +286,8 @@ static void do_submit_(call *c, const M6__Request *rq)
     if (len < 0) return;
     int64_t id;
     char name[256] = "", msg[2048];
-    coord_status st = coord_submit(c->h->co, json, (size_t)len, &id, name, sizeof name,
-                                   msg, sizeof msg);
+    coord_status st = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
+                                   name, sizeof name, msg, sizeof msg);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
     if (st != COORD_OK) {
@@ -482,6 +482,16 @@ static int body_present_(const M6__Request *rq)
 static uint8_t *pack_(const M6__Response *resp, size_t *outlen)
 {
     return frame_pack(&resp->base, outlen);
+}
+
+int handlers_is_slow(const uint8_t *payload, size_t len)
+{
+    M6__Request *rq = m6__request__unpack(NULL, len, payload);
+    if (!rq) return 0;
+    int slow = rq->body_case == M6__REQUEST__BODY_SUBMIT ||
+               rq->body_case == M6__REQUEST__BODY_PLAN;
+    m6__request__free_unpacked(rq, NULL);
+    return slow;
 }
 
 uint8_t *handlers_error_frame(int status, const char *message, size_t *outlen)

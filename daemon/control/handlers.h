@@ -21,6 +21,8 @@ typedef struct {
 /* Per-connection protocol state. */
 typedef struct {
     int hello_done;
+    int gone;  /* set (atomically) by the server when the connection closes
+                * or m6d stops: a submit still being checked is dropped */
 } session;
 
 /* Handle one frame payload. Runs on libuv's thread pool (server.c), so
@@ -32,6 +34,11 @@ typedef struct {
 int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
                       size_t len, uint8_t **out, size_t *outlen,
                       int *close_after);
+
+/* Whether a payload is a request that may take long (Submit reads the
+ * whole corpus; Plan) and so runs on the thread pool; the others are
+ * answered on the event loop at once. */
+int handlers_is_slow(const uint8_t *payload, size_t len);
 
 /* A reply frame carrying only a status and message (for framing errors
  * found before a payload exists, e.g. an oversized length). */

@@ -5,12 +5,15 @@
  * write request is freed in its callback whatever the status; every callback
  * checks whether its connection is closing.
  *
- * Requests run on libuv's thread pool (uv_queue_work), one at a time per
- * connection: while a request is in flight the connection stops reading, so
- * replies keep the order of requests, and a slow request (a submit that
- * scans a large corpus, a long metrics query) never holds up the event loop
- * or other connections. A connection closed while its request runs is
- * freed when the request's after-work callback has run.
+ * Requests are handled one at a time per connection, so replies keep the
+ * order of requests. Quick ones (status, list, pause, ...) are answered on
+ * the event loop at once; slow ones (a submit, which reads the whole corpus;
+ * plan) run on libuv's thread pool (uv_queue_work), so they never hold up
+ * the loop or other connections, and quick requests never wait for a pool
+ * thread. While a slow request runs, its connection keeps reading (up to
+ * one frame ahead) so that a client that goes away is noticed: the session
+ * is marked gone and a submit not yet queued is dropped. A connection closed
+ * while its request runs is freed by the request's after-work callback.
  */
 #include "control/server.h"
 
@@ -97,6 +100,7 @@ static void conn_close_(conn *c)
 {
     if (c->closing) return;
     c->closing = 1;
+    __atomic_store_n(&c->sess.gone, 1, __ATOMIC_RELEASE);
     if (c->prev) c->prev->next = c->next;
     else c->srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
@@ -213,60 +217,76 @@ static void after_work_(uv_work_t *w, int status)
         conn_close_(c);
         return;
     }
+    if (c->rep_close) conn_read_stop_(c);
     conn_send_(c, rep, c->rep_len, c->rep_close);
     if (!c->rep_close) conn_pump_(c);
 }
 
-/* Start the next complete frame on the thread pool, or read more. */
+/* Handle the complete frames buffered: quick ones here, in order, until a
+ * slow one goes to the thread pool; then read more. */
 static void conn_pump_(conn *c)
 {
-    if (c->busy || c->closing) return;
-    const uint8_t *payload;
-    size_t len;
-    frame_result fr = frame_reader_next(&c->rd, &payload, &len);
-    if (fr == FRAME_TOO_LARGE) {
-        char msg[160];
-        snprintf(msg, sizeof msg,
-                 "frame of %zu bytes refused: the limit is %u bytes", len,
-                 M6_FRAME_MAX);
-        log_warn("conn.oversize", "conn=%lu len=%zu", c->id, len);
-        conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
-        return;
-    }
-    if (fr == FRAME_NEED_MORE) {
-        if (!c->reading) {
-            int rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_);
-            if (rc < 0) {
-                log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
-                          uv_strerror(rc));
+    while (!c->busy && !c->closing) {
+        const uint8_t *payload;
+        size_t len;
+        frame_result fr = frame_reader_next(&c->rd, &payload, &len);
+        if (fr == FRAME_TOO_LARGE) {
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "frame of %zu bytes refused: the limit is %u bytes", len,
+                     M6_FRAME_MAX);
+            log_warn("conn.oversize", "conn=%lu len=%zu", c->id, len);
+            conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
+            return;
+        }
+        if (fr == FRAME_NEED_MORE) break;
+        if (!handlers_is_slow(payload, len)) {
+            uint8_t *out;
+            size_t outlen;
+            int close_after = 0;
+            if (handlers_dispatch(c->handlers, &c->sess, payload, len, &out,
+                                  &outlen, &close_after) < 0) {
                 conn_close_(c);
                 return;
             }
-            c->reading = 1;
+            if (close_after) conn_read_stop_(c);
+            conn_send_(c, out, outlen, close_after);
+            if (close_after) return;
+            continue;
         }
-        return;
+        /* A slow request: copy the payload (the reader's buffer moves on
+         * the next feed) and dispatch it on the thread pool. */
+        c->req = malloc(len ? len : 1);
+        if (!c->req) {
+            conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+            return;
+        }
+        memcpy(c->req, payload, len);
+        c->req_len = len;
+        c->busy = 1;
+        c->work.data = c;
+        int rc = uv_queue_work(c->pipe.loop, &c->work, work_, after_work_);
+        if (rc < 0) {
+            c->busy = 0;
+            free(c->req);
+            c->req = NULL;
+            log_warn("conn.queue_error", "conn=%lu err=\"%s\"", c->id,
+                     uv_strerror(rc));
+            conn_close_(c);
+            return;
+        }
     }
-    /* FRAME_OK: copy the payload (the reader's buffer moves on the next
-     * feed), stop reading until the reply is queued, dispatch off-loop. */
-    c->req = malloc(len ? len : 1);
-    if (!c->req) {
-        conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
-        return;
-    }
-    memcpy(c->req, payload, len);
-    c->req_len = len;
-    conn_read_stop_(c);
-    c->busy = 1;
-    c->work.data = c;
-    int rc = uv_queue_work(c->pipe.loop, &c->work, work_, after_work_);
+    if (c->closing || c->reading) return;
+    if (c->busy && frame_reader_pending(&c->rd) > M6_FRAME_HDR + M6_FRAME_MAX)
+        return;  /* enough buffered until the slow request is done */
+    int rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_);
     if (rc < 0) {
-        c->busy = 0;
-        free(c->req);
-        c->req = NULL;
-        log_warn("conn.queue_error", "conn=%lu err=\"%s\"", c->id,
-                 uv_strerror(rc));
+        log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
+                  uv_strerror(rc));
         conn_close_(c);
+        return;
     }
+    c->reading = 1;
 }
 
 static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
@@ -285,6 +305,10 @@ static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
         goto out;
     }
+    /* Busy with a slow request: read on only to notice EOF, not to buffer
+     * a pipelining client's frames without bound. */
+    if (c->busy && frame_reader_pending(&c->rd) > M6_FRAME_HDR + M6_FRAME_MAX)
+        conn_read_stop_(c);
     conn_pump_(c);
 out:
     free(buf->base);

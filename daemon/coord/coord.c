@@ -746,8 +746,9 @@ void coord_fini(coord *c)
 
 /* ---------------------------------------------------------------- commands */
 
-coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
-                          char *name, size_t namelen, char *msg, size_t msglen)
+coord_status coord_submit(coord *c, const char *json, size_t len,
+                          const int *cancel, int64_t *id, char *name,
+                          size_t namelen, char *msg, size_t msglen)
 {
     run_spec spec;
     char err[1024];
@@ -759,6 +760,12 @@ coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
     if (trainer_check_spec(&spec, err, sizeof err) != 0) {
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;
+    }
+    if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
+        log_info("run.submit_dropped", "name=%s reason=\"the client disconnected "
+                 "or m6d is stopping before the spec was checked\"", spec.name);
+        snprintf(msg, msglen, "submit cancelled: nothing queued");
+        return COORD_CANCELLED;
     }
     /* --threads is folded into the stored spec, so a restart with other
      * flags still loads this run's checkpoints (the spec hash is stable). */

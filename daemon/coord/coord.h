@@ -8,9 +8,10 @@
  * lives here and nowhere else: delink before the step that would take the
  * run past spec.pseudo.steps, or at the next boundary after `m6ctl delink`.
  *
- * Threads: coord_submit/coord_command/coord_eta are called from the libuv
- * loop and never wait on a training step (they take a mutex held only for
- * flag updates), so the control socket answers mid-step.
+ * Threads: coord_submit/coord_command/coord_eta are called from the control
+ * server's threads (libuv's loop and thread pool) and never wait on a
+ * training step (they take a mutex held only for flag updates), so the
+ * control socket answers mid-step.
  */
 #ifndef M6_COORD_H
 #define M6_COORD_H
@@ -34,6 +35,7 @@ typedef enum {
     COORD_BAD_STATE,
     COORD_INVALID,   /* bad spec or data; message names the key */
     COORD_INTERNAL,
+    COORD_CANCELLED, /* the submitter went away before the run was queued */
 } coord_status;
 
 typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } coord_cmd;
@@ -49,10 +51,14 @@ void coord_request_shutdown(coord *c);
 /* Request shutdown, join the worker, free. */
 void coord_fini(coord *c);
 
-/* Validate and enqueue a spec (JSON text). *id and *name on success; msg
+/* Validate and enqueue a spec (JSON text). Validation reads every shard
+ * (seconds for a large corpus); when *cancel (may be NULL; read atomically)
+ * is set by then -- the client disconnected, m6d is stopping -- nothing is
+ * queued and COORD_CANCELLED is returned. *id and *name on success; msg
  * says why not (naming the spec key or the data glob). */
-coord_status coord_submit(coord *c, const char *json, size_t len, int64_t *id,
-                          char *name, size_t namelen, char *msg, size_t msglen);
+coord_status coord_submit(coord *c, const char *json, size_t len,
+                          const int *cancel, int64_t *id, char *name,
+                          size_t namelen, char *msg, size_t msglen);
 
 /* Operator command; takes effect at the next step boundary. msg says what
  * happened or why not. */

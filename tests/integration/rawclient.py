@@ -129,68 +129,70 @@ def call(s, payload):
     return recv_response(s)
 
 
-# Garbage payload in a well-formed frame: BAD_REQUEST, then closed.
-s = connect()
-st, msg = call(s, b"\xff\xff\xff\xff\x0f\x07garbage")
-check(st == BAD_REQUEST and "malformed" in msg, "garbage frame -> BAD_REQUEST (%r)" % msg)
-expect_closed(s, "garbage frame")
+def protocol_checks():
+    # Garbage payload in a well-formed frame: BAD_REQUEST, then closed.
+    s = connect()
+    st, msg = call(s, b"\xff\xff\xff\xff\x0f\x07garbage")
+    check(st == BAD_REQUEST and "malformed" in msg, "garbage frame -> BAD_REQUEST (%r)" % msg)
+    expect_closed(s, "garbage frame")
 
-# Oversized length: TOO_LARGE before any payload is read, then closed.
-s = connect()
-s.sendall(struct.pack(">I", 0x7FFFFFF0) + b"xx")
-st, msg = recv_response(s)
-check(st == TOO_LARGE and "limit" in msg, "oversized length -> TOO_LARGE (%r)" % msg)
-expect_closed(s, "oversized length")
+    # Oversized length: TOO_LARGE before any payload is read, then closed.
+    s = connect()
+    s.sendall(struct.pack(">I", 0x7FFFFFF0) + b"xx")
+    st, msg = recv_response(s)
+    check(st == TOO_LARGE and "limit" in msg, "oversized length -> TOO_LARGE (%r)" % msg)
+    expect_closed(s, "oversized length")
 
-# Exactly one byte over 16 MiB is refused too.
-s = connect()
-s.sendall(struct.pack(">I", 16 * 1024 * 1024 + 1))
-st, msg = recv_response(s)
-check(st == TOO_LARGE, "16 MiB + 1 -> TOO_LARGE")
-expect_closed(s, "16 MiB + 1")
+    # Exactly one byte over 16 MiB is refused too.
+    s = connect()
+    s.sendall(struct.pack(">I", 16 * 1024 * 1024 + 1))
+    st, msg = recv_response(s)
+    check(st == TOO_LARGE, "16 MiB + 1 -> TOO_LARGE")
+    expect_closed(s, "16 MiB + 1")
 
-# Bad protocol version: a clean "bad version" reply, then closed.
-s = connect()
-st, msg = call(s, hello(99))
-check(st == BAD_VERSION and "bad version" in msg, "hello v99 -> BAD_VERSION (%r)" % msg)
-expect_closed(s, "bad version")
+    # Bad protocol version: a clean "bad version" reply, then closed.
+    s = connect()
+    st, msg = call(s, hello(99))
+    check(st == BAD_VERSION and "bad version" in msg, "hello v99 -> BAD_VERSION (%r)" % msg)
+    expect_closed(s, "bad version")
 
-# A request before Hello: NEED_HELLO; the connection stays usable.
-s = connect()
-st, msg = call(s, list_req())
-check(st == NEED_HELLO, "list before hello -> NEED_HELLO (%r)" % msg)
-st, msg = call(s, hello())
-check(st == OK, "hello after NEED_HELLO -> OK")
+    # A request before Hello: NEED_HELLO; the connection stays usable.
+    s = connect()
+    st, msg = call(s, list_req())
+    check(st == NEED_HELLO, "list before hello -> NEED_HELLO (%r)" % msg)
+    st, msg = call(s, hello())
+    check(st == OK, "hello after NEED_HELLO -> OK")
 
-# Unknown request type (field 99 of Request): UNKNOWN_REQUEST, stays open.
-st, msg = call(s, field_varint(99, 1))
-check(st == UNKNOWN_REQUEST and "unknown request" in msg, "field 99 -> UNKNOWN_REQUEST (%r)" % msg)
-# An empty Request (no oneof member) likewise.
-st, msg = call(s, b"")
-check(st == UNKNOWN_REQUEST, "empty request -> UNKNOWN_REQUEST")
+    # Unknown request type (field 99 of Request): UNKNOWN_REQUEST, stays open.
+    st, msg = call(s, field_varint(99, 1))
+    check(st == UNKNOWN_REQUEST and "unknown request" in msg, "field 99 -> UNKNOWN_REQUEST (%r)" % msg)
+    # An empty Request (no oneof member) likewise.
+    st, msg = call(s, b"")
+    check(st == UNKNOWN_REQUEST, "empty request -> UNKNOWN_REQUEST")
 
-# Unknown run id: NOT_FOUND naming the id.
-st, msg = call(s, status_req(987654))
-check(st == NOT_FOUND and "987654" in msg, "unknown run -> NOT_FOUND (%r)" % msg)
+    # Unknown run id: NOT_FOUND naming the id.
+    st, msg = call(s, status_req(987654))
+    check(st == NOT_FOUND and "987654" in msg, "unknown run -> NOT_FOUND (%r)" % msg)
 
-# A frame split into single bytes, and two frames in one write.
-data = frame(list_req()) + frame(status_req(987654))
-for b in data[:5]:
-    s.send(bytes([b]))
-    time.sleep(0.01)
-s.sendall(data[5:])
-st1, _ = recv_response(s)
-st2, _ = recv_response(s)
-check(st1 == OK and st2 == NOT_FOUND, "split and coalesced frames")
-s.close()
+    # A frame split into single bytes, and two frames in one write.
+    data = frame(list_req()) + frame(status_req(987654))
+    for b in data[:5]:
+        s.send(bytes([b]))
+        time.sleep(0.01)
+    s.sendall(data[5:])
+    st1, _ = recv_response(s)
+    st2, _ = recv_response(s)
+    check(st1 == OK and st2 == NOT_FOUND, "split and coalesced frames")
+    s.close()
+
 
 # Latency mid-step: connect + hello + status, every 20 ms for ~1.5 s: the
-# worst must be under 100 ms. Given DONE_FILE, until that file exists (a
-# slow submit has returned): the machine then also runs a multi-second
-# corpus scan, so on 2 shared cores the bound is on the 95th percentile
-# (100 ms) and the worst (1 s); a socket blocked by the scan would answer
-# only when it ends, seconds later.
-if LATENCY_RUN:
+# worst must be under 100 ms. Given DONE_FILE, until that file exists (slow
+# submits have returned): the cores are then also busy with multi-second
+# corpus scans, so the bound is on the 95th percentile (100 ms) and the
+# worst (500 ms); a socket blocked by a scan answers only when it ends,
+# seconds later.
+def latency():
     times = []
     while (not os.path.exists(DONE_FILE) or len(times) < 10) if DONE_FILE else len(times) < 75:
         t0 = time.monotonic()
@@ -205,4 +207,12 @@ if LATENCY_RUN:
     worst, p95 = times[-1], times[int(0.95 * (len(times) - 1))]
     what = "control socket answers mid-step: p95 %.1f ms, worst %.1f ms of %d" % (
         p95 * 1e3, worst * 1e3, len(times))
-    check(p95 < 0.1 and worst < 1.0, what) if DONE_FILE else check(worst < 0.1, what)
+    check(p95 < 0.1 and worst < 0.5, what) if DONE_FILE else check(worst < 0.1, what)
+
+
+# With DONE_FILE only the latency is probed, from the start: the protocol
+# checks' own requests would otherwise wait out a blocked socket untimed.
+if not DONE_FILE:
+    protocol_checks()
+if LATENCY_RUN:
+    latency()
