@@ -45,6 +45,7 @@ static struct {
     double reconnect;       /* watch: seconds to retry an unreachable m6d */
     int transport_err;      /* the last failure was the connection's */
     int no_timeout;         /* submit: wait for the answer however long */
+    int bar_open;           /* watch's progress line awaits its newline */
     int quiet;              /* don't print transport errors (watch retries) */
     size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
     int plan_daemon;        /* plan --daemon: ask m6d */
@@ -53,8 +54,18 @@ static struct {
     long shard_tokens;
 } g = {.fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
+/* End watch's progress line (a tty's \r-redrawn bar), if one is open. */
+static void end_bar_(void)
+{
+    if (!g.bar_open) return;
+    fputc('\n', stdout);
+    fflush(stdout);
+    g.bar_open = 0;
+}
+
 static void verrf_(const char *fmt, va_list ap)
 {
+    end_bar_();
     fputs("m6ctl: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
@@ -573,22 +584,32 @@ static int terminal_(M6__RunState s)
            s == M6__RUN_STATE__RUN_STATE_STOPPED;
 }
 
+static void watch_sigint_(int sig)
+{
+    (void)sig;
+    if (write(STDOUT_FILENO, "\n", 1) < 0) _exit(130);  /* leave the bar's line */
+    _exit(130);
+}
+
 static int cmd_watch_(int argc, char **argv)
 {
     int tty = isatty(STDOUT_FILENO) && !g.json;
+    if (tty) signal(SIGINT, watch_sigint_);
     long last_step = -1;
     int last_phase = -1;
     M6__RunState last_state = M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
     double last_print = 0, last_val = NAN;
     int last_phase_seen = -1;
     double lost_at = -1;  /* when m6d became unreachable; -1: reachable */
+    double created = -1;  /* the watched run's identity: creation time... */
+    char name[256] = "";  /* ...and name (ids restart in a new state dir) */
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
         if (!resp && g.transport_err) {
             /* m6d restarting (systemd, an upgrade): keep trying. */
             if (lost_at < 0) {
                 lost_at = clock_mono_s();
-                if (tty) fputc('\n', stdout);
+                end_bar_();
                 if (g.reconnect > 0)
                     errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)",
                           g.reconnect);
@@ -603,7 +624,19 @@ static int cmd_watch_(int argc, char **argv)
             return EXIT_UNREACHABLE;
         }
         if (!resp) {
-            if (tty) fputc('\n', stdout);
+            end_bar_();
+            return EXIT_ERR;
+        }
+        const M6__RunInfo *r = resp->run;
+        if (created < 0) {
+            created = r->created;
+            snprintf(name, sizeof name, "%s", r->name ? r->name : "");
+        } else if (r->created != created || strcmp(name, r->name ? r->name : "") != 0) {
+            end_bar_();
+            errf_("run %lld on this m6d is another run (\"%s\", created %.0f) than the "
+                  "one watched (\"%s\", created %.0f): was m6d restarted on another "
+                  "state directory?", (long long)r->id, r->name, r->created, name, created);
+            m6__response__free_unpacked(resp, NULL);
             return EXIT_ERR;
         }
         if (lost_at >= 0) {
@@ -611,11 +644,10 @@ static int cmd_watch_(int argc, char **argv)
             lost_at = -1;
             g.quiet = 0;
         }
-        const M6__RunInfo *r = resp->run;
         /* Report the delink once: as it happens, or on attach if it already
          * happened (a fast run may pass it before watch starts). */
         if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0) {
-            if (tty) fputc('\n', stdout);
+            end_bar_();
             if (g.json) {
                 json_t *o = json_object();
                 json_object_set_new(o, "event", json_string("delink"));
@@ -627,6 +659,12 @@ static int cmd_watch_(int argc, char **argv)
             } else {
                 printf("delinked at step %lld\n", (long long)r->delink_step);
             }
+        }
+        if (last_step >= 0 && r->step < last_step) {
+            end_bar_();
+            printf("m6d resumed run %lld from its checkpoint at step %lld; steps "
+                   "%lld..%ld are redone\n", (long long)r->id, (long long)r->step,
+                   (long long)r->step + 1, last_step);
         }
         last_phase = r->phase == M6__PHASE__PHASE_REAL;
         int changed = r->step != last_step || r->state != last_state;
@@ -651,6 +689,7 @@ static int cmd_watch_(int argc, char **argv)
                    (long long)r->step, (long long)r->total_steps, state_color_(r->state),
                    state_str_(r->state), RESET_, phase_str_(r->phase), tl, vl,
                    r->tokens_per_s, eta);
+            g.bar_open = 1;
         } else if (changed && (r->state != last_state || (int)r->phase != last_phase_seen ||
                                !same_loss_(r->val_loss, last_val) || terminal_(r->state) ||
                                clock_mono_s() - last_print >= 10.0)) {
@@ -668,7 +707,7 @@ static int cmd_watch_(int argc, char **argv)
         last_state = r->state;
         if (terminal_(r->state)) {
             M6__RunState s = r->state;
-            if (tty) fputc('\n', stdout);
+            end_bar_();
             if (!g.json) {
                 printf("run %lld %s at step %lld", (long long)r->id, state_str_(s),
                        (long long)r->step);

@@ -135,4 +135,22 @@ db "$T/op" "select detail from events where run=$R and kind='delink'" | grep -q 
     || fail "no replayed delink: $(db "$T/op" "select kind, detail from events where run=$R")"
 stop_daemon
 log "operator delink at $P replayed after kill -9 at $K"
+
+# 6. watch must not take another m6d's run 1 for its own: the socket it
+#    watches on comes back served from another state dir (ids restart).
+start_daemon "$T/w"
+R=$(ctl submit "$T/ref.json")
+wait_step "$R" 5
+(rc=0; ctl watch "$R" --interval 0.05 >"$T/watch-w.out" 2>"$T/watch-w.err" || rc=$?
+ echo "$rc" >"$T/watch-w.rc") &
+WATCH_PID=$!
+sleep 0.3
+WSOCK=$SOCK
+stop_daemon
+start_daemon "$T/ref"   # its run 1: the completed reference run
+ln -sf "$SOCK" "$WSOCK"
+wait "$WATCH_PID"
+[ "$(cat "$T/watch-w.rc")" = 1 ] || fail "watch took another m6d's run for its own: rc $(cat "$T/watch-w.rc"), $(tail -2 "$T/watch-w.out")"
+grep -q "is another run" "$T/watch-w.err" || fail "watch, other m6d: $(cat "$T/watch-w.err")"
+stop_daemon
 echo "ok restart"
