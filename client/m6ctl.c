@@ -862,6 +862,14 @@ static void progress_(const char *file, size_t bytes, void *ud)
     fprintf(stderr, "  [%zu] %s (%zu bytes)\n", *count, file, bytes);
 }
 
+static volatile sig_atomic_t prepare_signal_seen_;
+
+static void prepare_signal_(int sig)
+{
+    prepare_signal_seen_ = sig;
+    data_prepare_interrupt();
+}
+
 static int cmd_data_(int argc, char **argv)
 {
     if (strcmp(argv[0], "prepare") != 0) {
@@ -880,9 +888,20 @@ static int cmd_data_(int argc, char **argv)
     size_t count = 0;
     char err[1024];
     fprintf(stderr, "preparing shards in %s (val fraction %.3g)\n", g.out_dir, g.val_fraction);
+    /* Ctrl-C or SIGTERM: stop and remove this run's shards (no partial
+     * corpus left for a train_*.bin glob to pick up). */
+    struct sigaction sa = {.sa_handler = prepare_signal_};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     if (data_prepare(g.out_dir, (const char *const *)argv + 1, argc - 1, g.val_fraction,
                      (size_t)g.shard_tokens, &st, progress_, &count, err, sizeof err) < 0) {
         errf_("%s", err);
+        if (prepare_signal_seen_) {
+            errf_("stopped by signal %d; the shards written so far were removed",
+                  (int)prepare_signal_seen_);
+            return 128 + (int)prepare_signal_seen_;
+        }
         return EXIT_ERR;
     }
     if (g.json) {

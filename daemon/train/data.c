@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -760,6 +761,10 @@ static void stream_discard_(stream_ *s)
 /* ------------------------------------------------------------------------ */
 
 /* mkdir -p; *created says whether dir itself was made here. */
+static volatile sig_atomic_t prepare_interrupted_;
+
+void data_prepare_interrupt(void) { prepare_interrupted_ = 1; }
+
 static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
 {
     *created = 0;
@@ -868,6 +873,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
                 val_fraction);
         return -1;
     }
+    prepare_interrupted_ = 0;
     if (shard_tokens == 0) shard_tokens = DEFAULT_SHARD_TOKENS;
     if (shard_tokens > (size_t)INT32_MAX) shard_tokens = (size_t)INT32_MAX;
 
@@ -916,6 +922,12 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
         if (reader_open_(&r, path, err, errlen) != 0) { rc = -1; break; }
         size_t done = 0;
         for (;;) {
+            if (prepare_interrupted_) {
+                seterr_(err, errlen, "data prepare: interrupted while reading %s",
+                        path);
+                rc = -1;
+                break;
+            }
             long k = reader_read_(&r, buf, buflen, err, errlen);
             if (k < 0) { rc = -1; break; }
             if (k == 0) break;

@@ -76,4 +76,10 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
                  void (*progress)(const char *file, size_t bytes, void *ud),
                  void *ud, char *err, size_t errlen);
 
+/* Make a data_prepare running in this process stop at its next 1 MiB read:
+ * it fails with "interrupted" and removes its shards, as on any error.
+ * Async-signal-safe: meant for SIGINT/SIGTERM handlers (m6ctl). Sticky
+ * until data_prepare's next call. */
+void data_prepare_interrupt(void);
+
 #endif /* M6_DATA_H */

@@ -432,6 +432,12 @@ static void test_prepare_tree(void **state)
     free(in); free(sub); free(out); free(out2);
 }
 
+static void interrupt_after_first(const char *file, size_t bytes, void *ud)
+{
+    (void)file; (void)bytes; (void)ud;
+    data_prepare_interrupt();
+}
+
 static void test_prepare_errors(void **state)
 {
     const char *dir = *state;
@@ -485,6 +491,20 @@ static void test_prepare_errors(void **state)
                                   sizeof err), -1);
     assert_contains(err, "no text");
     assert_int_equal(st.skipped, 1);
+
+    /* interrupted (as by m6ctl's SIGINT handler) after the first file: the
+     * shards written so far go, and the out dir this call made */
+    char *good2 = join(dir, "c.txt"), *out3 = join(dir, "out3");
+    write_file(good2, t, n);
+    const char *in5[2] = { good, good2 };
+    assert_int_equal(data_prepare(out3, in5, 2, 0.1, 1000, &st, interrupt_after_first,
+                                  NULL, err, sizeof err), -1);
+    assert_contains(err, "interrupted");
+    assert_int_equal(stat(out3, &sb), -1);
+    /* the next call starts afresh */
+    assert_int_equal(data_prepare(out3, in5, 2, 0.1, 1000, &st, NULL, NULL, err,
+                                  sizeof err), 0);
+    free(good2); free(out3);
 
     /* bad fraction */
     const char *in4[1] = { good };
