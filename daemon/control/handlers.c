@@ -321,8 +321,14 @@ static void do_list_(call *c, const M6__Request *rq)
     M6__RunInfo **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
     if (!rl || !v) goto oom;
     m6__run_list__init(rl);
-    for (int i = 0; i < n; i++)
-        if (!(v[i] = run_info_(c, &rows[i], NULL))) goto oom;
+    for (int i = 0; i < n; i++) {
+        /* the spec (pseudo_steps, budget) as status has it */
+        run_row full;
+        int have = state_run_get(c->h->st, rows[i].id, &full) == 0;
+        v[i] = run_info_(c, &rows[i], have ? full.spec : NULL);
+        if (have) run_row_clear(&full);
+        if (!v[i]) goto oom;
+    }
     rl->n_runs = (size_t)n;
     rl->runs = v;
     free(rows);

@@ -80,6 +80,12 @@ for k in ("id","name","state","phase","step","total_steps","train_loss","val_los
     assert k in runs[0], k
 assert [r["state"] for r in runs] == ["stopped", "completed"], runs
 ' || fail "list --json"
+# list and status describe a finished run alike, field for field
+for id in "$A" "$B"; do
+    ctl list --json | python3 -c 'import json,sys; r=[r for r in json.load(sys.stdin) if r["id"]==int(sys.argv[1])][0]; print(json.dumps(r, sort_keys=True))' "$id" >"$T/l.json"
+    ctl status "$id" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin), sort_keys=True))' >"$T/s.json"
+    diff "$T/l.json" "$T/s.json" >"$T/diff" || fail "list and status differ for run $id: $(cat "$T/diff")"
+done
 
 touch "$T/stop-reader"; wait "$READER"
 if [ -s "$T/reader.err" ]; then fail "concurrent reader: $(sort -u "$T/reader.err" | head -3)"; fi
