@@ -171,8 +171,11 @@ enum { OFFLOAD_REQUIRE_PINNED = 1 };
 /* Preflight at submit. Plans the spec (both phases) and checks that the
  * host side can be had:
  *  - the plan fits the budget (else offload_plan_for_spec's error);
- *  - host memory: the pinned host bytes of the Real phase must not exceed
- *    MemAvailable ("host memory: offloading needs X, only Y available");
+ *  - host memory: on the CPU backend, everything (the plan's peak device
+ *    bytes, which are host memory there, plus offloaded slots) must not
+ *    exceed MemAvailable ("host memory: training needs X ..., only Y
+ *    available"); on CUDA, the pinned host bytes of the Real phase
+ *    ("host memory: offloading needs X, only Y available");
  *  - pinning: when the host bytes exceed what this process may lock
  *    (offload_pin_limit), it is an error under OFFLOAD_REQUIRE_PINNED
  *    (naming RLIMIT_MEMLOCK, the bytes, and LimitMEMLOCK=/ulimit -l), and

@@ -345,6 +345,18 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
         return -1;
     size_t need = p.host_bytes; /* the Real phase needs the most */
     char a[64], b[64];
+    /* On the CPU backend the "device" is host memory too. */
+    size_t cpu = p.backend == BACKEND_CPU ? p.peak_device_bytes : 0;
+    size_t avail = cpu > 0 ? mem_available_() : SIZE_MAX;
+    if (avail != SIZE_MAX && cpu + need > avail) {
+        snprintf(err, errlen,
+                 "host memory: training needs %s (parameters, gradients, AdamW "
+                 "moments and activations; `m6ctl plan` itemises them), only %s "
+                 "available", fmt_bytes_(a, sizeof a, cpu + need),
+                 fmt_bytes_(b, sizeof b, avail));
+        offload_plan_free(&p);
+        return -1;
+    }
     if (need > 0) {
         size_t avail = mem_available_();
         if (avail != SIZE_MAX && need > avail) {

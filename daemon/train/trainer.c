@@ -110,12 +110,13 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
         return -1;
     token_set_close(&ts);
     char e2[768];
-    /* the memory plan must fit; pinning failure is only a warning here
-     * (the host pool says so again when it allocates) */
+    /* the memory plan must fit (the budget, and host memory: all of it on
+     * the CPU backend); pinning failure is only a warning here (the host
+     * pool says so again when it allocates) */
     char warn[512];
-    if (spec->device.memory_budget > 0 &&
-        offload_check(spec, 0, 0, NULL, warn, sizeof warn, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "device.memory_budget: %s", e2);
+    if (offload_check(spec, 0, 0, NULL, warn, sizeof warn, e2, sizeof e2) != 0) {
+        snprintf(err, errlen, "%s%s",
+                 spec->device.memory_budget > 0 ? "device.memory_budget: " : "", e2);
         return -1;
     }
     return 0;
