@@ -479,6 +479,11 @@ static char *read_spec_(const char *path)
             buf = nb;
         }
     }
+    if (buf && ferror(f)) {
+        errf_("%s: %s", path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    }
     if (f != stdin) fclose(f);
     if (!buf) return NULL;
     buf[n] = 0;
@@ -941,8 +946,9 @@ static const command commands_[] = {
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
-     "Follow a run until it ends (exit 0 completed, 1 failed, 3 stopped,\n"
-     "4 m6d unreachable for longer than --reconnect)."},
+     "Follow a run until it ends; rides out m6d restarts.\n"
+     "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
+     "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON, "RUN", "Pause at the next step boundary (checkpoints)."},
     {"resume", cmd_resume_, 1, 1, F_JSON, "RUN", "Resume a paused run."},
     {"delink", cmd_delink_, 1, 1, F_JSON, "RUN",
@@ -953,8 +959,9 @@ static const command commands_[] = {
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
     {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE] [--daemon]",
-     "Memory plan of a spec (computed here, no daemon needed; --daemon asks m6d,\n"
-     "which also checks its own host memory and pinned-memory limit).\n"
+     "Memory plan of a spec: what is resident, what is offloaded.\n"
+     "Computed here, no daemon needed; --daemon asks m6d, which also checks\n"
+     "its own host memory and pinned-memory limit.\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
      "step and the minimum budget with every slot offloaded."},
 };
@@ -971,8 +978,10 @@ static void usage_(FILE *f)
     }
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
                "default of m6d. 'm6ctl COMMAND --help' for details.\n"
-               "Exit status: 0 ok, 1 refused by m6d (its message on stderr) or run failed,\n"
-               "2 usage, 3 watched run stopped, 4 m6d unreachable.\n");
+               "Options for every command: --socket PATH, --no-color (or NO_COLOR=1),\n"
+               "--help. Exit status: 0 ok; 1 error (refused by m6d, or a local failure;\n"
+               "the message is on stderr) or the watched run failed; 2 usage; 3 the\n"
+               "watched run was stopped; 4 m6d unreachable.\n");
 }
 
 static void command_usage_(FILE *f, const command *c)
@@ -1024,6 +1033,7 @@ int main(int argc, char **argv)
         {"daemon", no_argument, 0, O_DAEMON},
         {0, 0, 0, 0},
     };
+    argv[0] = (char *)"m6ctl";  /* getopt's own messages */
     /* A daemon that stops mid-watch must give an error, not kill us. */
     signal(SIGPIPE, SIG_IGN);
     int nocolor = getenv("NO_COLOR") != NULL;

@@ -52,6 +52,18 @@ void token_set_close(token_set *ts)
     memset(ts, 0, sizeof *ts);
 }
 
+/* The directory a glob could not read, and why (glob's errfunc has no user
+ * pointer: per thread). */
+static __thread char glob_failed_path_[1024];
+static __thread int glob_failed_errno_;
+
+static int glob_error_(const char *path, int eerrno)
+{
+    snprintf(glob_failed_path_, sizeof glob_failed_path_, "%s", path);
+    glob_failed_errno_ = eerrno;
+    return 1;  /* stop: GLOB_ERR semantics */
+}
+
 /* Shards already scanned by this process, with their largest token id:
  * m6d checks a spec's corpus at submit and again when the run starts (and
  * at each restart of the trainer), so a large corpus is read once, not
@@ -245,15 +257,23 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
     }
     glob_t g;
     memset(&g, 0, sizeof g);
-    int rc = glob(pattern, GLOB_ERR, NULL, &g);  /* results sorted by name */
-    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-        seterr_(err, errlen, "no files match '%s'", pattern);
+    glob_failed_path_[0] = 0;
+    int rc = glob(pattern, GLOB_ERR, glob_error_, &g);  /* sorted by name */
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0) ||
+        (rc == GLOB_ABORTED && glob_failed_errno_ == ENOENT)) {
+        seterr_(err, errlen, "no files match '%s'%s%s%s", pattern,
+                glob_failed_path_[0] ? " (no directory " : "",
+                glob_failed_path_, glob_failed_path_[0] ? ")" : "");
         globfree(&g);
         return -1;
     }
     if (rc != 0) {
-        seterr_(err, errlen, "'%s': glob failed (%s)", pattern,
-                rc == GLOB_NOSPACE ? "out of memory" : "read error");
+        if (rc == GLOB_ABORTED && glob_failed_path_[0])
+            seterr_(err, errlen, "'%s': cannot read directory %s: %s", pattern,
+                    glob_failed_path_, strerror(glob_failed_errno_));
+        else
+            seterr_(err, errlen, "'%s': glob failed (%s)", pattern,
+                    rc == GLOB_NOSPACE ? "out of memory" : "read error");
         globfree(&g);
         return -1;
     }
@@ -513,10 +533,18 @@ static int cmp_name_(const void *a, const void *b)
 
 /* Add path (following symlinks): a regular file once per inode, a directory
  * walked in byte order of names. */
-static int collect_(file_list_ *fl, const char *path, char *err, size_t errlen)
+/* depth 0: a path the user named (must exist); deeper: found in a walk,
+ * where a dangling symlink is skipped and counted. */
+static int collect_(file_list_ *fl, const char *path, int depth, char *err,
+                    size_t errlen)
 {
-    struct stat st;
+    struct stat st, lst;
     if (stat(path, &st) != 0) {
+        if (depth > 0 && errno == ENOENT && lstat(path, &lst) == 0 &&
+            S_ISLNK(lst.st_mode)) {
+            fl->skipped++;  /* a dangling symlink */
+            return 0;
+        }
         seterr_(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
@@ -591,7 +619,7 @@ static int collect_(file_list_ *fl, const char *path, char *err, size_t errlen)
                 break;
             }
             snprintf(child, len, "%s%s%s", path, has_slash ? "" : "/", names[k]);
-            rc = collect_(fl, child, err, errlen);
+            rc = collect_(fl, child, depth + 1, err, errlen);
             free(child);
         }
     }
@@ -647,6 +675,17 @@ static void reader_close_(reader_ *r)
 }
 
 /* Read up to n bytes, fewer only at end of file. Returns bytes or -1. */
+/* zlib prefixes its messages with the stream's name, "<fd:3>" for gzdopen:
+ * drop it (we name the file ourselves). */
+static const char *gz_message_(const char *msg)
+{
+    if (msg && msg[0] == '<') {
+        const char *p = strstr(msg, ">: ");
+        if (p) return p + 3;
+    }
+    return msg;
+}
+
 static long reader_read_(reader_ *r, unsigned char *buf, size_t n, char *err,
                          size_t errlen)
 {
@@ -657,7 +696,7 @@ static long reader_read_(reader_ *r, unsigned char *buf, size_t n, char *err,
             int k = gzread(r->gz, buf + got, (unsigned)want);
             if (k < 0) {
                 int zerr;
-                const char *msg = gzerror(r->gz, &zerr);
+                const char *msg = gz_message_(gzerror(r->gz, &zerr));
                 seterr_(err, errlen, "%s: gzip: %s", r->path,
                         zerr == Z_ERRNO ? strerror(errno) : msg);
                 return -1;
@@ -665,7 +704,7 @@ static long reader_read_(reader_ *r, unsigned char *buf, size_t n, char *err,
             if (k == 0) {
                 /* gzread reports a truncated stream as EOF plus an error */
                 int zerr;
-                const char *msg = gzerror(r->gz, &zerr);
+                const char *msg = gz_message_(gzerror(r->gz, &zerr));
                 if (zerr != Z_OK && zerr != Z_STREAM_END) {
                     seterr_(err, errlen, "%s: gzip: %s", r->path, msg);
                     return -1;
@@ -880,7 +919,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     file_list_ fl;
     memset(&fl, 0, sizeof fl);
     for (int i = 0; i < n_inputs; i++)
-        if (collect_(&fl, inputs[i], err, errlen) != 0) {
+        if (collect_(&fl, inputs[i], 0, err, errlen) != 0) {
             file_list_free_(&fl);
             return -1;
         }

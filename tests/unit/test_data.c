@@ -302,6 +302,38 @@ static void test_empty_glob(void **state)
     snprintf(want, sizeof want, "no files match '%s'", pat);
     expect_open_error(pat, 256, pat, want);
     free(pat);
+    /* under a directory that does not exist: still "no files match" */
+    pat = join(*state, "missing_dir/*.bin");
+    snprintf(want, sizeof want, "no files match '%s'", pat);
+    expect_open_error(pat, 256, pat, want);
+    free(pat);
+}
+
+/* A dangling symlink met in a directory walk is skipped and counted; one
+ * named on the command line is an error. */
+static void test_prepare_dangling_link(void **state)
+{
+    const char *dir = *state;
+    char err[512];
+    prepare_stats st;
+    char *in = join(dir, "in"), *txt = join(dir, "in/a.txt"),
+         *link = join(dir, "in/gone.txt"), *out = join(dir, "out");
+    assert_int_equal(mkdir(in, 0755), 0);
+    size_t n = 20000;
+    unsigned char *t = make_text(n, 3);
+    write_file(txt, t, n);
+    assert_int_equal(symlink("/nonexistent/m6-target", link), 0);
+    const char *inputs[1] = { in };
+    assert_int_equal(data_prepare(out, inputs, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), 0);
+    assert_int_equal(st.files, 1);
+    assert_int_equal(st.skipped, 1);
+    char *out2 = join(dir, "out2");
+    const char *direct[1] = { link };
+    assert_int_equal(data_prepare(out2, direct, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, link);
+    free(in); free(txt); free(link); free(out); free(out2); free(t);
 }
 
 static void test_shard_write_error(void **state)
@@ -585,6 +617,7 @@ int main(void)
         T(test_shard_write_error),
         T(test_prepare_tree),
         T(test_prepare_errors),
+        T(test_prepare_dangling_link),
         T(test_prepare_fortunes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
