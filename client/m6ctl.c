@@ -82,7 +82,9 @@ static void errf_(const char *fmt, ...)
 
 /* ------------------------------------------------------------------ client */
 
-enum { RECV_TIMEOUT_S = 60 };  /* longest wait for an answer (not submit) */
+/* Longest wait for an answer (not for submit): m6d answers in milliseconds
+ * even mid-step, so silence this long means a hung or stopped m6d. */
+enum { RECV_TIMEOUT_S = 15 };
 
 static int write_all_(int fd, const uint8_t *p, size_t n)
 {
