@@ -292,7 +292,7 @@ int main(int argc, char **argv)
     uv_run(&g.loop, UV_RUN_DEFAULT);
 
     notify_("STOPPING=1\nSTATUS=finishing the current step");
-    log_info("daemon.stopping", "waiting_for=current step");
+    log_info("daemon.stopping", "waiting_for=\"the running step (if any) and requests in flight\"");
     rc = 0;
     server_fini(g.srv);
     g.srv = NULL;
