@@ -195,8 +195,7 @@ static int connect_(void)
                         "M6_SOCKET choose another socket)", g.socket, strerror(errno));
         return -1;
     }
-    /* A submit checks its whole corpus before answering: no time limit. */
-    struct timeval tv = {.tv_sec = g.no_timeout ? 0 : RECV_TIMEOUT_S};
+    struct timeval tv = {.tv_sec = RECV_TIMEOUT_S};
     setsockopt(g.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     M6__Hello hello = M6__HELLO__INIT;
     hello.protocol_version = M6_PROTOCOL_VERSION;
@@ -497,8 +496,16 @@ static int cmd_submit_(int argc, char **argv)
     const char *path = argv[0];
     char *buf = read_spec_(path);
     if (!buf) return EXIT_ERR;
-    M6__Submit sub = M6__SUBMIT__INIT;
+    /* Hello with the usual time limit (a hung m6d is reported), then wait
+     * for the answer to the submit however long the corpus check takes. */
+    if (g.fd < 0 && connect_() < 0) {
+        free(buf);
+        return EXIT_ERR;
+    }
     g.no_timeout = 1;
+    struct timeval forever = {0, 0};
+    setsockopt(g.fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
+    M6__Submit sub = M6__SUBMIT__INIT;
     sub.spec_json = buf;
     sub.origin = (char *)path;
     M6__Request rq = M6__REQUEST__INIT;
@@ -668,10 +675,22 @@ static int cmd_watch_(int argc, char **argv)
             }
         }
         if (last_step >= 0 && r->step < last_step) {
+            /* m6d restarted and resumed from a checkpoint before last_step */
             end_bar_();
-            printf("m6d resumed run %lld from its checkpoint at step %lld; steps "
-                   "%lld..%ld are redone\n", (long long)r->id, (long long)r->step,
-                   (long long)r->step + 1, last_step);
+            if (g.json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "event", json_string("resumed"));
+                json_object_set_new(o, "last_seen_step", json_integer(last_step));
+                json_object_set_new(o, "step", json_integer(r->step));
+                char *js = json_dumps(o, JSON_COMPACT);
+                puts(js);
+                free(js);
+                json_decref(o);
+            } else {
+                printf("m6d resumed run %lld from an earlier checkpoint: the step went "
+                       "back from %ld to %lld, and the steps after the checkpoint are "
+                       "redone\n", (long long)r->id, last_step, (long long)r->step);
+            }
         }
         last_phase = r->phase == M6__PHASE__PHASE_REAL;
         int changed = r->step != last_step || r->state != last_state;
@@ -901,6 +920,7 @@ static int cmd_data_(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);  /* a closed terminal or ssh session */
     if (data_prepare(g.out_dir, (const char *const *)argv + 1, argc - 1, g.val_fraction,
                      (size_t)g.shard_tokens, &st, progress_, &count, err, sizeof err) < 0) {
         errf_("%s", err);
@@ -957,7 +977,7 @@ static const command commands_[] = {
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
     {"stop", cmd_stop_, 1, 1, F_JSON, "RUN", "Stop a run (checkpoints) or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_CSV, "RUN", "Loss curve, one row per step."},
-    {"data", cmd_data_, 2, -1, F_JSON | F_PREPARE,
+    {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
     {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE] [--daemon]",
@@ -1057,6 +1077,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind >= argc) {
+        if (!help) errf_("no command given");
         usage_(help ? stdout : stderr);
         return help ? EXIT_OK : EXIT_USAGE;
     }
@@ -1070,6 +1091,7 @@ int main(int argc, char **argv)
     /* Pass 2: the command's options, anywhere among its arguments. */
     int cargc = argc - optind;
     char **cargv = argv + optind;
+    cargv[0] = (char *)"m6ctl";  /* getopt's messages name m6ctl */
     optind = 0;  /* glibc: 0 re-initialises getopt for the new argv */
     while ((ch = getopt_long(cargc, cargv, "h", opts, NULL)) != -1) {
         int ok = 1;

@@ -444,6 +444,8 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         fail_run_(c, id, "spec", err);
         return;
     }
+    log_info("run.setup", "run=%lld (opening the data, building the model)",
+             (long long)id);
     r.t = trainer_create(&r.spec, err, sizeof err);
     if (!r.t) {
         fail_run_(c, id, "trainer_create", err);

@@ -540,9 +540,9 @@ static int collect_(file_list_ *fl, const char *path, int depth, char *err,
 {
     struct stat st, lst;
     if (stat(path, &st) != 0) {
-        if (depth > 0 && errno == ENOENT && lstat(path, &lst) == 0 &&
-            S_ISLNK(lst.st_mode)) {
-            fl->skipped++;  /* a dangling symlink */
+        if (depth > 0 && (errno == ENOENT || errno == ELOOP) &&
+            lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+            fl->skipped++;  /* a dangling symlink, or a loop of them */
             return 0;
         }
         seterr_(err, errlen, "%s: %s", path, strerror(errno));

@@ -137,8 +137,11 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     }
     /* OpenMP threads run the kernels; each GEMM block runs single-threaded
      * OpenBLAS inside them (kernels/cpu/matmul.c). */
-    if (spec->device.threads > 0)
-        omp_set_num_threads(spec->device.threads);
+    /* The spec's count, else OpenMP's default (OMP_NUM_THREADS or one per
+     * core), never more than 1024: libgomp crashes the process when it
+     * cannot create the threads it was told to. */
+    int nt = spec->device.threads > 0 ? spec->device.threads : omp_get_max_threads();
+    omp_set_num_threads(nt > 1024 ? 1024 : nt);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
     if (open_split_(&t->train, "data.train", spec->data.train, spec, err,
