@@ -8,7 +8,6 @@
 
 prepare_data "$T/data"
 write_spec "$T/spec.json" proto 150 75
-export M6_STUB_STEP_MS=15
 
 start_daemon "$T/quiet"
 Q=$(ctl submit "$T/spec.json")
@@ -89,7 +88,7 @@ grep -q "n_lyer" "$T/err" || fail "m6d plan bad key: $(cat "$T/err")"
 ctl watch "$R" >/dev/null || fail "the run did not complete after the bad input"
 losses "$R" | diff "$T/quiet.csv" - >"$T/diff" || fail "losses changed: $(head "$T/diff")"
 
-# Latency: a big step (the stub sleeps; the real engine gets a bigger model).
+# Latency: a big step (a bigger model).
 write_spec "$T/big.json" big 4 0
 python3 - "$T/big.json" <<'PY'
 import json, sys
@@ -98,7 +97,7 @@ s["model"].update(n_layer=4, n_embd=256, n_head=4, seq_len=256); s["train"]["bat
 json.dump(s, open(p, "w"))
 PY
 stop_daemon
-M6_STUB_STEP_MS=600 start_daemon "$T/s"
+start_daemon "$T/s"
 B=$(ctl submit "$T/big.json")
 wait_state "$B" running
 python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" >"$T/lat.out" 2>&1 || fail "latency: $(cat "$T/lat.out")"
