@@ -598,6 +598,32 @@ static int terminal_(M6__RunState s)
            s == M6__RUN_STATE__RUN_STATE_STOPPED;
 }
 
+/* A watch event: one JSON line {"event", "step"[, "last_seen_step"]}
+ * with --json (last_seen < 0: none), else the printf-formatted text. */
+static void print_event_(const char *event, long long step, long last_seen,
+                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void print_event_(const char *event, long long step, long last_seen,
+                         const char *fmt, ...)
+{
+    end_bar_();
+    if (g.json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "event", json_string(event));
+        json_object_set_new(o, "step", json_integer(step));
+        if (last_seen >= 0)
+            json_object_set_new(o, "last_seen_step", json_integer(last_seen));
+        char *js = json_dumps(o, JSON_COMPACT);
+        puts(js);
+        free(js);
+        json_decref(o);
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
 static void watch_sigint_(int sig)
 {
     (void)sig;
@@ -661,36 +687,15 @@ static int cmd_watch_(int argc, char **argv)
         /* Report the delink once: as it happens, or on attach if it already
          * happened (a fast run may pass it before watch starts). */
         if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0) {
-            end_bar_();
-            if (g.json) {
-                json_t *o = json_object();
-                json_object_set_new(o, "event", json_string("delink"));
-                json_object_set_new(o, "step", json_integer(r->delink_step));
-                char *s = json_dumps(o, JSON_COMPACT);
-                puts(s);
-                free(s);
-                json_decref(o);
-            } else {
-                printf("delinked at step %lld\n", (long long)r->delink_step);
-            }
+            print_event_("delink", r->delink_step, -1,
+                         "delinked at step %lld\n", (long long)r->delink_step);
         }
         if (last_step >= 0 && r->step < last_step) {
             /* m6d restarted and resumed from a checkpoint before last_step */
-            end_bar_();
-            if (g.json) {
-                json_t *o = json_object();
-                json_object_set_new(o, "event", json_string("resumed"));
-                json_object_set_new(o, "last_seen_step", json_integer(last_step));
-                json_object_set_new(o, "step", json_integer(r->step));
-                char *js = json_dumps(o, JSON_COMPACT);
-                puts(js);
-                free(js);
-                json_decref(o);
-            } else {
-                printf("m6d resumed run %lld from an earlier checkpoint: the step went "
-                       "back from %ld to %lld, and the steps after the checkpoint are "
-                       "redone\n", (long long)r->id, last_step, (long long)r->step);
-            }
+            print_event_("resumed", r->step, last_step,
+                         "m6d resumed run %lld from an earlier checkpoint: the step went "
+                         "back from %ld to %lld, and the steps after the checkpoint are "
+                         "redone\n", (long long)r->id, last_step, (long long)r->step);
         }
         last_phase = r->phase == M6__PHASE__PHASE_REAL;
         int changed = r->step != last_step || r->state != last_state;

@@ -17,6 +17,15 @@ json.dump(s, open(p, "w"), indent=1)
 PY
 }
 
+# watch_bg NAME RUN: m6ctl watch in the background (WATCH_PID), output in
+# $T/watch-NAME.{out,err}, exit status in $T/watch-NAME.rc.
+watch_bg() {
+    (rc=0; ctl watch "$2" --interval 0.05 >"$T/watch-$1.out" 2>"$T/watch-$1.err" || rc=$?
+     echo "$rc" >"$T/watch-$1.rc") &
+    WATCH_PID=$!
+    sleep 0.3
+}
+
 # 1. The reference: uninterrupted.
 spec "$T/ref.json" ref
 start_daemon "$T/ref"
@@ -32,10 +41,7 @@ start_daemon "$T/term"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 15
 # A watch started now rides out the restart (m6ctl watch --reconnect).
-(rc=0; ctl watch "$R" --interval 0.05 >"$T/watch-term.out" 2>"$T/watch-term.err" || rc=$?
- echo "$rc" >"$T/watch-term.rc") &
-WATCH_PID=$!
-sleep 0.3
+watch_bg term "$R"
 stop_daemon
 rc=0; ctl list >/dev/null 2>"$T/err" || rc=$?
 [ "$rc" = 4 ] || fail "m6ctl with no m6d should exit 4, got $rc"
@@ -139,10 +145,7 @@ log "operator delink at $P replayed after kill -9 at $K"
 start_daemon "$T/w"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 5
-(rc=0; ctl watch "$R" --interval 0.05 >"$T/watch-w.out" 2>"$T/watch-w.err" || rc=$?
- echo "$rc" >"$T/watch-w.rc") &
-WATCH_PID=$!
-sleep 0.3
+watch_bg w "$R"
 WSOCK=$SOCK
 stop_daemon
 start_daemon "$T/ref"   # its run 1: the completed reference run
