@@ -102,7 +102,7 @@ if ! compgen -G "$T/ck/runs/$R/checkpoints/*.tmp-*" >/dev/null; then
     C=$(db "$T/ck" "select max(step) from checkpoints where run=$R")
     mkdir -p "$T/ck/runs/$R/checkpoints/step-$((C + 10)).tmp-4242"
     head -c 100 /dev/urandom >"$T/ck/runs/$R/checkpoints/step-$((C + 10)).tmp-4242/model.safetensors"
-    db "$T/ck" "update runs set state='running' where id=$R"
+    sqlite3 -cmd '.timeout 5000' "$T/ck/m6.db" "update runs set state='running' where id=$R"
     log "checkpoint write not caught; planted a partial one"
 fi
 compgen -G "$T/ck/runs/$R/checkpoints/*.tmp-*" >/dev/null || fail "no partial checkpoint to test with"
