@@ -55,7 +55,7 @@ struct server {
 struct conn {
     uv_pipe_t pipe;       /* first: handle <-> conn */
     server *srv;
-    handlers_ctx *handlers;
+    handlers_ctx *handlers;  /* srv's, kept here: the pool thread uses it */
     unsigned long id;
     frame_reader rd;
     session sess;
@@ -276,9 +276,14 @@ static void conn_pump_(conn *c)
             return;
         }
     }
-    if (c->closing || c->reading) return;
-    if (c->busy && frame_reader_pending(&c->rd) > M6_FRAME_HDR + M6_FRAME_MAX)
-        return;  /* enough buffered until the slow request is done */
+    if (c->closing) return;
+    /* Busy with a slow request: read on only to notice EOF, not to buffer
+     * a pipelining client's frames without bound. */
+    if (c->busy && frame_reader_pending(&c->rd) > M6_FRAME_HDR + M6_FRAME_MAX) {
+        conn_read_stop_(c);
+        return;
+    }
+    if (c->reading) return;
     int rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_);
     if (rc < 0) {
         log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
@@ -305,10 +310,6 @@ static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
         goto out;
     }
-    /* Busy with a slow request: read on only to notice EOF, not to buffer
-     * a pipelining client's frames without bound. */
-    if (c->busy && frame_reader_pending(&c->rd) > M6_FRAME_HDR + M6_FRAME_MAX)
-        conn_read_stop_(c);
     conn_pump_(c);
 out:
     free(buf->base);
