@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_args.h"
 #include "bench_util.h"
 #include "model/gpt.h"
 
@@ -32,25 +33,15 @@ int main(int argc, char **argv)
                       .n_embd = 384, .seq_len = 64};
     int B = 4, steps = 20, warmup = 3, threads = 0, S = 0, peak_n = 2048;
     static const struct option opts[] = {
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},
-        {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"vocab", 1, 0, 'V'},
-        {"share", 1, 0, 'S'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
-        {"threads", 1, 0, 't'}, {"peak-n", 1, 0, 'p'}, {"help", 0, 0, 'h'},
+        BENCH_SHAPE_OPTIONS,
+        {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (bench_shape_option(o, optarg, &c, &B, &S, &steps, &warmup, &peak_n))
+            continue;
         switch (o) {
-        case 'L': c.n_layer = atoi(optarg); break;
-        case 'C': c.n_embd = atoi(optarg); break;
-        case 'H': c.n_head = atoi(optarg); break;
-        case 'T': c.seq_len = atoi(optarg); break;
-        case 'B': B = atoi(optarg); break;
-        case 'V': c.vocab_size = atoi(optarg); break;
-        case 'S': S = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
         case 't': threads = atoi(optarg); break;
-        case 'p': peak_n = atoi(optarg); break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }

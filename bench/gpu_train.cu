@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_args.h"
 #include "cuda_check.h"
 #include "gpt_cuda.h"
 #include "kernels_cuda.h"
@@ -81,25 +82,15 @@ int main(int argc, char **argv)
     model_config c = {50257, 12, 12, 768, 1024};
     int B = 32, accum = 1, S = 0, steps = 10, warmup = 3, peak_n = 8192;
     static const struct option opts[] = {
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},
-        {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"vocab", 1, 0, 'V'},
-        {"accum", 1, 0, 'a'}, {"share", 1, 0, 'S'}, {"steps", 1, 0, 'n'},
-        {"warmup", 1, 0, 'w'}, {"peak-n", 1, 0, 'p'}, {"help", 0, 0, 'h'},
+        BENCH_SHAPE_OPTIONS,
+        {"accum", 1, 0, 'a'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (bench_shape_option(o, optarg, &c, &B, &S, &steps, &warmup, &peak_n))
+            continue;
         switch (o) {
-        case 'L': c.n_layer = atoi(optarg); break;
-        case 'C': c.n_embd = atoi(optarg); break;
-        case 'H': c.n_head = atoi(optarg); break;
-        case 'T': c.seq_len = atoi(optarg); break;
-        case 'B': B = atoi(optarg); break;
-        case 'V': c.vocab_size = atoi(optarg); break;
         case 'a': accum = atoi(optarg); break;
-        case 'S': S = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
-        case 'p': peak_n = atoi(optarg); break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
