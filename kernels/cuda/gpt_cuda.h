@@ -107,8 +107,95 @@ float gpt_cuda_last_grad_norm(gpt_cuda *g);
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
                     const int *src_of, int reset_moments);
 
-/* Wait for all queued work. */
+/* Wait for all queued work: the compute and copy streams and, when
+ * offloading, every host job (gradient accumulation, AdamW). Call before
+ * reading or writing state from the host. */
 void gpt_cuda_synchronize(gpt_cuda *g);
+
+/* ------------------------------------------------------------ offloading
+ * Granular CPU offloading (M6-10T, DESIGN.md section 1; issue #5). Slots
+ * [0, n_resident) live on the device as above. Each slot s >= n_resident
+ * lives on the host:
+ *   fp32 master weights, AdamW m and v, and the step's gradient
+ *     accumulator: ordinary host memory, 16 bytes per parameter;
+ *   its bf16 working copy (source of the host->device fetch) and a bf16
+ *     gradient landing buffer (target of the device->host drain): pinned
+ *     with cudaHostAlloc, one chunk per slot (4 bytes per parameter), or
+ *     pageable with one warning on stderr when pinning fails.
+ * The device holds globals + resident slots (bf16 params and grads, fp32
+ * master, m, v) and n_staging staging buffers of one slot each (bf16
+ * weights + bf16 gradient).
+ *
+ * A pass over the layers (forward positions 0..L-1, backward L..2L-1) is
+ * cut into intervals: maximal runs of adjacent positions using the same
+ * offloaded slot. Interval j is fetched into staging buffer j % n_staging
+ * on a copy stream as soon as that buffer's previous interval is issued,
+ * so fetches run up to n_staging - 1 intervals ahead of compute; the
+ * compute stream waits on an event only when a fetch is late. An interval
+ * with backward positions starts from a zero gradient and its gradient is
+ * drained to the host after its last kernel; a host thread then adds it,
+ * in fp32, to the slot's accumulator (a resident slot accumulates
+ * microbatches in bf16 on the device, so the two agree to bf16 rounding,
+ * not bitwise). AdamW of an offloaded slot runs on the host threads in
+ * fp32 (the formula of kernels.h, as adamw.cu) and writes the bf16 working
+ * copy; the slot's next fetch waits for it. Without clipping
+ * (max_norm <= 0 at gpt_cuda_step_begin) the update starts as soon as the
+ * slot's gradient is final in gpt_cuda_train_microbatch(last = 1), so it
+ * overlaps the rest of backward and the next forward over resident slots.
+ *
+ * Offloaded slots are a suffix of the stack: in backward the last layers'
+ * gradients are final first and in the next forward their weights are
+ * needed last, which gives their host update the most time to hide. */
+typedef struct {
+    int n_resident;     /* slots [0, n_resident) on the device; >= S: all */
+    int n_staging;      /* staging buffers (offload.prefetch), >= 1 */
+    int host_threads;   /* host threads for accumulation and AdamW, >= 1 */
+} gpt_cuda_offload;
+
+/* As gpt_cuda_create with the state placed by *off (NULL: all resident;
+ * the host threads and staging buffers are only made when off is given,
+ * so a later reslot may offload). NULL on failure (message on stderr). */
+gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
+                                  const gpt_cuda_offload *off);
+
+/* As gpt_cuda_reslot, the new state placed with slots [0, n_resident)
+ * resident (>= new_S: all). Needs a model made by gpt_cuda_create_offload
+ * when n_resident < new_S. -1 (old state kept) when memory runs out. */
+int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
+                           const int *src_of, int reset_moments,
+                           int n_resident);
+
+/* Start an optimizer step: zero the gradients (device and host) and note
+ * the hyperparameters for early host updates (used only when
+ * max_norm <= 0; the step's gpt_cuda_adamw must then get the same ones). */
+void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, float max_norm);
+
+/* One training microbatch: forward and backward in one pass, so that the
+ * last layer's slot is fetched once for both, accumulating the gradient of
+ * loss_scale * sum(losses). last = 1 on the step's last microbatch (lets
+ * offloaded slots' gradients be final, and their early updates start,
+ * during backward). Returns the mean loss; waits for the compute stream,
+ * not for the host jobs. Equivalent to gpt_cuda_forward + backward. */
+float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
+                                const int32_t *targets, int B,
+                                float loss_scale, int last);
+
+typedef struct {
+    int n_slots, n_resident, n_offloaded, n_staging;
+    size_t device_bytes;     /* planned device allocations: params, grads,
+                              * optimizer state, activations, staging */
+    size_t staging_bytes;    /* of which staging buffers */
+    size_t host_bytes;       /* host memory of offloaded slots */
+    size_t pinned_bytes;     /* of which page-locked */
+    uint64_t h2d_bytes, d2h_bytes;   /* since creation */
+    double h2d_s, d2h_s;     /* copy stream busy time (event timing) */
+    double stall_s;          /* compute stream waiting for fetches */
+    double accum_s, adam_s;  /* host thread busy time, all threads */
+} gpt_cuda_offload_stats;
+
+/* Statistics (times of copies still in flight are not yet counted). */
+void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st);
 
 #ifdef __cplusplus
 }
