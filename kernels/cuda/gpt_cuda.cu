@@ -1,69 +1,14 @@
 /*
  * gpt_cuda.cu — the GPT model on one GPU (gpt_cuda.h): layout, memory plan,
  * device init, forward, backward, AdamW with device-side clipping, reslot.
- * It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
+ * Offloaded slots (gpt_cuda_offload.cu) enter only through off_*: a pass
+ * asks for the staging buffer of each position whose slot is offloaded,
+ * and the state functions read and write host slots directly. It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
  * wires the CPU ops, so the two can be compared step by step.
  */
-#include "gpt_cuda.h"
-
 #include <math.h>
 #include <string.h>
-#include "common.cuh"
-
-#define PAD 16      /* elements: region padding, as gpt.c */
-#define VPAD 128    /* vocabulary padding */
-
-enum {
-    SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
-    SLOT_ATTPROJ_B, SLOT_LN2_W, SLOT_LN2_B, SLOT_FC_W, SLOT_FC_B,
-    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NT
-};
-enum { GLOB_WTE, GLOB_WPE, GLOB_LNF_W, GLOB_LNF_B, GLOB_NT };
-
-typedef struct {
-    size_t off, numel;
-    int two_d;          /* weight decay applies; random init */
-} tensor_;
-
-/* Activations (bf16 unless marked f32), per-layer ones (L, B, T, ...) */
-typedef struct {
-    bf16 *encoded;                      /* (B,T,C) */
-    bf16 *ln1, *qkv, *atty, *res2;      /* (L,B,T,C|3C|C|C) */
-    bf16 *ln2, *fch, *fchg, *res3;      /* (L,B,T,C|4C|4C|C) */
-    bf16 *lnf;                          /* (B,T,C) */
-    bf16 *logits;                       /* (B,T,Vp); dlogits in place */
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  /* f32 (L,B,T) */
-    float *lnf_mean, *lnf_rstd;         /* f32 (B,T) */
-    float *lse;                         /* f32 (L,B,NH,T) */
-    float *losses, *dlosses;            /* f32 (B,T) */
-    bf16 *dres, *dln, *datty, *dlnf;    /* (B,T,C) */
-    bf16 *dqkv;                         /* (B,T,3C) */
-    bf16 *dfch, *dfchg;                 /* (B,T,4C) */
-    float *scratch;                     /* f32 op workspace */
-    float *red;                         /* f32 sumsq partials + scalars */
-    int32_t *inp, *tgt, *plan;          /* (B,T), (B,T), encoder plan */
-} acts_;
-
-/* scalars at the end of red */
-enum { RED_LOSS, RED_SUMSQ, RED_SCALE, RED_NSCALARS };
-
-struct gpt_cuda {
-    model_config cfg;
-    int S, Vp, B, T;
-    int *slot_of;                       /* [L] */
-    size_t n_global, slot_size, n_params, n_global_cpu;
-    tensor_ glob[GLOB_NT], slot[SLOT_NT];
-    bf16 *params, *grads;               /* (n_params) each */
-    float *opt, *master, *m, *v;        /* opt = master | m | v */
-    long adam_t_global, *adam_t_slot;   /* [S] */
-    acts_ a;
-    void *act_mem;
-    size_t act_bytes;
-    int32_t *h_inp, *h_tgt, *h_plan;    /* pinned staging */
-    float *h_out;                       /* pinned: loss, sumsq */
-    int nseg;
-    cudaStream_t stream;
-};
+#include "gpt_cuda_impl.cuh"
 
 static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
 
@@ -104,10 +49,11 @@ static void layout_(gpt_cuda *g)
 
 /* ------------------------------------------------------------- memory */
 
-static int alloc_state_(gpt_cuda *g, int S, bf16 **params, bf16 **grads,
-                        float **opt, long **t_slot)
+/* Device state for globals + n_res resident slots, step counts for S. */
+static int alloc_state_(gpt_cuda *g, int S, int n_res, bf16 **params,
+                        bf16 **grads, float **opt, long **t_slot)
 {
-    size_t n = g->n_global + (size_t)S * g->slot_size;
+    size_t n = g->n_global + (size_t)n_res * g->slot_size;
     *params = NULL;
     *grads = NULL;
     *opt = NULL;
@@ -122,8 +68,8 @@ static int alloc_state_(gpt_cuda *g, int S, bf16 **params, bf16 **grads,
         free(*t_slot);
         *params = *grads = NULL;
         *t_slot = NULL;
-        fprintf(stderr, "gpt_cuda: out of device memory for %d slots "
-                        "(%zu parameters)\n", S, n);
+        fprintf(stderr, "gpt_cuda: out of device memory for %d resident "
+                        "slots (%zu parameters)\n", n_res, n);
         return -1;
     }
     CUDA_CHECK(cudaMemset(*params, 0, n * sizeof(bf16)));
@@ -132,11 +78,13 @@ static int alloc_state_(gpt_cuda *g, int S, bf16 **params, bf16 **grads,
     return 0;
 }
 
-static void use_state_(gpt_cuda *g, int S, bf16 *params, bf16 *grads,
-                       float *opt, long *t_slot)
+static void use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
+                       bf16 *grads, float *opt, long *t_slot, hslot_ *hs)
 {
     g->S = S;
-    g->n_params = g->n_global + (size_t)S * g->slot_size;
+    g->n_res = n_res;
+    g->off.hs = hs;
+    g->n_params = g->n_global + (size_t)n_res * g->slot_size;
     g->params = params;
     g->grads = grads;
     g->opt = opt;
@@ -247,6 +195,12 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
 
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
 {
+    return gpt_cuda_create_offload(cfg, S, B, NULL);
+}
+
+gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
+                                  const gpt_cuda_offload *off)
+{
     int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head;
     char why[256];
     if (gpt_cuda_check_config(cfg, why, sizeof why) != 0) {
@@ -277,14 +231,25 @@ gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
         g->slot_of[l] = (int)((long)l * S / L);
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     matmul_cuda_init();
-    bf16 *params, *grads;
-    float *opt;
-    long *t_slot;
-    if (alloc_state_(g, S, &params, &grads, &opt, &t_slot) != 0) {
+    if (off && off_init_(g, off) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
-    use_state_(g, S, params, grads, opt, t_slot);
+    int n_res = off && off->n_resident < S ? off->n_resident : S;
+    if (n_res < 0)
+        n_res = 0;
+    bf16 *params, *grads;
+    float *opt;
+    long *t_slot;
+    int failed = 0;
+    hslot_ *hs = off_alloc_slots_(g, S, n_res, &failed);
+    if (failed || alloc_state_(g, S, n_res, &params, &grads, &opt,
+                               &t_slot) != 0) {
+        off_free_slots_(g, hs, S - n_res);
+        gpt_cuda_free(g);
+        return NULL;
+    }
+    use_state_(g, S, n_res, params, grads, opt, t_slot, hs);
     if (alloc_acts_(g) != 0) {
         gpt_cuda_free(g);
         return NULL;
@@ -302,7 +267,9 @@ void gpt_cuda_free(gpt_cuda *g)
     if (!g)
         return;
     if (g->stream)
-        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        gpt_cuda_synchronize(g);
+    off_free_slots_(g, g->off.hs, g->S - g->n_res);
+    off_fini_(g);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
     if (g->act_mem) CUDA_CHECK(cudaFree(g->act_mem));
     if (g->h_inp) CUDA_CHECK(cudaFreeHost(g->h_inp));
@@ -342,6 +309,10 @@ const int *gpt_cuda_slot_of(const gpt_cuda *g)
 void gpt_cuda_synchronize(gpt_cuda *g)
 {
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (g->off.enabled) {
+        CUDA_CHECK(cudaStreamSynchronize(g->off.copy));
+        off_wait_idle_(g);
+    }
 }
 
 /* ------------------------------------------------------------- weights */
@@ -395,28 +366,48 @@ void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
                  0.01f, 0, k++);
     init_tensor_(g, g->master, &g->glob[GLOB_LNF_W], C, 0, 1.0f, k++);
     init_tensor_(g, g->master, &g->glob[GLOB_LNF_B], C, 0, 0.0f, k++);
+    /* an offloaded slot is drawn on the device, then moved to the host */
+    float *tmp = NULL;
+    if (g->n_res < g->S)
+        CUDA_CHECK(cudaMalloc((void **)&tmp, g->slot_size * sizeof(float)));
     for (int s = 0; s < g->S; s++) {
-        float *base = g->master + g->n_global + (size_t)s * g->slot_size;
+        float *base = s < g->n_res ? g->master + g->n_global +
+                                         (size_t)s * g->slot_size
+                                   : tmp;
+        if (s >= g->n_res)
+            CUDA_CHECK(cudaMemsetAsync(tmp, 0, g->slot_size * sizeof(float),
+                                       g->stream));
         for (int i = 0; i < SLOT_NT; i++) {
             int proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
             int lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
             init_tensor_(g, base, &g->slot[i], g->slot[i].numel,
                          proj ? proj_std : std, lnw ? 1.0f : 0.0f, k++);
         }
+        if (s >= g->n_res) {
+            CUDA_CHECK(cudaMemcpyAsync(g->off.hs[s - g->n_res].master, tmp,
+                                       g->slot_size * sizeof(float),
+                                       cudaMemcpyDeviceToHost, g->stream));
+            CUDA_CHECK(cudaStreamSynchronize(g->stream));
+            off_refresh_bf16_(g, s);
+        }
     }
     copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (tmp)
+        CUDA_CHECK(cudaFree(tmp));
 }
 
-/* (cpu offset, gpu offset, floats) of each piece of the two layouts */
+/* (cpu offset, gpu offset, floats) of each piece of the two layouts that
+ * lives on the device (the offloaded slots follow at the end, on the host) */
 static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3])
 {
     size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
     size_t cpu_wpe = V * C, cpu_lnw = cpu_wpe + T * C, cpu_lnb = cpu_lnw + C;
-    size_t slots = (size_t)g->S * g->slot_size;
-    if (n != g->n_global_cpu + slots) {
+    size_t slots = (size_t)g->n_res * g->slot_size;
+    size_t need = g->n_global_cpu + (size_t)g->S * g->slot_size;
+    if (n != need) {
         fprintf(stderr, "gpt_cuda: host buffer has %zu floats, the model "
-                        "needs %zu\n", n, g->n_global_cpu + slots);
+                        "needs %zu\n", n, need);
         return -1;
     }
     size_t t[5][3] = {
@@ -436,6 +427,17 @@ static float *state_buf_(gpt_cuda *g, int which)
                                                                    : NULL;
 }
 
+static float *host_buf_(hslot_ *h, int which)
+{
+    return which == 0 ? h->master : which == 1 ? h->m : h->v;
+}
+
+/* host + (offset of offloaded slot s in the gpt.h layout) */
+static size_t host_slot_off_(const gpt_cuda *g, int s)
+{
+    return g->n_global_cpu + (size_t)s * g->slot_size;
+}
+
 int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
 {
     size_t off[5][3];
@@ -443,7 +445,7 @@ int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
     int k = pieces_(g, n, off);
     if (k < 0 || !buf)
         return -1;
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    gpt_cuda_synchronize(g);
     CUDA_CHECK(cudaMemset(buf, 0, g->n_params * sizeof(float)));
     for (int i = 0; i < k; i++)
         CUDA_CHECK(cudaMemcpy(buf + off[i][1], host + off[i][0],
@@ -451,6 +453,12 @@ int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
                               cudaMemcpyHostToDevice));
     if (which == 0)
         copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
+    for (int s = g->n_res; s < g->S; s++) {
+        memcpy(host_buf_(&g->off.hs[s - g->n_res], which),
+               host + host_slot_off_(g, s), g->slot_size * sizeof(float));
+        if (which == 0)
+            off_refresh_bf16_(g, s);
+    }
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return 0;
 }
@@ -462,12 +470,16 @@ int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
     int k = pieces_(g, n, off);
     if (k < 0 || !buf)
         return -1;
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    gpt_cuda_synchronize(g);
     memset(host, 0, n * sizeof(float));
     for (int i = 0; i < k; i++)
         CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
                               off[i][2] * sizeof(float),
                               cudaMemcpyDeviceToHost));
+    for (int s = g->n_res; s < g->S; s++)
+        memcpy(host + host_slot_off_(g, s),
+               host_buf_(&g->off.hs[s - g->n_res], which),
+               g->slot_size * sizeof(float));
     return 0;
 }
 
@@ -481,6 +493,8 @@ int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n)
     return gpt_cuda_get_state(g, 0, host, n);
 }
 
+/* Step counts are kept on the host for every slot; a queued host AdamW
+ * already counted its step when it was queued. */
 void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst)
 {
     dst[0] = g->adam_t_global;
@@ -489,16 +503,19 @@ void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst)
 
 void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
 {
+    gpt_cuda_synchronize(g);
     g->adam_t_global = src[0];
     memcpy(g->adam_t_slot, src + 1, (size_t)g->S * sizeof(long));
 }
 
-/* ------------------------------------------------------------- forward */
+/* ------------------------------------------------------------- passes */
 
-#define W_(g, s, i) ((g)->params + (g)->n_global + (size_t)(s) * (g)->slot_size + (g)->slot[i].off)
-#define DW_(g, s, i) ((g)->grads + (g)->n_global + (size_t)(s) * (g)->slot_size + (g)->slot[i].off)
+/* Weights of slot s, resident or in its staging buffer: tensor i of a slot
+ * whose region starts at w (dw: its gradient). */
+#define W_(w, i) ((w) + g->slot[i].off)
 #define GW_(g, i) ((g)->params + (g)->glob[i].off)
 #define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
+#define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
 
 static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
                           const int32_t *host, size_t n)
@@ -508,180 +525,295 @@ static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
                                cudaMemcpyHostToDevice, g->stream));
 }
 
-float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
-                       const int32_t *targets, int B)
+static void check_B_(const gpt_cuda *g, int B, const char *who)
+{
+    if (B < 1 || B > g->B) {
+        fprintf(stderr, "%s: B=%d outside 1..%d\n", who, B, g->B);
+        exit(1);
+    }
+}
+
+/* Tokens (and the encoder's backward plan) to the device. */
+static void stage_batch_(gpt_cuda *g, const int32_t *inp,
+                         const int32_t *targets, int B, int plan)
+{
+    size_t BT = (size_t)B * g->T;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* pinned staging free */
+    stage_tokens_(g, g->a.inp, g->h_inp, inp, BT);
+    if (targets)
+        stage_tokens_(g, g->a.tgt, g->h_tgt, targets, BT);
+    if (!plan)
+        return;
+    g->nseg = encoder_backward_plan(g->h_plan, inp, (int)BT,
+                                    g->cfg.vocab_size);
+    if (g->nseg < 0) {
+        fprintf(stderr, "gpt_cuda: token outside [0,%d)\n",
+                g->cfg.vocab_size);
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, g->h_plan,
+                               encoder_plan_ints((int)BT) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, g->stream));
+}
+
+/* Layer l forward with its slot's weights at w. */
+static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
 {
     const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
-    const int V = g->cfg.vocab_size, L = g->cfg.n_layer, Vp = g->Vp;
     const size_t BT = (size_t)B * T, BTC = BT * C;
     const size_t Ba = (size_t)g->B * T; /* per-layer stride: allocated B */
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
-    if (B < 1 || B > g->B) {
-        fprintf(stderr, "gpt_cuda_forward: B=%d outside 1..%d\n", B, g->B);
-        exit(1);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(st)); /* staging buffers free */
-    stage_tokens_(g, a->inp, g->h_inp, inp, BT);
-    if (targets)
-        stage_tokens_(g, a->tgt, g->h_tgt, targets, BT);
+    const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
+    bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
+    bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
+    bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
+    bf16 *fchg = a->fchg + l * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
+    float *lse = a->lse + (size_t)l * g->B * NH * T;
 
-    encoder_forward_cuda(a->encoded, a->inp, GW_(g, GLOB_WTE),
-                         GW_(g, GLOB_WPE), B, T, C, st);
-    for (int l = 0; l < L; l++) {
-        int s = g->slot_of[l];
-        const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
-        bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
-        bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-        bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
-        bf16 *fchg = a->fchg + l * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
-        float *lse = a->lse + (size_t)l * g->B * NH * T;
+    layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
+                           res, W_(w, SLOT_LN1_W), W_(w, SLOT_LN1_B),
+                           (int)BT, C, st);
+    matmul_forward_cuda(qkv, ln1, W_(w, SLOT_QKV_W), W_(w, SLOT_QKV_B),
+                        (int)BT, C, 3 * C, st);
+    attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
+    matmul_forward_cuda(res2, atty, W_(w, SLOT_ATTPROJ_W),
+                        W_(w, SLOT_ATTPROJ_B), (int)BT, C, C, st);
+    residual_forward_cuda(res2, res, res2, BTC, st);
+    layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
+                           res2, W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
+                           (int)BT, C, st);
+    matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
+                             W_(w, SLOT_FC_B), (int)BT, C, 4 * C, st);
+    matmul_forward_cuda(res3, fchg, W_(w, SLOT_FCPROJ_W),
+                        W_(w, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
+    residual_forward_cuda(res3, res2, res3, BTC, st);
+}
 
-        layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
-                               res, W_(g, s, SLOT_LN1_W), W_(g, s, SLOT_LN1_B),
-                               (int)BT, C, st);
-        matmul_forward_cuda(qkv, ln1, W_(g, s, SLOT_QKV_W),
-                            W_(g, s, SLOT_QKV_B), (int)BT, C, 3 * C, st);
-        attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
-        matmul_forward_cuda(res2, atty, W_(g, s, SLOT_ATTPROJ_W),
-                            W_(g, s, SLOT_ATTPROJ_B), (int)BT, C, C, st);
-        residual_forward_cuda(res2, res, res2, BTC, st);
-        layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
-                               res2, W_(g, s, SLOT_LN2_W),
-                               W_(g, s, SLOT_LN2_B), (int)BT, C, st);
-        matmul_forward_gelu_cuda(fchg, fch, ln2, W_(g, s, SLOT_FC_W),
-                                 W_(g, s, SLOT_FC_B), (int)BT, C, 4 * C, st);
-        matmul_forward_cuda(res3, fchg, W_(g, s, SLOT_FCPROJ_W),
-                            W_(g, s, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
-        residual_forward_cuda(res3, res2, res3, BTC, st);
-    }
+/* Layer l backward: a->dres holds d(res3 of l) and receives d(res of l);
+ * the slot's gradient at dw accumulates. */
+static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
+                            int B)
+{
+    const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
+    const size_t BT = (size_t)B * T, BTC = BT * C;
+    const size_t Ba = (size_t)g->B * T;
+    acts_ *a = &g->a;
+    cudaStream_t st = g->stream;
+    const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
+    const bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
+    const bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
+    const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
+    const bf16 *fchg = a->fchg + l * Ba * 4 * C;
+    const float *lse = a->lse + (size_t)l * g->B * NH * T;
+
+    /* dres holds d(res3): the MLP branch adds to it */
+    ZERO_(a->dfchg, BT * 4 * C);
+    matmul_backward_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
+                         W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres, fchg,
+                         W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C, C, st);
+    ZERO_(a->dfch, BT * 4 * C);
+    gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
+    ZERO_(a->dln, BTC);
+    matmul_backward_cuda(a->dln, W_(dw, SLOT_FC_W), W_(dw, SLOT_FC_B),
+                         a->scratch, a->dfch, ln2, W_(w, SLOT_FC_W), (int)BT,
+                         C, 4 * C, st);
+    layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN2_W), W_(dw, SLOT_LN2_B),
+                            a->scratch, a->dln, res2, W_(w, SLOT_LN2_W),
+                            a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
+                            (int)BT, C, st);
+    /* dres holds d(res2): the attention branch adds to it */
+    ZERO_(a->datty, BTC);
+    matmul_backward_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
+                         W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres, atty,
+                         W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
+    ZERO_(a->dqkv, BT * 3 * C);
+    attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty, lse, B,
+                            T, C, NH, st);
+    ZERO_(a->dln, BTC);
+    matmul_backward_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
+                         a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W), (int)BT,
+                         C, 3 * C, st);
+    layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN1_W), W_(dw, SLOT_LN1_B),
+                            a->scratch, a->dln, res, W_(w, SLOT_LN1_W),
+                            a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
+                            (int)BT, C, st);
+    /* dres holds d(res): the previous layer's res3 */
+}
+
+/* Final LayerNorm, logits and (with targets) the mean loss, queued into
+ * red[RED_LOSS] and h_out[0]. */
+static void head_forward_(gpt_cuda *g, int B, int targets)
+{
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    acts_ *a = &g->a;
+    cudaStream_t st = g->stream;
     const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
     layernorm_forward_cuda(a->lnf, a->lnf_mean, a->lnf_rstd, last,
                            GW_(g, GLOB_LNF_W), GW_(g, GLOB_LNF_B), (int)BT, C,
                            st);
     matmul_forward_cuda(a->logits, a->lnf, GW_(g, GLOB_WTE), NULL, (int)BT, C,
-                        Vp, st);
-    if (!targets) {
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        return 0.0f;
-    }
+                        g->Vp, st);
+    if (!targets)
+        return;
     softmax_crossentropy_forward_cuda(a->losses, NULL, a->logits, a->tgt,
-                                      (int)BT, V, Vp, st);
+                                      (int)BT, g->cfg.vocab_size, g->Vp, st);
     float *red = a->red + grad_sumsq_scratch_floats();
     mean_cuda(red + RED_LOSS, a->losses, (int)BT, st);
     CUDA_CHECK(cudaMemcpyAsync(g->h_out, red + RED_LOSS, sizeof(float),
                                cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    return g->h_out[0];
 }
 
-/* ------------------------------------------------------------- backward */
-
-void gpt_cuda_zero_grad(gpt_cuda *g)
+/* Loss -> logits (in place) -> final LayerNorm: a->dres = d(res3 of L-1). */
+static void head_backward_(gpt_cuda *g, int B, float loss_scale)
 {
-    CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
-                               g->stream));
-}
-
-#define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
-
-void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
-                       const int32_t *targets, int B, float loss_scale)
-{
-    const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
-    const int V = g->cfg.vocab_size, L = g->cfg.n_layer, Vp = g->Vp;
-    const size_t BT = (size_t)B * T, BTC = BT * C;
-    const size_t Ba = (size_t)g->B * T;
+    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
+    const size_t BT = (size_t)B * g->T, BTC = BT * C, Ba = (size_t)g->B * g->T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
-    (void)targets; /* staged on the device by the forward */
-    if (B < 1 || B > g->B) {
-        fprintf(stderr, "gpt_cuda_backward: B=%d outside 1..%d\n", B, g->B);
-        exit(1);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(st)); /* plan staging buffer free */
-    int nseg = encoder_backward_plan(g->h_plan, inp, (int)BT, V);
-    if (nseg < 0) {
-        fprintf(stderr, "gpt_cuda_backward: token outside [0,%d)\n", V);
-        exit(1);
-    }
-    CUDA_CHECK(cudaMemcpyAsync(a->plan, g->h_plan,
-                               encoder_plan_ints((int)BT) * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, st));
-
-    /* loss -> logits (in place) -> lnf -> residual stream */
     fill_cuda(a->dlosses, loss_scale, BT, st);
     softmax_crossentropy_backward_cuda(a->logits, a->logits, a->tgt,
-                                       a->dlosses, (int)BT, V, Vp, st);
+                                       a->dlosses, (int)BT,
+                                       g->cfg.vocab_size, g->Vp, st);
     ZERO_(a->dlnf, BTC);
     matmul_backward_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL, a->logits,
-                         a->lnf, GW_(g, GLOB_WTE), (int)BT, C, Vp, st);
+                         a->lnf, GW_(g, GLOB_WTE), (int)BT, C, g->Vp, st);
     ZERO_(a->dres, BTC);
     const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
     layernorm_backward_cuda(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
                             a->scratch, a->dlnf, last, GW_(g, GLOB_LNF_W),
                             a->lnf_mean, a->lnf_rstd, (int)BT, C, st);
+}
 
-    for (int l = L - 1; l >= 0; l--) {
-        int s = g->slot_of[l];
-        const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
-        const bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
-        const bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-        const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
-        const bf16 *fchg = a->fchg + l * Ba * 4 * C;
-        const float *lse = a->lse + (size_t)l * g->B * NH * T;
-
-        /* dres holds d(res3): the MLP branch adds to it */
-        ZERO_(a->dfchg, BT * 4 * C);
-        matmul_backward_cuda(a->dfchg, DW_(g, s, SLOT_FCPROJ_W),
-                             DW_(g, s, SLOT_FCPROJ_B), a->scratch, a->dres,
-                             fchg, W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C,
-                             st);
-        ZERO_(a->dfch, BT * 4 * C);
-        gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
-        ZERO_(a->dln, BTC);
-        matmul_backward_cuda(a->dln, DW_(g, s, SLOT_FC_W),
-                             DW_(g, s, SLOT_FC_B), a->scratch, a->dfch, ln2,
-                             W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C, st);
-        layernorm_backward_cuda(a->dres, DW_(g, s, SLOT_LN2_W),
-                                DW_(g, s, SLOT_LN2_B), a->scratch, a->dln,
-                                res2, W_(g, s, SLOT_LN2_W),
-                                a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
-                                (int)BT, C, st);
-        /* dres holds d(res2): the attention branch adds to it */
-        ZERO_(a->datty, BTC);
-        matmul_backward_cuda(a->datty, DW_(g, s, SLOT_ATTPROJ_W),
-                             DW_(g, s, SLOT_ATTPROJ_B), a->scratch, a->dres,
-                             atty, W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C,
-                             st);
-        ZERO_(a->dqkv, BT * 3 * C);
-        attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty, lse,
-                                B, T, C, NH, st);
-        ZERO_(a->dln, BTC);
-        matmul_backward_cuda(a->dln, DW_(g, s, SLOT_QKV_W),
-                             DW_(g, s, SLOT_QKV_B), a->scratch, a->dqkv, ln1,
-                             W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C, st);
-        layernorm_backward_cuda(a->dres, DW_(g, s, SLOT_LN1_W),
-                                DW_(g, s, SLOT_LN1_B), a->scratch, a->dln,
-                                res, W_(g, s, SLOT_LN1_W),
-                                a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
-                                (int)BT, C, st);
-        /* dres holds d(res): the previous layer's res3 */
+/* Positions [p0, p1) of a microbatch: forward layer p for p < L, backward
+ * layer 2L-1-p after. When the range crosses L, the head runs in between
+ * (forward with targets, then backward with loss_scale). */
+static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
+                      int last)
+{
+    const int L = g->cfg.n_layer;
+    int off = g->n_res < g->S;
+    if (off)
+        off_pass_begin_(g, p0, p1, last);
+    for (int p = p0; p < p1; p++) {
+        if (p == L && p0 < L) {
+            head_forward_(g, B, 1);
+            head_backward_(g, B, loss_scale);
+        }
+        int l = p < L ? p : 2 * L - 1 - p, s = g->slot_of[l];
+        bf16 *w, *dw;
+        if (s < g->n_res) {
+            if (off)
+                off_poll_(g);
+            w = g->params + g->n_global + (size_t)s * g->slot_size;
+            dw = g->grads + g->n_global + (size_t)s * g->slot_size;
+        } else {
+            off_enter_(g, p, &w, &dw);
+        }
+        if (p < L)
+            layer_forward_(g, l, w, B);
+        else
+            layer_backward_(g, l, w, dw, B);
+        if (s >= g->n_res)
+            off_leave_(g, p);
     }
-    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), a->dres,
-                          a->plan, nseg, B, T, C, st);
+}
+
+float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
+                       const int32_t *targets, int B)
+{
+    check_B_(g, B, "gpt_cuda_forward");
+    stage_batch_(g, inp, targets, B, 0);
+    encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
+                         GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
+    run_pass_(g, 0, g->cfg.n_layer, B, 0.0f, 0);
+    head_forward_(g, B, targets != NULL);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return targets ? g->h_out[0] : 0.0f;
+}
+
+void gpt_cuda_zero_grad(gpt_cuda *g)
+{
+    CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
+                               g->stream));
+    if (g->n_res < g->S)
+        off_step_begin_(g);
+}
+
+void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
+                       const int32_t *targets, int B, float loss_scale)
+{
+    const int L = g->cfg.n_layer;
+    (void)targets; /* staged on the device by the forward */
+    check_B_(g, B, "gpt_cuda_backward");
+    CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* plan staging free */
+    g->nseg = encoder_backward_plan(g->h_plan, inp, B * g->T,
+                                    g->cfg.vocab_size);
+    if (g->nseg < 0) {
+        fprintf(stderr, "gpt_cuda_backward: token outside [0,%d)\n",
+                g->cfg.vocab_size);
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, g->h_plan,
+                               encoder_plan_ints(B * g->T) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, g->stream));
+    head_backward_(g, B, loss_scale);
+    run_pass_(g, L, 2 * L, B, loss_scale, 0);
+    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
+                          g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
+                          g->stream);
+}
+
+void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, float max_norm)
+{
+    gpt_cuda_zero_grad(g);
+    offload_rt_ *o = &g->off;
+    o->early = max_norm <= 0.0f;
+    o->lr = lr;
+    o->beta1 = beta1;
+    o->beta2 = beta2;
+    o->eps = eps;
+    o->wd = weight_decay;
+}
+
+float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
+                                const int32_t *targets, int B,
+                                float loss_scale, int last)
+{
+    check_B_(g, B, "gpt_cuda_train_microbatch");
+    stage_batch_(g, inp, targets, B, 1);
+    encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
+                         GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
+    run_pass_(g, 0, 2 * g->cfg.n_layer, B, loss_scale, last);
+    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
+                          g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
+                          g->stream);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return g->h_out[0];
 }
 
 /* ------------------------------------------------------------- optimizer */
 
-float gpt_cuda_grad_norm(gpt_cuda *g)
+/* Device sum of squares of the resident gradients into red[RED_SUMSQ] and
+ * h_out[1]; with offloaded slots, waits and adds the host's. Returns the
+ * total. */
+static float grad_sumsq_(gpt_cuda *g)
 {
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
     grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
     CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
                                cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return sqrtf(g->h_out[1]);
+    if (g->n_res < g->S)
+        g->h_out[1] = (float)((double)g->h_out[1] + off_grad_sumsq_(g));
+    return g->h_out[1];
+}
+
+float gpt_cuda_grad_norm(gpt_cuda *g)
+{
+    return sqrtf(grad_sumsq_(g));
 }
 
 float gpt_cuda_last_grad_norm(gpt_cuda *g)
@@ -706,25 +838,68 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm)
 {
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
-    grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
+    float host_scale = 1.0f;
+    if (g->n_res < g->S) {
+        /* the norm needs the host's part: one round trip, then the clip
+         * scale on the device from the total, as without offloading */
+        float total = grad_sumsq_(g), norm = sqrtf(total);
+        g->h_out[2] = total;
+        CUDA_CHECK(cudaMemcpyAsync(sc + RED_SUMSQ, g->h_out + 2,
+                                   sizeof(float), cudaMemcpyHostToDevice,
+                                   g->stream));
+        if (max_norm > 0.0f && norm > max_norm)
+            host_scale = max_norm / norm;
+    } else {
+        grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params,
+                        g->stream);
+        CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
+                                   sizeof(float), cudaMemcpyDeviceToHost,
+                                   g->stream));
+    }
     grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
-    CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
-                               cudaMemcpyDeviceToHost, g->stream));
     long t = ++g->adam_t_global;
     adamw_region_(g, 0, g->glob, GLOB_NT, t, lr, beta1, beta2, eps,
                   weight_decay, sc + RED_SCALE);
-    for (int s = 0; s < g->S; s++) {
+    for (int s = 0; s < g->n_res; s++) {
         t = ++g->adam_t_slot[s];
         adamw_region_(g, g->n_global + (size_t)s * g->slot_size, g->slot,
                       SLOT_NT, t, lr, beta1, beta2, eps, weight_decay,
                       sc + RED_SCALE);
     }
+    if (g->n_res < g->S)
+        off_adamw_(g, lr, beta1, beta2, eps, weight_decay, host_scale);
 }
 
 /* ------------------------------------------------------------- delink */
 
+/* fp32 state (master, m, v) of slot s of the current state: device
+ * pointers (resident) or host pointers (offloaded). */
+static void slot_state_(gpt_cuda *g, int s, float *p[3], int *on_host)
+{
+    size_t o = g->n_global + (size_t)s * g->slot_size;
+    *on_host = s >= g->n_res;
+    if (*on_host) {
+        hslot_ *h = &g->off.hs[s - g->n_res];
+        p[0] = h->master;
+        p[1] = h->m;
+        p[2] = h->v;
+    } else {
+        p[0] = g->master + o;
+        p[1] = g->m + o;
+        p[2] = g->v + o;
+    }
+}
+
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
                     const int *src_of, int reset_moments)
+{
+    return gpt_cuda_reslot_placed(g, new_S, new_slot_of, src_of,
+                                  reset_moments, new_S);
+}
+
+int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
+                           const int *src_of, int reset_moments,
+                           int n_resident)
 {
     int L = g->cfg.n_layer;
     if (new_S < 1 || new_S > L)
@@ -735,35 +910,65 @@ int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
     for (int l = 0; l < L; l++)
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
+    int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
+    if (n_res < new_S && !g->off.enabled) {
+        fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
+                        "made by gpt_cuda_create_offload\n");
+        return -1;
+    }
+    gpt_cuda_synchronize(g);
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
-    if (alloc_state_(g, new_S, &params, &grads, &opt, &t_slot) != 0)
+    int failed = 0;
+    hslot_ *hs = off_alloc_slots_(g, new_S, n_res, &failed);
+    if (failed)
         return -1; /* old state untouched */
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    size_t n_new = g->n_global + (size_t)new_S * g->slot_size;
+    if (alloc_state_(g, new_S, n_res, &params, &grads, &opt, &t_slot) != 0) {
+        off_free_slots_(g, hs, new_S - n_res);
+        return -1;
+    }
+    size_t n_new = g->n_global + (size_t)n_res * g->slot_size;
     size_t ng = g->n_global, ss = g->slot_size;
-    float *master = opt, *m = opt + n_new, *v = opt + 2 * n_new;
+    float *nbuf[3] = {opt, opt + n_new, opt + 2 * n_new};
     cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
     CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
-    CUDA_CHECK(cudaMemcpy(master, g->master, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(m, g->m, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(v, g->v, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(nbuf[0], g->master, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(nbuf[1], g->m, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(nbuf[2], g->v, ng * sizeof(float), dd));
+    int nbufs = reset_moments ? 1 : 3; /* else m, v stay zero */
     for (int s = 0; s < new_S; s++) {
-        size_t to = ng + (size_t)s * ss, from = ng + (size_t)src_of[s] * ss;
-        CUDA_CHECK(cudaMemcpy(params + to, g->params + from,
-                              ss * sizeof(bf16), dd));
-        CUDA_CHECK(cudaMemcpy(master + to, g->master + from,
-                              ss * sizeof(float), dd));
-        if (!reset_moments) { /* else m, v stay zero from alloc_state_ */
-            CUDA_CHECK(cudaMemcpy(m + to, g->m + from, ss * sizeof(float), dd));
-            CUDA_CHECK(cudaMemcpy(v + to, g->v + from, ss * sizeof(float), dd));
-            t_slot[s] = g->adam_t_slot[src_of[s]];
+        float *from[3], *to[3];
+        int from_host, to_host = s >= n_res;
+        slot_state_(g, src_of[s], from, &from_host);
+        if (to_host) {
+            hslot_ *h = &hs[s - n_res];
+            to[0] = h->master;
+            to[1] = h->m;
+            to[2] = h->v;
+        } else {
+            for (int i = 0; i < 3; i++)
+                to[i] = nbuf[i] + ng + (size_t)s * ss;
         }
+        cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost
+                                                   : cudaMemcpyHostToDevice)
+                                        : (to_host ? cudaMemcpyDeviceToHost
+                                                   : dd);
+        for (int i = 0; i < nbufs; i++)
+            CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float), kind));
+        if (!reset_moments)
+            t_slot[s] = g->adam_t_slot[src_of[s]];
     }
+    /* bf16 working copies: resident ones from the new masters on the
+     * device; host ones below, once the new state is in place */
+    copy_to_bf16_cuda(params + ng, nbuf[0] + ng, (size_t)n_res * ss,
+                      g->stream);
     CUDA_CHECK(cudaDeviceSynchronize());
+    off_free_slots_(g, g->off.hs, g->S - g->n_res);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
-    use_state_(g, new_S, params, grads, opt, t_slot);
+    use_state_(g, new_S, n_res, params, grads, opt, t_slot, hs);
     memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
+    for (int s = n_res; s < new_S; s++)
+        off_refresh_bf16_(g, s);
     return 0;
 }

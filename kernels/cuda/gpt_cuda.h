@@ -13,7 +13,9 @@
  *
  * Memory: four cudaMalloc blocks planned up front — bf16 params, bf16 grads,
  * fp32 optimizer state (master | m | v) and all activations + scratch — plus
- * cuBLASLt's workspace. No managed memory.
+ * cuBLASLt's workspace. No managed memory. With offloading (end of this
+ * file) the first three hold only the globals and the resident slots, and
+ * staging buffers are added.
  *
  * Errors of the CUDA runtime and cuBLASLt exit (cuda_check.h); argument
  * errors print a message and return NULL / -1.
@@ -43,7 +45,8 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen);
 typedef struct {
     int S;                  /* parameter slots */
     int Vp;                 /* padded vocabulary (rows of wte, cols of logits) */
-    size_t n_params;        /* elements per parameter buffer, GPU layout */
+    size_t n_params;        /* elements per device parameter buffer, GPU
+                             * layout: globals + resident slots */
     size_t n_params_cpu;    /* floats of the same model in the gpt.h layout */
     size_t n_compute;       /* parameters of the compute path: the N of 6N */
     size_t bytes_params, bytes_grads, bytes_opt, bytes_acts;

@@ -1,0 +1,203 @@
+/*
+ * gpt_cuda_impl.cuh — internal to kernels/cuda: the gpt_cuda struct, shared
+ * by gpt_cuda.cu (layout, memory, passes, optimizer, reslot) and
+ * gpt_cuda_offload.cu (the offload runtime: host slots, staging buffers,
+ * copy stream, host threads). Not part of the C interface.
+ */
+#ifndef M6_GPT_CUDA_IMPL_CUH
+#define M6_GPT_CUDA_IMPL_CUH
+
+#include <pthread.h>
+#include <string.h>
+#include <stdint.h>
+#include "common.cuh"
+#include "gpt_cuda.h"
+
+#define PAD 16      /* elements: region padding, as gpt.c */
+#define VPAD 128    /* vocabulary padding */
+
+enum {
+    SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
+    SLOT_ATTPROJ_B, SLOT_LN2_W, SLOT_LN2_B, SLOT_FC_W, SLOT_FC_B,
+    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NT
+};
+enum { GLOB_WTE, GLOB_WPE, GLOB_LNF_W, GLOB_LNF_B, GLOB_NT };
+
+typedef struct {
+    size_t off, numel;
+    int two_d;          /* weight decay applies; random init */
+} tensor_;
+
+/* Activations (bf16 unless marked f32), per-layer ones (L, B, T, ...) */
+typedef struct {
+    bf16 *encoded;                      /* (B,T,C) */
+    bf16 *ln1, *qkv, *atty, *res2;      /* (L,B,T,C|3C|C|C) */
+    bf16 *ln2, *fch, *fchg, *res3;      /* (L,B,T,C|4C|4C|C) */
+    bf16 *lnf;                          /* (B,T,C) */
+    bf16 *logits;                       /* (B,T,Vp); dlogits in place */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  /* f32 (L,B,T) */
+    float *lnf_mean, *lnf_rstd;         /* f32 (B,T) */
+    float *lse;                         /* f32 (L,B,NH,T) */
+    float *losses, *dlosses;            /* f32 (B,T) */
+    bf16 *dres, *dln, *datty, *dlnf;    /* (B,T,C) */
+    bf16 *dqkv;                         /* (B,T,3C) */
+    bf16 *dfch, *dfchg;                 /* (B,T,4C) */
+    float *scratch;                     /* f32 op workspace */
+    float *red;                         /* f32 sumsq partials + scalars */
+    int32_t *inp, *tgt, *plan;          /* (B,T), (B,T), encoder plan */
+} acts_;
+
+/* scalars at the end of red */
+enum { RED_LOSS, RED_SUMSQ, RED_SCALE, RED_NSCALARS };
+
+/* ------------------------------------------------------------ offloading */
+
+/* One offloaded slot on the host (slot_size elements each). */
+typedef struct {
+    float *master, *m, *v, *gacc;  /* one pageable block: master|m|v|gacc */
+    uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing */
+    int pinned;                    /* wbf/gbf from cudaHostAlloc */
+    int accum_jobs, adam_jobs;     /* host jobs queued or running */
+    int touched;                   /* gacc holds this step's gradient */
+    int sumsq_done;                /* sumsq is of the final gradient */
+    int updated;                   /* AdamW queued this step (early) */
+    double sumsq;
+    cudaEvent_t d2h_start, drained;
+} hslot_;
+
+/* A staging buffer on the device and the events of its last use. */
+typedef struct {
+    bf16 *w, *dw;                  /* slot_size each */
+    cudaEvent_t freed;             /* compute stream: last kernel done */
+} stage_;
+
+/* An interval of the current pass (positions inclusive). */
+typedef struct {
+    int slot, first, last, has_bwd, final;
+} piv_;
+
+/* Event timing of one fetch and of the compute stream's wait for it, read
+ * back later (ring) so the host never blocks on them. */
+typedef struct {
+    cudaEvent_t h2d_a, h2d_b, wait_a, wait_b;
+    int fetch, wait;               /* recorded */
+} timing_;
+#define TIMING_RING 256
+
+enum { JOB_ACCUM, JOB_ADAM, JOB_SUMSQ, JOB_TO_BF16 };
+typedef struct {
+    int kind, slot;
+    size_t i0, i1;                 /* element range of the slot */
+    int first;                     /* ACCUM: gacc = grad (else +=) */
+    int final;                     /* ACCUM: then sumsq of the range */
+    int adam;                      /* ACCUM: then AdamW of the range */
+    float lr, beta1, beta2, eps, wd, scale;
+    long t;
+} hjob_;
+
+typedef struct {
+    int enabled;                   /* made by gpt_cuda_create_offload */
+    int n_staging, n_threads;
+    int device;                    /* CUDA device of the model */
+    hslot_ *hs;                    /* [S - n_res]: slot n_res + i */
+    stage_ *stg;                   /* [n_staging] */
+    cudaStream_t copy;
+    size_t chunk;                  /* elements per host job */
+    /* the current pass */
+    piv_ *iv;                      /* [2L] */
+    int *at_pos;                   /* [2L] interval of a position or -1 */
+    int n_iv, next_fetch;          /* intervals; the next to fetch */
+    int n_left;                    /* intervals issued to their end */
+    int p0, p1;
+    /* this step */
+    int early;                     /* no clipping: update when final */
+    float lr, beta1, beta2, eps, wd;
+    /* host threads */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    hjob_ *q;
+    int q_head, q_n, q_cap, running, quit;
+    pthread_t *th;
+    /* statistics */
+    timing_ ring[TIMING_RING];
+    long ring_n;                   /* records made; ring_read: read */
+    long ring_read;
+    long ring_base;                /* ring_n when the pass began */
+    uint64_t h2d_bytes, d2h_bytes;
+    double h2d_ms, d2h_ms, stall_ms, accum_s, adam_s;
+    size_t pinned_bytes, host_bytes;
+    int warned_pin;
+} offload_rt_;
+
+struct gpt_cuda {
+    model_config cfg;
+    int S, Vp, B, T;
+    int n_res;                          /* slots [0, n_res) on the device */
+    int *slot_of;                       /* [L] */
+    size_t n_global, slot_size, n_params, n_global_cpu;
+    tensor_ glob[GLOB_NT], slot[SLOT_NT];
+    bf16 *params, *grads;               /* (n_params) each: device part */
+    float *opt, *master, *m, *v;        /* opt = master | m | v */
+    long adam_t_global, *adam_t_slot;   /* [S] */
+    acts_ a;
+    void *act_mem;
+    size_t act_bytes;
+    int32_t *h_inp, *h_tgt, *h_plan;    /* pinned staging */
+    float *h_out;                       /* pinned: loss, sumsq, total */
+    int nseg;
+    cudaStream_t stream;
+    offload_rt_ off;
+};
+
+/* ---- gpt_cuda_offload.cu, for gpt_cuda.cu */
+
+/* Start the runtime (copy stream, staging buffers, host threads). 0/-1. */
+int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg);
+void off_fini_(gpt_cuda *g);
+/* Host slots for slots [n_res, S) of a state (zeroed); NULL when there are
+ * none; on failure NULL with *failed = 1. */
+hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed);
+void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n);
+/* Pass over positions [p0, p1) (forward l = p, backward l = 2L-1-p):
+ * begin cuts it into intervals and issues the first fetches; enter/leave
+ * wrap each position whose slot is offloaded. last: the step's last
+ * microbatch (backward intervals may be final). */
+void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last);
+void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw);
+void off_leave_(gpt_cuda *g, int p);
+/* Issue the fetches that can start now without waiting (call at every
+ * position of a pass, resident ones included). */
+void off_poll_(gpt_cuda *g);
+/* Wait until no host job is queued or running. */
+void off_wait_idle_(gpt_cuda *g);
+/* Step begin: forget the host gradients (waits for accumulations). */
+void off_step_begin_(gpt_cuda *g);
+/* Sum of squares of the offloaded slots' gradients (waits; finalises). */
+double off_grad_sumsq_(gpt_cuda *g);
+/* AdamW of offloaded slots not yet updated this step, queued. */
+void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
+                float wd, float scale);
+/* bf16 working copy of host slot s from its master (queued jobs + wait). */
+void off_refresh_bf16_(gpt_cuda *g, int s);
+
+/* Host float -> bf16 bits, round to nearest even (as __float2bfloat16_rn);
+ * NaN stays NaN. */
+static inline uint16_t f2bf_(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float bf2f_(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#endif /* M6_GPT_CUDA_IMPL_CUH */

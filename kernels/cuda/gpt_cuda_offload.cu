@@ -1,0 +1,712 @@
+/*
+ * gpt_cuda_offload.cu — granular CPU offloading for gpt_cuda (gpt_cuda.h,
+ * "offloading"; M6-10T and DESIGN.md section 1): host slots, the staging
+ * buffers and copy stream, the interval schedule of a pass, and the host
+ * threads that accumulate gradients and run AdamW.
+ *
+ * Who does what:
+ *   compute thread (the caller of gpt_cuda_*): issues every kernel, copy
+ *     and event. Before a fetch of slot s it waits (host side) until no
+ *     AdamW of s is queued or running, because the fetch reads s's bf16
+ *     working copy; before a drain of s it waits until s's previous
+ *     accumulation is done, because the drain overwrites s's landing
+ *     buffer. Both waits are normally already satisfied.
+ *   copy stream: fetches (host bf16 -> staging) and drains (staging
+ *     gradient -> host bf16), ordered with the compute stream by events
+ *     only: a fetch waits for the buffer's previous compute (freed), the
+ *     compute stream waits for the fetch, a drain waits for the compute.
+ *   host threads: jobs over element ranges (chunks) of a slot, so a few
+ *     large slots still use every thread: ACCUM (wait for the drain, add
+ *     the bf16 gradient to the fp32 accumulator, then, when final, its sum
+ *     of squares and, with early updates, AdamW), ADAM, SUMSQ, TO_BF16.
+ * One mutex guards the queue and the per-slot counters; nothing spins.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpt_cuda_impl.cuh"
+
+#define MIN_CHUNK (1u << 18)   /* elements per host job, at least */
+
+static double now_s_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static hslot_ *hslot_of_(gpt_cuda *g, int s)
+{
+    return &g->off.hs[s - g->n_res];
+}
+
+/* ------------------------------------------------------------ host jobs */
+
+/* AdamW over elements [i0, i1) of a host slot, tensor by tensor (decay on
+ * 2-D tensors only): the formula of kernels.h, computed as adamw_kernel in
+ * adamw.cu (fp32, bias corrections in double rounded to float). */
+static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
+{
+    float bc1 = (float)(1.0 - pow((double)j->beta1, (double)j->t));
+    float bc2 = (float)(1.0 - pow((double)j->beta2, (double)j->t));
+    float b1 = j->beta1, b2 = j->beta2, lr = j->lr, eps = j->eps;
+    float sc = j->scale;
+    for (int k = 0; k < SLOT_NT; k++) {
+        size_t a = g->slot[k].off, b = a + g->slot[k].numel;
+        if (a < j->i0) a = j->i0;
+        if (b > j->i1) b = j->i1;
+        float wd = g->slot[k].two_d ? j->wd : 0.0f;
+        for (size_t i = a; i < b; i++) {
+            float gr = h->gacc[i] * sc;
+            float mi = b1 * h->m[i] + (1.0f - b1) * gr;
+            float vi = b2 * h->v[i] + (1.0f - b2) * gr * gr;
+            float mhat = mi / bc1, vhat = vi / bc2;
+            float p = h->master[i];
+            p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+            h->m[i] = mi;
+            h->v[i] = vi;
+            h->master[i] = p;
+        }
+    }
+    for (size_t i = j->i0; i < j->i1; i++)
+        h->wbf[i] = f2bf_(h->master[i]);
+}
+
+static double sumsq_range_(const hslot_ *h, size_t i0, size_t i1)
+{
+    double s = 0.0;
+    for (size_t i = i0; i < i1; i++)
+        s += (double)h->gacc[i] * h->gacc[i];
+    return s;
+}
+
+/* Run one job outside the lock; returns its sum of squares (or 0). */
+static double run_job_(gpt_cuda *g, const hjob_ *j, double *d2h_ms)
+{
+    hslot_ *h = hslot_of_(g, j->slot);
+    double ss = 0.0;
+    switch (j->kind) {
+    case JOB_ACCUM:
+        CUDA_CHECK(cudaEventSynchronize(h->drained));
+        if (j->i0 == 0) {
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, h->d2h_start, h->drained));
+            *d2h_ms = ms;
+        }
+        if (j->first)
+            for (size_t i = j->i0; i < j->i1; i++)
+                h->gacc[i] = bf2f_(h->gbf[i]);
+        else
+            for (size_t i = j->i0; i < j->i1; i++)
+                h->gacc[i] += bf2f_(h->gbf[i]);
+        if (j->final)
+            ss = sumsq_range_(h, j->i0, j->i1);
+        if (j->adam)
+            adam_range_(g, h, j);
+        break;
+    case JOB_ADAM:
+        adam_range_(g, h, j);
+        break;
+    case JOB_SUMSQ:
+        ss = sumsq_range_(h, j->i0, j->i1);
+        break;
+    case JOB_TO_BF16:
+        for (size_t i = j->i0; i < j->i1; i++)
+            h->wbf[i] = f2bf_(h->master[i]);
+        break;
+    }
+    return ss;
+}
+
+static void *worker_(void *arg)
+{
+    gpt_cuda *g = (gpt_cuda *)arg;
+    offload_rt_ *o = &g->off;
+    CUDA_CHECK(cudaSetDevice(o->device)); /* the model's, for event calls */
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->quit && o->q_n == 0)
+            pthread_cond_wait(&o->cv_job, &o->mu);
+        if (o->q_n == 0)
+            break; /* quit */
+        hjob_ j = o->q[o->q_head];
+        o->q_head = (o->q_head + 1) % o->q_cap;
+        o->q_n--;
+        o->running++;
+        pthread_mutex_unlock(&o->mu);
+
+        double t0 = now_s_(), d2h_ms = 0.0;
+        double ss = run_job_(g, &j, &d2h_ms);
+        double dt = now_s_() - t0;
+
+        pthread_mutex_lock(&o->mu);
+        hslot_ *h = hslot_of_(g, j.slot);
+        o->running--;
+        o->d2h_ms += d2h_ms;
+        if (j.kind == JOB_ACCUM || j.kind == JOB_SUMSQ) {
+            h->sumsq += ss;
+            if (--h->accum_jobs == 0 && (j.final || j.kind == JOB_SUMSQ))
+                h->sumsq_done = 1;
+        }
+        if (j.kind == JOB_ADAM || j.kind == JOB_TO_BF16 ||
+            (j.kind == JOB_ACCUM && j.adam))
+            h->adam_jobs--;
+        if (j.kind == JOB_ADAM || j.adam)
+            o->adam_s += dt;
+        else
+            o->accum_s += dt;
+        pthread_cond_broadcast(&o->cv_done);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+/* Queue job *proto over every chunk of slot s; counts it on the slot.
+ * Called with the lock held. Returns the number of jobs. */
+static int queue_chunks_(gpt_cuda *g, const hjob_ *proto)
+{
+    offload_rt_ *o = &g->off;
+    size_t n = g->slot_size, c = o->chunk;
+    int nj = (int)ceil_div(n, c);
+    if (o->q_n + nj > o->q_cap) {
+        int cap = 2 * (o->q_cap + nj);
+        hjob_ *q = (hjob_ *)malloc((size_t)cap * sizeof *q);
+        if (!q) {
+            fprintf(stderr, "gpt_cuda offload: out of host memory for the "
+                            "job queue\n");
+            exit(1);
+        }
+        for (int i = 0; i < o->q_n; i++)
+            q[i] = o->q[(o->q_head + i) % o->q_cap];
+        free(o->q);
+        o->q = q;
+        o->q_head = 0;
+        o->q_cap = cap;
+    }
+    for (int k = 0; k < nj; k++) {
+        hjob_ j = *proto;
+        j.i0 = (size_t)k * c;
+        j.i1 = j.i0 + c < n ? j.i0 + c : n;
+        o->q[(o->q_head + o->q_n++) % o->q_cap] = j;
+    }
+    pthread_cond_broadcast(&o->cv_job);
+    return nj;
+}
+
+void off_wait_idle_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    if (!o->enabled)
+        return;
+    pthread_mutex_lock(&o->mu);
+    while (o->q_n > 0 || o->running > 0)
+        pthread_cond_wait(&o->cv_done, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void off_refresh_bf16_(gpt_cuda *g, int s)
+{
+    offload_rt_ *o = &g->off;
+    hjob_ j;
+    memset(&j, 0, sizeof j);
+    j.kind = JOB_TO_BF16;
+    j.slot = s;
+    pthread_mutex_lock(&o->mu);
+    hslot_of_(g, s)->adam_jobs += queue_chunks_(g, &j);
+    pthread_mutex_unlock(&o->mu);
+    off_wait_idle_(g);
+}
+
+/* ------------------------------------------------------------ runtime */
+
+int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
+{
+    offload_rt_ *o = &g->off;
+    int L = g->cfg.n_layer;
+    memset(o, 0, sizeof *o);
+    o->n_staging = cfg->n_staging < 1 ? 1 : cfg->n_staging;
+    o->n_threads = cfg->host_threads < 1 ? 1 : cfg->host_threads;
+    CUDA_CHECK(cudaGetDevice(&o->device));
+    size_t per = ceil_div(g->slot_size, (size_t)o->n_threads);
+    per = ceil_div(per, 64) * 64;
+    o->chunk = per < MIN_CHUNK ? MIN_CHUNK : per;
+    o->iv = (piv_ *)calloc(2 * (size_t)L, sizeof(piv_));
+    o->at_pos = (int *)calloc(2 * (size_t)L, sizeof(int));
+    o->stg = (stage_ *)calloc((size_t)o->n_staging, sizeof(stage_));
+    o->q_cap = 64;
+    o->q = (hjob_ *)calloc((size_t)o->q_cap, sizeof(hjob_));
+    o->th = (pthread_t *)calloc((size_t)o->n_threads, sizeof(pthread_t));
+    if (!o->iv || !o->at_pos || !o->stg || !o->q || !o->th)
+        goto fail;
+    for (int b = 0; b < o->n_staging; b++) {
+        stage_ *sb = &o->stg[b];
+        if (cudaMalloc((void **)&sb->w, 2 * g->slot_size * sizeof(bf16)) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            sb->w = NULL;
+            fprintf(stderr, "gpt_cuda: out of device memory for %d staging "
+                            "buffers of %.1f MiB\n", o->n_staging,
+                    2 * g->slot_size * sizeof(bf16) / 1048576.0);
+            goto fail;
+        }
+        sb->dw = sb->w + g->slot_size;
+        CUDA_CHECK(cudaEventCreateWithFlags(&sb->freed,
+                                            cudaEventDisableTiming));
+    }
+    for (int i = 0; i < TIMING_RING; i++) {
+        timing_ *t = &o->ring[i];
+        CUDA_CHECK(cudaEventCreate(&t->h2d_a));
+        CUDA_CHECK(cudaEventCreate(&t->h2d_b));
+        CUDA_CHECK(cudaEventCreate(&t->wait_a));
+        CUDA_CHECK(cudaEventCreate(&t->wait_b));
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv_job, NULL);
+    pthread_cond_init(&o->cv_done, NULL);
+    for (int i = 0; i < o->n_threads; i++)
+        if (pthread_create(&o->th[i], NULL, worker_, g) != 0) {
+            fprintf(stderr, "gpt_cuda: cannot start host thread %d\n", i);
+            o->n_threads = i;
+            o->enabled = 1; /* so that fini stops the started ones */
+            off_fini_(g);
+            return -1;
+        }
+    o->enabled = 1;
+    return 0;
+fail:
+    for (int b = 0; o->stg && b < o->n_staging; b++)
+        if (o->stg[b].w) {
+            CUDA_CHECK(cudaFree(o->stg[b].w));
+            CUDA_CHECK(cudaEventDestroy(o->stg[b].freed));
+        }
+    free(o->iv);
+    free(o->at_pos);
+    free(o->stg);
+    free(o->q);
+    free(o->th);
+    memset(o, 0, sizeof *o);
+    return -1;
+}
+
+void off_fini_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    if (!o->enabled)
+        return;
+    off_wait_idle_(g);
+    pthread_mutex_lock(&o->mu);
+    o->quit = 1;
+    pthread_cond_broadcast(&o->cv_job);
+    pthread_mutex_unlock(&o->mu);
+    for (int i = 0; i < o->n_threads; i++)
+        pthread_join(o->th[i], NULL);
+    CUDA_CHECK(cudaStreamSynchronize(o->copy));
+    for (int b = 0; b < o->n_staging; b++) {
+        CUDA_CHECK(cudaFree(o->stg[b].w));
+        CUDA_CHECK(cudaEventDestroy(o->stg[b].freed));
+    }
+    for (int i = 0; i < TIMING_RING; i++) {
+        timing_ *t = &o->ring[i];
+        CUDA_CHECK(cudaEventDestroy(t->h2d_a));
+        CUDA_CHECK(cudaEventDestroy(t->h2d_b));
+        CUDA_CHECK(cudaEventDestroy(t->wait_a));
+        CUDA_CHECK(cudaEventDestroy(t->wait_b));
+    }
+    CUDA_CHECK(cudaStreamDestroy(o->copy));
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv_job);
+    pthread_cond_destroy(&o->cv_done);
+    free(o->iv);
+    free(o->at_pos);
+    free(o->stg);
+    free(o->q);
+    free(o->th);
+    memset(o, 0, sizeof *o);
+}
+
+/* ------------------------------------------------------------ host slots */
+
+hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
+{
+    offload_rt_ *o = &g->off;
+    int n = S - n_res;
+    size_t ss = g->slot_size;
+    *failed = 0;
+    if (n <= 0)
+        return NULL;
+    hslot_ *hs = (hslot_ *)calloc((size_t)n, sizeof *hs);
+    if (!hs) {
+        *failed = 1;
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        hslot_ *h = &hs[i];
+        /* calloc: large blocks come zeroed from mmap, pages on first touch */
+        h->master = (float *)calloc(4 * ss, sizeof(float));
+        if (!h->master) {
+            fprintf(stderr, "gpt_cuda: out of host memory for offloaded "
+                            "slot %d (%.1f MiB)\n", n_res + i,
+                    4.0 * ss * sizeof(float) / 1048576.0);
+            off_free_slots_(g, hs, i);
+            *failed = 1;
+            return NULL;
+        }
+        h->m = h->master + ss;
+        h->v = h->master + 2 * ss;
+        h->gacc = h->master + 3 * ss;
+        size_t pin = 2 * ss * sizeof(uint16_t);
+        if (cudaHostAlloc((void **)&h->wbf, pin, cudaHostAllocPortable) ==
+            cudaSuccess) {
+            h->pinned = 1;
+            memset(h->wbf, 0, pin);
+        } else {
+            (void)cudaGetLastError(); /* clear it: pageable still works */
+            h->wbf = (uint16_t *)calloc(2 * ss, sizeof(uint16_t));
+            if (!h->wbf) {
+                free(h->master);
+                off_free_slots_(g, hs, i);
+                *failed = 1;
+                return NULL;
+            }
+            if (!o->warned_pin)
+                fprintf(stderr, "gpt_cuda: warning: cannot pin %.1f MiB of "
+                                "host memory for slot %d (cudaHostAlloc); "
+                                "using pageable memory: copies will be "
+                                "slower and not overlap\n",
+                        pin / 1048576.0, n_res + i);
+            o->warned_pin = 1;
+        }
+        h->gbf = h->wbf + ss;
+        CUDA_CHECK(cudaEventCreate(&h->d2h_start));
+        CUDA_CHECK(cudaEventCreate(&h->drained));
+        o->host_bytes += 4 * ss * sizeof(float) + pin;
+        if (h->pinned)
+            o->pinned_bytes += pin;
+    }
+    return hs;
+}
+
+void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n)
+{
+    offload_rt_ *o = &g->off;
+    size_t ss = g->slot_size, pin = 2 * ss * sizeof(uint16_t);
+    if (!hs)
+        return;
+    for (int i = 0; i < n; i++) {
+        hslot_ *h = &hs[i];
+        if (!h->master)
+            continue;
+        if (h->pinned) {
+            CUDA_CHECK(cudaFreeHost(h->wbf));
+            o->pinned_bytes -= pin;
+        } else {
+            free(h->wbf);
+        }
+        free(h->master);
+        CUDA_CHECK(cudaEventDestroy(h->d2h_start));
+        CUDA_CHECK(cudaEventDestroy(h->drained));
+        o->host_bytes -= 4 * ss * sizeof(float) + pin;
+    }
+    free(hs);
+}
+
+/* ------------------------------------------------------------ passes */
+
+/* Read back the event timings that are complete (all of them, waiting,
+ * with force; force 2: only the oldest one). */
+static void harvest_(offload_rt_ *o, int force)
+{
+    while (o->ring_read < o->ring_n) {
+        timing_ *t = &o->ring[o->ring_read % TIMING_RING];
+        if (!t->wait)
+            break; /* its interval has not started */
+        if (!force && cudaEventQuery(t->wait_b) != cudaSuccess)
+            break;
+        CUDA_CHECK(cudaEventSynchronize(t->wait_b));
+        float h2d = 0.0f, stall = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&h2d, t->h2d_a, t->h2d_b));
+        CUDA_CHECK(cudaEventElapsedTime(&stall, t->wait_a, t->wait_b));
+        o->h2d_ms += h2d;
+        o->stall_ms += stall;
+        t->fetch = t->wait = 0;
+        o->ring_read++;
+        if (force == 2)
+            break;
+    }
+}
+
+/* Issue the pass's next fetch, interval j = next_fetch, into staging
+ * buffer j % n_staging, when there is one and that buffer's previous
+ * interval (j - n_staging) has been issued to its end. Its slot's AdamW
+ * must be done (the fetch reads the working copy it writes): block = 0
+ * gives up if it is not, block = 1 waits. 1 when a fetch was issued. */
+static int try_fetch_(gpt_cuda *g, int block)
+{
+    offload_rt_ *o = &g->off;
+    int j = o->next_fetch;
+    if (j >= o->n_iv || j >= o->n_left + o->n_staging)
+        return 0;
+    piv_ *I = &o->iv[j];
+    stage_ *sb = &o->stg[j % o->n_staging];
+    hslot_ *h = hslot_of_(g, I->slot);
+    pthread_mutex_lock(&o->mu);
+    while (h->adam_jobs > 0 && block)
+        pthread_cond_wait(&o->cv_done, &o->mu);
+    int busy = h->adam_jobs > 0;
+    pthread_mutex_unlock(&o->mu);
+    if (busy)
+        return 0;
+    if (o->ring_n - o->ring_read >= TIMING_RING)
+        harvest_(o, 2);
+    timing_ *t = &o->ring[o->ring_n % TIMING_RING];
+    CUDA_CHECK(cudaStreamWaitEvent(o->copy, sb->freed, 0));
+    CUDA_CHECK(cudaEventRecord(t->h2d_a, o->copy));
+    CUDA_CHECK(cudaMemcpyAsync(sb->w, h->wbf, g->slot_size * sizeof(bf16),
+                               cudaMemcpyHostToDevice, o->copy));
+    CUDA_CHECK(cudaEventRecord(t->h2d_b, o->copy));
+    t->fetch = 1;
+    o->ring_n++;
+    o->h2d_bytes += g->slot_size * sizeof(bf16);
+    o->next_fetch++;
+    return 1;
+}
+
+void off_poll_(gpt_cuda *g)
+{
+    while (try_fetch_(g, 0))
+        ;
+}
+
+void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last)
+{
+    offload_rt_ *o = &g->off;
+    const int L = g->cfg.n_layer;
+    int n = 0;
+    for (int p = p0; p < p1; p++) {
+        int s = g->slot_of[p < L ? p : 2 * L - 1 - p];
+        o->at_pos[p] = -1;
+        if (s < g->n_res)
+            continue;
+        if (n > 0 && o->iv[n - 1].slot == s && o->iv[n - 1].last == p - 1) {
+            o->iv[n - 1].last = p;
+        } else {
+            piv_ iv = {s, p, p, 0, 0};
+            o->iv[n++] = iv;
+        }
+        o->at_pos[p] = n - 1;
+        if (p >= L)
+            o->iv[n - 1].has_bwd = 1;
+    }
+    /* final: the step's last microbatch and no later backward interval of
+     * the same slot in this pass */
+    for (int j = 0; j < n; j++) {
+        int later = 0;
+        for (int i = j + 1; i < n; i++)
+            later |= o->iv[i].slot == o->iv[j].slot && o->iv[i].has_bwd;
+        o->iv[j].final = last && o->iv[j].has_bwd && !later;
+    }
+    o->n_iv = n;
+    o->p0 = p0;
+    o->p1 = p1;
+    /* the first fetches start now, under the encoder and resident layers
+     * (a slot still being updated is fetched at a later poll) */
+    o->next_fetch = o->n_left = 0;
+    o->ring_base = o->ring_n; /* fetch j's timing: ring[ring_base + j] */
+    off_poll_(g);
+}
+
+void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
+{
+    offload_rt_ *o = &g->off;
+    int j = o->at_pos[p];
+    piv_ *I = &o->iv[j];
+    stage_ *sb = &o->stg[j % o->n_staging];
+    if (p == I->first) {
+        while (o->next_fetch <= j) /* n_left = j: it can be issued */
+            try_fetch_(g, 1);
+        off_poll_(g);
+        timing_ *t = &o->ring[(o->ring_base + j) % TIMING_RING];
+        CUDA_CHECK(cudaEventRecord(t->wait_a, g->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(g->stream, t->h2d_b, 0));
+        CUDA_CHECK(cudaEventRecord(t->wait_b, g->stream));
+        t->wait = 1;
+        if (I->has_bwd)
+            CUDA_CHECK(cudaMemsetAsync(sb->dw, 0, g->slot_size * sizeof(bf16),
+                                       g->stream));
+    }
+    *w = sb->w;
+    *dw = sb->dw;
+}
+
+void off_leave_(gpt_cuda *g, int p)
+{
+    offload_rt_ *o = &g->off;
+    int j = o->at_pos[p];
+    piv_ *I = &o->iv[j];
+    if (p != I->last)
+        return;
+    stage_ *sb = &o->stg[j % o->n_staging];
+    CUDA_CHECK(cudaEventRecord(sb->freed, g->stream));
+    o->n_left++;
+    if (!I->has_bwd) {
+        off_poll_(g);
+        return;
+    }
+    /* drain the interval's gradient; the slot's landing buffer must have
+     * been consumed by its previous accumulation */
+    int s = I->slot;
+    hslot_ *h = hslot_of_(g, s);
+    pthread_mutex_lock(&o->mu);
+    while (h->accum_jobs > 0)
+        pthread_cond_wait(&o->cv_done, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+    CUDA_CHECK(cudaStreamWaitEvent(o->copy, sb->freed, 0));
+    CUDA_CHECK(cudaEventRecord(h->d2h_start, o->copy));
+    CUDA_CHECK(cudaMemcpyAsync(h->gbf, sb->dw, g->slot_size * sizeof(bf16),
+                               cudaMemcpyDeviceToHost, o->copy));
+    CUDA_CHECK(cudaEventRecord(h->drained, o->copy));
+    o->d2h_bytes += g->slot_size * sizeof(bf16);
+
+    hjob_ job;
+    memset(&job, 0, sizeof job);
+    job.kind = JOB_ACCUM;
+    job.slot = s;
+    job.first = !h->touched;
+    job.final = I->final;
+    job.adam = I->final && o->early;
+    if (job.adam) {
+        job.lr = o->lr;
+        job.beta1 = o->beta1;
+        job.beta2 = o->beta2;
+        job.eps = o->eps;
+        job.wd = o->wd;
+        job.scale = 1.0f;
+        job.t = ++g->adam_t_slot[s];
+        h->updated = 1;
+    }
+    h->touched = 1;
+    pthread_mutex_lock(&o->mu);
+    if (job.final) {
+        h->sumsq = 0.0;
+        h->sumsq_done = 0;
+    }
+    int nj = queue_chunks_(g, &job);
+    h->accum_jobs += nj;
+    if (job.adam)
+        h->adam_jobs += nj;
+    pthread_mutex_unlock(&o->mu);
+    off_poll_(g);
+}
+
+/* ------------------------------------------------------------ optimizer */
+
+/* AdamW jobs of the last step may still run (they overlap this step's
+ * forward; a slot's fetch waits for its own); accumulations may not. */
+void off_step_begin_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    pthread_mutex_lock(&o->mu);
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        while (h->accum_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        h->touched = h->updated = h->sumsq_done = 0;
+        h->sumsq = 0.0;
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+double off_grad_sumsq_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    off_wait_idle_(g);
+    pthread_mutex_lock(&o->mu);
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        if (h->sumsq_done)
+            continue;
+        if (!h->touched) {
+            /* no layer used it this step: its gradient is zero */
+            memset(h->gacc, 0, g->slot_size * sizeof(float));
+            h->touched = 1;
+            h->sumsq = 0.0;
+            h->sumsq_done = 1;
+            continue;
+        }
+        hjob_ j;
+        memset(&j, 0, sizeof j);
+        j.kind = JOB_SUMSQ;
+        j.slot = s;
+        h->sumsq = 0.0;
+        h->accum_jobs += queue_chunks_(g, &j);
+    }
+    pthread_mutex_unlock(&o->mu);
+    off_wait_idle_(g);
+    double total = 0.0;
+    for (int s = g->n_res; s < g->S; s++)
+        total += hslot_of_(g, s)->sumsq;
+    return total;
+}
+
+void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
+                float wd, float scale)
+{
+    offload_rt_ *o = &g->off;
+    hjob_ j;
+    memset(&j, 0, sizeof j);
+    j.kind = JOB_ADAM;
+    j.lr = lr;
+    j.beta1 = beta1;
+    j.beta2 = beta2;
+    j.eps = eps;
+    j.wd = wd;
+    j.scale = scale;
+    pthread_mutex_lock(&o->mu);
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        if (h->updated)
+            continue; /* early update, already queued */
+        h->updated = 1;
+        j.slot = s;
+        j.t = ++g->adam_t_slot[s];
+        h->adam_jobs += queue_chunks_(g, &j);
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st)
+{
+    offload_rt_ *o = &g->off;
+    memset(st, 0, sizeof *st);
+    st->n_slots = g->S;
+    st->n_resident = g->n_res;
+    st->n_offloaded = g->S - g->n_res;
+    gpt_cuda_info info;
+    gpt_cuda_get_info(g, &info);
+    st->device_bytes = info.bytes_params + info.bytes_grads + info.bytes_opt +
+                       info.bytes_acts;
+    if (!o->enabled)
+        return;
+    st->n_staging = o->n_staging;
+    st->staging_bytes = (size_t)o->n_staging * 2 * g->slot_size *
+                        sizeof(bf16);
+    st->device_bytes += st->staging_bytes;
+    harvest_(o, 0);
+    pthread_mutex_lock(&o->mu);
+    st->host_bytes = o->host_bytes;
+    st->pinned_bytes = o->pinned_bytes;
+    st->h2d_bytes = o->h2d_bytes;
+    st->d2h_bytes = o->d2h_bytes;
+    st->h2d_s = o->h2d_ms * 1e-3;
+    st->d2h_s = o->d2h_ms * 1e-3;
+    st->stall_s = o->stall_ms * 1e-3;
+    st->accum_s = o->accum_s;
+    st->adam_s = o->adam_s;
+    pthread_mutex_unlock(&o->mu);
+}
