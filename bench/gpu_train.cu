@@ -142,12 +142,14 @@ int main(int argc, char **argv)
         if (k == warmup)
             t0 = now_();
         double ts = now_();
-        gpt_cuda_zero_grad(g);
+        gpt_cuda_step_begin(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
         double lsum = 0;
         for (int a = 0; a < accum; a++) {
             const int32_t *in = inp + (size_t)a * BT, *tg = tgt + (size_t)a * BT;
-            lsum += gpt_cuda_forward(g, in, tg, B);
-            gpt_cuda_backward(g, in, tg, B, 1.0f / ((float)BT * accum));
+            /* forward + backward without a host round trip in between */
+            lsum += gpt_cuda_train_microbatch(g, in, tg, B,
+                                              1.0f / ((float)BT * accum),
+                                              a == accum - 1);
         }
         gpt_cuda_adamw(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
         norm = gpt_cuda_last_grad_norm(g); /* waits for the step */
