@@ -260,9 +260,18 @@ static double rel_(double a, double b)
     return fabs(a - b) / fmax(fabs(b), 1e-30);
 }
 
+/* *worst = max(*worst, r); a NaN or infinity makes it infinite */
+static void worst_(double *worst, double r)
+{
+    *worst = isfinite(r) ? fmax(*worst, r) : INFINITY;
+}
+
+/* State buffer `which` in the CPU layout, after every queued device and
+ * host job (an offloaded slot's AdamW may still run on the host threads) */
 static float *get_state_(gpt_cuda *g, int which, int S)
 {
     float *h = (float *)xmalloc_(n_cpu_(S) * sizeof(float));
+    gpt_cuda_synchronize(g);
     if (gpt_cuda_get_state(g, which, h, n_cpu_(S)) != 0) {
         fprintf(stderr, "test_offload: get_state(%d) failed\n", which);
         exit(1);
@@ -348,8 +357,8 @@ static gpt_cuda *test_vs_resident_(void)
             check_(rel_(no, nr) <= TOL_NORM1, "step 1 gradient norm (rel)",
                    no, nr, TOL_NORM1);
         }
-        max_rel = isfinite(lo) ? fmax(max_rel, rel_(lo, lr_)) : INFINITY;
-        max_nrel = isfinite(no) ? fmax(max_nrel, rel_(no, nr)) : INFINITY;
+        worst_(&max_rel, rel_(lo, lr_));
+        worst_(&max_nrel, rel_(no, nr));
     }
     check_(max_rel <= TOL_LOSS_REL, "max rel |loss off - loss res|", max_rel,
            0, TOL_LOSS_REL);
@@ -395,8 +404,8 @@ static gpt_cuda *test_vs_resident_(void)
                "%.5f off %.5f (delinked, 2 microbatches)\n", k + 1,
                max_norm > 0 ? "      " : " noclip", lr_, lo, rel_(lo, lr_),
                nr, no);
-        max_rel = isfinite(lo) ? fmax(max_rel, rel_(lo, lr_)) : INFINITY;
-        max_nrel = isfinite(no) ? fmax(max_nrel, rel_(no, nr)) : INFINITY;
+        worst_(&max_rel, rel_(lo, lr_));
+        worst_(&max_nrel, rel_(no, nr));
     }
     check_(max_rel <= TOL_LOSS_REL, "after delink: max rel loss difference",
            max_rel, 0, TOL_LOSS_REL);
@@ -509,7 +518,6 @@ static void test_state_(gpt_cuda *A)
     printf("3. state round trip: the offloaded model of 1 -> a fresh "
            "offloaded model (n_resident=%d) and an all-resident one\n",
            off.n_resident);
-    gpt_cuda_synchronize(A);
     float *st[3];
     long steps[65], back_steps[65];
     for (int which = 0; which < 3; which++)
@@ -522,6 +530,7 @@ static void test_state_(gpt_cuda *A)
     const char *name[2] = {"offloaded", "resident"};
     const char *wname[3] = {"master", "m", "v"};
     for (int i = 0; i < 2; i++) {
+        gpt_cuda_synchronize(to[i]);
         for (int which = 0; which < 3; which++)
             if (gpt_cuda_set_state(to[i], which, st[which], n) != 0) {
                 printf("  set_state(%d) failed\n", which);
@@ -568,8 +577,6 @@ static void test_state_(gpt_cuda *A)
         else
             check_(rel_(lc, la) <= TOL_LOSS_REL, what, lc, la, TOL_LOSS_REL);
     }
-    gpt_cuda_synchronize(A);
-    gpt_cuda_synchronize(Bo);
     for (int which = 0; which < 3; which++) {
         float *a = get_state_(A, which, L), *b = get_state_(Bo, which, L);
         char what[96];
