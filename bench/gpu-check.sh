@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/gpu-check.sh — build the CUDA backend, its tests and the GPU benchmark
+# bench/gpu-check.sh — build the CUDA backend, its tests and the GPU benchmarks
 # with plain nvcc/gcc (no meson, no Debian packages: the CPU reference is
 # built with -DM6_NO_CBLAS), run the GPU tests and benchmarks, print the
 # figures and end with one key=value line. The trainer test (test_trainer)
@@ -40,7 +40,8 @@ NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_
          -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
 CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
 LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
-KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda"
+KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda
+         gpt_cuda_offload"
 CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
 
 pids=()
@@ -55,7 +56,9 @@ for k in $KERNELS; do
 done
 compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
 compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
+compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
 compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
+compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
 for k in $CPU_OPS; do
     compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
 done
@@ -95,7 +98,10 @@ if [ $build_ok = yes ]; then
     "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
     "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
         "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-    "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
+    "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" \
+        "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+    "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
+    "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
     build_ok=no
 fi
 if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
@@ -132,39 +138,59 @@ run() {
 verdict() { # exit code -> yes / no / skip / timeout
     case $1 in 0) echo yes;; 77) echo skip;; 124) echo timeout;; 125) echo not_run;; *) echo no;; esac
 }
-kv() { # NAME KEY: KEY's value on the last key=value line of NAME's output
+kv() { # NAME KEY [FIRST]: KEY's value on the last key=value line of NAME's
+       # output, the line that starts with FIRST= (default tokens_per_s)
     local v
-    v=$(grep '^tokens_per_s=' "$OUT/$1.out" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p")
+    v=$(grep "^${3:-tokens_per_s}=" "$OUT/$1.out" 2>/dev/null | tail -1 | tr ' ' '\n' |
+        sed -n "s/^$2=//p")
     echo "${v:-na}"
 }
+okv() { kv "$1" "$2" tokens_per_s_resident; } # gpu_offload's line
 
 run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
 run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
+run test_offload 120 "$OUT/test_offload"; OFFLOAD=$(verdict $RC)
 if [ $HAVE_TRAINER_LIBS = yes ]; then
     run test_trainer 120 "$OUT/test_trainer"; TRAINER=$(verdict $RC)
 else
     echo "gpu-check: test_trainer not built (no jansson/zlib): skipped"
     TRAINER=no_libs
 fi
-if [ "$OPS" = skip ] && [ "$MODEL" = skip ]; then
-    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip trainer_ok=$TRAINER build_s=$BUILD_S"
+if [ "$OPS" = skip ] && [ "$MODEL" = skip ] && [ "$OFFLOAD" = skip ]; then
+    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip offload_ok=skip trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
 run train_124m_pseudo 90 "$OUT/gpu_train" --share 1 --steps 10 --warmup 3 --peak-n 0
 run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 10 --warmup 3 --peak-n 0
+# Offloading (issue #5): GPT-2 1.5B resident vs 2/3 offloaded, clipped and
+# not (~1 min: two model creations, 2 x (2 + 5 + 1 + 5) steps); then the
+# largest model that fits device + host (~1-2 min, mostly host memory setup
+# and host AdamW), last so that the deadline cuts it first.
+run offload_1p5b 150 "$OUT/gpu_offload" --steps 5 --warmup 2 --no-clip
+run offload_largest 150 "$OUT/gpu_offload" --largest --steps 2 --warmup 1
 
 TOTAL_S=$(( $(date +%s) - START ))
 echo
 echo "gpu-check: log $LOG"
-LINE="ops_ok=$OPS model_ok=$MODEL trainer_ok=$TRAINER"
+LINE="ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
 LINE+=" tok_s_124m_pseudo=$(kv train_124m_pseudo tokens_per_s) mfu_124m_pseudo=$(kv train_124m_pseudo mfu)"
 LINE+=" tok_s_350m=$(kv train_350m tokens_per_s) mfu_350m=$(kv train_350m mfu)"
+LINE+=" tok_s_1p5b_res=$(okv offload_1p5b tokens_per_s_resident)"
+LINE+=" tok_s_1p5b_off=$(okv offload_1p5b tokens_per_s_offload)"
+LINE+=" offload_ratio=$(okv offload_1p5b ratio) offload_ratio_noclip=$(okv offload_1p5b ratio_noclip)"
+LINE+=" h2d_gbps=$(okv offload_1p5b h2d_gbps) pinned_peak_gbps=$(okv offload_1p5b pinned_peak_gbps)"
+LINE+=" copy_ratio=$(okv offload_1p5b copy_ratio) stall_frac=$(okv offload_1p5b stall_frac)"
+LINE+=" largest_params=$(okv offload_largest largest_params)"
+LINE+=" largest_layers=$(okv offload_largest largest_layers)"
+LINE+=" largest_tflops=$(okv offload_largest largest_tflops)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
 echo "$LINE"
-[ "$OPS" = yes ] && [ "$MODEL" = yes ] && { [ "$TRAINER" = yes ] || [ "$TRAINER" = no_libs ]; } &&
-    [ "$(kv train_124m tokens_per_s)" != na ] && exit 0
+[ "$OPS" = yes ] && [ "$MODEL" = yes ] && [ "$OFFLOAD" = yes ] &&
+    { [ "$TRAINER" = yes ] || [ "$TRAINER" = no_libs ]; } &&
+    [ "$(kv train_124m tokens_per_s)" != na ] &&
+    [ "$(okv offload_1p5b tokens_per_s_offload)" != na ] && exit 0
 exit 1
