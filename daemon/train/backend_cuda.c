@@ -431,8 +431,7 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
         }
         if (plan.n_offloaded > 0) {
             off.n_resident = n_res;
-            off.n_staging = plan.n_staging > 0 ? plan.n_staging
-                                               : spec->offload.prefetch;
+            off.n_staging = plan.n_staging; /* min(prefetch, offloaded) */
             off.host_threads = spec->offload.host_threads;
             offp = &off;
             c->placed = 1;
@@ -444,7 +443,7 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
         snprintf(err, errlen, "cannot create the model on the GPU (%d "
                  "slots%s, batch_size %d): out of device or host memory or "
                  "an unsupported shape (details on m6d's stderr)", S,
-                 offp ? ", some offloaded" : "", spec->train.batch_size);
+                 offp ? ", offloading on" : "", spec->train.batch_size);
         goto fail;
     }
     /* the CPU model's initial weights for the seed, so a run starts from
