@@ -5,17 +5,20 @@
  *
  * Terms. A slot is RESIDENT when its weights, gradient and AdamW moments
  * live in device memory, OFFLOADED when its fp32 master weights, gradient
- * and moments live in pinned host memory and its weights are copied to a
- * device staging buffer just before the layers that use it run. The globals
+ * and moments live in host memory (what of it is pinned: the planner, per
+ * backend) and its weights are copied to a device staging buffer just
+ * before the layers that use it run. The globals
  * (embeddings, final LayerNorm) are always resident.
  *
  * Offloading is on when the spec sets device.memory_budget > 0 (bytes);
  * 0 means unlimited: no pools, every slot resident, exactly the plain path.
  *
- * In CPU builds the "device" is a pool of ordinary memory with the budget
- * enforced byte for byte; copies are memcpy on a copy thread. The CUDA
- * backend will put the same pools on cudaMalloc / cudaHostAlloc and the
- * copies on a stream; the plan and the schedule do not change.
+ * On the CPU backend the "device" is a pool of ordinary memory with the
+ * budget enforced byte for byte; copies are memcpy on a copy thread (the
+ * pools and the runtime below). The CUDA backend uses only the planner
+ * from this file: gpt_cuda (kernels/cuda/gpt_cuda.h) places, streams and
+ * updates the slots itself, as the planner's cuda accounting describes,
+ * and daemon/train/backend_cuda.c maps its statistics to offload_stats.
  *
  * Units: bytes everywhere (size_t / uint64_t), seconds as double.
  */
@@ -94,14 +97,33 @@ typedef struct {
 /* A memory plan for one phase (one share map).
  *
  * Device memory = globals + resident slots + activations + staging buffers
- * + backend workspace, with
- *   global_bytes  = 4 buffers (params, grads, m, v) * n_global floats * 4
- *   slot_bytes    = 4 buffers * slot_size floats * 4      (one resident slot)
- *   staging_bytes = 2 buffers (weights, grads) * slot_size floats * 4
- *   act_bytes     = gpt_act_floats(model, B) * 4
- *   workspace     = 0 on CPU; 32 MiB (cuBLASLt workspace) on CUDA
- * (n_global, slot_size: gpt_layout_sizes, padded to 16 floats). There are
- * n_staging = min(prefetch, n_offloaded) staging buffers.
+ * + backend workspace. There are n_staging = min(prefetch, n_offloaded)
+ * staging buffers. (n_global, slot_size: gpt_layout_sizes, padded to 16
+ * elements; the slot layout is the same on both backends.) Per backend:
+ *
+ *   cpu (fp32 everywhere; the "device" is a pool of ordinary memory):
+ *     global_bytes  = 4 buffers (params, grads, m, v) * n_global * 4
+ *     slot_bytes    = 4 buffers * slot_size * 4        (one resident slot)
+ *     staging_bytes = 2 buffers (weights, grads) * slot_size * 4
+ *     act_bytes     = gpt_act_floats(model, B) * 4
+ *     workspace     = 0
+ *     host, per offloaded slot: params, grads, m, v, 16 bytes/parameter,
+ *       all of it pinned (the host pool)
+ *
+ *   cuda (kernels/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
+ *     global_bytes  = 16 bytes * n_global_cuda (bf16 params 2 + bf16 grads
+ *                     2 + fp32 master, m, v 12), n_global_cuda = the
+ *                     globals with wte padded to Vp = V rounded up to 128
+ *                     rows
+ *     slot_bytes    = 16 bytes * slot_size        (one resident slot)
+ *     staging_bytes = 4 bytes * slot_size         (bf16 weights + grads)
+ *     act_bytes     = offload_cuda_act_bytes(model, B): exactly gpt_cuda's
+ *                     activation block
+ *     workspace     = 32 MiB (cuBLASLt's workspace)
+ *     host, per offloaded slot: 16 bytes/parameter of ordinary memory
+ *       (fp32 master, m, v, gradient accumulator) + 4 bytes/parameter
+ *       pinned (bf16 working copy, bf16 gradient landing buffer)
+ * The CUDA context and the allocator's rounding are not counted.
  *
  * Which slots: resident slots fill the budget first; the rest are
  * offloaded, taken from the END of the stack. In backward the last layers'
@@ -114,13 +136,17 @@ typedef struct {
  * passes add forward fetches): the layers of one microbatch, forward then
  * backward, are cut into intervals, maximal runs of adjacent layers using
  * the same offloaded slot (so the last layer's forward and backward share
- * one fetch). Each interval fetches the slot's weights once (h2d,
- * slot_size*4); each interval with backward layers drains the gradient
- * (d2h, slot_size*4) and, unless it is the slot's first backward use in the
- * step, first fetches the partial gradient (h2d, slot_size*4), so that
- * accumulation happens in the same kernel, in the same order, as for a
- * resident slot. For the Real phase with k offloaded slots and A
- * microbatches: h2d = A(2k-1)W + (A-1)kW, d2h = AkW, W = slot_size*4. */
+ * one fetch). W is one slot's weights as they travel: slot_size * 4 (fp32)
+ * on cpu, slot_size * 2 (bf16) on cuda. Each interval fetches the slot's
+ * weights once (h2d, W); each interval with backward layers drains the
+ * gradient (d2h, W). On cpu such an interval, unless it is the slot's
+ * first backward use in the step, first fetches the partial gradient (h2d,
+ * W), so that accumulation happens in the same kernel, in the same order,
+ * as for a resident slot; on cuda it starts from zero and the host adds
+ * the drained gradient to the slot's fp32 accumulator. For the Real phase
+ * with k offloaded slots and A microbatches:
+ *   cpu:  h2d = A(2k-1)W + (A-1)kW, d2h = AkW
+ *   cuda: h2d = A(2k-1)W,           d2h = AkW */
 typedef struct offload_plan {
     int n_layer, n_slots;
     int n_resident, n_offloaded;
@@ -129,18 +155,29 @@ typedef struct offload_plan {
     int batch_size, grad_accum, prefetch;
     backend_kind backend;
     size_t budget_bytes;       /* 0: unlimited */
-    size_t global_bytes;       /* globals: params, grads, m, v */
-    size_t slot_bytes;         /* one resident slot: params, grads, m, v */
+    size_t global_bytes;       /* globals: params, grads, optimizer state */
+    size_t slot_bytes;         /* one resident slot: the same */
     size_t staging_bytes;      /* one staging buffer: weights + grads */
     size_t act_bytes;          /* activations and backward scratch */
     size_t workspace_bytes;    /* backend workspace reserve */
     size_t peak_device_bytes;  /* predicted peak device memory */
     size_t min_budget_bytes;   /* device memory with every slot offloaded */
-    size_t host_bytes;         /* pinned host: offloaded params, grads, m, v */
+    size_t host_slot_bytes;    /* host memory of one offloaded slot */
+    size_t pinned_slot_bytes;  /* of which page-locked */
+    size_t host_bytes;         /* host memory of the offloaded slots */
+    size_t pinned_bytes;       /* of which page-locked (cpu: all of it) */
     uint64_t h2d_bytes_per_step, d2h_bytes_per_step;
     struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
                                    * phase's plan when the run has one */
 } offload_plan;
+
+/* Device bytes of gpt_cuda's activations and scratch for microbatches of
+ * up to B sequences (the bytes_acts of gpt_cuda_get_info). Plain C: it
+ * mirrors the table of alloc_acts_ in kernels/cuda/gpt_cuda.cu region for
+ * region, with the scratch sizes of kernels/cuda/{matmul,layernorm,
+ * attention,adamw,encoder}.cu; a change to either must change the other
+ * (tests/gpu/test_trainer.c compares the two on a GPU). */
+size_t offload_cuda_act_bytes(const model_config *model, int B);
 
 /* Plan one phase. 0, or -1 with err when the input is invalid or the model
  * does not fit even with every slot offloaded; the message gives the budget,
@@ -159,8 +196,8 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
 /* Human table (json 0) or one JSON object (json 1) with at least
  * resident_slots, offloaded_slots (arrays of slot indices),
  * peak_device_bytes, h2d_bytes_per_step, d2h_bytes_per_step,
- * min_budget_bytes, host_bytes, budget_bytes and a breakdown; the Pseudo
- * phase, if any, nested as "pseudo". */
+ * min_budget_bytes, host_bytes, pinned_bytes, budget_bytes and a
+ * breakdown; the Pseudo phase, if any, nested as "pseudo". */
 void offload_plan_print(FILE *f, const offload_plan *p, int json);
 void offload_plan_free(offload_plan *p);
 
@@ -174,12 +211,14 @@ enum { OFFLOAD_REQUIRE_PINNED = 1 };
  *  - host memory: on the CPU backend, everything (the plan's peak device
  *    bytes, which are host memory there, plus offloaded slots) must not
  *    exceed MemAvailable ("host memory: training needs X ..., only Y
- *    available"); on CUDA, the pinned host bytes of the Real phase
- *    ("host memory: offloading needs X, only Y available");
- *  - pinning: when the host bytes exceed what this process may lock
- *    (offload_pin_limit), it is an error under OFFLOAD_REQUIRE_PINNED
- *    (naming RLIMIT_MEMLOCK, the bytes, and LimitMEMLOCK=/ulimit -l), and
- *    otherwise a warning in warn (the run will use pageable memory).
+ *    available"); on CUDA, the Real phase's host bytes, ordinary and
+ *    pinned ("host memory: offloading N slots needs X of host memory, P
+ *    of it pinned; only Y available");
+ *  - pinning: when the pinned bytes (cpu: all host bytes; cuda: the bf16
+ *    copies only) exceed what this process may lock (offload_pin_limit),
+ *    it is an error under OFFLOAD_REQUIRE_PINNED (naming RLIMIT_MEMLOCK,
+ *    the bytes, and LimitMEMLOCK=/ulimit -l), and otherwise a warning in
+ *    warn (the run will use pageable memory).
  * out (may be NULL) receives the plan. 0 (warn may be non-empty) or -1. */
 int offload_check(const run_spec *spec, size_t budget_override, int flags,
                   offload_plan *out, char *warn, size_t warnlen, char *err,

@@ -44,6 +44,71 @@ static const char *short_bytes_(char *buf, size_t len, uint64_t n)
     return buf;
 }
 
+/* ------------------------------------------------------- cuda shapes */
+
+/* Constants of kernels/cuda that gpt_cuda's allocations depend on. They are
+ * copied here so that the planner (and m6ctl) need no CUDA; keep them in
+ * sync with the files named. */
+#define CUDA_VPAD_ 128          /* gpt_cuda.cu VPAD: wte rows padded to */
+#define CUDA_ACT_ALIGN_ 256     /* gpt_cuda.cu alloc_acts_: region rounding */
+#define CUDA_MM_ROWS_ 256       /* matmul.cu MM_ROWS */
+#define CUDA_LN_ROWS_ 256       /* layernorm.cu LN_ROWS */
+#define CUDA_SUMSQ_BLOCKS_ 1024 /* adamw.cu SUMSQ_BLOCKS */
+#define CUDA_RED_SCALARS_ 3     /* gpt_cuda.cu RED_NSCALARS */
+
+static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
+static size_t pad16_(size_t n) { return ceil_div_(n, 16) * 16; }
+
+/* Elements of gpt_cuda's global region: wte with Vp rows, wpe, ln_f. */
+static size_t cuda_n_global_(const model_config *c)
+{
+    size_t Vp = ceil_div_((size_t)c->vocab_size, CUDA_VPAD_) * CUDA_VPAD_;
+    size_t C = (size_t)c->n_embd;
+    return pad16_(Vp * C + (size_t)c->seq_len * C + 2 * C);
+}
+
+size_t offload_cuda_act_bytes(const model_config *c, int B_)
+{
+    const size_t L = (size_t)c->n_layer, T = (size_t)c->seq_len;
+    const size_t C = (size_t)c->n_embd, NH = (size_t)c->n_head;
+    const size_t Vp = ceil_div_((size_t)c->vocab_size, CUDA_VPAD_) * CUDA_VPAD_;
+    const size_t B = (size_t)B_, BT = B * T;
+    const size_t h = 2, f = 4, i4 = 4; /* bf16, fp32, int32 */
+    /* op scratch: the largest of matmul backward (OC = 4C), layernorm
+     * backward and attention backward */
+    size_t scratch = ceil_div_(BT, CUDA_MM_ROWS_) * 4 * C;
+    size_t s2 = ceil_div_(BT, CUDA_LN_ROWS_) * 2 * C, s3 = B * NH * T;
+    if (s2 > scratch)
+        scratch = s2;
+    if (s3 > scratch)
+        scratch = s3;
+    const size_t region[] = {
+        BT * C * h,                                   /* encoded */
+        L * BT * C * h, L * BT * 3 * C * h,           /* ln1, qkv */
+        L * BT * C * h, L * BT * C * h,               /* atty, res2 */
+        L * BT * C * h, L * BT * 4 * C * h,           /* ln2, fch */
+        L * BT * 4 * C * h, L * BT * C * h,           /* fchg, res3 */
+        BT * C * h, BT * Vp * h,                      /* lnf, logits */
+        L * BT * f, L * BT * f, L * BT * f, L * BT * f, /* ln1/ln2 mean, rstd */
+        BT * f, BT * f,                               /* lnf mean, rstd */
+        L * B * NH * T * f,                           /* lse */
+        BT * f, BT * f,                               /* losses, dlosses */
+        BT * C * h, BT * C * h, BT * C * h, BT * C * h, /* dres dln datty dlnf */
+        BT * 3 * C * h,                               /* dqkv */
+        BT * 4 * C * h, BT * 4 * C * h,               /* dfch, dfchg */
+        scratch * f,                                  /* scratch */
+        (CUDA_SUMSQ_BLOCKS_ + CUDA_RED_SCALARS_) * f, /* red */
+        BT * i4, BT * i4,                             /* inp, tgt */
+        (3 * BT + 2) * i4,                            /* encoder plan */
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof region / sizeof region[0]; i++)
+        total += ceil_div_(region[i], CUDA_ACT_ALIGN_) * CUDA_ACT_ALIGN_;
+    return total;
+}
+
+/* ------------------------------------------------------------- planner */
+
 static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch)
 {
     int k = p->n_slots - n_resident;
@@ -56,7 +121,7 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch)
 static int count_step_bytes_(offload_plan *p, const int *slot_of)
 {
     int L = p->n_layer;
-    size_t W = p->staging_bytes / 2;
+    size_t W = p->staging_bytes / 2; /* one slot's weights (or grads) */
     offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
     int *at = malloc(2 * (size_t)L * sizeof(int));
     unsigned char *touched = calloc((size_t)p->n_slots, 1);
@@ -74,7 +139,10 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of)
             p->h2d_bytes_per_step += W;
             if (iv[j].has_bwd) {
                 p->d2h_bytes_per_step += W;
-                if (iv[j].grad_from_host)
+                /* CPU: the partial gradient comes back to be accumulated
+                 * on the device; CUDA accumulates drained gradients on
+                 * the host instead */
+                if (iv[j].grad_from_host && p->backend == BACKEND_CPU)
                     p->h2d_bytes_per_step += W;
             }
         }
@@ -100,6 +168,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         return -1;
     }
     size_t ng, ss;
+    int cuda = in->backend == BACKEND_CUDA;
     gpt_layout_sizes(c, &ng, &ss);
     out->n_layer = L;
     out->n_slots = S;
@@ -108,11 +177,23 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->prefetch = in->prefetch;
     out->backend = in->backend;
     out->budget_bytes = in->budget;
-    out->global_bytes = 4 * ng * sizeof(float);
-    out->slot_bytes = 4 * ss * sizeof(float);
-    out->staging_bytes = 2 * ss * sizeof(float);
-    out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
-    out->workspace_bytes = in->backend == BACKEND_CUDA ? CUDA_WORKSPACE_ : 0;
+    if (cuda) {
+        /* bf16 params + bf16 grads + fp32 master, m, v: 16 bytes each */
+        out->global_bytes = 16 * cuda_n_global_(c);
+        out->slot_bytes = 16 * ss;
+        out->staging_bytes = 4 * ss;            /* bf16 weights + grads */
+        out->host_slot_bytes = 16 * ss + 4 * ss;
+        out->pinned_slot_bytes = 4 * ss;        /* the bf16 copies */
+        out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
+        out->workspace_bytes = CUDA_WORKSPACE_;
+    } else {
+        out->global_bytes = 4 * ng * sizeof(float);
+        out->slot_bytes = 4 * ss * sizeof(float);
+        out->staging_bytes = 2 * ss * sizeof(float);
+        out->host_slot_bytes = out->pinned_slot_bytes = out->slot_bytes;
+        out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
+        out->workspace_bytes = 0;
+    }
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch);
 
     int R = S;
@@ -163,7 +244,8 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->n_staging = out->n_offloaded < in->prefetch ? out->n_offloaded
                                                      : in->prefetch;
     out->peak_device_bytes = device_bytes_(out, R, in->prefetch);
-    out->host_bytes = (size_t)out->n_offloaded * out->slot_bytes;
+    out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
+    out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
     int rc = count_step_bytes_(out, map);
     free(map);
     if (rc != 0) {
@@ -241,17 +323,21 @@ static void slot_list_(char *buf, size_t len, const offload_plan *p, int pl)
         snprintf(buf, len, "-");
 }
 
+#define ROW_FMT_ "%-7s %5s  %-12s %-12s %7s  %12s  %12s  %12s  %12s  %12s\n"
+
 static void print_row_(FILE *f, const char *phase, const offload_plan *p)
 {
-    char r[64], o[64], pk[32], h[32], d[32], hb[32];
+    char n[16], r[64], o[64], st[16], pk[32], h[32], d[32], hb[32], pb[32];
+    snprintf(n, sizeof n, "%d", p->n_slots);
+    snprintf(st, sizeof st, "%d", p->n_staging);
     slot_list_(r, sizeof r, p, OFFLOAD_RESIDENT);
     slot_list_(o, sizeof o, p, OFFLOAD_OFFLOADED);
-    fprintf(f, "%-7s %5d  %-12s %-12s %7d  %12s  %12s  %12s  %12s\n", phase,
-            p->n_slots, r, o, p->n_staging,
+    fprintf(f, ROW_FMT_, phase, n, r, o, st,
             short_bytes_(pk, sizeof pk, p->peak_device_bytes),
             short_bytes_(h, sizeof h, p->h2d_bytes_per_step),
             short_bytes_(d, sizeof d, p->d2h_bytes_per_step),
-            short_bytes_(hb, sizeof hb, p->host_bytes));
+            short_bytes_(hb, sizeof hb, p->host_bytes),
+            short_bytes_(pb, sizeof pb, p->pinned_bytes));
 }
 
 static json_t *plan_json_(const offload_plan *p)
@@ -260,17 +346,19 @@ static json_t *plan_json_(const offload_plan *p)
     for (int s = 0; s < p->n_slots; s++)
         json_array_append_new(p->placement[s] ? off : res, json_integer(s));
     json_t *bd = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
         "globals_bytes", (json_int_t)p->global_bytes,
         "slot_bytes", (json_int_t)p->slot_bytes,
         "resident_slots_bytes", (json_int_t)(p->n_resident * p->slot_bytes),
         "activations_bytes", (json_int_t)p->act_bytes,
         "staging_buffer_bytes", (json_int_t)p->staging_bytes,
         "staging_bytes", (json_int_t)(p->n_staging * p->staging_bytes),
-        "workspace_bytes", (json_int_t)p->workspace_bytes);
+        "workspace_bytes", (json_int_t)p->workspace_bytes,
+        "host_slot_bytes", (json_int_t)p->host_slot_bytes,
+        "pinned_slot_bytes", (json_int_t)p->pinned_slot_bytes);
     return json_pack(
-        "{s:i, s:i, s:o, s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, "
-        "s:o}",
+        "{s:i, s:i, s:o, s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, "
+        "s:i, s:o}",
         "n_layer", p->n_layer, "n_slots", p->n_slots,
         "resident_slots", res, "offloaded_slots", off,
         "staging_buffers", p->n_staging,
@@ -278,6 +366,7 @@ static json_t *plan_json_(const offload_plan *p)
         "peak_device_bytes", (json_int_t)p->peak_device_bytes,
         "min_budget_bytes", (json_int_t)p->min_budget_bytes,
         "host_bytes", (json_int_t)p->host_bytes,
+        "pinned_bytes", (json_int_t)p->pinned_bytes,
         "h2d_bytes_per_step", (json_int_t)p->h2d_bytes_per_step,
         "d2h_bytes_per_step", (json_int_t)p->d2h_bytes_per_step,
         "batch_size", p->batch_size, "grad_accum", p->grad_accum,
@@ -297,10 +386,9 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
         json_decref(j);
         return;
     }
-    char b[64], m[64], g[64], a[64], st[64], w[64], sl[64];
-    fprintf(f, "%-7s %5s  %-12s %-12s %7s  %12s  %12s  %12s  %12s\n", "phase",
-            "slots", "resident", "offloaded", "staging", "peak device",
-            "h2d/step", "d2h/step", "pinned host");
+    char b[64], m[64], g[64], a[64], st[64], w[64], sl[64], hs[64], ps[64];
+    fprintf(f, ROW_FMT_, "phase", "slots", "resident", "offloaded", "staging",
+            "peak device", "h2d/step", "d2h/step", "host", "pinned");
     if (p->pseudo)
         print_row_(f, "pseudo", p->pseudo);
     print_row_(f, "real", p);
@@ -315,6 +403,13 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
             short_bytes_(a, sizeof a, p->act_bytes), p->n_staging,
             short_bytes_(st, sizeof st, p->staging_bytes),
             short_bytes_(w, sizeof w, p->workspace_bytes));
+    fprintf(f, "host (real): %d offloaded x %s, of which %s pinned (%s)\n",
+            p->n_offloaded, short_bytes_(hs, sizeof hs, p->host_slot_bytes),
+            short_bytes_(ps, sizeof ps, p->pinned_slot_bytes),
+            p->backend == BACKEND_CUDA
+                ? "cuda: fp32 master, m, v, gradient accumulator; pinned "
+                  "bf16 weights and gradient"
+                : "cpu: fp32 params, grads, m, v, all pinned");
 }
 
 /* ------------------------------------------------------------- preflight */
@@ -343,33 +438,34 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
         warn[0] = 0;
     if (offload_plan_for_spec(spec, budget_override, &p, err, errlen) != 0)
         return -1;
-    size_t need = p.host_bytes; /* the Real phase needs the most */
-    char a[64], b[64];
+    /* the Real phase needs the most host memory */
+    size_t host = p.host_bytes, pinned = p.pinned_bytes;
+    char a[64], b[64], c[64];
     /* On the CPU backend the "device" is host memory too. */
     size_t cpu = p.backend == BACKEND_CPU ? p.peak_device_bytes : 0;
-    size_t avail = cpu > 0 ? mem_available_() : SIZE_MAX;
-    if (avail != SIZE_MAX && cpu + need > avail) {
+    size_t avail = cpu + host > 0 ? mem_available_() : SIZE_MAX;
+    if (avail != SIZE_MAX && cpu > 0 && cpu + host > avail) {
         snprintf(err, errlen,
                  "host memory: training needs %s (parameters, gradients, AdamW "
                  "moments and activations; `m6ctl plan` itemises them), only %s "
-                 "available", fmt_bytes_(a, sizeof a, cpu + need),
+                 "available", fmt_bytes_(a, sizeof a, cpu + host),
                  fmt_bytes_(b, sizeof b, avail));
         offload_plan_free(&p);
         return -1;
     }
-    if (need > 0) {
-        size_t avail = mem_available_();
-        if (avail != SIZE_MAX && need > avail) {
-            snprintf(err, errlen,
-                     "host memory: offloading %d slots needs %s of host "
-                     "memory, only %s available", p.n_offloaded,
-                     fmt_bytes_(a, sizeof a, need),
-                     fmt_bytes_(b, sizeof b, avail));
-            offload_plan_free(&p);
-            return -1;
-        }
+    if (avail != SIZE_MAX && host > avail) {
+        snprintf(err, errlen,
+                 "host memory: offloading %d slots needs %s of host memory, "
+                 "%s of it pinned; only %s available", p.n_offloaded,
+                 fmt_bytes_(a, sizeof a, host),
+                 short_bytes_(c, sizeof c, pinned),
+                 fmt_bytes_(b, sizeof b, avail));
+        offload_plan_free(&p);
+        return -1;
+    }
+    if (pinned > 0) {
         size_t lim = offload_pin_limit();
-        if (need > lim) {
+        if (pinned > lim) {
             const char *fmt =
                 "pinning: offloading %d slots pins %s of host memory but "
                 "this process may lock only %s (RLIMIT_MEMLOCK, no "
@@ -377,13 +473,13 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
                 "`ulimit -l`%s";
             if (flags & OFFLOAD_REQUIRE_PINNED) {
                 snprintf(err, errlen, fmt, p.n_offloaded,
-                         fmt_bytes_(a, sizeof a, need),
+                         fmt_bytes_(a, sizeof a, pinned),
                          fmt_bytes_(b, sizeof b, lim), "");
                 offload_plan_free(&p);
                 return -1;
             }
             snprintf(warn, warnlen, fmt, p.n_offloaded,
-                     fmt_bytes_(a, sizeof a, need),
+                     fmt_bytes_(a, sizeof a, pinned),
                      fmt_bytes_(b, sizeof b, lim),
                      "; the run will use pageable memory (slower copies)");
         }

@@ -93,7 +93,7 @@ int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
 
 #ifdef M6_HAVE_CUDA
 /* What backend_cuda_create would refuse, checked cheaply at submit: a CUDA
- * device, the model shape, a memory budget that needs no offloading.
+ * device, the model shape, a memory budget the plan fits.
  * 0, or -1 with err naming the key. */
 int backend_cuda_check(const run_spec *spec, char *err, size_t errlen);
 int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,

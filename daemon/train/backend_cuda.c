@@ -6,10 +6,24 @@
  * on-device reslot. Plain C: only gpt_cuda's C interface is used.
  * Compiled only when m6 is built with CUDA (M6_HAVE_CUDA).
  *
- * Every slot is resident. A device.memory_budget is accepted when the
- * offload planner keeps every slot resident under it (its estimate counts
- * fp32 activations, so it is conservative for bf16); the budget is not
- * enforced on the GPU. Offloading slots of a GPU model is not implemented.
+ * Granular offloading (device.memory_budget > 0): the offload planner
+ * (daemon/offload/plan.c, its cuda accounting) says how many slots stay
+ * resident for the current share map; gpt_cuda places the rest on the host
+ * and streams them (gpt_cuda.h, "offloading"), and is placed again at every
+ * reslot (delink, checkpoint load). The model is made with the offloading
+ * machinery (host threads, staging buffers) only when the Real phase
+ * offloads: the phase that needs the most. The budget is the planner's;
+ * gpt_cuda does not enforce it byte for byte (its cudaMallocs are the
+ * planned ones; tests/gpu/test_trainer.c checks the two agree). With a
+ * budget 0 every slot is resident, the plain path.
+ *
+ * A step: step_begin (gpt_cuda_step_begin: zero the gradients, and without
+ * clipping let offloaded slots' host AdamW start as soon as their
+ * gradients are final), microbatches (gpt_cuda_train_microbatch, fused
+ * forward + backward; the last one marked), grad_norm, adamw. adamw waits
+ * for the device only, not for host AdamW jobs, which overlap the next
+ * step; anything that reads or writes state (checkpoints, step counts,
+ * reslot) calls gpt_cuda_synchronize first.
  *
  * Errors of the CUDA runtime and cuBLASLt end the process with the
  * statement and the library's message (kernels/cuda/cuda_check.h);
@@ -29,6 +43,17 @@ typedef struct {
     size_t n_global, slot_size;   /* the plain layout of gpt.h */
     float *host[3];               /* state_begin..state_end: the state in
                                    * the plain layout, by backend_buf */
+    int grad_accum;               /* microbatches per step */
+    /* offloading (device.memory_budget > 0) */
+    offload_plan_input plan_in;   /* the spec's planner input; n_slots and
+                                   * slot_of set per phase */
+    size_t budget;                /* 0: no budget, nothing below is set */
+    int placed;                   /* made by gpt_cuda_create_offload */
+    size_t predicted_peak;        /* current plan: device bytes gpt_cuda
+                                   * allocates (the plan's peak less the
+                                   * cuBLASLt workspace, which gpt_cuda's
+                                   * figures do not count) */
+    size_t peak_device, peak_host; /* most seen at stats / reslot */
 } cuda_ctx_;
 
 static int cuda_n_slots_(void *ctx)
@@ -65,18 +90,21 @@ static void cuda_free_(void *ctx)
 
 /* ------------------------------------------------------------- step */
 
+/* Zeroes the gradients; without clipping (grad_clip <= 0) offloaded slots
+ * are updated on the host as soon as their gradients are final, with these
+ * hyperparameters (adamw gets the same ones). */
 static void cuda_step_begin_(void *ctx, const backend_adam *h)
 {
-    gpt_cuda_zero_grad(((cuda_ctx_ *)ctx)->g);
+    gpt_cuda_step_begin(((cuda_ctx_ *)ctx)->g, h->lr, h->beta1, h->beta2,
+                        h->eps, h->weight_decay, h->grad_clip);
 }
 
 static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
                               const int32_t *tgt, int B, float loss_scale)
 {
-    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
-    float loss = gpt_cuda_forward(g, inp, tgt, B);
-    gpt_cuda_backward(g, inp, tgt, B, loss_scale);
-    return loss;
+    cuda_ctx_ *c = ctx;
+    return gpt_cuda_train_microbatch(c->g, inp, tgt, B, loss_scale,
+                                     k == c->grad_accum - 1);
 }
 
 static float cuda_grad_norm_(void *ctx)
@@ -85,13 +113,22 @@ static float cuda_grad_norm_(void *ctx)
 }
 
 /* The clip scale is computed on the device from the same sum of squares
- * (grad_norm's value); waits, so that the step's time is its real time. */
+ * (grad_norm's value). Waits for the device, so that the step's time is
+ * its real time, but not for offloaded slots' host AdamW: those overlap
+ * the next step, whose fetch of each such slot waits for its update.
+ * gpt_cuda.h has no device-only wait; gpt_cuda_last_grad_norm is one (it
+ * synchronizes the compute stream, where the AdamW kernels are queued
+ * after the norm). Without a placed model there are no host jobs and
+ * gpt_cuda_synchronize waits for exactly the same. */
 static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 {
-    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
-    gpt_cuda_adamw(g, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
+    cuda_ctx_ *c = ctx;
+    gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
                    h->grad_clip);
-    gpt_cuda_synchronize(g);
+    if (c->placed)
+        (void)gpt_cuda_last_grad_norm(c->g);
+    else
+        gpt_cuda_synchronize(c->g);
 }
 
 static float cuda_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
@@ -102,17 +139,64 @@ static float cuda_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
 
 /* ------------------------------------------------------------- slots */
 
+/* Resident slots for S slots with share map slot_of (NULL: the default)
+ * under the budget, and the device bytes gpt_cuda will allocate for them.
+ * 0, or -1 with err (the plan's reason). */
+static int phase_plan_(cuda_ctx_ *c, int S, const int *slot_of,
+                       int *n_resident, size_t *device_bytes, char *err,
+                       size_t errlen)
+{
+    offload_plan_input in = c->plan_in;
+    offload_plan p;
+    in.n_slots = S;
+    in.slot_of = slot_of;
+    if (offload_plan_make(&in, &p, err, errlen) != 0)
+        return -1;
+    *n_resident = p.n_resident;
+    *device_bytes = p.peak_device_bytes - p.workspace_bytes;
+    offload_plan_free(&p);
+    return 0;
+}
+
+static void note_peaks_(cuda_ctx_ *c);
+
 static int cuda_reslot_(void *ctx, int S, const int *slot_of,
                         const int *src_of, int reset_moments, char *err,
                         size_t errlen)
 {
+    cuda_ctx_ *c = ctx;
     /* new state is allocated before the old is freed: peak is old + new */
-    if (gpt_cuda_reslot(((cuda_ctx_ *)ctx)->g, S, slot_of, src_of,
-                        reset_moments) != 0) {
-        snprintf(err, errlen, "cannot allocate %d slots: out of device "
-                 "memory", S);
+    if (!c->budget) {
+        if (gpt_cuda_reslot(c->g, S, slot_of, src_of, reset_moments) != 0) {
+            snprintf(err, errlen, "cannot allocate %d slots: out of device "
+                     "memory", S);
+            return -1;
+        }
+        return 0;
+    }
+    int n_res;
+    size_t dev;
+    char e2[512];
+    if (phase_plan_(c, S, slot_of, &n_res, &dev, e2, sizeof e2) != 0) {
+        snprintf(err, errlen, "cannot place %d slots: %s", S, e2);
         return -1;
     }
+    if (n_res < S && !c->placed) { /* the create-time plan said no */
+        snprintf(err, errlen, "cannot place %d slots: the plan offloads %d "
+                 "of them, and the model was made without offloading",
+                 S, S - n_res);
+        return -1;
+    }
+    gpt_cuda_synchronize(c->g); /* host AdamW jobs read the old state */
+    if (gpt_cuda_reslot_placed(c->g, S, slot_of, src_of, reset_moments,
+                               n_res) != 0) {
+        snprintf(err, errlen, "cannot allocate %d slots (%d resident, %d "
+                 "offloaded): out of device or host memory (details on "
+                 "m6d's stderr)", S, n_res, S - n_res);
+        return -1;
+    }
+    c->predicted_peak = dev;
+    note_peaks_(c);
     return 0;
 }
 
@@ -129,6 +213,7 @@ static int cuda_state_begin_(void *ctx, int for_load)
 {
     cuda_ctx_ *c = ctx;
     size_t n = plain_floats_(c);
+    gpt_cuda_synchronize(c->g); /* settle host AdamW jobs, copies */
     free_host_(c);
     for (int i = 0; i < 3; i++) {
         c->host[i] = calloc(n, sizeof(float));
@@ -159,34 +244,105 @@ static int cuda_state_end_(void *ctx, int modified)
     return rc;
 }
 
+/* Step counts: after the host jobs that may still count an update. */
 static void cuda_get_adam_steps_(void *ctx, long *dst)
 {
-    gpt_cuda_get_adam_steps(((cuda_ctx_ *)ctx)->g, dst);
+    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
+    gpt_cuda_synchronize(g);
+    gpt_cuda_get_adam_steps(g, dst);
 }
 
 static void cuda_set_adam_steps_(void *ctx, const long *src)
 {
-    gpt_cuda_set_adam_steps(((cuda_ctx_ *)ctx)->g, src);
+    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
+    gpt_cuda_synchronize(g);
+    gpt_cuda_set_adam_steps(g, src);
 }
 
 /* ------------------------------------------------------------- figures */
 
 /* The planned allocations: bf16 weights and gradients, fp32 master weights
- * and moments, activations and scratch (cuBLASLt's workspace and the CUDA
- * context are not counted). */
+ * and moments, activations and scratch, and with offloading the staging
+ * buffers (cuBLASLt's workspace and the CUDA context are not counted). */
 static size_t cuda_device_bytes_(void *ctx)
 {
+    cuda_ctx_ *c = ctx;
+    if (c->placed) {
+        gpt_cuda_offload_stats os;
+        gpt_cuda_get_offload_stats(c->g, &os);
+        return os.device_bytes;
+    }
     gpt_cuda_info info;
-    gpt_cuda_get_info(((cuda_ctx_ *)ctx)->g, &info);
+    gpt_cuda_get_info(c->g, &info);
     return info.bytes_params + info.bytes_grads + info.bytes_opt +
            info.bytes_acts;
 }
 
+static void note_peaks_(cuda_ctx_ *c)
+{
+    size_t dev = cuda_device_bytes_(c), host = 0;
+    if (c->placed) {
+        gpt_cuda_offload_stats os;
+        gpt_cuda_get_offload_stats(c->g, &os);
+        host = os.host_bytes;
+    }
+    if (dev > c->peak_device)
+        c->peak_device = dev;
+    if (host > c->peak_host)
+        c->peak_host = host;
+}
+
+/* offload_stats from gpt_cuda's: the "device pool" is the budget
+ * (capacity) and gpt_cuda's planned device allocations (in_use; peak: the
+ * most seen between steps and at reslot); the "host pool" is the
+ * offloaded slots' host memory, one chunk per slot, pinned_bytes of it
+ * page-locked. Copy times are the copy stream's (event timing), stall_s
+ * the compute stream waiting for late fetches, adam_s the host threads'
+ * AdamW time. */
 static int cuda_offload_stats_(void *ctx, offload_stats *st)
 {
+    cuda_ctx_ *c = ctx;
     memset(st, 0, sizeof *st);
-    st->n_slots = st->n_resident = cuda_n_slots_(ctx);
-    return -1; /* no offloading */
+    if (!c->budget) {
+        st->n_slots = st->n_resident = cuda_n_slots_(ctx);
+        return -1; /* no offloading */
+    }
+    note_peaks_(c);
+    st->enabled = 1;
+    st->budget_bytes = c->budget;
+    st->predicted_peak_bytes = c->predicted_peak;
+    st->device.capacity = c->budget;
+    st->device.in_use = cuda_device_bytes_(c);
+    st->device.peak = c->peak_device;
+    st->hidden_fraction = 1.0;
+    if (!c->placed) { /* nothing is ever offloaded */
+        st->n_slots = st->n_resident = cuda_n_slots_(ctx);
+        return 0;
+    }
+    gpt_cuda_offload_stats os;
+    gpt_cuda_get_offload_stats(c->g, &os);
+    st->n_slots = os.n_slots;
+    st->n_resident = os.n_resident;
+    st->n_offloaded = os.n_offloaded;
+    st->n_staging = os.n_staging;
+    st->host.capacity = st->host.in_use = os.host_bytes;
+    st->host.peak = c->peak_host;
+    st->host.pinned = os.pinned_bytes;
+    st->host.chunks = os.n_offloaded;
+    st->h2d_bytes = os.h2d_bytes;
+    st->d2h_bytes = os.d2h_bytes;
+    st->h2d_s = os.h2d_s;
+    st->d2h_s = os.d2h_s;
+    st->h2d_gbps = os.h2d_s > 0 ? (double)os.h2d_bytes / os.h2d_s / 1e9 : 0;
+    st->d2h_gbps = os.d2h_s > 0 ? (double)os.d2h_bytes / os.d2h_s / 1e9 : 0;
+    st->stall_s = os.stall_s;
+    double copy = os.h2d_s + os.d2h_s;
+    if (copy > 0) {
+        double h = 1.0 - os.stall_s / copy;
+        st->hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
+    }
+    st->adam_s = os.adam_s;
+    return 0;
 }
 
 static const backend_iface cuda_iface_ = {
@@ -230,15 +386,7 @@ int backend_cuda_check(const run_spec *spec, char *err, size_t errlen)
             offload_plan_free(&p);
             return -1;
         }
-        int n_off = p.n_offloaded + (p.pseudo ? p.pseudo->n_offloaded : 0);
         offload_plan_free(&p);
-        if (n_off > 0) {
-            snprintf(err, errlen, "device.memory_budget: the plan offloads "
-                     "%d slot(s), and the cuda backend keeps every slot "
-                     "resident (no offloading on the GPU yet): raise the "
-                     "budget or set it to 0", n_off);
-            return -1;
-        }
     }
     return 0;
 }
@@ -248,17 +396,54 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
 {
     cuda_ctx_ *c = calloc(1, sizeof *c);
     float *w = NULL;
+    offload_plan plan;
+    memset(&plan, 0, sizeof plan);
     if (!c) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     gpt_layout_sizes(&spec->model, &c->n_global, &c->slot_size);
-    c->g = gpt_cuda_create(&spec->model, S, spec->train.batch_size);
+    c->grad_accum = spec->train.grad_accum;
+    gpt_cuda_offload off = {0}, *offp = NULL;
+    if (spec->device.memory_budget > 0) {
+        char e2[512];
+        c->budget = spec->device.memory_budget;
+        c->plan_in = (offload_plan_input){
+            .model = spec->model,
+            .batch_size = spec->train.batch_size,
+            .grad_accum = spec->train.grad_accum,
+            .prefetch = spec->offload.prefetch,
+            .backend = BACKEND_CUDA,
+            .budget = spec->device.memory_budget,
+        };
+        /* the Real phase offloads the most: it decides whether gpt_cuda
+         * gets its offloading machinery, and its staging buffers, which
+         * gpt_cuda makes once for the model's life */
+        if (offload_plan_for_spec(spec, 0, &plan, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "device.memory_budget: %s", e2);
+            goto fail;
+        }
+        int n_res;
+        if (phase_plan_(c, S, NULL, &n_res, &c->predicted_peak, e2,
+                        sizeof e2) != 0) {
+            snprintf(err, errlen, "device.memory_budget: %s", e2);
+            goto fail;
+        }
+        if (plan.n_offloaded > 0) {
+            off.n_resident = n_res;
+            off.n_staging = plan.n_staging; /* min(prefetch, offloaded) */
+            off.host_threads = spec->offload.host_threads;
+            offp = &off;
+            c->placed = 1;
+        }
+    }
+    c->g = gpt_cuda_create_offload(&spec->model, S, spec->train.batch_size,
+                                   offp);
     if (!c->g) {
         snprintf(err, errlen, "cannot create the model on the GPU (%d "
-                 "slots, batch_size %d): out of device memory or an "
-                 "unsupported shape (details on m6d's stderr)", S,
-                 spec->train.batch_size);
+                 "slots%s, batch_size %d): out of device or host memory or "
+                 "an unsupported shape (details on m6d's stderr)", S,
+                 offp ? ", offloading on" : "", spec->train.batch_size);
         goto fail;
     }
     /* the CPU model's initial weights for the seed, so a run starts from
@@ -279,11 +464,15 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
         goto fail;
     }
     free(w);
+    offload_plan_free(&plan);
+    if (c->budget)
+        note_peaks_(c);
     be->iface = &cuda_iface_;
     be->ctx = c;
     return 0;
 fail:
     free(w);
+    offload_plan_free(&plan);
     cuda_free_(c);
     return -1;
 }

@@ -57,8 +57,9 @@ void trainer_free(trainer *t);
  * A 'cuda' spec is refused by an m6d built without CUDA ("device.backend:
  * 'cuda': this m6d was built without CUDA"), where no device is visible
  * ("device.backend: 'cuda': no CUDA device (cudaGetDeviceCount: <why>)"),
- * for shapes gpt_cuda does not support (model.*), and when
- * device.memory_budget would need offloading (not on the GPU yet). */
+ * for shapes gpt_cuda does not support (model.*), and, on either backend,
+ * when device.memory_budget is too small even with every slot offloaded
+ * or the offloaded slots need more host memory than is available. */
 int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
 
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm

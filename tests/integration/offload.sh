@@ -3,7 +3,8 @@
 # without a device memory budget trains to bitwise the same losses through a
 # delink; status and metrics report the slot placement, peak device bytes
 # (<= the budget), copy rates and the hidden share of copy time; a budget
-# below the planner's minimum is refused at submit, with the numbers.
+# below the planner's minimum is refused at submit, with the numbers; the
+# plan of a cuda spec counts bf16 copies and pinned vs ordinary host bytes.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -40,8 +41,32 @@ OFFLOADED=$("$M6CTL" plan "$T/off.json" --json |
 [ "$OFFLOADED" -ge 4 ] || fail "plan offloads only $OFFLOADED of 6 slots at $BUDGET bytes"
 SMALL=$((MIN - 1))
 offload_spec "$T/small.json" off-small "\"device\": {\"memory_budget\": $SMALL}"
+# The cuda plan (planned here and by m6d alike, GPU or not): bf16 staging
+# and transfers, 20 host bytes per offloaded parameter of which 4 pinned.
+offload_spec "$T/cuda.json" off-cuda '"device": {"backend": "cuda"}'
+read -r CMIN CSLOT < <("$M6CTL" plan "$T/cuda.json" --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+print(p["min_budget_bytes"], p["breakdown"]["slot_bytes"])') || fail "cuda plan --json"
+offload_spec "$T/cuda-off.json" off-cuda "\"device\": {\"backend\": \"cuda\", \"memory_budget\": $((CMIN + CSLOT))}"
+"$M6CTL" plan "$T/cuda-off.json" --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+b = p["breakdown"]
+assert p["backend"] == "cuda" and len(p["offloaded_slots"]) == 5, p
+assert p["host_bytes"] == 5 * b["host_slot_bytes"] and p["pinned_bytes"] == 5 * b["pinned_slot_bytes"], p
+assert b["host_slot_bytes"] == 5 * b["pinned_slot_bytes"] == 5 * b["staging_buffer_bytes"], b
+assert b["slot_bytes"] == 4 * b["staging_buffer_bytes"], b
+' || fail "cuda plan: $("$M6CTL" plan "$T/cuda-off.json" --json)"
+"$M6CTL" plan "$T/cuda-off.json" | grep -q "pinned" || fail "cuda plan table"
 
 start_daemon "$T/s"
+
+for a in "" "--json"; do
+    ctl plan "$T/cuda-off.json" $a >"$T/plan.local" || fail "cuda plan $a"
+    ctl plan "$T/cuda-off.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "cuda plan $a --daemon: $(cat "$T/err")"
+    diff "$T/plan.local" "$T/plan.daemon" >"$T/diff" || fail "cuda plan $a: m6d and m6ctl differ: $(head "$T/diff")"
+done
 
 # Below the minimum: refused at submit, naming the budget and the minimum.
 ctl submit "$T/small.json" >/dev/null 2>"$T/err" && fail "budget $SMALL < min $MIN accepted"

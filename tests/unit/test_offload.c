@@ -439,6 +439,7 @@ static void test_plan_hand_counted(void **state)
     assert_int_equal(p.n_staging, 2);
     assert_int_equal(p.peak_device_bytes, G + A + SL + 2 * ST);
     assert_int_equal(p.host_bytes, 3 * SL);
+    assert_int_equal(p.pinned_bytes, 3 * SL); /* cpu: all of it pinned */
     assert_int_equal(p.h2d_bytes_per_step, 13 * W);
     assert_int_equal(p.d2h_bytes_per_step, 6 * W);
 
@@ -508,6 +509,187 @@ static void test_plan_hand_counted(void **state)
     assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
     assert_int_equal(p.workspace_bytes, 32u << 20);
     offload_plan_free(&p);
+}
+
+/* The cuda accounting (offload.h): V 64 (Vp 128), L 4, NH 2, C 32, T 8,
+ * microbatch 2, accum 2, prefetch 2; bf16 working copies and gradients,
+ * fp32 master and moments; activations as gpt_cuda allocates them. Every
+ * figure is counted here by hand from the shapes. */
+static void test_plan_hand_counted_cuda(void **state)
+{
+    (void)state;
+    /* globals: wte 128 x 32 (padded rows), wpe 8 x 32, ln_f 2 x 32 */
+    const size_t n_global = 4096 + 256 + 64;           /* 4416, a multiple of 16 */
+    /* one slot: 12 C^2 + 13 C = 12288 + 416 = 12704 (a multiple of 16) */
+    const size_t slot = 12704;
+    /* activations, bytes, each region rounded up to 256 (BT = 16):
+     *   encoded 16*32*2                                  1024
+     *   per layer ln1 qkv atty res2 ln2 fch fchg res3:
+     *     (1+3+1+1+1+4+4+1) * 32 * 16 * 4 layers * 2  65536
+     *   lnf 1024, logits 16*128*2 = 4096                  5120
+     *   ln1/ln2 mean, rstd: 4 x (4*16*4 = 256)            1024
+     *   lnf mean, rstd: 2 x (64 -> 256)                    512
+     *   lse 4*2*2*8*4                                      512
+     *   losses, dlosses: 2 x (64 -> 256)                   512
+     *   dres dln datty dlnf 4 x 1024, dqkv 3072,
+     *   dfch dfchg 2 x 4096                              15360
+     *   scratch: max(matmul 1*128, layernorm 1*64,
+     *     attention 2*2*8) = 128 floats                    512
+     *   red (1024 + 3) * 4 = 4108 -> 4352                 4352
+     *   inp, tgt: 2 x (64 -> 256)                          512
+     *   encoder plan (3*16 + 2) * 4 = 200 -> 256           256 */
+    const size_t A = 1024 + 65536 + 5120 + 1024 + 512 + 512 + 512 + 15360 +
+                     512 + 4352 + 512 + 256;
+    assert_int_equal(A, 95232);
+    const size_t G = 16 * n_global, SL = 16 * slot, ST = 4 * slot;
+    const size_t WS = 32u << 20, W = 2 * slot;
+
+    model_config mc = {.vocab_size = 64, .n_layer = 4, .n_head = 2,
+                       .n_embd = 32, .seq_len = 8};
+    assert_int_equal(offload_cuda_act_bytes(&mc, 2), A);
+    offload_plan_input in = {
+        .model = mc, .n_slots = 4, .slot_of = NULL, .batch_size = 2,
+        .grad_accum = 2, .prefetch = 2, .backend = BACKEND_CUDA, .budget = 0,
+    };
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.global_bytes, 70656);
+    assert_int_equal(p.global_bytes, G);
+    assert_int_equal(p.slot_bytes, SL);
+    assert_int_equal(p.staging_bytes, ST);
+    assert_int_equal(p.act_bytes, A);
+    assert_int_equal(p.workspace_bytes, WS);
+    assert_int_equal(p.host_slot_bytes, 20 * slot);
+    assert_int_equal(p.pinned_slot_bytes, 4 * slot);
+    assert_int_equal(p.n_resident, 4);
+    assert_int_equal(p.peak_device_bytes, G + A + 4 * SL + WS);
+    assert_int_equal(p.min_budget_bytes, G + A + 2 * ST + WS);
+    assert_int_equal(p.host_bytes, 0);
+    assert_int_equal(p.pinned_bytes, 0);
+    assert_int_equal(p.h2d_bytes_per_step, 0);
+    offload_plan_free(&p);
+
+    /* 1 resident, slots 1-3 offloaded. Per microbatch 5 weight fetches
+     * (3's forward and backward share one) and 3 drains; no partial
+     * gradient comes back (the host accumulates): h2d = 2*5W, d2h = 2*3W,
+     * bf16 W. Host: 3 x (16 + 4) bytes per parameter, 3 x 4 pinned. */
+    in.budget = G + A + SL + 2 * ST + WS + 100;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_resident, 1);
+    assert_int_equal(p.n_offloaded, 3);
+    assert_int_equal(p.n_staging, 2);
+    assert_int_equal(p.peak_device_bytes, G + A + SL + 2 * ST + WS);
+    assert_int_equal(p.h2d_bytes_per_step, 10 * W);
+    assert_int_equal(p.d2h_bytes_per_step, 6 * W);
+    assert_int_equal(p.h2d_bytes_per_step, 254080);
+    assert_int_equal(p.host_bytes, 3 * 20 * slot);
+    assert_int_equal(p.pinned_bytes, 3 * 4 * slot);
+    assert_int_equal(p.pinned_bytes, 152448);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    offload_plan_print(f, &p, 1);
+    fclose(f);
+    json_error_t je;
+    json_t *j = json_loads(buf, 0, &je);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "backend")),
+                        "cuda");
+    assert_int_equal(json_integer_value(json_object_get(j, "host_bytes")),
+                     3 * 20 * slot);
+    assert_int_equal(json_integer_value(json_object_get(j, "pinned_bytes")),
+                     3 * 4 * slot);
+    assert_int_equal(json_integer_value(json_object_get(j, "h2d_bytes_per_step")),
+                     10 * W);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(j, "breakdown"), "activations_bytes")),
+                     A);
+    json_decref(j);
+    free(buf);
+    f = open_memstream(&buf, &len);
+    offload_plan_print(f, &p, 0);
+    fclose(f);
+    printf("%s", buf);
+    assert_non_null(strstr(buf, "pinned"));
+    assert_non_null(strstr(buf, "744.38 KiB")); /* host: 762240 bytes */
+    assert_non_null(strstr(buf, "148.88 KiB")); /* pinned: 152448 bytes */
+    free(buf);
+    offload_plan_free(&p);
+
+    /* Pseudo, one slot for all 4 layers, offloaded: one interval per
+     * microbatch: h2d = 2W, d2h = 2W (cpu would fetch one partial
+     * gradient more) */
+    in.n_slots = 1;
+    in.budget = G + A + ST + WS;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 1);
+    assert_int_equal(p.h2d_bytes_per_step, 2 * W);
+    assert_int_equal(p.d2h_bytes_per_step, 2 * W);
+    offload_plan_free(&p);
+}
+
+/* offload_check on a cuda spec: the pin limit is held against the pinned
+ * bytes only, MemAvailable against all host bytes. */
+static void test_check_cuda_pinned_vs_host(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(10, 0);
+    s.device.backend = BACKEND_CUDA;
+    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
+                             .n_embd = 64, .seq_len = 16};
+    s.device.memory_budget = budget_for_(&s, 1);
+    offload_plan p;
+    char err[1024], warn[1024];
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 5);
+    size_t pinned = p.pinned_bytes, host = p.host_bytes;
+    assert_true(pinned > 0 && host == 5 * pinned); /* 20 vs 4 bytes */
+    offload_plan_free(&p);
+
+    /* may lock the pinned bytes, not the whole host side: fine */
+    offload_test_set_pin_limit(pinned);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), 0);
+    assert_string_equal(warn, "");
+    /* one byte short: refused (or warned), naming the pinned bytes */
+    offload_test_set_pin_limit(pinned - 1);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), -1);
+    printf("# %s\n", err);
+    char want[64];
+    snprintf(want, sizeof want, "(%zu bytes) of host memory", pinned);
+    assert_non_null(strstr(err, "pinning: offloading 5 slots pins"));
+    assert_non_null(strstr(err, want));
+    assert_int_equal(offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                   sizeof err), 0);
+    assert_non_null(strstr(warn, "pageable memory"));
+    offload_test_set_pin_limit(SIZE_MAX);
+
+    /* a model whose offloaded slots need more host memory than any machine
+     * here has (64 layers of width 8192: ~16 GB each at 20 bytes per
+     * parameter), with a budget that fits everything offloaded */
+    run_spec big = s;
+    big.model = (model_config){.vocab_size = 256, .n_layer = 64,
+                               .n_head = 64, .n_embd = 8192, .seq_len = 16};
+    big.train.batch_size = 1;
+    big.device.memory_budget = 0;
+    assert_int_equal(offload_plan_for_spec(&big, 0, &p, err, sizeof err), 0);
+    big.device.memory_budget = p.min_budget_bytes;
+    offload_plan_free(&p);
+    int rc = offload_check(&big, 0, 0, NULL, warn, sizeof warn, err,
+                           sizeof err);
+    FILE *mi = fopen("/proc/meminfo", "r");
+    if (!mi) {
+        printf("# no /proc/meminfo: MemAvailable check not exercised\n");
+        return;
+    }
+    fclose(mi);
+    assert_int_equal(rc, -1);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "host memory: offloading 64 slots needs"));
+    assert_non_null(strstr(err, "of it pinned"));
 }
 
 /* The scheduler moves exactly the planned bytes: 3 training steps without
@@ -740,6 +922,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_plan_hand_counted),
+        cmocka_unit_test(test_plan_hand_counted_cuda),
+        cmocka_unit_test(test_check_cuda_pinned_vs_host),
         cmocka_unit_test(test_budget_too_small_errors),
         cmocka_unit_test(test_pinning_failure),
         cmocka_unit_test(test_measured_bytes_match_plan),
