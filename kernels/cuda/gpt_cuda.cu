@@ -250,7 +250,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
         return NULL;
     }
     use_state_(g, S, n_res, params, grads, opt, t_slot, hs);
-    if (alloc_acts_(g) != 0) {
+    if ((n_res < S && off_set_staging_(g, 1) != 0) || alloc_acts_(g) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
@@ -311,6 +311,7 @@ void gpt_cuda_synchronize(gpt_cuda *g)
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     if (g->off.enabled) {
         CUDA_CHECK(cudaStreamSynchronize(g->off.copy));
+        CUDA_CHECK(cudaStreamSynchronize(g->off.drain));
         off_wait_idle_(g);
     }
 }
@@ -356,6 +357,7 @@ void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
 {
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * g->cfg.n_layer);
     size_t C = g->cfg.n_embd;
+    gpt_cuda_synchronize(g); /* host AdamW may still write host masters */
     CUDA_CHECK(cudaMemsetAsync(g->master, 0, g->n_params * sizeof(float),
                                g->stream));
     uint64_t k = seed * 1000003ull;
@@ -737,6 +739,7 @@ void gpt_cuda_zero_grad(gpt_cuda *g)
 {
     CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
                                g->stream));
+    g->off.early = 0; /* only gpt_cuda_step_begin(max_norm <= 0) sets it */
     if (g->n_res < g->S)
         off_step_begin_(g);
 }
@@ -921,9 +924,11 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     float *opt;
     long *t_slot;
     int failed = 0;
+    if (n_res < new_S && off_set_staging_(g, 1) != 0)
+        return -1; /* old state untouched */
     hslot_ *hs = off_alloc_slots_(g, new_S, n_res, &failed);
     if (failed)
-        return -1; /* old state untouched */
+        return -1;
     if (alloc_state_(g, new_S, n_res, &params, &grads, &opt, &t_slot) != 0) {
         off_free_slots_(g, hs, new_S - n_res);
         return -1;
@@ -970,5 +975,7 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
     for (int s = n_res; s < new_S; s++)
         off_refresh_bf16_(g, s);
+    if (n_res == new_S)
+        off_set_staging_(g, 0);
     return 0;
 }

@@ -59,16 +59,18 @@ typedef struct {
     int pinned;                    /* wbf/gbf from cudaHostAlloc */
     int accum_jobs, adam_jobs;     /* host jobs queued or running */
     int touched;                   /* gacc holds this step's gradient */
-    int sumsq_done;                /* sumsq is of the final gradient */
+    int sumsq_done;                /* ssq is of the final gradient */
     int updated;                   /* AdamW queued this step (early) */
-    double sumsq;
+    double sumsq;                  /* sum of ssq, by off_grad_sumsq_ */
+    double *ssq;                   /* [chunks] per-chunk sums of squares */
     cudaEvent_t d2h_start, drained;
 } hslot_;
 
 /* A staging buffer on the device and the events of its last use. */
 typedef struct {
-    bf16 *w, *dw;                  /* slot_size each */
+    bf16 *w, *dw;                  /* slot_size each (while staging_on) */
     cudaEvent_t freed;             /* compute stream: last kernel done */
+    cudaEvent_t drained;           /* drain stream: gradient copied out */
 } stage_;
 
 /* An interval of the current pass (positions inclusive). */
@@ -101,7 +103,8 @@ typedef struct {
     int device;                    /* CUDA device of the model */
     hslot_ *hs;                    /* [S - n_res]: slot n_res + i */
     stage_ *stg;                   /* [n_staging] */
-    cudaStream_t copy;
+    cudaStream_t copy, drain;      /* fetches; gradient drains */
+    int staging_on;                /* staging buffers allocated */
     size_t chunk;                  /* elements per host job */
     /* the current pass */
     piv_ *iv;                      /* [2L] */
@@ -154,6 +157,9 @@ struct gpt_cuda {
 /* Start the runtime (copy stream, staging buffers, host threads). 0/-1. */
 int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg);
 void off_fini_(gpt_cuda *g);
+/* Allocate (on = 1) or free the staging buffers. 0, or -1 out of device
+ * memory (nothing allocated). */
+int off_set_staging_(gpt_cuda *g, int on);
 /* Host slots for slots [n_res, S) of a state (zeroed); NULL when there are
  * none; on failure NULL with *failed = 1. */
 hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed);

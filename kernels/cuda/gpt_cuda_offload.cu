@@ -1,7 +1,7 @@
 /*
  * gpt_cuda_offload.cu — granular CPU offloading for gpt_cuda (gpt_cuda.h,
  * "offloading"; M6-10T and DESIGN.md section 1): host slots, the staging
- * buffers and copy stream, the interval schedule of a pass, and the host
+ * buffers and the copy and drain streams, the interval schedule of a pass, and the host
  * threads that accumulate gradients and run AdamW.
  *
  * Who does what:
@@ -11,10 +11,13 @@
  *     working copy; before a drain of s it waits until s's previous
  *     accumulation is done, because the drain overwrites s's landing
  *     buffer. Both waits are normally already satisfied.
- *   copy stream: fetches (host bf16 -> staging) and drains (staging
- *     gradient -> host bf16), ordered with the compute stream by events
+ *   copy stream: fetches (host bf16 -> staging weights); drain stream:
+ *     drains (staging gradient -> host bf16), so that in backward a drain
+ *     and the next fetch overlap. Ordered with the compute stream by events
  *     only: a fetch waits for the buffer's previous compute (freed), the
- *     compute stream waits for the fetch, a drain waits for the compute.
+ *     compute stream waits for the fetch, a drain waits for the compute
+ *     (freed), and the next interval's zeroing of the buffer's gradient
+ *     waits for the drain (drained).
  *   host threads: jobs over element ranges (chunks) of a slot, so a few
  *     large slots still use every thread: ACCUM (wait for the drain, add
  *     the bf16 gradient to the fp32 accumulator, then, when final, its sum
@@ -104,9 +107,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j, double *d2h_ms)
                 h->gacc[i] += bf2f_(h->gbf[i]);
         if (j->final)
             ss = sumsq_range_(h, j->i0, j->i1);
-        if (j->adam)
-            adam_range_(g, h, j);
-        break;
+        break; /* j->adam: the worker runs adam_range_ after publishing */
     case JOB_ADAM:
         adam_range_(g, h, j);
         break;
@@ -144,20 +145,39 @@ static void *worker_(void *arg)
 
         pthread_mutex_lock(&o->mu);
         hslot_ *h = hslot_of_(g, j.slot);
-        o->running--;
         o->d2h_ms += d2h_ms;
         if (j.kind == JOB_ACCUM || j.kind == JOB_SUMSQ) {
-            h->sumsq += ss;
+            /* one partial per chunk, summed in chunk order by
+             * off_grad_sumsq_: the norm does not depend on which job
+             * finished first */
+            if (j.final || j.kind == JOB_SUMSQ)
+                h->ssq[j.i0 / o->chunk] = ss;
             if (--h->accum_jobs == 0 && (j.final || j.kind == JOB_SUMSQ))
                 h->sumsq_done = 1;
         }
-        if (j.kind == JOB_ADAM || j.kind == JOB_TO_BF16 ||
-            (j.kind == JOB_ACCUM && j.adam))
-            h->adam_jobs--;
-        if (j.kind == JOB_ADAM || j.adam)
-            o->adam_s += dt;
-        else
+        if (j.kind == JOB_ACCUM && j.adam) {
+            /* the gradient of this chunk is final and counted: let
+             * off_grad_sumsq_ / off_step_begin_ go on while its early
+             * AdamW runs (still counted in running and adam_jobs) */
             o->accum_s += dt;
+            pthread_cond_broadcast(&o->cv_done);
+            pthread_mutex_unlock(&o->mu);
+            t0 = now_s_();
+            adam_range_(g, h, &j);
+            dt = now_s_() - t0;
+            pthread_mutex_lock(&o->mu);
+            h->adam_jobs--;
+            o->adam_s += dt;
+        } else if (j.kind == JOB_ADAM || j.kind == JOB_TO_BF16) {
+            h->adam_jobs--;
+            if (j.kind == JOB_ADAM)
+                o->adam_s += dt;
+            else
+                o->accum_s += dt;
+        } else {
+            o->accum_s += dt;
+        }
+        o->running--;
         pthread_cond_broadcast(&o->cv_done);
     }
     pthread_mutex_unlock(&o->mu);
@@ -228,6 +248,8 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
     int L = g->cfg.n_layer;
     memset(o, 0, sizeof *o);
     o->n_staging = cfg->n_staging < 1 ? 1 : cfg->n_staging;
+    if (o->n_staging > TIMING_RING / 2) /* harvest_ needs a started oldest */
+        o->n_staging = TIMING_RING / 2;
     o->n_threads = cfg->host_threads < 1 ? 1 : cfg->host_threads;
     CUDA_CHECK(cudaGetDevice(&o->device));
     size_t per = ceil_div(g->slot_size, (size_t)o->n_threads);
@@ -243,17 +265,9 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
         goto fail;
     for (int b = 0; b < o->n_staging; b++) {
         stage_ *sb = &o->stg[b];
-        if (cudaMalloc((void **)&sb->w, 2 * g->slot_size * sizeof(bf16)) !=
-            cudaSuccess) {
-            (void)cudaGetLastError();
-            sb->w = NULL;
-            fprintf(stderr, "gpt_cuda: out of device memory for %d staging "
-                            "buffers of %.1f MiB\n", o->n_staging,
-                    2 * g->slot_size * sizeof(bf16) / 1048576.0);
-            goto fail;
-        }
-        sb->dw = sb->w + g->slot_size;
         CUDA_CHECK(cudaEventCreateWithFlags(&sb->freed,
+                                            cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&sb->drained,
                                             cudaEventDisableTiming));
     }
     for (int i = 0; i < TIMING_RING; i++) {
@@ -264,6 +278,7 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
         CUDA_CHECK(cudaEventCreate(&t->wait_b));
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&o->drain, cudaStreamNonBlocking));
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv_job, NULL);
     pthread_cond_init(&o->cv_done, NULL);
@@ -278,11 +293,6 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
     o->enabled = 1;
     return 0;
 fail:
-    for (int b = 0; o->stg && b < o->n_staging; b++)
-        if (o->stg[b].w) {
-            CUDA_CHECK(cudaFree(o->stg[b].w));
-            CUDA_CHECK(cudaEventDestroy(o->stg[b].freed));
-        }
     free(o->iv);
     free(o->at_pos);
     free(o->stg);
@@ -305,9 +315,11 @@ void off_fini_(gpt_cuda *g)
     for (int i = 0; i < o->n_threads; i++)
         pthread_join(o->th[i], NULL);
     CUDA_CHECK(cudaStreamSynchronize(o->copy));
+    CUDA_CHECK(cudaStreamSynchronize(o->drain));
+    off_set_staging_(g, 0);
     for (int b = 0; b < o->n_staging; b++) {
-        CUDA_CHECK(cudaFree(o->stg[b].w));
         CUDA_CHECK(cudaEventDestroy(o->stg[b].freed));
+        CUDA_CHECK(cudaEventDestroy(o->stg[b].drained));
     }
     for (int i = 0; i < TIMING_RING; i++) {
         timing_ *t = &o->ring[i];
@@ -317,6 +329,7 @@ void off_fini_(gpt_cuda *g)
         CUDA_CHECK(cudaEventDestroy(t->wait_b));
     }
     CUDA_CHECK(cudaStreamDestroy(o->copy));
+    CUDA_CHECK(cudaStreamDestroy(o->drain));
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv_job);
     pthread_cond_destroy(&o->cv_done);
@@ -326,6 +339,45 @@ void off_fini_(gpt_cuda *g)
     free(o->q);
     free(o->th);
     memset(o, 0, sizeof *o);
+}
+
+/* Staging buffers exist only while some slot is offloaded, so that an
+ * all-resident phase (usually the Pseudo one) holds what its plan counts. */
+int off_set_staging_(gpt_cuda *g, int on)
+{
+    offload_rt_ *o = &g->off;
+    size_t bytes = 2 * g->slot_size * sizeof(bf16);
+    if (!o->enabled || on == o->staging_on)
+        return 0;
+    if (!on) {
+        CUDA_CHECK(cudaStreamSynchronize(o->copy));
+        CUDA_CHECK(cudaStreamSynchronize(o->drain));
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        for (int b = 0; b < o->n_staging; b++) {
+            CUDA_CHECK(cudaFree(o->stg[b].w));
+            o->stg[b].w = o->stg[b].dw = NULL;
+        }
+        o->staging_on = 0;
+        return 0;
+    }
+    for (int b = 0; b < o->n_staging; b++) {
+        stage_ *sb = &o->stg[b];
+        if (cudaMalloc((void **)&sb->w, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* the OOM is not sticky: clear it */
+            fprintf(stderr, "gpt_cuda: out of device memory for %d staging "
+                            "buffers of %.1f MiB\n", o->n_staging,
+                    bytes / 1048576.0);
+            for (int k = 0; k < b; k++) {
+                CUDA_CHECK(cudaFree(o->stg[k].w));
+                o->stg[k].w = o->stg[k].dw = NULL;
+            }
+            sb->w = NULL;
+            return -1;
+        }
+        sb->dw = sb->w + g->slot_size;
+    }
+    o->staging_on = 1;
+    return 0;
 }
 
 /* ------------------------------------------------------------ host slots */
@@ -381,8 +433,21 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
             o->warned_pin = 1;
         }
         h->gbf = h->wbf + ss;
+        h->ssq = (double *)calloc(ceil_div(ss, o->chunk), sizeof(double));
+        if (!h->ssq) {
+            if (h->pinned)
+                CUDA_CHECK(cudaFreeHost(h->wbf));
+            else
+                free(h->wbf);
+            free(h->master);
+            off_free_slots_(g, hs, i);
+            *failed = 1;
+            return NULL;
+        }
         CUDA_CHECK(cudaEventCreate(&h->d2h_start));
-        CUDA_CHECK(cudaEventCreate(&h->drained));
+        /* host threads wait on it: block, don't spin */
+        CUDA_CHECK(cudaEventCreateWithFlags(&h->drained,
+                                            cudaEventBlockingSync));
         o->host_bytes += 4 * ss * sizeof(float) + pin;
         if (h->pinned)
             o->pinned_bytes += pin;
@@ -407,6 +472,7 @@ void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n)
             free(h->wbf);
         }
         free(h->master);
+        free(h->ssq);
         CUDA_CHECK(cudaEventDestroy(h->d2h_start));
         CUDA_CHECK(cudaEventDestroy(h->drained));
         o->host_bytes -= 4 * ss * sizeof(float) + pin;
@@ -424,8 +490,15 @@ static void harvest_(offload_rt_ *o, int force)
         timing_ *t = &o->ring[o->ring_read % TIMING_RING];
         if (!t->wait)
             break; /* its interval has not started */
-        if (!force && cudaEventQuery(t->wait_b) != cudaSuccess)
-            break;
+        if (!force) {
+            cudaError_t e = cudaEventQuery(t->wait_b);
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError(); /* else the next CUDA_CHECK_LAUNCH
+                                           * reports it */
+                break;
+            }
+            CUDA_CHECK(e);
+        }
         CUDA_CHECK(cudaEventSynchronize(t->wait_b));
         float h2d = 0.0f, stall = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&h2d, t->h2d_a, t->h2d_b));
@@ -534,9 +607,13 @@ void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
         CUDA_CHECK(cudaStreamWaitEvent(g->stream, t->h2d_b, 0));
         CUDA_CHECK(cudaEventRecord(t->wait_b, g->stream));
         t->wait = 1;
-        if (I->has_bwd)
+        if (I->has_bwd) {
+            /* the buffer's previous gradient must have left (drain
+             * stream) before this interval's starts from zero */
+            CUDA_CHECK(cudaStreamWaitEvent(g->stream, sb->drained, 0));
             CUDA_CHECK(cudaMemsetAsync(sb->dw, 0, g->slot_size * sizeof(bf16),
                                        g->stream));
+        }
     }
     *w = sb->w;
     *dw = sb->dw;
@@ -551,8 +628,8 @@ void off_leave_(gpt_cuda *g, int p)
         return;
     stage_ *sb = &o->stg[j % o->n_staging];
     CUDA_CHECK(cudaEventRecord(sb->freed, g->stream));
-    o->n_left++;
     if (!I->has_bwd) {
+        o->n_left++;
         off_poll_(g);
         return;
     }
@@ -564,11 +641,12 @@ void off_leave_(gpt_cuda *g, int p)
     while (h->accum_jobs > 0)
         pthread_cond_wait(&o->cv_done, &o->mu);
     pthread_mutex_unlock(&o->mu);
-    CUDA_CHECK(cudaStreamWaitEvent(o->copy, sb->freed, 0));
-    CUDA_CHECK(cudaEventRecord(h->d2h_start, o->copy));
+    CUDA_CHECK(cudaStreamWaitEvent(o->drain, sb->freed, 0));
+    CUDA_CHECK(cudaEventRecord(h->d2h_start, o->drain));
     CUDA_CHECK(cudaMemcpyAsync(h->gbf, sb->dw, g->slot_size * sizeof(bf16),
-                               cudaMemcpyDeviceToHost, o->copy));
-    CUDA_CHECK(cudaEventRecord(h->drained, o->copy));
+                               cudaMemcpyDeviceToHost, o->drain));
+    CUDA_CHECK(cudaEventRecord(h->drained, o->drain));
+    CUDA_CHECK(cudaEventRecord(sb->drained, o->drain));
     o->d2h_bytes += g->slot_size * sizeof(bf16);
 
     hjob_ job;
@@ -590,15 +668,16 @@ void off_leave_(gpt_cuda *g, int p)
     }
     h->touched = 1;
     pthread_mutex_lock(&o->mu);
-    if (job.final) {
-        h->sumsq = 0.0;
-        h->sumsq_done = 0;
-    }
+    h->sumsq_done = 0; /* a norm taken earlier in the step is stale now */
     int nj = queue_chunks_(g, &job);
     h->accum_jobs += nj;
     if (job.adam)
         h->adam_jobs += nj;
     pthread_mutex_unlock(&o->mu);
+    /* buffer j % n_staging may be refetched from now on: the fetch
+     * writes only its weights; the next interval's memset of dw waits for
+     * sb->drained, recorded above */
+    o->n_left++;
     off_poll_(g);
 }
 
@@ -620,20 +699,28 @@ void off_step_begin_(gpt_cuda *g)
     pthread_mutex_unlock(&o->mu);
 }
 
+/* Waits for the accumulations only: early AdamW jobs (queued with the
+ * final accumulation) may still run when this returns. */
 double off_grad_sumsq_(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
-    off_wait_idle_(g);
+    size_t nc = ceil_div(g->slot_size, o->chunk);
     pthread_mutex_lock(&o->mu);
+    for (int s = g->n_res; s < g->S; s++)
+        while (hslot_of_(g, s)->accum_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         if (h->sumsq_done)
             continue;
         if (!h->touched) {
-            /* no layer used it this step: its gradient is zero */
+            /* no layer used it this step: its gradient is zero (the last
+             * step's AdamW of it may still read gacc) */
+            while (h->adam_jobs > 0)
+                pthread_cond_wait(&o->cv_done, &o->mu);
             memset(h->gacc, 0, g->slot_size * sizeof(float));
+            memset(h->ssq, 0, nc * sizeof(double));
             h->touched = 1;
-            h->sumsq = 0.0;
             h->sumsq_done = 1;
             continue;
         }
@@ -641,14 +728,20 @@ double off_grad_sumsq_(gpt_cuda *g)
         memset(&j, 0, sizeof j);
         j.kind = JOB_SUMSQ;
         j.slot = s;
-        h->sumsq = 0.0;
         h->accum_jobs += queue_chunks_(g, &j);
     }
-    pthread_mutex_unlock(&o->mu);
-    off_wait_idle_(g);
-    double total = 0.0;
     for (int s = g->n_res; s < g->S; s++)
-        total += hslot_of_(g, s)->sumsq;
+        while (hslot_of_(g, s)->accum_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+    double total = 0.0;
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        h->sumsq = 0.0;
+        for (size_t c = 0; c < nc; c++)
+            h->sumsq += h->ssq[c];
+        total += h->sumsq;
+    }
+    pthread_mutex_unlock(&o->mu);
     return total;
 }
 
@@ -694,7 +787,7 @@ void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st)
     if (!o->enabled)
         return;
     st->n_staging = o->n_staging;
-    st->staging_bytes = (size_t)o->n_staging * 2 * g->slot_size *
+    st->staging_bytes = !o->staging_on ? 0 : (size_t)o->n_staging * 2 * g->slot_size *
                         sizeof(bf16);
     st->device_bytes += st->staging_bytes;
     harvest_(o, 0);
