@@ -103,7 +103,10 @@ static void free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
 }
 
 /* One planned allocation for all activations and scratch: a table of
- * (pointer, bytes), each region rounded up to 256 bytes. */
+ * (pointer, bytes), each region rounded up to 256 bytes. The offload
+ * planner mirrors this table in plain C (offload_cuda_act_bytes in
+ * daemon/offload/plan.c): change both together (tests/gpu/test_trainer.c
+ * checks that they agree). */
 static int alloc_acts_(gpt_cuda *g)
 {
     size_t L = g->cfg.n_layer, T = g->T, C = g->cfg.n_embd;

@@ -93,20 +93,25 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
 
 void gpt_cuda_zero_grad(gpt_cuda *g);
 
-/* Global L2 norm of the gradients (waits for the GPU). */
+/* Global L2 norm of the gradients (waits for the GPU; with offloaded
+ * slots also for their accumulation, and adds the host's part). */
 float gpt_cuda_grad_norm(gpt_cuda *g);
 
 /* AdamW over all parameters (decay on 2-D tensors only), step counts per
  * region as gpt_adamw. Global-norm clipping to max_norm (<= 0: none) is
  * computed on the device. Queued; the norm before clipping is then
- * available from gpt_cuda_last_grad_norm (which waits). */
+ * available from gpt_cuda_last_grad_norm, which waits for the compute
+ * stream only (not for host AdamW of offloaded slots, which overlaps the
+ * next step: gpt_cuda_synchronize waits for everything). */
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm);
 float gpt_cuda_last_grad_norm(gpt_cuda *g);
 
 /* As gpt_reslot: S' slots, each a device copy of old slot src_of[s']
  * (params, master, m, v, step count; zeroed m, v, count with
- * reset_moments); grads zeroed. Delink is S' = L, src_of[l] = slot_of[l]. */
+ * reset_moments); grads zeroed. Delink is S' = L, src_of[l] = slot_of[l].
+ * Every new slot is resident: an offloading model uses
+ * gpt_cuda_reslot_placed. */
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
                     const int *src_of, int reset_moments);
 
@@ -148,7 +153,15 @@ void gpt_cuda_synchronize(gpt_cuda *g);
  *
  * Offloaded slots are a suffix of the stack: in backward the last layers'
  * gradients are final first and in the next forward their weights are
- * needed last, which gives their host update the most time to hide. */
+ * needed last, which gives their host update the most time to hide.
+ *
+ * Every function above works on an offloading model (forward, backward,
+ * zero_grad, grad_norm, adamw, get/set_state, init_weights, step counts);
+ * state reads and writes wait for host jobs first. gpt_cuda_backward
+ * fetches the offloaded slots again; gpt_cuda_train_microbatch shares the
+ * last layer's fetch between forward and backward and needs no host round
+ * trip in between, so it is the one to train with. Call everything from
+ * one thread. */
 typedef struct {
     int n_resident;     /* slots [0, n_resident) on the device; >= S: all */
     int n_staging;      /* staging buffers (offload.prefetch), >= 1 */
@@ -197,7 +210,9 @@ typedef struct {
     double accum_s, adam_s;  /* host thread busy time, all threads */
 } gpt_cuda_offload_stats;
 
-/* Statistics (times of copies still in flight are not yet counted). */
+/* Statistics (times of copies still in flight are not yet counted). Any
+ * model (all resident: counts and device bytes only). Call from the thread
+ * that drives the model. */
 void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st);
 
 #ifdef __cplusplus
