@@ -36,7 +36,7 @@ echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -1)), build in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 
 # ------------------------------------------------------------------ build
-NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]'
+NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fno-math-errno
          -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
 CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
 LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
