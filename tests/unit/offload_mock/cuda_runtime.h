@@ -1,0 +1,109 @@
+/*
+ * cuda_runtime.h — mock CUDA runtime for tests/unit/offload_mock: the subset
+ * of the runtime API that kernels/cuda/gpt_cuda_offload.cu calls, executed
+ * on the CPU by mock_cuda.cpp. It shadows the real <cuda_runtime.h> through
+ * include order (this folder comes first on the include path; nothing here
+ * ever includes or links the CUDA toolkit).
+ *
+ * Semantics kept from the real runtime, because the offload runtime's
+ * correctness rests on them:
+ *  - a stream runs its operations in order, one at a time; different streams
+ *    run concurrently and in random order (a few simulated "GPU" threads,
+ *    random latencies);
+ *  - cudaEventRecord captures the stream's work queued so far;
+ *    cudaStreamWaitEvent / cudaEventSynchronize / cudaEventQuery wait for
+ *    (or test) the most recent record made before the call; an event never
+ *    recorded counts as complete;
+ *  - cudaMemcpyAsync / cudaMemsetAsync read and write memory when the
+ *    stream gets to them, not when they are issued;
+ *  - cudaEventElapsedTime fails on an event made with cudaEventDisableTiming,
+ *    one never recorded, or one not yet complete;
+ *  - cudaFree / cudaFreeHost wait for every stream to go idle;
+ *  - errors are returned and remembered for cudaGetLastError.
+ * Checked beyond the real runtime (reported as errors): copy directions and
+ * ranges against the allocations (a host-to-device copy must land inside one
+ * cudaMalloc block and read from outside all of them), memset ranges, use of
+ * a destroyed stream or event.
+ */
+#ifndef M6_MOCK_CUDA_RUNTIME_H
+#define M6_MOCK_CUDA_RUNTIME_H
+
+#include <stddef.h>
+
+typedef int cudaError_t;
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+};
+typedef struct mock_stream_ *cudaStream_t;
+typedef struct mock_event_ *cudaEvent_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+    cudaMemcpyDeviceToDevice, cudaMemcpyDefault
+};
+#define cudaStreamDefault 0x0
+#define cudaStreamNonBlocking 0x1
+#define cudaEventDefault 0x0
+#define cudaEventBlockingSync 0x1
+#define cudaEventDisableTiming 0x2
+#define cudaHostAllocDefault 0x0
+#define cudaHostAllocPortable 0x1
+
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor;
+    size_t totalGlobalMem;
+};
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorName(cudaError_t e);
+const char *cudaGetErrorString(cudaError_t e);
+
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
+                                unsigned flags);
+
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
+                                 cudaEvent_t end);
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                            cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s);
+
+/* ---- mock extensions, for the test driver */
+
+/* Start the simulated GPU: gpu_threads threads; with max_delay_us > 0,
+ * half the operations (drawn at random) may start only 0..max_delay_us-1
+ * microseconds after they were queued, so that streams overtake each other
+ * whatever the issue order. Stop it: waits for all queued work, then frees
+ * streams and events. */
+void mock_start(unsigned seed, int gpu_threads, int max_delay_us);
+void mock_stop(void);
+/* A "kernel": fn(arg) runs on a GPU thread in stream order. */
+void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg);
+/* Misuses of the API found so far (each also printed as "MOCK: ..."). */
+long mock_errors(void);
+
+#endif /* M6_MOCK_CUDA_RUNTIME_H */

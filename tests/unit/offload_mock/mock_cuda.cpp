@@ -1,0 +1,634 @@
+/*
+ * mock_cuda.cpp — the mock CUDA runtime of cuda_runtime.h (this folder): a
+ * simulated GPU of a few threads that run stream operations, each stream in
+ * order, the streams in random order, with events that keep the real
+ * record / wait semantics. One mutex guards everything; operations run
+ * outside it. Device and pinned memory are ordinary malloc'ed blocks, known
+ * to the mock so that copies and frees can be checked.
+ */
+#include "cuda_runtime.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+enum { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_KERNEL };
+
+struct op_ {
+    int kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    int value;
+    cudaEvent_t ev;
+    long seq;                   /* RECORD: the record; WAIT: the one awaited */
+    void (*fn)(void *);
+    void *arg;
+    int64_t not_before;         /* ns, CLOCK_MONOTONIC: its random latency */
+};
+
+struct mock_stream_ {
+    std::deque<op_> q;
+    int busy;                   /* its front operation is running */
+    int dead;                   /* destroyed */
+};
+
+struct mock_event_ {
+    unsigned flags;
+    long issued;                /* records made */
+    std::set<long> pending;     /* records not yet reached by their stream */
+    int dead;
+};
+
+enum { MEM_DEVICE, MEM_PINNED };
+struct block_ {
+    size_t n;
+    int kind;
+};
+
+static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv_;      /* on CLOCK_MONOTONIC, by mock_start */
+static std::vector<mock_stream_ *> streams_;
+static std::vector<mock_event_ *> events_;
+static std::map<uintptr_t, block_> blocks_;     /* by start address */
+static std::vector<pthread_t> gpu_;
+static int quit_, max_delay_us_;
+static std::mt19937 rng_;
+static long errors_;
+static thread_local cudaError_t last_ = cudaSuccess;
+
+/* ------------------------------------------------------------ helpers */
+
+/* Report a misuse of the API: printed, counted (atomically: callers may
+ * hold the lock or not), returned and remembered as the real errors are. */
+static cudaError_t misuse_(cudaError_t e, const char *what)
+{
+    __atomic_add_fetch(&errors_, 1, __ATOMIC_RELAXED);
+    fprintf(stderr, "MOCK: %s\n", what);
+    last_ = e;
+    return e;
+}
+
+static cudaError_t ret_(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        last_ = e;
+    return e;
+}
+
+long mock_errors(void)
+{
+    return __atomic_load_n(&errors_, __ATOMIC_RELAXED);
+}
+
+/* The allocation holding [p, p + n) whole, or NULL. Lock held. */
+static const block_ *block_of_(const void *p, size_t n, uintptr_t *start)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin())
+        return NULL;
+    --it;
+    if (a + n > it->first + it->second.n)
+        return NULL;
+    if (start)
+        *start = it->first;
+    return &it->second;
+}
+
+/* Whether [p, p + n) overlaps any device allocation. Lock held. */
+static int touches_device_(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    auto it = blocks_.lower_bound(b);
+    while (it != blocks_.begin()) {
+        --it;
+        if (it->first + it->second.n <= a)
+            break;
+        if (it->second.kind == MEM_DEVICE)
+            return 1;
+    }
+    return 0;
+}
+
+static int is_device_(const void *p, size_t n)
+{
+    const block_ *b = block_of_(p, n, NULL);
+    return b && b->kind == MEM_DEVICE;
+}
+
+static int stream_ok_(cudaStream_t s)
+{
+    return s && !s->dead;
+}
+
+static int event_ok_(cudaEvent_t e)
+{
+    return e && !e->dead;
+}
+
+/* Whether every stream is idle. Lock held. */
+static int all_idle_(void)
+{
+    for (mock_stream_ *s : streams_)
+        if (!s->q.empty() || s->busy)
+            return 0;
+    return 1;
+}
+
+/* ------------------------------------------------------------ the GPU */
+
+static int64_t now_ns_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Each GPU thread: take the front operation of a random stream that may
+ * start (not running, its latency passed, its awaited event complete), run
+ * it outside the lock, retire it. */
+static void *gpu_main_(void *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&mu_);
+    for (;;) {
+        std::vector<mock_stream_ *> ready;
+        int64_t now = now_ns_(), wake = INT64_MAX;
+        for (mock_stream_ *s : streams_) {
+            if (s->busy || s->q.empty())
+                continue;
+            const op_ &o = s->q.front();
+            if (o.kind == OP_WAIT && o.ev->pending.count(o.seq))
+                continue;
+            if (o.not_before > now) {
+                if (o.not_before < wake)
+                    wake = o.not_before;
+                continue;
+            }
+            ready.push_back(s);
+        }
+        if (ready.empty()) {
+            if (quit_)
+                break;
+            if (wake == INT64_MAX) {
+                pthread_cond_wait(&cv_, &mu_);
+            } else {
+                struct timespec ts = {(time_t)(wake / 1000000000),
+                                      (long)(wake % 1000000000)};
+                pthread_cond_timedwait(&cv_, &mu_, &ts);
+            }
+            continue;
+        }
+        mock_stream_ *s = ready[rng_() % ready.size()];
+        op_ o = s->q.front();
+        s->busy = 1;
+        pthread_mutex_unlock(&mu_);
+        switch (o.kind) {
+        case OP_COPY:
+            memcpy(o.dst, o.src, o.n);
+            break;
+        case OP_SET:
+            memset(o.dst, o.value, o.n);
+            break;
+        case OP_KERNEL:
+            o.fn(o.arg);
+            break;
+        default:
+            break;
+        }
+        pthread_mutex_lock(&mu_);
+        if (o.kind == OP_RECORD)
+            o.ev->pending.erase(o.seq);
+        s->q.pop_front();
+        s->busy = 0;
+        pthread_cond_broadcast(&cv_);
+    }
+    pthread_mutex_unlock(&mu_);
+    return NULL;
+}
+
+void mock_start(unsigned seed, int gpu_threads, int max_delay_us)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv_, &ca);
+    pthread_condattr_destroy(&ca);
+    rng_.seed(seed);
+    max_delay_us_ = max_delay_us;
+    quit_ = 0;
+    gpu_.resize(gpu_threads < 1 ? 1 : (size_t)gpu_threads);
+    for (pthread_t &t : gpu_)
+        if (pthread_create(&t, NULL, gpu_main_, NULL) != 0) {
+            fprintf(stderr, "MOCK: cannot start a GPU thread\n");
+            exit(1);
+        }
+}
+
+void mock_stop(void)
+{
+    pthread_mutex_lock(&mu_);
+    while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+    quit_ = 1;
+    pthread_cond_broadcast(&cv_);
+    pthread_mutex_unlock(&mu_);
+    for (pthread_t &t : gpu_)
+        pthread_join(t, NULL);
+    gpu_.clear();
+    for (mock_stream_ *s : streams_)
+        delete s;
+    streams_.clear();
+    for (mock_event_ *e : events_)
+        delete e;
+    events_.clear();
+    pthread_cond_destroy(&cv_);
+}
+
+/* Queue o on s with a random latency: half the operations may start at
+ * once, the others up to max_delay_us later. Lock held. */
+static void queue_(cudaStream_t s, op_ o)
+{
+    o.not_before = 0;
+    if (max_delay_us_ > 0 && rng_() % 2)
+        o.not_before = now_ns_() +
+                       (int64_t)(rng_() % (unsigned)max_delay_us_) * 1000;
+    s->q.push_back(o);
+    pthread_cond_broadcast(&cv_);
+}
+
+static cudaError_t push_(cudaStream_t s, const op_ &o)
+{
+    pthread_mutex_lock(&mu_);
+    if (!stream_ok_(s)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "operation on a destroyed or null stream");
+    }
+    queue_(s, o);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg)
+{
+    op_ o = {};
+    o.kind = OP_KERNEL;
+    o.fn = fn;
+    o.arg = arg;
+    push_(s, o);
+}
+
+/* ------------------------------------------------------------ device */
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
+{
+    (void)device;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "mock GPU");
+    p->major = 9;
+    p->totalGlobalMem = (size_t)1 << 30;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    return device == 0 ? cudaSuccess
+                       : misuse_(cudaErrorInvalidValue, "cudaSetDevice(!= 0)");
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_;
+    last_ = cudaSuccess;
+    return e;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidResourceHandle:
+        return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorUnknown";
+    }
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaSuccess ? "no error" : "mock CUDA runtime error";
+}
+
+/* ------------------------------------------------------------ memory */
+
+static cudaError_t alloc_(void **p, size_t n, int kind)
+{
+    *p = malloc(n ? n : 1);
+    if (!*p)
+        return ret_(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&mu_);
+    blocks_[(uintptr_t)*p] = block_{n, kind};
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+/* Free a block of the kind given, after the device has gone idle (as the
+ * real cudaFree and cudaFreeHost synchronise). */
+static cudaError_t free_(void *p, int kind)
+{
+    if (!p)
+        return cudaSuccess;
+    pthread_mutex_lock(&mu_);
+    auto it = blocks_.find((uintptr_t)p);
+    if (it == blocks_.end() || it->second.kind != kind) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidValue,
+                       kind == MEM_DEVICE ? "cudaFree of a pointer not from "
+                                            "cudaMalloc"
+                                          : "cudaFreeHost of a pointer not "
+                                            "from cudaHostAlloc");
+    }
+    while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+    blocks_.erase(it);
+    pthread_mutex_unlock(&mu_);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    return alloc_(p, n, MEM_DEVICE);
+}
+
+cudaError_t cudaFree(void *p)
+{
+    return free_(p, MEM_DEVICE);
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
+{
+    (void)flags;
+    return alloc_(p, n, MEM_PINNED);
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    return alloc_(p, n, MEM_PINNED);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    return free_(p, MEM_PINNED);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                            cudaMemcpyKind kind, cudaStream_t s)
+{
+    const char *bad = NULL;
+    pthread_mutex_lock(&mu_);
+    int dd = is_device_(dst, n), sd = is_device_(src, n);
+    int dt = touches_device_(dst, n), st = touches_device_(src, n);
+    pthread_mutex_unlock(&mu_);
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        if (!dd || st)
+            bad = "host-to-device copy not into one device allocation or "
+                  "not from host memory";
+        break;
+    case cudaMemcpyDeviceToHost:
+        if (!sd || dt)
+            bad = "device-to-host copy not from one device allocation or "
+                  "not into host memory";
+        break;
+    case cudaMemcpyDeviceToDevice:
+        if (!dd || !sd)
+            bad = "device-to-device copy outside the device allocations";
+        break;
+    default:
+        bad = "cudaMemcpyAsync kind not supported by the mock";
+        break;
+    }
+    if (bad)
+        return misuse_(cudaErrorInvalidValue, bad);
+    op_ o = {};
+    o.kind = OP_COPY;
+    o.dst = dst;
+    o.src = src;
+    o.n = n;
+    return ret_(push_(s, o));
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    int ok = is_device_(dst, n);
+    pthread_mutex_unlock(&mu_);
+    if (!ok)
+        return misuse_(cudaErrorInvalidValue,
+                       "cudaMemsetAsync outside the device allocations");
+    op_ o = {};
+    o.kind = OP_SET;
+    o.dst = dst;
+    o.value = value;
+    o.n = n;
+    return ret_(push_(s, o));
+}
+
+/* ------------------------------------------------------------ streams */
+
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    mock_stream_ *st = new mock_stream_();
+    st->busy = st->dead = 0;
+    pthread_mutex_lock(&mu_);
+    streams_.push_back(st);
+    pthread_mutex_unlock(&mu_);
+    *s = st;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    (void)flags; /* no legacy default stream here: all are non-blocking */
+    return cudaStreamCreate(s);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    if (!stream_ok_(s)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaStreamSynchronize of a destroyed stream");
+    }
+    while (!s->q.empty() || s->busy)
+        pthread_cond_wait(&cv_, &mu_);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+/* The real one returns at once and lets queued work finish; the mock keeps
+ * the stream (freed by mock_stop), so letting it finish is the same. */
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    if (!stream_ok_(s)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaStreamDestroy of a destroyed stream");
+    }
+    s->dead = 1; /* queued work still runs: the GPU threads don't look */
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu_);
+    if (!stream_ok_(s) || !event_ok_(e)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaStreamWaitEvent on a destroyed stream or event");
+    }
+    if (e->issued > 0) { /* never recorded: nothing to wait for */
+        op_ o = {};
+        o.kind = OP_WAIT;
+        o.ev = e;
+        o.seq = e->issued;
+        queue_(s, o);
+    }
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------ events */
+
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    mock_event_ *ev = new mock_event_();
+    ev->flags = flags;
+    ev->issued = 0;
+    ev->dead = 0;
+    pthread_mutex_lock(&mu_);
+    events_.push_back(ev);
+    pthread_mutex_unlock(&mu_);
+    *e = ev;
+    return cudaSuccess;
+}
+
+/* As the real one, legal with records pending (they still complete); the
+ * memory is kept until mock_stop so that later misuse is caught. */
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    pthread_mutex_lock(&mu_);
+    if (!event_ok_(e)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventDestroy of a destroyed event");
+    }
+    e->dead = 1;
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    if (!stream_ok_(s) || !event_ok_(e)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventRecord on a destroyed stream or event");
+    }
+    op_ o = {};
+    o.kind = OP_RECORD;
+    o.ev = e;
+    o.seq = ++e->issued;
+    e->pending.insert(o.seq);
+    queue_(s, o);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    pthread_mutex_lock(&mu_);
+    if (!event_ok_(e)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventSynchronize of a destroyed event");
+    }
+    long seq = e->issued;
+    while (e->pending.count(seq))
+        pthread_cond_wait(&cv_, &mu_);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    pthread_mutex_lock(&mu_);
+    if (!event_ok_(e)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventQuery of a destroyed event");
+    }
+    cudaError_t r = e->pending.count(e->issued) ? cudaErrorNotReady
+                                                : cudaSuccess;
+    pthread_mutex_unlock(&mu_);
+    return ret_(r); /* NotReady is remembered too, as by the real runtime */
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    const char *bad = NULL;
+    cudaError_t e = cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&mu_);
+    if (!event_ok_(a) || !event_ok_(b))
+        bad = "cudaEventElapsedTime of a destroyed event";
+    else if ((a->flags | b->flags) & cudaEventDisableTiming)
+        bad = "cudaEventElapsedTime of an event made with "
+              "cudaEventDisableTiming";
+    else if (a->issued == 0 || b->issued == 0)
+        bad = "cudaEventElapsedTime of an event never recorded";
+    else if (a->pending.count(a->issued) || b->pending.count(b->issued)) {
+        bad = "cudaEventElapsedTime of an event not complete";
+        e = cudaErrorNotReady;
+    }
+    pthread_mutex_unlock(&mu_);
+    if (bad)
+        return misuse_(e, bad);
+    *ms = 0.001f;
+    return cudaSuccess;
+}
