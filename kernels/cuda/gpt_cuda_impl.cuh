@@ -82,7 +82,7 @@ typedef struct {
  * back later (ring) so the host never blocks on them. */
 typedef struct {
     cudaEvent_t h2d_a, h2d_b, wait_a, wait_b;
-    int fetch, wait;               /* recorded */
+    int wait;                      /* wait_a/b recorded */
 } timing_;
 #define TIMING_RING 256
 
@@ -111,7 +111,6 @@ typedef struct {
     int *at_pos;                   /* [2L] interval of a position or -1 */
     int n_iv, next_fetch;          /* intervals; the next to fetch */
     int n_left;                    /* intervals issued to their end */
-    int p0, p1;
     /* this step */
     int early;                     /* no clipping: update when final */
     float lr, beta1, beta2, eps, wd;

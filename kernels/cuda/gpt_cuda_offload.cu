@@ -509,7 +509,7 @@ static void harvest_(offload_rt_ *o, int force)
         CUDA_CHECK(cudaEventElapsedTime(&stall, t->wait_a, t->wait_b));
         o->h2d_ms += h2d;
         o->stall_ms += stall;
-        t->fetch = t->wait = 0;
+        t->wait = 0;
         o->ring_read++;
         if (force == 2)
             break;
@@ -545,7 +545,6 @@ static int try_fetch_(gpt_cuda *g, int block)
     CUDA_CHECK(cudaMemcpyAsync(sb->w, h->wbf, g->slot_size * sizeof(bf16),
                                cudaMemcpyHostToDevice, o->copy));
     CUDA_CHECK(cudaEventRecord(t->h2d_b, o->copy));
-    t->fetch = 1;
     o->ring_n++;
     o->h2d_bytes += g->slot_size * sizeof(bf16);
     o->next_fetch++;
@@ -587,8 +586,6 @@ void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last)
         o->iv[j].final = last && o->iv[j].has_bwd && !later;
     }
     o->n_iv = n;
-    o->p0 = p0;
-    o->p1 = p1;
     /* the first fetches start now, under the encoder and resident layers
      * (a slot still being updated is fetched at a later poll) */
     o->next_fetch = o->n_left = 0;
