@@ -14,37 +14,16 @@ static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
 
 /* ------------------------------------------------------------- layout */
 
-static void set_(tensor_ *t, size_t *off, size_t rows, size_t cols)
-{
-    t->off = *off;
-    t->numel = rows * (cols ? cols : 1);
-    t->two_d = cols != 0;
-    *off += t->numel;
-}
-
 static void layout_(gpt_cuda *g)
 {
     size_t C = g->cfg.n_embd, T = g->cfg.seq_len, off = 0;
-    set_(&g->glob[GLOB_WTE], &off, g->Vp, C);
-    set_(&g->glob[GLOB_WPE], &off, T, C);
-    set_(&g->glob[GLOB_LNF_W], &off, C, 0);
-    set_(&g->glob[GLOB_LNF_B], &off, C, 0);
+    tensor_at_(&g->glob[GLOB_WTE], &off, g->Vp, C);
+    tensor_at_(&g->glob[GLOB_WPE], &off, T, C);
+    tensor_at_(&g->glob[GLOB_LNF_W], &off, C, 0);
+    tensor_at_(&g->glob[GLOB_LNF_B], &off, C, 0);
     g->n_global = pad_(off);
     g->n_global_cpu = pad_(off - (size_t)(g->Vp - g->cfg.vocab_size) * C);
-    off = 0;
-    set_(&g->slot[SLOT_LN1_W], &off, C, 0);
-    set_(&g->slot[SLOT_LN1_B], &off, C, 0);
-    set_(&g->slot[SLOT_QKV_W], &off, 3 * C, C);
-    set_(&g->slot[SLOT_QKV_B], &off, 3 * C, 0);
-    set_(&g->slot[SLOT_ATTPROJ_W], &off, C, C);
-    set_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
-    set_(&g->slot[SLOT_LN2_W], &off, C, 0);
-    set_(&g->slot[SLOT_LN2_B], &off, C, 0);
-    set_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
-    set_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
-    set_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
-    set_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
-    g->slot_size = pad_(off);
+    slot_layout_(g);
 }
 
 /* ------------------------------------------------------------- memory */

@@ -151,6 +151,38 @@ struct gpt_cuda {
     offload_rt_ off;
 };
 
+/* ---- layout (gpt_cuda.cu; the offload mock test lays out slots alike) */
+
+static inline void tensor_at_(tensor_ *t, size_t *off, size_t rows,
+                              size_t cols)
+{
+    t->off = *off;
+    t->numel = rows * (cols ? cols : 1);
+    t->two_d = cols != 0;
+    *off += t->numel;
+}
+
+/* The tensors of one slot, as gpt.h orders them; sets g->slot[] and
+ * g->slot_size (padded to PAD) and returns the unpadded element count. */
+static inline size_t slot_layout_(gpt_cuda *g)
+{
+    size_t C = g->cfg.n_embd, off = 0;
+    tensor_at_(&g->slot[SLOT_LN1_W], &off, C, 0);
+    tensor_at_(&g->slot[SLOT_LN1_B], &off, C, 0);
+    tensor_at_(&g->slot[SLOT_QKV_W], &off, 3 * C, C);
+    tensor_at_(&g->slot[SLOT_QKV_B], &off, 3 * C, 0);
+    tensor_at_(&g->slot[SLOT_ATTPROJ_W], &off, C, C);
+    tensor_at_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
+    tensor_at_(&g->slot[SLOT_LN2_W], &off, C, 0);
+    tensor_at_(&g->slot[SLOT_LN2_B], &off, C, 0);
+    tensor_at_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
+    tensor_at_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
+    tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
+    tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
+    g->slot_size = (off + PAD - 1) / PAD * PAD;
+    return off;
+}
+
 /* ---- gpt_cuda_offload.cu, for gpt_cuda.cu */
 
 /* Start the runtime (copy stream, staging buffers, host threads). 0/-1. */

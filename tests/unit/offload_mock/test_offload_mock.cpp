@@ -264,32 +264,10 @@ static void ref_adamw_(const gpt_cuda *g, int s, float lr, float b1, float b2,
     }
 }
 
-static void set_(tensor_ *t, size_t *off, size_t rows, size_t cols)
-{
-    t->off = *off;
-    t->numel = rows * (cols ? cols : 1);
-    t->two_d = cols != 0;
-    *off += t->numel;
-}
-
-/* gpt_cuda.cu's slot layout */
+/* gpt_cuda.cu's slot layout (the same inline function) */
 static void layout_(gpt_cuda *g)
 {
-    size_t C = g->cfg.n_embd, off = 0;
-    set_(&g->slot[SLOT_LN1_W], &off, C, 0);
-    set_(&g->slot[SLOT_LN1_B], &off, C, 0);
-    set_(&g->slot[SLOT_QKV_W], &off, 3 * C, C);
-    set_(&g->slot[SLOT_QKV_B], &off, 3 * C, 0);
-    set_(&g->slot[SLOT_ATTPROJ_W], &off, C, C);
-    set_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
-    set_(&g->slot[SLOT_LN2_W], &off, C, 0);
-    set_(&g->slot[SLOT_LN2_B], &off, C, 0);
-    set_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
-    set_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
-    set_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
-    set_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
-    used_ = off;
-    g->slot_size = (off + PAD - 1) / PAD * PAD;
+    used_ = slot_layout_(g);
 }
 
 static int run_seed_(unsigned seed)
