@@ -10,6 +10,10 @@
 #
 #   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
 #   GPU_CHECK_DIR=dir NVCC=path   override either
+#   GPU_CHECK_HOST_GIB=G          gpu_offload --largest sizes host memory
+#                                 as G GiB (--host-gib) instead of
+#                                 MemAvailable: for a VM whose memory grows
+#                                 as it is used (MemTotal starts far lower)
 #
 # Exit: 0 all tests passed (test_trainer: or was not built for want of
 # jansson/zlib) and the benchmarks ran, 77 no CUDA device, 1 else.
@@ -168,7 +172,9 @@ run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 1
 # largest model that fits device + host (~1-2 min, mostly host memory setup
 # and host AdamW), last so that the deadline cuts it first.
 run offload_1p5b 150 "$OUT/gpu_offload" --steps 5 --warmup 2 --no-clip
-run offload_largest 150 "$OUT/gpu_offload" --largest --steps 2 --warmup 1
+LARGEST=(--largest --steps 2 --warmup 1)
+[ -n "${GPU_CHECK_HOST_GIB:-}" ] && LARGEST+=(--host-gib "$GPU_CHECK_HOST_GIB")
+run offload_largest 150 "$OUT/gpu_offload" "${LARGEST[@]}"
 
 TOTAL_S=$(( $(date +%s) - START ))
 echo
