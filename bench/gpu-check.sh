@@ -10,6 +10,12 @@
 #
 #   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
 #   GPU_CHECK_DIR=dir NVCC=path   override either
+#   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_model
+#                                 test_offload test_trainer train_124m
+#                                 train_124m_pseudo train_350m offload_1p5b
+#                                 offload_largest): a rerun within the GPU
+#                                 time left; the rest report not_run / na,
+#                                 and the exit status counts only these
 #   GPU_CHECK_HOST_GIB=G          gpu_offload --largest sizes host memory
 #                                 as G GiB (--host-gib) instead of
 #                                 MemAvailable: for a VM whose memory grows
@@ -123,8 +129,19 @@ fi
 # ------------------------------------------------------------------ run
 # run NAME MAX_SECONDS CMD...: runs under the smaller of MAX_SECONDS and the
 # time left before the deadline; sets RC (124 timeout, 125 no time left).
+only_() { # NAME: 0 when NAME is to run (GPU_CHECK_ONLY unset or names it)
+    [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
+    case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
+    return 1
+}
 run() {
     local name=$1 max=$2; shift 2
+    rm -f "$OUT/$name.out" # no figures from an earlier run in this dir
+    if ! only_ "$name"; then
+        echo "gpu-check: $name: not in GPU_CHECK_ONLY, not run"
+        RC=125
+        return
+    fi
     local left=$((DEADLINE - $(date +%s)))
     [ "$left" -lt "$max" ] && max=$left
     if [ "$max" -lt 15 ]; then
@@ -160,8 +177,10 @@ else
     echo "gpu-check: test_trainer not built (no jansson/zlib): skipped"
     TRAINER=no_libs
 fi
-if [ "$OPS" = skip ] && [ "$MODEL" = skip ] && [ "$OFFLOAD" = skip ]; then
-    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip offload_ok=skip trainer_ok=$TRAINER build_s=$BUILD_S"
+nodev_() { [ "$1" = skip ] || [ "$1" = not_run ]; } # skipped, or left out
+if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
+    [ "$OPS$MODEL$OFFLOAD" != not_runnot_runnot_run ]; then
+    echo "gpu_check=no_cuda_device ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
@@ -195,8 +214,13 @@ LINE+=" largest_layers=$(okv offload_largest largest_layers)"
 LINE+=" largest_tflops=$(okv offload_largest largest_tflops)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
 echo "$LINE"
-[ "$OPS" = yes ] && [ "$MODEL" = yes ] && [ "$OFFLOAD" = yes ] &&
-    { [ "$TRAINER" = yes ] || [ "$TRAINER" = no_libs ]; } &&
-    [ "$(kv train_124m tokens_per_s)" != na ] &&
-    [ "$(okv offload_1p5b tokens_per_s_offload)" != na ] && exit 0
+passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
+    [ "$2" = yes ] || { ! only_ "$1" && [ "$2" = not_run ]; }
+}
+passed_ test_ops "$OPS" && passed_ test_model "$MODEL" &&
+    passed_ test_offload "$OFFLOAD" &&
+    { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
+    { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&
+    { ! only_ offload_1p5b || [ "$(okv offload_1p5b tokens_per_s_offload)" != na ]; } &&
+    exit 0
 exit 1
