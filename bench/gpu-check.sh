@@ -142,7 +142,8 @@ reuse=no
 if [ -n "${GPU_CHECK_REUSE:-}" ] && [ "$(cat "$OUT/src-hash" 2>/dev/null)" = "$SRC_HASH" ]; then
     reuse=yes
     for b in test_ops test_model test_offload gpu_train gpu_offload; do
-        [ -x "$OUT/$b" ] || reuse=no
+        # present, and its libraries (cudart, cuBLASLt by rpath) found here
+        { [ -x "$OUT/$b" ] && ! ldd "$OUT/$b" 2>&1 | grep -q "not found"; } || reuse=no
     done
 fi
 if [ $reuse = yes ]; then
