@@ -10,6 +10,21 @@
 #
 #   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
 #   GPU_CHECK_DIR=dir NVCC=path   override either
+#   GPU_CHECK_REUSE=1             use the binaries already in GPU_CHECK_DIR
+#                                 when this script built them from the same
+#                                 sources (build on a CPU machine into an
+#                                 ignored folder of the repo, carry it:
+#                                 saves the ~40 s build on the GPU machine)
+#   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_model
+#                                 test_offload test_trainer train_124m
+#                                 train_124m_pseudo train_350m offload_1p5b
+#                                 offload_largest): a rerun within the GPU
+#                                 time left; the rest report not_run / na,
+#                                 and the exit status counts only these
+#   GPU_CHECK_HOST_GIB=G          gpu_offload --largest sizes host memory
+#                                 as G GiB (--host-gib) instead of
+#                                 MemAvailable: for a VM whose memory grows
+#                                 as it is used (MemTotal starts far lower)
 #
 # Exit: 0 all tests passed (test_trainer: or was not built for want of
 # jansson/zlib) and the benchmarks ran, 77 no CUDA device, 1 else.
@@ -36,78 +51,115 @@ echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -1)), build in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 
 # ------------------------------------------------------------------ build
-NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fno-math-errno
-         -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
-CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
-LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
-KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda
-         gpt_cuda_offload"
-CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
+# Sets build_ok and HAVE_TRAINER_LIBS; the binaries land in $OUT.
+build_() {
+    NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fno-math-errno
+             -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
+    CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
+    LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
+    KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda
+             gpt_cuda_offload"
+    CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
 
-pids=()
-names=()
-compile() { # name command...
-    local name=$1; shift
-    "$@" > "$OUT/obj/$name.log" 2>&1 &
-    pids+=($!); names+=("$name")
-}
-for k in $KERNELS; do
-    compile "$k" "$NVCC" "${NVFLAGS[@]}" -c "kernels/cuda/$k.cu" -o "$OUT/obj/$k.o"
-done
-compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
-compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
-compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
-compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
-compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
-for k in $CPU_OPS; do
-    compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
-done
-compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
-compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
-
-# The trainer (spec, data, checkpoints, offload, both backends) for
-# test_trainer: needs jansson and zlib.
-TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
-  daemon/train/spec.c daemon/train/data.c daemon/train/checkpoint.c
-  daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
-TRAINER_LIBS=(-ljansson -lz -lpthread)
-if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
-    gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
-    HAVE_TRAINER_LIBS=yes
-    for f in $TRAINER_SRC; do
-        n=$(basename "$f" .c)
-        compile "tr_$n" gcc "${CFLAGS[@]}" -DM6_HAVE_CUDA -c "$f" -o "$OUT/obj/tr_$n.o"
+    pids=()
+    names=()
+    compile() { # name command...
+        local name=$1; shift
+        "$@" > "$OUT/obj/$name.log" 2>&1 &
+        pids+=($!); names+=("$name")
+    }
+    for k in $KERNELS; do
+        compile "$k" "$NVCC" "${NVFLAGS[@]}" -c "kernels/cuda/$k.cu" -o "$OUT/obj/$k.o"
     done
-else
-    HAVE_TRAINER_LIBS=no
-    echo "gpu-check: jansson or zlib (headers and libraries) not found: test_trainer"
-    echo "gpu-check: is NOT built or run (install libjansson-dev zlib1g-dev to include it)"
-fi
+    compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
+    compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
+    compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
+    compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
+    compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
+    for k in $CPU_OPS; do
+        compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
+    done
+    compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
+    compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
 
-build_ok=yes
-for i in "${!pids[@]}"; do
-    if ! wait "${pids[$i]}"; then
-        echo "gpu-check: compiling ${names[$i]} FAILED:"
-        cat "$OUT/obj/${names[$i]}.log"
+    # The trainer (spec, data, checkpoints, offload, both backends) for
+    # test_trainer: needs jansson and zlib.
+    TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
+      daemon/train/spec.c daemon/train/data.c daemon/train/checkpoint.c
+      daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+    TRAINER_LIBS=(-ljansson -lz -lpthread)
+    if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
+        gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
+        HAVE_TRAINER_LIBS=yes
+        for f in $TRAINER_SRC; do
+            n=$(basename "$f" .c)
+            compile "tr_$n" gcc "${CFLAGS[@]}" -DM6_HAVE_CUDA -c "$f" -o "$OUT/obj/tr_$n.o"
+        done
+    else
+        HAVE_TRAINER_LIBS=no
+        echo "gpu-check: jansson or zlib (headers and libraries) not found: test_trainer"
+        echo "gpu-check: is NOT built or run (install libjansson-dev zlib1g-dev to include it)"
+    fi
+
+    build_ok=yes
+    for i in "${!pids[@]}"; do
+        if ! wait "${pids[$i]}"; then
+            echo "gpu-check: compiling ${names[$i]} FAILED:"
+            cat "$OUT/obj/${names[$i]}.log"
+            build_ok=no
+        fi
+    done
+    KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/$k.o"); done
+    COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+    if [ $build_ok = yes ]; then
+        "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
+            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" \
+            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
         build_ok=no
     fi
-done
-KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/$k.o"); done
-COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
-if [ $build_ok = yes ]; then
-    "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-    "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
-        "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-    "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" \
-        "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-    "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
-    "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
-    build_ok=no
+    if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
+        TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
+        "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_matmul.o" \
+            "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
+    fi
+}
+
+# GPU_CHECK_REUSE=1: binaries already in GPU_CHECK_DIR, built by this script
+# from these very sources (a hash of them is kept beside them), are used as
+# they are: build here, carry the dir, save the build time on the GPU
+# machine. Anything else (no binaries, other sources) builds.
+src_hash_() {
+    (cd "$ROOT" && find kernels daemon bench tests/gpu tests/common -type f \
+        \( -name "*.c" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh" \) |
+        LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+}
+SRC_HASH=$(src_hash_)
+reuse=no
+if [ -n "${GPU_CHECK_REUSE:-}" ] && [ "$(cat "$OUT/src-hash" 2>/dev/null)" = "$SRC_HASH" ]; then
+    reuse=yes
+    for b in test_ops test_model test_offload gpu_train gpu_offload; do
+        # present, and its libraries (cudart, cuBLASLt by rpath) found here
+        { [ -x "$OUT/$b" ] && ! ldd "$OUT/$b" 2>&1 | grep -q "not found"; } || reuse=no
+    done
 fi
-if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
-    TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
-    "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_matmul.o" \
-        "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
+if [ $reuse = yes ]; then
+    build_ok=yes
+    HAVE_TRAINER_LIBS=no
+    if [ -x "$OUT/test_trainer" ] && ! ldd "$OUT/test_trainer" | grep -q "not found"; then
+        HAVE_TRAINER_LIBS=yes
+    else
+        echo "gpu-check: the reused test_trainer is missing or lacks a library here: not run"
+    fi
+    echo "gpu-check: reusing the binaries in $OUT (sources $SRC_HASH)"
+else
+    [ -n "${GPU_CHECK_REUSE:-}" ] && echo "gpu-check: GPU_CHECK_REUSE: no binaries of these sources in $OUT: building"
+    rm -f "$OUT/src-hash" "$OUT"/test_{ops,model,offload,trainer} "$OUT"/gpu_{train,offload}
+    build_
+    [ $build_ok = yes ] && echo "$SRC_HASH" > "$OUT/src-hash"
 fi
 BUILD_S=$(( $(date +%s) - START ))
 echo "gpu-check: build ${build_ok} in ${BUILD_S} s"
@@ -119,8 +171,19 @@ fi
 # ------------------------------------------------------------------ run
 # run NAME MAX_SECONDS CMD...: runs under the smaller of MAX_SECONDS and the
 # time left before the deadline; sets RC (124 timeout, 125 no time left).
+only_() { # NAME: 0 when NAME is to run (GPU_CHECK_ONLY unset or names it)
+    [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
+    case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
+    return 1
+}
 run() {
     local name=$1 max=$2; shift 2
+    rm -f "$OUT/$name.out" # no figures from an earlier run in this dir
+    if ! only_ "$name"; then
+        echo "gpu-check: $name: not in GPU_CHECK_ONLY, not run"
+        RC=125
+        return
+    fi
     local left=$((DEADLINE - $(date +%s)))
     [ "$left" -lt "$max" ] && max=$left
     if [ "$max" -lt 15 ]; then
@@ -156,8 +219,10 @@ else
     echo "gpu-check: test_trainer not built (no jansson/zlib): skipped"
     TRAINER=no_libs
 fi
-if [ "$OPS" = skip ] && [ "$MODEL" = skip ] && [ "$OFFLOAD" = skip ]; then
-    echo "gpu_check=no_cuda_device ops_ok=skip model_ok=skip offload_ok=skip trainer_ok=$TRAINER build_s=$BUILD_S"
+nodev_() { [ "$1" = skip ] || [ "$1" = not_run ]; } # skipped, or left out
+if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
+    [ "$OPS$MODEL$OFFLOAD" != not_runnot_runnot_run ]; then
+    echo "gpu_check=no_cuda_device ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
@@ -168,7 +233,9 @@ run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 1
 # largest model that fits device + host (~1-2 min, mostly host memory setup
 # and host AdamW), last so that the deadline cuts it first.
 run offload_1p5b 150 "$OUT/gpu_offload" --steps 5 --warmup 2 --no-clip
-run offload_largest 150 "$OUT/gpu_offload" --largest --steps 2 --warmup 1
+LARGEST=(--largest --steps 2 --warmup 1)
+[ -n "${GPU_CHECK_HOST_GIB:-}" ] && LARGEST+=(--host-gib "$GPU_CHECK_HOST_GIB")
+run offload_largest 150 "$OUT/gpu_offload" "${LARGEST[@]}"
 
 TOTAL_S=$(( $(date +%s) - START ))
 echo
@@ -189,8 +256,13 @@ LINE+=" largest_layers=$(okv offload_largest largest_layers)"
 LINE+=" largest_tflops=$(okv offload_largest largest_tflops)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
 echo "$LINE"
-[ "$OPS" = yes ] && [ "$MODEL" = yes ] && [ "$OFFLOAD" = yes ] &&
-    { [ "$TRAINER" = yes ] || [ "$TRAINER" = no_libs ]; } &&
-    [ "$(kv train_124m tokens_per_s)" != na ] &&
-    [ "$(okv offload_1p5b tokens_per_s_offload)" != na ] && exit 0
+passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
+    [ "$2" = yes ] || { ! only_ "$1" && [ "$2" = not_run ]; }
+}
+passed_ test_ops "$OPS" && passed_ test_model "$MODEL" &&
+    passed_ test_offload "$OFFLOAD" &&
+    { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
+    { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&
+    { ! only_ offload_1p5b || [ "$(okv offload_1p5b tokens_per_s_offload)" != na ]; } &&
+    exit 0
 exit 1

@@ -19,11 +19,14 @@
  *
  * --largest: instead of 2 and 3, the biggest model that fits this GPU plus
  * host memory with offloading (C 5120, NH 40, T 1024, B 1 unless given):
- * L from cudaMemGetInfo and MemAvailable, each resident slot costing 16 B
- * per parameter on the device (bf16 weights and gradient, fp32 master, m,
- * v), each offloaded one 20 B on the host (16 pageable, 4 pinned), every
- * layer its activations; a few steps, parameters and model TFLOP/s
- * (6N + 6LCT FLOPs per token, as gpu_train).
+ * L from cudaMemGetInfo and MemAvailable (lowered to a memory cgroup's
+ * limit; raised by --host-gib where the VM's memory grows as it is used),
+ * each resident slot costing 16 B per parameter on the device (bf16
+ * weights and gradient, fp32 master, m, v), each offloaded one 20 B on the
+ * host (16 pageable, 4 pinned), every layer its activations; a few steps,
+ * parameters and model TFLOP/s (6N + 6LCT FLOPs per token, as gpu_train).
+ * Its key line is printed once the model is made (largest_tflops na) and
+ * again after the steps, so a run cut short still reports the size.
  *
  * Random tokens (throughput does not depend on the data). Exit 77 without
  * a CUDA device. Ends with one line (na: not run):
@@ -221,8 +224,26 @@ static double flops_per_token_(const gpt_cuda *g, const model_config *c)
                                       c->seq_len;
 }
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when unknown */
-static double host_available_(double *total)
+/* The first number in file `path` (bytes); -1 when absent or "max". */
+static double read_bytes_(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    unsigned long long v;
+    int ok = f && fscanf(f, "%llu", &v) == 1;
+    if (f)
+        fclose(f);
+    return ok ? (double)v : -1;
+}
+
+/* Host memory this process may still use, bytes (0 when unknown), and
+ * *total the memory it may use at most: MemAvailable and MemTotal of
+ * /proc/meminfo, lowered to the memory cgroup's limit (v2 memory.max, v1
+ * memory.limit_in_bytes) less its usage where there is one, since a
+ * container's /proc/meminfo shows the whole host and past the limit the
+ * OOM killer ends the run. gib > 0: the machine has gib GiB, more than
+ * MemTotal says (a VM whose memory grows as it is used): total = gib GiB,
+ * available = that less what is in use now (MemTotal - MemAvailable). */
+static double host_available_(double *total, double gib)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -238,7 +259,25 @@ static double host_available_(double *total)
             *total = kb * 1024.0;
     }
     fclose(f);
-    return avail;
+    if (gib > 0 && avail > 0) {
+        double used = *total - avail;
+        *total = gib * GIB;
+        avail = *total - used;
+    }
+    double lim = read_bytes_("/sys/fs/cgroup/memory.max");
+    double use = read_bytes_("/sys/fs/cgroup/memory.current");
+    if (lim < 0) {
+        lim = read_bytes_("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+        use = read_bytes_("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    }
+    if (lim > 0 && lim < *total) { /* v1 "no limit" is a huge number */
+        printf("gpu_offload: memory cgroup limit %.1f GiB, %.1f GiB in use\n",
+               lim / GIB, use > 0 ? use / GIB : 0);
+        *total = lim;
+        if (use >= 0 && lim - use < avail)
+            avail = lim - use;
+    }
+    return avail > 0 ? avail : 0;
 }
 
 static gpt_cuda *create_(const model_config *c, int B,
@@ -277,6 +316,52 @@ typedef struct {
     double params, tflops, tok_s;
 } largest_;
 
+/* The figures of the closing key=value line; what is not had prints na. */
+typedef struct {
+    double peak;                   /* pinned h2d GB/s, 0: not measured */
+    int have_main, have_nc;
+    double tok_res, tok_off, tok_res_nc, tok_off_nc, h2d, d2h, stall;
+    largest_ lg;
+    int have_lg_size, have_lg;     /* --largest: created; timed */
+} figs_;
+
+static void na_or_(char *buf, size_t n, int have, const char *fmt, double v)
+{
+    if (have)
+        snprintf(buf, n, fmt, v);
+    else
+        snprintf(buf, n, "na");
+}
+
+/* The key=value line (gpu-check.sh reads the last one printed). */
+static void print_figs_(const figs_ *f)
+{
+    char v[13][32];
+    na_or_(v[0], 32, f->have_main, "%.0f", f->tok_res);
+    na_or_(v[1], 32, f->have_main, "%.0f", f->tok_off);
+    na_or_(v[2], 32, f->have_main, "%.4f",
+           f->have_main ? f->tok_off / f->tok_res : 0);
+    na_or_(v[3], 32, f->have_main, "%.2f", f->h2d);
+    na_or_(v[4], 32, f->peak > 0, "%.2f", f->peak);
+    na_or_(v[5], 32, f->have_main && f->peak > 0, "%.4f",
+           f->peak > 0 ? f->h2d / f->peak : 0);
+    na_or_(v[6], 32, f->have_main, "%.4f", f->stall);
+    na_or_(v[7], 32, f->have_main, "%.2f", f->d2h);
+    na_or_(v[8], 32, f->have_nc, "%.0f", f->tok_off_nc);
+    na_or_(v[9], 32, f->have_nc, "%.4f",
+           f->have_nc ? f->tok_off_nc / f->tok_res_nc : 0);
+    na_or_(v[10], 32, f->have_lg_size, "%.0f", f->lg.params);
+    na_or_(v[11], 32, f->have_lg_size, "%.0f", f->lg.layers);
+    na_or_(v[12], 32, f->have_lg, "%.1f", f->lg.tflops);
+    printf("tokens_per_s_resident=%s tokens_per_s_offload=%s ratio=%s "
+           "h2d_gbps=%s pinned_peak_gbps=%s copy_ratio=%s stall_frac=%s "
+           "d2h_gbps=%s tokens_per_s_offload_noclip=%s ratio_noclip=%s "
+           "largest_params=%s largest_layers=%s largest_tflops=%s\n", v[0],
+           v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
+           v[11], v[12]);
+    fflush(stdout);
+}
+
 /* The device and host bytes of the model's parts, measured by creating
  * two tiny-depth models with the real planner: slot and global parameter
  * counts, activation bytes per layer and fixed. */
@@ -307,20 +392,23 @@ static int probe_sizes_(const model_config *c, int B, size_t *ss,
 
 static int run_largest_(model_config c, int B, int layers_given,
                         int n_staging, int threads, int warmup, int steps,
-                        float max_norm, double peak, largest_ *out)
+                        float max_norm, double host_gib, figs_ *fg)
 {
     size_t ss, ng, act_l, act_f;
     if (probe_sizes_(&c, B, &ss, &ng, &act_l, &act_f) != 0)
         return -1;
     size_t dev_free, dev_total;
     CUDA_CHECK(cudaMemGetInfo(&dev_free, &dev_total));
-    double host_total, host_avail = host_available_(&host_total);
-    /* margins: the device keeps room for cuBLASLt's workspace, the CUDA
-     * context's growth and fragmentation; the host for everything else
-     * on the machine */
+    double host_total, host_avail = host_available_(&host_total, host_gib);
+    /* margins: the device keeps room for the CUDA context's growth and
+     * fragmentation; the host for everything else on the machine. Fixed
+     * device bytes: globals, activations, staging buffers, and the fp32
+     * slot gpt_cuda_init_weights draws offloaded slots in (cudaMalloc'd
+     * through CUDA_CHECK: running out there exits) */
     double dev_budget = dev_free - 3.0 * GIB;
     double host_budget = host_avail - fmax(8.0 * GIB, 0.1 * host_total);
-    double dev_fixed = ng * 16.0 + act_f + (double)n_staging * ss * 4;
+    double dev_fixed = ng * 16.0 + act_f + (double)n_staging * ss * 4 +
+                       ss * 4.0;
     double res_b = ss * 16.0 + act_l, off_dev = act_l, off_host = ss * 20.0;
     printf("gpu_offload: largest: C=%d NH=%d T=%d B=%d; slot %.1fM params: "
            "resident %.2f GiB device, offloaded %.2f GiB host + %.2f GiB "
@@ -380,12 +468,17 @@ static int run_largest_(model_config c, int B, int layers_given,
         double fpt = flops_per_token_(g, &c);
         gpt_cuda_info info;
         gpt_cuda_get_info(g, &info);
-        result_ r = time_steps_(g, &c, &bt, warmup, steps, max_norm,
-                                "largest");
-        print_offload_(&r, steps, threads, peak);
+        largest_ *out = &fg->lg;
         out->layers = c.n_layer;
         out->n_resident = n_res;
         out->params = (double)info.n_compute;
+        /* its size now: the steps (first touch of tens of GiB of host
+         * memory, host AdamW) may outlast gpu-check's limit */
+        fg->have_lg_size = 1;
+        print_figs_(fg);
+        result_ r = time_steps_(g, &c, &bt, warmup, steps, max_norm,
+                                "largest");
+        print_offload_(&r, steps, threads, fg->peak);
         out->tok_s = r.tok_s;
         out->tflops = r.tok_s * fpt / 1e12;
         printf("gpu_offload: largest: %.2fB parameters (compute path), "
@@ -394,7 +487,8 @@ static int run_largest_(model_config c, int B, int layers_given,
         gpt_cuda_free(g);
         free(bt.inp);
         free(bt.tgt);
-        return isfinite(r.loss) ? 0 : -1;
+        fg->have_lg = isfinite(r.loss);
+        return fg->have_lg ? 0 : -1;
     }
     return -1;
 }
@@ -417,15 +511,11 @@ static void usage_(void)
            "updates)\n"
            "  --largest     only the largest model that fits device + host\n"
            "                (C 5120, NH 40, T 1024, B 1, steps 2, warm-up 1\n"
-           "                unless given; --layers fixes its depth)\n");
-}
-
-static void na_or_(char *buf, size_t n, int have, const char *fmt, double v)
-{
-    if (have)
-        snprintf(buf, n, fmt, v);
-    else
-        snprintf(buf, n, "na");
+           "                unless given; --layers fixes its depth)\n"
+           "  --host-gib G  --largest: the host has G GiB, more than\n"
+           "                /proc/meminfo says (a VM whose memory grows as\n"
+           "                it is used); default: MemAvailable, and the\n"
+           "                memory cgroup's limit if lower\n");
 }
 
 int main(int argc, char **argv)
@@ -434,6 +524,7 @@ int main(int argc, char **argv)
     int B = 0, S = 0, steps = 0, warmup = -1, peak_n = -1, accum = 1;
     int n_res = -1, n_staging = 2, copy_mib = 1024, no_clip = 0;
     int largest = 0;
+    double host_gib = 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = ncpu > 3 ? (int)ncpu - 2 : 1;
     static const struct option opts[] = {
@@ -441,7 +532,8 @@ int main(int argc, char **argv)
         {"accum", 1, 0, 'a'}, {"resident", 1, 0, 'r'},
         {"staging", 1, 0, 'g'}, {"threads", 1, 0, 'j'},
         {"copy-mib", 1, 0, 'm'}, {"no-clip", 0, 0, 'c'},
-        {"largest", 0, 0, 'X'}, {"help", 0, 0, 'h'},
+        {"largest", 0, 0, 'X'}, {"host-gib", 1, 0, 'G'},
+        {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -456,6 +548,7 @@ int main(int argc, char **argv)
         case 'm': copy_mib = atoi(optarg); break;
         case 'c': no_clip = 1; break;
         case 'X': largest = 1; break;
+        case 'G': host_gib = atof(optarg); break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -478,7 +571,7 @@ int main(int argc, char **argv)
     if (n_res < 0) n_res = c.n_layer / 3;
     if (steps < 1 || warmup < 0 || accum < 1 || B < 1 || c.n_layer < 1 ||
         n_res < 0 || n_staging < 1 || threads < 1 || copy_mib < 1 ||
-        c.seq_len < 1 || c.vocab_size < 2) {
+        c.seq_len < 1 || c.vocab_size < 2 || host_gib < 0) {
         fprintf(stderr, "gpu_offload: bad arguments\n");
         return 2;
     }
@@ -499,18 +592,14 @@ int main(int argc, char **argv)
            "d2h %.1f GB/s (best of 5)\n", copy_mib, peak, d2h_peak);
 
     int rc = 0;
-    double tok_res = 0, tok_off = 0, tok_res_nc = 0, tok_off_nc = 0;
-    double h2d = 0, d2h = 0, stall = 0;
-    int have_main = 0, have_nc = 0;
-    largest_ lg;
-    memset(&lg, 0, sizeof lg);
-    int have_lg = 0;
+    figs_ fg;
+    memset(&fg, 0, sizeof fg);
+    fg.peak = peak;
     float max_norm = CLIP;
 
     if (largest) {
-        have_lg = run_largest_(c, B, layers_given, n_staging, threads,
-                               warmup, steps, max_norm, peak, &lg) == 0;
-        rc = have_lg ? 0 : 1;
+        rc = run_largest_(c, B, layers_given, n_staging, threads, warmup,
+                          steps, max_norm, host_gib, &fg) == 0 ? 0 : 1;
     } else {
         const int L = c.n_layer;
         if (n_res > L)
@@ -524,8 +613,10 @@ int main(int argc, char **argv)
 
         /* 2. all resident */
         gpt_cuda *g = create_(&c, B, NULL, "resident");
-        if (!g)
+        if (!g) {
+            print_figs_(&fg);
             return 1;
+        }
         print_plan_(g, "resident");
         double fpt = flops_per_token_(g, &c);
         result_ rr = time_steps_(g, &c, &bt, warmup, steps, max_norm,
@@ -542,8 +633,10 @@ int main(int argc, char **argv)
         /* 3. offloaded */
         gpt_cuda_offload off = {n_res, n_staging, threads};
         g = create_(&c, B, &off, "offloaded");
-        if (!g)
+        if (!g) {
+            print_figs_(&fg);
             return 1;
+        }
         print_plan_(g, "offloaded");
         result_ ro = time_steps_(g, &c, &bt, warmup, steps, max_norm,
                                  "offloaded");
@@ -564,50 +657,30 @@ int main(int argc, char **argv)
         free(bt.inp);
         free(bt.tgt);
 
-        tok_res = rr.tok_s;
-        tok_off = ro.tok_s;
-        tok_res_nc = rr_nc.tok_s;
-        tok_off_nc = ro_nc.tok_s;
+        fg.tok_res = rr.tok_s;
+        fg.tok_off = ro.tok_s;
+        fg.tok_res_nc = rr_nc.tok_s;
+        fg.tok_off_nc = ro_nc.tok_s;
         const gpt_cuda_offload_stats *d = &ro.d;
-        h2d = d->h2d_s > 0 ? d->h2d_bytes / d->h2d_s / 1e9 : 0;
-        d2h = d->d2h_s > 0 ? d->d2h_bytes / d->d2h_s / 1e9 : 0;
-        stall = d->stall_s / ro.wall_s;
-        have_main = 1;
-        have_nc = no_clip;
-        double ratio = tok_off / tok_res, copy = peak > 0 ? h2d / peak : 0;
+        fg.h2d = d->h2d_s > 0 ? d->h2d_bytes / d->h2d_s / 1e9 : 0;
+        fg.d2h = d->d2h_s > 0 ? d->d2h_bytes / d->d2h_s / 1e9 : 0;
+        fg.stall = d->stall_s / ro.wall_s;
+        fg.have_main = 1;
+        fg.have_nc = no_clip;
+        double ratio = fg.tok_off / fg.tok_res;
+        double copy = peak > 0 ? fg.h2d / peak : 0;
         printf("gpu_offload: offloaded/resident %.3f (target >= %.2f: %s), "
                "achieved h2d / pinned peak %.3f (target >= %.2f: %s)\n",
                ratio, RATIO_TARGET, ratio >= RATIO_TARGET ? "met" : "NOT met",
                copy, COPY_TARGET, copy >= COPY_TARGET ? "met" : "NOT met");
         if (no_clip)
             printf("gpu_offload: without clipping: offloaded/resident "
-                   "%.3f\n", tok_off_nc / tok_res_nc);
+                   "%.3f\n", fg.tok_off_nc / fg.tok_res_nc);
         if (!isfinite(rr.loss) || !isfinite(ro.loss) ||
             !isfinite(ro_nc.loss))
             rc = 1;
     }
-
-    char v[12][32];
-    na_or_(v[0], 32, have_main, "%.0f", tok_res);
-    na_or_(v[1], 32, have_main, "%.0f", tok_off);
-    na_or_(v[2], 32, have_main, "%.4f", have_main ? tok_off / tok_res : 0);
-    na_or_(v[3], 32, have_main, "%.2f", h2d);
-    na_or_(v[4], 32, peak > 0, "%.2f", peak);
-    na_or_(v[5], 32, have_main && peak > 0, "%.4f", peak > 0 ? h2d / peak : 0);
-    na_or_(v[6], 32, have_main, "%.4f", stall);
-    na_or_(v[7], 32, have_main, "%.2f", d2h);
-    na_or_(v[8], 32, have_nc, "%.0f", tok_off_nc);
-    na_or_(v[9], 32, have_nc, "%.4f", have_nc ? tok_off_nc / tok_res_nc : 0);
-    na_or_(v[10], 32, have_lg, "%.0f", lg.params);
-    na_or_(v[11], 32, have_lg, "%.1f", lg.tflops);
-    char layers[16];
-    na_or_(layers, sizeof layers, have_lg, "%.0f", lg.layers);
-    printf("tokens_per_s_resident=%s tokens_per_s_offload=%s ratio=%s "
-           "h2d_gbps=%s pinned_peak_gbps=%s copy_ratio=%s stall_frac=%s "
-           "d2h_gbps=%s tokens_per_s_offload_noclip=%s ratio_noclip=%s "
-           "largest_params=%s largest_layers=%s largest_tflops=%s\n", v[0],
-           v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
-           layers, v[11]);
+    print_figs_(&fg);
     matmul_cuda_fini();
     return rc;
 }

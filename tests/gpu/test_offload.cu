@@ -9,7 +9,9 @@
  *     offloaded) for 10 steps, every third without clipping (max_norm 0:
  *     offloaded slots update early, during backward); delink on both (the
  *     offloaded one with gpt_cuda_reslot_placed, 5 of 6 slots offloaded),
- *     the loss on one batch unchanged by it; 5 more steps of 2
+ *     the loss on one batch unchanged by it, and gpt_cuda_forward (an
+ *     evaluation pass) and gpt_cuda_backward on the offloaded model giving
+ *     the fused train_microbatch's loss and norm; 5 more steps of 2
  *     microbatches each. The resident reference runs the older path
  *     (zero_grad, forward, backward, adamw: what test_model checks against
  *     the CPU), the offloaded model step_begin + train_microbatch. Losses,
@@ -31,8 +33,9 @@
  *     interval (maximal run of adjacent forward/backward positions on one
  *     offloaded slot), device->host = one slot per interval with backward
  *     positions. For the Real model with k offloaded slots that is 2k - 1
- *     fetches and k drains. Slot sizes come from the CPU layout
- *     (gpt_layout_sizes), not from the GPU model.
+ *     fetches and k drains. Then reslot_placed back to all resident: the
+ *     resident plan, no staging or host bytes, weights kept. Slot sizes
+ *     come from the CPU layout (gpt_layout_sizes), not from the GPU model.
  *
  * Tolerances (differences the design allows, and their size):
  *  TOL_EXACT1 1e-5 nats, TOL_NORM1 1e-4 relative: the first forward of two
@@ -393,6 +396,19 @@ static gpt_cuda *test_vs_resident_(void)
            oa, ob, TOL_DELINK);
     check_(rel_(oa, ra) <= TOL_LOSS_REL, "delinked: loss off vs res (rel)",
            oa, ra, TOL_LOSS_REL);
+    /* the older entry points on the offloading model, same weights and
+     * batch: a forward-only pass (as an evaluation: fetches, no drains)
+     * and gpt_cuda_backward (fetches again) give the fused microbatch's
+     * loss and gradient (same kernels in the same order); discarded too */
+    float nf = gpt_cuda_grad_norm(O);
+    gpt_cuda_step_begin(O, LR, BETA1, BETA2, EPS, WD, CLIP);
+    float of = gpt_cuda_forward(O, inp, tgt, B);
+    gpt_cuda_backward(O, inp, tgt, B, 1.0f / (B * T));
+    float ns = gpt_cuda_grad_norm(O);
+    check_(fabs(of - oa) <= TOL_DELINK, "offloaded: forward vs fused loss", of,
+           oa, TOL_DELINK);
+    check_(rel_(ns, nf) <= TOL_NORM1, "offloaded: fwd+bwd vs fused norm (rel)",
+           ns, nf, TOL_NORM1);
 
     max_rel = max_nrel = 0;
     for (int k = STEPS; k < STEPS + STEPS_AFTER_DELINK; k++) {
@@ -677,6 +693,31 @@ static void test_stats_case_(int S, int n_resident, int n_staging)
     if (k > 0) /* every copy and host job has finished: all counted */
         check_true_(s1.h2d_s > 0 && s1.d2h_s > 0 && s1.accum_s > 0 &&
                     s1.adam_s > 0, "copy and host job times counted");
+
+    /* every slot back on the device (reslot_placed, n_resident = S): the
+     * staging buffers are freed, the host memory returned, the device plan
+     * is the all-resident one, the weights are kept */
+    float *before = get_state_(O, 0, S);
+    int map[64], src[64];
+    for (int l = 0; l < L; l++)
+        map[l] = gpt_cuda_slot_of(O)[l];
+    for (int s = 0; s < S; s++)
+        src[s] = s;
+    if (gpt_cuda_reslot_placed(O, S, map, src, 0, S) != 0) {
+        check_true_(0, "reslot_placed to all resident");
+    } else {
+        gpt_cuda_get_offload_stats(O, &s1);
+        check_bytes_("all resident again: device_bytes = resident plan",
+                     s1.device_bytes, res_dev);
+        check_true_(s1.n_offloaded == 0 && s1.staging_bytes == 0 &&
+                    s1.host_bytes == 0 && s1.pinned_bytes == 0,
+                    "all resident again: no staging, no host memory");
+        float *after = get_state_(O, 0, S);
+        check_true_(memcmp(after, before, n_cpu_(S) * sizeof(float)) == 0,
+                    "all resident again: master weights kept");
+        free(after);
+    }
+    free(before);
     free(inp);
     free(tgt);
     free(w);
