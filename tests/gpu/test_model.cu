@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chain_batch.h"
+
 extern "C" {
 #include "model/gpt.h"
 }
@@ -61,27 +63,10 @@ static void check_(int ok, const char *fmt, double a, double b, double tol)
     n_failed += !ok;
 }
 
-/* Batch k: B sequences of a noisy affine token chain (learnable), inputs
- * and next-token targets. */
+/* Batch k: B sequences of chain_batch.h's token chain. */
 static void batch_(int k, int32_t *inp, int32_t *tgt)
 {
-    int T = CFG.seq_len, V = CFG.vocab_size;
-    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1);
-    for (int b = 0; b < B; b++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int x = (int)((s >> 33) % V);
-        for (int t = 0; t <= T; t++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            int next = (x * 7 + 3) % V;
-            if ((s >> 33) % 10 == 0) /* 10% noise */
-                next = (int)((s >> 40) % V);
-            if (t < T)
-                inp[b * T + t] = x;
-            if (t > 0)
-                tgt[b * T + t - 1] = x;
-            x = next;
-        }
-    }
+    chain_batch(k, B, CFG.seq_len, CFG.vocab_size, inp, tgt);
 }
 
 static void cpu_step_(gpt_model *c, const int32_t *inp, const int32_t *tgt,

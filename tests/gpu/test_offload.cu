@@ -76,6 +76,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chain_batch.h"
+
 extern "C" {
 #include "model/gpt.h"
 }
@@ -143,27 +145,10 @@ static void *xmalloc_(size_t n)
 
 static size_t n_cpu_(int S) { return NG + (size_t)S * SS; }
 
-/* Batch k: Bt sequences of a noisy affine token chain (learnable), inputs
- * and next-token targets (as test_model). */
+/* Batch k: Bt sequences of chain_batch.h's token chain. */
 static void batch_(int k, int Bt, int32_t *inp, int32_t *tgt)
 {
-    int T = CFG.seq_len, V = CFG.vocab_size;
-    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1);
-    for (int b = 0; b < Bt; b++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int x = (int)((s >> 33) % V);
-        for (int t = 0; t <= T; t++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            int next = (x * 7 + 3) % V;
-            if ((s >> 33) % 10 == 0) /* 10% noise */
-                next = (int)((s >> 40) % V);
-            if (t < T)
-                inp[b * T + t] = x;
-            if (t > 0)
-                tgt[b * T + t - 1] = x;
-            x = next;
-        }
-    }
+    chain_batch(k, Bt, CFG.seq_len, CFG.vocab_size, inp, tgt);
 }
 
 /* GPT-2 initial weights of an S-slot model in the CPU layout (host RNG) */
