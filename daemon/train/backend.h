@@ -66,7 +66,11 @@ typedef struct {
      * buffer `which` of the globals (s = -1, n_global floats) or of slot s
      * (slot_size floats). state_begin(for_load = 1) may leave the regions
      * uninitialised (they are about to be overwritten); state_end
-     * (modified = 1) makes the model take the regions' values. 0 or -1. */
+     * (modified = 1) makes the model take the regions' values. 0 or -1.
+     * A region may be the model's own memory (an offloaded slot's host
+     * state), written in place: after a load that fails half-way the
+     * model's state is undefined (the trainer then discards the model;
+     * loading reslots with zeroed moments first anyway). */
     int (*state_begin)(void *ctx, int for_load);
     float *(*state_region)(void *ctx, backend_buf which, int s);
     int (*state_end)(void *ctx, int modified);

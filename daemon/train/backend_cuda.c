@@ -207,18 +207,29 @@ static const int *cuda_slot_of_(void *ctx)
 
 /* ------------------------------------------------------------- state */
 
-/* A host copy of master weights, m and v in the plain layout (3 x 4 bytes
- * per parameter while a checkpoint is written or read). */
+/* The device's part of the state (globals and resident slots) as host
+ * copies of master weights, m and v in the plain layout (3 x 4 bytes per
+ * resident parameter while a checkpoint is written or read); offloaded
+ * slots are read and written in place, in gpt_cuda's host memory, with no
+ * second copy. */
+static size_t resident_floats_(const cuda_ctx_ *c)
+{
+    gpt_cuda_info info;
+    gpt_cuda_get_info(c->g, &info);
+    return c->n_global + (size_t)info.n_resident * c->slot_size;
+}
+
 static int cuda_state_begin_(void *ctx, int for_load)
 {
     cuda_ctx_ *c = ctx;
-    size_t n = plain_floats_(c);
+    size_t n = resident_floats_(c);
     gpt_cuda_synchronize(c->g); /* settle host AdamW jobs, copies */
     free_host_(c);
     for (int i = 0; i < 3; i++) {
         c->host[i] = calloc(n, sizeof(float));
         if (!c->host[i] ||
-            (!for_load && gpt_cuda_get_state(c->g, i, c->host[i], n) != 0)) {
+            (!for_load &&
+             gpt_cuda_get_state_resident(c->g, i, c->host[i], n) != 0)) {
             free_host_(c);
             return -1;
         }
@@ -229,17 +240,27 @@ static int cuda_state_begin_(void *ctx, int for_load)
 static float *cuda_state_region_(void *ctx, backend_buf b, int s)
 {
     cuda_ctx_ *c = ctx;
+    float *in_place = s < 0 ? NULL : gpt_cuda_host_slot(c->g, (int)b, s);
+    if (in_place)
+        return in_place;
     return c->host[b] + (s < 0 ? 0 : c->n_global + (size_t)s * c->slot_size);
 }
 
 static int cuda_state_end_(void *ctx, int modified)
 {
     cuda_ctx_ *c = ctx;
-    size_t n = plain_floats_(c);
+    size_t n = resident_floats_(c);
     int rc = 0;
     for (int i = 0; i < 3 && modified; i++)
-        if (!c->host[i] || gpt_cuda_set_state(c->g, i, c->host[i], n) != 0)
+        if (!c->host[i] ||
+            gpt_cuda_set_state_resident(c->g, i, c->host[i], n) != 0)
             rc = -1;
+    if (modified) { /* offloaded masters written in place: bf16 copies */
+        gpt_cuda_info info;
+        gpt_cuda_get_info(c->g, &info);
+        for (int s = info.n_resident; s < info.S; s++)
+            gpt_cuda_host_slot_written(c->g, s);
+    }
     free_host_(c);
     return rc;
 }

@@ -267,6 +267,7 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
 {
     memset(info, 0, sizeof *info);
     info->S = g->S;
+    info->n_resident = g->n_res;
     info->Vp = g->Vp;
     info->n_params = g->n_params;
     info->n_params_cpu = g->n_global_cpu + (size_t)g->S * g->slot_size;
@@ -383,12 +384,14 @@ void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
 
 /* (cpu offset, gpu offset, floats) of each piece of the two layouts that
  * lives on the device (the offloaded slots follow at the end, on the host) */
-static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3])
+static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3],
+                   int with_host_slots)
 {
     size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
     size_t cpu_wpe = V * C, cpu_lnw = cpu_wpe + T * C, cpu_lnb = cpu_lnw + C;
     size_t slots = (size_t)g->n_res * g->slot_size;
-    size_t need = g->n_global_cpu + (size_t)g->S * g->slot_size;
+    size_t need = g->n_global_cpu +
+                  (size_t)(with_host_slots ? g->S : g->n_res) * g->slot_size;
     if (n != need) {
         fprintf(stderr, "gpt_cuda: host buffer has %zu floats, the model "
                         "needs %zu\n", n, need);
@@ -422,11 +425,13 @@ static size_t host_slot_off_(const gpt_cuda *g, int s)
     return g->n_global_cpu + (size_t)s * g->slot_size;
 }
 
-int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
+/* set_state / get_state, of the offloaded slots too or not */
+static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
+                      int with_host_slots)
 {
     size_t off[5][3];
     float *buf = state_buf_(g, which);
-    int k = pieces_(g, n, off);
+    int k = pieces_(g, n, off, with_host_slots);
     if (k < 0 || !buf)
         return -1;
     gpt_cuda_synchronize(g);
@@ -437,7 +442,7 @@ int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
                               cudaMemcpyHostToDevice));
     if (which == 0)
         copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
-    for (int s = g->n_res; s < g->S; s++) {
+    for (int s = g->n_res; s < g->S && with_host_slots; s++) {
         memcpy(host_buf_(&g->off.hs[s - g->n_res], which),
                host + host_slot_off_(g, s), g->slot_size * sizeof(float));
         if (which == 0)
@@ -447,11 +452,12 @@ int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
     return 0;
 }
 
-int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
+static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
+                      int with_host_slots)
 {
     size_t off[5][3];
     const float *buf = state_buf_(g, which);
-    int k = pieces_(g, n, off);
+    int k = pieces_(g, n, off, with_host_slots);
     if (k < 0 || !buf)
         return -1;
     gpt_cuda_synchronize(g);
@@ -460,11 +466,46 @@ int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
         CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
                               off[i][2] * sizeof(float),
                               cudaMemcpyDeviceToHost));
-    for (int s = g->n_res; s < g->S; s++)
+    for (int s = g->n_res; s < g->S && with_host_slots; s++)
         memcpy(host + host_slot_off_(g, s),
                host_buf_(&g->off.hs[s - g->n_res], which),
                g->slot_size * sizeof(float));
     return 0;
+}
+
+int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
+{
+    return set_state_(g, which, host, n, 1);
+}
+
+int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
+{
+    return get_state_(g, which, host, n, 1);
+}
+
+int gpt_cuda_set_state_resident(gpt_cuda *g, int which, const float *host,
+                                size_t n)
+{
+    return set_state_(g, which, host, n, 0);
+}
+
+int gpt_cuda_get_state_resident(gpt_cuda *g, int which, float *host,
+                                size_t n)
+{
+    return get_state_(g, which, host, n, 0);
+}
+
+float *gpt_cuda_host_slot(gpt_cuda *g, int which, int s)
+{
+    if (s < g->n_res || s >= g->S || which < 0 || which > 2)
+        return NULL;
+    return host_buf_(&g->off.hs[s - g->n_res], which);
+}
+
+void gpt_cuda_host_slot_written(gpt_cuda *g, int s)
+{
+    if (s >= g->n_res && s < g->S)
+        off_refresh_bf16_(g, s);
 }
 
 int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n)

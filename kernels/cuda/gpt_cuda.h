@@ -44,6 +44,7 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen);
 
 typedef struct {
     int S;                  /* parameter slots */
+    int n_resident;         /* of which on the device: [0, n_resident) */
     int Vp;                 /* padded vocabulary (rows of wte, cols of logits) */
     size_t n_params;        /* elements per device parameter buffer, GPU
                              * layout: globals + resident slots */
@@ -75,6 +76,24 @@ int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n);
  * rows of wte stay zero. 0 or -1. */
 int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n);
 int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n);
+
+/* The same for the device's part only: globals and slots
+ * [0, n_resident) in the gpt.h layout, n = n_global + n_resident *
+ * slot_size floats (gpt.h sizes). With gpt_cuda_host_slot, state moves
+ * without a host copy of the offloaded slots. 0 or -1. */
+int gpt_cuda_get_state_resident(gpt_cuda *g, int which, float *host,
+                                size_t n);
+int gpt_cuda_set_state_resident(gpt_cuda *g, int which, const float *host,
+                                size_t n);
+
+/* Offloaded slot s (n_resident <= s < S): its host buffer `which` (0 fp32
+ * master weights, 1 AdamW m, 2 v), slot_size floats in the gpt.h slot
+ * layout; NULL when s is resident. Valid until the next reslot. Call
+ * gpt_cuda_synchronize before reading or writing it, and
+ * gpt_cuda_host_slot_written after writing its master weights (rebuilds
+ * the bf16 working copy). */
+float *gpt_cuda_host_slot(gpt_cuda *g, int which, int s);
+void gpt_cuda_host_slot_written(gpt_cuda *g, int s);
 
 /* AdamW step counts [globals, slot 0, ..., slot S-1] (S+1 entries). */
 void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst);
