@@ -546,6 +546,27 @@ static void test_state_(gpt_cuda *A)
             check_true_(memcmp(b, st[which], n * sizeof(float)) == 0, what);
             free(b);
         }
+        /* the checkpoint path: the device part copied, offloaded slots
+         * read in place (NULL for resident ones) */
+        gpt_cuda_info info;
+        gpt_cuda_get_info(to[i], &info);
+        size_t nr = NG + (size_t)info.n_resident * SS;
+        for (int which = 0; which < 3; which++) {
+            float *b = (float *)xmalloc_(nr * sizeof(float));
+            int ok = gpt_cuda_get_state_resident(to[i], which, b, nr) == 0 &&
+                     memcmp(b, st[which], nr * sizeof(float)) == 0;
+            for (int sl = 0; sl < L && ok; sl++) {
+                const float *h = gpt_cuda_host_slot(to[i], which, sl);
+                ok = sl < info.n_resident
+                         ? h == NULL
+                         : h && memcmp(h, st[which] + NG + (size_t)sl * SS,
+                                       SS * sizeof(float)) == 0;
+            }
+            snprintf(what, sizeof what, "%s: get_state_resident + "
+                     "host_slot(%s) = get_state", name[i], wname[which]);
+            check_true_(ok, what);
+            free(b);
+        }
         gpt_cuda_get_adam_steps(to[i], back_steps);
         snprintf(what, sizeof what, "%s: AdamW step counts identical",
                  name[i]);
