@@ -521,15 +521,16 @@ offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen)
         snprintf(err, errlen, "offload: cannot start the copy thread");
         goto fail;
     }
-    o->workers = calloc((size_t)spec->offload.host_threads, sizeof(pthread_t));
-    for (int i = 0; o->workers && i < spec->offload.host_threads; i++) {
+    int nthreads = spec_host_threads(spec);
+    o->workers = calloc((size_t)nthreads, sizeof(pthread_t));
+    for (int i = 0; o->workers && i < nthreads; i++) {
         if (pthread_create(&o->workers[i], NULL, worker_main_, o) != 0)
             break;
         o->nworkers++;
     }
-    if (o->nworkers != spec->offload.host_threads) {
+    if (o->nworkers != nthreads) {
         snprintf(err, errlen, "offload: cannot start %d host threads",
-                 spec->offload.host_threads);
+                 nthreads);
         offload_free(o);
         return NULL;
     }

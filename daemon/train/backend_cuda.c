@@ -453,7 +453,7 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
         if (plan.n_offloaded > 0) {
             off.n_resident = n_res;
             off.n_staging = plan.n_staging; /* min(prefetch, offloaded) */
-            off.host_threads = spec->offload.host_threads;
+            off.host_threads = spec_host_threads(spec);
             offp = &off;
             c->placed = 1;
         }

@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,7 +101,7 @@ static const key_ keys_[] = {
     { "device", "memory_budget", K_SIZE, OFF(device.memory_budget),
       sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL },
     INT("offload", "prefetch", offload.prefetch, 1, 64),
-    INT("offload", "host_threads", offload.host_threads, 1, 256),
+    INT("offload", "host_threads", offload.host_threads, 0, 256),
 };
 #define N_KEYS (sizeof keys_ / sizeof keys_[0])
 
@@ -162,7 +163,21 @@ void spec_defaults(run_spec *s)
     s->device.threads = 0;
     s->device.memory_budget = 0;
     s->offload.prefetch = 2;
-    s->offload.host_threads = 2;
+    s->offload.host_threads = 0; /* auto: spec_host_threads */
+}
+
+int spec_host_threads(const run_spec *s)
+{
+    if (s->offload.host_threads > 0)
+        return s->offload.host_threads;
+    if (s->device.backend != BACKEND_CUDA)
+        return 2; /* the CPU backend's compute threads use the cores */
+    cpu_set_t set;
+    long n = sched_getaffinity(0, sizeof set, &set) == 0
+                 ? CPU_COUNT(&set)
+                 : sysconf(_SC_NPROCESSORS_ONLN);
+    n -= 2; /* the thread that drives the GPU, and m6d's event loop */
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }
 
 /* ------------------------------------------------------------------------ */

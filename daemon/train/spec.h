@@ -43,11 +43,20 @@ typedef struct {
     } train;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
     struct { backend_kind backend; int threads; size_t memory_budget; } device;
-    struct { int prefetch; int host_threads; } offload;
+    struct {
+        int prefetch;        /* staging buffers: fetches run ahead */
+        int host_threads;    /* host AdamW threads; 0: spec_host_threads */
+    } offload;
 } run_spec;
 
 /* Fill *s with the defaults (those of examples/fortunes-p2r.json's shape). */
 void spec_defaults(run_spec *s);
+
+/* Host threads for offloaded slots' accumulation and AdamW:
+ * offload.host_threads, or when it is 0 (auto, the default) 2 on the CPU
+ * backend (whose compute threads use the cores) and, on cuda, the CPUs
+ * this process may run on (sched_getaffinity) less 2, in [1, 64]. */
+int spec_host_threads(const run_spec *s);
 
 /* Parse a JSON spec text (len bytes) over the defaults and validate it.
  * Returns 0, or -1 with a message naming the key in err. */

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,21 @@ static void test_defaults(void **state)
     assert_int_equal(s.checkpoint.keep, 2);
     assert_int_equal(s.device.backend, BACKEND_CPU);
     assert_int_equal(s.offload.prefetch, 2);
-    assert_int_equal(s.offload.host_threads, 2);
+    assert_int_equal(s.offload.host_threads, 0); /* auto */
+    /* auto resolves to 2 on the CPU backend, and on cuda to the CPUs this
+     * process may use less 2, within [1, 64] */
+    assert_int_equal(spec_host_threads(&s), 2);
+    {
+        run_spec c = s;
+        cpu_set_t set;
+        assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+        int want = CPU_COUNT(&set) - 2;
+        want = want < 1 ? 1 : want > 64 ? 64 : want;
+        c.device.backend = BACKEND_CUDA;
+        assert_int_equal(spec_host_threads(&c), want);
+        c.offload.host_threads = 5; /* explicit wins on either backend */
+        assert_int_equal(spec_host_threads(&c), 5);
+    }
 
     /* the defaults alone lack data.train */
     char err[512];
@@ -261,7 +276,7 @@ static void test_bad_specs(void **state)
         { "\"train\": {\"seed\": \"99999999999999999999\"}", "train.seed" },
         { "\"checkpoint\": {\"keep\": 0}", "checkpoint.keep: must be >= 1, got 0" },
         { "\"device\": {\"threads\": 100000}", "device.threads: must be in [0, 1024], got 100000" },
-        { "\"offload\": {\"host_threads\": 257}", "offload.host_threads: must be in [1, 256], got 257" },
+        { "\"offload\": {\"host_threads\": 257}", "offload.host_threads: must be in [0, 256], got 257" },
         { "\"offload\": {\"prefetch\": 65}", "offload.prefetch: must be in [1, 64], got 65" },
         { "\"offload\": {\"prefetch\": 0}", "offload.prefetch: must be in [1, 64], got 0" },
         { "\"device\": {\"threads\": -1}", "device.threads: must be in [0, 1024], got -1" },
