@@ -370,6 +370,33 @@ static size_t pad16_(size_t n) { return (n + 15) / 16 * 16; }
 
 /* V 64, L 4, NH 2, C 16, T 8, microbatch 2, accum 2, prefetch 2, counted
  * here from the shapes, independently of gpt.c. */
+/* offload_plan_print's JSON, parsed (caller json_decref's) */
+static json_t *plan_json_(const offload_plan *p)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    offload_plan_print(f, p, 1);
+    fclose(f);
+    json_error_t je;
+    json_t *j = json_loads(buf, 0, &je);
+    free(buf);
+    assert_non_null(j);
+    return j;
+}
+
+/* offload_plan_print's table, echoed to stdout (caller frees) */
+static char *plan_text_(const offload_plan *p)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    offload_plan_print(f, p, 0);
+    fclose(f);
+    printf("%s", buf);
+    return buf;
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -444,14 +471,7 @@ static void test_plan_hand_counted(void **state)
     assert_int_equal(p.d2h_bytes_per_step, 6 * W);
 
     /* printable: JSON with the documented fields */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    offload_plan_print(f, &p, 1);
-    fclose(f);
-    json_error_t je;
-    json_t *j = json_loads(buf, 0, &je);
-    assert_non_null(j);
+    json_t *j = plan_json_(&p);
     assert_int_equal(json_array_size(json_object_get(j, "resident_slots")), 1);
     assert_int_equal(json_array_size(json_object_get(j, "offloaded_slots")), 3);
     assert_int_equal(json_integer_value(json_array_get(
@@ -465,11 +485,7 @@ static void test_plan_hand_counted(void **state)
     assert_int_equal(json_integer_value(json_object_get(j, "min_budget_bytes")),
                      G + A + 2 * ST);
     json_decref(j);
-    free(buf);
-    f = open_memstream(&buf, &len);
-    offload_plan_print(f, &p, 0);
-    fclose(f);
-    printf("%s", buf);
+    char *buf = plan_text_(&p);
     assert_non_null(strstr(buf, "real"));
     assert_non_null(strstr(buf, "1-3"));
     free(buf);
@@ -587,14 +603,7 @@ static void test_plan_hand_counted_cuda(void **state)
     assert_int_equal(p.pinned_bytes, 3 * 4 * slot);
     assert_int_equal(p.pinned_bytes, 152448);
 
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    offload_plan_print(f, &p, 1);
-    fclose(f);
-    json_error_t je;
-    json_t *j = json_loads(buf, 0, &je);
-    assert_non_null(j);
+    json_t *j = plan_json_(&p);
     assert_string_equal(json_string_value(json_object_get(j, "backend")),
                         "cuda");
     assert_int_equal(json_integer_value(json_object_get(j, "host_bytes")),
@@ -607,11 +616,7 @@ static void test_plan_hand_counted_cuda(void **state)
                          json_object_get(j, "breakdown"), "activations_bytes")),
                      A);
     json_decref(j);
-    free(buf);
-    f = open_memstream(&buf, &len);
-    offload_plan_print(f, &p, 0);
-    fclose(f);
-    printf("%s", buf);
+    char *buf = plan_text_(&p);
     assert_non_null(strstr(buf, "pinned"));
     assert_non_null(strstr(buf, "744.38 KiB")); /* host: 762240 bytes */
     assert_non_null(strstr(buf, "148.88 KiB")); /* pinned: 152448 bytes */
