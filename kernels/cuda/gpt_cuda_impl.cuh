@@ -61,7 +61,6 @@ typedef struct {
     int touched;                   /* gacc holds this step's gradient */
     int sumsq_done;                /* ssq is of the final gradient */
     int updated;                   /* AdamW queued this step (early) */
-    double sumsq;                  /* sum of ssq, by off_grad_sumsq_ */
     double *ssq;                   /* [chunks] per-chunk sums of squares */
     cudaEvent_t d2h_start, drained;
 } hslot_;

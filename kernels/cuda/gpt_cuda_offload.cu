@@ -52,6 +52,13 @@ static hslot_ *hslot_of_(gpt_cuda *g, int s)
 
 /* ------------------------------------------------------------ host jobs */
 
+/* bf16 working copy of elements [i0, i1) from the fp32 master */
+static void to_bf16_range_(hslot_ *h, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++)
+        h->wbf[i] = f2bf_(h->master[i]);
+}
+
 /* AdamW over elements [i0, i1) of a host slot, tensor by tensor (decay on
  * 2-D tensors only): the formula of kernels.h, computed as adamw_kernel in
  * adamw.cu (fp32, bias corrections in double rounded to float). */
@@ -78,8 +85,7 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
             h->master[i] = p;
         }
     }
-    for (size_t i = j->i0; i < j->i1; i++)
-        h->wbf[i] = f2bf_(h->master[i]);
+    to_bf16_range_(h, j->i0, j->i1);
 }
 
 static double sumsq_range_(const hslot_ *h, size_t i0, size_t i1)
@@ -119,8 +125,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j, double *d2h_ms)
         ss = sumsq_range_(h, j->i0, j->i1);
         break;
     case JOB_TO_BF16:
-        for (size_t i = j->i0; i < j->i1; i++)
-            h->wbf[i] = f2bf_(h->master[i]);
+        to_bf16_range_(h, j->i0, j->i1);
         break;
     }
     return ss;
@@ -188,9 +193,10 @@ static void *worker_(void *arg)
     return NULL;
 }
 
-/* Queue job *proto over every chunk of slot s; counts it on the slot.
- * Called with the lock held. Returns the number of jobs. */
-static int queue_chunks_(gpt_cuda *g, const hjob_ *proto)
+/* Queue job *proto over every chunk of its slot and count the jobs on the
+ * slot, as worker_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
+ * TO_BF16 and an ACCUM with adam in adam_jobs. Called with the lock held. */
+static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
 {
     offload_rt_ *o = &g->off;
     size_t n = g->slot_size, c = o->chunk;
@@ -216,8 +222,23 @@ static int queue_chunks_(gpt_cuda *g, const hjob_ *proto)
         j.i1 = j.i0 + c < n ? j.i0 + c : n;
         o->q[(o->q_head + o->q_n++) % o->q_cap] = j;
     }
+    hslot_ *h = hslot_of_(g, proto->slot);
+    if (proto->kind == JOB_ACCUM || proto->kind == JOB_SUMSQ)
+        h->accum_jobs += nj;
+    if (proto->kind == JOB_ADAM || proto->kind == JOB_TO_BF16 ||
+        (proto->kind == JOB_ACCUM && proto->adam))
+        h->adam_jobs += nj;
     pthread_cond_broadcast(&o->cv_job);
-    return nj;
+}
+
+/* Wait (lock held) until no slot has an accumulation or sum of squares
+ * queued or running. */
+static void wait_accums_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    for (int s = g->n_res; s < g->S; s++)
+        while (hslot_of_(g, s)->accum_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
 }
 
 void off_wait_idle_(gpt_cuda *g)
@@ -239,7 +260,7 @@ void off_refresh_bf16_(gpt_cuda *g, int s)
     j.kind = JOB_TO_BF16;
     j.slot = s;
     pthread_mutex_lock(&o->mu);
-    hslot_of_(g, s)->adam_jobs += queue_chunks_(g, &j);
+    queue_chunks_(g, &j);
     pthread_mutex_unlock(&o->mu);
     off_wait_idle_(g);
 }
@@ -670,10 +691,7 @@ void off_leave_(gpt_cuda *g, int p)
     h->touched = 1;
     pthread_mutex_lock(&o->mu);
     h->sumsq_done = 0; /* a norm taken earlier in the step is stale now */
-    int nj = queue_chunks_(g, &job);
-    h->accum_jobs += nj;
-    if (job.adam)
-        h->adam_jobs += nj;
+    queue_chunks_(g, &job);
     pthread_mutex_unlock(&o->mu);
     /* buffer j % n_staging may be refetched from now on: the fetch
      * writes only its weights; the next interval's memset of dw waits for
@@ -690,12 +708,10 @@ void off_step_begin_(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
     pthread_mutex_lock(&o->mu);
+    wait_accums_(g);
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
-        while (h->accum_jobs > 0)
-            pthread_cond_wait(&o->cv_done, &o->mu);
         h->touched = h->updated = h->sumsq_done = 0;
-        h->sumsq = 0.0;
     }
     pthread_mutex_unlock(&o->mu);
 }
@@ -707,9 +723,7 @@ double off_grad_sumsq_(gpt_cuda *g)
     offload_rt_ *o = &g->off;
     size_t nc = ceil_div(g->slot_size, o->chunk);
     pthread_mutex_lock(&o->mu);
-    for (int s = g->n_res; s < g->S; s++)
-        while (hslot_of_(g, s)->accum_jobs > 0)
-            pthread_cond_wait(&o->cv_done, &o->mu);
+    wait_accums_(g);
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         if (h->sumsq_done)
@@ -729,18 +743,15 @@ double off_grad_sumsq_(gpt_cuda *g)
         memset(&j, 0, sizeof j);
         j.kind = JOB_SUMSQ;
         j.slot = s;
-        h->accum_jobs += queue_chunks_(g, &j);
+        queue_chunks_(g, &j);
     }
-    for (int s = g->n_res; s < g->S; s++)
-        while (hslot_of_(g, s)->accum_jobs > 0)
-            pthread_cond_wait(&o->cv_done, &o->mu);
-    double total = 0.0;
+    wait_accums_(g);
+    double total = 0.0; /* chunks in order within a slot, then slots */
     for (int s = g->n_res; s < g->S; s++) {
-        hslot_ *h = hslot_of_(g, s);
-        h->sumsq = 0.0;
+        double slot = 0.0;
         for (size_t c = 0; c < nc; c++)
-            h->sumsq += h->ssq[c];
-        total += h->sumsq;
+            slot += hslot_of_(g, s)->ssq[c];
+        total += slot;
     }
     pthread_mutex_unlock(&o->mu);
     return total;
@@ -767,7 +778,7 @@ void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
         h->updated = 1;
         j.slot = s;
         j.t = ++g->adam_t_slot[s];
-        h->adam_jobs += queue_chunks_(g, &j);
+        queue_chunks_(g, &j);
     }
     pthread_mutex_unlock(&o->mu);
 }
@@ -788,8 +799,9 @@ void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st)
     if (!o->enabled)
         return;
     st->n_staging = o->n_staging;
-    st->staging_bytes = !o->staging_on ? 0 : (size_t)o->n_staging * 2 * g->slot_size *
-                        sizeof(bf16);
+    if (o->staging_on)
+        st->staging_bytes = (size_t)o->n_staging * 2 * g->slot_size *
+                            sizeof(bf16);
     st->device_bytes += st->staging_bytes;
     harvest_(o, 0);
     pthread_mutex_lock(&o->mu);
