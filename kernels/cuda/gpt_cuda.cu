@@ -1,10 +1,11 @@
 /*
  * gpt_cuda.cu — the GPT model on one GPU (gpt_cuda.h): layout, memory plan,
  * device init, forward, backward, AdamW with device-side clipping, reslot.
- * Offloaded slots (gpt_cuda_offload.cu) enter only through off_*: a pass
- * asks for the staging buffer of each position whose slot is offloaded,
- * and the state functions read and write host slots directly. It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
- * wires the CPU ops, so the two can be compared step by step.
+ * It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
+ * wires the CPU ops, so the two can be compared step by step. Offloaded
+ * slots (gpt_cuda_offload.cu) enter only through off_*: a pass asks for
+ * the staging buffer of each position whose slot is offloaded, and the
+ * state functions read and write host slots directly.
  */
 #include <math.h>
 #include <string.h>
@@ -898,22 +899,16 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
 
 /* ------------------------------------------------------------- delink */
 
-/* fp32 state (master, m, v) of slot s of the current state: device
- * pointers (resident) or host pointers (offloaded). */
-static void slot_state_(gpt_cuda *g, int s, float *p[3], int *on_host)
+/* fp32 state (master, m, v) of slot s of a state whose device buffers
+ * are opt (master | m | v, n_res resident slots) and host slots hs:
+ * device pointers for a resident slot, host pointers for an offloaded one. */
+static void slot_state_(const gpt_cuda *g, float *opt, int n_res, hslot_ *hs,
+                        int s, float *p[3])
 {
-    size_t o = g->n_global + (size_t)s * g->slot_size;
-    *on_host = s >= g->n_res;
-    if (*on_host) {
-        hslot_ *h = &g->off.hs[s - g->n_res];
-        p[0] = h->master;
-        p[1] = h->m;
-        p[2] = h->v;
-    } else {
-        p[0] = g->master + o;
-        p[1] = g->m + o;
-        p[2] = g->v + o;
-    }
+    size_t n = g->n_global + (size_t)n_res * g->slot_size;
+    size_t at = g->n_global + (size_t)s * g->slot_size;
+    for (int i = 0; i < 3; i++)
+        p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : opt + i * n + at;
 }
 
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
@@ -967,23 +962,12 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     int nbufs = reset_moments ? 1 : 3; /* else m, v stay zero */
     for (int s = 0; s < new_S; s++) {
         float *from[3], *to[3];
-        int from_host, to_host = s >= n_res;
-        slot_state_(g, src_of[s], from, &from_host);
-        if (to_host) {
-            hslot_ *h = &hs[s - n_res];
-            to[0] = h->master;
-            to[1] = h->m;
-            to[2] = h->v;
-        } else {
-            for (int i = 0; i < 3; i++)
-                to[i] = nbuf[i] + ng + (size_t)s * ss;
-        }
-        cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost
-                                                   : cudaMemcpyHostToDevice)
-                                        : (to_host ? cudaMemcpyDeviceToHost
-                                                   : dd);
+        slot_state_(g, g->opt, g->n_res, g->off.hs, src_of[s], from);
+        slot_state_(g, opt, n_res, hs, s, to);
+        /* host or device on either side: unified addressing tells which */
         for (int i = 0; i < nbufs; i++)
-            CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float), kind));
+            CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float),
+                                  cudaMemcpyDefault));
         if (!reset_moments)
             t_slot[s] = g->adam_t_slot[src_of[s]];
     }

@@ -1,8 +1,8 @@
 /*
  * gpt_cuda_offload.cu — granular CPU offloading for gpt_cuda (gpt_cuda.h,
  * "offloading"; M6-10T and DESIGN.md section 1): host slots, the staging
- * buffers and the copy and drain streams, the interval schedule of a pass, and the host
- * threads that accumulate gradients and run AdamW.
+ * buffers and the copy and drain streams, the interval schedule of a pass,
+ * and the host threads that accumulate gradients and run AdamW.
  *
  * Who does what:
  *   compute thread (the caller of gpt_cuda_*): issues every kernel, copy
