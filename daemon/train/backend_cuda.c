@@ -158,7 +158,7 @@ static int phase_plan_(cuda_ctx_ *c, int S, const int *slot_of,
     return 0;
 }
 
-static void note_peaks_(cuda_ctx_ *c);
+static void note_peaks_(cuda_ctx_ *c, const gpt_cuda_offload_stats *os);
 
 static int cuda_reslot_(void *ctx, int S, const int *slot_of,
                         const int *src_of, int reset_moments, char *err,
@@ -187,7 +187,6 @@ static int cuda_reslot_(void *ctx, int S, const int *slot_of,
                  S, S - n_res);
         return -1;
     }
-    gpt_cuda_synchronize(c->g); /* host AdamW jobs read the old state */
     if (gpt_cuda_reslot_placed(c->g, S, slot_of, src_of, reset_moments,
                                n_res) != 0) {
         snprintf(err, errlen, "cannot allocate %d slots (%d resident, %d "
@@ -196,7 +195,9 @@ static int cuda_reslot_(void *ctx, int S, const int *slot_of,
         return -1;
     }
     c->predicted_peak = dev;
-    note_peaks_(c);
+    gpt_cuda_offload_stats os;
+    gpt_cuda_get_offload_stats(c->g, &os);
+    note_peaks_(c, &os);
     return 0;
 }
 
@@ -265,19 +266,16 @@ static int cuda_state_end_(void *ctx, int modified)
     return rc;
 }
 
-/* Step counts: after the host jobs that may still count an update. */
+/* Step counts: a host AdamW counts its step when it is queued, and
+ * gpt_cuda_set_adam_steps waits for the host jobs itself. */
 static void cuda_get_adam_steps_(void *ctx, long *dst)
 {
-    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
-    gpt_cuda_synchronize(g);
-    gpt_cuda_get_adam_steps(g, dst);
+    gpt_cuda_get_adam_steps(((cuda_ctx_ *)ctx)->g, dst);
 }
 
 static void cuda_set_adam_steps_(void *ctx, const long *src)
 {
-    gpt_cuda *g = ((cuda_ctx_ *)ctx)->g;
-    gpt_cuda_synchronize(g);
-    gpt_cuda_set_adam_steps(g, src);
+    gpt_cuda_set_adam_steps(((cuda_ctx_ *)ctx)->g, src);
 }
 
 /* ------------------------------------------------------------- figures */
@@ -287,30 +285,17 @@ static void cuda_set_adam_steps_(void *ctx, const long *src)
  * buffers (cuBLASLt's workspace and the CUDA context are not counted). */
 static size_t cuda_device_bytes_(void *ctx)
 {
-    cuda_ctx_ *c = ctx;
-    if (c->placed) {
-        gpt_cuda_offload_stats os;
-        gpt_cuda_get_offload_stats(c->g, &os);
-        return os.device_bytes;
-    }
-    gpt_cuda_info info;
-    gpt_cuda_get_info(c->g, &info);
-    return info.bytes_params + info.bytes_grads + info.bytes_opt +
-           info.bytes_acts;
+    gpt_cuda_offload_stats os; /* any model: its device bytes */
+    gpt_cuda_get_offload_stats(((cuda_ctx_ *)ctx)->g, &os);
+    return os.device_bytes;
 }
 
-static void note_peaks_(cuda_ctx_ *c)
+static void note_peaks_(cuda_ctx_ *c, const gpt_cuda_offload_stats *os)
 {
-    size_t dev = cuda_device_bytes_(c), host = 0;
-    if (c->placed) {
-        gpt_cuda_offload_stats os;
-        gpt_cuda_get_offload_stats(c->g, &os);
-        host = os.host_bytes;
-    }
-    if (dev > c->peak_device)
-        c->peak_device = dev;
-    if (host > c->peak_host)
-        c->peak_host = host;
+    if (os->device_bytes > c->peak_device)
+        c->peak_device = os->device_bytes;
+    if (os->host_bytes > c->peak_host)
+        c->peak_host = os->host_bytes;
 }
 
 /* offload_stats from gpt_cuda's: the "device pool" is the budget
@@ -328,20 +313,18 @@ static int cuda_offload_stats_(void *ctx, offload_stats *st)
         st->n_slots = st->n_resident = cuda_n_slots_(ctx);
         return -1; /* no offloading */
     }
-    note_peaks_(c);
+    /* a model made without offloading (nothing ever offloaded) has all
+     * slots resident and zero host bytes and copies */
+    gpt_cuda_offload_stats os;
+    gpt_cuda_get_offload_stats(c->g, &os);
+    note_peaks_(c, &os);
     st->enabled = 1;
     st->budget_bytes = c->budget;
     st->predicted_peak_bytes = c->predicted_peak;
     st->device.capacity = c->budget;
-    st->device.in_use = cuda_device_bytes_(c);
+    st->device.in_use = os.device_bytes;
     st->device.peak = c->peak_device;
     st->hidden_fraction = 1.0;
-    if (!c->placed) { /* nothing is ever offloaded */
-        st->n_slots = st->n_resident = cuda_n_slots_(ctx);
-        return 0;
-    }
-    gpt_cuda_offload_stats os;
-    gpt_cuda_get_offload_stats(c->g, &os);
     st->n_slots = os.n_slots;
     st->n_resident = os.n_resident;
     st->n_offloaded = os.n_offloaded;
@@ -486,8 +469,11 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
     }
     free(w);
     offload_plan_free(&plan);
-    if (c->budget)
-        note_peaks_(c);
+    if (c->budget) {
+        gpt_cuda_offload_stats os;
+        gpt_cuda_get_offload_stats(c->g, &os);
+        note_peaks_(c, &os);
+    }
     be->iface = &cuda_iface_;
     be->ctx = c;
     return 0;
