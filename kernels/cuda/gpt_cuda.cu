@@ -273,7 +273,7 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->n_params = g->n_params;
     info->n_params_cpu = g->n_global_cpu + (size_t)g->S * g->slot_size;
     size_t per_slot = 0;
-    for (int i = 0; i < SLOT_NT; i++)
+    for (int i = 0; i < SLOT_NTENSORS; i++)
         per_slot += g->slot[i].numel;
     size_t C = g->cfg.n_embd;
     info->n_compute = (size_t)g->cfg.vocab_size * C +
@@ -363,7 +363,7 @@ void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
         if (s >= g->n_res)
             CUDA_CHECK(cudaMemsetAsync(tmp, 0, g->slot_size * sizeof(float),
                                        g->stream));
-        for (int i = 0; i < SLOT_NT; i++) {
+        for (int i = 0; i < SLOT_NTENSORS; i++) {
             int proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
             int lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
             init_tensor_(g, base, &g->slot[i], g->slot[i].numel,
@@ -885,12 +885,12 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
     }
     grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
     long t = ++g->adam_t_global;
-    adamw_region_(g, 0, g->glob, GLOB_NT, t, lr, beta1, beta2, eps,
+    adamw_region_(g, 0, g->glob, GLOB_NTENSORS, t, lr, beta1, beta2, eps,
                   weight_decay, sc + RED_SCALE);
     for (int s = 0; s < g->n_res; s++) {
         t = ++g->adam_t_slot[s];
         adamw_region_(g, g->n_global + (size_t)s * g->slot_size, g->slot,
-                      SLOT_NT, t, lr, beta1, beta2, eps, weight_decay,
+                      SLOT_NTENSORS, t, lr, beta1, beta2, eps, weight_decay,
                       sc + RED_SCALE);
     }
     if (g->n_res < g->S)

@@ -12,16 +12,13 @@
 #include <stdint.h>
 #include "common.cuh"
 #include "gpt_cuda.h"
+#include "model/gpt.h"
 
 #define PAD 16      /* elements: region padding, as gpt.c */
 #define VPAD 128    /* vocabulary padding */
 
-enum {
-    SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
-    SLOT_ATTPROJ_B, SLOT_LN2_W, SLOT_LN2_B, SLOT_FC_W, SLOT_FC_B,
-    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NT
-};
-enum { GLOB_WTE, GLOB_WPE, GLOB_LNF_W, GLOB_LNF_B, GLOB_NT };
+/* Tensor indices (SLOT_*, GLOB_*): the CPU model's, so that the two
+ * layouts agree by construction (state moves between them slot by slot). */
 
 typedef struct {
     size_t off, numel;
@@ -136,7 +133,7 @@ struct gpt_cuda {
     int n_res;                          /* slots [0, n_res) on the device */
     int *slot_of;                       /* [L] */
     size_t n_global, slot_size, n_params, n_global_cpu;
-    tensor_ glob[GLOB_NT], slot[SLOT_NT];
+    tensor_ glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
     bf16 *params, *grads;               /* (n_params) each: device part */
     float *opt, *master, *m, *v;        /* opt = master | m | v */
     long adam_t_global, *adam_t_slot;   /* [S] */

@@ -68,7 +68,7 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
     float bc2 = (float)(1.0 - pow((double)j->beta2, (double)j->t));
     float b1 = j->beta1, b2 = j->beta2, lr = j->lr, eps = j->eps;
     float sc = j->scale;
-    for (int k = 0; k < SLOT_NT; k++) {
+    for (int k = 0; k < SLOT_NTENSORS; k++) {
         size_t a = g->slot[k].off, b = a + g->slot[k].numel;
         if (a < j->i0) a = j->i0;
         if (b > j->i1) b = j->i1;

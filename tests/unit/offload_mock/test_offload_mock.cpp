@@ -247,7 +247,7 @@ static void ref_adamw_(const gpt_cuda *g, int s, float lr, float b1, float b2,
     long t = ++R.t;
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    for (int k = 0; k < SLOT_NT; k++) {
+    for (int k = 0; k < SLOT_NTENSORS; k++) {
         float w = g->slot[k].two_d ? wd : 0.0f;
         size_t a = g->slot[k].off, b = a + g->slot[k].numel;
         for (size_t i = a; i < b; i++) {
