@@ -368,16 +368,21 @@ static void test_pinning_failure(void **state)
 
 static size_t pad16_(size_t n) { return (n + 15) / 16 * 16; }
 
-/* V 64, L 4, NH 2, C 16, T 8, microbatch 2, accum 2, prefetch 2, counted
- * here from the shapes, independently of gpt.c. */
-/* offload_plan_print's JSON, parsed (caller json_decref's) */
-static json_t *plan_json_(const offload_plan *p)
+/* offload_plan_print's output as a string (caller frees) */
+static char *plan_string_(const offload_plan *p, int json)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    offload_plan_print(f, p, 1);
+    offload_plan_print(f, p, json);
     fclose(f);
+    return buf;
+}
+
+/* offload_plan_print's JSON, parsed (caller json_decref's) */
+static json_t *plan_json_(const offload_plan *p)
+{
+    char *buf = plan_string_(p, 1);
     json_error_t je;
     json_t *j = json_loads(buf, 0, &je);
     free(buf);
@@ -388,15 +393,13 @@ static json_t *plan_json_(const offload_plan *p)
 /* offload_plan_print's table, echoed to stdout (caller frees) */
 static char *plan_text_(const offload_plan *p)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    offload_plan_print(f, p, 0);
-    fclose(f);
+    char *buf = plan_string_(p, 0);
     printf("%s", buf);
     return buf;
 }
 
+/* V 64, L 4, NH 2, C 16, T 8, microbatch 2, accum 2, prefetch 2, counted
+ * here from the shapes, independently of gpt.c. */
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
