@@ -77,6 +77,7 @@
 #include <string.h>
 
 #include "chain_batch.h"
+#include "report.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -109,22 +110,8 @@ static const float WD = 0.1f, CLIP = 1.0f;
 static const int HOST_THREADS = 4;
 
 static size_t NG, SS;  /* CPU layout: globals, one slot (floats, padded) */
-static int n_failed;
 
 /* ------------------------------------------------------------- helpers */
-
-static void check_(int ok, const char *what, double a, double b, double tol)
-{
-    printf("  %-50s %.7g vs %.7g (tol %.0e) %s\n", what, a, b, tol,
-           ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
-
-static void check_true_(int ok, const char *what)
-{
-    printf("  %-50s %s\n", what, ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
 
 static void check_bytes_(const char *what, uint64_t got, uint64_t want)
 {

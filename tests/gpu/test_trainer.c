@@ -56,6 +56,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report.h"
+
 #include "cuda/gpt_cuda.h"
 #include "offload/offload.h"
 #include "train/data.h"
@@ -71,20 +73,6 @@
 #define SAVE_AT 15
 
 static char dir_[256];
-static int n_failed;
-
-static void check_(int ok, const char *what, double a, double b, double tol)
-{
-    printf("  %-48s %.6f vs %.6f (tol %.0e) %s\n", what, a, b, tol,
-           ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
-
-static void check_true_(int ok, const char *what)
-{
-    printf("  %-48s %s\n", what, ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
 
 static run_spec spec_(backend_kind backend)
 {
