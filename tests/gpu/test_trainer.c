@@ -213,6 +213,24 @@ static double max_diff_(const float *a, const float *b, int from, int to)
     return m;
 }
 
+/* Run the resumed trainer t to STEPS, free it, and check its losses of
+ * steps SAVE_AT+1..STEPS bitwise against want (the uninterrupted run's). */
+static int resume_tail_(trainer *t, const run_spec *s, const float *want)
+{
+    float got[STEPS];
+    memcpy(got, want, sizeof got);
+    int rc = run_(t, s, STEPS, got, NULL);
+    trainer_free(t);
+    if (rc != 0)
+        return -1;
+    check_true_(memcmp(got + SAVE_AT, want + SAVE_AT,
+                       (STEPS - SAVE_AT) * sizeof(float)) == 0,
+                "steps 16..20 bitwise equal after resume");
+    printf("  (max |d| over steps 16..20: %.3g)\n",
+           max_diff_(got, want, SAVE_AT, STEPS));
+    return 0;
+}
+
 /* ------------------------------------------------------ 6, 7: offloading */
 
 /* The Real plan of s with a budget that keeps `resident` slots on the
@@ -243,7 +261,7 @@ static int offload_case_(float clip)
     off = plain;
     offload_plan p;
     char err[512], name[64];
-    float la[STEPS], lb[STEPS], lr[STEPS];
+    float la[STEPS], lb[STEPS];
     off.device.memory_budget = offload_budget_(&plain, 1, &p);
     printf("  budget %zu bytes: real %d resident, %d offloaded; pseudo %d "
            "offloaded\n", off.device.memory_budget, p.n_resident,
@@ -327,15 +345,8 @@ static int offload_case_(float clip)
                 "load: weights, moments, step counts bitwise");
     check_true_(trainer_offload_stats(t, &st) == 0 && st.n_offloaded == 2,
                 "load: placed again, 2 slots offloaded");
-    memcpy(lr, lb, sizeof lr);
-    if (run_(t, &off, STEPS, lr, NULL) != 0)
+    if (resume_tail_(t, &off, lb) != 0)
         return -1;
-    trainer_free(t);
-    check_true_(memcmp(lr + SAVE_AT, lb + SAVE_AT,
-                       (STEPS - SAVE_AT) * sizeof(float)) == 0,
-                "steps 16..20 bitwise equal after resume");
-    printf("  (max |d| over steps 16..20: %.3g)\n",
-           max_diff_(lr, lb, SAVE_AT, STEPS));
     state_free_(&s15);
     state_free_(&l15);
     offload_plan_free(&p);
@@ -384,7 +395,7 @@ int main(void)
     }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
     char err[512];
-    float lg[STEPS], lc[STEPS], lr[STEPS], lx[STEPS], probe[2] = {0, 0};
+    float lg[STEPS], lc[STEPS], lx[STEPS], probe[2] = {0, 0};
 
     printf("1. submit check, device memory\n");
     int ok = trainer_check_spec(&sg, err, sizeof err) == 0;
@@ -447,15 +458,8 @@ int main(void)
                 trainer_phase(tg) == PHASE_REAL &&
                 trainer_n_slots(tg) == sg.model.n_layer,
                 "step, phase and slots restored");
-    memcpy(lr, lg, sizeof lr);
-    if (run_(tg, &sg, STEPS, lr, NULL) != 0)
+    if (resume_tail_(tg, &sg, lg) != 0)
         return 1;
-    trainer_free(tg);
-    check_true_(memcmp(lr + SAVE_AT, lg + SAVE_AT,
-                       (STEPS - SAVE_AT) * sizeof(float)) == 0,
-                "steps 16..20 bitwise equal after resume");
-    printf("  (max |d| over steps 16..20: %.3g)\n",
-           max_diff_(lr, lg, SAVE_AT, STEPS));
 
     printf("5. checkpoints across backends\n");
     state_ s;
