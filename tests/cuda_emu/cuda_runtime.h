@@ -1,9 +1,13 @@
 /*
- * cuda_runtime.h — mock CUDA runtime for tests/unit/offload_mock: the subset
- * of the runtime API that kernels/cuda/gpt_cuda_offload.cu calls, executed
- * on the CPU by mock_cuda.cpp. It shadows the real <cuda_runtime.h> through
- * include order (this folder comes first on the include path; nothing here
- * ever includes or links the CUDA toolkit).
+ * cuda_runtime.h — the CPU emulation of the CUDA runtime (tests/cuda_emu):
+ * the subset of the runtime API that kernels/cuda/ and tests/gpu/ call,
+ * executed on the CPU by mock_cuda.cpp, plus kernel execution (emu_kernel.h,
+ * included at the end: blocks of threads as fibers, __syncthreads, warp
+ * shuffles). It shadows the real <cuda_runtime.h> through include order
+ * (this folder comes first on the include path; nothing here ever includes
+ * or links the CUDA toolkit). Users: tests/unit/offload_mock (the offload
+ * runtime under random stream timing) and tests/cuda_emu (every CUDA op and
+ * the GPU model against the CPU reference, on every machine).
  *
  * Semantics kept from the real runtime, because the offload runtime's
  * correctness rests on them:
@@ -19,6 +23,12 @@
  *  - cudaEventElapsedTime fails on an event made with cudaEventDisableTiming,
  *    one never recorded, or one not yet complete;
  *  - cudaFree / cudaFreeHost wait for every stream to go idle;
+ *  - the legacy default stream (stream 0, and the synchronous cudaMemcpy /
+ *    cudaMemset): an operation there waits until every stream is idle and
+ *    runs before the call returns (stricter than the real one, which does
+ *    not wait for cudaStreamNonBlocking streams);
+ *  - cudaMalloc'ed memory starts as 0xff bytes (NaN in bf16 and fp32), so a
+ *    kernel that reads memory nobody wrote gives NaN, not a lucky zero;
  *  - errors are returned and remembered for cudaGetLastError.
  * Checked beyond the real runtime (reported as errors): copy directions and
  * ranges against the allocations (a host-to-device copy must land inside one
@@ -35,6 +45,7 @@ enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
 };
@@ -71,6 +82,23 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
 cudaError_t cudaMallocHost(void **p, size_t n);
 cudaError_t cudaFreeHost(void *p);
+#ifdef __cplusplus /* the real header's typed overloads */
+template <class T>
+static inline cudaError_t cudaMalloc(T **p, size_t n)
+{
+    return cudaMalloc((void **)p, n);
+}
+template <class T>
+static inline cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags)
+{
+    return cudaHostAlloc((void **)p, n, flags);
+}
+template <class T>
+static inline cudaError_t cudaMallocHost(T **p, size_t n)
+{
+    return cudaMallocHost((void **)p, n);
+}
+#endif
 
 cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
@@ -91,6 +119,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
                             cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                       cudaMemcpyKind kind);
+cudaError_t cudaMemset(void *dst, int value, size_t n);
+cudaError_t cudaDeviceSynchronize(void);
 
 /* ---- mock extensions, for the test driver */
 
@@ -105,5 +137,14 @@ void mock_stop(void);
 void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg);
 /* Misuses of the API found so far (each also printed as "MOCK: ..."). */
 long mock_errors(void);
+/* Whether [p, p + n) lies inside one cudaMalloc block (for cublasLt.h). */
+int mock_is_device(const void *p, size_t n);
+/* Report a misuse found outside this file (kernel emulation, cuBLASLt). */
+void mock_misuse(const char *what);
+/* A launch with a bad configuration: cudaErrorInvalidConfiguration for the
+ * calling thread's next cudaGetLastError. */
+void mock_bad_launch(void);
+
+#include "emu_kernel.h"
 
 #endif /* M6_MOCK_CUDA_RUNTIME_H */

@@ -5,6 +5,12 @@
  * record / wait semantics. One mutex guards everything; operations run
  * outside it. Device and pinned memory are ordinary malloc'ed blocks, known
  * to the mock so that copies and frees can be checked.
+ *
+ * The GPU threads start with mock_start (the offload test: its seed, thread
+ * count and latencies; misuse is counted for it to check) or, for a program
+ * that never calls it (the CUDA programs of tests/cuda_emu), at the first
+ * stream operation: two threads, no added latency, and misuse is fatal
+ * (printed, then exit 1), as a GPU fault would end the program.
  */
 #include "cuda_runtime.h"
 
@@ -64,7 +70,19 @@ static std::vector<pthread_t> gpu_;
 static int quit_, max_delay_us_;
 static std::mt19937 rng_;
 static long errors_;
+static int started_, explicit_start_;
 static thread_local cudaError_t last_ = cudaSuccess;
+
+static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
+
+__attribute__((constructor)) static void init_cv_(void)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv_, &ca);
+    pthread_condattr_destroy(&ca);
+}
 
 /* ------------------------------------------------------------ helpers */
 
@@ -74,8 +92,23 @@ static cudaError_t misuse_(cudaError_t e, const char *what)
 {
     __atomic_add_fetch(&errors_, 1, __ATOMIC_RELAXED);
     fprintf(stderr, "MOCK: %s\n", what);
+    if (!__atomic_load_n(&explicit_start_, __ATOMIC_RELAXED)) {
+        fprintf(stderr, "MOCK: misuse of the CUDA API or of a kernel: "
+                        "exiting\n");
+        exit(1);
+    }
     last_ = e;
     return e;
+}
+
+void mock_misuse(const char *what)
+{
+    misuse_(cudaErrorInvalidValue, what);
+}
+
+void mock_bad_launch(void)
+{
+    last_ = cudaErrorInvalidConfiguration;
 }
 
 static cudaError_t ret_(cudaError_t e)
@@ -124,6 +157,14 @@ static int is_device_(const void *p, size_t n)
 {
     const block_ *b = block_of_(p, n, NULL);
     return b && b->kind == MEM_DEVICE;
+}
+
+int mock_is_device(const void *p, size_t n)
+{
+    pthread_mutex_lock(&mu_);
+    int r = is_device_(p, n);
+    pthread_mutex_unlock(&mu_);
+    return r;
 }
 
 static int stream_ok_(cudaStream_t s)
@@ -217,13 +258,9 @@ static void *gpu_main_(void *unused)
     return NULL;
 }
 
-void mock_start(unsigned seed, int gpu_threads, int max_delay_us)
+/* Lock held; the new threads wait for it. */
+static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us)
 {
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&cv_, &ca);
-    pthread_condattr_destroy(&ca);
     rng_.seed(seed);
     max_delay_us_ = max_delay_us;
     quit_ = 0;
@@ -233,6 +270,15 @@ void mock_start(unsigned seed, int gpu_threads, int max_delay_us)
             fprintf(stderr, "MOCK: cannot start a GPU thread\n");
             exit(1);
         }
+    started_ = 1;
+}
+
+void mock_start(unsigned seed, int gpu_threads, int max_delay_us)
+{
+    pthread_mutex_lock(&mu_);
+    __atomic_store_n(&explicit_start_, 1, __ATOMIC_RELAXED);
+    start_locked_(seed, gpu_threads, max_delay_us);
+    pthread_mutex_unlock(&mu_);
 }
 
 void mock_stop(void)
@@ -252,13 +298,15 @@ void mock_stop(void)
     for (mock_event_ *e : events_)
         delete e;
     events_.clear();
-    pthread_cond_destroy(&cv_);
+    started_ = 0;
 }
 
 /* Queue o on s with a random latency: half the operations may start at
  * once, the others up to max_delay_us later. Lock held. */
 static void queue_(cudaStream_t s, op_ o)
 {
+    if (!started_)
+        start_locked_(1, 2, 0);
     o.not_before = 0;
     if (max_delay_us_ > 0 && rng_() % 2)
         o.not_before = now_ns_() +
@@ -267,8 +315,35 @@ static void queue_(cudaStream_t s, op_ o)
     pthread_cond_broadcast(&cv_);
 }
 
+/* An operation on the legacy default stream (stream 0): once every stream
+ * is idle, run it here. */
+static void run_legacy_(const op_ &o)
+{
+    pthread_mutex_lock(&mu_);
+    while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+    pthread_mutex_unlock(&mu_);
+    switch (o.kind) {
+    case OP_COPY:
+        memcpy(o.dst, o.src, o.n);
+        break;
+    case OP_SET:
+        memset(o.dst, o.value, o.n);
+        break;
+    case OP_KERNEL:
+        o.fn(o.arg);
+        break;
+    default:
+        break;
+    }
+}
+
 static cudaError_t push_(cudaStream_t s, const op_ &o)
 {
+    if (!s) {
+        run_legacy_(o);
+        return cudaSuccess;
+    }
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s)) {
         pthread_mutex_unlock(&mu_);
@@ -351,6 +426,8 @@ static cudaError_t alloc_(void **p, size_t n, int kind)
     *p = malloc(n ? n : 1);
     if (!*p)
         return ret_(cudaErrorMemoryAllocation);
+    if (kind == MEM_DEVICE)
+        memset(*p, 0xff, n); /* NaN for whoever reads it unwritten */
     pthread_mutex_lock(&mu_);
     blocks_[(uintptr_t)*p] = block_{n, kind};
     pthread_mutex_unlock(&mu_);
@@ -415,6 +492,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
     int dd = is_device_(dst, n), sd = is_device_(src, n);
     int dt = touches_device_(dst, n), st = touches_device_(src, n);
     pthread_mutex_unlock(&mu_);
+    if (kind == cudaMemcpyDefault) /* unified addressing: from the pointers */
+        kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
     switch (kind) {
     case cudaMemcpyHostToDevice:
         if (!dd || st)
@@ -430,6 +510,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
         if (!dd || !sd)
             bad = "device-to-device copy outside the device allocations";
         break;
+    case cudaMemcpyHostToHost:
+        if (dt || st)
+            bad = "host-to-host copy touching device memory";
+        break;
     default:
         bad = "cudaMemcpyAsync kind not supported by the mock";
         break;
@@ -442,6 +526,26 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
     o.src = src;
     o.n = n;
     return ret_(push_(s, o));
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                       cudaMemcpyKind kind)
+{
+    return cudaMemcpyAsync(dst, src, n, kind, 0);
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t n)
+{
+    return cudaMemsetAsync(dst, value, n, 0);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    pthread_mutex_lock(&mu_);
+    while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
@@ -481,6 +585,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+    if (!s)
+        return cudaDeviceSynchronize();
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s)) {
         pthread_mutex_unlock(&mu_);

@@ -1,0 +1,292 @@
+/*
+ * cublaslt_emu.cpp — the emulated cuBLASLt of cublasLt.h: descriptors as
+ * plain structs, the GEMM as a loop queued on the stream like a kernel.
+ * Every argument is checked as cuBLASLt would reject it (or as a GPU would
+ * fault on it): a misuse is reported through mock_misuse and returns
+ * CUBLAS_STATUS_INVALID_VALUE.
+ */
+#include "cublasLt.h"
+#include "cuda_bf16.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+struct emu_lt_handle_ {
+    int no_epilogue;            /* M6_EMU_CUBLASLT_NO_EPILOGUE=1 */
+};
+
+struct emu_lt_desc_ {
+    cublasOperation_t ta, tb;
+    cublasLtEpilogue_t epi;
+    const __nv_bfloat16 *bias;
+    __nv_bfloat16 *aux;
+    int64_t aux_ld;
+};
+
+struct emu_lt_layout_ {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+
+struct emu_lt_pref_ {
+    uint64_t max_workspace;
+};
+
+static cublasStatus_t bad_(const char *what)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, "cuBLASLt: %s", what);
+    mock_misuse(msg);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    const char *e = getenv("M6_EMU_CUBLASLT_NO_EPILOGUE");
+    *h = new emu_lt_handle_{e && strcmp(e, "1") == 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d,
+                                        cublasComputeType_t compute,
+                                        cudaDataType_t scale)
+{
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F)
+        return bad_("only CUBLAS_COMPUTE_32F with CUDA_R_32F scale is "
+                    "emulated");
+    *d = new emu_lt_desc_{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT,
+                          NULL, NULL, 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+template <class T>
+static cublasStatus_t get_(T *dst, const void *buf, size_t size)
+{
+    if (size != sizeof *dst)
+        return bad_("attribute of the wrong size");
+    memcpy(dst, buf, sizeof *dst);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(
+    cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+    const void *buf, size_t size)
+{
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: return get_(&d->ta, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return get_(&d->tb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return get_(&d->epi, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get_(&d->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        return get_(&d->aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        return get_(&d->aux_ld, buf, size);
+    }
+    return bad_("matmul descriptor attribute not emulated");
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l,
+                                          cudaDataType_t type, uint64_t rows,
+                                          uint64_t cols, int64_t ld)
+{
+    if (type != CUDA_R_16BF)
+        return bad_("only CUDA_R_16BF matrices are emulated");
+    if (ld < (int64_t)rows || rows == 0 || cols == 0)
+        return bad_("matrix layout with ld < rows or an empty dimension");
+    *l = new emu_lt_layout_{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = new emu_lt_pref_{0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
+    cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+    const void *buf, size_t size)
+{
+    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return bad_("preference attribute not emulated");
+    return get_(&p->max_workspace, buf, size);
+}
+
+/* The shapes of op(A) (m,k), op(B) (k,n), C and D (m,n) agree. */
+static int shapes_ok_(const emu_lt_desc_ *d, const emu_lt_layout_ *a,
+                      const emu_lt_layout_ *b, const emu_lt_layout_ *c,
+                      const emu_lt_layout_ *dl)
+{
+    uint64_t m = d->ta ? a->cols : a->rows, ka = d->ta ? a->rows : a->cols;
+    uint64_t kb = d->tb ? b->cols : b->rows, n = d->tb ? b->rows : b->cols;
+    return ka == kb && m == dl->rows && n == dl->cols && c->rows == dl->rows &&
+           c->cols == dl->cols && c->ld == dl->ld;
+}
+
+static int has_bias_(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static int has_aux_(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_GELU_AUX ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+    cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int requested,
+    cublasLtMatmulHeuristicResult_t *results, int *returned)
+{
+    (void)p;
+    *returned = 0;
+    if (requested < 1)
+        return bad_("heuristic asked for no result");
+    if (!shapes_ok_(d, a, b, c, dl))
+        return bad_("heuristic: the layouts of op(A), op(B), C and D do not "
+                    "make one (m,k) x (k,n) product");
+    if (h->no_epilogue && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(&results[0], 0, sizeof results[0]);
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+struct gemm_ {
+    emu_lt_desc_ d;
+    emu_lt_layout_ a, b, dl;
+    float alpha, beta;
+    const __nv_bfloat16 *A, *B, *C;
+    __nv_bfloat16 *D;
+};
+
+static float gelu_tanh_(float x)
+{
+    const float s = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(s * (x + 0.044715f * x * x * x)));
+}
+
+static void run_gemm_(void *arg)
+{
+    gemm_ *g = (gemm_ *)arg;
+    const emu_lt_desc_ &d = g->d;
+    uint64_t m = g->dl.rows, n = g->dl.cols;
+    uint64_t k = d.ta ? g->a.rows : g->a.cols;
+    /* op(A) as fp32 (k, m), so that the inner loop runs over i: each
+     * output still sums its k products in k order */
+    std::vector<float> a((size_t)k * m), acc(m);
+    for (uint64_t p = 0; p < k; p++)
+        for (uint64_t i = 0; i < m; i++)
+            a[p * m + i] = __bfloat162float(
+                d.ta ? g->A[p + i * g->a.ld] : g->A[i + p * g->a.ld]);
+    std::vector<__nv_bfloat16> out((size_t)m * n), pre;
+    if (has_aux_(d.epi))
+        pre.resize((size_t)m * n);
+    for (uint64_t j = 0; j < n; j++) {
+        for (uint64_t i = 0; i < m; i++)
+            acc[i] = 0.0f;
+        for (uint64_t p = 0; p < k; p++) {
+            float y = __bfloat162float(
+                d.tb ? g->B[j + p * g->b.ld] : g->B[p + j * g->b.ld]);
+            const float *ap = &a[p * m];
+            for (uint64_t i = 0; i < m; i++)
+                acc[i] += ap[i] * y;
+        }
+        for (uint64_t i = 0; i < m; i++) {
+            float v = g->alpha * acc[i];
+            if (g->beta != 0.0f)
+                v += g->beta * __bfloat162float(g->C[i + j * g->dl.ld]);
+            if (has_bias_(d.epi))
+                v += __bfloat162float(d.bias[i]);
+            if (has_aux_(d.epi)) {
+                pre[i + j * m] = __float2bfloat16_rn(v);
+                v = gelu_tanh_(v);
+            }
+            out[i + j * m] = __float2bfloat16_rn(v);
+        }
+    }
+    /* written after all reads: C may be D */
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            g->D[i + j * g->dl.ld] = out[i + j * m];
+            if (has_aux_(d.epi))
+                d.aux[i + j * d.aux_ld] = pre[i + j * m];
+        }
+    delete g;
+}
+
+/* Bytes a column-major (rows, cols, ld) bf16 matrix spans. */
+static size_t span_(uint64_t rows, uint64_t cols, int64_t ld)
+{
+    return ((cols - 1) * (uint64_t)ld + rows) * sizeof(__nv_bfloat16);
+}
+
+cublasStatus_t cublasLtMatmul(
+    cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+    const void *A, cublasLtMatrixLayout_t a, const void *B,
+    cublasLtMatrixLayout_t b, const void *beta, const void *C,
+    cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
+    const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_size,
+    cudaStream_t stream)
+{
+    (void)algo;
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!shapes_ok_(d, a, b, c, dl))
+        return bad_("matmul: the layouts of op(A), op(B), C and D do not "
+                    "make one (m,k) x (k,n) product");
+    if (!mock_is_device(A, span_(a->rows, a->cols, a->ld)) ||
+        !mock_is_device(B, span_(b->rows, b->cols, b->ld)) ||
+        !mock_is_device(C, span_(c->rows, c->cols, c->ld)) ||
+        !mock_is_device(D, span_(dl->rows, dl->cols, dl->ld)))
+        return bad_("matmul: A, B, C or D not inside one device allocation");
+    if (workspace_size && !mock_is_device(workspace, workspace_size))
+        return bad_("matmul: workspace not inside one device allocation");
+    if (has_bias_(d->epi) &&
+        !mock_is_device(d->bias, dl->rows * sizeof(__nv_bfloat16)))
+        return bad_("matmul: bias epilogue without m device values");
+    if (has_aux_(d->epi) &&
+        (d->aux_ld < (int64_t)dl->rows ||
+         !mock_is_device(d->aux, span_(dl->rows, dl->cols, d->aux_ld))))
+        return bad_("matmul: GELU_AUX epilogue without an (m,n) device aux "
+                    "matrix of ld >= m");
+    if (has_aux_(d->epi) && d->aux_ld % 8 != 0)
+        return bad_("matmul: aux leading dimension not a multiple of 8");
+    gemm_ *g = new gemm_{*d, *a, *b, *dl, *(const float *)alpha,
+                         *(const float *)beta,
+                         (const __nv_bfloat16 *)A, (const __nv_bfloat16 *)B,
+                         (const __nv_bfloat16 *)C, (__nv_bfloat16 *)D};
+    mock_launch(stream, run_gemm_, g);
+    return CUBLAS_STATUS_SUCCESS;
+}

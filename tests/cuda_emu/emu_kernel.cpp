@@ -1,0 +1,388 @@
+/*
+ * emu_kernel.cpp — kernel execution for the CPU emulation of CUDA
+ * (emu_kernel.h): a grid's blocks one after the other, a block's threads as
+ * fibers scheduled round-robin on the OS thread that runs the launch (a GPU
+ * thread of mock_cuda.cpp, or the caller for stream 0).
+ *
+ * A thread runs until it finishes or waits: at __syncthreads() for every
+ * thread of its block still running, in a shuffle for every lane of its
+ * warp. When no thread can run, the scheduler releases the barrier that is
+ * complete; if none is, the block is stuck (a barrier some threads skip):
+ * reported (fatal unless the mock was started by mock_start).
+ *
+ * Threads run on "workers": fiber stacks that each run one thread after
+ * another and are kept per OS thread. Switching between the scheduler and a
+ * worker saves the callee-saved registers and swaps stack pointers (a few
+ * instructions of assembly on x86-64; elsewhere ucontext for the first
+ * entry and _setjmp/_longjmp after it), with no system call, which is what
+ * makes a launch of a million threads cheap.
+ */
+#undef _FORTIFY_SOURCE /* its longjmp check refuses jumps between stacks */
+#include "cuda_runtime.h"
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+
+#include <vector>
+
+#if defined(__x86_64__)
+/* emu_switch(&save_sp, new_sp): push the callee-saved registers (System V
+ * ABI), store the stack pointer in save_sp, load new_sp, pop, return there.
+ * MXCSR and the x87 control word are callee-saved too, but nothing here
+ * changes them. */
+extern "C" void emu_switch(void **save_sp, void *new_sp);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch, @function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n"
+    "  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n"
+    "  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch, .-emu_switch\n"
+    ".section .note.GNU-stack,\"\",@progbits\n"
+    ".text\n");
+#define EMU_ASM_SWITCH 1
+#endif
+
+namespace emu {
+namespace {
+
+enum { READY, AT_BLOCK, AT_WARP, DONE };
+
+enum { STACK_BYTES = 64 << 10, MAX_THREADS = 1024 };
+
+struct worker {
+#ifdef EMU_ASM_SWITCH
+    void *sp;                   /* its saved stack pointer */
+#else
+    jmp_buf jb;                 /* where it continues when resumed */
+    ucontext_t uc;              /* its first entry only */
+#endif
+    char *stack;
+    int started;
+};
+
+struct fiber {
+    uint3 tid;
+    int lin;                    /* linear thread index in the block */
+    int state;
+    unsigned shuffles;          /* warp exchanges made so far */
+    worker *w;                  /* while started and not done */
+};
+
+struct block_run {
+    dim3 grid, block;
+    uint3 bid;
+    const std::function<void()> *body;
+    std::vector<fiber> fibers;
+    /* shuffle values by linear thread index, two sets used in turn: a lane
+     * may publish its next value while the others still read this one */
+    uint64_t xchg[2][MAX_THREADS];
+    int stuck;
+};
+
+/* Per OS thread: the block it runs, the thread running, the scheduler's
+ * resume point, the workers (created on first need, kept). */
+thread_local block_run *blk_;
+thread_local fiber *cur_;
+#ifdef EMU_ASM_SWITCH
+thread_local void *sched_sp_;
+#else
+thread_local jmp_buf sched_;
+#endif
+thread_local std::vector<worker *> *workers_;
+
+/* From the running thread back to the scheduler. */
+inline void to_sched_(worker *w)
+{
+#ifdef EMU_ASM_SWITCH
+    emu_switch(&w->sp, sched_sp_);
+#else
+    if (!_setjmp(w->jb))
+        _longjmp(sched_, 1);
+#endif
+}
+
+/* Leave the running thread in `state` and return to the scheduler; back
+ * here when the scheduler resumes it. */
+void yield_(int state)
+{
+    fiber *f = cur_;
+    f->state = state;
+    to_sched_(f->w);
+}
+
+/* A worker's life: run the thread it is given, report it done, wait for
+ * the next one. Never returns. */
+void worker_main_(void)
+{
+    for (;;) {
+        fiber *f = cur_;
+        (*blk_->body)();
+        f->state = DONE;
+        to_sched_(f->w);
+    }
+}
+
+worker *worker_(int i)
+{
+    if (!workers_)
+        workers_ = new std::vector<worker *>();
+    while ((int)workers_->size() <= i) {
+        worker *w = new worker();
+        w->stack = (char *)malloc(STACK_BYTES);
+        if (!w->stack) {
+            fprintf(stderr, "EMU: out of memory for fiber stacks\n");
+            abort();
+        }
+        w->started = 0;
+        workers_->push_back(w);
+    }
+    return (*workers_)[i];
+}
+
+/* Run thread f (given a worker) until it finishes or waits. */
+void resume_(fiber *f)
+{
+    cur_ = f;
+    worker *w = f->w;
+#ifdef EMU_ASM_SWITCH
+    if (!w->started) {
+        /* a frame that emu_switch's pops and ret enter worker_main_ with,
+         * the stack aligned as after a call */
+        uintptr_t top = ((uintptr_t)w->stack + STACK_BYTES) & ~(uintptr_t)15;
+        void **sp = (void **)top;
+        *--sp = NULL;                       /* worker_main_'s return address */
+        *--sp = (void *)worker_main_;       /* where ret goes */
+        for (int i = 0; i < 6; i++)
+            *--sp = NULL;                   /* rbp rbx r12 r13 r14 r15 */
+        w->sp = sp;
+        w->started = 1;
+    }
+    emu_switch(&sched_sp_, w->sp);
+#else
+    if (_setjmp(sched_))
+        return; /* back from the thread */
+    if (w->started)
+        _longjmp(w->jb, 1);
+    w->started = 1;
+    getcontext(&w->uc);
+    w->uc.uc_stack.ss_sp = w->stack;
+    w->uc.uc_stack.ss_size = STACK_BYTES;
+    w->uc.uc_link = NULL;
+    makecontext(&w->uc, worker_main_, 0);
+    setcontext(&w->uc);
+#endif
+}
+
+/* Release what can be released; returns whether any thread became ready. */
+int release_(block_run *b)
+{
+    int n = (int)b->fibers.size(), released = 0;
+    int waiting_block = 0, running = 0;
+    for (fiber &f : b->fibers) {
+        if (f.state != DONE)
+            running++;
+        if (f.state == AT_BLOCK)
+            waiting_block++;
+    }
+    if (running > 0 && waiting_block == running) {
+        for (fiber &f : b->fibers)
+            if (f.state == AT_BLOCK)
+                f.state = READY;
+        return 1;
+    }
+    for (int w = 0; w < n; w += 32) {
+        int end = w + 32 < n ? w + 32 : n, all = 1, any = 0;
+        for (int i = w; i < end; i++) {
+            if (b->fibers[i].state == AT_WARP)
+                any = 1;
+            else
+                all = 0;
+        }
+        if (!any)
+            continue;
+        if (!all) {
+            /* a lane that exited or waits at __syncthreads() never joins */
+            int blocked = 0;
+            for (int i = w; i < end; i++)
+                if (b->fibers[i].state == READY)
+                    blocked = 1;
+            if (blocked)
+                continue;
+            mock_misuse("warp shuffle in a warp whose lanes do not all take "
+                        "part (a lane has exited, waits at __syncthreads(), "
+                        "or the block is not a multiple of 32 threads)");
+            b->stuck = 1;
+            return 0;
+        }
+        for (int i = w; i < end; i++)
+            if (b->fibers[i].shuffles != b->fibers[w].shuffles) {
+                mock_misuse("warp shuffles that disagree: lanes of one warp "
+                            "at different shuffle calls");
+                b->stuck = 1;
+                return 0;
+            }
+        for (int i = w; i < end; i++)
+            b->fibers[i].state = READY;
+        released = 1;
+    }
+    return released;
+}
+
+void run_block_(block_run *b)
+{
+    int n = (int)(b->block.x * b->block.y * b->block.z);
+    b->fibers.assign(n, fiber());
+    b->stuck = 0;
+    for (int i = 0; i < n; i++) {
+        fiber &f = b->fibers[i];
+        f.lin = i;
+        f.tid.x = i % b->block.x;
+        f.tid.y = (i / b->block.x) % b->block.y;
+        f.tid.z = i / (b->block.x * b->block.y);
+        f.state = READY;
+        f.shuffles = 0;
+        f.w = NULL;
+    }
+    /* Threads take a worker when they first run and give it back when they
+     * finish, so a kernel without barriers needs only one. */
+    std::vector<worker *> free_list;
+    int n_workers = 0;
+    for (;;) {
+        int ran = 0;
+        for (fiber &f : b->fibers) {
+            if (f.state != READY)
+                continue;
+            ran = 1;
+            if (!f.w) {
+                if (free_list.empty())
+                    free_list.push_back(worker_(n_workers++));
+                f.w = free_list.back();
+                free_list.pop_back();
+            }
+            resume_(&f);
+            if (f.state == DONE) {
+                free_list.push_back(f.w);
+                f.w = NULL;
+            }
+        }
+        if (ran)
+            continue;
+        int done = 1;
+        for (fiber &f : b->fibers)
+            if (f.state != DONE)
+                done = 0;
+        if (done)
+            break;
+        if (!release_(b)) {
+            if (!b->stuck)
+                mock_misuse("__syncthreads() not reached by every thread of "
+                            "the block still running (the block is stuck)");
+            b->stuck = 1;
+            /* the stuck workers are abandoned: restart them from scratch */
+            for (fiber &f : b->fibers)
+                if (f.w)
+                    f.w->started = 0;
+            break;
+        }
+    }
+    cur_ = NULL;
+}
+
+struct launch_ {
+    dim3 grid, block;
+    std::function<void()> body;
+};
+
+void run_grid_(void *arg)
+{
+    launch_ *l = (launch_ *)arg;
+    block_run *b = new block_run();
+    block_run *outer = blk_;
+    b->grid = l->grid;
+    b->block = l->block;
+    b->body = &l->body;
+    blk_ = b;
+    for (unsigned z = 0; z < l->grid.z && !b->stuck; z++)
+        for (unsigned y = 0; y < l->grid.y && !b->stuck; y++)
+            for (unsigned x = 0; x < l->grid.x && !b->stuck; x++) {
+                b->bid = uint3{x, y, z};
+                run_block_(b);
+            }
+    blk_ = outer;
+    delete b;
+    delete l;
+}
+
+} /* namespace */
+
+const uint3 &thread_idx(void)
+{
+    return cur_->tid;
+}
+
+const uint3 &block_idx(void)
+{
+    return blk_->bid;
+}
+
+const dim3 &block_dim(void)
+{
+    return blk_->block;
+}
+
+const dim3 &grid_dim(void)
+{
+    return blk_->grid;
+}
+
+int lane_id(void)
+{
+    return cur_->lin % 32;
+}
+
+void sync_block(void)
+{
+    yield_(AT_BLOCK);
+}
+
+uint64_t warp_exchange(uint64_t bits, int src_lane)
+{
+    block_run *b = blk_;
+    fiber *f = cur_;
+    int base = f->lin - f->lin % 32, set = f->shuffles++ & 1;
+    b->xchg[set][f->lin] = bits;
+    yield_(AT_WARP);            /* every lane has published */
+    int src = base + src_lane;
+    if (src_lane < 0 || src_lane >= 32 || src >= (int)b->fibers.size()) {
+        mock_misuse("warp shuffle from a lane that does not exist");
+        return bits;
+    }
+    /* Safe without a second wait: a lane can overwrite this set only at
+     * its shuffle after next, which needs every lane past the next one. */
+    return b->xchg[set][src];
+}
+
+void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            std::function<void()> body)
+{
+    (void)smem;
+    unsigned long threads = (unsigned long)block.x * block.y * block.z;
+    if (threads == 0 || threads > MAX_THREADS || block.z > 64 ||
+        grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || grid.x > 0x7fffffffu) {
+        mock_bad_launch();
+        return;
+    }
+    launch_ *l = new launch_{grid, block, std::move(body)};
+    mock_launch(stream, run_grid_, l);
+}
+
+} /* namespace emu */

@@ -1,0 +1,184 @@
+/*
+ * emu_kernel.h — CUDA kernels on the CPU (tests/cuda_emu): what a .cu file
+ * needs beyond the runtime API to compile as C++ with g++ and run here.
+ * Included by this folder's cuda_runtime.h; the launch syntax itself,
+ * kernel<<<grid, block, smem, stream>>>(args), is rewritten by cu2cpp.py
+ * into ::emu::launch(kernel, grid, block, smem, stream)(args).
+ *
+ * Execution model (emu_kernel.cpp):
+ *  - a launch is one operation on its stream (mock_cuda.cpp), so it is
+ *    ordered against copies, events and other launches as on a GPU;
+ *  - the blocks of a grid run one after the other; the threads of a block
+ *    run as fibers on one OS thread, each until it reaches __syncthreads()
+ *    or a warp shuffle, where it waits for the rest of its block (or warp);
+ *  - __shared__ variables are `static thread_local`: one copy per OS thread,
+ *    which runs one block at a time, so every block sees its own (their
+ *    contents are NOT reset between blocks, as on a GPU);
+ *  - the launch configuration is checked as the real runtime does (block
+ *    of 1..1024 threads, z <= 64, grid y and z <= 65535, no empty grid):
+ *    a bad one leaves cudaErrorInvalidConfiguration for cudaGetLastError;
+ *  - misuse that a GPU would turn into a hang or garbage is reported (and
+ *    counted by mock_errors()): a __syncthreads() not reached by every
+ *    thread of the block still running, a shuffle with a lane that has
+ *    exited or does not exist, shuffles in a warp that disagree.
+ * Not emulated: timing, races between threads of a block (a fiber runs
+ * until it waits, so a missing __syncthreads() may go unnoticed), memory
+ * spaces (a kernel may read host memory here), tensor-core instructions,
+ * atomics, dynamic shared memory.
+ */
+#ifndef M6_EMU_KERNEL_H
+#define M6_EMU_KERNEL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1)
+        : x(x_), y(y_), z(z_) {}
+};
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define warpSize 32
+
+namespace emu {
+
+/* The running thread's coordinates (valid inside a kernel only). */
+const uint3 &thread_idx(void);
+const uint3 &block_idx(void);
+const dim3 &block_dim(void);
+const dim3 &grid_dim(void);
+/* __syncthreads(): wait for every thread of the block still running. */
+void sync_block(void);
+/* One warp-wide exchange: every lane of the calling warp publishes `bits`
+ * and gets the bits published by lane `src_lane` of the same warp. */
+uint64_t warp_exchange(uint64_t bits, int src_lane);
+int lane_id(void);
+
+/* Queue a kernel on `stream`: `body` runs once per thread of the grid. */
+void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            std::function<void()> body);
+
+template <class... P>
+struct launcher {
+    void (*kernel)(P...);
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    /* Arguments are converted and copied at the launch, as by CUDA. */
+    template <class... A>
+    void operator()(A &&...a) const
+    {
+        std::tuple<typename std::decay<P>::type...> args(
+            std::forward<A>(a)...);
+        void (*k)(P...) = kernel;
+        submit(grid, block, smem, stream,
+               [k, args]() { std::apply(k, args); });
+    }
+};
+
+template <class... P>
+launcher<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block,
+                      size_t smem = 0, cudaStream_t stream = 0)
+{
+    return launcher<P...>{kernel, grid, block, smem, stream};
+}
+
+} /* namespace emu */
+
+#define threadIdx (::emu::thread_idx())
+#define blockIdx (::emu::block_idx())
+#define blockDim (::emu::block_dim())
+#define gridDim (::emu::grid_dim())
+
+static inline void __syncthreads(void)
+{
+    ::emu::sync_block();
+}
+
+template <class T>
+static inline T emu_shfl_(T v, int src_lane)
+{
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof v);
+    bits = ::emu::warp_exchange(bits, src_lane);
+    T r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask,
+                                int width = 32)
+{
+    (void)mask; /* every lane must take part: checked by warp_exchange */
+    int lane = ::emu::lane_id();
+    int src = (lane ^ lane_mask);
+    if (src / width != lane / width) /* outside its segment: keeps own */
+        src = lane;
+    return emu_shfl_(v, src);
+}
+
+template <class T>
+static inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32)
+{
+    (void)mask;
+    int lane = ::emu::lane_id();
+    return emu_shfl_(v, (lane / width) * width + src_lane % width);
+}
+
+template <class T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta,
+                                 int width = 32)
+{
+    (void)mask;
+    int lane = ::emu::lane_id();
+    int src = lane + (int)delta;
+    if (src / width != lane / width)
+        src = lane;
+    return emu_shfl_(v, src);
+}
+
+/* Device math with no host function of the same name (glibc has __expf and
+ * __logf). rsqrtf is exact here (the GPU's is within 2 ulp). */
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __saturatef(float x)
+{
+    return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x);
+}
+
+/* CUDA's integer min/max overloads take mixed types; so do these. */
+template <class A, class B>
+static inline typename std::common_type<A, B>::type min(A a, B b)
+{
+    return b < a ? b : a;
+}
+template <class A, class B>
+static inline typename std::common_type<A, B>::type max(A a, B b)
+{
+    return a < b ? b : a;
+}
+
+#endif /* __cplusplus */
+#endif /* M6_EMU_KERNEL_H */
