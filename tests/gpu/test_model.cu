@@ -4,8 +4,11 @@
  * Exit 0 passed, 1 failed, 77 no CUDA device.
  *
  *  1. Real (S = L) and Pseudo (S = 1) models: 10 AdamW steps with clipping;
- *     every step's loss on the GPU within TOL_LOSS of the CPU's, and the
- *     first step's gradient norm within TOL_NORM (relative).
+ *     every step's loss on the GPU within TOL_LOSS of the CPU's, the first
+ *     step's gradient norm within TOL_NORM (relative), and the first step's
+ *     gradient of every tensor within TOL_GRAD (normalised L2 error), seen
+ *     through AdamW's first moment, which after one step is
+ *     (1 - beta1) * clip scale * gradient on both backends.
  *  2. Delink on the GPU (Pseudo model after its 10 steps): the loss on the
  *     same batch before and after is unchanged (TOL_DELINK); then 3 more
  *     steps on both backends after delinking both still agree.
@@ -19,6 +22,10 @@
  *    in tiny gradients move weights by up to lr per step in either
  *    direction, and 10 steps at lr 1e-3 let the losses drift by a few 1e-2.
  *  TOL_NORM 5e-2 relative: bf16 gradients, fp32 sum of squares.
+ *  TOL_GRAD 5e-2: each gradient is a chain of bf16 activations and bf16
+ *    gradients (one rounding of 2^-9 each, a few dozen per path, partly
+ *    cancelling); ~1e-2 expected. Tighter than the losses: a wrong term in
+ *    one tensor's gradient hardly moves 10 losses but shows here.
  *  TOL_DELINK 1e-6 nats: delink copies the bits of every slot, so the
  *    forward is the same computation on the same values; the margin only
  *    covers cuBLASLt picking a different algorithm for moved buffers.
@@ -38,6 +45,7 @@ extern "C" {
 
 #define TOL_LOSS 5e-2
 #define TOL_NORM 5e-2
+#define TOL_GRAD 5e-2
 #define TOL_DELINK 1e-6
 
 #define STEPS 10
@@ -88,6 +96,56 @@ static void gpu_step_(gpt_cuda *g, const int32_t *inp, const int32_t *tgt,
     gpt_cuda_backward(g, inp, tgt, B, 1.0f / (B * CFG.seq_len));
     gpt_cuda_adamw(g, LR, BETA1, BETA2, EPS, WD, CLIP);
     *norm = gpt_cuda_last_grad_norm(g);
+}
+
+/* Normalised L2 error ||got - want|| / ||want|| over n floats. */
+static double nerr_(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    if (!isfinite(num))
+        return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* After one step: the first moments of every tensor (globals, then each
+ * slot's) agree; one line with the worst tensor, one per failing tensor. */
+static void check_first_moments_(gpt_model *c, gpt_cuda *g)
+{
+    float *m = (float *)malloc(c->n_params * sizeof(float));
+    if (gpt_cuda_get_state(g, 1, m, c->n_params) != 0)
+        exit(1);
+    double worst = 0;
+    char name[128], worst_name[128] = "";
+    int bad = 0;
+    for (int s = -1; s < c->S; s++) {
+        int nt = s < 0 ? GLOB_NTENSORS : SLOT_NTENSORS;
+        for (int i = 0; i < nt; i++) {
+            const gpt_tensor *t = s < 0 ? &c->glob[i] : &c->slot[i];
+            size_t off = t->offset +
+                         (s < 0 ? 0 : c->n_global + (size_t)s * c->slot_size);
+            double e = nerr_(m + off, c->m + off, t->numel);
+            gpt_tensor_name(name, sizeof name, "", s, t);
+            if (!(e <= TOL_GRAD)) {
+                printf("  gradient of %-32s nerr %.3e (tol %.0e) FAIL\n",
+                       name, e, TOL_GRAD);
+                bad = 1;
+            }
+            if (!(e <= worst)) {
+                worst = e;
+                snprintf(worst_name, sizeof worst_name, "%s", name);
+            }
+        }
+    }
+    printf("  %-44s %.3e (%s) (tol %.0e) %s\n",
+           "step 1: worst tensor gradient nerr", worst, worst_name, TOL_GRAD,
+           bad ? "FAIL" : "ok");
+    n_failed += bad;
+    free(m);
 }
 
 /* CPU and GPU models with S slots from the same weights */
@@ -143,9 +201,11 @@ static void test_train_(int S)
                "gpu %.4f\n", k + 1, lc, lg, fabs(lc - lg), nc, ng);
         if (!isfinite(lg) || fabs(lc - lg) > maxd)
             maxd = isfinite(lg) ? fabs(lc - lg) : INFINITY;
-        if (k == 0)
+        if (k == 0) {
             check_(fabs(ng - nc) <= TOL_NORM * nc,
                    "grad norm, step 1 (gpu vs cpu)", ng, nc, TOL_NORM);
+            check_first_moments_(&c, g);
+        }
     }
     check_(maxd <= TOL_LOSS, "max |loss gpu - loss cpu| over steps", maxd, 0,
            TOL_LOSS);

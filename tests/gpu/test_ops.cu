@@ -110,11 +110,23 @@ template <typename X> static X *hcopy_dev_(const X *d, size_t n)
     return h;
 }
 
-static float *dzero_f32_(size_t n)
+/* Outputs and scratch start as NaN (all bits set, in bf16 and fp32): an
+ * op that leaves an element unwritten, or reads scratch it did not write,
+ * fails its check instead of passing on a lucky zero or on a buffer that
+ * already held the answer. */
+static bf16 *dnan_bf16_(size_t n)
+{
+    bf16 *d;
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(d, 0xff, n * sizeof(bf16)));
+    return d;
+}
+
+static float *dnan_f32_(size_t n)
 {
     float *d;
     CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d, 0xff, n * sizeof(float)));
     return d;
 }
 
@@ -208,7 +220,7 @@ static void test_encoder_(void)
     encoder_forward(want, inp, wte, wpe, B, T, C);
     int32_t *d_inp = dcopy_(inp, N);
     bf16 *d_wte = dbf_(wte, (size_t)V * C), *d_wpe = dbf_(wpe, (size_t)T * C);
-    bf16 *d_out = dbf_(want, (size_t)N * C);
+    bf16 *d_out = dnan_bf16_((size_t)N * C);
     encoder_forward_cuda(d_out, d_inp, d_wte, d_wpe, B, T, C, st);
     float *got = hbf_(d_out, (size_t)N * C);
     check_("encoder_forward out", got, want, NULL, (size_t)N * C, TOL_BF16);
@@ -243,8 +255,8 @@ static void test_layernorm_(void)
     float *mean = (float *)malloc(N * sizeof(float)), *rstd = (float *)malloc(N * sizeof(float));
     layernorm_forward(out, mean, rstd, inp, w, b, N, C);
     bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, C), *d_b = dbf_(b, C);
-    bf16 *d_out = dbf_(out, NC);
-    float *d_mean = dzero_f32_(N), *d_rstd = dzero_f32_(N);
+    bf16 *d_out = dnan_bf16_(NC);
+    float *d_mean = dnan_f32_(N), *d_rstd = dnan_f32_(N);
     layernorm_forward_cuda(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, st);
     float *g = hbf_(d_out, NC);
     float *gm = hcopy_dev_(d_mean, N), *gr = hcopy_dev_(d_rstd, N);
@@ -258,7 +270,7 @@ static void test_layernorm_(void)
     layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     bf16 *d_dout = dbf_(dout, NC), *d_dinp = dbf_(dinp0, NC);
     bf16 *d_dw = dbf_(dw0, C), *d_db = dbf_(db0, C);
-    float *scratch = dzero_f32_(layernorm_backward_scratch_floats(N, C));
+    float *scratch = dnan_f32_(layernorm_backward_scratch_floats(N, C));
     layernorm_backward_cuda(d_dinp, d_dw, d_db, scratch, d_dout, d_inp, d_w,
                             d_mean, d_rstd, N, C, st);
     float *g1 = hbf_(d_dinp, NC), *g2 = hbf_(d_dw, C), *g3 = hbf_(d_db, C);
@@ -284,7 +296,7 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     ref_matmul_forward_(pre, inp, w, bias, N, C, OC);
     bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
     bf16 *d_bias = bias ? dbf_(bias, OC) : NULL;
-    bf16 *d_out = dbf_(pre, NO), *d_pre = dbf_(pre, NO);
+    bf16 *d_out = dnan_bf16_(NO), *d_pre = dnan_bf16_(NO);
     if (gelu) {
         float *act = (float *)malloc(NO * sizeof(float));
         gelu_forward(act, pre, NO);
@@ -308,7 +320,7 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
                              C, OC);
         bf16 *d_dout = dbf_(dout, NO), *d_dinp = dbf_(dinp0, NC);
         bf16 *d_dw = dbf_(dw0, OCC), *d_db = dbf_(db0, OC);
-        float *scratch = dzero_f32_(matmul_backward_scratch_floats(N, OC));
+        float *scratch = dnan_f32_(matmul_backward_scratch_floats(N, OC));
         matmul_backward_cuda(d_dinp, d_dw, with_bias ? d_db : NULL, scratch,
                              d_dout, d_inp, d_w, N, C, OC, st);
         float *g1 = hbf_(d_dinp, NC), *g2 = hbf_(d_dw, OCC), *g3 = hbf_(d_db, OC);
@@ -338,8 +350,8 @@ static void test_attention_(int B, int T, int C, int NH)
     float *out = (float *)malloc(NC * sizeof(float));
     float *att = (float *)malloc(NA * sizeof(float));
     attention_forward(out, att, qkv, B, T, C, NH);
-    bf16 *d_qkv = dbf_(qkv, N3), *d_out = dbf_(out, NC);
-    float *d_lse = dzero_f32_((size_t)B * NH * T);
+    bf16 *d_qkv = dbf_(qkv, N3), *d_out = dnan_bf16_(NC);
+    float *d_lse = dnan_f32_((size_t)B * NH * T);
     attention_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH, st);
     float *g = hbf_(d_out, NC);
     check_("attention_forward out", g, out, NULL, NC, TOL_BF16);
@@ -350,7 +362,7 @@ static void test_attention_(int B, int T, int C, int NH)
     attention_backward(dqkv, scr, dout, qkv, att, B, T, C, NH);
     bf16 *d_dout = dbf_(dout, NC), *d_dqkv = dbf_(dqkv0, N3);
     bf16 *d_dqkv2 = dbf_(dqkv0, N3);
-    float *d_scr = dzero_f32_(attention_backward_scratch_floats(B, T, NH));
+    float *d_scr = dnan_f32_(attention_backward_scratch_floats(B, T, NH));
     attention_backward_cuda(d_dqkv, d_scr, d_dout, d_qkv, d_out, d_lse, B, T,
                             C, NH, st);
     attention_backward_cuda(d_dqkv2, d_scr, d_dout, d_qkv, d_out, d_lse, B, T,
@@ -372,7 +384,7 @@ static void test_elementwise_(void)
     float *x = hrand_(N, -5, 5), *y = hrand_(N, -1, 1);
     float *out = (float *)malloc(N * sizeof(float));
     gelu_forward(out, x, N);
-    bf16 *d_x = dbf_(x, N), *d_y = dbf_(y, N), *d_out = dbf_(out, N);
+    bf16 *d_x = dbf_(x, N), *d_y = dbf_(y, N), *d_out = dnan_bf16_(N);
     gelu_forward_cuda(d_out, d_x, N, st);
     float *g = hbf_(d_out, N);
     check_("gelu_forward", g, out, NULL, N, TOL_BF16);
@@ -422,9 +434,9 @@ static void test_crossentropy_(void)
     float *probs = (float *)malloc((size_t)N * V * sizeof(float));
     softmax_crossentropy_forward(losses, probs, logits, tgt, N, V);
 
-    bf16 *d_logits = dbf_(lp, (size_t)N * Vp), *d_probs = dbf_(lp, (size_t)N * Vp);
+    bf16 *d_logits = dbf_(lp, (size_t)N * Vp), *d_probs = dnan_bf16_((size_t)N * Vp);
     int32_t *d_tgt = dcopy_(tgt, N);
-    float *d_losses = dzero_f32_(N);
+    float *d_losses = dnan_f32_(N);
     softmax_crossentropy_forward_cuda(d_losses, d_probs, d_logits, d_tgt, N,
                                       V, Vp, st);
     float *gl = hcopy_dev_(d_losses, N), *gp = hbf_(d_probs, (size_t)N * Vp);
@@ -461,7 +473,7 @@ static void test_crossentropy_(void)
     for (int i = 0; i < N; i++)
         mean += gl[i];
     float want_mean = (float)(mean / N);
-    float *d_mean = dzero_f32_(1);
+    float *d_mean = dnan_f32_(1);
     mean_cuda(d_mean, d_losses, N, st);
     float *gm = hcopy_dev_(d_mean, 1);
     check_("mean", gm, &want_mean, NULL, 1, TOL_F32);
@@ -481,7 +493,7 @@ static void test_adamw_(void)
 
     double sumsq = grad_sumsq(gr, n);
     bf16 *d_g = dbf_(gr, n);
-    float *d_scr = dzero_f32_(grad_sumsq_scratch_floats()), *d_sc = dzero_f32_(2);
+    float *d_scr = dnan_f32_(grad_sumsq_scratch_floats()), *d_sc = dnan_f32_(2);
     grad_sumsq_cuda(d_sc, d_scr, d_g, n, st);
     float max_norm = (float)sqrt(sumsq) / 2; /* clipping halves the grads */
     grad_clip_scale_cuda(d_sc + 1, d_sc, max_norm, st);
