@@ -758,7 +758,14 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;
     }
-    /* Bad data or an unsupported backend fails at submit, not at start. */
+    /* Bad data or an unsupported backend fails at submit, not at start:
+     * every shard's header, size and token ids. This runs on libuv's thread
+     * pool (server.c), never on the loop, so a corpus that takes seconds to
+     * read holds up only this client, which gets a definite yes or no. The
+     * trainer opens the data again when the run starts (on the worker);
+     * data.c remembers each shard it has read by file identity and version,
+     * so only a shard changed since is read again, and a bad one then fails
+     * the run with the same message. */
     if (trainer_check_spec(&spec, err, sizeof err) != 0) {
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # protocol.sh — bad input on the control socket while a run trains: garbage
 # and oversized frames, an unknown request type, a bad protocol version, an
-# unknown run id, specs with a bad key or a bad data glob. Each gets a clear
-# error; the daemon keeps serving; the run is unaffected (same losses as a
-# quiet run). Then the socket's latency while a big step runs.
+# unknown run id, specs with a bad key, a bad data glob or a token id past the
+# vocabulary. Each gets a clear error; the daemon keeps serving; the run is
+# unaffected (same losses as a quiet run). A shard that goes bad while its run
+# is queued fails the run at its start, saying why. Then the socket's latency
+# while a big step runs and while submits check corpora of billions of tokens.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -55,6 +57,19 @@ mkfifo "$T/fifo.bin"
 sed "s#$T/data/train_\*.bin#$T/fifo.bin#" "$T/spec.json" >"$T/fifo.json"
 timeout 10 "$M6CTL" --socket "$SOCK" submit "$T/fifo.json" 2>"$T/err" && fail "a FIFO as a shard was accepted"
 grep -q "not a regular file" "$T/err" || fail "FIFO shard: $(cat "$T/err")"
+# A token id >= vocab_size: refused at submit, naming the shard, the token
+# and its index (the check runs on libuv's thread pool: see server.c).
+mkdir "$T/badtok"
+python3 - "$T/data/train_000000.bin" "$T/badtok/train_000000.bin" <<'PY2'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[1024 + 2 * 17:1024 + 2 * 18] = (300).to_bytes(2, "little")
+open(sys.argv[2], "wb").write(b)
+PY2
+sed "s#$T/data/train_\*.bin#$T/badtok/train_*.bin#" "$T/spec.json" >"$T/badtok.json"
+ctl submit "$T/badtok.json" 2>"$T/err" && fail "a shard with token 300 >= vocab_size 256 was accepted"
+grep -q "data.train: $T/badtok/train_000000.bin: token 300 at index 17 >= vocab_size 256" "$T/err" \
+    || fail "bad token not named: $(cat "$T/err")"
 kill -HUP "$DAEMON_PID"; sleep 0.2
 ctl list >/dev/null || fail "m6d did not survive SIGHUP"
 grep -q "signal=SIGHUP action=ignored" "$T"/m6d-*.log || fail "SIGHUP not logged"
@@ -87,6 +102,35 @@ grep -q "n_lyer" "$T/err" || fail "m6d plan bad key: $(cat "$T/err")"
     || fail "refused submits left rows"
 ctl watch "$R" >/dev/null || fail "the run did not complete after the bad input"
 losses "$R" | diff "$T/quiet.csv" - >"$T/diff" || fail "losses changed: $(head "$T/diff")"
+
+# A shard that goes bad after its submit was accepted (rewritten in place
+# while the run waits in the queue): the worker checks the data again when
+# the run starts (a changed file is read again, an unchanged one is not), so
+# the run fails there, with the same message in status and in its events, and
+# m6d goes on serving.
+write_spec "$T/blocker.json" blocker 1000000 0
+K=$(ctl submit "$T/blocker.json")
+wait_state "$K" running
+cp -r "$T/data" "$T/later"
+sed "s#$T/data/train_\*.bin#$T/later/train_*.bin#" "$T/spec.json" >"$T/later.json"
+L=$(ctl submit "$T/later.json") || fail "submit over a good corpus"
+[ "$(field "$L" state)" = queued ] || fail "run $L: $(field "$L" state), wanted queued"
+python3 - "$T/later/train_000000.bin" <<'PY2'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(1024 + 2 * 1234)
+    f.write((999).to_bytes(2, "little"))
+PY2
+ctl stop "$K" >/dev/null
+rc=0; ctl watch "$L" >"$T/watch.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "watch of a run whose shard went bad exited $rc, wanted 1"
+[ "$(field "$L" state)" = failed ] || fail "run $L: $(field "$L" state), wanted failed"
+want="data.train: $T/later/train_000000.bin: token 999 at index 1234 >= vocab_size 256"
+grep -qF "$want" "$T/watch.out" || fail "watch did not say why: $(tail -1 "$T/watch.out")"
+field "$L" error | grep -qF "$want" || fail "run $L's error: $(field "$L" error)"
+db "$T/s" "select detail from events where run = $L and kind = 'failed'" | grep -qF "$want" \
+    || fail "no failed event naming the shard: $(db "$T/s" "select * from events where run = $L")"
+ctl list >/dev/null || fail "m6d stopped answering after a run failed on its data"
 
 # Latency: a big step (a bigger model).
 write_spec "$T/big.json" big 4 0
