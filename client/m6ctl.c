@@ -2,7 +2,7 @@
  * m6ctl.c — the operator's CLI for m6d. Table-driven: every subcommand is one
  * {name, handler, flags, usage, help} row; human and --json output come from
  * the same values; colour only on a tty; the exit code tells the truth
- * (0 ok, 1 error or run failed, 2 usage, 3 run stopped).
+ * (0 ok, 1 error or run failed, 2 usage, 3 run stopped, 4 m6d unreachable).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,9 +29,10 @@
 #include "train/data.h"
 #include "train/spec.h"
 
-/* Exit status: 0 ok; 1 the daemon refused (its message on stderr) or the
- * watched run failed; 2 usage; 3 the watched run was stopped; 4 m6d could
- * not be reached, or the connection broke. */
+/* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
+ * does not know included) or the watched run failed; 2 usage (a malformed
+ * RUN included, for every command); 3 the watched run was stopped; 4 m6d
+ * could not be reached, or the connection broke. */
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3,
        EXIT_UNREACHABLE = 4 };
 
@@ -760,7 +761,7 @@ static int cmd_watch_(int argc, char **argv)
 static int cmd_metrics_(int argc, char **argv)
 {
     M6__RunRef ref;
-    if (parse_run_(argv[0], &ref) < 0) return EXIT_USAGE;
+    if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
     M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
     q.run = &ref;
     M6__Request rq = M6__REQUEST__INIT;
@@ -955,7 +956,8 @@ static int cmd_data_(int argc, char **argv)
 
 /* ------------------------------------------------------------------- table */
 
-enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16 };
+enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
+       F_RUN = 32 /* the first argument is a RUN: checked before dispatch */ };
 
 typedef struct {
     const char *name;
@@ -971,17 +973,17 @@ static const command commands_[] = {
      "Relative data.train/data.val globs are relative to the spec file\n"
      "(to the current directory for -)."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
-    {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
-    {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
+    {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
+    {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
      "Follow a run until it ends; rides out m6d restarts.\n"
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
-    {"pause", cmd_pause_, 1, 1, F_JSON, "RUN", "Pause at the next step boundary (checkpoints)."},
-    {"resume", cmd_resume_, 1, 1, F_JSON, "RUN", "Resume a paused run."},
-    {"delink", cmd_delink_, 1, 1, F_JSON, "RUN",
+    {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
+    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN, "RUN", "Resume a paused run."},
+    {"delink", cmd_delink_, 1, 1, F_JSON | F_RUN, "RUN",
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
-    {"stop", cmd_stop_, 1, 1, F_JSON, "RUN", "Stop a run (checkpoints) or dequeue it."},
-    {"metrics", cmd_metrics_, 1, 1, F_JSON | F_CSV, "RUN", "Loss curve, one row per step."},
+    {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
+    {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
@@ -1006,9 +1008,10 @@ static void usage_(FILE *f)
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
                "default of m6d. 'm6ctl COMMAND --help' for details.\n"
                "Options for every command: --socket PATH, --no-color (or NO_COLOR=1),\n"
-               "--help. Exit status: 0 ok; 1 error (refused by m6d, or a local failure;\n"
-               "the message is on stderr) or the watched run failed; 2 usage; 3 the\n"
-               "watched run was stopped; 4 m6d unreachable.\n");
+               "--help. Exit status: 0 ok; 1 error (refused by m6d, an unknown RUN\n"
+               "included, or a local failure; the message is on stderr) or the watched\n"
+               "run failed; 2 usage (a malformed RUN such as 0 included); 3 the watched\n"
+               "run was stopped; 4 m6d unreachable.\n");
 }
 
 static void command_usage_(FILE *f, const command *c)
@@ -1159,6 +1162,10 @@ int main(int argc, char **argv)
         errf_("%s: --json and --csv exclude each other", cmd->name);
         return EXIT_USAGE;
     }
+    /* A malformed RUN (0, -1, an overflowing id) is a usage error for every
+     * command alike; a RUN m6d does not know is its refusal (exit 1). */
+    M6__RunRef ref;
+    if ((cmd->flags & F_RUN) && parse_run_(cargv[optind], &ref) < 0) return EXIT_USAGE;
     g.color = !nocolor && !g.json && isatty(STDOUT_FILENO);
     int rc = cmd->fn(npos, cargv + optind);
     if (g.fd >= 0) close(g.fd);
