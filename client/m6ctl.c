@@ -1032,16 +1032,29 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
-                   "  --shard-tokens N  tokens per shard (default 100M)\n");
+                   "  --shard-tokens N  tokens per shard, a whole number in 1024..2147483647\n"
+                   "                    (default 100000000)\n");
     fprintf(f, "  --socket PATH     m6d's control socket\n");
 }
 
-static int parse_double_(const char *opt, const char *s, double lo, double hi, double *out)
+/* The one parser of numeric options: a plain decimal number (digits, an
+ * optional fraction and exponent; no sign, hex, inf, nan or blanks, which
+ * strtod alone would take), within [lo, hi], a whole number if whole.
+ * Errors name the option and what it wants. */
+static int parse_number_(const char *opt, const char *s, double lo, double hi, int whole,
+                         double *out)
 {
     char *end;
+    errno = 0;
     double v = strtod(s, &end);
-    if (!*s || *end || !(v >= lo && v <= hi)) {
-        errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
+    int plain = ((*s >= '0' && *s <= '9') || *s == '.') &&
+                strspn(s, "0123456789.eE+-") == strlen(s);
+    if (!plain || *end || errno == ERANGE || !(v >= lo && v <= hi) ||
+        (whole && v != floor(v))) {
+        if (whole)
+            errf_("%s: want a whole number in [%.0f, %.0f], got \"%s\"", opt, lo, hi, s);
+        else
+            errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
         return -1;
     }
     *out = v;
@@ -1111,27 +1124,25 @@ int main(int argc, char **argv)
         case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
         case O_VALF:
             ok = cmd->flags & F_PREPARE;
-            if (ok && parse_double_("--val-fraction", optarg, 0, 0.5, &g.val_fraction) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
             break;
         case O_SHARD: {
+            /* a shard's header counts its tokens in an int32 */
             double v = 0;
             ok = cmd->flags & F_PREPARE;
-            if (ok && parse_double_("--shard-tokens", optarg, 1024, 1e10, &v) < 0) return EXIT_USAGE;
-            if (ok && v != (double)(long)v) {
-                errf_("--shard-tokens: want a whole number of tokens, got \"%s\"", optarg);
+            if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
                 return EXIT_USAGE;
-            }
             g.shard_tokens = (long)v;
             break;
         }
         case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
         case O_RECONNECT:
             ok = cmd->flags & F_WATCH;
-            if (ok && parse_double_("--reconnect", optarg, 0, 86400, &g.reconnect) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
             break;
         case O_INTERVAL:
             ok = cmd->flags & F_WATCH;
-            if (ok && parse_double_("--interval", optarg, 0.05, 60, &g.interval) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
             break;
         case O_DEVMEM:
             ok = cmd->flags & F_PLAN;

@@ -12,6 +12,27 @@ expect_rc() {
 }
 
 prepare_data "$T/data"
+TXT=$FORTUNES/fortunes
+
+# Numeric options: one parser; non-numbers, fractions where a count is
+# wanted and out-of-range values are refused naming the option (exit 2,
+# nothing written). 5000000000 passed the old check and was cut to
+# INT32_MAX tokens without a word.
+for v in 2000.7 0x800 " 2048" 1023 5000000000 -2048 inf; do
+    expect_rc 2 "$M6CTL" data prepare --out "$T/num" --shard-tokens "$v" "$TXT"
+    grep -q -- '--shard-tokens: want a whole number in \[1024, 2147483647\]' "$T/err" \
+        || fail "--shard-tokens '$v': $(cat "$T/err")"
+    [ -e "$T/num" ] && fail "--shard-tokens '$v': $T/num was made"
+done
+expect_rc 0 "$M6CTL" data prepare --out "$T/num" --shard-tokens 2147483647 "$TXT"
+for v in 0.6 0x0.1 " 0.1" nan; do
+    expect_rc 2 "$M6CTL" data prepare --out "$T/num2" --val-fraction "$v" "$TXT"
+    grep -q -- '--val-fraction: want a number in \[0, 0.5\]' "$T/err" || fail "--val-fraction '$v': $(cat "$T/err")"
+done
+for o in --interval --reconnect; do
+    expect_rc 2 "$M6CTL" --socket "$T/none.sock" watch 1 "$o" 1e-400
+    grep -q -- "$o: want a number in" "$T/err" || fail "$o 1e-400: $(cat "$T/err")"
+done
 write_spec "$T/spec.json" cli 100000 10
 start_daemon "$T/s"
 
