@@ -33,6 +33,14 @@ for o in --interval --reconnect; do
     expect_rc 2 "$M6CTL" --socket "$T/none.sock" watch 1 "$o" 1e-400
     grep -q -- "$o: want a number in" "$T/err" || fail "$o 1e-400: $(cat "$T/err")"
 done
+# Output formats that exclude each other are refused, in either order and
+# wherever --json stands, not settled silently.
+for args in "metrics 1 --csv --json" "metrics 1 --json --csv" "--json metrics 1 --csv"; do
+    # shellcheck disable=SC2086
+    expect_rc 2 "$M6CTL" --socket "$T/none.sock" $args
+    grep -q 'metrics: --json and --csv exclude each other' "$T/err" || fail "$args: $(cat "$T/err")"
+done
+
 write_spec "$T/spec.json" cli 100000 10
 start_daemon "$T/s"
 
