@@ -54,5 +54,30 @@ for c in status watch pause resume delink stop metrics; do
     grep -q 'no run with id 4242' "$T/err" || fail "$c 4242: $(cat "$T/err")"
 done
 
-stop_daemon
+# watch: 1 when the run failed, 4 when m6d went away under it: a script
+# must tell a bad run from a lost daemon. B fails at its start: its shards
+# are gone by then.
+A=$(ctl submit "$T/spec.json")
+wait_state "$A" running
+cp -r "$T/data" "$T/data-b"
+sed "s#$T/data/#$T/data-b/#g" "$T/spec.json" >"$T/spec-b.json"
+B=$(ctl submit "$T/spec-b.json")
+rm -r "$T/data-b"
+ctl stop "$A" >/dev/null
+expect_rc 1 ctl watch "$B" --interval 0.05
+grep -q "run $B failed at step 0: .*no files match" "$T/out" || fail "watch of a failed run: $(cat "$T/out")"
+C=$(ctl submit "$T/spec.json")
+wait_step "$C" 5
+for r in 0 1; do
+    (rc=0; ctl watch "$C" --interval 0.05 --reconnect $r >/dev/null 2>"$T/watch-$r.err" || rc=$?
+     echo "$rc" >"$T/watch-$r.rc") &
+done
+sleep 0.5
+kill9_daemon
+wait
+for r in 0 1; do
+    [ "$(cat "$T/watch-$r.rc")" = 4 ] || fail "watch --reconnect $r, m6d killed: exit $(cat "$T/watch-$r.rc"), want 4: $(cat "$T/watch-$r.err")"
+done
+grep -q "m6d still unreachable after 1 s" "$T/watch-1.err" || fail "watch --reconnect 1: $(cat "$T/watch-1.err")"
+
 echo "cli: ok"
