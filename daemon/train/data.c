@@ -799,14 +799,15 @@ static void stream_discard_(stream_ *s)
 /* data prepare                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* mkdir -p; *created says whether dir itself was made here. */
 static volatile sig_atomic_t prepare_interrupted_;
 
 void data_prepare_interrupt(void) { prepare_interrupted_ = 1; }
 
-static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
+/* mkdir -p; *top is the length of the shortest prefix of dir made here (0:
+ * none was): it and every directory below it on the way to dir are new. */
+static int mkdir_p_(const char *dir, size_t *top, char *err, size_t errlen)
 {
-    *created = 0;
+    *top = 0;
     char buf[4096];
     size_t len = strlen(dir);
     if (len == 0 || len >= sizeof buf) {
@@ -818,9 +819,9 @@ static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
         if (buf[k] != '/' && buf[k] != '\0') continue;
         char c = buf[k];
         buf[k] = '\0';
-        if (mkdir(buf, 0755) == 0)
-            *created = k == len || (k == len - 1 && buf[k + 1] == '\0');
-        else if (errno != EEXIST) {
+        if (mkdir(buf, 0755) == 0) {
+            if (!*top) *top = k;
+        } else if (errno != EEXIST) {
             seterr_(err, errlen, "%s: mkdir: %s", buf, strerror(errno));
             return -1;
         }
@@ -832,6 +833,23 @@ static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* After a failure: remove what mkdir_p_(dir) made, deepest first, down to
+ * its prefix of length top (none if top is 0). rmdir only, its errors
+ * ignored: the deepest may not exist (mkdir_p_ failed on the way), and a
+ * directory that is not empty stays, and so do those above it. */
+static void rmdir_made_(const char *dir, size_t top)
+{
+    char buf[4096];
+    size_t len = strlen(dir);
+    if (top == 0 || len >= sizeof buf) return;
+    memcpy(buf, dir, len + 1);
+    for (size_t k = len; k >= top; k--) {
+        if ((buf[k] != '/' && buf[k] != '\0') || buf[k - 1] == '/') continue;
+        buf[k] = '\0';
+        (void)rmdir(buf);
+    }
 }
 
 /* Shards of an earlier run would mix with ours under a glob: refuse. */
@@ -924,9 +942,10 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
             return -1;
         }
     st->skipped = fl.skipped;
-    int created_out = 0;
-    if (mkdir_p_(out_dir, &created_out, err, errlen) != 0 ||
+    size_t made_top = 0;
+    if (mkdir_p_(out_dir, &made_top, err, errlen) != 0 ||
         check_no_shards_(out_dir, err, errlen) != 0) {
+        rmdir_made_(out_dir, made_top);
         file_list_free_(&fl);
         return -1;
     }
@@ -935,6 +954,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     unsigned char *buf = malloc(buflen);
     if (!buf) {
         seterr_(err, errlen, "data prepare: out of memory");
+        rmdir_made_(out_dir, made_top);
         file_list_free_(&fl);
         return -1;
     }
@@ -1019,7 +1039,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     if (rc != 0) {
         stream_discard_(&train);
         stream_discard_(&val);
-        if (created_out) rmdir(out_dir);  /* leave no empty dir behind */
+        rmdir_made_(out_dir, made_top);  /* leave no empty dirs behind */
     }
     st->train_tokens = train.tokens;
     st->val_tokens = val.tokens;

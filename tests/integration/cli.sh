@@ -41,6 +41,16 @@ for args in "metrics 1 --csv --json" "metrics 1 --json --csv" "--json metrics 1 
     grep -q 'metrics: --json and --csv exclude each other' "$T/err" || fail "$args: $(cat "$T/err")"
 done
 
+# A failed data prepare removes the directories it made for --out, all of
+# them, and none that was there before.
+printf 'not\0text' >"$T/binary.dat"
+expect_rc 1 "$M6CTL" data prepare --out "$T/made/a/b" "$T/binary.dat"
+grep -q 'no text in the inputs' "$T/err" || fail "binary-only prepare: $(cat "$T/err")"
+[ -e "$T/made" ] && fail "a failed prepare left $(find "$T/made")"
+mkdir -p "$T/there/keep"
+expect_rc 1 "$M6CTL" data prepare --out "$T/there/keep/new/" "$T/binary.dat"
+[ -d "$T/there/keep" ] && [ ! -e "$T/there/keep/new" ] || fail "failed prepare under an existing dir: $(find "$T/there")"
+
 write_spec "$T/spec.json" cli 100000 10
 start_daemon "$T/s"
 

@@ -523,6 +523,24 @@ static void test_prepare_errors(void **state)
                                   sizeof err), -1);
     assert_contains(err, "no text");
     assert_int_equal(st.skipped, 1);
+    /* every directory made on the way to out goes too, none that was there */
+    char *top = join(dir, "made"), *deep = join(dir, "made/a/b/");
+    assert_int_equal(data_prepare(deep, in3, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_int_equal(stat(top, &sb), -1);
+    assert_int_equal(stat(dir, &sb), 0);
+    free(top); free(deep);
+    /* and when mkdir itself fails on the way (a name over NAME_MAX) */
+    char longname[300 + 8] = "made/";
+    memset(longname + 5, 'x', 300);
+    longname[305] = '\0';
+    top = join(dir, "made");
+    deep = join(dir, longname);
+    assert_int_equal(data_prepare(deep, in3, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, "mkdir");
+    assert_int_equal(stat(top, &sb), -1);
+    free(top); free(deep);
 
     /* interrupted (as by m6ctl's SIGINT handler) after the first file: the
      * shards written so far go, and the out dir this call made */
