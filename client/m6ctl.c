@@ -941,15 +941,39 @@ static int cmd_data_(int argc, char **argv)
         json_t *o = json_object();
         json_object_set_new(o, "files", json_integer((json_int_t)st.files));
         json_object_set_new(o, "skipped", json_integer((json_int_t)st.skipped));
+        json_object_set_new(o, "binary", json_integer((json_int_t)st.binary));
+        json_object_set_new(o, "special", json_integer((json_int_t)st.special));
+        json_object_set_new(o, "duplicates", json_integer((json_int_t)st.duplicates));
         json_object_set_new(o, "train_tokens", json_integer((json_int_t)st.train_tokens));
         json_object_set_new(o, "val_tokens", json_integer((json_int_t)st.val_tokens));
         json_object_set_new(o, "train_shards", json_integer((json_int_t)st.train_shards));
         json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
         print_json_(o);
     } else {
-        printf("%zu text files read, %zu skipped (binary or special): %zu train tokens "
-               "in %zu shards, %zu val tokens in %zu shards\n", st.files, st.skipped, st.train_tokens,
-               st.train_shards, st.val_tokens, st.val_shards);
+        /* What was read and written, then what was not read and why: a
+         * corpus such as fortunes holds as many binary indexes (.dat) and
+         * symlinks (.u8) as text files. */
+        printf("%zu text file%s read: %zu train tokens in %zu shard%s, %zu val tokens "
+               "in %zu shard%s\n", st.files, st.files == 1 ? "" : "s", st.train_tokens,
+               st.train_shards, st.train_shards == 1 ? "" : "s", st.val_tokens,
+               st.val_shards, st.val_shards == 1 ? "" : "s");
+        const char *sep = "not read: ";
+        if (st.binary) {
+            printf("%s%zu binary file%s (a NUL byte in the first 8 KiB, such as %s)", sep,
+                   st.binary, st.binary == 1 ? "" : "s", st.binary_example);
+            sep = ", ";
+        }
+        if (st.special) {
+            printf("%s%zu special file%s (fifo, socket, device or dangling symlink)", sep,
+                   st.special, st.special == 1 ? "" : "s");
+            sep = ", ";
+        }
+        if (st.duplicates) {
+            printf("%s%zu duplicate%s (a symlink, hard link or repeated path to a file "
+                   "already read)", sep, st.duplicates, st.duplicates == 1 ? "" : "s");
+            sep = ", ";
+        }
+        if (sep[0] == ',') printf("\n");  /* something was listed */
     }
     return EXIT_OK;
 }

@@ -479,6 +479,7 @@ typedef struct {
     struct { dev_t dev; ino_t ino; int used; } *seen;
     size_t seen_cap, seen_n;
     size_t skipped;   /* not regular files */
+    size_t duplicates;  /* regular files met again under another name */
 } file_list_;
 
 static size_t inode_hash_(dev_t d, ino_t i)
@@ -553,7 +554,10 @@ static int collect_(file_list_ *fl, const char *path, int depth, char *err,
         seterr_(err, errlen, "%s: out of memory", path);
         return -1;
     }
-    if (!fresh) return 0;  /* a second name (symlink, hard link) or a loop */
+    if (!fresh) {  /* a second name (symlink, hard link) or a loop */
+        if (S_ISREG(st.st_mode)) fl->duplicates++;
+        return 0;
+    }
 
     if (S_ISREG(st.st_mode)) {
         if (fl->n == fl->cap) {
@@ -941,7 +945,8 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
             file_list_free_(&fl);
             return -1;
         }
-    st->skipped = fl.skipped;
+    st->skipped = st->special = fl.skipped;
+    st->duplicates = fl.duplicates;
     size_t made_top = 0;
     if (mkdir_p_(out_dir, &made_top, err, errlen) != 0 ||
         check_no_shards_(out_dir, err, errlen) != 0) {
@@ -972,6 +977,11 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
         }
         if (binary) {
             st->skipped++;
+            if (st->binary++ == 0) {
+                const char *base = strrchr(path, '/');
+                snprintf(st->binary_example, sizeof st->binary_example, "%s",
+                         base ? base + 1 : path);
+            }
             continue;
         }
         size_t n_val = (size_t)((double)size * val_fraction);

@@ -14,6 +14,26 @@ expect_rc() {
 prepare_data "$T/data"
 TXT=$FORTUNES/fortunes
 
+# data prepare's summary says what was read and, apart, what was not and
+# why: fortunes holds a binary index (.dat) and a symlink (.u8) per text.
+read -r texts bins links < <(python3 - "$FORTUNES" <<'PY'
+import os, sys
+d = sys.argv[1]; t = b = l = 0
+for n in os.listdir(d):
+    p = os.path.join(d, n)
+    if os.path.islink(p):
+        l += os.path.isfile(p)
+    elif os.path.isfile(p):
+        if b"\0" in open(p, "rb").read(8192): b += 1
+        else: t += 1
+print(t, b, l)
+PY
+)
+grep -Eqx "$texts text files read: [0-9]+ train tokens in 1 shard, [0-9]+ val tokens in 1 shard" \
+    "$T/prepare.out" || fail "prepare summary: $(cat "$T/prepare.out")"
+grep -Eqx "not read: $bins binary files \(a NUL byte in the first 8 KiB, such as [^/]+\), $links duplicates \(a symlink, hard link or repeated path to a file already read\)" \
+    "$T/prepare.out" || fail "prepare summary, what was not read: $(cat "$T/prepare.out")"
+
 # Numeric options: one parser; non-numbers, fractions where a count is
 # wanted and out-of-range values are refused naming the option (exit 2,
 # nothing written). 5000000000 passed the old check and was cut to

@@ -328,6 +328,8 @@ static void test_prepare_dangling_link(void **state)
                                   sizeof err), 0);
     assert_int_equal(st.files, 1);
     assert_int_equal(st.skipped, 1);
+    assert_int_equal(st.special, 1);
+    assert_int_equal(st.binary, 0);
     char *out2 = join(dir, "out2");
     const char *direct[1] = { link };
     assert_int_equal(data_prepare(out2, direct, 1, 0.1, 0, &st, NULL, NULL, err,
@@ -575,7 +577,7 @@ static void test_prepare_fortunes(void **state)
         skip();
     }
     /* Independently: the bytes of every regular (non-symlink) text file. */
-    size_t want = 0, want_val = 0, texts = 0;
+    size_t want = 0, want_val = 0, texts = 0, bins = 0, links = 0;
     DIR *d = opendir(FORTUNES);
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -588,8 +590,12 @@ static void test_prepare_fortunes(void **state)
                 want += n;
                 want_val += n / 10;  /* val_fraction 0.1, rounded down */
                 texts++;
+            } else {
+                bins++;
             }
             free(b);
+        } else if (S_ISLNK(ls.st_mode) && stat(p, &ls) == 0 && S_ISREG(ls.st_mode)) {
+            links++;  /* the .u8 names: each points at a file read anyway */
         }
         free(p);
     }
@@ -604,6 +610,11 @@ static void test_prepare_fortunes(void **state)
         fail_msg("data_prepare: %s", err);
     assert_int_equal(st.files, texts);
     assert_true(st.skipped > 0);  /* the .dat files */
+    assert_int_equal(st.binary, bins);
+    assert_int_equal(st.skipped, bins);
+    assert_int_equal(st.special, 0);
+    assert_int_equal(st.duplicates, links);
+    assert_true(st.binary_example[0] != '\0' && !strchr(st.binary_example, '/'));
     assert_int_equal(st.train_tokens + st.val_tokens, want);
     assert_int_equal(st.val_tokens, want_val);
     assert_int_equal(st.train_shards, 1);
