@@ -2,7 +2,7 @@
  * m6ctl.c — the operator's CLI for m6d. Table-driven: every subcommand is one
  * {name, handler, flags, usage, help} row; human and --json output come from
  * the same values; colour only on a tty; the exit code tells the truth
- * (0 ok, 1 error or run failed, 2 usage, 3 run stopped).
+ * (0 ok, 1 error or run failed, 2 usage, 3 run stopped, 4 m6d unreachable).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,9 +29,10 @@
 #include "train/data.h"
 #include "train/spec.h"
 
-/* Exit status: 0 ok; 1 the daemon refused (its message on stderr) or the
- * watched run failed; 2 usage; 3 the watched run was stopped; 4 m6d could
- * not be reached, or the connection broke. */
+/* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
+ * does not know included) or the watched run failed; 2 usage (a malformed
+ * RUN included, for every command); 3 the watched run was stopped; 4 m6d
+ * could not be reached, or the connection broke. */
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3,
        EXIT_UNREACHABLE = 4 };
 
@@ -760,7 +761,7 @@ static int cmd_watch_(int argc, char **argv)
 static int cmd_metrics_(int argc, char **argv)
 {
     M6__RunRef ref;
-    if (parse_run_(argv[0], &ref) < 0) return EXIT_USAGE;
+    if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
     M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
     q.run = &ref;
     M6__Request rq = M6__REQUEST__INIT;
@@ -940,22 +941,47 @@ static int cmd_data_(int argc, char **argv)
         json_t *o = json_object();
         json_object_set_new(o, "files", json_integer((json_int_t)st.files));
         json_object_set_new(o, "skipped", json_integer((json_int_t)st.skipped));
+        json_object_set_new(o, "binary", json_integer((json_int_t)st.binary));
+        json_object_set_new(o, "special", json_integer((json_int_t)st.special));
+        json_object_set_new(o, "duplicates", json_integer((json_int_t)st.duplicates));
         json_object_set_new(o, "train_tokens", json_integer((json_int_t)st.train_tokens));
         json_object_set_new(o, "val_tokens", json_integer((json_int_t)st.val_tokens));
         json_object_set_new(o, "train_shards", json_integer((json_int_t)st.train_shards));
         json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
         print_json_(o);
     } else {
-        printf("%zu text files read, %zu skipped (binary or special): %zu train tokens "
-               "in %zu shards, %zu val tokens in %zu shards\n", st.files, st.skipped, st.train_tokens,
-               st.train_shards, st.val_tokens, st.val_shards);
+        /* What was read and written, then what was not read and why: a
+         * corpus such as fortunes holds as many binary indexes (.dat) and
+         * symlinks (.u8) as text files. */
+        printf("%zu text file%s read: %zu train tokens in %zu shard%s, %zu val tokens "
+               "in %zu shard%s\n", st.files, st.files == 1 ? "" : "s", st.train_tokens,
+               st.train_shards, st.train_shards == 1 ? "" : "s", st.val_tokens,
+               st.val_shards, st.val_shards == 1 ? "" : "s");
+        const char *sep = "not read: ";
+        if (st.binary) {
+            printf("%s%zu binary file%s (a NUL byte in the first 8 KiB, such as %s)", sep,
+                   st.binary, st.binary == 1 ? "" : "s", st.binary_example);
+            sep = ", ";
+        }
+        if (st.special) {
+            printf("%s%zu special file%s (fifo, socket, device or dangling symlink)", sep,
+                   st.special, st.special == 1 ? "" : "s");
+            sep = ", ";
+        }
+        if (st.duplicates) {
+            printf("%s%zu duplicate%s (a symlink, hard link or repeated path to a file "
+                   "already read)", sep, st.duplicates, st.duplicates == 1 ? "" : "s");
+            sep = ", ";
+        }
+        if (sep[0] == ',') printf("\n");  /* something was listed */
     }
     return EXIT_OK;
 }
 
 /* ------------------------------------------------------------------- table */
 
-enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16 };
+enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
+       F_RUN = 32 /* the first argument is a RUN: checked before dispatch */ };
 
 typedef struct {
     const char *name;
@@ -971,17 +997,17 @@ static const command commands_[] = {
      "Relative data.train/data.val globs are relative to the spec file\n"
      "(to the current directory for -)."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
-    {"status", cmd_status_, 1, 1, F_JSON, "RUN", "Show one run."},
-    {"watch", cmd_watch_, 1, 1, F_JSON | F_WATCH, "RUN",
+    {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
+    {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
      "Follow a run until it ends; rides out m6d restarts.\n"
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
-    {"pause", cmd_pause_, 1, 1, F_JSON, "RUN", "Pause at the next step boundary (checkpoints)."},
-    {"resume", cmd_resume_, 1, 1, F_JSON, "RUN", "Resume a paused run."},
-    {"delink", cmd_delink_, 1, 1, F_JSON, "RUN",
+    {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
+    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN, "RUN", "Resume a paused run."},
+    {"delink", cmd_delink_, 1, 1, F_JSON | F_RUN, "RUN",
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
-    {"stop", cmd_stop_, 1, 1, F_JSON, "RUN", "Stop a run (checkpoints) or dequeue it."},
-    {"metrics", cmd_metrics_, 1, 1, F_JSON | F_CSV, "RUN", "Loss curve, one row per step."},
+    {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
+    {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
@@ -1006,9 +1032,10 @@ static void usage_(FILE *f)
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
                "default of m6d. 'm6ctl COMMAND --help' for details.\n"
                "Options for every command: --socket PATH, --no-color (or NO_COLOR=1),\n"
-               "--help. Exit status: 0 ok; 1 error (refused by m6d, or a local failure;\n"
-               "the message is on stderr) or the watched run failed; 2 usage; 3 the\n"
-               "watched run was stopped; 4 m6d unreachable.\n");
+               "--help. Exit status: 0 ok; 1 error (refused by m6d, an unknown RUN\n"
+               "included, or a local failure; the message is on stderr) or the watched\n"
+               "run failed; 2 usage (a malformed RUN such as 0 included); 3 the watched\n"
+               "run was stopped; 4 m6d unreachable.\n");
 }
 
 static void command_usage_(FILE *f, const command *c)
@@ -1029,16 +1056,29 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
-                   "  --shard-tokens N  tokens per shard (default 100M)\n");
+                   "  --shard-tokens N  tokens per shard, a whole number in 1024..2147483647\n"
+                   "                    (default 100000000)\n");
     fprintf(f, "  --socket PATH     m6d's control socket\n");
 }
 
-static int parse_double_(const char *opt, const char *s, double lo, double hi, double *out)
+/* The one parser of numeric options: a plain decimal number (digits, an
+ * optional fraction and exponent; no sign, hex, inf, nan or blanks, which
+ * strtod alone would take), within [lo, hi], a whole number if whole.
+ * Errors name the option and what it wants. */
+static int parse_number_(const char *opt, const char *s, double lo, double hi, int whole,
+                         double *out)
 {
     char *end;
+    errno = 0;
     double v = strtod(s, &end);
-    if (!*s || *end || !(v >= lo && v <= hi)) {
-        errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
+    int plain = ((*s >= '0' && *s <= '9') || *s == '.') &&
+                strspn(s, "0123456789.eE+-") == strlen(s);
+    if (!plain || *end || errno == ERANGE || !(v >= lo && v <= hi) ||
+        (whole && v != floor(v))) {
+        if (whole)
+            errf_("%s: want a whole number in [%.0f, %.0f], got \"%s\"", opt, lo, hi, s);
+        else
+            errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
         return -1;
     }
     *out = v;
@@ -1108,27 +1148,25 @@ int main(int argc, char **argv)
         case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
         case O_VALF:
             ok = cmd->flags & F_PREPARE;
-            if (ok && parse_double_("--val-fraction", optarg, 0, 0.5, &g.val_fraction) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
             break;
         case O_SHARD: {
+            /* a shard's header counts its tokens in an int32 */
             double v = 0;
             ok = cmd->flags & F_PREPARE;
-            if (ok && parse_double_("--shard-tokens", optarg, 1024, 1e10, &v) < 0) return EXIT_USAGE;
-            if (ok && v != (double)(long)v) {
-                errf_("--shard-tokens: want a whole number of tokens, got \"%s\"", optarg);
+            if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
                 return EXIT_USAGE;
-            }
             g.shard_tokens = (long)v;
             break;
         }
         case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
         case O_RECONNECT:
             ok = cmd->flags & F_WATCH;
-            if (ok && parse_double_("--reconnect", optarg, 0, 86400, &g.reconnect) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
             break;
         case O_INTERVAL:
             ok = cmd->flags & F_WATCH;
-            if (ok && parse_double_("--interval", optarg, 0.05, 60, &g.interval) < 0) return EXIT_USAGE;
+            if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
             break;
         case O_DEVMEM:
             ok = cmd->flags & F_PLAN;
@@ -1159,6 +1197,10 @@ int main(int argc, char **argv)
         errf_("%s: --json and --csv exclude each other", cmd->name);
         return EXIT_USAGE;
     }
+    /* A malformed RUN (0, -1, an overflowing id) is a usage error for every
+     * command alike; a RUN m6d does not know is its refusal (exit 1). */
+    M6__RunRef ref;
+    if ((cmd->flags & F_RUN) && parse_run_(cargv[optind], &ref) < 0) return EXIT_USAGE;
     g.color = !nocolor && !g.json && isatty(STDOUT_FILENO);
     int rc = cmd->fn(npos, cargv + optind);
     if (g.fd >= 0) close(g.fd);

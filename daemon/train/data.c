@@ -479,6 +479,7 @@ typedef struct {
     struct { dev_t dev; ino_t ino; int used; } *seen;
     size_t seen_cap, seen_n;
     size_t skipped;   /* not regular files */
+    size_t duplicates;  /* regular files met again under another name */
 } file_list_;
 
 static size_t inode_hash_(dev_t d, ino_t i)
@@ -553,7 +554,10 @@ static int collect_(file_list_ *fl, const char *path, int depth, char *err,
         seterr_(err, errlen, "%s: out of memory", path);
         return -1;
     }
-    if (!fresh) return 0;  /* a second name (symlink, hard link) or a loop */
+    if (!fresh) {  /* a second name (symlink, hard link) or a loop */
+        if (S_ISREG(st.st_mode)) fl->duplicates++;
+        return 0;
+    }
 
     if (S_ISREG(st.st_mode)) {
         if (fl->n == fl->cap) {
@@ -799,14 +803,15 @@ static void stream_discard_(stream_ *s)
 /* data prepare                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* mkdir -p; *created says whether dir itself was made here. */
 static volatile sig_atomic_t prepare_interrupted_;
 
 void data_prepare_interrupt(void) { prepare_interrupted_ = 1; }
 
-static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
+/* mkdir -p; *top is the length of the shortest prefix of dir made here (0:
+ * none was): it and every directory below it on the way to dir are new. */
+static int mkdir_p_(const char *dir, size_t *top, char *err, size_t errlen)
 {
-    *created = 0;
+    *top = 0;
     char buf[4096];
     size_t len = strlen(dir);
     if (len == 0 || len >= sizeof buf) {
@@ -818,9 +823,9 @@ static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
         if (buf[k] != '/' && buf[k] != '\0') continue;
         char c = buf[k];
         buf[k] = '\0';
-        if (mkdir(buf, 0755) == 0)
-            *created = k == len || (k == len - 1 && buf[k + 1] == '\0');
-        else if (errno != EEXIST) {
+        if (mkdir(buf, 0755) == 0) {
+            if (!*top) *top = k;
+        } else if (errno != EEXIST) {
             seterr_(err, errlen, "%s: mkdir: %s", buf, strerror(errno));
             return -1;
         }
@@ -832,6 +837,23 @@ static int mkdir_p_(const char *dir, int *created, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* After a failure: remove what mkdir_p_(dir) made, deepest first, down to
+ * its prefix of length top (none if top is 0). rmdir only, its errors
+ * ignored: the deepest may not exist (mkdir_p_ failed on the way), and a
+ * directory that is not empty stays, and so do those above it. */
+static void rmdir_made_(const char *dir, size_t top)
+{
+    char buf[4096];
+    size_t len = strlen(dir);
+    if (top == 0 || len >= sizeof buf) return;
+    memcpy(buf, dir, len + 1);
+    for (size_t k = len; k >= top; k--) {
+        if ((buf[k] != '/' && buf[k] != '\0') || buf[k - 1] == '/') continue;
+        buf[k] = '\0';
+        (void)rmdir(buf);
+    }
 }
 
 /* Shards of an earlier run would mix with ours under a glob: refuse. */
@@ -923,10 +945,12 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
             file_list_free_(&fl);
             return -1;
         }
-    st->skipped = fl.skipped;
-    int created_out = 0;
-    if (mkdir_p_(out_dir, &created_out, err, errlen) != 0 ||
+    st->skipped = st->special = fl.skipped;
+    st->duplicates = fl.duplicates;
+    size_t made_top = 0;
+    if (mkdir_p_(out_dir, &made_top, err, errlen) != 0 ||
         check_no_shards_(out_dir, err, errlen) != 0) {
+        rmdir_made_(out_dir, made_top);
         file_list_free_(&fl);
         return -1;
     }
@@ -935,6 +959,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     unsigned char *buf = malloc(buflen);
     if (!buf) {
         seterr_(err, errlen, "data prepare: out of memory");
+        rmdir_made_(out_dir, made_top);
         file_list_free_(&fl);
         return -1;
     }
@@ -952,6 +977,11 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
         }
         if (binary) {
             st->skipped++;
+            if (st->binary++ == 0) {
+                const char *base = strrchr(path, '/');
+                snprintf(st->binary_example, sizeof st->binary_example, "%s",
+                         base ? base + 1 : path);
+            }
             continue;
         }
         size_t n_val = (size_t)((double)size * val_fraction);
@@ -1019,7 +1049,7 @@ int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
     if (rc != 0) {
         stream_discard_(&train);
         stream_discard_(&val);
-        if (created_out) rmdir(out_dir);  /* leave no empty dir behind */
+        rmdir_made_(out_dir, made_top);  /* leave no empty dirs behind */
     }
     st->train_tokens = train.tokens;
     st->val_tokens = val.tokens;

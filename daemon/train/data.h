@@ -66,10 +66,18 @@ static inline uint16_t byte_token(unsigned char c) { return (uint16_t)c; }
  * 100M. Symlinks are followed, each inode read once; fifos, sockets and
  * devices are skipped and counted in skipped. An out_dir already holding
  * train_*.bin / val_*.bin is refused; on error the shards of this run are
- * removed. progress gets each text file after it is read, with its
+ * removed, and so are the directories it made on the way to out_dir (never
+ * one that was there before). progress gets each text file after it is read, with its
  * (uncompressed) size. */
 typedef struct {
     size_t files, skipped, train_tokens, val_tokens, train_shards, val_shards;
+    /* what skipped counts: binary files (a NUL in the first 8 KiB) and
+     * special ones (fifos, sockets, devices, dangling symlinks) */
+    size_t binary, special;
+    /* not in skipped: second names (symlinks, hard links, a path given
+     * twice) of a file taken under another name */
+    size_t duplicates;
+    char binary_example[256];  /* the first binary file's name, or "" */
 } prepare_stats;
 int data_prepare(const char *out_dir, const char *const *inputs, int n_inputs,
                  double val_fraction, size_t shard_tokens, prepare_stats *st,

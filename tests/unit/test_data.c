@@ -328,6 +328,8 @@ static void test_prepare_dangling_link(void **state)
                                   sizeof err), 0);
     assert_int_equal(st.files, 1);
     assert_int_equal(st.skipped, 1);
+    assert_int_equal(st.special, 1);
+    assert_int_equal(st.binary, 0);
     char *out2 = join(dir, "out2");
     const char *direct[1] = { link };
     assert_int_equal(data_prepare(out2, direct, 1, 0.1, 0, &st, NULL, NULL, err,
@@ -523,6 +525,24 @@ static void test_prepare_errors(void **state)
                                   sizeof err), -1);
     assert_contains(err, "no text");
     assert_int_equal(st.skipped, 1);
+    /* every directory made on the way to out goes too, none that was there */
+    char *top = join(dir, "made"), *deep = join(dir, "made/a/b/");
+    assert_int_equal(data_prepare(deep, in3, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_int_equal(stat(top, &sb), -1);
+    assert_int_equal(stat(dir, &sb), 0);
+    free(top); free(deep);
+    /* and when mkdir itself fails on the way (a name over NAME_MAX) */
+    char longname[300 + 8] = "made/";
+    memset(longname + 5, 'x', 300);
+    longname[305] = '\0';
+    top = join(dir, "made");
+    deep = join(dir, longname);
+    assert_int_equal(data_prepare(deep, in3, 1, 0.1, 0, &st, NULL, NULL, err,
+                                  sizeof err), -1);
+    assert_contains(err, "mkdir");
+    assert_int_equal(stat(top, &sb), -1);
+    free(top); free(deep);
 
     /* interrupted (as by m6ctl's SIGINT handler) after the first file: the
      * shards written so far go, and the out dir this call made */
@@ -557,7 +577,7 @@ static void test_prepare_fortunes(void **state)
         skip();
     }
     /* Independently: the bytes of every regular (non-symlink) text file. */
-    size_t want = 0, want_val = 0, texts = 0;
+    size_t want = 0, want_val = 0, texts = 0, bins = 0, links = 0;
     DIR *d = opendir(FORTUNES);
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -570,8 +590,12 @@ static void test_prepare_fortunes(void **state)
                 want += n;
                 want_val += n / 10;  /* val_fraction 0.1, rounded down */
                 texts++;
+            } else {
+                bins++;
             }
             free(b);
+        } else if (S_ISLNK(ls.st_mode) && stat(p, &ls) == 0 && S_ISREG(ls.st_mode)) {
+            links++;  /* the .u8 names: each points at a file read anyway */
         }
         free(p);
     }
@@ -586,6 +610,11 @@ static void test_prepare_fortunes(void **state)
         fail_msg("data_prepare: %s", err);
     assert_int_equal(st.files, texts);
     assert_true(st.skipped > 0);  /* the .dat files */
+    assert_int_equal(st.binary, bins);
+    assert_int_equal(st.skipped, bins);
+    assert_int_equal(st.special, 0);
+    assert_int_equal(st.duplicates, links);
+    assert_true(st.binary_example[0] != '\0' && !strchr(st.binary_example, '/'));
     assert_int_equal(st.train_tokens + st.val_tokens, want);
     assert_int_equal(st.val_tokens, want_val);
     assert_int_equal(st.train_shards, 1);

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# cli.sh — m6ctl's user-facing contract: exit codes (the same for the same
+# mistake in every command), argument checks that name the option, and
+# what data prepare leaves behind and says.
+. "$(dirname "$0")/lib.sh"
+
+# expect_rc WANT CMD...: run CMD (stderr in $T/err), assert its exit status.
+expect_rc() {
+    local want=$1 rc=0; shift
+    "$@" >"$T/out" 2>"$T/err" || rc=$?
+    [ "$rc" = "$want" ] || fail "$* exited $rc, want $want: $(cat "$T/err")"
+}
+
+prepare_data "$T/data"
+TXT=$FORTUNES/fortunes
+
+# data prepare's summary says what was read and, apart, what was not and
+# why: fortunes holds a binary index (.dat) and a symlink (.u8) per text.
+read -r texts bins links < <(python3 - "$FORTUNES" <<'PY'
+import os, sys
+d = sys.argv[1]; t = b = l = 0
+for n in os.listdir(d):
+    p = os.path.join(d, n)
+    if os.path.islink(p):
+        l += os.path.isfile(p)
+    elif os.path.isfile(p):
+        if b"\0" in open(p, "rb").read(8192): b += 1
+        else: t += 1
+print(t, b, l)
+PY
+)
+grep -Eqx "$texts text files read: [0-9]+ train tokens in 1 shard, [0-9]+ val tokens in 1 shard" \
+    "$T/prepare.out" || fail "prepare summary: $(cat "$T/prepare.out")"
+grep -Eqx "not read: $bins binary files \(a NUL byte in the first 8 KiB, such as [^/]+\), $links duplicates \(a symlink, hard link or repeated path to a file already read\)" \
+    "$T/prepare.out" || fail "prepare summary, what was not read: $(cat "$T/prepare.out")"
+
+# Numeric options: one parser; non-numbers, fractions where a count is
+# wanted and out-of-range values are refused naming the option (exit 2,
+# nothing written). 5000000000 passed the old check and was cut to
+# INT32_MAX tokens without a word.
+for v in 2000.7 0x800 " 2048" 1023 5000000000 -2048 inf; do
+    expect_rc 2 "$M6CTL" data prepare --out "$T/num" --shard-tokens "$v" "$TXT"
+    grep -q -- '--shard-tokens: want a whole number in \[1024, 2147483647\]' "$T/err" \
+        || fail "--shard-tokens '$v': $(cat "$T/err")"
+    [ -e "$T/num" ] && fail "--shard-tokens '$v': $T/num was made"
+done
+expect_rc 0 "$M6CTL" data prepare --out "$T/num" --shard-tokens 2147483647 "$TXT"
+for v in 0.6 0x0.1 " 0.1" nan; do
+    expect_rc 2 "$M6CTL" data prepare --out "$T/num2" --val-fraction "$v" "$TXT"
+    grep -q -- '--val-fraction: want a number in \[0, 0.5\]' "$T/err" || fail "--val-fraction '$v': $(cat "$T/err")"
+done
+for o in --interval --reconnect; do
+    expect_rc 2 "$M6CTL" --socket "$T/none.sock" watch 1 "$o" 1e-400
+    grep -q -- "$o: want a number in" "$T/err" || fail "$o 1e-400: $(cat "$T/err")"
+done
+# Output formats that exclude each other are refused, in either order and
+# wherever --json stands, not settled silently.
+for args in "metrics 1 --csv --json" "metrics 1 --json --csv" "--json metrics 1 --csv"; do
+    # shellcheck disable=SC2086
+    expect_rc 2 "$M6CTL" --socket "$T/none.sock" $args
+    grep -q 'metrics: --json and --csv exclude each other' "$T/err" || fail "$args: $(cat "$T/err")"
+done
+
+# A failed data prepare removes the directories it made for --out, all of
+# them, and none that was there before.
+printf 'not\0text' >"$T/binary.dat"
+expect_rc 1 "$M6CTL" data prepare --out "$T/made/a/b" "$T/binary.dat"
+grep -q 'no text in the inputs' "$T/err" || fail "binary-only prepare: $(cat "$T/err")"
+[ -e "$T/made" ] && fail "a failed prepare left $(find "$T/made")"
+mkdir -p "$T/there/keep"
+expect_rc 1 "$M6CTL" data prepare --out "$T/there/keep/new/" "$T/binary.dat"
+[ -d "$T/there/keep" ] && [ ! -e "$T/there/keep/new" ] || fail "failed prepare under an existing dir: $(find "$T/there")"
+
+write_spec "$T/spec.json" cli 100000 10
+start_daemon "$T/s"
+
+# A malformed RUN is a usage error (2) and an unknown one m6d's refusal (1),
+# whichever command names it.
+for c in status watch pause resume delink stop metrics; do
+    expect_rc 2 ctl "$c" 0
+    grep -q 'RUN must be an id > 0' "$T/err" || fail "$c 0: $(cat "$T/err")"
+    expect_rc 2 ctl "$c" 99999999999999999999
+    expect_rc 1 ctl "$c" 4242
+    grep -q 'no run with id 4242' "$T/err" || fail "$c 4242: $(cat "$T/err")"
+done
+
+# watch: 1 when the run failed, 4 when m6d went away under it: a script
+# must tell a bad run from a lost daemon. B fails at its start: its shards
+# are gone by then.
+A=$(ctl submit "$T/spec.json")
+wait_state "$A" running
+cp -r "$T/data" "$T/data-b"
+sed "s#$T/data/#$T/data-b/#g" "$T/spec.json" >"$T/spec-b.json"
+B=$(ctl submit "$T/spec-b.json")
+rm -r "$T/data-b"
+ctl stop "$A" >/dev/null
+expect_rc 1 ctl watch "$B" --interval 0.05
+grep -q "run $B failed at step 0: .*no files match" "$T/out" || fail "watch of a failed run: $(cat "$T/out")"
+C=$(ctl submit "$T/spec.json")
+wait_step "$C" 5
+for r in 0 1; do
+    (rc=0; ctl watch "$C" --interval 0.05 --reconnect $r >/dev/null 2>"$T/watch-$r.err" || rc=$?
+     echo "$rc" >"$T/watch-$r.rc") &
+done
+sleep 0.5
+kill9_daemon
+wait
+for r in 0 1; do
+    [ "$(cat "$T/watch-$r.rc")" = 4 ] || fail "watch --reconnect $r, m6d killed: exit $(cat "$T/watch-$r.rc"), want 4: $(cat "$T/watch-$r.err")"
+done
+grep -q "m6d still unreachable after 1 s" "$T/watch-1.err" || fail "watch --reconnect 1: $(cat "$T/watch-1.err")"
+
+echo "cli: ok"
