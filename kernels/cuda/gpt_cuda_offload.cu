@@ -96,19 +96,28 @@ static double sumsq_range_(const hslot_ *h, size_t i0, size_t i1)
     return s;
 }
 
-/* Run one job outside the lock; returns its sum of squares (or 0). */
-static double run_job_(gpt_cuda *g, const hjob_ *j, double *d2h_ms)
+/* An ACCUM job first waits for its slot's gradient to land (the drain
+ * copy, and the backward before it): outside the job's timed part, so
+ * that the accumulation time is the host's work, not the device's. The
+ * first chunk's job returns the drain copy's time in ms, the others 0. */
+static double wait_drained_(gpt_cuda *g, const hjob_ *j)
+{
+    hslot_ *h = hslot_of_(g, j->slot);
+    CUDA_CHECK(cudaEventSynchronize(h->drained));
+    float ms = 0.0f;
+    if (j->i0 == 0)
+        CUDA_CHECK(cudaEventElapsedTime(&ms, h->d2h_start, h->drained));
+    return ms;
+}
+
+/* Run one job outside the lock (an ACCUM after wait_drained_); returns its
+ * sum of squares (or 0). */
+static double run_job_(gpt_cuda *g, const hjob_ *j)
 {
     hslot_ *h = hslot_of_(g, j->slot);
     double ss = 0.0;
     switch (j->kind) {
     case JOB_ACCUM:
-        CUDA_CHECK(cudaEventSynchronize(h->drained));
-        if (j->i0 == 0) {
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, h->d2h_start, h->drained));
-            *d2h_ms = ms;
-        }
         if (j->first)
             for (size_t i = j->i0; i < j->i1; i++)
                 h->gacc[i] = bf2f_(h->gbf[i]);
@@ -148,8 +157,9 @@ static void *worker_(void *arg)
         o->running++;
         pthread_mutex_unlock(&o->mu);
 
-        double t0 = now_s_(), d2h_ms = 0.0;
-        double ss = run_job_(g, &j, &d2h_ms);
+        double d2h_ms = j.kind == JOB_ACCUM ? wait_drained_(g, &j) : 0.0;
+        double t0 = now_s_();
+        double ss = run_job_(g, &j);
         double dt = now_s_() - t0;
 
         pthread_mutex_lock(&o->mu);
