@@ -26,7 +26,8 @@
  *  - the legacy default stream (stream 0, and the synchronous cudaMemcpy /
  *    cudaMemset): an operation there waits until every stream is idle and
  *    runs before the call returns (stricter than the real one, which does
- *    not wait for cudaStreamNonBlocking streams);
+ *    not wait for cudaStreamNonBlocking streams); an event recorded there
+ *    is complete when the call returns, a wait there waits on the host;
  *  - cudaMalloc'ed memory starts as 0xff bytes (NaN in bf16 and fp32), so a
  *    kernel that reads memory nobody wrote gives NaN, not a lucky zero;
  *  - errors are returned and remembered for cudaGetLastError.
@@ -77,6 +78,9 @@ cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);
+/* The device has 1 GiB (cudaGetDeviceProperties, cudaMemGetInfo); past
+ * it cudaMalloc fails with cudaErrorMemoryAllocation. */
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);

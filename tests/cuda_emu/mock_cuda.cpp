@@ -62,15 +62,21 @@ struct block_ {
 };
 
 static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv_;      /* on CLOCK_MONOTONIC, by mock_start */
-static std::vector<mock_stream_ *> streams_;
-static std::vector<mock_event_ *> events_;
-static std::map<uintptr_t, block_> blocks_;     /* by start address */
-static std::vector<pthread_t> gpu_;
+static pthread_cond_t cv_;      /* on CLOCK_MONOTONIC (init_cv_) */
+/* Made once and never destroyed: GPU threads still running when the
+ * program exits must not find them torn down by static destructors. */
+static std::vector<mock_stream_ *> &streams_ =
+    *new std::vector<mock_stream_ *>();
+static std::vector<mock_event_ *> &events_ = *new std::vector<mock_event_ *>();
+static std::map<uintptr_t, block_> &blocks_ =   /* by start address */
+    *new std::map<uintptr_t, block_>();
+static std::vector<pthread_t> &gpu_ = *new std::vector<pthread_t>();
 static int quit_, max_delay_us_;
-static std::mt19937 rng_;
+static std::mt19937 &rng_ = *new std::mt19937();
 static long errors_;
 static int started_, explicit_start_;
+static size_t device_in_use_;   /* bytes in cudaMalloc blocks */
+#define MOCK_DEVICE_BYTES ((size_t)1 << 30)
 static thread_local cudaError_t last_ = cudaSuccess;
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
@@ -378,7 +384,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "mock GPU");
     p->major = 9;
-    p->totalGlobalMem = (size_t)1 << 30;
+    p->totalGlobalMem = MOCK_DEVICE_BYTES;
     return cudaSuccess;
 }
 
@@ -423,6 +429,15 @@ const char *cudaGetErrorString(cudaError_t e)
 
 static cudaError_t alloc_(void **p, size_t n, int kind)
 {
+    if (kind == MEM_DEVICE) {
+        pthread_mutex_lock(&mu_);
+        int full = n > MOCK_DEVICE_BYTES - device_in_use_;
+        if (!full)
+            device_in_use_ += n;
+        pthread_mutex_unlock(&mu_);
+        if (full)
+            return ret_(cudaErrorMemoryAllocation);
+    }
     *p = malloc(n ? n : 1);
     if (!*p)
         return ret_(cudaErrorMemoryAllocation);
@@ -452,9 +467,20 @@ static cudaError_t free_(void *p, int kind)
     }
     while (!all_idle_())
         pthread_cond_wait(&cv_, &mu_);
+    if (kind == MEM_DEVICE)
+        device_in_use_ -= it->second.n;
     blocks_.erase(it);
     pthread_mutex_unlock(&mu_);
     free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    pthread_mutex_lock(&mu_);
+    *free_bytes = MOCK_DEVICE_BYTES - device_in_use_;
+    *total = MOCK_DEVICE_BYTES;
+    pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
 
@@ -617,6 +643,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)flags;
+    if (!s) /* legacy stream: its later work runs after the event */
+        return cudaEventSynchronize(e);
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s) || !event_ok_(e)) {
         pthread_mutex_unlock(&mu_);
@@ -672,6 +700,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&mu_);
+    if (!s && event_ok_(e)) { /* legacy stream: complete once all is idle */
+        while (!all_idle_())
+            pthread_cond_wait(&cv_, &mu_);
+        e->issued++;
+        pthread_mutex_unlock(&mu_);
+        return cudaSuccess;
+    }
     if (!stream_ok_(s) || !event_ok_(e)) {
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
