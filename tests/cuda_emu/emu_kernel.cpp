@@ -50,6 +50,12 @@ asm(".text\n"
 #define EMU_ASM_SWITCH 1
 #endif
 
+/* AddressSanitizer must be told when the stack changes under it. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+
 namespace emu {
 namespace {
 
@@ -97,12 +103,41 @@ thread_local void *sched_sp_;
 thread_local jmp_buf sched_;
 #endif
 thread_local std::vector<worker *> *workers_;
+#ifdef EMU_ASAN
+thread_local const void *sched_bottom_; /* the scheduler's stack */
+thread_local size_t sched_size_;
+#endif
+
+/* AddressSanitizer's side of a switch: before it, where to; after it, back
+ * on the stack that switched away. No-ops without ASan. */
+inline void asan_leave_(void **fake, const void *bottom, size_t size)
+{
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(fake, bottom, size);
+#else
+    (void)fake, (void)bottom, (void)size;
+#endif
+}
+
+inline void asan_back_(void *fake)
+{
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#else
+    (void)fake;
+#endif
+}
 
 /* From the running thread back to the scheduler. */
 inline void to_sched_(worker *w)
 {
 #ifdef EMU_ASM_SWITCH
+    void *fake = NULL;
+#ifdef EMU_ASAN
+    asan_leave_(&fake, sched_bottom_, sched_size_);
+#endif
     emu_switch(&w->sp, sched_sp_);
+    asan_back_(fake);
 #else
     if (!_setjmp(w->jb))
         _longjmp(sched_, 1);
@@ -122,6 +157,9 @@ void yield_(int state)
  * the next one. Never returns. */
 void worker_main_(void)
 {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &sched_bottom_, &sched_size_);
+#endif
     for (;;) {
         fiber *f = cur_;
         (*blk_->body)();
@@ -165,7 +203,10 @@ void resume_(fiber *f)
         w->sp = sp;
         w->started = 1;
     }
+    void *fake = NULL;
+    asan_leave_(&fake, w->stack, STACK_BYTES);
     emu_switch(&sched_sp_, w->sp);
+    asan_back_(fake);
 #else
     if (_setjmp(sched_))
         return; /* back from the thread */

@@ -123,7 +123,7 @@ static void check_first_moments_(gpt_model *c, gpt_cuda *g)
     char name[128], worst_name[128] = "";
     int bad = 0;
     for (int s = -1; s < c->S; s++) {
-        int nt = s < 0 ? GLOB_NTENSORS : SLOT_NTENSORS;
+        int nt = s < 0 ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS;
         for (int i = 0; i < nt; i++) {
             const gpt_tensor *t = s < 0 ? &c->glob[i] : &c->slot[i];
             size_t off = t->offset +
