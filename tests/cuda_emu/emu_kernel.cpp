@@ -394,11 +394,17 @@ void sync_block(void)
     yield_(AT_BLOCK);
 }
 
-uint64_t warp_exchange(uint64_t bits, int src_lane)
+uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask)
 {
     block_run *b = blk_;
     fiber *f = cur_;
     int base = f->lin - f->lin % 32, set = f->shuffles++ & 1;
+    int lanes = (int)b->fibers.size() - base; /* lanes in this warp */
+    if (lanes < 32 && (mask >> lanes) != 0)
+        mock_misuse("warp shuffle whose mask names lanes past the end of "
+                    "the block (a block that is not a multiple of 32)");
+    if (!(mask >> (f->lin % 32) & 1))
+        mock_misuse("warp shuffle by a lane not in its own mask");
     b->xchg[set][f->lin] = bits;
     yield_(AT_WARP);            /* every lane has published */
     int src = base + src_lane;

@@ -20,7 +20,9 @@
  *  - misuse that a GPU would turn into a hang or garbage is reported (and
  *    counted by mock_errors()): a __syncthreads() not reached by every
  *    thread of the block still running, a shuffle with a lane that has
- *    exited or does not exist, shuffles in a warp that disagree.
+ *    exited or does not exist, a mask naming lanes past the end of the
+ *    block, shuffles in a warp that disagree. A __syncthreads() that some
+ *    threads skip by returning is accepted, as Volta and later GPUs do.
  * Not emulated: timing, races between threads of a block (a fiber runs
  * until it waits, so a missing __syncthreads() may go unnoticed), memory
  * spaces (a kernel may read host memory here), tensor-core instructions,
@@ -70,8 +72,9 @@ const dim3 &grid_dim(void);
 /* __syncthreads(): wait for every thread of the block still running. */
 void sync_block(void);
 /* One warp-wide exchange: every lane of the calling warp publishes `bits`
- * and gets the bits published by lane `src_lane` of the same warp. */
-uint64_t warp_exchange(uint64_t bits, int src_lane);
+ * and gets the bits published by lane `src_lane` of the same warp. Every
+ * lane named in `mask` must exist and take part (a misuse otherwise). */
+uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask);
 int lane_id(void);
 
 /* Queue a kernel on `stream`: `body` runs once per thread of the grid. */
@@ -116,12 +119,12 @@ static inline void __syncthreads(void)
 }
 
 template <class T>
-static inline T emu_shfl_(T v, int src_lane)
+static inline T emu_shfl_(T v, int src_lane, unsigned mask)
 {
     static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof v);
-    bits = ::emu::warp_exchange(bits, src_lane);
+    bits = ::emu::warp_exchange(bits, src_lane, mask);
     T r;
     memcpy(&r, &bits, sizeof r);
     return r;
@@ -131,32 +134,29 @@ template <class T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask,
                                 int width = 32)
 {
-    (void)mask; /* every lane must take part: checked by warp_exchange */
     int lane = ::emu::lane_id();
     int src = (lane ^ lane_mask);
     if (src / width != lane / width) /* outside its segment: keeps own */
         src = lane;
-    return emu_shfl_(v, src);
+    return emu_shfl_(v, src, mask);
 }
 
 template <class T>
 static inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32)
 {
-    (void)mask;
     int lane = ::emu::lane_id();
-    return emu_shfl_(v, (lane / width) * width + src_lane % width);
+    return emu_shfl_(v, (lane / width) * width + src_lane % width, mask);
 }
 
 template <class T>
 static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta,
                                  int width = 32)
 {
-    (void)mask;
     int lane = ::emu::lane_id();
     int src = lane + (int)delta;
     if (src / width != lane / width)
         src = lane;
-    return emu_shfl_(v, src);
+    return emu_shfl_(v, src, mask);
 }
 
 /* Device math with no host function of the same name (glibc has __expf and

@@ -1,0 +1,176 @@
+/*
+ * test_emu.cu — the CUDA emulation itself (tests/cuda_emu), against
+ * hand-computed results: what the GPU tests on it rely on.
+ *  - __syncthreads: a block reverses an array through shared memory (each
+ *    thread reads what another wrote before the barrier);
+ *  - __shfl_xor_sync: a butterfly sum over the warp equals the sum;
+ *  - blockIdx, blockDim, gridDim, threadIdx in 3 dimensions: each thread
+ *    writes its global linear index;
+ *  - launch limits: 1025 threads, an empty grid and grid.y 65536 leave
+ *    cudaErrorInvalidConfiguration and run nothing;
+ *  - misuse is reported: half a warp at __syncthreads while the other half
+ *    shuffles, a full-mask shuffle in a partial warp;
+ *  - cudaMalloc memory starts as NaN; stream order: a kernel runs after
+ *    the copy queued before it on its stream.
+ * Exit 0 passed, 1 failed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_runtime.h"
+
+static int n_failed;
+
+static void check_(int ok, const char *what)
+{
+    printf("  %-60s %s\n", what, ok ? "ok" : "FAIL");
+    n_failed += !ok;
+}
+
+__global__ void reverse_kernel(int *out, const int *in, int n)
+{
+    __shared__ int buf[256];
+    int t = threadIdx.x;
+    buf[t] = in[blockIdx.x * n + t];
+    __syncthreads();
+    out[blockIdx.x * n + t] = buf[n - 1 - t];
+}
+
+__global__ void warp_sum_kernel(float *out, const float *in)
+{
+    float v = in[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+__global__ void index_kernel(int *out)
+{
+    int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    int nthreads = blockDim.x * blockDim.y * blockDim.z;
+    int t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    out[block * nthreads + t] = block * nthreads + t;
+}
+
+/* half a warp at __syncthreads, the other half in a shuffle: on a GPU a
+ * hang or garbage */
+__global__ void divergent_barrier_kernel(float *out)
+{
+    float v = 1.0f;
+    if (threadIdx.x < 16)
+        __syncthreads();
+    else
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+__global__ void partial_warp_shuffle_kernel(float *out)
+{
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void count_kernel(int *out)
+{
+    out[0]++;
+}
+
+int main(void)
+{
+    mock_start(7, 2, 20); /* misuse counted, not fatal; random latencies */
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+
+    printf("__syncthreads: 3 blocks of 256 reverse their slice\n");
+    const int n = 256, nb = 3;
+    int h_in[nb * n], h_out[nb * n], *d_in, *d_out;
+    for (int i = 0; i < nb * n; i++)
+        h_in[i] = i * 7 + 1;
+    cudaMalloc(&d_in, sizeof h_in);
+    cudaMalloc(&d_out, sizeof h_out);
+    cudaMemcpyAsync(d_in, h_in, sizeof h_in, cudaMemcpyHostToDevice, s);
+    reverse_kernel<<<nb, n, 0, s>>>(d_out, d_in, n);
+    cudaMemcpyAsync(h_out, d_out, sizeof h_out, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    int ok = 1;
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < n; t++)
+            ok &= h_out[b * n + t] == h_in[b * n + n - 1 - t];
+    check_(ok, "out[b][t] = in[b][n-1-t] (copy, kernel, copy in order)");
+
+    printf("__shfl_xor_sync: butterfly sums of 2 blocks of 64\n");
+    float h_f[128], h_g[128], *d_f, *d_g;
+    for (int i = 0; i < 128; i++)
+        h_f[i] = (float)(i % 37);
+    cudaMalloc(&d_f, sizeof h_f);
+    cudaMalloc(&d_g, sizeof h_g);
+    cudaMemcpy(d_f, h_f, sizeof h_f, cudaMemcpyHostToDevice);
+    warp_sum_kernel<<<2, 64>>>(d_g, d_f);
+    cudaMemcpy(h_g, d_g, sizeof h_g, cudaMemcpyDeviceToHost);
+    ok = 1;
+    for (int w = 0; w < 4; w++) {
+        float want = 0;
+        for (int i = 0; i < 32; i++)
+            want += h_f[w * 32 + i];
+        for (int i = 0; i < 32; i++)
+            ok &= h_g[w * 32 + i] == want;
+    }
+    check_(ok, "every lane holds its warp's sum");
+
+    printf("indices: grid (2,3,2) of blocks (4,2,3)\n");
+    const int total = 2 * 3 * 2 * 4 * 2 * 3;
+    int h_idx[total], *d_idx;
+    cudaMalloc(&d_idx, sizeof h_idx);
+    index_kernel<<<dim3(2, 3, 2), dim3(4, 2, 3), 0, s>>>(d_idx);
+    cudaMemcpyAsync(h_idx, d_idx, sizeof h_idx, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    ok = 1;
+    for (int i = 0; i < total; i++)
+        ok &= h_idx[i] == i;
+    check_(ok, "each thread wrote its own linear index, once");
+
+    printf("launch limits\n");
+    int *d_c, h_c = 0;
+    cudaMalloc(&d_c, sizeof(int));
+    cudaMemset(d_c, 0, sizeof(int));
+    cudaGetLastError();
+    count_kernel<<<1, 1025, 0, s>>>(d_c);
+    check_(cudaGetLastError() == cudaErrorInvalidConfiguration,
+           "1025 threads per block: cudaErrorInvalidConfiguration");
+    count_kernel<<<0, 32, 0, s>>>(d_c);
+    check_(cudaGetLastError() == cudaErrorInvalidConfiguration,
+           "empty grid: cudaErrorInvalidConfiguration");
+    count_kernel<<<dim3(1, 65536), 1, 0, s>>>(d_c);
+    check_(cudaGetLastError() == cudaErrorInvalidConfiguration,
+           "grid.y 65536: cudaErrorInvalidConfiguration");
+    count_kernel<<<1, 1, 0, s>>>(d_c);
+    check_(cudaGetLastError() == cudaSuccess, "a valid launch: cudaSuccess");
+    cudaMemcpyAsync(&h_c, d_c, sizeof(int), cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    check_(h_c == 1, "only the valid launch ran");
+
+    printf("misuse reported\n");
+    long e0 = mock_errors();
+    divergent_barrier_kernel<<<1, 32, 0, s>>>(d_f);
+    cudaStreamSynchronize(s);
+    check_(mock_errors() > e0,
+           "half a warp at __syncthreads, half in a shuffle: an error");
+    long e1 = mock_errors();
+    partial_warp_shuffle_kernel<<<1, 48, 0, s>>>(d_f);
+    cudaStreamSynchronize(s);
+    check_(mock_errors() > e1,
+           "full-mask shuffle in a warp of 16 lanes: an error");
+
+    printf("memory\n");
+    float *d_nan, h_nan[4];
+    cudaMalloc(&d_nan, sizeof h_nan);
+    cudaMemcpy(h_nan, d_nan, sizeof h_nan, cudaMemcpyDeviceToHost);
+    check_(isnan(h_nan[0]) && isnan(h_nan[3]), "cudaMalloc memory reads NaN");
+
+    cudaFree(d_in); cudaFree(d_out); cudaFree(d_f); cudaFree(d_g);
+    cudaFree(d_idx); cudaFree(d_c); cudaFree(d_nan);
+    cudaStreamDestroy(s);
+    mock_stop();
+    printf("test_emu: %s\n", n_failed ? "FAILED" : "all checks passed");
+    return n_failed ? 1 : 0;
+}
