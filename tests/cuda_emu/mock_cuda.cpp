@@ -192,6 +192,13 @@ static int all_idle_(void)
     return 1;
 }
 
+/* Wait until every stream is idle. Lock held. */
+static void wait_idle_locked_(void)
+{
+    while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+}
+
 /* ------------------------------------------------------------ the GPU */
 
 static int64_t now_ns_(void)
@@ -290,8 +297,7 @@ void mock_start(unsigned seed, int gpu_threads, int max_delay_us)
 void mock_stop(void)
 {
     pthread_mutex_lock(&mu_);
-    while (!all_idle_())
-        pthread_cond_wait(&cv_, &mu_);
+    wait_idle_locked_();
     quit_ = 1;
     pthread_cond_broadcast(&cv_);
     pthread_mutex_unlock(&mu_);
@@ -326,8 +332,7 @@ static void queue_(cudaStream_t s, op_ o)
 static void run_legacy_(const op_ &o)
 {
     pthread_mutex_lock(&mu_);
-    while (!all_idle_())
-        pthread_cond_wait(&cv_, &mu_);
+    wait_idle_locked_();
     pthread_mutex_unlock(&mu_);
     switch (o.kind) {
     case OP_COPY:
@@ -465,8 +470,7 @@ static cudaError_t free_(void *p, int kind)
                                           : "cudaFreeHost of a pointer not "
                                             "from cudaHostAlloc");
     }
-    while (!all_idle_())
-        pthread_cond_wait(&cv_, &mu_);
+    wait_idle_locked_();
     if (kind == MEM_DEVICE)
         device_in_use_ -= it->second.n;
     blocks_.erase(it);
@@ -568,8 +572,7 @@ cudaError_t cudaMemset(void *dst, int value, size_t n)
 cudaError_t cudaDeviceSynchronize(void)
 {
     pthread_mutex_lock(&mu_);
-    while (!all_idle_())
-        pthread_cond_wait(&cv_, &mu_);
+    wait_idle_locked_();
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
@@ -701,8 +704,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&mu_);
     if (!s && event_ok_(e)) { /* legacy stream: complete once all is idle */
-        while (!all_idle_())
-            pthread_cond_wait(&cv_, &mu_);
+        wait_idle_locked_();
         e->issued++;
         pthread_mutex_unlock(&mu_);
         return cudaSuccess;
