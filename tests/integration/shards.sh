@@ -34,6 +34,7 @@ PY
 wait_error() {
     local e
     for _ in $(seq 1 600); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died (run $1)"
         if [ "$(field "$1" state)" = paused ]; then
             e=$(field "$1" error)
             [ -n "$e" ] && { echo "$e"; return 0; }
@@ -54,6 +55,8 @@ stop_daemon
 start_daemon "$T/s"
 LOG=$T/m6d-s.log
 A=$(ctl submit "$T/spec.json")
+ctl watch "$A" --interval 0.05 >"$T/watch.out" 2>&1 &
+WATCH=$!
 wait_step "$A" 50
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 ERR=$(wait_error "$A")
@@ -70,6 +73,12 @@ B=$(ctl submit "$T/small.json") || fail "submit while a run is paused on bad dat
 [ "$(field "$B" state)" = queued ] || fail "run $B: $(field "$B" state), wanted queued"
 ctl list >/dev/null || fail "list"
 ctl status "$A" | grep -q "truncated while in use" || fail "status does not show the error"
+for _ in $(seq 1 100); do
+    grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" && break
+    sleep 0.05
+done
+grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" \
+    || fail "watch does not say why the run paused: $(tail -n 3 "$T/watch.out")"
 sleep 0.5
 [ "$(field "$A" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$A" step)"
 log "truncated at step $K: '$ERR'"
@@ -85,6 +94,7 @@ echo "$ERR" | grep -q "truncated" || fail "second pause without the cause: '$ERR
 restore "$TRAIN" "$T/train.orig"
 ctl resume "$A" >/dev/null || fail "resume (restored)"
 ctl watch "$A" >/dev/null || fail "run did not complete after the shard came back"
+wait "$WATCH" || fail "the watch started before the truncation: exit $?, want 0"
 [ -z "$(field "$A" error)" ] || fail "error kept after completion: $(field "$A" error)"
 losses "$A" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the truncation: $(head "$T/diff")"
 ctl watch "$B" >/dev/null || fail "the queued run did not complete"
