@@ -734,6 +734,13 @@ static int cmd_watch_(int argc, char **argv)
                    (long long)r->total_steps, state_str_(r->state), phase_str_(r->phase), tl,
                    vl, r->tokens_per_s, eta);
         }
+        if (!g.json && r->state != last_state &&
+            r->state == M6__RUN_STATE__RUN_STATE_PAUSED && r->error && *r->error) {
+            /* paused by m6d itself (a write failed, a shard went bad): why */
+            end_bar_();
+            printf("run %lld paused at step %lld: %s\n", (long long)r->id,
+                   (long long)r->step, r->error);
+        }
         fflush(stdout);
         last_step = r->step;
         last_state = r->state;

@@ -179,6 +179,10 @@ typedef struct {
     int metric_pending;
     metric_row pending;
     const char *ckpt_owed;  /* the checkpoint's why, NULL none */
+    /* A shard could not be read (truncated or rewritten under the run): the
+     * run paused; before the next step the data is opened again and the
+     * pending row's validation pass, if that is what failed, is redone. */
+    int data_error, eval_owed;
     size_t plan_peak[2];   /* unbudgeted device bytes: [pseudo], [real] */
     offload_stats prev;    /* counters at the previous sample */
     coord_offload off;     /* latest sample, also published to c->offload */
@@ -407,6 +411,32 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
+/* After a pause for unreadable data (r->data_error): open the shards
+ * again, as at the start, and redo the validation pass the pending row is
+ * owed; its row is then written again with the val_loss. -1 with msg if
+ * the data is still bad (the run stays paused). */
+static int retry_data_(run_ctx *r, char *msg, size_t msglen)
+{
+    if (!r->data_error) return 0;
+    float v;
+    if (trainer_reopen_data(r->t, msg, msglen) != 0 ||
+        (r->eval_owed && trainer_eval_checked(r->t, &v, msg, msglen) != 0)) {
+        size_t n = strlen(msg);
+        snprintf(msg + n, msglen - n, "; resume retries once the shard is "
+                 "fixed");
+        return -1;
+    }
+    if (r->eval_owed) {
+        r->pending.val_loss = v;
+        r->metric_pending = 1;
+        r->eval_owed = 0;
+    }
+    r->data_error = 0;
+    log_info("run.data_reopened", "run=%lld step=%ld", (long long)r->id,
+             trainer_step_count(r->t));
+    return 0;
+}
+
 static void delink_(run_ctx *r, const char *reason)
 {
     char err[512];
@@ -584,7 +614,12 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         }
         publish_(&r, paused);
         if (paused) continue;
-        /* After a resume: what the last boundary could not write. */
+        /* After a resume: the data that could not be read, then what the
+         * last boundary could not write. */
+        if (retry_data_(&r, err, sizeof err) < 0) {
+            pause_error_(&r, &paused, err);
+            continue;
+        }
         if (flush_(&r, err, sizeof err) < 0) {
             pause_error_(&r, &paused, err);
             continue;
@@ -613,8 +648,22 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         }
 
         step_result res;
-        if (trainer_step(r.t, &res, err, sizeof err) < 0) {
-            fail_run_(c, id, "trainer_step", err);
+        char data_err[sizeof err];
+        int src = trainer_step(r.t, &res, data_err, sizeof data_err);
+        if (src == TRAINER_EDATA) {
+            /* like a write that failed: pause, keep the model; the
+             * operator fixes the shard and resumes (retry_data_) */
+            size_t n = strlen(data_err);
+            snprintf(data_err + n, sizeof data_err - n, "; resume retries "
+                     "once the shard is fixed");
+            r.data_error = 1;
+            if (!res.eval_failed) {  /* nothing of the step was done */
+                pause_error_(&r, &paused, data_err);
+                continue;
+            }
+            r.eval_owed = 1;  /* the step stands: record it, val_loss owed */
+        } else if (src < 0) {
+            fail_run_(c, id, "trainer_step", data_err);
             break;
         }
         metric_row m = {
@@ -642,6 +691,8 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         pthread_mutex_unlock(&c->mu);
         if (flush_(&r, err, sizeof err) < 0)
             pause_error_(&r, &paused, err);
+        else if (r.eval_owed)
+            pause_error_(&r, &paused, data_err);
         else
             publish_(&r, 0);
     }

@@ -18,15 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <zlib.h>
 
-/* Shards are mapped and read in place as uint16/int32: little-endian hosts. */
+/* Shards are read as they are, uint16/int32: little-endian hosts. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "data.c maps llm.c shards directly and needs a little-endian host"
+#error "data.c reads llm.c shards directly and needs a little-endian host"
 #endif
 
 #define HEADER_BYTES ((size_t)SHARD_HEADER_INTS * sizeof(int32_t))
@@ -41,13 +40,11 @@ void token_set_close(token_set *ts)
 {
     if (!ts) return;
     for (int i = 0; i < ts->n_shards; i++) {
-        if (ts->maps && ts->maps[i]) munmap(ts->maps[i], ts->map_len[i]);
+        if (ts->fds && ts->fds[i] >= 0) close(ts->fds[i]);
         if (ts->paths) free(ts->paths[i]);
     }
-    free(ts->tokens);
     free(ts->n_tokens);
-    free(ts->maps);
-    free(ts->map_len);
+    free(ts->fds);
     free(ts->paths);
     memset(ts, 0, sizeof *ts);
 }
@@ -163,7 +160,7 @@ static int check_token_range_(int fd, const struct stat *st, const char *path,
     return rc;
 }
 
-/* Check and map one shard; fills slot i of ts. */
+/* Check one shard and keep it open; fills slot i of ts. */
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
                        char *err, size_t errlen)
 {
@@ -227,17 +224,9 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
     if (vocab_size < 65536 &&
         check_token_range_(fd, &st, path, n, vocab_size, err, errlen) != 0)
         goto fail;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd);
-    if (map == MAP_FAILED) {
-        seterr_(err, errlen, "%s: mmap: %s", path, strerror(map_errno));
-        return -1;
-    }
-    madvise(map, size, MADV_WILLNEED);
-    ts->maps[i] = map;
-    ts->map_len[i] = size;
-    ts->tokens[i] = (const uint16_t *)((const char *)map + HEADER_BYTES);
+    /* training reads windows at random offsets: no readahead past them */
+    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    ts->fds[i] = fd;
     ts->n_tokens[i] = n;
     ts->total += n;
     return 0;
@@ -283,18 +272,18 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
         return -1;
     }
     int n = (int)g.gl_pathc;
-    ts->tokens = calloc((size_t)n, sizeof *ts->tokens);
     ts->n_tokens = calloc((size_t)n, sizeof *ts->n_tokens);
-    ts->maps = calloc((size_t)n, sizeof *ts->maps);
-    ts->map_len = calloc((size_t)n, sizeof *ts->map_len);
+    ts->fds = malloc((size_t)n * sizeof *ts->fds);
     ts->paths = calloc((size_t)n, sizeof *ts->paths);
-    if (!ts->tokens || !ts->n_tokens || !ts->maps || !ts->map_len || !ts->paths) {
+    if (!ts->n_tokens || !ts->fds || !ts->paths) {
         seterr_(err, errlen, "'%s': out of memory", pattern);
         globfree(&g);
         token_set_close(ts);
         return -1;
     }
+    for (int i = 0; i < n; i++) ts->fds[i] = -1;
     ts->n_shards = n;
+    ts->vocab_size = vocab_size;
     for (int i = 0; i < n; i++) {
         ts->paths[i] = strdup(g.gl_pathv[i]);
         if (!ts->paths[i]) {
@@ -331,24 +320,73 @@ static int locate_(const token_set *ts, size_t *i)
     return s;
 }
 
-uint16_t token_set_at(const token_set *ts, size_t i)
+/* Read tokens [off, off+m) of shard s into buf and check them. A short
+ * read means the file lost tokens since it was checked: say how many it
+ * holds now. */
+static int shard_read_(const token_set *ts, int s, size_t off, uint16_t *buf,
+                       size_t m, char *err, size_t errlen)
 {
-    int s = locate_(ts, &i);
-    return ts->tokens[s][i];
+    const char *path = ts->paths[s];
+    size_t want = m * sizeof *buf, got = 0;
+    while (got < want) {
+        ssize_t r = pread(ts->fds[s], (char *)buf + got, want - got,
+                          (off_t)(HEADER_BYTES + off * sizeof *buf + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            seterr_(err, errlen, "%s: read: %s", path, strerror(errno));
+            return -1;
+        }
+        if (r == 0) {
+            struct stat st;
+            size_t now = 0;
+            if (fstat(ts->fds[s], &st) == 0 && (size_t)st.st_size > HEADER_BYTES)
+                now = ((size_t)st.st_size - HEADER_BYTES) / sizeof *buf;
+            seterr_(err, errlen, "%s: truncated while in use: now %zu tokens, "
+                    "was %zu", path, now, ts->n_tokens[s]);
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    if (ts->vocab_size < 65536) {
+        unsigned mx = 0;
+        for (size_t j = 0; j < m; j++) mx = buf[j] > mx ? buf[j] : mx;
+        if (mx >= (unsigned)ts->vocab_size) {
+            size_t j = 0;
+            while (buf[j] < ts->vocab_size) j++;
+            seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d "
+                    "(the shard changed while in use)", path,
+                    (unsigned)buf[j], off + j, ts->vocab_size);
+            return -1;
+        }
+    }
+    return 0;
 }
 
-void token_set_window(const token_set *ts, size_t pos, int32_t *buf, size_t n)
+int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
+                   char *err, size_t errlen)
 {
-    if (n == 0) return;
+    if (n == 0) return 0;
     size_t off = pos;
     int s = locate_(ts, &off);
-    for (size_t k = 0; k < n; k++) {
+    while (n > 0) {
         while (off >= ts->n_tokens[s]) {  /* next non-empty shard, wrapping */
             off = 0;
             s = (s + 1) % ts->n_shards;
         }
-        buf[k] = ts->tokens[s][off++];
+        size_t m = ts->n_tokens[s] - off < n ? ts->n_tokens[s] - off : n;
+        if (shard_read_(ts, s, off, buf, m, err, errlen) != 0) return -1;
+        buf += m;
+        off += m;
+        n -= m;
     }
+    return 0;
+}
+
+int token_set_at(const token_set *ts, size_t i)
+{
+    uint16_t tok;
+    char err[8];
+    return token_set_read(ts, i, &tok, 1, err, sizeof err) == 0 ? tok : -1;
 }
 
 /* ------------------------------------------------------------------------ */

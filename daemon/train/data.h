@@ -15,14 +15,20 @@
 #define SHARD_VERSION 1
 #define SHARD_HEADER_INTS 256
 
-/* The tokens of every shard matched by a glob, mapped read-only. */
+/* The shards matched by a glob, each kept open for reading. Batches are
+ * read from the files with pread (token_set_read), not from a mapping: a
+ * shard truncated or rewritten while a run uses it is then an error of that
+ * read, naming the file, instead of SIGBUS (a mapping touched past the
+ * file's new end kills the whole process) or an out-of-range token id
+ * reaching the model. A shard replaced by rename is not seen: the open
+ * file is the one that was checked. */
 typedef struct {
     int n_shards;
-    const uint16_t **tokens;  /* per shard */
-    size_t *n_tokens;         /* per shard */
+    size_t *n_tokens;         /* per shard, as checked at open */
     size_t total;             /* sum of n_tokens */
+    int vocab_size;           /* every token read is checked against it */
     /* private */
-    void **maps; size_t *map_len; char **paths;
+    int *fds; char **paths;
 } token_set;
 
 /* Open every shard matching glob (sorted by name), check header, size and
@@ -31,19 +37,29 @@ typedef struct {
  * "bad magic X (want 20240520)", "token 300 at index 17 >= vocab_size 256".
  * A set whose shards hold no tokens at all is an error too.
  * A shard this process has scanned before (same device, inode, size and
- * mtime) is not read again. Thread-safe.
+ * mtime) is not read again. Thread-safe. Holds one file descriptor per
+ * shard until token_set_close.
  * Returns 0 or -1 with err filled (and *ts zeroed: token_set_close is safe). */
 int token_set_open(token_set *ts, const char *glob, int vocab_size,
                    char *err, size_t errlen);
 void token_set_close(token_set *ts);
 
-/* Token at global index i (0 <= i < total), shards concatenated in order.
- * Here and in token_set_window, indices at or past total wrap around. */
-uint16_t token_set_at(const token_set *ts, size_t i);
+/* Copy n consecutive tokens starting at global index pos (shards
+ * concatenated in order; indices at or past total wrap around) into buf,
+ * read from the files and each checked < vocab_size as it is copied.
+ * Returns 0, or -1 with err naming the shard and what is wrong, e.g.
+ * "train_000001.bin: truncated while in use: now 123 tokens, was 456",
+ * "train_000001.bin: token 999 at index 17 >= vocab_size 256 (the shard
+ * changed while in use)" or "train_000001.bin: read: Input/output error";
+ * buf is then partly written. A shard may be fixed (restored in place) and
+ * the read retried. Safe to call from several threads at once. */
+int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
+                   char *err, size_t errlen);
 
-/* Copy B*T+1 consecutive tokens starting at global index pos into buf
- * (int32) — a batch's inputs are buf[0..BT) and targets buf[1..BT]. */
-void token_set_window(const token_set *ts, size_t pos, int32_t *buf, size_t n);
+/* Token at global index i (wrapping as in token_set_read), or -1 when it
+ * cannot be read (token_set_read's errors, not reported). For tests and
+ * tools; the trainer uses token_set_read. */
+int token_set_at(const token_set *ts, size_t i);
 
 /* Write one shard: header + tokens. Written to path.tmp, fsynced, renamed. */
 int shard_write(const char *path, const uint16_t *tokens, size_t n,

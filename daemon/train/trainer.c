@@ -44,7 +44,7 @@ struct trainer {
     long delink_step;      /* step at which delink happened, -1 if none */
     train_phase phase;
     int32_t *inp, *tgt;    /* (B,T) */
-    int32_t *window;       /* (T+1) */
+    uint16_t *rows;        /* (grad_accum*B, T+1): the step's windows */
 };
 
 static int n_slots_(const trainer *t)
@@ -165,8 +165,9 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
         t->data_rng = 1;
     t->inp = malloc((size_t)B * T * sizeof(int32_t));
     t->tgt = malloc((size_t)B * T * sizeof(int32_t));
-    t->window = malloc(((size_t)T + 1) * sizeof(int32_t));
-    if (!t->inp || !t->tgt || !t->window) {
+    t->rows = malloc((size_t)spec->train.grad_accum * B * ((size_t)T + 1) *
+                     sizeof(uint16_t));
+    if (!t->inp || !t->tgt || !t->rows) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -186,36 +187,70 @@ void trainer_free(trainer *t)
     token_set_close(&t->val);
     free(t->inp);
     free(t->tgt);
-    free(t->window);
+    free(t->rows);
     free(t);
 }
 
 /* ------------------------------------------------------------- batches */
 
-/* Row b of the batch = tokens [pos, pos+T] of the set. */
-static void fill_row_(trainer *t, const token_set *ts, int b, size_t pos)
+/* Batches are read from the shard files (token_set_read), which may fail
+ * when a shard is truncated or rewritten while the run uses it: a step
+ * reads every window it needs before it touches the model, so a failed
+ * read leaves the trainer as it was and the step can be retried. */
+
+/* Inputs and targets of microbatch k from its B windows of T+1 tokens in
+ * t->rows: row b holds tokens [pos, pos+T] of the set. */
+static void rows_to_batch_(trainer *t, int k)
+{
+    int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
+    const uint16_t *w = t->rows + (size_t)k * B * ((size_t)T + 1);
+    for (int b = 0; b < B; b++, w += T + 1) {
+        int32_t *in = t->inp + (size_t)b * T, *tg = t->tgt + (size_t)b * T;
+        for (int j = 0; j < T; j++) {
+            in[j] = w[j];
+            tg[j] = w[j + 1];
+        }
+    }
+}
+
+/* The training windows of one step: grad_accum*B windows at uniformly
+ * random offsets, drawn in microbatch order. On failure the sampler is
+ * rewound: the retried step draws the same windows. */
+static int read_step_batches_(trainer *t, char *err, size_t errlen)
 {
     int T = t->spec.model.seq_len;
-    token_set_window(ts, pos, t->window, (size_t)T + 1);
-    memcpy(t->inp + (size_t)b * T, t->window, T * sizeof(int32_t));
-    memcpy(t->tgt + (size_t)b * T, t->window + 1, T * sizeof(int32_t));
+    size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
+    size_t span = t->train.total - (size_t)T - 1;
+    uint64_t rng0 = t->data_rng;
+    char e2[768];
+    for (size_t i = 0; i < n; i++) {
+        size_t pos = rng_next_(&t->data_rng) % span;
+        if (token_set_read(&t->train, pos, t->rows + i * ((size_t)T + 1),
+                           (size_t)T + 1, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "data.train: %s", e2);
+            t->data_rng = rng0;
+            return TRAINER_EDATA;
+        }
+    }
+    return 0;
 }
 
-/* Training batch: B windows at uniformly random offsets. */
-static void next_train_batch_(trainer *t)
-{
-    size_t span = t->train.total - (size_t)t->spec.model.seq_len - 1;
-    for (int b = 0; b < t->spec.train.batch_size; b++)
-        fill_row_(t, &t->train, b, rng_next_(&t->data_rng) % span);
-}
-
-/* Validation batch i: fixed, consecutive windows (the same every eval). */
-static void val_batch_(trainer *t, int i)
+/* Validation batch i into inp/tgt: fixed, consecutive windows (the same
+ * every eval). */
+static int val_batch_(trainer *t, int i, char *err, size_t errlen)
 {
     int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
     size_t span = t->val.total - (size_t)T - 1;
+    char e2[768];
     for (int b = 0; b < B; b++)
-        fill_row_(t, &t->val, b, ((size_t)i * B + b) * T % span);
+        if (token_set_read(&t->val, ((size_t)i * B + b) * T % span,
+                           t->rows + (size_t)b * (T + 1), (size_t)T + 1, e2,
+                           sizeof e2) != 0) {
+            snprintf(err, errlen, "data.val: %s", e2);
+            return TRAINER_EDATA;
+        }
+    rows_to_batch_(t, 0);
+    return 0;
 }
 
 /* ------------------------------------------------------------- schedule */
@@ -259,10 +294,12 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip};
+    if (read_step_batches_(t, err, errlen) != 0)
+        return TRAINER_EDATA;  /* nothing done: the step can be retried */
     be->step_begin(t->be.ctx, &adam);
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
-        next_train_batch_(t);
+        rows_to_batch_(t, k);
         loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, B,
                                    1.0f / ((float)B * (float)T * (float)accum));
     }
@@ -285,25 +322,77 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     res->tokens_per_s = (double)B * T * accum / dt;
     res->val_loss = NAN;
     long ev = sp->train.eval_every;
-    if ((ev > 0 && t->step % ev == 0) || t->step == sp->train.steps)
-        res->val_loss = trainer_eval(t);
+    if ((ev > 0 && t->step % ev == 0) || t->step == sp->train.steps) {
+        if (trainer_eval_checked(t, &res->val_loss, err, errlen) != 0) {
+            res->eval_failed = 1;  /* the step stands; its eval is owed */
+            return TRAINER_EDATA;
+        }
+    }
+    return 0;
+}
+
+int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen)
+{
+    double sum = 0;
+    int n = t->spec.train.eval_batches;
+    *loss = NAN;
+    for (int i = 0; i < n; i++) {
+        if (val_batch_(t, i, err, errlen) != 0)
+            return TRAINER_EDATA;
+        sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
+                                 t->spec.train.batch_size);
+    }
+    *loss = (float)(sum / n);
     return 0;
 }
 
 float trainer_eval(trainer *t)
 {
-    double sum = 0;
-    int n = t->spec.train.eval_batches;
-    for (int i = 0; i < n; i++)
-        sum += trainer_probe_loss(t, i);
-    return (float)(sum / n);
+    float loss;
+    char err[8];
+    trainer_eval_checked(t, &loss, err, sizeof err);
+    return loss;
 }
 
 float trainer_probe_loss(trainer *t, int batch_index)
 {
-    val_batch_(t, batch_index);
+    char err[8];
+    if (val_batch_(t, batch_index, err, sizeof err) != 0)
+        return NAN;
     return t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
                              t->spec.train.batch_size);
+}
+
+/* ------------------------------------------------------------- data */
+
+/* Reopen one split for trainer_reopen_data: the same token count as the
+ * run's, or the batches would not be the ones the run draws. */
+static int reopen_split_(token_set *ts, const char *key, const char *glob,
+                         const run_spec *spec, char *err, size_t errlen)
+{
+    token_set fresh;
+    if (open_split_(&fresh, key, glob, spec, err, errlen) != 0)
+        return -1;
+    if (fresh.total != ts->total) {
+        snprintf(err, errlen, "%s: %zu tokens now, the run started with %zu: "
+                 "restore the shards it used (or stop the run and submit it "
+                 "again)", key, fresh.total, ts->total);
+        token_set_close(&fresh);
+        return -1;
+    }
+    token_set_close(ts);
+    *ts = fresh;
+    return 0;
+}
+
+int trainer_reopen_data(trainer *t, char *err, size_t errlen)
+{
+    const run_spec *sp = &t->spec;
+    if (reopen_split_(&t->train, "data.train", sp->data.train, sp, err,
+                      errlen) != 0 ||
+        reopen_split_(&t->val, "data.val", sp->data.val, sp, err, errlen) != 0)
+        return TRAINER_EDATA;
+    return 0;
 }
 
 /* ------------------------------------------------------------- delink */

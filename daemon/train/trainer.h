@@ -42,7 +42,16 @@ typedef struct {
     float grad_norm;      /* global L2 norm before clipping */
     double tokens_per_s;  /* training tokens / wall seconds of this step */
     double step_ms;
+    int eval_failed;      /* the step was applied but its validation pass
+                           * could not read the data (TRAINER_EDATA) */
 } step_result;
+
+/* Returned by trainer_step, trainer_eval_checked and trainer_reopen_data
+ * when a shard cannot be read as it was checked (truncated, a token id
+ * >= vocab_size, an I/O error): err names the file and the problem. The
+ * run need not end: once the data is fixed, trainer_reopen_data and a
+ * retry carry on bitwise as if nothing had happened. */
+#define TRAINER_EDATA (-2)
 
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
@@ -66,15 +75,32 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
  * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss);
  * after -1 the run should stop: with offloading and grad_clip 0, offloaded
- * slots may already hold the update from the failed step. */
+ * slots may already hold the update from the failed step.
+ * TRAINER_EDATA: a shard could not be read. Every training window of the
+ * step is read before the model is touched, so then either nothing was
+ * done (res->eval_failed 0: retry the step) or the step was applied and
+ * only its validation pass failed (res->eval_failed 1, res filled with
+ * val_loss NAN: retry with trainer_eval_checked). */
 int trainer_step(trainer *t, step_result *res, char *err, size_t errlen);
 
-/* Mean validation loss over spec.train.eval_batches fixed batches (nats). */
+/* Mean validation loss over spec.train.eval_batches fixed batches (nats)
+ * into *loss. 0, or TRAINER_EDATA with err (and *loss NAN). */
+int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen);
+
+/* trainer_eval_checked without the error: NAN when the data cannot be read. */
 float trainer_eval(trainer *t);
 
 /* Loss (nats) of the model on a fixed batch of the validation set, index i,
- * without touching any state: used to show delink keeps the function. */
+ * without touching any state: used to show delink keeps the function.
+ * NAN when the data cannot be read. */
 float trainer_probe_loss(trainer *t, int batch_index);
+
+/* After TRAINER_EDATA, once the shards are fixed: open both splits again
+ * by their globs (a shard replaced by rename is picked up), with every
+ * check of trainer_create. Each split must hold as many tokens as the run
+ * started with, so the run draws the same batches. 0, or TRAINER_EDATA
+ * with err naming the key and the problem; the open sets are kept then. */
+int trainer_reopen_data(trainer *t, char *err, size_t errlen);
 
 /* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it
  * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR

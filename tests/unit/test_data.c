@@ -147,12 +147,12 @@ static void test_shard_roundtrip(void **state)
         assert_int_equal(token_set_at(&ts, na + i), b[i]);
 
     /* a window across the shard boundary */
-    int32_t win[21];
-    token_set_window(&ts, na - 10, win, 21);
+    uint16_t win[21];
+    assert_int_equal(token_set_read(&ts, na - 10, win, 21, err, sizeof err), 0);
     for (int k = 0; k < 10; k++) assert_int_equal(win[k], a[na - 10 + k]);
     for (int k = 10; k < 21; k++) assert_int_equal(win[k], b[k - 10]);
     /* past the end the set wraps around */
-    token_set_window(&ts, na + nb - 2, win, 4);
+    assert_int_equal(token_set_read(&ts, na + nb - 2, win, 4, err, sizeof err), 0);
     assert_int_equal(win[0], b[nb - 2]);
     assert_int_equal(win[1], b[nb - 1]);
     assert_int_equal(win[2], a[0]);
@@ -624,12 +624,109 @@ static void test_prepare_fortunes(void **state)
     token_set ts;
     if (token_set_open(&ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
     assert_int_equal(ts.total, want);
-    for (int s = 0; s < ts.n_shards; s++)
-        for (size_t i = 0; i < ts.n_tokens[s]; i++)
-            assert_true(ts.tokens[s][i] < 256);
+    uint16_t *all = malloc(ts.total * sizeof *all);
+    assert_non_null(all);
+    /* every token < 256: token_set_read checks them all */
+    if (token_set_read(&ts, 0, all, ts.total, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    free(all);
     token_set_close(&ts);
     free(out);
     free(pat);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading batches from shards that change while in use                      */
+/* ------------------------------------------------------------------------ */
+
+/* Two shards of 100 tokens (0..99 and 100..199), opened for vocab 256. */
+static void open_two_(const char *dir, token_set *ts, char **pa, char **pb)
+{
+    char err[512];
+    uint16_t t[100];
+    for (int i = 0; i < 100; i++) t[i] = (uint16_t)i;
+    *pa = join(dir, "r_000000.bin");
+    assert_int_equal(shard_write(*pa, t, 100, err, sizeof err), 0);
+    for (int i = 0; i < 100; i++) t[i] = (uint16_t)(100 + i);
+    *pb = join(dir, "r_000001.bin");
+    assert_int_equal(shard_write(*pb, t, 100, err, sizeof err), 0);
+    char *pat = join(dir, "r_*.bin");
+    if (token_set_open(ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
+    free(pat);
+}
+
+/* A shard truncated in place under an open set: reads past its new end are
+ * an error naming the file and both sizes (not SIGBUS), reads before it and
+ * in the other shard still work, and restoring the file makes the same
+ * read succeed again. */
+static void test_read_truncated_in_use(void **state)
+{
+    const char *dir = *state;
+    token_set ts;
+    char *pa, *pb, err[512] = "";
+    open_two_(dir, &ts, &pa, &pb);
+    size_t n;
+    unsigned char *orig = read_file(pb, &n);
+    assert_int_equal(truncate(pb, 1024 + 2 * 40), 0);  /* 40 of 100 left */
+
+    uint16_t win[30];
+    assert_int_equal(token_set_read(&ts, 130, win, 30, err, sizeof err), -1);
+    assert_contains(err, "r_000001.bin");
+    assert_contains(err, "truncated while in use: now 40 tokens, was 100");
+    assert_int_equal(token_set_at(&ts, 150), -1);
+    /* the part still there, and the other shard, read as before */
+    assert_int_equal(token_set_read(&ts, 90, win, 30, err, sizeof err), 0);
+    for (int k = 0; k < 30; k++) assert_int_equal(win[k], 90 + k);
+    assert_int_equal(token_set_at(&ts, 0), 0);
+    /* shorter than a header: 0 tokens */
+    assert_int_equal(truncate(pb, 100), 0);
+    assert_int_equal(token_set_read(&ts, 100, win, 1, err, sizeof err), -1);
+    assert_contains(err, "now 0 tokens, was 100");
+
+    /* restored in place (the same inode): the read works again */
+    FILE *f = fopen(pb, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fwrite(orig, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(token_set_read(&ts, 130, win, 30, err, sizeof err), 0);
+    for (int k = 0; k < 30; k++) assert_int_equal(win[k], 130 + k);
+    token_set_close(&ts);
+    free(orig); free(pa); free(pb);
+}
+
+/* A token id >= vocab_size written in place after the set was checked: the
+ * read that meets it fails, naming the file, the token and its index in
+ * the shard; windows that do not cover it read as before. */
+static void test_read_bad_token_in_use(void **state)
+{
+    const char *dir = *state;
+    token_set ts;
+    char *pa, *pb, err[512] = "";
+    open_two_(dir, &ts, &pa, &pb);
+    int fd = open(pb, O_WRONLY);
+    assert_true(fd >= 0);
+    uint16_t bad = 999;
+    assert_int_equal(pwrite(fd, &bad, 2, 1024 + 2 * 17), 2);
+    assert_int_equal(close(fd), 0);
+
+    uint16_t win[30];
+    assert_int_equal(token_set_read(&ts, 110, win, 10, err, sizeof err), -1);
+    assert_contains(err, "r_000001.bin");
+    assert_contains(err, "token 999 at index 17 >= vocab_size 256");
+    assert_int_equal(token_set_at(&ts, 117), -1);
+    assert_int_equal(token_set_read(&ts, 90, win, 27, err, sizeof err), 0);
+    assert_int_equal(win[26], 116);
+    assert_int_equal(token_set_read(&ts, 118, win, 30, err, sizeof err), 0);
+    assert_int_equal(win[0], 118);
+    /* across the wrap-around: up to the bad token, then onto it */
+    uint16_t big[128];
+    assert_int_equal(token_set_read(&ts, 190, big, 127, err, sizeof err), 0);
+    assert_int_equal(big[126], 116);
+    err[0] = 0;
+    assert_int_equal(token_set_read(&ts, 190, big, 128, err, sizeof err), -1);
+    assert_contains(err, "token 999 at index 17");
+    token_set_close(&ts);
+    free(pa); free(pb);
 }
 
 int main(void)
@@ -638,6 +735,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_shard_roundtrip),
         T(test_foreign_shard),
+        T(test_read_truncated_in_use),
+        T(test_read_bad_token_in_use),
         T(test_truncated),
         T(test_bad_magic),
         T(test_bad_version),

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# shards.sh — a shard changes under a running run: truncated in place, or
+# rewritten with a token id >= vocab_size (train or val). m6d survives and
+# keeps answering, the run pauses with an error naming the file and the
+# problem, another run queues behind it; once the shard is restored,
+# `m6ctl resume` finishes the run with the losses of an uninterrupted one.
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+TRAIN=$T/data/train_000000.bin
+VAL=$T/data/val_000000.bin
+cp "$TRAIN" "$T/train.orig"
+cp "$VAL" "$T/val.orig"
+N=$(( ($(stat -c %s "$TRAIN") - 1024) / 2 ))
+CKPT_EVERY=500 write_spec "$T/spec.json" shards 2000 0 '"device": {"threads": 1}'
+# another run, on its own copy of the data
+cp -r "$T/data" "$T/data2"
+CKPT_EVERY=500 write_spec "$T/small.json" small 20 0 '"device": {"threads": 1}'
+sed -i "s|$T/data/|$T/data2/|g" "$T/small.json"
+
+# restore FILE ORIG: the original bytes back in place (the same inode).
+restore() { cat "$2" >"$1"; }
+# poison FILE: every token 999, in place, the size unchanged.
+poison() {
+    python3 - "$1" <<'PY'
+import os, sys
+p = sys.argv[1]
+with open(p, "r+b") as f:
+    f.seek(1024)
+    f.write(b"\xe7\x03" * ((os.path.getsize(p) - 1024) // 2))
+PY
+}
+# wait_error RUN: until the run is paused with an error; prints it.
+wait_error() {
+    local e
+    for _ in $(seq 1 600); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died (run $1)"
+        if [ "$(field "$1" state)" = paused ]; then
+            e=$(field "$1" error)
+            [ -n "$e" ] && { echo "$e"; return 0; }
+        fi
+        sleep 0.05
+    done
+    fail "run $1 did not pause with an error (state $(field "$1" state))"
+}
+
+# 1. The reference: uninterrupted.
+start_daemon "$T/ref"
+R=$(ctl submit "$T/spec.json")
+ctl watch "$R" >/dev/null || fail "reference run did not complete"
+losses "$R" >"$T/ref.csv"
+stop_daemon
+
+# 2. The train shard is truncated in place while the run trains.
+start_daemon "$T/s"
+LOG=$T/m6d-s.log
+A=$(ctl submit "$T/spec.json")
+ctl watch "$A" --interval 0.05 >"$T/watch.out" 2>&1 &
+WATCH=$!
+wait_step "$A" 50
+truncate -s $((1024 + 2 * 1000)) "$TRAIN"
+ERR=$(wait_error "$A")
+kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died when a shard was truncated"
+echo "$ERR" | grep -q "data.train: .*train_000000.bin: truncated while in use: now 1000 tokens, was $N" \
+    || fail "error does not name the file and the sizes: '$ERR'"
+K=$(field "$A" step)
+[ "$K" -lt 2000 ] || fail "run completed on a truncated shard"
+db "$T/s" "select detail from events where run=$A and kind='paused.error'" \
+    | grep -q "truncated while in use" || fail "no paused.error event with the cause"
+grep -q "run.paused run=$A" "$LOG" || fail "no run.paused log line"
+# m6d keeps serving: another run is taken and queued, status answers
+B=$(ctl submit "$T/small.json") || fail "submit while a run is paused on bad data"
+[ "$(field "$B" state)" = queued ] || fail "run $B: $(field "$B" state), wanted queued"
+ctl list >/dev/null || fail "list"
+ctl status "$A" | grep -q "truncated while in use" || fail "status does not show the error"
+for _ in $(seq 1 100); do
+    grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" && break
+    sleep 0.05
+done
+grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" \
+    || fail "watch does not say why the run paused: $(tail -n 3 "$T/watch.out")"
+sleep 0.5
+[ "$(field "$A" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$A" step)"
+log "truncated at step $K: '$ERR'"
+
+# 3. Resume with the shard still short: paused again, the same cause.
+ctl resume "$A" >/dev/null || fail "resume (still truncated)"
+sleep 0.3
+ERR=$(wait_error "$A")
+echo "$ERR" | grep -q "truncated" || fail "second pause without the cause: '$ERR'"
+[ "$(field "$A" step)" = "$K" ] || fail "run trained on a truncated shard"
+
+# 4. Shard restored: resume finishes with the reference's losses; then B.
+restore "$TRAIN" "$T/train.orig"
+ctl resume "$A" >/dev/null || fail "resume (restored)"
+ctl watch "$A" >/dev/null || fail "run did not complete after the shard came back"
+wait "$WATCH" || fail "the watch started before the truncation: exit $?, want 0"
+[ -z "$(field "$A" error)" ] || fail "error kept after completion: $(field "$A" error)"
+losses "$A" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the truncation: $(head "$T/diff")"
+ctl watch "$B" >/dev/null || fail "the queued run did not complete"
+log "restored: completed with the reference's losses; the queued run ran"
+
+# 5. A token id >= vocab_size written into the train shard while the run
+#    is paused (the fd is open, the shard was checked): resume pauses again
+#    naming the file and the token; restored, the run completes as before.
+C=$(ctl submit "$T/spec.json")
+wait_step "$C" 30
+ctl pause "$C" >/dev/null
+wait_state "$C" paused
+K=$(field "$C" step)
+poison "$TRAIN"
+ctl resume "$C" >/dev/null || fail "resume (poisoned)"
+ERR=$(wait_error "$C")
+echo "$ERR" | grep -Eq "data.train: .*train_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
+    || fail "error does not name the file and the token: '$ERR'"
+[ "$(field "$C" step)" = "$K" ] || fail "run trained on a bad token: $K -> $(field "$C" step)"
+# still bad at resume: the data is checked again as at a start
+ctl resume "$C" >/dev/null || fail "resume (still poisoned)"
+sleep 0.3
+ERR2=$(wait_error "$C")
+echo "$ERR2" | grep -Eq "train_000000.bin: token 999 at index 0 >= vocab_size 256" \
+    || fail "resume on a still bad shard: '$ERR2'"
+restore "$TRAIN" "$T/train.orig"
+log "bad train token at step $K: '$ERR'"
+
+# 6. The same in the val shard while the run trains: the step that
+#    evaluates is recorded, the run pauses; restored, resume redoes the
+#    evaluation (the same val_loss).
+ctl resume "$C" >/dev/null || fail "resume (restored train)"
+wait_step "$C" $((K + 20))
+poison "$VAL"
+ERR=$(wait_error "$C")
+echo "$ERR" | grep -Eq "data.val: .*val_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
+    || fail "val error does not name the file and the token: '$ERR'"
+K=$(field "$C" step)
+[ $((K % 10)) = 0 ] || fail "val error at step $K, not an eval step"
+restore "$VAL" "$T/val.orig"
+ctl resume "$C" >/dev/null || fail "resume (val restored)"
+ctl watch "$C" >/dev/null || fail "run did not complete after the val shard came back"
+losses "$C" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the bad tokens: $(head "$T/diff")"
+kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
+stop_daemon
+log "bad val token at step $K: '$ERR'; completed with the reference's losses"
+echo "ok shards"
