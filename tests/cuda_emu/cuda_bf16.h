@@ -1,7 +1,8 @@
 /*
  * cuda_bf16.h — bfloat16 for the CPU emulation of CUDA (tests/cuda_emu):
  * the type and the conversions kernels/cuda and tests/gpu use, with the
- * real header's rounding (float -> bf16 to nearest even, NaN kept quiet).
+ * real header's results (float -> bf16 to nearest even; every NaN becomes
+ * the canonical 0x7fff, as CUDA 13's __float2bfloat16_rn gives).
  */
 #ifndef M6_EMU_CUDA_BF16_H
 #define M6_EMU_CUDA_BF16_H
@@ -18,8 +19,8 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     __nv_bfloat16 r;
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: quiet, sign kept */
-        r.x = (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN */
+        r.x = 0x7fff;
     else
         r.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
     return r;

@@ -24,10 +24,12 @@
  *    one never recorded, or one not yet complete;
  *  - cudaFree / cudaFreeHost wait for every stream to go idle;
  *  - the legacy default stream (stream 0, and the synchronous cudaMemcpy /
- *    cudaMemset): an operation there waits until every stream is idle and
- *    runs before the call returns (stricter than the real one, which does
- *    not wait for cudaStreamNonBlocking streams); an event recorded there
- *    is complete when the call returns, a wait there waits on the host;
+ *    cudaMemset): an operation there waits until every stream not made
+ *    with cudaStreamNonBlocking is idle, then runs before the call returns
+ *    (so an ASYNC operation on stream 0 is complete when its call returns:
+ *    a host that reads its result without synchronising gets away with it
+ *    here, not on a GPU); an event recorded there is complete when the
+ *    call returns, a wait there waits on the host;
  *  - cudaMalloc'ed memory starts as 0xff bytes (NaN in bf16 and fp32), so a
  *    kernel that reads memory nobody wrote gives NaN, not a lucky zero;
  *  - errors are returned and remembered for cudaGetLastError.

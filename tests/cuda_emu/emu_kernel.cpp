@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <ucontext.h>
 
+#include <map>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -103,6 +104,8 @@ thread_local void *sched_sp_;
 thread_local jmp_buf sched_;
 #endif
 thread_local std::vector<worker *> *workers_;
+thread_local unsigned long block_epoch_;    /* blocks run on this thread */
+thread_local std::map<void *, unsigned long> *fresh_; /* shared_fresh */
 #ifdef EMU_ASAN
 thread_local const void *sched_bottom_; /* the scheduler's stack */
 thread_local size_t sched_size_;
@@ -280,6 +283,7 @@ int release_(block_run *b)
 void run_block_(block_run *b)
 {
     int n = (int)(b->block.x * b->block.y * b->block.z);
+    block_epoch_++;
     b->fibers.assign(n, fiber());
     b->stuck = 0;
     for (int i = 0; i < n; i++) {
@@ -351,12 +355,23 @@ void run_grid_(void *arg)
     b->block = l->block;
     b->body = &l->body;
     blk_ = b;
-    for (unsigned z = 0; z < l->grid.z && !b->stuck; z++)
-        for (unsigned y = 0; y < l->grid.y && !b->stuck; y++)
-            for (unsigned x = 0; x < l->grid.x && !b->stuck; x++) {
-                b->bid = uint3{x, y, z};
-                run_block_(b);
-            }
+    /* the blocks in a shuffled order (Fisher-Yates on a per-thread LCG),
+     * so that nothing can rely on one block running before another */
+    static thread_local uint64_t rng = 0x9e3779b97f4a7c15ull;
+    size_t nb = (size_t)l->grid.x * l->grid.y * l->grid.z;
+    std::vector<uint32_t> order(nb);
+    for (size_t i = 0; i < nb; i++)
+        order[i] = (uint32_t)i;
+    for (size_t i = nb; i > 1; i--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap(order[i - 1], order[(rng >> 33) % i]);
+    }
+    for (size_t i = 0; i < nb && !b->stuck; i++) {
+        uint32_t k = order[i];
+        b->bid = uint3{k % l->grid.x, (k / l->grid.x) % l->grid.y,
+                       k / (l->grid.x * l->grid.y)};
+        run_block_(b);
+    }
     blk_ = outer;
     delete b;
     delete l;
@@ -389,6 +404,17 @@ int lane_id(void)
     return cur_->lin % 32;
 }
 
+void shared_fresh(void *p, size_t bytes)
+{
+    if (!fresh_)
+        fresh_ = new std::map<void *, unsigned long>();
+    unsigned long &seen = (*fresh_)[p];
+    if (seen != block_epoch_) {
+        memset(p, 0xff, bytes);
+        seen = block_epoch_;
+    }
+}
+
 void sync_block(void)
 {
     yield_(AT_BLOCK);
@@ -400,7 +426,7 @@ uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask)
     fiber *f = cur_;
     int base = f->lin - f->lin % 32, set = f->shuffles++ & 1;
     int lanes = (int)b->fibers.size() - base; /* lanes in this warp */
-    if (lanes < 32 && (mask >> lanes) != 0)
+    if (lanes < 32 && (mask >> lanes) != 0 && f->lin == base)
         mock_misuse("warp shuffle whose mask names lanes past the end of "
                     "the block (a block that is not a multiple of 32)");
     if (!(mask >> (f->lin % 32) & 1))

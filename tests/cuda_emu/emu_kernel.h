@@ -8,25 +8,34 @@
  * Execution model (emu_kernel.cpp):
  *  - a launch is one operation on its stream (mock_cuda.cpp), so it is
  *    ordered against copies, events and other launches as on a GPU;
- *  - the blocks of a grid run one after the other; the threads of a block
- *    run as fibers on one OS thread, each until it reaches __syncthreads()
- *    or a warp shuffle, where it waits for the rest of its block (or warp);
+ *  - the blocks of a grid run one after the other, in a shuffled order
+ *    (a kernel that needs one block to run before another fails); the
+ *    threads of a block run as fibers on one OS thread, each until it
+ *    reaches __syncthreads() or a warp shuffle, where it waits for the rest
+ *    of its block (or warp);
  *  - __shared__ variables are `static thread_local`: one copy per OS thread,
- *    which runs one block at a time, so every block sees its own (their
- *    contents are NOT reset between blocks, as on a GPU);
- *  - the launch configuration is checked as the real runtime does (block
- *    of 1..1024 threads, z <= 64, grid y and z <= 65535, no empty grid):
- *    a bad one leaves cudaErrorInvalidConfiguration for cudaGetLastError;
+ *    which runs one block at a time, so every block sees its own; arrays
+ *    start each block as 0xff bytes (NaN), as a GPU's hold garbage
+ *    (cu2cpp.py adds the shared_fresh call; a scalar __shared__ is not
+ *    refilled);
+ *  - the launch configuration's sizes are checked (block of 1..1024
+ *    threads, z <= 64, grid y and z <= 65535, no empty grid): a bad one
+ *    leaves cudaErrorInvalidConfiguration for cudaGetLastError; not
+ *    checked: registers, shared memory size, __launch_bounds__ (ptxas
+ *    -v on the real build says those);
  *  - misuse that a GPU would turn into a hang or garbage is reported (and
  *    counted by mock_errors()): a __syncthreads() not reached by every
  *    thread of the block still running, a shuffle with a lane that has
  *    exited or does not exist, a mask naming lanes past the end of the
- *    block, shuffles in a warp that disagree. A __syncthreads() that some
- *    threads skip by returning is accepted, as Volta and later GPUs do.
+ *    block, lanes of one warp at different numbers of shuffles. A
+ *    __syncthreads() that some threads skip by returning is accepted, as
+ *    Volta and later GPUs do; so are barriers at different call sites.
  * Not emulated: timing, races between threads of a block (a fiber runs
  * until it waits, so a missing __syncthreads() may go unnoticed), memory
  * spaces (a kernel may read host memory here), tensor-core instructions,
- * atomics, dynamic shared memory.
+ * atomics, dynamic shared memory, shuffles with a partial mask (every lane
+ * of the warp must take part: all of m6's kernels use full masks), local
+ * arrays past ~60 KiB per thread (a fiber's stack is 64 KiB).
  */
 #ifndef M6_EMU_KERNEL_H
 #define M6_EMU_KERNEL_H
@@ -69,6 +78,10 @@ const uint3 &thread_idx(void);
 const uint3 &block_idx(void);
 const dim3 &block_dim(void);
 const dim3 &grid_dim(void);
+/* Fill a __shared__ array with 0xff bytes (NaN) if no thread of the
+ * running block has reached its declaration yet (cu2cpp.py puts the call
+ * after every __shared__ array declaration). */
+void shared_fresh(void *p, size_t bytes);
 /* __syncthreads(): wait for every thread of the block still running. */
 void sync_block(void);
 /* One warp-wide exchange: every lane of the calling warp publishes `bits`
@@ -134,9 +147,11 @@ template <class T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask,
                                 int width = 32)
 {
+    /* as the PTX shfl.bfly with c = ((32 - width) << 8) | 31: a lane past
+     * the end of the caller's segment keeps its own value */
     int lane = ::emu::lane_id();
-    int src = (lane ^ lane_mask);
-    if (src / width != lane / width) /* outside its segment: keeps own */
+    int src = lane ^ lane_mask;
+    if (src >= (lane / width + 1) * width)
         src = lane;
     return emu_shfl_(v, src, mask);
 }
@@ -145,7 +160,8 @@ template <class T>
 static inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32)
 {
     int lane = ::emu::lane_id();
-    return emu_shfl_(v, (lane / width) * width + src_lane % width, mask);
+    return emu_shfl_(v, (lane / width) * width + (src_lane & (width - 1)),
+                     mask);
 }
 
 template <class T>

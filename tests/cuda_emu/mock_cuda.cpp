@@ -9,8 +9,10 @@
  * The GPU threads start with mock_start (the offload test: its seed, thread
  * count and latencies; misuse is counted for it to check) or, for a program
  * that never calls it (the CUDA programs of tests/cuda_emu), at the first
- * stream operation: two threads, no added latency, and misuse is fatal
- * (printed, then exit 1), as a GPU fault would end the program.
+ * stream operation: two threads, the seed $M6_EMU_SEED (default 1), added
+ * latencies of up to $M6_EMU_DELAY_US microseconds (default 0: none), and
+ * misuse is fatal (printed, then exit 1), as a GPU fault would end the
+ * program.
  */
 #include "cuda_runtime.h"
 
@@ -46,6 +48,8 @@ struct mock_stream_ {
     std::deque<op_> q;
     int busy;                   /* its front operation is running */
     int dead;                   /* destroyed */
+    int nonblocking;            /* cudaStreamNonBlocking: not synchronised
+                                 * with the legacy default stream */
 };
 
 struct mock_event_ {
@@ -183,11 +187,12 @@ static int event_ok_(cudaEvent_t e)
     return e && !e->dead;
 }
 
-/* Whether every stream is idle. Lock held. */
-static int all_idle_(void)
+/* Whether every stream (blocking_only: every stream the legacy default
+ * stream synchronises with) is idle. Lock held. */
+static int all_idle_(int blocking_only = 0)
 {
     for (mock_stream_ *s : streams_)
-        if (!s->q.empty() || s->busy)
+        if ((!s->q.empty() || s->busy) && !(blocking_only && s->nonblocking))
             return 0;
     return 1;
 }
@@ -196,6 +201,16 @@ static int all_idle_(void)
 static void wait_idle_locked_(void)
 {
     while (!all_idle_())
+        pthread_cond_wait(&cv_, &mu_);
+}
+
+/* Wait as an operation on the legacy default stream does: for the work
+ * queued on every stream not created with cudaStreamNonBlocking. Lock
+ * held. (Stricter than a GPU: that work queued later, while it waits, is
+ * waited for too.) */
+static void wait_legacy_locked_(void)
+{
+    while (!all_idle_(1))
         pthread_cond_wait(&cv_, &mu_);
 }
 
@@ -317,8 +332,12 @@ void mock_stop(void)
  * once, the others up to max_delay_us later. Lock held. */
 static void queue_(cudaStream_t s, op_ o)
 {
-    if (!started_)
-        start_locked_(1, 2, 0);
+    if (!started_) { /* M6_EMU_SEED, M6_EMU_DELAY_US: see the top */
+        const char *seed = getenv("M6_EMU_SEED");
+        const char *delay = getenv("M6_EMU_DELAY_US");
+        start_locked_(seed ? (unsigned)strtoul(seed, NULL, 10) : 1, 2,
+                      delay ? atoi(delay) : 0);
+    }
     o.not_before = 0;
     if (max_delay_us_ > 0 && rng_() % 2)
         o.not_before = now_ns_() +
@@ -332,7 +351,7 @@ static void queue_(cudaStream_t s, op_ o)
 static void run_legacy_(const op_ &o)
 {
     pthread_mutex_lock(&mu_);
-    wait_idle_locked_();
+    wait_legacy_locked_();
     pthread_mutex_unlock(&mu_);
     switch (o.kind) {
     case OP_COPY:
@@ -598,7 +617,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
 cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
     mock_stream_ *st = new mock_stream_();
-    st->busy = st->dead = 0;
+    st->busy = st->dead = st->nonblocking = 0;
     pthread_mutex_lock(&mu_);
     streams_.push_back(st);
     pthread_mutex_unlock(&mu_);
@@ -608,8 +627,13 @@ cudaError_t cudaStreamCreate(cudaStream_t *s)
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    (void)flags; /* no legacy default stream here: all are non-blocking */
-    return cudaStreamCreate(s);
+    cudaError_t e = cudaStreamCreate(s);
+    if (e == cudaSuccess && (flags & cudaStreamNonBlocking)) {
+        pthread_mutex_lock(&mu_);
+        (*s)->nonblocking = 1;
+        pthread_mutex_unlock(&mu_);
+    }
+    return e;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
@@ -703,8 +727,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&mu_);
-    if (!s && event_ok_(e)) { /* legacy stream: complete once all is idle */
-        wait_idle_locked_();
+    if (!s && event_ok_(e)) { /* legacy stream: complete at once */
+        wait_legacy_locked_();
         e->issued++;
         pthread_mutex_unlock(&mu_);
         return cudaSuccess;

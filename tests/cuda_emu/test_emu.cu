@@ -10,8 +10,10 @@
  *    cudaErrorInvalidConfiguration and run nothing;
  *  - misuse is reported: half a warp at __syncthreads while the other half
  *    shuffles, a full-mask shuffle in a partial warp;
- *  - cudaMalloc memory starts as NaN; stream order: a kernel runs after
- *    the copy queued before it on its stream.
+ *  - cudaMalloc memory starts as NaN, and so does __shared__ memory at
+ *    each block's start; blocks run each once, not in index order;
+ *  - __shfl_xor_sync with width 16 as PTX shfl.bfly;
+ *  - stream order: a kernel runs after the copy queued before it.
  * Exit 0 passed, 1 failed.
  */
 #include <math.h>
@@ -68,6 +70,32 @@ __global__ void divergent_barrier_kernel(float *out)
 __global__ void partial_warp_shuffle_kernel(float *out)
 {
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+/* shared memory read before any thread wrote it: NaN in every block */
+__global__ void shared_unwritten_kernel(float *out)
+{
+    __shared__ float acc[32];
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = acc[5];
+    __syncthreads();
+    acc[threadIdx.x] = 1.0f; /* what a previous block leaves behind */
+}
+
+static int run_counter_;
+
+/* the order blocks run in: order[b] = how many blocks ran before b */
+__global__ void block_order_kernel(int *order)
+{
+    if (threadIdx.x == 0)
+        order[blockIdx.x] = run_counter_++;
+}
+
+/* __shfl_xor_sync with width 16: a lane whose partner lies past the end of
+ * its own segment keeps its value; one before it reads the partner */
+__global__ void shfl_width_kernel(int *out)
+{
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 16, 16);
 }
 
 __global__ void count_kernel(int *out)
@@ -128,6 +156,34 @@ int main(void)
     for (int i = 0; i < total; i++)
         ok &= h_idx[i] == i;
     check_(ok, "each thread wrote its own linear index, once");
+
+    printf("shared memory and block order\n");
+    float h_sh[4], *d_sh;
+    cudaMalloc(&d_sh, sizeof h_sh);
+    shared_unwritten_kernel<<<4, 32, 0, s>>>(d_sh);
+    cudaMemcpyAsync(h_sh, d_sh, sizeof h_sh, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    check_(isnan(h_sh[0]) && isnan(h_sh[1]) && isnan(h_sh[2]) &&
+           isnan(h_sh[3]), "__shared__ unwritten reads NaN in every block");
+    int h_ord[64], *d_ord;
+    cudaMalloc(&d_ord, sizeof h_ord);
+    block_order_kernel<<<64, 32, 0, s>>>(d_ord);
+    cudaMemcpyAsync(h_ord, d_ord, sizeof h_ord, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    int in_order = 1, seen[64] = {0}, perm = 1;
+    for (int b = 0; b < 64; b++) {
+        in_order &= h_ord[b] == b;
+        perm &= h_ord[b] >= 0 && h_ord[b] < 64 && !seen[h_ord[b]]++;
+    }
+    check_(perm && !in_order, "64 blocks each run once, not in index order");
+    int h_w[32], *d_w;
+    cudaMalloc(&d_w, sizeof h_w);
+    shfl_width_kernel<<<1, 32, 0, s>>>(d_w);
+    cudaMemcpyAsync(h_w, d_w, sizeof h_w, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    check_(h_w[4] == 4 && h_w[20] == 4 && h_w[0] == 0 && h_w[31] == 15,
+           "xor 16, width 16: lane 4 keeps 4, lane 20 reads lane 4");
+    cudaFree(d_sh); cudaFree(d_ord); cudaFree(d_w);
 
     printf("launch limits\n");
     int *d_c, h_c = 0;
