@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cu2cpp.py IN.cu OUT.cpp -- make a .cu file compile as C++ on the CPU
+"""cu2cpp.py IN.cu OUT.cpp [DEPFILE] -- make a .cu file compile as C++ on the CPU
 emulation of CUDA (tests/cuda_emu):
  - every launch  kernel<<<grid, block[, smem[, stream]]>>>(args)  becomes
    ::emu::launch(kernel, grid, block[, smem[, stream]])(args);
@@ -10,7 +10,8 @@ emulation of CUDA (tests/cuda_emu):
  - a  #include "X.cuh"  found next to the file is read in, rewritten the
    same way (once per file: the headers have include guards anyway).
 Line numbers are kept (#line directives), so compiler messages point at
-the .cu and .cuh files."""
+the .cu and .cuh files. DEPFILE (Make syntax) lists the .cuh files read in,
+so that the build rewrites OUT.cpp when one of them changes."""
 import os
 import re
 import sys
@@ -56,9 +57,14 @@ def rewrite(path, done):
 
 def main():
     src_path, out_path = sys.argv[1], sys.argv[2]
-    out = rewrite(src_path, set())
+    done = set()
+    out = rewrite(src_path, done)
     with open(out_path, 'w') as f:
         f.write(out)
+    if len(sys.argv) > 3:
+        with open(sys.argv[3], 'w') as f:
+            f.write('%s: %s\n' % (out_path.replace(' ', '\\ '), ' '.join(
+                p.replace(' ', '\\ ') for p in [src_path] + sorted(done))))
 
 
 if __name__ == '__main__':
