@@ -233,7 +233,9 @@ static int name_ok_(const char *s)
     return 1;
 }
 
-/* "4GiB", "1.5 MiB", "512MB", "1024" → bytes. 0 ok, -1 bad text, -2 overflow */
+/* "4GiB", "1.5 MiB", "512MB", "1024" → bytes (a fraction of a larger unit
+ * rounds down to whole bytes; one of a byte, "1.5", is bad text). 0 ok, -1
+ * bad text, -2 overflow */
 int spec_parse_size(const char *s, size_t *out)
 {
     static const struct { const char *sfx; unsigned long long mult; } units[] = {
@@ -261,6 +263,8 @@ int spec_parse_size(const char *s, size_t *out)
     for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
         if (strcasecmp(p, units[u].sfx) != 0) continue;
         unsigned long long m = units[u].mult;
+        /* a fraction of a byte ("1.5", "2.25B") is a typo, not a size */
+        if (frac && m == 1 && strspn(frac, "0") < nfrac) return -1;
         if (whole > (unsigned long long)INT64_MAX / m) return -2;
         unsigned long long v = whole * m;
         if (frac) {  /* fraction of the unit, rounded down to whole bytes */

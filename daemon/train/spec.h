@@ -64,8 +64,9 @@ int spec_parse(run_spec *s, const char *json, size_t len, char *err,
                size_t errlen);
 
 /* A byte size as the spec writes it: "4GiB", "1.5 MiB", "512MB", "1024"
- * (KiB/MiB/GiB/TiB powers of 2, KB/MB/GB/TB powers of 10; case-insensitive).
- * 0, or -1 for bad text, -2 for overflow. */
+ * (KiB/MiB/GiB/TiB powers of 2, KB/MB/GB/TB powers of 10; case-insensitive;
+ * a fraction of a unit rounds down to whole bytes, but a fraction of a byte,
+ * "1.5" or "2.5B", is bad text). 0, or -1 for bad text, -2 for overflow. */
 int spec_parse_size(const char *s, size_t *out);
 
 /* Parse the file at path (errors name the file). */

@@ -223,6 +223,8 @@ static void test_memory_budget(void **state)
         { "\"3MB\"", 3000000 },
         { "\"141GB\"", 141000000000ULL },
         { "\"0.5MiB\"", 1 << 19 },
+        { "\"1.0\"", 1 },
+        { "\"0.1KB\"", 100 },
         { "\"12gib\"", (size_t)12 << 30 },
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -295,6 +297,8 @@ static void test_bad_specs(void **state)
         { "\"device\": {\"memory_budget\": \"12XB\"}", "device.memory_budget: bad size \"12XB\"" },
         { "\"device\": {\"memory_budget\": \"GiB\"}", "device.memory_budget: bad size" },
         { "\"device\": {\"memory_budget\": \"1.GiB\"}", "device.memory_budget: bad size" },
+        { "\"device\": {\"memory_budget\": \"1.5\"}", "device.memory_budget: bad size \"1.5\"" },
+        { "\"device\": {\"memory_budget\": \"2.25B\"}", "device.memory_budget: bad size \"2.25B\"" },
         { "\"device\": {\"memory_budget\": -5}", "device.memory_budget: must be >= 0" },
         { "\"device\": {\"memory_budget\": 1.5}", "device.memory_budget: must be bytes" },
         { "\"device\": {\"memory_budget\": \"99999999999TiB\"}", "too large" },
