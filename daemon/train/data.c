@@ -110,6 +110,45 @@ static void scanned_put_(const struct stat *st, unsigned max_token)
     pthread_mutex_unlock(&scanned_mu_);
 }
 
+/* Tokens [off, off+m) of an open shard into buf, with pread (EINTR
+ * retried). 0, or -1 with errno set, 0 when the file ended first. */
+static int pread_tokens_(int fd, size_t off, uint16_t *buf, size_t m)
+{
+    size_t want = m * sizeof *buf, got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, (char *)buf + got, want - got,
+                          (off_t)(HEADER_BYTES + off * sizeof *buf + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = 0;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The largest of buf[0..m) (a plain loop: it vectorises). */
+static unsigned max_token_(const uint16_t *buf, size_t m)
+{
+    unsigned mx = 0;
+    for (size_t j = 0; j < m; j++) mx = buf[j] > mx ? buf[j] : mx;
+    return mx;
+}
+
+/* err for the first token >= vocab_size in buf (there is one), buf holding
+ * the tokens from index base of the shard at path; note (may be "") is
+ * appended. */
+static void bad_token_(char *err, size_t errlen, const char *path,
+                       const uint16_t *buf, size_t base, int vocab_size,
+                       const char *note)
+{
+    size_t j = 0;
+    while (buf[j] < vocab_size) j++;
+    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s", path,
+            (unsigned)buf[j], base + j, vocab_size, note);
+}
+
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
  * rather than through the mapping: faulting a large mapping in holds the
  * process's mmap lock, which stalls m6d's other threads (the control
@@ -130,26 +169,16 @@ static int check_token_range_(int fd, const struct stat *st, const char *path,
     int rc = 0;
     unsigned file_max = 0;
     for (size_t k0 = 0; k0 < n && rc == 0;) {
-        size_t m = n - k0 < CHUNK ? n - k0 : CHUNK, got = 0;
-        while (got < m * sizeof *buf) {
-            ssize_t r = pread(fd, (char *)buf + got, m * sizeof *buf - got,
-                              (off_t)(HEADER_BYTES + k0 * sizeof *buf + got));
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                seterr_(err, errlen, "%s: read: %s", path,
-                        r < 0 ? strerror(errno) : "file shrank while reading");
-                free(buf);
-                return -1;
-            }
-            got += (size_t)r;
+        size_t m = n - k0 < CHUNK ? n - k0 : CHUNK;
+        if (pread_tokens_(fd, k0, buf, m) != 0) {
+            seterr_(err, errlen, "%s: read: %s", path,
+                    errno ? strerror(errno) : "file shrank while reading");
+            free(buf);
+            return -1;
         }
-        unsigned mx = 0;
-        for (size_t j = 0; j < m; j++) mx = buf[j] > mx ? buf[j] : mx;
+        unsigned mx = max_token_(buf, m);
         if (mx >= (unsigned)vocab_size) {
-            size_t j = 0;
-            while (buf[j] < vocab_size) j++;
-            seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d",
-                    path, (unsigned)buf[j], k0 + j, vocab_size);
+            bad_token_(err, errlen, path, buf, k0, vocab_size, "");
             rc = -1;
         }
         file_max = mx > file_max ? mx : file_max;
@@ -327,37 +356,24 @@ static int shard_read_(const token_set *ts, int s, size_t off, uint16_t *buf,
                        size_t m, char *err, size_t errlen)
 {
     const char *path = ts->paths[s];
-    size_t want = m * sizeof *buf, got = 0;
-    while (got < want) {
-        ssize_t r = pread(ts->fds[s], (char *)buf + got, want - got,
-                          (off_t)(HEADER_BYTES + off * sizeof *buf + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
+    if (pread_tokens_(ts->fds[s], off, buf, m) != 0) {
+        if (errno) {
             seterr_(err, errlen, "%s: read: %s", path, strerror(errno));
             return -1;
         }
-        if (r == 0) {
-            struct stat st;
-            size_t now = 0;
-            if (fstat(ts->fds[s], &st) == 0 && (size_t)st.st_size > HEADER_BYTES)
-                now = ((size_t)st.st_size - HEADER_BYTES) / sizeof *buf;
-            seterr_(err, errlen, "%s: truncated while in use: now %zu tokens, "
-                    "was %zu", path, now, ts->n_tokens[s]);
-            return -1;
-        }
-        got += (size_t)r;
+        struct stat st;
+        size_t now = 0;
+        if (fstat(ts->fds[s], &st) == 0 && (size_t)st.st_size > HEADER_BYTES)
+            now = ((size_t)st.st_size - HEADER_BYTES) / sizeof *buf;
+        seterr_(err, errlen, "%s: truncated while in use: now %zu tokens, "
+                "was %zu", path, now, ts->n_tokens[s]);
+        return -1;
     }
-    if (ts->vocab_size < 65536) {
-        unsigned mx = 0;
-        for (size_t j = 0; j < m; j++) mx = buf[j] > mx ? buf[j] : mx;
-        if (mx >= (unsigned)ts->vocab_size) {
-            size_t j = 0;
-            while (buf[j] < ts->vocab_size) j++;
-            seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d "
-                    "(the shard changed while in use)", path,
-                    (unsigned)buf[j], off + j, ts->vocab_size);
-            return -1;
-        }
+    if (ts->vocab_size < 65536 &&
+        max_token_(buf, m) >= (unsigned)ts->vocab_size) {
+        bad_token_(err, errlen, path, buf, off, ts->vocab_size,
+                   " (the shard changed while in use)");
+        return -1;
     }
     return 0;
 }
