@@ -97,15 +97,20 @@ wait_state() {
     fail "run $run: state $s, wanted $want after ${tmo}s"
 }
 
-# wait_step RUN N: until step >= N
+# wait_step RUN N: until step >= N. Polls the state database (one sqlite3
+# process, a few ms) rather than `field` (m6ctl and a Python start, which on
+# a loaded machine took long enough for a short run to pass the step it was
+# waiting for and finish: integration-restart then failed "run finished
+# before SIGTERM"). The step is the one m6d commits at the end of each step.
 wait_step() {
-    local run=$1 n=$2 tmo=${3:-60} s
-    for _ in $(seq 1 $((tmo * 50))); do
-        s=$(field "$run" step)
-        [ "$s" -ge "$n" ] && return 0
-        sleep 0.02
+    local run=$1 n=$2 tmo=${3:-60} s= end
+    end=$((SECONDS + tmo))
+    while [ "$SECONDS" -le "$end" ]; do
+        s=$(db "$(dirname "$SOCK")" "select step from runs where id=$run")
+        [ -n "$s" ] && [ "$s" -ge "$n" ] && return 0
+        sleep 0.01
     done
-    fail "run $run: step $s, wanted >= $n"
+    fail "run $run: step ${s:-?}, wanted >= $n (waited ${tmo}s)"
 }
 
 # db STATE_DIR SQL: the test's own read queries. Read-only: a read-write
