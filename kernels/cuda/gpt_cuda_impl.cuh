@@ -13,6 +13,7 @@
 #include "common.cuh"
 #include "gpt_cuda.h"
 #include "model/gpt.h"
+#include "offload_host.h"  /* the host jobs' loops; bf16 bits <-> fp32 */
 
 #define PAD 16      /* elements: region padding, as gpt.c */
 #define VPAD 128    /* vocabulary padding */
@@ -55,7 +56,9 @@ typedef struct {
     uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing */
     int pinned;                    /* wbf/gbf from cudaHostAlloc */
     int accum_jobs, adam_jobs;     /* host jobs queued or running */
-    int touched;                   /* gacc holds this step's gradient */
+    int touched;                   /* this step's gradient has landed */
+    int g_in_bf;                   /* ... only in gbf (its one drain: gacc
+                                    * not written; gbf held until AdamW) */
     int sumsq_done;                /* ssq is of the final gradient */
     int updated;                   /* AdamW queued this step (early) */
     double *ssq;                   /* [chunks] per-chunk sums of squares */
@@ -89,6 +92,9 @@ typedef struct {
     int first;                     /* ACCUM: gacc = grad (else +=) */
     int final;                     /* ACCUM: then sumsq of the range */
     int adam;                      /* ACCUM: then AdamW of the range */
+    int from_bf;                   /* the gradient is gbf's, not gacc's
+                                    * (ACCUM: first and final, so gacc is
+                                    * not written) */
     float lr, beta1, beta2, eps, wd, scale;
     long t;
 } hjob_;
@@ -212,25 +218,5 @@ void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
                 float wd, float scale);
 /* bf16 working copy of host slot s from its master (queued jobs + wait). */
 void off_refresh_bf16_(gpt_cuda *g, int s);
-
-/* Host float -> bf16 bits, round to nearest even (as __float2bfloat16_rn);
- * NaN stays NaN. */
-static inline uint16_t f2bf_(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float bf2f_(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 #endif /* M6_GPT_CUDA_IMPL_CUH */

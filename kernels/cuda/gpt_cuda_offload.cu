@@ -22,6 +22,11 @@
  *     large slots still use every thread: ACCUM (wait for the drain, add
  *     the bf16 gradient to the fp32 accumulator, then, when final, its sum
  *     of squares and, with early updates, AdamW), ADAM, SUMSQ, TO_BF16.
+ *     The loops are kernels/offload_host.h's. A slot drained once in a
+ *     step (one microbatch, no sharing) skips the accumulator: its sum of
+ *     squares and AdamW read the landed bf16 gradient (job.from_bf), which
+ *     moves 8 fewer bytes per parameter through host memory and gives the
+ *     same bits; its next drain waits for that AdamW.
  * One mutex guards the queue and the per-slot counters; nothing spins.
  */
 #include <math.h>
@@ -52,48 +57,31 @@ static hslot_ *hslot_of_(gpt_cuda *g, int s)
 
 /* ------------------------------------------------------------ host jobs */
 
-/* bf16 working copy of elements [i0, i1) from the fp32 master */
-static void to_bf16_range_(hslot_ *h, size_t i0, size_t i1)
-{
-    for (size_t i = i0; i < i1; i++)
-        h->wbf[i] = f2bf_(h->master[i]);
-}
-
 /* AdamW over elements [i0, i1) of a host slot, tensor by tensor (decay on
- * 2-D tensors only): the formula of kernels.h, computed as adamw_kernel in
- * adamw.cu (fp32, bias corrections in double rounded to float). */
+ * 2-D tensors only), and the bf16 working copy: host_adamw_bf16, the
+ * formula of kernels.h, computed as adamw_kernel in adamw.cu (fp32, bias
+ * corrections in double rounded to float). The gradient is gacc, or gbf
+ * when j->from_bf. The slot's tail padding is zero in master and wbf. */
 static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
-    float bc1 = (float)(1.0 - pow((double)j->beta1, (double)j->t));
-    float bc2 = (float)(1.0 - pow((double)j->beta2, (double)j->t));
-    float b1 = j->beta1, b2 = j->beta2, lr = j->lr, eps = j->eps;
-    float sc = j->scale;
     for (int k = 0; k < SLOT_NTENSORS; k++) {
         size_t a = g->slot[k].off, b = a + g->slot[k].numel;
         if (a < j->i0) a = j->i0;
         if (b > j->i1) b = j->i1;
+        if (a >= b)
+            continue;
         float wd = g->slot[k].two_d ? j->wd : 0.0f;
-        for (size_t i = a; i < b; i++) {
-            float gr = h->gacc[i] * sc;
-            float mi = b1 * h->m[i] + (1.0f - b1) * gr;
-            float vi = b2 * h->v[i] + (1.0f - b2) * gr * gr;
-            float mhat = mi / bc1, vhat = vi / bc2;
-            float p = h->master[i];
-            p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
-            h->m[i] = mi;
-            h->v[i] = vi;
-            h->master[i] = p;
-        }
+        host_adamw_bf16(h->master + a, h->m + a, h->v + a, h->wbf + a,
+                        j->from_bf ? NULL : h->gacc + a, h->gbf + a, b - a,
+                        j->lr, j->beta1, j->beta2, j->eps, wd, j->scale,
+                        j->t);
     }
-    to_bf16_range_(h, j->i0, j->i1);
 }
 
-static double sumsq_range_(const hslot_ *h, size_t i0, size_t i1)
+static double sumsq_range_(const hslot_ *h, const hjob_ *j)
 {
-    double s = 0.0;
-    for (size_t i = i0; i < i1; i++)
-        s += (double)h->gacc[i] * h->gacc[i];
-    return s;
+    return j->from_bf ? host_sumsq_bf16(h->gbf + j->i0, j->i1 - j->i0)
+                      : host_sumsq_f32(h->gacc + j->i0, j->i1 - j->i0);
 }
 
 /* An ACCUM job first waits for its slot's gradient to land (the drain
@@ -118,23 +106,20 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
     double ss = 0.0;
     switch (j->kind) {
     case JOB_ACCUM:
-        if (j->first)
-            for (size_t i = j->i0; i < j->i1; i++)
-                h->gacc[i] = bf2f_(h->gbf[i]);
-        else
-            for (size_t i = j->i0; i < j->i1; i++)
-                h->gacc[i] += bf2f_(h->gbf[i]);
+        if (!j->from_bf) /* else the gradient stays in gbf */
+            host_grad_accumulate(h->gacc + j->i0, h->gbf + j->i0,
+                                 j->i1 - j->i0, !j->first);
         if (j->final)
-            ss = sumsq_range_(h, j->i0, j->i1);
+            ss = sumsq_range_(h, j);
         break; /* j->adam: the worker runs adam_range_ after publishing */
     case JOB_ADAM:
         adam_range_(g, h, j);
         break;
     case JOB_SUMSQ:
-        ss = sumsq_range_(h, j->i0, j->i1);
+        ss = sumsq_range_(h, j);
         break;
     case JOB_TO_BF16:
-        to_bf16_range_(h, j->i0, j->i1);
+        host_to_bf16(h->wbf + j->i0, h->master + j->i0, j->i1 - j->i0);
         break;
     }
     return ss;
@@ -666,11 +651,13 @@ void off_leave_(gpt_cuda *g, int p)
         return;
     }
     /* drain the interval's gradient; the slot's landing buffer must have
-     * been consumed by its previous accumulation */
+     * been consumed by its previous accumulation, and by its AdamW when
+     * that read it (from_bf; already done in any order of calls that
+     * fetched the slot since, as every fetch waits for the slot's AdamW) */
     int s = I->slot;
     hslot_ *h = hslot_of_(g, s);
     pthread_mutex_lock(&o->mu);
-    while (h->accum_jobs > 0)
+    while (h->accum_jobs > 0 || (h->g_in_bf && h->adam_jobs > 0))
         pthread_cond_wait(&o->cv_done, &o->mu);
     pthread_mutex_unlock(&o->mu);
     CUDA_CHECK(cudaStreamWaitEvent(o->drain, sb->freed, 0));
@@ -687,6 +674,7 @@ void off_leave_(gpt_cuda *g, int p)
     job.slot = s;
     job.first = !h->touched;
     job.final = I->final;
+    job.from_bf = job.first && job.final;
     job.adam = I->final && o->early;
     if (job.adam) {
         job.lr = o->lr;
@@ -700,6 +688,7 @@ void off_leave_(gpt_cuda *g, int p)
     }
     h->touched = 1;
     pthread_mutex_lock(&o->mu);
+    h->g_in_bf = job.from_bf;
     h->sumsq_done = 0; /* a norm taken earlier in the step is stale now */
     queue_chunks_(g, &job);
     pthread_mutex_unlock(&o->mu);
@@ -722,6 +711,8 @@ void off_step_begin_(gpt_cuda *g)
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         h->touched = h->updated = h->sumsq_done = 0;
+        /* g_in_bf stays until the next drain: an AdamW of last step may
+         * still read gbf */
     }
     pthread_mutex_unlock(&o->mu);
 }
@@ -746,6 +737,7 @@ double off_grad_sumsq_(gpt_cuda *g)
             memset(h->gacc, 0, g->slot_size * sizeof(float));
             memset(h->ssq, 0, nc * sizeof(double));
             h->touched = 1;
+            h->g_in_bf = 0;
             h->sumsq_done = 1;
             continue;
         }
@@ -753,6 +745,7 @@ double off_grad_sumsq_(gpt_cuda *g)
         memset(&j, 0, sizeof j);
         j.kind = JOB_SUMSQ;
         j.slot = s;
+        j.from_bf = h->g_in_bf;
         queue_chunks_(g, &j);
     }
     wait_accums_(g);
@@ -787,6 +780,7 @@ void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
             continue; /* early update, already queued */
         h->updated = 1;
         j.slot = s;
+        j.from_bf = h->g_in_bf;
         j.t = ++g->adam_t_slot[s];
         queue_chunks_(g, &j);
     }

@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include "cuda_check.h"   /* the real one, on top of the mock runtime */
 
-typedef uint16_t bf16;    /* bits of a bfloat16 (f2bf_ / bf2f_) */
+typedef uint16_t bf16;    /* bits of a bfloat16 (offload_host.h) */
 
 static inline size_t ceil_div(size_t a, size_t b)
 {

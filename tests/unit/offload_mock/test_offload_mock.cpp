@@ -117,7 +117,7 @@ static void k_grad_(void *arg)
 {
     const karg_ *a = (const karg_ *)arg;
     for (size_t i = 0; i < used_; i++)
-        a->dw[i] = f2bf_(bf2f_(a->dw[i]) + grad_of_(i, a->layer, a->mb,
+        a->dw[i] = bf16_from_f32(bf16_to_f32(a->dw[i]) + grad_of_(i, a->layer, a->mb,
                                                     a->step));
 }
 
@@ -192,10 +192,10 @@ static void check_state_(gpt_cuda *g, const char *when, int step)
         if (memcmp(h->v, R.v.data(), ss * sizeof(float)))
             FAIL("STATE %s step %d slot %d: v differs\n", when, step, s);
         for (size_t i = 0; i < ss; i++)
-            if (h->wbf[i] != f2bf_(R.master[i])) {
+            if (h->wbf[i] != bf16_from_f32(R.master[i])) {
                 FAIL("WBF %s step %d slot %d element %zu: %04x, expected "
                      "%04x\n", when, step, s, i, h->wbf[i],
-                     f2bf_(R.master[i]));
+                     bf16_from_f32(R.master[i]));
                 break;
             }
         if (g->adam_t_slot[s] != R.t)
@@ -349,7 +349,7 @@ static int run_seed_(unsigned seed)
                 0.01f * (float)((i * 13 + (size_t)s) % 17) - 0.08f;
         off_refresh_bf16_(g, s);
         for (size_t i = 0; i < ss; i++)
-            exp_w[s][i] = f2bf_(R.master[i]);
+            exp_w[s][i] = bf16_from_f32(R.master[i]);
     }
 
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
@@ -408,14 +408,18 @@ static int run_seed_(unsigned seed)
         if (fabs(tot - rtot) > 1e-9 * (1.0 + rtot))
             FAIL("SUMSQ step %d: %.17g, expected %.17g\n", step, tot, rtot);
         for (int s = c.n_res; s < c.S; s++) {
-            const float *ga = g->off.hs[s - c.n_res].gacc;
-            for (size_t i = 0; i < ss; i++)
-                if (memcmp(&ga[i], &ref[s].g[i], sizeof(float))) {
+            /* the slot's gradient: the fp32 accumulator, or the landed
+             * bf16 one where the slot was drained once this step */
+            const hslot_ *h = &g->off.hs[s - c.n_res];
+            for (size_t i = 0; i < ss; i++) {
+                float ga = h->g_in_bf ? bf16_to_f32(h->gbf[i]) : h->gacc[i];
+                if (memcmp(&ga, &ref[s].g[i], sizeof(float))) {
                     FAIL("GRAD step %d slot %d element %zu: accumulated "
-                         "%.9g, expected %.9g\n", step, s, i, ga[i],
-                         ref[s].g[i]);
+                         "%.9g, expected %.9g (%s)\n", step, s, i, ga,
+                         ref[s].g[i], h->g_in_bf ? "gbf" : "gacc");
                     break;
                 }
+            }
         }
         float norm = sqrtf((float)tot), scale = 1.0f;
         if (max_norm > 0.0f && norm > max_norm)
@@ -430,7 +434,7 @@ static int run_seed_(unsigned seed)
             /* what kernels read from now on (none is queued: the
              * stream was synchronised above) */
             for (size_t i = 0; i < ss; i++)
-                exp_w[s][i] = f2bf_(ref[s].master[i]);
+                exp_w[s][i] = bf16_from_f32(ref[s].master[i]);
         }
         if (r() % 2) { /* evaluation: gpt_cuda_forward right after */
             run_pass_(g, 0, L, 0, -1, step);
