@@ -81,6 +81,10 @@ build_() {
     done
     compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
+    # the offload host jobs' loops (gpt_cuda_offload.cu), vectorised as meson
+    # builds them (kernels/meson.build)
+    compile cpu_offload_host gcc "${CFLAGS[@]}" -O3 -fno-math-errno -fno-trapping-math \
+        -c kernels/cpu/offload_host.c -o "$OUT/obj/cpu_offload_host.o"
 
     # The trainer (spec, data, checkpoints, offload, both backends) for
     # test_trainer: needs jansson and zlib.
@@ -110,6 +114,7 @@ build_() {
         fi
     done
     KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/$k.o"); done
+    KOBJ+=("$OUT/obj/cpu_offload_host.o")
     COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
