@@ -82,6 +82,17 @@ __global__ void colsum_final_kernel(bf16 *dbias, const float *scratch,
 
 /* ------------------------------------------------------------- cuBLASLt */
 
+/* The alignment of p in bytes, up to 256: the largest power of two that
+ * divides the address. */
+static uint32_t align_of_(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 1;
+    while (al < 256 && a % (2 * al) == 0)
+        al *= 2;
+    return al;
+}
+
 /* D (m,n col-major, ldd) = op(A) op(B) + beta D, with an epilogue.
  * A is (m,k) if !ta else stored (k,m); B is (k,n) if !tb else stored (n,k).
  * Returns 0, or -1 when cuBLASLt has no algorithm for this configuration
@@ -123,6 +134,22 @@ static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
     uint64_t ws = MM_WORKSPACE;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    /* The heuristic does not see A, B, C and D: it assumes 256-byte
+     * alignment unless told, and an algorithm chosen so fails on a less
+     * aligned matrix (cublasLt.h). Tensors inside a slot are not all 256-
+     * aligned (C 1600: the attention projection's weight is 128-aligned),
+     * so state each one's real alignment, as PyTorch does. */
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const void *mats[4] = {A, B, D, D};
+    for (int i = 0; i < 4; i++) {
+        uint32_t al = align_of_(mats[i]);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, align_attr[i], &al, sizeof al));
+    }
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(

@@ -16,6 +16,14 @@
  * dimensions, pointers inside device allocations, workspace), while only a
  * GPU run (tests/gpu) checks cuBLASLt itself.
  *
+ * Alignment, as cuBLASLt documents it: the heuristic cannot see A, B, C
+ * and D, so it picks an algorithm for the alignment the preference states
+ * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES, default 256 bytes),
+ * and cublasLtMatmul with a matrix less aligned than that "will fail". The
+ * emulated algorithm carries those four alignments and cublasLtMatmul
+ * refuses a pointer that does not meet one (a misuse), whatever the real
+ * algorithm would have needed.
+ *
  * With the environment variable M6_EMU_CUBLASLT_NO_EPILOGUE=1 the heuristic
  * offers no algorithm for an epilogue other than DEFAULT (as cuBLASLt may),
  * so that matmul.cu's fallback kernels run.
@@ -52,6 +60,10 @@ typedef enum {
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 } cublasLtMatmulPreferenceAttributes_t;
 
 typedef struct emu_lt_handle_ *cublasLtHandle_t;

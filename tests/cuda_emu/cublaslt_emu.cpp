@@ -35,6 +35,7 @@ struct emu_lt_layout_ {
 
 struct emu_lt_pref_ {
     uint64_t max_workspace;
+    uint32_t align[4];          /* MIN_ALIGNMENT_{A,B,C,D}_BYTES */
 };
 
 static cublasStatus_t bad_(const char *what)
@@ -122,7 +123,7 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
-    *p = new emu_lt_pref_{0};
+    *p = new emu_lt_pref_{0, {256, 256, 256, 256}};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -136,9 +137,20 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
     cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
     const void *buf, size_t size)
 {
-    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-        return bad_("preference attribute not emulated");
-    return get_(&p->max_workspace, buf, size);
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return get_(&p->max_workspace, buf, size);
+    if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
+        attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        uint32_t a = 0;
+        cublasStatus_t st = get_(&a, buf, size);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return st;
+        if (a == 0 || (a & (a - 1)) != 0)
+            return bad_("a minimum alignment that is not a power of two");
+        p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = a;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return bad_("preference attribute not emulated");
 }
 
 /* The shapes of op(A) (m,k), op(B) (k,n), C and D (m,n) agree. */
@@ -169,7 +181,6 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int requested,
     cublasLtMatmulHeuristicResult_t *results, int *returned)
 {
-    (void)p;
     *returned = 0;
     if (requested < 1)
         return bad_("heuristic asked for no result");
@@ -179,6 +190,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     if (h->no_epilogue && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
+    for (int i = 0; i < 4; i++) /* the alignments it was chosen for */
+        results[0].algo.data[i] = p->align[i];
     *returned = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -260,9 +273,23 @@ cublasStatus_t cublasLtMatmul(
     const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_size,
     cudaStream_t stream)
 {
-    (void)algo;
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    const void *mats[4] = {A, B, C, D};
+    for (int i = 0; i < 4; i++) {
+        uint64_t need = algo->data[i];
+        if (need == 0)
+            return bad_("matmul: an algorithm that no heuristic returned");
+        if ((uintptr_t)mats[i] % need != 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "matmul: %c at %p is not aligned to "
+                     "the %llu bytes its algorithm was chosen for "
+                     "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES; cuBLASLt "
+                     "may fail or fault)", "ABCD"[i], mats[i],
+                     (unsigned long long)need, "ABCD"[i]);
+            return bad_(msg);
+        }
+    }
     if (!shapes_ok_(d, a, b, c, dl))
         return bad_("matmul: the layouts of op(A), op(B), C and D do not "
                     "make one (m,k) x (k,n) product");

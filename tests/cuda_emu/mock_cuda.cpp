@@ -462,7 +462,10 @@ static cudaError_t alloc_(void **p, size_t n, int kind)
         if (full)
             return ret_(cudaErrorMemoryAllocation);
     }
-    *p = malloc(n ? n : 1);
+    /* aligned as CUDA documents: any address an allocation routine
+     * returns is aligned to at least 256 bytes (cudaHostAlloc: a page) */
+    size_t align = kind == MEM_DEVICE ? 256 : 4096;
+    *p = aligned_alloc(align, (n + align - 1) / align * align + (n ? 0 : align));
     if (!*p)
         return ret_(cudaErrorMemoryAllocation);
     if (kind == MEM_DEVICE)

@@ -10,8 +10,11 @@
  *    cudaErrorInvalidConfiguration and run nothing;
  *  - misuse is reported: half a warp at __syncthreads while the other half
  *    shuffles, a full-mask shuffle in a partial warp;
- *  - cudaMalloc memory starts as NaN, and so does __shared__ memory at
- *    each block's start; blocks run each once, not in index order;
+ *  - cuBLASLt: a matrix less aligned than the heuristic was told (default
+ *    256 bytes) is refused; told its alignment, the GEMM runs, D by hand;
+ *  - cudaMalloc memory is 256-byte aligned and starts as NaN, and so does
+ *    __shared__ memory at each block's start; blocks run each once, not
+ *    in index order;
  *  - __shfl_xor_sync with width 16 as PTX shfl.bfly;
  *  - stream order: a kernel runs after the copy queued before it.
  * Exit 0 passed, 1 failed.
@@ -21,6 +24,8 @@
 #include <string.h>
 
 #include "cuda_runtime.h"
+#include "cublasLt.h"
+#include "cuda_bf16.h"
 
 static int n_failed;
 
@@ -101,6 +106,67 @@ __global__ void shfl_width_kernel(int *out)
 __global__ void count_kernel(int *out)
 {
     out[0]++;
+}
+
+/* D (2x2) = A B on the emulated cuBLASLt, A placed `offset` bytes into a
+ * cudaMalloc block; tell_a: the A alignment stated to the heuristic (0:
+ * none, the default 256). 1 when it ran with D right (A = [1 2; 3 4], B =
+ * [5 6; 7 8], column-major), 0 when it was refused as a misuse, -1 when
+ * it ran wrong. */
+static int lt_gemm_2x2_(cudaStream_t s, int offset, uint32_t tell_a)
+{
+    const float fa[4] = {1, 3, 2, 4}, fb[4] = {5, 7, 6, 8};
+    const float want[4] = {19, 43, 22, 50};
+    __nv_bfloat16 ha[4], hb[4], hd[4];
+    for (int i = 0; i < 4; i++) {
+        ha[i] = __float2bfloat16_rn(fa[i]);
+        hb[i] = __float2bfloat16_rn(fb[i]);
+    }
+    char *blk;
+    __nv_bfloat16 *b, *d;
+    cudaMalloc((void **)&blk, 512);
+    cudaMalloc((void **)&b, sizeof hb);
+    cudaMalloc((void **)&d, sizeof hd);
+    __nv_bfloat16 *a = (__nv_bfloat16 *)(blk + offset);
+    cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice);
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t l;
+    cublasLtMatmulPreference_t pref;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, 2, 2, 2);
+    cublasLtMatmulPreferenceCreate(&pref);
+    if (tell_a)
+        cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &tell_a,
+            sizeof tell_a);
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    cublasLtMatmulAlgoGetHeuristic(h, op, l, l, l, l, pref, 1, &res, &nres);
+    float alpha = 1.0f, beta = 0.0f;
+    long e0 = mock_errors();
+    int rc = nres == 1 ? cublasLtMatmul(h, op, &alpha, a, l, b, l, &beta, d,
+                                        l, d, l, &res.algo, NULL, 0, s)
+                       : -1;
+    int out;
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+        out = mock_errors() > e0 ? 0 : -1;
+    } else {
+        cudaMemcpyAsync(hd, d, sizeof hd, cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        out = 1;
+        for (int i = 0; i < 4; i++)
+            if (__bfloat162float(hd[i]) != want[i])
+                out = -1;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+    cudaFree(blk); cudaFree(b); cudaFree(d);
+    return out;
 }
 
 int main(void)
@@ -222,6 +288,16 @@ int main(void)
     cudaMalloc(&d_nan, sizeof h_nan);
     cudaMemcpy(h_nan, d_nan, sizeof h_nan, cudaMemcpyDeviceToHost);
     check_(isnan(h_nan[0]) && isnan(h_nan[3]), "cudaMalloc memory reads NaN");
+    check_((uintptr_t)d_nan % 256 == 0 && (uintptr_t)d_c % 256 == 0,
+           "cudaMalloc pointers are 256-byte aligned");
+
+    printf("cuBLASLt alignment\n");
+    check_(lt_gemm_2x2_(s, 64, 0) == 0,
+           "A 64-aligned, heuristic told nothing (256): matmul refused");
+    check_(lt_gemm_2x2_(s, 64, 64) == 1,
+           "A 64-aligned, heuristic told 64: D = A B, by hand");
+    check_(lt_gemm_2x2_(s, 0, 0) == 1,
+           "A from cudaMalloc, heuristic told nothing: D = A B");
 
     cudaFree(d_in); cudaFree(d_out); cudaFree(d_f); cudaFree(d_g);
     cudaFree(d_idx); cudaFree(d_c); cudaFree(d_nan);
