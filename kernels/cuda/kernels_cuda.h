@@ -90,6 +90,23 @@ void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
 void matmul_cuda_init(void);
 void matmul_cuda_fini(void);
 
+/* One cuBLASLt GEMM over a strided batch, column-major as cuBLAS: for each
+ * i < batch, D_i (m,n; ldd) = alpha op(A_i) op(B_i) + beta D_i, with
+ * X_i = X + i * sX elements. A is (m,k) when !ta, else stored (k,m); B is
+ * (k,n) when !tb, else stored (n,k). A and B bf16; D bf16, or fp32 when
+ * d_f32; fp32 compute. Each matrix's real alignment is stated to the
+ * heuristic. Exits with a message when cuBLASLt has no algorithm. */
+typedef struct {
+    int ta, tb, m, n, k;
+    const bf16 *A; int lda; long long sA;
+    const bf16 *B; int ldb; long long sB;
+    void *D; int ldd; long long sD;
+    int d_f32;
+    float alpha, beta;
+    int batch;
+} gemm_batched_args;
+void gemm_batched_cuda(const gemm_batched_args *g, cudaStream_t stream);
+
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL.
  * cuBLASLt, bf16 in/out, fp32 compute, bias fused as an epilogue. */
 void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,

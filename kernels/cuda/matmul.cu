@@ -93,20 +93,50 @@ static uint32_t align_of_(const void *p)
     return al;
 }
 
-/* D (m,n col-major, ldd) = op(A) op(B) + beta D, with an epilogue.
- * A is (m,k) if !ta else stored (k,m); B is (k,n) if !tb else stored (n,k).
+/* The alignment of every matrix of a strided batch: of the first, and of
+ * the stride (bytes). */
+static uint32_t batch_align_(const void *p, long long stride_bytes, int batch)
+{
+    uint32_t al = align_of_(p);
+    if (batch > 1) {
+        uint32_t as = align_of_((const void *)(uintptr_t)stride_bytes);
+        if (as < al)
+            al = as;
+    }
+    return al;
+}
+
+/* A column-major layout of `rows` x `cols` (leading dimension ld), of
+ * `batch` matrices `stride` elements apart. */
+static cublasLtMatrixLayout_t layout_(cudaDataType_t type, int rows, int cols,
+                                      int ld, int batch, long long stride)
+{
+    cublasLtMatrixLayout_t l;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
+    if (batch > 1) {
+        int32_t bc = batch;
+        int64_t st = stride;
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st, sizeof st));
+    }
+    return l;
+}
+
+/* Run g (kernels_cuda.h) with an epilogue (bias, aux: see there).
  * Returns 0, or -1 when cuBLASLt has no algorithm for this configuration
  * (only then; every other failure exits through CUBLAS_CHECK). */
-static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
-                    int lda, const bf16 *B, int ldb, bf16 *D, int ldd,
-                    float beta, cublasLtEpilogue_t epi, const bf16 *bias,
-                    bf16 *aux, int aux_ld, cudaStream_t stream)
+static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
+                   const bf16 *bias, bf16 *aux, int aux_ld,
+                   cudaStream_t stream)
 {
     matmul_cuda_init();
+    int batch = g->batch > 0 ? g->batch : 1;
     cublasLtMatmulDesc_t op;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA,
                                                 &opa, sizeof opa));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB,
@@ -123,12 +153,16 @@ static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
     }
-    cublasLtMatrixLayout_t la, lb, ldl;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m,
-                                            ta ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k,
-                                            tb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ldl, CUDA_R_16BF, m, n, ldd));
+    cudaDataType_t dtype = g->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    size_t dsize = g->d_f32 ? sizeof(float) : sizeof(bf16);
+    cublasLtMatrixLayout_t la = layout_(CUDA_R_16BF, g->ta ? g->k : g->m,
+                                        g->ta ? g->m : g->k, g->lda, batch,
+                                        g->sA);
+    cublasLtMatrixLayout_t lb = layout_(CUDA_R_16BF, g->tb ? g->n : g->k,
+                                        g->tb ? g->k : g->n, g->ldb, batch,
+                                        g->sB);
+    cublasLtMatrixLayout_t ldl = layout_(dtype, g->m, g->n, g->ldd, batch,
+                                         g->sD);
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = MM_WORKSPACE;
@@ -138,28 +172,31 @@ static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
      * alignment unless told, and an algorithm chosen so fails on a less
      * aligned matrix (cublasLt.h). Tensors inside a slot are not all 256-
      * aligned (C 1600: the attention projection's weight is 128-aligned),
-     * so state each one's real alignment, as PyTorch does. */
+     * nor are the heads of a strided batch, so state each one's real
+     * alignment, as PyTorch does. */
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    const void *mats[4] = {A, B, D, D};
-    for (int i = 0; i < 4; i++) {
-        uint32_t al = align_of_(mats[i]);
+    const uint32_t al[4] = {
+        batch_align_(g->A, g->sA * (long long)sizeof(bf16), batch),
+        batch_align_(g->B, g->sB * (long long)sizeof(bf16), batch),
+        batch_align_(g->D, g->sD * (long long)dsize, batch),
+        batch_align_(g->D, g->sD * (long long)dsize, batch)};
+    for (int i = 0; i < 4; i++)
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, align_attr[i], &al, sizeof al));
-    }
+            pref, align_attr[i], &al[i], sizeof al[i]));
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
         lt_handle_, op, la, lb, ldl, ldl, pref, 1, &res, &nres);
     int rc = -1;
     if (hst == CUBLAS_STATUS_SUCCESS && nres > 0) {
-        float alpha = 1.0f;
-        CUBLAS_CHECK(cublasLtMatmul(lt_handle_, op, &alpha, A, la, B, lb,
-                                    &beta, D, ldl, D, ldl, &res.algo,
-                                    lt_workspace_, MM_WORKSPACE, stream));
+        CUBLAS_CHECK(cublasLtMatmul(lt_handle_, op, &g->alpha, g->A, la, g->B,
+                                    lb, &g->beta, g->D, ldl, g->D, ldl,
+                                    &res.algo, lt_workspace_, MM_WORKSPACE,
+                                    stream));
         rc = 0;
     } else if (hst != CUBLAS_STATUS_SUCCESS &&
                hst != CUBLAS_STATUS_NOT_SUPPORTED) {
@@ -173,17 +210,38 @@ static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
     return rc;
 }
 
+/* D (m,n col-major, ldd) = op(A) op(B) + beta D, bf16, with an epilogue.
+ * A is (m,k) if !ta else stored (k,m); B is (k,n) if !tb else stored (n,k).
+ * 0, or -1 when cuBLASLt has no algorithm (lt_run_). */
+static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
+                    int lda, const bf16 *B, int ldb, bf16 *D, int ldd,
+                    float beta, cublasLtEpilogue_t epi, const bf16 *bias,
+                    bf16 *aux, int aux_ld, cudaStream_t stream)
+{
+    gemm_batched_args g = {ta, tb, m, n, k, A, lda, 0, B, ldb, 0, D, ldd, 0,
+                           0, 1.0f, beta, 1};
+    return lt_run_(&g, epi, bias, aux, aux_ld, stream);
+}
+
+void gemm_batched_cuda(const gemm_batched_args *g, cudaStream_t stream)
+{
+    if (lt_run_(g, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, stream) != 0) {
+        fprintf(stderr, "matmul: cuBLASLt has no algorithm for a bf16 GEMM "
+                        "m=%d n=%d k=%d (ta=%d tb=%d, batch %d, D %s)\n",
+                g->m, g->n, g->k, g->ta, g->tb, g->batch,
+                g->d_f32 ? "fp32" : "bf16");
+        exit(1);
+    }
+}
+
 /* a GEMM without epilogue must always have an algorithm */
 static void lt_gemm_plain_(bool ta, bool tb, int m, int n, int k,
                            const bf16 *A, int lda, const bf16 *B, int ldb,
                            bf16 *D, int ldd, float beta, cudaStream_t stream)
 {
-    if (lt_gemm_(ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta,
-                 CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, stream) != 0) {
-        fprintf(stderr, "matmul: cuBLASLt has no algorithm for a bf16 GEMM "
-                        "m=%d n=%d k=%d (ta=%d tb=%d)\n", m, n, k, ta, tb);
-        exit(1);
-    }
+    gemm_batched_args g = {ta, tb, m, n, k, A, lda, 0, B, ldb, 0, D, ldd, 0,
+                           0, 1.0f, beta, 1};
+    gemm_batched_cuda(&g, stream);
 }
 
 static void warn_fallback_(const char *what)

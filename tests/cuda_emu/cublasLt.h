@@ -3,8 +3,10 @@
  * kernels/cuda/matmul.cu calls (tests/cuda_emu, cublaslt_emu.cpp).
  *
  * cublasLtMatmul queues, on its stream, D = alpha op(A) op(B) + beta C and
- * the epilogue, column-major as cuBLAS, bf16 matrices with an fp32
- * accumulator (CUBLAS_COMPUTE_32F, fp32 alpha/beta), summed in k order:
+ * the epilogue, column-major as cuBLAS, for each matrix of a strided batch
+ * (BATCH_COUNT, STRIDED_BATCH_OFFSET: the same count on every layout), bf16
+ * A and B, bf16 or fp32 C and D (of one type), with an fp32 accumulator
+ * (CUBLAS_COMPUTE_32F, fp32 alpha/beta), summed in k order:
  *   DEFAULT        D = acc
  *   BIAS           D = acc + bias[row]                 (bias: bf16, m values)
  *   GELU_AUX       aux = acc;         D = gelu_tanh(aux)
@@ -59,6 +61,10 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 11,
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
+    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
+} cublasLtMatrixLayoutAttribute_t;
+typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
@@ -94,6 +100,9 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l,
                                           cudaDataType_t type, uint64_t rows,
                                           uint64_t cols, int64_t ld);
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(
+    cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+    const void *buf, size_t size);
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(

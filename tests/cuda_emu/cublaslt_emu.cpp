@@ -31,6 +31,8 @@ struct emu_lt_layout_ {
     cudaDataType_t type;
     uint64_t rows, cols;
     int64_t ld;
+    int32_t batch;              /* BATCH_COUNT */
+    int64_t stride;             /* STRIDED_BATCH_OFFSET, elements */
 };
 
 struct emu_lt_pref_ {
@@ -107,12 +109,29 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l,
                                           cudaDataType_t type, uint64_t rows,
                                           uint64_t cols, int64_t ld)
 {
-    if (type != CUDA_R_16BF)
-        return bad_("only CUDA_R_16BF matrices are emulated");
+    if (type != CUDA_R_16BF && type != CUDA_R_32F)
+        return bad_("only CUDA_R_16BF and CUDA_R_32F matrices are emulated");
     if (ld < (int64_t)rows || rows == 0 || cols == 0)
         return bad_("matrix layout with ld < rows or an empty dimension");
-    *l = new emu_lt_layout_{type, rows, cols, ld};
+    *l = new emu_lt_layout_{type, rows, cols, ld, 1, 0};
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(
+    cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+    const void *buf, size_t size)
+{
+    switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: {
+        cublasStatus_t st = get_(&l->batch, buf, size);
+        if (st == CUBLAS_STATUS_SUCCESS && l->batch < 1)
+            return bad_("a batch count below 1");
+        return st;
+    }
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+        return get_(&l->stride, buf, size);
+    }
+    return bad_("matrix layout attribute not emulated");
 }
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
@@ -164,6 +183,23 @@ static int shapes_ok_(const emu_lt_desc_ *d, const emu_lt_layout_ *a,
            c->cols == dl->cols && c->ld == dl->ld;
 }
 
+/* A and B bf16, C and D of one type; every layout the same batch count. */
+static const char *types_batches_bad_(const emu_lt_layout_ *a,
+                                      const emu_lt_layout_ *b,
+                                      const emu_lt_layout_ *c,
+                                      const emu_lt_layout_ *dl)
+{
+    if (a->type != CUDA_R_16BF || b->type != CUDA_R_16BF ||
+        c->type != dl->type)
+        return "A and B must be bf16, C and D of one type";
+    if (a->batch != dl->batch || b->batch != dl->batch ||
+        c->batch != dl->batch)
+        return "the layouts' batch counts differ";
+    if (c->stride != dl->stride)
+        return "C and D batch strides differ";
+    return NULL;
+}
+
 static int has_bias_(cublasLtEpilogue_t e)
 {
     return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
@@ -187,6 +223,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     if (!shapes_ok_(d, a, b, c, dl))
         return bad_("heuristic: the layouts of op(A), op(B), C and D do not "
                     "make one (m,k) x (k,n) product");
+    if (const char *why = types_batches_bad_(a, b, c, dl))
+        return bad_(why);
+    if (dl->type == CUDA_R_32F && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
+        return bad_("heuristic: fp32 D with an epilogue is not emulated");
     if (h->no_epilogue && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
@@ -200,9 +240,29 @@ struct gemm_ {
     emu_lt_desc_ d;
     emu_lt_layout_ a, b, dl;
     float alpha, beta;
-    const __nv_bfloat16 *A, *B, *C;
-    __nv_bfloat16 *D;
+    const __nv_bfloat16 *A, *B;
+    const void *C;
+    void *D;                    /* bf16, or fp32 (dl.type) */
 };
+
+/* element (i, j) of batch matrix `bi` of D (or C) as fp32 / written */
+static float d_get_(const gemm_ *g, const void *base, uint64_t bi,
+                    uint64_t i, uint64_t j)
+{
+    size_t at = bi * g->dl.stride + i + j * g->dl.ld;
+    return g->dl.type == CUDA_R_32F ? ((const float *)base)[at]
+                                    : __bfloat162float(
+                                          ((const __nv_bfloat16 *)base)[at]);
+}
+
+static void d_set_(gemm_ *g, uint64_t bi, uint64_t i, uint64_t j, float v)
+{
+    size_t at = bi * g->dl.stride + i + j * g->dl.ld;
+    if (g->dl.type == CUDA_R_32F)
+        ((float *)g->D)[at] = v;
+    else
+        ((__nv_bfloat16 *)g->D)[at] = __float2bfloat16_rn(v);
+}
 
 static float gelu_tanh_(float x)
 {
@@ -216,53 +276,65 @@ static void run_gemm_(void *arg)
     const emu_lt_desc_ &d = g->d;
     uint64_t m = g->dl.rows, n = g->dl.cols;
     uint64_t k = d.ta ? g->a.rows : g->a.cols;
-    /* op(A) as fp32 (k, m), so that the inner loop runs over i: each
-     * output still sums its k products in k order */
-    std::vector<float> a((size_t)k * m), acc(m);
-    for (uint64_t p = 0; p < k; p++)
-        for (uint64_t i = 0; i < m; i++)
-            a[p * m + i] = __bfloat162float(
-                d.ta ? g->A[p + i * g->a.ld] : g->A[i + p * g->a.ld]);
-    std::vector<__nv_bfloat16> out((size_t)m * n), pre;
-    if (has_aux_(d.epi))
-        pre.resize((size_t)m * n);
-    for (uint64_t j = 0; j < n; j++) {
-        for (uint64_t i = 0; i < m; i++)
-            acc[i] = 0.0f;
-        for (uint64_t p = 0; p < k; p++) {
-            float y = __bfloat162float(
-                d.tb ? g->B[j + p * g->b.ld] : g->B[p + j * g->b.ld]);
-            const float *ap = &a[p * m];
+    for (uint64_t bi = 0; bi < (uint64_t)g->dl.batch; bi++) {
+        const __nv_bfloat16 *A = g->A + bi * g->a.stride;
+        const __nv_bfloat16 *B = g->B + bi * g->b.stride;
+        /* op(A) as fp32 (k, m), so that the inner loop runs over i: each
+         * output still sums its k products in k order */
+        std::vector<float> a((size_t)k * m), acc(m);
+        for (uint64_t p = 0; p < k; p++)
             for (uint64_t i = 0; i < m; i++)
-                acc[i] += ap[i] * y;
-        }
-        for (uint64_t i = 0; i < m; i++) {
-            float v = g->alpha * acc[i];
-            if (g->beta != 0.0f)
-                v += g->beta * __bfloat162float(g->C[i + j * g->dl.ld]);
-            if (has_bias_(d.epi))
-                v += __bfloat162float(d.bias[i]);
-            if (has_aux_(d.epi)) {
-                pre[i + j * m] = __float2bfloat16_rn(v);
-                v = gelu_tanh_(v);
+                a[p * m + i] = __bfloat162float(
+                    d.ta ? A[p + i * g->a.ld] : A[i + p * g->a.ld]);
+        std::vector<float> out((size_t)m * n), pre;
+        if (has_aux_(d.epi))
+            pre.resize((size_t)m * n);
+        for (uint64_t j = 0; j < n; j++) {
+            for (uint64_t i = 0; i < m; i++)
+                acc[i] = 0.0f;
+            for (uint64_t p = 0; p < k; p++) {
+                float y = __bfloat162float(
+                    d.tb ? B[j + p * g->b.ld] : B[p + j * g->b.ld]);
+                const float *ap = &a[p * m];
+                for (uint64_t i = 0; i < m; i++)
+                    acc[i] += ap[i] * y;
             }
-            out[i + j * m] = __float2bfloat16_rn(v);
+            for (uint64_t i = 0; i < m; i++) {
+                float v = g->alpha * acc[i];
+                if (g->beta != 0.0f)
+                    v += g->beta * d_get_(g, g->C, bi, i, j);
+                if (has_bias_(d.epi))
+                    v += __bfloat162float(d.bias[i]);
+                if (has_aux_(d.epi)) {
+                    pre[i + j * m] = v; /* rounded to bf16 as written */
+                    v = gelu_tanh_(v);
+                }
+                out[i + j * m] = v;
+            }
         }
+        /* written after all reads: C may be D */
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                d_set_(g, bi, i, j, out[i + j * m]);
+                if (has_aux_(d.epi))
+                    d.aux[i + j * d.aux_ld] =
+                        __float2bfloat16_rn(pre[i + j * m]);
+            }
     }
-    /* written after all reads: C may be D */
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++) {
-            g->D[i + j * g->dl.ld] = out[i + j * m];
-            if (has_aux_(d.epi))
-                d.aux[i + j * d.aux_ld] = pre[i + j * m];
-        }
     delete g;
 }
 
-/* Bytes a column-major (rows, cols, ld) bf16 matrix spans. */
-static size_t span_(uint64_t rows, uint64_t cols, int64_t ld)
+/* Bytes a column-major (rows, cols, ld) matrix of elements of `es` bytes
+ * spans, with its batch: from the first matrix to the end of the last. */
+static size_t span_(const emu_lt_layout_ *l, size_t es)
 {
-    return ((cols - 1) * (uint64_t)ld + rows) * sizeof(__nv_bfloat16);
+    size_t one = ((l->cols - 1) * (uint64_t)l->ld + l->rows) * es;
+    return (size_t)(l->batch - 1) * (size_t)l->stride * es + one;
+}
+
+static size_t esize_(const emu_lt_layout_ *l)
+{
+    return l->type == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16);
 }
 
 cublasStatus_t cublasLtMatmul(
@@ -275,37 +347,49 @@ cublasStatus_t cublasLtMatmul(
 {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!shapes_ok_(d, a, b, c, dl))
+        return bad_("matmul: the layouts of op(A), op(B), C and D do not "
+                    "make one (m,k) x (k,n) product");
+    if (const char *why = types_batches_bad_(a, b, c, dl))
+        return bad_(why);
+    /* every matrix of the batch as aligned as the algorithm assumed */
     const void *mats[4] = {A, B, C, D};
+    const emu_lt_layout_ *lays[4] = {a, b, c, dl};
     for (int i = 0; i < 4; i++) {
         uint64_t need = algo->data[i];
         if (need == 0)
             return bad_("matmul: an algorithm that no heuristic returned");
-        if ((uintptr_t)mats[i] % need != 0) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "matmul: %c at %p is not aligned to "
-                     "the %llu bytes its algorithm was chosen for "
+        for (int32_t bi = 0; bi < lays[i]->batch; bi++) {
+            uintptr_t at = (uintptr_t)mats[i] +
+                           (uintptr_t)(bi * lays[i]->stride) * esize_(lays[i]);
+            if (at % need == 0)
+                continue;
+            char msg[240];
+            snprintf(msg, sizeof msg, "matmul: %c (batch %d) at %p is not "
+                     "aligned to the %llu bytes its algorithm was chosen for "
                      "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES; cuBLASLt "
-                     "may fail or fault)", "ABCD"[i], mats[i],
+                     "may fail or fault)", "ABCD"[i], (int)bi, (void *)at,
                      (unsigned long long)need, "ABCD"[i]);
             return bad_(msg);
         }
     }
-    if (!shapes_ok_(d, a, b, c, dl))
-        return bad_("matmul: the layouts of op(A), op(B), C and D do not "
-                    "make one (m,k) x (k,n) product");
-    if (!mock_is_device(A, span_(a->rows, a->cols, a->ld)) ||
-        !mock_is_device(B, span_(b->rows, b->cols, b->ld)) ||
-        !mock_is_device(C, span_(c->rows, c->cols, c->ld)) ||
-        !mock_is_device(D, span_(dl->rows, dl->cols, dl->ld)))
-        return bad_("matmul: A, B, C or D not inside one device allocation");
+    if (!mock_is_device(A, span_(a, esize_(a))) ||
+        !mock_is_device(B, span_(b, esize_(b))) ||
+        !mock_is_device(C, span_(c, esize_(c))) ||
+        !mock_is_device(D, span_(dl, esize_(dl))))
+        return bad_("matmul: A, B, C or D (with its batch) not inside one "
+                    "device allocation");
     if (workspace_size && !mock_is_device(workspace, workspace_size))
         return bad_("matmul: workspace not inside one device allocation");
     if (has_bias_(d->epi) &&
         !mock_is_device(d->bias, dl->rows * sizeof(__nv_bfloat16)))
         return bad_("matmul: bias epilogue without m device values");
+    if ((has_bias_(d->epi) || has_aux_(d->epi)) && dl->batch != 1)
+        return bad_("matmul: epilogues over a batch are not emulated");
+    emu_lt_layout_ aux_l = {CUDA_R_16BF, dl->rows, dl->cols, d->aux_ld, 1, 0};
     if (has_aux_(d->epi) &&
         (d->aux_ld < (int64_t)dl->rows ||
-         !mock_is_device(d->aux, span_(dl->rows, dl->cols, d->aux_ld))))
+         !mock_is_device(d->aux, span_(&aux_l, sizeof(__nv_bfloat16)))))
         return bad_("matmul: GELU_AUX epilogue without an (m,n) device aux "
                     "matrix of ld >= m");
     if (has_aux_(d->epi) && d->aux_ld % 8 != 0)
@@ -313,7 +397,7 @@ cublasStatus_t cublasLtMatmul(
     gemm_ *g = new gemm_{*d, *a, *b, *dl, *(const float *)alpha,
                          *(const float *)beta,
                          (const __nv_bfloat16 *)A, (const __nv_bfloat16 *)B,
-                         (const __nv_bfloat16 *)C, (__nv_bfloat16 *)D};
+                         C, D};
     mock_launch(stream, run_gemm_, g);
     return CUBLAS_STATUS_SUCCESS;
 }
