@@ -278,6 +278,222 @@ __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
     }
 }
 
+/* ------------------------------------------------- the tensor-core path */
+
+/* The same attention with its four products on cuBLASLt (tensor cores),
+ * one strided batch over a group of heads of one sequence b at a time,
+ * the (T,T) scores in a workspace (ldT = T rounded up to 8, so that every
+ * row and every head's matrix stays 16-byte aligned):
+ *   forward   S = scale Q K^T (fp32);  P = causal softmax of S (bf16), lse;
+ *             O = P V
+ *   backward  S again;  P = exp(S - lse) (bf16);  dV += P^T dO;
+ *             dP = dO V^T (fp32);  dS = scale P (dP - D) (bf16, over P);
+ *             dQ += dS K;  dK += dS^T Q
+ * The masked upper triangle is computed and zeroed (2x the causal FLOPs):
+ * still far faster than the fp32 cores for T >= a few hundred. The row
+ * kernels read and write the workspace once per pass (memory bound). */
+
+#define ATT_WS_CAP ((size_t)512 << 20) /* workspace bytes per head group */
+
+static int att_ldT_(int T) { return (int)ceil_div((size_t)T, 8) * 8; }
+
+/* workspace bytes of one head's pass */
+static size_t att_head_bytes_(int T)
+{
+    return (size_t)T * att_ldT_(T) * (4 + 4 + 2);
+}
+
+/* heads per pass: as many as fit `bytes`, at least one */
+static int att_heads_(int T, int NH, size_t bytes)
+{
+    size_t nh = bytes / att_head_bytes_(T);
+    return nh < 1 ? 1 : nh > (size_t)NH ? NH : (int)nh;
+}
+
+/* a workspace smaller than one head's pass is a caller's bug */
+static void att_check_ws_(size_t ws_bytes, int T)
+{
+    if (ws_bytes < att_head_bytes_(T)) {
+        fprintf(stderr, "attention_gemm: workspace of %zu bytes, below one "
+                        "head's %zu (T=%d)\n", ws_bytes, att_head_bytes_(T),
+                T);
+        exit(1);
+    }
+}
+
+/* P (rows, ldT) bf16 = the causal softmax of row r of S (rows, ldT) fp32
+ * (scaled scores), query t = r % T: 0 past column t; lse[r] = max +
+ * log(sum). One warp per row. */
+__global__ void attn_softmax_rows_kernel(bf16 *P, float *lse, const float *S,
+                                         int T, int ldT, int rows)
+{
+    int r = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    int lane = threadIdx.x % 32;
+    if (r >= rows)
+        return; /* the whole warp */
+    int t = r % T;
+    const float *s = S + (size_t)r * ldT;
+    bf16 *p = P + (size_t)r * ldT;
+    float m = -INFINITY;
+    for (int j = lane; j <= t; j += 32)
+        m = fmaxf(m, s[j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j <= t; j += 32)
+        l += expf(s[j] - m);
+    l = warp_sum(l);
+    float inv = 1.0f / l;
+    for (int j = lane; j < T; j += 32)
+        p[j] = st(j <= t ? expf(s[j] - m) * inv : 0.0f);
+    if (lane == 0)
+        lse[r] = m + logf(l);
+}
+
+/* Backward, element (r, j) of rows x T, query t = r % T, 0 past column t:
+ *   dS == NULL:  P = exp(S - lse[r])                        (bf16, into P)
+ *   else:        dS = scale exp(S - lse[r]) (dP - Dd[r])    (bf16, into dS)
+ * The probabilities are recomputed in fp32 from S for dS (not read back
+ * from the bf16 P). */
+__global__ void attn_probs_kernel(bf16 *out, const float *S, const float *dP,
+                                  const float *lse, const float *Dd, int T,
+                                  int ldT, size_t n, float scale)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    size_t r = i / T;
+    int j = (int)(i % T), t = (int)(r % T);
+    size_t at = r * ldT + j;
+    float v = 0.0f;
+    if (j <= t) {
+        float p = expf(S[at] - lse[r]);
+        v = dP ? scale * p * (dP[at] - Dd[r]) : p;
+    }
+    out[at] = st(v);
+}
+
+/* Pointers of one pass: sequence b, heads [h0, h0 + nh). */
+typedef struct {
+    const bf16 *q, *k, *v;    /* in qkv, ld 3C */
+    float *S, *dP;            /* workspace (nh, T, ldT) fp32 */
+    bf16 *P;                  /* workspace (nh, T, ldT) bf16 */
+    int T, ldT, nh, hs, C;
+} att_pass_;
+
+static att_pass_ att_pass_of_(const bf16 *qkv, void *ws, int b, int h0,
+                              int nh, int T, int C, int NH)
+{
+    att_pass_ a;
+    int hs = C / NH;
+    const bf16 *base = qkv + (size_t)b * T * 3 * C + (size_t)h0 * hs;
+    a.q = base;
+    a.k = base + C;
+    a.v = base + 2 * (size_t)C;
+    a.T = T;
+    a.ldT = att_ldT_(T);
+    a.nh = nh;
+    a.hs = hs;
+    a.C = C;
+    size_t tt = (size_t)nh * T * a.ldT;
+    a.S = (float *)ws;
+    a.dP = a.S + tt;
+    a.P = (bf16 *)(a.dP + tt);
+    return a;
+}
+
+/* S (nh; T queries x T keys, row-major, ld ldT) = alpha X Y^T, X and Y
+ * (T, hs) head slices of ld ldx, ldy: column-major S^T = op_T(Y) X. */
+static void att_scores_(const att_pass_ *a, float *S, const bf16 *X, int ldx,
+                        const bf16 *Y, int ldy, float alpha,
+                        cudaStream_t stream)
+{
+    gemm_batched_args g = {1, 0, a->T, a->T, a->hs, Y, ldy, a->hs, X, ldx,
+                           a->hs, S, a->ldT, (long long)a->T * a->ldT, 1,
+                           alpha, 0.0f, a->nh};
+    gemm_batched_cuda(&g, stream);
+}
+
+/* Out (nh; T x hs, ld ldo) = beta Out + W Y, W (T x T, ld ldT) bf16 from
+ * the workspace, transposed when tw; Y (T, hs) of ld ldy: column-major
+ * Out^T = Y^T op(W)^T. */
+static void att_apply_(const att_pass_ *a, bf16 *Out, int ldo, const bf16 *W,
+                       int tw, const bf16 *Y, int ldy, float beta,
+                       cudaStream_t stream)
+{
+    gemm_batched_args g = {0, tw, a->hs, a->T, a->T, Y, ldy, a->hs, W, a->ldT,
+                           (long long)a->T * a->ldT, Out, ldo, a->hs, 0, 1.0f,
+                           beta, a->nh};
+    gemm_batched_cuda(&g, stream);
+}
+
+size_t attention_gemm_workspace_bytes(int T, int C, int NH)
+{
+    if (C % NH || (C / NH) % 8)
+        return 0; /* head slices must be 16-byte aligned */
+    return (size_t)att_heads_(T, NH, ATT_WS_CAP) * att_head_bytes_(T);
+}
+
+void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
+                                 size_t ws_bytes, const bf16 *qkv, int B,
+                                 int T, int C, int NH, cudaStream_t stream)
+{
+    att_check_ws_(ws_bytes, T);
+    int hs = C / NH, G = att_heads_(T, NH, ws_bytes);
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            int nh = min(G, NH - h0);
+            att_pass_ a = att_pass_of_(qkv, ws, b, h0, nh, T, C, NH);
+            att_scores_(&a, a.S, a.q, 3 * C, a.k, 3 * C, scale, stream);
+            int rows = nh * T;
+            attn_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, 256), 256,
+                                       0, stream>>>(
+                a.P, lse + ((size_t)b * NH + h0) * T, a.S, T, a.ldT, rows);
+            CUDA_CHECK_LAUNCH();
+            bf16 *o = out + (size_t)b * T * C + (size_t)h0 * hs;
+            att_apply_(&a, o, C, a.P, 0, a.v, 3 * C, 0.0f, stream);
+        }
+}
+
+void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
+                                  size_t ws_bytes, const bf16 *dout,
+                                  const bf16 *qkv, const bf16 *out,
+                                  const float *lse, int B, int T, int C,
+                                  int NH, cudaStream_t stream)
+{
+    att_check_ws_(ws_bytes, T);
+    int hs = C / NH, G = att_heads_(T, NH, ws_bytes);
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t warps = (size_t)B * T * NH;
+    attn_backward_d_kernel<<<ceil_div(warps * 32, 256), 256, 0, stream>>>(
+        scratch, dout, out, B, T, C, NH);
+    CUDA_CHECK_LAUNCH();
+    for (int b = 0; b < B; b++)
+        for (int h0 = 0; h0 < NH; h0 += G) {
+            int nh = min(G, NH - h0);
+            att_pass_ a = att_pass_of_(qkv, ws, b, h0, nh, T, C, NH);
+            size_t off = (size_t)b * T * 3 * C + (size_t)h0 * hs;
+            bf16 *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * (size_t)C;
+            const bf16 *dO = dout + (size_t)b * T * C + (size_t)h0 * hs;
+            const float *lse_g = lse + ((size_t)b * NH + h0) * T;
+            const float *D_g = scratch + ((size_t)b * NH + h0) * T;
+            size_t n = (size_t)nh * T * T;
+            unsigned nb = (unsigned)ceil_div(n, 256);
+            att_scores_(&a, a.S, a.q, 3 * C, a.k, 3 * C, scale, stream);
+            attn_probs_kernel<<<nb, 256, 0, stream>>>(
+                a.P, a.S, (const float *)NULL, lse_g, (const float *)NULL, T,
+                a.ldT, n, 0.0f);
+            CUDA_CHECK_LAUNCH();
+            att_apply_(&a, dv, 3 * C, a.P, 1, dO, C, 1.0f, stream);
+            att_scores_(&a, a.dP, dO, C, a.v, 3 * C, 1.0f, stream);
+            attn_probs_kernel<<<nb, 256, 0, stream>>>(a.P, a.S, a.dP, lse_g,
+                                                      D_g, T, a.ldT, n, scale);
+            CUDA_CHECK_LAUNCH();
+            att_apply_(&a, dq, 3 * C, a.P, 0, a.k, 3 * C, 1.0f, stream);
+            att_apply_(&a, dk, 3 * C, a.P, 1, a.q, 3 * C, 1.0f, stream);
+        }
+}
+
 /* ------------------------------------------------------------- launchers */
 
 static void bad_head_size_(int C, int NH)
