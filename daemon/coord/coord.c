@@ -817,7 +817,13 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
      * data.c remembers each shard it has read by file identity and version,
      * so only a shard changed since is read again, and a bad one then fails
      * the run with the same message. */
-    if (trainer_check_spec(&spec, err, sizeof err) != 0) {
+    int crc = trainer_check_spec(&spec, err, sizeof err);
+    if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
+        log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name, err);
+        snprintf(msg, msglen, "not queued: %s", err);
+        return COORD_INTERNAL;
+    }
+    if (crc != 0) {
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;
     }

@@ -80,14 +80,16 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
 }
 
 /* Open one data split (key "data.train" or "data.val") and check it holds
- * more than one window of seq_len+1 tokens. 0, or -1 with err naming key. */
+ * more than one window of seq_len+1 tokens. 0, or -1 with err naming key,
+ * or TOKEN_SET_ENOFILE (out of file descriptors; the data may be fine). */
 static int open_split_(token_set *ts, const char *key, const char *glob,
                        const run_spec *spec, char *err, size_t errlen)
 {
     char e2[768];
-    if (token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2) != 0) {
+    int rc = token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2);
+    if (rc != 0) {
         snprintf(err, errlen, "%s: %s", key, e2);
-        return -1;
+        return rc == TOKEN_SET_ENOFILE ? rc : -1;
     }
     if (ts->total < (size_t)spec->model.seq_len + 2) {
         snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %d",
@@ -103,11 +105,13 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
     if (check_backend_(spec, err, errlen) != 0)
         return -1;
     token_set ts;
-    if (open_split_(&ts, "data.train", spec->data.train, spec, err, errlen) != 0)
-        return -1;
-    token_set_close(&ts);
-    if (open_split_(&ts, "data.val", spec->data.val, spec, err, errlen) != 0)
-        return -1;
+    int rc = open_split_(&ts, "data.train", spec->data.train, spec, err, errlen);
+    if (rc == 0) {
+        token_set_close(&ts);
+        rc = open_split_(&ts, "data.val", spec->data.val, spec, err, errlen);
+    }
+    if (rc != 0)
+        return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : -1;
     token_set_close(&ts);
     char e2[768];
     /* the memory plan must fit (the budget, and host memory: all of it on

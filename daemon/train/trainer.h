@@ -53,6 +53,12 @@ typedef struct {
  * retry carry on bitwise as if nothing had happened. */
 #define TRAINER_EDATA (-2)
 
+/* Returned by trainer_check_spec when a shard could not be opened because
+ * m6d ran out of file descriptors (EMFILE, ENFILE; a run holds one per
+ * shard): the spec and the data may be fine, err says which limit was
+ * hit ("data.train: too many open files (limit 1024): ..."). */
+#define TRAINER_ENOFILE (-3)
+
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
  * projections scaled by 1/sqrt(2L)), open the train and val shards.
@@ -62,7 +68,9 @@ void trainer_free(trainer *t);
 
 /* Everything trainer_create would refuse, checked cheaply at submit time:
  * the backend, both data globs (files, headers, token range) and that each
- * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key.
+ * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key,
+ * or TRAINER_ENOFILE when the shards could not be opened for want of file
+ * descriptors (not the spec's fault).
  * A 'cuda' spec is refused by an m6d built without CUDA ("device.backend:
  * 'cuda': this m6d was built without CUDA"), where no device is visible
  * ("device.backend: 'cuda': no CUDA device (cudaGetDeviceCount: <why>)"),
