@@ -411,6 +411,15 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
+/* Append to a data error (rc TRAINER_EDATA or TRAINER_ENOFILE) what
+ * `m6ctl resume` will do about it. */
+static void retry_hint_(char *msg, size_t msglen, int rc)
+{
+    size_t n = strlen(msg);
+    snprintf(msg + n, msglen - n, "; resume retries once %s",
+             rc == TRAINER_ENOFILE ? "m6d can open them" : "the shard is fixed");
+}
+
 /* After a pause for unreadable data (r->data_error): open the shards
  * again, as at the start, and redo the validation pass the pending row is
  * owed; its row is then written again with the val_loss. -1 with msg if
@@ -419,11 +428,11 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
 {
     if (!r->data_error) return 0;
     float v;
-    if (trainer_reopen_data(r->t, msg, msglen) != 0 ||
-        (r->eval_owed && trainer_eval_checked(r->t, &v, msg, msglen) != 0)) {
-        size_t n = strlen(msg);
-        snprintf(msg + n, msglen - n, "; resume retries once the shard is "
-                 "fixed");
+    int rc = trainer_reopen_data(r->t, msg, msglen);
+    if (rc == 0 && r->eval_owed)
+        rc = trainer_eval_checked(r->t, &v, msg, msglen);
+    if (rc != 0) {
+        retry_hint_(msg, msglen, rc);
         return -1;
     }
     if (r->eval_owed) {
@@ -653,9 +662,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         if (src == TRAINER_EDATA) {
             /* like a write that failed: pause, keep the model; the
              * operator fixes the shard and resumes (retry_data_) */
-            size_t n = strlen(data_err);
-            snprintf(data_err + n, sizeof data_err - n, "; resume retries "
-                     "once the shard is fixed");
+            retry_hint_(data_err, sizeof data_err, src);
             r.data_error = 1;
             if (!res.eval_failed) {  /* nothing of the step was done */
                 pause_error_(&r, &paused, data_err);

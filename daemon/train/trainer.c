@@ -38,7 +38,10 @@ struct trainer {
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
     size_t n_global, slot_size;
-    token_set train, val;
+    token_set train, val;  /* n_shards 0: not open (a failed
+                            * trainer_reopen_data) */
+    size_t data_total[2];  /* tokens of train, val when first opened by this
+                            * trainer: what a reopen must find */
     uint64_t data_rng;     /* state of the training-batch sampler */
     long step;             /* optimizer steps completed */
     long delink_step;      /* step at which delink happened, -1 if none */
@@ -152,6 +155,8 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
                     errlen) != 0 ||
         open_split_(&t->val, "data.val", spec->data.val, spec, err, errlen) != 0)
         goto fail;
+    t->data_total[0] = t->train.total;
+    t->data_total[1] = t->val.total;
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
     gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
@@ -224,6 +229,11 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
+    if (t->train.n_shards == 0) {
+        snprintf(err, errlen, "data.train: not open (it could not be opened; "
+                 "trainer_reopen_data opens it)");
+        return TRAINER_EDATA;
+    }
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
     char e2[768];
@@ -244,6 +254,11 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 static int val_batch_(trainer *t, int i, char *err, size_t errlen)
 {
     int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
+    if (t->val.n_shards == 0) {
+        snprintf(err, errlen, "data.val: not open (it could not be opened; "
+                 "trainer_reopen_data opens it)");
+        return TRAINER_EDATA;
+    }
     size_t span = t->val.total - (size_t)T - 1;
     char e2[768];
     for (int b = 0; b < B; b++)
@@ -369,33 +384,39 @@ float trainer_probe_loss(trainer *t, int batch_index)
 
 /* ------------------------------------------------------------- data */
 
-/* Reopen one split for trainer_reopen_data: the same token count as the
- * run's, or the batches would not be the ones the run draws. */
-static int reopen_split_(token_set *ts, const char *key, const char *glob,
-                         const run_spec *spec, char *err, size_t errlen)
+/* Reopen one split for trainer_reopen_data: the same token count as when
+ * this trainer first opened it (*total), or the batches would not be the
+ * ones the run draws. The old set is closed first: reopening a set
+ * of many shards must not need twice its file descriptors. On failure ts
+ * is left closed. 0, -1 or TOKEN_SET_ENOFILE, as open_split_. */
+static int reopen_split_(token_set *ts, size_t *total, const char *key,
+                         const char *glob, const run_spec *spec, char *err,
+                         size_t errlen)
 {
-    token_set fresh;
-    if (open_split_(&fresh, key, glob, spec, err, errlen) != 0)
-        return -1;
-    if (fresh.total != ts->total) {
+    token_set_close(ts);
+    int rc = open_split_(ts, key, glob, spec, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (ts->total != *total) {
         snprintf(err, errlen, "%s: %zu tokens now, the run started with %zu: "
                  "restore the shards it used (or stop the run and submit it "
-                 "again)", key, fresh.total, ts->total);
-        token_set_close(&fresh);
+                 "again)", key, ts->total, *total);
+        token_set_close(ts);
         return -1;
     }
-    token_set_close(ts);
-    *ts = fresh;
     return 0;
 }
 
 int trainer_reopen_data(trainer *t, char *err, size_t errlen)
 {
     const run_spec *sp = &t->spec;
-    if (reopen_split_(&t->train, "data.train", sp->data.train, sp, err,
-                      errlen) != 0 ||
-        reopen_split_(&t->val, "data.val", sp->data.val, sp, err, errlen) != 0)
-        return TRAINER_EDATA;
+    int rc = reopen_split_(&t->train, &t->data_total[0], "data.train",
+                           sp->data.train, sp, err, errlen);
+    if (rc == 0)
+        rc = reopen_split_(&t->val, &t->data_total[1], "data.val",
+                           sp->data.val, sp, err, errlen);
+    if (rc != 0)
+        return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
     return 0;
 }
 

@@ -53,10 +53,12 @@ typedef struct {
  * retry carry on bitwise as if nothing had happened. */
 #define TRAINER_EDATA (-2)
 
-/* Returned by trainer_check_spec when a shard could not be opened because
- * m6d ran out of file descriptors (EMFILE, ENFILE; a run holds one per
- * shard): the spec and the data may be fine, err says which limit was
- * hit ("data.train: too many open files (limit 1024): ..."). */
+/* Returned by trainer_check_spec and trainer_reopen_data when a shard
+ * could not be opened because m6d ran out of file descriptors (EMFILE,
+ * ENFILE; a run holds one per shard): the spec and the data may be fine,
+ * err says which limit was hit ("data.train: too many open files (limit
+ * 1024): ..."). Otherwise it is handled as TRAINER_EDATA: the same retry
+ * works once descriptors are free. */
 #define TRAINER_ENOFILE (-3)
 
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
@@ -105,9 +107,13 @@ float trainer_probe_loss(trainer *t, int batch_index);
 
 /* After TRAINER_EDATA, once the shards are fixed: open both splits again
  * by their globs (a shard replaced by rename is picked up), with every
- * check of trainer_create. Each split must hold as many tokens as the run
- * started with, so the run draws the same batches. 0, or TRAINER_EDATA
- * with err naming the key and the problem; the open sets are kept then. */
+ * check of trainer_create. Each split must hold as many tokens as when
+ * this trainer first opened it, so the run draws the same batches. Each
+ * split's old set is closed before it is opened again, so a set of many
+ * shards never needs twice its file descriptors. 0, or TRAINER_EDATA
+ * (TRAINER_ENOFILE: out of file descriptors) with err naming the key and
+ * the problem; the split that failed is then left closed (trainer_step
+ * returns TRAINER_EDATA until a reopen works). */
 int trainer_reopen_data(trainer *t, char *err, size_t errlen);
 
 /* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it
