@@ -38,10 +38,10 @@ struct trainer {
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
     size_t n_global, slot_size;
-    token_set train, val;  /* n_shards 0: not open (a failed
-                            * trainer_reopen_data) */
+    token_set train, val;  /* n_shards 0: not open (trainer_create_resumable,
+                            * or a failed trainer_reopen_data) */
     size_t data_total[2];  /* tokens of train, val when first opened by this
-                            * trainer: what a reopen must find */
+                            * trainer, 0 not yet: what a reopen must find */
     uint64_t data_rng;     /* state of the training-batch sampler */
     long step;             /* optimizer steps completed */
     long delink_step;      /* step at which delink happened, -1 if none */
@@ -129,8 +129,15 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
     return 0;
 }
 
-trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
+/* trainer_create, and with data_rc (not NULL) trainer_create_resumable:
+ * a split that cannot be opened is then reported in *data_rc and err, and
+ * the trainer built without it. */
+static trainer *create_(const run_spec *spec, int *data_rc, char *err,
+                        size_t errlen)
 {
+    char data_err[1024] = "";
+    if (data_rc)
+        *data_rc = 0;
     trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, errlen, "out of memory");
@@ -151,10 +158,18 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     omp_set_num_threads(nt > 1024 ? 1024 : nt);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
-    if (open_split_(&t->train, "data.train", spec->data.train, spec, err,
-                    errlen) != 0 ||
-        open_split_(&t->val, "data.val", spec->data.val, spec, err, errlen) != 0)
-        goto fail;
+    int orc = open_split_(&t->train, "data.train", spec->data.train, spec,
+                          data_err, sizeof data_err);
+    if (orc == 0)
+        orc = open_split_(&t->val, "data.val", spec->data.val, spec, data_err,
+                          sizeof data_err);
+    if (orc != 0) {
+        if (!data_rc) {
+            snprintf(err, errlen, "%s", data_err);
+            goto fail;
+        }
+        *data_rc = orc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
+    }
     t->data_total[0] = t->train.total;
     t->data_total[1] = t->val.total;
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
@@ -180,10 +195,25 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (data_rc && *data_rc)
+        snprintf(err, errlen, "%s", data_err);
     return t;
 fail:
     trainer_free(t);
+    if (data_rc)
+        *data_rc = 0;
     return NULL;
+}
+
+trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
+{
+    return create_(spec, NULL, err, errlen);
+}
+
+trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
+                                  char *err, size_t errlen)
+{
+    return create_(spec, data_rc, err, errlen);
 }
 
 void trainer_free(trainer *t)
@@ -385,8 +415,8 @@ float trainer_probe_loss(trainer *t, int batch_index)
 /* ------------------------------------------------------------- data */
 
 /* Reopen one split for trainer_reopen_data: the same token count as when
- * this trainer first opened it (*total), or the batches would not be the
- * ones the run draws. The old set is closed first: reopening a set
+ * this trainer first opened it (*total, 0: never), or the batches would not
+ * be the ones the run draws. The old set is closed first: reopening a set
  * of many shards must not need twice its file descriptors. On failure ts
  * is left closed. 0, -1 or TOKEN_SET_ENOFILE, as open_split_. */
 static int reopen_split_(token_set *ts, size_t *total, const char *key,
@@ -397,13 +427,14 @@ static int reopen_split_(token_set *ts, size_t *total, const char *key,
     int rc = open_split_(ts, key, glob, spec, err, errlen);
     if (rc != 0)
         return rc;
-    if (ts->total != *total) {
+    if (*total && ts->total != *total) {
         snprintf(err, errlen, "%s: %zu tokens now, the run started with %zu: "
                  "restore the shards it used (or stop the run and submit it "
                  "again)", key, ts->total, *total);
         token_set_close(ts);
         return -1;
     }
+    *total = ts->total;
     return 0;
 }
 
