@@ -2,8 +2,9 @@
  * main.c — m6d: the per-node training daemon (DESIGN.md §2).
  *
  * Modules, started in dependency order and stopped in reverse:
- *   log -> state (m6.db) -> coord (queue + worker thread) -> loop ->
- *   server (control socket) -> signals -> notify (systemd READY/watchdog).
+ *   log -> open-file limit -> state (m6.db) -> coord (queue + worker
+ *   thread) -> loop -> server (control socket) -> signals -> notify
+ *   (systemd READY/watchdog).
  * SIGTERM/SIGINT only set a flag and stop the loop; the worker then finishes
  * its current step, checkpoints the running run and leaves it to resume at
  * the next start.
@@ -18,6 +19,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <uv.h>
 #ifdef HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -120,6 +122,50 @@ static int parse_args_(int argc, char **argv, options *o)
     if (!o->socket_path[0])
         paths_socket_in(o->state_dir, o->socket_path, sizeof o->socket_path);
     return 0;
+}
+
+/* ---------------------------------------------------------- open-file limit */
+
+static void rlim_str_(rlim_t v, char *buf, size_t len)
+{
+    if (v == RLIM_INFINITY)
+        snprintf(buf, len, "unlimited");
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
+/* A run holds one file descriptor per data shard for its whole life
+ * (train/data.h), so a corpus of a few thousand shards, or a few runs'
+ * worth, passes the soft RLIMIT_NOFILE of 1024 that shells and systemd
+ * (whose default hard limit is 524288) usually give. Raise the soft limit
+ * to the hard one, as Go's runtime does at start: m6d waits on descriptors
+ * with epoll (libuv), never select(), so numbers past FD_SETSIZE are safe,
+ * and it starts no child processes that could inherit the raised limit.
+ * One info line with the old and new soft limits; if the raise fails, a
+ * warning, and m6d goes on with the limit it has (a shard it then cannot
+ * open is refused with "too many open files (limit N)"). */
+static void raise_nofile_limit_(void)
+{
+    struct rlimit rl;
+    char cur[32], max[32];
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("daemon.nofile", "err=\"getrlimit(RLIMIT_NOFILE): %s\" "
+                 "msg=\"open-file limit left as it is\"", strerror(errno));
+        return;
+    }
+    rlim_str_(rl.rlim_cur, cur, sizeof cur);
+    rlim_str_(rl.rlim_max, max, sizeof max);
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &want) != 0) {
+            log_warn("daemon.nofile", "old=%s hard=%s err=\"setrlimit"
+                     "(RLIMIT_NOFILE): %s\" msg=\"soft limit left at %s: a "
+                     "run holds one descriptor per shard\"", cur, max,
+                     strerror(errno), cur);
+            return;
+        }
+    }
+    log_info("daemon.nofile", "old=%s new=%s", cur, max);
 }
 
 /* ------------------------------------------------------------------ notify */
@@ -259,6 +305,7 @@ int main(int argc, char **argv)
     snprintf(runs, sizeof runs, "%s/runs", g.opt.state_dir);
     log_info("daemon.start", "version=%s pid=%d state_dir=%s", M6_VERSION,
              (int)getpid(), g.opt.state_dir);
+    raise_nofile_limit_();
 
     int rc = 1;
     g.st = state_open(db, err, sizeof err);

@@ -88,6 +88,13 @@ static int dir_exists_(const char *p)
 
 /* ---------------------------------------------------------------- recovery */
 
+/* Whether trainer_step runs a validation pass after step (1-based). */
+static int step_evaluates_(const run_spec *sp, long step)
+{
+    long ev = sp->train.eval_every;
+    return (ev > 0 && step % ev == 0) || step == sp->train.steps;
+}
+
 /* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
  * complete step-N dirs the DB missed (crash between rename and insert), drop
  * rows whose directory is gone. */
@@ -243,8 +250,10 @@ static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
 }
 
 /* Newest checkpoint that loads, newest first; a broken one is dropped. On
- * return r->t is a trainer at the checkpoint's step, or a fresh one. */
-static int restore_(run_ctx *r, char *err, size_t errlen)
+ * return r->t is a trainer at the checkpoint's step, or a fresh one. A
+ * fresh one is made as r->t was: with data_rc (not NULL), by
+ * trainer_create_resumable, which sets *data_rc and err anew. */
+static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen)
 {
     ckpt_row *rows;
     int n;
@@ -266,7 +275,8 @@ static int restore_(run_ctx *r, char *err, size_t errlen)
         state_checkpoint_delete(r->c->st, r->id, rows[i].step);
         /* A failed load may have half-filled the trainer: start afresh. */
         trainer_free(r->t);
-        r->t = trainer_create(&r->spec, err, errlen);
+        r->t = data_rc ? trainer_create_resumable(&r->spec, data_rc, err, errlen)
+                       : trainer_create(&r->spec, err, errlen);
         if (!r->t) {
             free(rows);
             return -1;
@@ -411,6 +421,15 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
+/* Append to a data error (rc TRAINER_EDATA or TRAINER_ENOFILE) what
+ * `m6ctl resume` will do about it. */
+static void retry_hint_(char *msg, size_t msglen, int rc)
+{
+    size_t n = strlen(msg);
+    snprintf(msg + n, msglen - n, "; resume retries once %s",
+             rc == TRAINER_ENOFILE ? "m6d can open them" : "the shard is fixed");
+}
+
 /* After a pause for unreadable data (r->data_error): open the shards
  * again, as at the start, and redo the validation pass the pending row is
  * owed; its row is then written again with the val_loss. -1 with msg if
@@ -419,11 +438,11 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
 {
     if (!r->data_error) return 0;
     float v;
-    if (trainer_reopen_data(r->t, msg, msglen) != 0 ||
-        (r->eval_owed && trainer_eval_checked(r->t, &v, msg, msglen) != 0)) {
-        size_t n = strlen(msg);
-        snprintf(msg + n, msglen - n, "; resume retries once the shard is "
-                 "fixed");
+    int rc = trainer_reopen_data(r->t, msg, msglen);
+    if (rc == 0 && r->eval_owed)
+        rc = trainer_eval_checked(r->t, &v, msg, msglen);
+    if (rc != 0) {
+        retry_hint_(msg, msglen, rc);
         return -1;
     }
     if (r->eval_owed) {
@@ -476,14 +495,29 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     }
     log_info("run.setup", "run=%lld (opening the data, building the model)",
              (long long)id);
-    r.t = trainer_create(&r.spec, err, sizeof err);
+    /* A queued run whose data no longer passes fails here: it has nothing
+     * to lose, and can be submitted again once the data is fixed. A run that
+     * has trained (left running or paused by the last m6d) pauses instead,
+     * as it would had its data gone bad under this m6d: failing it would
+     * strand its checkpoints, and `m6ctl resume` retries once the data is
+     * fixed (retry_data_). */
+    int data_rc = 0;
+    r.t = was_queued ? trainer_create(&r.spec, err, sizeof err)
+                     : trainer_create_resumable(&r.spec, &data_rc, err,
+                                                sizeof err);
     if (!r.t) {
         fail_run_(c, id, "trainer_create", err);
         return;
     }
-    if (restore_(&r, err, sizeof err) < 0) {
+    if (restore_(&r, was_queued ? NULL : &data_rc, err, sizeof err) < 0) {
         fail_run_(c, id, "trainer_create", err);
         return;
+    }
+    char open_err[sizeof err] = "";
+    if (data_rc) {
+        r.data_error = 1;
+        snprintf(open_err, sizeof open_err, "%.900s", err);
+        retry_hint_(open_err, sizeof open_err, data_rc);
     }
     long step = trainer_step_count(r.t);
     int phase = trainer_phase(r.t) == PHASE_REAL;
@@ -503,6 +537,19 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     if (state_phase_get(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
         state_phase_set(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, 0);
     state_run_set_progress(c->st, id, step, phase);
+    /* A step whose training went through but whose validation pass could
+     * not read the data (its row, the newest left, has no val_loss) owes
+     * that pass: redone before the next step, as in the life that paused
+     * on it. */
+    if (!was_queued && step > 0 && step_evaluates_(&r.spec, step)) {
+        metric_row last;
+        double last_val;
+        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
+            last.step == step && isnan(last.val_loss)) {
+            r.pending = last;
+            r.eval_owed = r.data_error = 1;
+        }
+    }
 
     int paused = start_paused;
     pthread_mutex_lock(&c->mu);
@@ -517,6 +564,8 @@ static void run_one_(coord *c, int64_t id, int start_paused)
          * (INSERT OR REPLACE); pause so the operator sees why. */
         db_error_(&r, "dropping metrics past the checkpoint", err, sizeof err);
         pause_error_(&r, &paused, err);
+    } else if (data_rc) {
+        pause_error_(&r, &paused, open_err);
     }
     if (was_queued) {
         state_event(c->st, id, "start", "phase=%s", phase_name(phase));
@@ -653,9 +702,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         if (src == TRAINER_EDATA) {
             /* like a write that failed: pause, keep the model; the
              * operator fixes the shard and resumes (retry_data_) */
-            size_t n = strlen(data_err);
-            snprintf(data_err + n, sizeof data_err - n, "; resume retries "
-                     "once the shard is fixed");
+            retry_hint_(data_err, sizeof data_err, src);
             r.data_error = 1;
             if (!res.eval_failed) {  /* nothing of the step was done */
                 pause_error_(&r, &paused, data_err);
@@ -817,7 +864,13 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
      * data.c remembers each shard it has read by file identity and version,
      * so only a shard changed since is read again, and a bad one then fails
      * the run with the same message. */
-    if (trainer_check_spec(&spec, err, sizeof err) != 0) {
+    int crc = trainer_check_spec(&spec, err, sizeof err);
+    if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
+        log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name, err);
+        snprintf(msg, msglen, "not queued: %s", err);
+        return COORD_INTERNAL;
+    }
+    if (crc != 0) {
         snprintf(msg, msglen, "invalid spec: %s", err);
         return COORD_INVALID;
     }

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -189,7 +190,36 @@ static int check_token_range_(int fd, const struct stat *st, const char *path,
     return rc;
 }
 
-/* Check one shard and keep it open; fills slot i of ts. */
+/* err for a set that could not be opened because the process (EMFILE) or
+ * the system (ENFILE) has no file descriptor left, with the limit that was
+ * hit and what to do: a run holds one descriptor per shard (data.h), so a
+ * corpus of many small shards meets RLIMIT_NOFILE although every file in
+ * it is fine. what: the file or directory being opened, and how far the
+ * set got. */
+static void no_fd_error_(char *err, size_t errlen, int e, const char *what)
+{
+    static const char fix[] = "a run keeps every shard open: raise m6d's "
+        "open-file limit (ulimit -n, LimitNOFILE= under systemd) or use "
+        "fewer, larger shards (m6ctl data prepare --shard-tokens)";
+    if (e == ENFILE) {
+        seterr_(err, errlen, "too many open files in the system (fs.file-max): "
+                "%s; %s", what, fix);
+        return;
+    }
+    struct rlimit rl;
+    char lim[32] = "?";
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(lim, sizeof lim, "unlimited");
+        else
+            snprintf(lim, sizeof lim, "%llu", (unsigned long long)rl.rlim_cur);
+    }
+    seterr_(err, errlen, "too many open files (limit %s): %s; %s", lim, what,
+            fix);
+}
+
+/* Check one shard and keep it open; fills slot i of ts. 0, -1, or
+ * TOKEN_SET_ENOFILE (no file descriptor left to open it). */
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
                        char *err, size_t errlen)
 {
@@ -197,7 +227,15 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
      * fstat then refuses it. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        seterr_(err, errlen, "%s: open: %s", path, strerror(errno));
+        int e = errno;
+        if (e == EMFILE || e == ENFILE) {
+            char what[1200];
+            snprintf(what, sizeof what, "%.1000s: open: shard %d of %d",
+                     path, i + 1, ts->n_shards);
+            no_fd_error_(err, errlen, e, what);
+            return TOKEN_SET_ENOFILE;
+        }
+        seterr_(err, errlen, "%s: open: %s", path, strerror(e));
         return -1;
     }
     struct stat st;
@@ -286,9 +324,19 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
         return -1;
     }
     if (rc != 0) {
+        int e = glob_failed_errno_;
+        if (rc == GLOB_ABORTED && glob_failed_path_[0] &&
+            (e == EMFILE || e == ENFILE)) {
+            char what[1200];
+            snprintf(what, sizeof what, "'%.500s': cannot read directory %.500s",
+                     pattern, glob_failed_path_);
+            no_fd_error_(err, errlen, e, what);
+            globfree(&g);
+            return TOKEN_SET_ENOFILE;
+        }
         if (rc == GLOB_ABORTED && glob_failed_path_[0])
             seterr_(err, errlen, "'%s': cannot read directory %s: %s", pattern,
-                    glob_failed_path_, strerror(glob_failed_errno_));
+                    glob_failed_path_, strerror(e));
         else
             seterr_(err, errlen, "'%s': glob failed (%s)", pattern,
                     rc == GLOB_NOSPACE ? "out of memory" : "read error");
@@ -319,7 +367,8 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
             seterr_(err, errlen, "%s: out of memory", g.gl_pathv[i]);
             goto fail;
         }
-        if (shard_open_(ts, i, g.gl_pathv[i], vocab_size, err, errlen) != 0)
+        if ((rc = shard_open_(ts, i, g.gl_pathv[i], vocab_size, err,
+                              errlen)) != 0)
             goto fail;
     }
     globfree(&g);
@@ -333,7 +382,7 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
 fail:
     globfree(&g);
     token_set_close(ts);
-    return -1;
+    return rc == TOKEN_SET_ENOFILE ? rc : -1;
 }
 
 /* Shard holding global index *i; *i becomes the index within it.

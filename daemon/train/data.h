@@ -31,6 +31,15 @@ typedef struct {
     int *fds; char **paths;
 } token_set;
 
+/* Returned by token_set_open when the process (EMFILE) or the system
+ * (ENFILE) ran out of file descriptors: the shards may well be fine, and
+ * the same call can succeed once descriptors are free or the limit is
+ * raised. err then begins "too many open files (limit N): " (N the soft
+ * RLIMIT_NOFILE at the time) or "too many open files in the system
+ * (fs.file-max): ", names the file and how many shards the set has, and
+ * says what to do. */
+#define TOKEN_SET_ENOFILE (-2)
+
 /* Open every shard matching glob (sorted by name), check header, size and
  * that every token < vocab_size. Errors name the file and the problem:
  * "no files match", "truncated: header says N tokens, file holds M",
@@ -39,7 +48,9 @@ typedef struct {
  * A shard this process has scanned before (same device, inode, size and
  * mtime) is not read again. Thread-safe. Holds one file descriptor per
  * shard until token_set_close.
- * Returns 0 or -1 with err filled (and *ts zeroed: token_set_close is safe). */
+ * Returns 0, or -1 with err filled, or TOKEN_SET_ENOFILE (above); on
+ * either error *ts is zeroed (token_set_close is safe) and no descriptor
+ * is left open. */
 int token_set_open(token_set *ts, const char *glob, int vocab_size,
                    char *err, size_t errlen);
 void token_set_close(token_set *ts);

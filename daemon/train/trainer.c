@@ -38,7 +38,10 @@ struct trainer {
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
     size_t n_global, slot_size;
-    token_set train, val;
+    token_set train, val;  /* n_shards 0: not open (trainer_create_resumable,
+                            * or a failed trainer_reopen_data) */
+    size_t data_total[2];  /* tokens of train, val when first opened by this
+                            * trainer, 0 not yet: what a reopen must find */
     uint64_t data_rng;     /* state of the training-batch sampler */
     long step;             /* optimizer steps completed */
     long delink_step;      /* step at which delink happened, -1 if none */
@@ -80,14 +83,16 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
 }
 
 /* Open one data split (key "data.train" or "data.val") and check it holds
- * more than one window of seq_len+1 tokens. 0, or -1 with err naming key. */
+ * more than one window of seq_len+1 tokens. 0, or -1 with err naming key,
+ * or TOKEN_SET_ENOFILE (out of file descriptors; the data may be fine). */
 static int open_split_(token_set *ts, const char *key, const char *glob,
                        const run_spec *spec, char *err, size_t errlen)
 {
     char e2[768];
-    if (token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2) != 0) {
+    int rc = token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2);
+    if (rc != 0) {
         snprintf(err, errlen, "%s: %s", key, e2);
-        return -1;
+        return rc == TOKEN_SET_ENOFILE ? rc : -1;
     }
     if (ts->total < (size_t)spec->model.seq_len + 2) {
         snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %d",
@@ -103,11 +108,13 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
     if (check_backend_(spec, err, errlen) != 0)
         return -1;
     token_set ts;
-    if (open_split_(&ts, "data.train", spec->data.train, spec, err, errlen) != 0)
-        return -1;
-    token_set_close(&ts);
-    if (open_split_(&ts, "data.val", spec->data.val, spec, err, errlen) != 0)
-        return -1;
+    int rc = open_split_(&ts, "data.train", spec->data.train, spec, err, errlen);
+    if (rc == 0) {
+        token_set_close(&ts);
+        rc = open_split_(&ts, "data.val", spec->data.val, spec, err, errlen);
+    }
+    if (rc != 0)
+        return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : -1;
     token_set_close(&ts);
     char e2[768];
     /* the memory plan must fit (the budget, and host memory: all of it on
@@ -122,8 +129,15 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
     return 0;
 }
 
-trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
+/* trainer_create, and with data_rc (not NULL) trainer_create_resumable:
+ * a split that cannot be opened is then reported in *data_rc and err, and
+ * the trainer built without it. */
+static trainer *create_(const run_spec *spec, int *data_rc, char *err,
+                        size_t errlen)
 {
+    char data_err[1024] = "";
+    if (data_rc)
+        *data_rc = 0;
     trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, errlen, "out of memory");
@@ -144,10 +158,20 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
     omp_set_num_threads(nt > 1024 ? 1024 : nt);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
-    if (open_split_(&t->train, "data.train", spec->data.train, spec, err,
-                    errlen) != 0 ||
-        open_split_(&t->val, "data.val", spec->data.val, spec, err, errlen) != 0)
-        goto fail;
+    int orc = open_split_(&t->train, "data.train", spec->data.train, spec,
+                          data_err, sizeof data_err);
+    if (orc == 0)
+        orc = open_split_(&t->val, "data.val", spec->data.val, spec, data_err,
+                          sizeof data_err);
+    if (orc != 0) {
+        if (!data_rc) {
+            snprintf(err, errlen, "%s", data_err);
+            goto fail;
+        }
+        *data_rc = orc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
+    }
+    t->data_total[0] = t->train.total;
+    t->data_total[1] = t->val.total;
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
     gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
@@ -171,10 +195,25 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (data_rc && *data_rc)
+        snprintf(err, errlen, "%s", data_err);
     return t;
 fail:
     trainer_free(t);
+    if (data_rc)
+        *data_rc = 0;
     return NULL;
+}
+
+trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
+{
+    return create_(spec, NULL, err, errlen);
+}
+
+trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
+                                  char *err, size_t errlen)
+{
+    return create_(spec, data_rc, err, errlen);
 }
 
 void trainer_free(trainer *t)
@@ -220,6 +259,11 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
+    if (t->train.n_shards == 0) {
+        snprintf(err, errlen, "data.train: not open (it could not be opened; "
+                 "trainer_reopen_data opens it)");
+        return TRAINER_EDATA;
+    }
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
     char e2[768];
@@ -240,6 +284,11 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 static int val_batch_(trainer *t, int i, char *err, size_t errlen)
 {
     int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
+    if (t->val.n_shards == 0) {
+        snprintf(err, errlen, "data.val: not open (it could not be opened; "
+                 "trainer_reopen_data opens it)");
+        return TRAINER_EDATA;
+    }
     size_t span = t->val.total - (size_t)T - 1;
     char e2[768];
     for (int b = 0; b < B; b++)
@@ -365,33 +414,40 @@ float trainer_probe_loss(trainer *t, int batch_index)
 
 /* ------------------------------------------------------------- data */
 
-/* Reopen one split for trainer_reopen_data: the same token count as the
- * run's, or the batches would not be the ones the run draws. */
-static int reopen_split_(token_set *ts, const char *key, const char *glob,
-                         const run_spec *spec, char *err, size_t errlen)
+/* Reopen one split for trainer_reopen_data: the same token count as when
+ * this trainer first opened it (*total, 0: never), or the batches would not
+ * be the ones the run draws. The old set is closed first: reopening a set
+ * of many shards must not need twice its file descriptors. On failure ts
+ * is left closed. 0, -1 or TOKEN_SET_ENOFILE, as open_split_. */
+static int reopen_split_(token_set *ts, size_t *total, const char *key,
+                         const char *glob, const run_spec *spec, char *err,
+                         size_t errlen)
 {
-    token_set fresh;
-    if (open_split_(&fresh, key, glob, spec, err, errlen) != 0)
-        return -1;
-    if (fresh.total != ts->total) {
+    token_set_close(ts);
+    int rc = open_split_(ts, key, glob, spec, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (*total && ts->total != *total) {
         snprintf(err, errlen, "%s: %zu tokens now, the run started with %zu: "
                  "restore the shards it used (or stop the run and submit it "
-                 "again)", key, fresh.total, ts->total);
-        token_set_close(&fresh);
+                 "again)", key, ts->total, *total);
+        token_set_close(ts);
         return -1;
     }
-    token_set_close(ts);
-    *ts = fresh;
+    *total = ts->total;
     return 0;
 }
 
 int trainer_reopen_data(trainer *t, char *err, size_t errlen)
 {
     const run_spec *sp = &t->spec;
-    if (reopen_split_(&t->train, "data.train", sp->data.train, sp, err,
-                      errlen) != 0 ||
-        reopen_split_(&t->val, "data.val", sp->data.val, sp, err, errlen) != 0)
-        return TRAINER_EDATA;
+    int rc = reopen_split_(&t->train, &t->data_total[0], "data.train",
+                           sp->data.train, sp, err, errlen);
+    if (rc == 0)
+        rc = reopen_split_(&t->val, &t->data_total[1], "data.val",
+                           sp->data.val, sp, err, errlen);
+    if (rc != 0)
+        return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
     return 0;
 }
 

@@ -53,16 +53,41 @@ typedef struct {
  * retry carry on bitwise as if nothing had happened. */
 #define TRAINER_EDATA (-2)
 
+/* Returned by trainer_check_spec, trainer_create_resumable (in *data_rc)
+ * and trainer_reopen_data when a shard could not be opened because m6d ran
+ * out of file descriptors (EMFILE, ENFILE; a run holds one per shard): the
+ * spec and the data may be fine, err says which limit was hit
+ * ("data.train: too many open files (limit 1024): ..."). Otherwise it is
+ * handled as TRAINER_EDATA: the same retry works once descriptors are
+ * free. */
+#define TRAINER_ENOFILE (-3)
+
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
  * projections scaled by 1/sqrt(2L)), open the train and val shards.
  * threads > 0 sets the OpenMP/BLAS thread count. Returns NULL with err. */
 trainer *trainer_create(const run_spec *spec, char *err, size_t errlen);
+
+/* trainer_create for a run that has trained before (m6d taking it up again
+ * at a restart, from a checkpoint): data that cannot be opened -- a shard
+ * truncated, missing or holding a bad token, no file descriptor left --
+ * does not stop it. Then *data_rc is TRAINER_EDATA (TRAINER_ENOFILE when
+ * out of file descriptors), err names the key and the problem as
+ * trainer_create's would, and the trainer is built without the split that
+ * failed: trainer_load, trainer_save and the accessors work; trainer_step,
+ * the evals and the probes return TRAINER_EDATA (or NAN) until
+ * trainer_reopen_data succeeds. Otherwise *data_rc is 0 and err is
+ * untouched. NULL with err for everything else trainer_create refuses
+ * (backend, memory). */
+trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
+                                  char *err, size_t errlen);
 void trainer_free(trainer *t);
 
 /* Everything trainer_create would refuse, checked cheaply at submit time:
  * the backend, both data globs (files, headers, token range) and that each
- * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key.
+ * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key,
+ * or TRAINER_ENOFILE when the shards could not be opened for want of file
+ * descriptors (not the spec's fault).
  * A 'cuda' spec is refused by an m6d built without CUDA ("device.backend:
  * 'cuda': this m6d was built without CUDA"), where no device is visible
  * ("device.backend: 'cuda': no CUDA device (cudaGetDeviceCount: <why>)"),
@@ -97,9 +122,14 @@ float trainer_probe_loss(trainer *t, int batch_index);
 
 /* After TRAINER_EDATA, once the shards are fixed: open both splits again
  * by their globs (a shard replaced by rename is picked up), with every
- * check of trainer_create. Each split must hold as many tokens as the run
- * started with, so the run draws the same batches. 0, or TRAINER_EDATA
- * with err naming the key and the problem; the open sets are kept then. */
+ * check of trainer_create. Each split must hold as many tokens as when
+ * this trainer first opened it, so the run draws the same batches (a
+ * split trainer_create_resumable could not open is taken as it is now).
+ * Each split's old set is closed before it is opened again, so a set of
+ * many shards never needs twice its file descriptors. 0, or TRAINER_EDATA
+ * (TRAINER_ENOFILE: out of file descriptors) with err naming the key and
+ * the problem; the split that failed is then left closed (trainer_step
+ * returns TRAINER_EDATA until a reopen works). */
 int trainer_reopen_data(trainer *t, char *err, size_t errlen);
 
 /* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it

@@ -53,12 +53,15 @@ JSON
 }
 
 # start_daemon STATE_DIR [extra args]: starts m6d in the background, waits
-# for the socket to answer.
+# for the socket to answer. With ULIMIT set (ulimit's arguments, e.g.
+# "-n 64", or "-S -n 64" for the soft limit only), m6d starts under it.
 start_daemon() {
     local dir=$1; shift
     SOCK=$dir/m6d.sock
-    "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@" \
-        2>>"$T/m6d-$(basename "$dir").log" &
+    (
+        if [ -n "${ULIMIT:-}" ]; then ulimit ${ULIMIT}; fi
+        exec "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@"
+    ) 2>>"$T/m6d-$(basename "$dir").log" &
     DAEMON_PID=$!
     for _ in $(seq 1 100); do
         if ctl list >/dev/null 2>&1; then return 0; fi

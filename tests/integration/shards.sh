@@ -4,6 +4,9 @@
 # keeps answering, the run pauses with an error naming the file and the
 # problem, another run queues behind it; once the shard is restored,
 # `m6ctl resume` finishes the run with the losses of an uninterrupted one.
+# The same across an m6d restart: a run paused on bad data, or left running
+# when m6d stopped and whose data went bad meanwhile, is paused (not
+# failed) at the next start with the data error, and resumes as above.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -43,6 +46,39 @@ wait_error() {
     done
     fail "run $1 did not pause with an error (state $(field "$1" state))"
 }
+
+# wait_error_like RUN ERE: until the run is paused with an error matching
+# ERE (a restart first shows the error of the life before); prints it.
+wait_error_like() {
+    local e= s
+    for _ in $(seq 1 600); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died (run $1)"
+        s=$(field "$1" state)
+        [ "$s" != failed ] || fail "run $1 failed, wanted paused: $(field "$1" error)"
+        if [ "$s" = paused ]; then
+            e=$(field "$1" error)
+            echo "$e" | grep -Eq "$2" && { echo "$e"; return 0; }
+        fi
+        sleep 0.05
+    done
+    fail "run $1 did not pause with an error like '$2' (state $s, error '$e')"
+}
+# never_failed RUN: no failed event, not failed now.
+never_failed() {
+    [ "$(field "$1" state)" != failed ] || fail "run $1 failed: $(field "$1" error)"
+    [ "$(db "$T/s" "select count(*) from events where run=$1 and kind='failed'")" = 0 ] \
+        || fail "run $1 has a failed event: $(db "$T/s" "select detail from events where run=$1 and kind='failed'")"
+}
+# restart_daemon [CMD ARGS...]: SIGTERM m6d (exit 0 asserted), run CMD
+# while it is down, start it again on the same state. life_log: the log of
+# the new life only.
+restart_daemon() {
+    stop_daemon
+    if [ $# -gt 0 ]; then "$@"; fi
+    LIFE_FROM=$(( $(wc -l <"$LOG") + 1 ))
+    start_daemon "$T/s"
+}
+life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
 
 # 1. The reference: uninterrupted.
 start_daemon "$T/ref"
@@ -139,6 +175,82 @@ ctl resume "$C" >/dev/null || fail "resume (val restored)"
 ctl watch "$C" >/dev/null || fail "run did not complete after the val shard came back"
 losses "$C" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the bad tokens: $(head "$T/diff")"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
-stop_daemon
 log "bad val token at step $K: '$ERR'; completed with the reference's losses"
+
+# 7. Paused on a truncated train shard, then m6d restarts with the shard
+#    still short: the run is paused at the start (the data error, checked
+#    again, as its message), not failed; m6d keeps serving. A resume with
+#    the shard still short pauses again; restored, the run completes with
+#    the reference's losses.
+D=$(ctl submit "$T/spec.json")
+wait_step "$D" 40
+truncate -s $((1024 + 2 * 1000)) "$TRAIN"
+wait_error "$D" >/dev/null
+K=$(field "$D" step)
+restart_daemon
+ERR=$(wait_error_like "$D" "train_000000.bin: truncated: header says $N tokens, file holds 1000")
+echo "$ERR" | grep -q "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; resume retries once the shard is fixed$" \
+    || fail "restart on a short shard: error '$ERR'"
+never_failed "$D"
+[ "$(field "$D" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$D" step)"
+ctl status "$D" | grep -q "truncated: header says $N tokens, file holds 1000" \
+    || fail "status after the restart does not show the data error: $(ctl status "$D")"
+life_log | grep -q "run.paused run=$D step=$K reason=\"data.train: .*truncated" \
+    || fail "no run.paused log line at the restart: $(life_log | grep "run=$D")"
+db "$T/s" "select detail from events where run=$D and kind='paused.error' order by id desc limit 1" \
+    | grep -q "step=$K data.train: .*truncated: header says" || fail "no paused.error event at the restart"
+ctl list >/dev/null || fail "m6d does not answer after the restart"
+ctl resume "$D" >/dev/null || fail "resume (still truncated, after the restart)"
+sleep 0.3
+ERR=$(wait_error_like "$D" "truncated")
+never_failed "$D"
+[ "$(field "$D" step)" = "$K" ] || fail "run trained on a short shard after the restart"
+restore "$TRAIN" "$T/train.orig"
+ctl resume "$D" >/dev/null || fail "resume (restored, after the restart)"
+ctl watch "$D" >/dev/null || fail "run did not complete after the restart and the restore"
+losses "$D" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the restart on bad data: $(head "$T/diff")"
+log "paused at step $K, restarted with the shard short: paused ('$ERR'); restored: the reference's losses"
+
+# 8. A run left running when m6d stopped, whose train shard went bad while
+#    m6d was down: paused at the next start with the data error, not failed
+#    (as it would have paused had the shard gone bad under a running m6d);
+#    restored, resume completes it with the reference's losses.
+E=$(ctl submit "$T/spec.json")
+wait_step "$E" 30
+restart_daemon poison "$TRAIN"
+ERR=$(wait_error_like "$E" "token 999")
+echo "$ERR" | grep -q "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; resume retries once the shard is fixed$" \
+    || fail "restart of a running run on a bad shard: error '$ERR'"
+never_failed "$E"
+K=$(field "$E" step)
+life_log | grep -q "run.recover run=$E step=$K .*paused=1" || fail "no run.recover paused=1 line: $(life_log | grep "run=$E")"
+restore "$TRAIN" "$T/train.orig"
+ctl resume "$E" >/dev/null || fail "resume (restored, run that was running)"
+ctl watch "$E" >/dev/null || fail "run did not complete after the restore"
+losses "$E" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (running at the stop, data bad at the start): $(head "$T/diff")"
+log "running at the stop, shard bad at the start: paused at step $K ('$ERR'); restored: the reference's losses"
+
+# 9. The val shard goes bad under the run (the eval step is recorded
+#    without its val_loss and the run pauses), then m6d restarts with it
+#    still bad: paused with the val error; restored, resume redoes that
+#    step's validation pass, and every loss, val_loss included, is the
+#    reference's.
+F=$(ctl submit "$T/spec.json")
+wait_step "$F" 20
+poison "$VAL"
+wait_error_like "$F" "^data.val: " >/dev/null
+K=$(field "$F" step)
+[ "$(db "$T/s" "select count(*) from metrics where run=$F and step=$K and val_loss is null")" = 1 ] \
+    || fail "the step whose eval failed is not recorded without its val_loss"
+restart_daemon
+ERR=$(wait_error_like "$F" "val_000000.bin: token 999 at index 0 >= vocab_size 256; resume")
+never_failed "$F"
+[ "$(field "$F" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$F" step)"
+restore "$VAL" "$T/val.orig"
+ctl resume "$F" >/dev/null || fail "resume (val restored, after the restart)"
+ctl watch "$F" >/dev/null || fail "run did not complete after the val shard came back"
+losses "$F" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (val bad across a restart): $(head "$T/diff")"
+kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
+stop_daemon
+log "val bad at step $K across a restart: paused ('$ERR'); restored: the reference's losses"
 echo "ok shards"

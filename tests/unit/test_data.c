@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -306,6 +307,62 @@ static void test_empty_glob(void **state)
     pat = join(*state, "missing_dir/*.bin");
     snprintf(want, sizeof want, "no files match '%s'", pat);
     expect_open_error(pat, 256, pat, want);
+    free(pat);
+}
+
+/* Descriptors this process has open now. */
+static int open_fds_(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;  /* the directory's own */
+}
+
+/* More shards than the process may open (a low soft RLIMIT_NOFILE): the
+ * set is refused with TOKEN_SET_ENOFILE, the limit, the shard that could
+ * not be opened and the set's size, and every descriptor it took is given
+ * back; under the old limit the same set opens. */
+static void test_too_many_open_files(void **state)
+{
+    const char *dir = *state;
+    enum { N = 40 };
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "f_%06d.bin", i);
+        free(good_shard(dir, name));
+    }
+    char *pat = join(dir, "f_*.bin");
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int before = open_fds_();
+    low = old;
+    low.rlim_cur = (rlim_t)before + 10;  /* room for 10 shards */
+    if (low.rlim_cur > old.rlim_cur) skip();
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    char err[1024] = "", want[64];
+    token_set ts;
+    int rc = token_set_open(&ts, pat, 256, err, sizeof err);
+    int after = open_fds_();
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(rc, TOKEN_SET_ENOFILE);
+    snprintf(want, sizeof want, "too many open files (limit %d): ",
+             before + 10);
+    assert_true(strncmp(err, want, strlen(want)) == 0);
+    /* shard 11 where descriptors 0..before-1 are all taken */
+    assert_contains(err, ".bin: open: shard ");
+    assert_contains(err, " of 40; a run keeps every shard open: raise m6d's "
+                         "open-file limit");
+    assert_int_equal(ts.n_shards, 0);
+    assert_int_equal(after, before);
+    assert_int_equal(token_set_open(&ts, pat, 256, err, sizeof err), 0);
+    assert_int_equal(ts.n_shards, N);
+    token_set_close(&ts);
+    assert_int_equal(open_fds_(), before);
     free(pat);
 }
 
@@ -742,6 +799,7 @@ int main(void)
         T(test_bad_version),
         T(test_token_out_of_vocab),
         T(test_empty_glob),
+        T(test_too_many_open_files),
         T(test_shard_write_error),
         T(test_prepare_tree),
         T(test_prepare_errors),

@@ -296,6 +296,64 @@ static void test_checkpoint_resume_bitwise(void **state)
     trainer_free(t);
 }
 
+/* A run taken up again while its data is away (m6d restarting with the
+ * shards moved): trainer_create refuses, trainer_create_resumable builds
+ * the trainer without them and says why; the checkpoint loads, a step is
+ * TRAINER_EDATA and so is a reopen while the data is still away; once it
+ * is back, a reopen and the steps from 16 give the losses of the
+ * uninterrupted run bitwise. */
+static void test_resumable_without_data(void **state)
+{
+    (void)state;
+    run_spec s = tiny_spec_(30, 10);
+    float a[30], b[30];
+    char err[512], dir[512], away[300];
+    snprintf(dir, sizeof dir, "%s/ckpt-r15", tmpdir_);
+    snprintf(away, sizeof away, "%s.away", tmpdir_);
+    trainer *t = trainer_create(&s, err, sizeof err);
+    assert_non_null(t);
+    run_steps_(t, &s, 15, a);
+    if (trainer_save(t, dir, err, sizeof err) < 0)
+        fail_msg("save: %s", err);
+    run_steps_(t, &s, 30, a);
+    trainer_free(t);
+
+    assert_int_equal(rename(tmpdir_, away), 0);
+    assert_null(trainer_create(&s, err, sizeof err));
+    assert_non_null(strstr(err, "data.train: no files match"));
+    int data_rc = 0;
+    err[0] = 0;
+    t = trainer_create_resumable(&s, &data_rc, err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(data_rc, TRAINER_EDATA);
+    assert_non_null(strstr(err, "data.train: no files match"));
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-r15", away);
+    if (trainer_load(t, ckpt, err, sizeof err) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(trainer_step_count(t), 15);
+    step_result r;
+    assert_int_equal(trainer_step(t, &r, err, sizeof err), TRAINER_EDATA);
+    assert_non_null(strstr(err, "data.train: not open"));
+    assert_int_equal(trainer_step_count(t), 15);
+    assert_true(isnan(trainer_probe_loss(t, 0)));
+    assert_int_equal(trainer_reopen_data(t, err, sizeof err), TRAINER_EDATA);
+    assert_non_null(strstr(err, "no files match"));
+
+    assert_int_equal(rename(away, tmpdir_), 0);
+    assert_int_equal(trainer_reopen_data(t, err, sizeof err), 0);
+    run_steps_(t, &s, 30, b);
+    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
+    trainer_free(t);
+
+    /* with its data there, it is trainer_create's trainer */
+    data_rc = 1;
+    t = trainer_create_resumable(&s, &data_rc, err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(data_rc, 0);
+    trainer_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_determinism_50_steps),
         cmocka_unit_test(test_delink_keeps_loss_in_trainer),
         cmocka_unit_test(test_checkpoint_resume_bitwise),
+        cmocka_unit_test(test_resumable_without_data),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }
