@@ -116,6 +116,24 @@ wait_step() {
     fail "run $run: step ${s:-?}, wanted >= $n (waited ${tmo}s)"
 }
 
+# wait_paused_error RUN ERE: until the run is paused with an error matching
+# ERE (a restart first shows the error of the life before); m6d stopping or
+# the run failing on the way fails the test. Prints the error.
+wait_paused_error() {
+    local e= s=
+    for _ in $(seq 1 600); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died (run $1)"
+        s=$(field "$1" state)
+        [ "$s" != failed ] || fail "run $1 failed, wanted paused: $(field "$1" error)"
+        if [ "$s" = paused ]; then
+            e=$(field "$1" error)
+            echo "$e" | grep -Eq "$2" && { echo "$e"; return 0; }
+        fi
+        sleep 0.05
+    done
+    fail "run $1 did not pause with an error like '$2' (state $s, error '$e')"
+}
+
 # db STATE_DIR SQL: the test's own read queries. Read-only: a read-write
 # sqlite3 connection, as it closes, tries to become the last one (to
 # checkpoint the WAL) and for that instant makes other new readers fail

@@ -38,22 +38,6 @@ start() {
 life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
 alive() { kill -0 "$DAEMON_PID" 2>/dev/null && ctl list >/dev/null || fail "m6d stopped serving: $1"; }
 runs() { ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'; }
-# wait_paused RUN ERE: until the run is paused with an error matching ERE
-# (not failed on the way); prints the error.
-wait_paused() {
-    local s= e=
-    for _ in $(seq 1 300); do
-        alive "run $1"
-        s=$(field "$1" state)
-        [ "$s" != failed ] || fail "run $1 failed, wanted paused: $(field "$1" error)"
-        if [ "$s" = paused ]; then
-            e=$(field "$1" error)
-            echo "$e" | grep -Eq "$2" && { echo "$e"; return 0; }
-        fi
-        sleep 0.05
-    done
-    fail "run $1 not paused with an error like '$2': state $s, error '$e'"
-}
 # wait_completed RUN: until the run completes; a pause with an error or a
 # failure on the way is a failure here (watch would wait on a paused run).
 wait_completed() {
@@ -129,14 +113,14 @@ wait_step "$M2" 30
 stop_daemon
 start "-n 64"
 want="^data.train: too many open files \(limit 64\): $T/many/train_[0-9]+\.bin: open: shard [0-9]+ of $NT; a run keeps every shard open: .*; resume retries once m6d can open them$"
-ERR=$(wait_paused "$M2" "$want")
+ERR=$(wait_paused_error "$M2" "$want")
 [ "$(db "$T/s" "select count(*) from events where run=$M2 and kind='failed'")" = 0 ] \
     || fail "run $M2 failed at the start"
 K=$(field "$M2" step)
 ctl status "$M2" | grep -q "too many open files (limit 64)" || fail "status does not show the cause"
 ctl resume "$M2" >/dev/null || fail "resume under 64 files"
 sleep 0.3
-wait_paused "$M2" "$want" >/dev/null
+wait_paused_error "$M2" "$want" >/dev/null
 [ "$(field "$M2" step)" = "$K" ] || fail "run $M2 moved without its data: $K -> $(field "$M2" step)"
 stop_daemon
 log "hard 64 at the start: run $M2 paused at step $K: '$ERR'"
@@ -152,7 +136,7 @@ life_log | grep -q "info daemon.nofile old=$LIM new=$LIM$" || fail "no daemon.no
 ctl resume "$M2" >/dev/null || fail "resume under $LIM files"
 wait_step "$M2" $((K + 20))
 poison_all
-ERR=$(wait_paused "$M2" "^data.train: $T/many/train_[0-9]+\.bin: token 999 at index [0-9]+ >= vocab_size 256")
+ERR=$(wait_paused_error "$M2" "^data.train: $T/many/train_[0-9]+\.bin: token 999 at index [0-9]+ >= vocab_size 256")
 restore_all
 ctl resume "$M2" >/dev/null || fail "resume (restored) under $LIM files"
 wait_completed "$M2"

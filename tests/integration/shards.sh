@@ -47,22 +47,6 @@ wait_error() {
     fail "run $1 did not pause with an error (state $(field "$1" state))"
 }
 
-# wait_error_like RUN ERE: until the run is paused with an error matching
-# ERE (a restart first shows the error of the life before); prints it.
-wait_error_like() {
-    local e= s
-    for _ in $(seq 1 600); do
-        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died (run $1)"
-        s=$(field "$1" state)
-        [ "$s" != failed ] || fail "run $1 failed, wanted paused: $(field "$1" error)"
-        if [ "$s" = paused ]; then
-            e=$(field "$1" error)
-            echo "$e" | grep -Eq "$2" && { echo "$e"; return 0; }
-        fi
-        sleep 0.05
-    done
-    fail "run $1 did not pause with an error like '$2' (state $s, error '$e')"
-}
 # never_failed RUN: no failed event, not failed now.
 never_failed() {
     [ "$(field "$1" state)" != failed ] || fail "run $1 failed: $(field "$1" error)"
@@ -188,7 +172,7 @@ truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 wait_error "$D" >/dev/null
 K=$(field "$D" step)
 restart_daemon
-ERR=$(wait_error_like "$D" "train_000000.bin: truncated: header says $N tokens, file holds 1000")
+ERR=$(wait_paused_error "$D" "train_000000.bin: truncated: header says $N tokens, file holds 1000")
 echo "$ERR" | grep -q "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; resume retries once the shard is fixed$" \
     || fail "restart on a short shard: error '$ERR'"
 never_failed "$D"
@@ -202,7 +186,7 @@ db "$T/s" "select detail from events where run=$D and kind='paused.error' order 
 ctl list >/dev/null || fail "m6d does not answer after the restart"
 ctl resume "$D" >/dev/null || fail "resume (still truncated, after the restart)"
 sleep 0.3
-ERR=$(wait_error_like "$D" "truncated")
+ERR=$(wait_paused_error "$D" "truncated")
 never_failed "$D"
 [ "$(field "$D" step)" = "$K" ] || fail "run trained on a short shard after the restart"
 restore "$TRAIN" "$T/train.orig"
@@ -218,7 +202,7 @@ log "paused at step $K, restarted with the shard short: paused ('$ERR'); restore
 E=$(ctl submit "$T/spec.json")
 wait_step "$E" 30
 restart_daemon poison "$TRAIN"
-ERR=$(wait_error_like "$E" "token 999")
+ERR=$(wait_paused_error "$E" "token 999")
 echo "$ERR" | grep -q "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; resume retries once the shard is fixed$" \
     || fail "restart of a running run on a bad shard: error '$ERR'"
 never_failed "$E"
@@ -238,12 +222,12 @@ log "running at the stop, shard bad at the start: paused at step $K ('$ERR'); re
 F=$(ctl submit "$T/spec.json")
 wait_step "$F" 20
 poison "$VAL"
-wait_error_like "$F" "^data.val: " >/dev/null
+wait_paused_error "$F" "^data.val: " >/dev/null
 K=$(field "$F" step)
 [ "$(db "$T/s" "select count(*) from metrics where run=$F and step=$K and val_loss is null")" = 1 ] \
     || fail "the step whose eval failed is not recorded without its val_loss"
 restart_daemon
-ERR=$(wait_error_like "$F" "val_000000.bin: token 999 at index 0 >= vocab_size 256; resume")
+ERR=$(wait_paused_error "$F" "val_000000.bin: token 999 at index 0 >= vocab_size 256; resume")
 never_failed "$F"
 [ "$(field "$F" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$F" step)"
 restore "$VAL" "$T/val.orig"

@@ -799,6 +799,17 @@ static void test_exp(void **state)
 
 /* ---------------------------------------------------------------- AdamW */
 
+/* One AdamW step of one parameter in double (the formula of kernels.h),
+ * g already scaled: the reference of test_adamw and test_host_adamw. */
+static void adamw_ref_(double *p, double *m, double *v, double g, float lr,
+                       float b1, float b2, float eps, float wd, int t)
+{
+    *m = (double)b1 * *m + (1.0 - (double)b1) * g;
+    *v = (double)b2 * *v + (1.0 - (double)b2) * g * g;
+    double mhat = *m / (1.0 - pow(b1, t)), vhat = *v / (1.0 - pow(b2, t));
+    *p -= (double)lr * (mhat / (sqrt(vhat) + eps) + (double)wd * *p);
+}
+
 /* Three steps over a few scalars against the formula of kernels.h in double,
  * with bias correction, weight decay and grad_scale. fp32 rounding of m, v,
  * sqrt and the update: relative error ~1e-7 of the parameter; 1e-6. */
@@ -819,14 +830,9 @@ static void test_adamw(void **state)
 
     for (int t = 1; t <= STEPS; t++) {
         adamw_update(p, grads[t - 1], m, v, NP, lr, b1, b2, eps, wd, gscale, t);
-        for (int i = 0; i < NP; i++) {
-            double g = (double)grads[t - 1][i] * gscale;
-            md[i] = (double)b1 * md[i] + (1.0 - (double)b1) * g;
-            vd[i] = (double)b2 * vd[i] + (1.0 - (double)b2) * g * g;
-            double mhat = md[i] / (1.0 - pow(b1, t));
-            double vhat = vd[i] / (1.0 - pow(b2, t));
-            pd[i] -= (double)lr * (mhat / (sqrt(vhat) + eps) + (double)wd * pd[i]);
-        }
+        for (int i = 0; i < NP; i++)
+            adamw_ref_(&pd[i], &md[i], &vd[i], (double)grads[t - 1][i] * gscale,
+                       lr, b1, b2, eps, wd, t);
         for (int i = 0; i < NP; i++) {
             printf("    t=%d p[%d] %.9f want %.9f\n", t, i, p[i], pd[i]);
             assert_true(fabs(p[i] - pd[i]) <= 1e-6 * (1.0 + fabs(pd[i])));
@@ -967,13 +973,9 @@ static void test_host_adamw(void **state)
             host_adamw_bf16(p, m, v, w, as_bf16 ? NULL : grads[t - 1], g16,
                             NP, lr, b1, b2, eps, wd, gscale, t);
             for (int i = 0; i < NP; i++) {
-                double g = (double)grads[t - 1][i] * gscale;
-                md[i] = (double)b1 * md[i] + (1.0 - (double)b1) * g;
-                vd[i] = (double)b2 * vd[i] + (1.0 - (double)b2) * g * g;
-                double mhat = md[i] / (1.0 - pow(b1, t));
-                double vhat = vd[i] / (1.0 - pow(b2, t));
-                pd[i] -= (double)lr * (mhat / (sqrt(vhat) + eps) +
-                                       (double)wd * pd[i]);
+                adamw_ref_(&pd[i], &md[i], &vd[i],
+                           (double)grads[t - 1][i] * gscale, lr, b1, b2, eps,
+                           wd, t);
                 printf("    %s t=%d p[%d] %.9f want %.9f\n",
                        as_bf16 ? "bf16" : "fp32", t, i, p[i], pd[i]);
                 assert_true(fabs(p[i] - pd[i]) <= 1e-6 * (1.0 + fabs(pd[i])));
