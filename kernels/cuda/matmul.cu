@@ -15,6 +15,9 @@
  * If cuBLASLt returns no algorithm for an epilogue, the launcher falls back
  * to the plain GEMM plus own bias/GELU kernels (and says so once).
  */
+#include <pthread.h>
+#include <string.h>
+
 #include "common.cuh"
 
 #define MM_WORKSPACE (32u << 20)  /* cuBLASLt workspace (Hopper wants 32 MiB) */
@@ -23,6 +26,67 @@
 static cublasLtHandle_t lt_handle_;
 static void *lt_workspace_;
 static int warned_fallback_;
+
+/* The heuristic's answer for a configuration, kept: it costs tens of
+ * microseconds of host time, and a training step asks the same few dozen
+ * questions thousands of times (attention alone: a few GEMMs per sequence
+ * or head of every layer). The key is everything the heuristic sees:
+ * shapes, layouts, batch, types, epilogue, and the alignment of every
+ * pointer. A full table just stops keeping new answers. */
+typedef struct {
+    int ta, tb, m, n, k, lda, ldb, ldd, batch, d_f32, epi, aux_ld;
+    long long sA, sB, sD;
+    uint32_t al[4], al_bias, al_aux;
+} lt_key_;
+
+#define LT_CACHE 1024
+static struct {
+    lt_key_ key;
+    int used, found;          /* found: an algorithm, else none */
+    cublasLtMatmulAlgo_t algo;
+} lt_cache_[LT_CACHE];
+static pthread_mutex_t lt_cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t lt_hash_(const lt_key_ *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return (size_t)(h % LT_CACHE);
+}
+
+/* 1 (algorithm in *algo) or 0 (none) when known, -1 when not asked yet */
+static int lt_cache_get_(const lt_key_ *k, cublasLtMatmulAlgo_t *algo)
+{
+    int r = -1;
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (size_t i = lt_hash_(k), n = 0; n < LT_CACHE && lt_cache_[i].used;
+         i = (i + 1) % LT_CACHE, n++)
+        if (!memcmp(&lt_cache_[i].key, k, sizeof *k)) {
+            r = lt_cache_[i].found;
+            *algo = lt_cache_[i].algo;
+            break;
+        }
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return r;
+}
+
+static void lt_cache_put_(const lt_key_ *k, int found,
+                          const cublasLtMatmulAlgo_t *algo)
+{
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (size_t i = lt_hash_(k), n = 0; n < LT_CACHE;
+         i = (i + 1) % LT_CACHE, n++)
+        if (!lt_cache_[i].used) {
+            lt_cache_[i].key = *k;
+            lt_cache_[i].used = 1;
+            lt_cache_[i].found = found;
+            lt_cache_[i].algo = *algo;
+            break;
+        }
+    pthread_mutex_unlock(&lt_cache_mu_);
+}
 
 void matmul_cuda_init(void)
 {
@@ -40,6 +104,9 @@ void matmul_cuda_fini(void)
     CUBLAS_CHECK(cublasLtDestroy(lt_handle_));
     lt_handle_ = NULL;
     lt_workspace_ = NULL;
+    pthread_mutex_lock(&lt_cache_mu_);
+    memset(lt_cache_, 0, sizeof lt_cache_);
+    pthread_mutex_unlock(&lt_cache_mu_);
 }
 
 /* ------------------------------------------------------------- kernels */
@@ -187,20 +254,36 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
     for (int i = 0; i < 4; i++)
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
             pref, align_attr[i], &al[i], sizeof al[i]));
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
-        lt_handle_, op, la, lb, ldl, ldl, pref, 1, &res, &nres);
+    lt_key_ key;
+    memset(&key, 0, sizeof key); /* padding too: keys compare as bytes */
+    key.ta = g->ta; key.tb = g->tb; key.m = g->m; key.n = g->n; key.k = g->k;
+    key.lda = g->lda; key.ldb = g->ldb; key.ldd = g->ldd; key.batch = batch;
+    key.d_f32 = g->d_f32; key.epi = (int)epi; key.aux_ld = aux_ld;
+    key.sA = g->sA; key.sB = g->sB; key.sD = g->sD;
+    for (int i = 0; i < 4; i++)
+        key.al[i] = al[i];
+    key.al_bias = bias ? align_of_(bias) : 0; /* the heuristic reads both */
+    key.al_aux = aux ? align_of_(aux) : 0;
+    cublasLtMatmulAlgo_t algo;
+    int found = lt_cache_get_(&key, &algo);
+    if (found < 0) {
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
+            lt_handle_, op, la, lb, ldl, ldl, pref, 1, &res, &nres);
+        if (hst != CUBLAS_STATUS_SUCCESS && hst != CUBLAS_STATUS_NOT_SUPPORTED)
+            CUBLAS_CHECK(hst);
+        found = hst == CUBLAS_STATUS_SUCCESS && nres > 0;
+        if (found)
+            algo = res.algo;
+        lt_cache_put_(&key, found, &algo);
+    }
     int rc = -1;
-    if (hst == CUBLAS_STATUS_SUCCESS && nres > 0) {
+    if (found) {
         CUBLAS_CHECK(cublasLtMatmul(lt_handle_, op, &g->alpha, g->A, la, g->B,
-                                    lb, &g->beta, g->D, ldl, g->D, ldl,
-                                    &res.algo, lt_workspace_, MM_WORKSPACE,
-                                    stream));
+                                    lb, &g->beta, g->D, ldl, g->D, ldl, &algo,
+                                    lt_workspace_, MM_WORKSPACE, stream));
         rc = 0;
-    } else if (hst != CUBLAS_STATUS_SUCCESS &&
-               hst != CUBLAS_STATUS_NOT_SUPPORTED) {
-        CUBLAS_CHECK(hst);
     }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
