@@ -231,8 +231,8 @@ if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
-run train_124m_pseudo 90 "$OUT/gpu_train" --share 1 --steps 10 --warmup 3 --peak-n 0
-run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 10 --warmup 3 --peak-n 0
+run train_124m_pseudo 90 "$OUT/gpu_train" --share 1 --steps 10 --warmup 3 --peak-n 0 --att-reps 0
+run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 10 --warmup 3 --peak-n 0 --att-reps 0
 # Offloading (issue #5): GPT-2 1.5B resident vs 2/3 offloaded, clipped and
 # not (~1 min: two model creations, 2 x (2 + 5 + 1 + 5) steps); then the
 # largest model that fits device + host (~1-2 min, mostly host memory setup
@@ -249,6 +249,7 @@ LINE="ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
+LINE+=" att_ms_flash_124m=$(kv train_124m att_ms_flash) att_ms_gemm_124m=$(kv train_124m att_ms_gemm)"
 LINE+=" tok_s_124m_pseudo=$(kv train_124m_pseudo tokens_per_s) mfu_124m_pseudo=$(kv train_124m_pseudo mfu)"
 LINE+=" tok_s_350m=$(kv train_350m tokens_per_s) mfu_350m=$(kv train_350m mfu)"
 LINE+=" tok_s_1p5b_res=$(okv offload_1p5b tokens_per_s_resident)"

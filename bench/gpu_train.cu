@@ -6,8 +6,12 @@
  * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
  * Random tokens (throughput does not depend on the data). Each step: zero
  * grads, `accum` microbatches of forward + backward, AdamW with clipping.
+ * Before the model, one layer's attention forward + backward alone at the
+ * model's shape, on the flash kernels and on the tensor-core path
+ * (attention_gemm_*, what the model uses where the head size allows).
  * Exit 77 without a CUDA device. Ends with one line:
  *   tokens_per_s=… ms_per_step=… mfu=… mfu_vs_gemm=… gemm_tflops=… loss=…
+ *   att_ms_flash=… att_ms_gemm=… att_speedup=…
  */
 #include <getopt.h>
 #include <math.h>
@@ -65,6 +69,59 @@ static double gemm_peak_tflops_(int n, int reps)
     return best;
 }
 
+/* Milliseconds of one attention forward + backward of one layer at the
+ * model's (B, T, C, NH), best of `reps` after a warm-up: the flash kernels
+ * (gemm 0) or the tensor-core path (gemm 1; -1 when the shape has none). */
+static double attention_ms_(int gemm, int B, int T, int C, int NH, int reps)
+{
+    size_t wsb = attention_gemm_workspace_bytes(B, T, C, NH);
+    if (gemm && !wsb)
+        return -1;
+    size_t n3 = (size_t)B * T * 3 * C, nc = (size_t)B * T * C;
+    bf16 *qkv, *out, *dout, *dqkv;
+    float *lse, *scr;
+    void *ws = NULL;
+    CUDA_CHECK(cudaMalloc(&qkv, n3 * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&dqkv, n3 * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&out, nc * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&dout, nc * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&lse, (size_t)B * NH * T * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&scr, attention_backward_scratch_floats(B, T, NH) *
+                                    sizeof(float)));
+    if (gemm)
+        CUDA_CHECK(cudaMalloc(&ws, wsb));
+    CUDA_CHECK(cudaMemset(qkv, 0, n3 * sizeof(bf16))); /* bf16 zeros */
+    CUDA_CHECK(cudaMemset(dout, 0, nc * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(dqkv, 0, n3 * sizeof(bf16)));
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreate(&st));
+    double best = 1e30;
+    for (int r = 0; r <= reps; r++) {
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        double t0 = now_();
+        if (gemm) {
+            attention_gemm_forward_cuda(out, lse, ws, wsb, qkv, B, T, C, NH,
+                                        st);
+            attention_gemm_backward_cuda(dqkv, scr, ws, wsb, dout, qkv, out,
+                                         lse, B, T, C, NH, st);
+        } else {
+            attention_forward_cuda(out, lse, qkv, B, T, C, NH, st);
+            attention_backward_cuda(dqkv, scr, dout, qkv, out, lse, B, T, C,
+                                    NH, st);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        double dt = (now_() - t0) * 1e3;
+        if (r > 0 && dt < best) /* the first warms up */
+            best = dt;
+    }
+    CUDA_CHECK(cudaStreamDestroy(st));
+    cudaFree(qkv); cudaFree(dqkv); cudaFree(out); cudaFree(dout);
+    cudaFree(lse); cudaFree(scr);
+    if (ws)
+        cudaFree(ws);
+    return best;
+}
+
 static void usage_(void)
 {
     printf("usage: gpu_train [options]   (defaults: GPT-2 124M shapes)\n"
@@ -74,16 +131,19 @@ static void usage_(void)
            "  --accum A     microbatches per step (1)\n"
            "  --share S     parameter slots (L = Real model, 1 = Pseudo)\n"
            "  --steps N     timed steps (10)   --warmup N  untimed steps (3)\n"
-           "  --peak-n N    size of the square GEMM for the peak (8192)\n");
+           "  --peak-n N    size of the square GEMM for the peak (8192)\n"
+           "  --att-reps N  attention alone, flash kernels vs tensor cores,\n"
+           "                best of N (5; 0 skips)\n");
 }
 
 int main(int argc, char **argv)
 {
     model_config c = {50257, 12, 12, 768, 1024};
     int B = 32, accum = 1, S = 0, steps = 10, warmup = 3, peak_n = 8192;
+    int att_reps = 5;
     static const struct option opts[] = {
         BENCH_SHAPE_OPTIONS,
-        {"accum", 1, 0, 'a'}, {"help", 0, 0, 'h'},
+        {"accum", 1, 0, 'a'}, {"att-reps", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -91,6 +151,7 @@ int main(int argc, char **argv)
             continue;
         switch (o) {
         case 'a': accum = atoi(optarg); break;
+        case 'r': att_reps = atoi(optarg); break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -107,6 +168,25 @@ int main(int argc, char **argv)
     if (peak_n > 0)
         printf("gpu_train: cuBLASLt bf16 GEMM %dx%dx%d: %.1f TFLOP/s\n",
                peak_n, peak_n, peak_n, peak);
+
+    /* one layer's attention (6 B T^2 C FLOPs forward + backward, the
+     * causal half, as the model FLOPs count it) on both paths */
+    double att_flash = -1, att_gemm = -1;
+    if (att_reps > 0) {
+        double fl = 6.0 * B * (double)c.seq_len * c.seq_len * c.n_embd;
+        att_flash = attention_ms_(0, B, c.seq_len, c.n_embd, c.n_head,
+                                  att_reps);
+        att_gemm = attention_ms_(1, B, c.seq_len, c.n_embd, c.n_head,
+                                 att_reps);
+        printf("gpu_train: one layer's attention forward + backward: flash "
+               "kernels %.2f ms (%.1f TFLOP/s), tensor cores ", att_flash,
+               fl / att_flash / 1e9);
+        if (att_gemm > 0)
+            printf("%.2f ms (%.1f TFLOP/s): %.2fx\n", att_gemm,
+                   fl / att_gemm / 1e9, att_flash / att_gemm);
+        else
+            printf("not offered for this head size\n");
+    }
 
     gpt_cuda *g = gpt_cuda_create(&c, S, B);
     if (!g)
@@ -167,9 +247,17 @@ int main(int argc, char **argv)
            "(%.3g GFLOP/token), MFU %.1f%% of %.0f, %.1f%% of measured GEMM "
            "peak\n", tok_s, dt / steps * 1e3, tflops, flops_tok / 1e9,
            100 * mfu, PEAK_BF16_TFLOPS, 100 * mfu_gemm);
+    char att[160] = "att_ms_flash=na att_ms_gemm=na att_speedup=na";
+    if (att_flash > 0 && att_gemm > 0)
+        snprintf(att, sizeof att, "att_ms_flash=%.3f att_ms_gemm=%.3f "
+                 "att_speedup=%.2f", att_flash, att_gemm,
+                 att_flash / att_gemm);
+    else if (att_flash > 0)
+        snprintf(att, sizeof att, "att_ms_flash=%.3f att_ms_gemm=na "
+                 "att_speedup=na", att_flash);
     printf("tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f mfu_vs_gemm=%.4f "
-           "gemm_tflops=%.1f loss=%.4f\n", tok_s, dt / steps * 1e3, mfu,
-           mfu_gemm, peak, loss);
+           "gemm_tflops=%.1f loss=%.4f %s\n", tok_s, dt / steps * 1e3, mfu,
+           mfu_gemm, peak, loss, att);
     free(inp);
     free(tgt);
     gpt_cuda_free(g);

@@ -55,6 +55,7 @@ static const char *short_bytes_(char *buf, size_t len, uint64_t n)
 #define CUDA_LN_ROWS_ 256       /* layernorm.cu LN_ROWS */
 #define CUDA_SUMSQ_BLOCKS_ 1024 /* adamw.cu SUMSQ_BLOCKS */
 #define CUDA_RED_SCALARS_ 3     /* gpt_cuda.cu RED_NSCALARS */
+#define CUDA_ATT_WS_CAP_ ((size_t)512 << 20) /* attention.cu ATT_WS_CAP */
 
 static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
 static size_t pad16_(size_t n) { return ceil_div_(n, 16) * 16; }
@@ -65,6 +66,21 @@ static size_t cuda_n_global_(const model_config *c)
     size_t Vp = ceil_div_((size_t)c->vocab_size, CUDA_VPAD_) * CUDA_VPAD_;
     size_t C = (size_t)c->n_embd;
     return pad16_(Vp * C + (size_t)c->seq_len * C + 2 * C);
+}
+
+/* attention.cu attention_gemm_workspace_bytes: 10 bytes per score of
+ * (T, T rounded up to 8) per (sequence, head) item, as many items as fit
+ * the cap, up to max(B, NH); 0 when the head size is not a multiple of 8
+ * or one item does not fit. */
+static size_t cuda_att_ws_(size_t B, size_t T, size_t C, size_t NH)
+{
+    if (C % NH || (C / NH) % 8)
+        return 0;
+    size_t per = T * (ceil_div_(T, 8) * 8) * (4 + 4 + 2);
+    if (per > CUDA_ATT_WS_CAP_)
+        return 0; /* one item does not fit: the flash kernels */
+    size_t n = CUDA_ATT_WS_CAP_ / per, items = B > NH ? B : NH;
+    return (n > items ? items : n) * per;
 }
 
 size_t offload_cuda_act_bytes(const model_config *c, int B_)
@@ -97,6 +113,7 @@ size_t offload_cuda_act_bytes(const model_config *c, int B_)
         BT * 3 * C * h,                               /* dqkv */
         BT * 4 * C * h, BT * 4 * C * h,               /* dfch, dfchg */
         scratch * f,                                  /* scratch */
+        cuda_att_ws_(B, T, C, NH),                    /* attention ws */
         (CUDA_SUMSQ_BLOCKS_ + CUDA_RED_SCALARS_) * f, /* red */
         BT * i4, BT * i4,                             /* inp, tgt */
         (3 * BT + 2) * i4,                            /* encoder plan */

@@ -280,52 +280,38 @@ __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
 
 /* ------------------------------------------------- the tensor-core path */
 
-/* The same attention with its four products on cuBLASLt (tensor cores),
- * one strided batch over a group of heads of one sequence b at a time,
- * the (T,T) scores in a workspace (ldT = T rounded up to 8, so that every
- * row and every head's matrix stays 16-byte aligned):
+/* The same attention with its four products on cuBLASLt (tensor cores) as
+ * strided batches, the (T,T) scores in a workspace (ldT = T rounded up to
+ * 8, so that every row and every matrix stays 16-byte aligned):
  *   forward   S = scale Q K^T (fp32);  P = causal softmax of S (bf16), lse;
  *             O = P V
  *   backward  S again;  P = exp(S - lse) (bf16);  dV += P^T dO;
  *             dP = dO V^T (fp32);  dS = scale P (dP - D) (bf16, over P);
  *             dQ += dS K;  dK += dS^T Q
+ * A batch runs over the heads of one sequence (stride hs) or, when there
+ * are more sequences than heads, over the sequences of one head (stride
+ * T x 3C): the larger of B and NH, so that a step makes as few cuBLASLt
+ * calls as it can; as many batch items per pass as the workspace holds.
  * The masked upper triangle is computed and zeroed (2x the causal FLOPs):
  * still far faster than the fp32 cores for T >= a few hundred. The row
  * kernels read and write the workspace once per pass (memory bound). */
 
-#define ATT_WS_CAP ((size_t)512 << 20) /* workspace bytes per head group */
+#define ATT_WS_CAP ((size_t)512 << 20) /* workspace bytes, at most */
 
 static int att_ldT_(int T) { return (int)ceil_div((size_t)T, 8) * 8; }
 
-/* workspace bytes of one head's pass */
-static size_t att_head_bytes_(int T)
+/* workspace bytes of one batch item (one head of one sequence) */
+static size_t att_item_bytes_(int T)
 {
     return (size_t)T * att_ldT_(T) * (4 + 4 + 2);
 }
 
-/* heads per pass: as many as fit `bytes`, at least one */
-static int att_heads_(int T, int NH, size_t bytes)
-{
-    size_t nh = bytes / att_head_bytes_(T);
-    return nh < 1 ? 1 : nh > (size_t)NH ? NH : (int)nh;
-}
-
-/* a workspace smaller than one head's pass is a caller's bug */
-static void att_check_ws_(size_t ws_bytes, int T)
-{
-    if (ws_bytes < att_head_bytes_(T)) {
-        fprintf(stderr, "attention_gemm: workspace of %zu bytes, below one "
-                        "head's %zu (T=%d)\n", ws_bytes, att_head_bytes_(T),
-                T);
-        exit(1);
-    }
-}
-
 /* P (rows, ldT) bf16 = the causal softmax of row r of S (rows, ldT) fp32
- * (scaled scores), query t = r % T: 0 past column t; lse[r] = max +
- * log(sum). One warp per row. */
+ * (scaled scores), query t = r % T: 0 past column t; lse of the row =
+ * max + log(sum), at lse[(r / T) * lse_bs + t]. One warp per row. */
 __global__ void attn_softmax_rows_kernel(bf16 *P, float *lse, const float *S,
-                                         int T, int ldT, int rows)
+                                         int T, int ldT, int rows,
+                                         size_t lse_bs)
 {
     int r = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32);
     int lane = threadIdx.x % 32;
@@ -346,113 +332,153 @@ __global__ void attn_softmax_rows_kernel(bf16 *P, float *lse, const float *S,
     for (int j = lane; j < T; j += 32)
         p[j] = st(j <= t ? expf(s[j] - m) * inv : 0.0f);
     if (lane == 0)
-        lse[r] = m + logf(l);
+        lse[(size_t)(r / T) * lse_bs + t] = m + logf(l);
 }
 
-/* Backward, element (r, j) of rows x T, query t = r % T, 0 past column t:
- *   dS == NULL:  P = exp(S - lse[r])                        (bf16, into P)
- *   else:        dS = scale exp(S - lse[r]) (dP - Dd[r])    (bf16, into dS)
+/* Backward, element (r, j) of rows x T, query t = r % T, 0 past column t,
+ * with the row's lse and D at [(r / T) * lse_bs + t]:
+ *   dP == NULL:  P = exp(S - lse)                        (bf16, into out)
+ *   else:        dS = scale exp(S - lse) (dP - D)        (bf16, into out)
  * The probabilities are recomputed in fp32 from S for dS (not read back
  * from the bf16 P). */
 __global__ void attn_probs_kernel(bf16 *out, const float *S, const float *dP,
                                   const float *lse, const float *Dd, int T,
-                                  int ldT, size_t n, float scale)
+                                  int ldT, size_t n, size_t lse_bs,
+                                  float scale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
     size_t r = i / T;
     int j = (int)(i % T), t = (int)(r % T);
-    size_t at = r * ldT + j;
+    size_t at = r * ldT + j, row = (r / T) * lse_bs + t;
     float v = 0.0f;
     if (j <= t) {
-        float p = expf(S[at] - lse[r]);
-        v = dP ? scale * p * (dP[at] - Dd[r]) : p;
+        float p = expf(S[at] - lse[row]);
+        v = dP ? scale * p * (dP[at] - Dd[row]) : p;
     }
     out[at] = st(v);
 }
 
-/* Pointers of one pass: sequence b, heads [h0, h0 + nh). */
+/* batch items per pass: as many as fit `bytes`, at least one */
+static int att_items_(int T, int items, size_t bytes)
+{
+    size_t n = bytes / att_item_bytes_(T);
+    return n < 1 ? 1 : n > (size_t)items ? items : (int)n;
+}
+
+/* The passes of a call: the batch runs over heads (by_head: `items` = NH,
+ * `outers` = B sequences) or over sequences (items B, outers NH heads), in
+ * groups of at most `group` items. */
 typedef struct {
-    const bf16 *q, *k, *v;    /* in qkv, ld 3C */
-    float *S, *dP;            /* workspace (nh, T, ldT) fp32 */
-    bf16 *P;                  /* workspace (nh, T, ldT) bf16 */
-    int T, ldT, nh, hs, C;
+    int by_head, items, outers, group;
+} att_sched_;
+
+static att_sched_ att_sched_of_(int B, int NH, int T, size_t ws_bytes)
+{
+    if (ws_bytes < att_item_bytes_(T)) { /* a caller's bug */
+        fprintf(stderr, "attention_gemm: workspace of %zu bytes, below one "
+                        "head's %zu (T=%d)\n", ws_bytes, att_item_bytes_(T),
+                T);
+        exit(1);
+    }
+    att_sched_ sc;
+    sc.by_head = NH >= B;
+    sc.items = sc.by_head ? NH : B;
+    sc.outers = sc.by_head ? B : NH;
+    sc.group = att_items_(T, sc.items, ws_bytes);
+    return sc;
+}
+
+/* One pass: items [i0, i0 + n) at outer index o; item i is head i of
+ * sequence o (by_head) or head o of sequence i. Offsets in elements. */
+typedef struct {
+    size_t off3, offc;        /* item 0 in (B,T,3C) and (B,T,C) tensors */
+    long long s3, sc;         /* item stride in those */
+    size_t lse_off, lse_bs;   /* item 0's row 0 in (B,NH,T); item stride */
+    float *S, *dP;            /* workspace (n, T, ldT) fp32 */
+    bf16 *P;                  /* workspace (n, T, ldT) bf16 */
+    int T, ldT, n, hs;
 } att_pass_;
 
-static att_pass_ att_pass_of_(const bf16 *qkv, void *ws, int b, int h0,
-                              int nh, int T, int C, int NH)
+static att_pass_ att_pass_of_(void *ws, const att_sched_ *sc, int o, int i0,
+                              int T, int C, int NH)
 {
     att_pass_ a;
-    int hs = C / NH;
-    const bf16 *base = qkv + (size_t)b * T * 3 * C + (size_t)h0 * hs;
-    a.q = base;
-    a.k = base + C;
-    a.v = base + 2 * (size_t)C;
+    int hs = C / NH, b = sc->by_head ? o : i0, h = sc->by_head ? i0 : o;
+    a.off3 = (size_t)b * T * 3 * C + (size_t)h * hs;
+    a.offc = (size_t)b * T * C + (size_t)h * hs;
+    a.s3 = sc->by_head ? hs : (long long)T * 3 * C;
+    a.sc = sc->by_head ? hs : (long long)T * C;
+    a.lse_off = ((size_t)b * NH + h) * T;
+    a.lse_bs = sc->by_head ? (size_t)T : (size_t)NH * T;
     a.T = T;
     a.ldT = att_ldT_(T);
-    a.nh = nh;
+    a.n = min(sc->group, sc->items - i0);
     a.hs = hs;
-    a.C = C;
-    size_t tt = (size_t)nh * T * a.ldT;
+    size_t tt = (size_t)a.n * T * a.ldT;
     a.S = (float *)ws;
     a.dP = a.S + tt;
     a.P = (bf16 *)(a.dP + tt);
     return a;
 }
 
-/* S (nh; T queries x T keys, row-major, ld ldT) = alpha X Y^T, X and Y
- * (T, hs) head slices of ld ldx, ldy: column-major S^T = op_T(Y) X. */
+/* S (n; T queries x T keys, row-major, ld ldT) = alpha X Y^T, X and Y
+ * (T, hs) slices of ld ldx, ldy, item strides sx, sy: column-major
+ * S^T = op_T(Y) X. */
 static void att_scores_(const att_pass_ *a, float *S, const bf16 *X, int ldx,
-                        const bf16 *Y, int ldy, float alpha,
-                        cudaStream_t stream)
+                        long long sx, const bf16 *Y, int ldy, long long sy,
+                        float alpha, cudaStream_t stream)
 {
-    gemm_batched_args g = {1, 0, a->T, a->T, a->hs, Y, ldy, a->hs, X, ldx,
-                           a->hs, S, a->ldT, (long long)a->T * a->ldT, 1,
-                           alpha, 0.0f, a->nh};
+    gemm_batched_args g = {1, 0, a->T, a->T, a->hs, Y, ldy, sy, X, ldx, sx,
+                           S, a->ldT, (long long)a->T * a->ldT, 1, alpha,
+                           0.0f, a->n};
     gemm_batched_cuda(&g, stream);
 }
 
-/* Out (nh; T x hs, ld ldo) = beta Out + W Y, W (T x T, ld ldT) bf16 from
- * the workspace, transposed when tw; Y (T, hs) of ld ldy: column-major
- * Out^T = Y^T op(W)^T. */
-static void att_apply_(const att_pass_ *a, bf16 *Out, int ldo, const bf16 *W,
-                       int tw, const bf16 *Y, int ldy, float beta,
-                       cudaStream_t stream)
+/* Out (n; T x hs, ld ldo, stride so) = beta Out + W Y, W (T x T, ld ldT)
+ * bf16 from the workspace, transposed when tw; Y (T, hs) of ld ldy,
+ * stride sy: column-major Out^T = Y^T op(W)^T. */
+static void att_apply_(const att_pass_ *a, bf16 *Out, int ldo, long long so,
+                       const bf16 *W, int tw, const bf16 *Y, int ldy,
+                       long long sy, float beta, cudaStream_t stream)
 {
-    gemm_batched_args g = {0, tw, a->hs, a->T, a->T, Y, ldy, a->hs, W, a->ldT,
-                           (long long)a->T * a->ldT, Out, ldo, a->hs, 0, 1.0f,
-                           beta, a->nh};
+    gemm_batched_args g = {0, tw, a->hs, a->T, a->T, Y, ldy, sy, W, a->ldT,
+                           (long long)a->T * a->ldT, Out, ldo, so, 0, 1.0f,
+                           beta, a->n};
     gemm_batched_cuda(&g, stream);
 }
 
-size_t attention_gemm_workspace_bytes(int T, int C, int NH)
+size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH)
 {
     if (C % NH || (C / NH) % 8)
         return 0; /* head slices must be 16-byte aligned */
-    return (size_t)att_heads_(T, NH, ATT_WS_CAP) * att_head_bytes_(T);
+    if (att_item_bytes_(T) > ATT_WS_CAP)
+        return 0; /* long sequences (T > 7,326): the flash kernels */
+    int items = B > NH ? B : NH;
+    return (size_t)att_items_(T, items, ATT_WS_CAP) * att_item_bytes_(T);
 }
 
 void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
                                  size_t ws_bytes, const bf16 *qkv, int B,
                                  int T, int C, int NH, cudaStream_t stream)
 {
-    att_check_ws_(ws_bytes, T);
-    int hs = C / NH, G = att_heads_(T, NH, ws_bytes);
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int h0 = 0; h0 < NH; h0 += G) {
-            int nh = min(G, NH - h0);
-            att_pass_ a = att_pass_of_(qkv, ws, b, h0, nh, T, C, NH);
-            att_scores_(&a, a.S, a.q, 3 * C, a.k, 3 * C, scale, stream);
-            int rows = nh * T;
-            attn_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, 256), 256,
-                                       0, stream>>>(
-                a.P, lse + ((size_t)b * NH + h0) * T, a.S, T, a.ldT, rows);
-            CUDA_CHECK_LAUNCH();
-            bf16 *o = out + (size_t)b * T * C + (size_t)h0 * hs;
-            att_apply_(&a, o, C, a.P, 0, a.v, 3 * C, 0.0f, stream);
-        }
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    att_sched_ sc = att_sched_of_(B, NH, T, ws_bytes);
+    for (int o = 0; o < sc.outers; o++)
+    for (int i0 = 0; i0 < sc.items; i0 += sc.group) {
+        att_pass_ a = att_pass_of_(ws, &sc, o, i0, T, C, NH);
+        const bf16 *q = qkv + a.off3;
+        att_scores_(&a, a.S, q, 3 * C, a.s3, q + C, 3 * C, a.s3, scale,
+                    stream);
+        int rows = a.n * T;
+        attn_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, 256), 256, 0,
+                                   stream>>>(a.P, lse + a.lse_off, a.S, T,
+                                             a.ldT, rows, a.lse_bs);
+        CUDA_CHECK_LAUNCH();
+        att_apply_(&a, out + a.offc, C, a.sc, a.P, 0, q + 2 * (size_t)C,
+                   3 * C, a.s3, 0.0f, stream);
+    }
 }
 
 void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
@@ -461,37 +487,34 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
                                   const float *lse, int B, int T, int C,
                                   int NH, cudaStream_t stream)
 {
-    att_check_ws_(ws_bytes, T);
-    int hs = C / NH, G = att_heads_(T, NH, ws_bytes);
-    float scale = 1.0f / sqrtf((float)hs);
+    float scale = 1.0f / sqrtf((float)(C / NH));
     size_t warps = (size_t)B * T * NH;
     attn_backward_d_kernel<<<ceil_div(warps * 32, 256), 256, 0, stream>>>(
         scratch, dout, out, B, T, C, NH);
     CUDA_CHECK_LAUNCH();
-    for (int b = 0; b < B; b++)
-        for (int h0 = 0; h0 < NH; h0 += G) {
-            int nh = min(G, NH - h0);
-            att_pass_ a = att_pass_of_(qkv, ws, b, h0, nh, T, C, NH);
-            size_t off = (size_t)b * T * 3 * C + (size_t)h0 * hs;
-            bf16 *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * (size_t)C;
-            const bf16 *dO = dout + (size_t)b * T * C + (size_t)h0 * hs;
-            const float *lse_g = lse + ((size_t)b * NH + h0) * T;
-            const float *D_g = scratch + ((size_t)b * NH + h0) * T;
-            size_t n = (size_t)nh * T * T;
-            unsigned nb = (unsigned)ceil_div(n, 256);
-            att_scores_(&a, a.S, a.q, 3 * C, a.k, 3 * C, scale, stream);
-            attn_probs_kernel<<<nb, 256, 0, stream>>>(
-                a.P, a.S, (const float *)NULL, lse_g, (const float *)NULL, T,
-                a.ldT, n, 0.0f);
-            CUDA_CHECK_LAUNCH();
-            att_apply_(&a, dv, 3 * C, a.P, 1, dO, C, 1.0f, stream);
-            att_scores_(&a, a.dP, dO, C, a.v, 3 * C, 1.0f, stream);
-            attn_probs_kernel<<<nb, 256, 0, stream>>>(a.P, a.S, a.dP, lse_g,
-                                                      D_g, T, a.ldT, n, scale);
-            CUDA_CHECK_LAUNCH();
-            att_apply_(&a, dq, 3 * C, a.P, 0, a.k, 3 * C, 1.0f, stream);
-            att_apply_(&a, dk, 3 * C, a.P, 1, a.q, 3 * C, 1.0f, stream);
-        }
+    att_sched_ sc = att_sched_of_(B, NH, T, ws_bytes);
+    for (int o = 0; o < sc.outers; o++)
+    for (int i0 = 0; i0 < sc.items; i0 += sc.group) {
+        att_pass_ a = att_pass_of_(ws, &sc, o, i0, T, C, NH);
+        const bf16 *q = qkv + a.off3, *k = q + C, *v = q + 2 * (size_t)C;
+        bf16 *dq = dqkv + a.off3, *dk = dq + C, *dv = dq + 2 * (size_t)C;
+        const bf16 *dO = dout + a.offc;
+        size_t n = (size_t)a.n * T * T;
+        unsigned nb = (unsigned)ceil_div(n, 256);
+        att_scores_(&a, a.S, q, 3 * C, a.s3, k, 3 * C, a.s3, scale, stream);
+        attn_probs_kernel<<<nb, 256, 0, stream>>>(
+            a.P, a.S, (const float *)NULL, lse + a.lse_off,
+            (const float *)NULL, T, a.ldT, n, a.lse_bs, 0.0f);
+        CUDA_CHECK_LAUNCH();
+        att_apply_(&a, dv, 3 * C, a.s3, a.P, 1, dO, C, a.sc, 1.0f, stream);
+        att_scores_(&a, a.dP, dO, C, a.sc, v, 3 * C, a.s3, 1.0f, stream);
+        attn_probs_kernel<<<nb, 256, 0, stream>>>(
+            a.P, a.S, a.dP, lse + a.lse_off, scratch + a.lse_off, T, a.ldT,
+            n, a.lse_bs, scale);
+        CUDA_CHECK_LAUNCH();
+        att_apply_(&a, dq, 3 * C, a.s3, a.P, 0, k, 3 * C, a.s3, 1.0f, stream);
+        att_apply_(&a, dk, 3 * C, a.s3, a.P, 1, q, 3 * C, a.s3, 1.0f, stream);
+    }
 }
 
 /* ------------------------------------------------------------- launchers */

@@ -115,6 +115,8 @@ static int alloc_acts_(gpt_cuda *g)
         {(void **)&a->dqkv, BT * 3 * C * h}, {(void **)&a->dfch, BT * 4 * C * h},
         {(void **)&a->dfchg, BT * 4 * C * h},
         {(void **)&a->scratch, scratch * f},
+        {&a->att_ws, attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
+                                                    (int)NH)},
         {(void **)&a->red, (grad_sumsq_scratch_floats() + RED_NSCALARS) * f},
         {(void **)&a->inp, BT * i4}, {(void **)&a->tgt, BT * i4},
         {(void **)&a->plan, encoder_plan_ints((int)BT) * i4},
@@ -135,6 +137,11 @@ static int alloc_acts_(gpt_cuda *g)
         *t[i].p = p;
         p += ceil_div(t[i].bytes, 256) * 256;
     }
+    /* attention on the tensor cores where the head size allows it */
+    a->att_ws_bytes = attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
+                                                     (int)NH);
+    if (!a->att_ws_bytes)
+        a->att_ws = NULL;
     g->act_bytes = total;
     return 0;
 }
@@ -602,7 +609,11 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
                            (int)BT, C, st);
     matmul_forward_cuda(qkv, ln1, W_(w, SLOT_QKV_W), W_(w, SLOT_QKV_B),
                         (int)BT, C, 3 * C, st);
-    attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
+    if (a->att_ws)
+        attention_gemm_forward_cuda(atty, lse, a->att_ws, a->att_ws_bytes,
+                                    qkv, B, T, C, NH, st);
+    else
+        attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
     matmul_forward_cuda(res2, atty, W_(w, SLOT_ATTPROJ_W),
                         W_(w, SLOT_ATTPROJ_B), (int)BT, C, C, st);
     residual_forward_cuda(res2, res, res2, BTC, st);
@@ -654,8 +665,13 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
                          W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres, atty,
                          W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
     ZERO_(a->dqkv, BT * 3 * C);
-    attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty, lse, B,
-                            T, C, NH, st);
+    if (a->att_ws)
+        attention_gemm_backward_cuda(a->dqkv, a->scratch, a->att_ws,
+                                     a->att_ws_bytes, a->datty, qkv, atty,
+                                     lse, B, T, C, NH, st);
+    else
+        attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty,
+                                lse, B, T, C, NH, st);
     ZERO_(a->dln, BTC);
     matmul_backward_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
                          a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W), (int)BT,

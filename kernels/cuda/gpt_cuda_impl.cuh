@@ -41,6 +41,9 @@ typedef struct {
     bf16 *dqkv;                         /* (B,T,3C) */
     bf16 *dfch, *dfchg;                 /* (B,T,4C) */
     float *scratch;                     /* f32 op workspace */
+    void *att_ws;                       /* attention_gemm workspace, or
+                                         * NULL: the flash kernels */
+    size_t att_ws_bytes;
     float *red;                         /* f32 sumsq partials + scalars */
     int32_t *inp, *tgt, *plan;          /* (B,T), (B,T), encoder plan */
 } acts_;

@@ -147,14 +147,16 @@ void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              cudaStream_t stream);
 
 /* The same attention (same arguments, results and lse) with its products
- * on cuBLASLt's tensor cores: per sequence and group of heads, S = scale
- * Q K^T in fp32 and the causal softmax P in bf16 go through a workspace ws
- * of ws_bytes (10 bytes per score: as many heads per pass as fit, at least
- * one, else it exits). attention_gemm_workspace_bytes: the size that
- * gpt_cuda allocates (heads up to 512 MiB per pass), 0 when the head size
- * is not a multiple of 8 (its slices would not be 16-byte aligned): use
- * the kernels above then. The backward's scratch is as above. */
-size_t attention_gemm_workspace_bytes(int T, int C, int NH);
+ * on cuBLASLt's tensor cores, batched over the heads of a sequence or the
+ * sequences of a head (the larger of NH and B): S = scale Q K^T in fp32
+ * and the causal softmax P in bf16 go through a workspace ws of ws_bytes
+ * (10 bytes per score: as many (sequence, head) items per pass as fit, at
+ * least one, else it exits). attention_gemm_workspace_bytes: the size that
+ * gpt_cuda allocates (items up to 512 MiB), 0 when the head size is not a
+ * multiple of 8 (its slices would not be 16-byte aligned) or one item's
+ * pass would pass 512 MiB (T > 7,326): use the kernels above then, which
+ * need no workspace. The backward's scratch is as above. */
+size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH);
 void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
                                  size_t ws_bytes, const bf16 *qkv, int B,
                                  int T, int C, int NH, cudaStream_t stream);

@@ -373,11 +373,12 @@ static void test_attention_(int B, int T, int C, int NH)
                 memcmp(g1, g2, N3 * sizeof(float)) == 0);
 
     /* the tensor-core path, where the head size allows it, against the
-     * same CPU reference; its workspace starts as NaN and holds one head
-     * less than all (a pass per group of heads), or one */
-    size_t wsb = attention_gemm_workspace_bytes(T, C, NH);
-    if (NH > 1)
-        wsb = wsb / NH * (NH - 1);
+     * same CPU reference; its workspace starts as NaN and holds one item
+     * less than all (more than one pass), or one */
+    size_t wsb = attention_gemm_workspace_bytes(B, T, C, NH);
+    int items = B > NH ? B : NH; /* what a full workspace holds */
+    if (items > 1)
+        wsb = wsb / items * (items - 1);
     if (wsb) {
         float *d_ws = dnan_f32_(wsb / sizeof(float));
         float *d_lse2 = dnan_f32_((size_t)B * NH * T);
@@ -597,6 +598,7 @@ int main(void)
     test_attention_(2, 130, 128, 4);     /* hs 32 */
     test_attention_(1, 45, 256, 2);      /* hs 128 */
     test_attention_(3, 33, 64, 4);       /* hs 16 */
+    test_attention_(4, 40, 64, 2);       /* B > NH: batched over sequences */
     test_elementwise_();
     test_crossentropy_();
     test_adamw_();
