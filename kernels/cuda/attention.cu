@@ -1,15 +1,20 @@
 /*
- * attention.cu — causal multi-head self-attention, flash-attention style
- * (Dao et al. 2022): the (T,T) score matrix never reaches global memory.
- * Math as kernels/cpu/attention.c, with scale = 1/sqrt(hs):
+ * attention.cu — causal multi-head self-attention. Math as
+ * kernels/cpu/attention.c, with scale = 1/sqrt(hs):
  *   forward   o_t = sum_{s<=t} p_ts v_s,  p_ts = exp(scale q_t.k_s - lse_t)
  *   backward  D_t = dout_t . o_t
  *             dp_ts = dout_t . v_s,  ds_ts = p_ts (dp_ts - D_t)
  *             dv_s += sum_t p_ts dout_t
  *             dk_s += scale sum_t ds_ts q_t,  dq_t += scale sum_s ds_ts k_s
  *
- * A straightforward tiled version on the fp32 CUDA cores, correctness first
- * (no tensor cores yet). One thread owns one row (a query in forward and
+ * Two implementations of the same math. The flash kernels (flash-attention
+ * style, Dao et al. 2022: the (T,T) score matrix never reaches global
+ * memory): a tiled version on the fp32 CUDA cores, no workspace (long
+ * sequences, and the baseline).
+ * The tensor-core path (attention_gemm_*, below the kernels): cuBLASLt
+ * batched GEMMs through a (T,T) workspace; gpt_cuda uses it where it fits.
+ *
+ * The flash kernels: one thread owns one row (a query in forward and
  * dq, a key in dk/dv) with its accumulators in registers; the rows it meets
  * are streamed through shared memory in tiles and read by all threads of the
  * block at once (broadcast). A thread's own row, when it lives in shared

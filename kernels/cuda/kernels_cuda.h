@@ -13,15 +13,18 @@
  *    Scratch makes the reductions deterministic: partial sums per fixed row
  *    block, then a fixed-order sum. No op uses floating-point atomics, so two
  *    runs on the same inputs give bitwise identical results.
- *  - Nothing allocates except matmul's cuBLASLt workspace (once, lazily).
+ *  - Nothing allocates except matmul's cuBLASLt workspace (once, lazily);
+ *    callers pass every other buffer (scratch, attention's workspace).
  *  - C must be a multiple of 8 (16-byte rows for cuBLASLt and aligned bf16
  *    tensors); hs must be 16, 32, 64 or 128.
  *  - Every error (launch, cuBLASLt, unsupported shape) prints and exits
  *    (cuda_check.h).
  *
  * Differences from kernels.h, each for a reason:
- *  - attention keeps no (T,T) matrix: forward saves the log-sum-exp per row
- *    (flash-attention style) and backward recomputes the probabilities.
+ *  - attention keeps no (T,T) matrix between forward and backward: forward
+ *    saves the log-sum-exp per row (flash-attention style) and backward
+ *    recomputes the probabilities (the tensor-core path through a
+ *    caller's workspace, the flash kernels without one).
  *  - cross-entropy works on a padded vocabulary Vp >= V (rows of Vp, the
  *    columns [V,Vp) are ignored in forward and get zero gradient); backward
  *    recomputes the softmax from the logits and WRITES dlogits, which may
