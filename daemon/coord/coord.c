@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/paths.h"
@@ -249,29 +250,62 @@ static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
     return 0;
 }
 
-/* Newest checkpoint that loads, newest first; a broken one is dropped. On
- * return r->t is a trainer at the checkpoint's step, or a fresh one. A
- * fresh one is made as r->t was: with data_rc (not NULL), by
- * trainer_create_resumable, which sets *data_rc and err anew. */
-static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen)
+/* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
+ * ...: never adopted again, see reconcile_run_), for the operator to look
+ * at; *kept gets the name it now has. A rename that fails leaves it where
+ * it is (its row is dropped all the same). */
+static void quarantine_(const char *path, char *kept, size_t keptlen)
+{
+    for (int k = 1; k < 100; k++) {
+        char to[4200];
+        if (k == 1)
+            snprintf(to, sizeof to, "%s.bad", path);
+        else
+            snprintf(to, sizeof to, "%s.bad-%d", path, k);
+        if (access(to, F_OK) == 0)
+            continue;
+        if (rename(path, to) == 0) {
+            snprintf(kept, keptlen, "%s", to);
+            return;
+        }
+        break;
+    }
+    snprintf(kept, keptlen, "%s", path);
+}
+
+/* Newest checkpoint that loads, newest first; one that does not is set
+ * aside (quarantine_) and its row dropped. On return r->t is a trainer at
+ * the checkpoint's step, or a fresh one. A fresh one is made as r->t was:
+ * with data_rc (not NULL), by trainer_create_resumable, which sets
+ * *data_rc and err anew. Returns 0; 1 when checkpoints existed but none
+ * loaded (the run would silently start over: the caller pauses it, lost
+ * says why); -1 with err when no trainer could be made. */
+static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen,
+                    char *lost, size_t lostlen)
 {
     ckpt_row *rows;
     int n;
     r->last_ckpt = -1;
+    lost[0] = 0;
     if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) n = 0, rows = NULL;
     for (int i = n - 1; i >= 0; i--) {
-        char e[512];
+        char e[512], kept[4200];
         if (trainer_load(r->t, rows[i].path, e, sizeof e) == 0) {
             r->last_ckpt = trainer_step_count(r->t);
             log_info("run.restore", "run=%lld step=%ld path=%s",
                      (long long)r->id, r->last_ckpt, rows[i].path);
             break;
         }
-        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" action=removed",
-                 (long long)r->id, rows[i].path, e);
-        state_event(r->c->st, r->id, "checkpoint.bad", "step=%lld %s",
-                    (long long)rows[i].step, e);
-        rm_rf_(rows[i].path);
+        quarantine_(rows[i].path, kept, sizeof kept);
+        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
+                 "action=set_aside kept=%s", (long long)r->id, rows[i].path, e,
+                 kept);
+        state_event(r->c->st, r->id, "checkpoint.bad", "step=%lld %s; kept "
+                    "as %s", (long long)rows[i].step, e, kept);
+        if (i == n - 1) /* the newest: what the run has lost */
+            snprintf(lost, lostlen, "checkpoint of step %lld does not load "
+                     "(%.300s; kept as %.300s)", (long long)rows[i].step, e,
+                     kept);
         state_checkpoint_delete(r->c->st, r->id, rows[i].step);
         /* A failed load may have half-filled the trainer: start afresh. */
         trainer_free(r->t);
@@ -283,6 +317,13 @@ static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen)
         }
     }
     free(rows);
+    if (n > 0 && r->last_ckpt < 0) {
+        size_t k = strlen(lost);
+        snprintf(lost + k, lostlen - k, ", nor does any older one: `m6ctl "
+                 "resume` starts the run over from step 0");
+        return 1;
+    }
+    lost[0] = 0; /* an older checkpoint loaded: the run goes on from it */
     return 0;
 }
 
@@ -509,7 +550,9 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         fail_run_(c, id, "trainer_create", err);
         return;
     }
-    if (restore_(&r, was_queued ? NULL : &data_rc, err, sizeof err) < 0) {
+    char lost[1200];
+    if (restore_(&r, was_queued ? NULL : &data_rc, err, sizeof err, lost,
+                 sizeof lost) < 0) {
         fail_run_(c, id, "trainer_create", err);
         return;
     }
@@ -564,6 +607,10 @@ static void run_one_(coord *c, int64_t id, int start_paused)
          * (INSERT OR REPLACE); pause so the operator sees why. */
         db_error_(&r, "dropping metrics past the checkpoint", err, sizeof err);
         pause_error_(&r, &paused, err);
+    } else if (lost[0]) {
+        /* every checkpoint failed to load: starting over from step 0 is
+         * the operator's call, not a silent one */
+        pause_error_(&r, &paused, lost);
     } else if (data_rc) {
         pause_error_(&r, &paused, open_err);
     }

@@ -154,4 +154,42 @@ wait "$WATCH_PID"
 [ "$(cat "$T/watch-w.rc")" = 1 ] || fail "watch took another m6d's run for its own: rc $(cat "$T/watch-w.rc"), $(tail -2 "$T/watch-w.out")"
 grep -q "is another run" "$T/watch-w.err" || fail "watch, other m6d: $(cat "$T/watch-w.err")"
 stop_daemon
+# 7. A checkpoint that does not load is set aside as <dir>.bad, never
+#    deleted. (a) With an older one, the run goes on from it: same losses.
+#    (b) With none, the run is paused with the reason instead of starting
+#    over silently from step 0; resume starts it over: same losses (the run
+#    is deterministic).
+corrupt_ckpt() { truncate -s 100 "$1/model.safetensors"; }
+start_daemon "$T/bad"
+R=$(ctl submit "$T/ref.json")
+wait_step "$R" 45
+kill9_daemon
+C=$(db "$T/bad" "select max(step) from checkpoints where run=$R")
+PREV=$(db "$T/bad" "select max(step) from checkpoints where run=$R and step<$C")
+[ -n "$PREV" ] || fail "want two checkpoints, have $(db "$T/bad" "select group_concat(step) from checkpoints where run=$R")"
+corrupt_ckpt "$T/bad/runs/$R/checkpoints/step-$C"
+start_daemon "$T/bad"
+ctl watch "$R" >/dev/null || fail "run with a bad newest checkpoint did not complete"
+[ -d "$T/bad/runs/$R/checkpoints/step-$C.bad" ] || fail "bad checkpoint step-$C not kept as step-$C.bad: $(ls "$T/bad/runs/$R/checkpoints")"
+grep -q "checkpoint.bad run=$R .*action=set_aside kept=.*step-$C.bad" "$T/m6d-bad.log" || fail "no checkpoint.bad line: $(grep checkpoint "$T/m6d-bad.log")"
+grep -q "run.restore run=$R step=$PREV" "$T/m6d-bad.log" || fail "did not go on from checkpoint $PREV"
+losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after a bad checkpoint: $(head "$T/diff")"
+stop_daemon
+log "newest checkpoint ($C) bad: kept as step-$C.bad, went on from $PREV, same losses"
+
+start_daemon "$T/bad2"
+R=$(ctl submit "$T/ref.json")
+wait_step "$R" 15
+kill9_daemon
+for d in "$T/bad2/runs/$R/checkpoints"/step-*; do corrupt_ckpt "$d"; done
+start_daemon "$T/bad2"
+ERR=$(wait_paused_error "$R" "does not load")
+echo "$ERR" | grep -q "nor does any older one: .m6ctl resume. starts the run over from step 0" \
+    || fail "no checkpoint loads: error '$ERR'"
+compgen -G "$T/bad2/runs/$R/checkpoints/step-*.bad" >/dev/null || fail "bad checkpoints not kept"
+ctl resume "$R" >/dev/null || fail "resume after every checkpoint failed"
+ctl watch "$R" >/dev/null || fail "run started over did not complete"
+losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after starting over: $(head "$T/diff")"
+stop_daemon
+log "every checkpoint bad: paused ('$ERR'); resumed from step 0, same losses"
 echo "ok restart"
