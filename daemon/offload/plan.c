@@ -149,19 +149,29 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of)
         return -1;
     }
     p->h2d_bytes_per_step = p->d2h_bytes_per_step = 0;
-    for (int k = 0; k < p->grad_accum; k++) {
-        int n = offload_cut_pass(slot_of, L, p->placement, 1,
-                                 k == p->grad_accum - 1, touched, iv, at);
+    /* The microbatches between the first and the last cut the same pass
+     * (every slot is touched after the first, none is final): one of them
+     * counts for all, so the cost does not grow with grad_accum (which a
+     * spec may set to 2^31 - 1: m6d plans at submit). */
+    int A = p->grad_accum;
+    const int reps[3] = {1, A > 2 ? A - 2 : 0, A > 1 ? 1 : 0};
+    for (int k = 0; k < 3; k++) {
+        if (!reps[k])
+            continue;
+        int n = offload_cut_pass(slot_of, L, p->placement, 1, k == 2 || A == 1,
+                                 touched, iv, at);
         for (int j = 0; j < n; j++) {
-            p->h2d_bytes_per_step += W;
+            size_t h2d = W, d2h = 0;
             if (iv[j].has_bwd) {
-                p->d2h_bytes_per_step += W;
+                d2h = W;
                 /* CPU: the partial gradient comes back to be accumulated
                  * on the device; CUDA accumulates drained gradients on
                  * the host instead */
                 if (iv[j].grad_from_host && p->backend == BACKEND_CPU)
-                    p->h2d_bytes_per_step += W;
+                    h2d += W;
             }
+            p->h2d_bytes_per_step += h2d * (size_t)reps[k];
+            p->d2h_bytes_per_step += d2h * (size_t)reps[k];
         }
     }
     free(iv);

@@ -603,6 +603,19 @@ static void test_plan_hand_counted_cuda(void **state)
     assert_int_equal(p.peak_device_bytes, G + A + SL + 2 * ST + WS);
     assert_int_equal(p.h2d_bytes_per_step, 10 * W);
     assert_int_equal(p.d2h_bytes_per_step, 6 * W);
+    offload_plan_free(&p);
+    /* the same per microbatch for any grad_accum, counted without walking
+     * every microbatch (a spec may ask for 2^31 - 1 of them) */
+    static const int accums[] = {1, 3, 5, 2147483647};
+    for (size_t k = 0; k < sizeof accums / sizeof accums[0]; k++) {
+        in.grad_accum = accums[k];
+        assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+        assert_true(p.h2d_bytes_per_step == (size_t)accums[k] * 5 * W);
+        assert_true(p.d2h_bytes_per_step == (size_t)accums[k] * 3 * W);
+        offload_plan_free(&p);
+    }
+    in.grad_accum = 2;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
     assert_int_equal(p.h2d_bytes_per_step, 254080);
     assert_int_equal(p.host_bytes, 3 * 20 * slot);
     assert_int_equal(p.pinned_bytes, 3 * 4 * slot);
