@@ -122,6 +122,18 @@ static double triad_s_(slot_ *s)
     return clock_mono_s() - t0;
 }
 
+/* the number in arg, or exit 2 naming the option */
+static double number_(const char *arg, const char *opt)
+{
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end) {
+        fprintf(stderr, "offload_host: %s: '%s' is not a number\n", opt, arg);
+        exit(2);
+    }
+    return v;
+}
+
 int main(int argc, char **argv)
 {
     double mparams = 128;
@@ -132,9 +144,9 @@ int main(int argc, char **argv)
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case 'p': mparams = atof(optarg); break;
-        case 't': threads = atoi(optarg); break;
-        case 'r': reps = atoi(optarg); break;
+        case 'p': mparams = number_(optarg, "--params"); break;
+        case 't': threads = (int)number_(optarg, "--threads"); break;
+        case 'r': reps = (int)number_(optarg, "--reps"); break;
         default:
             printf("usage: offload_host [--params MILLIONS (128)] "
                    "[--threads N (all cores)] [--reps R (5)]\n"
@@ -144,9 +156,9 @@ int main(int argc, char **argv)
             return o == 'h' ? 0 : 2;
         }
     }
-    if (mparams <= 0 || threads < 1 || reps < 1) {
-        fprintf(stderr, "offload_host: --params, --threads and --reps must "
-                        "be positive\n");
+    if (mparams <= 0 || threads < 1 || threads > 1024 || reps < 1) {
+        fprintf(stderr, "offload_host: --params and --reps must be positive, "
+                        "--threads from 1 to 1024\n");
         return 2;
     }
     omp_set_num_threads(threads);

@@ -343,12 +343,21 @@ static void fmt_loss_(char *buf, size_t n, double v)
     else snprintf(buf, n, "%.4f", v);
 }
 
+/* Seconds as "42s", "3m05s" or "2h07m": rounded to whole seconds (or
+ * minutes) first, so 179.6 s is "3m00s", not "2m60s". */
 static void fmt_eta_(char *buf, size_t n, double s)
 {
-    if (s < 0) snprintf(buf, n, "-");
-    else if (s < 60) snprintf(buf, n, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, n, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
-    else snprintf(buf, n, "%.0fh%02.0fm", floor(s / 3600), fmod(s / 60, 60));
+    if (s < 0) {
+        snprintf(buf, n, "-");
+        return;
+    }
+    long long t = llround(s);
+    if (t < 60) snprintf(buf, n, "%llds", t);
+    else if (t < 3600) snprintf(buf, n, "%lldm%02llds", t / 60, t % 60);
+    else {
+        long long m = llround(s / 60);
+        snprintf(buf, n, "%lldh%02lldm", m / 60, m % 60);
+    }
 }
 
 /* "offload: 4/6 slots offloaded, peak 157.1 MiB of 160 MiB budget, h2d

@@ -40,6 +40,8 @@ struct coord {
     double step_s_ema;    /* seconds per step, for the ETA */
     int cmd_pause, cmd_resume, cmd_delink, cmd_stop;
     char active_error[512]; /* why the active run paused itself, "" none */
+    int active_error_write; /* ... a failed write (not bad data or a lost
+                             * checkpoint): a stop may not be recorded */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -191,6 +193,7 @@ typedef struct {
      * run paused; before the next step the data is opened again and the
      * pending row's validation pass, if that is what failed, is redone. */
     int data_error, eval_owed;
+    int ckpt_lost;          /* paused because no checkpoint loaded */
     size_t plan_peak[2];   /* unbudgeted device bytes: [pseudo], [real] */
     offload_stats prev;    /* counters at the previous sample */
     coord_offload off;     /* latest sample, also published to c->offload */
@@ -427,7 +430,9 @@ static void pause_error_(run_ctx *r, int *paused, const char *reason)
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
     snprintf(c->active_error, sizeof c->active_error, "%s", reason);
+    c->active_error_write = !r->data_error && !r->ckpt_lost;
     pthread_mutex_unlock(&c->mu);
+    r->ckpt_lost = 0; /* said once */
     if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
         state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
     publish_(r, 1);
@@ -610,6 +615,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
     } else if (lost[0]) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
+        r.ckpt_lost = 1;
         pause_error_(&r, &paused, lost);
     } else if (data_rc) {
         pause_error_(&r, &paused, open_err);
@@ -1014,13 +1020,15 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
         }
         /* The worker acts (and records) at the boundary; if the run's last
          * write failed, say the command may only hold in memory. */
-        if (ret == COORD_OK && c->active_error[0] && cmd == CMD_STOP) {
+        if (ret == COORD_OK && c->active_error[0] && c->active_error_write &&
+            cmd == CMD_STOP) {
             size_t n = strlen(msg);
             snprintf(msg + n, msglen - n, ", but its last write failed (%s): "
                      "the stop is final only once its checkpoint and state are "
                      "written; until then the run stays paused",
                      c->active_error);
-        } else if (ret == COORD_OK && c->active_error[0] && cmd != CMD_RESUME) {
+        } else if (ret == COORD_OK && c->active_error[0] &&
+                   c->active_error_write && cmd != CMD_RESUME) {
             size_t n = strlen(msg);
             snprintf(msg + n, msglen - n, "; it takes effect in memory, but "
                      "may not be recorded: %s", c->active_error);

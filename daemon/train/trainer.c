@@ -95,8 +95,8 @@ static int open_split_(token_set *ts, const char *key, const char *glob,
         return rc == TOKEN_SET_ENOFILE ? rc : -1;
     }
     if (ts->total < (size_t)spec->model.seq_len + 2) {
-        snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %d",
-                 key, ts->total, spec->model.seq_len + 1);
+        snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %lld",
+                 key, ts->total, (long long)spec->model.seq_len + 1);
         token_set_close(ts);
         return -1;
     }

@@ -234,7 +234,21 @@ restore "$VAL" "$T/val.orig"
 ctl resume "$F" >/dev/null || fail "resume (val restored, after the restart)"
 ctl watch "$F" >/dev/null || fail "run did not complete after the val shard came back"
 losses "$F" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (val bad across a restart): $(head "$T/diff")"
+log "val bad at step $K across a restart: paused ('$ERR'); restored: the reference's losses"
+
+# 10. stop on a run paused by bad data: stopped at once, and the answer
+#     does not speak of a failed write (nothing failed to write).
+G=$(ctl submit "$T/spec.json")
+wait_step "$G" 5
+cp "$TRAIN" "$T/train.orig2"
+truncate -s 2000 "$TRAIN"
+wait_paused_error "$G" "truncated" >/dev/null
+OUT=$(ctl stop "$G") || fail "stop of a run paused on bad data"
+echo "$OUT" | grep -q "write failed" && fail "stop speaks of a failed write: $OUT"
+for _ in $(seq 1 100); do [ "$(field "$G" state)" = stopped ] && break; sleep 0.05; done
+[ "$(field "$G" state)" = stopped ] || fail "run paused on bad data not stopped: $(field "$G" state)"
+restore "$TRAIN" "$T/train.orig2"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
 stop_daemon
-log "val bad at step $K across a restart: paused ('$ERR'); restored: the reference's losses"
+log "stop of a run paused on bad data: '$OUT'"
 echo "ok shards"
