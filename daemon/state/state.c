@@ -119,6 +119,37 @@ static int migrate_(state *st, char *err, size_t errlen)
     return 0;
 }
 
+/* SQLite's quick_check (every page and index entry well formed; linear in
+ * the file's size) before anything runs on the database: a damaged m6.db
+ * would otherwise serve half its runs and fail writes later, one by one.
+ * 0, or -1 with err naming the file, SQLite's first complaint and what to
+ * do. */
+static int check_intact_(state *st, const char *path, char *err,
+                         size_t errlen)
+{
+    static const char fix[] = "m6d will not run on it: restore it from a "
+        "backup, or salvage what SQLite can read with `sqlite3 DAMAGED.db "
+        ".recover | sqlite3 NEW.db`, then start m6d on the new file";
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(st->db, "PRAGMA quick_check", -1, &q, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+        const char *r = (const char *)sqlite3_column_text(q, 0);
+        if (r && strcmp(r, "ok") == 0) {
+            sqlite3_finalize(q);
+            return 0;
+        }
+        snprintf(err, errlen, "%s: the state database is damaged (SQLite "
+                 "quick_check: %.200s); %s", path, r ? r : "?", fix);
+    } else {
+        snprintf(err, errlen, "%s: the state database is damaged or "
+                 "unreadable (%s); %s", path, sqlite3_errmsg(st->db), fix);
+    }
+    sqlite3_finalize(q);
+    return -1;
+}
+
 state *state_open(const char *path, char *err, size_t errlen)
 {
     state *st = calloc(1, sizeof *st);
@@ -143,6 +174,7 @@ state *state_open(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(st->db));
         goto fail;
     }
+    if (check_intact_(st, path, err, errlen) < 0) goto fail;
     if (migrate_(st, err, errlen) < 0) goto fail;
     return st;
 fail:

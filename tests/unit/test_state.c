@@ -78,6 +78,41 @@ static void test_migrations(void **s)
     assert_non_null(strstr(err, "newer"));
 }
 
+/* A database with a page overwritten is refused at open, with a message
+ * naming the file and saying it is damaged (a fresh-eyes test found m6d
+ * serving a damaged m6.db). */
+static void test_damaged_refused(void **s)
+{
+    (void)s;
+    char err[1024], spec[2048];
+    memset(spec, 'x', sizeof spec - 1);
+    spec[sizeof spec - 1] = 0;
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    for (int i = 0; i < 100; i++) /* some 50 pages of runs */
+        assert_true(state_run_insert(st, "x", spec, 10, 0) > 0);
+    state_close(st); /* the last connection: the WAL goes into the file */
+    st = state_open(dbpath, err, sizeof err); /* intact: opens */
+    assert_non_null(st);
+    state_close(st);
+    FILE *f = fopen(dbpath, "r+b");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    assert_true(size > 16 * 4096);
+    char junk[4096];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)(i * 131 + 7);
+    fseek(f, size / 2 / 4096 * 4096, SEEK_SET); /* a page in the middle */
+    fwrite(junk, 1, sizeof junk, f);
+    fclose(f);
+    st = state_open(dbpath, err, sizeof err);
+    printf("    %s\n", err);
+    assert_null(st);
+    assert_non_null(strstr(err, dbpath));
+    assert_non_null(strstr(err, "damaged"));
+}
+
 static void test_runs_crud(void **s)
 {
     (void)s;
@@ -260,6 +295,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
