@@ -430,8 +430,14 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
             short_bytes_(a, sizeof a, p->act_bytes), p->n_staging,
             short_bytes_(st, sizeof st, p->staging_bytes),
             short_bytes_(w, sizeof w, p->workspace_bytes));
-    fprintf(f, "host (real): %d offloaded x %s, of which %s pinned (%s)\n",
+    char ht[32], pt[32];
+    fprintf(f, "host (real): %d offloaded x %s = %s, of which %s pinned (%s "
+            "a slot) (%s)\n",
             p->n_offloaded, short_bytes_(hs, sizeof hs, p->host_slot_bytes),
+            short_bytes_(ht, sizeof ht,
+                         (size_t)p->n_offloaded * p->host_slot_bytes),
+            short_bytes_(pt, sizeof pt,
+                         (size_t)p->n_offloaded * p->pinned_slot_bytes),
             short_bytes_(ps, sizeof ps, p->pinned_slot_bytes),
             p->backend == BACKEND_CUDA
                 ? "cuda: fp32 master, m, v, gradient accumulator; pinned "
