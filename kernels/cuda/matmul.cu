@@ -230,30 +230,17 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
                                         g->sB);
     cublasLtMatrixLayout_t ldl = layout_(dtype, g->m, g->n, g->ldd, batch,
                                          g->sD);
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = MM_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     /* The heuristic does not see A, B, C and D: it assumes 256-byte
      * alignment unless told, and an algorithm chosen so fails on a less
      * aligned matrix (cublasLt.h). Tensors inside a slot are not all 256-
      * aligned (C 1600: the attention projection's weight is 128-aligned),
      * nor are the heads of a strided batch, so state each one's real
      * alignment, as PyTorch does. */
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     const uint32_t al[4] = {
         batch_align_(g->A, g->sA * (long long)sizeof(bf16), batch),
         batch_align_(g->B, g->sB * (long long)sizeof(bf16), batch),
         batch_align_(g->D, g->sD * (long long)dsize, batch),
         batch_align_(g->D, g->sD * (long long)dsize, batch)};
-    for (int i = 0; i < 4; i++)
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, align_attr[i], &al[i], sizeof al[i]));
     lt_key_ key;
     memset(&key, 0, sizeof key); /* padding too: keys compare as bytes */
     key.ta = g->ta; key.tb = g->tb; key.m = g->m; key.n = g->n; key.k = g->k;
@@ -265,12 +252,27 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
     key.al_bias = bias ? align_of_(bias) : 0; /* the heuristic reads both */
     key.al_aux = aux ? align_of_(aux) : 0;
     cublasLtMatmulAlgo_t algo;
+    memset(&algo, 0, sizeof algo); /* kept as it is when there is none */
     int found = lt_cache_get_(&key, &algo);
-    if (found < 0) {
+    if (found < 0) { /* not asked yet: the preference is only for this */
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = MM_WORKSPACE;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++)
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                pref, align_attr[i], &al[i], sizeof al[i]));
         cublasLtMatmulHeuristicResult_t res;
         int nres = 0;
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
             lt_handle_, op, la, lb, ldl, ldl, pref, 1, &res, &nres);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (hst != CUBLAS_STATUS_SUCCESS && hst != CUBLAS_STATUS_NOT_SUPPORTED)
             CUBLAS_CHECK(hst);
         found = hst == CUBLAS_STATUS_SUCCESS && nres > 0;
@@ -285,7 +287,6 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
                                     lt_workspace_, MM_WORKSPACE, stream));
         rc = 0;
     }
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ldl));
@@ -293,16 +294,26 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
     return rc;
 }
 
-/* D (m,n col-major, ldd) = op(A) op(B) + beta D, bf16, with an epilogue.
- * A is (m,k) if !ta else stored (k,m); B is (k,n) if !tb else stored (n,k).
- * 0, or -1 when cuBLASLt has no algorithm (lt_run_). */
+/* One bf16 GEMM, not batched, alpha 1: D (m,n col-major, ldd) =
+ * op(A) op(B) + beta D. A is (m,k) if !ta else stored (k,m); B is (k,n)
+ * if !tb else stored (n,k). */
+static gemm_batched_args plain_(bool ta, bool tb, int m, int n, int k,
+                                const bf16 *A, int lda, const bf16 *B,
+                                int ldb, bf16 *D, int ldd, float beta)
+{
+    gemm_batched_args g = {ta, tb, m, n, k, A, lda, 0, B, ldb, 0, D, ldd, 0,
+                           0, 1.0f, beta, 1};
+    return g;
+}
+
+/* plain_ with an epilogue: 0, or -1 when cuBLASLt has no algorithm
+ * (lt_run_). */
 static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
                     int lda, const bf16 *B, int ldb, bf16 *D, int ldd,
                     float beta, cublasLtEpilogue_t epi, const bf16 *bias,
                     bf16 *aux, int aux_ld, cudaStream_t stream)
 {
-    gemm_batched_args g = {ta, tb, m, n, k, A, lda, 0, B, ldb, 0, D, ldd, 0,
-                           0, 1.0f, beta, 1};
+    gemm_batched_args g = plain_(ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta);
     return lt_run_(&g, epi, bias, aux, aux_ld, stream);
 }
 
@@ -322,8 +333,7 @@ static void lt_gemm_plain_(bool ta, bool tb, int m, int n, int k,
                            const bf16 *A, int lda, const bf16 *B, int ldb,
                            bf16 *D, int ldd, float beta, cudaStream_t stream)
 {
-    gemm_batched_args g = {ta, tb, m, n, k, A, lda, 0, B, ldb, 0, D, ldd, 0,
-                           0, 1.0f, beta, 1};
+    gemm_batched_args g = plain_(ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta);
     gemm_batched_cuda(&g, stream);
 }
 
