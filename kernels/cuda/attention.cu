@@ -140,6 +140,16 @@ __global__ void attn_backward_d_kernel(float *Dd, const bf16 *dout,
     }
 }
 
+/* D (B,NH,T) = rowwise dout . out, for both backward paths */
+static void attn_backward_d_(float *Dd, const bf16 *dout, const bf16 *out,
+                             int B, int T, int C, int NH, cudaStream_t stream)
+{
+    size_t warps = (size_t)B * T * NH;
+    attn_backward_d_kernel<<<ceil_div(warps * 32, 256), 256, 0, stream>>>(
+        Dd, dout, out, B, T, C, NH);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* grid (ceil(T/ROWS), NH, B), block ROWS threads: one key s each; streams
  * the queries t >= s through shared memory. */
 template <int HS>
@@ -493,10 +503,7 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
                                   int NH, cudaStream_t stream)
 {
     float scale = 1.0f / sqrtf((float)(C / NH));
-    size_t warps = (size_t)B * T * NH;
-    attn_backward_d_kernel<<<ceil_div(warps * 32, 256), 256, 0, stream>>>(
-        scratch, dout, out, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
+    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
     att_sched_ sc = att_sched_of_(B, NH, T, ws_bytes);
     for (int o = 0; o < sc.outers; o++)
     for (int i0 = 0; i0 < sc.items; i0 += sc.group) {
@@ -584,10 +591,7 @@ void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
 {
     if (C % NH)
         bad_head_size_(C, NH);
-    size_t warps = (size_t)B * T * NH;
-    attn_backward_d_kernel<<<ceil_div(warps * 32, 256), 256, 0, stream>>>(
-        scratch, dout, out, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
+    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
     switch (C / NH) {
     case 16: backward_<16>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
     case 32: backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;

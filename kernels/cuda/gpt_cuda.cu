@@ -97,6 +97,9 @@ static int alloc_acts_(gpt_cuda *g)
     size_t s3 = attention_backward_scratch_floats((int)B, (int)T, (int)NH);
     if (s2 > scratch) scratch = s2;
     if (s3 > scratch) scratch = s3;
+    /* attention on the tensor cores where the head size and T allow it */
+    size_t att_ws = attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
+                                                   (int)NH);
     const size_t h = sizeof(bf16), f = sizeof(float), i4 = sizeof(int32_t);
     struct { void **p; size_t bytes; } t[] = {
         {(void **)&a->encoded, BT * C * h},
@@ -115,8 +118,7 @@ static int alloc_acts_(gpt_cuda *g)
         {(void **)&a->dqkv, BT * 3 * C * h}, {(void **)&a->dfch, BT * 4 * C * h},
         {(void **)&a->dfchg, BT * 4 * C * h},
         {(void **)&a->scratch, scratch * f},
-        {&a->att_ws, attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
-                                                    (int)NH)},
+        {&a->att_ws, att_ws},
         {(void **)&a->red, (grad_sumsq_scratch_floats() + RED_NSCALARS) * f},
         {(void **)&a->inp, BT * i4}, {(void **)&a->tgt, BT * i4},
         {(void **)&a->plan, encoder_plan_ints((int)BT) * i4},
@@ -137,10 +139,8 @@ static int alloc_acts_(gpt_cuda *g)
         *t[i].p = p;
         p += ceil_div(t[i].bytes, 256) * 256;
     }
-    /* attention on the tensor cores where the head size allows it */
-    a->att_ws_bytes = attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
-                                                     (int)NH);
-    if (!a->att_ws_bytes)
+    a->att_ws_bytes = att_ws;
+    if (!att_ws)
         a->att_ws = NULL;
     g->act_bytes = total;
     return 0;
