@@ -252,6 +252,18 @@ static void rows_to_batch_(trainer *t, int k)
     }
 }
 
+/* 1 when split ts is open; else 0 with err: a split that could not be
+ * opened (trainer_create_resumable, a failed trainer_reopen_data) */
+static int split_open_(const token_set *ts, const char *key, char *err,
+                       size_t errlen)
+{
+    if (ts->n_shards > 0)
+        return 1;
+    snprintf(err, errlen, "%s: not open (it could not be opened; "
+             "trainer_reopen_data opens it)", key);
+    return 0;
+}
+
 /* The training windows of one step: grad_accum*B windows at uniformly
  * random offsets, drawn in microbatch order. On failure the sampler is
  * rewound: the retried step draws the same windows. */
@@ -259,11 +271,8 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
-    if (t->train.n_shards == 0) {
-        snprintf(err, errlen, "data.train: not open (it could not be opened; "
-                 "trainer_reopen_data opens it)");
+    if (!split_open_(&t->train, "data.train", err, errlen))
         return TRAINER_EDATA;
-    }
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
     char e2[768];
@@ -284,11 +293,8 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 static int val_batch_(trainer *t, int i, char *err, size_t errlen)
 {
     int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
-    if (t->val.n_shards == 0) {
-        snprintf(err, errlen, "data.val: not open (it could not be opened; "
-                 "trainer_reopen_data opens it)");
+    if (!split_open_(&t->val, "data.val", err, errlen))
         return TRAINER_EDATA;
-    }
     size_t span = t->val.total - (size_t)T - 1;
     char e2[768];
     for (int b = 0; b < B; b++)
