@@ -26,11 +26,7 @@ prepare_data "$T/data"   # outside the small disk
 write_spec "$T/spec.json" fd 600 0 '"device": {"threads": 1}'
 
 # 1. The reference: uninterrupted, on the big disk.
-start_daemon "$T/ref"
-R=$(ctl submit "$T/spec.json")
-ctl watch "$R" >/dev/null || fail "reference run did not complete"
-losses "$R" >"$T/ref.csv"
-stop_daemon
+reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 
 # 2. The same run on the small disk; pause it, fill the disk, resume.
 S=$MNT/s

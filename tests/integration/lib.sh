@@ -116,6 +116,18 @@ wait_step() {
     fail "run $run: step ${s:-?}, wanted >= $n (waited ${tmo}s)"
 }
 
+# reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
+# on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
+# stopped again. WHAT names the run in a failure ("reference run").
+reference_losses() {
+    local r
+    start_daemon "$1"
+    r=$(ctl submit "$2")
+    ctl watch "$r" >/dev/null || fail "${4:-reference run} did not complete"
+    losses "$r" >"$3"
+    stop_daemon
+}
+
 # wait_paused_error RUN ERE: until the run is paused with an error matching
 # ERE (a restart first shows the error of the life before); m6d stopping or
 # the run failing on the way fails the test. Prints the error.

@@ -11,11 +11,7 @@
 prepare_data "$T/data"
 write_spec "$T/spec.json" proto 150 75
 
-start_daemon "$T/quiet"
-Q=$(ctl submit "$T/spec.json")
-ctl watch "$Q" >/dev/null || fail "quiet run"
-losses "$Q" >"$T/quiet.csv"
-stop_daemon
+reference_losses "$T/quiet" "$T/spec.json" "$T/quiet.csv" "quiet run"
 
 start_daemon "$T/s"
 [ "$(stat -c %a "$SOCK")" = 660 ] || fail "socket mode $(stat -c %a "$SOCK")"

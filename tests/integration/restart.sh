@@ -28,12 +28,8 @@ watch_bg() {
 
 # 1. The reference: uninterrupted.
 spec "$T/ref.json" ref
-start_daemon "$T/ref"
-R=$(ctl submit "$T/ref.json")
-ctl watch "$R" >/dev/null || fail "reference run did not complete"
-losses "$R" >"$T/ref.csv"
+reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
 [ "$(wc -l <"$T/ref.csv")" = 121 ] || fail "reference rows: $(wc -l <"$T/ref.csv")"
-stop_daemon
 
 # 2. SIGTERM mid-run: the step ends, a checkpoint is written, the run stays
 #    'running' and resumes at the next start.

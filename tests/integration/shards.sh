@@ -65,11 +65,7 @@ restart_daemon() {
 life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
 
 # 1. The reference: uninterrupted.
-start_daemon "$T/ref"
-R=$(ctl submit "$T/spec.json")
-ctl watch "$R" >/dev/null || fail "reference run did not complete"
-losses "$R" >"$T/ref.csv"
-stop_daemon
+reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 
 # 2. The train shard is truncated in place while the run trains.
 start_daemon "$T/s"
