@@ -495,7 +495,8 @@ int handlers_is_slow(const uint8_t *payload, size_t len)
     M6__Request *rq = m6__request__unpack(NULL, len, payload);
     if (!rq) return 0;
     int slow = rq->body_case == M6__REQUEST__BODY_SUBMIT ||
-               rq->body_case == M6__REQUEST__BODY_PLAN;
+               rq->body_case == M6__REQUEST__BODY_PLAN ||
+               rq->body_case == M6__REQUEST__BODY_RESUME;
     m6__request__free_unpacked(rq, NULL);
     return slow;
 }

@@ -8,9 +8,9 @@
  * Requests are handled one at a time per connection, so replies keep the
  * order of requests. Quick ones (status, list, pause, ...) are answered on
  * the event loop at once; slow ones (a submit, which reads the whole corpus;
- * plan) run on libuv's thread pool (uv_queue_work), so they never hold up
- * the loop or other connections, and quick requests never wait for a pool
- * thread. While a slow request runs, its connection keeps reading (up to
+ * plan; a resume, which waits for the worker to reopen the data) run on
+ * libuv's thread pool (uv_queue_work), so they never hold up the loop or
+ * other connections, and quick requests never wait for a pool thread. While a slow request runs, its connection keeps reading (up to
  * one frame ahead) so that a client that goes away is noticed: the session
  * is marked gone and a submit not yet queued is dropped. A connection closed
  * while its request runs is freed by the request's after-work callback.

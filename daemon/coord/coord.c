@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -42,6 +42,10 @@ struct coord {
     char active_error[512]; /* why the active run paused itself, "" none */
     int active_error_write; /* ... a failed write (not bad data or a lost
                              * checkpoint): a stop may not be recorded */
+    /* A resume is answered once the worker has tried it: the data reopened
+     * and the writes owed done, or the reason it stays paused. */
+    long resume_asked, resume_answered;
+    char resume_error[512]; /* "" it resumed */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -502,6 +506,17 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
+/* Tell coord_command's waiting resume how it went: err NULL, it trains on;
+ * else why the run stays paused. */
+static void answer_resume_(coord *c, const char *err)
+{
+    pthread_mutex_lock(&c->mu);
+    c->resume_answered = c->resume_asked;
+    snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void delink_(run_ctx *r, const char *reason)
 {
     char err[512];
@@ -701,6 +716,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                 log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
             }
         }
+        int answer = go_resume && paused; /* owe coord_command an answer */
         if (go_resume && paused) {
             paused = 0;
             pthread_mutex_lock(&c->mu);
@@ -715,17 +731,19 @@ static void run_one_(coord *c, int64_t id, int start_paused)
             }
         }
         publish_(&r, paused);
-        if (paused) continue;
+        if (paused) {
+            if (answer) answer_resume_(c, err);
+            continue;
+        }
         /* After a resume: the data that could not be read, then what the
          * last boundary could not write. */
-        if (retry_data_(&r, err, sizeof err) < 0) {
+        if (retry_data_(&r, err, sizeof err) < 0 ||
+            flush_(&r, err, sizeof err) < 0) {
             pause_error_(&r, &paused, err);
+            if (answer) answer_resume_(c, err);
             continue;
         }
-        if (flush_(&r, err, sizeof err) < 0) {
-            pause_error_(&r, &paused, err);
-            continue;
-        }
+        if (answer) answer_resume_(c, NULL);
 
         if (step >= r.spec.train.steps) {
             if (checkpoint_(&r, "end", err, sizeof err) < 0) {
@@ -817,15 +835,18 @@ static void *worker_main_(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
             continue;
         }
-        c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
         c->step_s_ema = 0;
         pthread_mutex_unlock(&c->mu);
         run_one_(c, id, paused);
         pthread_mutex_lock(&c->mu);
+        /* commands left for this run die with it; those sent before it
+         * started (m6d just came up) were kept for it */
+        c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
         c->active = 0;
         c->active_paused = 0;
         c->active_error[0] = 0;
         c->offload_valid = 0;
+        pthread_cond_broadcast(&c->cv); /* a waiting resume: the run ended */
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -964,6 +985,41 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
 
 static const char *const cmd_names[] = {"pause", "resume", "delink", "stop"};
 
+/* With c->mu held and cmd_resume set: wait (up to RESUME_WAIT_S) for the
+ * worker to try the resume -- reopen data a pause was for, do the writes
+ * owed -- and say how it went. A resume that cannot go through is refused
+ * with the reason; the run stays paused. */
+enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
+static coord_status wait_resume_(coord *c, int64_t id, char *msg, size_t msglen)
+{
+    long ticket = ++c->resume_asked;
+    pthread_cond_broadcast(&c->cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += RESUME_WAIT_S;
+    int rc = 0;
+    while (c->resume_answered < ticket && c->active == id && !c->shutdown &&
+           rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&c->cv, &c->mu, &until);
+    if (c->resume_answered >= ticket && c->resume_error[0]) {
+        snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
+                 (long long)id, c->resume_error);
+        return COORD_BAD_STATE;
+    }
+    if (c->resume_answered >= ticket)
+        snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
+                 c->active_step);
+    else if (c->active != id || c->shutdown)
+        snprintf(msg, msglen, "run %lld resumes; it %s before training on",
+                 (long long)id, c->shutdown ? "was interrupted (m6d is stopping)"
+                                            : "ended");
+    else
+        snprintf(msg, msglen, "run %lld resumes (its data and the writes owed "
+                 "were not done after %d s; `m6ctl status %lld` shows how it "
+                 "went)", (long long)id, RESUME_WAIT_S, (long long)id);
+    return COORD_OK;
+}
+
 coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                            size_t msglen)
 {
@@ -992,7 +1048,7 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                 ret = COORD_BAD_STATE;
             } else {
                 c->cmd_resume = 1;
-                snprintf(msg, msglen, "run %lld resumes", (long long)id);
+                ret = wait_resume_(c, id, msg, msglen);
             }
             break;
         case CMD_DELINK:

@@ -61,7 +61,10 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
                           size_t namelen, char *msg, size_t msglen);
 
 /* Operator command; takes effect at the next step boundary. msg says what
- * happened or why not. */
+ * happened or why not. A resume of a paused run waits (up to 10 s) for the
+ * worker to try it: the data a pause was for is reopened, the writes owed
+ * are done; if that fails the run stays paused and COORD_BAD_STATE says why.
+ * So call it for a resume only off the event loop (the thread pool). */
 coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                            size_t msglen);
 

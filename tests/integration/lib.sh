@@ -131,6 +131,19 @@ reference_losses() {
 # wait_paused_error RUN ERE: until the run is paused with an error matching
 # ERE (a restart first shows the error of the life before); m6d stopping or
 # the run failing on the way fails the test. Prints the error.
+# resume_refused RUN ERE: `m6ctl resume RUN` must be refused (exit 1,
+# the run stays paused) with a message matching ERE; prints the message.
+resume_refused() {
+    local out rc=0
+    out=$(ctl resume "$1" 2>&1) || rc=$?
+    [ "$rc" = 1 ] || fail "resume of run $1 (want refused, exit 1): exit $rc: $out"
+    echo "$out" | grep -q "run $1 could not resume, it stays paused: " \
+        || fail "resume of run $1: refusal does not say it stays paused: '$out'"
+    echo "$out" | grep -Eq "$2" || fail "resume of run $1: '$out' does not match '$2'"
+    [ "$(field "$1" state)" = paused ] || fail "run $1 not paused after a refused resume: $(field "$1" state)"
+    echo "$out"
+}
+
 wait_paused_error() {
     local e= s=
     for _ in $(seq 1 600); do

@@ -106,7 +106,7 @@ log "hard 64: submit refused ('$(tail -n 1 "$T/submit.out" | cut -c1-160)...'); 
 
 # 3. The many-shard run left running when m6d stops, taken up again under
 #    hard 64: it cannot open its shards, so it pauses (not fails) with the
-#    limit in its error; a resume under the same limit pauses again.
+#    limit in its error; a resume under the same limit is refused.
 start "-S -n 64"
 M2=$(ctl submit "$T/many.json")
 wait_step "$M2" 30
@@ -118,8 +118,7 @@ ERR=$(wait_paused_error "$M2" "$want")
     || fail "run $M2 failed at the start"
 K=$(field "$M2" step)
 ctl status "$M2" | grep -q "too many open files (limit 64)" || fail "status does not show the cause"
-ctl resume "$M2" >/dev/null || fail "resume under 64 files"
-sleep 0.3
+resume_refused "$M2" "too many open files \\(limit 64\\)" >/dev/null
 wait_paused_error "$M2" "$want" >/dev/null
 [ "$(field "$M2" step)" = "$K" ] || fail "run $M2 moved without its data: $K -> $(field "$M2" step)"
 stop_daemon
