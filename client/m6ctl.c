@@ -1186,9 +1186,18 @@ int main(int argc, char **argv)
             break;
         case O_DEVMEM:
             ok = cmd->flags & F_PLAN;
-            if (ok && (spec_parse_size(optarg, &g.device_memory) != 0 || g.device_memory == 0)) {
-                errf_("--device-memory: want a size such as 8GiB or 512MiB, got \"%s\"", optarg);
-                return EXIT_USAGE;
+            if (ok) {
+                int rc = spec_parse_size(optarg, &g.device_memory);
+                if (rc == -2) {
+                    errf_("--device-memory: \"%s\" is too large", optarg);
+                    return EXIT_USAGE;
+                }
+                if (rc != 0 || g.device_memory == 0) {
+                    errf_("--device-memory: want a size above 0 such as 8GiB "
+                          "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
+                          optarg);
+                    return EXIT_USAGE;
+                }
             }
             break;
         case 'h': case O_HELP: help = 1; break;

@@ -446,7 +446,7 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
             }
             if (rc != 0) {
                 seterr_(err, errlen, "%s: bad size %s (want bytes, or a number "
-                        "with a KiB/MiB/GiB/KB/MB/GB suffix)", path, shown);
+                        "with a suffix: " SPEC_SIZE_UNITS ")", path, shown);
                 return -1;
             }
         } else {

@@ -69,6 +69,10 @@ int spec_parse(run_spec *s, const char *json, size_t len, char *err,
  * "1.5" or "2.5B", is bad text). 0, or -1 for bad text, -2 for overflow. */
 int spec_parse_size(const char *s, size_t *out);
 
+/* The suffixes spec_parse_size takes, for error messages. */
+#define SPEC_SIZE_UNITS "B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+
+
 /* Parse the file at path (errors name the file). */
 int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen);
 

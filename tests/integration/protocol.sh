@@ -81,6 +81,12 @@ assert p["offloaded_slots"] == [] and p["h2d_bytes_per_step"] == 0, p
 ' || fail "plan --json"
 ctl plan "$T/spec.json" --device-memory 1KiB 2>"$T/err" && fail "plan with a 1 KiB budget should fail"
 grep -q "too small" "$T/err" || fail "plan budget error: $(cat "$T/err")"
+# a unit m6 does not know is named with the ones it does; overflow is said
+rc=0; ctl plan "$T/spec.json" --device-memory 1PiB 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] || fail "plan --device-memory 1PiB: exit $rc, want 2 (usage)"
+grep -q 'got "1PiB"' "$T/err" && grep -q "TiB" "$T/err" || fail "unknown unit error: $(cat "$T/err")"
+ctl plan "$T/spec.json" --device-memory 99999999999TiB 2>"$T/err" && fail "plan with an overflowing size should fail"
+grep -q '"99999999999TiB" is too large' "$T/err" || fail "overflow error: $(cat "$T/err")"
 # m6d's plan (PlanQuery) is the local plan, table and JSON, with a budget too.
 for a in "" "--json" "--device-memory 1700KiB" "--json --device-memory 1700KiB"; do
     ctl plan "$T/spec.json" $a >"$T/plan.local" || fail "plan $a"

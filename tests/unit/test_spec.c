@@ -295,6 +295,7 @@ static void test_bad_specs(void **state)
         { "\"device\": {\"backend\": \"tpu\"}", "device.backend: must be \"cpu\" or \"cuda\", got \"tpu\"" },
         /* memory budget */
         { "\"device\": {\"memory_budget\": \"12XB\"}", "device.memory_budget: bad size \"12XB\"" },
+        { "\"device\": {\"memory_budget\": \"1PiB\"}", "bad size \"1PiB\" (want bytes, or a number with a suffix: B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)" },
         { "\"device\": {\"memory_budget\": \"GiB\"}", "device.memory_budget: bad size" },
         { "\"device\": {\"memory_budget\": \"1.GiB\"}", "device.memory_budget: bad size" },
         { "\"device\": {\"memory_budget\": \"1.5\"}", "device.memory_budget: bad size \"1.5\"" },
