@@ -482,6 +482,31 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
                 "(%d %% %d != 0)", m->n_embd, m->n_head);
         return -1;
     }
+    /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
+    if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {
+        seterr_(err, errlen, "train.batch_size * model.seq_len: %lld tokens "
+                "per microbatch, at most %d (lower batch_size and raise "
+                "grad_accum)", (long long)s->train.batch_size * m->seq_len,
+                INT_MAX);
+        return -1;
+    }
+    /* Parameters with their gradients and AdamW moments (16 bytes each) and
+     * the activations of one microbatch (attention scores B*NH*T*T per
+     * layer): beyond 1 PiB no node holds it, and the byte counts of the
+     * planner would be near size_t's limit. Counted in long double. */
+    long double L = m->n_layer, C = m->n_embd, T = m->seq_len,
+                NH = m->n_head, V = m->vocab_size, B = s->train.batch_size;
+    long double params = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+    long double acts = L * B * T * (16 * C + NH * T) + B * T * (3 * V + 14 * C);
+    long double bytes = 16 * params + 4 * acts;
+    if (bytes > 0x1p50L) {
+        seterr_(err, errlen, "model: needs about %.3Lg PiB (%.3Lg parameters "
+                "with gradients and AdamW moments, and the activations of a "
+                "batch of %d x %d tokens), more than the 1 PiB m6 plans for "
+                "on one node", bytes / 0x1p50L, params, s->train.batch_size,
+                m->seq_len);
+        return -1;
+    }
     if (s->pseudo.share_groups > m->n_layer) {
         seterr_(err, errlen, "pseudo.share_groups: must be in [1, model.n_layer "
                 "= %d], got %d", m->n_layer, s->pseudo.share_groups);

@@ -289,6 +289,12 @@ static void test_bad_specs(void **state)
         /* heads must divide the width */
         { "\"model\": {\"n_embd\": 384, \"n_head\": 5}",
           "model.n_embd: must be divisible by model.n_head (384 % 5 != 0)" },
+        /* shapes beyond the int GEMM dims / 1 PiB (defaults: B 16, T 128,
+         * C 128, V 256; GPT-2's 12C^2+13C per layer: 4.26e14 parameters) */
+        { "\"model\": {\"seq_len\": 2147483647}",
+          "train.batch_size * model.seq_len: 34359738352 tokens per microbatch, at most 2147483647" },
+        { "\"model\": {\"n_layer\": 2147483647}",
+          "PiB (4.26e+14 parameters with gradients and AdamW moments, and the activations of a batch of 16 x 128 tokens)" },
         /* enums */
         { "\"delink\": {\"optimizer\": \"keep\"}",
           "delink.optimizer: must be \"copy\" or \"reset\", got \"keep\"" },
