@@ -5,7 +5,10 @@
 #ifndef M6_BENCH_ARGS_H
 #define M6_BENCH_ARGS_H
 
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "train/spec.h"  /* model_config */
@@ -17,27 +20,63 @@
     {"share", 1, 0, 'S'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},       \
     {"peak-n", 1, 0, 'p'}
 
+/* The integer value of option --name: all of arg, in [lo, INT_MAX];
+ * otherwise says so on stderr (prog: --name: ...) and exits 2 (usage). */
+static inline int bench_int_arg(const char *prog, const char *name,
+                                const char *arg, int lo)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end || errno || v < lo || v > INT_MAX) {
+        fprintf(stderr, "%s: --%s: want an integer >= %d, got \"%s\"\n",
+                prog, name, lo, arg);
+        exit(2);
+    }
+    return (int)v;
+}
+
 /* Apply option o (from getopt_long) with argument arg: 1 when it was one of
  * BENCH_SHAPE_OPTIONS, 0 when the benchmark must handle it. c: model shape
  * (L, C, NH, T, V); B: sequences per microbatch; S: share groups (0: L);
- * steps, warmup: timed and untimed steps; peak_n: sgemm/GEMM peak size. */
-static inline int bench_shape_option(int o, const char *arg, model_config *c,
-                                     int *B, int *S, int *steps, int *warmup,
-                                     int *peak_n)
+ * steps, warmup: timed and untimed steps; peak_n: sgemm/GEMM peak size (0:
+ * none). A value that is not a whole number in range exits 2 with the
+ * option named (bench_int_arg). */
+static inline int bench_shape_option(const char *prog, int o, const char *arg,
+                                     model_config *c, int *B, int *S,
+                                     int *steps, int *warmup, int *peak_n)
 {
     switch (o) {
-    case 'L': c->n_layer = atoi(arg); return 1;
-    case 'C': c->n_embd = atoi(arg); return 1;
-    case 'H': c->n_head = atoi(arg); return 1;
-    case 'T': c->seq_len = atoi(arg); return 1;
-    case 'V': c->vocab_size = atoi(arg); return 1;
-    case 'B': *B = atoi(arg); return 1;
-    case 'S': *S = atoi(arg); return 1;
-    case 'n': *steps = atoi(arg); return 1;
-    case 'w': *warmup = atoi(arg); return 1;
-    case 'p': *peak_n = atoi(arg); return 1;
+    case 'L': c->n_layer = bench_int_arg(prog, "layers", arg, 1); return 1;
+    case 'C': c->n_embd = bench_int_arg(prog, "embd", arg, 1); return 1;
+    case 'H': c->n_head = bench_int_arg(prog, "heads", arg, 1); return 1;
+    case 'T': c->seq_len = bench_int_arg(prog, "seq", arg, 1); return 1;
+    case 'V': c->vocab_size = bench_int_arg(prog, "vocab", arg, 2); return 1;
+    case 'B': *B = bench_int_arg(prog, "batch", arg, 1); return 1;
+    case 'S': *S = bench_int_arg(prog, "share", arg, 1); return 1;
+    case 'n': *steps = bench_int_arg(prog, "steps", arg, 1); return 1;
+    case 'w': *warmup = bench_int_arg(prog, "warmup", arg, 0); return 1;
+    case 'p': *peak_n = bench_int_arg(prog, "peak-n", arg, 0); return 1;
     default: return 0;
     }
+}
+
+/* The relations between the shape options: 0, or -1 after saying on stderr
+ * which one does not hold. S: share groups, already defaulted to L. */
+static inline int bench_shape_check(const char *prog, const model_config *c,
+                                    int S)
+{
+    if (c->n_embd % c->n_head) {
+        fprintf(stderr, "%s: --embd %d is not a multiple of --heads %d\n",
+                prog, c->n_embd, c->n_head);
+        return -1;
+    }
+    if (S > c->n_layer) {
+        fprintf(stderr, "%s: --share %d: at most --layers (%d) slots\n", prog,
+                S, c->n_layer);
+        return -1;
+    }
+    return 0;
 }
 
 #endif /* M6_BENCH_ARGS_H */

@@ -38,28 +38,32 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option(o, optarg, &c, &B, &S, &steps, &warmup, &peak_n))
+        if (bench_shape_option("cpu_train", o, optarg, &c, &B, &S, &steps,
+                               &warmup, &peak_n))
             continue;
         switch (o) {
-        case 't': threads = atoi(optarg); break;
+        case 't':
+            threads = bench_int_arg("cpu_train", "threads", optarg, 1);
+            break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
     }
     if (S <= 0)
         S = c.n_layer;
+    if (bench_shape_check("cpu_train", &c, S) < 0)
+        return 2;
+    if (peak_n < 1) {
+        fprintf(stderr, "cpu_train: --peak-n: want >= 1 (the peak is the "
+                        "baseline of ratio=)\n");
+        return 2;
+    }
     if (threads > 0)
         omp_set_num_threads(threads);
     /* The peak first, with OpenBLAS's own threads on every core (the
      * training GEMMs later run single-threaded BLAS inside OpenMP blocks). */
     openblas_set_num_threads(omp_get_max_threads());
     double peak = bench_sgemm_peak_gflops(peak_n, 3);
-    if (c.n_layer < 1 || c.n_embd < 1 || c.n_head < 1 || c.n_embd % c.n_head ||
-        c.seq_len < 1 || B < 1 || c.vocab_size < 2 || steps < 1 || S > c.n_layer) {
-        fprintf(stderr, "cpu_train: bad shape (n_embd must divide by n_head, "
-                        "1 <= share <= layers)\n");
-        return 2;
-    }
     gpt_model g;
     if (gpt_create(&g, &c, S, B) != 0) {
         perror("cpu_train: gpt_create");

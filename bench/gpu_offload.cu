@@ -53,6 +53,7 @@ static const float LR = 3e-4f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
 static const float WD = 0.1f, CLIP = 1.0f;
 #define RATIO_TARGET 0.85
 #define COPY_TARGET 0.8
+#define P_ "gpu_offload" /* program name in messages */
 
 static double now_(void)
 {
@@ -537,18 +538,27 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option(o, optarg, &c, &B, &S, &steps, &warmup,
-                               &peak_n))
+        if (bench_shape_option(P_, o, optarg, &c, &B, &S, &steps,
+                               &warmup, &peak_n))
             continue;
         switch (o) {
-        case 'a': accum = atoi(optarg); break;
-        case 'r': n_res = atoi(optarg); break;
-        case 'g': n_staging = atoi(optarg); break;
-        case 'j': threads = atoi(optarg); break;
-        case 'm': copy_mib = atoi(optarg); break;
+        case 'a': accum = bench_int_arg(P_, "accum", optarg, 1); break;
+        case 'r': n_res = bench_int_arg(P_, "resident", optarg, 0); break;
+        case 'g': n_staging = bench_int_arg(P_, "staging", optarg, 1); break;
+        case 'j': threads = bench_int_arg(P_, "threads", optarg, 1); break;
+        case 'm': copy_mib = bench_int_arg(P_, "copy-mib", optarg, 1); break;
         case 'c': no_clip = 1; break;
         case 'X': largest = 1; break;
-        case 'G': host_gib = atof(optarg); break;
+        case 'G': {
+            char *end;
+            host_gib = strtod(optarg, &end);
+            if (end == optarg || *end || !(host_gib > 0)) {
+                fprintf(stderr, "gpu_offload: --host-gib: want a number of "
+                                "GiB > 0, got \"%s\"\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -569,12 +579,8 @@ int main(int argc, char **argv)
     if (!steps) steps = largest ? 2 : 5;
     if (warmup < 0) warmup = largest ? 1 : 2;
     if (n_res < 0) n_res = c.n_layer / 3;
-    if (steps < 1 || warmup < 0 || accum < 1 || B < 1 || c.n_layer < 1 ||
-        n_res < 0 || n_staging < 1 || threads < 1 || copy_mib < 1 ||
-        c.seq_len < 1 || c.vocab_size < 2 || host_gib < 0) {
-        fprintf(stderr, "gpu_offload: bad arguments\n");
+    if (bench_shape_check(P_, &c, c.n_layer) < 0)
         return 2;
-    }
     char err[256];
     if (gpt_cuda_check_config(&c, err, sizeof err) != 0) {
         fprintf(stderr, "gpu_offload: gpt_cuda_check_config rejects the "

@@ -147,21 +147,22 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option(o, optarg, &c, &B, &S, &steps, &warmup, &peak_n))
+        if (bench_shape_option("gpu_train", o, optarg, &c, &B, &S, &steps,
+                               &warmup, &peak_n))
             continue;
         switch (o) {
-        case 'a': accum = atoi(optarg); break;
-        case 'r': att_reps = atoi(optarg); break;
+        case 'a': accum = bench_int_arg("gpu_train", "accum", optarg, 1); break;
+        case 'r':
+            att_reps = bench_int_arg("gpu_train", "att-reps", optarg, 0);
+            break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
     }
     if (S <= 0)
         S = c.n_layer;
-    if (steps < 1 || warmup < 0 || accum < 1 || B < 1 || S > c.n_layer) {
-        fprintf(stderr, "gpu_train: bad arguments\n");
+    if (bench_shape_check("gpu_train", &c, S) < 0)
         return 2;
-    }
     cuda_device_or_skip("gpu_train");
 
     double peak = peak_n > 0 ? gemm_peak_tflops_(peak_n, 10) : 0;
