@@ -1056,7 +1056,8 @@ static void usage_(FILE *f)
 
 static void command_usage_(FILE *f, const command *c)
 {
-    fprintf(f, "usage: m6ctl %s %s\n%s\n\noptions:\n", c->name, c->usage, c->help);
+    fprintf(f, "usage: m6ctl %s%s%s\n%s\n\noptions:\n", c->name,
+            c->usage[0] ? " " : "", c->usage, c->help);
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
     if (c->flags & F_WATCH)
@@ -1074,7 +1075,9 @@ static void command_usage_(FILE *f, const command *c)
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
                    "  --shard-tokens N  tokens per shard, a whole number in 1024..2147483647\n"
                    "                    (default 100000000)\n");
-    fprintf(f, "  --socket PATH     m6d's control socket\n");
+    fprintf(f, "  --socket PATH     m6d's control socket\n"
+               "  --no-color        no colour (also NO_COLOR=1; none off a tty)\n"
+               "  --help            this text\n");
 }
 
 /* The one parser of numeric options: a plain decimal number (digits, an

@@ -74,6 +74,17 @@ expect_rc 1 "$M6CTL" data prepare --out "$T/there/keep/new/" "$T/binary.dat"
 write_spec "$T/spec.json" cli 100000 10
 start_daemon "$T/s"
 
+# Every command's --help: exit 0, on stdout, the options every command
+# takes listed, no trailing blanks.
+for c in submit list status watch pause resume delink stop metrics "data prepare" plan; do
+    expect_rc 0 ctl $c --help
+    grep -q "^usage: m6ctl $c" "$T/out" || fail "$c --help: no usage line: $(head -2 "$T/out")"
+    for o in --socket --no-color --help; do
+        grep -q -- "^  $o" "$T/out" || fail "$c --help does not list $o"
+    done
+    ! grep -n ' $' "$T/out" || fail "$c --help: trailing blanks"
+done
+
 # A malformed RUN is a usage error (2) and an unknown one m6d's refusal (1),
 # whichever command names it.
 for c in status watch pause resume delink stop metrics; do
