@@ -308,19 +308,13 @@ int main(int argc, char **argv)
     raise_nofile_limit_();
 
     int rc = 1;
-    g.st = state_open(db, err, sizeof err);
-    if (!g.st) {
-        log_error("state.error", "db=%s err=\"%s\"", db, err);
+    if (uv_loop_init(&g.loop) < 0) {
+        log_error("daemon.error", "err=\"uv_loop_init failed\"");
         return 1;
     }
-    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
-    g.co = coord_init(&cc, err, sizeof err);
-    if (!g.co) {
-        log_error("coord.error", "err=\"%s\"", err);
-        goto out_state;
-    }
-    if (uv_loop_init(&g.loop) < 0) goto out_coord;
-    g.handlers = (handlers_ctx){.st = g.st, .co = g.co};
+    /* The socket before the state: an m6d that cannot serve (its socket
+     * busy) must not create m6.db or take up a run. Connections wait in the
+     * backlog until the loop runs, by then with the coordinator up. */
     server_config sc = {.loop = &g.loop, .socket_path = g.opt.socket_path,
                         .listen_fd = listen_fd_(), .handlers = &g.handlers};
     g.srv = server_init(&sc, err, sizeof err);
@@ -328,6 +322,18 @@ int main(int argc, char **argv)
         log_error("server.error", "err=\"%s\"", err);
         goto out_loop;
     }
+    g.st = state_open(db, err, sizeof err);
+    if (!g.st) {
+        log_error("state.error", "db=%s err=\"%s\"", db, err);
+        goto out_server;
+    }
+    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
+    g.co = coord_init(&cc, err, sizeof err);
+    if (!g.co) {
+        log_error("coord.error", "err=\"%s\"", err);
+        goto out_server;
+    }
+    g.handlers = (handlers_ctx){.st = g.st, .co = g.co};
     uv_signal_init(&g.loop, &g.sigterm);
     uv_signal_init(&g.loop, &g.sigint);
     uv_signal_start(&g.sigterm, on_signal_, SIGTERM);
@@ -341,6 +347,7 @@ int main(int argc, char **argv)
     notify_("STOPPING=1\nSTATUS=finishing the current step");
     log_info("daemon.stopping", "waiting_for=\"the running step (if any) and requests in flight\"");
     rc = 0;
+out_server:
     server_fini(g.srv);
     g.srv = NULL;
 out_loop:
@@ -350,9 +357,7 @@ out_loop:
         log_error("daemon.leak", "msg=\"handles still open at exit\"");
         rc = 1;
     }
-out_coord:
     coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
-out_state:
     state_close(g.st);
     log_info("daemon.exit", "rc=%d", rc);
     return rc;

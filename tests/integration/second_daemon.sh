@@ -4,6 +4,7 @@
 # the live run, truncate its metrics or write checkpoints into its directory.
 # Both with the same socket (refused, but only after the worker started) and
 # with another --socket (not refused at all when this test was written).
+# And one on another state dir whose socket is busy must not open its state.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -25,6 +26,31 @@ timeout -s TERM 3 "$M6D" --state-dir "$T/s" --threads 1 --socket "$T/other.sock"
 
 grep -q 'run.recover\|run.restore\|checkpoint.saved' "$T/m6d-second.log" \
     && fail "a refused m6d resumed the live run: $(grep -m3 'run\.\|checkpoint' "$T/m6d-second.log")"
+# An m6d on another state dir whose socket is the live one's: refused before
+# it opens its state -- a fresh dir gets no m6.db, and a run left running
+# in its own dir (killed m6d) is not taken up, so not trained or changed.
+mkdir -p "$T/fresh"
+rc=0
+timeout 10 "$M6D" --state-dir "$T/fresh" --threads 1 --socket "$T/s/m6d.sock" \
+    2>"$T/m6d-fresh.log" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "m6d on a busy socket exited $rc"
+grep -q "server.error" "$T/m6d-fresh.log" || fail "busy socket: no server.error: $(cat "$T/m6d-fresh.log")"
+[ ! -e "$T/fresh/m6.db" ] || fail "m6d refused for a busy socket created $T/fresh/m6.db"
+LIVE_PID=$DAEMON_PID LIVE_SOCK=$SOCK
+start_daemon "$T/o"
+O=$(ctl submit "$T/long.json")
+wait_step "$O" 10
+kill9_daemon
+K=$(db "$T/o" "select step from runs where id=$O")
+rc=0
+timeout 10 "$M6D" --state-dir "$T/o" --threads 1 --socket "$LIVE_SOCK" \
+    2>"$T/m6d-o2.log" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "m6d (own state, busy socket) exited $rc"
+grep -q 'run.recover\|checkpoint.saved' "$T/m6d-o2.log" \
+    && fail "m6d refused for a busy socket took up its run: $(grep -m3 'run\.\|checkpoint' "$T/m6d-o2.log")"
+[ "$(db "$T/o" "select step from runs where id=$O")" = "$K" ] || fail "run $O moved under a refused m6d"
+DAEMON_PID=$LIVE_PID SOCK=$LIVE_SOCK
+
 gaps=$(db "$T/s" "select count(*) from metrics a where a.run=$R and a.step>1 and not exists
               (select 1 from metrics b where b.run=$R and b.step=a.step-1)")
 [ "$gaps" = 0 ] || fail "the live run's metrics have $gaps gap(s) after a second m6d"
