@@ -576,6 +576,9 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         fail_run_(c, id, "trainer_create", err);
         return;
     }
+    /* the shards it opened must hold what the checkpoint was trained on */
+    if (!was_queued && !data_rc && r.last_ckpt >= 0)
+        data_rc = trainer_check_data(r.t, err, sizeof err);
     char open_err[sizeof err] = "";
     if (data_rc) {
         r.data_error = 1;

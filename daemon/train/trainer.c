@@ -425,6 +425,20 @@ float trainer_probe_loss(trainer *t, int batch_index)
  * be the ones the run draws. The old set is closed first: reopening a set
  * of many shards must not need twice its file descriptors. On failure ts
  * is left closed. 0, -1 or TOKEN_SET_ENOFILE, as open_split_. */
+/* An open split whose token count is not want (0: any): say so, close it
+ * (no step may draw from it) and return 1. */
+static int total_differs_(token_set *ts, size_t want, const char *key,
+                          char *err, size_t errlen)
+{
+    if (!ts->n_shards || !want || ts->total == want)
+        return 0;
+    snprintf(err, errlen, "%s: %zu tokens now, the run was trained on %zu "
+             "(its batches are drawn by position): restore the shards it used "
+             "(or stop the run and submit it again)", key, ts->total, want);
+    token_set_close(ts);
+    return 1;
+}
+
 static int reopen_split_(token_set *ts, size_t *total, const char *key,
                          const char *glob, const run_spec *spec, char *err,
                          size_t errlen)
@@ -433,14 +447,17 @@ static int reopen_split_(token_set *ts, size_t *total, const char *key,
     int rc = open_split_(ts, key, glob, spec, err, errlen);
     if (rc != 0)
         return rc;
-    if (*total && ts->total != *total) {
-        snprintf(err, errlen, "%s: %zu tokens now, the run started with %zu: "
-                 "restore the shards it used (or stop the run and submit it "
-                 "again)", key, ts->total, *total);
-        token_set_close(ts);
+    if (total_differs_(ts, *total, key, err, errlen))
         return -1;
-    }
     *total = ts->total;
+    return 0;
+}
+
+int trainer_check_data(trainer *t, char *err, size_t errlen)
+{
+    if (total_differs_(&t->train, t->data_total[0], "data.train", err, errlen) ||
+        total_differs_(&t->val, t->data_total[1], "data.val", err, errlen))
+        return TRAINER_EDATA;
     return 0;
 }
 
@@ -636,6 +653,9 @@ static char *meta_json_(const trainer *t)
         "adam_t_global", (json_int_t)steps[0],
         "adam_t_slot", adam_t,
         "data_rng", rng, "spec_hash", hash);
+    /* the token counts the batches were drawn from (0: split not open) */
+    json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
+    json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
     free(steps);
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);
@@ -854,6 +874,14 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     t->delink_step = (long)delink_step;
     t->phase = strcmp(phase, "pseudo") == 0 ? PHASE_PSEUDO : PHASE_REAL;
     t->data_rng = strtoull(rng, NULL, 16);
+    /* what the data must hold for the same batches (trainer_check_data);
+     * checkpoints before they were recorded, or with a split not open
+     * (0), leave the counts of this trainer's open */
+    for (int k = 0; k < 2; k++) {
+        json_t *n = json_object_get(m, k ? "val_tokens" : "train_tokens");
+        if (json_is_integer(n) && json_integer_value(n) > 0)
+            t->data_total[k] = (size_t)json_integer_value(n);
+    }
     rc = 0;
 out:
     free(steps);

@@ -123,8 +123,9 @@ float trainer_probe_loss(trainer *t, int batch_index);
 /* After TRAINER_EDATA, once the shards are fixed: open both splits again
  * by their globs (a shard replaced by rename is picked up), with every
  * check of trainer_create. Each split must hold as many tokens as when
- * this trainer first opened it, so the run draws the same batches (a
- * split trainer_create_resumable could not open is taken as it is now).
+ * this trainer first opened it, or as trainer_load's checkpoint recorded,
+ * so the run draws the same batches (a split trainer_create_resumable could
+ * not open, of a checkpoint that predates the counts, is taken as it is).
  * Each split's old set is closed before it is opened again, so a set of
  * many shards never needs twice its file descriptors. 0, or TRAINER_EDATA
  * (TRAINER_ENOFILE: out of file descriptors) with err naming the key and
@@ -158,6 +159,14 @@ long trainer_save(trainer *t, const char *dir, char *err, size_t errlen);
  * move between backends). After loading, the run continues bitwise as if
  * never interrupted. Returns 0 or -1 with err. */
 int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
+
+/* After trainer_load: do the open splits hold as many tokens as the
+ * checkpoint's run was trained on (meta.json train_tokens, val_tokens;
+ * batches are drawn by position, so other counts mean other batches)? 0,
+ * or TRAINER_EDATA with err naming the key and both counts; the split that
+ * differs is closed, so trainer_step returns TRAINER_EDATA until
+ * trainer_reopen_data finds the old count again. */
+int trainer_check_data(trainer *t, char *err, size_t errlen);
 
 /* Offloading figures for status and metrics: slot counts, pool capacity,
  * use and peak, bytes and GB/s each way, fraction of copy time hidden

@@ -242,6 +242,27 @@ for _ in $(seq 1 100); do [ "$(field "$G" state)" = stopped ] && break; sleep 0.
 [ "$(field "$G" state)" = stopped ] || fail "run paused on bad data not stopped: $(field "$G" state)"
 restore "$TRAIN" "$T/train.orig2"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
-stop_daemon
 log "stop of a run paused on bad data: '$OUT'"
+
+# 11. A train shard added while m6d is down: the split holds more tokens
+#     than the run's checkpoint was trained on (meta.json train_tokens), so
+#     the run would draw other batches. Paused at the start naming both
+#     counts, not failed; a resume with the shard still there is refused;
+#     once it is gone, resume completes with the reference's losses.
+TOT=0
+for f in "$T"/data/train_*.bin; do TOT=$((TOT + ($(stat -c %s "$f") - 1024) / 2)); done
+H=$(ctl submit "$T/spec.json")
+wait_step "$H" 30
+restart_daemon cp "$TRAIN" "$T/data/train_000099.bin"
+grep -q "\"train_tokens\": $TOT" "$T"/s/runs/"$H"/checkpoints/*/meta.json \
+    || fail "meta.json does not record train_tokens $TOT: $(cat "$T"/s/runs/"$H"/checkpoints/*/meta.json)"
+ERR=$(wait_paused_error "$H" "^data.train: $((TOT + N)) tokens now, the run was trained on $TOT ")
+never_failed "$H"
+resume_refused "$H" "data.train: $((TOT + N)) tokens now, the run was trained on $TOT " >/dev/null
+rm "$T/data/train_000099.bin"
+ctl resume "$H" >/dev/null || fail "resume (extra shard removed)"
+ctl watch "$H" >/dev/null || fail "run did not complete after the extra shard went"
+losses "$H" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (shard added across a restart): $(head "$T/diff")"
+stop_daemon
+log "shard added across a restart: paused ('$ERR'); removed: the reference's losses"
 echo "ok shards"
