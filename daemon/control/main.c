@@ -346,6 +346,11 @@ int main(int argc, char **argv)
 
     notify_("STOPPING=1\nSTATUS=finishing the current step");
     log_info("daemon.stopping", "waiting_for=\"the running step (if any) and requests in flight\"");
+    /* the replies of requests in flight (a resume waits for the worker's
+     * answer, which comes at the end of its step) */
+    server_drain(g.srv);
+    while (server_draining(g.srv) > 0)
+        uv_run(&g.loop, UV_RUN_ONCE);
     rc = 0;
 out_server:
     server_fini(g.srv);

@@ -50,6 +50,8 @@ struct server {
     int listener_open;
     conn *conns;          /* doubly linked, for closing at exit */
     unsigned long next_id;
+    int stopping;         /* server_drain: no new connections or requests */
+    int draining;         /* connections whose reply server_drain awaits */
 };
 
 struct conn {
@@ -61,6 +63,7 @@ struct conn {
     session sess;
     int closing;
     int reading;          /* uv_read_start is in effect */
+    int drain_wait;       /* counted in srv->draining until closed */
     conn *prev, *next;
     /* the request in flight on the thread pool (busy), and its reply */
     uv_work_t work;
@@ -100,6 +103,7 @@ static void conn_close_(conn *c)
 {
     if (c->closing) return;
     c->closing = 1;
+    if (c->drain_wait) c->srv->draining--;
     __atomic_store_n(&c->sess.gone, 1, __ATOMIC_RELEASE);
     if (c->prev) c->prev->next = c->next;
     else c->srv->conns = c->next;
@@ -217,9 +221,10 @@ static void after_work_(uv_work_t *w, int status)
         conn_close_(c);
         return;
     }
-    if (c->rep_close) conn_read_stop_(c);
-    conn_send_(c, rep, c->rep_len, c->rep_close);
-    if (!c->rep_close) conn_pump_(c);
+    int close_after = c->rep_close || c->srv->stopping;
+    if (close_after) conn_read_stop_(c);
+    conn_send_(c, rep, c->rep_len, close_after);
+    if (!close_after) conn_pump_(c);
 }
 
 /* Handle the complete frames buffered: quick ones here, in order, until a
@@ -318,7 +323,9 @@ out:
 static void on_connection_(uv_stream_t *ls, int status)
 {
     server *s = (server *)ls;
-    if (!s->listener_open) return;
+    /* stopping: left in the backlog, refused when the socket closes, as a
+     * client of an m6d that is gone expects (watch reconnects) */
+    if (!s->listener_open || s->stopping) return;
     if (status < 0) {
         log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(status));
         return;
@@ -418,6 +425,23 @@ fail:
     server_fini(s);
     return NULL;
 }
+
+void server_drain(server *s)
+{
+    s->stopping = 1;
+    for (conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->busy) {  /* its reply is sent, then it closes (after_work_) */
+            conn_read_stop_(c);
+            c->drain_wait = 1;
+            s->draining++;
+        } else {
+            conn_close_(c);
+        }
+    }
+}
+
+int server_draining(const server *s) { return s->draining; }
 
 void server_fini(server *s)
 {

@@ -20,6 +20,13 @@ typedef struct {
 } server_config;
 
 server *server_init(const server_config *cfg, char *err, size_t errlen);
+/* At shutdown, before server_fini: take no new connection or request;
+ * close idle connections; a connection whose request is in flight (a
+ * submit, plan or resume on the thread pool) gets its reply, then closes.
+ * Run the loop until server_draining is 0. */
+void server_drain(server *s);
+/* Connections whose reply server_drain still awaits. */
+int server_draining(const server *s);
 /* Close the listener and every connection (memory freed in close callbacks,
  * so run the loop afterwards); unlink the socket if we created it. */
 void server_fini(server *s);

@@ -666,24 +666,19 @@ static void run_one_(coord *c, int64_t id, int start_paused)
             want_delink = c->cmd_delink;
             shutdown = c->shutdown;
             c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
+            /* paused from now on for coord_command, so that a resume sent
+             * while the pause checkpoints waits for it, not "not paused" */
+            if (go_pause && !paused)
+                c->active_paused = 1;
             int any = stop || go_pause || go_resume || want_delink || shutdown;
             if (!paused || any) break;
             pthread_cond_wait(&c->cv, &c->mu);
         }
         pthread_mutex_unlock(&c->mu);
 
+        /* The operator's commands first, in this order, then a shutdown:
+         * a stop, delink or pause m6d has acknowledged holds across it. */
         step = trainer_step_count(r.t);
-        if (shutdown) {
-            /* On failure the next start resumes from the last good one. */
-            if (checkpoint_(&r, "shutdown", err, sizeof err) < 0)
-                log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
-                         (long long)id, step, err);
-            state_event(c->st, id, "interrupted",
-                        "step=%ld resumes at next start", step);
-            log_info("run.interrupted", "run=%lld step=%ld", (long long)id,
-                     step);
-            break;
-        }
         if (stop) {
             /* Stopped is final: only with everything written. Otherwise the
              * run pauses (training ends now) and a later stop retries. */
@@ -719,7 +714,23 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                 log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
             }
         }
-        int answer = go_resume && paused; /* owe coord_command an answer */
+        if (shutdown) {
+            /* On failure the next start resumes from the last good one. */
+            if (checkpoint_(&r, "shutdown", err, sizeof err) < 0)
+                log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
+                         (long long)id, step, err);
+            state_event(c->st, id, "interrupted", "step=%ld %s at next start",
+                        step, paused ? "paused" : "resumes");
+            log_info("run.interrupted", "run=%lld step=%ld paused=%d",
+                     (long long)id, step, paused);
+            if (go_resume && paused)
+                answer_resume_(c, "m6d is stopping; resume the run once it is "
+                               "back");
+            break;
+        }
+        /* owe coord_command an answer: a resume of a run already resumed
+         * (two sent at once) is answered as it goes on */
+        int answer = go_resume;
         if (go_resume && paused) {
             paused = 0;
             pthread_mutex_lock(&c->mu);
@@ -1001,8 +1012,7 @@ static coord_status wait_resume_(coord *c, int64_t id, char *msg, size_t msglen)
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += RESUME_WAIT_S;
     int rc = 0;
-    while (c->resume_answered < ticket && c->active == id && !c->shutdown &&
-           rc != ETIMEDOUT)
+    while (c->resume_answered < ticket && c->active == id && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&c->cv, &c->mu, &until);
     if (c->resume_answered >= ticket && c->resume_error[0]) {
         snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
@@ -1012,11 +1022,12 @@ static coord_status wait_resume_(coord *c, int64_t id, char *msg, size_t msglen)
     if (c->resume_answered >= ticket)
         snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
                  c->active_step);
-    else if (c->active != id || c->shutdown)
-        snprintf(msg, msglen, "run %lld resumes; it %s before training on",
-                 (long long)id, c->shutdown ? "was interrupted (m6d is stopping)"
-                                            : "ended");
-    else
+    else if (c->active != id) {
+        snprintf(msg, msglen, "run %lld did not resume: it ended first (a "
+                 "stop?); `m6ctl status %lld` says how", (long long)id,
+                 (long long)id);
+        return COORD_BAD_STATE;
+    } else
         snprintf(msg, msglen, "run %lld resumes (its data and the writes owed "
                  "were not done after %d s; `m6ctl status %lld` shows how it "
                  "went)", (long long)id, RESUME_WAIT_S, (long long)id);
@@ -1036,7 +1047,12 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                 ret = COORD_BAD_STATE;
             } else {
                 c->cmd_pause = 1;
-                c->cmd_resume = 0;
+                if (c->cmd_resume) { /* the waiting resume: cancelled */
+                    c->cmd_resume = 0;
+                    c->resume_answered = c->resume_asked;
+                    snprintf(c->resume_error, sizeof c->resume_error,
+                             "a pause was sent after it");
+                }
                 snprintf(msg, msglen, "run %lld pauses at the next step boundary",
                          (long long)id);
             }
@@ -1046,10 +1062,10 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                 c->cmd_pause = 0;
                 snprintf(msg, msglen, "run %lld: pending pause cancelled",
                          (long long)id);
-            } else if (!c->active_paused || c->cmd_resume) {
+            } else if (!c->active_paused) {
                 snprintf(msg, msglen, "run %lld is not paused", (long long)id);
                 ret = COORD_BAD_STATE;
-            } else {
+            } else { /* a resume already on its way: wait with it */
                 c->cmd_resume = 1;
                 ret = wait_resume_(c, id, msg, msglen);
             }
