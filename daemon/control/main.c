@@ -84,8 +84,21 @@ static int parse_args_(int argc, char **argv, options *o)
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
-        case 'd': snprintf(o->state_dir, sizeof o->state_dir, "%s", optarg); break;
-        case 's': snprintf(o->socket_path, sizeof o->socket_path, "%s", optarg); break;
+        case 'd':
+        case 's': {
+            /* "" (an unset variable) must not mean the default */
+            const char *name = ch == 'd' ? "--state-dir" : "--socket";
+            char *dst = ch == 'd' ? o->state_dir : o->socket_path;
+            size_t cap = ch == 'd' ? sizeof o->state_dir : sizeof o->socket_path;
+            if (!optarg[0] || strlen(optarg) >= cap) {
+                fprintf(stderr, "m6d: %s: want a path of 1..%zu bytes, got "
+                        "\"%.80s\"%s\n", name, cap - 1, optarg,
+                        strlen(optarg) > 80 ? "..." : "");
+                return -1;
+            }
+            snprintf(dst, cap, "%s", optarg);
+            break;
+        }
         case 't': {
             char *end;
             long v = strtol(optarg, &end, 10);

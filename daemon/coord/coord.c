@@ -93,6 +93,15 @@ static int dir_exists_(const char *p)
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* No directory at p: not there, or something else there. A path m6d may
+ * not look at (EACCES, EIO) is not gone. */
+static int dir_gone_(const char *p)
+{
+    struct stat sb;
+    if (stat(p, &sb) == 0) return !S_ISDIR(sb.st_mode);
+    return errno == ENOENT || errno == ENOTDIR;
+}
+
 /* ---------------------------------------------------------------- recovery */
 
 /* Whether trainer_step runs a validation pass after step (1-based). */
@@ -143,10 +152,15 @@ static void reconcile_run_(coord *c, int64_t run)
     int n;
     if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
         for (int i = 0; i < n; i++)
-            if (!dir_exists_(rows[i].path)) {
+            if (dir_gone_(rows[i].path)) {
                 log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
                          (long long)run, (long long)rows[i].step, rows[i].path);
                 state_checkpoint_delete(c->st, run, rows[i].step);
+            } else if (!dir_exists_(rows[i].path)) {
+                log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
+                         "err=\"%s\" action=kept", (long long)run,
+                         (long long)rows[i].step, rows[i].path,
+                         strerror(errno));
             }
         free(rows);
     }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -124,12 +125,14 @@ static int migrate_(state *st, char *err, size_t errlen)
  * would otherwise serve half its runs and fail writes later, one by one.
  * 0, or -1 with err naming the file, SQLite's first complaint and what to
  * do. */
+static const char fix_[] = "m6d will not run on it: restore it from a "
+    "backup, or salvage what SQLite can read with `sqlite3 DAMAGED.db "
+    ".recover | sqlite3 NEW.db`, then start m6d on the new file";
+
 static int check_intact_(state *st, const char *path, char *err,
                          size_t errlen)
 {
-    static const char fix[] = "m6d will not run on it: restore it from a "
-        "backup, or salvage what SQLite can read with `sqlite3 DAMAGED.db "
-        ".recover | sqlite3 NEW.db`, then start m6d on the new file";
+    const char *fix = fix_;
     sqlite3_stmt *q = NULL;
     int rc = sqlite3_prepare_v2(st->db, "PRAGMA quick_check", -1, &q, NULL);
     if (rc == SQLITE_OK)
@@ -168,10 +171,20 @@ state *state_open(const char *path, char *err, size_t errlen)
         goto fail;
     }
     sqlite3_busy_timeout(st->db, 5000);
+    /* SQLite opens a file it may not write read-only, without a word */
+    if (sqlite3_db_readonly(st->db, "main") == 1) {
+        snprintf(err, errlen, "%s: m6d (uid %d) may not write it; check the "
+                 "owner and mode of the file and of its directory", path,
+                 (int)geteuid());
+        goto fail;
+    }
     if (exec_(st, "PRAGMA journal_mode = WAL") < 0 ||
         exec_(st, "PRAGMA synchronous = NORMAL") < 0 ||
         exec_(st, "PRAGMA foreign_keys = ON") < 0) {
-        snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(st->db));
+        int ec = sqlite3_errcode(st->db);
+        int damaged = ec == SQLITE_CORRUPT || ec == SQLITE_NOTADB;
+        snprintf(err, errlen, "%s: %s%s%s", path, sqlite3_errmsg(st->db),
+                 damaged ? "; " : "", damaged ? fix_ : "");
         goto fail;
     }
     if (check_intact_(st, path, err, errlen) < 0) goto fail;

@@ -51,6 +51,30 @@ grep -q 'run.recover\|checkpoint.saved' "$T/m6d-o2.log" \
 [ "$(db "$T/o" "select step from runs where id=$O")" = "$K" ] || fail "run $O moved under a refused m6d"
 DAEMON_PID=$LIVE_PID SOCK=$LIVE_SOCK
 
+# --state-dir "" (an unset variable) is refused, not the default dir.
+rc=0
+HOME=$T/home "$M6D" --state-dir "" --socket "$T/e.sock" 2>"$T/e.err" || rc=$?
+[ "$rc" = 2 ] || fail "m6d --state-dir \"\": exit $rc, want 2"
+grep -q -- '--state-dir: want a path' "$T/e.err" || fail "empty --state-dir: $(cat "$T/e.err")"
+[ ! -e "$T/home" ] || fail "m6d --state-dir \"\" created the default state dir"
+
+# An m6.db this user may not write (root's, mode 0644, m6d as nobody): refused
+# at the start with the file, the uid and what to check -- not served
+# read-only, failing every write.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    chmod 711 "$T"  # nobody must reach $T/ro
+    mkdir -p "$T/ro" && chmod 777 "$T/ro"
+    cp "$T/fresh/m6.db" "$T/ro/m6.db" 2>/dev/null || sqlite3 "$T/ro/m6.db" 'pragma user_version=0'
+    chmod 644 "$T/ro/m6.db"
+    rc=0
+    timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
+        "$M6D" --state-dir "$T/ro" --socket "$T/ro/m6d.sock" 2>"$T/ro.err" || rc=$?
+    [ "$rc" = 1 ] || fail "m6d on a read-only m6.db: exit $rc, want 1: $(cat "$T/ro.err")"
+    grep -q "m6.db: m6d (uid 65534) may not write it" "$T/ro.err" || fail "read-only m6.db: $(cat "$T/ro.err")"
+else
+    log "not root or no setpriv: the read-only m6.db case is not run"
+fi
+
 gaps=$(db "$T/s" "select count(*) from metrics a where a.run=$R and a.step>1 and not exists
               (select 1 from metrics b where b.run=$R and b.step=a.step-1)")
 [ "$gaps" = 0 ] || fail "the live run's metrics have $gaps gap(s) after a second m6d"

@@ -111,6 +111,14 @@ static void test_damaged_refused(void **s)
     assert_null(st);
     assert_non_null(strstr(err, dbpath));
     assert_non_null(strstr(err, "damaged"));
+
+    /* cut short (a disk that filled, a bad copy): the salvage hint too */
+    assert_int_equal(truncate(dbpath, 30 * 4096 + 100), 0);
+    st = state_open(dbpath, err, sizeof err);
+    printf("    %s\n", err);
+    assert_null(st);
+    assert_non_null(strstr(err, dbpath));
+    assert_non_null(strstr(err, ".recover"));
 }
 
 static void test_runs_crud(void **s)
