@@ -36,6 +36,33 @@ static inline int bench_int_arg(const char *prog, const char *name,
     return (int)v;
 }
 
+/* The real number in arg, in [lo, hi], or exit 2 naming --name. */
+static inline double bench_real_arg(const char *prog, const char *name,
+                                    const char *arg, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: --%s: want a number in [%g, %g], got \"%s\"\n",
+                prog, name, lo, hi, arg);
+        exit(2);
+    }
+    return v;
+}
+
+/* After getopt_long: benchmarks take options only, so a stray argument (a
+ * typo such as "--steps 5 10") exits 2 instead of running the default
+ * benchmark. */
+static inline void bench_no_operands(const char *prog, int argc, char **argv)
+{
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument \"%s\" (options only; see "
+                "--help)\n", prog, argv[optind]);
+        exit(2);
+    }
+}
+
 /* Apply option o (from getopt_long) with argument arg: 1 when it was one of
  * BENCH_SHAPE_OPTIONS, 0 when the benchmark must handle it. c: model shape
  * (L, C, NH, T, V); B: sequences per microbatch; S: share groups (0: L);
@@ -72,8 +99,8 @@ static inline int bench_shape_check(const char *prog, const model_config *c,
         return -1;
     }
     if (S > c->n_layer) {
-        fprintf(stderr, "%s: --share %d: at most --layers (%d) slots\n", prog,
-                S, c->n_layer);
+        fprintf(stderr, "%s: %d share groups (slots), more than --layers "
+                "(%d)\n", prog, S, c->n_layer);
         return -1;
     }
     return 0;

@@ -49,6 +49,7 @@ int main(int argc, char **argv)
         default: usage_(); return 2;
         }
     }
+    bench_no_operands("cpu_train", argc, argv);
     if (S <= 0)
         S = c.n_layer;
     if (bench_shape_check("cpu_train", &c, S) < 0)

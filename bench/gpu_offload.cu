@@ -563,6 +563,7 @@ int main(int argc, char **argv)
         default: usage_(); return 2;
         }
     }
+    bench_no_operands(P_, argc, argv);
     if (S != 0 || peak_n != -1) {
         fprintf(stderr, "gpu_offload: --share and --peak-n do not apply "
                         "(Real model; no GEMM peak here)\n");

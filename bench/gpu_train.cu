@@ -159,6 +159,7 @@ int main(int argc, char **argv)
         default: usage_(); return 2;
         }
     }
+    bench_no_operands("gpu_train", argc, argv);
     if (S <= 0)
         S = c.n_layer;
     if (bench_shape_check("gpu_train", &c, S) < 0)

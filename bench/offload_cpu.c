@@ -13,10 +13,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "bench_util.h"
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
+
+#define P_ "offload_cpu" /* program name in messages */
 
 static double run_(const run_spec *s, int steps, offload_stats *st)
 {
@@ -62,69 +65,42 @@ static double memcpy_gbps_(size_t bytes, int reps)
     return best;
 }
 
-int main(int argc, char **argv)
+/* The resident run, then the offloaded one (resident slots kept on the
+ * device), on shards written into dir. 0, or 1 after saying why. */
+static int bench_(const run_spec *sp, int resident, int steps,
+                  const char *dir)
 {
-    run_spec s;
-    spec_defaults(&s);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 8, .n_head = 4,
-                             .n_embd = 256, .seq_len = 64};
-    s.train.batch_size = 4;
-    s.train.grad_accum = 1;
-    s.train.eval_every = 0;
-    s.train.steps = 100000;
-    int steps = 10, resident = 2;
-    static const struct option opts[] = {
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
-        {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"resident", 1, 0, 'r'},
-        {"prefetch", 1, 0, 'p'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'L': s.model.n_layer = atoi(optarg); break;
-        case 'C': s.model.n_embd = atoi(optarg); break;
-        case 'T': s.model.seq_len = atoi(optarg); break;
-        case 'B': s.train.batch_size = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'r': resident = atoi(optarg); break;
-        case 'p': s.offload.prefetch = atoi(optarg); break;
-        case 't': s.device.threads = atoi(optarg); break;
-        default:
-            printf("usage: offload_cpu [--layers L] [--embd C] [--seq T] "
-                   "[--batch B] [--steps N] [--resident R] [--prefetch P] "
-                   "[--threads N]\n");
-            return o == 'h' ? 0 : 2;
-        }
-    }
-
-    char dir[] = "/tmp/m6-bench-offload-XXXXXX", path[512], err[256];
-    if (!mkdtemp(dir))
-        return 1;
+    run_spec s = *sp;
+    char path[700], err[256];
     size_t n = 200000;
     uint16_t *tok = malloc(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++)
         tok[i] = (uint16_t)("offloading granular slots "[i % 26]);
     snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-    if (shard_write(path, tok, n, err, sizeof err) != 0)
-        return 1;
+    int bad = shard_write(path, tok, n, err, sizeof err) != 0;
     snprintf(path, sizeof path, "%s/val_000000.bin", dir);
-    if (shard_write(path, tok, n / 4, err, sizeof err) != 0)
-        return 1;
+    bad = bad || shard_write(path, tok, n / 4, err, sizeof err) != 0;
     free(tok);
+    if (bad) {
+        fprintf(stderr, P_ ": %s\n", err);
+        return 1;
+    }
     snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", dir);
     snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", dir);
 
     offload_plan p;
     if (offload_plan_for_spec(&s, 0, &p, err, sizeof err) != 0) {
-        fprintf(stderr, "offload_cpu: %s\n", err);
+        fprintf(stderr, P_ ": %s\n", err);
         return 1;
     }
     run_spec off = s;
     off.device.memory_budget = p.min_budget_bytes +
                                (size_t)resident * p.slot_bytes;
     offload_plan_free(&p);
-    if (offload_plan_for_spec(&off, 0, &p, err, sizeof err) != 0)
+    if (offload_plan_for_spec(&off, 0, &p, err, sizeof err) != 0) {
+        fprintf(stderr, P_ ": %s\n", err);
         return 1;
+    }
     offload_plan_print(stdout, &p, 0);
 
     offload_stats rs, os;
@@ -144,7 +120,67 @@ int main(int argc, char **argv)
            "d2h_gbps=%.2f memcpy_gbps=%.2f hidden=%.3f\n",
            tr, to, to / tr, os.h2d_gbps, os.d2h_gbps, mc,
            os.hidden_fraction);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 256, .n_layer = 8, .n_head = 4,
+                             .n_embd = 256, .seq_len = 64};
+    s.train.batch_size = 4;
+    s.train.grad_accum = 1;
+    s.train.eval_every = 0;
+    s.train.steps = 100000;
+    int steps = 10, resident = 2;
+    static const struct option opts[] = {
+        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
+        {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"resident", 1, 0, 'r'},
+        {"prefetch", 1, 0, 'p'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'L': s.model.n_layer = bench_int_arg(P_, "layers", optarg, 1); break;
+        case 'C': s.model.n_embd = bench_int_arg(P_, "embd", optarg, 1); break;
+        case 'T': s.model.seq_len = bench_int_arg(P_, "seq", optarg, 1); break;
+        case 'B': s.train.batch_size = bench_int_arg(P_, "batch", optarg, 1); break;
+        case 'n': steps = bench_int_arg(P_, "steps", optarg, 1); break;
+        case 'r': resident = bench_int_arg(P_, "resident", optarg, 0); break;
+        case 'p': s.offload.prefetch = bench_int_arg(P_, "prefetch", optarg, 1); break;
+        case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
+        default:
+            printf("usage: offload_cpu [--layers L] [--embd C] [--seq T] "
+                   "[--batch B] [--steps N] [--resident R] [--prefetch P] "
+                   "[--threads N]\n");
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    bench_no_operands(P_, argc, argv);
+    if (bench_shape_check(P_, &s.model, s.model.n_layer) < 0)
+        return 2;
+    if (resident >= s.model.n_layer) {
+        fprintf(stderr, P_ ": --resident %d: must be below --layers (%d); "
+                "the benchmark offloads the other slots\n", resident,
+                s.model.n_layer);
+        return 2;
+    }
+
+    /* the shards in a directory of its own under $TMPDIR, removed at exit */
+    const char *tmp = getenv("TMPDIR");
+    char dir[600], path[700];
+    snprintf(dir, sizeof dir, "%s/m6-bench-offload-XXXXXX",
+             tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror(P_ ": mkdtemp");
+        return 1;
+    }
+    int rc = bench_(&s, resident, steps, dir);
+    snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/val_000000.bin", dir);
+    unlink(path);
+    rmdir(dir);
+    return rc;
 }

@@ -156,6 +156,11 @@ int main(int argc, char **argv)
             return o == 'h' ? 0 : 2;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "offload_host: unexpected argument \"%s\" (options "
+                        "only; see --help)\n", argv[optind]);
+        return 2;
+    }
     if (mparams <= 0 || threads < 1 || threads > 1024 || reps < 1) {
         fprintf(stderr, "offload_host: --params and --reps must be positive, "
                         "--threads from 1 to 1024\n");

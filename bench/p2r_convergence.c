@@ -14,9 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "bench_util.h"
 #include "train/data.h"
 #include "train/trainer.h"
+
+#define P_ "p2r_convergence" /* program name in messages */
 
 typedef struct {
     int n;
@@ -124,16 +127,26 @@ int main(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'd': data = optarg; break;
-        case 'L': s.model.n_layer = atoi(optarg); break;
-        case 'C': s.model.n_embd = atoi(optarg); break;
-        case 'H': s.model.n_head = atoi(optarg); break;
-        case 'T': s.model.seq_len = atoi(optarg); break;
-        case 'B': s.train.batch_size = atoi(optarg); break;
-        case 'n': s.train.steps = atol(optarg); break;
-        case 'l': s.train.lr = (float)atof(optarg); s.train.min_lr = s.train.lr / 10; break;
-        case 'w': s.train.warmup_steps = atol(optarg); break;
-        case 'f': frac = atof(optarg); break;
-        case 'S': s.pseudo.share_groups = atoi(optarg); break;
+        case 'L': s.model.n_layer = bench_int_arg(P_, "layers", optarg, 1); break;
+        case 'C': s.model.n_embd = bench_int_arg(P_, "embd", optarg, 1); break;
+        case 'H': s.model.n_head = bench_int_arg(P_, "heads", optarg, 1); break;
+        case 'T': s.model.seq_len = bench_int_arg(P_, "seq", optarg, 1); break;
+        case 'B': s.train.batch_size = bench_int_arg(P_, "batch", optarg, 1); break;
+        case 'n': s.train.steps = bench_int_arg(P_, "steps", optarg, 2); break;
+        case 'l':
+            s.train.lr = (float)bench_real_arg(P_, "lr", optarg, 1e-9, 10);
+            s.train.min_lr = s.train.lr / 10;
+            break;
+        case 'w': s.train.warmup_steps = bench_int_arg(P_, "warmup", optarg, 0); break;
+        case 'f':
+            frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
+            if (frac == 0 || frac == 1) {
+                fprintf(stderr, P_ ": --pseudo-frac: want a fraction strictly "
+                                "between 0 and 1, got \"%s\"\n", optarg);
+                return 2;
+            }
+            break;
+        case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
             if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {
                 fprintf(stderr, "--delink-optimizer: copy or reset\n");
@@ -142,22 +155,18 @@ int main(int argc, char **argv)
             s.delink.optimizer = strcmp(optarg, "reset") == 0 ? DELINK_OPT_RESET
                                                                : DELINK_OPT_COPY;
             break;
-        case 'r': s.delink.rewarm_steps = atol(optarg); break;
-        case 'e': s.train.eval_every = atol(optarg); break;
-        case 'E': s.train.eval_batches = atoi(optarg); break;
-        case 's': s.train.seed = strtoull(optarg, NULL, 10); break;
-        case 't': s.device.threads = atoi(optarg); break;
+        case 'r': s.delink.rewarm_steps = bench_int_arg(P_, "rewarm", optarg, 0); break;
+        case 'e': s.train.eval_every = bench_int_arg(P_, "eval-every", optarg, 1); break;
+        case 'E': s.train.eval_batches = bench_int_arg(P_, "eval-batches", optarg, 1); break;
+        case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
+        case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
     }
-    if (frac <= 0 || frac >= 1 || s.pseudo.share_groups < 1 ||
-        s.pseudo.share_groups > s.model.n_layer || s.train.steps < 2 ||
-        s.model.n_embd % s.model.n_head) {
-        fprintf(stderr, "p2r_convergence: need 0 < pseudo-frac < 1, "
-                        "1 <= share-groups <= layers, n_embd %% heads == 0\n");
+    bench_no_operands(P_, argc, argv);
+    if (bench_shape_check(P_, &s.model, s.pseudo.share_groups) < 0)
         return 2;
-    }
     char err[512], dir[512];
     if (!data) {
         snprintf(dir, sizeof dir, "/tmp/m6-p2r-data");
