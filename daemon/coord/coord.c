@@ -490,8 +490,9 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
 static void retry_hint_(char *msg, size_t msglen, int rc)
 {
     size_t n = strlen(msg);
-    snprintf(msg + n, msglen - n, "; resume retries once %s",
-             rc == TRAINER_ENOFILE ? "m6d can open them" : "the shard is fixed");
+    snprintf(msg + n, msglen - n, "; once %s, `m6ctl resume` reopens the "
+             "data", rc == TRAINER_ENOFILE ? "m6d can open them"
+                                           : "the shard is fixed");
 }
 
 /* After a pause for unreadable data (r->data_error): open the shards

@@ -17,15 +17,15 @@
 /* "1.50 MiB (1572864 bytes)" */
 static const char *fmt_bytes_(char *buf, size_t len, size_t n)
 {
-    const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)n;
     int u = 0;
-    while (v >= 1024 && u < 4) {
+    while (v >= 1024 && u < 6) {
         v /= 1024;
         u++;
     }
     if (u == 0)
-        snprintf(buf, len, "%zu bytes", n);
+        snprintf(buf, len, "%zu byte%s", n, n == 1 ? "" : "s");
     else
         snprintf(buf, len, "%.2f %s (%zu bytes)", v, unit[u], n);
     return buf;
@@ -33,10 +33,10 @@ static const char *fmt_bytes_(char *buf, size_t len, size_t n)
 
 static const char *short_bytes_(char *buf, size_t len, uint64_t n)
 {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)n;
     int u = 0;
-    while (v >= 1024 && u < 4) {
+    while (v >= 1024 && u < 6) {
         v /= 1024;
         u++;
     }
@@ -228,14 +228,18 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         while (R >= 0 && device_bytes_(out, R, in->prefetch) > in->budget)
             R--;
         if (R < 0) {
-            char b[64], m[64], g[64], a[64], st[64], w[64];
+            char b[64], m[64], g[64], a[64], st[64], w[64], all[48];
             int nst = S < in->prefetch ? S : in->prefetch;
+            if (S == 1)
+                snprintf(all, sizeof all, "its one slot");
+            else
+                snprintf(all, sizeof all, "all %d slots", S);
             snprintf(err, errlen,
                      "device memory budget %s is too small for this model: "
-                     "even with all %d slots offloaded it needs %s (globals "
+                     "even with %s offloaded it needs %s (globals "
                      "%s, activations %s for batch %d, %d staging buffer%s of "
                      "%s, workspace %s)",
-                     fmt_bytes_(b, sizeof b, in->budget), S,
+                     fmt_bytes_(b, sizeof b, in->budget), all,
                      fmt_bytes_(m, sizeof m, out->min_budget_bytes),
                      fmt_bytes_(g, sizeof g, out->global_bytes),
                      fmt_bytes_(a, sizeof a, out->act_bytes), in->batch_size,

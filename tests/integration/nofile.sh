@@ -112,7 +112,7 @@ M2=$(ctl submit "$T/many.json")
 wait_step "$M2" 30
 stop_daemon
 start "-n 64"
-want="^data.train: too many open files \(limit 64\): $T/many/train_[0-9]+\.bin: open: shard [0-9]+ of $NT; a run keeps every shard open: .*; resume retries once m6d can open them$"
+want="^data.train: too many open files \(limit 64\): $T/many/train_[0-9]+\.bin: open: shard [0-9]+ of $NT; a run keeps every shard open: .*; once m6d can open them, .m6ctl resume. reopens the data$"
 ERR=$(wait_paused_error "$M2" "$want")
 [ "$(db "$T/s" "select count(*) from events where run=$M2 and kind='failed'")" = 0 ] \
     || fail "run $M2 failed at the start"

@@ -167,7 +167,7 @@ wait_error "$D" >/dev/null
 K=$(field "$D" step)
 restart_daemon
 ERR=$(wait_paused_error "$D" "train_000000.bin: truncated: header says $N tokens, file holds 1000")
-echo "$ERR" | grep -q "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; resume retries once the shard is fixed$" \
+echo "$ERR" | grep -q "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; once the shard is fixed, .m6ctl resume. reopens the data$" \
     || fail "restart on a short shard: error '$ERR'"
 never_failed "$D"
 [ "$(field "$D" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$D" step)"
@@ -178,7 +178,7 @@ life_log | grep -q "run.paused run=$D step=$K reason=\"data.train: .*truncated" 
 db "$T/s" "select detail from events where run=$D and kind='paused.error' order by id desc limit 1" \
     | grep -q "step=$K data.train: .*truncated: header says" || fail "no paused.error event at the restart"
 ctl list >/dev/null || fail "m6d does not answer after the restart"
-resume_refused "$D" "truncated: header says $N tokens, file holds 1000; resume retries once the shard is fixed" >/dev/null
+resume_refused "$D" "truncated: header says $N tokens, file holds 1000; once the shard is fixed, .m6ctl resume. reopens the data" >/dev/null
 ERR=$(wait_paused_error "$D" "truncated")
 never_failed "$D"
 [ "$(field "$D" step)" = "$K" ] || fail "run trained on a short shard after the restart"
@@ -196,7 +196,7 @@ E=$(ctl submit "$T/spec.json")
 wait_step "$E" 30
 restart_daemon poison "$TRAIN"
 ERR=$(wait_paused_error "$E" "token 999")
-echo "$ERR" | grep -q "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; resume retries once the shard is fixed$" \
+echo "$ERR" | grep -q "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; once the shard is fixed, .m6ctl resume. reopens the data$" \
     || fail "restart of a running run on a bad shard: error '$ERR'"
 never_failed "$E"
 K=$(field "$E" step)
@@ -220,7 +220,7 @@ K=$(field "$F" step)
 [ "$(db "$T/s" "select count(*) from metrics where run=$F and step=$K and val_loss is null")" = 1 ] \
     || fail "the step whose eval failed is not recorded without its val_loss"
 restart_daemon
-ERR=$(wait_paused_error "$F" "val_000000.bin: token 999 at index 0 >= vocab_size 256; resume")
+ERR=$(wait_paused_error "$F" "val_000000.bin: token 999 at index 0 >= vocab_size 256; once the shard is fixed")
 never_failed "$F"
 [ "$(field "$F" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$F" step)"
 restore "$VAL" "$T/val.orig"
