@@ -1007,6 +1007,56 @@ typedef struct {
     const char *usage, *help;
 } command;
 
+/* A run's events, oldest first, fetched in pages (m6d sends at most 10000
+ * per reply) until one comes back empty. */
+static int cmd_events_(int argc, char **argv)
+{
+    (void)argc;
+    M6__RunRef ref;
+    if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
+    json_t *all = g.json ? json_array() : NULL;
+    if (!g.json) printf("%-20s %-16s %s\n", "TIME (UTC)", "KIND", "DETAIL");
+    int64_t after = 0;
+    for (;;) {
+        M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
+        q.run = &ref;
+        q.after_id = after;
+        M6__Request rq = M6__REQUEST__INIT;
+        rq.body_case = M6__REQUEST__BODY_EVENTS;
+        rq.events = &q;
+        M6__Response *resp = request_(&rq);
+        if (!resp) {
+            json_decref(all);
+            return EXIT_ERR;
+        }
+        const M6__EventRows *er = resp->events;
+        size_t n = er ? er->n_events : 0;
+        for (size_t i = 0; i < n; i++) {
+            const M6__Event *e = er->events[i];
+            after = e->id;
+            if (g.json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "id", json_integer(e->id));
+                json_object_set_new(o, "time", json_real(e->time));
+                json_object_set_new(o, "kind", json_string(e->kind));
+                json_object_set_new(o, "detail", json_string(e->detail));
+                json_array_append_new(all, o);
+                continue;
+            }
+            char when[32] = "?";
+            time_t t = (time_t)e->time;
+            struct tm tm;
+            if (gmtime_r(&t, &tm))
+                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+            printf("%-20s %-16s %s\n", when, e->kind, e->detail);
+        }
+        m6__response__free_unpacked(resp, NULL);
+        if (n == 0) break;
+    }
+    if (g.json) print_json_(all);
+    return EXIT_OK;
+}
+
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
      "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
@@ -1024,6 +1074,9 @@ static const command commands_[] = {
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
+    {"events", cmd_events_, 1, 1, F_JSON | F_RUN, "RUN",
+     "What happened to a run, oldest first: submit, start, delink, pause,\n"
+     "paused.error (and why), resume, checkpoint.bad, interrupted, stop, ..."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},

@@ -458,6 +458,47 @@ static void do_plan_(call *c, const M6__Request *rq)
     reply_(c, M6__STATUS__STATUS_OK, "%s", warn[0] ? warn : "ok");
 }
 
+static void do_events_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    if (resolve_(c, rq->events->run, &id) < 0) return;
+    if (rq->events->after_id < 0)
+        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+                      "after_id must be >= 0, got %lld",
+                      (long long)rq->events->after_id);
+    event_row *rows;
+    int n;
+    if (state_events_list(c->h->st, id, rq->events->after_id, &rows, &n) < 0)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    /* Keep the reply under the frame limit (at most ~1.1 KB a row); the
+     * client asks again with after_id for the rest. */
+    if (n > 10000) n = 10000;
+    M6__EventRows *er = arena_alloc_(c->a, sizeof *er);
+    M6__Event **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
+    M6__Event *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);
+    int ok = er && v && cells;
+    for (int i = 0; ok && i < n; i++) {
+        M6__Event *e = &cells[i];
+        m6__event__init(e);
+        e->id = rows[i].id;
+        e->time = rows[i].time;
+        e->kind = arena_strdup_(c->a, rows[i].kind);
+        e->detail = arena_strdup_(c->a, rows[i].detail);
+        ok = e->kind && e->detail;
+        v[i] = e;
+    }
+    free(rows);
+    if (!ok)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    m6__event_rows__init(er);
+    er->run_id = id;
+    er->n_events = (size_t)n;
+    er->events = v;
+    c->resp->body_case = M6__RESPONSE__BODY_EVENTS;
+    c->resp->events = er;
+    reply_(c, M6__STATUS__STATUS_OK, "%d events", n);
+}
+
 /* The dispatch table: one entry per Request.body case. */
 typedef struct {
     M6__Request__BodyCase which;
@@ -476,6 +517,7 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_STOP, "stop", do_stop_},
     {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
     {M6__REQUEST__BODY_PLAN, "plan", do_plan_},
+    {M6__REQUEST__BODY_EVENTS, "events", do_events_},
 };
 
 /* protobuf-c leaves a sub-message NULL only if absent; the oneof case says

@@ -658,6 +658,27 @@ int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
         A_TEXT(detail)) < 0 ? -1 : 0;
 }
 
+static void event_fill_(sqlite3_stmt *s, void *elem)
+{
+    event_row *e = elem;
+    e->id = sqlite3_column_int64(s, 0);
+    e->time = sqlite3_column_double(s, 1);
+    copy_text_(e->kind, sizeof e->kind, sqlite3_column_text(s, 2));
+    copy_text_(e->detail, sizeof e->detail, sqlite3_column_text(s, 3));
+}
+
+int state_events_list(state *st, int64_t run, int64_t after_id,
+                      event_row **rows, int *n)
+{
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **rows, event_fill_,
+                       "SELECT id, time, kind, detail FROM events "
+                       "WHERE run = ? AND id > ? ORDER BY id",
+                       A_INT(run), A_INT(after_id));
+    *rows = v;
+    return ret;
+}
+
 /* ------------------------------------------------------------- checkpoints */
 
 int state_checkpoint_add(state *st, int64_t run, int64_t step,

@@ -95,6 +95,19 @@ int state_metric_last(state *st, int64_t run, metric_row *out,
 int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* One row of the events table (time: unix seconds). */
+typedef struct {
+    int64_t id;
+    double time;
+    char kind[64];
+    char detail[1024];  /* state_event writes at most 1023 bytes */
+} event_row;
+
+/* A run's events with id > after_id, oldest first; *rows malloc'ed (free
+ * it), *n of them. 0, or -1 (database error). */
+int state_events_list(state *st, int64_t run, int64_t after_id,
+                      event_row **rows, int *n);
+
 int state_checkpoint_add(state *st, int64_t run, int64_t step,
                          const char *path, int64_t bytes);
 int state_checkpoint_delete(state *st, int64_t run, int64_t step);

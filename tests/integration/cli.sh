@@ -76,7 +76,7 @@ start_daemon "$T/s"
 
 # Every command's --help: exit 0, on stdout, the options every command
 # takes listed, no trailing blanks.
-for c in submit list status watch pause resume delink stop metrics "data prepare" plan; do
+for c in submit list status watch pause resume delink stop metrics events "data prepare" plan; do
     expect_rc 0 ctl $c --help
     grep -q "^usage: m6ctl $c" "$T/out" || fail "$c --help: no usage line: $(head -2 "$T/out")"
     for o in --socket --no-color --help; do
@@ -87,7 +87,7 @@ done
 
 # A malformed RUN is a usage error (2) and an unknown one m6d's refusal (1),
 # whichever command names it.
-for c in status watch pause resume delink stop metrics; do
+for c in status watch pause resume delink stop metrics events; do
     expect_rc 2 ctl "$c" 0
     grep -q 'RUN must be an id > 0' "$T/err" || fail "$c 0: $(cat "$T/err")"
     expect_rc 2 ctl "$c" 99999999999999999999

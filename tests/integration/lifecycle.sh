@@ -62,6 +62,26 @@ S=$(field "$A" step)
 [ "$(db "$T/s" "select max(step) from checkpoints where run=$A")" = "$S" ] \
     || fail "no checkpoint at the stop step $S"
 
+# m6ctl events: the run's history as the events table holds it, in order
+# (text and --json alike).
+ctl events "$A" --json | python3 -c '
+import json, sqlite3, sys
+got = json.load(sys.stdin)
+want = sqlite3.connect(sys.argv[1]).execute(
+    "select id, kind, detail from events where run=? order by id", (int(sys.argv[2]),)).fetchall()
+assert [(e["id"], e["kind"], e["detail"]) for e in got] == want, (got, want)
+kinds = [e["kind"] for e in got]
+for k in ("submit", "start", "pause", "delink", "resume", "stop"):
+    assert k in kinds, (k, kinds)
+assert kinds.index("pause") < kinds.index("delink") < kinds.index("resume") < kinds.index("stop"), kinds
+' "$T/s/m6.db" "$A" || fail "events --json: $(ctl events "$A" --json)"
+ctl events "$A" >"$T/events.txt" || fail "events"
+[ "$(head -1 "$T/events.txt" | tr -s ' ')" = "TIME (UTC) KIND DETAIL" ] || fail "events header: $(head -1 "$T/events.txt")"
+grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z +delink +step=$P reason=operator( |$)" "$T/events.txt" \
+    || fail "events: no delink line: $(cat "$T/events.txt")"
+[ "$(($(wc -l <"$T/events.txt") - 1))" = "$(db "$T/s" "select count(*) from events where run=$A")" ] \
+    || fail "events: $(wc -l <"$T/events.txt") lines for $(db "$T/s" "select count(*) from events where run=$A") events"
+
 # The queue moves on: B runs to the end, through the spec's delink.
 rc=0; ctl watch "$B" --interval 0.05 >"$T/watch-b.out" || rc=$?
 [ "$rc" = 0 ] || fail "watch B exit $rc: $(tail -3 "$T/watch-b.out")"
