@@ -351,7 +351,7 @@ static void do_command_(call *c, const M6__RunRef *ref, coord_cmd cmd)
 {
     int64_t id;
     if (resolve_(c, ref, &id) < 0) return;
-    char msg[512];
+    char msg[1400];  /* a refused resume carries its data error */
     coord_status st = coord_command(c->h->co, id, cmd, msg, sizeof msg);
     if (st != COORD_OK) {
         M6__Status s = st == COORD_NOT_FOUND  ? M6__STATUS__STATUS_NOT_FOUND

@@ -51,6 +51,7 @@ static struct {
     uv_timer_t watchdog;
     int watchdog_on;
     volatile sig_atomic_t stopping;
+    int drain_expired;          /* the shutdown drain's deadline passed */
 } g;
 
 /* ----------------------------------------------------------------- options */
@@ -240,8 +241,16 @@ static void on_signal_(uv_signal_t *h, int signum)
     if (uv_is_closing((uv_handle_t *)h)) return;
     g.stopping = 1;
     log_info("daemon.signal", "signal=%s", strsignal(signum));
-    coord_request_shutdown(g.co);  /* a flag: the worker stops after this step */
+    if (g.co) /* NULL when the start failed before the coordinator */
+        coord_request_shutdown(g.co); /* a flag: the worker stops after this step */
     uv_stop(h->loop);
+}
+
+enum { DRAIN_S = 15 };  /* above coord's 10 s resume wait */
+static void on_drain_timeout_(uv_timer_t *t)
+{
+    (void)t;
+    g.drain_expired = 1;
 }
 
 /* SIGHUP (a closed terminal, `systemctl reload`): nothing to reload; keep
@@ -325,6 +334,14 @@ int main(int argc, char **argv)
         log_error("daemon.error", "err=\"uv_loop_init failed\"");
         return 1;
     }
+    /* Signals caught from here on: a SIGTERM during a long start (the DB
+     * check of a large m6.db) is acted on once the loop runs, not fatal. */
+    uv_signal_init(&g.loop, &g.sigterm);
+    uv_signal_init(&g.loop, &g.sigint);
+    uv_signal_start(&g.sigterm, on_signal_, SIGTERM);
+    uv_signal_start(&g.sigint, on_signal_, SIGINT);
+    uv_signal_init(&g.loop, &g.sighup);
+    uv_signal_start(&g.sighup, on_sighup_, SIGHUP);
     /* The socket before the state: an m6d that cannot serve (its socket
      * busy) must not create m6.db or take up a run. Connections wait in the
      * backlog until the loop runs, by then with the coordinator up. */
@@ -347,12 +364,6 @@ int main(int argc, char **argv)
         goto out_server;
     }
     g.handlers = (handlers_ctx){.st = g.st, .co = g.co};
-    uv_signal_init(&g.loop, &g.sigterm);
-    uv_signal_init(&g.loop, &g.sigint);
-    uv_signal_start(&g.sigterm, on_signal_, SIGTERM);
-    uv_signal_start(&g.sigint, on_signal_, SIGINT);
-    uv_signal_init(&g.loop, &g.sighup);
-    uv_signal_start(&g.sighup, on_sighup_, SIGHUP);
     notify_init_();
 
     uv_run(&g.loop, UV_RUN_DEFAULT);
@@ -360,10 +371,20 @@ int main(int argc, char **argv)
     notify_("STOPPING=1\nSTATUS=finishing the current step");
     log_info("daemon.stopping", "waiting_for=\"the running step (if any) and requests in flight\"");
     /* the replies of requests in flight (a resume waits for the worker's
-     * answer, which comes at the end of its step) */
+     * answer, which comes at the end of its step), for DRAIN_S at most: a
+     * client that does not read its reply does not hold up the exit */
     server_drain(g.srv);
-    while (server_draining(g.srv) > 0)
+    uv_timer_t drain_timer;
+    uv_timer_init(&g.loop, &drain_timer);
+    g.drain_expired = 0;
+    uv_timer_start(&drain_timer, on_drain_timeout_, DRAIN_S * 1000, 0);
+    while (server_draining(g.srv) > 0 && !g.drain_expired)
         uv_run(&g.loop, UV_RUN_ONCE);
+    if (g.drain_expired)
+        log_warn("daemon.drain", "msg=\"%d replies not sent after %d s; "
+                 "closing their connections\"", server_draining(g.srv),
+                 DRAIN_S);
+    uv_timer_stop(&drain_timer);
     rc = 0;
 out_server:
     server_fini(g.srv);

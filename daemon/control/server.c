@@ -52,6 +52,8 @@ struct server {
     unsigned long next_id;
     int stopping;         /* server_drain: no new connections or requests */
     int draining;         /* connections whose reply server_drain awaits */
+    int listener_closing; /* closed by server_drain, callback not yet run */
+    int free_on_close;    /* server_fini came first: that callback frees */
 };
 
 struct conn {
@@ -323,9 +325,7 @@ out:
 static void on_connection_(uv_stream_t *ls, int status)
 {
     server *s = (server *)ls;
-    /* stopping: left in the backlog, refused when the socket closes, as a
-     * client of an m6d that is gone expects (watch reconnects) */
-    if (!s->listener_open || s->stopping) return;
+    if (!s->listener_open) return;
     if (status < 0) {
         log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(status));
         return;
@@ -385,6 +385,15 @@ static void listener_closed_(uv_handle_t *h)
     free((server *)h);
 }
 
+/* server_drain's close of the listener: free the server only if
+ * server_fini has already been called. */
+static void listener_drained_(uv_handle_t *h)
+{
+    server *s = (server *)h;
+    s->listener_closing = 0;
+    if (s->free_on_close) free(s);
+}
+
 server *server_init(const server_config *cfg, char *err, size_t errlen)
 {
     server *s = calloc(1, sizeof *s);
@@ -429,6 +438,14 @@ fail:
 void server_drain(server *s)
 {
     s->stopping = 1;
+    /* no new connection: a client now gets "connection refused", as from
+     * an m6d that is gone (watch reconnects); the path stays until
+     * server_fini so that the next m6d finds it stale */
+    if (s->listener_open) {
+        s->listener_open = 0;
+        s->listener_closing = 1;
+        uv_close((uv_handle_t *)&s->listener, listener_drained_);
+    }
     for (conn *c = s->conns, *next; c; c = next) {
         next = c->next;
         if (c->busy) {  /* its reply is sent, then it closes (after_work_) */
@@ -451,6 +468,8 @@ void server_fini(server *s)
     if (s->listener_open) {
         s->listener_open = 0;
         uv_close((uv_handle_t *)&s->listener, listener_closed_);
+    } else if (s->listener_closing) {
+        s->free_on_close = 1;  /* listener_drained_ frees */
     } else {
         free(s);
     }

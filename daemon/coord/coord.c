@@ -43,9 +43,13 @@ struct coord {
     int active_error_write; /* ... a failed write (not bad data or a lost
                              * checkpoint): a stop may not be recorded */
     /* A resume is answered once the worker has tried it: the data reopened
-     * and the writes owed done, or the reason it stays paused. */
-    long resume_asked, resume_answered;
-    char resume_error[512]; /* "" it resumed */
+     * and the writes owed done, or the reason it stays paused. Tickets:
+     * each resume sent takes one (asked); the worker, taking the command,
+     * serves every ticket up to resume_serving and, done, answers them
+     * (answered). A resume sent while one is being tried joins it. */
+    long resume_asked, resume_serving, resume_answered;
+    int resuming;           /* the worker is trying a resume */
+    char resume_error[1200]; /* the last answer: "" it resumed */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -526,7 +530,9 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
 static void answer_resume_(coord *c, const char *err)
 {
     pthread_mutex_lock(&c->mu);
-    c->resume_answered = c->resume_asked;
+    if (c->resume_serving > c->resume_answered)
+        c->resume_answered = c->resume_serving;
+    c->resuming = 0;
     snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -685,6 +691,10 @@ static void run_one_(coord *c, int64_t id, int start_paused)
              * while the pause checkpoints waits for it, not "not paused" */
             if (go_pause && !paused)
                 c->active_paused = 1;
+            if (go_resume) {
+                c->resuming = 1;
+                c->resume_serving = c->resume_asked;
+            }
             int any = stop || go_pause || go_resume || want_delink || shutdown;
             if (!paused || any) break;
             pthread_cond_wait(&c->cv, &c->mu);
@@ -708,6 +718,7 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                 snprintf(why, sizeof why, "stop not done (%s); stop again "
                          "once there is space", err);
                 pause_error_(&r, &paused, why);
+                if (go_resume) answer_resume_(c, why);
                 continue;
             }
             state_event(c->st, id, "stop", "step=%ld", step);
@@ -738,9 +749,9 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                         step, paused ? "paused" : "resumes");
             log_info("run.interrupted", "run=%lld step=%ld paused=%d",
                      (long long)id, step, paused);
-            if (go_resume && paused)
-                answer_resume_(c, "m6d is stopping; resume the run once it is "
-                               "back");
+            if (go_resume) /* running, it goes on at the next start */
+                answer_resume_(c, paused ? "m6d is stopping; resume the run "
+                               "once it is back" : NULL);
             break;
         }
         /* owe coord_command an answer: a resume of a run already resumed
@@ -871,6 +882,7 @@ static void *worker_main_(void *arg)
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
+        c->resuming = 0;
         c->active = 0;
         c->active_paused = 0;
         c->active_error[0] = 0;
@@ -894,7 +906,11 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     c->threads = cfg->threads;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* timed waits: resume */
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (paths_mkdir_p(c->runs_dir, 0755) < 0) {
         snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
         goto fail;
@@ -1014,17 +1030,17 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
 
 static const char *const cmd_names[] = {"pause", "resume", "delink", "stop"};
 
-/* With c->mu held and cmd_resume set: wait (up to RESUME_WAIT_S) for the
- * worker to try the resume -- reopen data a pause was for, do the writes
- * owed -- and say how it went. A resume that cannot go through is refused
- * with the reason; the run stays paused. */
+/* With c->mu held: wait (up to RESUME_WAIT_S) for the worker to try the
+ * resume of this ticket -- reopen data a pause was for, do the writes owed
+ * -- and say how it went. A resume that cannot go through is refused with
+ * the reason; the run stays paused. */
 enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
-static coord_status wait_resume_(coord *c, int64_t id, char *msg, size_t msglen)
+static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
+                                 size_t msglen)
 {
-    long ticket = ++c->resume_asked;
     pthread_cond_broadcast(&c->cv);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    struct timespec until; /* c->cv waits on CLOCK_MONOTONIC (coord_init) */
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += RESUME_WAIT_S;
     int rc = 0;
     while (c->resume_answered < ticket && c->active == id && rc != ETIMEDOUT)
@@ -1054,15 +1070,26 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
 {
     coord_status ret = COORD_OK;
     pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->shutdown) {
+        /* the worker may already be past its last boundary: an answer
+         * here could not be kept */
+        snprintf(msg, msglen, "m6d is stopping: send the %s again once it "
+                 "is back (`m6ctl watch %lld` waits for it)", cmd_names[cmd],
+                 (long long)id);
+        pthread_mutex_unlock(&c->mu);
+        return COORD_BAD_STATE;
+    }
     if (id == c->active) {
         switch (cmd) {
         case CMD_PAUSE:
-            if ((c->active_paused && !c->cmd_resume) || c->cmd_pause) {
+            /* while a resume is tried, a pause waits for its end */
+            if ((c->active_paused && !c->cmd_resume && !c->resuming) ||
+                c->cmd_pause) {
                 snprintf(msg, msglen, "run %lld is already paused", (long long)id);
                 ret = COORD_BAD_STATE;
             } else {
                 c->cmd_pause = 1;
-                if (c->cmd_resume) { /* the waiting resume: cancelled */
+                if (c->cmd_resume) { /* the resume not yet taken: cancelled */
                     c->cmd_resume = 0;
                     c->resume_answered = c->resume_asked;
                     snprintf(c->resume_error, sizeof c->resume_error,
@@ -1077,12 +1104,14 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                 c->cmd_pause = 0;
                 snprintf(msg, msglen, "run %lld: pending pause cancelled",
                          (long long)id);
+            } else if (c->resuming) { /* being tried: wait with it */
+                ret = wait_resume_(c, id, c->resume_serving, msg, msglen);
             } else if (!c->active_paused) {
                 snprintf(msg, msglen, "run %lld is not paused", (long long)id);
                 ret = COORD_BAD_STATE;
-            } else { /* a resume already on its way: wait with it */
+            } else { /* a resume already sent: wait with it */
                 c->cmd_resume = 1;
-                ret = wait_resume_(c, id, msg, msglen);
+                ret = wait_resume_(c, id, ++c->resume_asked, msg, msglen);
             }
             break;
         case CMD_DELINK:
