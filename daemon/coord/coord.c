@@ -1109,7 +1109,8 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
             } else if (!c->active_paused) {
                 snprintf(msg, msglen, "run %lld is not paused", (long long)id);
                 ret = COORD_BAD_STATE;
-            } else { /* a resume already sent: wait with it */
+            } else { /* ask the worker and wait (one more resume sent
+                      * before it takes this one is served by the same try) */
                 c->cmd_resume = 1;
                 ret = wait_resume_(c, id, ++c->resume_asked, msg, msglen);
             }
