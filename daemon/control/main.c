@@ -239,6 +239,12 @@ static int listen_fd_(void)
 static void on_signal_(uv_signal_t *h, int signum)
 {
     if (uv_is_closing((uv_handle_t *)h)) return;
+    if (g.stopping) { /* a second Ctrl-C, a closed terminal: not fatal */
+        log_info("daemon.signal", "signal=%s action=ignored msg=\"already "
+                 "stopping: the step ends, then the checkpoint\"",
+                 strsignal(signum));
+        return;
+    }
     g.stopping = 1;
     log_info("daemon.signal", "signal=%s", strsignal(signum));
     if (g.co) /* NULL when the start failed before the coordinator */
@@ -302,6 +308,18 @@ static void close_walk_(uv_handle_t *h, void *arg)
 {
     (void)arg;
     if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+/* close_walk_ but for the signal handles, which are only unref'd: until
+ * the worker is joined a signal must stay caught (logged), not fatal. */
+static void close_but_signals_(uv_handle_t *h, void *arg)
+{
+    if (h == (uv_handle_t *)&g.sigterm || h == (uv_handle_t *)&g.sigint ||
+        h == (uv_handle_t *)&g.sighup) {
+        uv_unref(h);
+        return;
+    }
+    close_walk_(h, arg);
 }
 
 /* -------------------------------------------------------------------- main */
@@ -390,13 +408,19 @@ out_server:
     server_fini(g.srv);
     g.srv = NULL;
 out_loop:
+    uv_walk(&g.loop, close_but_signals_, NULL);
+    uv_run(&g.loop, UV_RUN_DEFAULT);  /* close callbacks; pool work ends */
+    coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
+    /* log the signals caught meanwhile (a loop of unref'd handles only
+     * would return at once) */
+    uv_ref((uv_handle_t *)&g.sigterm);
+    uv_run(&g.loop, UV_RUN_NOWAIT);
     uv_walk(&g.loop, close_walk_, NULL);
     uv_run(&g.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&g.loop) != 0) {
         log_error("daemon.leak", "msg=\"handles still open at exit\"");
         rc = 1;
     }
-    coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
     state_close(g.st);
     log_info("daemon.exit", "rc=%d", rc);
     return rc;

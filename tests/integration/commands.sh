@@ -95,6 +95,29 @@ done
 [ "$taken" = 1 ] || fail "no resume reached m6d before its SIGTERM in 5 tries"
 log "resume in flight at SIGTERM: exit $rc '$(cat "$T/r3")'"
 
+# 5. SIGTERM, then SIGINT and SIGHUP while m6d finishes its step: logged
+#    and ignored; m6d still checkpoints and exits 0, and the run goes on
+#    from that checkpoint (no step lost).
+ctl resume "$P" >/dev/null 2>&1 || true  # paused if the resume was refused
+wait_state "$P" running 10
+wait_step "$P" $(( $(field "$P" step) + 2 ))
+LOG=$T/m6d-s.log
+from=$(( $(wc -l <"$LOG") + 1 ))
+kill -TERM "$DAEMON_PID"; sleep 0.03; kill -INT "$DAEMON_PID"; kill -HUP "$DAEMON_PID"
+rc=0; wait "$DAEMON_PID" || rc=$?
+[ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM then SIGINT/SIGHUP: $(tail -n +"$from" "$LOG" | tail -5)"
+tail -n +"$from" "$LOG" | grep -q "signal=Interrupt action=ignored" || fail "second signal not logged as ignored: $(tail -n +"$from" "$LOG")"
+tail -n +"$from" "$LOG" | grep -q "run.interrupted run=$P" || fail "no run.interrupted after the second signal"
+K=$(db "$T/s" "select max(step) from metrics where run=$P")
+start_daemon "$T/s"
+for _ in $(seq 1 200); do
+    tail -n +"$from" "$LOG" | grep -q "run.recover run=$P" && break
+    sleep 0.05
+done
+tail -n +"$from" "$LOG" | grep -q "run.recover run=$P step=$K metrics_dropped=0" \
+    || fail "run $P did not go on from step $K: $(tail -n +"$from" "$LOG" | grep "run.recover run=$P")"
+log "SIGTERM + SIGINT + SIGHUP: exit 0, run $P recovered at step $K"
+
 ctl stop "$P" >/dev/null
 stop_daemon
 echo "ok commands"
