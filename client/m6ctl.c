@@ -1015,8 +1015,8 @@ static int cmd_events_(int argc, char **argv)
     M6__RunRef ref;
     if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
     json_t *all = g.json ? json_array() : NULL;
-    if (!g.json) printf("%-20s %-16s %s\n", "TIME (UTC)", "KIND", "DETAIL");
     int64_t after = 0;
+    int header = !g.json; /* printed once m6d has answered */
     for (;;) {
         M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
         q.run = &ref;
@@ -1031,6 +1031,10 @@ static int cmd_events_(int argc, char **argv)
         }
         const M6__EventRows *er = resp->events;
         size_t n = er ? er->n_events : 0;
+        if (header) {
+            printf("%-20s %-16s %s\n", "TIME (UTC)", "KIND", "DETAIL");
+            header = 0;
+        }
         for (size_t i = 0; i < n; i++) {
             const M6__Event *e = er->events[i];
             after = e->id;

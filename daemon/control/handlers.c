@@ -468,11 +468,11 @@ static void do_events_(call *c, const M6__Request *rq)
                       (long long)rq->events->after_id);
     event_row *rows;
     int n;
-    if (state_events_list(c->h->st, id, rq->events->after_id, &rows, &n) < 0)
+    /* A page under the frame limit (at most ~1.1 KB a row); the client
+     * asks again with after_id for the rest. */
+    if (state_events_list(c->h->st, id, rq->events->after_id, 10000, &rows,
+                          &n) < 0)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
-    /* Keep the reply under the frame limit (at most ~1.1 KB a row); the
-     * client asks again with after_id for the rest. */
-    if (n > 10000) n = 10000;
     M6__EventRows *er = arena_alloc_(c->a, sizeof *er);
     M6__Event **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
     M6__Event *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);

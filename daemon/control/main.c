@@ -332,8 +332,12 @@ int main(int argc, char **argv)
 
     char runs[2200], db[2200];
     if (paths_mkdir_p(g.opt.state_dir, 0750) < 0) {
-        log_error("daemon.error", "state_dir=%s err=\"%s\"", g.opt.state_dir,
-                  strerror(errno));
+        int e = errno;
+        log_error("daemon.error", "state_dir=%s err=\"%s\"%s", g.opt.state_dir,
+                  strerror(e), e == EACCES ? " hint=\"m6d's uid may not reach "
+                  "or create it: check it and each directory above it\"" : "");
+        fprintf(stderr, "m6d: state dir %s: %s (uid %d)\n", g.opt.state_dir,
+                strerror(e), (int)geteuid());
         return 1;
     }
     if (lock_state_dir_(g.opt.state_dir, err, sizeof err) != 0) {

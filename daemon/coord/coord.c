@@ -757,31 +757,34 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         /* owe coord_command an answer: a resume of a run already resumed
          * (two sent at once) is answered as it goes on */
         int answer = go_resume;
-        if (go_resume && paused) {
+        int resumed = go_resume && paused;
+        if (resumed) {
             paused = 0;
             pthread_mutex_lock(&c->mu);
             c->active_error[0] = 0;
             pthread_mutex_unlock(&c->mu);
-            if (state_run_set_state(c->st, id, RUN_RUNNING, NULL) < 0) {
-                db_error_(&r, "recording the resume", err, sizeof err);
-                pause_error_(&r, &paused, err);
-            } else {
-                state_event(c->st, id, "resume", "step=%ld", step);
-                log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
-            }
         }
         publish_(&r, paused);
-        if (paused) {
-            if (answer) answer_resume_(c, err);
-            continue;
-        }
+        if (paused) continue;
         /* After a resume: the data that could not be read, then what the
-         * last boundary could not write. */
-        if (retry_data_(&r, err, sizeof err) < 0 ||
-            flush_(&r, err, sizeof err) < 0) {
+         * last boundary could not write. Only then is it a resume (state,
+         * event); one that fails leaves the run paused with the reason. */
+        int owed = retry_data_(&r, err, sizeof err);
+        if (owed == 0)
+            owed = flush_(&r, err, sizeof err);
+        if (owed == 0 && resumed &&
+            state_run_set_state(c->st, id, RUN_RUNNING, NULL) < 0) {
+            db_error_(&r, "recording the resume", err, sizeof err);
+            owed = -1;
+        }
+        if (owed < 0) {
             pause_error_(&r, &paused, err);
             if (answer) answer_resume_(c, err);
             continue;
+        }
+        if (resumed) {
+            state_event(c->st, id, "resume", "step=%ld", step);
+            log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
         }
         if (answer) answer_resume_(c, NULL);
 
@@ -930,6 +933,15 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
             c->active_total = row.total_steps;
             run_row_clear(&row);
         }
+        /* as publish_ will say once the run is set up: the real phase's
+         * first step if it was delinked, -1 if it trains from scratch (no
+         * pseudo phase row) or is still pseudo */
+        int64_t from;
+        c->active_delink_step = -1;
+        if (c->active_phase == 1 &&
+            state_phase_get(c->st, c->active, 0, &from) == 0 &&
+            state_phase_get(c->st, c->active, 1, &from) == 0)
+            c->active_delink_step = (long)from;
     }
     int rc = pthread_create(&c->worker, NULL, worker_main_, c);
     if (rc != 0) {

@@ -667,14 +667,14 @@ static void event_fill_(sqlite3_stmt *s, void *elem)
     copy_text_(e->detail, sizeof e->detail, sqlite3_column_text(s, 3));
 }
 
-int state_events_list(state *st, int64_t run, int64_t after_id,
+int state_events_list(state *st, int64_t run, int64_t after_id, int max,
                       event_row **rows, int *n)
 {
     void *v;
     int ret = SQL_LIST(st, &v, n, sizeof **rows, event_fill_,
                        "SELECT id, time, kind, detail FROM events "
-                       "WHERE run = ? AND id > ? ORDER BY id",
-                       A_INT(run), A_INT(after_id));
+                       "WHERE run = ? AND id > ? ORDER BY id LIMIT ?",
+                       A_INT(run), A_INT(after_id), A_INT(max));
     *rows = v;
     return ret;
 }

@@ -103,9 +103,9 @@ typedef struct {
     char detail[1024];  /* state_event writes at most 1023 bytes */
 } event_row;
 
-/* A run's events with id > after_id, oldest first; *rows malloc'ed (free
- * it), *n of them. 0, or -1 (database error). */
-int state_events_list(state *st, int64_t run, int64_t after_id,
+/* A run's events with id > after_id, oldest first, at most max of them;
+ * *rows malloc'ed (free it), *n of them. 0, or -1 (database error). */
+int state_events_list(state *st, int64_t run, int64_t after_id, int max,
                       event_row **rows, int *n);
 
 int state_checkpoint_add(state *st, int64_t run, int64_t step,

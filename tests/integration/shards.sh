@@ -101,6 +101,8 @@ log "truncated at step $K: '$ERR'"
 
 # 3. Resume with the shard still short: refused with the cause, still paused.
 resume_refused "$A" "data.train: .*truncated" >/dev/null
+[ "$(db "$T/s" "select count(*) from events where run=$A and kind='resume'")" = 0 ] \
+    || fail "a refused resume was recorded as a resume event"
 ERR=$(wait_error "$A")
 echo "$ERR" | grep -q "truncated" || fail "second pause without the cause: '$ERR'"
 [ "$(field "$A" step)" = "$K" ] || fail "run trained on a truncated shard"
