@@ -232,6 +232,14 @@ static M6__Response *request_(M6__Request *rq)
 static int parse_run_(const char *arg, M6__RunRef *ref)
 {
     m6__run_ref__init(ref);
+    /* an id, or a name as specs allow them (letters, digits, . _ -): "",
+     * " 1" or "-1" is a typo, not a run m6d could know */
+    static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                             "0123456789._-";
+    if (!*arg || strspn(arg, ok) != strlen(arg) || *arg == '-') {
+        errf_("RUN must be an id > 0 or a run name, got \"%s\"", arg);
+        return -1;
+    }
     char *end;
     errno = 0;
     long long v = strtoll(arg, &end, 10);
