@@ -10,10 +10,13 @@
  * the event loop at once; slow ones (a submit, which reads the whole corpus;
  * plan; a resume, which waits for the worker to reopen the data) run on
  * libuv's thread pool (uv_queue_work), so they never hold up the loop or
- * other connections, and quick requests never wait for a pool thread. While a slow request runs, its connection keeps reading (up to
- * one frame ahead) so that a client that goes away is noticed: the session
- * is marked gone and a submit not yet queued is dropped. A connection closed
- * while its request runs is freed by the request's after-work callback.
+ * other connections, and quick requests never wait for a pool thread.
+ * While a slow request runs, its connection keeps reading (up to one frame
+ * ahead) so that a client that goes away is noticed: the session is marked
+ * gone and a submit not yet queued is dropped. A connection closed while
+ * its request runs is freed by the request's after-work callback. At
+ * shutdown (server_drain) the listener closes first and the requests in
+ * flight get their replies before their connections close.
  */
 #include "control/server.h"
 
