@@ -137,6 +137,20 @@ static unsigned max_token_(const uint16_t *buf, size_t m)
     return mx;
 }
 
+/* path as an error message shows it: a long one loses the middle, so the
+ * shard's name and the problem after it still fit the message (status
+ * keeps 512 bytes). buf: SHOWN_PATH bytes. */
+enum { SHOWN_PATH = 200 };
+static const char *shown_path_(const char *path, char *buf)
+{
+    size_t n = strlen(path);
+    if (n < SHOWN_PATH)
+        return path;
+    const char *tail = path + n - (SHOWN_PATH - 40);
+    snprintf(buf, SHOWN_PATH, "%.32s...%s", path, tail);
+    return buf;
+}
+
 /* err for the first token >= vocab_size in buf (there is one), buf holding
  * the tokens from index base of the shard at path; note (may be "") is
  * appended. */
@@ -146,8 +160,10 @@ static void bad_token_(char *err, size_t errlen, const char *path,
 {
     size_t j = 0;
     while (buf[j] < vocab_size) j++;
-    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s", path,
-            (unsigned)buf[j], base + j, vocab_size, note);
+    char shown[SHOWN_PATH];
+    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s",
+            shown_path_(path, shown), (unsigned)buf[j], base + j, vocab_size,
+            note);
 }
 
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
@@ -159,6 +175,8 @@ static int check_token_range_(int fd, const struct stat *st, const char *path,
                               size_t errlen)
 {
     enum { CHUNK = 1 << 19 };  /* tokens per read */
+    char shown[SHOWN_PATH];
+    path = shown_path_(path, shown);  /* in messages only */
     long known = scanned_max_(st);
     if (known >= 0 && known < vocab_size) return 0;
     uint16_t *buf = malloc(CHUNK * sizeof *buf);
@@ -223,6 +241,8 @@ static void no_fd_error_(char *err, size_t errlen, int e, const char *what)
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
                        char *err, size_t errlen)
 {
+    char shown[SHOWN_PATH];
+    const char *name = shown_path_(path, shown);  /* in messages */
     /* O_NONBLOCK: a FIFO matched by the glob must not block the caller;
      * fstat then refuses it. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -231,61 +251,61 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
         if (e == EMFILE || e == ENFILE) {
             char what[1200];
             snprintf(what, sizeof what, "%.1000s: open: shard %d of %d",
-                     path, i + 1, ts->n_shards);
+                     name, i + 1, ts->n_shards);
             no_fd_error_(err, errlen, e, what);
             return TOKEN_SET_ENOFILE;
         }
-        seterr_(err, errlen, "%s: open: %s", path, strerror(e));
+        seterr_(err, errlen, "%s: open: %s", name, strerror(e));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr_(err, errlen, "%s: stat: %s", path, strerror(errno));
+        seterr_(err, errlen, "%s: stat: %s", name, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        seterr_(err, errlen, "%s: not a regular file", path);
+        seterr_(err, errlen, "%s: not a regular file", name);
         goto fail;
     }
     size_t size = (size_t)st.st_size;
     if (size < HEADER_BYTES) {
         seterr_(err, errlen,
                 "%s: too short for a shard header (%zu bytes, header is %zu)",
-                path, size, HEADER_BYTES);
+                name, size, HEADER_BYTES);
         goto fail;
     }
     int32_t hdr[3];
     if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
-        seterr_(err, errlen, "%s: cannot read the header: %s", path,
+        seterr_(err, errlen, "%s: cannot read the header: %s", name,
                 strerror(errno ? errno : EIO));
         goto fail;
     }
     if (hdr[0] != SHARD_MAGIC) {
-        seterr_(err, errlen, "%s: bad magic %d (want %d)", path, hdr[0],
+        seterr_(err, errlen, "%s: bad magic %d (want %d)", name, hdr[0],
                 SHARD_MAGIC);
         goto fail;
     }
     if (hdr[1] != SHARD_VERSION) {
-        seterr_(err, errlen, "%s: bad version %d (want %d)", path, hdr[1],
+        seterr_(err, errlen, "%s: bad version %d (want %d)", name, hdr[1],
                 SHARD_VERSION);
         goto fail;
     }
     if (hdr[2] < 0) {
-        seterr_(err, errlen, "%s: bad token count %d in header", path, hdr[2]);
+        seterr_(err, errlen, "%s: bad token count %d in header", name, hdr[2]);
         goto fail;
     }
     size_t n = (size_t)hdr[2];
     size_t held = (size - HEADER_BYTES) / sizeof(uint16_t);
     if (size < HEADER_BYTES + n * sizeof(uint16_t)) {
         seterr_(err, errlen, "%s: truncated: header says %zu tokens, file holds %zu",
-                path, n, held);
+                name, n, held);
         goto fail;
     }
     if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
         seterr_(err, errlen,
                 "%s: size mismatch: header says %zu tokens, file holds %zu "
                 "(%zu bytes after the header)",
-                path, n, held, size - HEADER_BYTES);
+                name, n, held, size - HEADER_BYTES);
         goto fail;
     }
     if (vocab_size < 65536 &&
@@ -404,7 +424,8 @@ static int locate_(const token_set *ts, size_t *i)
 static int shard_read_(const token_set *ts, int s, size_t off, uint16_t *buf,
                        size_t m, char *err, size_t errlen)
 {
-    const char *path = ts->paths[s];
+    char shown[SHOWN_PATH];
+    const char *path = shown_path_(ts->paths[s], shown);  /* in messages */
     if (pread_tokens_(ts->fds[s], off, buf, m) != 0) {
         if (errno) {
             seterr_(err, errlen, "%s: read: %s", path, strerror(errno));

@@ -221,6 +221,34 @@ static void test_truncated(void **state)
     free(p);
 }
 
+/* A shard under a long directory (the spec allows 1023-byte globs): the
+ * message keeps the shard's name and the problem within status's 512
+ * bytes, the middle of the path shortened. */
+static void test_long_path_error(void **state)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/", (const char *)*state);
+    for (int k = 0; k < 4; k++) {  /* four 200-byte components */
+        size_t n = strlen(dir);
+        memset(dir + n, 'd', 200);
+        dir[n + 200] = 0;
+        assert_int_equal(mkdir(dir, 0755), 0);
+        strcat(dir, "/");
+    }
+    dir[strlen(dir) - 1] = 0;
+    char *p = good_shard(dir, "train_000042.bin");
+    assert_true(strlen(p) > 800);
+    assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
+    char err[512] = "";
+    token_set ts;
+    assert_int_equal(token_set_open(&ts, p, 256, err, sizeof err), -1);
+    assert_contains(err, "...");
+    assert_contains(err, "dddd/train_000042.bin: truncated: header says 100 "
+                         "tokens, file holds 99");
+    assert_true(strlen(err) < 400);
+    free(p);
+}
+
 static void test_bad_magic(void **state)
 {
     char *p = good_shard(*state, "m.bin");
@@ -795,6 +823,7 @@ int main(void)
         T(test_read_truncated_in_use),
         T(test_read_bad_token_in_use),
         T(test_truncated),
+        T(test_long_path_error),
         T(test_bad_magic),
         T(test_bad_version),
         T(test_token_out_of_vocab),
