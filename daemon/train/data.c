@@ -152,36 +152,33 @@ static const char *shown_path_(const char *path, char *buf)
 }
 
 /* err for the first token >= vocab_size in buf (there is one), buf holding
- * the tokens from index base of the shard at path; note (may be "") is
- * appended. */
-static void bad_token_(char *err, size_t errlen, const char *path,
+ * the tokens from index base of the shard named name (shown_path_); note
+ * (may be "") is appended. */
+static void bad_token_(char *err, size_t errlen, const char *name,
                        const uint16_t *buf, size_t base, int vocab_size,
                        const char *note)
 {
     size_t j = 0;
     while (buf[j] < vocab_size) j++;
-    char shown[SHOWN_PATH];
-    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s",
-            shown_path_(path, shown), (unsigned)buf[j], base + j, vocab_size,
-            note);
+    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s", name,
+            (unsigned)buf[j], base + j, vocab_size, note);
 }
 
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
  * rather than through the mapping: faulting a large mapping in holds the
  * process's mmap lock, which stalls m6d's other threads (the control
- * socket) whenever they grow their heaps, and read() is faster anyway. */
-static int check_token_range_(int fd, const struct stat *st, const char *path,
+ * socket) whenever they grow their heaps, and read() is faster anyway.
+ * name: the shard as messages show it (shown_path_). */
+static int check_token_range_(int fd, const struct stat *st, const char *name,
                               size_t n, int vocab_size, char *err,
                               size_t errlen)
 {
     enum { CHUNK = 1 << 19 };  /* tokens per read */
-    char shown[SHOWN_PATH];
-    path = shown_path_(path, shown);  /* in messages only */
     long known = scanned_max_(st);
     if (known >= 0 && known < vocab_size) return 0;
     uint16_t *buf = malloc(CHUNK * sizeof *buf);
     if (!buf) {
-        seterr_(err, errlen, "%s: out of memory", path);
+        seterr_(err, errlen, "%s: out of memory", name);
         return -1;
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -190,14 +187,14 @@ static int check_token_range_(int fd, const struct stat *st, const char *path,
     for (size_t k0 = 0; k0 < n && rc == 0;) {
         size_t m = n - k0 < CHUNK ? n - k0 : CHUNK;
         if (pread_tokens_(fd, k0, buf, m) != 0) {
-            seterr_(err, errlen, "%s: read: %s", path,
+            seterr_(err, errlen, "%s: read: %s", name,
                     errno ? strerror(errno) : "file shrank while reading");
             free(buf);
             return -1;
         }
         unsigned mx = max_token_(buf, m);
         if (mx >= (unsigned)vocab_size) {
-            bad_token_(err, errlen, path, buf, k0, vocab_size, "");
+            bad_token_(err, errlen, name, buf, k0, vocab_size, "");
             rc = -1;
         }
         file_max = mx > file_max ? mx : file_max;
@@ -309,7 +306,7 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
         goto fail;
     }
     if (vocab_size < 65536 &&
-        check_token_range_(fd, &st, path, n, vocab_size, err, errlen) != 0)
+        check_token_range_(fd, &st, name, n, vocab_size, err, errlen) != 0)
         goto fail;
     /* training reads windows at random offsets: no readahead past them */
     posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
