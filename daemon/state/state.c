@@ -120,19 +120,19 @@ static int migrate_(state *st, char *err, size_t errlen)
     return 0;
 }
 
+/* What to do about a damaged m6.db (check_intact_, state_open). */
+static const char fix_[] = "m6d will not run on it: restore it from a "
+    "backup, or salvage what SQLite can read with `sqlite3 DAMAGED.db "
+    ".recover | sqlite3 NEW.db`, then start m6d on the new file";
+
 /* SQLite's quick_check (every page and index entry well formed; linear in
  * the file's size) before anything runs on the database: a damaged m6.db
  * would otherwise serve half its runs and fail writes later, one by one.
  * 0, or -1 with err naming the file, SQLite's first complaint and what to
  * do. */
-static const char fix_[] = "m6d will not run on it: restore it from a "
-    "backup, or salvage what SQLite can read with `sqlite3 DAMAGED.db "
-    ".recover | sqlite3 NEW.db`, then start m6d on the new file";
-
 static int check_intact_(state *st, const char *path, char *err,
                          size_t errlen)
 {
-    const char *fix = fix_;
     sqlite3_stmt *q = NULL;
     int rc = sqlite3_prepare_v2(st->db, "PRAGMA quick_check", -1, &q, NULL);
     if (rc == SQLITE_OK)
@@ -144,10 +144,10 @@ static int check_intact_(state *st, const char *path, char *err,
             return 0;
         }
         snprintf(err, errlen, "%s: the state database is damaged (SQLite "
-                 "quick_check: %.200s); %s", path, r ? r : "?", fix);
+                 "quick_check: %.200s); %s", path, r ? r : "?", fix_);
     } else {
         snprintf(err, errlen, "%s: the state database is damaged or "
-                 "unreadable (%s); %s", path, sqlite3_errmsg(st->db), fix);
+                 "unreadable (%s); %s", path, sqlite3_errmsg(st->db), fix_);
     }
     sqlite3_finalize(q);
     return -1;

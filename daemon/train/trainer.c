@@ -420,11 +420,6 @@ float trainer_probe_loss(trainer *t, int batch_index)
 
 /* ------------------------------------------------------------- data */
 
-/* Reopen one split for trainer_reopen_data: the same token count as when
- * this trainer first opened it (*total, 0: never), or the batches would not
- * be the ones the run draws. The old set is closed first: reopening a set
- * of many shards must not need twice its file descriptors. On failure ts
- * is left closed. 0, -1 or TOKEN_SET_ENOFILE, as open_split_. */
 /* An open split whose token count is not want (0: any): say so, close it
  * (no step may draw from it) and return 1. */
 static int total_differs_(token_set *ts, size_t want, const char *key,
@@ -439,6 +434,12 @@ static int total_differs_(token_set *ts, size_t want, const char *key,
     return 1;
 }
 
+/* Reopen one split for trainer_reopen_data: the same token count as when
+ * this trainer first opened it or its checkpoint recorded (*total, 0:
+ * never), or the batches would not be the ones the run draws. The old set
+ * is closed first: reopening a set of many shards must not need twice its
+ * file descriptors. On failure ts is left closed. 0, -1 or
+ * TOKEN_SET_ENOFILE, as open_split_. */
 static int reopen_split_(token_set *ts, size_t *total, const char *key,
                          const char *glob, const run_spec *spec, char *err,
                          size_t errlen)
