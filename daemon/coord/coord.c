@@ -97,13 +97,13 @@ static int dir_exists_(const char *p)
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-/* No directory at p: not there, or something else there. A path m6d may
- * not look at (EACCES, EIO) is not gone. */
-static int dir_gone_(const char *p)
+/* 1: a directory at p; 0: none (not there, or something else there); -1:
+ * m6d may not look (EACCES, EIO...: errno), which is not gone. */
+static int dir_state_(const char *p)
 {
     struct stat sb;
-    if (stat(p, &sb) == 0) return !S_ISDIR(sb.st_mode);
-    return errno == ENOENT || errno == ENOTDIR;
+    if (stat(p, &sb) == 0) return S_ISDIR(sb.st_mode);
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
 }
 
 /* ---------------------------------------------------------------- recovery */
@@ -155,17 +155,19 @@ static void reconcile_run_(coord *c, int64_t run)
     ckpt_row *rows;
     int n;
     if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
-        for (int i = 0; i < n; i++)
-            if (dir_gone_(rows[i].path)) {
+        for (int i = 0; i < n; i++) {
+            int d = dir_state_(rows[i].path);
+            if (d == 0) {
                 log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
                          (long long)run, (long long)rows[i].step, rows[i].path);
                 state_checkpoint_delete(c->st, run, rows[i].step);
-            } else if (!dir_exists_(rows[i].path)) {
+            } else if (d < 0) {
                 log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
                          "err=\"%s\" action=kept", (long long)run,
                          (long long)rows[i].step, rows[i].path,
                          strerror(errno));
             }
+        }
         free(rows);
     }
 }
@@ -525,16 +527,22 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
-/* Tell coord_command's waiting resume how it went: err NULL, it trains on;
- * else why the run stays paused. */
+/* With c->mu held: answer the resumes up to ticket (never backwards): err
+ * NULL, the run trains on; else why it stays paused. */
+static void answer_locked_(coord *c, long ticket, const char *err)
+{
+    if (ticket > c->resume_answered)
+        c->resume_answered = ticket;
+    snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* The worker's answer to the resume it took (coord_command waits on it). */
 static void answer_resume_(coord *c, const char *err)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->resume_serving > c->resume_answered)
-        c->resume_answered = c->resume_serving;
+    answer_locked_(c, c->resume_serving, err);
     c->resuming = 0;
-    snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
-    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -754,9 +762,9 @@ static void run_one_(coord *c, int64_t id, int start_paused)
                                "once it is back" : NULL);
             break;
         }
-        /* owe coord_command an answer: a resume of a run already resumed
-         * (two sent at once) is answered as it goes on */
-        int answer = go_resume;
+        /* A resume taken is owed an answer (coord_command waits); one of
+         * a run already resumed (two sent at once) is answered as it goes
+         * on. */
         int resumed = go_resume && paused;
         if (resumed) {
             paused = 0;
@@ -779,14 +787,14 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         }
         if (owed < 0) {
             pause_error_(&r, &paused, err);
-            if (answer) answer_resume_(c, err);
+            if (go_resume) answer_resume_(c, err);
             continue;
         }
         if (resumed) {
             state_event(c->st, id, "resume", "step=%ld", step);
             log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
         }
-        if (answer) answer_resume_(c, NULL);
+        if (go_resume) answer_resume_(c, NULL);
 
         if (step >= r.spec.train.steps) {
             if (checkpoint_(&r, "end", err, sizeof err) < 0) {
@@ -1103,9 +1111,8 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
                 c->cmd_pause = 1;
                 if (c->cmd_resume) { /* the resume not yet taken: cancelled */
                     c->cmd_resume = 0;
-                    c->resume_answered = c->resume_asked;
-                    snprintf(c->resume_error, sizeof c->resume_error,
-                             "a pause was sent after it");
+                    answer_locked_(c, c->resume_asked,
+                                   "a pause was sent after it");
                 }
                 snprintf(msg, msglen, "run %lld pauses at the next step boundary",
                          (long long)id);
