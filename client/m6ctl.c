@@ -232,27 +232,19 @@ static M6__Response *request_(M6__Request *rq)
 static int parse_run_(const char *arg, M6__RunRef *ref)
 {
     m6__run_ref__init(ref);
-    /* an id, or a name as specs allow them (letters, digits, . _ -): "",
-     * " 1" or "-1" is a typo, not a run m6d could know */
-    static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                             "0123456789._-";
-    if (!*arg || strspn(arg, ok) != strlen(arg) || *arg == '-') {
-        errf_("RUN must be an id > 0 or a run name, got \"%s\"", arg);
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long long v = strtoll(arg, &end, 10);
-    if (*arg && !*end) {
-        if (errno || v <= 0) {
-            errf_("RUN must be an id > 0 or a name, got \"%s\"", arg);
-            return -1;
+    if (*arg && strspn(arg, "0123456789") == strlen(arg)) {  /* an id */
+        errno = 0;
+        long long v = strtoll(arg, NULL, 10);
+        if (!errno && v > 0) {
+            ref->run_id = v;
+            return 0;
         }
-        ref->run_id = v;
-    } else {
+    } else if (spec_name_ok(arg)) {  /* "", " 1", "-1": no run's name */
         ref->name = (char *)arg;
+        return 0;
     }
-    return 0;
+    errf_("RUN must be an id > 0 or a run name, got \"%s\"", arg);
+    return -1;
 }
 
 /* --------------------------------------------------------------- rendering */

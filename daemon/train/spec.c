@@ -219,8 +219,7 @@ static const char *type_name_(const json_t *v)
     return "?";
 }
 
-/* Run names: path-safe, and not all digits (m6ctl reads "12" as run id 12). */
-static int name_ok_(const char *s)
+int spec_name_ok(const char *s)
 {
     if (!*s || *s == '.' || *s == '-') return 0;
     if (strspn(s, "0123456789") == strlen(s)) return 0;
@@ -327,7 +326,7 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
             return -1;
         }
         const char *str = json_string_value(v);
-        if (k->section == NULL && !name_ok_(str)) {
+        if (k->section == NULL && !spec_name_ok(str)) {
             seterr_(err, errlen,
                     "%s: must be letters, digits, '.', '_' or '-', not starting "
                     "with '.' or '-' and not all digits (those are run ids), "

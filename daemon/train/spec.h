@@ -69,6 +69,11 @@ int spec_parse(run_spec *s, const char *json, size_t len, char *err,
  * "1.5" or "2.5B", is bad text). 0, or -1 for bad text, -2 for overflow. */
 int spec_parse_size(const char *s, size_t *out);
 
+/* Whether s may name a run: letters, digits, '.', '_', '-', not starting
+ * with '.' or '-' (path-safe), and not all digits (m6ctl reads "12" as run
+ * id 12). */
+int spec_name_ok(const char *s);
+
 /* The suffixes spec_parse_size takes, for error messages. */
 #define SPEC_SIZE_UNITS "B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
 
