@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_args.h"
 #include "common/clock.h"
 #include "offload_host.h"
 
@@ -122,18 +123,6 @@ static double triad_s_(slot_ *s)
     return clock_mono_s() - t0;
 }
 
-/* the number in arg, or exit 2 naming the option */
-static double number_(const char *arg, const char *opt)
-{
-    char *end;
-    double v = strtod(arg, &end);
-    if (end == arg || *end) {
-        fprintf(stderr, "offload_host: %s: '%s' is not a number\n", opt, arg);
-        exit(2);
-    }
-    return v;
-}
-
 int main(int argc, char **argv)
 {
     double mparams = 128;
@@ -144,9 +133,11 @@ int main(int argc, char **argv)
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case 'p': mparams = number_(optarg, "--params"); break;
-        case 't': threads = (int)number_(optarg, "--threads"); break;
-        case 'r': reps = (int)number_(optarg, "--reps"); break;
+        case 'p':
+            mparams = bench_real_arg("offload_host", "params", optarg, 0, 1e9);
+            break;
+        case 't': threads = bench_int_arg("offload_host", "threads", optarg, 1); break;
+        case 'r': reps = bench_int_arg("offload_host", "reps", optarg, 1); break;
         default:
             printf("usage: offload_host [--params MILLIONS (128)] "
                    "[--threads N (all cores)] [--reps R (5)]\n"
@@ -156,11 +147,7 @@ int main(int argc, char **argv)
             return o == 'h' ? 0 : 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "offload_host: unexpected argument \"%s\" (options "
-                        "only; see --help)\n", argv[optind]);
-        return 2;
-    }
+    bench_no_operands("offload_host", argc, argv);
     if (mparams <= 0 || threads < 1 || threads > 1024 || reps < 1) {
         fprintf(stderr, "offload_host: --params and --reps must be positive, "
                         "--threads from 1 to 1024\n");
