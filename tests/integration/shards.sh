@@ -63,6 +63,14 @@ restart_daemon() {
     start_daemon "$T/s"
 }
 life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
+# resume_to_reference RUN WHAT: the data fixed (WHAT), resume is taken, the
+# run completes, and its losses are the uninterrupted reference's.
+resume_to_reference() {
+    ctl resume "$1" >/dev/null || fail "resume ($2)"
+    ctl watch "$1" >/dev/null || fail "run $1 did not complete ($2)"
+    losses "$1" | diff "$T/ref.csv" - >"$T/diff" \
+        || fail "run $1's losses differ from the reference ($2): $(head "$T/diff")"
+}
 
 # 1. The reference: uninterrupted.
 reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
@@ -151,9 +159,7 @@ echo "$ERR" | grep -Eq "data.val: .*val_000000.bin: token 999 at index [0-9]+ >=
 K=$(field "$C" step)
 [ $((K % 10)) = 0 ] || fail "val error at step $K, not an eval step"
 restore "$VAL" "$T/val.orig"
-ctl resume "$C" >/dev/null || fail "resume (val restored)"
-ctl watch "$C" >/dev/null || fail "run did not complete after the val shard came back"
-losses "$C" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the bad tokens: $(head "$T/diff")"
+resume_to_reference "$C" "val restored"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
 log "bad val token at step $K: '$ERR'; completed with the reference's losses"
 
@@ -185,9 +191,7 @@ ERR=$(wait_paused_error "$D" "truncated")
 never_failed "$D"
 [ "$(field "$D" step)" = "$K" ] || fail "run trained on a short shard after the restart"
 restore "$TRAIN" "$T/train.orig"
-ctl resume "$D" >/dev/null || fail "resume (restored, after the restart)"
-ctl watch "$D" >/dev/null || fail "run did not complete after the restart and the restore"
-losses "$D" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the restart on bad data: $(head "$T/diff")"
+resume_to_reference "$D" "restored, after the restart"
 log "paused at step $K, restarted with the shard short: paused ('$ERR'); restored: the reference's losses"
 
 # 8. A run left running when m6d stopped, whose train shard went bad while
@@ -204,9 +208,7 @@ never_failed "$E"
 K=$(field "$E" step)
 life_log | grep -q "run.recover run=$E step=$K .*paused=1" || fail "no run.recover paused=1 line: $(life_log | grep "run=$E")"
 restore "$TRAIN" "$T/train.orig"
-ctl resume "$E" >/dev/null || fail "resume (restored, run that was running)"
-ctl watch "$E" >/dev/null || fail "run did not complete after the restore"
-losses "$E" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (running at the stop, data bad at the start): $(head "$T/diff")"
+resume_to_reference "$E" "restored, run that was running"
 log "running at the stop, shard bad at the start: paused at step $K ('$ERR'); restored: the reference's losses"
 
 # 9. The val shard goes bad under the run (the eval step is recorded
@@ -226,9 +228,7 @@ ERR=$(wait_paused_error "$F" "val_000000.bin: token 999 at index 0 >= vocab_size
 never_failed "$F"
 [ "$(field "$F" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$F" step)"
 restore "$VAL" "$T/val.orig"
-ctl resume "$F" >/dev/null || fail "resume (val restored, after the restart)"
-ctl watch "$F" >/dev/null || fail "run did not complete after the val shard came back"
-losses "$F" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (val bad across a restart): $(head "$T/diff")"
+resume_to_reference "$F" "val restored, after the restart"
 log "val bad at step $K across a restart: paused ('$ERR'); restored: the reference's losses"
 
 # 10. stop on a run paused by bad data: stopped at once, and the answer
@@ -262,9 +262,7 @@ ERR=$(wait_paused_error "$H" "^data.train: $((TOT + N)) tokens now, the run was 
 never_failed "$H"
 resume_refused "$H" "data.train: $((TOT + N)) tokens now, the run was trained on $TOT " >/dev/null
 rm "$T/data/train_000099.bin"
-ctl resume "$H" >/dev/null || fail "resume (extra shard removed)"
-ctl watch "$H" >/dev/null || fail "run did not complete after the extra shard went"
-losses "$H" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ (shard added across a restart): $(head "$T/diff")"
+resume_to_reference "$H" "extra shard removed"
 stop_daemon
 log "shard added across a restart: paused ('$ERR'); removed: the reference's losses"
 echo "ok shards"
