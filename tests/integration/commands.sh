@@ -15,13 +15,10 @@ write_spec "$T/slow.json" slow 1000000 0 '"device": {"threads": 1}'
 sed -i 's/"n_embd": 32, "n_head": 2, "seq_len": 32/"n_embd": 256, "n_head": 4, "seq_len": 128/' "$T/slow.json"
 grep -q '"n_embd": 256' "$T/slow.json" || fail "slow spec not written"
 
-# sigterm_and_restart: SIGTERM m6d at once, wait for its exit (0), start
-# it again on the same state.
+# sigterm_and_restart: SIGTERM m6d at once, wait for its exit (0:
+# stop_daemon), start it again on the same state.
 sigterm_and_restart() {
-    kill -TERM "$DAEMON_PID"
-    local rc=0
-    wait "$DAEMON_PID" || rc=$?
-    [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM"
+    stop_daemon
     start_daemon "$T/s"
 }
 
