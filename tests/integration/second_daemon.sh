@@ -7,6 +7,15 @@
 # And one on another state dir whose socket is busy must not open its state.
 . "$(dirname "$0")/lib.sh"
 
+# m6d_refused LOG WHAT ARGS...: m6d with ARGS exits, not 0, within 10 s
+# (124: it ran on, i.e. was not refused); its stderr appended to LOG.
+m6d_refused() {
+    local log=$1 what=$2 rc=0
+    shift 2
+    timeout 10 "$M6D" --threads 1 "$@" 2>>"$log" || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "$what: m6d exited $rc, want refused"
+}
+
 prepare_data "$T/data"
 CKPT_EVERY=50 write_spec "$T/long.json" long 100000 0 '"device": {"threads": 1}'
 start_daemon "$T/s"
@@ -15,14 +24,10 @@ wait_state "$R" running
 wait_step "$R" 120  # a checkpoint exists, and metrics past it
 
 for i in 1 2 3 4 5; do
-    rc=0
-    timeout 10 "$M6D" --state-dir "$T/s" --threads 1 2>>"$T/m6d-second.log" || rc=$?
-    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "second m6d (same socket) exited $rc"
+    m6d_refused "$T/m6d-second.log" "second m6d (same socket)" --state-dir "$T/s"
 done
-rc=0
-timeout -s TERM 3 "$M6D" --state-dir "$T/s" --threads 1 --socket "$T/other.sock" \
-    2>>"$T/m6d-second.log" || rc=$?
-[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "second m6d (other socket) was not refused (rc $rc)"
+m6d_refused "$T/m6d-second.log" "second m6d (other socket)" --state-dir "$T/s" \
+    --socket "$T/other.sock"
 
 grep -q 'run.recover\|run.restore\|checkpoint.saved' "$T/m6d-second.log" \
     && fail "a refused m6d resumed the live run: $(grep -m3 'run\.\|checkpoint' "$T/m6d-second.log")"
@@ -30,10 +35,8 @@ grep -q 'run.recover\|run.restore\|checkpoint.saved' "$T/m6d-second.log" \
 # it opens its state -- a fresh dir gets no m6.db, and a run left running
 # in its own dir (killed m6d) is not taken up, so not trained or changed.
 mkdir -p "$T/fresh"
-rc=0
-timeout 10 "$M6D" --state-dir "$T/fresh" --threads 1 --socket "$T/s/m6d.sock" \
-    2>"$T/m6d-fresh.log" || rc=$?
-[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "m6d on a busy socket exited $rc"
+m6d_refused "$T/m6d-fresh.log" "m6d on a busy socket" --state-dir "$T/fresh" \
+    --socket "$T/s/m6d.sock"
 grep -q "server.error" "$T/m6d-fresh.log" || fail "busy socket: no server.error: $(cat "$T/m6d-fresh.log")"
 [ ! -e "$T/fresh/m6.db" ] || fail "m6d refused for a busy socket created $T/fresh/m6.db"
 LIVE_PID=$DAEMON_PID LIVE_SOCK=$SOCK
@@ -42,10 +45,8 @@ O=$(ctl submit "$T/long.json")
 wait_step "$O" 10
 kill9_daemon
 K=$(db "$T/o" "select step from runs where id=$O")
-rc=0
-timeout 10 "$M6D" --state-dir "$T/o" --threads 1 --socket "$LIVE_SOCK" \
-    2>"$T/m6d-o2.log" || rc=$?
-[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "m6d (own state, busy socket) exited $rc"
+m6d_refused "$T/m6d-o2.log" "m6d (own state, busy socket)" --state-dir "$T/o" \
+    --socket "$LIVE_SOCK"
 grep -q 'run.recover\|checkpoint.saved' "$T/m6d-o2.log" \
     && fail "m6d refused for a busy socket took up its run: $(grep -m3 'run\.\|checkpoint' "$T/m6d-o2.log")"
 [ "$(db "$T/o" "select step from runs where id=$O")" = "$K" ] || fail "run $O moved under a refused m6d"
@@ -64,7 +65,7 @@ grep -q -- '--state-dir: want a path' "$T/e.err" || fail "empty --state-dir: $(c
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
     chmod 711 "$T"  # nobody must reach $T/ro
     mkdir -p "$T/ro" && chmod 777 "$T/ro"
-    cp "$T/fresh/m6.db" "$T/ro/m6.db" 2>/dev/null || sqlite3 "$T/ro/m6.db" 'pragma user_version=0'
+    sqlite3 "$T/ro/m6.db" 'pragma user_version=0'  # a root-owned m6.db
     chmod 644 "$T/ro/m6.db"
     rc=0
     timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
