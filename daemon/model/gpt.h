@@ -34,7 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "train/spec.h"
+#include "model/config.h"
 
 /* Per-slot tensor indices, in memory order within a slot. */
 enum {

@@ -8,19 +8,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "model/config.h"
 
 #define SPEC_STR 1024
 
 typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
-
-typedef struct {
-    int vocab_size;   /* V */
-    int n_layer;      /* L */
-    int n_head;       /* NH */
-    int n_embd;       /* C */
-    int seq_len;      /* T (also the size of the position table) */
-} model_config;
 
 typedef struct {
     char name[256];

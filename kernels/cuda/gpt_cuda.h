@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "train/spec.h"
+#include "model/config.h"
 
 #ifdef __cplusplus
 extern "C" {
