@@ -57,8 +57,10 @@ build_() {
              -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
     CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
     LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
-    KERNELS="encoder layernorm matmul attention gelu residual crossentropy adamw gpt_cuda
-             gpt_cuda_offload"
+    KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
+             kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
+             kernels/cuda/crossentropy kernels/cuda/adamw daemon/model/cuda/gpt_cuda
+             daemon/offload/cuda/gpt_cuda_offload"
     CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
 
     pids=()
@@ -69,7 +71,7 @@ build_() {
         pids+=($!); names+=("$name")
     }
     for k in $KERNELS; do
-        compile "$k" "$NVCC" "${NVFLAGS[@]}" -c "kernels/cuda/$k.cu" -o "$OUT/obj/$k.o"
+        compile "${k##*/}" "$NVCC" "${NVFLAGS[@]}" -c "$k.cu" -o "$OUT/obj/${k##*/}.o"
     done
     compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
     compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
@@ -113,7 +115,7 @@ build_() {
             build_ok=no
         fi
     done
-    KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/$k.o"); done
+    KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/${k##*/}.o"); done
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
     COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then

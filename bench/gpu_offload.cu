@@ -45,7 +45,7 @@
 
 #include "bench_args.h"
 #include "cuda_check.h"
-#include "gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 #include "kernels_cuda.h"
 
 #define GIB 1073741824.0

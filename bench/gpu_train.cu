@@ -22,7 +22,7 @@
 
 #include "bench_args.h"
 #include "cuda_check.h"
-#include "gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 #include "kernels_cuda.h"
 
 #define PEAK_BF16_TFLOPS 989.0 /* H100/H200 SXM dense bf16 */

@@ -16,6 +16,7 @@
 #include "bench_args.h"
 #include "bench_util.h"
 #include "offload/offload.h"
+#include "client/corpus/corpus.h"
 #include "train/data.h"
 #include "train/trainer.h"
 

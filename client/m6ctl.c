@@ -26,7 +26,7 @@
 #include "control/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
-#include "train/data.h"
+#include "client/corpus/corpus.h"
 #include "train/spec.h"
 
 /* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it

@@ -157,6 +157,9 @@ void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
 /* Floats of the activation block for microbatches of B sequences (forward
  * activations of all L layers plus one layer's backward scratch). */
 size_t gpt_act_floats(const model_config *cfg, int B);
+/* Point every tensor of *a into mem (gpt_act_floats(cfg, B) floats, each
+ * tensor padded to 16 floats, in the order of gpt_acts). */
+void gpt_acts_place(const model_config *cfg, int B, gpt_acts *a, float *mem);
 
 /* GPT-2 initialisation from a 64-bit seed: every 2-D weight N(0, 0.02), the
  * residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
@@ -169,6 +172,13 @@ void gpt_init_weights(gpt_model *g, uint64_t seed);
  * (errno ENOMEM). */
 int gpt_init_params(const model_config *cfg, int S, float *params,
                     uint64_t seed);
+/* The one weight init behind both: the globals region (n_global floats) and
+ * S slot regions (slot_size floats each, wherever they are) of the gpt.h
+ * layout, padding zeroed, drawn in that order from one splitmix64 stream
+ * seeded with seed. Every model, CPU or CUDA, daemon, test or benchmark,
+ * starts from these values. */
+void gpt_init_regions(const model_config *cfg, int S, float *globals,
+                      float *const *slot_params, uint64_t seed);
 
 /* The stable name of tensor t (see the list at the top of this file) with a
  * prefix ("", "exp_avg.", ...): s < 0 for a global ("wte"), else slot s

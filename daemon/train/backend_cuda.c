@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"

@@ -27,7 +27,8 @@
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
+#include "common/durable.h"
 #include "train/data.h"
 
 #define CKPT_VERSION 1

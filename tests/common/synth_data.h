@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "train/data.h"
+#include "client/corpus/corpus.h"
 #include "train/spec.h"
 
 /* Make dir (a mkdtemp template such as "/tmp/m6-test-XXXXXX", rewritten in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cu2cpp.py IN.cu OUT.cpp [DEPFILE] -- make a .cu file compile as C++ on the CPU
+"""cu2cpp.py IN.cu OUT.cpp [DEPFILE [INCDIR...]] -- make a .cu file compile as C++ on the CPU
 emulation of CUDA (tests/cuda_emu):
  - every launch  kernel<<<grid, block[, smem[, stream]]>>>(args)  becomes
    ::emu::launch(kernel, grid, block[, smem[, stream]])(args);
@@ -7,7 +7,8 @@ emulation of CUDA (tests/cuda_emu):
    line, by  ::emu::shared_fresh(a, sizeof a); ...  which fills the array
    with 0xff bytes (NaN) the first time a thread of a new block reaches it,
    as a GPU's shared memory holds garbage, not zeros, at a block's start;
- - a  #include "X.cuh"  found next to the file is read in, rewritten the
+ - a  #include "X.cuh"  found next to the file, or else in one of the
+   INCDIRs (in order, as the compiler's -I), is read in, rewritten the
    same way (once per file: the headers have include guards anyway).
 Line numbers are kept (#line directives), so compiler messages point at
 the .cu and .cuh files. DEPFILE (Make syntax) lists the .cuh files read in,
@@ -31,7 +32,15 @@ def shared_(m):
         '::emu::shared_fresh(%s, sizeof %s);' % (n, n) for n in names)
 
 
-def rewrite(path, done):
+def find_(path, name, incdirs):
+    for d in [os.path.dirname(path)] + incdirs:
+        inc = os.path.join(d, name)
+        if os.path.exists(inc):
+            return inc
+    return None
+
+
+def rewrite(path, done, incdirs):
     with open(path) as f:
         src = f.read()
     src = LAUNCH.sub(
@@ -43,14 +52,15 @@ def rewrite(path, done):
                  % (path, line))
 
     def include_(m):
-        inc = os.path.join(os.path.dirname(path), m.group(1))
-        if not os.path.exists(inc):
+        inc = find_(path, m.group(1), incdirs)
+        if inc is None:
             return m.group(0)
         if inc in done:
             return ''
         done.add(inc)
         line = src[:m.start()].count('\n') + 2
-        return '%s\n#line %d "%s"' % (rewrite(inc, done), line, path)
+        return '%s\n#line %d "%s"' % (rewrite(inc, done, incdirs), line,
+                                       path)
 
     return '#line 1 "%s"\n' % path + INCLUDE.sub(include_, src)
 
@@ -58,7 +68,7 @@ def rewrite(path, done):
 def main():
     src_path, out_path = sys.argv[1], sys.argv[2]
     done = set()
-    out = rewrite(src_path, done)
+    out = rewrite(src_path, done, sys.argv[4:])
     with open(out_path, 'w') as f:
         f.write(out)
     if len(sys.argv) > 3:

@@ -41,7 +41,7 @@ extern "C" {
 #include "model/gpt.h"
 }
 #include "cuda_check.h"
-#include "gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 
 #define TOL_LOSS 5e-2
 #define TOL_NORM 5e-2

@@ -83,7 +83,7 @@ extern "C" {
 #include "model/gpt.h"
 }
 #include "cuda_check.h"
-#include "gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 
 #define TOL_EXACT1 1e-5
 #define TOL_NORM1 1e-4

@@ -58,7 +58,7 @@
 
 #include "report.h"
 
-#include "cuda/gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"

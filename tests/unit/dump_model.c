@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "model/gpt.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 int main(int argc, char **argv)
 {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "client/corpus/corpus.h"
 #include "train/data.h"
 
 #define FORTUNES "/usr/share/games/fortunes"

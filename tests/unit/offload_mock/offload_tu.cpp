@@ -5,4 +5,4 @@
  */
 #define MIN_CHUNK (1u << 10)
 #include "common.cuh"             /* the mock: first (see there) */
-#include "gpt_cuda_offload.cu"
+#include "offload/cuda/gpt_cuda_offload.cu"

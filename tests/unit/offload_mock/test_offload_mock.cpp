@@ -29,7 +29,7 @@
  * choices, not the host threads' timing: a failure may need a few reruns.
  */
 #include "common.cuh"             /* the mock: first (see there) */
-#include "gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_cuda_impl.cuh"
 
 #include <signal.h>
 #include <stdio.h>

@@ -1,5 +1,6 @@
 /*
- * checkpoint.h — files of a checkpoint: safetensors I/O and durable writes.
+ * checkpoint.h — files of a checkpoint: safetensors I/O (durable writes:
+ * common/durable.h).
  *
  * safetensors (huggingface/safetensors format): u64 little-endian header
  * length n, then n bytes of JSON {"name": {"dtype", "shape", "data_offsets"}},
@@ -39,22 +40,5 @@ void safetensors_close(st_file *sf);
  * ("missing tensor X", "tensor X has N elements, want M"). */
 int safetensors_get(const st_file *sf, const char *name, float *dst,
                     size_t numel, char *err, size_t errlen);
-
-/* fsync a file by path / a directory by path. 0 or -1 (errno). */
-int fsync_path(const char *path);
-
-/* fsync the directory holding path (after a create or rename in it), so
- * the new name survives a crash. File systems that refuse fsync on a
- * directory (EINVAL, ENOTSUP) are not an error. 0, or -1 with err. */
-int fsync_parent_dir(const char *path, char *err, size_t errlen);
-
-/* Write all n bytes of buf to fd (retrying short writes and EINTR). 0, or
- * -1 with err naming path and the cause (ENOSPC said as disk full). */
-int write_all_fd(int fd, const void *buf, size_t n, const char *path,
-                 char *err, size_t errlen);
-
-/* Write buf to path (created), fsync it. Bytes or -1 with err. */
-long write_file_durable(const char *path, const void *buf, size_t len,
-                        char *err, size_t errlen);
 
 #endif /* M6_CHECKPOINT_H */

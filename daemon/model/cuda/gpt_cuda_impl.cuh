@@ -11,7 +11,7 @@
 #include <string.h>
 #include <stdint.h>
 #include "common.cuh"
-#include "gpt_cuda.h"
+#include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
 #include "offload_host.h"  /* the host jobs' loops; bf16 bits <-> fp32 */
 

@@ -35,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_cuda_impl.cuh"
 
 /* elements per host job, at least; tests/unit/offload_mock builds this file
  * with a small one so that its small slots still make several chunks */
