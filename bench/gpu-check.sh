@@ -83,6 +83,13 @@ build_() {
     done
     compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
+    # the model without kernels, which gpt_cuda uses too: layout, the one
+    # weight init, the CUDA activation table
+    MODEL_C="daemon/model/layout.c daemon/model/init.c daemon/model/cuda/act_layout.c"
+    for f in $MODEL_C; do
+        compile "model_$(basename "$f" .c)" gcc "${CFLAGS[@]}" -c "$f" \
+            -o "$OUT/obj/model_$(basename "$f" .c).o"
+    done
     # the offload host jobs' loops (gpt_cuda_offload.cu), vectorised as meson
     # builds them (kernels/meson.build)
     compile cpu_offload_host gcc "${CFLAGS[@]}" -O3 -fno-math-errno -fno-trapping-math \
@@ -91,8 +98,8 @@ build_() {
     # The trainer (spec, data, checkpoints, offload, both backends) for
     # test_trainer: needs jansson and zlib.
     TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
-      daemon/train/spec.c daemon/train/data.c daemon/train/checkpoint.c
-      daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+      daemon/train/spec.c daemon/train/data.c daemon/ckpt/checkpoint.c
+      daemon/common/durable.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
     TRAINER_LIBS=(-ljansson -lz -lpthread)
     if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
         gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
@@ -117,6 +124,7 @@ build_() {
     done
     KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/${k##*/}.o"); done
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
+    for f in $MODEL_C; do KOBJ+=("$OUT/obj/model_$(basename "$f" .c).o"); done
     COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
@@ -140,7 +148,7 @@ build_() {
 # they are: build here, carry the dir, save the build time on the GPU
 # machine. Anything else (no binaries, other sources) builds.
 src_hash_() {
-    (cd "$ROOT" && find kernels daemon bench tests/gpu tests/common -type f \
+    (cd "$ROOT" && find kernels daemon client bench tests/gpu tests/common -type f \
         \( -name "*.c" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh" \) |
         LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 }

@@ -6,7 +6,7 @@
  * AdamW updates the fp32 master and moments in host memory and writes the
  * bf16 working copy that the next step fetches.
  *
- * Used by the host threads of kernels/cuda/gpt_cuda_offload.cu, over element
+ * Used by the host threads of daemon/offload/cuda/gpt_cuda_offload.cu, over element
  * ranges (chunks) of a slot; measured by bench/offload_host.c. Every function
  * here is serial (the caller spreads chunks over its threads) and its result
  * depends only on its inputs and n, never on which thread runs it.

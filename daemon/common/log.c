@@ -13,7 +13,6 @@ static volatile log_level g_level = LOG_INFO;
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 void log_set_level(log_level lv) { g_level = lv; }
-log_level log_get_level(void) { return g_level; }
 
 int log_parse_level(const char *s)
 {

@@ -8,7 +8,6 @@
 typedef enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 } log_level;
 
 void log_set_level(log_level lv);
-log_level log_get_level(void);
 /* "debug"|"info"|"warn"|"error" -> level; -1 if unknown. */
 int log_parse_level(const char *s);
 

@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,15 +203,9 @@ size_t gpt_compute_params(const gpt_model *g)
 
 void gpt_init_weights(gpt_model *g, uint64_t seed)
 {
-    float **slot_params = malloc((size_t)g->S * sizeof *slot_params);
-    if (!slot_params) { /* S pointers: as good as out of memory */
-        fprintf(stderr, "gpt_init_weights: out of memory\n");
-        abort();
-    }
+    gpt_init_region(&g->cfg, -1, g->params, seed);
     for (int s = 0; s < g->S; s++)
-        slot_params[s] = g->slots[s].params;
-    gpt_init_regions(&g->cfg, g->S, g->params, slot_params, seed);
-    free(slot_params);
+        gpt_init_region(&g->cfg, s, g->slots[s].params, seed);
 }
 
 /* ------------------------------------------------------------- forward */

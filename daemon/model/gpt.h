@@ -36,6 +36,10 @@
 #include <stdint.h>
 #include "model/config.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Per-slot tensor indices, in memory order within a slot. */
 enum {
     SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
@@ -168,17 +172,18 @@ void gpt_init_weights(gpt_model *g, uint64_t seed);
 
 /* gpt_init_weights of a model with S slots, written into a plain buffer of
  * n_global + S*slot_size floats (the plain layout): the same values bit for
- * bit, without allocating a model. Another backend starts from it. 0, or -1
- * (errno ENOMEM). */
+ * bit, without allocating a model. Another backend starts from it. Returns
+ * 0 (kept for callers that check; it allocates nothing). */
 int gpt_init_params(const model_config *cfg, int S, float *params,
                     uint64_t seed);
-/* The one weight init behind both: the globals region (n_global floats) and
- * S slot regions (slot_size floats each, wherever they are) of the gpt.h
- * layout, padding zeroed, drawn in that order from one splitmix64 stream
- * seeded with seed. Every model, CPU or CUDA, daemon, test or benchmark,
- * starts from these values. */
-void gpt_init_regions(const model_config *cfg, int S, float *globals,
-                      float *const *slot_params, uint64_t seed);
+/* The one weight init behind both (model/init.c) and the CUDA model's
+ * (gpt_cuda_init_weights): region s of the gpt.h layout for cfg, written
+ * to buf with its padding zeroed: s = -1 the globals (n_global floats),
+ * else slot s (slot_size floats), as slot s of a model initialised from
+ * seed. Regions are independent: any order, any subset. Uses OpenMP
+ * threads on large tensors; the values do not depend on their number. */
+void gpt_init_region(const model_config *cfg, int s, float *buf,
+                     uint64_t seed);
 
 /* The stable name of tensor t (see the list at the top of this file) with a
  * prefix ("", "exp_avg.", ...): s < 0 for a global ("wte"), else slot s
@@ -242,5 +247,9 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
 /* Parameters of the compute path (globals + one slot per layer, unpadded):
  * the N of 6N. */
 size_t gpt_compute_params(const gpt_model *g);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* M6_GPT_H */

@@ -1,14 +1,12 @@
 /*
  * layout.c — the parts of the model that need no kernel (gpt.h): the
- * parameter layout, the activation block's size and placement, tensor
- * names and the initial weights. The planner (and so m6ctl) links this file
- * without the engine; gpt.c and the CUDA model build on it.
+ * parameter layout, the activation block's size and placement, and tensor
+ * names. The planner (and so m6ctl) links this file without the engine;
+ * gpt.c, model/init.c and the CUDA model build on it.
  */
 #include "model/gpt.h"
 
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define PAD 16 /* floats: 64-byte alignment of every region */
@@ -124,88 +122,4 @@ void gpt_acts_place(const model_config *cfg, int B, gpt_acts *a, float *mem)
         *t[i].p = mem;
         mem += pad_(t[i].n);
     }
-}
-
-/* ------------------------------------------------------------- init */
-
-/* splitmix64: a small, well-mixed generator for weight init. */
-static uint64_t splitmix64_(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform_(uint64_t *s) /* (0,1) */
-{
-    return ((splitmix64_(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static void fill_normal_(float *p, size_t n, float std, uint64_t *s)
-{
-    for (size_t i = 0; i < n; i += 2) {
-        double u1 = uniform_(s), u2 = uniform_(s);
-        double r = sqrt(-2.0 * log(u1));
-        p[i] = (float)(std * r * cos(2 * M_PI * u2));
-        if (i + 1 < n)
-            p[i + 1] = (float)(std * r * sin(2 * M_PI * u2));
-    }
-}
-
-static void fill_const_(float *p, size_t n, float v)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = v;
-}
-
-static void init_tensor_(float *base, const gpt_tensor *t, float std,
-                         int is_ln_weight, uint64_t *s)
-{
-    float *p = base + t->offset;
-    if (t->cols)
-        fill_normal_(p, t->numel, std, s);
-    else
-        fill_const_(p, t->numel, is_ln_weight ? 1.0f : 0.0f);
-}
-
-void gpt_init_regions(const model_config *cfg, int S, float *globals,
-                      float *const *slot_params, uint64_t seed)
-{
-    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
-    size_t n_global, slot_size;
-    gpt_layout(cfg, glob, slot, &n_global, &slot_size);
-    uint64_t s = seed;
-    float std = 0.02f;
-    float proj_std = 0.02f / sqrtf(2.0f * (float)cfg->n_layer);
-    memset(globals, 0, n_global * sizeof(float));
-    init_tensor_(globals, &glob[GLOB_WTE], std, 0, &s);
-    init_tensor_(globals, &glob[GLOB_WPE], 0.01f, 0, &s);
-    init_tensor_(globals, &glob[GLOB_LNF_W], 0, 1, &s);
-    init_tensor_(globals, &glob[GLOB_LNF_B], 0, 0, &s);
-    for (int sl = 0; sl < S; sl++) {
-        float *base = slot_params[sl];
-        memset(base, 0, slot_size * sizeof(float));
-        for (int i = 0; i < SLOT_NTENSORS; i++) {
-            int is_proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
-            int is_lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
-            init_tensor_(base, &slot[i], is_proj ? proj_std : std, is_lnw,
-                         &s);
-        }
-    }
-}
-
-int gpt_init_params(const model_config *cfg, int S, float *params,
-                    uint64_t seed)
-{
-    size_t n_global, slot_size;
-    gpt_layout_sizes(cfg, &n_global, &slot_size);
-    float **slot_params = malloc((size_t)(S > 0 ? S : 1) * sizeof *slot_params);
-    if (!slot_params)
-        return -1;
-    for (int s = 0; s < S; s++)
-        slot_params[s] = params + n_global + (size_t)s * slot_size;
-    gpt_init_regions(cfg, S, params, slot_params, seed);
-    free(slot_params);
-    return 0;
 }

@@ -16,7 +16,7 @@
  * On the CPU backend the "device" is a pool of ordinary memory with the
  * budget enforced byte for byte; copies are memcpy on a copy thread (the
  * pools and the runtime below). The CUDA backend uses only the planner
- * from this file: gpt_cuda (kernels/cuda/gpt_cuda.h) places, streams and
+ * from this file: gpt_cuda (daemon/model/cuda/gpt_cuda.h) places, streams and
  * updates the slots itself, as the planner's cuda accounting describes,
  * and daemon/train/backend_cuda.c maps its statistics to offload_stats.
  *
@@ -72,10 +72,6 @@ void offload_pool_destroy(offload_pool *p);
 /* Bytes this process may page-lock: SIZE_MAX with CAP_IPC_LOCK, else the
  * soft RLIMIT_MEMLOCK (or the test override below). */
 size_t offload_pin_limit(void);
-/* Tests: pretend RLIMIT_MEMLOCK is `bytes` and CAP_IPC_LOCK is absent, so
- * that pinning beyond it fails as it would for an unprivileged daemon.
- * SIZE_MAX restores the real limits. */
-void offload_test_set_pin_limit(size_t bytes);
 
 /* ================================================================ planner */
 
@@ -110,7 +106,7 @@ typedef struct {
  *     host, per offloaded slot: params, grads, m, v, 16 bytes/parameter,
  *       all of it pinned (the host pool)
  *
- *   cuda (kernels/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
+ *   cuda (daemon/model/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
  *     global_bytes  = 16 bytes * n_global_cuda (bf16 params 2 + bf16 grads
  *                     2 + fp32 master, m, v 12), n_global_cuda = the
  *                     globals with wte padded to Vp = V rounded up to 128
@@ -172,11 +168,11 @@ typedef struct offload_plan {
 } offload_plan;
 
 /* Device bytes of gpt_cuda's activations and scratch for microbatches of
- * up to B sequences (the bytes_acts of gpt_cuda_get_info). Plain C: it
- * mirrors the table of alloc_acts_ in kernels/cuda/gpt_cuda.cu region for
- * region, with the scratch sizes of kernels/cuda/{matmul,layernorm,
- * attention,adamw,encoder}.cu; a change to either must change the other
- * (tests/gpu/test_trainer.c compares the two on a GPU). */
+ * up to B sequences (the bytes_acts of gpt_cuda_get_info). Plain C: the
+ * CUDA model's own table (model/cuda/act_layout.h) with the scratch sizes
+ * of kernels/cuda/{matmul,layernorm,attention,adamw,encoder}.cu, whose
+ * constants plan.c copies (tests/gpu/test_trainer.c compares the two on a
+ * GPU, and emu_gpu_trainer on the emulation). */
 size_t offload_cuda_act_bytes(const model_config *model, int B);
 
 /* Plan one phase. 0, or -1 with err when the input is invalid or the model
@@ -285,8 +281,5 @@ void offload_sync(offload_ctx *o);
 const offload_plan *offload_current_plan(const offload_ctx *o);
 void offload_get_stats(offload_ctx *o, offload_stats *st);
 void offload_free(offload_ctx *o);
-/* Tests: hold (1) or release (0) the host AdamW threads, so that queued
- * updates stay queued. A fetch of a held slot waits: release first. */
-void offload_test_hold_updates(offload_ctx *o, int hold);
 
 #endif /* M6_OFFLOAD_H */

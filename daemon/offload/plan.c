@@ -5,11 +5,11 @@
  */
 #include "offload/offload.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/cuda/act_layout.h"
 #include "offload/intervals.h"
 
 #define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
@@ -48,15 +48,14 @@ static const char *short_bytes_(char *buf, size_t len, uint64_t n)
 
 /* ------------------------------------------------------- cuda shapes */
 
-/* Constants of kernels/cuda that gpt_cuda's allocations depend on. They are
+/* Constants of kernels/cuda that the ops' scratch sizes depend on. They are
  * copied here so that the planner (and m6ctl) need no CUDA; keep them in
- * sync with the files named. */
-#define CUDA_VPAD_ 128          /* gpt_cuda.cu VPAD: wte rows padded to */
-#define CUDA_ACT_ALIGN_ 256     /* gpt_cuda.cu alloc_acts_: region rounding */
+ * sync with the files named. The activation table itself is the CUDA
+ * model's own (model/cuda/act_layout.h). */
 #define CUDA_MM_ROWS_ 256       /* matmul.cu MM_ROWS */
 #define CUDA_LN_ROWS_ 256       /* layernorm.cu LN_ROWS */
 #define CUDA_SUMSQ_BLOCKS_ 1024 /* adamw.cu SUMSQ_BLOCKS */
-#define CUDA_RED_SCALARS_ 3     /* gpt_cuda.cu RED_NSCALARS */
+#define CUDA_RED_SCALARS_ 3     /* gpt_cuda_impl.cuh RED_NSCALARS */
 #define CUDA_ATT_WS_CAP_ ((size_t)512 << 20) /* attention.cu ATT_WS_CAP */
 
 static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -65,7 +64,8 @@ static size_t pad16_(size_t n) { return ceil_div_(n, 16) * 16; }
 /* Elements of gpt_cuda's global region: wte with Vp rows, wpe, ln_f. */
 static size_t cuda_n_global_(const model_config *c)
 {
-    size_t Vp = ceil_div_((size_t)c->vocab_size, CUDA_VPAD_) * CUDA_VPAD_;
+    size_t Vp = ceil_div_((size_t)c->vocab_size, GPT_CUDA_VPAD) *
+                GPT_CUDA_VPAD;
     size_t C = (size_t)c->n_embd;
     return pad16_(Vp * C + (size_t)c->seq_len * C + 2 * C);
 }
@@ -87,11 +87,9 @@ static size_t cuda_att_ws_(size_t B, size_t T, size_t C, size_t NH)
 
 size_t offload_cuda_act_bytes(const model_config *c, int B_)
 {
-    const size_t L = (size_t)c->n_layer, T = (size_t)c->seq_len;
+    const size_t T = (size_t)c->seq_len;
     const size_t C = (size_t)c->n_embd, NH = (size_t)c->n_head;
-    const size_t Vp = ceil_div_((size_t)c->vocab_size, CUDA_VPAD_) * CUDA_VPAD_;
     const size_t B = (size_t)B_, BT = B * T;
-    const size_t h = 2, f = 4, i4 = 4; /* bf16, fp32, int32 */
     /* op scratch: the largest of matmul backward (OC = 4C), layernorm
      * backward and attention backward */
     size_t scratch = ceil_div_(BT, CUDA_MM_ROWS_) * 4 * C;
@@ -100,30 +98,12 @@ size_t offload_cuda_act_bytes(const model_config *c, int B_)
         scratch = s2;
     if (s3 > scratch)
         scratch = s3;
-    const size_t region[] = {
-        BT * C * h,                                   /* encoded */
-        L * BT * C * h, L * BT * 3 * C * h,           /* ln1, qkv */
-        L * BT * C * h, L * BT * C * h,               /* atty, res2 */
-        L * BT * C * h, L * BT * 4 * C * h,           /* ln2, fch */
-        L * BT * 4 * C * h, L * BT * C * h,           /* fchg, res3 */
-        BT * C * h, BT * Vp * h,                      /* lnf, logits */
-        L * BT * f, L * BT * f, L * BT * f, L * BT * f, /* ln1/ln2 mean, rstd */
-        BT * f, BT * f,                               /* lnf mean, rstd */
-        L * B * NH * T * f,                           /* lse */
-        BT * f, BT * f,                               /* losses, dlosses */
-        BT * C * h, BT * C * h, BT * C * h, BT * C * h, /* dres dln datty dlnf */
-        BT * 3 * C * h,                               /* dqkv */
-        BT * 4 * C * h, BT * 4 * C * h,               /* dfch, dfchg */
-        scratch * f,                                  /* scratch */
-        cuda_att_ws_(B, T, C, NH),                    /* attention ws */
-        (CUDA_SUMSQ_BLOCKS_ + CUDA_RED_SCALARS_) * f, /* red */
-        BT * i4, BT * i4,                             /* inp, tgt */
-        (3 * BT + 2) * i4,                            /* encoder plan */
+    gpt_cuda_act_ops ops = {
+        scratch, cuda_att_ws_(B, T, C, NH),
+        CUDA_SUMSQ_BLOCKS_ + CUDA_RED_SCALARS_,
+        3 * BT + 2, /* encoder.cu encoder_plan_ints */
     };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof region / sizeof region[0]; i++)
-        total += ceil_div_(region[i], CUDA_ACT_ALIGN_) * CUDA_ACT_ALIGN_;
-    return total;
+    return gpt_cuda_act_layout(c, B_, &ops, NULL);
 }
 
 /* ------------------------------------------------------------- planner */

@@ -7,6 +7,7 @@
  * so plain linked lists are enough.
  */
 #include "offload/offload.h"
+#include "offload/test_hooks.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -19,6 +19,7 @@
  * updates run outside the lock. Nothing spins.
  */
 #include "offload/offload.h"
+#include "offload/test_hooks.h"
 #include "common/clock.h"
 
 #include <errno.h>
@@ -26,7 +27,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "offload/intervals.h"
 

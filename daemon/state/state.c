@@ -38,15 +38,6 @@ int run_state_parse(const char *s)
     return -1;
 }
 
-const char *phase_name(int phase) { return phase ? "real" : "pseudo"; }
-
-int phase_parse(const char *s)
-{
-    if (s && strcmp(s, "pseudo") == 0) return 0;
-    if (s && strcmp(s, "real") == 0) return 1;
-    return -1;
-}
-
 static double now_(void)
 {
     struct timespec ts;

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/phase.h"   /* run_phase, phase_name, phase_parse */
 
 typedef struct state state;
 
@@ -26,8 +27,6 @@ typedef enum {
 
 const char *run_state_name(run_state s);
 int run_state_parse(const char *s); /* -1 if unknown */
-const char *phase_name(int phase);  /* 0 pseudo, 1 real */
-int phase_parse(const char *s);
 
 typedef struct {
     int64_t id;

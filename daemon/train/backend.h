@@ -9,7 +9,7 @@
  *
  *   backend_cpu.c   the CPU reference model (daemon/model/gpt.c), with
  *                   granular offloading when device.memory_budget > 0
- *   backend_cuda.c  one GPU (kernels/cuda/gpt_cuda.h); compiled only when m6
+ *   backend_cuda.c  one GPU (daemon/model/cuda/gpt_cuda.h); compiled only when m6
  *                   is built with CUDA (M6_HAVE_CUDA)
  *
  * Both start from the same weights for the same seed (gpt_init_weights'

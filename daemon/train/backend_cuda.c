@@ -1,6 +1,6 @@
 /*
  * backend_cuda.c — the trainer's CUDA backend (backend.h): the model on one
- * GPU through kernels/cuda/gpt_cuda.h. bf16 weights' working copy,
+ * GPU through daemon/model/cuda/gpt_cuda.h. bf16 weights' working copy,
  * activations and gradients; fp32 master weights and AdamW moments; the
  * global gradient norm and clipping computed on the device; delink as an
  * on-device reslot. Plain C: only gpt_cuda's C interface is used.
@@ -399,7 +399,6 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
                         size_t errlen)
 {
     cuda_ctx_ *c = calloc(1, sizeof *c);
-    float *w = NULL;
     offload_plan plan;
     memset(&plan, 0, sizeof plan);
     if (!c) {
@@ -458,16 +457,10 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
                  "gpt.h's (%zu)", n, c->n_global + (size_t)S * c->slot_size);
         goto fail;
     }
-    w = malloc(n * sizeof(float));
-    if (!w || gpt_init_params(&spec->model, S, w, spec->train.seed) != 0) {
-        snprintf(err, errlen, "out of memory initialising the weights");
+    if (gpt_cuda_init_weights(c->g, spec->train.seed) != 0) {
+        snprintf(err, errlen, "out of host memory initialising the weights");
         goto fail;
     }
-    if (gpt_cuda_set_params(c->g, w, n) != 0) {
-        snprintf(err, errlen, "cannot load the initial weights to the GPU");
-        goto fail;
-    }
-    free(w);
     offload_plan_free(&plan);
     if (c->budget) {
         gpt_cuda_offload_stats os;
@@ -478,7 +471,6 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
     be->ctx = c;
     return 0;
 fail:
-    free(w);
     offload_plan_free(&plan);
     cuda_free_(c);
     return -1;

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -46,7 +45,7 @@ struct trainer {
     uint64_t data_rng;     /* state of the training-batch sampler */
     long step;             /* optimizer steps completed */
     long delink_step;      /* step at which delink happened, -1 if none */
-    train_phase phase;
+    run_phase phase;
     int32_t *inp, *tgt;    /* (B,T) */
     uint16_t *rows;        /* (grad_accum*B, T+1): the step's windows */
 };
@@ -402,14 +401,6 @@ int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen)
     return 0;
 }
 
-float trainer_eval(trainer *t)
-{
-    float loss;
-    char err[8];
-    trainer_eval_checked(t, &loss, err, sizeof err);
-    return loss;
-}
-
 float trainer_probe_loss(trainer *t, int batch_index)
 {
     char err[8];
@@ -514,27 +505,9 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
 /* ------------------------------------------------------------- queries */
 
 long trainer_step_count(const trainer *t) { return t->step; }
-train_phase trainer_phase(const trainer *t) { return t->phase; }
+run_phase trainer_phase(const trainer *t) { return t->phase; }
 int trainer_n_slots(const trainer *t) { return n_slots_(t); }
 long trainer_delink_step(const trainer *t) { return t->delink_step; }
-
-/* gpt_compute_params from the layout: globals + one slot per layer. */
-size_t trainer_param_count(const trainer *t)
-{
-    size_t n = 0, per_slot = 0;
-    for (int i = 0; i < GLOB_NTENSORS; i++)
-        n += t->glob[i].numel;
-    for (int i = 0; i < SLOT_NTENSORS; i++)
-        per_slot += t->slot[i].numel;
-    return n + per_slot * (size_t)t->spec.model.n_layer;
-}
-
-double trainer_flops_per_token(const trainer *t)
-{
-    const model_config *c = &t->spec.model;
-    return 6.0 * (double)trainer_param_count(t) +
-           6.0 * c->n_layer * (double)c->n_embd * c->seq_len;
-}
 
 size_t trainer_device_bytes(const trainer *t)
 {
@@ -649,7 +622,7 @@ static char *meta_json_(const trainer *t)
         "{s:s, s:i, s:I, s:s, s:i, s:o, s:I, s:I, s:o, s:s, s:s}",
         "format", "m6-checkpoint", "version", CKPT_VERSION,
         "step", (json_int_t)t->step,
-        "phase", t->phase == PHASE_PSEUDO ? "pseudo" : "real",
+        "phase", phase_name(t->phase),
         "n_slots", S, "slot_of", slot_of,
         "delink_step", (json_int_t)t->delink_step,
         "adam_t_global", (json_int_t)steps[0],
@@ -874,7 +847,7 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     be->set_adam_steps(t->be.ctx, steps);
     t->step = (long)step;
     t->delink_step = (long)delink_step;
-    t->phase = strcmp(phase, "pseudo") == 0 ? PHASE_PSEUDO : PHASE_REAL;
+    t->phase = phase_parse(phase) == PHASE_PSEUDO ? PHASE_PSEUDO : PHASE_REAL;
     t->data_rng = strtoull(rng, NULL, 16);
     /* what the data must hold for the same batches (trainer_check_data);
      * checkpoints before they were recorded, or with a split not open

@@ -13,7 +13,7 @@
  * of the fully resident run.
  *
  * Backends (device.backend): "cpu", the fp32 reference above, and "cuda",
- * one GPU through kernels/cuda/gpt_cuda.h (bf16 compute, fp32 master
+ * one GPU through daemon/model/cuda/gpt_cuda.h (bf16 compute, fp32 master
  * weights and moments), available when m6 is built with CUDA. Both start
  * from the same weights for a seed, draw the same batches and follow the
  * same LR schedule; a CUDA run is bitwise reproducible on the same GPU and
@@ -26,16 +26,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/phase.h"
 #include "offload/offload.h"
 #include "train/spec.h"
 
 typedef struct trainer trainer;
 
-typedef enum { PHASE_PSEUDO = 0, PHASE_REAL = 1 } train_phase;
-
 typedef struct {
     long step;            /* optimizer steps done after this one (1-based) */
-    train_phase phase;    /* phase this step ran in */
+    run_phase phase;    /* phase this step ran in */
     float train_loss;     /* mean over the step's B*T*grad_accum tokens, nats */
     float val_loss;       /* NAN unless an eval ran after this step */
     float lr;             /* learning rate used */
@@ -112,9 +111,6 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen);
  * into *loss. 0, or TRAINER_EDATA with err (and *loss NAN). */
 int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen);
 
-/* trainer_eval_checked without the error: NAN when the data cannot be read. */
-float trainer_eval(trainer *t);
-
 /* Loss (nats) of the model on a fixed batch of the validation set, index i,
  * without touching any state: used to show delink keeps the function.
  * NAN when the data cannot be read. */
@@ -140,14 +136,10 @@ int trainer_reopen_data(trainer *t, char *err, size_t errlen);
 int trainer_delink(trainer *t, char *err, size_t errlen);
 
 long trainer_step_count(const trainer *t);
-train_phase trainer_phase(const trainer *t);
+run_phase trainer_phase(const trainer *t);
 int trainer_n_slots(const trainer *t);
 /* Step at which delink happened (-1 if still pseudo or trained from scratch). */
 long trainer_delink_step(const trainer *t);
-size_t trainer_param_count(const trainer *t);
-/* Model FLOPs per token: 6N + 6 L C T (N = parameters of the Real model's
- * compute path, embeddings included). */
-double trainer_flops_per_token(const trainer *t);
 
 /* Checkpoint into dir (must not exist): model.safetensors,
  * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file

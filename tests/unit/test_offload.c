@@ -21,6 +21,7 @@
 
 #include "model/gpt.h"
 #include "offload/offload.h"
+#include "offload/test_hooks.h"
 #include "train/data.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"

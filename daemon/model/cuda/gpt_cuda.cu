@@ -82,15 +82,13 @@ static void free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
     free(t_slot);
 }
 
-/* One planned allocation for all activations and scratch: a table of
- * (pointer, bytes), each region rounded up to 256 bytes. The offload
- * planner mirrors this table in plain C (offload_cuda_act_bytes in
- * daemon/offload/plan.c): change both together (tests/gpu/test_trainer.c
- * checks that they agree). */
+/* One planned allocation for all activations and scratch, laid out by the
+ * table the offload planner counts from too (model/cuda/act_layout.h):
+ * each region rounded up to 256 bytes. */
 static int alloc_acts_(gpt_cuda *g)
 {
-    size_t L = g->cfg.n_layer, T = g->T, C = g->cfg.n_embd;
-    size_t NH = g->cfg.n_head, Vp = g->Vp, B = g->B, BT = B * T;
+    size_t T = g->T, C = g->cfg.n_embd;
+    size_t NH = g->cfg.n_head, B = g->B, BT = B * T;
     acts_ *a = &g->a;
     size_t scratch = matmul_backward_scratch_floats((int)BT, 4 * (int)C);
     size_t s2 = layernorm_backward_scratch_floats((int)BT, (int)C);
@@ -100,32 +98,31 @@ static int alloc_acts_(gpt_cuda *g)
     /* attention on the tensor cores where the head size and T allow it */
     size_t att_ws = attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
                                                    (int)NH);
-    const size_t h = sizeof(bf16), f = sizeof(float), i4 = sizeof(int32_t);
-    struct { void **p; size_t bytes; } t[] = {
-        {(void **)&a->encoded, BT * C * h},
-        {(void **)&a->ln1, L * BT * C * h}, {(void **)&a->qkv, L * BT * 3 * C * h},
-        {(void **)&a->atty, L * BT * C * h}, {(void **)&a->res2, L * BT * C * h},
-        {(void **)&a->ln2, L * BT * C * h}, {(void **)&a->fch, L * BT * 4 * C * h},
-        {(void **)&a->fchg, L * BT * 4 * C * h}, {(void **)&a->res3, L * BT * C * h},
-        {(void **)&a->lnf, BT * C * h}, {(void **)&a->logits, BT * Vp * h},
-        {(void **)&a->ln1_mean, L * BT * f}, {(void **)&a->ln1_rstd, L * BT * f},
-        {(void **)&a->ln2_mean, L * BT * f}, {(void **)&a->ln2_rstd, L * BT * f},
-        {(void **)&a->lnf_mean, BT * f}, {(void **)&a->lnf_rstd, BT * f},
-        {(void **)&a->lse, L * B * NH * T * f},
-        {(void **)&a->losses, BT * f}, {(void **)&a->dlosses, BT * f},
-        {(void **)&a->dres, BT * C * h}, {(void **)&a->dln, BT * C * h},
-        {(void **)&a->datty, BT * C * h}, {(void **)&a->dlnf, BT * C * h},
-        {(void **)&a->dqkv, BT * 3 * C * h}, {(void **)&a->dfch, BT * 4 * C * h},
-        {(void **)&a->dfchg, BT * 4 * C * h},
-        {(void **)&a->scratch, scratch * f},
-        {&a->att_ws, att_ws},
-        {(void **)&a->red, (grad_sumsq_scratch_floats() + RED_NSCALARS) * f},
-        {(void **)&a->inp, BT * i4}, {(void **)&a->tgt, BT * i4},
-        {(void **)&a->plan, encoder_plan_ints((int)BT) * i4},
+    gpt_cuda_act_ops ops = {scratch, att_ws,
+                            grad_sumsq_scratch_floats() + RED_NSCALARS,
+                            encoder_plan_ints((int)BT)};
+    size_t bytes[CUDA_ACT_N];
+    size_t total = gpt_cuda_act_layout(&g->cfg, g->B, &ops, bytes);
+    /* in the order of the table's regions */
+    void **t[] = {
+        (void **)&a->encoded,
+        (void **)&a->ln1, (void **)&a->qkv, (void **)&a->atty,
+        (void **)&a->res2, (void **)&a->ln2, (void **)&a->fch,
+        (void **)&a->fchg, (void **)&a->res3,
+        (void **)&a->lnf, (void **)&a->logits,
+        (void **)&a->ln1_mean, (void **)&a->ln1_rstd,
+        (void **)&a->ln2_mean, (void **)&a->ln2_rstd,
+        (void **)&a->lnf_mean, (void **)&a->lnf_rstd,
+        (void **)&a->lse,
+        (void **)&a->losses, (void **)&a->dlosses,
+        (void **)&a->dres, (void **)&a->dln, (void **)&a->datty,
+        (void **)&a->dlnf, (void **)&a->dqkv, (void **)&a->dfch,
+        (void **)&a->dfchg,
+        (void **)&a->scratch, &a->att_ws, (void **)&a->red,
+        (void **)&a->inp, (void **)&a->tgt, (void **)&a->plan,
     };
-    size_t n = sizeof t / sizeof t[0], total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += ceil_div(t[i].bytes, 256) * 256;
+    static_assert(sizeof t / sizeof t[0] == CUDA_ACT_N,
+                  "one pointer per region of model/cuda/act_layout.h");
     if (cudaMalloc(&g->act_mem, total) != cudaSuccess) {
         (void)cudaGetLastError();
         g->act_mem = NULL;
@@ -135,9 +132,9 @@ static int alloc_acts_(gpt_cuda *g)
     }
     CUDA_CHECK(cudaMemset(g->act_mem, 0, total));
     char *p = (char *)g->act_mem;
-    for (size_t i = 0; i < n; i++) {
-        *t[i].p = p;
-        p += ceil_div(t[i].bytes, 256) * 256;
+    for (int i = 0; i < CUDA_ACT_N; i++) {
+        *t[i] = p;
+        p += ceil_div(bytes[i], GPT_CUDA_ACT_ALIGN) * GPT_CUDA_ACT_ALIGN;
     }
     a->att_ws_bytes = att_ws;
     if (!att_ws)
@@ -309,85 +306,51 @@ void gpt_cuda_synchronize(gpt_cuda *g)
 
 /* ------------------------------------------------------------- weights */
 
-static __device__ uint64_t mix64_(uint64_t z)
+/* The CPU model's init (model/init.c: gpt_init_region), region by region
+ * through one host buffer, so that the host holds one region at a time
+ * and every model, CPU or GPU, starts from the same weights for a seed. */
+int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
 {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* p[i] ~ N(0, std), a counter-based stream: element i of stream `seed` */
-__global__ void init_normal_kernel(float *p, size_t n, float std,
-                                   uint64_t seed)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
-        return;
-    uint64_t a = mix64_(seed + 0x9E3779B97F4A7C15ull * (2 * i + 1));
-    uint64_t b = mix64_(a ^ 0xD1B54A32D192ED03ull);
-    double u1 = ((a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    double u2 = ((b >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    p[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-static void init_tensor_(gpt_cuda *g, float *base, const tensor_ *t,
-                         size_t rows_valid_numel, float std, float constant,
-                         uint64_t seed)
-{
-    if (t->two_d) {
-        init_normal_kernel<<<ceil_div(rows_valid_numel, 256), 256, 0,
-                             g->stream>>>(base + t->off, rows_valid_numel,
-                                          std, seed);
-        CUDA_CHECK_LAUNCH();
-    } else {
-        fill_cuda(base + t->off, constant, t->numel, g->stream);
+    size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
+    size_t n = g->n_global_cpu > g->slot_size ? g->n_global_cpu
+                                              : g->slot_size;
+    float *h = (float *)malloc(n * sizeof(float));
+    if (!h) {
+        fprintf(stderr, "gpt_cuda_init_weights: out of host memory (%zu "
+                        "floats)\n", n);
+        return -1;
     }
-}
-
-void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
-{
-    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * g->cfg.n_layer);
-    size_t C = g->cfg.n_embd;
     gpt_cuda_synchronize(g); /* host AdamW may still write host masters */
-    CUDA_CHECK(cudaMemsetAsync(g->master, 0, g->n_params * sizeof(float),
-                               g->stream));
-    uint64_t k = seed * 1000003ull;
-    /* wte: only the V real rows; padded rows stay zero */
-    init_tensor_(g, g->master, &g->glob[GLOB_WTE],
-                 (size_t)g->cfg.vocab_size * C, std, 0, k++);
-    init_tensor_(g, g->master, &g->glob[GLOB_WPE], g->glob[GLOB_WPE].numel,
-                 0.01f, 0, k++);
-    init_tensor_(g, g->master, &g->glob[GLOB_LNF_W], C, 0, 1.0f, k++);
-    init_tensor_(g, g->master, &g->glob[GLOB_LNF_B], C, 0, 0.0f, k++);
-    /* an offloaded slot is drawn on the device, then moved to the host */
-    float *tmp = NULL;
-    if (g->n_res < g->S)
-        CUDA_CHECK(cudaMalloc((void **)&tmp, g->slot_size * sizeof(float)));
+    CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
+    /* globals: the gpt.h layout has V rows of wte, this one Vp (the padded
+     * rows stay zero) */
+    gpt_init_region(&g->cfg, -1, h, seed);
+    const size_t cpu_off[GLOB_NTENSORS] = {0, V * C, V * C + T * C,
+                                           V * C + T * C + C};
+    const size_t numel[GLOB_NTENSORS] = {V * C, T * C, C, C};
+    for (int i = 0; i < GLOB_NTENSORS; i++)
+        CUDA_CHECK(cudaMemcpy(g->master + g->glob[i].off, h + cpu_off[i],
+                              numel[i] * sizeof(float),
+                              cudaMemcpyHostToDevice));
+    /* slots: the same layout on both sides; an offloaded one to its host
+     * master */
     for (int s = 0; s < g->S; s++) {
-        float *base = s < g->n_res ? g->master + g->n_global +
-                                         (size_t)s * g->slot_size
-                                   : tmp;
-        if (s >= g->n_res)
-            CUDA_CHECK(cudaMemsetAsync(tmp, 0, g->slot_size * sizeof(float),
-                                       g->stream));
-        for (int i = 0; i < SLOT_NTENSORS; i++) {
-            int proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
-            int lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
-            init_tensor_(g, base, &g->slot[i], g->slot[i].numel,
-                         proj ? proj_std : std, lnw ? 1.0f : 0.0f, k++);
-        }
-        if (s >= g->n_res) {
-            CUDA_CHECK(cudaMemcpyAsync(g->off.hs[s - g->n_res].master, tmp,
-                                       g->slot_size * sizeof(float),
-                                       cudaMemcpyDeviceToHost, g->stream));
-            CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        gpt_init_region(&g->cfg, s, h, seed);
+        if (s < g->n_res) {
+            CUDA_CHECK(cudaMemcpy(g->master + g->n_global +
+                                      (size_t)s * g->slot_size,
+                                  h, g->slot_size * sizeof(float),
+                                  cudaMemcpyHostToDevice));
+        } else {
+            memcpy(g->off.hs[s - g->n_res].master, h,
+                   g->slot_size * sizeof(float));
             off_refresh_bf16_(g, s);
         }
     }
     copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    if (tmp)
-        CUDA_CHECK(cudaFree(tmp));
+    free(h);
+    return 0;
 }
 
 /* (cpu offset, gpu offset, floats) of each piece of the two layouts that

@@ -61,10 +61,13 @@ void gpt_cuda_free(gpt_cuda *g);
 void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info);
 const int *gpt_cuda_slot_of(const gpt_cuda *g);
 
-/* GPT-2 initialisation on the device (same distributions as
- * gpt_init_weights, different random stream): 2-D N(0,0.02), residual
- * projections N(0, 0.02/sqrt(2L)), wpe N(0,0.01), biases 0, LN weights 1. */
-void gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed);
+/* GPT-2 initialisation: the CPU model's (gpt_init_region, model/init.c),
+ * the same values bit for bit as gpt_init_weights of a CPU model with the
+ * same config, slots and seed: 2-D N(0,0.02), residual projections
+ * N(0, 0.02/sqrt(2L)), wpe N(0,0.01), biases 0, LN weights 1. Drawn on
+ * the host one region at a time (one region's floats of host memory).
+ * 0, or -1 (message on stderr) when that host buffer cannot be had. */
+int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed);
 
 /* Load / store the fp32 weights in the gpt.h layout (n floats, must equal
  * info.n_params_cpu). set also writes the bf16 copy. 0 or -1. */

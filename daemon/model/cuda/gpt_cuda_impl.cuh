@@ -1,5 +1,5 @@
 /*
- * gpt_cuda_impl.cuh — internal to kernels/cuda: the gpt_cuda struct, shared
+ * gpt_cuda_impl.cuh — internal to the CUDA model: the gpt_cuda struct, shared
  * by gpt_cuda.cu (layout, memory, passes, optimizer, reslot) and
  * gpt_cuda_offload.cu (the offload runtime: host slots, staging buffers,
  * copy stream, host threads). Not part of the C interface.
@@ -13,10 +13,11 @@
 #include "common.cuh"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
+#include "model/cuda/act_layout.h"
 #include "offload_host.h"  /* the host jobs' loops; bf16 bits <-> fp32 */
 
 #define PAD 16      /* elements: region padding, as gpt.c */
-#define VPAD 128    /* vocabulary padding */
+#define VPAD GPT_CUDA_VPAD  /* vocabulary padding (act_layout.h) */
 
 /* Tensor indices (SLOT_*, GLOB_*): the CPU model's, so that the two
  * layouts agree by construction (state moves between them slot by slot). */
