@@ -196,6 +196,12 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
  * breakdown; the Pseudo phase, if any, nested as "pseudo". */
 void offload_plan_print(FILE *f, const offload_plan *p, int json);
 void offload_plan_free(offload_plan *p);
+/* A copy of src's own fields into dst (placement duplicated; dst->pseudo
+ * NULL): 0, or -1 (out of memory; dst then holds nothing to free). */
+int offload_plan_copy(offload_plan *dst, const offload_plan *src);
+/* The planner input of a spec's run: its model, microbatch, accumulation,
+ * prefetch, backend and budget; n_slots L, slot_of NULL (the default). */
+offload_plan_input offload_plan_input_of(const run_spec *spec);
 
 /* ================================================================ submit */
 
@@ -263,8 +269,16 @@ typedef struct {
     double adam_s;             /* host AdamW busy time, all threads */
 } offload_stats;
 
-/* Create the runtime for spec (memory_budget > 0). NULL with err. */
-offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen);
+/* Create the runtime for the planner input in (in->budget > 0 device
+ * bytes; in->n_slots and in->slot_of are ignored: each allocation is
+ * planned for the model's own), with host_threads host AdamW threads.
+ * first, if not NULL, is the plan already made for the model's first
+ * allocation (copied); it is used when it is that allocation's (same
+ * slots, default share map, same batch), so a run plans its start once.
+ * NULL with err. */
+offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
+                            const offload_plan *first, char *err,
+                            size_t errlen);
 /* The storage to pass to gpt_create_with; it plans every (re)allocation of
  * the model's state for the model's current share map. */
 const gpt_storage *offload_storage(offload_ctx *o);

@@ -282,10 +282,22 @@ void offload_plan_free(offload_plan *p)
     }
 }
 
-int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
-                          offload_plan *out, char *err, size_t errlen)
+int offload_plan_copy(offload_plan *dst, const offload_plan *src)
 {
-    offload_plan_input in = {
+    *dst = *src;
+    dst->pseudo = NULL;
+    if (!src->placement)
+        return 0;
+    dst->placement = malloc((size_t)(src->n_slots > 0 ? src->n_slots : 1));
+    if (!dst->placement)
+        return -1;
+    memcpy(dst->placement, src->placement, (size_t)src->n_slots);
+    return 0;
+}
+
+offload_plan_input offload_plan_input_of(const run_spec *spec)
+{
+    return (offload_plan_input){
         .model = spec->model,
         .n_slots = spec->model.n_layer,
         .slot_of = NULL,
@@ -293,9 +305,16 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
         .grad_accum = spec->train.grad_accum,
         .prefetch = spec->offload.prefetch,
         .backend = spec->device.backend,
-        .budget = budget_override ? budget_override
-                                  : spec->device.memory_budget,
+        .budget = spec->device.memory_budget,
     };
+}
+
+int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
+                          offload_plan *out, char *err, size_t errlen)
+{
+    offload_plan_input in = offload_plan_input_of(spec);
+    if (budget_override)
+        in.budget = budget_override;
     if (offload_plan_make(&in, out, err, errlen) != 0)
         return -1;
     if (spec->pseudo.steps > 0) {

@@ -53,7 +53,10 @@ typedef struct {
 } adam_job_;
 
 struct offload_ctx {
-    run_spec spec;
+    offload_plan_input in;     /* the run's planner input (slot_of NULL) */
+    offload_plan first;        /* offload_create's plan for the first
+                                * allocation, if given (placement NULL
+                                * once used or when none) */
     offload_pool *dev, *host;
     gpt_storage storage;
     gpt_model *g;
@@ -232,7 +235,7 @@ static void pass_start_(offload_ctx *o, int with_bwd)
     o->pass_id++;
     o->pass_bwd = with_bwd;
     o->n_iv = offload_cut_pass(g->slot_of, L, g->offloaded, with_bwd,
-                               with_bwd && o->armed_k == o->spec.train.grad_accum - 1,
+                               with_bwd && o->armed_k == o->in.grad_accum - 1,
                                o->touched, o->iv, o->at_pos);
     for (int j = 0; j < o->n_iv; j++) {
         o->iv_state[j] = IV_PLANNED;
@@ -364,18 +367,36 @@ static void pool_error_(offload_ctx *o, offload_pool *p, const char *what,
              st.capacity);
 }
 
+/* Whether offload_create's plan is the one alloc_state_ would make for g:
+ * the same slots, the default share map l*S/L, the same microbatch. */
+static int first_plan_fits_(const offload_ctx *o, const gpt_model *g)
+{
+    const offload_plan *p = &o->first;
+    int L = g->cfg.n_layer;
+    if (!p->placement || p->n_slots != g->S || p->n_layer != L ||
+        p->batch_size != g->B)
+        return 0;
+    for (int l = 0; l < L; l++)
+        if (g->slot_of[l] != (int)((long)l * g->S / L))
+            return 0;
+    return 1;
+}
+
 static int alloc_state_(void *ctx, gpt_model *g)
 {
     offload_ctx *o = ctx;
     offload_plan plan;
     o->last_err[0] = 0;
-    offload_plan_input in = {
-        .model = g->cfg, .n_slots = g->S, .slot_of = g->slot_of,
-        .batch_size = g->B, .grad_accum = o->spec.train.grad_accum,
-        .prefetch = o->spec.offload.prefetch, .backend = o->spec.device.backend,
-        .budget = o->spec.device.memory_budget,
-    };
-    if (offload_plan_make(&in, &plan, o->last_err, sizeof o->last_err) != 0) {
+    offload_plan_input in = o->in;
+    in.model = g->cfg;
+    in.n_slots = g->S;
+    in.slot_of = g->slot_of;
+    in.batch_size = g->B;
+    if (first_plan_fits_(o, g)) {
+        plan = o->first;    /* the plan made for exactly this state */
+        o->first.placement = NULL;
+    } else if (offload_plan_make(&in, &plan, o->last_err,
+                                 sizeof o->last_err) != 0) {
         errno = ENOMEM;
         return -1;
     }
@@ -490,14 +511,22 @@ static void free_acts_(void *ctx, float *p)
 
 /* ------------------------------------------------------------- public */
 
-offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen)
+offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
+                            const offload_plan *first, char *err,
+                            size_t errlen)
 {
     offload_ctx *o = calloc(1, sizeof *o);
     if (!o) {
         snprintf(err, errlen, "offload: out of memory");
         return NULL;
     }
-    o->spec = *spec;
+    o->in = *in;
+    o->in.slot_of = NULL;
+    if (first && offload_plan_copy(&o->first, first) != 0) {
+        snprintf(err, errlen, "offload: out of memory");
+        free(o);
+        return NULL;
+    }
     o->storage = (gpt_storage){
         /* .ctx         = */ o,
         /* .alloc_state = */ alloc_state_,
@@ -510,18 +539,18 @@ offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen)
     pthread_cond_init(&o->cv_copy, NULL);
     pthread_cond_init(&o->cv_work, NULL);
     pthread_cond_init(&o->cv_done, NULL);
-    o->dev = offload_device_pool_create(spec->device.memory_budget);
+    o->dev = offload_device_pool_create(in->budget);
     o->host = offload_host_pool_create(HOST_CHUNK_);
     if (!o->dev || !o->host) {
         snprintf(err, errlen, "offload: cannot create the memory pools "
-                 "(device budget %zu bytes)", spec->device.memory_budget);
+                 "(device budget %zu bytes)", in->budget);
         goto fail;
     }
     if (pthread_create(&o->copy_thread, NULL, copy_main_, o) != 0) {
         snprintf(err, errlen, "offload: cannot start the copy thread");
         goto fail;
     }
-    int nthreads = spec_host_threads(spec);
+    int nthreads = host_threads;
     o->workers = calloc((size_t)nthreads, sizeof(pthread_t));
     for (int i = 0; o->workers && i < nthreads; i++) {
         if (pthread_create(&o->workers[i], NULL, worker_main_, o) != 0)
@@ -538,6 +567,7 @@ offload_ctx *offload_create(const run_spec *spec, char *err, size_t errlen)
 fail:
     offload_pool_destroy(o->dev);
     offload_pool_destroy(o->host);
+    offload_plan_free(&o->first);
     free(o);
     return NULL;
 }
@@ -557,6 +587,7 @@ void offload_free(offload_ctx *o)
     free(o->workers);
     free_placement_(o);
     offload_plan_free(&o->plan);
+    offload_plan_free(&o->first);
     offload_pool_destroy(o->dev);
     offload_pool_destroy(o->host);
     pthread_mutex_destroy(&o->mu);

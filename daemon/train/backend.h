@@ -22,8 +22,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "model/config.h"
 #include "offload/offload.h"
-#include "train/spec.h"
 
 /* Optimizer settings of one step. */
 typedef struct {
@@ -89,18 +89,51 @@ typedef struct {
     void *ctx;
 } backend;
 
-/* Create the model with S slots (default share map l*S/L) and activations
- * for microbatches of spec->train.batch_size, weights initialised from
- * spec->train.seed. 0, or -1 with err. */
-int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
+/* What a backend is built from. trainer.c fills it once, from the spec and
+ * the run's memory plan (computed once, before the data is opened); a
+ * backend never sees the spec. The plan decides, the backend allocates. */
+typedef struct {
+    model_config model;
+    size_t n_global, slot_size;   /* gpt_layout_sizes(model): gpt.h layout */
+    int n_slots;              /* S to start with (share map l*S/L): the
+                               * Pseudo phase's share_groups, or L */
+    int batch_size;           /* B: activations for microbatches of B */
+    int grad_accum;           /* microbatches per optimizer step */
+    uint64_t seed;            /* initial weights (gpt_init_region) */
+    int host_threads;         /* offloaded slots' host AdamW threads */
+    /* Offloading: plan_in.budget > 0 (device bytes). plan_in is the
+     * planner's input for this run (n_slots, slot_of set per phase, for
+     * re-planning at reslot); plan its offload_plan_for_spec: the Real
+     * phase, plan->pseudo the Pseudo phase when the run has one. Both
+     * unused (plan NULL) without a budget. */
+    offload_plan_input plan_in;
+    const offload_plan *plan;
+} backend_setup;
+
+/* The plan of setup's starting phase (n_slots slots, the default share
+ * map): setup->plan or its Pseudo plan; NULL without a budget. */
+static inline const offload_plan *backend_setup_phase_plan(
+    const backend_setup *bs)
+{
+    if (!bs->plan)
+        return NULL;
+    return bs->n_slots == bs->plan->n_slots || !bs->plan->pseudo
+               ? bs->plan : bs->plan->pseudo;
+}
+
+/* Create the model with setup->n_slots slots (default share map l*S/L)
+ * and activations for microbatches of setup->batch_size, placed by the
+ * plan when there is a budget, weights initialised from setup->seed.
+ * 0, or -1 with err. */
+int backend_cpu_create(backend *be, const backend_setup *setup, char *err,
                        size_t errlen);
 
 #ifdef M6_HAVE_CUDA
-/* What backend_cuda_create would refuse, checked cheaply at submit: a CUDA
- * device, the model shape, a memory budget the plan fits.
- * 0, or -1 with err naming the key. */
-int backend_cuda_check(const run_spec *spec, char *err, size_t errlen);
-int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
+/* What backend_cuda_create would refuse before allocating: a CUDA device
+ * and a model shape gpt_cuda supports (the memory budget is the plan's
+ * business). 0, or -1 with err naming the key. */
+int backend_cuda_check(const model_config *model, char *err, size_t errlen);
+int backend_cuda_create(backend *be, const backend_setup *setup, char *err,
                         size_t errlen);
 #endif
 

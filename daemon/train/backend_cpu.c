@@ -200,7 +200,7 @@ static const backend_iface cpu_iface_ = {
 
 /* ------------------------------------------------------------- create */
 
-int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
+int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                        size_t errlen)
 {
     cpu_ctx_ *c = calloc(1, sizeof *c);
@@ -208,10 +208,13 @@ int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (spec->device.memory_budget > 0 &&
-        !(c->off = offload_create(spec, err, errlen)))
+    /* the runtime places every (re)allocation of the model's state by the
+     * plan for its share map, the starting phase's first */
+    if (bs->plan && !(c->off = offload_create(&bs->plan_in, bs->host_threads,
+                                              backend_setup_phase_plan(bs),
+                                              err, errlen)))
         goto fail;
-    if (gpt_create_with(&c->model, &spec->model, S, spec->train.batch_size,
+    if (gpt_create_with(&c->model, &bs->model, bs->n_slots, bs->batch_size,
                         c->off ? offload_storage(c->off) : NULL) != 0) {
         if (c->off && offload_last_error(c->off)[0])
             snprintf(err, errlen, "cannot place the model: %s",
@@ -221,7 +224,7 @@ int backend_cpu_create(backend *be, const run_spec *spec, int S, char *err,
                      strerror(errno));
         goto fail;
     }
-    gpt_init_weights(&c->model, spec->train.seed);
+    gpt_init_weights(&c->model, bs->seed);
     be->iface = &cpu_iface_;
     be->ctx = c;
     return 0;

@@ -45,8 +45,8 @@ typedef struct {
                                    * the plain layout, by backend_buf */
     int grad_accum;               /* microbatches per step */
     /* offloading (device.memory_budget > 0) */
-    offload_plan_input plan_in;   /* the spec's planner input; n_slots and
-                                   * slot_of set per phase */
+    offload_plan_input plan_in;   /* the run's planner input; n_slots and
+                                   * slot_of set per phase (reslot) */
     size_t budget;                /* 0: no budget, nothing below is set */
     int placed;                   /* made by gpt_cuda_create_offload */
     size_t predicted_peak;        /* current plan: device bytes gpt_cuda
@@ -371,7 +371,7 @@ static const backend_iface cuda_iface_ = {
 
 /* ------------------------------------------------------------- create */
 
-int backend_cuda_check(const run_spec *spec, char *err, size_t errlen)
+int backend_cuda_check(const model_config *model, char *err, size_t errlen)
 {
     const char *why = "";
     if (gpt_cuda_device_count(&why) < 1) {
@@ -379,74 +379,45 @@ int backend_cuda_check(const run_spec *spec, char *err, size_t errlen)
                  "(cudaGetDeviceCount: %s)", why);
         return -1;
     }
-    if (gpt_cuda_check_config(&spec->model, err, errlen) != 0)
-        return -1;
-    if (spec->device.memory_budget > 0) {
-        offload_plan p;
-        char e2[512];
-        memset(&p, 0, sizeof p);
-        if (offload_plan_for_spec(spec, 0, &p, e2, sizeof e2) != 0) {
-            snprintf(err, errlen, "device.memory_budget: %s", e2);
-            offload_plan_free(&p);
-            return -1;
-        }
-        offload_plan_free(&p);
-    }
-    return 0;
+    return gpt_cuda_check_config(model, err, errlen);
 }
 
-int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
+int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
                         size_t errlen)
 {
+    int S = bs->n_slots;
     cuda_ctx_ *c = calloc(1, sizeof *c);
-    offload_plan plan;
-    memset(&plan, 0, sizeof plan);
     if (!c) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    gpt_layout_sizes(&spec->model, &c->n_global, &c->slot_size);
-    c->grad_accum = spec->train.grad_accum;
+    c->n_global = bs->n_global;
+    c->slot_size = bs->slot_size;
+    c->grad_accum = bs->grad_accum;
     gpt_cuda_offload off = {0}, *offp = NULL;
-    if (spec->device.memory_budget > 0) {
-        char e2[512];
-        c->budget = spec->device.memory_budget;
-        c->plan_in = (offload_plan_input){
-            .model = spec->model,
-            .batch_size = spec->train.batch_size,
-            .grad_accum = spec->train.grad_accum,
-            .prefetch = spec->offload.prefetch,
-            .backend = BACKEND_CUDA,
-            .budget = spec->device.memory_budget,
-        };
-        /* the Real phase offloads the most: it decides whether gpt_cuda
-         * gets its offloading machinery, and its staging buffers, which
-         * gpt_cuda makes once for the model's life */
-        if (offload_plan_for_spec(spec, 0, &plan, e2, sizeof e2) != 0) {
-            snprintf(err, errlen, "device.memory_budget: %s", e2);
-            goto fail;
-        }
-        int n_res;
-        if (phase_plan_(c, S, NULL, &n_res, &c->predicted_peak, e2,
-                        sizeof e2) != 0) {
-            snprintf(err, errlen, "device.memory_budget: %s", e2);
-            goto fail;
-        }
-        if (plan.n_offloaded > 0) {
-            off.n_resident = n_res;
-            off.n_staging = plan.n_staging; /* min(prefetch, offloaded) */
-            off.host_threads = spec_host_threads(spec);
+    if (bs->plan) {
+        /* the starting phase's plan places the slots; the Real phase
+         * offloads the most: it decides whether gpt_cuda gets its
+         * offloading machinery, and its staging buffers, which gpt_cuda
+         * makes once for the model's life */
+        const offload_plan *now = backend_setup_phase_plan(bs);
+        c->budget = bs->plan_in.budget;
+        c->plan_in = bs->plan_in;
+        c->predicted_peak = now->peak_device_bytes - now->workspace_bytes;
+        if (bs->plan->n_offloaded > 0) {
+            off.n_resident = now->n_resident;
+            off.n_staging = bs->plan->n_staging; /* min(prefetch, offloaded) */
+            off.host_threads = bs->host_threads;
             offp = &off;
             c->placed = 1;
         }
     }
-    c->g = gpt_cuda_create_offload(&spec->model, S, spec->train.batch_size,
-                                   offp);
+    c->g = gpt_cuda_create_offload(&bs->model, S, bs->batch_size, offp);
     if (!c->g) {
         snprintf(err, errlen, "cannot create the model on the GPU (%d "
                  "slots%s, batch_size %d): out of device or host memory or "
                  "an unsupported shape (details on m6d's stderr)", S,
-                 offp ? ", offloading on" : "", spec->train.batch_size);
+                 offp ? ", offloading on" : "", bs->batch_size);
         goto fail;
     }
     /* the CPU model's initial weights for the seed, so a run starts from
@@ -457,11 +428,10 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
                  "gpt.h's (%zu)", n, c->n_global + (size_t)S * c->slot_size);
         goto fail;
     }
-    if (gpt_cuda_init_weights(c->g, spec->train.seed) != 0) {
+    if (gpt_cuda_init_weights(c->g, bs->seed) != 0) {
         snprintf(err, errlen, "out of host memory initialising the weights");
         goto fail;
     }
-    offload_plan_free(&plan);
     if (c->budget) {
         gpt_cuda_offload_stats os;
         gpt_cuda_get_offload_stats(c->g, &os);
@@ -471,7 +441,6 @@ int backend_cuda_create(backend *be, const run_spec *spec, int S, char *err,
     be->ctx = c;
     return 0;
 fail:
-    offload_plan_free(&plan);
     cuda_free_(c);
     return -1;
 }

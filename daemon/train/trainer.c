@@ -46,6 +46,9 @@ struct trainer {
     long step;             /* optimizer steps completed */
     long delink_step;      /* step at which delink happened, -1 if none */
     run_phase phase;
+    offload_plan plan;     /* the run's memory plan (planned: a budget), as
+                            * create_ made it: Real, plan.pseudo Pseudo */
+    int planned;
     int32_t *inp, *tgt;    /* (B,T) */
     uint16_t *rows;        /* (grad_accum*B, T+1): the step's windows */
 };
@@ -74,7 +77,7 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
     if (spec->device.backend == BACKEND_CPU)
         return 0;
 #ifdef M6_HAVE_CUDA
-    return backend_cuda_check(spec, err, errlen);
+    return backend_cuda_check(&spec->model, err, errlen);
 #else
     snprintf(err, errlen, "device.backend: 'cuda': this m6d was built "
              "without CUDA");
@@ -131,7 +134,12 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
 
 /* trainer_create, and with data_rc (not NULL) trainer_create_resumable:
  * a split that cannot be opened is then reported in *data_rc and err, and
- * the trainer built without it. */
+ * the trainer built without it.
+ *
+ * Setting up reads in one direction: the spec (checked: a backend that can
+ * run it), then the memory plan, computed once here; then the data; then
+ * the backend, built from the plan (backend_setup: the backends never see
+ * the spec), which allocates the model and draws its weights. */
 static trainer *create_(const run_spec *spec, int *data_rc, char *err,
                         size_t errlen)
 {
@@ -145,6 +153,7 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     }
     t->spec = *spec;
     t->delink_step = -1;
+    /* 1. the spec: a backend that can run it */
     if (check_backend_(spec, err, errlen) != 0) {
         free(t);
         return NULL;
@@ -158,6 +167,18 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     omp_set_num_threads(nt > 1024 ? 1024 : nt);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
+    t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
+    gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
+    /* 2. the plan, once: the Real phase and, with one, the Pseudo phase */
+    if (spec->device.memory_budget > 0) {
+        char e2[768];
+        if (offload_plan_for_spec(spec, 0, &t->plan, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "device.memory_budget: %s", e2);
+            goto fail;
+        }
+        t->planned = 1;
+    }
+    /* 3. the data */
     int orc = open_split_(&t->train, "data.train", spec->data.train, spec,
                           data_err, sizeof data_err);
     if (orc == 0)
@@ -172,16 +193,27 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     }
     t->data_total[0] = t->train.total;
     t->data_total[1] = t->val.total;
-    t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
-    int S = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups : mc->n_layer;
-    gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
+    /* 4. the backend from the plan, and the model in it */
+    backend_setup bs = {
+        .model = *mc,
+        .n_global = t->n_global,
+        .slot_size = t->slot_size,
+        .n_slots = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups
+                                            : mc->n_layer,
+        .batch_size = B,
+        .grad_accum = spec->train.grad_accum,
+        .seed = spec->train.seed,
+        .host_threads = spec_host_threads(spec),
+        .plan_in = offload_plan_input_of(spec),
+        .plan = t->planned ? &t->plan : NULL,
+    };
     int rc;
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
-        rc = backend_cuda_create(&t->be, spec, S, err, errlen);
+        rc = backend_cuda_create(&t->be, &bs, err, errlen);
     else
 #endif
-        rc = backend_cpu_create(&t->be, spec, S, err, errlen);
+        rc = backend_cpu_create(&t->be, &bs, err, errlen);
     if (rc != 0)
         goto fail;
     t->data_rng = spec->train.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
@@ -224,6 +256,7 @@ void trainer_free(trainer *t)
         t->be.iface->free(t->be.ctx);
     token_set_close(&t->train);
     token_set_close(&t->val);
+    offload_plan_free(&t->plan);
     free(t->inp);
     free(t->tgt);
     free(t->rows);
@@ -508,6 +541,10 @@ long trainer_step_count(const trainer *t) { return t->step; }
 run_phase trainer_phase(const trainer *t) { return t->phase; }
 int trainer_n_slots(const trainer *t) { return n_slots_(t); }
 long trainer_delink_step(const trainer *t) { return t->delink_step; }
+const offload_plan *trainer_plan(const trainer *t)
+{
+    return t->planned ? &t->plan : NULL;
+}
 
 size_t trainer_device_bytes(const trainer *t)
 {

@@ -140,6 +140,11 @@ run_phase trainer_phase(const trainer *t);
 int trainer_n_slots(const trainer *t);
 /* Step at which delink happened (-1 if still pseudo or trained from scratch). */
 long trainer_delink_step(const trainer *t);
+/* The run's memory plan as trainer_create made it, once, from the spec
+ * (offload_plan_for_spec: the Real phase; ->pseudo the Pseudo phase when
+ * the run has one), valid for the trainer's life; NULL without a
+ * device.memory_budget. */
+const offload_plan *trainer_plan(const trainer *t);
 
 /* Checkpoint into dir (must not exist): model.safetensors,
  * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file

@@ -813,7 +813,9 @@ static void test_interleaved_share_map(void **state)
     s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, B) * 4 +
                              1 * 4 * ss * 4 + 3 * 2 * ss * 4;
     char err[512];
-    offload_ctx *o = offload_create(&s, err, sizeof err);
+    offload_plan_input in = offload_plan_input_of(&s);
+    offload_ctx *o = offload_create(&in, spec_host_threads(&s), NULL, err,
+                                    sizeof err);
     assert_non_null(o);
     gpt_model a, b;
     assert_int_equal(gpt_create(&a, &cfg, 1, B), 0);
@@ -871,7 +873,9 @@ static void test_late_update_keeps_its_step(void **state)
     s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, 2) * 4 +
                              4 * ss * 4 + 2 * 2 * ss * 4;
     char err[512];
-    offload_ctx *o = offload_create(&s, err, sizeof err);
+    offload_plan_input in = offload_plan_input_of(&s);
+    offload_ctx *o = offload_create(&in, spec_host_threads(&s), NULL, err,
+                                    sizeof err);
     assert_non_null(o);
     gpt_model a, b;
     assert_int_equal(gpt_create(&a, &cfg, 3, 2), 0);
