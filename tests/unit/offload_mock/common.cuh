@@ -4,9 +4,11 @@
  * (bf16 as its 16 bits, ceil_div, the CUDA_CHECK macros), none of the
  * device helpers.
  *
- * Include order cannot shadow the real header: gpt_cuda_impl.cuh includes
- * "common.cuh" from its own folder, which the compiler searches before any
- * -I. So every translation unit of the test includes this file first; it
+ * Include order alone is not relied on to shadow the real header (a
+ * "common.cuh" next to an including file is found before any -I; today
+ * daemon/model/cuda/gpt_cuda_impl.cuh has none beside it, and finds this
+ * folder's first). So every translation unit of the test includes this
+ * file first; it
  * defines the real header's guard, M6_CUDA_COMMON_CUH, which turns the real
  * one into nothing. If the guard's name ever changes, the real header is
  * read again and stops the build at this folder's cuda_bf16.h, which says

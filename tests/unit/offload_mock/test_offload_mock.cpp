@@ -1,6 +1,6 @@
 /*
  * test_offload_mock.cpp — CPU-only test of the GPU offload runtime,
- * kernels/cuda/gpt_cuda_offload.cu, on the mock CUDA runtime of this
+ * daemon/offload/cuda/gpt_cuda_offload.cu, on the mock CUDA runtime of this
  * folder (no GPU, no CUDA toolkit).
  *
  * Each seed draws a model (layers, shared slots, width), a placement
