@@ -41,6 +41,7 @@ extern "C" {
 #include "model/gpt.h"
 }
 #include "cuda_check.h"
+#include "expect_path.h"
 #include "gpt_cuda.h"
 
 #define TOL_LOSS 5e-2
@@ -166,6 +167,13 @@ static gpt_cuda *pair_(gpt_model *c, int S, uint64_t seed)
                info.n_params_cpu, c->n_params);
         exit(1);
     }
+    /* the paths gpt_cuda chose from cuBLASLt's answers */
+    n_failed += !expect_path_("M6_TEST_EXPECT_ATT", "model attention path",
+                              info.att_gemm ? "gemm" : "flash");
+    n_failed += !expect_path_("M6_TEST_EXPECT_EPI", "model epilogue path",
+                              info.epi_fallback == 0   ? "fused"
+                              : info.epi_fallback == 4 ? "separate"
+                                                       : "mixed");
     if (gpt_cuda_set_params(g, c->params, c->n_params) != 0)
         exit(1);
     return g;

@@ -31,6 +31,7 @@ extern "C" {
 #include "kernels.h"
 }
 #include "cuda_check.h"
+#include "expect_path.h"
 #include "kernels_cuda.h"
 
 #define TOL_BF16 1e-2
@@ -165,6 +166,13 @@ static void check_true_(const char *what, int ok)
     printf("  %-34s %s\n", what, ok ? "ok" : "FAIL");
 }
 
+/* the path taken, against $env (expect_path.h) */
+static void check_path_(const char *env, const char *what, const char *got)
+{
+    n_checks++;
+    n_failed += !expect_path_(env, what, got);
+}
+
 /* ------------------------------------------------ GEMM reference (double) */
 
 static void ref_matmul_forward_(float *out, const float *inp, const float *w,
@@ -297,6 +305,8 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
     bf16 *d_bias = bias ? dbf_(bias, OC) : NULL;
     bf16 *d_out = dnan_bf16_(NO), *d_pre = dnan_bf16_(NO);
+    long fused0, sep0, fused1, sep1;
+    matmul_cuda_paths(&fused0, &sep0);
     if (gelu) {
         float *act = (float *)malloc(NO * sizeof(float));
         gelu_forward(act, pre, NO);
@@ -310,6 +320,13 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
         float *g = hbf_(d_out, NO);
         check_("matmul_forward out", g, pre, NULL, NO, TOL_BF16);
         free(g);
+    }
+    matmul_cuda_paths(&fused1, &sep1);
+    if (with_bias || gelu) { /* which path the epilogue took: one */
+        check_true_("matmul_forward epilogue counted",
+                    (fused1 > fused0) + (sep1 > sep0) >= 1);
+        check_path_("M6_TEST_EXPECT_EPI", "matmul_forward epilogue path",
+                    sep1 > sep0 ? "separate" : "fused");
     }
     if (!gelu) {
         float *dout = hrand_(NO, -1, 1);
@@ -379,8 +396,20 @@ static void test_attention_(int B, int T, int C, int NH)
     int items = B > NH ? B : NH; /* what a full workspace holds */
     if (items > 1)
         wsb = wsb / items * (items - 1);
-    if (wsb) {
-        float *d_ws = dnan_f32_(wsb / sizeof(float));
+    float *d_ws = wsb ? dnan_f32_(wsb / sizeof(float)) : NULL;
+    char why[256] = "";
+    /* where cuBLASLt has no algorithm, the flash kernels above are the
+     * path (gpt_cuda's choice), and the GEMM path is not called */
+    int gemm_ok = wsb && attention_gemm_supported(d_ws, wsb, d_qkv, d_out,
+                                                  d_dqkv, d_dout, B, T, C,
+                                                  NH, why, sizeof why);
+    if (wsb)
+        check_path_("M6_TEST_EXPECT_ATT", "attention path",
+                    gemm_ok ? "gemm" : "flash");
+    if (wsb && !gemm_ok) {
+        printf("  attention_gemm: %s: the flash kernels\n", why);
+        cudaFree(d_ws);
+    } else if (wsb) {
         float *d_lse2 = dnan_f32_((size_t)B * NH * T);
         bf16 *d_out2 = dnan_bf16_(NC), *d_dqkv3 = dbf_(dqkv0, N3);
         attention_gemm_forward_cuda(d_out2, d_lse2, d_ws, wsb, d_qkv, B, T, C,
