@@ -202,13 +202,27 @@ static int choose_paths_(gpt_cuda *g)
     acts_ *a = &g->a;
     char why[256] = "";
     if (a->att_ws) {
-        int ok = 1;
-        for (int l = 0; l < L && ok; l++)
+        /* the layers differ only in where qkv and atty start: one probe
+         * per pair of alignments (powers of two up to 256, as matmul.cu
+         * states them) */
+        int ok = 1, n_seen = 0;
+        uintptr_t seen[81];
+        for (int l = 0; l < L && ok; l++) {
+            uintptr_t q = (uintptr_t)(a->qkv + l * Ba * 3 * C) | 256;
+            uintptr_t o = (uintptr_t)(a->atty + l * Ba * C) | 256;
+            uintptr_t key = (q & -q) << 9 | (o & -o);
+            int known = 0;
+            for (int i = 0; i < n_seen; i++)
+                known |= seen[i] == key;
+            if (known)
+                continue;
+            seen[n_seen++] = key;
             ok = attention_gemm_supported(a->att_ws, a->att_ws_bytes,
                                           a->qkv + l * Ba * 3 * C,
                                           a->atty + l * Ba * C, a->dqkv,
                                           a->datty, g->B, T, C, NH, why,
                                           sizeof why);
+        }
         if (ok) {
             fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): "
                             "cuBLASLt tensor-core GEMMs, %.1f MiB "
