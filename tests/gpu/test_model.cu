@@ -286,9 +286,25 @@ static void test_determinism_(void)
     free(tgt);
 }
 
+/* M6_TEST_EXPECT_CREATE=fail (with cuBLASLt refusing a GEMM that has no
+ * fallback): gpt_cuda_create must return NULL, having said why, and not
+ * end the process (m6d keeps running). */
+static int create_fails_(void)
+{
+    printf("creation where cuBLASLt has no algorithm for a plain GEMM\n");
+    gpt_cuda *g = gpt_cuda_create(&CFG, CFG.n_layer, B);
+    printf("  %-44s %s\n", "gpt_cuda_create returned NULL",
+           g ? "FAIL" : "ok");
+    gpt_cuda_free(g);
+    return g ? 1 : 0;
+}
+
 int main(void)
 {
     cuda_device_or_skip("test_model");
+    const char *create = getenv("M6_TEST_EXPECT_CREATE");
+    if (create && !strcmp(create, "fail"))
+        return create_fails_();
     test_train_(CFG.n_layer); /* Real */
     test_train_(1);           /* Pseudo, then delink */
     test_determinism_();
