@@ -16,14 +16,16 @@
 # the toolkit's lib64 or, where it is elsewhere, by LD_LIBRARY_PATH, which
 # this script sets when the binaries lack it. So: run bench/gpu-check.sh
 # here (no GPU: it builds and exits 77), then send the device this one
-# command, with carry ["build-gpu"] and timeout_s 540 (it prints the GPU,
-# the driver and whether compute-sanitizer is there, runs the checks on the
-# carried build with a 400 s budget, then test_ops and test_offload under
-# compute-sanitizer memcheck and racecheck while time remains, each run
-# capped at 100 s; the whole log is in $OUT/device.log, each sanitizer run's
-# in $OUT/san_TOOL_TEST.log, the check's own log and outputs in $OUT/):
+# command, with carry ["build-gpu"] and timeout_s 540. It prints the GPU,
+# the driver and whether compute-sanitizer is there; runs the checks on the
+# carried build with a 400 s budget (--largest sized for 96 GiB of host
+# memory: the VM has 128 GiB, its MemTotal starts lower); then runs
+# test_ops and test_offload under compute-sanitizer memcheck and racecheck
+# while time remains, each run capped at 100 s. The whole log goes to
+# $OUT/device.log, each sanitizer run's to $OUT/san_TOOL_TEST.log, the
+# check's own log and outputs to $OUT/:
 #
-# T0=$(date +%s); { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); echo "compute-sanitizer: ${S:-absent}"; GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=400 bench/gpu-check.sh; echo "gpu-check: exit $?"; cp build-gpu/gpu-check.log build-gpu/*.out "$OUT"/ 2>/dev/null; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((530 - $(date +%s) + T0)); [ $left -gt 100 ] && left=100; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
+# T0=$(date +%s); { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); echo "compute-sanitizer: ${S:-absent}"; GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=400 GPU_CHECK_HOST_GIB=96 bench/gpu-check.sh; echo "gpu-check: exit $?"; cp build-gpu/gpu-check.log build-gpu/*.out "$OUT"/ 2>/dev/null; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((530 - $(date +%s) + T0)); [ $left -gt 100 ] && left=100; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
 #
 #   bench/gpu-check.sh            build dir and log in build-gpu/
 #   GPU_CHECK_DIR=dir NVCC=path   override either
