@@ -6,15 +6,37 @@
 # also needs jansson and zlib; where their headers and libraries are
 # missing it is not built, and the script says so (trainer_ok=no_libs). Made for a machine with one sm_90
 # GPU and CUDA 13; finishes within 8 minutes (a global deadline caps every
-# run). Without a GPU it still builds everything and reports the skip.
+# run). Without a GPU it still builds everything, says so and exits 77.
 #
-#   bench/gpu-check.sh            build dir and log in a fresh /tmp dir
+# The build travels: it lands in build-gpu/ (ignored by git's /build*/,
+# about 23 MiB), and its binaries need only a CUDA 13 driver and cuBLASLt
+# 13 on the GPU machine. cudart is linked statically; libgomp, jansson and
+# zlib (from this machine's Debian packages) are copied into build-gpu/lib
+# and found there through the rpath $ORIGIN/lib; cuBLASLt by the rpath of
+# the toolkit's lib64 or, where it is elsewhere, by LD_LIBRARY_PATH, which
+# this script sets when the binaries lack it. So: run bench/gpu-check.sh
+# here (no GPU: it builds and exits 77), then send the device this one
+# command, with carry ["build-gpu"] and timeout_s 540. It prints the GPU,
+# the driver and whether compute-sanitizer is there; runs the checks on the
+# carried build with a 400 s budget (--largest sized for 96 GiB of host
+# memory: the VM has 128 GiB, its MemTotal starts lower); then runs
+# test_ops and test_offload under compute-sanitizer memcheck and racecheck
+# while time remains, each run capped at 100 s. The whole log goes to
+# $OUT/device.log, each sanitizer run's to $OUT/san_TOOL_TEST.log, the
+# check's own log and outputs to $OUT/:
+#
+# T0=$(date +%s); { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); echo "compute-sanitizer: ${S:-absent}"; GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=400 GPU_CHECK_HOST_GIB=96 bench/gpu-check.sh; echo "gpu-check: exit $?"; cp build-gpu/gpu-check.log build-gpu/*.out "$OUT"/ 2>/dev/null; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((530 - $(date +%s) + T0)); [ $left -gt 100 ] && left=100; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
+#
+#   bench/gpu-check.sh            build dir and log in build-gpu/
 #   GPU_CHECK_DIR=dir NVCC=path   override either
 #   GPU_CHECK_REUSE=1             use the binaries already in GPU_CHECK_DIR
 #                                 when this script built them from the same
-#                                 sources (build on a CPU machine into an
-#                                 ignored folder of the repo, carry it:
-#                                 saves the ~40 s build on the GPU machine)
+#                                 sources (build on a CPU machine into
+#                                 build-gpu/, carry it: saves the ~40 s
+#                                 build on the GPU machine)
+#   GPU_CHECK_BUDGET_S=S          the global deadline, S seconds after the
+#                                 start (470), so that a device command can
+#                                 keep time for more after this script
 #   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_model
 #                                 test_offload test_trainer train_124m
 #                                 train_124m_pseudo train_350m offload_1p5b
@@ -32,7 +54,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 START=$(date +%s)
-DEADLINE=$((START + 470))          # 8 minutes minus a margin
+DEADLINE=$((START + ${GPU_CHECK_BUDGET_S:-470})) # 8 minutes minus a margin
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 if [ ! -x "$NVCC" ]; then
@@ -41,8 +63,9 @@ if [ ! -x "$NVCC" ]; then
     exit 1
 fi
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
-OUT=${GPU_CHECK_DIR:-$(mktemp -d /tmp/m6-gpu-check.XXXXXX)}
+OUT=${GPU_CHECK_DIR:-$ROOT/build-gpu}
 mkdir -p "$OUT/obj"
+OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/gpu-check.log
 exec > >(tee "$LOG") 2>&1
 
@@ -56,7 +79,13 @@ build_() {
     NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fno-math-errno
              -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
     CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
-    LDFLAGS=(-L"$CUDA_HOME/lib64" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lgomp)
+    # cudart static (nvcc's default); cuBLASLt from the toolkit's lib64
+    # (this one's, or /usr/local/cuda's on the GPU machine); the rest from
+    # build-gpu/lib (copied below; nvcc passes '$ORIGIN' on as it is)
+    LDFLAGS=(-L"$CUDA_HOME/lib64" -cudart static
+             -Xlinker -rpath -Xlinker '$ORIGIN/lib'
+             -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64"
+             -Xlinker -rpath -Xlinker /usr/local/cuda/lib64 -lcublasLt -lgomp)
     KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
              kernels/cuda/crossentropy kernels/cuda/adamw daemon/model/cuda/gpt_cuda
@@ -141,6 +170,45 @@ build_() {
         "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_matmul.o" \
             "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
     fi
+    [ $build_ok = yes ] && travel_
+}
+
+# The shared libraries of this machine that a GPU machine may lack (the
+# CUDA image has the driver and the toolkit, not our Debian packages):
+# copied into $OUT/lib, where the rpath $ORIGIN/lib finds them. The object
+# files go (the folder is carried: it must stay small).
+travel_() {
+    mkdir -p "$OUT/lib"
+    local b lib
+    for b in test_ops test_model test_offload test_trainer gpu_train gpu_offload; do
+        [ -x "$OUT/$b" ] || continue
+        for lib in $(ldd "$OUT/$b" | awk '$3 ~ /^\// && $1 ~ /^lib(gomp|jansson|z)\.so/ {print $3}'); do
+            cp -L "$lib" "$OUT/lib/$(basename "$lib")"
+        done
+    done
+    rm -f "$OUT"/obj/*.o "$OUT/obj/libcheck"
+    echo "gpu-check: $(du -sh "$OUT" | cut -f1) in $OUT, libraries carried along: $(cd "$OUT/lib" && echo *)"
+}
+
+# cuBLASLt where the rpath does not find it (a toolkit elsewhere, or only
+# the pip wheel nvidia-cublas): the first folder that holds it goes into
+# LD_LIBRARY_PATH (also written to $OUT/ld-library-path for commands run
+# after this script, such as compute-sanitizer).
+find_cublaslt_() {
+    local b=$OUT/test_ops d
+    [ -x "$b" ] || return 0
+    ldd "$b" 2>/dev/null | grep -q "libcublasLt.*not found" || { : > "$OUT/ld-library-path"; return 0; }
+    for d in "$CUDA_HOME/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+             /usr/local/cuda*/targets/x86_64-linux/lib \
+             $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
+        if [ -e "$d/libcublasLt.so.13" ]; then
+            export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            echo "$LD_LIBRARY_PATH" > "$OUT/ld-library-path"
+            echo "gpu-check: libcublasLt.so.13 from $d (LD_LIBRARY_PATH)"
+            return 0
+        fi
+    done
+    echo "gpu-check: libcublasLt.so.13 not found (not in the rpath, $CUDA_HOME/lib64, /usr/local/cuda*, nor python3's nvidia packages)"
 }
 
 # GPU_CHECK_REUSE=1: binaries already in GPU_CHECK_DIR, built by this script
@@ -153,6 +221,7 @@ src_hash_() {
         LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 }
 SRC_HASH=$(src_hash_)
+find_cublaslt_
 reuse=no
 if [ -n "${GPU_CHECK_REUSE:-}" ] && [ "$(cat "$OUT/src-hash" 2>/dev/null)" = "$SRC_HASH" ]; then
     reuse=yes
@@ -175,6 +244,7 @@ else
     rm -f "$OUT/src-hash" "$OUT"/test_{ops,model,offload,trainer} "$OUT"/gpu_{train,offload}
     build_
     [ $build_ok = yes ] && echo "$SRC_HASH" > "$OUT/src-hash"
+    [ $build_ok = yes ] && find_cublaslt_
 fi
 BUILD_S=$(( $(date +%s) - START ))
 echo "gpu-check: build ${build_ok} in ${BUILD_S} s"
@@ -237,6 +307,9 @@ fi
 nodev_() { [ "$1" = skip ] || [ "$1" = not_run ]; } # skipped, or left out
 if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
     [ "$OPS$MODEL$OFFLOAD" != not_runnot_runnot_run ]; then
+    echo "gpu-check: SKIP: no CUDA device here (the tests said so: exit 77); nothing was measured."
+    echo "gpu-check: the build in $OUT ($(du -sh "$OUT" | cut -f1)) is made to be carried to a GPU"
+    echo "gpu-check: machine: see the device command at the top of bench/gpu-check.sh"
     echo "gpu_check=no_cuda_device ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi

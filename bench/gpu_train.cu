@@ -1,7 +1,8 @@
 /*
  * gpu_train.cu — training throughput of the GPU model (gpt_cuda) and its MFU,
  * against the H100/H200 dense bf16 peak (989 TFLOP/s) and against a cuBLASLt
- * bf16 GEMM peak measured in the same run.
+ * bf16 GEMM peak measured in the same run, on pseudo-random inputs (a GEMM
+ * on zeros draws less power, runs faster and would inflate mfu_vs_gemm).
  *
  * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
  * Random tokens (throughput does not depend on the data). Each step: zero
@@ -34,8 +35,56 @@ static double now_(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* x[i] (n) = a pseudo-random bf16, uniform in [-1, 1): splitmix64 of
+ * seed + i, so the values depend on (seed, i) only, not on the launch. */
+__global__ void fill_random_bf16_kernel(bf16 *x, size_t n, uint64_t seed)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    x[i] = __float2bfloat16_rn((float)(z >> 40) * (2.0f / 16777216.0f) -
+                               1.0f);
+}
+
+/* Fill x (n bf16, device) as fill_random_bf16_kernel, then check its first
+ * values on the host against the uniform distribution on [-1, 1) (mean 0,
+ * standard deviation 1/sqrt(3)): a fill that left zeros or constants
+ * would inflate the GEMM peak (zeros draw less power). Exits 1 if not. */
+static void fill_random_(bf16 *x, size_t n, uint64_t seed)
+{
+    const unsigned bs = 256;
+    fill_random_bf16_kernel<<<(unsigned)((n + bs - 1) / bs), bs>>>(x, n,
+                                                                    seed);
+    CUDA_CHECK_LAUNCH();
+    size_t m = n < 4096 ? n : 4096;
+    bf16 *h = (bf16 *)malloc(m * sizeof(bf16));
+    CUDA_CHECK(cudaMemcpy(h, x, m * sizeof(bf16), cudaMemcpyDeviceToHost));
+    double s = 0, s2 = 0;
+    int bad = 0;
+    for (size_t i = 0; i < m; i++) {
+        float v = __bfloat162float(h[i]);
+        bad += !(v >= -1.0f && v <= 1.0f);
+        s += v;
+        s2 += (double)v * v;
+    }
+    free(h);
+    double mean = s / m, sd = sqrt(s2 / m - mean * mean);
+    if (bad || m < 1024 || fabs(mean) > 0.1 || fabs(sd - 0.57735) > 0.05) {
+        fprintf(stderr, "gpu_train: the random GEMM inputs are not uniform "
+                        "on [-1,1): %d of %zu outside, mean %.3f, sd %.3f "
+                        "(want 0, 0.577)\n", bad, m, mean, sd);
+        exit(1);
+    }
+}
+
 /* Best TFLOP/s of an n x n x n bf16 GEMM (fp32 compute) through the same
- * cuBLASLt path as the model. */
+ * cuBLASLt path as the model, on pseudo-random inputs (not zeros: a GEMM
+ * on zeros draws less power and runs faster than on real data). 0 when
+ * cuBLASLt has no algorithm for it. */
 static double gemm_peak_tflops_(int n, int reps)
 {
     size_t nn = (size_t)n * n;
@@ -43,9 +92,20 @@ static double gemm_peak_tflops_(int n, int reps)
     CUDA_CHECK(cudaMalloc(&a, nn * sizeof(bf16)));
     CUDA_CHECK(cudaMalloc(&b, nn * sizeof(bf16)));
     CUDA_CHECK(cudaMalloc(&c, nn * sizeof(bf16)));
-    CUDA_CHECK(cudaMemset(a, 0, nn * sizeof(bf16))); /* zeros: a GEMM's speed
-                                                        does not depend on them */
-    CUDA_CHECK(cudaMemset(b, 0, nn * sizeof(bf16)));
+    fill_random_(a, nn, 1);
+    fill_random_(b, nn, 2);
+    /* matmul_forward_cuda(c, a, b, NULL, n, n, n): c = a b^T, as cuBLASLt
+     * sees it (matmul.cu) */
+    gemm_batched_args ga = {1, 0, n, n, n, b, n, 0, a, n, 0, c, n, 0,
+                            0, 1.0f, 0.0f, 1};
+    if (!gemm_batched_supported(&ga)) {
+        printf("gpu_train: cuBLASLt has no algorithm for the %dx%dx%d "
+               "peak GEMM: no peak\n", n, n, n);
+        CUDA_CHECK(cudaFree(a));
+        CUDA_CHECK(cudaFree(b));
+        CUDA_CHECK(cudaFree(c));
+        return 0;
+    }
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
@@ -93,9 +153,16 @@ static double attention_ms_(int gemm, int B, int T, int C, int NH, int reps)
     CUDA_CHECK(cudaMemset(qkv, 0, n3 * sizeof(bf16))); /* bf16 zeros */
     CUDA_CHECK(cudaMemset(dout, 0, nc * sizeof(bf16)));
     CUDA_CHECK(cudaMemset(dqkv, 0, n3 * sizeof(bf16)));
+    char why[256];
+    if (gemm && !attention_gemm_supported(ws, wsb, qkv, out, dqkv, dout, B,
+                                          T, C, NH, why, sizeof why)) {
+        printf("gpu_train: attention_gemm: %s\n", why); /* as gpt_cuda */
+        gemm = 0;
+        reps = -1; /* none timed */
+    }
     cudaStream_t st;
     CUDA_CHECK(cudaStreamCreate(&st));
-    double best = 1e30;
+    double best = reps < 0 ? -1 : 1e30;
     for (int r = 0; r <= reps; r++) {
         CUDA_CHECK(cudaStreamSynchronize(st));
         double t0 = now_();
@@ -187,7 +254,7 @@ int main(int argc, char **argv)
             printf("%.2f ms (%.1f TFLOP/s): %.2fx\n", att_gemm,
                    fl / att_gemm / 1e9, att_flash / att_gemm);
         else
-            printf("not offered for this head size\n");
+            printf("not offered (head size, or no cuBLASLt algorithm)\n");
     }
 
     gpt_cuda *g = gpt_cuda_create(&c, S, B);

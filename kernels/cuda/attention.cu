@@ -12,7 +12,9 @@
  * memory): a tiled version on the fp32 CUDA cores, no workspace (long
  * sequences, and the baseline).
  * The tensor-core path (attention_gemm_*, below the kernels): cuBLASLt
- * batched GEMMs through a (T,T) workspace; gpt_cuda uses it where it fits.
+ * batched GEMMs through a (T,T) workspace; gpt_cuda uses it where it fits
+ * and cuBLASLt has an algorithm for each of its GEMMs (asked ahead by
+ * attention_gemm_supported), the flash kernels elsewhere.
  *
  * The flash kernels: one thread owns one row (a query in forward and
  * dq, a key in dk/dv) with its accumulators in registers; the rows it meets
@@ -438,17 +440,42 @@ static att_pass_ att_pass_of_(void *ws, const att_sched_ *sc, int o, int i0,
     return a;
 }
 
+/* How a call's GEMMs go: run on the stream, or (probe) only asked of
+ * cuBLASLt, with no kernel launched; ok drops to 0 at the first GEMM that
+ * has no algorithm, named in why. */
+typedef struct {
+    cudaStream_t stream;
+    int probe, ok;
+    char *why;
+    size_t whylen;
+} att_run_;
+
+static void att_gemm_(att_run_ *r, const gemm_batched_args *g)
+{
+    if (!r->probe) {
+        gemm_batched_cuda(g, r->stream);
+        return;
+    }
+    if (!r->ok || gemm_batched_supported(g))
+        return;
+    r->ok = 0;
+    snprintf(r->why, r->whylen, "cuBLASLt has no algorithm for the batched "
+             "attention GEMM m=%d n=%d k=%d (ta=%d tb=%d, batch %d, D %s)",
+             g->m, g->n, g->k, g->ta, g->tb, g->batch,
+             g->d_f32 ? "fp32" : "bf16");
+}
+
 /* S (n; T queries x T keys, row-major, ld ldT) = alpha X Y^T, X and Y
  * (T, hs) slices of ld ldx, ldy, item strides sx, sy: column-major
  * S^T = op_T(Y) X. */
 static void att_scores_(const att_pass_ *a, float *S, const bf16 *X, int ldx,
                         long long sx, const bf16 *Y, int ldy, long long sy,
-                        float alpha, cudaStream_t stream)
+                        float alpha, att_run_ *r)
 {
     gemm_batched_args g = {1, 0, a->T, a->T, a->hs, Y, ldy, sy, X, ldx, sx,
                            S, a->ldT, (long long)a->T * a->ldT, 1, alpha,
                            0.0f, a->n};
-    gemm_batched_cuda(&g, stream);
+    att_gemm_(r, &g);
 }
 
 /* Out (n; T x hs, ld ldo, stride so) = beta Out + W Y, W (T x T, ld ldT)
@@ -456,12 +483,12 @@ static void att_scores_(const att_pass_ *a, float *S, const bf16 *X, int ldx,
  * stride sy: column-major Out^T = Y^T op(W)^T. */
 static void att_apply_(const att_pass_ *a, bf16 *Out, int ldo, long long so,
                        const bf16 *W, int tw, const bf16 *Y, int ldy,
-                       long long sy, float beta, cudaStream_t stream)
+                       long long sy, float beta, att_run_ *r)
 {
     gemm_batched_args g = {0, tw, a->hs, a->T, a->T, Y, ldy, sy, W, a->ldT,
                            (long long)a->T * a->ldT, Out, ldo, so, 0, 1.0f,
                            beta, a->n};
-    gemm_batched_cuda(&g, stream);
+    att_gemm_(r, &g);
 }
 
 size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH)
@@ -474,36 +501,47 @@ size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH)
     return (size_t)att_items_(T, items, ATT_WS_CAP) * att_item_bytes_(T);
 }
 
-void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
-                                 size_t ws_bytes, const bf16 *qkv, int B,
-                                 int T, int C, int NH, cudaStream_t stream)
+static void att_forward_(bf16 *out, float *lse, void *ws, size_t ws_bytes,
+                         const bf16 *qkv, int B, int T, int C, int NH,
+                         att_run_ *r)
 {
+    cudaStream_t stream = r->stream;
     float scale = 1.0f / sqrtf((float)(C / NH));
     att_sched_ sc = att_sched_of_(B, NH, T, ws_bytes);
     for (int o = 0; o < sc.outers; o++)
     for (int i0 = 0; i0 < sc.items; i0 += sc.group) {
         att_pass_ a = att_pass_of_(ws, &sc, o, i0, T, C, NH);
         const bf16 *q = qkv + a.off3;
-        att_scores_(&a, a.S, q, 3 * C, a.s3, q + C, 3 * C, a.s3, scale,
-                    stream);
+        att_scores_(&a, a.S, q, 3 * C, a.s3, q + C, 3 * C, a.s3, scale, r);
         int rows = a.n * T;
-        attn_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, 256), 256, 0,
-                                   stream>>>(a.P, lse + a.lse_off, a.S, T,
-                                             a.ldT, rows, a.lse_bs);
-        CUDA_CHECK_LAUNCH();
+        if (!r->probe) {
+            attn_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, 256), 256,
+                                       0, stream>>>(a.P, lse + a.lse_off, a.S,
+                                                    T, a.ldT, rows, a.lse_bs);
+            CUDA_CHECK_LAUNCH();
+        }
         att_apply_(&a, out + a.offc, C, a.sc, a.P, 0, q + 2 * (size_t)C,
-                   3 * C, a.s3, 0.0f, stream);
+                   3 * C, a.s3, 0.0f, r);
     }
 }
 
-void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
-                                  size_t ws_bytes, const bf16 *dout,
-                                  const bf16 *qkv, const bf16 *out,
-                                  const float *lse, int B, int T, int C,
-                                  int NH, cudaStream_t stream)
+void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
+                                 size_t ws_bytes, const bf16 *qkv, int B,
+                                 int T, int C, int NH, cudaStream_t stream)
 {
+    att_run_ r = {stream, 0, 1, NULL, 0};
+    att_forward_(out, lse, ws, ws_bytes, qkv, B, T, C, NH, &r);
+}
+
+static void att_backward_(bf16 *dqkv, float *scratch, void *ws,
+                          size_t ws_bytes, const bf16 *dout, const bf16 *qkv,
+                          const bf16 *out, const float *lse, int B, int T,
+                          int C, int NH, att_run_ *r)
+{
+    cudaStream_t stream = r->stream;
     float scale = 1.0f / sqrtf((float)(C / NH));
-    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
+    if (!r->probe)
+        attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
     att_sched_ sc = att_sched_of_(B, NH, T, ws_bytes);
     for (int o = 0; o < sc.outers; o++)
     for (int i0 = 0; i0 < sc.items; i0 += sc.group) {
@@ -513,20 +551,49 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
         const bf16 *dO = dout + a.offc;
         size_t n = (size_t)a.n * T * T;
         unsigned nb = (unsigned)ceil_div(n, 256);
-        att_scores_(&a, a.S, q, 3 * C, a.s3, k, 3 * C, a.s3, scale, stream);
-        attn_probs_kernel<<<nb, 256, 0, stream>>>(
-            a.P, a.S, (const float *)NULL, lse + a.lse_off,
-            (const float *)NULL, T, a.ldT, n, a.lse_bs, 0.0f);
-        CUDA_CHECK_LAUNCH();
-        att_apply_(&a, dv, 3 * C, a.s3, a.P, 1, dO, C, a.sc, 1.0f, stream);
-        att_scores_(&a, a.dP, dO, C, a.sc, v, 3 * C, a.s3, 1.0f, stream);
-        attn_probs_kernel<<<nb, 256, 0, stream>>>(
-            a.P, a.S, a.dP, lse + a.lse_off, scratch + a.lse_off, T, a.ldT,
-            n, a.lse_bs, scale);
-        CUDA_CHECK_LAUNCH();
-        att_apply_(&a, dq, 3 * C, a.s3, a.P, 0, k, 3 * C, a.s3, 1.0f, stream);
-        att_apply_(&a, dk, 3 * C, a.s3, a.P, 1, q, 3 * C, a.s3, 1.0f, stream);
+        att_scores_(&a, a.S, q, 3 * C, a.s3, k, 3 * C, a.s3, scale, r);
+        if (!r->probe) {
+            attn_probs_kernel<<<nb, 256, 0, stream>>>(
+                a.P, a.S, (const float *)NULL, lse + a.lse_off,
+                (const float *)NULL, T, a.ldT, n, a.lse_bs, 0.0f);
+            CUDA_CHECK_LAUNCH();
+        }
+        att_apply_(&a, dv, 3 * C, a.s3, a.P, 1, dO, C, a.sc, 1.0f, r);
+        att_scores_(&a, a.dP, dO, C, a.sc, v, 3 * C, a.s3, 1.0f, r);
+        if (!r->probe) {
+            attn_probs_kernel<<<nb, 256, 0, stream>>>(
+                a.P, a.S, a.dP, lse + a.lse_off, scratch + a.lse_off, T,
+                a.ldT, n, a.lse_bs, scale);
+            CUDA_CHECK_LAUNCH();
+        }
+        att_apply_(&a, dq, 3 * C, a.s3, a.P, 0, k, 3 * C, a.s3, 1.0f, r);
+        att_apply_(&a, dk, 3 * C, a.s3, a.P, 1, q, 3 * C, a.s3, 1.0f, r);
     }
+}
+
+void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
+                                  size_t ws_bytes, const bf16 *dout,
+                                  const bf16 *qkv, const bf16 *out,
+                                  const float *lse, int B, int T, int C,
+                                  int NH, cudaStream_t stream)
+{
+    att_run_ r = {stream, 0, 1, NULL, 0};
+    att_backward_(dqkv, scratch, ws, ws_bytes, dout, qkv, out, lse, B, T, C,
+                  NH, &r);
+}
+
+int attention_gemm_supported(void *ws, size_t ws_bytes, const bf16 *qkv,
+                             const bf16 *out, bf16 *dqkv, const bf16 *dout,
+                             int B, int T, int C, int NH, char *why,
+                             size_t whylen)
+{
+    att_run_ r = {0, 1, 1, why, whylen};
+    for (int b = 1; b <= B && r.ok; b++) {
+        att_forward_((bf16 *)out, NULL, ws, ws_bytes, qkv, b, T, C, NH, &r);
+        att_backward_(dqkv, NULL, ws, ws_bytes, dout, qkv, out, NULL, b, T,
+                      C, NH, &r);
+    }
+    return r.ok;
 }
 
 /* ------------------------------------------------------------- launchers */

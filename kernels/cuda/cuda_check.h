@@ -6,6 +6,12 @@
  * string, the failing statement and file:line, then exit(1): a GPU error in
  * the middle of a step leaves no state worth recovering.
  *
+ * M6_CUDA_SYNC=1 (environment, read once per file): every
+ * CUDA_CHECK_LAUNCH() also waits for the device and checks, so that an
+ * error inside a kernel (an illegal address) is reported at the file:line
+ * of its launch, not at the next synchronising call. A debugging switch:
+ * it serialises the host with the device and the streams with each other.
+ *
  * cuda_device_or_skip(): the test/bench prologue. Exit code 77 (the
  * meson/automake "skipped" code) with "no CUDA device" when there is none.
  */
@@ -28,8 +34,33 @@
         }                                                                     \
     } while (0)
 
-/* After a <<<...>>> launch: catches bad launch configurations at once. */
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+/* 1 when M6_CUDA_SYNC=1 is set (read at the first call of this file). */
+static inline int cuda_sync_launches(void)
+{
+    static int on = -1; /* a benign race: every thread reads the same */
+    if (on < 0) {
+        const char *e = getenv("M6_CUDA_SYNC");
+        on = e && e[0] == '1' && e[1] == 0;
+    }
+    return on;
+}
+
+/* After a <<<...>>> launch: catches bad launch configurations at once, and
+ * with M6_CUDA_SYNC=1 the kernel's own errors too. */
+#define CUDA_CHECK_LAUNCH()                                                   \
+    do {                                                                      \
+        CUDA_CHECK(cudaGetLastError());                                       \
+        if (cuda_sync_launches()) {                                           \
+            cudaError_t sync_ = cudaDeviceSynchronize();                      \
+            if (sync_ != cudaSuccess) {                                       \
+                fprintf(stderr, "CUDA error %s (%s) at %s:%d: in the kernel " \
+                        "launched here (M6_CUDA_SYNC=1)\n",                   \
+                        cudaGetErrorName(sync_), cudaGetErrorString(sync_),   \
+                        __FILE__, __LINE__);                                  \
+                exit(1);                                                      \
+            }                                                                 \
+        }                                                                     \
+    } while (0)
 
 #define CUBLAS_CHECK(call)                                                    \
     do {                                                                      \

@@ -110,6 +110,12 @@ typedef struct {
 } gemm_batched_args;
 void gemm_batched_cuda(const gemm_batched_args *g, cudaStream_t stream);
 
+/* 1 when cuBLASLt has an algorithm for g (as gemm_batched_cuda would make
+ * it: same shapes, types, batch and pointer alignments), else 0. Runs
+ * nothing; the answer is kept, so gemm_batched_cuda(g) then finds the
+ * same. */
+int gemm_batched_supported(const gemm_batched_args *g);
+
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL.
  * cuBLASLt, bf16 in/out, fp32 compute, bias fused as an epilogue. */
 void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,
@@ -122,6 +128,31 @@ void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,
 void matmul_forward_gelu_cuda(bf16 *out, bf16 *pre, const bf16 *inp,
                               const bf16 *weight, const bf16 *bias, int N,
                               int C, int OC, cudaStream_t stream);
+
+/* 1 when cuBLASLt has an algorithm for the fused epilogue that
+ * matmul_forward_cuda (gelu 0: BIAS; bias must not be NULL) or
+ * matmul_forward_gelu_cuda (gelu 1: GELU_AUX[_BIAS], pre the aux output)
+ * would use on these tensors; 0 when that call would take the plain GEMM
+ * plus the own bias / GELU kernels. Runs nothing; after a 0 the launchers
+ * no longer warn (the caller is expected to have logged its choice). */
+int matmul_forward_fused_supported(bf16 *out, bf16 *pre, const bf16 *inp,
+                                   const bf16 *weight, const bf16 *bias,
+                                   int N, int C, int OC, int gelu);
+
+/* 1 when cuBLASLt has an algorithm for each plain GEMM of a matmul on
+ * these tensors: the forward without epilogue (out = inp weight^T, also
+ * the fallback of the epilogues) and the backward's dinp (skipped when
+ * dinp is NULL) and dweight GEMMs. These have no other path: 0 names the
+ * missing one in why (whylen bytes). Runs nothing. */
+int matmul_plain_supported(const bf16 *out, const bf16 *inp,
+                           const bf16 *weight, bf16 *dinp, bf16 *dweight,
+                           const bf16 *dout, int N, int C, int OC,
+                           char *why, size_t whylen);
+
+/* Forward epilogues (a bias or a GELU of matmul_forward[_gelu]_cuda) run
+ * so far in this process: *fused in cuBLASLt's epilogue, *separate by the
+ * own bias / GELU kernels after a plain GEMM. */
+void matmul_cuda_paths(long *fused, long *separate);
 
 size_t matmul_backward_scratch_floats(int N, int OC);
 
@@ -168,6 +199,18 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
                                   const bf16 *qkv, const bf16 *out,
                                   const float *lse, int B, int T, int C,
                                   int NH, cudaStream_t stream);
+
+/* 1 when cuBLASLt has an algorithm for every batched GEMM (fp32 scores,
+ * bf16 products, the heads interleaved in qkv) that
+ * attention_gemm_forward_cuda and attention_gemm_backward_cuda make with
+ * these tensors, for every microbatch size 1..B (the passes differ in
+ * batch and alignment); 0 with the first missing GEMM named in why
+ * (whylen bytes) when one has none: use the flash kernels then. Runs
+ * nothing; the answers are kept, so the calls take the same path. */
+int attention_gemm_supported(void *ws, size_t ws_bytes, const bf16 *qkv,
+                             const bf16 *out, bf16 *dqkv, const bf16 *dout,
+                             int B, int T, int C, int NH, char *why,
+                             size_t whylen);
 
 /* --------------------------------------------------------------------- GELU */
 

@@ -13,7 +13,10 @@
  * row chunk, then a fixed-order sum) that accumulates like every backward.
  *
  * If cuBLASLt returns no algorithm for an epilogue, the launcher falls back
- * to the plain GEMM plus own bias/GELU kernels (and says so once).
+ * to the plain GEMM plus own bias/GELU kernels (and says so once). The
+ * *_supported functions ask the heuristic ahead (gpt_cuda does at creation,
+ * for every GEMM it will make) without running anything; the answers are
+ * kept, so the calls that follow take the same path.
  */
 #include <pthread.h>
 #include <string.h>
@@ -26,6 +29,7 @@
 static cublasLtHandle_t lt_handle_;
 static void *lt_workspace_;
 static int warned_fallback_;
+static long n_fused_, n_separate_;  /* forward epilogues, by path */
 
 /* The heuristic's answer for a configuration, kept: it costs tens of
  * microseconds of host time, and a training step asks the same few dozen
@@ -191,12 +195,13 @@ static cublasLtMatrixLayout_t layout_(cudaDataType_t type, int rows, int cols,
     return l;
 }
 
-/* Run g (kernels_cuda.h) with an epilogue (bias, aux: see there).
+/* Run g (kernels_cuda.h) with an epilogue (bias, aux: see there), or
+ * with run 0 only ask (and keep) whether cuBLASLt has an algorithm for it.
  * Returns 0, or -1 when cuBLASLt has no algorithm for this configuration
  * (only then; every other failure exits through CUBLAS_CHECK). */
 static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
                    const bf16 *bias, bf16 *aux, int aux_ld,
-                   cudaStream_t stream)
+                   cudaStream_t stream, int run)
 {
     matmul_cuda_init();
     int batch = g->batch > 0 ? g->batch : 1;
@@ -280,12 +285,12 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
             algo = res.algo;
         lt_cache_put_(&key, found, &algo);
     }
-    int rc = -1;
-    if (found) {
+    int rc = found ? 0 : -1;
+    if (found && run) {
         CUBLAS_CHECK(cublasLtMatmul(lt_handle_, op, &g->alpha, g->A, la, g->B,
                                     lb, &g->beta, g->D, ldl, g->D, ldl, &algo,
                                     lt_workspace_, MM_WORKSPACE, stream));
-        rc = 0;
+        CUDA_CHECK_LAUNCH(); /* M6_CUDA_SYNC=1: its kernels checked here */
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
@@ -314,12 +319,12 @@ static int lt_gemm_(bool ta, bool tb, int m, int n, int k, const bf16 *A,
                     bf16 *aux, int aux_ld, cudaStream_t stream)
 {
     gemm_batched_args g = plain_(ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta);
-    return lt_run_(&g, epi, bias, aux, aux_ld, stream);
+    return lt_run_(&g, epi, bias, aux, aux_ld, stream, 1);
 }
 
 void gemm_batched_cuda(const gemm_batched_args *g, cudaStream_t stream)
 {
-    if (lt_run_(g, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, stream) != 0) {
+    if (lt_run_(g, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, stream, 1) != 0) {
         fprintf(stderr, "matmul: cuBLASLt has no algorithm for a bf16 GEMM "
                         "m=%d n=%d k=%d (ta=%d tb=%d, batch %d, D %s)\n",
                 g->m, g->n, g->k, g->ta, g->tb, g->batch,
@@ -345,6 +350,74 @@ static void warn_fallback_(const char *what)
     warned_fallback_ = 1;
 }
 
+/* ------------------------------------------------------------- probes */
+
+int gemm_batched_supported(const gemm_batched_args *g)
+{
+    return lt_run_(g, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, 0, 0) == 0;
+}
+
+/* The epilogue of matmul_forward_cuda (gelu 0) or of
+ * matmul_forward_gelu_cuda (gelu 1) for these tensors, asked, not run. */
+static int epilogue_supported_(bf16 *out, bf16 *pre, const bf16 *inp,
+                               const bf16 *weight, const bf16 *bias, int N,
+                               int C, int OC, int gelu)
+{
+    gemm_batched_args g = plain_(true, false, OC, N, C, weight, C, inp, C,
+                                 out, OC, 0.0f);
+    if (!gelu)
+        return lt_run_(&g, CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0, 0, 0) == 0;
+    if (OC % 8)
+        return 0; /* the aux matrix's ld must be a multiple of 8 */
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                  : CUBLASLT_EPILOGUE_GELU_AUX;
+    return lt_run_(&g, epi, bias, pre, OC, 0, 0) == 0;
+}
+
+int matmul_forward_fused_supported(bf16 *out, bf16 *pre, const bf16 *inp,
+                                   const bf16 *weight, const bf16 *bias,
+                                   int N, int C, int OC, int gelu)
+{
+    int ok = epilogue_supported_(out, pre, inp, weight, bias, N, C, OC, gelu);
+    if (!ok)
+        warned_fallback_ = 1; /* the caller has said so */
+    return ok;
+}
+
+int matmul_plain_supported(const bf16 *out, const bf16 *inp,
+                           const bf16 *weight, bf16 *dinp, bf16 *dweight,
+                           const bf16 *dout, int N, int C, int OC,
+                           char *why, size_t whylen)
+{
+    /* forward (also the epilogues' fallback), backward dinp, dweight */
+    gemm_batched_args g[3] = {
+        plain_(true, false, OC, N, C, weight, C, inp, C, (bf16 *)out, OC,
+               0.0f),
+        plain_(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 1.0f),
+        plain_(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f)};
+    static const char *name[3] = {"forward", "backward dinp",
+                                  "backward dweight"};
+    for (int i = 0; i < 3; i++)
+        if ((i != 1 || dinp) && !gemm_batched_supported(&g[i])) {
+            snprintf(why, whylen, "cuBLASLt has no algorithm for the bf16 "
+                     "GEMM of the matmul %s (N=%d C=%d OC=%d: m=%d n=%d "
+                     "k=%d)", name[i], N, C, OC, g[i].m, g[i].n, g[i].k);
+            return 0;
+        }
+    return 1;
+}
+
+void matmul_cuda_paths(long *fused, long *separate)
+{
+    *fused = __atomic_load_n(&n_fused_, __ATOMIC_RELAXED);
+    *separate = __atomic_load_n(&n_separate_, __ATOMIC_RELAXED);
+}
+
+static void count_(long *n)
+{
+    __atomic_add_fetch(n, 1, __ATOMIC_RELAXED);
+}
+
 /* ------------------------------------------------------------- launchers */
 
 void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,
@@ -353,12 +426,15 @@ void matmul_forward_cuda(bf16 *out, const bf16 *inp, const bf16 *weight,
 {
     if (bias && lt_gemm_(true, false, OC, N, C, weight, C, inp, C, out, OC,
                          0.0f, CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0,
-                         stream) == 0)
+                         stream) == 0) {
+        count_(&n_fused_);
         return;
+    }
     lt_gemm_plain_(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f,
                    stream);
     if (bias) {
         warn_fallback_("BIAS");
+        count_(&n_separate_);
         size_t total = (size_t)N * OC;
         add_bias_kernel<<<ceil_div(total, 256), 256, 0, stream>>>(out, bias,
                                                                   OC, total);
@@ -374,9 +450,12 @@ void matmul_forward_gelu_cuda(bf16 *out, bf16 *pre, const bf16 *inp,
                                   : CUBLASLT_EPILOGUE_GELU_AUX;
     if (OC % 8 == 0 &&
         lt_gemm_(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, epi,
-                 bias, pre, OC, stream) == 0)
+                 bias, pre, OC, stream) == 0) {
+        count_(&n_fused_);
         return;
+    }
     warn_fallback_("GELU_AUX_BIAS");
+    count_(&n_separate_); /* the GELU; the bias counts in the call below */
     matmul_forward_cuda(pre, inp, weight, bias, N, C, OC, stream);
     gelu_forward_cuda(out, pre, (size_t)N * OC, stream);
 }

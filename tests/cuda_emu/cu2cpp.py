@@ -21,7 +21,7 @@ LAUNCH = re.compile(r'([A-Za-z_]\w*(?:\s*<[^<>;(){}]*>)?)\s*<<<(.*?)>>>\s*\(',
                     re.S)
 SHARED = re.compile(r'__shared__\s+([A-Za-z_][\w:<>]*)\s+([^;()]+);')
 ARRAY = re.compile(r'([A-Za-z_]\w*)\s*(?:\[[^\]]*\])+')
-INCLUDE = re.compile(r'^#include "([^"]+\.cuh)"\s*$', re.M)
+INCLUDE = re.compile(r'^#include "([^"]+\.cuh)"[ \t]*$', re.M)
 
 
 def shared_(m):

@@ -4,6 +4,20 @@
  * Every argument is checked as cuBLASLt would reject it (or as a GPU would
  * fault on it): a misuse is reported through mock_misuse and returns
  * CUBLAS_STATUS_INVALID_VALUE.
+ *
+ * The heuristic can be made to refuse (no algorithm, as a real cuBLASLt may
+ * for a shape, type or epilogue), to test the callers' fallbacks:
+ *   M6_EMU_CUBLASLT_REFUSE=epilogue    every GEMM with an epilogue (bias,
+ *                                      GELU); M6_EMU_CUBLASLT_NO_EPILOGUE=1
+ *                                      is the same
+ *   M6_EMU_CUBLASLT_REFUSE=attention   every strided-batched GEMM (batch
+ *                                      count > 1) and every GEMM with an
+ *                                      fp32 D: attention's (the model's
+ *                                      other GEMMs are single, bf16 D)
+ *   M6_EMU_CUBLASLT_REFUSE=epilogue,attention   both: all that can fall back
+ *   M6_EMU_CUBLASLT_REFUSE=plain       every other GEMM (single, bf16 D, no
+ *                                      epilogue), which has no fallback
+ * The words combine with commas; an unknown word is a misuse.
  */
 #include "cublasLt.h"
 #include "cuda_bf16.h"
@@ -17,6 +31,7 @@
 
 struct emu_lt_handle_ {
     int no_epilogue;            /* M6_EMU_CUBLASLT_NO_EPILOGUE=1 */
+    int no_attention, no_plain; /* M6_EMU_CUBLASLT_REFUSE (see the top) */
 };
 
 struct emu_lt_desc_ {
@@ -51,7 +66,24 @@ static cublasStatus_t bad_(const char *what)
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
 {
     const char *e = getenv("M6_EMU_CUBLASLT_NO_EPILOGUE");
-    *h = new emu_lt_handle_{e && strcmp(e, "1") == 0};
+    emu_lt_handle_ *lt = new emu_lt_handle_{e && strcmp(e, "1") == 0, 0, 0};
+    const char *r = getenv("M6_EMU_CUBLASLT_REFUSE");
+    while (r && *r) {
+        size_t n = strcspn(r, ",");
+        if (n == 8 && !strncmp(r, "epilogue", n))
+            lt->no_epilogue = 1;
+        else if (n == 9 && !strncmp(r, "attention", n))
+            lt->no_attention = 1;
+        else if (n == 5 && !strncmp(r, "plain", n))
+            lt->no_plain = 1;
+        else if (n > 0) {
+            delete lt;
+            return bad_("M6_EMU_CUBLASLT_REFUSE: a word other than "
+                        "epilogue, attention, plain");
+        }
+        r += n + (r[n] == ',');
+    }
+    *h = lt;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -227,7 +259,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
         return bad_(why);
     if (dl->type == CUDA_R_32F && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
         return bad_("heuristic: fp32 D with an epilogue is not emulated");
-    if (h->no_epilogue && d->epi != CUBLASLT_EPILOGUE_DEFAULT)
+    int epi = d->epi != CUBLASLT_EPILOGUE_DEFAULT;
+    int att = dl->batch > 1 || dl->type == CUDA_R_32F;
+    if ((h->no_epilogue && epi) || (h->no_attention && att) ||
+        (h->no_plain && !epi && !att))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
     for (int i = 0; i < 4; i++) /* the alignments it was chosen for */

@@ -32,7 +32,14 @@
  *    call returns, a wait there waits on the host;
  *  - cudaMalloc'ed memory starts as 0xff bytes (NaN in bf16 and fp32), so a
  *    kernel that reads memory nobody wrote gives NaN, not a lucky zero;
- *  - errors are returned and remembered for cudaGetLastError.
+ *  - errors are returned and remembered for cudaGetLastError;
+ *  - a fault inside a kernel (only injected here: M6_EMU_FAULT_LAUNCH=N
+ *    makes the N-th kernel launch of the process, counted from 1, fault
+ *    instead of running) is sticky, as on a GPU: once its stream has got
+ *    to it, cudaGetLastError and every synchronising call
+ *    (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+ *    cudaMemcpy, cudaMemset) return cudaErrorIllegalAddress, so the error
+ *    surfaces at whichever call comes next, not at the launch.
  * Checked beyond the real runtime (reported as errors): copy directions and
  * ranges against the allocations (a host-to-device copy must land inside one
  * cudaMalloc block and read from outside all of them), memset ranges, use of
@@ -51,6 +58,7 @@ enum {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
 };
 typedef struct mock_stream_ *cudaStream_t;
 typedef struct mock_event_ *cudaEvent_t;
@@ -150,6 +158,12 @@ void mock_misuse(const char *what);
 /* A launch with a bad configuration: cudaErrorInvalidConfiguration for the
  * calling thread's next cudaGetLastError. */
 void mock_bad_launch(void);
+/* Counts a kernel launch; 1 when it is the one M6_EMU_FAULT_LAUNCH names:
+ * the caller then queues mock_launch_fault instead of the kernel. */
+int mock_launch_faults(void);
+/* A kernel that faults: the sticky cudaErrorIllegalAddress once s gets to
+ * it (see the top). */
+void mock_launch_fault(cudaStream_t s);
 
 #include "emu_kernel.h"
 

@@ -454,6 +454,10 @@ void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
         mock_bad_launch();
         return;
     }
+    if (mock_launch_faults()) { /* M6_EMU_FAULT_LAUNCH */
+        mock_launch_fault(stream);
+        return;
+    }
     launch_ *l = new launch_{grid, block, std::move(body)};
     mock_launch(stream, run_grid_, l);
 }

@@ -82,6 +82,8 @@ static int started_, explicit_start_;
 static size_t device_in_use_;   /* bytes in cudaMalloc blocks */
 #define MOCK_DEVICE_BYTES ((size_t)1 << 30)
 static thread_local cudaError_t last_ = cudaSuccess;
+static int sticky_;             /* an injected kernel fault has happened */
+static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
 
@@ -119,6 +121,37 @@ void mock_misuse(const char *what)
 void mock_bad_launch(void)
 {
     last_ = cudaErrorInvalidConfiguration;
+}
+
+int mock_launch_faults(void)
+{
+    static long fault_at = -2;  /* -2 not read yet, -1 none */
+    long n = __atomic_add_fetch(&launches_, 1, __ATOMIC_RELAXED);
+    if (fault_at == -2) {
+        const char *e = getenv("M6_EMU_FAULT_LAUNCH");
+        fault_at = e ? strtol(e, NULL, 10) : -1;
+    }
+    return n == fault_at;
+}
+
+static void fault_(void *unused)
+{
+    (void)unused;
+    __atomic_store_n(&sticky_, 1, __ATOMIC_RELAXED);
+}
+
+void mock_launch_fault(cudaStream_t s)
+{
+    mock_launch(s, fault_, NULL);
+}
+
+/* A synchronising call's result once its wait is over: the sticky fault,
+ * if one has happened, else e. */
+static cudaError_t synced_(cudaError_t e)
+{
+    if (__atomic_load_n(&sticky_, __ATOMIC_RELAXED))
+        return cudaErrorIllegalAddress;
+    return e;
 }
 
 static cudaError_t ret_(cudaError_t e)
@@ -428,7 +461,7 @@ cudaError_t cudaGetLastError(void)
 {
     cudaError_t e = last_;
     last_ = cudaSuccess;
-    return e;
+    return synced_(e); /* a sticky fault is never cleared */
 }
 
 const char *cudaGetErrorName(cudaError_t e)
@@ -440,12 +473,16 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorInvalidResourceHandle:
         return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     default: return "cudaErrorUnknown";
     }
 }
 
 const char *cudaGetErrorString(cudaError_t e)
 {
+    if (e == cudaErrorIllegalAddress)
+        return "an illegal memory access was encountered (injected: "
+               "M6_EMU_FAULT_LAUNCH)";
     return e == cudaSuccess ? "no error" : "mock CUDA runtime error";
 }
 
@@ -583,12 +620,12 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                        cudaMemcpyKind kind)
 {
-    return cudaMemcpyAsync(dst, src, n, kind, 0);
+    return synced_(cudaMemcpyAsync(dst, src, n, kind, 0));
 }
 
 cudaError_t cudaMemset(void *dst, int value, size_t n)
 {
-    return cudaMemsetAsync(dst, value, n, 0);
+    return synced_(cudaMemsetAsync(dst, value, n, 0));
 }
 
 cudaError_t cudaDeviceSynchronize(void)
@@ -596,7 +633,7 @@ cudaError_t cudaDeviceSynchronize(void)
     pthread_mutex_lock(&mu_);
     wait_idle_locked_();
     pthread_mutex_unlock(&mu_);
-    return cudaSuccess;
+    return synced_(cudaSuccess);
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
@@ -652,7 +689,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     while (!s->q.empty() || s->busy)
         pthread_cond_wait(&cv_, &mu_);
     pthread_mutex_unlock(&mu_);
-    return cudaSuccess;
+    return synced_(cudaSuccess);
 }
 
 /* The real one returns at once and lets queued work finish; the mock keeps
@@ -763,7 +800,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     while (e->pending.count(seq))
         pthread_cond_wait(&cv_, &mu_);
     pthread_mutex_unlock(&mu_);
-    return cudaSuccess;
+    return synced_(cudaSuccess);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e)

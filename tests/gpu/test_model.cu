@@ -41,6 +41,7 @@ extern "C" {
 #include "model/gpt.h"
 }
 #include "cuda_check.h"
+#include "expect_path.h"
 #include "model/cuda/gpt_cuda.h"
 
 #define TOL_LOSS 5e-2
@@ -166,6 +167,13 @@ static gpt_cuda *pair_(gpt_model *c, int S, uint64_t seed)
                info.n_params_cpu, c->n_params);
         exit(1);
     }
+    /* the paths gpt_cuda chose from cuBLASLt's answers */
+    n_failed += !expect_path_("M6_TEST_EXPECT_ATT", "model attention path",
+                              info.att_gemm ? "gemm" : "flash");
+    n_failed += !expect_path_("M6_TEST_EXPECT_EPI", "model epilogue path",
+                              info.epi_fallback == 0   ? "fused"
+                              : info.epi_fallback == 4 ? "separate"
+                                                       : "mixed");
     if (gpt_cuda_set_params(g, c->params, c->n_params) != 0)
         exit(1);
     return g;
@@ -278,9 +286,25 @@ static void test_determinism_(void)
     free(tgt);
 }
 
+/* M6_TEST_EXPECT_CREATE=fail (with cuBLASLt refusing a GEMM that has no
+ * fallback): gpt_cuda_create must return NULL, having said why, and not
+ * end the process (m6d keeps running). */
+static int create_fails_(void)
+{
+    printf("creation where cuBLASLt has no algorithm for a plain GEMM\n");
+    gpt_cuda *g = gpt_cuda_create(&CFG, CFG.n_layer, B);
+    printf("  %-44s %s\n", "gpt_cuda_create returned NULL",
+           g ? "FAIL" : "ok");
+    gpt_cuda_free(g);
+    return g ? 1 : 0;
+}
+
 int main(void)
 {
     cuda_device_or_skip("test_model");
+    const char *create = getenv("M6_TEST_EXPECT_CREATE");
+    if (create && !strcmp(create, "fail"))
+        return create_fails_();
     test_train_(CFG.n_layer); /* Real */
     test_train_(1);           /* Pseudo, then delink */
     test_determinism_();

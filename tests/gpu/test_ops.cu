@@ -31,6 +31,7 @@ extern "C" {
 #include "kernels.h"
 }
 #include "cuda_check.h"
+#include "expect_path.h"
 #include "kernels_cuda.h"
 
 #define TOL_BF16 1e-2
@@ -165,6 +166,13 @@ static void check_true_(const char *what, int ok)
     printf("  %-34s %s\n", what, ok ? "ok" : "FAIL");
 }
 
+/* the path taken, against $env (expect_path.h) */
+static void check_path_(const char *env, const char *what, const char *got)
+{
+    n_checks++;
+    n_failed += !expect_path_(env, what, got);
+}
+
 /* ------------------------------------------------ GEMM reference (double) */
 
 static void ref_matmul_forward_(float *out, const float *inp, const float *w,
@@ -297,6 +305,8 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     bf16 *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
     bf16 *d_bias = bias ? dbf_(bias, OC) : NULL;
     bf16 *d_out = dnan_bf16_(NO), *d_pre = dnan_bf16_(NO);
+    long fused0, sep0, fused1, sep1;
+    matmul_cuda_paths(&fused0, &sep0);
     if (gelu) {
         float *act = (float *)malloc(NO * sizeof(float));
         gelu_forward(act, pre, NO);
@@ -310,6 +320,13 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
         float *g = hbf_(d_out, NO);
         check_("matmul_forward out", g, pre, NULL, NO, TOL_BF16);
         free(g);
+    }
+    matmul_cuda_paths(&fused1, &sep1);
+    if (with_bias || gelu) { /* which path the epilogue took: one */
+        check_true_("matmul_forward epilogue counted",
+                    (fused1 > fused0) + (sep1 > sep0) >= 1);
+        check_path_("M6_TEST_EXPECT_EPI", "matmul_forward epilogue path",
+                    sep1 > sep0 ? "separate" : "fused");
     }
     if (!gelu) {
         float *dout = hrand_(NO, -1, 1);
@@ -379,8 +396,20 @@ static void test_attention_(int B, int T, int C, int NH)
     int items = B > NH ? B : NH; /* what a full workspace holds */
     if (items > 1)
         wsb = wsb / items * (items - 1);
-    if (wsb) {
-        float *d_ws = dnan_f32_(wsb / sizeof(float));
+    float *d_ws = wsb ? dnan_f32_(wsb / sizeof(float)) : NULL;
+    char why[256] = "";
+    /* where cuBLASLt has no algorithm, the flash kernels above are the
+     * path (gpt_cuda's choice), and the GEMM path is not called */
+    int gemm_ok = wsb && attention_gemm_supported(d_ws, wsb, d_qkv, d_out,
+                                                  d_dqkv, d_dout, B, T, C,
+                                                  NH, why, sizeof why);
+    if (wsb)
+        check_path_("M6_TEST_EXPECT_ATT", "attention path",
+                    gemm_ok ? "gemm" : "flash");
+    if (wsb && !gemm_ok) {
+        printf("  attention_gemm: %s: the flash kernels\n", why);
+        cudaFree(d_ws);
+    } else if (wsb) {
         float *d_lse2 = dnan_f32_((size_t)B * NH * T);
         bf16 *d_out2 = dnan_bf16_(NC), *d_dqkv3 = dbf_(dqkv0, N3);
         attention_gemm_forward_cuda(d_out2, d_lse2, d_ws, wsb, d_qkv, B, T, C,
@@ -585,6 +614,53 @@ static void test_adamw_(void)
     cudaFree(d_m); cudaFree(d_v); cudaFree(d_pb);
 }
 
+/* cuBLASLt asked (nothing run) for every GEMM shape of the benchmarks'
+ * models, as gpt_cuda_create asks at their creation: the attention GEMMs,
+ * the epilogues and the plain GEMMs of GPT-2 124M, 350M, 1.5B (gpu_train,
+ * gpu_offload) and gpu_offload --largest's width, at their microbatch
+ * sizes. The paths against $M6_TEST_EXPECT_*; the plain GEMMs have no
+ * fallback and must have an algorithm. The heuristic only sees pointers'
+ * alignments: one small allocation (256-aligned) stands for every tensor. */
+static void test_bench_shapes_(void)
+{
+    static const struct { const char *name; int B, T, C, NH, Vp; } m[] = {
+        {"124M", 32, 1024, 768, 12, 50304}, {"350M", 32, 1024, 1024, 16, 50304},
+        {"1.5B", 8, 1024, 1600, 25, 50304}, {"largest", 1, 1024, 5120, 40, 50304}};
+    bf16 *d = dnan_bf16_(4096);
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        int B = m[i].B, T = m[i].T, C = m[i].C, NH = m[i].NH, N = B * T;
+        char why[256] = "", what[96];
+        printf("cuBLASLt at the %s shapes (B=%d T=%d C=%d NH=%d)\n",
+               m[i].name, B, T, C, NH);
+        size_t wsb = attention_gemm_workspace_bytes(B, T, C, NH);
+        check_true_("attention_gemm offered for the shape", wsb > 0);
+        int att = wsb && attention_gemm_supported(d, wsb, d, d, d, d, B, T, C,
+                                                  NH, why, sizeof why);
+        if (!att)
+            printf("  %s\n", why);
+        snprintf(what, sizeof what, "%s attention path", m[i].name);
+        check_path_("M6_TEST_EXPECT_ATT", what, att ? "gemm" : "flash");
+        /* C -> OC of qkv, attproj, fc (GELU), fcproj, LM head (no bias) */
+        const int cin[5] = {C, C, C, 4 * C, C};
+        const int oc[5] = {3 * C, C, 4 * C, C, m[i].Vp};
+        int plain = 1, fused = 0;
+        for (int k = 0; k < 5; k++) {
+            plain &= matmul_plain_supported(d, d, d, d, d, d, N, cin[k], oc[k],
+                                            why, sizeof why);
+            if (k < 4)
+                fused += matmul_forward_fused_supported(d, d, d, d, d, N,
+                                                        cin[k], oc[k], k == 2);
+        }
+        if (!plain)
+            printf("  %s\n", why);
+        check_true_("plain GEMMs have algorithms", plain);
+        snprintf(what, sizeof what, "%s epilogue path", m[i].name);
+        check_path_("M6_TEST_EXPECT_EPI", what,
+                    fused == 4 ? "fused" : fused == 0 ? "separate" : "mixed");
+    }
+    cudaFree(d);
+}
+
 int main(void)
 {
     cuda_device_or_skip("test_ops");
@@ -599,6 +675,7 @@ int main(void)
     test_attention_(1, 45, 256, 2);      /* hs 128 */
     test_attention_(3, 33, 64, 4);       /* hs 16 */
     test_attention_(4, 40, 64, 2);       /* B > NH: batched over sequences */
+    test_bench_shapes_();
     test_elementwise_();
     test_crossentropy_();
     test_adamw_();

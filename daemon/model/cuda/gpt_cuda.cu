@@ -96,8 +96,8 @@ static int alloc_acts_(gpt_cuda *g)
     if (s2 > scratch) scratch = s2;
     if (s3 > scratch) scratch = s3;
     /* attention on the tensor cores where the head size and T allow it */
-    size_t att_ws = attention_gemm_workspace_bytes((int)B, (int)T, (int)C,
-                                                   (int)NH);
+    size_t att_ws = g->att_flash ? 0 : attention_gemm_workspace_bytes(
+                                            (int)B, (int)T, (int)C, (int)NH);
     gpt_cuda_act_ops ops = {scratch, att_ws,
                             grad_sumsq_scratch_floats() + RED_NSCALARS,
                             encoder_plan_ints((int)BT)};
@@ -180,6 +180,143 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+/* ------------------------------------------------------------- paths */
+
+/* Ask cuBLASLt ahead, for every GEMM the passes will make (each layer's
+ * tensors, every microbatch size up to B), whether it has an algorithm,
+ * and choose the path where it has none: attention falls back to the
+ * flash kernels (the activations are planned again, without the
+ * workspace), a bias or GELU epilogue to a plain GEMM plus the own
+ * kernels; a plain GEMM has no other path: -1 with the reason. One log
+ * line per choice. The answers are kept (matmul.cu), so the passes take
+ * the paths chosen here. After a reslot, the launchers still fall back
+ * by themselves for the epilogues. */
+static int choose_paths_(gpt_cuda *g)
+{
+    const int L = g->cfg.n_layer, T = g->T, C = g->cfg.n_embd;
+    const int NH = g->cfg.n_head;
+    const size_t Ba = (size_t)g->B * T;
+    acts_ *a = &g->a;
+    char why[256] = "";
+    if (a->att_ws) {
+        /* the layers differ only in where qkv and atty start: one probe
+         * per pair of alignments (powers of two up to 256, as matmul.cu
+         * states them) */
+        int ok = 1, n_seen = 0;
+        uintptr_t seen[81];
+        for (int l = 0; l < L && ok; l++) {
+            uintptr_t q = (uintptr_t)(a->qkv + l * Ba * 3 * C) | 256;
+            uintptr_t o = (uintptr_t)(a->atty + l * Ba * C) | 256;
+            uintptr_t key = (q & -q) << 9 | (o & -o);
+            int known = 0;
+            for (int i = 0; i < n_seen; i++)
+                known |= seen[i] == key;
+            if (known)
+                continue;
+            seen[n_seen++] = key;
+            ok = attention_gemm_supported(a->att_ws, a->att_ws_bytes,
+                                          a->qkv + l * Ba * 3 * C,
+                                          a->atty + l * Ba * C, a->dqkv,
+                                          a->datty, g->B, T, C, NH, why,
+                                          sizeof why);
+        }
+        if (ok) {
+            fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): "
+                            "cuBLASLt tensor-core GEMMs, %.1f MiB "
+                            "workspace\n", g->B, T, C / NH,
+                    a->att_ws_bytes / 1048576.0);
+        } else {
+            fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
+                            "kernels: %s\n", g->B, T, C / NH, why);
+            g->att_flash = 1;
+            CUDA_CHECK(cudaFree(g->act_mem));
+            g->act_mem = NULL;
+            if (alloc_acts_(g) != 0)
+                return -1;
+        }
+    } else {
+        fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
+                        "kernels (no tensor-core path for this shape)\n",
+                g->B, T, C / NH);
+    }
+    /* one slot's weights as a layer sees them: its resident slot, or a
+     * staging buffer (all alike: whole allocations) */
+    static const char *name[4] = {"qkv bias", "attproj bias",
+                                  "fc gelu+bias", "fcproj bias"};
+    int fused[4] = {0, 0, 0, 0}, asked = 0;
+    for (int l = 0; l < L; l++) {
+        int s = g->slot_of[l];
+        bf16 *w, *dw;
+        if (s < g->n_res) {
+            w = g->params + g->n_global + (size_t)s * g->slot_size;
+            dw = g->grads + g->n_global + (size_t)s * g->slot_size;
+        } else {
+            w = g->off.stg[0].w;
+            dw = g->off.stg[0].dw;
+        }
+        /* out, pre (fc), inp, weight, bias, dinp, dweight, dout, C, OC */
+        struct {
+            bf16 *out, *pre;
+            const bf16 *inp;
+            int wt, bt;
+            bf16 *dinp, *dout;
+            int c, oc;
+        } m[4] = {
+            {a->qkv + l * Ba * 3 * C, NULL, a->ln1 + l * Ba * C, SLOT_QKV_W,
+             SLOT_QKV_B, a->dln, a->dqkv, C, 3 * C},
+            {a->res2 + l * Ba * C, NULL, a->atty + l * Ba * C,
+             SLOT_ATTPROJ_W, SLOT_ATTPROJ_B, a->datty, a->dres, C, C},
+            {a->fchg + l * Ba * 4 * C, a->fch + l * Ba * 4 * C,
+             a->ln2 + l * Ba * C, SLOT_FC_W, SLOT_FC_B, a->dln, a->dfch, C,
+             4 * C},
+            {a->res3 + l * Ba * C, NULL, a->fchg + l * Ba * 4 * C,
+             SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfchg, a->dres, 4 * C, C}};
+        for (int b = 1; b <= g->B; b++, asked++)
+            for (int i = 0; i < 4; i++) {
+                const bf16 *W = w + g->slot[m[i].wt].off;
+                const bf16 *bias = w + g->slot[m[i].bt].off;
+                int N = b * T;
+                if (!matmul_plain_supported(m[i].pre ? m[i].pre : m[i].out,
+                                            m[i].inp, W, m[i].dinp,
+                                            dw + g->slot[m[i].wt].off,
+                                            m[i].dout, N, m[i].c, m[i].oc,
+                                            why, sizeof why)) {
+                    fprintf(stderr, "gpt_cuda: %s: no other path\n", why);
+                    return -1;
+                }
+                fused[i] += matmul_forward_fused_supported(
+                    m[i].out, m[i].pre, m[i].inp, W, bias, N, m[i].c,
+                    m[i].oc, m[i].pre != NULL);
+                if (m[i].pre) /* the GELU's fallback: bias into pre */
+                    (void)matmul_forward_fused_supported(
+                        m[i].pre, NULL, m[i].inp, W, bias, N, m[i].c,
+                        m[i].oc, 0);
+            }
+    }
+    for (int b = 1; b <= g->B; b++) /* the LM head: no bias */
+        if (!matmul_plain_supported(a->logits, a->lnf,
+                                    g->params + g->glob[GLOB_WTE].off,
+                                    a->dlnf, g->grads + g->glob[GLOB_WTE].off,
+                                    a->logits, b * T, C, g->Vp, why,
+                                    sizeof why)) {
+            fprintf(stderr, "gpt_cuda: %s: no other path\n", why);
+            return -1;
+        }
+    char line[512];
+    int n = 0;
+    g->epi_fallback = 0;
+    for (int i = 0; i < 4; i++) {
+        const char *how = fused[i] == asked ? "fused"
+                          : fused[i] == 0   ? "own kernels"
+                                            : "fused, some shapes own kernels";
+        g->epi_fallback += fused[i] != asked;
+        n += snprintf(line + n, sizeof line - n, "%s%s %s", i ? ", " : "",
+                      name[i], how);
+    }
+    fprintf(stderr, "gpt_cuda: matmul epilogues (cuBLASLt): %s\n", line);
+    return 0;
+}
+
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
 {
     return gpt_cuda_create_offload(cfg, S, B, NULL);
@@ -237,7 +374,8 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
         return NULL;
     }
     use_state_(g, S, n_res, params, grads, opt, t_slot, hs);
-    if ((n_res < S && off_set_staging_(g, 1) != 0) || alloc_acts_(g) != 0) {
+    if ((n_res < S && off_set_staging_(g, 1) != 0) || alloc_acts_(g) != 0 ||
+        choose_paths_(g) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
@@ -287,6 +425,8 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->bytes_grads = g->n_params * sizeof(bf16);
     info->bytes_opt = 3 * g->n_params * sizeof(float);
     info->bytes_acts = g->act_bytes;
+    info->att_gemm = g->a.att_ws != NULL;
+    info->epi_fallback = g->epi_fallback;
 }
 
 const int *gpt_cuda_slot_of(const gpt_cuda *g)

@@ -51,6 +51,12 @@ typedef struct {
     size_t n_params_cpu;    /* floats of the same model in the gpt.h layout */
     size_t n_compute;       /* parameters of the compute path: the N of 6N */
     size_t bytes_params, bytes_grads, bytes_opt, bytes_acts;
+    int att_gemm;           /* 1 attention on cuBLASLt's tensor cores, 0 on
+                             * the flash kernels (no tensor-core path for
+                             * the shape, or cuBLASLt had no algorithm) */
+    int epi_fallback;       /* of a layer's 4 forward epilogues (3 biases,
+                             * GELU + bias), how many cuBLASLt had no
+                             * algorithm for: plain GEMM + own kernels */
 } gpt_cuda_info;
 
 /* S slots with slot_of[l] = l*S/L (as gpt_create); activations for

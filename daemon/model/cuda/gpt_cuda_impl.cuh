@@ -150,6 +150,9 @@ struct gpt_cuda {
     acts_ a;
     void *act_mem;
     size_t act_bytes;
+    int att_flash;                      /* cuBLASLt refused the attention
+                                         * GEMMs: the flash kernels */
+    int epi_fallback;                   /* epilogues on own kernels (0-4) */
     int32_t *h_inp, *h_tgt, *h_plan;    /* pinned staging */
     float *h_out;                       /* pinned: loss, sumsq, total */
     int nseg;
