@@ -15,8 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt/store.h"
 #include "common/log.h"
 #include "common/paths.h"
+#include "coord/queue.h"
 #include "train/data.h"
 #include "train/spec.h"
 #include "train/trainer.h"
@@ -25,6 +27,7 @@ struct coord {
     state *st;
     char runs_dir[3072];
     int threads;
+    ckpt_store store;      /* the runs' checkpoints (daemon/ckpt/store.h) */
 
     pthread_t worker;
     int worker_started;
@@ -54,58 +57,6 @@ struct coord {
     coord_offload offload;
 };
 
-/* ---------------------------------------------------------------- helpers */
-
-static int rm_entry_(const char *path, const struct stat *sb, int flag,
-                     struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    if (remove(path) < 0 && errno != ENOENT)
-        log_warn("fs.remove", "path=%s err=\"%s\"", path, strerror(errno));
-    return 0;
-}
-
-static void rm_rf_(const char *path)
-{
-    nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static long long du_total_;
-static int du_entry_(const char *path, const struct stat *sb, int flag,
-                     struct FTW *ftw)
-{
-    (void)path; (void)ftw;
-    if (flag == FTW_F) du_total_ += sb->st_size;
-    return 0;
-}
-
-static int64_t du_(const char *path)  /* only from the worker / init */
-{
-    du_total_ = 0;
-    nftw(path, du_entry_, 16, FTW_PHYS);
-    return du_total_;
-}
-
-static void ckpt_dir_(const coord *c, int64_t run, char *buf, size_t len)
-{
-    snprintf(buf, len, "%s/%lld/checkpoints", c->runs_dir, (long long)run);
-}
-
-static int dir_exists_(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* 1: a directory at p; 0: none (not there, or something else there); -1:
- * m6d may not look (EACCES, EIO...: errno), which is not gone. */
-static int dir_state_(const char *p)
-{
-    struct stat sb;
-    if (stat(p, &sb) == 0) return S_ISDIR(sb.st_mode);
-    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
-}
-
 /* ---------------------------------------------------------------- recovery */
 
 /* Whether trainer_step runs a validation pass after step (1-based). */
@@ -113,91 +64,6 @@ static int step_evaluates_(const run_spec *sp, long step)
 {
     long ev = sp->train.eval_every;
     return (ev > 0 && step % ev == 0) || step == sp->train.steps;
-}
-
-/* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
- * complete step-N dirs the DB missed (crash between rename and insert), drop
- * rows whose directory is gone. */
-static void reconcile_run_(coord *c, int64_t run)
-{
-    char dir[4096];
-    ckpt_dir_(c, run, dir, sizeof dir);
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            char p[8192];
-            long long step;
-            char rest;
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (strstr(e->d_name, ".tmp-")) {
-                log_warn("checkpoint.stray", "run=%lld path=%s action=removed",
-                         (long long)run, p);
-                state_event(c->st, run, "checkpoint.stray", "removed %s",
-                            e->d_name);
-                rm_rf_(p);
-            } else if (sscanf(e->d_name, "step-%lld%c", &step, &rest) == 1) {
-                ckpt_row *rows;
-                int n, found = 0;
-                if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
-                    for (int i = 0; i < n; i++) found |= rows[i].step == step;
-                    free(rows);
-                }
-                if (!found) {
-                    log_info("checkpoint.adopt", "run=%lld step=%lld",
-                             (long long)run, step);
-                    state_checkpoint_add(c->st, run, step, p, du_(p));
-                }
-            }
-        }
-        closedir(d);
-    }
-    ckpt_row *rows;
-    int n;
-    if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
-        for (int i = 0; i < n; i++) {
-            int d = dir_state_(rows[i].path);
-            if (d == 0) {
-                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
-                         (long long)run, (long long)rows[i].step, rows[i].path);
-                state_checkpoint_delete(c->st, run, rows[i].step);
-            } else if (d < 0) {
-                log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
-                         "err=\"%s\" action=kept", (long long)run,
-                         (long long)rows[i].step, rows[i].path,
-                         strerror(errno));
-            }
-        }
-        free(rows);
-    }
-}
-
-static void reconcile_all_(coord *c)
-{
-    run_row *runs;
-    int n;
-    if (state_run_list(c->st, &runs, &n) < 0) return;
-    for (int i = 0; i < n; i++) reconcile_run_(c, runs[i].id);
-    free(runs);
-}
-
-/* The run the worker should own next: one left running (resume), else one
- * left paused (stays paused), else the oldest queued. 0 if none. */
-static int64_t pick_next_(coord *c, int *paused)
-{
-    static const run_state order[] = {RUN_RUNNING, RUN_PAUSED, RUN_QUEUED};
-    for (int k = 0; k < 3; k++) {
-        int64_t *ids;
-        int n;
-        if (state_run_ids(c->st, order[k], &ids, &n) < 0) return 0;
-        int64_t id = n > 0 ? ids[0] : 0;
-        free(ids);
-        if (id) {
-            *paused = order[k] == RUN_PAUSED;
-            return id;
-        }
-    }
-    return 0;
 }
 
 /* -------------------------------------------------------------- checkpoint */
@@ -223,134 +89,16 @@ typedef struct {
     coord_offload off;     /* latest sample, also published to c->offload */
 } run_ctx;
 
-static void prune_(run_ctx *r)
-{
-    ckpt_row *rows;
-    int n;
-    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) return;
-    int keep = r->spec.checkpoint.keep > 0 ? r->spec.checkpoint.keep : 1;
-    for (int i = 0; i < n - keep; i++) {
-        rm_rf_(rows[i].path);
-        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
-        log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)r->id,
-                  (long long)rows[i].step);
-    }
-    free(rows);
-}
-
 /* Save the trainer at its step. -1 with msg saying what failed (the caller
  * pauses the run, which logs it): the run keeps its last good checkpoint. */
 static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
-    char dir[4096], path[4200], err[512];
-    ckpt_dir_(r->c, r->id, dir, sizeof dir);
-    if (paths_mkdir_p(dir, 0755) < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %.600s: %s", dir,
-                 strerror(errno));
+    if (ckpt_store_save(&r->c->store, r->id, r->t, r->spec.checkpoint.keep, why,
+                        msg, msglen) < 0)
         return -1;
-    }
-    snprintf(path, sizeof path, "%s/step-%ld", dir, step);
-    if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
-    long bytes = trainer_save(r->t, path, err, sizeof err);
-    if (bytes < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %s", err);
-        return -1;
-    }
-    if (state_checkpoint_add(r->c->st, r->id, step, path, bytes) < 0) {
-        /* The directory is complete; the next start adopts it. Removing it
-         * keeps this life's view (the DB list) and the disk the same. */
-        char e[256];
-        state_last_error(r->c->st, e, sizeof e);
-        rm_rf_(path);
-        snprintf(msg, msglen, "checkpoint step %ld not recorded: state DB: %s",
-                 step, e);
-        return -1;
-    }
-    state_event(r->c->st, r->id, "checkpoint", "step=%ld bytes=%ld why=%s",
-                step, bytes, why);
-    log_info("checkpoint.saved", "run=%lld step=%ld bytes=%ld why=%s",
-             (long long)r->id, step, bytes, why);
     r->last_ckpt = step;
-    prune_(r);
-    return 0;
-}
-
-/* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
- * ...: never adopted again, see reconcile_run_), for the operator to look
- * at; *kept gets the name it now has. A rename that fails leaves it where
- * it is (its row is dropped all the same). */
-static void quarantine_(const char *path, char *kept, size_t keptlen)
-{
-    for (int k = 1; k < 100; k++) {
-        char to[4200];
-        if (k == 1)
-            snprintf(to, sizeof to, "%s.bad", path);
-        else
-            snprintf(to, sizeof to, "%s.bad-%d", path, k);
-        if (access(to, F_OK) == 0)
-            continue;
-        if (rename(path, to) == 0) {
-            snprintf(kept, keptlen, "%s", to);
-            return;
-        }
-        break;
-    }
-    snprintf(kept, keptlen, "%s", path);
-}
-
-/* Newest checkpoint that loads, newest first; one that does not is set
- * aside (quarantine_) and its row dropped. On return r->t is a trainer at
- * the checkpoint's step, or a fresh one. A fresh one is made as r->t was:
- * with data_rc (not NULL), by trainer_create_resumable, which sets
- * *data_rc and err anew. Returns 0; 1 when checkpoints existed but none
- * loaded (the run would silently start over: the caller pauses it, lost
- * says why); -1 with err when no trainer could be made. */
-static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen,
-                    char *lost, size_t lostlen)
-{
-    ckpt_row *rows;
-    int n;
-    r->last_ckpt = -1;
-    lost[0] = 0;
-    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) n = 0, rows = NULL;
-    for (int i = n - 1; i >= 0; i--) {
-        char e[512], kept[4200];
-        if (trainer_load(r->t, rows[i].path, e, sizeof e) == 0) {
-            r->last_ckpt = trainer_step_count(r->t);
-            log_info("run.restore", "run=%lld step=%ld path=%s",
-                     (long long)r->id, r->last_ckpt, rows[i].path);
-            break;
-        }
-        quarantine_(rows[i].path, kept, sizeof kept);
-        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
-                 "action=set_aside kept=%s", (long long)r->id, rows[i].path, e,
-                 kept);
-        state_event(r->c->st, r->id, "checkpoint.bad", "step=%lld %s; kept "
-                    "as %s", (long long)rows[i].step, e, kept);
-        if (i == n - 1) /* the newest: what the run has lost */
-            snprintf(lost, lostlen, "checkpoint of step %lld does not load "
-                     "(%.300s; kept as %.300s)", (long long)rows[i].step, e,
-                     kept);
-        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
-        /* A failed load may have half-filled the trainer: start afresh. */
-        trainer_free(r->t);
-        r->t = data_rc ? trainer_create_resumable(&r->spec, data_rc, err, errlen)
-                       : trainer_create(&r->spec, err, errlen);
-        if (!r->t) {
-            free(rows);
-            return -1;
-        }
-    }
-    free(rows);
-    if (n > 0 && r->last_ckpt < 0) {
-        size_t k = strlen(lost);
-        snprintf(lost + k, lostlen - k, ", nor does any older one: `m6ctl "
-                 "resume` starts the run over from step 0");
-        return 1;
-    }
-    lost[0] = 0; /* an older checkpoint loaded: the run goes on from it */
     return 0;
 }
 
@@ -600,8 +348,9 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         return;
     }
     char lost[1200];
-    if (restore_(&r, was_queued ? NULL : &data_rc, err, sizeof err, lost,
-                 sizeof lost) < 0) {
+    if (ckpt_store_restore(&c->store, id, &r.spec, &r.t,
+                           was_queued ? NULL : &data_rc, &r.last_ckpt, err,
+                           sizeof err, lost, sizeof lost) < 0) {
         fail_run_(c, id, "trainer_create", err);
         return;
     }
@@ -876,7 +625,7 @@ static void *worker_main_(void *arg)
         int paused = 0;
         int64_t id = c->active;
         if (!id) {
-            id = pick_next_(c, &paused);
+            id = queue_next(c->st, &paused);
             c->active = id;
             c->active_paused = paused;
         } else {
@@ -916,6 +665,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     c->st = cfg->st;
     c->threads = cfg->threads;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
+    c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -926,11 +676,11 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
         goto fail;
     }
-    reconcile_all_(c);
+    ckpt_store_reconcile(&c->store);
     /* Pick the first active run now, so commands that arrive before the
      * worker gets going already find it. */
     int paused = 0;
-    c->active = pick_next_(c, &paused);
+    c->active = queue_next(c->st, &paused);
     c->active_paused = paused;
     c->active_step = 0;
     if (c->active) {
@@ -1023,23 +773,11 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
      * flags still loads this run's checkpoints (the spec hash is stable). */
     if (c->threads > 0 && spec.device.threads == 0)
         spec.device.threads = c->threads;
-    char *canon = spec_to_json(&spec);
-    int phase = spec.pseudo.steps > 0 ? 0 : 1;
-    int64_t rid = state_run_insert(c->st, spec.name, canon ? canon : json,
-                                   spec.train.steps, phase);
-    free(canon);
+    int64_t rid = queue_add(c->st, &spec, json, name, namelen);
     if (rid < 0) {
         snprintf(msg, msglen, "database error while queueing the run");
         return COORD_INTERNAL;
     }
-    run_row row;
-    if (state_run_get(c->st, rid, &row) == 0) {
-        snprintf(name, namelen, "%s", row.name);
-        run_row_clear(&row);
-    }
-    state_event(c->st, rid, "submit", "name=%s steps=%ld pseudo_steps=%ld",
-                name, spec.train.steps, spec.pseudo.steps);
-    log_info("run.submit", "run=%lld name=%s", (long long)rid, name);
     *id = rid;
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
@@ -1188,8 +926,7 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
         ret = COORD_INTERNAL;
     } else {
         if (row.state == RUN_QUEUED && cmd == CMD_STOP) {
-            state_run_set_state(c->st, id, RUN_STOPPED, NULL);
-            state_event(c->st, id, "stop", "step=0 (dequeued)");
+            queue_dequeue(c->st, id);
             snprintf(msg, msglen, "run %lld removed from the queue", (long long)id);
         } else {
             snprintf(msg, msglen, "cannot %s run %lld: it is %s%s", cmd_names[cmd],
