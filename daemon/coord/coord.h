@@ -94,6 +94,12 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out);
  * set, run paused. */
 int coord_run_error(coord *c, int64_t id, char *buf, size_t len);
 
+/* The command acknowledged for the active run and not yet applied at a
+ * step boundary: "pausing", "resuming", "delinking", "stopping", or two
+ * joined in the order they apply ("delinking, pausing"); "" none or id is
+ * not active (m6.proto RunInfo.pending). */
+void coord_pending(coord *c, int64_t id, char *buf, size_t len);
+
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);
 
