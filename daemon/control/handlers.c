@@ -149,11 +149,12 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->d2h_gbps = m.d2h_gbps;
         ri->copy_hidden_fraction = m.copy_hidden_fraction;
     }
-    int64_t from;
-    ri->delink_step = state_phase_get(c->h->st, row->id, 1, &from) == 0 &&
-                              (row->phase == 1)
-                          ? from
-                          : -1;
+    /* stored once, by the coordinator, when the delink happened */
+    ri->delink_step = row->phase == 1 ? row->delink_step : -1;
+    char pending[64];
+    coord_pending(c->h->co, row->id, pending, sizeof pending);
+    ri->pending = arena_strdup_(c->a, pending);
+    if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;
     if (spec_json) {
         run_spec spec;
@@ -163,6 +164,15 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
         }
     }
+    /* a delink to come: only for a live run still in the pseudo phase */
+    int to_come = row->phase == 0 && (row->state == RUN_QUEUED ||
+                                      row->state == RUN_RUNNING ||
+                                      row->state == RUN_PAUSED);
+    ri->next_delink_step = -1;
+    if (to_come && strstr(pending, "delinking"))
+        ri->next_delink_step = row->step;
+    else if (to_come && ri->pseudo_steps > 0)
+        ri->next_delink_step = ri->pseudo_steps;
     ri->eta_s = coord_eta(c->h->co, row->id);
     ckpt_row *ck;
     int n;

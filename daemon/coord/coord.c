@@ -255,6 +255,7 @@ static void delink_(run_ctx *r, const char *reason)
         return;
     }
     state_phase_set(r->c->st, r->id, 1, step);
+    state_run_set_delink(r->c->st, r->id, step);
     state_run_set_progress(r->c->st, r->id, step, 1);
     state_event(r->c->st, r->id, "delink", "step=%ld reason=%s slots=%d", step,
                 reason, trainer_n_slots(r->t));
@@ -265,6 +266,50 @@ static void delink_(run_ctx *r, const char *reason)
 }
 
 /* ------------------------------------------------------------ run set-up */
+
+/* Make the state DB agree with the trainer a run resumes from (its
+ * checkpoint's step and phase): metrics past the checkpoint are redone;
+ * an operator delink recorded at a step not reached yet is kept and
+ * replayed at that step (r->replay_delink); runs.delink_step is where this
+ * trajectory delinked. Returns state_metrics_truncate's count (-1: the
+ * rows could not be dropped). */
+static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
+{
+    coord *c = r->c;
+    int64_t id = r->id;
+    long step = trainer_step_count(r->t);
+    int phase = trainer_phase(r->t) == PHASE_REAL;
+    int dropped = state_metrics_truncate(c->st, id, step);
+    int64_t from;
+    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
+        if (from >= step)
+            r->replay_delink = (long)from;
+        else
+            state_phase_delete(c->st, id, 1);
+    }
+    if (state_phase_get(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
+        state_phase_set(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, 0);
+    state_run_set_progress(c->st, id, step, phase);
+    /* runs.delink_step says where the trajectory we resume from delinked
+     * (-1: it has not, or it trains from scratch); a delink recorded past
+     * the checkpoint is recorded again when it is replayed */
+    if (recorded_delink != trainer_delink_step(r->t))
+        state_run_set_delink(c->st, id, trainer_delink_step(r->t));
+    /* A step whose training went through but whose validation pass could
+     * not read the data (its row, the newest left, has no val_loss) owes
+     * that pass: redone before the next step, as in the life that paused
+     * on it. */
+    if (!was_queued && step > 0 && trainer_step_evaluates(r->t, step)) {
+        metric_row last;
+        double last_val;
+        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
+            last.step == step && isnan(last.val_loss)) {
+            r->pending = last;
+            r->eval_owed = r->data_error = 1;
+        }
+    }
+    return dropped;
+}
 
 /* Take up run id: parse its spec, build the trainer, load the newest
  * checkpoint that loads, make the tables agree with it, record the start.
@@ -282,6 +327,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     int rc = spec_parse(&r->spec, row.spec, strlen(row.spec), err, sizeof err);
     int was_queued = row.state == RUN_QUEUED;
     int paused = row.state == RUN_PAUSED; /* left paused: stays paused */
+    int64_t recorded_delink = row.delink_step;
     char kept_error[sizeof row.error];  /* a paused run keeps its reason */
     snprintf(kept_error, sizeof kept_error, "%s", paused ? row.error : "");
     run_row_clear(&row);
@@ -324,33 +370,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     long step = trainer_step_count(r->t);
     int phase = trainer_phase(r->t) == PHASE_REAL;
 
-    /* Keep the tables consistent with the state we resume from: metrics past
-     * the checkpoint are redone. An operator delink recorded at a step we
-     * have not reached yet is kept and replayed at that step. */
-    int dropped = state_metrics_truncate(c->st, id, step);
-    int64_t from;
-    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
-        if (from >= step)
-            r->replay_delink = (long)from;
-        else
-            state_phase_delete(c->st, id, 1);
-    }
-    if (state_phase_get(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
-        state_phase_set(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, 0);
-    state_run_set_progress(c->st, id, step, phase);
-    /* A step whose training went through but whose validation pass could
-     * not read the data (its row, the newest left, has no val_loss) owes
-     * that pass: redone before the next step, as in the life that paused
-     * on it. */
-    if (!was_queued && step > 0 && trainer_step_evaluates(r->t, step)) {
-        metric_row last;
-        double last_val;
-        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
-            last.step == step && isnan(last.val_loss)) {
-            r->pending = last;
-            r->eval_owed = r->data_error = 1;
-        }
-    }
+    int dropped = align_tables_(r, was_queued, recorded_delink);
 
     pthread_mutex_lock(&c->mu);
     snprintf(c->w.error, sizeof c->w.error, "%s", kept_error);
@@ -682,13 +702,9 @@ static void take_next_locked_(coord *c)
          * first step if it was delinked, -1 if it trains from scratch or
          * is still pseudo */
         c->w.real = row.phase;
+        c->w.delink_step = row.phase ? (long)row.delink_step : -1;
         run_row_clear(&row);
     }
-    int64_t from;
-    c->w.delink_step = -1;
-    if (c->w.real && state_phase_get(c->st, c->active, 0, &from) == 0 &&
-        state_phase_get(c->st, c->active, 1, &from) == 0)
-        c->w.delink_step = (long)from;
 }
 
 static void *worker_main_(void *arg)
