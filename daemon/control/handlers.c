@@ -74,6 +74,32 @@ static void reply_(call *c, M6__Status st, const char *fmt, ...)
     if (!c->resp->message) c->resp->message = (char *)"out of memory";
 }
 
+/* The protocol status of a core error code. */
+static M6__Status status_of_(m6_code code)
+{
+    switch (code) {
+    case M6_OK: return M6__STATUS__STATUS_OK;
+    case M6_ENOTFOUND: return M6__STATUS__STATUS_NOT_FOUND;
+    case M6_EBADSTATE: return M6__STATUS__STATUS_BAD_STATE;
+    case M6_EINVALID: return M6__STATUS__STATUS_INVALID_SPEC;
+    case M6_EINTERNAL:
+    case M6_ECANCELLED: break;
+    }
+    return M6__STATUS__STATUS_INTERNAL;
+}
+
+/* Reply with a core error (or success) as it is: its status by code, its
+ * whole message (prefix: "<prefix>: " first, NULL none), never cut. */
+static void reply_err_(call *c, const m6_err *e, const char *prefix)
+{
+    c->resp->status = status_of_(e->code);
+    size_t n = (prefix ? strlen(prefix) + 2 : 0) + strlen(e->msg) + 1;
+    char *m = arena_alloc_(c->a, n);
+    if (m) snprintf(m, n, "%s%s%s", prefix ? prefix : "", prefix ? ": " : "",
+                    e->msg);
+    c->resp->message = m ? m : (char *)"out of memory";
+}
+
 /* ---------------------------------------------------------------- run info */
 
 static M6__RunState state_to_pb_(run_state s)
@@ -295,29 +321,32 @@ static void do_submit_(call *c, const M6__Request *rq)
     long len = spec_len_(c, json);
     if (len < 0) return;
     int64_t id;
-    char name[256] = "", msg[2048];
-    coord_status st = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
-                                   name, sizeof name, msg, sizeof msg);
+    char name[256] = "";
+    m6_err e = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
+                            name, sizeof name);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
-    if (st != COORD_OK) {
-        if (origin)
-            return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
-                                                 : M6__STATUS__STATUS_INTERNAL,
-                          "%s: %s", origin, msg);
-        return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
-                                             : M6__STATUS__STATUS_INTERNAL,
-                      "%s", msg);
+    if (e.code != M6_OK) {
+        /* a spec the client read from a file: its name first */
+        reply_err_(c, &e, origin);
+        return m6_err_free(&e);
     }
     M6__SubmitReply *sr = arena_alloc_(c->a, sizeof *sr);
-    if (!sr) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    if (!sr) {
+        m6_err_free(&e);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    }
     m6__submit_reply__init(sr);
     sr->run_id = id;
     sr->name = arena_strdup_(c->a, name);
-    if (!sr->name) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    if (!sr->name) {
+        m6_err_free(&e);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    }
     c->resp->body_case = M6__RESPONSE__BODY_SUBMIT;
     c->resp->submit = sr;
-    reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+    reply_err_(c, &e, NULL);
+    m6_err_free(&e);
 }
 
 static void do_list_(call *c, const M6__Request *rq)
@@ -361,15 +390,10 @@ static void do_command_(call *c, const M6__RunRef *ref, coord_cmd cmd)
 {
     int64_t id;
     if (resolve_(c, ref, &id) < 0) return;
-    char msg[1400];  /* a refused resume carries its data error */
-    coord_status st = coord_command(c->h->co, id, cmd, msg, sizeof msg);
-    if (st != COORD_OK) {
-        M6__Status s = st == COORD_NOT_FOUND  ? M6__STATUS__STATUS_NOT_FOUND
-                       : st == COORD_BAD_STATE ? M6__STATUS__STATUS_BAD_STATE
-                                               : M6__STATUS__STATUS_INTERNAL;
-        return reply_(c, s, "%s", msg);
-    }
-    if (reply_run_(c, id) == 0) reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+    m6_err e = coord_command(c->h->co, id, cmd);
+    if (e.code != M6_OK || reply_run_(c, id) == 0)
+        reply_err_(c, &e, NULL);
+    m6_err_free(&e);
 }
 
 static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }

@@ -799,15 +799,13 @@ void coord_fini(coord *c)
 
 /* ---------------------------------------------------------------- commands */
 
-coord_status coord_submit(coord *c, const char *json, size_t len,
-                          const int *cancel, int64_t *id, char *name,
-                          size_t namelen, char *msg, size_t msglen)
+m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+                    int64_t *id, char *name, size_t namelen)
 {
     run_spec spec;
     char err[1024];
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
-        snprintf(msg, msglen, "invalid spec: %s", err);
-        return COORD_INVALID;
+        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
     /* Bad data or an unsupported backend fails at submit, not at start:
      * every shard's header, size and token ids. This runs on libuv's thread
@@ -820,18 +818,15 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
     int crc = trainer_check_spec(&spec, err, sizeof err);
     if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
         log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name, err);
-        snprintf(msg, msglen, "not queued: %s", err);
-        return COORD_INTERNAL;
+        return m6_err_make(M6_EINTERNAL, "not queued: %s", err);
     }
     if (crc != 0) {
-        snprintf(msg, msglen, "invalid spec: %s", err);
-        return COORD_INVALID;
+        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
     if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
         log_info("run.submit_dropped", "name=%s reason=\"the client disconnected "
                  "or m6d is stopping before the spec was checked\"", spec.name);
-        snprintf(msg, msglen, "submit cancelled: nothing queued");
-        return COORD_CANCELLED;
+        return m6_err_make(M6_ECANCELLED, "submit cancelled: nothing queued");
     }
     /* --threads is folded into the stored spec, so a restart with other
      * flags still loads this run's checkpoints (the spec hash is stable). */
@@ -839,15 +834,14 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
         spec.device.threads = c->threads;
     int64_t rid = queue_add(c->st, &spec, json, name, namelen);
     if (rid < 0) {
-        snprintf(msg, msglen, "database error while queueing the run");
-        return COORD_INTERNAL;
+        return m6_err_make(M6_EINTERNAL,
+                           "database error while queueing the run");
     }
     *id = rid;
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    snprintf(msg, msglen, "run %lld queued", (long long)rid);
-    return COORD_OK;
+    return m6_err_make(M6_OK, "run %lld queued", (long long)rid);
 }
 
 /* With c->mu held: wait (up to RESUME_WAIT_S) for the worker to try the
@@ -855,7 +849,7 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
  * -- and say how it went. A resume that cannot go through is refused with
  * the reason; the run stays paused. */
 enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
-static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
+static m6_code wait_resume_(coord *c, int64_t id, long ticket, char *msg,
                                  size_t msglen)
 {
     pthread_cond_broadcast(&c->cv);
@@ -868,7 +862,7 @@ static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
     if (c->resume_answered >= ticket && c->resume_error[0]) {
         snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
                  (long long)id, c->resume_error);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
     if (c->resume_answered >= ticket)
         snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
@@ -877,12 +871,12 @@ static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
         snprintf(msg, msglen, "run %lld did not resume: it ended first (a "
                  "stop?); `m6ctl status %lld` says how", (long long)id,
                  (long long)id);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     } else
         snprintf(msg, msglen, "run %lld resumes (its data and the writes owed "
                  "were not done after %d s; `m6ctl status %lld` shows how it "
                  "went)", (long long)id, RESUME_WAIT_S, (long long)id);
-    return COORD_OK;
+    return M6_OK;
 }
 
 /* The state machine's state of a run the worker does not own, from its
@@ -899,11 +893,13 @@ static int db_worker_state_(run_state s)
     }
 }
 
-coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
-                           size_t msglen)
+/* coord_command into msg (msglen: room for the longest reply, a refused
+ * resume's "could not resume" and its resume_error). */
+static m6_code command_(coord *c, int64_t id, coord_cmd cmd, char *msg,
+                        size_t msglen)
 {
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
-    coord_status ret;
+    m6_code ret;
     unsigned act = 0;
     pthread_mutex_lock(&c->mu);
     if (id == c->active) {
@@ -926,10 +922,10 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
     int rc = state_run_get(c->st, id, &row);
     if (rc == 1) {
         snprintf(msg, msglen, "no run with id %lld", (long long)id);
-        ret = COORD_NOT_FOUND;
+        ret = M6_ENOTFOUND;
     } else if (rc < 0) {
         snprintf(msg, msglen, "database error");
-        ret = COORD_INTERNAL;
+        ret = M6_EINTERNAL;
     } else {
         int s = db_worker_state_(row.state);
         if (s >= 0) {
@@ -938,17 +934,24 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
             if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
                 snprintf(msg, msglen, "run %lld: database error while taking "
                          "it out of the queue", (long long)id);
-                ret = COORD_INTERNAL;
+                ret = M6_EINTERNAL;
             }
         } else {
             snprintf(msg, msglen, "cannot %s run %lld: it is %s", names[cmd],
                      (long long)id, run_state_name(row.state));
-            ret = COORD_BAD_STATE;
+            ret = M6_EBADSTATE;
         }
         run_row_clear(&row);
     }
     pthread_mutex_unlock(&c->mu);
     return ret;
+}
+
+m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
+{
+    char msg[sizeof c->resume_error + 512];
+    m6_code code = command_(c, id, cmd, msg, sizeof msg);
+    return m6_err_make(code, "%s", msg);
 }
 
 double coord_eta(coord *c, int64_t id)

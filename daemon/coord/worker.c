@@ -45,7 +45,7 @@ static int live_(worker_state s)
  * after the command. Only live, not stopping, runs get here (see
  * worker_command for the others). */
 
-static coord_status pause_(worker *w, int64_t id, unsigned *act, char *msg,
+static m6_code pause_(worker *w, int64_t id, unsigned *act, char *msg,
                            size_t len)
 {
     long long n = (long long)id;
@@ -53,10 +53,10 @@ static coord_status pause_(worker *w, int64_t id, unsigned *act, char *msg,
     case W_PAUSING:
         snprintf(msg, len, "run %lld is already pausing: it pauses at the "
                  "next step boundary", n);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     case W_PAUSED:
         snprintf(msg, len, "run %lld is already paused", n);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     case W_RESUMING:
         /* not yet tried: the resume is cancelled and answered so, the run
          * stays paused; being tried: the run pauses once it resumed */
@@ -72,10 +72,10 @@ static coord_status pause_(worker *w, int64_t id, unsigned *act, char *msg,
         break;
     }
     snprintf(msg, len, "run %lld pauses at the next step boundary", n);
-    return COORD_OK;
+    return M6_OK;
 }
 
-static coord_status resume_(worker *w, int64_t id, unsigned *act, char *msg,
+static m6_code resume_(worker *w, int64_t id, unsigned *act, char *msg,
                             size_t len)
 {
     long long n = (long long)id;
@@ -83,52 +83,52 @@ static coord_status resume_(worker *w, int64_t id, unsigned *act, char *msg,
     case W_PAUSING: /* the pause not taken yet: cancelled */
         w->state = w->resume_tried ? W_RESUMING : W_RUNNING;
         snprintf(msg, len, "run %lld: pending pause cancelled", n);
-        return COORD_OK;
+        return M6_OK;
     case W_PAUSED:
         w->state = W_RESUMING;
         *act |= WA_RESUME_NEW;
         msg[0] = 0;
-        return COORD_OK;
+        return M6_OK;
     case W_RESUMING: /* one more resume: served by the same try */
         *act |= w->resume_tried ? WA_RESUME_JOIN : WA_RESUME_NEW;
         msg[0] = 0;
-        return COORD_OK;
+        return M6_OK;
     default: /* STARTING, RUNNING */
         snprintf(msg, len, "run %lld is not paused", n);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
 }
 
-static coord_status delink_(worker *w, int64_t id, char *msg, size_t len)
+static m6_code delink_(worker *w, int64_t id, char *msg, size_t len)
 {
     long long n = (long long)id;
     if (w->real && w->delink_step < 0) {
         snprintf(msg, len, "run %lld trains from scratch (pseudo.steps 0): it "
                  "has no shared slots to delink", n);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
     if (w->real) {
         snprintf(msg, len, "run %lld is already in the real phase (delinked "
                  "at step %ld)", n, w->delink_step);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
     w->delink_pending = 1;
     snprintf(msg, len, "run %lld delinks at the next step boundary", n);
-    return COORD_OK;
+    return M6_OK;
 }
 
-static coord_status stop_(worker *w, int64_t id, char *msg, size_t len)
+static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
 {
     /* a resume not yet tried stays owed: answered by the stop's outcome
      * (the run ended, or why the stop failed) */
     w->state = W_STOPPING;
     snprintf(msg, len, "run %lld stops at the next step boundary",
              (long long)id);
-    return COORD_OK;
+    return M6_OK;
 }
 
 /* A run that is not the worker's: queued, or ended. */
-static coord_status not_live_(worker *w, int64_t id, coord_cmd cmd,
+static m6_code not_live_(worker *w, int64_t id, coord_cmd cmd,
                               unsigned *act, char *msg, size_t len)
 {
     long long n = (long long)id;
@@ -136,7 +136,7 @@ static coord_status not_live_(worker *w, int64_t id, coord_cmd cmd,
         w->state = W_STOPPED;
         *act |= WA_DEQUEUE;
         snprintf(msg, len, "run %lld removed from the queue", n);
-        return COORD_OK;
+        return M6_OK;
     }
     if (w->state == W_STOPPED && cmd == CMD_RESUME)
         snprintf(msg, len, "run %lld is stopped: a stopped run cannot be "
@@ -145,10 +145,10 @@ static coord_status not_live_(worker *w, int64_t id, coord_cmd cmd,
         snprintf(msg, len, "cannot %s run %lld: it is %s%s", cmd_names_[cmd],
                  n, worker_state_name(w->state),
                  w->state == W_QUEUED ? " (waiting for the running run)" : "");
-    return COORD_BAD_STATE;
+    return M6_EBADSTATE;
 }
 
-coord_status worker_command(worker *w, int64_t id, coord_cmd cmd,
+m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen)
 {
     long long n = (long long)id;
@@ -160,14 +160,14 @@ coord_status worker_command(worker *w, int64_t id, coord_cmd cmd,
          * here could not be kept */
         snprintf(msg, msglen, "m6d is stopping: send the %s again once it is "
                  "back (`m6ctl watch %lld` waits for it)", cmd_names_[cmd], n);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
     if (w->state == W_STOPPING && cmd != CMD_STOP) {
         snprintf(msg, msglen, "run %lld stops at the next step boundary: a "
                  "%s cannot follow its stop", n, cmd_names_[cmd]);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     }
-    coord_status st;
+    m6_code st;
     switch (cmd) {
     case CMD_PAUSE: st = pause_(w, id, actions, msg, msglen); break;
     case CMD_RESUME: st = resume_(w, id, actions, msg, msglen); break;
@@ -176,12 +176,12 @@ coord_status worker_command(worker *w, int64_t id, coord_cmd cmd,
     }
     /* The worker acts (and records) at the boundary; if the run's last
      * write failed, say the command may only hold in memory. */
-    if (st == COORD_OK && w->error[0] && w->error_write && cmd == CMD_STOP) {
+    if (st == M6_OK && w->error[0] && w->error_write && cmd == CMD_STOP) {
         size_t k = strlen(msg);
         snprintf(msg + k, msglen - k, ", but its last write failed (%s): the "
                  "stop is final only once its checkpoint and state are "
                  "written; until then the run stays paused", w->error);
-    } else if (st == COORD_OK && w->error[0] && w->error_write &&
+    } else if (st == M6_OK && w->error[0] && w->error_write &&
                cmd != CMD_RESUME) {
         size_t k = strlen(msg);
         snprintf(msg + k, msglen - k, "; it takes effect in memory, but may "
@@ -305,8 +305,10 @@ const char *worker_pending(const worker *w)
 {
     switch (w->state) {
     case W_STOPPING: return "stopping";
-    case W_PAUSING: return w->delink_pending ? "delinking, pausing" : "pausing";
-    case W_RESUMING: return w->delink_pending ? "delinking, resuming" : "resuming";
+    case W_PAUSING:
+        return w->delink_pending ? "delinking, pausing" : "pausing";
+    case W_RESUMING:
+        return w->delink_pending ? "delinking, resuming" : "resuming";
     default:
         return live_(w->state) && w->delink_pending ? "delinking" : "";
     }

@@ -2,24 +2,31 @@
  * worker.h — the life of a run as a state machine: its states, and one
  * transition per operator command and per event of the training loop.
  *
- *              submit                 the worker takes it
- *   (none) ----------> QUEUED ------------------------> STARTING
- *                        | stop                            | setup done
- *                        v                                 v
- *                     STOPPED      pause (boundary)     RUNNING <-------+
- *                                +--------------------/  |  ^           |
- *                                v                       |  | resume    |
- *   PAUSED <----- (boundary) -- PAUSING <-- pause -------+  | cancels   |
- *     |  ^                         |                        | the pause |
- *     |  +-- the resume fails --+  +------------------------+           |
- *     | resume                  |                                       |
- *     +-------------------> RESUMING --- the resume tried, ok ----------+
+ * What moves a run from state to state (commands are the operator's; "at
+ * the boundary" is the worker thread between two steps):
  *
- *   any live state -- stop --> STOPPING -- stopped at the boundary --> STOPPED
- *   RUNNING -- last step, checkpoint written --> COMPLETED
- *   any live state -- the trainer fails --> FAILED
- *   a data error, a failed write (disk full), a checkpoint that does not
- *   load: the run pauses itself (-> PAUSED, with the reason).
+ *   QUEUED    the worker takes it                    -> STARTING
+ *   QUEUED    stop (dequeued)                        -> STOPPED
+ *   STARTING  set up (data, model, checkpoint)       -> RUNNING
+ *   RUNNING   pause                                  -> PAUSING
+ *   PAUSING   at the boundary: the pause is written  -> PAUSED
+ *   PAUSING   resume: the pause is cancelled         -> RUNNING
+ *   PAUSED    resume                                 -> RESUMING
+ *   RESUMING  pause before it was tried: cancelled   -> PAUSED
+ *   RESUMING  at the boundary: tried, it works       -> RUNNING
+ *   RESUMING  tried, data or a write still fails     -> PAUSED
+ *   any live  stop                                   -> STOPPING
+ *   STOPPING  at the boundary: written               -> STOPPED
+ *   STOPPING  at the boundary: cannot be written     -> PAUSED
+ *   RUNNING   the last step and its checkpoint done  -> COMPLETED
+ *   any live  the trainer fails                      -> FAILED
+ *   any live  data that cannot be read, a write that fails (disk full),
+ *             no checkpoint that loads: it pauses itself -> PAUSED
+ *
+ * A delink is a flag beside the state (delink_pending): acknowledged in
+ * any live state but STOPPING while the run is pseudo, done at the next
+ * boundary. Once m6d is stopping (shutdown), every command to the live run
+ * is refused: the worker may be past its last boundary.
  *
  * Live states are those of the run the worker thread owns (STARTING to
  * STOPPING); QUEUED and the terminal states (COMPLETED, FAILED, STOPPED)
@@ -88,11 +95,11 @@ enum {
 };
 
 /* Operator command cmd for run id in w's state: the new state into *w,
- * the reply's status (COORD_OK: acknowledged), what to do into *actions,
+ * the reply's status (M6_OK: acknowledged), what to do into *actions,
  * the reply's text into msg ("run 3 pauses at the next step boundary",
  * "run 3 is already paused", ...; for WA_RESUME_* the text is the resume's
  * answer, written by the caller once it came). Never fails otherwise. */
-coord_status worker_command(worker *w, int64_t id, coord_cmd cmd,
+m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen);
 
 /* The commands the worker applies at a step boundary, in this order. */

@@ -28,7 +28,7 @@ typedef struct {
     worker_state from;
     int variant;
     coord_cmd cmd;
-    coord_status status;
+    m6_code status;
     worker_state to;
     unsigned actions;
     int delink_pending;   /* after */
@@ -36,8 +36,8 @@ typedef struct {
                            * answers, written by the caller) */
 } cmd_case;
 
-#define OK COORD_OK
-#define BAD COORD_BAD_STATE
+#define OK M6_OK
+#define BAD M6_EBADSTATE
 
 /* Every state x every command, pseudo phase, m6d not stopping. */
 static const cmd_case cmd_table[] = {
@@ -157,7 +157,7 @@ static void check_case_(const cmd_case *k, worker w)
     snprintf(what, sizeof what, "%s%s + %s", worker_state_name(k->from),
              k->variant == V_TRIED ? " (resume tried)" : "",
              cmd_name_[k->cmd]);
-    coord_status st = worker_command(&w, ID, k->cmd, &act, msg, sizeof msg);
+    m6_code st = worker_command(&w, ID, k->cmd, &act, msg, sizeof msg);
     if (st != k->status || w.state != k->to || act != k->actions ||
         w.delink_pending != k->delink_pending || !strstr(msg, k->words))
         fail_msg("%s: got status %d state %s actions %u delink %d '%s'; want "
@@ -197,7 +197,7 @@ static void test_delink_in_real_phase(void **unused)
         w.real = 1;
         w.delink_step = 40;
         assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg,
-                                        sizeof msg), COORD_BAD_STATE);
+                                        sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 is already in the real phase "
                                  "(delinked at step 40)");
         assert_int_equal(w.state, live[i]);
@@ -206,7 +206,7 @@ static void test_delink_in_real_phase(void **unused)
         w = worker_init(live[i]);
         w.real = 1; /* delink_step -1: trained from scratch */
         assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg,
-                                        sizeof msg), COORD_BAD_STATE);
+                                        sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 trains from scratch (pseudo.steps 0): "
                                  "it has no shared slots to delink");
         assert_int_equal(w.delink_pending, 0);
@@ -225,7 +225,7 @@ static void test_commands_refused_while_m6d_stops(void **unused)
             worker w = worker_init((worker_state)s);
             w.shutdown = 1;
             assert_int_equal(worker_command(&w, ID, (coord_cmd)c, &act, msg,
-                                            sizeof msg), COORD_BAD_STATE);
+                                            sizeof msg), M6_EBADSTATE);
             snprintf(want, sizeof want, "m6d is stopping: send the %s again "
                      "once it is back (`m6ctl watch 7` waits for it)",
                      cmd_name_[c]);
@@ -239,7 +239,7 @@ static void test_commands_refused_while_m6d_stops(void **unused)
     char msg[256];
     unsigned act;
     assert_int_equal(worker_command(&q, ID, CMD_STOP, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_int_equal(q.state, W_STOPPED);
 }
 
@@ -253,7 +253,7 @@ static void test_commands_after_a_failed_write(void **unused)
     strcpy(w.error, "checkpoint failed: No space left on device");
     w.error_write = 1;
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary, but its "
                         "last write failed (checkpoint failed: No space left "
                         "on device): the stop is final only once its "
@@ -263,20 +263,20 @@ static void test_commands_after_a_failed_write(void **unused)
     strcpy(w.error, "disk full");
     w.error_write = 1;
     assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_string_equal(msg, "run 7 delinks at the next step boundary; it "
                         "takes effect in memory, but may not be recorded: "
                         "disk full");
     /* a resume's text is its answer: nothing added */
     assert_int_equal(worker_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_int_equal(act, WA_RESUME_NEW);
     assert_string_equal(msg, "");
     /* bad data is no failed write: nothing added */
     w = worker_init(W_PAUSED);
     strcpy(w.error, "data.train: truncated");
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary");
 }
 
@@ -495,11 +495,11 @@ static void test_sequences(void **unused)
     worker_boundary(&w);
     assert_int_equal(w.state, W_PAUSED);
     assert_int_equal(worker_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_int_equal(act, WA_RESUME_NEW);
     assert_true(worker_boundary(&w).resume);
     assert_int_equal(worker_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_int_equal(w.state, W_PAUSING);
     assert_int_equal(worker_on(&w, WE_RESUMED, NULL), 0);
     assert_int_equal(w.state, W_PAUSING);
@@ -513,7 +513,7 @@ static void test_sequences(void **unused)
     worker_on(&w, WE_STOP_FAILED, "stop not done (disk full)");
     assert_int_equal(w.state, W_PAUSED);
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
-                     COORD_OK);
+                     M6_OK);
     assert_non_null(strstr(msg, "but its last write failed"));
     assert_true(worker_boundary(&w).stop);
     assert_int_equal(worker_on(&w, WE_STOPPED, NULL), 0);
