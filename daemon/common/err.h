@@ -29,6 +29,10 @@ typedef enum {
     M6_EINVALID,   /* bad input: a spec key or value, data that fails */
     M6_EINTERNAL,  /* m6d's own failure: the state DB, memory, a limit */
     M6_ECANCELLED, /* the caller went away (or m6d stops) first */
+    M6_EDATA,      /* a run's shard cannot be read as it was checked
+                    * (truncated, rewritten, a bad token): the run pauses;
+                    * a command it refuses answers as M6_EBADSTATE does */
+    M6_ENOFILE,    /* ... m6d ran out of file descriptors opening them */
 } m6_code;
 
 typedef struct {

@@ -80,7 +80,9 @@ static M6__Status status_of_(m6_code code)
     switch (code) {
     case M6_OK: return M6__STATUS__STATUS_OK;
     case M6_ENOTFOUND: return M6__STATUS__STATUS_NOT_FOUND;
-    case M6_EBADSTATE: return M6__STATUS__STATUS_BAD_STATE;
+    case M6_EBADSTATE:
+    case M6_EDATA:    /* a run's data: what refused the command */
+    case M6_ENOFILE: return M6__STATUS__STATUS_BAD_STATE;
     case M6_EINVALID: return M6__STATUS__STATUS_INVALID_SPEC;
     case M6_EINTERNAL:
     case M6_ECANCELLED: break;
@@ -88,15 +90,42 @@ static M6__Status status_of_(m6_code code)
     return M6__STATUS__STATUS_INTERNAL;
 }
 
+/* What the operator can do next about an error of this code, or NULL. */
+static const char *advice_(m6_code code)
+{
+    switch (code) {
+    case M6_EDATA:
+        return "once the shard is fixed, `m6ctl resume` reopens the data";
+    case M6_ENOFILE:
+        return "once m6d can open them, `m6ctl resume` reopens the data";
+    default:
+        return NULL;
+    }
+}
+
+/* "<prefix>: <msg>; <advice for code>" in the call's arena (prefix NULL:
+ * none; the advice only where advice_ has one), never cut. NULL when out
+ * of memory. */
+static char *with_advice_(call *c, const char *prefix, const char *msg,
+                          m6_code code)
+{
+    const char *adv = advice_(code);
+    size_t n = (prefix ? strlen(prefix) + 2 : 0) + strlen(msg) +
+               (adv ? strlen(adv) + 2 : 0) + 1;
+    char *m = arena_alloc_(c->a, n);
+    if (m)
+        snprintf(m, n, "%s%s%s%s%s", prefix ? prefix : "", prefix ? ": " : "",
+                 msg, adv ? "; " : "", adv ? adv : "");
+    return m;
+}
+
 /* Reply with a core error (or success) as it is: its status by code, its
- * whole message (prefix: "<prefix>: " first, NULL none), never cut. */
+ * whole message (prefix: "<prefix>: " first, NULL none) and the advice
+ * for its code. */
 static void reply_err_(call *c, const m6_err *e, const char *prefix)
 {
+    char *m = with_advice_(c, prefix, e->msg, e->code);
     c->resp->status = status_of_(e->code);
-    size_t n = (prefix ? strlen(prefix) + 2 : 0) + strlen(e->msg) + 1;
-    char *m = arena_alloc_(c->a, n);
-    if (m) snprintf(m, n, "%s%s%s", prefix ? prefix : "", prefix ? ": " : "",
-                    e->msg);
     c->resp->message = m ? m : (char *)"out of memory";
 }
 
@@ -136,10 +165,13 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->updated = row->updated;
     /* A run that paused on a failed write: the worker's word, which the DB
      * may not have been able to record. */
-    char live_err[512];
-    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err);
+    char live_err[2048]; /* as the worker holds it (coord/worker.h) */
+    m6_code code = M6_OK;
+    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err,
+                               &code);
     if (live == 2) ri->state = M6__RUN_STATE__RUN_STATE_PAUSED;
-    ri->error = arena_strdup_(c->a, live ? live_err : row->error);
+    ri->error = live ? with_advice_(c, NULL, live_err, code)
+                     : arena_strdup_(c->a, row->error);
     if (!ri->name || !ri->error) return NULL;
     ri->train_loss = NAN;
     ri->val_loss = NAN;

@@ -47,6 +47,8 @@ struct coord {
      * (answered). A resume sent while one is being tried joins it. */
     long resume_asked, resume_serving, resume_answered;
     char resume_error[1200]; /* the last answer: "" it resumed */
+    m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
+                              * or M6_EBADSTATE */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -68,6 +70,7 @@ typedef struct {
      * run paused; before the next step the data is opened again and the
      * pending row's validation pass, if that is what failed, is redone. */
     int data_error, eval_owed;
+    m6_code data_code;      /* while data_error: M6_EDATA or M6_ENOFILE */
     long replay_delink;     /* an operator delink to replay at this step
                              * (recorded, then m6d restarted), -1 none */
     coord_offload off;     /* latest placement, published to c->offload */
@@ -164,7 +167,13 @@ static void pause_error_(run_ctx *r, worker_event ev, const char *reason)
     long step = trainer_step_count(r->t);
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
-    on_(c, ev, reason);
+    pthread_mutex_lock(&c->mu);
+    if (worker_on(&c->w, ev, reason) < 0)
+        log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
+                 (long long)r->id, (int)ev, worker_state_name(c->w.state));
+    c->w.error_code = ev == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
         state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
     publish_(r);
@@ -199,14 +208,11 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
-/* Append to a data error (rc TRAINER_EDATA or TRAINER_ENOFILE) what
- * `m6ctl resume` will do about it. */
-static void retry_hint_(char *msg, size_t msglen, int rc)
+/* The code of a data error (rc TRAINER_EDATA or TRAINER_ENOFILE): what
+ * the handler's advice is keyed by (`m6ctl resume` reopens the data). */
+static m6_code data_code_(int rc)
 {
-    size_t n = strlen(msg);
-    snprintf(msg + n, msglen - n, "; once %s, `m6ctl resume` reopens the "
-             "data", rc == TRAINER_ENOFILE ? "m6d can open them"
-                                           : "the shard is fixed");
+    return rc == TRAINER_ENOFILE ? M6_ENOFILE : M6_EDATA;
 }
 
 /* After a pause for unreadable data (r->data_error): open the shards
@@ -221,7 +227,7 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
     if (rc == 0 && r->eval_owed)
         rc = trainer_eval_checked(r->t, &v, msg, msglen);
     if (rc != 0) {
-        retry_hint_(msg, msglen, rc);
+        r->data_code = data_code_(rc);
         return -1;
     }
     if (r->eval_owed) {
@@ -236,12 +242,15 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
 }
 
 /* With c->mu held: answer the resumes up to ticket (never backwards): err
- * NULL, the run trains on; else why it stays paused. */
-static void answer_locked_(coord *c, long ticket, const char *err)
+ * NULL, the run trains on; else why it stays paused, and its code (M6_EDATA
+ * and M6_ENOFILE get the handler's advice). */
+static void answer_locked_(coord *c, long ticket, const char *err,
+                           m6_code code)
 {
     if (ticket > c->resume_answered)
         c->resume_answered = ticket;
     snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
+    c->resume_code = err ? code : M6_OK;
     pthread_cond_broadcast(&c->cv);
 }
 
@@ -306,6 +315,7 @@ static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
             last.step == step && isnan(last.val_loss)) {
             r->pending = last;
             r->eval_owed = r->data_error = 1;
+            r->data_code = M6_EDATA;
         }
     }
     return dropped;
@@ -364,8 +374,8 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     char open_err[sizeof err] = "";
     if (data_rc) {
         r->data_error = 1;
-        snprintf(open_err, sizeof open_err, "%.900s", err);
-        retry_hint_(open_err, sizeof open_err, data_rc);
+        r->data_code = data_code_(data_rc);
+        snprintf(open_err, sizeof open_err, "%s", err);
     }
     long step = trainer_step_count(r->t);
     int phase = trainer_phase(r->t) == PHASE_REAL;
@@ -374,6 +384,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
 
     pthread_mutex_lock(&c->mu);
     snprintf(c->w.error, sizeof c->w.error, "%s", kept_error);
+    c->w.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
     c->active_total = r->spec.train.steps;
     pthread_mutex_unlock(&c->mu);
     int erred = 1;
@@ -436,7 +447,7 @@ static int stop_(run_ctx *r)
         /* a resume sent before the stop, not tried: it stays paused */
         pthread_mutex_lock(&c->mu);
         if (c->resume_asked > c->resume_answered)
-            answer_locked_(c, c->resume_asked, why);
+            answer_locked_(c, c->resume_asked, why, M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         return 0;
     }
@@ -488,7 +499,7 @@ static void interrupted_(run_ctx *r, int resume)
     if (resume) {
         pthread_mutex_lock(&c->mu);
         answer_locked_(c, c->resume_serving, "m6d is stopping; resume the run "
-                       "once it is back");
+                       "once it is back", M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
     }
 }
@@ -520,7 +531,8 @@ static void resume_(run_ctx *r)
     if (rc < 0) {
         pause_error_(r, failed, err);
         pthread_mutex_lock(&c->mu);
-        answer_locked_(c, c->resume_serving, err);
+        answer_locked_(c, c->resume_serving, err,
+                       failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         return;
     }
@@ -528,7 +540,7 @@ static void resume_(run_ctx *r)
     log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
     pthread_mutex_lock(&c->mu);
     worker_on(&c->w, WE_RESUMED, NULL);
-    answer_locked_(c, c->resume_serving, NULL);
+    answer_locked_(c, c->resume_serving, NULL, M6_OK);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -580,8 +592,8 @@ static int step_(run_ctx *r)
     if (src == TRAINER_EDATA) {
         /* like a write that failed: pause, keep the model; the operator
          * fixes the shard and resumes (retry_data_) */
-        retry_hint_(data_err, sizeof data_err, src);
         r->data_error = 1;
+        r->data_code = data_code_(src);
         if (!res.eval_failed) { /* nothing of the step was done */
             pause_error_(r, WE_DATA_ERROR, data_err);
             return 0;
@@ -862,7 +874,7 @@ static m6_code wait_resume_(coord *c, int64_t id, long ticket, char *msg,
     if (c->resume_answered >= ticket && c->resume_error[0]) {
         snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
                  (long long)id, c->resume_error);
-        return M6_EBADSTATE;
+        return c->resume_code; /* M6_EDATA, M6_ENOFILE: the handler advises */
     }
     if (c->resume_answered >= ticket)
         snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
@@ -905,7 +917,8 @@ static m6_code command_(coord *c, int64_t id, coord_cmd cmd, char *msg,
     if (id == c->active) {
         ret = worker_command(&c->w, id, cmd, &act, msg, msglen);
         if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
-            answer_locked_(c, c->resume_asked, "a pause was sent after it");
+            answer_locked_(c, c->resume_asked, "a pause was sent after it",
+                           M6_EBADSTATE);
         if (act & WA_RESUME_NEW) /* ask the worker and wait (one more resume
                                   * sent before it takes this one is served
                                   * by the same try) */
@@ -976,12 +989,14 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out)
     return rc;
 }
 
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len)
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
+                    m6_code *code)
 {
     int rc = 0;
     pthread_mutex_lock(&c->mu);
     if (id == c->active && c->w.error[0]) {
         snprintf(buf, len, "%s", c->w.error);
+        *code = c->w.error_code;
         rc = 1 + worker_is_paused(&c->w);
     }
     pthread_mutex_unlock(&c->mu);

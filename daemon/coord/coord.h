@@ -84,11 +84,14 @@ typedef struct {
  * it; 1 otherwise. Never waits on a step (copies under the lock). */
 int coord_offload_get(coord *c, int64_t id, coord_offload *out);
 
-/* Why the active run paused itself (a checkpoint or state DB write failed),
- * held in memory so status shows it even when the DB cannot record it.
- * 0: none (or id is not active); 1: buf set, run not paused yet; 2: buf
- * set, run paused. */
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len);
+/* Why the active run paused itself (a checkpoint or state DB write failed,
+ * its data could not be read), held in memory so status shows it even
+ * when the DB cannot record it; *code its kind (M6_EDATA, M6_ENOFILE: the
+ * data; M6_EBADSTATE otherwise), for the operator's next step. 0: none
+ * (or id is not active); 1: buf set, run not paused yet; 2: buf set, run
+ * paused. */
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
+                    m6_code *code);
 
 /* The command acknowledged for the active run and not yet applied at a
  * step boundary: "pausing", "resuming", "delinking", "stopping", or two

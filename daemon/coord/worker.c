@@ -215,6 +215,7 @@ worker_take worker_boundary(worker *w)
         w->resume_tried = 1;
         w->error[0] = 0; /* the try says anew why it stays paused, if so */
         w->error_write = 0;
+        w->error_code = M6_OK;
         t.resume = 1;
     }
     return t;

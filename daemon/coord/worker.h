@@ -76,9 +76,12 @@ typedef struct {
     long delink_step;   /* the real phase's first step; -1 never delinked
                          * (still pseudo, or trained from scratch) */
     int shutdown;       /* m6d is stopping: commands are refused */
-    char error[512];    /* why the run paused itself; "" none */
+    char error[2048];   /* why the run paused itself; "" none */
     int error_write;    /* ... a write failed (not bad data or a lost
                          * checkpoint): a command may hold only in memory */
+    m6_code error_code; /* ... its kind, for the operator's next step:
+                         * M6_EDATA or M6_ENOFILE for data, M6_EBADSTATE
+                         * otherwise (set by the caller with the event) */
 } worker;
 
 /* The worker of a run in state s: no flags, pseudo, no error. */
@@ -109,7 +112,8 @@ typedef struct {
 
 /* Event: the worker is at a step boundary. Takes the commands acknowledged
  * since the last one: PAUSING -> PAUSED (then the pause is written),
- * RESUMING -> resume_tried (the error is cleared: the try says anew),
+ * RESUMING -> resume_tried (the error and its code are cleared: the try
+ * says anew),
  * a pending delink, STOPPING (stays until WE_STOPPED or WE_STOP_FAILED). */
 worker_take worker_boundary(worker *w);
 
