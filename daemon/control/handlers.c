@@ -74,6 +74,61 @@ static void reply_(call *c, M6__Status st, const char *fmt, ...)
     if (!c->resp->message) c->resp->message = (char *)"out of memory";
 }
 
+/* The protocol status of a core error code. */
+static M6__Status status_of_(m6_code code)
+{
+    switch (code) {
+    case M6_OK: return M6__STATUS__STATUS_OK;
+    case M6_ENOTFOUND: return M6__STATUS__STATUS_NOT_FOUND;
+    case M6_EBADSTATE:
+    case M6_EDATA:    /* a run's data: what refused the command */
+    case M6_ENOFILE: return M6__STATUS__STATUS_BAD_STATE;
+    case M6_EINVALID: return M6__STATUS__STATUS_INVALID_SPEC;
+    case M6_EINTERNAL:
+    case M6_ECANCELLED: break;
+    }
+    return M6__STATUS__STATUS_INTERNAL;
+}
+
+/* What the operator can do next about an error of this code, or NULL. */
+static const char *advice_(m6_code code)
+{
+    switch (code) {
+    case M6_EDATA:
+        return "once the shard is fixed, `m6ctl resume` reopens the data";
+    case M6_ENOFILE:
+        return "once m6d can open them, `m6ctl resume` reopens the data";
+    default:
+        return NULL;
+    }
+}
+
+/* "<prefix>: <msg>; <advice for code>" in the call's arena (prefix NULL:
+ * none; the advice only where advice_ has one), never cut. NULL when out
+ * of memory. */
+static char *with_advice_(call *c, const char *prefix, const char *msg,
+                          m6_code code)
+{
+    const char *adv = advice_(code);
+    size_t n = (prefix ? strlen(prefix) + 2 : 0) + strlen(msg) +
+               (adv ? strlen(adv) + 2 : 0) + 1;
+    char *m = arena_alloc_(c->a, n);
+    if (m)
+        snprintf(m, n, "%s%s%s%s%s", prefix ? prefix : "", prefix ? ": " : "",
+                 msg, adv ? "; " : "", adv ? adv : "");
+    return m;
+}
+
+/* Reply with a core error (or success) as it is: its status by code, its
+ * whole message (prefix: "<prefix>: " first, NULL none) and the advice
+ * for its code. */
+static void reply_err_(call *c, const m6_err *e, const char *prefix)
+{
+    char *m = with_advice_(c, prefix, e->msg, e->code);
+    c->resp->status = status_of_(e->code);
+    c->resp->message = m ? m : (char *)"out of memory";
+}
+
 /* ---------------------------------------------------------------- run info */
 
 static M6__RunState state_to_pb_(run_state s)
@@ -110,10 +165,13 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->updated = row->updated;
     /* A run that paused on a failed write: the worker's word, which the DB
      * may not have been able to record. */
-    char live_err[512];
-    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err);
+    char live_err[2048]; /* as the worker holds it (coord/worker.h) */
+    m6_code code = M6_OK;
+    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err,
+                               &code);
     if (live == 2) ri->state = M6__RUN_STATE__RUN_STATE_PAUSED;
-    ri->error = arena_strdup_(c->a, live ? live_err : row->error);
+    ri->error = live ? with_advice_(c, NULL, live_err, code)
+                     : arena_strdup_(c->a, row->error);
     if (!ri->name || !ri->error) return NULL;
     ri->train_loss = NAN;
     ri->val_loss = NAN;
@@ -149,11 +207,12 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->d2h_gbps = m.d2h_gbps;
         ri->copy_hidden_fraction = m.copy_hidden_fraction;
     }
-    int64_t from;
-    ri->delink_step = state_phase_get(c->h->st, row->id, 1, &from) == 0 &&
-                              (row->phase == 1)
-                          ? from
-                          : -1;
+    /* stored once, by the coordinator, when the delink happened */
+    ri->delink_step = row->phase == 1 ? row->delink_step : -1;
+    char pending[64];
+    coord_pending(c->h->co, row->id, pending, sizeof pending);
+    ri->pending = arena_strdup_(c->a, pending);
+    if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;
     if (spec_json) {
         run_spec spec;
@@ -163,6 +222,15 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
         }
     }
+    /* a delink to come: only for a live run still in the pseudo phase */
+    int to_come = row->phase == 0 && (row->state == RUN_QUEUED ||
+                                      row->state == RUN_RUNNING ||
+                                      row->state == RUN_PAUSED);
+    ri->next_delink_step = -1;
+    if (to_come && strstr(pending, "delinking"))
+        ri->next_delink_step = row->step;
+    else if (to_come && ri->pseudo_steps > 0)
+        ri->next_delink_step = ri->pseudo_steps;
     ri->eta_s = coord_eta(c->h->co, row->id);
     ckpt_row *ck;
     int n;
@@ -285,29 +353,32 @@ static void do_submit_(call *c, const M6__Request *rq)
     long len = spec_len_(c, json);
     if (len < 0) return;
     int64_t id;
-    char name[256] = "", msg[2048];
-    coord_status st = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
-                                   name, sizeof name, msg, sizeof msg);
+    char name[256] = "";
+    m6_err e = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
+                            name, sizeof name);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
-    if (st != COORD_OK) {
-        if (origin)
-            return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
-                                                 : M6__STATUS__STATUS_INTERNAL,
-                          "%s: %s", origin, msg);
-        return reply_(c, st == COORD_INVALID ? M6__STATUS__STATUS_INVALID_SPEC
-                                             : M6__STATUS__STATUS_INTERNAL,
-                      "%s", msg);
+    if (e.code != M6_OK) {
+        /* a spec the client read from a file: its name first */
+        reply_err_(c, &e, origin);
+        return m6_err_free(&e);
     }
     M6__SubmitReply *sr = arena_alloc_(c->a, sizeof *sr);
-    if (!sr) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    if (!sr) {
+        m6_err_free(&e);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    }
     m6__submit_reply__init(sr);
     sr->run_id = id;
     sr->name = arena_strdup_(c->a, name);
-    if (!sr->name) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    if (!sr->name) {
+        m6_err_free(&e);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    }
     c->resp->body_case = M6__RESPONSE__BODY_SUBMIT;
     c->resp->submit = sr;
-    reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+    reply_err_(c, &e, NULL);
+    m6_err_free(&e);
 }
 
 static void do_list_(call *c, const M6__Request *rq)
@@ -351,15 +422,10 @@ static void do_command_(call *c, const M6__RunRef *ref, coord_cmd cmd)
 {
     int64_t id;
     if (resolve_(c, ref, &id) < 0) return;
-    char msg[1400];  /* a refused resume carries its data error */
-    coord_status st = coord_command(c->h->co, id, cmd, msg, sizeof msg);
-    if (st != COORD_OK) {
-        M6__Status s = st == COORD_NOT_FOUND  ? M6__STATUS__STATUS_NOT_FOUND
-                       : st == COORD_BAD_STATE ? M6__STATUS__STATUS_BAD_STATE
-                                               : M6__STATUS__STATUS_INTERNAL;
-        return reply_(c, s, "%s", msg);
-    }
-    if (reply_run_(c, id) == 0) reply_(c, M6__STATUS__STATUS_OK, "%s", msg);
+    m6_err e = coord_command(c->h->co, id, cmd);
+    if (e.code != M6_OK || reply_run_(c, id) == 0)
+        reply_err_(c, &e, NULL);
+    m6_err_free(&e);
 }
 
 static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }

@@ -1,22 +1,24 @@
 /*
- * coord.c — run queue, phase policy and the training worker (see coord.h).
+ * coord.c — the coordinator (see coord.h): the worker thread's loop over
+ * one run's steps, and the operator's commands, both steered by the run's
+ * state machine (worker.h). The queue is queue.c, the checkpoints are
+ * ckpt/store.c.
  */
 #include "coord/coord.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
+#include "ckpt/store.h"
 #include "common/log.h"
 #include "common/paths.h"
+#include "coord/queue.h"
+#include "coord/worker.h"
 #include "train/data.h"
 #include "train/spec.h"
 #include "train/trainer.h"
@@ -25,180 +27,31 @@ struct coord {
     state *st;
     char runs_dir[3072];
     int threads;
+    ckpt_store store;      /* the runs' checkpoints (daemon/ckpt/store.h) */
 
-    pthread_t worker;
-    int worker_started;
+    pthread_t thread;
+    int thread_started;
 
     /* Everything below is guarded by mu; the worker waits on cv. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int shutdown;
     int64_t active;       /* run the worker owns, 0 none */
-    int active_paused;
-    int active_phase;
-    long active_step, active_total, active_delink_step;
+    worker w;             /* its state machine (worker.h) */
+    long active_step, active_total;
     double step_s_ema;    /* seconds per step, for the ETA */
-    int cmd_pause, cmd_resume, cmd_delink, cmd_stop;
-    char active_error[512]; /* why the active run paused itself, "" none */
-    int active_error_write; /* ... a failed write (not bad data or a lost
-                             * checkpoint): a stop may not be recorded */
     /* A resume is answered once the worker has tried it: the data reopened
      * and the writes owed done, or the reason it stays paused. Tickets:
      * each resume sent takes one (asked); the worker, taking the command,
      * serves every ticket up to resume_serving and, done, answers them
      * (answered). A resume sent while one is being tried joins it. */
     long resume_asked, resume_serving, resume_answered;
-    int resuming;           /* the worker is trying a resume */
     char resume_error[1200]; /* the last answer: "" it resumed */
+    m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
+                              * or M6_EBADSTATE */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
-
-/* ---------------------------------------------------------------- helpers */
-
-static int rm_entry_(const char *path, const struct stat *sb, int flag,
-                     struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    if (remove(path) < 0 && errno != ENOENT)
-        log_warn("fs.remove", "path=%s err=\"%s\"", path, strerror(errno));
-    return 0;
-}
-
-static void rm_rf_(const char *path)
-{
-    nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static long long du_total_;
-static int du_entry_(const char *path, const struct stat *sb, int flag,
-                     struct FTW *ftw)
-{
-    (void)path; (void)ftw;
-    if (flag == FTW_F) du_total_ += sb->st_size;
-    return 0;
-}
-
-static int64_t du_(const char *path)  /* only from the worker / init */
-{
-    du_total_ = 0;
-    nftw(path, du_entry_, 16, FTW_PHYS);
-    return du_total_;
-}
-
-static void ckpt_dir_(const coord *c, int64_t run, char *buf, size_t len)
-{
-    snprintf(buf, len, "%s/%lld/checkpoints", c->runs_dir, (long long)run);
-}
-
-static int dir_exists_(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* 1: a directory at p; 0: none (not there, or something else there); -1:
- * m6d may not look (EACCES, EIO...: errno), which is not gone. */
-static int dir_state_(const char *p)
-{
-    struct stat sb;
-    if (stat(p, &sb) == 0) return S_ISDIR(sb.st_mode);
-    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
-}
-
-/* ---------------------------------------------------------------- recovery */
-
-/* Whether trainer_step runs a validation pass after step (1-based). */
-static int step_evaluates_(const run_spec *sp, long step)
-{
-    long ev = sp->train.eval_every;
-    return (ev > 0 && step % ev == 0) || step == sp->train.steps;
-}
-
-/* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
- * complete step-N dirs the DB missed (crash between rename and insert), drop
- * rows whose directory is gone. */
-static void reconcile_run_(coord *c, int64_t run)
-{
-    char dir[4096];
-    ckpt_dir_(c, run, dir, sizeof dir);
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            char p[8192];
-            long long step;
-            char rest;
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (strstr(e->d_name, ".tmp-")) {
-                log_warn("checkpoint.stray", "run=%lld path=%s action=removed",
-                         (long long)run, p);
-                state_event(c->st, run, "checkpoint.stray", "removed %s",
-                            e->d_name);
-                rm_rf_(p);
-            } else if (sscanf(e->d_name, "step-%lld%c", &step, &rest) == 1) {
-                ckpt_row *rows;
-                int n, found = 0;
-                if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
-                    for (int i = 0; i < n; i++) found |= rows[i].step == step;
-                    free(rows);
-                }
-                if (!found) {
-                    log_info("checkpoint.adopt", "run=%lld step=%lld",
-                             (long long)run, step);
-                    state_checkpoint_add(c->st, run, step, p, du_(p));
-                }
-            }
-        }
-        closedir(d);
-    }
-    ckpt_row *rows;
-    int n;
-    if (state_checkpoints_list(c->st, run, &rows, &n) == 0) {
-        for (int i = 0; i < n; i++) {
-            int d = dir_state_(rows[i].path);
-            if (d == 0) {
-                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
-                         (long long)run, (long long)rows[i].step, rows[i].path);
-                state_checkpoint_delete(c->st, run, rows[i].step);
-            } else if (d < 0) {
-                log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
-                         "err=\"%s\" action=kept", (long long)run,
-                         (long long)rows[i].step, rows[i].path,
-                         strerror(errno));
-            }
-        }
-        free(rows);
-    }
-}
-
-static void reconcile_all_(coord *c)
-{
-    run_row *runs;
-    int n;
-    if (state_run_list(c->st, &runs, &n) < 0) return;
-    for (int i = 0; i < n; i++) reconcile_run_(c, runs[i].id);
-    free(runs);
-}
-
-/* The run the worker should own next: one left running (resume), else one
- * left paused (stays paused), else the oldest queued. 0 if none. */
-static int64_t pick_next_(coord *c, int *paused)
-{
-    static const run_state order[] = {RUN_RUNNING, RUN_PAUSED, RUN_QUEUED};
-    for (int k = 0; k < 3; k++) {
-        int64_t *ids;
-        int n;
-        if (state_run_ids(c->st, order[k], &ids, &n) < 0) return 0;
-        int64_t id = n > 0 ? ids[0] : 0;
-        free(ids);
-        if (id) {
-            *paused = order[k] == RUN_PAUSED;
-            return id;
-        }
-    }
-    return 0;
-}
 
 /* -------------------------------------------------------------- checkpoint */
 
@@ -217,26 +70,11 @@ typedef struct {
      * run paused; before the next step the data is opened again and the
      * pending row's validation pass, if that is what failed, is redone. */
     int data_error, eval_owed;
-    int ckpt_lost;          /* paused because no checkpoint loaded */
-    size_t plan_peak[2];   /* unbudgeted device bytes: [pseudo], [real] */
-    offload_stats prev;    /* counters at the previous sample */
-    coord_offload off;     /* latest sample, also published to c->offload */
+    m6_code data_code;      /* while data_error: M6_EDATA or M6_ENOFILE */
+    long replay_delink;     /* an operator delink to replay at this step
+                             * (recorded, then m6d restarted), -1 none */
+    coord_offload off;     /* latest placement, published to c->offload */
 } run_ctx;
-
-static void prune_(run_ctx *r)
-{
-    ckpt_row *rows;
-    int n;
-    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) return;
-    int keep = r->spec.checkpoint.keep > 0 ? r->spec.checkpoint.keep : 1;
-    for (int i = 0; i < n - keep; i++) {
-        rm_rf_(rows[i].path);
-        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
-        log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)r->id,
-                  (long long)rows[i].step);
-    }
-    free(rows);
-}
 
 /* Save the trainer at its step. -1 with msg saying what failed (the caller
  * pauses the run, which logs it): the run keeps its last good checkpoint. */
@@ -244,186 +82,54 @@ static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
-    char dir[4096], path[4200], err[512];
-    ckpt_dir_(r->c, r->id, dir, sizeof dir);
-    if (paths_mkdir_p(dir, 0755) < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %.600s: %s", dir,
-                 strerror(errno));
+    if (ckpt_store_save(&r->c->store, r->id, r->t, r->spec.checkpoint.keep, why,
+                        msg, msglen) < 0)
         return -1;
-    }
-    snprintf(path, sizeof path, "%s/step-%ld", dir, step);
-    if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
-    long bytes = trainer_save(r->t, path, err, sizeof err);
-    if (bytes < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %s", err);
-        return -1;
-    }
-    if (state_checkpoint_add(r->c->st, r->id, step, path, bytes) < 0) {
-        /* The directory is complete; the next start adopts it. Removing it
-         * keeps this life's view (the DB list) and the disk the same. */
-        char e[256];
-        state_last_error(r->c->st, e, sizeof e);
-        rm_rf_(path);
-        snprintf(msg, msglen, "checkpoint step %ld not recorded: state DB: %s",
-                 step, e);
-        return -1;
-    }
-    state_event(r->c->st, r->id, "checkpoint", "step=%ld bytes=%ld why=%s",
-                step, bytes, why);
-    log_info("checkpoint.saved", "run=%lld step=%ld bytes=%ld why=%s",
-             (long long)r->id, step, bytes, why);
     r->last_ckpt = step;
-    prune_(r);
-    return 0;
-}
-
-/* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
- * ...: never adopted again, see reconcile_run_), for the operator to look
- * at; *kept gets the name it now has. A rename that fails leaves it where
- * it is (its row is dropped all the same). */
-static void quarantine_(const char *path, char *kept, size_t keptlen)
-{
-    for (int k = 1; k < 100; k++) {
-        char to[4200];
-        if (k == 1)
-            snprintf(to, sizeof to, "%s.bad", path);
-        else
-            snprintf(to, sizeof to, "%s.bad-%d", path, k);
-        if (access(to, F_OK) == 0)
-            continue;
-        if (rename(path, to) == 0) {
-            snprintf(kept, keptlen, "%s", to);
-            return;
-        }
-        break;
-    }
-    snprintf(kept, keptlen, "%s", path);
-}
-
-/* Newest checkpoint that loads, newest first; one that does not is set
- * aside (quarantine_) and its row dropped. On return r->t is a trainer at
- * the checkpoint's step, or a fresh one. A fresh one is made as r->t was:
- * with data_rc (not NULL), by trainer_create_resumable, which sets
- * *data_rc and err anew. Returns 0; 1 when checkpoints existed but none
- * loaded (the run would silently start over: the caller pauses it, lost
- * says why); -1 with err when no trainer could be made. */
-static int restore_(run_ctx *r, int *data_rc, char *err, size_t errlen,
-                    char *lost, size_t lostlen)
-{
-    ckpt_row *rows;
-    int n;
-    r->last_ckpt = -1;
-    lost[0] = 0;
-    if (state_checkpoints_list(r->c->st, r->id, &rows, &n) < 0) n = 0, rows = NULL;
-    for (int i = n - 1; i >= 0; i--) {
-        char e[512], kept[4200];
-        if (trainer_load(r->t, rows[i].path, e, sizeof e) == 0) {
-            r->last_ckpt = trainer_step_count(r->t);
-            log_info("run.restore", "run=%lld step=%ld path=%s",
-                     (long long)r->id, r->last_ckpt, rows[i].path);
-            break;
-        }
-        quarantine_(rows[i].path, kept, sizeof kept);
-        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
-                 "action=set_aside kept=%s", (long long)r->id, rows[i].path, e,
-                 kept);
-        state_event(r->c->st, r->id, "checkpoint.bad", "step=%lld %s; kept "
-                    "as %s", (long long)rows[i].step, e, kept);
-        if (i == n - 1) /* the newest: what the run has lost */
-            snprintf(lost, lostlen, "checkpoint of step %lld does not load "
-                     "(%.300s; kept as %.300s)", (long long)rows[i].step, e,
-                     kept);
-        state_checkpoint_delete(r->c->st, r->id, rows[i].step);
-        /* A failed load may have half-filled the trainer: start afresh. */
-        trainer_free(r->t);
-        r->t = data_rc ? trainer_create_resumable(&r->spec, data_rc, err, errlen)
-                       : trainer_create(&r->spec, err, errlen);
-        if (!r->t) {
-            free(rows);
-            return -1;
-        }
-    }
-    free(rows);
-    if (n > 0 && r->last_ckpt < 0) {
-        size_t k = strlen(lost);
-        snprintf(lost + k, lostlen - k, ", nor does any older one: `m6ctl "
-                 "resume` starts the run over from step 0");
-        return 1;
-    }
-    lost[0] = 0; /* an older checkpoint loaded: the run goes on from it */
     return 0;
 }
 
 /* ------------------------------------------------------------------ worker */
 
-static void publish_(run_ctx *r, int paused)
+/* An event of the run's state machine (worker.h), under mu. */
+static void on_(coord *c, worker_event ev, const char *reason)
+{
+    pthread_mutex_lock(&c->mu);
+    if (worker_on(&c->w, ev, reason) < 0)
+        log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
+                 (long long)c->active, (int)ev, worker_state_name(c->w.state));
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* What status shows of the trainer: its step and phase. */
+static void publish_(run_ctx *r)
 {
     coord *c = r->c;
     pthread_mutex_lock(&c->mu);
     c->active_step = trainer_step_count(r->t);
-    c->active_phase = trainer_phase(r->t) == PHASE_REAL;
-    c->active_delink_step = trainer_delink_step(r->t);
-    c->active_paused = paused;
+    c->w.real = trainer_phase(r->t) == PHASE_REAL;
+    c->w.delink_step = trainer_delink_step(r->t);
     pthread_mutex_unlock(&c->mu);
 }
 
 /* ---------------------------------------------------------------- offload */
 
-/* Device bytes of each phase without a budget (the planner's peak: globals
- * and slots with their grads and AdamW moments, plus activations), for runs
- * that do not offload. Worker thread, once per run. */
-static void offload_plan_peaks_(run_ctx *r)
+/* Publish the run's placement for status (coord_offload_get): after a
+ * step its facts, rates included (step 1); outside a step (set-up, delink:
+ * step 0) the placement now, the latest step's rates kept. */
+static void offload_publish_(run_ctx *r, const step_placement *p, int step)
 {
-    run_spec unlimited = r->spec;
-    offload_plan p;
-    char err[512];
-    unlimited.device.memory_budget = 0;
-    r->plan_peak[0] = r->plan_peak[1] = 0;
-    if (offload_plan_for_spec(&unlimited, 0, &p, err, sizeof err) != 0) {
-        log_warn("offload.plan", "run=%lld err=\"%s\"", (long long)r->id, err);
-        return;
-    }
-    r->plan_peak[1] = p.peak_device_bytes;
-    r->plan_peak[0] = p.pseudo ? p.pseudo->peak_device_bytes : p.peak_device_bytes;
-    offload_plan_free(&p);
-}
-
-/* Sample the trainer's offloading figures on the worker thread, between
- * steps, and publish them under mu. after_step: the counters moved by
- * exactly one step since the previous sample, so the rates and the hidden
- * fraction are that step's; otherwise the previous step's rates stay (and
- * copies made outside steps, by delink or a checkpoint, are not counted). */
-static void offload_sample_(run_ctx *r, int after_step)
-{
-    offload_stats st;
     coord_offload o = r->off;
-    if (trainer_offload_stats(r->t, &st) == 0) {
-        o.resident_slots = st.n_resident;
-        o.offloaded_slots = st.n_offloaded;
-        o.device_bytes_in_use = (int64_t)st.device.in_use;
-        o.peak_device_bytes = (int64_t)st.device.peak;
-        o.device_budget_bytes = (int64_t)st.budget_bytes;
-        if (after_step) {
-            double hs = st.h2d_s - r->prev.h2d_s, ds = st.d2h_s - r->prev.d2h_s;
-            double stall = st.stall_s - r->prev.stall_s;
-            uint64_t hb = st.h2d_bytes - r->prev.h2d_bytes;
-            uint64_t db = st.d2h_bytes - r->prev.d2h_bytes;
-            o.h2d_gbps = hb > 0 && hs > 0 ? (double)hb / hs / 1e9 : NAN;
-            o.d2h_gbps = db > 0 && ds > 0 ? (double)db / ds / 1e9 : NAN;
-            o.copy_hidden_fraction = NAN;
-            if (hs + ds > 0) {
-                double h = 1.0 - stall / (hs + ds);
-                o.copy_hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
-            }
-        }
-        r->prev = st;
-    } else {
-        size_t dev = r->plan_peak[trainer_phase(r->t) == PHASE_REAL];
-        o.resident_slots = st.n_slots;
-        o.offloaded_slots = 0;
-        o.device_bytes_in_use = o.peak_device_bytes = (int64_t)dev;
-        o.device_budget_bytes = 0;
-        o.h2d_gbps = o.d2h_gbps = o.copy_hidden_fraction = NAN;
+    o.resident_slots = p->resident_slots;
+    o.offloaded_slots = p->offloaded_slots;
+    o.device_bytes_in_use = p->device_bytes;
+    o.peak_device_bytes = p->peak_device_bytes;
+    o.device_budget_bytes = p->budget_bytes;
+    if (step || p->budget_bytes == 0) {
+        o.h2d_gbps = p->h2d_gbps;
+        o.d2h_gbps = p->d2h_gbps;
+        o.copy_hidden_fraction = p->copy_hidden_fraction;
     }
     r->off = o;
     pthread_mutex_lock(&r->c->mu);
@@ -432,34 +138,45 @@ static void offload_sample_(run_ctx *r, int after_step)
     pthread_mutex_unlock(&r->c->mu);
 }
 
-static void fail_run_(coord *c, int64_t id, const char *what, const char *err)
+/* The placement now (set-up, after a delink). */
+static void offload_sample_(run_ctx *r)
+{
+    step_placement p;
+    trainer_placement(r->t, &p);
+    offload_publish_(r, &p, 0);
+}
+
+static void fail_run_(run_ctx *r, const char *what, const char *err)
 {
     char msg[1200];
     snprintf(msg, sizeof msg, "%s: %s", what, err);
-    log_error("run.failed", "run=%lld err=\"%s\"", (long long)id, msg);
-    state_run_set_state(c->st, id, RUN_FAILED, msg);
-    state_event(c->st, id, "failed", "%s", msg);
+    log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, msg);
+    on_(r->c, WE_FAILED, NULL);
+    state_run_set_state(r->c->st, r->id, RUN_FAILED, msg);
+    state_event(r->c->st, r->id, "failed", "%s", msg);
 }
 
-/* A write the run depends on failed (checkpoint, metrics row, state): stop
- * training at this boundary, in memory first, so nothing is lost and nothing
- * loops. One error line; the reason is kept for status even if the DB
- * cannot take it. `m6ctl resume` retries. */
-static void pause_error_(run_ctx *r, int *paused, const char *reason)
+/* The run pauses itself (ev: a data error, a write that failed, no
+ * checkpoint that loads, a stop that could not be done): stop training at
+ * this boundary, in memory first, so nothing is lost and nothing loops.
+ * One error line; the reason is kept for status even if the DB cannot take
+ * it. `m6ctl resume` retries. */
+static void pause_error_(run_ctx *r, worker_event ev, const char *reason)
 {
     coord *c = r->c;
     long step = trainer_step_count(r->t);
-    *paused = 1;
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
-    snprintf(c->active_error, sizeof c->active_error, "%s", reason);
-    c->active_error_write = !r->data_error && !r->ckpt_lost;
+    if (worker_on(&c->w, ev, reason) < 0)
+        log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
+                 (long long)r->id, (int)ev, worker_state_name(c->w.state));
+    c->w.error_code = ev == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE;
+    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    r->ckpt_lost = 0; /* said once */
     if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
         state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
-    publish_(r, 1);
+    publish_(r);
 }
 
 /* "what: state DB: <SQLite's message>" */
@@ -491,14 +208,11 @@ static int flush_(run_ctx *r, char *msg, size_t msglen)
     return 0;
 }
 
-/* Append to a data error (rc TRAINER_EDATA or TRAINER_ENOFILE) what
- * `m6ctl resume` will do about it. */
-static void retry_hint_(char *msg, size_t msglen, int rc)
+/* The code of a data error (rc TRAINER_EDATA or TRAINER_ENOFILE): what
+ * the handler's advice is keyed by (`m6ctl resume` reopens the data). */
+static m6_code data_code_(int rc)
 {
-    size_t n = strlen(msg);
-    snprintf(msg + n, msglen - n, "; once %s, `m6ctl resume` reopens the "
-             "data", rc == TRAINER_ENOFILE ? "m6d can open them"
-                                           : "the shard is fixed");
+    return rc == TRAINER_ENOFILE ? M6_ENOFILE : M6_EDATA;
 }
 
 /* After a pause for unreadable data (r->data_error): open the shards
@@ -513,7 +227,7 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
     if (rc == 0 && r->eval_owed)
         rc = trainer_eval_checked(r->t, &v, msg, msglen);
     if (rc != 0) {
-        retry_hint_(msg, msglen, rc);
+        r->data_code = data_code_(rc);
         return -1;
     }
     if (r->eval_owed) {
@@ -528,22 +242,16 @@ static int retry_data_(run_ctx *r, char *msg, size_t msglen)
 }
 
 /* With c->mu held: answer the resumes up to ticket (never backwards): err
- * NULL, the run trains on; else why it stays paused. */
-static void answer_locked_(coord *c, long ticket, const char *err)
+ * NULL, the run trains on; else why it stays paused, and its code (M6_EDATA
+ * and M6_ENOFILE get the handler's advice). */
+static void answer_locked_(coord *c, long ticket, const char *err,
+                           m6_code code)
 {
     if (ticket > c->resume_answered)
         c->resume_answered = ticket;
     snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
+    c->resume_code = err ? code : M6_OK;
     pthread_cond_broadcast(&c->cv);
-}
-
-/* The worker's answer to the resume it took (coord_command waits on it). */
-static void answer_resume_(coord *c, const char *err)
-{
-    pthread_mutex_lock(&c->mu);
-    answer_locked_(c, c->resume_serving, err);
-    c->resuming = 0;
-    pthread_mutex_unlock(&c->mu);
 }
 
 static void delink_(run_ctx *r, const char *reason)
@@ -556,32 +264,86 @@ static void delink_(run_ctx *r, const char *reason)
         return;
     }
     state_phase_set(r->c->st, r->id, 1, step);
+    state_run_set_delink(r->c->st, r->id, step);
     state_run_set_progress(r->c->st, r->id, step, 1);
     state_event(r->c->st, r->id, "delink", "step=%ld reason=%s slots=%d", step,
                 reason, trainer_n_slots(r->t));
     log_info("run.delink", "run=%lld step=%ld reason=%s", (long long)r->id,
              step, reason);
-    offload_sample_(r, 0);  /* new share map, new plan */
+    offload_sample_(r);  /* new share map, new plan */
+    publish_(r);
 }
 
-static void run_one_(coord *c, int64_t id, int start_paused)
+/* ------------------------------------------------------------ run set-up */
+
+/* Make the state DB agree with the trainer a run resumes from (its
+ * checkpoint's step and phase): metrics past the checkpoint are redone;
+ * an operator delink recorded at a step not reached yet is kept and
+ * replayed at that step (r->replay_delink); runs.delink_step is where this
+ * trajectory delinked. Returns state_metrics_truncate's count (-1: the
+ * rows could not be dropped). */
+static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
+{
+    coord *c = r->c;
+    int64_t id = r->id;
+    long step = trainer_step_count(r->t);
+    int phase = trainer_phase(r->t) == PHASE_REAL;
+    int dropped = state_metrics_truncate(c->st, id, step);
+    int64_t from;
+    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
+        if (from >= step)
+            r->replay_delink = (long)from;
+        else
+            state_phase_delete(c->st, id, 1);
+    }
+    if (state_phase_get(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
+        state_phase_set(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, 0);
+    state_run_set_progress(c->st, id, step, phase);
+    /* runs.delink_step says where the trajectory we resume from delinked
+     * (-1: it has not, or it trains from scratch); a delink recorded past
+     * the checkpoint is recorded again when it is replayed */
+    if (recorded_delink != trainer_delink_step(r->t))
+        state_run_set_delink(c->st, id, trainer_delink_step(r->t));
+    /* A step whose training went through but whose validation pass could
+     * not read the data (its row, the newest left, has no val_loss) owes
+     * that pass: redone before the next step, as in the life that paused
+     * on it. */
+    if (!was_queued && step > 0 && trainer_step_evaluates(r->t, step)) {
+        metric_row last;
+        double last_val;
+        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
+            last.step == step && isnan(last.val_loss)) {
+            r->pending = last;
+            r->eval_owed = r->data_error = 1;
+            r->data_code = M6_EDATA;
+        }
+    }
+    return dropped;
+}
+
+/* Take up run id: parse its spec, build the trainer, load the newest
+ * checkpoint that loads, make the tables agree with it, record the start.
+ * The run may pause itself on the way (data that cannot be read, a write
+ * that failed, no checkpoint that loads): it is then PAUSED with the
+ * reason. 0 with r set up; -1 when the run failed (recorded). */
+static int setup_(coord *c, int64_t id, run_ctx *r)
 {
     char err[1024];
     run_row row;
-    run_ctx r = {.c = c, .id = id, .last_ckpt = -1};
-    r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     if (state_run_get(c->st, id, &row) != 0) {
         log_error("run.lost", "run=%lld", (long long)id);
-        return;
+        return -1;
     }
-    int rc = spec_parse(&r.spec, row.spec, strlen(row.spec), err, sizeof err);
+    int rc = spec_parse(&r->spec, row.spec, strlen(row.spec), err, sizeof err);
     int was_queued = row.state == RUN_QUEUED;
+    int paused = row.state == RUN_PAUSED; /* left paused: stays paused */
+    int64_t recorded_delink = row.delink_step;
     char kept_error[sizeof row.error];  /* a paused run keeps its reason */
-    snprintf(kept_error, sizeof kept_error, "%s", start_paused ? row.error : "");
+    snprintf(kept_error, sizeof kept_error, "%s", paused ? row.error : "");
     run_row_clear(&row);
     if (rc < 0) {
-        fail_run_(c, id, "spec", err);
-        return;
+        fail_run_(r, "spec", err);
+        return -1;
     }
     log_info("run.setup", "run=%lld (opening the data, building the model)",
              (long long)id);
@@ -592,85 +354,63 @@ static void run_one_(coord *c, int64_t id, int start_paused)
      * strand its checkpoints, and `m6ctl resume` retries once the data is
      * fixed (retry_data_). */
     int data_rc = 0;
-    r.t = was_queued ? trainer_create(&r.spec, err, sizeof err)
-                     : trainer_create_resumable(&r.spec, &data_rc, err,
-                                                sizeof err);
-    if (!r.t) {
-        fail_run_(c, id, "trainer_create", err);
-        return;
+    r->t = was_queued ? trainer_create(&r->spec, err, sizeof err)
+                      : trainer_create_resumable(&r->spec, &data_rc, err,
+                                                 sizeof err);
+    if (!r->t) {
+        fail_run_(r, "trainer_create", err);
+        return -1;
     }
     char lost[1200];
-    if (restore_(&r, was_queued ? NULL : &data_rc, err, sizeof err, lost,
-                 sizeof lost) < 0) {
-        fail_run_(c, id, "trainer_create", err);
-        return;
+    if (ckpt_store_restore(&c->store, id, &r->spec, &r->t,
+                           was_queued ? NULL : &data_rc, &r->last_ckpt, err,
+                           sizeof err, lost, sizeof lost) < 0) {
+        fail_run_(r, "trainer_create", err);
+        return -1;
     }
     /* the shards it opened must hold what the checkpoint was trained on */
-    if (!was_queued && !data_rc && r.last_ckpt >= 0)
-        data_rc = trainer_check_data(r.t, err, sizeof err);
+    if (!was_queued && !data_rc && r->last_ckpt >= 0)
+        data_rc = trainer_check_data(r->t, err, sizeof err);
     char open_err[sizeof err] = "";
     if (data_rc) {
-        r.data_error = 1;
-        snprintf(open_err, sizeof open_err, "%.900s", err);
-        retry_hint_(open_err, sizeof open_err, data_rc);
+        r->data_error = 1;
+        r->data_code = data_code_(data_rc);
+        snprintf(open_err, sizeof open_err, "%s", err);
     }
-    long step = trainer_step_count(r.t);
-    int phase = trainer_phase(r.t) == PHASE_REAL;
+    long step = trainer_step_count(r->t);
+    int phase = trainer_phase(r->t) == PHASE_REAL;
 
-    /* Keep the tables consistent with the state we resume from: metrics past
-     * the checkpoint are redone. An operator delink recorded at a step we
-     * have not reached yet is kept and replayed at that step. */
-    int dropped = state_metrics_truncate(c->st, id, step);
-    long replay_delink = -1;
-    int64_t from;
-    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
-        if (from >= step)
-            replay_delink = (long)from;
-        else
-            state_phase_delete(c->st, id, 1);
-    }
-    if (state_phase_get(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
-        state_phase_set(c->st, id, r.spec.pseudo.steps > 0 ? 0 : 1, 0);
-    state_run_set_progress(c->st, id, step, phase);
-    /* A step whose training went through but whose validation pass could
-     * not read the data (its row, the newest left, has no val_loss) owes
-     * that pass: redone before the next step, as in the life that paused
-     * on it. */
-    if (!was_queued && step > 0 && step_evaluates_(&r.spec, step)) {
-        metric_row last;
-        double last_val;
-        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
-            last.step == step && isnan(last.val_loss)) {
-            r.pending = last;
-            r.eval_owed = r.data_error = 1;
-        }
-    }
+    int dropped = align_tables_(r, was_queued, recorded_delink);
 
-    int paused = start_paused;
     pthread_mutex_lock(&c->mu);
-    snprintf(c->active_error, sizeof c->active_error, "%s", kept_error);
+    snprintf(c->w.error, sizeof c->w.error, "%s", kept_error);
+    c->w.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
+    c->active_total = r->spec.train.steps;
     pthread_mutex_unlock(&c->mu);
+    int erred = 1;
     if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
                             kept_error[0] ? kept_error : NULL) < 0) {
-        db_error_(&r, "recording the start", err, sizeof err);
-        pause_error_(&r, &paused, err);
+        db_error_(r, "recording the start", err, sizeof err);
+        pause_error_(r, WE_WRITE_FAILED, err);
     } else if (dropped < 0) {
         /* Rows past the checkpoint stay until training rewrites them
          * (INSERT OR REPLACE); pause so the operator sees why. */
-        db_error_(&r, "dropping metrics past the checkpoint", err, sizeof err);
-        pause_error_(&r, &paused, err);
+        db_error_(r, "dropping metrics past the checkpoint", err, sizeof err);
+        pause_error_(r, WE_WRITE_FAILED, err);
     } else if (lost[0]) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
-        r.ckpt_lost = 1;
-        pause_error_(&r, &paused, lost);
+        pause_error_(r, WE_CKPT_LOST, lost);
     } else if (data_rc) {
-        pause_error_(&r, &paused, open_err);
+        pause_error_(r, WE_DATA_ERROR, open_err);
+    } else {
+        erred = 0;
     }
+    paused |= erred;
     if (was_queued) {
         state_event(c->st, id, "start", "phase=%s", phase_name(phase));
         log_info("run.start", "run=%lld name=%s total_steps=%ld", (long long)id,
-                 r.spec.name, r.spec.train.steps);
+                 r->spec.name, r->spec.train.steps);
     } else {
         state_event(c->st, id, "resume.restart",
                     "step=%ld metrics_dropped=%d paused=%d", step, dropped,
@@ -678,194 +418,305 @@ static void run_one_(coord *c, int64_t id, int start_paused)
         log_info("run.recover", "run=%lld step=%ld metrics_dropped=%d paused=%d",
                  (long long)id, step, dropped, paused);
     }
-    pthread_mutex_lock(&c->mu);
-    c->active_total = r.spec.train.steps;
-    pthread_mutex_unlock(&c->mu);
-    offload_plan_peaks_(&r);
-    offload_sample_(&r, 0);
-    publish_(&r, paused);
+    offload_sample_(r);
+    publish_(r);
+    on_(c, WE_STARTED, NULL);
+    return 0;
+}
 
-    for (;;) {
-        int stop, go_pause, go_resume, want_delink, shutdown;
+/* ------------------------------------------------- commands at a boundary */
+
+/* Stop: final only with everything written. Otherwise the run pauses
+ * (training ends now) and a later stop retries. 1 stopped, 0 not. */
+static int stop_(run_ctx *r)
+{
+    coord *c = r->c;
+    char err[1024];
+    long step = trainer_step_count(r->t);
+    int ok = flush_(r, err, sizeof err) == 0 &&
+             checkpoint_(r, "stop", err, sizeof err) == 0;
+    if (ok && state_run_set_state(c->st, r->id, RUN_STOPPED, NULL) < 0) {
+        db_error_(r, "recording the stop", err, sizeof err);
+        ok = 0;
+    }
+    if (!ok) {
+        char why[1200];
+        snprintf(why, sizeof why, "stop not done (%s); stop again once there "
+                 "is space", err);
+        pause_error_(r, WE_STOP_FAILED, why);
+        /* a resume sent before the stop, not tried: it stays paused */
         pthread_mutex_lock(&c->mu);
-        for (;;) {
-            stop = c->cmd_stop;
-            go_pause = c->cmd_pause;
-            go_resume = c->cmd_resume;
-            want_delink = c->cmd_delink;
-            shutdown = c->shutdown;
-            c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
-            /* paused from now on for coord_command, so that a resume sent
-             * while the pause checkpoints waits for it, not "not paused" */
-            if (go_pause && !paused)
-                c->active_paused = 1;
-            if (go_resume) {
-                c->resuming = 1;
-                c->resume_serving = c->resume_asked;
-            }
-            int any = stop || go_pause || go_resume || want_delink || shutdown;
-            if (!paused || any) break;
-            pthread_cond_wait(&c->cv, &c->mu);
-        }
+        if (c->resume_asked > c->resume_answered)
+            answer_locked_(c, c->resume_asked, why, M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    on_(c, WE_STOPPED, NULL);
+    state_event(c->st, r->id, "stop", "step=%ld", step);
+    log_info("run.stop", "run=%lld step=%ld", (long long)r->id, step);
+    return 1;
+}
 
-        /* The operator's commands first, in this order, then a shutdown:
-         * a stop, delink or pause m6d has acknowledged holds across it. */
-        step = trainer_step_count(r.t);
-        if (stop) {
-            /* Stopped is final: only with everything written. Otherwise the
-             * run pauses (training ends now) and a later stop retries. */
-            int ok = flush_(&r, err, sizeof err) == 0 &&
-                     checkpoint_(&r, "stop", err, sizeof err) == 0;
-            if (ok && state_run_set_state(c->st, id, RUN_STOPPED, NULL) < 0) {
-                db_error_(&r, "recording the stop", err, sizeof err);
-                ok = 0;
-            }
-            if (!ok) {
-                char why[1200];
-                snprintf(why, sizeof why, "stop not done (%s); stop again "
-                         "once there is space", err);
-                pause_error_(&r, &paused, why);
-                if (go_resume) answer_resume_(c, why);
-                continue;
-            }
-            state_event(c->st, id, "stop", "step=%ld", step);
-            log_info("run.stop", "run=%lld step=%ld", (long long)id, step);
-            break;
+/* Pause (the state is PAUSED already): the writes owed, a checkpoint, the
+ * state; a failure keeps it paused with the reason. */
+static void pause_(run_ctx *r)
+{
+    coord *c = r->c;
+    char err[1024];
+    long step = trainer_step_count(r->t);
+    if (flush_(r, err, sizeof err) < 0 ||
+        checkpoint_(r, "pause", err, sizeof err) < 0) {
+        pause_error_(r, WE_WRITE_FAILED, err);
+    } else if (state_run_set_state(c->st, r->id, RUN_PAUSED, NULL) < 0) {
+        db_error_(r, "recording the pause", err, sizeof err);
+        pause_error_(r, WE_WRITE_FAILED, err);
+    } else {
+        state_event(c->st, r->id, "pause", "step=%ld", step);
+        log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
+    }
+    publish_(r);
+}
+
+/* m6d stops (a signal): checkpoint and leave the run as it is recorded,
+ * running or paused, for the next start. resume: a resume was taken at
+ * this boundary (not tried: it is answered so). */
+static void interrupted_(run_ctx *r, int resume)
+{
+    coord *c = r->c;
+    char err[1024];
+    long step = trainer_step_count(r->t);
+    pthread_mutex_lock(&c->mu);
+    int paused = c->w.state != W_RUNNING; /* PAUSED, or RESUMING untried */
+    pthread_mutex_unlock(&c->mu);
+    /* On failure the next start resumes from the last good one. */
+    if (checkpoint_(r, "shutdown", err, sizeof err) < 0)
+        log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
+                 (long long)r->id, step, err);
+    state_event(c->st, r->id, "interrupted", "step=%ld %s at next start", step,
+                paused ? "paused" : "resumes");
+    log_info("run.interrupted", "run=%lld step=%ld paused=%d",
+             (long long)r->id, step, paused);
+    if (resume) {
+        pthread_mutex_lock(&c->mu);
+        answer_locked_(c, c->resume_serving, "m6d is stopping; resume the run "
+                       "once it is back", M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* The writes a boundary owes before the next step: data to reopen after a
+ * data error (and the validation pass it owes), then what the last
+ * boundary could not write. 0, or -1 with msg (they stay owed). */
+static int owed_(run_ctx *r, char *msg, size_t msglen)
+{
+    if (retry_data_(r, msg, msglen) < 0) return -1;
+    return flush_(r, msg, msglen);
+}
+
+/* Try the resume taken at this boundary: the writes owed, then the state.
+ * Only then is it a resume (event); one that fails leaves the run paused
+ * with the reason. The resumes waiting get the answer. */
+static void resume_(run_ctx *r)
+{
+    coord *c = r->c;
+    char err[1024];
+    long step = trainer_step_count(r->t);
+    int rc = owed_(r, err, sizeof err);
+    worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
+    if (rc == 0 && state_run_set_state(c->st, r->id, RUN_RUNNING, NULL) < 0) {
+        db_error_(r, "recording the resume", err, sizeof err);
+        rc = -1;
+        failed = WE_WRITE_FAILED;
+    }
+    if (rc < 0) {
+        pause_error_(r, failed, err);
+        pthread_mutex_lock(&c->mu);
+        answer_locked_(c, c->resume_serving, err,
+                       failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    state_event(c->st, r->id, "resume", "step=%ld", step);
+    log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
+    pthread_mutex_lock(&c->mu);
+    worker_on(&c->w, WE_RESUMED, NULL);
+    answer_locked_(c, c->resume_serving, NULL, M6_OK);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------ the step */
+
+/* The last step is done: a checkpoint, then completed. 1 completed. */
+static int complete_(run_ctx *r)
+{
+    coord *c = r->c;
+    char err[1024];
+    long step = trainer_step_count(r->t);
+    if (checkpoint_(r, "end", err, sizeof err) < 0) {
+        pause_error_(r, WE_WRITE_FAILED, err);
+        return 0;
+    }
+    if (state_run_set_state(c->st, r->id, RUN_COMPLETED, NULL) < 0) {
+        db_error_(r, "recording the completion", err, sizeof err);
+        pause_error_(r, WE_WRITE_FAILED, err);
+        return 0;
+    }
+    on_(c, WE_COMPLETED, NULL);
+    state_event(c->st, r->id, "completed", "step=%ld", step);
+    log_info("run.completed", "run=%lld step=%ld", (long long)r->id, step);
+    return 1;
+}
+
+/* The phase policy: delink before the step that would take the run past
+ * spec.pseudo.steps, or at an operator delink replayed after a restart. */
+static void phase_policy_(run_ctx *r)
+{
+    if (trainer_phase(r->t) != PHASE_PSEUDO) return;
+    long step = trainer_step_count(r->t);
+    if (r->replay_delink >= 0 && step >= r->replay_delink)
+        delink_(r, "replay");
+    else if (r->spec.pseudo.steps > 0 && step >= r->spec.pseudo.steps)
+        delink_(r, "spec");
+}
+
+/* One step, recorded: its metrics row (and a checkpoint every
+ * checkpoint.every steps) written before the next boundary. -1 when the
+ * run failed (recorded). */
+static int step_(run_ctx *r)
+{
+    coord *c = r->c;
+    char err[1024];
+    step_result res;
+    char data_err[sizeof err];
+    int src = trainer_step(r->t, &res, data_err, sizeof data_err);
+    if (src == TRAINER_EDATA) {
+        /* like a write that failed: pause, keep the model; the operator
+         * fixes the shard and resumes (retry_data_) */
+        r->data_error = 1;
+        r->data_code = data_code_(src);
+        if (!res.eval_failed) { /* nothing of the step was done */
+            pause_error_(r, WE_DATA_ERROR, data_err);
+            return 0;
         }
-        if (want_delink && trainer_phase(r.t) == PHASE_PSEUDO)
-            delink_(&r, "operator");
-        if (go_pause && !paused) {
-            paused = 1;
-            if (flush_(&r, err, sizeof err) < 0 ||
-                checkpoint_(&r, "pause", err, sizeof err) < 0) {
-                pause_error_(&r, &paused, err);
-            } else if (state_run_set_state(c->st, id, RUN_PAUSED, NULL) < 0) {
-                db_error_(&r, "recording the pause", err, sizeof err);
-                pause_error_(&r, &paused, err);
-            } else {
-                state_event(c->st, id, "pause", "step=%ld", step);
-                log_info("run.pause", "run=%lld step=%ld", (long long)id, step);
-            }
-        }
-        if (shutdown) {
-            /* On failure the next start resumes from the last good one. */
-            if (checkpoint_(&r, "shutdown", err, sizeof err) < 0)
-                log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
-                         (long long)id, step, err);
-            state_event(c->st, id, "interrupted", "step=%ld %s at next start",
-                        step, paused ? "paused" : "resumes");
-            log_info("run.interrupted", "run=%lld step=%ld paused=%d",
-                     (long long)id, step, paused);
-            if (go_resume) /* running, it goes on at the next start */
-                answer_resume_(c, paused ? "m6d is stopping; resume the run "
-                               "once it is back" : NULL);
-            break;
-        }
-        /* A resume taken is owed an answer (coord_command waits); one of
-         * a run already resumed (two sent at once) is answered as it goes
-         * on. */
-        int resumed = go_resume && paused;
-        if (resumed) {
-            paused = 0;
-            pthread_mutex_lock(&c->mu);
-            c->active_error[0] = 0;
-            pthread_mutex_unlock(&c->mu);
-        }
-        publish_(&r, paused);
-        if (paused) continue;
-        /* After a resume: the data that could not be read, then what the
-         * last boundary could not write. Only then is it a resume (state,
-         * event); one that fails leaves the run paused with the reason. */
-        int owed = retry_data_(&r, err, sizeof err);
-        if (owed == 0)
-            owed = flush_(&r, err, sizeof err);
-        if (owed == 0 && resumed &&
-            state_run_set_state(c->st, id, RUN_RUNNING, NULL) < 0) {
-            db_error_(&r, "recording the resume", err, sizeof err);
-            owed = -1;
-        }
-        if (owed < 0) {
-            pause_error_(&r, &paused, err);
-            if (go_resume) answer_resume_(c, err);
+        r->eval_owed = 1; /* the step stands: record it, val_loss owed */
+    } else if (src < 0) {
+        fail_run_(r, "trainer_step", data_err);
+        return -1;
+    }
+    on_(c, WE_STEP_DONE, NULL);
+    offload_publish_(r, &res.mem, 1);
+    metric_row m = {
+        .step = res.step, .phase = res.phase == PHASE_REAL,
+        .train_loss = res.train_loss, .val_loss = res.val_loss,
+        .lr = res.lr, .tokens_per_s = res.tokens_per_s,
+        .grad_norm = res.grad_norm,
+        .resident_slots = res.mem.resident_slots,
+        .offloaded_slots = res.mem.offloaded_slots,
+        .peak_device_bytes = res.mem.peak_device_bytes,
+        .h2d_gbps = res.mem.h2d_gbps, .d2h_gbps = res.mem.d2h_gbps,
+        .copy_hidden_fraction = res.mem.copy_hidden_fraction,
+    };
+    r->pending = m;
+    r->metric_pending = 1;
+    if (r->spec.checkpoint.every > 0 && res.step % r->spec.checkpoint.every == 0)
+        r->ckpt_owed = "every";
+    log_debug("run.step", "run=%lld step=%ld loss=%.6f ms=%.1f",
+              (long long)r->id, res.step, res.train_loss, res.step_ms);
+    pthread_mutex_lock(&c->mu);
+    double s = res.step_ms / 1e3;
+    c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
+    pthread_mutex_unlock(&c->mu);
+    if (flush_(r, err, sizeof err) < 0)
+        pause_error_(r, WE_WRITE_FAILED, err);
+    else if (r->eval_owed)
+        pause_error_(r, WE_DATA_ERROR, data_err);
+    else
+        publish_(r);
+    return 0;
+}
+
+/* ------------------------------------------------------------ the loop */
+
+/* The worker's life with one run: set it up, then at every step boundary
+ * the operator's commands (in the order stop, delink, pause, shutdown,
+ * resume: a stop, delink or pause m6d has acknowledged holds across a
+ * shutdown), then the step: completion, phase policy, step, record. */
+static void run_one_(coord *c, int64_t id)
+{
+    run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
+    r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
+    if (setup_(c, id, &r) < 0) {
+        trainer_free(r.t);
+        return;
+    }
+    for (;;) {
+        /* commands */
+        pthread_mutex_lock(&c->mu);
+        while (worker_waits(&c->w))
+            pthread_cond_wait(&c->cv, &c->mu);
+        worker_take tk = worker_boundary(&c->w);
+        if (tk.resume) c->resume_serving = c->resume_asked;
+        pthread_mutex_unlock(&c->mu);
+        if (tk.stop) {
+            if (stop_(&r)) break;
             continue;
         }
-        if (resumed) {
-            state_event(c->st, id, "resume", "step=%ld", step);
-            log_info("run.resume", "run=%lld step=%ld", (long long)id, step);
-        }
-        if (go_resume) answer_resume_(c, NULL);
-
-        if (step >= r.spec.train.steps) {
-            if (checkpoint_(&r, "end", err, sizeof err) < 0) {
-                pause_error_(&r, &paused, err);
-                continue;
-            }
-            if (state_run_set_state(c->st, id, RUN_COMPLETED, NULL) < 0) {
-                db_error_(&r, "recording the completion", err, sizeof err);
-                pause_error_(&r, &paused, err);
-                continue;
-            }
-            state_event(c->st, id, "completed", "step=%ld", step);
-            log_info("run.completed", "run=%lld step=%ld", (long long)id, step);
+        if (tk.delink && trainer_phase(r.t) == PHASE_PSEUDO)
+            delink_(&r, "operator");
+        if (tk.pause) pause_(&r);
+        if (tk.shutdown) {
+            interrupted_(&r, tk.resume);
             break;
         }
-        /* Phase policy: the spec's step, or an operator delink replayed. */
-        if (trainer_phase(r.t) == PHASE_PSEUDO) {
-            if (replay_delink >= 0 && step >= replay_delink)
-                delink_(&r, "replay");
-            else if (r.spec.pseudo.steps > 0 && step >= r.spec.pseudo.steps)
-                delink_(&r, "spec");
-        }
-
-        step_result res;
-        char data_err[sizeof err];
-        int src = trainer_step(r.t, &res, data_err, sizeof data_err);
-        if (src == TRAINER_EDATA) {
-            /* like a write that failed: pause, keep the model; the
-             * operator fixes the shard and resumes (retry_data_) */
-            retry_hint_(data_err, sizeof data_err, src);
-            r.data_error = 1;
-            if (!res.eval_failed) {  /* nothing of the step was done */
-                pause_error_(&r, &paused, data_err);
-                continue;
-            }
-            r.eval_owed = 1;  /* the step stands: record it, val_loss owed */
-        } else if (src < 0) {
-            fail_run_(c, id, "trainer_step", data_err);
-            break;
-        }
-        metric_row m = {
-            .step = res.step, .phase = res.phase == PHASE_REAL,
-            .train_loss = res.train_loss, .val_loss = res.val_loss,
-            .lr = res.lr, .tokens_per_s = res.tokens_per_s,
-            .grad_norm = res.grad_norm,
-        };
-        offload_sample_(&r, 1);
-        m.resident_slots = r.off.resident_slots;
-        m.offloaded_slots = r.off.offloaded_slots;
-        m.peak_device_bytes = r.off.peak_device_bytes;
-        m.h2d_gbps = r.off.h2d_gbps;
-        m.d2h_gbps = r.off.d2h_gbps;
-        m.copy_hidden_fraction = r.off.copy_hidden_fraction;
-        r.pending = m;
-        r.metric_pending = 1;
-        if (r.spec.checkpoint.every > 0 && res.step % r.spec.checkpoint.every == 0)
-            r.ckpt_owed = "every";
-        log_debug("run.step", "run=%lld step=%ld loss=%.6f ms=%.1f",
-                  (long long)id, res.step, res.train_loss, res.step_ms);
+        if (tk.resume) resume_(&r);
+        publish_(&r);
         pthread_mutex_lock(&c->mu);
-        double s = res.step_ms / 1e3;
-        c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
+        int trains = worker_trains(&c->w);
         pthread_mutex_unlock(&c->mu);
-        if (flush_(&r, err, sizeof err) < 0)
-            pause_error_(&r, &paused, err);
-        else if (r.eval_owed)
-            pause_error_(&r, &paused, data_err);
-        else
-            publish_(&r, 0);
+        if (!trains) continue;
+
+        /* what an earlier boundary owes (a restart's validation pass) */
+        char err[1024];
+        if (owed_(&r, err, sizeof err) < 0) {
+            pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
+                         err);
+            continue;
+        }
+        if (trainer_step_count(r.t) >= r.spec.train.steps) {
+            if (complete_(&r)) break;
+            continue;
+        }
+        phase_policy_(&r);
+        if (step_(&r) < 0) break;
     }
     trainer_free(r.t);
+}
+
+/* With mu held: make the next run of the queue the worker's (c->active,
+ * 0 none), its state machine set from the DB: PAUSED for a run left paused,
+ * else STARTING; the phase and the delink step as recorded. */
+static void take_next_locked_(coord *c)
+{
+    int paused = 0;
+    c->active = queue_next(c->st, &paused);
+    c->w = worker_init(paused ? W_PAUSED : W_STARTING);
+    c->w.shutdown = c->shutdown;
+    c->active_step = 0;
+    if (!c->active) {
+        c->w = worker_init(W_QUEUED);
+        return;
+    }
+    run_row row;
+    if (state_run_get(c->st, c->active, &row) == 0) {
+        c->active_step = row.step;
+        c->active_total = row.total_steps;
+        /* as publish_ will say once the run is set up: the real phase's
+         * first step if it was delinked, -1 if it trains from scratch or
+         * is still pseudo */
+        c->w.real = row.phase;
+        c->w.delink_step = row.phase ? (long)row.delink_step : -1;
+        run_row_clear(&row);
+    }
 }
 
 static void *worker_main_(void *arg)
@@ -873,30 +724,21 @@ static void *worker_main_(void *arg)
     coord *c = arg;
     pthread_mutex_lock(&c->mu);
     while (!c->shutdown) {
-        int paused = 0;
-        int64_t id = c->active;
-        if (!id) {
-            id = pick_next_(c, &paused);
-            c->active = id;
-            c->active_paused = paused;
-        } else {
-            paused = c->active_paused;
-        }
-        if (!id) {
+        if (!c->active) take_next_locked_(c);
+        if (!c->active) {
             pthread_cond_wait(&c->cv, &c->mu);
             continue;
         }
         c->step_s_ema = 0;
+        int64_t id = c->active;
         pthread_mutex_unlock(&c->mu);
-        run_one_(c, id, paused);
+        run_one_(c, id);
         pthread_mutex_lock(&c->mu);
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
-        c->cmd_stop = c->cmd_pause = c->cmd_resume = c->cmd_delink = 0;
-        c->resuming = 0;
         c->active = 0;
-        c->active_paused = 0;
-        c->active_error[0] = 0;
+        c->w = worker_init(W_QUEUED);
+        c->w.shutdown = c->shutdown;
         c->offload_valid = 0;
         pthread_cond_broadcast(&c->cv); /* a waiting resume: the run ended */
     }
@@ -916,6 +758,8 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     c->st = cfg->st;
     c->threads = cfg->threads;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
+    c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
+    c->w = worker_init(W_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -926,37 +770,16 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
         goto fail;
     }
-    reconcile_all_(c);
+    ckpt_store_reconcile(&c->store);
     /* Pick the first active run now, so commands that arrive before the
      * worker gets going already find it. */
-    int paused = 0;
-    c->active = pick_next_(c, &paused);
-    c->active_paused = paused;
-    c->active_step = 0;
-    if (c->active) {
-        run_row row;
-        if (state_run_get(c->st, c->active, &row) == 0) {
-            c->active_step = row.step;
-            c->active_phase = row.phase;
-            c->active_total = row.total_steps;
-            run_row_clear(&row);
-        }
-        /* as publish_ will say once the run is set up: the real phase's
-         * first step if it was delinked, -1 if it trains from scratch (no
-         * pseudo phase row) or is still pseudo */
-        int64_t from;
-        c->active_delink_step = -1;
-        if (c->active_phase == 1 &&
-            state_phase_get(c->st, c->active, 0, &from) == 0 &&
-            state_phase_get(c->st, c->active, 1, &from) == 0)
-            c->active_delink_step = (long)from;
-    }
-    int rc = pthread_create(&c->worker, NULL, worker_main_, c);
+    take_next_locked_(c);
+    int rc = pthread_create(&c->thread, NULL, worker_main_, c);
     if (rc != 0) {
         snprintf(err, errlen, "pthread_create: %s", strerror(rc));
         goto fail;
     }
-    c->worker_started = 1;
+    c->thread_started = 1;
     return c;
 fail:
     pthread_cond_destroy(&c->cv);
@@ -969,6 +792,9 @@ void coord_request_shutdown(coord *c)
 {
     pthread_mutex_lock(&c->mu);
     c->shutdown = 1;
+    if (c->active)
+        worker_on(&c->w, WE_SHUTDOWN, NULL);
+    c->w.shutdown = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -977,7 +803,7 @@ void coord_fini(coord *c)
 {
     if (!c) return;
     coord_request_shutdown(c);
-    if (c->worker_started) pthread_join(c->worker, NULL);
+    if (c->thread_started) pthread_join(c->thread, NULL);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -985,15 +811,13 @@ void coord_fini(coord *c)
 
 /* ---------------------------------------------------------------- commands */
 
-coord_status coord_submit(coord *c, const char *json, size_t len,
-                          const int *cancel, int64_t *id, char *name,
-                          size_t namelen, char *msg, size_t msglen)
+m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+                    int64_t *id, char *name, size_t namelen)
 {
     run_spec spec;
     char err[1024];
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
-        snprintf(msg, msglen, "invalid spec: %s", err);
-        return COORD_INVALID;
+        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
     /* Bad data or an unsupported backend fails at submit, not at start:
      * every shard's header, size and token ids. This runs on libuv's thread
@@ -1006,56 +830,38 @@ coord_status coord_submit(coord *c, const char *json, size_t len,
     int crc = trainer_check_spec(&spec, err, sizeof err);
     if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
         log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name, err);
-        snprintf(msg, msglen, "not queued: %s", err);
-        return COORD_INTERNAL;
+        return m6_err_make(M6_EINTERNAL, "not queued: %s", err);
     }
     if (crc != 0) {
-        snprintf(msg, msglen, "invalid spec: %s", err);
-        return COORD_INVALID;
+        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
     if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
         log_info("run.submit_dropped", "name=%s reason=\"the client disconnected "
                  "or m6d is stopping before the spec was checked\"", spec.name);
-        snprintf(msg, msglen, "submit cancelled: nothing queued");
-        return COORD_CANCELLED;
+        return m6_err_make(M6_ECANCELLED, "submit cancelled: nothing queued");
     }
     /* --threads is folded into the stored spec, so a restart with other
      * flags still loads this run's checkpoints (the spec hash is stable). */
     if (c->threads > 0 && spec.device.threads == 0)
         spec.device.threads = c->threads;
-    char *canon = spec_to_json(&spec);
-    int phase = spec.pseudo.steps > 0 ? 0 : 1;
-    int64_t rid = state_run_insert(c->st, spec.name, canon ? canon : json,
-                                   spec.train.steps, phase);
-    free(canon);
+    int64_t rid = queue_add(c->st, &spec, json, name, namelen);
     if (rid < 0) {
-        snprintf(msg, msglen, "database error while queueing the run");
-        return COORD_INTERNAL;
+        return m6_err_make(M6_EINTERNAL,
+                           "database error while queueing the run");
     }
-    run_row row;
-    if (state_run_get(c->st, rid, &row) == 0) {
-        snprintf(name, namelen, "%s", row.name);
-        run_row_clear(&row);
-    }
-    state_event(c->st, rid, "submit", "name=%s steps=%ld pseudo_steps=%ld",
-                name, spec.train.steps, spec.pseudo.steps);
-    log_info("run.submit", "run=%lld name=%s", (long long)rid, name);
     *id = rid;
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    snprintf(msg, msglen, "run %lld queued", (long long)rid);
-    return COORD_OK;
+    return m6_err_make(M6_OK, "run %lld queued", (long long)rid);
 }
-
-static const char *const cmd_names[] = {"pause", "resume", "delink", "stop"};
 
 /* With c->mu held: wait (up to RESUME_WAIT_S) for the worker to try the
  * resume of this ticket -- reopen data a pause was for, do the writes owed
  * -- and say how it went. A resume that cannot go through is refused with
  * the reason; the run stays paused. */
 enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
-static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
+static m6_code wait_resume_(coord *c, int64_t id, long ticket, char *msg,
                                  size_t msglen)
 {
     pthread_cond_broadcast(&c->cv);
@@ -1068,7 +874,7 @@ static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
     if (c->resume_answered >= ticket && c->resume_error[0]) {
         snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
                  (long long)id, c->resume_error);
-        return COORD_BAD_STATE;
+        return c->resume_code; /* M6_EDATA, M6_ENOFILE: the handler advises */
     }
     if (c->resume_answered >= ticket)
         snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
@@ -1077,101 +883,48 @@ static coord_status wait_resume_(coord *c, int64_t id, long ticket, char *msg,
         snprintf(msg, msglen, "run %lld did not resume: it ended first (a "
                  "stop?); `m6ctl status %lld` says how", (long long)id,
                  (long long)id);
-        return COORD_BAD_STATE;
+        return M6_EBADSTATE;
     } else
         snprintf(msg, msglen, "run %lld resumes (its data and the writes owed "
                  "were not done after %d s; `m6ctl status %lld` shows how it "
                  "went)", (long long)id, RESUME_WAIT_S, (long long)id);
-    return COORD_OK;
+    return M6_OK;
 }
 
-coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
-                           size_t msglen)
+/* The state machine's state of a run the worker does not own, from its
+ * DB state. -1 for a run left running or paused that another run holds
+ * the worker from (several were left paused). */
+static int db_worker_state_(run_state s)
 {
-    coord_status ret = COORD_OK;
-    pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->shutdown) {
-        /* the worker may already be past its last boundary: an answer
-         * here could not be kept */
-        snprintf(msg, msglen, "m6d is stopping: send the %s again once it "
-                 "is back (`m6ctl watch %lld` waits for it)", cmd_names[cmd],
-                 (long long)id);
-        pthread_mutex_unlock(&c->mu);
-        return COORD_BAD_STATE;
+    switch (s) {
+    case RUN_QUEUED: return W_QUEUED;
+    case RUN_COMPLETED: return W_COMPLETED;
+    case RUN_FAILED: return W_FAILED;
+    case RUN_STOPPED: return W_STOPPED;
+    default: return -1;
     }
+}
+
+/* coord_command into msg (msglen: room for the longest reply, a refused
+ * resume's "could not resume" and its resume_error). */
+static m6_code command_(coord *c, int64_t id, coord_cmd cmd, char *msg,
+                        size_t msglen)
+{
+    static const char *const names[] = {"pause", "resume", "delink", "stop"};
+    m6_code ret;
+    unsigned act = 0;
+    pthread_mutex_lock(&c->mu);
     if (id == c->active) {
-        switch (cmd) {
-        case CMD_PAUSE:
-            /* while a resume is tried, a pause waits for its end */
-            if ((c->active_paused && !c->cmd_resume && !c->resuming) ||
-                c->cmd_pause) {
-                snprintf(msg, msglen, "run %lld is already paused", (long long)id);
-                ret = COORD_BAD_STATE;
-            } else {
-                c->cmd_pause = 1;
-                if (c->cmd_resume) { /* the resume not yet taken: cancelled */
-                    c->cmd_resume = 0;
-                    answer_locked_(c, c->resume_asked,
-                                   "a pause was sent after it");
-                }
-                snprintf(msg, msglen, "run %lld pauses at the next step boundary",
-                         (long long)id);
-            }
-            break;
-        case CMD_RESUME:
-            if (c->cmd_pause && !c->active_paused) {
-                c->cmd_pause = 0;
-                snprintf(msg, msglen, "run %lld: pending pause cancelled",
-                         (long long)id);
-            } else if (c->resuming) { /* being tried: wait with it */
-                ret = wait_resume_(c, id, c->resume_serving, msg, msglen);
-            } else if (!c->active_paused) {
-                snprintf(msg, msglen, "run %lld is not paused", (long long)id);
-                ret = COORD_BAD_STATE;
-            } else { /* ask the worker and wait (one more resume sent
-                      * before it takes this one is served by the same try) */
-                c->cmd_resume = 1;
-                ret = wait_resume_(c, id, ++c->resume_asked, msg, msglen);
-            }
-            break;
-        case CMD_DELINK:
-            if (c->active_phase == 1 && c->active_delink_step < 0) {
-                snprintf(msg, msglen,
-                         "run %lld trains from scratch (pseudo.steps 0): it "
-                         "has no shared slots to delink", (long long)id);
-                ret = COORD_BAD_STATE;
-            } else if (c->active_phase == 1) {
-                snprintf(msg, msglen,
-                         "run %lld is already in the real phase (delinked at "
-                         "step %ld)", (long long)id, c->active_delink_step);
-                ret = COORD_BAD_STATE;
-            } else {
-                c->cmd_delink = 1;
-                snprintf(msg, msglen, "run %lld delinks at the next step "
-                         "boundary", (long long)id);
-            }
-            break;
-        case CMD_STOP:
-            c->cmd_stop = 1;
-            snprintf(msg, msglen, "run %lld stops at the next step boundary",
-                     (long long)id);
-            break;
-        }
-        /* The worker acts (and records) at the boundary; if the run's last
-         * write failed, say the command may only hold in memory. */
-        if (ret == COORD_OK && c->active_error[0] && c->active_error_write &&
-            cmd == CMD_STOP) {
-            size_t n = strlen(msg);
-            snprintf(msg + n, msglen - n, ", but its last write failed (%s): "
-                     "the stop is final only once its checkpoint and state are "
-                     "written; until then the run stays paused",
-                     c->active_error);
-        } else if (ret == COORD_OK && c->active_error[0] &&
-                   c->active_error_write && cmd != CMD_RESUME) {
-            size_t n = strlen(msg);
-            snprintf(msg + n, msglen - n, "; it takes effect in memory, but "
-                     "may not be recorded: %s", c->active_error);
-        }
+        ret = worker_command(&c->w, id, cmd, &act, msg, msglen);
+        if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
+            answer_locked_(c, c->resume_asked, "a pause was sent after it",
+                           M6_EBADSTATE);
+        if (act & WA_RESUME_NEW) /* ask the worker and wait (one more resume
+                                  * sent before it takes this one is served
+                                  * by the same try) */
+            ret = wait_resume_(c, id, ++c->resume_asked, msg, msglen);
+        else if (act & WA_RESUME_JOIN) /* being tried: wait with it */
+            ret = wait_resume_(c, id, c->resume_serving, msg, msglen);
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return ret;
@@ -1182,21 +935,24 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
     int rc = state_run_get(c->st, id, &row);
     if (rc == 1) {
         snprintf(msg, msglen, "no run with id %lld", (long long)id);
-        ret = COORD_NOT_FOUND;
+        ret = M6_ENOTFOUND;
     } else if (rc < 0) {
         snprintf(msg, msglen, "database error");
-        ret = COORD_INTERNAL;
+        ret = M6_EINTERNAL;
     } else {
-        if (row.state == RUN_QUEUED && cmd == CMD_STOP) {
-            state_run_set_state(c->st, id, RUN_STOPPED, NULL);
-            state_event(c->st, id, "stop", "step=0 (dequeued)");
-            snprintf(msg, msglen, "run %lld removed from the queue", (long long)id);
+        int s = db_worker_state_(row.state);
+        if (s >= 0) {
+            worker w = worker_init((worker_state)s);
+            ret = worker_command(&w, id, cmd, &act, msg, msglen);
+            if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
+                snprintf(msg, msglen, "run %lld: database error while taking "
+                         "it out of the queue", (long long)id);
+                ret = M6_EINTERNAL;
+            }
         } else {
-            snprintf(msg, msglen, "cannot %s run %lld: it is %s%s", cmd_names[cmd],
-                     (long long)id, run_state_name(row.state),
-                     row.state == RUN_QUEUED ? " (waiting for the running run)"
-                                             : "");
-            ret = COORD_BAD_STATE;
+            snprintf(msg, msglen, "cannot %s run %lld: it is %s", names[cmd],
+                     (long long)id, run_state_name(row.state));
+            ret = M6_EBADSTATE;
         }
         run_row_clear(&row);
     }
@@ -1204,11 +960,18 @@ coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
     return ret;
 }
 
+m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
+{
+    char msg[sizeof c->resume_error + 512];
+    m6_code code = command_(c, id, cmd, msg, sizeof msg);
+    return m6_err_make(code, "%s", msg);
+}
+
 double coord_eta(coord *c, int64_t id)
 {
     double eta = -1;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->step_s_ema > 0 && !c->active_paused)
+    if (id == c->active && c->step_s_ema > 0 && worker_is_training(&c->w))
         eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
     pthread_mutex_unlock(&c->mu);
     return eta;
@@ -1226,16 +989,25 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out)
     return rc;
 }
 
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len)
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
+                    m6_code *code)
 {
     int rc = 0;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->active_error[0]) {
-        snprintf(buf, len, "%s", c->active_error);
-        rc = 1 + c->active_paused;
+    if (id == c->active && c->w.error[0]) {
+        snprintf(buf, len, "%s", c->w.error);
+        *code = c->w.error_code;
+        rc = 1 + worker_is_paused(&c->w);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+void coord_pending(coord *c, int64_t id, char *buf, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    snprintf(buf, len, "%s", id == c->active ? worker_pending(&c->w) : "");
+    pthread_mutex_unlock(&c->mu);
 }
 
 void coord_describe(coord *c, char *buf, size_t len)
@@ -1243,8 +1015,8 @@ void coord_describe(coord *c, char *buf, size_t len)
     pthread_mutex_lock(&c->mu);
     if (c->active)
         snprintf(buf, len, "run %lld step %ld/%ld %s%s", (long long)c->active,
-                 c->active_step, c->active_total, phase_name(c->active_phase),
-                 c->active_paused ? " (paused)" : "");
+                 c->active_step, c->active_total, phase_name(c->w.real),
+                 worker_is_paused(&c->w) ? " (paused)" : "");
     else
         snprintf(buf, len, "idle");
     pthread_mutex_unlock(&c->mu);

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "state/state.h"
 
 typedef struct coord coord;
@@ -29,14 +30,7 @@ typedef struct {
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
 } coord_config;
 
-typedef enum {
-    COORD_OK = 0,
-    COORD_NOT_FOUND,
-    COORD_BAD_STATE,
-    COORD_INVALID,   /* bad spec or data; message names the key */
-    COORD_INTERNAL,
-    COORD_CANCELLED, /* the submitter went away before the run was queued */
-} coord_status;
+
 
 typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } coord_cmd;
 
@@ -54,19 +48,21 @@ void coord_fini(coord *c);
 /* Validate and enqueue a spec (JSON text). Validation reads every shard
  * (seconds for a large corpus); when *cancel (may be NULL; read atomically)
  * is set by then -- the client disconnected, m6d is stopping -- nothing is
- * queued and COORD_CANCELLED is returned. *id and *name on success; msg
- * says why not (naming the spec key or the data glob). */
-coord_status coord_submit(coord *c, const char *json, size_t len,
-                          const int *cancel, int64_t *id, char *name,
-                          size_t namelen, char *msg, size_t msglen);
+ * queued (M6_ECANCELLED). *id and *name on success (code M6_OK, msg "run
+ * N queued"); else M6_EINVALID (msg names the spec key or the data glob)
+ * or M6_EINTERNAL (the state DB; m6d out of file descriptors). Free the
+ * result with m6_err_free. */
+m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+                    int64_t *id, char *name, size_t namelen);
 
-/* Operator command; takes effect at the next step boundary. msg says what
- * happened or why not. A resume of a paused run waits (up to 10 s) for the
- * worker to try it: the data a pause was for is reopened, the writes owed
- * are done; if that fails the run stays paused and COORD_BAD_STATE says why.
- * So call it for a resume only off the event loop (the thread pool). */
-coord_status coord_command(coord *c, int64_t id, coord_cmd cmd, char *msg,
-                           size_t msglen);
+/* Operator command; takes effect at the next step boundary. The result's
+ * msg says what happened or why not (M6_ENOTFOUND, M6_EBADSTATE,
+ * M6_EINTERNAL); free it with m6_err_free. A resume of a paused run waits
+ * (up to 10 s) for the worker to try it: the data a pause was for is
+ * reopened, the writes owed are done; if that fails the run stays paused
+ * and M6_EBADSTATE says why. So call it for a resume only off the event
+ * loop (the thread pool). */
+m6_err coord_command(coord *c, int64_t id, coord_cmd cmd);
 
 /* Seconds left for the active run (-1 if id isn't active or unknown). */
 double coord_eta(coord *c, int64_t id);
@@ -88,11 +84,20 @@ typedef struct {
  * it; 1 otherwise. Never waits on a step (copies under the lock). */
 int coord_offload_get(coord *c, int64_t id, coord_offload *out);
 
-/* Why the active run paused itself (a checkpoint or state DB write failed),
- * held in memory so status shows it even when the DB cannot record it.
- * 0: none (or id is not active); 1: buf set, run not paused yet; 2: buf
- * set, run paused. */
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len);
+/* Why the active run paused itself (a checkpoint or state DB write failed,
+ * its data could not be read), held in memory so status shows it even
+ * when the DB cannot record it; *code its kind (M6_EDATA, M6_ENOFILE: the
+ * data; M6_EBADSTATE otherwise), for the operator's next step. 0: none
+ * (or id is not active); 1: buf set, run not paused yet; 2: buf set, run
+ * paused. */
+int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
+                    m6_code *code);
+
+/* The command acknowledged for the active run and not yet applied at a
+ * step boundary: "pausing", "resuming", "delinking", "stopping", or two
+ * joined in the order they apply ("delinking, pausing"); "" none or id is
+ * not active (m6.proto RunInfo.pending). */
+void coord_pending(coord *c, int64_t id, char *buf, size_t len);
 
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);

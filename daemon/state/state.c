@@ -382,14 +382,16 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
     r->created = sqlite3_column_double(s, 6);
     r->updated = sqlite3_column_double(s, 7);
     copy_text_(r->error, sizeof r->error, sqlite3_column_text(s, 8));
+    r->delink_step = sqlite3_column_type(s, 9) == SQLITE_NULL
+                         ? -1 : sqlite3_column_int64(s, 9);
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 9);
+        const unsigned char *sp = sqlite3_column_text(s, 10);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
 
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
-                 "updated, error"
+                 "updated, error, delink_step"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
@@ -465,6 +467,14 @@ int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
     int changed = SQL_WRITE(st,
         "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
         A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(now_()), A_INT(id));
+    return changed < 0 ? -1 : changed ? 0 : 1;
+}
+
+int state_run_set_delink(state *st, int64_t id, int64_t step)
+{
+    int changed = SQL_WRITE(st,
+        "UPDATE runs SET delink_step = ?, updated = ? WHERE id = ?",
+        A_INT_OR_NULL(step), A_REAL(now_()), A_INT(id));
     return changed < 0 ? -1 : changed ? 0 : 1;
 }
 

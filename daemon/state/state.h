@@ -37,6 +37,8 @@ typedef struct {
     int64_t step, total_steps;
     double created, updated;
     char error[512];
+    int64_t delink_step; /* the real phase's first step; -1 (NULL) never
+                          * delinked: pseudo, or trained from scratch */
 } run_row;
 
 typedef struct {
@@ -75,6 +77,9 @@ int state_run_list(state *st, run_row **rows, int *n);
 int state_run_ids(state *st, run_state s, int64_t **ids, int *n);
 int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
 int state_run_set_progress(state *st, int64_t id, int64_t step, int phase);
+/* The step at which the run delinked (schema 0004); -1 stores NULL (never
+ * delinked). 0, 1 no such run, -1 error. */
+int state_run_set_delink(state *st, int64_t id, int64_t step);
 
 /* Phases: INSERT OR REPLACE (run, phase) from_step. */
 int state_phase_set(state *st, int64_t run, int phase, int64_t from_step);

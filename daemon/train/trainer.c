@@ -51,6 +51,11 @@ struct trainer {
     int planned;
     int32_t *inp, *tgt;    /* (B,T) */
     uint16_t *rows;        /* (grad_accum*B, T+1): the step's windows */
+    /* device bytes of the unbudgeted plan, [pseudo], [real]: what a run
+     * that does not offload holds (step_placement); peak_planned 0: not
+     * yet computed */
+    size_t plan_peak[2];
+    int peak_planned;
 };
 
 static int n_slots_(const trainer *t)
@@ -369,6 +374,74 @@ static float lr_at_(const trainer *t, long s)
 
 /* ------------------------------------------------------------- step */
 
+int trainer_step_evaluates(const trainer *t, long step)
+{
+    long ev = t->spec.train.eval_every;
+    return (ev > 0 && step % ev == 0) || step == t->spec.train.steps;
+}
+
+/* Device bytes of the current phase's plan without a budget (the
+ * planner's peak: globals and slots with their gradients and AdamW
+ * moments, plus activations). Planned once per trainer; 0 if the planner
+ * refuses the spec (logged by nobody: trainer_check_spec has passed it). */
+static size_t plan_peak_(trainer *t)
+{
+    if (!t->peak_planned) {
+        run_spec unlimited = t->spec;
+        offload_plan p;
+        char err[512];
+        unlimited.device.memory_budget = 0;
+        if (offload_plan_for_spec(&unlimited, 0, &p, err, sizeof err) == 0) {
+            t->plan_peak[1] = p.peak_device_bytes;
+            t->plan_peak[0] = p.pseudo ? p.pseudo->peak_device_bytes
+                                       : p.peak_device_bytes;
+            offload_plan_free(&p);
+        }
+        t->peak_planned = 1;
+    }
+    return t->plan_peak[t->phase == PHASE_REAL];
+}
+
+/* The placement now into p; with before (the counters at the step's
+ * start; NULL: outside a step) the copies since then, as rates. */
+static void placement_(trainer *t, const offload_stats *before,
+                       step_placement *p)
+{
+    offload_stats st;
+    memset(p, 0, sizeof *p);
+    p->h2d_gbps = p->d2h_gbps = p->copy_hidden_fraction = NAN;
+    if (trainer_offload_stats(t, &st) != 0) {
+        p->resident_slots = st.n_slots;
+        p->device_bytes = p->peak_device_bytes = (int64_t)plan_peak_(t);
+        return;
+    }
+    p->resident_slots = st.n_resident;
+    p->offloaded_slots = st.n_offloaded;
+    p->device_bytes = (int64_t)st.device.in_use;
+    p->peak_device_bytes = (int64_t)st.device.peak;
+    p->budget_bytes = (int64_t)st.budget_bytes;
+    if (!before) return;
+    p->h2d_bytes = st.h2d_bytes - before->h2d_bytes;
+    p->d2h_bytes = st.d2h_bytes - before->d2h_bytes;
+    p->h2d_s = st.h2d_s - before->h2d_s;
+    p->d2h_s = st.d2h_s - before->d2h_s;
+    p->stall_s = st.stall_s - before->stall_s;
+    if (p->h2d_bytes > 0 && p->h2d_s > 0)
+        p->h2d_gbps = (double)p->h2d_bytes / p->h2d_s / 1e9;
+    if (p->d2h_bytes > 0 && p->d2h_s > 0)
+        p->d2h_gbps = (double)p->d2h_bytes / p->d2h_s / 1e9;
+    double copy_s = p->h2d_s + p->d2h_s;
+    if (copy_s > 0) {
+        double h = 1.0 - p->stall_s / copy_s;
+        p->copy_hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
+    }
+}
+
+void trainer_placement(trainer *t, step_placement *p)
+{
+    placement_(t, NULL, p);
+}
+
 int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
 {
     const run_spec *sp = &t->spec;
@@ -384,6 +457,8 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
                          sp->train.weight_decay, sp->train.grad_clip};
     if (read_step_batches_(t, err, errlen) != 0)
         return TRAINER_EDATA;  /* nothing done: the step can be retried */
+    offload_stats before;
+    int counted = trainer_offload_stats(t, &before) == 0;
     be->step_begin(t->be.ctx, &adam);
     double loss_sum = 0;
     for (int k = 0; k < accum; k++) {
@@ -406,17 +481,20 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     res->train_loss = loss;
     res->lr = lr;
     res->grad_norm = norm;
+    res->tokens = (long)B * T * accum;
     res->step_ms = dt * 1e3;
-    res->tokens_per_s = (double)B * T * accum / dt;
+    res->tokens_per_s = (double)res->tokens / dt;
     res->val_loss = NAN;
-    long ev = sp->train.eval_every;
-    if ((ev > 0 && t->step % ev == 0) || t->step == sp->train.steps) {
-        if (trainer_eval_checked(t, &res->val_loss, err, errlen) != 0) {
-            res->eval_failed = 1;  /* the step stands; its eval is owed */
-            return TRAINER_EDATA;
-        }
+    res->evaluated = trainer_step_evaluates(t, t->step);
+    int rc = 0;
+    if (res->evaluated &&
+        trainer_eval_checked(t, &res->val_loss, err, errlen) != 0) {
+        res->eval_failed = 1;  /* the step stands; its eval is owed */
+        rc = TRAINER_EDATA;
     }
-    return 0;
+    /* the copies of the step and of its validation pass */
+    placement_(t, counted ? &before : NULL, &res->mem);
+    return rc;
 }
 
 int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen)

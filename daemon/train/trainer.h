@@ -32,15 +32,40 @@
 
 typedef struct trainer trainer;
 
+/* Where the model's state is and what the step copied (offload/offload.h).
+ * Without a budget every slot is resident, the device bytes are the
+ * plan's for the current phase (globals and slots with their gradients
+ * and AdamW moments, plus activations) and nothing is copied. */
+typedef struct {
+    int resident_slots, offloaded_slots;
+    int64_t device_bytes;       /* in use now */
+    int64_t peak_device_bytes;  /* most in use at once since creation */
+    int64_t budget_bytes;       /* device.memory_budget, 0 none */
+    uint64_t h2d_bytes, d2h_bytes; /* copied by the step, each way */
+    double h2d_s, d2h_s;        /* copy-thread (stream) busy seconds */
+    double stall_s;             /* compute waiting on those copies */
+    double h2d_gbps, d2h_gbps;  /* bytes / busy seconds / 1e9; NAN when
+                                 * nothing was copied that way */
+    double copy_hidden_fraction; /* 1 - stall / copy time, in [0,1]; NAN
+                                  * when nothing was copied */
+} step_placement;
+
+/* The facts of one step, as trainer_step measured them: the caller records
+ * them and derives nothing. */
 typedef struct {
     long step;            /* optimizer steps done after this one (1-based) */
-    run_phase phase;    /* phase this step ran in */
+    run_phase phase;      /* phase this step ran in */
     float train_loss;     /* mean over the step's B*T*grad_accum tokens, nats */
-    float val_loss;       /* NAN unless an eval ran after this step */
+    int evaluated;        /* a validation pass was due after this step
+                           * (eval_every divides it, or it is the last) */
+    float val_loss;       /* that pass's loss; NAN when none ran */
     float lr;             /* learning rate used */
     float grad_norm;      /* global L2 norm before clipping */
-    double tokens_per_s;  /* training tokens / wall seconds of this step */
-    double step_ms;
+    long tokens;          /* training tokens of the step: B*T*grad_accum */
+    double tokens_per_s;  /* tokens / wall seconds of the step (its
+                           * validation pass not counted) */
+    double step_ms;       /* those wall seconds, in ms */
+    step_placement mem;   /* after the step; copies: this step's own */
     int eval_failed;      /* the step was applied but its validation pass
                            * could not read the data (TRAINER_EDATA) */
 } step_result;
@@ -164,6 +189,14 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
  * differs is closed, so trainer_step returns TRAINER_EDATA until
  * trainer_reopen_data finds the old count again. */
 int trainer_check_data(trainer *t, char *err, size_t errlen);
+
+/* Whether trainer_step runs a validation pass after step (1-based):
+ * eval_every divides it, or it is the run's last (train.steps). */
+int trainer_step_evaluates(const trainer *t, long step);
+
+/* The placement now, outside a step (before the first, after a delink):
+ * p's copy fields are 0 and NAN. */
+void trainer_placement(trainer *t, step_placement *p);
 
 /* Offloading figures for status and metrics: slot counts, pool capacity,
  * use and peak, bytes and GB/s each way, fraction of copy time hidden

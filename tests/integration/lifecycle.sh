@@ -107,6 +107,29 @@ for id in "$A" "$B"; do
     diff "$T/l.json" "$T/s.json" >"$T/diff" || fail "list and status differ for run $id: $(cat "$T/diff")"
 done
 
+# A run trained from scratch (pseudo.steps 0) never delinked: delink_step
+# is null in --json and NULL in m6.db, and neither status nor watch says
+# "delinked"; B, which delinked by its spec, has its step stored.
+write_spec "$T/c.json" life-scratch 30 0
+C=$(ctl submit "$T/c.json")
+rc=0; ctl watch "$C" --interval 0.05 >"$T/watch-c.out" || rc=$?
+[ "$rc" = 0 ] || fail "watch of the from-scratch run exit $rc: $(tail -3 "$T/watch-c.out")"
+ctl status "$C" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r["phase"] == "real" and r["delink_step"] is None, r
+' || fail "from-scratch status --json: $(ctl status "$C" --json)"
+ctl status "$C" >"$T/status-c.txt" || fail "status of the from-scratch run"
+if grep -q "delinked" "$T/status-c.txt" "$T/watch-c.out"; then
+    fail "from-scratch run said delinked: $(grep delinked "$T/status-c.txt" "$T/watch-c.out")"
+fi
+[ "$(db "$T/s" "select delink_step is null from runs where id=$C")" = 1 ] \
+    || fail "runs.delink_step of the from-scratch run: $(db "$T/s" "select delink_step from runs where id=$C")"
+[ "$(db "$T/s" "select delink_step from runs where id=$B")" = 200 ] \
+    || fail "runs.delink_step of run $B: $(db "$T/s" "select delink_step from runs where id=$B")"
+ctl status "$B" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["delink_step"] == 200, r' \
+    || fail "run $B's delink_step: $(ctl status "$B" --json)"
+
 touch "$T/stop-reader"; wait "$READER"
 if [ -s "$T/reader.err" ]; then fail "concurrent reader: $(sort -u "$T/reader.err" | head -3)"; fi
 stop_daemon

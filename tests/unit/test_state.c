@@ -299,6 +299,65 @@ static void test_offload_columns(void **s)
     sqlite3_close(db);
 }
 
+/* Schema 0004: runs.delink_step, filled at the migration from the phases
+ * table only for runs that really delinked (a pseudo row, then a real
+ * one); a from-scratch run (a real row alone) and a pseudo run get NULL,
+ * read back as -1; state_run_set_delink writes it and -1 clears it. */
+static void test_delink_step_column(void **s)
+{
+    (void)s;
+    char err[256];
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    assert_true(schema_n_migrations >= 4);
+    assert_string_equal(schema_migrations[3].name, "0004_runs_delink_step.sql");
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sqlite3_exec(db, schema_migrations[i].sql, NULL, NULL,
+                                      NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+        "PRAGMA user_version = 3;"
+        "INSERT INTO runs(name, spec, phase, total_steps, created, updated) "
+        "VALUES ('delinked', '{}', 'real', 100, 0, 0),"
+        "       ('scratch', '{}', 'real', 100, 0, 0),"
+        "       ('pseudo', '{}', 'pseudo', 100, 0, 0);"
+        "INSERT INTO phases(run, phase, from_step, at) VALUES"
+        " (1, 'pseudo', 0, 0), (1, 'real', 40, 0),"
+        " (2, 'real', 0, 0), (3, 'pseudo', 0, 0);", NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    run_row r;
+    assert_int_equal(state_run_get(st, 1, &r), 0);
+    assert_int_equal(r.delink_step, 40);
+    run_row_clear(&r);
+    assert_int_equal(state_run_get(st, 2, &r), 0);
+    assert_int_equal(r.delink_step, -1);
+    run_row_clear(&r);
+    assert_int_equal(state_run_get(st, 3, &r), 0);
+    assert_int_equal(r.delink_step, -1);
+    run_row_clear(&r);
+    run_row *rows;
+    int n;
+    assert_int_equal(state_run_list(st, &rows, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(rows[0].delink_step, 40);
+    assert_int_equal(rows[1].delink_step, -1);
+    free(rows);
+
+    assert_int_equal(state_run_set_delink(st, 3, 25), 0);
+    assert_int_equal(state_run_get(st, 3, &r), 0);
+    assert_int_equal(r.delink_step, 25);
+    run_row_clear(&r);
+    assert_int_equal(state_run_set_delink(st, 3, -1), 0);
+    assert_int_equal(state_run_get(st, 3, &r), 0);
+    assert_int_equal(r.delink_step, -1);
+    run_row_clear(&r);
+    assert_int_equal(state_run_set_delink(st, 99, 5), 1);
+    state_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -307,6 +366,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

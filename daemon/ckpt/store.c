@@ -1,0 +1,258 @@
+/*
+ * store.c — the checkpoint store (see store.h).
+ */
+#include "ckpt/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/paths.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static int rm_entry_(const char *path, const struct stat *sb, int flag,
+                     struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    if (remove(path) < 0 && errno != ENOENT)
+        log_warn("fs.remove", "path=%s err=\"%s\"", path, strerror(errno));
+    return 0;
+}
+
+static void rm_rf_(const char *path)
+{
+    nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static long long du_total_;
+static int du_entry_(const char *path, const struct stat *sb, int flag,
+                     struct FTW *ftw)
+{
+    (void)path; (void)ftw;
+    if (flag == FTW_F) du_total_ += sb->st_size;
+    return 0;
+}
+
+static int64_t du_(const char *path)  /* only from the worker / init */
+{
+    du_total_ = 0;
+    nftw(path, du_entry_, 16, FTW_PHYS);
+    return du_total_;
+}
+
+static int dir_exists_(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* 1: a directory at p; 0: none (not there, or something else there); -1:
+ * m6d may not look (EACCES, EIO...: errno), which is not gone. */
+static int dir_state_(const char *p)
+{
+    struct stat sb;
+    if (stat(p, &sb) == 0) return S_ISDIR(sb.st_mode);
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+}
+
+void ckpt_store_dir(const ckpt_store *s, int64_t run, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%lld/checkpoints", s->runs_dir, (long long)run);
+}
+
+/* -------------------------------------------------------------- reconcile */
+
+/* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
+ * complete step-N dirs the DB missed (crash between rename and insert), drop
+ * rows whose directory is gone. */
+static void reconcile_run_(const ckpt_store *s, int64_t run)
+{
+    char dir[4096];
+    ckpt_store_dir(s, run, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char p[8192];
+            long long step;
+            char rest;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (strstr(e->d_name, ".tmp-")) {
+                log_warn("checkpoint.stray", "run=%lld path=%s action=removed",
+                         (long long)run, p);
+                state_event(s->st, run, "checkpoint.stray", "removed %s",
+                            e->d_name);
+                rm_rf_(p);
+            } else if (sscanf(e->d_name, "step-%lld%c", &step, &rest) == 1) {
+                ckpt_row *rows;
+                int n, found = 0;
+                if (state_checkpoints_list(s->st, run, &rows, &n) == 0) {
+                    for (int i = 0; i < n; i++) found |= rows[i].step == step;
+                    free(rows);
+                }
+                if (!found) {
+                    log_info("checkpoint.adopt", "run=%lld step=%lld",
+                             (long long)run, step);
+                    state_checkpoint_add(s->st, run, step, p, du_(p));
+                }
+            }
+        }
+        closedir(d);
+    }
+    ckpt_row *rows;
+    int n;
+    if (state_checkpoints_list(s->st, run, &rows, &n) == 0) {
+        for (int i = 0; i < n; i++) {
+            int ds = dir_state_(rows[i].path);
+            if (ds == 0) {
+                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
+                         (long long)run, (long long)rows[i].step, rows[i].path);
+                state_checkpoint_delete(s->st, run, rows[i].step);
+            } else if (ds < 0) {
+                log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
+                         "err=\"%s\" action=kept", (long long)run,
+                         (long long)rows[i].step, rows[i].path,
+                         strerror(errno));
+            }
+        }
+        free(rows);
+    }
+}
+
+void ckpt_store_reconcile(const ckpt_store *s)
+{
+    run_row *runs;
+    int n;
+    if (state_run_list(s->st, &runs, &n) < 0) return;
+    for (int i = 0; i < n; i++) reconcile_run_(s, runs[i].id);
+    free(runs);
+}
+
+/* ------------------------------------------------------------- save, prune */
+
+static void prune_(const ckpt_store *s, int64_t run, int keep)
+{
+    ckpt_row *rows;
+    int n;
+    if (state_checkpoints_list(s->st, run, &rows, &n) < 0) return;
+    if (keep < 1) keep = 1;
+    for (int i = 0; i < n - keep; i++) {
+        rm_rf_(rows[i].path);
+        state_checkpoint_delete(s->st, run, rows[i].step);
+        log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)run,
+                  (long long)rows[i].step);
+    }
+    free(rows);
+}
+
+int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
+                    const char *why, char *msg, size_t msglen)
+{
+    long step = trainer_step_count(t);
+    char dir[4096], path[4200], err[512];
+    ckpt_store_dir(s, run, dir, sizeof dir);
+    if (paths_mkdir_p(dir, 0755) < 0) {
+        snprintf(msg, msglen, "checkpoint failed: %.600s: %s", dir,
+                 strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/step-%ld", dir, step);
+    if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
+    long bytes = trainer_save(t, path, err, sizeof err);
+    if (bytes < 0) {
+        snprintf(msg, msglen, "checkpoint failed: %s", err);
+        return -1;
+    }
+    if (state_checkpoint_add(s->st, run, step, path, bytes) < 0) {
+        /* The directory is complete; the next start adopts it. Removing it
+         * keeps this life's view (the DB list) and the disk the same. */
+        char e[256];
+        state_last_error(s->st, e, sizeof e);
+        rm_rf_(path);
+        snprintf(msg, msglen, "checkpoint step %ld not recorded: state DB: %s",
+                 step, e);
+        return -1;
+    }
+    state_event(s->st, run, "checkpoint", "step=%ld bytes=%ld why=%s", step,
+                bytes, why);
+    log_info("checkpoint.saved", "run=%lld step=%ld bytes=%ld why=%s",
+             (long long)run, step, bytes, why);
+    prune_(s, run, keep);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- restore */
+
+void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen)
+{
+    for (int k = 1; k < 100; k++) {
+        char to[4200];
+        if (k == 1)
+            snprintf(to, sizeof to, "%s.bad", path);
+        else
+            snprintf(to, sizeof to, "%s.bad-%d", path, k);
+        if (access(to, F_OK) == 0)
+            continue;
+        if (rename(path, to) == 0) {
+            snprintf(kept, keptlen, "%s", to);
+            return;
+        }
+        break;
+    }
+    snprintf(kept, keptlen, "%s", path);
+}
+
+int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
+                       trainer **t, int *data_rc, long *step, char *err,
+                       size_t errlen, char *lost, size_t lostlen)
+{
+    ckpt_row *rows;
+    int n;
+    *step = -1;
+    lost[0] = 0;
+    if (state_checkpoints_list(s->st, run, &rows, &n) < 0) n = 0, rows = NULL;
+    for (int i = n - 1; i >= 0; i--) {
+        char e[512], kept[4200];
+        if (trainer_load(*t, rows[i].path, e, sizeof e) == 0) {
+            *step = trainer_step_count(*t);
+            log_info("run.restore", "run=%lld step=%ld path=%s",
+                     (long long)run, *step, rows[i].path);
+            break;
+        }
+        ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
+        log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
+                 "action=set_aside kept=%s", (long long)run, rows[i].path, e,
+                 kept);
+        state_event(s->st, run, "checkpoint.bad", "step=%lld %s; kept as %s",
+                    (long long)rows[i].step, e, kept);
+        if (i == n - 1) /* the newest: what the run has lost */
+            snprintf(lost, lostlen, "checkpoint of step %lld does not load "
+                     "(%.300s; kept as %.300s)", (long long)rows[i].step, e,
+                     kept);
+        state_checkpoint_delete(s->st, run, rows[i].step);
+        /* A failed load may have half-filled the trainer: start afresh. */
+        trainer_free(*t);
+        *t = data_rc ? trainer_create_resumable(spec, data_rc, err, errlen)
+                     : trainer_create(spec, err, errlen);
+        if (!*t) {
+            free(rows);
+            return -1;
+        }
+    }
+    free(rows);
+    if (n > 0 && *step < 0) {
+        size_t k = strlen(lost);
+        snprintf(lost + k, lostlen - k, ", nor does any older one: `m6ctl "
+                 "resume` starts the run over from step 0");
+        return 1;
+    }
+    lost[0] = 0; /* an older checkpoint loaded: the run goes on from it */
+    return 0;
+}

@@ -1,0 +1,64 @@
+/*
+ * store.h — the checkpoint store: each run's step-N directories under
+ * <state-dir>/runs/<id>/checkpoints and their rows in m6.db's checkpoints
+ * table, kept in step with each other.
+ *
+ * A checkpoint is complete once its directory has its final name
+ * (trainer_save renames <dir>.tmp-<pid>); *.tmp-* leftovers of an
+ * interrupted save are removed at reconcile. A directory the DB missed is
+ * adopted; a row whose directory is gone is dropped; a checkpoint that does
+ * not load is set aside as <dir>.bad (never adopted again).
+ *
+ * Threads: only the coordinator's worker thread, or coord_init before it
+ * starts (the store walks directories and writes the state DB).
+ */
+#ifndef M6_CKPT_STORE_H
+#define M6_CKPT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "state/state.h"
+#include "train/trainer.h"
+
+typedef struct {
+    state *st;
+    const char *runs_dir;  /* <state-dir>/runs */
+} ckpt_store;
+
+/* "<runs_dir>/<run>/checkpoints" into buf. */
+void ckpt_store_dir(const ckpt_store *s, int64_t run, char *buf, size_t len);
+
+/* For every run in the DB: remove *.tmp-* leftovers (event
+ * checkpoint.stray), add complete step-N dirs the DB missed (a crash
+ * between rename and insert), drop rows whose directory is gone (one that
+ * m6d may not look at, EACCES or EIO, is kept and logged). */
+void ckpt_store_reconcile(const ckpt_store *s);
+
+/* Write t's state as the checkpoint of its current step (why: "every",
+ * "pause", "stop", "end", "shutdown"; in the event and the log), record it,
+ * then keep only the newest `keep` (>= 1; 0 means 1). 0 with *bytes the
+ * size written; -1 with msg saying what failed (mkdir, the write, or the
+ * DB row: then the directory is removed too, so disk and DB agree). A
+ * stale directory of the same step (a trajectory left behind) is replaced. */
+int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
+                    const char *why, char *msg, size_t msglen);
+
+/* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
+ * ...), *kept the name it now has (path itself when the rename failed). */
+void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen);
+
+/* Load the newest checkpoint of run that loads into *t, newest first; one
+ * that does not is set aside (ckpt_store_quarantine, event checkpoint.bad)
+ * and its row dropped, and *t is made again fresh from spec (a failed load
+ * may have half-filled it): with data_rc (not NULL) by
+ * trainer_create_resumable, which sets *data_rc and err anew, else by
+ * trainer_create. *step: the loaded step, -1 when none loaded.
+ * Returns 0; 1 when checkpoints existed but none loaded (lost says which
+ * and what `m6ctl resume` then does); -1 with err when no trainer could be
+ * made (*t is then NULL). */
+int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
+                       trainer **t, int *data_rc, long *step, char *err,
+                       size_t errlen, char *lost, size_t lostlen);
+
+#endif /* M6_CKPT_STORE_H */

@@ -1,0 +1,327 @@
+/*
+ * worker.c — the run's state machine (see worker.h): one function per
+ * command and per event, each a pure function of the worker value.
+ */
+#include "coord/worker.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const state_names_[WORKER_NSTATES] = {
+    [W_QUEUED] = "queued",       [W_STARTING] = "starting",
+    [W_RUNNING] = "running",     [W_PAUSING] = "pausing",
+    [W_PAUSED] = "paused",       [W_RESUMING] = "resuming",
+    [W_STOPPING] = "stopping",   [W_COMPLETED] = "completed",
+    [W_FAILED] = "failed",       [W_STOPPED] = "stopped",
+};
+
+static const char *const cmd_names_[] = {
+    [CMD_PAUSE] = "pause", [CMD_RESUME] = "resume",
+    [CMD_DELINK] = "delink", [CMD_STOP] = "stop",
+};
+
+const char *worker_state_name(worker_state s)
+{
+    return (unsigned)s < WORKER_NSTATES ? state_names_[s] : "?";
+}
+
+worker worker_init(worker_state s)
+{
+    worker w;
+    memset(&w, 0, sizeof w);
+    w.state = s;
+    w.delink_step = -1;
+    return w;
+}
+
+/* The run the worker owns (its trainer is held). */
+static int live_(worker_state s)
+{
+    return s >= W_STARTING && s <= W_STOPPING;
+}
+
+/* ---------------------------------------------------------------- commands
+ * Each returns the reply's status and writes its text; *w is the state
+ * after the command. Only live, not stopping, runs get here (see
+ * worker_command for the others). */
+
+static m6_code pause_(worker *w, int64_t id, unsigned *act, char *msg,
+                           size_t len)
+{
+    long long n = (long long)id;
+    switch (w->state) {
+    case W_PAUSING:
+        snprintf(msg, len, "run %lld is already pausing: it pauses at the "
+                 "next step boundary", n);
+        return M6_EBADSTATE;
+    case W_PAUSED:
+        snprintf(msg, len, "run %lld is already paused", n);
+        return M6_EBADSTATE;
+    case W_RESUMING:
+        /* not yet tried: the resume is cancelled and answered so, the run
+         * stays paused; being tried: the run pauses once it resumed */
+        if (w->resume_tried) {
+            w->state = W_PAUSING;
+        } else {
+            w->state = W_PAUSED;
+            *act |= WA_RESUME_CANCEL;
+        }
+        break;
+    default: /* STARTING, RUNNING */
+        w->state = W_PAUSING;
+        break;
+    }
+    snprintf(msg, len, "run %lld pauses at the next step boundary", n);
+    return M6_OK;
+}
+
+static m6_code resume_(worker *w, int64_t id, unsigned *act, char *msg,
+                            size_t len)
+{
+    long long n = (long long)id;
+    switch (w->state) {
+    case W_PAUSING: /* the pause not taken yet: cancelled */
+        w->state = w->resume_tried ? W_RESUMING : W_RUNNING;
+        snprintf(msg, len, "run %lld: pending pause cancelled", n);
+        return M6_OK;
+    case W_PAUSED:
+        w->state = W_RESUMING;
+        *act |= WA_RESUME_NEW;
+        msg[0] = 0;
+        return M6_OK;
+    case W_RESUMING: /* one more resume: served by the same try */
+        *act |= w->resume_tried ? WA_RESUME_JOIN : WA_RESUME_NEW;
+        msg[0] = 0;
+        return M6_OK;
+    default: /* STARTING, RUNNING */
+        snprintf(msg, len, "run %lld is not paused", n);
+        return M6_EBADSTATE;
+    }
+}
+
+static m6_code delink_(worker *w, int64_t id, char *msg, size_t len)
+{
+    long long n = (long long)id;
+    if (w->real && w->delink_step < 0) {
+        snprintf(msg, len, "run %lld trains from scratch (pseudo.steps 0): it "
+                 "has no shared slots to delink", n);
+        return M6_EBADSTATE;
+    }
+    if (w->real) {
+        snprintf(msg, len, "run %lld is already in the real phase (delinked "
+                 "at step %ld)", n, w->delink_step);
+        return M6_EBADSTATE;
+    }
+    w->delink_pending = 1;
+    snprintf(msg, len, "run %lld delinks at the next step boundary", n);
+    return M6_OK;
+}
+
+static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
+{
+    /* a resume not yet tried stays owed: answered by the stop's outcome
+     * (the run ended, or why the stop failed) */
+    w->state = W_STOPPING;
+    snprintf(msg, len, "run %lld stops at the next step boundary",
+             (long long)id);
+    return M6_OK;
+}
+
+/* A run that is not the worker's: queued, or ended. */
+static m6_code not_live_(worker *w, int64_t id, coord_cmd cmd,
+                              unsigned *act, char *msg, size_t len)
+{
+    long long n = (long long)id;
+    if (w->state == W_QUEUED && cmd == CMD_STOP) {
+        w->state = W_STOPPED;
+        *act |= WA_DEQUEUE;
+        snprintf(msg, len, "run %lld removed from the queue", n);
+        return M6_OK;
+    }
+    if (w->state == W_STOPPED && cmd == CMD_RESUME)
+        snprintf(msg, len, "run %lld is stopped: a stopped run cannot be "
+                 "resumed; submit its spec again", n);
+    else
+        snprintf(msg, len, "cannot %s run %lld: it is %s%s", cmd_names_[cmd],
+                 n, worker_state_name(w->state),
+                 w->state == W_QUEUED ? " (waiting for the running run)" : "");
+    return M6_EBADSTATE;
+}
+
+m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
+                            unsigned *actions, char *msg, size_t msglen)
+{
+    long long n = (long long)id;
+    *actions = 0;
+    if (!live_(w->state))
+        return not_live_(w, id, cmd, actions, msg, msglen);
+    if (w->shutdown) {
+        /* the worker may already be past its last boundary: an answer
+         * here could not be kept */
+        snprintf(msg, msglen, "m6d is stopping: send the %s again once it is "
+                 "back (`m6ctl watch %lld` waits for it)", cmd_names_[cmd], n);
+        return M6_EBADSTATE;
+    }
+    if (w->state == W_STOPPING && cmd != CMD_STOP) {
+        snprintf(msg, msglen, "run %lld stops at the next step boundary: a "
+                 "%s cannot follow its stop", n, cmd_names_[cmd]);
+        return M6_EBADSTATE;
+    }
+    m6_code st;
+    switch (cmd) {
+    case CMD_PAUSE: st = pause_(w, id, actions, msg, msglen); break;
+    case CMD_RESUME: st = resume_(w, id, actions, msg, msglen); break;
+    case CMD_DELINK: st = delink_(w, id, msg, msglen); break;
+    default: st = stop_(w, id, msg, msglen); break;
+    }
+    /* The worker acts (and records) at the boundary; if the run's last
+     * write failed, say the command may only hold in memory. */
+    if (st == M6_OK && w->error[0] && w->error_write && cmd == CMD_STOP) {
+        size_t k = strlen(msg);
+        snprintf(msg + k, msglen - k, ", but its last write failed (%s): the "
+                 "stop is final only once its checkpoint and state are "
+                 "written; until then the run stays paused", w->error);
+    } else if (st == M6_OK && w->error[0] && w->error_write &&
+               cmd != CMD_RESUME) {
+        size_t k = strlen(msg);
+        snprintf(msg + k, msglen - k, "; it takes effect in memory, but may "
+                 "not be recorded: %s", w->error);
+    }
+    return st;
+}
+
+/* ------------------------------------------------------------------ events */
+
+worker_take worker_boundary(worker *w)
+{
+    worker_take t = {0};
+    if (!live_(w->state)) return t;
+    if (w->state == W_STOPPING) { /* the stop first; if it fails, the rest */
+        t.stop = 1;
+        return t;
+    }
+    if (w->delink_pending) {
+        t.delink = 1;
+        w->delink_pending = 0;
+    }
+    if (w->state == W_PAUSING) {
+        /* paused from now on, so that a resume sent while the pause is
+         * written waits for it, not "not paused" */
+        w->state = W_PAUSED;
+        t.pause = 1;
+    }
+    t.shutdown = w->shutdown;
+    if (w->state == W_RESUMING && !w->resume_tried) {
+        w->resume_tried = 1;
+        w->error[0] = 0; /* the try says anew why it stays paused, if so */
+        w->error_write = 0;
+        w->error_code = M6_OK;
+        t.resume = 1;
+    }
+    return t;
+}
+
+int worker_waits(const worker *w)
+{
+    return w->state == W_PAUSED && !w->delink_pending && !w->shutdown;
+}
+
+int worker_trains(const worker *w)
+{
+    return w->state == W_RUNNING && !w->shutdown;
+}
+
+/* A data error, a failed write, a lost checkpoint: the run pauses itself
+ * with the reason. A stop or a resume not yet tried stays acknowledged:
+ * the worker does it at its next boundary. A resume being tried ends here
+ * (it failed). */
+static int pause_self_(worker *w, const char *reason, int write)
+{
+    if (!(w->state == W_STOPPING ||
+          (w->state == W_RESUMING && !w->resume_tried)))
+        w->state = W_PAUSED;
+    w->resume_tried = 0;
+    snprintf(w->error, sizeof w->error, "%s", reason ? reason : "");
+    w->error_write = write;
+    return 0;
+}
+
+int worker_on(worker *w, worker_event ev, const char *reason)
+{
+    worker_state s = w->state;
+    if (!live_(s)) return -1;
+    switch (ev) {
+    case WE_STARTED:
+        if (s == W_RUNNING) return -1;
+        if (s == W_STARTING) w->state = W_RUNNING;
+        return 0;
+    case WE_STEP_DONE:
+    case WE_EVAL_DONE: /* a command may have come in during the step */
+        return s == W_RUNNING || s == W_PAUSING || s == W_STOPPING ? 0 : -1;
+    case WE_CHECKPOINT:
+        return s == W_STARTING ? -1 : 0;
+    case WE_RESUMED:
+        if (!w->resume_tried ||
+            !(s == W_RESUMING || s == W_PAUSING || s == W_STOPPING))
+            return -1;
+        w->resume_tried = 0;
+        if (s == W_RESUMING) w->state = W_RUNNING;
+        return 0; /* PAUSING, STOPPING: sent during the try, done next */
+    case WE_DATA_ERROR:
+    case WE_CKPT_LOST:
+        return pause_self_(w, reason, 0);
+    case WE_WRITE_FAILED:
+        return pause_self_(w, reason, 1);
+    case WE_STOPPED:
+        if (s != W_STOPPING) return -1;
+        w->state = W_STOPPED;
+        return 0;
+    case WE_STOP_FAILED:
+        if (s != W_STOPPING) return -1;
+        w->state = W_PAUSED;
+        snprintf(w->error, sizeof w->error, "%s", reason ? reason : "");
+        w->error_write = 1;
+        return 0;
+    case WE_COMPLETED:
+        if (!(s == W_RUNNING || s == W_PAUSING || s == W_STOPPING)) return -1;
+        w->state = W_COMPLETED;
+        return 0;
+    case WE_FAILED:
+        w->state = W_FAILED;
+        return 0;
+    case WE_SHUTDOWN:
+        w->shutdown = 1;
+        return 0;
+    }
+    return -1;
+}
+
+void worker_delinked(worker *w, long step)
+{
+    w->real = 1;
+    w->delink_step = step;
+}
+
+const char *worker_pending(const worker *w)
+{
+    switch (w->state) {
+    case W_STOPPING: return "stopping";
+    case W_PAUSING:
+        return w->delink_pending ? "delinking, pausing" : "pausing";
+    case W_RESUMING:
+        return w->delink_pending ? "delinking, resuming" : "resuming";
+    default:
+        return live_(w->state) && w->delink_pending ? "delinking" : "";
+    }
+}
+
+int worker_is_training(const worker *w)
+{
+    return w->state == W_RUNNING || w->state == W_PAUSING;
+}
+
+int worker_is_paused(const worker *w)
+{
+    return w->state == W_PAUSED || w->state == W_RESUMING ||
+           (w->state == W_STOPPING && w->error[0]);
+}
