@@ -604,16 +604,23 @@ static void metric_fill_(sqlite3_stmt *s, void *elem)
                     "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
                     "copy_hidden_fraction"
 
-int state_metrics_list(state *st, int64_t run, int64_t after_step,
+int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n)
 {
     void *v;
+    /* LIMIT -1: no limit. The primary key (run, step) serves the range. */
     int ret = SQL_LIST(st, &v, n, sizeof **rows, metric_fill_,
                        "SELECT " METRIC_COLS " FROM metrics "
-                       "WHERE run = ? AND step > ? ORDER BY step",
-                       A_INT(run), A_INT(after_step));
+                       "WHERE run = ? AND step > ? ORDER BY step LIMIT ?",
+                       A_INT(run), A_INT(after_step), A_INT(max < 0 ? -1 : max));
     *rows = v;
     return ret;
+}
+
+int state_metrics_list(state *st, int64_t run, int64_t after_step,
+                       metric_row **rows, int *n)
+{
+    return state_metrics_page(st, run, after_step, -1, rows, n);
 }
 
 int state_metric_last(state *st, int64_t run, metric_row *out,
