@@ -268,7 +268,7 @@ static void csv_cell_(FILE *f, const char *s)
 
 static int in_csv_(const view_field *fd)
 {
-    return fd->name && !(fd->flags & VIEW_NO_CSV) && fd->type != VIEW_SUB;
+    return fd->name && fd->type != VIEW_SUB;
 }
 
 /* A padded (and maybe cut) table cell, coloured on a tty. */

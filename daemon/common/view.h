@@ -68,8 +68,7 @@ enum {
     VIEW_NEG_NULL = 1,  /* VIEW_INT: a value < 0 is unknown */
     VIEW_OMIT_NULL = 2, /* records: no line when the value is unknown */
     VIEW_CUT = 4,       /* text table: cut the value to the column width */
-    VIEW_NO_CSV = 8,    /* not a CSV column */
-    VIEW_JSON_OMIT_NULL = 16, /* JSON: no key when the value is unknown */
+    VIEW_JSON_OMIT_NULL = 8, /* JSON: no key when the value is unknown */
 };
 
 typedef struct {

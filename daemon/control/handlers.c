@@ -368,9 +368,31 @@ static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resu
 static void do_delink_(call *c, const M6__Request *rq) { do_command_(c, rq->delink, CMD_DELINK); }
 static void do_stop_(call *c, const M6__Request *rq) { do_command_(c, rq->stop, CMD_STOP); }
 
-/* Pages of metrics: m6d's page size and the largest a client may ask for
- * (~110 bytes a row on the wire: ~1.1 MB, well under the frame limit). */
-enum { METRICS_PAGE_ = 10000 };
+/* Page sizes: m6d's and the largest a client may ask for. Metrics rows
+ * are ~110 bytes on the wire, events at most ~1.1 KB: both pages stay well
+ * under the frame limit. */
+enum { METRICS_PAGE_ = 10000, EVENTS_PAGE_ = 10000 };
+
+/* The start of a paged query (metrics, events): the run, the cursor (rows
+ * after it; >= 0) and the page size (limit in 0..max, 0: max). Replies and
+ * returns -1 when one of them is bad. */
+static int page_query_(call *c, const M6__RunRef *ref, const char *cursor_name,
+                       int64_t cursor, int limit, int max, int64_t *id, int *page)
+{
+    if (resolve_(c, ref, id) < 0) return -1;
+    if (cursor < 0) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "%s must be >= 0, got %lld",
+               cursor_name, (long long)cursor);
+        return -1;
+    }
+    if (limit < 0 || limit > max) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+               "limit must be in 0..%d (0: %d), got %d", max, max, limit);
+        return -1;
+    }
+    *page = limit ? limit : max;
+    return 0;
+}
 
 /* One page of a run's metrics. Runs on the thread pool (handlers_is_slow):
  * a page of many rows must not hold up the event loop. */
@@ -378,16 +400,10 @@ static void do_metrics_(call *c, const M6__Request *rq)
 {
     const M6__MetricsQuery *q = rq->metrics;
     int64_t id;
-    if (resolve_(c, q->run, &id) < 0) return;
-    if (q->after_step < 0)
-        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-                      "after_step must be >= 0, got %lld",
-                      (long long)q->after_step);
-    if (q->limit < 0 || q->limit > METRICS_PAGE_)
-        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-                      "limit must be in 0..%d (0: %d), got %d", METRICS_PAGE_,
-                      METRICS_PAGE_, (int)q->limit);
-    int limit = q->limit ? q->limit : METRICS_PAGE_;
+    int limit;
+    if (page_query_(c, q->run, "after_step", q->after_step, q->limit, METRICS_PAGE_,
+                    &id, &limit) < 0)
+        return;
     metric_row *rows;
     int n;
     /* one row more than the page says whether more follow */
@@ -506,16 +522,15 @@ static void do_plan_(call *c, const M6__Request *rq)
 static void do_events_(call *c, const M6__Request *rq)
 {
     int64_t id;
-    if (resolve_(c, rq->events->run, &id) < 0) return;
-    if (rq->events->after_id < 0)
-        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-                      "after_id must be >= 0, got %lld",
-                      (long long)rq->events->after_id);
+    int limit;
+    if (page_query_(c, rq->events->run, "after_id", rq->events->after_id, 0,
+                    EVENTS_PAGE_, &id, &limit) < 0)
+        return;
     event_row *rows;
     int n;
-    /* A page under the frame limit (at most ~1.1 KB a row); the client
-     * asks again with after_id for the rest. */
-    if (state_events_list(c->h->st, id, rq->events->after_id, 10000, &rows,
+    /* the client asks again with after_id for the rest, until a page
+     * comes back empty */
+    if (state_events_list(c->h->st, id, rq->events->after_id, limit, &rows,
                           &n) < 0)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
     M6__EventRows *er = arena_alloc_(c->a, sizeof *er);
