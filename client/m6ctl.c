@@ -290,15 +290,6 @@ static int terminal_(M6__RunState s)
            s == M6__RUN_STATE__RUN_STATE_STOPPED;
 }
 
-/* A jansson value, indented (submit and data prepare). */
-static void print_json_(json_t *v)
-{
-    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (s) puts(s);
-    free(s);
-    json_decref(v);
-}
-
 /* ---- a run: list, status, the commands' replies, watch */
 
 /* A row of the run views: the daemon's RunInfo, the reply's message (the
@@ -566,6 +557,68 @@ static const view_field event_fields_[] = {
 };
 static const view event_view_ = VIEW_OF(event_fields_);
 
+/* ---- submit's answer: the run's id (text: the id alone) */
+
+static void s_id_(const void *row, view_val *v) { v->i = ((const M6__SubmitReply *)row)->run_id; }
+static void s_name_(const void *row, view_val *v) { v->s = ((const M6__SubmitReply *)row)->name; }
+
+static const view_field submit_fields_[] = {
+    {"id", 0, "", 0, VIEW_INT, VF_PLAIN, 0, s_id_},
+    {"name", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, s_name_},
+};
+static const view submit_view_ = VIEW_OF(submit_fields_);
+
+/* ---- watch's events: {"event", "step"[, "last_seen_step"]} */
+
+typedef struct {
+    const char *event;
+    long long step, last_seen; /* last_seen < 0: none */
+} watch_event_;
+
+#define W_ ((const watch_event_ *)row)
+static void w_event_(const void *row, view_val *v) { v->s = W_->event; }
+static void w_step_(const void *row, view_val *v) { v->i = W_->step; }
+static void w_seen_(const void *row, view_val *v) { v->i = W_->last_seen; }
+#undef W_
+
+static const view_field watch_event_fields_[] = {
+    {"event", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, w_event_},
+    {"step", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, w_step_},
+    {"last_seen_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL | VIEW_JSON_OMIT_NULL,
+     w_seen_},
+};
+static const view watch_event_view_ = VIEW_OF(watch_event_fields_);
+
+/* ---- data prepare's counts (--json; the text is a summary in words) */
+
+#define P_(f) \
+    static void p_##f##_(const void *row, view_val *v) \
+    { v->i = (long long)((const prepare_stats *)row)->f; }
+P_(files) P_(skipped) P_(binary) P_(special) P_(duplicates) P_(train_tokens)
+P_(val_tokens) P_(train_shards) P_(val_shards)
+#undef P_
+
+static const view_field prepare_fields_[] = {
+    {"files", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_files_},
+    {"skipped", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_skipped_},
+    {"binary", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_binary_},
+    {"special", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_special_},
+    {"duplicates", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_duplicates_},
+    {"train_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_tokens_},
+    {"val_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_tokens_},
+    {"train_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_shards_},
+    {"val_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_shards_},
+};
+static const view prepare_view_ = VIEW_OF(prepare_fields_);
+
+/* One row of a view: --json an indented object, else its line. */
+static void print_one_(const view *v, const void *row)
+{
+    view_out o = {.f = stdout, .v = v, .form = g.json ? VIEW_JSON_OBJECT : VIEW_LINE};
+    view_row(&o, row);
+    if (!g.json) fputc('\n', stdout);
+}
+
 /* The form of a stream of rows: --json, --csv or a text table. */
 static view_out rows_out_(const view *v)
 {
@@ -692,14 +745,7 @@ static int cmd_submit_(int argc, char **argv)
     M6__Response *resp = request_(&rq);
     free(buf);
     if (!resp) return EXIT_ERR;
-    if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "id", json_integer(resp->submit->run_id));
-        json_object_set_new(o, "name", json_string(resp->submit->name));
-        print_json_(o);
-    } else {
-        printf("%lld\n", (long long)resp->submit->run_id);
-    }
+    print_one_(&submit_view_, resp->submit);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }
@@ -763,15 +809,9 @@ static void print_event_(const char *event, long long step, long last_seen,
 {
     end_bar_();
     if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "event", json_string(event));
-        json_object_set_new(o, "step", json_integer(step));
-        if (last_seen >= 0)
-            json_object_set_new(o, "last_seen_step", json_integer(last_seen));
-        char *js = json_dumps(o, JSON_COMPACT);
-        puts(js);
-        free(js);
-        json_decref(o);
+        watch_event_ e = {event, step, last_seen};
+        view_out o = {.f = stdout, .v = &watch_event_view_, .form = VIEW_JSON_LINES};
+        view_row(&o, &e);
         return;
     }
     va_list ap;
@@ -1159,17 +1199,7 @@ static int cmd_data_(int argc, char **argv)
         return EXIT_ERR;
     }
     if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "files", json_integer((json_int_t)st.files));
-        json_object_set_new(o, "skipped", json_integer((json_int_t)st.skipped));
-        json_object_set_new(o, "binary", json_integer((json_int_t)st.binary));
-        json_object_set_new(o, "special", json_integer((json_int_t)st.special));
-        json_object_set_new(o, "duplicates", json_integer((json_int_t)st.duplicates));
-        json_object_set_new(o, "train_tokens", json_integer((json_int_t)st.train_tokens));
-        json_object_set_new(o, "val_tokens", json_integer((json_int_t)st.val_tokens));
-        json_object_set_new(o, "train_shards", json_integer((json_int_t)st.train_shards));
-        json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
-        print_json_(o);
+        print_one_(&prepare_view_, &st);
     } else {
         /* What was read and written, then what was not read and why: a
          * corpus such as fortunes holds as many binary indexes (.dat) and
