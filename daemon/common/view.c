@@ -154,6 +154,14 @@ static const char *text_(const view_field *fd, view_val *v, char *buf, size_t le
     return "-";
 }
 
+const view_field *view_field_named(const view *v, const char *name)
+{
+    for (int k = 0; k < v->n; k++)
+        if (v->fields[k].name && strcmp(v->fields[k].name, name) == 0)
+            return &v->fields[k];
+    return NULL;
+}
+
 const char *view_text(char *buf, size_t len, const view_field *fd, const void *row)
 {
     view_val v;

@@ -124,6 +124,9 @@ void view_end(view_out *o);
  * which is returned. NaN and infinities as "nan", "inf", "-inf". */
 const char *view_shortest(char *buf, size_t len, double v, int f32);
 
+/* The field of v called name (its JSON key); NULL when none. */
+const view_field *view_field_named(const view *v, const char *name);
+
 /* A field's value as its text form (the format applied; "-" when
  * unknown), into buf; for callers that write free text around values. */
 const char *view_text(char *buf, size_t len, const view_field *fd,

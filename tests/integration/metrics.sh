@@ -29,18 +29,26 @@ sqlite3 -cmd '.timeout 5000' "$T/s/m6.db" "
 
 # The stream, and status round trips (on one open connection, so that
 # neither m6ctl's nor Python's start-up counts) for as long as it runs.
-python3 "$(dirname "$0")/rawclient.py" "$SOCK" --rtt "$R" "$T/csv.done" 50 \
-    >"$T/rtt.out" 2>&1 &
-RTT_PID=$!
-sleep 0.2  # connected and sampling
-t0=$(date +%s.%N)
-rc=0; ctl metrics "$R" --csv >"$T/m.csv" 2>"$T/m.err" || rc=$?
-t1=$(date +%s.%N)
-touch "$T/csv.done"
-rtt_rc=0; wait "$RTT_PID" || rtt_rc=$?
-[ "$rc" = 0 ] || fail "metrics --csv: exit $rc: $(cat "$T/m.err")"
-log "metrics --csv of $N rows: $(echo "$t1 - $t0" | bc) s; $(tail -1 "$T/rtt.out")"
-[ "$rtt_rc" = 0 ] || fail "status during the metrics stream: $(cat "$T/rtt.out")"
+# Up to 3 tries: on this shared 2-core machine a try now and then meets a
+# scheduling stall of its own, while a loop blocked by the read (as m6d's
+# was, 222 ms for its 100,000 rows) is blocked in every try.
+ok=0
+for try in 1 2 3; do
+    rm -f "$T/csv.done"
+    python3 "$(dirname "$0")/rawclient.py" "$SOCK" --rtt "$R" "$T/csv.done" 50 \
+        >"$T/rtt.out" 2>&1 &
+    RTT_PID=$!
+    sleep 0.2  # connected and sampling
+    t0=$(date +%s.%N)
+    rc=0; ctl metrics "$R" --csv >"$T/m.csv" 2>"$T/m.err" || rc=$?
+    t1=$(date +%s.%N)
+    touch "$T/csv.done"
+    rtt_rc=0; wait "$RTT_PID" || rtt_rc=$?
+    [ "$rc" = 0 ] || fail "metrics --csv: exit $rc: $(cat "$T/m.err")"
+    log "try $try: metrics --csv of $N rows: $(echo "$t1 - $t0" | bc) s; $(tail -1 "$T/rtt.out")"
+    if [ "$rtt_rc" = 0 ]; then ok=1; break; fi
+done
+[ "$ok" = 1 ] || fail "status during the metrics stream, 3 tries: $(cat "$T/rtt.out")"
 
 # Every row, once, in order; the first and the last as written (floats in
 # their shortest round-trip form: float32(2.500001) prints as 2.500001).
