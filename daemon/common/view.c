@@ -33,31 +33,39 @@ static int round_trips_(const char *s, double v, int f32)
     return f32 ? strtof(s, NULL) == (float)v : strtod(s, NULL) == v;
 }
 
+/* The first N of 1..max whose %.Ng reads back as v. A float32 carries 24
+ * bits (under 7.3 digits), a double 53: when %.6g (%.15g) already
+ * round-trips, the smaller N that also does is its count of significant
+ * digits (%g drops trailing zeros), so one more print finds it; else N is
+ * among the few above. */
+static int fewest_digits_(char *buf, size_t len, double v, int f32)
+{
+    const int mid = f32 ? 6 : 15, max = f32 ? 9 : 17;
+    snprintf(buf, len, "%.*g", mid, v);
+    if (round_trips_(buf, v, f32))
+        return sig_digits_(buf);
+    for (int n = mid + 1; n < max; n++) {
+        snprintf(buf, len, "%.*g", n, v);
+        if (round_trips_(buf, v, f32))
+            return n;
+    }
+    return max;
+}
+
 const char *view_shortest(char *buf, size_t len, double v, int f32)
 {
     if (isnan(v) || isinf(v)) {
         snprintf(buf, len, "%s", isnan(v) ? "nan" : v < 0 ? "-inf" : "inf");
         return buf;
     }
-    /* The first N of 1..max whose %.Ng reads back as v. A float32 carries
-     * 24 bits (under 7.3 digits), a double 53: when %.6g (%.15g) already
-     * round-trips, the smaller N that also does is its count of
-     * significant digits (%g drops trailing zeros), so one more print
-     * finds it; else N is among the few above. */
-    const int mid = f32 ? 6 : 15, max = f32 ? 9 : 17;
-    snprintf(buf, len, "%.*g", mid, v);
-    if (round_trips_(buf, v, f32)) {
-        int n = sig_digits_(buf);
-        if (n < mid)
-            snprintf(buf, len, "%.*g", n, v);
-        return buf;
-    }
-    for (int n = mid + 1; n < max; n++) {
-        snprintf(buf, len, "%.*g", n, v);
-        if (round_trips_(buf, v, f32))
-            return buf;
-    }
-    snprintf(buf, len, "%.*g", max, v);
+    int n = fewest_digits_(buf, len, v, f32);
+    /* %g writes an exponent when N is below the number's integer digits
+     * (3e+03): write those digits out (3000), the same value, while they
+     * are no more than the type's own digits. */
+    int e = v == 0 ? 0 : (int)floor(log10(fabs(v)));
+    if (e >= n && e < (f32 ? 9 : 17))
+        n = e + 1;
+    snprintf(buf, len, "%.*g", n, v);
     return buf;
 }
 

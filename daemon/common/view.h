@@ -120,8 +120,11 @@ void view_row(view_out *o, const void *row);
 void view_end(view_out *o);
 
 /* A float32 (f32 1) or a double in its shortest round-trip form, "%.Ng" with
- * the smallest N that reads back as the same value; into buf (>= 32 bytes),
- * which is returned. NaN and infinities as "nan", "inf", "-inf". */
+ * the smallest N (1..9, 1..17) that reads back as the same value; where
+ * that N would make %g write an exponent for a number with no more
+ * integer digits than the type has (3e+03), the digits are written out
+ * (3000). Into buf (>= 32 bytes), which is returned. NaN and infinities
+ * as "nan", "inf", "-inf". */
 const char *view_shortest(char *buf, size_t len, double v, int f32);
 
 /* The field of v called name (its JSON key); NULL when none. */
