@@ -709,6 +709,11 @@ static int cmd_metrics_(int argc, char **argv)
         if (n) after = m->rows[n - 1]->step;
         int more = n && m->more;
         m6__response__free_unpacked(resp, NULL);
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+            /* a closed pipe (| head) or a full disk: stop asking */
+            errf_("writing the rows: %s", strerror(errno));
+            return EXIT_ERR;
+        }
         if (!more) break;
     }
     view_end(&o);
