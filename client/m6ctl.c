@@ -568,6 +568,43 @@ static int same_run_(const M6__RunInfo *r, double *created, char *name, size_t l
     return 0;
 }
 
+/* m6d unreachable mid-watch (restarting: systemd, an upgrade): keep
+ * trying for --reconnect seconds from *lost_at (set at the first failure).
+ * 1: try again, a second later; 0: give up (said). */
+static int watch_retry_(double *lost_at)
+{
+    if (*lost_at < 0) {
+        *lost_at = clock_mono_s();
+        end_bar_();
+        if (g.reconnect > 0)
+            errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)", g.reconnect);
+        g.quiet = 1;
+    }
+    if (clock_mono_s() - *lost_at < g.reconnect) {
+        struct timespec one = {1, 0};
+        nanosleep(&one, NULL);
+        return 1;
+    }
+    if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
+    return 0;
+}
+
+/* The watched run ended: say how; its exit status (0 completed, 1
+ * failed, 3 stopped). */
+static int watch_end_(const M6__RunInfo *r)
+{
+    end_bar_();
+    if (!g.json) {
+        printf("run %lld %s at step %lld", (long long)r->id, views_state_str(r->state),
+               (long long)r->step);
+        if (r->error && *r->error) printf(": %s", r->error);
+        printf("\n");
+    }
+    return r->state == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
+           : r->state == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
+                                                           : EXIT_ERR;
+}
+
 static int cmd_watch_(int argc, char **argv)
 {
     int tty = isatty(STDOUT_FILENO) && !g.json;
@@ -584,21 +621,7 @@ static int cmd_watch_(int argc, char **argv)
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
         if (!resp && g.transport_err) {
-            /* m6d restarting (systemd, an upgrade): keep trying. */
-            if (lost_at < 0) {
-                lost_at = clock_mono_s();
-                end_bar_();
-                if (g.reconnect > 0)
-                    errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)",
-                          g.reconnect);
-                g.quiet = 1;
-            }
-            if (clock_mono_s() - lost_at < g.reconnect) {
-                struct timespec one = {1, 0};
-                nanosleep(&one, NULL);
-                continue;
-            }
-            if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
+            if (watch_retry_(&lost_at)) continue;
             return EXIT_UNREACHABLE;
         }
         if (!resp) {
@@ -659,18 +682,9 @@ static int cmd_watch_(int argc, char **argv)
         last_step = r->step;
         last_state = r->state;
         if (views_terminal(r->state)) {
-            M6__RunState s = r->state;
-            end_bar_();
-            if (!g.json) {
-                printf("run %lld %s at step %lld", (long long)r->id, views_state_str(s),
-                       (long long)r->step);
-                if (r->error && *r->error) printf(": %s", r->error);
-                printf("\n");
-            }
+            int rc = watch_end_(r);
             m6__response__free_unpacked(resp, NULL);
-            return s == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
-                   : s == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
-                                                           : EXIT_ERR;
+            return rc;
         }
         m6__response__free_unpacked(resp, NULL);
         struct timespec ts = {(time_t)g.interval,
@@ -1039,21 +1053,84 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
     return 0;
 }
 
+enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP,
+       O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
+static const struct option opts_[] = {
+    {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
+    {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
+    {"val-fraction", required_argument, 0, O_VALF},
+    {"shard-tokens", required_argument, 0, O_SHARD},
+    {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
+    {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
+    {"device-memory", required_argument, 0, O_DEVMEM},
+    {"reconnect", required_argument, 0, O_RECONNECT},
+    {"daemon", no_argument, 0, O_DAEMON},
+    {0, 0, 0, 0},
+};
+
+/* One option ch of cmd (getopt's pass 2; opt: the argument that named it):
+ * 0, or EXIT_USAGE with the error said (a bad value, or an option the
+ * command does not take). */
+static int command_option_(const command *cmd, int ch, const char *opt, int *nocolor,
+                           int *help)
+{
+    int ok = 1;
+    switch (ch) {
+    case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
+    case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
+    case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
+    case O_NOCOLOR: *nocolor = 1; break;
+    case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
+    case O_VALF:
+        ok = cmd->flags & F_PREPARE;
+        if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
+        break;
+    case O_SHARD: {
+        /* a shard's header counts its tokens in an int32 */
+        double v = 0;
+        ok = cmd->flags & F_PREPARE;
+        if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
+            return EXIT_USAGE;
+        g.shard_tokens = (long)v;
+        break;
+    }
+    case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
+    case O_RECONNECT:
+        ok = cmd->flags & F_WATCH;
+        if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
+        break;
+    case O_INTERVAL:
+        ok = cmd->flags & F_WATCH;
+        if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
+        break;
+    case O_DEVMEM:
+        ok = cmd->flags & F_PLAN;
+        if (ok) {
+            int rc = spec_parse_size(optarg, &g.device_memory);
+            if (rc == -2) {
+                errf_("--device-memory: \"%s\" is too large", optarg);
+                return EXIT_USAGE;
+            }
+            if (rc != 0 || g.device_memory == 0) {
+                errf_("--device-memory: want a size above 0 such as 8GiB "
+                      "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
+                      optarg);
+                return EXIT_USAGE;
+            }
+        }
+        break;
+    case 'h': case O_HELP: *help = 1; break;
+    default: command_usage_(stderr, cmd); return EXIT_USAGE;
+    }
+    if (!ok) {
+        errf_("%s: option %s does not apply", cmd->name, opt);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
-    static const struct option opts[] = {
-        {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
-        {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
-        {"val-fraction", required_argument, 0, O_VALF},
-        {"shard-tokens", required_argument, 0, O_SHARD},
-        {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
-        {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
-        {"device-memory", required_argument, 0, O_DEVMEM},
-        {"reconnect", required_argument, 0, O_RECONNECT},
-        {"daemon", no_argument, 0, O_DAEMON},
-        {0, 0, 0, 0},
-    };
     argv[0] = (char *)"m6ctl";  /* getopt's own messages */
     /* A daemon that stops mid-watch must give an error, not kill us. */
     signal(SIGPIPE, SIG_IGN);
@@ -1065,7 +1142,7 @@ int main(int argc, char **argv)
     int help = 0;
     int ch;
     opterr = 1;
-    while ((ch = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+h", opts_, NULL)) != -1) {
         switch (ch) {
         case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
         case O_JSON: g.json = 1; break;
@@ -1092,59 +1169,9 @@ int main(int argc, char **argv)
     char **cargv = argv + optind;
     cargv[0] = (char *)"m6ctl";  /* getopt's messages name m6ctl */
     optind = 0;  /* glibc: 0 re-initialises getopt for the new argv */
-    while ((ch = getopt_long(cargc, cargv, "h", opts, NULL)) != -1) {
-        int ok = 1;
-        switch (ch) {
-        case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
-        case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
-        case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
-        case O_NOCOLOR: nocolor = 1; break;
-        case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
-        case O_VALF:
-            ok = cmd->flags & F_PREPARE;
-            if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
-            break;
-        case O_SHARD: {
-            /* a shard's header counts its tokens in an int32 */
-            double v = 0;
-            ok = cmd->flags & F_PREPARE;
-            if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
-                return EXIT_USAGE;
-            g.shard_tokens = (long)v;
-            break;
-        }
-        case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
-        case O_RECONNECT:
-            ok = cmd->flags & F_WATCH;
-            if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
-            break;
-        case O_INTERVAL:
-            ok = cmd->flags & F_WATCH;
-            if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
-            break;
-        case O_DEVMEM:
-            ok = cmd->flags & F_PLAN;
-            if (ok) {
-                int rc = spec_parse_size(optarg, &g.device_memory);
-                if (rc == -2) {
-                    errf_("--device-memory: \"%s\" is too large", optarg);
-                    return EXIT_USAGE;
-                }
-                if (rc != 0 || g.device_memory == 0) {
-                    errf_("--device-memory: want a size above 0 such as 8GiB "
-                          "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
-                          optarg);
-                    return EXIT_USAGE;
-                }
-            }
-            break;
-        case 'h': case O_HELP: help = 1; break;
-        default: command_usage_(stderr, cmd); return EXIT_USAGE;
-        }
-        if (!ok) {
-            errf_("%s: option %s does not apply", cmd->name, cargv[optind - 1]);
-            return EXIT_USAGE;
-        }
+    while ((ch = getopt_long(cargc, cargv, "h", opts_, NULL)) != -1) {
+        int rc = command_option_(cmd, ch, cargv[optind - 1], &nocolor, &help);
+        if (rc) return rc;
     }
     if (help) {
         command_usage_(stdout, cmd);
