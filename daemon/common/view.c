@@ -343,92 +343,95 @@ void view_begin(view_out *o)
     }
 }
 
-void view_row(view_out *o, const void *row)
+/* One row as text: a table line, "label: value" lines or one line. */
+static void text_row_(view_out *o, const void *row)
 {
-    const view *vw = o->v;
     char buf[160];
     int first = 1;
+    for (int k = 0; k < o->v->n; k++) {
+        const view_field *fd = &o->v->fields[k];
+        const char *key = o->form == VIEW_TABLE ? fd->head : fd->label;
+        if (!key)
+            continue;
+        view_val v;
+        get_(fd, row, &v);
+        if (o->form == VIEW_RECORDS && v.null && !v.text && (fd->flags & VIEW_OMIT_NULL)) {
+            release_(&v);
+            continue;
+        }
+        const char *t = text_(fd, &v, buf, sizeof buf);
+        view_field bare = *fd; /* records and lines: not padded */
+        bare.width = 0;
+        if (o->form == VIEW_RECORDS) {
+            char lab[64];
+            snprintf(lab, sizeof lab, "%s:", key);
+            fprintf(o->f, "%-14s", lab);
+            cell_(o, &bare, t, v.color);
+            fputc('\n', o->f);
+        } else {
+            if (!first)
+                fputc(' ', o->f);
+            if (o->form == VIEW_LINE && *key)
+                fprintf(o->f, "%s ", key);
+            cell_(o, o->form == VIEW_TABLE ? fd : &bare, t, v.color);
+        }
+        first = 0;
+        release_(&v);
+    }
+    if (o->form == VIEW_TABLE)
+        fputc('\n', o->f);
+}
+
+/* One row as a CSV line: unknown values empty. */
+static void csv_row_(view_out *o, const void *row)
+{
+    char buf[48];
+    int first = 1;
+    for (int k = 0; k < o->v->n; k++) {
+        const view_field *fd = &o->v->fields[k];
+        if (!in_csv_(fd))
+            continue;
+        view_val v;
+        get_(fd, row, &v);
+        if (!first)
+            fputc(',', o->f);
+        first = 0;
+        if (v.null) {
+            /* empty */
+        } else if (fd->type == VIEW_INT) {
+            fprintf(o->f, "%lld", v.i);
+        } else if (is_float_(fd->type)) {
+            fputs(view_shortest(buf, sizeof buf, v.d, fd->type == VIEW_F32), o->f);
+        } else if (fd->type == VIEW_STR) {
+            csv_cell_(o->f, v.s);
+        } else {
+            char *s = v.j ? json_dumps(v.j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+            csv_cell_(o->f, s ? s : "");
+            free(s);
+        }
+        release_(&v);
+    }
+    fputc('\n', o->f);
+}
+
+void view_row(view_out *o, const void *row)
+{
     switch (o->form) {
     case VIEW_TABLE:
     case VIEW_RECORDS:
     case VIEW_LINE:
-        for (int k = 0; k < vw->n; k++) {
-            const view_field *fd = &vw->fields[k];
-            const char *key = o->form == VIEW_TABLE ? fd->head : fd->label;
-            if (!key)
-                continue;
-            view_val v;
-            get_(fd, row, &v);
-            if (o->form == VIEW_RECORDS && v.null && !v.text &&
-                (fd->flags & VIEW_OMIT_NULL)) {
-                release_(&v);
-                continue;
-            }
-            const char *t = text_(fd, &v, buf, sizeof buf);
-            if (o->form == VIEW_TABLE) {
-                if (!first)
-                    fputc(' ', o->f);
-                cell_(o, fd, t, v.color);
-            } else if (o->form == VIEW_RECORDS) {
-                char lab[64];
-                snprintf(lab, sizeof lab, "%s:", key);
-                fprintf(o->f, "%-14s", lab);
-                view_field bare = *fd;
-                bare.width = 0;
-                cell_(o, &bare, t, v.color);
-                fputc('\n', o->f);
-            } else {
-                if (!first)
-                    fputc(' ', o->f);
-                if (*key)
-                    fprintf(o->f, "%s ", key);
-                view_field bare = *fd;
-                bare.width = 0;
-                cell_(o, &bare, t, v.color);
-            }
-            first = 0;
-            release_(&v);
-        }
-        if (o->form == VIEW_TABLE)
-            fputc('\n', o->f);
+        text_row_(o, row);
         break;
     case VIEW_CSV:
-        for (int k = 0; k < vw->n; k++) {
-            const view_field *fd = &vw->fields[k];
-            if (!in_csv_(fd))
-                continue;
-            view_val v;
-            get_(fd, row, &v);
-            if (!first)
-                fputc(',', o->f);
-            first = 0;
-            if (v.null) {
-                /* empty */
-            } else if (fd->type == VIEW_INT) {
-                fprintf(o->f, "%lld", v.i);
-            } else if (is_float_(fd->type)) {
-                fputs(view_shortest(buf, sizeof buf, v.d, fd->type == VIEW_F32), o->f);
-            } else if (fd->type == VIEW_STR) {
-                csv_cell_(o->f, v.s);
-            } else {
-                char *s = v.j ? json_dumps(v.j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
-                csv_cell_(o->f, s ? s : "");
-                free(s);
-            }
-            release_(&v);
-        }
-        fputc('\n', o->f);
+        csv_row_(o, row);
         break;
     case VIEW_JSON_ARRAY:
         fputs(o->rows ? ",\n  " : "\n  ", o->f);
-        json_object_(o->f, vw, row, 1, 0);
+        json_object_(o->f, o->v, row, 1, 0);
         break;
     case VIEW_JSON_OBJECT:
-        json_object_(o->f, vw, row, 0, 0);
-        fputc('\n', o->f);
-        break;
     case VIEW_JSON_LINES:
-        json_object_(o->f, vw, row, 0, 1);
+        json_object_(o->f, o->v, row, 0, o->form == VIEW_JSON_LINES);
         fputc('\n', o->f);
         break;
     }
