@@ -1,8 +1,9 @@
 /*
  * m6ctl.c — the operator's CLI for m6d. Table-driven: every subcommand is one
- * {name, handler, flags, usage, help} row; human and --json output come from
- * the same values; colour only on a tty; the exit code tells the truth
- * (0 ok, 1 error or run failed, 2 usage, 3 run stopped, 4 m6d unreachable).
+ * {name, handler, flags, usage, help} row; what it prints is one field table
+ * per view (views.c), rendered as text, --json or --csv by common/view.c;
+ * colour only on a tty; the exit code tells the truth (0 ok, 1 error or run
+ * failed, 2 usage, 3 run stopped, 4 m6d unreachable).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,6 +29,7 @@
 #include "offload/offload.h"
 #include "client/corpus/corpus.h"
 #include "train/spec.h"
+#include "views.h"
 
 /* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
  * does not know included) or the watched run failed; 2 usage (a malformed
@@ -249,162 +251,41 @@ static int parse_run_(const char *arg, M6__RunRef *ref)
 
 /* --------------------------------------------------------------- rendering */
 
-static const char *state_str_(M6__RunState s)
+/* The forms of the views (views.h) that the options ask for. */
+
+/* The output form of the run views: --json (one object, or one line each
+ * for watch), else text (form). */
+static view_out run_out_(view_form text_form, int lines)
 {
-    switch (s) {
-    case M6__RUN_STATE__RUN_STATE_QUEUED: return "queued";
-    case M6__RUN_STATE__RUN_STATE_RUNNING: return "running";
-    case M6__RUN_STATE__RUN_STATE_PAUSED: return "paused";
-    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "completed";
-    case M6__RUN_STATE__RUN_STATE_FAILED: return "failed";
-    case M6__RUN_STATE__RUN_STATE_STOPPED: return "stopped";
-    default: return "unknown";
-    }
-}
-
-static const char *state_color_(M6__RunState s)
-{
-    if (!g.color) return "";
-    switch (s) {
-    case M6__RUN_STATE__RUN_STATE_RUNNING: return "\033[32m";
-    case M6__RUN_STATE__RUN_STATE_PAUSED: return "\033[33m";
-    case M6__RUN_STATE__RUN_STATE_FAILED: return "\033[31m";
-    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "\033[1m";
-    default: return "\033[2m";
-    }
-}
-#define RESET_ (g.color ? "\033[0m" : "")
-
-static const char *phase_str_(M6__Phase p)
-{
-    return p == M6__PHASE__PHASE_REAL ? "real" : "pseudo";
-}
-
-static json_t *jnum_(double v) { return isnan(v) || isinf(v) ? json_null() : json_real(v); }
-
-static json_t *jcount_(int64_t v) { return v < 0 ? json_null() : json_integer(v); }
-
-/* "157.1 MiB" */
-static void fmt_bytes_(char *buf, size_t n, double v)
-{
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, n, "%.4g %s", v, unit[u]);
-}
-
-static json_t *run_json_(const M6__RunInfo *r)
-{
-    json_t *o = json_object();
-    json_object_set_new(o, "id", json_integer(r->id));
-    json_object_set_new(o, "name", json_string(r->name));
-    json_object_set_new(o, "state", json_string(state_str_(r->state)));
-    json_object_set_new(o, "phase", json_string(phase_str_(r->phase)));
-    json_object_set_new(o, "step", json_integer(r->step));
-    json_object_set_new(o, "total_steps", json_integer(r->total_steps));
-    json_object_set_new(o, "train_loss", jnum_(r->train_loss));
-    json_object_set_new(o, "val_loss", jnum_(r->val_loss));
-    json_object_set_new(o, "tokens_per_s", json_real(r->tokens_per_s));
-    json_object_set_new(o, "lr", jnum_(r->lr));
-    json_object_set_new(o, "pseudo_steps", json_integer(r->pseudo_steps));
-    json_object_set_new(o, "delink_step",
-                        r->delink_step >= 0 ? json_integer(r->delink_step) : json_null());
-    json_object_set_new(o, "checkpoint_step",
-                        r->checkpoint_step >= 0 ? json_integer(r->checkpoint_step) : json_null());
-    json_object_set_new(o, "eta_s", r->eta_s >= 0 ? json_real(r->eta_s) : json_null());
-    json_object_set_new(o, "created", json_real(r->created));
-    json_object_set_new(o, "updated", json_real(r->updated));
-    json_object_set_new(o, "error", r->error && *r->error ? json_string(r->error) : json_null());
-    json_object_set_new(o, "resident_slots", json_integer(r->resident_slots));
-    json_object_set_new(o, "offloaded_slots", json_integer(r->offloaded_slots));
-    json_object_set_new(o, "device_bytes_in_use", json_integer(r->device_bytes_in_use));
-    json_object_set_new(o, "peak_device_bytes", json_integer(r->peak_device_bytes));
-    json_object_set_new(o, "device_budget_bytes", json_integer(r->device_budget_bytes));
-    json_object_set_new(o, "h2d_gbps", jnum_(r->h2d_gbps));
-    json_object_set_new(o, "d2h_gbps", jnum_(r->d2h_gbps));
-    json_object_set_new(o, "copy_hidden_fraction", jnum_(r->copy_hidden_fraction));
+    view_out o = {.f = stdout, .v = &views_run, .color = g.color, .form = text_form};
+    if (g.json) o.form = lines ? VIEW_JSON_LINES : VIEW_JSON_OBJECT;
     return o;
 }
 
-static void print_json_(json_t *v)
+static void print_run_(const M6__RunInfo *r, const char *message)
 {
-    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (s) puts(s);
-    free(s);
-    json_decref(v);
+    views_run_row row = {.r = r, .message = message, .watch_eta = -1};
+    view_out o = run_out_(VIEW_RECORDS, 0);
+    view_begin(&o);
+    view_row(&o, &row);
+    view_end(&o);
 }
 
-static void fmt_loss_(char *buf, size_t n, double v)
+/* One row of a view: --json an indented object, else its line. */
+static void print_one_(const view *v, const void *row)
 {
-    if (isnan(v)) snprintf(buf, n, "-");
-    else snprintf(buf, n, "%.4f", v);
+    view_out o = {.f = stdout, .v = v, .form = g.json ? VIEW_JSON_OBJECT : VIEW_LINE};
+    view_row(&o, row);
+    if (!g.json) fputc('\n', stdout);
 }
 
-/* Seconds as "42s", "3m05s" or "2h07m": rounded to whole seconds (or
- * minutes) first, so 179.6 s is "3m00s", not "2m60s". */
-static void fmt_eta_(char *buf, size_t n, double s)
+/* The form of a stream of rows: --json, --csv or a text table. */
+static view_out rows_out_(const view *v)
 {
-    if (s < 0) {
-        snprintf(buf, n, "-");
-        return;
-    }
-    long long t = llround(s);
-    if (t < 60) snprintf(buf, n, "%llds", t);
-    else if (t < 3600) snprintf(buf, n, "%lldm%02llds", t / 60, t % 60);
-    else {
-        long long m = llround(s / 60);
-        snprintf(buf, n, "%lldh%02lldm", m / 60, m % 60);
-    }
-}
-
-/* "offload: 4/6 slots offloaded, peak 157.1 MiB of 160 MiB budget, h2d
- * 3.2 GB/s, 87% of copy time hidden"; nothing before the run has a sample. */
-static void print_offload_(const M6__RunInfo *r)
-{
-    int n = r->resident_slots + r->offloaded_slots;
-    char pk[32], bud[32];
-    if (n <= 0) return;
-    fmt_bytes_(pk, sizeof pk, (double)r->peak_device_bytes);
-    if (r->device_budget_bytes <= 0) {
-        printf("offload:      off (no budget): %d/%d slots resident, device %s\n",
-               r->resident_slots, n, pk);
-        return;
-    }
-    fmt_bytes_(bud, sizeof bud, (double)r->device_budget_bytes);
-    printf("offload:      %d/%d slots offloaded, peak %s of %s budget", r->offloaded_slots, n,
-           pk, bud);
-    if (!isnan(r->h2d_gbps)) printf(", h2d %.3g GB/s", r->h2d_gbps);
-    if (!isnan(r->d2h_gbps)) printf(", d2h %.3g GB/s", r->d2h_gbps);
-    if (!isnan(r->copy_hidden_fraction))
-        printf(", %.0f%% of copy time hidden", 100.0 * r->copy_hidden_fraction);
-    else
-        printf(", no copies in the last step");
-    printf("\n");
-}
-
-static void print_run_(const M6__RunInfo *r)
-{
-    char tl[32], vl[32], eta[32];
-    fmt_loss_(tl, sizeof tl, r->train_loss);
-    fmt_loss_(vl, sizeof vl, r->val_loss);
-    fmt_eta_(eta, sizeof eta, r->eta_s);
-    printf("id:           %lld\n", (long long)r->id);
-    printf("name:         %s\n", r->name);
-    printf("state:        %s%s%s\n", state_color_(r->state), state_str_(r->state), RESET_);
-    printf("phase:        %s", phase_str_(r->phase));
-    if (r->delink_step >= 0) printf(" (delinked at step %lld)", (long long)r->delink_step);
-    else if (r->pseudo_steps > 0) printf(" (delink at step %lld)", (long long)r->pseudo_steps);
-    printf("\nstep:         %lld/%lld\n", (long long)r->step, (long long)r->total_steps);
-    printf("train_loss:   %s\nval_loss:     %s\n", tl, vl);
-    printf("tokens_per_s: %.0f\n", r->tokens_per_s);
-    printf("eta:          %s\n", eta);
-    if (r->checkpoint_step >= 0)
-        printf("checkpoint:   step %lld\n", (long long)r->checkpoint_step);
-    print_offload_(r);
-    if (r->error && *r->error) printf("error:        %s\n", r->error);
+    view_out o = {.f = stdout, .v = v, .color = g.color, .form = VIEW_TABLE};
+    if (g.json) o.form = VIEW_JSON_ARRAY;
+    else if (g.csv) o.form = VIEW_CSV;
+    return o;
 }
 
 /* ---------------------------------------------------------------- commands */
@@ -524,14 +405,7 @@ static int cmd_submit_(int argc, char **argv)
     M6__Response *resp = request_(&rq);
     free(buf);
     if (!resp) return EXIT_ERR;
-    if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "id", json_integer(resp->submit->run_id));
-        json_object_set_new(o, "name", json_string(resp->submit->name));
-        print_json_(o);
-    } else {
-        printf("%lld\n", (long long)resp->submit->run_id);
-    }
+    print_one_(&views_submit, resp->submit);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }
@@ -545,24 +419,14 @@ static int cmd_list_(int argc, char **argv)
     M6__Response *resp = request_(&rq);
     if (!resp) return EXIT_ERR;
     M6__RunList *l = resp->list;
-    if (g.json) {
-        json_t *a = json_array();
-        for (size_t i = 0; l && i < l->n_runs; i++) json_array_append_new(a, run_json_(l->runs[i]));
-        print_json_(a);
-    } else {
-        printf("%-5s %-20s %-10s %-7s %-13s %-9s %-9s %s\n", "ID", "NAME", "STATE",
-               "PHASE", "STEP", "LOSS", "VAL", "TOK/S");
-        for (size_t i = 0; l && i < l->n_runs; i++) {
-            const M6__RunInfo *r = l->runs[i];
-            char step[40], tl[32], vl[32];
-            snprintf(step, sizeof step, "%lld/%lld", (long long)r->step, (long long)r->total_steps);
-            fmt_loss_(tl, sizeof tl, r->train_loss);
-            fmt_loss_(vl, sizeof vl, r->val_loss);
-            printf("%-5lld %-20.20s %s%-10s%s %-7s %-13s %-9s %-9s %.0f\n", (long long)r->id,
-                   r->name, state_color_(r->state), state_str_(r->state), RESET_,
-                   phase_str_(r->phase), step, tl, vl, r->tokens_per_s);
-        }
+    view_out o = run_out_(VIEW_TABLE, 0);
+    if (g.json) o.form = VIEW_JSON_ARRAY;
+    view_begin(&o);
+    for (size_t i = 0; l && i < l->n_runs; i++) {
+        views_run_row row = {.r = l->runs[i], .watch_eta = -1};
+        view_row(&o, &row);
     }
+    view_end(&o);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }
@@ -571,8 +435,7 @@ static int cmd_status_(int argc, char **argv)
 {
     M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
     if (!resp) return EXIT_ERR;
-    if (g.json) print_json_(run_json_(resp->run));
-    else print_run_(resp->run);
+    print_run_(resp->run, NULL);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }
@@ -581,13 +444,8 @@ static int command_(M6__Request__BodyCase which, const char *arg)
 {
     M6__Response *resp = run_request_(which, arg);
     if (!resp) return EXIT_ERR;
-    if (g.json) {
-        json_t *o = run_json_(resp->run);
-        json_object_set_new(o, "message", json_string(resp->message));
-        print_json_(o);
-    } else {
-        printf("%s\n", resp->message);
-    }
+    if (g.json) print_run_(resp->run, resp->message);
+    else printf("%s\n", resp->message);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }
@@ -602,12 +460,6 @@ static int same_loss_(double a, double b)
     return (isnan(a) && isnan(b)) || a == b;
 }
 
-static int terminal_(M6__RunState s)
-{
-    return s == M6__RUN_STATE__RUN_STATE_COMPLETED || s == M6__RUN_STATE__RUN_STATE_FAILED ||
-           s == M6__RUN_STATE__RUN_STATE_STOPPED;
-}
-
 /* A watch event: one JSON line {"event", "step"[, "last_seen_step"]}
  * with --json (last_seen < 0: none), else the printf-formatted text. */
 static void print_event_(const char *event, long long step, long last_seen,
@@ -617,15 +469,9 @@ static void print_event_(const char *event, long long step, long last_seen,
 {
     end_bar_();
     if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "event", json_string(event));
-        json_object_set_new(o, "step", json_integer(step));
-        if (last_seen >= 0)
-            json_object_set_new(o, "last_seen_step", json_integer(last_seen));
-        char *js = json_dumps(o, JSON_COMPACT);
-        puts(js);
-        free(js);
-        json_decref(o);
+        views_watch_event_row e = {event, step, last_seen};
+        view_out o = {.f = stdout, .v = &views_watch_event, .form = VIEW_JSON_LINES};
+        view_row(&o, &e);
         return;
     }
     va_list ap;
@@ -641,6 +487,124 @@ static void watch_sigint_(int sig)
     _exit(130);
 }
 
+/* watch's ETA: the steps left at the rate watch saw over its recent
+ * polls, not m6d's estimate (an average that still carries the slow first
+ * steps, which made early ETAs overshoot). A window of the polls of the
+ * last ETA_WINDOW_S seconds; until it spans ETA_MIN_S seconds and a step,
+ * m6d's estimate. Restarted when the run is not running or went back. */
+enum { ETA_POLLS_ = 256 };
+#define ETA_WINDOW_S 30.0
+#define ETA_MIN_S 2.0
+
+typedef struct {
+    double t[ETA_POLLS_];
+    long long step[ETA_POLLS_];
+    int head, n;
+} eta_window_;
+
+static double watch_eta_(eta_window_ *w, const M6__RunInfo *r, double now)
+{
+    int last = (w->head + ETA_POLLS_ - 1) % ETA_POLLS_;
+    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING || (w->n && r->step < w->step[last]))
+        w->n = 0;
+    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING) return r->eta_s;
+    w->t[w->head] = now;
+    w->step[w->head] = r->step;
+    w->head = (w->head + 1) % ETA_POLLS_;
+    if (w->n < ETA_POLLS_) w->n++;
+    /* the oldest poll still inside the window */
+    int oldest = (w->head + ETA_POLLS_ - w->n) % ETA_POLLS_;
+    while (w->n > 1 && now - w->t[oldest] > ETA_WINDOW_S) {
+        oldest = (oldest + 1) % ETA_POLLS_;
+        w->n--;
+    }
+    double dt = now - w->t[oldest];
+    long long ds = r->step - w->step[oldest];
+    if (dt < ETA_MIN_S || ds < 1) return r->eta_s;
+    return (double)(r->total_steps - r->step) * dt / (double)ds;
+}
+
+/* One status line of watch: a \r-redrawn bar on a tty, else a line. */
+static void watch_line_(const M6__RunInfo *r, double eta, int tty)
+{
+    views_run_row row = {.r = r, .watch_eta = eta};
+    view_out o = {.f = stdout, .v = &views_watch_line, .form = VIEW_LINE, .color = g.color};
+    if (tty) {
+        int width = 30;
+        double frac = r->total_steps > 0 ? (double)r->step / (double)r->total_steps : 0;
+        int fill = (int)(frac * width);
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
+        bar[width] = 0;
+        printf("\r\033[K[%s] ", bar);
+    }
+    view_row(&o, &row);
+    if (tty) g.bar_open = 1;
+    else fputc('\n', stdout);
+}
+
+/* The watched run's identity: the same id may be another run after m6d
+ * restarted on another state directory. */
+static int same_run_(const M6__RunInfo *r, double *created, char *name, size_t len)
+{
+    if (*created < 0) {
+        *created = r->created;
+        snprintf(name, len, "%s", r->name ? r->name : "");
+        return 1;
+    }
+    if (r->created == *created && strcmp(name, r->name ? r->name : "") == 0) return 1;
+    char a[32], b[32];
+    const view_field *at = view_field_named(&views_run, "created");
+    views_run_row row = {.r = r};
+    M6__RunInfo then = *r;
+    then.created = *created;
+    views_run_row row0 = {.r = &then};
+    view_text(a, sizeof a, at, &row);
+    view_text(b, sizeof b, at, &row0);
+    end_bar_();
+    errf_("run %lld on this m6d is another run (\"%s\", created %s) than the "
+          "one watched (\"%s\", created %s): was m6d restarted on another "
+          "state directory?", (long long)r->id, r->name, a, name, b);
+    return 0;
+}
+
+/* m6d unreachable mid-watch (restarting: systemd, an upgrade): keep
+ * trying for --reconnect seconds from *lost_at (set at the first failure).
+ * 1: try again, a second later; 0: give up (said). */
+static int watch_retry_(double *lost_at)
+{
+    if (*lost_at < 0) {
+        *lost_at = clock_mono_s();
+        end_bar_();
+        if (g.reconnect > 0)
+            errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)", g.reconnect);
+        g.quiet = 1;
+    }
+    if (clock_mono_s() - *lost_at < g.reconnect) {
+        struct timespec one = {1, 0};
+        nanosleep(&one, NULL);
+        return 1;
+    }
+    if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
+    return 0;
+}
+
+/* The watched run ended: say how; its exit status (0 completed, 1
+ * failed, 3 stopped). */
+static int watch_end_(const M6__RunInfo *r)
+{
+    end_bar_();
+    if (!g.json) {
+        printf("run %lld %s at step %lld", (long long)r->id, views_state_str(r->state),
+               (long long)r->step);
+        if (r->error && *r->error) printf(": %s", r->error);
+        printf("\n");
+    }
+    return r->state == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
+           : r->state == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
+                                                           : EXIT_ERR;
+}
+
 static int cmd_watch_(int argc, char **argv)
 {
     int tty = isatty(STDOUT_FILENO) && !g.json;
@@ -653,24 +617,11 @@ static int cmd_watch_(int argc, char **argv)
     double lost_at = -1;  /* when m6d became unreachable; -1: reachable */
     double created = -1;  /* the watched run's identity: creation time... */
     char name[256] = "";  /* ...and name (ids restart in a new state dir) */
+    static eta_window_ win;
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
         if (!resp && g.transport_err) {
-            /* m6d restarting (systemd, an upgrade): keep trying. */
-            if (lost_at < 0) {
-                lost_at = clock_mono_s();
-                end_bar_();
-                if (g.reconnect > 0)
-                    errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)",
-                          g.reconnect);
-                g.quiet = 1;
-            }
-            if (clock_mono_s() - lost_at < g.reconnect) {
-                struct timespec one = {1, 0};
-                nanosleep(&one, NULL);
-                continue;
-            }
-            if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
+            if (watch_retry_(&lost_at)) continue;
             return EXIT_UNREACHABLE;
         }
         if (!resp) {
@@ -678,14 +629,7 @@ static int cmd_watch_(int argc, char **argv)
             return EXIT_ERR;
         }
         const M6__RunInfo *r = resp->run;
-        if (created < 0) {
-            created = r->created;
-            snprintf(name, sizeof name, "%s", r->name ? r->name : "");
-        } else if (r->created != created || strcmp(name, r->name ? r->name : "") != 0) {
-            end_bar_();
-            errf_("run %lld on this m6d is another run (\"%s\", created %.0f) than the "
-                  "one watched (\"%s\", created %.0f): was m6d restarted on another "
-                  "state directory?", (long long)r->id, r->name, r->created, name, created);
+        if (!same_run_(r, &created, name, sizeof name)) {
             m6__response__free_unpacked(resp, NULL);
             return EXIT_ERR;
         }
@@ -696,7 +640,8 @@ static int cmd_watch_(int argc, char **argv)
         }
         /* Report the delink once: as it happens, or on attach if it already
          * happened (a fast run may pass it before watch starts). */
-        if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0) {
+        if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0 &&
+            r->pseudo_steps != 0) {
             print_event_("delink", r->delink_step, -1,
                          "delinked at step %lld\n", (long long)r->delink_step);
         }
@@ -709,39 +654,22 @@ static int cmd_watch_(int argc, char **argv)
         }
         last_phase = r->phase == M6__PHASE__PHASE_REAL;
         int changed = r->step != last_step || r->state != last_state;
-        char tl[32], vl[32], eta[32];
-        fmt_loss_(tl, sizeof tl, r->train_loss);
-        fmt_loss_(vl, sizeof vl, r->val_loss);
-        fmt_eta_(eta, sizeof eta, r->eta_s);
+        double eta = watch_eta_(&win, r, clock_mono_s());
         if (g.json && changed) {
-            json_t *o = run_json_(r);
-            char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-            puts(s);
-            free(s);
-            json_decref(o);
+            view_out o = run_out_(VIEW_RECORDS, 1);
+            views_run_row row = {.r = r, .watch_eta = eta};
+            view_row(&o, &row);
         } else if (tty) {
-            int width = 30;
-            double frac = r->total_steps > 0 ? (double)r->step / (double)r->total_steps : 0;
-            int fill = (int)(frac * width);
-            char bar[64];
-            for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
-            bar[width] = 0;
-            printf("\r\033[K[%s] %lld/%lld %s%s%s %s loss %s val %s %.0f tok/s ETA %s", bar,
-                   (long long)r->step, (long long)r->total_steps, state_color_(r->state),
-                   state_str_(r->state), RESET_, phase_str_(r->phase), tl, vl,
-                   r->tokens_per_s, eta);
-            g.bar_open = 1;
+            watch_line_(r, eta, 1);
         } else if (changed && (r->state != last_state || (int)r->phase != last_phase_seen ||
-                               !same_loss_(r->val_loss, last_val) || terminal_(r->state) ||
+                               !same_loss_(r->val_loss, last_val) || views_terminal(r->state) ||
                                clock_mono_s() - last_print >= 10.0)) {
             /* Not a tty (a log): one line per eval, phase or state change,
              * and at least every 10 s, not one per step. */
             last_print = clock_mono_s();
             last_val = r->val_loss;
             last_phase_seen = (int)r->phase;
-            printf("step %lld/%lld %s %s loss %s val %s tok/s %.0f eta %s\n", (long long)r->step,
-                   (long long)r->total_steps, state_str_(r->state), phase_str_(r->phase), tl,
-                   vl, r->tokens_per_s, eta);
+            watch_line_(r, eta, 0);
         }
         if (!g.json && r->state != last_state &&
             r->state == M6__RUN_STATE__RUN_STATE_PAUSED && r->error && *r->error) {
@@ -753,19 +681,10 @@ static int cmd_watch_(int argc, char **argv)
         fflush(stdout);
         last_step = r->step;
         last_state = r->state;
-        if (terminal_(r->state)) {
-            M6__RunState s = r->state;
-            end_bar_();
-            if (!g.json) {
-                printf("run %lld %s at step %lld", (long long)r->id, state_str_(s),
-                       (long long)r->step);
-                if (r->error && *r->error) printf(": %s", r->error);
-                printf("\n");
-            }
+        if (views_terminal(r->state)) {
+            int rc = watch_end_(r);
             m6__response__free_unpacked(resp, NULL);
-            return s == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
-                   : s == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
-                                                           : EXIT_ERR;
+            return rc;
         }
         m6__response__free_unpacked(resp, NULL);
         struct timespec ts = {(time_t)g.interval,
@@ -774,87 +693,85 @@ static int cmd_watch_(int argc, char **argv)
     }
 }
 
+/* Rows per metrics page m6ctl asks for: small pages keep each of m6d's
+ * reads (on its thread pool, under the state database's lock) short. */
+enum { METRICS_PAGE_ = 2000 };
+
+/* A run's metrics, every row, streamed page by page (after_step = the last
+ * step received, while m6d says more follow). */
 static int cmd_metrics_(int argc, char **argv)
 {
     M6__RunRef ref;
     if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
-    M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
-    q.run = &ref;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_METRICS;
-    rq.metrics = &q;
-    M6__Response *resp = request_(&rq);
-    if (!resp) return EXIT_ERR;
-    M6__MetricRows *m = resp->metrics;
-    if (g.json) {
-        json_t *a = json_array();
-        for (size_t i = 0; i < m->n_rows; i++) {
-            const M6__MetricRow *r = m->rows[i];
-            json_t *o = json_object();
-            json_object_set_new(o, "step", json_integer(r->step));
-            json_object_set_new(o, "phase", json_string(phase_str_(r->phase)));
-            json_object_set_new(o, "train_loss", jnum_(r->train_loss));
-            json_object_set_new(o, "val_loss", jnum_(r->val_loss));
-            json_object_set_new(o, "lr", jnum_(r->lr));
-            json_object_set_new(o, "tokens_per_s", jnum_(r->tokens_per_s));
-            json_object_set_new(o, "grad_norm", jnum_(r->grad_norm));
-            json_object_set_new(o, "resident_slots", jcount_(r->resident_slots));
-            json_object_set_new(o, "offloaded_slots", jcount_(r->offloaded_slots));
-            json_object_set_new(o, "peak_device_bytes", jcount_(r->peak_device_bytes));
-            json_object_set_new(o, "h2d_gbps", jnum_(r->h2d_gbps));
-            json_object_set_new(o, "d2h_gbps", jnum_(r->d2h_gbps));
-            json_object_set_new(o, "copy_hidden_fraction", jnum_(r->copy_hidden_fraction));
-            json_array_append_new(a, o);
+    view_out o = rows_out_(&views_metrics);
+    int64_t after = 0;
+    for (int started = 0;;) {
+        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+        q.run = &ref;
+        q.after_step = after;
+        q.limit = METRICS_PAGE_;
+        M6__Request rq = M6__REQUEST__INIT;
+        rq.body_case = M6__REQUEST__BODY_METRICS;
+        rq.metrics = &q;
+        M6__Response *resp = request_(&rq);
+        if (!resp) return EXIT_ERR;
+        const M6__MetricRows *m = resp->metrics;
+        if (!started) view_begin(&o);  /* once m6d has answered */
+        started = 1;
+        size_t n = m ? m->n_rows : 0;
+        for (size_t i = 0; i < n; i++) view_row(&o, m->rows[i]);
+        if (n) after = m->rows[n - 1]->step;
+        int more = n && m->more;
+        m6__response__free_unpacked(resp, NULL);
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+            /* a closed pipe (| head) or a full disk: stop asking */
+            errf_("writing the rows: %s", strerror(errno));
+            return EXIT_ERR;
         }
-        print_json_(a);
-    } else {
-        const char *sep = g.csv ? "," : " ";
-        if (g.csv) printf("step,phase,train_loss,val_loss,lr,tokens_per_s,grad_norm,"
-                          "resident_slots,offloaded_slots,peak_device_bytes,h2d_gbps,"
-                          "d2h_gbps,copy_hidden_fraction\n");
-        else printf("%6s %-6s %-12s %-12s %-12s %-10s %-10s %-7s %-10s %-8s %s\n", "STEP",
-                    "PHASE", "TRAIN_LOSS", "VAL_LOSS", "LR", "TOK/S", "GRAD_NORM", "OFFL",
-                    "PEAK", "H2D_GB/S", "HIDDEN");
-        for (size_t i = 0; i < m->n_rows; i++) {
-            const M6__MetricRow *r = m->rows[i];
-            /* Unknown (NaN, or -1: not recorded) is empty in CSV, - else. */
-            const char *none = g.csv ? "" : "-";
-            char vl[32], res[16], off[32], pk[32], h2d[32], d2h[32], hid[32];
-            if (isnan(r->val_loss)) snprintf(vl, sizeof vl, "%s", none);
-            else snprintf(vl, sizeof vl, "%.9g", r->val_loss);
-            if (r->resident_slots < 0) snprintf(res, sizeof res, "%s", none);
-            else snprintf(res, sizeof res, "%d", r->resident_slots);
-            if (r->offloaded_slots < 0 || r->resident_slots < 0) snprintf(off, sizeof off, "%s", none);
-            else if (g.csv) snprintf(off, sizeof off, "%d", r->offloaded_slots);
-            else snprintf(off, sizeof off, "%d/%d", r->offloaded_slots,
-                          r->offloaded_slots + r->resident_slots);
-            if (r->peak_device_bytes < 0) snprintf(pk, sizeof pk, "%s", none);
-            else if (g.csv) snprintf(pk, sizeof pk, "%lld", (long long)r->peak_device_bytes);
-            else fmt_bytes_(pk, sizeof pk, (double)r->peak_device_bytes);
-            if (isnan(r->h2d_gbps)) snprintf(h2d, sizeof h2d, "%s", none);
-            else snprintf(h2d, sizeof h2d, g.csv ? "%.6g" : "%.3g", r->h2d_gbps);
-            if (isnan(r->d2h_gbps)) snprintf(d2h, sizeof d2h, "%s", none);
-            else snprintf(d2h, sizeof d2h, "%.6g", r->d2h_gbps);
-            if (isnan(r->copy_hidden_fraction)) snprintf(hid, sizeof hid, "%s", none);
-            else if (g.csv) snprintf(hid, sizeof hid, "%.6g", r->copy_hidden_fraction);
-            else snprintf(hid, sizeof hid, "%.0f%%", 100.0 * r->copy_hidden_fraction);
-            if (g.csv)
-                printf("%lld%s%s%s%.9g%s%s%s%.9g%s%.1f%s%.9g%s%s%s%s%s%s%s%s%s%s%s%s\n",
-                       (long long)r->step, sep, phase_str_(r->phase), sep, r->train_loss, sep,
-                       vl, sep, r->lr, sep, r->tokens_per_s, sep, r->grad_norm, sep, res, sep,
-                       off, sep, pk, sep, h2d, sep, d2h, sep, hid);
-            else
-                printf("%6lld %-6s %-12.9g %-12s %-12.6g %-10.0f %-10.6g %-7s %-10s %-8s %s\n",
-                       (long long)r->step, phase_str_(r->phase), r->train_loss, vl, r->lr,
-                       r->tokens_per_s, r->grad_norm, off, pk, h2d, hid);
-        }
+        if (!more) break;
     }
-    m6__response__free_unpacked(resp, NULL);
+    view_end(&o);
     return EXIT_OK;
 }
 
-/* The memory plan is computed here from the spec, like m6d would at submit:
- * no daemon needed. */
+/* A PlanReply's phase as the planner's struct (placement malloc'd), for
+ * offload_plan_print: m6d's plan is printed as the local one is. */
+static int plan_from_reply_(const M6__PhasePlan *pp, backend_kind be, offload_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->n_layer = pp->n_layer;
+    p->n_slots = pp->n_slots;
+    p->n_resident = (int)pp->n_resident_slots;
+    p->n_offloaded = (int)pp->n_offloaded_slots;
+    if (pp->n_slots < 1 || p->n_resident + p->n_offloaded != pp->n_slots) return -1;
+    p->placement = calloc((size_t)pp->n_slots, 1);
+    if (!p->placement) return -1;
+    for (size_t i = 0; i < pp->n_offloaded_slots; i++) {
+        if (pp->offloaded_slots[i] < 0 || pp->offloaded_slots[i] >= pp->n_slots) return -1;
+        p->placement[pp->offloaded_slots[i]] = OFFLOAD_OFFLOADED;
+    }
+    p->n_staging = pp->staging_buffers;
+    p->batch_size = pp->batch_size;
+    p->grad_accum = pp->grad_accum;
+    p->prefetch = pp->prefetch;
+    p->backend = be;
+    p->budget_bytes = pp->budget_bytes;
+    p->global_bytes = pp->global_bytes;
+    p->slot_bytes = pp->slot_bytes;
+    p->staging_bytes = pp->staging_buffer_bytes;
+    p->act_bytes = pp->activations_bytes;
+    p->workspace_bytes = pp->workspace_bytes;
+    p->peak_device_bytes = pp->peak_device_bytes;
+    p->min_budget_bytes = pp->min_budget_bytes;
+    p->host_slot_bytes = pp->host_slot_bytes;
+    p->pinned_slot_bytes = pp->pinned_slot_bytes;
+    p->host_bytes = pp->host_bytes;
+    p->pinned_bytes = pp->pinned_bytes;
+    p->h2d_bytes_per_step = pp->h2d_bytes_per_step;
+    p->d2h_bytes_per_step = pp->d2h_bytes_per_step;
+    return 0;
+}
+
 /* plan --daemon: m6d plans the spec and adds its own host checks. */
 static int plan_on_daemon_(const char *path)
 {
@@ -869,17 +786,24 @@ static int plan_on_daemon_(const char *path)
     M6__Response *resp = request_(&rq);
     free(buf);
     if (!resp) return EXIT_ERR;
-    if (resp->body_case != M6__RESPONSE__BODY_PLAN) {
-        errf_("m6d sent no plan");
-        m6__response__free_unpacked(resp, NULL);
-        return EXIT_ERR;
+    const M6__PlanReply *pr = resp->body_case == M6__RESPONSE__BODY_PLAN ? resp->plan : NULL;
+    backend_kind be = pr && strcmp(pr->backend, "cuda") == 0 ? BACKEND_CUDA : BACKEND_CPU;
+    offload_plan plan;
+    int ok = pr && pr->real && plan_from_reply_(pr->real, be, &plan) == 0;
+    if (ok && pr->pseudo) {
+        plan.pseudo = calloc(1, sizeof *plan.pseudo);
+        ok = plan.pseudo && plan_from_reply_(pr->pseudo, be, plan.pseudo) == 0;
     }
-    if (resp->plan->warning && *resp->plan->warning)
-        errf_("warning: %s", resp->plan->warning);
-    fputs(g.json ? resp->plan->plan_json : resp->plan->plan_text, stdout);
-    fflush(stdout);
+    if (!ok) {
+        errf_("m6d sent no plan, or a plan whose slots do not add up");
+    } else {
+        if (pr->warning && *pr->warning) errf_("warning: %s", pr->warning);
+        offload_plan_print(stdout, &plan, g.json);
+        fflush(stdout);
+    }
+    if (pr && pr->real) offload_plan_free(&plan);
     m6__response__free_unpacked(resp, NULL);
-    return EXIT_OK;
+    return ok ? EXIT_OK : EXIT_ERR;
 }
 
 static int cmd_plan_(int argc, char **argv)
@@ -954,17 +878,7 @@ static int cmd_data_(int argc, char **argv)
         return EXIT_ERR;
     }
     if (g.json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "files", json_integer((json_int_t)st.files));
-        json_object_set_new(o, "skipped", json_integer((json_int_t)st.skipped));
-        json_object_set_new(o, "binary", json_integer((json_int_t)st.binary));
-        json_object_set_new(o, "special", json_integer((json_int_t)st.special));
-        json_object_set_new(o, "duplicates", json_integer((json_int_t)st.duplicates));
-        json_object_set_new(o, "train_tokens", json_integer((json_int_t)st.train_tokens));
-        json_object_set_new(o, "val_tokens", json_integer((json_int_t)st.val_tokens));
-        json_object_set_new(o, "train_shards", json_integer((json_int_t)st.train_shards));
-        json_object_set_new(o, "val_shards", json_integer((json_int_t)st.val_shards));
-        print_json_(o);
+        print_one_(&views_prepare, &st);
     } else {
         /* What was read and written, then what was not read and why: a
          * corpus such as fortunes holds as many binary indexes (.dat) and
@@ -1014,10 +928,9 @@ static int cmd_events_(int argc, char **argv)
     (void)argc;
     M6__RunRef ref;
     if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
-    json_t *all = g.json ? json_array() : NULL;
+    view_out o = rows_out_(&views_events);
     int64_t after = 0;
-    int header = !g.json; /* printed once m6d has answered */
-    for (;;) {
+    for (int started = 0;;) {
         M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
         q.run = &ref;
         q.after_id = after;
@@ -1025,39 +938,17 @@ static int cmd_events_(int argc, char **argv)
         rq.body_case = M6__REQUEST__BODY_EVENTS;
         rq.events = &q;
         M6__Response *resp = request_(&rq);
-        if (!resp) {
-            json_decref(all);
-            return EXIT_ERR;
-        }
+        if (!resp) return EXIT_ERR;
         const M6__EventRows *er = resp->events;
         size_t n = er ? er->n_events : 0;
-        if (header) {
-            printf("%-20s %-16s %s\n", "TIME (UTC)", "KIND", "DETAIL");
-            header = 0;
-        }
-        for (size_t i = 0; i < n; i++) {
-            const M6__Event *e = er->events[i];
-            after = e->id;
-            if (g.json) {
-                json_t *o = json_object();
-                json_object_set_new(o, "id", json_integer(e->id));
-                json_object_set_new(o, "time", json_real(e->time));
-                json_object_set_new(o, "kind", json_string(e->kind));
-                json_object_set_new(o, "detail", json_string(e->detail));
-                json_array_append_new(all, o);
-                continue;
-            }
-            char when[32] = "?";
-            time_t t = (time_t)e->time;
-            struct tm tm;
-            if (gmtime_r(&t, &tm))
-                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-            printf("%-20s %-16s %s\n", when, e->kind, e->detail);
-        }
+        if (!started) view_begin(&o);  /* once m6d has answered */
+        started = 1;
+        for (size_t i = 0; i < n; i++) view_row(&o, er->events[i]);
+        if (n) after = er->events[n - 1]->id;
         m6__response__free_unpacked(resp, NULL);
         if (n == 0) break;
     }
-    if (g.json) print_json_(all);
+    view_end(&o);
     return EXIT_OK;
 }
 
@@ -1079,8 +970,9 @@ static const command commands_[] = {
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
     {"events", cmd_events_, 1, 1, F_JSON | F_RUN, "RUN",
-     "What happened to a run, oldest first: submit, start, delink, pause,\n"
-     "paused.error (and why), resume, checkpoint.bad, interrupted, stop, ..."},
+     "What happened to a run, oldest first (its events table).\n"
+     "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
+     "checkpoint.bad, interrupted, stop, ..."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
@@ -1161,21 +1053,84 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
     return 0;
 }
 
+enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP,
+       O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
+static const struct option opts_[] = {
+    {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
+    {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
+    {"val-fraction", required_argument, 0, O_VALF},
+    {"shard-tokens", required_argument, 0, O_SHARD},
+    {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
+    {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
+    {"device-memory", required_argument, 0, O_DEVMEM},
+    {"reconnect", required_argument, 0, O_RECONNECT},
+    {"daemon", no_argument, 0, O_DAEMON},
+    {0, 0, 0, 0},
+};
+
+/* One option ch of cmd (getopt's pass 2; opt: the argument that named it):
+ * 0, or EXIT_USAGE with the error said (a bad value, or an option the
+ * command does not take). */
+static int command_option_(const command *cmd, int ch, const char *opt, int *nocolor,
+                           int *help)
+{
+    int ok = 1;
+    switch (ch) {
+    case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
+    case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
+    case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
+    case O_NOCOLOR: *nocolor = 1; break;
+    case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
+    case O_VALF:
+        ok = cmd->flags & F_PREPARE;
+        if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
+        break;
+    case O_SHARD: {
+        /* a shard's header counts its tokens in an int32 */
+        double v = 0;
+        ok = cmd->flags & F_PREPARE;
+        if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
+            return EXIT_USAGE;
+        g.shard_tokens = (long)v;
+        break;
+    }
+    case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
+    case O_RECONNECT:
+        ok = cmd->flags & F_WATCH;
+        if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
+        break;
+    case O_INTERVAL:
+        ok = cmd->flags & F_WATCH;
+        if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
+        break;
+    case O_DEVMEM:
+        ok = cmd->flags & F_PLAN;
+        if (ok) {
+            int rc = spec_parse_size(optarg, &g.device_memory);
+            if (rc == -2) {
+                errf_("--device-memory: \"%s\" is too large", optarg);
+                return EXIT_USAGE;
+            }
+            if (rc != 0 || g.device_memory == 0) {
+                errf_("--device-memory: want a size above 0 such as 8GiB "
+                      "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
+                      optarg);
+                return EXIT_USAGE;
+            }
+        }
+        break;
+    case 'h': case O_HELP: *help = 1; break;
+    default: command_usage_(stderr, cmd); return EXIT_USAGE;
+    }
+    if (!ok) {
+        errf_("%s: option %s does not apply", cmd->name, opt);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP, O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
-    static const struct option opts[] = {
-        {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
-        {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
-        {"val-fraction", required_argument, 0, O_VALF},
-        {"shard-tokens", required_argument, 0, O_SHARD},
-        {"interval", required_argument, 0, O_INTERVAL}, {"help", no_argument, 0, O_HELP},
-        {"version", no_argument, 0, O_VERSION}, {"no-color", no_argument, 0, O_NOCOLOR},
-        {"device-memory", required_argument, 0, O_DEVMEM},
-        {"reconnect", required_argument, 0, O_RECONNECT},
-        {"daemon", no_argument, 0, O_DAEMON},
-        {0, 0, 0, 0},
-    };
     argv[0] = (char *)"m6ctl";  /* getopt's own messages */
     /* A daemon that stops mid-watch must give an error, not kill us. */
     signal(SIGPIPE, SIG_IGN);
@@ -1187,7 +1142,7 @@ int main(int argc, char **argv)
     int help = 0;
     int ch;
     opterr = 1;
-    while ((ch = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+h", opts_, NULL)) != -1) {
         switch (ch) {
         case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
         case O_JSON: g.json = 1; break;
@@ -1214,59 +1169,9 @@ int main(int argc, char **argv)
     char **cargv = argv + optind;
     cargv[0] = (char *)"m6ctl";  /* getopt's messages name m6ctl */
     optind = 0;  /* glibc: 0 re-initialises getopt for the new argv */
-    while ((ch = getopt_long(cargc, cargv, "h", opts, NULL)) != -1) {
-        int ok = 1;
-        switch (ch) {
-        case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
-        case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
-        case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
-        case O_NOCOLOR: nocolor = 1; break;
-        case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
-        case O_VALF:
-            ok = cmd->flags & F_PREPARE;
-            if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
-            break;
-        case O_SHARD: {
-            /* a shard's header counts its tokens in an int32 */
-            double v = 0;
-            ok = cmd->flags & F_PREPARE;
-            if (ok && parse_number_("--shard-tokens", optarg, 1024, INT32_MAX, 1, &v) < 0)
-                return EXIT_USAGE;
-            g.shard_tokens = (long)v;
-            break;
-        }
-        case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
-        case O_RECONNECT:
-            ok = cmd->flags & F_WATCH;
-            if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;
-            break;
-        case O_INTERVAL:
-            ok = cmd->flags & F_WATCH;
-            if (ok && parse_number_("--interval", optarg, 0.05, 60, 0, &g.interval) < 0) return EXIT_USAGE;
-            break;
-        case O_DEVMEM:
-            ok = cmd->flags & F_PLAN;
-            if (ok) {
-                int rc = spec_parse_size(optarg, &g.device_memory);
-                if (rc == -2) {
-                    errf_("--device-memory: \"%s\" is too large", optarg);
-                    return EXIT_USAGE;
-                }
-                if (rc != 0 || g.device_memory == 0) {
-                    errf_("--device-memory: want a size above 0 such as 8GiB "
-                          "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
-                          optarg);
-                    return EXIT_USAGE;
-                }
-            }
-            break;
-        case 'h': case O_HELP: help = 1; break;
-        default: command_usage_(stderr, cmd); return EXIT_USAGE;
-        }
-        if (!ok) {
-            errf_("%s: option %s does not apply", cmd->name, cargv[optind - 1]);
-            return EXIT_USAGE;
-        }
+    while ((ch = getopt_long(cargc, cargv, "h", opts_, NULL)) != -1) {
+        int rc = command_option_(cmd, ch, cargv[optind - 1], &nocolor, &help);
+        if (rc) return rc;
     }
     if (help) {
         command_usage_(stdout, cmd);

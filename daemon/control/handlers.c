@@ -220,6 +220,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0) {
             ri->pseudo_steps = spec.pseudo.steps;
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
+            ri->backend = (char *)(spec.device.backend == BACKEND_CUDA ? "cuda" : "cpu");
         }
     }
     /* a delink to come: only for a live run still in the pseudo phase */
@@ -433,20 +434,49 @@ static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resu
 static void do_delink_(call *c, const M6__Request *rq) { do_command_(c, rq->delink, CMD_DELINK); }
 static void do_stop_(call *c, const M6__Request *rq) { do_command_(c, rq->stop, CMD_STOP); }
 
+/* Page sizes: m6d's and the largest a client may ask for. Metrics rows
+ * are ~110 bytes on the wire, events at most ~1.1 KB: both pages stay well
+ * under the frame limit. */
+enum { METRICS_PAGE_ = 10000, EVENTS_PAGE_ = 10000 };
+
+/* The start of a paged query (metrics, events): the run, the cursor (rows
+ * after it; >= 0) and the page size (limit in 0..max, 0: max). Replies and
+ * returns -1 when one of them is bad. */
+static int page_query_(call *c, const M6__RunRef *ref, const char *cursor_name,
+                       int64_t cursor, int limit, int max, int64_t *id, int *page)
+{
+    if (resolve_(c, ref, id) < 0) return -1;
+    if (cursor < 0) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "%s must be >= 0, got %lld",
+               cursor_name, (long long)cursor);
+        return -1;
+    }
+    if (limit < 0 || limit > max) {
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
+               "limit must be in 0..%d (0: %d), got %d", max, max, limit);
+        return -1;
+    }
+    *page = limit ? limit : max;
+    return 0;
+}
+
+/* One page of a run's metrics. Runs on the thread pool (handlers_is_slow):
+ * a page of many rows must not hold up the event loop. */
 static void do_metrics_(call *c, const M6__Request *rq)
 {
+    const M6__MetricsQuery *q = rq->metrics;
     int64_t id;
-    if (resolve_(c, rq->metrics->run, &id) < 0) return;
-    if (rq->metrics->after_step < 0)
-        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-                      "after_step must be >= 0, got %lld",
-                      (long long)rq->metrics->after_step);
+    int limit;
+    if (page_query_(c, q->run, "after_step", q->after_step, q->limit, METRICS_PAGE_,
+                    &id, &limit) < 0)
+        return;
     metric_row *rows;
     int n;
-    if (state_metrics_list(c->h->st, id, rq->metrics->after_step, &rows, &n) < 0)
+    /* one row more than the page says whether more follow */
+    if (state_metrics_page(c->h->st, id, q->after_step, limit + 1, &rows, &n) < 0)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
-    /* Keep the reply well under the frame limit (~110 bytes a row). */
-    if (n > 100000) n = 100000;
+    int more = n > limit;
+    if (more) n = limit;
     M6__MetricRows *mr = arena_alloc_(c->a, sizeof *mr);
     M6__MetricRow **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
     M6__MetricRow *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);
@@ -477,23 +507,52 @@ static void do_metrics_(call *c, const M6__Request *rq)
     mr->run_id = id;
     mr->n_rows = (size_t)n;
     mr->rows = v;
+    mr->more = more;
     c->resp->body_case = M6__RESPONSE__BODY_METRICS;
     c->resp->metrics = mr;
-    reply_(c, M6__STATUS__STATUS_OK, "%d rows", n);
+    reply_(c, M6__STATUS__STATUS_OK, "%d rows%s", n, more ? ", more follow" : "");
 }
 
-/* The plan printed into an arena string (json 1: one JSON object). */
-static char *plan_string_(call *c, const offload_plan *plan, int json)
+/* The slot indices with placement pl, into an arena array. */
+static int32_t *slots_of_(call *c, const offload_plan *p, int pl, size_t *n)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return NULL;
-    offload_plan_print(f, plan, json);
-    fclose(f);
-    char *s = buf ? arena_strdup_(c->a, buf) : NULL;
-    free(buf);
-    return s;
+    int32_t *v = arena_alloc_(c->a, (size_t)p->n_slots * sizeof *v);
+    *n = 0;
+    for (int s = 0; v && s < p->n_slots; s++)
+        if (p->placement[s] == pl) v[(*n)++] = s;
+    return v;
+}
+
+/* One phase's plan as a PhasePlan (arena); NULL when out of memory. */
+static M6__PhasePlan *phase_plan_(call *c, const offload_plan *p)
+{
+    M6__PhasePlan *pp = arena_alloc_(c->a, sizeof *pp);
+    if (!pp) return NULL;
+    m6__phase_plan__init(pp);
+    pp->n_layer = p->n_layer;
+    pp->n_slots = p->n_slots;
+    pp->resident_slots = slots_of_(c, p, OFFLOAD_RESIDENT, &pp->n_resident_slots);
+    pp->offloaded_slots = slots_of_(c, p, OFFLOAD_OFFLOADED, &pp->n_offloaded_slots);
+    if (!pp->resident_slots || !pp->offloaded_slots) return NULL;
+    pp->staging_buffers = p->n_staging;
+    pp->batch_size = p->batch_size;
+    pp->grad_accum = p->grad_accum;
+    pp->prefetch = p->prefetch;
+    pp->budget_bytes = p->budget_bytes;
+    pp->global_bytes = p->global_bytes;
+    pp->slot_bytes = p->slot_bytes;
+    pp->staging_buffer_bytes = p->staging_bytes;
+    pp->activations_bytes = p->act_bytes;
+    pp->workspace_bytes = p->workspace_bytes;
+    pp->peak_device_bytes = p->peak_device_bytes;
+    pp->min_budget_bytes = p->min_budget_bytes;
+    pp->host_slot_bytes = p->host_slot_bytes;
+    pp->pinned_slot_bytes = p->pinned_slot_bytes;
+    pp->host_bytes = p->host_bytes;
+    pp->pinned_bytes = p->pinned_bytes;
+    pp->h2d_bytes_per_step = p->h2d_bytes_per_step;
+    pp->d2h_bytes_per_step = p->d2h_bytes_per_step;
+    return pp;
 }
 
 static void do_plan_(call *c, const M6__Request *rq)
@@ -510,15 +569,17 @@ static void do_plan_(call *c, const M6__Request *rq)
                       sizeof warn, err, sizeof err) != 0)
         return reply_(c, M6__STATUS__STATUS_INVALID_SPEC, "%s", err);
     M6__PlanReply *pr = arena_alloc_(c->a, sizeof *pr);
-    if (pr) {
+    int ok = pr != NULL;
+    if (ok) {
         m6__plan_reply__init(pr);
-        pr->plan_json = plan_string_(c, &plan, 1);
-        pr->plan_text = plan_string_(c, &plan, 0);
+        pr->backend = (char *)(plan.backend == BACKEND_CUDA ? "cuda" : "cpu");
         pr->warning = arena_strdup_(c->a, warn);
+        pr->real = phase_plan_(c, &plan);
+        pr->pseudo = plan.pseudo ? phase_plan_(c, plan.pseudo) : NULL;
+        ok = pr->warning && pr->real && (!plan.pseudo || pr->pseudo);
     }
     offload_plan_free(&plan);
-    if (!pr || !pr->plan_json || !pr->plan_text || !pr->warning)
-        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    if (!ok) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
     c->resp->body_case = M6__RESPONSE__BODY_PLAN;
     c->resp->plan = pr;
     reply_(c, M6__STATUS__STATUS_OK, "%s", warn[0] ? warn : "ok");
@@ -527,16 +588,15 @@ static void do_plan_(call *c, const M6__Request *rq)
 static void do_events_(call *c, const M6__Request *rq)
 {
     int64_t id;
-    if (resolve_(c, rq->events->run, &id) < 0) return;
-    if (rq->events->after_id < 0)
-        return reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-                      "after_id must be >= 0, got %lld",
-                      (long long)rq->events->after_id);
+    int limit;
+    if (page_query_(c, rq->events->run, "after_id", rq->events->after_id, 0,
+                    EVENTS_PAGE_, &id, &limit) < 0)
+        return;
     event_row *rows;
     int n;
-    /* A page under the frame limit (at most ~1.1 KB a row); the client
-     * asks again with after_id for the rest. */
-    if (state_events_list(c->h->st, id, rq->events->after_id, 10000, &rows,
+    /* the client asks again with after_id for the rest, until a page
+     * comes back empty */
+    if (state_events_list(c->h->st, id, rq->events->after_id, limit, &rows,
                           &n) < 0)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
     M6__EventRows *er = arena_alloc_(c->a, sizeof *er);
@@ -604,6 +664,7 @@ int handlers_is_slow(const uint8_t *payload, size_t len)
     if (!rq) return 0;
     int slow = rq->body_case == M6__REQUEST__BODY_SUBMIT ||
                rq->body_case == M6__REQUEST__BODY_PLAN ||
+               rq->body_case == M6__REQUEST__BODY_METRICS ||
                rq->body_case == M6__REQUEST__BODY_RESUME;
     m6__request__free_unpacked(rq, NULL);
     return slow;

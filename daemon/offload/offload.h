@@ -192,8 +192,10 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
 /* Human table (json 0) or one JSON object (json 1) with at least
  * resident_slots, offloaded_slots (arrays of slot indices),
  * peak_device_bytes, h2d_bytes_per_step, d2h_bytes_per_step,
- * min_budget_bytes, host_bytes, pinned_bytes, budget_bytes and a
- * breakdown; the Pseudo phase, if any, nested as "pseudo". */
+ * min_budget_bytes, host_bytes, pinned_bytes, budget_bytes, backend and a
+ * breakdown; the Pseudo phase, if any, nested as "pseudo". Both forms are
+ * one field table (plan.c, rendered by common/view.h); m6ctl prints its
+ * own plan and m6d's (PlanReply) with it. */
 void offload_plan_print(FILE *f, const offload_plan *p, int json);
 void offload_plan_free(offload_plan *p);
 /* A copy of src's own fields into dst (placement duplicated; dst->pseudo

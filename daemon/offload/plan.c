@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "model/cuda/act_layout.h"
+#include "common/view.h"
 #include "offload/intervals.h"
 
 #define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
@@ -334,6 +335,17 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
 
 /* ------------------------------------------------------------- printing */
 
+/* The plan's view (common/view.h): one field table for the text table,
+ * JSON and CSV. A row is one phase's plan; the top level (the Real phase)
+ * also carries the backend and the Pseudo phase. */
+typedef struct {
+    const offload_plan *p;
+    const char *phase; /* the text table's row label */
+    int top;
+} plan_row_;
+
+#define P_ ((const plan_row_ *)row)->p
+
 /* "0-3,7" style list of the slots with placement pl; "-" when none. */
 static void slot_list_(char *buf, size_t len, const offload_plan *p, int pl)
 {
@@ -355,99 +367,174 @@ static void slot_list_(char *buf, size_t len, const offload_plan *p, int pl)
         snprintf(buf, len, "-");
 }
 
-#define ROW_FMT_ "%-7s %5s  %-12s %-12s %7s  %12s  %12s  %12s  %12s  %12s\n"
-
-static void print_row_(FILE *f, const char *phase, const offload_plan *p)
+/* The slots with placement pl: JSON array of indices, text "1-3". */
+static void slots_(const void *row, view_val *v, int pl)
 {
-    char n[16], r[64], o[64], st[16], pk[32], h[32], d[32], hb[32], pb[32];
-    snprintf(n, sizeof n, "%d", p->n_slots);
-    snprintf(st, sizeof st, "%d", p->n_staging);
-    slot_list_(r, sizeof r, p, OFFLOAD_RESIDENT);
-    slot_list_(o, sizeof o, p, OFFLOAD_OFFLOADED);
-    fprintf(f, ROW_FMT_, phase, n, r, o, st,
-            short_bytes_(pk, sizeof pk, p->peak_device_bytes),
-            short_bytes_(h, sizeof h, p->h2d_bytes_per_step),
-            short_bytes_(d, sizeof d, p->d2h_bytes_per_step),
-            short_bytes_(hb, sizeof hb, p->host_bytes),
-            short_bytes_(pb, sizeof pb, p->pinned_bytes));
+    v->j = json_array();
+    for (int s = 0; s < P_->n_slots; s++)
+        if (P_->placement[s] == pl)
+            json_array_append_new(v->j, json_integer(s));
+    slot_list_(v->buf, sizeof v->buf, P_, pl);
+    v->text = v->buf;
 }
 
-static json_t *plan_json_(const offload_plan *p)
+/* Bytes: JSON and CSV the count, text "1.50 MiB". */
+static void bytes_(view_val *v, uint64_t n)
 {
-    json_t *res = json_array(), *off = json_array();
-    for (int s = 0; s < p->n_slots; s++)
-        json_array_append_new(p->placement[s] ? off : res, json_integer(s));
-    json_t *bd = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-        "globals_bytes", (json_int_t)p->global_bytes,
-        "slot_bytes", (json_int_t)p->slot_bytes,
-        "resident_slots_bytes", (json_int_t)(p->n_resident * p->slot_bytes),
-        "activations_bytes", (json_int_t)p->act_bytes,
-        "staging_buffer_bytes", (json_int_t)p->staging_bytes,
-        "staging_bytes", (json_int_t)(p->n_staging * p->staging_bytes),
-        "workspace_bytes", (json_int_t)p->workspace_bytes,
-        "host_slot_bytes", (json_int_t)p->host_slot_bytes,
-        "pinned_slot_bytes", (json_int_t)p->pinned_slot_bytes);
-    return json_pack(
-        "{s:i, s:i, s:o, s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, "
-        "s:i, s:o}",
-        "n_layer", p->n_layer, "n_slots", p->n_slots,
-        "resident_slots", res, "offloaded_slots", off,
-        "staging_buffers", p->n_staging,
-        "budget_bytes", (json_int_t)p->budget_bytes,
-        "peak_device_bytes", (json_int_t)p->peak_device_bytes,
-        "min_budget_bytes", (json_int_t)p->min_budget_bytes,
-        "host_bytes", (json_int_t)p->host_bytes,
-        "pinned_bytes", (json_int_t)p->pinned_bytes,
-        "h2d_bytes_per_step", (json_int_t)p->h2d_bytes_per_step,
-        "d2h_bytes_per_step", (json_int_t)p->d2h_bytes_per_step,
-        "batch_size", p->batch_size, "grad_accum", p->grad_accum,
-        "breakdown", bd);
+    v->i = (long long)n;
+    v->text = short_bytes_(v->buf, sizeof v->buf, n);
 }
+
+static void g_phase_(const void *row, view_val *v) { v->s = ((const plan_row_ *)row)->phase; }
+static void g_layers_(const void *row, view_val *v) { v->i = P_->n_layer; }
+static void g_slots_(const void *row, view_val *v) { v->i = P_->n_slots; }
+static void g_res_(const void *row, view_val *v) { slots_(row, v, OFFLOAD_RESIDENT); }
+static void g_off_(const void *row, view_val *v) { slots_(row, v, OFFLOAD_OFFLOADED); }
+static void g_nst_(const void *row, view_val *v) { v->i = P_->n_staging; }
+static void g_budget_(const void *row, view_val *v) { v->i = (long long)P_->budget_bytes; }
+static void g_peak_(const void *row, view_val *v) { bytes_(v, P_->peak_device_bytes); }
+static void g_min_(const void *row, view_val *v) { v->i = (long long)P_->min_budget_bytes; }
+static void g_host_(const void *row, view_val *v) { bytes_(v, P_->host_bytes); }
+static void g_pinned_(const void *row, view_val *v) { bytes_(v, P_->pinned_bytes); }
+static void g_h2d_(const void *row, view_val *v) { bytes_(v, P_->h2d_bytes_per_step); }
+static void g_d2h_(const void *row, view_val *v) { bytes_(v, P_->d2h_bytes_per_step); }
+static void g_batch_(const void *row, view_val *v) { v->i = P_->batch_size; }
+static void g_accum_(const void *row, view_val *v) { v->i = P_->grad_accum; }
+static void g_glob_(const void *row, view_val *v) { v->i = (long long)P_->global_bytes; }
+static void g_slotb_(const void *row, view_val *v) { v->i = (long long)P_->slot_bytes; }
+static void g_resb_(const void *row, view_val *v)
+{
+    v->i = (long long)((size_t)P_->n_resident * P_->slot_bytes);
+}
+static void g_act_(const void *row, view_val *v) { v->i = (long long)P_->act_bytes; }
+static void g_stb_(const void *row, view_val *v) { v->i = (long long)P_->staging_bytes; }
+static void g_sts_(const void *row, view_val *v)
+{
+    v->i = (long long)((size_t)P_->n_staging * P_->staging_bytes);
+}
+static void g_ws_(const void *row, view_val *v) { v->i = (long long)P_->workspace_bytes; }
+static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_slot_bytes; }
+static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
+
+static const view_field breakdown_fields_[] = {
+    {"globals_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_glob_},
+    {"slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_slotb_},
+    {"resident_slots_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_resb_},
+    {"activations_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_act_},
+    {"staging_buffer_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_stb_},
+    {"staging_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_sts_},
+    {"workspace_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ws_},
+    {"host_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_hsl_},
+    {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
+};
+static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
+
+static void g_breakdown_(const void *row, view_val *v)
+{
+    v->sub = &breakdown_view_;
+    v->sub_row = row;
+}
+
+static void g_backend_(const void *row, view_val *v)
+{
+    const plan_row_ *r = row;
+    v->s = !r->top ? NULL : r->p->backend == BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+static const view plan_view_;
+
+static void g_pseudo_(const void *row, view_val *v)
+{
+    const plan_row_ *r = row;
+    if (!r->top || !r->p->pseudo)
+        return; /* unknown: no key */
+    plan_row_ *sub = (plan_row_ *)v->buf;
+    *sub = (plan_row_){.p = r->p->pseudo, .phase = "pseudo", .top = 0};
+    v->sub = &plan_view_;
+    v->sub_row = sub;
+}
+
+/* The columns' headers speak of the "device" of the backend: on cpu a
+ * budgeted pool of ordinary memory, whose host side is page-locked
+ * (plan_print_ relabels them). */
+static const view_field plan_fields_[] = {
+    {NULL, "phase", 0, -7, VIEW_STR, VF_PLAIN, 0, g_phase_},
+    {"n_layer", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_layers_},
+    {"n_slots", "slots", 0, 5, VIEW_INT, VF_PLAIN, 0, g_slots_},
+    {"resident_slots", "resident", 0, -13, VIEW_JSON, VF_PLAIN, 0, g_res_},
+    {"offloaded_slots", "offloaded", 0, -12, VIEW_JSON, VF_PLAIN, 0, g_off_},
+    {"staging_buffers", "staging", 0, 7, VIEW_INT, VF_PLAIN, 0, g_nst_},
+    {"budget_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_budget_},
+    {"peak_device_bytes", "peak device", 0, 13, VIEW_INT, VF_PLAIN, 0, g_peak_},
+    {"min_budget_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_min_},
+    {"h2d_bytes_per_step", "h2d/step", 0, 13, VIEW_INT, VF_PLAIN, 0, g_h2d_},
+    {"d2h_bytes_per_step", "d2h/step", 0, 13, VIEW_INT, VF_PLAIN, 0, g_d2h_},
+    {"host_bytes", "host", 0, 13, VIEW_INT, VF_PLAIN, 0, g_host_},
+    {"pinned_bytes", "pinned", 0, 13, VIEW_INT, VF_PLAIN, 0, g_pinned_},
+    {"batch_size", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_batch_},
+    {"grad_accum", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_accum_},
+    {"breakdown", 0, 0, 0, VIEW_SUB, VF_PLAIN, 0, g_breakdown_},
+    {"backend", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_backend_},
+    {"pseudo", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_pseudo_},
+};
+static const view plan_view_ = VIEW_OF(plan_fields_);
+
+#undef P_
 
 void offload_plan_print(FILE *f, const offload_plan *p, int json)
 {
+    plan_row_ real = {.p = p, .phase = "real", .top = 1};
+    int cpu = p->backend == BACKEND_CPU;
     if (json) {
-        json_t *j = plan_json_(p);
-        json_object_set_new(j, "backend", json_string(p->backend == BACKEND_CUDA
-                                                          ? "cuda" : "cpu"));
-        if (p->pseudo)
-            json_object_set_new(j, "pseudo", plan_json_(p->pseudo));
-        json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-        fputc('\n', f);
-        json_decref(j);
+        view_out o = {.f = f, .v = &plan_view_, .form = VIEW_JSON_OBJECT};
+        view_row(&o, &real);
         return;
     }
+    /* cpu: the "device" is the budgeted memory pool, the host side of the
+     * offloaded slots is page-locked (no GPU's pinned memory) */
+    view_field cols[sizeof plan_fields_ / sizeof plan_fields_[0]];
+    memcpy(cols, plan_fields_, sizeof cols);
+    for (size_t i = 0; cpu && i < sizeof cols / sizeof cols[0]; i++) {
+        if (cols[i].name && strcmp(cols[i].name, "peak_device_bytes") == 0)
+            cols[i].head = "peak pool";
+        if (cols[i].name && strcmp(cols[i].name, "pinned_bytes") == 0)
+            cols[i].head = "locked";
+    }
+    const view table = VIEW_OF(cols);
+    view_out o = {.f = f, .v = &table, .form = VIEW_TABLE};
+    view_begin(&o);
+    if (p->pseudo) {
+        plan_row_ ps = {.p = p->pseudo, .phase = "pseudo", .top = 0};
+        view_row(&o, &ps);
+    }
+    view_row(&o, &real);
+    view_end(&o);
     char b[64], m[64], g[64], a[64], st[64], w[64], sl[64], hs[64], ps[64];
-    fprintf(f, ROW_FMT_, "phase", "slots", "resident", "offloaded", "staging",
-            "peak device", "h2d/step", "d2h/step", "host", "pinned");
-    if (p->pseudo)
-        print_row_(f, "pseudo", p->pseudo);
-    print_row_(f, "real", p);
+    char ht[32], pt[32];
     fprintf(f, "budget %s; minimum with every slot offloaded %s\n",
             p->budget_bytes ? fmt_bytes_(b, sizeof b, p->budget_bytes)
                             : "unlimited",
             fmt_bytes_(m, sizeof m, p->min_budget_bytes));
-    fprintf(f, "device (real): globals %s + %d resident x %s + activations "
+    fprintf(f, "%s (real): globals %s + %d resident x %s + activations "
             "%s + %d staging x %s + workspace %s\n",
+            cpu ? "budgeted memory pool" : "device",
             short_bytes_(g, sizeof g, p->global_bytes), p->n_resident,
             short_bytes_(sl, sizeof sl, p->slot_bytes),
             short_bytes_(a, sizeof a, p->act_bytes), p->n_staging,
             short_bytes_(st, sizeof st, p->staging_bytes),
             short_bytes_(w, sizeof w, p->workspace_bytes));
-    char ht[32], pt[32];
-    fprintf(f, "host (real): %d offloaded x %s = %s, of which %s pinned (%s "
-            "a slot) (%s)\n",
-            p->n_offloaded, short_bytes_(hs, sizeof hs, p->host_slot_bytes),
-            short_bytes_(ht, sizeof ht,
-                         (size_t)p->n_offloaded * p->host_slot_bytes),
-            short_bytes_(pt, sizeof pt,
-                         (size_t)p->n_offloaded * p->pinned_slot_bytes),
-            short_bytes_(ps, sizeof ps, p->pinned_slot_bytes),
-            p->backend == BACKEND_CUDA
-                ? "cuda: fp32 master, m, v, gradient accumulator; pinned "
-                  "bf16 weights and gradient"
-                : "cpu: fp32 params, grads, m, v, all pinned");
+    short_bytes_(hs, sizeof hs, p->host_slot_bytes);
+    short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded * p->host_slot_bytes);
+    if (cpu)
+        fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
+                "fp32 params, grads, m, v)\n", p->n_offloaded, hs, ht);
+    else
+        fprintf(f, "host (real): %d offloaded x %s = %s, of which %s pinned (%s "
+                "a slot) (cuda: fp32 master, m, v, gradient accumulator; "
+                "pinned bf16 weights and gradient)\n", p->n_offloaded, hs, ht,
+                short_bytes_(pt, sizeof pt,
+                             (size_t)p->n_offloaded * p->pinned_slot_bytes),
+                short_bytes_(ps, sizeof ps, p->pinned_slot_bytes));
 }
 
 /* ------------------------------------------------------------- preflight */

@@ -21,6 +21,11 @@ struct state {
     sqlite3 *db;
     pthread_mutex_t mu;
     char last_error[256];  /* SQLite's message for the latest failure */
+    /* A second, read-only connection for the long reads of clients (pages
+     * of metrics): WAL lets it read while db writes, and its own mutex
+     * keeps such a read from holding up the requests and steps that use
+     * db. NULL: reads use db. */
+    struct state *reader;
 };
 
 static const char *const state_names[RUN_STATE_COUNT] = {
@@ -144,6 +149,26 @@ static int check_intact_(state *st, const char *path, char *err,
     return -1;
 }
 
+/* st->reader, or NULL (logged) when SQLite cannot open one: the reads
+ * then share st's connection. */
+static void open_reader_(state *st, const char *path)
+{
+    state *r = calloc(1, sizeof *r);
+    if (!r) return;
+    pthread_mutex_init(&r->mu, NULL);
+    int rc = sqlite3_open_v2(path, &r->db,
+                             SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        log_warn("state.reader", "path=\"%s\" msg=\"%s\" (reads share the "
+                 "writer's connection)", path,
+                 r->db ? sqlite3_errmsg(r->db) : sqlite3_errstr(rc));
+        state_close(r);
+        return;
+    }
+    sqlite3_busy_timeout(r->db, 5000);
+    st->reader = r;
+}
+
 state *state_open(const char *path, char *err, size_t errlen)
 {
     state *st = calloc(1, sizeof *st);
@@ -180,6 +205,7 @@ state *state_open(const char *path, char *err, size_t errlen)
     }
     if (check_intact_(st, path, err, errlen) < 0) goto fail;
     if (migrate_(st, err, errlen) < 0) goto fail;
+    open_reader_(st, path);
     return st;
 fail:
     state_close(st);
@@ -189,6 +215,7 @@ fail:
 void state_close(state *st)
 {
     if (!st) return;
+    state_close(st->reader);
     if (st->db) sqlite3_close(st->db);
     pthread_mutex_destroy(&st->mu);
     free(st);
@@ -605,16 +632,25 @@ static void metric_fill_(sqlite3_stmt *s, void *elem)
                     "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
                     "copy_hidden_fraction"
 
-int state_metrics_list(state *st, int64_t run, int64_t after_step,
+int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n)
 {
     void *v;
-    int ret = SQL_LIST(st, &v, n, sizeof **rows, metric_fill_,
+    /* On the reader connection: a page does not wait for, nor hold up, the
+     * writer. LIMIT -1: no limit. The primary key (run, step) serves the
+     * range. */
+    int ret = SQL_LIST(st->reader ? st->reader : st, &v, n, sizeof **rows, metric_fill_,
                        "SELECT " METRIC_COLS " FROM metrics "
-                       "WHERE run = ? AND step > ? ORDER BY step",
-                       A_INT(run), A_INT(after_step));
+                       "WHERE run = ? AND step > ? ORDER BY step LIMIT ?",
+                       A_INT(run), A_INT(after_step), A_INT(max < 0 ? -1 : max));
     *rows = v;
     return ret;
+}
+
+int state_metrics_list(state *st, int64_t run, int64_t after_step,
+                       metric_row **rows, int *n)
+{
+    return state_metrics_page(st, run, after_step, -1, rows, n);
 }
 
 int state_metric_last(state *st, int64_t run, metric_row *out,

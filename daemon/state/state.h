@@ -89,7 +89,13 @@ int state_phase_delete(state *st, int64_t run, int phase);
 /* One step done: the metrics row and the run's step/phase, one transaction. */
 int state_record_step(state *st, int64_t run, const metric_row *m);
 int state_metrics_truncate(state *st, int64_t run, int64_t after_step);
+/* A run's metrics rows with step > after_step, ascending, all of them;
+ * *rows malloc'ed (free it), *n of them. 0, or -1 (database error). */
 int state_metrics_list(state *st, int64_t run, int64_t after_step,
+                       metric_row **rows, int *n);
+/* The same, at most max rows (max < 0: no limit): one page of a client
+ * that pages with after_step = the last step it got. */
+int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n);
 /* Latest row (1 if none); *last_val = newest non-NULL val_loss or NAN. */
 int state_metric_last(state *st, int64_t run, metric_row *out,

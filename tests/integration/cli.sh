@@ -124,4 +124,60 @@ for r in 0 1; do
 done
 grep -q "m6d still unreachable after 1 s" "$T/watch-1.err" || fail "watch --reconnect 1: $(cat "$T/watch-1.err")"
 
+# What m6ctl prints, as a newcomer reads it. The command list: one whole
+# sentence per command (the events line used to stop mid-list at "pause,").
+expect_rc 0 "$M6CTL" --help
+sed -n '/^commands:$/,/^$/p' "$T/out" | sed '1d;$d' >"$T/cmds"
+[ "$(wc -l <"$T/cmds")" = 12 ] || fail "--help lists $(wc -l <"$T/cmds") commands: $(cat "$T/cmds")"
+! grep -v '\.$' "$T/cmds" || fail "--help: a command's line does not end its sentence"
+grep -qx '  events   RUN        What happened to a run, oldest first (its events table).' "$T/cmds" \
+    || fail "--help, events: $(grep events "$T/cmds")"
+
+start_daemon "$T/v"
+# Floats in their shortest round-trip form: an lr of 0.0008 (a float32 of
+# 0.00079999997979030013) prints as 0.0008 in --json and --csv alike.
+write_spec "$T/lr.json" lr 12 4
+sed -i 's/"seed": 7}/"seed": 7, "lr": 0.0008, "min_lr": 0.0008, "warmup_steps": 0}/' "$T/lr.json"
+L=$(ctl submit "$T/lr.json")
+ctl watch "$L" >"$T/watch-lr.out" || fail "lr run: $(cat "$T/watch-lr.out")"
+ctl status "$L" --json >"$T/lr-status.json"
+grep -qx '  "lr": 0.0008,' "$T/lr-status.json" || fail "status --json lr: $(grep '"lr"' "$T/lr-status.json")"
+ctl metrics "$L" --json >"$T/lr-metrics.json"
+[ "$(grep -c '^    "lr": 0.0008,$' "$T/lr-metrics.json")" = 12 ] \
+    || fail "metrics --json lr: $(grep '"lr"' "$T/lr-metrics.json" | sort | uniq -c)"
+ctl metrics "$L" --csv >"$T/lr.csv"
+[ "$(sed 1d "$T/lr.csv" | cut -d, -f5 | sort -u)" = 0.0008 ] \
+    || fail "metrics --csv lr: $(sed 1d "$T/lr.csv" | cut -d, -f5 | sort | uniq -c)"
+# Timestamps say they are UTC: created as date(1) writes m6.db's time.
+created=$(db "$T/v" "select cast(created as integer) from runs where id=$L")
+want=$(date -u -d "@$created" +%Y-%m-%dT%H:%M:%SZ)
+ctl status "$L" >"$T/lr-status.txt"
+grep -qx "created: *$want" "$T/lr-status.txt" || fail "status created, want $want: $(grep created "$T/lr-status.txt")"
+# A CPU run's "device" is the budgeted memory pool: neither its status nor
+# its plan speaks of device or pinned memory.
+grep -q '^offload: *off (no budget): 2/2 slots resident, memory pool ' "$T/lr-status.txt" \
+    || fail "cpu status offload line: $(grep offload "$T/lr-status.txt")"
+ctl plan "$T/lr.json" >"$T/lr-plan.txt"
+! grep -Ein 'device|pinned' "$T/lr-plan.txt" || fail "cpu plan speaks of device or pinned memory"
+grep -q '^budgeted memory pool (real): ' "$T/lr-plan.txt" || fail "cpu plan: $(cat "$T/lr-plan.txt")"
+
+# Phases: a run without a Pseudo phase was trained from scratch (it never
+# delinked, not "at step 0"); a run that ended in the Pseudo phase will not
+# delink any more.
+write_spec "$T/scratch.json" scratch 6 0
+F=$(ctl submit "$T/scratch.json")
+ctl watch "$F" >"$T/watch-f.out" || fail "from-scratch run: $(cat "$T/watch-f.out")"
+! grep -q 'delinked' "$T/watch-f.out" || fail "watch of a from-scratch run: $(cat "$T/watch-f.out")"
+ctl status "$F" >"$T/f.txt"
+grep -qx 'phase: *real (trained from scratch)' "$T/f.txt" || fail "from-scratch phase: $(grep phase "$T/f.txt")"
+write_spec "$T/never.json" never 300000 200000
+P=$(ctl submit "$T/never.json")
+wait_step "$P" 1
+ctl status "$P" | grep -qx 'phase: *pseudo (delink at step 200000)' || fail "running pseudo phase: $(ctl status "$P")"
+ctl stop "$P" >/dev/null
+wait_state "$P" stopped
+ctl status "$P" >"$T/p.txt"
+grep -qx 'phase: *pseudo' "$T/p.txt" || fail "stopped pseudo run's phase: $(grep phase "$T/p.txt")"
+stop_daemon
+
 echo "cli: ok"

@@ -167,5 +167,6 @@ wait_paused_error() {
 # second plain reader, 0 next to a -readonly one). Writes: sqlite3 direct.
 db() { sqlite3 -readonly -cmd '.timeout 5000' "$1/m6.db" "$2"; }
 
-# losses RUN: the loss curve, bitwise (%.9g), without the timing columns.
+# losses RUN: the loss curve, bitwise (floats in their shortest round-trip
+# form), without the timing columns.
 losses() { ctl metrics "$1" --csv | cut -d, -f1-5,7; }

@@ -2,7 +2,11 @@
 """rawclient.py SOCKET [RUN [DONE_FILE]] — talks to m6d with hand-made frames (no protobuf
 library needed): garbage, oversized lengths, unknown request types, a bad
 protocol version, requests before Hello; and the control socket's latency
-mid-step. Exits non-zero on the first failed check."""
+mid-step. Exits non-zero on the first failed check.
+
+rawclient.py SOCKET --rtt RUN DONE_FILE MAX_MS: status round trips of RUN on
+one open connection, back to back, until DONE_FILE exists; every one must
+take under MAX_MS (time.monotonic), and there must be at least 5."""
 import os
 import socket
 import struct
@@ -10,8 +14,10 @@ import sys
 import time
 
 SOCK = sys.argv[1]
-LATENCY_RUN = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-DONE_FILE = sys.argv[3] if len(sys.argv) > 3 else None
+RTT = len(sys.argv) > 2 and sys.argv[2] == "--rtt"
+ARGS = sys.argv[3:] if RTT else sys.argv[2:]
+LATENCY_RUN = int(ARGS[0]) if len(ARGS) > 0 else 0
+DONE_FILE = ARGS[1] if len(ARGS) > 1 else None
 
 # Status enum of proto/m6.proto
 OK, BAD_REQUEST, BAD_VERSION, NEED_HELLO, UNKNOWN_REQUEST, TOO_LARGE, NOT_FOUND = 0, 1, 2, 3, 4, 5, 6
@@ -209,6 +215,32 @@ def latency():
         p95 * 1e3, worst * 1e3, len(times))
     check(p95 < 0.1 and worst < 0.5, what) if DONE_FILE else check(worst < 0.1, what)
 
+
+# --rtt: how fast m6d answers status while something else loads it (a
+# stream of metrics pages): the request-to-reply time of each status on an
+# open connection (m6ctl's own start-up excluded), one after the other.
+def rtt(max_ms):
+    s = connect()
+    assert call(s, hello())[0] == OK
+    times = []
+    while not os.path.exists(DONE_FILE):
+        t0 = time.monotonic()
+        st, msg = call(s, status_req(LATENCY_RUN))
+        times.append(time.monotonic() - t0)
+        if st != OK:
+            check(False, "status of run %d: status %d (%r)" % (LATENCY_RUN, st, msg))
+        time.sleep(0.005)
+    s.close()
+    times.sort()
+    check(len(times) >= 5, "%d status round trips during the load (want >= 5)" % len(times))
+    worst, p50 = times[-1], times[len(times) // 2]
+    check(worst * 1e3 < max_ms, "status answered within %g ms during the load: median "
+          "%.2f ms, worst %.2f ms of %d" % (max_ms, p50 * 1e3, worst * 1e3, len(times)))
+
+
+if RTT:
+    rtt(float(ARGS[2]))
+    sys.exit(0)
 
 # With DONE_FILE only the latency is probed, from the start: the protocol
 # checks' own requests would otherwise wait out a blocked socket untimed.

@@ -1,0 +1,340 @@
+/*
+ * views.c — m6ctl's field tables (views.h): one table per view, read by
+ * the one renderer of common/view.h for text, --json and --csv.
+ */
+#include "views.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "client/corpus/corpus.h"
+
+const char *views_state_str(M6__RunState s)
+{
+    switch (s) {
+    case M6__RUN_STATE__RUN_STATE_QUEUED: return "queued";
+    case M6__RUN_STATE__RUN_STATE_RUNNING: return "running";
+    case M6__RUN_STATE__RUN_STATE_PAUSED: return "paused";
+    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "completed";
+    case M6__RUN_STATE__RUN_STATE_FAILED: return "failed";
+    case M6__RUN_STATE__RUN_STATE_STOPPED: return "stopped";
+    default: return "unknown";
+    }
+}
+
+static const char *state_color_(M6__RunState s)
+{
+    switch (s) {
+    case M6__RUN_STATE__RUN_STATE_RUNNING: return "\033[32m";
+    case M6__RUN_STATE__RUN_STATE_PAUSED: return "\033[33m";
+    case M6__RUN_STATE__RUN_STATE_FAILED: return "\033[31m";
+    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "\033[1m";
+    default: return "\033[2m";
+    }
+}
+
+static const char *phase_str_(M6__Phase p)
+{
+    return p == M6__PHASE__PHASE_REAL ? "real" : "pseudo";
+}
+
+int views_terminal(M6__RunState s)
+{
+    return s == M6__RUN_STATE__RUN_STATE_COMPLETED || s == M6__RUN_STATE__RUN_STATE_FAILED ||
+           s == M6__RUN_STATE__RUN_STATE_STOPPED;
+}
+
+/* ---- a run: list, status, the commands' replies, watch */
+
+#define R_ (((const views_run_row *)row)->r)
+
+static void r_id_(const void *row, view_val *v) { v->i = R_->id; }
+static void r_name_(const void *row, view_val *v) { v->s = R_->name; }
+static void r_state_(const void *row, view_val *v) { v->s = views_state_str(R_->state); }
+/* text: "running", or "running (pausing)" while a command is pending */
+static void r_state_text_(const void *row, view_val *v)
+{
+    const char *p = R_->pending ? R_->pending : "";
+    snprintf(v->buf, sizeof v->buf, "%s%s%s%s", views_state_str(R_->state), *p ? " (" : "", p,
+             *p ? ")" : "");
+    v->s = v->buf;
+    v->color = state_color_(R_->state);
+}
+static void r_phase_(const void *row, view_val *v) { v->s = phase_str_(R_->phase); }
+/* status: "pseudo (delink at step 100)", "real (delinked at step 100)",
+ * "real (trained from scratch)"; a run that ended delinks no more. A run
+ * of pseudo.steps 0 never had a Pseudo phase (m6d before the delink step
+ * had its own column said delinked at step 0). */
+static void r_phase_text_(const void *row, view_val *v)
+{
+    const M6__RunInfo *r = R_;
+    int real = r->phase == M6__PHASE__PHASE_REAL;
+    if (real && r->pseudo_steps == 0 && r->delink_step <= 0)
+        snprintf(v->buf, sizeof v->buf, "real (trained from scratch)");
+    else if (real && r->delink_step >= 0)
+        snprintf(v->buf, sizeof v->buf, "real (delinked at step %lld)",
+                 (long long)r->delink_step);
+    else if (!real && r->pseudo_steps > 0 && !views_terminal(r->state))
+        /* next_delink_step: the current step while an operator's delink
+         * is pending, else pseudo_steps (0 from an m6d without it) */
+        snprintf(v->buf, sizeof v->buf, "pseudo (delink at step %lld)",
+                 (long long)(r->next_delink_step > 0 ? r->next_delink_step
+                                                     : r->pseudo_steps));
+    else
+        snprintf(v->buf, sizeof v->buf, "%s", phase_str_(r->phase));
+    v->s = v->buf;
+}
+static void r_step_(const void *row, view_val *v) { v->i = R_->step; }
+static void r_total_(const void *row, view_val *v) { v->i = R_->total_steps; }
+static void r_step_text_(const void *row, view_val *v)
+{
+    snprintf(v->buf, sizeof v->buf, "%lld/%lld", (long long)R_->step,
+             (long long)R_->total_steps);
+    v->s = v->buf;
+}
+static void r_loss_(const void *row, view_val *v) { v->d = R_->train_loss; }
+static void r_val_(const void *row, view_val *v) { v->d = R_->val_loss; }
+static void r_tps_(const void *row, view_val *v) { v->d = R_->tokens_per_s; }
+static void r_lr_(const void *row, view_val *v) { v->d = R_->lr; }
+static void r_pseudo_(const void *row, view_val *v) { v->i = R_->pseudo_steps; }
+static void r_delink_(const void *row, view_val *v) { v->i = R_->delink_step; }
+static void r_eta_(const void *row, view_val *v)
+{
+    v->d = R_->eta_s;
+    v->null = R_->eta_s < 0;
+}
+static void r_watch_eta_(const void *row, view_val *v)
+{
+    v->d = ((const views_run_row *)row)->watch_eta;
+    v->null = v->d < 0;
+}
+static void r_ckpt_(const void *row, view_val *v) { v->i = R_->checkpoint_step; }
+static void r_ckpt_text_(const void *row, view_val *v)
+{
+    v->null = R_->checkpoint_step < 0;
+    snprintf(v->buf, sizeof v->buf, "step %lld", (long long)R_->checkpoint_step);
+    v->s = v->buf;
+}
+static void r_created_(const void *row, view_val *v) { v->d = R_->created; }
+static void r_updated_(const void *row, view_val *v) { v->d = R_->updated; }
+static void r_error_(const void *row, view_val *v)
+{
+    v->s = R_->error && *R_->error ? R_->error : NULL;
+}
+static void r_pending_(const void *row, view_val *v)
+{
+    v->s = R_->pending && *R_->pending ? R_->pending : NULL;
+}
+static void r_backend_(const void *row, view_val *v)
+{
+    v->s = R_->backend && *R_->backend ? R_->backend : NULL;
+}
+static void r_res_(const void *row, view_val *v) { v->i = R_->resident_slots; }
+static void r_off_(const void *row, view_val *v) { v->i = R_->offloaded_slots; }
+static void r_inuse_(const void *row, view_val *v) { v->i = R_->device_bytes_in_use; }
+static void r_peak_(const void *row, view_val *v) { v->i = R_->peak_device_bytes; }
+static void r_budget_(const void *row, view_val *v) { v->i = R_->device_budget_bytes; }
+static void r_h2d_(const void *row, view_val *v) { v->d = R_->h2d_gbps; }
+static void r_d2h_(const void *row, view_val *v) { v->d = R_->d2h_gbps; }
+static void r_hidden_(const void *row, view_val *v) { v->d = R_->copy_hidden_fraction; }
+
+/* "4/6 slots offloaded, peak 157.1 MiB of 160 MiB budget, h2d 3.2 GB/s,
+ * 87% of copy time hidden"; unknown before the run has a sample. On the
+ * cpu backend the "device" is a budgeted pool of ordinary memory. */
+static void r_offload_text_(const void *row, view_val *v)
+{
+    const M6__RunInfo *r = R_;
+    int n = r->resident_slots + r->offloaded_slots;
+    static const view_field peak = {0, 0, 0, 0, VIEW_INT, VF_BYTES, 0, r_peak_};
+    static const view_field budget = {0, 0, 0, 0, VIEW_INT, VF_BYTES, 0, r_budget_};
+    char pk[32], bud[32];
+    v->null = n <= 0;
+    if (v->null) return;
+    view_text(pk, sizeof pk, &peak, row);
+    int cpu = r->backend && strcmp(r->backend, "cpu") == 0;
+    size_t o = 0, len = sizeof v->buf;
+    if (r->device_budget_bytes <= 0) {
+        snprintf(v->buf, len, "off (no budget): %d/%d slots resident, %s %s",
+                 r->resident_slots, n, cpu ? "memory pool" : "device", pk);
+        v->s = v->buf;
+        return;
+    }
+    view_text(bud, sizeof bud, &budget, row);
+    o += (size_t)snprintf(v->buf + o, len - o, "%d/%d slots offloaded, peak %s of %s budget",
+                          r->offloaded_slots, n, pk, bud);
+    if (!isnan(r->h2d_gbps) && o < len)
+        o += (size_t)snprintf(v->buf + o, len - o, ", h2d %.3g GB/s", r->h2d_gbps);
+    if (!isnan(r->d2h_gbps) && o < len)
+        o += (size_t)snprintf(v->buf + o, len - o, ", d2h %.3g GB/s", r->d2h_gbps);
+    if (o < len)
+        snprintf(v->buf + o, len - o, isnan(r->copy_hidden_fraction)
+                     ? ", no copies in the last step" : ", %.0f%% of copy time hidden",
+                 100.0 * r->copy_hidden_fraction);
+    v->s = v->buf;
+}
+static void r_message_(const void *row, view_val *v) { v->s = ((const views_run_row *)row)->message; }
+
+#undef R_
+
+/* list: the columns with a head; status: the lines with a label; --json:
+ * the fields with a name (list, status and the commands alike). */
+static const view_field run_fields_[] = {
+    {"id", "ID", "id", -5, VIEW_INT, VF_PLAIN, 0, r_id_},
+    {"name", "NAME", "name", -20, VIEW_STR, VF_PLAIN, VIEW_CUT, r_name_},
+    {"state", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, r_state_},
+    {0, "STATE", "state", -19, VIEW_STR, VF_PLAIN, 0, r_state_text_},
+    {"pending", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, r_pending_},
+    {"phase", "PHASE", 0, -7, VIEW_STR, VF_PLAIN, 0, r_phase_},
+    {0, 0, "phase", 0, VIEW_STR, VF_PLAIN, 0, r_phase_text_},
+    {"step", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_step_},
+    {"total_steps", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_total_},
+    {0, "STEP", "step", -13, VIEW_STR, VF_PLAIN, 0, r_step_text_},
+    {"train_loss", "LOSS", "train_loss", -9, VIEW_F32, VF_LOSS, 0, r_loss_},
+    {"val_loss", "VAL", "val_loss", -9, VIEW_F32, VF_LOSS, 0, r_val_},
+    {"tokens_per_s", "TOK/S", "tokens_per_s", 0, VIEW_F64, VF_RATE, 0, r_tps_},
+    {"lr", 0, 0, 0, VIEW_F32, VF_PLAIN, 0, r_lr_},
+    {"pseudo_steps", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_pseudo_},
+    {"delink_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, r_delink_},
+    {"eta_s", 0, "eta", 0, VIEW_F64, VF_SECONDS, 0, r_eta_},
+    {"checkpoint_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, r_ckpt_},
+    {0, 0, "checkpoint", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_ckpt_text_},
+    {0, 0, "offload", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_offload_text_},
+    {"backend", 0, "backend", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_backend_},
+    {"created", 0, "created", 0, VIEW_F64, VF_UTC, 0, r_created_},
+    {"updated", 0, "updated", 0, VIEW_F64, VF_UTC, 0, r_updated_},
+    {"error", 0, "error", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_error_},
+    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_res_},
+    {"offloaded_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_off_},
+    {"device_bytes_in_use", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_inuse_},
+    {"peak_device_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_peak_},
+    {"device_budget_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_budget_},
+    {"h2d_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_h2d_},
+    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_d2h_},
+    {"copy_hidden_fraction", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_hidden_},
+    {"message", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_message_},
+};
+const view views_run = VIEW_OF(run_fields_);
+
+/* watch's line: "step 5/100 running pseudo loss 2.3456 val - tok/s 1234
+ * eta 3m05s" (the ETA watch measured itself). */
+static const view_field watch_fields_[] = {
+    {0, 0, "step", 0, VIEW_STR, VF_PLAIN, 0, r_step_text_},
+    {0, 0, "", 0, VIEW_STR, VF_PLAIN, 0, r_state_text_},
+    {0, 0, "", 0, VIEW_STR, VF_PLAIN, 0, r_phase_},
+    {0, 0, "loss", 0, VIEW_F32, VF_LOSS, 0, r_loss_},
+    {0, 0, "val", 0, VIEW_F32, VF_LOSS, 0, r_val_},
+    {0, 0, "tok/s", 0, VIEW_F64, VF_RATE, 0, r_tps_},
+    {0, 0, "eta", 0, VIEW_F64, VF_SECONDS, 0, r_watch_eta_},
+};
+const view views_watch_line = VIEW_OF(watch_fields_);
+
+/* ---- metrics: one row per step */
+
+#define M_ ((const M6__MetricRow *)row)
+static void m_step_(const void *row, view_val *v) { v->i = M_->step; }
+static void m_phase_(const void *row, view_val *v) { v->s = phase_str_(M_->phase); }
+static void m_loss_(const void *row, view_val *v) { v->d = M_->train_loss; }
+static void m_val_(const void *row, view_val *v) { v->d = M_->val_loss; }
+static void m_lr_(const void *row, view_val *v) { v->d = M_->lr; }
+static void m_tps_(const void *row, view_val *v) { v->d = M_->tokens_per_s; }
+static void m_gn_(const void *row, view_val *v) { v->d = M_->grad_norm; }
+static void m_res_(const void *row, view_val *v) { v->i = M_->resident_slots; }
+/* text "4/6" (offloaded of all slots); unknown in rows before schema 0002 */
+static void m_off_(const void *row, view_val *v)
+{
+    v->i = M_->offloaded_slots;
+    v->null = M_->offloaded_slots < 0 || M_->resident_slots < 0;
+    snprintf(v->buf, sizeof v->buf, "%d/%d", M_->offloaded_slots,
+             M_->offloaded_slots + M_->resident_slots);
+    if (!v->null) v->text = v->buf;
+}
+static void m_peak_(const void *row, view_val *v) { v->i = M_->peak_device_bytes; }
+static void m_h2d_(const void *row, view_val *v) { v->d = M_->h2d_gbps; }
+static void m_d2h_(const void *row, view_val *v) { v->d = M_->d2h_gbps; }
+static void m_hid_(const void *row, view_val *v) { v->d = M_->copy_hidden_fraction; }
+#undef M_
+
+static const view_field metric_fields_[] = {
+    {"step", "STEP", 0, 6, VIEW_INT, VF_PLAIN, 0, m_step_},
+    {"phase", "PHASE", 0, -6, VIEW_STR, VF_PLAIN, 0, m_phase_},
+    {"train_loss", "TRAIN_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_loss_},
+    {"val_loss", "VAL_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_val_},
+    {"lr", "LR", 0, -12, VIEW_F32, VF_PLAIN, 0, m_lr_},
+    {"tokens_per_s", "TOK/S", 0, -10, VIEW_F64, VF_RATE, 0, m_tps_},
+    {"grad_norm", "GRAD_NORM", 0, -10, VIEW_F32, VF_PLAIN, 0, m_gn_},
+    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_res_},
+    {"offloaded_slots", "OFFL", 0, -7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_off_},
+    {"peak_device_bytes", "PEAK", 0, -10, VIEW_INT, VF_BYTES, VIEW_NEG_NULL, m_peak_},
+    {"h2d_gbps", "H2D_GB/S", 0, -8, VIEW_F64, VF_G3, 0, m_h2d_},
+    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, m_d2h_},
+    {"copy_hidden_fraction", "HIDDEN", 0, 0, VIEW_F64, VF_PCT, 0, m_hid_},
+};
+const view views_metrics = VIEW_OF(metric_fields_);
+
+/* ---- events: a run's history */
+
+#define E_ ((const M6__Event *)row)
+static void e_id_(const void *row, view_val *v) { v->i = E_->id; }
+static void e_time_(const void *row, view_val *v) { v->d = E_->time; }
+static void e_kind_(const void *row, view_val *v) { v->s = E_->kind; }
+static void e_detail_(const void *row, view_val *v) { v->s = E_->detail; }
+#undef E_
+
+static const view_field event_fields_[] = {
+    {"id", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, e_id_},
+    {"time", "TIME (UTC)", 0, -20, VIEW_F64, VF_UTC, 0, e_time_},
+    {"kind", "KIND", 0, -16, VIEW_STR, VF_PLAIN, 0, e_kind_},
+    {"detail", "DETAIL", 0, 0, VIEW_STR, VF_PLAIN, 0, e_detail_},
+};
+const view views_events = VIEW_OF(event_fields_);
+
+/* ---- submit's answer: the run's id (text: the id alone) */
+
+static void s_id_(const void *row, view_val *v) { v->i = ((const M6__SubmitReply *)row)->run_id; }
+static void s_name_(const void *row, view_val *v) { v->s = ((const M6__SubmitReply *)row)->name; }
+
+static const view_field submit_fields_[] = {
+    {"id", 0, "", 0, VIEW_INT, VF_PLAIN, 0, s_id_},
+    {"name", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, s_name_},
+};
+const view views_submit = VIEW_OF(submit_fields_);
+
+/* ---- watch's events: {"event", "step"[, "last_seen_step"]} */
+
+
+#define W_ ((const views_watch_event_row *)row)
+static void w_event_(const void *row, view_val *v) { v->s = W_->event; }
+static void w_step_(const void *row, view_val *v) { v->i = W_->step; }
+static void w_seen_(const void *row, view_val *v) { v->i = W_->last_seen; }
+#undef W_
+
+static const view_field watch_event_fields_[] = {
+    {"event", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, w_event_},
+    {"step", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, w_step_},
+    {"last_seen_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL | VIEW_JSON_OMIT_NULL,
+     w_seen_},
+};
+const view views_watch_event = VIEW_OF(watch_event_fields_);
+
+/* ---- data prepare's counts (--json; the text is a summary in words) */
+
+#define P_(f) \
+    static void p_##f##_(const void *row, view_val *v) \
+    { v->i = (long long)((const prepare_stats *)row)->f; }
+P_(files) P_(skipped) P_(binary) P_(special) P_(duplicates) P_(train_tokens)
+P_(val_tokens) P_(train_shards) P_(val_shards)
+#undef P_
+
+static const view_field prepare_fields_[] = {
+    {"files", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_files_},
+    {"skipped", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_skipped_},
+    {"binary", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_binary_},
+    {"special", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_special_},
+    {"duplicates", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_duplicates_},
+    {"train_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_tokens_},
+    {"val_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_tokens_},
+    {"train_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_shards_},
+    {"val_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_shards_},
+};
+const view views_prepare = VIEW_OF(prepare_fields_);
