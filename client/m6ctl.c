@@ -1129,9 +1129,49 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     return 0;
 }
 
+/* `m6ctl help --markdown [commands|spec-keys]` (hidden, for
+ * docs/gen-tables.sh): README.md's table of the commands above, or the spec
+ * key table of spec.c (spec_keys_markdown). Help text is joined into one
+ * line; '|' and '<' are escaped for Markdown. Returns the exit status. */
+static int markdown_tables_(const char *which)
+{
+    if (strcmp(which, "spec-keys") == 0)
+        return spec_keys_markdown(stdout) == 0 ? EXIT_OK : EXIT_ERR;
+    if (strcmp(which, "commands") != 0) {
+        errf_("help --markdown: want commands or spec-keys, got \"%s\"", which);
+        return EXIT_USAGE;
+    }
+    printf("| command | options | what it does |\n|---|---|---|\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const command *c = &commands_[i];
+        printf("| `%s%s%s` | ", c->name, c->usage[0] ? " " : "", c->usage);
+        /* F_PLAN's and F_PREPARE's options are in their usage already */
+        const char *opt[] = {
+            (c->flags & F_JSON) ? "`--json`" : NULL,
+            (c->flags & F_CSV) ? "`--csv`" : NULL,
+            (c->flags & F_WATCH) ? "`--interval SEC`, `--reconnect SEC`" : NULL,
+        };
+        int any = 0;
+        for (size_t j = 0; j < sizeof opt / sizeof opt[0]; j++)
+            if (opt[j]) printf("%s%s", any++ ? ", " : "", opt[j]);
+        printf(" | ");
+        for (const char *p = c->help; *p; p++) {
+            if (*p == '\n') putchar(' ');
+            else if (*p == '|') fputs("\\|", stdout);
+            else if (*p == '<') fputs("&lt;", stdout);
+            else putchar(*p);
+        }
+        printf(" |\n");
+    }
+    return ferror(stdout) ? EXIT_ERR : EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     argv[0] = (char *)"m6ctl";  /* getopt's own messages */
+    if (argc >= 3 && argc <= 4 && strcmp(argv[1], "help") == 0 &&
+        strcmp(argv[2], "--markdown") == 0)
+        return markdown_tables_(argc == 4 ? argv[3] : "commands");
     /* A daemon that stops mid-watch must give an error, not kill us. */
     signal(SIGPIPE, SIG_IGN);
     int nocolor = getenv("NO_COLOR") != NULL;

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -48,60 +49,108 @@ typedef struct {
     double flo, fhi;
     int lo_open, hi_open;
     const char *const *names;  /* K_ENUM, NULL-terminated */
+    const char *doc;           /* one sentence for README.md's key table */
 } key_;
 
 static const char *const delink_names_[] = { "copy", "reset", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
 
 #define OFF(m) offsetof(run_spec, m)
-#define STR(sec, k, m) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
-                         0, 0, 0, 0, 0, 0, NULL }
-#define INT(sec, k, m, lo, hi) { sec, k, K_INT, OFF(m), sizeof(int), lo, hi, \
-                                 0, 0, 0, 0, NULL }
-#define LONG(sec, k, m, lo, hi) { sec, k, K_LONG, OFF(m), sizeof(long), lo, hi, \
-                                  0, 0, 0, 0, NULL }
-#define FLT(sec, k, m, lo, lo_open, hi, hi_open) \
-    { sec, k, K_FLOAT, OFF(m), sizeof(float), 0, 0, lo, hi, lo_open, hi_open, NULL }
-#define ENUM(sec, k, m, names) { sec, k, K_ENUM, OFF(m), sizeof(int), 0, 0, \
-                                 0, 0, 0, 0, names }
+#define STR(sec, k, m, doc) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
+                              0, 0, 0, 0, 0, 0, NULL, doc }
+#define INT(sec, k, m, lo, hi, doc) { sec, k, K_INT, OFF(m), sizeof(int), lo, \
+                                      hi, 0, 0, 0, 0, NULL, doc }
+#define LONG(sec, k, m, lo, hi, doc) { sec, k, K_LONG, OFF(m), sizeof(long), \
+                                       lo, hi, 0, 0, 0, 0, NULL, doc }
+#define FLT(sec, k, m, lo, lo_open, hi, hi_open, doc) \
+    { sec, k, K_FLOAT, OFF(m), sizeof(float), 0, 0, lo, hi, lo_open, hi_open, \
+      NULL, doc }
+#define ENUM(sec, k, m, names, doc) { sec, k, K_ENUM, OFF(m), sizeof(int), 0, \
+                                      0, 0, 0, 0, 0, names, doc }
 
 /* In canonical order: spec_to_json writes the keys as listed here. */
 static const key_ keys_[] = {
-    STR(NULL, "name", name),
-    STR("data", "train", data.train),
-    STR("data", "val", data.val),
-    INT("model", "vocab_size", model.vocab_size, 1, 65536),
-    INT("model", "n_layer", model.n_layer, 1, INT_MAX),
-    INT("model", "n_head", model.n_head, 1, INT_MAX),
-    INT("model", "n_embd", model.n_embd, 1, INT_MAX),
-    INT("model", "seq_len", model.seq_len, 1, INT_MAX),
-    INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX),
-    LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX),
-    ENUM("delink", "optimizer", delink.optimizer, delink_names_),
-    LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX),
-    LONG("train", "steps", train.steps, 1, LONG_MAX),
-    INT("train", "batch_size", train.batch_size, 1, INT_MAX),
-    INT("train", "grad_accum", train.grad_accum, 1, INT_MAX),
-    FLT("train", "lr", train.lr, 0, 1, INFINITY, 0),
-    FLT("train", "min_lr", train.min_lr, 0, 0, INFINITY, 0),
-    LONG("train", "warmup_steps", train.warmup_steps, 0, LONG_MAX),
-    FLT("train", "weight_decay", train.weight_decay, 0, 0, INFINITY, 0),
-    FLT("train", "grad_clip", train.grad_clip, 0, 0, INFINITY, 0),
-    FLT("train", "beta1", train.beta1, 0, 0, 1, 1),
-    FLT("train", "beta2", train.beta2, 0, 0, 1, 1),
-    FLT("train", "eps", train.eps, 0, 1, INFINITY, 0),
+    STR(NULL, "name", name,
+        "Run name, shown by `m6ctl list`; usable as RUN where unique. Letters, "
+        "digits, `.`, `_`, `-`; not starting with `.` or `-`; not all digits."),
+    STR("data", "train", data.train,
+        "Required. Glob of training shards (llm.c layout), relative to the "
+        "spec file."),
+    STR("data", "val", data.val,
+        "Required. Glob of validation shards, relative to the spec file."),
+    INT("model", "vocab_size", model.vocab_size, 1, 65536,
+        "V: token ids run from 0 to V-1 (256 for `m6ctl data prepare`'s "
+        "bytes)."),
+    INT("model", "n_layer", model.n_layer, 1, INT_MAX,
+        "L: transformer blocks."),
+    INT("model", "n_head", model.n_head, 1, INT_MAX,
+        "NH: attention heads; must divide `n_embd`."),
+    INT("model", "n_embd", model.n_embd, 1, INT_MAX,
+        "C: width of the residual stream."),
+    INT("model", "seq_len", model.seq_len, 1, INT_MAX,
+        "T: tokens per sequence (and positions in the position table)."),
+    INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
+        "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L`."),
+    LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
+         "Steps of the pseudo phase, at most `train.steps`; the delink comes "
+         "after them. 0: train the real model from scratch."),
+    ENUM("delink", "optimizer", delink.optimizer, delink_names_,
+         "At the delink each layer's AdamW moments are copied from its slot "
+         "(`copy`) or start at zero (`reset`)."),
+    LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
+         "After the delink, scale the learning rate up linearly over this many "
+         "steps. 0: no re-warmup."),
+    LONG("train", "steps", train.steps, 1, LONG_MAX,
+         "Total optimizer steps, pseudo and real together."),
+    INT("train", "batch_size", train.batch_size, 1, INT_MAX,
+        "B: sequences per microbatch (`B*T` at most 2^31-1)."),
+    INT("train", "grad_accum", train.grad_accum, 1, INT_MAX,
+        "Microbatches summed into one optimizer step."),
+    FLT("train", "lr", train.lr, 0, 1, INFINITY, 0,
+        "Peak learning rate, reached after `warmup_steps`."),
+    FLT("train", "min_lr", train.min_lr, 0, 0, INFINITY, 0,
+        "Floor of the cosine decay, reached at `train.steps`; at most `lr`."),
+    LONG("train", "warmup_steps", train.warmup_steps, 0, LONG_MAX,
+         "Steps of linear warmup to `lr`."),
+    FLT("train", "weight_decay", train.weight_decay, 0, 0, INFINITY, 0,
+        "AdamW decoupled weight decay, on 2-D weights only."),
+    FLT("train", "grad_clip", train.grad_clip, 0, 0, INFINITY, 0,
+        "Clip the global gradient norm to this. 0: no clipping."),
+    FLT("train", "beta1", train.beta1, 0, 0, 1, 1, "AdamW beta1."),
+    FLT("train", "beta2", train.beta2, 0, 0, 1, 1, "AdamW beta2."),
+    FLT("train", "eps", train.eps, 0, 1, INFINITY, 0, "AdamW epsilon."),
     { "train", "seed", K_U64, OFF(train.seed), sizeof(uint64_t), 0, 0, 0, 0,
-      0, 0, NULL },
-    LONG("train", "eval_every", train.eval_every, 0, LONG_MAX),
-    INT("train", "eval_batches", train.eval_batches, 1, INT_MAX),
-    LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX),
-    INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX),
-    ENUM("device", "backend", device.backend, backend_names_),
-    INT("device", "threads", device.threads, 0, 1024),  /* 0: OpenMP default */
+      0, 0, NULL,
+      "Seed of the weight init and the batch sampler; above 2^63-1 write it "
+      "as a decimal string." },
+    LONG("train", "eval_every", train.eval_every, 0, LONG_MAX,
+         "Validation pass every this many steps, and always after the last. "
+         "0: only after the last."),
+    INT("train", "eval_batches", train.eval_batches, 1, INT_MAX,
+        "Batches of B sequences per validation pass."),
+    LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
+         "Checkpoint every this many steps (also at the end, pause, stop and "
+         "shutdown). 0: only at those."),
+    INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX,
+        "Newest checkpoints kept per run; older ones are deleted."),
+    ENUM("device", "backend", device.backend, backend_names_,
+         "`cpu` (fp32, CBLAS, OpenMP) or `cuda` (bf16 with fp32 master "
+         "weights; needs an m6d built with nvcc and a GPU)."),
+    INT("device", "threads", device.threads, 0, 1024,
+        "OpenMP threads for the CPU kernels. 0: m6d's `--threads`, else "
+        "OpenMP's default (one per core)."),
     { "device", "memory_budget", K_SIZE, OFF(device.memory_budget),
-      sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL },
-    INT("offload", "prefetch", offload.prefetch, 1, 64),
-    INT("offload", "host_threads", offload.host_threads, 0, 256),
+      sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL,
+      "Device memory the model may use (on `cpu`, a budgeted pool of "
+      "ordinary memory); slots that do not fit are offloaded to host "
+      "memory. 0: no budget, every slot resident." },
+    INT("offload", "prefetch", offload.prefetch, 1, 64,
+        "Staging buffers for offloaded slots: how many fetches run ahead of "
+        "the layer that computes."),
+    INT("offload", "host_threads", offload.host_threads, 0, 256,
+        "Host threads that accumulate gradients and run AdamW for offloaded "
+        "slots. 0: 2 on `cpu`, on `cuda` the CPUs m6d may use less 2 "
+        "(1 to 64)."),
 };
 #define N_KEYS (sizeof keys_ / sizeof keys_[0])
 
@@ -127,6 +176,123 @@ static int is_section_(const char *name)
     for (size_t i = 0; i < N_SECTIONS; i++)
         if (strcmp(name, sections_[i]) == 0) return 1;
     return 0;
+}
+
+/* "section.key" or "key" */
+static void path_of_(const key_ *k, char *buf, size_t len)
+{
+    if (k->section) snprintf(buf, len, "%s.%s", k->section, k->key);
+    else snprintf(buf, len, "%s", k->key);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Suggestions for unknown keys                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Optimal string alignment distance (insertions, deletions, substitutions
+ * and swaps of two neighbours, each 1), ignoring case; strings longer than
+ * 63 bytes count as far from everything. */
+static int distance_(const char *a, const char *b)
+{
+    enum { N = 64 };
+    size_t n = strlen(a), m = strlen(b);
+    if (n >= N || m >= N) return INT_MAX / 2;
+    int d[N][N];
+    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int ca = tolower((unsigned char)a[i - 1]);
+            int cb = tolower((unsigned char)b[j - 1]);
+            int v = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                cb == tolower((unsigned char)a[i - 2]) &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+/* Names from other trainers that no spelling distance leads to ours. */
+static const struct { const char *alias, *path; } synonyms_[] = {
+    { "learning_rate", "train.lr" },
+    { "min_learning_rate", "train.min_lr" },
+    { "max_steps", "train.steps" },
+    { "max_iters", "train.steps" },
+    { "micro_batch_size", "train.batch_size" },
+    { "gradient_accumulation_steps", "train.grad_accum" },
+    { "max_grad_norm", "train.grad_clip" },
+    { "clip_grad_norm", "train.grad_clip" },
+    { "epsilon", "train.eps" },
+    { "adam_eps", "train.eps" },
+    { "wd", "train.weight_decay" },
+    { "eval_interval", "train.eval_every" },
+    { "eval_iters", "train.eval_batches" },
+    { "num_layers", "model.n_layer" },
+    { "num_heads", "model.n_head" },
+    { "hidden_size", "model.n_embd" },
+    { "d_model", "model.n_embd" },
+    { "block_size", "model.seq_len" },
+    { "context_length", "model.seq_len" },
+    { "delink_step", "pseudo.steps" },
+    { "pseudo_steps", "pseudo.steps" },
+};
+
+/* The known key nearest to an unknown one: section (NULL at the top level)
+ * and key as written. A key of the same section at distance d, or one of
+ * another section at d + 1, counts when d is at most a third of the key's
+ * length (at least 1); at the top level a section name counts too. Writes
+ * "section.key" (or "key") to buf, or "" when nothing is near. */
+static void suggest_(const char *section, const char *key, char *buf,
+                     size_t len)
+{
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof synonyms_ / sizeof synonyms_[0]; i++)
+        if (strcasecmp(key, synonyms_[i].alias) == 0) {
+            snprintf(buf, len, "%s", synonyms_[i].path);
+            return;
+        }
+    int limit = (int)strlen(key) / 3;
+    if (limit < 1) limit = 1;
+    int best = limit + 1;
+    if (!section)
+        for (size_t i = 0; i < N_SECTIONS; i++) {
+            int d = distance_(key, sections_[i]);
+            if (d < best) {
+                best = d;
+                snprintf(buf, len, "%s", sections_[i]);
+            }
+        }
+    for (int pass = 0; pass < 2; pass++)  /* own section first: it wins ties */
+        for (size_t i = 0; i < N_KEYS; i++) {
+            const key_ *k = &keys_[i];
+            int same = (section == NULL) == (k->section == NULL) &&
+                       (!section || strcmp(section, k->section) == 0);
+            if (same != (pass == 0)) continue;
+            int d = distance_(key, k->key) + !same;
+            if (d < best) {
+                best = d;
+                path_of_(k, buf, len);
+            }
+        }
+}
+
+/* "unknown key 'train.learning_rate' (did you mean 'train.lr'?)" */
+static void unknown_key_(const char *section, const char *key, char *err,
+                         size_t errlen)
+{
+    char near[96];
+    suggest_(section, key, near, sizeof near);
+    const char *dot = section ? "." : "";
+    if (near[0])
+        seterr_(err, errlen, "unknown key '%s%s%s' (did you mean '%s'?)",
+                section ? section : "", dot, key, near);
+    else
+        seterr_(err, errlen, "unknown key '%s%s%s'", section ? section : "",
+                dot, key);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -183,13 +349,6 @@ int spec_host_threads(const run_spec *s)
 /* ------------------------------------------------------------------------ */
 /* Parsing one value                                                         */
 /* ------------------------------------------------------------------------ */
-
-/* "section.key" or "key" */
-static void path_of_(const key_ *k, char *buf, size_t len)
-{
-    if (k->section) snprintf(buf, len, "%s.%s", k->section, k->key);
-    else snprintf(buf, len, "%s", k->key);
-}
 
 /* A JSON value as the operator wrote it, shortened for messages. */
 static void show_(const json_t *v, char *buf, size_t len)
@@ -554,7 +713,7 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
         if (!is_section_(name)) {
             const key_ *k = find_key_(NULL, name);
             if (!k) {
-                seterr_(err, errlen, "unknown key '%s'", name);
+                unknown_key_(NULL, name, err, errlen);
                 goto out;
             }
             if (set_value_(&s, k, val, err, errlen) != 0) goto out;
@@ -570,7 +729,7 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
         json_object_foreach(val, key, v) {
             const key_ *k = find_key_(name, key);
             if (!k) {
-                seterr_(err, errlen, "unknown key '%s.%s'", name, key);
+                unknown_key_(name, key, err, errlen);
                 goto out;
             }
             if (set_value_(&s, k, v, err, errlen) != 0) goto out;
@@ -742,4 +901,99 @@ uint64_t spec_hash(const run_spec *s)
     }
     free(text);
     return h;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The key table as Markdown (README.md)                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A Markdown table cell: '|' escaped so it does not end the cell. */
+static void cell_(FILE *out, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '|') fputc('\\', out);
+        fputc(*p, out);
+    }
+}
+
+/* What values k takes, as README.md's "range" column says it. */
+static void range_md_(const key_ *k, char *buf, size_t len)
+{
+    switch (k->kind) {
+    case K_STR:
+        snprintf(buf, len, "at most %zu bytes", k->size - 1);
+        return;
+    case K_INT:
+    case K_LONG:
+        if (k->ihi == INT_MAX || k->ihi == LONG_MAX)
+            snprintf(buf, len, ">= %lld", k->ilo);
+        else
+            snprintf(buf, len, "%lld to %lld", k->ilo, k->ihi);
+        return;
+    case K_U64:
+        snprintf(buf, len, "0 to 2^64-1");
+        return;
+    case K_FLOAT:
+        if (isinf(k->fhi))
+            snprintf(buf, len, "%s %g", k->lo_open ? ">" : ">=", k->flo);
+        else
+            snprintf(buf, len, "%c%g, %g%c", k->lo_open ? '(' : '[', k->flo,
+                     k->fhi, k->hi_open ? ')' : ']');
+        return;
+    case K_ENUM: {
+        buf[0] = 0;
+        for (int i = 0; k->names[i]; i++) {
+            size_t n = strlen(buf);
+            snprintf(buf + n, len - n, "%s`%s`", i ? " | " : "", k->names[i]);
+        }
+        return;
+    }
+    case K_SIZE:
+        snprintf(buf, len, "bytes, or a size such as `8GiB`");
+        return;
+    }
+    buf[0] = 0;
+}
+
+static const char *type_md_(kind_ kind)
+{
+    switch (kind) {
+    case K_STR: case K_ENUM: return "string";
+    case K_INT: case K_LONG: case K_U64: return "integer";
+    case K_FLOAT: return "number";
+    case K_SIZE: return "size";
+    }
+    return "?";
+}
+
+int spec_keys_markdown(FILE *out)
+{
+    run_spec d;
+    spec_defaults(&d);
+    fputs("| key | type | default | range | meaning |\n"
+          "|---|---|---|---|---|\n", out);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_ *k = &keys_[i];
+        char path[64], range[128], *dflt = NULL;
+        size_t dlen = 0;
+        path_of_(k, path, sizeof path);
+        range_md_(k, range, sizeof range);
+        FILE *m = open_memstream(&dflt, &dlen);
+        if (!m) return -1;
+        int rc = value_text_(m, &d, k);
+        if (fclose(m) != 0 || rc != 0) {
+            free(dflt);
+            return -1;
+        }
+        fprintf(out, "| `%s` | %s | ", path, type_md_(k->kind));
+        if (strcmp(dflt, "\"\"") == 0) fputs("none", out);
+        else fprintf(out, "`%s`", dflt);
+        fputs(" | ", out);
+        cell_(out, range);
+        fputs(" | ", out);
+        cell_(out, k->doc);
+        fputs(" |\n", out);
+        free(dflt);
+    }
+    return ferror(out) ? -1 : 0;
 }

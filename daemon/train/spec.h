@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include "model/config.h"
 
 #define SPEC_STR 1024
@@ -80,5 +81,12 @@ char *spec_to_json(const run_spec *s);
 
 /* FNV-1a 64 of the canonical JSON: identifies a spec in checkpoints. */
 uint64_t spec_hash(const run_spec *s);
+
+/* Write every spec key as one row of a Markdown table to out: key path,
+ * JSON type, default (from spec_defaults, as spec_to_json writes it; "none"
+ * for an empty string), accepted range and meaning, in the key table's
+ * order. README.md's key table is this output (docs/gen-tables.sh). 0, or
+ * -1 on a write error or out of memory. */
+int spec_keys_markdown(FILE *out);
 
 #endif /* M6_SPEC_H */

@@ -361,6 +361,68 @@ static void test_bad_specs(void **state)
     free(json);
 }
 
+/* An unknown key names the nearest known one: a spelling slip (distance at
+ * most a third of the key's length), the same key in another section, a
+ * section name, or a synonym from other trainers; nothing when no key is
+ * near. The expected messages are written out by hand. */
+static void test_unknown_key_suggestion(void **state)
+{
+    (void)state;
+    static const struct { const char *body; const char *want; } cases[] = {
+        /* synonyms, which no distance reaches */
+        { "\"train\": {\"learning_rate\": 0.1}",
+          "unknown key 'train.learning_rate' (did you mean 'train.lr'?)" },
+        { "\"model\": {\"hidden_size\": 64}",
+          "unknown key 'model.hidden_size' (did you mean 'model.n_embd'?)" },
+        { "\"train\": {\"max_steps\": 10}",
+          "unknown key 'train.max_steps' (did you mean 'train.steps'?)" },
+        /* a synonym written in the wrong section still finds its key */
+        { "\"model\": {\"learning_rate\": 0.1}",
+          "unknown key 'model.learning_rate' (did you mean 'train.lr'?)" },
+        /* spelling: one edit, a swap of neighbours, case */
+        { "\"train\": {\"lrr\": 0.1}",
+          "unknown key 'train.lrr' (did you mean 'train.lr'?)" },
+        { "\"nmae\": \"x\"", "unknown key 'nmae' (did you mean 'name'?)" },
+        { "\"model\": {\"n_layers\": 2}",
+          "unknown key 'model.n_layers' (did you mean 'model.n_layer'?)" },
+        { "\"train\": {\"wramup_steps\": 5}",
+          "unknown key 'train.wramup_steps' (did you mean 'train.warmup_steps'?)" },
+        { "\"train\": {\"LR\": 0.1}",
+          "unknown key 'train.LR' (did you mean 'train.lr'?)" },
+        /* two edits in a key of 8 or more characters */
+        { "\"checkpoint\": {\"keep_last\": 2}",
+          "unknown key 'checkpoint.keep_last'" },
+        { "\"model\": {\"vocabsiz\": 256}",
+          "unknown key 'model.vocabsiz' (did you mean 'model.vocab_size'?)" },
+        /* the right key in the wrong section, or at the top level */
+        { "\"train\": {\"vocab_size\": 256}",
+          "unknown key 'train.vocab_size' (did you mean 'model.vocab_size'?)" },
+        { "\"lr\": 0.1", "unknown key 'lr' (did you mean 'train.lr'?)" },
+        /* a misspelt section */
+        { "\"trian\": {\"lr\": 0.1}",
+          "unknown key 'trian' (did you mean 'train'?)" },
+        { "\"checkpoints\": {\"every\": 10}",
+          "unknown key 'checkpoints' (did you mean 'checkpoint'?)" },
+        /* nothing near: no suggestion */
+        { "\"train\": {\"foo\": 1}", "unknown key 'train.foo'" },
+        { "\"train\": {\"momentum\": 0.9}", "unknown key 'train.momentum'" },
+        { "\"zzzzzzzz\": 1", "unknown key 'zzzzzzzz'" },
+        { "\"model\": {\"x\": 1}", "unknown key 'model.x'" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[512], err[512] = "";
+        snprintf(json, sizeof json,
+                 "{\"data\": {\"train\": \"t\", \"val\": \"v\"}, %s}",
+                 cases[i].body);
+        run_spec s;
+        if (parse(&s, json, err, sizeof err) == 0)
+            fail_msg("accepted: %s", json);
+        if (strcmp(err, cases[i].want) != 0)
+            fail_msg("%s:\n  got  \"%s\"\n  want \"%s\"", cases[i].body, err,
+                     cases[i].want);
+    }
+}
+
 static void test_load_file(void **state)
 {
     (void)state;
@@ -407,6 +469,7 @@ int main(void)
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_bad_specs),
         cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_unknown_key_suggestion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
