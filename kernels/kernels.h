@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- embedding */
 
 /* out (B,T,C) = wte[inp[b,t]] + wpe[t].  inp (B,T) int32 in [0,V); wte (V,C);
@@ -223,5 +227,9 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
                   const int32_t *offset, const float *xe, const float *hpre, const float *hact,
                   const float *ye, const float *wg, const float *w1,
                   const float *w2, float daux, float dz, const moe_dims *d);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* M6_KERNELS_H */
