@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- embedding */
 
 /* out (B,T,C) = wte[inp[b,t]] + wpe[t].  inp (B,T) int32 in [0,V); wte (V,C);
@@ -126,5 +130,106 @@ double grad_sumsq(const float *grads, size_t n);
 void adamw_update(float *params, const float *grads, float *m, float *v,
                   size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, long t);
+
+/* ------------------------------------------------ mixture of experts (MoE) */
+
+/* Expert prototyping (M6-T: Yang et al. 2021, arXiv 2105.15082, §3): the E
+ * experts of a layer are split into k prototypes of Ep = E/k experts; every
+ * prototype routes every token top-1 among its own experts (Switch
+ * Transformer: Fedus et al. 2021, arXiv 2101.03961, §2.1), and the layer's
+ * output is the sum over prototypes of the chosen expert's output scaled by
+ * its router probability. k = 1 is plain Switch routing. Prototype p holds
+ * the global experts [p*Ep, (p+1)*Ep).
+ *
+ * Each expert is a GELU MLP of hidden size H:
+ *   y_e(x) = W2_e gelu(W1_e x + b1_e) + b2_e,  W1 (E,H,C), b1 (E,H),
+ *   W2 (E,C,H), b2 (E,C)
+ * and the router one linear gate: logits (N,E) = x @ Wg^T + bg, Wg (E,C),
+ * bg (E), softmaxed within each prototype's Ep logits, in fp32.
+ *
+ * Capacity: each expert processes at most `capacity` tokens of the N of
+ * the microbatch (moe_capacity); tokens past it, in token order, get
+ * nothing from that prototype (the residual stream carries them).
+ *
+ * Dispatch: the processed (token, prototype) pairs are laid out expert by
+ * expert (rows offset[e] .. offset[e+1]-1 of the dispatch buffers, tokens in
+ * order within an expert: a stable permutation), so every expert's MLP is
+ * two dense GEMMs over contiguous rows. R = offset[E] <= N*k rows. */
+typedef struct {
+    int N;         /* tokens (rows of x) */
+    int C;         /* channels */
+    int E;         /* experts, all prototypes */
+    int k;         /* prototypes; k divides E */
+    int H;         /* expert hidden size */
+    int capacity;  /* tokens per expert, moe_capacity() */
+} moe_dims;
+
+/* ceil(capacity_factor * N / (E/k)): the tokens each expert of a prototype
+ * takes (Switch Transformer §2.2, per prototype). capacity_factor > 0. */
+int moe_capacity(double capacity_factor, int N, int E, int k);
+
+/* Router and dispatch plan.
+ * In: x (N,C), wg (E,C), bg (E) (may be NULL).
+ * Out: probs (N,E) softmax within each prototype (fp32); lse (N,k) the
+ * log-sum-exp of each prototype's logits (for the z-loss); expert (N,k) the
+ * global index of token n's top-1 expert in prototype p (exact ties go to
+ * the lowest index); slot (N,k) its dispatch row, -1 when dropped; counts
+ * (E) tokens processed by each expert (<= capacity); routed (E) tokens whose
+ * top-1 is e, before capacity; offset (E+1) first dispatch row of each
+ * expert (offset[E] = R); row_token (N*k) the token of each dispatch row
+ * (first R used).
+ * Returns the number of dropped (token, prototype) pairs. Never fails. */
+int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
+              int32_t *counts, int32_t *routed, int32_t *offset,
+              int32_t *row_token, const float *x, const float *wg,
+              const float *bg, const moe_dims *d);
+
+/* Experts and combine, from moe_route's plan.
+ * out (N,C) = sum over p of probs[n, expert[n,p]] * y_{expert[n,p]}(x[n])
+ * for the pairs not dropped (0 for a token dropped by every prototype).
+ * Saved for backward (first R rows used): xe (N*k,C) gathered inputs, hpre
+ * (N*k,H) W1 x + b1, hact (N*k,H) its GELU, ye (N*k,C) expert outputs.
+ * An expert with no tokens is skipped. Overwrites out. */
+void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
+                 const float *x, const float *probs, const int32_t *expert,
+                 const int32_t *slot, const int32_t *offset,
+                 const int32_t *row_token, const float *w1, const float *b1,
+                 const float *w2, const float *b2, const moe_dims *d);
+
+/* The router's auxiliary losses of one layer, in fp32 from doubles:
+ *  aux = (1/k) sum_p Ep sum_{e in p} f_e P_e     (Switch Transformer §2.2,
+ *        eq. 4, averaged over prototypes), f_e = routed[e] / N the fraction
+ *        of tokens whose top-1 is e, P_e = mean over tokens of probs[:,e];
+ *        1 for uniform routing and probabilities, -> Ep when collapsed;
+ *  z   = (1/(N k)) sum_{n,p} lse[n,p]^2          (ST-MoE: Zoph et al. 2022,
+ *        arXiv 2202.08906, §3.1, eq. 5, per prototype). */
+void moe_aux_losses(float *aux, float *z, const float *probs, const float *lse,
+                    const int32_t *routed, const moe_dims *d);
+
+/* Backward of moe_route + moe_forward + the auxiliary losses, for
+ *   loss = <dout, out> + daux * aux + dz * z
+ * (daux, dz: the gradient of the training loss w.r.t. this layer's aux and
+ * z values, i.e. their coefficients). f_e in aux counts tokens and has no
+ * gradient (as in Switch); the gradient reaches the router through the
+ * gate scaling of every processed pair, P_e and the z-loss.
+ * Accumulates (+=) into dx (N,C), dwg (E,C), dbg (E) (may be NULL), dw1,
+ * db1, dw2, db2 (shapes of the weights). An expert with no tokens gets no
+ * contribution (an exact zero when the caller zeroed its gradient), and no
+ * scratch row it did not write is read.
+ * Scratch (overwritten; contents on entry never matter): dye (N*k,C), dh1
+ * (N*k,H), dh2 (N*k,H), dxe (N*k,C), dlogits (N,E). The rest are the
+ * forward's inputs and saved values. */
+void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
+                  float *dw2, float *db2, float *dye, float *dh1, float *dh2,
+                  float *dxe, float *dlogits, const float *dout, const float *x,
+                  const float *probs, const float *lse, const int32_t *expert,
+                  const int32_t *slot, const int32_t *routed,
+                  const int32_t *offset, const float *xe, const float *hpre, const float *hact,
+                  const float *ye, const float *wg, const float *w1,
+                  const float *w2, float daux, float dz, const moe_dims *d);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* M6_KERNELS_H */

@@ -44,6 +44,8 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+#include "kernels.h" /* moe_dims */
+
 typedef __nv_bfloat16 bf16;
 
 /* ---------------------------------------------------------------- embedding */
@@ -276,5 +278,53 @@ void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
 /* params (n) = bf16(master): the working copy after loading fp32 weights. */
 void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
                        cudaStream_t stream);
+
+/* ---------------------------------------------------- mixture of experts */
+
+/* The MoE ops of kernels.h (expert prototyping, M6-T) with fixed-capacity
+ * dispatch: expert e's rows are [e*cap, e*cap + counts[e]) of buffers of
+ * rows = E*cap (cap = d->capacity), the other rows zero, so the expert
+ * MLPs are strided-batched GEMMs over E with host-known shapes (no copy of
+ * the counts to the host). Router and softmax in fp32; routing decisions,
+ * counts and drops as the CPU op's on the same logits. C, H and E must be
+ * multiples of 8 (16-byte rows for cuBLASLt). */
+
+/* logits = x Wg^T + bg in fp32, softmax per prototype into probs (N,E);
+ * lse (N,k); expert, slot (N,k) (slot: a dispatch row or -1); counts,
+ * routed (E); row_token (rows): the token of each row, -1 unused; dropped
+ * (1): the dropped (token, prototype) pairs. bg may be NULL. */
+void moe_route_cuda(float *probs, float *lse, int32_t *expert, int32_t *slot,
+                    int32_t *counts, int32_t *routed, int32_t *row_token,
+                    int32_t *dropped, const bf16 *x, const bf16 *wg,
+                    const bf16 *bg, const moe_dims *d, cudaStream_t stream);
+
+/* out (N,C) = sum over p of gate * y_expert(x); saves xe, ye (rows,C),
+ * hpre, hact (rows,H). Overwrites out. */
+void moe_forward_cuda(bf16 *out, bf16 *xe, bf16 *hpre, bf16 *hact, bf16 *ye,
+                      const bf16 *x, const float *probs,
+                      const int32_t *expert, const int32_t *slot,
+                      const int32_t *row_token, const bf16 *w1,
+                      const bf16 *b1, const bf16 *w2, const bf16 *b2,
+                      const moe_dims *d, cudaStream_t stream);
+
+/* out[0] = aux, out[1] = z (fp32, device), as moe_aux_losses. */
+void moe_aux_losses_cuda(float *out, const float *probs, const float *lse,
+                         const int32_t *routed, const moe_dims *d,
+                         cudaStream_t stream);
+
+/* Bytes of moe_backward_cuda's scratch (256-byte aligned base). */
+size_t moe_backward_scratch_bytes(const moe_dims *d);
+
+/* As moe_backward (kernels.h): += into dx, dwg, dbg (may be NULL), dw1,
+ * db1, dw2, db2, for loss = <dout, out> + daux aux + dz z. */
+void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
+                       const bf16 *x, const float *probs, const float *lse,
+                       const int32_t *expert, const int32_t *slot,
+                       const int32_t *routed, const int32_t *row_token,
+                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
+                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
+                       const bf16 *w2, float daux, float dz,
+                       const moe_dims *d, cudaStream_t stream);
 
 #endif /* M6_KERNELS_CUDA_H */
