@@ -65,14 +65,18 @@ static void reply_(call *c, M6__Status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void reply_(call *c, M6__Status st, const char *fmt, ...)
 {
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *msg = n >= 0 ? arena_alloc_(c->a, (size_t)n + 1) : NULL;
+    if (msg) {  /* whole, never cut */
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     c->resp->status = st;
-    c->resp->message = arena_strdup_(c->a, msg);
-    if (!c->resp->message) c->resp->message = (char *)"out of memory";
+    c->resp->message = msg ? msg : (char *)"out of memory";
 }
 
 /* The protocol status of a core error code. */

@@ -251,6 +251,47 @@ static void test_long_path_error(void **state)
     free(p);
 }
 
+/* A shard on a path of over 3000 bytes (twelve nested 250-byte
+ * directories): token_set_open's and token_set_read's messages are whole,
+ * the full path and the problem after it, however long. */
+static void test_long_path_whole(void **state)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", (const char *)*state);
+    for (int k = 0; k < 12; k++) {
+        size_t n = strlen(dir);
+        dir[n] = '/';
+        memset(dir + n + 1, 'a' + k, 250);
+        dir[n + 251] = 0;
+        assert_int_equal(mkdir(dir, 0755), 0);
+    }
+    char *p = good_shard(dir, "train_000042.bin");
+    assert_true(strlen(p) > 3000);
+    char want[4200];
+    /* at open */
+    assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
+    token_set ts;
+    m6_err e = M6_ERR_NONE;
+    assert_int_equal(token_set_open(&ts, p, 256, &e), -1);
+    assert_int_equal(e.code, M6_EDATA);
+    snprintf(want, sizeof want,
+             "%s: truncated: header says 100 tokens, file holds 99", p);
+    assert_string_equal(e.msg, want);
+    m6_err_free(&e);
+    /* while in use */
+    free(good_shard(dir, "train_000042.bin"));
+    assert_int_equal(token_set_open(&ts, p, 256, &e), 0);
+    assert_int_equal(truncate(p, 1024 + 2 * 50), 0);
+    uint16_t win[10];
+    assert_int_equal(token_set_read(&ts, 60, win, 10, &e), -1);
+    snprintf(want, sizeof want,
+             "%s: truncated while in use: now 50 tokens, was 100", p);
+    assert_string_equal(e.msg, want);
+    m6_err_free(&e);
+    token_set_close(&ts);
+    free(p);
+}
+
 static void test_bad_magic(void **state)
 {
     char *p = good_shard(*state, "m.bin");
@@ -834,6 +875,7 @@ int main(void)
         T(test_read_bad_token_in_use),
         T(test_truncated),
         T(test_long_path_error),
+        T(test_long_path_whole),
         T(test_bad_magic),
         T(test_bad_version),
         T(test_token_out_of_vocab),
