@@ -231,13 +231,13 @@ int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
         ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
         log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
                  "action=set_aside kept=%s", (long long)run, rows[i].path,
-                 le.msg, kept);
+                 m6_err_msg(&le), kept);
         state_event(s->st, run, "checkpoint.bad", "step=%lld %s; kept as %s",
-                    (long long)rows[i].step, le.msg, kept);
+                    (long long)rows[i].step, m6_err_msg(&le), kept);
         if (i == n - 1) /* the newest: what the run has lost */
             m6_err_set(&newest, M6_ENOCKPT, "checkpoint of step %lld does not "
                        "load (%s; kept as %s)", (long long)rows[i].step,
-                       le.msg, kept);
+                       m6_err_msg(&le), kept);
         m6_err_free(&le);
         state_checkpoint_delete(s->st, run, rows[i].step);
         /* A failed load may have half-filled the trainer: start afresh. */

@@ -405,12 +405,12 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
                             kept_error[0] ? kept_error : NULL) < 0) {
         db_error_(r, "recording the start", &e);
-        pause_error_(r, WE_WRITE_FAILED, e.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
     } else if (dropped < 0) {
         /* Rows past the checkpoint stay until training rewrites them
          * (INSERT OR REPLACE); pause so the operator sees why. */
         db_error_(r, "dropping metrics past the checkpoint", &e);
-        pause_error_(r, WE_WRITE_FAILED, e.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
     } else if (lost.msg) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
@@ -484,10 +484,10 @@ static void pause_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     if (flush_(r, &err) < 0 || checkpoint_(r, "pause", &err) < 0) {
-        pause_error_(r, WE_WRITE_FAILED, err.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else if (state_run_set_state(c->st, r->id, RUN_PAUSED, NULL) < 0) {
         db_error_(r, "recording the pause", &err);
-        pause_error_(r, WE_WRITE_FAILED, err.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else {
         state_event(c->st, r->id, "pause", "step=%ld", step);
         log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
@@ -510,7 +510,7 @@ static void interrupted_(run_ctx *r, int resume)
     /* On failure the next start resumes from the last good one. */
     if (checkpoint_(r, "shutdown", &err) < 0)
         log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
-                 (long long)r->id, step, err.msg);
+                 (long long)r->id, step, m6_err_msg(&err));
     m6_err_free(&err);
     state_event(c->st, r->id, "interrupted", "step=%ld %s at next start", step,
                 paused ? "paused" : "resumes");
@@ -574,13 +574,13 @@ static int complete_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     if (checkpoint_(r, "end", &err) < 0) {
-        pause_error_(r, WE_WRITE_FAILED, err.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
     if (state_run_set_state(c->st, r->id, RUN_COMPLETED, NULL) < 0) {
         db_error_(r, "recording the completion", &err);
-        pause_error_(r, WE_WRITE_FAILED, err.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
@@ -652,7 +652,7 @@ static int step_(run_ctx *r)
     c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
     pthread_mutex_unlock(&c->mu);
     if (flush_(r, &err) < 0)
-        pause_error_(r, WE_WRITE_FAILED, err.msg);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     else if (r->eval_owed)
         pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
     else

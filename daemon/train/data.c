@@ -157,8 +157,8 @@ static void bad_token_(m6_err *err, const char *name,
 {
     size_t j = 0;
     while (buf[j] < vocab_size) j++;
-    m6_err_set(err, M6_EDATA, "%s: token %u at index %zu >= vocab_size %d%s", name,
-            (unsigned)buf[j], base + j, vocab_size, note);
+    m6_err_set(err, M6_EDATA, "%s: token %u at index %zu >= vocab_size %d%s",
+               name, (unsigned)buf[j], base + j, vocab_size, note);
 }
 
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
@@ -261,42 +261,45 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
     size_t size = (size_t)st.st_size;
     if (size < HEADER_BYTES) {
         m6_err_set(err, M6_EDATA,
-                "%s: too short for a shard header (%zu bytes, header is %zu)",
-                name, size, HEADER_BYTES);
+                   "%s: too short for a shard header (%zu bytes, header "
+                   "is %zu)",
+                   name, size, HEADER_BYTES);
         goto fail;
     }
     int32_t hdr[3];
     if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
         m6_err_set(err, M6_EDATA, "%s: cannot read the header: %s", name,
-                strerror(errno ? errno : EIO));
+                   strerror(errno ? errno : EIO));
         goto fail;
     }
     if (hdr[0] != SHARD_MAGIC) {
         m6_err_set(err, M6_EDATA, "%s: bad magic %d (want %d)", name, hdr[0],
-                SHARD_MAGIC);
+                   SHARD_MAGIC);
         goto fail;
     }
     if (hdr[1] != SHARD_VERSION) {
         m6_err_set(err, M6_EDATA, "%s: bad version %d (want %d)", name, hdr[1],
-                SHARD_VERSION);
+                   SHARD_VERSION);
         goto fail;
     }
     if (hdr[2] < 0) {
-        m6_err_set(err, M6_EDATA, "%s: bad token count %d in header", name, hdr[2]);
+        m6_err_set(err, M6_EDATA,
+                   "%s: bad token count %d in header", name, hdr[2]);
         goto fail;
     }
     size_t n = (size_t)hdr[2];
     size_t held = (size - HEADER_BYTES) / sizeof(uint16_t);
     if (size < HEADER_BYTES + n * sizeof(uint16_t)) {
-        m6_err_set(err, M6_EDATA, "%s: truncated: header says %zu tokens, file holds %zu",
-                name, n, held);
+        m6_err_set(err, M6_EDATA,
+                   "%s: truncated: header says %zu tokens, file holds %zu",
+                   name, n, held);
         goto fail;
     }
     if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
         m6_err_set(err, M6_EDATA,
-                "%s: size mismatch: header says %zu tokens, file holds %zu "
-                "(%zu bytes after the header)",
-                name, n, held, size - HEADER_BYTES);
+                   "%s: size mismatch: header says %zu tokens, file holds %zu "
+                   "(%zu bytes after the header)",
+                   name, n, held, size - HEADER_BYTES);
         goto fail;
     }
     if (vocab_size < 65536 &&
@@ -318,8 +321,9 @@ static int open_(token_set *ts, const char *pattern, int vocab_size,
 {
     memset(ts, 0, sizeof *ts);
     if (vocab_size < 1 || vocab_size > 65536) {
-        m6_err_set(err, M6_EINVALID, "%s: vocab_size %d out of range [1, 65536]",
-                pattern, vocab_size);
+        m6_err_set(err, M6_EINVALID,
+                   "%s: vocab_size %d out of range [1, 65536]",
+                   pattern, vocab_size);
         return -1;
     }
     glob_t g;
@@ -387,8 +391,9 @@ static int open_(token_set *ts, const char *pattern, int vocab_size,
     }
     globfree(&g);
     if (ts->total == 0) {
-        m6_err_set(err, M6_EDATA, "'%s': the %d matching shard(s) hold no tokens",
-                pattern, n);
+        m6_err_set(err, M6_EDATA,
+                   "'%s': the %d matching shard(s) hold no tokens",
+                   pattern, n);
         token_set_close(ts);
         return -1;
     }

@@ -780,8 +780,9 @@ static long write_state_files_(trainer *t, const char *dir, m6_err *err)
     /* e.g. offloaded slots settled in host memory, or a GPU's state
      * copied to the host */
     if (be->state_begin(t->be.ctx, 0) != 0) {
-        m6_err_set(err, M6_EINTERNAL, "out of memory reading the %s model's state",
-                 be->name);
+        m6_err_set(err, M6_EINTERNAL,
+                   "out of memory reading the %s model's state",
+                   be->name);
         return -1;
     }
     const backend_buf pb[] = {BACKEND_PARAMS};
@@ -852,7 +853,8 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
         goto fail;
     total += rc;
     if (fsync_path(tmp) != 0 || rename(tmp, dir) != 0) {
-        m6_err_set(err, M6_EINTERNAL, "%s: commit failed: %s", dir, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: commit failed: %s", dir, strerror(errno));
         goto fail;
     }
     /* the checkpoint is complete once renamed; a failed fsync of its
@@ -904,7 +906,8 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     snprintf(path, sizeof path, "%s/meta.json", dir);
     json_t *m = json_load_file(path, 0, &je);
     if (!m) {
-        m6_err_set(err, M6_EINTERNAL, "%s: %s (line %d)", path, je.text, je.line);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: %s (line %d)", path, je.text, je.line);
         return -1;
     }
     const backend_iface *be = t->be.iface;
@@ -923,16 +926,18 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
         goto out;
     }
     if (strcmp(format, "m6-checkpoint") != 0 || version != CKPT_VERSION) {
-        m6_err_set(err, M6_EINTERNAL, "%s: not an m6 checkpoint of version %d", path,
-                 CKPT_VERSION);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: not an m6 checkpoint of version %d", path,
+                   CKPT_VERSION);
         goto out;
     }
     char want[32];
     snprintf(want, sizeof want, "%016llx",
              (unsigned long long)ckpt_hash_(&t->spec));
     if (strcmp(hash, want) != 0) {
-        m6_err_set(err, M6_EINTERNAL, "%s: spec hash %s does not match this run's %s",
-                 path, hash, want);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: spec hash %s does not match this run's %s",
+                   path, hash, want);
         goto out;
     }
     if (n_slots < 1 || n_slots > L || json_array_size(slot_of) != (size_t)L ||
@@ -944,7 +949,8 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     for (int l = 0; l < L; l++) {
         map[l] = (int)json_integer_value(json_array_get(slot_of, l));
         if (map[l] < 0 || map[l] >= n_slots) {
-            m6_err_set(err, M6_EINTERNAL, "%s: slot_of[%d] out of range", path, l);
+            m6_err_set(err, M6_EINTERNAL,
+                       "%s: slot_of[%d] out of range", path, l);
             free(map);
             free(src);
             goto out;
@@ -974,8 +980,9 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     if (lrc == 0)
         lrc = load_tensors_(path, t, ob, op, 2, err);
     if (be->state_end(t->be.ctx, lrc == 0) != 0 && lrc == 0) {
-        m6_err_set(err, M6_EINTERNAL, "loading %s: cannot store the state in the %s "
-                 "model", dir, be->name);
+        m6_err_set(err, M6_EINTERNAL,
+                   "loading %s: cannot store the state in the %s "
+                   "model", dir, be->name);
         lrc = -1;
     }
     if (lrc != 0)
