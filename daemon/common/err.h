@@ -3,10 +3,15 @@
  *
  * m6_err: a code (what kind of failure, for the edge to map to a protocol
  * status and to the operator's next step) and a message naming the object
- * and the problem, on the heap, never cut.
+ * and the problem, on the heap, never cut. The data, checkpoint and trainer
+ * errors travel as one from where they happen to where they are shown
+ * (functions take an m6_err *err: m6_err_set fills it, m6_err_prefix puts
+ * the caller's context before it, the caller frees it). The operator's
+ * next step is not part of it: control/advice.h adds it, by code.
  *
- * seterr_: printf into a caller's (char *err, size_t errlen) buffer, the way
- * the engine's functions return an error message.
+ * seterr_: printf into a caller's (char *err, size_t errlen) buffer, as the
+ * functions whose messages hold no path still do (the spec, the planner,
+ * the backends).
  *
  * Header-only (static inline), so the engine library (m6core) needs no link
  * to daemon/common.
