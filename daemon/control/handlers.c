@@ -205,7 +205,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     /* stored once, by the coordinator, when the delink happened */
     ri->delink_step = row->phase == 1 ? row->delink_step : -1;
     char pending[64];
-    coord_pending(c->h->co, row->id, pending, sizeof pending);
+    coord_pending(c->h->co, row->id, row->state, pending, sizeof pending);
     ri->pending = arena_strdup_(c->a, pending);
     if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;

@@ -49,6 +49,7 @@ struct coord {
     char *resume_error;      /* the last answer, malloc'd: NULL it resumed */
     m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
                               * or M6_EBADSTATE */
+    long resume_step;        /* ... the step it resumed at (its answer) */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -255,6 +256,7 @@ static void answer_locked_(coord *c, long ticket, const char *err,
     if (err && !c->resume_error)
         c->resume_error = strdup("out of memory");
     c->resume_code = err ? code : M6_OK;
+    c->resume_step = c->active_step; /* the run goes on from here */
     pthread_cond_broadcast(&c->cv);
 }
 
@@ -914,7 +916,7 @@ static m6_err wait_resume_(coord *c, int64_t id, long ticket)
                            "stays paused: %s", (long long)id, c->resume_error);
     if (c->resume_answered >= ticket)
         return m6_err_make(M6_OK, "run %lld resumed at step %ld",
-                           (long long)id, c->active_step);
+                           (long long)id, c->resume_step);
     if (c->active != id)
         return m6_err_make(M6_EBADSTATE, "run %lld did not resume: it ended "
                            "first (a stop?); `m6ctl status %lld` says how",
@@ -1039,10 +1041,19 @@ int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code)
     return rc;
 }
 
-void coord_pending(coord *c, int64_t id, char *buf, size_t len)
+void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+                   size_t len)
 {
     pthread_mutex_lock(&c->mu);
-    snprintf(buf, len, "%s", id == c->active ? worker_pending(&c->w) : "");
+    const char *p = id == c->active ? worker_pending(&c->w) : "";
+    if (id == c->active && !p[0]) {
+        /* applied in memory, m6.db not written yet */
+        if (recorded == RUN_RUNNING && worker_is_paused(&c->w))
+            p = "pausing";
+        else if (recorded == RUN_PAUSED && worker_is_training(&c->w))
+            p = "resuming";
+    }
+    snprintf(buf, len, "%s", p);
     pthread_mutex_unlock(&c->mu);
 }
 

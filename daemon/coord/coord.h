@@ -96,8 +96,12 @@ int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code);
 /* The command acknowledged for the active run and not yet applied at a
  * step boundary: "pausing", "resuming", "delinking", "stopping", or two
  * joined in the order they apply ("delinking, pausing"); "" none or id is
- * not active (m6.proto RunInfo.pending). */
-void coord_pending(coord *c, int64_t id, char *buf, size_t len);
+ * not active (m6.proto RunInfo.pending). recorded: the run's state as
+ * m6.db has it (the caller's row): while the worker has paused (resumed)
+ * in memory and m6.db still says running (paused), the pause (resume) is
+ * not recorded yet and is still reported as pending. */
+void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+                   size_t len);
 
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);
