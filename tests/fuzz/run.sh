@@ -28,10 +28,12 @@ if ! command -v clang >/dev/null ||
     exit 77
 fi
 if [ ! -f "$build/build.ninja" ]; then
+    setup_log=$(mktemp)
     CC=clang CXX=clang++ meson setup "$build" --buildtype=debugoptimized \
         -Dfuzz=true -Dcuda=disabled -Db_sanitize=address,undefined \
-        -Db_lundef=false >"$build.setup.log" 2>&1 ||
-        { echo "fuzz: meson setup failed:"; tail -20 "$build.setup.log"; exit 1; }
+        -Db_lundef=false >"$setup_log" 2>&1 ||
+        { echo "fuzz: meson setup failed:"; tail -20 "$setup_log"; rm -f "$setup_log"; exit 1; }
+    rm -f "$setup_log"
 fi
 for t in "${targets[@]}"; do
     ninja -C "$build" "tests/fuzz/$t" >"$build/ninja-$t.log" 2>&1 ||
