@@ -488,6 +488,38 @@ static void test_plan_hand_counted_moe(void **state)
     offload_plan_free(&p);
 }
 
+/* The whole M6-10T shape (48 blocks, C 1024, 10,240 experts of H 9984 in
+ * 80 prototypes) plans: each slot holds 4C^2 + 8C + E(2HC + H + C) + EC +
+ * E = 209,507,076,096 parameters (a multiple of 16), 10.06e12 over the 48
+ * slots, at 16 bytes each with gradients and AdamW moments. */
+static void test_plan_m6_10t(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 50000, .n_layer = 48, .n_head = 16,
+                             .n_embd = 1024, .seq_len = 1024,
+                             .moe_experts = 10240, .moe_prototypes = 80,
+                             .moe_every = 1, .moe_hidden = 9984,
+                             .moe_capacity_factor = 1.25f,
+                             .moe_eval_capacity_factor = 2.0f,
+                             .moe_aux_coef = 0.01f, .moe_z_coef = 0.001f};
+    s.train.batch_size = 1;
+    s.pseudo.share_groups = 4;
+    s.pseudo.steps = 10;
+    s.device.memory_budget = (size_t)4 << 40;
+    offload_plan p;
+    char err[1024];
+    if (offload_plan_for_spec(&s, 0, &p, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    const size_t per_slot = 209507076096ULL;
+    assert_true(p.slot_bytes == 16 * per_slot);
+    assert_int_equal(p.n_slots, 48);
+    assert_true(p.n_offloaded == 48);
+    assert_true(p.peak_device_bytes <= s.device.memory_budget);
+    offload_plan_free(&p);
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -1038,6 +1070,7 @@ int main(void)
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_plan_hand_counted),
         cmocka_unit_test(test_plan_hand_counted_moe),
+        cmocka_unit_test(test_plan_m6_10t),
         cmocka_unit_test(test_offload_moe_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
