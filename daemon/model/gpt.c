@@ -297,6 +297,61 @@ static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
     }
 }
 
+/* MoE block l of a backward: d(ln2) (zeroed by the caller) in a->dln from
+ * d(out) in a->dres, the router and experts' gradients accumulated; daux,
+ * dz the weights of this layer's aux and z losses in the training loss. */
+static void moe_layer_backward_(gpt_model *g, int s, int l, const float *x,
+                                int B, float daux, float dz)
+{
+    gpt_acts *a = &g->a;
+    moe_dims d = moe_dims_(g, B);
+    d.capacity = g->moe_capacity;  /* that of the forward */
+    moe_saved_ m = moe_saved_of_(g, l);
+    moe_backward(a->dln, DW_(g, s, SLOT_GATE_W), DW_(g, s, SLOT_GATE_B),
+                 DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
+                 DW_(g, s, SLOT_FCPROJ_W), DW_(g, s, SLOT_FCPROJ_B),
+                 a->moe_dye, a->moe_dh1, a->moe_dh2, a->moe_dxe,
+                 a->moe_dlogits, a->dres, x, m.probs, m.lse, m.expert, m.slot,
+                 m.routed, m.offset, m.xe, m.hpre, m.hact, m.ye,
+                 W_(g, s, SLOT_GATE_W), W_(g, s, SLOT_FC_W),
+                 W_(g, s, SLOT_FCPROJ_W), daux, dz, &d);
+}
+
+/* The dense MLP of block l: out (B*T,C) = c_proj(gelu(c_fc(x))), the
+ * pre-activation and activation saved. */
+static void mlp_forward_(gpt_model *g, int s, int l, const float *x,
+                         float *out, int B)
+{
+    const int C = g->cfg.n_embd;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    float *fch = g->a.fch + l * Ba * 4 * C;
+    float *fchg = g->a.fch_gelu + l * Ba * 4 * C;
+    matmul_forward(fch, x, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B), (int)BT,
+                   C, 4 * C);
+    gelu_forward(fchg, fch, BT * 4 * C);
+    matmul_forward(out, fchg, W_(g, s, SLOT_FCPROJ_W), W_(g, s, SLOT_FCPROJ_B),
+                   (int)BT, 4 * C, C);
+}
+
+/* Its backward: d(x) (zeroed by the caller) in a->dln from d(out) in
+ * a->dres; the MLP's gradients accumulated. */
+static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
+{
+    gpt_acts *a = &g->a;
+    const int C = g->cfg.n_embd;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    const float *fch = a->fch + l * Ba * 4 * C;
+    const float *fchg = a->fch_gelu + l * Ba * 4 * C;
+    memset(a->dfch_gelu, 0, BT * 4 * C * sizeof(float));
+    matmul_backward(a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
+                    DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg,
+                    W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
+    memset(a->dfch, 0, BT * 4 * C * sizeof(float));
+    gelu_backward(a->dfch, fch, a->dfch_gelu, BT * 4 * C);
+    matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
+                    a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
+}
+
 static int n_moe_layers_(const model_config *c)
 {
     int n = 0;
@@ -327,8 +382,6 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         float *att = a->att + (size_t)l * g->B * NH * T * T;
         float *res2 = a->residual2 + l * Ba * C;
         float *ln2 = a->ln2 + l * Ba * C;
-        float *fch = a->fch + l * Ba * 4 * C;
-        float *fchg = a->fch_gelu + l * Ba * 4 * C;
         float *res3 = a->residual3 + l * Ba * C;
 
         layernorm_forward(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba, res,
@@ -344,15 +397,10 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         layernorm_forward(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba, res2,
                           W_(g, s, SLOT_LN2_W), W_(g, s, SLOT_LN2_B), (int)BT,
                           C);
-        if (model_layer_is_moe(&g->cfg, l)) {
+        if (model_layer_is_moe(&g->cfg, l))
             moe_layer_forward_(g, s, l, ln2, res3, B);
-        } else {
-            matmul_forward(fch, ln2, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B),
-                           (int)BT, C, 4 * C);
-            gelu_forward(fchg, fch, BT * 4 * C);
-            matmul_forward(res3, fchg, W_(g, s, SLOT_FCPROJ_W),
-                           W_(g, s, SLOT_FCPROJ_B), (int)BT, 4 * C, C);
-        }
+        else
+            mlp_forward_(g, s, l, ln2, res3, B);
         residual_forward(res3, res2, res3, BTC);
         event_(g, GPT_FWD_LAYER_END, l);
     }
@@ -421,36 +469,14 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         const float *att = a->att + (size_t)l * g->B * NH * T * T;
         const float *res2 = a->residual2 + l * Ba * C;
         const float *ln2 = a->ln2 + l * Ba * C;
-        const float *fch = a->fch + l * Ba * 4 * C;
-        const float *fchg = a->fch_gelu + l * Ba * 4 * C;
 
         /* dres holds d(residual3). residual3 = res2 + mlp(ln2(res2)): the
          * stream gradient passes through unchanged; the MLP adds to it. */
-        if (model_layer_is_moe(&g->cfg, l)) {
-            moe_dims d = moe_dims_(g, B);
-            d.capacity = g->moe_capacity;  /* that of the forward */
-            moe_saved_ m = moe_saved_of_(g, l);
-            memset(a->dln, 0, BTC * sizeof(float));
-            moe_backward(a->dln, DW_(g, s, SLOT_GATE_W), DW_(g, s, SLOT_GATE_B),
-                         DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
-                         DW_(g, s, SLOT_FCPROJ_W), DW_(g, s, SLOT_FCPROJ_B),
-                         a->moe_dye, a->moe_dh1, a->moe_dh2, a->moe_dxe,
-                         a->moe_dlogits, a->dres, ln2, m.probs, m.lse,
-                         m.expert, m.slot, m.routed, m.offset, m.xe, m.hpre,
-                         m.hact, m.ye, W_(g, s, SLOT_GATE_W),
-                         W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FCPROJ_W),
-                         daux, dz, &d);
-        } else {
-        memset(a->dfch_gelu, 0, BT * 4 * C * sizeof(float));
-        matmul_backward(a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
-                        DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg,
-                        W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
-        memset(a->dfch, 0, BT * 4 * C * sizeof(float));
-        gelu_backward(a->dfch, fch, a->dfch_gelu, BT * 4 * C);
         memset(a->dln, 0, BTC * sizeof(float));
-        matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
-                        a->dfch, ln2, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
-        }
+        if (model_layer_is_moe(&g->cfg, l))
+            moe_layer_backward_(g, s, l, ln2, B, daux, dz);
+        else
+            mlp_backward_(g, s, l, ln2, B);
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN2_W),
                            DW_(g, s, SLOT_LN2_B), a->dln, res2,
                            W_(g, s, SLOT_LN2_W), a->ln2_mean + l * Ba,
