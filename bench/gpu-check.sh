@@ -37,7 +37,7 @@
 #   GPU_CHECK_BUDGET_S=S          the global deadline, S seconds after the
 #                                 start (470), so that a device command can
 #                                 keep time for more after this script
-#   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_model
+#   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_moe test_model
 #                                 test_offload test_trainer train_124m
 #                                 train_124m_pseudo train_350m offload_1p5b
 #                                 offload_largest): a rerun within the GPU
@@ -88,8 +88,8 @@ build_() {
              -Xlinker -rpath -Xlinker /usr/local/cuda/lib64 -lcublasLt -lgomp)
     KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
-             kernels/cuda/crossentropy kernels/cuda/adamw daemon/model/cuda/gpt_cuda
-             daemon/offload/cuda/gpt_cuda_offload"
+             kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/moe
+             daemon/model/cuda/gpt_cuda daemon/offload/cuda/gpt_cuda_offload"
     CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
 
     pids=()
@@ -103,6 +103,7 @@ build_() {
         compile "${k##*/}" "$NVCC" "${NVFLAGS[@]}" -c "$k.cu" -o "$OUT/obj/${k##*/}.o"
     done
     compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
+    compile test_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_moe.cu -o "$OUT/obj/test_moe.o"
     compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
     compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
     compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
@@ -111,6 +112,7 @@ build_() {
         compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
     done
     compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
+    compile cpu_moe gcc "${CFLAGS[@]}" -c kernels/cpu/moe.c -o "$OUT/obj/cpu_moe.o"
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
     # the model without kernels, which gpt_cuda uses too: layout, the one
     # weight init, the CUDA activation table
@@ -128,7 +130,7 @@ build_() {
     # test_trainer: needs jansson and zlib.
     TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
       daemon/train/spec.c daemon/train/data.c daemon/ckpt/checkpoint.c
-      daemon/common/durable.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+      daemon/common/durable.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
     TRAINER_LIBS=(-ljansson -lz -lpthread)
     if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
         gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
@@ -157,6 +159,8 @@ build_() {
     COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/test_moe" "$OUT/obj/test_moe.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \
+            "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
             "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" \
@@ -180,7 +184,7 @@ build_() {
 travel_() {
     mkdir -p "$OUT/lib"
     local b lib
-    for b in test_ops test_model test_offload test_trainer gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_offload test_trainer gpu_train gpu_offload; do
         [ -x "$OUT/$b" ] || continue
         for lib in $(ldd "$OUT/$b" | awk '$3 ~ /^\// && $1 ~ /^lib(gomp|jansson|z)\.so/ {print $3}'); do
             cp -L "$lib" "$OUT/lib/$(basename "$lib")"
@@ -225,7 +229,7 @@ find_cublaslt_
 reuse=no
 if [ -n "${GPU_CHECK_REUSE:-}" ] && [ "$(cat "$OUT/src-hash" 2>/dev/null)" = "$SRC_HASH" ]; then
     reuse=yes
-    for b in test_ops test_model test_offload gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_offload gpu_train gpu_offload; do
         # present, and its libraries (cudart, cuBLASLt by rpath) found here
         { [ -x "$OUT/$b" ] && ! ldd "$OUT/$b" 2>&1 | grep -q "not found"; } || reuse=no
     done
@@ -296,6 +300,7 @@ kv() { # NAME KEY [FIRST]: KEY's value on the last key=value line of NAME's
 okv() { kv "$1" "$2" tokens_per_s_resident; } # gpu_offload's line
 
 run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
+run test_moe 60 "$OUT/test_moe";     MOE=$(verdict $RC)
 run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
 run test_offload 120 "$OUT/test_offload"; OFFLOAD=$(verdict $RC)
 if [ $HAVE_TRAINER_LIBS = yes ]; then
@@ -310,7 +315,7 @@ if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
     echo "gpu-check: SKIP: no CUDA device here (the tests said so: exit 77); nothing was measured."
     echo "gpu-check: the build in $OUT ($(du -sh "$OUT" | cut -f1)) is made to be carried to a GPU"
     echo "gpu-check: machine: see the device command at the top of bench/gpu-check.sh"
-    echo "gpu_check=no_cuda_device ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
+    echo "gpu_check=no_cuda_device ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
@@ -328,7 +333,7 @@ run offload_largest 150 "$OUT/gpu_offload" "${LARGEST[@]}"
 TOTAL_S=$(( $(date +%s) - START ))
 echo
 echo "gpu-check: log $LOG"
-LINE="ops_ok=$OPS model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER"
+LINE="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL offload_ok=$OFFLOAD trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
@@ -348,7 +353,7 @@ echo "$LINE"
 passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
     [ "$2" = yes ] || { ! only_ "$1" && [ "$2" = not_run ]; }
 }
-passed_ test_ops "$OPS" && passed_ test_model "$MODEL" &&
+passed_ test_ops "$OPS" && passed_ test_moe "$MOE" && passed_ test_model "$MODEL" &&
     passed_ test_offload "$OFFLOAD" &&
     { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
     { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&

@@ -19,25 +19,26 @@
 #include "client/corpus/corpus.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#include "../tests/common/err_into.h"
 
 #define P_ "offload_cpu" /* program name in messages */
 
 static double run_(const run_spec *s, int steps, offload_stats *st)
 {
     char err[512];
-    trainer *t = trainer_create(s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
     if (!t) {
         fprintf(stderr, "offload_cpu: %s\n", err);
         exit(1);
     }
     step_result r;
-    if (trainer_step(t, &r, err, sizeof err) != 0) { /* warm-up */
+    if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) { /* warm-up */
         fprintf(stderr, "offload_cpu: %s\n", err);
         exit(1);
     }
     double t0 = clock_mono_s();
     for (int i = 0; i < steps; i++)
-        if (trainer_step(t, &r, err, sizeof err) != 0) {
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
             fprintf(stderr, "offload_cpu: %s\n", err);
             exit(1);
         }

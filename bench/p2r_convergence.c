@@ -19,6 +19,7 @@
 #include "client/corpus/corpus.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#include "../tests/common/err_into.h"
 
 #define P_ "p2r_convergence" /* program name in messages */
 
@@ -33,7 +34,7 @@ typedef struct {
 static int run_(const run_spec *s, curve *c)
 {
     char err[512];
-    trainer *t = trainer_create(s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
     if (!t) {
         fprintf(stderr, "p2r_convergence: %s\n", err);
         return -1;
@@ -55,7 +56,7 @@ static int run_(const run_spec *s, curve *c)
         }
         step_result r;
         double a = clock_mono_s();
-        if (trainer_step(t, &r, err, sizeof err) != 0) {
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
             fprintf(stderr, "p2r_convergence: %s\n", err);
             trainer_free(t);
             return -1;

@@ -730,7 +730,9 @@ static int cmd_metrics_(int argc, char **argv)
         int more = n && m->more;
         m6__response__free_unpacked(resp, NULL);
         if (fflush(stdout) != 0 || ferror(stdout)) {
-            /* a closed pipe (| head) or a full disk: stop asking */
+            /* a reader that went away (| head) had what it wanted: stop
+             * asking, quietly; a full disk is an error */
+            if (errno == EPIPE) return EXIT_OK;
             errf_("writing the rows: %s", strerror(errno));
             return EXIT_ERR;
         }

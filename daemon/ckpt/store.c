@@ -132,7 +132,7 @@ void ckpt_store_reconcile(const ckpt_store *s)
     int n;
     if (state_run_list(s->st, &runs, &n) < 0) return;
     for (int i = 0; i < n; i++) reconcile_run_(s, runs[i].id);
-    free(runs);
+    run_rows_free(runs, n);
 }
 
 /* ------------------------------------------------------------- save, prune */
@@ -153,21 +153,21 @@ static void prune_(const ckpt_store *s, int64_t run, int keep)
 }
 
 int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
-                    const char *why, char *msg, size_t msglen)
+                    const char *why, m6_err *err)
 {
     long step = trainer_step_count(t);
-    char dir[4096], path[4200], err[512];
+    char dir[4096], path[4200];
     ckpt_store_dir(s, run, dir, sizeof dir);
     if (paths_mkdir_p(dir, 0755) < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %.600s: %s", dir,
-                 strerror(errno));
+        m6_err_set(err, M6_EINTERNAL, "checkpoint failed: %s: %s", dir,
+                   strerror(errno));
         return -1;
     }
     snprintf(path, sizeof path, "%s/step-%ld", dir, step);
     if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
-    long bytes = trainer_save(t, path, err, sizeof err);
+    long bytes = trainer_save(t, path, err);
     if (bytes < 0) {
-        snprintf(msg, msglen, "checkpoint failed: %s", err);
+        m6_err_prefix(err, "checkpoint failed");
         return -1;
     }
     if (state_checkpoint_add(s->st, run, step, path, bytes) < 0) {
@@ -176,8 +176,8 @@ int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
         char e[256];
         state_last_error(s->st, e, sizeof e);
         rm_rf_(path);
-        snprintf(msg, msglen, "checkpoint step %ld not recorded: state DB: %s",
-                 step, e);
+        m6_err_set(err, M6_EINTERNAL,
+                   "checkpoint step %ld not recorded: state DB: %s", step, e);
         return -1;
     }
     state_event(s->st, run, "checkpoint", "step=%ld bytes=%ld why=%s", step,
@@ -210,17 +210,19 @@ void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen)
 }
 
 int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
-                       trainer **t, int *data_rc, long *step, char *err,
-                       size_t errlen, char *lost, size_t lostlen)
+                       trainer **t, int *data_rc, long *step, m6_err *err,
+                       m6_err *lost)
 {
     ckpt_row *rows;
     int n;
     *step = -1;
-    lost[0] = 0;
+    m6_err_free(lost);
+    m6_err newest = M6_ERR_NONE;  /* why the newest does not load */
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) n = 0, rows = NULL;
     for (int i = n - 1; i >= 0; i--) {
-        char e[512], kept[4200];
-        if (trainer_load(*t, rows[i].path, e, sizeof e) == 0) {
+        char kept[4200];
+        m6_err le = M6_ERR_NONE;
+        if (trainer_load(*t, rows[i].path, &le) == 0) {
             *step = trainer_step_count(*t);
             log_info("run.restore", "run=%lld step=%ld path=%s",
                      (long long)run, *step, rows[i].path);
@@ -228,31 +230,36 @@ int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
         }
         ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
         log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
-                 "action=set_aside kept=%s", (long long)run, rows[i].path, e,
-                 kept);
+                 "action=set_aside kept=%s", (long long)run, rows[i].path,
+                 m6_err_msg(&le), kept);
         state_event(s->st, run, "checkpoint.bad", "step=%lld %s; kept as %s",
-                    (long long)rows[i].step, e, kept);
+                    (long long)rows[i].step, m6_err_msg(&le), kept);
         if (i == n - 1) /* the newest: what the run has lost */
-            snprintf(lost, lostlen, "checkpoint of step %lld does not load "
-                     "(%.300s; kept as %.300s)", (long long)rows[i].step, e,
-                     kept);
+            m6_err_set(&newest, M6_ENOCKPT, "checkpoint of step %lld does not "
+                       "load (%s; kept as %s)", (long long)rows[i].step,
+                       m6_err_msg(&le), kept);
+        m6_err_free(&le);
         state_checkpoint_delete(s->st, run, rows[i].step);
         /* A failed load may have half-filled the trainer: start afresh. */
         trainer_free(*t);
-        *t = data_rc ? trainer_create_resumable(spec, data_rc, err, errlen)
-                     : trainer_create(spec, err, errlen);
+        *t = data_rc ? trainer_create_resumable(spec, data_rc, err)
+                     : trainer_create(spec, err);
         if (!*t) {
             free(rows);
+            m6_err_free(&newest);
             return -1;
         }
     }
     free(rows);
     if (n > 0 && *step < 0) {
-        size_t k = strlen(lost);
-        snprintf(lost + k, lostlen - k, ", nor does any older one: `m6ctl "
-                 "resume` starts the run over from step 0");
+        /* what happened only; what the operator can do about it is the
+         * edge's (M6_ENOCKPT) */
+        m6_err_set(lost, M6_ENOCKPT, "no checkpoint of run %lld loads: %s, "
+                   "nor does any older one", (long long)run,
+                   m6_err_msg(&newest));
+        m6_err_free(&newest);
         return 1;
     }
-    lost[0] = 0; /* an older checkpoint loaded: the run goes on from it */
+    m6_err_free(&newest); /* an older checkpoint loaded: the run goes on */
     return 0;
 }

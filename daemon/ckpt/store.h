@@ -38,11 +38,12 @@ void ckpt_store_reconcile(const ckpt_store *s);
 /* Write t's state as the checkpoint of its current step (why: "every",
  * "pause", "stop", "end", "shutdown"; in the event and the log), record it,
  * then keep only the newest `keep` (>= 1; 0 means 1). 0 with *bytes the
- * size written; -1 with msg saying what failed (mkdir, the write, or the
- * DB row: then the directory is removed too, so disk and DB agree). A
- * stale directory of the same step (a trajectory left behind) is replaced. */
+ * size written; -1 with *err saying what failed, whole (mkdir, the write,
+ * or the DB row: then the directory is removed too, so disk and DB agree);
+ * the caller frees it. A stale directory of the same step (a trajectory
+ * left behind) is replaced. */
 int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
-                    const char *why, char *msg, size_t msglen);
+                    const char *why, m6_err *err);
 
 /* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
  * ...), *kept the name it now has (path itself when the rename failed). */
@@ -54,11 +55,13 @@ void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen);
  * may have half-filled it): with data_rc (not NULL) by
  * trainer_create_resumable, which sets *data_rc and err anew, else by
  * trainer_create. *step: the loaded step, -1 when none loaded.
- * Returns 0; 1 when checkpoints existed but none loaded (lost says which
- * and what `m6ctl resume` then does); -1 with err when no trainer could be
- * made (*t is then NULL). */
+ * Returns 0; 1 when checkpoints existed but none loaded: *lost (code
+ * M6_ENOCKPT) then says "no checkpoint of run N loads: checkpoint of step
+ * S does not load (<why>; kept as <path>), nor does any older one" (what
+ * the operator can do is the edge's to add); -1 with *err when no trainer
+ * could be made (*t is then NULL). The caller frees *err and *lost. */
 int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
-                       trainer **t, int *data_rc, long *step, char *err,
-                       size_t errlen, char *lost, size_t lostlen);
+                       trainer **t, int *data_rc, long *step, m6_err *err,
+                       m6_err *lost);
 
 #endif /* M6_CKPT_STORE_H */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "control/advice.h"
 #include "control/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
@@ -64,14 +65,18 @@ static void reply_(call *c, M6__Status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void reply_(call *c, M6__Status st, const char *fmt, ...)
 {
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *msg = n >= 0 ? arena_alloc_(c->a, (size_t)n + 1) : NULL;
+    if (msg) {  /* whole, never cut */
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     c->resp->status = st;
-    c->resp->message = arena_strdup_(c->a, msg);
-    if (!c->resp->message) c->resp->message = (char *)"out of memory";
+    c->resp->message = msg ? msg : (char *)"out of memory";
 }
 
 /* The protocol status of a core error code. */
@@ -82,40 +87,29 @@ static M6__Status status_of_(m6_code code)
     case M6_ENOTFOUND: return M6__STATUS__STATUS_NOT_FOUND;
     case M6_EBADSTATE:
     case M6_EDATA:    /* a run's data: what refused the command */
-    case M6_ENOFILE: return M6__STATUS__STATUS_BAD_STATE;
+    case M6_ENOFILE:
+    case M6_ENOCKPT: return M6__STATUS__STATUS_BAD_STATE;
     case M6_EINVALID: return M6__STATUS__STATUS_INVALID_SPEC;
     case M6_EINTERNAL:
+    case M6_ESUBMITFD: /* m6d's limit, not the spec's fault */
     case M6_ECANCELLED: break;
     }
     return M6__STATUS__STATUS_INTERNAL;
 }
 
-/* What the operator can do next about an error of this code, or NULL. */
-static const char *advice_(m6_code code)
-{
-    switch (code) {
-    case M6_EDATA:
-        return "once the shard is fixed, `m6ctl resume` reopens the data";
-    case M6_ENOFILE:
-        return "once m6d can open them, `m6ctl resume` reopens the data";
-    default:
-        return NULL;
-    }
-}
-
-/* "<prefix>: <msg>; <advice for code>" in the call's arena (prefix NULL:
- * none; the advice only where advice_ has one), never cut. NULL when out
- * of memory. */
+/* "<prefix>: <msg><sep><advice for code>" in the call's arena (prefix
+ * NULL: none; the advice only where control/advice.h has one), never cut.
+ * NULL when out of memory. */
 static char *with_advice_(call *c, const char *prefix, const char *msg,
                           m6_code code)
 {
-    const char *adv = advice_(code);
+    m6_advice adv = m6_advice_for(code);
     size_t n = (prefix ? strlen(prefix) + 2 : 0) + strlen(msg) +
-               (adv ? strlen(adv) + 2 : 0) + 1;
+               (adv.text ? strlen(adv.sep) + strlen(adv.text) : 0) + 1;
     char *m = arena_alloc_(c->a, n);
     if (m)
         snprintf(m, n, "%s%s%s%s%s", prefix ? prefix : "", prefix ? ": " : "",
-                 msg, adv ? "; " : "", adv ? adv : "");
+                 msg, adv.text ? adv.sep : "", adv.text ? adv.text : "");
     return m;
 }
 
@@ -165,13 +159,14 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->updated = row->updated;
     /* A run that paused on a failed write: the worker's word, which the DB
      * may not have been able to record. */
-    char live_err[2048]; /* as the worker holds it (coord/worker.h) */
+    char *live_err; /* as the worker holds it (coord/worker.h), whole */
     m6_code code = M6_OK;
-    int live = coord_run_error(c->h->co, row->id, live_err, sizeof live_err,
-                               &code);
+    int live = coord_run_error(c->h->co, row->id, &live_err, &code);
+    if (live < 0) return NULL;
     if (live == 2) ri->state = M6__RUN_STATE__RUN_STATE_PAUSED;
     ri->error = live ? with_advice_(c, NULL, live_err, code)
-                     : arena_strdup_(c->a, row->error);
+                     : arena_strdup_(c->a, row->error ? row->error : "");
+    free(live_err);
     if (!ri->name || !ri->error) return NULL;
     ri->train_loss = NAN;
     ri->val_loss = NAN;
@@ -220,7 +215,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     /* stored once, by the coordinator, when the delink happened */
     ri->delink_step = row->phase == 1 ? row->delink_step : -1;
     char pending[64];
-    coord_pending(c->h->co, row->id, pending, sizeof pending);
+    coord_pending(c->h->co, row->id, row->state, pending, sizeof pending);
     ri->pending = arena_strdup_(c->a, pending);
     if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;
@@ -413,12 +408,12 @@ static void do_list_(call *c, const M6__Request *rq)
     }
     rl->n_runs = (size_t)n;
     rl->runs = v;
-    free(rows);
+    run_rows_free(rows, n);
     c->resp->body_case = M6__RESPONSE__BODY_LIST;
     c->resp->list = rl;
     return reply_(c, M6__STATUS__STATUS_OK, "%d runs", n);
 oom:
-    free(rows);
+    run_rows_free(rows, n);
     reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
 }
 
@@ -626,11 +621,12 @@ static void do_events_(call *c, const M6__Request *rq)
         e->id = rows[i].id;
         e->time = rows[i].time;
         e->kind = arena_strdup_(c->a, rows[i].kind);
-        e->detail = arena_strdup_(c->a, rows[i].detail);
+        e->detail = rows[i].detail ? arena_strdup_(c->a, rows[i].detail)
+                                   : NULL;
         ok = e->kind && e->detail;
         v[i] = e;
     }
-    free(rows);
+    event_rows_free(rows, n);
     if (!ok)
         return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
     m6__event_rows__init(er);

@@ -46,9 +46,10 @@ struct coord {
      * serves every ticket up to resume_serving and, done, answers them
      * (answered). A resume sent while one is being tried joins it. */
     long resume_asked, resume_serving, resume_answered;
-    char resume_error[1200]; /* the last answer: "" it resumed */
+    char *resume_error;      /* the last answer, malloc'd: NULL it resumed */
     m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
                               * or M6_EBADSTATE */
+    long resume_step;        /* ... the step it resumed at (its answer) */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
 };
@@ -76,14 +77,14 @@ typedef struct {
     coord_offload off;     /* latest placement, published to c->offload */
 } run_ctx;
 
-/* Save the trainer at its step. -1 with msg saying what failed (the caller
+/* Save the trainer at its step. -1 with err saying what failed (the caller
  * pauses the run, which logs it): the run keeps its last good checkpoint. */
-static int checkpoint_(run_ctx *r, const char *why, char *msg, size_t msglen)
+static int checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
     if (ckpt_store_save(&r->c->store, r->id, r->t, r->spec.checkpoint.keep, why,
-                        msg, msglen) < 0)
+                        err) < 0)
         return -1;
     r->last_ckpt = step;
     return 0;
@@ -148,12 +149,12 @@ static void offload_sample_(run_ctx *r)
 
 static void fail_run_(run_ctx *r, const char *what, const char *err)
 {
-    char msg[1200];
-    snprintf(msg, sizeof msg, "%s: %s", what, err);
-    log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, msg);
+    m6_err m = m6_err_make(M6_EINTERNAL, "%s: %s", what, err);
+    log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, m.msg);
     on_(r->c, WE_FAILED, NULL);
-    state_run_set_state(r->c->st, r->id, RUN_FAILED, msg);
-    state_event(r->c->st, r->id, "failed", "%s", msg);
+    state_run_set_state(r->c->st, r->id, RUN_FAILED, m.msg);
+    state_event(r->c->st, r->id, "failed", "%s", m.msg);
+    m6_err_free(&m);
 }
 
 /* The run pauses itself (ev: a data error, a write that failed, no
@@ -171,7 +172,8 @@ static void pause_error_(run_ctx *r, worker_event ev, const char *reason)
     if (worker_on(&c->w, ev, reason) < 0)
         log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
                  (long long)r->id, (int)ev, worker_state_name(c->w.state));
-    c->w.error_code = ev == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE;
+    c->w.error_code = ev == WE_DATA_ERROR ? r->data_code
+                      : ev == WE_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
@@ -180,29 +182,29 @@ static void pause_error_(run_ctx *r, worker_event ev, const char *reason)
 }
 
 /* "what: state DB: <SQLite's message>" */
-static void db_error_(run_ctx *r, const char *what, char *msg, size_t msglen)
+static void db_error_(run_ctx *r, const char *what, m6_err *err)
 {
-    char e[256];
+    char e[256];  /* SQLite's words: no paths */
     state_last_error(r->c->st, e, sizeof e);
-    snprintf(msg, msglen, "%s: state DB: %s", what, e);
+    m6_err_set(err, M6_EINTERNAL, "%s: state DB: %s", what, e);
 }
 
-/* Do the writes owed at this step boundary. -1 with msg if one fails; it
+/* Do the writes owed at this step boundary. -1 with err if one fails; it
  * stays owed. */
-static int flush_(run_ctx *r, char *msg, size_t msglen)
+static int flush_(run_ctx *r, m6_err *err)
 {
     if (r->metric_pending) {
         if (state_record_step(r->c->st, r->id, &r->pending) < 0) {
             char what[64];
             snprintf(what, sizeof what, "recording step %lld",
                      (long long)r->pending.step);
-            db_error_(r, what, msg, msglen);
+            db_error_(r, what, err);
             return -1;
         }
         r->metric_pending = 0;
     }
     if (r->ckpt_owed) {
-        if (checkpoint_(r, r->ckpt_owed, msg, msglen) < 0) return -1;
+        if (checkpoint_(r, r->ckpt_owed, err) < 0) return -1;
         r->ckpt_owed = NULL;
     }
     return 0;
@@ -219,13 +221,13 @@ static m6_code data_code_(int rc)
  * again, as at the start, and redo the validation pass the pending row is
  * owed; its row is then written again with the val_loss. -1 with msg if
  * the data is still bad (the run stays paused). */
-static int retry_data_(run_ctx *r, char *msg, size_t msglen)
+static int retry_data_(run_ctx *r, m6_err *err)
 {
     if (!r->data_error) return 0;
     float v;
-    int rc = trainer_reopen_data(r->t, msg, msglen);
+    int rc = trainer_reopen_data(r->t, err);
     if (rc == 0 && r->eval_owed)
-        rc = trainer_eval_checked(r->t, &v, msg, msglen);
+        rc = trainer_eval_checked(r->t, &v, err);
     if (rc != 0) {
         r->data_code = data_code_(rc);
         return -1;
@@ -249,8 +251,12 @@ static void answer_locked_(coord *c, long ticket, const char *err,
 {
     if (ticket > c->resume_answered)
         c->resume_answered = ticket;
-    snprintf(c->resume_error, sizeof c->resume_error, "%s", err ? err : "");
+    free(c->resume_error);
+    c->resume_error = err ? strdup(err) : NULL;
+    if (err && !c->resume_error)
+        c->resume_error = strdup("out of memory");
     c->resume_code = err ? code : M6_OK;
+    c->resume_step = c->active_step; /* the run goes on from here */
     pthread_cond_broadcast(&c->cv);
 }
 
@@ -338,11 +344,16 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     int was_queued = row.state == RUN_QUEUED;
     int paused = row.state == RUN_PAUSED; /* left paused: stays paused */
     int64_t recorded_delink = row.delink_step;
-    char kept_error[sizeof row.error];  /* a paused run keeps its reason */
-    snprintf(kept_error, sizeof kept_error, "%s", paused ? row.error : "");
+    /* a paused run keeps its reason */
+    char *kept_error = strdup(paused && row.error ? row.error : "");
     run_row_clear(&row);
+    if (!kept_error) {
+        fail_run_(r, "setup", "out of memory");
+        return -1;
+    }
     if (rc < 0) {
         fail_run_(r, "spec", err);
+        free(kept_error);
         return -1;
     }
     log_info("run.setup", "run=%lld (opening the data, building the model)",
@@ -354,58 +365,67 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
      * strand its checkpoints, and `m6ctl resume` retries once the data is
      * fixed (retry_data_). */
     int data_rc = 0;
-    r->t = was_queued ? trainer_create(&r->spec, err, sizeof err)
-                      : trainer_create_resumable(&r->spec, &data_rc, err,
-                                                 sizeof err);
+    m6_err e = M6_ERR_NONE, lost = M6_ERR_NONE;
+    r->t = was_queued ? trainer_create(&r->spec, &e)
+                      : trainer_create_resumable(&r->spec, &data_rc, &e);
     if (!r->t) {
-        fail_run_(r, "trainer_create", err);
+        fail_run_(r, "trainer_create", m6_err_msg(&e));
+        m6_err_free(&e);
+        free(kept_error);
         return -1;
     }
-    char lost[1200];
     if (ckpt_store_restore(&c->store, id, &r->spec, &r->t,
-                           was_queued ? NULL : &data_rc, &r->last_ckpt, err,
-                           sizeof err, lost, sizeof lost) < 0) {
-        fail_run_(r, "trainer_create", err);
+                           was_queued ? NULL : &data_rc, &r->last_ckpt, &e,
+                           &lost) < 0) {
+        fail_run_(r, "trainer_create", m6_err_msg(&e));
+        m6_err_free(&e);
+        free(kept_error);
         return -1;
     }
     /* the shards it opened must hold what the checkpoint was trained on */
     if (!was_queued && !data_rc && r->last_ckpt >= 0)
-        data_rc = trainer_check_data(r->t, err, sizeof err);
-    char open_err[sizeof err] = "";
+        data_rc = trainer_check_data(r->t, &e);
+    m6_err open_err = M6_ERR_NONE;
     if (data_rc) {
         r->data_error = 1;
         r->data_code = data_code_(data_rc);
-        snprintf(open_err, sizeof open_err, "%s", err);
+        open_err = e;  /* the data's error, whole */
+        e = M6_ERR_NONE;
     }
+    m6_err_free(&e);
     long step = trainer_step_count(r->t);
     int phase = trainer_phase(r->t) == PHASE_REAL;
 
     int dropped = align_tables_(r, was_queued, recorded_delink);
 
     pthread_mutex_lock(&c->mu);
-    snprintf(c->w.error, sizeof c->w.error, "%s", kept_error);
+    worker_set_error(&c->w, kept_error);
     c->w.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
     c->active_total = r->spec.train.steps;
     pthread_mutex_unlock(&c->mu);
     int erred = 1;
     if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
                             kept_error[0] ? kept_error : NULL) < 0) {
-        db_error_(r, "recording the start", err, sizeof err);
-        pause_error_(r, WE_WRITE_FAILED, err);
+        db_error_(r, "recording the start", &e);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
     } else if (dropped < 0) {
         /* Rows past the checkpoint stay until training rewrites them
          * (INSERT OR REPLACE); pause so the operator sees why. */
-        db_error_(r, "dropping metrics past the checkpoint", err, sizeof err);
-        pause_error_(r, WE_WRITE_FAILED, err);
-    } else if (lost[0]) {
+        db_error_(r, "dropping metrics past the checkpoint", &e);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
+    } else if (lost.msg) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
-        pause_error_(r, WE_CKPT_LOST, lost);
+        pause_error_(r, WE_CKPT_LOST, lost.msg);
     } else if (data_rc) {
-        pause_error_(r, WE_DATA_ERROR, open_err);
+        pause_error_(r, WE_DATA_ERROR, m6_err_msg(&open_err));
     } else {
         erred = 0;
     }
+    m6_err_free(&e);
+    m6_err_free(&lost);
+    m6_err_free(&open_err);
+    free(kept_error);
     paused |= erred;
     if (was_queued) {
         state_event(c->st, id, "start", "phase=%s", phase_name(phase));
@@ -431,24 +451,25 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
 static int stop_(run_ctx *r)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    int ok = flush_(r, err, sizeof err) == 0 &&
-             checkpoint_(r, "stop", err, sizeof err) == 0;
+    int ok = flush_(r, &err) == 0 && checkpoint_(r, "stop", &err) == 0;
     if (ok && state_run_set_state(c->st, r->id, RUN_STOPPED, NULL) < 0) {
-        db_error_(r, "recording the stop", err, sizeof err);
+        db_error_(r, "recording the stop", &err);
         ok = 0;
     }
     if (!ok) {
-        char why[1200];
-        snprintf(why, sizeof why, "stop not done (%s); stop again once there "
-                 "is space", err);
-        pause_error_(r, WE_STOP_FAILED, why);
+        m6_err why = m6_err_make(M6_EBADSTATE, "stop not done (%s); stop "
+                                 "again once there is space",
+                                 m6_err_msg(&err));
+        m6_err_free(&err);
+        pause_error_(r, WE_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
         pthread_mutex_lock(&c->mu);
         if (c->resume_asked > c->resume_answered)
-            answer_locked_(c, c->resume_asked, why, M6_EBADSTATE);
+            answer_locked_(c, c->resume_asked, why.msg, M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
+        m6_err_free(&why);
         return 0;
     }
     on_(c, WE_STOPPED, NULL);
@@ -462,18 +483,18 @@ static int stop_(run_ctx *r)
 static void pause_(run_ctx *r)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    if (flush_(r, err, sizeof err) < 0 ||
-        checkpoint_(r, "pause", err, sizeof err) < 0) {
-        pause_error_(r, WE_WRITE_FAILED, err);
+    if (flush_(r, &err) < 0 || checkpoint_(r, "pause", &err) < 0) {
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else if (state_run_set_state(c->st, r->id, RUN_PAUSED, NULL) < 0) {
-        db_error_(r, "recording the pause", err, sizeof err);
-        pause_error_(r, WE_WRITE_FAILED, err);
+        db_error_(r, "recording the pause", &err);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else {
         state_event(c->st, r->id, "pause", "step=%ld", step);
         log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
     }
+    m6_err_free(&err);
     publish_(r);
 }
 
@@ -483,15 +504,16 @@ static void pause_(run_ctx *r)
 static void interrupted_(run_ctx *r, int resume)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     pthread_mutex_lock(&c->mu);
     int paused = c->w.state != W_RUNNING; /* PAUSED, or RESUMING untried */
     pthread_mutex_unlock(&c->mu);
     /* On failure the next start resumes from the last good one. */
-    if (checkpoint_(r, "shutdown", err, sizeof err) < 0)
+    if (checkpoint_(r, "shutdown", &err) < 0)
         log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
-                 (long long)r->id, step, err);
+                 (long long)r->id, step, m6_err_msg(&err));
+    m6_err_free(&err);
     state_event(c->st, r->id, "interrupted", "step=%ld %s at next start", step,
                 paused ? "paused" : "resumes");
     log_info("run.interrupted", "run=%lld step=%ld paused=%d",
@@ -506,11 +528,11 @@ static void interrupted_(run_ctx *r, int resume)
 
 /* The writes a boundary owes before the next step: data to reopen after a
  * data error (and the validation pass it owes), then what the last
- * boundary could not write. 0, or -1 with msg (they stay owed). */
-static int owed_(run_ctx *r, char *msg, size_t msglen)
+ * boundary could not write. 0, or -1 with err (they stay owed). */
+static int owed_(run_ctx *r, m6_err *err)
 {
-    if (retry_data_(r, msg, msglen) < 0) return -1;
-    return flush_(r, msg, msglen);
+    if (retry_data_(r, err) < 0) return -1;
+    return flush_(r, err);
 }
 
 /* Try the resume taken at this boundary: the writes owed, then the state.
@@ -519,21 +541,22 @@ static int owed_(run_ctx *r, char *msg, size_t msglen)
 static void resume_(run_ctx *r)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    int rc = owed_(r, err, sizeof err);
+    int rc = owed_(r, &err);
     worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
     if (rc == 0 && state_run_set_state(c->st, r->id, RUN_RUNNING, NULL) < 0) {
-        db_error_(r, "recording the resume", err, sizeof err);
+        db_error_(r, "recording the resume", &err);
         rc = -1;
         failed = WE_WRITE_FAILED;
     }
     if (rc < 0) {
-        pause_error_(r, failed, err);
+        pause_error_(r, failed, m6_err_msg(&err));
         pthread_mutex_lock(&c->mu);
-        answer_locked_(c, c->resume_serving, err,
+        answer_locked_(c, c->resume_serving, m6_err_msg(&err),
                        failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
+        m6_err_free(&err);
         return;
     }
     state_event(c->st, r->id, "resume", "step=%ld", step);
@@ -550,15 +573,17 @@ static void resume_(run_ctx *r)
 static int complete_(run_ctx *r)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    if (checkpoint_(r, "end", err, sizeof err) < 0) {
-        pause_error_(r, WE_WRITE_FAILED, err);
+    if (checkpoint_(r, "end", &err) < 0) {
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        m6_err_free(&err);
         return 0;
     }
     if (state_run_set_state(c->st, r->id, RUN_COMPLETED, NULL) < 0) {
-        db_error_(r, "recording the completion", err, sizeof err);
-        pause_error_(r, WE_WRITE_FAILED, err);
+        db_error_(r, "recording the completion", &err);
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        m6_err_free(&err);
         return 0;
     }
     on_(c, WE_COMPLETED, NULL);
@@ -585,22 +610,24 @@ static void phase_policy_(run_ctx *r)
 static int step_(run_ctx *r)
 {
     coord *c = r->c;
-    char err[1024];
+    m6_err err = M6_ERR_NONE;
     step_result res;
-    char data_err[sizeof err];
-    int src = trainer_step(r->t, &res, data_err, sizeof data_err);
+    m6_err data_err = M6_ERR_NONE;
+    int src = trainer_step(r->t, &res, &data_err);
     if (src == TRAINER_EDATA) {
         /* like a write that failed: pause, keep the model; the operator
          * fixes the shard and resumes (retry_data_) */
         r->data_error = 1;
         r->data_code = data_code_(src);
         if (!res.eval_failed) { /* nothing of the step was done */
-            pause_error_(r, WE_DATA_ERROR, data_err);
+            pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+            m6_err_free(&data_err);
             return 0;
         }
         r->eval_owed = 1; /* the step stands: record it, val_loss owed */
     } else if (src < 0) {
-        fail_run_(r, "trainer_step", data_err);
+        fail_run_(r, "trainer_step", m6_err_msg(&data_err));
+        m6_err_free(&data_err);
         return -1;
     }
     on_(c, WE_STEP_DONE, NULL);
@@ -634,12 +661,14 @@ static int step_(run_ctx *r)
     double s = res.step_ms / 1e3;
     c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
     pthread_mutex_unlock(&c->mu);
-    if (flush_(r, err, sizeof err) < 0)
-        pause_error_(r, WE_WRITE_FAILED, err);
+    if (flush_(r, &err) < 0)
+        pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     else if (r->eval_owed)
-        pause_error_(r, WE_DATA_ERROR, data_err);
+        pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
     else
         publish_(r);
+    m6_err_free(&err);
+    m6_err_free(&data_err);
     return 0;
 }
 
@@ -684,10 +713,11 @@ static void run_one_(coord *c, int64_t id)
         if (!trains) continue;
 
         /* what an earlier boundary owes (a restart's validation pass) */
-        char err[1024];
-        if (owed_(&r, err, sizeof err) < 0) {
+        m6_err err = M6_ERR_NONE;
+        if (owed_(&r, &err) < 0) {
             pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
-                         err);
+                         m6_err_msg(&err));
+            m6_err_free(&err);
             continue;
         }
         if (trainer_step_count(r.t) >= r.spec.train.steps) {
@@ -707,6 +737,7 @@ static void take_next_locked_(coord *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
+    worker_set_error(&c->w, NULL);
     c->w = worker_init(paused ? W_PAUSED : W_STARTING);
     c->w.shutdown = c->shutdown;
     c->active_step = 0;
@@ -745,6 +776,7 @@ static void *worker_main_(void *arg)
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->active = 0;
+        worker_set_error(&c->w, NULL);
         c->w = worker_init(W_QUEUED);
         c->w.shutdown = c->shutdown;
         c->offload_valid = 0;
@@ -814,6 +846,8 @@ void coord_fini(coord *c)
     if (c->thread_started) pthread_join(c->thread, NULL);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    worker_set_error(&c->w, NULL);
+    free(c->resume_error);
     free(c);
 }
 
@@ -823,7 +857,7 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
                     int64_t *id, char *name, size_t namelen)
 {
     run_spec spec;
-    char err[1024];
+    char err[1024];  /* spec_parse's words: a key and a value, no paths */
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
         return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
@@ -835,13 +869,19 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
      * data.c remembers each shard it has read by file identity and version,
      * so only a shard changed since is read again, and a bad one then fails
      * the run with the same message. */
-    int crc = trainer_check_spec(&spec, err, sizeof err);
+    m6_err ce = M6_ERR_NONE;
+    int crc = trainer_check_spec(&spec, &ce);
     if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
-        log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name, err);
-        return m6_err_make(M6_EINTERNAL, "not queued: %s", err);
+        log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name,
+                 ce.msg);
+        m6_err_prefix(&ce, "not queued");
+        ce.code = M6_ESUBMITFD;  /* the handler says what to do */
+        return ce;
     }
     if (crc != 0) {
-        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
+        m6_err_prefix(&ce, "invalid spec");
+        ce.code = M6_EINVALID;
+        return ce;
     }
     if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
         log_info("run.submit_dropped", "name=%s reason=\"the client disconnected "
@@ -869,8 +909,7 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
  * -- and say how it went. A resume that cannot go through is refused with
  * the reason; the run stays paused. */
 enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
-static m6_code wait_resume_(coord *c, int64_t id, long ticket, char *msg,
-                                 size_t msglen)
+static m6_err wait_resume_(coord *c, int64_t id, long ticket)
 {
     pthread_cond_broadcast(&c->cv);
     struct timespec until; /* c->cv waits on CLOCK_MONOTONIC (coord_init) */
@@ -879,24 +918,21 @@ static m6_code wait_resume_(coord *c, int64_t id, long ticket, char *msg,
     int rc = 0;
     while (c->resume_answered < ticket && c->active == id && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&c->cv, &c->mu, &until);
-    if (c->resume_answered >= ticket && c->resume_error[0]) {
-        snprintf(msg, msglen, "run %lld could not resume, it stays paused: %s",
-                 (long long)id, c->resume_error);
-        return c->resume_code; /* M6_EDATA, M6_ENOFILE: the handler advises */
-    }
+    if (c->resume_answered >= ticket && c->resume_error)
+        /* M6_EDATA, M6_ENOFILE: the handler advises */
+        return m6_err_make(c->resume_code, "run %lld could not resume, it "
+                           "stays paused: %s", (long long)id, c->resume_error);
     if (c->resume_answered >= ticket)
-        snprintf(msg, msglen, "run %lld resumed at step %ld", (long long)id,
-                 c->active_step);
-    else if (c->active != id) {
-        snprintf(msg, msglen, "run %lld did not resume: it ended first (a "
-                 "stop?); `m6ctl status %lld` says how", (long long)id,
-                 (long long)id);
-        return M6_EBADSTATE;
-    } else
-        snprintf(msg, msglen, "run %lld resumes (its data and the writes owed "
-                 "were not done after %d s; `m6ctl status %lld` shows how it "
-                 "went)", (long long)id, RESUME_WAIT_S, (long long)id);
-    return M6_OK;
+        return m6_err_make(M6_OK, "run %lld resumed at step %ld",
+                           (long long)id, c->resume_step);
+    if (c->active != id)
+        return m6_err_make(M6_EBADSTATE, "run %lld did not resume: it ended "
+                           "first (a stop?); `m6ctl status %lld` says how",
+                           (long long)id, (long long)id);
+    return m6_err_make(M6_OK, "run %lld resumes (its data and the writes owed "
+                       "were not done after %d s; `m6ctl status %lld` shows "
+                       "how it went)", (long long)id, RESUME_WAIT_S,
+                       (long long)id);
 }
 
 /* The state machine's state of a run the worker does not own, from its
@@ -913,26 +949,38 @@ static int db_worker_state_(run_state s)
     }
 }
 
-/* coord_command into msg (msglen: room for the longest reply, a refused
- * resume's "could not resume" and its resume_error). */
-static m6_code command_(coord *c, int64_t id, coord_cmd cmd, char *msg,
-                        size_t msglen)
+/* worker_command on w, its reply whole (the room it asks for). */
+static m6_err worker_command_(worker *w, int64_t id, coord_cmd cmd,
+                              unsigned *act)
+{
+    size_t n = strlen(w->error) + 512;
+    char *msg = malloc(n);
+    if (!msg) return m6_err_make(M6_EINTERNAL, "out of memory");
+    m6_code code = worker_command(w, id, cmd, act, msg, n);
+    m6_err e = m6_err_make(code, "%s", msg);
+    free(msg);
+    return e;
+}
+
+m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
 {
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
-    m6_code ret;
+    m6_err ret;
     unsigned act = 0;
     pthread_mutex_lock(&c->mu);
     if (id == c->active) {
-        ret = worker_command(&c->w, id, cmd, &act, msg, msglen);
+        ret = worker_command_(&c->w, id, cmd, &act);
         if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
             answer_locked_(c, c->resume_asked, "a pause was sent after it",
                            M6_EBADSTATE);
-        if (act & WA_RESUME_NEW) /* ask the worker and wait (one more resume
-                                  * sent before it takes this one is served
-                                  * by the same try) */
-            ret = wait_resume_(c, id, ++c->resume_asked, msg, msglen);
-        else if (act & WA_RESUME_JOIN) /* being tried: wait with it */
-            ret = wait_resume_(c, id, c->resume_serving, msg, msglen);
+        if (act & (WA_RESUME_NEW | WA_RESUME_JOIN)) {
+            /* ask the worker and wait (one more resume sent before it
+             * takes this one is served by the same try); or, being
+             * tried, wait with it */
+            m6_err_free(&ret);
+            ret = wait_resume_(c, id, act & WA_RESUME_NEW ? ++c->resume_asked
+                                                          : c->resume_serving);
+        }
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return ret;
@@ -942,37 +990,27 @@ static m6_code command_(coord *c, int64_t id, coord_cmd cmd, char *msg,
     run_row row;
     int rc = state_run_get(c->st, id, &row);
     if (rc == 1) {
-        snprintf(msg, msglen, "no run with id %lld", (long long)id);
-        ret = M6_ENOTFOUND;
+        ret = m6_err_make(M6_ENOTFOUND, "no run with id %lld", (long long)id);
     } else if (rc < 0) {
-        snprintf(msg, msglen, "database error");
-        ret = M6_EINTERNAL;
+        ret = m6_err_make(M6_EINTERNAL, "database error");
     } else {
         int s = db_worker_state_(row.state);
         if (s >= 0) {
             worker w = worker_init((worker_state)s);
-            ret = worker_command(&w, id, cmd, &act, msg, msglen);
+            ret = worker_command_(&w, id, cmd, &act);
             if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
-                snprintf(msg, msglen, "run %lld: database error while taking "
-                         "it out of the queue", (long long)id);
-                ret = M6_EINTERNAL;
+                m6_err_set(&ret, M6_EINTERNAL, "run %lld: database error "
+                           "while taking it out of the queue", (long long)id);
             }
         } else {
-            snprintf(msg, msglen, "cannot %s run %lld: it is %s", names[cmd],
-                     (long long)id, run_state_name(row.state));
-            ret = M6_EBADSTATE;
+            ret = m6_err_make(M6_EBADSTATE, "cannot %s run %lld: it is %s",
+                              names[cmd], (long long)id,
+                              run_state_name(row.state));
         }
         run_row_clear(&row);
     }
     pthread_mutex_unlock(&c->mu);
     return ret;
-}
-
-m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
-{
-    char msg[sizeof c->resume_error + 512];
-    m6_code code = command_(c, id, cmd, msg, sizeof msg);
-    return m6_err_make(code, "%s", msg);
 }
 
 double coord_eta(coord *c, int64_t id)
@@ -997,24 +1035,33 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out)
     return rc;
 }
 
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
-                    m6_code *code)
+int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code)
 {
     int rc = 0;
+    *msg = NULL;
     pthread_mutex_lock(&c->mu);
     if (id == c->active && c->w.error[0]) {
-        snprintf(buf, len, "%s", c->w.error);
+        *msg = strdup(c->w.error);
         *code = c->w.error_code;
-        rc = 1 + worker_is_paused(&c->w);
+        rc = *msg ? 1 + worker_is_paused(&c->w) : -1;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
-void coord_pending(coord *c, int64_t id, char *buf, size_t len)
+void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+                   size_t len)
 {
     pthread_mutex_lock(&c->mu);
-    snprintf(buf, len, "%s", id == c->active ? worker_pending(&c->w) : "");
+    const char *p = id == c->active ? worker_pending(&c->w) : "";
+    if (id == c->active && !p[0]) {
+        /* applied in memory, m6.db not written yet */
+        if (recorded == RUN_RUNNING && worker_is_paused(&c->w))
+            p = "pausing";
+        else if (recorded == RUN_PAUSED && worker_is_training(&c->w))
+            p = "resuming";
+    }
+    snprintf(buf, len, "%s", p);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -85,19 +85,23 @@ typedef struct {
 int coord_offload_get(coord *c, int64_t id, coord_offload *out);
 
 /* Why the active run paused itself (a checkpoint or state DB write failed,
- * its data could not be read), held in memory so status shows it even
- * when the DB cannot record it; *code its kind (M6_EDATA, M6_ENOFILE: the
- * data; M6_EBADSTATE otherwise), for the operator's next step. 0: none
- * (or id is not active); 1: buf set, run not paused yet; 2: buf set, run
- * paused. */
-int coord_run_error(coord *c, int64_t id, char *buf, size_t len,
-                    m6_code *code);
+ * its data could not be read, no checkpoint loads), held in memory so
+ * status shows it even when the DB cannot record it; *code its kind
+ * (M6_EDATA, M6_ENOFILE: the data; M6_ENOCKPT: no checkpoint loads;
+ * M6_EBADSTATE otherwise), for the operator's next step. 0: none (or id
+ * is not active); 1: *msg set (malloc'd, whole: free it), run not paused
+ * yet; 2: *msg set, run paused; -1: out of memory. */
+int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code);
 
 /* The command acknowledged for the active run and not yet applied at a
  * step boundary: "pausing", "resuming", "delinking", "stopping", or two
  * joined in the order they apply ("delinking, pausing"); "" none or id is
- * not active (m6.proto RunInfo.pending). */
-void coord_pending(coord *c, int64_t id, char *buf, size_t len);
+ * not active (m6.proto RunInfo.pending). recorded: the run's state as
+ * m6.db has it (the caller's row): while the worker has paused (resumed)
+ * in memory and m6.db still says running (paused), the pause (resume) is
+ * not recorded yet and is still reported as pending. */
+void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+                   size_t len);
 
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);

@@ -5,6 +5,7 @@
 #include "coord/worker.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const state_names_[WORKER_NSTATES] = {
@@ -25,13 +26,26 @@ const char *worker_state_name(worker_state s)
     return (unsigned)s < WORKER_NSTATES ? state_names_[s] : "?";
 }
 
+static char no_error_[] = "";  /* worker.error when there is none */
+
 worker worker_init(worker_state s)
 {
     worker w;
     memset(&w, 0, sizeof w);
     w.state = s;
     w.delink_step = -1;
+    w.error = no_error_;
     return w;
+}
+
+void worker_set_error(worker *w, const char *reason)
+{
+    static char oom[] = "out of memory (keeping why the run paused)";
+    if (w->error != no_error_ && w->error != oom)
+        free(w->error);
+    w->error = no_error_;
+    if (reason && reason[0] && !(w->error = strdup(reason)))
+        w->error = oom;
 }
 
 /* The run the worker owns (its trainer is held). */
@@ -213,7 +227,8 @@ worker_take worker_boundary(worker *w)
     t.shutdown = w->shutdown;
     if (w->state == W_RESUMING && !w->resume_tried) {
         w->resume_tried = 1;
-        w->error[0] = 0; /* the try says anew why it stays paused, if so */
+        worker_set_error(w, NULL); /* the try says anew why it stays
+                                    * paused, if so */
         w->error_write = 0;
         w->error_code = M6_OK;
         t.resume = 1;
@@ -241,7 +256,7 @@ static int pause_self_(worker *w, const char *reason, int write)
           (w->state == W_RESUMING && !w->resume_tried)))
         w->state = W_PAUSED;
     w->resume_tried = 0;
-    snprintf(w->error, sizeof w->error, "%s", reason ? reason : "");
+    worker_set_error(w, reason);
     w->error_write = write;
     return 0;
 }
@@ -279,7 +294,7 @@ int worker_on(worker *w, worker_event ev, const char *reason)
     case WE_STOP_FAILED:
         if (s != W_STOPPING) return -1;
         w->state = W_PAUSED;
-        snprintf(w->error, sizeof w->error, "%s", reason ? reason : "");
+        worker_set_error(w, reason);
         w->error_write = 1;
         return 0;
     case WE_COMPLETED:

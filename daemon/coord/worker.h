@@ -76,7 +76,8 @@ typedef struct {
     long delink_step;   /* the real phase's first step; -1 never delinked
                          * (still pseudo, or trained from scratch) */
     int shutdown;       /* m6d is stopping: commands are refused */
-    char error[2048];   /* why the run paused itself; "" none */
+    char *error;        /* why the run paused itself, whole; "" none. Never
+                         * NULL (worker_init); set with worker_set_error */
     int error_write;    /* ... a write failed (not bad data or a lost
                          * checkpoint): a command may hold only in memory */
     m6_code error_code; /* ... its kind, for the operator's next step:
@@ -86,6 +87,10 @@ typedef struct {
 
 /* The worker of a run in state s: no flags, pseudo, no error. */
 worker worker_init(worker_state s);
+
+/* Set w->error to a copy of reason (NULL or "": none), freeing the one it
+ * held. Out of memory: "out of memory (keeping why the run paused)". */
+void worker_set_error(worker *w, const char *reason);
 
 /* What coord_command must do after worker_command (bits). */
 enum {
@@ -101,7 +106,9 @@ enum {
  * the reply's status (M6_OK: acknowledged), what to do into *actions,
  * the reply's text into msg ("run 3 pauses at the next step boundary",
  * "run 3 is already paused", ...; for WA_RESUME_* the text is the resume's
- * answer, written by the caller once it came). Never fails otherwise. */
+ * answer, written by the caller once it came). msglen: at least
+ * strlen(w->error) + 512, so a reply that quotes the error is never cut.
+ * Never fails otherwise. */
 m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen);
 

@@ -408,7 +408,8 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
     r->total_steps = sqlite3_column_int64(s, 5);
     r->created = sqlite3_column_double(s, 6);
     r->updated = sqlite3_column_double(s, 7);
-    copy_text_(r->error, sizeof r->error, sqlite3_column_text(s, 8));
+    const unsigned char *er = sqlite3_column_text(s, 8);
+    r->error = er ? strdup((const char *)er) : NULL;
     r->delink_step = sqlite3_column_type(s, 9) == SQLITE_NULL
                          ? -1 : sqlite3_column_int64(s, 9);
     if (with_spec) {
@@ -442,6 +443,14 @@ void run_row_clear(run_row *r)
 {
     free(r->spec);
     r->spec = NULL;
+    free(r->error);
+    r->error = NULL;
+}
+
+void run_rows_free(run_row *rows, int n)
+{
+    for (int i = 0; rows && i < n; i++) run_row_clear(&rows[i]);
+    free(rows);
 }
 
 int state_run_find_name(state *st, const char *name, int64_t *id)
@@ -700,15 +709,21 @@ out:
 
 int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
 {
-    char detail[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    return SQL_WRITE(st,
+    char *detail = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (!detail) return -1;
+    va_start(ap, fmt);
+    vsnprintf(detail, (size_t)len + 1, fmt, ap);  /* whole, never cut */
+    va_end(ap);
+    int rc = SQL_WRITE(st,
         "INSERT INTO events(run, time, kind, detail) VALUES (?, ?, ?, ?)",
         run > 0 ? A_INT(run) : A_NULL, A_REAL(now_()), A_TEXT(kind),
         A_TEXT(detail)) < 0 ? -1 : 0;
+    free(detail);
+    return rc;
 }
 
 static void event_fill_(sqlite3_stmt *s, void *elem)
@@ -717,7 +732,14 @@ static void event_fill_(sqlite3_stmt *s, void *elem)
     e->id = sqlite3_column_int64(s, 0);
     e->time = sqlite3_column_double(s, 1);
     copy_text_(e->kind, sizeof e->kind, sqlite3_column_text(s, 2));
-    copy_text_(e->detail, sizeof e->detail, sqlite3_column_text(s, 3));
+    const unsigned char *d = sqlite3_column_text(s, 3);
+    e->detail = strdup(d ? (const char *)d : "");
+}
+
+void event_rows_free(event_row *rows, int n)
+{
+    for (int i = 0; rows && i < n; i++) free(rows[i].detail);
+    free(rows);
 }
 
 int state_events_list(state *st, int64_t run, int64_t after_id, int max,

@@ -36,7 +36,8 @@ typedef struct {
     int phase;          /* 0 pseudo, 1 real */
     int64_t step, total_steps;
     double created, updated;
-    char error[512];
+    char *error;        /* why it failed or paused itself, whole; NULL none
+                         * (malloc'd: run_row_clear, run_rows_free) */
     int64_t delink_step; /* the real phase's first step; -1 (NULL) never
                           * delinked: pseudo, or trained from scratch */
 } run_row;
@@ -71,6 +72,8 @@ int state_user_version(state *st);
 /* Runs. A run inserted with an empty name is named "run-<id>". */
 int64_t state_run_insert(state *st, const char *name, const char *spec,
                          int64_t total_steps, int phase);
+/* Free rows of state_run_list (n of them) and what each holds. */
+void run_rows_free(run_row *rows, int n);
 int state_run_get(state *st, int64_t id, run_row *out);  /* 0, 1, -1 */
 void run_row_clear(run_row *r);
 /* 0 found one (*id set), 1 none, 2 several, -1 error. */
@@ -114,8 +117,11 @@ typedef struct {
     int64_t id;
     double time;
     char kind[64];
-    char detail[1024];  /* state_event writes at most 1023 bytes */
+    char *detail;       /* whole (malloc'd: event_rows_free) */
 } event_row;
+
+/* Free rows of state_events_list (n of them) and their details. */
+void event_rows_free(event_row *rows, int n);
 
 /* A run's events with id > after_id, oldest first, at most max of them;
  * *rows malloc'ed (free it), *n of them. 0, or -1 (database error). */

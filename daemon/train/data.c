@@ -47,12 +47,13 @@ void token_set_close(token_set *ts)
 
 /* The directory a glob could not read, and why (glob's errfunc has no user
  * pointer: per thread). */
-static __thread char glob_failed_path_[1024];
+static __thread char *glob_failed_path_;  /* malloc'd; NULL none */
 static __thread int glob_failed_errno_;
 
 static int glob_error_(const char *path, int eerrno)
 {
-    snprintf(glob_failed_path_, sizeof glob_failed_path_, "%s", path);
+    free(glob_failed_path_);
+    glob_failed_path_ = strdup(path);
     glob_failed_errno_ = eerrno;
     return 1;  /* stop: GLOB_ERR semantics */
 }
@@ -132,14 +133,15 @@ static unsigned max_token_(const uint16_t *buf, size_t m)
     return mx;
 }
 
-/* path as an error message shows it: a long one loses the middle, so the
- * shard's name and the problem after it still fit the message (status
- * keeps 512 bytes). buf: SHOWN_PATH bytes. */
+/* path as an error message shows it: whole, except for the *_buf forms
+ * (shorten set), whose caller's buffer has a fixed size: there a long path
+ * loses the middle, so the shard's name and the problem after it still
+ * fit. buf: SHOWN_PATH bytes. */
 enum { SHOWN_PATH = 200 };
-static const char *shown_path_(const char *path, char *buf)
+static const char *shown_path_(const char *path, char *buf, int shorten)
 {
     size_t n = strlen(path);
-    if (n < SHOWN_PATH)
+    if (!shorten || n < SHOWN_PATH)
         return path;
     const char *tail = path + n - (SHOWN_PATH - 40);
     snprintf(buf, SHOWN_PATH, "%.32s...%s", path, tail);
@@ -149,14 +151,14 @@ static const char *shown_path_(const char *path, char *buf)
 /* err for the first token >= vocab_size in buf (there is one), buf holding
  * the tokens from index base of the shard named name (shown_path_); note
  * (may be "") is appended. */
-static void bad_token_(char *err, size_t errlen, const char *name,
+static void bad_token_(m6_err *err, const char *name,
                        const uint16_t *buf, size_t base, int vocab_size,
                        const char *note)
 {
     size_t j = 0;
     while (buf[j] < vocab_size) j++;
-    seterr_(err, errlen, "%s: token %u at index %zu >= vocab_size %d%s", name,
-            (unsigned)buf[j], base + j, vocab_size, note);
+    m6_err_set(err, M6_EDATA, "%s: token %u at index %zu >= vocab_size %d%s",
+               name, (unsigned)buf[j], base + j, vocab_size, note);
 }
 
 /* Every token of a shard < vocab_size, read with pread in 1 MiB chunks
@@ -165,15 +167,14 @@ static void bad_token_(char *err, size_t errlen, const char *name,
  * socket) whenever they grow their heaps, and read() is faster anyway.
  * name: the shard as messages show it (shown_path_). */
 static int check_token_range_(int fd, const struct stat *st, const char *name,
-                              size_t n, int vocab_size, char *err,
-                              size_t errlen)
+                              size_t n, int vocab_size, m6_err *err)
 {
     enum { CHUNK = 1 << 19 };  /* tokens per read */
     long known = scanned_max_(st);
     if (known >= 0 && known < vocab_size) return 0;
     uint16_t *buf = malloc(CHUNK * sizeof *buf);
     if (!buf) {
-        seterr_(err, errlen, "%s: out of memory", name);
+        m6_err_set(err, M6_EINTERNAL, "%s: out of memory", name);
         return -1;
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -182,14 +183,14 @@ static int check_token_range_(int fd, const struct stat *st, const char *name,
     for (size_t k0 = 0; k0 < n && rc == 0;) {
         size_t m = n - k0 < CHUNK ? n - k0 : CHUNK;
         if (pread_tokens_(fd, k0, buf, m) != 0) {
-            seterr_(err, errlen, "%s: read: %s", name,
-                    errno ? strerror(errno) : "file shrank while reading");
+            m6_err_set(err, M6_EDATA, "%s: read: %s", name,
+                       errno ? strerror(errno) : "file shrank while reading");
             free(buf);
             return -1;
         }
         unsigned mx = max_token_(buf, m);
         if (mx >= (unsigned)vocab_size) {
-            bad_token_(err, errlen, name, buf, k0, vocab_size, "");
+            bad_token_(err, name, buf, k0, vocab_size, "");
             rc = -1;
         }
         file_max = mx > file_max ? mx : file_max;
@@ -200,20 +201,17 @@ static int check_token_range_(int fd, const struct stat *st, const char *name,
     return rc;
 }
 
-/* err for a set that could not be opened because the process (EMFILE) or
- * the system (ENFILE) has no file descriptor left, with the limit that was
- * hit and what to do: a run holds one descriptor per shard (data.h), so a
+/* err (M6_ENOFILE) for a set that could not be opened because the process
+ * (EMFILE) or the system (ENFILE) has no file descriptor left, with the
+ * limit that was hit: a run holds one descriptor per shard (data.h), so a
  * corpus of many small shards meets RLIMIT_NOFILE although every file in
- * it is fine. what: the file or directory being opened, and how far the
- * set got. */
-static void no_fd_error_(char *err, size_t errlen, int e, const char *what)
+ * it is fine. What to do about it is the edge's to say (by the code).
+ * what: the file or directory being opened, and how far the set got. */
+static void no_fd_error_(m6_err *err, int e, const char *what)
 {
-    static const char fix[] = "a run keeps every shard open: raise m6d's "
-        "open-file limit (ulimit -n, LimitNOFILE= under systemd) or use "
-        "fewer, larger shards (m6ctl data prepare --shard-tokens)";
     if (e == ENFILE) {
-        seterr_(err, errlen, "too many open files in the system (fs.file-max): "
-                "%s; %s", what, fix);
+        m6_err_set(err, M6_ENOFILE,
+                   "too many open files in the system (fs.file-max): %s", what);
         return;
     }
     struct rlimit rl;
@@ -224,84 +222,88 @@ static void no_fd_error_(char *err, size_t errlen, int e, const char *what)
         else
             snprintf(lim, sizeof lim, "%llu", (unsigned long long)rl.rlim_cur);
     }
-    seterr_(err, errlen, "too many open files (limit %s): %s; %s", lim, what,
-            fix);
+    m6_err_set(err, M6_ENOFILE, "too many open files (limit %s): %s", lim,
+               what);
 }
 
 /* Check one shard and keep it open; fills slot i of ts. 0, -1, or
  * TOKEN_SET_ENOFILE (no file descriptor left to open it). */
 static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
-                       char *err, size_t errlen)
+                       m6_err *err, int shorten)
 {
     char shown[SHOWN_PATH];
-    const char *name = shown_path_(path, shown);  /* in messages */
+    const char *name = shown_path_(path, shown, shorten);  /* in messages */
     /* O_NONBLOCK: a FIFO matched by the glob must not block the caller;
      * fstat then refuses it. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         if (e == EMFILE || e == ENFILE) {
-            char what[1200];
-            snprintf(what, sizeof what, "%.1000s: open: shard %d of %d",
-                     name, i + 1, ts->n_shards);
-            no_fd_error_(err, errlen, e, what);
+            m6_err w = M6_ERR_NONE;
+            m6_err_set(&w, M6_ENOFILE, "%s: open: shard %d of %d", name,
+                       i + 1, ts->n_shards);
+            no_fd_error_(err, e, w.msg);
+            m6_err_free(&w);
             return TOKEN_SET_ENOFILE;
         }
-        seterr_(err, errlen, "%s: open: %s", name, strerror(e));
+        m6_err_set(err, M6_EDATA, "%s: open: %s", name, strerror(e));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr_(err, errlen, "%s: stat: %s", name, strerror(errno));
+        m6_err_set(err, M6_EDATA, "%s: stat: %s", name, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        seterr_(err, errlen, "%s: not a regular file", name);
+        m6_err_set(err, M6_EDATA, "%s: not a regular file", name);
         goto fail;
     }
     size_t size = (size_t)st.st_size;
     if (size < HEADER_BYTES) {
-        seterr_(err, errlen,
-                "%s: too short for a shard header (%zu bytes, header is %zu)",
-                name, size, HEADER_BYTES);
+        m6_err_set(err, M6_EDATA,
+                   "%s: too short for a shard header (%zu bytes, header "
+                   "is %zu)",
+                   name, size, HEADER_BYTES);
         goto fail;
     }
     int32_t hdr[3];
     if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
-        seterr_(err, errlen, "%s: cannot read the header: %s", name,
-                strerror(errno ? errno : EIO));
+        m6_err_set(err, M6_EDATA, "%s: cannot read the header: %s", name,
+                   strerror(errno ? errno : EIO));
         goto fail;
     }
     if (hdr[0] != SHARD_MAGIC) {
-        seterr_(err, errlen, "%s: bad magic %d (want %d)", name, hdr[0],
-                SHARD_MAGIC);
+        m6_err_set(err, M6_EDATA, "%s: bad magic %d (want %d)", name, hdr[0],
+                   SHARD_MAGIC);
         goto fail;
     }
     if (hdr[1] != SHARD_VERSION) {
-        seterr_(err, errlen, "%s: bad version %d (want %d)", name, hdr[1],
-                SHARD_VERSION);
+        m6_err_set(err, M6_EDATA, "%s: bad version %d (want %d)", name, hdr[1],
+                   SHARD_VERSION);
         goto fail;
     }
     if (hdr[2] < 0) {
-        seterr_(err, errlen, "%s: bad token count %d in header", name, hdr[2]);
+        m6_err_set(err, M6_EDATA,
+                   "%s: bad token count %d in header", name, hdr[2]);
         goto fail;
     }
     size_t n = (size_t)hdr[2];
     size_t held = (size - HEADER_BYTES) / sizeof(uint16_t);
     if (size < HEADER_BYTES + n * sizeof(uint16_t)) {
-        seterr_(err, errlen, "%s: truncated: header says %zu tokens, file holds %zu",
-                name, n, held);
+        m6_err_set(err, M6_EDATA,
+                   "%s: truncated: header says %zu tokens, file holds %zu",
+                   name, n, held);
         goto fail;
     }
     if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
-        seterr_(err, errlen,
-                "%s: size mismatch: header says %zu tokens, file holds %zu "
-                "(%zu bytes after the header)",
-                name, n, held, size - HEADER_BYTES);
+        m6_err_set(err, M6_EDATA,
+                   "%s: size mismatch: header says %zu tokens, file holds %zu "
+                   "(%zu bytes after the header)",
+                   name, n, held, size - HEADER_BYTES);
         goto fail;
     }
     if (vocab_size < 65536 &&
-        check_token_range_(fd, &st, name, n, vocab_size, err, errlen) != 0)
+        check_token_range_(fd, &st, name, n, vocab_size, err) != 0)
         goto fail;
     /* training reads windows at random offsets: no readahead past them */
     posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
@@ -314,49 +316,53 @@ fail:
     return -1;
 }
 
-int token_set_open(token_set *ts, const char *pattern, int vocab_size,
-                   char *err, size_t errlen)
+static int open_(token_set *ts, const char *pattern, int vocab_size,
+                 m6_err *err, int shorten)
 {
     memset(ts, 0, sizeof *ts);
     if (vocab_size < 1 || vocab_size > 65536) {
-        seterr_(err, errlen, "%s: vocab_size %d out of range [1, 65536]",
-                pattern, vocab_size);
+        m6_err_set(err, M6_EINVALID,
+                   "%s: vocab_size %d out of range [1, 65536]",
+                   pattern, vocab_size);
         return -1;
     }
     glob_t g;
     memset(&g, 0, sizeof g);
-    glob_failed_path_[0] = 0;
+    free(glob_failed_path_);
+    glob_failed_path_ = NULL;
     int rc = glob(pattern, GLOB_ERR, glob_error_, &g);  /* sorted by name */
     if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0) ||
         (rc == GLOB_ABORTED && glob_failed_errno_ == ENOENT)) {
-        seterr_(err, errlen, "no files match '%s'%s%s%s", pattern,
-                glob_failed_path_[0] ? " (no directory " : "",
-                glob_failed_path_, glob_failed_path_[0] ? ")" : "");
+        m6_err_set(err, M6_EDATA, "no files match '%s'%s%s%s", pattern,
+                   glob_failed_path_ ? " (no directory " : "",
+                   glob_failed_path_ ? glob_failed_path_ : "",
+                   glob_failed_path_ ? ")" : "");
         globfree(&g);
         return -1;
     }
     if (rc != 0) {
         int e = glob_failed_errno_;
-        if (rc == GLOB_ABORTED && glob_failed_path_[0] &&
+        if (rc == GLOB_ABORTED && glob_failed_path_ &&
             (e == EMFILE || e == ENFILE)) {
-            char what[1200];
-            snprintf(what, sizeof what, "'%.500s': cannot read directory %.500s",
-                     pattern, glob_failed_path_);
-            no_fd_error_(err, errlen, e, what);
+            m6_err w = M6_ERR_NONE;
+            m6_err_set(&w, M6_ENOFILE, "'%s': cannot read directory %s",
+                       pattern, glob_failed_path_);
+            no_fd_error_(err, e, w.msg);
+            m6_err_free(&w);
             globfree(&g);
             return TOKEN_SET_ENOFILE;
         }
-        if (rc == GLOB_ABORTED && glob_failed_path_[0])
-            seterr_(err, errlen, "'%s': cannot read directory %s: %s", pattern,
-                    glob_failed_path_, strerror(e));
+        if (rc == GLOB_ABORTED && glob_failed_path_)
+            m6_err_set(err, M6_EDATA, "'%s': cannot read directory %s: %s",
+                       pattern, glob_failed_path_, strerror(e));
         else
-            seterr_(err, errlen, "'%s': glob failed (%s)", pattern,
-                    rc == GLOB_NOSPACE ? "out of memory" : "read error");
+            m6_err_set(err, M6_EDATA, "'%s': glob failed (%s)", pattern,
+                       rc == GLOB_NOSPACE ? "out of memory" : "read error");
         globfree(&g);
         return -1;
     }
     if (g.gl_pathc > (size_t)INT32_MAX) {
-        seterr_(err, errlen, "'%s': too many shards", pattern);
+        m6_err_set(err, M6_EDATA, "'%s': too many shards", pattern);
         globfree(&g);
         return -1;
     }
@@ -365,7 +371,7 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
     ts->fds = malloc((size_t)n * sizeof *ts->fds);
     ts->paths = calloc((size_t)n, sizeof *ts->paths);
     if (!ts->n_tokens || !ts->fds || !ts->paths) {
-        seterr_(err, errlen, "'%s': out of memory", pattern);
+        m6_err_set(err, M6_EINTERNAL, "'%s': out of memory", pattern);
         globfree(&g);
         token_set_close(ts);
         return -1;
@@ -376,17 +382,18 @@ int token_set_open(token_set *ts, const char *pattern, int vocab_size,
     for (int i = 0; i < n; i++) {
         ts->paths[i] = strdup(g.gl_pathv[i]);
         if (!ts->paths[i]) {
-            seterr_(err, errlen, "%s: out of memory", g.gl_pathv[i]);
+            m6_err_set(err, M6_EINTERNAL, "%s: out of memory", g.gl_pathv[i]);
             goto fail;
         }
         if ((rc = shard_open_(ts, i, g.gl_pathv[i], vocab_size, err,
-                              errlen)) != 0)
+                              shorten)) != 0)
             goto fail;
     }
     globfree(&g);
     if (ts->total == 0) {
-        seterr_(err, errlen, "'%s': the %d matching shard(s) hold no tokens",
-                pattern, n);
+        m6_err_set(err, M6_EDATA,
+                   "'%s': the %d matching shard(s) hold no tokens",
+                   pattern, n);
         token_set_close(ts);
         return -1;
     }
@@ -395,6 +402,28 @@ fail:
     globfree(&g);
     token_set_close(ts);
     return rc == TOKEN_SET_ENOFILE ? rc : -1;
+}
+
+int token_set_open(token_set *ts, const char *pattern, int vocab_size,
+                   m6_err *err)
+{
+    return open_(ts, pattern, vocab_size, err, 0);
+}
+
+/* Copy e's message into err (cut to errlen) and free e. */
+static void to_buf_(m6_err *e, char *err, size_t errlen)
+{
+    seterr_(err, errlen, "%s", m6_err_msg(e));
+    m6_err_free(e);
+}
+
+int token_set_open_buf(token_set *ts, const char *pattern, int vocab_size,
+                       char *err, size_t errlen)
+{
+    m6_err e = M6_ERR_NONE;
+    int rc = open_(ts, pattern, vocab_size, &e, 1);
+    if (rc != 0) to_buf_(&e, err, errlen);
+    return rc;
 }
 
 /* Shard holding global index *i; *i becomes the index within it.
@@ -414,34 +443,34 @@ static int locate_(const token_set *ts, size_t *i)
  * read means the file lost tokens since it was checked: say how many it
  * holds now. */
 static int shard_read_(const token_set *ts, int s, size_t off, uint16_t *buf,
-                       size_t m, char *err, size_t errlen)
+                       size_t m, m6_err *err, int shorten)
 {
     char shown[SHOWN_PATH];
-    const char *path = shown_path_(ts->paths[s], shown);  /* in messages */
+    const char *path = shown_path_(ts->paths[s], shown, shorten);
     if (pread_tokens_(ts->fds[s], off, buf, m) != 0) {
         if (errno) {
-            seterr_(err, errlen, "%s: read: %s", path, strerror(errno));
+            m6_err_set(err, M6_EDATA, "%s: read: %s", path, strerror(errno));
             return -1;
         }
         struct stat st;
         size_t now = 0;
         if (fstat(ts->fds[s], &st) == 0 && (size_t)st.st_size > HEADER_BYTES)
             now = ((size_t)st.st_size - HEADER_BYTES) / sizeof *buf;
-        seterr_(err, errlen, "%s: truncated while in use: now %zu tokens, "
-                "was %zu", path, now, ts->n_tokens[s]);
+        m6_err_set(err, M6_EDATA, "%s: truncated while in use: now %zu "
+                   "tokens, was %zu", path, now, ts->n_tokens[s]);
         return -1;
     }
     if (ts->vocab_size < 65536 &&
         max_token_(buf, m) >= (unsigned)ts->vocab_size) {
-        bad_token_(err, errlen, path, buf, off, ts->vocab_size,
+        bad_token_(err, path, buf, off, ts->vocab_size,
                    " (the shard changed while in use)");
         return -1;
     }
     return 0;
 }
 
-int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
-                   char *err, size_t errlen)
+static int read_(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
+                 m6_err *err, int shorten)
 {
     if (n == 0) return 0;
     size_t off = pos;
@@ -452,7 +481,7 @@ int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
             s = (s + 1) % ts->n_shards;
         }
         size_t m = ts->n_tokens[s] - off < n ? ts->n_tokens[s] - off : n;
-        if (shard_read_(ts, s, off, buf, m, err, errlen) != 0) return -1;
+        if (shard_read_(ts, s, off, buf, m, err, shorten) != 0) return -1;
         buf += m;
         off += m;
         n -= m;
@@ -460,9 +489,26 @@ int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
     return 0;
 }
 
+int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
+                   m6_err *err)
+{
+    return read_(ts, pos, buf, n, err, 0);
+}
+
+int token_set_read_buf(const token_set *ts, size_t pos, uint16_t *buf,
+                       size_t n, char *err, size_t errlen)
+{
+    m6_err e = M6_ERR_NONE;
+    int rc = read_(ts, pos, buf, n, &e, 1);
+    if (rc != 0) to_buf_(&e, err, errlen);
+    return rc;
+}
+
 int token_set_at(const token_set *ts, size_t i)
 {
     uint16_t tok;
-    char err[8];
-    return token_set_read(ts, i, &tok, 1, err, sizeof err) == 0 ? tok : -1;
+    m6_err e = M6_ERR_NONE;
+    int rc = token_set_read(ts, i, &tok, 1, &e);
+    m6_err_free(&e);
+    return rc == 0 ? tok : -1;
 }

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
+
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 #define SHARD_HEADER_INTS 256
@@ -35,10 +37,10 @@ typedef struct {
 /* Returned by token_set_open when the process (EMFILE) or the system
  * (ENFILE) ran out of file descriptors: the shards may well be fine, and
  * the same call can succeed once descriptors are free or the limit is
- * raised. err then begins "too many open files (limit N): " (N the soft
- * RLIMIT_NOFILE at the time) or "too many open files in the system
- * (fs.file-max): ", names the file and how many shards the set has, and
- * says what to do. */
+ * raised. err (code M6_ENOFILE) then begins "too many open files (limit
+ * N): " (N the soft RLIMIT_NOFILE at the time) or "too many open files in
+ * the system (fs.file-max): " and names the file and how many shards the
+ * set has; what to do is the edge's to say (control/advice.h). */
 #define TOKEN_SET_ENOFILE (-2)
 
 /* Open every shard matching glob (sorted by name), check header, size and
@@ -49,24 +51,38 @@ typedef struct {
  * A shard this process has scanned before (same device, inode, size and
  * mtime) is not read again. Thread-safe. Holds one file descriptor per
  * shard until token_set_close.
- * Returns 0, or -1 with err filled, or TOKEN_SET_ENOFILE (above); on
- * either error *ts is zeroed (token_set_close is safe) and no descriptor
- * is left open. */
+ * Returns 0, or -1 with *err set (code M6_EDATA for the data,
+ * M6_EINVALID for vocab_size, M6_EINTERNAL out of memory; the message
+ * whole, the full path in it), or TOKEN_SET_ENOFILE (above); on either
+ * error *ts is zeroed (token_set_close is safe) and no descriptor is left
+ * open. The caller frees *err (m6_err_free). */
 int token_set_open(token_set *ts, const char *glob, int vocab_size,
-                   char *err, size_t errlen);
+                   m6_err *err);
+
+/* token_set_open with its message in a fixed-size buffer (err, errlen
+ * bytes, for tests and tools): a path of 200 bytes or more loses its
+ * middle ("..."), so the shard's name and the problem still fit. */
+int token_set_open_buf(token_set *ts, const char *glob, int vocab_size,
+                       char *err, size_t errlen);
 void token_set_close(token_set *ts);
 
 /* Copy n consecutive tokens starting at global index pos (shards
  * concatenated in order; indices at or past total wrap around) into buf,
  * read from the files and each checked < vocab_size as it is copied.
- * Returns 0, or -1 with err naming the shard and what is wrong, e.g.
+ * Returns 0, or -1 with *err (M6_EDATA; the caller frees it) naming the
+ * shard by its full path and what is wrong, e.g.
  * "train_000001.bin: truncated while in use: now 123 tokens, was 456",
  * "train_000001.bin: token 999 at index 17 >= vocab_size 256 (the shard
  * changed while in use)" or "train_000001.bin: read: Input/output error";
  * buf is then partly written. A shard may be fixed (restored in place) and
  * the read retried. Safe to call from several threads at once. */
 int token_set_read(const token_set *ts, size_t pos, uint16_t *buf, size_t n,
-                   char *err, size_t errlen);
+                   m6_err *err);
+
+/* token_set_read with its message in a fixed-size buffer, a long path
+ * shortened as in token_set_open_buf (for tests and tools). */
+int token_set_read_buf(const token_set *ts, size_t pos, uint16_t *buf,
+                       size_t n, char *err, size_t errlen);
 
 /* Token at global index i (wrapping as in token_set_read), or -1 when it
  * cannot be read (token_set_read's errors, not reported). For tests and

@@ -94,32 +94,42 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
  * more than one window of seq_len+1 tokens. 0, or -1 with err naming key,
  * or TOKEN_SET_ENOFILE (out of file descriptors; the data may be fine). */
 static int open_split_(token_set *ts, const char *key, const char *glob,
-                       const run_spec *spec, char *err, size_t errlen)
+                       const run_spec *spec, m6_err *err)
 {
-    char e2[768];
-    int rc = token_set_open(ts, glob, spec->model.vocab_size, e2, sizeof e2);
+    int rc = token_set_open(ts, glob, spec->model.vocab_size, err);
     if (rc != 0) {
-        snprintf(err, errlen, "%s: %s", key, e2);
+        m6_err_prefix(err, key);
         return rc == TOKEN_SET_ENOFILE ? rc : -1;
     }
     if (ts->total < (size_t)spec->model.seq_len + 2) {
-        snprintf(err, errlen, "%s: %zu tokens, need more than seq_len+1 = %lld",
-                 key, ts->total, (long long)spec->model.seq_len + 1);
+        m6_err_set(err, M6_EDATA,
+                   "%s: %zu tokens, need more than seq_len+1 = %lld", key,
+                   ts->total, (long long)spec->model.seq_len + 1);
         token_set_close(ts);
         return -1;
     }
     return 0;
 }
 
-int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
+/* check_backend_ with its message in *err (M6_EINVALID). */
+static int check_backend_err_(const run_spec *spec, m6_err *err)
 {
-    if (check_backend_(spec, err, errlen) != 0)
+    char e2[1024];  /* the backend's and the model's words: no paths */
+    if (check_backend_(spec, e2, sizeof e2) == 0)
+        return 0;
+    m6_err_set(err, M6_EINVALID, "%s", e2);
+    return -1;
+}
+
+int trainer_check_spec(const run_spec *spec, m6_err *err)
+{
+    if (check_backend_err_(spec, err) != 0)
         return -1;
     token_set ts;
-    int rc = open_split_(&ts, "data.train", spec->data.train, spec, err, errlen);
+    int rc = open_split_(&ts, "data.train", spec->data.train, spec, err);
     if (rc == 0) {
         token_set_close(&ts);
-        rc = open_split_(&ts, "data.val", spec->data.val, spec, err, errlen);
+        rc = open_split_(&ts, "data.val", spec->data.val, spec, err);
     }
     if (rc != 0)
         return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : -1;
@@ -130,8 +140,9 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
      * pool says so again when it allocates) */
     char warn[512];
     if (offload_check(spec, 0, 0, NULL, warn, sizeof warn, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "%s%s",
-                 spec->device.memory_budget > 0 ? "device.memory_budget: " : "", e2);
+        m6_err_set(err, M6_EINVALID, "%s%s",
+                   spec->device.memory_budget > 0 ? "device.memory_budget: "
+                                                  : "", e2);
         return -1;
     }
     return 0;
@@ -145,21 +156,21 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen)
  * run it), then the memory plan, computed once here; then the data; then
  * the backend, built from the plan (backend_setup: the backends never see
  * the spec), which allocates the model and draws its weights. */
-static trainer *create_(const run_spec *spec, int *data_rc, char *err,
-                        size_t errlen)
+static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
 {
-    char data_err[1024] = "";
+    m6_err data_err = M6_ERR_NONE;
+    char e1[1024];  /* the backend's words: no paths */
     if (data_rc)
         *data_rc = 0;
     trainer *t = calloc(1, sizeof *t);
     if (!t) {
-        snprintf(err, errlen, "out of memory");
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
         return NULL;
     }
     t->spec = *spec;
     t->delink_step = -1;
     /* 1. the spec: a backend that can run it */
-    if (check_backend_(spec, err, errlen) != 0) {
+    if (check_backend_err_(spec, err) != 0) {
         free(t);
         return NULL;
     }
@@ -178,20 +189,22 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     if (spec->device.memory_budget > 0) {
         char e2[768];
         if (offload_plan_for_spec(spec, 0, &t->plan, e2, sizeof e2) != 0) {
-            snprintf(err, errlen, "device.memory_budget: %s", e2);
+            m6_err_set(err, M6_EINVALID, "device.memory_budget: %s", e2);
             goto fail;
         }
         t->planned = 1;
     }
     /* 3. the data */
     int orc = open_split_(&t->train, "data.train", spec->data.train, spec,
-                          data_err, sizeof data_err);
+                          &data_err);
     if (orc == 0)
-        orc = open_split_(&t->val, "data.val", spec->data.val, spec, data_err,
-                          sizeof data_err);
+        orc = open_split_(&t->val, "data.val", spec->data.val, spec,
+                          &data_err);
     if (orc != 0) {
         if (!data_rc) {
-            snprintf(err, errlen, "%s", data_err);
+            m6_err_free(err);
+            *err = data_err;
+            data_err = M6_ERR_NONE;
             goto fail;
         }
         *data_rc = orc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
@@ -215,12 +228,14 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     int rc;
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
-        rc = backend_cuda_create(&t->be, &bs, err, errlen);
+        rc = backend_cuda_create(&t->be, &bs, e1, sizeof e1);
     else
 #endif
-        rc = backend_cpu_create(&t->be, &bs, err, errlen);
-    if (rc != 0)
+        rc = backend_cpu_create(&t->be, &bs, e1, sizeof e1);
+    if (rc != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s", e1);
         goto fail;
+    }
     t->data_rng = spec->train.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
     if (!t->data_rng)
         t->data_rng = 1;
@@ -229,28 +244,31 @@ static trainer *create_(const run_spec *spec, int *data_rc, char *err,
     t->rows = malloc((size_t)spec->train.grad_accum * B * ((size_t)T + 1) *
                      sizeof(uint16_t));
     if (!t->inp || !t->tgt || !t->rows) {
-        snprintf(err, errlen, "out of memory");
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
         goto fail;
     }
-    if (data_rc && *data_rc)
-        snprintf(err, errlen, "%s", data_err);
+    if (data_rc && *data_rc) {
+        m6_err_free(err);
+        *err = data_err;
+    }
     return t;
 fail:
+    m6_err_free(&data_err);
     trainer_free(t);
     if (data_rc)
         *data_rc = 0;
     return NULL;
 }
 
-trainer *trainer_create(const run_spec *spec, char *err, size_t errlen)
+trainer *trainer_create(const run_spec *spec, m6_err *err)
 {
-    return create_(spec, NULL, err, errlen);
+    return create_(spec, NULL, err);
 }
 
 trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
-                                  char *err, size_t errlen)
+                                  m6_err *err)
 {
-    return create_(spec, data_rc, err, errlen);
+    return create_(spec, data_rc, err);
 }
 
 void trainer_free(trainer *t)
@@ -292,33 +310,31 @@ static void rows_to_batch_(trainer *t, int k)
 
 /* 1 when split ts is open; else 0 with err: a split that could not be
  * opened (trainer_create_resumable, a failed trainer_reopen_data) */
-static int split_open_(const token_set *ts, const char *key, char *err,
-                       size_t errlen)
+static int split_open_(const token_set *ts, const char *key, m6_err *err)
 {
     if (ts->n_shards > 0)
         return 1;
-    snprintf(err, errlen, "%s: not open (it could not be opened; "
-             "trainer_reopen_data opens it)", key);
+    m6_err_set(err, M6_EDATA, "%s: not open (it could not be opened; "
+               "trainer_reopen_data opens it)", key);
     return 0;
 }
 
 /* The training windows of one step: grad_accum*B windows at uniformly
  * random offsets, drawn in microbatch order. On failure the sampler is
  * rewound: the retried step draws the same windows. */
-static int read_step_batches_(trainer *t, char *err, size_t errlen)
+static int read_step_batches_(trainer *t, m6_err *err)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
-    if (!split_open_(&t->train, "data.train", err, errlen))
+    if (!split_open_(&t->train, "data.train", err))
         return TRAINER_EDATA;
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
-    char e2[768];
     for (size_t i = 0; i < n; i++) {
         size_t pos = rng_next_(&t->data_rng) % span;
         if (token_set_read(&t->train, pos, t->rows + i * ((size_t)T + 1),
-                           (size_t)T + 1, e2, sizeof e2) != 0) {
-            snprintf(err, errlen, "data.train: %s", e2);
+                           (size_t)T + 1, err) != 0) {
+            m6_err_prefix(err, "data.train");
             t->data_rng = rng0;
             return TRAINER_EDATA;
         }
@@ -328,18 +344,17 @@ static int read_step_batches_(trainer *t, char *err, size_t errlen)
 
 /* Validation batch i into inp/tgt: fixed, consecutive windows (the same
  * every eval). */
-static int val_batch_(trainer *t, int i, char *err, size_t errlen)
+static int val_batch_(trainer *t, int i, m6_err *err)
 {
     int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
-    if (!split_open_(&t->val, "data.val", err, errlen))
+    if (!split_open_(&t->val, "data.val", err))
         return TRAINER_EDATA;
     size_t span = t->val.total - (size_t)T - 1;
-    char e2[768];
     for (int b = 0; b < B; b++)
         if (token_set_read(&t->val, ((size_t)i * B + b) * T % span,
-                           t->rows + (size_t)b * (T + 1), (size_t)T + 1, e2,
-                           sizeof e2) != 0) {
-            snprintf(err, errlen, "data.val: %s", e2);
+                           t->rows + (size_t)b * (T + 1), (size_t)T + 1,
+                           err) != 0) {
+            m6_err_prefix(err, "data.val");
             return TRAINER_EDATA;
         }
     rows_to_batch_(t, 0);
@@ -463,7 +478,7 @@ static void moe_facts_(trainer *t, step_moe *m)
     m->experts_empty = (double)st.empty / (double)st.layers;
 }
 
-int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
+int trainer_step(trainer *t, step_result *res, m6_err *err)
 {
     const run_spec *sp = &t->spec;
     const backend_iface *be = t->be.iface;
@@ -476,7 +491,7 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip};
-    if (read_step_batches_(t, err, errlen) != 0)
+    if (read_step_batches_(t, err) != 0)
         return TRAINER_EDATA;  /* nothing done: the step can be retried */
     offload_stats before;
     int counted = trainer_offload_stats(t, &before) == 0;
@@ -491,8 +506,10 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
     if (!isfinite(loss) || !isfinite(norm)) {
-        snprintf(err, errlen, "step %ld: non-finite %s (loss %g, grad norm %g)",
-                 t->step + 1, isfinite(loss) ? "gradient" : "loss", loss, norm);
+        m6_err_set(err, M6_EINVALID,
+                   "step %ld: non-finite %s (loss %g, grad norm %g)",
+                   t->step + 1, isfinite(loss) ? "gradient" : "loss", loss,
+                   norm);
         return -1;
     }
     be->adamw(t->be.ctx, &adam, norm);
@@ -510,7 +527,7 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     res->evaluated = trainer_step_evaluates(t, t->step);
     int rc = 0;
     if (res->evaluated &&
-        trainer_eval_checked(t, &res->val_loss, err, errlen) != 0) {
+        trainer_eval_checked(t, &res->val_loss, err) != 0) {
         res->eval_failed = 1;  /* the step stands; its eval is owed */
         rc = TRAINER_EDATA;
     }
@@ -519,13 +536,13 @@ int trainer_step(trainer *t, step_result *res, char *err, size_t errlen)
     return rc;
 }
 
-int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen)
+int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
 {
     double sum = 0;
     int n = t->spec.train.eval_batches;
     *loss = NAN;
     for (int i = 0; i < n; i++) {
-        if (val_batch_(t, i, err, errlen) != 0)
+        if (val_batch_(t, i, err) != 0)
             return TRAINER_EDATA;
         sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
                                  t->spec.train.batch_size);
@@ -536,8 +553,10 @@ int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen)
 
 float trainer_probe_loss(trainer *t, int batch_index)
 {
-    char err[8];
-    if (val_batch_(t, batch_index, err, sizeof err) != 0)
+    m6_err e = M6_ERR_NONE;
+    int rc = val_batch_(t, batch_index, &e);
+    m6_err_free(&e);
+    if (rc != 0)
         return NAN;
     return t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
                              t->spec.train.batch_size);
@@ -548,13 +567,14 @@ float trainer_probe_loss(trainer *t, int batch_index)
 /* An open split whose token count is not want (0: any): say so, close it
  * (no step may draw from it) and return 1. */
 static int total_differs_(token_set *ts, size_t want, const char *key,
-                          char *err, size_t errlen)
+                          m6_err *err)
 {
     if (!ts->n_shards || !want || ts->total == want)
         return 0;
-    snprintf(err, errlen, "%s: %zu tokens now, the run was trained on %zu "
-             "(its batches are drawn by position): restore the shards it used "
-             "(or stop the run and submit it again)", key, ts->total, want);
+    m6_err_set(err, M6_EDATA, "%s: %zu tokens now, the run was trained on "
+               "%zu (its batches are drawn by position): restore the shards "
+               "it used (or stop the run and submit it again)", key,
+               ts->total, want);
     token_set_close(ts);
     return 1;
 }
@@ -566,35 +586,34 @@ static int total_differs_(token_set *ts, size_t want, const char *key,
  * file descriptors. On failure ts is left closed. 0, -1 or
  * TOKEN_SET_ENOFILE, as open_split_. */
 static int reopen_split_(token_set *ts, size_t *total, const char *key,
-                         const char *glob, const run_spec *spec, char *err,
-                         size_t errlen)
+                         const char *glob, const run_spec *spec, m6_err *err)
 {
     token_set_close(ts);
-    int rc = open_split_(ts, key, glob, spec, err, errlen);
+    int rc = open_split_(ts, key, glob, spec, err);
     if (rc != 0)
         return rc;
-    if (total_differs_(ts, *total, key, err, errlen))
+    if (total_differs_(ts, *total, key, err))
         return -1;
     *total = ts->total;
     return 0;
 }
 
-int trainer_check_data(trainer *t, char *err, size_t errlen)
+int trainer_check_data(trainer *t, m6_err *err)
 {
-    if (total_differs_(&t->train, t->data_total[0], "data.train", err, errlen) ||
-        total_differs_(&t->val, t->data_total[1], "data.val", err, errlen))
+    if (total_differs_(&t->train, t->data_total[0], "data.train", err) ||
+        total_differs_(&t->val, t->data_total[1], "data.val", err))
         return TRAINER_EDATA;
     return 0;
 }
 
-int trainer_reopen_data(trainer *t, char *err, size_t errlen)
+int trainer_reopen_data(trainer *t, m6_err *err)
 {
     const run_spec *sp = &t->spec;
     int rc = reopen_split_(&t->train, &t->data_total[0], "data.train",
-                           sp->data.train, sp, err, errlen);
+                           sp->data.train, sp, err);
     if (rc == 0)
         rc = reopen_split_(&t->val, &t->data_total[1], "data.val",
-                           sp->data.val, sp, err, errlen);
+                           sp->data.val, sp, err);
     if (rc != 0)
         return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : TRAINER_EDATA;
     return 0;
@@ -688,14 +707,14 @@ static int collect_tensors_(const trainer *t, backend_buf b,
 static long write_tensors_file_(const char *path, const trainer *t,
                                 const backend_buf *bufs,
                                 const char *const *prefixes,
-                                int nbufs, char *err, size_t errlen)
+                                int nbufs, m6_err *err)
 {
     int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX;
     st_tensor *ts = calloc((size_t)per * nbufs, sizeof *ts);
     char **names = calloc((size_t)per * nbufs, sizeof *names);
     long rc = -1;
     if (!ts || !names) {
-        snprintf(err, errlen, "out of memory");
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
         goto out;
     }
     int n = 0;
@@ -703,19 +722,19 @@ static long write_tensors_file_(const char *path, const trainer *t,
         n += collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
     FILE *f = fopen(path, "wb");
     if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, strerror(errno));
         goto out;
     }
-    char e2[256];
+    char e2[256];  /* safetensors_write's own words: no path */
     rc = safetensors_write(f, ts, n, e2, sizeof e2);
     if (rc < 0)
-        snprintf(err, errlen, "%s: %s", path, e2);
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
     else if (fsync(fileno(f)) != 0) {
-        snprintf(err, errlen, "%s: fsync: %s", path, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL, "%s: fsync: %s", path, strerror(errno));
         rc = -1;
     }
     if (fclose(f) != 0 && rc >= 0) {
-        snprintf(err, errlen, "%s: close: %s", path, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL, "%s: close: %s", path, strerror(errno));
         rc = -1;
     }
 out:
@@ -775,8 +794,7 @@ static char *meta_json_(const trainer *t)
 }
 
 /* model.safetensors and optimizer.safetensors into dir: bytes or -1. */
-static long write_state_files_(trainer *t, const char *dir, char *err,
-                               size_t errlen)
+static long write_state_files_(trainer *t, const char *dir, m6_err *err)
 {
     char path[PATH_MAX + 64];
     const backend_iface *be = t->be.iface;
@@ -784,20 +802,21 @@ static long write_state_files_(trainer *t, const char *dir, char *err,
     /* e.g. offloaded slots settled in host memory, or a GPU's state
      * copied to the host */
     if (be->state_begin(t->be.ctx, 0) != 0) {
-        snprintf(err, errlen, "out of memory reading the %s model's state",
-                 be->name);
+        m6_err_set(err, M6_EINTERNAL,
+                   "out of memory reading the %s model's state",
+                   be->name);
         return -1;
     }
     const backend_buf pb[] = {BACKEND_PARAMS};
     const char *pp[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if ((rc = write_tensors_file_(path, t, pb, pp, 1, err, errlen)) < 0)
+    if ((rc = write_tensors_file_(path, t, pb, pp, 1, err)) < 0)
         goto out;
     total += rc;
     const backend_buf ob[] = {BACKEND_M, BACKEND_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((rc = write_tensors_file_(path, t, ob, op, 2, err, errlen)) < 0)
+    if ((rc = write_tensors_file_(path, t, ob, op, 2, err)) < 0)
         goto out;
     total += rc;
 out:
@@ -825,34 +844,39 @@ static void remove_tmp_dir_(const char *tmp)
     errno = e;
 }
 
-long trainer_save(trainer *t, const char *dir, char *err, size_t errlen)
+long trainer_save(trainer *t, const char *dir, m6_err *err)
 {
     char tmp[PATH_MAX], path[PATH_MAX + 64];
     struct stat st;
     if (stat(dir, &st) == 0) {
-        snprintf(err, errlen, "%s: already exists", dir);
+        m6_err_set(err, M6_EINTERNAL, "%s: already exists", dir);
         return -1;
     }
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
     remove_tmp_dir_(tmp);  /* ours, left by an earlier failed save */
     if (mkdir(tmp, 0755) != 0) {
-        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", tmp, strerror(errno));
         return -1;
     }
     long total, rc;
-    if ((total = write_state_files_(t, tmp, err, errlen)) < 0)
+    if ((total = write_state_files_(t, tmp, err)) < 0)
         goto fail;
     char *meta = meta_json_(t);
     snprintf(path, sizeof path, "%s/meta.json", tmp);
     if (!meta)
-        snprintf(err, errlen, "%s: out of memory", path);
-    rc = meta ? write_file_durable(path, meta, strlen(meta), err, errlen) : -1;
+        m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+    char e4[PATH_MAX + 512];  /* one path (at most PATH_MAX) and a cause */
+    rc = meta ? write_file_durable(path, meta, strlen(meta), e4, sizeof e4)
+              : -1;
+    if (meta && rc < 0)
+        m6_err_set(err, M6_EINTERNAL, "%s", e4);
     free(meta);
     if (rc < 0)
         goto fail;
     total += rc;
     if (fsync_path(tmp) != 0 || rename(tmp, dir) != 0) {
-        snprintf(err, errlen, "%s: commit failed: %s", dir, strerror(errno));
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: commit failed: %s", dir, strerror(errno));
         goto fail;
     }
     /* the checkpoint is complete once renamed; a failed fsync of its
@@ -866,16 +890,18 @@ fail:
 }
 
 static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
-                         const char *const *prefixes, int nbufs, char *err,
-                         size_t errlen)
+                         const char *const *prefixes, int nbufs, m6_err *err)
 {
     st_file sf;
-    if (safetensors_open(&sf, path, err, errlen) != 0)
+    char e1[PATH_MAX + 512];  /* one path (at most PATH_MAX) and a cause */
+    if (safetensors_open(&sf, path, e1, sizeof e1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s", e1);
         return -1;
+    }
     int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX, rc = 0;
     st_tensor *ts = calloc((size_t)per, sizeof *ts);
     char **names = calloc((size_t)per, sizeof *names);
-    char e2[256];
+    char e2[256];  /* safetensors_get's words: a tensor name, no path */
     for (int b = 0; b < nbufs && rc == 0; b++) {
         int n = collect_tensors_(t, bufs[b], prefixes[b], ts, names);
         for (int i = 0; i < n; i++) {
@@ -883,7 +909,7 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
                            (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
             if (rc == 0 && safetensors_get(&sf, ts[i].name, (float *)ts[i].data,
                                            numel, e2, sizeof e2) != 0) {
-                snprintf(err, errlen, "%s: %s", path, e2);
+                m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
                 rc = -1;
             }
             free(names[i]);
@@ -895,14 +921,15 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
     return rc;
 }
 
-int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
+int trainer_load(trainer *t, const char *dir, m6_err *err)
 {
     char path[PATH_MAX];
     json_error_t je;
     snprintf(path, sizeof path, "%s/meta.json", dir);
     json_t *m = json_load_file(path, 0, &je);
     if (!m) {
-        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: %s (line %d)", path, je.text, je.line);
         return -1;
     }
     const backend_iface *be = t->be.iface;
@@ -917,32 +944,35 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
             "phase", &phase, "n_slots", &n_slots, "slot_of", &slot_of,
             "delink_step", &delink_step, "adam_t_global", &adam_t_global,
             "adam_t_slot", &adam_t, "data_rng", &rng, "spec_hash", &hash) != 0) {
-        snprintf(err, errlen, "%s: %s", path, je.text);
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, je.text);
         goto out;
     }
     if (strcmp(format, "m6-checkpoint") != 0 || version != CKPT_VERSION) {
-        snprintf(err, errlen, "%s: not an m6 checkpoint of version %d", path,
-                 CKPT_VERSION);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: not an m6 checkpoint of version %d", path,
+                   CKPT_VERSION);
         goto out;
     }
     char want[32];
     snprintf(want, sizeof want, "%016llx",
              (unsigned long long)ckpt_hash_(&t->spec));
     if (strcmp(hash, want) != 0) {
-        snprintf(err, errlen, "%s: spec hash %s does not match this run's %s",
-                 path, hash, want);
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: spec hash %s does not match this run's %s",
+                   path, hash, want);
         goto out;
     }
     if (n_slots < 1 || n_slots > L || json_array_size(slot_of) != (size_t)L ||
         json_array_size(adam_t) != (size_t)n_slots) {
-        snprintf(err, errlen, "%s: bad share map", path);
+        m6_err_set(err, M6_EINTERNAL, "%s: bad share map", path);
         goto out;
     }
     int *map = malloc((size_t)L * sizeof(int)), *src = calloc((size_t)n_slots, sizeof(int));
     for (int l = 0; l < L; l++) {
         map[l] = (int)json_integer_value(json_array_get(slot_of, l));
         if (map[l] < 0 || map[l] >= n_slots) {
-            snprintf(err, errlen, "%s: slot_of[%d] out of range", path, l);
+            m6_err_set(err, M6_EINTERNAL,
+                       "%s: slot_of[%d] out of range", path, l);
             free(map);
             free(src);
             goto out;
@@ -954,12 +984,12 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     free(map);
     free(src);
     if (!ok) {
-        snprintf(err, errlen, "loading %s: %s", dir, e2);
+        m6_err_set(err, M6_EINTERNAL, "loading %s: %s", dir, e2);
         goto out;
     }
     steps = malloc(((size_t)n_slots + 1) * sizeof(long));
     if (!steps || be->state_begin(t->be.ctx, 1) != 0) {
-        snprintf(err, errlen, "out of memory loading %s", dir);
+        m6_err_set(err, M6_EINTERNAL, "out of memory loading %s", dir);
         goto out;
     }
     const backend_buf pb[] = {BACKEND_PARAMS};
@@ -967,13 +997,14 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen)
     const backend_buf ob[] = {BACKEND_M, BACKEND_V};
     const char *op[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int lrc = load_tensors_(path, t, pb, pp, 1, err, errlen);
+    int lrc = load_tensors_(path, t, pb, pp, 1, err);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if (lrc == 0)
-        lrc = load_tensors_(path, t, ob, op, 2, err, errlen);
+        lrc = load_tensors_(path, t, ob, op, 2, err);
     if (be->state_end(t->be.ctx, lrc == 0) != 0 && lrc == 0) {
-        snprintf(err, errlen, "loading %s: cannot store the state in the %s "
-                 "model", dir, be->name);
+        m6_err_set(err, M6_EINTERNAL,
+                   "loading %s: cannot store the state in the %s "
+                   "model", dir, be->name);
         lrc = -1;
     }
     if (lrc != 0)

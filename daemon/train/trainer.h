@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/err.h"
 #include "common/phase.h"
 #include "offload/offload.h"
 #include "train/spec.h"
@@ -87,6 +88,13 @@ typedef struct {
     step_moe moe;         /* MoE router facts; moe.present 0: dense */
 } step_result;
 
+/* Errors: the functions below that take an m6_err *err set it on failure
+ * (the message whole, a shard's or checkpoint's full path in it, never
+ * cut; its code M6_EDATA or M6_ENOFILE for data, M6_EINVALID for a spec
+ * the backend or the planner refuses, M6_EINTERNAL otherwise); the
+ * caller frees it with m6_err_free, and may pass the same m6_err again
+ * (a new error replaces the old one). */
+
 /* Returned by trainer_step, trainer_eval_checked and trainer_reopen_data
  * when a shard cannot be read as it was checked (truncated, a token id
  * >= vocab_size, an I/O error): err names the file and the problem. The
@@ -107,7 +115,7 @@ typedef struct {
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
  * projections scaled by 1/sqrt(2L)), open the train and val shards.
  * threads > 0 sets the OpenMP/BLAS thread count. Returns NULL with err. */
-trainer *trainer_create(const run_spec *spec, char *err, size_t errlen);
+trainer *trainer_create(const run_spec *spec, m6_err *err);
 
 /* trainer_create for a run that has trained before (m6d taking it up again
  * at a restart, from a checkpoint): data that cannot be opened -- a shard
@@ -121,7 +129,7 @@ trainer *trainer_create(const run_spec *spec, char *err, size_t errlen);
  * untouched. NULL with err for everything else trainer_create refuses
  * (backend, memory). */
 trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
-                                  char *err, size_t errlen);
+                                  m6_err *err);
 void trainer_free(trainer *t);
 
 /* Everything trainer_create would refuse, checked cheaply at submit time:
@@ -135,7 +143,7 @@ void trainer_free(trainer *t);
  * for shapes gpt_cuda does not support (model.*), and, on either backend,
  * when device.memory_budget is too small even with every slot offloaded
  * or the offloaded slots need more host memory than is available. */
-int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
+int trainer_check_spec(const run_spec *spec, m6_err *err);
 
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
@@ -147,11 +155,11 @@ int trainer_check_spec(const run_spec *spec, char *err, size_t errlen);
  * done (res->eval_failed 0: retry the step) or the step was applied and
  * only its validation pass failed (res->eval_failed 1, res filled with
  * val_loss NAN: retry with trainer_eval_checked). */
-int trainer_step(trainer *t, step_result *res, char *err, size_t errlen);
+int trainer_step(trainer *t, step_result *res, m6_err *err);
 
 /* Mean validation loss over spec.train.eval_batches fixed batches (nats)
  * into *loss. 0, or TRAINER_EDATA with err (and *loss NAN). */
-int trainer_eval_checked(trainer *t, float *loss, char *err, size_t errlen);
+int trainer_eval_checked(trainer *t, float *loss, m6_err *err);
 
 /* Loss (nats) of the model on a fixed batch of the validation set, index i,
  * without touching any state: used to show delink keeps the function.
@@ -169,7 +177,7 @@ float trainer_probe_loss(trainer *t, int batch_index);
  * (TRAINER_ENOFILE: out of file descriptors) with err naming the key and
  * the problem; the split that failed is then left closed (trainer_step
  * returns TRAINER_EDATA until a reopen works). */
-int trainer_reopen_data(trainer *t, char *err, size_t errlen);
+int trainer_reopen_data(trainer *t, m6_err *err);
 
 /* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it
  * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR
@@ -190,14 +198,15 @@ const offload_plan *trainer_plan(const trainer *t);
 
 /* Checkpoint into dir (must not exist): model.safetensors,
  * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file
- * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1. */
-long trainer_save(trainer *t, const char *dir, char *err, size_t errlen);
+ * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1
+ * with err naming the file and the cause. */
+long trainer_save(trainer *t, const char *dir, m6_err *err);
 
 /* Restore from a complete checkpoint dir written by trainer_save for the same
  * spec (spec hash checked; device.backend is left out of it, so checkpoints
  * move between backends). After loading, the run continues bitwise as if
  * never interrupted. Returns 0 or -1 with err. */
-int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
+int trainer_load(trainer *t, const char *dir, m6_err *err);
 
 /* After trainer_load: do the open splits hold as many tokens as the
  * checkpoint's run was trained on (meta.json train_tokens, val_tokens;
@@ -205,7 +214,7 @@ int trainer_load(trainer *t, const char *dir, char *err, size_t errlen);
  * or TRAINER_EDATA with err naming the key and both counts; the split that
  * differs is closed, so trainer_step returns TRAINER_EDATA until
  * trainer_reopen_data finds the old count again. */
-int trainer_check_data(trainer *t, char *err, size_t errlen);
+int trainer_check_data(trainer *t, m6_err *err);
 
 /* Whether trainer_step runs a validation pass after step (1-based):
  * eval_every divides it, or it is the run's last (train.steps). */

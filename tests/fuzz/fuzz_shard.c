@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     token_set ts;
     char err[1024];
-    int rc = token_set_open(&ts, path, vocab, err, sizeof err);
+    int rc = token_set_open_buf(&ts, path, vocab, err, sizeof err);
     if (rc != 0) {
         if (err[0] == 0) {
             fprintf(stderr, "fuzz_shard: refused without a message\n");
@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                      (uint32_t)file[10] << 16 | (uint32_t)file[11] << 24;
     size_t want_n = count < 64 ? count : 64;
     uint16_t buf[64];
-    if (token_set_read(&ts, 0, buf, want_n, err, sizeof err) != 0) {
+    if (token_set_read_buf(&ts, 0, buf, want_n, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_shard: opened, then first read failed: %s\n", err);
         abort();
     }

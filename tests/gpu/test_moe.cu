@@ -39,89 +39,12 @@
 #define TOL_OUT 2e-2
 #define TOL_GRAD 3e-2
 
-static int n_checks, n_failed;
-static cudaStream_t st;
+#include "op_check.cuh"
 
-/* ------------------------------------------------------------- helpers */
-
-static uint64_t rng_state = 0x5eed5eedull;
-static float urand_(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) * (1.0 / 16777216.0));
-}
-static float bfr_(float x) { return __bfloat162float(__float2bfloat16(x)); }
-static float *hrand_(size_t n, float lo, float hi)
-{
-    float *p = (float *)malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        p[i] = bfr_(lo + (hi - lo) * urand_());
-    return p;
-}
-static bf16 *dbf_(const float *h, size_t n)
-{
-    bf16 *t = (bf16 *)malloc(n * sizeof(bf16)), *d;
-    for (size_t i = 0; i < n; i++)
-        t[i] = __float2bfloat16(h[i]);
-    CUDA_CHECK(cudaMalloc(&d, n * sizeof(bf16)));
-    CUDA_CHECK(cudaMemcpy(d, t, n * sizeof(bf16), cudaMemcpyHostToDevice));
-    free(t);
-    return d;
-}
-static float *hbf_(const bf16 *d, size_t n)
-{
-    bf16 *t = (bf16 *)malloc(n * sizeof(bf16));
-    float *h = (float *)malloc(n * sizeof(float));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    CUDA_CHECK(cudaMemcpy(t, d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++)
-        h[i] = __bfloat162float(t[i]);
-    free(t);
-    return h;
-}
-template <typename X> static X *dnan_(size_t n) /* all bits set: NaN, -1 */
-{
-    X *d;
-    CUDA_CHECK(cudaMalloc(&d, (n ? n : 1) * sizeof(X)));
-    CUDA_CHECK(cudaMemset(d, 0xff, (n ? n : 1) * sizeof(X)));
-    return d;
-}
+/* the host copy of a device array (any element type) */
 template <typename X> static X *hget_(const X *d, size_t n)
 {
-    X *h = (X *)malloc((n ? n : 1) * sizeof(X));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(X), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static double nerr_(const float *got, const float *want, const float *base,
-                    size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]))
-            return INFINITY;
-        double b = base ? base[i] : 0.0;
-        double dd = ((double)got[i] - b) - ((double)want[i] - b);
-        num += dd * dd;
-        den += ((double)want[i] - b) * ((double)want[i] - b);
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-static void check_(const char *what, const float *got, const float *want,
-                   const float *base, size_t n, double tol)
-{
-    double e = nerr_(got, want, base, n);
-    int ok = e <= tol;
-    n_checks++;
-    n_failed += !ok;
-    printf("  %-30s nerr %.3e (tol %.0e) %s\n", what, e, tol, ok ? "ok" : "FAIL");
-}
-static void check_true_(const char *what, int ok)
-{
-    n_checks++;
-    n_failed += !ok;
-    printf("  %-30s %s\n", what, ok ? "ok" : "FAIL");
+    return hcopy_dev_(d, n);
 }
 
 /* ---------------------------------------------------------------- case */
@@ -133,10 +56,10 @@ static void draw_router_(float *x, float *wg, float *bg, const moe_dims *d,
 {
     const int N = d->N, C = d->C, E = d->E, Ep = E / d->k;
     for (int tries = 0; tries < 1000; tries++) {
-        for (size_t i = 0; i < (size_t)N * C; i++) x[i] = bfr_(2 * urand_() - 1);
-        for (size_t i = 0; i < (size_t)E * C; i++) wg[i] = bfr_(2 * urand_() - 1);
-        for (int e = 0; e < E; e++) bg[e] = bfr_(0.4f * urand_() - 0.2f);
-        if (empty_bias) bg[1] = bg[E - 2] = bfr_(-1e4f);
+        for (size_t i = 0; i < (size_t)N * C; i++) x[i] = bf_(2 * urand_() - 1);
+        for (size_t i = 0; i < (size_t)E * C; i++) wg[i] = bf_(2 * urand_() - 1);
+        for (int e = 0; e < E; e++) bg[e] = bf_(0.4f * urand_() - 0.2f);
+        if (empty_bias) bg[1] = bg[E - 2] = bf_(-1e4f);
         double margin = INFINITY;
         for (int n = 0; n < N; n++)
             for (int p = 0; p < d->k; p++) {

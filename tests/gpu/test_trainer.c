@@ -63,6 +63,7 @@
 #include "train/data.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"
+#include "../common/err_into.h"
 
 #define TOL_LOSS 5e-2
 #define TOL_DELINK 1e-6
@@ -99,7 +100,7 @@ static run_spec spec_(backend_kind backend)
 static trainer *create_(const run_spec *s)
 {
     char err[512];
-    trainer *t = trainer_create(s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
     if (!t) {
         fprintf(stderr, "trainer_create: %s\n", err);
         exit(1);
@@ -127,7 +128,7 @@ static int run_(trainer *t, const run_spec *s, long until, float *losses,
                 probe[1] = trainer_probe_loss(t, 0);
         }
         step_result r;
-        if (trainer_step(t, &r, err, sizeof err) != 0) {
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
             fprintf(stderr, "trainer_step: %s\n", err);
             return -1;
         }
@@ -143,7 +144,7 @@ static int save_(trainer *t, const char *name)
 {
     char err[512], path[512];
     snprintf(path, sizeof path, "%s/%s", dir_, name);
-    if (trainer_save(t, path, err, sizeof err) < 0) {
+    if (ERR_INTO(err, trainer_save(t, path, &err_)) < 0) {
         fprintf(stderr, "trainer_save: %s\n", err);
         return -1;
     }
@@ -154,7 +155,7 @@ static int load_(trainer *t, const char *name)
 {
     char err[512], path[512];
     snprintf(path, sizeof path, "%s/%s", dir_, name);
-    if (trainer_load(t, path, err, sizeof err) != 0) {
+    if (ERR_INTO(err, trainer_load(t, path, &err_)) != 0) {
         fprintf(stderr, "trainer_load: %s\n", err);
         return -1;
     }
@@ -269,7 +270,7 @@ static int offload_case_(float clip)
     check_true_(p.n_resident == 1 && p.n_offloaded == 2 && p.pseudo &&
                 p.pseudo->n_offloaded == 0,
                 "plan: real 1 resident + 2 offloaded, pseudo resident");
-    int ok = trainer_check_spec(&off, err, sizeof err) == 0;
+    int ok = ERR_INTO(err, trainer_check_spec(&off, &err_)) == 0;
     if (!ok)
         printf("  trainer_check_spec: %s\n", err);
     check_true_(ok, "trainer_check_spec accepts a budget that offloads");
@@ -398,7 +399,7 @@ int main(void)
     float lg[STEPS], lc[STEPS], lx[STEPS], probe[2] = {0, 0};
 
     printf("1. submit check, device memory\n");
-    int ok = trainer_check_spec(&sg, err, sizeof err) == 0;
+    int ok = ERR_INTO(err, trainer_check_spec(&sg, &err_)) == 0;
     if (!ok)
         printf("  trainer_check_spec: %s\n", err);
     check_true_(ok, "trainer_check_spec accepts the cuda spec");

@@ -48,7 +48,10 @@ db "$T/s" "select detail from events where run=$A and kind='delink'" | grep -q "
 ctl delink "$A" 2>"$T/err" && fail "second delink should be refused"
 grep -q "already in the real phase" "$T/err" || fail "second delink: $(cat "$T/err")"
 
-ctl resume "$A" >/dev/null
+ctl resume "$A" >"$T/resume.out"
+# the step the reply names is the one it resumed at (the paused step), not
+# wherever the run got to before the reply was written
+grep -qx "run $A resumed at step $P" "$T/resume.out" || fail "resume reply: $(cat "$T/resume.out") (paused at $P)"
 wait_state "$A" running
 wait_step "$A" $((P + 2))
 [ "$(db "$T/s" "select phase from metrics where run=$A and step=$((P + 1))")" = real ] \

@@ -23,6 +23,7 @@
 
 #include "client/corpus/corpus.h"
 #include "train/data.h"
+#include "control/advice.h"
 
 #define FORTUNES "/usr/share/games/fortunes"
 
@@ -139,7 +140,7 @@ static void test_shard_roundtrip(void **state)
 
     char *pat = join(dir, "s_*.bin");
     token_set ts;
-    assert_int_equal(token_set_open(&ts, pat, 65536, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, pat, 65536, err, sizeof err), 0);
     assert_int_equal(ts.n_shards, 2);
     assert_int_equal(ts.total, na + nb);
     assert_int_equal(ts.n_tokens[0], na);
@@ -150,11 +151,11 @@ static void test_shard_roundtrip(void **state)
 
     /* a window across the shard boundary */
     uint16_t win[21];
-    assert_int_equal(token_set_read(&ts, na - 10, win, 21, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, na - 10, win, 21, err, sizeof err), 0);
     for (int k = 0; k < 10; k++) assert_int_equal(win[k], a[na - 10 + k]);
     for (int k = 10; k < 21; k++) assert_int_equal(win[k], b[k - 10]);
     /* past the end the set wraps around */
-    assert_int_equal(token_set_read(&ts, na + nb - 2, win, 4, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, na + nb - 2, win, 4, err, sizeof err), 0);
     assert_int_equal(win[0], b[nb - 2]);
     assert_int_equal(win[1], b[nb - 1]);
     assert_int_equal(win[2], a[0]);
@@ -162,7 +163,7 @@ static void test_shard_roundtrip(void **state)
     token_set_close(&ts);
 
     /* the same tokens are too big for vocab 50257: the error names the file */
-    assert_int_equal(token_set_open(&ts, pat, 50257, err, sizeof err), -1);
+    assert_int_equal(token_set_open_buf(&ts, pat, 50257, err, sizeof err), -1);
     assert_contains(err, pa);
     assert_contains(err, ">= vocab_size 50257");
 
@@ -183,7 +184,7 @@ static void test_foreign_shard(void **state)
     char *p = join(dir, "x.bin");
     write_file(p, buf, sizeof buf);
     token_set ts;
-    assert_int_equal(token_set_open(&ts, p, 50257, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, p, 50257, err, sizeof err), 0);
     assert_int_equal(ts.total, 5);
     for (int i = 0; i < 5; i++) assert_int_equal(token_set_at(&ts, i), t[i]);
     token_set_close(&ts);
@@ -206,7 +207,7 @@ static void expect_open_error(const char *pattern, int vocab, const char *names,
 {
     char err[512] = "";
     token_set ts;
-    assert_int_equal(token_set_open(&ts, pattern, vocab, err, sizeof err), -1);
+    assert_int_equal(token_set_open_buf(&ts, pattern, vocab, err, sizeof err), -1);
     assert_contains(err, names);
     assert_contains(err, problem);
     assert_int_equal(ts.n_shards, 0);  /* closed on failure */
@@ -242,11 +243,52 @@ static void test_long_path_error(void **state)
     assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
     char err[512] = "";
     token_set ts;
-    assert_int_equal(token_set_open(&ts, p, 256, err, sizeof err), -1);
+    assert_int_equal(token_set_open_buf(&ts, p, 256, err, sizeof err), -1);
     assert_contains(err, "...");
     assert_contains(err, "dddd/train_000042.bin: truncated: header says 100 "
                          "tokens, file holds 99");
     assert_true(strlen(err) < 400);
+    free(p);
+}
+
+/* A shard on a path of over 3000 bytes (twelve nested 250-byte
+ * directories): token_set_open's and token_set_read's messages are whole,
+ * the full path and the problem after it, however long. */
+static void test_long_path_whole(void **state)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", (const char *)*state);
+    for (int k = 0; k < 12; k++) {
+        size_t n = strlen(dir);
+        dir[n] = '/';
+        memset(dir + n + 1, 'a' + k, 250);
+        dir[n + 251] = 0;
+        assert_int_equal(mkdir(dir, 0755), 0);
+    }
+    char *p = good_shard(dir, "train_000042.bin");
+    assert_true(strlen(p) > 3000);
+    char want[4200];
+    /* at open */
+    assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
+    token_set ts;
+    m6_err e = M6_ERR_NONE;
+    assert_int_equal(token_set_open(&ts, p, 256, &e), -1);
+    assert_int_equal(e.code, M6_EDATA);
+    snprintf(want, sizeof want,
+             "%s: truncated: header says 100 tokens, file holds 99", p);
+    assert_string_equal(e.msg, want);
+    m6_err_free(&e);
+    /* while in use */
+    free(good_shard(dir, "train_000042.bin"));
+    assert_int_equal(token_set_open(&ts, p, 256, &e), 0);
+    assert_int_equal(truncate(p, 1024 + 2 * 50), 0);
+    uint16_t win[10];
+    assert_int_equal(token_set_read(&ts, 60, win, 10, &e), -1);
+    snprintf(want, sizeof want,
+             "%s: truncated while in use: now 50 tokens, was 100", p);
+    assert_string_equal(e.msg, want);
+    m6_err_free(&e);
+    token_set_close(&ts);
     free(p);
 }
 
@@ -287,7 +329,7 @@ static void test_token_out_of_vocab(void **state)
     assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
     expect_open_error(p, 256, p, "token 256 at index 17 >= vocab_size 256");
     token_set ts;
-    assert_int_equal(token_set_open(&ts, p, 257, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, p, 257, err, sizeof err), 0);
     token_set_close(&ts);
     /* past the first read chunk (512 Ki tokens): the index is still right */
     size_t nb = 1500000;
@@ -302,7 +344,7 @@ static void test_token_out_of_vocab(void **state)
      * -- same inode and size, new mtime -- is read again */
     for (int i = 0; i < 40; i++) t[i] = (uint16_t)(i + 1);
     assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
-    assert_int_equal(token_set_open(&ts, p, 256, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, p, 256, err, sizeof err), 0);
     token_set_close(&ts);
     struct stat before, after;
     assert_int_equal(stat(p, &before), 0);
@@ -375,10 +417,18 @@ static void test_too_many_open_files(void **state)
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     char err[1024] = "", want[64];
     token_set ts;
-    int rc = token_set_open(&ts, pat, 256, err, sizeof err);
+    m6_err e = M6_ERR_NONE;
+    int rc = token_set_open(&ts, pat, 256, &e);
     int after = open_fds_();
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     assert_int_equal(rc, TOKEN_SET_ENOFILE);
+    /* the core says what happened (code M6_ENOFILE); the edge adds what
+     * to do (control/advice.h): err is the message as m6d shows it */
+    assert_int_equal(e.code, M6_ENOFILE);
+    m6_advice adv = m6_advice_for(e.code);
+    assert_non_null(adv.text);
+    snprintf(err, sizeof err, "%s%s%s", m6_err_msg(&e), adv.sep, adv.text);
+    m6_err_free(&e);
     snprintf(want, sizeof want, "too many open files (limit %d): ",
              before + 10);
     assert_true(strncmp(err, want, strlen(want)) == 0);
@@ -388,7 +438,7 @@ static void test_too_many_open_files(void **state)
                          "open-file limit");
     assert_int_equal(ts.n_shards, 0);
     assert_int_equal(after, before);
-    assert_int_equal(token_set_open(&ts, pat, 256, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, pat, 256, err, sizeof err), 0);
     assert_int_equal(ts.n_shards, N);
     token_set_close(&ts);
     assert_int_equal(open_fds_(), before);
@@ -452,7 +502,7 @@ static unsigned char *read_tokens(const char *dir, const char *prefix,
     char pat[4200], err[512];
     snprintf(pat, sizeof pat, "%s/%s_*.bin", dir, prefix);
     token_set ts;
-    if (token_set_open(&ts, pat, 256, err, sizeof err) != 0)
+    if (token_set_open_buf(&ts, pat, 256, err, sizeof err) != 0)
         fail_msg("%s", err);
     unsigned char *b = malloc(ts.total);
     for (size_t i = 0; i < ts.total; i++) b[i] = (unsigned char)token_set_at(&ts, i);
@@ -708,12 +758,12 @@ static void test_prepare_fortunes(void **state)
 
     char *pat = join(out, "*.bin");
     token_set ts;
-    if (token_set_open(&ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
+    if (token_set_open_buf(&ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
     assert_int_equal(ts.total, want);
     uint16_t *all = malloc(ts.total * sizeof *all);
     assert_non_null(all);
     /* every token < 256: token_set_read checks them all */
-    if (token_set_read(&ts, 0, all, ts.total, err, sizeof err) != 0)
+    if (token_set_read_buf(&ts, 0, all, ts.total, err, sizeof err) != 0)
         fail_msg("%s", err);
     free(all);
     token_set_close(&ts);
@@ -737,7 +787,7 @@ static void open_two_(const char *dir, token_set *ts, char **pa, char **pb)
     *pb = join(dir, "r_000001.bin");
     assert_int_equal(shard_write(*pb, t, 100, err, sizeof err), 0);
     char *pat = join(dir, "r_*.bin");
-    if (token_set_open(ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
+    if (token_set_open_buf(ts, pat, 256, err, sizeof err) != 0) fail_msg("%s", err);
     free(pat);
 }
 
@@ -756,17 +806,17 @@ static void test_read_truncated_in_use(void **state)
     assert_int_equal(truncate(pb, 1024 + 2 * 40), 0);  /* 40 of 100 left */
 
     uint16_t win[30];
-    assert_int_equal(token_set_read(&ts, 130, win, 30, err, sizeof err), -1);
+    assert_int_equal(token_set_read_buf(&ts, 130, win, 30, err, sizeof err), -1);
     assert_contains(err, "r_000001.bin");
     assert_contains(err, "truncated while in use: now 40 tokens, was 100");
     assert_int_equal(token_set_at(&ts, 150), -1);
     /* the part still there, and the other shard, read as before */
-    assert_int_equal(token_set_read(&ts, 90, win, 30, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, 90, win, 30, err, sizeof err), 0);
     for (int k = 0; k < 30; k++) assert_int_equal(win[k], 90 + k);
     assert_int_equal(token_set_at(&ts, 0), 0);
     /* shorter than a header: 0 tokens */
     assert_int_equal(truncate(pb, 100), 0);
-    assert_int_equal(token_set_read(&ts, 100, win, 1, err, sizeof err), -1);
+    assert_int_equal(token_set_read_buf(&ts, 100, win, 1, err, sizeof err), -1);
     assert_contains(err, "now 0 tokens, was 100");
 
     /* restored in place (the same inode): the read works again */
@@ -774,7 +824,7 @@ static void test_read_truncated_in_use(void **state)
     assert_non_null(f);
     assert_int_equal(fwrite(orig, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
-    assert_int_equal(token_set_read(&ts, 130, win, 30, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, 130, win, 30, err, sizeof err), 0);
     for (int k = 0; k < 30; k++) assert_int_equal(win[k], 130 + k);
     token_set_close(&ts);
     free(orig); free(pa); free(pb);
@@ -796,20 +846,20 @@ static void test_read_bad_token_in_use(void **state)
     assert_int_equal(close(fd), 0);
 
     uint16_t win[30];
-    assert_int_equal(token_set_read(&ts, 110, win, 10, err, sizeof err), -1);
+    assert_int_equal(token_set_read_buf(&ts, 110, win, 10, err, sizeof err), -1);
     assert_contains(err, "r_000001.bin");
     assert_contains(err, "token 999 at index 17 >= vocab_size 256");
     assert_int_equal(token_set_at(&ts, 117), -1);
-    assert_int_equal(token_set_read(&ts, 90, win, 27, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, 90, win, 27, err, sizeof err), 0);
     assert_int_equal(win[26], 116);
-    assert_int_equal(token_set_read(&ts, 118, win, 30, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, 118, win, 30, err, sizeof err), 0);
     assert_int_equal(win[0], 118);
     /* across the wrap-around: up to the bad token, then onto it */
     uint16_t big[128];
-    assert_int_equal(token_set_read(&ts, 190, big, 127, err, sizeof err), 0);
+    assert_int_equal(token_set_read_buf(&ts, 190, big, 127, err, sizeof err), 0);
     assert_int_equal(big[126], 116);
     err[0] = 0;
-    assert_int_equal(token_set_read(&ts, 190, big, 128, err, sizeof err), -1);
+    assert_int_equal(token_set_read_buf(&ts, 190, big, 128, err, sizeof err), -1);
     assert_contains(err, "token 999 at index 17");
     token_set_close(&ts);
     free(pa); free(pb);
@@ -825,6 +875,7 @@ int main(void)
         T(test_read_bad_token_in_use),
         T(test_truncated),
         T(test_long_path_error),
+        T(test_long_path_whole),
         T(test_bad_magic),
         T(test_bad_version),
         T(test_token_out_of_vocab),

@@ -20,6 +20,7 @@
 #include "train/data.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"
+#include "../common/err_into.h"
 
 static const model_config small_ = {.vocab_size = 29, .n_layer = 3,
                                     .n_head = 2, .n_embd = 16, .seq_len = 8};
@@ -353,7 +354,7 @@ static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
             trainer_step_count(t) == s->pseudo.steps)
             assert_int_equal(trainer_delink(t, err, sizeof err), 0);
         step_result r;
-        assert_int_equal(trainer_step(t, &r, err, sizeof err), 0);
+        assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
         losses[r.step - 1] = r.train_loss;
     }
 }
@@ -364,10 +365,10 @@ static void test_determinism_50_steps(void **state)
     run_spec s = tiny_spec_(50, 20);
     float a[50], b[50];
     char err[256];
-    trainer *t1 = trainer_create(&s, err, sizeof err);
+    trainer *t1 = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t1);
     run_steps_(t1, &s, 50, a);
-    trainer *t2 = trainer_create(&s, err, sizeof err);
+    trainer *t2 = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t2);
     run_steps_(t2, &s, 50, b);
     assert_memory_equal(a, b, sizeof a);
@@ -384,7 +385,7 @@ static void test_delink_keeps_loss_in_trainer(void **state)
     run_spec s = tiny_spec_(20, 10);
     float l[20];
     char err[256];
-    trainer *t = trainer_create(&s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
     run_steps_(t, &s, 10, l);
     assert_int_equal(trainer_n_slots(t), 1);
@@ -405,20 +406,20 @@ static void test_checkpoint_resume_bitwise(void **state)
     float a[30], b[30];
     char err[256], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-15", tmpdir_);
-    trainer *t = trainer_create(&s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
     run_steps_(t, &s, 15, a);
-    long bytes = trainer_save(t, dir, err, sizeof err);
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
     if (bytes < 0)
         fail_msg("save: %s", err);
     assert_true(bytes > 0);
-    assert_true(trainer_save(t, dir, err, sizeof err) < 0); /* exists */
+    assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) < 0); /* exists */
     run_steps_(t, &s, 30, a);
     trainer_free(t);
 
-    t = trainer_create(&s, err, sizeof err);
+    t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    if (trainer_load(t, dir, err, sizeof err) != 0)
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_step_count(t), 15);
     assert_int_equal(trainer_phase(t), PHASE_REAL);
@@ -429,9 +430,9 @@ static void test_checkpoint_resume_bitwise(void **state)
 
     /* a checkpoint from another spec is refused */
     s.train.lr *= 2;
-    t = trainer_create(&s, err, sizeof err);
+    t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    assert_int_not_equal(trainer_load(t, dir, err, sizeof err), 0);
+    assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
     assert_non_null(strstr(err, "spec hash"));
     trainer_free(t);
 }
@@ -455,11 +456,11 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     float a[30], b[30];
     char err[256], dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/moe-ckpt-15", tmpdir_);
-    trainer *t = trainer_create(&s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     if (!t)
         fail_msg("create: %s", err);
     step_result r;
-    assert_int_equal(trainer_step(t, &r, err, sizeof err), 0);
+    assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     a[0] = r.train_loss;
     assert_true(r.moe.present);
     assert_true(r.moe.aux_loss > 0.5 && r.moe.aux_loss < 2.0 + 1e-6);
@@ -470,7 +471,7 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     assert_true(r.moe.load_max <= 40);
     assert_true(r.moe.load_cv >= 0);
     run_steps_(t, &s, 15, a);
-    long bytes = trainer_save(t, dir, err, sizeof err);
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
     if (bytes < 0)
         fail_msg("save: %s", err);
     run_steps_(t, &s, 30, a);
@@ -486,9 +487,9 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     assert_non_null(strstr(head + 8, "slots.2.moe.gate.weight"));
     assert_null(strstr(head + 8, "mlp.c_fc"));
 
-    t = trainer_create(&s, err, sizeof err);
+    t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    if (trainer_load(t, dir, err, sizeof err) != 0)
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_step_count(t), 15);
     run_steps_(t, &s, 30, b);
@@ -496,9 +497,9 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     trainer_free(t);
 
     run_spec d = tiny_spec_(2, 0);
-    t = trainer_create(&d, err, sizeof err);
+    t = ERR_INTO(err, trainer_create(&d, &err_));
     assert_non_null(t);
-    assert_int_equal(trainer_step(t, &r, err, sizeof err), 0);
+    assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     assert_false(r.moe.present);
     trainer_free(t);
 }
@@ -517,45 +518,45 @@ static void test_resumable_without_data(void **state)
     char err[512], dir[512], away[300];
     snprintf(dir, sizeof dir, "%s/ckpt-r15", tmpdir_);
     snprintf(away, sizeof away, "%s.away", tmpdir_);
-    trainer *t = trainer_create(&s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
     run_steps_(t, &s, 15, a);
-    if (trainer_save(t, dir, err, sizeof err) < 0)
+    if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
         fail_msg("save: %s", err);
     run_steps_(t, &s, 30, a);
     trainer_free(t);
 
     assert_int_equal(rename(tmpdir_, away), 0);
-    assert_null(trainer_create(&s, err, sizeof err));
+    assert_null(ERR_INTO(err, trainer_create(&s, &err_)));
     assert_non_null(strstr(err, "data.train: no files match"));
     int data_rc = 0;
     err[0] = 0;
-    t = trainer_create_resumable(&s, &data_rc, err, sizeof err);
+    t = ERR_INTO(err, trainer_create_resumable(&s, &data_rc, &err_));
     assert_non_null(t);
     assert_int_equal(data_rc, TRAINER_EDATA);
     assert_non_null(strstr(err, "data.train: no files match"));
     char ckpt[600];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-r15", away);
-    if (trainer_load(t, ckpt, err, sizeof err) != 0)
+    if (ERR_INTO(err, trainer_load(t, ckpt, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_step_count(t), 15);
     step_result r;
-    assert_int_equal(trainer_step(t, &r, err, sizeof err), TRAINER_EDATA);
+    assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), TRAINER_EDATA);
     assert_non_null(strstr(err, "data.train: not open"));
     assert_int_equal(trainer_step_count(t), 15);
     assert_true(isnan(trainer_probe_loss(t, 0)));
-    assert_int_equal(trainer_reopen_data(t, err, sizeof err), TRAINER_EDATA);
+    assert_int_equal(ERR_INTO(err, trainer_reopen_data(t, &err_)), TRAINER_EDATA);
     assert_non_null(strstr(err, "no files match"));
 
     assert_int_equal(rename(away, tmpdir_), 0);
-    assert_int_equal(trainer_reopen_data(t, err, sizeof err), 0);
+    assert_int_equal(ERR_INTO(err, trainer_reopen_data(t, &err_)), 0);
     run_steps_(t, &s, 30, b);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 
     /* with its data there, it is trainer_create's trainer */
     data_rc = 1;
-    t = trainer_create_resumable(&s, &data_rc, err, sizeof err);
+    t = ERR_INTO(err, trainer_create_resumable(&s, &data_rc, &err_));
     assert_non_null(t);
     assert_int_equal(data_rc, 0);
     trainer_free(t);

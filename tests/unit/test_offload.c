@@ -25,6 +25,7 @@
 #include "train/data.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"
+#include "../common/err_into.h"
 
 /* ---------------------------------------------------------- data */
 
@@ -77,7 +78,7 @@ static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
             if (trainer_delink(t, err, sizeof err) != 0)
                 fail_msg("delink: %s", err);
         step_result r;
-        if (trainer_step(t, &r, err, sizeof err) != 0)
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0)
             fail_msg("step: %s", err);
         losses[r.step - 1] = r.train_loss;
     }
@@ -86,7 +87,7 @@ static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
 static trainer *create_(const run_spec *s)
 {
     char err[512];
-    trainer *t = trainer_create(s, err, sizeof err);
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
     if (!t)
         fail_msg("trainer_create: %s", err);
     return t;
@@ -278,13 +279,13 @@ static void test_save_resume_offloaded(void **state)
         saved[w] = copy_state_(t, w);
     long steps_saved[8], steps_loaded[8];
     assert_int_equal(trainer_copy_adam_steps(t, steps_saved), 7);
-    if (trainer_save(t, dir, err, sizeof err) < 0)
+    if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
         fail_msg("save: %s", err);
     run_steps_(t, &s, 30, a);
     trainer_free(t);
 
     t = create_(&s); /* a fresh process: Pseudo phase, 2 slots */
-    if (trainer_load(t, dir, err, sizeof err) != 0)
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_n_slots(t), 6);
     trainer_offload_stats(t, &st);
@@ -326,14 +327,14 @@ static void test_budget_too_small_errors(void **state)
     snprintf(want, sizeof want, "(%zu bytes)", min);
     assert_non_null(strstr(err, want)); /* the minimum, exactly */
     /* refused at submit, and by the trainer, with the same reason */
-    assert_int_equal(trainer_check_spec(&s, err, sizeof err), -1);
+    assert_int_equal(ERR_INTO(err, trainer_check_spec(&s, &err_)), -1);
     assert_non_null(strstr(err, "device.memory_budget: device memory budget"));
     assert_non_null(strstr(err, "too small"));
-    assert_null(trainer_create(&s, err, sizeof err));
+    assert_null(ERR_INTO(err, trainer_create(&s, &err_)));
     assert_non_null(strstr(err, "too small"));
     /* exactly the minimum works: everything offloaded */
     s.device.memory_budget = min;
-    assert_int_equal(trainer_check_spec(&s, err, sizeof err), 0);
+    assert_int_equal(ERR_INTO(err, trainer_check_spec(&s, &err_)), 0);
     assert_int_equal(offload_check(&s, 0, 0, &p, warn, sizeof warn, err,
                                    sizeof err), 0);
     assert_int_equal(p.n_resident, 0);

@@ -388,6 +388,48 @@ static void test_delink_step_column(void **s)
     state_close(st);
 }
 
+/* A run's reason and an event's detail of any length are stored and read
+ * back whole (a data error naming a shard on a path of thousands of
+ * bytes). */
+static void test_long_text_whole(void **unused)
+{
+    (void)unused;
+    char err[1024];
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    int64_t a = state_run_insert(st, "long", "{}", 10, 0);
+    assert_true(a > 0);
+    enum { N = 5000 };
+    char *why = malloc(N + 32);
+    assert_non_null(why);
+    memset(why, 'p', N);
+    strcpy(why + N, ": truncated while in use");
+    assert_int_equal(state_run_set_state(st, a, RUN_PAUSED, why), 0);
+    run_row r;
+    assert_int_equal(state_run_get(st, a, &r), 0);
+    assert_non_null(r.error);
+    assert_int_equal(strlen(r.error), N + strlen(": truncated while in use"));
+    assert_string_equal(r.error, why);
+    run_row_clear(&r);
+    run_row *rows;
+    int n;
+    assert_int_equal(state_run_list(st, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(rows[0].error, why);
+    run_rows_free(rows, n);
+    assert_int_equal(state_event(st, a, "paused.error", "step=%d %s", 7, why),
+                     0);
+    event_row *ev;
+    assert_int_equal(state_events_list(st, a, 0, 10, &ev, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(strlen(ev[0].detail), strlen("step=7 ") + strlen(why));
+    assert_true(strncmp(ev[0].detail, "step=7 ", 7) == 0);
+    assert_string_equal(ev[0].detail + 7, why);
+    event_rows_free(ev, n);
+    free(why);
+    state_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +439,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -250,7 +250,7 @@ static void test_commands_after_a_failed_write(void **unused)
     char msg[2048];
     unsigned act;
     worker w = worker_init(W_PAUSED);
-    strcpy(w.error, "checkpoint failed: No space left on device");
+    worker_set_error(&w, "checkpoint failed: No space left on device");
     w.error_write = 1;
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
@@ -260,7 +260,7 @@ static void test_commands_after_a_failed_write(void **unused)
                         "checkpoint and state are written; until then the "
                         "run stays paused");
     w = worker_init(W_PAUSED);
-    strcpy(w.error, "disk full");
+    worker_set_error(&w, "disk full");
     w.error_write = 1;
     assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
                      M6_OK);
@@ -274,7 +274,7 @@ static void test_commands_after_a_failed_write(void **unused)
     assert_string_equal(msg, "");
     /* bad data is no failed write: nothing added */
     w = worker_init(W_PAUSED);
-    strcpy(w.error, "data.train: truncated");
+    worker_set_error(&w, "data.train: truncated");
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary");
@@ -411,7 +411,7 @@ static void test_boundary(void **unused)
     assert_int_equal(w.delink_pending, 0);
 
     w = worker_init(W_RESUMING);
-    strcpy(w.error, "old reason");
+    worker_set_error(&w, "old reason");
     w.error_write = 1;
     t = worker_boundary(&w);
     assert_true(t.resume && !t.pause && !t.stop);
