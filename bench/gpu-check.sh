@@ -161,9 +161,9 @@ build_() {
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_moe" "$OUT/obj/test_moe.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \
             "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" \
+        "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
             "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" \
+        "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
             "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
@@ -171,7 +171,7 @@ build_() {
     fi
     if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
         TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
-        "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_matmul.o" \
+        "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \
             "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
     fi
     [ $build_ok = yes ] && travel_

@@ -716,7 +716,13 @@ static int cmd_metrics_(int argc, char **argv)
         M6__Response *resp = request_(&rq);
         if (!resp) return EXIT_ERR;
         const M6__MetricRows *m = resp->metrics;
-        if (!started) view_begin(&o);  /* once m6d has answered */
+        if (!started) {  /* once m6d has answered */
+            /* an MoE run's rows carry router figures (NaN for a dense
+             * run, 0 from an m6d without them): their own columns */
+            if (m && m->n_rows && m->rows[0]->moe_aux_loss > 0)
+                o = rows_out_(&views_metrics_moe);
+            view_begin(&o);
+        }
         started = 1;
         size_t n = m ? m->n_rows : 0;
         for (size_t i = 0; i < n; i++) view_row(&o, m->rows[i]);

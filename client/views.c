@@ -174,6 +174,37 @@ static void r_offload_text_(const void *row, view_val *v)
     v->s = v->buf;
 }
 static void r_message_(const void *row, view_val *v) { v->s = ((const views_run_row *)row)->message; }
+/* MoE figures: unknown for a dense run (NaN; 0 from an m6d without them:
+ * a balancing loss is > 0 whenever a model has experts) */
+static int r_moe_none_(const M6__RunInfo *r) { return !(r->moe_aux_loss > 0); }
+#define R_MOE_(fn, field)                                                 \
+    static void fn(const void *row, view_val *v)                         \
+    {                                                                     \
+        v->d = R_->field;                                                 \
+        v->null = r_moe_none_(R_);                                        \
+    }
+R_MOE_(r_moe_aux_, moe_aux_loss)
+R_MOE_(r_moe_z_, moe_z_loss)
+R_MOE_(r_moe_drop_, moe_dropped_fraction)
+R_MOE_(r_moe_lmin_, moe_load_min)
+R_MOE_(r_moe_lmax_, moe_load_max)
+R_MOE_(r_moe_cv_, moe_load_cv)
+R_MOE_(r_moe_empty_, moe_experts_empty)
+#undef R_MOE_
+/* "aux 1.02, z 0.351, dropped 3.1%, load 12-40 per expert (cv 0.31), 0.5
+ * experts empty" (the latest step's, over its MoE blocks) */
+static void r_moe_text_(const void *row, view_val *v)
+{
+    const M6__RunInfo *r = R_;
+    v->null = r_moe_none_(r);
+    if (v->null) return;
+    snprintf(v->buf, sizeof v->buf,
+             "aux %.3g, z %.3g, dropped %.1f%%, load %.0f-%.0f per expert "
+             "(cv %.2f), %.3g experts empty", r->moe_aux_loss, r->moe_z_loss,
+             100.0 * r->moe_dropped_fraction, r->moe_load_min,
+             r->moe_load_max, r->moe_load_cv, r->moe_experts_empty);
+    v->s = v->buf;
+}
 
 #undef R_
 
@@ -212,6 +243,14 @@ static const view_field run_fields_[] = {
     {"h2d_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_h2d_},
     {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_d2h_},
     {"copy_hidden_fraction", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, r_hidden_},
+    {0, 0, "moe", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_moe_text_},
+    {"moe_aux_loss", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_aux_},
+    {"moe_z_loss", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_z_},
+    {"moe_dropped_fraction", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_drop_},
+    {"moe_load_min", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_lmin_},
+    {"moe_load_max", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_lmax_},
+    {"moe_load_cv", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_cv_},
+    {"moe_experts_empty", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_empty_},
     {"message", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_message_},
 };
 const view views_run = VIEW_OF(run_fields_);
@@ -253,6 +292,13 @@ static void m_peak_(const void *row, view_val *v) { v->i = M_->peak_device_bytes
 static void m_h2d_(const void *row, view_val *v) { v->d = M_->h2d_gbps; }
 static void m_d2h_(const void *row, view_val *v) { v->d = M_->d2h_gbps; }
 static void m_hid_(const void *row, view_val *v) { v->d = M_->copy_hidden_fraction; }
+static void m_aux_(const void *row, view_val *v) { v->d = M_->moe_aux_loss; }
+static void m_z_(const void *row, view_val *v) { v->d = M_->moe_z_loss; }
+static void m_drop_(const void *row, view_val *v) { v->d = M_->moe_dropped_fraction; }
+static void m_lmin_(const void *row, view_val *v) { v->d = M_->moe_load_min; }
+static void m_lmax_(const void *row, view_val *v) { v->d = M_->moe_load_max; }
+static void m_cv_(const void *row, view_val *v) { v->d = M_->moe_load_cv; }
+static void m_empty_(const void *row, view_val *v) { v->d = M_->moe_experts_empty; }
 #undef M_
 
 static const view_field metric_fields_[] = {
@@ -271,6 +317,32 @@ static const view_field metric_fields_[] = {
     {"copy_hidden_fraction", "HIDDEN", 0, 0, VIEW_F64, VF_PCT, 0, m_hid_},
 };
 const view views_metrics = VIEW_OF(metric_fields_);
+
+/* An MoE run's rows: the same, then the router's figures (a dense run's
+ * output stays as it was: views_metrics). */
+static const view_field metric_moe_fields_[] = {
+    {"step", "STEP", 0, 6, VIEW_INT, VF_PLAIN, 0, m_step_},
+    {"phase", "PHASE", 0, -6, VIEW_STR, VF_PLAIN, 0, m_phase_},
+    {"train_loss", "TRAIN_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_loss_},
+    {"val_loss", "VAL_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_val_},
+    {"lr", "LR", 0, -12, VIEW_F32, VF_PLAIN, 0, m_lr_},
+    {"tokens_per_s", "TOK/S", 0, -10, VIEW_F64, VF_RATE, 0, m_tps_},
+    {"grad_norm", "GRAD_NORM", 0, -10, VIEW_F32, VF_PLAIN, 0, m_gn_},
+    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_res_},
+    {"offloaded_slots", "OFFL", 0, -7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_off_},
+    {"peak_device_bytes", "PEAK", 0, -10, VIEW_INT, VF_BYTES, VIEW_NEG_NULL, m_peak_},
+    {"h2d_gbps", "H2D_GB/S", 0, -8, VIEW_F64, VF_G3, 0, m_h2d_},
+    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, m_d2h_},
+    {"copy_hidden_fraction", "HIDDEN", 0, -7, VIEW_F64, VF_PCT, 0, m_hid_},
+    {"moe_aux_loss", "AUX", 0, -7, VIEW_F64, VF_G3, 0, m_aux_},
+    {"moe_z_loss", "ZLOSS", 0, -7, VIEW_F64, VF_G3, 0, m_z_},
+    {"moe_dropped_fraction", "DROP", 0, -5, VIEW_F64, VF_PCT, 0, m_drop_},
+    {"moe_load_min", "LOAD_MIN", 0, -9, VIEW_F64, VF_RATE, 0, m_lmin_},
+    {"moe_load_max", "LOAD_MAX", 0, -9, VIEW_F64, VF_RATE, 0, m_lmax_},
+    {"moe_load_cv", "LOAD_CV", 0, -8, VIEW_F64, VF_G3, 0, m_cv_},
+    {"moe_experts_empty", "EMPTY", 0, 0, VIEW_F64, VF_G3, 0, m_empty_},
+};
+const view views_metrics_moe = VIEW_OF(metric_moe_fields_);
 
 /* ---- events: a run's history */
 

@@ -32,6 +32,9 @@ extern const view views_run;
 extern const view views_watch_line;
 /* Rows: M6__MetricRow (metrics: table, --csv, --json). */
 extern const view views_metrics;
+/* views_metrics with the MoE router's columns after it (moe_aux_loss ...
+ * moe_experts_empty): `m6ctl metrics` of an MoE run. */
+extern const view views_metrics_moe;
 /* Rows: M6__Event (events: table with UTC times, --json). */
 extern const view views_events;
 /* Rows: M6__SubmitReply (text: the id alone). */

@@ -173,6 +173,9 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->lr = NAN;
     ri->tokens_per_s = 0;
     ri->h2d_gbps = ri->d2h_gbps = ri->copy_hidden_fraction = NAN;
+    ri->moe_aux_loss = ri->moe_z_loss = ri->moe_dropped_fraction = NAN;
+    ri->moe_load_min = ri->moe_load_max = ri->moe_load_cv = NAN;
+    ri->moe_experts_empty = NAN;
     metric_row m;
     double last_val;
     int have_metrics = state_metric_last(c->h->st, row->id, &m, &last_val) == 0;
@@ -181,6 +184,13 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->val_loss = (float)last_val;
         ri->lr = (float)m.lr;
         ri->tokens_per_s = isnan(m.tokens_per_s) ? 0 : m.tokens_per_s;
+        ri->moe_aux_loss = m.moe_aux_loss;
+        ri->moe_z_loss = m.moe_z_loss;
+        ri->moe_dropped_fraction = m.moe_dropped_fraction;
+        ri->moe_load_min = m.moe_load_min;
+        ri->moe_load_max = m.moe_load_max;
+        ri->moe_load_cv = m.moe_load_cv;
+        ri->moe_experts_empty = m.moe_experts_empty;
     }
     /* Offloading: the worker's latest sample while the run is active, else
      * what its last step recorded (nothing is held then). */
@@ -496,6 +506,13 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->h2d_gbps = rows[i].h2d_gbps;
         r->d2h_gbps = rows[i].d2h_gbps;
         r->copy_hidden_fraction = rows[i].copy_hidden_fraction;
+        r->moe_aux_loss = rows[i].moe_aux_loss;
+        r->moe_z_loss = rows[i].moe_z_loss;
+        r->moe_dropped_fraction = rows[i].moe_dropped_fraction;
+        r->moe_load_min = rows[i].moe_load_min;
+        r->moe_load_max = rows[i].moe_load_max;
+        r->moe_load_cv = rows[i].moe_load_cv;
+        r->moe_experts_empty = rows[i].moe_experts_empty;
         v[i] = r;
     }
     free(rows);

@@ -642,6 +642,14 @@ static int step_(run_ctx *r)
         .peak_device_bytes = res.mem.peak_device_bytes,
         .h2d_gbps = res.mem.h2d_gbps, .d2h_gbps = res.mem.d2h_gbps,
         .copy_hidden_fraction = res.mem.copy_hidden_fraction,
+        .moe_aux_loss = res.moe.present ? res.moe.aux_loss : NAN,
+        .moe_z_loss = res.moe.present ? res.moe.z_loss : NAN,
+        .moe_dropped_fraction = res.moe.present ? res.moe.dropped_fraction
+                                                : NAN,
+        .moe_load_min = res.moe.present ? res.moe.load_min : NAN,
+        .moe_load_max = res.moe.present ? res.moe.load_max : NAN,
+        .moe_load_cv = res.moe.present ? res.moe.load_cv : NAN,
+        .moe_experts_empty = res.moe.present ? res.moe.experts_empty : NAN,
     };
     r->pending = m;
     r->metric_pending = 1;

@@ -12,6 +12,30 @@ typedef struct {
     int n_head;       /* NH */
     int n_embd;       /* C */
     int seq_len;      /* T (also the size of the position table) */
+    /* Mixture of experts (spec model.moe; kernels.h "mixture of experts").
+     * moe_experts 0: a dense model, the other fields unused. Layer l is MoE
+     * when (l + 1) % moe_every == 0 (only moe_every 1 is built: every block). */
+    int moe_experts;             /* E, all prototypes */
+    int moe_prototypes;          /* k, divides E */
+    int moe_every;               /* MoE in every n-th block */
+    int moe_hidden;              /* H of every expert; 0: 4*C */
+    float moe_capacity_factor;   /* training */
+    float moe_eval_capacity_factor;
+    float moe_aux_coef;          /* balancing loss coefficient */
+    float moe_z_coef;            /* router z-loss coefficient */
 } model_config;
+
+/* Whether layer l of cfg is an MoE block. */
+static inline int model_layer_is_moe(const model_config *cfg, int l)
+{
+    return cfg->moe_experts > 0 && cfg->moe_every > 0 &&
+           (l + 1) % cfg->moe_every == 0;
+}
+
+/* The expert hidden size H of cfg (moe_hidden, or 4*C when 0). */
+static inline int model_moe_hidden(const model_config *cfg)
+{
+    return cfg->moe_hidden > 0 ? cfg->moe_hidden : 4 * cfg->n_embd;
+}
 
 #endif /* M6_MODEL_CONFIG_H */

@@ -194,8 +194,16 @@ size_t gpt_compute_params(const gpt_model *g)
     for (int i = 0; i < GLOB_NTENSORS; i++)
         n += g->glob[i].numel;
     size_t per_slot = 0;
-    for (int i = 0; i < SLOT_NTENSORS; i++)
+    for (int i = 0; i < gpt_slot_ntensors(&g->cfg); i++)
         per_slot += g->slot[i].numel;
+    if (g->cfg.moe_experts > 0) {
+        /* a token passes through k of the E experts: count those */
+        size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
+        size_t expert = 0;
+        for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
+            expert += g->slot[i].numel;
+        per_slot -= expert / E * (E - k);
+    }
     return n + per_slot * (size_t)g->cfg.n_layer;
 }
 
@@ -215,6 +223,142 @@ void gpt_init_weights(gpt_model *g, uint64_t seed)
 #define DW_(g, s, idx) ((g)->dw[s] + (g)->slot[idx].offset)
 #define GW_(g, idx) ((g)->params + (g)->glob[idx].offset)
 #define GDW_(g, idx) ((g)->grads + (g)->glob[idx].offset)
+
+/* ------------------------------------------------------------- MoE */
+
+/* The MoE dims of a microbatch of B sequences at the pass's capacity. */
+static moe_dims moe_dims_(const gpt_model *g, int B)
+{
+    const model_config *c = &g->cfg;
+    moe_dims d = {.N = B * g->T, .C = c->n_embd, .E = c->moe_experts,
+                  .k = c->moe_prototypes, .H = model_moe_hidden(c)};
+    double cf = g->moe_eval ? c->moe_eval_capacity_factor
+                            : c->moe_capacity_factor;
+    d.capacity = moe_capacity(cf, d.N, d.E, d.k);
+    return d;
+}
+
+/* Pointers of MoE layer l's saved tensors (act strides: allocated B). */
+typedef struct {
+    float *probs, *lse, *xe, *ye, *hpre, *hact;
+    int32_t *expert, *slot, *counts, *routed, *offset, *row_token;
+} moe_saved_;
+
+static moe_saved_ moe_saved_of_(const gpt_model *g, int l)
+{
+    const gpt_acts *a = &g->a;
+    size_t Na = (size_t)g->B * g->T, E = (size_t)g->cfg.moe_experts;
+    size_t K = (size_t)g->cfg.moe_prototypes, C = (size_t)g->cfg.n_embd;
+    size_t H = (size_t)model_moe_hidden(&g->cfg), NK = Na * K;
+    return (moe_saved_){
+        a->moe_probs + l * Na * E, a->moe_lse + l * NK, a->moe_xe + l * NK * C,
+        a->moe_ye + l * NK * C, a->moe_hpre + l * NK * H,
+        a->moe_hact + l * NK * H, a->moe_expert + l * NK, a->moe_slot + l * NK,
+        a->moe_counts + l * E, a->moe_routed + l * E,
+        a->moe_offset + l * (E + 1), a->moe_row_token + l * NK};
+}
+
+void gpt_moe_stats_reset(gpt_model *g)
+{
+    memset(&g->moe_stats, 0, sizeof g->moe_stats);
+}
+
+/* MoE block l of a forward: out (B*T,C) = the experts' combined output for
+ * x = ln2 (the residual is added by the caller); stats recorded. */
+static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
+                               float *out, int B)
+{
+    moe_dims d = moe_dims_(g, B);
+    g->moe_capacity = d.capacity;
+    moe_saved_ m = moe_saved_of_(g, l);
+    int dropped = moe_route(m.probs, m.lse, m.expert, m.slot, m.counts,
+                            m.routed, m.offset, m.row_token, x,
+                            W_(g, s, SLOT_GATE_W), W_(g, s, SLOT_GATE_B), &d);
+    moe_forward(out, m.xe, m.hpre, m.hact, m.ye, x, m.probs, m.expert, m.slot,
+                m.offset, m.row_token, W_(g, s, SLOT_FC_W),
+                W_(g, s, SLOT_FC_B), W_(g, s, SLOT_FCPROJ_W),
+                W_(g, s, SLOT_FCPROJ_B), &d);
+    float aux, z;
+    moe_aux_losses(&aux, &z, m.probs, m.lse, m.routed, &d);
+    gpt_moe_stats *st = &g->moe_stats;
+    st->aux_sum += aux;
+    st->z_sum += z;
+    st->layers++;
+    st->dropped += dropped;
+    st->pairs += (long)d.N * d.k;
+    for (int e = 0; e < d.E; e++) {
+        long c = m.counts[e];
+        if (st->load_n == 0 || c < st->load_min) st->load_min = c;
+        if (st->load_n == 0 || c > st->load_max) st->load_max = c;
+        st->load_sum += (double)c;
+        st->load_sumsq += (double)c * (double)c;
+        st->load_n++;
+        st->empty += c == 0;
+    }
+}
+
+/* MoE block l of a backward: d(ln2) (zeroed by the caller) in a->dln from
+ * d(out) in a->dres, the router and experts' gradients accumulated; daux,
+ * dz the weights of this layer's aux and z losses in the training loss. */
+static void moe_layer_backward_(gpt_model *g, int s, int l, const float *x,
+                                int B, float daux, float dz)
+{
+    gpt_acts *a = &g->a;
+    moe_dims d = moe_dims_(g, B);
+    d.capacity = g->moe_capacity;  /* that of the forward */
+    moe_saved_ m = moe_saved_of_(g, l);
+    moe_backward(a->dln, DW_(g, s, SLOT_GATE_W), DW_(g, s, SLOT_GATE_B),
+                 DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
+                 DW_(g, s, SLOT_FCPROJ_W), DW_(g, s, SLOT_FCPROJ_B),
+                 a->moe_dye, a->moe_dh1, a->moe_dh2, a->moe_dxe,
+                 a->moe_dlogits, a->dres, x, m.probs, m.lse, m.expert, m.slot,
+                 m.routed, m.offset, m.xe, m.hpre, m.hact, m.ye,
+                 W_(g, s, SLOT_GATE_W), W_(g, s, SLOT_FC_W),
+                 W_(g, s, SLOT_FCPROJ_W), daux, dz, &d);
+}
+
+/* The dense MLP of block l: out (B*T,C) = c_proj(gelu(c_fc(x))), the
+ * pre-activation and activation saved. */
+static void mlp_forward_(gpt_model *g, int s, int l, const float *x,
+                         float *out, int B)
+{
+    const int C = g->cfg.n_embd;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    float *fch = g->a.fch + l * Ba * 4 * C;
+    float *fchg = g->a.fch_gelu + l * Ba * 4 * C;
+    matmul_forward(fch, x, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B), (int)BT,
+                   C, 4 * C);
+    gelu_forward(fchg, fch, BT * 4 * C);
+    matmul_forward(out, fchg, W_(g, s, SLOT_FCPROJ_W), W_(g, s, SLOT_FCPROJ_B),
+                   (int)BT, 4 * C, C);
+}
+
+/* Its backward: d(x) (zeroed by the caller) in a->dln from d(out) in
+ * a->dres; the MLP's gradients accumulated. */
+static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
+{
+    gpt_acts *a = &g->a;
+    const int C = g->cfg.n_embd;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    const float *fch = a->fch + l * Ba * 4 * C;
+    const float *fchg = a->fch_gelu + l * Ba * 4 * C;
+    memset(a->dfch_gelu, 0, BT * 4 * C * sizeof(float));
+    matmul_backward(a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
+                    DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg,
+                    W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
+    memset(a->dfch, 0, BT * 4 * C * sizeof(float));
+    gelu_backward(a->dfch, fch, a->dfch_gelu, BT * 4 * C);
+    matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
+                    a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
+}
+
+static int n_moe_layers_(const model_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n += model_layer_is_moe(c, l);
+    return n;
+}
 
 float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                   int B)
@@ -238,8 +382,6 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         float *att = a->att + (size_t)l * g->B * NH * T * T;
         float *res2 = a->residual2 + l * Ba * C;
         float *ln2 = a->ln2 + l * Ba * C;
-        float *fch = a->fch + l * Ba * 4 * C;
-        float *fchg = a->fch_gelu + l * Ba * 4 * C;
         float *res3 = a->residual3 + l * Ba * C;
 
         layernorm_forward(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba, res,
@@ -255,11 +397,10 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         layernorm_forward(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba, res2,
                           W_(g, s, SLOT_LN2_W), W_(g, s, SLOT_LN2_B), (int)BT,
                           C);
-        matmul_forward(fch, ln2, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B),
-                       (int)BT, C, 4 * C);
-        gelu_forward(fchg, fch, BT * 4 * C);
-        matmul_forward(res3, fchg, W_(g, s, SLOT_FCPROJ_W),
-                       W_(g, s, SLOT_FCPROJ_B), (int)BT, 4 * C, C);
+        if (model_layer_is_moe(&g->cfg, l))
+            moe_layer_forward_(g, s, l, ln2, res3, B);
+        else
+            mlp_forward_(g, s, l, ln2, res3, B);
         residual_forward(res3, res2, res3, BTC);
         event_(g, GPT_FWD_LAYER_END, l);
     }
@@ -293,6 +434,15 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     const size_t BT = (size_t)B * T, BTC = BT * C;
     const size_t Ba = (size_t)g->B * T;
     gpt_acts *a = &g->a;
+    /* d(training loss)/d(aux, z) of each MoE layer: coefficient over the
+     * MoE layers, times the microbatch's weight (loss_scale * B*T) */
+    int n_moe = n_moe_layers_(&g->cfg);
+    float daux = 0, dz = 0;
+    if (n_moe > 0) {
+        double w = (double)loss_scale * (double)BT / n_moe;
+        daux = (float)(g->cfg.moe_aux_coef * w);
+        dz = (float)(g->cfg.moe_z_coef * w);
+    }
 
     event_(g, GPT_BWD_START, -1);
     for (size_t i = 0; i < BT; i++)
@@ -319,20 +469,14 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         const float *att = a->att + (size_t)l * g->B * NH * T * T;
         const float *res2 = a->residual2 + l * Ba * C;
         const float *ln2 = a->ln2 + l * Ba * C;
-        const float *fch = a->fch + l * Ba * 4 * C;
-        const float *fchg = a->fch_gelu + l * Ba * 4 * C;
 
         /* dres holds d(residual3). residual3 = res2 + mlp(ln2(res2)): the
          * stream gradient passes through unchanged; the MLP adds to it. */
-        memset(a->dfch_gelu, 0, BT * 4 * C * sizeof(float));
-        matmul_backward(a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
-                        DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg,
-                        W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
-        memset(a->dfch, 0, BT * 4 * C * sizeof(float));
-        gelu_backward(a->dfch, fch, a->dfch_gelu, BT * 4 * C);
         memset(a->dln, 0, BTC * sizeof(float));
-        matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
-                        a->dfch, ln2, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
+        if (model_layer_is_moe(&g->cfg, l))
+            moe_layer_backward_(g, s, l, ln2, B, daux, dz);
+        else
+            mlp_backward_(g, s, l, ln2, B);
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN2_W),
                            DW_(g, s, SLOT_LN2_B), a->dln, res2,
                            W_(g, s, SLOT_LN2_W), a->ln2_mean + l * Ba,
@@ -387,7 +531,7 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
     const gpt_slot_state *st = &g->slots[s];
     long t = ++g->adam_t_slot[s];
     adamw_region_(st->params, st->grads, st->m, st->v, g->slot,
-                  SLOT_NTENSORS, t, lr, beta1, beta2, eps, weight_decay,
+                  gpt_slot_ntensors(&g->cfg), t, lr, beta1, beta2, eps, weight_decay,
                   grad_scale);
 }
 

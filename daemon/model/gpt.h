@@ -18,7 +18,18 @@
  *   slots.<s>.ln_2.weight, slots.<s>.ln_2.bias,
  *   slots.<s>.mlp.c_fc.weight (4C,C),    slots.<s>.mlp.c_fc.bias (4C),
  *   slots.<s>.mlp.c_proj.weight (C,4C),  slots.<s>.mlp.c_proj.bias (C)
+ * and in an MoE model (cfg.moe_experts E > 0, every block MoE) instead of
+ * the mlp.* tensors, each whole (experts e = 0..E-1 in order, prototype p
+ * holding experts p*E/k .. (p+1)*E/k-1, kernels.h "mixture of experts"):
+ *   slots.<s>.moe.experts.c_fc.weight (E*H,C), ...c_fc.bias (E*H),
+ *   slots.<s>.moe.experts.c_proj.weight (E*C,H), ...c_proj.bias (E*C),
+ *   slots.<s>.moe.gate.weight (E,C), slots.<s>.moe.gate.bias (E)
  * Weights are (out, in) row-major, as nn.Linear stores them.
+ *
+ * MoE blocks: layer l is MoE when (l + 1) % cfg.moe_every == 0
+ * (model_layer_is_moe); only moe_every = 1 is built, so every slot has one
+ * kind and the share map is the dense one. The router's aux and z losses
+ * join the gradient (gpt_backward), not the returned loss.
  *
  * Storage and placement (granular offloading, daemon/offload/): by default
  * every buffer is one plain allocation and every slot is resident. A
@@ -40,12 +51,25 @@
 extern "C" {
 #endif
 
-/* Per-slot tensor indices, in memory order within a slot. */
+/* Per-slot tensor indices, in memory order within a slot. A dense slot has
+ * the first SLOT_NTENSORS. An MoE slot (cfg.moe_experts > 0, kernels.h
+ * "mixture of experts") has SLOT_NTENSORS_MAX: SLOT_FC_* and SLOT_FCPROJ_*
+ * hold the experts instead of the dense MLP (moe.experts.c_fc.weight
+ * (E*H,C) = W1 (E,H,C), moe.experts.c_fc.bias (E*H), moe.experts.c_proj.weight
+ * (E*C,H) = W2 (E,C,H), moe.experts.c_proj.bias (E*C)) and SLOT_GATE_* the
+ * router (moe.gate.weight (E,C), moe.gate.bias (E)). gpt_slot_ntensors
+ * says which. */
 enum {
     SLOT_LN1_W, SLOT_LN1_B, SLOT_QKV_W, SLOT_QKV_B, SLOT_ATTPROJ_W,
     SLOT_ATTPROJ_B, SLOT_LN2_W, SLOT_LN2_B, SLOT_FC_W, SLOT_FC_B,
-    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NTENSORS
+    SLOT_FCPROJ_W, SLOT_FCPROJ_B, SLOT_NTENSORS,
+    SLOT_GATE_W = SLOT_NTENSORS, SLOT_GATE_B, SLOT_NTENSORS_MAX
 };
+/* Tensors per slot for cfg: SLOT_NTENSORS dense, SLOT_NTENSORS_MAX MoE. */
+static inline int gpt_slot_ntensors(const model_config *cfg)
+{
+    return cfg->moe_experts > 0 ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+}
 /* Global tensor indices. */
 enum { GLOB_WTE, GLOB_WPE, GLOB_LNF_W, GLOB_LNF_B, GLOB_NTENSORS };
 
@@ -81,7 +105,34 @@ typedef struct {
     float *dlogits;            /* (B,T,V) */
     float *dlnf;               /* (B,T,C) */
     float *dlosses;            /* (B,T) */
+    /* MoE blocks (sizes 0 for a dense model; fch, fch_gelu, dfch and
+     * dfch_gelu are then 0 for an MoE model), N = B*T, kernels.h's names,
+     * every layer's saved for backward: */
+    float *moe_probs;          /* (L,N,E) */
+    float *moe_lse;            /* (L,N,k) */
+    int32_t *moe_expert, *moe_slot;   /* (L,N,k) */
+    int32_t *moe_counts, *moe_routed; /* (L,E) */
+    int32_t *moe_offset;       /* (L,E+1) */
+    int32_t *moe_row_token;    /* (L,N*k) */
+    float *moe_xe, *moe_ye;    /* (L,N*k,C) */
+    float *moe_hpre, *moe_hact;   /* (L,N*k,H) */
+    /* and one layer's backward scratch */
+    float *moe_dye, *moe_dxe;  /* (N*k,C) */
+    float *moe_dh1, *moe_dh2;  /* (N*k,H) */
+    float *moe_dlogits;        /* (N,E) */
 } gpt_acts;
+
+/* The MoE facts of the forward passes since gpt_moe_stats_reset, over MoE
+ * layers and passes: sums and extremes, turned into a step's metrics by the
+ * trainer. Tokens per expert are those processed (after capacity). */
+typedef struct {
+    double aux_sum, z_sum;     /* moe_aux_losses' aux and z, summed */
+    long layers;               /* (layer, pass) pairs summed */
+    long dropped, pairs;       /* dropped and all (token, prototype) pairs */
+    long load_min, load_max;   /* tokens of one expert in one (layer, pass) */
+    double load_sum, load_sumsq;  /* over (layer, pass, expert) */
+    long load_n, empty;        /* such triples, and those with no tokens */
+} gpt_moe_stats;
 
 /* Where one slot's state lives: slot_size floats each. */
 typedef struct {
@@ -133,8 +184,11 @@ struct gpt_model {
     long adam_t_global;        /* AdamW step count of the globals */
     long *adam_t_slot;         /* [S] AdamW step count of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
-    gpt_tensor slot[SLOT_NTENSORS];
+    gpt_tensor slot[SLOT_NTENSORS_MAX];  /* first gpt_slot_ntensors used */
     int B, T;                  /* activation shapes allocated */
+    int moe_eval;              /* 1: forward uses eval_capacity_factor */
+    int moe_capacity;          /* capacity of the last forward (MoE) */
+    gpt_moe_stats moe_stats;   /* since gpt_moe_stats_reset */
     gpt_acts a;
     float *act_mem;            /* one allocation behind a */
     const gpt_storage *storage;  /* NULL: plain allocations, all resident */
@@ -156,7 +210,7 @@ void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
 /* The whole layout for cfg without a model: the tensor tables (names,
  * offsets within their region, shapes) and the padded region sizes. */
 void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
-                gpt_tensor slot[SLOT_NTENSORS], size_t *n_global,
+                gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *n_global,
                 size_t *slot_size);
 /* Floats of the activation block for microbatches of B sequences (forward
  * activations of all L layers plus one layer's backward scratch). */
@@ -201,15 +255,23 @@ static inline float *gpt_slot_ptr(const gpt_model *g, float *buf, int s)
 
 /* Forward pass. inp, targets (B,T) int32 token ids; targets may be NULL (no
  * loss). Returns the mean loss in nats (or 0 without targets); per-position
- * losses in g->a.losses. B <= allocated B. */
+ * losses in g->a.losses. B <= allocated B. With MoE blocks the returned loss
+ * is the LM loss alone; the router's aux and z losses go to g->moe_stats
+ * (and into the gradient, gpt_backward), capacity from
+ * cfg.moe_capacity_factor, or moe_eval_capacity_factor when g->moe_eval. */
 float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                   int B);
 
 /* Backward pass after gpt_forward with targets: accumulates into g->grads
  * the gradient of  loss_scale * sum(losses)  (pass 1/(B*T*accum) for a mean
- * over the optimizer step). */
+ * over the optimizer step). With MoE blocks, plus loss_scale * B*T *
+ * (aux_coef * mean over MoE layers of aux + z_coef * mean of z), so the
+ * router losses are weighted per microbatch like the mean LM loss. */
 void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                   int B, float loss_scale);
+
+/* Clear g->moe_stats (the trainer does so before a step's microbatches). */
+void gpt_moe_stats_reset(gpt_model *g);
 
 /* Zero the gradients in the device block (globals and resident slots; with
  * plain storage, all of them). An offloaded slot's gradient belongs to its

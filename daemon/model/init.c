@@ -69,13 +69,14 @@ static void init_tensor_(float *base, const gpt_tensor *t, float std,
 void gpt_init_region(const model_config *cfg, int s, float *buf,
                      uint64_t seed)
 {
-    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t n_global, slot_size;
     gpt_layout(cfg, glob, slot, &n_global, &slot_size);
     uint64_t global_draws = 0, slot_draws = 0;
     for (int i = 0; i < GLOB_NTENSORS; i++)
         global_draws += draws_(&glob[i]);
-    for (int i = 0; i < SLOT_NTENSORS; i++)
+    const int nt = gpt_slot_ntensors(cfg);
+    for (int i = 0; i < nt; i++)
         slot_draws += draws_(&slot[i]);
     if (s < 0) {
         const float std_of[GLOB_NTENSORS] = {0.02f, 0.01f, 0, 0};
@@ -91,7 +92,9 @@ void gpt_init_region(const model_config *cfg, int s, float *buf,
     float proj_std = 0.02f / sqrtf(2.0f * (float)cfg->n_layer);
     uint64_t k = global_draws + (uint64_t)s * slot_draws;
     memset(buf, 0, slot_size * sizeof(float));
-    for (int i = 0; i < SLOT_NTENSORS; i++) {
+    /* MoE: the experts like the dense MLP (c_proj as a residual
+     * projection), the gate weight N(0, 0.02), biases 0 */
+    for (int i = 0; i < nt; i++) {
         int is_proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
         int is_lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
         init_tensor_(buf, &slot[i], is_proj ? proj_std : std, is_lnw, seed,

@@ -28,10 +28,11 @@ static void set_tensor_(gpt_tensor *t, const char *name, size_t *off,
 }
 
 void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
-                gpt_tensor slot[SLOT_NTENSORS], size_t *n_global,
+                gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *n_global,
                 size_t *slot_size)
 {
     int C = cfg->n_embd;
+    int E = cfg->moe_experts, H = model_moe_hidden(cfg);
     size_t off = 0;
     set_tensor_(&glob[GLOB_WTE], "wte", &off, cfg->vocab_size, C);
     set_tensor_(&glob[GLOB_WPE], "wpe", &off, cfg->seq_len, C);
@@ -47,17 +48,30 @@ void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
     set_tensor_(&slot[SLOT_ATTPROJ_B], "attn.c_proj.bias", &off, C, 0);
     set_tensor_(&slot[SLOT_LN2_W], "ln_2.weight", &off, C, 0);
     set_tensor_(&slot[SLOT_LN2_B], "ln_2.bias", &off, C, 0);
-    set_tensor_(&slot[SLOT_FC_W], "mlp.c_fc.weight", &off, 4 * C, C);
-    set_tensor_(&slot[SLOT_FC_B], "mlp.c_fc.bias", &off, 4 * C, 0);
-    set_tensor_(&slot[SLOT_FCPROJ_W], "mlp.c_proj.weight", &off, C, 4 * C);
-    set_tensor_(&slot[SLOT_FCPROJ_B], "mlp.c_proj.bias", &off, C, 0);
+    if (E == 0) {
+        set_tensor_(&slot[SLOT_FC_W], "mlp.c_fc.weight", &off, 4 * C, C);
+        set_tensor_(&slot[SLOT_FC_B], "mlp.c_fc.bias", &off, 4 * C, 0);
+        set_tensor_(&slot[SLOT_FCPROJ_W], "mlp.c_proj.weight", &off, C, 4 * C);
+        set_tensor_(&slot[SLOT_FCPROJ_B], "mlp.c_proj.bias", &off, C, 0);
+    } else {
+        /* every block MoE (model.moe.every 1): the experts and the gate */
+        set_tensor_(&slot[SLOT_FC_W], "moe.experts.c_fc.weight", &off, E * H,
+                    C);
+        set_tensor_(&slot[SLOT_FC_B], "moe.experts.c_fc.bias", &off, E * H, 0);
+        set_tensor_(&slot[SLOT_FCPROJ_W], "moe.experts.c_proj.weight", &off,
+                    E * C, H);
+        set_tensor_(&slot[SLOT_FCPROJ_B], "moe.experts.c_proj.bias", &off,
+                    E * C, 0);
+        set_tensor_(&slot[SLOT_GATE_W], "moe.gate.weight", &off, E, C);
+        set_tensor_(&slot[SLOT_GATE_B], "moe.gate.bias", &off, E, 0);
+    }
     *slot_size = pad_(off);
 }
 
 void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
                       size_t *slot_size)
 {
-    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     gpt_layout(cfg, glob, slot, n_global, slot_size);
 }
 
@@ -80,29 +94,47 @@ static size_t act_table_(const model_config *c, int B, gpt_acts *a,
 {
     size_t L = c->n_layer, T = c->seq_len, C = c->n_embd, NH = c->n_head;
     size_t V = c->vocab_size, BT = (size_t)B * T;
+    int moe = c->moe_experts > 0;
+    size_t E = c->moe_experts, K = moe ? c->moe_prototypes : 0;
+    size_t H = moe ? (size_t)model_moe_hidden(c) : 0, F = moe ? 0 : 4 * C;
+    size_t NK = BT * K, Lm = moe ? L : 0;  /* every block MoE */
     act_entry_ tab[] = {
         {&a->encoded, BT * C},
         {&a->ln1, L * BT * C}, {&a->ln1_mean, L * BT}, {&a->ln1_rstd, L * BT},
         {&a->qkv, L * BT * 3 * C}, {&a->atty, L * BT * C},
         {&a->att, L * B * NH * T * T}, {&a->residual2, L * BT * C},
         {&a->ln2, L * BT * C}, {&a->ln2_mean, L * BT}, {&a->ln2_rstd, L * BT},
-        {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C},
+        {&a->fch, L * BT * F}, {&a->fch_gelu, L * BT * F},
         {&a->residual3, L * BT * C},
         {&a->lnf, BT * C}, {&a->lnf_mean, BT}, {&a->lnf_rstd, BT},
         {&a->logits, BT * V}, {&a->probs, BT * V}, {&a->losses, BT},
         {&a->dres, BT * C}, {&a->dln, BT * C}, {&a->datty, BT * C},
-        {&a->dqkv, BT * 3 * C}, {&a->dfch, BT * 4 * C},
-        {&a->dfch_gelu, BT * 4 * C}, {&a->datt, B * NH * T * T},
+        {&a->dqkv, BT * 3 * C}, {&a->dfch, BT * F},
+        {&a->dfch_gelu, BT * F}, {&a->datt, B * NH * T * T},
         {&a->dlogits, BT * V}, {&a->dlnf, BT * C}, {&a->dlosses, BT},
+        /* MoE (int32 tensors placed as floats: the same size) */
+        {&a->moe_probs, Lm * BT * E}, {&a->moe_lse, Lm * NK},
+        {(float **)(void *)&a->moe_expert, Lm * NK},
+        {(float **)(void *)&a->moe_slot, Lm * NK},
+        {(float **)(void *)&a->moe_counts, Lm * E},
+        {(float **)(void *)&a->moe_routed, Lm * E},
+        {(float **)(void *)&a->moe_offset, moe ? Lm * (E + 1) : 0},
+        {(float **)(void *)&a->moe_row_token, Lm * NK},
+        {&a->moe_xe, Lm * NK * C}, {&a->moe_ye, Lm * NK * C},
+        {&a->moe_hpre, Lm * NK * H}, {&a->moe_hact, Lm * NK * H},
+        {&a->moe_dye, NK * C}, {&a->moe_dxe, NK * C},
+        {&a->moe_dh1, NK * H}, {&a->moe_dh2, NK * H},
+        {&a->moe_dlogits, BT * E},
     };
+    _Static_assert(sizeof(int32_t) == sizeof(float), "int32 acts as floats");
     size_t n = sizeof tab / sizeof tab[0];
-    _Static_assert(sizeof tab / sizeof tab[0] == 30, "N_ACTS_");
+    _Static_assert(sizeof tab / sizeof tab[0] == 47, "N_ACTS_");
     if (t)
         memcpy(t, tab, sizeof tab);
     return n;
 }
 
-#define N_ACTS_ 30
+#define N_ACTS_ 47
 
 size_t gpt_act_floats(const model_config *cfg, int B)
 {

@@ -179,6 +179,14 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     size_t ng, ss;
     int cuda = in->backend == BACKEND_CUDA;
+    if (cuda && c->moe_experts > 0) {
+        snprintf(err, errlen, "offload plan: the cuda model has no MoE "
+                 "blocks yet (model.moe needs device.backend \"cpu\")");
+        return -1;
+    }
+    /* CPU: an MoE slot's experts and gate, their gradients and moments are
+     * part of ss, and the dispatch buffers (N*k rows, the most any
+     * capacity factor routes) part of gpt_act_floats */
     gpt_layout_sizes(c, &ng, &ss);
     out->n_layer = L;
     out->n_slots = S;

@@ -584,14 +584,21 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
             "val_loss, lr, tokens_per_s, grad_norm, resident_slots, "
             "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
-            "copy_hidden_fraction) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "
+            "moe_dropped_fraction, moe_load_min, moe_load_max, moe_load_cv, "
+            "moe_experts_empty) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?)",
             A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
             A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
             A_REAL(m->tokens_per_s), A_REAL(m->grad_norm),
             A_INT_OR_NULL(m->resident_slots), A_INT_OR_NULL(m->offloaded_slots),
             A_INT_OR_NULL(m->peak_device_bytes), A_REAL(m->h2d_gbps),
-            A_REAL(m->d2h_gbps), A_REAL(m->copy_hidden_fraction)) >= 0 &&
+            A_REAL(m->d2h_gbps), A_REAL(m->copy_hidden_fraction),
+            A_REAL(m->moe_aux_loss), A_REAL(m->moe_z_loss),
+            A_REAL(m->moe_dropped_fraction), A_REAL(m->moe_load_min),
+            A_REAL(m->moe_load_max), A_REAL(m->moe_load_cv),
+            A_REAL(m->moe_experts_empty)) >= 0 &&
         set_progress_locked_(st, run, m->step, m->phase) == 0 &&
         exec_(st, "COMMIT") == 0)
         ret = 0;
@@ -629,6 +636,13 @@ static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
     m->h2d_gbps = column_real_or_nan_(s, 10);
     m->d2h_gbps = column_real_or_nan_(s, 11);
     m->copy_hidden_fraction = column_real_or_nan_(s, 12);
+    m->moe_aux_loss = column_real_or_nan_(s, 13);
+    m->moe_z_loss = column_real_or_nan_(s, 14);
+    m->moe_dropped_fraction = column_real_or_nan_(s, 15);
+    m->moe_load_min = column_real_or_nan_(s, 16);
+    m->moe_load_max = column_real_or_nan_(s, 17);
+    m->moe_load_cv = column_real_or_nan_(s, 18);
+    m->moe_experts_empty = column_real_or_nan_(s, 19);
 }
 
 static void metric_fill_(sqlite3_stmt *s, void *elem)
@@ -639,7 +653,9 @@ static void metric_fill_(sqlite3_stmt *s, void *elem)
 #define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
                     "grad_norm, resident_slots, offloaded_slots, "         \
                     "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
-                    "copy_hidden_fraction"
+                    "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "       \
+                    "moe_dropped_fraction, moe_load_min, moe_load_max, "     \
+                    "moe_load_cv, moe_experts_empty"
 
 int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n)

@@ -52,6 +52,10 @@ typedef struct {
     int resident_slots, offloaded_slots;
     int64_t peak_device_bytes;
     double h2d_gbps, d2h_gbps, copy_hidden_fraction;
+    /* MoE router figures (schema 0005; trainer.h step_moe): NAN (NULL)
+     * for a dense model */
+    double moe_aux_loss, moe_z_loss, moe_dropped_fraction;
+    double moe_load_min, moe_load_max, moe_load_cv, moe_experts_empty;
 } metric_row;
 
 typedef struct {

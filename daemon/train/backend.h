@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
+#include "model/gpt.h"
 #include "offload/offload.h"
 
 /* Optimizer settings of one step. */
@@ -82,6 +83,10 @@ typedef struct {
     size_t (*device_bytes)(void *ctx);
     /* trainer_offload_stats. */
     int (*offload_stats)(void *ctx, offload_stats *st);
+    /* The MoE facts of the microbatches since the last step_begin (loss
+     * passes not counted) into *st: 0, or -1 when the backend has none
+     * (a dense model). NULL: a backend without MoE. */
+    int (*moe_stats)(void *ctx, gpt_moe_stats *st);
 } backend_iface;
 
 typedef struct {

@@ -47,6 +47,7 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
         offload_step_begin(c->off, h->grad_clip > 0 ? NULL : &early);
     }
     gpt_zero_grad(&c->model);
+    gpt_moe_stats_reset(&c->model);
 }
 
 static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
@@ -85,7 +86,24 @@ static float cpu_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
                        int B)
 {
     cpu_ctx_ *c = ctx;
-    return gpt_forward(&c->model, inp, tgt, B);
+    /* validation capacity; the step's MoE facts stay those of training */
+    gpt_moe_stats keep = c->model.moe_stats;
+    int cap = c->model.moe_capacity;
+    c->model.moe_eval = 1;
+    float loss = gpt_forward(&c->model, inp, tgt, B);
+    c->model.moe_eval = 0;
+    c->model.moe_stats = keep;
+    c->model.moe_capacity = cap;
+    return loss;
+}
+
+static int cpu_moe_stats_(void *ctx, gpt_moe_stats *st)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->model.cfg.moe_experts == 0)
+        return -1;
+    *st = c->model.moe_stats;
+    return 0;
 }
 
 /* ------------------------------------------------------------- slots */
@@ -196,6 +214,7 @@ static const backend_iface cpu_iface_ = {
     /* .set_adam_steps = */ cpu_set_adam_steps_,
     /* .device_bytes   = */ cpu_device_bytes_,
     /* .offload_stats  = */ cpu_offload_stats_,
+    /* .moe_stats      = */ cpu_moe_stats_,
 };
 
 /* ------------------------------------------------------------- create */

@@ -367,6 +367,7 @@ static const backend_iface cuda_iface_ = {
     /* .set_adam_steps = */ cuda_set_adam_steps_,
     /* .device_bytes   = */ cuda_device_bytes_,
     /* .offload_stats  = */ cuda_offload_stats_,
+    /* .moe_stats      = */ NULL,  /* no MoE on cuda yet (spec refuses) */
 };
 
 /* ------------------------------------------------------------- create */

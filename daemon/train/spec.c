@@ -89,6 +89,30 @@ static const key_ keys_[] = {
         "C: width of the residual stream."),
     INT("model", "seq_len", model.seq_len, 1, INT_MAX,
         "T: tokens per sequence (and positions in the position table)."),
+    INT("model.moe", "num_experts", model.moe_experts, 0, INT_MAX,
+        "E: experts per MoE block, all prototypes together. 0: a dense model "
+        "(the other `model.moe` keys must then stay at their defaults)."),
+    INT("model.moe", "prototypes", model.moe_prototypes, 1, INT_MAX,
+        "k: prototypes of E/k experts each; every prototype routes every "
+        "token top-1 among its experts. Must divide `num_experts`."),
+    FLT("model.moe", "capacity_factor", model.moe_capacity_factor, 0, 1,
+        INFINITY, 0,
+        "Training capacity: each expert takes at most "
+        "ceil(factor * tokens / (E/k)) tokens of a microbatch; the rest "
+        "pass by on the residual stream."),
+    FLT("model.moe", "eval_capacity_factor", model.moe_eval_capacity_factor,
+        0, 1, INFINITY, 0, "The capacity factor of validation passes."),
+    FLT("model.moe", "aux_loss_coef", model.moe_aux_coef, 0, 0, INFINITY, 0,
+        "Coefficient of the balancing loss (mean over MoE blocks) added to "
+        "the loss for the gradient; the reported loss leaves it out."),
+    FLT("model.moe", "z_loss_coef", model.moe_z_coef, 0, 0, INFINITY, 0,
+        "Coefficient of the router z-loss (mean over MoE blocks), added like "
+        "`aux_loss_coef`."),
+    INT("model.moe", "every", model.moe_every, 1, INT_MAX,
+        "MoE in block l when (l+1) % every == 0, dense MLP in the others; "
+        "at most `n_layer`. Only 1 (every block) is built yet."),
+    INT("model.moe", "expert_hidden", model.moe_hidden, 0, INT_MAX,
+        "H: hidden size of each expert's MLP. 0: 4 * `n_embd`."),
     INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
         "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L`."),
     LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
@@ -304,7 +328,12 @@ void spec_defaults(run_spec *s)
     memset(s, 0, sizeof *s);  /* padding and string tails too: memcmp-stable */
     strcpy(s->name, "run");
     s->model = (model_config){ .vocab_size = 256, .n_layer = 6, .n_head = 4,
-                               .n_embd = 128, .seq_len = 128 };
+                               .n_embd = 128, .seq_len = 128,
+                               .moe_experts = 0, .moe_prototypes = 1,
+                               .moe_every = 1, .moe_hidden = 0,
+                               .moe_capacity_factor = 1.25f,
+                               .moe_eval_capacity_factor = 2.0f,
+                               .moe_aux_coef = 0.01f, .moe_z_coef = 0.001f };
     s->pseudo.share_groups = 1;
     s->pseudo.steps = 0;
     s->delink.optimizer = DELINK_OPT_COPY;
@@ -623,6 +652,54 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
 /* Parsing a spec                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* model.moe's rules between keys. A dense model (num_experts 0) leaves the
+ * other keys at their defaults: the canonical JSON omits the section then,
+ * so a dense spec keeps the hash it had before MoE existed. */
+static int moe_check_(const run_spec *s, char *err, size_t errlen)
+{
+    const model_config *m = &s->model;
+    if (m->moe_experts == 0) {
+        run_spec d;
+        spec_defaults(&d);
+        for (size_t i = 0; i < N_KEYS; i++) {
+            const key_ *k = &keys_[i];
+            if (!k->section || strcmp(k->section, "model.moe") != 0 ||
+                strcmp(k->key, "num_experts") == 0)
+                continue;
+            if (memcmp((const char *)s + k->off, (const char *)&d + k->off,
+                       k->size) != 0) {
+                seterr_(err, errlen, "model.moe.%s: set, but "
+                        "model.moe.num_experts is 0 (a dense model); set "
+                        "num_experts or remove it", k->key);
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (m->moe_experts % m->moe_prototypes != 0) {
+        seterr_(err, errlen, "model.moe.prototypes: must divide "
+                "model.moe.num_experts (%d %% %d != 0)", m->moe_experts,
+                m->moe_prototypes);
+        return -1;
+    }
+    if (m->moe_every > m->n_layer) {
+        seterr_(err, errlen, "model.moe.every: must be in [1, model.n_layer "
+                "= %d], got %d", m->n_layer, m->moe_every);
+        return -1;
+    }
+    if (m->moe_every != 1) {
+        seterr_(err, errlen, "model.moe.every: only 1 (MoE in every block) is "
+                "built yet, got %d", m->moe_every);
+        return -1;
+    }
+    if (s->device.backend == BACKEND_CUDA) {
+        seterr_(err, errlen, "model.moe: the cuda backend does not train MoE "
+                "models yet (use device.backend \"cpu\")");
+        return -1;
+    }
+    return 0;
+}
+
 /* Checks between keys, once every key is read. */
 static int cross_check_(const run_spec *s, char *err, size_t errlen)
 {
@@ -640,6 +717,8 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
                 "(%d %% %d != 0)", m->n_embd, m->n_head);
         return -1;
     }
+    if (moe_check_(s, err, errlen) != 0)
+        return -1;
     /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
     if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {
         seterr_(err, errlen, "train.batch_size * model.seq_len: %lld tokens "
@@ -656,6 +735,12 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
                 NH = m->n_head, V = m->vocab_size, B = s->train.batch_size;
     long double params = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
     long double acts = L * B * T * (16 * C + NH * T) + B * T * (3 * V + 14 * C);
+    if (m->moe_experts > 0) {  /* every block MoE: experts and gate */
+        long double E = m->moe_experts, H = model_moe_hidden(m),
+                    k = m->moe_prototypes;
+        params += L * (E * (2 * H * C + H + C) + E * C + E - 8 * C * C - 5 * C);
+        acts += L * B * T * (k * (2 * C + 2 * H) + E);
+    }
     long double bytes = 16 * params + 4 * acts;
     if (bytes > 0x1p50L) {
         seterr_(err, errlen, "model: needs about %.3Lg PiB (%.3Lg parameters "
@@ -727,6 +812,24 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
         const char *key;
         json_t *v;
         json_object_foreach(val, key, v) {
+            if (strcmp(name, "model") == 0 && strcmp(key, "moe") == 0) {
+                if (!json_is_object(v)) {
+                    seterr_(err, errlen, "model.moe: must be an object, got %s",
+                            type_name_(v));
+                    goto out;
+                }
+                const char *mk;
+                json_t *mv;
+                json_object_foreach(v, mk, mv) {
+                    const key_ *k = find_key_("model.moe", mk);
+                    if (!k) {
+                        unknown_key_("model.moe", mk, err, errlen);
+                        goto out;
+                    }
+                    if (set_value_(&s, k, mv, err, errlen) != 0) goto out;
+                }
+                continue;
+            }
             const key_ *k = find_key_(name, key);
             if (!k) {
                 unknown_key_(name, key, err, errlen);
@@ -857,6 +960,22 @@ static int value_text_(FILE *out, const run_spec *s, const key_ *k)
     return -1;
 }
 
+/* Whether key k is written: model.moe's keys only for an MoE model (a dense
+ * spec's canonical JSON, and so its hash, is what it was before MoE). */
+static int written_(const run_spec *s, const key_ *k)
+{
+    return !k->section || strcmp(k->section, "model.moe") != 0 ||
+           s->model.moe_experts > 0;
+}
+
+/* The top-level scope of a section: "model" for "model.moe". */
+static int same_top_(const char *a, const char *b)
+{
+    if (!a || !b) return a == b;
+    size_t la = strcspn(a, "."), lb = strcspn(b, ".");
+    return la == lb && strncmp(a, b, la) == 0;
+}
+
 char *spec_to_json(const run_spec *s)
 {
     char *text = NULL;
@@ -864,22 +983,36 @@ char *spec_to_json(const run_spec *s)
     FILE *out = open_memstream(&text, &len);
     if (!out) return NULL;
     int rc = 0;
-    const char *section = NULL;
+    size_t idx[N_KEYS], n = 0;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (written_(s, &keys_[i])) idx[n++] = i;
+    const char *section = NULL;  /* the open section, NULL: top level */
     fputs("{\n", out);
-    for (size_t i = 0; i < N_KEYS && rc == 0; i++) {
-        const key_ *k = &keys_[i];
-        int last_in_scope = i + 1 == N_KEYS ||
-            (keys_[i + 1].section == NULL) != (k->section == NULL) ||
-            (k->section && strcmp(keys_[i + 1].section, k->section) != 0);
-        if (k->section && (!section || strcmp(section, k->section) != 0))
-            fprintf(out, "  \"%s\": {\n", k->section);
+    for (size_t j = 0; j < n && rc == 0; j++) {
+        const key_ *k = &keys_[idx[j]];
+        const key_ *next = j + 1 < n ? &keys_[idx[j + 1]] : NULL;
+        int nested = k->section && strchr(k->section, '.') != NULL;
+        if (k->section && (!section || strcmp(section, k->section) != 0)) {
+            if (nested)
+                fprintf(out, "    \"%s\": {\n", strchr(k->section, '.') + 1);
+            else
+                fprintf(out, "  \"%s\": {\n", k->section);
+        }
         section = k->section;
-        fprintf(out, "%s\"%s\": ", k->section ? "    " : "  ", k->key);
+        fprintf(out, "%s\"%s\": ", nested ? "      " : k->section ? "    " : "  ",
+                k->key);
         rc = value_text_(out, s, k);
-        if (k->section && last_in_scope)
-            fprintf(out, "\n  }%s\n", i + 1 == N_KEYS ? "" : ",");
-        else
-            fputs(",\n", out);
+        int end_sub = nested && (!next || !next->section ||
+                                 strcmp(next->section, k->section) != 0);
+        int end_top = k->section && (!next || !same_top_(next->section,
+                                                         k->section));
+        if (end_sub)
+            fprintf(out, "\n    }%s", end_top ? "" : ",\n");
+        if (end_top)
+            fprintf(out, "\n  }%s\n", next ? "," : "");
+        else if (!end_sub)
+            fputs(next ? ",\n" : "\n", out);
+        if (end_top) section = NULL;
     }
     fputs("}\n", out);
     if (fclose(out) != 0) rc = -1;

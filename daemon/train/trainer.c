@@ -36,7 +36,7 @@ struct trainer {
     run_spec spec;
     backend be;            /* the model: weights, gradients, optimizer */
     /* the plain layout of gpt.h (checkpoints, state access) */
-    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t n_global, slot_size;
     token_set train, val;  /* n_shards 0: not open (trainer_create_resumable,
                             * or a failed trainer_reopen_data) */
@@ -457,6 +457,27 @@ void trainer_placement(trainer *t, step_placement *p)
     placement_(t, NULL, p);
 }
 
+/* The step's MoE facts from the backend's sums (gpt_moe_stats). */
+static void moe_facts_(trainer *t, step_moe *m)
+{
+    const backend_iface *be = t->be.iface;
+    gpt_moe_stats st;
+    memset(m, 0, sizeof *m);
+    if (!be->moe_stats || be->moe_stats(t->be.ctx, &st) != 0 ||
+        st.layers == 0 || st.load_n == 0)
+        return;
+    m->present = 1;
+    m->aux_loss = st.aux_sum / (double)st.layers;
+    m->z_loss = st.z_sum / (double)st.layers;
+    m->dropped_fraction = st.pairs ? (double)st.dropped / (double)st.pairs : 0;
+    m->load_min = (double)st.load_min;
+    m->load_max = (double)st.load_max;
+    double mean = st.load_sum / (double)st.load_n;
+    double var = st.load_sumsq / (double)st.load_n - mean * mean;
+    m->load_cv = mean > 0 ? sqrt(var > 0 ? var : 0) / mean : 0;
+    m->experts_empty = (double)st.empty / (double)st.layers;
+}
+
 int trainer_step(trainer *t, step_result *res, m6_err *err)
 {
     const run_spec *sp = &t->spec;
@@ -482,6 +503,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
                                    1.0f / ((float)B * (float)T * (float)accum));
     }
     float loss = (float)(loss_sum / accum);
+    moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
     if (!isfinite(loss) || !isfinite(norm)) {
         m6_err_set(err, M6_EINVALID,
@@ -671,7 +693,7 @@ static int collect_tensors_(const trainer *t, backend_buf b,
     }
     for (int s = 0; s < S; s++) {
         float *sbuf = be->state_region(t->be.ctx, b, s);
-        for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
+        for (int i = 0; i < gpt_slot_ntensors(&t->spec.model); i++, n++) {
             const gpt_tensor *st = &t->slot[i];
             gpt_tensor_name(nm, sizeof nm, prefix, s, st);
             names[n] = strdup(nm);
@@ -687,7 +709,7 @@ static long write_tensors_file_(const char *path, const trainer *t,
                                 const char *const *prefixes,
                                 int nbufs, m6_err *err)
 {
-    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS;
+    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX;
     st_tensor *ts = calloc((size_t)per * nbufs, sizeof *ts);
     char **names = calloc((size_t)per * nbufs, sizeof *names);
     long rc = -1;
@@ -876,7 +898,7 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
         m6_err_set(err, M6_EINTERNAL, "%s", e1);
         return -1;
     }
-    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS, rc = 0;
+    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX, rc = 0;
     st_tensor *ts = calloc((size_t)per, sizeof *ts);
     char **names = calloc((size_t)per, sizeof *names);
     char e2[256];  /* safetensors_get's words: a tensor name, no path */

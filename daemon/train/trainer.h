@@ -51,6 +51,22 @@ typedef struct {
                                   * when nothing was copied */
 } step_placement;
 
+/* The MoE router facts of one step, over its microbatches and MoE layers
+ * (present 0 for a dense model: the rest unset). */
+typedef struct {
+    int present;
+    double aux_loss;          /* balancing loss, mean over MoE layers and
+                               * microbatches, before aux_loss_coef */
+    double z_loss;            /* router z-loss, the same way, before
+                               * z_loss_coef */
+    double dropped_fraction;  /* dropped (token, prototype) pairs / all */
+    double load_min, load_max;  /* tokens one expert processed in one
+                                 * layer and microbatch, least and most */
+    double load_cv;           /* their coefficient of variation (std/mean) */
+    double experts_empty;     /* experts with no tokens, mean per layer and
+                               * microbatch */
+} step_moe;
+
 /* The facts of one step, as trainer_step measured them: the caller records
  * them and derives nothing. */
 typedef struct {
@@ -69,6 +85,7 @@ typedef struct {
     step_placement mem;   /* after the step; copies: this step's own */
     int eval_failed;      /* the step was applied but its validation pass
                            * could not read the data (TRAINER_EDATA) */
+    step_moe moe;         /* MoE router facts; moe.present 0: dense */
 } step_result;
 
 /* Errors: the functions below that take an m6_err *err set it on failure

@@ -5,7 +5,11 @@
  * config in a JSON sidecar). The Python side recomputes all of it with
  * PyTorch autograd, independently of this code.
  *
- * usage: dump_model OUT.safetensors S [L C NH T V B]
+ * usage: dump_model OUT.safetensors S [L C NH T V B [E k H CF AUX Z]]
+ * (the second group: every block MoE, kernels.h "mixture of experts", with
+ * E experts in k prototypes of hidden size H, capacity factor CF and the
+ * aux and z loss coefficients; the dumped loss is the LM loss alone, the
+ * gradients those of the training loss with both router losses)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +34,16 @@ int main(int argc, char **argv)
         cfg.seq_len = atoi(argv[6]);
         cfg.vocab_size = atoi(argv[7]);
         B = atoi(argv[8]);
+    }
+    if (argc >= 15) {
+        cfg.moe_experts = atoi(argv[9]);
+        cfg.moe_prototypes = atoi(argv[10]);
+        cfg.moe_hidden = atoi(argv[11]);
+        cfg.moe_every = 1;
+        cfg.moe_capacity_factor = (float)atof(argv[12]);
+        cfg.moe_eval_capacity_factor = cfg.moe_capacity_factor;
+        cfg.moe_aux_coef = (float)atof(argv[13]);
+        cfg.moe_z_coef = (float)atof(argv[14]);
     }
     gpt_model g;
     if (gpt_create(&g, &cfg, S, B) != 0) {
@@ -59,7 +73,7 @@ int main(int argc, char **argv)
     float loss = gpt_forward(&g, inp, tgt, B);
     gpt_backward(&g, inp, tgt, B, 1.0f / (float)BT);
 
-    int per = GLOB_NTENSORS + S * SLOT_NTENSORS;
+    int per = GLOB_NTENSORS + S * SLOT_NTENSORS_MAX;
     st_tensor *ts = calloc((size_t)(2 * per + 3), sizeof *ts);
     char **names = calloc((size_t)(2 * per), sizeof *names);
     int n = 0;
@@ -75,7 +89,7 @@ int main(int argc, char **argv)
                                 {g.glob[i].rows, g.glob[i].cols}};
         }
         for (int s = 0; s < S; s++)
-            for (int i = 0; i < SLOT_NTENSORS; i++, n++) {
+            for (int i = 0; i < gpt_slot_ntensors(&cfg); i++, n++) {
                 gpt_tensor_name(nm, sizeof nm, pre, s, &g.slot[i]);
                 names[n] = strdup(nm);
                 ts[n] = (st_tensor){names[n],
@@ -98,8 +112,13 @@ int main(int argc, char **argv)
     snprintf(side, sizeof side, "%s.json", argv[1]);
     f = fopen(side, "w");
     fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
-               "\"B\": %d, \"S\": %d, \"slot_of\": [", cfg.vocab_size,
-            cfg.n_layer, cfg.n_head, cfg.n_embd, T, B, S);
+               "\"B\": %d, \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
+               "\"CF\": %.9g, \"AUX\": %.9g, \"Z\": %.9g, \"dropped\": %ld, "
+               "\"slot_of\": [", cfg.vocab_size, cfg.n_layer, cfg.n_head,
+            cfg.n_embd, T, B, S, cfg.moe_experts, cfg.moe_prototypes,
+            model_moe_hidden(&cfg), (double)cfg.moe_capacity_factor,
+            (double)cfg.moe_aux_coef, (double)cfg.moe_z_coef,
+            g.moe_stats.dropped);
     for (int l = 0; l < cfg.n_layer; l++)
         fprintf(f, "%s%d", l ? ", " : "", g.slot_of[l]);
     fprintf(f, "]}\n");

@@ -183,6 +183,146 @@ static void test_delink_reset_zeroes_moments(void **state)
     gpt_free(&g);
 }
 
+/* ---------------------------------------------------------- MoE */
+
+/* small_ with every block MoE: E = 4 experts in k = 2 prototypes, H = 12,
+ * a capacity factor of 1 (so some tokens are dropped). */
+static model_config moe_cfg_(void)
+{
+    model_config c = small_;
+    c.moe_experts = 4;
+    c.moe_prototypes = 2;
+    c.moe_every = 1;
+    c.moe_hidden = 12;
+    c.moe_capacity_factor = 1.0f;
+    c.moe_eval_capacity_factor = 2.0f;
+    c.moe_aux_coef = 0.01f;
+    c.moe_z_coef = 0.001f;
+    return c;
+}
+
+/* The MoE slot: the dense MLP replaced by the experts and the gate, with
+ * the shapes of gpt.h, counted by hand. */
+static void test_moe_layout(void **state)
+{
+    (void)state;
+    model_config c = moe_cfg_();
+    gpt_model g;
+    assert_int_equal(gpt_create(&g, &c, 1, 2), 0);
+    const size_t C = 16, H = 12, E = 4;
+    size_t want = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C /* ln, attn */
+                  + E * H * C + E * H + E * C * H + E * C      /* experts */
+                  + E * C + E;                                  /* gate */
+    assert_int_equal(g.slot_size, (want + 15) / 16 * 16);
+    assert_string_equal(g.slot[SLOT_FC_W].name, "moe.experts.c_fc.weight");
+    assert_int_equal(g.slot[SLOT_FC_W].rows, (int)(E * H));
+    assert_int_equal(g.slot[SLOT_FCPROJ_W].rows, (int)(E * C));
+    assert_int_equal(g.slot[SLOT_FCPROJ_W].cols, (int)H);
+    assert_string_equal(g.slot[SLOT_GATE_W].name, "moe.gate.weight");
+    assert_int_equal(g.slot[SLOT_GATE_B].numel, E);
+    assert_int_equal(gpt_slot_ntensors(&c), SLOT_NTENSORS_MAX);
+    gpt_free(&g);
+}
+
+/* MoE: the delink keeps the loss on the same batch bitwise, routing
+ * included, and the layers' experts are independent after it. The
+ * router's facts are recorded and the aux loss is in [1, E/k]-ish range
+ * (>= 1 - rounding by Cauchy-Schwarz is not guaranteed for top-1, so only
+ * positivity and the Ep bound are checked). */
+static void test_moe_delink_preserves_function(void **state)
+{
+    (void)state;
+    model_config c = moe_cfg_();
+    const int B = 2, T = c.seq_len, L = c.n_layer;
+    gpt_model g;
+    assert_int_equal(gpt_create(&g, &c, 1, B), 0);
+    gpt_init_weights(&g, 3);
+    train_steps_(&g, 3, B, 100);
+    int32_t inp[16], tgt[16];
+    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    gpt_moe_stats_reset(&g);
+    float before = gpt_forward(&g, inp, tgt, B);
+    gpt_moe_stats st = g.moe_stats;
+    assert_int_equal(st.layers, L);
+    assert_int_equal(st.pairs, (long)L * B * T * 2);
+    assert_int_equal(st.load_n, (long)L * 4);
+    assert_true(st.aux_sum > 0 && st.aux_sum / L <= 2.0 + 1e-6);
+    assert_true(st.z_sum > 0);
+    /* capacity ceil(1.0 * 16 / 2) = 8: no expert processes more */
+    assert_int_equal(g.moe_capacity, 8);
+    assert_true(st.load_max <= 8);
+    long t_before = g.adam_t_slot[0];
+
+    int map[3] = {0, 1, 2}, src[3] = {0, 0, 0};
+    assert_int_equal(gpt_reslot(&g, L, map, src, 0), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(g.adam_t_slot[l], t_before);
+    gpt_moe_stats_reset(&g);
+    float after = gpt_forward(&g, inp, tgt, B);
+    assert_true(before == after); /* bitwise */
+    assert_true(g.moe_stats.aux_sum == st.aux_sum);
+    assert_int_equal(g.moe_stats.dropped, st.dropped);
+
+    train_steps_(&g, 1, B, 200);
+    float *copy1 = malloc(g.slot_size * sizeof(float));
+    memcpy(copy1, gpt_slot_ptr(&g, g.params, 1), g.slot_size * sizeof(float));
+    float l_a = gpt_forward(&g, inp, tgt, B);
+    /* layer 0's experts (second expert's c_fc) and gate change alone */
+    gpt_slot_ptr(&g, g.params, 0)[g.slot[SLOT_FC_W].offset + 12 * 16] += 1.0f;
+    gpt_slot_ptr(&g, g.params, 0)[g.slot[SLOT_GATE_B].offset] += 1.0f;
+    assert_memory_equal(copy1, gpt_slot_ptr(&g, g.params, 1),
+                        g.slot_size * sizeof(float));
+    assert_true(gpt_forward(&g, inp, tgt, B) != l_a);
+    free(copy1);
+    gpt_free(&g);
+}
+
+/* The aux and z losses reach the gradient with their coefficients:
+ * the gradient with coefficients (a, z) minus that with (0, 0) is linear
+ * in them (twice the coefficients, twice the difference), and it is not
+ * zero for the gate. The LM loss does not depend on them. */
+static void test_moe_aux_in_gradient(void **state)
+{
+    (void)state;
+    const int B = 2, T = small_.seq_len;
+    int32_t inp[16], tgt[16];
+    random_batch_(inp, tgt, B * T, small_.vocab_size, 5);
+    float *gr[3];
+    float loss[3];
+    size_t n = 0, gate = 0;
+    for (int i = 0; i < 3; i++) {
+        model_config c = moe_cfg_();
+        c.moe_aux_coef = 0.5f * (float)i;
+        c.moe_z_coef = 0.25f * (float)i;
+        gpt_model g;
+        assert_int_equal(gpt_create(&g, &c, 3, B), 0);
+        gpt_init_weights(&g, 9);
+        gpt_zero_grad(&g);
+        loss[i] = gpt_forward(&g, inp, tgt, B);
+        gpt_backward(&g, inp, tgt, B, 1.0f / (float)(B * T));
+        n = g.n_params;
+        gate = g.n_global + g.slot[SLOT_GATE_W].offset;
+        gr[i] = malloc(n * sizeof(float));
+        memcpy(gr[i], g.grads, n * sizeof(float));
+        gpt_free(&g);
+    }
+    assert_true(loss[0] == loss[1] && loss[1] == loss[2]);
+    double d1 = 0, d2 = 0, worst = 0;
+    for (size_t j = 0; j < n; j++) {
+        double a = (double)gr[1][j] - gr[0][j], b = (double)gr[2][j] - gr[0][j];
+        d1 += a * a;
+        d2 += b * b;
+        double e = fabs(b - 2 * a);
+        if (e > worst) worst = e;
+    }
+    assert_true(d1 > 0);
+    assert_true(fabs(sqrt(d2) / sqrt(d1) - 2.0) < 1e-3);
+    assert_true(worst < 1e-5);
+    assert_true(gr[1][gate] != gr[0][gate]);
+    for (int i = 0; i < 3; i++)
+        free(gr[i]);
+}
+
 /* ---------------------------------------------------------- trainer */
 
 static char tmpdir_[256];
@@ -297,6 +437,73 @@ static void test_checkpoint_resume_bitwise(void **state)
     trainer_free(t);
 }
 
+/* MoE through the trainer: save at 15 (after the delink at 10), resume:
+ * the losses of 16..30 are bitwise those of the uninterrupted run; the
+ * checkpoint names the experts and the gate; every step reports MoE
+ * facts, a dense run none. */
+static void test_moe_checkpoint_resume_bitwise(void **state)
+{
+    (void)state;
+    run_spec s = tiny_spec_(30, 10);
+    s.model.moe_experts = 4;
+    s.model.moe_prototypes = 2;
+    s.model.moe_every = 1;
+    s.model.moe_hidden = 24;
+    s.model.moe_capacity_factor = 1.25f;
+    s.model.moe_eval_capacity_factor = 2.0f;
+    s.model.moe_aux_coef = 0.01f;
+    s.model.moe_z_coef = 0.001f;
+    float a[30], b[30];
+    char err[256], dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/moe-ckpt-15", tmpdir_);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
+    if (!t)
+        fail_msg("create: %s", err);
+    step_result r;
+    assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
+    a[0] = r.train_loss;
+    assert_true(r.moe.present);
+    assert_true(r.moe.aux_loss > 0.5 && r.moe.aux_loss < 2.0 + 1e-6);
+    assert_true(r.moe.z_loss > 0 && isfinite(r.moe.z_loss));
+    assert_true(r.moe.dropped_fraction >= 0 && r.moe.dropped_fraction < 1);
+    assert_true(r.moe.load_min <= r.moe.load_max);
+    /* capacity ceil(1.25 * 64 / 2) = 40 tokens per expert */
+    assert_true(r.moe.load_max <= 40);
+    assert_true(r.moe.load_cv >= 0);
+    run_steps_(t, &s, 15, a);
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
+    if (bytes < 0)
+        fail_msg("save: %s", err);
+    run_steps_(t, &s, 30, a);
+    trainer_free(t);
+
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char head[16384] = {0};  /* 8 bytes of length, then the JSON header */
+    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
+    fclose(f);
+    assert_non_null(strstr(head + 8, "slots.2.moe.experts.c_fc.weight"));
+    assert_non_null(strstr(head + 8, "slots.2.moe.gate.weight"));
+    assert_null(strstr(head + 8, "mlp.c_fc"));
+
+    t = ERR_INTO(err, trainer_create(&s, &err_));
+    assert_non_null(t);
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(trainer_step_count(t), 15);
+    run_steps_(t, &s, 30, b);
+    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
+    trainer_free(t);
+
+    run_spec d = tiny_spec_(2, 0);
+    t = ERR_INTO(err, trainer_create(&d, &err_));
+    assert_non_null(t);
+    assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
+    assert_false(r.moe.present);
+    trainer_free(t);
+}
+
 /* A run taken up again while its data is away (m6d restarting with the
  * shards moved): trainer_create refuses, trainer_create_resumable builds
  * the trainer without them and says why; the checkpoint loads, a step is
@@ -365,6 +572,10 @@ int main(void)
         cmocka_unit_test(test_delink_keeps_loss_in_trainer),
         cmocka_unit_test(test_checkpoint_resume_bitwise),
         cmocka_unit_test(test_resumable_without_data),
+        cmocka_unit_test(test_moe_layout),
+        cmocka_unit_test(test_moe_delink_preserves_function),
+        cmocka_unit_test(test_moe_aux_in_gradient),
+        cmocka_unit_test(test_moe_checkpoint_resume_bitwise),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }

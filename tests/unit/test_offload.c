@@ -162,6 +162,43 @@ static void test_offload_bitwise_no_clip(void **state)
     check_offload_bitwise_(0.0f);
 }
 
+/* MoE in every block (E = 4 in k = 2 prototypes): 20 steps with the delink
+ * at 8, 5 of 6 Real slots offloaded, give the losses and the final weights
+ * and moments of the resident run bit for bit. */
+static void test_offload_moe_bitwise(void **state)
+{
+    (void)state;
+    run_spec plain = spec6_(20, 8);
+    plain.model.moe_experts = 4;
+    plain.model.moe_prototypes = 2;
+    plain.model.moe_every = 1;
+    plain.model.moe_hidden = 32;
+    plain.model.moe_capacity_factor = 1.0f;
+    plain.model.moe_eval_capacity_factor = 2.0f;
+    plain.model.moe_aux_coef = 0.01f;
+    plain.model.moe_z_coef = 0.001f;
+    run_spec off = plain;
+    off.device.memory_budget = budget_for_(&plain, 1);
+    float a[20], b[20];
+    trainer *ta = create_(&plain), *tb = create_(&off);
+    run_steps_(ta, &plain, 20, a);
+    run_steps_(tb, &off, 20, b);
+    assert_memory_equal(a, b, sizeof a);
+    size_t n = trainer_copy_state(ta, 0, NULL);
+    for (int w = 0; w < 3; w++) {
+        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        assert_memory_equal(pa, pb, n * sizeof(float));
+        free(pa);
+        free(pb);
+    }
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.n_resident, 1);
+    assert_true(st.device.peak <= off.device.memory_budget);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
 /* ---------------------------------------------------------- 2. accumulation */
 
 /* The sampler draws rows in order, so 4 microbatches of 2 and 1 of 8 see the
@@ -402,6 +439,88 @@ static char *plan_text_(const offload_plan *p)
 
 /* V 64, L 4, NH 2, C 16, T 8, microbatch 2, accum 2, prefetch 2, counted
  * here from the shapes, independently of gpt.c. */
+/* An MoE slot and the MoE activations, counted by hand: E = 4 experts in
+ * k = 2 prototypes of hidden size H = 24, every block MoE. */
+static void test_plan_hand_counted_moe(void **state)
+{
+    (void)state;
+    const size_t V = 64, L = 4, NH = 2, C = 16, T = 8, B = 2, BT = B * T;
+    const size_t E = 4, K = 2, H = 24, F = sizeof(float);
+    /* ln_1, c_attn, attn c_proj, ln_2 (2C + 3C^2 + 3C + C^2 + C + 2C =
+     * 4C^2 + 8C), experts W1 (E,H,C), b1 (E,H), W2 (E,C,H), b2 (E,C), gate
+     * (E,C) and (E): 1024 + 128 + 4 * 808 + 64 + 4 = 4452, padded 4464 */
+    size_t slot = pad16_(4 * C * C + 8 * C + E * (2 * H * C + H + C) +
+                         E * C + E);
+    assert_int_equal(slot, 4464);
+    /* the dense activations without the MLP's fch, fch_gelu, dfch and
+     * dfch_gelu, then per layer probs (N,E), lse, expert, slot (N,k),
+     * counts, routed (E), offset (E+1), row_token (N*k), xe, ye (N*k,C),
+     * hpre, hact (N*k,H), and one layer's dye, dxe, dh1, dh2, dlogits */
+    size_t NKr = BT * K;
+    size_t acts[] = {
+        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C,
+        L * B * NH * T * T, L * BT * C, L * BT * C, L * BT, L * BT,
+        L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT,
+        BT * C, BT * C, BT * C, BT * 3 * C, B * NH * T * T,
+        BT * V, BT * C, BT,
+        L * BT * E, L * NKr, L * NKr, L * NKr, L * E, L * E, L * (E + 1),
+        L * NKr, L * NKr * C, L * NKr * C, L * NKr * H, L * NKr * H,
+        NKr * C, NKr * C, NKr * H, NKr * H, BT * E,
+    };
+    size_t act = 0;
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        act += pad16_(acts[i]);
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8, .moe_experts = 4, .moe_prototypes = 2,
+                  .moe_every = 1, .moe_hidden = 24,
+                  .moe_capacity_factor = 1.25f,
+                  .moe_eval_capacity_factor = 2.0f},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 1,
+        .prefetch = 2, .backend = BACKEND_CPU, .budget = 0,
+    };
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    /* weights, gradients and both AdamW moments of every expert */
+    assert_int_equal(p.slot_bytes, 4 * slot * F);
+    assert_int_equal(p.staging_bytes, 2 * slot * F);
+    assert_int_equal(p.act_bytes, act * F);
+    offload_plan_free(&p);
+}
+
+/* The whole M6-10T shape (48 blocks, C 1024, 10,240 experts of H 9984 in
+ * 80 prototypes) plans: each slot holds 4C^2 + 8C + E(2HC + H + C) + EC +
+ * E = 209,507,076,096 parameters (a multiple of 16), 10.06e12 over the 48
+ * slots, at 16 bytes each with gradients and AdamW moments. */
+static void test_plan_m6_10t(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 50000, .n_layer = 48, .n_head = 16,
+                             .n_embd = 1024, .seq_len = 1024,
+                             .moe_experts = 10240, .moe_prototypes = 80,
+                             .moe_every = 1, .moe_hidden = 9984,
+                             .moe_capacity_factor = 1.25f,
+                             .moe_eval_capacity_factor = 2.0f,
+                             .moe_aux_coef = 0.01f, .moe_z_coef = 0.001f};
+    s.train.batch_size = 1;
+    s.pseudo.share_groups = 4;
+    s.pseudo.steps = 10;
+    s.device.memory_budget = (size_t)4 << 40;
+    offload_plan p;
+    char err[1024];
+    if (offload_plan_for_spec(&s, 0, &p, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    const size_t per_slot = 209507076096ULL;
+    assert_true(p.slot_bytes == 16 * per_slot);
+    assert_int_equal(p.n_slots, 48);
+    assert_true(p.n_offloaded == 48);
+    assert_true(p.peak_device_bytes <= s.device.memory_budget);
+    offload_plan_free(&p);
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -951,6 +1070,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_plan_hand_counted),
+        cmocka_unit_test(test_plan_hand_counted_moe),
+        cmocka_unit_test(test_plan_m6_10t),
+        cmocka_unit_test(test_offload_moe_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
         cmocka_unit_test(test_budget_too_small_errors),

@@ -126,6 +126,50 @@ static void test_hash(void **state)
     free(j);
 }
 
+/* A dense spec's hash is the one it had before model.moe existed, so old
+ * checkpoints keep loading. The number was printed by spec_hash on main at
+ * 193b4fa (before the MoE keys) for this exact text. */
+static void test_hash_dense_pinned(void **state)
+{
+    (void)state;
+    run_spec s;
+    char err[512];
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t/*.bin\","
+                               "\"val\":\"v/*.bin\"}}", err, sizeof err), 0);
+    assert_true(spec_hash(&s) == 16354039838139344991ULL);
+}
+
+/* model.moe parses, round-trips, and changes the hash; the M6-10T shape
+ * (48 layers, C 1024, H 9984, 10,240 experts in 80 prototypes) parses. */
+static void test_moe(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512];
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"model\":{\"n_layer\":48,\"n_embd\":1024,\"n_head\":16,"
+        "\"vocab_size\":50000,\"seq_len\":1024,\"moe\":{\"num_experts\":"
+        "10240,\"prototypes\":80,\"expert_hidden\":9984}},"
+        "\"train\":{\"batch_size\":1}}", err, sizeof err), 0);
+    assert_int_equal(s.model.moe_experts, 10240);
+    assert_int_equal(s.model.moe_prototypes, 80);
+    assert_int_equal(s.model.moe_hidden, 9984);
+    assert_int_equal(s.model.moe_every, 1);
+    assert_true(s.model.moe_capacity_factor == 1.25f);
+    assert_true(s.model.moe_eval_capacity_factor == 2.0f);
+    assert_true(s.model.moe_aux_coef == 0.01f);
+    assert_true(s.model.moe_z_coef == 0.001f);
+    roundtrip(&s);
+    assert_int_equal(parse(&d, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"model\":{\"n_layer\":48,\"n_embd\":1024,\"n_head\":16,"
+        "\"vocab_size\":50000,\"seq_len\":1024},"
+        "\"train\":{\"batch_size\":1}}", err, sizeof err), 0);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "moe"));
+    free(j);
+}
+
 /* Every float survives spec_to_json → spec_parse bit for bit. */
 static void test_float_roundtrip(void **state)
 {
@@ -257,6 +301,28 @@ static void test_bad_specs(void **state)
         { "\"name\": 7", "name: must be a string" },
         { "\"device\": {\"threads\": null}", "device.threads: must be an integer" },
         /* out of range */
+        /* model.moe */
+        { "\"model\": {\"moe\": {\"num_experts\": 6, \"prototypes\": 4}}",
+          "model.moe.prototypes: must divide model.moe.num_experts (6 % 4 != 0)" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"capacity_factor\": 0}}",
+          "model.moe.capacity_factor: must be > 0, got 0" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"eval_capacity_factor\": -1}}",
+          "model.moe.eval_capacity_factor: must be > 0, got -1" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 7}}",
+          "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
+          "model.moe.every: must be >= 1, got 0" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}",
+          "model.moe.every: only 1 (MoE in every block) is built yet, got 2" },
+        { "\"model\": {\"moe\": {\"num_experts\": -1}}",
+          "model.moe.num_experts: must be >= 0, got -1" },
+        { "\"model\": {\"moe\": {\"prototypes\": 2}}",
+          "model.moe.prototypes: set, but model.moe.num_experts is 0" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"experts\": 2}}",
+          "unknown key 'model.moe.experts'" },
+        { "\"model\": {\"moe\": 3}", "model.moe: must be an object" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": {\"backend\": \"cuda\"}",
+          "model.moe: the cuda backend does not train MoE models yet" },
         { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
         { "\"model\": {\"vocab_size\": 0}", "model.vocab_size: must be in [1, 65536], got 0" },
         { "\"model\": {\"n_layer\": 0}", "model.n_layer: must be >= 1, got 0" },
@@ -464,6 +530,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_hash),
+        cmocka_unit_test(test_hash_dense_pinned),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_float_roundtrip),
         cmocka_unit_test(test_full_spec),
         cmocka_unit_test(test_memory_budget),

@@ -287,6 +287,36 @@ static void test_offload_columns(void **s)
     assert_int_equal(state_metric_last(st, 1, &last, &lv), 0);
     assert_int_equal(last.step, 3);
     assert_int_equal(last.resident_slots, 6);
+
+    /* schema 0005: an MoE row's router figures exactly; the older rows
+     * (written before it, or dense) read back NULL */
+    metric_row e = u;
+    e.step = 4;
+    e.h2d_gbps = 1; /* not among the NULL h2d rows counted below */
+    e.moe_aux_loss = 1.125;
+    e.moe_z_loss = 0.5;
+    e.moe_dropped_fraction = 0.0625;
+    e.moe_load_min = 3;
+    e.moe_load_max = 40;
+    e.moe_load_cv = 0.25;
+    e.moe_experts_empty = 1.5;
+    assert_int_equal(state_record_step(st, 1, &e), 0);
+    metric_row d = u;
+    d.step = 5;
+    d.h2d_gbps = 1;
+    d.moe_aux_loss = d.moe_z_loss = d.moe_dropped_fraction = NAN;
+    d.moe_load_min = d.moe_load_max = d.moe_load_cv = NAN;
+    d.moe_experts_empty = NAN;
+    assert_int_equal(state_record_step(st, 1, &d), 0);
+    assert_int_equal(state_metrics_list(st, 1, 0, &rows, &n), 0);
+    assert_int_equal(n, 5);
+    assert_true(isnan(rows[0].moe_aux_loss) && isnan(rows[0].moe_experts_empty));
+    assert_true(rows[3].moe_aux_loss == 1.125 && rows[3].moe_z_loss == 0.5);
+    assert_true(rows[3].moe_dropped_fraction == 0.0625);
+    assert_true(rows[3].moe_load_min == 3 && rows[3].moe_load_max == 40);
+    assert_true(rows[3].moe_load_cv == 0.25 && rows[3].moe_experts_empty == 1.5);
+    assert_true(isnan(rows[4].moe_aux_loss) && isnan(rows[4].moe_load_cv));
+    free(rows);
     state_close(st);
 
     assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);

@@ -12,6 +12,15 @@ fp32 rounding. Tolerances: loss |diff| < 1e-5 nats (fp32 sums over ~100
 terms); each gradient tensor max|diff| / max|ref| < 1e-4 (fp32 GEMMs and
 softmax over depth 3; a wrong formula gives O(1)).
 
+MoE (every block, kernels.h "mixture of experts"): the same for S=1, 2 and
+L with E=4 experts in k=2 prototypes at capacity factor 1.0 (so tokens
+are dropped), written here from kernels.h's formulas: a linear gate,
+softmax within each prototype, top-1 per prototype (ties to the lowest
+index: torch.argmax's first maximum), capacity in token order, outputs
+scaled by the gate probability; the balancing loss (1/k) sum_p Ep sum_e
+f_e P_e (f_e without gradient) and the z-loss mean(lse^2), each averaged
+over layers, times its coefficient, added to the LM loss for the gradient.
+
 Needs Debian's python3-torch (run with /usr/bin/python3). Exit 77 (skip) if
 torch is missing.
 """
@@ -54,7 +63,42 @@ def gelu_tanh(x):
                                      (x + 0.044715 * x ** 3)))
 
 
-def block(x, p, NH):
+def moe_mlp(h, p, cfg, aux_terms):
+    """The MoE feed-forward of one block on h (B,T,C); appends the layer's
+    (aux, z) to aux_terms."""
+    B, T, C = h.shape
+    E, k, H, cf = cfg["E"], cfg["k"], cfg["H"], cfg["CF"]
+    N, Ep = B * T, E // k
+    x = h.reshape(N, C)
+    logits = (x @ p["moe.gate.weight"].T + p["moe.gate.bias"]).view(N, k, Ep)
+    probs = logits.softmax(-1)
+    lse = torch.logsumexp(logits, -1)
+    top = logits.detach().argmax(-1)  # (N, k), first maximum
+    cap = math.ceil(cf * N / Ep)
+    W1 = p["moe.experts.c_fc.weight"].view(E, H, C)
+    b1 = p["moe.experts.c_fc.bias"].view(E, H)
+    W2 = p["moe.experts.c_proj.weight"].view(E, C, H)
+    b2 = p["moe.experts.c_proj.bias"].view(E, C)
+    out = torch.zeros(N, C)
+    aux = 0.0
+    dropped = 0
+    for pr in range(k):
+        for j in range(Ep):
+            e = pr * Ep + j
+            idx = (top[:, pr] == j).nonzero().flatten()
+            f = len(idx) / N
+            aux = aux + Ep * f * probs[:, pr, j].mean()
+            dropped += max(0, len(idx) - cap)
+            idx = idx[:cap]  # token order: the first cap are processed
+            if len(idx) == 0:
+                continue
+            y = gelu_tanh(x[idx] @ W1[e].T + b1[e]) @ W2[e].T + b2[e]
+            out = out.index_add(0, idx, probs[idx, pr, j].unsqueeze(1) * y)
+    aux_terms.append((aux / k, (lse ** 2).mean(), dropped))
+    return out.view(B, T, C)
+
+
+def block(x, p, NH, cfg=None, aux_terms=None):
     B, T, C = x.shape
     h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"], 1e-5)
     qkv = h @ p["attn.c_attn.weight"].T + p["attn.c_attn.bias"]
@@ -69,13 +113,15 @@ def block(x, p, NH):
     y = (att @ v).transpose(1, 2).reshape(B, T, C)
     x = x + y @ p["attn.c_proj.weight"].T + p["attn.c_proj.bias"]
     h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"], 1e-5)
+    if cfg is not None and cfg.get("E", 0) > 0:
+        return x + moe_mlp(h, p, cfg, aux_terms)
     h = gelu_tanh(h @ p["mlp.c_fc.weight"].T + p["mlp.c_fc.bias"])
     return x + h @ p["mlp.c_proj.weight"].T + p["mlp.c_proj.bias"]
 
 
-def check(dump_bin, S, tmp):
-    out = os.path.join(tmp, f"dump_S{S}.safetensors")
-    subprocess.run([dump_bin, out, str(S)], check=True)
+def check(dump_bin, S, tmp, moe_args=()):
+    out = os.path.join(tmp, f"dump_S{S}{'_moe' if moe_args else ''}.safetensors")
+    subprocess.run([dump_bin, out, str(S)] + list(moe_args), check=True)
     cfg = json.load(open(out + ".json"))
     d = read_safetensors(out)
     params = {k: v.clone().requires_grad_(True) for k, v in d.items()
@@ -84,15 +130,27 @@ def check(dump_bin, S, tmp):
     tgt = d["targets"].long()
     B, T = inp.shape
     x = params["wte"][inp] + params["wpe"][:T]
+    aux_terms = []
     for l in range(cfg["L"]):
         s = cfg["slot_of"][l]
         pre = f"slots.{s}."
         x = block(x, {k[len(pre):]: v for k, v in params.items()
-                      if k.startswith(pre)}, cfg["NH"])
+                      if k.startswith(pre)}, cfg["NH"], cfg, aux_terms)
     x = F.layer_norm(x, (cfg["C"],), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
     logits = x @ params["wte"].T
     loss = F.cross_entropy(logits.view(-1, cfg["V"]), tgt.view(-1))
-    loss.backward()
+    total = loss
+    if aux_terms:
+        n = len(aux_terms)
+        total = (loss + cfg["AUX"] * sum(a for a, _, _ in aux_terms) / n
+                 + cfg["Z"] * sum(z for _, z, _ in aux_terms) / n)
+        dropped = sum(d for _, _, d in aux_terms)
+        print(f"S={S} MoE E={cfg['E']} k={cfg['k']}: dropped pairs "
+              f"torch={dropped} m6={cfg['dropped']}")
+        if dropped != cfg["dropped"]:
+            print("FAIL: dropped (token, prototype) pairs differ")
+            return 1
+    total.backward()
     failures = 0
     dl = abs(loss.item() - d["loss"].item())
     print(f"S={S} slot_of={cfg['slot_of']} loss torch={loss.item():.8f} "
@@ -117,6 +175,11 @@ def main():
     dump_bin = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         fails = sum(check(dump_bin, S, tmp) for S in (1, 2, 3))
+        # MoE in every block: L C NH T V B E k H CF AUX Z; capacity factor
+        # 1.0 drops tokens; large coefficients so the router losses matter
+        moe = ["3", "16", "2", "8", "37", "3", "4", "2", "12", "1.0",
+               "0.5", "0.1"]
+        fails += sum(check(dump_bin, S, tmp, moe) for S in (1, 2, 3))
     print("torch_reference:", "OK" if fails == 0 else f"{fails} failures")
     sys.exit(1 if fails else 0)
 
