@@ -301,39 +301,35 @@ static void m_cv_(const void *row, view_val *v) { v->d = M_->moe_load_cv; }
 static void m_empty_(const void *row, view_val *v) { v->d = M_->moe_experts_empty; }
 #undef M_
 
+/* The columns of every run's rows; hidden_w: the width of the last of
+ * them, 0 where it ends the line (a dense run) */
+#define METRIC_FIELDS_(hidden_w)                                              \
+    {"step", "STEP", 0, 6, VIEW_INT, VF_PLAIN, 0, m_step_},                   \
+    {"phase", "PHASE", 0, -6, VIEW_STR, VF_PLAIN, 0, m_phase_},               \
+    {"train_loss", "TRAIN_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_loss_},     \
+    {"val_loss", "VAL_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_val_},          \
+    {"lr", "LR", 0, -12, VIEW_F32, VF_PLAIN, 0, m_lr_},                       \
+    {"tokens_per_s", "TOK/S", 0, -10, VIEW_F64, VF_RATE, 0, m_tps_},          \
+    {"grad_norm", "GRAD_NORM", 0, -10, VIEW_F32, VF_PLAIN, 0, m_gn_},         \
+    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_res_},   \
+    {"offloaded_slots", "OFFL", 0, -7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL,     \
+     m_off_},                                                                 \
+    {"peak_device_bytes", "PEAK", 0, -10, VIEW_INT, VF_BYTES, VIEW_NEG_NULL,  \
+     m_peak_},                                                                \
+    {"h2d_gbps", "H2D_GB/S", 0, -8, VIEW_F64, VF_G3, 0, m_h2d_},              \
+    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, m_d2h_},                     \
+    {"copy_hidden_fraction", "HIDDEN", 0, hidden_w, VIEW_F64, VF_PCT, 0,      \
+     m_hid_}
+
 static const view_field metric_fields_[] = {
-    {"step", "STEP", 0, 6, VIEW_INT, VF_PLAIN, 0, m_step_},
-    {"phase", "PHASE", 0, -6, VIEW_STR, VF_PLAIN, 0, m_phase_},
-    {"train_loss", "TRAIN_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_loss_},
-    {"val_loss", "VAL_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_val_},
-    {"lr", "LR", 0, -12, VIEW_F32, VF_PLAIN, 0, m_lr_},
-    {"tokens_per_s", "TOK/S", 0, -10, VIEW_F64, VF_RATE, 0, m_tps_},
-    {"grad_norm", "GRAD_NORM", 0, -10, VIEW_F32, VF_PLAIN, 0, m_gn_},
-    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_res_},
-    {"offloaded_slots", "OFFL", 0, -7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_off_},
-    {"peak_device_bytes", "PEAK", 0, -10, VIEW_INT, VF_BYTES, VIEW_NEG_NULL, m_peak_},
-    {"h2d_gbps", "H2D_GB/S", 0, -8, VIEW_F64, VF_G3, 0, m_h2d_},
-    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, m_d2h_},
-    {"copy_hidden_fraction", "HIDDEN", 0, 0, VIEW_F64, VF_PCT, 0, m_hid_},
+    METRIC_FIELDS_(0),
 };
 const view views_metrics = VIEW_OF(metric_fields_);
 
 /* An MoE run's rows: the same, then the router's figures (a dense run's
  * output stays as it was: views_metrics). */
 static const view_field metric_moe_fields_[] = {
-    {"step", "STEP", 0, 6, VIEW_INT, VF_PLAIN, 0, m_step_},
-    {"phase", "PHASE", 0, -6, VIEW_STR, VF_PLAIN, 0, m_phase_},
-    {"train_loss", "TRAIN_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_loss_},
-    {"val_loss", "VAL_LOSS", 0, -12, VIEW_F32, VF_PLAIN, 0, m_val_},
-    {"lr", "LR", 0, -12, VIEW_F32, VF_PLAIN, 0, m_lr_},
-    {"tokens_per_s", "TOK/S", 0, -10, VIEW_F64, VF_RATE, 0, m_tps_},
-    {"grad_norm", "GRAD_NORM", 0, -10, VIEW_F32, VF_PLAIN, 0, m_gn_},
-    {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_res_},
-    {"offloaded_slots", "OFFL", 0, -7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, m_off_},
-    {"peak_device_bytes", "PEAK", 0, -10, VIEW_INT, VF_BYTES, VIEW_NEG_NULL, m_peak_},
-    {"h2d_gbps", "H2D_GB/S", 0, -8, VIEW_F64, VF_G3, 0, m_h2d_},
-    {"d2h_gbps", 0, 0, 0, VIEW_F64, VF_PLAIN, 0, m_d2h_},
-    {"copy_hidden_fraction", "HIDDEN", 0, -7, VIEW_F64, VF_PCT, 0, m_hid_},
+    METRIC_FIELDS_(-7),
     {"moe_aux_loss", "AUX", 0, -7, VIEW_F64, VF_G3, 0, m_aux_},
     {"moe_z_loss", "ZLOSS", 0, -7, VIEW_F64, VF_G3, 0, m_z_},
     {"moe_dropped_fraction", "DROP", 0, -5, VIEW_F64, VF_PCT, 0, m_drop_},
