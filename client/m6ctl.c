@@ -29,6 +29,7 @@
 #include "offload/offload.h"
 #include "client/corpus/corpus.h"
 #include "train/spec.h"
+#include "eta.h"
 #include "views.h"
 
 /* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
@@ -487,41 +488,18 @@ static void watch_sigint_(int sig)
     _exit(130);
 }
 
-/* watch's ETA: the steps left at the rate watch saw over its recent
- * polls, not m6d's estimate (an average that still carries the slow first
- * steps, which made early ETAs overshoot). A window of the polls of the
- * last ETA_WINDOW_S seconds; until it spans ETA_MIN_S seconds and a step,
- * m6d's estimate. Restarted when the run is not running or went back. */
-enum { ETA_POLLS_ = 256 };
-#define ETA_WINDOW_S 30.0
-#define ETA_MIN_S 2.0
-
-typedef struct {
-    double t[ETA_POLLS_];
-    long long step[ETA_POLLS_];
-    int head, n;
-} eta_window_;
-
-static double watch_eta_(eta_window_ *w, const M6__RunInfo *r, double now)
+/* watch's ETA (eta.h): the rate watch saw over its recent polls, not
+ * m6d's estimate (an average that still carries the slow first steps);
+ * m6d's until the polls span enough. Restarted when the run is not
+ * running. */
+static double watch_eta_(eta_window *w, const M6__RunInfo *r, double now)
 {
-    int last = (w->head + ETA_POLLS_ - 1) % ETA_POLLS_;
-    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING || (w->n && r->step < w->step[last]))
-        w->n = 0;
-    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING) return r->eta_s;
-    w->t[w->head] = now;
-    w->step[w->head] = r->step;
-    w->head = (w->head + 1) % ETA_POLLS_;
-    if (w->n < ETA_POLLS_) w->n++;
-    /* the oldest poll still inside the window */
-    int oldest = (w->head + ETA_POLLS_ - w->n) % ETA_POLLS_;
-    while (w->n > 1 && now - w->t[oldest] > ETA_WINDOW_S) {
-        oldest = (oldest + 1) % ETA_POLLS_;
-        w->n--;
+    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING) {
+        eta_reset(w);
+        return r->eta_s;
     }
-    double dt = now - w->t[oldest];
-    long long ds = r->step - w->step[oldest];
-    if (dt < ETA_MIN_S || ds < 1) return r->eta_s;
-    return (double)(r->total_steps - r->step) * dt / (double)ds;
+    double eta = eta_update(w, r->step, r->total_steps, now);
+    return eta < 0 ? r->eta_s : eta;
 }
 
 /* One status line of watch: a \r-redrawn bar on a tty, else a line. */
@@ -617,7 +595,7 @@ static int cmd_watch_(int argc, char **argv)
     double lost_at = -1;  /* when m6d became unreachable; -1: reachable */
     double created = -1;  /* the watched run's identity: creation time... */
     char name[256] = "";  /* ...and name (ids restart in a new state dir) */
-    static eta_window_ win;
+    static eta_window win;
     for (;;) {
         M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
         if (!resp && g.transport_err) {
