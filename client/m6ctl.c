@@ -305,7 +305,7 @@ static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
     return request_(&rq);
 }
 
-/* Relative data globs in a spec are relative to the spec file's directory
+/* Relative data globs (and init.from) in a spec are relative to the spec file's directory
  * (the current one for a spec on stdin; the daemon runs elsewhere): rewrite
  * them as absolute paths. A spec that does not parse (duplicate keys
  * included) is sent as it is, for the daemon to explain. Returns the
@@ -314,7 +314,8 @@ static char *resolve_data_paths_(char *buf, const char *path)
 {
     json_t *root = json_loads(buf, JSON_REJECT_DUPLICATES, NULL);
     json_t *data = root ? json_object_get(root, "data") : NULL;
-    if (!json_is_object(data)) {
+    json_t *init = root ? json_object_get(root, "init") : NULL;  /* init.from */
+    if (!json_is_object(data) && !json_is_object(init)) {
         json_decref(root);
         return buf;
     }
@@ -328,16 +329,17 @@ static char *resolve_data_paths_(char *buf, const char *path)
         *strrchr(spec_abs, '/') = 0;
     const char *dir = spec_abs[0] ? spec_abs : "/";
     int changed = 0;
-    const char *keys[] = {"train", "val"};
-    for (int i = 0; i < 2; i++) {
-        json_t *v = json_object_get(data, keys[i]);
+    const char *keys[] = {"train", "val", "from"};
+    for (int i = 0; i < 3; i++) {
+        json_t *sec = i < 2 ? data : init;
+        json_t *v = json_is_object(sec) ? json_object_get(sec, keys[i]) : NULL;
         const char *g0 = json_string_value(v);
         if (!g0 || !g0[0] || g0[0] == '/')
             continue;
         size_t len = strlen(dir) + strlen(g0) + 2;
         char *abs = malloc(len);
         snprintf(abs, len, "%s/%s", dir, g0);
-        json_object_set_new(data, keys[i], json_string(abs));
+        json_object_set_new(sec, keys[i], json_string(abs));
         free(abs);
         changed = 1;
     }
@@ -1200,8 +1202,8 @@ static int cmd_plot_(int argc, char **argv)
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
      "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
-     "Relative data.train/data.val globs are relative to the spec file\n"
-     "(to the current directory for -)."},
+     "Relative data.train/data.val globs and init.from are relative to the\n"
+     "spec file (to the current directory for -)."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
@@ -1239,11 +1241,12 @@ static const command commands_[] = {
      "with a /) written by import or --format safetensors. --out must not\n"
      "exist unless --force."},
     {"import", cmd_import_, 2, 2, F_IMPORT, "llmc FILE.bin --out DIR [--force]",
-     "Read an llm.c GPT-2 checkpoint (version 3 fp32 or 5 bf16) into an m6\n"
-     "weights directory, for a spec's init.from (no daemon needed)."},
+     "Read an llm.c GPT-2 checkpoint into an m6 weights directory.\n"
+     "Versions 3 (fp32) and 5 (bf16); the directory is what a spec's\n"
+     "init.from takes. No daemon needed."},
     {"plot", cmd_plot_, 1, -1, F_PLOT, "RUN [RUN...] --out FILE.svg",
-     "Train and val loss against step for one or more runs, with each\n"
-     "run's delink step marked, as an SVG file."},
+     "Plot train and val loss against step for runs, as SVG.\n"
+     "One or more runs, each run's delink step marked."},
 };
 #define N_COMMANDS (sizeof commands_ / sizeof commands_[0])
 
