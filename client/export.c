@@ -259,6 +259,10 @@ static int out_begin_(out_dir *o, const char *out, int force, char *err,
         return -1;
     }
     snprintf(o->out, sizeof o->out, "%s", out);
+    /* "dir/": the temporary name goes beside dir, not inside it */
+    for (size_t n = strlen(o->out); n > 1 && o->out[n - 1] == '/'; n--)
+        o->out[n - 1] = 0;
+    out = o->out;
     if (stat(out, &st) == 0) {
         if (!force) {
             snprintf(err, errlen, "%s: already exists (--force replaces its "

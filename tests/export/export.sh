@@ -59,6 +59,8 @@ grep -q "pseudo phase, 2 slots, 4 layers" <(ctl export "$R" --step 10 --out "$T/
 # the newest checkpoint by default
 ctl export "$R" --out "$T/hfnew" >/dev/null || fail "export newest"
 cmp -s "$T/hfnew/model.safetensors" "$T/hf40/model.safetensors" || fail "default step is not the newest"
+ctl export "$R" --out "$T/slash/" >/dev/null && [ -f "$T/slash/model.safetensors" ] \
+    || fail "export to DIR/"
 
 # m6's own names: the checkpoint's tensors, bit for bit
 ctl export "$R" --step 10 --format safetensors --out "$T/m6-10" >/dev/null || fail "export safetensors"
