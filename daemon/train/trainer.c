@@ -57,6 +57,7 @@ struct trainer {
      * yet computed */
     size_t plan_peak[2];
     int peak_planned;
+    char *init_error;      /* trainer_init_error; NULL none */
 };
 
 static int n_slots_(const trainer *t)
@@ -288,8 +289,24 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         m6_err_set(err, M6_EINTERNAL, "%s", e1);
         goto fail;
     }
-    if (spec->init.from[0] && init_from_load_(t, err) != 0)
-        goto fail;
+    if (spec->init.from[0]) {
+        m6_err ie = M6_ERR_NONE;
+        if (init_from_load_(t, &ie) != 0) {
+            if (!data_rc) {  /* a new run: refused */
+                m6_err_free(err);
+                *err = ie;
+                goto fail;
+            }
+            /* a run taken up again: its own checkpoint replaces the
+             * weights; without one it must not train (trainer_init_error) */
+            t->init_error = strdup(m6_err_msg(&ie));
+            m6_err_free(&ie);
+            if (!t->init_error) {
+                m6_err_set(err, M6_EINTERNAL, "out of memory");
+                goto fail;
+            }
+        }
+    }
     t->data_rng = spec->train.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
     if (!t->data_rng)
         t->data_rng = 1;
@@ -337,7 +354,13 @@ void trainer_free(trainer *t)
     free(t->inp);
     free(t->tgt);
     free(t->rows);
+    free(t->init_error);
     free(t);
+}
+
+const char *trainer_init_error(const trainer *t)
+{
+    return t->init_error;
 }
 
 /* ------------------------------------------------------------- batches */

@@ -103,5 +103,37 @@ spec "$T/none.json" "$T/nosuch" 32 0
 refused "$T/none.json" 'init.from: .*/nosuch: neither meta.json nor m6-model.json'
 n=$(ctl list --json | $PY -c 'import json,sys; print(len(json.load(sys.stdin)))')
 [ "$n" = 2 ] || fail "refused submits made runs: $n"
+
+# init.from gone at a restart: a run with a checkpoint of its own goes on
+# from it; one without any fails naming init.from (it would otherwise train
+# from the seed's weights)
+cp -r "$T/d3" "$T/dx"; cp -r "$T/d3" "$T/dy"
+long() {  # FILE INIT_DIR CKPT_EVERY
+    spec "$1" "$2" 32 0
+    sed -i "s/\"steps\": 1,/\"steps\": 100000,/; s/\"init\"/\"checkpoint\": {\"every\": $3}, \"init\"/" "$1"
+}
+long "$T/lx.json" "$T/dx" 2
+X=$(ctl submit "$T/lx.json")
+wait_step "$X" 3
+for _ in $(seq 200); do
+    [ -n "$(db "$T/s" "select step from checkpoints where run=$X limit 1")" ] && break
+    sleep 0.02
+done
+kill9_daemon
+rm -rf "$T/dx"
+start_daemon "$T/s"
+for _ in $(seq 100); do [ "$(field "$X" state)" = running ] && break; sleep 0.05; done
+[ "$(field "$X" state)" = running ] || fail "run $X after a restart without its init.from: $(field "$X" state) $(field "$X" error)"
+ctl stop "$X" >/dev/null
+long "$T/ly.json" "$T/dy" 0
+Y=$(ctl submit "$T/ly.json")
+wait_step "$Y" 3
+kill9_daemon
+rm -rf "$T/dy"
+start_daemon "$T/s"
+for _ in $(seq 100); do [ "$(field "$Y" state)" = failed ] && break; sleep 0.05; done
+[ "$(field "$Y" state)" = failed ] || fail "run $Y: $(field "$Y" state), want failed"
+field "$Y" error | grep -q "no checkpoint of run $Y loads, and init.from: .*/dy: neither meta.json" \
+    || fail "run $Y's error: $(field "$Y" error)"
 stop_daemon
 echo ok
