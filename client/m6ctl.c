@@ -978,6 +978,10 @@ static int export_source_(const char *arg, m6_weights *w, char *what, size_t wle
 {
     char e[4096 + 512];
     if (strchr(arg, '/')) {
+        if (g.export_step >= 0) {
+            errf_("export: --step names a checkpoint of a RUN, not of a directory");
+            return EXIT_USAGE;
+        }
         if (weights_load(w, arg, NULL, e, sizeof e) != 0) {
             errf_("%s", e);
             return EXIT_ERR;

@@ -19,6 +19,10 @@ $PY "$HF_REF" write-llmc "$T/a5.bin" 5 2 256 2 2 32 16 || fail "write-llmc 5"
 grep -q "V 256, T 16, L 2, NH 2, C 32" "$T/out" || fail "import message: $(cat "$T/out")"
 "$M6CTL" export "$T/d3" --format llmc --out "$T/b3.bin" >/dev/null || fail "export llmc"
 cmp "$T/a3.bin" "$T/b3.bin" || fail "fp32 llm.c file changed through import and export"
+rc=0; "$M6CTL" export "$T/d3" --step 3 --format llmc --out "$T/x.bin" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "step names a checkpoint of a RUN" "$T/err" || fail "--step with a DIR: $rc $(cat "$T/err")"
+rc=0; "$M6CTL" export "$T/nosuch/" --out "$T/x" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "nosuch/: No such file" "$T/err" && [ ! -e "$T/x" ] || fail "export of a missing DIR: $rc $(cat "$T/err")"
 "$M6CTL" import llmc "$T/b3.bin" --out "$T/d3b" >/dev/null || fail "import again"
 cmp "$T/d3/model.safetensors" "$T/d3b/model.safetensors" || fail "import -> export -> import differs"
 # bf16: widened exactly; the fp32 file written back holds the same values
