@@ -28,6 +28,8 @@
 #include "m6.pb-c.h"
 #include "offload/offload.h"
 #include "client/corpus/corpus.h"
+#include "client/export.h"
+#include "client/plot.h"
 #include "train/spec.h"
 #include "eta.h"
 #include "views.h"
@@ -56,7 +58,10 @@ static struct {
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
-} g = {.fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
+    long export_step;       /* export --step; -1: the newest checkpoint */
+    char format[32];        /* export --format */
+    int force;              /* export, import: replace --out */
+} g = {.export_step = -1, .format = "hf-gpt2", .fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
 /* End watch's progress line (a tty's \r-redrawn bar), if one is open. */
 static void end_bar_(void)
@@ -301,7 +306,7 @@ static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
     return request_(&rq);
 }
 
-/* Relative data globs in a spec are relative to the spec file's directory
+/* Relative data globs (and init.from) in a spec are relative to the spec file's directory
  * (the current one for a spec on stdin; the daemon runs elsewhere): rewrite
  * them as absolute paths. A spec that does not parse (duplicate keys
  * included) is sent as it is, for the daemon to explain. Returns the
@@ -310,7 +315,8 @@ static char *resolve_data_paths_(char *buf, const char *path)
 {
     json_t *root = json_loads(buf, JSON_REJECT_DUPLICATES, NULL);
     json_t *data = root ? json_object_get(root, "data") : NULL;
-    if (!json_is_object(data)) {
+    json_t *init = root ? json_object_get(root, "init") : NULL;  /* init.from */
+    if (!json_is_object(data) && !json_is_object(init)) {
         json_decref(root);
         return buf;
     }
@@ -324,16 +330,17 @@ static char *resolve_data_paths_(char *buf, const char *path)
         *strrchr(spec_abs, '/') = 0;
     const char *dir = spec_abs[0] ? spec_abs : "/";
     int changed = 0;
-    const char *keys[] = {"train", "val"};
-    for (int i = 0; i < 2; i++) {
-        json_t *v = json_object_get(data, keys[i]);
+    const char *keys[] = {"train", "val", "from"};
+    for (int i = 0; i < 3; i++) {
+        json_t *sec = i < 2 ? data : init;
+        json_t *v = json_is_object(sec) ? json_object_get(sec, keys[i]) : NULL;
         const char *g0 = json_string_value(v);
         if (!g0 || !g0[0] || g0[0] == '/')
             continue;
         size_t len = strlen(dir) + strlen(g0) + 2;
         char *abs = malloc(len);
         snprintf(abs, len, "%s/%s", dir, g0);
-        json_object_set_new(data, keys[i], json_string(abs));
+        json_object_set_new(sec, keys[i], json_string(abs));
         free(abs);
         changed = 1;
     }
@@ -897,7 +904,8 @@ static int cmd_data_(int argc, char **argv)
 /* ------------------------------------------------------------------- table */
 
 enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
-       F_RUN = 32 /* the first argument is a RUN: checked before dispatch */ };
+       F_RUN = 32 /* the first argument is a RUN: checked before dispatch */,
+       F_EXPORT = 64, F_IMPORT = 128, F_PLOT = 256 /* export's options */ };
 
 typedef struct {
     const char *name;
@@ -938,11 +946,246 @@ static int cmd_events_(int argc, char **argv)
     return EXIT_OK;
 }
 
+/* ------------------------------------------------------- export, import, plot */
+
+/* The weights of RUN's checkpoint (--step, else the newest), read from
+ * the directory m6d names (CheckpointsQuery), with the model of its spec;
+ * or of a directory (an argument with a '/': m6ctl import's or export
+ * --format safetensors' output). *what: "run 3 step 40" for messages. */
+static int export_source_(const char *arg, m6_weights *w, char *what, size_t wlen)
+{
+    char e[4096 + 512];
+    if (strchr(arg, '/')) {
+        if (g.export_step >= 0) {
+            errf_("export: --step names a checkpoint of a RUN, not of a directory");
+            return EXIT_USAGE;
+        }
+        if (weights_load(w, arg, NULL, e, sizeof e) != 0) {
+            errf_("%s", e);
+            return EXIT_ERR;
+        }
+        snprintf(what, wlen, "%s", arg);
+        return EXIT_OK;
+    }
+    M6__RunRef ref;
+    if (parse_run_(arg, &ref) < 0) return EXIT_USAGE;
+    M6__CheckpointsQuery q = M6__CHECKPOINTS_QUERY__INIT;
+    q.run = &ref;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_CHECKPOINTS;
+    rq.checkpoints = &q;
+    M6__Response *resp = request_(&rq);
+    if (!resp) return EXIT_ERR;
+    const M6__CheckpointList *cl = resp->checkpoints;
+    int rc = EXIT_ERR;
+    run_spec spec;
+    if (!cl) {
+        errf_("m6d sent no checkpoint list");
+        goto out;
+    }
+    if (spec_parse(&spec, cl->spec_json, strlen(cl->spec_json), e, sizeof e) != 0) {
+        errf_("run %lld's spec does not parse here: %s", (long long)cl->run_id, e);
+        goto out;
+    }
+    const M6__CheckpointEntry *ce = NULL;
+    for (size_t i = 0; i < cl->n_checkpoints; i++)
+        if (g.export_step < 0 ? (!ce || cl->checkpoints[i]->step > ce->step)
+                              : cl->checkpoints[i]->step == g.export_step)
+            ce = cl->checkpoints[i];
+    if (!ce && cl->n_checkpoints == 0) {
+        errf_("run %lld (%s) has no checkpoint yet", (long long)cl->run_id, cl->name);
+        goto out;
+    }
+    if (!ce) {
+        char have[512] = "";
+        size_t o = 0;
+        for (size_t i = 0; i < cl->n_checkpoints && o < sizeof have - 24; i++)
+            o += (size_t)snprintf(have + o, sizeof have - o, "%s%lld", i ? ", " : "",
+                                  (long long)cl->checkpoints[i]->step);
+        errf_("run %lld (%s) has no checkpoint of step %ld (it has: %s)",
+              (long long)cl->run_id, cl->name, g.export_step, have);
+        goto out;
+    }
+    if (weights_load(w, ce->path, &spec.model, e, sizeof e) != 0) {
+        errf_("run %lld step %lld: %s", (long long)cl->run_id, (long long)ce->step, e);
+        goto out;
+    }
+    snprintf(what, wlen, "run %lld step %lld", (long long)cl->run_id,
+             (long long)ce->step);
+    rc = EXIT_OK;
+out:
+    m6__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
+static int cmd_export_(int argc, char **argv)
+{
+    (void)argc;
+    if (!g.out_dir[0]) {
+        errf_("export: --out is required");
+        return EXIT_USAGE;
+    }
+    int fmt = strcmp(g.format, "hf-gpt2") == 0 ? 0
+            : strcmp(g.format, "safetensors") == 0 ? 1
+            : strcmp(g.format, "llmc") == 0 ? 2 : -1;
+    if (fmt < 0) {
+        errf_("--format: want hf-gpt2, safetensors or llmc, got \"%s\"", g.format);
+        return EXIT_USAGE;
+    }
+    m6_weights w;
+    char what[4200], e[8192];
+    int rc = export_source_(argv[0], &w, what, sizeof what);
+    if (rc != EXIT_OK) return rc;
+    int wr = fmt == 0 ? weights_write_hf_gpt2(&w, g.out_dir, g.force, e, sizeof e)
+           : fmt == 1 ? weights_write_m6(&w, g.out_dir, g.force, e, sizeof e)
+           : weights_write_llmc(&w, g.out_dir, g.force, e, sizeof e);
+    if (wr != 0)
+        errf_("export of %s: %s", what, e);
+    else
+        printf("exported %s (%s phase, %d slot%s, %d layers) as %s to %s\n", what,
+               w.phase[0] ? w.phase : "?", w.S, w.S == 1 ? "" : "s", w.cfg.n_layer,
+               g.format, g.out_dir);
+    weights_free(&w);
+    return wr == 0 ? EXIT_OK : EXIT_ERR;
+}
+
+static int cmd_import_(int argc, char **argv)
+{
+    (void)argc;
+    if (strcmp(argv[0], "llmc") != 0) {
+        errf_("import: want the format llmc, got \"%s\"", argv[0]);
+        return EXIT_USAGE;
+    }
+    if (!g.out_dir[0]) {
+        errf_("import: --out is required");
+        return EXIT_USAGE;
+    }
+    m6_weights w;
+    char e[8192];
+    if (weights_read_llmc(&w, argv[1], e, sizeof e) != 0) {
+        errf_("import: %s", e);
+        return EXIT_ERR;
+    }
+    int rc = weights_write_m6(&w, g.out_dir, g.force, e, sizeof e);
+    if (rc != 0)
+        errf_("import: %s", e);
+    else
+        printf("imported %s (V %d, T %d, L %d, NH %d, C %d) to %s\n", argv[1],
+               w.cfg.vocab_size, w.cfg.seq_len, w.cfg.n_layer, w.cfg.n_head,
+               w.cfg.n_embd, g.out_dir);
+    weights_free(&w);
+    return rc == 0 ? EXIT_OK : EXIT_ERR;
+}
+
+/* One run's curve for plot: every metrics row (paged), and its delink. */
+typedef struct {
+    char label[300];
+    long *step;
+    double *train, *val;
+    size_t n, cap;
+} plot_data_;
+
+static int plot_fetch_(const char *arg, plot_data_ *d, long *delink)
+{
+    M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, arg);
+    if (!resp) return EXIT_ERR;
+    if (!resp->run) {
+        m6__response__free_unpacked(resp, NULL);
+        errf_("m6d sent no run");
+        return EXIT_ERR;
+    }
+    snprintf(d->label, sizeof d->label, "%lld %s", (long long)resp->run->id,
+             resp->run->name);
+    *delink = resp->run->delink_step;
+    M6__RunRef ref;
+    m6__run_ref__init(&ref);
+    ref.run_id = resp->run->id;
+    m6__response__free_unpacked(resp, NULL);
+    int64_t after = 0;
+    for (;;) {
+        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+        q.run = &ref;
+        q.after_step = after;
+        M6__Request rq = M6__REQUEST__INIT;
+        rq.body_case = M6__REQUEST__BODY_METRICS;
+        rq.metrics = &q;
+        M6__Response *mr = request_(&rq);
+        if (!mr) return EXIT_ERR;
+        const M6__MetricRows *m = mr->metrics;
+        size_t n = m ? m->n_rows : 0;
+        if (d->n + n > d->cap) {
+            size_t cap = (d->n + n) * 2;
+            long *s = realloc(d->step, cap * sizeof *s);
+            if (s) d->step = s;
+            double *t = realloc(d->train, cap * sizeof *t);
+            if (t) d->train = t;
+            double *v = realloc(d->val, cap * sizeof *v);
+            if (v) d->val = v;
+            if (!s || !t || !v) {
+                m6__response__free_unpacked(mr, NULL);
+                errf_("out of memory");
+                return EXIT_ERR;
+            }
+            d->cap = cap;
+        }
+        for (size_t i = 0; i < n; i++, d->n++) {
+            d->step[d->n] = (long)m->rows[i]->step;
+            d->train[d->n] = m->rows[i]->train_loss;
+            d->val[d->n] = m->rows[i]->val_loss;
+        }
+        if (n) after = m->rows[n - 1]->step;
+        int more = n && m->more;
+        m6__response__free_unpacked(mr, NULL);
+        if (!more) break;
+    }
+    return EXIT_OK;
+}
+
+static int cmd_plot_(int argc, char **argv)
+{
+    size_t ol = strlen(g.out_dir);
+    if (!ol) {
+        errf_("plot: --out FILE.svg is required");
+        return EXIT_USAGE;
+    }
+    if (ol < 4 || strcmp(g.out_dir + ol - 4, ".svg") != 0) {
+        errf_("plot: --out must name an .svg file (only SVG is written; "
+              "rsvg-convert or a browser turns it into PNG), got \"%s\"", g.out_dir);
+        return EXIT_USAGE;
+    }
+    for (int i = 0; i < argc; i++) {
+        M6__RunRef ref;
+        if (parse_run_(argv[i], &ref) < 0) return EXIT_USAGE;
+    }
+    plot_data_ *d = calloc((size_t)argc, sizeof *d);
+    plot_run *pr = calloc((size_t)argc, sizeof *pr);
+    int rc = d && pr ? EXIT_OK : EXIT_ERR;
+    for (int i = 0; i < argc && rc == EXIT_OK; i++) {
+        rc = plot_fetch_(argv[i], &d[i], &pr[i].delink_step);
+        pr[i] = (plot_run){d[i].label, d[i].n, d[i].step, d[i].train, d[i].val,
+                           pr[i].delink_step};
+    }
+    char e[4400];
+    if (rc == EXIT_OK && plot_svg_write(g.out_dir, pr, argc, e, sizeof e) != 0) {
+        errf_("plot: %s", e);
+        rc = EXIT_ERR;
+    }
+    if (rc == EXIT_OK) printf("wrote %s\n", g.out_dir);
+    for (int i = 0; d && i < argc; i++) {
+        free(d[i].step);
+        free(d[i].train);
+        free(d[i].val);
+    }
+    free(d);
+    free(pr);
+    return rc;
+}
+
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
      "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
-     "Relative data.train/data.val globs are relative to the spec file\n"
-     "(to the current directory for -)."},
+     "Relative data.train/data.val globs and init.from are relative to the\n"
+     "spec file (to the current directory for -)."},
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
@@ -968,6 +1211,24 @@ static const command commands_[] = {
      "its own host memory and pinned-memory limit.\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
      "step and the minimum budget with every slot offloaded."},
+    {"export", cmd_export_, 1, 1, F_EXPORT,
+     "RUN --out PATH [--step N] [--format F] [--force]",
+     "Write a run's checkpoint (newest, or --step N) for other tools.\n"
+     "hf-gpt2 (default): model.safetensors and config.json that\n"
+     "transformers' GPT2LMHeadModel loads; a pseudo-phase model comes out\n"
+     "with every layer a copy of its slot; MoE refused. safetensors: m6's\n"
+     "own names and m6-model.json (what init.from takes). llmc: an llm.c\n"
+     "GPT-2 .bin (version 3, fp32). Reads the files m6d names: needs read\n"
+     "access to its state directory. RUN may instead be a directory (a path\n"
+     "with a /) written by import or --format safetensors. --out must not\n"
+     "exist unless --force."},
+    {"import", cmd_import_, 2, 2, F_IMPORT, "llmc FILE.bin --out DIR [--force]",
+     "Read an llm.c GPT-2 checkpoint into an m6 weights directory.\n"
+     "Versions 3 (fp32) and 5 (bf16); the directory is what a spec's\n"
+     "init.from takes. No daemon needed."},
+    {"plot", cmd_plot_, 1, -1, F_PLOT, "RUN [RUN...] --out FILE.svg",
+     "Plot train and val loss against step for runs, as SVG.\n"
+     "One or more runs, each run's delink step marked."},
 };
 #define N_COMMANDS (sizeof commands_ / sizeof commands_[0])
 
@@ -1005,6 +1266,13 @@ static void command_usage_(FILE *f, const command *c)
                    "                    spec's device.memory_budget)\n"
                    "  --daemon          let m6d plan it (its MemAvailable and\n"
                    "                    RLIMIT_MEMLOCK, not this shell's)\n");
+    if (c->flags & (F_EXPORT | F_IMPORT | F_PLOT))
+        fprintf(f, "  --out PATH        where to write (required)\n");
+    if (c->flags & F_EXPORT)
+        fprintf(f, "  --step N          the checkpoint of step N (default: the newest)\n"
+                   "  --format F        hf-gpt2 (default), safetensors or llmc\n");
+    if (c->flags & (F_EXPORT | F_IMPORT))
+        fprintf(f, "  --force           write over an existing --out\n");
     if (c->flags & F_PREPARE)
         fprintf(f, "  --out DIR         where to write the shards (required)\n"
                    "  --val-fraction F  share of each file for validation, 0..0.5 (default 0.1)\n"
@@ -1040,7 +1308,8 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
 }
 
 enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP,
-       O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON };
+       O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
+       O_STEP, O_FORMAT, O_FORCE };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -1051,6 +1320,8 @@ static const struct option opts_[] = {
     {"device-memory", required_argument, 0, O_DEVMEM},
     {"reconnect", required_argument, 0, O_RECONNECT},
     {"daemon", no_argument, 0, O_DAEMON},
+    {"step", required_argument, 0, O_STEP}, {"format", required_argument, 0, O_FORMAT},
+    {"force", no_argument, 0, O_FORCE},
     {0, 0, 0, 0},
 };
 
@@ -1066,7 +1337,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
     case O_CSV: ok = cmd->flags & F_CSV; g.csv = 1; break;
     case O_NOCOLOR: *nocolor = 1; break;
-    case O_OUT: ok = cmd->flags & F_PREPARE; snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
+    case O_OUT: ok = cmd->flags & (F_PREPARE | F_EXPORT | F_IMPORT | F_PLOT); snprintf(g.out_dir, sizeof g.out_dir, "%s", optarg); break;
     case O_VALF:
         ok = cmd->flags & F_PREPARE;
         if (ok && parse_number_("--val-fraction", optarg, 0, 0.5, 0, &g.val_fraction) < 0) return EXIT_USAGE;
@@ -1081,6 +1352,15 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         break;
     }
     case O_DAEMON: ok = cmd->flags & F_PLAN; g.plan_daemon = 1; break;
+    case O_STEP: {
+        double v = 0;
+        ok = cmd->flags & F_EXPORT;
+        if (ok && parse_number_("--step", optarg, 0, 9.2e18, 1, &v) < 0) return EXIT_USAGE;
+        g.export_step = (long)v;
+        break;
+    }
+    case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
+    case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
     case O_RECONNECT:
         ok = cmd->flags & F_WATCH;
         if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;

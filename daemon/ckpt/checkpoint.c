@@ -142,3 +142,28 @@ int safetensors_get(const st_file *sf, const char *name, float *dst,
     memcpy(dst, sf->buf + sf->data_start + a, (size_t)(b - a));
     return 0;
 }
+
+int safetensors_info(const st_file *sf, const char *name, char dtype[16],
+                     int *ndim, long shape[4], char *err, size_t errlen)
+{
+    json_t *t = json_object_get((json_t *)sf->header, name);
+    if (!t)
+        return 1;
+    json_t *dt = json_object_get(t, "dtype"), *sh = json_object_get(t, "shape");
+    if (!json_is_string(dt) || !json_is_array(sh) || json_array_size(sh) > 4) {
+        snprintf(err, errlen, "tensor %s: entry without dtype or shape "
+                 "(of at most 4 dims)", name);
+        return -1;
+    }
+    snprintf(dtype, 16, "%s", json_string_value(dt));
+    *ndim = (int)json_array_size(sh);
+    for (int d = 0; d < *ndim; d++) {
+        json_t *v = json_array_get(sh, (size_t)d);
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+            snprintf(err, errlen, "tensor %s: shape[%d] is not a size", name, d);
+            return -1;
+        }
+        shape[d] = (long)json_integer_value(v);
+    }
+    return 0;
+}

@@ -41,4 +41,10 @@ void safetensors_close(st_file *sf);
 int safetensors_get(const st_file *sf, const char *name, float *dst,
                     size_t numel, char *err, size_t errlen);
 
+/* The entry of tensor `name`: dtype ("F32", "BF16", ...; at most 15
+ * chars, into dtype[16]), ndim (at most 4) and shape. 0; 1 when there is
+ * no such tensor; -1 when its entry is malformed (err says how). */
+int safetensors_info(const st_file *sf, const char *name, char dtype[16],
+                     int *ndim, long shape[4], char *err, size_t errlen);
+
 #endif /* M6_CHECKPOINT_H */

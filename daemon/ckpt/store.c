@@ -251,6 +251,15 @@ int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
         }
     }
     free(rows);
+    if (*step < 0 && trainer_init_error(*t)) {
+        /* nothing of its own loaded, and not its init.from either */
+        m6_err_set(err, M6_EINVALID, "no checkpoint of run %lld loads, and "
+                   "%s", (long long)run, trainer_init_error(*t));
+        m6_err_free(&newest);
+        trainer_free(*t);
+        *t = NULL;
+        return -1;
+    }
     if (n > 0 && *step < 0) {
         /* what happened only; what the operator can do about it is the
          * edge's (M6_ENOCKPT) */

@@ -638,6 +638,59 @@ static void do_events_(call *c, const M6__Request *rq)
     reply_(c, M6__STATUS__STATUS_OK, "%d events", n);
 }
 
+/* ------------------------------------------------------------ export */
+
+/* A run's spec and its checkpoints (m6ctl export reads the files). Paths
+ * are made absolute (m6d's --state-dir may be relative to its own working
+ * directory, not the client's). */
+static void do_checkpoints_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    if (resolve_(c, rq->checkpoints->run, &id) < 0)
+        return;
+    run_row row;
+    if (state_run_get(c->h->st, id, &row) != 0)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error (run %lld)",
+                      (long long)id);
+    ckpt_row *rows = NULL;
+    int n = 0;
+    if (state_checkpoints_list(c->h->st, id, &rows, &n) < 0) {
+        run_row_clear(&row);
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    }
+    M6__CheckpointList *cl = arena_alloc_(c->a, sizeof *cl);
+    M6__CheckpointEntry **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
+    M6__CheckpointEntry *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);
+    int ok = cl && v && cells;
+    if (ok) {
+        m6__checkpoint_list__init(cl);
+        cl->run_id = id;
+        cl->name = arena_strdup_(c->a, row.name);
+        cl->spec_json = arena_strdup_(c->a, row.spec ? row.spec : "");
+        ok = cl->name && cl->spec_json;
+    }
+    for (int i = 0; ok && i < n; i++) {
+        M6__CheckpointEntry *e = &cells[i];
+        m6__checkpoint_entry__init(e);
+        e->step = rows[i].step;
+        e->bytes = rows[i].bytes;
+        char *abs = realpath(rows[i].path, NULL);
+        e->path = arena_strdup_(c->a, abs ? abs : rows[i].path);
+        free(abs);
+        ok = e->path != NULL;
+        v[i] = e;
+    }
+    free(rows);
+    run_row_clear(&row);
+    if (!ok)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    cl->n_checkpoints = (size_t)n;
+    cl->checkpoints = v;
+    c->resp->body_case = M6__RESPONSE__BODY_CHECKPOINTS;
+    c->resp->checkpoints = cl;
+    reply_(c, M6__STATUS__STATUS_OK, "%d checkpoints", n);
+}
+
 /* The dispatch table: one entry per Request.body case. */
 typedef struct {
     M6__Request__BodyCase which;
@@ -657,6 +710,7 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
     {M6__REQUEST__BODY_PLAN, "plan", do_plan_},
     {M6__REQUEST__BODY_EVENTS, "events", do_events_},
+    {M6__REQUEST__BODY_CHECKPOINTS, "checkpoints", do_checkpoints_},
 };
 
 /* protobuf-c leaves a sub-message NULL only if absent; the oneof case says

@@ -175,12 +175,17 @@ static const key_ keys_[] = {
         "Host threads that accumulate gradients and run AdamW for offloaded "
         "slots. 0: 2 on `cpu`, on `cuda` the CPUs m6d may use less 2 "
         "(1 to 64)."),
+    STR("init", "from", init.from,
+        "A checkpoint directory (of a run, from `m6ctl import llmc` or "
+        "`m6ctl export --format safetensors`) to start from: its weights, "
+        "a fresh optimizer. Shapes must match the model. Relative to the "
+        "spec file."),
 };
 #define N_KEYS (sizeof keys_ / sizeof keys_[0])
 
 static const char *const sections_[] = {
     "data", "model", "pseudo", "delink", "train", "checkpoint", "device",
-    "offload",
+    "offload", "init",
 };
 #define N_SECTIONS (sizeof sections_ / sizeof sections_[0])
 
@@ -964,6 +969,9 @@ static int value_text_(FILE *out, const run_spec *s, const key_ *k)
  * spec's canonical JSON, and so its hash, is what it was before MoE). */
 static int written_(const run_spec *s, const key_ *k)
 {
+    /* init.from only when set: the hash of a spec without it is unchanged */
+    if (k->section && strcmp(k->section, "init") == 0)
+        return s->init.from[0] != 0;
     return !k->section || strcmp(k->section, "model.moe") != 0 ||
            s->model.moe_experts > 0;
 }

@@ -41,6 +41,10 @@ typedef struct {
         int prefetch;        /* staging buffers: fetches run ahead */
         int host_threads;    /* host AdamW threads; 0: spec_host_threads */
     } offload;
+    /* init.from: a checkpoint directory (an m6 checkpoint, m6ctl import
+     * llmc's or m6ctl export --format safetensors' output) whose weights
+     * the run starts from, with a fresh optimizer; "" none */
+    struct { char from[SPEC_STR]; } init;
 } run_spec;
 
 /* Fill *s with the defaults (those of examples/fortunes-p2r.json's shape). */

@@ -27,6 +27,7 @@
 #include "offload/offload.h"
 #include "train/backend.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/init_from.h"
 #include "common/durable.h"
 #include "train/data.h"
 
@@ -56,6 +57,7 @@ struct trainer {
      * yet computed */
     size_t plan_peak[2];
     int peak_planned;
+    char *init_error;      /* trainer_init_error; NULL none */
 };
 
 static int n_slots_(const trainer *t)
@@ -134,6 +136,12 @@ int trainer_check_spec(const run_spec *spec, m6_err *err)
     if (rc != 0)
         return rc == TOKEN_SET_ENOFILE ? TRAINER_ENOFILE : -1;
     token_set_close(&ts);
+    if (spec->init.from[0]) {  /* init.from: present, shapes match */
+        init_src src;
+        if (init_from_open(spec, &src, err) != 0)
+            return -1;
+        init_from_close(&src);
+    }
     char e2[768];
     /* the memory plan must fit (the budget, and host memory: all of it on
      * the CPU backend); pinning failure is only a warning here (the host
@@ -146,6 +154,51 @@ int trainer_check_spec(const run_spec *spec, m6_err *err)
         return -1;
     }
     return 0;
+}
+
+static int collect_tensors_(const trainer *t, backend_buf b,
+                            const char *prefix, st_tensor *out, char **names);
+
+/* init.from (ckpt/init_from.h): the weights of the spec's directory into
+ * the new model, checked first; the optimizer stays fresh. A run taken up
+ * again from its own checkpoint loads that over them. 0, or -1 with err. */
+static int init_from_load_(trainer *t, m6_err *err)
+{
+    init_src src;
+    if (init_from_open(&t->spec, &src, err) != 0)
+        return -1;
+    const backend_iface *be = t->be.iface;
+    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX, rc = 0;
+    st_tensor *ts = calloc((size_t)per, sizeof *ts);
+    char **names = calloc((size_t)per, sizeof *names);
+    if (!ts || !names || be->state_begin(t->be.ctx, 1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "init.from: out of memory");
+        free(ts);
+        free(names);
+        init_from_close(&src);
+        return -1;
+    }
+    int n = collect_tensors_(t, BACKEND_PARAMS, "", ts, names);
+    char e2[256];
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)ts[i].shape[0] *
+                       (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
+        if (rc == 0 && safetensors_get(&src.sf, ts[i].name, (float *)ts[i].data,
+                                       numel, e2, sizeof e2) != 0) {
+            m6_err_set(err, M6_EINVALID, "init.from: %s: %s", t->spec.init.from, e2);
+            rc = -1;
+        }
+        free(names[i]);
+    }
+    if (be->state_end(t->be.ctx, rc == 0) != 0 && rc == 0) {
+        m6_err_set(err, M6_EINTERNAL, "init.from: cannot store the weights "
+                   "in the %s model", be->name);
+        rc = -1;
+    }
+    free(names);
+    free(ts);
+    init_from_close(&src);
+    return rc;
 }
 
 /* trainer_create, and with data_rc (not NULL) trainer_create_resumable:
@@ -236,6 +289,24 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         m6_err_set(err, M6_EINTERNAL, "%s", e1);
         goto fail;
     }
+    if (spec->init.from[0]) {
+        m6_err ie = M6_ERR_NONE;
+        if (init_from_load_(t, &ie) != 0) {
+            if (!data_rc) {  /* a new run: refused */
+                m6_err_free(err);
+                *err = ie;
+                goto fail;
+            }
+            /* a run taken up again: its own checkpoint replaces the
+             * weights; without one it must not train (trainer_init_error) */
+            t->init_error = strdup(m6_err_msg(&ie));
+            m6_err_free(&ie);
+            if (!t->init_error) {
+                m6_err_set(err, M6_EINTERNAL, "out of memory");
+                goto fail;
+            }
+        }
+    }
     t->data_rng = spec->train.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
     if (!t->data_rng)
         t->data_rng = 1;
@@ -283,7 +354,13 @@ void trainer_free(trainer *t)
     free(t->inp);
     free(t->tgt);
     free(t->rows);
+    free(t->init_error);
     free(t);
+}
+
+const char *trainer_init_error(const trainer *t)
+{
+    return t->init_error;
 }
 
 /* ------------------------------------------------------------- batches */

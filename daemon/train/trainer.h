@@ -132,6 +132,14 @@ trainer *trainer_create_resumable(const run_spec *spec, int *data_rc,
                                   m6_err *err);
 void trainer_free(trainer *t);
 
+/* Why the spec's init.from could not be loaded into a trainer made by
+ * trainer_create_resumable (which does not fail for it: the run's own
+ * checkpoint, loaded next, replaces those weights); NULL when it loaded
+ * or the spec has none. A trainer with an init error and no checkpoint
+ * loaded over it holds the seed's weights and must not train
+ * (ckpt_store_restore refuses it). trainer_create refuses such a spec. */
+const char *trainer_init_error(const trainer *t);
+
 /* Everything trainer_create would refuse, checked cheaply at submit time:
  * the backend, both data globs (files, headers, token range) and that each
  * split holds more than seq_len+1 tokens. 0, or -1 with err naming the key,
