@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -40,6 +41,9 @@ typedef struct {
     int threads;
     /* access (issue 16): who may drive m6d, other writers on m6.db */
     double db_hold_limit_s;     /* --db-hold-limit; 0 the default */
+    gid_t group;                /* --group's gid, else m6d's egid */
+    char group_name[64];
+    int group_read_only;        /* --group-read-only */
 } options;
 
 static struct {
@@ -70,6 +74,10 @@ static void usage_(FILE *f)
         "  --threads N        CPU threads for runs whose spec leaves device.threads\n"
         "                     at 0, 1..1024 (default: OpenMP's, one per core)\n"
         "  --log-level L      debug|info|warn|error (default info)\n"
+        "  --group NAME       the group whose members may drive m6d (the unit's\n"
+        "                     Group=; default m6d's own group): the socket's group\n"
+        "  --group-read-only  members of the group may only read (status, list,\n"
+        "                     metrics, events, plan); root and m6d's user still all\n"
         "  --db-hold-limit S  seconds step records may wait in memory while another\n"
         "                     process holds m6.db's write lock; then the run pauses\n"
         "                     (default 600)\n"
@@ -85,11 +93,14 @@ static int parse_args_(int argc, char **argv, options *o)
         {"log-level", required_argument, 0, 'l'},
         /* access */
         {"db-hold-limit", required_argument, 0, 'H'},
+        {"group", required_argument, 0, 'G'},
+        {"group-read-only", no_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
+    o->group = getegid();
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -140,6 +151,24 @@ static int parse_args_(int argc, char **argv, options *o)
             o->db_hold_limit_s = v;
             break;
         }
+        case 'G': {
+            struct group gr, *res = NULL;
+            char buf[8192], *end;
+            unsigned long num = strtoul(optarg, &end, 10);
+            if (*optarg && !*end)  /* a gid */
+                getgrgid_r((gid_t)num, &gr, buf, sizeof buf, &res);
+            else
+                getgrnam_r(optarg, &gr, buf, sizeof buf, &res);
+            if (!res) {
+                fprintf(stderr, "m6d: --group: no group \"%.80s\" (see "
+                        "getent group)\n", optarg);
+                return -1;
+            }
+            o->group = res->gr_gid;
+            snprintf(o->group_name, sizeof o->group_name, "%s", res->gr_name);
+            break;
+        }
+        case 'R': o->group_read_only = 1; break;
         case 'h': usage_(stdout); exit(0);
         case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
         default: usage_(stderr); return -1;
@@ -155,6 +184,16 @@ static int parse_args_(int argc, char **argv, options *o)
     }
     if (!o->socket_path[0])
         paths_socket_in(o->state_dir, o->socket_path, sizeof o->socket_path);
+    if (!o->group_name[0]) {
+        struct group gr, *res = NULL;
+        char buf[8192];
+        getgrgid_r(o->group, &gr, buf, sizeof buf, &res);
+        if (res)
+            snprintf(o->group_name, sizeof o->group_name, "%s", res->gr_name);
+        else
+            snprintf(o->group_name, sizeof o->group_name, "%u",
+                     (unsigned)o->group);
+    }
     return 0;
 }
 
@@ -377,6 +416,10 @@ static void close_but_signals_(uv_handle_t *h, void *arg)
 int main(int argc, char **argv)
 {
     char err[4600];
+    /* access: what m6d creates (m6.db, runs/, checkpoints, its dirs) has
+     * the same modes whatever umask the caller had: no write for the
+     * group, nothing for others */
+    umask(0027);
     if (parse_args_(argc, argv, &g.opt) < 0) return 2;
     signal(SIGPIPE, SIG_IGN);
 
@@ -431,7 +474,10 @@ int main(int argc, char **argv)
      * busy) must not create m6.db or take up a run. Connections wait in the
      * backlog until the loop runs, by then with the coordinator up. */
     server_config sc = {.loop = &g.loop, .socket_path = g.opt.socket_path,
-                        .listen_fd = listen_fd, .handlers = &g.handlers};
+                        .listen_fd = listen_fd, .handlers = &g.handlers,
+                        .group = g.opt.group, .group_name = g.opt.group_name,
+                        .group_read_only = g.opt.group_read_only,
+                        .state_dir = g.opt.state_dir};
     g.srv = server_init(&sc, err, sizeof err);
     if (!g.srv) {
         log_error("server.error", "err=\"%s\"", err);
