@@ -61,7 +61,7 @@ chown "$D:$D" "$A"
 chmod 0755 "$A"
 prepare_data "$A/data"
 chmod -R a+rX "$A/data"
-CKPT_EVERY=100 write_spec "$A/run.json" acc 200 50 '"device": {"threads": 1}'
+CKPT_EVERY=1000 write_spec "$A/run.json" acc 2000 50 '"device": {"threads": 1}'
 sed -i "s|$T/data/|$A/data/|g" "$A/run.json"
 chmod a+r "$A/run.json"
 touch "$T/marker"
@@ -87,7 +87,9 @@ start_as_d
 [ "$(stat -c '%a' "$A/st/m6.db")" = 640 ] || fail "m6.db mode $(stat -c '%a' "$A/st/m6.db"), want 640"
 ctl list >/dev/null || fail "root may not list"
 R=$(actl "$M" submit "$A/run.json") || fail "member $M may not submit"
-actl "$M" pause "$R" >/dev/null || fail "member $M may not pause"
+wait_state "$R" running
+out=$(actl "$M" pause "$R" 2>&1) || fail "member $M may not pause: $out"
+wait_state "$R" paused
 actl "$M" resume "$R" >/dev/null || fail "member $M may not resume"
 out=$(actl "$O" list 2>&1) && fail "non-member $O could list: $out"
 echo "$out" | grep -q "Permission denied" || fail "non-member $O: '$out' (want the socket's Permission denied)"
