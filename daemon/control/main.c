@@ -489,6 +489,9 @@ int main(int argc, char **argv)
         goto out_server;
     }
     state_set_hold_limit(g.st, g.opt.db_hold_limit_s);
+    /* the loop answers every client: it never waits long for another
+     * process's lock on m6.db (the worker and the pool threads do) */
+    state_thread_wait_limit(5);
     coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
     g.co = coord_init(&cc, err, sizeof err);
     if (!g.co) {

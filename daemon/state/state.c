@@ -634,10 +634,19 @@ static void *flusher_main_(void *arg)
     return NULL;
 }
 
+/* state_thread_wait_limit's bound for this thread; < 0 none. */
+static __thread double thread_wait_s_ = -1;
+
+void state_thread_wait_limit(double seconds)
+{
+    thread_wait_s_ = seconds;
+}
+
 /* How long a waited write tries before it fails. */
 static double wait_s_(const state *st)
 {
-    return st->hold_limit_s < WAIT_MAX_S ? st->hold_limit_s : WAIT_MAX_S;
+    double w = st->hold_limit_s < WAIT_MAX_S ? st->hold_limit_s : WAIT_MAX_S;
+    return thread_wait_s_ >= 0 && thread_wait_s_ < w ? thread_wait_s_ : w;
 }
 
 /*

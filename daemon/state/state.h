@@ -165,6 +165,12 @@ int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n);
 /* The hold limit in seconds (m6d --db-hold-limit; <= 0: the default). */
 void state_set_hold_limit(state *st, double seconds);
 
+/* A shorter bound (seconds) for the waited writes made on the calling
+ * thread: m6d's event loop thread, which answers every client, waits at
+ * most this long (5 s, the busy timeout it had before) for another
+ * writer's lock; other threads wait the 30 s. < 0: no bound of its own. */
+void state_thread_wait_limit(double seconds);
+
 /* Records held in memory now (0 none); *age_s (may be NULL) how long the
  * oldest has waited, in seconds. */
 int state_held(state *st, double *age_s);
