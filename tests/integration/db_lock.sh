@@ -7,7 +7,8 @@
 # one thread), and no pause is recorded. With a short hold limit
 # (--db-hold-limit 2) and a lock of 8 s the run pauses itself, and the
 # pause, its reason and every step's row are in m6.db once the lock goes;
-# resumed, it ends with the undisturbed losses. A state dir or socket dir
+# resumed, it ends with the undisturbed losses. Under umask 000 m6d's
+# dir, socket and m6.db are 0750, 0660, 0640; a state dir or socket dir
 # that others may write (o+w) is refused at start, naming mode and fix.
 . "$(dirname "$0")/lib.sh"
 
@@ -92,6 +93,16 @@ ctl resume "$R3" >/dev/null || fail "resume of run $R3"
 ctl watch "$R3" >/dev/null || fail "run $R3 did not complete after the resume"
 losses "$R3" >"$T/paused.csv"
 cmp -s "$T/ref.csv" "$T/paused.csv" || fail "losses after the hold-limit pause differ: $(diff "$T/ref.csv" "$T/paused.csv" | head -5)"
+stop_daemon
+
+# --- modes do not depend on the caller's umask (also without root)
+( umask 000; exec "$M6D" --state-dir "$T/um" --threads 1 ) 2>>"$T/m6d-um.log" &
+DAEMON_PID=$!
+SOCK=$T/um/m6d.sock
+for _ in $(seq 1 100); do ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+ctl list >/dev/null || fail "m6d under umask 000 did not answer"
+modes=$(stat -c %a "$T/um" "$SOCK" "$T/um/m6.db" "$T/um/m6d.lock" | tr '\n' ' ')
+[ "$modes" = "750 660 640 640 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 640"
 stop_daemon
 
 # --- directories others may write are refused at start
