@@ -421,41 +421,43 @@ typedef struct {
     const arg_ *args;  /* ended by ARG_END */
 } stmt_;
 
-#define HELD_MAX_ARGS 24
-
-/* A statement held while m6.db is locked, its values copied. */
+/* A statement held while m6.db is locked, its values copied (a text
+ * value points at the record's own copy). */
 struct held_ {
     held_ *next;
-    const char *sql;
-    arg_ args[HELD_MAX_ARGS + 1];   /* ended by ARG_END */
-    char *texts[HELD_MAX_ARGS];     /* copies the ARG_TEXT values point at */
+    const char *sql;   /* a string literal */
+    int n;
+    arg_ args[];       /* n values, then ARG_END */
 };
 
 static void held_free_(held_ *h)
 {
     if (!h) return;
-    for (int i = 0; i < HELD_MAX_ARGS; i++) free(h->texts[i]);
+    for (int i = 0; i < h->n; i++)
+        if (h->args[i].kind == ARG_TEXT) free((char *)h->args[i].t);
     free(h);
 }
 
-/* A copy of v, or NULL (out of memory; more than HELD_MAX_ARGS values). */
+/* A copy of v, or NULL (out of memory). */
 static held_ *held_new_(const stmt_ *v)
 {
-    held_ *h = calloc(1, sizeof *h);
+    int n = 0;
+    while (v->args[n].kind != ARG_END) n++;
+    held_ *h = calloc(1, sizeof *h + (size_t)(n + 1) * sizeof(arg_));
     if (!h) return NULL;
     h->sql = v->sql;
-    for (int i = 0; v->args[i].kind != ARG_END; i++) {
-        if (i == HELD_MAX_ARGS) goto fail;
+    for (int i = 0; i < n; i++) {
         h->args[i] = v->args[i];
-        if (v->args[i].kind == ARG_TEXT && v->args[i].t) {
-            if (!(h->texts[i] = strdup(v->args[i].t))) goto fail;
-            h->args[i].t = h->texts[i];
+        if (v->args[i].kind == ARG_TEXT && v->args[i].t &&
+            !(h->args[i].t = strdup(v->args[i].t))) {
+            h->n = i;
+            held_free_(h);
+            return NULL;
         }
+        h->n = i + 1;
     }
+    h->args[n].kind = ARG_END;
     return h;
-fail:
-    held_free_(h);
-    return NULL;
 }
 
 static void held_clear_locked_(state *st)
@@ -1223,7 +1225,15 @@ int state_hold_overdue(state *st, char *msg, size_t len)
     pthread_mutex_lock(&st->mu);
     double age = st->held_n ? mono_() - st->held_since : 0;
     int over = st->held_n && age >= st->hold_limit_s;
-    if (over)
+    if (!over && st->held_n >= STATE_HELD_MAX) {
+        over = 1;
+        snprintf(msg, len, "m6.db has been locked by another process for "
+                 "%.0f s and %d step records are held in memory, the most "
+                 "m6d holds (%d): they are written once it is released: end "
+                 "the other writer's transaction (`fuser %s` names it), "
+                 "then `m6ctl resume`", age, st->held_n, STATE_HELD_MAX,
+                 st->path);
+    } else if (over)
         snprintf(msg, len, "m6.db has been locked by another process for "
                  "%.0f s (the hold limit, m6d --db-hold-limit, is %.0f s); "
                  "%d step records are held in memory and are written once "

@@ -175,8 +175,14 @@ void state_thread_wait_limit(double seconds);
  * oldest has waited, in seconds. */
 int state_held(state *st, double *age_s);
 
-/* 1 when records have been held longer than the hold limit, msg set (why,
- * how many, what to do: for the run's pause); 0 otherwise. */
+/* At most this many records are held (a few hundred bytes each) before
+ * state_hold_overdue says so, whatever the hold limit: fast steps on a
+ * long lock must not eat the host's memory. */
+#define STATE_HELD_MAX 500000
+
+/* 1 when records have been held longer than the hold limit, or
+ * STATE_HELD_MAX of them, msg set (why, how many, what to do: for the
+ * run's pause); 0 otherwise. */
 int state_hold_overdue(state *st, char *msg, size_t len);
 
 /* SQLite's message for the latest failed statement ("database or disk is
