@@ -713,6 +713,21 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_CHECKPOINTS, "checkpoints", do_checkpoints_},
 };
 
+int handlers_is_read(int body_case)
+{
+    switch (body_case) {
+    case M6__REQUEST__BODY_HELLO:
+    case M6__REQUEST__BODY_LIST:
+    case M6__REQUEST__BODY_STATUS:
+    case M6__REQUEST__BODY_METRICS:
+    case M6__REQUEST__BODY_EVENTS:
+    case M6__REQUEST__BODY_PLAN:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* protobuf-c leaves a sub-message NULL only if absent; the oneof case says
  * it is present, so the pointer is set. Guard anyway. */
 static int body_present_(const M6__Request *rq)
@@ -771,6 +786,19 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
         goto done;
     }
     name = e->name;
+    /* access: the peer's rights, set by the server from SO_PEERCRED */
+    if (s->denied[0]) {
+        reply_(&c, M6__STATUS__STATUS_PERMISSION_DENIED, "%s", s->denied);
+        c.close_after = 1;
+        goto done;
+    }
+    if (s->read_only && !handlers_is_read(rq->body_case)) {
+        reply_(&c, M6__STATUS__STATUS_PERMISSION_DENIED,
+               "permission denied: uid %u may only read on this m6d "
+               "(--group-read-only): %s refused; the reads are hello, list, "
+               "status, metrics, events and plan", s->peer_uid, name);
+        goto done;
+    }
     if (!s->hello_done && rq->body_case != M6__REQUEST__BODY_HELLO) {
         reply_(&c, M6__STATUS__STATUS_NEED_HELLO,
                "send Hello with protocol_version %u first", M6_PROTOCOL_VERSION);
@@ -778,7 +806,10 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
     }
     e->fn(&c, rq);
 done:
-    if (resp.status != M6__STATUS__STATUS_OK)
+    if (resp.status == M6__STATUS__STATUS_PERMISSION_DENIED)
+        log_warn("request.refused", "request=%s status=%d msg=\"%s\"", name,
+                 resp.status, resp.message ? resp.message : "");
+    else if (resp.status != M6__STATUS__STATUS_OK)
         log_info("request.refused", "request=%s status=%d msg=\"%s\"", name,
                  resp.status, resp.message ? resp.message : "");
     else

@@ -23,6 +23,13 @@ typedef struct {
     int hello_done;
     int gone;  /* set (atomically) by the server when the connection closes
                 * or m6d stops: a submit still being checked is dropped */
+    /* access (server.c, from the peer's SO_PEERCRED): denied[0] != 0: every
+     * request is refused with STATUS_PERMISSION_DENIED and this message,
+     * and the connection closed; read_only: only the read requests
+     * (handlers_is_read) are served, the others refused the same way. */
+    int read_only;
+    char denied[320];
+    unsigned peer_uid;  /* for the read-only refusal's message */
 } session;
 
 /* Handle one frame payload. Runs on libuv's thread pool (server.c), so
@@ -40,6 +47,12 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
  * a page of up to 10000 rows) and so runs on the thread pool; the others
  * are answered on the event loop at once. */
 int handlers_is_slow(const uint8_t *payload, size_t len);
+
+/* Whether a request type (M6__Request body case) only reads: Hello, List,
+ * Status, Metrics, Events, Plan. What a --group-read-only member may send;
+ * any other (Submit, Pause, Resume, Delink, Stop and every type added
+ * later until listed here) changes m6d's state. */
+int handlers_is_read(int body_case);
 
 /* A reply frame carrying only a status and message (for framing errors
  * found before a payload exists, e.g. an oversized length). */

@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <uv.h>
 #ifdef HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -37,6 +39,11 @@ typedef struct {
     char state_dir[2048];
     char socket_path[2048];
     int threads;
+    /* access (issue 16): who may drive m6d, other writers on m6.db */
+    double db_hold_limit_s;     /* --db-hold-limit; 0 the default */
+    gid_t group;                /* --group's gid, else m6d's egid */
+    char group_name[64];
+    int group_read_only;        /* --group-read-only */
 } options;
 
 static struct {
@@ -67,6 +74,13 @@ static void usage_(FILE *f)
         "  --threads N        CPU threads for runs whose spec leaves device.threads\n"
         "                     at 0, 1..1024 (default: OpenMP's, one per core)\n"
         "  --log-level L      debug|info|warn|error (default info)\n"
+        "  --group NAME       the group whose members may drive m6d (the unit's\n"
+        "                     Group=; default m6d's own group): the socket's group\n"
+        "  --group-read-only  members of the group may only read (status, list,\n"
+        "                     metrics, events, plan); root and m6d's user still all\n"
+        "  --db-hold-limit S  seconds step records may wait in memory while another\n"
+        "                     process holds m6.db's write lock; then the run pauses\n"
+        "                     (default 600)\n"
         "  --help, --version\n");
 }
 
@@ -77,11 +91,16 @@ static int parse_args_(int argc, char **argv, options *o)
         {"socket", required_argument, 0, 's'},
         {"threads", required_argument, 0, 't'},
         {"log-level", required_argument, 0, 'l'},
+        /* access */
+        {"db-hold-limit", required_argument, 0, 'H'},
+        {"group", required_argument, 0, 'G'},
+        {"group-read-only", no_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
+    o->group = getegid();
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -120,6 +139,36 @@ static int parse_args_(int argc, char **argv, options *o)
             log_set_level((log_level)lv);
             break;
         }
+        /* access */
+        case 'H': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (end == optarg || *end || !(v >= 1 && v <= 86400)) {
+                fprintf(stderr, "m6d: --db-hold-limit: want seconds, 1..86400, "
+                        "got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->db_hold_limit_s = v;
+            break;
+        }
+        case 'G': {
+            struct group gr, *res = NULL;
+            char buf[8192], *end;
+            unsigned long num = strtoul(optarg, &end, 10);
+            if (*optarg && !*end)  /* a gid */
+                getgrgid_r((gid_t)num, &gr, buf, sizeof buf, &res);
+            else
+                getgrnam_r(optarg, &gr, buf, sizeof buf, &res);
+            if (!res) {
+                fprintf(stderr, "m6d: --group: no group \"%.80s\" (see "
+                        "getent group)\n", optarg);
+                return -1;
+            }
+            o->group = res->gr_gid;
+            snprintf(o->group_name, sizeof o->group_name, "%s", res->gr_name);
+            break;
+        }
+        case 'R': o->group_read_only = 1; break;
         case 'h': usage_(stdout); exit(0);
         case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
         default: usage_(stderr); return -1;
@@ -135,6 +184,16 @@ static int parse_args_(int argc, char **argv, options *o)
     }
     if (!o->socket_path[0])
         paths_socket_in(o->state_dir, o->socket_path, sizeof o->socket_path);
+    if (!o->group_name[0]) {
+        struct group gr, *res = NULL;
+        char buf[8192];
+        getgrgid_r(o->group, &gr, buf, sizeof buf, &res);
+        if (res)
+            snprintf(o->group_name, sizeof o->group_name, "%s", res->gr_name);
+        else
+            snprintf(o->group_name, sizeof o->group_name, "%u",
+                     (unsigned)o->group);
+    }
     return 0;
 }
 
@@ -304,6 +363,36 @@ static int lock_state_dir_(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* access: a directory that others may write (o+w) lets anyone replace
+ * m6.db, a checkpoint or the control socket (sshd's StrictModes refuses
+ * the same). 0, or -1 with err naming the directory, its mode and the fix. */
+static int refuse_world_writable_(const char *what, const char *dir,
+                                  char *err, size_t errlen)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return 0;  /* the step that needs it says */
+    if (!(sb.st_mode & S_IWOTH)) return 0;
+    snprintf(err, errlen, "%s %s has mode %04o: others may write it (and so "
+             "replace m6.db, a checkpoint or the control socket); m6d will "
+             "not use it. Fix: `chmod o-w %s` (m6d creates its directories "
+             "0750)%s", what, dir, (unsigned)(sb.st_mode & 07777), dir,
+             strcmp(what, "socket dir") == 0 ? ", or give --socket a path in "
+             "a directory of m6d's own" : "");
+    return -1;
+}
+
+/* The directory of a socket path ("." for a bare name). */
+static void dir_of_(const char *path, char *buf, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(buf, len, ".");
+    else if (slash == path)
+        snprintf(buf, len, "/");
+    else
+        snprintf(buf, len, "%.*s", (int)(slash - path), path);
+}
+
 static void close_walk_(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -327,6 +416,10 @@ static void close_but_signals_(uv_handle_t *h, void *arg)
 int main(int argc, char **argv)
 {
     char err[4600];
+    /* access: what m6d creates (m6.db, runs/, checkpoints, its dirs) has
+     * the same modes whatever umask the caller had: no write for the
+     * group, nothing for others */
+    umask(0027);
     if (parse_args_(argc, argv, &g.opt) < 0) return 2;
     signal(SIGPIPE, SIG_IGN);
 
@@ -338,6 +431,19 @@ int main(int argc, char **argv)
                   "or create it: check it and each directory above it\"" : "");
         fprintf(stderr, "m6d: state dir %s: %s (uid %d)\n", g.opt.state_dir,
                 strerror(e), (int)geteuid());
+        return 1;
+    }
+    /* access: no directory others may write; the socket systemd passed
+     * (m6d.socket) is checked by systemd's SocketMode= instead */
+    int listen_fd = listen_fd_();
+    char sock_dir[2048];
+    dir_of_(g.opt.socket_path, sock_dir, sizeof sock_dir);
+    if (refuse_world_writable_("state dir", g.opt.state_dir, err,
+                               sizeof err) < 0 ||
+        (listen_fd < 0 &&
+         refuse_world_writable_("socket dir", sock_dir, err, sizeof err) < 0)) {
+        log_error("daemon.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
         return 1;
     }
     if (lock_state_dir_(g.opt.state_dir, err, sizeof err) != 0) {
@@ -368,7 +474,10 @@ int main(int argc, char **argv)
      * busy) must not create m6.db or take up a run. Connections wait in the
      * backlog until the loop runs, by then with the coordinator up. */
     server_config sc = {.loop = &g.loop, .socket_path = g.opt.socket_path,
-                        .listen_fd = listen_fd_(), .handlers = &g.handlers};
+                        .listen_fd = listen_fd, .handlers = &g.handlers,
+                        .group = g.opt.group, .group_name = g.opt.group_name,
+                        .group_read_only = g.opt.group_read_only,
+                        .state_dir = g.opt.state_dir};
     g.srv = server_init(&sc, err, sizeof err);
     if (!g.srv) {
         log_error("server.error", "err=\"%s\"", err);
@@ -379,6 +488,10 @@ int main(int argc, char **argv)
         log_error("state.error", "db=%s err=\"%s\"", db, err);
         goto out_server;
     }
+    state_set_hold_limit(g.st, g.opt.db_hold_limit_s);
+    /* the loop answers every client: it never waits long for another
+     * process's lock on m6.db (the worker and the pool threads do) */
+    state_thread_wait_limit(5);
     coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
     g.co = coord_init(&cc, err, sizeof err);
     if (!g.co) {

@@ -22,6 +22,9 @@
 #include "control/server.h"
 
 #include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +61,10 @@ struct server {
     int draining;         /* connections whose reply server_drain awaits */
     int listener_closing; /* closed by server_drain, callback not yet run */
     int free_on_close;    /* server_fini came first: that callback frees */
+    /* access: who may drive m6d (server_config) */
+    gid_t group;
+    char group_name[64];
+    int group_read_only;
 };
 
 struct conn {
@@ -326,6 +333,8 @@ out:
     free(buf->base);
 }
 
+static void check_peer_(server *s, conn *c);
+
 static void on_connection_(uv_stream_t *ls, int status)
 {
     server *s = (server *)ls;
@@ -356,7 +365,143 @@ static void on_connection_(uv_stream_t *ls, int status)
         conn_close_(c);
         return;
     }
+    check_peer_(s, c);
     log_debug("conn.open", "conn=%lu", c->id);
+}
+
+/* ------------------------------------------------------------------ access */
+
+/* The user's name for messages ("?" unknown). May consult NSS: called for
+ * refused connections only. */
+static void user_name_(uid_t uid, char *buf, size_t len)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[4096];
+    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+        snprintf(buf, len, "%s", pw.pw_name);
+    else
+        snprintf(buf, len, "?");
+}
+
+/* Whether the peer of fd (credentials cr) has group g, as its primary
+ * group or a supplementary one: SO_PEERGROUPS (the groups it had when it
+ * connected; Linux 4.13), else the user database's groups of cr->uid. */
+static int peer_in_group_(int fd, const struct ucred *cr, gid_t g)
+{
+    if (cr->gid == g) return 1;
+#ifdef SO_PEERGROUPS
+    gid_t buf[64], *v = buf;
+    socklen_t len = sizeof buf;
+    int rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, v, &len);
+    if (rc != 0 && errno == ERANGE && (v = malloc(len)) != NULL)
+        rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, v, &len);
+    if (rc == 0) {
+        int in = 0;
+        for (size_t i = 0; i < len / sizeof(gid_t); i++)
+            if (v[i] == g) in = 1;
+        if (v != buf) free(v);
+        return in;
+    }
+    if (v && v != buf) free(v);
+#endif
+    struct passwd pw, *res = NULL;
+    char tmp[4096];
+    if (getpwuid_r(cr->uid, &pw, tmp, sizeof tmp, &res) != 0 || !res)
+        return 0;
+    gid_t groups[256];
+    int ng = 256;
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &ng) < 0) return 0;
+    for (int i = 0; i < ng; i++)
+        if (groups[i] == g) return 1;
+    return 0;
+}
+
+/* A new connection's rights from its peer's credentials (SO_PEERCRED,
+ * taken by the kernel at connect): root and m6d's own user everything;
+ * members of the group everything, or only reads (group_read_only);
+ * anyone else is refused at its first request, which names the uid
+ * (handlers_dispatch), and logged here. */
+static void check_peer_(server *s, conn *c)
+{
+    uv_os_fd_t fd;
+    struct ucred cr;
+    socklen_t l = sizeof cr;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) != 0) {
+        int e = errno;
+        snprintf(c->sess.denied, sizeof c->sess.denied, "permission denied: "
+                 "m6d cannot read this connection's credentials "
+                 "(SO_PEERCRED: %s)", strerror(e));
+        log_warn("conn.refused", "conn=%lu err=\"SO_PEERCRED: %s\"", c->id,
+                 strerror(e));
+        return;
+    }
+    c->sess.peer_uid = (unsigned)cr.uid;
+    if (cr.uid == 0 || cr.uid == geteuid()) return;
+    if (peer_in_group_(fd, &cr, s->group)) {
+        c->sess.read_only = s->group_read_only;
+        log_debug("conn.peer", "conn=%lu uid=%u group=%s read_only=%d", c->id,
+                  (unsigned)cr.uid, s->group_name, s->group_read_only);
+        return;
+    }
+    char name[64];
+    user_name_(cr.uid, name, sizeof name);
+    snprintf(c->sess.denied, sizeof c->sess.denied, "permission denied: uid "
+             "%u (%s) may not use this m6d: it serves root, its own user "
+             "(uid %u) and the members of group %s (gid %u)",
+             (unsigned)cr.uid, name, (unsigned)geteuid(), s->group_name,
+             (unsigned)s->group);
+    log_warn("conn.refused", "conn=%lu uid=%u gid=%u pid=%d user=%s "
+             "group=%s msg=\"not root, m6d's user or a member of the group\"",
+             c->id, (unsigned)cr.uid, (unsigned)cr.gid, (int)cr.pid, name,
+             s->group_name);
+}
+
+/* The socket m6d bound: group-owned by the group (0660 is set by the
+ * caller); its directory, when it is m6d's state dir, 0750 and the
+ * group's, so that members reach the socket and no one else lists or
+ * enters the directory. Another directory is the operator's: a warning
+ * when it is looser than 0750. 0, or -1 with err. */
+static int secure_socket_(server *s, const server_config *cfg, char *err,
+                          size_t errlen)
+{
+    struct stat ss;
+    if (stat(s->path, &ss) == 0 && ss.st_gid != s->group &&
+        chown(s->path, (uid_t)-1, s->group) < 0) {
+        snprintf(err, errlen, "cannot give the socket %s to group %s (gid "
+                 "%u): %s; m6d's user (uid %u) must be a member of it (the "
+                 "unit's Group=)", s->path, s->group_name, (unsigned)s->group,
+                 strerror(errno), (unsigned)geteuid());
+        return -1;
+    }
+    char dir[sizeof s->path];
+    snprintf(dir, sizeof dir, "%s", s->path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    char rd[PATH_MAX], rs[PATH_MAX];
+    int own = cfg->state_dir && realpath(dir, rd) &&
+              realpath(cfg->state_dir, rs) && strcmp(rd, rs) == 0;
+    struct stat sb;
+    if (stat(dir, &sb) < 0) return 0;
+    if (own && sb.st_uid == geteuid()) {
+        if ((sb.st_gid != s->group && chown(dir, (uid_t)-1, s->group) < 0) ||
+            ((sb.st_mode & 07777) != 0750 && chmod(dir, 0750) < 0)) {
+            snprintf(err, errlen, "cannot make the state dir %s mode 0750, "
+                     "group %s: %s", dir, s->group_name, strerror(errno));
+            return -1;
+        }
+        if ((sb.st_mode & 07777) != 0750)
+            log_info("server.dir", "dir=%s old_mode=%04o mode=0750 group=%s",
+                     dir, (unsigned)(sb.st_mode & 07777), s->group_name);
+    } else if (sb.st_mode & 0027) {
+        log_warn("server.dir", "dir=%s mode=%04o msg=\"the socket's directory "
+                 "is looser than 0750; the socket itself is 0660 and each "
+                 "connection is checked (SO_PEERCRED)\"", dir,
+                 (unsigned)(sb.st_mode & 07777));
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- listener */
@@ -406,6 +551,10 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
         return NULL;
     }
     s->handlers = cfg->handlers;
+    s->group = cfg->group;
+    s->group_read_only = cfg->group_read_only;
+    snprintf(s->group_name, sizeof s->group_name, "%s",
+             cfg->group_name ? cfg->group_name : "?");
     UV_CHECK(uv_pipe_init(cfg->loop, &s->listener, 0), err, errlen);
     s->listener_open = 1;
     if (cfg->listen_fd >= 0) {
@@ -429,10 +578,12 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
             snprintf(err, errlen, "chmod %s: %s", s->path, strerror(errno));
             goto fail;
         }
+        if (secure_socket_(s, cfg, err, errlen) < 0) goto fail;
     }
     UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_), err,
              errlen);
-    log_info("server.listen", "socket=%s", s->path);
+    log_info("server.listen", "socket=%s group=%s%s", s->path, s->group_name,
+             s->group_read_only ? " group_read_only=1" : "");
     return s;
 fail:
     server_fini(s);

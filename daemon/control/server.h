@@ -17,6 +17,17 @@ typedef struct {
     const char *socket_path;  /* bind here (mode 0660) unless listen_fd >= 0 */
     int listen_fd;            /* inherited listening socket (systemd), or -1 */
     handlers_ctx *handlers;
+    /* Who may drive m6d (each connection's SO_PEERCRED): root and m6d's
+     * own uid everything; members of group (primary or supplementary
+     * group of the peer) everything, or only the read requests
+     * (handlers_is_read) with group_read_only; anyone else is refused
+     * (STATUS_PERMISSION_DENIED naming the uid, logged). The socket m6d
+     * binds is 0660 whatever the umask, group-owned by group; its
+     * directory, when it is state_dir, is made 0750 and given to group. */
+    gid_t group;              /* --group's gid, or m6d's egid */
+    const char *group_name;   /* for messages */
+    int group_read_only;      /* --group-read-only */
+    const char *state_dir;    /* m6d's own directory (may be NULL) */
 } server_config;
 
 server *server_init(const server_config *cfg, char *err, size_t errlen);

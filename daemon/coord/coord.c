@@ -176,7 +176,9 @@ static void pause_error_(run_ctx *r, worker_event ev, const char *reason)
                       : ev == WE_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (state_run_set_state(c->st, r->id, RUN_PAUSED, reason) == 0)
+    /* held: recorded as soon as m6.db can take it, even while another
+     * process holds its write lock (state.h) */
+    if (state_run_set_state_held(c->st, r->id, RUN_PAUSED, reason) == 0)
         state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
     publish_(r);
 }
@@ -661,8 +663,12 @@ static int step_(run_ctx *r)
     double s = res.step_ms / 1e3;
     c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
     pthread_mutex_unlock(&c->mu);
+    char held_why[1536];
     if (flush_(r, &err) < 0)
         pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    else if (state_hold_overdue(c->st, held_why, sizeof held_why))
+        /* another process has held m6.db's write lock past the limit */
+        pause_error_(r, WE_WRITE_FAILED, held_why);
     else if (r->eval_owed)
         pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
     else

@@ -17,16 +17,53 @@
 #include "common/log.h"
 #include "state/schema.h"
 
+typedef struct held_ held_;
+
 struct state {
     sqlite3 *db;
     pthread_mutex_t mu;
     char last_error[256];  /* SQLite's message for the latest failure */
+    char path[1024];       /* m6.db, for messages */
+    /* Another process holding m6.db's write lock (a `sqlite3` shell in a
+     * BEGIN IMMEDIATE) makes a write SQLITE_BUSY. Step records (metrics
+     * rows, events, checkpoint rows, progress) are then held here, in
+     * order, and written in one transaction once the lock is free: by the
+     * flusher thread, or by the next write (every write writes the held
+     * records first, so m6.db keeps their order). Guarded by mu. */
+    held_ *held_head, **held_tail;
+    int held_n;
+    double held_since;     /* monotonic seconds of the oldest held; 0 none */
+    double hold_limit_s;   /* state_set_hold_limit */
+    int busy_hit;          /* the latest statement met SQLITE_BUSY/LOCKED */
+    double busy_logged;    /* monotonic time of the last busy warning */
+    pthread_t flusher;
+    pthread_cond_t held_cv;
+    int flusher_started, closing;
     /* A second, read-only connection for the long reads of clients (pages
      * of metrics): WAL lets it read while db writes, and its own mutex
      * keeps such a read from holding up the requests and steps that use
      * db. NULL: reads use db. */
     struct state *reader;
 };
+
+enum {
+    DEFAULT_BUSY_MS = 5000, /* the connection's busy timeout otherwise */
+    HELD_TRY_MS = 100,      /* a step record's own try, nothing held */
+    FLUSH_TRY_MS = 0,       /* each try of the flusher thread (no wait) */
+    FLUSH_EVERY_MS = 50,    /* ... this often while records are held */
+    WAIT_SLICE_MS = 100,    /* a waited write's tries, mu let go between */
+    WAIT_MAX_S = 30,        /* a waited write gives up after this (or the
+                             * hold limit, if shorter) */
+    BUSY_LOG_EVERY_S = 30,  /* the "records held" warning, at most */
+};
+
+/* Held records and waited writes (below, "other writers"). */
+static double mono_(void);
+static int begin_locked_(state *st, int busy_ms);
+static int commit_locked_(state *st);
+static void held_clear_locked_(state *st);
+static void *flusher_main_(void *arg);
+static double wait_s_(const state *st);
 
 static const char *const state_names[RUN_STATE_COUNT] = {
     "queued", "running", "paused", "completed", "failed", "stopped"};
@@ -57,12 +94,27 @@ static void copy_text_(char *dst, size_t cap, const unsigned char *src)
 
 /* ------------------------------------------------------------ open/migrate */
 
+/* Another connection holds the lock (SQLITE_BUSY, SQLITE_LOCKED and their
+ * extended codes): a wait, not a failure. */
+static int is_busy_(int rc)
+{
+    rc &= 0xff;
+    return rc == SQLITE_BUSY || rc == SQLITE_LOCKED;
+}
+
 static int exec_(state *st, const char *sql)
 {
     char *msg = NULL;
-    if (sqlite3_exec(st->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        log_error("sqlite.error", "sql=\"%.60s\" msg=\"%s\"", sql,
-                  msg ? msg : "?");
+    int rc = sqlite3_exec(st->db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        if (is_busy_(rc)) {  /* the caller holds or waits (held_write_) */
+            st->busy_hit = 1;
+            log_debug("sqlite.busy", "sql=\"%.60s\" msg=\"%s\"", sql,
+                      msg ? msg : "?");
+        } else {
+            log_error("sqlite.error", "sql=\"%.60s\" msg=\"%s\"", sql,
+                      msg ? msg : "?");
+        }
         snprintf(st->last_error, sizeof st->last_error, "%s", msg ? msg : "?");
         sqlite3_free(msg);
         return -1;
@@ -156,6 +208,8 @@ static void open_reader_(state *st, const char *path)
     state *r = calloc(1, sizeof *r);
     if (!r) return;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->held_cv, NULL);
+    r->held_tail = &r->held_head;
     int rc = sqlite3_open_v2(path, &r->db,
                              SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX, NULL);
     if (rc != SQLITE_OK) {
@@ -177,6 +231,10 @@ state *state_open(const char *path, char *err, size_t errlen)
         return NULL;
     }
     pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->held_cv, NULL);
+    st->held_tail = &st->held_head;
+    st->hold_limit_s = STATE_HOLD_LIMIT_DEFAULT_S;
+    snprintf(st->path, sizeof st->path, "%s", path);
     int rc = sqlite3_open_v2(path, &st->db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                  SQLITE_OPEN_FULLMUTEX,
@@ -186,7 +244,7 @@ state *state_open(const char *path, char *err, size_t errlen)
                  st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
         goto fail;
     }
-    sqlite3_busy_timeout(st->db, 5000);
+    sqlite3_busy_timeout(st->db, DEFAULT_BUSY_MS);
     /* SQLite opens a file it may not write read-only, without a word */
     if (sqlite3_db_readonly(st->db, "main") == 1) {
         snprintf(err, errlen, "%s: m6d (uid %d) may not write it; check the "
@@ -206,6 +264,11 @@ state *state_open(const char *path, char *err, size_t errlen)
     if (check_intact_(st, path, err, errlen) < 0) goto fail;
     if (migrate_(st, err, errlen) < 0) goto fail;
     open_reader_(st, path);
+    if (pthread_create(&st->flusher, NULL, flusher_main_, st) != 0) {
+        snprintf(err, errlen, "cannot start the state DB's flusher thread");
+        goto fail;
+    }
+    st->flusher_started = 1;
     return st;
 fail:
     state_close(st);
@@ -215,9 +278,33 @@ fail:
 void state_close(state *st)
 {
     if (!st) return;
+    if (st->flusher_started) {
+        pthread_mutex_lock(&st->mu);
+        st->closing = 1;
+        pthread_cond_broadcast(&st->held_cv);
+        pthread_mutex_unlock(&st->mu);
+        pthread_join(st->flusher, NULL);
+    }
+    /* m6d stops with records held: wait for the lock (wait_s_) once more,
+     * then say what is lost */
+    double start = mono_();
+    while (st->held_n && st->db) {
+        int rc = begin_locked_(st, WAIT_SLICE_MS);
+        if (rc == 0) rc = commit_locked_(st);
+        if (rc != 1 || mono_() - start >= wait_s_(st)) break;
+    }
+    if (st->held_n) {
+        log_error("state.lost", "db=%s records=%d msg=\"m6d stops while "
+                  "m6.db is locked by another process or cannot be written "
+                  "(%s): the step records held in memory are lost; the "
+                  "run resumes from its last checkpoint\"", st->path,
+                  st->held_n, st->last_error);
+        held_clear_locked_(st);
+    }
     state_close(st->reader);
     if (st->db) sqlite3_close(st->db);
     pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->held_cv);
     free(st);
 }
 
@@ -256,6 +343,14 @@ typedef struct {
 static void sql_fail_(state *st, const char *sql, const char *file, int line,
                       int rc)
 {
+    if (is_busy_(rc)) {
+        st->busy_hit = 1;
+        log_debug("sqlite.busy", "sql=\"%.60s\" at=%s:%d", sql ? sql : "?",
+                  file, line);
+        snprintf(st->last_error, sizeof st->last_error, "%s",
+                 sqlite3_errmsg(st->db));
+        return;
+    }
     log_error("sqlite.error", "sql=\"%s\" at=%s:%d rc=%d msg=\"%s\"",
               sql ? sql : "?", file, line, rc, sqlite3_errmsg(st->db));
     snprintf(st->last_error, sizeof st->last_error, "%s",
@@ -310,14 +405,313 @@ static int write_locked_(state *st, const char *file, int line,
     return rc == SQLITE_DONE ? sqlite3_changes(st->db) : -1;
 }
 
-/* The same, taking st->mu itself. */
+/* ------------------------------------------- other writers: held records */
+
+
+static double mono_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One statement of a write: its SQL (a string literal) and values. */
+typedef struct {
+    const char *sql;
+    const arg_ *args;  /* ended by ARG_END */
+} stmt_;
+
+/* A statement held while m6.db is locked, its values copied (a text
+ * value points at the record's own copy). */
+struct held_ {
+    held_ *next;
+    const char *sql;   /* a string literal */
+    int n;
+    arg_ args[];       /* n values, then ARG_END */
+};
+
+static void held_free_(held_ *h)
+{
+    if (!h) return;
+    for (int i = 0; i < h->n; i++)
+        if (h->args[i].kind == ARG_TEXT) free((char *)h->args[i].t);
+    free(h);
+}
+
+/* A copy of v, or NULL (out of memory). */
+static held_ *held_new_(const stmt_ *v)
+{
+    int n = 0;
+    while (v->args[n].kind != ARG_END) n++;
+    held_ *h = calloc(1, sizeof *h + (size_t)(n + 1) * sizeof(arg_));
+    if (!h) return NULL;
+    h->sql = v->sql;
+    for (int i = 0; i < n; i++) {
+        h->args[i] = v->args[i];
+        if (v->args[i].kind == ARG_TEXT && v->args[i].t &&
+            !(h->args[i].t = strdup(v->args[i].t))) {
+            h->n = i;
+            held_free_(h);
+            return NULL;
+        }
+        h->n = i + 1;
+    }
+    h->args[n].kind = ARG_END;
+    return h;
+}
+
+static void held_clear_locked_(state *st)
+{
+    for (held_ *h = st->held_head, *next; h; h = next) {
+        next = h->next;
+        held_free_(h);
+    }
+    st->held_head = NULL;
+    st->held_tail = &st->held_head;
+    st->held_n = 0;
+    st->held_since = 0;
+}
+
+/* ROLLBACK, keeping the cause (last_error, busy_hit): a ROLLBACK after a
+ * failed COMMIT may fail too ("no transaction is active"). */
+static void rollback_locked_(state *st)
+{
+    char cause[sizeof st->last_error];
+    memcpy(cause, st->last_error, sizeof cause);
+    int busy = st->busy_hit;
+    if (sqlite3_get_autocommit(st->db) == 0) exec_(st, "ROLLBACK");
+    memcpy(st->last_error, cause, sizeof cause);
+    st->busy_hit = busy;
+}
+
+/* BEGIN IMMEDIATE, waiting busy_ms at most for another writer, then the
+ * held records, in order. 0 (in the transaction), 1 busy, -1 error (no
+ * transaction left open either way). */
+static int begin_locked_(state *st, int busy_ms)
+{
+    st->busy_hit = 0;
+    sqlite3_busy_timeout(st->db, busy_ms);
+    if (exec_(st, "BEGIN IMMEDIATE") < 0) return st->busy_hit ? 1 : -1;
+    for (held_ **p = &st->held_head; *p;) {
+        held_ *h = *p;
+        if (write_locked_(st, __FILE__, __LINE__, h->sql, h->args) < 0) {
+            if (!st->busy_hit &&
+                (sqlite3_errcode(st->db) & 0xff) == SQLITE_CONSTRAINT) {
+                /* it can never be written (logged): drop it, not the rest */
+                *p = h->next;
+                if (st->held_tail == &h->next) st->held_tail = p;
+                held_free_(h);
+                st->held_n--;
+                continue;
+            }
+            rollback_locked_(st);
+            return st->busy_hit ? 1 : -1;
+        }
+        p = &h->next;
+    }
+    return 0;
+}
+
+/* COMMIT what begin_locked_ began: the held records are then written
+ * (freed, logged). 0, 1 busy, -1 error (rolled back). */
+static int commit_locked_(state *st)
+{
+    if (exec_(st, "COMMIT") < 0) {
+        rollback_locked_(st);
+        return st->busy_hit ? 1 : -1;
+    }
+    if (st->held_n) {
+        log_info("state.unheld", "db=%s records=%d held_s=%.1f msg=\"m6.db "
+                 "is writable again: the records held in memory are "
+                 "written\"", st->path, st->held_n, mono_() - st->held_since);
+        held_clear_locked_(st);
+    }
+    return 0;
+}
+
+/* The statements v[0..n) in the open transaction; *changed the rows the
+ * last one changed. 0, 1 busy, -1 error. */
+static int run_stmts_locked_(state *st, const char *file, int line,
+                             const stmt_ *v, int n, int *changed)
+{
+    for (int i = 0; i < n; i++)
+        if ((*changed = write_locked_(st, file, line, v[i].sql,
+                                      v[i].args)) < 0)
+            return st->busy_hit ? 1 : -1;
+    return 0;
+}
+
+/*
+ * A step record (v[0..n), one transaction): written now when m6.db is free;
+ * when another process holds its write lock (SQLITE_BUSY past HELD_TRY_MS),
+ * or records are held already (they go first), held in memory, in order,
+ * and written by the flusher thread once the lock goes. Training never
+ * waits for the lock. 0 written or held, -1 another error (disk full: not
+ * held; the caller keeps it owed, as before). *changed (may be NULL): the
+ * rows the last statement changed when written now; -1 held.
+ */
+static int held_write_(state *st, const char *file, int line, const stmt_ *v,
+                       int n, int *changed)
+{
+    int ret = -1, dummy;
+    if (!changed) changed = &dummy;
+    *changed = -1;
+    pthread_mutex_lock(&st->mu);
+    if (!st->held_n) {
+        int rc = begin_locked_(st, HELD_TRY_MS);
+        if (rc == 0) {
+            rc = run_stmts_locked_(st, file, line, v, n, changed);
+            if (rc == 0) rc = commit_locked_(st);
+            else rollback_locked_(st);
+        }
+        if (rc <= 0) {
+            ret = rc;
+            goto out;
+        }
+        *changed = -1;
+    }
+    held_ *first = NULL, **tail = &first;
+    for (int i = 0; i < n; i++) {
+        held_ *h = held_new_(&v[i]);
+        if (!h) {
+            for (held_ *x = first, *next; x; x = next) {
+                next = x->next;
+                held_free_(x);
+            }
+            snprintf(st->last_error, sizeof st->last_error, "out of memory "
+                     "holding a record while m6.db is locked");
+            log_error("state.held", "db=%s msg=\"%s\"", st->path,
+                      st->last_error);
+            goto out;
+        }
+        *tail = h;
+        tail = &h->next;
+    }
+    *st->held_tail = first;
+    st->held_tail = tail;
+    st->held_n += n;
+    double now = mono_();
+    if (!st->held_since) st->held_since = now;
+    if (now - st->busy_logged >= BUSY_LOG_EVERY_S) {
+        st->busy_logged = now;
+        log_warn("state.held", "db=%s records=%d held_s=%.1f limit_s=%.0f "
+                 "msg=\"another process holds m6.db's write lock; step "
+                 "records are held in memory and written once it is "
+                 "released\"", st->path, st->held_n, now - st->held_since,
+                 st->hold_limit_s);
+    }
+    pthread_cond_signal(&st->held_cv);
+    ret = 0;
+out:
+    sqlite3_busy_timeout(st->db, DEFAULT_BUSY_MS);
+    pthread_mutex_unlock(&st->mu);
+    return ret;
+}
+
+/* The flusher thread: while records are held, try every FLUSH_EVERY_MS
+ * (FLUSH_TRY_MS each, mu let go between) to write them. */
+static void *flusher_main_(void *arg)
+{
+    state *st = arg;
+    pthread_mutex_lock(&st->mu);
+    while (!st->closing) {
+        if (!st->held_n) {
+            pthread_cond_wait(&st->held_cv, &st->mu);
+            continue;
+        }
+        int rc = begin_locked_(st, FLUSH_TRY_MS);
+        if (rc == 0) rc = commit_locked_(st);
+        sqlite3_busy_timeout(st->db, DEFAULT_BUSY_MS);
+        if (!st->held_n) continue;
+        /* another error (disk full, logged): try again, less often */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ms = rc < 0 ? 1000 : FLUSH_EVERY_MS;
+        ts.tv_nsec += ms * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&st->held_cv, &st->mu, &ts);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* state_thread_wait_limit's bound for this thread; < 0 none. */
+static __thread double thread_wait_s_ = -1;
+
+void state_thread_wait_limit(double seconds)
+{
+    thread_wait_s_ = seconds;
+}
+
+/* How long a waited write tries before it fails. */
+static double wait_s_(const state *st)
+{
+    double w = st->hold_limit_s < WAIT_MAX_S ? st->hold_limit_s : WAIT_MAX_S;
+    return thread_wait_s_ >= 0 && thread_wait_s_ < w ? thread_wait_s_ : w;
+}
+
+/*
+ * A state change that its caller must know is in m6.db (a run inserted, a
+ * state set, a command recorded): body (under mu, in one BEGIN IMMEDIATE
+ * transaction after the held records) returns < 0 on error, else its
+ * result. While another process holds the lock it is tried again in
+ * WAIT_SLICE_MS slices, mu let go between (reads and step records go on),
+ * for wait_s_ at most; then -1 with last_error saying the lock. Returns
+ * body's result, or -1.
+ */
+static int waited_(state *st, int (*body)(state *, void *), void *arg)
+{
+    double start = mono_();
+    for (;;) {
+        int ret = -1;
+        pthread_mutex_lock(&st->mu);
+        int rc = begin_locked_(st, WAIT_SLICE_MS);
+        if (rc == 0) {
+            ret = body(st, arg);
+            if (ret < 0) {
+                rc = st->busy_hit ? 1 : -1;
+                rollback_locked_(st);
+            } else {
+                rc = commit_locked_(st);
+            }
+        }
+        sqlite3_busy_timeout(st->db, DEFAULT_BUSY_MS);
+        double waited = mono_() - start;
+        int give_up = rc == 1 && waited >= wait_s_(st);
+        if (give_up) {
+            snprintf(st->last_error, sizeof st->last_error, "database is "
+                     "locked: another process has held m6.db's write lock "
+                     "for %.0f s (end its transaction; `fuser %.100s` names "
+                     "it)", waited, st->path);
+            log_error("state.locked", "db=%s waited_s=%.1f msg=\"%s\"",
+                      st->path, waited, st->last_error);
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (rc == 0) return ret;
+        if (rc < 0 || give_up) return -1;
+    }
+}
+
+typedef struct {
+    const char *file;
+    int line;
+    const char *sql;
+    const arg_ *args;
+} one_write_;
+
+static int one_write_body_(state *st, void *arg)
+{
+    one_write_ *w = arg;
+    return write_locked_(st, w->file, w->line, w->sql, w->args);
+}
+
+/* One statement as a waited write: the rows it changed, or -1. */
 static int write_(state *st, const char *file, int line, const char *sql,
                   const arg_ *args)
 {
-    pthread_mutex_lock(&st->mu);
-    int n = write_locked_(st, file, line, sql, args);
-    pthread_mutex_unlock(&st->mu);
-    return n;
+    one_write_ w = {file, line, sql, args};
+    return waited_(st, one_write_body_, &w);
 }
 
 /* Callers name the statement and its values; file:line are the caller's. */
@@ -329,6 +723,14 @@ static int write_(state *st, const char *file, int line, const char *sql,
     write_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
 #define SQL_WRITE_LOCKED(st, sql, ...) \
     write_locked_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
+/* A step record of one statement (held_write_). */
+#define SQL_STMT(sql, ...) ((stmt_){(sql), SQL_ARGS(__VA_ARGS__)})
+#define SQL_HOLD(st, sql, ...) \
+    held_write_((st), __FILE__, __LINE__, &SQL_STMT(sql, __VA_ARGS__), 1, NULL)
+/* The same, *changed set as held_write_'s. */
+#define SQL_HOLD_CHANGED(st, changed, sql, ...)                            \
+    held_write_((st), __FILE__, __LINE__, &SQL_STMT(sql, __VA_ARGS__), 1, \
+                (changed))
 
 /* Every row of the query, each put into an elem-sized slot by fill; takes
  * st->mu. 0 with *out malloc'd (NULL when there are no rows) and *n set, or
@@ -371,29 +773,40 @@ static int list_(state *st, const char *file, int line, void **out, int *n,
 
 /* -------------------------------------------------------------------- runs */
 
-int64_t state_run_insert(state *st, const char *name, const char *spec,
-                         int64_t total_steps, int phase)
+typedef struct {
+    const char *name, *spec;
+    int64_t total_steps;
+    int phase;
+    int64_t id;
+} run_insert_;
+
+static int run_insert_body_(state *st, void *arg)
 {
-    int64_t id = -1;
+    run_insert_ *a = arg;
     double t = now_();
-    pthread_mutex_lock(&st->mu);
     if (SQL_WRITE_LOCKED(st,
             "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
             "created, updated) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?)",
-            A_TEXT(name ? name : ""), A_TEXT(spec), A_TEXT(phase_name(phase)),
-            A_INT(total_steps), A_REAL(t), A_REAL(t)) < 0)
-        goto out;
-    id = sqlite3_last_insert_rowid(st->db);
-    if (!name || !*name) {
+            A_TEXT(a->name ? a->name : ""), A_TEXT(a->spec),
+            A_TEXT(phase_name(a->phase)), A_INT(a->total_steps), A_REAL(t),
+            A_REAL(t)) < 0)
+        return -1;
+    a->id = sqlite3_last_insert_rowid(st->db);
+    if (!a->name || !*a->name) {
         char nm[64];
-        snprintf(nm, sizeof nm, "run-%lld", (long long)id);
+        snprintf(nm, sizeof nm, "run-%lld", (long long)a->id);
         if (SQL_WRITE_LOCKED(st, "UPDATE runs SET name = ? WHERE id = ?",
-                             A_TEXT(nm), A_INT(id)) < 0)
-            id = -1;
+                             A_TEXT(nm), A_INT(a->id)) < 0)
+            return -1;
     }
-out:
-    pthread_mutex_unlock(&st->mu);
-    return id;
+    return 0;
+}
+
+int64_t state_run_insert(state *st, const char *name, const char *spec,
+                         int64_t total_steps, int phase)
+{
+    run_insert_ a = {name, spec, total_steps, phase, -1};
+    return waited_(st, run_insert_body_, &a) < 0 ? -1 : a.id;
 }
 
 static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
@@ -506,39 +919,41 @@ int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
     return changed < 0 ? -1 : changed ? 0 : 1;
 }
 
-int state_run_set_delink(state *st, int64_t id, int64_t step)
+int state_run_set_state_held(state *st, int64_t id, run_state rs,
+                             const char *error)
 {
-    int changed = SQL_WRITE(st,
-        "UPDATE runs SET delink_step = ?, updated = ? WHERE id = ?",
-        A_INT_OR_NULL(step), A_REAL(now_()), A_INT(id));
-    return changed < 0 ? -1 : changed ? 0 : 1;
+    return SQL_HOLD(st,
+        "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
+        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(now_()), A_INT(id));
 }
 
-static int set_progress_locked_(state *st, int64_t id, int64_t step, int phase)
+int state_run_set_delink(state *st, int64_t id, int64_t step)
 {
-    return SQL_WRITE_LOCKED(st,
-        "UPDATE runs SET step = ?, phase = ?, updated = ? WHERE id = ?",
-        A_INT(step), A_TEXT(phase_name(phase)), A_REAL(now_()),
-        A_INT(id)) < 0 ? -1 : 0;
+    int changed;
+    int rc = SQL_HOLD_CHANGED(st, &changed,
+        "UPDATE runs SET delink_step = ?, updated = ? WHERE id = ?",
+        A_INT_OR_NULL(step), A_REAL(now_()), A_INT(id));
+    return rc < 0 ? -1 : changed == 0 ? 1 : 0;
 }
+
+#define SET_PROGRESS_SQL \
+    "UPDATE runs SET step = ?, phase = ?, updated = ? WHERE id = ?"
 
 int state_run_set_progress(state *st, int64_t id, int64_t step, int phase)
 {
-    pthread_mutex_lock(&st->mu);
-    int ret = set_progress_locked_(st, id, step, phase);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+    return SQL_HOLD(st, SET_PROGRESS_SQL, A_INT(step),
+                    A_TEXT(phase_name(phase)), A_REAL(now_()), A_INT(id));
 }
 
 /* ------------------------------------------------------------------ phases */
 
 int state_phase_set(state *st, int64_t run, int phase, int64_t from_step)
 {
-    return SQL_WRITE(st,
+    return SQL_HOLD(st,
         "INSERT OR REPLACE INTO phases(run, phase, from_step, at) "
         "VALUES (?, ?, ?, ?)",
         A_INT(run), A_TEXT(phase_name(phase)), A_INT(from_step),
-        A_REAL(now_())) < 0 ? -1 : 0;
+        A_REAL(now_()));
 }
 
 int state_phase_get(state *st, int64_t run, int phase, int64_t *from_step)
@@ -576,11 +991,9 @@ static int64_t column_int_or_neg_(sqlite3_stmt *s, int i)
 
 int state_record_step(state *st, int64_t run, const metric_row *m)
 {
-    int ret = -1;
-    pthread_mutex_lock(&st->mu);
-    if (exec_(st, "BEGIN IMMEDIATE") < 0) goto out;
     /* A_REAL(NAN) stores NULL: the metrics that were not measured. */
-    if (SQL_WRITE_LOCKED(st,
+    const stmt_ v[2] = {
+        SQL_STMT(
             "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
             "val_loss, lr, tokens_per_s, grad_norm, resident_slots, "
             "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
@@ -598,21 +1011,11 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             A_REAL(m->moe_aux_loss), A_REAL(m->moe_z_loss),
             A_REAL(m->moe_dropped_fraction), A_REAL(m->moe_load_min),
             A_REAL(m->moe_load_max), A_REAL(m->moe_load_cv),
-            A_REAL(m->moe_experts_empty)) >= 0 &&
-        set_progress_locked_(st, run, m->step, m->phase) == 0 &&
-        exec_(st, "COMMIT") == 0)
-        ret = 0;
-    else {
-        /* Keep the cause: ROLLBACK after a failed COMMIT may fail too
-         * ("no transaction is active"). */
-        char cause[sizeof st->last_error];
-        memcpy(cause, st->last_error, sizeof cause);
-        exec_(st, "ROLLBACK");
-        memcpy(st->last_error, cause, sizeof cause);
-    }
-out:
-    pthread_mutex_unlock(&st->mu);
-    return ret;
+            A_REAL(m->moe_experts_empty)),
+        SQL_STMT(SET_PROGRESS_SQL, A_INT(m->step),
+                 A_TEXT(phase_name(m->phase)), A_REAL(now_()), A_INT(run)),
+    };
+    return held_write_(st, __FILE__, __LINE__, v, 2, NULL);
 }
 
 int state_metrics_truncate(state *st, int64_t run, int64_t after_step)
@@ -718,10 +1121,10 @@ int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(detail, (size_t)len + 1, fmt, ap);  /* whole, never cut */
     va_end(ap);
-    int rc = SQL_WRITE(st,
+    int rc = SQL_HOLD(st,
         "INSERT INTO events(run, time, kind, detail) VALUES (?, ?, ?, ?)",
         run > 0 ? A_INT(run) : A_NULL, A_REAL(now_()), A_TEXT(kind),
-        A_TEXT(detail)) < 0 ? -1 : 0;
+        A_TEXT(detail));
     free(detail);
     return rc;
 }
@@ -759,17 +1162,17 @@ int state_events_list(state *st, int64_t run, int64_t after_id, int max,
 int state_checkpoint_add(state *st, int64_t run, int64_t step,
                          const char *path, int64_t bytes)
 {
-    return SQL_WRITE(st,
+    return SQL_HOLD(st,
         "INSERT OR REPLACE INTO checkpoints(run, step, path, bytes, at) "
         "VALUES (?, ?, ?, ?, ?)",
         A_INT(run), A_INT(step), A_TEXT(path), A_INT(bytes),
-        A_REAL(now_())) < 0 ? -1 : 0;
+        A_REAL(now_()));
 }
 
 int state_checkpoint_delete(state *st, int64_t run, int64_t step)
 {
-    return SQL_WRITE(st, "DELETE FROM checkpoints WHERE run = ? AND step = ?",
-                     A_INT(run), A_INT(step)) < 0 ? -1 : 0;
+    return SQL_HOLD(st, "DELETE FROM checkpoints WHERE run = ? AND step = ?",
+                    A_INT(run), A_INT(step));
 }
 
 static void ckpt_fill_(sqlite3_stmt *s, void *elem)
@@ -797,4 +1200,46 @@ void state_last_error(state *st, char *buf, size_t len)
     pthread_mutex_lock(&st->mu);
     snprintf(buf, len, "%s", st->last_error[0] ? st->last_error : "unknown error");
     pthread_mutex_unlock(&st->mu);
+}
+
+/* ------------------------------------------------------------ held records */
+
+void state_set_hold_limit(state *st, double seconds)
+{
+    pthread_mutex_lock(&st->mu);
+    st->hold_limit_s = seconds > 0 ? seconds : STATE_HOLD_LIMIT_DEFAULT_S;
+    pthread_mutex_unlock(&st->mu);
+}
+
+int state_held(state *st, double *age_s)
+{
+    pthread_mutex_lock(&st->mu);
+    int n = st->held_n;
+    if (age_s) *age_s = n ? mono_() - st->held_since : 0;
+    pthread_mutex_unlock(&st->mu);
+    return n;
+}
+
+int state_hold_overdue(state *st, char *msg, size_t len)
+{
+    pthread_mutex_lock(&st->mu);
+    double age = st->held_n ? mono_() - st->held_since : 0;
+    int over = st->held_n && age >= st->hold_limit_s;
+    if (!over && st->held_n >= STATE_HELD_MAX) {
+        over = 1;
+        snprintf(msg, len, "m6.db has been locked by another process for "
+                 "%.0f s and %d step records are held in memory, the most "
+                 "m6d holds (%d): they are written once it is released: end "
+                 "the other writer's transaction (`fuser %s` names it), "
+                 "then `m6ctl resume`", age, st->held_n, STATE_HELD_MAX,
+                 st->path);
+    } else if (over)
+        snprintf(msg, len, "m6.db has been locked by another process for "
+                 "%.0f s (the hold limit, m6d --db-hold-limit, is %.0f s); "
+                 "%d step records are held in memory and are written once "
+                 "it is released: end the other writer's transaction "
+                 "(`fuser %s` names it), then `m6ctl resume`", age,
+                 st->hold_limit_s, st->held_n, st->path);
+    pthread_mutex_unlock(&st->mu);
+    return over;
 }

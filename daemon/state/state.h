@@ -8,6 +8,22 @@
  *
  * Return convention: 0 ok, 1 not found (where said), -1 database error (the
  * error is logged with the statement, file:line and SQLite's message).
+ *
+ * Other writers. Another process may hold m6.db's write lock (an operator's
+ * `sqlite3 m6.db` in BEGIN IMMEDIATE, a backup tool): a write then meets
+ * SQLITE_BUSY. Two kinds of write take that differently:
+ *   - step records ("held" below: metrics rows with the run's progress,
+ *     events, checkpoint rows, phases, the delink step, a self-pause) never
+ *     wait: after a 100 ms try they are held in memory, in order, and a
+ *     flusher thread writes them in one transaction once the lock goes
+ *     (0 is returned: written or held). state_hold_overdue says when they
+ *     have been held past the hold limit, for the caller to pause the run.
+ *   - state changes the caller must know are recorded (a run inserted, a
+ *     state set, metrics truncated) wait for the lock in 100 ms slices,
+ *     the mutex let go between (reads and step records go on), for 30 s or
+ *     the hold limit if shorter, the held records written first; then -1,
+ *     state_last_error saying the lock.
+ * Any other error (disk full) is -1 at once, as before: nothing is held.
  */
 #ifndef M6_STATE_H
 #define M6_STATE_H
@@ -64,6 +80,10 @@ typedef struct {
     int64_t bytes;
 } ckpt_row;
 
+/* How long step records may be held while another process holds m6.db's
+ * write lock before the run is paused (state_hold_overdue), by default. */
+#define STATE_HOLD_LIMIT_DEFAULT_S 600.0
+
 /* Open (create) the database at path and apply pending migrations. */
 state *state_open(const char *path, char *err, size_t errlen);
 void state_close(state *st);
@@ -83,9 +103,15 @@ int state_run_list(state *st, run_row **rows, int *n);
 /* Ids of runs in state s, ascending (submit order). */
 int state_run_ids(state *st, run_state s, int64_t **ids, int *n);
 int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
+/* The same as a held record (never waits for another writer's lock; 0
+ * written or held, -1 another error): for the run's own pause for an error,
+ * recorded as soon as m6.db can take it, in order with the step records. */
+int state_run_set_state_held(state *st, int64_t id, run_state s,
+                             const char *error);
 int state_run_set_progress(state *st, int64_t id, int64_t step, int phase);
 /* The step at which the run delinked (schema 0004); -1 stores NULL (never
- * delinked). 0, 1 no such run, -1 error. */
+ * delinked). Held (see the top). 0 (written or held), 1 no such run (known
+ * only when written at once), -1 error. */
 int state_run_set_delink(state *st, int64_t id, int64_t step);
 
 /* Phases: INSERT OR REPLACE (run, phase) from_step. */
@@ -93,7 +119,9 @@ int state_phase_set(state *st, int64_t run, int phase, int64_t from_step);
 int state_phase_get(state *st, int64_t run, int phase, int64_t *from_step);
 int state_phase_delete(state *st, int64_t run, int phase);
 
-/* One step done: the metrics row and the run's step/phase, one transaction. */
+/* One step done: the metrics row and the run's step/phase, one transaction.
+ * Held (see the top): 0 written or held, -1 another error. Progress, phases,
+ * events and checkpoint rows are held the same way. */
 int state_record_step(state *st, int64_t run, const metric_row *m);
 int state_metrics_truncate(state *st, int64_t run, int64_t after_step);
 /* A run's metrics rows with step > after_step, ascending, all of them;
@@ -133,6 +161,29 @@ int state_checkpoint_add(state *st, int64_t run, int64_t step,
 int state_checkpoint_delete(state *st, int64_t run, int64_t step);
 /* Ascending by step. */
 int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n);
+
+/* The hold limit in seconds (m6d --db-hold-limit; <= 0: the default). */
+void state_set_hold_limit(state *st, double seconds);
+
+/* A shorter bound (seconds) for the waited writes made on the calling
+ * thread: m6d's event loop thread, which answers every client, waits at
+ * most this long (5 s, the busy timeout it had before) for another
+ * writer's lock; other threads wait the 30 s. < 0: no bound of its own. */
+void state_thread_wait_limit(double seconds);
+
+/* Records held in memory now (0 none); *age_s (may be NULL) how long the
+ * oldest has waited, in seconds. */
+int state_held(state *st, double *age_s);
+
+/* At most this many records are held (a few hundred bytes each) before
+ * state_hold_overdue says so, whatever the hold limit: fast steps on a
+ * long lock must not eat the host's memory. */
+#define STATE_HELD_MAX 500000
+
+/* 1 when records have been held longer than the hold limit, or
+ * STATE_HELD_MAX of them, msg set (why, how many, what to do: for the
+ * run's pause); 0 otherwise. */
+int state_hold_overdue(state *st, char *msg, size_t len);
 
 /* SQLite's message for the latest failed statement ("database or disk is
  * full"), for errors shown to the operator. */

@@ -64,7 +64,9 @@ grep -q -- '--state-dir: want a path' "$T/e.err" || fail "empty --state-dir: $(c
 # read-only, failing every write.
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
     chmod 711 "$T"  # nobody must reach $T/ro
-    mkdir -p "$T/ro" && chmod 777 "$T/ro"
+    # the dir nobody's (it makes its lock and socket there), not mode 0777:
+    # m6d refuses a state dir that others may write (access, issue 16)
+    mkdir -p "$T/ro" && chown 65534 "$T/ro" && chmod 755 "$T/ro"
     sqlite3 "$T/ro/m6.db" 'pragma user_version=0'  # a root-owned m6.db
     chmod 644 "$T/ro/m6.db"
     rc=0

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -430,6 +431,93 @@ static void test_long_text_whole(void **unused)
     state_close(st);
 }
 
+/* Another process holding m6.db's write lock (issue 16, item 8): step
+ * records are held in memory, in order, not failed, and written once the
+ * lock goes; a state change waits, then fails naming the lock; past the
+ * hold limit state_hold_overdue says so. The other writer is a second,
+ * independent SQLite connection in BEGIN IMMEDIATE. */
+static void test_other_writer_held(void **s)
+{
+    (void)s;
+    char err[256];
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    int64_t id = state_run_insert(st, "held", "{}", 100, 0);
+    assert_true(id > 0);
+    sqlite3 *other;
+    assert_int_equal(sqlite3_open(dbpath, &other), SQLITE_OK);
+    sqlite3_busy_timeout(other, 5000);
+    assert_int_equal(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL),
+                     SQLITE_OK);
+    state_set_hold_limit(st, 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 1; i <= 5; i++) {
+        metric_row m = {.step = i, .phase = 0, .train_loss = 1.0 / i,
+                        .val_loss = NAN, .lr = 1e-3, .tokens_per_s = NAN,
+                        .grad_norm = NAN, .resident_slots = -1,
+                        .offloaded_slots = -1, .peak_device_bytes = -1,
+                        .h2d_gbps = NAN, .d2h_gbps = NAN,
+                        .copy_hidden_fraction = NAN, .moe_aux_loss = NAN,
+                        .moe_z_loss = NAN, .moe_dropped_fraction = NAN,
+                        .moe_load_min = NAN, .moe_load_max = NAN,
+                        .moe_load_cv = NAN, .moe_experts_empty = NAN};
+        assert_int_equal(state_record_step(st, id, &m), 0);
+    }
+    assert_int_equal(state_event(st, id, "test.held", "after step %d", 5), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* never waited for the lock: one 100 ms try, then held at once */
+    double dt = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(dt < 1.0);
+    double age;
+    assert_int_equal(state_held(st, &age), 11); /* 5 x (row, progress) + 1 */
+    char msg[1024] = "";
+    assert_int_equal(state_hold_overdue(st, msg, sizeof msg), 0);
+    /* a state change waits (up to the 1 s limit), then fails naming it */
+    assert_int_equal(state_run_set_state(st, id, RUN_RUNNING, NULL), -1);
+    state_last_error(st, err, sizeof err);
+    assert_non_null(strstr(err, "locked"));
+    assert_int_equal(state_hold_overdue(st, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "locked by another process"));
+    assert_non_null(strstr(msg, "11 step records"));
+    /* the other writer's view: nothing of ours yet */
+    sqlite3_stmt *q;
+    sqlite3_prepare_v2(other, "SELECT count(*) FROM metrics", -1, &q, NULL);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), 0);
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_exec(other, "COMMIT", NULL, NULL, NULL),
+                     SQLITE_OK);
+    /* the flusher writes them within a few of its 50 ms tries */
+    for (int i = 0; i < 100 && state_held(st, NULL) > 0; i++)
+        usleep(20000);
+    assert_int_equal(state_held(st, NULL), 0);
+    metric_row *rows;
+    int n;
+    assert_int_equal(state_metrics_list(st, id, 0, &rows, &n), 0);
+    assert_int_equal(n, 5);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(rows[i].step, i + 1);
+        assert_true(rows[i].train_loss == 1.0 / (i + 1));
+    }
+    free(rows);
+    run_row r;
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.step, 5);
+    assert_int_equal(r.state, RUN_QUEUED); /* the failed change left none */
+    run_row_clear(&r);
+    event_row *ev;
+    assert_int_equal(state_events_list(st, id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ev[0].kind, "test.held");
+    assert_string_equal(ev[0].detail, "after step 5");
+    event_rows_free(ev, n);
+    assert_int_equal(state_run_set_state(st, id, RUN_RUNNING, NULL), 0);
+    assert_int_equal(state_hold_overdue(st, msg, sizeof msg), 0);
+    sqlite3_close(other);
+    state_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +528,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

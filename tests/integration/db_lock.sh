@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# db_lock.sh — other writers on m6.db (issue 16, item 8). A sqlite3 shell
+# holding a write transaction (BEGIN IMMEDIATE) for 15 s mid-run must not
+# stop training: m6d holds the step records in memory and writes them once
+# the lock goes, so the run's metrics rows are complete (one per step), its
+# losses are bitwise those of an undisturbed run of the same spec (CPU,
+# one thread), and no pause is recorded. With a short hold limit
+# (--db-hold-limit 2) and a lock of 8 s the run pauses itself, and the
+# pause, its reason and every step's row are in m6.db once the lock goes;
+# resumed, it ends with the undisturbed losses. Under umask 000 m6d's
+# dir, socket and m6.db are 0750, 0660, 0640; a state dir or socket dir
+# that others may write (o+w) is refused at start, naming mode and fix.
+. "$(dirname "$0")/lib.sh"
+
+command -v sqlite3 >/dev/null || { echo "SKIP: no sqlite3 shell"; exit 77; }
+
+# lock_db STATE_DIR SECONDS: a sqlite3 shell (another process, as an
+# operator's would be) takes m6.db's write lock and holds it SECONDS, in
+# the background (LOCK_PID); returns once it holds the lock.
+lock_db() {
+    rm -f "$T/locked"
+    { printf '.timeout 20000\n.bail on\nBEGIN IMMEDIATE;\n.system touch %s\n' \
+          "$T/locked"
+      sleep "$2"
+      printf 'COMMIT;\n'; } | sqlite3 "$1/m6.db" >"$T/locker.out" 2>&1 &
+    LOCK_PID=$!
+    for _ in $(seq 1 400); do
+        [ -e "$T/locked" ] && return 0
+        kill -0 "$LOCK_PID" 2>/dev/null \
+            || fail "sqlite3 could not take m6.db's write lock: $(cat "$T/locker.out")"
+        sleep 0.05
+    done
+    fail "sqlite3 did not take m6.db's write lock in 20 s"
+}
+
+prepare_data "$T/data"
+CKPT_EVERY=1000 write_spec "$T/s.json" lk 4000 100 '"device": {"threads": 1}'
+
+# --- the undisturbed reference, then the same run under a 15 s lock
+start_daemon "$T/st"
+REF=$(ctl submit "$T/s.json")
+ctl watch "$REF" >/dev/null || fail "reference run did not complete"
+losses "$REF" >"$T/ref.csv"
+[ "$(wc -l <"$T/ref.csv")" -gt 4000 ] || fail "reference: $(wc -l <"$T/ref.csv") loss lines"
+
+R=$(ctl submit "$T/s.json")
+wait_step "$R" 200
+lock_db "$T/st" 15
+at_lock=$(db "$T/st" "select count(*) from metrics where run=$R")
+log "m6.db locked at $at_lock rows of run $R"
+sleep 2
+ctl status "$R" >/dev/null || fail "status while m6.db is locked"
+wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
+wait_state "$R" completed 60
+grep -q "warn state.held" "$T/m6d-st.log" || fail "no state.held warning while m6.db was locked"
+held=$(sed -n 's/.* state.unheld .*records=\([0-9]*\).*/\1/p' "$T/m6d-st.log" | tail -1)
+[ -n "$held" ] && [ "$held" -ge 40 ] \
+    || fail "run $R did not train while m6.db was locked (records held: ${held:-none})"
+log "$held records held in memory during the lock, written after it"
+n=$(db "$T/st" "select count(*) || ' ' || min(step) || ' ' || max(step) from metrics where run=$R")
+[ "$n" = "4000 1 4000" ] || fail "run $R metrics rows (count min max): $n, want 4000 1 4000"
+pauses=$(db "$T/st" "select count(*) from events where run=$R and kind like 'pause%'")
+[ "$pauses" = 0 ] || fail "run $R recorded a pause: $(db "$T/st" "select kind, detail from events where run=$R")"
+[ -z "$(db "$T/st" "select error from runs where id=$R and error is not null")" ] \
+    || fail "run $R has an error recorded"
+losses "$R" >"$T/locked.csv"
+cmp -s "$T/ref.csv" "$T/locked.csv" || fail "losses under the lock differ from the undisturbed run: $(diff "$T/ref.csv" "$T/locked.csv" | head -5)"
+stop_daemon
+
+# --- past the hold limit: the run pauses, recorded once the lock goes
+start_daemon "$T/st" --db-hold-limit 2
+R3=$(ctl submit "$T/s.json")
+wait_step "$R3" 200
+lock_db "$T/st" 8
+wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
+for _ in $(seq 1 200); do
+    [ "$(db "$T/st" "select state from runs where id=$R3")" = paused ] && break
+    sleep 0.05
+done
+row=$(db "$T/st" "select state || '|' || step || '|' || coalesce(error, '') from runs where id=$R3")
+case "$row" in
+paused\|*\|*"locked by another process"*) ;;
+*) fail "run $R3 after the limit (state|step|error): '$row'" ;;
+esac
+step=${row#paused|}; step=${step%%|*}
+ev=$(db "$T/st" "select count(*) from events where run=$R3 and kind='paused.error' and detail like '%locked by another process%'")
+[ "$ev" = 1 ] || fail "run $R3: paused.error events naming the lock: $ev: $(db "$T/st" "select kind, detail from events where run=$R3")"
+n=$(db "$T/st" "select count(*) || ' ' || max(step) from metrics where run=$R3")
+[ "$n" = "$step $step" ] || fail "run $R3 paused at step $step: metrics rows (count max) $n"
+[ "$step" -lt 4000 ] || fail "run $R3 finished before the hold limit"
+log "run $R3 paused at step $step past the hold limit; all its rows written"
+ctl resume "$R3" >/dev/null || fail "resume of run $R3"
+ctl watch "$R3" >/dev/null || fail "run $R3 did not complete after the resume"
+losses "$R3" >"$T/paused.csv"
+cmp -s "$T/ref.csv" "$T/paused.csv" || fail "losses after the hold-limit pause differ: $(diff "$T/ref.csv" "$T/paused.csv" | head -5)"
+stop_daemon
+
+# --- modes do not depend on the caller's umask (also without root)
+( umask 000; exec "$M6D" --state-dir "$T/um" --threads 1 ) 2>>"$T/m6d-um.log" &
+DAEMON_PID=$!
+SOCK=$T/um/m6d.sock
+for _ in $(seq 1 100); do ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+ctl list >/dev/null || fail "m6d under umask 000 did not answer"
+modes=$(stat -c %a "$T/um" "$SOCK" "$T/um/m6.db" "$T/um/m6d.lock" | tr '\n' ' ')
+[ "$modes" = "750 660 640 640 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 640"
+stop_daemon
+
+# --- directories others may write are refused at start
+mkdir -p "$T/ow" "$T/ok" "$T/owsock"
+chmod 0777 "$T/ow"
+chmod 1777 "$T/owsock"
+rc=0
+timeout 10 "$M6D" --state-dir "$T/ow" 2>"$T/ow.err" || rc=$?
+[ "$rc" = 1 ] || fail "state dir of mode 0777: m6d exited $rc, want 1"
+grep -q "state dir $T/ow has mode 0777" "$T/ow.err" && grep -q "chmod o-w $T/ow" "$T/ow.err" \
+    || fail "state dir of mode 0777: message does not name the mode and the fix: $(cat "$T/ow.err")"
+[ ! -e "$T/ow/m6.db" ] || fail "m6d created m6.db in a state dir of mode 0777"
+rc=0
+timeout 10 "$M6D" --state-dir "$T/ok" --socket "$T/owsock/m6d.sock" 2>"$T/ows.err" || rc=$?
+[ "$rc" = 1 ] || fail "socket dir of mode 1777: m6d exited $rc, want 1"
+grep -q "socket dir $T/owsock has mode 1777" "$T/ows.err" \
+    || fail "socket dir of mode 1777: message does not name it: $(cat "$T/ows.err")"
+[ ! -e "$T/owsock/m6d.sock" ] || fail "m6d made a socket in a directory of mode 1777"
+echo "PASS: db_lock"
