@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,8 +346,8 @@ static enum MHD_Result api_run_(http_server *h, struct MHD_Connection *conn,
 {
     char *end;
     errno = 0;
-    long long id = strtoll(rest, &end, 10);
-    if (end == rest || errno || id <= 0 || *rest == '+' || *rest == '-')
+    long long id = *rest >= '0' && *rest <= '9' ? strtoll(rest, &end, 10) : 0;
+    if (id <= 0 || errno)
         return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
     if (!*end) return api_status_(h, conn, id);
     if (!strcmp(end, "/metrics")) return api_metrics_(h, conn, id);

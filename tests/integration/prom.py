@@ -8,6 +8,8 @@ prom.py scrape URL N INTERVAL_S OUT_DIR TOKENS_PER_STEP
     m6_tokens_total equals its m6_steps_total * TOKENS_PER_STEP (the test's
     own arithmetic from the spec); and the last scrape saw steps. Exits 1
     naming the first failure.
+prom.py fetch URL
+    Writes the body of GET URL to stdout; exits 1 unless it is 200.
 prom.py get FILE NAME [LABEL=VALUE...]
     Prints the sum of NAME's samples in FILE whose labels match (nothing
     when there is none).
@@ -120,6 +122,8 @@ if __name__ == "__main__":
     a = sys.argv[1:]
     if a[0] == "scrape":
         scrape(a[1], int(a[2]), float(a[3]), a[4], int(a[5]))
+    elif a[0] == "fetch":
+        sys.stdout.write(urllib.request.urlopen(a[1], timeout=10).read().decode())
     elif a[0] == "get":
         get(a[1], a[2], a[3:])
     elif a[0] == "http":

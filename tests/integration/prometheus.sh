@@ -31,12 +31,12 @@ JSON
 export M6_TEST_STEP_DELAY_MS=200
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT"
 unset M6_TEST_STEP_DELAY_MS
-curl -sf "$URL/metrics" >"$T/idle.txt" || fail "GET /metrics of an idle m6d"
+$PROM fetch "$URL/metrics" >"$T/idle.txt" || fail "GET /metrics of an idle m6d"
 promtool check metrics <"$T/idle.txt" >"$T/promtool.log" 2>&1 || fail "promtool (idle): $(cat "$T/promtool.log")"
 
 R=$(ctl submit "$T/spec.json")
 wait_step "$R" 2
-curl -sf "$URL/metrics" >"$T/run.txt" || fail "GET /metrics during the run"
+$PROM fetch "$URL/metrics" >"$T/run.txt" || fail "GET /metrics during the run"
 promtool check metrics <"$T/run.txt" >"$T/promtool.log" 2>&1 || fail "promtool (running): $(cat "$T/promtool.log")"
 grep -q "^m6_step_duration_seconds_bucket{run=\"$R\",name=\"prom\",node=\"[^\"]*\",phase=\"pseudo\",le=\"0.25\"}" "$T/run.txt" \
     || fail "no step-duration histogram of run $R: $(grep step_duration "$T/run.txt" | head -3)"
@@ -69,7 +69,7 @@ log "$(cat "$T/scrape.out")"
 [ "$(field "$R" state)" = running ] || log "note: the run ended during the scrapes"
 wait_state "$R" completed 120
 
-curl -sf "$URL/metrics" >"$T/end.txt" || fail "GET /metrics after the run"
+$PROM fetch "$URL/metrics" >"$T/end.txt" || fail "GET /metrics after the run"
 promtool check metrics <"$T/end.txt" >"$T/promtool.log" 2>&1 || fail "promtool (completed): $(cat "$T/promtool.log")"
 get() { $PROM get "$T/end.txt" "$@"; }
 L="run=$R"
@@ -115,7 +115,7 @@ t_start=$(get process_start_time_seconds)
 stop_daemon
 sleep 1
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT"
-curl -sf "$URL/metrics" >"$T/end.txt" || fail "GET /metrics after the restart"
+$PROM fetch "$URL/metrics" >"$T/end.txt" || fail "GET /metrics after the restart"
 python3 -c "assert $(get process_start_time_seconds) > $t_start" || fail "process_start_time_seconds did not move"
 [ -z "$(get m6_steps_total)" ] || fail "steps counted again after the restart: $(get m6_steps_total)"
 stop_daemon
