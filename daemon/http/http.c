@@ -419,8 +419,10 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
                             MHD_OPTION_END);
     if (!h->d) {
+        /* the socket is not closed here: whether libmicrohttpd already
+         * did is not said, and a second close could hit another thread's
+         * new file (m6d stops anyway) */
         snprintf(err, errlen, "libmicrohttpd did not start on the metrics socket");
-        close(cfg->fd);
         free(h);
         return NULL;
     }
@@ -430,7 +432,6 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
 void http_stop(http_server *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
-    close(h->cfg.fd);
+    MHD_stop_daemon(h->d); /* closes the listening socket too */
     free(h);
 }

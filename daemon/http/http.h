@@ -55,11 +55,11 @@ typedef struct {
 } http_config;
 
 /* Start serving on cfg->fd from libmicrohttpd's thread. NULL with err when
- * it cannot start (the fd is closed then). */
+ * it cannot start (the fd is then left as it is: m6d exits). */
 http_server *http_start(const http_config *cfg, char *err, size_t errlen);
 
-/* Stop: waits for the requests in flight, joins the thread, closes the
- * socket. NULL: nothing. */
+/* Stop: waits for the requests in flight, joins the thread; libmicrohttpd
+ * closes the listening socket. NULL: nothing. */
 void http_stop(http_server *h);
 
 #endif /* M6_HTTP_H */
