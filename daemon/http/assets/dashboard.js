@@ -128,6 +128,16 @@ function timeline(svg, run, events) {
                             "data-from": a, "data-to": b}, svg);
       el("title", {}, r, cls + ": steps " + a + "–" + b);
     }
+  // the delink to come: the spec's pseudo.steps while the run is still pseudo
+  const live = ["queued", "running", "paused"].includes(run.state);
+  if (realFrom == null && live && run.pseudo_steps > 0 && run.pseudo_steps <= total) {
+    const t = el("line", {class: "delink", id: "delink-planned", x1: x(run.pseudo_steps),
+                          x2: x(run.pseudo_steps), y1: y0 - 4, y2: y0 + h + 4,
+                          "data-step": run.pseudo_steps}, svg);
+    el("title", {}, t, "delink planned at step " + run.pseudo_steps);
+    el("text", {x: x(run.pseudo_steps), y: y0 + h + 16, "text-anchor": "middle", fill: "#8250df"},
+       svg, "delink planned");
+  }
   for (const e of events) {
     const m = /(?:^|\s)step=(\d+)/.exec(e.detail || "");
     if (!m || e.kind === "checkpoint") continue;
