@@ -56,7 +56,17 @@ struct trainer {
      * yet computed */
     size_t plan_peak[2];
     int peak_planned;
+    /* data parallelism (trainer_set_collectives): coll NULL or world 1:
+     * alone. B_rank, accum_rank: this rank's microbatches (spec_dp_split;
+     * the spec's B and grad_accum alone) */
+    m6_coll *coll;
+    int rank, world;
+    int B_rank, accum_rank;
+    float *bucket;          /* bucket_floats: the all-reduce staging */
+    size_t bucket_floats;
 };
+
+#define DEFAULT_BUCKET_FLOATS ((size_t)4 << 20)
 
 static int n_slots_(const trainer *t)
 {
@@ -169,6 +179,10 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     }
     t->spec = *spec;
     t->delink_step = -1;
+    t->world = 1;
+    t->B_rank = spec->train.batch_size;
+    t->accum_rank = spec->train.grad_accum;
+    t->bucket_floats = DEFAULT_BUCKET_FLOATS;
     /* 1. the spec: a backend that can run it */
     if (check_backend_err_(spec, err) != 0) {
         free(t);
@@ -283,6 +297,7 @@ void trainer_free(trainer *t)
     free(t->inp);
     free(t->tgt);
     free(t->rows);
+    free(t->bucket);
     free(t);
 }
 
@@ -297,7 +312,7 @@ void trainer_free(trainer *t)
  * t->rows: row b holds tokens [pos, pos+T] of the set. */
 static void rows_to_batch_(trainer *t, int k)
 {
-    int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
+    int B = t->B_rank, T = t->spec.model.seq_len;
     const uint16_t *w = t->rows + (size_t)k * B * ((size_t)T + 1);
     for (int b = 0; b < B; b++, w += T + 1) {
         int32_t *in = t->inp + (size_t)b * T, *tg = t->tgt + (size_t)b * T;
@@ -321,18 +336,25 @@ static int split_open_(const token_set *ts, const char *key, m6_err *err)
 
 /* The training windows of one step: grad_accum*B windows at uniformly
  * random offsets, drawn in microbatch order. On failure the sampler is
- * rewound: the retried step draws the same windows. */
+ * rewound: the retried step draws the same windows. A data-parallel rank
+ * draws every window's position (its sampler stays the one-node sampler)
+ * and reads only its share, [rank*n/W, (rank+1)*n/W). */
 static int read_step_batches_(trainer *t, m6_err *err)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
+    size_t lo = n / (size_t)t->world * (size_t)t->rank;
+    size_t hi = lo + n / (size_t)t->world;
     if (!split_open_(&t->train, "data.train", err))
         return TRAINER_EDATA;
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
     for (size_t i = 0; i < n; i++) {
         size_t pos = rng_next_(&t->data_rng) % span;
-        if (token_set_read(&t->train, pos, t->rows + i * ((size_t)T + 1),
+        if (i < lo || i >= hi)
+            continue;
+        if (token_set_read(&t->train, pos,
+                           t->rows + (i - lo) * ((size_t)T + 1),
                            (size_t)T + 1, err) != 0) {
             m6_err_prefix(err, "data.train");
             t->data_rng = rng0;
@@ -478,6 +500,173 @@ static void moe_facts_(trainer *t, step_moe *m)
     m->experts_empty = (double)st.empty / (double)st.layers;
 }
 
+/* ------------------------------------------------------------- data parallel */
+
+/* Whether any rank failed (failed: this one did), by an all-reduce of the
+ * count: 1 some rank failed (err says why: this rank's own error, or that
+ * another's read of key failed), 0 none, -1 the collective failed (err). */
+static int agree_(trainer *t, int failed, const char *key, m6_err *err)
+{
+    float f = failed ? 1.0f : 0.0f;
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(t->coll, &f, 1, &e2) != 0) {
+        m6_err_free(err);
+        *err = e2;
+        return -1;
+    }
+    if (f > 0 && !failed)
+        m6_err_set(err, M6_EDATA, "%s: %g of %d ranks could not read their "
+                   "share of the batch (this rank could)", key, (double)f,
+                   t->world);
+    return f > 0;
+}
+
+/* Virtual gradient vector [globals | slot 0 | ... | slot S-1 | loss]:
+ * copy its elements [start, start+len) into buf (out 1) or back from it
+ * (out 0). loss is the one element after the gradients. */
+static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
+                       float *loss, int out)
+{
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    size_t base = 0, end = start + len;
+    for (int s = -1; s <= S && start < end; s++) {
+        size_t rlen = s < 0 ? t->n_global : s < S ? t->slot_size : 1;
+        float *reg = s < 0 || s < S ? be->grad_region(t->be.ctx, s) : loss;
+        if (start < base + rlen) {
+            size_t off = start - base;
+            size_t k = rlen - off < end - start ? rlen - off : end - start;
+            if (out)
+                memcpy(buf, reg + off, k * sizeof(float));
+            else
+                memcpy(reg + off, buf, k * sizeof(float));
+            buf += k;
+            start += k;
+        }
+        base += rlen;
+    }
+}
+
+/* Sum the step's gradient and *loss_sum over the ranks: all-reduces of
+ * bucket_floats at a time over the virtual vector, in its order. 0, or
+ * -1 with err (the collective's). */
+static int allreduce_grads_(trainer *t, double *loss_sum, m6_err *err)
+{
+    size_t total = t->n_global + (size_t)n_slots_(t) * t->slot_size + 1;
+    float loss = (float)*loss_sum;
+    for (size_t start = 0; start < total; start += t->bucket_floats) {
+        size_t len = total - start < t->bucket_floats ? total - start
+                                                      : t->bucket_floats;
+        grad_span_(t, start, len, t->bucket, &loss, 1);
+        if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
+            return -1;
+        grad_span_(t, start, len, t->bucket, &loss, 0);
+    }
+    *loss_sum = loss;
+    return 0;
+}
+
+/* Validation on W ranks: rank r the spec's batches r, r+W, ...; the sums
+ * (and a count of ranks whose read failed) all-reduced. */
+static int eval_dp_(trainer *t, float *loss, m6_err *err)
+{
+    int n = t->spec.train.eval_batches, failed = 0;
+    double sum = 0;
+    for (int i = t->rank; i < n && !failed; i += t->world) {
+        if (val_batch_(t, i, err) != 0)
+            failed = 1;
+        else
+            sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
+                                     t->spec.train.batch_size);
+    }
+    float v[2] = {(float)sum, failed ? 1.0f : 0.0f};
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(t->coll, v, 2, &e2) != 0) {
+        m6_err_free(err);
+        *err = e2;
+        return TRAINER_ECOLL;
+    }
+    if (v[1] > 0) {
+        if (!failed)
+            m6_err_set(err, M6_EDATA, "data.val: %g of %d ranks could not "
+                       "read their validation batches (this rank could)",
+                       (double)v[1], t->world);
+        return TRAINER_EDATA;
+    }
+    *loss = (float)((double)v[0] / n);
+    return 0;
+}
+
+int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
+{
+    int W = c ? m6_coll_world_size(c) : 1, B_r, A_r;
+    int pseudo = t->phase == PHASE_PSEUDO;
+    int want = spec_world_of_phase(&t->spec, pseudo);
+    if (W != want) {
+        m6_err_set(err, M6_EINVALID, "collectives: a group of %d rank%s, but "
+                   "the spec's %s phase has %s %d", W, W == 1 ? "" : "s",
+                   pseudo ? "pseudo" : "real",
+                   pseudo && t->spec.nodes.pseudo_world_size > 0
+                       ? "nodes.pseudo_world_size" : "nodes.world_size",
+                   want);
+        return -1;
+    }
+    if (W > 1) {
+        if (m6_coll_device_buffers(c)) {
+            m6_err_set(err, M6_EINVALID, "collectives: backend '%s' reduces "
+                       "device memory, but the %s trainer's gradients are "
+                       "host memory (use gloo)", m6_coll_backend(c),
+                       t->be.iface->name);
+            return -1;
+        }
+        if (!t->be.iface->grad_region ||
+            !t->be.iface->grad_region(t->be.ctx, -1)) {
+            m6_err_set(err, M6_EINVALID, "collectives: the %s backend's "
+                       "gradients are not in host memory (offloading, or a "
+                       "GPU): it cannot train data-parallel yet",
+                       t->be.iface->name);
+            return -1;
+        }
+        if (spec_dp_split(&t->spec, W, &B_r, &A_r) != 0) {
+            m6_err_set(err, M6_EINVALID, "collectives: %d ranks must divide "
+                       "train.grad_accum (%d) or train.batch_size (%d)", W,
+                       t->spec.train.grad_accum, t->spec.train.batch_size);
+            return -1;
+        }
+        if (!t->bucket &&
+            !(t->bucket = malloc(t->bucket_floats * sizeof(float)))) {
+            m6_err_set(err, M6_EINTERNAL, "out of memory (all-reduce "
+                       "bucket of %zu floats)", t->bucket_floats);
+            return -1;
+        }
+    } else {
+        B_r = t->spec.train.batch_size;
+        A_r = t->spec.train.grad_accum;
+    }
+    t->coll = c;
+    t->world = W;
+    t->rank = c ? m6_coll_rank(c) : 0;
+    t->B_rank = B_r;
+    t->accum_rank = A_r;
+    return 0;
+}
+
+void trainer_set_bucket_floats(trainer *t, size_t n)
+{
+    if (n < 1 || n == t->bucket_floats)
+        return;
+    free(t->bucket);
+    t->bucket = NULL;
+    t->bucket_floats = n;
+    if (t->world > 1 && !(t->bucket = malloc(n * sizeof(float)))) {
+        t->bucket_floats = DEFAULT_BUCKET_FLOATS;  /* next try allocates */
+        t->bucket = malloc(t->bucket_floats * sizeof(float));
+    }
+}
+
+int trainer_rank(const trainer *t) { return t->rank; }
+int trainer_world_size(const trainer *t) { return t->world; }
+
 int trainer_step(trainer *t, step_result *res, m6_err *err)
 {
     const run_spec *sp = &t->spec;
@@ -491,18 +680,39 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip};
-    if (read_step_batches_(t, err) != 0)
+    if (t->world > 1) {
+        /* every rank fails the step when one cannot read its share */
+        uint64_t rng0 = t->data_rng;
+        int rrc = read_step_batches_(t, err);
+        int agreed = agree_(t, rrc != 0, "data.train", err);
+        if (agreed < 0)
+            return TRAINER_ECOLL;
+        if (agreed > 0) {
+            t->data_rng = rng0;
+            return TRAINER_EDATA;
+        }
+    } else if (read_step_batches_(t, err) != 0)
         return TRAINER_EDATA;  /* nothing done: the step can be retried */
     offload_stats before;
     int counted = trainer_offload_stats(t, &before) == 0;
     be->step_begin(t->be.ctx, &adam);
     double loss_sum = 0;
-    for (int k = 0; k < accum; k++) {
+    /* alone: B and accum; a data-parallel rank: its share, with the
+     * global step's loss scale */
+    for (int k = 0; k < t->accum_rank; k++) {
         rows_to_batch_(t, k);
-        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, B,
+        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
                                    1.0f / ((float)B * (float)T * (float)accum));
     }
-    float loss = (float)(loss_sum / accum);
+    float loss;
+    if (t->world > 1) {
+        /* the gradient and the loss sum over the ranks */
+        if (allreduce_grads_(t, &loss_sum, err) != 0)
+            return TRAINER_ECOLL;
+        loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
+    } else {
+        loss = (float)(loss_sum / accum);
+    }
     moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
     if (!isfinite(loss) || !isfinite(norm)) {
@@ -527,9 +737,10 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     res->evaluated = trainer_step_evaluates(t, t->step);
     int rc = 0;
     if (res->evaluated &&
-        trainer_eval_checked(t, &res->val_loss, err) != 0) {
+        (rc = trainer_eval_checked(t, &res->val_loss, err)) != 0) {
         res->eval_failed = 1;  /* the step stands; its eval is owed */
-        rc = TRAINER_EDATA;
+        if (rc != TRAINER_ECOLL)
+            rc = TRAINER_EDATA;
     }
     /* the copies of the step and of its validation pass */
     placement_(t, counted ? &before : NULL, &res->mem);
@@ -541,6 +752,8 @@ int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
     double sum = 0;
     int n = t->spec.train.eval_batches;
     *loss = NAN;
+    if (t->world > 1)
+        return eval_dp_(t, loss, err);
     for (int i = 0; i < n; i++) {
         if (val_batch_(t, i, err) != 0)
             return TRAINER_EDATA;
