@@ -64,6 +64,9 @@ struct trainer {
     int B_rank, accum_rank;
     float *bucket;          /* bucket_floats: the all-reduce staging */
     size_t bucket_floats;
+    size_t *win_pos;        /* (grad_accum*B) positions of this rank's
+                             * windows of the last step; n_win of them */
+    size_t n_win;
 };
 
 #define DEFAULT_BUCKET_FLOATS ((size_t)4 << 20)
@@ -257,7 +260,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     t->tgt = malloc((size_t)B * T * sizeof(int32_t));
     t->rows = malloc((size_t)spec->train.grad_accum * B * ((size_t)T + 1) *
                      sizeof(uint16_t));
-    if (!t->inp || !t->tgt || !t->rows) {
+    t->win_pos = malloc((size_t)spec->train.grad_accum * B * sizeof(size_t));
+    if (!t->inp || !t->tgt || !t->rows || !t->win_pos) {
         m6_err_set(err, M6_EINTERNAL, "out of memory");
         goto fail;
     }
@@ -298,6 +302,7 @@ void trainer_free(trainer *t)
     free(t->tgt);
     free(t->rows);
     free(t->bucket);
+    free(t->win_pos);
     free(t);
 }
 
@@ -308,11 +313,12 @@ void trainer_free(trainer *t)
  * reads every window it needs before it touches the model, so a failed
  * read leaves the trainer as it was and the step can be retried. */
 
-/* Inputs and targets of microbatch k from its B windows of T+1 tokens in
+/* Inputs and targets of microbatch k from its B windows (B: the spec's
+ * batch_size, or a data-parallel rank's share) of T+1 tokens in
  * t->rows: row b holds tokens [pos, pos+T] of the set. */
-static void rows_to_batch_(trainer *t, int k)
+static void rows_to_batch_(trainer *t, int k, int B)
 {
-    int B = t->B_rank, T = t->spec.model.seq_len;
+    int T = t->spec.model.seq_len;
     const uint16_t *w = t->rows + (size_t)k * B * ((size_t)T + 1);
     for (int b = 0; b < B; b++, w += T + 1) {
         int32_t *in = t->inp + (size_t)b * T, *tg = t->tgt + (size_t)b * T;
@@ -349,10 +355,12 @@ static int read_step_batches_(trainer *t, m6_err *err)
         return TRAINER_EDATA;
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
+    t->n_win = 0;
     for (size_t i = 0; i < n; i++) {
         size_t pos = rng_next_(&t->data_rng) % span;
         if (i < lo || i >= hi)
             continue;
+        t->win_pos[t->n_win++] = pos;
         if (token_set_read(&t->train, pos,
                            t->rows + (i - lo) * ((size_t)T + 1),
                            (size_t)T + 1, err) != 0) {
@@ -379,7 +387,7 @@ static int val_batch_(trainer *t, int i, m6_err *err)
             m6_err_prefix(err, "data.val");
             return TRAINER_EDATA;
         }
-    rows_to_batch_(t, 0);
+    rows_to_batch_(t, 0, t->spec.train.batch_size);
     return 0;
 }
 
@@ -664,6 +672,114 @@ void trainer_set_bucket_floats(trainer *t, size_t n)
     }
 }
 
+size_t trainer_step_windows(const trainer *t, size_t *dst)
+{
+    if (dst)
+        memcpy(dst, t->win_pos, t->n_win * sizeof(size_t));
+    return t->n_win;
+}
+
+/* What trainer_broadcast_state sends before the tensors. */
+typedef struct {
+    int64_t step, delink_step;
+    uint64_t data_rng;
+    int32_t phase, n_slots;
+} bcast_head_;
+
+int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    int L = t->spec.model.n_layer, rc = -1;
+    if (!c) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: no group");
+        return -1;
+    }
+    if (m6_coll_device_buffers(c)) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: backend '%s' "
+                   "moves device memory; the trainer's state regions are "
+                   "host memory (use gloo)", m6_coll_backend(c));
+        return -1;
+    }
+    int me = m6_coll_rank(c);
+    bcast_head_ h = {t->step, t->delink_step, t->data_rng, (int32_t)t->phase,
+                     n_slots_(t)};
+    int32_t *map = malloc((size_t)L * sizeof(int32_t));
+    int *imap = malloc((size_t)L * sizeof(int)), *src = NULL;
+    long *steps = NULL;
+    if (!map || !imap) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
+    const int *om = be->slot_of(t->be.ctx);
+    for (int l = 0; l < L; l++)
+        map[l] = om[l];
+    if (m6_coll_broadcast(c, &h, sizeof h, root, err) != 0 ||
+        m6_coll_broadcast(c, map, (size_t)L * sizeof(int32_t), root, err) != 0) {
+        rc = TRAINER_ECOLL;
+        goto out;
+    }
+    /* the receiver takes root's share map first (values overwritten) */
+    int S = h.n_slots, same = S == n_slots_(t);
+    for (int l = 0; l < L; l++) {
+        imap[l] = map[l];
+        same = same && om[l] == map[l];
+    }
+    if (me != root && !same) {
+        char e2[512];
+        src = calloc((size_t)S, sizeof(int));
+        if (!src || be->reslot(t->be.ctx, S, imap, src, 1, e2,
+                               sizeof e2) != 0) {
+            m6_err_set(err, M6_EINTERNAL, "broadcast of the state: %s",
+                       src ? e2 : "out of memory");
+            goto out;
+        }
+    }
+    if (be->state_begin(t->be.ctx, me != root) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory reading the %s model's "
+                   "state", be->name);
+        goto out;
+    }
+    int crc = 0;
+    for (int b = 0; b < 3 && crc == 0; b++)
+        for (int s = -1; s < S && crc == 0; s++) {
+            size_t n = s < 0 ? t->n_global : t->slot_size;
+            crc = m6_coll_broadcast(c, be->state_region(t->be.ctx,
+                                                        (backend_buf)b, s),
+                                    n * sizeof(float), root, err);
+        }
+    if (be->state_end(t->be.ctx, me != root && crc == 0) != 0 && crc == 0) {
+        m6_err_set(err, M6_EINTERNAL, "broadcast of the state: cannot store "
+                   "it in the %s model", be->name);
+        goto out;
+    }
+    steps = malloc(((size_t)S + 1) * sizeof(long));
+    if (crc == 0 && steps) {
+        be->get_adam_steps(t->be.ctx, steps);
+        crc = m6_coll_broadcast(c, steps, ((size_t)S + 1) * sizeof(long),
+                                root, err);
+    }
+    if (crc != 0) {
+        rc = TRAINER_ECOLL;
+        goto out;
+    }
+    if (!steps) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
+    be->set_adam_steps(t->be.ctx, steps);
+    t->step = h.step;
+    t->delink_step = h.delink_step;
+    t->data_rng = h.data_rng;
+    t->phase = h.phase == PHASE_PSEUDO ? PHASE_PSEUDO : PHASE_REAL;
+    rc = 0;
+out:
+    free(map);
+    free(imap);
+    free(src);
+    free(steps);
+    return rc;
+}
+
 int trainer_rank(const trainer *t) { return t->rank; }
 int trainer_world_size(const trainer *t) { return t->world; }
 
@@ -700,7 +816,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     /* alone: B and accum; a data-parallel rank: its share, with the
      * global step's loss scale */
     for (int k = 0; k < t->accum_rank; k++) {
-        rows_to_batch_(t, k);
+        rows_to_batch_(t, k, t->B_rank);
         loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
                                    1.0f / ((float)B * (float)T * (float)accum));
     }

@@ -234,7 +234,8 @@ void trainer_set_bucket_floats(trainer *t, size_t n);
 int trainer_rank(const trainer *t);
 int trainer_world_size(const trainer *t);
 
-/* Copy root's whole training state to every rank of the group: share map
+/* Copy root's whole training state to every rank of group c (not yet the
+ * trainer's own: call trainer_set_collectives after it): share map
  * and slots (a rank with other slots is reslotted first), weights and
  * AdamW moments and step counts, the step, phase, delink step and the
  * sampler's state. For ranks that join at the delink (a pseudo phase on
@@ -242,7 +243,14 @@ int trainer_world_size(const trainer *t);
  * rank of the group calls it; the spec must be the same on all. 0,
  * TRAINER_ECOLL with err when a collective fails, or -1 with err (no
  * group; out of memory). */
-int trainer_broadcast_state(trainer *t, int root, m6_err *err);
+int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err);
+
+/* The token positions (in the training split) of the windows this rank
+ * read for its last step, in the order its microbatches used them, into
+ * dst (NULL: only the count); returns the count (0 before any step).
+ * For tests: the ranks' windows of a step, in rank order, are the one-node
+ * run's windows. */
+size_t trainer_step_windows(const trainer *t, size_t *dst);
 
 long trainer_step_count(const trainer *t);
 run_phase trainer_phase(const trainer *t);
