@@ -1116,6 +1116,12 @@ static char *meta_json_(const trainer *t)
     /* the token counts the batches were drawn from (0: split not open) */
     json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
     json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
+    /* the data-parallel world that wrote it (only when > 1: a one-node
+     * checkpoint is what it was). The state is replicated and the sampler
+     * is the one-node sampler, so it loads at any world size that splits
+     * the batch. */
+    if (t->world > 1)
+        json_object_set_new(m, "world_size", json_integer(t->world));
     free(steps);
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);

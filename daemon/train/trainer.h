@@ -264,7 +264,9 @@ long trainer_delink_step(const trainer *t);
 const offload_plan *trainer_plan(const trainer *t);
 
 /* Checkpoint into dir (must not exist): model.safetensors,
- * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file
+ * optimizer.safetensors, meta.json (with "world_size" when the trainer is
+ * one of several data-parallel ranks: replicated state, written by one
+ * rank, loadable at any world size). Written to dir.tmp-<pid>, every file
  * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1
  * with err naming the file and the cause. */
 long trainer_save(trainer *t, const char *dir, m6_err *err);

@@ -202,6 +202,39 @@ static int rank_main_(int argc, char **argv)
     }
     fclose(out);
     char pp[600];
+    if (rank == 0 && world > 1) {
+        /* rank 0 writes the replicated state; the checkpoint says the
+         * world size, and a one-node trainer of the spec takes it */
+        snprintf(pp, sizeof pp, "%s.ckpt", out_path);
+        if (trainer_save(t, pp, &err) < 0) {
+            fprintf(stderr, "rank 0: save: %s\n", m6_err_msg(&err));
+            return 1;
+        }
+        snprintf(pp, sizeof pp, "%s.ckpt/meta.json", out_path);
+        FILE *mf = fopen(pp, "r");
+        char meta[8192] = "", want[64];
+        size_t ml = mf ? fread(meta, 1, sizeof meta - 1, mf) : 0;
+        meta[ml] = 0;
+        if (mf)
+            fclose(mf);
+        snprintf(want, sizeof want, "\"world_size\": %d", world);
+        if (!strstr(meta, want)) {
+            fprintf(stderr, "rank 0: meta.json lacks %s\n", want);
+            return 1;
+        }
+        trainer *t1 = trainer_create(&spec, &err);
+        float *w1 = malloc(np * sizeof(float));
+        snprintf(pp, sizeof pp, "%s.ckpt", out_path);
+        if (!t1 || trainer_load(t1, pp, &err) != 0 ||
+            trainer_copy_state(t1, 0, w1) != np ||
+            memcmp(w1, w, np * sizeof(float)) != 0) {
+            fprintf(stderr, "rank 0: the checkpoint does not load into a "
+                    "one-node trainer as written: %s\n", m6_err_msg(&err));
+            return 1;
+        }
+        free(w1);
+        trainer_free(t1);
+    }
     snprintf(pp, sizeof pp, "%s.params", out_path);
     FILE *f = fopen(pp, "wb");
     fwrite(w, sizeof(float), np, f);
