@@ -16,6 +16,9 @@
  *              within the timeout, and their next call fails at once
  *   stopped    rank 2 stops (SIGSTOP) before an all-reduce: the others
  *              time out (M6_ECANCELLED) within the timeout
+ *   midkill    the ranks run 64 MiB all-reduces in a loop and the driver
+ *              kills rank 2 (SIGKILL) in the middle of them: the others
+ *              leave their all-reduce with an error within the timeout
  *   config     bad configurations refused with M6_EINVALID (in process)
  *
  * Exit 77 when m6 was built without Gloo.
@@ -186,6 +189,33 @@ static int rank_fail_(file_store *fs, int rank, int world, int sig)
     return 0;
 }
 
+/* All-reduces in a loop until one fails (rank 2 is killed meanwhile by
+ * the driver, once it has left the marker "ready" in the store). */
+static int rank_midkill_(file_store *fs, int rank, int world)
+{
+    m6_store st;
+    m6_err err = M6_ERR_NONE;
+    m6_coll *c = init_(fs, &st, rank, world, TIMEOUT_MS, &err);
+    if (!c)
+        FAIL("init: %s", m6_err_msg(&err));
+    size_t n = (size_t)16 << 20;
+    float *x = calloc(n, sizeof(float));
+    if (m6_coll_allreduce_sum(c, x, n, &err) != 0)
+        FAIL("first all-reduce: %s", m6_err_msg(&err));
+    if (rank == 2 && st.set(st.ctx, "ready", "1", 1, &err) != 0)
+        FAIL("marker: %s", m6_err_msg(&err));
+    for (int i = 0; i < 100000; i++)
+        if (m6_coll_allreduce_sum(c, x, n, &err) != 0) {
+            fprintf(stderr, "rank %d: all-reduce %d failed as it should: "
+                    "%s\n", rank, i + 2, m6_err_msg(&err));
+            m6_coll_destroy(c);
+            free(x);
+            m6_err_free(&err);
+            return 0;
+        }
+    FAIL("all-reduces kept succeeding without rank 2");
+}
+
 /* ------------------------------------------------------------ driver */
 
 static const char *self_;
@@ -213,8 +243,18 @@ static int run_(const char *scenario, int world, int started, int skip,
     }
     int bad = 0, left = started;
     int done[8] = {0};
-    double end = now_() + limit_s;
+    double end = now_() + limit_s, killed_at = -1;
+    int midkill = strcmp(scenario, "midkill") == 0;
     while (left > 0) {
+        char ready[600];
+        struct stat sb;
+        snprintf(ready, sizeof ready, "%s/ready", dir);
+        if (midkill && killed_at < 0 && stat(ready, &sb) == 0) {
+            struct timespec ts = {0, 300000000};  /* into the next ones */
+            nanosleep(&ts, NULL);
+            kill(pids[2], SIGKILL);
+            killed_at = now_();
+        }
         for (int r = 0; r < started; r++) {
             int status;
             if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
@@ -222,6 +262,13 @@ static int run_(const char *scenario, int world, int started, int skip,
             done[r] = 1;
             left--;
             int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (midkill && r != skip && killed_at > 0 &&
+                now_() - killed_at > TIMEOUT_MS / 1e3 + SLACK_S) {
+                fprintf(stderr, "midkill: rank %d left %.2f s after the "
+                        "kill, timeout %.1f s\n", r, now_() - killed_at,
+                        TIMEOUT_MS / 1e3);
+                bad = 1;
+            }
             if (r != skip && !ok) {
                 fprintf(stderr, "%s world %d: rank %d failed (status 0x%x)\n",
                         scenario, world, r, status);
@@ -305,6 +352,8 @@ int main(int argc, char **argv)
             return rank_fail_(&fs, rank, world, SIGKILL);
         if (strcmp(argv[2], "stopped") == 0)
             return rank_fail_(&fs, rank, world, SIGSTOP);
+        if (strcmp(argv[2], "midkill") == 0)
+            return rank_midkill_(&fs, rank, world);
         return 2;
     }
     if (!m6_coll_available("gloo")) {
@@ -324,5 +373,6 @@ int main(int argc, char **argv)
     bad |= run_("missing", 3, 2, -1, 30);
     bad |= run_("killed", 3, 3, 2, 30);
     bad |= run_("stopped", 3, 3, 2, 30);
+    bad |= run_("midkill", 3, 3, 2, 60);
     return bad;
 }
