@@ -22,8 +22,10 @@
  *   join          pseudo phase on 1 rank, real on 2: rank 0 trains the
  *                 pseudo phase alone, delinks, and broadcasts weights and
  *                 moments to rank 1; the real steps match the one-node run
+ *   repeatable    3 ranks run twice: bitwise the same losses and weights
  *   killed        2 ranks, rank 1 killed after step 2: rank 0's step 3
  *                 fails with TRAINER_ECOLL within nodes.timeout
+ *   refused       a group whose world size is not the spec's, in process
  *
  * Tolerances. Data parallelism changes only the order of float additions:
  * a rank's gradient is the sum over its own microbatches and rows, then
@@ -532,6 +534,25 @@ int main(int argc, char **argv)
     run_("w3", "w3", 3, 0, "plain", 120);
     compare_("w3", 3, &one, 1, 1, 0);
 
+    /* repeatable: 3 ranks again, bitwise */
+    run_("w3r", "w3", 3, 0, "plain", 120);
+    {
+        result a, b;
+        load_tag_("w3", 2, &a);
+        load_tag_("w3r", 2, &b);
+        int eq = a.n == b.n && a.n > 0 && a.np == b.np && a.np > 0 &&
+                 memcmp(a.params, b.params, a.np * sizeof(float)) == 0;
+        for (int i = 0; eq && i < a.n; i++)
+            eq = a.loss[i] == b.loss[i] && a.sum[i] == b.sum[i] &&
+                 (a.val[i] == b.val[i] ||
+                  (isnan(a.val[i]) && isnan(b.val[i])));
+        CHECK(eq, "repeatable: two 3-rank runs differ");
+        printf("repeatable   3 ranks: two runs %s\n",
+               eq ? "bitwise equal" : "DIFFER");
+        free(a.params);
+        free(b.params);
+    }
+
     /* buckets: bitwise with two ranks */
     run_("w2b", "w2", 2, 1000, "plain", 120);
     load_tag_("w2", 0, &r2);
@@ -592,6 +613,38 @@ int main(int argc, char **argv)
               "time (ok %d, %.2f s)", ok, dt);
         printf("killed       rank 1 gone: rank 0's step failed after %.2f s "
                "(nodes.timeout %d s)\n", dt, KILL_TIMEOUT_S);
+    }
+
+    /* refused: a group of 1 for a spec of 2 ranks (in process, after the
+     * children: this process now runs OpenMP) */
+    {
+        run_spec sp;
+        char p[512];
+        snprintf(p, sizeof p, "%s/w2.json", dir_);
+        m6_err err = M6_ERR_NONE;
+        CHECK(spec_load_file(&sp, p, e, sizeof e) == 0, "%s", e);
+        trainer *t = trainer_create(&sp, &err);
+        file_store fs;
+        m6_store st;
+        char sd[512];
+        snprintf(sd, sizeof sd, "%s/store-refused", dir_);
+        mkdir(sd, 0755);
+        m6_coll *c = group_(sd, "g", 0, 1, 5000, &st, &fs);
+        CHECK(t && c, "refused: setup: %s", m6_err_msg(&err));
+        if (t && c) {
+            int rc = trainer_set_collectives(t, c, &err);
+            CHECK(rc == -1 && err.code == M6_EINVALID &&
+                  strstr(m6_err_msg(&err), "a group of 1 rank, but the "
+                         "spec's pseudo phase has nodes.world_size 2"),
+                  "refused: got %d '%s'", rc, m6_err_msg(&err));
+            CHECK(trainer_world_size(t) == 1, "refused: the trainer changed");
+            printf("refused      %s\n", m6_err_msg(&err));
+            CHECK(trainer_broadcast_state(t, NULL, 0, &err) == -1,
+                  "refused: broadcast without a group accepted");
+        }
+        m6_coll_destroy(c);
+        trainer_free(t);
+        m6_err_free(&err);
     }
 
     free(one.params);
