@@ -213,7 +213,12 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * rank (one small all-reduce of a flag before the model is touched), so
  * the step can be retried as on one node. Validation: rank r evaluates
  * the spec's eval batches r, r+W, ...; their loss sums are all-reduced and
- * divided by eval_batches. */
+ * divided by eval_batches.
+ *
+ * trainer_step, trainer_eval_checked and trainer_broadcast_state are then
+ * collective: every rank calls them, in the same order (a step that one
+ * rank retries after TRAINER_EDATA, every rank retries). The others
+ * (probes, saves, accessors) stay local. */
 
 /* Make t one rank of c's group (c NULL, or a group of world size 1: train
  * alone, the one-node path bit for bit). The group's world size must be
