@@ -6,6 +6,9 @@
  *              the values as they were (compared with the host copy),
  *              barrier returns; then a world of 2 with rank 1 never
  *              started: init fails within the timeout (M6_ECANCELLED)
+ *   trainer    (CUDA builds) a device.backend "cuda" run given an NCCL
+ *              group of world 1 gives bitwise the losses of the same run
+ *              without one (the one-rank path is the one-node path)
  *   two GPUs   world 2 as two processes on devices 0 and 1: the sums of
  *              small integers, exact in fp32, against the hand-computed
  *              values; broadcast from rank 1
@@ -24,6 +27,43 @@
 
 #include "dist/collectives.h"
 #include "../common/file_store.h"
+#ifdef M6_HAVE_CUDA
+#include "train/trainer.h"
+#include "../common/synth_data.h"
+
+/* 5 steps of a small cuda spec, with group c or alone: losses in out. */
+static int train_(const char *data, m6_coll *c, float *out)
+{
+    run_spec s;
+    spec_defaults(&s);
+    synth_spec_data(&s, data);
+    s.model.n_layer = 2;
+    s.model.n_embd = 64;
+    s.model.n_head = 2;
+    s.model.seq_len = 32;
+    s.train.steps = 5;
+    s.train.batch_size = 4;
+    s.train.eval_every = 0;
+    s.train.eval_batches = 1;
+    s.device.backend = BACKEND_CUDA;
+    m6_err err = M6_ERR_NONE;
+    trainer *t = trainer_create(&s, &err);
+    if (!t || (c && trainer_set_collectives(t, c, &err) != 0)) {
+        fprintf(stderr, "FAIL: trainer: %s\n", m6_err_msg(&err));
+        return 1;
+    }
+    for (int i = 0; i < 5; i++) {
+        step_result r;
+        if (trainer_step(t, &r, &err) != 0) {
+            fprintf(stderr, "FAIL: step %d: %s\n", i + 1, m6_err_msg(&err));
+            return 1;
+        }
+        out[i] = r.train_loss;
+    }
+    trainer_free(t);
+    return 0;
+}
+#endif
 
 #define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); \
     fputc('\n', stderr); return 1; } while (0)
@@ -116,6 +156,26 @@ int main(int argc, char **argv)
     cudaFree(d);
     m6_coll_destroy(c);
     printf("world 1: ok\n");
+#ifdef M6_HAVE_CUDA
+    {
+        char data[] = "/tmp/m6-nccl-data-XXXXXX";
+        float alone[5], grouped[5];
+        c = group_(dir, "trainer", 0, 1, 30000, &fs, &st, &err);
+        if (!c || synth_shards(data, 40000) != 0)
+            FAIL("trainer: setup: %s", m6_err_msg(&err));
+        if (train_(data, NULL, alone) != 0 || train_(data, c, grouped) != 0)
+            return 1;
+        if (memcmp(alone, grouped, sizeof alone) != 0)
+            FAIL("trainer: an NCCL world of 1 changed the losses");
+        printf("trainer: NCCL world 1 = alone, bitwise (last loss %.6f)\n",
+               (double)alone[4]);
+        m6_coll_destroy(c);
+        char rm[128];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", data);
+        if (system(rm) != 0)
+            FAIL("cannot remove %s", data);
+    }
+#endif
     /* rank 1 of 2 never starts */
     double t0 = file_store_now_();
     c = group_(dir, "missing", 0, 2, 3000, &fs, &st, &err);
