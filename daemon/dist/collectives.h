@@ -31,6 +31,8 @@
  * algorithm and protocol pinned by NCCL_ALGO/NCCL_PROTO).
  *
  * Not thread-safe: one thread at a time calls the functions of one group.
+ * The gloo engine sets SIGPIPE to be ignored when its disposition is the
+ * default (a dead peer must fail a send, not end this process).
  */
 #ifndef M6_DIST_COLLECTIVES_H
 #define M6_DIST_COLLECTIVES_H

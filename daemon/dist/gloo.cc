@@ -10,6 +10,7 @@
  * sequence on every rank) and the caller's timeout.
  */
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <signal.h>
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -112,8 +115,19 @@ void from_exception_(const std::exception &x, coll_msg *e)
     snprintf(e->msg, sizeof e->msg, "%s", w);
 }
 
+/* Gloo writes to its sockets with writev: a peer that died would kill
+ * this process with SIGPIPE instead of failing the collective. Ignore it
+ * unless the process chose a handler of its own (m6d ignores it already). */
+void ignore_sigpipe_()
+{
+    struct sigaction old;
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+}
+
 void *gloo_init_(const coll_setup *s, coll_msg *e)
 {
+    ignore_sigpipe_();
     auto g = std::make_unique<Group>();
     try {
         gloo::transport::tcp::attr attr;
