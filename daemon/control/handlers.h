@@ -16,6 +16,10 @@
 typedef struct {
     state *st;
     coord *co;
+    /* nodes (daemon/cluster): the coordinator's address when this m6d is
+     * a worker (--join), whose `m6ctl nodes` is refused pointing there;
+     * NULL for a coordinator or a single m6d */
+    const char *cluster_join;
 } handlers_ctx;
 
 /* Per-connection protocol state. */
