@@ -1002,9 +1002,9 @@ static const command commands_[] = {
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
      "checkpoint.bad, interrupted, stop, ..."},
     {"nodes", cmd_nodes_, 0, 0, F_JSON, "",
-     "The coordinator's nodes: state (joining, live, lost, left), role,\n"
-     "backend, devices, memory, free device memory, current run and rank,\n"
-     "last heartbeat, address and why a node was lost or left."},
+     "List the coordinator's nodes (state, backend, devices, memory, run, rank).\n"
+     "States: joining, live, lost (silent past --node-timeout, or its\n"
+     "connection closed), left (stopped). Also: last heartbeat, address, why."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},

@@ -151,6 +151,7 @@ static int connect_(tcp_store *s, m6_err *err)
 {
     int64_t t0 = now_ms_(), deadline = t0 + s->io_timeout_ms;
     char why[512] = "timed out";
+    int tried = 0;
     for (;;) {
         struct addrinfo hints = {.ai_family = AF_UNSPEC,
                                  .ai_socktype = SOCK_STREAM}, *res = NULL;
@@ -162,8 +163,11 @@ static int connect_(tcp_store *s, m6_err *err)
             int fd = -1;
             for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
                 fd = connect_one_(ai, deadline);
-            if (fd < 0) snprintf(why, sizeof why, "cannot connect: %s",
-                                 strerror(errno));
+            /* a connect cut short by the deadline keeps the reason of the
+             * attempts before it (connection refused) */
+            if (fd < 0 && (errno != ETIMEDOUT || !tried))
+                snprintf(why, sizeof why, "cannot connect: %s", strerror(errno));
+            tried = 1;
             freeaddrinfo(res);
             if (fd >= 0) {
                 M6__StoreOpen so = M6__STORE_OPEN__INIT;
