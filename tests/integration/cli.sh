@@ -124,11 +124,12 @@ for r in 0 1; do
 done
 grep -q "m6d still unreachable after 1 s" "$T/watch-1.err" || fail "watch --reconnect 1: $(cat "$T/watch-1.err")"
 
-# What m6ctl prints, as a newcomer reads it. The command list: one whole
-# sentence per command (the events line used to stop mid-list at "pause,").
+# What m6ctl prints, as a newcomer reads it. The command list (13 with
+# nodes, issue 14): one whole sentence per command (the events line used to
+# stop mid-list at "pause,").
 expect_rc 0 "$M6CTL" --help
 sed -n '/^commands:$/,/^$/p' "$T/out" | sed '1d;$d' >"$T/cmds"
-[ "$(wc -l <"$T/cmds")" = 12 ] || fail "--help lists $(wc -l <"$T/cmds") commands: $(cat "$T/cmds")"
+[ "$(wc -l <"$T/cmds")" = 13 ] || fail "--help lists $(wc -l <"$T/cmds") commands: $(cat "$T/cmds")"
 ! grep -v '\.$' "$T/cmds" || fail "--help: a command's line does not end its sentence"
 grep -qx '  events   RUN        What happened to a run, oldest first (its events table).' "$T/cmds" \
     || fail "--help, events: $(grep events "$T/cmds")"
