@@ -175,14 +175,22 @@ static void reply_status_(peer *p, M6__Status st, const char *msg,
     send_(p, &r, close_after);
 }
 
+static void hard_close_(uv_timer_t *t)
+{
+    peer *p = t->data;
+    if (!p->closing) peer_close_(p, "refusal not taken within the deadline");
+}
+
 /* Refuse a peer: one status, a log line with its address, then close.
- * Reading stops: nothing it sends afterwards is looked at. */
+ * Reading stops: nothing it sends afterwards is looked at. A peer that
+ * does not take even the refusal is closed at the first-frame deadline. */
 static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
 {
     log_warn("cluster.refused", "peer=%s reason=\"%s\"", p->addr, why);
     if (p->reading) uv_read_stop((uv_stream_t *)&p->tcp);
     p->reading = 0;
-    uv_timer_stop(&p->timer);
+    peer_free_keys_(p);
+    uv_timer_start(&p->timer, hard_close_, (uint64_t)p->co->auth_ms, 0);
     reply_status_(p, st, msg, 1);
 }
 
