@@ -73,6 +73,20 @@ rc=0; "$M6D" --state-dir "$T/notoken" --role coordinator --listen 127.0.0.1:0 2>
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token-bad"
 chmod 600 "$T/token-bad"
 
+# ---- one node: a plain m6d is both roles and lists itself
+start_m6d solo
+for _ in $(seq 1 100); do "$M6CTL" --socket "$T/solo/m6d.sock" list >/dev/null 2>&1 && break; sleep 0.05; done
+"$M6CTL" --socket "$T/solo/m6d.sock" nodes --json | python3 -c '
+import json, socket, sys
+n = json.load(sys.stdin)
+assert len(n) == 1 and n[0]["role"] == "coordinator" and n[0]["state"] == "live", n
+assert n[0]["hostname"] == socket.gethostname(), n
+' || fail "a single m6d does not list itself as the live coordinator"
+grep -q "cluster.listen" "$T/m6d-solo.log" && fail "a single m6d listens on TCP"
+kill -TERM "${PIDS[solo]}"; wait "${PIDS[solo]}" || fail "solo m6d exit"
+unset 'PIDS[solo]'
+[ "$(db "$T/solo" "select state from nodes")" = left ] || fail "solo m6d not left after SIGTERM"
+
 # ---- a coordinator and two workers
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 for _ in $(seq 1 100); do
