@@ -17,7 +17,9 @@
 #    other), a get that times out naming the key, generations kept apart;
 #  - a join (and a store) to an address nobody listens on fails within the
 #    timeout with a clear message; SIGTERM makes a worker "left"; a
-#    restarted coordinator marks its nodes lost until they reconnect.
+#    restarted coordinator marks its nodes lost until they reconnect;
+#  - the coordinator trains a run through all of it: the same losses as on
+#    a quiet m6d (a join during a run loses nothing).
 . "$(dirname "$0")/lib.sh"
 : "${M6STORE:?set M6STORE to the m6store binary}"
 PEER=${1:?usage: nodes.sh nodes_peer.py}
@@ -87,6 +89,21 @@ kill -TERM "${PIDS[solo]}"; wait "${PIDS[solo]}" || fail "solo m6d exit"
 unset 'PIDS[solo]'
 [ "$(db "$T/solo" "select state from nodes")" = left ] || fail "solo m6d not left after SIGTERM"
 
+# ---- a run on the coordinator while nodes join and peers misbehave: it
+# ends with the losses of the same run on a quiet m6d
+prepare_data "$T/data"
+cat >"$T/run.json" <<JSON
+{
+  "name": "during",
+  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
+  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+  "pseudo": {"steps": 1500},
+  "train": {"steps": 3000, "batch_size": 4, "eval_every": 500, "seed": 7},
+  "checkpoint": {"every": 1000, "keep": 2}
+}
+JSON
+reference_losses "$T/quiet" "$T/run.json" "$T/quiet.csv" "quiet run"
+
 # ---- a coordinator and two workers
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 for _ in $(seq 1 100); do
@@ -96,10 +113,14 @@ for _ in $(seq 1 100); do
 done
 [ -n "$PORT" ] || fail "coordinator did not log its port"
 ADDR=127.0.0.1:$PORT
+SOCK=$T/c/m6d.sock  # lib.sh's ctl, field, losses
+RUN=$(ctl submit "$T/run.json")
+wait_state "$RUN" running
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
 wait_node w1 live 10 >/dev/null
 wait_node w2 live 10 >/dev/null
+[ "$(field "$RUN" state)" = running ] || fail "the run ended before the nodes joined: make it longer"
 c_ctl nodes >"$T/nodes.txt"
 cat "$T/nodes.txt" >&2
 grep -Eq '^ +[0-9]+ w1 +live +worker +cpu +1 ' "$T/nodes.txt" || fail "w1 not listed live: $(cat "$T/nodes.txt")"
@@ -213,6 +234,11 @@ took=$(python3 -c "print($EPOCHREALTIME - $t0)")
 [ "$rc" = 1 ] && grep -q "rendezvous store at $DEAD: cannot connect: Connection refused (tried for 0.[5-9]" "$T/sdead.err" \
     || fail "store at $DEAD: rc $rc $(cat "$T/sdead.err")"
 python3 -c "import sys; sys.exit(not ($took < 2))" || fail "store at $DEAD took ${took}s"
+
+# ---- the run: not disturbed by any of it
+ctl watch "$RUN" >/dev/null || fail "the coordinator's run did not complete"
+losses "$RUN" >"$T/during.csv"
+cmp -s "$T/quiet.csv" "$T/during.csv" || fail "the run's losses differ from the quiet run's: $(diff "$T/quiet.csv" "$T/during.csv" | head -5)"
 
 # ---- SIGTERM: left; a restarted coordinator: lost until they reconnect
 kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
