@@ -64,6 +64,7 @@ struct cluster_join {
     int heartbeat_ms, coord_timeout_ms;
     int64_t node_id;
     char last_err[256];
+    int cut;            /* this attempt was cut short by its deadline */
 };
 
 static void attempt_(cluster_join *j);
@@ -114,7 +115,12 @@ static void attempt_failed_(cluster_join *j, const char *why)
     conn_close_(j);
     uv_timer_stop(&j->timer);
     if (j->finishing || j->fatal_done) return;
-    snprintf(j->last_err, sizeof j->last_err, "%s", why);
+    /* an attempt cut short by the deadline keeps the reason of the ones
+     * before it (connection refused) */
+    if (!j->cut || !j->last_err[0])
+        snprintf(j->last_err, sizeof j->last_err, "%s", why);
+    j->cut = 0;
+    why = j->last_err;
     uint64_t now = uv_now(j->loop);
     if (!j->joined_once) {
         uint64_t spent = now - j->start;
@@ -329,6 +335,7 @@ static void attempt_timeout_(uv_timer_t *t)
 {
     cluster_join *j = t->data;
     if (j->live) return;
+    j->cut = 1;
     attempt_failed_(j, j->c ? "no reply to NodeJoin in time"
                             : "name lookup or connect did not finish in time");
 }

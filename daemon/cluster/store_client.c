@@ -22,14 +22,39 @@
 #include "control/frame.h"
 #include "m6.pb-c.h"
 
+enum { IDLE_MAX_ = 8 };
+
+/* Connections: one per call in flight, so that a get waiting for a key
+ * never holds up the thread that is to set it; idle ones are kept (at
+ * most IDLE_MAX_) for the next calls. mu guards the idle list only. */
 typedef struct {
     pthread_mutex_t mu;
     char addr[300], host[256], port[8];
     cluster_token token;
     int64_t run, gen;
     int io_timeout_ms;
-    int fd;  /* -1: not connected */
+    int idle[IDLE_MAX_];
+    int n_idle;
 } tcp_store;
+
+static int take_idle_(tcp_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int fd = s->n_idle > 0 ? s->idle[--s->n_idle] : -1;
+    pthread_mutex_unlock(&s->mu);
+    return fd;
+}
+
+static void put_idle_(tcp_store *s, int fd)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->n_idle < IDLE_MAX_) {
+        s->idle[s->n_idle++] = fd;
+        fd = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (fd >= 0) close(fd);
+}
 
 static int64_t now_ms_(void)
 {
@@ -145,8 +170,8 @@ fail:;
     return -1;
 }
 
-/* Connect and open the namespace, retrying until io_timeout_ms. 0, or -1
- * with *err. */
+/* Connect and open the namespace, retrying until io_timeout_ms. The
+ * connection, or -1 with *err. */
 static int connect_(tcp_store *s, m6_err *err)
 {
     int64_t t0 = now_ms_(), deadline = t0 + s->io_timeout_ms;
@@ -188,8 +213,7 @@ static int connect_(tcp_store *s, m6_err *err)
                 free(f);
                 if (r && r->status == M6__STATUS__STATUS_OK) {
                     m6__response__free_unpacked(r, NULL);
-                    s->fd = fd;
-                    return 0;
+                    return fd;
                 }
                 close(fd);
                 if (r) {  /* refused: no point in trying again */
@@ -213,9 +237,9 @@ static int connect_(tcp_store *s, m6_err *err)
     return -1;
 }
 
-/* Send rq, read its reply (wait_ms: how long the coordinator may take on
- * purpose). The reply, or NULL with *err. what names the call for
- * messages. */
+/* Send rq on an idle connection (or a new one), read its reply (wait_ms:
+ * how long the coordinator may take on purpose). The reply, or NULL with
+ * *err. what names the call for messages. */
 static M6__Response *call_(tcp_store *s, const M6__Request *rq, int wait_ms,
                            const char *what, m6_err *err)
 {
@@ -228,17 +252,20 @@ static M6__Response *call_(tcp_store *s, const M6__Request *rq, int wait_ms,
     }
     M6__Response *r = NULL;
     for (int tries = 0; tries < 2 && !r; tries++) {
-        int fresh = s->fd < 0;
-        if (fresh && connect_(s, err) < 0) break;
+        int fd = take_idle_(s);
+        int fresh = fd < 0;
+        if (fresh && (fd = connect_(s, err)) < 0) break;
         int64_t t0 = now_ms_();
         int64_t deadline = t0 + wait_ms + s->io_timeout_ms;
-        if (write_all_(s->fd, f, len, deadline) == 0)
-            r = read_reply_(s->fd, deadline);
-        if (r) break;
+        if (write_all_(fd, f, len, deadline) == 0)
+            r = read_reply_(fd, deadline);
+        if (r) {
+            put_idle_(s, fd);
+            break;
+        }
         int e = errno;
-        close(s->fd);
-        s->fd = -1;
-        /* a connection that broke between calls: once more, fresh */
+        close(fd);
+        /* a kept connection that broke meanwhile: once more, fresh */
         if (!fresh && e != ETIMEDOUT) continue;
         m6_err_set(err, M6_EINTERNAL, "rendezvous store at %s: %s: %s "
                    "(after %.1f s)", s->addr, what,
@@ -287,9 +314,7 @@ static int set_(void *ctx, const char *key, const void *val, size_t len,
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_STORE_SET;
     rq.store_set = &ss;
-    pthread_mutex_lock(&s->mu);
     M6__Response *r = call_(s, &rq, 0, "set", err);
-    pthread_mutex_unlock(&s->mu);
     if (!r) return -1;
     m6__response__free_unpacked(r, NULL);
     return 0;
@@ -308,9 +333,7 @@ static int get_(void *ctx, const char *key, void **val, size_t *len,
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_STORE_GET;
     rq.store_get = &sg;
-    pthread_mutex_lock(&s->mu);
     M6__Response *r = call_(s, &rq, sg.timeout_ms, "get", err);
-    pthread_mutex_unlock(&s->mu);
     if (!r) return -1;
     int rc = 0;
     if (r->body_case != M6__RESPONSE__BODY_STORE_VALUE) {
@@ -346,9 +369,7 @@ static int wait_(void *ctx, const char *const *keys, size_t n, int timeout_ms,
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_STORE_WAIT;
     rq.store_wait = &sw;
-    pthread_mutex_lock(&s->mu);
     M6__Response *r = call_(s, &rq, sw.timeout_ms, "wait", err);
-    pthread_mutex_unlock(&s->mu);
     if (!r) return -1;
     m6__response__free_unpacked(r, NULL);
     return 0;
@@ -378,13 +399,14 @@ int m6_store_tcp_open(const char *addr, const cluster_token *token,
     s->run = run_id;
     s->gen = generation;
     s->io_timeout_ms = io_timeout_ms > 0 ? io_timeout_ms : 1;
-    s->fd = -1;
     pthread_mutex_init(&s->mu, NULL);
-    if (connect_(s, err) < 0) {
+    int fd = connect_(s, err);  /* now: an unreachable coordinator is named here */
+    if (fd < 0) {
         pthread_mutex_destroy(&s->mu);
         free(s);
         return -1;
     }
+    put_idle_(s, fd);
     out->ctx = s;
     out->set = set_;
     out->get = get_;
@@ -396,7 +418,7 @@ void m6_store_tcp_close(m6_store *st)
 {
     tcp_store *s = st->ctx;
     if (!s) return;
-    if (s->fd >= 0) close(s->fd);
+    for (int i = 0; i < s->n_idle; i++) close(s->idle[i]);
     pthread_mutex_destroy(&s->mu);
     memset(&s->token, 0, sizeof s->token);
     free(s);

@@ -59,7 +59,6 @@ wait_node() {
     done
     fail "node $1: state '$s', want $2 within $3 s"
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # ---- the token file
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
@@ -220,7 +219,11 @@ rc=0; "$M6STORE" "$ADDR" "$T/token-bad" 7 1 2000 get rank0.addr 0 2>"$T/sbad.err
 [ "$rc" = 1 ] && grep -q "refused the connection: authentication failed" "$T/sbad.err" || fail "store with a wrong token: $(cat "$T/sbad.err")"
 
 # ---- nobody listening: the join and the store fail within the timeout
-DEAD=127.0.0.1:$(free_port)
+# port 1 (tcpmux): a free port picked now could be taken by another test's
+# socket before m6d connects; nobody serves tcpmux
+DEAD=127.0.0.1:1
+python3 -c 'import socket; socket.create_connection(("127.0.0.1", 1), timeout=1)' 2>/dev/null \
+    && fail "something listens on 127.0.0.1:1: this test needs an address nobody listens on"
 t0=$EPOCHREALTIME
 rc=0; timeout 20 "$M6D" --state-dir "$T/dead" --threads 1 --node-timeout "$TMO" --join "$DEAD" \
     --token-file "$T/token" 2>"$T/dead.err" || rc=$?
