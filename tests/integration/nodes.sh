@@ -183,6 +183,7 @@ rc=0; timeout 10 "$M6D" --state-dir "$T/dup" --threads 1 --node-timeout "$TMO" -
 for c in garbage huge half silent hello wrongtoken; do
     python3 "$PEER" "$PORT" "$c" >&2 || fail "peer case $c"
 done
+python3 "$PEER" "$PORT" authgarbage "$T/token" >&2 || fail "peer case authgarbage"
 grep -q 'reason="first frame too large"' "$T/m6d-c.log" || fail "huge length not logged"
 grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent peer not logged"
 python3 "$PEER" "$PORT" flood 80 4 "$T/flooding" >&2 &

@@ -6,7 +6,8 @@ that it closes the connection within MAX_S; exits non-zero on the first
 failed check.
 
 Cases: garbage, huge, half, silent, hello (a control-socket Hello as first
-frame), wrongtoken (a StoreOpen with a wrong token), flood N SECONDS (N
+frame), wrongtoken (a StoreOpen with a wrong token), authgarbage TOKEN_FILE
+(a good StoreOpen, then garbage), flood N SECONDS (N
 idle connections held open that long; those past the coordinator's limit
 must be closed at once)."""
 import os
@@ -130,6 +131,22 @@ elif CASE == "wrongtoken":
     s = connect()
     s.sendall(struct.pack(">I", len(rq)) + rq)
     expect_refusal(s, UNAUTHENTICATED, "wrong token", t0)
+elif CASE == "authgarbage":
+    # the right token (a StoreOpen), then a frame that is not a Request:
+    # refused BAD_REQUEST and closed; an authenticated peer is not trusted
+    # with malformed input either
+    tok = open(sys.argv[3], "rb").read().rstrip(b"\n")
+    so = field_varint(1, 1) + field_bytes(2, tok) + field_varint(3, 1)
+    rq = field_bytes(20, so)
+    s = connect()
+    s.sendall(struct.pack(">I", len(rq)) + rq)
+    n = struct.unpack(">I", s.recv(4))[0]
+    st, msg = parse_response(s.recv(n))
+    if st != 0:
+        sys.exit("authgarbage: StoreOpen with the right token refused: %d %s" % (st, msg))
+    t0 = time.monotonic()
+    s.sendall(struct.pack(">I", 8) + b"\xff" * 8)
+    expect_refusal(s, 1, "garbage after a good StoreOpen", t0)  # BAD_REQUEST
 elif CASE == "flood":
     n, hold = int(sys.argv[3]), float(sys.argv[4])
     socks = [connect() for _ in range(n)]

@@ -6,7 +6,8 @@
  * limit and one byte over it, keys kept apart by run and generation, a get
  * that times out (and one of timeout 0), a wait on several keys, and one
  * store shared by several threads, as Gloo uses it (every rank sets its
- * key, then waits for all of them and reads them).
+ * key, then waits for all of them and reads them). And the seam where
+ * the coordinator will pick nodes for a run (cluster_coord_nodes_fit).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -279,6 +280,38 @@ static void test_refusals(void **st)
     m6_err_free(&e);
 }
 
+/* The live workers with enough free device memory, in id order (rank
+ * order); not lost ones, not the coordinator itself. */
+static void test_nodes_fit(void **st)
+{
+    (void)st;
+    struct { const char *host; node_state s; uint64_t free; int coord; } rows[] = {
+        {"c0", NODE_LIVE, 1u << 30, 1}, {"a", NODE_LIVE, 8u << 20, 0},
+        {"b", NODE_LOST, 1u << 30, 0},  {"c", NODE_LIVE, 1u << 30, 0},
+        {"d", NODE_LEFT, 1u << 30, 0},  {"e", NODE_LIVE, 512u << 20, 0},
+    };
+    int64_t id[6];
+    for (int i = 0; i < 6; i++) {
+        node_row n = {0};
+        snprintf(n.hostname, sizeof n.hostname, "%s", rows[i].host);
+        snprintf(n.node_uuid, sizeof n.node_uuid, "%031d%d", 0, i);
+        snprintf(n.backend, sizeof n.backend, "cpu");
+        n.devices = 1;
+        n.memory = n.free_device_memory = rows[i].free;
+        n.state = rows[i].s;
+        n.coordinator = rows[i].coord;
+        assert_int_equal(state_node_insert(g.st, &n, &id[i]), 0);
+    }
+    int64_t got[8];
+    assert_int_equal(cluster_coord_nodes_fit(g.co, 256u << 20, got, 8), 2);
+    assert_int_equal(got[0], id[3]);  /* c */
+    assert_int_equal(got[1], id[5]);  /* e */
+    assert_int_equal(cluster_coord_nodes_fit(g.co, 1u << 20, got, 8), 3);
+    assert_int_equal(got[0], id[1]);  /* a, c, e */
+    assert_int_equal(cluster_coord_nodes_fit(g.co, 1u << 20, got, 1), 1);
+    assert_int_equal(cluster_coord_nodes_fit(g.co, 2u << 30, got, 8), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -286,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_namespaces_and_timeouts),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_nodes_fit),
     };
     return cmocka_run_group_tests(tests, setup_, teardown_);
 }
