@@ -177,7 +177,7 @@ static uint64_t cuda_free_(int n)
 }
 #endif
 
-void cluster_facts_get(cluster_facts *f, const char *name)
+void cluster_facts_get(cluster_facts *f, const char *name, int measure_free)
 {
     memset(f, 0, sizeof *f);
     if (name && *name)
@@ -194,7 +194,8 @@ void cluster_facts_get(cluster_facts *f, const char *name)
         f->devices = n;
     }
 #endif
-    f->free_device_memory = cluster_free_device_memory(f);
+    if (measure_free || strcmp(f->backend, "cpu") == 0)
+        f->free_device_memory = cluster_free_device_memory(f);
 }
 
 uint64_t cluster_free_device_memory(const cluster_facts *f)

@@ -60,8 +60,11 @@ typedef struct {
 } cluster_facts;
 
 /* Fill f for this machine; name overrides gethostname() when non-empty.
- * CUDA is reported when this m6d was built with it and sees a device. */
-void cluster_facts_get(cluster_facts *f, const char *name);
+ * CUDA is reported when this m6d was built with it and sees a device.
+ * measure_free 0: free_device_memory is left 0 (not measured) on CUDA,
+ * where measuring it opens a CUDA context on every device (hundreds of
+ * MiB each): a single m6d does not, a coordinator or worker does. */
+void cluster_facts_get(cluster_facts *f, const char *name, int measure_free);
 /* The free device memory now, as in cluster_facts (for heartbeats). */
 uint64_t cluster_free_device_memory(const cluster_facts *f);
 

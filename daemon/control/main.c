@@ -447,7 +447,8 @@ static void on_join_fatal_(void *ud, const char *msg)
  * coordinator listens. 0, or -1 with err. */
 static int cluster_start_(char *err, size_t errlen)
 {
-    cluster_facts_get(&g.facts, g.opt.node_name);
+    cluster_facts_get(&g.facts, g.opt.node_name,
+                      g.opt.join[0] || g.opt.listen[0]);
     if (cluster_node_uuid(g.opt.state_dir, g.node_uuid, err, errlen) < 0)
         return -1;
     if (g.opt.join[0]) {

@@ -96,8 +96,8 @@ cat >"$T/run.json" <<JSON
   "name": "during",
   "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
   "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
-  "pseudo": {"steps": 1500},
-  "train": {"steps": 3000, "batch_size": 4, "eval_every": 500, "seed": 7},
+  "pseudo": {"steps": 1000},
+  "train": {"steps": 2000, "batch_size": 4, "eval_every": 500, "seed": 7},
   "checkpoint": {"every": 1000, "keep": 2}
 }
 JSON
@@ -186,7 +186,7 @@ done
 python3 "$PEER" "$PORT" authgarbage "$T/token" >&2 || fail "peer case authgarbage"
 grep -q 'reason="first frame too large"' "$T/m6d-c.log" || fail "huge length not logged"
 grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent peer not logged"
-python3 "$PEER" "$PORT" flood 80 4 "$T/flooding" >&2 &
+python3 "$PEER" "$PORT" flood 80 3 "$T/flooding" >&2 &
 FLOOD=$!
 for _ in $(seq 1 100); do [ -e "$T/flooding" ] && break; sleep 0.05; done
 # while 64 connections wait to authenticate: the store and the nodes answer

@@ -129,14 +129,14 @@ static void test_facts(void **st)
 {
     (void)st;
     cluster_facts f;
-    cluster_facts_get(&f, "w7");
+    cluster_facts_get(&f, "w7", 1);
     assert_string_equal(f.hostname, "w7");
     assert_true(f.memory > 0);
     assert_true(f.devices >= 1);
     /* cpu: MemAvailable, never above MemTotal */
     if (strcmp(f.backend, "cpu") == 0)
         assert_true(f.free_device_memory > 0 && f.free_device_memory <= f.memory);
-    cluster_facts_get(&f, NULL);
+    cluster_facts_get(&f, NULL, 0);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     assert_string_equal(f.hostname, host);
