@@ -288,6 +288,41 @@ static M6__Response *call_(tcp_store *s, const M6__Request *rq, int wait_ms,
     return r;
 }
 
+/* The coordinator waits at most 600 s per request (coordinator.c): a
+ * longer timeout is waited out in pieces of that length. *tmo is the
+ * request's timeout_ms field. */
+enum { WAIT_PIECE_MS_ = 600000 };
+
+static M6__Response *call_waiting_(tcp_store *s, const M6__Request *rq,
+                                   int32_t *tmo, int timeout_ms,
+                                   const char *what, m6_err *err)
+{
+    long long left = timeout_ms < 0 ? 0 : timeout_ms;
+    for (;;) {
+        m6_err e = M6_ERR_NONE;
+        *tmo = (int32_t)(left > WAIT_PIECE_MS_ ? WAIT_PIECE_MS_ : left);
+        left -= *tmo;
+        M6__Response *r = call_(s, rq, *tmo, what, &e);
+        if (r) return r;
+        if (e.code == M6_ECANCELLED && left > 0) {
+            m6_err_free(&e);  /* a piece of a longer wait: the next one */
+            continue;
+        }
+        if (e.code == M6_ECANCELLED && timeout_ms > WAIT_PIECE_MS_) {
+            char total[64];
+            snprintf(total, sizeof total, "after %d ms in all", timeout_ms);
+            m6_err_prefix(&e, total);
+        }
+        if (err) {
+            m6_err_free(err);
+            *err = e;
+        } else {
+            m6_err_free(&e);
+        }
+        return NULL;
+    }
+}
+
 static int check_key_(const char *key, m6_err *err)
 {
     size_t n = key ? strlen(key) : 0;
@@ -329,11 +364,11 @@ static int get_(void *ctx, const char *key, void **val, size_t *len,
     if (check_key_(key, err) < 0) return -1;
     M6__StoreGet sg = M6__STORE_GET__INIT;
     sg.key = (char *)key;
-    sg.timeout_ms = timeout_ms < 0 ? 0 : timeout_ms;
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_STORE_GET;
     rq.store_get = &sg;
-    M6__Response *r = call_(s, &rq, sg.timeout_ms, "get", err);
+    M6__Response *r = call_waiting_(s, &rq, &sg.timeout_ms, timeout_ms, "get",
+                                    err);
     if (!r) return -1;
     int rc = 0;
     if (r->body_case != M6__RESPONSE__BODY_STORE_VALUE) {
@@ -365,11 +400,11 @@ static int wait_(void *ctx, const char *const *keys, size_t n, int timeout_ms,
     M6__StoreWait sw = M6__STORE_WAIT__INIT;
     sw.keys = (char **)keys;
     sw.n_keys = n;
-    sw.timeout_ms = timeout_ms < 0 ? 0 : timeout_ms;
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_STORE_WAIT;
     rq.store_wait = &sw;
-    M6__Response *r = call_(s, &rq, sw.timeout_ms, "wait", err);
+    M6__Response *r = call_waiting_(s, &rq, &sw.timeout_ms, timeout_ms, "wait",
+                                    err);
     if (!r) return -1;
     m6__response__free_unpacked(r, NULL);
     return 0;
