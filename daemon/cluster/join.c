@@ -65,6 +65,7 @@ struct cluster_join {
     int64_t node_id;
     char last_err[256];
     int cut;            /* this attempt was cut short by its deadline */
+    uint64_t lost_at, last_warn;  /* uv_now: coordinator lost; last said so */
 };
 
 static void attempt_(cluster_join *j);
@@ -136,6 +137,15 @@ static void attempt_failed_(cluster_join *j, const char *why)
                        left < RETRY_MS_ ? left : RETRY_MS_, 0);
         return;
     }
+    /* still no coordinator: say so once a minute, not at every attempt */
+    if (now - j->last_warn >= 60000) {
+        if (j->last_warn)
+            log_warn("cluster.rejoin_failing", "coordinator=%s node=%lld "
+                     "lost_for_s=%llu err=\"%s\"", j->addr,
+                     (long long)j->node_id,
+                     (unsigned long long)((now - j->lost_at) / 1000), why);
+        j->last_warn = now;
+    }
     log_debug("cluster.rejoin_retry", "coordinator=%s err=\"%s\"", j->addr, why);
     uv_timer_start(&j->timer, retry_cb_,
                    (uint64_t)j->heartbeat_ms, 0);
@@ -185,6 +195,7 @@ static int send_(cluster_join *j, const M6__Request *rq, int close_after)
 
 static void lost_(cluster_join *j, const char *why)
 {
+    j->lost_at = j->last_warn = uv_now(j->loop);
     log_warn("cluster.coordinator_lost", "coordinator=%s node=%lld cause=\"%s\" "
              "msg=\"rejoining every %d ms\"", j->addr, (long long)j->node_id,
              why, j->heartbeat_ms);
