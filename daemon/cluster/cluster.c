@@ -251,9 +251,20 @@ int cluster_node_uuid(const char *state_dir, char out[33], char *err,
     /* written to a temporary name, then renamed: never half a node id */
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     f = fopen(tmp, "we");
-    if (!f || fprintf(f, "%s\n", out) < 0 || fflush(f) != 0 ||
-        fsync(fileno(f)) != 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    int ok = f && fprintf(f, "%s\n", out) > 0 && fflush(f) == 0 &&
+             fsync(fileno(f)) == 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
         return -1;
     }
     return 0;
