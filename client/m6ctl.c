@@ -1181,6 +1181,26 @@ static int cmd_plot_(int argc, char **argv)
     return rc;
 }
 
+/* The coordinator's nodes (issue 14): one NodesQuery. */
+static int cmd_nodes_(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    M6__NodesQuery q = M6__NODES_QUERY__INIT;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_NODES;
+    rq.nodes = &q;
+    M6__Response *resp = request_(&rq);
+    if (!resp) return EXIT_ERR;
+    view_out o = rows_out_(&views_nodes);
+    view_begin(&o);
+    for (size_t i = 0; resp->nodes && i < resp->nodes->n_nodes; i++)
+        view_row(&o, resp->nodes->nodes[i]);
+    view_end(&o);
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
 static const command commands_[] = {
     {"submit", cmd_submit_, 1, 1, F_JSON, "SPEC",
      "Submit a run spec (JSON file, - for stdin); prints the run id.\n"
@@ -1202,6 +1222,10 @@ static const command commands_[] = {
      "What happened to a run, oldest first (its events table).\n"
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
      "checkpoint.bad, interrupted, stop, ..."},
+    {"nodes", cmd_nodes_, 0, 0, F_JSON, "",
+     "List the coordinator's nodes (state, backend, devices, memory, run, rank).\n"
+     "States: joining, live, lost (silent past --node-timeout, or its\n"
+     "connection closed), left (stopped). Also: last heartbeat, address, why."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},

@@ -406,3 +406,64 @@ static const view_field prepare_fields_[] = {
     {"val_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_shards_},
 };
 const view views_prepare = VIEW_OF(prepare_fields_);
+
+/* ---- nodes: the coordinator's node registry (issue 14) */
+
+#define N_ ((const M6__NodeInfo *)row)
+static void n_id_(const void *row, view_val *v) { v->i = N_->id; }
+static void n_host_(const void *row, view_val *v) { v->s = N_->hostname; }
+static void n_uuid_(const void *row, view_val *v) { v->s = N_->node_uuid; }
+static void n_state_(const void *row, view_val *v)
+{
+    v->s = N_->state;
+    v->color = strcmp(N_->state, "live") == 0   ? "\033[32m"
+               : strcmp(N_->state, "lost") == 0 ? "\033[31m"
+                                                 : "\033[2m";
+}
+static void n_role_(const void *row, view_val *v) { v->s = N_->role; }
+static void n_backend_(const void *row, view_val *v) { v->s = N_->backend; }
+static void n_devices_(const void *row, view_val *v) { v->i = N_->devices; }
+static void n_mem_(const void *row, view_val *v) { v->i = (long long)N_->memory; }
+static void n_free_(const void *row, view_val *v) { v->i = (long long)N_->free_device_memory; }
+static void n_run_(const void *row, view_val *v)
+{
+    v->i = N_->run_id;
+    v->null = N_->run_id <= 0;
+}
+static void n_rank_(const void *row, view_val *v)
+{
+    v->i = N_->rank;
+    v->null = N_->rank < 0 || N_->run_id <= 0;
+}
+static void n_hb_(const void *row, view_val *v) { v->d = N_->last_heartbeat; }
+static void n_joined_(const void *row, view_val *v) { v->d = N_->joined; }
+static void n_updated_(const void *row, view_val *v) { v->d = N_->updated; }
+static void n_addr_(const void *row, view_val *v)
+{
+    v->s = N_->address && *N_->address ? N_->address : NULL;
+}
+static void n_detail_(const void *row, view_val *v)
+{
+    v->s = N_->detail && *N_->detail ? N_->detail : NULL;
+}
+#undef N_
+
+static const view_field node_fields_[] = {
+    {"id", "ID", 0, 4, VIEW_INT, VF_PLAIN, 0, n_id_},
+    {"hostname", "HOSTNAME", 0, -16, VIEW_STR, VF_PLAIN, 0, n_host_},
+    {"state", "STATE", 0, -8, VIEW_STR, VF_PLAIN, 0, n_state_},
+    {"role", "ROLE", 0, -12, VIEW_STR, VF_PLAIN, 0, n_role_},
+    {"backend", "BACKEND", 0, -8, VIEW_STR, VF_PLAIN, 0, n_backend_},
+    {"devices", "DEV", 0, 4, VIEW_INT, VF_PLAIN, 0, n_devices_},
+    {"memory", "MEMORY", 0, 11, VIEW_INT, VF_BYTES, 0, n_mem_},
+    {"free_device_memory", "FREE DEV MEM", 0, 13, VIEW_INT, VF_BYTES, 0, n_free_},
+    {"run_id", "RUN", 0, 5, VIEW_INT, VF_PLAIN, 0, n_run_},
+    {"rank", "RANK", 0, 5, VIEW_INT, VF_PLAIN, 0, n_rank_},
+    {"last_heartbeat", "LAST HEARTBEAT", 0, -21, VIEW_F64, VF_UTC, 0, n_hb_},
+    {"address", "ADDRESS", 0, -22, VIEW_STR, VF_PLAIN, 0, n_addr_},
+    {"detail", "DETAIL", 0, 0, VIEW_STR, VF_PLAIN, 0, n_detail_},
+    {"node_uuid", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, n_uuid_},
+    {"joined", 0, 0, 0, VIEW_F64, VF_UTC, 0, n_joined_},
+    {"updated", 0, 0, 0, VIEW_F64, VF_UTC, 0, n_updated_},
+};
+const view views_nodes = VIEW_OF(node_fields_);

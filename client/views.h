@@ -44,6 +44,9 @@ extern const view views_watch_event;
 /* Rows: prepare_stats (data prepare --json). */
 extern const view views_prepare;
 
+/* Rows: M6__NodeInfo (nodes: table, --json). */
+extern const view views_nodes;
+
 /* "queued", "running", ... */
 const char *views_state_str(M6__RunState s);
 /* completed, failed or stopped */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "control/advice.h"
@@ -691,6 +692,63 @@ static void do_checkpoints_(call *c, const M6__Request *rq)
     reply_(c, M6__STATUS__STATUS_OK, "%d checkpoints", n);
 }
 
+/* ------------------------------------------------------------------- nodes */
+
+/* The nodes table (daemon/cluster/coordinator.h keeps it). This m6d's own
+ * row is live while it answers: its last heartbeat is now. */
+static void do_nodes_(call *c, const M6__Request *rq)
+{
+    (void)rq;
+    if (c->h->cluster_join)
+        return reply_(c, M6__STATUS__STATUS_BAD_STATE,
+                      "this m6d is a worker node of the coordinator at %s: "
+                      "run m6ctl nodes there", c->h->cluster_join);
+    node_row *rows;
+    int n;
+    if (state_nodes_list(c->h->st, &rows, &n) < 0)
+        return reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
+    M6__NodeList *nl = arena_alloc_(c->a, sizeof *nl);
+    M6__NodeInfo **v = arena_alloc_(c->a, (size_t)n * sizeof *v);
+    M6__NodeInfo *cells = arena_alloc_(c->a, (size_t)n * sizeof *cells);
+    int ok = nl && v && cells;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    for (int i = 0; ok && i < n; i++) {
+        const node_row *r = &rows[i];
+        M6__NodeInfo *ni = &cells[i];
+        m6__node_info__init(ni);
+        ni->id = r->id;
+        ni->hostname = arena_strdup_(c->a, r->hostname);
+        ni->node_uuid = arena_strdup_(c->a, r->node_uuid);
+        ni->state = (char *)node_state_name(r->state);
+        ni->role = (char *)(r->coordinator ? "coordinator" : "worker");
+        ni->backend = arena_strdup_(c->a, r->backend);
+        ni->devices = r->devices;
+        ni->memory = r->memory;
+        ni->free_device_memory = r->free_device_memory;
+        ni->run_id = r->run;
+        ni->rank = r->rank;
+        ni->last_heartbeat = r->coordinator && r->state == NODE_LIVE
+                                 ? now : r->last_heartbeat;
+        ni->joined = r->joined;
+        ni->updated = r->updated;
+        ni->address = arena_strdup_(c->a, r->address);
+        ni->detail = arena_strdup_(c->a, r->detail);
+        ok = ni->hostname && ni->node_uuid && ni->backend && ni->address &&
+             ni->detail;
+        v[i] = ni;
+    }
+    free(rows);
+    if (!ok) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
+    m6__node_list__init(nl);
+    nl->n_nodes = (size_t)n;
+    nl->nodes = v;
+    c->resp->body_case = M6__RESPONSE__BODY_NODES;
+    c->resp->nodes = nl;
+    reply_(c, M6__STATUS__STATUS_OK, "%d nodes", n);
+}
+
 /* The dispatch table: one entry per Request.body case. */
 typedef struct {
     M6__Request__BodyCase which;
@@ -711,6 +769,7 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_PLAN, "plan", do_plan_},
     {M6__REQUEST__BODY_EVENTS, "events", do_events_},
     {M6__REQUEST__BODY_CHECKPOINTS, "checkpoints", do_checkpoints_},
+    {M6__REQUEST__BODY_NODES, "nodes", do_nodes_},
 };
 
 int handlers_is_read(int body_case)

@@ -19,6 +19,10 @@ typedef struct {
     coord *co;
     http_stats *stats;  /* counts each request by type and status for
                          * /metrics; NULL none */
+    /* nodes (daemon/cluster): the coordinator's address when this m6d is
+     * a worker (--join), whose `m6ctl nodes` is refused pointing there;
+     * NULL for a coordinator or a single m6d */
+    const char *cluster_join;
 } handlers_ctx;
 
 /* Per-connection protocol state. */

@@ -35,6 +35,9 @@
 #include "control/server.h"
 #include "coord/coord.h"
 #include "http/http.h"
+#include "cluster/cluster.h"
+#include "cluster/coordinator.h"
+#include "cluster/join.h"
 #include "state/state.h"
 
 typedef struct {
@@ -49,6 +52,15 @@ typedef struct {
     /* metrics: --metrics-listen, --metrics-peak-flops */
     char metrics_listen[512];
     double peak_flops;
+    /* nodes (daemon/cluster, issue 14): role, coordinator's TCP listener,
+     * a worker's join */
+    int coordinator;            /* --role coordinator */
+    int worker;                 /* --role worker, or --join */
+    char listen[300];           /* --listen HOST:PORT */
+    char join[300];             /* --join HOST:PORT */
+    char token_file[2048];
+    char node_name[256];
+    int node_timeout_ms;
 } options;
 
 static struct {
@@ -70,6 +82,14 @@ static struct {
     int watchdog_on;
     volatile sig_atomic_t stopping;
     int drain_expired;          /* the shutdown drain's deadline passed */
+    /* nodes */
+    cluster_token token;
+    cluster_facts facts;
+    char node_uuid[33];
+    int self_registered;
+    cluster_coord *cluster;     /* --listen */
+    cluster_join *join;         /* --join */
+    int join_failed;            /* the join gave up: exit 1 */
 } g;
 
 /* ----------------------------------------------------------------- options */
@@ -97,6 +117,15 @@ static void usage_(FILE *f)
         "                     HTTP there (read-only; e.g. 127.0.0.1:9464)\n"
         "  --metrics-peak-flops F\n"
         "                     the device's peak FLOP/s, for m6_mfu_ratio\n"
+        "Many nodes (docs/OPERATIONS.md, \"Many nodes\"):\n"
+        "  --role R           coordinator (needs --listen) or worker (needs --join);\n"
+        "                     default: a single m6d, both roles for this node only\n"
+        "  --listen HOST:PORT coordinator: accept worker nodes over TCP here\n"
+        "  --join HOST:PORT   worker: register with the coordinator there\n"
+        "  --token-file PATH  the cluster's shared token (not readable by others)\n"
+        "  --node-name NAME   this node's name among the nodes (default: hostname)\n"
+        "  --node-timeout S   a node silent this long is lost; a first join gives\n"
+        "                     up after it (0.1..3600 s, default 30)\n"
         "  --help, --version\n");
 }
 
@@ -114,12 +143,19 @@ static int parse_args_(int argc, char **argv, options *o)
         /* metrics */
         {"metrics-listen", required_argument, 0, 'M'},
         {"metrics-peak-flops", required_argument, 0, 'F'},
+        {"role", required_argument, 0, 'r'},
+        {"listen", required_argument, 0, 'L'},
+        {"join", required_argument, 0, 'J'},
+        {"token-file", required_argument, 0, 'T'},
+        {"node-name", required_argument, 0, 'N'},
+        {"node-timeout", required_argument, 0, 'O'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->group = getegid();
+    o->node_timeout_ms = CLUSTER_TIMEOUT_MS_DEFAULT;
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -208,6 +244,45 @@ static int parse_args_(int argc, char **argv, options *o)
             o->peak_flops = v;
             break;
         }
+        /* nodes (issue 14) */
+        case 'r':
+            if (strcmp(optarg, "coordinator") == 0) o->coordinator = 1;
+            else if (strcmp(optarg, "worker") == 0) o->worker = 1;
+            else {
+                fprintf(stderr, "m6d: --role: want coordinator or worker, got "
+                        "\"%.80s\"\n", optarg);
+                return -1;
+            }
+            break;
+        case 'L':
+        case 'J':
+        case 'T':
+        case 'N': {
+            const char *name = ch == 'L' ? "--listen" : ch == 'J' ? "--join"
+                               : ch == 'T' ? "--token-file" : "--node-name";
+            char *dst = ch == 'L' ? o->listen : ch == 'J' ? o->join
+                        : ch == 'T' ? o->token_file : o->node_name;
+            size_t cap = ch == 'L' ? sizeof o->listen : ch == 'J' ? sizeof o->join
+                         : ch == 'T' ? sizeof o->token_file : sizeof o->node_name;
+            if (!optarg[0] || strlen(optarg) >= cap) {
+                fprintf(stderr, "m6d: %s: want 1..%zu bytes, got \"%.80s\"\n",
+                        name, cap - 1, optarg);
+                return -1;
+            }
+            snprintf(dst, cap, "%s", optarg);
+            break;
+        }
+        case 'O': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (*end || !(v >= 0.1 && v <= 3600)) {
+                fprintf(stderr, "m6d: --node-timeout: want 0.1..3600 seconds, "
+                        "got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->node_timeout_ms = (int)(v * 1000 + 0.5);
+            break;
+        }
         case 'h': usage_(stdout); exit(0);
         case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
         default: usage_(stderr); return -1;
@@ -215,6 +290,34 @@ static int parse_args_(int argc, char **argv, options *o)
     }
     if (optind < argc) {
         fprintf(stderr, "m6d: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (o->join[0]) o->worker = 1;
+    if (o->coordinator && o->worker) {
+        fprintf(stderr, "m6d: --role coordinator and --join/--role worker "
+                "exclude each other\n");
+        return -1;
+    }
+    if (o->coordinator && !o->listen[0]) {
+        fprintf(stderr, "m6d: --role coordinator needs --listen HOST:PORT\n");
+        return -1;
+    }
+    if (o->listen[0] && !o->coordinator) {
+        fprintf(stderr, "m6d: --listen is for --role coordinator\n");
+        return -1;
+    }
+    if (o->worker && !o->join[0]) {
+        fprintf(stderr, "m6d: --role worker needs --join HOST:PORT\n");
+        return -1;
+    }
+    if ((o->listen[0] || o->join[0]) && !o->token_file[0]) {
+        fprintf(stderr, "m6d: %s needs --token-file PATH: node traffic is "
+                "authenticated with a shared token\n",
+                o->listen[0] ? "--listen" : "--join");
+        return -1;
+    }
+    if (o->token_file[0] && !o->listen[0] && !o->join[0]) {
+        fprintf(stderr, "m6d: --token-file is for --listen or --join\n");
         return -1;
     }
     if (!o->state_dir[0] && paths_state_dir(o->state_dir, sizeof o->state_dir) < 0) {
@@ -515,6 +618,52 @@ static void close_but_signals_(uv_handle_t *h, void *arg)
     close_walk_(h, arg);
 }
 
+/* ------------------------------------------------------------------- nodes */
+
+/* The first join gave up, or the coordinator refused this node: m6d stops
+ * (exit 1) with the reason, as for any failed start. */
+static void on_join_fatal_(void *ud, const char *msg)
+{
+    (void)ud;
+    log_error("cluster.join_failed", "err=\"%s\"", msg);
+    fprintf(stderr, "m6d: %s\n", msg);
+    g.join_failed = 1;
+    if (!g.stopping) {
+        g.stopping = 1;
+        if (g.co) coord_request_shutdown(g.co);
+        uv_stop(&g.loop);
+    }
+}
+
+/* After the coordinator is up: this node's facts and id; a worker starts
+ * joining, the others list themselves in the nodes table, and a
+ * coordinator listens. 0, or -1 with err. */
+static int cluster_start_(char *err, size_t errlen)
+{
+    cluster_facts_get(&g.facts, g.opt.node_name,
+                      g.opt.join[0] || g.opt.listen[0]);
+    if (cluster_node_uuid(g.opt.state_dir, g.node_uuid, err, errlen) < 0)
+        return -1;
+    if (g.opt.join[0]) {
+        cluster_join_config jc = {
+            .loop = &g.loop, .addr = g.opt.join, .token = &g.token,
+            .facts = &g.facts, .node_uuid = g.node_uuid,
+            .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_};
+        g.join = cluster_join_start(&jc, err, errlen);
+        return g.join ? 0 : -1;
+    }
+    if (cluster_self_register(g.st, &g.facts, g.node_uuid, err, errlen) < 0)
+        log_warn("cluster.self", "msg=\"%s\"", err);  /* not fatal */
+    else
+        g.self_registered = 1;
+    if (!g.opt.listen[0]) return 0;
+    cluster_coord_config cc = {.loop = &g.loop, .st = g.st,
+                               .listen = g.opt.listen, .token = &g.token,
+                               .timeout_ms = g.opt.node_timeout_ms};
+    g.cluster = cluster_coord_init(&cc, err, errlen);
+    return g.cluster ? 0 : -1;
+}
+
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -546,6 +695,14 @@ int main(int argc, char **argv)
                                sizeof err) < 0 ||
         (listen_fd < 0 &&
          refuse_world_writable_("socket dir", sock_dir, err, sizeof err) < 0)) {
+        log_error("daemon.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
+        return 1;
+    }
+    /* the token before anything else: a token file others may read is a
+     * refusal at start, naming its mode */
+    if (g.opt.token_file[0] &&
+        cluster_token_load(g.opt.token_file, &g.token, err, sizeof err) < 0) {
         log_error("daemon.error", "err=\"%s\"", err);
         fprintf(stderr, "m6d: %s\n", err);
         return 1;
@@ -604,8 +761,14 @@ int main(int argc, char **argv)
         log_error("coord.error", "err=\"%s\"", err);
         goto out_server;
     }
-    g.handlers = (handlers_ctx){.st = g.st, .co = g.co, .stats = g.stats};
+    g.handlers = (handlers_ctx){.st = g.st, .co = g.co, .stats = g.stats,
+                                .cluster_join = g.opt.join[0] ? g.opt.join : NULL};
     if (metrics_start_() < 0) goto out_server;
+    if (cluster_start_(err, sizeof err) < 0) {
+        log_error("cluster.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
+        goto out_server;
+    }
     notify_init_();
 
     uv_run(&g.loop, UV_RUN_DEFAULT);
@@ -616,20 +779,26 @@ int main(int argc, char **argv)
      * answer, which comes at the end of its step), for DRAIN_S at most: a
      * client that does not read its reply does not hold up the exit */
     server_drain(g.srv);
+    cluster_join_leave(g.join);  /* this node: left, not lost */
     uv_timer_t drain_timer;
     uv_timer_init(&g.loop, &drain_timer);
     g.drain_expired = 0;
     uv_timer_start(&drain_timer, on_drain_timeout_, DRAIN_S * 1000, 0);
-    while (server_draining(g.srv) > 0 && !g.drain_expired)
+    while ((server_draining(g.srv) > 0 || cluster_join_busy(g.join)) &&
+           !g.drain_expired)
         uv_run(&g.loop, UV_RUN_ONCE);
     if (g.drain_expired)
         log_warn("daemon.drain", "msg=\"%d replies not sent after %d s; "
                  "closing their connections\"", server_draining(g.srv),
                  DRAIN_S);
     uv_timer_stop(&drain_timer);
-    rc = 0;
+    rc = g.join_failed ? 1 : 0;
 out_server:
     metrics_stop_(); /* its requests ask the coordinator and the state */
+    cluster_coord_fini(g.cluster);
+    g.cluster = NULL;
+    cluster_join_fini(g.join);
+    g.join = NULL;
     server_fini(g.srv);
     g.srv = NULL;
 out_loop:
@@ -646,6 +815,7 @@ out_loop:
         log_error("daemon.leak", "msg=\"handles still open at exit\"");
         rc = 1;
     }
+    if (g.self_registered) cluster_self_leave(g.st, g.node_uuid);
     state_close(g.st);
     stats_free(g.stats);
     log_info("daemon.exit", "rc=%d", rc);

@@ -189,4 +189,55 @@ int state_hold_overdue(state *st, char *msg, size_t len);
  * full"), for errors shown to the operator. */
 void state_last_error(state *st, char *buf, size_t len);
 
+/* ------------------------------------------------------------------ nodes
+ * The coordinator's node registry (schema 0006, daemon/cluster/). */
+
+typedef enum { NODE_JOINING = 0, NODE_LIVE, NODE_LOST, NODE_LEFT } node_state;
+
+const char *node_state_name(node_state s);  /* "joining", "live", ... */
+
+typedef struct {
+    int64_t id;
+    char hostname[256];
+    char node_uuid[64];
+    int coordinator;          /* role 'coordinator': this m6d itself */
+    char backend[16];
+    int devices;
+    uint64_t memory, free_device_memory;  /* bytes */
+    node_state state;
+    int64_t run;              /* current run; 0 none */
+    int rank;                 /* -1 none */
+    char address[96];         /* peer address it joined from; "" none */
+    char detail[256];         /* why lost or left; "" none */
+    double last_heartbeat, joined, updated;  /* unix seconds */
+} node_row;
+
+/* Insert a node in state (hostname and node_uuid unique; run none,
+ * last_heartbeat = joined = updated = now). *id set. 0, or -1 (error,
+ * a duplicate hostname or uuid included: check with state_node_find
+ * first). */
+int state_node_insert(state *st, const node_row *n, int64_t *id);
+/* Overwrite node id's hostname, uuid, role, backend, devices, memory,
+ * free memory, state, address and detail from n (a reconnect, or a node
+ * taking over a lost one's hostname); last_heartbeat and updated = now.
+ * 0, 1 no such node, -1 error. */
+int state_node_update(state *st, int64_t id, const node_row *n);
+/* One node by hostname (by is 'h') or by uuid ('u'): 0 found, 1 none,
+ * -1 error. */
+int state_node_find(state *st, char by, const char *key, node_row *out);
+/* The node's state and why (detail NULL: none); updated = now. 0, 1 none,
+ * -1 error. */
+int state_node_set_state(state *st, int64_t id, node_state s,
+                         const char *detail);
+/* A heartbeat: last_heartbeat = now, free device memory; a joining node
+ * becomes live. 0, 1 none, -1 error. */
+int state_node_heartbeat(state *st, int64_t id, uint64_t free_device_memory);
+/* Every node in state from (joining or live) other than the coordinator
+ * becomes to, with detail: at a coordinator's start its previous life's
+ * nodes are lost until they reconnect. The number changed, or -1. */
+int state_nodes_mark(state *st, node_state from, node_state to,
+                     const char *detail);
+/* All nodes by id; *rows malloc'd (free it). 0, or -1. */
+int state_nodes_list(state *st, node_row **rows, int *n);
+
 #endif /* M6_STATE_H */

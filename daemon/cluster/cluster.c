@@ -1,0 +1,271 @@
+/*
+ * cluster.c — addresses, the shared token, node facts and the node id
+ * (see cluster.h).
+ */
+#include "cluster/cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#ifdef M6_CLUSTER_CUDA
+#include <cuda_runtime.h>
+#endif
+
+/* ---------------------------------------------------------------- address */
+
+int cluster_parse_addr(const char *text, int allow_zero, char *host,
+                       size_t hostlen, int *port, char *err, size_t errlen)
+{
+    const char *colon, *h = text;
+    size_t hl;
+    if (text[0] == '[') {
+        const char *close = strchr(text, ']');
+        if (!close || close[1] != ':') goto bad;
+        h = text + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(text, ':');
+        if (!colon) goto bad;
+        hl = (size_t)(colon - text);
+        if (memchr(text, ':', hl)) goto bad;  /* a bare IPv6 address */
+    }
+    if (hl == 0 || hl >= hostlen) goto bad;
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || errno || p < (allow_zero ? 0 : 1) || p > 65535) {
+        snprintf(err, errlen, "\"%s\": port must be %d..65535", text,
+                 allow_zero ? 0 : 1);
+        return -1;
+    }
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    *port = (int)p;
+    return 0;
+bad:
+    snprintf(err, errlen, "\"%s\": want HOST:PORT (an IPv6 host in "
+             "brackets: [::1]:7070)", text);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ token */
+
+static void sha256_(const void *p, size_t n, uint8_t out[32])
+{
+    unsigned len = 32;
+    if (EVP_Digest(p, n, out, &len, EVP_sha256(), NULL) != 1)
+        memset(out, 0, 32);  /* cannot happen with OpenSSL's own sha256 */
+}
+
+int cluster_token_load(const char *path, cluster_token *t, char *err,
+                       size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        snprintf(err, errlen, "token file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    int rc = -1;
+    if (fstat(fd, &sb) < 0) {
+        snprintf(err, errlen, "token file %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "token file %s is not a regular file", path);
+        goto out;
+    }
+    if (sb.st_mode & S_IROTH) {
+        snprintf(err, errlen, "token file %s has mode %04o, which lets every "
+                 "user read the cluster's token: chmod 600 %s (or 640 for a "
+                 "group)", path, (unsigned)(sb.st_mode & 07777), path);
+        goto out;
+    }
+    uint8_t buf[CLUSTER_TOKEN_MAX + 2];
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, sizeof buf - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            snprintf(err, errlen, "token file %s: %s", path, strerror(errno));
+            goto out;
+        }
+        if (r == 0 || (n += (size_t)r) == sizeof buf) break;
+    }
+    if (n > 0 && buf[n - 1] == '\n') n--;
+    if (n > 0 && buf[n - 1] == '\r') n--;
+    if (n > CLUSTER_TOKEN_MAX) {
+        snprintf(err, errlen, "token file %s: longer than %d bytes", path,
+                 CLUSTER_TOKEN_MAX);
+        goto out;
+    }
+    if (n < CLUSTER_TOKEN_MIN) {
+        snprintf(err, errlen, "token file %s: the token is %zu bytes; want "
+                 "at least %d (e.g. openssl rand -hex 32 > %s)", path, n,
+                 CLUSTER_TOKEN_MIN, path);
+        goto out;
+    }
+    memcpy(t->raw, buf, n);
+    t->len = n;
+    sha256_(t->raw, t->len, t->sha256);
+    rc = 0;
+out:
+    close(fd);
+    return rc;
+}
+
+int cluster_token_matches(const cluster_token *t, const void *p, size_t n)
+{
+    uint8_t d[32];
+    sha256_(p, n, d);
+    return t->len > 0 && CRYPTO_memcmp(d, t->sha256, sizeof d) == 0;
+}
+
+/* ------------------------------------------------------------------ facts */
+
+/* A field of /proc/meminfo in bytes, 0 if absent. */
+static uint64_t meminfo_(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (!f) return 0;
+    char line[256];
+    uint64_t v = 0;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (strncmp(line, key, kl) == 0 && line[kl] == ':' &&
+            sscanf(line + kl + 1, "%llu", &kb) == 1) {
+            v = (uint64_t)kb * 1024;
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+#ifdef M6_CLUSTER_CUDA
+static int cuda_devices_(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+static uint64_t cuda_free_(int n)
+{
+    uint64_t sum = 0;
+    int cur = 0;
+    cudaGetDevice(&cur);
+    for (int d = 0; d < n; d++) {
+        size_t fr = 0, tot = 0;
+        if (cudaSetDevice(d) == cudaSuccess &&
+            cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+            sum += fr;
+    }
+    cudaSetDevice(cur);
+    return sum;
+}
+#endif
+
+void cluster_facts_get(cluster_facts *f, const char *name, int measure_free)
+{
+    memset(f, 0, sizeof *f);
+    if (name && *name)
+        snprintf(f->hostname, sizeof f->hostname, "%s", name);
+    else if (gethostname(f->hostname, sizeof f->hostname - 1) != 0)
+        snprintf(f->hostname, sizeof f->hostname, "localhost");
+    f->memory = meminfo_("MemTotal");
+    snprintf(f->backend, sizeof f->backend, "cpu");
+    f->devices = 1;
+#ifdef M6_CLUSTER_CUDA
+    int n = cuda_devices_();
+    if (n > 0) {
+        snprintf(f->backend, sizeof f->backend, "cuda");
+        f->devices = n;
+    }
+#endif
+    if (measure_free || strcmp(f->backend, "cpu") == 0)
+        f->free_device_memory = cluster_free_device_memory(f);
+}
+
+uint64_t cluster_free_device_memory(const cluster_facts *f)
+{
+#ifdef M6_CLUSTER_CUDA
+    if (strcmp(f->backend, "cuda") == 0) return cuda_free_(f->devices);
+#else
+    (void)f;
+#endif
+    return meminfo_("MemAvailable");
+}
+
+/* ---------------------------------------------------------------- node id */
+
+static int is_uuid_(const char *s)
+{
+    if (strlen(s) != 32) return 0;
+    for (int i = 0; i < 32; i++)
+        if (!strchr("0123456789abcdef", s[i])) return 0;
+    return 1;
+}
+
+int cluster_node_uuid(const char *state_dir, char out[33], char *err,
+                      size_t errlen)
+{
+    char path[4200], tmp[4210];
+    snprintf(path, sizeof path, "%s/node-id", state_dir);
+    FILE *f = fopen(path, "re");
+    if (f) {
+        char buf[64] = "";
+        int ok = fgets(buf, sizeof buf, f) != NULL;
+        fclose(f);
+        buf[strcspn(buf, "\r\n")] = 0;
+        if (ok && is_uuid_(buf)) {
+            memcpy(out, buf, 33);
+            return 0;
+        }
+        snprintf(err, errlen, "%s: not a node id (32 hex digits); remove it "
+                 "to make a new one (the coordinator then sees a new node)",
+                 path);
+        return -1;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint8_t r[16];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+    /* written to a temporary name, then renamed: never half a node id */
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    f = fopen(tmp, "we");
+    int ok = f && fprintf(f, "%s\n", out) > 0 && fflush(f) == 0 &&
+             fsync(fileno(f)) == 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}

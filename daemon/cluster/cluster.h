@@ -1,0 +1,76 @@
+/*
+ * cluster.h — what the coordinator's TCP side (coordinator.h), the worker's
+ * join (join.h) and the store client (store_client.h) share: HOST:PORT
+ * addresses, the cluster's shared token, this node's facts (hostname,
+ * backend, devices, memory) and its stable node id.
+ *
+ * Time units: milliseconds unless a name says otherwise.
+ */
+#ifndef M6_CLUSTER_H
+#define M6_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Defaults: a node silent this long is lost; it heartbeats at a third of
+ * it. The first frame of a TCP peer must arrive within
+ * CLUSTER_AUTH_TIMEOUT_MS (or the node timeout, if shorter). */
+#define CLUSTER_TIMEOUT_MS_DEFAULT 30000
+#define CLUSTER_AUTH_TIMEOUT_MS 5000
+/* The first frame of a TCP peer (a NodeJoin or StoreOpen) is small: a
+ * larger declared length is refused before anything is buffered. */
+#define CLUSTER_FIRST_FRAME_MAX (64u * 1024u)
+/* Shortest token accepted (bytes, after the trailing newline is cut). */
+#define CLUSTER_TOKEN_MIN 16
+#define CLUSTER_TOKEN_MAX 4096
+
+/* "HOST:PORT", "[V6]:PORT": host into host (no brackets), port 0..65535
+ * (0 only when allow_zero: the coordinator's "any free port").
+ * 0, or -1 with err naming the text and what is wrong. */
+int cluster_parse_addr(const char *text, int allow_zero, char *host,
+                       size_t hostlen, int *port, char *err, size_t errlen);
+
+/* The shared token: the file's bytes less one trailing newline. */
+typedef struct {
+    uint8_t raw[CLUSTER_TOKEN_MAX];
+    size_t len;
+    uint8_t sha256[32];
+} cluster_token;
+
+/* Read the token file. Refused (-1, err names the path and why): a file
+ * any other user may read (mode & 0004: "mode 0644 lets every user read
+ * it: chmod 600 PATH"), not a regular file, empty or shorter than
+ * CLUSTER_TOKEN_MIN, longer than CLUSTER_TOKEN_MAX. */
+int cluster_token_load(const char *path, cluster_token *t, char *err,
+                       size_t errlen);
+
+/* 1 when the n bytes at p are the token, else 0. Constant time in the
+ * content of both: SHA-256 of each, compared with OpenSSL's CRYPTO_memcmp,
+ * so neither the length nor a common prefix shows in the time taken. */
+int cluster_token_matches(const cluster_token *t, const void *p, size_t n);
+
+/* What a node tells the coordinator about itself (NodeJoin). */
+typedef struct {
+    char hostname[256];
+    char backend[16];            /* "cpu" or "cuda" */
+    int devices;                 /* CUDA devices; 1 (the host) for cpu */
+    uint64_t memory;             /* host memory (MemTotal), bytes */
+    uint64_t free_device_memory; /* bytes: CUDA free memory over devices;
+                                  * MemAvailable for cpu */
+} cluster_facts;
+
+/* Fill f for this machine; name overrides gethostname() when non-empty.
+ * CUDA is reported when this m6d was built with it and sees a device.
+ * measure_free 0: free_device_memory is left 0 (not measured) on CUDA,
+ * where measuring it opens a CUDA context on every device (hundreds of
+ * MiB each): a single m6d does not, a coordinator or worker does. */
+void cluster_facts_get(cluster_facts *f, const char *name, int measure_free);
+/* The free device memory now, as in cluster_facts (for heartbeats). */
+uint64_t cluster_free_device_memory(const cluster_facts *f);
+
+/* This node's id: 32 hex digits kept in STATE_DIR/node-id, made (random,
+ * from getrandom) at the first start. 0, or -1 with err. */
+int cluster_node_uuid(const char *state_dir, char out[33], char *err,
+                      size_t errlen);
+
+#endif /* M6_CLUSTER_H */

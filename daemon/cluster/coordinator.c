@@ -1,0 +1,896 @@
+/*
+ * coordinator.c — the coordinator's TCP listener, node registry and store
+ * service (see coordinator.h).
+ *
+ * Lifetimes (libuv rules, as in control/server.c): a peer owns two handles
+ * (its TCP stream and a timer: the first-frame deadline, then a parked
+ * store request's deadline); it is freed when both close callbacks have
+ * run. A write request is freed in its callback whatever the status; every
+ * callback checks whether its peer is closing.
+ */
+#include "cluster/coordinator.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "control/frame.h"
+#include "dist/store.h"
+#include "m6.pb-c.h"
+
+typedef enum { PEER_NEW = 0, PEER_NODE, PEER_STORE } peer_kind;
+
+typedef struct peer peer;
+
+typedef struct store_entry {
+    int64_t run, gen;
+    char *key;
+    uint8_t *val;
+    size_t len;
+    struct store_entry *next;
+} store_entry;
+
+struct cluster_coord {
+    uv_tcp_t listener;  /* first: handle <-> coordinator */
+    uv_timer_t sweep;   /* heartbeat timeouts */
+    uv_loop_t *loop;
+    state *st;
+    const cluster_token *token;
+    int timeout_ms, auth_ms;
+    int port;
+    int n_new;          /* unauthenticated peers */
+    unsigned long next_id;
+    peer *peers;
+    store_entry *store;
+    size_t store_bytes, store_keys;
+    int handles_open;   /* listener, sweep: freed at 0 after fini */
+};
+
+struct peer {
+    uv_tcp_t tcp;       /* first: handle <-> peer */
+    uv_timer_t timer;
+    cluster_coord *co;
+    unsigned long id;
+    char addr[96];
+    frame_reader rd;
+    peer_kind kind;
+    int closing, handles_open, reading;
+    peer *prev, *next;
+    /* a node */
+    int64_t node_id;    /* 0: none (refused, or replaced by a reconnect) */
+    char hostname[256];
+    uint64_t last_hb;   /* uv_now of its latest frame */
+    /* a store client */
+    int64_t run, gen;
+    int parked;         /* a get/wait waits for keys (timer running) */
+    int parked_get;     /* ... a get: reply with the value */
+    char **keys;
+    size_t n_keys;
+    int timeout_ms;
+};
+
+typedef struct {
+    uv_write_t req;     /* first */
+    peer *p;
+    uint8_t *buf;
+    int close_after;
+} write_req;
+
+/* ------------------------------------------------------------------- peers */
+
+static void peer_free_keys_(peer *p)
+{
+    for (size_t i = 0; i < p->n_keys; i++) free(p->keys[i]);
+    free(p->keys);
+    p->keys = NULL;
+    p->n_keys = 0;
+    p->parked = 0;
+}
+
+static void handle_closed_(uv_handle_t *h)
+{
+    peer *p = h->data;
+    if (--p->handles_open > 0) return;
+    frame_reader_free(&p->rd);
+    peer_free_keys_(p);
+    free(p);
+}
+
+/* The node's registry row after its connection ends or goes silent. */
+static void node_gone_(peer *p, node_state s, const char *cause)
+{
+    if (p->kind != PEER_NODE || !p->node_id) return;
+    cluster_coord *co = p->co;
+    const char *kind = s == NODE_LEFT ? "node.left" : "node.lost";
+    if (s == NODE_LEFT)
+        log_info(kind, "node=%lld hostname=%s peer=%s", (long long)p->node_id,
+                 p->hostname, p->addr);
+    else
+        log_warn(kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
+                 (long long)p->node_id, p->hostname, p->addr, cause);
+    state_node_set_state(co->st, p->node_id, s, cause);
+    state_event(co->st, 0, kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
+                (long long)p->node_id, p->hostname, p->addr, cause);
+    p->node_id = 0;
+}
+
+static void peer_close_(peer *p, const char *cause)
+{
+    if (p->closing) return;
+    p->closing = 1;
+    node_gone_(p, NODE_LOST, cause);
+    if (p->kind == PEER_NEW) p->co->n_new--;
+    if (p->prev) p->prev->next = p->next;
+    else p->co->peers = p->next;
+    if (p->next) p->next->prev = p->prev;
+    log_debug("cluster.close", "peer=%s conn=%lu cause=\"%s\"", p->addr, p->id,
+              cause);
+    uv_close((uv_handle_t *)&p->timer, handle_closed_);
+    uv_close((uv_handle_t *)&p->tcp, handle_closed_);
+}
+
+static void write_done_(uv_write_t *req, int status)
+{
+    write_req *w = (write_req *)req;
+    peer *p = w->p;
+    int close_after = w->close_after;
+    free(w->buf);
+    free(w);
+    if (p->closing) return;
+    if (status < 0) peer_close_(p, uv_strerror(status));
+    else if (close_after) peer_close_(p, "refused");
+}
+
+/* Queue a Response; close the connection after it when close_after. */
+static void send_(peer *p, const M6__Response *resp, int close_after)
+{
+    if (p->closing) return;
+    size_t len;
+    uint8_t *buf = frame_pack(&resp->base, &len);
+    write_req *w = buf ? calloc(1, sizeof *w) : NULL;
+    if (!w) {
+        free(buf);
+        peer_close_(p, "out of memory");
+        return;
+    }
+    w->p = p;
+    w->buf = buf;
+    w->close_after = close_after;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&p->tcp, &b, 1, write_done_);
+    if (rc < 0) {
+        free(buf);
+        free(w);
+        peer_close_(p, uv_strerror(rc));
+    }
+}
+
+static void reply_status_(peer *p, M6__Status st, const char *msg,
+                          int close_after)
+{
+    M6__Response r = M6__RESPONSE__INIT;
+    r.status = st;
+    r.message = (char *)msg;
+    send_(p, &r, close_after);
+}
+
+static void hard_close_(uv_timer_t *t)
+{
+    peer *p = t->data;
+    if (!p->closing) peer_close_(p, "refusal not taken within the deadline");
+}
+
+/* Refuse a peer: one status, a log line with its address, then close.
+ * Reading stops: nothing it sends afterwards is looked at. A peer that
+ * does not take even the refusal is closed at the first-frame deadline. */
+static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
+{
+    log_warn("cluster.refused", "peer=%s reason=\"%s\"", p->addr, why);
+    if (p->reading) uv_read_stop((uv_stream_t *)&p->tcp);
+    p->reading = 0;
+    peer_free_keys_(p);
+    uv_timer_start(&p->timer, hard_close_, (uint64_t)p->co->auth_ms, 0);
+    reply_status_(p, st, msg, 1);
+}
+
+/* ------------------------------------------------------------ node registry */
+
+static int valid_name_(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 255) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                    "0123456789.-_", s[i]))
+            return 0;
+    return 1;
+}
+
+static int valid_uuid_(const char *s)
+{
+    if (!s || strlen(s) != 32) return 0;
+    for (int i = 0; i < 32; i++)
+        if (!strchr("0123456789abcdef", s[i])) return 0;
+    return 1;
+}
+
+static peer *peer_of_node_(cluster_coord *co, int64_t id)
+{
+    for (peer *q = co->peers; q; q = q->next)
+        if (q->kind == PEER_NODE && q->node_id == id && !q->closing) return q;
+    return NULL;
+}
+
+static void do_join_(peer *p, const M6__NodeJoin *j)
+{
+    cluster_coord *co = p->co;
+    char msg[768];
+    const char *backend = j->backend ? j->backend : "";
+    if (!valid_name_(j->hostname) || !valid_uuid_(j->node_uuid) ||
+        (strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0) ||
+        j->devices < 0 || j->devices > 4096) {
+        snprintf(msg, sizeof msg, "bad NodeJoin: want a hostname of 1..255 "
+                 "letters, digits, '.', '-' or '_', a node_uuid of 32 hex "
+                 "digits, backend cpu or cuda and devices 0..4096");
+        return refuse_(p, M6__STATUS__STATUS_BAD_REQUEST, msg, "bad NodeJoin");
+    }
+    node_row n = {0};
+    snprintf(n.hostname, sizeof n.hostname, "%s", j->hostname);
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", j->node_uuid);
+    snprintf(n.backend, sizeof n.backend, "%s", backend);
+    snprintf(n.address, sizeof n.address, "%s", p->addr);
+    n.devices = j->devices;
+    n.memory = j->memory;
+    n.free_device_memory = j->free_device_memory;
+    n.state = NODE_JOINING;
+
+    node_row by_uuid, by_host;
+    int ru = state_node_find(co->st, 'u', j->node_uuid, &by_uuid);
+    int rh = state_node_find(co->st, 'h', j->hostname, &by_host);
+    if (ru < 0 || rh < 0)
+        return refuse_(p, M6__STATUS__STATUS_INTERNAL,
+                       "the coordinator's database failed; see its log",
+                       "database error");
+    int64_t id = 0;
+    const char *how;
+    if (ru == 0 && by_uuid.coordinator) {
+        return refuse_(p, M6__STATUS__STATUS_BAD_STATE,
+                       "this node id is the coordinator's own: a worker "
+                       "needs its own --state-dir", "coordinator's node id");
+    } else if (ru == 0) {
+        /* the same node again: a restart, or a new connection after a
+         * network cut; its hostname may have changed (--node-name) */
+        if (rh == 0 && by_host.id != by_uuid.id) {
+            snprintf(msg, sizeof msg, "hostname %s is taken by node %lld "
+                     "(another node id); node %lld keeps its name %s",
+                     n.hostname, (long long)by_host.id,
+                     (long long)by_uuid.id, by_uuid.hostname);
+            return refuse_(p, M6__STATUS__STATUS_BAD_STATE, msg,
+                           "hostname taken");
+        }
+        id = by_uuid.id;
+        how = "reconnect";
+        peer *old = peer_of_node_(co, id);
+        if (old) {  /* the new connection replaces it: not lost */
+            old->node_id = 0;
+            peer_close_(old, "replaced by a reconnect of the same node");
+        }
+        if (state_node_update(co->st, id, &n) != 0)
+            return refuse_(p, M6__STATUS__STATUS_INTERNAL,
+                           "the coordinator's database failed; see its log",
+                           "database error");
+    } else if (rh == 0 && (by_host.coordinator ||
+                           by_host.state == NODE_JOINING ||
+                           by_host.state == NODE_LIVE)) {
+        snprintf(msg, sizeof msg, "duplicate hostname: %s is already node "
+                 "%lld (%s, node id %s, joined from %s); a second node with "
+                 "that name is refused: give it another one (m6d "
+                 "--node-name) or stop the other first",
+                 n.hostname, (long long)by_host.id,
+                 by_host.coordinator ? "the coordinator"
+                                     : node_state_name(by_host.state),
+                 by_host.node_uuid,
+                 by_host.address[0] ? by_host.address : "this host");
+        return refuse_(p, M6__STATUS__STATUS_BAD_STATE, msg,
+                       "duplicate hostname");
+    } else if (rh == 0) {
+        /* a lost or left node's name, from another node id (a
+         * reinstalled machine): the newcomer takes the row over */
+        id = by_host.id;
+        how = "replace";
+        if (state_node_update(co->st, id, &n) != 0)
+            return refuse_(p, M6__STATUS__STATUS_INTERNAL,
+                           "the coordinator's database failed; see its log",
+                           "database error");
+    } else {
+        how = "join";
+        if (state_node_insert(co->st, &n, &id) != 0)
+            return refuse_(p, M6__STATUS__STATUS_INTERNAL,
+                           "the coordinator's database failed; see its log",
+                           "database error");
+    }
+    uv_timer_stop(&p->timer);
+    p->kind = PEER_NODE;
+    co->n_new--;
+    p->node_id = id;
+    snprintf(p->hostname, sizeof p->hostname, "%s", n.hostname);
+    p->last_hb = uv_now(co->loop);
+    char ev[32];
+    snprintf(ev, sizeof ev, "node.%s", how);
+    log_info(ev, "node=%lld hostname=%s peer=%s backend=%s devices=%d "
+             "memory=%llu free_device_memory=%llu%s", (long long)id,
+             n.hostname, p->addr, n.backend, n.devices,
+             (unsigned long long)n.memory,
+             (unsigned long long)n.free_device_memory,
+             strcmp(how, "replace") == 0
+                 ? " msg=\"a new node id took over a lost or left node's "
+                   "hostname\"" : "");
+    state_event(co->st, 0, ev, "node=%lld hostname=%s peer=%s backend=%s "
+                "devices=%d", (long long)id, n.hostname, p->addr, n.backend,
+                n.devices);
+
+    M6__NodeJoinReply jr = M6__NODE_JOIN_REPLY__INIT;
+    jr.node_id = id;
+    jr.timeout_ms = (uint32_t)co->timeout_ms;
+    jr.heartbeat_ms = (uint32_t)(co->timeout_ms / 3 > 0 ? co->timeout_ms / 3 : 1);
+    jr.reconnect = strcmp(how, "reconnect") == 0;
+    jr.server = (char *)"m6d " M6_VERSION;
+    M6__Response r = M6__RESPONSE__INIT;
+    r.body_case = M6__RESPONSE__BODY_NODE_JOIN;
+    r.node_join = &jr;
+    snprintf(msg, sizeof msg, "%s as node %lld", how, (long long)id);
+    r.message = msg;
+    send_(p, &r, 0);
+}
+
+static void do_node_frame_(peer *p, const M6__Request *rq)
+{
+    cluster_coord *co = p->co;
+    p->last_hb = uv_now(co->loop);
+    if (!p->node_id) return;  /* replaced: closing */
+    switch (rq->body_case) {
+    case M6__REQUEST__BODY_NODE_HEARTBEAT:
+        state_node_heartbeat(co->st, p->node_id,
+                             rq->node_heartbeat->free_device_memory);
+        reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
+        return;
+    case M6__REQUEST__BODY_NODE_LEAVE:
+        node_gone_(p, NODE_LEFT, "the node stopped (NodeLeave)");
+        reply_status_(p, M6__STATUS__STATUS_OK, "left", 1);
+        return;
+    default:
+        reply_status_(p, M6__STATUS__STATUS_UNKNOWN_REQUEST,
+                      "a node connection takes NodeHeartbeat and NodeLeave "
+                      "only", 0);
+    }
+}
+
+static int64_t self_id_(state *st, const char *uuid)
+{
+    node_row r;
+    return state_node_find(st, 'u', uuid, &r) == 0 ? r.id : 0;
+}
+
+int cluster_self_register(state *st, const cluster_facts *f,
+                          const char *uuid, char *err, size_t errlen)
+{
+    node_row n = {0}, old;
+    snprintf(n.hostname, sizeof n.hostname, "%s", f->hostname);
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", uuid);
+    snprintf(n.backend, sizeof n.backend, "%s", f->backend);
+    n.coordinator = 1;
+    n.devices = f->devices;
+    n.memory = f->memory;
+    n.free_device_memory = f->free_device_memory;
+    n.state = NODE_LIVE;
+    int marked = state_nodes_mark(st, NODE_LIVE, NODE_LOST,
+                                  "coordinator restarted; until the node "
+                                  "reconnects");
+    if (marked >= 0)
+        marked += state_nodes_mark(st, NODE_JOINING, NODE_LOST,
+                                   "coordinator restarted; until the node "
+                                   "reconnects");
+    if (marked > 0)
+        log_info("node.lost", "nodes=%d cause=\"coordinator restarted; "
+                 "until they reconnect\"", marked);
+    int rh = state_node_find(st, 'h', n.hostname, &old);
+    int64_t id = self_id_(st, uuid);
+    if (rh == 0 && old.id != id) {
+        snprintf(err, errlen, "hostname %s is node %lld's (node id %s) in "
+                 "m6.db: this m6d is not listed in its own nodes table",
+                 n.hostname, (long long)old.id, old.node_uuid);
+        return -1;
+    }
+    int rc = id ? state_node_update(st, id, &n) : state_node_insert(st, &n, &id);
+    if (rc != 0) {
+        snprintf(err, errlen, "nodes table: database error");
+        return -1;
+    }
+    return 0;
+}
+
+void cluster_self_leave(state *st, const char *uuid)
+{
+    int64_t id = self_id_(st, uuid);
+    if (id) state_node_set_state(st, id, NODE_LEFT, "m6d stopped");
+}
+
+int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
+                            int64_t *ids, int max)
+{
+    node_row *rows;
+    int n, k = 0;
+    if (state_nodes_list(c->st, &rows, &n) < 0) return -1;
+    for (int i = 0; i < n && k < max; i++)
+        if (!rows[i].coordinator && rows[i].state == NODE_LIVE &&
+            rows[i].free_device_memory >= bytes_per_node)
+            ids[k++] = rows[i].id;
+    free(rows);
+    return k;
+}
+
+/* ------------------------------------------------------------------ store */
+
+static store_entry *store_find_(cluster_coord *co, int64_t run, int64_t gen,
+                                const char *key)
+{
+    for (store_entry *e = co->store; e; e = e->next)
+        if (e->run == run && e->gen == gen && strcmp(e->key, key) == 0)
+            return e;
+    return NULL;
+}
+
+/* The first missing key of the peer's parked request, or NULL: all set. */
+static const char *store_missing_(peer *p)
+{
+    for (size_t i = 0; i < p->n_keys; i++)
+        if (!store_find_(p->co, p->run, p->gen, p->keys[i])) return p->keys[i];
+    return NULL;
+}
+
+static void pump_(peer *p);
+
+/* Answer a parked request (its keys are all set now). */
+static void store_answer_(peer *p)
+{
+    uv_timer_stop(&p->timer);
+    M6__Response r = M6__RESPONSE__INIT;
+    M6__StoreValue sv = M6__STORE_VALUE__INIT;
+    if (p->parked_get) {
+        store_entry *e = store_find_(p->co, p->run, p->gen, p->keys[0]);
+        sv.value.data = e->val;
+        sv.value.len = e->len;
+        r.body_case = M6__RESPONSE__BODY_STORE_VALUE;
+        r.store_value = &sv;
+    }
+    send_(p, &r, 0);
+    peer_free_keys_(p);
+}
+
+/* The parked request's deadline passed: STATUS_TIMEOUT naming a key. */
+static void store_refuse_timeout_(peer *p)
+{
+    char msg[512];
+    const char *miss = store_missing_(p);
+    snprintf(msg, sizeof msg, "store (run %lld, generation %lld): key \"%s\" "
+             "not set after %d ms%s", (long long)p->run, (long long)p->gen,
+             miss ? miss : "?", p->timeout_ms,
+             p->n_keys > 1 ? " (waiting for several keys)" : "");
+    reply_status_(p, M6__STATUS__STATUS_TIMEOUT, msg, 0);
+    peer_free_keys_(p);
+}
+
+static void store_timeout_(uv_timer_t *t)
+{
+    peer *p = t->data;
+    if (p->closing || !p->parked) return;
+    store_refuse_timeout_(p);
+    pump_(p);
+}
+
+static int valid_key_(const char *k)
+{
+    size_t n = k ? strlen(k) : 0;
+    return n >= 1 && n <= M6_STORE_KEY_MAX;
+}
+
+enum { STORE_WAIT_MAX_MS = 600000, STORE_WAIT_KEYS_MAX = 1024 };
+
+static void do_store_(peer *p, const M6__Request *rq)
+{
+    cluster_coord *co = p->co;
+    char msg[512];
+    switch (rq->body_case) {
+    case M6__REQUEST__BODY_STORE_SET: {
+        const M6__StoreSet *s = rq->store_set;
+        if (!valid_key_(s->key))
+            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
+                                 "store key must be 1..256 bytes", 0);
+        if (s->value.len > M6_STORE_VALUE_MAX) {
+            snprintf(msg, sizeof msg, "store value of %zu bytes for \"%s\": "
+                     "the limit is %u", s->value.len, s->key,
+                     M6_STORE_VALUE_MAX);
+            return reply_status_(p, M6__STATUS__STATUS_TOO_LARGE, msg, 0);
+        }
+        store_entry *e = store_find_(co, p->run, p->gen, s->key);
+        size_t old = e ? e->len : 0;
+        if (co->store_bytes - old + s->value.len > CLUSTER_STORE_BYTES_MAX ||
+            (!e && co->store_keys >= CLUSTER_STORE_KEYS_MAX)) {
+            snprintf(msg, sizeof msg, "store full: %zu keys, %zu bytes (the "
+                     "limits are %d keys, %u bytes)", co->store_keys,
+                     co->store_bytes, CLUSTER_STORE_KEYS_MAX,
+                     CLUSTER_STORE_BYTES_MAX);
+            return reply_status_(p, M6__STATUS__STATUS_INTERNAL, msg, 0);
+        }
+        uint8_t *val = malloc(s->value.len ? s->value.len : 1);
+        if (!val)
+            return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
+                                 "out of memory", 0);
+        if (s->value.len) memcpy(val, s->value.data, s->value.len);
+        if (!e) {
+            e = calloc(1, sizeof *e);
+            char *key = strdup(s->key);
+            if (!e || !key) {
+                free(e);
+                free(key);
+                free(val);
+                return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
+                                     "out of memory", 0);
+            }
+            e->run = p->run;
+            e->gen = p->gen;
+            e->key = key;
+            e->next = co->store;
+            co->store = e;
+            co->store_keys++;
+        }
+        free(e->val);
+        e->val = val;
+        e->len = s->value.len;
+        co->store_bytes = co->store_bytes - old + e->len;
+        log_debug("store.set", "run=%lld gen=%lld key=\"%s\" bytes=%zu",
+                  (long long)p->run, (long long)p->gen, e->key, e->len);
+        reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
+        /* parked requests of this namespace that are now complete */
+        for (peer *q = co->peers, *next; q; q = next) {
+            next = q->next;
+            if (q->parked && !q->closing && q->run == p->run &&
+                q->gen == p->gen && !store_missing_(q)) {
+                store_answer_(q);
+                pump_(q);
+            }
+        }
+        return;
+    }
+    case M6__REQUEST__BODY_STORE_GET:
+    case M6__REQUEST__BODY_STORE_WAIT: {
+        int get = rq->body_case == M6__REQUEST__BODY_STORE_GET;
+        size_t n = get ? 1 : rq->store_wait->n_keys;
+        char *const *keys = get ? &rq->store_get->key : rq->store_wait->keys;
+        int tmo = get ? rq->store_get->timeout_ms : rq->store_wait->timeout_ms;
+        if (n < 1 || n > STORE_WAIT_KEYS_MAX)
+            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
+                                 "store wait takes 1..1024 keys", 0);
+        for (size_t i = 0; i < n; i++)
+            if (!valid_key_(keys[i]))
+                return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
+                                     "store key must be 1..256 bytes", 0);
+        if (tmo < 0 || tmo > STORE_WAIT_MAX_MS)
+            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
+                                 "store timeout_ms must be 0..600000", 0);
+        p->keys = calloc(n, sizeof *p->keys);
+        if (!p->keys)
+            return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
+                                 "out of memory", 0);
+        for (size_t i = 0; i < n; i++) {
+            if (!(p->keys[p->n_keys++] = strdup(keys[i]))) {
+                peer_free_keys_(p);
+                return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
+                                     "out of memory", 0);
+            }
+        }
+        p->parked = 1;
+        p->parked_get = get;
+        p->timeout_ms = tmo;
+        if (!store_missing_(p)) return store_answer_(p);
+        if (tmo == 0) return store_refuse_timeout_(p);
+        uv_timer_start(&p->timer, store_timeout_, (uint64_t)tmo, 0);
+        return;
+    }
+    default:
+        reply_status_(p, M6__STATUS__STATUS_UNKNOWN_REQUEST,
+                      "a store connection takes StoreSet, StoreGet and "
+                      "StoreWait only", 0);
+    }
+}
+
+/* ------------------------------------------------------------ the framing */
+
+static void first_frame_(peer *p, const uint8_t *payload, size_t len)
+{
+    cluster_coord *co = p->co;
+    M6__Request *rq = m6__request__unpack(NULL, len, payload);
+    if (!rq || (rq->body_case != M6__REQUEST__BODY_NODE_JOIN &&
+                rq->body_case != M6__REQUEST__BODY_STORE_OPEN)) {
+        refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED,
+                "the first frame must be a NodeJoin or StoreOpen with the "
+                "cluster's token",
+                rq ? "first frame is not NodeJoin/StoreOpen"
+                   : "first frame does not decode");
+        if (rq) m6__request__free_unpacked(rq, NULL);
+        return;
+    }
+    int join = rq->body_case == M6__REQUEST__BODY_NODE_JOIN;
+    uint32_t ver = join ? rq->node_join->protocol_version
+                        : rq->store_open->protocol_version;
+    ProtobufCBinaryData tok = join ? rq->node_join->token
+                                   : rq->store_open->token;
+    /* the token first: a peer without it learns nothing, not even the
+     * protocol version */
+    if (!cluster_token_matches(co->token, tok.data, tok.len)) {
+        refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED,
+                "authentication failed", "wrong token");
+    } else if (ver != M6_PROTOCOL_VERSION) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "bad version: peer speaks protocol %u, "
+                 "m6d speaks %u", ver, M6_PROTOCOL_VERSION);
+        refuse_(p, M6__STATUS__STATUS_BAD_VERSION, msg, "bad version");
+    } else if (join) {
+        do_join_(p, rq->node_join);
+    } else {
+        uv_timer_stop(&p->timer);
+        p->kind = PEER_STORE;
+        co->n_new--;
+        p->run = rq->store_open->run_id;
+        p->gen = rq->store_open->generation;
+        log_debug("store.open", "peer=%s run=%lld gen=%lld", p->addr,
+                  (long long)p->run, (long long)p->gen);
+        reply_status_(p, M6__STATUS__STATUS_OK, "store open", 0);
+    }
+    m6__request__free_unpacked(rq, NULL);
+}
+
+/* Handle the complete frames buffered, in order, until one is parked. */
+static void pump_(peer *p)
+{
+    while (!p->closing && !p->parked && p->reading) {
+        if (p->kind == PEER_NEW &&
+            frame_reader_pending(&p->rd) >= M6_FRAME_HDR) {
+            uint32_t n = frame_get_len(p->rd.buf + p->rd.pos);
+            if (n > CLUSTER_FIRST_FRAME_MAX) {
+                char msg[128];
+                snprintf(msg, sizeof msg, "first frame of %u bytes refused: "
+                         "the limit is %u", n, CLUSTER_FIRST_FRAME_MAX);
+                return refuse_(p, M6__STATUS__STATUS_TOO_LARGE, msg,
+                               "first frame too large");
+            }
+        }
+        const uint8_t *payload;
+        size_t len;
+        frame_result fr = frame_reader_next(&p->rd, &payload, &len);
+        if (fr == FRAME_TOO_LARGE) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "frame of %zu bytes refused: the limit "
+                     "is %u", len, M6_FRAME_MAX);
+            return refuse_(p, M6__STATUS__STATUS_TOO_LARGE, msg,
+                           "frame too large");
+        }
+        if (fr == FRAME_NEED_MORE) return;
+        if (p->kind == PEER_NEW) {
+            first_frame_(p, payload, len);
+            continue;
+        }
+        M6__Request *rq = m6__request__unpack(NULL, len, payload);
+        if (!rq) {
+            return refuse_(p, M6__STATUS__STATUS_BAD_REQUEST,
+                           "malformed frame: does not decode as m6.Request",
+                           "malformed frame");
+        }
+        if (p->kind == PEER_NODE) do_node_frame_(p, rq);
+        else do_store_(p, rq);
+        m6__request__free_unpacked(rq, NULL);
+    }
+}
+
+static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    size_t n = suggested < 65536 ? 65536 : suggested;
+    buf->base = malloc(n);
+    buf->len = buf->base ? n : 0;
+}
+
+static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    peer *p = (peer *)s;
+    if (p->closing) goto out;
+    if (nread < 0) {
+        peer_close_(p, nread == UV_EOF ? "connection closed by the peer"
+                                       : uv_strerror((int)nread));
+        goto out;
+    }
+    if (nread == 0) goto out;
+    /* a parked request's peer may pipeline one frame ahead, no more */
+    if (p->parked && frame_reader_pending(&p->rd) > M6_FRAME_HDR + M6_FRAME_MAX) {
+        peer_close_(p, "sent too much while waiting for a reply");
+        goto out;
+    }
+    if (frame_reader_feed(&p->rd, buf->base, (size_t)nread) < 0) {
+        peer_close_(p, "out of memory");
+        goto out;
+    }
+    pump_(p);
+out:
+    free(buf->base);
+}
+
+static void auth_timeout_(uv_timer_t *t)
+{
+    peer *p = t->data;
+    if (p->closing || p->kind != PEER_NEW) return;
+    char msg[128];
+    snprintf(msg, sizeof msg, "no NodeJoin or StoreOpen within %d ms",
+             p->co->auth_ms);
+    refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, msg,
+            "no first frame in time");
+}
+
+static void peer_addr_(peer *p)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    char host[64] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+    }
+    snprintf(p->addr, sizeof p->addr, ss.ss_family == AF_INET6 ? "[%s]:%d"
+             : "%s:%d", host, port);
+}
+
+static void on_connection_(uv_stream_t *ls, int status)
+{
+    cluster_coord *co = (cluster_coord *)ls;
+    if (status < 0) {
+        log_warn("cluster.accept_error", "err=\"%s\"", uv_strerror(status));
+        return;
+    }
+    peer *p = calloc(1, sizeof *p);
+    if (!p) return;
+    p->co = co;
+    p->id = ++co->next_id;
+    frame_reader_init(&p->rd);
+    uv_tcp_init(co->loop, &p->tcp);
+    uv_timer_init(co->loop, &p->timer);
+    p->tcp.data = p->timer.data = p;
+    p->handles_open = 2;
+    p->next = co->peers;
+    if (co->peers) co->peers->prev = p;
+    co->peers = p;
+    co->n_new++;
+    int rc = uv_accept(ls, (uv_stream_t *)&p->tcp);
+    if (rc < 0) {
+        snprintf(p->addr, sizeof p->addr, "?");
+        log_warn("cluster.accept_error", "err=\"%s\"", uv_strerror(rc));
+        return peer_close_(p, "accept failed");
+    }
+    peer_addr_(p);
+    if (co->n_new > CLUSTER_PENDING_MAX) {
+        log_warn("cluster.refused", "peer=%s reason=\"%d connections are "
+                 "already waiting to authenticate\"", p->addr,
+                 CLUSTER_PENDING_MAX);
+        return peer_close_(p, "too many unauthenticated peers");
+    }
+    uv_tcp_nodelay(&p->tcp, 1);
+    if ((rc = uv_read_start((uv_stream_t *)&p->tcp, alloc_cb_, read_cb_)) < 0)
+        return peer_close_(p, uv_strerror(rc));
+    p->reading = 1;
+    uv_timer_start(&p->timer, auth_timeout_, (uint64_t)co->auth_ms, 0);
+    log_debug("cluster.open", "peer=%s conn=%lu", p->addr, p->id);
+}
+
+/* Every node silent for timeout_ms is lost. */
+static void sweep_cb_(uv_timer_t *t)
+{
+    cluster_coord *co = t->data;
+    uint64_t now = uv_now(co->loop);
+    for (peer *p = co->peers, *next; p; p = next) {
+        next = p->next;
+        if (p->kind == PEER_NODE && !p->closing && p->node_id &&
+            now - p->last_hb > (uint64_t)co->timeout_ms) {
+            char cause[128];
+            snprintf(cause, sizeof cause, "no heartbeat for %llu ms (timeout "
+                     "%d ms)", (unsigned long long)(now - p->last_hb),
+                     co->timeout_ms);
+            peer_close_(p, cause);
+        }
+    }
+}
+
+/* -------------------------------------------------------------- listener */
+
+static void co_closed_(uv_handle_t *h)
+{
+    cluster_coord *co = h->data;
+    if (--co->handles_open > 0) return;
+    for (store_entry *e = co->store, *n; e; e = n) {
+        n = e->next;
+        free(e->key);
+        free(e->val);
+        free(e);
+    }
+    free(co);
+}
+
+cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
+                                  size_t errlen)
+{
+    char host[256];
+    int port;
+    if (cluster_parse_addr(cfg->listen, 1, host, sizeof host, &port, err,
+                           errlen) < 0)
+        return NULL;
+    struct sockaddr_storage ss;
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0) {
+        snprintf(err, errlen, "--listen %s: %s is not an IPv4 or IPv6 "
+                 "address (listen on an address, not a name)", cfg->listen,
+                 host);
+        return NULL;
+    }
+    cluster_coord *co = calloc(1, sizeof *co);
+    if (!co) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    co->loop = cfg->loop;
+    co->st = cfg->st;
+    co->token = cfg->token;
+    co->timeout_ms = cfg->timeout_ms;
+    co->auth_ms = cfg->timeout_ms < CLUSTER_AUTH_TIMEOUT_MS
+                      ? cfg->timeout_ms : CLUSTER_AUTH_TIMEOUT_MS;
+    uv_tcp_init(co->loop, &co->listener);
+    uv_timer_init(co->loop, &co->sweep);
+    co->listener.data = co->sweep.data = co;
+    co->handles_open = 2;
+    int rc = uv_tcp_bind(&co->listener, (struct sockaddr *)&ss, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&co->listener, 128,
+                                on_connection_);
+    if (rc < 0) {
+        snprintf(err, errlen, "--listen %s: %s", cfg->listen, uv_strerror(rc));
+        cluster_coord_fini(co);
+        return NULL;
+    }
+    int len = sizeof ss;
+    uv_tcp_getsockname(&co->listener, (struct sockaddr *)&ss, &len);
+    co->port = ntohs(ss.ss_family == AF_INET6
+                         ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                         : ((struct sockaddr_in *)&ss)->sin_port);
+    uint64_t every = (uint64_t)(co->timeout_ms / 10 > 20 ? co->timeout_ms / 10 : 20);
+    uv_timer_start(&co->sweep, sweep_cb_, every, every);
+    log_info("cluster.listen", "addr=%s%s%s:%d timeout_ms=%d heartbeat_ms=%d",
+             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
+             co->port, co->timeout_ms, co->timeout_ms / 3);
+    return co;
+}
+
+int cluster_coord_port(const cluster_coord *c) { return c->port; }
+
+void cluster_coord_fini(cluster_coord *co)
+{
+    if (!co) return;
+    while (co->peers) {
+        peer *p = co->peers;
+        p->node_id = 0;  /* not lost: the coordinator goes, not the node */
+        peer_close_(p, "coordinator stopping");
+    }
+    uv_close((uv_handle_t *)&co->sweep, co_closed_);
+    uv_close((uv_handle_t *)&co->listener, co_closed_);
+}

@@ -1,0 +1,465 @@
+/*
+ * join.c — a worker node's registration and heartbeats (see join.h).
+ *
+ * Lifetimes: the join object holds two timers (attempt deadline or retry
+ * delay; heartbeats), at most one TCP connection and at most one name
+ * lookup in flight; it counts them in refs and is freed, after
+ * cluster_join_fini, when the last of them has called back. A lookup or
+ * connection of an attempt that has been given up is told apart by its
+ * attempt number and dropped.
+ */
+#include "cluster/join.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "control/frame.h"
+#include "m6.pb-c.h"
+
+enum { RETRY_MS_ = 500 };
+
+typedef struct jconn {
+    uv_tcp_t tcp;       /* first: handle <-> jconn */
+    uv_connect_t creq;
+    struct cluster_join *j;
+    unsigned attempt;
+    frame_reader rd;
+    int closing;
+} jconn;
+
+typedef struct {
+    uv_getaddrinfo_t req;  /* first */
+    struct cluster_join *j;
+    unsigned attempt;
+} gai_req;
+
+typedef struct {
+    uv_write_t req;     /* first */
+    jconn *c;
+    uint8_t *buf;
+    int close_after;
+} jwrite;
+
+struct cluster_join {
+    uv_timer_t timer;   /* the attempt's deadline, or the retry's delay */
+    uv_timer_t hb;
+    uv_loop_t *loop;
+    char addr[300], host[256], port[8];
+    const cluster_token *token;
+    const cluster_facts *facts;
+    char uuid[33];
+    int timeout_ms;
+    void (*on_fatal)(void *, const char *);
+    void *ud;
+
+    jconn *c;           /* the current connection, or NULL */
+    unsigned attempt;
+    int refs;
+    int finishing, fatal_done;
+    int joined_once, live;
+    int leaving;        /* NodeLeave queued: busy until written */
+    uint64_t start, last_rx;
+    int heartbeat_ms, coord_timeout_ms;
+    int64_t node_id;
+    char last_err[256];
+    int cut;            /* this attempt was cut short by its deadline */
+    uint64_t lost_at, last_warn;  /* uv_now: coordinator lost; last said so */
+};
+
+static void attempt_(cluster_join *j);
+static void heartbeat_(uv_timer_t *t);
+
+static void retry_cb_(uv_timer_t *t) { attempt_(t->data); }
+
+static void unref_(cluster_join *j)
+{
+    if (--j->refs == 0 && j->finishing) free(j);
+}
+
+static void handle_closed_(uv_handle_t *h) { unref_(h->data); }
+
+static void conn_closed_(uv_handle_t *h)
+{
+    jconn *c = (jconn *)h;
+    cluster_join *j = c->j;
+    frame_reader_free(&c->rd);
+    free(c);
+    unref_(j);
+}
+
+static void conn_close_(cluster_join *j)
+{
+    jconn *c = j->c;
+    j->c = NULL;
+    j->live = 0;
+    if (!c || c->closing) return;
+    c->closing = 1;
+    uv_close((uv_handle_t *)&c->tcp, conn_closed_);
+}
+
+static void fatal_(cluster_join *j, const char *msg)
+{
+    conn_close_(j);
+    uv_timer_stop(&j->timer);
+    uv_timer_stop(&j->hb);
+    if (j->fatal_done) return;
+    j->fatal_done = 1;
+    j->on_fatal(j->ud, msg);
+}
+
+/* This attempt failed (why): retry, or give up on a first join whose time
+ * is over. */
+static void attempt_failed_(cluster_join *j, const char *why)
+{
+    conn_close_(j);
+    uv_timer_stop(&j->timer);
+    if (j->finishing || j->fatal_done) return;
+    /* an attempt cut short by the deadline keeps the reason of the ones
+     * before it (connection refused) */
+    if (!j->cut || !j->last_err[0])
+        snprintf(j->last_err, sizeof j->last_err, "%s", why);
+    j->cut = 0;
+    why = j->last_err;
+    uint64_t now = uv_now(j->loop);
+    if (!j->joined_once) {
+        uint64_t spent = now - j->start;
+        if (spent >= (uint64_t)j->timeout_ms) {
+            char msg[640];
+            snprintf(msg, sizeof msg, "cannot join the coordinator at %s "
+                     "within %.1f s: %s", j->addr, j->timeout_ms / 1000.0, why);
+            return fatal_(j, msg);
+        }
+        uint64_t left = (uint64_t)j->timeout_ms - spent;
+        log_debug("cluster.join_retry", "coordinator=%s err=\"%s\"", j->addr, why);
+        uv_timer_start(&j->timer, retry_cb_,
+                       left < RETRY_MS_ ? left : RETRY_MS_, 0);
+        return;
+    }
+    /* still no coordinator: say so once a minute, not at every attempt */
+    if (now - j->last_warn >= 60000) {
+        if (j->last_warn)
+            log_warn("cluster.rejoin_failing", "coordinator=%s node=%lld "
+                     "lost_for_s=%llu err=\"%s\"", j->addr,
+                     (long long)j->node_id,
+                     (unsigned long long)((now - j->lost_at) / 1000), why);
+        j->last_warn = now;
+    }
+    log_debug("cluster.rejoin_retry", "coordinator=%s err=\"%s\"", j->addr, why);
+    uv_timer_start(&j->timer, retry_cb_,
+                   (uint64_t)j->heartbeat_ms, 0);
+}
+
+static void write_done_(uv_write_t *req, int status)
+{
+    jwrite *w = (jwrite *)req;
+    jconn *c = w->c;
+    cluster_join *j = c->j;
+    int close_after = w->close_after;
+    free(w->buf);
+    free(w);
+    if (c->closing) return;
+    if (close_after) {
+        j->leaving = 0;
+        conn_close_(j);
+    } else if (status < 0) {
+        attempt_failed_(j, uv_strerror(status));
+    }
+}
+
+static int send_(cluster_join *j, const M6__Request *rq, int close_after)
+{
+    jconn *c = j->c;
+    size_t len;
+    uint8_t *buf = frame_pack(&rq->base, &len);
+    jwrite *w = buf ? calloc(1, sizeof *w) : NULL;
+    if (!w) {
+        free(buf);
+        return -1;
+    }
+    w->c = c;
+    w->buf = buf;
+    w->close_after = close_after;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_done_);
+    if (rc < 0) {
+        free(buf);
+        free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static void lost_(cluster_join *j, const char *why)
+{
+    j->lost_at = j->last_warn = uv_now(j->loop);
+    log_warn("cluster.coordinator_lost", "coordinator=%s node=%lld cause=\"%s\" "
+             "msg=\"rejoining every %d ms\"", j->addr, (long long)j->node_id,
+             why, j->heartbeat_ms);
+    attempt_failed_(j, why);
+}
+
+static void on_reply_(cluster_join *j, const M6__Response *r)
+{
+    j->last_rx = uv_now(j->loop);
+    if (j->live) {
+        if (r->status != M6__STATUS__STATUS_OK)
+            log_warn("cluster.reply", "coordinator=%s status=%d msg=\"%s\"",
+                     j->addr, r->status, r->message ? r->message : "");
+        return;
+    }
+    if (r->status != M6__STATUS__STATUS_OK ||
+        r->body_case != M6__RESPONSE__BODY_NODE_JOIN) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "the coordinator at %s refused the join: %s",
+                 j->addr, r->message && *r->message ? r->message
+                                                    : "no reason given");
+        return fatal_(j, msg);
+    }
+    const M6__NodeJoinReply *jr = r->node_join;
+    uv_timer_stop(&j->timer);
+    j->live = 1;
+    j->node_id = jr->node_id;
+    j->heartbeat_ms = jr->heartbeat_ms > 0 ? (int)jr->heartbeat_ms : 1000;
+    j->coord_timeout_ms = jr->timeout_ms > 0 ? (int)jr->timeout_ms
+                                             : 3 * j->heartbeat_ms;
+    log_info(j->joined_once ? "cluster.rejoined" : "cluster.joined",
+             "coordinator=%s node=%lld hostname=%s heartbeat_ms=%d "
+             "timeout_ms=%d reconnect=%d", j->addr, (long long)j->node_id,
+             j->facts->hostname, j->heartbeat_ms, j->coord_timeout_ms,
+             jr->reconnect ? 1 : 0);
+    j->joined_once = 1;
+    uv_timer_start(&j->hb, heartbeat_, 0, 0);  /* the first one now: live */
+}
+
+static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    size_t n = suggested < 65536 ? 65536 : suggested;
+    buf->base = malloc(n);
+    buf->len = buf->base ? n : 0;
+}
+
+static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    jconn *c = (jconn *)s;
+    cluster_join *j = c->j;
+    if (c->closing) goto out;
+    if (nread < 0) {
+        const char *why = nread == UV_EOF ? "the coordinator closed the connection"
+                                          : uv_strerror((int)nread);
+        if (j->live) lost_(j, why);
+        else attempt_failed_(j, why);
+        goto out;
+    }
+    if (frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
+        attempt_failed_(j, "out of memory");
+        goto out;
+    }
+    for (;;) {
+        const uint8_t *payload;
+        size_t len;
+        frame_result fr = frame_reader_next(&c->rd, &payload, &len);
+        if (fr == FRAME_NEED_MORE) break;
+        M6__Response *r = fr == FRAME_OK ? m6__response__unpack(NULL, len, payload)
+                                         : NULL;
+        if (!r) {
+            attempt_failed_(j, "a malformed frame from the coordinator");
+            break;
+        }
+        on_reply_(j, r);
+        m6__response__free_unpacked(r, NULL);
+        if (c->closing) break;
+    }
+out:
+    free(buf->base);
+}
+
+/* ---------------------------------------------------------------- attempts */
+
+static void connected_(uv_connect_t *req, int status)
+{
+    jconn *c = req->data;
+    cluster_join *j = c->j;
+    if (c->closing || c != j->c) return;
+    if (status < 0) return attempt_failed_(j, uv_strerror(status));
+    uv_tcp_nodelay(&c->tcp, 1);
+    M6__NodeJoin nj = M6__NODE_JOIN__INIT;
+    nj.protocol_version = M6_PROTOCOL_VERSION;
+    nj.token.data = (uint8_t *)j->token->raw;
+    nj.token.len = j->token->len;
+    nj.hostname = (char *)j->facts->hostname;
+    nj.node_uuid = j->uuid;
+    nj.backend = (char *)j->facts->backend;
+    nj.devices = j->facts->devices;
+    nj.memory = j->facts->memory;
+    nj.free_device_memory = cluster_free_device_memory(j->facts);
+    nj.version = (char *)"m6d " M6_VERSION;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_NODE_JOIN;
+    rq.node_join = &nj;
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb_, read_cb_);
+    if (rc < 0) return attempt_failed_(j, uv_strerror(rc));
+    if (send_(j, &rq, 0) < 0) return attempt_failed_(j, "cannot send NodeJoin");
+}
+
+static void resolved_(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    gai_req *g = (gai_req *)req;
+    cluster_join *j = g->j;
+    unsigned attempt = g->attempt;
+    free(g);
+    if (j->finishing || j->fatal_done || attempt != j->attempt) {
+        uv_freeaddrinfo(res);
+        return unref_(j);
+    }
+    unref_(j);
+    if (status < 0 || !res) {
+        char why[400];
+        snprintf(why, sizeof why, "cannot resolve %s: %s", j->host,
+                 uv_strerror(status));
+        uv_freeaddrinfo(res);
+        return attempt_failed_(j, why);
+    }
+    jconn *c = calloc(1, sizeof *c);
+    if (!c) {
+        uv_freeaddrinfo(res);
+        return attempt_failed_(j, "out of memory");
+    }
+    c->j = j;
+    c->attempt = attempt;
+    frame_reader_init(&c->rd);
+    uv_tcp_init(j->loop, &c->tcp);
+    c->tcp.data = c;
+    c->creq.data = c;
+    j->refs++;
+    j->c = c;
+    int rc = uv_tcp_connect(&c->creq, &c->tcp, res->ai_addr, connected_);
+    uv_freeaddrinfo(res);
+    if (rc < 0) attempt_failed_(j, uv_strerror(rc));
+}
+
+static void attempt_timeout_(uv_timer_t *t)
+{
+    cluster_join *j = t->data;
+    if (j->live) return;
+    j->cut = 1;
+    attempt_failed_(j, j->c ? "no reply to NodeJoin in time"
+                            : "name lookup or connect did not finish in time");
+}
+
+static void attempt_(cluster_join *j)
+{
+    if (j->finishing || j->fatal_done) return;
+    conn_close_(j);
+    j->attempt++;
+    /* this attempt's deadline: what is left of the first join's time, or
+     * the coordinator's timeout for a rejoin */
+    uint64_t now = uv_now(j->loop);
+    uint64_t dl = j->joined_once ? (uint64_t)j->coord_timeout_ms
+                                 : (uint64_t)j->timeout_ms - (now - j->start);
+    if ((int64_t)dl <= 0) dl = 1;
+    uv_timer_start(&j->timer, attempt_timeout_, dl, 0);
+    gai_req *g = calloc(1, sizeof *g);
+    if (!g) return attempt_failed_(j, "out of memory");
+    g->j = j;
+    g->attempt = j->attempt;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    j->refs++;
+    int rc = uv_getaddrinfo(j->loop, &g->req, resolved_, j->host, j->port,
+                            &hints);
+    if (rc < 0) {
+        free(g);
+        j->refs--;
+        attempt_failed_(j, uv_strerror(rc));
+    }
+}
+
+/* -------------------------------------------------------------- heartbeat */
+
+static void heartbeat_(uv_timer_t *t)
+{
+    cluster_join *j = t->data;
+    if (j->finishing || !j->live || !j->c) return;
+    uint64_t now = uv_now(j->loop);
+    if (now - j->last_rx > (uint64_t)j->coord_timeout_ms) {
+        char why[128];
+        snprintf(why, sizeof why, "no answer for %llu ms (timeout %d ms)",
+                 (unsigned long long)(now - j->last_rx), j->coord_timeout_ms);
+        return lost_(j, why);
+    }
+    M6__NodeHeartbeat hb = M6__NODE_HEARTBEAT__INIT;
+    hb.free_device_memory = cluster_free_device_memory(j->facts);
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_NODE_HEARTBEAT;
+    rq.node_heartbeat = &hb;
+    if (send_(j, &rq, 0) < 0) return lost_(j, "cannot send a heartbeat");
+    uv_timer_start(&j->hb, heartbeat_, (uint64_t)j->heartbeat_ms, 0);
+}
+
+/* ------------------------------------------------------------------ public */
+
+cluster_join *cluster_join_start(const cluster_join_config *cfg, char *err,
+                                 size_t errlen)
+{
+    cluster_join *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    int port;
+    if (cluster_parse_addr(cfg->addr, 0, j->host, sizeof j->host, &port, err,
+                           errlen) < 0) {
+        free(j);
+        return NULL;
+    }
+    snprintf(j->port, sizeof j->port, "%d", port);
+    snprintf(j->addr, sizeof j->addr, "%s", cfg->addr);
+    snprintf(j->uuid, sizeof j->uuid, "%s", cfg->node_uuid);
+    j->loop = cfg->loop;
+    j->token = cfg->token;
+    j->facts = cfg->facts;
+    j->timeout_ms = cfg->timeout_ms;
+    j->on_fatal = cfg->on_fatal;
+    j->ud = cfg->ud;
+    j->heartbeat_ms = cfg->timeout_ms / 3 > 0 ? cfg->timeout_ms / 3 : 1;
+    j->coord_timeout_ms = cfg->timeout_ms;
+    uv_timer_init(j->loop, &j->timer);
+    uv_timer_init(j->loop, &j->hb);
+    j->timer.data = j->hb.data = j;
+    j->refs = 2;
+    uv_update_time(j->loop);
+    j->start = uv_now(j->loop);
+    log_info("cluster.join", "coordinator=%s hostname=%s node_uuid=%s "
+             "backend=%s devices=%d timeout_ms=%d", j->addr,
+             j->facts->hostname, j->uuid, j->facts->backend, j->facts->devices,
+             j->timeout_ms);
+    attempt_(j);
+    return j;
+}
+
+void cluster_join_leave(cluster_join *j)
+{
+    if (!j || !j->live || !j->c) return;
+    uv_timer_stop(&j->hb);
+    M6__NodeLeave nl = M6__NODE_LEAVE__INIT;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_NODE_LEAVE;
+    rq.node_leave = &nl;
+    j->live = 0;  /* replies from here on are not looked at */
+    if (send_(j, &rq, 1) == 0) j->leaving = 1;
+}
+
+int cluster_join_busy(const cluster_join *j) { return j && j->leaving; }
+
+void cluster_join_fini(cluster_join *j)
+{
+    if (!j) return;
+    j->finishing = 1;
+    conn_close_(j);
+    uv_close((uv_handle_t *)&j->timer, handle_closed_);
+    uv_close((uv_handle_t *)&j->hb, handle_closed_);
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# nodes_netns.sh — two hosts in network namespaces (issue 14, part B): a
+# coordinator in one namespace, a worker in another, joined by a veth pair
+# with addresses that exist only inside the two namespaces (192.0.2.0/24,
+# TEST-NET-1); the test makes them and removes them. The worker joins over
+# the veth; cutting its link (link down inside its namespace) makes it lost
+# within the heartbeat timeout, with an event naming it; no process hangs;
+# restoring the link brings it back as a reconnect of the same node.
+# Skips (77) where namespaces cannot be made (no root, no iproute2).
+. "$(dirname "$0")/lib.sh"
+command -v ip >/dev/null || { echo "SKIP: no ip (iproute2)"; exit 77; }
+TMO=1
+NC=m6c-$$ NW=m6w-$$ VC=m6vc$$ VW=m6vw$$
+CPID= WPID=
+netns_cleanup_() {
+    for p in $CPID $WPID; do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$NC" 2>/dev/null || true
+    ip netns del "$NW" 2>/dev/null || true
+    cleanup_
+}
+trap netns_cleanup_ EXIT
+if ! ip netns add "$NC" 2>"$T/netns.err"; then
+    echo "SKIP: cannot make a network namespace: $(cat "$T/netns.err")"
+    exit 77
+fi
+ip netns add "$NW"
+ip link add "$VC" type veth peer name "$VW"
+ip link set "$VC" netns "$NC"
+ip link set "$VW" netns "$NW"
+ip -n "$NC" addr add 192.0.2.1/24 dev "$VC"
+ip -n "$NW" addr add 192.0.2.2/24 dev "$VW"
+for ns in "$NC" "$NW"; do ip -n "$ns" link set lo up; done
+ip -n "$NC" link set "$VC" up
+ip -n "$NW" link set "$VW" up
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
+chmod 600 "$T/token"
+ip netns exec "$NC" "$M6D" --state-dir "$T/c" --threads 1 --node-timeout "$TMO" \
+    --role coordinator --listen 192.0.2.1:7070 --token-file "$T/token" 2>"$T/m6d-c.log" &
+CPID=$!
+c_ctl() { "$M6CTL" --socket "$T/c/m6d.sock" "$@"; }  # a Unix socket: any namespace
+for _ in $(seq 1 100); do c_ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+# the coordinator's address exists in the namespaces only
+tcp_probe='import socket, sys; socket.create_connection(("192.0.2.1", 7070), timeout=1)'
+! python3 -c "$tcp_probe" 2>/dev/null || fail "192.0.2.1:7070 answers outside the namespaces"
+ip netns exec "$NW" python3 -c "$tcp_probe" || fail "no route from the worker's namespace to 192.0.2.1:7070"
+ip netns exec "$NW" "$M6D" --state-dir "$T/w" --threads 1 --node-timeout "$TMO" \
+    --join 192.0.2.1:7070 --token-file "$T/token" --node-name netw 2>"$T/m6d-w.log" &
+WPID=$!
+state_of() { c_ctl nodes --json | python3 -c "
+import json, sys
+n = [x for x in json.load(sys.stdin) if x['hostname'] == 'netw']
+print(n[0]['state'] if n else '')"; }
+wait_state_of() {  # STATE SECONDS -> prints the seconds taken
+    local t0=$EPOCHREALTIME s=
+    while :; do
+        s=$(state_of)
+        [ "$s" = "$1" ] && { python3 -c "print(round($EPOCHREALTIME - $t0, 2))"; return 0; }
+        python3 -c "import sys; sys.exit($EPOCHREALTIME - $t0 < $2)" && break
+        sleep 0.05
+    done
+    fail "node netw: state '$s', want $1 within $2 s"
+}
+wait_state_of live 10 >/dev/null
+c_ctl nodes --json | grep -q '"address": "192.0.2.2:' || fail "netw did not join from 192.0.2.2"
+
+# cut the worker's link: no heartbeat arrives, lost within the timeout
+ip -n "$NW" link set "$VW" down
+took=$(wait_state_of lost $((TMO + 2)))
+log "netw lost ${took}s after its link went down (timeout ${TMO}s)"
+db "$T/c" "select detail from events where kind = 'node.lost'" | grep -q 'hostname=netw .*no heartbeat for' \
+    || fail "no node.lost event naming netw: $(db "$T/c" 'select kind, detail from events')"
+kill -0 "$CPID" || fail "the coordinator died"
+kill -0 "$WPID" || fail "the worker died"
+timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"
+# restore it: the worker rejoins as the same node
+ip -n "$NW" link set "$VW" up
+wait_state_of live 10 >/dev/null
+grep -q 'node.reconnect node=[0-9]* hostname=netw peer=192.0.2.2' "$T/m6d-c.log" || fail "netw back, but not as a reconnect"
+
+kill -TERM "$WPID"; timeout 20 tail --pid="$WPID" -f /dev/null || fail "worker hangs at SIGTERM"
+WPID=
+[ "$(state_of)" = left ] || fail "netw after SIGTERM: $(state_of)"
+kill -TERM "$CPID"; timeout 20 tail --pid="$CPID" -f /dev/null || fail "coordinator hangs at SIGTERM"
+CPID=
+echo "nodes_netns: ok"

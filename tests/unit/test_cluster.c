@@ -1,0 +1,225 @@
+/*
+ * test_cluster.c — daemon/cluster's pieces without a network: HOST:PORT
+ * parsing, the token file's checks and comparison, the node id file, and
+ * the nodes table of m6.db (state.c, schema 0006) that the coordinator
+ * keeps. The TCP side is tested with real m6d processes
+ * (tests/integration/nodes.sh).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cluster/cluster.h"
+#include "state/state.h"
+
+static char dir_[256];
+
+static int setup_(void **st)
+{
+    (void)st;
+    snprintf(dir_, sizeof dir_, "/tmp/m6-test-cluster.XXXXXX");
+    return mkdtemp(dir_) ? 0 : -1;
+}
+
+static int teardown_(void **st)
+{
+    (void)st;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file_(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+static void test_parse_addr(void **st)
+{
+    (void)st;
+    char host[64], err[256];
+    int port;
+    assert_int_equal(cluster_parse_addr("127.0.0.1:7070", 0, host, sizeof host,
+                                        &port, err, sizeof err), 0);
+    assert_string_equal(host, "127.0.0.1");
+    assert_int_equal(port, 7070);
+    assert_int_equal(cluster_parse_addr("[::1]:9", 0, host, sizeof host, &port,
+                                        err, sizeof err), 0);
+    assert_string_equal(host, "::1");
+    assert_int_equal(port, 9);
+    assert_int_equal(cluster_parse_addr("node-a.example:1", 0, host,
+                                        sizeof host, &port, err, sizeof err), 0);
+    assert_string_equal(host, "node-a.example");
+    /* port 0: only where allowed (the coordinator's "any free port") */
+    assert_int_equal(cluster_parse_addr("127.0.0.1:0", 1, host, sizeof host,
+                                        &port, err, sizeof err), 0);
+    assert_int_equal(port, 0);
+    const char *bad[] = {"127.0.0.1", "127.0.0.1:", ":7070", "::1:7070",
+                         "h:70000", "h:7x", "[::1]7070", "h:-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(cluster_parse_addr(bad[i], 0, host, sizeof host,
+                                            &port, err, sizeof err), -1);
+        assert_non_null(strstr(err, bad[i]));  /* the text is named */
+    }
+    assert_int_equal(cluster_parse_addr("h:0", 0, host, sizeof host, &port,
+                                        err, sizeof err), -1);
+    assert_non_null(strstr(err, "port must be 1..65535"));
+}
+
+static void test_token(void **st)
+{
+    (void)st;
+    char path[300], err[512];
+    cluster_token t;
+    snprintf(path, sizeof path, "%s/token", dir_);
+    write_file_(path, "0123456789abcdef0123\n", 0600);
+    assert_int_equal(cluster_token_load(path, &t, err, sizeof err), 0);
+    assert_int_equal(t.len, 20);  /* the newline is not part of it */
+    assert_true(cluster_token_matches(&t, "0123456789abcdef0123", 20));
+    assert_false(cluster_token_matches(&t, "0123456789abcdef0123\n", 21));
+    assert_false(cluster_token_matches(&t, "0123456789abcdef012", 19));
+    assert_false(cluster_token_matches(&t, "0123456789abcdef0124", 20));
+    assert_false(cluster_token_matches(&t, "", 0));
+    /* group-readable is allowed (a group of operators); world is not */
+    assert_int_equal(chmod(path, 0640), 0);
+    assert_int_equal(cluster_token_load(path, &t, err, sizeof err), 0);
+    assert_int_equal(chmod(path, 0604), 0);
+    assert_int_equal(cluster_token_load(path, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "has mode 0604"));
+    assert_non_null(strstr(err, path));
+    write_file_(path, "short\n", 0600);
+    assert_int_equal(cluster_token_load(path, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "the token is 5 bytes; want at least 16"));
+    snprintf(path, sizeof path, "%s/none", dir_);
+    assert_int_equal(cluster_token_load(path, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "No such file"));
+    assert_int_equal(cluster_token_load(dir_, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a regular file"));
+}
+
+static void test_node_uuid(void **st)
+{
+    (void)st;
+    char a[33], b[33], err[512], path[300];
+    assert_int_equal(cluster_node_uuid(dir_, a, err, sizeof err), 0);
+    assert_int_equal(strlen(a), 32);
+    assert_int_equal(strspn(a, "0123456789abcdef"), 32);
+    assert_int_equal(cluster_node_uuid(dir_, b, err, sizeof err), 0);
+    assert_string_equal(a, b);  /* kept in STATE_DIR/node-id */
+    snprintf(path, sizeof path, "%s/node-id", dir_);
+    write_file_(path, "not hex\n", 0600);
+    assert_int_equal(cluster_node_uuid(dir_, b, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a node id"));
+}
+
+static void test_facts(void **st)
+{
+    (void)st;
+    cluster_facts f;
+    cluster_facts_get(&f, "w7", 1);
+    assert_string_equal(f.hostname, "w7");
+    assert_true(f.memory > 0);
+    assert_true(f.devices >= 1);
+    /* cpu: MemAvailable, never above MemTotal */
+    if (strcmp(f.backend, "cpu") == 0)
+        assert_true(f.free_device_memory > 0 && f.free_device_memory <= f.memory);
+    cluster_facts_get(&f, NULL, 0);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    assert_string_equal(f.hostname, host);
+}
+
+static void test_nodes_table(void **st)
+{
+    (void)st;
+    char db[300], err[512];
+    snprintf(db, sizeof db, "%s/m6.db", dir_);
+    state *s = state_open(db, err, sizeof err);
+    assert_non_null(s);
+    node_row n = {0}, got;
+    snprintf(n.hostname, sizeof n.hostname, "w1");
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%032d", 1);
+    snprintf(n.backend, sizeof n.backend, "cpu");
+    snprintf(n.address, sizeof n.address, "127.0.0.1:5000");
+    n.devices = 1;
+    n.memory = 1ull << 34;
+    n.free_device_memory = 1ull << 33;
+    n.state = NODE_JOINING;
+    int64_t id, id1;
+    assert_int_equal(state_node_insert(s, &n, &id1), 0);
+    id = id1;
+    assert_int_equal(state_node_find(s, 'h', "w1", &got), 0);
+    assert_int_equal(got.id, id1);
+    assert_string_equal(got.node_uuid, n.node_uuid);
+    assert_int_equal(got.state, NODE_JOINING);
+    assert_int_equal(got.run, 0);
+    assert_int_equal(got.rank, -1);
+    assert_true(got.memory == 1ull << 34);
+    assert_string_equal(got.address, "127.0.0.1:5000");
+    /* a second node of the same hostname: the UNIQUE constraint refuses it
+     * (the coordinator checks first and says why) */
+    node_row dup = n;
+    snprintf(dup.node_uuid, sizeof dup.node_uuid, "%032d", 2);
+    assert_int_equal(state_node_insert(s, &dup, &id), -1);
+    assert_int_equal(state_node_find(s, 'u', dup.node_uuid, &got), 1);
+    /* the first heartbeat makes it live, with its free memory */
+    assert_int_equal(state_node_heartbeat(s, id1, 42), 0);
+    assert_int_equal(state_node_find(s, 'u', n.node_uuid, &got), 0);
+    assert_int_equal(got.state, NODE_LIVE);
+    assert_true(got.free_device_memory == 42);
+    assert_int_equal(state_node_set_state(s, got.id, NODE_LOST, "no heartbeat"), 0);
+    assert_int_equal(state_node_find(s, 'u', n.node_uuid, &got), 0);
+    assert_int_equal(got.state, NODE_LOST);
+    assert_string_equal(got.detail, "no heartbeat");
+    /* a heartbeat does not revive a lost node: only a new join does */
+    assert_int_equal(state_node_heartbeat(s, got.id, 7), 0);
+    assert_int_equal(state_node_find(s, 'u', n.node_uuid, &got), 0);
+    assert_int_equal(got.state, NODE_LOST);
+    /* a coordinator's restart: live workers become lost, itself not */
+    node_row self = n;
+    snprintf(self.hostname, sizeof self.hostname, "coord");
+    snprintf(self.node_uuid, sizeof self.node_uuid, "%032d", 3);
+    self.coordinator = 1;
+    self.state = NODE_LIVE;
+    int64_t sid;
+    assert_int_equal(state_node_insert(s, &self, &sid), 0);
+    n.state = NODE_LIVE;
+    assert_int_equal(state_node_update(s, got.id, &n), 0);
+    assert_int_equal(state_nodes_mark(s, NODE_LIVE, NODE_LOST, "restarted"), 1);
+    node_row *rows;
+    int nr;
+    assert_int_equal(state_nodes_list(s, &rows, &nr), 0);
+    assert_int_equal(nr, 2);
+    assert_int_equal(rows[0].state, NODE_LOST);
+    assert_false(rows[0].coordinator);
+    assert_int_equal(rows[1].state, NODE_LIVE);
+    assert_true(rows[1].coordinator);
+    free(rows);
+    assert_int_equal(state_node_set_state(s, 999, NODE_LEFT, NULL), 1);
+    state_close(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_addr),
+        cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
+        cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
+        cmocka_unit_test(test_facts),
+        cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
