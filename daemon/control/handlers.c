@@ -513,6 +513,8 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->moe_load_max = rows[i].moe_load_max;
         r->moe_load_cv = rows[i].moe_load_cv;
         r->moe_experts_empty = rows[i].moe_experts_empty;
+        r->skipped = rows[i].skipped != 0;
+        r->skipped_total = rows[i].skipped_total;
         v[i] = r;
     }
     free(rows);

@@ -561,6 +561,9 @@ static void resume_(run_ctx *r)
     }
     state_event(c->st, r->id, "resume", "step=%ld", step);
     log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
+    /* a pause for non-finite steps: the operator gives it max_bad_steps
+     * more */
+    trainer_clear_bad_steps(r->t);
     pthread_mutex_lock(&c->mu);
     worker_on(&c->w, WE_RESUMED, NULL);
     answer_locked_(c, c->resume_serving, NULL, M6_OK);
@@ -602,6 +605,21 @@ static void phase_policy_(run_ctx *r)
         delink_(r, "replay");
     else if (r->spec.pseudo.steps > 0 && step >= r->spec.pseudo.steps)
         delink_(r, "spec");
+}
+
+/* train.max_bad_steps non-finite steps in a row: the run pauses itself
+ * (its weights are those before the first of them; the step records and
+ * the events have each). `m6ctl resume` clears the count and tries again. */
+static void bad_steps_pause_(run_ctx *r, const step_result *res)
+{
+    m6_err why = m6_err_make(M6_EBADSTATE, "%ld non-finite steps in a row "
+        "(train.max_bad_steps %ld), the last step %ld (loss %g, grad norm %g): "
+        "their updates were skipped; lower train.lr or check the data, then "
+        "`m6ctl resume` tries again", res->bad_steps,
+        r->spec.train.max_bad_steps, res->step, (double)res->train_loss,
+        (double)res->grad_norm);
+    pause_error_(r, WE_BAD_STEPS, m6_err_msg(&why));
+    m6_err_free(&why);
 }
 
 /* One step, recorded: its metrics row (and a checkpoint every
@@ -650,6 +668,7 @@ static int step_(run_ctx *r)
         .moe_load_max = res.moe.present ? res.moe.load_max : NAN,
         .moe_load_cv = res.moe.present ? res.moe.load_cv : NAN,
         .moe_experts_empty = res.moe.present ? res.moe.experts_empty : NAN,
+        .skipped = res.skipped, .skipped_total = res.skipped_total,
     };
     r->pending = m;
     r->metric_pending = 1;
@@ -661,10 +680,21 @@ static int step_(run_ctx *r)
     double s = res.step_ms / 1e3;
     c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
     pthread_mutex_unlock(&c->mu);
+    if (res.skipped) {
+        log_warn("run.step_skipped", "run=%lld step=%ld loss=%g grad_norm=%g "
+                 "bad_steps=%ld", (long long)r->id, res.step,
+                 (double)res.train_loss, (double)res.grad_norm, res.bad_steps);
+        state_event(c->st, r->id, "step.skipped", "step=%ld loss=%g "
+                    "grad_norm=%g bad_steps=%ld skipped_total=%ld", res.step,
+                    (double)res.train_loss, (double)res.grad_norm,
+                    res.bad_steps, res.skipped_total);
+    }
     if (flush_(r, &err) < 0)
         pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     else if (r->eval_owed)
         pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+    else if (res.bad_steps >= r->spec.train.max_bad_steps)
+        bad_steps_pause_(r, &res);
     else
         publish_(r);
     m6_err_free(&err);

@@ -56,6 +56,11 @@ typedef struct {
      * for a dense model */
     double moe_aux_loss, moe_z_loss, moe_dropped_fraction;
     double moe_load_min, moe_load_max, moe_load_cv, moe_experts_empty;
+    /* Non-finite steps (schema 0006; trainer.h step_result): the update
+     * of this step was skipped; the run's skipped steps up to this one.
+     * 0 in rows from before the migration. */
+    int skipped;
+    int64_t skipped_total;
 } metric_row;
 
 typedef struct {
