@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ckpt/store.h"
+#include "common/crashpoint.h"
 #include "common/log.h"
 #include "common/paths.h"
 #include "coord/queue.h"
@@ -284,6 +285,7 @@ static void delink_(run_ctx *r, const char *reason)
                   (long long)r->id, step, err);
         return;
     }
+    crashpoint("delink");
     /* the phase, the run's delink step and progress, the event and the
      * operator's delink commands: one transaction */
     char detail[128];

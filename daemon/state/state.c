@@ -14,6 +14,7 @@
 
 #include <sqlite3.h>
 
+#include "common/crashpoint.h"
 #include "common/log.h"
 #include "state/schema.h"
 
@@ -601,6 +602,7 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             A_REAL(m->moe_experts_empty), A_INT(m->skipped),
             A_INT(m->skipped_total)) >= 0 &&
         set_progress_locked_(st, run, m->step, m->phase) == 0 &&
+        (crashpoint("commit"), 1) &&
         exec_(st, "COMMIT") == 0)
         ret = 0;
     else {
@@ -913,6 +915,7 @@ int state_commit_run(state *st, int64_t run, const state_commit *c)
                            A_TEXT(c->event_detail)) >= 0) &&
          (c->cmd_upto <= 0 ||
           mark_locked_(st, run, c->cmd_upto, c->step, c->cmd_kinds) == 0) &&
+         (crashpoint("commit"), 1) &&
          exec_(st, "COMMIT") == 0;
     if (!ok)
         rollback_keep_(st);

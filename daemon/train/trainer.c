@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/crashpoint.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"
@@ -580,6 +581,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
         loss = NAN;
     moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
+    crashpoint("step");
     /* A non-finite loss or norm skips the update: the weights, the AdamW
      * moments and AdamW's step counts stay as they were (nothing of them
      * is written before adamw, backend.h). The step number, and with it
@@ -628,6 +630,7 @@ int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
             return TRAINER_EDATA;
         sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
                                  t->spec.train.batch_size);
+        crashpoint("eval");
     }
     *loss = (float)(sum / n);
     return 0;
@@ -950,6 +953,7 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
     long total, rc;
     if ((total = write_state_files_(t, tmp, err)) < 0)
         goto fail;
+    crashpoint("ckpt");
     char *meta = meta_json_(t);
     snprintf(path, sizeof path, "%s/meta.json", tmp);
     if (!meta)
