@@ -191,6 +191,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->moe_load_max = m.moe_load_max;
         ri->moe_load_cv = m.moe_load_cv;
         ri->moe_experts_empty = m.moe_experts_empty;
+        ri->skipped_steps = m.skipped_total;
     }
     /* Offloading: the worker's latest sample while the run is active, else
      * what its last step recorded (nothing is held then). */

@@ -34,6 +34,7 @@ ctl watch "$A" >/dev/null || fail "run a did not complete"
 db "$T/s" "select detail from events where run=$A and kind='step.skipped'" | head -1 \
     | grep -q "step=4 loss=nan grad_norm=nan bad_steps=1" \
     || fail "run a: step.skipped event: $(db "$T/s" "select detail from events where run=$A and kind='step.skipped'" | head -1)"
+[ "$(field "$A" skipped_steps)" = 4 ] || fail "run a: status skipped_steps $(field "$A" skipped_steps), want 4"
 log "run a: steps 4-7 skipped, completed"
 
 B=$(ctl submit "$T/b.json")
