@@ -152,11 +152,13 @@ while [ "$kills" -lt "$N" ]; do
         lives=$((lives + 1))
         hook=
         k=${kinds[RANDOM % ${#kinds[@]}]}
-        # a delink kill only where this life reaches the delink soon
-        if [ "$k" = delink ]; then
-            s=$(step_of)
-            if [ "$(phase_of)" != pseudo ] || [ $((PSEUDO - s)) -gt 30 ]; then k=commit; fi
-        fi
+        # a delink kill only where this life reaches the delink soon, and
+        # the first time the run is that close, always one
+        s=$(step_of)
+        near=0
+        if [ "$(phase_of)" = pseudo ] && [ $((PSEUDO - s)) -le 30 ]; then near=1; fi
+        if [ "$near" = 1 ] && [ "${count[delink]:-0}" = 0 ]; then k=delink; fi
+        if [ "$k" = delink ] && [ "$near" = 0 ]; then k=commit; fi
         case $k in
         step) hook=M6_TEST_CRASH=step:$((1 + RANDOM % 6)) ;;
         eval) hook=M6_TEST_CRASH=eval:$((1 + RANDOM % 2)) ;;
