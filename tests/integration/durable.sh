@@ -103,5 +103,15 @@ done
 [ "$(db "$S" "select count(*), min(step), max(step), count(distinct step) from metrics where run=$R")" \
     = "$(db "$S" "select step, 1, step, step from runs where id=$R")" ] \
     || fail "metrics rows: $(db "$S" "select count(*), min(step), max(step) from metrics where run=$R") for step $(db "$S" "select step from runs where id=$R")"
+
+# 5. submit: answered, killed at once; after the restart the run is there
+R2=$(ctl submit "$T/d.json")
+kill9_daemon
+start_held
+[ -n "$(db "$S" "select id from runs where id=$R2")" ] || fail "submitted run $R2 lost by kill -9"
+[ "$(db "$S" "select count(*) from commands where run=$R2 and kind='submit' and state='applied'")" = 1 ] \
+    || fail "no submit in the command log for run $R2"
+ctl stop "$R2" >/dev/null || fail "stop run $R2"
+wait_state "$R2" stopped 30
 stop_daemon
 echo "PASS"
