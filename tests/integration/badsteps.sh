@@ -6,7 +6,8 @@
 # updates and completes, every step recorded (4 skipped rows, 4
 # step.skipped events); a run with max_bad_steps 3 pauses itself after
 # step 6 with a paused.error event that says why, and `m6ctl resume` gives
-# it 3 more: step 7 is skipped again, then it trains to the end.
+# it 3 more: step 7 is skipped again, then it trains to the end. A run
+# whose lr blows up pauses itself after 5 skipped steps.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -54,5 +55,25 @@ ctl watch "$B" >/dev/null || fail "run b did not complete after the resume"
 losses "$A" >"$T/a.csv"
 losses "$B" >"$T/b.csv"
 cmp -s "$T/a.csv" "$T/b.csv" || fail "runs a and b differ: $(diff "$T/a.csv" "$T/b.csv" | head -5)"
+stop_daemon
+
+# An lr that blows up (1e30, no warmup, no clipping), without any fault:
+# the first update sends the weights to ~1e30, every step after it is
+# non-finite, and the run pauses itself after max_bad_steps (5) of them,
+# its rows and events recorded.
+write_spec "$T/c.json" c 40 0
+sed -i 's/"seed": 7}/"seed": 7, "lr": 1e30, "min_lr": 0, "warmup_steps": 0, "grad_clip": 0}/' "$T/c.json"
+grep -q '"lr": 1e30' "$T/c.json" || fail "spec c not written"
+start_daemon "$T/s"
+C=$(ctl submit "$T/c.json")
+wait_paused_error "$C" "5 non-finite steps in a row \(train.max_bad_steps 5\)" >/dev/null
+K=$(field "$C" step)
+[ "$(db "$T/s" "select count(*) from metrics where run=$C and skipped=1")" = 5 ] \
+    || fail "run c: $(db "$T/s" "select count(*) from metrics where run=$C and skipped=1") skipped rows, want 5"
+[ "$(db "$T/s" "select min(step) from metrics where run=$C and skipped=1")" = $((K - 4)) ] \
+    || fail "run c: the skipped steps are not the last 5 before step $K"
+[ "$(db "$T/s" "select count(*) from events where run=$C and kind='step.skipped'")" = 5 ] \
+    || fail "run c: not 5 step.skipped events"
+log "run c (lr 1e30): paused at step $K after 5 skipped steps"
 stop_daemon
 echo "PASS"
