@@ -192,6 +192,7 @@ while [ "$kills" -lt "$N" ]; do
         want=$((s0 + 1 + RANDOM % 8))
         for _ in $(seq 1 1000); do
             [ "$(step_of)" -ge "$want" ] && break
+            [ "$(state_of)" = running ] || break
             kill -0 "$PID" 2>/dev/null || break
             sleep 0.005
         done
@@ -209,9 +210,14 @@ while [ "$kills" -lt "$N" ]; do
         [ "$k" = delink ] && limit=$((PSEUDO + 12))
         for _ in $(seq 1 4000); do
             kill -0 "$PID" 2>/dev/null || break
-            [ "$(step_of)" -ge "$limit" ] && { not_killed=$((not_killed + 1)); kill -9 "$PID"; break; }
+            [ "$(step_of)" -ge "$limit" ] && break
+            [ "$(state_of)" = running ] || break  # ended, or paused itself
             sleep 0.005
-        done ;;
+        done
+        if kill -0 "$PID" 2>/dev/null; then
+            not_killed=$((not_killed + 1))
+            kill -9 "$PID"
+        fi ;;
     esac
     reap || die "m6d ended otherwise than by SIGKILL (kind $k); see $S.log"
     kills=$((kills + 1)); count[$k]=$(( ${count[$k]:-0} + 1 ))
