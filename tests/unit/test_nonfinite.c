@@ -3,8 +3,9 @@
  * Inf gradient in one slot (resident and offloaded, with and without
  * clipping) and an lr that blows up each skip the update. Checked against
  * copies of the state taken before the step: weights, AdamW moments and
- * AdamW's step counts bitwise untouched, the step counted, the consecutive
- * count reset by a good step, and both counts carried by a checkpoint.
+ * AdamW's step counts bitwise untouched, the step counted, the LR schedule
+ * moved on as in a run without the fault, the consecutive count reset by a
+ * good step, and both counts carried by a checkpoint.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -149,7 +150,15 @@ static void check_fault_(run_spec *s, trainer_fault fault, int slot)
         snap_free_(&after);
     }
     assert_int_equal(trainer_step_count(t), 5);
+    /* the schedule moved on: step 6's lr is an unfaulted run's step-6 lr */
+    trainer *u = create_(s);
+    step_result ru;
+    for (int i = 0; i < 6; i++)
+        step_(u, &ru);
+    trainer_free(u);
     step_(t, &r);
+    assert_int_equal(r.step, 6);
+    assert_memory_equal(&r.lr, &ru.lr, sizeof(float));
     assert_false(r.skipped);
     assert_int_equal(r.bad_steps, 0);
     assert_int_equal(r.skipped_total, 2);
