@@ -174,6 +174,12 @@ static void r_offload_text_(const void *row, view_val *v)
     v->s = v->buf;
 }
 static void r_message_(const void *row, view_val *v) { v->s = ((const views_run_row *)row)->message; }
+/* non-finite steps skipped: a line (and a JSON key) only when there were */
+static void r_skipped_(const void *row, view_val *v)
+{
+    v->i = R_->skipped_steps;
+    v->null = R_->skipped_steps == 0;
+}
 /* MoE figures: unknown for a dense run (NaN; 0 from an m6d without them:
  * a balancing loss is > 0 whenever a model has experts) */
 static int r_moe_none_(const M6__RunInfo *r) { return !(r->moe_aux_loss > 0); }
@@ -251,6 +257,8 @@ static const view_field run_fields_[] = {
     {"moe_load_max", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_lmax_},
     {"moe_load_cv", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_cv_},
     {"moe_experts_empty", 0, 0, 0, VIEW_F64, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_moe_empty_},
+    {"skipped_steps", 0, "skipped steps", 0, VIEW_INT, VF_PLAIN,
+     VIEW_OMIT_NULL | VIEW_JSON_OMIT_NULL, r_skipped_},
     {"message", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_message_},
 };
 const view views_run = VIEW_OF(run_fields_);

@@ -1,4 +1,4 @@
--- 0007_nodes.sql — the coordinator's node registry (issue #14, part B:
+-- 0006_nodes.sql — the coordinator's node registry (issue #14, part B:
 -- daemon/cluster/). One row per node that ever joined, kept when it goes
 -- (state lost or left) so that a reconnect with the same node_uuid finds
 -- its row again. This m6d itself is the row with role 'coordinator'.

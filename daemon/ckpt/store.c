@@ -31,6 +31,20 @@ static void rm_rf_(const char *path)
     nftw(path, rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* Remove a complete checkpoint directory so that a crash half-way never
+ * leaves a step-N directory that fails to load: renamed first to a
+ * *.tmp-del-<pid> name (one rename: the step-N name is gone whole), which
+ * the next start's reconcile removes if this one does not finish. */
+static void discard_(const char *path)
+{
+    char tmp[8300];
+    snprintf(tmp, sizeof tmp, "%s.tmp-del-%d", path, (int)getpid());
+    if (rename(path, tmp) == 0)
+        rm_rf_(tmp);
+    else
+        rm_rf_(path);
+}
+
 static long long du_total_;
 static int du_entry_(const char *path, const struct stat *sb, int flag,
                      struct FTW *ftw)
@@ -144,7 +158,7 @@ static void prune_(const ckpt_store *s, int64_t run, int keep)
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) return;
     if (keep < 1) keep = 1;
     for (int i = 0; i < n - keep; i++) {
-        rm_rf_(rows[i].path);
+        discard_(rows[i].path);
         state_checkpoint_delete(s->st, run, rows[i].step);
         log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)run,
                   (long long)rows[i].step);
@@ -164,7 +178,7 @@ int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
         return -1;
     }
     snprintf(path, sizeof path, "%s/step-%ld", dir, step);
-    if (dir_exists_(path)) rm_rf_(path);  /* stale, from a trajectory we left */
+    if (dir_exists_(path)) discard_(path);  /* stale, from a trajectory we left */
     long bytes = trainer_save(t, path, err);
     if (bytes < 0) {
         m6_err_prefix(err, "checkpoint failed");

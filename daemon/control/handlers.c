@@ -192,6 +192,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->moe_load_max = m.moe_load_max;
         ri->moe_load_cv = m.moe_load_cv;
         ri->moe_experts_empty = m.moe_experts_empty;
+        ri->skipped_steps = m.skipped_total;
     }
     /* Offloading: the worker's latest sample while the run is active, else
      * what its last step recorded (nothing is held then). */
@@ -514,6 +515,8 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->moe_load_max = rows[i].moe_load_max;
         r->moe_load_cv = rows[i].moe_load_cv;
         r->moe_experts_empty = rows[i].moe_experts_empty;
+        r->skipped = rows[i].skipped != 0;
+        r->skipped_total = rows[i].skipped_total;
         v[i] = r;
     }
     free(rows);

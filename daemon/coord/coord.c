@@ -9,12 +9,15 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt/store.h"
+#include "common/crashpoint.h"
 #include "common/log.h"
 #include "common/paths.h"
 #include "coord/queue.h"
@@ -54,6 +57,16 @@ struct coord {
     long resume_step;        /* ... the step it resumed at (its answer) */
     int offload_valid;    /* offload holds a sample of the active run */
     coord_offload offload;
+    /* The command log (state.h, schema 0007): cmd_last is the newest
+     * command of the active run recorded and applied to w (under mu); a
+     * boundary takes every command up to it. cmd_mu (taken before mu)
+     * serializes commands, so they are recorded in the order they are
+     * applied, without holding mu over the database write. */
+    int64_t cmd_last;
+    pthread_mutex_t cmd_mu;
+    /* tests: while this file exists the worker holds at its step boundary
+     * (M6_TEST_HOLD_BOUNDARY), "" none */
+    char hold_path[1024];
 };
 
 /* -------------------------------------------------------------- checkpoint */
@@ -76,6 +89,9 @@ typedef struct {
     m6_code data_code;      /* while data_error: M6_EDATA or M6_ENOFILE */
     long replay_delink;     /* an operator delink to replay at this step
                              * (recorded, then m6d restarted), -1 none */
+    int64_t cmd_upto;       /* the commands this boundary took: up to this
+                             * id (c->cmd_last at worker_boundary) */
+    int64_t cmd_marked;     /* marked applied in m6.db up to this id */
     coord_offload off;     /* latest placement, published to c->offload */
     double flops_per_token; /* model FLOPs per training token (MFU) */
 } run_ctx;
@@ -274,11 +290,20 @@ static void delink_(run_ctx *r, const char *reason)
                   (long long)r->id, step, err);
         return;
     }
-    state_phase_set(r->c->st, r->id, 1, step);
-    state_run_set_delink(r->c->st, r->id, step);
-    state_run_set_progress(r->c->st, r->id, step, 1);
-    state_event(r->c->st, r->id, "delink", "step=%ld reason=%s slots=%d", step,
-                reason, trainer_n_slots(r->t));
+    crashpoint("delink");
+    /* the phase, the run's delink step and progress, the event and the
+     * operator's delink commands: one transaction */
+    char detail[128];
+    snprintf(detail, sizeof detail, "step=%ld reason=%s slots=%d", step,
+             reason, trainer_n_slots(r->t));
+    int op = strcmp(reason, "operator") == 0;
+    state_commit cm = {.delink = 1, .event_kind = "delink",
+                       .event_detail = detail, .step = step,
+                       .cmd_upto = op ? r->cmd_upto : 0,
+                       .cmd_kinds = STATE_CMD_DELINK};
+    if (state_commit_run(r->c->st, r->id, &cm) < 0)
+        log_error("run.delink_record", "run=%lld step=%ld: the delink is done "
+                  "but could not be recorded", (long long)r->id, step);
     log_info("run.delink", "run=%lld step=%ld reason=%s", (long long)r->id,
              step, reason);
     offload_sample_(r);  /* new share map, new plan */
@@ -455,6 +480,58 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
 
 /* ------------------------------------------------- commands at a boundary */
 
+/* The run's state s with its event ("kind", "step=N") and the state
+ * machine's commands this boundary took, marked applied: one
+ * transaction. 0 or -1 (nothing written). */
+static int commit_state_(run_ctx *r, run_state s, const char *kind, long step)
+{
+    char detail[64];
+    snprintf(detail, sizeof detail, "step=%ld", step);
+    state_commit cm = {.set_state = 1, .state = s, .event_kind = kind,
+                       .event_detail = detail, .step = step,
+                       .cmd_upto = r->cmd_upto,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    if (state_commit_run(r->c->st, r->id, &cm) < 0)
+        return -1;
+    return 0;
+}
+
+/* After a boundary's commands: every command it took is applied, or had
+ * nothing left to do (a pause cancelled by a resume, a delink of a run
+ * that delinked already); marked so, they are not applied again after a
+ * restart. A failed mark leaves them pending: applying one again finds
+ * nothing to do. */
+static void commands_done_(run_ctx *r)
+{
+    if (r->cmd_upto <= r->cmd_marked)
+        return;
+    if (state_commands_mark(r->c->st, r->id, r->cmd_upto,
+                            trainer_step_count(r->t)) == 0)
+        r->cmd_marked = r->cmd_upto;
+}
+
+/* Tests (M6_TEST_HOLD_BOUNDARY): wait at the boundary while the file is
+ * there, so that a command is acknowledged and m6d killed before the
+ * boundary takes it. */
+static void test_hold_(coord *c)
+{
+    if (!c->hold_path[0])
+        return;
+    int logged = 0;
+    while (access(c->hold_path, F_OK) == 0) {
+        if (!logged++)
+            log_info("test.hold", "boundary held while %s exists",
+                     c->hold_path);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->mu);
+        int stop = c->shutdown;
+        pthread_mutex_unlock(&c->mu);
+        if (stop)
+            break;
+    }
+}
+
 /* Stop: final only with everything written. Otherwise the run pauses
  * (training ends now) and a later stop retries. 1 stopped, 0 not. */
 static int stop_(run_ctx *r)
@@ -463,7 +540,13 @@ static int stop_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     int ok = flush_(r, &err) == 0 && checkpoint_(r, "stop", &err) == 0;
-    if (ok && state_run_set_state(c->st, r->id, RUN_STOPPED, NULL) < 0) {
+    char detail[64];
+    snprintf(detail, sizeof detail, "step=%ld", step);
+    state_commit cm = {.set_state = 1, .state = RUN_STOPPED,
+                       .event_kind = "stop", .event_detail = detail,
+                       .step = step, .cmd_upto = r->cmd_upto,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    if (ok && state_commit_run(c->st, r->id, &cm) < 0) {
         db_error_(r, "recording the stop", &err);
         ok = 0;
     }
@@ -482,7 +565,6 @@ static int stop_(run_ctx *r)
         return 0;
     }
     on_(c, WE_STOPPED, NULL);
-    state_event(c->st, r->id, "stop", "step=%ld", step);
     log_info("run.stop", "run=%lld step=%ld", (long long)r->id, step);
     return 1;
 }
@@ -491,16 +573,14 @@ static int stop_(run_ctx *r)
  * state; a failure keeps it paused with the reason. */
 static void pause_(run_ctx *r)
 {
-    coord *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     if (flush_(r, &err) < 0 || checkpoint_(r, "pause", &err) < 0) {
         pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
-    } else if (state_run_set_state(c->st, r->id, RUN_PAUSED, NULL) < 0) {
+    } else if (commit_state_(r, RUN_PAUSED, "pause", step) < 0) {
         db_error_(r, "recording the pause", &err);
         pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else {
-        state_event(c->st, r->id, "pause", "step=%ld", step);
         log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
     }
     m6_err_free(&err);
@@ -554,7 +634,7 @@ static void resume_(run_ctx *r)
     long step = trainer_step_count(r->t);
     int rc = owed_(r, &err);
     worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
-    if (rc == 0 && state_run_set_state(c->st, r->id, RUN_RUNNING, NULL) < 0) {
+    if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
         db_error_(r, "recording the resume", &err);
         rc = -1;
         failed = WE_WRITE_FAILED;
@@ -568,8 +648,10 @@ static void resume_(run_ctx *r)
         m6_err_free(&err);
         return;
     }
-    state_event(c->st, r->id, "resume", "step=%ld", step);
     log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
+    /* a pause for non-finite steps: the operator gives it max_bad_steps
+     * more */
+    trainer_clear_bad_steps(r->t);
     pthread_mutex_lock(&c->mu);
     worker_on(&c->w, WE_RESUMED, NULL);
     answer_locked_(c, c->resume_serving, NULL, M6_OK);
@@ -638,6 +720,21 @@ static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
     stats_step(r->c->stats, &s);
 }
 
+/* train.max_bad_steps non-finite steps in a row: the run pauses itself
+ * (its weights are those before the first of them; the step records and
+ * the events have each). `m6ctl resume` clears the count and tries again. */
+static void bad_steps_pause_(run_ctx *r, const step_result *res)
+{
+    m6_err why = m6_err_make(M6_EBADSTATE, "%ld non-finite steps in a row "
+        "(train.max_bad_steps %ld), the last step %ld (loss %g, grad norm %g): "
+        "their updates were skipped; lower train.lr or check the data, then "
+        "`m6ctl resume` tries again", res->bad_steps,
+        r->spec.train.max_bad_steps, res->step, (double)res->train_loss,
+        (double)res->grad_norm);
+    pause_error_(r, WE_BAD_STEPS, m6_err_msg(&why));
+    m6_err_free(&why);
+}
+
 /* One step, recorded: its metrics row (and a checkpoint every
  * checkpoint.every steps) written before the next boundary. -1 when the
  * run failed (recorded). */
@@ -693,6 +790,7 @@ static int step_(run_ctx *r)
         .moe_load_max = res.moe.present ? res.moe.load_max : NAN,
         .moe_load_cv = res.moe.present ? res.moe.load_cv : NAN,
         .moe_experts_empty = res.moe.present ? res.moe.experts_empty : NAN,
+        .skipped = res.skipped, .skipped_total = res.skipped_total,
     };
     r->pending = m;
     r->metric_pending = 1;
@@ -705,6 +803,15 @@ static int step_(run_ctx *r)
     c->step_s_ema = c->step_s_ema > 0 ? 0.9 * c->step_s_ema + 0.1 * s : s;
     pthread_mutex_unlock(&c->mu);
     char held_why[1536];
+    if (res.skipped) {
+        log_warn("run.step_skipped", "run=%lld step=%ld loss=%g grad_norm=%g "
+                 "bad_steps=%ld", (long long)r->id, res.step,
+                 (double)res.train_loss, (double)res.grad_norm, res.bad_steps);
+        state_event(c->st, r->id, "step.skipped", "step=%ld loss=%g "
+                    "grad_norm=%g bad_steps=%ld skipped_total=%ld", res.step,
+                    (double)res.train_loss, (double)res.grad_norm,
+                    res.bad_steps, res.skipped_total);
+    }
     if (flush_(r, &err) < 0)
         pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
@@ -712,6 +819,8 @@ static int step_(run_ctx *r)
         pause_error_(r, WE_WRITE_FAILED, held_why);
     else if (r->eval_owed)
         pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+    else if (res.bad_steps >= r->spec.train.max_bad_steps)
+        bad_steps_pause_(r, &res);
     else
         publish_(r);
     m6_err_free(&err);
@@ -738,21 +847,33 @@ static void run_one_(coord *c, int64_t id)
         pthread_mutex_lock(&c->mu);
         while (worker_waits(&c->w))
             pthread_cond_wait(&c->cv, &c->mu);
+        if (c->hold_path[0]) {
+            pthread_mutex_unlock(&c->mu);
+            test_hold_(c);
+            pthread_mutex_lock(&c->mu);
+        }
         worker_take tk = worker_boundary(&c->w);
         if (tk.resume) c->resume_serving = c->resume_asked;
+        r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
-            if (stop_(&r)) break;
+            int stopped = stop_(&r);
+            commands_done_(&r);
+            if (stopped) break;
             continue;
         }
         if (tk.delink && trainer_phase(r.t) == PHASE_PSEUDO)
             delink_(&r, "operator");
         if (tk.pause) pause_(&r);
         if (tk.shutdown) {
+            /* what this boundary took is done; commands sent after it
+             * were refused (m6d is stopping) */
             interrupted_(&r, tk.resume);
+            commands_done_(&r);
             break;
         }
         if (tk.resume) resume_(&r);
+        commands_done_(&r);
         publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = worker_trains(&c->w);
@@ -775,6 +896,48 @@ static void run_one_(coord *c, int64_t id)
         if (step_(&r) < 0) break;
     }
     trainer_free(r.t);
+}
+
+/* With mu held, for the run just taken up (c->active): the commands m6d
+ * acknowledged for it and did not apply before it stopped (a crash, kill
+ * -9, power loss), applied to its state machine again in the order they
+ * came, as if they had just been sent: its next boundary takes them. A
+ * command that finds nothing to do (a pause of a run recorded paused)
+ * changes nothing and is marked applied there. */
+static void replay_commands_locked_(coord *c)
+{
+    static const char *const kinds[] = {"pause", "resume", "delink", "stop"};
+    command_row *rows = NULL;
+    int n = 0;
+    c->cmd_last = 0;
+    if (state_commands_pending(c->st, c->active, &rows, &n) < 0) {
+        log_error("command.replay", "run=%lld: cannot read its pending "
+                  "commands", (long long)c->active);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < 4 && strcmp(rows[i].kind, kinds[k]) != 0)
+            k++;
+        c->cmd_last = rows[i].id;
+        if (k == 4)
+            continue;  /* marked applied at the first boundary */
+        unsigned act = 0;
+        size_t len = strlen(c->w.error) + 512;
+        char *msg = malloc(len);
+        if (!msg)
+            break;
+        m6_code code = worker_command(&c->w, c->active, (coord_cmd)k, &act,
+                                      msg, len);
+        if (act & WA_RESUME_NEW)
+            c->resume_asked++;  /* nobody waits for its answer */
+        log_info("command.replay", "run=%lld command=%lld kind=%s "
+                 "result=\"%s\"", (long long)c->active,
+                 (long long)rows[i].id, rows[i].kind,
+                 code == M6_OK ? "applied again" : msg);
+        free(msg);
+    }
+    free(rows);
 }
 
 /* With mu held: make the next run of the queue the worker's (c->active,
@@ -803,6 +966,7 @@ static void take_next_locked_(coord *c)
         c->w.delink_step = row.phase ? (long)row.delink_step : -1;
         run_row_clear(&row);
     }
+    replay_commands_locked_(c);
 }
 
 static void *worker_main_(void *arg)
@@ -820,6 +984,11 @@ static void *worker_main_(void *arg)
         pthread_mutex_unlock(&c->mu);
         run_one_(c, id);
         pthread_mutex_lock(&c->mu);
+        /* a run that ended (completed, failed, stopped) has nothing left
+         * to apply; one left by a shutdown keeps its pending commands */
+        if (c->w.state == W_COMPLETED || c->w.state == W_FAILED ||
+            c->w.state == W_STOPPED)
+            state_commands_mark(c->st, id, INT64_MAX, c->active_step);
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->active = 0;
@@ -853,6 +1022,9 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
     c->w = worker_init(W_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->cmd_mu, NULL);
+    const char *hold = getenv("M6_TEST_HOLD_BOUNDARY");
+    snprintf(c->hold_path, sizeof c->hold_path, "%s", hold ? hold : "");
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* timed waits: resume */
@@ -876,6 +1048,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
 fail:
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->cmd_mu);
     free(c);
     return NULL;
 }
@@ -898,6 +1071,7 @@ void coord_fini(coord *c)
     if (c->thread_started) pthread_join(c->thread, NULL);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->cmd_mu);
     worker_set_error(&c->w, NULL);
     free(c->resume_error);
     free(c);
@@ -949,10 +1123,19 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
         return m6_err_make(M6_EINTERNAL,
                            "database error while queueing the run");
     }
+    /* the run's row is the submit's effect; its log entry is written with
+     * a sync, which takes the row to the disk with it before the reply */
+    int synced = state_command_add(c->st, rid, "submit", 1, 0) > 0;
+    if (!synced)
+        log_warn("command.log", "run=%lld kind=submit: queued, but the "
+                 "command log could not record it", (long long)rid);
     *id = rid;
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (!synced)  /* queued (committed), maybe not on the disk yet */
+        return m6_err_make(M6_OK, "run %lld queued (not yet synced to disk: "
+                           "a power loss now could lose it)", (long long)rid);
     return m6_err_make(M6_OK, "run %lld queued", (long long)rid);
 }
 
@@ -1014,14 +1197,85 @@ static m6_err worker_command_(worker *w, int64_t id, coord_cmd cmd,
     return e;
 }
 
+/* Whether command cmd, applied to before giving after, is one to record:
+ * it changed the run's state or asked for a delink. An answer that changes
+ * nothing ("already paused", a second resume joining the first) has
+ * nothing to keep. */
+static int changes_(const worker *before, const worker *after)
+{
+    return before->state != after->state ||
+           (!before->delink_pending && after->delink_pending);
+}
+
+/* The reply when the command log could not take command `name`: it is not
+ * acknowledged, nothing changed. A resume says so in the words of a resume
+ * that could not be done. */
+static m6_err not_recorded_(coord *c, int64_t id, coord_cmd cmd,
+                            const char *name)
+{
+    char e[256];  /* SQLite's words: no paths */
+    state_last_error(c->st, e, sizeof e);
+    if (cmd == CMD_RESUME) {
+        m6_err r = m6_err_make(M6_EBADSTATE, "run %lld could not resume, it "
+                               "stays paused: the state DB could not record "
+                               "the resume (%s)", (long long)id, e);
+        /* as a resume tried and failed: status says why it stays paused */
+        pthread_mutex_lock(&c->mu);
+        if (id == c->active && worker_is_paused(&c->w)) {
+            worker_set_error(&c->w, strchr(r.msg, ':') + 2);
+            c->w.error_write = 1;
+            c->w.error_code = M6_EBADSTATE;
+            log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
+                      (long long)id, c->active_step, c->w.error);
+        }
+        pthread_mutex_unlock(&c->mu);
+        return r;
+    }
+    return m6_err_make(M6_EINTERNAL, "run %lld: %s not done: the state DB "
+                       "could not record it (%s); send it again once it can",
+                       (long long)id, name, e);
+}
+
 m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
 {
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
     m6_err ret;
     unsigned act = 0;
+    /* Acknowledged means recorded: a command that changes the active run
+     * is written to the command log (synced) before it is applied and
+     * answered; the worker marks it applied at the boundary that does it,
+     * and a restart applies the pending ones again. cmd_mu keeps the log
+     * in the order of application; the write is made without mu, so
+     * status and the worker never wait for it. */
+    pthread_mutex_lock(&c->cmd_mu);
+    int64_t cid = 0;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active) {
+    int active = id == c->active;
+    if (active) {
+        worker trial = c->w;  /* worker_command leaves error alone */
+        unsigned a = 0;
+        size_t n = strlen(trial.error) + 512;
+        char *msg = malloc(n);
+        int record = msg && worker_command(&trial, id, cmd, &a, msg, n) ==
+                                M6_OK && changes_(&c->w, &trial);
+        free(msg);
+        pthread_mutex_unlock(&c->mu);
+        if (record &&
+            (cid = state_command_add(c->st, id, names[cmd], 0, 0)) < 0) {
+            pthread_mutex_unlock(&c->cmd_mu);
+            return not_recorded_(c, id, cmd, names[cmd]);
+        }
+        pthread_mutex_lock(&c->mu);
+        active = id == c->active;
+    }
+    if (active) {
+        worker before = c->w;
         ret = worker_command_(&c->w, id, cmd, &act);
+        if (cid > 0 && ret.code == M6_OK && changes_(&before, &c->w))
+            c->cmd_last = cid;
+        else if (cid > 0)  /* the run moved on meanwhile: not this answer */
+            state_command_drop(c->st, cid);
+        pthread_mutex_unlock(&c->cmd_mu);
         if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
             answer_locked_(c, c->resume_asked, "a pause was sent after it",
                            M6_EBADSTATE);
@@ -1037,6 +1291,9 @@ m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
         pthread_mutex_unlock(&c->mu);
         return ret;
     }
+    if (cid > 0)  /* the run ended meanwhile */
+        state_command_drop(c->st, cid);
+    pthread_mutex_unlock(&c->cmd_mu);
     /* Not the active run: only a queued run can be stopped (dequeued). Done
      * under mu so the worker can't pick it meanwhile. */
     run_row row;
@@ -1053,6 +1310,13 @@ m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
             if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
                 m6_err_set(&ret, M6_EINTERNAL, "run %lld: database error "
                            "while taking it out of the queue", (long long)id);
+            } else if ((act & WA_DEQUEUE) &&
+                       state_command_add(c->st, id, names[cmd], 1, 0) < 0) {
+                /* the run is stopped (recorded); only the log's sync
+                 * failed: the stop may not survive a power loss */
+                log_warn("command.log", "run=%lld kind=stop: dequeued, but "
+                         "the command log could not record it",
+                         (long long)id);
             }
         } else {
             ret = m6_err_make(M6_EBADSTATE, "cannot %s run %lld: it is %s",

@@ -284,6 +284,7 @@ int worker_on(worker *w, worker_event ev, const char *reason)
         return 0; /* PAUSING, STOPPING: sent during the try, done next */
     case WE_DATA_ERROR:
     case WE_CKPT_LOST:
+    case WE_BAD_STEPS:
         return pause_self_(w, reason, 0);
     case WE_WRITE_FAILED:
         return pause_self_(w, reason, 1);

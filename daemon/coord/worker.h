@@ -21,7 +21,8 @@
  *   RUNNING   the last step and its checkpoint done  -> COMPLETED
  *   any live  the trainer fails                      -> FAILED
  *   any live  data that cannot be read, a write that fails (disk full),
- *             no checkpoint that loads: it pauses itself -> PAUSED
+ *             no checkpoint that loads, train.max_bad_steps non-finite
+ *             steps in a row: it pauses itself -> PAUSED
  *
  * A delink is a flag beside the state (delink_pending): acknowledged in
  * any live state but STOPPING while the run is pseudo, done at the next
@@ -154,9 +155,11 @@ typedef enum {
     WE_FAILED,        /* the trainer failed: -> FAILED */
     WE_SHUTDOWN,      /* SIGTERM/SIGINT/SIGHUP: m6d stops; the run stays
                        * as recorded (resumes or stays paused next start) */
+    WE_BAD_STEPS,     /* train.max_bad_steps non-finite steps in a row
+                       * (reason): it pauses itself, as for a data error */
 } worker_event;
 
-#define WORKER_NEVENTS 13
+#define WORKER_NEVENTS 14
 
 /* Apply event ev (reason: the error for the pausing events, else NULL) to
  * *w. Returns 0, or -1 (w unchanged) when ev cannot happen in w's state

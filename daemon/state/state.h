@@ -72,6 +72,11 @@ typedef struct {
      * for a dense model */
     double moe_aux_loss, moe_z_loss, moe_dropped_fraction;
     double moe_load_min, moe_load_max, moe_load_cv, moe_experts_empty;
+    /* Non-finite steps (schema 0007; trainer.h step_result): the update
+     * of this step was skipped; the run's skipped steps up to this one.
+     * 0 in rows from before the migration. */
+    int skipped;
+    int64_t skipped_total;
 } metric_row;
 
 typedef struct {
@@ -184,6 +189,57 @@ int state_held(state *st, double *age_s);
  * STATE_HELD_MAX of them, msg set (why, how many, what to do: for the
  * run's pause); 0 otherwise. */
 int state_hold_overdue(state *st, char *msg, size_t len);
+/* ---- The command log (schema 0007): acknowledged means recorded. */
+
+/* One acknowledged command not applied yet. */
+typedef struct {
+    int64_t id, run;
+    char kind[16];      /* "pause", "resume", "delink", "stop" */
+} command_row;
+
+/* Record command kind ("pause", "resume", "delink", "stop", "submit") for
+ * run: pending, or applied (applied 1: done already, e.g. a submit, whose
+ * run row is the effect; step its step). The commit is synced to disk
+ * (synchronous FULL) before this returns, and with it everything written
+ * before on this connection (a submit's run row): call it before the reply
+ * that acknowledges the command. The row id (> 0), or -1. */
+int64_t state_command_add(state *st, int64_t run, const char *kind,
+                          int applied, int64_t step);
+
+/* run's pending commands, oldest first; *rows malloc'd (NULL: none). 0 or
+ * -1. */
+int state_commands_pending(state *st, int64_t run, command_row **rows,
+                           int *n);
+
+/* Which pending commands a mark takes: all, the delinks only, or all but
+ * the delinks (the state machine's: pause, resume, stop). */
+enum { STATE_CMD_ALL = 0, STATE_CMD_DELINK = 1, STATE_CMD_NOT_DELINK = 2 };
+
+/* Mark run's pending commands with id <= upto applied at step. 0 or -1. */
+int state_commands_mark(state *st, int64_t run, int64_t upto, int64_t step);
+
+/* Remove command id: it was recorded, then not acknowledged after all
+ * (refused when applied). 0 or -1. */
+int state_command_drop(state *st, int64_t id);
+
+/* What one command's effect writes, in one transaction with marking the
+ * run's pending commands up to cmd_upto applied (0: none): all of it, or
+ * nothing, is in m6.db after a crash. */
+typedef struct {
+    int set_state;          /* runs.state := state, runs.error := error */
+    run_state state;
+    const char *error;
+    int delink;             /* the real phase from step: the phases row,
+                             * runs.delink_step, runs.step and phase */
+    const char *event_kind; /* an event (NULL: none) with event_detail */
+    const char *event_detail;
+    int64_t step;           /* the run's step now */
+    int64_t cmd_upto;
+    int cmd_kinds;          /* STATE_CMD_*: which of them */
+} state_commit;
+
+/* 0, or -1 (rolled back; database error). */
+int state_commit_run(state *st, int64_t run, const state_commit *c);
 
 /* SQLite's message for the latest failed statement ("database or disk is
  * full"), for errors shown to the operator. */

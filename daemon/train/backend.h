@@ -44,7 +44,9 @@ typedef struct {
      * the gradient of loss_scale * sum of the token losses; returns the
      * mean loss), grad_norm (global L2 norm of the step's gradient), and,
      * when loss and norm are finite, adamw (clip to h->grad_clip, update;
-     * returns when the step's work is done). */
+     * returns when the step's work is done). Nothing of the weights, the
+     * moments or the AdamW step counts may change before adamw: a step
+     * whose loss or norm is not finite ends after grad_norm, skipped. */
     void (*step_begin)(void *ctx, const backend_adam *h);
     float (*microbatch)(void *ctx, int k, const int32_t *inp,
                         const int32_t *tgt, int B, float loss_scale);
@@ -95,6 +97,10 @@ typedef struct {
      * GPU), and the backend cannot train data-parallel over host
      * collectives. */
     float *(*grad_region)(void *ctx, int s);
+    /* Tests only (train/test_hooks.h): make element 0 of slot s's gradient
+     * +Inf in this step, once the gradients are final (before grad_norm
+     * reads them). NULL: a backend without the hook. */
+    void (*poison_grad)(void *ctx, int s);
 } backend_iface;
 
 typedef struct {

@@ -6,6 +6,7 @@
  * of the fully resident run.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,8 @@
 typedef struct {
     gpt_model model;
     offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
+    int poison_slot;       /* tests: slot whose gradient gets an Inf in
+                            * this step, -1 none */
 } cpu_ctx_;
 
 static void cpu_free_(void *ctx)
@@ -40,12 +43,15 @@ static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
 static void cpu_step_begin_(void *ctx, const backend_adam *h)
 {
     cpu_ctx_ *c = ctx;
-    /* without clipping the scale is 1 and known now: offloaded slots are
-     * updated as soon as their gradients are final */
-    if (c->off) {
-        offload_adam early = offload_adam_(h, 1.0f);
-        offload_step_begin(c->off, h->grad_clip > 0 ? NULL : &early);
-    }
+    (void)h;
+    /* Offloaded slots are updated only once the global norm is known to
+     * be finite (adamw), also without clipping: an update started as soon
+     * as a slot's gradient is final could not be taken back when another
+     * slot's gradient, or the loss, turns out NaN or Inf (the step is then
+     * skipped, trainer.h). */
+    if (c->off)
+        offload_step_begin(c->off, NULL);
+    c->poison_slot = -1;
     gpt_zero_grad(&c->model);
     gpt_moe_stats_reset(&c->model);
 }
@@ -66,7 +72,14 @@ static float cpu_grad_norm_(void *ctx)
     cpu_ctx_ *c = ctx;
     if (c->off)
         offload_wait_grads(c->off);
+    if (c->poison_slot >= 0 && c->poison_slot < c->model.S)
+        c->model.slots[c->poison_slot].grads[0] = INFINITY;
     return gpt_grad_norm(&c->model);
+}
+
+static void cpu_poison_grad_(void *ctx, int s)
+{
+    ((cpu_ctx_ *)ctx)->poison_slot = s;
 }
 
 static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
@@ -226,6 +239,7 @@ static const backend_iface cpu_iface_ = {
     /* .offload_stats  = */ cpu_offload_stats_,
     /* .moe_stats      = */ cpu_moe_stats_,
     /* .grad_region    = */ cpu_grad_region_,
+    /* .poison_grad    = */ cpu_poison_grad_,
 };
 
 /* ------------------------------------------------------------- create */
@@ -255,6 +269,7 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
         goto fail;
     }
     gpt_init_weights(&c->model, bs->seed);
+    c->poison_slot = -1;
     be->iface = &cpu_iface_;
     be->ctx = c;
     return 0;

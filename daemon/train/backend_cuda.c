@@ -17,9 +17,9 @@
  * planned ones; tests/gpu/test_trainer.c checks the two agree). With a
  * budget 0 every slot is resident, the plain path.
  *
- * A step: step_begin (gpt_cuda_step_begin: zero the gradients, and without
- * clipping let offloaded slots' host AdamW start as soon as their
- * gradients are final), microbatches (gpt_cuda_train_microbatch, fused
+ * A step: step_begin (gpt_cuda_step_begin: zero the gradients; offloaded
+ * slots' host AdamW waits for the global norm even without clipping, so a
+ * non-finite step can be skipped whole: clip_), microbatches (gpt_cuda_train_microbatch, fused
  * forward + backward; the last one marked), grad_norm, adamw. adamw waits
  * for the device only, not for host AdamW jobs, which overlap the next
  * step; anything that reads or writes state (checkpoints, step counts,
@@ -29,6 +29,7 @@
  * statement and the library's message (kernels/cuda/cuda_check.h);
  * running out of device memory at create or delink is an error returned.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,13 +91,22 @@ static void cuda_free_(void *ctx)
 
 /* ------------------------------------------------------------- step */
 
-/* Zeroes the gradients; without clipping (grad_clip <= 0) offloaded slots
- * are updated on the host as soon as their gradients are final, with these
- * hyperparameters (adamw gets the same ones). */
+/* The max_norm given to gpt_cuda: grad_clip, or +Inf without clipping.
+ * gpt_cuda starts an offloaded slot's host AdamW as soon as its gradient
+ * is final when max_norm <= 0; that update could not be taken back when
+ * the step turns out non-finite (skipped, trainer.h). With +Inf every
+ * update waits for the norm, and the scale is min(1, Inf / norm) = 1, the
+ * same value as without clipping. */
+static float clip_(const backend_adam *h)
+{
+    return h->grad_clip > 0 ? h->grad_clip : INFINITY;
+}
+
+/* Zeroes the gradients. */
 static void cuda_step_begin_(void *ctx, const backend_adam *h)
 {
     gpt_cuda_step_begin(((cuda_ctx_ *)ctx)->g, h->lr, h->beta1, h->beta2,
-                        h->eps, h->weight_decay, h->grad_clip);
+                        h->eps, h->weight_decay, clip_(h));
 }
 
 static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
@@ -124,7 +134,7 @@ static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 {
     cuda_ctx_ *c = ctx;
     gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
-                   h->grad_clip);
+                   clip_(h));
     if (c->placed)
         (void)gpt_cuda_last_grad_norm(c->g);
     else
@@ -369,6 +379,7 @@ static const backend_iface cuda_iface_ = {
     /* .offload_stats  = */ cuda_offload_stats_,
     /* .moe_stats      = */ NULL,  /* no MoE on cuda yet (spec refuses) */
     /* .grad_region    = */ NULL,  /* device memory: no host all-reduce */
+    /* .poison_grad    = */ NULL,  /* the test fault inf_grad: cpu only */
 };
 
 /* ------------------------------------------------------------- create */

@@ -152,6 +152,9 @@ static const key_ keys_[] = {
          "0: only after the last."),
     INT("train", "eval_batches", train.eval_batches, 1, INT_MAX,
         "Batches of B sequences per validation pass."),
+    LONG("train", "max_bad_steps", train.max_bad_steps, 1, LONG_MAX,
+         "A step whose loss or gradient norm is NaN or Inf is skipped (no "
+         "update); this many in a row pause the run."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),
@@ -373,6 +376,7 @@ void spec_defaults(run_spec *s)
     s->train.seed = 1337;
     s->train.eval_every = 100;
     s->train.eval_batches = 8;
+    s->train.max_bad_steps = SPEC_MAX_BAD_STEPS;
     s->checkpoint.every = 0;
     s->checkpoint.keep = 2;
     s->device.backend = BACKEND_CPU;
@@ -1054,7 +1058,8 @@ static int value_text_(FILE *out, const run_spec *s, const key_ *k)
 }
 
 /* Whether key k is written: model.moe's keys only for an MoE model (a dense
- * spec's canonical JSON, and so its hash, is what it was before MoE). */
+ * spec's canonical JSON, and so its hash, is what it was before MoE), and
+ * train.max_bad_steps only when set to other than its default. */
 static int written_(const run_spec *s, const key_ *k)
 {
     /* init.from only when set: the hash of a spec without it is unchanged */
@@ -1067,6 +1072,10 @@ static int written_(const run_spec *s, const key_ *k)
         spec_defaults(&d);
         return memcmp(&s->nodes, &d.nodes, sizeof s->nodes) != 0;
     }
+    /* train.max_bad_steps only when not its default: specs, and so their
+     * hashes and checkpoints, from before it existed stay as they were */
+    if (k->off == OFF(train.max_bad_steps))
+        return s->train.max_bad_steps != SPEC_MAX_BAD_STEPS;
     return !k->section || strcmp(k->section, "model.moe") != 0 ||
            s->model.moe_experts > 0;
 }

@@ -16,6 +16,9 @@
 typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
 
+/* train.max_bad_steps' default. */
+#define SPEC_MAX_BAD_STEPS 5
+
 typedef struct {
     char name[256];
     struct { char train[SPEC_STR]; char val[SPEC_STR]; } data;  /* globs */
@@ -34,6 +37,8 @@ typedef struct {
         uint64_t seed;
         long eval_every;     /* 0: only at the end */
         int eval_batches;
+        long max_bad_steps;  /* consecutive non-finite (skipped) steps that
+                              * pause the run (SPEC_MAX_BAD_STEPS) */
     } train;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
     struct { backend_kind backend; int threads; size_t memory_budget; } device;

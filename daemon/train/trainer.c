@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/crashpoint.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"
@@ -30,6 +31,7 @@
 #include "ckpt/init_from.h"
 #include "common/durable.h"
 #include "train/data.h"
+#include "train/test_hooks.h"
 
 #define CKPT_VERSION 1
 
@@ -69,6 +71,13 @@ struct trainer {
     size_t *win_pos;        /* (grad_accum*B) positions of this rank's
                              * windows of the last step; n_win of them */
     size_t n_win;
+    long bad_steps;        /* consecutive skipped (non-finite) steps */
+    long skipped_steps;    /* all of them; both in checkpoints */
+    /* tests (train/test_hooks.h): a fault armed for steps
+     * fault_first..fault_first+fault_count-1 */
+    trainer_fault fault;
+    long fault_first, fault_count;
+    int fault_slot;
 };
 
 #define DEFAULT_BUCKET_FLOATS ((size_t)4 << 20)
@@ -340,6 +349,11 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         m6_err_free(err);
         *err = data_err;
     }
+    const char *fault = getenv("M6_TEST_FAULT");
+    if (fault && fault[0] &&
+        trainer_test_fault_parse(fault, &t->fault, &t->fault_first,
+                                 &t->fault_count, &t->fault_slot) != 0)
+        t->fault = TRAINER_FAULT_NONE;
     return t;
 fail:
     m6_err_free(&data_err);
@@ -495,6 +509,60 @@ static float lr_at_(const trainer *t, long s)
 }
 
 /* ------------------------------------------------------------- step */
+
+/* The test fault armed for 1-based step `step`, TRAINER_FAULT_NONE none. */
+static trainer_fault fault_at_(const trainer *t, long step)
+{
+    if (t->fault == TRAINER_FAULT_NONE || step < t->fault_first ||
+        step - t->fault_first >= t->fault_count)
+        return TRAINER_FAULT_NONE;
+    return t->fault;
+}
+
+void trainer_test_fault(trainer *t, trainer_fault kind, long first,
+                        long count, int slot)
+{
+    t->fault = kind;
+    t->fault_first = first;
+    t->fault_count = count;
+    t->fault_slot = slot;
+}
+
+int trainer_test_fault_parse(const char *text, trainer_fault *kind,
+                             long *first, long *count, int *slot)
+{
+    const char *at = strchr(text, '@');
+    if (!at)
+        return -1;
+    size_t n = (size_t)(at - text);
+    if (n == 9 && strncmp(text, "nan_batch", n) == 0)
+        *kind = TRAINER_FAULT_NAN_BATCH;
+    else if (n == 8 && strncmp(text, "inf_grad", n) == 0)
+        *kind = TRAINER_FAULT_INF_GRAD;
+    else
+        return -1;
+    char *end;
+    errno = 0;
+    *first = strtol(at + 1, &end, 10);
+    if (end == at + 1 || errno || *first < 1)
+        return -1;
+    *count = 1;
+    *slot = 0;
+    if (*end == 'x') {
+        const char *p = end + 1;
+        *count = strtol(p, &end, 10);
+        if (end == p || *count < 1)
+            return -1;
+    }
+    if (*end == '/') {
+        const char *p = end + 1;
+        long s = strtol(p, &end, 10);
+        if (end == p || s < 0 || s > INT_MAX)
+            return -1;
+        *slot = (int)s;
+    }
+    return *end ? -1 : 0;
+}
 
 int trainer_step_evaluates(const trainer *t, long step)
 {
@@ -888,14 +956,20 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
         return TRAINER_EDATA;  /* nothing done: the step can be retried */
     offload_stats before;
     int counted = trainer_offload_stats(t, &before) == 0;
+    trainer_fault fault = fault_at_(t, t->step + 1);
+    float loss_scale = 1.0f / ((float)B * (float)T * (float)accum);
+    if (fault == TRAINER_FAULT_NAN_BATCH)
+        loss_scale = NAN;  /* every gradient NaN */
     be->step_begin(t->be.ctx, &adam);
+    if (fault == TRAINER_FAULT_INF_GRAD && be->poison_grad)
+        be->poison_grad(t->be.ctx, t->fault_slot);
     double loss_sum = 0;
     /* alone: B and accum; a data-parallel rank: its share, with the
      * global step's loss scale */
     for (int k = 0; k < t->accum_rank; k++) {
         rows_to_batch_(t, k, t->B_rank);
         loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
-                                   1.0f / ((float)B * (float)T * (float)accum));
+                                   loss_scale);
     }
     float loss;
     if (t->world > 1) {
@@ -906,16 +980,26 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     } else {
         loss = (float)(loss_sum / accum);
     }
+    if (fault == TRAINER_FAULT_NAN_BATCH)
+        loss = NAN;
     moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
-    if (!isfinite(loss) || !isfinite(norm)) {
-        m6_err_set(err, M6_EINVALID,
-                   "step %ld: non-finite %s (loss %g, grad norm %g)",
-                   t->step + 1, isfinite(loss) ? "gradient" : "loss", loss,
-                   norm);
-        return -1;
+    crashpoint("step");
+    /* A non-finite loss or norm skips the update: the weights, the AdamW
+     * moments and AdamW's step counts stay as they were (nothing of them
+     * is written before adamw, backend.h). The step number, and with it
+     * the LR schedule, moves on: the skipped step's batch is consumed, so
+     * the run's later batches and lrs are the ones it would have had. */
+    if (isfinite(loss) && isfinite(norm)) {
+        be->adamw(t->be.ctx, &adam, norm);
+        t->bad_steps = 0;
+    } else {
+        res->skipped = 1;
+        t->bad_steps++;
+        t->skipped_steps++;
     }
-    be->adamw(t->be.ctx, &adam, norm);
+    res->bad_steps = t->bad_steps;
+    res->skipped_total = t->skipped_steps;
     t->step++;
     double dt = clock_mono_s() - t0;
 
@@ -952,6 +1036,7 @@ int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
             return TRAINER_EDATA;
         sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
                                  t->spec.train.batch_size);
+        crashpoint("eval");
     }
     *loss = (float)(sum / n);
     return 0;
@@ -1063,6 +1148,9 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
 /* ------------------------------------------------------------- queries */
 
 long trainer_step_count(const trainer *t) { return t->step; }
+long trainer_bad_steps(const trainer *t) { return t->bad_steps; }
+long trainer_skipped_steps(const trainer *t) { return t->skipped_steps; }
+void trainer_clear_bad_steps(trainer *t) { t->bad_steps = 0; }
 run_phase trainer_phase(const trainer *t) { return t->phase; }
 int trainer_n_slots(const trainer *t) { return n_slots_(t); }
 long trainer_delink_step(const trainer *t) { return t->delink_step; }
@@ -1199,6 +1287,10 @@ static char *meta_json_(const trainer *t)
      * the batch. */
     if (t->world > 1)
         json_object_set_new(m, "world_size", json_integer(t->world));
+    /* non-finite steps skipped: in a row up to now, and all */
+    json_object_set_new(m, "bad_steps", json_integer((json_int_t)t->bad_steps));
+    json_object_set_new(m, "skipped_steps",
+                        json_integer((json_int_t)t->skipped_steps));
     free(steps);
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);
@@ -1273,6 +1365,7 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
     long total, rc;
     if ((total = write_state_files_(t, tmp, err)) < 0)
         goto fail;
+    crashpoint("ckpt");
     char *meta = meta_json_(t);
     snprintf(path, sizeof path, "%s/meta.json", tmp);
     if (!meta)
@@ -1437,6 +1530,12 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
         if (json_is_integer(n) && json_integer_value(n) > 0)
             t->data_total[k] = (size_t)json_integer_value(n);
     }
+    /* checkpoints from before skipped steps were counted: none */
+    json_t *bad = json_object_get(m, "bad_steps");
+    json_t *skipped = json_object_get(m, "skipped_steps");
+    t->bad_steps = json_is_integer(bad) ? (long)json_integer_value(bad) : 0;
+    t->skipped_steps = json_is_integer(skipped)
+                           ? (long)json_integer_value(skipped) : 0;
     rc = 0;
 out:
     free(steps);

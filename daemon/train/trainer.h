@@ -87,6 +87,14 @@ typedef struct {
     int eval_failed;      /* the step was applied but its validation pass
                            * could not read the data (TRAINER_EDATA) */
     step_moe moe;         /* MoE router facts; moe.present 0: dense */
+    /* Non-finite steps: a loss or global gradient norm that is NaN or Inf
+     * skips the update (weights, AdamW moments and AdamW's step counts
+     * untouched); the step still counts for the LR schedule and the step
+     * number (res->step, trainer_step_count), its batch is consumed. */
+    int skipped;          /* 1: this step's update was skipped */
+    long bad_steps;       /* consecutive skipped steps ending with this one
+                           * (0 after a good step) */
+    long skipped_total;   /* the run's skipped steps so far, this one in */
 } step_result;
 
 /* Errors: the functions below that take an m6_err *err set it on failure
@@ -165,9 +173,12 @@ int trainer_check_spec(const run_spec *spec, m6_err *err);
 
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
- * step or it is the last step. Returns 0, or -1 with err (e.g. NaN loss);
- * after -1 the run should stop: with offloading and grad_clip 0, offloaded
- * slots may already hold the update from the failed step.
+ * step or it is the last step. Returns 0, or -1 with err.
+ * A non-finite loss or gradient norm is not an error: the step returns 0
+ * with res->skipped 1 and the model untouched (see step_result); offloaded
+ * slots are never updated before the norm is known to be finite, with or
+ * without clipping. The caller decides when too many in a row
+ * (res->bad_steps) stop the run.
  * TRAINER_EDATA: a shard could not be read. Every training window of the
  * step is read before the model is touched, so then either nothing was
  * done (res->eval_failed 0: retry the step) or the step was applied and
@@ -266,6 +277,12 @@ int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err);
 size_t trainer_step_windows(const trainer *t, size_t *dst);
 
 long trainer_step_count(const trainer *t);
+/* Consecutive skipped (non-finite) steps up to now, and all of them; both
+ * are saved in checkpoints. trainer_clear_bad_steps sets the consecutive
+ * count to 0 (an operator's resume after the run paused on them). */
+long trainer_bad_steps(const trainer *t);
+long trainer_skipped_steps(const trainer *t);
+void trainer_clear_bad_steps(trainer *t);
 run_phase trainer_phase(const trainer *t);
 int trainer_n_slots(const trainer *t);
 /* Step at which delink happened (-1 if still pseudo or trained from scratch). */

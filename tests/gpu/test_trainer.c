@@ -18,8 +18,7 @@
  *     fp32 state; the CPU run's step-15 checkpoint loads on the GPU, and the
  *     GPU's losses for steps 16..20 from there are within TOL_LOSS of the
  *     CPU's.
- *  6. Granular offloading (issue #5), with clipping and without (the host
- *     AdamW of an offloaded slot then starts during backward): a budget
+ *  6. Granular offloading (issue #5), with clipping and without: a budget
  *     that keeps 1 of the 3 Real slots on the device (the Pseudo phase's
  *     single slot stays resident) is accepted; 20 steps with the delink
  *     give losses within TOL_OFFLOAD of the same spec without a budget;
@@ -30,6 +29,10 @@
  *     step counts bitwise and give bitwise the same losses 16..20.
  *  7. Offloaded from step 0, no evaluation: 3 steps move exactly 3 times
  *     the planner's host->device and device->host bytes per step.
+ *  8. Non-finite steps (issue 16): a NaN batch (train/test_hooks.h) at
+ *     step 3 is skipped, resident and offloaded (no clipping: offloaded
+ *     slots' host AdamW must wait for the norm): weights, moments and
+ *     step counts bitwise those after step 2; step 4 trains.
  *
  * Tolerances (those of tests/gpu/test_model.cu, same reasons):
  *  TOL_LOSS 5e-2 nats: the GPU keeps activations, the weights' working copy
@@ -57,6 +60,7 @@
 #include <string.h>
 
 #include "report.h"
+#include "train/test_hooks.h"
 
 #include "model/cuda/gpt_cuda.h"
 #include "offload/offload.h"
@@ -229,6 +233,48 @@ static int resume_tail_(trainer *t, const run_spec *s, const float *want)
                 "steps 16..20 bitwise equal after resume");
     printf("  (max |d| over steps 16..20: %.3g)\n",
            max_diff_(got, want, SAVE_AT, STEPS));
+    return 0;
+}
+
+/* ------------------------------------------------------ 8: non-finite */
+
+static int nonfinite_case_(size_t budget)
+{
+    run_spec s = spec_(BACKEND_CUDA);
+    s.train.grad_clip = 0;
+    s.device.memory_budget = budget;
+    trainer *t = create_(&s);
+    char err[512];
+    step_result r;
+    for (int i = 0; i < 2; i++)
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
+            fprintf(stderr, "trainer_step: %s\n", err);
+            return -1;
+        }
+    state_ before, after;
+    state_get_(t, &before);
+    trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 3, 1, 0);
+    if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
+        fprintf(stderr, "trainer_step: %s\n", err);
+        return -1;
+    }
+    check_true_(r.skipped && r.bad_steps == 1 && isnan(r.train_loss),
+                "step 3 (NaN batch) skipped");
+    state_get_(t, &after);
+    check_true_(state_equal_(&before, &after),
+                "weights, moments, step counts untouched by the skipped step");
+    state_free_(&after);
+    if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
+        fprintf(stderr, "trainer_step: %s\n", err);
+        return -1;
+    }
+    check_true_(!r.skipped && isfinite(r.train_loss) && r.bad_steps == 0,
+                "step 4 trains");
+    state_get_(t, &after);
+    check_true_(!state_equal_(&before, &after), "step 4 updated the model");
+    state_free_(&after);
+    state_free_(&before);
+    trainer_free(t);
     return 0;
 }
 
@@ -501,6 +547,13 @@ int main(void)
         return 1;
     printf("7. offloading: copy bytes against the plan\n");
     if (offload_bytes_case_() != 0)
+        return 1;
+    printf("8. non-finite step: resident, then offloaded\n");
+    offload_plan p8;
+    run_spec s8 = spec_(BACKEND_CUDA);
+    size_t b8 = offload_budget_(&s8, 1, &p8);
+    offload_plan_free(&p8);
+    if (nonfinite_case_(0) != 0 || nonfinite_case_(b8) != 0)
         return 1;
 
     if (synth_remove(dir_) != 0)

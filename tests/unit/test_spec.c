@@ -139,6 +139,37 @@ static void test_hash_dense_pinned(void **state)
     assert_true(spec_hash(&s) == 16354039838139344991ULL);
 }
 
+/* train.max_bad_steps: 5 by default and then left out of the canonical
+ * JSON (the pinned hash above holds); another value is written, round-
+ * trips and changes the hash; 0 is refused naming the key. */
+static void test_max_bad_steps(void **state)
+{
+    (void)state;
+    run_spec d, s, back;
+    char err[512];
+    const char *base = "{\"data\":{\"train\":\"t/*.bin\",\"val\":\"v/*.bin\"}";
+    char text[256];
+    snprintf(text, sizeof text, "%s}", base);
+    assert_int_equal(parse(&d, text, err, sizeof err), 0);
+    assert_int_equal(d.train.max_bad_steps, 5);
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "max_bad_steps"));
+    free(j);
+    snprintf(text, sizeof text, "%s,\"train\":{\"max_bad_steps\":3}}", base);
+    assert_int_equal(parse(&s, text, err, sizeof err), 0);
+    assert_int_equal(s.train.max_bad_steps, 3);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    j = spec_to_json(&s);
+    assert_non_null(strstr(j, "\"max_bad_steps\": 3"));
+    assert_int_equal(parse(&back, j, err, sizeof err), 0);
+    assert_int_equal(back.train.max_bad_steps, 3);
+    assert_true(spec_hash(&back) == spec_hash(&s));
+    free(j);
+    snprintf(text, sizeof text, "%s,\"train\":{\"max_bad_steps\":0}}", base);
+    assert_int_equal(parse(&s, text, err, sizeof err), -1);
+    assert_non_null(strstr(err, "train.max_bad_steps"));
+}
+
 /* model.moe parses, round-trips, and changes the hash; the M6-10T shape
  * (48 layers, C 1024, H 9984, 10,240 experts in 80 prototypes) parses. */
 static void test_moe(void **state)
@@ -590,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_hash_dense_pinned),
+        cmocka_unit_test(test_max_bad_steps),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_float_roundtrip),

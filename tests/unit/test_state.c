@@ -392,6 +392,91 @@ static void test_delink_step_column(void **s)
 /* A run's reason and an event's detail of any length are stored and read
  * back whole (a data error naming a shard on a path of thousands of
  * bytes). */
+/* The command log (schema 0007): pending commands listed in order; a
+ * commit writes the state, the event and the marks together and marks
+ * only the kinds it was given; a failed commit (no such run for the
+ * phase's foreign key) leaves nothing; a dropped command is gone. */
+static void test_command_log(void **s)
+{
+    (void)s;
+    char err[256];
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    int64_t r = state_run_insert(st, "c", "{}", 100, 0);
+    assert_true(r > 0);
+    int64_t sub = state_command_add(st, r, "submit", 1, 0);
+    int64_t p = state_command_add(st, r, "pause", 0, 0);
+    int64_t d = state_command_add(st, r, "delink", 0, 0);
+    int64_t q = state_command_add(st, r, "resume", 0, 0);
+    assert_true(sub > 0 && p > sub && d > p && q > d);
+    assert_int_equal(state_command_add(st, r, "reboot", 0, 0), -1); /* CHECK */
+    command_row *rows;
+    int n;
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(rows[0].kind, "pause");
+    assert_string_equal(rows[1].kind, "delink");
+    assert_string_equal(rows[2].kind, "resume");
+    assert_true(rows[0].id == p && rows[2].id == q);
+    free(rows);
+    /* the delink up to d: only the delink is marked */
+    state_commit dl = {.delink = 1, .event_kind = "delink",
+                       .event_detail = "step=7 reason=operator", .step = 7,
+                       .cmd_upto = q, .cmd_kinds = STATE_CMD_DELINK};
+    assert_int_equal(state_commit_run(st, r, &dl), 0);
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(rows[0].kind, "pause");
+    free(rows);
+    run_row row;
+    assert_int_equal(state_run_get(st, r, &row), 0);
+    assert_int_equal(row.phase, 1);
+    assert_int_equal(row.delink_step, 7);
+    assert_int_equal(row.step, 7);
+    run_row_clear(&row);
+    int64_t from;
+    assert_int_equal(state_phase_get(st, r, 1, &from), 0);
+    assert_int_equal(from, 7);
+    /* a commit that cannot be done (the phase row of a run that is not
+     * there) writes none of its parts */
+    state_commit bad = {.set_state = 1, .state = RUN_PAUSED, .delink = 1,
+                        .event_kind = "pause", .event_detail = "x", .step = 9,
+                        .cmd_upto = q, .cmd_kinds = STATE_CMD_ALL};
+    assert_int_equal(state_commit_run(st, r + 100, &bad), -1);
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 2);
+    free(rows);
+    /* the pause: state, event and the state machine's commands */
+    state_commit pz = {.set_state = 1, .state = RUN_PAUSED,
+                       .event_kind = "pause", .event_detail = "step=7",
+                       .step = 7, .cmd_upto = p,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    assert_int_equal(state_commit_run(st, r, &pz), 0);
+    assert_int_equal(state_run_get(st, r, &row), 0);
+    assert_int_equal(row.state, RUN_PAUSED);
+    run_row_clear(&row);
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_true(rows[0].id == q);
+    free(rows);
+    event_row *ev;
+    assert_int_equal(state_events_list(st, r, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(ev[0].kind, "delink");
+    assert_string_equal(ev[1].kind, "pause");
+    event_rows_free(ev, n);
+    assert_int_equal(state_command_drop(st, q), 0);
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 0);
+    free(rows);
+    int64_t k = state_command_add(st, r, "stop", 0, 0);
+    assert_int_equal(state_commands_mark(st, r, k, 8), 0);
+    assert_int_equal(state_commands_pending(st, r, &rows, &n), 0);
+    assert_int_equal(n, 0);
+    free(rows);
+    state_close(st);
+}
+
 static void test_long_text_whole(void **unused)
 {
     (void)unused;
@@ -529,6 +614,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_command_log, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -324,6 +324,9 @@ static const ev_case ev_table[] = {
                     W_FAILED, NO, NO, NO}},
     {WE_SHUTDOWN, 0, {NO, W_STARTING, W_RUNNING, W_PAUSING, W_PAUSED,
                       W_RESUMING, W_STOPPING, NO, NO, NO}},
+    /* non-finite steps: pausing itself, as a data error */
+    {WE_BAD_STEPS, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+                       W_RESUMING, W_STOPPING, NO, NO, NO}},
 };
 
 static void test_every_event_in_every_state(void **unused)

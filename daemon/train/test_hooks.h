@@ -1,0 +1,37 @@
+/*
+ * test_hooks.h — faults for tests only, not part of trainer.h's interface:
+ * m6d never arms them itself. Unit tests call trainer_test_fault; the
+ * daemon's integration tests and bench/crash_soak arm the same faults
+ * through the environment of m6d (M6_TEST_FAULT, read by trainer_create).
+ */
+#ifndef M6_TRAIN_TEST_HOOKS_H
+#define M6_TRAIN_TEST_HOOKS_H
+
+#include "train/trainer.h"
+
+typedef enum {
+    TRAINER_FAULT_NONE = 0,
+    /* the step's batch is "bad": its loss is NaN and every gradient NaN
+     * (the loss scale of its microbatches is NaN) */
+    TRAINER_FAULT_NAN_BATCH,
+    /* one element of slot `slot`'s gradient is +Inf once the step's
+     * gradients are final (resident or offloaded slot alike); the loss
+     * stays finite, the global norm is Inf. CPU backend only (a no-op on
+     * cuda) */
+    TRAINER_FAULT_INF_GRAD,
+} trainer_fault;
+
+/* Arm fault kind for the `count` steps numbered first..first+count-1
+ * (1-based, as step_result.step); slot: TRAINER_FAULT_INF_GRAD's slot.
+ * TRAINER_FAULT_NONE disarms. */
+void trainer_test_fault(trainer *t, trainer_fault kind, long first,
+                        long count, int slot);
+
+/* The environment form, M6_TEST_FAULT="KIND@FIRST[xCOUNT][/SLOT]" with
+ * KIND nan_batch or inf_grad, e.g. "nan_batch@4x3" (steps 4, 5, 6) or
+ * "inf_grad@2/1". Parsed into the arguments of trainer_test_fault: 0, or
+ * -1 when text is not of that form. */
+int trainer_test_fault_parse(const char *text, trainer_fault *kind,
+                             long *first, long *count, int *slot);
+
+#endif /* M6_TRAIN_TEST_HOOKS_H */

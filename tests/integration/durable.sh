@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# durable.sh — acknowledged means durable (issue 16 item 7). m6d runs with
+# the test hook M6_TEST_HOLD_BOUNDARY=FILE: while FILE exists the worker
+# waits at its step boundary. Each command is acknowledged while the
+# boundary is held, m6d is killed (-9) before the boundary takes it, and
+# started again: the delink, the pause, the resume and the stop each happen
+# exactly once (one event each, one real phase), nothing is left pending in
+# the command log, and a stop or pause answered is never lost.
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+CKPT_EVERY=5 write_spec "$T/d.json" d 400 300
+S=$T/s
+HOLD=$T/hold
+LOG=$T/m6d-s.log
+
+start_held() { M6_TEST_HOLD_BOUNDARY=$HOLD start_daemon "$S"; }
+holds() { grep -c 'test.hold' "$LOG" 2>/dev/null || true; }
+# hold [nowait]: make the worker wait at its next boundary, and wait until
+# it does (nowait: a paused run's worker sleeps until a command comes; it
+# holds once the command wakes it)
+hold() {
+    local before
+    before=$(holds)
+    touch "$HOLD"
+    [ "${1:-}" = nowait ] && return 0
+    for _ in $(seq 1 400); do
+        [ "$(holds)" -gt "$before" ] && return 0
+        sleep 0.05
+    done
+    fail "the worker did not hold at its boundary"
+}
+pending() { db "$S" "select count(*) from commands where run=$1 and state='pending'"; }
+events_of() { db "$S" "select count(*) from events where run=$1 and kind='$2'"; }
+# ack_then_kill RUN CMD: CMD acknowledged at a held boundary, recorded
+# pending, m6d killed before the boundary, started again (not held)
+ack_then_kill() {
+    if [ "$2" = resume ]; then hold nowait; else hold; fi
+    local k out
+    k=$(db "$S" "select step from runs where id=$1")
+    out=$(ctl "$2" "$1" 2>&1) || fail "$2 run $1 not acknowledged: $out"
+    [ "$(pending "$1")" = 1 ] || fail "$2: $(pending "$1") pending commands after the reply, want 1"
+    [ "$(events_of "$1" "$2")" = 0 ] || fail "$2 applied before the boundary (held)"
+    kill9_daemon
+    rm -f "$HOLD"
+    log "$2 acknowledged at step $k ('$out'), m6d killed before the boundary"
+    start_held
+}
+
+start_held
+R=$(ctl submit "$T/d.json")
+wait_step "$R" 7
+
+# 1. delink
+ack_then_kill "$R" delink
+for _ in $(seq 1 200); do
+    [ "$(events_of "$R" delink)" -ge 1 ] && break
+    sleep 0.05
+done
+[ "$(events_of "$R" delink)" = 1 ] || fail "delink: $(events_of "$R" delink) delink events, want 1"
+db "$S" "select detail from events where run=$R and kind='delink'" | grep -q "reason=operator" \
+    || fail "delink event: $(db "$S" "select detail from events where run=$R and kind='delink'")"
+D=$(db "$S" "select from_step from phases where run=$R and phase='real'")
+[ -n "$D" ] || fail "no real phase after the replayed delink"
+[ "$(db "$S" "select delink_step from runs where id=$R")" = "$D" ] || fail "runs.delink_step is not the phase's $D"
+wait_step "$R" $((D + 3))
+[ "$(pending "$R")" = 0 ] || fail "delink still pending after it was applied"
+[ "$(db "$S" "select step from commands where run=$R and kind='delink'")" = "$D" ] \
+    || fail "delink command not marked applied at step $D"
+log "delink applied once, at step $D (the restart's first boundary)"
+
+# 2. pause: paused after the restart, once, and it stays paused
+ack_then_kill "$R" pause
+wait_state "$R" paused 30
+[ "$(events_of "$R" pause)" = 1 ] || fail "pause: $(events_of "$R" pause) pause events, want 1"
+P=$(field "$R" step)
+sleep 0.5
+[ "$(field "$R" step)" = "$P" ] || fail "run trained on after its pause was re-applied"
+[ "$(pending "$R")" = 0 ] || fail "pause still pending"
+log "pause applied once, at step $P"
+
+# 3. resume: answered after its wait (the boundary is held), then killed
+ack_then_kill "$R" resume
+wait_state "$R" running 30
+wait_step "$R" $((P + 3))
+[ "$(events_of "$R" resume)" = 1 ] || fail "resume: $(events_of "$R" resume) resume events, want 1"
+[ "$(pending "$R")" = 0 ] || fail "resume still pending"
+log "resume applied once"
+
+# 4. stop: stopped for good
+ack_then_kill "$R" stop
+wait_state "$R" stopped 30
+[ "$(events_of "$R" stop)" = 1 ] || fail "stop: $(events_of "$R" stop) stop events, want 1"
+[ "$(pending "$R")" = 0 ] || fail "stop still pending"
+
+# the history: each command once, the submit too
+for k in delink pause resume stop submit; do
+    [ "$(db "$S" "select count(*) from commands where run=$R and kind='$k' and state='applied'")" = 1 ] \
+        || fail "command log: $k not applied exactly once: $(db "$S" "select id, kind, state, step from commands where run=$R")"
+done
+[ "$(db "$S" "select count(*) from phases where run=$R and phase='real'")" = 1 ] || fail "phases: not one real phase"
+# metrics: one row per step, no gap, no duplicate
+[ "$(db "$S" "select count(*), min(step), max(step), count(distinct step) from metrics where run=$R")" \
+    = "$(db "$S" "select step, 1, step, step from runs where id=$R")" ] \
+    || fail "metrics rows: $(db "$S" "select count(*), min(step), max(step) from metrics where run=$R") for step $(db "$S" "select step from runs where id=$R")"
+
+# 5. submit: answered, killed at once; after the restart the run is there
+R2=$(ctl submit "$T/d.json")
+kill9_daemon
+start_held
+[ -n "$(db "$S" "select id from runs where id=$R2")" ] || fail "submitted run $R2 lost by kill -9"
+[ "$(db "$S" "select count(*) from commands where run=$R2 and kind='submit' and state='applied'")" = 1 ] \
+    || fail "no submit in the command log for run $R2"
+ctl stop "$R2" >/dev/null || fail "stop run $R2"
+wait_state "$R2" stopped 30
+stop_daemon
+echo "PASS"
