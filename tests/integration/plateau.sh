@@ -110,6 +110,10 @@ wait_state "$C" paused
 P=$(field "$C" step)
 [ "$P" -lt "$A_STEP" ] || fail "paused at $P, not before the plateau at $A_STEP"
 [ "$(field "$C" phase)" = pseudo ] || fail "run $C not pseudo at step $P"
+[ "$(field "$C" delink_policy)" = plateau ] || fail "status --json delink_policy: $(field "$C" delink_policy)"
+ctl status "$C" | grep -qx 'phase: *pseudo (delink on a plateau, at step 150 at the latest)' \
+    || fail "status phase line of a plateau run: $(ctl status "$C")"
+[ "$(field "$B" delink_policy)" = plateau ] || fail "delink_policy of run $B"
 stop_daemon
 start_daemon "$T/s"
 ctl resume "$C" >/dev/null
