@@ -762,6 +762,22 @@ uint8_t *handlers_error_frame(int status, const char *message, size_t *outlen)
     return pack_(&resp, outlen);
 }
 
+/* /metrics' m6_control_requests_total{type, status}: the status by its
+ * proto name, "STATUS_NOT_FOUND" as "not_found". */
+static void count_(handlers_ctx *h, const char *type, M6__Status st)
+{
+    if (!h->stats) return;
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&m6__status__descriptor, (int)st);
+    char name[32] = "unknown";
+    if (v && !strncmp(v->name, "STATUS_", 7)) {
+        snprintf(name, sizeof name, "%s", v->name + 7);
+        for (char *p = name; *p; p++)
+            if (*p >= 'A' && *p <= 'Z') *p = (char)(*p - 'A' + 'a');
+    }
+    stats_request(h->stats, type, name);
+}
+
 int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
                       size_t len, uint8_t **out, size_t *outlen,
                       int *close_after)
@@ -771,6 +787,7 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
     call c = {.h = h, .s = s, .a = &a, .resp = &resp};
     M6__Request *rq = m6__request__unpack(NULL, len, payload);
     const char *name = "?";
+    const handler_entry *e = NULL;
     if (!rq) {
         reply_(&c, M6__STATUS__STATUS_BAD_REQUEST,
                "malformed request: %zu bytes that do not decode as m6.Request",
@@ -778,7 +795,6 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
         c.close_after = 1;
         goto done;
     }
-    const handler_entry *e = NULL;
     for (size_t i = 0; i < sizeof table_ / sizeof table_[0]; i++)
         if (table_[i].which == rq->body_case) e = &table_[i];
     if (!e || !body_present_(rq)) {
@@ -808,6 +824,8 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
     }
     e->fn(&c, rq);
 done:
+    count_(h, !rq ? "malformed" : strcmp(name, "?") ? name : "unknown",
+           resp.status);
     if (resp.status == M6__STATUS__STATUS_PERMISSION_DENIED)
         log_warn("request.refused", "request=%s status=%d msg=\"%s\"", name,
                  resp.status, resp.message ? resp.message : "");

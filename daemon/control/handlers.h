@@ -11,11 +11,14 @@
 #include <stdint.h>
 
 #include "coord/coord.h"
+#include "http/stats.h"
 #include "state/state.h"
 
 typedef struct {
     state *st;
     coord *co;
+    http_stats *stats;  /* counts each request by type and status for
+                         * /metrics; NULL none */
 } handlers_ctx;
 
 /* Per-connection protocol state. */

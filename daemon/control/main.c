@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -33,6 +34,7 @@
 #include "control/handlers.h"
 #include "control/server.h"
 #include "coord/coord.h"
+#include "http/http.h"
 #include "state/state.h"
 
 typedef struct {
@@ -44,6 +46,9 @@ typedef struct {
     gid_t group;                /* --group's gid, else m6d's egid */
     char group_name[64];
     int group_read_only;        /* --group-read-only */
+    /* metrics: --metrics-listen, --metrics-peak-flops */
+    char metrics_listen[512];
+    double peak_flops;
 } options;
 
 static struct {
@@ -53,6 +58,12 @@ static struct {
     coord *co;
     handlers_ctx handlers;
     server *srv;
+    /* metrics (daemon/http): the figures, the listening socket until the
+     * server takes it, the server, and the handlers it asks (uncounted) */
+    http_stats *stats;
+    int http_fd;
+    http_server *http;
+    handlers_ctx http_handlers;
     uv_signal_t sigterm, sigint, sighup;
     int lock_fd;                /* flock on STATE_DIR/m6d.lock, held to exit */
     uv_timer_t watchdog;
@@ -81,6 +92,11 @@ static void usage_(FILE *f)
         "  --db-hold-limit S  seconds step records may wait in memory while another\n"
         "                     process holds m6.db's write lock; then the run pauses\n"
         "                     (default 600)\n"
+        "  --metrics-listen ADDR:PORT\n"
+        "                     serve Prometheus /metrics and the dashboard over\n"
+        "                     HTTP there (read-only; e.g. 127.0.0.1:9464)\n"
+        "  --metrics-peak-flops F\n"
+        "                     the device's peak FLOP/s, for m6_mfu_ratio\n"
         "  --help, --version\n");
 }
 
@@ -95,6 +111,9 @@ static int parse_args_(int argc, char **argv, options *o)
         {"db-hold-limit", required_argument, 0, 'H'},
         {"group", required_argument, 0, 'G'},
         {"group-read-only", no_argument, 0, 'R'},
+        /* metrics */
+        {"metrics-listen", required_argument, 0, 'M'},
+        {"metrics-peak-flops", required_argument, 0, 'F'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
@@ -169,6 +188,26 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         case 'R': o->group_read_only = 1; break;
+        /* metrics */
+        case 'M':
+            if (!optarg[0] || strlen(optarg) >= sizeof o->metrics_listen) {
+                fprintf(stderr, "m6d: --metrics-listen: want ADDR:PORT, got "
+                        "\"%.80s\"\n", optarg);
+                return -1;
+            }
+            snprintf(o->metrics_listen, sizeof o->metrics_listen, "%s", optarg);
+            break;
+        case 'F': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (*end || !(v > 0) || v > 1e21) {
+                fprintf(stderr, "m6d: --metrics-peak-flops: want FLOP/s > 0 "
+                        "(312e12), got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->peak_flops = v;
+            break;
+        }
         case 'h': usage_(stdout); exit(0);
         case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
         default: usage_(stderr); return -1;
@@ -393,6 +432,71 @@ static void dir_of_(const char *path, char *buf, size_t len)
         snprintf(buf, len, "%.*s", (int)(slash - path), path);
 }
 
+/* ----------------------------------------------------------------- metrics */
+
+/* The HTTP side's requests, answered by the control handlers as if from a
+ * client past Hello (http.h). */
+static int http_dispatch_(void *ctx, const uint8_t *payload, size_t len,
+                          uint8_t **frame, size_t *framelen)
+{
+    /* HTTP has no peer credentials: it may only read */
+    session s = {.hello_done = 1, .read_only = 1};
+    int close_after = 0;
+    return handlers_dispatch(ctx, &s, payload, len, frame, framelen,
+                             &close_after);
+}
+
+/* Before the state: the figures, and the port, so a port in use stops
+ * the start (naming it) before m6.db is touched. 0, or -1 logged. */
+static int metrics_bind_(void)
+{
+    char err[1024], host[256] = "";
+    g.http_fd = -1;
+    if (!g.opt.metrics_listen[0]) return 0;
+    if (gethostname(host, sizeof host) != 0) host[0] = 0;
+    host[sizeof host - 1] = 0;
+    g.stats = stats_new((double)time(NULL), host, g.opt.peak_flops);
+    if (!g.stats) {
+        log_error("http.error", "err=\"out of memory\"");
+        return -1;
+    }
+    g.http_fd = http_listen(g.opt.metrics_listen, err, sizeof err);
+    if (g.http_fd < 0) {
+        log_error("http.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* After the coordinator: serve. 0, or -1 logged. */
+static int metrics_start_(void)
+{
+    char err[512];
+    if (g.http_fd < 0) return 0;
+    g.http_handlers = (handlers_ctx){.st = g.st, .co = g.co};
+    http_config hc = {.fd = g.http_fd, .stats = g.stats,
+                      .dispatch = http_dispatch_,
+                      .dispatch_ctx = &g.http_handlers};
+    g.http_fd = -1; /* the server's now, closed by it */
+    g.http = http_start(&hc, err, sizeof err);
+    if (!g.http) {
+        log_error("http.error", "err=\"%s\"", err);
+        return -1;
+    }
+    log_info("http.listen", "addr=%s paths=\"/metrics / /api/runs\"",
+             g.opt.metrics_listen);
+    return 0;
+}
+
+static void metrics_stop_(void)
+{
+    http_stop(g.http);
+    g.http = NULL;
+    if (g.http_fd >= 0) close(g.http_fd);
+    g.http_fd = -1;
+}
+
 static void close_walk_(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -483,6 +587,7 @@ int main(int argc, char **argv)
         log_error("server.error", "err=\"%s\"", err);
         goto out_loop;
     }
+    if (metrics_bind_() < 0) goto out_server;
     g.st = state_open(db, err, sizeof err);
     if (!g.st) {
         log_error("state.error", "db=%s err=\"%s\"", db, err);
@@ -492,13 +597,15 @@ int main(int argc, char **argv)
     /* the loop answers every client: it never waits long for another
      * process's lock on m6.db (the worker and the pool threads do) */
     state_thread_wait_limit(5);
-    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads};
+    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
+                       .stats = g.stats};
     g.co = coord_init(&cc, err, sizeof err);
     if (!g.co) {
         log_error("coord.error", "err=\"%s\"", err);
         goto out_server;
     }
-    g.handlers = (handlers_ctx){.st = g.st, .co = g.co};
+    g.handlers = (handlers_ctx){.st = g.st, .co = g.co, .stats = g.stats};
+    if (metrics_start_() < 0) goto out_server;
     notify_init_();
 
     uv_run(&g.loop, UV_RUN_DEFAULT);
@@ -522,6 +629,7 @@ int main(int argc, char **argv)
     uv_timer_stop(&drain_timer);
     rc = 0;
 out_server:
+    metrics_stop_(); /* its requests ask the coordinator and the state */
     server_fini(g.srv);
     g.srv = NULL;
 out_loop:
@@ -539,6 +647,7 @@ out_loop:
         rc = 1;
     }
     state_close(g.st);
+    stats_free(g.stats);
     log_info("daemon.exit", "rc=%d", rc);
     return rc;
 }

@@ -27,6 +27,8 @@ struct coord {
     state *st;
     char runs_dir[3072];
     int threads;
+    http_stats *stats;     /* /metrics (http/stats.h), NULL none */
+    int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
     ckpt_store store;      /* the runs' checkpoints (daemon/ckpt/store.h) */
 
     pthread_t thread;
@@ -82,6 +84,7 @@ typedef struct {
     int n_evals, cap_evals;
     double val;
     int plateau_seed_owed;  /* the passes before this life not read yet */
+    double flops_per_token; /* model FLOPs per training token (MFU) */
 } run_ctx;
 
 /* Save the trainer at its step. -1 with err saying what failed (the caller
@@ -446,6 +449,10 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
         free(kept_error);
         return -1;
     }
+    const model_config *mc = &r->spec.model;
+    r->flops_per_token = stats_flops_per_token(
+        mc->vocab_size, mc->n_layer, mc->n_embd, mc->seq_len, mc->moe_experts,
+        mc->moe_prototypes, mc->moe_hidden);
     log_info("run.setup", "run=%lld (opening the data, building the model)",
              (long long)id);
     /* A queued run whose data no longer passes fails here: it has nothing
@@ -703,6 +710,31 @@ static void phase_policy_(run_ctx *r)
         delink_(r, "spec");
 }
 
+/* The step's figures for /metrics (http/stats.h). */
+static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
+{
+    if (!r->c->stats) return;
+    stats_step_rec s = {
+        .run_id = r->id, .name = r->spec.name, .phase = res->phase == PHASE_REAL,
+        .step = res->step, .train_loss = res->train_loss,
+        .val_loss = res->evaluated ? res->val_loss : NAN, .lr = res->lr,
+        .grad_norm = res->grad_norm, .tokens_per_s = res->tokens_per_s,
+        .tokens = res->tokens, .step_seconds = seconds,
+        .flops_per_token = r->flops_per_token,
+        .resident_slots = res->mem.resident_slots,
+        .offloaded_slots = res->mem.offloaded_slots,
+        .device_bytes_in_use = res->mem.device_bytes,
+        .peak_device_bytes = res->mem.peak_device_bytes,
+        .h2d_bytes = res->mem.h2d_bytes, .d2h_bytes = res->mem.d2h_bytes,
+        .copy_hidden_fraction = res->mem.copy_hidden_fraction,
+        .moe = res->moe.present, .moe_aux_loss = res->moe.aux_loss,
+        .moe_dropped_fraction = res->moe.dropped_fraction,
+        .moe_load_min = res->moe.load_min, .moe_load_max = res->moe.load_max,
+        .moe_load_cv = res->moe.load_cv,
+    };
+    stats_step(r->c->stats, &s);
+}
+
 /* One step, recorded: its metrics row (and a checkpoint every
  * checkpoint.every steps) written before the next boundary. -1 when the
  * run failed (recorded). */
@@ -712,7 +744,14 @@ static int step_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     step_result res;
     m6_err data_err = M6_ERR_NONE;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (c->step_delay_ms > 0) /* test hook: a step of known length */
+        nanosleep(&(struct timespec){c->step_delay_ms / 1000,
+                                     (c->step_delay_ms % 1000) * 1000000L},
+                  NULL);
     int src = trainer_step(r->t, &res, &data_err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (src == TRAINER_EDATA) {
         /* like a write that failed: pause, keep the model; the operator
          * fixes the shard and resumes (retry_data_) */
@@ -731,6 +770,8 @@ static int step_(run_ctx *r)
     }
     on_(c, WE_STEP_DONE, NULL);
     offload_publish_(r, &res.mem, 1);
+    stats_publish_(r, &res, (double)(t1.tv_sec - t0.tv_sec) +
+                                (t1.tv_nsec - t0.tv_nsec) * 1e-9);
     metric_row m = {
         .step = res.step, .phase = res.phase == PHASE_REAL,
         .train_loss = res.train_loss, .val_loss = res.val_loss,
@@ -904,6 +945,11 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     }
     c->st = cfg->st;
     c->threads = cfg->threads;
+    c->stats = cfg->stats;
+    /* Test hook (tests/integration/prometheus.sh): every step takes this
+     * many ms longer, so the step-duration histogram has a known answer. */
+    const char *delay = getenv("M6_TEST_STEP_DELAY_MS");
+    if (delay) c->step_delay_ms = atoi(delay) > 0 ? atoi(delay) : 0;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
     c->w = worker_init(W_QUEUED);

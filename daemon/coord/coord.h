@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "http/stats.h"
 #include "state/state.h"
 
 typedef struct coord coord;
@@ -28,6 +29,7 @@ typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
+    http_stats *stats;     /* each step's figures for /metrics; NULL none */
 } coord_config;
 
 

@@ -87,6 +87,14 @@ typedef struct {
      * passes not counted) into *st: 0, or -1 when the backend has none
      * (a dense model). NULL: a backend without MoE. */
     int (*moe_stats)(void *ctx, gpt_moe_stats *st);
+    /* Data parallelism: host memory holding the step's gradient of the
+     * globals (s = -1, n_global floats) or of slot s (slot_size floats),
+     * valid between the last microbatch and grad_norm, read and written
+     * in place by the trainer's all-reduce. NULL (the member, or its
+     * result): the gradient is not in host memory (an offloaded slot, a
+     * GPU), and the backend cannot train data-parallel over host
+     * collectives. */
+    float *(*grad_region)(void *ctx, int s);
 } backend_iface;
 
 typedef struct {

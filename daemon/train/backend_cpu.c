@@ -196,6 +196,16 @@ static int cpu_offload_stats_(void *ctx, offload_stats *st)
     return 0;
 }
 
+/* Resident slots' and the globals' gradients are host memory; an
+ * offloaded slot's is not the trainer's to touch. */
+static float *cpu_grad_region_(void *ctx, int s)
+{
+    cpu_ctx_ *c = ctx;
+    if (c->off)
+        return NULL;
+    return s < 0 ? c->model.grads : c->model.slots[s].grads;
+}
+
 static const backend_iface cpu_iface_ = {
     /* .name           = */ "cpu",
     /* .free           = */ cpu_free_,
@@ -215,6 +225,7 @@ static const backend_iface cpu_iface_ = {
     /* .device_bytes   = */ cpu_device_bytes_,
     /* .offload_stats  = */ cpu_offload_stats_,
     /* .moe_stats      = */ cpu_moe_stats_,
+    /* .grad_region    = */ cpu_grad_region_,
 };
 
 /* ------------------------------------------------------------- create */

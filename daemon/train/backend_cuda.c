@@ -368,6 +368,7 @@ static const backend_iface cuda_iface_ = {
     /* .device_bytes   = */ cuda_device_bytes_,
     /* .offload_stats  = */ cuda_offload_stats_,
     /* .moe_stats      = */ NULL,  /* no MoE on cuda yet (spec refuses) */
+    /* .grad_region    = */ NULL,  /* device memory: no host all-reduce */
 };
 
 /* ------------------------------------------------------------- create */

@@ -196,12 +196,25 @@ static const key_ keys_[] = {
         "`m6ctl export --format safetensors`) to start from: its weights, "
         "a fresh optimizer. Shapes must match the model. Relative to the "
         "spec file."),
+    INT("nodes", "world_size", nodes.world_size, 1, 65536,
+        "Data-parallel ranks (nodes) of the real phase. Each rank takes an "
+        "equal share of every global batch (`batch_size * grad_accum` "
+        "sequences, whatever the world size), so it must divide "
+        "`grad_accum` or `batch_size`; `cpu` only, without "
+        "`memory_budget` or MoE, for now."),
+    INT("nodes", "pseudo_world_size", nodes.pseudo_world_size, 0, 65536,
+        "Data-parallel ranks of the pseudo phase, at most `world_size` (the "
+        "shared model needs less memory); the others join at the delink. "
+        "0: `world_size`."),
+    INT("nodes", "timeout", nodes.timeout, 1, 86400,
+        "Seconds a collective (or the rendezvous) may wait for a peer "
+        "before the run is paused."),
 };
 #define N_KEYS (sizeof keys_ / sizeof keys_[0])
 
 static const char *const sections_[] = {
     "data", "model", "pseudo", "delink", "train", "checkpoint", "device",
-    "offload", "init",
+    "offload", "init", "nodes",
 };
 #define N_SECTIONS (sizeof sections_ / sizeof sections_[0])
 
@@ -355,6 +368,9 @@ void spec_defaults(run_spec *s)
                                .moe_capacity_factor = 1.25f,
                                .moe_eval_capacity_factor = 2.0f,
                                .moe_aux_coef = 0.01f, .moe_z_coef = 0.001f };
+    s->nodes.world_size = 1;
+    s->nodes.pseudo_world_size = 0;
+    s->nodes.timeout = 30;
     s->pseudo.share_groups = 1;
     s->pseudo.steps = 0;
     s->delink.optimizer = DELINK_OPT_COPY;
@@ -758,6 +774,76 @@ static int moe_check_(const run_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+int spec_dp_split(const run_spec *s, int world, int *B_rank,
+                  int *accum_rank)
+{
+    int B = s->train.batch_size, A = s->train.grad_accum;
+    if (world < 1)
+        return -1;
+    if (A % world == 0) {
+        *B_rank = B;
+        *accum_rank = A / world;
+        return 0;
+    }
+    if (B % world == 0) {
+        *B_rank = B / world;
+        *accum_rank = A;
+        return 0;
+    }
+    return -1;
+}
+
+int spec_world_of_phase(const run_spec *s, int pseudo)
+{
+    return pseudo && s->nodes.pseudo_world_size > 0
+               ? s->nodes.pseudo_world_size : s->nodes.world_size;
+}
+
+/* nodes.*: the worlds must split the global batch evenly, the pseudo
+ * world is at most the real one and needs a pseudo phase, and what the
+ * data-parallel step does not do yet is refused by name. */
+static int nodes_check_(const run_spec *s, char *err, size_t errlen)
+{
+    int W = s->nodes.world_size, P = s->nodes.pseudo_world_size, b, a;
+    if (P > W) {
+        seterr_(err, errlen, "nodes.pseudo_world_size: at most "
+                "nodes.world_size (%d), got %d", W, P);
+        return -1;
+    }
+    if (P > 0 && s->pseudo.steps == 0) {
+        seterr_(err, errlen, "nodes.pseudo_world_size: set, but the run has "
+                "no pseudo phase (pseudo.steps is 0); remove it");
+        return -1;
+    }
+    const char *key[2] = {"nodes.world_size", "nodes.pseudo_world_size"};
+    int worlds[2] = {W, P};
+    for (int i = 0; i < 2; i++)
+        if (worlds[i] > 1 && spec_dp_split(s, worlds[i], &b, &a) != 0) {
+            seterr_(err, errlen, "%s: %d must divide train.grad_accum (%d) "
+                    "or train.batch_size (%d): every rank takes an equal "
+                    "share of each global batch", key[i], worlds[i],
+                    s->train.grad_accum, s->train.batch_size);
+            return -1;
+        }
+    if (W > 1 && s->device.backend != BACKEND_CPU) {
+        seterr_(err, errlen, "nodes.world_size: %d ranks need device.backend "
+                "\"cpu\" for now (the cuda trainer has no gradient "
+                "all-reduce yet)", W);
+        return -1;
+    }
+    if (W > 1 && s->device.memory_budget > 0) {
+        seterr_(err, errlen, "nodes.world_size: %d ranks cannot offload yet "
+                "(device.memory_budget must be 0)", W);
+        return -1;
+    }
+    if (W > 1 && s->model.moe_experts > 0) {
+        seterr_(err, errlen, "nodes.world_size: %d ranks cannot train MoE "
+                "models yet (model.moe.num_experts must be 0)", W);
+        return -1;
+    }
+    return 0;
+}
+
 /* Checks between keys, once every key is read. */
 static int cross_check_(const run_spec *s, char *err, size_t errlen)
 {
@@ -776,6 +862,8 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
         return -1;
     }
     if (moe_check_(s, err, errlen) != 0)
+        return -1;
+    if (nodes_check_(s, err, errlen) != 0)
         return -1;
     /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
     if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {
@@ -1032,6 +1120,13 @@ static int written_(const run_spec *s, const key_ *k)
     /* init.from only when set: the hash of a spec without it is unchanged */
     if (k->section && strcmp(k->section, "init") == 0)
         return s->init.from[0] != 0;
+    if (k->section && strcmp(k->section, "nodes") == 0) {
+        /* nodes only when not all defaults: a one-node spec's hash is
+         * what it was before data parallelism */
+        run_spec d;
+        spec_defaults(&d);
+        return memcmp(&s->nodes, &d.nodes, sizeof s->nodes) != 0;
+    }
     return !k->section || strcmp(k->section, "model.moe") != 0 ||
            s->model.moe_experts > 0;
 }

@@ -55,6 +55,11 @@ typedef struct {
      * llmc's or m6ctl export --format safetensors' output) whose weights
      * the run starts from, with a fresh optimizer; "" none */
     struct { char from[SPEC_STR]; } init;
+    struct {
+        int world_size;        /* data-parallel ranks of the real phase */
+        int pseudo_world_size; /* ... of the pseudo phase; 0: world_size */
+        int timeout;           /* seconds a collective may wait */
+    } nodes;
 } run_spec;
 
 /* Fill *s with the defaults (those of examples/fortunes-p2r.json's shape). */
@@ -65,6 +70,20 @@ void spec_defaults(run_spec *s);
  * backend (whose compute threads use the cores) and, on cuda, the CPUs
  * this process may run on (sched_getaffinity) less 2, in [1, 64]. */
 int spec_host_threads(const run_spec *s);
+
+/* Data parallelism: each of world ranks takes an equal share of every
+ * global batch (train.batch_size * train.grad_accum sequences per
+ * optimizer step, whatever the world size): grad_accum/world microbatches
+ * of batch_size sequences when world divides grad_accum, else grad_accum
+ * microbatches of batch_size/world sequences when world divides
+ * batch_size. 0 with *B_rank and *accum_rank, or -1 when world divides
+ * neither (or world < 1). */
+int spec_dp_split(const run_spec *s, int world, int *B_rank,
+                  int *accum_rank);
+
+/* The data-parallel world size of a phase: nodes.pseudo_world_size (when
+ * set) for pseudo 1, else nodes.world_size. */
+int spec_world_of_phase(const run_spec *s, int pseudo);
 
 /* Parse a JSON spec text (len bytes) over the defaults and validate it.
  * Returns 0, or -1 with a message naming the key in err. */

@@ -58,7 +58,20 @@ struct trainer {
     size_t plan_peak[2];
     int peak_planned;
     char *init_error;      /* trainer_init_error; NULL none */
+    /* data parallelism (trainer_set_collectives): coll NULL or world 1:
+     * alone. B_rank, accum_rank: this rank's microbatches (spec_dp_split;
+     * the spec's B and grad_accum alone) */
+    m6_coll *coll;
+    int rank, world;
+    int B_rank, accum_rank;
+    float *bucket;          /* bucket_floats: the all-reduce staging */
+    size_t bucket_floats;
+    size_t *win_pos;        /* (grad_accum*B) positions of this rank's
+                             * windows of the last step; n_win of them */
+    size_t n_win;
 };
+
+#define DEFAULT_BUCKET_FLOATS ((size_t)4 << 20)
 
 static int n_slots_(const trainer *t)
 {
@@ -222,6 +235,10 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     }
     t->spec = *spec;
     t->delink_step = -1;
+    t->world = 1;
+    t->B_rank = spec->train.batch_size;
+    t->accum_rank = spec->train.grad_accum;
+    t->bucket_floats = DEFAULT_BUCKET_FLOATS;
     /* 1. the spec: a backend that can run it */
     if (check_backend_err_(spec, err) != 0) {
         free(t);
@@ -314,7 +331,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     t->tgt = malloc((size_t)B * T * sizeof(int32_t));
     t->rows = malloc((size_t)spec->train.grad_accum * B * ((size_t)T + 1) *
                      sizeof(uint16_t));
-    if (!t->inp || !t->tgt || !t->rows) {
+    t->win_pos = malloc((size_t)spec->train.grad_accum * B * sizeof(size_t));
+    if (!t->inp || !t->tgt || !t->rows || !t->win_pos) {
         m6_err_set(err, M6_EINTERNAL, "out of memory");
         goto fail;
     }
@@ -355,6 +373,8 @@ void trainer_free(trainer *t)
     free(t->tgt);
     free(t->rows);
     free(t->init_error);
+    free(t->bucket);
+    free(t->win_pos);
     free(t);
 }
 
@@ -370,11 +390,12 @@ const char *trainer_init_error(const trainer *t)
  * reads every window it needs before it touches the model, so a failed
  * read leaves the trainer as it was and the step can be retried. */
 
-/* Inputs and targets of microbatch k from its B windows of T+1 tokens in
+/* Inputs and targets of microbatch k from its B windows (B: the spec's
+ * batch_size, or a data-parallel rank's share) of T+1 tokens in
  * t->rows: row b holds tokens [pos, pos+T] of the set. */
-static void rows_to_batch_(trainer *t, int k)
+static void rows_to_batch_(trainer *t, int k, int B)
 {
-    int B = t->spec.train.batch_size, T = t->spec.model.seq_len;
+    int T = t->spec.model.seq_len;
     const uint16_t *w = t->rows + (size_t)k * B * ((size_t)T + 1);
     for (int b = 0; b < B; b++, w += T + 1) {
         int32_t *in = t->inp + (size_t)b * T, *tg = t->tgt + (size_t)b * T;
@@ -398,18 +419,27 @@ static int split_open_(const token_set *ts, const char *key, m6_err *err)
 
 /* The training windows of one step: grad_accum*B windows at uniformly
  * random offsets, drawn in microbatch order. On failure the sampler is
- * rewound: the retried step draws the same windows. */
+ * rewound: the retried step draws the same windows. A data-parallel rank
+ * draws every window's position (its sampler stays the one-node sampler)
+ * and reads only its share, [rank*n/W, (rank+1)*n/W). */
 static int read_step_batches_(trainer *t, m6_err *err)
 {
     int T = t->spec.model.seq_len;
     size_t n = (size_t)t->spec.train.grad_accum * t->spec.train.batch_size;
+    size_t lo = n / (size_t)t->world * (size_t)t->rank;
+    size_t hi = lo + n / (size_t)t->world;
     if (!split_open_(&t->train, "data.train", err))
         return TRAINER_EDATA;
     size_t span = t->train.total - (size_t)T - 1;
     uint64_t rng0 = t->data_rng;
+    t->n_win = 0;
     for (size_t i = 0; i < n; i++) {
         size_t pos = rng_next_(&t->data_rng) % span;
-        if (token_set_read(&t->train, pos, t->rows + i * ((size_t)T + 1),
+        if (i < lo || i >= hi)
+            continue;
+        t->win_pos[t->n_win++] = pos;
+        if (token_set_read(&t->train, pos,
+                           t->rows + (i - lo) * ((size_t)T + 1),
                            (size_t)T + 1, err) != 0) {
             m6_err_prefix(err, "data.train");
             t->data_rng = rng0;
@@ -434,7 +464,7 @@ static int val_batch_(trainer *t, int i, m6_err *err)
             m6_err_prefix(err, "data.val");
             return TRAINER_EDATA;
         }
-    rows_to_batch_(t, 0);
+    rows_to_batch_(t, 0, t->spec.train.batch_size);
     return 0;
 }
 
@@ -555,6 +585,281 @@ static void moe_facts_(trainer *t, step_moe *m)
     m->experts_empty = (double)st.empty / (double)st.layers;
 }
 
+/* ------------------------------------------------------------- data parallel */
+
+/* Whether any rank failed (failed: this one did), by an all-reduce of the
+ * count: 1 some rank failed (err says why: this rank's own error, or that
+ * another's read of key failed), 0 none, -1 the collective failed (err). */
+static int agree_(trainer *t, int failed, const char *key, m6_err *err)
+{
+    float f = failed ? 1.0f : 0.0f;
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(t->coll, &f, 1, &e2) != 0) {
+        m6_err_free(err);
+        *err = e2;
+        return -1;
+    }
+    if (f > 0 && !failed)
+        m6_err_set(err, M6_EDATA, "%s: %g of %d ranks could not read their "
+                   "share of the batch (this rank could)", key, (double)f,
+                   t->world);
+    return f > 0;
+}
+
+/* Virtual gradient vector [globals | slot 0 | ... | slot S-1 | loss]:
+ * copy its elements [start, start+len) into buf (out 1) or back from it
+ * (out 0). loss is the one element after the gradients. */
+static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
+                       float *loss, int out)
+{
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    size_t base = 0, end = start + len;
+    for (int s = -1; s <= S && start < end; s++) {
+        size_t rlen = s < 0 ? t->n_global : s < S ? t->slot_size : 1;
+        float *reg = s < 0 || s < S ? be->grad_region(t->be.ctx, s) : loss;
+        if (start < base + rlen) {
+            size_t off = start - base;
+            size_t k = rlen - off < end - start ? rlen - off : end - start;
+            if (out)
+                memcpy(buf, reg + off, k * sizeof(float));
+            else
+                memcpy(reg + off, buf, k * sizeof(float));
+            buf += k;
+            start += k;
+        }
+        base += rlen;
+    }
+}
+
+/* Sum the step's gradient and *loss_sum over the ranks: all-reduces of
+ * bucket_floats at a time over the virtual vector, in its order. 0, or
+ * -1 with err (the collective's). */
+static int allreduce_grads_(trainer *t, double *loss_sum, m6_err *err)
+{
+    size_t total = t->n_global + (size_t)n_slots_(t) * t->slot_size + 1;
+    float loss = (float)*loss_sum;
+    for (size_t start = 0; start < total; start += t->bucket_floats) {
+        size_t len = total - start < t->bucket_floats ? total - start
+                                                      : t->bucket_floats;
+        grad_span_(t, start, len, t->bucket, &loss, 1);
+        if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
+            return -1;
+        grad_span_(t, start, len, t->bucket, &loss, 0);
+    }
+    *loss_sum = loss;
+    return 0;
+}
+
+/* Validation on W ranks: rank r the spec's batches r, r+W, ...; the sums
+ * (and a count of ranks whose read failed) all-reduced. */
+static int eval_dp_(trainer *t, float *loss, m6_err *err)
+{
+    int n = t->spec.train.eval_batches, failed = 0;
+    double sum = 0;
+    for (int i = t->rank; i < n && !failed; i += t->world) {
+        if (val_batch_(t, i, err) != 0)
+            failed = 1;
+        else
+            sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,
+                                     t->spec.train.batch_size);
+    }
+    float v[2] = {(float)sum, failed ? 1.0f : 0.0f};
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(t->coll, v, 2, &e2) != 0) {
+        m6_err_free(err);
+        *err = e2;
+        return TRAINER_ECOLL;
+    }
+    if (v[1] > 0) {
+        if (!failed)
+            m6_err_set(err, M6_EDATA, "data.val: %g of %d ranks could not "
+                       "read their validation batches (this rank could)",
+                       (double)v[1], t->world);
+        return TRAINER_EDATA;
+    }
+    *loss = (float)((double)v[0] / n);
+    return 0;
+}
+
+int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
+{
+    int W = c ? m6_coll_world_size(c) : 1, B_r, A_r;
+    int pseudo = t->phase == PHASE_PSEUDO;
+    int want = spec_world_of_phase(&t->spec, pseudo);
+    if (W != want) {
+        m6_err_set(err, M6_EINVALID, "collectives: a group of %d rank%s, but "
+                   "the spec's %s phase has %s %d", W, W == 1 ? "" : "s",
+                   pseudo ? "pseudo" : "real",
+                   pseudo && t->spec.nodes.pseudo_world_size > 0
+                       ? "nodes.pseudo_world_size" : "nodes.world_size",
+                   want);
+        return -1;
+    }
+    if (W > 1) {
+        if (m6_coll_device_buffers(c)) {
+            m6_err_set(err, M6_EINVALID, "collectives: backend '%s' reduces "
+                       "device memory, but the %s trainer's gradients are "
+                       "host memory (use gloo)", m6_coll_backend(c),
+                       t->be.iface->name);
+            return -1;
+        }
+        if (!t->be.iface->grad_region ||
+            !t->be.iface->grad_region(t->be.ctx, -1)) {
+            m6_err_set(err, M6_EINVALID, "collectives: the %s backend's "
+                       "gradients are not in host memory (offloading, or a "
+                       "GPU): it cannot train data-parallel yet",
+                       t->be.iface->name);
+            return -1;
+        }
+        if (spec_dp_split(&t->spec, W, &B_r, &A_r) != 0) {
+            m6_err_set(err, M6_EINVALID, "collectives: %d ranks must divide "
+                       "train.grad_accum (%d) or train.batch_size (%d)", W,
+                       t->spec.train.grad_accum, t->spec.train.batch_size);
+            return -1;
+        }
+        if (!t->bucket &&
+            !(t->bucket = malloc(t->bucket_floats * sizeof(float)))) {
+            m6_err_set(err, M6_EINTERNAL, "out of memory (all-reduce "
+                       "bucket of %zu floats)", t->bucket_floats);
+            return -1;
+        }
+    } else {
+        B_r = t->spec.train.batch_size;
+        A_r = t->spec.train.grad_accum;
+    }
+    t->coll = c;
+    t->world = W;
+    t->rank = c ? m6_coll_rank(c) : 0;
+    t->B_rank = B_r;
+    t->accum_rank = A_r;
+    return 0;
+}
+
+void trainer_set_bucket_floats(trainer *t, size_t n)
+{
+    if (n < 1 || n == t->bucket_floats)
+        return;
+    free(t->bucket);
+    t->bucket = NULL;
+    t->bucket_floats = n;
+    if (t->world > 1 && !(t->bucket = malloc(n * sizeof(float)))) {
+        t->bucket_floats = DEFAULT_BUCKET_FLOATS;  /* next try allocates */
+        t->bucket = malloc(t->bucket_floats * sizeof(float));
+    }
+}
+
+size_t trainer_step_windows(const trainer *t, size_t *dst)
+{
+    if (dst)
+        memcpy(dst, t->win_pos, t->n_win * sizeof(size_t));
+    return t->n_win;
+}
+
+/* What trainer_broadcast_state sends before the tensors. */
+typedef struct {
+    int64_t step, delink_step;
+    uint64_t data_rng;
+    int32_t phase, n_slots;
+} bcast_head_;
+
+int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    int L = t->spec.model.n_layer, rc = -1;
+    if (!c) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: no group");
+        return -1;
+    }
+    if (m6_coll_device_buffers(c)) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: backend '%s' "
+                   "moves device memory; the trainer's state regions are "
+                   "host memory (use gloo)", m6_coll_backend(c));
+        return -1;
+    }
+    int me = m6_coll_rank(c);
+    bcast_head_ h = {t->step, t->delink_step, t->data_rng, (int32_t)t->phase,
+                     n_slots_(t)};
+    int32_t *map = malloc((size_t)L * sizeof(int32_t));
+    int *imap = malloc((size_t)L * sizeof(int)), *src = NULL;
+    long *steps = NULL;
+    if (!map || !imap) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
+    const int *om = be->slot_of(t->be.ctx);
+    for (int l = 0; l < L; l++)
+        map[l] = om[l];
+    if (m6_coll_broadcast(c, &h, sizeof h, root, err) != 0 ||
+        m6_coll_broadcast(c, map, (size_t)L * sizeof(int32_t), root, err) != 0) {
+        rc = TRAINER_ECOLL;
+        goto out;
+    }
+    /* the receiver takes root's share map first (values overwritten) */
+    int S = h.n_slots, same = S == n_slots_(t);
+    for (int l = 0; l < L; l++) {
+        imap[l] = map[l];
+        same = same && om[l] == map[l];
+    }
+    if (me != root && !same) {
+        char e2[512];
+        src = calloc((size_t)S, sizeof(int));
+        if (!src || be->reslot(t->be.ctx, S, imap, src, 1, e2,
+                               sizeof e2) != 0) {
+            m6_err_set(err, M6_EINTERNAL, "broadcast of the state: %s",
+                       src ? e2 : "out of memory");
+            goto out;
+        }
+    }
+    if (be->state_begin(t->be.ctx, me != root) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory reading the %s model's "
+                   "state", be->name);
+        goto out;
+    }
+    int crc = 0;
+    for (int b = 0; b < 3 && crc == 0; b++)
+        for (int s = -1; s < S && crc == 0; s++) {
+            size_t n = s < 0 ? t->n_global : t->slot_size;
+            crc = m6_coll_broadcast(c, be->state_region(t->be.ctx,
+                                                        (backend_buf)b, s),
+                                    n * sizeof(float), root, err);
+        }
+    if (be->state_end(t->be.ctx, me != root && crc == 0) != 0 && crc == 0) {
+        m6_err_set(err, M6_EINTERNAL, "broadcast of the state: cannot store "
+                   "it in the %s model", be->name);
+        goto out;
+    }
+    steps = malloc(((size_t)S + 1) * sizeof(long));
+    if (crc == 0 && steps) {
+        be->get_adam_steps(t->be.ctx, steps);
+        crc = m6_coll_broadcast(c, steps, ((size_t)S + 1) * sizeof(long),
+                                root, err);
+    }
+    if (crc != 0) {
+        rc = TRAINER_ECOLL;
+        goto out;
+    }
+    if (!steps) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
+    be->set_adam_steps(t->be.ctx, steps);
+    t->step = h.step;
+    t->delink_step = h.delink_step;
+    t->data_rng = h.data_rng;
+    t->phase = h.phase == PHASE_PSEUDO ? PHASE_PSEUDO : PHASE_REAL;
+    rc = 0;
+out:
+    free(map);
+    free(imap);
+    free(src);
+    free(steps);
+    return rc;
+}
+
+int trainer_rank(const trainer *t) { return t->rank; }
+int trainer_world_size(const trainer *t) { return t->world; }
+
 int trainer_step(trainer *t, step_result *res, m6_err *err)
 {
     const run_spec *sp = &t->spec;
@@ -568,18 +873,39 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip};
-    if (read_step_batches_(t, err) != 0)
+    if (t->world > 1) {
+        /* every rank fails the step when one cannot read its share */
+        uint64_t rng0 = t->data_rng;
+        int rrc = read_step_batches_(t, err);
+        int agreed = agree_(t, rrc != 0, "data.train", err);
+        if (agreed < 0)
+            return TRAINER_ECOLL;
+        if (agreed > 0) {
+            t->data_rng = rng0;
+            return TRAINER_EDATA;
+        }
+    } else if (read_step_batches_(t, err) != 0)
         return TRAINER_EDATA;  /* nothing done: the step can be retried */
     offload_stats before;
     int counted = trainer_offload_stats(t, &before) == 0;
     be->step_begin(t->be.ctx, &adam);
     double loss_sum = 0;
-    for (int k = 0; k < accum; k++) {
-        rows_to_batch_(t, k);
-        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, B,
+    /* alone: B and accum; a data-parallel rank: its share, with the
+     * global step's loss scale */
+    for (int k = 0; k < t->accum_rank; k++) {
+        rows_to_batch_(t, k, t->B_rank);
+        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
                                    1.0f / ((float)B * (float)T * (float)accum));
     }
-    float loss = (float)(loss_sum / accum);
+    float loss;
+    if (t->world > 1) {
+        /* the gradient and the loss sum over the ranks */
+        if (allreduce_grads_(t, &loss_sum, err) != 0)
+            return TRAINER_ECOLL;
+        loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
+    } else {
+        loss = (float)(loss_sum / accum);
+    }
     moe_facts_(t, &res->moe);
     float norm = be->grad_norm(t->be.ctx);
     if (!isfinite(loss) || !isfinite(norm)) {
@@ -604,9 +930,10 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     res->evaluated = trainer_step_evaluates(t, t->step);
     int rc = 0;
     if (res->evaluated &&
-        trainer_eval_checked(t, &res->val_loss, err) != 0) {
+        (rc = trainer_eval_checked(t, &res->val_loss, err)) != 0) {
         res->eval_failed = 1;  /* the step stands; its eval is owed */
-        rc = TRAINER_EDATA;
+        if (rc != TRAINER_ECOLL)
+            rc = TRAINER_EDATA;
     }
     /* the copies of the step and of its validation pass */
     placement_(t, counted ? &before : NULL, &res->mem);
@@ -618,6 +945,8 @@ int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
     double sum = 0;
     int n = t->spec.train.eval_batches;
     *loss = NAN;
+    if (t->world > 1)
+        return eval_dp_(t, loss, err);
     for (int i = 0; i < n; i++) {
         if (val_batch_(t, i, err) != 0)
             return TRAINER_EDATA;
@@ -864,6 +1193,12 @@ static char *meta_json_(const trainer *t)
     /* the token counts the batches were drawn from (0: split not open) */
     json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
     json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
+    /* the data-parallel world that wrote it (only when > 1: a one-node
+     * checkpoint is what it was). The state is replicated and the sampler
+     * is the one-node sampler, so it loads at any world size that splits
+     * the batch. */
+    if (t->world > 1)
+        json_object_set_new(m, "world_size", json_integer(t->world));
     free(steps);
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include "common/err.h"
 #include "common/phase.h"
+#include "dist/collectives.h"
 #include "offload/offload.h"
 #include "train/spec.h"
 
@@ -111,6 +112,15 @@ typedef struct {
  * free. */
 #define TRAINER_ENOFILE (-3)
 
+/* Returned by trainer_step and trainer_eval_checked of a data-parallel
+ * trainer when a collective failed: a peer died, stopped answering past
+ * nodes.timeout, or its connection broke. err names the operation, this
+ * rank and the cause (code M6_ECANCELLED for a timeout, M6_EINTERNAL for a
+ * lost connection). The step was not applied, but the trainer's gradients
+ * are not its own any more and the group is broken: free both, and resume
+ * from the last checkpoint with a new group. */
+#define TRAINER_ECOLL (-4)
+
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
  * projections scaled by 1/sqrt(2L)), open the train and val shards.
@@ -193,6 +203,68 @@ int trainer_reopen_data(trainer *t, m6_err *err);
  * No-op returning 0 when already Real. Returns -1 with err on OOM. */
 int trainer_delink(trainer *t, char *err, size_t errlen);
 
+/* ---- Data parallelism (DESIGN.md "Data parallelism") ----
+ *
+ * A trainer trains alone until it is given a collectives group; then it
+ * is one of world_size data-parallel ranks. The global batch of a step is
+ * always the spec's (train.batch_size * train.grad_accum sequences, drawn
+ * by every rank's identical sampler exactly as one node draws them); rank
+ * r reads only its share, windows [r*n/W, (r+1)*n/W) of the step's n in
+ * draw order, as spec_dp_split's microbatches. Each microbatch's gradient
+ * has the single-node loss scale 1/(B*T*grad_accum), so the sum over the
+ * ranks is the one-node step's gradient; it is summed by all-reduce once
+ * per optimizer step (after the last microbatch), in fixed-size buckets
+ * over [globals | slot 0 | ... | slot S-1] in that order, the step's loss
+ * sum riding in the last bucket. Every rank then holds the same gradient,
+ * so the norm (clipping) is the global one and AdamW keeps the replicas
+ * identical. A shard read that fails on one rank fails the step on every
+ * rank (one small all-reduce of a flag before the model is touched), so
+ * the step can be retried as on one node. Validation: rank r evaluates
+ * the spec's eval batches r, r+W, ...; their loss sums are all-reduced and
+ * divided by eval_batches.
+ *
+ * trainer_step, trainer_eval_checked and trainer_broadcast_state are then
+ * collective: every rank calls them, in the same order (a step that one
+ * rank retries after TRAINER_EDATA, every rank retries). The others
+ * (probes, saves, accessors) stay local. */
+
+/* Make t one rank of c's group (c NULL, or a group of world size 1: train
+ * alone, the one-node path bit for bit). The group's world size must be
+ * the spec's for the current phase (nodes.pseudo_world_size in the pseudo
+ * phase when set, else nodes.world_size), its buffers host memory (gloo),
+ * and the backend's gradients in host memory (cpu without offloading).
+ * Called between steps; after trainer_delink with the real phase's group
+ * when the worlds differ. The trainer does not own c. 0, or -1 with err
+ * (M6_EINVALID) naming what does not fit; t is then unchanged. */
+int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
+
+/* Floats per all-reduce bucket (default 4 Mi floats, 16 MiB); n >= 1.
+ * The result does not depend on it beyond float rounding (with 2 ranks
+ * not at all: a+b is b+a). */
+void trainer_set_bucket_floats(trainer *t, size_t n);
+
+/* This trainer's rank and the world size (0 and 1 alone). */
+int trainer_rank(const trainer *t);
+int trainer_world_size(const trainer *t);
+
+/* Copy root's whole training state to every rank of group c (not yet the
+ * trainer's own: call trainer_set_collectives after it): share map
+ * and slots (a rank with other slots is reslotted first), weights and
+ * AdamW moments and step counts, the step, phase, delink step and the
+ * sampler's state. For ranks that join at the delink (a pseudo phase on
+ * fewer ranks): afterwards every rank continues as root would. Every
+ * rank of the group calls it; the spec must be the same on all. 0,
+ * TRAINER_ECOLL with err when a collective fails, or -1 with err (no
+ * group; out of memory). */
+int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err);
+
+/* The token positions (in the training split) of the windows this rank
+ * read for its last step, in the order its microbatches used them, into
+ * dst (NULL: only the count); returns the count (0 before any step).
+ * For tests: the ranks' windows of a step, in rank order, are the one-node
+ * run's windows. */
+size_t trainer_step_windows(const trainer *t, size_t *dst);
+
 long trainer_step_count(const trainer *t);
 run_phase trainer_phase(const trainer *t);
 int trainer_n_slots(const trainer *t);
@@ -205,7 +277,9 @@ long trainer_delink_step(const trainer *t);
 const offload_plan *trainer_plan(const trainer *t);
 
 /* Checkpoint into dir (must not exist): model.safetensors,
- * optimizer.safetensors, meta.json. Written to dir.tmp-<pid>, every file
+ * optimizer.safetensors, meta.json (with "world_size" when the trainer is
+ * one of several data-parallel ranks: replicated state, written by one
+ * rank, loadable at any world size). Written to dir.tmp-<pid>, every file
  * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1
  * with err naming the file and the cause. */
 long trainer_save(trainer *t, const char *dir, m6_err *err);

@@ -215,6 +215,47 @@ static void test_delink_policy(void **state)
     free(j);
 }
 
+/* nodes.*: defaults leave the canonical JSON (and the hash) as before;
+ * set, they round-trip and change the hash; the batch split of
+ * spec_dp_split against hand-worked cases. */
+static void test_nodes(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512];
+    assert_int_equal(parse(&d, "{\"data\":{\"train\":\"t\",\"val\":\"v\"}}",
+                           err, sizeof err), 0);
+    assert_int_equal(d.nodes.world_size, 1);
+    assert_int_equal(d.nodes.pseudo_world_size, 0);
+    assert_int_equal(d.nodes.timeout, 30);
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "nodes"));
+    free(j);
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"pseudo\":{\"steps\":10},\"train\":{\"batch_size\":6,"
+        "\"grad_accum\":4},\"nodes\":{\"world_size\":3,"
+        "\"pseudo_world_size\":2,\"timeout\":5}}", err, sizeof err), 0);
+    assert_int_equal(s.nodes.world_size, 3);
+    assert_int_equal(s.nodes.pseudo_world_size, 2);
+    assert_int_equal(s.nodes.timeout, 5);
+    roundtrip(&s);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    assert_int_equal(spec_world_of_phase(&s, 1), 2);
+    assert_int_equal(spec_world_of_phase(&s, 0), 3);
+    /* B 6, accum 4: world 2 divides accum (2 microbatches of 6), world 3
+     * only B (4 microbatches of 2), world 4 accum (1 of 6), 5 neither */
+    int b, a;
+    assert_int_equal(spec_dp_split(&s, 2, &b, &a), 0);
+    assert_int_equal(b, 6); assert_int_equal(a, 2);
+    assert_int_equal(spec_dp_split(&s, 3, &b, &a), 0);
+    assert_int_equal(b, 2); assert_int_equal(a, 4);
+    assert_int_equal(spec_dp_split(&s, 4, &b, &a), 0);
+    assert_int_equal(b, 6); assert_int_equal(a, 1);
+    assert_int_equal(spec_dp_split(&s, 5, &b, &a), -1);
+    assert_int_equal(spec_dp_split(&s, 1, &b, &a), 0);
+    assert_int_equal(b, 6); assert_int_equal(a, 4);
+}
+
 /* Every float survives spec_to_json → spec_parse bit for bit. */
 static void test_float_roundtrip(void **state)
 {
@@ -381,6 +422,24 @@ static void test_bad_specs(void **state)
           "delink.min_delta: set, but delink.policy is \"step\"" },
         { "\"delink\": {\"patience\": 2}",
           "delink.patience: set, but delink.policy is \"step\"" },
+        /* nodes.*: data parallelism */
+        { "\"nodes\": {\"world_size\": 0}", "nodes.world_size: must be in [1, 65536], got 0" },
+        { "\"nodes\": {\"timeout\": 0}", "nodes.timeout: must be in [1, 86400], got 0" },
+        { "\"nodes\": {\"world_size\": 3}",
+          "nodes.world_size: 3 must divide train.grad_accum (1) or train.batch_size (16)" },
+        { "\"nodes\": {\"world_size\": 2, \"pseudo_world_size\": 3}, \"pseudo\": {\"steps\": 5}",
+          "nodes.pseudo_world_size: at most nodes.world_size (2), got 3" },
+        { "\"nodes\": {\"world_size\": 2, \"pseudo_world_size\": 1}",
+          "nodes.pseudo_world_size: set, but the run has no pseudo phase" },
+        { "\"nodes\": {\"world_size\": 6, \"pseudo_world_size\": 4}, \"pseudo\": {\"steps\": 5}, \"train\": {\"batch_size\": 6}",
+          "nodes.pseudo_world_size: 4 must divide train.grad_accum (1) or train.batch_size (6)" },
+        { "\"nodes\": {\"world_size\": 2}, \"device\": {\"backend\": \"cuda\"}",
+          "nodes.world_size: 2 ranks need device.backend \"cpu\"" },
+        { "\"nodes\": {\"world_size\": 2}, \"device\": {\"memory_budget\": \"1GiB\"}",
+          "nodes.world_size: 2 ranks cannot offload yet" },
+        { "\"nodes\": {\"world_size\": 2}, \"model\": {\"moe\": {\"num_experts\": 4}}",
+          "nodes.world_size: 2 ranks cannot train MoE models yet" },
+        { "\"nodes\": {\"world_sise\": 2}", "unknown key 'nodes.world_sise' (did you mean 'nodes.world_size'?)" },
         { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": {\"backend\": \"cuda\"}",
           "model.moe: the cuda backend does not train MoE models yet" },
         { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
@@ -593,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_hash_dense_pinned),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_delink_policy),
+        cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_float_roundtrip),
         cmocka_unit_test(test_full_spec),
         cmocka_unit_test(test_memory_budget),

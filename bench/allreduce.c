@@ -1,0 +1,161 @@
+/*
+ * allreduce.c — Gloo all-reduce (fp32 sum, daemon/dist/collectives.h) on
+ * loopback: R ranks (default 2) as processes on this machine, buffers of
+ * 1 MiB to 256 MiB (doubling), best of --reps timed calls after one warm-up.
+ *
+ * Figures per size: time, algorithm bandwidth (bytes / time) and bus
+ * bandwidth (algbw * 2(R-1)/R: the bytes each rank sends and receives in
+ * a ring all-reduce, the figure nccl-tests reports, comparable across R).
+ * Ends with one key=value line. Exit 77 without Gloo.
+ *
+ *   allreduce [--ranks R] [--min-mib A] [--max-mib B] [--reps N]
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_args.h"
+#include "common/clock.h"
+#include "dist/collectives.h"
+#include "../tests/common/file_store.h"
+
+static int rank_main_(const char *dir, int rank, int R, int min_mib,
+                      int max_mib, int reps, int out_fd)
+{
+    file_store fs;
+    snprintf(fs.dir, sizeof fs.dir, "%s", dir);
+    m6_store st = file_store_table(&fs);
+    m6_err err = M6_ERR_NONE;
+    m6_coll_config cfg = {"gloo", rank, R, &st, "bench", 60000, "127.0.0.1",
+                          0};
+    m6_coll *c = m6_coll_init(&cfg, &err);
+    if (!c) {
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    size_t max_n = (size_t)max_mib << 18;  /* floats */
+    float *x = malloc(max_n * sizeof(float));
+    if (!x) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        return 1;
+    }
+    for (size_t i = 0; i < max_n; i++)
+        x[i] = (float)(i % 13);
+    FILE *out = rank == 0 ? fdopen(out_fd, "w") : NULL;
+    for (int mib = min_mib; mib <= max_mib; mib *= 2) {
+        size_t n = (size_t)mib << 18;
+        double best = 1e30;
+        for (int r = 0; r <= reps; r++) {
+            if (m6_coll_barrier(c, &err) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+                return 1;
+            }
+            double t0 = clock_mono_s();
+            if (m6_coll_allreduce_sum(c, x, n, &err) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+                return 1;
+            }
+            double dt = clock_mono_s() - t0;
+            if (r > 0 && dt < best)  /* the first warms up */
+                best = dt;
+        }
+        if (out)
+            fprintf(out, "%d %.9f\n", mib, best);
+    }
+    if (out)
+        fclose(out);
+    m6_coll_destroy(c);
+    free(x);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int R = 2, min_mib = 1, max_mib = 256, reps = 3;
+    static const struct option opts[] = {
+        {"ranks", 1, 0, 'r'}, {"min-mib", 1, 0, 'a'}, {"max-mib", 1, 0, 'b'},
+        {"reps", 1, 0, 'n'}, {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'r': R = bench_int_arg(argv[0], "ranks", optarg, 2); break;
+        case 'a': min_mib = bench_int_arg(argv[0], "min-mib", optarg, 1); break;
+        case 'b': max_mib = bench_int_arg(argv[0], "max-mib", optarg, 1); break;
+        case 'n': reps = bench_int_arg(argv[0], "reps", optarg, 1); break;
+        default:
+            fprintf(stderr, "usage: %s [--ranks R] [--min-mib A] "
+                    "[--max-mib B] [--reps N]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (R > 16 || max_mib < min_mib || max_mib > 4096) {
+        fprintf(stderr, "%s: --ranks at most 16, --min-mib <= --max-mib <= "
+                "4096\n", argv[0]);
+        return 2;
+    }
+    if (!m6_coll_available("gloo")) {
+        printf("SKIP: m6 was built without Gloo\n");
+        return 77;
+    }
+    char dir[] = "/tmp/m6-bench-allreduce-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        perror("pipe");
+        return 1;
+    }
+    pid_t pids[16];
+    for (int r = 0; r < R; r++) {
+        if ((pids[r] = fork()) == 0) {
+            close(pfd[0]);
+            srandom((unsigned)getpid());
+            _exit(rank_main_(dir, r, R, min_mib, max_mib, reps, pfd[1]));
+        }
+    }
+    close(pfd[1]);
+    printf("Gloo all-reduce (fp32 sum) on loopback, %d ranks, best of %d\n",
+           R, reps);
+    printf("%10s %12s %12s %12s\n", "size", "time_ms", "algbw_GB/s",
+           "busbw_GB/s");
+    FILE *in = fdopen(pfd[0], "r");
+    int mib;
+    double dt, last_alg = 0, last_bus = 0, peak_bus = 0;
+    int last_mib = 0;
+    while (fscanf(in, "%d %lf", &mib, &dt) == 2) {
+        double bytes = (double)mib * 1048576.0;
+        double alg = bytes / dt / 1e9, bus = alg * 2.0 * (R - 1) / R;
+        printf("%7d MiB %12.3f %12.3f %12.3f\n", mib, dt * 1e3, alg, bus);
+        fflush(stdout);
+        last_alg = alg;
+        last_bus = bus;
+        last_mib = mib;
+        if (bus > peak_bus)
+            peak_bus = bus;
+    }
+    fclose(in);
+    int bad = 0;
+    for (int r = 0; r < R; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        bad |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    if (bad || last_mib == 0) {
+        fprintf(stderr, "a rank failed\n");
+        return 1;
+    }
+    printf("backend=gloo ranks=%d max_mib=%d algbw_gbps=%.3f busbw_gbps=%.3f "
+           "peak_busbw_gbps=%.3f\n", R, last_mib, last_alg, last_bus,
+           peak_bus);
+    return 0;
+}

@@ -1,0 +1,211 @@
+/*
+ * dp_scaling.c — data-parallel training throughput on this machine: the
+ * same spec (one global batch of B*grad_accum sequences per step) on 1, 2
+ * and 3 CPU ranks, each rank a process with its own trainer (one OpenMP
+ * thread each, --threads to change), joined by Gloo over loopback.
+ *
+ * Strong scaling: the global batch is fixed, so each rank computes 1/W of
+ * it and the step adds one bucketed gradient all-reduce. Figures: global
+ * tokens/s (rank 0's steps after --warmup, timed between barriers),
+ * speed-up over one rank and per-rank efficiency (tokens/s / (W * one
+ * rank's tokens/s)). Ends with one key=value line. Exit 77 without Gloo.
+ *
+ *   dp_scaling [--layers L] [--embd C] [--seq T] [--batch B] [--steps N]
+ *              [--warmup N] [--threads N] [--max-ranks R]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_args.h"
+#include "common/clock.h"
+#include "dist/collectives.h"
+#include "train/trainer.h"
+#include "../tests/common/file_store.h"
+#include "../tests/common/synth_data.h"
+
+static int rank_(const run_spec *spec, const char *store_dir, int rank,
+                 int world, int warmup, int out_fd)
+{
+    m6_err err = M6_ERR_NONE;
+    trainer *t = trainer_create(spec, &err);
+    if (!t) {
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    file_store fs;
+    snprintf(fs.dir, sizeof fs.dir, "%s", store_dir);
+    m6_store st = file_store_table(&fs);
+    m6_coll *c = NULL;
+    if (world > 1) {
+        m6_coll_config cfg = {"gloo", rank, world, &st, "dp", 120000,
+                              "127.0.0.1", 0};
+        if (!(c = m6_coll_init(&cfg, &err)) ||
+            trainer_set_collectives(t, c, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+    }
+    double t0 = 0;
+    for (long s = 0; s < spec->train.steps; s++) {
+        if (s == warmup) {
+            if (c && m6_coll_barrier(c, &err) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+                return 1;
+            }
+            t0 = clock_mono_s();
+        }
+        step_result r;
+        if (trainer_step(t, &r, &err) != 0) {
+            fprintf(stderr, "rank %d: step %ld: %s\n", rank, s + 1,
+                    m6_err_msg(&err));
+            return 1;
+        }
+    }
+    if (c && m6_coll_barrier(c, &err) != 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    double dt = clock_mono_s() - t0;
+    if (rank == 0) {
+        char line[64];
+        int n = snprintf(line, sizeof line, "%.9f\n", dt);
+        if (write(out_fd, line, (size_t)n) != n)
+            return 1;
+    }
+    trainer_free(t);
+    m6_coll_destroy(c);
+    return 0;
+}
+
+/* Seconds of the timed steps with W ranks, or -1. */
+static double run_world_(run_spec spec, const char *data_dir, int W,
+                         int warmup)
+{
+    char store[] = "/tmp/m6-dp-scaling-store-XXXXXX";
+    if (!mkdtemp(store))
+        return -1;
+    spec.nodes.world_size = W;
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        return -1;
+    pid_t pids[16];
+    for (int r = 0; r < W; r++)
+        if ((pids[r] = fork()) == 0) {
+            close(pfd[0]);
+            srandom((unsigned)getpid());
+            _exit(rank_(&spec, store, r, W, warmup, pfd[1]));
+        }
+    close(pfd[1]);
+    double dt = -1;
+    FILE *in = fdopen(pfd[0], "r");
+    if (fscanf(in, "%lf", &dt) != 1)
+        dt = -1;
+    fclose(in);
+    for (int r = 0; r < W; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            dt = -1;
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", store);
+    (void)data_dir;
+    return dt;
+}
+
+int main(int argc, char **argv)
+{
+    int L = 4, C = 128, T = 64, B = 12, steps = 8, warmup = 2, threads = 1;
+    int max_ranks = 3;
+    static const struct option opts[] = {
+        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
+        {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
+        {"threads", 1, 0, 't'}, {"max-ranks", 1, 0, 'r'}, {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'L': L = bench_int_arg(argv[0], "layers", optarg, 1); break;
+        case 'C': C = bench_int_arg(argv[0], "embd", optarg, 4); break;
+        case 'T': T = bench_int_arg(argv[0], "seq", optarg, 1); break;
+        case 'B': B = bench_int_arg(argv[0], "batch", optarg, 1); break;
+        case 'n': steps = bench_int_arg(argv[0], "steps", optarg, 1); break;
+        case 'w': warmup = bench_int_arg(argv[0], "warmup", optarg, 0); break;
+        case 't': threads = bench_int_arg(argv[0], "threads", optarg, 1); break;
+        case 'r': max_ranks = bench_int_arg(argv[0], "max-ranks", optarg, 1); break;
+        default:
+            fprintf(stderr, "usage: %s [--layers L] [--embd C] [--seq T] "
+                    "[--batch B] [--steps N] [--warmup N] [--threads N] "
+                    "[--max-ranks R]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (max_ranks > 16 || C % 4 != 0) {
+        fprintf(stderr, "%s: --max-ranks at most 16; --embd a multiple of 4 "
+                "(4 heads)\n", argv[0]);
+        return 2;
+    }
+    if (max_ranks > 1 && !m6_coll_available("gloo")) {
+        printf("SKIP: m6 was built without Gloo\n");
+        return 77;
+    }
+    char data[] = "/tmp/m6-dp-scaling-XXXXXX";
+    if (synth_shards(data, (size_t)1 << 20) != 0)
+        return 1;
+    run_spec spec;
+    spec_defaults(&spec);
+    synth_spec_data(&spec, data);
+    spec.model.n_layer = L;
+    spec.model.n_embd = C;
+    spec.model.n_head = 4;
+    spec.model.seq_len = T;
+    spec.train.batch_size = B;
+    spec.train.steps = warmup + steps;
+    spec.train.eval_every = 0;
+    spec.train.eval_batches = 1;
+    spec.device.threads = threads;
+    /* the last step evaluates (trainer_step_evaluates): one batch */
+    printf("dp_scaling: L=%d C=%d T=%d global batch %d, %d timed steps, "
+           "%d thread(s) per rank, Gloo on loopback\n", L, C, T, B, steps,
+           threads);
+    printf("%6s %12s %10s %11s\n", "ranks", "tokens/s", "speed-up",
+           "efficiency");
+    double tps1 = 0, tps[17] = {0};
+    int bad = 0;
+    for (int W = 1; W <= max_ranks; W++) {
+        int b, a;
+        if (spec_dp_split(&spec, W, &b, &a) != 0) {
+            printf("%6d   (skipped: %d ranks do not divide batch %d)\n", W, W,
+                   B);
+            continue;
+        }
+        double dt = run_world_(spec, data, W, warmup);
+        if (dt <= 0) {
+            fprintf(stderr, "%d ranks: a rank failed\n", W);
+            bad = 1;
+            break;
+        }
+        tps[W] = (double)B * T * steps / dt;
+        if (W == 1)
+            tps1 = tps[W];
+        printf("%6d %12.0f %10.2f %10.0f%%\n", W, tps[W], tps[W] / tps1,
+               100.0 * tps[W] / (W * tps1));
+        fflush(stdout);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", data);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", data);
+    if (bad)
+        return 1;
+    printf("ranks1_tok_s=%.0f ranks2_tok_s=%.0f ranks3_tok_s=%.0f "
+           "eff2=%.3f eff3=%.3f\n", tps[1], tps[2], tps[3],
+           tps1 > 0 ? tps[2] / (2 * tps1) : 0,
+           tps1 > 0 ? tps[3] / (3 * tps1) : 0);
+    return 0;
+}

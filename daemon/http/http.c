@@ -1,0 +1,437 @@
+/*
+ * http.c — the HTTP server of http.h on libmicrohttpd: the listening
+ * socket, the routes, and the JSON endpoints (control requests rendered
+ * with m6ctl's field tables).
+ */
+#include "http/http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "client/views.h"
+#include "common/log.h"
+#include "common/view.h"
+#include "control/frame.h"
+#include "http/assets.h"
+#include "m6.pb-c.h"
+
+struct http_server {
+    struct MHD_Daemon *d;
+    http_config cfg;
+};
+
+/* ---------------------------------------------------------------- listen */
+
+int http_listen(const char *addr_port, char *err, size_t errlen)
+{
+    char host[256];
+    const char *colon = strrchr(addr_port, ':');
+    const char *port = colon ? colon + 1 : NULL;
+    size_t hlen = colon ? (size_t)(colon - addr_port) : 0;
+    if (!colon || hlen == 0 || hlen >= sizeof host || !*port) {
+        snprintf(err, errlen, "--metrics-listen: want ADDR:PORT (127.0.0.1:9464, "
+                 "[::1]:9464), got \"%.80s\"", addr_port);
+        return -1;
+    }
+    memcpy(host, addr_port, hlen);
+    host[hlen] = 0;
+    if (host[0] == '[' && host[hlen - 1] == ']') { /* [v6]:port */
+        memmove(host, host + 1, hlen - 2);
+        host[hlen - 2] = 0;
+    }
+    char *end;
+    long p = strtol(port, &end, 10);
+    if (*end || p < 1 || p > 65535) {
+        snprintf(err, errlen, "--metrics-listen: port must be 1..65535, got \"%.40s\"",
+                 port);
+        return -1;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, port, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, errlen, "--metrics-listen %s: %s", addr_port, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1, e = 0;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+            e = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        if (e == EADDRINUSE)
+            snprintf(err, errlen, "metrics listen %s: port %ld is in use (%s); "
+                     "pick another with --metrics-listen", addr_port, p,
+                     strerror(e));
+        else
+            snprintf(err, errlen, "metrics listen %s: %s", addr_port, strerror(e));
+        return -1;
+    }
+    return fd;
+}
+
+/* ------------------------------------------------------------- responses */
+
+static enum MHD_Result send_(http_server *h, struct MHD_Connection *conn,
+                             int code, const char *type, void *body,
+                             size_t len, enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)code, r);
+    MHD_destroy_response(r);
+    stats_http(h->cfg.stats, code);
+    return ret;
+}
+
+/* A short text answer (errors): "404 not found: /x\n". */
+static enum MHD_Result text_(http_server *h, struct MHD_Connection *conn,
+                             int code, const char *fmt, const char *arg)
+{
+    char *m = NULL;
+    int n = asprintf(&m, fmt, arg);
+    if (n < 0) return MHD_NO;
+    return send_(h, conn, code, "text/plain; charset=utf-8", m, (size_t)n,
+                 MHD_RESPMEM_MUST_FREE);
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+/* Ask the handlers: rq packed, the reply unpacked (free it with
+ * m6__response__free_unpacked); NULL when none came. */
+static M6__Response *ask_(http_server *h, const M6__Request *rq)
+{
+    size_t n = m6__request__get_packed_size(rq);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return NULL;
+    m6__request__pack(rq, buf);
+    uint8_t *frame = NULL;
+    size_t flen = 0;
+    int rc = h->cfg.dispatch(h->cfg.dispatch_ctx, buf, n, &frame, &flen);
+    free(buf);
+    if (rc < 0 || !frame || flen < M6_FRAME_HDR) {
+        free(frame);
+        return NULL;
+    }
+    M6__Response *resp = m6__response__unpack(NULL, flen - M6_FRAME_HDR,
+                                              frame + M6_FRAME_HDR);
+    free(frame);
+    return resp;
+}
+
+/* The HTTP code of a reply that is not OK. */
+static int code_of_(M6__Status st)
+{
+    switch (st) {
+    case M6__STATUS__STATUS_NOT_FOUND: return MHD_HTTP_NOT_FOUND;
+    case M6__STATUS__STATUS_BAD_REQUEST: return MHD_HTTP_BAD_REQUEST;
+    default: return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+}
+
+/* A JSON body being written (open_memstream). */
+typedef struct {
+    FILE *f;
+    char *buf;
+    size_t len;
+} jbody;
+
+static int jbody_open_(jbody *j)
+{
+    j->buf = NULL;
+    j->len = 0;
+    j->f = open_memstream(&j->buf, &j->len);
+    return j->f ? 0 : -1;
+}
+
+static enum MHD_Result jbody_send_(http_server *h, struct MHD_Connection *conn,
+                                   jbody *j)
+{
+    if (fclose(j->f) != 0) {
+        free(j->buf);
+        return MHD_NO;
+    }
+    return send_(h, conn, MHD_HTTP_OK, "application/json", j->buf, j->len,
+                 MHD_RESPMEM_MUST_FREE);
+}
+
+/* A reply that failed: {"error": message} with its HTTP code. */
+static enum MHD_Result reply_error_(http_server *h, struct MHD_Connection *conn,
+                                    const M6__Response *resp)
+{
+    if (!resp)
+        return text_(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                     "500 %s\n", "no reply from m6d's handlers");
+    json_t *o = json_pack("{s:s}", "error", resp->message ? resp->message : "");
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s) return MHD_NO;
+    return send_(h, conn, code_of_(resp->status), "application/json", s,
+                 strlen(s), MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
+{
+    M6__Request rq = M6__REQUEST__INIT;
+    M6__ListRuns lr = M6__LIST_RUNS__INIT;
+    rq.body_case = M6__REQUEST__BODY_LIST;
+    rq.list = &lr;
+    M6__Response *resp = ask_(h, &rq);
+    enum MHD_Result ret;
+    jbody j;
+    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->list) {
+        ret = reply_error_(h, conn, resp);
+    } else if (jbody_open_(&j) < 0) {
+        ret = MHD_NO;
+    } else {
+        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_ARRAY};
+        view_begin(&o);
+        for (size_t i = 0; i < resp->list->n_runs; i++) {
+            views_run_row row = {.r = resp->list->runs[i], .watch_eta = -1};
+            view_row(&o, &row);
+        }
+        view_end(&o);
+        ret = jbody_send_(h, conn, &j);
+    }
+    if (resp) m6__response__free_unpacked(resp, NULL);
+    return ret;
+}
+
+static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
+                                   int64_t id)
+{
+    M6__Request rq = M6__REQUEST__INIT;
+    M6__RunRef ref = M6__RUN_REF__INIT;
+    ref.run_id = id;
+    rq.body_case = M6__REQUEST__BODY_STATUS;
+    rq.status = &ref;
+    M6__Response *resp = ask_(h, &rq);
+    enum MHD_Result ret;
+    jbody j;
+    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->run) {
+        ret = reply_error_(h, conn, resp);
+    } else if (jbody_open_(&j) < 0) {
+        ret = MHD_NO;
+    } else {
+        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_OBJECT};
+        views_run_row row = {.r = resp->run, .watch_eta = -1};
+        view_begin(&o);
+        view_row(&o, &row);
+        view_end(&o);
+        ret = jbody_send_(h, conn, &j);
+    }
+    if (resp) m6__response__free_unpacked(resp, NULL);
+    return ret;
+}
+
+/* A query argument as a number >= 0 (absent: dflt); -1 when bad. */
+static long long arg_(struct MHD_Connection *conn, const char *key,
+                      long long dflt)
+{
+    const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, key);
+    if (!v) return dflt;
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || errno || n < 0) return -1;
+    return n;
+}
+
+static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
+                                    int64_t id)
+{
+    long long after = arg_(conn, "after", 0), limit = arg_(conn, "limit", 0);
+    if (after < 0 || limit < 0 || limit > INT32_MAX)
+        return text_(h, conn, MHD_HTTP_BAD_REQUEST,
+                     "400 %s: after and limit must be integers >= 0\n",
+                     "bad query");
+    M6__Request rq = M6__REQUEST__INIT;
+    M6__RunRef ref = M6__RUN_REF__INIT;
+    M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+    ref.run_id = id;
+    q.run = &ref;
+    q.after_step = after;
+    q.limit = (int32_t)limit;
+    rq.body_case = M6__REQUEST__BODY_METRICS;
+    rq.metrics = &q;
+    M6__Response *resp = ask_(h, &rq);
+    enum MHD_Result ret;
+    jbody j;
+    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->metrics) {
+        ret = reply_error_(h, conn, resp);
+    } else if (jbody_open_(&j) < 0) {
+        ret = MHD_NO;
+    } else {
+        const M6__MetricRows *m = resp->metrics;
+        /* as m6ctl metrics --json: an MoE run's rows with its columns */
+        view_out o = {.f = j.f, .form = VIEW_JSON_ARRAY,
+                      .v = m->n_rows && m->rows[0]->moe_aux_loss > 0
+                               ? &views_metrics_moe : &views_metrics};
+        view_begin(&o);
+        for (size_t i = 0; i < m->n_rows; i++) view_row(&o, m->rows[i]);
+        view_end(&o);
+        ret = jbody_send_(h, conn, &j);
+    }
+    if (resp) m6__response__free_unpacked(resp, NULL);
+    return ret;
+}
+
+static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
+                                   int64_t id)
+{
+    long long after = arg_(conn, "after", 0);
+    if (after < 0)
+        return text_(h, conn, MHD_HTTP_BAD_REQUEST,
+                     "400 %s: after must be an integer >= 0\n", "bad query");
+    M6__Request rq = M6__REQUEST__INIT;
+    M6__RunRef ref = M6__RUN_REF__INIT;
+    M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
+    ref.run_id = id;
+    q.run = &ref;
+    q.after_id = after;
+    rq.body_case = M6__REQUEST__BODY_EVENTS;
+    rq.events = &q;
+    M6__Response *resp = ask_(h, &rq);
+    enum MHD_Result ret;
+    jbody j;
+    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->events) {
+        ret = reply_error_(h, conn, resp);
+    } else if (jbody_open_(&j) < 0) {
+        ret = MHD_NO;
+    } else {
+        view_out o = {.f = j.f, .v = &views_events, .form = VIEW_JSON_ARRAY};
+        view_begin(&o);
+        for (size_t i = 0; i < resp->events->n_events; i++)
+            view_row(&o, resp->events->events[i]);
+        view_end(&o);
+        ret = jbody_send_(h, conn, &j);
+    }
+    if (resp) m6__response__free_unpacked(resp, NULL);
+    return ret;
+}
+
+/* /api/runs/ID[/metrics|/events] */
+static enum MHD_Result api_run_(http_server *h, struct MHD_Connection *conn,
+                                const char *url, const char *rest)
+{
+    char *end;
+    errno = 0;
+    long long id = *rest >= '0' && *rest <= '9' ? strtoll(rest, &end, 10) : 0;
+    if (id <= 0 || errno)
+        return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
+    if (!*end) return api_status_(h, conn, id);
+    if (!strcmp(end, "/metrics")) return api_metrics_(h, conn, id);
+    if (!strcmp(end, "/events")) return api_events_(h, conn, id);
+    return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
+}
+
+/* ---------------------------------------------------------------- routes */
+
+static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
+                                   const char *url, const char *method,
+                                   const char *version, const char *upload,
+                                   size_t *upload_size, void **req_cls)
+{
+    http_server *h = cls;
+    (void)version;
+    (void)upload;
+    (void)req_cls;
+    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD)) {
+        *upload_size = 0; /* the body is not read: the answer is no */
+        return text_(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                     "405 method not allowed: %s (GET or HEAD only)\n", method);
+    }
+    if (!strcmp(url, "/metrics")) {
+        char *body;
+        size_t len;
+        if (stats_render(h->cfg.stats, &body, &len) < 0)
+            return text_(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "500 %s\n",
+                         "out of memory");
+        return send_(h, conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+                     body, len, MHD_RESPMEM_MUST_FREE);
+    }
+    if (!strcmp(url, "/api/runs")) return api_list_(h, conn);
+    if (!strncmp(url, "/api/runs/", 10)) return api_run_(h, conn, url, url + 10);
+    for (int i = 0; i < http_n_assets; i++)
+        if (!strcmp(url, http_assets[i].path))
+            return send_(h, conn, MHD_HTTP_OK, http_assets[i].type,
+                         (void *)http_assets[i].data, http_assets[i].len,
+                         MHD_RESPMEM_PERSISTENT);
+    return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
+}
+
+static void mhd_log_(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = 0;
+    log_warn("http.error", "msg=\"%s\"", msg);
+}
+
+http_server *http_start(const http_config *cfg, char *err, size_t errlen)
+{
+    http_server *h = calloc(1, sizeof *h);
+    if (!h) {
+        close(cfg->fd);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->cfg = *cfg;
+    /* one polling thread (epoll) for every connection: a slow or hostile
+     * client holds only its own connection, for 15 s at most */
+    h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request_, h,
+                            MHD_OPTION_LISTEN_SOCKET, cfg->fd,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)15,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        /* the socket is not closed here: whether libmicrohttpd already
+         * did is not said, and a second close could hit another thread's
+         * new file (m6d stops anyway) */
+        snprintf(err, errlen, "libmicrohttpd did not start on the metrics socket");
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void http_stop(http_server *h)
+{
+    if (!h) return;
+    MHD_stop_daemon(h->d); /* closes the listening socket too */
+    free(h);
+}

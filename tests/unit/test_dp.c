@@ -1,0 +1,660 @@
+/*
+ * test_dp.c — data-parallel training (trainer_set_collectives) against the
+ * one-node run, on real text (fortunes shards), without the daemon: each
+ * rank is a separate process (this program run again as "rank ..."), its
+ * trainer joined to the others by Gloo over loopback, bootstrapped through
+ * a file store (tests/common/file_store.h).
+ *
+ *   same losses   2 and 3 ranks, through a delink (3 pseudo steps, 3 real),
+ *                 against one node with the same global batch: train and
+ *                 validation losses and final weights within the
+ *                 tolerances below; the ranks' weights bitwise identical
+ *                 after every step
+ *   coverage      every step, the ranks' windows in rank order are exactly
+ *                 the one-node step's windows: each used once, by one rank
+ *   accumulation  microbatch 1 and grad_accum 4 on each of W ranks (2, 3)
+ *                 against one node at batch 4W: weights after 3 steps within
+ *                 tolerance, identical across ranks at every step (an
+ *                 all-reduce per microbatch would count gradients twice)
+ *   buckets       2 ranks with 1000-float buckets (boundaries inside every
+ *                 tensor region) and with the default: bitwise the same
+ *                 (with two ranks each sum is a+b or b+a, equal in IEEE)
+ *   join          pseudo phase on 1 rank, real on 2: rank 0 trains the
+ *                 pseudo phase alone, delinks, and broadcasts weights and
+ *                 moments to rank 1; the real steps match the one-node run
+ *   repeatable    3 ranks run twice: bitwise the same losses and weights
+ *   killed        2 ranks, rank 1 killed after step 2: rank 0's step 3
+ *                 fails with TRAINER_ECOLL within nodes.timeout
+ *   refused       a group whose world size is not the spec's, in process
+ *
+ * Tolerances. Data parallelism changes only the order of float additions:
+ * a rank's gradient is the sum over its own microbatches and rows, then
+ * the ranks' sums are added, where one node adds all rows in one pass.
+ * fp32 rounding of such reorderings is ~1e-7 relative per gradient
+ * element, and over 6 steps of a 2-layer model the losses and gradient
+ * norms differ by ~1e-7 (at most 2e-6 measured). LOSS_TOL, 1e-4 relative,
+ * leaves a factor of 50 for that; it applies to the train and validation
+ * losses and to the gradient norm. The norm is what catches a wrong scale
+ * (a rank's share weighted as a whole batch doubles it), which AdamW's
+ * update m/sqrt(v) hides from the weights. Weights: AdamW's update of an
+ * element whose gradient is near zero follows that gradient's rounding,
+ * so the largest single difference is ~5e-5 after 6 steps at lr 0.01 (a
+ * step moves an element by up to 1e-2); PARAM_TOL 5e-4 absolute.
+ *
+ * Exit 77 without Gloo or without the fortunes text.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/corpus/corpus.h"
+#include "dist/collectives.h"
+#include "train/spec.h"
+#include "train/trainer.h"
+#include "../common/file_store.h"
+
+#define FORTUNES "/usr/share/games/fortunes"
+#define LOSS_TOL 1e-4
+#define PARAM_TOL 5e-4
+#define MAX_STEPS 16
+#define MAX_WIN 64
+#define KILL_TIMEOUT_S 3
+#define SLACK_S 5.0
+
+/* ------------------------------------------------------------ a rank */
+
+/* FNV-1a over the weights: equal across ranks means bitwise equal */
+static uint64_t fnv_(const float *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n * sizeof(float); i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
+                       int world, int timeout_ms, m6_store *st,
+                       file_store *fs)
+{
+    snprintf(fs->dir, sizeof fs->dir, "%s", store_dir);
+    *st = file_store_table(fs);
+    m6_coll_config cfg = {"gloo", rank, world, st, prefix, timeout_ms,
+                          "127.0.0.1", 0};
+    m6_err err = M6_ERR_NONE;
+    m6_coll *c = m6_coll_init(&cfg, &err);
+    if (!c)
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+    m6_err_free(&err);
+    return c;
+}
+
+/* rank SPEC OUT WORLD RANK STORE BUCKET MODE: train the spec to its end
+ * (delinking after pseudo.steps), one line per step into OUT, the final
+ * weights into OUT.params. MODE: plain, join (pseudo phase on rank 0
+ * alone, rank 1 joins at the delink), die (rank 1 killed after step 2;
+ * rank 0 expects TRAINER_ECOLL). */
+static int rank_main_(int argc, char **argv)
+{
+    const char *spec_path = argv[2], *out_path = argv[3];
+    int world = atoi(argv[4]), rank = atoi(argv[5]);
+    const char *store_dir = argv[6], *mode = argv[8];
+    size_t bucket = (size_t)atol(argv[7]);
+    (void)argc;
+    srandom((unsigned)getpid());
+    run_spec spec;
+    char e[1024];
+    if (spec_load_file(&spec, spec_path, e, sizeof e) != 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, e);
+        return 1;
+    }
+    m6_err err = M6_ERR_NONE;
+    trainer *t = trainer_create(&spec, &err);
+    if (!t) {
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    if (bucket)
+        trainer_set_bucket_floats(t, bucket);
+    int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
+    int timeout_ms = spec.nodes.timeout * 1000;
+    m6_store st;
+    file_store fs;
+    m6_coll *c = NULL;
+    if (world > 1 && !join) {
+        if (!(c = group_(store_dir, "g0", rank, world, timeout_ms, &st, &fs)))
+            return 1;
+        if (trainer_set_collectives(t, c, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+    }
+    if (join && rank == 1) {
+        /* waits for rank 0 to finish the pseudo phase */
+        if (!(c = group_(store_dir, "g1", rank, world, 120000, &st, &fs)))
+            return 1;
+        if (trainer_broadcast_state(t, c, 0, &err) != 0 ||
+            trainer_set_collectives(t, c, &err) != 0) {
+            fprintf(stderr, "rank %d: join: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+    }
+    FILE *out = fopen(out_path, "w");
+    size_t np = trainer_copy_state(t, 0, NULL);
+    float *w = malloc(np * sizeof(float) * 2);  /* room after the delink */
+    while (trainer_step_count(t) < spec.train.steps) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == spec.pseudo.steps) {
+            if (trainer_delink(t, e, sizeof e) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, e);
+                return 1;
+            }
+            np = trainer_copy_state(t, 0, NULL);
+            w = realloc(w, np * sizeof(float));
+            if (join && rank == 0) {
+                if (!(c = group_(store_dir, "g1", rank, world, 120000, &st,
+                                 &fs)))
+                    return 1;
+                if (trainer_broadcast_state(t, c, 0, &err) != 0 ||
+                    trainer_set_collectives(t, c, &err) != 0) {
+                    fprintf(stderr, "rank 0: join: %s\n", m6_err_msg(&err));
+                    return 1;
+                }
+            }
+        }
+        if (die && rank == 1 && trainer_step_count(t) == 2) {
+            fclose(out);
+            raise(SIGKILL);
+        }
+        step_result r;
+        double t0 = file_store_now_();
+        long before = trainer_step_count(t);
+        int rc = trainer_step(t, &r, &err);
+        if (die && rank == 0 && before == 2) {
+            double dt = file_store_now_() - t0;
+            fprintf(stderr, "rank 0: step 3: rc %d after %.2f s: %s\n", rc,
+                    dt, m6_err_msg(&err));
+            fprintf(out, "ecoll %d %.3f\n", rc == TRAINER_ECOLL, dt);
+            fclose(out);
+            return rc == TRAINER_ECOLL && dt < KILL_TIMEOUT_S + SLACK_S
+                       ? 0 : 1;
+        }
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: step %ld: %s\n", rank,
+                    trainer_step_count(t) + 1, m6_err_msg(&err));
+            return 1;
+        }
+        trainer_copy_state(t, 0, w);
+        size_t pos[MAX_WIN];
+        size_t nw = trainer_step_windows(t, pos);
+        fprintf(out, "%ld %a %a %a %016llx %zu", r.step,
+                (double)r.train_loss, (double)r.val_loss,
+                (double)r.grad_norm, (unsigned long long)fnv_(w, np), nw);
+        for (size_t i = 0; i < nw; i++)
+            fprintf(out, " %zu", pos[i]);
+        fputc('\n', out);
+    }
+    fclose(out);
+    char pp[600];
+    if (rank == 0 && world > 1) {
+        /* rank 0 writes the replicated state; the checkpoint says the
+         * world size, and a one-node trainer of the spec takes it */
+        snprintf(pp, sizeof pp, "%s.ckpt", out_path);
+        if (trainer_save(t, pp, &err) < 0) {
+            fprintf(stderr, "rank 0: save: %s\n", m6_err_msg(&err));
+            return 1;
+        }
+        snprintf(pp, sizeof pp, "%s.ckpt/meta.json", out_path);
+        FILE *mf = fopen(pp, "r");
+        char meta[8192] = "", want[64];
+        size_t ml = mf ? fread(meta, 1, sizeof meta - 1, mf) : 0;
+        meta[ml] = 0;
+        if (mf)
+            fclose(mf);
+        snprintf(want, sizeof want, "\"world_size\": %d", world);
+        if (!strstr(meta, want)) {
+            fprintf(stderr, "rank 0: meta.json lacks %s\n", want);
+            return 1;
+        }
+        trainer *t1 = trainer_create(&spec, &err);
+        float *w1 = malloc(np * sizeof(float));
+        snprintf(pp, sizeof pp, "%s.ckpt", out_path);
+        if (!t1 || trainer_load(t1, pp, &err) != 0 ||
+            trainer_copy_state(t1, 0, w1) != np ||
+            memcmp(w1, w, np * sizeof(float)) != 0) {
+            fprintf(stderr, "rank 0: the checkpoint does not load into a "
+                    "one-node trainer as written: %s\n", m6_err_msg(&err));
+            return 1;
+        }
+        free(w1);
+        trainer_free(t1);
+    }
+    snprintf(pp, sizeof pp, "%s.params", out_path);
+    FILE *f = fopen(pp, "wb");
+    fwrite(w, sizeof(float), np, f);
+    fclose(f);
+    trainer_free(t);
+    m6_coll_destroy(c);
+    m6_err_free(&err);
+    free(w);
+    return 0;
+}
+
+/* ------------------------------------------------------------ results */
+
+typedef struct {
+    int n;
+    long step[MAX_STEPS];
+    double loss[MAX_STEPS], val[MAX_STEPS], norm[MAX_STEPS];
+    unsigned long long sum[MAX_STEPS];
+    size_t nw[MAX_STEPS], win[MAX_STEPS][MAX_WIN];
+    float *params;
+    size_t np;
+} result;
+
+static int load_(const char *path, result *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    while (r->n < MAX_STEPS && fgets(line, sizeof line, f)) {
+        int i = r->n, off;
+        if (sscanf(line, "%ld %la %la %la %llx %zu%n", &r->step[i],
+                   &r->loss[i], &r->val[i], &r->norm[i], &r->sum[i],
+                   &r->nw[i], &off) != 6)
+            break;
+        char *p = line + off;
+        for (size_t k = 0; k < r->nw[i] && k < MAX_WIN; k++) {
+            int o2;
+            sscanf(p, " %zu%n", &r->win[i][k], &o2);
+            p += o2;
+        }
+        r->n++;
+    }
+    fclose(f);
+    char pp[600];
+    snprintf(pp, sizeof pp, "%s.params", path);
+    if ((f = fopen(pp, "rb"))) {
+        fseek(f, 0, SEEK_END);
+        r->np = (size_t)ftell(f) / sizeof(float);
+        fseek(f, 0, SEEK_SET);
+        r->params = malloc(r->np * sizeof(float) + 1);
+        if (fread(r->params, sizeof(float), r->np, f) != r->np)
+            r->np = 0;
+        fclose(f);
+    }
+    return 0;
+}
+
+static char dir_[256];
+static const char *self_;
+static int failures_;
+
+#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "FAIL: "); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
+    while (0)
+
+/* The spec file tag.json: the shared shape, then extra members. */
+static void write_spec_(const char *tag, int B, int accum, long steps,
+                        long pseudo, const char *extra)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"name\": \"%s\",\n"
+            " \"data\": {\"train\": \"%s/data/train_*.bin\", "
+            "\"val\": \"%s/data/val_*.bin\"},\n"
+            " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 32,"
+            " \"n_head\": 2, \"seq_len\": 32},\n"
+            " \"pseudo\": {\"steps\": %ld},\n"
+            " \"train\": {\"steps\": %ld, \"batch_size\": %d, \"grad_accum\":"
+            " %d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
+            " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
+            " \"eval_batches\": 6},\n"
+            " \"device\": {\"threads\": 1}%s%s}\n",
+            tag, dir_, dir_, pseudo, steps, B, accum, extra[0] ? ",\n " : "",
+            extra);
+    fclose(f);
+}
+
+/* Run ranks [0, world) of spec tag (outputs tag-R.out); 0 when all
+ * exit 0 within limit_s. */
+static int run_(const char *tag, const char *spec_tag, int world,
+                size_t bucket, const char *mode, double limit_s)
+{
+    char spec[512], store[512], cmd[700];
+    snprintf(spec, sizeof spec, "%s/%s.json", dir_, spec_tag);
+    snprintf(store, sizeof store, "%s/store-%s", dir_, tag);
+    mkdir(store, 0755);
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        char out[512], ws[16], rs[16], bs[32];
+        snprintf(out, sizeof out, "%s/%s-%d.out", dir_, tag, r);
+        snprintf(ws, sizeof ws, "%d", world);
+        snprintf(rs, sizeof rs, "%d", r);
+        snprintf(bs, sizeof bs, "%zu", bucket);
+        if ((pids[r] = fork()) == 0) {
+            execl(self_, self_, "rank", spec, out, ws, rs, store, bs, mode,
+                  (char *)NULL);
+            _exit(127);
+        }
+    }
+    int bad = 0, left = world, done[8] = {0};
+    double end = file_store_now_() + limit_s;
+    while (left > 0) {
+        for (int r = 0; r < world; r++) {
+            int status;
+            if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
+                continue;
+            done[r] = 1;
+            left--;
+            int killed_ok = strcmp(mode, "die") == 0 && r == 1;
+            if (!killed_ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                fprintf(stderr, "%s: rank %d failed (status 0x%x)\n", tag, r,
+                        status);
+                bad = 1;
+            }
+        }
+        if (left > 0 && file_store_now_() > end) {
+            fprintf(stderr, "%s: ranks hung after %.0f s: killed\n", tag,
+                    limit_s);
+            for (int r = 0; r < world; r++)
+                if (!done[r])
+                    kill(pids[r], SIGKILL);
+            bad = 1;
+            end = file_store_now_() + 60;
+        }
+        usleep(20000);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", store);
+    CHECK(!bad, "%s: a rank failed", tag);
+    return bad;
+}
+
+static void load_tag_(const char *tag, int r, result *res)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s-%d.out", dir_, tag, r);
+    if (load_(p, res) != 0)
+        memset(res, 0, sizeof *res);
+}
+
+static double rel_(double a, double b)
+{
+    return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12);
+}
+
+static double max_param_diff_(const result *a, const result *b)
+{
+    if (a->np != b->np || a->np == 0)
+        return INFINITY;
+    double m = 0;
+    for (size_t i = 0; i < a->np; i++) {
+        double d = fabs((double)a->params[i] - b->params[i]);
+        if (!(d <= m))
+            m = d;
+    }
+    return m;
+}
+
+/* Ranks of tag against the one-node ref: losses, val losses, weights; the
+ * ranks' weights identical every step; coverage (windows) when check_win.
+ * first: the first step the ranks ran (join: the real phase). */
+static void compare_(const char *tag, int world, const result *ref,
+                     int check_win, int check_val, int first)
+{
+    result rk[8];
+    double worst_loss = 0, worst_val = 0, worst_norm = 0;
+    for (int r = 0; r < world; r++)
+        load_tag_(tag, r, &rk[r]);
+    int nref = ref->n, n = rk[0].n;
+    for (int r = 0; r < world; r++) {
+        int n0 = rk[r].n;
+        CHECK(n0 > 0, "%s: rank %d recorded no steps", tag, r);
+        for (int i = 0; i < n0; i++) {
+            int j = (int)rk[r].step[i] - 1;
+            if (j < 0 || j >= nref)
+                continue;
+            double d = rel_(rk[r].loss[i], ref->loss[j]);
+            if (d > worst_loss)
+                worst_loss = d;
+            CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: loss %.9g, one node "
+                  "%.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
+                  rk[r].loss[i], ref->loss[j], d, LOSS_TOL);
+            double dn = rel_(rk[r].norm[i], ref->norm[j]);
+            if (dn > worst_norm)
+                worst_norm = dn;
+            CHECK(dn <= LOSS_TOL, "%s: rank %d step %ld: gradient norm %.9g, "
+                  "one node %.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
+                  rk[r].norm[i], ref->norm[j], dn, LOSS_TOL);
+            if (check_val && !isnan(ref->val[j])) {
+                double dv = rel_(rk[r].val[i], ref->val[j]);
+                if (dv > worst_val)
+                    worst_val = dv;
+                CHECK(dv <= LOSS_TOL, "%s: rank %d step %ld: val %.9g, one "
+                      "node %.9g", tag, r, rk[r].step[i], rk[r].val[i],
+                      ref->val[j]);
+            }
+            CHECK(rk[r].sum[i] == rk[0].sum[i], "%s: step %ld: rank %d's "
+                  "weights differ from rank 0's", tag, rk[r].step[i], r);
+        }
+        double pd = max_param_diff_(&rk[r], ref);
+        CHECK(pd <= PARAM_TOL, "%s: rank %d: final weights differ from one "
+              "node's by %.3g (> %g)", tag, r, pd, PARAM_TOL);
+    }
+    CHECK(n > 0 && rk[0].step[0] == first + 1 && rk[0].step[n - 1] ==
+          ref->step[nref - 1], "%s: ran steps %ld..%ld, want %d..%ld", tag,
+          n ? rk[0].step[0] : 0, n ? rk[0].step[n - 1] : 0, first + 1,
+          ref->step[nref - 1]);
+    if (check_win)
+        for (int i = 0; i < n && i < nref; i++) {
+            size_t k = 0, ok = 1;
+            for (int r = 0; r < world; r++)
+                for (size_t q = 0; q < rk[r].nw[i]; q++, k++)
+                    ok = ok && k < ref->nw[i] && rk[r].win[i][q] ==
+                                                     ref->win[i][k];
+            CHECK(ok && k == ref->nw[i], "%s: step %d: the ranks' windows "
+                  "are not the one-node batch's, each once", tag, i + 1);
+        }
+    printf("%-12s %d ranks: max rel diff: loss %.2g, val %.2g, grad norm "
+           "%.2g; weights max abs diff %.2g\n", tag, world, worst_loss,
+           worst_val, worst_norm, max_param_diff_(&rk[0], ref));
+    for (int r = 0; r < world; r++)
+        free(rk[r].params);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 9 && strcmp(argv[1], "rank") == 0)
+        return rank_main_(argc, argv);
+    if (!m6_coll_available("gloo")) {
+        printf("SKIP: m6 was built without Gloo\n");
+        return 77;
+    }
+    struct stat sb;
+    if (stat(FORTUNES, &sb) != 0) {
+        printf("SKIP: no %s (fortunes-min)\n", FORTUNES);
+        return 77;
+    }
+    static char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return 1;
+    exe[n] = 0;
+    self_ = exe;
+    snprintf(dir_, sizeof dir_, "/tmp/m6-dp-XXXXXX");
+    if (!mkdtemp(dir_)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char data[300], e[512];
+    snprintf(data, sizeof data, "%s/data", dir_);
+    const char *in[1] = {FORTUNES};
+    prepare_stats ps;
+    if (data_prepare(data, in, 1, 0.05, 0, &ps, NULL, NULL, e, sizeof e) != 0) {
+        fprintf(stderr, "data prepare: %s\n", e);
+        return 1;
+    }
+    /* same losses, coverage: 3 pseudo + 3 real steps, B 6 */
+    write_spec_("one", 6, 1, 6, 3, "");
+    write_spec_("w2", 6, 1, 6, 3, "\"nodes\": {\"world_size\": 2}");
+    write_spec_("w3", 6, 1, 6, 3, "\"nodes\": {\"world_size\": 3}");
+    write_spec_("join", 6, 1, 6, 3,
+                "\"nodes\": {\"world_size\": 2, \"pseudo_world_size\": 1}");
+    /* accumulation: microbatch 1, grad_accum 4 per rank vs one node at 4W */
+    write_spec_("acc2", 1, 8, 3, 0, "\"nodes\": {\"world_size\": 2}");
+    write_spec_("acc2_one", 8, 1, 3, 0, "");
+    write_spec_("acc3", 1, 12, 3, 0, "\"nodes\": {\"world_size\": 3}");
+    write_spec_("acc3_one", 12, 1, 3, 0, "");
+    char kill_extra[96];
+    snprintf(kill_extra, sizeof kill_extra,
+             "\"nodes\": {\"world_size\": 2, \"timeout\": %d}",
+             KILL_TIMEOUT_S);
+    write_spec_("kill", 6, 1, 6, 3, kill_extra);
+
+    result one, r2, r2b, acc_one;
+    run_("one", "one", 1, 0, "plain", 120);
+    load_tag_("one", 0, &one);
+    CHECK(one.n == 6, "one node: %d steps recorded, want 6", one.n);
+
+    run_("w2", "w2", 2, 0, "plain", 120);
+    compare_("w2", 2, &one, 1, 1, 0);
+    run_("w3", "w3", 3, 0, "plain", 120);
+    compare_("w3", 3, &one, 1, 1, 0);
+
+    /* repeatable: 3 ranks again, bitwise */
+    run_("w3r", "w3", 3, 0, "plain", 120);
+    {
+        result a, b;
+        load_tag_("w3", 2, &a);
+        load_tag_("w3r", 2, &b);
+        int eq = a.n == b.n && a.n > 0 && a.np == b.np && a.np > 0 &&
+                 memcmp(a.params, b.params, a.np * sizeof(float)) == 0;
+        for (int i = 0; eq && i < a.n; i++)
+            eq = a.loss[i] == b.loss[i] && a.sum[i] == b.sum[i] &&
+                 (a.val[i] == b.val[i] ||
+                  (isnan(a.val[i]) && isnan(b.val[i])));
+        CHECK(eq, "repeatable: two 3-rank runs differ");
+        printf("repeatable   3 ranks: two runs %s\n",
+               eq ? "bitwise equal" : "DIFFER");
+        free(a.params);
+        free(b.params);
+    }
+
+    /* buckets: bitwise with two ranks */
+    run_("w2b", "w2", 2, 1000, "plain", 120);
+    load_tag_("w2", 0, &r2);
+    load_tag_("w2b", 0, &r2b);
+    int same = r2.n == r2b.n && r2.n > 0 && r2.np == r2b.np && r2.np > 0 &&
+               memcmp(r2.params, r2b.params, r2.np * sizeof(float)) == 0;
+    for (int i = 0; same && i < r2.n; i++)
+        same = r2.loss[i] == r2b.loss[i] && r2.sum[i] == r2b.sum[i];
+    CHECK(same, "buckets: 2 ranks with 1000-float buckets differ from the "
+          "default buckets");
+    printf("buckets      2 ranks: 1000-float and default buckets %s\n",
+           same ? "bitwise equal" : "DIFFER");
+
+    run_("acc2_one", "acc2_one", 1, 0, "plain", 120);
+    load_tag_("acc2_one", 0, &acc_one);
+    run_("acc2", "acc2", 2, 0, "plain", 120);
+    compare_("acc2", 2, &acc_one, 1, 0, 0);
+    free(acc_one.params);
+    run_("acc3_one", "acc3_one", 1, 0, "plain", 120);
+    load_tag_("acc3_one", 0, &acc_one);
+    run_("acc3", "acc3", 3, 0, "plain", 120);
+    compare_("acc3", 3, &acc_one, 1, 0, 0);
+    free(acc_one.params);
+
+    /* join at the delink: the real steps (4..6) as one node's */
+    run_("join", "join", 2, 0, "join", 120);
+    {
+        result j1;
+        load_tag_("join", 1, &j1);
+        CHECK(j1.n == 3 && j1.step[0] == 4, "join: rank 1 ran %d steps from "
+              "%ld, want 3 from 4", j1.n, j1.n ? j1.step[0] : 0);
+        free(j1.params);
+        result j0;
+        load_tag_("join", 0, &j0);
+        for (int i = 0; i < j0.n && j1.n == 3; i++)
+            if (j0.step[i] >= 4)
+                CHECK(j0.sum[i] == j1.sum[i - 3], "join: step %ld: ranks' "
+                      "weights differ", j0.step[i]);
+        free(j0.params);
+        compare_("join", 1, &one, 0, 1, 0);
+    }
+
+    /* a rank killed mid-run */
+    run_("kill", "kill", 2, 0, "die", 60);
+    {
+        char p[512], line[128];
+        snprintf(p, sizeof p, "%s/kill-0.out", dir_);
+        FILE *f = fopen(p, "r");
+        int ok = 0;
+        double dt = -1;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "ecoll %d %lf", &ok, &dt) == 2)
+                break;
+        if (f)
+            fclose(f);
+        CHECK(ok == 1 && dt >= 0 && dt < KILL_TIMEOUT_S + SLACK_S,
+              "killed: rank 0's step did not fail with TRAINER_ECOLL in "
+              "time (ok %d, %.2f s)", ok, dt);
+        printf("killed       rank 1 gone: rank 0's step failed after %.2f s "
+               "(nodes.timeout %d s)\n", dt, KILL_TIMEOUT_S);
+    }
+
+    /* refused: a group of 1 for a spec of 2 ranks (in process, after the
+     * children: this process now runs OpenMP) */
+    {
+        run_spec sp;
+        char p[512];
+        snprintf(p, sizeof p, "%s/w2.json", dir_);
+        m6_err err = M6_ERR_NONE;
+        CHECK(spec_load_file(&sp, p, e, sizeof e) == 0, "%s", e);
+        trainer *t = trainer_create(&sp, &err);
+        file_store fs;
+        m6_store st;
+        char sd[512];
+        snprintf(sd, sizeof sd, "%s/store-refused", dir_);
+        mkdir(sd, 0755);
+        m6_coll *c = group_(sd, "g", 0, 1, 5000, &st, &fs);
+        CHECK(t && c, "refused: setup: %s", m6_err_msg(&err));
+        if (t && c) {
+            int rc = trainer_set_collectives(t, c, &err);
+            CHECK(rc == -1 && err.code == M6_EINVALID &&
+                  strstr(m6_err_msg(&err), "a group of 1 rank, but the "
+                         "spec's pseudo phase has nodes.world_size 2"),
+                  "refused: got %d '%s'", rc, m6_err_msg(&err));
+            CHECK(trainer_world_size(t) == 1, "refused: the trainer changed");
+            printf("refused      %s\n", m6_err_msg(&err));
+            CHECK(trainer_broadcast_state(t, NULL, 0, &err) == -1,
+                  "refused: broadcast without a group accepted");
+        }
+        m6_coll_destroy(c);
+        trainer_free(t);
+        m6_err_free(&err);
+    }
+
+    free(one.params);
+    free(r2.params);
+    free(r2b.params);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
+    if (failures_ == 0 && !getenv("M6_KEEP") && system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir_);
+    if (failures_)
+        fprintf(stderr, "%d failures; files kept in %s\n", failures_, dir_);
+    return failures_ ? 1 : 0;
+}
