@@ -4,8 +4,9 @@
 #      the rule computed here by hand (Python) from the validation losses
 #      m6.db recorded, and the event says reason=plateau with the figures;
 #   2. pseudo.steps still bounds the pseudo phase when no plateau comes;
-#   3. across restarts (one before the plateau, one after the delink) the
-#      run delinks once, at the uninterrupted run's step, with its figures;
+#   3. across restarts (one before the plateau, one after the delink, a
+#      kill -9 between checkpoints) the run delinks once, at the
+#      uninterrupted run's step, with its figures;
 #   4. bad values are refused at submit, naming the key; m6d keeps serving.
 . "$(dirname "$0")/lib.sh"
 
@@ -129,6 +130,31 @@ OUT=$(check_rule "$T/s" "$C" 0.05 2 150) || fail "restarted run against the rule
 C_EVENT=$(db "$T/s" "select detail from events where run=$C and kind='delink'")
 [ "$C_EVENT" = "$A_EVENT" ] || fail "delink events differ: '$C_EVENT' vs '$A_EVENT'"
 
+# 3b. A crash (kill -9) between checkpoints: the rows past the checkpoint
+# (passes among them) are dropped and redone; the passes up to it come
+# back from m6.db. Steps of 50 ms (test hook) so the kill lands between
+# checkpoints (every 10 steps) and well before the plateau.
+plat_spec "$T/d.json" plat-d 160 150 '{"policy": "plateau", "min_delta": 0.05, "patience": 2}'
+stop_daemon
+M6_TEST_STEP_DELAY_MS=50 start_daemon "$T/s"
+D=$(ctl submit "$T/d.json")
+end=$((SECONDS + 60))
+while :; do
+    s=$(db "$T/s" "select step from runs where id=$D")
+    [ -n "$s" ] && [ "$s" -ge 36 ] && [ $((s % 10)) -ge 6 ] && [ $((s % 10)) -le 8 ] && break
+    [ "$SECONDS" -le "$end" ] || fail "run $D: step ${s:-?}, no kill point"
+    sleep 0.005
+done
+kill9_daemon
+start_daemon "$T/s"
+ctl watch "$D" >/dev/null || fail "crashed run did not complete"
+R=$(db "$T/s" "select detail from events where run=$D and kind='resume.restart'")
+echo "$R" | grep -Eq "metrics_dropped=[1-9]" || fail "crash left no rows to redo: $R (killed at step $s)"
+OUT=$(check_rule "$T/s" "$D" 0.05 2 150) || fail "crashed run against the rule by hand"
+[ "${OUT%% *}" = "$A_STEP" ] || fail "crashed run delinked at ${OUT%% *}, the uninterrupted one at $A_STEP"
+[ "$(db "$T/s" "select detail from events where run=$D and kind='delink'")" = "$A_EVENT" ] \
+    || fail "crashed run's delink event differs from '$A_EVENT'"
+
 # 4. Refusals at submit, each naming its key; m6d keeps serving.
 refused() {  # refused DELINK_JSON PSEUDO_STEPS EVAL_EVERY ERE
     plat_spec "$T/bad.json" bad 50 "$2" "$1" "$3"
@@ -145,6 +171,6 @@ refused '{"policy": "plateau"}' 40 0 'delink\.policy: .*train\.eval_every is 0'
 refused '{"min_delta": 0.1}' 40 5 'delink\.min_delta: set, but delink\.policy is "step"'
 refused '{"patience": 4}' 40 5 'delink\.patience: set, but delink\.policy is "step"'
 ctl list >/dev/null || fail "m6d stopped serving after the refusals"
-[ "$(db "$T/s" "select count(*) from runs")" = 3 ] || fail "a refused spec was queued"
+[ "$(db "$T/s" "select count(*) from runs")" = 4 ] || fail "a refused spec was queued"
 stop_daemon
-echo "ok: plateau at step $A_STEP; bound at 40; restarts; refusals"
+echo "ok: plateau at step $A_STEP; bound at 40; restarts; crash; refusals"
