@@ -75,6 +75,12 @@ static void r_phase_text_(const void *row, view_val *v)
     else if (real && r->delink_step >= 0)
         snprintf(v->buf, sizeof v->buf, "real (delinked at step %lld)",
                  (long long)r->delink_step);
+    else if (!real && r->pseudo_steps > 0 && !views_terminal(r->state) &&
+             r->delink_policy && strcmp(r->delink_policy, "plateau") == 0 &&
+             r->next_delink_step == r->pseudo_steps)
+        /* delink.policy plateau, no operator delink pending */
+        snprintf(v->buf, sizeof v->buf, "pseudo (delink on a plateau, at "
+                 "step %lld at the latest)", (long long)r->pseudo_steps);
     else if (!real && r->pseudo_steps > 0 && !views_terminal(r->state))
         /* next_delink_step: the current step while an operator's delink
          * is pending, else pseudo_steps (0 from an m6d without it) */
@@ -129,6 +135,10 @@ static void r_pending_(const void *row, view_val *v)
 static void r_backend_(const void *row, view_val *v)
 {
     v->s = R_->backend && *R_->backend ? R_->backend : NULL;
+}
+static void r_policy_(const void *row, view_val *v)
+{
+    v->s = R_->delink_policy && *R_->delink_policy ? R_->delink_policy : NULL;
 }
 static void r_res_(const void *row, view_val *v) { v->i = R_->resident_slots; }
 static void r_off_(const void *row, view_val *v) { v->i = R_->offloaded_slots; }
@@ -233,6 +243,7 @@ static const view_field run_fields_[] = {
     {"lr", 0, 0, 0, VIEW_F32, VF_PLAIN, 0, r_lr_},
     {"pseudo_steps", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_pseudo_},
     {"delink_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, r_delink_},
+    {"delink_policy", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_policy_},
     {"eta_s", 0, "eta", 0, VIEW_F64, VF_SECONDS, 0, r_eta_},
     {"checkpoint_step", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, r_ckpt_},
     {0, 0, "checkpoint", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_ckpt_text_},

@@ -228,6 +228,8 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
             ri->pseudo_steps = spec.pseudo.steps;
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
             ri->backend = (char *)(spec.device.backend == BACKEND_CUDA ? "cuda" : "cpu");
+            ri->delink_policy = (char *)(spec.delink.policy == DELINK_AT_PLATEAU
+                                             ? "plateau" : "step");
         }
     }
     /* a delink to come: only for a live run still in the pseudo phase */

@@ -93,6 +93,13 @@ typedef struct {
                              * id (c->cmd_last at worker_boundary) */
     int64_t cmd_marked;     /* marked applied in m6.db up to this id */
     coord_offload off;     /* latest placement, published to c->offload */
+    /* delink.policy plateau: the pseudo phase's validation passes so far,
+     * in step order (from m6.db's rows at set-up, then as they come):
+     * best[i] the least loss of passes 0..i, val the newest loss */
+    double *best;
+    int n_evals, cap_evals;
+    double val;
+    int plateau_seed_owed;  /* the passes before this life not read yet */
     double flops_per_token; /* model FLOPs per training token (MFU) */
 } run_ctx;
 
@@ -231,6 +238,78 @@ static int flush_(run_ctx *r, m6_err *err)
     return 0;
 }
 
+/* --------------------------------------------------------- phase policy */
+
+/* delink.policy plateau: note a validation pass of the pseudo phase
+ * (loss in nats per token). Out of memory: logged, the pass is not
+ * counted (the pseudo.steps bound still delinks). */
+static void plateau_note_(run_ctx *r, double val_loss)
+{
+    if (r->spec.delink.policy != DELINK_AT_PLATEAU || !isfinite(val_loss))
+        return;
+    if (r->n_evals == r->cap_evals) {
+        int cap = r->cap_evals ? 2 * r->cap_evals : 64;
+        double *b = realloc(r->best, (size_t)cap * sizeof *b);
+        if (!b) {
+            log_error("run.plateau", "run=%lld: out of memory, validation "
+                      "pass not counted", (long long)r->id);
+            return;
+        }
+        r->best = b;
+        r->cap_evals = cap;
+    }
+    double prev = r->n_evals ? r->best[r->n_evals - 1] : INFINITY;
+    r->best[r->n_evals++] = val_loss < prev ? val_loss : prev;
+    r->val = val_loss;
+}
+
+/* delink.policy plateau, the rule (DESIGN.md "Phase policy: plateau"):
+ * with passes 1..n and best_i the least loss of passes 1..i, the pseudo
+ * phase has plateaued at pass n when n > patience and
+ * best_{n-patience} - best_n < min_delta. 1 with the event's detail
+ * ("val=V best=B prior_best=P evals=N") in buf; 0 not (yet). */
+static int plateau_reached_(const run_ctx *r, char *buf, size_t len)
+{
+    int p = r->spec.delink.patience, n = r->n_evals;
+    if (r->spec.delink.policy != DELINK_AT_PLATEAU || n <= p) return 0;
+    double now = r->best[n - 1], prior = r->best[n - 1 - p];
+    if (!(prior - now < (double)r->spec.delink.min_delta)) return 0;
+    snprintf(buf, len, "val=%.9g best=%.9g prior_best=%.9g evals=%d", r->val,
+             now, prior, n);
+    return 1;
+}
+
+/* delink.policy plateau at set-up: the passes this trajectory made in the
+ * pseudo phase, from m6.db's metrics rows up to the step the trainer
+ * resumes from (rows past it are the ones align_tables_ drops). A run in
+ * the real phase needs none. -1 if the rows cannot be read (the run
+ * pauses: the rule would miss passes). */
+static int plateau_seed_(run_ctx *r, m6_err *err)
+{
+    if (!r->plateau_seed_owed) return 0;
+    if (r->spec.delink.policy != DELINK_AT_PLATEAU ||
+        trainer_phase(r->t) != PHASE_PSEUDO) {
+        r->plateau_seed_owed = 0;
+        return 0;
+    }
+    metric_row *rows = NULL;
+    int n = 0;
+    if (state_metrics_list(r->c->st, r->id, 0, &rows, &n) < 0) {
+        char db[512];
+        state_last_error(r->c->st, db, sizeof db);
+        m6_err_set(err, M6_EINTERNAL, "reading the validation losses of the "
+                   "pseudo phase (delink.policy plateau) from m6.db: %s", db);
+        return -1;
+    }
+    long step = trainer_step_count(r->t);
+    for (int i = 0; i < n; i++)
+        if (rows[i].phase == 0 && rows[i].step <= step)
+            plateau_note_(r, rows[i].val_loss);
+    free(rows);
+    r->plateau_seed_owed = 0;
+    return 0;
+}
+
 /* The code of a data error (rc TRAINER_EDATA or TRAINER_ENOFILE): what
  * the handler's advice is keyed by (`m6ctl resume` reopens the data). */
 static m6_code data_code_(int rc)
@@ -255,6 +334,7 @@ static int retry_data_(run_ctx *r, m6_err *err)
     }
     if (r->eval_owed) {
         r->pending.val_loss = v;
+        if (r->pending.phase == 0) plateau_note_(r, v);
         r->metric_pending = 1;
         r->eval_owed = 0;
     }
@@ -281,7 +361,9 @@ static void answer_locked_(coord *c, long ticket, const char *err,
     pthread_cond_broadcast(&c->cv);
 }
 
-static void delink_(run_ctx *r, const char *reason)
+/* Delink now, the event saying why (reason: spec, plateau, operator,
+ * replay) and, when detail is not NULL, the figures it went by. */
+static void delink_detail_(run_ctx *r, const char *reason, const char *detail)
 {
     char err[512];
     long step = trainer_step_count(r->t);
@@ -293,21 +375,26 @@ static void delink_(run_ctx *r, const char *reason)
     crashpoint("delink");
     /* the phase, the run's delink step and progress, the event and the
      * operator's delink commands: one transaction */
-    char detail[128];
-    snprintf(detail, sizeof detail, "step=%ld reason=%s slots=%d", step,
-             reason, trainer_n_slots(r->t));
+    char ev[640];
+    snprintf(ev, sizeof ev, "step=%ld reason=%s slots=%d%s%s", step, reason,
+             trainer_n_slots(r->t), detail ? " " : "", detail ? detail : "");
     int op = strcmp(reason, "operator") == 0;
     state_commit cm = {.delink = 1, .event_kind = "delink",
-                       .event_detail = detail, .step = step,
+                       .event_detail = ev, .step = step,
                        .cmd_upto = op ? r->cmd_upto : 0,
                        .cmd_kinds = STATE_CMD_DELINK};
     if (state_commit_run(r->c->st, r->id, &cm) < 0)
         log_error("run.delink_record", "run=%lld step=%ld: the delink is done "
                   "but could not be recorded", (long long)r->id, step);
-    log_info("run.delink", "run=%lld step=%ld reason=%s", (long long)r->id,
-             step, reason);
+    log_info("run.delink", "run=%lld step=%ld reason=%s%s%s", (long long)r->id,
+             step, reason, detail ? " " : "", detail ? detail : "");
     offload_sample_(r);  /* new share map, new plan */
     publish_(r);
+}
+
+static void delink_(run_ctx *r, const char *reason)
+{
+    delink_detail_(r, reason, NULL);
 }
 
 /* ------------------------------------------------------------ run set-up */
@@ -431,6 +518,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     int phase = trainer_phase(r->t) == PHASE_REAL;
 
     int dropped = align_tables_(r, was_queued, recorded_delink);
+    r->plateau_seed_owed = 1;  /* read before the first step (owed_) */
 
     pthread_mutex_lock(&c->mu);
     worker_set_error(&c->w, kept_error);
@@ -615,11 +703,14 @@ static void interrupted_(run_ctx *r, int resume)
     }
 }
 
-/* The writes a boundary owes before the next step: data to reopen after a
+/* The writes a boundary owes before the next step: the plateau policy's
+ * passes from m6.db (after a restart), data to reopen after a
  * data error (and the validation pass it owes), then what the last
  * boundary could not write. 0, or -1 with err (they stay owed). */
 static int owed_(run_ctx *r, m6_err *err)
 {
+    /* the seed first: the pass retry_data_ redoes is not in m6.db yet */
+    if (plateau_seed_(r, err) < 0) return -1;
     if (retry_data_(r, err) < 0) return -1;
     return flush_(r, err);
 }
@@ -684,13 +775,18 @@ static int complete_(run_ctx *r)
 }
 
 /* The phase policy: delink before the step that would take the run past
- * spec.pseudo.steps, or at an operator delink replayed after a restart. */
+ * spec.pseudo.steps, or (delink.policy plateau) at the first boundary after
+ * a validation pass that meets the plateau rule, or at an operator delink
+ * replayed after a restart. */
 static void phase_policy_(run_ctx *r)
 {
     if (trainer_phase(r->t) != PHASE_PSEUDO) return;
     long step = trainer_step_count(r->t);
+    char detail[256];
     if (r->replay_delink >= 0 && step >= r->replay_delink)
         delink_(r, "replay");
+    else if (plateau_reached_(r, detail, sizeof detail))
+        delink_detail_(r, "plateau", detail);
     else if (r->spec.pseudo.steps > 0 && step >= r->spec.pseudo.steps)
         delink_(r, "spec");
 }
@@ -793,6 +889,8 @@ static int step_(run_ctx *r)
         .skipped = res.skipped, .skipped_total = res.skipped_total,
     };
     r->pending = m;
+    if (res.evaluated && !res.eval_failed && m.phase == 0)
+        plateau_note_(r, res.val_loss);
     r->metric_pending = 1;
     if (r->spec.checkpoint.every > 0 && res.step % r->spec.checkpoint.every == 0)
         r->ckpt_owed = "every";
@@ -840,6 +938,7 @@ static void run_one_(coord *c, int64_t id)
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     if (setup_(c, id, &r) < 0) {
         trainer_free(r.t);
+        free(r.best);
         return;
     }
     for (;;) {
@@ -896,6 +995,7 @@ static void run_one_(coord *c, int64_t id)
         if (step_(&r) < 0) break;
     }
     trainer_free(r.t);
+    free(r.best);
 }
 
 /* With mu held, for the run just taken up (c->active): the commands m6d

@@ -6,7 +6,9 @@
  * thread owns the trainer and acts on operator commands (pause, resume,
  * delink, stop) and on the phase policy only at step boundaries. The policy
  * lives here and nowhere else: delink before the step that would take the
- * run past spec.pseudo.steps, or at the next boundary after `m6ctl delink`.
+ * run past spec.pseudo.steps, or (delink.policy plateau) at the boundary
+ * after the validation pass where the pseudo phase plateaus (DESIGN.md
+ * "Phase policy: plateau"), or at the next boundary after `m6ctl delink`.
  *
  * Threads: coord_submit/coord_command/coord_eta are called from the control
  * server's threads (libuv's loop and thread pool) and never wait on a

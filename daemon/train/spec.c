@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 _Static_assert(sizeof(delink_optimizer) == sizeof(int), "enum is not int-sized");
+_Static_assert(sizeof(delink_policy) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(backend_kind) == sizeof(int), "enum is not int-sized");
 
 /* ------------------------------------------------------------------------ */
@@ -53,6 +54,7 @@ typedef struct {
 } key_;
 
 static const char *const delink_names_[] = { "copy", "reset", NULL };
+static const char *const policy_names_[] = { "step", "plateau", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
 
 #define OFF(m) offsetof(run_spec, m)
@@ -124,6 +126,20 @@ static const key_ keys_[] = {
     LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
          "After the delink, scale the learning rate up linearly over this many "
          "steps. 0: no re-warmup."),
+    ENUM("delink", "policy", delink.policy, policy_names_,
+         "When the coordinator delinks: `step`, after `pseudo.steps`; "
+         "`plateau`, at the first validation pass of the pseudo phase whose "
+         "best-so-far loss is less than `min_delta` below the best-so-far "
+         "`patience` passes earlier, and after `pseudo.steps` at the latest. "
+         "`plateau` needs `pseudo.steps` > 0 and `train.eval_every` > 0."),
+    FLT("delink", "min_delta", delink.min_delta, 0, 0, INFINITY, 0,
+        "`plateau`: the least improvement of the validation loss (mean "
+        "cross-entropy, nats per token) over `patience` passes that keeps "
+        "the pseudo phase going. 0: never a plateau (the bound delinks). "
+        "Only with `policy` `plateau`."),
+    INT("delink", "patience", delink.patience, 1, INT_MAX,
+        "`plateau`: the validation passes (every `train.eval_every` steps) "
+        "the improvement is measured over. Only with `policy` `plateau`."),
     LONG("train", "steps", train.steps, 1, LONG_MAX,
          "Total optimizer steps, pseudo and real together."),
     INT("train", "batch_size", train.batch_size, 1, INT_MAX,
@@ -362,6 +378,9 @@ void spec_defaults(run_spec *s)
     s->pseudo.steps = 0;
     s->delink.optimizer = DELINK_OPT_COPY;
     s->delink.rewarm_steps = 0;
+    s->delink.policy = DELINK_AT_STEP;
+    s->delink.min_delta = 0.01f;
+    s->delink.patience = 3;
     s->train.steps = 1000;
     s->train.batch_size = 16;
     s->train.grad_accum = 1;
@@ -677,6 +696,40 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
 /* Parsing a spec                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* delink.policy's rules between keys. With the `step` policy min_delta and
+ * patience stay at their defaults: the canonical JSON omits them then, so a
+ * spec without a policy keeps the hash it had before the policy existed. */
+static int policy_check_(const run_spec *s, char *err, size_t errlen)
+{
+    run_spec d;
+    spec_defaults(&d);
+    if (s->delink.policy == DELINK_AT_STEP) {
+        if (s->delink.min_delta != d.delink.min_delta ||
+            s->delink.patience != d.delink.patience) {
+            seterr_(err, errlen, "delink.%s: set, but delink.policy is "
+                    "\"step\" (it applies to \"plateau\" only); set "
+                    "delink.policy to \"plateau\" or remove it",
+                    s->delink.min_delta != d.delink.min_delta ? "min_delta"
+                                                             : "patience");
+            return -1;
+        }
+        return 0;
+    }
+    if (s->pseudo.steps == 0) {
+        seterr_(err, errlen, "delink.policy: \"plateau\" needs a pseudo "
+                "phase, but pseudo.steps is 0 (the run trains the real model "
+                "from scratch); set pseudo.steps, the latest delink step");
+        return -1;
+    }
+    if (s->train.eval_every == 0) {
+        seterr_(err, errlen, "delink.policy: \"plateau\" watches the "
+                "validation loss, but train.eval_every is 0 (only a pass "
+                "after the last step); set train.eval_every");
+        return -1;
+    }
+    return 0;
+}
+
 /* model.moe's rules between keys. A dense model (num_experts 0) leaves the
  * other keys at their defaults: the canonical JSON omits the section then,
  * so a dense spec keeps the hash it had before MoE existed. */
@@ -857,6 +910,7 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
                 "got %ld", s->train.steps, s->pseudo.steps);
         return -1;
     }
+    if (policy_check_(s, err, errlen) < 0) return -1;
     if (s->train.min_lr > s->train.lr) {
         char lr[48], min_lr[48];
         float_text_(s->train.lr, lr, sizeof lr);
@@ -1062,6 +1116,12 @@ static int value_text_(FILE *out, const run_spec *s, const key_ *k)
  * train.max_bad_steps only when set to other than its default. */
 static int written_(const run_spec *s, const key_ *k)
 {
+    /* delink.policy and its keys only for `plateau`: the hash of a spec
+     * with the `step` policy is what it was before the policy existed */
+    if (k->section && strcmp(k->section, "delink") == 0 &&
+        (strcmp(k->key, "policy") == 0 || strcmp(k->key, "min_delta") == 0 ||
+         strcmp(k->key, "patience") == 0))
+        return s->delink.policy != DELINK_AT_STEP;
     /* init.from only when set: the hash of a spec without it is unchanged */
     if (k->section && strcmp(k->section, "init") == 0)
         return s->init.from[0] != 0;

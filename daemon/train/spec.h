@@ -14,6 +14,10 @@
 #define SPEC_STR 1024
 
 typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
+/* When the coordinator delinks (DESIGN.md "Phase policy: plateau"): at
+ * pseudo.steps, or once the pseudo model's validation loss plateaus
+ * (pseudo.steps then the latest step). */
+typedef enum { DELINK_AT_STEP = 0, DELINK_AT_PLATEAU = 1 } delink_policy;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
 
 /* train.max_bad_steps' default. */
@@ -24,7 +28,13 @@ typedef struct {
     struct { char train[SPEC_STR]; char val[SPEC_STR]; } data;  /* globs */
     model_config model;
     struct { int share_groups; long steps; } pseudo;  /* steps 0: from scratch */
-    struct { delink_optimizer optimizer; long rewarm_steps; } delink;
+    struct {
+        delink_optimizer optimizer;
+        long rewarm_steps;
+        delink_policy policy;
+        float min_delta;     /* plateau: validation loss (nats per token) */
+        int patience;        /* plateau: evaluations */
+    } delink;
     struct {
         long steps;          /* total optimizer steps, pseudo + real */
         int batch_size;      /* B: sequences per microbatch */

@@ -201,6 +201,51 @@ static void test_moe(void **state)
     free(j);
 }
 
+/* delink.policy: the defaults; plateau parses, round-trips and changes the
+ * hash; "step" written out or left out is the same spec (the pinned dense
+ * hash above is of a spec without the key). */
+static void test_delink_policy(void **state)
+{
+    (void)state;
+    run_spec s, d, e;
+    char err[512];
+    minimal(&d);
+    assert_int_equal(d.delink.policy, DELINK_AT_STEP);
+    assert_true(d.delink.min_delta == 0.01f);
+    assert_int_equal(d.delink.patience, 3);
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"data/train_*.bin\","
+        "\"val\":\"data/val_*.bin\"},\"pseudo\":{\"steps\":100},"
+        "\"delink\":{\"policy\":\"plateau\",\"min_delta\":0.25,"
+        "\"patience\":7}}", err, sizeof err), 0);
+    assert_int_equal(s.delink.policy, DELINK_AT_PLATEAU);
+    assert_true(s.delink.min_delta == 0.25f);
+    assert_int_equal(s.delink.patience, 7);
+    roundtrip(&s);
+    char *j = spec_to_json(&s);
+    assert_contains(j, "\"policy\": \"plateau\"");
+    assert_contains(j, "\"min_delta\": 0.25");
+    assert_contains(j, "\"patience\": 7");
+    free(j);
+    assert_int_equal(parse(&e, "{\"data\":{\"train\":\"data/train_*.bin\","
+        "\"val\":\"data/val_*.bin\"},\"pseudo\":{\"steps\":100}}", err,
+        sizeof err), 0);
+    assert_true(spec_hash(&s) != spec_hash(&e));
+    /* plateau at the default min_delta and patience still differs */
+    e.delink.policy = DELINK_AT_PLATEAU;
+    roundtrip(&e);
+    run_spec f;
+    assert_int_equal(parse(&f, "{\"data\":{\"train\":\"data/train_*.bin\","
+        "\"val\":\"data/val_*.bin\"},\"delink\":{\"policy\":\"step\"}}",
+        err, sizeof err), 0);
+    assert_memory_equal(&f, &d, sizeof f);
+    assert_true(spec_hash(&f) == spec_hash(&d));
+    j = spec_to_json(&f);
+    assert_null(strstr(j, "policy"));
+    assert_null(strstr(j, "min_delta"));
+    assert_null(strstr(j, "patience"));
+    free(j);
+}
+
 /* nodes.*: defaults leave the canonical JSON (and the hash) as before;
  * set, they round-trip and change the hash; the batch split of
  * spec_dp_split against hand-worked cases. */
@@ -393,6 +438,21 @@ static void test_bad_specs(void **state)
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"experts\": 2}}",
           "unknown key 'model.moe.experts'" },
         { "\"model\": {\"moe\": 3}", "model.moe: must be an object" },
+        /* delink.policy */
+        { "\"delink\": {\"policy\": \"sometimes\"}",
+          "delink.policy: must be \"step\" or \"plateau\", got \"sometimes\"" },
+        { "\"pseudo\": {\"steps\": 10}, \"delink\": {\"policy\": \"plateau\", \"patience\": 0}",
+          "delink.patience: must be >= 1, got 0" },
+        { "\"pseudo\": {\"steps\": 10}, \"delink\": {\"policy\": \"plateau\", \"min_delta\": -0.5}",
+          "delink.min_delta: must be >= 0, got -0.5" },
+        { "\"delink\": {\"policy\": \"plateau\"}",
+          "delink.policy: \"plateau\" needs a pseudo phase, but pseudo.steps is 0" },
+        { "\"pseudo\": {\"steps\": 10}, \"train\": {\"eval_every\": 0}, \"delink\": {\"policy\": \"plateau\"}",
+          "delink.policy: \"plateau\" watches the validation loss, but train.eval_every is 0" },
+        { "\"delink\": {\"min_delta\": 0.5}",
+          "delink.min_delta: set, but delink.policy is \"step\"" },
+        { "\"delink\": {\"patience\": 2}",
+          "delink.patience: set, but delink.policy is \"step\"" },
         /* nodes.*: data parallelism */
         { "\"nodes\": {\"world_size\": 0}", "nodes.world_size: must be in [1, 65536], got 0" },
         { "\"nodes\": {\"timeout\": 0}", "nodes.timeout: must be in [1, 86400], got 0" },
@@ -623,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_hash_dense_pinned),
         cmocka_unit_test(test_max_bad_steps),
         cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_delink_policy),
         cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_float_roundtrip),
         cmocka_unit_test(test_full_spec),

@@ -108,6 +108,16 @@ static void test_status(void **state)
     assert_string_equal(line_(&r, "phase", b, sizeof b), "pseudo");
     r.state = M6__RUN_STATE__RUN_STATE_PAUSED;
     assert_string_equal(line_(&r, "phase", b, sizeof b), "pseudo (delink at step 40)");
+    /* delink.policy plateau: pseudo_steps is the latest step; an operator
+     * delink pending is still "at step N" */
+    r.delink_policy = (char *)"plateau";
+    r.next_delink_step = r.pseudo_steps;
+    assert_string_equal(line_(&r, "phase", b, sizeof b),
+                        "pseudo (delink on a plateau, at step 40 at the latest)");
+    r.next_delink_step = 5;
+    assert_string_equal(line_(&r, "phase", b, sizeof b), "pseudo (delink at step 5)");
+    r.delink_policy = (char *)"";
+    r.next_delink_step = 0;
     /* delinked */
     r.state = M6__RUN_STATE__RUN_STATE_COMPLETED;
     r.phase = M6__PHASE__PHASE_REAL;
