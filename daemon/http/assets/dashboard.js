@@ -134,9 +134,12 @@ function timeline(svg, run, events) {
     const t = el("line", {class: "delink", id: "delink-planned", x1: x(run.pseudo_steps),
                           x2: x(run.pseudo_steps), y1: y0 - 4, y2: y0 + h + 4,
                           "data-step": run.pseudo_steps}, svg);
-    el("title", {}, t, "delink planned at step " + run.pseudo_steps);
+    // with delink.policy plateau, pseudo.steps is only the latest step
+    const plateau = run.delink_policy === "plateau";
+    el("title", {}, t, (plateau ? "delink on a plateau, at step " + run.pseudo_steps + " at the latest"
+                                : "delink planned at step " + run.pseudo_steps));
     el("text", {x: x(run.pseudo_steps), y: y0 + h + 16, "text-anchor": "middle", fill: "#8250df"},
-       svg, "delink planned");
+       svg, plateau ? "latest delink" : "delink planned");
   }
   for (const e of events) {
     const m = /(?:^|\s)step=(\d+)/.exec(e.detail || "");
