@@ -521,6 +521,46 @@ static void test_plan_m6_10t(void **state)
     offload_plan_free(&p);
 }
 
+/* A mixed model (MoE every 2nd of 4 blocks, C 16, E 4, H 24) plans its
+ * dense and MoE slots at their own sizes, counted here by hand: dense
+ * 12C^2 + 13C = 3280 floats, MoE 4C^2 + 8C + E(2HC + H + C) + EC + E =
+ * 4452, padded 4464; 16 bytes each on cpu (params, grads, m, v). Two slots
+ * of the pseudo phase are one of each kind; a budget that would offload is
+ * refused (not built for mixed models). */
+static void test_plan_mixed_kinds(void **state)
+{
+    (void)state;
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8, .moe_experts = 4, .moe_prototypes = 2,
+                  .moe_every = 2, .moe_hidden = 24,
+                  .moe_capacity_factor = 1.0f,
+                  .moe_eval_capacity_factor = 1.0f},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 1,
+        .prefetch = 1, .backend = BACKEND_CPU, .budget = 0};
+    const size_t dense = 16 * 3280, moe = 16 * 4464;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.slot_bytes, moe);
+    assert_int_equal(p.peak_device_bytes - p.global_bytes - p.act_bytes,
+                     2 * dense + 2 * moe);
+    offload_plan_free(&p);
+    in.n_slots = 2;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.peak_device_bytes - p.global_bytes - p.act_bytes,
+                     dense + moe);
+    size_t all = p.peak_device_bytes;
+    offload_plan_free(&p);
+    in.n_slots = 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "at least one slot of each kind"));
+    in.n_slots = 2;
+    in.budget = all - 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "model.moe.every > 1"));
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -1072,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_plan_hand_counted),
         cmocka_unit_test(test_plan_hand_counted_moe),
         cmocka_unit_test(test_plan_m6_10t),
+        cmocka_unit_test(test_plan_mixed_kinds),
         cmocka_unit_test(test_offload_moe_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),

@@ -168,6 +168,13 @@ static void test_moe(void **state)
     char *j = spec_to_json(&d);
     assert_null(strstr(j, "moe"));
     free(j);
+    /* every 2 with a pseudo phase of 2 slots (one of each kind) parses */
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"model\":{\"n_layer\":6,\"moe\":{\"num_experts\":4,"
+        "\"every\":2}},\"pseudo\":{\"share_groups\":2,\"steps\":5},"
+        "\"train\":{\"steps\":10}}", err, sizeof err), 0);
+    assert_int_equal(s.model.moe_every, 2);
+    roundtrip(&s);
 }
 
 /* Every float survives spec_to_json → spec_parse bit for bit. */
@@ -312,8 +319,15 @@ static void test_bad_specs(void **state)
           "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
           "model.moe.every: must be >= 1, got 0" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}",
-          "model.moe.every: only 1 (MoE in every block) is built yet, got 2" },
+        /* every 2: a mixed model, whose pseudo phase needs a slot of each
+         * kind, and which is not offloaded yet */
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
+          "\"pseudo\": {\"steps\": 10}",
+          "pseudo.share_groups: model.moe.every = 2 mixes dense and MoE "
+          "blocks" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 3}}, "
+          "\"device\": {\"memory_budget\": \"1GiB\"}",
+          "device.memory_budget: offloading a model with model.moe.every = 3" },
         { "\"model\": {\"moe\": {\"num_experts\": -1}}",
           "model.moe.num_experts: must be >= 0, got -1" },
         { "\"model\": {\"moe\": {\"prototypes\": 2}}",
