@@ -18,13 +18,16 @@
  *   slots.<s>.ln_2.weight, slots.<s>.ln_2.bias,
  *   slots.<s>.mlp.c_fc.weight (4C,C),    slots.<s>.mlp.c_fc.bias (4C),
  *   slots.<s>.mlp.c_proj.weight (C,4C),  slots.<s>.mlp.c_proj.bias (C)
- * and in an MoE model (cfg.moe_experts E > 0, every block MoE) instead of
- * the mlp.* tensors, each whole (experts e = 0..E-1 in order, prototype p
- * holding experts p*E/k .. (p+1)*E/k-1, kernels.h "mixture of experts"):
+ * and in an MoE slot (cfg.moe_experts E > 0) instead of the mlp.* tensors,
+ * in memory each whole (experts e = 0..E-1 in order, prototype p holding
+ * experts p*E/k .. (p+1)*E/k-1, kernels.h "mixture of experts"):
  *   slots.<s>.moe.experts.c_fc.weight (E*H,C), ...c_fc.bias (E*H),
  *   slots.<s>.moe.experts.c_proj.weight (E*C,H), ...c_proj.bias (E*C),
  *   slots.<s>.moe.gate.weight (E,C), slots.<s>.moe.gate.bias (E)
- * Weights are (out, in) row-major, as nn.Linear stores them.
+ * Checkpoints split these per expert and per prototype's gate
+ * (gpt_slot_ckpt_tensors: slots.<s>.moe.experts.<e>.c_fc.weight, ...,
+ * slots.<s>.moe.gate.<p>.weight). Weights are (out, in) row-major, as
+ * nn.Linear stores them.
  *
  * MoE blocks: layer l is MoE when (l + 1) % cfg.moe_every == 0
  * (model_layer_is_moe). With moe_every 1 every slot is an MoE slot; with

@@ -115,7 +115,8 @@ static const key_ keys_[] = {
     INT("model.moe", "expert_hidden", model.moe_hidden, 0, INT_MAX,
         "H: hidden size of each expert's MLP. 0: 4 * `n_embd`."),
     INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
-        "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L`."),
+        "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L` "
+        "(with `model.moe.every` > 1, each kind's layers so over its slots)."),
     LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
          "Steps of the pseudo phase, at most `train.steps`; the delink comes "
          "after them. 0: train the real model from scratch."),

@@ -561,6 +561,135 @@ static void test_plan_mixed_kinds(void **state)
     assert_non_null(strstr(err, "model.moe.every > 1"));
 }
 
+/* The M6-10T plan at paper scale (issue 15): 64 nodes x 8 devices of 32
+ * GiB, 512 GiB of host memory per node, the pseudo phase S = 1. Every
+ * figure by hand from the config (V 50000, T 1024, C 1024, E 10240, H
+ * 9984, L 48) and the bytes per parameter of mixed-precision AdamW: 16 on
+ * the device (bf16 weights 2, fp32 master 4, bf16 gradients 2, fp32 m and
+ * v 8), 4 per staging buffer (bf16 weights and gradients), 20 on the host
+ * (fp32 master 4 + pinned bf16 2, fp32 gradient accumulator 4 + pinned
+ * bf16 2, m and v 8). Experts spread over the 512 devices (20 of each MoE
+ * slot per device), everything else replicated. */
+static void test_plan_at_scale_m6_10t(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 50000, .n_layer = 48, .n_head = 16,
+                             .n_embd = 1024, .seq_len = 1024,
+                             .moe_experts = 10240, .moe_prototypes = 80,
+                             .moe_every = 1, .moe_hidden = 9984,
+                             .moe_capacity_factor = 1.25f,
+                             .moe_eval_capacity_factor = 2.0f};
+    s.pseudo.share_groups = 1;
+    s.pseudo.steps = 10;
+    s.offload.prefetch = 2;
+    const uint64_t V = 50000, T = 1024, C = 1024, E = 10240, H = 9984;
+    const uint64_t L = 48, D = 64 * 8, GiB = 1ull << 30;
+    uint64_t glob = V * C + T * C + 2 * C;            /* 52,250,624 */
+    uint64_t attn = 3 * C * C + 3 * C + C * C + C + 4 * C;
+    uint64_t gate = E * C + E, expert = H * C + H + C * H + C;
+    uint64_t total = glob + L * (attn + gate + E * expert);
+    assert_true(total == 10056391903232ull);          /* about 1.0e13 */
+    uint64_t epd = E / D;                             /* 20 */
+    uint64_t share = attn + gate + epd * expert;      /* one slot, a device */
+    cluster_input in = {.nodes = 64, .gpus_per_node = 8,
+                        .device_memory = 32 * GiB, .host_memory = 512 * GiB,
+                        .prefetch = 2};
+    cluster_plan cp;
+    char err[512];
+    if (cluster_plan_for_spec(&s, &in, &cp, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    assert_true(cp.has_pseudo);
+    /* pseudo: one slot, all of it resident: 16 (glob + share) bytes */
+    const cluster_phase *ps = &cp.pseudo;
+    assert_int_equal(ps->n_slots, 1);
+    assert_true(ps->experts_per_device == 20);
+    assert_true(ps->total_params == glob + attn + gate + E * expert);
+    assert_true(ps->device_params == glob + share);
+    assert_true(ps->dev_total == 16 * (glob + share));  /* 7.09 GiB */
+    assert_true(ps->dev_weights == 6 * (glob + share));
+    assert_true(ps->dev_grads == 2 * (glob + share));
+    assert_true(ps->dev_optim == 8 * (glob + share));
+    assert_true(ps->host_total == 0);
+    assert_int_equal(ps->fit, CLUSTER_FITS_RESIDENT);
+    /* real: 48 slots; resident all would be 16 (glob + 48 share) = 304 GiB;
+     * R resident with 2 staging buffers of 4 * share: the largest R with
+     * 16 glob + 16 R share + 8 share <= 32 GiB is 4 */
+    const cluster_phase *re = &cp.real;
+    assert_true(re->total_params == total);
+    assert_true(re->device_params == glob + L * share);
+    assert_true(re->all_resident_bytes == 16 * (glob + L * share));
+    assert_true(re->all_resident_bytes > 32 * GiB);
+    uint64_t R = (32 * GiB - 16 * glob - 8 * share) / (16 * share);
+    assert_int_equal(R, 4);
+    assert_int_equal(re->n_resident, (int)R);
+    assert_int_equal(re->n_offloaded, (int)(L - R));
+    assert_int_equal(re->n_staging, 2);
+    assert_true(re->dev_total == 16 * (glob + R * share) + 8 * share);
+    assert_true(re->dev_total <= 32 * GiB);
+    uint64_t off = (L - R) * share;
+    assert_true(re->host_total == 20 * off);
+    assert_true(re->node_host_total == 8 * 20 * off);   /* 2.71 TiB */
+    /* with AdamW's fp32 state the 44 offloaded slots need more host
+     * memory than 512 GiB per node: the real phase fits only with
+     * offloading, and only on nodes with the host memory for it */
+    assert_int_equal(re->fit, CLUSTER_NO_FIT);
+    assert_true(re->short_of_host);
+    assert_true(re->shortfall_bytes == 8 * 20 * off - 512 * GiB);
+    in.host_memory = 3ull << 40;                          /* 3 TiB */
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_int_equal(cp.real.fit, CLUSTER_FITS_OFFLOADED);
+    assert_int_equal(cp.pseudo.fit, CLUSTER_FITS_RESIDENT);
+    /* a device too small even with every slot offloaded */
+    in.device_memory = GiB / 2;
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_int_equal(cp.real.fit, CLUSTER_NO_FIT);
+    assert_false(cp.real.short_of_host);
+    assert_true(cp.real.shortfall_bytes == 16 * glob + 8 * share - GiB / 2);
+    in.nodes = 0;
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), -1);
+    assert_non_null(strstr(err, "nodes >= 1"));
+}
+
+/* Experts that do not divide over the devices: ceil(E/D) per device; a
+ * mixed model's dense slots replicated whole (hand-counted). */
+static void test_plan_at_scale_mixed(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 64, .n_layer = 4, .n_head = 2,
+                             .n_embd = 16, .seq_len = 8, .moe_experts = 10,
+                             .moe_prototypes = 2, .moe_every = 2,
+                             .moe_hidden = 24, .moe_capacity_factor = 1.0f,
+                             .moe_eval_capacity_factor = 1.0f};
+    s.pseudo.share_groups = 2;
+    s.pseudo.steps = 5;
+    const uint64_t C = 16, E = 10, H = 24;
+    uint64_t glob = 64 * C + 8 * C + 2 * C;
+    uint64_t attn = 4 * C * C + 8 * C, mlp = 8 * C * C + 5 * C;
+    uint64_t gate = E * C + E, expert = 2 * H * C + H + C;
+    cluster_input in = {.nodes = 1, .gpus_per_node = 4,
+                        .device_memory = 1ull << 30, .host_memory = 0,
+                        .prefetch = 1};
+    cluster_plan cp;
+    char err[512];
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_true(cp.real.experts_per_device == 3);   /* ceil(10 / 4) */
+    assert_int_equal(cp.real.n_moe_slots, 2);
+    assert_true(cp.real.device_params ==
+                glob + 2 * (attn + mlp) + 2 * (attn + gate + 3 * expert));
+    assert_true(cp.real.total_params ==
+                glob + 2 * (attn + mlp) + 2 * (attn + gate + E * expert));
+    assert_true(cp.pseudo.device_params ==
+                glob + (attn + mlp) + (attn + gate + 3 * expert));
+    assert_int_equal(cp.pseudo.fit, CLUSTER_FITS_RESIDENT);
+    s.pseudo.share_groups = 1;  /* one slot cannot hold both kinds */
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), -1);
+    assert_non_null(strstr(err, "pseudo phase"));
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -1113,6 +1242,8 @@ int main(void)
         cmocka_unit_test(test_plan_hand_counted_moe),
         cmocka_unit_test(test_plan_m6_10t),
         cmocka_unit_test(test_plan_mixed_kinds),
+        cmocka_unit_test(test_plan_at_scale_m6_10t),
+        cmocka_unit_test(test_plan_at_scale_mixed),
         cmocka_unit_test(test_offload_moe_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
