@@ -123,11 +123,14 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
            (size_t)nst * p->staging_bytes;
 }
 
-/* h2d and d2h bytes of one optimizer step (see offload.h). */
-static int count_step_bytes_(offload_plan *p, const int *slot_of)
+/* h2d and d2h bytes of one optimizer step (see offload.h). resident_of:
+ * as device_bytes_ (NULL: every slot slot_bytes), so slot s's weights
+ * travel as (resident_of[s+1] - resident_of[s]) / 4 (cpu). */
+static int count_step_bytes_(offload_plan *p, const int *slot_of,
+                             const size_t *resident_of)
 {
     int L = p->n_layer;
-    size_t W = p->staging_bytes / 2; /* one slot's weights (or grads) */
+    size_t W0 = p->staging_bytes / 2; /* one slot's weights (or grads) */
     offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
     int *at = malloc(2 * (size_t)L * sizeof(int));
     unsigned char *touched = calloc((size_t)p->n_slots, 1);
@@ -150,6 +153,9 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of)
         int n = offload_cut_pass(slot_of, L, p->placement, 1, k == 2 || A == 1,
                                  touched, iv, at);
         for (int j = 0; j < n; j++) {
+            int sl = iv[j].slot;
+            size_t W = resident_of ? (resident_of[sl + 1] - resident_of[sl]) / 4
+                                   : W0;
             size_t h2d = W, d2h = 0;
             if (iv[j].has_bwd) {
                 d2h = W;
@@ -303,18 +309,6 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
             return -1;
         }
     }
-    if (res_of && R < S) {
-        char b[64], m[64];
-        snprintf(err, errlen, "device memory budget %s holds %d of the %d "
-                 "slots (all of them resident need %s); offloading a model "
-                 "of dense and MoE slots (model.moe.every > 1) is not built "
-                 "yet", fmt_bytes_(b, sizeof b, in->budget), R, S,
-                 fmt_bytes_(m, sizeof m,
-                            device_bytes_(out, S, in->prefetch, res_of)));
-        free(map);
-        free(res_of);
-        return -1;
-    }
     out->placement = calloc((size_t)S, 1);
     if (!out->placement) {
         free(map);
@@ -331,8 +325,11 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->peak_device_bytes = device_bytes_(out, R, in->prefetch, res_of);
     out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
-    free(res_of);  /* mixed models are not offloaded (spec.c): R = S */
-    int rc = count_step_bytes_(out, map);
+    if (res_of) {  /* cpu (mixed models are cpu only): host = device bytes */
+        out->host_bytes = out->pinned_bytes = res_of[S] - res_of[R];
+    }
+    int rc = count_step_bytes_(out, map, res_of);
+    free(res_of);
     free(map);
     if (rc != 0) {
         offload_plan_free(out);

@@ -700,13 +700,6 @@ static int moe_check_(const run_spec *s, char *err, size_t errlen)
                     s->pseudo.share_groups);
             return -1;
         }
-        if (s->device.memory_budget > 0) {
-            seterr_(err, errlen, "device.memory_budget: offloading a model "
-                    "with model.moe.every = %d (dense and MoE slots of "
-                    "different sizes) is not built yet; use every 1 or no "
-                    "budget", m->moe_every);
-            return -1;
-        }
     }
     if (s->device.backend == BACKEND_CUDA) {
         seterr_(err, errlen, "model.moe: the cuda backend does not train MoE "

@@ -320,14 +320,12 @@ static void test_bad_specs(void **state)
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
           "model.moe.every: must be >= 1, got 0" },
         /* every 2: a mixed model, whose pseudo phase needs a slot of each
-         * kind, and which is not offloaded yet */
+         * kind */
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
           "\"pseudo\": {\"steps\": 10}",
           "pseudo.share_groups: model.moe.every = 2 mixes dense and MoE "
           "blocks" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 3}}, "
-          "\"device\": {\"memory_budget\": \"1GiB\"}",
-          "device.memory_budget: offloading a model with model.moe.every = 3" },
+
         { "\"model\": {\"moe\": {\"num_experts\": -1}}",
           "model.moe.num_experts: must be >= 0, got -1" },
         { "\"model\": {\"moe\": {\"prototypes\": 2}}",
