@@ -63,11 +63,13 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
         snprintf(err, errlen, "plan: out of memory");
         return -1;
     }
-    if (gpt_default_share_map(c, S, map) != 0 ||
-        gpt_slot_kinds(c, S, map, kind, err, errlen) != 0) {
-        if (gpt_default_share_map(c, S, map) != 0)
-            snprintf(err, errlen, "plan: no share map of %d slots (a model of "
-                     "dense and MoE blocks needs one slot of each kind)", S);
+    int bad = gpt_default_share_map(c, S, map) != 0;
+    if (bad)
+        snprintf(err, errlen, "no share map of %d slots (a model of dense "
+                 "and MoE blocks needs at least one slot of each kind)", S);
+    else
+        bad = gpt_slot_kinds(c, S, map, kind, err, errlen) != 0;
+    if (bad) {
         free(map);
         free(kind);
         return -1;
