@@ -191,9 +191,9 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     size_t ng, ss;
     int cuda = in->backend == BACKEND_CUDA;
-    if (cuda && c->moe_experts > 0) {
-        snprintf(err, errlen, "offload plan: the cuda model has no MoE "
-                 "blocks yet (model.moe needs device.backend \"cpu\")");
+    if (cuda && c->moe_experts > 0 && c->moe_every != 1) {
+        snprintf(err, errlen, "offload plan: the cuda model has MoE in every "
+                 "block only (model.moe.every 1)");
         return -1;
     }
     /* CPU: an MoE slot's experts and gate, their gradients and moments are
@@ -308,6 +308,17 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
             free(res_of);
             return -1;
         }
+    }
+    if (cuda && c->moe_experts > 0 && R < S) {
+        char b[64], m[64];
+        snprintf(err, errlen, "device memory budget %s holds %d of the %d "
+                 "slots (all resident need %s); the cuda model does not "
+                 "offload MoE slots yet", fmt_bytes_(b, sizeof b, in->budget),
+                 R, S, fmt_bytes_(m, sizeof m,
+                                  device_bytes_(out, S, in->prefetch, res_of)));
+        free(map);
+        free(res_of);
+        return -1;
     }
     out->placement = calloc((size_t)S, 1);
     if (!out->placement) {

@@ -333,8 +333,13 @@ static void test_bad_specs(void **state)
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"experts\": 2}}",
           "unknown key 'model.moe.experts'" },
         { "\"model\": {\"moe\": 3}", "model.moe: must be an object" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": {\"backend\": \"cuda\"}",
-          "model.moe: the cuda backend does not train MoE models yet" },
+        /* the cuda backend trains MoE in every block, all resident */
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
+          "\"device\": {\"backend\": \"cuda\"}",
+          "model.moe.every: the cuda backend trains MoE in every block only" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": "
+          "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
+          "device.memory_budget: the cuda backend does not offload MoE" },
         { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
         { "\"model\": {\"vocab_size\": 0}", "model.vocab_size: must be in [1, 65536], got 0" },
         { "\"model\": {\"n_layer\": 0}", "model.n_layer: must be >= 1, got 0" },

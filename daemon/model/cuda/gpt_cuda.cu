@@ -754,7 +754,7 @@ static moe_dims moe_dims_(const gpt_cuda *g, int B)
                   model_moe_hidden(c), 0};
     double cf = g->moe_eval ? c->moe_eval_capacity_factor
                             : c->moe_capacity_factor;
-    d.capacity = moe_capacity(cf, d.N, d.E, d.k);
+    d.capacity = gpt_cuda_moe_capacity(cf, d.N, d.E, d.k);
     return d;
 }
 
@@ -852,6 +852,18 @@ int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
     }
     free(aux);
     free(dr);
+    return 0;
+}
+
+int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts)
+{
+    if (g->cfg.moe_experts == 0)
+        return -1;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemcpy(counts, g->a.moe_counts,
+                          (size_t)g->cfg.n_layer * g->cfg.moe_experts *
+                              sizeof(int32_t),
+                          cudaMemcpyDeviceToHost));
     return 0;
 }
 

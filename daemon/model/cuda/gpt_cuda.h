@@ -258,6 +258,9 @@ void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval);
  * for a dense model. */
 int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
                        long *dropped);
+/* The last forward's tokens processed per expert, (L, E) int32 into
+ * counts. Waits for the GPU. 0, or -1 for a dense model. */
+int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts);
 
 #ifdef __cplusplus
 }
