@@ -55,6 +55,10 @@ static struct {
     int quiet;              /* don't print transport errors (watch retries) */
     size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
     int plan_daemon;        /* plan --daemon: ask m6d */
+    /* plan at scale (--nodes, --gpus-per-node, --host-memory, --explain):
+     * cluster set when any of them is given */
+    int cluster, nodes, gpus_per_node, explain;
+    size_t host_memory;     /* per node, bytes (0: not limited) */
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
@@ -799,8 +803,42 @@ static int plan_on_daemon_(const char *path)
     return ok ? EXIT_OK : EXIT_ERR;
 }
 
+/* plan --nodes ...: the spec's parameter state at scale (offload.h "plan
+ * at scale"), computed here. */
+static int plan_cluster_(const run_spec *spec)
+{
+    cluster_input in = {
+        .nodes = g.nodes ? g.nodes : 1,
+        .gpus_per_node = g.gpus_per_node ? g.gpus_per_node : 1,
+        .device_memory = g.device_memory ? g.device_memory
+                                         : spec->device.memory_budget,
+        .host_memory = g.host_memory,
+        .prefetch = spec->offload.prefetch,
+    };
+    if (!in.device_memory) {
+        errf_("plan: --nodes/--gpus-per-node/--host-memory/--explain plan "
+              "per device: give --device-memory SIZE (or set the spec's "
+              "device.memory_budget)");
+        return EXIT_USAGE;
+    }
+    cluster_plan cp;
+    char err[1024];
+    if (cluster_plan_for_spec(spec, &in, &cp, err, sizeof err) != 0) {
+        errf_("%s", err);
+        return EXIT_ERR;
+    }
+    cluster_plan_print(stdout, &cp, spec, g.explain, g.json);
+    fflush(stdout);
+    return EXIT_OK;
+}
+
 static int cmd_plan_(int argc, char **argv)
 {
+    if (g.plan_daemon && g.cluster) {
+        errf_("plan: --nodes, --gpus-per-node, --host-memory and --explain "
+              "are planned here; leave out --daemon");
+        return EXIT_USAGE;
+    }
     if (g.plan_daemon) return plan_on_daemon_(argv[0]);
     run_spec spec;
     char err[1024];
@@ -808,6 +846,8 @@ static int cmd_plan_(int argc, char **argv)
         errf_("%s", err);
         return EXIT_ERR;
     }
+    if (g.cluster)
+        return plan_cluster_(&spec);
     offload_plan plan;
     int rc = offload_plan_for_spec(&spec, g.device_memory, &plan, err, sizeof err);
     if (rc != 0) {
@@ -1229,8 +1269,14 @@ static const command commands_[] = {
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,
      "prepare --out DIR [--val-fraction F] [--shard-tokens N] FILES...",
      "Turn text files into byte-level token shards (no daemon needed)."},
-    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN, "SPEC [--device-memory SIZE] [--daemon]",
+    {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN,
+     "SPEC [--device-memory SIZE] [--daemon] [--nodes N --gpus-per-node G "
+     "--host-memory SIZE --explain]",
      "Memory plan of a spec: what is resident, what is offloaded.\n"
+     "With --nodes, --gpus-per-node, --host-memory or --explain: the plan at\n"
+     "scale, the experts spread over N x G devices and the rest replicated:\n"
+     "parameters and bytes per device and per node, and whether each phase\n"
+     "fits resident, only with offloading, or not at all.\n"
      "Computed here, no daemon needed; --daemon asks m6d, which also checks\n"
      "its own host memory and pinned-memory limit.\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
@@ -1289,7 +1335,13 @@ static void command_usage_(FILE *f, const command *c)
                    "                    device memory budget, e.g. 8GiB (default: the\n"
                    "                    spec's device.memory_budget)\n"
                    "  --daemon          let m6d plan it (its MemAvailable and\n"
-                   "                    RLIMIT_MEMLOCK, not this shell's)\n");
+                   "                    RLIMIT_MEMLOCK, not this shell's)\n"
+                   "  --nodes N         plan at scale on N nodes (default 1)\n"
+                   "  --gpus-per-node G devices per node (default 1)\n"
+                   "  --host-memory SIZE\n"
+                   "                    host memory per node, e.g. 512GiB (default:\n"
+                   "                    not limited)\n"
+                   "  --explain         the arithmetic behind each figure\n");
     if (c->flags & (F_EXPORT | F_IMPORT | F_PLOT))
         fprintf(f, "  --out PATH        where to write (required)\n");
     if (c->flags & F_EXPORT)
@@ -1333,7 +1385,7 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
 
 enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP,
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
-       O_STEP, O_FORMAT, O_FORCE };
+       O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -1346,6 +1398,10 @@ static const struct option opts_[] = {
     {"daemon", no_argument, 0, O_DAEMON},
     {"step", required_argument, 0, O_STEP}, {"format", required_argument, 0, O_FORMAT},
     {"force", no_argument, 0, O_FORCE},
+    {"nodes", required_argument, 0, O_NODES},
+    {"gpus-per-node", required_argument, 0, O_GPN},
+    {"host-memory", required_argument, 0, O_HOSTMEM},
+    {"explain", no_argument, 0, O_EXPLAIN},
     {0, 0, 0, 0},
 };
 
@@ -1385,6 +1441,29 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     }
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
+    case O_NODES: case O_GPN: {
+        double v = 0;
+        const char *nm = ch == O_NODES ? "--nodes" : "--gpus-per-node";
+        ok = cmd->flags & F_PLAN;
+        if (ok && parse_number_(nm, optarg, 1, 65536, 1, &v) < 0)
+            return EXIT_USAGE;
+        *(ch == O_NODES ? &g.nodes : &g.gpus_per_node) = (int)v;
+        g.cluster = 1;
+        break;
+    }
+    case O_EXPLAIN: ok = cmd->flags & F_PLAN; g.explain = g.cluster = 1; break;
+    case O_HOSTMEM:
+        ok = cmd->flags & F_PLAN;
+        if (ok) {
+            int rc = spec_parse_size(optarg, &g.host_memory);
+            if (rc != 0 || g.host_memory == 0) {
+                errf_("--host-memory: want a size above 0 such as 512GiB "
+                      "(units " SPEC_SIZE_UNITS "), got \"%s\"", optarg);
+                return EXIT_USAGE;
+            }
+            g.cluster = 1;
+        }
+        break;
     case O_RECONNECT:
         ok = cmd->flags & F_WATCH;
         if (ok && parse_number_("--reconnect", optarg, 0, 86400, 0, &g.reconnect) < 0) return EXIT_USAGE;

@@ -14,7 +14,8 @@ typedef struct {
     int seq_len;      /* T (also the size of the position table) */
     /* Mixture of experts (spec model.moe; kernels.h "mixture of experts").
      * moe_experts 0: a dense model, the other fields unused. Layer l is MoE
-     * when (l + 1) % moe_every == 0 (only moe_every 1 is built: every block). */
+     * when (l + 1) % moe_every == 0 (moe_every > 1: dense blocks between,
+     * slots of two kinds; gpt.h). */
     int moe_experts;             /* E, all prototypes */
     int moe_prototypes;          /* k, divides E */
     int moe_every;               /* MoE in every n-th block */

@@ -32,6 +32,8 @@ static float *alloc_floats_(size_t n)
 static void layout_(gpt_model *g)
 {
     gpt_layout(&g->cfg, g->glob, g->slot, &g->n_global, &g->slot_size);
+    gpt_slot_layout(&g->cfg, 0, g->kind[0], &g->kind_size[0]);
+    gpt_slot_layout(&g->cfg, 1, g->kind[1], &g->kind_size[1]);
 }
 
 /* Per-slot tables (slots, w, dw, offloaded, adam_t_slot) for g->S slots. */
@@ -43,7 +45,11 @@ static int alloc_tables_(gpt_model *g)
     g->dw = calloc(S, sizeof *g->dw);
     g->offloaded = calloc(S, 1);
     g->adam_t_slot = calloc(S, sizeof(long));
-    return g->slots && g->w && g->dw && g->offloaded && g->adam_t_slot ? 0 : -1;
+    g->slot_moe = calloc(S, 1);
+    g->slot_off = calloc(S, sizeof(size_t));
+    return g->slots && g->w && g->dw && g->offloaded && g->adam_t_slot &&
+                   g->slot_moe && g->slot_off
+               ? 0 : -1;
 }
 
 static void free_tables_(gpt_model *g)
@@ -53,6 +59,10 @@ static void free_tables_(gpt_model *g)
     free(g->dw);
     free(g->offloaded);
     free(g->adam_t_slot);
+    free(g->slot_moe);
+    free(g->slot_off);
+    g->slot_moe = NULL;
+    g->slot_off = NULL;
     g->slots = NULL;
     g->w = g->dw = NULL;
     g->offloaded = NULL;
@@ -97,12 +107,23 @@ static void free_state_(gpt_model *g)
 static int alloc_state_(gpt_model *g, int S)
 {
     g->S = S;
-    g->n_params = g->n_global + (size_t)S * g->slot_size;
     if (alloc_tables_(g) != 0) {
         free_tables_(g);
         errno = ENOMEM;
         return -1;
     }
+    /* each slot's kind from the layers that use it, and its place */
+    if (gpt_slot_kinds(&g->cfg, S, g->slot_of, g->slot_moe, NULL, 0) != 0) {
+        free_tables_(g);
+        errno = EINVAL;
+        return -1;
+    }
+    size_t off = 0;
+    for (int s = 0; s < S; s++) {
+        g->slot_off[s] = off;
+        off += gpt_slot_floats(g, s);
+    }
+    g->n_params = g->n_global + off;
     int rc = g->storage ? g->storage->alloc_state(g->storage->ctx, g)
                         : alloc_plain_state_(g);
     if (rc != 0) {
@@ -136,12 +157,6 @@ static int alloc_acts_(gpt_model *g, int B)
     return 0;
 }
 
-static void default_share_map_(int *slot_of, int L, int S)
-{
-    for (int l = 0; l < L; l++)
-        slot_of[l] = (int)((long)l * S / L);
-}
-
 int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
                     const gpt_storage *storage)
 {
@@ -158,7 +173,11 @@ int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
         errno = ENOMEM;
         return -1;
     }
-    default_share_map_(g->slot_of, cfg->n_layer, S);
+    if (gpt_default_share_map(cfg, S, g->slot_of) != 0) {
+        gpt_free(g);
+        errno = EINVAL;
+        return -1;
+    }
     /* activations first: in a placed pool they stay put across re-slotting */
     if (alloc_acts_(g, B) != 0 || alloc_state_(g, S) != 0) {
         int e = errno ? errno : ENOMEM;
@@ -193,18 +212,21 @@ size_t gpt_compute_params(const gpt_model *g)
     size_t n = 0;
     for (int i = 0; i < GLOB_NTENSORS; i++)
         n += g->glob[i].numel;
-    size_t per_slot = 0;
-    for (int i = 0; i < gpt_slot_ntensors(&g->cfg); i++)
-        per_slot += g->slot[i].numel;
+    size_t per_slot[2] = {0, 0};
+    for (int kd = 0; kd < 2; kd++)
+        for (int i = 0; i < (kd ? SLOT_NTENSORS_MAX : SLOT_NTENSORS); i++)
+            per_slot[kd] += g->kind[kd][i].numel;
     if (g->cfg.moe_experts > 0) {
         /* a token passes through k of the E experts: count those */
         size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
         size_t expert = 0;
         for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
-            expert += g->slot[i].numel;
-        per_slot -= expert / E * (E - k);
+            expert += g->kind[1][i].numel;
+        per_slot[1] -= expert / E * (E - k);
     }
-    return n + per_slot * (size_t)g->cfg.n_layer;
+    for (int l = 0; l < g->cfg.n_layer; l++)
+        n += per_slot[model_layer_is_moe(&g->cfg, l)];
+    return n;
 }
 
 /* ------------------------------------------------------------- init */
@@ -213,14 +235,14 @@ void gpt_init_weights(gpt_model *g, uint64_t seed)
 {
     gpt_init_region(&g->cfg, -1, g->params, seed);
     for (int s = 0; s < g->S; s++)
-        gpt_init_region(&g->cfg, s, g->slots[s].params, seed);
+        gpt_init_slot(&g->cfg, g->slot_moe[s], s, g->slots[s].params, seed);
 }
 
 /* ------------------------------------------------------------- forward */
 
 /* Slot tensors through the compute view (see gpt.h: storage). */
-#define W_(g, s, idx) ((g)->w[s] + (g)->slot[idx].offset)
-#define DW_(g, s, idx) ((g)->dw[s] + (g)->slot[idx].offset)
+#define W_(g, s, idx) ((g)->w[s] + (g)->kind[(g)->slot_moe[s]][idx].offset)
+#define DW_(g, s, idx) ((g)->dw[s] + (g)->kind[(g)->slot_moe[s]][idx].offset)
 #define GW_(g, idx) ((g)->params + (g)->glob[idx].offset)
 #define GDW_(g, idx) ((g)->grads + (g)->glob[idx].offset)
 
@@ -509,7 +531,7 @@ float gpt_grad_norm(const gpt_model *g)
 {
     double sum = grad_sumsq(g->grads, g->n_global);
     for (int s = 0; s < g->S; s++)
-        sum += grad_sumsq(g->slots[s].grads, g->slot_size);
+        sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
     return (float)sqrt(sum);
 }
 
@@ -530,9 +552,9 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
 {
     const gpt_slot_state *st = &g->slots[s];
     long t = ++g->adam_t_slot[s];
-    adamw_region_(st->params, st->grads, st->m, st->v, g->slot,
-                  gpt_slot_ntensors(&g->cfg), t, lr, beta1, beta2, eps, weight_decay,
-                  grad_scale);
+    adamw_region_(st->params, st->grads, st->m, st->v, gpt_slot_tensors(g, s),
+                  gpt_slot_ntensors_of(g, s), t, lr, beta1, beta2, eps,
+                  weight_decay, grad_scale);
 }
 
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
@@ -555,16 +577,27 @@ typedef struct {
     float *mem;
     long adam_t_global;
     long *adam_t_slot;
+    size_t *off;           /* [S] floats from the first slot's params */
+    unsigned char *moe;    /* [S] each slot's kind */
 } snapshot_;
+
+static void snapshot_free_(snapshot_ *sn)
+{
+    free(sn->mem);
+    free(sn->adam_t_slot);
+    free(sn->off);
+    free(sn->moe);
+}
 
 static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
 {
-    size_t ng = g->n_global, ss = g->slot_size;
-    sn->mem = malloc(3 * (ng + (size_t)g->S * ss) * sizeof(float));
-    sn->adam_t_slot = malloc((size_t)g->S * sizeof(long));
-    if (!sn->mem || !sn->adam_t_slot) {
-        free(sn->mem);
-        free(sn->adam_t_slot);
+    size_t ng = g->n_global, S = (size_t)g->S;
+    sn->mem = malloc(3 * g->n_params * sizeof(float));
+    sn->adam_t_slot = malloc(S * sizeof(long));
+    sn->off = malloc(S * sizeof(size_t));
+    sn->moe = malloc(S);
+    if (!sn->mem || !sn->adam_t_slot || !sn->off || !sn->moe) {
+        snapshot_free_(sn);
         return -1;
     }
     float *p = sn->mem;
@@ -572,10 +605,14 @@ static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
     memcpy(p + ng, g->m, ng * sizeof(float));
     memcpy(p + 2 * ng, g->v, ng * sizeof(float));
     p += 3 * ng;
-    for (int s = 0; s < g->S; s++, p += 3 * ss) {
+    for (int s = 0; s < g->S; s++) {
+        size_t ss = gpt_slot_floats(g, s);
+        sn->off[s] = (size_t)(p - sn->mem) - 3 * ng;
+        sn->moe[s] = g->slot_moe[s];
         memcpy(p, g->slots[s].params, ss * sizeof(float));
         memcpy(p + ss, g->slots[s].m, ss * sizeof(float));
         memcpy(p + 2 * ss, g->slots[s].v, ss * sizeof(float));
+        p += 3 * ss;
     }
     memcpy(sn->adam_t_slot, g->adam_t_slot, (size_t)g->S * sizeof(long));
     sn->adam_t_global = g->adam_t_global;
@@ -587,7 +624,7 @@ static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
 static void snapshot_put_(gpt_model *g, const snapshot_ *sn, const int *src_of,
                           int reset_moments)
 {
-    size_t ng = g->n_global, ss = g->slot_size;
+    size_t ng = g->n_global;
     const float *p = sn->mem;
     memcpy(g->params, p, ng * sizeof(float));
     memcpy(g->m, p + ng, ng * sizeof(float));
@@ -595,7 +632,8 @@ static void snapshot_put_(gpt_model *g, const snapshot_ *sn, const int *src_of,
     g->adam_t_global = sn->adam_t_global;
     for (int s = 0; s < g->S; s++) {
         int src = src_of ? src_of[s] : s;
-        const float *q = p + 3 * ng + (size_t)src * 3 * ss;
+        size_t ss = gpt_slot_floats(g, s);  /* = the source's: same kind */
+        const float *q = p + 3 * ng + sn->off[src];
         memcpy(g->slots[s].params, q, ss * sizeof(float));
         if (!reset_moments) {
             memcpy(g->slots[s].m, q + ss, ss * sizeof(float));
@@ -617,6 +655,20 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
     for (int l = 0; l < L; l++)
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
+    /* a new slot copies an old slot of its own kind */
+    unsigned char *kinds = malloc((size_t)new_S);
+    if (!kinds) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int bad = gpt_slot_kinds(&g->cfg, new_S, new_slot_of, kinds, NULL, 0);
+    for (int s = 0; !bad && s < new_S; s++)
+        bad = kinds[s] != g->slot_moe[src_of[s]];
+    free(kinds);
+    if (bad) {
+        errno = EINVAL;
+        return -1;
+    }
     int *old_map = malloc((size_t)L * sizeof(int));
     snapshot_ sn;
     if (!old_map || snapshot_take_(g, &sn) != 0) {
@@ -640,7 +692,6 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
         rc = -1;
     }
     free(old_map);
-    free(sn.mem);
-    free(sn.adam_t_slot);
+    snapshot_free_(&sn);
     return rc;
 }

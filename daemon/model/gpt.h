@@ -18,18 +18,25 @@
  *   slots.<s>.ln_2.weight, slots.<s>.ln_2.bias,
  *   slots.<s>.mlp.c_fc.weight (4C,C),    slots.<s>.mlp.c_fc.bias (4C),
  *   slots.<s>.mlp.c_proj.weight (C,4C),  slots.<s>.mlp.c_proj.bias (C)
- * and in an MoE model (cfg.moe_experts E > 0, every block MoE) instead of
- * the mlp.* tensors, each whole (experts e = 0..E-1 in order, prototype p
- * holding experts p*E/k .. (p+1)*E/k-1, kernels.h "mixture of experts"):
+ * and in an MoE slot (cfg.moe_experts E > 0) instead of the mlp.* tensors,
+ * in memory each whole (experts e = 0..E-1 in order, prototype p holding
+ * experts p*E/k .. (p+1)*E/k-1, kernels.h "mixture of experts"):
  *   slots.<s>.moe.experts.c_fc.weight (E*H,C), ...c_fc.bias (E*H),
  *   slots.<s>.moe.experts.c_proj.weight (E*C,H), ...c_proj.bias (E*C),
  *   slots.<s>.moe.gate.weight (E,C), slots.<s>.moe.gate.bias (E)
- * Weights are (out, in) row-major, as nn.Linear stores them.
+ * Checkpoints split these per expert and per prototype's gate
+ * (gpt_slot_ckpt_tensors: slots.<s>.moe.experts.<e>.c_fc.weight, ...,
+ * slots.<s>.moe.gate.<p>.weight). Weights are (out, in) row-major, as
+ * nn.Linear stores them.
  *
  * MoE blocks: layer l is MoE when (l + 1) % cfg.moe_every == 0
- * (model_layer_is_moe); only moe_every = 1 is built, so every slot has one
- * kind and the share map is the dense one. The router's aux and z losses
- * join the gradient (gpt_backward), not the returned loss.
+ * (model_layer_is_moe). With moe_every 1 every slot is an MoE slot; with
+ * moe_every > 1 (a "mixed" model, gpt_model_mixed) slots have two kinds,
+ * dense and MoE, of different sizes: a slot holds blocks of one kind only
+ * (gpt_slot_kinds), the share map of S slots is gpt_default_share_map's,
+ * and in the plain layout slot s starts slot_off[s] floats after the
+ * globals. The router's aux and z losses join the gradient (gpt_backward),
+ * not the returned loss.
  *
  * Storage and placement (granular offloading, daemon/offload/): by default
  * every buffer is one plain allocation and every slot is resident. A
@@ -184,7 +191,14 @@ struct gpt_model {
     long adam_t_global;        /* AdamW step count of the globals */
     long *adam_t_slot;         /* [S] AdamW step count of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
-    gpt_tensor slot[SLOT_NTENSORS_MAX];  /* first gpt_slot_ntensors used */
+    gpt_tensor slot[SLOT_NTENSORS_MAX];  /* the largest kind's tensors (MoE
+                                * when E > 0): first gpt_slot_ntensors used;
+                                * slot_size is its size */
+    gpt_tensor kind[2][SLOT_NTENSORS_MAX]; /* [0] dense, [1] MoE slot */
+    size_t kind_size[2];       /* floats of a dense and an MoE slot (padded) */
+    unsigned char *slot_moe;   /* [S] kind of slot s: 1 MoE, 0 dense */
+    size_t *slot_off;          /* [S] floats from the first slot to slot s in
+                                * the plain layout */
     int B, T;                  /* activation shapes allocated */
     int moe_eval;              /* 1: forward uses eval_capacity_factor */
     int moe_capacity;          /* capacity of the last forward (MoE) */
@@ -194,7 +208,7 @@ struct gpt_model {
     const gpt_storage *storage;  /* NULL: plain allocations, all resident */
 };
 
-/* Allocate a model with S slots (1 <= S <= L; slot_of[l] = l*S/L) and
+/* Allocate a model with S slots (1 <= S <= L; gpt_default_share_map) and
  * activations for microbatches of B sequences of cfg->seq_len tokens.
  * Weights zeroed; call gpt_init_weights. Returns 0 or -1 (errno ENOMEM). */
 int gpt_create(gpt_model *g, const model_config *cfg, int S, int B);
@@ -250,8 +264,63 @@ void gpt_tensor_name(char *out, size_t n, const char *prefix, int s,
  * g->slots[s]. */
 static inline float *gpt_slot_ptr(const gpt_model *g, float *buf, int s)
 {
-    return buf + g->n_global + (size_t)s * g->slot_size;
+    return buf + g->n_global + g->slot_off[s];
 }
+/* The tensor table of slot s (its kind's) and its size in floats. */
+static inline const gpt_tensor *gpt_slot_tensors(const gpt_model *g, int s)
+{
+    return g->kind[g->slot_moe[s]];
+}
+static inline size_t gpt_slot_floats(const gpt_model *g, int s)
+{
+    return g->kind_size[g->slot_moe[s]];
+}
+static inline int gpt_slot_ntensors_of(const gpt_model *g, int s)
+{
+    return g->slot_moe[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+}
+
+/* The slot tensors of one kind for cfg (moe 1: the MoE block, only when
+ * cfg->moe_experts > 0; else the dense block) and its padded size in
+ * floats. */
+void gpt_slot_layout(const model_config *cfg, int moe,
+                     gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *size);
+/* 1 when cfg has both MoE and dense blocks (moe_every > 1, E > 0). */
+int gpt_model_mixed(const model_config *cfg);
+/* The share map of S slots (slot_of, len L): l*S/L when every block has
+ * one kind; in a mixed model each kind's layers, in order, are spread over
+ * that kind's slots the same way (MoE slots in proportion to MoE layers,
+ * at least one of each kind), slots numbered in the order of their first
+ * layer, so S = L gives slot_of[l] = l. 0, or -1 when S is out of [1, L]
+ * or a mixed model has S < 2. */
+int gpt_default_share_map(const model_config *cfg, int S, int *slot_of);
+/* The kind of each of S slots under share map slot_of into moe[S] (1 MoE,
+ * 0 dense). 0, or -1 with err (may be NULL) when a slot is out of range,
+ * shared by blocks of both kinds, or (mixed model) used by no layer. */
+int gpt_slot_kinds(const model_config *cfg, int S, const int *slot_of,
+                   unsigned char *moe, char *err, size_t errlen);
+/* One tensor of a slot as checkpoints name it. */
+typedef struct {
+    char name[48];     /* after "slots.<s>.": "moe.experts.3.c_fc.weight" */
+    size_t offset;     /* floats from the start of the slot */
+    int rows, cols;    /* shape; cols 0 for 1-D */
+} gpt_ckpt_tensor;
+/* The checkpoint tensors of a slot of kind moe (1 MoE, 0 dense) into out
+ * (NULL: count only); returns the count. A dense slot's are its tensors
+ * (the names at the top of this file). An MoE slot's are ln_1, attn and
+ * ln_2 as in a dense slot, then per prototype p = 0..k-1
+ *   moe.gate.<p>.weight (E/k, C), moe.gate.<p>.bias (E/k)
+ * (rows p*E/k .. (p+1)*E/k-1 of the gate), then per expert e = 0..E-1 (the
+ * global index; prototype e / (E/k))
+ *   moe.experts.<e>.c_fc.weight (H, C), moe.experts.<e>.c_fc.bias (H),
+ *   moe.experts.<e>.c_proj.weight (C, H), moe.experts.<e>.c_proj.bias (C)
+ * each a view of the slot's whole expert tensors: 8 + 2k + 4E tensors. */
+int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
+                          gpt_ckpt_tensor *out);
+/* gpt_init_region for a slot of a given kind (moe 1/0): what a mixed
+ * model's slot s of that kind starts from. */
+void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
+                   uint64_t seed);
 
 /* Forward pass. inp, targets (B,T) int32 token ids; targets may be NULL (no
  * loss). Returns the mean loss in nats (or 0 without targets); per-position

@@ -69,15 +69,27 @@ static void init_tensor_(float *base, const gpt_tensor *t, float std,
 void gpt_init_region(const model_config *cfg, int s, float *buf,
                      uint64_t seed)
 {
+    gpt_init_slot(cfg, cfg->moe_experts > 0, s, buf, seed);
+}
+
+/* Slot s of kind moe (the globals when s < 0). Slot s's draws start after
+ * s slots of the largest kind, whatever the kinds, so a uniform model's
+ * values are those it always had. */
+void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
+                   uint64_t seed)
+{
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t n_global, slot_size;
     gpt_layout(cfg, glob, slot, &n_global, &slot_size);
     uint64_t global_draws = 0, slot_draws = 0;
     for (int i = 0; i < GLOB_NTENSORS; i++)
         global_draws += draws_(&glob[i]);
-    const int nt = gpt_slot_ntensors(cfg);
+    int nt = gpt_slot_ntensors(cfg);
     for (int i = 0; i < nt; i++)
         slot_draws += draws_(&slot[i]);
+    moe = moe && cfg->moe_experts > 0;
+    gpt_slot_layout(cfg, moe, slot, &slot_size);
+    nt = moe ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
     if (s < 0) {
         const float std_of[GLOB_NTENSORS] = {0.02f, 0.01f, 0, 0};
         uint64_t k = 0;

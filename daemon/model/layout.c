@@ -7,6 +7,7 @@
 #include "model/gpt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PAD 16 /* floats: 64-byte alignment of every region */
@@ -27,19 +28,13 @@ static void set_tensor_(gpt_tensor *t, const char *name, size_t *off,
     *off += t->numel;
 }
 
-void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
-                gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *n_global,
-                size_t *slot_size)
+/* The slot tensors of one kind: moe 0 the dense block, 1 the MoE block. */
+static void slot_layout_(const model_config *cfg, int moe,
+                         gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *size)
 {
     int C = cfg->n_embd;
     int E = cfg->moe_experts, H = model_moe_hidden(cfg);
     size_t off = 0;
-    set_tensor_(&glob[GLOB_WTE], "wte", &off, cfg->vocab_size, C);
-    set_tensor_(&glob[GLOB_WPE], "wpe", &off, cfg->seq_len, C);
-    set_tensor_(&glob[GLOB_LNF_W], "ln_f.weight", &off, C, 0);
-    set_tensor_(&glob[GLOB_LNF_B], "ln_f.bias", &off, C, 0);
-    *n_global = pad_(off);
-    off = 0;
     set_tensor_(&slot[SLOT_LN1_W], "ln_1.weight", &off, C, 0);
     set_tensor_(&slot[SLOT_LN1_B], "ln_1.bias", &off, C, 0);
     set_tensor_(&slot[SLOT_QKV_W], "attn.c_attn.weight", &off, 3 * C, C);
@@ -48,13 +43,14 @@ void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
     set_tensor_(&slot[SLOT_ATTPROJ_B], "attn.c_proj.bias", &off, C, 0);
     set_tensor_(&slot[SLOT_LN2_W], "ln_2.weight", &off, C, 0);
     set_tensor_(&slot[SLOT_LN2_B], "ln_2.bias", &off, C, 0);
-    if (E == 0) {
+    if (!moe) {
         set_tensor_(&slot[SLOT_FC_W], "mlp.c_fc.weight", &off, 4 * C, C);
         set_tensor_(&slot[SLOT_FC_B], "mlp.c_fc.bias", &off, 4 * C, 0);
         set_tensor_(&slot[SLOT_FCPROJ_W], "mlp.c_proj.weight", &off, C, 4 * C);
         set_tensor_(&slot[SLOT_FCPROJ_B], "mlp.c_proj.bias", &off, C, 0);
+        memset(&slot[SLOT_GATE_W], 0, 2 * sizeof slot[0]);
     } else {
-        /* every block MoE (model.moe.every 1): the experts and the gate */
+        /* the experts and the gate where a dense block has its MLP */
         set_tensor_(&slot[SLOT_FC_W], "moe.experts.c_fc.weight", &off, E * H,
                     C);
         set_tensor_(&slot[SLOT_FC_B], "moe.experts.c_fc.bias", &off, E * H, 0);
@@ -65,7 +61,166 @@ void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
         set_tensor_(&slot[SLOT_GATE_W], "moe.gate.weight", &off, E, C);
         set_tensor_(&slot[SLOT_GATE_B], "moe.gate.bias", &off, E, 0);
     }
-    *slot_size = pad_(off);
+    *size = pad_(off);
+}
+
+void gpt_slot_layout(const model_config *cfg, int moe,
+                     gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *size)
+{
+    slot_layout_(cfg, moe && cfg->moe_experts > 0, slot, size);
+}
+
+void gpt_layout(const model_config *cfg, gpt_tensor glob[GLOB_NTENSORS],
+                gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *n_global,
+                size_t *slot_size)
+{
+    int C = cfg->n_embd;
+    size_t off = 0;
+    set_tensor_(&glob[GLOB_WTE], "wte", &off, cfg->vocab_size, C);
+    set_tensor_(&glob[GLOB_WPE], "wpe", &off, cfg->seq_len, C);
+    set_tensor_(&glob[GLOB_LNF_W], "ln_f.weight", &off, C, 0);
+    set_tensor_(&glob[GLOB_LNF_B], "ln_f.bias", &off, C, 0);
+    *n_global = pad_(off);
+    slot_layout_(cfg, cfg->moe_experts > 0, slot, slot_size);
+}
+
+/* ------------------------------------------------------------- checkpoints */
+
+static int ck_put_(gpt_ckpt_tensor *out, int n, const char *name,
+                   size_t offset, int rows, int cols)
+{
+    if (out) {
+        snprintf(out[n].name, sizeof out[n].name, "%.47s", name);
+        out[n].offset = offset;
+        out[n].rows = rows;
+        out[n].cols = cols;
+    }
+    return n + 1;
+}
+
+int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
+                          gpt_ckpt_tensor *out)
+{
+    gpt_tensor t[SLOT_NTENSORS_MAX];
+    size_t size;
+    moe = moe && cfg->moe_experts > 0;
+    gpt_slot_layout(cfg, moe, t, &size);
+    int n = 0, nt = moe ? SLOT_LN2_B + 1 : SLOT_NTENSORS;
+    for (int i = 0; i < nt; i++)
+        n = ck_put_(out, n, t[i].name, t[i].offset, t[i].rows, t[i].cols);
+    if (!moe)
+        return n;
+    int E = cfg->moe_experts, k = cfg->moe_prototypes, Ep = E / k;
+    int C = cfg->n_embd, H = model_moe_hidden(cfg);
+    char nm[64];
+    for (int p = 0; p < k; p++) {
+        snprintf(nm, sizeof nm, "moe.gate.%d.weight", p);
+        n = ck_put_(out, n, nm, t[SLOT_GATE_W].offset + (size_t)p * Ep * C,
+                    Ep, C);
+        snprintf(nm, sizeof nm, "moe.gate.%d.bias", p);
+        n = ck_put_(out, n, nm, t[SLOT_GATE_B].offset + (size_t)p * Ep, Ep, 0);
+    }
+    for (int e = 0; e < E; e++) {
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.weight", e);
+        n = ck_put_(out, n, nm, t[SLOT_FC_W].offset + (size_t)e * H * C, H,
+                    C);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.bias", e);
+        n = ck_put_(out, n, nm, t[SLOT_FC_B].offset + (size_t)e * H, H, 0);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.weight", e);
+        n = ck_put_(out, n, nm, t[SLOT_FCPROJ_W].offset + (size_t)e * C * H,
+                    C, H);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.bias", e);
+        n = ck_put_(out, n, nm, t[SLOT_FCPROJ_B].offset + (size_t)e * C, C,
+                    0);
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------- share map */
+
+int gpt_model_mixed(const model_config *cfg)
+{
+    int n_moe = 0, L = cfg->n_layer;
+    for (int l = 0; l < L; l++)
+        n_moe += model_layer_is_moe(cfg, l);
+    return n_moe > 0 && n_moe < L;
+}
+
+int gpt_default_share_map(const model_config *cfg, int S, int *slot_of)
+{
+    int L = cfg->n_layer;
+    if (S < 1 || S > L)
+        return -1;
+    if (!gpt_model_mixed(cfg)) {
+        for (int l = 0; l < L; l++)
+            slot_of[l] = (int)((long)l * S / L);
+        return 0;
+    }
+    int Lk[2] = {0, 0};
+    for (int l = 0; l < L; l++)
+        Lk[model_layer_is_moe(cfg, l)]++;
+    if (S < 2)
+        return -1;
+    /* MoE slots in proportion to MoE layers, at least one of each kind */
+    int Sm = (int)(((long)S * Lk[1] + L / 2) / L);
+    if (Sm < S - Lk[0]) Sm = S - Lk[0];
+    if (Sm < 1) Sm = 1;
+    if (Sm > Lk[1]) Sm = Lk[1];
+    if (Sm > S - 1) Sm = S - 1;
+    int Sk[2] = {S - Sm, Sm}, base[2] = {0, S - Sm}, seen[2] = {0, 0};
+    /* group of each layer within its kind, then slots numbered in the
+     * order of their first layer */
+    int *renum = malloc((size_t)S * sizeof(int)), next = 0;
+    if (!renum)
+        return -1;
+    for (int s = 0; s < S; s++)
+        renum[s] = -1;
+    for (int l = 0; l < L; l++) {
+        int k = model_layer_is_moe(cfg, l);
+        int grp = base[k] + (int)((long)seen[k]++ * Sk[k] / Lk[k]);
+        if (renum[grp] < 0)
+            renum[grp] = next++;
+        slot_of[l] = renum[grp];
+    }
+    free(renum);
+    return 0;
+}
+
+int gpt_slot_kinds(const model_config *cfg, int S, const int *slot_of,
+                   unsigned char *moe, char *err, size_t errlen)
+{
+    int L = cfg->n_layer, mixed = gpt_model_mixed(cfg);
+    unsigned char uniform = cfg->moe_experts > 0 && !mixed;
+    for (int s = 0; s < S; s++)
+        moe[s] = 0xff;
+    for (int l = 0; l < L; l++) {
+        int s = slot_of[l];
+        if (s < 0 || s >= S) {
+            if (err)
+                snprintf(err, errlen, "slot_of[%d] = %d out of range [0, %d)",
+                         l, s, S);
+            return -1;
+        }
+        unsigned char k = (unsigned char)model_layer_is_moe(cfg, l);
+        if (moe[s] != 0xff && moe[s] != k) {
+            if (err)
+                snprintf(err, errlen, "slot %d is shared by an MoE and a dense "
+                         "block (layer %d); a slot holds blocks of one kind",
+                         s, l);
+            return -1;
+        }
+        moe[s] = k;
+    }
+    for (int s = 0; s < S; s++)
+        if (moe[s] == 0xff) {
+            if (mixed) {
+                if (err)
+                    snprintf(err, errlen, "slot %d is used by no layer", s);
+                return -1;
+            }
+            moe[s] = uniform;
+        }
+    return 0;
 }
 
 void gpt_layout_sizes(const model_config *cfg, size_t *n_global,
@@ -96,8 +251,12 @@ static size_t act_table_(const model_config *c, int B, gpt_acts *a,
     size_t V = c->vocab_size, BT = (size_t)B * T;
     int moe = c->moe_experts > 0;
     size_t E = c->moe_experts, K = moe ? c->moe_prototypes : 0;
-    size_t H = moe ? (size_t)model_moe_hidden(c) : 0, F = moe ? 0 : 4 * C;
-    size_t NK = BT * K, Lm = moe ? L : 0;  /* every block MoE */
+    /* mixed models (model.moe.every > 1) keep both per-layer sets, indexed
+     * by layer: simple, and the activations are not what bounds them */
+    int mixed = gpt_model_mixed(c);
+    size_t H = moe ? (size_t)model_moe_hidden(c) : 0;
+    size_t F = moe && !mixed ? 0 : 4 * C;
+    size_t NK = BT * K, Lm = moe ? L : 0;
     act_entry_ tab[] = {
         {&a->encoded, BT * C},
         {&a->ln1, L * BT * C}, {&a->ln1_mean, L * BT}, {&a->ln1_rstd, L * BT},

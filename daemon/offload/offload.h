@@ -197,6 +197,92 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
  * one field table (plan.c, rendered by common/view.h); m6ctl prints its
  * own plan and m6d's (PlanReply) with it. */
 void offload_plan_print(FILE *f, const offload_plan *p, int json);
+
+/* ====================================================== plan at scale
+ *
+ * m6ctl plan --nodes N --gpus-per-node G ... (offload/plan_cluster.c): a
+ * spec's parameter state on N*G = D devices, for the pseudo phase
+ * (pseudo.share_groups slots, when the spec has one) and the real phase
+ * (L slots). Placement, stated in the output: expert parallel, each MoE
+ * slot's E experts split into D groups of at most ceil(E/D), one group per
+ * device (the device holding the most is the one counted); the globals,
+ * every slot's attention and LayerNorms, the gates and the dense MLPs
+ * replicated on every device. Bytes per parameter are the cuda model's
+ * (mixed-precision AdamW, offload.h above), whatever device.backend says:
+ *   device, resident: weights 6 (bf16 2 + fp32 master 4), gradients 2
+ *     (bf16), optimizer 8 (fp32 m, v) = 16;
+ *   device, staging buffer: 4 per parameter of the slot share it holds;
+ *   host, offloaded: weights 6 (fp32 master 4 + pinned bf16 2), gradients 6
+ *     (fp32 accumulator 4 + pinned bf16 2), optimizer 8 = 20.
+ * Resident slots are a prefix, the most the device memory holds with the
+ * globals and min(prefetch, offloaded) staging buffers of the largest
+ * offloaded share; host memory is per node, G devices' offloaded shares.
+ * Activations, the CUDA context and the workspace are not counted. */
+#define CLUSTER_DEVICE_WEIGHT_BYTES 6
+#define CLUSTER_DEVICE_GRAD_BYTES 2
+#define CLUSTER_OPTIM_BYTES 8
+#define CLUSTER_DEVICE_BYTES_PER_PARAM 16
+#define CLUSTER_STAGING_BYTES_PER_PARAM 4
+#define CLUSTER_HOST_WEIGHT_BYTES 6
+#define CLUSTER_HOST_GRAD_BYTES 6
+#define CLUSTER_HOST_BYTES_PER_PARAM 20
+
+typedef struct {
+    int nodes, gpus_per_node;   /* N, G */
+    uint64_t device_memory;     /* bytes per device */
+    uint64_t host_memory;       /* bytes per node; 0: not limited */
+    int prefetch;               /* staging buffers (offload.prefetch) */
+} cluster_input;
+
+typedef enum {
+    CLUSTER_FITS_RESIDENT,      /* every slot resident */
+    CLUSTER_FITS_OFFLOADED,     /* only with granular offloading */
+    CLUSTER_NO_FIT              /* not at all */
+} cluster_fit;
+
+/* One phase at scale. Parameter counts are elements; bytes per device
+ * unless named per node. */
+typedef struct {
+    int n_slots, n_moe_slots;   /* S, and its MoE slots */
+    int devices;                /* D */
+    uint64_t experts_per_device;  /* ceil(E / D) of each MoE slot */
+    uint64_t global_params;     /* VC + TC + 2C */
+    uint64_t attn_params;       /* a block's ln_1, attn, ln_2: 4C^2 + 8C */
+    uint64_t mlp_params;        /* a dense block's MLP: 8C^2 + 5C */
+    uint64_t gate_params;       /* an MoE block's gate: EC + E */
+    uint64_t expert_params;     /* one expert: 2HC + H + C */
+    uint64_t total_params;      /* the whole model with S slots */
+    uint64_t slot_params[2];    /* a dense [0] and an MoE [1] slot's share
+                                 * of one device */
+    uint64_t device_params;     /* globals + every slot's share */
+    uint64_t offloaded_params;  /* of which in offloaded slots */
+    cluster_fit fit;
+    int n_resident, n_offloaded, n_staging;
+    uint64_t all_resident_bytes;  /* device, every slot resident */
+    uint64_t min_device_bytes;    /* device, every slot offloaded */
+    uint64_t dev_weights, dev_grads, dev_optim, dev_total;
+    uint64_t host_weights, host_grads, host_optim, host_total;
+    uint64_t node_host_total;   /* host_total * G */
+    uint64_t shortfall_bytes;   /* CLUSTER_NO_FIT: what is missing */
+    int short_of_host;          /* ... of a node's host memory (else of a
+                                 * device's memory) */
+} cluster_phase;
+
+typedef struct {
+    cluster_input in;
+    int has_pseudo;
+    cluster_phase pseudo, real;
+} cluster_plan;
+
+/* Plan spec at scale. 0, or -1 with err (bad input, or a share map the
+ * model cannot have). */
+int cluster_plan_for_spec(const run_spec *spec, const cluster_input *in,
+                          cluster_plan *out, char *err, size_t errlen);
+/* Text (with explain: the arithmetic under each figure) or one JSON
+ * object (nodes, devices, ..., "pseudo" and "real" with the figures of
+ * cluster_phase, fits one of "resident", "offloaded", "none"). */
+void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
+                        int explain, int json);
 void offload_plan_free(offload_plan *p);
 /* A copy of src's own fields into dst (placement duplicated; dst->pseudo
  * NULL): 0, or -1 (out of memory; dst then holds nothing to free). */

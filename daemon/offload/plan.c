@@ -109,19 +109,28 @@ size_t offload_cuda_act_bytes(const model_config *c, int B_)
 
 /* ------------------------------------------------------------- planner */
 
-static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch)
+/* Device bytes with slots [0, n_resident) resident. resident_of: NULL
+ * when every slot has one kind (slot_bytes each); else [S+1] the bytes of
+ * slots [0, r) for each r (a mixed model's dense and MoE slots). */
+static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
+                            const size_t *resident_of)
 {
     int k = p->n_slots - n_resident;
     int nst = k < prefetch ? k : prefetch;
-    return p->global_bytes + p->act_bytes + p->workspace_bytes +
-           (size_t)n_resident * p->slot_bytes + (size_t)nst * p->staging_bytes;
+    size_t res = resident_of ? resident_of[n_resident]
+                             : (size_t)n_resident * p->slot_bytes;
+    return p->global_bytes + p->act_bytes + p->workspace_bytes + res +
+           (size_t)nst * p->staging_bytes;
 }
 
-/* h2d and d2h bytes of one optimizer step (see offload.h). */
-static int count_step_bytes_(offload_plan *p, const int *slot_of)
+/* h2d and d2h bytes of one optimizer step (see offload.h). resident_of:
+ * as device_bytes_ (NULL: every slot slot_bytes), so slot s's weights
+ * travel as (resident_of[s+1] - resident_of[s]) / 4 (cpu). */
+static int count_step_bytes_(offload_plan *p, const int *slot_of,
+                             const size_t *resident_of)
 {
     int L = p->n_layer;
-    size_t W = p->staging_bytes / 2; /* one slot's weights (or grads) */
+    size_t W0 = p->staging_bytes / 2; /* one slot's weights (or grads) */
     offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
     int *at = malloc(2 * (size_t)L * sizeof(int));
     unsigned char *touched = calloc((size_t)p->n_slots, 1);
@@ -144,6 +153,9 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of)
         int n = offload_cut_pass(slot_of, L, p->placement, 1, k == 2 || A == 1,
                                  touched, iv, at);
         for (int j = 0; j < n; j++) {
+            int sl = iv[j].slot;
+            size_t W = resident_of ? (resident_of[sl + 1] - resident_of[sl]) / 4
+                                   : W0;
             size_t h2d = W, d2h = 0;
             if (iv[j].has_bwd) {
                 d2h = W;
@@ -179,9 +191,9 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     size_t ng, ss;
     int cuda = in->backend == BACKEND_CUDA;
-    if (cuda && c->moe_experts > 0) {
-        snprintf(err, errlen, "offload plan: the cuda model has no MoE "
-                 "blocks yet (model.moe needs device.backend \"cpu\")");
+    if (cuda && c->moe_experts > 0 && c->moe_every != 1) {
+        snprintf(err, errlen, "offload plan: the cuda model has MoE in every "
+                 "block only (model.moe.every 1)");
         return -1;
     }
     /* CPU: an MoE slot's experts and gate, their gradients and moments are
@@ -212,11 +224,66 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
         out->workspace_bytes = 0;
     }
-    out->min_budget_bytes = device_bytes_(out, 0, in->prefetch);
+    /* a mixed model (model.moe.every > 1): the slots' kinds from the share
+     * map, a dense slot counted at its own size; staging buffers hold the
+     * largest kind */
+    int *map = malloc((size_t)L * sizeof(int));
+    unsigned char *kind = malloc((size_t)S);
+    size_t *res_of = NULL;
+    if (!map || !kind) {
+        free(map);
+        free(kind);
+        snprintf(err, errlen, "offload plan: out of memory");
+        return -1;
+    }
+    if (in->slot_of)
+        memcpy(map, in->slot_of, (size_t)L * sizeof(int));
+    else if (gpt_default_share_map(c, S, map) != 0) {
+        snprintf(err, errlen, "offload plan: no share map of %d slots "
+                 "(a model of dense and MoE blocks needs at least one slot "
+                 "of each kind)", S);
+        free(map);
+        free(kind);
+        return -1;
+    }
+    for (int l = 0; l < L; l++)
+        if (map[l] < 0 || map[l] >= S) {
+            snprintf(err, errlen, "offload plan: slot_of[%d] = %d out of "
+                     "range [0,%d)", l, map[l], S);
+            free(map);
+            free(kind);
+            return -1;
+        }
+    if (gpt_model_mixed(c)) {
+        char e2[256];
+        if (gpt_slot_kinds(c, S, map, kind, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "offload plan: %s", e2);
+            free(map);
+            free(kind);
+            return -1;
+        }
+        gpt_tensor tab[SLOT_NTENSORS_MAX];
+        size_t ds;
+        gpt_slot_layout(c, 0, tab, &ds);
+        res_of = malloc(((size_t)S + 1) * sizeof(size_t));
+        if (!res_of) {
+            free(map);
+            free(kind);
+            snprintf(err, errlen, "offload plan: out of memory");
+            return -1;
+        }
+        res_of[0] = 0;
+        for (int s = 0; s < S; s++)
+            res_of[s + 1] = res_of[s] + (kind[s] ? out->slot_bytes
+                                                 : 4 * ds * sizeof(float));
+    }
+    free(kind);
+    out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
 
     int R = S;
     if (in->budget > 0) {
-        while (R >= 0 && device_bytes_(out, R, in->prefetch) > in->budget)
+        while (R >= 0 &&
+               device_bytes_(out, R, in->prefetch, res_of) > in->budget)
             R--;
         if (R < 0) {
             char b[64], m[64], g[64], a[64], st[64], w[64], all[48];
@@ -237,27 +304,28 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                      nst, nst == 1 ? "" : "s",
                      fmt_bytes_(st, sizeof st, out->staging_bytes),
                      fmt_bytes_(w, sizeof w, out->workspace_bytes));
+            free(map);
+            free(res_of);
             return -1;
         }
     }
-    int *map = malloc((size_t)L * sizeof(int));
-    out->placement = calloc((size_t)S, 1);
-    if (!map || !out->placement) {
+    if (cuda && c->moe_experts > 0 && R < S) {
+        char b[64], m[64];
+        snprintf(err, errlen, "device memory budget %s holds %d of the %d "
+                 "slots (all resident need %s); the cuda model does not "
+                 "offload MoE slots yet", fmt_bytes_(b, sizeof b, in->budget),
+                 R, S, fmt_bytes_(m, sizeof m,
+                                  device_bytes_(out, S, in->prefetch, res_of)));
         free(map);
-        free(out->placement);
-        out->placement = NULL;
-        snprintf(err, errlen, "offload plan: out of memory");
+        free(res_of);
         return -1;
     }
-    for (int l = 0; l < L; l++) {
-        map[l] = in->slot_of ? in->slot_of[l] : (int)((long)l * S / L);
-        if (map[l] < 0 || map[l] >= S) {
-            snprintf(err, errlen, "offload plan: slot_of[%d] = %d out of "
-                     "range [0,%d)", l, map[l], S);
-            free(map);
-            offload_plan_free(out);
-            return -1;
-        }
+    out->placement = calloc((size_t)S, 1);
+    if (!out->placement) {
+        free(map);
+        free(res_of);
+        snprintf(err, errlen, "offload plan: out of memory");
+        return -1;
     }
     out->n_resident = R;
     out->n_offloaded = S - R;
@@ -265,10 +333,14 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->placement[s] = OFFLOAD_OFFLOADED;
     out->n_staging = out->n_offloaded < in->prefetch ? out->n_offloaded
                                                      : in->prefetch;
-    out->peak_device_bytes = device_bytes_(out, R, in->prefetch);
+    out->peak_device_bytes = device_bytes_(out, R, in->prefetch, res_of);
     out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
-    int rc = count_step_bytes_(out, map);
+    if (res_of) {  /* cpu (mixed models are cpu only): host = device bytes */
+        out->host_bytes = out->pinned_bytes = res_of[S] - res_of[R];
+    }
+    int rc = count_step_bytes_(out, map, res_of);
+    free(res_of);
     free(map);
     if (rc != 0) {
         offload_plan_free(out);

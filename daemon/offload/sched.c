@@ -132,11 +132,12 @@ static void do_drain_(offload_ctx *o)
     float *dst = o->g->slots[B->slot].grads;
     pthread_mutex_unlock(&o->mu);
     double t0 = clock_mono_s();
-    memcpy(dst, B->dw, o->W);
+    size_t W = gpt_slot_floats(o->g, B->slot) * sizeof(float);
+    memcpy(dst, B->dw, W);
     double dt = clock_mono_s() - t0;
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
-    o->d2h_bytes += o->W;
+    o->d2h_bytes += W;
     o->pending_drains[B->slot]--;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
@@ -159,17 +160,20 @@ static void do_fetch_(offload_ctx *o)
     B->has_bwd = I->has_bwd;
     const gpt_slot_state *st = &o->g->slots[I->slot];
     int grads = I->has_bwd, from_host = I->grad_from_host;
+    /* this slot's kind's size (a mixed model: dense or MoE; the buffer
+     * holds the largest) */
+    size_t W = gpt_slot_floats(o->g, I->slot) * sizeof(float);
     pthread_mutex_unlock(&o->mu);
     double t0 = clock_mono_s();
-    memcpy(B->w, st->params, o->W);
+    memcpy(B->w, st->params, W);
     if (grads && from_host)
-        memcpy(B->dw, st->grads, o->W);
+        memcpy(B->dw, st->grads, W);
     double dt = clock_mono_s() - t0;
     if (grads && !from_host)
-        memset(B->dw, 0, o->W); /* a device memset, not a transfer */
+        memset(B->dw, 0, W); /* a device memset, not a transfer */
     pthread_mutex_lock(&o->mu);
     o->h2d_s += dt;
-    o->h2d_bytes += o->W * (grads && from_host ? 2 : 1);
+    o->h2d_bytes += W * (grads && from_host ? 2 : 1);
     o->iv_state[j] = IV_FETCHED;
     B->state = BUF_READY;
     pthread_cond_broadcast(&o->cv_done);
@@ -376,10 +380,13 @@ static int first_plan_fits_(const offload_ctx *o, const gpt_model *g)
     if (!p->placement || p->n_slots != g->S || p->n_layer != L ||
         p->batch_size != g->B)
         return 0;
-    for (int l = 0; l < L; l++)
-        if (g->slot_of[l] != (int)((long)l * g->S / L))
-            return 0;
-    return 1;
+    int *map = malloc((size_t)L * sizeof(int)), same = map != NULL;
+    if (same && gpt_default_share_map(&g->cfg, g->S, map) != 0)
+        same = 0;
+    for (int l = 0; same && l < L; l++)
+        same = g->slot_of[l] == map[l];
+    free(map);
+    return same;
 }
 
 static int alloc_state_(void *ctx, gpt_model *g)
@@ -400,7 +407,7 @@ static int alloc_state_(void *ctx, gpt_model *g)
         errno = ENOMEM;
         return -1;
     }
-    int S = g->S, L = g->cfg.n_layer, R = plan.n_resident;
+    int S = g->S, L = g->cfg.n_layer;
     size_t ng = g->n_global, ss = g->slot_size;
     /* the threads are idle (the model was synced) but may wake, and stats
      * may be read: publish the new placement under the lock */
@@ -408,15 +415,24 @@ static int alloc_state_(void *ctx, gpt_model *g)
     offload_plan_free(&o->plan);
     o->plan = plan;
     o->g = g;
-    o->W = ss * sizeof(float);
-    g->n_local = ng + (size_t)R * ss;
+    o->W = ss * sizeof(float);  /* the largest kind: staging buffers */
+    /* resident slots, and the host block of offloaded ones, at their own
+     * kind's sizes (a mixed model's dense and MoE slots) */
+    size_t res_floats = 0, off_floats = 0;
+    for (int s = 0; s < S; s++) {
+        if (plan.placement[s] == OFFLOAD_RESIDENT)
+            res_floats += gpt_slot_floats(g, s);
+        else
+            off_floats += gpt_slot_floats(g, s);
+    }
+    g->n_local = ng + res_floats;
     size_t nb = 4 * g->n_local * sizeof(float);
     o->dev_block = offload_pool_alloc(o->dev, nb);
     if (!o->dev_block) {
         pool_error_(o, o->dev, "globals and resident slots", nb);
         goto fail;
     }
-    size_t hb = (size_t)o->plan.n_offloaded * 4 * o->W;
+    size_t hb = 4 * off_floats * sizeof(float);
     if (hb && !(o->host_block = offload_pool_alloc(o->host, hb))) {
         pool_error_(o, o->host, "offloaded slots", hb);
         goto fail;
@@ -456,19 +472,22 @@ static int alloc_state_(void *ctx, gpt_model *g)
     g->grads = g->params + g->n_local;
     g->m = g->grads + g->n_local;
     g->v = g->m + g->n_local;
-    int r = 0, k = 0;
+    size_t r = ng, k = 0;
     for (int s = 0; s < S; s++) {
         gpt_slot_state *st = &g->slots[s];
+        size_t n = gpt_slot_floats(g, s);
         if (o->plan.placement[s] == OFFLOAD_RESIDENT) {
-            size_t off = ng + (size_t)r++ * ss;
+            size_t off = r;
+            r += n;
             *st = (gpt_slot_state){g->params + off, g->grads + off, g->m + off,
                                    g->v + off};
             g->w[s] = st->params;
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;
         } else {
-            float *h = o->host_block + (size_t)k++ * 4 * ss;
-            *st = (gpt_slot_state){h, h + ss, h + 2 * ss, h + 3 * ss};
+            float *h = o->host_block + k;
+            k += 4 * n;
+            *st = (gpt_slot_state){h, h + n, h + 2 * n, h + 3 * n};
             g->w[s] = g->dw[s] = NULL;
             g->offloaded[s] = 1;
         }

@@ -126,6 +126,23 @@ static int cpu_reslot_(void *ctx, int S, const int *slot_of,
                        size_t errlen)
 {
     cpu_ctx_ *c = ctx;
+    unsigned char *kinds = malloc((size_t)S);
+    if (!kinds) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int bad = gpt_slot_kinds(&c->model.cfg, S, slot_of, kinds, err, errlen);
+    for (int s = 0; !bad && s < S; s++)
+        if (src_of[s] < 0 || src_of[s] >= c->model.S ||
+            kinds[s] != c->model.slot_moe[src_of[s]]) {
+            snprintf(err, errlen, "slot %d would copy slot %d of another "
+                     "kind (or none): a slot copies a slot of its own kind",
+                     s, src_of[s]);
+            bad = 1;
+        }
+    free(kinds);
+    if (bad)
+        return -1;
     if (c->off)
         offload_sync(c->off);
     if (gpt_reslot(&c->model, S, slot_of, src_of, reset_moments) != 0) {

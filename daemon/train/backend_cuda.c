@@ -55,6 +55,11 @@ typedef struct {
                                    * cuBLASLt workspace, which gpt_cuda's
                                    * figures do not count) */
     size_t peak_device, peak_host; /* most seen at stats / reslot */
+    model_config model;           /* the shape (MoE facts) */
+    /* MoE (every block): the step's router facts, as gpt.c gathers them */
+    int moe;
+    gpt_moe_stats moe_st;         /* since step_begin, training passes */
+    int32_t *moe_counts;          /* (L, E) host copy of one pass's */
 } cuda_ctx_;
 
 static int cuda_n_slots_(void *ctx)
@@ -86,6 +91,7 @@ static void cuda_free_(void *ctx)
         return;
     gpt_cuda_free(c->g);
     free_host_(c);
+    free(c->moe_counts);
     free(c);
 }
 
@@ -105,16 +111,49 @@ static float clip_(const backend_adam *h)
 /* Zeroes the gradients. */
 static void cuda_step_begin_(void *ctx, const backend_adam *h)
 {
-    gpt_cuda_step_begin(((cuda_ctx_ *)ctx)->g, h->lr, h->beta1, h->beta2,
-                        h->eps, h->weight_decay, clip_(h));
+    cuda_ctx_ *c = ctx;
+    gpt_cuda_step_begin(c->g, h->lr, h->beta1, h->beta2, h->eps,
+                        h->weight_decay, clip_(h));
+    memset(&c->moe_st, 0, sizeof c->moe_st);
+}
+
+/* The router facts of the pass just run (B sequences) into c->moe_st,
+ * summed as gpt.c's moe_layer_forward_ does (waits for the GPU). */
+static void moe_note_(cuda_ctx_ *c, int B)
+{
+    const model_config *m = &c->model;
+    int L = m->n_layer, E = m->moe_experts;
+    double aux, z;
+    long dropped;
+    if (gpt_cuda_moe_facts(c->g, &aux, &z, &dropped) != 0 ||
+        gpt_cuda_moe_counts(c->g, c->moe_counts) != 0)
+        return;
+    gpt_moe_stats *st = &c->moe_st;
+    st->aux_sum += aux;
+    st->z_sum += z;
+    st->layers += L;
+    st->dropped += dropped;
+    st->pairs += (long)L * B * m->seq_len * m->moe_prototypes;
+    for (int i = 0; i < L * E; i++) {
+        long n = c->moe_counts[i];
+        if (st->load_n == 0 || n < st->load_min) st->load_min = n;
+        if (st->load_n == 0 || n > st->load_max) st->load_max = n;
+        st->load_sum += (double)n;
+        st->load_sumsq += (double)n * (double)n;
+        st->load_n++;
+        st->empty += n == 0;
+    }
 }
 
 static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
                               const int32_t *tgt, int B, float loss_scale)
 {
     cuda_ctx_ *c = ctx;
-    return gpt_cuda_train_microbatch(c->g, inp, tgt, B, loss_scale,
-                                     k == c->grad_accum - 1);
+    float loss = gpt_cuda_train_microbatch(c->g, inp, tgt, B, loss_scale,
+                                           k == c->grad_accum - 1);
+    if (c->moe)
+        moe_note_(c, B);
+    return loss;
 }
 
 static float cuda_grad_norm_(void *ctx)
@@ -144,7 +183,21 @@ static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 static float cuda_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
                         int B)
 {
-    return gpt_cuda_forward(((cuda_ctx_ *)ctx)->g, inp, tgt, B);
+    cuda_ctx_ *c = ctx;
+    /* validation capacity; the step's facts stay those of training */
+    gpt_cuda_set_moe_eval(c->g, 1);
+    float loss = gpt_cuda_forward(c->g, inp, tgt, B);
+    gpt_cuda_set_moe_eval(c->g, 0);
+    return loss;
+}
+
+static int cuda_moe_stats_(void *ctx, gpt_moe_stats *st)
+{
+    cuda_ctx_ *c = ctx;
+    if (!c->moe)
+        return -1;
+    *st = c->moe_st;
+    return 0;
 }
 
 /* ------------------------------------------------------------- slots */
@@ -377,7 +430,7 @@ static const backend_iface cuda_iface_ = {
     /* .set_adam_steps = */ cuda_set_adam_steps_,
     /* .device_bytes   = */ cuda_device_bytes_,
     /* .offload_stats  = */ cuda_offload_stats_,
-    /* .moe_stats      = */ NULL,  /* no MoE on cuda yet (spec refuses) */
+    /* .moe_stats      = */ cuda_moe_stats_,
     /* .grad_region    = */ NULL,  /* device memory: no host all-reduce */
     /* .poison_grad    = */ NULL,  /* the test fault inf_grad: cpu only */
 };
@@ -407,6 +460,15 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
     c->n_global = bs->n_global;
     c->slot_size = bs->slot_size;
     c->grad_accum = bs->grad_accum;
+    c->model = bs->model;
+    c->moe = bs->model.moe_experts > 0;
+    if (c->moe && !(c->moe_counts = malloc((size_t)bs->model.n_layer *
+                                           bs->model.moe_experts *
+                                           sizeof(int32_t)))) {
+        snprintf(err, errlen, "out of memory");
+        free(c);
+        return -1;
+    }
     gpt_cuda_offload off = {0}, *offp = NULL;
     if (bs->plan) {
         /* the starting phase's plan places the slots; the Real phase

@@ -112,11 +112,13 @@ static const key_ keys_[] = {
         "`aux_loss_coef`."),
     INT("model.moe", "every", model.moe_every, 1, INT_MAX,
         "MoE in block l when (l+1) % every == 0, dense MLP in the others; "
-        "at most `n_layer`. Only 1 (every block) is built yet."),
+        "at most `n_layer`. Above 1 the model mixes dense and MoE slots "
+        "(a pseudo model then needs `share_groups` >= 2)."),
     INT("model.moe", "expert_hidden", model.moe_hidden, 0, INT_MAX,
         "H: hidden size of each expert's MLP. 0: 4 * `n_embd`."),
     INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
-        "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L`."),
+        "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L` "
+        "(with `model.moe.every` > 1, each kind's layers so over its slots)."),
     LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
          "Steps of the pseudo phase, at most `train.steps`; the delink comes "
          "after them. 0: train the real model from scratch."),
@@ -765,15 +767,32 @@ static int moe_check_(const run_spec *s, char *err, size_t errlen)
                 "= %d], got %d", m->n_layer, m->moe_every);
         return -1;
     }
-    if (m->moe_every != 1) {
-        seterr_(err, errlen, "model.moe.every: only 1 (MoE in every block) is "
-                "built yet, got %d", m->moe_every);
-        return -1;
+    int n_moe = m->n_layer / m->moe_every;  /* layers l with (l+1) % n == 0 */
+    if (n_moe < m->n_layer) {
+        /* a mixed model: a slot holds blocks of one kind */
+        if (s->pseudo.steps > 0 && s->pseudo.share_groups < 2) {
+            seterr_(err, errlen, "pseudo.share_groups: model.moe.every = %d "
+                    "mixes dense and MoE blocks, and a slot holds blocks of "
+                    "one kind, so the pseudo model needs at least 2 slots "
+                    "(one of each kind), got %d", m->moe_every,
+                    s->pseudo.share_groups);
+            return -1;
+        }
     }
     if (s->device.backend == BACKEND_CUDA) {
-        seterr_(err, errlen, "model.moe: the cuda backend does not train MoE "
-                "models yet (use device.backend \"cpu\")");
-        return -1;
+        /* the cuda model: MoE in every block, every slot resident */
+        if (m->moe_every != 1) {
+            seterr_(err, errlen, "model.moe.every: the cuda backend trains "
+                    "MoE in every block only (every 1), got %d (use "
+                    "device.backend \"cpu\")", m->moe_every);
+            return -1;
+        }
+        if (s->device.memory_budget > 0) {
+            seterr_(err, errlen, "device.memory_budget: the cuda backend "
+                    "does not offload MoE slots yet; leave the budget out "
+                    "(or use device.backend \"cpu\")");
+            return -1;
+        }
     }
     return 0;
 }
@@ -885,10 +904,10 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
                 NH = m->n_head, V = m->vocab_size, B = s->train.batch_size;
     long double params = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
     long double acts = L * B * T * (16 * C + NH * T) + B * T * (3 * V + 14 * C);
-    if (m->moe_experts > 0) {  /* every block MoE: experts and gate */
+    if (m->moe_experts > 0) {  /* MoE blocks: experts and gate */
         long double E = m->moe_experts, H = model_moe_hidden(m),
-                    k = m->moe_prototypes;
-        params += L * (E * (2 * H * C + H + C) + E * C + E - 8 * C * C - 5 * C);
+                    k = m->moe_prototypes, Lm = m->n_layer / m->moe_every;
+        params += Lm * (E * (2 * H * C + H + C) + E * C + E - 8 * C * C - 5 * C);
         acts += L * B * T * (k * (2 * C + 2 * H) + E);
     }
     long double bytes = 16 * params + 4 * acts;

@@ -1169,8 +1169,38 @@ size_t trainer_device_bytes(const trainer *t)
 /* Checkpoint files are written from, and read into, the backend's state
  * regions (backend.h: between state_begin and state_end), tensor by tensor
  * in the plain layout of gpt.h: the same files on every backend. */
+/* Each slot's kind (1 MoE) under the backend's share map into kinds[S]
+ * (malloc'd); NULL when out of memory. */
+static unsigned char *slot_kinds_(const trainer *t)
+{
+    int S = n_slots_(t);
+    unsigned char *k = malloc((size_t)S);
+    if (k && gpt_slot_kinds(&t->spec.model, S,
+                            t->be.iface->slot_of(t->be.ctx), k, NULL, 0) != 0)
+        memset(k, t->spec.model.moe_experts > 0, (size_t)S);
+    return k;
+}
+
+/* Tensors per buffer in a checkpoint of t's current layout
+ * (gpt_slot_ckpt_tensors per slot); -1 when out of memory. */
+static int ckpt_count_(const trainer *t)
+{
+    unsigned char *k = slot_kinds_(t);
+    if (!k)
+        return -1;
+    int n = GLOB_NTENSORS, per[2];
+    for (int kd = 0; kd < 2; kd++)
+        per[kd] = gpt_slot_ckpt_tensors(&t->spec.model, kd, NULL);
+    for (int s = 0; s < n_slots_(t); s++)
+        n += per[k[s]];
+    free(k);
+    return n;
+}
+
 /* Enumerate every tensor of the model over buffer b (params, m or v) with
- * the given name prefix. Returns the count; names malloc'd into names[]. */
+ * the given name prefix: the globals, then each slot's checkpoint tensors
+ * (gpt_slot_ckpt_tensors: per expert and per prototype gate in an MoE
+ * slot). Returns the count (-1 out of memory); names malloc'd into names[]. */
 static int collect_tensors_(const trainer *t, backend_buf b,
                             const char *prefix, st_tensor *out, char **names)
 {
@@ -1178,6 +1208,21 @@ static int collect_tensors_(const trainer *t, backend_buf b,
     int n = 0, S = n_slots_(t);
     float *buf = be->state_region(t->be.ctx, b, -1);
     char nm[160];
+    gpt_ckpt_tensor *tab[2] = {NULL, NULL};
+    int nt[2];
+    unsigned char *kind = slot_kinds_(t);
+    for (int kd = 0; kd < 2; kd++) {
+        nt[kd] = gpt_slot_ckpt_tensors(&t->spec.model, kd, NULL);
+        tab[kd] = malloc((size_t)nt[kd] * sizeof *tab[kd]);
+        if (tab[kd])
+            gpt_slot_ckpt_tensors(&t->spec.model, kd, tab[kd]);
+    }
+    if (!kind || !tab[0] || !tab[1]) {
+        free(kind);
+        free(tab[0]);
+        free(tab[1]);
+        return -1;
+    }
     for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
         const gpt_tensor *gt = &t->glob[i];
         gpt_tensor_name(nm, sizeof nm, prefix, -1, gt);
@@ -1187,14 +1232,18 @@ static int collect_tensors_(const trainer *t, backend_buf b,
     }
     for (int s = 0; s < S; s++) {
         float *sbuf = be->state_region(t->be.ctx, b, s);
-        for (int i = 0; i < gpt_slot_ntensors(&t->spec.model); i++, n++) {
-            const gpt_tensor *st = &t->slot[i];
-            gpt_tensor_name(nm, sizeof nm, prefix, s, st);
+        const gpt_ckpt_tensor *ct = tab[kind[s]];
+        for (int i = 0; i < nt[kind[s]]; i++, n++) {
+            snprintf(nm, sizeof nm, "%sslots.%d.%s", prefix, s, ct[i].name);
             names[n] = strdup(nm);
-            out[n] = (st_tensor){names[n], sbuf + st->offset,
-                                 st->cols ? 2 : 1, {st->rows, st->cols}};
+            out[n] = (st_tensor){names[n], sbuf + ct[i].offset,
+                                 ct[i].cols ? 2 : 1,
+                                 {ct[i].rows, ct[i].cols}};
         }
     }
+    free(kind);
+    free(tab[0]);
+    free(tab[1]);
     return n;
 }
 
@@ -1203,17 +1252,24 @@ static long write_tensors_file_(const char *path, const trainer *t,
                                 const char *const *prefixes,
                                 int nbufs, m6_err *err)
 {
-    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX;
-    st_tensor *ts = calloc((size_t)per * nbufs, sizeof *ts);
-    char **names = calloc((size_t)per * nbufs, sizeof *names);
+    int per = ckpt_count_(t);
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *names);
     long rc = -1;
     if (!ts || !names) {
+        per = 0;
         m6_err_set(err, M6_EINTERNAL, "out of memory");
         goto out;
     }
     int n = 0;
-    for (int b = 0; b < nbufs; b++)
-        n += collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
+    for (int b = 0; b < nbufs; b++) {
+        int nb = collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
+        if (nb < 0) {
+            m6_err_set(err, M6_EINTERNAL, "out of memory");
+            goto out;
+        }
+        n += nb;
+    }
     FILE *f = fopen(path, "wb");
     if (!f) {
         m6_err_set(err, M6_EINTERNAL, "%s: %s", path, strerror(errno));
@@ -1403,12 +1459,20 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
         m6_err_set(err, M6_EINTERNAL, "%s", e1);
         return -1;
     }
-    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX, rc = 0;
-    st_tensor *ts = calloc((size_t)per, sizeof *ts);
-    char **names = calloc((size_t)per, sizeof *names);
+    int per = ckpt_count_(t), rc = 0;
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per, sizeof *names);
     char e2[256];  /* safetensors_get's words: a tensor name, no path */
+    if (!ts || !names) {
+        m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+        rc = -1;
+    }
     for (int b = 0; b < nbufs && rc == 0; b++) {
         int n = collect_tensors_(t, bufs[b], prefixes[b], ts, names);
+        if (n < 0) {
+            m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+            rc = -1;
+        }
         for (int i = 0; i < n; i++) {
             size_t numel = (size_t)ts[i].shape[0] *
                            (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
@@ -1483,6 +1547,36 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
             goto out;
         }
     }
+    /* each new slot copies an old slot of its own kind (values are
+     * overwritten below); a map that mixes kinds in a slot is refused */
+    {
+        int oS = n_slots_(t);
+        unsigned char *nk = malloc((size_t)n_slots), *ok_ = malloc((size_t)oS);
+        char e3[256] = "out of memory";
+        int bad = !nk || !ok_ ||
+                  gpt_slot_kinds(&t->spec.model, n_slots, map, nk, e3,
+                                 sizeof e3) != 0 ||
+                  gpt_slot_kinds(&t->spec.model, oS, be->slot_of(t->be.ctx),
+                                 ok_, e3, sizeof e3) != 0;
+        for (int s = 0; !bad && s < n_slots; s++) {
+            src[s] = -1;
+            for (int o = 0; o < oS && src[s] < 0; o++)
+                if (ok_[o] == nk[s])
+                    src[s] = o;
+            if (src[s] < 0) {
+                snprintf(e3, sizeof e3, "no slot of the kind of slot %d", s);
+                bad = 1;
+            }
+        }
+        free(nk);
+        free(ok_);
+        if (bad) {
+            m6_err_set(err, M6_EINTERNAL, "%s: bad share map: %s", path, e3);
+            free(map);
+            free(src);
+            goto out;
+        }
+    }
     /* Re-lay to the checkpoint's slot count; values are overwritten below. */
     char e2[512];
     int ok = be->reslot(t->be.ctx, n_slots, map, src, 1, e2, sizeof e2) == 0;
@@ -1549,19 +1643,35 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
 {
     const backend_iface *be = t->be.iface;
     int S = n_slots_(t);
-    size_t n = t->n_global + (size_t)S * t->slot_size;
-    if (!dst)
-        return n;
-    if (be->state_begin(t->be.ctx, 0) != 0)
+    unsigned char *kind = slot_kinds_(t);
+    if (!kind)
         return 0;
+    size_t ks[2];
+    gpt_tensor tab[SLOT_NTENSORS_MAX];
+    gpt_slot_layout(&t->spec.model, 0, tab, &ks[0]);
+    gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
+    size_t n = t->n_global;
+    for (int s = 0; s < S; s++)
+        n += ks[kind[s]];
+    if (!dst) {
+        free(kind);
+        return n;
+    }
+    if (be->state_begin(t->be.ctx, 0) != 0) {
+        free(kind);
+        return 0;
+    }
     backend_buf b = which == 0 ? BACKEND_PARAMS : which == 1 ? BACKEND_M : BACKEND_V;
     memcpy(dst, be->state_region(t->be.ctx, b, -1),
            t->n_global * sizeof(float));
-    for (int s = 0; s < S; s++)
-        memcpy(dst + t->n_global + (size_t)s * t->slot_size,
-               be->state_region(t->be.ctx, b, s),
-               t->slot_size * sizeof(float));
+    size_t off = t->n_global;
+    for (int s = 0; s < S; s++) {
+        memcpy(dst + off, be->state_region(t->be.ctx, b, s),
+               ks[kind[s]] * sizeof(float));
+        off += ks[kind[s]];
+    }
     be->state_end(t->be.ctx, 0);
+    free(kind);
     return n;
 }
 

@@ -33,6 +33,8 @@
  *     step 3 is skipped, resident and offloaded (no clipping: offloaded
  *     slots' host AdamW must wait for the norm): weights, moments and
  *     step counts bitwise those after step 2; step 4 trains.
+ *  9. MoE in every block: 8 steps with a delink on both backends agree
+ *     (moe_case_ says within what), and cuda reports the router figures.
  *
  * Tolerances (those of tests/gpu/test_model.cu, same reasons):
  *  TOL_LOSS 5e-2 nats: the GPU keeps activations, the weights' working copy
@@ -428,6 +430,79 @@ static int offload_bytes_case_(void)
     return 0;
 }
 
+/* MoE in every block (E = 8 in k = 2 prototypes, H = 64) on both
+ * backends: 8 steps with the delink at 4, every loss within TOL_LOSS of
+ * the CPU's (the reason of tests/gpu/test_model_moe.cu's TOL_LOSS), and
+ * every step's router figures on cuda: the balancing loss within 5e-2
+ * relative and the dropped fraction within 0.05 of the CPU's (a token
+ * whose two best experts are within bf16 rounding may choose the other,
+ * and cross a capacity boundary), the load figures consistent. */
+static int moe_case_(void)
+{
+    run_spec sp[2] = {spec_(BACKEND_CUDA), spec_(BACKEND_CPU)};
+    step_result r[2][8];
+    for (int b = 0; b < 2; b++) {
+        run_spec *s = &sp[b];
+        s->model.moe_experts = 8;
+        s->model.moe_prototypes = 2;
+        s->model.moe_every = 1;
+        s->model.moe_hidden = 64;
+        s->model.moe_capacity_factor = 1.0f;
+        s->model.moe_eval_capacity_factor = 2.0f;
+        s->model.moe_aux_coef = 0.01f;
+        s->model.moe_z_coef = 0.001f;
+        s->train.steps = 8;
+        s->pseudo.steps = 4;
+        s->train.eval_every = 4;
+        char err[512];
+        if (ERR_INTO(err, trainer_check_spec(s, &err_)) != 0) {
+            printf("  trainer_check_spec (%s): %s\n", b ? "cpu" : "cuda",
+                   err);
+            return -1;
+        }
+        trainer *t = create_(s);
+        while (trainer_step_count(t) < s->train.steps) {
+            if (trainer_phase(t) == PHASE_PSEUDO &&
+                trainer_step_count(t) == s->pseudo.steps &&
+                trainer_delink(t, err, sizeof err) != 0) {
+                fprintf(stderr, "trainer_delink: %s\n", err);
+                return -1;
+            }
+            step_result x;
+            if (ERR_INTO(err, trainer_step(t, &x, &err_)) != 0) {
+                fprintf(stderr, "trainer_step: %s\n", err);
+                return -1;
+            }
+            r[b][x.step - 1] = x;
+        }
+        trainer_free(t);
+    }
+    double dl = 0, da = 0, dd = 0;
+    int ok_load = 1;
+    for (int i = 0; i < 8; i++) {
+        const step_result *g = &r[0][i], *c = &r[1][i];
+        printf("    step %d  loss cpu %.5f cuda %.5f  aux cpu %.4f cuda %.4f  "
+               "dropped cpu %.3f cuda %.3f\n", i + 1, c->train_loss,
+               g->train_loss, c->moe.aux_loss, g->moe.aux_loss,
+               c->moe.dropped_fraction, g->moe.dropped_fraction);
+        if (!isfinite(g->train_loss) || fabs(g->train_loss - c->train_loss) > dl)
+            dl = isfinite(g->train_loss) ? fabs(g->train_loss - c->train_loss)
+                                         : INFINITY;
+        double a = fabs(g->moe.aux_loss - c->moe.aux_loss) / c->moe.aux_loss;
+        if (!(a <= da)) da = a;
+        double d = fabs(g->moe.dropped_fraction - c->moe.dropped_fraction);
+        if (!(d <= dd)) dd = d;
+        ok_load &= g->moe.present && g->moe.load_min <= g->moe.load_max &&
+                   g->moe.load_cv >= 0;
+    }
+    check_(dl <= TOL_LOSS, "MoE: max |loss cuda - loss cpu|", dl, 0,
+           TOL_LOSS);
+    check_(da <= 5e-2, "MoE: max relative |aux cuda - aux cpu|", da, 0, 5e-2);
+    check_(dd <= 0.05, "MoE: max |dropped fraction cuda - cpu|", dd, 0, 0.05);
+    check_true_(ok_load, "MoE: cuda reports router figures every step");
+    return 0;
+}
+
 int main(void)
 {
     const char *why = "";
@@ -554,6 +629,10 @@ int main(void)
     size_t b8 = offload_budget_(&s8, 1, &p8);
     offload_plan_free(&p8);
     if (nonfinite_case_(0) != 0 || nonfinite_case_(b8) != 0)
+        return 1;
+
+    printf("9. MoE in every block, cuda against cpu\n");
+    if (moe_case_() != 0)
         return 1;
 
     if (synth_remove(dir_) != 0)

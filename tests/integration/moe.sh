@@ -4,7 +4,8 @@
 # delinks and completes with a finite validation loss, every step's router
 # figures are in m6.db, and status and metrics (text, --json, --csv) show
 # them; a spec whose prototypes do not divide the experts is refused at
-# submit naming the key.
+# submit naming the key; a mixed model (MoE every 2nd block) runs too; and
+# the M6-10T plan at paper scale says what fits where.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -84,5 +85,46 @@ ctl watch "$D" >/dev/null || fail "the dense run did not complete"
 ctl status "$D" >"$T/dstatus.txt"
 ! grep -q "^moe:" "$T/dstatus.txt" || fail "dense status has a moe line"
 ctl metrics "$D" --csv | sed -n 1p | grep -q "copy_hidden_fraction$" || fail "dense csv header"
+# a mixed model: MoE in every 2nd of 4 blocks, a pseudo phase of one slot
+# of each kind; a pseudo phase of 1 slot is refused naming the key
+sed -e 's/"n_layer": 2/"n_layer": 4/' -e 's/"expert_hidden": 48/"expert_hidden": 48, "every": 2/' \
+    -e 's/"share_groups": 1/"share_groups": 2/' -e 's/moe-short/moe-mixed/' \
+    "$T/moe.json" >"$T/mixed.json"
+X=$(ctl submit "$T/mixed.json") || fail "submit mixed"
+ctl watch "$X" >/dev/null || fail "the mixed run did not complete"
+[ "$(db "$T/s" "select count(*) from metrics where run=$X and moe_aux_loss > 0")" = 12 ] \
+    || fail "mixed run: router figures"
+sed 's/"share_groups": 2/"share_groups": 1/' "$T/mixed.json" >"$T/mixed1.json"
+rc=0; ctl submit "$T/mixed1.json" >/dev/null 2>"$T/mixed1.err" || rc=$?
+[ "$rc" != 0 ] && grep -q "pseudo.share_groups: model.moe.every = 2" "$T/mixed1.err" \
+    || fail "mixed spec with one pseudo slot: rc $rc, $(cat "$T/mixed1.err")"
 stop_daemon
-echo "ok moe (12 steps, delink at 6, router figures in m6.db, status and metrics)"
+
+# the plan at paper scale (no daemon): M6-10T on 64 x 8 devices of 32 GiB
+EX="$(dirname "$0")/../../examples/m6-10t.json"
+ctl plan "$EX" --nodes 64 --gpus-per-node 8 --device-memory 32GiB \
+    --host-memory 512GiB --explain >"$T/p10t.txt" || fail "plan at scale"
+grep -q "^pseudo phase: S = 1 slot" "$T/p10t.txt" || fail "plan: no pseudo phase"
+grep -q "^  parameters per device  476,113,920 " "$T/p10t.txt" || fail "plan: pseudo per device"
+grep -q "^  fits: with all slots resident" "$T/p10t.txt" || fail "plan: pseudo fit"
+grep -q "^  model parameters       10,056,391,903,232 " "$T/p10t.txt" || fail "plan: 10T count"
+grep -q "^    = 16 bytes x 20,397,688,832 parameters" "$T/p10t.txt" || fail "plan: --explain"
+grep -q "^  fits: not at all: .* 2.21 TiB more than its 512.00 GiB" "$T/p10t.txt" \
+    || fail "plan: real fit: $(grep fits "$T/p10t.txt")"
+ctl --json plan "$EX" --nodes 64 --gpus-per-node 8 --device-memory 32GiB \
+    --host-memory 3TiB | python3 -c "
+import json, sys
+p = json.load(sys.stdin)
+assert p['devices'] == 512, p
+assert p['pseudo']['fits'] == 'resident', p['pseudo']
+assert p['real']['fits'] == 'offloaded', p['real']
+assert p['real']['resident_slots'] == 4 and p['real']['offloaded_slots'] == 44, p['real']
+" || fail "plan --json at scale"
+rc=0; ctl plan "$EX" --nodes 0 --device-memory 32GiB 2>"$T/pn.err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--nodes: want a whole number" "$T/pn.err" || fail "plan --nodes 0: rc $rc"
+rc=0; ctl plan "$EX" --nodes 2 --daemon 2>"$T/pd.err" || rc=$?
+[ "$rc" = 2 ] && grep -q "leave out --daemon" "$T/pd.err" || fail "plan --nodes --daemon: rc $rc"
+rc=0; ctl plan "$EX" --nodes 2 2>"$T/pm.err" || rc=$?
+[ "$rc" = 2 ] && grep -q "give --device-memory" "$T/pm.err" || fail "plan --nodes without memory: rc $rc"
+ctl plan "$EX" --device-memory 4TiB >/dev/null || fail "the plain plan of the 10T spec"
+echo "ok moe (12 steps, delink at 6, router figures in m6.db, status and metrics; a mixed run; the 10T plan at scale)"

@@ -5,11 +5,13 @@
  * config in a JSON sidecar). The Python side recomputes all of it with
  * PyTorch autograd, independently of this code.
  *
- * usage: dump_model OUT.safetensors S [L C NH T V B [E k H CF AUX Z]]
+ * usage: dump_model OUT.safetensors S [L C NH T V B [E k H CF AUX Z [EVERY]]]
  * (the second group: every block MoE, kernels.h "mixture of experts", with
  * E experts in k prototypes of hidden size H, capacity factor CF and the
  * aux and z loss coefficients; the dumped loss is the LM loss alone, the
- * gradients those of the training loss with both router losses)
+ * gradients those of the training loss with both router losses; EVERY,
+ * default 1, puts MoE in block l when (l+1) % EVERY == 0 and a dense MLP in
+ * the others, slots of two kinds on gpt_default_share_map)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +46,8 @@ int main(int argc, char **argv)
         cfg.moe_eval_capacity_factor = cfg.moe_capacity_factor;
         cfg.moe_aux_coef = (float)atof(argv[13]);
         cfg.moe_z_coef = (float)atof(argv[14]);
+        if (argc >= 16)
+            cfg.moe_every = atoi(argv[15]);
     }
     gpt_model g;
     if (gpt_create(&g, &cfg, S, B) != 0) {
@@ -89,13 +93,13 @@ int main(int argc, char **argv)
                                 {g.glob[i].rows, g.glob[i].cols}};
         }
         for (int s = 0; s < S; s++)
-            for (int i = 0; i < gpt_slot_ntensors(&cfg); i++, n++) {
-                gpt_tensor_name(nm, sizeof nm, pre, s, &g.slot[i]);
+            for (int i = 0; i < gpt_slot_ntensors_of(&g, s); i++, n++) {
+                const gpt_tensor *st = &gpt_slot_tensors(&g, s)[i];
+                gpt_tensor_name(nm, sizeof nm, pre, s, st);
                 names[n] = strdup(nm);
                 ts[n] = (st_tensor){names[n],
-                                    gpt_slot_ptr(&g, buf, s) + g.slot[i].offset,
-                                    g.slot[i].cols ? 2 : 1,
-                                    {g.slot[i].rows, g.slot[i].cols}};
+                                    gpt_slot_ptr(&g, buf, s) + st->offset,
+                                    st->cols ? 2 : 1, {st->rows, st->cols}};
             }
     }
     ts[n++] = (st_tensor){"inputs", inpf, 2, {B, T}};

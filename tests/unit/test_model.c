@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "model/gpt.h"
+#include "ckpt/checkpoint.h"
 #include "train/data.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"
@@ -277,6 +278,68 @@ static void test_moe_delink_preserves_function(void **state)
     gpt_free(&g);
 }
 
+/* A mixed model (model.moe.every 2 on 4 layers: blocks 1 and 3 MoE, 0 and
+ * 2 dense). Slot sizes counted by hand from the shapes (C 16, E 4, H 12,
+ * padded to 16 floats): dense 12C^2 + 13C = 3280; MoE: attention and
+ * LayerNorms 4C^2 + 8C = 1152, the experts E(2HC + H + C) = 1648 and the
+ * gate EC + E = 68 -> 2868, padded 2880. The share map of 2 slots is [0,1,0,1]; S = 1 is
+ * refused; a reslot copying a slot of the other kind is refused and
+ * changes nothing; the delink keeps the loss bitwise; each kind's slots
+ * are independent after it. */
+static void test_mixed_delink_preserves_function(void **state)
+{
+    (void)state;
+    model_config c = moe_cfg_();
+    c.n_layer = 4;
+    c.moe_every = 2;
+    const int B = 2, T = c.seq_len, L = 4;
+    gpt_model g;
+    assert_int_equal(gpt_create(&g, &c, 1, B), -1);
+    assert_int_equal(gpt_create(&g, &c, 2, B), 0);
+    int want_map[4] = {0, 1, 0, 1};
+    assert_memory_equal(g.slot_of, want_map, sizeof want_map);
+    assert_int_equal(g.slot_moe[0], 0);
+    assert_int_equal(g.slot_moe[1], 1);
+    assert_int_equal(g.kind_size[0], 3280);
+    assert_int_equal(g.kind_size[1], 2880);
+    assert_int_equal(g.n_params, g.n_global + 3280 + 2880);
+    assert_string_equal(gpt_slot_tensors(&g, 0)[SLOT_FC_W].name,
+                        "mlp.c_fc.weight");
+    assert_string_equal(gpt_slot_tensors(&g, 1)[SLOT_FC_W].name,
+                        "moe.experts.c_fc.weight");
+    gpt_init_weights(&g, 3);
+    train_steps_(&g, 3, B, 100);
+    int32_t inp[16], tgt[16];
+    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    gpt_moe_stats_reset(&g);
+    float before = gpt_forward(&g, inp, tgt, B);
+    assert_int_equal(g.moe_stats.layers, 2);  /* MoE blocks 1 and 3 only */
+    long dropped = g.moe_stats.dropped;
+
+    int map[4] = {0, 1, 2, 3}, wrong[4] = {0, 1, 1, 1}, src[4] = {0, 1, 0, 1};
+    assert_int_equal(gpt_reslot(&g, L, map, wrong, 0), -1);
+    assert_int_equal(g.S, 2);
+    assert_true(gpt_forward(&g, inp, tgt, B) == before);
+    assert_int_equal(gpt_reslot(&g, L, map, src, 0), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(g.slot_moe[l], l % 2);
+    gpt_moe_stats_reset(&g);
+    float after = gpt_forward(&g, inp, tgt, B);
+    assert_true(before == after); /* bitwise */
+    assert_int_equal(g.moe_stats.dropped, dropped);
+
+    /* layer 1's gate changes alone: layer 3's slot keeps its bytes */
+    float *copy3 = malloc(2880 * sizeof(float));
+    memcpy(copy3, gpt_slot_ptr(&g, g.params, 3), 2880 * sizeof(float));
+    gpt_slot_ptr(&g, g.params, 1)[gpt_slot_tensors(&g, 1)[SLOT_GATE_B].offset]
+        += 1.0f;
+    assert_memory_equal(copy3, gpt_slot_ptr(&g, g.params, 3),
+                        2880 * sizeof(float));
+    assert_true(gpt_forward(&g, inp, tgt, B) != after);
+    free(copy3);
+    gpt_free(&g);
+}
+
 /* The aux and z losses reach the gradient with their coefficients:
  * the gradient with coefficients (a, z) minus that with (0, 0) is linear
  * in them (twice the coefficients, twice the difference), and it is not
@@ -483,8 +546,10 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     char head[16384] = {0};  /* 8 bytes of length, then the JSON header */
     assert_true(fread(head, 1, sizeof head - 1, f) > 8);
     fclose(f);
-    assert_non_null(strstr(head + 8, "slots.2.moe.experts.c_fc.weight"));
-    assert_non_null(strstr(head + 8, "slots.2.moe.gate.weight"));
+    /* per expert and per prototype's gate (gpt.h: gpt_slot_ckpt_tensors) */
+    assert_non_null(strstr(head + 8, "\"slots.2.moe.experts.3.c_fc.weight\""));
+    assert_non_null(strstr(head + 8, "\"slots.2.moe.gate.1.weight\""));
+    assert_null(strstr(head + 8, "slots.2.moe.experts.c_fc.weight"));
     assert_null(strstr(head + 8, "mlp.c_fc"));
 
     t = ERR_INTO(err, trainer_create(&s, &err_));
@@ -502,6 +567,139 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     assert_false(r.moe.present);
     trainer_free(t);
+}
+
+/* A mixed MoE run through the trainer (4 layers, MoE every 2nd block, a
+ * pseudo phase of 2 slots, delink at 10): save at 15, resume: the losses
+ * of 16..30 are bitwise the uninterrupted run's. The checkpoint names the
+ * dense slots' MLP and each MoE slot's experts and prototype gates, and a
+ * named expert's tensor holds that expert's rows, bitwise: expert e's
+ * c_fc.weight is rows e*H .. (e+1)*H-1 of the slot's (E*H, C) block, at
+ * the slot's offset in the plain layout (globals, then slots 0..3 of
+ * kinds dense, MoE, dense, MoE, each padded to 16 floats). */
+static void test_mixed_checkpoint_resume_bitwise(void **state)
+{
+    (void)state;
+    run_spec s = synth_tiny_spec(tmpdir_, 4, 30, 10);
+    s.pseudo.share_groups = 2;
+    s.model.moe_experts = 4;
+    s.model.moe_prototypes = 2;
+    s.model.moe_every = 2;
+    s.model.moe_hidden = 24;
+    s.model.moe_capacity_factor = 1.25f;
+    s.model.moe_eval_capacity_factor = 2.0f;
+    s.model.moe_aux_coef = 0.01f;
+    s.model.moe_z_coef = 0.001f;
+    float a[30], b[30];
+    char err[256], dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/mixed-ckpt-15", tmpdir_);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
+    if (!t)
+        fail_msg("create: %s", err);
+    assert_int_equal(trainer_n_slots(t), 2);
+    run_steps_(t, &s, 15, a);
+    assert_int_equal(trainer_n_slots(t), 4);
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
+    if (bytes < 0)
+        fail_msg("save: %s", err);
+    size_t n = trainer_copy_state(t, 0, NULL);
+    float *params = malloc(n * sizeof(float));
+    assert_int_equal(trainer_copy_state(t, 0, params), n);
+    run_steps_(t, &s, 30, a);
+    trainer_free(t);
+
+    /* by hand: C 16, V 256, T 16, H 24, E 4 */
+    const size_t C = 16, H = 24, E = 4;
+    size_t n_global = 256 * C + 16 * C + 2 * C;               /* 4384 */
+    size_t dense = 12 * C * C + 13 * C;                       /* 3280 */
+    size_t moe = 4 * C * C + 8 * C + E * (2 * H * C + H + C) + E * C + E;
+    moe = (moe + 15) / 16 * 16;                               /* 4464 */
+    assert_int_equal(n, n_global + 2 * dense + 2 * moe);
+    size_t slot3 = n_global + dense + moe + dense;
+    size_t fc_w = 4 * C * C + 8 * C;   /* after ln_1, attn, ln_2 */
+    float want[24 * 16], got[24 * 16];
+    memcpy(want, params + slot3 + fc_w + 2 * H * C, sizeof want);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file sf;
+    char e2[512];
+    assert_int_equal(safetensors_open(&sf, path, e2, sizeof e2), 0);
+    assert_int_equal(safetensors_get(&sf, "slots.3.moe.experts.2.c_fc.weight",
+                                     got, H * C, e2, sizeof e2), 0);
+    assert_memory_equal(want, got, sizeof want);
+    /* gate of prototype 1: rows 2..3 of the (E, C) gate, after the experts */
+    size_t gate = fc_w + E * (2 * H * C + H + C);
+    memcpy(want, params + slot3 + gate + 2 * C, 2 * C * sizeof(float));
+    assert_int_equal(safetensors_get(&sf, "slots.3.moe.gate.1.weight", got,
+                                     2 * C, e2, sizeof e2), 0);
+    assert_memory_equal(want, got, 2 * C * sizeof(float));
+    safetensors_close(&sf);
+    free(params);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char head[65536];
+    memset(head, 0, sizeof head);
+    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
+    fclose(f);
+    assert_non_null(strstr(head + 8, "\"slots.0.mlp.c_fc.weight\""));
+    assert_non_null(strstr(head + 8, "\"slots.2.mlp.c_proj.bias\""));
+    assert_non_null(strstr(head + 8, "\"slots.1.moe.experts.0.c_proj.weight\""));
+    assert_non_null(strstr(head + 8, "\"slots.1.moe.gate.0.bias\""));
+    assert_null(strstr(head + 8, "slots.0.moe"));
+    assert_null(strstr(head + 8, "slots.1.mlp"));
+
+    t = ERR_INTO(err, trainer_create(&s, &err_));
+    assert_non_null(t);
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(trainer_step_count(t), 15);
+    run_steps_(t, &s, 30, b);
+    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
+    trainer_free(t);
+}
+
+/* A dense run's checkpoint holds exactly the tensor names it always had
+ * (gpt.h's list, written out here), so checkpoints of dense runs written
+ * before experts had per-expert names load as before. */
+static void test_dense_checkpoint_names_unchanged(void **state)
+{
+    (void)state;
+    run_spec s = tiny_spec_(2, 0);
+    char err[256], dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/dense-names", tmpdir_);
+    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
+    assert_non_null(t);
+    float l[2];
+    run_steps_(t, &s, 2, l);
+    assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
+    trainer_free(t);
+    static const char *slot_names[] = {
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+        "mlp.c_proj.bias"};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char head[65536];
+    memset(head, 0, sizeof head);
+    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
+    fclose(f);
+    int count = 0;
+    for (const char *p = head + 8; (p = strstr(p, "\"data_offsets\"")); p++)
+        count++;
+    assert_int_equal(count, 4 + 3 * 12);
+    const char *glob[] = {"wte", "wpe", "ln_f.weight", "ln_f.bias"};
+    char nm[128];
+    for (int i = 0; i < 4; i++) {
+        snprintf(nm, sizeof nm, "\"%s\"", glob[i]);
+        assert_non_null(strstr(head + 8, nm));
+    }
+    for (int sl = 0; sl < 3; sl++)
+        for (int i = 0; i < 12; i++) {
+            snprintf(nm, sizeof nm, "\"slots.%d.%s\"", sl, slot_names[i]);
+            if (!strstr(head + 8, nm))
+                fail_msg("missing %s", nm);
+        }
 }
 
 /* A run taken up again while its data is away (m6d restarting with the
@@ -576,6 +774,9 @@ int main(void)
         cmocka_unit_test(test_moe_delink_preserves_function),
         cmocka_unit_test(test_moe_aux_in_gradient),
         cmocka_unit_test(test_moe_checkpoint_resume_bitwise),
+        cmocka_unit_test(test_mixed_delink_preserves_function),
+        cmocka_unit_test(test_mixed_checkpoint_resume_bitwise),
+        cmocka_unit_test(test_dense_checkpoint_names_unchanged),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }

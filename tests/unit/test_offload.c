@@ -199,6 +199,47 @@ static void test_offload_moe_bitwise(void **state)
     trainer_free(tb);
 }
 
+/* A mixed model (MoE in blocks 1, 3, 5 of 6; a pseudo phase of one dense
+ * and one MoE slot): 20 steps with the delink at 8, with a budget that
+ * keeps 1 Real slot resident, give the resident run's losses, weights and
+ * moments bit for bit; the pool's peak is the planned one and within the
+ * budget, and the bytes copied per step match the plan's per-kind count. */
+static void test_offload_mixed_bitwise(void **state)
+{
+    (void)state;
+    run_spec plain = spec6_(20, 8);
+    plain.model.moe_experts = 4;
+    plain.model.moe_prototypes = 2;
+    plain.model.moe_every = 2;
+    plain.model.moe_hidden = 32;
+    plain.model.moe_capacity_factor = 1.0f;
+    plain.model.moe_eval_capacity_factor = 2.0f;
+    plain.model.moe_aux_coef = 0.01f;
+    plain.model.moe_z_coef = 0.001f;
+    run_spec off = plain;
+    off.device.memory_budget = budget_for_(&plain, 1);
+    float a[20], b[20];
+    trainer *ta = create_(&plain), *tb = create_(&off);
+    run_steps_(ta, &plain, 20, a);
+    run_steps_(tb, &off, 20, b);
+    assert_memory_equal(a, b, sizeof a);
+    size_t n = trainer_copy_state(ta, 0, NULL);
+    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
+    for (int w = 0; w < 3; w++) {
+        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        assert_memory_equal(pa, pb, n * sizeof(float));
+        free(pa);
+        free(pb);
+    }
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_true(st.n_resident >= 1 && st.n_offloaded >= 4);
+    assert_true(st.device.peak <= off.device.memory_budget);
+    assert_int_equal(st.device.peak, st.predicted_peak_bytes);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
 /* ---------------------------------------------------------- 2. accumulation */
 
 /* The sampler draws rows in order, so 4 microbatches of 2 and 1 of 8 see the
@@ -519,6 +560,187 @@ static void test_plan_m6_10t(void **state)
     assert_true(p.n_offloaded == 48);
     assert_true(p.peak_device_bytes <= s.device.memory_budget);
     offload_plan_free(&p);
+}
+
+/* A mixed model (MoE every 2nd of 4 blocks, C 16, E 4, H 24) plans its
+ * dense and MoE slots at their own sizes, counted here by hand: dense
+ * 12C^2 + 13C = 3280 floats, MoE 4C^2 + 8C + E(2HC + H + C) + EC + E =
+ * 4452, padded 4464; 16 bytes each on cpu (params, grads, m, v). Two slots
+ * of the pseudo phase are one of each kind; offloaded slots count at
+ * their own size on the host and in the bytes moved. */
+static void test_plan_mixed_kinds(void **state)
+{
+    (void)state;
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8, .moe_experts = 4, .moe_prototypes = 2,
+                  .moe_every = 2, .moe_hidden = 24,
+                  .moe_capacity_factor = 1.0f,
+                  .moe_eval_capacity_factor = 1.0f},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 1,
+        .prefetch = 1, .backend = BACKEND_CPU, .budget = 0};
+    const size_t dense = 16 * 3280, moe = 16 * 4464;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.slot_bytes, moe);
+    assert_int_equal(p.peak_device_bytes - p.global_bytes - p.act_bytes,
+                     2 * dense + 2 * moe);
+    offload_plan_free(&p);
+    in.n_slots = 2;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.peak_device_bytes - p.global_bytes - p.act_bytes,
+                     dense + moe);
+    size_t all = p.peak_device_bytes;
+    offload_plan_free(&p);
+    in.n_slots = 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "at least one slot of each kind"));
+    /* a budget 1 byte short of all resident: the last slot (MoE) goes
+     * to the host, and with it a staging buffer of the largest kind */
+    in.n_slots = 2;
+    in.budget = all - 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_resident, 1);
+    assert_int_equal(p.host_bytes, moe);
+    /* staging: weights + grads, 8 bytes a float of the MoE slot */
+    assert_int_equal(p.peak_device_bytes, all - moe + 8 * 4464);
+    /* one microbatch, the MoE slot (W = 4464 floats of 4 bytes) used by
+     * layers 1 and 3: layer 1's forward fetches W; layer 3's forward and
+     * backward share a fetch and drain; layer 1's backward fetches W and
+     * the partial gradient W, and drains: h2d 4W, d2h 2W */
+    assert_int_equal(p.h2d_bytes_per_step, 4 * 4 * 4464);
+    assert_int_equal(p.d2h_bytes_per_step, 2 * 4 * 4464);
+    offload_plan_free(&p);
+}
+
+/* The M6-10T plan at paper scale (issue 15): 64 nodes x 8 devices of 32
+ * GiB, 512 GiB of host memory per node, the pseudo phase S = 1. Every
+ * figure by hand from the config (V 50000, T 1024, C 1024, E 10240, H
+ * 9984, L 48) and the bytes per parameter of mixed-precision AdamW: 16 on
+ * the device (bf16 weights 2, fp32 master 4, bf16 gradients 2, fp32 m and
+ * v 8), 4 per staging buffer (bf16 weights and gradients), 20 on the host
+ * (fp32 master 4 + pinned bf16 2, fp32 gradient accumulator 4 + pinned
+ * bf16 2, m and v 8). Experts spread over the 512 devices (20 of each MoE
+ * slot per device), everything else replicated. */
+static void test_plan_at_scale_m6_10t(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 50000, .n_layer = 48, .n_head = 16,
+                             .n_embd = 1024, .seq_len = 1024,
+                             .moe_experts = 10240, .moe_prototypes = 80,
+                             .moe_every = 1, .moe_hidden = 9984,
+                             .moe_capacity_factor = 1.25f,
+                             .moe_eval_capacity_factor = 2.0f};
+    s.pseudo.share_groups = 1;
+    s.pseudo.steps = 10;
+    s.offload.prefetch = 2;
+    const uint64_t V = 50000, T = 1024, C = 1024, E = 10240, H = 9984;
+    const uint64_t L = 48, D = 64 * 8, GiB = 1ull << 30;
+    uint64_t glob = V * C + T * C + 2 * C;            /* 52,250,624 */
+    uint64_t attn = 3 * C * C + 3 * C + C * C + C + 4 * C;
+    uint64_t gate = E * C + E, expert = H * C + H + C * H + C;
+    uint64_t total = glob + L * (attn + gate + E * expert);
+    assert_true(total == 10056391903232ull);          /* about 1.0e13 */
+    uint64_t epd = E / D;                             /* 20 */
+    uint64_t share = attn + gate + epd * expert;      /* one slot, a device */
+    cluster_input in = {.nodes = 64, .gpus_per_node = 8,
+                        .device_memory = 32 * GiB, .host_memory = 512 * GiB,
+                        .prefetch = 2};
+    cluster_plan cp;
+    char err[512];
+    if (cluster_plan_for_spec(&s, &in, &cp, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    assert_true(cp.has_pseudo);
+    /* pseudo: one slot, all of it resident: 16 (glob + share) bytes */
+    const cluster_phase *ps = &cp.pseudo;
+    assert_int_equal(ps->n_slots, 1);
+    assert_true(ps->experts_per_device == 20);
+    assert_true(ps->total_params == glob + attn + gate + E * expert);
+    assert_true(ps->device_params == glob + share);
+    assert_true(ps->dev_total == 16 * (glob + share));  /* 7.09 GiB */
+    assert_true(ps->dev_weights == 6 * (glob + share));
+    assert_true(ps->dev_grads == 2 * (glob + share));
+    assert_true(ps->dev_optim == 8 * (glob + share));
+    assert_true(ps->host_total == 0);
+    assert_int_equal(ps->fit, CLUSTER_FITS_RESIDENT);
+    /* real: 48 slots; resident all would be 16 (glob + 48 share) = 304 GiB;
+     * R resident with 2 staging buffers of 4 * share: the largest R with
+     * 16 glob + 16 R share + 8 share <= 32 GiB is 4 */
+    const cluster_phase *re = &cp.real;
+    assert_true(re->total_params == total);
+    assert_true(re->device_params == glob + L * share);
+    assert_true(re->all_resident_bytes == 16 * (glob + L * share));
+    assert_true(re->all_resident_bytes > 32 * GiB);
+    uint64_t R = (32 * GiB - 16 * glob - 8 * share) / (16 * share);
+    assert_int_equal(R, 4);
+    assert_int_equal(re->n_resident, (int)R);
+    assert_int_equal(re->n_offloaded, (int)(L - R));
+    assert_int_equal(re->n_staging, 2);
+    assert_true(re->dev_total == 16 * (glob + R * share) + 8 * share);
+    assert_true(re->dev_total <= 32 * GiB);
+    uint64_t off = (L - R) * share;
+    assert_true(re->host_total == 20 * off);
+    assert_true(re->node_host_total == 8 * 20 * off);   /* 2.71 TiB */
+    /* with AdamW's fp32 state the 44 offloaded slots need more host
+     * memory than 512 GiB per node: the real phase fits only with
+     * offloading, and only on nodes with the host memory for it */
+    assert_int_equal(re->fit, CLUSTER_NO_FIT);
+    assert_true(re->short_of_host);
+    assert_true(re->shortfall_bytes == 8 * 20 * off - 512 * GiB);
+    in.host_memory = 3ull << 40;                          /* 3 TiB */
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_int_equal(cp.real.fit, CLUSTER_FITS_OFFLOADED);
+    assert_int_equal(cp.pseudo.fit, CLUSTER_FITS_RESIDENT);
+    /* a device too small even with every slot offloaded */
+    in.device_memory = GiB / 2;
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_int_equal(cp.real.fit, CLUSTER_NO_FIT);
+    assert_false(cp.real.short_of_host);
+    assert_true(cp.real.shortfall_bytes == 16 * glob + 8 * share - GiB / 2);
+    in.nodes = 0;
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), -1);
+    assert_non_null(strstr(err, "nodes >= 1"));
+}
+
+/* Experts that do not divide over the devices: ceil(E/D) per device; a
+ * mixed model's dense slots replicated whole (hand-counted). */
+static void test_plan_at_scale_mixed(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 64, .n_layer = 4, .n_head = 2,
+                             .n_embd = 16, .seq_len = 8, .moe_experts = 10,
+                             .moe_prototypes = 2, .moe_every = 2,
+                             .moe_hidden = 24, .moe_capacity_factor = 1.0f,
+                             .moe_eval_capacity_factor = 1.0f};
+    s.pseudo.share_groups = 2;
+    s.pseudo.steps = 5;
+    const uint64_t C = 16, E = 10, H = 24;
+    uint64_t glob = 64 * C + 8 * C + 2 * C;
+    uint64_t attn = 4 * C * C + 8 * C, mlp = 8 * C * C + 5 * C;
+    uint64_t gate = E * C + E, expert = 2 * H * C + H + C;
+    cluster_input in = {.nodes = 1, .gpus_per_node = 4,
+                        .device_memory = 1ull << 30, .host_memory = 0,
+                        .prefetch = 1};
+    cluster_plan cp;
+    char err[512];
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), 0);
+    assert_true(cp.real.experts_per_device == 3);   /* ceil(10 / 4) */
+    assert_int_equal(cp.real.n_moe_slots, 2);
+    assert_true(cp.real.device_params ==
+                glob + 2 * (attn + mlp) + 2 * (attn + gate + 3 * expert));
+    assert_true(cp.real.total_params ==
+                glob + 2 * (attn + mlp) + 2 * (attn + gate + E * expert));
+    assert_true(cp.pseudo.device_params ==
+                glob + (attn + mlp) + (attn + gate + 3 * expert));
+    assert_int_equal(cp.pseudo.fit, CLUSTER_FITS_RESIDENT);
+    s.pseudo.share_groups = 1;  /* one slot cannot hold both kinds */
+    assert_int_equal(cluster_plan_for_spec(&s, &in, &cp, err, sizeof err), -1);
+    assert_non_null(strstr(err, "pseudo phase"));
 }
 
 static void test_plan_hand_counted(void **state)
@@ -1072,7 +1294,11 @@ int main(void)
         cmocka_unit_test(test_plan_hand_counted),
         cmocka_unit_test(test_plan_hand_counted_moe),
         cmocka_unit_test(test_plan_m6_10t),
+        cmocka_unit_test(test_plan_mixed_kinds),
+        cmocka_unit_test(test_plan_at_scale_m6_10t),
+        cmocka_unit_test(test_plan_at_scale_mixed),
         cmocka_unit_test(test_offload_moe_bitwise),
+        cmocka_unit_test(test_offload_mixed_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
         cmocka_unit_test(test_budget_too_small_errors),

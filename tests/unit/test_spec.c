@@ -199,6 +199,13 @@ static void test_moe(void **state)
     char *j = spec_to_json(&d);
     assert_null(strstr(j, "moe"));
     free(j);
+    /* every 2 with a pseudo phase of 2 slots (one of each kind) parses */
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"model\":{\"n_layer\":6,\"moe\":{\"num_experts\":4,"
+        "\"every\":2}},\"pseudo\":{\"share_groups\":2,\"steps\":5},"
+        "\"train\":{\"steps\":10}}", err, sizeof err), 0);
+    assert_int_equal(s.model.moe_every, 2);
+    roundtrip(&s);
 }
 
 /* delink.policy: the defaults; plateau parses, round-trips and changes the
@@ -429,8 +436,13 @@ static void test_bad_specs(void **state)
           "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
           "model.moe.every: must be >= 1, got 0" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}",
-          "model.moe.every: only 1 (MoE in every block) is built yet, got 2" },
+        /* every 2: a mixed model, whose pseudo phase needs a slot of each
+         * kind */
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
+          "\"pseudo\": {\"steps\": 10}",
+          "pseudo.share_groups: model.moe.every = 2 mixes dense and MoE "
+          "blocks" },
+
         { "\"model\": {\"moe\": {\"num_experts\": -1}}",
           "model.moe.num_experts: must be >= 0, got -1" },
         { "\"model\": {\"moe\": {\"prototypes\": 2}}",
@@ -471,8 +483,13 @@ static void test_bad_specs(void **state)
         { "\"nodes\": {\"world_size\": 2}, \"model\": {\"moe\": {\"num_experts\": 4}}",
           "nodes.world_size: 2 ranks cannot train MoE models yet" },
         { "\"nodes\": {\"world_sise\": 2}", "unknown key 'nodes.world_sise' (did you mean 'nodes.world_size'?)" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": {\"backend\": \"cuda\"}",
-          "model.moe: the cuda backend does not train MoE models yet" },
+        /* the cuda backend trains MoE in every block, all resident */
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
+          "\"device\": {\"backend\": \"cuda\"}",
+          "model.moe.every: the cuda backend trains MoE in every block only" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": "
+          "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
+          "device.memory_budget: the cuda backend does not offload MoE" },
         { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
         { "\"model\": {\"vocab_size\": 0}", "model.vocab_size: must be in [1, 65536], got 0" },
         { "\"model\": {\"n_layer\": 0}", "model.n_layer: must be >= 1, got 0" },

@@ -21,6 +21,12 @@ scaled by the gate probability; the balancing loss (1/k) sum_p Ep sum_e
 f_e P_e (f_e without gradient) and the z-loss mean(lse^2), each averaged
 over layers, times its coefficient, added to the LM loss for the gradient.
 
+Mixed (model.moe.every = 2 on 4 layers: layers 1 and 3 MoE, 0 and 2 dense):
+S = 2, 3 and 4. Which layers are MoE is decided here from the formula
+(l+1) % every == 0 and checked against the slots the engine dumped (an MoE
+slot has moe.* tensors); the averages of the router losses are over the MoE
+layers only.
+
 Needs Debian's python3-torch (run with /usr/bin/python3). Exit 77 (skip) if
 torch is missing.
 """
@@ -113,14 +119,15 @@ def block(x, p, NH, cfg=None, aux_terms=None):
     y = (att @ v).transpose(1, 2).reshape(B, T, C)
     x = x + y @ p["attn.c_proj.weight"].T + p["attn.c_proj.bias"]
     h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"], 1e-5)
-    if cfg is not None and cfg.get("E", 0) > 0:
+    if "moe.gate.weight" in p:  # an MoE slot (a mixed model has both kinds)
         return x + moe_mlp(h, p, cfg, aux_terms)
     h = gelu_tanh(h @ p["mlp.c_fc.weight"].T + p["mlp.c_fc.bias"])
     return x + h @ p["mlp.c_proj.weight"].T + p["mlp.c_proj.bias"]
 
 
-def check(dump_bin, S, tmp, moe_args=()):
-    out = os.path.join(tmp, f"dump_S{S}{'_moe' if moe_args else ''}.safetensors")
+def check(dump_bin, S, tmp, moe_args=(), every=1):
+    out = os.path.join(tmp, f"dump_S{S}{'_moe' if moe_args else ''}"
+                       f"_every{every}.safetensors")
     subprocess.run([dump_bin, out, str(S)] + list(moe_args), check=True)
     cfg = json.load(open(out + ".json"))
     d = read_safetensors(out)
@@ -134,6 +141,11 @@ def check(dump_bin, S, tmp, moe_args=()):
     for l in range(cfg["L"]):
         s = cfg["slot_of"][l]
         pre = f"slots.{s}."
+        want_moe = bool(moe_args) and (l + 1) % every == 0
+        if (pre + "moe.gate.weight" in params) != want_moe:
+            print(f"FAIL: layer {l} uses slot {s}, which is "
+                  f"{'not ' if want_moe else ''}an MoE slot")
+            return 1
         x = block(x, {k[len(pre):]: v for k, v in params.items()
                       if k.startswith(pre)}, cfg["NH"], cfg, aux_terms)
     x = F.layer_norm(x, (cfg["C"],), params["ln_f.weight"], params["ln_f.bias"], 1e-5)
@@ -180,6 +192,9 @@ def main():
         moe = ["3", "16", "2", "8", "37", "3", "4", "2", "12", "1.0",
                "0.5", "0.1"]
         fails += sum(check(dump_bin, S, tmp, moe) for S in (1, 2, 3))
+        mixed = ["4"] + moe[1:] + ["2"]
+        fails += sum(check(dump_bin, S, tmp, mixed, every=2)
+                     for S in (2, 3, 4))
     print("torch_reference:", "OK" if fails == 0 else f"{fails} failures")
     sys.exit(1 if fails else 0)
 

@@ -3,9 +3,32 @@
  */
 #include "model/cuda/act_layout.h"
 
+#include <math.h>
 #include <string.h>
 
 static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* kernels/cpu/moe.c moe_capacity, copied so that the planner and the CUDA
+ * model need no CPU kernels: keep the two alike (tests/gpu/test_model_moe
+ * compares the dropped counts of the two models) */
+int gpt_cuda_moe_capacity(double cf, int N, int E, int k)
+{
+    double c = ceil(cf * ((double)N / (double)(E / k)));
+    if (c < 1) c = 1;
+    if (c > (double)N) c = (double)N;
+    return (int)c;
+}
+
+size_t gpt_cuda_moe_rows(const model_config *cfg, int B)
+{
+    if (cfg->moe_experts <= 0 || cfg->moe_prototypes <= 0)
+        return 0;
+    size_t N = (size_t)B * (size_t)cfg->seq_len, E = (size_t)cfg->moe_experts;
+    double cf = cfg->moe_capacity_factor > cfg->moe_eval_capacity_factor
+                    ? cfg->moe_capacity_factor : cfg->moe_eval_capacity_factor;
+    return E * (size_t)gpt_cuda_moe_capacity(cf, (int)N, (int)E,
+                                             cfg->moe_prototypes);
+}
 
 size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
                            const gpt_cuda_act_ops *ops,
@@ -17,6 +40,12 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
                       GPT_CUDA_VPAD;
     const size_t B = (size_t)B_, BT = B * T;
     const size_t h = 2, f = 4, i4 = 4; /* bf16, fp32, int32 */
+    const int moe = cfg->moe_experts > 0;
+    const size_t F = moe ? 0 : 4 * C;  /* the dense MLP's hidden width */
+    const size_t E = moe ? (size_t)cfg->moe_experts : 0;
+    const size_t K = moe ? (size_t)cfg->moe_prototypes : 0;
+    const size_t H = moe ? (size_t)model_moe_hidden(cfg) : 0;
+    const size_t R = gpt_cuda_moe_rows(cfg, B_);
     size_t t[CUDA_ACT_N];
     t[CUDA_ACT_ENCODED] = BT * C * h;
     t[CUDA_ACT_LN1] = L * BT * C * h;
@@ -24,8 +53,8 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     t[CUDA_ACT_ATTY] = L * BT * C * h;
     t[CUDA_ACT_RES2] = L * BT * C * h;
     t[CUDA_ACT_LN2] = L * BT * C * h;
-    t[CUDA_ACT_FCH] = L * BT * 4 * C * h;
-    t[CUDA_ACT_FCHG] = L * BT * 4 * C * h;
+    t[CUDA_ACT_FCH] = L * BT * F * h;
+    t[CUDA_ACT_FCHG] = L * BT * F * h;
     t[CUDA_ACT_RES3] = L * BT * C * h;
     t[CUDA_ACT_LNF] = BT * C * h;
     t[CUDA_ACT_LOGITS] = BT * Vp * h;
@@ -43,14 +72,34 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     t[CUDA_ACT_DATTY] = BT * C * h;
     t[CUDA_ACT_DLNF] = BT * C * h;
     t[CUDA_ACT_DQKV] = BT * 3 * C * h;
-    t[CUDA_ACT_DFCH] = BT * 4 * C * h;
-    t[CUDA_ACT_DFCHG] = BT * 4 * C * h;
+    t[CUDA_ACT_DFCH] = BT * F * h;
+    t[CUDA_ACT_DFCHG] = BT * F * h;
     t[CUDA_ACT_SCRATCH] = ops->scratch_floats * f;
     t[CUDA_ACT_ATT_WS] = ops->att_ws_bytes;
     t[CUDA_ACT_RED] = ops->red_floats * f;
     t[CUDA_ACT_INP] = BT * i4;
     t[CUDA_ACT_TGT] = BT * i4;
     t[CUDA_ACT_PLAN] = ops->plan_ints * i4;
+    t[CUDA_ACT_MOE_PROBS] = L * BT * E * f;
+    t[CUDA_ACT_MOE_LSE] = L * BT * K * f;
+    t[CUDA_ACT_MOE_EXPERT] = L * BT * K * i4;
+    t[CUDA_ACT_MOE_SLOT] = L * BT * K * i4;
+    t[CUDA_ACT_MOE_COUNTS] = L * E * i4;
+    t[CUDA_ACT_MOE_ROUTED] = L * E * i4;
+    t[CUDA_ACT_MOE_ROW_TOKEN] = L * R * i4;
+    t[CUDA_ACT_MOE_DROPPED] = moe ? L * i4 : 0;
+    t[CUDA_ACT_MOE_XE] = L * R * C * h;
+    t[CUDA_ACT_MOE_HPRE] = L * R * H * h;
+    t[CUDA_ACT_MOE_HACT] = L * R * H * h;
+    t[CUDA_ACT_MOE_YE] = L * R * C * h;
+    /* kernels/cuda/moe.cu moe_backward_scratch_bytes at R rows: bf16
+     * dye, dh, dxe and dlogits, 256-aligned, then the gate's fp32
+     * column sums (matmul.cu: ceil(N / 256) * E) */
+    t[CUDA_ACT_MOE_SCRATCH] =
+        moe ? ceil_div_((R * C * 2 + R * H + BT * E) * h, 256) * 256 +
+                  ceil_div_(BT, 256) * E * f
+            : 0;
+    t[CUDA_ACT_MOE_AUX] = moe ? 2 * L * f : 0;
     size_t total = 0;
     for (int i = 0; i < CUDA_ACT_N; i++)
         total += ceil_div_(t[i], GPT_CUDA_ACT_ALIGN) * GPT_CUDA_ACT_ALIGN;

@@ -46,8 +46,28 @@ enum {
     CUDA_ACT_RED,                       /* f32 grad-norm partials + scalars */
     CUDA_ACT_INP, CUDA_ACT_TGT,         /* i32 (B,T) each */
     CUDA_ACT_PLAN,                      /* i32 encoder plan */
+    /* MoE (0 bytes for a dense model), N = B*T, R = E * cap rows, cap
+     * the capacity of the larger capacity factor (gpt_cuda_moe_rows): */
+    CUDA_ACT_MOE_PROBS,                 /* f32 (L,N,E) */
+    CUDA_ACT_MOE_LSE,                   /* f32 (L,N,k) */
+    CUDA_ACT_MOE_EXPERT, CUDA_ACT_MOE_SLOT,   /* i32 (L,N,k) each */
+    CUDA_ACT_MOE_COUNTS, CUDA_ACT_MOE_ROUTED, /* i32 (L,E) each */
+    CUDA_ACT_MOE_ROW_TOKEN,             /* i32 (L,R) */
+    CUDA_ACT_MOE_DROPPED,               /* i32 (L) */
+    CUDA_ACT_MOE_XE, CUDA_ACT_MOE_HPRE, /* (L,R,C), (L,R,H) */
+    CUDA_ACT_MOE_HACT, CUDA_ACT_MOE_YE, /* (L,R,H), (L,R,C) */
+    CUDA_ACT_MOE_SCRATCH,               /* moe_backward_cuda's, one layer */
+    CUDA_ACT_MOE_AUX,                   /* f32 (L,2) */
     CUDA_ACT_N
 };
+
+/* Rows per layer of the MoE dispatch buffers for microbatches of up to B
+ * sequences: E * the capacity (kernels.h moe_capacity) of the larger of
+ * capacity_factor and eval_capacity_factor; 0 for a dense model. */
+size_t gpt_cuda_moe_rows(const model_config *cfg, int B);
+/* kernels.h moe_capacity (tokens per expert of N tokens at capacity factor
+ * cf, E experts in k prototypes), for code that links no CPU kernels. */
+int gpt_cuda_moe_capacity(double cf, int N, int E, int k);
 
 /* What the ops need, in their own units. */
 typedef struct {

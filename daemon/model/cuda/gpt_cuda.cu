@@ -120,6 +120,12 @@ static int alloc_acts_(gpt_cuda *g)
         (void **)&a->dfchg,
         (void **)&a->scratch, &a->att_ws, (void **)&a->red,
         (void **)&a->inp, (void **)&a->tgt, (void **)&a->plan,
+        (void **)&a->moe_probs, (void **)&a->moe_lse,
+        (void **)&a->moe_expert, (void **)&a->moe_slot,
+        (void **)&a->moe_counts, (void **)&a->moe_routed,
+        (void **)&a->moe_row_token, (void **)&a->moe_dropped,
+        (void **)&a->moe_xe, (void **)&a->moe_hpre, (void **)&a->moe_hact,
+        (void **)&a->moe_ye, &a->moe_scratch, (void **)&a->moe_aux,
     };
     static_assert(sizeof t / sizeof t[0] == CUDA_ACT_N,
                   "one pointer per region of model/cuda/act_layout.h");
@@ -139,6 +145,20 @@ static int alloc_acts_(gpt_cuda *g)
     a->att_ws_bytes = att_ws;
     if (!att_ws)
         a->att_ws = NULL;
+    a->moe_rows = gpt_cuda_moe_rows(&g->cfg, g->B);
+    if (g->cfg.moe_experts > 0) {
+        /* the region table's scratch must hold what moe.cu asks for */
+        moe_dims d = {(int)BT, (int)C, g->cfg.moe_experts,
+                      g->cfg.moe_prototypes, model_moe_hidden(&g->cfg),
+                      (int)(a->moe_rows / (size_t)g->cfg.moe_experts)};
+        if (moe_backward_scratch_bytes(&d) > bytes[CUDA_ACT_MOE_SCRATCH]) {
+            fprintf(stderr, "gpt_cuda: MoE scratch: the table has %zu bytes, "
+                            "moe.cu needs %zu\n",
+                    bytes[CUDA_ACT_MOE_SCRATCH],
+                    moe_backward_scratch_bytes(&d));
+            return -1;
+        }
+    }
     g->act_bytes = total;
     return 0;
 }
@@ -176,6 +196,21 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "model.n_head: head size n_embd/n_head = %d; "
                  "the cuda backend supports 16, 32, 64 or 128", hs);
         return -1;
+    }
+    if (cfg->moe_experts > 0) {
+        int E = cfg->moe_experts, H = model_moe_hidden(cfg);
+        if (cfg->moe_every != 1) {
+            snprintf(err, errlen, "model.moe.every: the cuda model has MoE "
+                     "in every block only (every 1), got %d", cfg->moe_every);
+            return -1;
+        }
+        if (E % 8 || H % 8 || cfg->moe_prototypes < 1 ||
+            E % cfg->moe_prototypes) {
+            snprintf(err, errlen, "model.moe: the cuda model needs "
+                     "num_experts (%d) and expert_hidden (%d) multiples of 8 "
+                     "and prototypes dividing num_experts", E, H);
+            return -1;
+        }
     }
     return 0;
 }
@@ -271,8 +306,10 @@ static int choose_paths_(gpt_cuda *g)
              4 * C},
             {a->res3 + l * Ba * C, NULL, a->fchg + l * Ba * 4 * C,
              SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfchg, a->dres, 4 * C, C}};
+        /* an MoE block's experts are batched GEMMs (moe.cu), no MLP */
+        int n_mm = g->cfg.moe_experts > 0 ? 2 : 4;
         for (int b = 1; b <= g->B; b++, asked++)
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < n_mm; i++) {
                 const bf16 *W = w + g->slot[m[i].wt].off;
                 const bf16 *bias = w + g->slot[m[i].bt].off;
                 int N = b * T;
@@ -305,7 +342,8 @@ static int choose_paths_(gpt_cuda *g)
     char line[512];
     int n = 0;
     g->epi_fallback = 0;
-    for (int i = 0; i < 4; i++) {
+    int n_epi = g->cfg.moe_experts > 0 ? 2 : 4;
+    for (int i = 0; i < n_epi; i++) {
         const char *how = fused[i] == asked ? "fused"
                           : fused[i] == 0   ? "own kernels"
                                             : "fused, some shapes own kernels";
@@ -362,6 +400,12 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     int n_res = off && off->n_resident < S ? off->n_resident : S;
     if (n_res < 0)
         n_res = 0;
+    if (cfg->moe_experts > 0 && n_res < S) {
+        fprintf(stderr, "gpt_cuda_create: offloading MoE slots is not built "
+                        "in the cuda model\n");
+        gpt_cuda_free(g);
+        return NULL;
+    }
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
@@ -415,8 +459,16 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->n_params = g->n_params;
     info->n_params_cpu = g->n_global_cpu + (size_t)g->S * g->slot_size;
     size_t per_slot = 0;
-    for (int i = 0; i < SLOT_NTENSORS; i++)
+    for (int i = 0; i < g->slot_nt; i++)
         per_slot += g->slot[i].numel;
+    if (g->cfg.moe_experts > 0) {
+        /* a token passes through k of the E experts: count those */
+        size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
+        size_t expert = 0;
+        for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
+            expert += g->slot[i].numel;
+        per_slot -= expert / E * (E - k);
+    }
     size_t C = g->cfg.n_embd;
     info->n_compute = (size_t)g->cfg.vocab_size * C +
                       (size_t)g->cfg.seq_len * C + 2 * C +
@@ -692,6 +744,129 @@ static void stage_batch_(gpt_cuda *g, const int32_t *inp,
                                cudaMemcpyHostToDevice, g->stream));
 }
 
+/* ------------------------------------------------------------- MoE */
+
+/* The MoE dims of a microbatch of B sequences at the pass's capacity. */
+static moe_dims moe_dims_(const gpt_cuda *g, int B)
+{
+    const model_config *c = &g->cfg;
+    moe_dims d = {B * g->T, c->n_embd, c->moe_experts, c->moe_prototypes,
+                  model_moe_hidden(c), 0};
+    double cf = g->moe_eval ? c->moe_eval_capacity_factor
+                            : c->moe_capacity_factor;
+    d.capacity = gpt_cuda_moe_capacity(cf, d.N, d.E, d.k);
+    return d;
+}
+
+/* Layer l's MoE tensors (strides: the allocated B and rows). */
+typedef struct {
+    float *probs, *lse, *aux;
+    int32_t *expert, *slot, *counts, *routed, *row_token, *dropped;
+    bf16 *xe, *hpre, *hact, *ye;
+} moe_saved_;
+
+static moe_saved_ moe_saved_of_(const gpt_cuda *g, int l)
+{
+    const acts_ *a = &g->a;
+    size_t N = (size_t)g->B * g->T, E = (size_t)g->cfg.moe_experts;
+    size_t K = (size_t)g->cfg.moe_prototypes, C = (size_t)g->cfg.n_embd;
+    size_t H = (size_t)model_moe_hidden(&g->cfg), R = a->moe_rows;
+    return (moe_saved_){
+        a->moe_probs + l * N * E, a->moe_lse + l * N * K, a->moe_aux + 2 * l,
+        a->moe_expert + l * N * K, a->moe_slot + l * N * K,
+        a->moe_counts + l * E, a->moe_routed + l * E,
+        a->moe_row_token + l * R, a->moe_dropped + l,
+        a->moe_xe + l * R * C, a->moe_hpre + l * R * H,
+        a->moe_hact + l * R * H, a->moe_ye + l * R * C};
+}
+
+/* MoE block l forward: out (B*T,C) = the experts' combined output for x;
+ * the layer's aux and z losses and dropped count left on the device. */
+static void moe_layer_forward_(gpt_cuda *g, int l, const bf16 *w,
+                               const bf16 *x, bf16 *out, int B)
+{
+    moe_dims d = moe_dims_(g, B);
+    g->moe_cap = d.capacity;
+    g->moe_B = B;
+    moe_saved_ m = moe_saved_of_(g, l);
+    cudaStream_t st = g->stream;
+    moe_route_cuda(m.probs, m.lse, m.expert, m.slot, m.counts, m.routed,
+                   m.row_token, m.dropped, x, w + g->slot[SLOT_GATE_W].off,
+                   w + g->slot[SLOT_GATE_B].off, &d, st);
+    moe_forward_cuda(out, m.xe, m.hpre, m.hact, m.ye, x, m.probs, m.expert,
+                     m.slot, m.row_token, w + g->slot[SLOT_FC_W].off,
+                     w + g->slot[SLOT_FC_B].off, w + g->slot[SLOT_FCPROJ_W].off,
+                     w + g->slot[SLOT_FCPROJ_B].off, &d, st);
+    moe_aux_losses_cuda(m.aux, m.probs, m.lse, m.routed, &d, st);
+}
+
+/* MoE block l backward: d(x) into a->dln (zeroed here) from d(out) in
+ * a->dres; the experts' and gate's gradients accumulate at dw. */
+static void moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
+                                const bf16 *x, int B)
+{
+    moe_dims d = moe_dims_(g, B);
+    d.capacity = g->moe_cap;  /* that of the forward */
+    moe_saved_ m = moe_saved_of_(g, l);
+    acts_ *a = &g->a;
+    cudaStream_t st = g->stream;
+    ZERO_(a->dln, (size_t)B * g->T * g->cfg.n_embd);
+    moe_backward_cuda(a->dln, dw + g->slot[SLOT_GATE_W].off,
+                      dw + g->slot[SLOT_GATE_B].off,
+                      dw + g->slot[SLOT_FC_W].off, dw + g->slot[SLOT_FC_B].off,
+                      dw + g->slot[SLOT_FCPROJ_W].off,
+                      dw + g->slot[SLOT_FCPROJ_B].off, a->moe_scratch,
+                      a->dres, x, m.probs, m.lse, m.expert, m.slot, m.routed,
+                      m.row_token, m.xe, m.hpre, m.hact, m.ye,
+                      w + g->slot[SLOT_GATE_W].off, w + g->slot[SLOT_FC_W].off,
+                      w + g->slot[SLOT_FCPROJ_W].off, g->moe_daux, g->moe_dz,
+                      &d, st);
+}
+
+void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval) { g->moe_eval = eval != 0; }
+
+int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
+                       long *dropped)
+{
+    int L = g->cfg.n_layer;
+    if (g->cfg.moe_experts == 0)
+        return -1;
+    float *aux = (float *)malloc(2 * (size_t)L * sizeof(float));
+    int32_t *dr = (int32_t *)malloc((size_t)L * sizeof(int32_t));
+    if (!aux || !dr) {
+        free(aux);
+        free(dr);
+        return -1;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemcpy(aux, g->a.moe_aux, 2 * (size_t)L * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(dr, g->a.moe_dropped, (size_t)L * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost));
+    *aux_sum = *z_sum = 0;
+    *dropped = 0;
+    for (int l = 0; l < L; l++) {
+        *aux_sum += aux[2 * l];
+        *z_sum += aux[2 * l + 1];
+        *dropped += dr[l];
+    }
+    free(aux);
+    free(dr);
+    return 0;
+}
+
+int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts)
+{
+    if (g->cfg.moe_experts == 0)
+        return -1;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemcpy(counts, g->a.moe_counts,
+                          (size_t)g->cfg.n_layer * g->cfg.moe_experts *
+                              sizeof(int32_t),
+                          cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 /* Layer l forward with its slot's weights at w. */
 static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
 {
@@ -723,10 +898,14 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
     layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
                            res2, W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
                            (int)BT, C, st);
-    matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
-                             W_(w, SLOT_FC_B), (int)BT, C, 4 * C, st);
-    matmul_forward_cuda(res3, fchg, W_(w, SLOT_FCPROJ_W),
-                        W_(w, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
+    if (g->cfg.moe_experts > 0) {
+        moe_layer_forward_(g, l, w, ln2, res3, B);
+    } else {
+        matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
+                                 W_(w, SLOT_FC_B), (int)BT, C, 4 * C, st);
+        matmul_forward_cuda(res3, fchg, W_(w, SLOT_FCPROJ_W),
+                            W_(w, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
+    }
     residual_forward_cuda(res3, res2, res3, BTC, st);
 }
 
@@ -747,17 +926,21 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     const bf16 *fchg = a->fchg + l * Ba * 4 * C;
     const float *lse = a->lse + (size_t)l * g->B * NH * T;
 
-    /* dres holds d(res3): the MLP branch adds to it */
-    ZERO_(a->dfchg, BT * 4 * C);
-    matmul_backward_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
-                         W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres, fchg,
-                         W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C, C, st);
-    ZERO_(a->dfch, BT * 4 * C);
-    gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
-    ZERO_(a->dln, BTC);
-    matmul_backward_cuda(a->dln, W_(dw, SLOT_FC_W), W_(dw, SLOT_FC_B),
-                         a->scratch, a->dfch, ln2, W_(w, SLOT_FC_W), (int)BT,
-                         C, 4 * C, st);
+    /* dres holds d(res3): the MLP (or MoE) branch adds to it */
+    if (g->cfg.moe_experts > 0) {
+        moe_layer_backward_(g, l, w, dw, ln2, B);
+    } else {
+        ZERO_(a->dfchg, BT * 4 * C);
+        matmul_backward_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
+                             W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres, fchg,
+                             W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C, C, st);
+        ZERO_(a->dfch, BT * 4 * C);
+        gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
+        ZERO_(a->dln, BTC);
+        matmul_backward_cuda(a->dln, W_(dw, SLOT_FC_W), W_(dw, SLOT_FC_B),
+                             a->scratch, a->dfch, ln2, W_(w, SLOT_FC_W),
+                             (int)BT, C, 4 * C, st);
+    }
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN2_W), W_(dw, SLOT_LN2_B),
                             a->scratch, a->dln, res2, W_(w, SLOT_LN2_W),
                             a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
@@ -839,6 +1022,13 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
 {
     const int L = g->cfg.n_layer;
     int off = g->n_res < g->S;
+    if (g->cfg.moe_experts > 0) {
+        /* d(training loss)/d(aux, z) of each MoE layer (every block): the
+         * coefficient over L, times the microbatch's weight, as gpt.c */
+        double wt = (double)loss_scale * (double)B * g->T / L;
+        g->moe_daux = (float)(g->cfg.moe_aux_coef * wt);
+        g->moe_dz = (float)(g->cfg.moe_z_coef * wt);
+    }
     if (off)
         off_pass_begin_(g, p0, p1, last);
     for (int p = p0; p < p1; p++) {
@@ -1009,7 +1199,7 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
     for (int s = 0; s < g->n_res; s++) {
         t = ++g->adam_t_slot[s];
         adamw_region_(g, g->n_global + (size_t)s * g->slot_size, g->slot,
-                      SLOT_NTENSORS, t, lr, beta1, beta2, eps, weight_decay,
+                      g->slot_nt, t, lr, beta1, beta2, eps, weight_decay,
                       sc + RED_SCALE);
     }
     if (g->n_res < g->S)
@@ -1051,6 +1241,11 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
     int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
+    if (n_res < new_S && g->cfg.moe_experts > 0) {
+        fprintf(stderr, "gpt_cuda_reslot_placed: offloading MoE slots is not "
+                        "built in the cuda model\n");
+        return -1;
+    }
     if (n_res < new_S && !g->off.enabled) {
         fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
                         "made by gpt_cuda_create_offload\n");

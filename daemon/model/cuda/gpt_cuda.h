@@ -243,6 +243,25 @@ typedef struct {
  * that drives the model. */
 void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st);
 
+/* ------------------------------------------------------------ MoE
+ * With cfg.moe_experts > 0 (every block MoE: moe_every 1; E and H
+ * multiples of 8) each block's MLP is the experts and gate of
+ * kernels_cuda.h's MoE ops, the slot laid out as gpt.h's MoE slot; the
+ * aux and z losses join the gradient as in gpt_backward, the returned
+ * loss is the LM loss alone. Not with offloaded slots (creation refuses). */
+
+/* Forward passes at eval_capacity_factor (eval 1) or capacity_factor. */
+void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval);
+/* The last forward's router facts, summed over the layers: the balancing
+ * (aux) and z losses (moe_aux_losses per layer, before the coefficients)
+ * and the dropped (token, prototype) pairs. Waits for the GPU. 0, or -1
+ * for a dense model. */
+int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
+                       long *dropped);
+/* The last forward's tokens processed per expert, (L, E) int32 into
+ * counts. Waits for the GPU. 0, or -1 for a dense model. */
+int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts);
+
 #ifdef __cplusplus
 }
 #endif

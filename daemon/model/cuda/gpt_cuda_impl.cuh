@@ -47,6 +47,18 @@ typedef struct {
     size_t att_ws_bytes;
     float *red;                         /* f32 sumsq partials + scalars */
     int32_t *inp, *tgt, *plan;          /* (B,T), (B,T), encoder plan */
+    /* MoE blocks (kernels_cuda.h "mixture of experts"; sizes 0 for a
+     * dense model, and fch, fchg, dfch, dfchg 0 for an MoE one). Per
+     * layer l, N = B*T tokens and R = E * the largest capacity rows: */
+    float *moe_probs, *moe_lse;         /* f32 (L,N,E), (L,N,k) */
+    int32_t *moe_expert, *moe_slot;     /* (L,N,k) */
+    int32_t *moe_counts, *moe_routed;   /* (L,E) */
+    int32_t *moe_row_token;             /* (L,R) */
+    int32_t *moe_dropped;               /* (L) */
+    bf16 *moe_xe, *moe_hpre, *moe_hact, *moe_ye;  /* (L,R,C|H|H|C) */
+    void *moe_scratch;                  /* moe_backward_cuda's, one layer */
+    float *moe_aux;                     /* f32 (L,2): aux, z */
+    size_t moe_rows;                    /* R: per-layer row stride */
 } acts_;
 
 /* scalars at the end of red */
@@ -143,7 +155,14 @@ struct gpt_cuda {
     int n_res;                          /* slots [0, n_res) on the device */
     int *slot_of;                       /* [L] */
     size_t n_global, slot_size, n_params, n_global_cpu;
-    tensor_ glob[GLOB_NTENSORS], slot[SLOT_NTENSORS];
+    tensor_ glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    int slot_nt;                        /* tensors per slot: SLOT_NTENSORS,
+                                         * or SLOT_NTENSORS_MAX with MoE */
+    /* MoE (cfg.moe_experts > 0, every block MoE) */
+    int moe_eval;                       /* forward at eval_capacity_factor */
+    int moe_cap;                        /* capacity of the last forward */
+    int moe_B;                          /* its microbatch */
+    float moe_daux, moe_dz;             /* this backward's loss weights */
     bf16 *params, *grads;               /* (n_params) each: device part */
     float *opt, *master, *m, *v;        /* opt = master | m | v */
     long adam_t_global, *adam_t_slot;   /* [S] */
@@ -184,10 +203,24 @@ static inline size_t slot_layout_(gpt_cuda *g)
     tensor_at_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
     tensor_at_(&g->slot[SLOT_LN2_W], &off, C, 0);
     tensor_at_(&g->slot[SLOT_LN2_B], &off, C, 0);
-    tensor_at_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
-    tensor_at_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
-    tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
-    tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
+    size_t E = g->cfg.moe_experts;
+    if (E == 0) {
+        tensor_at_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
+        tensor_at_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
+        tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
+        tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
+        g->slot_nt = SLOT_NTENSORS;
+    } else {
+        /* the experts and the gate, as gpt.h's MoE slot */
+        size_t H = (size_t)model_moe_hidden(&g->cfg);
+        tensor_at_(&g->slot[SLOT_FC_W], &off, E * H, C);
+        tensor_at_(&g->slot[SLOT_FC_B], &off, E * H, 0);
+        tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, E * C, H);
+        tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, E * C, 0);
+        tensor_at_(&g->slot[SLOT_GATE_W], &off, E, C);
+        tensor_at_(&g->slot[SLOT_GATE_B], &off, E, 0);
+        g->slot_nt = SLOT_NTENSORS_MAX;
+    }
     g->slot_size = (off + PAD - 1) / PAD * PAD;
     return off;
 }

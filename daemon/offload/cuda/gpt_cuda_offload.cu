@@ -64,7 +64,7 @@ static hslot_ *hslot_of_(gpt_cuda *g, int s)
  * when j->from_bf. The slot's tail padding is zero in master and wbf. */
 static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
-    for (int k = 0; k < SLOT_NTENSORS; k++) {
+    for (int k = 0; k < g->slot_nt; k++) {
         size_t a = g->slot[k].off, b = a + g->slot[k].numel;
         if (a < j->i0) a = j->i0;
         if (b > j->i1) b = j->i1;

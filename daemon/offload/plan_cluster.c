@@ -1,0 +1,399 @@
+/*
+ * plan_cluster.c — the paper-scale plan (offload.h "plan at scale"): a
+ * spec's parameter state on N nodes of G devices, with the experts spread
+ * over the N*G devices and everything else replicated, resident or
+ * granularly offloaded, phase by phase, with the arithmetic behind each
+ * figure. Plain arithmetic on the model's shape: no allocation that grows
+ * with the model, so M6-10T plans in microseconds.
+ */
+#include "offload/offload.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gpt.h"
+
+/* ------------------------------------------------------------- counting */
+
+/* The parameter counts of one block part, from the shapes (gpt.h). */
+static void parts_(const model_config *c, cluster_phase *p)
+{
+    uint64_t V = (uint64_t)c->vocab_size, T = (uint64_t)c->seq_len;
+    uint64_t C = (uint64_t)c->n_embd, E = (uint64_t)c->moe_experts;
+    uint64_t H = (uint64_t)model_moe_hidden(c);
+    p->global_params = V * C + T * C + 2 * C;
+    p->attn_params = 4 * C * C + 8 * C;      /* ln_1, c_attn, c_proj, ln_2 */
+    p->mlp_params = 8 * C * C + 5 * C;       /* c_fc, c_proj with biases */
+    p->gate_params = E ? E * C + E : 0;
+    p->expert_params = E ? 2 * H * C + H + C : 0;
+}
+
+/* Device bytes of the parameter state with slots [0, R) resident. */
+static uint64_t device_bytes_(const cluster_phase *p, const unsigned char *kind,
+                              int R, int prefetch)
+{
+    uint64_t b = CLUSTER_DEVICE_BYTES_PER_PARAM * p->global_params;
+    uint64_t biggest = 0;
+    for (int s = 0; s < p->n_slots; s++) {
+        uint64_t sh = p->slot_params[kind[s]];
+        if (s < R)
+            b += CLUSTER_DEVICE_BYTES_PER_PARAM * sh;
+        else if (sh > biggest)
+            biggest = sh;
+    }
+    int k = p->n_slots - R, nst = k < prefetch ? k : prefetch;
+    return b + (uint64_t)nst * CLUSTER_STAGING_BYTES_PER_PARAM * biggest;
+}
+
+static int phase_(const run_spec *spec, const cluster_input *in, int S,
+                  cluster_phase *p, char *err, size_t errlen)
+{
+    const model_config *c = &spec->model;
+    int L = c->n_layer;
+    memset(p, 0, sizeof *p);
+    p->n_slots = S;
+    p->devices = in->nodes * in->gpus_per_node;
+    parts_(c, p);
+    int *map = malloc((size_t)L * sizeof(int));
+    unsigned char *kind = malloc((size_t)S);
+    if (!map || !kind) {
+        free(map);
+        free(kind);
+        snprintf(err, errlen, "plan: out of memory");
+        return -1;
+    }
+    int bad = gpt_default_share_map(c, S, map) != 0;
+    if (bad)
+        snprintf(err, errlen, "no share map of %d slots (a model of dense "
+                 "and MoE blocks needs at least one slot of each kind)", S);
+    else
+        bad = gpt_slot_kinds(c, S, map, kind, err, errlen) != 0;
+    if (bad) {
+        free(map);
+        free(kind);
+        return -1;
+    }
+    uint64_t E = (uint64_t)c->moe_experts, D = (uint64_t)p->devices;
+    p->experts_per_device = E ? (E + D - 1) / D : 0;
+    p->slot_params[0] = p->attn_params + p->mlp_params;
+    p->slot_params[1] = p->attn_params + p->gate_params +
+                        p->experts_per_device * p->expert_params;
+    p->total_params = p->global_params;
+    p->device_params = p->global_params;
+    for (int s = 0; s < S; s++) {
+        p->n_moe_slots += kind[s];
+        p->total_params += kind[s] ? p->attn_params + p->gate_params +
+                                         E * p->expert_params
+                                   : p->slot_params[0];
+        p->device_params += p->slot_params[kind[s]];
+    }
+    /* resident slots a prefix, offloaded a suffix (offload.h); the most
+     * resident slots the device holds, which needs the least host memory */
+    int pf = in->prefetch;
+    p->all_resident_bytes = device_bytes_(p, kind, S, pf);
+    p->min_device_bytes = device_bytes_(p, kind, 0, pf);
+    int R = S;
+    while (R > 0 && device_bytes_(p, kind, R, pf) > in->device_memory)
+        R--;
+    uint64_t off_params = 0;
+    for (int s = R; s < S; s++)
+        off_params += p->slot_params[kind[s]];
+    uint64_t res_params = p->device_params - off_params;
+    p->n_resident = R;
+    p->n_offloaded = S - R;
+    p->n_staging = p->n_offloaded < pf ? p->n_offloaded : pf;
+    uint64_t staging = device_bytes_(p, kind, R, pf) -
+                       CLUSTER_DEVICE_BYTES_PER_PARAM * res_params;
+    p->dev_weights = CLUSTER_DEVICE_WEIGHT_BYTES * res_params + staging / 2;
+    p->dev_grads = CLUSTER_DEVICE_GRAD_BYTES * res_params + staging / 2;
+    p->dev_optim = CLUSTER_OPTIM_BYTES * res_params;
+    p->dev_total = p->dev_weights + p->dev_grads + p->dev_optim;
+    p->host_weights = CLUSTER_HOST_WEIGHT_BYTES * off_params;
+    p->host_grads = CLUSTER_HOST_GRAD_BYTES * off_params;
+    p->host_optim = CLUSTER_OPTIM_BYTES * off_params;
+    p->host_total = p->host_weights + p->host_grads + p->host_optim;
+    p->node_host_total = p->host_total * (uint64_t)in->gpus_per_node;
+    p->offloaded_params = off_params;
+    if (p->min_device_bytes > in->device_memory) {
+        p->fit = CLUSTER_NO_FIT;
+        p->short_of_host = 0;
+        p->shortfall_bytes = p->min_device_bytes - in->device_memory;
+    } else if (R == S) {
+        p->fit = CLUSTER_FITS_RESIDENT;
+    } else if (in->host_memory == 0 || p->node_host_total <= in->host_memory) {
+        p->fit = CLUSTER_FITS_OFFLOADED;
+    } else {
+        p->fit = CLUSTER_NO_FIT;
+        p->short_of_host = 1;
+        p->shortfall_bytes = p->node_host_total - in->host_memory;
+    }
+    free(map);
+    free(kind);
+    return 0;
+}
+
+int cluster_plan_for_spec(const run_spec *spec, const cluster_input *in,
+                          cluster_plan *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (in->nodes < 1 || in->gpus_per_node < 1 || in->device_memory == 0 ||
+        in->prefetch < 1) {
+        snprintf(err, errlen, "plan: want nodes >= 1, gpus per node >= 1, "
+                 "a device memory above 0 and prefetch >= 1 (got %d, %d, "
+                 "%llu bytes, %d)", in->nodes, in->gpus_per_node,
+                 (unsigned long long)in->device_memory, in->prefetch);
+        return -1;
+    }
+    if ((long long)in->nodes * in->gpus_per_node > 1 << 24) {
+        snprintf(err, errlen, "plan: %d nodes x %d devices is more than %d "
+                 "devices", in->nodes, in->gpus_per_node, 1 << 24);
+        return -1;
+    }
+    out->in = *in;
+    char e2[512];
+    if (phase_(spec, in, spec->model.n_layer, &out->real, e2, sizeof e2) != 0) {
+        snprintf(err, errlen, "real phase: %s", e2);
+        return -1;
+    }
+    if (spec->pseudo.steps > 0) {
+        out->has_pseudo = 1;
+        if (phase_(spec, in, spec->pseudo.share_groups, &out->pseudo, e2,
+                   sizeof e2) != 0) {
+            snprintf(err, errlen, "pseudo phase: %s", e2);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- printing */
+
+static const char *const units_[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB",
+                                     "EiB"};
+
+/* "1.50 GiB" */
+static const char *gib_(char *buf, size_t len, uint64_t n)
+{
+    double v = (double)n;
+    int u = 0;
+    for (; v >= 1024 && u < 6; u++)
+        v /= 1024;
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units_[u]);
+    return buf;
+}
+
+/* "1,234,567" */
+static const char *num_(char *buf, size_t len, uint64_t n)
+{
+    char d[32];
+    int nd = snprintf(d, sizeof d, "%llu", (unsigned long long)n), o = 0;
+    for (int i = 0; i < nd && o + 2 < (int)len; i++) {
+        if (i && (nd - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = d[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static const char *fit_name_(cluster_fit f)
+{
+    return f == CLUSTER_FITS_RESIDENT ? "resident"
+           : f == CLUSTER_FITS_OFFLOADED ? "offloaded" : "none";
+}
+
+static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
+                         const cluster_phase *p, const model_config *c,
+                         int explain)
+{
+    const cluster_input *in = &cp->in;
+    char a[64], b[64], d[64], e[64], g[64], h[64];
+    int Sd = p->n_slots - p->n_moe_slots;
+    fprintf(f, "\n%s phase: S = %d slot%s (%d MoE, %d dense)\n", name,
+            p->n_slots, p->n_slots == 1 ? "" : "s", p->n_moe_slots, Sd);
+    fprintf(f, "  model parameters       %s (%.3e)\n",
+            num_(a, sizeof a, p->total_params), (double)p->total_params);
+    if (explain)
+        fprintf(f, "    = globals VC + TC + 2C %s + %d MoE slots x (attention "
+                "4C^2 + 8C %s + gate EC + E %s + E x expert (2HC + H + C) "
+                "%d x %s) + %d dense slots x (attention %s + MLP 8C^2 + 5C "
+                "%s)\n", num_(b, sizeof b, p->global_params), p->n_moe_slots,
+                num_(d, sizeof d, p->attn_params),
+                num_(e, sizeof e, p->gate_params), c->moe_experts,
+                num_(g, sizeof g, p->expert_params), Sd,
+                num_(h, sizeof h, p->attn_params),
+                num_(a, sizeof a, p->mlp_params));
+    fprintf(f, "  parameters per device  %s (%.3e)\n",
+            num_(a, sizeof a, p->device_params), (double)p->device_params);
+    if (explain)
+        fprintf(f, "    = globals %s + %d x MoE slot share (%s + %s + %llu "
+                "experts x %s = %s) + %d x dense slot %s; experts per device "
+                "ceil(E / D) = ceil(%d / %d) = %llu\n",
+                num_(b, sizeof b, p->global_params), p->n_moe_slots,
+                num_(d, sizeof d, p->attn_params),
+                num_(e, sizeof e, p->gate_params),
+                (unsigned long long)p->experts_per_device,
+                num_(g, sizeof g, p->expert_params),
+                num_(h, sizeof h, p->slot_params[1]), Sd,
+                num_(a, sizeof a, p->slot_params[0]), c->moe_experts,
+                p->devices, (unsigned long long)p->experts_per_device);
+    fprintf(f, "  all slots resident     %s per device, of %s\n",
+            gib_(a, sizeof a, p->all_resident_bytes),
+            gib_(b, sizeof b, in->device_memory));
+    if (explain)
+        fprintf(f, "    = %d bytes x %s parameters = %s bytes\n",
+                CLUSTER_DEVICE_BYTES_PER_PARAM,
+                num_(d, sizeof d, p->device_params),
+                num_(e, sizeof e, p->all_resident_bytes));
+    fprintf(f, "  resident / offloaded   %d / %d slots, %d staging buffer%s\n",
+            p->n_resident, p->n_offloaded, p->n_staging,
+            p->n_staging == 1 ? "" : "s");
+    if (explain && p->n_offloaded)
+        fprintf(f, "    = the most slots (a prefix) whose state, with the "
+                "globals and min(prefetch %d, offloaded) staging buffers of "
+                "%d bytes x the largest offloaded slot share, fits %s\n",
+                in->prefetch, CLUSTER_STAGING_BYTES_PER_PARAM,
+                gib_(a, sizeof a, in->device_memory));
+    uint64_t res = p->device_params - p->offloaded_params;
+    fprintf(f, "  device: weights %s, gradients %s, optimizer %s = %s\n",
+            gib_(a, sizeof a, p->dev_weights), gib_(b, sizeof b, p->dev_grads),
+            gib_(d, sizeof d, p->dev_optim), gib_(e, sizeof e, p->dev_total));
+    if (explain)
+        fprintf(f, "    = %s resident parameters x (%d + %d + %d bytes)%s%s\n",
+                num_(g, sizeof g, res), CLUSTER_DEVICE_WEIGHT_BYTES,
+                CLUSTER_DEVICE_GRAD_BYTES, CLUSTER_OPTIM_BYTES,
+                p->n_staging ? " + staging (bf16 weights and gradients) " : "",
+                p->n_staging ? gib_(h, sizeof h, p->dev_total -
+                                    CLUSTER_DEVICE_BYTES_PER_PARAM * res)
+                             : "");
+    fprintf(f, "  host:   weights %s, gradients %s, optimizer %s = %s per "
+            "device, %s per node of %s\n",
+            gib_(a, sizeof a, p->host_weights), gib_(b, sizeof b, p->host_grads),
+            gib_(d, sizeof d, p->host_optim), gib_(e, sizeof e, p->host_total),
+            gib_(g, sizeof g, p->node_host_total),
+            in->host_memory ? gib_(h, sizeof h, in->host_memory) : "unlimited");
+    if (explain)
+        fprintf(f, "    = %s offloaded parameters x (%d + %d + %d bytes); x %d "
+                "devices per node\n", num_(g, sizeof g, p->offloaded_params),
+                CLUSTER_HOST_WEIGHT_BYTES, CLUSTER_HOST_GRAD_BYTES,
+                CLUSTER_OPTIM_BYTES, in->gpus_per_node);
+    switch (p->fit) {
+    case CLUSTER_FITS_RESIDENT:
+        fprintf(f, "  fits: with all slots resident, %s of each device left "
+                "for activations\n",
+                gib_(a, sizeof a, in->device_memory - p->all_resident_bytes));
+        break;
+    case CLUSTER_FITS_OFFLOADED:
+        fprintf(f, "  fits: only with granular offloading (all resident would "
+                "need %s per device, %s more than it has); host %s per node "
+                "of %s\n", gib_(a, sizeof a, p->all_resident_bytes),
+                gib_(b, sizeof b, p->all_resident_bytes - in->device_memory),
+                gib_(d, sizeof d, p->node_host_total),
+                in->host_memory ? gib_(e, sizeof e, in->host_memory)
+                                : "unlimited");
+        break;
+    case CLUSTER_NO_FIT:
+        if (p->short_of_host)
+            fprintf(f, "  fits: not at all: all resident needs %s per device "
+                    "(of %s), and with %d slots offloaded each node needs %s "
+                    "of host memory, %s more than its %s\n",
+                    gib_(a, sizeof a, p->all_resident_bytes),
+                    gib_(b, sizeof b, in->device_memory), p->n_offloaded,
+                    gib_(d, sizeof d, p->node_host_total),
+                    gib_(e, sizeof e, p->shortfall_bytes),
+                    gib_(g, sizeof g, in->host_memory));
+        else
+            fprintf(f, "  fits: not at all: even with every slot offloaded a "
+                    "device needs %s, %s more than its %s\n",
+                    gib_(a, sizeof a, p->min_device_bytes),
+                    gib_(b, sizeof b, p->shortfall_bytes),
+                    gib_(d, sizeof d, in->device_memory));
+        break;
+    }
+}
+
+static json_t *phase_json_(const cluster_phase *p)
+{
+    return json_pack(
+        "{s:i, s:i, s:I, s:I, s:I, s:s, s:i, s:i, s:i, s:I, s:I,"
+        " s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I}, s:I}",
+        "n_slots", p->n_slots, "moe_slots", p->n_moe_slots,
+        "total_params", (json_int_t)p->total_params,
+        "params_per_device", (json_int_t)p->device_params,
+        "experts_per_device", (json_int_t)p->experts_per_device,
+        "fits", fit_name_(p->fit), "resident_slots", p->n_resident,
+        "offloaded_slots", p->n_offloaded, "staging_buffers", p->n_staging,
+        "all_resident_bytes", (json_int_t)p->all_resident_bytes,
+        "min_device_bytes", (json_int_t)p->min_device_bytes,
+        "device", "weights_bytes", (json_int_t)p->dev_weights,
+        "gradients_bytes", (json_int_t)p->dev_grads,
+        "optimizer_bytes", (json_int_t)p->dev_optim,
+        "total_bytes", (json_int_t)p->dev_total,
+        "host", "weights_bytes", (json_int_t)p->host_weights,
+        "gradients_bytes", (json_int_t)p->host_grads,
+        "optimizer_bytes", (json_int_t)p->host_optim,
+        "total_bytes", (json_int_t)p->host_total,
+        "per_node_bytes", (json_int_t)p->node_host_total,
+        "shortfall_bytes", (json_int_t)p->shortfall_bytes);
+}
+
+void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
+                        int explain, int json)
+{
+    const cluster_input *in = &p->in;
+    const model_config *c = &spec->model;
+    if (json) {
+        json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:i, s:o}",
+                              "nodes", in->nodes, "gpus_per_node",
+                              in->gpus_per_node, "devices",
+                              in->nodes * in->gpus_per_node,
+                              "device_memory_bytes",
+                              (json_int_t)in->device_memory,
+                              "host_memory_bytes", (json_int_t)in->host_memory,
+                              "prefetch", in->prefetch,
+                              "real", phase_json_(&p->real));
+        if (p->has_pseudo)
+            json_object_set_new(o, "pseudo", phase_json_(&p->pseudo));
+        char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fprintf(f, "%s\n", s ? s : "{}");
+        free(s);
+        json_decref(o);
+        return;
+    }
+    char a[64], b[64];
+    int D = in->nodes * in->gpus_per_node;
+    fprintf(f, "plan at scale: %d nodes x %d devices = %d devices, %s each; "
+            "host %s per node\n", in->nodes, in->gpus_per_node, D,
+            gib_(a, sizeof a, in->device_memory),
+            in->host_memory ? gib_(b, sizeof b, in->host_memory)
+                            : "unlimited");
+    fprintf(f, "model: L %d, C %d, V %d, T %d", c->n_layer, c->n_embd,
+            c->vocab_size, c->seq_len);
+    if (c->moe_experts)
+        fprintf(f, ", MoE every %d block%s: E %d experts in k %d prototypes, "
+                "H %d", c->moe_every, c->moe_every == 1 ? "" : "s",
+                c->moe_experts, c->moe_prototypes, model_moe_hidden(c));
+    fprintf(f, "\n");
+    fprintf(f, "placement: expert parallel: each MoE slot's E experts are "
+            "split into %d groups of at most ceil(E / D) = %llu, one per "
+            "device; the globals, attention, LayerNorms, gates and dense "
+            "MLPs are replicated on every device (data parallel)\n", D,
+            (unsigned long long)p->real.experts_per_device);
+    fprintf(f, "bytes per parameter (mixed-precision AdamW, as the cuda "
+            "model): on the device %d = weights %d (bf16 2 + fp32 master 4) "
+            "+ gradients %d (bf16) + optimizer %d (fp32 m, v); a staging "
+            "buffer %d (bf16 weights + gradients); on the host %d = weights "
+            "%d (fp32 master 4 + pinned bf16 2) + gradients %d (fp32 "
+            "accumulator 4 + pinned bf16 2) + optimizer %d\n",
+            CLUSTER_DEVICE_BYTES_PER_PARAM, CLUSTER_DEVICE_WEIGHT_BYTES,
+            CLUSTER_DEVICE_GRAD_BYTES, CLUSTER_OPTIM_BYTES,
+            CLUSTER_STAGING_BYTES_PER_PARAM, CLUSTER_HOST_BYTES_PER_PARAM,
+            CLUSTER_HOST_WEIGHT_BYTES, CLUSTER_HOST_GRAD_BYTES,
+            CLUSTER_OPTIM_BYTES);
+    fprintf(f, "not counted: activations, the CUDA context and the cuBLASLt "
+            "workspace (what is left of a device is shown as headroom)\n");
+    if (p->has_pseudo)
+        print_phase_(f, "pseudo", p, &p->pseudo, c, explain);
+    print_phase_(f, "real", p, &p->real, c, explain);
+}

@@ -1,0 +1,250 @@
+/*
+ * test_model_moe.cu — the GPU model with MoE blocks (gpt_cuda, every block
+ * MoE: E = 8 experts in k = 2 prototypes, H = 64, capacity factor 1.0 so
+ * that tokens are dropped) against the CPU model (daemon/model/gpt.c, fp32)
+ * from the same weights on the same batches. Exit 0 passed, 1 failed, 77 no
+ * CUDA device.
+ *
+ *  1. Real (S = L) and Pseudo (S = 1) models, 5 AdamW steps with clipping:
+ *     every step's LM loss within TOL_LOSS of the CPU's; step 1's router
+ *     facts (the sums over layers of the balancing and z losses) within
+ *     TOL_AUX (relative) and the dropped (token, prototype) pairs within
+ *     TOL_DROP of the CPU's; step 1's gradient of every tensor (the experts
+ *     and the gate included) within TOL_GRAD, seen through AdamW's first
+ *     moment ((1 - beta1) * clip scale * gradient on both backends).
+ *  2. Delink on the GPU (the Pseudo model after its steps): the loss on the
+ *     same batch before and after within TOL_DELINK, routing included.
+ *
+ * Tolerances (and why):
+ *  TOL_LOSS 5e-2 nats: bf16 activations and weights' working copy on the
+ *    GPU, as tests/gpu/test_model.cu; routing adds no drift of its own
+ *    while the same experts are chosen.
+ *  TOL_AUX 5e-2 relative: the router's logits are fp32 GEMMs of bf16
+ *    inputs (the CPU's of fp32), so probabilities differ by ~1e-3; a
+ *    token whose two best experts are within that flips, which moves one
+ *    f_e by 1/N = 1/64 for its layer.
+ *  TOL_DROP 8 pairs of the 2 * 64 * 2 = 256 per pass: each flipped choice
+ *    can move one pair across a capacity boundary.
+ *  TOL_GRAD 1e-1 (the gate, attention, LayerNorms, globals) and
+ *  TOL_EXPERT 2e-1 (the experts' tensors): the dense tensors agree to
+ *    ~1e-2 as in test_model when routing agrees; an expert's gradient is a
+ *    sum over the few tokens it got (capacity ceil(64 / 4) = 16), so each
+ *    token routed or dropped differently (measured: 1 to 4 pairs of 256
+ *    per layer) changes it by ~1/16 of its norm, and the tensors upstream
+ *    of it by less. The router losses have large coefficients (aux 1.0, z
+ *    0.1) so that they dominate the gate's gradient: a wrong weight of
+ *    them, a missing gate scale or a transposed GEMM gives O(1).
+ *  TOL_DELINK 1e-6 nats: delink copies every slot's bits, routing is a
+ *    function of them, so the forward is the same computation.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chain_batch.h"
+
+extern "C" {
+#include "model/gpt.h"
+}
+#include "cuda_check.h"
+#include "model/cuda/gpt_cuda.h"
+
+#define TOL_LOSS 5e-2
+#define TOL_AUX 5e-2
+#define TOL_DROP 8
+#define TOL_GRAD 1e-1
+#define TOL_EXPERT 2e-1
+#define TOL_DELINK 1e-6
+
+#define STEPS 5
+
+static model_config cfg_(void)
+{
+    model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 200; /* padded to 256 on the GPU */
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 64;
+    c.seq_len = 32;
+    c.moe_experts = 8;
+    c.moe_prototypes = 2;
+    c.moe_every = 1;
+    c.moe_hidden = 64;
+    c.moe_capacity_factor = 1.0f;
+    c.moe_eval_capacity_factor = 2.0f;
+    c.moe_aux_coef = 1.0f;   /* large: the router losses dominate the gate's
+                              * gradient, so a wrong weight of them shows */
+    c.moe_z_coef = 0.1f;
+    return c;
+}
+static const int B = 2;
+static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
+static const float WD = 0.1f, CLIP = 1.0f;
+
+static int n_failed;
+
+static void check_(int ok, const char *what, double a, double b, double tol)
+{
+    printf("  %-44s %.6f vs %.6f (tol %.0e) %s\n", what, a, b, tol,
+           ok ? "ok" : "FAIL");
+    n_failed += !ok;
+}
+
+static double nerr_(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    if (!isfinite(num))
+        return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_first_moments_(gpt_model *c, gpt_cuda *g)
+{
+    float *m = (float *)malloc(c->n_params * sizeof(float));
+    if (gpt_cuda_get_state(g, 1, m, c->n_params) != 0)
+        exit(1);
+    double worst = 0;
+    char name[128], worst_name[128] = "";
+    int bad = 0;
+    for (int s = -1; s < c->S; s++) {
+        int nt = s < 0 ? (int)GLOB_NTENSORS : gpt_slot_ntensors_of(c, s);
+        for (int i = 0; i < nt; i++) {
+            const gpt_tensor *t = s < 0 ? &c->glob[i]
+                                        : &gpt_slot_tensors(c, s)[i];
+            size_t off = t->offset + (s < 0 ? 0 : c->n_global +
+                                                      c->slot_off[s]);
+            double e = nerr_(m + off, c->m + off, t->numel);
+            gpt_tensor_name(name, sizeof name, "", s, t);
+            double tol = s >= 0 && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B
+                             ? TOL_EXPERT : TOL_GRAD;
+            if (!(e <= tol)) {
+                printf("  gradient of %-32s nerr %.3e (tol %.0e) FAIL\n",
+                       name, e, tol);
+                bad = 1;
+            }
+            if (!(e <= worst)) {
+                worst = e;
+                snprintf(worst_name, sizeof worst_name, "%s", name);
+            }
+        }
+    }
+    printf("  %-44s %.3e (%s) (tol %.0e/%.0e) %s\n",
+           "step 1: worst tensor gradient nerr", worst, worst_name, TOL_GRAD,
+           TOL_EXPERT, bad ? "FAIL" : "ok");
+    n_failed += bad;
+    free(m);
+}
+
+static void test_train_(int S)
+{
+    model_config cfg = cfg_();
+    int L = cfg.n_layer, T = cfg.seq_len;
+    printf("train MoE %s model: L=%d S=%d C=%d E=%d k=%d H=%d B=%d T=%d, "
+           "%d steps\n", S == L ? "Real" : "Pseudo", L, S, cfg.n_embd,
+           cfg.moe_experts, cfg.moe_prototypes, cfg.moe_hidden, B, T, STEPS);
+    gpt_model c;
+    if (gpt_create(&c, &cfg, S, B) != 0) {
+        perror("gpt_create");
+        exit(1);
+    }
+    gpt_init_weights(&c, 42);
+    gpt_cuda *g = gpt_cuda_create(&cfg, S, B);
+    if (!g)
+        exit(1);
+    gpt_cuda_info info;
+    gpt_cuda_get_info(g, &info);
+    if (info.n_params_cpu != c.n_params) {
+        printf("  layout mismatch: GPU says %zu CPU floats, CPU has %zu\n",
+               info.n_params_cpu, c.n_params);
+        exit(1);
+    }
+    if (info.n_compute != gpt_compute_params(&c)) {
+        printf("  compute parameters: GPU %zu, CPU %zu FAIL\n",
+               info.n_compute, gpt_compute_params(&c));
+        n_failed++;
+    }
+    if (gpt_cuda_set_params(g, c.params, c.n_params) != 0)
+        exit(1);
+    int32_t *inp = (int32_t *)malloc(B * T * sizeof(int32_t));
+    int32_t *tgt = (int32_t *)malloc(B * T * sizeof(int32_t));
+    double maxd = 0;
+    for (int k = 0; k < STEPS; k++) {
+        chain_batch(k, B, T, cfg.vocab_size, inp, tgt);
+        gpt_zero_grad(&c);
+        gpt_moe_stats_reset(&c);
+        float lc = gpt_forward(&c, inp, tgt, B);
+        gpt_backward(&c, inp, tgt, B, 1.0f / (B * T));
+        float nc = gpt_grad_norm(&c);
+        gpt_adamw(&c, LR, BETA1, BETA2, EPS, WD, nc > CLIP ? CLIP / nc : 1);
+        gpt_cuda_zero_grad(g);
+        float lg = gpt_cuda_forward(g, inp, tgt, B);
+        double aux, z;
+        long dropped;
+        if (gpt_cuda_moe_facts(g, &aux, &z, &dropped) != 0)
+            exit(1);
+        gpt_cuda_backward(g, inp, tgt, B, 1.0f / (B * T));
+        gpt_cuda_adamw(g, LR, BETA1, BETA2, EPS, WD, CLIP);
+        float ng = gpt_cuda_last_grad_norm(g);
+        printf("  step %d  loss cpu %.5f gpu %.5f  norm cpu %.4f gpu %.4f  "
+               "dropped cpu %ld gpu %ld\n", k + 1, lc, lg, nc, ng,
+               c.moe_stats.dropped, dropped);
+        if (!isfinite(lg) || fabs(lc - lg) > maxd)
+            maxd = isfinite(lg) ? fabs(lc - lg) : INFINITY;
+        if (k == 0) {
+            check_(fabs(aux - c.moe_stats.aux_sum) <=
+                       TOL_AUX * c.moe_stats.aux_sum,
+                   "step 1: balancing loss, sum over layers", aux,
+                   c.moe_stats.aux_sum, TOL_AUX);
+            check_(fabs(z - c.moe_stats.z_sum) <= TOL_AUX * c.moe_stats.z_sum,
+                   "step 1: z-loss, sum over layers", z, c.moe_stats.z_sum,
+                   TOL_AUX);
+            check_(labs(dropped - c.moe_stats.dropped) <= TOL_DROP,
+                   "step 1: dropped pairs", (double)dropped,
+                   (double)c.moe_stats.dropped, TOL_DROP);
+            check_(c.moe_stats.dropped > 0, "step 1: capacity drops pairs",
+                   (double)c.moe_stats.dropped, 0, 0);
+            check_(fabs(ng - nc) <= 5e-2 * nc, "grad norm, step 1", ng, nc,
+                   5e-2);
+            check_first_moments_(&c, g);
+        }
+    }
+    check_(maxd <= TOL_LOSS, "max |loss gpu - loss cpu| over steps", maxd, 0,
+           TOL_LOSS);
+    if (S < L) {
+        chain_batch(0, B, T, cfg.vocab_size, inp, tgt);
+        float before = gpt_cuda_forward(g, inp, tgt, B);
+        int slot_of[16], src_of[16];
+        for (int l = 0; l < L; l++) {
+            slot_of[l] = l;
+            src_of[l] = gpt_cuda_slot_of(g)[l];
+        }
+        if (gpt_cuda_reslot(g, L, slot_of, src_of, 0) != 0) {
+            printf("  reslot failed\n");
+            exit(1);
+        }
+        float after = gpt_cuda_forward(g, inp, tgt, B);
+        check_(fabs(after - before) <= TOL_DELINK,
+               "delink: loss on batch 0 after vs before", after, before,
+               TOL_DELINK);
+    }
+    gpt_cuda_free(g);
+    gpt_free(&c);
+    free(inp);
+    free(tgt);
+}
+
+int main(void)
+{
+    cuda_device_or_skip("test_model_moe");
+    test_train_(cfg_().n_layer); /* Real */
+    test_train_(1);              /* Pseudo, then delink */
+    printf("test_model_moe: %s\n", n_failed ? "FAILED" : "all checks passed");
+    return n_failed ? 1 : 0;
+}
