@@ -72,6 +72,8 @@ struct peer {
     int64_t node_id;    /* 0: none (refused, or replaced by a reconnect) */
     char hostname[256];
     uint64_t last_hb;   /* uv_now of its latest frame */
+    int64_t arun;       /* wiring: the run of its latest assignment, 0 */
+    int arank;          /* ... its rank there */
     /* a store client */
     int64_t run, gen;
     int parked;         /* a get/wait waits for keys (timer running) */
@@ -120,17 +122,16 @@ static void node_gone_(peer *p, node_state s, const char *cause)
     else
         log_warn(kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
                  (long long)p->node_id, p->hostname, p->addr, cause);
-    node_row row;
-    if (state_node_find(co->st, 'h', p->hostname, &row) == 0 &&
-        row.id == p->node_id && row.run > 0) {
-        /* a rank of a run across nodes (dp.h): the run's own event; its
-         * other ranks' collectives fail or time out and it pauses */
-        state_event(co->st, row.run, "nodes.rank_lost",
+    if (s == NODE_LOST && p->arun > 0) {
+        /* a rank of a run across nodes (dp.h; the run of its latest
+         * assignment): the run's own event; its other ranks' collectives
+         * fail or time out and the run pauses */
+        state_event(co->st, p->arun, "nodes.rank_lost",
                     "node=%lld hostname=%s rank=%d cause=\"%s\"",
-                    (long long)p->node_id, p->hostname, row.rank, cause);
+                    (long long)p->node_id, p->hostname, p->arank, cause);
         log_warn("run.rank_lost", "run=%lld node=%lld hostname=%s rank=%d",
-                 (long long)row.run, (long long)p->node_id, p->hostname,
-                 row.rank);
+                 (long long)p->arun, (long long)p->node_id, p->hostname,
+                 p->arank);
     }
     state_node_set_state(co->st, p->node_id, s, cause);
     state_event(co->st, 0, kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
@@ -436,6 +437,8 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         r.body_case = M6__RESPONSE__BODY_RUN_ASSIGN;
         r.run_assign = &ra;
         send_(p, &r, 0);
+        p->arun = a->run;
+        p->arank = a->rank;
         free(a->spec);
         free(a);
         return;
