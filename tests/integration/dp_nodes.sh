@@ -16,7 +16,9 @@
 #      with an event naming the node, the coordinator keeps serving; the
 #      worker restarts, `m6ctl resume` continues from the last checkpoint
 #      and the run completes with the losses of the uninterrupted 2-rank
-#      run, bit for bit (both are rank 0's checkpointed state, rebroadcast).
+#      run, bit for bit (both are rank 0's checkpointed state, rebroadcast);
+#  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
+#  (e) a worker whose hash differs is refused before any collective.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -140,7 +142,42 @@ ctl watch "$RUN2" >/dev/null || fail "the resumed run did not complete: $(ctl st
 losses "$RUN2" >"$T/two2.csv"
 cmp -s "$T/two.csv" "$T/two2.csv" || fail "the resumed run's losses differ from the uninterrupted 2-rank run: $(diff "$T/two.csv" "$T/two2.csv" | head -6)"
 log "(b) resumed and completed with the uninterrupted run's losses"
-kill -TERM "${PIDS[w1]}" "${PIDS[c]}"
+# ---- (d) nodes.pseudo_world_size 1: the pseudo phase on rank 0 alone, the
+# worker joins at the delink (rank 0's delinked weights and moments by
+# broadcast) and the run goes on as 2 ranks: the single node's losses to
+# the same tolerance as (a)
+CKPT_EVERY=5 write_spec "$T/late.json" late 30 10 \
+    "\"nodes\": {\"world_size\": 2, \"pseudo_world_size\": 1, \"timeout\": $TMO}"
+RUN3=$(ctl submit "$T/late.json") || fail "pseudo_world_size 1 refused"
+ctl watch "$RUN3" >/dev/null || fail "the late-join run did not complete: $(ctl status "$RUN3")"
+ctl events "$RUN3" >"$T/events3.txt"
+first=$(grep -E 'nodes.group' "$T/events3.txt" | head -1)
+echo "$first" | grep -q 'world_size=2 step=10' || fail "the worker did not join at the delink (step 10): $(cat "$T/events3.txt")"
+[ "$(grep -c 'nodes.group' "$T/events3.txt")" = 1 ] || fail "more than one group: $(cat "$T/events3.txt")"
+losses "$RUN3" >"$T/late.csv"
+close_enough "$T/late.csv" "$T/one.csv" || fail "late-join losses differ from the single node's"
+log "(d) the worker joined at the delink: $first"
+# ---- (e) a worker whose hash differs (M6_TEST_DP_HASH_SALT: as another
+# build or spec would) is refused before any collective, both hashes named
+kill -TERM "${PIDS[w1]}"; wait "${PIDS[w1]}" || fail "worker exit after SIGTERM"
+unset 'PIDS[w1]'
+M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
+RUN4=$(ctl submit "$T/two.json")
+for _ in $(seq 1 200); do
+    ctl events "$RUN4" | grep -q 'nodes.refused' && break
+    sleep 0.05
+done
+ctl events "$RUN4" | grep -Eq "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" \
+    || fail "no refusal naming both hashes: $(ctl events "$RUN4")"
+grep -q 'cluster.rank_failed run='"$RUN4"' rank=1 err="refused by the coordinator' "$T/m6d-w2.log" \
+    || fail "the worker did not log its refusal: $(grep cluster. "$T/m6d-w2.log" | tail -3)"
+grep -q 'cluster.rank run='"$RUN4" "$T/m6d-w2.log" && fail "the refused worker joined the group"
+[ "$(db "$T/c" "select step from runs where id=$RUN4")" = 0 ] || fail "run $RUN4 trained with a refused rank"
+ctl stop "$RUN4" >/dev/null || fail "stop of the refused run"
+wait_state "$RUN4" stopped 20
+ctl list >/dev/null || fail "the coordinator stopped serving"
+log "(e) refused: $(ctl events "$RUN4" | grep nodes.refused | head -1 | cut -c1-120)..."
+kill -TERM "${PIDS[w2]}" "${PIDS[c]}"
 wait "${PIDS[c]}" || fail "coordinator exit"
 unset 'PIDS[c]'
 echo "ok"
