@@ -18,7 +18,8 @@
 #      and the run completes with the losses of the uninterrupted 2-rank
 #      run, bit for bit (both are rank 0's checkpointed state, rebroadcast);
 #  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
-#  (e) a worker whose hash differs is refused before any collective.
+#  (e) a worker whose hash differs is refused before any collective;
+#  (f) 3 ranks with grad_accum 3 against one node.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -115,6 +116,8 @@ close_enough "$T/two.csv" "$T/one.csv" || fail "2-rank losses differ from the si
 # ---- (b) kill -9 of the worker mid-run, restart, resume
 RUN2=$(ctl submit "$T/two.json")
 wait_step "$RUN2" 12 60
+[ "$(db "$T/c" "select run || ' ' || rank from nodes where hostname='w1'")" = "$RUN2 1" ] \
+    || fail "the nodes table does not hold w1's run and rank: $(db "$T/c" "select * from nodes")"
 kill -9 "${PIDS[w1]}"; wait "${PIDS[w1]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
 for _ in $(seq 1 400); do
@@ -177,7 +180,28 @@ ctl stop "$RUN4" >/dev/null || fail "stop of the refused run"
 wait_state "$RUN4" stopped 20
 ctl list >/dev/null || fail "the coordinator stopped serving"
 log "(e) refused: $(ctl events "$RUN4" | grep nodes.refused | head -1 | cut -c1-120)..."
-kill -TERM "${PIDS[w2]}" "${PIDS[c]}"
+# ---- (f) 3 ranks with gradient accumulation 3 (one microbatch of 4 per
+# rank) against the same spec at world size 1 on the coordinator (3
+# microbatches of 4), same tolerance as (a)
+kill -TERM "${PIDS[w2]}"; wait "${PIDS[w2]}" || fail "w2 exit after SIGTERM"
+unset 'PIDS[w2]'
+start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+start_m6d w3 --join "$ADDR" --token-file "$T/token" --node-name w3
+CKPT_EVERY=10 write_spec "$T/acc1.json" acc1 24 8
+CKPT_EVERY=10 write_spec "$T/acc3.json" acc3 24 8 \
+    "\"nodes\": {\"world_size\": 3, \"timeout\": $TMO}"
+sed -i 's/"batch_size": 4,/"batch_size": 4, "grad_accum": 3,/' "$T/acc1.json" "$T/acc3.json"
+R1=$(ctl submit "$T/acc1.json")
+ctl watch "$R1" >/dev/null || fail "the 1-rank accumulation run did not complete"
+R3=$(ctl submit "$T/acc3.json")
+ctl watch "$R3" >/dev/null || fail "the 3-rank run did not complete: $(ctl status "$R3")"
+ctl events "$R3" | grep -Eq 'nodes.assign +node=[0-9]+ hostname=w3 rank=2 world_size=3' \
+    || fail "w3 not rank 2: $(ctl events "$R3")"
+losses "$R1" >"$T/acc1.csv"
+losses "$R3" >"$T/acc3.csv"
+close_enough "$T/acc3.csv" "$T/acc1.csv" || fail "3-rank losses differ from one node's"
+log "(f) 3 ranks, grad_accum 3: the single node's losses"
+kill -TERM "${PIDS[w1]}" "${PIDS[w3]}" "${PIDS[c]}"
 wait "${PIDS[c]}" || fail "coordinator exit"
 unset 'PIDS[c]'
 echo "ok"
