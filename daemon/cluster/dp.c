@@ -70,7 +70,9 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
             if (st.get(st.ctx, key, &v, &n, timeout_ms, err) < 0) {
                 snprintf(verdict, sizeof verdict, "rank %d sent no hash "
                          "within %d ms", r, timeout_ms);
-                st.set(st.ctx, "verdict", verdict, strlen(verdict), NULL);
+                m6_err e2 = M6_ERR_NONE;  /* the ranks that wait hear it */
+                st.set(st.ctx, "verdict", verdict, strlen(verdict), &e2);
+                m6_err_free(&e2);
                 m6_err_prefix(err, "rank 0: rendezvous");
                 goto out;
             }

@@ -86,6 +86,8 @@ typedef struct {
     m6_coll *coll;
     run_phase coll_phase;
     char dist_why[512];
+    double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
+                            * the next try (nodes.timeout later) */
 } run_ctx;
 
 /* Save the trainer at its step. -1 with err saying what failed (the caller
@@ -770,7 +772,15 @@ static int dist_ready_(run_ctx *r)
     char why[512] = "";
     m6_coll *g = NULL;
     int rc = 0;
-    if (c->dist && c->dist->group)
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double now_s = (double)now.tv_sec + now.tv_nsec * 1e-9;
+    if (now_s < r->dist_retry_at) {
+        /* a group failed (a refused rank, a rendezvous timeout): not
+         * every 300 ms, which would reassign the nodes as often */
+        snprintf(why, sizeof why, "%s", r->dist_why);
+        rc = -1;
+    } else if (c->dist && c->dist->group)
         rc = c->dist->group(c->dist->ud, r->id, &r->spec, r->t, world, &g,
                             why, sizeof why);
     else
@@ -796,6 +806,9 @@ static int dist_ready_(run_ctx *r)
         m6_coll_destroy(g);
         rc = -1;
     }
+    if (rc < 0 && now_s >= r->dist_retry_at)
+        r->dist_retry_at = now_s + (r->spec.nodes.timeout > 0
+                                        ? r->spec.nodes.timeout : 30);
     if (strcmp(why, r->dist_why) != 0) {
         snprintf(r->dist_why, sizeof r->dist_why, "%s", why);
         state_event(c->st, r->id, rc == 0 ? "nodes.wait" : "nodes.refused",
