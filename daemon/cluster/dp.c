@@ -122,12 +122,58 @@ out:
 
 /* ------------------------------------------------------- the coordinator */
 
+void cluster_dp_coord_init(cluster_dp_coord *d)
+{
+    pthread_mutex_init(&d->mu, NULL);
+    d->co = NULL;
+}
+
+void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co)
+{
+    pthread_mutex_lock(&d->mu);
+    d->co = co;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Pick world-1 live worker nodes and assign them ranks 1..world-1 (the
+ * nodes table, events, RunAssign), with d->mu held. 1 with *gen, 0 not
+ * enough nodes, -1; why set unless 1. */
+static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
+                   int world, int timeout_ms, int64_t *gen_out, char *why,
+                   size_t len);
+
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len)
 {
     cluster_dp_coord *d = ud;
     *out = NULL;
+    int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
+                                             : 30000;
+    int64_t gen = 0;
+    pthread_mutex_lock(&d->mu);
+    int rc = assign_(d, id, spec, world, timeout_ms, &gen, why, len);
+    pthread_mutex_unlock(&d->mu);
+    if (rc != 1) return rc;
+    char hash[65];
+    cluster_dp_hash(spec, t, world, hash);
+    m6_err e = M6_ERR_NONE;
+    m6_coll *g = group_(d->store_addr, d->token, id, gen, 0, world,
+                        timeout_ms, d->host, t, hash, &e);
+    if (!g) {
+        snprintf(why, len, "%s", m6_err_msg(&e));
+        m6_err_free(&e);
+        state_nodes_clear_run(d->st, id);
+        return -1;
+    }
+    *out = g;
+    return 1;
+}
+
+static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
+                   int world, int timeout_ms, int64_t *gen_out, char *why,
+                   size_t len)
+{
     if (!d->co) {
         snprintf(why, len, "nodes.world_size %d needs this m6d to be the "
                  "coordinator (m6d --role coordinator --listen HOST:PORT)",
@@ -155,8 +201,6 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                  k == 1 ? "" : "s");
         return 0;
     }
-    int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
-                                             : 30000;
     /* unique across this coordinator's lives: the store starts empty at
      * every start, and a worker may still hold an old assignment */
     int64_t gen = (int64_t)time(NULL) * 1000;
@@ -193,18 +237,7 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
     free(json);
     state_event(d->st, id, "nodes.assign", "node=self rank=0 world_size=%d "
                 "generation=%lld", world, (long long)gen);
-    char hash[65];
-    cluster_dp_hash(spec, t, world, hash);
-    m6_err e = M6_ERR_NONE;
-    m6_coll *g = group_(d->store_addr, d->token, id, gen, 0, world,
-                        timeout_ms, d->host, t, hash, &e);
-    if (!g) {
-        snprintf(why, len, "%s", m6_err_msg(&e));
-        m6_err_free(&e);
-        state_nodes_clear_run(d->st, id);
-        return -1;
-    }
-    *out = g;
+    *gen_out = gen;
     return 1;
 }
 

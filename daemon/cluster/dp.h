@@ -27,6 +27,7 @@
 #ifndef M6_CLUSTER_DP_H
 #define M6_CLUSTER_DP_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "cluster/cluster.h"
@@ -46,15 +47,24 @@
 void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
                      char out[65]);
 
-/* The coordinator's side (coord_dist of coord.h; ud is this struct). */
+/* The coordinator's side (coord_dist of coord.h; ud is this struct).
+ * co is guarded by mu: cluster_dp_coord_attach/detach set it on the loop
+ * while the worker thread may be picking nodes. */
 typedef struct {
-    cluster_coord *co;        /* NULL: not listening (yet) */
+    pthread_mutex_t mu;
+    cluster_coord *co;        /* NULL: not listening (yet, or any more) */
     char store_addr[300];     /* its store, "HOST:PORT", as rank 0 dials it */
     char host[256];           /* rank 0's Gloo address */
     const cluster_token *token;
     state *st;
     int64_t gen;              /* the latest generation given out */
 } cluster_dp_coord;
+
+/* Before coord_init: mu, co NULL. */
+void cluster_dp_coord_init(cluster_dp_coord *d);
+/* Set (co: the listener is up) or clear (NULL: before cluster_coord_fini)
+ * the coordinator; waits for a pick in progress to end. */
+void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co);
 
 /* coord_dist.group: see coord.h. Picks world-1 live worker nodes, assigns
  * ranks 1..world-1, makes the group as rank 0 (hash check, Gloo,

@@ -693,7 +693,7 @@ static int cluster_start_(char *err, size_t errlen)
     snprintf(g.dpc.store_addr, sizeof g.dpc.store_addr,
              strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
              cluster_coord_port(g.cluster));
-    g.dpc.co = g.cluster;
+    cluster_dp_coord_attach(&g.dpc, g.cluster);
     return 0;
 }
 
@@ -787,6 +787,7 @@ int main(int argc, char **argv)
     /* the loop answers every client: it never waits long for another
      * process's lock on m6.db (the worker and the pool threads do) */
     state_thread_wait_limit(5);
+    cluster_dp_coord_init(&g.dpc);
     g.dpc.token = &g.token;
     g.dpc.st = g.st;
     g.dist = (coord_dist){.group = cluster_dp_coord_group,
@@ -832,7 +833,7 @@ int main(int argc, char **argv)
     rc = g.join_failed ? 1 : 0;
 out_server:
     metrics_stop_(); /* its requests ask the coordinator and the state */
-    g.dpc.co = NULL;  /* rank 0 gathers no more nodes */
+    cluster_dp_coord_attach(&g.dpc, NULL);  /* rank 0 gathers no more nodes */
     cluster_coord_fini(g.cluster);
     g.cluster = NULL;
     cluster_join_fini(g.join);
