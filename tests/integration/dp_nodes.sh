@@ -19,7 +19,8 @@
 #      run, bit for bit (both are rank 0's checkpointed state, rebroadcast);
 #  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
 #  (e) a worker whose hash differs is refused before any collective;
-#  (f) 3 ranks with grad_accum 3 against one node.
+#  (f) 3 ranks with grad_accum 3 against one node;
+#  (g) an operator delink delinks every rank at the same step.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -201,7 +202,31 @@ losses "$R1" >"$T/acc1.csv"
 losses "$R3" >"$T/acc3.csv"
 close_enough "$T/acc3.csv" "$T/acc1.csv" || fail "3-rank losses differ from one node's"
 log "(f) 3 ranks, grad_accum 3: the single node's losses"
-kill -TERM "${PIDS[w1]}" "${PIDS[w3]}" "${PIDS[c]}"
+# ---- (g) an operator delink on the coordinator is a barrier: every rank
+# delinks at the same step (rank 0 regroups, the workers take its delinked
+# state), so the run equals one whose spec delinks at that step
+kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
+unset 'PIDS[w3]'
+CKPT_EVERY=10 write_spec "$T/op.json" op 24 23 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+RUN5=$(ctl submit "$T/op.json")
+wait_step "$RUN5" 6 60
+ctl delink "$RUN5" >/dev/null || fail "delink refused"
+ctl watch "$RUN5" >/dev/null || fail "the delinked run did not complete: $(ctl status "$RUN5")"
+K=$(field "$RUN5" delink_step)
+[ -n "$K" ] && [ "$K" -gt 0 ] && [ "$K" -lt 23 ] || fail "delink step '$K'"
+ctl events "$RUN5" | grep -Eq "nodes.group +world_size=2 step=$K" \
+    || fail "no regroup at the delink step $K: $(ctl events "$RUN5")"
+grep -q "cluster.rank run=$RUN5 rank=1 world_size=2 step=$K" "$T/m6d-w1.log" \
+    || fail "rank 1 did not continue from step $K: $(grep cluster.rank "$T/m6d-w1.log" | tail -3)"
+CKPT_EVERY=10 write_spec "$T/opref.json" opref 24 "$K"
+R6=$(ctl submit "$T/opref.json")
+ctl watch "$R6" >/dev/null || fail "the reference of the operator delink did not complete"
+losses "$RUN5" >"$T/op.csv"
+losses "$R6" >"$T/opref.csv"
+close_enough "$T/op.csv" "$T/opref.csv" || fail "operator-delinked 2-rank run differs from one node delinking at step $K"
+log "(g) operator delink at step $K on both ranks: the single node's losses"
+kill -TERM "${PIDS[w1]}" "${PIDS[c]}"
 wait "${PIDS[c]}" || fail "coordinator exit"
 unset 'PIDS[c]'
 echo "ok"
