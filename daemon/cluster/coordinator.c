@@ -10,6 +10,7 @@
  */
 #include "cluster/coordinator.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,18 @@ typedef struct store_entry {
     struct store_entry *next;
 } store_entry;
 
+/* A rank assignment waiting for its node's next heartbeat (dp.h). */
+typedef struct assign_entry {
+    int64_t node_id, run, gen;
+    int rank, world, timeout_ms;
+    char *spec;
+    struct assign_entry *next;
+} assign_entry;
+
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
+    pthread_mutex_t amu;  /* guards assigns: set from the worker thread */
+    assign_entry *assigns;
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;
     state *st;
@@ -61,6 +72,8 @@ struct peer {
     int64_t node_id;    /* 0: none (refused, or replaced by a reconnect) */
     char hostname[256];
     uint64_t last_hb;   /* uv_now of its latest frame */
+    int64_t arun;       /* wiring: the run of its latest assignment, 0 */
+    int arank;          /* ... its rank there */
     /* a store client */
     int64_t run, gen;
     int parked;         /* a get/wait waits for keys (timer running) */
@@ -109,6 +122,17 @@ static void node_gone_(peer *p, node_state s, const char *cause)
     else
         log_warn(kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
                  (long long)p->node_id, p->hostname, p->addr, cause);
+    if (s == NODE_LOST && p->arun > 0) {
+        /* a rank of a run across nodes (dp.h; the run of its latest
+         * assignment): the run's own event; its other ranks' collectives
+         * fail or time out and the run pauses */
+        state_event(co->st, p->arun, "nodes.rank_lost",
+                    "node=%lld hostname=%s rank=%d cause=\"%s\"",
+                    (long long)p->node_id, p->hostname, p->arank, cause);
+        log_warn("run.rank_lost", "run=%lld node=%lld hostname=%s rank=%d",
+                 (long long)p->arun, (long long)p->node_id, p->hostname,
+                 p->arank);
+    }
     state_node_set_state(co->st, p->node_id, s, cause);
     state_event(co->st, 0, kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
                 (long long)p->node_id, p->hostname, p->addr, cause);
@@ -344,17 +368,81 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     send_(p, &r, 0);
 }
 
+/* The assignment for node id, unlinked (the caller frees it), or NULL. */
+static assign_entry *take_assign_(cluster_coord *co, int64_t id)
+{
+    pthread_mutex_lock(&co->amu);
+    assign_entry **pp = &co->assigns, *a = NULL;
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->node_id == id) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    pthread_mutex_unlock(&co->amu);
+    return a;
+}
+
+int cluster_coord_assign(cluster_coord *co, int64_t node_id, int64_t run,
+                         const char *spec, int rank, int world, int64_t gen,
+                         int timeout_ms)
+{
+    assign_entry *a = calloc(1, sizeof *a);
+    if (!a || !(a->spec = strdup(spec))) {
+        free(a);
+        return -1;
+    }
+    a->node_id = node_id;
+    a->run = run;
+    a->rank = rank;
+    a->world = world;
+    a->gen = gen;
+    a->timeout_ms = timeout_ms;
+    assign_entry *old = take_assign_(co, node_id);  /* the newer replaces */
+    if (old) {
+        free(old->spec);
+        free(old);
+    }
+    pthread_mutex_lock(&co->amu);
+    a->next = co->assigns;
+    co->assigns = a;
+    pthread_mutex_unlock(&co->amu);
+    return 0;
+}
+
 static void do_node_frame_(peer *p, const M6__Request *rq)
 {
     cluster_coord *co = p->co;
     p->last_hb = uv_now(co->loop);
     if (!p->node_id) return;  /* replaced: closing */
     switch (rq->body_case) {
-    case M6__REQUEST__BODY_NODE_HEARTBEAT:
+    case M6__REQUEST__BODY_NODE_HEARTBEAT: {
         state_node_heartbeat(co->st, p->node_id,
                              rq->node_heartbeat->free_device_memory);
-        reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
+        assign_entry *a = take_assign_(co, p->node_id);
+        if (!a) {
+            reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
+            return;
+        }
+        M6__RunAssign ra = M6__RUN_ASSIGN__INIT;
+        ra.run_id = a->run;
+        ra.spec = a->spec;
+        ra.rank = a->rank;
+        ra.world_size = a->world;
+        ra.generation = a->gen;
+        ra.timeout_ms = a->timeout_ms;
+        M6__Response r = M6__RESPONSE__INIT;
+        r.status = M6__STATUS__STATUS_OK;
+        r.message = (char *)"";
+        r.body_case = M6__RESPONSE__BODY_RUN_ASSIGN;
+        r.run_assign = &ra;
+        send_(p, &r, 0);
+        p->arun = a->run;
+        p->arank = a->rank;
+        free(a->spec);
+        free(a);
         return;
+    }
     case M6__REQUEST__BODY_NODE_LEAVE:
         node_gone_(p, NODE_LEFT, "the node stopped (NodeLeave)");
         reply_status_(p, M6__STATUS__STATUS_OK, "left", 1);
@@ -826,6 +914,12 @@ static void co_closed_(uv_handle_t *h)
         free(e->val);
         free(e);
     }
+    for (assign_entry *a = co->assigns, *n; a; a = n) {
+        n = a->next;
+        free(a->spec);
+        free(a);
+    }
+    pthread_mutex_destroy(&co->amu);
     free(co);
 }
 
@@ -850,6 +944,7 @@ cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&co->amu, NULL);
     co->loop = cfg->loop;
     co->st = cfg->st;
     co->token = cfg->token;

@@ -84,6 +84,14 @@ void cluster_coord_fini(cluster_coord *c);
 int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
                             int64_t *ids, int max);
 
+/* Queue a rank assignment (dp.h) for node node_id: sent as the reply to
+ * its next heartbeat (a newer one for the node replaces one not yet
+ * sent). Callable from any thread; the spec is copied. 0, or -1 (out of
+ * memory). */
+int cluster_coord_assign(cluster_coord *c, int64_t node_id, int64_t run,
+                         const char *spec, int rank, int world, int64_t gen,
+                         int timeout_ms);
+
 /* This m6d in its own nodes table (role coordinator, state live), at every
  * start whatever the role but a worker's: a single m6d lists itself.
  * Worker nodes that a previous life left joining or live become lost

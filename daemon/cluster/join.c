@@ -52,6 +52,7 @@ struct cluster_join {
     char uuid[33];
     int timeout_ms;
     void (*on_fatal)(void *, const char *);
+    void (*on_assign)(void *, const cluster_assign *);
     void *ud;
 
     jconn *c;           /* the current connection, or NULL */
@@ -205,6 +206,34 @@ static void lost_(cluster_join *j, const char *why)
 static void on_reply_(cluster_join *j, const M6__Response *r)
 {
     j->last_rx = uv_now(j->loop);
+    if (j->live && r->body_case == M6__RESPONSE__BODY_RUN_ASSIGN &&
+        r->run_assign) {
+        const M6__RunAssign *ra = r->run_assign;
+        cluster_assign a = {.run_id = ra->run_id, .spec = ra->spec,
+                            .rank = ra->rank, .world_size = ra->world_size,
+                            .generation = ra->generation,
+                            .timeout_ms = ra->timeout_ms,
+                            .local_host = "127.0.0.1"};
+        char host[64];
+        struct sockaddr_storage ss;
+        int sl = sizeof ss;
+        if (j->c && uv_tcp_getsockname(&j->c->tcp, (struct sockaddr *)&ss,
+                                       &sl) == 0) {
+            if (ss.ss_family == AF_INET &&
+                uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host) == 0)
+                a.local_host = host;
+            else if (ss.ss_family == AF_INET6 &&
+                     uv_ip6_name((struct sockaddr_in6 *)&ss, host,
+                                 sizeof host) == 0)
+                a.local_host = host;
+        }
+        log_info("cluster.assign", "coordinator=%s run=%lld rank=%d "
+                 "world_size=%d generation=%lld", j->addr,
+                 (long long)a.run_id, a.rank, a.world_size,
+                 (long long)a.generation);
+        if (j->on_assign) j->on_assign(j->ud, &a);
+        return;
+    }
     if (j->live) {
         if (r->status != M6__STATUS__STATUS_OK)
             log_warn("cluster.reply", "coordinator=%s status=%d msg=\"%s\"",
@@ -424,6 +453,7 @@ cluster_join *cluster_join_start(const cluster_join_config *cfg, char *err,
     j->facts = cfg->facts;
     j->timeout_ms = cfg->timeout_ms;
     j->on_fatal = cfg->on_fatal;
+    j->on_assign = cfg->on_assign;
     j->ud = cfg->ud;
     j->heartbeat_ms = cfg->timeout_ms / 3 > 0 ? cfg->timeout_ms / 3 : 1;
     j->coord_timeout_ms = cfg->timeout_ms;

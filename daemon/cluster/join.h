@@ -21,11 +21,24 @@
 #define M6_CLUSTER_JOIN_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "cluster/cluster.h"
 
 typedef struct cluster_join cluster_join;
+
+/* A rank of a run across nodes, as the coordinator sent it (RunAssign,
+ * the reply to a heartbeat; see dp.h). Pointers valid during the call. */
+typedef struct {
+    int64_t run_id;
+    const char *spec;        /* canonical JSON */
+    int rank, world_size;
+    int64_t generation;
+    int timeout_ms;          /* nodes.timeout */
+    const char *local_host;  /* this node's address on its connection to
+                              * the coordinator: where peers reach it */
+} cluster_assign;
 
 typedef struct {
     uv_loop_t *loop;
@@ -37,6 +50,8 @@ typedef struct {
     /* The first join failed or the coordinator refused: msg says why (the
      * caller logs it and stops m6d). Called at most once. */
     void (*on_fatal)(void *ud, const char *msg);
+    /* The coordinator assigned this node a rank (NULL: ignored). */
+    void (*on_assign)(void *ud, const cluster_assign *a);
     void *ud;
 } cluster_join_config;
 

@@ -37,6 +37,7 @@
 #include "http/http.h"
 #include "cluster/cluster.h"
 #include "cluster/coordinator.h"
+#include "cluster/dp.h"
 #include "cluster/join.h"
 #include "state/state.h"
 
@@ -90,6 +91,10 @@ static struct {
     cluster_coord *cluster;     /* --listen */
     cluster_join *join;         /* --join */
     int join_failed;            /* the join gave up: exit 1 */
+    /* wiring (issue 14): runs across nodes */
+    cluster_dp_coord dpc;       /* rank 0's side (coord_dist's ud) */
+    coord_dist dist;
+    cluster_dp_worker *dpw;     /* --join: this node's ranks */
 } g;
 
 /* ----------------------------------------------------------------- options */
@@ -638,6 +643,13 @@ static void on_join_fatal_(void *ud, const char *msg)
 /* After the coordinator is up: this node's facts and id; a worker starts
  * joining, the others list themselves in the nodes table, and a
  * coordinator listens. 0, or -1 with err. */
+/* wiring: the coordinator sent this node a rank (join's loop) */
+static void on_join_assign_(void *ud, const cluster_assign *a)
+{
+    (void)ud;
+    cluster_dp_assign(g.dpw, a);
+}
+
 static int cluster_start_(char *err, size_t errlen)
 {
     cluster_facts_get(&g.facts, g.opt.node_name,
@@ -648,7 +660,13 @@ static int cluster_start_(char *err, size_t errlen)
         cluster_join_config jc = {
             .loop = &g.loop, .addr = g.opt.join, .token = &g.token,
             .facts = &g.facts, .node_uuid = g.node_uuid,
-            .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_};
+            .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_,
+            .on_assign = on_join_assign_};
+        g.dpw = cluster_dp_worker_start(g.opt.join, &g.token, g.opt.threads);
+        if (!g.dpw) {
+            snprintf(err, errlen, "cannot start the ranks' thread");
+            return -1;
+        }
         g.join = cluster_join_start(&jc, err, errlen);
         return g.join ? 0 : -1;
     }
@@ -661,7 +679,22 @@ static int cluster_start_(char *err, size_t errlen)
                                .listen = g.opt.listen, .token = &g.token,
                                .timeout_ms = g.opt.node_timeout_ms};
     g.cluster = cluster_coord_init(&cc, err, errlen);
-    return g.cluster ? 0 : -1;
+    if (!g.cluster) return -1;
+    /* wiring: rank 0 dials its own store; Gloo listens on the --listen
+     * host (127.0.0.1 for a wildcard) */
+    char host[256];
+    int port;
+    if (cluster_parse_addr(g.opt.listen, 1, host, sizeof host, &port, err,
+                           errlen) < 0)
+        return -1;
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !host[0])
+        snprintf(host, sizeof host, "127.0.0.1");
+    snprintf(g.dpc.host, sizeof g.dpc.host, "%s", host);
+    snprintf(g.dpc.store_addr, sizeof g.dpc.store_addr,
+             strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+             cluster_coord_port(g.cluster));
+    cluster_dp_coord_attach(&g.dpc, g.cluster);
+    return 0;
 }
 
 /* -------------------------------------------------------------------- main */
@@ -754,8 +787,13 @@ int main(int argc, char **argv)
     /* the loop answers every client: it never waits long for another
      * process's lock on m6.db (the worker and the pool threads do) */
     state_thread_wait_limit(5);
+    cluster_dp_coord_init(&g.dpc);
+    g.dpc.token = &g.token;
+    g.dpc.st = g.st;
+    g.dist = (coord_dist){.group = cluster_dp_coord_group,
+                          .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
     coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
-                       .stats = g.stats};
+                       .stats = g.stats, .dist = &g.dist};
     g.co = coord_init(&cc, err, sizeof err);
     if (!g.co) {
         log_error("coord.error", "err=\"%s\"", err);
@@ -795,6 +833,7 @@ int main(int argc, char **argv)
     rc = g.join_failed ? 1 : 0;
 out_server:
     metrics_stop_(); /* its requests ask the coordinator and the state */
+    cluster_dp_coord_attach(&g.dpc, NULL);  /* rank 0 gathers no more nodes */
     cluster_coord_fini(g.cluster);
     g.cluster = NULL;
     cluster_join_fini(g.join);
@@ -805,6 +844,8 @@ out_loop:
     uv_walk(&g.loop, close_but_signals_, NULL);
     uv_run(&g.loop, UV_RUN_DEFAULT);  /* close callbacks; pool work ends */
     coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
+    cluster_dp_worker_stop(g.dpw);  /* its group fails or times out */
+    g.dpw = NULL;
     /* log the signals caught meanwhile (a loop of unref'd handles only
      * would return at once) */
     uv_ref((uv_handle_t *)&g.sigterm);

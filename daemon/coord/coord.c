@@ -22,6 +22,7 @@
 #include "common/paths.h"
 #include "coord/queue.h"
 #include "coord/worker.h"
+#include "dist/collectives.h"
 #include "train/data.h"
 #include "train/spec.h"
 #include "train/trainer.h"
@@ -31,6 +32,7 @@ struct coord {
     char runs_dir[3072];
     int threads;
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
+    const coord_dist *dist; /* runs across nodes (coord.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
     ckpt_store store;      /* the runs' checkpoints (daemon/ckpt/store.h) */
 
@@ -101,6 +103,14 @@ typedef struct {
     double val;
     int plateau_seed_owed;  /* the passes before this life not read yet */
     double flops_per_token; /* model FLOPs per training token (MFU) */
+    /* Across nodes (coord_dist): the run's group while it trains with
+     * one, the phase it was made for, and the last reason it could not
+     * be made (said once per change). */
+    m6_coll *coll;
+    run_phase coll_phase;
+    char dist_why[512];
+    double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
+                            * the next try (nodes.timeout later) */
 } run_ctx;
 
 /* Save the trainer at its step. -1 with err saying what failed (the caller
@@ -833,7 +843,8 @@ static void bad_steps_pause_(run_ctx *r, const step_result *res)
 
 /* One step, recorded: its metrics row (and a checkpoint every
  * checkpoint.every steps) written before the next boundary. -1 when the
- * run failed (recorded). */
+ * run failed (recorded); 1 when a collective failed (the run paused; the
+ * trainer must be rebuilt from the last checkpoint). */
 static int step_(run_ctx *r)
 {
     coord *c = r->c;
@@ -859,6 +870,17 @@ static int step_(run_ctx *r)
             return 0;
         }
         r->eval_owed = 1; /* the step stands: record it, val_loss owed */
+    } else if (src == TRAINER_ECOLL) {
+        /* a rank died or stopped answering: the step was not applied;
+         * pause, and the worker reloads the last checkpoint (run_one_) */
+        char why[1200];
+        snprintf(why, sizeof why, "a rank of the run's %d-rank group "
+                 "failed: %s", trainer_world_size(r->t),
+                 m6_err_msg(&data_err));
+        r->data_code = M6_EBADSTATE;
+        pause_error_(r, WE_DATA_ERROR, why);
+        m6_err_free(&data_err);
+        return 1;
     } else if (src < 0) {
         fail_run_(r, "trainer_step", m6_err_msg(&data_err));
         m6_err_free(&data_err);
@@ -926,6 +948,97 @@ static int step_(run_ctx *r)
     return 0;
 }
 
+/* ---------------------------------------------- across nodes (coord_dist) */
+
+/* Leave the run's group (if any): the trainer trains alone again, the
+ * other ranks' collectives fail at once and they free their trainers. */
+static void dist_drop_(run_ctx *r, const char *why)
+{
+    if (!r->coll) return;
+    coord *c = r->c;
+    m6_err e = M6_ERR_NONE;
+    trainer_set_collectives(r->t, NULL, &e);
+    m6_err_free(&e);
+    m6_coll_destroy(r->coll);
+    r->coll = NULL;
+    if (c->dist && c->dist->ungroup) c->dist->ungroup(c->dist->ud, r->id);
+    log_info("run.ungroup", "run=%lld step=%ld why=\"%s\"", (long long)r->id,
+             trainer_step_count(r->t), why);
+}
+
+/* Before a step: a run whose current phase has world size W > 1 trains
+ * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
+ * event and the run's error in status, once per change; the worker sleeps
+ * a little, or less when a command comes in, and comes back). */
+static int dist_ready_(run_ctx *r)
+{
+    coord *c = r->c;
+    int world = spec_world_of_phase(&r->spec,
+                                    trainer_phase(r->t) == PHASE_PSEUDO);
+    if (world <= 1 || r->coll) return 1;
+    char why[512] = "";
+    m6_coll *g = NULL;
+    int rc = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double now_s = (double)now.tv_sec + now.tv_nsec * 1e-9;
+    if (now_s < r->dist_retry_at) {
+        /* a group failed (a refused rank, a rendezvous timeout): not
+         * every 300 ms, which would reassign the nodes as often */
+        snprintf(why, sizeof why, "%s", r->dist_why);
+        rc = -1;
+    } else if (c->dist && c->dist->group)
+        rc = c->dist->group(c->dist->ud, r->id, &r->spec, r->t, world, &g,
+                            why, sizeof why);
+    else
+        snprintf(why, sizeof why, "nodes.world_size %d needs a coordinator "
+                 "(m6d --role coordinator --listen HOST:PORT)", world);
+    if (rc == 1) {
+        m6_err e = M6_ERR_NONE;
+        if (trainer_set_collectives(r->t, g, &e) == 0) {
+            r->coll = g;
+            r->coll_phase = trainer_phase(r->t);
+            r->dist_why[0] = 0;
+            state_event(c->st, r->id, "nodes.group", "world_size=%d step=%ld",
+                        world, trainer_step_count(r->t));
+            log_info("run.group", "run=%lld world_size=%d step=%ld",
+                     (long long)r->id, world, trainer_step_count(r->t));
+            pthread_mutex_lock(&c->mu);
+            worker_set_error(&c->w, NULL);
+            pthread_mutex_unlock(&c->mu);
+            return 1;
+        }
+        snprintf(why, sizeof why, "%s", m6_err_msg(&e));
+        m6_err_free(&e);
+        m6_coll_destroy(g);
+        rc = -1;
+    }
+    if (rc < 0 && now_s >= r->dist_retry_at)
+        r->dist_retry_at = now_s + (r->spec.nodes.timeout > 0
+                                        ? r->spec.nodes.timeout : 30);
+    if (strcmp(why, r->dist_why) != 0) {
+        snprintf(r->dist_why, sizeof r->dist_why, "%s", why);
+        state_event(c->st, r->id, rc == 0 ? "nodes.wait" : "nodes.refused",
+                    "%s", why);
+        log_warn(rc == 0 ? "run.wait" : "run.group_failed",
+                 "run=%lld why=\"%s\"", (long long)r->id, why);
+        pthread_mutex_lock(&c->mu);
+        worker_set_error(&c->w, why);
+        pthread_mutex_unlock(&c->mu);
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += 300 * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_timedwait(&c->cv, &c->mu, &until);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
 /* ------------------------------------------------------------ the loop */
 
 /* The worker's life with one run: set it up, then at every step boundary
@@ -977,7 +1090,11 @@ static void run_one_(coord *c, int64_t id)
         pthread_mutex_lock(&c->mu);
         int trains = worker_trains(&c->w);
         pthread_mutex_unlock(&c->mu);
-        if (!trains) continue;
+        if (!trains) {
+            /* paused (or stopping): the other ranks leave the group */
+            dist_drop_(&r, "the run is not training");
+            continue;
+        }
 
         /* what an earlier boundary owes (a restart's validation pass) */
         m6_err err = M6_ERR_NONE;
@@ -992,8 +1109,14 @@ static void run_one_(coord *c, int64_t id)
             continue;
         }
         phase_policy_(&r);
-        if (step_(&r) < 0) break;
+        if (r.coll && trainer_phase(r.t) != r.coll_phase)
+            /* delinked: the ranks regroup and get the delinked state
+             * from rank 0 (dist_ready_) */
+            dist_drop_(&r, "delinked");
+        if (!dist_ready_(&r)) continue;
+        if (step_(&r) != 0) break;
     }
+    dist_drop_(&r, "the run left the worker");
     trainer_free(r.t);
     free(r.best);
 }
@@ -1114,6 +1237,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     c->st = cfg->st;
     c->threads = cfg->threads;
     c->stats = cfg->stats;
+    c->dist = cfg->dist;
     /* Test hook (tests/integration/prometheus.sh): every step takes this
      * many ms longer, so the step-duration histogram has a known answer. */
     const char *delay = getenv("M6_TEST_STEP_DELAY_MS");

@@ -24,14 +24,38 @@
 #include "common/err.h"
 #include "http/stats.h"
 #include "state/state.h"
+#include "train/trainer.h"
 
 typedef struct coord coord;
+
+/* Data parallelism across nodes (issue 14, the wiring): how the worker
+ * thread gets the collectives group of a run whose world size (the
+ * current phase's, spec_world_of_phase) is above 1. This m6d is rank 0;
+ * daemon/cluster/dp.h implements it on the coordinator (rank assignment
+ * over the node registry, the rendezvous through its store).
+ *
+ * group(): called from the worker thread between steps, with the trainer
+ * as it stands (its config, share map and spec are what the ranks'
+ * hashes cover). 1: *out is the group (world ranks, this m6d rank 0),
+ * the caller owns it; 0: not enough live nodes yet, why says so ("waiting
+ * for 2 live nodes, have 1"; the caller retries later); -1: the group
+ * failed (why names the cause: a rank's hash, a rendezvous timeout), the
+ * caller retries later. ungroup(): the run holds no group any more (its
+ * nodes' run and rank are cleared). Both may be NULL (no coordinator). */
+typedef struct {
+    int (*group)(void *ud, int64_t id, const run_spec *spec, trainer *t,
+                 int world, m6_coll **out, char *why, size_t len);
+    void (*ungroup)(void *ud, int64_t id);
+    void *ud;
+} coord_dist;
 
 typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
+    const coord_dist *dist; /* runs across nodes; NULL: world size 1 only
+                             * (kept by pointer: the caller's) */
 } coord_config;
 
 

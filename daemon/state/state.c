@@ -1364,6 +1364,23 @@ int state_node_set_state(state *st, int64_t id, node_state s,
     return rc < 0 ? -1 : rc == 0 ? 1 : 0;
 }
 
+int state_node_set_run(state *st, int64_t id, int64_t run, int rank)
+{
+    int rc = SQL_WRITE(st,
+        "UPDATE nodes SET run = ?, rank = ?, updated = ? WHERE id = ?",
+        run > 0 ? A_INT(run) : A_NULL, run > 0 ? A_INT(rank) : A_NULL,
+        A_REAL(now_()), A_INT(id));
+    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
+}
+
+int state_nodes_clear_run(state *st, int64_t run)
+{
+    int rc = SQL_WRITE(st,
+        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? WHERE run = ?",
+        A_REAL(now_()), A_INT(run));
+    return rc < 0 ? -1 : 0;
+}
+
 int state_node_heartbeat(state *st, int64_t id, uint64_t free_device_memory)
 {
     double t = now_();

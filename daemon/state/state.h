@@ -293,6 +293,11 @@ int state_node_heartbeat(state *st, int64_t id, uint64_t free_device_memory);
  * nodes are lost until they reconnect. The number changed, or -1. */
 int state_nodes_mark(state *st, node_state from, node_state to,
                      const char *detail);
+/* Wiring (dp.h): node id's current run and its rank there (run 0: none,
+ * rank then NULL too). 0, 1 no such node, -1 error. */
+int state_node_set_run(state *st, int64_t id, int64_t run, int rank);
+/* Every node of run: run and rank none. 0, or -1. */
+int state_nodes_clear_run(state *st, int64_t run);
 /* All nodes by id; *rows malloc'd (free it). 0, or -1. */
 int state_nodes_list(state *st, node_row **rows, int *n);
 

@@ -1,0 +1,99 @@
+/*
+ * dp.h — one run across several m6d nodes (issue 14, the wiring between
+ * the node registry of coordinator.h and the collectives of
+ * dist/collectives.h).
+ *
+ * Ranks: the coordinator m6d is rank 0 (its own worker thread trains the
+ * run, writes m6.db, the metrics and the checkpoints: replicated state
+ * written once); the live worker nodes it picks (cluster_coord_nodes_fit,
+ * in node id order) are ranks 1..W-1. The coordinator records each rank
+ * in the nodes table (run, rank) and as an event (nodes.assign), and
+ * sends each worker a RunAssign (run id, spec, rank, world size,
+ * generation, timeout) as the reply to its next heartbeat.
+ *
+ * A group (cluster_dp_group), on every rank: open the coordinator's store
+ * in the namespace (run, generation); set "hash/<rank>" to this rank's
+ * hash (cluster_dp_hash); rank 0 reads every rank's and sets "verdict"
+ * ("ok", or the refusal naming the rank and both hashes); every rank
+ * refuses a verdict that is not "ok" before any collective; then Gloo's
+ * group (m6_coll_init, prefix "run<id>/g<gen>") and
+ * trainer_broadcast_state from rank 0, so every rank continues from rank
+ * 0's state (a fresh run, a resume from rank 0's checkpoint, a delink).
+ * Every wait is bounded by nodes.timeout.
+ *
+ * A generation is used once: every group of a run (a start, a resume
+ * after a lost rank, a regroup after the delink) takes a new one.
+ */
+#ifndef M6_CLUSTER_DP_H
+#define M6_CLUSTER_DP_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cluster/cluster.h"
+#include "cluster/coordinator.h"
+#include "cluster/join.h"
+#include "common/err.h"
+#include "dist/collectives.h"
+#include "train/spec.h"
+#include "train/trainer.h"
+
+/* SHA-256 (64 hex digits and NUL in out) of what every rank must agree
+ * on: this build (M6_VERSION), the world size and the canonical spec
+ * (spec_to_json: the model configuration, the share map's keys
+ * pseudo.*, everything else; the trainer derives its share map from
+ * them, and the state broadcast copies rank 0's). Test hook: the
+ * environment variable M6_TEST_DP_HASH_SALT is hashed too. */
+void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
+                     char out[65]);
+
+/* The coordinator's side (coord_dist of coord.h; ud is this struct).
+ * co is guarded by mu: cluster_dp_coord_attach/detach set it on the loop
+ * while the worker thread may be picking nodes. */
+typedef struct {
+    pthread_mutex_t mu;
+    cluster_coord *co;        /* NULL: not listening (yet, or any more) */
+    char store_addr[300];     /* its store, "HOST:PORT", as rank 0 dials it */
+    char host[256];           /* rank 0's Gloo address */
+    const cluster_token *token;
+    state *st;
+    int64_t gen;              /* the latest generation given out */
+} cluster_dp_coord;
+
+/* Before coord_init: mu, co NULL. */
+void cluster_dp_coord_init(cluster_dp_coord *d);
+/* Set (co: the listener is up) or clear (NULL: before cluster_coord_fini)
+ * the coordinator; waits for a pick in progress to end. */
+void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co);
+
+/* coord_dist.group: see coord.h. Picks world-1 live worker nodes, assigns
+ * ranks 1..world-1, makes the group as rank 0 (hash check, Gloo,
+ * trainer_broadcast_state). 1 with *out, 0 not enough nodes (why: "waiting
+ * for W live nodes, have K": K counts this m6d), -1 with why. */
+int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
+                           trainer *t, int world, m6_coll **out, char *why,
+                           size_t len);
+/* coord_dist.ungroup: the run's nodes lose their run and rank. */
+void cluster_dp_coord_ungroup(void *ud, int64_t id);
+
+/* A worker node's trainer thread: takes assignments (cluster_dp_assign,
+ * from the join's loop), trains its rank until the run's last step or
+ * until a collective fails (rank 0 paused, delinked or died), then frees
+ * the trainer and the group and waits for the next assignment. Only
+ * failures are logged (cluster.rank_failed); nothing is written to this
+ * node's m6.db. */
+typedef struct cluster_dp_worker cluster_dp_worker;
+
+/* coord_addr: the coordinator (its store); threads: device.threads for
+ * the runs (0 keeps the spec's). NULL on out of memory / no thread. */
+cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
+                                           const cluster_token *token,
+                                           int threads);
+/* Hand an assignment to the thread (copied; a newer one replaces one not
+ * yet taken). Never blocks on training. */
+void cluster_dp_assign(cluster_dp_worker *w, const cluster_assign *a);
+/* Stop: the current group is left at its next collective (bounded by
+ * its timeout); joins the thread and frees. NULL: nothing. */
+void cluster_dp_worker_stop(cluster_dp_worker *w);
+
+#endif /* M6_CLUSTER_DP_H */

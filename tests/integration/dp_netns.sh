@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# dp_netns.sh — one run across two hosts in network namespaces (issue 14,
+# the wiring): the coordinator (rank 0) in one namespace, a worker (rank 1)
+# in another, joined by a veth pair with addresses that exist only inside
+# the two namespaces (192.0.2.0/24, TEST-NET-1), made and removed here.
+# The 2-rank run trains across the veth (Gloo on 192.0.2.1 and 192.0.2.2);
+# cutting the worker's link pauses it within nodes.timeout with an event
+# naming the node, and no process hangs; restoring the link and `m6ctl
+# resume` finish the run with the single node's losses (to the tolerance
+# of dp_nodes.sh, for the same reason: float rounding of the gradient sum).
+# Skips (77) where namespaces cannot be made (no root, no iproute2).
+. "$(dirname "$0")/lib.sh"
+command -v ip >/dev/null || { echo "SKIP: no ip (iproute2)"; exit 77; }
+TMO=2
+NC=m6dc-$$ NW=m6dw-$$ VC=m6dvc$$ VW=m6dvw$$
+CPID= WPID=
+netns_cleanup_() {
+    for p in $CPID $WPID; do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$NC" 2>/dev/null || true
+    ip netns del "$NW" 2>/dev/null || true
+    cleanup_
+}
+trap netns_cleanup_ EXIT
+if ! ip netns add "$NC" 2>"$T/netns.err"; then
+    echo "SKIP: cannot make a network namespace: $(cat "$T/netns.err")"
+    exit 77
+fi
+ip netns add "$NW"
+ip link add "$VC" type veth peer name "$VW"
+ip link set "$VC" netns "$NC"
+ip link set "$VW" netns "$NW"
+ip -n "$NC" addr add 192.0.2.1/24 dev "$VC"
+ip -n "$NW" addr add 192.0.2.2/24 dev "$VW"
+for ns in "$NC" "$NW"; do ip -n "$ns" link set lo up; done
+ip -n "$NC" link set "$VC" up
+ip -n "$NW" link set "$VW" up
+
+prepare_data "$T/data"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
+chmod 600 "$T/token"
+CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
+CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+M6_TEST_STEP_DELAY_MS=60 ip netns exec "$NC" "$M6D" --state-dir "$T/c" \
+    --threads 1 --log-level info --node-timeout "$TMO" --role coordinator \
+    --listen 192.0.2.1:7070 --token-file "$T/token" 2>"$T/m6d-c.log" &
+CPID=$!
+SOCK=$T/c/m6d.sock  # a Unix socket: any namespace
+for _ in $(seq 1 100); do ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+ip netns exec "$NW" "$M6D" --state-dir "$T/w" --threads 1 --log-level info \
+    --node-timeout "$TMO" --join 192.0.2.1:7070 --token-file "$T/token" \
+    --node-name netw 2>"$T/m6d-w.log" &
+WPID=$!
+
+# the single-node reference, on the coordinator itself (world size 1)
+R1=$(ctl submit "$T/one.json")
+ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
+RUN=$(ctl submit "$T/two.json")
+wait_step "$RUN" 13 60
+grep -q "cluster.rank run=$RUN rank=1 world_size=2" "$T/m6d-w.log" || fail "netw is not rank 1"
+ctl events "$RUN" | grep -Eq 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || fail "no assignment of netw"
+
+# cut the worker's link: the run pauses within the timeout
+ip -n "$NW" link set "$VW" down
+t0=$EPOCHREALTIME
+for _ in $(seq 1 400); do
+    [ "$(field "$RUN" state)" = paused ] && break
+    sleep 0.025
+done
+took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+[ "$(field "$RUN" state)" = paused ] || fail "run not paused 10 s after the cut: $(field "$RUN" state)"
+python3 -c "import sys; sys.exit(not $took <= $TMO + 2)" || fail "paused after $took s, timeout $TMO s"
+for _ in $(seq 1 100); do
+    ctl events "$RUN" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' && break
+    sleep 0.05
+done
+ctl events "$RUN" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' \
+    || fail "no event naming netw: $(ctl events "$RUN")"
+log "paused ${took}s after the cut: $(field "$RUN" error | cut -c1-160)"
+kill -0 "$CPID" || fail "the coordinator died"
+kill -0 "$WPID" || fail "the worker died"
+timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"
+
+# restore the link, resume: the run completes with the single node's losses
+ip -n "$NW" link set "$VW" up
+for _ in $(seq 1 200); do
+    [ "$(db "$T/c" "select state from nodes where hostname='netw'")" = live ] && break
+    sleep 0.05
+done
+[ "$(db "$T/c" "select state from nodes where hostname='netw'")" = live ] || fail "netw not back"
+ctl resume "$RUN" >/dev/null || fail "resume refused"
+ctl watch "$RUN" >/dev/null || fail "the resumed run did not complete: $(ctl status "$RUN")"
+losses "$R1" >"$T/one.csv"
+losses "$RUN" >"$T/two.csv"
+python3 - "$T/two.csv" "$T/one.csv" <<'PY' || fail "losses differ from the single node's"
+import csv, sys
+a = list(csv.reader(open(sys.argv[1])))
+b = list(csv.reader(open(sys.argv[2])))
+h = a[0]
+assert a[0] == b[0] and len(a) == len(b) == 31, (len(a), len(b))
+worst = 0.0
+for ra, rb in zip(a[1:], b[1:]):
+    assert ra[:2] == rb[:2], (ra, rb)
+    for c in (h.index("train_loss"), h.index("val_loss")):
+        if ra[c] == rb[c] == "":
+            continue
+        d = abs(float(ra[c]) - float(rb[c])) / abs(float(rb[c]))
+        worst = max(worst, d)
+        assert d <= 1e-4, (ra[0], h[c], ra[c], rb[c])
+print(f"# worst relative difference {worst:.3g} over {len(a) - 1} steps")
+PY
+kill -TERM "$WPID"; timeout 20 tail --pid="$WPID" -f /dev/null || fail "worker hangs at SIGTERM"
+WPID=
+kill -TERM "$CPID"; timeout 20 tail --pid="$CPID" -f /dev/null || fail "coordinator hangs at SIGTERM"
+CPID=
+echo "dp_netns: ok"

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# dp_nodes.sh — one run across two m6d nodes (issue 14, the wiring): a
+# coordinator (rank 0) and a worker (rank 1), each with its own state dir,
+# on loopback, Gloo over TCP, the fortunes shards.
+#  (c) a run with nodes.world_size 2 submitted before any worker joined
+#      waits, saying why (event nodes.wait, the run's error in status);
+#  (a) once the worker joins, the run trains as 2 ranks, through a delink,
+#      and its train/val losses equal the single-node run's with the same
+#      global batch (batch_size 4) to a relative 1e-4: the two ranks sum
+#      two half-batch gradients where one node sums one batch, so the
+#      additions differ in order (float rounding, ~1e-7 relative per step,
+#      measured by the collectives' test over 10 steps), which AdamW
+#      carries on; 1e-4 is far below what a wrong gradient changes (the
+#      loss moves by ~1e-2 a step here);
+#  (b) kill -9 of the worker mid-run: the run pauses within nodes.timeout
+#      with an event naming the node, the coordinator keeps serving; the
+#      worker restarts, `m6ctl resume` continues from the last checkpoint
+#      and the run completes with the losses of the uninterrupted 2-rank
+#      run, bit for bit (both are rank 0's checkpointed state, rebroadcast);
+#  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
+#  (e) a worker whose hash differs is refused before any collective;
+#  (f) 3 ranks with grad_accum 3 against one node;
+#  (g) an operator delink delinks every rank at the same step.
+. "$(dirname "$0")/lib.sh"
+TMO=2   # --node-timeout and nodes.timeout, seconds
+
+declare -A PIDS
+start_m6d() {
+    local name=$1; shift
+    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
+        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
+    PIDS[$name]=$!
+}
+cleanup_dp_() {
+    local n
+    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
+    cleanup_
+}
+trap cleanup_dp_ EXIT
+
+# close_enough A.csv B.csv: same steps, train/val losses within rel 1e-4
+close_enough() {
+    python3 - "$1" "$2" <<'PY'
+import csv, math, sys
+a = list(csv.reader(open(sys.argv[1])))
+b = list(csv.reader(open(sys.argv[2])))
+assert a[0] == b[0], (a[0], b[0])
+h = a[0]
+assert len(a) == len(b) and len(a) > 20, ("rows", len(a), len(b))
+cols = [h.index(c) for c in ("train_loss", "val_loss")]
+worst = 0.0
+for ra, rb in zip(a[1:], b[1:]):
+    assert ra[0] == rb[0], ("step", ra[0], rb[0])
+    assert ra[1] == rb[1], ("phase", ra, rb)
+    for c in cols:
+        if ra[c] in ("", "nan") and rb[c] in ("", "nan"):
+            continue
+        x, y = float(ra[c]), float(rb[c])
+        d = abs(x - y) / max(abs(y), 1e-12)
+        worst = max(worst, d)
+        assert d <= 1e-4, ("step", ra[0], h[c], x, y, d)
+print(f"# worst relative difference {worst:.3g} over {len(a) - 1} steps")
+PY
+}
+
+prepare_data "$T/data"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
+chmod 600 "$T/token"
+CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
+CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+
+# ---- the single-node reference (same global batch)
+reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-node run"
+head -3 "$T/one.csv" >&2
+
+# ---- (c) the coordinator alone: the 2-rank run waits, saying why
+export M6_TEST_STEP_DELAY_MS=60  # rank 0's steps: time to kill the worker
+start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
+SOCK=$T/c/m6d.sock
+PORT=
+for _ in $(seq 1 100); do
+    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
+    [ -n "$PORT" ] && ctl list >/dev/null 2>&1 && break
+    sleep 0.05
+done
+[ -n "$PORT" ] || fail "the coordinator did not log its port"
+ADDR=127.0.0.1:$PORT
+RUN=$(ctl submit "$T/two.json")
+for _ in $(seq 1 100); do
+    ctl events "$RUN" | grep -q 'nodes.wait' && break
+    sleep 0.05
+done
+ctl events "$RUN" | grep -q 'nodes.wait.*waiting for 2 live nodes, have 1' \
+    || fail "no nodes.wait event: $(ctl events "$RUN")"
+ctl status "$RUN" | grep -q 'waiting for 2 live nodes, have 1' \
+    || fail "status does not say why the run waits: $(ctl status "$RUN")"
+[ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
+sleep 1
+[ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
+log "(c) waits: $(ctl events "$RUN" | grep nodes.wait | head -1)"
+
+# ---- (a) a worker joins: the run trains as 2 ranks
+start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+ctl watch "$RUN" >/dev/null || fail "the 2-rank run did not complete: $(ctl status "$RUN")"
+ctl events "$RUN" >"$T/events1.txt"
+grep -Eq 'nodes.assign +node=[0-9]+ hostname=w1 rank=1 world_size=2' "$T/events1.txt" \
+    || fail "no assignment of w1: $(cat "$T/events1.txt")"
+grep -q 'nodes.group.*world_size=2' "$T/events1.txt" || fail "no group: $(cat "$T/events1.txt")"
+grep -q 'delink' "$T/events1.txt" || fail "no delink: $(cat "$T/events1.txt")"
+grep -q 'cluster.rank_done run='"$RUN"' rank=1 step=30' "$T/m6d-w1.log" \
+    || fail "rank 1 did not train to step 30: $(grep cluster. "$T/m6d-w1.log" | tail -5)"
+losses "$RUN" >"$T/two.csv"
+close_enough "$T/two.csv" "$T/one.csv" || fail "2-rank losses differ from the single node's"
+[ -z "$(ls "$T/w1/runs" 2>/dev/null)" ] || fail "the worker wrote run state: $(ls "$T/w1/runs")"
+
+# ---- (b) kill -9 of the worker mid-run, restart, resume
+RUN2=$(ctl submit "$T/two.json")
+wait_step "$RUN2" 12 60
+[ "$(db "$T/c" "select run || ' ' || rank from nodes where hostname='w1'")" = "$RUN2 1" ] \
+    || fail "the nodes table does not hold w1's run and rank: $(db "$T/c" "select * from nodes")"
+kill -9 "${PIDS[w1]}"; wait "${PIDS[w1]}" 2>/dev/null || true
+t0=$EPOCHREALTIME
+for _ in $(seq 1 400); do
+    [ "$(field "$RUN2" state)" = paused ] && break
+    sleep 0.025
+done
+took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+[ "$(field "$RUN2" state)" = paused ] || fail "run $RUN2 not paused 10 s after kill -9: $(field "$RUN2" state)"
+python3 -c "import sys; sys.exit(not $took <= $TMO + 1)" || fail "paused after $took s, timeout $TMO s"
+for _ in $(seq 1 100); do  # the loss and the failed collective race
+    ctl events "$RUN2" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' && break
+    sleep 0.05
+done
+ctl events "$RUN2" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' \
+    || fail "no event naming the lost node: $(ctl events "$RUN2")"
+ctl list >/dev/null || fail "the coordinator stopped serving"
+log "(b) paused ${took}s after kill -9: $(field "$RUN2" error)"
+start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+for _ in $(seq 1 200); do
+    [ "$(db "$T/c" "select state from nodes where hostname='w1'")" = live ] && break
+    sleep 0.05
+done
+ctl resume "$RUN2" >/dev/null || fail "resume refused"
+ctl watch "$RUN2" >/dev/null || fail "the resumed run did not complete: $(ctl status "$RUN2")"
+losses "$RUN2" >"$T/two2.csv"
+cmp -s "$T/two.csv" "$T/two2.csv" || fail "the resumed run's losses differ from the uninterrupted 2-rank run: $(diff "$T/two.csv" "$T/two2.csv" | head -6)"
+log "(b) resumed and completed with the uninterrupted run's losses"
+# ---- (d) nodes.pseudo_world_size 1: the pseudo phase on rank 0 alone, the
+# worker joins at the delink (rank 0's delinked weights and moments by
+# broadcast) and the run goes on as 2 ranks: the single node's losses to
+# the same tolerance as (a)
+CKPT_EVERY=5 write_spec "$T/late.json" late 30 10 \
+    "\"nodes\": {\"world_size\": 2, \"pseudo_world_size\": 1, \"timeout\": $TMO}"
+RUN3=$(ctl submit "$T/late.json") || fail "pseudo_world_size 1 refused"
+ctl watch "$RUN3" >/dev/null || fail "the late-join run did not complete: $(ctl status "$RUN3")"
+ctl events "$RUN3" >"$T/events3.txt"
+first=$(grep -E 'nodes.group' "$T/events3.txt" | head -1)
+echo "$first" | grep -q 'world_size=2 step=10' || fail "the worker did not join at the delink (step 10): $(cat "$T/events3.txt")"
+[ "$(grep -c 'nodes.group' "$T/events3.txt")" = 1 ] || fail "more than one group: $(cat "$T/events3.txt")"
+losses "$RUN3" >"$T/late.csv"
+close_enough "$T/late.csv" "$T/one.csv" || fail "late-join losses differ from the single node's"
+log "(d) the worker joined at the delink: $first"
+# ---- (e) a worker whose hash differs (M6_TEST_DP_HASH_SALT: as another
+# build or spec would) is refused before any collective, both hashes named
+kill -TERM "${PIDS[w1]}"; wait "${PIDS[w1]}" || fail "worker exit after SIGTERM"
+unset 'PIDS[w1]'
+M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
+RUN4=$(ctl submit "$T/two.json")
+for _ in $(seq 1 200); do
+    ctl events "$RUN4" | grep -q 'nodes.refused' && break
+    sleep 0.05
+done
+ctl events "$RUN4" | grep -Eq "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" \
+    || fail "no refusal naming both hashes: $(ctl events "$RUN4")"
+grep -q 'cluster.rank_failed run='"$RUN4"' rank=1 err="refused by the coordinator' "$T/m6d-w2.log" \
+    || fail "the worker did not log its refusal: $(grep cluster. "$T/m6d-w2.log" | tail -3)"
+grep -q 'cluster.rank run='"$RUN4" "$T/m6d-w2.log" && fail "the refused worker joined the group"
+[ "$(db "$T/c" "select step from runs where id=$RUN4")" = 0 ] || fail "run $RUN4 trained with a refused rank"
+ctl stop "$RUN4" >/dev/null || fail "stop of the refused run"
+wait_state "$RUN4" stopped 20
+ctl list >/dev/null || fail "the coordinator stopped serving"
+log "(e) refused: $(ctl events "$RUN4" | grep nodes.refused | head -1 | cut -c1-120)..."
+# ---- (f) 3 ranks with gradient accumulation 3 (one microbatch of 4 per
+# rank) against the same spec at world size 1 on the coordinator (3
+# microbatches of 4), same tolerance as (a)
+kill -TERM "${PIDS[w2]}"; wait "${PIDS[w2]}" || fail "w2 exit after SIGTERM"
+unset 'PIDS[w2]'
+start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+start_m6d w3 --join "$ADDR" --token-file "$T/token" --node-name w3
+CKPT_EVERY=10 write_spec "$T/acc1.json" acc1 24 8
+CKPT_EVERY=10 write_spec "$T/acc3.json" acc3 24 8 \
+    "\"nodes\": {\"world_size\": 3, \"timeout\": $TMO}"
+sed -i 's/"batch_size": 4,/"batch_size": 4, "grad_accum": 3,/' "$T/acc1.json" "$T/acc3.json"
+R1=$(ctl submit "$T/acc1.json")
+ctl watch "$R1" >/dev/null || fail "the 1-rank accumulation run did not complete"
+R3=$(ctl submit "$T/acc3.json")
+ctl watch "$R3" >/dev/null || fail "the 3-rank run did not complete: $(ctl status "$R3")"
+ctl events "$R3" | grep -Eq 'nodes.assign +node=[0-9]+ hostname=w3 rank=2 world_size=3' \
+    || fail "w3 not rank 2: $(ctl events "$R3")"
+losses "$R1" >"$T/acc1.csv"
+losses "$R3" >"$T/acc3.csv"
+close_enough "$T/acc3.csv" "$T/acc1.csv" || fail "3-rank losses differ from one node's"
+log "(f) 3 ranks, grad_accum 3: the single node's losses"
+# ---- (g) an operator delink on the coordinator is a barrier: every rank
+# delinks at the same step (rank 0 regroups, the workers take its delinked
+# state), so the run equals one whose spec delinks at that step
+kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
+unset 'PIDS[w3]'
+CKPT_EVERY=10 write_spec "$T/op.json" op 24 23 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+RUN5=$(ctl submit "$T/op.json")
+wait_step "$RUN5" 6 60
+ctl delink "$RUN5" >/dev/null || fail "delink refused"
+ctl watch "$RUN5" >/dev/null || fail "the delinked run did not complete: $(ctl status "$RUN5")"
+K=$(field "$RUN5" delink_step)
+[ -n "$K" ] && [ "$K" -gt 0 ] && [ "$K" -lt 23 ] || fail "delink step '$K'"
+ctl events "$RUN5" | grep -Eq "nodes.group +world_size=2 step=$K" \
+    || fail "no regroup at the delink step $K: $(ctl events "$RUN5")"
+grep -q "cluster.rank run=$RUN5 rank=1 world_size=2 step=$K" "$T/m6d-w1.log" \
+    || fail "rank 1 did not continue from step $K: $(grep cluster.rank "$T/m6d-w1.log" | tail -3)"
+CKPT_EVERY=10 write_spec "$T/opref.json" opref 24 "$K"
+R6=$(ctl submit "$T/opref.json")
+ctl watch "$R6" >/dev/null || fail "the reference of the operator delink did not complete"
+losses "$RUN5" >"$T/op.csv"
+losses "$R6" >"$T/opref.csv"
+close_enough "$T/op.csv" "$T/opref.csv" || fail "operator-delinked 2-rank run differs from one node delinking at step $K"
+log "(g) operator delink at step $K on both ranks: the single node's losses"
+kill -TERM "${PIDS[w1]}" "${PIDS[c]}"
+wait "${PIDS[c]}" || fail "coordinator exit"
+unset 'PIDS[c]'
+echo "ok"
