@@ -268,6 +268,23 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->peak_device_bytes = device_bytes_(out, R, in->prefetch);
     out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
+    /* the speculative update's second buffers (offload.h) */
+    out->speculative_mode = in->speculative;
+    out->spec_slot_bytes = cuda ? 14 * ss : 12 * ss;
+    out->spec_pinned_slot_bytes = cuda ? 2 * ss : 0;
+    size_t spec = (size_t)out->n_offloaded * out->spec_slot_bytes;
+    size_t need = out->host_bytes + spec +
+                  (cuda ? 0 : out->peak_device_bytes);
+    out->speculative =
+        out->n_offloaded > 0 && in->clipped &&
+        (in->speculative == SPEC_SPECULATIVE_ON ||
+         (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
+          need <= in->host_limit));
+    if (out->speculative) {
+        out->host_bytes += spec;
+        out->pinned_bytes +=
+            (size_t)out->n_offloaded * out->spec_pinned_slot_bytes;
+    }
     int rc = count_step_bytes_(out, map);
     free(map);
     if (rc != 0) {
@@ -315,17 +332,37 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .prefetch = spec->offload.prefetch,
         .backend = spec->device.backend,
         .budget = spec->device.memory_budget,
+        .speculative = spec->offload.speculative,
+        .clipped = spec->train.grad_clip > 0,
+        .host_limit = 0,
     };
 }
 
 int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
                           offload_plan *out, char *err, size_t errlen)
 {
+    return offload_plan_for_run(spec, budget_override, 0, out, err, errlen);
+}
+
+int offload_plan_for_run(const run_spec *spec, size_t budget_override,
+                         size_t host_limit, offload_plan *out, char *err,
+                         size_t errlen)
+{
     offload_plan_input in = offload_plan_input_of(spec);
+    in.host_limit = host_limit;
     if (budget_override)
         in.budget = budget_override;
     if (offload_plan_make(&in, out, err, errlen) != 0)
         return -1;
+    /* auto also needs the pinned part of the second buffers to be
+     * lockable: else plan without them (as for host memory) */
+    if (out->speculative && in.speculative == SPEC_SPECULATIVE_AUTO &&
+        out->pinned_bytes > offload_pin_limit()) {
+        offload_plan_free(out);
+        in.host_limit = 0;
+        if (offload_plan_make(&in, out, err, errlen) != 0)
+            return -1;
+    }
     if (spec->pseudo.steps > 0) {
         char e2[512];
         out->pseudo = calloc(1, sizeof *out->pseudo);
@@ -423,6 +460,9 @@ static void g_sts_(const void *row, view_val *v)
 static void g_ws_(const void *row, view_val *v) { v->i = (long long)P_->workspace_bytes; }
 static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_slot_bytes; }
 static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
+static void g_ssl_(const void *row, view_val *v) { v->i = (long long)P_->spec_slot_bytes; }
+static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
+static void g_spec_(const void *row, view_val *v) { v->i = P_->speculative; }
 
 static const view_field breakdown_fields_[] = {
     {"globals_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_glob_},
@@ -434,6 +474,8 @@ static const view_field breakdown_fields_[] = {
     {"workspace_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ws_},
     {"host_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_hsl_},
     {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
+    {"speculative_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ssl_},
+    {"speculative_pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spsl_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 
@@ -479,6 +521,7 @@ static const view_field plan_fields_[] = {
     {"d2h_bytes_per_step", "d2h/step", 0, 13, VIEW_INT, VF_PLAIN, 0, g_d2h_},
     {"host_bytes", "host", 0, 13, VIEW_INT, VF_PLAIN, 0, g_host_},
     {"pinned_bytes", "pinned", 0, 13, VIEW_INT, VF_PLAIN, 0, g_pinned_},
+    {"speculative", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spec_},
     {"batch_size", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_batch_},
     {"grad_accum", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_accum_},
     {"breakdown", 0, 0, 0, VIEW_SUB, VF_PLAIN, 0, g_breakdown_},
@@ -543,6 +586,14 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                 short_bytes_(pt, sizeof pt,
                              (size_t)p->n_offloaded * p->pinned_slot_bytes),
                 short_bytes_(ps, sizeof ps, p->pinned_slot_bytes));
+    if (p->speculative)
+        fprintf(f, "speculative AdamW (real): + %d x %s second buffers "
+                "(%s: %s)\n", p->n_offloaded,
+                short_bytes_(hs, sizeof hs, p->spec_slot_bytes),
+                cpu ? "old fp32 params, m, v" : "new fp32 master, m, v and "
+                "pinned bf16 copy",
+                short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded *
+                                                p->spec_slot_bytes));
 }
 
 /* ------------------------------------------------------------- preflight */
@@ -562,6 +613,12 @@ static size_t mem_available_(void)
     return kb == SIZE_MAX ? SIZE_MAX : kb * 1024;
 }
 
+size_t offload_host_available(void)
+{
+    size_t a = mem_available_();
+    return a == SIZE_MAX ? 0 : a;
+}
+
 int offload_check(const run_spec *spec, size_t budget_override, int flags,
                   offload_plan *out, char *warn, size_t warnlen, char *err,
                   size_t errlen)
@@ -569,7 +626,9 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
     offload_plan p;
     if (warnlen)
         warn[0] = 0;
-    if (offload_plan_for_spec(spec, budget_override, &p, err, errlen) != 0)
+    /* auto speculation: on when host memory has room for it */
+    if (offload_plan_for_run(spec, budget_override, offload_host_available(),
+                             &p, err, errlen) != 0)
         return -1;
     /* the Real phase needs the most host memory */
     size_t host = p.host_bytes, pinned = p.pinned_bytes;

@@ -45,6 +45,9 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
     if (c->off) {
         offload_adam early = offload_adam_(h, 1.0f);
         offload_step_begin(c->off, h->grad_clip > 0 ? NULL : &early);
+        if (h->grad_clip > 0) /* with a speculative plan: unclipped now,
+                               * redone if the norm exceeds the clip */
+            offload_step_speculate(c->off, &early);
     }
     gpt_zero_grad(&c->model);
     gpt_moe_stats_reset(&c->model);
