@@ -45,7 +45,14 @@ typedef struct {
     size_t peak;       /* most bytes ever in use at once */
     size_t pinned;     /* host: bytes of chunks page-locked (0 for device) */
     int chunks;        /* host: chunks held */
+    size_t requested;  /* bytes the callers asked for (before the 64-byte
+                        * rounding) of the blocks handed out now */
+    size_t largest_chunk; /* host: bytes of the largest chunk */
 } offload_pool_stats;
+
+/* Largest host chunk: single pinned allocations over 4 GiB have failed on
+ * some drivers, so pools grow by chunks of at most this. */
+#define OFFLOAD_MAX_CHUNK ((size_t)1 << 30)
 
 /* Device pool with a hard budget of `budget` bytes: an allocation that
  * would take in_use past the budget fails (NULL, errno ENOMEM). The CPU
@@ -59,6 +66,18 @@ offload_pool *offload_device_pool_create(size_t budget);
  * stderr: a run goes on, slower, rather than failing mid-way (submit-time
  * policy is offload_check's). NULL on failure. */
 offload_pool *offload_host_pool_create(size_t chunk_bytes);
+/* As offload_host_pool_create, with chunks of at most max_chunk bytes
+ * (offload_host_pool_create: OFFLOAD_MAX_CHUNK): a new chunk is
+ * min(max_chunk, max(chunk_bytes, request)) bytes, page-rounded, and a
+ * block never straddles two chunks. A single request larger than
+ * max_chunk gets a chunk of its own size, locked with one mlock per
+ * max_chunk piece (largest_chunk in the stats shows it). */
+offload_pool *offload_host_pool_create_max(size_t chunk_bytes,
+                                           size_t max_chunk);
+/* Bytes this process has page-locked now (VmLck of /proc/self/status),
+ * all pools and anything else together; SIZE_MAX when unknown. For
+ * measuring pinned against requested bytes. */
+size_t offload_vm_locked(void);
 
 /* A zeroed, 64-byte aligned block of `bytes` (> 0); NULL with errno ENOMEM
  * when the budget (device) or memory (host) runs out. */

@@ -460,9 +460,6 @@ static void g_sts_(const void *row, view_val *v)
 static void g_ws_(const void *row, view_val *v) { v->i = (long long)P_->workspace_bytes; }
 static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_slot_bytes; }
 static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
-static void g_ssl_(const void *row, view_val *v) { v->i = (long long)P_->spec_slot_bytes; }
-static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
-static void g_spec_(const void *row, view_val *v) { v->i = P_->speculative; }
 
 static const view_field breakdown_fields_[] = {
     {"globals_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_glob_},
@@ -474,8 +471,6 @@ static const view_field breakdown_fields_[] = {
     {"workspace_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ws_},
     {"host_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_hsl_},
     {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
-    {"speculative_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ssl_},
-    {"speculative_pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spsl_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 
@@ -521,7 +516,6 @@ static const view_field plan_fields_[] = {
     {"d2h_bytes_per_step", "d2h/step", 0, 13, VIEW_INT, VF_PLAIN, 0, g_d2h_},
     {"host_bytes", "host", 0, 13, VIEW_INT, VF_PLAIN, 0, g_host_},
     {"pinned_bytes", "pinned", 0, 13, VIEW_INT, VF_PLAIN, 0, g_pinned_},
-    {"speculative", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spec_},
     {"batch_size", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_batch_},
     {"grad_accum", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_accum_},
     {"breakdown", 0, 0, 0, VIEW_SUB, VF_PLAIN, 0, g_breakdown_},
@@ -586,14 +580,6 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                 short_bytes_(pt, sizeof pt,
                              (size_t)p->n_offloaded * p->pinned_slot_bytes),
                 short_bytes_(ps, sizeof ps, p->pinned_slot_bytes));
-    if (p->speculative)
-        fprintf(f, "speculative AdamW (real): + %d x %s second buffers "
-                "(%s: %s)\n", p->n_offloaded,
-                short_bytes_(hs, sizeof hs, p->spec_slot_bytes),
-                cpu ? "old fp32 params, m, v" : "new fp32 master, m, v and "
-                "pinned bf16 copy",
-                short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded *
-                                                p->spec_slot_bytes));
 }
 
 /* ------------------------------------------------------------- preflight */
@@ -626,9 +612,9 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
     offload_plan p;
     if (warnlen)
         warn[0] = 0;
-    /* auto speculation: on when host memory has room for it */
-    if (offload_plan_for_run(spec, budget_override, offload_host_available(),
-                             &p, err, errlen) != 0)
+    /* as m6ctl plans (no host limit: auto speculation shows off, and is
+     * decided when the run starts, never failing it); on is counted */
+    if (offload_plan_for_spec(spec, budget_override, &p, err, errlen) != 0)
         return -1;
     /* the Real phase needs the most host memory */
     size_t host = p.host_bytes, pinned = p.pinned_bytes;

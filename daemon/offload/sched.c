@@ -30,7 +30,8 @@
 
 #include "offload/intervals.h"
 
-#define HOST_CHUNK_ (2u << 20) /* host pool growth, bytes */
+#define HOST_CHUNK_ (2u << 20) /* host pool growth, bytes; at most
+                                * OFFLOAD_MAX_CHUNK a chunk (pool.c) */
 
 /* staging buffer states */
 enum { BUF_FREE, BUF_LOADING, BUF_READY, BUF_IN_USE, BUF_DRAINING };
@@ -70,7 +71,10 @@ struct offload_ctx {
 
     /* placement of the current state */
     float *dev_block;          /* params | grads | m | v, n_local floats each */
-    float *host_block;         /* offloaded slots: params | grads | m | v */
+    float **host_arr;          /* offloaded slot k: params, grads, m, v at
+                                * [4k..4k+3], one pool block each, so that
+                                * none straddles a chunk of the host pool */
+    int n_host_arr;
     staging_ *buf;
     int nbuf;
     size_t W;                  /* bytes of one slot region */
@@ -394,8 +398,12 @@ static void free_placement_(offload_ctx *o)
     o->buf = NULL;
     o->nbuf = 0;
     offload_pool_free(o->dev, o->dev_block);
-    offload_pool_free(o->host, o->host_block);
-    o->dev_block = o->host_block = NULL;
+    for (int i = 0; o->host_arr && i < o->n_host_arr; i++)
+        offload_pool_free(o->host, o->host_arr[i]);
+    free(o->host_arr);
+    o->host_arr = NULL;
+    o->n_host_arr = 0;
+    o->dev_block = NULL;
     offload_pool_trim(o->host);
     free(o->spec_block);
     free(o->spec_old);
@@ -483,9 +491,16 @@ static int alloc_state_(void *ctx, gpt_model *g)
         goto fail;
     }
     size_t hb = (size_t)o->plan.n_offloaded * 4 * o->W;
-    if (hb && !(o->host_block = offload_pool_alloc(o->host, hb))) {
-        pool_error_(o, o->host, "offloaded slots", hb);
-        goto fail;
+    if (hb) {
+        int n = 4 * o->plan.n_offloaded;
+        if (!(o->host_arr = calloc((size_t)n, sizeof *o->host_arr)))
+            goto oom;
+        for (; o->n_host_arr < n; o->n_host_arr++)
+            if (!(o->host_arr[o->n_host_arr] =
+                      offload_pool_alloc(o->host, o->W))) {
+                pool_error_(o, o->host, "offloaded slots", hb);
+                goto fail;
+            }
     }
     o->nbuf = o->plan.n_staging;
     o->buf = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof *o->buf);
@@ -550,8 +565,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;
         } else {
-            float *h = o->host_block + (size_t)k++ * 4 * ss;
-            *st = (gpt_slot_state){h, h + ss, h + 2 * ss, h + 3 * ss};
+            float **h = o->host_arr + 4 * k++;
+            *st = (gpt_slot_state){h[0], h[1], h[2], h[3]};
             g->w[s] = g->dw[s] = NULL;
             g->offloaded[s] = 1;
         }

@@ -549,7 +549,10 @@ static void placement_(trainer *t, const offload_stats *before,
     p->device_bytes = (int64_t)st.device.in_use;
     p->peak_device_bytes = (int64_t)st.device.peak;
     p->budget_bytes = (int64_t)st.budget_bytes;
+    p->speculative = st.speculative;
+    p->redo_steps = st.redo_steps;
     if (!before) return;
+    p->redone = st.redo_steps > before->redo_steps;
     p->h2d_bytes = st.h2d_bytes - before->h2d_bytes;
     p->d2h_bytes = st.d2h_bytes - before->d2h_bytes;
     p->h2d_s = st.h2d_s - before->h2d_s;
