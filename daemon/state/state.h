@@ -72,6 +72,9 @@ typedef struct {
      * for a dense model */
     double moe_aux_loss, moe_z_loss, moe_dropped_fraction;
     double moe_load_min, moe_load_max, moe_load_cv, moe_experts_empty;
+    /* speculative host AdamW (schema 0014): 1 redone, 0 kept, -1 (NULL)
+     * the step did not speculate */
+    int offload_redo_steps;
 } metric_row;
 
 typedef struct {
