@@ -317,11 +317,52 @@ typedef struct {
     double params, tflops, tok_s;
 } largest_;
 
+/* kB fields of /proc/self/status (VmLck: mlock'ed, VmPin: pinned where the
+ * kernel counts it, VmRSS), in bytes; -1 when absent */
+typedef struct { long long lck, pin, rss; } procmem_;
+
+static procmem_ procmem_now_(void)
+{
+    procmem_ m = {-1, -1, -1};
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmLck: %lld kB", &kb) == 1) m.lck = kb * 1024;
+        if (sscanf(line, "VmPin: %lld kB", &kb) == 1) m.pin = kb * 1024;
+        if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) m.rss = kb * 1024;
+    }
+    if (f)
+        fclose(f);
+    return m;
+}
+
+/* pinned bytes the runtime asked cudaHostAlloc for against what the
+ * process shows after the model was made */
+static void print_pinned_(const char *label, gpt_cuda *g, procmem_ a,
+                          procmem_ b)
+{
+    gpt_cuda_offload_stats st;
+    gpt_cuda_get_offload_stats(g, &st);
+    size_t req = st.pinned_bytes + st.spec_pinned_bytes;
+    printf("gpu_offload: %s: pinned requested %.3f GiB (slots %.3f, second "
+           "buffers %.3f); VmPin %+.3f GiB, VmLck %+.3f GiB, VmRSS %+.3f "
+           "GiB at creation; host %.3f GiB (+%.3f GiB second buffers)\n",
+           label, req / 1073741824.0, st.pinned_bytes / 1073741824.0,
+           st.spec_pinned_bytes / 1073741824.0,
+           a.pin >= 0 && b.pin >= 0 ? (b.pin - a.pin) / 1073741824.0 : 0.0,
+           a.lck >= 0 && b.lck >= 0 ? (b.lck - a.lck) / 1073741824.0 : 0.0,
+           a.rss >= 0 && b.rss >= 0 ? (b.rss - a.rss) / 1073741824.0 : 0.0,
+           st.host_bytes / 1073741824.0, st.spec_bytes / 1073741824.0);
+}
+
 /* The figures of the closing key=value line; what is not had prints na. */
 typedef struct {
     double peak;                   /* pinned h2d GB/s, 0: not measured */
     int have_main, have_nc;
     double tok_res, tok_off, tok_res_nc, tok_off_nc, h2d, d2h, stall;
+    int have_spec;                 /* --speculative */
+    double tok_off_spec, redo_frac;
     largest_ lg;
     int have_lg_size, have_lg;     /* --largest: created; timed */
 } figs_;
@@ -354,12 +395,18 @@ static void print_figs_(const figs_ *f)
     na_or_(v[10], 32, f->have_lg_size, "%.0f", f->lg.params);
     na_or_(v[11], 32, f->have_lg_size, "%.0f", f->lg.layers);
     na_or_(v[12], 32, f->have_lg, "%.1f", f->lg.tflops);
+    char sp[3][32];
+    na_or_(sp[0], 32, f->have_spec, "%.0f", f->tok_off_spec);
+    na_or_(sp[1], 32, f->have_spec && f->have_main, "%.4f",
+           f->have_main ? f->tok_off_spec / f->tok_res : 0);
+    na_or_(sp[2], 32, f->have_spec, "%.3f", f->redo_frac);
     printf("tokens_per_s_resident=%s tokens_per_s_offload=%s ratio=%s "
            "h2d_gbps=%s pinned_peak_gbps=%s copy_ratio=%s stall_frac=%s "
            "d2h_gbps=%s tokens_per_s_offload_noclip=%s ratio_noclip=%s "
-           "largest_params=%s largest_layers=%s largest_tflops=%s\n", v[0],
-           v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
-           v[11], v[12]);
+           "largest_params=%s largest_layers=%s largest_tflops=%s "
+           "tokens_per_s_offload_spec=%s ratio_spec=%s redo_frac=%s\n",
+           v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
+           v[11], v[12], sp[0], sp[1], sp[2]);
     fflush(stdout);
 }
 
@@ -508,6 +555,8 @@ static void usage_(void)
            "  --staging N   staging buffers (2)\n"
            "  --threads N   host threads (online CPUs - 2)\n"
            "  --copy-mib N  size of the pinned-copy peak buffer (1024)\n"
+           "  --speculative also time the offloaded model clipped with the "
+           "speculative\n                host AdamW (offload.speculative: on)\n"
            "  --no-clip     also time both models without clipping (early "
            "updates)\n"
            "  --largest     only the largest model that fits device + host\n"
@@ -523,7 +572,7 @@ int main(int argc, char **argv)
 {
     model_config c = {0, 0, 0, 0, 0};
     int B = 0, S = 0, steps = 0, warmup = -1, peak_n = -1, accum = 1;
-    int n_res = -1, n_staging = 2, copy_mib = 1024, no_clip = 0;
+    int n_res = -1, n_staging = 2, copy_mib = 1024, no_clip = 0, spec = 0;
     int largest = 0;
     double host_gib = 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -533,6 +582,7 @@ int main(int argc, char **argv)
         {"accum", 1, 0, 'a'}, {"resident", 1, 0, 'r'},
         {"staging", 1, 0, 'g'}, {"threads", 1, 0, 'j'},
         {"copy-mib", 1, 0, 'm'}, {"no-clip", 0, 0, 'c'},
+        {"speculative", 0, 0, 'Q'},
         {"largest", 0, 0, 'X'}, {"host-gib", 1, 0, 'G'},
         {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
@@ -548,6 +598,7 @@ int main(int argc, char **argv)
         case 'j': threads = bench_int_arg(P_, "threads", optarg, 1); break;
         case 'm': copy_mib = bench_int_arg(P_, "copy-mib", optarg, 1); break;
         case 'c': no_clip = 1; break;
+        case 'Q': spec = 1; break;
         case 'X': largest = 1; break;
         case 'G': {
             char *end;
@@ -638,13 +689,15 @@ int main(int argc, char **argv)
                rr.tok_s * fpt / 1e12);
 
         /* 3. offloaded */
-        gpt_cuda_offload off = {n_res, n_staging, threads};
+        gpt_cuda_offload off = {n_res, n_staging, threads, 0};
+        procmem_ pm0 = procmem_now_();
         g = create_(&c, B, &off, "offloaded");
         if (!g) {
             print_figs_(&fg);
             return 1;
         }
         print_plan_(g, "offloaded");
+        print_pinned_("offloaded", g, pm0, procmem_now_());
         result_ ro = time_steps_(g, &c, &bt, warmup, steps, max_norm,
                                  "offloaded");
         printf("gpu_offload: offloaded (%d of %d slots): %.0f tokens/s, "
@@ -661,6 +714,36 @@ int main(int argc, char **argv)
             print_offload_(&ro_nc, steps, threads, peak);
         }
         gpt_cuda_free(g);
+        if (spec) {
+            /* 4. the same, clipped, with the speculative host AdamW */
+            gpt_cuda_offload offs = {n_res, n_staging, threads, 1};
+            procmem_ pm1 = procmem_now_();
+            g = create_(&c, B, &offs, "offloaded speculative");
+            if (g) {
+                print_pinned_("offloaded speculative", g, pm1,
+                              procmem_now_());
+                gpt_cuda_offload_stats s0, s1;
+                gpt_cuda_get_offload_stats(g, &s0);
+                result_ rs = time_steps_(g, &c, &bt, warmup, steps, max_norm,
+                                         "offloaded spec");
+                gpt_cuda_get_offload_stats(g, &s1);
+                long ns = (long)(s1.spec_steps - s0.spec_steps);
+                long nr = (long)(s1.redo_steps - s0.redo_steps);
+                printf("gpu_offload: offloaded, speculative: %.0f tokens/s, "
+                       "%.1f ms/step; %ld of %ld steps redone (norm over "
+                       "the clip %.1f on these random tokens)\n", rs.tok_s,
+                       rs.wall_s * 1e3 / steps, nr, ns, (double)max_norm);
+                print_offload_(&rs, steps, threads, peak);
+                fg.have_spec = 1;
+                fg.tok_off_spec = rs.tok_s;
+                fg.redo_frac = ns > 0 ? (double)nr / ns : 0;
+                if (!isfinite(rs.loss))
+                    rc = 1;
+                gpt_cuda_free(g);
+            } else {
+                rc = 1;
+            }
+        }
         free(bt.inp);
         free(bt.tgt);
 

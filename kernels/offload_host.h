@@ -81,6 +81,20 @@ void host_adamw_bf16(float *master, float *m, float *v, uint16_t *w,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, float grad_scale, long t);
 
+/* host_adamw_bf16 out of place: reads master, m, v (n, unchanged) and
+ * writes the updated ones to master_out, m_out, v_out and the bf16 copy to
+ * w_out, with the same bits as host_adamw_bf16 on the same inputs (the
+ * same per-element operations; no element depends on another). The
+ * outputs must not overlap the inputs. For the speculative clipped update
+ * (daemon/offload/cuda/gpt_cuda_offload.cu), whose second buffers are
+ * kept or dropped once the global norm is known. */
+void host_adamw_bf16_to(const float *master, const float *m, const float *v,
+                        float *master_out, float *m_out, float *v_out,
+                        uint16_t *w_out, const float *g32,
+                        const uint16_t *g16, size_t n, float lr, float beta1,
+                        float beta2, float eps, float weight_decay,
+                        float grad_scale, long t);
+
 /* w (n) = bf16(master (n)): the working copy after a change of the master
  * that was not an AdamW step (a checkpoint restored, a delink). */
 void host_to_bf16(uint16_t *w, const float *master, size_t n);

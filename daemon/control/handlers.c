@@ -177,6 +177,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->moe_aux_loss = ri->moe_z_loss = ri->moe_dropped_fraction = NAN;
     ri->moe_load_min = ri->moe_load_max = ri->moe_load_cv = NAN;
     ri->moe_experts_empty = NAN;
+    ri->offload_redo_steps = -1;
     metric_row m;
     double last_val;
     int have_metrics = state_metric_last(c->h->st, row->id, &m, &last_val) == 0;
@@ -206,6 +207,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->h2d_gbps = off.h2d_gbps;
         ri->d2h_gbps = off.d2h_gbps;
         ri->copy_hidden_fraction = off.copy_hidden_fraction;
+        ri->offload_redo_steps = off.offload_redo_steps;
     } else if (have_metrics) {
         ri->resident_slots = m.resident_slots > 0 ? m.resident_slots : 0;
         ri->offloaded_slots = m.offloaded_slots > 0 ? m.offloaded_slots : 0;
@@ -510,6 +512,7 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->h2d_gbps = rows[i].h2d_gbps;
         r->d2h_gbps = rows[i].d2h_gbps;
         r->copy_hidden_fraction = rows[i].copy_hidden_fraction;
+        r->offload_redo_steps = rows[i].offload_redo_steps;
         r->moe_aux_loss = rows[i].moe_aux_loss;
         r->moe_z_loss = rows[i].moe_z_loss;
         r->moe_dropped_fraction = rows[i].moe_dropped_fraction;

@@ -163,6 +163,7 @@ static void offload_publish_(run_ctx *r, const step_placement *p, int step)
     o.device_bytes_in_use = p->device_bytes;
     o.peak_device_bytes = p->peak_device_bytes;
     o.device_budget_bytes = p->budget_bytes;
+    o.offload_redo_steps = p->speculative ? (int64_t)p->redo_steps : -1;
     if (step || p->budget_bytes == 0) {
         o.h2d_gbps = p->h2d_gbps;
         o.d2h_gbps = p->d2h_gbps;
@@ -900,6 +901,7 @@ static int step_(run_ctx *r)
         .peak_device_bytes = res.mem.peak_device_bytes,
         .h2d_gbps = res.mem.h2d_gbps, .d2h_gbps = res.mem.d2h_gbps,
         .copy_hidden_fraction = res.mem.copy_hidden_fraction,
+        .offload_redo_steps = res.mem.speculative ? res.mem.redone : -1,
         .moe_aux_loss = res.moe.present ? res.moe.aux_loss : NAN,
         .moe_z_loss = res.moe.present ? res.moe.z_loss : NAN,
         .moe_dropped_fraction = res.moe.present ? res.moe.dropped_fraction
@@ -1049,6 +1051,7 @@ static void run_one_(coord *c, int64_t id)
 {
     run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
+    r.off.offload_redo_steps = -1;
     if (setup_(c, id, &r) < 0) {
         trainer_free(r.t);
         free(r.best);

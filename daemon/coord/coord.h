@@ -106,6 +106,8 @@ typedef struct {
     int resident_slots, offloaded_slots;
     int64_t device_bytes_in_use, peak_device_bytes, device_budget_bytes;
     double h2d_gbps, d2h_gbps, copy_hidden_fraction;
+    int64_t offload_redo_steps;  /* redone speculative steps since the
+                                  * trainer started; -1 not speculating */
 } coord_offload;
 
 /* 0 with *out filled when id is the active run and the worker has sampled

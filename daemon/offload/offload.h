@@ -45,7 +45,14 @@ typedef struct {
     size_t peak;       /* most bytes ever in use at once */
     size_t pinned;     /* host: bytes of chunks page-locked (0 for device) */
     int chunks;        /* host: chunks held */
+    size_t requested;  /* bytes the callers asked for (before the 64-byte
+                        * rounding) of the blocks handed out now */
+    size_t largest_chunk; /* host: bytes of the largest chunk */
 } offload_pool_stats;
+
+/* Largest host chunk: single pinned allocations over 4 GiB have failed on
+ * some drivers, so pools grow by chunks of at most this. */
+#define OFFLOAD_MAX_CHUNK ((size_t)1 << 30)
 
 /* Device pool with a hard budget of `budget` bytes: an allocation that
  * would take in_use past the budget fails (NULL, errno ENOMEM). The CPU
@@ -59,6 +66,18 @@ offload_pool *offload_device_pool_create(size_t budget);
  * stderr: a run goes on, slower, rather than failing mid-way (submit-time
  * policy is offload_check's). NULL on failure. */
 offload_pool *offload_host_pool_create(size_t chunk_bytes);
+/* As offload_host_pool_create, with chunks of at most max_chunk bytes
+ * (offload_host_pool_create: OFFLOAD_MAX_CHUNK): a new chunk is
+ * min(max_chunk, max(chunk_bytes, request)) bytes, page-rounded, and a
+ * block never straddles two chunks. A single request larger than
+ * max_chunk gets a chunk of its own size, locked with one mlock per
+ * max_chunk piece (largest_chunk in the stats shows it). */
+offload_pool *offload_host_pool_create_max(size_t chunk_bytes,
+                                           size_t max_chunk);
+/* Bytes this process has page-locked now (VmLck of /proc/self/status),
+ * all pools and anything else together; SIZE_MAX when unknown. For
+ * measuring pinned against requested bytes. */
+size_t offload_vm_locked(void);
 
 /* A zeroed, 64-byte aligned block of `bytes` (> 0); NULL with errno ENOMEM
  * when the budget (device) or memory (host) runs out. */
@@ -88,6 +107,11 @@ typedef struct {
     int prefetch;          /* staging buffers (offload.prefetch, >= 1) */
     backend_kind backend;  /* sets the workspace reserve */
     size_t budget;         /* device bytes; 0: unlimited */
+    int speculative;       /* offload.speculative, SPEC_SPECULATIVE_*
+                            * (0, a zeroed input: auto) */
+    int clipped;           /* train.grad_clip > 0: speculation applies */
+    size_t host_limit;     /* host bytes the run may use (MemAvailable at
+                            * its start); 0: unknown, so auto is off */
 } offload_plan_input;
 
 /* A memory plan for one phase (one share map).
@@ -120,6 +144,21 @@ typedef struct {
  *       (fp32 master, m, v, gradient accumulator) + 4 bytes/parameter
  *       pinned (bf16 working copy, bf16 gradient landing buffer)
  * The CUDA context and the allocator's rounding are not counted.
+ *
+ * Speculative clipped update (offload.speculative; only with clipping and
+ * offloaded slots): each offloaded slot's AdamW runs unclipped as soon as
+ * its gradient is final, and is kept when the global norm is within the
+ * clip (the bits of the clipped update: the scale is then exactly 1) or
+ * redone from the old state otherwise. Second buffers, per offloaded slot:
+ *     cpu:  12 bytes/parameter ordinary memory (the old fp32 master, m, v,
+ *           kept while the update runs in place);
+ *     cuda: 12 bytes/parameter ordinary (the new fp32 master, m, v) + 2
+ *           bytes/parameter pinned (the new bf16 working copy), 14 in all.
+ * They are in spec_slot_bytes (of which spec_pinned_slot_bytes pinned) and,
+ * when speculation is on, in host_bytes and pinned_bytes. on: always (with
+ * clipping and offloaded slots); auto: when host_limit > 0 and everything
+ * the plan puts in host memory (cpu: the "device" peak too) fits in
+ * host_limit with the second buffers; off: never.
  *
  * Which slots: resident slots fill the budget first; the rest are
  * offloaded, taken from the END of the stack. In backward the last layers'
@@ -160,8 +199,13 @@ typedef struct offload_plan {
     size_t min_budget_bytes;   /* device memory with every slot offloaded */
     size_t host_slot_bytes;    /* host memory of one offloaded slot */
     size_t pinned_slot_bytes;  /* of which page-locked */
-    size_t host_bytes;         /* host memory of the offloaded slots */
-    size_t pinned_bytes;       /* of which page-locked (cpu: all of it) */
+    size_t host_bytes;         /* host memory of the offloaded slots (with
+                                * the second buffers when speculative) */
+    size_t pinned_bytes;       /* of which page-locked */
+    int speculative;           /* the speculative update is on */
+    int speculative_mode;      /* the input's SPEC_SPECULATIVE_* */
+    size_t spec_slot_bytes;    /* second buffers of one offloaded slot */
+    size_t spec_pinned_slot_bytes; /* of which page-locked */
     uint64_t h2d_bytes_per_step, d2h_bytes_per_step;
     struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
                                    * phase's plan when the run has one */
@@ -188,6 +232,18 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
  * 0 or -1 with err as offload_plan_make. */
 int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
                           offload_plan *out, char *err, size_t errlen);
+
+/* offload_plan_for_spec with the run's host memory: the input's host_limit
+ * is host_limit (bytes; 0 unknown), which decides offload.speculative auto;
+ * auto is also off when the plan's pinned bytes with the second buffers
+ * exceed offload_pin_limit. The trainer plans with MemAvailable at the
+ * run's start (and its later plans follow that decision). */
+int offload_plan_for_run(const run_spec *spec, size_t budget_override,
+                         size_t host_limit, offload_plan *out, char *err,
+                         size_t errlen);
+
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+size_t offload_host_available(void);
 
 /* Human table (json 0) or one JSON object (json 1) with at least
  * resident_slots, offloaded_slots (arrays of slot indices),
@@ -323,6 +379,7 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
  *   offload_step_begin(o, &adam or NULL)  // adam given: clip is off, so an
  *                                         // offloaded slot's AdamW starts
  *                                         // as soon as its gradient is final
+ *   [offload_step_speculate(o, &adam)]    // clip on: the same, speculative
  *   gpt_zero_grad; for k in microbatches:
  *       offload_microbatch(o, k); gpt_forward; gpt_backward
  *   offload_wait_grads(o)                 // every gradient on the host
@@ -355,6 +412,13 @@ typedef struct {
     double hidden_fraction;    /* 1 - stall_s / (h2d_s + d2h_s), in [0,1];
                                 * 1 when nothing was copied */
     double adam_s;             /* host AdamW busy time, all threads */
+    int speculative;           /* the current plan speculates */
+    size_t spec_bytes;         /* its second buffers, bytes */
+    uint64_t spec_steps;       /* steps that speculated, since creation */
+    uint64_t redo_steps;       /* of which the clip applied: redone */
+    uint64_t spec_restores;    /* slot updates redone from the second
+                                * buffers (the others were still queued
+                                * and ran once, clipped) */
 } offload_stats;
 
 /* Create the runtime for the planner input in (in->budget > 0 device
@@ -374,6 +438,15 @@ const gpt_storage *offload_storage(offload_ctx *o);
 const char *offload_last_error(const offload_ctx *o);
 
 void offload_step_begin(offload_ctx *o, const offload_adam *early);
+/* With clipping, after offload_step_begin(o, NULL): when the plan is
+ * speculative, each offloaded slot's AdamW runs with a (its grad_scale
+ * taken as 1) as soon as its gradient is final, the old params, m, v kept
+ * in second buffers. offload_adamw then keeps those updates when its
+ * grad_scale is exactly 1 (the same bits) and redoes them from the old
+ * state otherwise, counting the step in redo_steps. A step that never
+ * reaches offload_adamw has its speculative updates undone by the next
+ * offload_step_begin or offload_sync. Without a speculative plan: no-op. */
+void offload_step_speculate(offload_ctx *o, const offload_adam *a);
 void offload_microbatch(offload_ctx *o, int k);
 void offload_wait_grads(offload_ctx *o);
 void offload_adamw(offload_ctx *o, const offload_adam *a);

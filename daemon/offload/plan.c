@@ -339,6 +339,26 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (res_of) {  /* cpu (mixed models are cpu only): host = device bytes */
         out->host_bytes = out->pinned_bytes = res_of[S] - res_of[R];
     }
+    /* the speculative update's second buffers (offload.h) */
+    out->speculative_mode = in->speculative;
+    out->spec_slot_bytes = cuda ? 14 * ss : 12 * ss;
+    out->spec_pinned_slot_bytes = cuda ? 2 * ss : 0;
+    /* a mixed model's offloaded slots at their own sizes: 12 of the 16
+     * bytes a CPU slot holds per parameter */
+    size_t spec = res_of ? (res_of[S] - res_of[R]) / 16 * 12
+                         : (size_t)out->n_offloaded * out->spec_slot_bytes;
+    size_t need = out->host_bytes + spec +
+                  (cuda ? 0 : out->peak_device_bytes);
+    out->speculative =
+        out->n_offloaded > 0 && in->clipped &&
+        (in->speculative == SPEC_SPECULATIVE_ON ||
+         (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
+          need <= in->host_limit));
+    if (out->speculative) {
+        out->host_bytes += spec;
+        out->pinned_bytes +=
+            (size_t)out->n_offloaded * out->spec_pinned_slot_bytes;
+    }
     int rc = count_step_bytes_(out, map, res_of);
     free(res_of);
     free(map);
@@ -387,17 +407,37 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .prefetch = spec->offload.prefetch,
         .backend = spec->device.backend,
         .budget = spec->device.memory_budget,
+        .speculative = spec->offload.speculative,
+        .clipped = spec->train.grad_clip > 0,
+        .host_limit = 0,
     };
 }
 
 int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
                           offload_plan *out, char *err, size_t errlen)
 {
+    return offload_plan_for_run(spec, budget_override, 0, out, err, errlen);
+}
+
+int offload_plan_for_run(const run_spec *spec, size_t budget_override,
+                         size_t host_limit, offload_plan *out, char *err,
+                         size_t errlen)
+{
     offload_plan_input in = offload_plan_input_of(spec);
+    in.host_limit = host_limit;
     if (budget_override)
         in.budget = budget_override;
     if (offload_plan_make(&in, out, err, errlen) != 0)
         return -1;
+    /* auto also needs the pinned part of the second buffers to be
+     * lockable: else plan without them (as for host memory) */
+    if (out->speculative && in.speculative == SPEC_SPECULATIVE_AUTO &&
+        out->pinned_bytes > offload_pin_limit()) {
+        offload_plan_free(out);
+        in.host_limit = 0;
+        if (offload_plan_make(&in, out, err, errlen) != 0)
+            return -1;
+    }
     if (spec->pseudo.steps > 0) {
         char e2[512];
         out->pseudo = calloc(1, sizeof *out->pseudo);
@@ -634,6 +674,12 @@ static size_t mem_available_(void)
     return kb == SIZE_MAX ? SIZE_MAX : kb * 1024;
 }
 
+size_t offload_host_available(void)
+{
+    size_t a = mem_available_();
+    return a == SIZE_MAX ? 0 : a;
+}
+
 int offload_check(const run_spec *spec, size_t budget_override, int flags,
                   offload_plan *out, char *warn, size_t warnlen, char *err,
                   size_t errlen)
@@ -641,6 +687,8 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
     offload_plan p;
     if (warnlen)
         warn[0] = 0;
+    /* as m6ctl plans (no host limit: auto speculation shows off, and is
+     * decided when the run starts, never failing it); on is counted */
     if (offload_plan_for_spec(spec, budget_override, &p, err, errlen) != 0)
         return -1;
     /* the Real phase needs the most host memory */

@@ -23,6 +23,7 @@
 /* A free or used range of a chunk: [off, off+size). */
 typedef struct range_ {
     size_t off, size;
+    size_t asked;          /* used: the bytes the caller asked for */
     struct range_ *next;
 } range_;
 
@@ -40,6 +41,8 @@ struct offload_pool {
     int is_host;
     size_t budget;         /* device: hard limit */
     size_t chunk_bytes;    /* host: minimum chunk */
+    size_t max_chunk;      /* host: largest chunk (but for one request) */
+    size_t requested;      /* bytes asked for by the blocks out now */
     chunk_ *chunks;
     size_t in_use, peak;
     int warned;            /* host: pinning warning printed */
@@ -98,8 +101,16 @@ static void pin_chunk_(offload_pool *p, chunk_ *c)
     int err = 0;
     if (pin_override_ != SIZE_MAX && pinned_total_(p) + c->size > pin_override_)
         err = ENOMEM; /* as mlock fails past RLIMIT_MEMLOCK */
-    else if (mlock(c->base, c->size) != 0)
-        err = errno;
+    else /* in pieces of at most max_chunk (one request may be larger) */
+        for (size_t at = 0; at < c->size && !err; at += p->max_chunk) {
+            size_t n = c->size - at < p->max_chunk ? c->size - at
+                                                   : p->max_chunk;
+            if (mlock(c->base + at, n) != 0) {
+                err = errno;
+                if (at)
+                    munlock(c->base, at);
+            }
+        }
     c->pinned = err == 0;
     if (err && !p->warned) {
         size_t lim = offload_pin_limit();
@@ -178,6 +189,7 @@ static void *chunk_alloc_(chunk_ *c, size_t size)
             free(r);
         }
         c->in_use += size;
+        u->asked = size;
         return c->base + u->off;
     }
     return NULL;
@@ -240,11 +252,20 @@ offload_pool *offload_device_pool_create(size_t budget)
 
 offload_pool *offload_host_pool_create(size_t chunk_bytes)
 {
+    return offload_host_pool_create_max(chunk_bytes, OFFLOAD_MAX_CHUNK);
+}
+
+offload_pool *offload_host_pool_create_max(size_t chunk_bytes,
+                                           size_t max_chunk)
+{
     offload_pool *p = pool_new_(1);
     if (!p)
         return NULL;
-    long page = sysconf(_SC_PAGESIZE);
-    p->chunk_bytes = round_up_(chunk_bytes ? chunk_bytes : 1, (size_t)page);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    p->max_chunk = round_up_(max_chunk ? max_chunk : 1, page);
+    p->chunk_bytes = round_up_(chunk_bytes ? chunk_bytes : 1, page);
+    if (p->chunk_bytes > p->max_chunk)
+        p->chunk_bytes = p->max_chunk;
     return p;
 }
 
@@ -258,6 +279,8 @@ void *offload_pool_alloc(offload_pool *p, size_t bytes)
     for (chunk_ *c = p->chunks; c && !ptr; c = c->next)
         ptr = chunk_alloc_(c, size);
     if (!ptr && p->is_host) {
+        /* a block never straddles chunks: one larger than the chunk
+         * size gets a chunk of its own (pinned in max_chunk pieces) */
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         size_t want = size > p->chunk_bytes ? round_up_(size, page)
                                             : p->chunk_bytes;
@@ -272,6 +295,12 @@ void *offload_pool_alloc(offload_pool *p, size_t bytes)
     if (ptr) {
         memset(ptr, 0, size);
         p->in_use += size;
+        p->requested += bytes;
+        for (chunk_ *c = p->chunks; c; c = c->next)
+            if ((char *)ptr >= c->base && (char *)ptr < c->base + c->size) {
+                c->used->asked = bytes; /* chunk_alloc_ put it first */
+                break;
+            }
         if (p->in_use > p->peak)
             p->peak = p->in_use;
     }
@@ -297,6 +326,7 @@ void offload_pool_free(offload_pool *p, void *ptr)
                 *pp = u->next;
                 c->in_use -= u->size;
                 p->in_use -= u->size;
+                p->requested -= u->asked;
                 chunk_release_(c, u);
                 break;
             }
@@ -328,6 +358,7 @@ void offload_pool_get_stats(offload_pool *p, offload_pool_stats *st)
     pthread_mutex_lock(&p->mu);
     st->in_use = p->in_use;
     st->peak = p->peak;
+    st->requested = p->requested;
     if (!p->is_host) {
         st->capacity = p->budget;
     } else {
@@ -336,8 +367,25 @@ void offload_pool_get_stats(offload_pool *p, offload_pool_stats *st)
             st->chunks++;
         }
         st->pinned = pinned_total_(p);
+        for (const chunk_ *c = p->chunks; c; c = c->next)
+            if (c->size > st->largest_chunk)
+                st->largest_chunk = c->size;
     }
     pthread_mutex_unlock(&p->mu);
+}
+
+size_t offload_vm_locked(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = SIZE_MAX;
+    if (!f)
+        return SIZE_MAX;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmLck: %zu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb == SIZE_MAX ? SIZE_MAX : kb * 1024;
 }
 
 void offload_pool_destroy(offload_pool *p)

@@ -30,7 +30,8 @@
 
 #include "offload/intervals.h"
 
-#define HOST_CHUNK_ (2u << 20) /* host pool growth, bytes */
+#define HOST_CHUNK_ (2u << 20) /* host pool growth, bytes; at most
+                                * OFFLOAD_MAX_CHUNK a chunk (pool.c) */
 
 /* staging buffer states */
 enum { BUF_FREE, BUF_LOADING, BUF_READY, BUF_IN_USE, BUF_DRAINING };
@@ -46,11 +47,16 @@ typedef struct {
 } staging_;
 
 /* A queued AdamW update carries its own hyperparameters: it may run after
- * the next step has begun. */
+ * the next step has begun. A speculative one (spec 1) first keeps the
+ * slot's params, m, v and step count in its second buffers; a redo (spec
+ * 2) first puts them back. */
 typedef struct {
     int slot;
+    int spec;
     offload_adam a;
 } adam_job_;
+
+enum { JOB_PLAIN = 0, JOB_SPECULATE = 1, JOB_REDO = 2 };
 
 struct offload_ctx {
     offload_plan_input in;     /* the run's planner input (slot_of NULL) */
@@ -65,7 +71,10 @@ struct offload_ctx {
 
     /* placement of the current state */
     float *dev_block;          /* params | grads | m | v, n_local floats each */
-    float *host_block;         /* offloaded slots: params | grads | m | v */
+    float **host_arr;          /* offloaded slot k: params, grads, m, v at
+                                * [4k..4k+3], one pool block each, so that
+                                * none straddles a chunk of the host pool */
+    int n_host_arr;
     staging_ *buf;
     int nbuf;
     size_t W;                  /* bytes of one slot region */
@@ -90,7 +99,15 @@ struct offload_ctx {
     int aq_head, aq_n, qcap_s;
     offload_adam adam;             /* this step's, for early updates */
     int early;
+    int speculate;                 /* this step: speculative updates */
 
+    /* speculative clipped update (offload.h): per offloaded slot s, the
+     * old params | m | v (3 slot_size floats at spec_old[s]) and step
+     * count, kept while its unclipped update runs in place */
+    float *spec_block, **spec_old;
+    long *spec_t;
+    unsigned char *spec_pending;   /* speculated, not yet kept or redone */
+    uint64_t spec_steps, redo_steps, spec_restores;
     pthread_mutex_t mu;
     pthread_cond_t cv_copy, cv_work, cv_done;
     pthread_t copy_thread, *workers;
@@ -119,7 +136,8 @@ static int fetch_ready_(const offload_ctx *o, int j)
 static void queue_adam_(offload_ctx *o, int s, const offload_adam *a)
 {
     o->adam_queued[s] = o->updating[s] = 1;
-    o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] = (adam_job_){s, *a};
+    o->adamq[(o->aq_head + o->aq_n++) % o->qcap_s] =
+        (adam_job_){s, JOB_PLAIN, *a};
     pthread_cond_signal(&o->cv_work);
 }
 
@@ -141,8 +159,15 @@ static void do_drain_(offload_ctx *o)
     o->pending_drains[B->slot]--;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
-    if (B->final && o->early && !o->adam_queued[B->slot])
+    if (B->final && (o->early || o->speculate) &&
+        !o->adam_queued[B->slot]) {
         queue_adam_(o, B->slot, &o->adam);
+        if (!o->early) { /* unclipped, kept only if the norm allows */
+            o->adamq[(o->aq_head + o->aq_n - 1) % o->qcap_s].spec =
+                JOB_SPECULATE;
+            o->spec_pending[B->slot] = 1;
+        }
+    }
     B->state = BUF_FREE;
     pthread_cond_broadcast(&o->cv_done);
 }
@@ -198,6 +223,43 @@ static void *copy_main_(void *arg)
 
 /* ------------------------------------------------------------- host threads */
 
+/* Slot s's second buffers (outside the lock: s is UPDATING, nothing else
+ * touches its state): keep 1 copies params, m, v and the step count into
+ * them, keep 0 copies them back. */
+static void spec_keep_or_restore_(offload_ctx *o, int s, int keep)
+{
+    const gpt_slot_state *st = &o->g->slots[s];
+    /* at the slot's own size (a mixed model's dense slots are smaller
+     * than the slot_size stride of spec_old) */
+    size_t ss = gpt_slot_floats(o->g, s), W = ss * sizeof(float);
+    float *old = o->spec_old[s];
+    if (keep) {
+        memcpy(old, st->params, W);
+        memcpy(old + ss, st->m, W);
+        memcpy(old + 2 * ss, st->v, W);
+        o->spec_t[s] = o->g->adam_t_slot[s];
+    } else {
+        memcpy(st->params, old, W);
+        memcpy(st->m, old + ss, W);
+        memcpy(st->v, old + 2 * ss, W);
+        o->g->adam_t_slot[s] = o->spec_t[s];
+    }
+}
+
+/* Undo the speculative updates of a step that did not reach offload_adamw
+ * (a failed step): wait for each, put the old state back. Lock held. */
+static void spec_revert_(offload_ctx *o)
+{
+    for (int s = 0; o->spec_pending && s < o->g->S; s++) {
+        if (!o->spec_pending[s])
+            continue;
+        while (o->updating[s])
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        spec_keep_or_restore_(o, s, 0);
+        o->spec_pending[s] = 0;
+    }
+}
+
 static void *worker_main_(void *arg)
 {
     offload_ctx *o = arg;
@@ -215,6 +277,8 @@ static void *worker_main_(void *arg)
         const offload_adam a = job.a;
         pthread_mutex_unlock(&o->mu);
         double t0 = clock_mono_s();
+        if (job.spec)
+            spec_keep_or_restore_(o, s, job.spec == JOB_SPECULATE);
         gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                        a.grad_scale);
         double dt = clock_mono_s() - t0;
@@ -340,9 +404,21 @@ static void free_placement_(offload_ctx *o)
     o->buf = NULL;
     o->nbuf = 0;
     offload_pool_free(o->dev, o->dev_block);
-    offload_pool_free(o->host, o->host_block);
-    o->dev_block = o->host_block = NULL;
+    for (int i = 0; o->host_arr && i < o->n_host_arr; i++)
+        offload_pool_free(o->host, o->host_arr[i]);
+    free(o->host_arr);
+    o->host_arr = NULL;
+    o->n_host_arr = 0;
+    o->dev_block = NULL;
     offload_pool_trim(o->host);
+    free(o->spec_block);
+    free(o->spec_old);
+    free(o->spec_t);
+    free(o->spec_pending);
+    o->spec_block = NULL;
+    o->spec_old = NULL;
+    o->spec_t = NULL;
+    o->spec_pending = NULL;
     free(o->updating);
     free(o->touched);
     free(o->adam_queued);
@@ -432,10 +508,24 @@ static int alloc_state_(void *ctx, gpt_model *g)
         pool_error_(o, o->dev, "globals and resident slots", nb);
         goto fail;
     }
+    /* each offloaded slot's params, grads, m, v: a pool block of its own
+     * (at its kind's size), so no block straddles a pinned chunk */
     size_t hb = 4 * off_floats * sizeof(float);
-    if (hb && !(o->host_block = offload_pool_alloc(o->host, hb))) {
-        pool_error_(o, o->host, "offloaded slots", hb);
-        goto fail;
+    if (hb) {
+        int n = 4 * o->plan.n_offloaded;
+        if (!(o->host_arr = calloc((size_t)n, sizeof *o->host_arr)))
+            goto oom;
+        for (int s = 0; s < S; s++) {
+            if (plan.placement[s] == OFFLOAD_RESIDENT)
+                continue;
+            size_t bytes = gpt_slot_floats(g, s) * sizeof(float);
+            for (int a = 0; a < 4; a++, o->n_host_arr++)
+                if (!(o->host_arr[o->n_host_arr] =
+                          offload_pool_alloc(o->host, bytes))) {
+                    pool_error_(o, o->host, "offloaded slots", hb);
+                    goto fail;
+                }
+        }
     }
     o->nbuf = o->plan.n_staging;
     o->buf = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof *o->buf);
@@ -460,6 +550,24 @@ static int alloc_state_(void *ctx, gpt_model *g)
     o->dep = calloc(2 * (size_t)L, sizeof(int));
     o->drainq = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof(int));
     o->adamq = calloc((size_t)S, sizeof *o->adamq);
+    if (o->plan.speculative) {
+        size_t sb = (size_t)o->plan.n_offloaded * 3 * o->W;
+        o->spec_block = malloc(sb);
+        o->spec_old = calloc((size_t)S, sizeof *o->spec_old);
+        o->spec_t = calloc((size_t)S, sizeof(long));
+        o->spec_pending = calloc((size_t)S, 1);
+        if (!o->spec_block || !o->spec_old || !o->spec_t ||
+            !o->spec_pending) {
+            snprintf(o->last_err, sizeof o->last_err,
+                     "offload: cannot allocate %zu bytes of host memory for "
+                     "the speculative update's second buffers "
+                     "(offload.speculative: off does without)", sb);
+            goto fail;
+        }
+        for (int s = 0, k = 0; s < S; s++)
+            if (plan.placement[s] != OFFLOAD_RESIDENT)
+                o->spec_old[s] = o->spec_block + (size_t)k++ * 3 * ss;
+    }
     if (!o->updating || !o->touched || !o->adam_queued || !o->pending_drains ||
         !o->iv || !o->at_pos || !o->iv_state || !o->dep || !o->drainq ||
         !o->adamq)
@@ -485,9 +593,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;
         } else {
-            float *h = o->host_block + k;
-            k += 4 * n;
-            *st = (gpt_slot_state){h, h + n, h + 2 * n, h + 3 * n};
+            float **h = o->host_arr + 4 * k++;
+            *st = (gpt_slot_state){h[0], h[1], h[2], h[3]};
             g->w[s] = g->dw[s] = NULL;
             g->offloaded[s] = 1;
         }
@@ -627,11 +734,24 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early)
 {
     pthread_mutex_lock(&o->mu);
     int S = o->g->S;
+    spec_revert_(o); /* the last step failed before offload_adamw */
+    o->speculate = 0;
     memset(o->touched, 0, (size_t)S);
     memset(o->adam_queued, 0, (size_t)S);
     o->early = early != NULL;
     if (early)
         o->adam = *early;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_step_speculate(offload_ctx *o, const offload_adam *a)
+{
+    pthread_mutex_lock(&o->mu);
+    if (o->spec_pending && !o->early) {
+        o->speculate = 1;
+        o->adam = *a;
+        o->adam.grad_scale = 1.0f;
+    }
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -659,9 +779,48 @@ void offload_wait_grads(offload_ctx *o)
     pthread_mutex_unlock(&o->mu);
 }
 
+static _Atomic int spec_wait_;
+
+void offload_test_spec_wait(int wait) { spec_wait_ = wait; }
+
 void offload_adamw(offload_ctx *o, const offload_adam *a)
 {
     pthread_mutex_lock(&o->mu);
+    for (int s = 0; spec_wait_ && o->speculate && s < o->g->S; s++)
+        while (o->spec_pending[s] && o->updating[s])
+            pthread_cond_wait(&o->cv_done, &o->mu);
+    /* speculative updates: the unclipped update has the clipped one's bits
+     * exactly when the scale is 1; else each is redone from its old state
+     * (a job still queued is simply given the scale) */
+    int kept = a->grad_scale == 1.0f;
+    if (o->speculate) {
+        o->spec_steps++;
+        o->redo_steps += !kept;
+    }
+    for (int s = 0; o->speculate && s < o->g->S; s++) {
+        if (!o->spec_pending[s])
+            continue;
+        o->spec_pending[s] = 0;
+        if (kept)
+            continue;
+        int queued = 0;
+        for (int i = 0; i < o->aq_n && !queued; i++) {
+            adam_job_ *j = &o->adamq[(o->aq_head + i) % o->qcap_s];
+            if (j->slot == s) {
+                j->spec = JOB_PLAIN;
+                j->a = *a;
+                queued = 1;
+            }
+        }
+        if (queued)
+            continue;
+        while (o->updating[s])
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        queue_adam_(o, s, a);
+        o->adamq[(o->aq_head + o->aq_n - 1) % o->qcap_s].spec = JOB_REDO;
+        o->spec_restores++;
+    }
+    o->speculate = 0;
     for (int s = 0; s < o->g->S; s++) {
         if (!o->g->offloaded[s] || o->adam_queued[s])
             continue;
@@ -677,6 +836,8 @@ void offload_adamw(offload_ctx *o, const offload_adam *a)
 void offload_sync(offload_ctx *o)
 {
     pthread_mutex_lock(&o->mu);
+    if (o->g)
+        spec_revert_(o); /* a failed step's speculative updates */
     for (;;) {
         int busy = o->dq_n > 0 || o->aq_n > 0;
         for (int s = 0; o->g && o->updating && s < o->g->S && !busy; s++)
@@ -715,6 +876,12 @@ void offload_get_stats(offload_ctx *o, offload_stats *st)
     st->d2h_s = o->d2h_s;
     st->stall_s = o->stall_s;
     st->adam_s = o->adam_s;
+    st->speculative = o->plan.speculative;
+    st->spec_bytes = o->spec_block ? (size_t)o->plan.n_offloaded * 3 * o->W
+                                   : 0;
+    st->spec_steps = o->spec_steps;
+    st->redo_steps = o->redo_steps;
+    st->spec_restores = o->spec_restores;
     pthread_mutex_unlock(&o->mu);
     st->h2d_gbps = st->h2d_s > 0 ? st->h2d_bytes / st->h2d_s / 1e9 : 0;
     st->d2h_gbps = st->d2h_s > 0 ? st->d2h_bytes / st->d2h_s / 1e9 : 0;

@@ -17,4 +17,10 @@ void offload_test_set_pin_limit(size_t bytes);
  * updates stay queued. A fetch of a held slot waits: release first. */
 void offload_test_hold_updates(offload_ctx *o, int hold);
 
+/* Tests: with wait 1, offload_adamw first waits for every speculative
+ * update of the step to finish, so that each redo restores the old state
+ * from the second buffers (offload_stats.spec_restores) instead of
+ * re-scaling a job still queued. 0: as the daemon runs. Process-wide. */
+void offload_test_spec_wait(int wait);
+
 #endif /* M6_OFFLOAD_TEST_HOOKS_H */

@@ -1003,9 +1003,9 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
             "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "
             "moe_dropped_fraction, moe_load_min, moe_load_max, moe_load_cv, "
-            "moe_experts_empty, skipped, skipped_total) "
+            "moe_experts_empty, skipped, skipped_total, offload_redo_steps) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?)",
+            "?, ?, ?, ?, ?)",
             A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
             A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
             A_REAL(m->tokens_per_s), A_REAL(m->grad_norm),
@@ -1016,7 +1016,8 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             A_REAL(m->moe_dropped_fraction), A_REAL(m->moe_load_min),
             A_REAL(m->moe_load_max), A_REAL(m->moe_load_cv),
             A_REAL(m->moe_experts_empty), A_INT(m->skipped),
-            A_INT(m->skipped_total)),
+            A_INT(m->skipped_total),
+            A_INT_OR_NULL(m->offload_redo_steps)),
         SQL_STMT(SET_PROGRESS_SQL, A_INT(m->step),
                  A_TEXT(phase_name(m->phase)), A_REAL(now_()), A_INT(run)),
     };
@@ -1053,6 +1054,7 @@ static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
     m->moe_experts_empty = column_real_or_nan_(s, 19);
     m->skipped = (int)sqlite3_column_int64(s, 20);      /* NULL: 0 */
     m->skipped_total = sqlite3_column_int64(s, 21);
+    m->offload_redo_steps = (int)column_int_or_neg_(s, 22);
 }
 
 static void metric_fill_(sqlite3_stmt *s, void *elem)
@@ -1066,7 +1068,7 @@ static void metric_fill_(sqlite3_stmt *s, void *elem)
                     "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "       \
                     "moe_dropped_fraction, moe_load_min, moe_load_max, "     \
                     "moe_load_cv, moe_experts_empty, skipped, "             \
-                    "skipped_total"
+                    "skipped_total, offload_redo_steps"
 
 int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n)

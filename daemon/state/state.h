@@ -77,6 +77,9 @@ typedef struct {
      * 0 in rows from before the migration. */
     int skipped;
     int64_t skipped_total;
+    /* speculative host AdamW (schema 0008): 1 redone, 0 kept, -1 (NULL)
+     * the step did not speculate */
+    int offload_redo_steps;
 } metric_row;
 
 typedef struct {

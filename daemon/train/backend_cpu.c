@@ -43,14 +43,20 @@ static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
 static void cpu_step_begin_(void *ctx, const backend_adam *h)
 {
     cpu_ctx_ *c = ctx;
-    (void)h;
     /* Offloaded slots are updated only once the global norm is known to
      * be finite (adamw), also without clipping: an update started as soon
      * as a slot's gradient is final could not be taken back when another
      * slot's gradient, or the loss, turns out NaN or Inf (the step is then
-     * skipped, trainer.h). */
-    if (c->off)
+     * skipped, trainer.h). With clipping and a speculative plan they are
+     * updated unclipped at once into second buffers, kept when the norm is
+     * finite and within the clip, else redone or (a skipped step) undone. */
+    if (c->off) {
         offload_step_begin(c->off, NULL);
+        if (h->grad_clip > 0) {
+            offload_adam early = offload_adam_(h, 1.0f);
+            offload_step_speculate(c->off, &early);
+        }
+    }
     c->poison_slot = -1;
     gpt_zero_grad(&c->model);
     gpt_moe_stats_reset(&c->model);

@@ -403,6 +403,11 @@ static int cuda_offload_stats_(void *ctx, offload_stats *st)
     st->h2d_gbps = os.h2d_s > 0 ? (double)os.h2d_bytes / os.h2d_s / 1e9 : 0;
     st->d2h_gbps = os.d2h_s > 0 ? (double)os.d2h_bytes / os.d2h_s / 1e9 : 0;
     st->stall_s = os.stall_s;
+    st->speculative = os.spec_bytes > 0;
+    st->spec_bytes = os.spec_bytes;
+    st->spec_steps = os.spec_steps;
+    st->redo_steps = os.redo_steps;
+    st->spec_restores = os.spec_restores;
     double copy = os.h2d_s + os.d2h_s;
     if (copy > 0) {
         double h = 1.0 - os.stall_s / copy;
@@ -483,6 +488,7 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
             off.n_resident = now->n_resident;
             off.n_staging = bs->plan->n_staging; /* min(prefetch, offloaded) */
             off.host_threads = bs->host_threads;
+            off.speculative = bs->plan->speculative; /* the Real phase's */
             offp = &off;
             c->placed = 1;
         }

@@ -56,6 +56,8 @@ typedef struct {
 static const char *const delink_names_[] = { "copy", "reset", NULL };
 static const char *const policy_names_[] = { "step", "plateau", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
+/* offload.speculative (spec.h SPEC_SPECULATIVE_*) */
+static const char *const speculative_names_[] = { "auto", "on", "off", NULL };
 
 #define OFF(m) offsetof(run_spec, m)
 #define STR(sec, k, m, doc) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
@@ -196,6 +198,11 @@ static const key_ keys_[] = {
         "Host threads that accumulate gradients and run AdamW for offloaded "
         "slots. 0: 2 on `cpu`, on `cuda` the CPUs m6d may use less 2 "
         "(1 to 64)."),
+    ENUM("offload", "speculative", offload.speculative, speculative_names_,
+         "With `grad_clip`: run an offloaded slot's AdamW as soon as its "
+         "gradient lands, unclipped, into second buffers, kept when the "
+         "global norm is within the clip and redone otherwise. `auto`: on "
+         "when host memory allows its extra buffers (`m6ctl plan`)."),
     STR("init", "from", init.from,
         "A checkpoint directory (of a run, from `m6ctl import llmc` or "
         "`m6ctl export --format safetensors`) to start from: its weights, "
@@ -405,6 +412,7 @@ void spec_defaults(run_spec *s)
     s->device.memory_budget = 0;
     s->offload.prefetch = 2;
     s->offload.host_threads = 0; /* auto: spec_host_threads */
+    s->offload.speculative = SPEC_SPECULATIVE_AUTO;
 }
 
 int spec_host_threads(const run_spec *s)
@@ -1144,6 +1152,10 @@ static int written_(const run_spec *s, const key_ *k)
     /* init.from only when set: the hash of a spec without it is unchanged */
     if (k->section && strcmp(k->section, "init") == 0)
         return s->init.from[0] != 0;
+    /* offload.speculative only when not auto: older specs keep their hash */
+    if (k->section && strcmp(k->section, "offload") == 0 && k->key &&
+        strcmp(k->key, "speculative") == 0)
+        return s->offload.speculative != SPEC_SPECULATIVE_AUTO;
     if (k->section && strcmp(k->section, "nodes") == 0) {
         /* nodes only when not all defaults: a one-node spec's hash is
          * what it was before data parallelism */

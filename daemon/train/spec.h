@@ -55,6 +55,8 @@ typedef struct {
     struct {
         int prefetch;        /* staging buffers: fetches run ahead */
         int host_threads;    /* host AdamW threads; 0: spec_host_threads */
+        int speculative;     /* SPEC_SPECULATIVE_*: speculative clipped
+                              * host AdamW (offload.h, the planner) */
     } offload;
     /* init.from: a checkpoint directory (an m6 checkpoint, m6ctl import
      * llmc's or m6ctl export --format safetensors' output) whose weights
@@ -66,6 +68,11 @@ typedef struct {
         int timeout;           /* seconds a collective may wait */
     } nodes;
 } run_spec;
+
+/* offload.speculative: auto (on when the planner finds host memory for
+ * the second buffers), on, off. */
+enum { SPEC_SPECULATIVE_AUTO = 0, SPEC_SPECULATIVE_ON = 1,
+       SPEC_SPECULATIVE_OFF = 2 };
 
 /* Fill *s with the defaults (those of examples/fortunes-p2r.json's shape). */
 void spec_defaults(run_spec *s);

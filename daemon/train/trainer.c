@@ -265,9 +265,13 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     t->phase = spec->pseudo.steps > 0 ? PHASE_PSEUDO : PHASE_REAL;
     gpt_layout(mc, t->glob, t->slot, &t->n_global, &t->slot_size);
     /* 2. the plan, once: the Real phase and, with one, the Pseudo phase */
+    /* offload.speculative auto: decided once, on the host memory now */
+    size_t host_limit = spec->device.memory_budget > 0
+                            ? offload_host_available() : 0;
     if (spec->device.memory_budget > 0) {
         char e2[768];
-        if (offload_plan_for_spec(spec, 0, &t->plan, e2, sizeof e2) != 0) {
+        if (offload_plan_for_run(spec, 0, host_limit, &t->plan, e2,
+                                 sizeof e2) != 0) {
             m6_err_set(err, M6_EINVALID, "device.memory_budget: %s", e2);
             goto fail;
         }
@@ -304,6 +308,9 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .plan_in = offload_plan_input_of(spec),
         .plan = t->planned ? &t->plan : NULL,
     };
+    /* later plans (re-slotting) follow the start's decision on auto */
+    bs.plan_in.host_limit = t->planned && !t->plan.speculative ? 0
+                                                               : host_limit;
     int rc;
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
@@ -610,7 +617,10 @@ static void placement_(trainer *t, const offload_stats *before,
     p->device_bytes = (int64_t)st.device.in_use;
     p->peak_device_bytes = (int64_t)st.device.peak;
     p->budget_bytes = (int64_t)st.budget_bytes;
+    p->speculative = st.speculative;
+    p->redo_steps = st.redo_steps;
     if (!before) return;
+    p->redone = st.redo_steps > before->redo_steps;
     p->h2d_bytes = st.h2d_bytes - before->h2d_bytes;
     p->d2h_bytes = st.d2h_bytes - before->d2h_bytes;
     p->h2d_s = st.h2d_s - before->h2d_s;

@@ -50,6 +50,10 @@ typedef struct {
                                  * nothing was copied that way */
     double copy_hidden_fraction; /* 1 - stall / copy time, in [0,1]; NAN
                                   * when nothing was copied */
+    int speculative;            /* offload.speculative is on (the plan) */
+    int redone;                 /* this step's speculative host AdamW was
+                                 * redone (its norm exceeded the clip) */
+    uint64_t redo_steps;        /* such steps since the backend was made */
 } step_placement;
 
 /* The MoE router facts of one step, over its microbatches and MoE layers

@@ -92,6 +92,47 @@ void host_adamw_bf16(float *master, float *m, float *v, uint16_t *w,
                                             weight_decay, bc1, bc2));
 }
 
+/* one element of AdamW from (p0, m0, v0) into (*p1, *m1, *v1): the same
+ * operations, in the same order, as adamw_one_ */
+static inline float adamw_one_to_(float p0, float m0, float v0, float *p1,
+                                  float *m1, float *v1, float g, float lr,
+                                  float b1, float b2, float eps, float wd,
+                                  float bc1, float bc2)
+{
+    float mi = b1 * m0 + (1.0f - b1) * g;
+    float vi = b2 * v0 + (1.0f - b2) * g * g;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    float p = p0;
+    p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    *m1 = mi;
+    *v1 = vi;
+    *p1 = p;
+    return p;
+}
+
+void host_adamw_bf16_to(const float *master, const float *m, const float *v,
+                        float *master_out, float *m_out, float *v_out,
+                        uint16_t *w_out, const float *g32,
+                        const uint16_t *g16, size_t n, float lr, float beta1,
+                        float beta2, float eps, float weight_decay,
+                        float grad_scale, long t)
+{
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    if (g32)
+        for (size_t i = 0; i < n; i++)
+            w_out[i] = bf16_from_f32(adamw_one_to_(
+                master[i], m[i], v[i], &master_out[i], &m_out[i], &v_out[i],
+                g32[i] * grad_scale, lr, beta1, beta2, eps, weight_decay, bc1,
+                bc2));
+    else
+        for (size_t i = 0; i < n; i++)
+            w_out[i] = bf16_from_f32(adamw_one_to_(
+                master[i], m[i], v[i], &master_out[i], &m_out[i], &v_out[i],
+                bf16_to_f32(g16[i]) * grad_scale, lr, beta1, beta2, eps,
+                weight_decay, bc1, bc2));
+}
+
 void host_to_bf16(uint16_t *w, const float *master, size_t n)
 {
     for (size_t i = 0; i < n; i++)

@@ -294,6 +294,43 @@ static void test_nodes(void **state)
     assert_int_equal(b, 6); assert_int_equal(a, 4);
 }
 
+/* offload.speculative: auto by default and then absent from the canonical
+ * JSON (the hash of older specs stands); on/off written, hashed, parsed;
+ * a wrong value named. */
+static void test_offload_speculative(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512];
+    assert_int_equal(parse(&d, "{\"data\":{\"train\":\"t\",\"val\":\"v\"}}",
+                           err, sizeof err), 0);
+    assert_int_equal(d.offload.speculative, SPEC_SPECULATIVE_AUTO);
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "speculative"));
+    free(j);
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"offload\":{\"speculative\":\"auto\"}}", err, sizeof err), 0);
+    assert_true(spec_hash(&s) == spec_hash(&d));
+    const char *names[2] = {"on", "off"};
+    int want[2] = {SPEC_SPECULATIVE_ON, SPEC_SPECULATIVE_OFF};
+    for (int i = 0; i < 2; i++) {
+        char txt[256];
+        snprintf(txt, sizeof txt, "{\"data\":{\"train\":\"t\",\"val\":"
+                 "\"v\"},\"offload\":{\"speculative\":\"%s\"}}", names[i]);
+        assert_int_equal(parse(&s, txt, err, sizeof err), 0);
+        assert_int_equal(s.offload.speculative, want[i]);
+        j = spec_to_json(&s);
+        assert_non_null(strstr(j, "\"speculative\""));
+        free(j);
+        roundtrip(&s);
+        assert_true(spec_hash(&s) != spec_hash(&d));
+    }
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"offload\":{\"speculative\":\"maybe\"}}", err, sizeof err), -1);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "offload.speculative"));
+}
+
 /* Every float survives spec_to_json → spec_parse bit for bit. */
 static void test_float_roundtrip(void **state)
 {
@@ -702,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_delink_policy),
         cmocka_unit_test(test_nodes),
+        cmocka_unit_test(test_offload_speculative),
         cmocka_unit_test(test_float_roundtrip),
         cmocka_unit_test(test_full_spec),
         cmocka_unit_test(test_memory_budget),

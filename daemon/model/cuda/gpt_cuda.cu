@@ -1073,6 +1073,7 @@ void gpt_cuda_zero_grad(gpt_cuda *g)
     CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
                                g->stream));
     g->off.early = 0; /* only gpt_cuda_step_begin(max_norm <= 0) sets it */
+    g->off.speculate = 0; /* ... and this one with max_norm > 0 */
     if (g->n_res < g->S)
         off_step_begin_(g);
 }
@@ -1107,6 +1108,7 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
     gpt_cuda_zero_grad(g);
     offload_rt_ *o = &g->off;
     o->early = max_norm <= 0.0f;
+    o->speculate = !o->early && o->speculative && g->n_res < g->S;
     o->lr = lr;
     o->beta1 = beta1;
     o->beta2 = beta2;

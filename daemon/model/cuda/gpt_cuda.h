@@ -194,6 +194,14 @@ typedef struct {
     int n_resident;     /* slots [0, n_resident) on the device; >= S: all */
     int n_staging;      /* staging buffers (offload.prefetch), >= 1 */
     int host_threads;   /* host threads for accumulation and AdamW, >= 1 */
+    int speculative;    /* speculative clipped update (offload.speculative,
+                         * the plan's decision): with max_norm > 0 an
+                         * offloaded slot's AdamW runs unclipped into
+                         * second buffers (fp32 master, m, v; pinned bf16
+                         * copy: 14 bytes per parameter) as soon as its
+                         * gradient is final; gpt_cuda_adamw keeps them
+                         * when the clip scale is 1 and redoes the update
+                         * from the old state otherwise */
 } gpt_cuda_offload;
 
 /* As gpt_cuda_create with the state placed by *off (NULL: all resident;
@@ -236,6 +244,11 @@ typedef struct {
     double h2d_s, d2h_s;     /* copy stream busy time (event timing) */
     double stall_s;          /* compute stream waiting for fetches */
     double accum_s, adam_s;  /* host thread busy time, all threads */
+    size_t spec_bytes;       /* the speculative update's second buffers */
+    size_t spec_pinned_bytes;/* of which page-locked */
+    uint64_t spec_steps;     /* steps that speculated */
+    uint64_t redo_steps;     /* of which the clip applied: redone */
+    uint64_t spec_restores;  /* slot updates redone */
 } gpt_cuda_offload_stats;
 
 /* Statistics (times of copies still in flight are not yet counted). Any

@@ -78,6 +78,17 @@ typedef struct {
     int sumsq_done;                /* ssq is of the final gradient */
     int updated;                   /* AdamW queued this step (early) */
     double *ssq;                   /* [chunks] per-chunk sums of squares */
+    /* the allocations (master/m/v and wbf swap between them) and the
+     * speculative update's second buffers (offload.speculative) */
+    float *blk;                    /* master|m|v|gacc as allocated */
+    float *alt;                    /* second master|m|v, or NULL */
+    float *master2, *m2, *v2;      /* the second buffers now */
+    uint16_t *pin, *pin2;          /* wbf|gbf as allocated; second wbf */
+    uint16_t *wbf2;                /* the second bf16 copy now */
+    int pinned2;                   /* pin2 from cudaHostAlloc */
+    int spec;                      /* speculative AdamW queued this step,
+                                    * not yet kept or redone */
+    long spec_t;                   /* adam_t_slot before it */
     cudaEvent_t d2h_start, drained;
 } hslot_;
 
@@ -113,6 +124,8 @@ typedef struct {
                                     * not written) */
     float lr, beta1, beta2, eps, wd, scale;
     long t;
+    int spec;                      /* ADAM / ACCUM+adam: write the second
+                                    * buffers (speculative) */
 } hjob_;
 
 typedef struct {
@@ -131,6 +144,10 @@ typedef struct {
     int n_left;                    /* intervals issued to their end */
     /* this step */
     int early;                     /* no clipping: update when final */
+    int speculative;               /* second buffers made (the plan) */
+    int speculate;                 /* this step: clipped, speculative */
+    uint64_t spec_steps, redo_steps, spec_restores;
+    size_t spec_bytes, spec_pinned_bytes;
     float lr, beta1, beta2, eps, wd;
     /* host threads */
     pthread_mutex_t mu;

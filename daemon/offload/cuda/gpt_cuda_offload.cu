@@ -71,10 +71,17 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
         if (a >= b)
             continue;
         float wd = g->slot[k].two_d ? j->wd : 0.0f;
-        host_adamw_bf16(h->master + a, h->m + a, h->v + a, h->wbf + a,
-                        j->from_bf ? NULL : h->gacc + a, h->gbf + a, b - a,
-                        j->lr, j->beta1, j->beta2, j->eps, wd, j->scale,
-                        j->t);
+        if (j->spec) /* speculative: old state kept, new in the second */
+            host_adamw_bf16_to(h->master + a, h->m + a, h->v + a,
+                               h->master2 + a, h->m2 + a, h->v2 + a,
+                               h->wbf2 + a, j->from_bf ? NULL : h->gacc + a,
+                               h->gbf + a, b - a, j->lr, j->beta1, j->beta2,
+                               j->eps, wd, j->scale, j->t);
+        else
+            host_adamw_bf16(h->master + a, h->m + a, h->v + a, h->wbf + a,
+                            j->from_bf ? NULL : h->gacc + a, h->gbf + a,
+                            b - a, j->lr, j->beta1, j->beta2, j->eps, wd,
+                            j->scale, j->t);
     }
 }
 
@@ -236,7 +243,28 @@ static void wait_accums_(gpt_cuda *g)
             pthread_cond_wait(&o->cv_done, &o->mu);
 }
 
-void off_wait_idle_(gpt_cuda *g)
+/* Forget the speculative updates not yet kept or redone (a step that
+ * never reached off_adamw_, or state read in the middle of one): their
+ * second buffers are simply not used; the slot's step count goes back and
+ * it is updated again by off_adamw_ if that comes. Lock held; waits for
+ * the slots' jobs. */
+static void spec_drop_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    for (int s = g->n_res; o->hs && s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        if (!h->spec)
+            continue;
+        while (h->adam_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        g->adam_t_slot[s] = h->spec_t;
+        h->spec = h->updated = 0;
+    }
+}
+
+/* drop: forget unresolved speculation (off_wait_idle_); off_fini_ may
+ * run after the host slots are freed, so it does not */
+static void wait_idle_(gpt_cuda *g, int drop)
 {
     offload_rt_ *o = &g->off;
     if (!o->enabled)
@@ -244,7 +272,14 @@ void off_wait_idle_(gpt_cuda *g)
     pthread_mutex_lock(&o->mu);
     while (o->q_n > 0 || o->running > 0)
         pthread_cond_wait(&o->cv_done, &o->mu);
+    if (drop)
+        spec_drop_(g);
     pthread_mutex_unlock(&o->mu);
+}
+
+void off_wait_idle_(gpt_cuda *g)
+{
+    wait_idle_(g, 1);
 }
 
 void off_refresh_bf16_(gpt_cuda *g, int s)
@@ -271,6 +306,7 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
     if (o->n_staging > TIMING_RING / 2) /* harvest_ needs a started oldest */
         o->n_staging = TIMING_RING / 2;
     o->n_threads = cfg->host_threads < 1 ? 1 : cfg->host_threads;
+    o->speculative = cfg->speculative != 0;
     CUDA_CHECK(cudaGetDevice(&o->device));
     size_t per = ceil_div(g->slot_size, (size_t)o->n_threads);
     per = ceil_div(per, 64) * 64;
@@ -327,7 +363,7 @@ void off_fini_(gpt_cuda *g)
     offload_rt_ *o = &g->off;
     if (!o->enabled)
         return;
-    off_wait_idle_(g);
+    wait_idle_(g, 0);
     pthread_mutex_lock(&o->mu);
     o->quit = 1;
     pthread_cond_broadcast(&o->cv_job);
@@ -402,6 +438,60 @@ int off_set_staging_(gpt_cuda *g, int on)
 
 /* ------------------------------------------------------------ host slots */
 
+/* The second buffers of host slot h (ss elements each): fp32 master, m, v
+ * (ordinary memory) and the bf16 copy (pinned when cudaHostAlloc allows).
+ * 0, or -1 with a message (nothing left allocated). */
+static int spec_alloc_(offload_rt_ *o, hslot_ *h, size_t ss, int slot)
+{
+    h->alt = (float *)calloc(3 * ss, sizeof(float));
+    if (!h->alt) {
+        fprintf(stderr, "gpt_cuda: out of host memory for the speculative "
+                        "update's second buffers of slot %d (%.1f MiB); "
+                        "offload.speculative: off does without\n", slot,
+                3.0 * ss * sizeof(float) / 1048576.0);
+        return -1;
+    }
+    size_t b = ss * sizeof(uint16_t);
+    if (cudaHostAlloc((void **)&h->pin2, b, cudaHostAllocPortable) ==
+        cudaSuccess) {
+        h->pinned2 = 1;
+        memset(h->pin2, 0, b);
+    } else {
+        (void)cudaGetLastError();
+        h->pin2 = (uint16_t *)calloc(ss, sizeof(uint16_t));
+        if (!h->pin2) {
+            free(h->alt);
+            h->alt = NULL;
+            return -1;
+        }
+    }
+    h->master2 = h->alt;
+    h->m2 = h->alt + ss;
+    h->v2 = h->alt + 2 * ss;
+    h->wbf2 = h->pin2;
+    o->spec_bytes += 3 * ss * sizeof(float) + b;
+    if (h->pinned2)
+        o->spec_pinned_bytes += b;
+    return 0;
+}
+
+static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
+{
+    size_t b = ss * sizeof(uint16_t);
+    if (!h->alt)
+        return;
+    if (h->pinned2) {
+        CUDA_CHECK(cudaFreeHost(h->pin2));
+        o->spec_pinned_bytes -= b;
+    } else {
+        free(h->pin2);
+    }
+    free(h->alt);
+    o->spec_bytes -= 3 * ss * sizeof(float) + b;
+    h->alt = NULL;
+    h->pin2 = NULL;
+}
+
 hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
 {
     offload_rt_ *o = &g->off;
@@ -427,10 +517,17 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
             *failed = 1;
             return NULL;
         }
+        h->blk = h->master;
         h->m = h->master + ss;
         h->v = h->master + 2 * ss;
         h->gacc = h->master + 3 * ss;
         size_t pin = 2 * ss * sizeof(uint16_t);
+        if (o->speculative && spec_alloc_(o, h, ss, n_res + i) != 0) {
+            free(h->master);
+            off_free_slots_(g, hs, i);
+            *failed = 1;
+            return NULL;
+        }
         if (cudaHostAlloc((void **)&h->wbf, pin, cudaHostAllocPortable) ==
             cudaSuccess) {
             h->pinned = 1;
@@ -439,6 +536,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
             (void)cudaGetLastError(); /* clear it: pageable still works */
             h->wbf = (uint16_t *)calloc(2 * ss, sizeof(uint16_t));
             if (!h->wbf) {
+                spec_free_(o, h, ss);
                 free(h->master);
                 off_free_slots_(g, hs, i);
                 *failed = 1;
@@ -452,6 +550,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
                         pin / 1048576.0, n_res + i);
             o->warned_pin = 1;
         }
+        h->pin = h->wbf;
         h->gbf = h->wbf + ss;
         h->ssq = (double *)calloc(ceil_div(ss, o->chunk), sizeof(double));
         if (!h->ssq) {
@@ -459,6 +558,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
                 CUDA_CHECK(cudaFreeHost(h->wbf));
             else
                 free(h->wbf);
+            spec_free_(o, h, ss);
             free(h->master);
             off_free_slots_(g, hs, i);
             *failed = 1;
@@ -483,15 +583,16 @@ void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n)
         return;
     for (int i = 0; i < n; i++) {
         hslot_ *h = &hs[i];
-        if (!h->master)
+        if (!h->blk)
             continue;
         if (h->pinned) {
-            CUDA_CHECK(cudaFreeHost(h->wbf));
+            CUDA_CHECK(cudaFreeHost(h->pin));
             o->pinned_bytes -= pin;
         } else {
-            free(h->wbf);
+            free(h->pin);
         }
-        free(h->master);
+        spec_free_(o, h, ss);
+        free(h->blk);
         free(h->ssq);
         CUDA_CHECK(cudaEventDestroy(h->d2h_start));
         CUDA_CHECK(cudaEventDestroy(h->drained));
@@ -675,7 +776,12 @@ void off_leave_(gpt_cuda *g, int p)
     job.first = !h->touched;
     job.final = I->final;
     job.from_bf = job.first && job.final;
-    job.adam = I->final && o->early;
+    job.adam = I->final && (o->early || o->speculate);
+    if (job.adam && !o->early) { /* unclipped, into the second buffers */
+        job.spec = 1;
+        h->spec = 1;
+        h->spec_t = g->adam_t_slot[s];
+    }
     if (job.adam) {
         job.lr = o->lr;
         job.beta1 = o->beta1;
@@ -708,6 +814,7 @@ void off_step_begin_(gpt_cuda *g)
     offload_rt_ *o = &g->off;
     pthread_mutex_lock(&o->mu);
     wait_accums_(g);
+    spec_drop_(g); /* the last step did not reach off_adamw_ */
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         h->touched = h->updated = h->sumsq_done = 0;
@@ -774,6 +881,38 @@ void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
     j.wd = wd;
     j.scale = scale;
     pthread_mutex_lock(&o->mu);
+    /* speculative updates: the unclipped update has the clipped one's bits
+     * exactly when the scale is 1: then swap the buffers in; else redo it
+     * from the old state (unchanged: the speculation wrote the second
+     * buffers) with the true scale and the same step count */
+    int kept = scale == 1.0f;
+    if (o->speculate) {
+        o->spec_steps++;
+        o->redo_steps += !kept;
+    }
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        if (!h->spec)
+            continue;
+        while (h->adam_jobs > 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        h->spec = 0;
+        if (kept) {
+            float *f;
+            uint16_t *w;
+            f = h->master; h->master = h->master2; h->master2 = f;
+            f = h->m; h->m = h->m2; h->m2 = f;
+            f = h->v; h->v = h->v2; h->v2 = f;
+            w = h->wbf; h->wbf = h->wbf2; h->wbf2 = w;
+            continue;
+        }
+        j.slot = s;
+        j.from_bf = h->g_in_bf;
+        j.t = h->spec_t + 1; /* = adam_t_slot[s], taken by the speculation */
+        queue_chunks_(g, &j);
+        o->spec_restores++;
+    }
+    o->speculate = 0;
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         if (h->updated)
@@ -818,5 +957,10 @@ void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st)
     st->stall_s = o->stall_ms * 1e-3;
     st->accum_s = o->accum_s;
     st->adam_s = o->adam_s;
+    st->spec_bytes = o->spec_bytes;
+    st->spec_pinned_bytes = o->spec_pinned_bytes;
+    st->spec_steps = o->spec_steps;
+    st->redo_steps = o->redo_steps;
+    st->spec_restores = o->spec_restores;
     pthread_mutex_unlock(&o->mu);
 }

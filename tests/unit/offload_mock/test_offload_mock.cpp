@@ -69,7 +69,11 @@ typedef struct {
                          * 2: random resident slots only (the offloaded
                          * ones unused: their AdamW overlaps the next step) */
     int gpu_threads, delay_us;
+    int spec;           /* speculative clipped update (second buffers) */
 } config_;
+
+/* speculative steps and redone ones expected so far */
+static long spec_steps_, redo_steps_;
 
 /* the serial reference of one offloaded slot */
 typedef struct {
@@ -231,6 +235,16 @@ static void check_stats_(gpt_cuda *g, const config_ *c)
         FAIL("STATS: host %zu pinned %zu bytes, expected %zu %zu\n",
              st.host_bytes, st.pinned_bytes,
              n_off * (4 * ss * sizeof(float) + pin), n_off * pin);
+    size_t sb = c->spec ? n_off * (3 * ss * sizeof(float) + ss * 2) : 0;
+    if (st.spec_bytes != sb || st.spec_pinned_bytes != (c->spec ? n_off * ss * 2 : 0))
+        FAIL("STATS: second buffers %zu bytes (%zu pinned), expected %zu "
+             "(14 per parameter)\n", st.spec_bytes, st.spec_pinned_bytes,
+             sb);
+    if (st.spec_steps != (uint64_t)spec_steps_ ||
+        st.redo_steps != (uint64_t)redo_steps_)
+        FAIL("STATS: %llu speculative steps, %llu redone; expected %ld, "
+             "%ld\n", (unsigned long long)st.spec_steps,
+             (unsigned long long)st.redo_steps, spec_steps_, redo_steps_);
     if (st.h2d_bytes != (uint64_t)fetches_ * ss * sizeof(bf16) ||
         st.d2h_bytes != (uint64_t)drains_ * ss * sizeof(bf16))
         FAIL("STATS: h2d %llu d2h %llu bytes, expected %ld and %ld slot "
@@ -289,6 +303,11 @@ static int run_seed_(unsigned seed)
         c.map = 1;
     c.gpu_threads = 2 + (int)(r() % 2);
     c.delay_us = delays_us[r() % 4];
+    /* a stream of its own, so that each seed's other draws are what they
+     * were before speculation existed */
+    std::mt19937 r2(seed ^ 0x5bd1e995u);
+    c.spec = (int)(r2() % 2);
+    spec_steps_ = redo_steps_ = 0;
 
     gpt_cuda *g = (gpt_cuda *)calloc(1, sizeof *g);
     g->cfg.n_layer = c.L;
@@ -303,9 +322,9 @@ static int run_seed_(unsigned seed)
                         : (int)(r() % (unsigned)(c.map == 1 ? c.S : c.n_res));
     size_t ss = g->slot_size;
     printf("seed %u: L=%d S=%d C=%d slot=%zu (used %zu) n_res=%d "
-           "staging=%d threads=%d M=%d gpu_threads=%d delay=%dus map=",
-           seed, c.L, c.S, c.C, ss, used_, c.n_res, c.n_staging, c.threads,
-           c.M, c.gpu_threads, c.delay_us);
+           "staging=%d threads=%d M=%d gpu_threads=%d delay=%dus spec=%d "
+           "map=", seed, c.L, c.S, c.C, ss, used_, c.n_res, c.n_staging,
+           c.threads, c.M, c.gpu_threads, c.delay_us, c.spec);
     for (int l = 0; l < c.L; l++)
         printf("%d", g->slot_of[l]);
     printf("\n");
@@ -313,7 +332,7 @@ static int run_seed_(unsigned seed)
     /* gpt_cuda_create_offload */
     mock_start(seed, c.gpu_threads, c.delay_us);
     CUDA_CHECK(cudaStreamCreate(&g->stream));
-    gpt_cuda_offload oc = {c.n_res, c.n_staging, c.threads};
+    gpt_cuda_offload oc = {c.n_res, c.n_staging, c.threads, c.spec};
     if (off_init_(g, &oc) != 0) {
         FAIL("off_init_ failed\n");
         return 1;
@@ -361,10 +380,17 @@ static int run_seed_(unsigned seed)
          * (as tests/gpu/test_offload.cu around a delink) */
         int discard = step < c.steps - 1 && r() % 5 == 0;
         float max_norm = early ? 0.0f : (r() % 2 ? 1e-3f : 100.0f);
+        /* failed: a clipped step whose last microbatch ran (its
+         * speculative updates queued) but that never reaches adamw, as
+         * when its norm is not finite */
+        int failed = !early && !discard && step < c.steps - 1 &&
+                     r2() % 5 == 0;
         g->off.early = 0; /* gpt_cuda_zero_grad */
+        g->off.speculate = 0;
         if (off)
             off_step_begin_(g);
         g->off.early = max_norm <= 0.0f;
+        g->off.speculate = !g->off.early && g->off.speculative && off;
         g->off.lr = lr;
         g->off.beta1 = b1;
         g->off.beta2 = b2;
@@ -391,6 +417,13 @@ static int run_seed_(unsigned seed)
         }
         if (discard)
             continue;
+        if (failed) {
+            if (r2() % 2) { /* a checkpoint read after the failed step */
+                synchronize_(g);
+                check_state_(g, "after a failed step", step);
+            }
+            continue;
+        }
         double rtot = 0.0;
         for (int s = c.n_res; s < c.S; s++)
             for (size_t i = 0; i < ss; i++)
@@ -424,6 +457,10 @@ static int run_seed_(unsigned seed)
         float norm = sqrtf((float)tot), scale = 1.0f;
         if (max_norm > 0.0f && norm > max_norm)
             scale = max_norm / norm;
+        if (off && g->off.speculate) {
+            spec_steps_++;
+            redo_steps_ += scale != 1.0f;
+        }
         if (off)
             off_adamw_(g, lr, b1, b2, eps, wd, scale);
         for (int s = c.n_res; s < c.S; s++) {
