@@ -28,6 +28,12 @@ typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
+    /* Testing seam (tests/fuzz/fuzz_dispatch.c): no worker thread and no
+     * active run. Nothing trains; commands see every run as the DB has it
+     * (a queued run can be stopped, others are refused), so the request
+     * handlers run against a state DB without the trainer. m6d never sets
+     * it (0: the worker starts as always). */
+    int no_worker;
 } coord_config;
 
 
