@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard fuzz_dispatch fuzz_ckpt fuzz_llmc)
 build=${M6_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang >/dev/null ||
@@ -41,7 +41,7 @@ for t in "${targets[@]}"; do
 done
 
 work=$(mktemp -d)
-trap 'rm -rf "$work" /tmp/m6fuzz-shard-*' EXIT
+trap 'rm -rf "$work" /tmp/m6fuzz-shard-* /tmp/m6fuzz-dispatch-* /dev/shm/m6fuzz-dispatch-* /tmp/m6fuzz-ckpt-* /tmp/m6fuzz-llmc-*' EXIT
 total=0 crashes=0 summary=""
 for t in "${targets[@]}"; do
     mkdir -p "$work/$t/corpus" "$work/$t/crashes"
