@@ -40,7 +40,7 @@
 
 #define SEP "\n--m6fuzz--\n"
 
-static char dir_[64];
+static char dir_[256];
 static run_spec spec_;
 static const char *const files_[3] = {"meta.json", "model.safetensors",
                                       "optimizer.safetensors"};
@@ -82,18 +82,19 @@ static trainer *trainer_(void)
 
 static void rm_dir_(void)
 {
-    char cmd[128];
+    char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
     if (dir_[0] && system(cmd) != 0) fprintf(stderr, "fuzz_ckpt: rm %s failed\n", dir_);
 }
 
 static void setup_(void)
 {
-    snprintf(dir_, sizeof dir_, "/tmp/m6fuzz-ckpt-XXXXXX");
+    const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
+    snprintf(dir_, sizeof dir_, "%s/m6fuzz-ckpt-XXXXXX", tmp ? tmp : "/tmp");
     if (!mkdtemp(dir_)) fail_("mkdtemp", NULL);
     atexit(rm_dir_);
     log_set_level(LOG_ERROR);
-    char p[128];
+    char p[300];
     snprintf(p, sizeof p, "%s/t", dir_);
     mkdir(p, 0700);
     snprintf(p, sizeof p, "%s/t/train_0.bin", dir_);
@@ -125,13 +126,13 @@ static void write_seed_(const char *out, int steps)
         }
         if (trainer_step(t, &r, &e) != 0) fail_("trainer_step", e.msg);
     }
-    char ck[128];
+    char ck[300];
     snprintf(ck, sizeof ck, "%s/seed", dir_);
     if (trainer_save(t, ck, &e) < 0) fail_("trainer_save", e.msg);
     FILE *o = fopen(out, "wb");
     if (!o) fail_("cannot write", out);
     for (int i = 0; i < 3; i++) {
-        char p[256];
+        char p[400];
         snprintf(p, sizeof p, "%s/%s", ck, files_[i]);
         FILE *f = fopen(p, "rb");
         if (!f) fail_("trainer_save left no", p);
@@ -161,14 +162,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char ck[128];
+    char ck[300];
     snprintf(ck, sizeof ck, "%s/ck", dir_);
     const uint8_t *p = data, *end = data + size;
     for (int i = 0; i < 3; i++) {
         const uint8_t *q = i < 2 ? memmem(p, (size_t)(end - p), SEP, strlen(SEP))
                                  : NULL;
         const uint8_t *stop = q ? q : end;
-        char path[256];
+        char path[400];
         snprintf(path, sizeof path, "%s/%s", ck, files_[i]);
         FILE *f = fopen(path, "wb");
         if (!f) fail_("cannot write", path);

@@ -38,7 +38,7 @@
 #include "m6.pb-c.h"
 #include "state/state.h"
 
-static char dir_[64];
+static char dir_[512];
 static state *st_;
 static coord *co_;
 static int dirty_ = 1;
@@ -53,7 +53,7 @@ static void at_exit_(void)
     if (st_) state_close(st_);
     co_ = NULL;
     st_ = NULL;
-    char cmd[160];
+    char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
     if (dir_[0] && system(cmd) != 0) fprintf(stderr, "fuzz_dispatch: rm %s failed\n", dir_);
 }
@@ -73,7 +73,7 @@ static void teardown_(void)
     if (st_) state_close(st_);
     co_ = NULL;
     st_ = NULL;
-    char cmd[160];
+    char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf %s/m6.db* %s/runs", dir_, dir_);
     if (system(cmd) != 0) fail_("could not clear the state dir");
 }
@@ -107,21 +107,23 @@ static void setup_(void)
     if (!dir_[0]) {
         /* tmpfs where there is one: m6.db is made afresh often */
         struct stat sb;
-        const char *base = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode)
-                               ? "/dev/shm" : "/tmp";
+        const char *base = getenv("TMPDIR");  /* run.sh: its own */
+        if (!base)
+            base = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode)
+                       ? "/dev/shm" : "/tmp";
         snprintf(dir_, sizeof dir_, "%s/m6fuzz-dispatch-XXXXXX", base);
         if (!mkdtemp(dir_)) fail_("mkdtemp");
         log_set_level(LOG_ERROR);  /* every refusal logs at info */
         atexit(at_exit_);
     }
     teardown_();
-    char db[128], runs[128], err[512];
+    char db[600], runs[600], err[512];
     snprintf(db, sizeof db, "%s/m6.db", dir_);
     snprintf(runs, sizeof runs, "%s/runs", dir_);
     st_ = state_open(db, err, sizeof err);
     if (!st_) fail_(err);
     int64_t a = run_("alpha", RUN_COMPLETED, 12, NULL);
-    char ck[192];
+    char ck[700];
     snprintf(ck, sizeof ck, "%s/runs/%lld/step-12", dir_, (long long)a);
     state_checkpoint_add(st_, a, 12, ck, 4096);
     state_event(st_, a, "completed", "step=12");

@@ -20,11 +20,15 @@
 
 #include "client/export.h"
 
-static char path_[64];
+static char path_[512];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!path_[0]) snprintf(path_, sizeof path_, "/tmp/m6fuzz-llmc-%d.bin", (int)getpid());
+    if (!path_[0]) {
+        const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
+        snprintf(path_, sizeof path_, "%s/m6fuzz-llmc-%d.bin", tmp ? tmp : "/tmp",
+                 (int)getpid());
+    }
     FILE *f = fopen(path_, "wb");
     if (!f) return 0;
     fwrite(data, 1, size, f);

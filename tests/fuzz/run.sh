@@ -40,8 +40,13 @@ for t in "${targets[@]}"; do
         { echo "fuzz: building $t failed:"; tail -30 "$build/ninja-$t.log"; exit 1; }
 done
 
-work=$(mktemp -d)
-trap 'rm -rf "$work" /tmp/m6fuzz-shard-* /tmp/m6fuzz-dispatch-* /dev/shm/m6fuzz-dispatch-* /tmp/m6fuzz-ckpt-* /tmp/m6fuzz-llmc-*' EXIT
+# tmpfs where there is one: fuzz_dispatch makes m6.db afresh often
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then work=$(mktemp -d -p /dev/shm); else work=$(mktemp -d); fi
+trap 'rm -rf "$work"' EXIT
+# the targets' scratch files (TMPDIR) go in here, so two runs at once
+# (the test and bench/fuzz.sh) never remove each other's
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp
 total=0 crashes=0 summary=""
 for t in "${targets[@]}"; do
     mkdir -p "$work/$t/corpus" "$work/$t/crashes"
