@@ -672,12 +672,12 @@ int weights_read_llmc(m6_weights *w, const char *path, char *err,
     model_config cfg = {.vocab_size = V, .n_layer = L, .n_head = NH,
                         .n_embd = C, .seq_len = maxT, .moe_prototypes = 1,
                         .moe_every = 1};
-    if (weights_alloc_(w, &cfg, L, err, errlen) != 0) {
-        fclose(f);
-        return -1;
-    }
-    snprintf(w->phase, sizeof w->phase, "real");
-    size_t esz = version == 3 ? 4 : 2, nf = llmc_floats_(w, Vp);
+    /* The size the header implies, checked before allocating the model:
+     * a header's dimensions alone may ask for terabytes (found by
+     * tests/fuzz/fuzz_llmc). */
+    m6_weights probe = {.cfg = cfg};
+    gpt_layout(&cfg, probe.glob, probe.slot, &probe.n_global, &probe.slot_size);
+    size_t esz = version == 3 ? 4 : 2, nf = llmc_floats_(&probe, Vp);
     unsigned long long want = sizeof hdr + (unsigned long long)nf * esz;
     if ((unsigned long long)st.st_size != want) {
         snprintf(err, errlen, "%s: %s: %lld bytes, the header's model (maxT %d, "
@@ -685,8 +685,14 @@ int weights_read_llmc(m6_weights *w, const char *path, char *err,
                  path, (unsigned long long)st.st_size < want ? "truncated"
                  : "trailing bytes after the parameters",
                  (long long)st.st_size, maxT, V, Vp, L, C, version, want);
-        goto fail;
+        fclose(f);
+        return -1;
     }
+    if (weights_alloc_(w, &cfg, L, err, errlen) != 0) {
+        fclose(f);
+        return -1;
+    }
+    snprintf(w->phase, sizeof w->phase, "real");
     unsigned char *raw = malloc(nf * esz);
     float *all = malloc(nf * sizeof(float));
     if (!raw || !all || fread(raw, esz, nf, f) != nf) {

@@ -56,6 +56,12 @@ typedef struct {
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
     const coord_dist *dist; /* runs across nodes; NULL: world size 1 only
                              * (kept by pointer: the caller's) */
+    /* Testing seam (tests/fuzz/fuzz_dispatch.c): no worker thread and no
+     * active run. Nothing trains; commands see every run as the DB has it
+     * (a queued run can be stopped, others are refused), so the request
+     * handlers run against a state DB without the trainer. m6d never sets
+     * it (0: the worker starts as always). */
+    int no_worker;
 } coord_config;
 
 

@@ -19,13 +19,15 @@
 
 #include "train/data.h"
 
-static char dir_[64];
+static char dir_[512];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     if (!dir_[0]) {
-        snprintf(dir_, sizeof dir_, "/tmp/m6fuzz-shard-%d", (int)getpid());
+        const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
+        snprintf(dir_, sizeof dir_, "%s/m6fuzz-shard-%d", tmp ? tmp : "/tmp",
+                 (int)getpid());
         (void)mkdir(dir_, 0700);
     }
     int vocab = 1 + data[0] * 256;

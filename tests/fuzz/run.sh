@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard fuzz_dispatch fuzz_ckpt fuzz_llmc)
 build=${M6_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang >/dev/null ||
@@ -40,8 +40,13 @@ for t in "${targets[@]}"; do
         { echo "fuzz: building $t failed:"; tail -30 "$build/ninja-$t.log"; exit 1; }
 done
 
-work=$(mktemp -d)
-trap 'rm -rf "$work" /tmp/m6fuzz-shard-*' EXIT
+# tmpfs where there is one: fuzz_dispatch makes m6.db afresh often
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then work=$(mktemp -d -p /dev/shm); else work=$(mktemp -d); fi
+trap 'rm -rf "$work"' EXIT
+# the targets' scratch files (TMPDIR) go in here, so two runs at once
+# (the test and bench/fuzz.sh) never remove each other's
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp
 total=0 crashes=0 summary=""
 for t in "${targets[@]}"; do
     mkdir -p "$work/$t/corpus" "$work/$t/crashes"
