@@ -95,9 +95,14 @@ static int alloc_acts_(gpt_cuda *g)
     size_t s3 = attention_backward_scratch_floats((int)B, (int)T, (int)NH);
     if (s2 > scratch) scratch = s2;
     if (s3 > scratch) scratch = s3;
-    /* attention on the tensor cores where the head size and T allow it */
-    size_t att_ws = g->att_flash ? 0 : attention_gemm_workspace_bytes(
-                                            (int)B, (int)T, (int)C, (int)NH);
+    /* attention: the tensor-core flash kernels where the head size allows
+     * them (no workspace), else cuBLASLt where the head size and T allow
+     * it (attention_impl_cuda) */
+    int att_gemm = !g->att_flash &&
+                   attention_impl_cuda((int)C, (int)NH) == ATT_IMPL_GEMM;
+    size_t att_ws = att_gemm ? attention_gemm_workspace_bytes(
+                                   (int)B, (int)T, (int)C, (int)NH)
+                             : 0;
     gpt_cuda_act_ops ops = {scratch, att_ws,
                             grad_sumsq_scratch_floats() + RED_NSCALARS,
                             encoder_plan_ints((int)BT)};
@@ -234,10 +239,15 @@ static int choose_paths_(gpt_cuda *g)
             if (alloc_acts_(g) != 0)
                 return -1;
         }
+    } else if (attention_impl_cuda(C, NH) == ATT_IMPL_TC) {
+        fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
+                        "kernels on the tensor cores\n", g->B, T, C / NH);
     } else {
         fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
-                        "kernels (no tensor-core path for this shape)\n",
-                g->B, T, C / NH);
+                        "kernels on the CUDA cores (%s)\n", g->B, T, C / NH,
+                attention_impl_cuda(C, NH) == ATT_IMPL_CORE
+                    ? "M6_ATTENTION=core"
+                    : "no tensor-core path for this shape");
     }
     /* one slot's weights as a layer sees them: its resident slot, or a
      * staging buffer (all alike: whole allocations) */
