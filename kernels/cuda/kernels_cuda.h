@@ -283,6 +283,18 @@ void softmax_crossentropy_backward_cuda(bf16 *dlogits, const bf16 *logits,
                                         const float *dlosses, int N, int V,
                                         int Vp, cudaStream_t stream);
 
+/* The fused classifier: for each row i of logits (N,Vp) bf16 (the first V
+ * columns valid, the padding never read), in one kernel: losses[i] (fp32,
+ * nats) as softmax_crossentropy_forward_cuda, and dlogits = (softmax -
+ * onehot(targets[i])) * dloss written IN PLACE over the row's logits, 0 in
+ * [V,Vp): forward + backward of the loss when every row's dloss is the
+ * same (the mean loss's 1/(B T), times any loss scale). targets in
+ * [0,V). */
+void softmax_crossentropy_fused_cuda(float *losses, bf16 *logits,
+                                     const int32_t *targets, float dloss,
+                                     int N, int V, int Vp,
+                                     cudaStream_t stream);
+
 /* out[0] = mean of x (n), fp32, deterministic (one block, fixed order). */
 void mean_cuda(float *out, const float *x, int n, cudaStream_t stream);
 

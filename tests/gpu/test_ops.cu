@@ -480,6 +480,58 @@ static void test_elementwise_(void)
     cudaFree(d_a); cudaFree(d_b);
 }
 
+/* The fused classifier against the CPU cross-entropy (forward losses and
+ * backward dlogits with the same dloss on every row), in place over
+ * padded logits whose padding holds garbage. Tolerances: the losses are
+ * fp32 from bf16 logits (TOL_F32); dlogits are rounded to bf16 once
+ * (TOL_BF16). */
+static void test_crossentropy_fused_(int N, int V, int Vp)
+{
+    printf("softmax_crossentropy_fused (N=%d V=%d Vp=%d)\n", N, V, Vp);
+    float *lp = hrand_((size_t)N * Vp, -4, 4);
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++)
+            lp[(size_t)i * Vp + j] = 100.0f;
+    float *logits = (float *)malloc((size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++)
+        memcpy(logits + (size_t)i * V, lp + (size_t)i * Vp, V * sizeof(float));
+    int32_t *tgt = (int32_t *)malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(urand_() * V);
+    tgt[0] = 0;         /* the first and the last column as targets */
+    tgt[N - 1] = V - 1;
+    float *losses = (float *)malloc(N * sizeof(float));
+    float *probs = (float *)malloc((size_t)N * V * sizeof(float));
+    softmax_crossentropy_forward(losses, probs, logits, tgt, N, V);
+    const float dloss = 1.0f / (3.0f * N);
+    float *dl = (float *)malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++)
+        dl[i] = dloss;
+    float *dlog = (float *)calloc((size_t)N * V, sizeof(float));
+    softmax_crossentropy_backward(dlog, probs, tgt, dl, N, V);
+
+    bf16 *d_logits = dbf_(lp, (size_t)N * Vp);
+    int32_t *d_tgt = dcopy_(tgt, N);
+    float *d_losses = dnan_f32_(N);
+    softmax_crossentropy_fused_cuda(d_losses, d_logits, d_tgt, dloss, N, V,
+                                    Vp, st);
+    float *gl = hcopy_dev_(d_losses, N), *gd = hbf_(d_logits, (size_t)N * Vp);
+    check_("crossentropy_fused losses", gl, losses, NULL, N, TOL_F32);
+    float *gdv = (float *)malloc((size_t)N * V * sizeof(float));
+    int pad_zero = 1;
+    for (int i = 0; i < N; i++) {
+        memcpy(gdv + (size_t)i * V, gd + (size_t)i * Vp, V * sizeof(float));
+        for (int j = V; j < Vp; j++)
+            pad_zero &= gd[(size_t)i * Vp + j] == 0.0f;
+    }
+    check_("crossentropy_fused dlogits", gdv, dlog, NULL, (size_t)N * V,
+           TOL_BF16);
+    check_true_("crossentropy_fused dlogits padding 0", pad_zero);
+    free(lp); free(logits); free(tgt); free(losses); free(probs); free(dl);
+    free(dlog); free(gl); free(gd); free(gdv);
+    cudaFree(d_logits); cudaFree(d_tgt); cudaFree(d_losses);
+}
+
 static void test_crossentropy_(void)
 {
     const int N = 70, V = 200, Vp = 256;
@@ -659,6 +711,8 @@ int main(void)
     test_bench_shapes_();
     test_elementwise_();
     test_crossentropy_();
+    test_crossentropy_fused_(70, 200, 256);
+    test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
     test_adamw_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));
