@@ -350,6 +350,7 @@ LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
 LINE+=" att_ms_flash_124m=$(kv train_124m att_ms_flash) att_ms_gemm_124m=$(kv train_124m att_ms_gemm)"
+LINE+=" att_ms_tc_124m=$(kv train_124m att_ms_tc) att_tc_speedup_124m=$(kv train_124m att_tc_speedup)"
 LINE+=" tok_s_124m_pseudo=$(kv train_124m_pseudo tokens_per_s) mfu_124m_pseudo=$(kv train_124m_pseudo mfu)"
 LINE+=" tok_s_350m=$(kv train_350m tokens_per_s) mfu_350m=$(kv train_350m mfu)"
 LINE+=" tok_s_1p5b_res=$(okv offload_1p5b tokens_per_s_resident)"

@@ -8,11 +8,16 @@
  * Random tokens (throughput does not depend on the data). Each step: zero
  * grads, `accum` microbatches of forward + backward, AdamW with clipping.
  * Before the model, one layer's attention forward + backward alone at the
- * model's shape, on the flash kernels and on the tensor-core path
- * (attention_gemm_*, what the model uses where the head size allows).
+ * model's shape on each path: the flash kernels on the tensor cores
+ * (attention_tc_*, what the model uses where the head size allows), the
+ * flash kernels on the CUDA cores (attention_core_*) and the cuBLASLt path
+ * (attention_gemm_*, the model's previous path).
  * Exit 77 without a CUDA device. Ends with one line:
  *   tokens_per_s=… ms_per_step=… mfu=… mfu_vs_gemm=… gemm_tflops=… loss=…
- *   att_ms_flash=… att_ms_gemm=… att_speedup=…
+ *   att_ms_flash=… att_ms_gemm=… att_speedup=… att_ms_tc=… att_tc_speedup=…
+ * (att_ms_flash: the CUDA-core flash kernels; att_speedup = flash / gemm;
+ * att_tc_speedup = the previous path (gemm where offered, else the
+ * CUDA-core kernels) / tc.)
  */
 #include <getopt.h>
 #include <math.h>
@@ -130,12 +135,17 @@ static double gemm_peak_tflops_(int n, int reps)
 }
 
 /* Milliseconds of one attention forward + backward of one layer at the
- * model's (B, T, C, NH), best of `reps` after a warm-up: the flash kernels
- * (gemm 0) or the tensor-core path (gemm 1; -1 when the shape has none). */
-static double attention_ms_(int gemm, int B, int T, int C, int NH, int reps)
+ * model's (B, T, C, NH), best of `reps` after a warm-up, on path `impl`:
+ * ATT_IMPL_TC (the tensor-core flash kernels; -1 for a head size they
+ * lack), ATT_IMPL_CORE (the CUDA-core flash kernels) or ATT_IMPL_GEMM
+ * (cuBLASLt; -1 when the shape has none). */
+static double attention_ms_(int impl, int B, int T, int C, int NH, int reps)
 {
+    int gemm = impl == ATT_IMPL_GEMM, hs = C / NH;
     size_t wsb = attention_gemm_workspace_bytes(B, T, C, NH);
     if (gemm && !wsb)
+        return -1;
+    if (impl == ATT_IMPL_TC && hs != 32 && hs != 64 && hs != 80 && hs != 128)
         return -1;
     size_t n3 = (size_t)B * T * 3 * C, nc = (size_t)B * T * C;
     bf16 *qkv, *out, *dout, *dqkv;
@@ -171,10 +181,14 @@ static double attention_ms_(int gemm, int B, int T, int C, int NH, int reps)
                                         st);
             attention_gemm_backward_cuda(dqkv, scr, ws, wsb, dout, qkv, out,
                                          lse, B, T, C, NH, st);
+        } else if (impl == ATT_IMPL_TC) {
+            attention_tc_forward_cuda(out, lse, qkv, B, T, C, NH, st);
+            attention_tc_backward_cuda(dqkv, scr, dout, qkv, out, lse, B, T,
+                                       C, NH, st);
         } else {
-            attention_forward_cuda(out, lse, qkv, B, T, C, NH, st);
-            attention_backward_cuda(dqkv, scr, dout, qkv, out, lse, B, T, C,
-                                    NH, st);
+            attention_core_forward_cuda(out, lse, qkv, B, T, C, NH, st);
+            attention_core_backward_cuda(dqkv, scr, dout, qkv, out, lse, B,
+                                         T, C, NH, st);
         }
         CUDA_CHECK(cudaStreamSynchronize(st));
         double dt = (now_() - t0) * 1e3;
@@ -199,8 +213,9 @@ static void usage_(void)
            "  --share S     parameter slots (L = Real model, 1 = Pseudo)\n"
            "  --steps N     timed steps (10)   --warmup N  untimed steps (3)\n"
            "  --peak-n N    size of the square GEMM for the peak (8192)\n"
-           "  --att-reps N  attention alone, flash kernels vs tensor cores,\n"
-           "                best of N (5; 0 skips)\n");
+           "  --att-reps N  attention alone on each path (tensor-core and\n"
+           "                CUDA-core flash kernels, cuBLASLt), best of N\n"
+           "                (5; 0 skips)\n");
 }
 
 int main(int argc, char **argv)
@@ -240,16 +255,26 @@ int main(int argc, char **argv)
 
     /* one layer's attention (6 B T^2 C FLOPs forward + backward, the
      * causal half, as the model FLOPs count it) on both paths */
-    double att_flash = -1, att_gemm = -1;
+    double att_flash = -1, att_gemm = -1, att_tc = -1;
     if (att_reps > 0) {
         double fl = 6.0 * B * (double)c.seq_len * c.seq_len * c.n_embd;
-        att_flash = attention_ms_(0, B, c.seq_len, c.n_embd, c.n_head,
-                                  att_reps);
-        att_gemm = attention_ms_(1, B, c.seq_len, c.n_embd, c.n_head,
-                                 att_reps);
+        att_tc = attention_ms_(ATT_IMPL_TC, B, c.seq_len, c.n_embd,
+                               c.n_head, att_reps);
+        att_flash = attention_ms_(ATT_IMPL_CORE, B, c.seq_len, c.n_embd,
+                                  c.n_head, att_reps);
+        att_gemm = attention_ms_(ATT_IMPL_GEMM, B, c.seq_len, c.n_embd,
+                                 c.n_head, att_reps);
+        if (att_tc > 0)
+            printf("gpu_train: one layer's attention forward + backward: "
+                   "flash kernels on the tensor cores %.2f ms (%.1f "
+                   "TFLOP/s)\n", att_tc, fl / att_tc / 1e9);
+        else
+            printf("gpu_train: one layer's attention forward + backward: "
+                   "no tensor-core flash kernels for head size %d\n",
+                   c.n_embd / c.n_head);
         printf("gpu_train: one layer's attention forward + backward: flash "
-               "kernels %.2f ms (%.1f TFLOP/s), tensor cores ", att_flash,
-               fl / att_flash / 1e9);
+               "kernels on the CUDA cores %.2f ms (%.1f TFLOP/s), cuBLASLt ",
+               att_flash, fl / att_flash / 1e9);
         if (att_gemm > 0)
             printf("%.2f ms (%.1f TFLOP/s): %.2fx\n", att_gemm,
                    fl / att_gemm / 1e9, att_flash / att_gemm);
@@ -324,9 +349,17 @@ int main(int argc, char **argv)
     else if (att_flash > 0)
         snprintf(att, sizeof att, "att_ms_flash=%.3f att_ms_gemm=na "
                  "att_speedup=na", att_flash);
+    /* the tensor-core kernels against the model's previous path */
+    double prev = att_gemm > 0 ? att_gemm : att_flash;
+    char tc[96] = "att_ms_tc=na att_tc_speedup=na";
+    if (att_tc > 0 && prev > 0)
+        snprintf(tc, sizeof tc, "att_ms_tc=%.3f att_tc_speedup=%.2f", att_tc,
+                 prev / att_tc);
+    else if (att_tc > 0)
+        snprintf(tc, sizeof tc, "att_ms_tc=%.3f att_tc_speedup=na", att_tc);
     printf("tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f mfu_vs_gemm=%.4f "
-           "gemm_tflops=%.1f loss=%.4f %s\n", tok_s, dt / steps * 1e3, mfu,
-           mfu_gemm, peak, loss, att);
+           "gemm_tflops=%.1f loss=%.4f %s %s\n", tok_s, dt / steps * 1e3,
+           mfu, mfu_gemm, peak, loss, att, tc);
     free(inp);
     free(tgt);
     gpt_cuda_free(g);

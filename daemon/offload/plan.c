@@ -79,6 +79,16 @@ static size_t cuda_att_ws_(size_t B, size_t T, size_t C, size_t NH)
 {
     if (C % NH || (C / NH) % 8)
         return 0;
+    /* attention.cu attention_impl_cuda: no workspace on the tensor-core
+     * flash kernels (head size 32, 64, 80, 128) nor with
+     * M6_ATTENTION=core; M6_ATTENTION=gemm keeps the cuBLASLt path */
+    const char *impl = getenv("M6_ATTENTION");
+    size_t hs = C / NH;
+    if (impl && strcmp(impl, "core") == 0)
+        return 0;
+    if (!(impl && strcmp(impl, "gemm") == 0) &&
+        (hs == 32 || hs == 64 || hs == 80 || hs == 128))
+        return 0;
     size_t per = T * (ceil_div_(T, 8) * 8) * (4 + 4 + 2);
     if (per > CUDA_ATT_WS_CAP_)
         return 0; /* one item does not fit: the flash kernels */

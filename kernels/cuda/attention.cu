@@ -27,6 +27,10 @@
  * output element is written by one thread: deterministic, no atomics.
  */
 #include "common.cuh"
+#include "attention_mma.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* Tile sizes per head size: rows per block (threads) and rows per streamed
  * tile, chosen so the static shared memory stays under 48 KiB. */
@@ -295,7 +299,363 @@ __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
     }
 }
 
-/* ------------------------------------------------- the tensor-core path */
+/* ------------------------------------- the flash kernels on tensor cores */
+
+/* FlashAttention-2 (Dao 2023) on mma.sync m16n8k16 (attention_mma.cuh):
+ * bf16 Q, K, V, dO; fp32 accumulators; a block of 4 warps owns 64 rows
+ * (queries in forward and dq, keys in dk/dv), 16 per warp, whose operand
+ * fragments stay in registers; the other side's rows stream through
+ * shared memory in tiles that all 4 warps read. Shared tiles hold bf16
+ * pairs as 32-bit words (rows padded by 8 bf16: the 8 row groups of a
+ * fragment load fall in distinct banks).
+ *  - forward: per key tile S = scale Q K^T, masked, online softmax on the
+ *    accumulators (each thread owns 2 rows, 2 of 8 columns per tile; the
+ *    row max and sum over the 4 lanes of a quad by shuffles), O rescaled,
+ *    P packed to bf16 in registers as the A operand of O += P V; at the
+ *    end O / l and lse = m + log l.
+ *  - backward: D = rowsum(dO o O) (attn_backward_d_kernel); one kernel
+ *    per key block (dK, dV: S^T = K Q^T and dP^T = V dO^T, P^T from the
+ *    saved lse, dS^T = P^T (dP^T - D); dV += P^T dO, dK += dS^T Q) and
+ *    one per query block (dQ += dS K, S and dP recomputed): each output
+ *    element written by one thread, no atomics, deterministic.
+ * Causal: tiles wholly above the diagonal are skipped (not loaded in
+ * forward and dq, not computed by a warp whose rows they do not reach);
+ * only tiles that straddle the diagonal or pass T are masked. */
+
+template <int HS> struct tc_tiles {
+    static_assert(HS % 16 == 0, "tensor-core attention: HS % 16 == 0");
+    static constexpr int ROWS = 64;                 /* own rows per block */
+    static constexpr int TILE = HS <= 64 ? 64 : 32; /* streamed rows, bwd */
+    static constexpr int LDW = (HS + 8) / 2;        /* shared row, words */
+};
+#define TC_THREADS 128 /* 4 warps */
+
+/* bf16 element (row, col) of a shared tile of bf16 pairs */
+template <int LDW>
+static __device__ __forceinline__ uint32_t tile_h_(const uint32_t (*s)[LDW],
+                                                   int row, int col)
+{
+    return (s[row][col >> 1] >> ((col & 1) * 16)) & 0xffffu;
+}
+
+/* rows r0.. of a (T, *) bf16 matrix (row stride ld elements, HS columns
+ * from p) into a shared tile of n rows; rows at or past T are zero */
+template <int HS, int LDW>
+static __device__ __forceinline__ void tile_load_(uint32_t (*s)[LDW],
+                                                  const bf16 *p, size_t ld,
+                                                  int r0, int n, int T)
+{
+    for (int i = threadIdx.x; i < n * (HS / 2); i += TC_THREADS) {
+        int r = i / (HS / 2), w = i % (HS / 2), row = r0 + r;
+        s[r][w] = row < T ? ld_bf16x2_(p + (size_t)row * ld + 2 * w) : 0u;
+    }
+}
+
+/* A fragments (16 rows x HS) of rows r0 + g, r0 + g + 8 of a global
+ * (T, *) bf16 matrix, zero past T */
+template <int HS>
+static __device__ __forceinline__ void frag_rows_(uint32_t a[][4],
+                                                  const bf16 *p, size_t ld,
+                                                  int r0, int T)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int ra = r0 + g, rb = r0 + g + 8;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        int col = kk * 16 + 2 * c;
+        a[kk][0] = ra < T ? ld_bf16x2_(p + (size_t)ra * ld + col) : 0u;
+        a[kk][1] = rb < T ? ld_bf16x2_(p + (size_t)rb * ld + col) : 0u;
+        a[kk][2] = ra < T ? ld_bf16x2_(p + (size_t)ra * ld + col + 8) : 0u;
+        a[kk][3] = rb < T ? ld_bf16x2_(p + (size_t)rb * ld + col + 8) : 0u;
+    }
+}
+
+/* acc[j] (16 x 8, columns j*8..) = A (registers, 16 x HS) times the
+ * transpose of NT*8 rows of a shared tile (its rows are B's columns) */
+template <int HS, int NT, int LDW>
+static __device__ __forceinline__ void mma_abt_(float acc[][4],
+                                                const uint32_t a[][4],
+                                                const uint32_t (*s)[LDW])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            uint32_t b[2] = {s[j * 8 + g][kk * 8 + c],
+                             s[j * 8 + g][kk * 8 + c + 4]};
+            mma_16816_(acc[j], a[kk], b);
+        }
+    }
+}
+
+/* acc (16 x HS) += P (accumulator tiles p[0..NT), 16 x NT*8, packed to
+ * bf16 as A operands) times NT*8 rows of a shared tile (16 x HS each) */
+template <int HS, int NT, int LDW>
+static __device__ __forceinline__ void mma_pb_(float acc[][4],
+                                               const float p[][4],
+                                               const uint32_t (*s)[LDW])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t a[4] = {pack_bf16x2_(p[2 * kk][0], p[2 * kk][1]),
+                         pack_bf16x2_(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16x2_(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                         pack_bf16x2_(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        const int k = kk * 16 + 2 * c;
+#pragma unroll
+        for (int d = 0; d < HS / 8; d++) {
+            const int n = d * 8 + g;
+            uint32_t b[2] = {tile_h_<LDW>(s, k, n) |
+                                 tile_h_<LDW>(s, k + 1, n) << 16,
+                             tile_h_<LDW>(s, k + 8, n) |
+                                 tile_h_<LDW>(s, k + 9, n) << 16};
+            mma_16816_(acc[d], a, b);
+        }
+    }
+}
+
+/* grid (ceil(T/64), NH, B), 128 threads: 16 queries per warp */
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attn_tc_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int C,
+                       int NH, float scale)
+{
+    constexpr int BQ = tc_tiles<HS>::ROWS, BK = 64, LDW = tc_tiles<HS>::LDW;
+    constexpr int NT = BK / 8, ND = HS / 8;
+    __shared__ uint32_t Ks[BK][LDW], Vs[BK][LDW];
+    const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int q0 = blockIdx.x * BQ, qw = q0 + warp * 16;
+    const int row[2] = {qw + g, qw + g + 8};
+    const size_t C3 = 3 * (size_t)C;
+    const bf16 *base = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+
+    uint32_t qa[HS / 16][4];
+    frag_rows_<HS>(qa, base, C3, qw, T);
+    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+    const int klast = min(T - 1, q0 + BQ - 1); /* no later key is seen */
+    for (int k0 = 0; k0 <= klast; k0 += BK) {
+        __syncthreads(); /* the previous tile fully used */
+        tile_load_<HS, LDW>(Ks, base + C, C3, k0, BK, T);
+        tile_load_<HS, LDW>(Vs, base + 2 * (size_t)C, C3, k0, BK, T);
+        __syncthreads();
+        if (k0 > qw + 15)
+            continue; /* above the diagonal for all of this warp's rows */
+        float s[NT][4];
+        mma_abt_<HS, NT, LDW>(s, qa, Ks);
+        const bool edge = k0 + BK - 1 > qw || k0 + BK > T;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * c + (e & 1);
+                float v = s[j][e] * scale;
+                if (edge && (key > row[e >> 1] || key >= T))
+                    v = -INFINITY;
+                s[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            /* finite: the first tile holds key 0, seen by every row */
+            float mnew = fmaxf(m[i], mx[i]);
+            corr[i] = expf(m[i] - mnew); /* 0 on the first tile */
+            m[i] = mnew;
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            o[d][0] *= corr[0]; o[d][1] *= corr[0];
+            o[d][2] *= corr[1]; o[d][3] *= corr[1];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = expf(s[j][e] - m[e >> 1]);
+                s[j][e] = p;
+                l[e >> 1] += p;
+            }
+        mma_pb_<HS, NT, LDW>(o, s, Vs);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        /* each lane summed its own columns: the row's sum over the quad */
+        float li = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        if (row[i] >= T)
+            continue;
+        float inv = 1.0f / li;
+        bf16 *dst = out + ((size_t)b * T + row[i]) * C + (size_t)h * HS;
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            dst[d * 8 + 2 * c] = st(o[d][2 * i] * inv);
+            dst[d * 8 + 2 * c + 1] = st(o[d][2 * i + 1] * inv);
+        }
+        if (c == 0)
+            lse[((size_t)b * NH + h) * T + row[i]] = m[i] + logf(li);
+    }
+}
+
+/* grid (ceil(T/64), NH, B), 128 threads: 16 keys per warp; streams the
+ * queries t >= the block's first key */
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attn_tc_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                            const float *lse, const float *Dd, int T, int C,
+                            int NH, float scale)
+{
+    constexpr int BQ = tc_tiles<HS>::TILE, LDW = tc_tiles<HS>::LDW;
+    constexpr int NT = BQ / 8, ND = HS / 8;
+    __shared__ uint32_t Qs[BQ][LDW], dOs[BQ][LDW];
+    __shared__ float Ls[BQ], Ds[BQ];
+    const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int s0 = blockIdx.x * tc_tiles<HS>::ROWS, sw = s0 + warp * 16;
+    const int key[2] = {sw + g, sw + g + 8};
+    const size_t C3 = 3 * (size_t)C;
+    const bf16 *base = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16 *dbase = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float *lse_bh = lse + ((size_t)b * NH + h) * T;
+    const float *D_bh = Dd + ((size_t)b * NH + h) * T;
+
+    uint32_t ka[HS / 16][4], va[HS / 16][4];
+    frag_rows_<HS>(ka, base + C, C3, sw, T);
+    frag_rows_<HS>(va, base + 2 * (size_t)C, C3, sw, T);
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[d][e] = dv[d][e] = 0.0f;
+
+    for (int t0 = s0; t0 < T; t0 += BQ) {
+        __syncthreads();
+        tile_load_<HS, LDW>(Qs, base, C3, t0, BQ, T);
+        tile_load_<HS, LDW>(dOs, dbase, C, t0, BQ, T);
+        for (int i = threadIdx.x; i < BQ; i += TC_THREADS) {
+            Ls[i] = t0 + i < T ? lse_bh[t0 + i] : 0.0f;
+            Ds[i] = t0 + i < T ? D_bh[t0 + i] : 0.0f;
+        }
+        __syncthreads();
+        if (t0 + BQ - 1 < sw)
+            continue; /* every query of the tile precedes these keys */
+        float p[NT][4], ds[NT][4];
+        mma_abt_<HS, NT, LDW>(p, ka, Qs);  /* S^T */
+        mma_abt_<HS, NT, LDW>(ds, va, dOs); /* dP^T */
+        const bool edge = t0 < sw + 15 || t0 + BQ > T;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = j * 8 + 2 * c + (e & 1), tq = t0 + col;
+                float pr = expf(p[j][e] * scale - Ls[col]);
+                if (edge && (tq < key[e >> 1] || tq >= T))
+                    pr = 0.0f;
+                p[j][e] = pr;
+                ds[j][e] = pr * (ds[j][e] - Ds[col]);
+            }
+        mma_pb_<HS, NT, LDW>(dv, p, dOs);
+        mma_pb_<HS, NT, LDW>(dk, ds, Qs);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (key[i] >= T)
+            continue;
+        bf16 *dst = dqkv + ((size_t)b * T + key[i]) * C3 + (size_t)h * HS;
+#pragma unroll
+        for (int d = 0; d < ND; d++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int col = d * 8 + 2 * c + e;
+                add_bf16(&dst[C + col], dk[d][2 * i + e] * scale);
+                add_bf16(&dst[2 * C + col], dv[d][2 * i + e]);
+            }
+    }
+}
+
+/* grid (ceil(T/64), NH, B), 128 threads: 16 queries per warp; streams the
+ * keys s <= the block's last query */
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attn_tc_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                           const float *lse, const float *Dd, int T, int C,
+                           int NH, float scale)
+{
+    constexpr int BK = tc_tiles<HS>::TILE, LDW = tc_tiles<HS>::LDW;
+    constexpr int NT = BK / 8, ND = HS / 8;
+    __shared__ uint32_t Ks[BK][LDW], Vs[BK][LDW];
+    const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int q0 = blockIdx.x * tc_tiles<HS>::ROWS, qw = q0 + warp * 16;
+    const int row[2] = {qw + g, qw + g + 8};
+    const size_t C3 = 3 * (size_t)C;
+    const bf16 *base = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16 *dbase = dout + (size_t)b * T * C + (size_t)h * HS;
+    float lr[2], Dr[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        size_t at = ((size_t)b * NH + h) * T + row[i];
+        lr[i] = row[i] < T ? lse[at] : 0.0f;
+        Dr[i] = row[i] < T ? Dd[at] : 0.0f;
+    }
+    uint32_t qa[HS / 16][4], da[HS / 16][4];
+    frag_rows_<HS>(qa, base, C3, qw, T);
+    frag_rows_<HS>(da, dbase, C, qw, T);
+    float dq[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+        dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+
+    const int klast = min(T - 1, q0 + tc_tiles<HS>::ROWS - 1);
+    for (int k0 = 0; k0 <= klast; k0 += BK) {
+        __syncthreads();
+        tile_load_<HS, LDW>(Ks, base + C, C3, k0, BK, T);
+        tile_load_<HS, LDW>(Vs, base + 2 * (size_t)C, C3, k0, BK, T);
+        __syncthreads();
+        if (k0 > qw + 15)
+            continue;
+        float p[NT][4], ds[NT][4];
+        mma_abt_<HS, NT, LDW>(p, qa, Ks);  /* S */
+        mma_abt_<HS, NT, LDW>(ds, da, Vs); /* dP */
+        const bool edge = k0 + BK - 1 > qw || k0 + BK > T;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int s = k0 + j * 8 + 2 * c + (e & 1), i = e >> 1;
+                float pr = expf(p[j][e] * scale - lr[i]);
+                if (edge && (s > row[i] || s >= T))
+                    pr = 0.0f;
+                ds[j][e] = pr * (ds[j][e] - Dr[i]);
+            }
+        mma_pb_<HS, NT, LDW>(dq, ds, Ks);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (row[i] >= T)
+            continue;
+        bf16 *dst = dqkv + ((size_t)b * T + row[i]) * C3 + (size_t)h * HS;
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            add_bf16(&dst[d * 8 + 2 * c], dq[d][2 * i] * scale);
+            add_bf16(&dst[d * 8 + 2 * c + 1], dq[d][2 * i + 1] * scale);
+        }
+    }
+}
+
+/* ------------------------------------------------- the cuBLASLt path   */
 
 /* The same attention with its four products on cuBLASLt (tensor cores) as
  * strided batches, the (T,T) scores in a workspace (ldT = T rounded up to
@@ -601,13 +961,45 @@ int attention_gemm_supported(void *ws, size_t ws_bytes, const bf16 *qkv,
 static void bad_head_size_(int C, int NH)
 {
     fprintf(stderr, "attention: head size C/NH = %d/%d not supported "
-                    "(need 16, 32, 64 or 128)\n", C, NH);
+                    "(need 16, 32, 64, 80 or 128)\n", C, NH);
     exit(1);
 }
 
+static int tc_head_size_(int hs)
+{
+    return hs == 32 || hs == 64 || hs == 80 || hs == 128;
+}
+
+/* $M6_ATTENTION, read once */
+static int impl_env_(void)
+{
+    static int impl = -1;
+    if (impl < 0) {
+        const char *e = getenv("M6_ATTENTION");
+        impl = ATT_IMPL_TC;
+        if (e && strcmp(e, "core") == 0)
+            impl = ATT_IMPL_CORE;
+        else if (e && strcmp(e, "gemm") == 0)
+            impl = ATT_IMPL_GEMM;
+        else if (e && *e && strcmp(e, "tc") != 0)
+            fprintf(stderr, "attention: M6_ATTENTION=%s unknown (tc, core "
+                            "or gemm): tc\n", e);
+    }
+    return impl;
+}
+
+int attention_impl_cuda(int C, int NH)
+{
+    int env = impl_env_();
+    if (env == ATT_IMPL_TC)
+        return NH > 0 && C % NH == 0 && tc_head_size_(C / NH) ? ATT_IMPL_TC
+                                                             : ATT_IMPL_GEMM;
+    return env;
+}
+
 template <int HS>
-static void forward_(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
-                     int C, int NH, cudaStream_t stream)
+static void core_forward_(bf16 *out, float *lse, const bf16 *qkv, int B,
+                          int T, int C, int NH, cudaStream_t stream)
 {
     constexpr int BQ = attn_tiles<HS>::FWD_Q;
     dim3 grid(ceil_div(T, BQ), NH, B);
@@ -617,9 +1009,9 @@ static void forward_(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
 }
 
 template <int HS>
-static void backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
-                      const bf16 *qkv, const float *lse, int B, int T, int C,
-                      int NH, cudaStream_t stream)
+static void core_backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
+                           const bf16 *qkv, const float *lse, int B, int T,
+                           int C, int NH, cudaStream_t stream)
 {
     constexpr int R = attn_tiles<HS>::BWD_ROWS;
     dim3 grid(ceil_div(T, R), NH, B);
@@ -632,18 +1024,67 @@ static void backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
     CUDA_CHECK_LAUNCH();
 }
 
+template <int HS>
+static void tc_forward_(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
+                        int C, int NH, cudaStream_t stream)
+{
+    dim3 grid(ceil_div(T, tc_tiles<HS>::ROWS), NH, B);
+    attn_tc_forward_kernel<HS><<<grid, TC_THREADS, 0, stream>>>(
+        out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)HS));
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void tc_backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
+                         const bf16 *qkv, const float *lse, int B, int T,
+                         int C, int NH, cudaStream_t stream)
+{
+    dim3 grid(ceil_div(T, tc_tiles<HS>::ROWS), NH, B);
+    float scale = 1.0f / sqrtf((float)HS);
+    attn_tc_backward_dkv_kernel<HS><<<grid, TC_THREADS, 0, stream>>>(
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+    CUDA_CHECK_LAUNCH();
+    attn_tc_backward_dq_kernel<HS><<<grid, TC_THREADS, 0, stream>>>(
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+void attention_core_forward_cuda(bf16 *out, float *lse, const bf16 *qkv,
+                                 int B, int T, int C, int NH,
+                                 cudaStream_t stream)
+{
+    if (NH <= 0 || C % NH)
+        bad_head_size_(C, NH);
+    switch (C / NH) {
+    case 16: core_forward_<16>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 32: core_forward_<32>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 64: core_forward_<64>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 80: core_forward_<80>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 128: core_forward_<128>(out, lse, qkv, B, T, C, NH, stream); break;
+    default: bad_head_size_(C, NH);
+    }
+}
+
+void attention_tc_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
+                               int T, int C, int NH, cudaStream_t stream)
+{
+    if (NH <= 0 || C % NH || !tc_head_size_(C / NH))
+        bad_head_size_(C, NH);
+    switch (C / NH) {
+    case 32: tc_forward_<32>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 64: tc_forward_<64>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 80: tc_forward_<80>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 128: tc_forward_<128>(out, lse, qkv, B, T, C, NH, stream); break;
+    }
+}
+
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
                             int T, int C, int NH, cudaStream_t stream)
 {
-    if (C % NH)
-        bad_head_size_(C, NH);
-    switch (C / NH) {
-    case 16: forward_<16>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 32: forward_<32>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 64: forward_<64>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 128: forward_<128>(out, lse, qkv, B, T, C, NH, stream); break;
-    default: bad_head_size_(C, NH);
-    }
+    if (attention_impl_cuda(C, NH) == ATT_IMPL_TC)
+        attention_tc_forward_cuda(out, lse, qkv, B, T, C, NH, stream);
+    else
+        attention_core_forward_cuda(out, lse, qkv, B, T, C, NH, stream);
 }
 
 size_t attention_backward_scratch_floats(int B, int T, int NH)
@@ -651,19 +1092,49 @@ size_t attention_backward_scratch_floats(int B, int T, int NH)
     return (size_t)B * NH * T;
 }
 
+void attention_core_backward_cuda(bf16 *dqkv, float *scratch,
+                                  const bf16 *dout, const bf16 *qkv,
+                                  const bf16 *out, const float *lse, int B,
+                                  int T, int C, int NH, cudaStream_t stream)
+{
+    if (NH <= 0 || C % NH)
+        bad_head_size_(C, NH);
+    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
+    switch (C / NH) {
+    case 16: core_backward_<16>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 32: core_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 64: core_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 80: core_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 128: core_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    default: bad_head_size_(C, NH);
+    }
+}
+
+void attention_tc_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
+                                const bf16 *qkv, const bf16 *out,
+                                const float *lse, int B, int T, int C,
+                                int NH, cudaStream_t stream)
+{
+    if (NH <= 0 || C % NH || !tc_head_size_(C / NH))
+        bad_head_size_(C, NH);
+    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
+    switch (C / NH) {
+    case 32: tc_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 64: tc_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 80: tc_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 128: tc_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    }
+}
+
 void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              const bf16 *qkv, const bf16 *out,
                              const float *lse, int B, int T, int C, int NH,
                              cudaStream_t stream)
 {
-    if (C % NH)
-        bad_head_size_(C, NH);
-    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
-    switch (C / NH) {
-    case 16: backward_<16>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 32: backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 64: backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 128: backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    default: bad_head_size_(C, NH);
-    }
+    if (attention_impl_cuda(C, NH) == ATT_IMPL_TC)
+        attention_tc_backward_cuda(dqkv, scratch, dout, qkv, out, lse, B, T,
+                                   C, NH, stream);
+    else
+        attention_core_backward_cuda(dqkv, scratch, dout, qkv, out, lse, B,
+                                     T, C, NH, stream);
 }

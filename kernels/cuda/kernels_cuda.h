@@ -170,17 +170,52 @@ void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
 
 /* Causal multi-head self-attention, flash style (no (T,T) matrix in global
  * memory). qkv (B,T,3C) as kernels.h; out (B,T,C); lse (B,NH,T) fp32: the
- * log-sum-exp of each row's scaled scores, saved for backward. */
+ * log-sum-exp of each row's scaled scores, saved for backward. Head size
+ * C/NH of 16, 32, 64, 80 or 128 (else a message and exit). Runs the
+ * tensor-core kernels where attention_impl_cuda says ATT_IMPL_TC, the
+ * CUDA-core kernels otherwise. */
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
                             int T, int C, int NH, cudaStream_t stream);
 
 size_t attention_backward_scratch_floats(int B, int T, int NH);
 
-/* dqkv (B,T,3C) +=. dout (B,T,C); qkv, out and lse from the forward. */
+/* dqkv (B,T,3C) +=. dout (B,T,C); qkv, out and lse from the forward;
+ * scratch of attention_backward_scratch_floats floats. Deterministic. */
 void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              const bf16 *qkv, const bf16 *out,
                              const float *lse, int B, int T, int C, int NH,
                              cudaStream_t stream);
+
+/* The two implementations behind those, same arguments and results:
+ * _tc_: FlashAttention-2 on the tensor cores (mma.sync m16n8k16, bf16
+ * operands, fp32 accumulators), head size 32, 64, 80 or 128 only;
+ * _core_: on the fp32 CUDA cores, head size 16, 32, 64, 80 or 128 (the
+ * reference fallback). Any T >= 1, any B and NH. */
+void attention_tc_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
+                               int T, int C, int NH, cudaStream_t stream);
+void attention_tc_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
+                                const bf16 *qkv, const bf16 *out,
+                                const float *lse, int B, int T, int C,
+                                int NH, cudaStream_t stream);
+void attention_core_forward_cuda(bf16 *out, float *lse, const bf16 *qkv,
+                                 int B, int T, int C, int NH,
+                                 cudaStream_t stream);
+void attention_core_backward_cuda(bf16 *dqkv, float *scratch,
+                                  const bf16 *dout, const bf16 *qkv,
+                                  const bf16 *out, const float *lse, int B,
+                                  int T, int C, int NH, cudaStream_t stream);
+
+/* Which attention a (B,T,C) model with NH heads runs, from $M6_ATTENTION
+ * (read once; unknown values: a message and the default):
+ *   unset or "tc"  ATT_IMPL_TC where the head size is 32, 64, 80 or 128,
+ *                  else ATT_IMPL_GEMM
+ *   "core"         ATT_IMPL_CORE: the CUDA-core kernels, no GEMM path
+ *   "gemm"         ATT_IMPL_GEMM (the previous default)
+ * ATT_IMPL_GEMM: the caller may take the cuBLASLt path below where it fits;
+ * attention_forward_cuda and attention_backward_cuda then run the CUDA-core
+ * kernels. */
+enum { ATT_IMPL_TC = 0, ATT_IMPL_CORE = 1, ATT_IMPL_GEMM = 2 };
+int attention_impl_cuda(int C, int NH);
 
 /* The same attention (same arguments, results and lse) with its products
  * on cuBLASLt's tensor cores, batched over the heads of a sequence or the
@@ -247,6 +282,18 @@ void softmax_crossentropy_backward_cuda(bf16 *dlogits, const bf16 *logits,
                                         const int32_t *targets,
                                         const float *dlosses, int N, int V,
                                         int Vp, cudaStream_t stream);
+
+/* The fused classifier: for each row i of logits (N,Vp) bf16 (the first V
+ * columns valid, the padding never read), in one kernel: losses[i] (fp32,
+ * nats) as softmax_crossentropy_forward_cuda, and dlogits = (softmax -
+ * onehot(targets[i])) * dloss written IN PLACE over the row's logits, 0 in
+ * [V,Vp): forward + backward of the loss when every row's dloss is the
+ * same (the mean loss's 1/(B T), times any loss scale). targets in
+ * [0,V). */
+void softmax_crossentropy_fused_cuda(float *losses, bf16 *logits,
+                                     const int32_t *targets, float dloss,
+                                     int N, int V, int Vp,
+                                     cudaStream_t stream);
 
 /* out[0] = mean of x (n), fp32, deterministic (one block, fixed order). */
 void mean_cuda(float *out, const float *x, int n, cudaStream_t stream);

@@ -91,6 +91,8 @@ struct block_run {
     /* shuffle values by linear thread index, two sets used in turn: a lane
      * may publish its next value while the others still read this one */
     uint64_t xchg[2][MAX_THREADS];
+    /* mma.sync operands (a[4], b[2]) by linear thread index, in turn too */
+    uint32_t mma[2][MAX_THREADS][6];
     int stuck;
 };
 
@@ -441,6 +443,52 @@ uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask)
     /* Safe without a second wait: a lane can overwrite this set only at
      * its shuffle after next, which needs every lane past the next one. */
     return b->xchg[set][src];
+}
+
+/* element (row, k) of the A operand, (k, n) of B, from the warp's
+ * registers w[lane][0..3] (A) and [4..5] (B): the PTX ISA's m16n8k16
+ * layout, lane = 4 groupID + threadID_in_group */
+static float mma_a_(const uint32_t (*w)[6], int row, int k)
+{
+    uint32_t r = w[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+    uint32_t u = (k & 1 ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float mma_b_(const uint32_t (*w)[6], int k, int n)
+{
+    uint32_t r = w[n * 4 + (k % 8) / 2][4 + k / 8];
+    uint32_t u = (k & 1 ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    block_run *bk = blk_;
+    fiber *f = cur_;
+    int base = f->lin - f->lin % 32, set = f->shuffles++ & 1;
+    if (base + 32 > (int)bk->fibers.size()) {
+        if (f->lin == base)
+            mock_misuse("mma.sync in a warp of fewer than 32 threads");
+        return;
+    }
+    uint32_t *mine = bk->mma[set][f->lin];
+    memcpy(mine, a, 4 * sizeof *a);
+    memcpy(mine + 4, b, 2 * sizeof *b);
+    yield_(AT_WARP); /* every lane has published (safe as warp_exchange) */
+    const uint32_t(*w)[6] = bk->mma[set] + base;
+    int lane = f->lin - base, g = lane / 4, c = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i / 2), col = 2 * c + (i & 1);
+        float s = d[i];
+        for (int k = 0; k < 16; k++)
+            s = fmaf(mma_a_(w, row, k), mma_b_(w, k, col), s);
+        d[i] = s;
+    }
 }
 
 void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -32,8 +32,8 @@
  *    Volta and later GPUs do; so are barriers at different call sites.
  * Not emulated: timing, races between threads of a block (a fiber runs
  * until it waits, so a missing __syncthreads() may go unnoticed), memory
- * spaces (a kernel may read host memory here), tensor-core instructions,
- * atomics, dynamic shared memory, shuffles with a partial mask (every lane
+ * spaces (a kernel may read host memory here), tensor-core instructions
+ * other than mma.sync m16n8k16 bf16 (mma_m16n8k16_bf16 below), atomics, dynamic shared memory, shuffles with a partial mask (every lane
  * of the warp must take part: all of m6's kernels use full masks), local
  * arrays past ~60 KiB per thread (a fiber's stack is 64 KiB).
  */
@@ -89,6 +89,14 @@ void sync_block(void);
  * lane named in `mask` must exist and take part (a misuse otherwise). */
 uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask);
 int lane_id(void);
+/* PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with d as C and
+ * D, warp-wide: every lane of a full warp calls it with its own registers,
+ * laid out as the PTX ISA documents for m16n8k16 (kernels/cuda/
+ * attention_mma.cuh spells it out), and gets its own 4 elements of
+ * D = A B + C. The products are exact (bf16 x bf16 fits fp32) and summed
+ * in fp32 in k order; the hardware's order within the 16 may differ. A
+ * warp of fewer than 32 threads is a misuse. Counts as a warp exchange. */
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 
 /* Queue a kernel on `stream`: `body` runs once per thread of the grid. */
 void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

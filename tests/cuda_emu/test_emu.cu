@@ -87,6 +87,46 @@ __global__ void shared_unwritten_kernel(float *out)
     acc[threadIdx.x] = 1.0f; /* what a previous block leaves behind */
 }
 
+/* mma.sync m16n8k16 (bf16, fp32): one warp loads A (16x16) and B (16x8)
+ * from row-major fp32 matrices into its registers by the PTX ISA's layout
+ * (lane = 4 g + c: a[0] = A[g][2c..], a[1] = A[g+8][2c..], a[2] =
+ * A[g][2c+8..], a[3] = A[g+8][2c+8..]; b[0] = B[2c..2c+1][g], b[1] =
+ * B[2c+8..][g]) and writes D = A B + 1 back by the accumulator layout
+ * (d[0..1] = D[g][2c..], d[2..3] = D[g+8][2c..]). */
+static uint32_t bf_bits_(float f) /* exact for the small integers here */
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u >> 16;
+}
+
+__global__ void mma_kernel(float *D, const float *A, const float *B)
+{
+    int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    uint32_t a[4], b[2];
+    for (int r = 0; r < 4; r++) {
+        int row = g + 8 * (r & 1), col = 2 * c + 8 * (r >> 1);
+        a[r] = bf_bits_(A[row * 16 + col]) |
+               bf_bits_(A[row * 16 + col + 1]) << 16;
+    }
+    for (int r = 0; r < 2; r++) {
+        int k = 2 * c + 8 * r;
+        b[r] = bf_bits_(B[k * 8 + g]) | bf_bits_(B[(k + 1) * 8 + g]) << 16;
+    }
+    float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    ::emu::mma_m16n8k16_bf16(d, a, b);
+    for (int i = 0; i < 4; i++)
+        D[(g + 8 * (i / 2)) * 8 + 2 * c + (i & 1)] = d[i];
+}
+
+__global__ void mma_half_warp_kernel(float *D)
+{
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float d[4] = {0, 0, 0, 0};
+    ::emu::mma_m16n8k16_bf16(d, a, b);
+    D[threadIdx.x] = d[0];
+}
+
 static int run_counter_;
 
 /* the order blocks run in: order[b] = how many blocks ran before b */
@@ -282,6 +322,39 @@ int main(void)
     cudaStreamSynchronize(s);
     check_(mock_errors() > e1,
            "full-mask shuffle in a warp of 16 lanes: an error");
+
+    printf("mma.sync m16n8k16\n");
+    {
+        float hA[256], hB[128], hD[128];
+        for (int i = 0; i < 16; i++)
+            for (int k = 0; k < 16; k++)
+                hA[i * 16 + k] = (float)((i * 3 + k * 7) % 11 - 5);
+        for (int k = 0; k < 16; k++)
+            for (int n = 0; n < 8; n++)
+                hB[k * 8 + n] = (float)((k + 5 * n) % 7 - 3);
+        float *dA, *dB, *dD;
+        cudaMalloc(&dA, sizeof hA);
+        cudaMalloc(&dB, sizeof hB);
+        cudaMalloc(&dD, sizeof hD);
+        cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, hB, sizeof hB, cudaMemcpyHostToDevice);
+        mma_kernel<<<1, 32, 0, s>>>(dD, dA, dB);
+        cudaMemcpy(hD, dD, sizeof hD, cudaMemcpyDeviceToHost);
+        int ok = 1;
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 8; n++) {
+                int want = 1;
+                for (int k = 0; k < 16; k++)
+                    want += (int)hA[i * 16 + k] * (int)hB[k * 8 + n];
+                ok &= hD[i * 8 + n] == (float)want;
+            }
+        check_(ok, "D = A B + C by the documented fragment layout");
+        long e2 = mock_errors();
+        mma_half_warp_kernel<<<1, 16, 0, s>>>(dD);
+        cudaStreamSynchronize(s);
+        check_(mock_errors() > e2, "mma.sync in a warp of 16 lanes: an error");
+        cudaFree(dA); cudaFree(dB); cudaFree(dD);
+    }
 
     printf("memory\n");
     float *d_nan, h_nan[4];

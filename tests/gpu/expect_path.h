@@ -3,8 +3,10 @@
  * environment says it must be. The emulation's tests make cuBLASLt refuse
  * some GEMMs (tests/cuda_emu/cublaslt_emu.cpp) and name the path the code
  * must then take:
- *   M6_TEST_EXPECT_ATT=gemm|flash       attention: tensor-core GEMMs or
- *                                       the flash kernels
+ *   M6_TEST_EXPECT_ATT=gemm|flash|tc    attention: cuBLASLt's tensor-core
+ *                                       GEMMs, the CUDA-core flash kernels,
+ *                                       or (a model's) flash kernels on the
+ *                                       tensor cores
  *   M6_TEST_EXPECT_EPI=fused|separate   forward bias / GELU: in cuBLASLt's
  *                                       epilogue or on the own kernels
  * Unset (a run on a GPU): whatever path is taken passes. C and CUDA C++.

@@ -43,6 +43,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "expect_path.h"
 #include "model/cuda/gpt_cuda.h"
+#include "kernels_cuda.h" /* attention_impl_cuda */
 
 #define TOL_LOSS 5e-2
 #define TOL_NORM 5e-2
@@ -169,7 +170,11 @@ static gpt_cuda *pair_(gpt_model *c, int S, uint64_t seed)
     }
     /* the paths gpt_cuda chose from cuBLASLt's answers */
     n_failed += !expect_path_("M6_TEST_EXPECT_ATT", "model attention path",
-                              info.att_gemm ? "gemm" : "flash");
+                              info.att_gemm ? "gemm"
+                              : attention_impl_cuda(CFG.n_embd, CFG.n_head) ==
+                                      ATT_IMPL_TC
+                                  ? "tc"
+                                  : "flash");
     n_failed += !expect_path_("M6_TEST_EXPECT_EPI", "model epilogue path",
                               info.epi_fallback == 0   ? "fused"
                               : info.epi_fallback == 4 ? "separate"

@@ -19,6 +19,14 @@
  *                 a saved log-sum-exp: two more roundings of ~0.2%.
  *  TOL_F32  1e-4  fp32 outputs from identical inputs (LayerNorm statistics,
  *                 losses, AdamW state): order of summation and FMA only.
+ *  Attention on the tensor cores (test_attention_impls_):
+ *  TOL_ATT_TC_OUT 1e-2  the probabilities go into P V as bf16 (one more
+ *                 2^-9 rounding per weight, averaged over the keys) and the
+ *                 output is rounded once: TOL_BF16.
+ *  TOL_ATT_TC_LSE 1e-4  the lse is fp32 from exact bf16 products (the
+ *                 tensor cores' fp32 sums), against double: order only.
+ *  TOL_ATT_TC_BWD 2e-2  as TOL_ATT, plus P and dS rounded to bf16 as
+ *                 operands of dV, dK and dQ (two more 2^-9 roundings).
  * The CPU matmul needs CBLAS; the GEMM reference here is a plain loop in
  * double, so this test links with any kernels/cpu build.
  */
@@ -37,6 +45,9 @@ extern "C" {
 #define TOL_BF16 1e-2
 #define TOL_ATT 2e-2
 #define TOL_F32 1e-4
+#define TOL_ATT_TC_OUT 1e-2
+#define TOL_ATT_TC_LSE 1e-4
+#define TOL_ATT_TC_BWD 2e-2
 
 #include "op_check.cuh"
 
@@ -341,6 +352,95 @@ static void test_attention_(int B, int T, int C, int NH)
     cudaFree(d_dqkv); cudaFree(d_dqkv2); cudaFree(d_scr);
 }
 
+/* lse (B,NH,T) by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
+ * inputs qb (B,T,3C), in double */
+static void ref_lse_(float *rl, const float *qb, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double *sc = (double *)malloc((size_t)T * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qb + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -1e300;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qb + ((size_t)b * T + u) * 3 * C + C +
+                                     h * hs;
+                    double d = 0;
+                    for (int i = 0; i < hs; i++)
+                        d += (double)q[i] * k[i];
+                    sc[u] = d / sqrt((double)hs);
+                    if (sc[u] > mx) mx = sc[u];
+                }
+                double sum = 0;
+                for (int u = 0; u <= t; u++)
+                    sum += exp(sc[u] - mx);
+                rl[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
+            }
+    free(sc);
+}
+
+/* The two flash implementations by name, the tensor-core kernels (head
+ * sizes 32, 64, 80, 128) and the CUDA-core reference fallback, each
+ * against the CPU op (kernels/cpu/attention.c): out, lse, dqkv (added to
+ * a random start), deterministic. */
+static void test_attention_impls_(int B, int T, int C, int NH)
+{
+    size_t N3 = (size_t)B * T * 3 * C, NC = (size_t)B * T * C;
+    size_t NA = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
+    printf("attention tc/core (B=%d T=%d C=%d NH=%d hs=%d)\n", B, T, C, NH,
+           C / NH);
+    float *qkv = hrand_(N3, -2, 2);
+    float *out = (float *)malloc(NC * sizeof(float));
+    float *att = (float *)malloc(NA * sizeof(float));
+    attention_forward(out, att, qkv, B, T, C, NH);
+    float *dout = hrand_(NC, -1, 1), *dqkv0 = hrand_(N3, -0.1f, 0.1f);
+    float *dqkv = hcopy_(dqkv0, N3);
+    float *scr = (float *)malloc(NA * sizeof(float));
+    attention_backward(dqkv, scr, dout, qkv, att, B, T, C, NH);
+    bf16 *d_qkv = dbf_(qkv, N3), *d_dout = dbf_(dout, NC);
+    float *qb = hbf_(d_qkv, N3), *rl = (float *)malloc(nl * sizeof(float));
+    ref_lse_(rl, qb, B, T, C, NH);
+    float *d_scr = dnan_f32_(attention_backward_scratch_floats(B, T, NH));
+    for (int tc = 1; tc >= 0; tc--) {
+        char what[96];
+        const char *name = tc ? "attention_tc" : "attention_core";
+        bf16 *d_out = dnan_bf16_(NC);
+        float *d_lse = dnan_f32_(nl);
+        if (tc)
+            attention_tc_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH, st);
+        else
+            attention_core_forward_cuda(d_out, d_lse, d_qkv, B, T, C, NH, st);
+        float *g = hbf_(d_out, NC), *gl = (float *)malloc(nl * sizeof(float));
+        CUDA_CHECK(cudaMemcpy(gl, d_lse, nl * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+        snprintf(what, sizeof what, "%s_forward out", name);
+        check_(what, g, out, NULL, NC, TOL_ATT_TC_OUT);
+        snprintf(what, sizeof what, "%s_forward lse", name);
+        check_(what, gl, rl, NULL, nl, TOL_ATT_TC_LSE);
+        bf16 *d1 = dbf_(dqkv0, N3), *d2 = dbf_(dqkv0, N3);
+        for (int r = 0; r < 2; r++) {
+            if (tc)
+                attention_tc_backward_cuda(r ? d2 : d1, d_scr, d_dout, d_qkv,
+                                           d_out, d_lse, B, T, C, NH, st);
+            else
+                attention_core_backward_cuda(r ? d2 : d1, d_scr, d_dout,
+                                             d_qkv, d_out, d_lse, B, T, C,
+                                             NH, st);
+        }
+        float *g1 = hbf_(d1, N3), *g2 = hbf_(d2, N3);
+        snprintf(what, sizeof what, "%s_backward dqkv", name);
+        check_(what, g1, dqkv, dqkv0, N3, TOL_ATT_TC_BWD);
+        snprintf(what, sizeof what, "%s_backward deterministic", name);
+        check_true_(what, memcmp(g1, g2, N3 * sizeof(float)) == 0);
+        free(g); free(gl); free(g1); free(g2);
+        cudaFree(d_out); cudaFree(d_lse); cudaFree(d1); cudaFree(d2);
+    }
+    free(qkv); free(out); free(att); free(dout); free(dqkv0); free(dqkv);
+    free(scr); free(qb); free(rl);
+    cudaFree(d_qkv); cudaFree(d_dout); cudaFree(d_scr);
+}
+
 static void test_elementwise_(void)
 {
     const size_t N = 5000;
@@ -378,6 +478,58 @@ static void test_elementwise_(void)
     free(a); free(b); free(ga); free(gb);
     cudaFree(d_x); cudaFree(d_y); cudaFree(d_out); cudaFree(d_d);
     cudaFree(d_a); cudaFree(d_b);
+}
+
+/* The fused classifier against the CPU cross-entropy (forward losses and
+ * backward dlogits with the same dloss on every row), in place over
+ * padded logits whose padding holds garbage. Tolerances: the losses are
+ * fp32 from bf16 logits (TOL_F32); dlogits are rounded to bf16 once
+ * (TOL_BF16). */
+static void test_crossentropy_fused_(int N, int V, int Vp)
+{
+    printf("softmax_crossentropy_fused (N=%d V=%d Vp=%d)\n", N, V, Vp);
+    float *lp = hrand_((size_t)N * Vp, -4, 4);
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++)
+            lp[(size_t)i * Vp + j] = 100.0f;
+    float *logits = (float *)malloc((size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++)
+        memcpy(logits + (size_t)i * V, lp + (size_t)i * Vp, V * sizeof(float));
+    int32_t *tgt = (int32_t *)malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(urand_() * V);
+    tgt[0] = 0;         /* the first and the last column as targets */
+    tgt[N - 1] = V - 1;
+    float *losses = (float *)malloc(N * sizeof(float));
+    float *probs = (float *)malloc((size_t)N * V * sizeof(float));
+    softmax_crossentropy_forward(losses, probs, logits, tgt, N, V);
+    const float dloss = 1.0f / (3.0f * N);
+    float *dl = (float *)malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++)
+        dl[i] = dloss;
+    float *dlog = (float *)calloc((size_t)N * V, sizeof(float));
+    softmax_crossentropy_backward(dlog, probs, tgt, dl, N, V);
+
+    bf16 *d_logits = dbf_(lp, (size_t)N * Vp);
+    int32_t *d_tgt = dcopy_(tgt, N);
+    float *d_losses = dnan_f32_(N);
+    softmax_crossentropy_fused_cuda(d_losses, d_logits, d_tgt, dloss, N, V,
+                                    Vp, st);
+    float *gl = hcopy_dev_(d_losses, N), *gd = hbf_(d_logits, (size_t)N * Vp);
+    check_("crossentropy_fused losses", gl, losses, NULL, N, TOL_F32);
+    float *gdv = (float *)malloc((size_t)N * V * sizeof(float));
+    int pad_zero = 1;
+    for (int i = 0; i < N; i++) {
+        memcpy(gdv + (size_t)i * V, gd + (size_t)i * Vp, V * sizeof(float));
+        for (int j = V; j < Vp; j++)
+            pad_zero &= gd[(size_t)i * Vp + j] == 0.0f;
+    }
+    check_("crossentropy_fused dlogits", gdv, dlog, NULL, (size_t)N * V,
+           TOL_BF16);
+    check_true_("crossentropy_fused dlogits padding 0", pad_zero);
+    free(lp); free(logits); free(tgt); free(losses); free(probs); free(dl);
+    free(dlog); free(gl); free(gd); free(gdv);
+    cudaFree(d_logits); cudaFree(d_tgt); cudaFree(d_losses);
 }
 
 static void test_crossentropy_(void)
@@ -549,9 +701,18 @@ int main(void)
     test_attention_(1, 45, 256, 2);      /* hs 128 */
     test_attention_(3, 33, 64, 4);       /* hs 16 */
     test_attention_(4, 40, 64, 2);       /* B > NH: batched over sequences */
+    /* every tensor-core head size, T past one 64-row tile and not a
+     * multiple of it (a diagonal tile masked, one above it skipped),
+     * B NH = 1 */
+    test_attention_impls_(1, 37, 32, 1);   /* hs 32, B NH = 1 */
+    test_attention_impls_(2, 70, 128, 2);  /* hs 64, two tiles */
+    test_attention_impls_(1, 45, 160, 2);  /* hs 80 */
+    test_attention_impls_(1, 67, 128, 1);  /* hs 128, B NH = 1 */
     test_bench_shapes_();
     test_elementwise_();
     test_crossentropy_();
+    test_crossentropy_fused_(70, 200, 256);
+    test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
     test_adamw_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));

@@ -95,9 +95,14 @@ static int alloc_acts_(gpt_cuda *g)
     size_t s3 = attention_backward_scratch_floats((int)B, (int)T, (int)NH);
     if (s2 > scratch) scratch = s2;
     if (s3 > scratch) scratch = s3;
-    /* attention on the tensor cores where the head size and T allow it */
-    size_t att_ws = g->att_flash ? 0 : attention_gemm_workspace_bytes(
-                                            (int)B, (int)T, (int)C, (int)NH);
+    /* attention: the tensor-core flash kernels where the head size allows
+     * them (no workspace), else cuBLASLt where the head size and T allow
+     * it (attention_impl_cuda) */
+    int att_gemm = !g->att_flash &&
+                   attention_impl_cuda((int)C, (int)NH) == ATT_IMPL_GEMM;
+    size_t att_ws = att_gemm ? attention_gemm_workspace_bytes(
+                                   (int)B, (int)T, (int)C, (int)NH)
+                             : 0;
     gpt_cuda_act_ops ops = {scratch, att_ws,
                             grad_sumsq_scratch_floats() + RED_NSCALARS,
                             encoder_plan_ints((int)BT)};
@@ -269,10 +274,15 @@ static int choose_paths_(gpt_cuda *g)
             if (alloc_acts_(g) != 0)
                 return -1;
         }
+    } else if (attention_impl_cuda(C, NH) == ATT_IMPL_TC) {
+        fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
+                        "kernels on the tensor cores\n", g->B, T, C / NH);
     } else {
         fprintf(stderr, "gpt_cuda: attention (B<=%d T=%d hs=%d): flash "
-                        "kernels (no tensor-core path for this shape)\n",
-                g->B, T, C / NH);
+                        "kernels on the CUDA cores (%s)\n", g->B, T, C / NH,
+                attention_impl_cuda(C, NH) == ATT_IMPL_CORE
+                    ? "M6_ATTENTION=core"
+                    : "no tensor-core path for this shape");
     }
     /* one slot's weights as a layer sees them: its resident slot, or a
      * staging buffer (all alike: whole allocations) */
@@ -970,8 +980,12 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
 }
 
 /* Final LayerNorm, logits and (with targets) the mean loss, queued into
- * red[RED_LOSS] and h_out[0]. */
-static void head_forward_(gpt_cuda *g, int B, int targets)
+ * red[RED_LOSS] and h_out[0]. fused (training, with targets): the
+ * classifier's backward too, dlogits = d(loss) with loss_scale per row
+ * written over the logits in the same kernel (head_backward_ with fused
+ * then skips it). */
+static void head_forward_(gpt_cuda *g, int B, int targets, int fused,
+                          float loss_scale)
 {
     const int C = g->cfg.n_embd, L = g->cfg.n_layer;
     const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
@@ -985,25 +999,34 @@ static void head_forward_(gpt_cuda *g, int B, int targets)
                         g->Vp, st);
     if (!targets)
         return;
-    softmax_crossentropy_forward_cuda(a->losses, NULL, a->logits, a->tgt,
-                                      (int)BT, g->cfg.vocab_size, g->Vp, st);
+    if (fused)
+        softmax_crossentropy_fused_cuda(a->losses, a->logits, a->tgt,
+                                        loss_scale, (int)BT,
+                                        g->cfg.vocab_size, g->Vp, st);
+    else
+        softmax_crossentropy_forward_cuda(a->losses, NULL, a->logits, a->tgt,
+                                          (int)BT, g->cfg.vocab_size, g->Vp,
+                                          st);
     float *red = a->red + grad_sumsq_scratch_floats();
     mean_cuda(red + RED_LOSS, a->losses, (int)BT, st);
     CUDA_CHECK(cudaMemcpyAsync(g->h_out, red + RED_LOSS, sizeof(float),
                                cudaMemcpyDeviceToHost, st));
 }
 
-/* Loss -> logits (in place) -> final LayerNorm: a->dres = d(res3 of L-1). */
-static void head_backward_(gpt_cuda *g, int B, float loss_scale)
+/* Loss -> logits (in place) -> final LayerNorm: a->dres = d(res3 of L-1).
+ * fused: the logits hold dlogits already (head_forward_ fused). */
+static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
 {
     const int C = g->cfg.n_embd, L = g->cfg.n_layer;
     const size_t BT = (size_t)B * g->T, BTC = BT * C, Ba = (size_t)g->B * g->T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
-    fill_cuda(a->dlosses, loss_scale, BT, st);
-    softmax_crossentropy_backward_cuda(a->logits, a->logits, a->tgt,
-                                       a->dlosses, (int)BT,
-                                       g->cfg.vocab_size, g->Vp, st);
+    if (!fused) {
+        fill_cuda(a->dlosses, loss_scale, BT, st);
+        softmax_crossentropy_backward_cuda(a->logits, a->logits, a->tgt,
+                                           a->dlosses, (int)BT,
+                                           g->cfg.vocab_size, g->Vp, st);
+    }
     ZERO_(a->dlnf, BTC);
     matmul_backward_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL, a->logits,
                          a->lnf, GW_(g, GLOB_WTE), (int)BT, C, g->Vp, st);
@@ -1033,8 +1056,8 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         off_pass_begin_(g, p0, p1, last);
     for (int p = p0; p < p1; p++) {
         if (p == L && p0 < L) {
-            head_forward_(g, B, 1);
-            head_backward_(g, B, loss_scale);
+            head_forward_(g, B, 1, 1, loss_scale);
+            head_backward_(g, B, loss_scale, 1);
         }
         int l = p < L ? p : 2 * L - 1 - p, s = g->slot_of[l];
         bf16 *w, *dw;
@@ -1063,7 +1086,7 @@ float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
     encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
                          GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
     run_pass_(g, 0, g->cfg.n_layer, B, 0.0f, 0);
-    head_forward_(g, B, targets != NULL);
+    head_forward_(g, B, targets != NULL, 0, 0.0f);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return targets ? g->h_out[0] : 0.0f;
 }
@@ -1095,7 +1118,7 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
     CUDA_CHECK(cudaMemcpyAsync(g->a.plan, g->h_plan,
                                encoder_plan_ints(B * g->T) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, g->stream));
-    head_backward_(g, B, loss_scale);
+    head_backward_(g, B, loss_scale, 0);
     run_pass_(g, L, 2 * L, B, loss_scale, 0);
     encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
                           g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
