@@ -26,6 +26,12 @@ static int weights_alloc_(m6_weights *w, const model_config *cfg, int S,
                           char *err, size_t errlen)
 {
     memset(w, 0, sizeof *w);
+    if (cfg->moe_experts > 0 && cfg->moe_every > 1) {
+        snprintf(err, errlen, "an MoE model with MoE in every %d-th block "
+                 "(model.moe.every): its dense and MoE slots differ in size, "
+                 "which export does not handle yet", cfg->moe_every);
+        return -1;
+    }
     w->cfg = *cfg;
     w->S = S;
     w->step = -1;
@@ -112,6 +118,34 @@ static int share_map_(m6_weights *w, const json_t *m, const char *path,
     snprintf(w->phase, sizeof w->phase, "%s",
              json_is_string(ph) ? json_string_value(ph) : "");
     return 0;
+}
+
+/* A slot's tensors as checkpoints name them (gpt_slot_ckpt_tensors: an
+ * MoE slot per expert and per gate prototype; a dense slot its layout's),
+ * as gpt_tensors whose names point into *ck. Returns the count, or -1
+ * (out of memory); the caller frees *t and *ck. */
+static int ckpt_slot_tensors_(const model_config *c, gpt_tensor **t,
+                              gpt_ckpt_tensor **ck)
+{
+    int moe = c->moe_experts > 0;
+    int n = gpt_slot_ckpt_tensors(c, moe, NULL);
+    *ck = calloc((size_t)n, sizeof **ck);
+    *t = calloc((size_t)n, sizeof **t);
+    if (!*ck || !*t) {
+        free(*ck);
+        free(*t);
+        *ck = NULL;
+        *t = NULL;
+        return -1;
+    }
+    gpt_slot_ckpt_tensors(c, moe, *ck);
+    for (int i = 0; i < n; i++) {
+        const gpt_ckpt_tensor *k = &(*ck)[i];
+        (*t)[i] = (gpt_tensor){k->name, k->offset,
+                               (size_t)k->rows * (size_t)(k->cols ? k->cols : 1),
+                               k->rows, k->cols, k->cols != 0};
+    }
+    return n;
 }
 
 /* One tensor of the layout from the file: present, F32, its shape. */
@@ -205,11 +239,22 @@ int weights_load(m6_weights *w, const char *dir, const model_config *cfg,
         goto fail;
     }
     int rc = 0;
+    gpt_tensor *st;
+    gpt_ckpt_tensor *ck;
+    int nt = ckpt_slot_tensors_(&w->cfg, &st, &ck);
+    if (nt < 0) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
     for (int i = 0; i < GLOB_NTENSORS && rc == 0; i++)
         rc = read_tensor_(&sf, path, w, -1, &w->glob[i], err, errlen);
     for (int s = 0; s < w->S && rc == 0; s++)
-        for (int i = 0; i < gpt_slot_ntensors(&w->cfg) && rc == 0; i++)
-            rc = read_tensor_(&sf, path, w, s, &w->slot[i], err, errlen);
+        for (int i = 0; i < nt && rc == 0; i++)
+            rc = read_tensor_(&sf, path, w, s, &st[i], err, errlen);
+    if (nt >= 0) {
+        free(st);
+        free(ck);
+    }
     safetensors_close(&sf);
     if (rc != 0)
         goto fail;
@@ -469,7 +514,14 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
                      char *err, size_t errlen)
 {
     const model_config *c = &w->cfg;
-    int nt = gpt_slot_ntensors(c), n = GLOB_NTENSORS + w->S * nt, k = 0;
+    gpt_tensor *slot_t;
+    gpt_ckpt_tensor *ck;
+    int nt = ckpt_slot_tensors_(c, &slot_t, &ck);
+    if (nt < 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = GLOB_NTENSORS + w->S * nt, k = 0;
     st_tensor *ts = calloc((size_t)n, sizeof *ts);
     char (*names)[160] = calloc((size_t)n, sizeof *names);
     json_t *so = json_array(), *model = NULL, *meta = NULL;
@@ -477,13 +529,15 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
         snprintf(err, errlen, "out of memory");
         free(ts);
         free(names);
+        free(slot_t);
+        free(ck);
         json_decref(so);
         return -1;
     }
     for (int s = -1; s < w->S; s++) {
         int cnt = s < 0 ? GLOB_NTENSORS : nt;
         for (int i = 0; i < cnt; i++, k++) {
-            const gpt_tensor *t = s < 0 ? &w->glob[i] : &w->slot[i];
+            const gpt_tensor *t = s < 0 ? &w->glob[i] : &slot_t[i];
             gpt_tensor_name(names[k], sizeof names[k], "", s, t);
             ts[k] = (st_tensor){names[k], tensor_(w, s, t), t->cols ? 2 : 1,
                                 {t->rows, t->cols}};
@@ -524,6 +578,8 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
     json_decref(so);
     free(names);
     free(ts);
+    free(slot_t);
+    free(ck);
     return rc;
 }
 
