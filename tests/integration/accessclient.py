@@ -12,68 +12,8 @@ import socket
 import struct
 import sys
 
-
-def varint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
-def fbytes(num, payload):
-    return varint(num << 3 | 2) + varint(len(payload)) + payload
-
-
-def fvarint(num, v):
-    return varint(num << 3) + varint(v)
-
-
-def read_varint(buf, i):
-    shift = n = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
-
-
-def parse_response(buf):
-    i, status, msg = 0, 0, ""
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = read_varint(buf, i)
-            if num == 1:
-                status = v
-        elif wt == 2:
-            ln, i = read_varint(buf, i)
-            if num == 2:
-                msg = buf[i:i + ln].decode(errors="replace")
-            i += ln
-        elif wt == 5:
-            i += 4
-        elif wt == 1:
-            i += 8
-        else:
-            raise ValueError("wire type %d" % wt)
-    return status, msg
-
-
-def recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return buf
+from m6wire import field_bytes as fbytes, field_varint as fvarint
+from m6wire import parse_response, recv_exact
 
 
 def run_ref(by_id=None, name=None):

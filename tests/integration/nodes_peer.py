@@ -16,61 +16,13 @@ import struct
 import sys
 import time
 
+from m6wire import field_bytes, field_varint, parse_response
+
 PORT = int(sys.argv[1])
 CASE = sys.argv[2]
 MAX_S = float(os.environ.get("MAX_S", "4"))
 # proto/m6.proto's Status
 UNAUTHENTICATED, TOO_LARGE = 12, 5
-
-
-def varint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
-def field_bytes(num, payload):
-    return varint(num << 3 | 2) + varint(len(payload)) + payload
-
-
-def field_varint(num, v):
-    return varint(num << 3) + varint(v)
-
-
-def read_varint(b, i):
-    v = shift = 0
-    while True:
-        c = b[i]
-        i += 1
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if not c & 0x80:
-            return v, i
-
-
-def parse_response(payload):
-    """(status, message) of a Response (fields 1 and 2)."""
-    status, msg, i = 0, "", 0
-    while i < len(payload):
-        key, i = read_varint(payload, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = read_varint(payload, i)
-            if num == 1:
-                status = v
-        elif wt == 2:
-            n, i = read_varint(payload, i)
-            if num == 2:
-                msg = payload[i:i + n].decode()
-            i += n
-        else:
-            raise ValueError("unexpected wire type %d" % wt)
-    return status, msg
 
 
 def connect():

@@ -13,6 +13,8 @@ import struct
 import sys
 import time
 
+from m6wire import field_bytes, field_varint, frame, parse_response, recv_exact
+
 SOCK = sys.argv[1]
 RTT = len(sys.argv) > 2 and sys.argv[2] == "--rtt"
 ARGS = sys.argv[3:] if RTT else sys.argv[2:]
@@ -21,25 +23,6 @@ DONE_FILE = ARGS[1] if len(ARGS) > 1 else None
 
 # Status enum of proto/m6.proto
 OK, BAD_REQUEST, BAD_VERSION, NEED_HELLO, UNKNOWN_REQUEST, TOO_LARGE, NOT_FOUND = 0, 1, 2, 3, 4, 5, 6
-
-
-def varint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
-def field_bytes(num, payload):
-    return varint(num << 3 | 2) + varint(len(payload)) + payload
-
-
-def field_varint(num, v):
-    return varint(num << 3) + varint(v)
 
 
 def hello(version=1):
@@ -54,60 +37,11 @@ def list_req():
     return field_bytes(3, b"")
 
 
-def frame(payload):
-    return struct.pack(">I", len(payload)) + payload
-
-
-def read_varint(buf, i):
-    shift = n = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
-
-
-def parse_response(buf):
-    """-> (status, message) from a Response's fields 1 and 2."""
-    i, status, msg = 0, 0, ""
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = read_varint(buf, i)
-            if num == 1:
-                status = v
-        elif wt == 2:
-            ln, i = read_varint(buf, i)
-            if num == 2:
-                msg = buf[i:i + ln].decode()
-            i += ln
-        elif wt == 5:
-            i += 4
-        elif wt == 1:
-            i += 8
-        else:
-            raise ValueError("wire type %d" % wt)
-    return status, msg
-
-
 def connect():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
     s.connect(SOCK)
     return s
-
-
-def recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("closed after %d of %d bytes" % (len(buf), n))
-        buf += chunk
-    return buf
 
 
 def recv_response(s):
