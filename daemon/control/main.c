@@ -699,9 +699,29 @@ static int cluster_start_(char *err, size_t errlen)
 
 /* -------------------------------------------------------------------- main */
 
+/* OpenMP's threads must not spin at barriers against other work on the
+ * machine: on 2 cores beside one busy process the CPU engine kept 0.36 of
+ * its quiet tokens/s with libgomp's default (spinning) wait and 0.52 with
+ * OMP_WAIT_POLICY=passive, for 0.91 of the quiet figure when nothing else
+ * runs (bench/cpu_shared.sh, bench/RESULTS.md). libgomp reads the policy
+ * from the environment when it is loaded, before main, so m6d sets it and
+ * executes itself again, once (same pid), unless the operator chose a
+ * policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set). A failed exec goes on
+ * with the default policy. */
+static void omp_passive_(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+        return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OMP_WAIT_POLICY"); /* not applied: say so truly */
+}
+
 int main(int argc, char **argv)
 {
     char err[4600];
+    omp_passive_(argv);
     /* access: what m6d creates (m6.db, runs/, checkpoints, its dirs) has
      * the same modes whatever umask the caller had: no write for the
      * group, nothing for others */
@@ -747,8 +767,10 @@ int main(int argc, char **argv)
     }
     snprintf(db, sizeof db, "%s/m6.db", g.opt.state_dir);
     snprintf(runs, sizeof runs, "%s/runs", g.opt.state_dir);
-    log_info("daemon.start", "version=%s pid=%d state_dir=%s", M6_VERSION,
-             (int)getpid(), g.opt.state_dir);
+    log_info("daemon.start", "version=%s pid=%d state_dir=%s omp_wait_policy=%s",
+             M6_VERSION, (int)getpid(), g.opt.state_dir,
+             getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY")
+             : getenv("GOMP_SPINCOUNT") ? "GOMP_SPINCOUNT" : "default");
     raise_nofile_limit_();
 
     int rc = 1;
