@@ -10,6 +10,7 @@
  * the next start.
  */
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -712,9 +713,16 @@ static void omp_passive_(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
         return;
+    /* the binary's own path, not /proc/self/exe: the process keeps its
+     * name (comm "m6d", what ps, pgrep and systemd show) */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || (size_t)n >= sizeof self - 1)
+        return;
+    self[n] = 0;
     if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
         return;
-    execv("/proc/self/exe", argv);
+    execv(self, argv);
     unsetenv("OMP_WAIT_POLICY"); /* not applied: say so truly */
 }
 

@@ -15,6 +15,8 @@ unset OMP_WAIT_POLICY GOMP_SPINCOUNT
 start_daemon "$T/a"
 [ "$(env_of "$DAEMON_PID" OMP_WAIT_POLICY)" = passive ] \
     || fail "m6d without a policy: OMP_WAIT_POLICY='$(env_of "$DAEMON_PID" OMP_WAIT_POLICY)', want passive"
+# the same process, still named m6d (not "exe": ps, pgrep and systemd)
+[ "$(ps -o comm= -p "$DAEMON_PID")" = m6d ] || fail "pid $DAEMON_PID is $(ps -o comm= -p "$DAEMON_PID"), not m6d"
 grep -q "daemon.start .*pid=$DAEMON_PID .*omp_wait_policy=passive" "$T/m6d-a.log" \
     || fail "start line: $(grep daemon.start "$T/m6d-a.log")"
 prepare_data "$T/data"
