@@ -8,30 +8,9 @@
 # restoring the link brings it back as a reconnect of the same node.
 # Skips (77) where namespaces cannot be made (no root, no iproute2).
 . "$(dirname "$0")/lib.sh"
-command -v ip >/dev/null || { echo "SKIP: no ip (iproute2)"; exit 77; }
 TMO=1
-NC=m6c-$$ NW=m6w-$$ VC=m6vc$$ VW=m6vw$$
-CPID= WPID=
-netns_cleanup_() {
-    for p in $CPID $WPID; do kill -9 "$p" 2>/dev/null || true; done
-    ip netns del "$NC" 2>/dev/null || true
-    ip netns del "$NW" 2>/dev/null || true
-    cleanup_
-}
-trap netns_cleanup_ EXIT
-if ! ip netns add "$NC" 2>"$T/netns.err"; then
-    echo "SKIP: cannot make a network namespace: $(cat "$T/netns.err")"
-    exit 77
-fi
-ip netns add "$NW"
-ip link add "$VC" type veth peer name "$VW"
-ip link set "$VC" netns "$NC"
-ip link set "$VW" netns "$NW"
-ip -n "$NC" addr add 192.0.2.1/24 dev "$VC"
-ip -n "$NW" addr add 192.0.2.2/24 dev "$VW"
-for ns in "$NC" "$NW"; do ip -n "$ns" link set lo up; done
-ip -n "$NC" link set "$VC" up
-ip -n "$NW" link set "$VW" up
+PREFIX=m6
+. "$(dirname "$0")/netns.sh"
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
 chmod 600 "$T/token"
