@@ -1,5 +1,5 @@
 /*
- * corpus.c — `m6ctl data prepare`: a text corpus (files, directories, .gz)
+ * corpus.c — `m6ctl data prepare`: a text corpus (files, directories, .gz/.dz)
  * through the byte-level tokenizer into token shards, and the shard writer
  * (corpus.h). The daemon only reads shards (daemon/train/data.c).
  *
@@ -337,7 +337,8 @@ static int reader_open_(reader_ *r, const char *path, char *err, size_t errlen)
         seterr_(err, errlen, "%s: open: %s", path, strerror(errno));
         return -1;
     }
-    if (ends_with_(path, ".gz")) {
+    /* .dz: dictzip (dictd's dictionaries), gzip with a chunk index */
+    if (ends_with_(path, ".gz") || ends_with_(path, ".dz")) {
         r->gz = gzdopen(r->fd, "rb");
         if (!r->gz) {
             seterr_(err, errlen, "%s: gzdopen: out of memory", path);
