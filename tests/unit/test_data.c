@@ -521,13 +521,14 @@ static void test_prepare_tree(void **state)
     assert_int_equal(mkdir(in, 0755), 0);
     assert_int_equal(mkdir(sub, 0755), 0);
 
-    /* walk order (bytewise names): a.txt b.txt.gz c.bin link.txt sub/d.txt */
+    /* walk order (bytewise names): a.txt b.txt.gz c.bin link.txt sub/d.dz
+     * (.dz: dictd's dictzip, gzip to zlib) */
     size_t na = 1001, nb = 20000, nd = 333;
     unsigned char *ta = make_text(na, 1), *tb = make_text(nb, 2),
                   *td = make_text(nd, 3);
     char *pa = join(in, "a.txt"), *pb = join(in, "b.txt.gz"),
          *pc = join(in, "c.bin"), *pl = join(in, "link.txt"),
-         *pd = join(sub, "d.txt");
+         *pd = join(sub, "d.dz");
     write_file(pa, ta, na);
     gzFile gz = gzopen(pb, "wb9");
     assert_non_null(gz);
@@ -538,7 +539,10 @@ static void test_prepare_tree(void **state)
     memset(binary + 17, 0, sizeof binary - 17);
     write_file(pc, binary, sizeof binary);
     assert_int_equal(symlink("a.txt", pl), 0);
-    write_file(pd, td, nd);
+    gz = gzopen(pd, "wb9");
+    assert_non_null(gz);
+    assert_int_equal(gzwrite(gz, td, (unsigned)nd), (int)nd);
+    assert_int_equal(gzclose(gz), Z_OK);
 
     /* val is the last quarter (rounded down) of each text file */
     const unsigned char *texts[3] = { ta, tb, td };
