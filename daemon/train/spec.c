@@ -5,6 +5,7 @@
  */
 #include "train/spec.h"
 
+#include "common/cpus.h"
 #include "common/err.h"
 
 #include <ctype.h>
@@ -185,7 +186,8 @@ static const key_ keys_[] = {
          "weights; needs an m6d built with nvcc and a GPU)."),
     INT("device", "threads", device.threads, 0, 1024,
         "OpenMP threads for the CPU kernels. 0: m6d's `--threads`, else "
-        "OpenMP's default (one per core)."),
+        "`OMP_NUM_THREADS`, else the CPUs m6d may use (its affinity mask, "
+        "capped by its cgroup's CPU quota)."),
     { "device", "memory_budget", K_SIZE, OFF(device.memory_budget),
       sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL,
       "Device memory the model may use (on `cpu`, a budgeted pool of "
@@ -421,10 +423,7 @@ int spec_host_threads(const run_spec *s)
         return s->offload.host_threads;
     if (s->device.backend != BACKEND_CUDA)
         return 2; /* the CPU backend's compute threads use the cores */
-    cpu_set_t set;
-    long n = sched_getaffinity(0, sizeof set, &set) == 0
-                 ? CPU_COUNT(&set)
-                 : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = cpus_available(); /* affinity, capped by the cgroup quota */
     n -= 2; /* the thread that drives the GPU, and m6d's event loop */
     return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }

@@ -80,7 +80,8 @@ void spec_defaults(run_spec *s);
 /* Host threads for offloaded slots' accumulation and AdamW:
  * offload.host_threads, or when it is 0 (auto, the default) 2 on the CPU
  * backend (whose compute threads use the cores) and, on cuda, the CPUs
- * this process may run on (sched_getaffinity) less 2, in [1, 64]. */
+ * this process may use (common/cpus.h: its affinity mask capped by its
+ * cgroup's CPU quota) less 2, in [1, 64]. */
 int spec_host_threads(const run_spec *s);
 
 /* Data parallelism: each of world ranks takes an equal share of every

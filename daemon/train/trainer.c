@@ -10,6 +10,8 @@
  */
 #include "train/trainer.h"
 
+#include "common/cpus.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -255,10 +257,14 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     }
     /* OpenMP threads run the kernels; each GEMM block runs single-threaded
      * OpenBLAS inside them (kernels/cpu/matmul.c). */
-    /* The spec's count, else OpenMP's default (OMP_NUM_THREADS or one per
-     * core), never more than 1024: libgomp crashes the process when it
-     * cannot create the threads it was told to. */
-    int nt = spec->device.threads > 0 ? spec->device.threads : omp_get_max_threads();
+    /* The spec's count, else OMP_NUM_THREADS, else the CPUs this process
+     * may use (its affinity mask capped by its cgroup's CPU quota,
+     * common/cpus.h: a quota of 1.5 CPUs must not get one thread per core
+     * spinning against it), never more than 1024: libgomp crashes the
+     * process when it cannot create the threads it was told to. */
+    int nt = spec->device.threads > 0 ? spec->device.threads
+             : getenv("OMP_NUM_THREADS") ? omp_get_max_threads()
+                                         : cpus_available();
     omp_set_num_threads(nt > 1024 ? 1024 : nt);
     const model_config *mc = &spec->model;
     int T = mc->seq_len, B = spec->train.batch_size;
