@@ -608,7 +608,7 @@ int p2r_plan_for_spec(const run_spec *spec, const p2r_options *o,
     w->scratch_steps = (double)(o->scratch_steps > 0 ? o->scratch_steps
                                                      : spec->train.steps);
     w->steps_ratio = 1.0;
-    out->steps_ratio_src = "default (equal steps to the target)";
+    out->steps_ratio_src = "default, equal steps";
     if (o->sweep) {
         if (o->steps_ratio >= 0) {
             snprintf(err, errlen, "plan --p2r: --steps-ratio and --sweep "
