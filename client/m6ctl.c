@@ -1360,8 +1360,7 @@ static const command commands_[] = {
      "Turn text files into byte-level token shards (no daemon needed)."},
     {"plan", cmd_plan_, 1, 1, F_JSON | F_PLAN,
      "SPEC [--device-memory SIZE] [--daemon] [--nodes N --gpus-per-node G "
-     "--host-memory SIZE --explain] [--p2r [RATES] [--steps-ratio R | "
-     "--sweep CSV --corpus NAME]]",
+     "--host-memory SIZE --explain]",
      "Memory plan of a spec: what is resident, what is offloaded.\n"
      "With --nodes, --gpus-per-node, --host-memory or --explain: the plan at\n"
      "scale, the experts spread over N x G devices and the rest replicated:\n"
@@ -1370,11 +1369,7 @@ static const command commands_[] = {
      "Computed here, no daemon needed; --daemon asks m6d, which also checks\n"
      "its own host memory and pinned-memory limit.\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
-     "step and the minimum budget with every slot offloaded.\n"
-     "With --p2r: the Pseudo-to-Real cost model on that placement: step time\n"
-     "of the pseudo and the real model (compute, copies, host AdamW) and the\n"
-     "predicted wall-clock ratio to a target loss against training from\n"
-     "scratch, with the break-even steps ratio."},
+     "step and the minimum budget with every slot offloaded."},
     {"export", cmd_export_, 1, 1, F_EXPORT,
      "RUN --out PATH [--step N] [--format F] [--force]",
      "Write a run's checkpoint (newest, or --step N) for other tools.\n"
@@ -1436,8 +1431,11 @@ static void command_usage_(FILE *f, const command *c)
                    "                    host memory per node, e.g. 512GiB (default:\n"
                    "                    not limited)\n"
                    "  --explain         the arithmetic behind each figure\n"
-                   "  --p2r             Pseudo-to-Real cost model (both phases' step\n"
-                   "                    times, wall-clock ratio to a target loss)\n"
+                   "  --p2r             the Pseudo-to-Real cost model on this placement:\n"
+                   "                    step times of the pseudo and the real model\n"
+                   "                    (compute, copies, host AdamW), the wall-clock\n"
+                   "                    ratio to a target loss against scratch and the\n"
+                   "                    break-even steps ratio (options below)\n"
                    "  --gpu-tflops X    achieved TFLOP/s per device (default: the\n"
                    "                    H200's dense BF16 peak 990 x --mfu)\n"
                    "  --mfu F           model FLOPs utilisation without --gpu-tflops\n"
