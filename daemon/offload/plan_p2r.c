@@ -371,7 +371,7 @@ static void add_distinct_(char *buf, size_t len, const char *item)
             return;
     if (n + k + 3 < len)
         snprintf(buf + n, len - n, "%s%s", n ? ", " : "", item);
-    else if (n + 5 < len && strcmp(buf + n - 3, "...") != 0)
+    else if (n + 5 < len && (n < 3 || strcmp(buf + n - 3, "...") != 0))
         snprintf(buf + n, len - n, ", ...");
 }
 
