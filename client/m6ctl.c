@@ -27,6 +27,7 @@
 #include "control/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
+#include "offload/plan_p2r.h"
 #include "client/corpus/corpus.h"
 #include "client/export.h"
 #include "client/plot.h"
@@ -59,13 +60,21 @@ static struct {
      * cluster set when any of them is given */
     int cluster, nodes, gpus_per_node, explain;
     size_t host_memory;     /* per node, bytes (0: not limited) */
+    /* plan --p2r (offload/plan_p2r.h): rates 0 and the rest < 0 when not
+     * given; p2r_only names the last option given that needs --p2r */
+    int p2r;
+    const char *p2r_only;
+    double gpu_tflops, mfu, h2d_gbps, d2h_gbps, adam_gbps;
+    double steps_ratio, scratch_steps, pseudo_lr_scale;
+    char sweep[4096], corpus[256], grad_scale[8];
     char out_dir[4096];     /* data prepare */
     double val_fraction;
     long shard_tokens;
     long export_step;       /* export --step; -1: the newest checkpoint */
     char format[32];        /* export --format */
     int force;              /* export, import: replace --out */
-} g = {.export_step = -1, .format = "hf-gpt2", .fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
+} g = {.steps_ratio = -1, .scratch_steps = -1, .pseudo_lr_scale = -1,
+       .export_step = -1, .format = "hf-gpt2", .fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
 /* End watch's progress line (a tty's \r-redrawn bar), if one is open. */
 static void end_bar_(void)
@@ -832,8 +841,86 @@ static int plan_cluster_(const run_spec *spec)
     return EXIT_OK;
 }
 
+/* plan --p2r: the Pseudo-to-Real cost model (offload/plan_p2r.h) on the
+ * single-node plan, or on the plan at scale with --nodes and friends. */
+static int plan_p2r_(const run_spec *spec)
+{
+    static char gpu_src[160];
+    p2r_options o = {
+        .budget_override = g.device_memory,
+        .steps_ratio = g.steps_ratio,
+        .scratch_steps = g.scratch_steps > 0 ? (long)g.scratch_steps : 0,
+        .sweep = g.sweep[0] ? g.sweep : NULL,
+        .corpus = g.corpus[0] ? g.corpus : NULL,
+        .grad_scale = g.grad_scale[0] ? g.grad_scale : NULL,
+        .pseudo_lr_scale = g.pseudo_lr_scale,
+    };
+    p2r_rates_default(&o.rates);
+    if (g.gpu_tflops > 0) {
+        o.rates.gpu_flops = g.gpu_tflops * 1e12;
+        o.rates.gpu_src = "--gpu-tflops";
+    } else if (g.mfu > 0) {
+        o.rates.gpu_flops = P2R_H200_BF16_TFLOPS * 1e12 * g.mfu;
+        snprintf(gpu_src, sizeof gpu_src, "H200 SXM dense BF16 peak %g "
+                 "TFLOP/s (/work/.library/device/H200.md) x --mfu %g",
+                 P2R_H200_BF16_TFLOPS, g.mfu);
+        o.rates.gpu_src = gpu_src;
+    }
+    if (g.h2d_gbps > 0) {
+        o.rates.h2d_bytes_per_s = g.h2d_gbps * 1e9;
+        o.rates.h2d_src = "--h2d-gbps";
+        if (!(g.d2h_gbps > 0)) {
+            o.rates.d2h_bytes_per_s = g.h2d_gbps * 1e9;
+            o.rates.d2h_src = "as --h2d-gbps";
+        }
+    }
+    if (g.d2h_gbps > 0) {
+        o.rates.d2h_bytes_per_s = g.d2h_gbps * 1e9;
+        o.rates.d2h_src = "--d2h-gbps";
+    }
+    if (g.adam_gbps > 0) {
+        o.rates.host_adam_bytes_per_s = g.adam_gbps * 1e9;
+        o.rates.adam_src = "--host-adam-gbps";
+    }
+    cluster_input in = {
+        .nodes = g.nodes ? g.nodes : 1,
+        .gpus_per_node = g.gpus_per_node ? g.gpus_per_node : 1,
+        .device_memory = g.device_memory ? g.device_memory
+                                         : spec->device.memory_budget,
+        .host_memory = g.host_memory,
+        .prefetch = spec->offload.prefetch,
+    };
+    if (g.cluster) {
+        if (!in.device_memory) {
+            errf_("plan --p2r: --nodes/--gpus-per-node/--host-memory plan "
+                  "per device: give --device-memory SIZE (or set the spec's "
+                  "device.memory_budget)");
+            return EXIT_USAGE;
+        }
+        o.cluster = &in;
+    }
+    p2r_report r;
+    char err[2048];
+    if (p2r_plan_for_spec(spec, &o, &r, err, sizeof err) != 0) {
+        errf_("%s", err);
+        return EXIT_ERR;
+    }
+    p2r_print(stdout, &r, g.json);
+    fflush(stdout);
+    return EXIT_OK;
+}
+
 static int cmd_plan_(int argc, char **argv)
 {
+    if (g.p2r_only && !g.p2r) {
+        errf_("plan: %s applies with --p2r only", g.p2r_only);
+        return EXIT_USAGE;
+    }
+    if (g.p2r && (g.plan_daemon || g.explain)) {
+        errf_("plan --p2r: computed here; leave out %s",
+              g.plan_daemon ? "--daemon" : "--explain");
+        return EXIT_USAGE;
+    }
     if (g.plan_daemon && g.cluster) {
         errf_("plan: --nodes, --gpus-per-node, --host-memory and --explain "
               "are planned here; leave out --daemon");
@@ -846,6 +933,8 @@ static int cmd_plan_(int argc, char **argv)
         errf_("%s", err);
         return EXIT_ERR;
     }
+    if (g.p2r)
+        return plan_p2r_(&spec);
     if (g.cluster)
         return plan_cluster_(&spec);
     offload_plan plan;
@@ -1341,7 +1430,29 @@ static void command_usage_(FILE *f, const command *c)
                    "  --host-memory SIZE\n"
                    "                    host memory per node, e.g. 512GiB (default:\n"
                    "                    not limited)\n"
-                   "  --explain         the arithmetic behind each figure\n");
+                   "  --explain         the arithmetic behind each figure\n"
+                   "  --p2r             the Pseudo-to-Real cost model on this placement:\n"
+                   "                    step times of the pseudo and the real model\n"
+                   "                    (compute, copies, host AdamW), the wall-clock\n"
+                   "                    ratio to a target loss against scratch and the\n"
+                   "                    break-even steps ratio (options below)\n"
+                   "  --gpu-tflops X    achieved TFLOP/s per device (default: the\n"
+                   "                    H200's dense BF16 peak 990 x --mfu)\n"
+                   "  --mfu F           model FLOPs utilisation without --gpu-tflops\n"
+                   "                    (default 0.4)\n"
+                   "  --h2d-gbps X      host->device GB/s (default 63: PCIe 5.0 x16)\n"
+                   "  --d2h-gbps X      device->host GB/s (default: as --h2d-gbps)\n"
+                   "  --host-adam-gbps X\n"
+                   "                    host AdamW GB/s (default 24: bench/offload_host)\n"
+                   "  --steps-ratio R   Pseudo-to-Real's steps to the target over\n"
+                   "                    scratch's (default 1)\n"
+                   "  --scratch-steps N scratch's steps to the target (default: the\n"
+                   "                    spec's train.steps)\n"
+                   "  --sweep CSV       take R from bench/p2r_sweep's CSV: the mean\n"
+                   "                    step_ratio of the spec's setting\n"
+                   "  --corpus NAME     the sweep's corpus (with --sweep)\n"
+                   "  --grad-scale sum|mean, --pseudo-lr-scale X\n"
+                   "                    pick the sweep's rows of that setting\n");
     if (c->flags & (F_EXPORT | F_IMPORT | F_PLOT))
         fprintf(f, "  --out PATH        where to write (required)\n");
     if (c->flags & F_EXPORT)
@@ -1385,7 +1496,9 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
 
 enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP,
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
-       O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN };
+       O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
+       O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
+       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -1402,6 +1515,18 @@ static const struct option opts_[] = {
     {"gpus-per-node", required_argument, 0, O_GPN},
     {"host-memory", required_argument, 0, O_HOSTMEM},
     {"explain", no_argument, 0, O_EXPLAIN},
+    {"p2r", no_argument, 0, O_P2R},
+    {"gpu-tflops", required_argument, 0, O_GPUTF},
+    {"mfu", required_argument, 0, O_MFU},
+    {"h2d-gbps", required_argument, 0, O_H2D},
+    {"d2h-gbps", required_argument, 0, O_D2H},
+    {"host-adam-gbps", required_argument, 0, O_ADAMGB},
+    {"steps-ratio", required_argument, 0, O_SRATIO},
+    {"scratch-steps", required_argument, 0, O_SSTEPS},
+    {"sweep", required_argument, 0, O_SWEEP},
+    {"corpus", required_argument, 0, O_CORPUS},
+    {"grad-scale", required_argument, 0, O_GSCALE},
+    {"pseudo-lr-scale", required_argument, 0, O_LRSCALE},
     {0, 0, 0, 0},
 };
 
@@ -1412,6 +1537,14 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
                            int *help)
 {
     int ok = 1;
+    /* plan --p2r's options by their own names (opt may be the argument) */
+    if (ch >= O_P2R && ch <= O_LRSCALE)
+        for (const struct option *o = opts_; o->name; o++)
+            if (o->val == ch) {
+                static char nm[40];
+                snprintf(nm, sizeof nm, "--%s", o->name);
+                opt = nm;
+            }
     switch (ch) {
     case O_SOCKET: snprintf(g.socket, sizeof g.socket, "%s", optarg); break;
     case O_JSON: ok = cmd->flags & F_JSON; g.json = 1; break;
@@ -1452,6 +1585,43 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         break;
     }
     case O_EXPLAIN: ok = cmd->flags & F_PLAN; g.explain = g.cluster = 1; break;
+    case O_P2R: ok = cmd->flags & F_PLAN; g.p2r = 1; break;
+    case O_GPUTF: case O_MFU: case O_H2D: case O_D2H: case O_ADAMGB:
+    case O_SRATIO: case O_SSTEPS: case O_LRSCALE: {
+        /* rates above 0; --mfu a fraction; a steps ratio may be 0 */
+        static const struct { int ch; double lo, hi; int whole; double *to; } t[] = {
+            {O_GPUTF, 1e-6, 1e6, 0, &g.gpu_tflops}, {O_MFU, 1e-6, 1, 0, &g.mfu},
+            {O_H2D, 1e-6, 1e6, 0, &g.h2d_gbps}, {O_D2H, 1e-6, 1e6, 0, &g.d2h_gbps},
+            {O_ADAMGB, 1e-6, 1e6, 0, &g.adam_gbps},
+            {O_SRATIO, 0, 1e6, 0, &g.steps_ratio},
+            {O_SSTEPS, 1, 9.2e18, 1, &g.scratch_steps},
+            {O_LRSCALE, 1e-9, 1e6, 0, &g.pseudo_lr_scale},
+        };
+        ok = cmd->flags & F_PLAN;
+        for (size_t i = 0; ok && i < sizeof t / sizeof t[0]; i++)
+            if (t[i].ch == ch &&
+                parse_number_(opt, optarg, t[i].lo, t[i].hi, t[i].whole, t[i].to) < 0)
+                return EXIT_USAGE;
+        g.p2r_only = opt;
+        break;
+    }
+    case O_SWEEP: case O_CORPUS: case O_GSCALE: {
+        char *to = ch == O_SWEEP ? g.sweep : ch == O_CORPUS ? g.corpus : g.grad_scale;
+        size_t len = ch == O_SWEEP ? sizeof g.sweep
+                     : ch == O_CORPUS ? sizeof g.corpus : sizeof g.grad_scale;
+        ok = cmd->flags & F_PLAN;
+        if (ok && (!optarg[0] || strlen(optarg) >= len ||
+                   (ch == O_GSCALE && strcmp(optarg, "sum") && strcmp(optarg, "mean")))) {
+            errf_("%s: want %s, got \"%s\"", opt,
+                  ch == O_GSCALE ? "sum or mean"
+                  : ch == O_SWEEP ? "a path (bench/p2r_sweep's CSV)" : "a corpus name",
+                  optarg);
+            return EXIT_USAGE;
+        }
+        if (ok) snprintf(to, len, "%s", optarg);
+        g.p2r_only = opt;
+        break;
+    }
     case O_HOSTMEM:
         ok = cmd->flags & F_PLAN;
         if (ok) {
