@@ -105,8 +105,12 @@ static void errf_(const char *fmt, ...)
 /* ------------------------------------------------------------------ client */
 
 /* Longest wait for an answer (not for submit): m6d answers in milliseconds
- * even mid-step, so silence this long means a hung or stopped m6d. */
-enum { RECV_TIMEOUT_S = 15 };
+ * even mid-step, so silence this long means a hung or stopped m6d. Except
+ * while another process locks m6.db: a command's durable write then waits
+ * up to 30 s (daemon/state/state.c WAIT_MAX_S) before m6d answers it, so
+ * this is longer, or m6ctl would report a failure for a command m6d goes
+ * on to acknowledge and apply. */
+enum { RECV_TIMEOUT_S = 45 };
 
 static int write_all_(int fd, const uint8_t *p, size_t n)
 {

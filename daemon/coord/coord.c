@@ -1536,8 +1536,13 @@ m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
             worker w = worker_init((worker_state)s);
             ret = worker_command_(&w, id, cmd, &act);
             if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
-                m6_err_set(&ret, M6_EINTERNAL, "run %lld: database error "
-                           "while taking it out of the queue", (long long)id);
+                /* not acknowledged: the run stays queued; say why (m6.db
+                 * locked by another process past the wait, a full disk) */
+                char e[256];
+                state_last_error(c->st, e, sizeof e);
+                m6_err_set(&ret, M6_EINTERNAL, "run %lld: not stopped, still "
+                           "queued: writing m6.db failed (%s); try again",
+                           (long long)id, e);
             } else if ((act & WA_DEQUEUE) &&
                        state_command_add(c->st, id, names[cmd], 1, 0) < 0) {
                 /* the run is stopped (recorded); only the log's sync

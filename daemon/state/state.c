@@ -53,7 +53,8 @@ enum {
     FLUSH_TRY_MS = 0,       /* each try of the flusher thread (no wait) */
     FLUSH_EVERY_MS = 50,    /* ... this often while records are held */
     WAIT_SLICE_MS = 100,    /* a waited write's tries, mu let go between */
-    WAIT_MAX_S = 30,        /* a waited write gives up after this (or the
+    WAIT_MAX_S = 30,        /* (below m6ctl's RECV_TIMEOUT_S, 45 s)
+                             * a waited write gives up after this (or the
                              * hold limit, if shorter) */
     BUSY_LOG_EVERY_S = 30,  /* the "records held" warning, at most */
 };

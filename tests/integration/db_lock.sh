@@ -4,7 +4,9 @@
 # stop training: m6d holds the step records in memory and writes them once
 # the lock goes, so the run's metrics rows are complete (one per step), its
 # losses are bitwise those of an undisturbed run of the same spec (CPU,
-# one thread), and no pause is recorded. With a short hold limit
+# one thread), and no pause is recorded. A stop of a queued run sent
+# during the lock is refused (after m6d's 5 s wait), naming the lock, and
+# the run stays queued until a stop after the lock. With a short hold limit
 # (--db-hold-limit 2) and a lock of 8 s the run pauses itself, and the
 # pause, its reason and every step's row are in m6.db once the lock goes;
 # resumed, it ends with the undisturbed losses. Under umask 000 m6d's
@@ -44,13 +46,23 @@ losses "$REF" >"$T/ref.csv"
 [ "$(wc -l <"$T/ref.csv")" -gt 4000 ] || fail "reference: $(wc -l <"$T/ref.csv") loss lines"
 
 R=$(ctl submit "$T/s.json")
+Q=$(ctl submit "$T/s.json")  # queued behind R
 wait_step "$R" 200
 lock_db "$T/st" 15
 at_lock=$(db "$T/st" "select count(*) from metrics where run=$R")
 log "m6.db locked at $at_lock rows of run $R"
 sleep 2
 ctl status "$R" >/dev/null || fail "status while m6.db is locked"
+# a stop of the queued run: m6d's event loop waits 5 s for the lock, then
+# refuses, saying why; the run stays queued (nothing acknowledged)
+out=$(ctl stop "$Q" 2>&1) && fail "stop of queued run $Q during the lock: acknowledged ($out)"
+grep -q "not stopped, still queued: writing m6.db failed (.*locked" <<<"$out" \
+    || fail "stop of run $Q during the lock: $out"
+log "stop of queued run $Q during the lock refused: $out"
 wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
+st=$(db "$T/st" "select state from runs where id=$Q")
+[ "$st" = queued ] || fail "run $Q after its refused stop: $st"
+out=$(ctl stop "$Q" 2>&1) || fail "stop of queued run $Q after the lock: $out"
 wait_state "$R" completed 60
 grep -q "warn state.held" "$T/m6d-st.log" || fail "no state.held warning while m6.db was locked"
 held=$(sed -n 's/.* state.unheld .*records=\([0-9]*\).*/\1/p' "$T/m6d-st.log" | tail -1)
