@@ -97,8 +97,16 @@ static void usage_(void)
         "  --pseudo-frac F     fraction of steps in the pseudo phase (0.3)\n"
         "  --share-groups S    slots in the pseudo phase (1)\n"
         "  --delink-optimizer copy|reset (copy)   --rewarm N (0)\n"
+        "  --grad-scale sum|mean  a shared slot's gradient in the pseudo\n"
+        "                      phase: sum or mean over its layers (sum)\n"
+        "  --pseudo-lr-scale X lr multiplier of the pseudo phase, > 0 (1)\n"
         "  --eval-every N (50) --eval-batches N (16) --seed N (1337)\n"
         "  --threads N         OpenMP/BLAS threads (all cores)\n");
+}
+
+static const char *grad_scale_name_(const run_spec *s)
+{
+    return s->pseudo.grad_scale == GRAD_SCALE_MEAN ? "mean" : "sum";
 }
 
 int main(int argc, char **argv)
@@ -122,6 +130,7 @@ int main(int argc, char **argv)
         {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'},
         {"pseudo-frac", 1, 0, 'f'}, {"share-groups", 1, 0, 'S'},
         {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
+        {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
         {"eval-every", 1, 0, 'e'}, {"eval-batches", 1, 0, 'E'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
@@ -158,6 +167,19 @@ int main(int argc, char **argv)
                                                                : DELINK_OPT_COPY;
             break;
         case 'r': s.delink.rewarm_steps = bench_int_arg(P_, "rewarm", optarg, 0); break;
+        case 'g':
+            if (strcmp(optarg, "sum") && strcmp(optarg, "mean")) {
+                fprintf(stderr, P_ ": --grad-scale: want sum or mean, got "
+                                "\"%s\"\n", optarg);
+                return 2;
+            }
+            s.pseudo.grad_scale = strcmp(optarg, "mean") == 0
+                                      ? GRAD_SCALE_MEAN : GRAD_SCALE_SUM;
+            break;
+        case 'x':
+            s.pseudo.lr_scale = (float)bench_real_arg(P_, "pseudo-lr-scale",
+                                                      optarg, 1e-6, 1e6);
+            break;
         case 'e': s.train.eval_every = bench_int_arg(P_, "eval-every", optarg, 1); break;
         case 'E': s.train.eval_batches = bench_int_arg(P_, "eval-batches", optarg, 1); break;
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
@@ -194,12 +216,14 @@ int main(int argc, char **argv)
     scratch.pseudo.steps = 0;
     p2r.pseudo.steps = (long)(frac * s.train.steps);
     printf("p2r_convergence: L=%d C=%d NH=%d T=%d B=%d steps=%ld lr=%g; "
-           "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld\n",
+           "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld "
+           "grad_scale=%s pseudo_lr_scale=%g\n",
            s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.seq_len,
            s.train.batch_size, s.train.steps, s.train.lr, s.pseudo.share_groups,
            p2r.pseudo.steps,
            s.delink.optimizer == DELINK_OPT_RESET ? "reset" : "copy",
-           s.delink.rewarm_steps);
+           s.delink.rewarm_steps, grad_scale_name_(&s),
+           (double)s.pseudo.lr_scale);
     curve a, b;
     printf("training from scratch...\n");
     fflush(stdout);
@@ -231,9 +255,11 @@ int main(int argc, char **argv)
     printf("scratch_final_val=%.4f p2r_final_val=%.4f final_val_ratio=%.4f "
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
            "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
-           "pseudo_steps=%ld share_groups=%d\n",
+           "pseudo_steps=%ld share_groups=%d grad_scale=%s "
+           "pseudo_lr_scale=%g\n",
            a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
            ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
-           ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups);
+           ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups,
+           grad_scale_name_(&s), (double)s.pseudo.lr_scale);
     return 0;
 }

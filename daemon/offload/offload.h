@@ -447,6 +447,13 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early);
  * reaches offload_adamw has its speculative updates undone by the next
  * offload_step_begin or offload_sync. Without a speculative plan: no-op. */
 void offload_step_speculate(offload_ctx *o, const offload_adam *a);
+/* pseudo.grad_scale mean: for this step (until the next
+ * offload_step_begin, which clears it), divide each offloaded slot s's
+ * gradient by div[s] (> 1; [S] ints, the caller's, valid for the step)
+ * when its last drain lands, before a speculative update reads it.
+ * Resident slots' gradients are the caller's to divide. NULL: none. Call
+ * after offload_step_begin, before the microbatches. */
+void offload_set_grad_divisors(offload_ctx *o, const int *div);
 void offload_microbatch(offload_ctx *o, int k);
 void offload_wait_grads(offload_ctx *o);
 void offload_adamw(offload_ctx *o, const offload_adam *a);

@@ -98,6 +98,9 @@ struct offload_ctx {
     adam_job_ *adamq;              /* ring of S */
     int aq_head, aq_n, qcap_s;
     offload_adam adam;             /* this step's, for early updates */
+    const int *grad_div;           /* this step's divisors of the offloaded
+                                    * slots' final gradients (caller's, [S]);
+                                    * NULL: none */
     int early;
     int speculate;                 /* this step: speculative updates */
 
@@ -148,11 +151,17 @@ static void do_drain_(offload_ctx *o)
     o->dq_n--;
     staging_ *B = &o->buf[b];
     float *dst = o->g->slots[B->slot].grads;
+    int div = B->final && o->grad_div ? o->grad_div[B->slot] : 1;
     pthread_mutex_unlock(&o->mu);
     double t0 = clock_mono_s();
     size_t W = gpt_slot_floats(o->g, B->slot) * sizeof(float);
     memcpy(dst, B->dw, W);
     double dt = clock_mono_s() - t0;
+    if (div > 1) { /* the gradient is complete: its mean over the layers */
+        float n = (float)div;
+        for (size_t i = 0; i < W / sizeof(float); i++)
+            dst[i] /= n;
+    }
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
     o->d2h_bytes += W;
@@ -739,8 +748,16 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early)
     memset(o->touched, 0, (size_t)S);
     memset(o->adam_queued, 0, (size_t)S);
     o->early = early != NULL;
+    o->grad_div = NULL;
     if (early)
         o->adam = *early;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_set_grad_divisors(offload_ctx *o, const int *div)
+{
+    pthread_mutex_lock(&o->mu);
+    o->grad_div = div;
     pthread_mutex_unlock(&o->mu);
 }
 

@@ -30,6 +30,12 @@
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_clip;          /* global-norm clip; <= 0: none */
+    /* pseudo.grad_scale mean (the pseudo phase only): each slot s's
+     * gradient of the step is divided by n_s, the layers l with
+     * slot_of[l] == s, once it is final (after the microbatches and the
+     * trainer's all-reduce) and before grad_norm reads it; the globals'
+     * are not. 0: the sum over the layers, as backward leaves it. */
+    int slot_grad_mean;
 } backend_adam;
 
 /* Which state buffer: fp32 weights, AdamW first and second moments. */
@@ -42,7 +48,10 @@ typedef struct {
     /* One optimizer step, in this order: step_begin (zero the gradients),
      * microbatch for k = 0..accum-1 (forward, then backward accumulating
      * the gradient of loss_scale * sum of the token losses; returns the
-     * mean loss), grad_norm (global L2 norm of the step's gradient), and,
+     * mean loss), grad_norm (with h->slot_grad_mean, first the slots'
+     * gradients divided by their layer counts; then the global L2 norm of
+     * the step's gradient; NaN when the backend cannot scale, so the step
+     * is skipped), and,
      * when loss and norm are finite, adamw (clip to h->grad_clip, update;
      * returns when the step's work is done). Nothing of the weights, the
      * moments or the AdamW step counts may change before adamw: a step

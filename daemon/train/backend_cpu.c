@@ -20,6 +20,10 @@ typedef struct {
     offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
     int poison_slot;       /* tests: slot whose gradient gets an Inf in
                             * this step, -1 none */
+    /* pseudo.grad_scale mean in this step: share[s] layers use slot s
+     * (n_share entries); grad_mean 0: the sum, share unused */
+    int grad_mean;
+    int *share, n_share;
 } cpu_ctx_;
 
 static void cpu_free_(void *ctx)
@@ -29,6 +33,7 @@ static void cpu_free_(void *ctx)
         return;
     gpt_free(&c->model);
     offload_free(c->off);
+    free(c->share);
     free(c);
 }
 
@@ -40,9 +45,29 @@ static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
                           h->weight_decay, grad_scale};
 }
 
+/* share[s] = the layers using slot s under the model's share map, into
+ * c->share (grown to S entries). 0, or -1 when out of memory. */
+static int count_share_(cpu_ctx_ *c)
+{
+    int S = c->model.S, L = c->model.cfg.n_layer;
+    if (S > c->n_share) {
+        int *p = realloc(c->share, (size_t)S * sizeof *p);
+        if (!p)
+            return -1;
+        c->share = p;
+        c->n_share = S;
+    }
+    memset(c->share, 0, (size_t)S * sizeof *c->share);
+    for (int l = 0; l < L; l++)
+        c->share[c->model.slot_of[l]]++;
+    return 0;
+}
+
 static void cpu_step_begin_(void *ctx, const backend_adam *h)
 {
     cpu_ctx_ *c = ctx;
+    /* out of memory for the counts: grad_norm says NaN (step skipped) */
+    c->grad_mean = h->slot_grad_mean ? (count_share_(c) == 0 ? 1 : -1) : 0;
     /* Offloaded slots are updated only once the global norm is known to
      * be finite (adamw), also without clipping: an update started as soon
      * as a slot's gradient is final could not be taken back when another
@@ -52,6 +77,10 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
      * finite and within the clip, else redone or (a skipped step) undone. */
     if (c->off) {
         offload_step_begin(c->off, NULL);
+        /* an offloaded slot's gradient is divided where it lands, before
+         * a speculative update reads it */
+        if (c->grad_mean > 0)
+            offload_set_grad_divisors(c->off, c->share);
         if (h->grad_clip > 0) {
             offload_adam early = offload_adam_(h, 1.0f);
             offload_step_speculate(c->off, &early);
@@ -73,11 +102,30 @@ static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
     return loss;
 }
 
+/* pseudo.grad_scale mean: slot s's final gradient divided by share[s]
+ * (resident slots; the offload runtime divided the offloaded ones when
+ * their last drain landed). */
+static void mean_slot_grads_(cpu_ctx_ *c)
+{
+    for (int s = 0; s < c->model.S; s++) {
+        if (c->share[s] <= 1 || (c->off && c->model.offloaded[s]))
+            continue;
+        float *gr = c->model.slots[s].grads, n = (float)c->share[s];
+        size_t len = gpt_slot_floats(&c->model, s);
+        for (size_t i = 0; i < len; i++)
+            gr[i] /= n;
+    }
+}
+
 static float cpu_grad_norm_(void *ctx)
 {
     cpu_ctx_ *c = ctx;
     if (c->off)
         offload_wait_grads(c->off);
+    if (c->grad_mean < 0)
+        return NAN;
+    if (c->grad_mean > 0)
+        mean_slot_grads_(c);
     if (c->poison_slot >= 0 && c->poison_slot < c->model.S)
         c->model.slots[c->poison_slot].grads[0] = INFINITY;
     return gpt_grad_norm(&c->model);

@@ -60,6 +60,8 @@ typedef struct {
     int moe;
     gpt_moe_stats moe_st;         /* since step_begin, training passes */
     int32_t *moe_counts;          /* (L, E) host copy of one pass's */
+    /* pseudo.grad_scale mean in this step (backend_adam.slot_grad_mean) */
+    int grad_mean;
 } cuda_ctx_;
 
 static int cuda_n_slots_(void *ctx)
@@ -115,6 +117,7 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
     gpt_cuda_step_begin(c->g, h->lr, h->beta1, h->beta2, h->eps,
                         h->weight_decay, clip_(h));
     memset(&c->moe_st, 0, sizeof c->moe_st);
+    c->grad_mean = h->slot_grad_mean;
 }
 
 /* The router facts of the pass just run (B sequences) into c->moe_st,
@@ -156,9 +159,32 @@ static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
     return loss;
 }
 
+/* pseudo.grad_scale mean: each slot's gradient divided by the layers
+ * sharing it, on the device, before the norm. The trainer refuses the
+ * option when the pseudo phase offloads (trainer.c check_grad_scale_);
+ * should it meet an offloaded shared slot anyway, the step's norm is NaN
+ * and the step skipped, never trained with the sum. */
 static float cuda_grad_norm_(void *ctx)
 {
-    return gpt_cuda_grad_norm(((cuda_ctx_ *)ctx)->g);
+    cuda_ctx_ *c = ctx;
+    if (c->grad_mean) {
+        int S = cuda_n_slots_(c), L = c->model.n_layer;
+        const int *map = gpt_cuda_slot_of(c->g);
+        int *div = calloc((size_t)S, sizeof *div), rc = -1;
+        if (div) {
+            for (int l = 0; l < L; l++)
+                div[map[l]]++;
+            rc = gpt_cuda_div_slot_grads(c->g, div);
+        }
+        free(div);
+        if (rc != 0) {
+            fprintf(stderr, "m6d: pseudo.grad_scale mean: %s; step "
+                    "skipped\n", div ? "a shared slot is offloaded"
+                                     : "out of memory");
+            return NAN;
+        }
+    }
+    return gpt_cuda_grad_norm(c->g);
 }
 
 /* The clip scale is computed on the device from the same sum of squares

@@ -27,6 +27,7 @@
 _Static_assert(sizeof(delink_optimizer) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(delink_policy) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(backend_kind) == sizeof(int), "enum is not int-sized");
+_Static_assert(sizeof(grad_scale_mode) == sizeof(int), "enum is not int-sized");
 
 /* ------------------------------------------------------------------------ */
 /* The key table                                                             */
@@ -57,6 +58,8 @@ typedef struct {
 static const char *const delink_names_[] = { "copy", "reset", NULL };
 static const char *const policy_names_[] = { "step", "plateau", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
+/* pseudo.grad_scale (spec.h grad_scale_mode) */
+static const char *const grad_scale_names_[] = { "sum", "mean", NULL };
 /* offload.speculative (spec.h SPEC_SPECULATIVE_*) */
 static const char *const speculative_names_[] = { "auto", "on", "off", NULL };
 
@@ -125,6 +128,14 @@ static const key_ keys_[] = {
     LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
          "Steps of the pseudo phase, at most `train.steps`; the delink comes "
          "after them. 0: train the real model from scratch."),
+    ENUM("pseudo", "grad_scale", pseudo.grad_scale, grad_scale_names_,
+         "A slot's gradient in the pseudo phase: `sum` over the layers that "
+         "share it, or `mean` (the sum divided by their number), before the "
+         "clip and AdamW. The embeddings and the final LN are not scaled; "
+         "no effect after the delink (one layer per slot)."),
+    FLT("pseudo", "lr_scale", pseudo.lr_scale, 0, 1, INFINITY, 0,
+        "Multiplier of the learning rate (the schedule's value at each step) "
+        "in the pseudo phase; the real phase's is the schedule's."),
     ENUM("delink", "optimizer", delink.optimizer, delink_names_,
          "At the delink each layer's AdamW moments are copied from its slot "
          "(`copy`) or start at zero (`reset`)."),
@@ -387,6 +398,8 @@ void spec_defaults(run_spec *s)
     s->nodes.timeout = 30;
     s->pseudo.share_groups = 1;
     s->pseudo.steps = 0;
+    s->pseudo.grad_scale = GRAD_SCALE_SUM;
+    s->pseudo.lr_scale = 1.0f;
     s->delink.optimizer = DELINK_OPT_COPY;
     s->delink.rewarm_steps = 0;
     s->delink.policy = DELINK_AT_STEP;
@@ -1148,6 +1161,12 @@ static int written_(const run_spec *s, const key_ *k)
         (strcmp(k->key, "policy") == 0 || strcmp(k->key, "min_delta") == 0 ||
          strcmp(k->key, "patience") == 0))
         return s->delink.policy != DELINK_AT_STEP;
+    /* pseudo.grad_scale and lr_scale only when not their defaults: older
+     * specs, their hashes and checkpoints stay as they were */
+    if (k->off == OFF(pseudo.grad_scale))
+        return s->pseudo.grad_scale != GRAD_SCALE_SUM;
+    if (k->off == OFF(pseudo.lr_scale))
+        return s->pseudo.lr_scale != 1.0f;
     /* init.from only when set: the hash of a spec without it is unchanged */
     if (k->section && strcmp(k->section, "init") == 0)
         return s->init.from[0] != 0;

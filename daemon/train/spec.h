@@ -19,6 +19,10 @@ typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
  * (pseudo.steps then the latest step). */
 typedef enum { DELINK_AT_STEP = 0, DELINK_AT_PLATEAU = 1 } delink_policy;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
+/* pseudo.grad_scale: a shared slot's gradient in the pseudo phase is the
+ * sum over the layers that use it, or that sum divided by their number
+ * (DESIGN.md "Pseudo-phase gradient scale and lr"). */
+typedef enum { GRAD_SCALE_SUM = 0, GRAD_SCALE_MEAN = 1 } grad_scale_mode;
 
 /* train.max_bad_steps' default. */
 #define SPEC_MAX_BAD_STEPS 5
@@ -27,7 +31,12 @@ typedef struct {
     char name[256];
     struct { char train[SPEC_STR]; char val[SPEC_STR]; } data;  /* globs */
     model_config model;
-    struct { int share_groups; long steps; } pseudo;  /* steps 0: from scratch */
+    struct {
+        int share_groups;
+        long steps;                 /* 0: from scratch */
+        grad_scale_mode grad_scale; /* slots' gradients: sum or mean */
+        float lr_scale;             /* the pseudo phase's lr multiplier */
+    } pseudo;
     struct {
         delink_optimizer optimizer;
         long rewarm_steps;

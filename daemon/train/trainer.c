@@ -137,6 +137,29 @@ static int open_split_(token_set *ts, const char *key, const char *glob,
     return 0;
 }
 
+/* pseudo.grad_scale mean on cuda: gpt_cuda divides resident slots'
+ * gradients only (an offloaded slot's is accumulated, and may be updated
+ * speculatively, on its host threads), so the pseudo phase's plan must
+ * keep every slot resident. plan: the run's (NULL without a budget). */
+static int check_grad_scale_(const run_spec *spec, const offload_plan *plan,
+                             m6_err *err)
+{
+    if (spec->pseudo.grad_scale != GRAD_SCALE_MEAN ||
+        spec->device.backend != BACKEND_CUDA || !plan ||
+        spec->pseudo.steps == 0 ||
+        spec->pseudo.share_groups >= spec->model.n_layer)
+        return 0;
+    const offload_plan *p = plan->pseudo ? plan->pseudo : plan;
+    if (p->n_offloaded == 0)
+        return 0;
+    m6_err_set(err, M6_EINVALID, "pseudo.grad_scale: \"mean\" on "
+               "device.backend \"cuda\" needs every slot of the pseudo model "
+               "resident, but device.memory_budget offloads %d of its %d "
+               "slots; raise the budget, or use \"sum\"", p->n_offloaded,
+               p->n_slots);
+    return -1;
+}
+
 /* check_backend_ with its message in *err (M6_EINVALID). */
 static int check_backend_err_(const run_spec *spec, m6_err *err)
 {
@@ -171,13 +194,18 @@ int trainer_check_spec(const run_spec *spec, m6_err *err)
      * the CPU backend); pinning failure is only a warning here (the host
      * pool says so again when it allocates) */
     char warn[512];
-    if (offload_check(spec, 0, 0, NULL, warn, sizeof warn, e2, sizeof e2) != 0) {
+    offload_plan plan;
+    if (offload_check(spec, 0, 0, &plan, warn, sizeof warn, e2, sizeof e2) != 0) {
         m6_err_set(err, M6_EINVALID, "%s%s",
                    spec->device.memory_budget > 0 ? "device.memory_budget: "
                                                   : "", e2);
         return -1;
     }
-    return 0;
+    int rc2 = check_grad_scale_(spec, spec->device.memory_budget > 0 ? &plan
+                                                                     : NULL,
+                                err);
+    offload_plan_free(&plan);
+    return rc2;
 }
 
 static int collect_tensors_(const trainer *t, backend_buf b,
@@ -282,6 +310,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
             goto fail;
         }
         t->planned = 1;
+        if (check_grad_scale_(spec, &t->plan, err) != 0)
+            goto fail;
     }
     /* 3. the data */
     int orc = open_split_(&t->train, "data.train", spec->data.train, spec,
@@ -499,8 +529,9 @@ static int val_batch_(trainer *t, int i, m6_err *err)
 
 /* Learning rate for 0-based step s: linear warmup to lr over warmup_steps,
  * cosine decay to min_lr at train.steps (Loshchilov & Hutter 2017, SGDR
- * without restarts); after delink, optionally scaled by a linear re-warmup
- * over delink.rewarm_steps. */
+ * without restarts); in the pseudo phase times pseudo.lr_scale; after
+ * delink, optionally scaled by a linear re-warmup over
+ * delink.rewarm_steps. */
 static float lr_at_(const trainer *t, long s)
 {
     const run_spec *sp = &t->spec;
@@ -515,6 +546,8 @@ static float lr_at_(const trainer *t, long s)
         lr = sp->train.min_lr +
              0.5 * (1.0 + cos(M_PI * p)) * (sp->train.lr - sp->train.min_lr);
     }
+    if (t->phase == PHASE_PSEUDO)
+        lr *= sp->pseudo.lr_scale;
     long R = sp->delink.rewarm_steps;
     if (t->delink_step >= 0 && R > 0 && s - t->delink_step < R)
         lr *= (double)(s - t->delink_step + 1) / (double)R;
@@ -956,7 +989,9 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     res->phase = t->phase;
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
-                         sp->train.weight_decay, sp->train.grad_clip};
+                         sp->train.weight_decay, sp->train.grad_clip,
+                         sp->pseudo.grad_scale == GRAD_SCALE_MEAN &&
+                             t->phase == PHASE_PSEUDO};
     if (t->world > 1) {
         /* every rank fails the step when one cannot read its share */
         uint64_t rng0 = t->data_rng;

@@ -66,6 +66,13 @@ __global__ void adamw_kernel(float *master, bf16 *params, const bf16 *grads,
     params[i] = st(p);
 }
 
+__global__ void grad_div_kernel(bf16 *grads, size_t n, float d)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        grads[i] = st(ld(grads[i]) / d);
+}
+
 __global__ void copy_to_bf16_kernel(bf16 *params, const float *master,
                                     size_t n)
 {
@@ -112,6 +119,15 @@ void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
     adamw_kernel<<<ceil_div(n, bs), bs, 0, stream>>>(
         master, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay,
         grad_scale, bc1, bc2);
+    CUDA_CHECK_LAUNCH();
+}
+
+void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream)
+{
+    const int bs = 256;
+    if (n == 0)
+        return;
+    grad_div_kernel<<<ceil_div(n, bs), bs, 0, stream>>>(grads, n, d);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -322,6 +322,11 @@ void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
                        float beta2, float eps, float weight_decay,
                        const float *grad_scale, long t, cudaStream_t stream);
 
+/* grads[i] = bf16(grads[i] / d) for i < n, in fp32 (one more bf16
+ * rounding): pseudo.grad_scale mean's division of a shared slot's
+ * gradient by the layers that share it. */
+void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream);
+
 /* params (n) = bf16(master): the working copy after loading fp32 weights. */
 void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
                        cudaStream_t stream);

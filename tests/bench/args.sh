@@ -36,6 +36,8 @@ want 2 "^p2r_convergence: --steps: want an integer >= 2, got \"5x\"$" "$P2R" --s
 want 2 "^p2r_convergence: --pseudo-frac: want a fraction strictly between 0 and 1, got \"1\"$" "$P2R" --pseudo-frac 1
 want 2 "^p2r_convergence: --lr: want a number in" "$P2R" --lr abc
 want 2 "^p2r_convergence: 9 share groups \(slots\), more than --layers \(6\)$" "$P2R" --share-groups 9
+want 2 "^p2r_convergence: --grad-scale: want sum or mean, got \"avg\"$" "$P2R" --grad-scale avg
+want 2 "^p2r_convergence: --pseudo-lr-scale: want a number in" "$P2R" --pseudo-lr-scale 0
 want 2 "^offload_host: unexpected argument \"stray\"" "$OFFLOAD_HOST" stray
 [ "$fails" = 0 ] || exit 1
 echo "bench args: ok"

@@ -35,6 +35,13 @@
  *     step counts bitwise those after step 2; step 4 trains.
  *  9. MoE in every block: 8 steps with a delink on both backends agree
  *     (moe_case_ says within what), and cuda reports the router figures.
+ * 10. pseudo.grad_scale mean (issue 21): every step's reported gradient
+ *     norm within TOL_NORM of the CPU backend's with mean, the first far
+ *     from the norm with sum (the shared slot's part divided by L = 3); losses
+ *     within TOL_LOSS; the delink keeps the probe loss (TOL_DELINK). A
+ *     budget that offloads the pseudo phase's slot is refused naming
+ *     pseudo.grad_scale; one that offloads only Real slots is accepted and
+ *     trains within TOL_OFFLOAD of the resident run.
  *
  * Tolerances (those of tests/gpu/test_model.cu, same reasons):
  *  TOL_LOSS 5e-2 nats: the GPU keeps activations, the weights' working copy
@@ -74,6 +81,10 @@
 #define TOL_LOSS 5e-2
 #define TOL_DELINK 1e-6
 #define TOL_OFFLOAD 1e-2
+/* TOL_NORM 2e-2 relative: the norm of bf16 gradients (each element
+ * relative 2^-9, the shared slot's divided once more in bf16) against
+ * fp32's; a wrong scale is off by 30% or more here. */
+#define TOL_NORM 2e-2
 
 #define STEPS 20
 #define DELINK_AT 10
@@ -503,6 +514,102 @@ static int moe_case_(void)
     return 0;
 }
 
+/* Steps of a fresh trainer for s up to `until` (delink at pseudo.steps):
+ * losses and gradient norms; probe[0..1] around the delink. 0 or -1. */
+static int run_norms_(const run_spec *s, long until, float *loss,
+                      float *norm, float *probe)
+{
+    char err[512];
+    trainer *t = create_(s);
+    while (trainer_step_count(t) < until) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == s->pseudo.steps) {
+            probe[0] = trainer_probe_loss(t, 0);
+            if (trainer_delink(t, err, sizeof err) != 0) {
+                fprintf(stderr, "trainer_delink: %s\n", err);
+                trainer_free(t);
+                return -1;
+            }
+            probe[1] = trainer_probe_loss(t, 0);
+        }
+        step_result r;
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
+            fprintf(stderr, "trainer_step: %s\n", err);
+            trainer_free(t);
+            return -1;
+        }
+        loss[r.step - 1] = r.train_loss;
+        norm[r.step - 1] = r.grad_norm;
+    }
+    trainer_free(t);
+    return 0;
+}
+
+static int grad_mean_case_(void)
+{
+    run_spec g = spec_(BACKEND_CUDA), c = spec_(BACKEND_CPU), gs;
+    g.pseudo.grad_scale = c.pseudo.grad_scale = GRAD_SCALE_MEAN;
+    gs = g;
+    gs.pseudo.grad_scale = GRAD_SCALE_SUM;
+    float lg[STEPS], lc[STEPS], ls[STEPS], ng[STEPS], nc[STEPS], ns[STEPS];
+    float pg[2], pc[2], px[2];
+    /* the sum: its first step only (the same weights and batch) */
+    if (run_norms_(&g, STEPS, lg, ng, pg) != 0 ||
+        run_norms_(&c, STEPS, lc, nc, pc) != 0 ||
+        run_norms_(&gs, 1, ls, ns, px) != 0)
+        return -1;
+    double worst = 0;
+    for (int i = 0; i < STEPS; i++) {
+        printf("    step %2d  norm cuda mean %.5f  cpu mean %.5f  loss cuda "
+               "%.5f  cpu %.5f\n", i + 1, ng[i], nc[i], lg[i], lc[i]);
+        worst = fmax(worst, fabs(ng[i] - nc[i]) / nc[i]);
+    }
+    printf("    step  1  norm cuda sum %.5f\n", ns[0]);
+    check_(worst <= TOL_NORM, "max relative |norm cuda - cpu|, mean",
+           worst, 0, TOL_NORM);
+    double dsum = fabs(ns[0] - nc[0]) / nc[0];
+    check_(dsum > 10 * TOL_NORM, "step 1: the sum's norm is not the mean's",
+           dsum, 10 * TOL_NORM, 0);
+    check_(max_diff_(lg, lc, 0, STEPS) <= TOL_LOSS,
+           "max |loss cuda - loss cpu|, mean", max_diff_(lg, lc, 0, STEPS),
+           0, TOL_LOSS);
+    check_(fabs(pg[1] - pg[0]) <= TOL_DELINK,
+           "mean: probe loss after vs before delink", pg[1], pg[0],
+           TOL_DELINK);
+
+    /* offloading: the pseudo slot offloaded is refused ... */
+    offload_plan p;
+    char err[512];
+    run_spec off = g;
+    off.device.memory_budget = offload_budget_(&g, 0, &p);
+    int pseudo_off = p.pseudo && p.pseudo->n_offloaded > 0;
+    offload_plan_free(&p);
+    check_true_(pseudo_off, "budget with 0 resident offloads the pseudo slot");
+    int rc = ERR_INTO(err, trainer_check_spec(&off, &err_));
+    printf("  trainer_check_spec: %s\n", err);
+    check_true_(rc != 0 && strstr(err, "pseudo.grad_scale") &&
+                    strstr(err, "device.memory_budget"),
+                "mean with the pseudo slot offloaded: refused naming the key");
+    trainer *t = ERR_INTO(err, trainer_create(&off, &err_));
+    check_true_(!t && strstr(err, "pseudo.grad_scale"),
+                "... and by trainer_create");
+    trainer_free(t);
+    /* ... Real slots offloaded are fine (mean acts in the pseudo phase) */
+    off.device.memory_budget = offload_budget_(&g, 1, &p);
+    pseudo_off = p.pseudo && p.pseudo->n_offloaded > 0;
+    offload_plan_free(&p);
+    rc = ERR_INTO(err, trainer_check_spec(&off, &err_));
+    check_true_(!pseudo_off && rc == 0,
+                "mean with Real slots offloaded, pseudo resident: accepted");
+    float lo[STEPS], no[STEPS], po[2];
+    if (run_norms_(&off, STEPS, lo, no, po) != 0)
+        return -1;
+    check_(max_diff_(lo, lg, 0, STEPS) <= TOL_OFFLOAD,
+           "mean: max |loss offloaded - loss resident|",
+           max_diff_(lo, lg, 0, STEPS), 0, TOL_OFFLOAD);
+    return 0;
+}
+
 int main(void)
 {
     const char *why = "";
@@ -633,6 +740,10 @@ int main(void)
 
     printf("9. MoE in every block, cuda against cpu\n");
     if (moe_case_() != 0)
+        return 1;
+
+    printf("10. pseudo.grad_scale mean, cuda against cpu\n");
+    if (grad_mean_case_() != 0)
         return 1;
 
     if (synth_remove(dir_) != 0)

@@ -170,6 +170,68 @@ static void test_max_bad_steps(void **state)
     assert_non_null(strstr(err, "train.max_bad_steps"));
 }
 
+/* pseudo.grad_scale and pseudo.lr_scale: sum and 1 by default and then
+ * left out of the canonical JSON (the pinned hash above holds); other
+ * values are written, round-trip and change the hash; bad values are
+ * refused naming the key. */
+static void test_pseudo_knobs(void **state)
+{
+    (void)state;
+    run_spec d, s, back;
+    char err[512];
+    const char *base = "{\"data\":{\"train\":\"t/*.bin\",\"val\":\"v/*.bin\"}";
+    char text[256];
+    snprintf(text, sizeof text, "%s}", base);
+    assert_int_equal(parse(&d, text, err, sizeof err), 0);
+    assert_int_equal(d.pseudo.grad_scale, GRAD_SCALE_SUM);
+    assert_true(d.pseudo.lr_scale == 1.0f);
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "grad_scale"));
+    assert_null(strstr(j, "lr_scale"));
+    free(j);
+    /* explicit defaults: the same spec, the same hash */
+    snprintf(text, sizeof text, "%s,\"pseudo\":{\"grad_scale\":\"sum\","
+             "\"lr_scale\":1}}", base);
+    assert_int_equal(parse(&s, text, err, sizeof err), 0);
+    assert_true(spec_hash(&s) == spec_hash(&d));
+    snprintf(text, sizeof text, "%s,\"pseudo\":{\"grad_scale\":\"mean\","
+             "\"lr_scale\":0.5}}", base);
+    assert_int_equal(parse(&s, text, err, sizeof err), 0);
+    assert_int_equal(s.pseudo.grad_scale, GRAD_SCALE_MEAN);
+    assert_true(s.pseudo.lr_scale == 0.5f);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    j = spec_to_json(&s);
+    assert_non_null(strstr(j, "\"grad_scale\": \"mean\""));
+    assert_non_null(strstr(j, "\"lr_scale\": 0.5"));
+    assert_int_equal(parse(&back, j, err, sizeof err), 0);
+    assert_int_equal(back.pseudo.grad_scale, GRAD_SCALE_MEAN);
+    assert_true(back.pseudo.lr_scale == 0.5f);
+    assert_true(spec_hash(&back) == spec_hash(&s));
+    free(j);
+    /* one alone changes the hash too */
+    snprintf(text, sizeof text, "%s,\"pseudo\":{\"lr_scale\":2}}", base);
+    assert_int_equal(parse(&s, text, err, sizeof err), 0);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    static const char *const bad[][2] = {
+        {"\"grad_scale\":\"avg\"", "pseudo.grad_scale"},
+        {"\"grad_scale\":1", "pseudo.grad_scale"},
+        {"\"lr_scale\":0", "pseudo.lr_scale"},
+        {"\"lr_scale\":-1", "pseudo.lr_scale"},
+        {"\"lr_scale\":\"x\"", "pseudo.lr_scale"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, "%s,\"pseudo\":{%s}}", base, bad[i][0]);
+        err[0] = 0;
+        assert_int_equal(parse(&s, text, err, sizeof err), -1);
+        assert_contains(err, bad[i][1]);
+    }
+    /* "avg": the error lists what is accepted */
+    snprintf(text, sizeof text, "%s,\"pseudo\":{\"grad_scale\":\"avg\"}}",
+             base);
+    assert_int_equal(parse(&s, text, err, sizeof err), -1);
+    assert_contains(err, "mean");
+}
+
 /* model.moe parses, round-trips, and changes the hash; the M6-10T shape
  * (48 layers, C 1024, H 9984, 10,240 experts in 80 prototypes) parses. */
 static void test_moe(void **state)
@@ -736,6 +798,7 @@ int main(void)
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_hash_dense_pinned),
         cmocka_unit_test(test_max_bad_steps),
+        cmocka_unit_test(test_pseudo_knobs),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_delink_policy),
         cmocka_unit_test(test_nodes),

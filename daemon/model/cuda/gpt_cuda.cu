@@ -1172,6 +1172,18 @@ static float grad_sumsq_(gpt_cuda *g)
     return g->h_out[1];
 }
 
+int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
+{
+    for (int s = g->n_res; s < g->S; s++)
+        if (div[s] > 1)
+            return -1;
+    for (int s = 0; s < g->n_res; s++)
+        if (div[s] > 1)
+            grad_div_cuda(g->grads + g->n_global + (size_t)s * g->slot_size,
+                          g->slot_size, (float)div[s], g->stream);
+    return 0;
+}
+
 float gpt_cuda_grad_norm(gpt_cuda *g)
 {
     return sqrtf(grad_sumsq_(g));

@@ -121,6 +121,13 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
 
 void gpt_cuda_zero_grad(gpt_cuda *g);
 
+/* pseudo.grad_scale mean: divide each resident slot s's gradient by
+ * div[s] ([S] ints; <= 1: untouched), in fp32 with one more bf16 rounding.
+ * Queued on the compute stream after the microbatches, before
+ * gpt_cuda_grad_norm. -1, nothing queued, when an offloaded slot has
+ * div[s] > 1 (its gradient is the host threads'); else 0. */
+int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div);
+
 /* Global L2 norm of the gradients (waits for the GPU; with offloaded
  * slots also for their accumulation, and adds the host's part). */
 float gpt_cuda_grad_norm(gpt_cuda *g);
