@@ -18,13 +18,16 @@
  *   --delink-optimizer copy,reset
  *   --rewarm 0,0.05           re-warmup after the delink, share of the steps
  *   --seeds 1,2
+ *   --grad-scale sum          pseudo.grad_scale: sum, mean or sum,mean
+ *   --pseudo-lr-scale 1       pseudo.lr_scale
  *   --corpora fortunes,foldoc (Debian's fortunes; dict-foldoc's FOLDOC)
  * One process per run (--jobs at a time, one thread each). Every finished
  * run leaves its curve in OUT/curves/ (written through a temporary file and
  * renamed), so a sweep that was interrupted resumes where it stopped: run
- * the same command again. OUT/results.csv (one row per Pseudo-to-Real run),
- * OUT/sweep-CORPUS.svg (scratch, the best and the worst setting's curves)
- * are written at the end. The last line is key=value pairs naming the best
+ * the same command again; another grid on the same OUT (same shape) trains
+ * only its new settings (scratch is shared). OUT/results[-TAG].csv (one row
+ * per Pseudo-to-Real run; --tag TAG), OUT/sweep[-TAG]-CORPUS.svg (scratch,
+ * the best and the worst setting's curves) are written at the end. The last line is key=value pairs naming the best
  * setting (the lowest final_val_ratio averaged over seeds and corpora).
  */
 #include <errno.h>
@@ -53,6 +56,8 @@ typedef struct {
     int corpus, seed, S;
     double frac, rewarm;
     int reset;  /* delink.optimizer reset */
+    int mean;   /* pseudo.grad_scale mean */
+    double lr_scale;  /* pseudo.lr_scale */
 } task;
 
 /* A finished run's validation curve (OUT/curves/NAME.csv). */
@@ -105,22 +110,30 @@ static int list_arg_(const char *name, const char *arg, double *v, double lo,
     return n;
 }
 
+/* The setting of a Pseudo-to-Real task, without corpus and seed; the
+ * pseudo-phase options only where they are not the defaults (so the names
+ * of the runs of a sweep without them stay valid). */
+static void setting_name_(const task *k, char *out, size_t len)
+{
+    char lr[32] = "";
+    if (k->lr_scale != 1)
+        snprintf(lr, sizeof lr, "-lr%g", k->lr_scale);
+    snprintf(out, len, "S%d-f%g-%s-r%g%s%s", k->S, k->frac,
+             k->reset ? "reset" : "copy", k->rewarm, k->mean ? "-mean" : "", lr);
+}
+
 static void task_name_(const task *k, const char *const *corpora, char *out,
                        size_t len)
 {
     if (k->S == 0)
         snprintf(out, len, "%s-seed%d-scratch", corpora[k->corpus], k->seed);
     else
-        snprintf(out, len, "%s-seed%d-S%d-f%g-%s-r%g", corpora[k->corpus],
-                 k->seed, k->S, k->frac, k->reset ? "reset" : "copy", k->rewarm);
+    {
+        int n = snprintf(out, len, "%s-seed%d-", corpora[k->corpus], k->seed);
+        setting_name_(k, out + n, len - (size_t)n);
+    }
 }
 
-/* The setting of a Pseudo-to-Real task, without corpus and seed. */
-static void setting_name_(const task *k, char *out, size_t len)
-{
-    snprintf(out, len, "S%d-f%g-%s-r%g", k->S, k->frac,
-             k->reset ? "reset" : "copy", k->rewarm);
-}
 
 /* Child: train task k from spec base and write its curve to path. */
 static int run_task_(const run_spec *base, const task *k, const char *data,
@@ -141,6 +154,8 @@ static int run_task_(const run_spec *base, const task *k, const char *data,
             s.pseudo.steps = 1;
         s.delink.optimizer = k->reset ? DELINK_OPT_RESET : DELINK_OPT_COPY;
         s.delink.rewarm_steps = (long)(k->rewarm * (double)s.train.steps + 0.5);
+        s.pseudo.grad_scale = k->mean ? GRAD_SCALE_MEAN : GRAD_SCALE_SUM;
+        s.pseudo.lr_scale = (float)k->lr_scale;
     }
     char err[512];
     trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
@@ -239,7 +254,8 @@ static void usage_(void)
         "         --eval-every N (25) --eval-batches N (8)\n"
         "  grid:  --share-groups 1,2,half  --pseudo-frac 0.05,0.1,0.2,0.3\n"
         "         --delink-optimizer copy,reset  --rewarm 0,0.05 (of the steps)\n"
-        "         --seeds 1,2\n");
+        "         --seeds 1,2  --grad-scale sum[,mean]  --pseudo-lr-scale 1\n"
+        "  --tag TAG           results-TAG.csv, sweep-TAG-CORPUS.svg\n");
 }
 
 int main(int argc, char **argv)
@@ -258,6 +274,7 @@ int main(int argc, char **argv)
     const char *out = "/tmp/m6-p2r-sweep", *corpora_arg = "fortunes,foldoc";
     const char *sg_arg = "1,2,half", *frac_arg = "0.05,0.1,0.2,0.3";
     const char *opt_arg = "copy,reset", *rewarm_arg = "0,0.05", *seeds_arg = "1,2";
+    const char *gs_arg = "sum", *lrs_arg = "1", *tag = NULL;
     long jobs = sysconf(_SC_NPROCESSORS_ONLN);
     static const struct option opts[] = {
         {"out", 1, 0, 'o'}, {"corpora", 1, 0, 'c'}, {"jobs", 1, 0, 'j'},
@@ -266,7 +283,8 @@ int main(int argc, char **argv)
         {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'}, {"eval-every", 1, 0, 'e'},
         {"eval-batches", 1, 0, 'E'}, {"share-groups", 1, 0, 'S'},
         {"pseudo-frac", 1, 0, 'f'}, {"delink-optimizer", 1, 0, 'O'},
-        {"rewarm", 1, 0, 'r'}, {"seeds", 1, 0, 's'}, {"help", 0, 0, 'h'},
+        {"rewarm", 1, 0, 'r'}, {"seeds", 1, 0, 's'}, {"grad-scale", 1, 0, 'g'},
+        {"pseudo-lr-scale", 1, 0, 'R'}, {"tag", 1, 0, 'x'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -292,6 +310,17 @@ int main(int argc, char **argv)
         case 'O': opt_arg = optarg; break;
         case 'r': rewarm_arg = optarg; break;
         case 's': seeds_arg = optarg; break;
+        case 'g': gs_arg = optarg; break;
+        case 'R': lrs_arg = optarg; break;
+        case 'x':
+            tag = optarg;
+            if (!*tag || strlen(tag) > 64 || strspn(tag, "abcdefghijklmnopqrstuvwxyz"
+                                                       "0123456789_.") != strlen(tag)) {
+                fprintf(stderr, P_ ": --tag: want 1-64 of a-z, 0-9, _ and ., got "
+                                "\"%s\"\n", tag);
+                return 2;
+            }
+            break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -309,6 +338,26 @@ int main(int argc, char **argv)
     int nfrac = list_arg_("pseudo-frac", frac_arg, frac, 0, 1, 0);
     int nrw = list_arg_("rewarm", rewarm_arg, rewarm, 0, 1, 0);
     int nseed = list_arg_("seeds", seeds_arg, seeds, 0, 1e9, 0);
+    double lrs[MAXV];
+    int nlrs = list_arg_("pseudo-lr-scale", lrs_arg, lrs, 1e-3, 1e3, 0);
+    int gs_mean[2], ngs = 0;
+    {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", gs_arg);
+        for (char *save, *tok = strtok_r(buf, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            if ((strcmp(tok, "sum") && strcmp(tok, "mean")) || ngs == 2) {
+                fprintf(stderr, P_ ": --grad-scale: want sum, mean or sum,mean; "
+                                "got \"%s\"\n", gs_arg);
+                return 2;
+            }
+            gs_mean[ngs++] = strcmp(tok, "mean") == 0;
+        }
+        if (ngs == 0) {
+            fprintf(stderr, P_ ": --grad-scale: want sum and/or mean\n");
+            return 2;
+        }
+    }
     for (int i = 0; i < nsg; i++)
         if (sg[i] != floor(sg[i]) || sg[i] < 1 || sg[i] >= L) {
             fprintf(stderr, P_ ": --share-groups: want whole numbers in [1, %d) "
@@ -422,20 +471,24 @@ int main(int argc, char **argv)
     }
 
     /* the tasks: per corpus and seed, scratch first, then the grid */
-    int ntask = 0, cap = ncorp * nseed * (1 + nsg * nfrac * nopt * nrw);
+    int nset = nsg * nfrac * nopt * nrw * ngs * nlrs;
+    int ntask = 0, cap = ncorp * nseed * (1 + nset);
     task *tasks = calloc((size_t)cap, sizeof *tasks);
     if (!tasks)
         die_("out of memory");
     for (int c = 0; c < ncorp; c++)
         for (int si = 0; si < nseed; si++) {
-            tasks[ntask++] = (task){c, (int)seeds[si], 0, 0, 0, 0};
+            tasks[ntask++] = (task){c, (int)seeds[si], 0, 0, 0, 0, 0, 1};
             for (int a = 0; a < nsg; a++)
                 for (int b = 0; b < nfrac; b++)
                     for (int d = 0; d < nopt; d++)
                         for (int e = 0; e < nrw; e++)
-                            tasks[ntask++] = (task){c, (int)seeds[si], (int)sg[a],
-                                                    frac[b], rewarm[e],
-                                                    opts_reset[d]};
+                            for (int g = 0; g < ngs; g++)
+                                for (int h = 0; h < nlrs; h++)
+                                    tasks[ntask++] = (task){
+                                        c, (int)seeds[si], (int)sg[a], frac[b],
+                                        rewarm[e], opts_reset[d], gs_mean[g],
+                                        lrs[h]};
         }
     int todo = 0;
     for (int i = 0; i < ntask; i++) {
@@ -451,7 +504,7 @@ int main(int argc, char **argv)
     }
     printf(P_ ": %d runs (%d corpora x %d seeds x (scratch + %d settings)); "
               "%d already done in %s, %d to train, %ld at a time\n",
-           ntask, ncorp, nseed, nsg * nfrac * nopt * nrw, ntask - todo, out,
+           ntask, ncorp, nseed, nset, ntask - todo, out,
            todo, jobs);
     fflush(stdout);
 
@@ -499,7 +552,8 @@ int main(int argc, char **argv)
 
     /* the comparison */
     char csvpath[1000], tmpcsv[1100];
-    snprintf(csvpath, sizeof csvpath, "%s/results.csv", out);
+    snprintf(csvpath, sizeof csvpath, "%s/results%s%s.csv", out, tag ? "-" : "",
+             tag ? tag : "");
     snprintf(tmpcsv, sizeof tmpcsv, "%s.tmp-%d", csvpath, (int)getpid());
     FILE *csv = fopen(tmpcsv, "w");
     if (!csv) {
@@ -511,7 +565,6 @@ int main(int argc, char **argv)
                  "scratch_final_val,final_val_ratio,steps_to_target,"
                  "scratch_steps_to_target,step_ratio,wall_s,scratch_wall_s,"
                  "wall_ratio\n");
-    int nset = nsg * nfrac * nopt * nrw;
     /* per setting and corpus: sums over seeds */
     double *ratio_sum = calloc((size_t)nset * ncorp, sizeof(double));
     double *step_sum = calloc((size_t)nset * ncorp, sizeof(double));
@@ -540,10 +593,11 @@ int main(int argc, char **argv)
             char sr[32] = "never";
             if (p_reach >= 0)
                 snprintf(sr, sizeof sr, "%.4f", (double)p_reach / (double)s_reach);
-            fprintf(csv, "%s,%d,%d,%g,%s,%g,sum,1,%ld,%.6f,%.6f,%.6f,%ld,%ld,%s,"
+            fprintf(csv, "%s,%d,%d,%g,%s,%g,%s,%g,%ld,%.6f,%.6f,%.6f,%ld,%ld,%s,"
                          "%.3f,%.3f,%.4f\n",
                     corpora[t->corpus], t->seed, t->S, t->frac,
-                    t->reset ? "reset" : "copy", t->rewarm, s.train.steps, fv,
+                    t->reset ? "reset" : "copy", t->rewarm,
+                    t->mean ? "mean" : "sum", t->lr_scale, s.train.steps, fv,
                     target, fv / target, p_reach, s_reach, sr, pc->total_wall,
                     sc->total_wall, pc->total_wall / sc->total_wall);
             size_t at = (size_t)k * ncorp + t->corpus;
@@ -563,7 +617,7 @@ int main(int argc, char **argv)
 
     /* the table, averaged over seeds; the best and worst settings */
     printf("\nmean over %d seeds: final val / scratch's, steps to scratch's "
-           "final val / scratch's, wall-clock / scratch's\n%-22s", nseed,
+           "final val / scratch's, wall-clock / scratch's\n%-30s", nseed,
            "setting");
     for (int c = 0; c < ncorp; c++)
         printf("  %-9s%6s %10s %5s", corpora[c], "final", "to-target", "wall");
@@ -573,7 +627,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < nset; k++) {
         char name[128];
         setting_name_(&tasks[1 + k], name, sizeof name);
-        printf("%-22s", name);
+        printf("%-30s", name);
         double m = 0;
         for (int c = 0; c < ncorp; c++) {
             size_t at = (size_t)k * ncorp + c;
@@ -617,7 +671,8 @@ int main(int argc, char **argv)
             runs[r] = (plot_run){label[r], (size_t)cv[r].n, cv[r].step,
                                  nan_[r], cv[r].val, cv[r].delink_step};
         }
-        snprintf(path, sizeof path, "%s/sweep-%s.svg", out, corpora[c]);
+        snprintf(path, sizeof path, "%s/sweep%s%s-%s.svg", out, tag ? "-" : "",
+                 tag ? tag : "", corpora[c]);
         if (plot_svg_write(path, runs, best == worst ? 2 : 3, err, sizeof err)) {
             fprintf(stderr, P_ ": %s\n", err);
             return 1;
@@ -630,7 +685,7 @@ int main(int argc, char **argv)
     printf("\nbest setting %s: final val %.4f x scratch's (mean over %d seeds "
            "and %d corpora); worst %s: %.4f\n", bn, best_m, nseed, ncorp, wn,
            worst_m);
-    printf("wrote %s/results.csv and %s/sweep-*.svg\n", out, out);
+    printf("wrote %s and the plots beside it\n", csvpath);
     printf("settings=%d runs=%d trained=%d", nset, ntask, todo);
     for (int c = 0; c < ncorp; c++)
         printf(" best_ratio_%s=%.4f", corpora[c],

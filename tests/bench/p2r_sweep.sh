@@ -54,12 +54,25 @@ touch "$T/s/curves/fortunes-seed4-S1-f0.5-reset-r0.1.csv.tmp-99"
 out2=$("$SWEEP" "${A[@]}" 2>&1) || fail "second sweep exited $?"
 grep -q '17 already done' <<<"$out2" || fail "resume: $(sed -n 2p <<<"$out2")"
 grep -q 'trained=1 ' <<<"$(tail -1 <<<"$out2")" || fail "resume trained: $(tail -1 <<<"$out2")"
+# another grid on the same --out (the pseudo-phase options): only its new
+# settings train, scratch is shared; its own table names the options
+out3=$("$SWEEP" "${A[@]}" --pseudo-frac 0.2 --delink-optimizer copy --rewarm 0 \
+        --grad-scale sum,mean --pseudo-lr-scale 0.5,1 --tag knobs 2>&1) \
+    || fail "knobs sweep exited $?: $out3"
+grep -q 'trained=6 ' <<<"$(tail -1 <<<"$out3")" || fail "knobs sweep trained: $(tail -1 <<<"$out3")"
+k=$T/s/results-knobs.csv
+[ "$(grep -c ',mean,0.5,' "$k")" = 2 ] && [ "$(grep -c ',sum,1,' "$k")" = 2 ] \
+    || fail "results-knobs.csv: $(cat "$k")"
+[ -f "$T/s/curves/fortunes-seed3-S1-f0.2-copy-r0-mean-lr0.5.csv" ] \
+    || fail "no curve for the mean, lr 0.5 setting: $(ls "$T/s/curves")"
+[ -s "$T/s/sweep-knobs-fortunes.svg" ] || fail "no sweep-knobs-fortunes.svg"
 # another shape on the same --out: refused, nothing touched
 rc=0; err=$("$SWEEP" "${A[@]}" --steps 31 2>&1) || rc=$?
 [ "$rc" = 2 ] && grep -q 'holds a sweep of another shape' <<<"$err" || fail "other shape: rc $rc, $err"
 # bad options
 for bad in "--share-groups 2" "--pseudo-frac 1" "--delink-optimizer keep" \
-           "--corpora wiki" "--seeds x" "--jobs 0"; do
+           "--corpora wiki" "--seeds x" "--jobs 0" "--grad-scale avg" \
+           "--pseudo-lr-scale 0" "--tag ../x"; do
     rc=0
     # shellcheck disable=SC2086
     err=$("$SWEEP" --out "$T/bad" --layers 2 --embd 16 --heads 2 $bad 2>&1) || rc=$?
