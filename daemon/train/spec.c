@@ -124,7 +124,9 @@ static const key_ keys_[] = {
         "H: hidden size of each expert's MLP. 0: 4 * `n_embd`."),
     INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
         "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L` "
-        "(with `model.moe.every` > 1, each kind's layers so over its slots)."),
+        "(with `model.moe.every` > 1, each kind's layers so over its slots). "
+        "Left out of a spec with a pseudo phase: L/2 (at least 1; 2 with "
+        "`model.moe.every` > 1), the best of bench/p2r_sweep's grid."),
     LONG("pseudo", "steps", pseudo.steps, 0, LONG_MAX,
          "Steps of the pseudo phase, at most `train.steps`; the delink comes "
          "after them. 0: train the real model from scratch."),
@@ -141,7 +143,9 @@ static const key_ keys_[] = {
          "(`copy`) or start at zero (`reset`)."),
     LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
          "After the delink, scale the learning rate up linearly over this many "
-         "steps. 0: no re-warmup."),
+         "steps. 0: no re-warmup. Left out of a spec with a pseudo phase: 5% "
+         "of `train.steps` (at most the real phase's steps), the best of "
+         "bench/p2r_sweep's grid."),
     ENUM("delink", "policy", delink.policy, policy_names_,
          "When the coordinator delinks: `step`, after `pseudo.steps`; "
          "`plateau`, at the first validation pass of the pseudo phase whose "
@@ -961,6 +965,30 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* The Pseudo-to-Real keys a spec with a pseudo phase leaves out take the
+ * best setting of bench/p2r_sweep's grid (issue 21; docs/DESIGN.md "When
+ * Pseudo-to-Real pays"): S = L/2 slots (at least 1, or the 2 a model with
+ * dense and MoE slots needs), and a re-warmup over 5% of train.steps (at
+ * most the real phase). The values then stand in the canonical JSON, so a
+ * stored run resumes with them whatever later defaults are. spec_defaults
+ * (the C API's starting point, without a model yet) keeps 1 and 0. */
+static void p2r_defaults_(run_spec *s, const json_t *root)
+{
+    if (s->pseudo.steps <= 0)
+        return;
+    if (!json_object_get(json_object_get(root, "pseudo"), "share_groups")) {
+        int S = s->model.n_layer / 2;
+        if (s->model.moe_experts > 0 && s->model.moe_every > 1 && S < 2)
+            S = 2;
+        s->pseudo.share_groups = S < 1 ? 1 : S;
+    }
+    if (!json_object_get(json_object_get(root, "delink"), "rewarm_steps")) {
+        long r = lround(SPEC_P2R_REWARM_FRAC * (double)s->train.steps);
+        long room = s->train.steps - s->pseudo.steps;
+        s->delink.rewarm_steps = r < room ? r : room < 0 ? 0 : room;
+    }
+}
+
 int spec_parse(run_spec *out, const char *json, size_t len, char *err,
                size_t errlen)
 {
@@ -1028,6 +1056,7 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
             if (set_value_(&s, k, v, err, errlen) != 0) goto out;
         }
     }
+    p2r_defaults_(&s, root);
     if (cross_check_(&s, err, errlen) != 0) goto out;
     *out = s;
     rc = 0;
@@ -1340,7 +1369,11 @@ int spec_keys_markdown(FILE *out)
             return -1;
         }
         fprintf(out, "| `%s` | %s | ", path, type_md_(k->kind));
-        if (strcmp(dflt, "\"\"") == 0) fputs("none", out);
+        if (k->off == OFF(pseudo.share_groups))
+            fputs("L/2", out);  /* p2r_defaults_ */
+        else if (k->off == OFF(delink.rewarm_steps))
+            fputs("5% of `train.steps`", out);
+        else if (strcmp(dflt, "\"\"") == 0) fputs("none", out);
         else fprintf(out, "`%s`", dflt);
         fputs(" | ", out);
         cell_(out, range);

@@ -24,6 +24,10 @@ typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
  * (DESIGN.md "Pseudo-phase gradient scale and lr"). */
 typedef enum { GRAD_SCALE_SUM = 0, GRAD_SCALE_MEAN = 1 } grad_scale_mode;
 
+/* delink.rewarm_steps where a spec with a pseudo phase leaves it out: this
+ * share of train.steps (bench/p2r_sweep's best, issue 21). */
+#define SPEC_P2R_REWARM_FRAC 0.05
+
 /* train.max_bad_steps' default. */
 #define SPEC_MAX_BAD_STEPS 5
 

@@ -97,9 +97,14 @@ grep -q "^step time ratio t_pseudo / t_real = " "$T/f1.txt" || fail "text: step 
 
 # --- the sweep's CSV: fortunes, S 1, 25% pseudo, copy, no re-warm; the
 # spec with 5% re-warm (50 of 1000 steps) picks the other rows
-python3 - "$EX/fortunes-p2r.json" "$T/rewarm.json" "$T/nopseudo.json" <<'PY'
+# (the fixture's settings, which the example had before the sweep's)
+python3 - "$EX/fortunes-p2r.json" "$T/rewarm.json" "$T/nopseudo.json" "$T/old.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
+s["pseudo"]["share_groups"] = 1
+s["pseudo"]["steps"] = 250
+s["delink"]["rewarm_steps"] = 0
+json.dump(s, open(sys.argv[4], "w"))
 s["delink"]["rewarm_steps"] = 50
 json.dump(s, open(sys.argv[2], "w"))
 s["delink"]["rewarm_steps"] = 0
@@ -125,12 +130,12 @@ assert abs(r["wall_ratio"] - want) <= 1e-12, (r["wall_ratio"], want)
 assert r["reaches_target"] is True
 PY
 # one seed of the no-re-warm setting never got there: said plainly
-ctl plan "$EX/fortunes-p2r.json" --p2r --sweep "$FIX" --corpus fortunes >"$T/s2.txt" \
+ctl plan "$T/old.json" --p2r --sweep "$FIX" --corpus fortunes >"$T/s2.txt" \
     || fail "sweep never"
 grep -q "never reached scratch's final loss in 1 of 2 seeds" "$T/s2.txt" \
     || fail "sweep never: $(cat "$T/s2.txt")"
 ! grep -q "predicted wall ratio" "$T/s2.txt" || fail "a ratio for never"
-ctl --json plan "$EX/fortunes-p2r.json" --p2r --sweep "$FIX" --corpus foldoc \
+ctl --json plan "$T/old.json" --p2r --sweep "$FIX" --corpus foldoc \
     | python3 -c "
 import json, sys
 r = json.load(sys.stdin)

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "train/spec.h"
+#include "common/cpus.h"
 
 static void assert_contains(const char *hay, const char *needle)
 {
@@ -80,9 +81,9 @@ static void test_defaults(void **state)
     assert_int_equal(spec_host_threads(&s), 2);
     {
         run_spec c = s;
-        cpu_set_t set;
-        assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
-        int want = CPU_COUNT(&set) - 2;
+        /* cpus_available: the affinity mask capped by the cgroup quota
+         * (test_cpus checks it) */
+        int want = cpus_available() - 2;
         want = want < 1 ? 1 : want > 64 ? 64 : want;
         c.device.backend = BACKEND_CUDA;
         assert_int_equal(spec_host_threads(&c), want);
@@ -174,6 +175,49 @@ static void test_max_bad_steps(void **state)
  * left out of the canonical JSON (the pinned hash above holds); other
  * values are written, round-trip and change the hash; bad values are
  * refused naming the key. */
+/* The Pseudo-to-Real keys a spec with a pseudo phase leaves out: S = L/2
+ * (at least 1; 2 for a mixed dense/MoE model) and a re-warmup over 5% of
+ * train.steps, at most the real phase; explicit values and specs without
+ * a pseudo phase keep theirs; the resolved values stand in the canonical
+ * JSON (a stored run re-parses to the same struct and hash). */
+static void test_p2r_defaults(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *pseudo, *delink;
+        long steps;
+        int want_S;
+        long want_rewarm;
+    } cases[] = {
+        {"\"n_layer\":6", "\"steps\":100", "", 1000, 3, 50},
+        {"\"n_layer\":7", "\"steps\":100", "", 990, 3, 50},   /* 49.5: 50 */
+        {"\"n_layer\":1", "\"steps\":10", "", 100, 1, 5},
+        {"\"n_layer\":4", "\"steps\":98", "", 100, 2, 2},     /* room 2 */
+        {"\"n_layer\":3,\"moe\":{\"num_experts\":2,\"every\":2}",
+         "\"steps\":10", "", 100, 2, 5},
+        {"\"n_layer\":6", "\"steps\":100,\"share_groups\":1",
+         "\"rewarm_steps\":0", 1000, 1, 0},                      /* explicit */
+        {"\"n_layer\":6", "\"steps\":0", "", 1000, 1, 0},      /* scratch */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[512], err[512];
+        snprintf(text, sizeof text,
+                 "{\"data\":{\"train\":\"t/*.bin\",\"val\":\"v/*.bin\"},"
+                 "\"model\":{%s,\"n_head\":2,\"n_embd\":16},"
+                 "\"pseudo\":{%s},\"delink\":{%s},\"train\":{\"steps\":%ld}}",
+                 cases[i].model, cases[i].pseudo, cases[i].delink, cases[i].steps);
+        run_spec s;
+        if (parse(&s, text, err, sizeof err) != 0)
+            fail_msg("case %zu: %s\n%s", i, err, text);
+        if (s.pseudo.share_groups != cases[i].want_S ||
+            s.delink.rewarm_steps != cases[i].want_rewarm)
+            fail_msg("case %zu: S %d rewarm %ld, want %d %ld", i,
+                     s.pseudo.share_groups, s.delink.rewarm_steps,
+                     cases[i].want_S, cases[i].want_rewarm);
+        roundtrip(&s);
+    }
+}
+
 static void test_pseudo_knobs(void **state)
 {
     (void)state;
@@ -536,9 +580,9 @@ static void test_bad_specs(void **state)
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
           "model.moe.every: must be >= 1, got 0" },
         /* every 2: a mixed model, whose pseudo phase needs a slot of each
-         * kind */
+         * kind (left out, share_groups is L/2 = 3: test_p2r_defaults) */
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
-          "\"pseudo\": {\"steps\": 10}",
+          "\"pseudo\": {\"steps\": 10, \"share_groups\": 1}",
           "pseudo.share_groups: model.moe.every = 2 mixes dense and MoE "
           "blocks" },
 
@@ -807,6 +851,7 @@ int main(void)
         cmocka_unit_test(test_full_spec),
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_bad_specs),
+        cmocka_unit_test(test_p2r_defaults),
         cmocka_unit_test(test_load_file),
         cmocka_unit_test(test_unknown_key_suggestion),
     };
