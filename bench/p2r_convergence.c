@@ -16,6 +16,7 @@
 
 #include "bench_args.h"
 #include "bench_util.h"
+#include "p2r_run.h"
 #include "client/corpus/corpus.h"
 #include "train/data.h"
 #include "train/trainer.h"
@@ -31,48 +32,28 @@ typedef struct {
     long delink_step;
 } curve;
 
+static void on_eval_(void *ctx, long step, double val, double wall_s)
+{
+    curve *c = ctx;
+    c->step[c->n] = step;
+    c->wall[c->n] = wall_s;
+    c->val[c->n] = val;
+    c->n++;
+}
+
 static int run_(const run_spec *s, curve *c)
 {
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t) {
-        fprintf(stderr, "p2r_convergence: %s\n", err);
-        return -1;
-    }
     c->n = 0;
     c->step = calloc((size_t)s->train.steps + 1, sizeof(long));
     c->wall = calloc((size_t)s->train.steps + 1, sizeof(double));
     c->val = calloc((size_t)s->train.steps + 1, sizeof(double));
-    double t0 = clock_mono_s(), evals = 0;
-    c->delink_step = -1;
-    while (trainer_step_count(t) < s->train.steps) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) >= s->pseudo.steps) {
-            if (trainer_delink(t, err, sizeof err) != 0) {
-                fprintf(stderr, "p2r_convergence: %s\n", err);
-                return -1;
-            }
-            c->delink_step = trainer_step_count(t);
-        }
-        step_result r;
-        double a = clock_mono_s();
-        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
-            fprintf(stderr, "p2r_convergence: %s\n", err);
-            trainer_free(t);
-            return -1;
-        }
-        if (!isnan(r.val_loss)) {
-            /* wall-clock excludes the time spent evaluating */
-            evals += (clock_mono_s() - a) - r.step_ms / 1e3;
-            c->step[c->n] = r.step;
-            c->wall[c->n] = clock_mono_s() - t0 - evals;
-            c->val[c->n] = r.val_loss;
-            c->n++;
-        }
+    if (!c->step || !c->wall || !c->val) {
+        fprintf(stderr, P_ ": out of memory\n");
+        return -1;
     }
-    c->total_wall = clock_mono_s() - t0 - evals;
+    if (p2r_train(P_, s, on_eval_, c, &c->total_wall, &c->delink_step) != 0)
+        return -1;
     c->final_val = c->val[c->n - 1];
-    trainer_free(t);
     return 0;
 }
 

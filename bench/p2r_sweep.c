@@ -42,6 +42,7 @@
 
 #include "bench_args.h"
 #include "bench_util.h"
+#include "p2r_run.h"
 #include "client/corpus/corpus.h"
 #include "client/plot.h"
 #include "train/data.h"
@@ -122,6 +123,30 @@ static void setting_name_(const task *k, char *out, size_t len)
              k->reset ? "reset" : "copy", k->rewarm, k->mean ? "-mean" : "", lr);
 }
 
+/* A comma list of the names a and b (at most both) into v: 0 for a, 1 for
+ * b; the count. Anything else exits 2 naming --name. */
+static int pair_arg_(const char *name, const char *arg, const char *a,
+                     const char *b, int v[2])
+{
+    int n = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", arg);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if ((strcmp(tok, a) && strcmp(tok, b)) || n == 2) {
+            n = 0;
+            break;
+        }
+        v[n++] = strcmp(tok, b) == 0;
+    }
+    if (n == 0) {
+        fprintf(stderr, P_ ": --%s: want %s, %s or %s,%s; got \"%s\"\n", name,
+                a, b, a, b, arg);
+        exit(2);
+    }
+    return n;
+}
+
 static void task_name_(const task *k, const char *const *corpora, char *out,
                        size_t len)
 {
@@ -134,6 +159,11 @@ static void task_name_(const task *k, const char *const *corpora, char *out,
     }
 }
 
+
+static void on_eval_(void *ctx, long step, double val, double wall_s)
+{
+    fprintf(ctx, "%ld,%.6f,%.3f\n", step, val, wall_s);
+}
 
 /* Child: train task k from spec base and write its curve to path. */
 static int run_task_(const run_spec *base, const task *k, const char *data,
@@ -157,12 +187,6 @@ static int run_task_(const run_spec *base, const task *k, const char *data,
         s.pseudo.grad_scale = k->mean ? GRAD_SCALE_MEAN : GRAD_SCALE_SUM;
         s.pseudo.lr_scale = (float)k->lr_scale;
     }
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    if (!t) {
-        fprintf(stderr, P_ ": %s\n", err);
-        return -1;
-    }
     char tmp[2600];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
@@ -171,33 +195,14 @@ static int run_task_(const run_spec *base, const task *k, const char *data,
         return -1;
     }
     fprintf(f, "step,val,wall_s\n");
-    double t0 = clock_mono_s(), evals = 0;
-    long delink_step = -1;
-    while (trainer_step_count(t) < s.train.steps) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) >= s.pseudo.steps) {
-            if (trainer_delink(t, err, sizeof err) != 0) {
-                fprintf(stderr, P_ ": %s\n", err);
-                return -1;
-            }
-            delink_step = trainer_step_count(t);
-        }
-        step_result r;
-        double a = clock_mono_s();
-        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
-            fprintf(stderr, P_ ": %s\n", err);
-            return -1;
-        }
-        if (!isnan(r.val_loss)) {
-            /* wall-clock excludes the time spent evaluating */
-            evals += (clock_mono_s() - a) - r.step_ms / 1e3;
-            fprintf(f, "%ld,%.6f,%.3f\n", r.step, r.val_loss,
-                    clock_mono_s() - t0 - evals);
-        }
+    double total;
+    long delink_step;
+    if (p2r_train(P_, &s, on_eval_, f, &total, &delink_step) != 0) {
+        fclose(f);
+        unlink(tmp);
+        return -1;
     }
-    fprintf(f, "# total_wall_s=%.3f delink_step=%ld\n",
-            clock_mono_s() - t0 - evals, delink_step);
-    trainer_free(t);
+    fprintf(f, "# total_wall_s=%.3f delink_step=%ld\n", total, delink_step);
     if (fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, path)) {
         fprintf(stderr, P_ ": %s: %s\n", path, strerror(errno));
         return -1;
@@ -340,24 +345,7 @@ int main(int argc, char **argv)
     int nseed = list_arg_("seeds", seeds_arg, seeds, 0, 1e9, 0);
     double lrs[MAXV];
     int nlrs = list_arg_("pseudo-lr-scale", lrs_arg, lrs, 1e-3, 1e3, 0);
-    int gs_mean[2], ngs = 0;
-    {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", gs_arg);
-        for (char *save, *tok = strtok_r(buf, ",", &save); tok;
-             tok = strtok_r(NULL, ",", &save)) {
-            if ((strcmp(tok, "sum") && strcmp(tok, "mean")) || ngs == 2) {
-                fprintf(stderr, P_ ": --grad-scale: want sum, mean or sum,mean; "
-                                "got \"%s\"\n", gs_arg);
-                return 2;
-            }
-            gs_mean[ngs++] = strcmp(tok, "mean") == 0;
-        }
-        if (ngs == 0) {
-            fprintf(stderr, P_ ": --grad-scale: want sum and/or mean\n");
-            return 2;
-        }
-    }
+    int gs_mean[2], ngs = pair_arg_("grad-scale", gs_arg, "sum", "mean", gs_mean);
     for (int i = 0; i < nsg; i++)
         if (sg[i] != floor(sg[i]) || sg[i] < 1 || sg[i] >= L) {
             fprintf(stderr, P_ ": --share-groups: want whole numbers in [1, %d) "
@@ -370,24 +358,8 @@ int main(int argc, char **argv)
                             "0 and 1, got %g\n", frac[i]);
             return 2;
         }
-    int opts_reset[2], nopt = 0;
-    {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", opt_arg);
-        for (char *save, *tok = strtok_r(buf, ",", &save); tok;
-             tok = strtok_r(NULL, ",", &save)) {
-            if ((strcmp(tok, "copy") && strcmp(tok, "reset")) || nopt == 2) {
-                fprintf(stderr, P_ ": --delink-optimizer: want copy, reset or "
-                                "copy,reset; got \"%s\"\n", opt_arg);
-                return 2;
-            }
-            opts_reset[nopt++] = strcmp(tok, "reset") == 0;
-        }
-        if (nopt == 0) {
-            fprintf(stderr, P_ ": --delink-optimizer: want copy and/or reset\n");
-            return 2;
-        }
-    }
+    int opts_reset[2], nopt = pair_arg_("delink-optimizer", opt_arg, "copy",
+                                        "reset", opts_reset);
     const char *corpora[4];
     const char *corpus_path[4];
     int ncorp = 0;
