@@ -132,7 +132,7 @@ build_() {
     # test_trainer: needs jansson and zlib.
     TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
       daemon/train/spec.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c
-      daemon/common/durable.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+      daemon/common/durable.c daemon/common/cpus.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
     TRAINER_LIBS=(-ljansson -lz -lpthread)
     if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
         gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
