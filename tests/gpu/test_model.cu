@@ -312,8 +312,11 @@ static void test_adamw_paths_(void)
         src_of[l] = 0;
     }
     for (int path = 0; path < 2; path++) {
+        /* path 0 the default whatever the caller's environment says */
         if (path)
             setenv("M6_ADAMW_PER_TENSOR", "1", 1);
+        else
+            unsetenv("M6_ADAMW_PER_TENSOR");
         gpt_cuda *g = gpt_cuda_create(&CFG, 1, B);
         if (!g)
             exit(1);

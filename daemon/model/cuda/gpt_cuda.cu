@@ -1248,11 +1248,23 @@ static void mt_plan_(gpt_cuda *g)
 }
 
 /* M6_ADAMW_PER_TENSOR=1: the reference path, one launch per tensor and
- * the clip scale from its own kernel. Read at every step (one getenv). */
+ * the clip scale from its own kernel; unset, empty or 0: one launch.
+ * Another value is reported on stderr (once) and read as 0. Read at every
+ * step (one getenv), so a test can switch paths between models. */
 static int adamw_per_tensor_(void)
 {
+    static int warned;
     const char *e = getenv("M6_ADAMW_PER_TENSOR");
-    return e && e[0] == '1' && e[1] == 0;
+    if (!e || !e[0] || !strcmp(e, "0"))
+        return 0;
+    if (!strcmp(e, "1"))
+        return 1;
+    if (!warned) {
+        fprintf(stderr, "gpt_cuda: M6_ADAMW_PER_TENSOR=%s is not 0 or 1: "
+                "the multi-tensor AdamW\n", e);
+        warned = 1;
+    }
+    return 0;
 }
 
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
