@@ -344,6 +344,7 @@ typedef struct adamw_multi_plan adamw_multi_plan;
  * tensors, a region out of range or out of order, or out of memory. */
 adamw_multi_plan *adamw_multi_plan_create(const adamw_tensor_cuda *ts,
                                           int nt, int n_regions);
+/* Frees a plan (its device table: synchronous); NULL is a no-op. */
 void adamw_multi_plan_destroy(adamw_multi_plan *p);
 
 /* adamw_update_cuda over every tensor of plan p, in one launch (per
