@@ -322,6 +322,45 @@ void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
                        float beta2, float eps, float weight_decay,
                        const float *grad_scale, long t, cudaStream_t stream);
 
+/* Multi-tensor AdamW: one launch over a list of tensors of a block.
+ * A tensor is numel elements at element offset off of master, params,
+ * grads, m and v; decay: the weight decay applies (the 2-D weights, as the
+ * per-tensor path passes wd or 0); region: the index of its step count in
+ * adamw_multi_cuda's t[] (the globals and each slot count their own). */
+typedef struct {
+    size_t off, numel;
+    int decay, region;
+} adamw_tensor_cuda;
+
+/* regions per launch (their bias corrections go by value); more regions
+ * take one launch per ADAMW_MULTI_REGIONS */
+#define ADAMW_MULTI_REGIONS 64
+
+typedef struct adamw_multi_plan adamw_multi_plan;
+
+/* A plan for nt tensors (ts, copied to the device; regions in
+ * [0, n_regions), non-decreasing along ts). Synchronous (one cudaMemcpy).
+ * Returns NULL, with a message on stderr naming what is wrong, for no
+ * tensors, a region out of range or out of order, or out of memory. */
+adamw_multi_plan *adamw_multi_plan_create(const adamw_tensor_cuda *ts,
+                                          int nt, int n_regions);
+/* Frees a plan (its device table: synchronous); NULL is a no-op. */
+void adamw_multi_plan_destroy(adamw_multi_plan *p);
+
+/* adamw_update_cuda over every tensor of plan p, in one launch (per
+ * ADAMW_MULTI_REGIONS regions): t[n_regions] the step counts (host), wd
+ * applied to decay tensors only, and the gradient scaled by global-norm
+ * clipping computed in the kernel from sumsq (device pointer to the sum
+ * of squares of all the gradients; max_norm <= 0: no clipping), exactly
+ * as grad_clip_scale_cuda; sumsq NULL: scale 1. Elements outside the
+ * tensors (padding) are not touched. Same bits as adamw_update_cuda with
+ * grad_clip_scale_cuda's scale. */
+void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
+                      const bf16 *grads, float *m, float *v, const long *t,
+                      float lr, float beta1, float beta2, float eps,
+                      float weight_decay, const float *sumsq, float max_norm,
+                      cudaStream_t stream);
+
 /* grads[i] = bf16(grads[i] / d) for i < n, in fp32 (one more bf16
  * rounding): pseudo.grad_scale mean's division of a shared slot's
  * gradient by the layers that share it. */

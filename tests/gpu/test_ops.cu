@@ -640,6 +640,147 @@ static void test_adamw_(void)
     cudaFree(d_m); cudaFree(d_v); cudaFree(d_pb);
 }
 
+/* Multi-tensor AdamW (adamw_multi_cuda) over nt tensors of the given sizes
+ * laid out in one block with 3-element gaps (padding, which must stay as
+ * it is), against the CPU AdamW (kernels/cpu) tensor by tensor, with the
+ * decay mask and each tensor's region's step count t = 1 + 3 region, and
+ * bit for bit against the per-tensor path (adamw_update_cuda with
+ * grad_clip_scale_cuda's scale). clip: the max_norm as a multiple of the
+ * gradient norm (0.5 clips, 2 does not), 0 for max_norm 0 (no clipping),
+ * -1 for no sum of squares at all (sumsq NULL: scale 1). */
+static void test_adamw_multi_case_(const char *name, const size_t *sizes,
+                                   const int *regions, int nt, int n_regions,
+                                   float clip)
+{
+    const size_t GAP = 3;
+    size_t *off = (size_t *)malloc(nt * sizeof(size_t)), n = GAP;
+    for (int k = 0; k < nt; k++) {
+        off[k] = n;
+        n += sizes[k] + GAP;
+    }
+    printf("adamw_multi %s (%d tensors, %d regions, %zu elements, clip "
+           "%g)\n", name, nt, n_regions, n, clip);
+    float *p0 = hrand_(n, -1, 1), *gr = hrand_(n, -0.5f, 0.5f);
+    float *m0 = hrand_(n, -0.1f, 0.1f), *v0 = hrand_(n, 0, 0.01f);
+    float *p = hcopy_(p0, n), *m = hcopy_(m0, n), *v = hcopy_(v0, n);
+    adamw_tensor_cuda *ts = (adamw_tensor_cuda *)malloc(nt * sizeof *ts);
+    long *t = (long *)malloc(n_regions * sizeof(long));
+    for (int r = 0; r < n_regions; r++)
+        t[r] = 1 + 3 * r;
+    double ssq = 0;
+    for (int k = 0; k < nt; k++) {
+        ts[k].off = off[k];
+        ts[k].numel = sizes[k];
+        ts[k].decay = k % 3 != 1; /* a mask that is not all one way */
+        ts[k].region = regions[k];
+        for (size_t i = 0; i < sizes[k]; i++)
+            ssq += (double)gr[off[k] + i] * gr[off[k] + i];
+    }
+    /* the sum of squares as the device would hold it (fp32); the CPU's
+     * scale by the formula of grad_clip_scale_cuda from the same float */
+    float sumsq = (float)ssq, norm = sqrtf(sumsq);
+    float max_norm = clip > 0 ? norm * clip : 0.0f;
+    float scale = (max_norm > 0.0f && norm > max_norm) ? max_norm / norm
+                                                       : 1.0f;
+    check_true_("clipping as the case asks",
+                clip == 0.5f ? scale < 1.0f : scale == 1.0f);
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    for (int k = 0; k < nt; k++) {
+        size_t o = off[k];
+        adamw_update(p + o, gr + o, m + o, v + o, sizes[k], lr, b1, b2, eps,
+                     ts[k].decay ? wd : 0.0f, scale, t[ts[k].region]);
+    }
+    adamw_multi_plan *plan = adamw_multi_plan_create(ts, nt, n_regions);
+    check_true_("plan made", plan != NULL);
+    if (!plan)
+        return;
+    bf16 *d_g = dbf_(gr, n);
+    float *d_ssq = dcopy_(&sumsq, 1);
+    float *d_p = dcopy_(p0, n), *d_m = dcopy_(m0, n), *d_v = dcopy_(v0, n);
+    bf16 *d_pb = dbf_(p0, n);
+    adamw_multi_cuda(plan, d_p, d_pb, d_g, d_m, d_v, t, lr, b1, b2, eps, wd,
+                     clip < 0 ? NULL : d_ssq, max_norm, st);
+    float *gp = hcopy_dev_(d_p, n), *gm = hcopy_dev_(d_m, n);
+    float *gv = hcopy_dev_(d_v, n), *gpb = hbf_(d_pb, n);
+    check_("adamw_multi master (update)", gp, p, p0, n, TOL_F32);
+    check_("adamw_multi m", gm, m, NULL, n, TOL_F32);
+    check_("adamw_multi v", gv, v, NULL, n, TOL_F32);
+    int same = 1, gaps = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= gpb[i] == bf_(gp[i]);
+    check_true_("adamw_multi bf16 copy = bf16(master)", same);
+    for (int k = 0; k <= nt; k++) {
+        size_t g0 = k ? off[k - 1] + sizes[k - 1] : 0;
+        for (size_t i = g0; i < g0 + GAP; i++)
+            gaps &= gp[i] == p0[i] && gm[i] == m0[i] && gv[i] == v0[i] &&
+                    gpb[i] == p0[i];
+    }
+    check_true_("adamw_multi padding untouched", gaps);
+
+    /* the per-tensor path on the same inputs: the same bits */
+    float *r_p = dcopy_(p0, n), *r_m = dcopy_(m0, n), *r_v = dcopy_(v0, n);
+    bf16 *r_pb = dbf_(p0, n);
+    float *d_scale = dnan_f32_(1);
+    if (clip >= 0)
+        grad_clip_scale_cuda(d_scale, d_ssq, max_norm, st);
+    for (int k = 0; k < nt; k++) {
+        size_t o = off[k];
+        adamw_update_cuda(r_p + o, r_pb + o, d_g + o, r_m + o, r_v + o,
+                          sizes[k], lr, b1, b2, eps, ts[k].decay ? wd : 0.0f,
+                          clip < 0 ? NULL : d_scale, t[ts[k].region], st);
+    }
+    float *rp = hcopy_dev_(r_p, n), *rm = hcopy_dev_(r_m, n);
+    float *rv = hcopy_dev_(r_v, n), *rpb = hbf_(r_pb, n);
+    check_true_("adamw_multi = per-tensor path, bit for bit",
+                !memcmp(rp, gp, n * sizeof(float)) &&
+                !memcmp(rm, gm, n * sizeof(float)) &&
+                !memcmp(rv, gv, n * sizeof(float)) &&
+                !memcmp(rpb, gpb, n * sizeof(float)));
+    adamw_multi_plan_destroy(plan);
+    free(off); free(p0); free(gr); free(m0); free(v0); free(p); free(m);
+    free(v); free(ts); free(t); free(gp); free(gm); free(gv); free(gpb);
+    free(rp); free(rm); free(rv); free(rpb);
+    cudaFree(d_g); cudaFree(d_ssq); cudaFree(d_p); cudaFree(d_m);
+    cudaFree(d_v); cudaFree(d_pb); cudaFree(r_p); cudaFree(r_m);
+    cudaFree(r_v); cudaFree(r_pb); cudaFree(d_scale);
+}
+
+static void test_adamw_multi_(void)
+{
+    /* odd sizes, one past a block's chunk (1024), an empty tensor, a
+     * one-element one; regions as the globals and two slots */
+    const size_t sizes[] = {37, 1025, 2053, 0, 1, 4099, 768, 3 * 1024 + 5};
+    const int regions[] = {0, 0, 1, 1, 1, 2, 2, 2};
+    const int nt = (int)(sizeof sizes / sizeof sizes[0]);
+    test_adamw_multi_case_("clipped", sizes, regions, nt, 3, 0.5f);
+    test_adamw_multi_case_("norm under max_norm", sizes, regions, nt, 3, 2);
+    test_adamw_multi_case_("max_norm 0", sizes, regions, nt, 3, 0);
+    test_adamw_multi_case_("no sumsq", sizes, regions, nt, 3, -1);
+    /* an empty region in the middle (region 1 has no tensor) */
+    const int regions_gap[] = {0, 0, 2, 2, 2, 3, 3, 3};
+    test_adamw_multi_case_("empty region", sizes, regions_gap, nt, 4, 0.5f);
+    /* more regions than one launch takes (ADAMW_MULTI_REGIONS) */
+    enum { NT = 2 * (ADAMW_MULTI_REGIONS + 6) };
+    size_t many[NT];
+    int many_r[NT];
+    for (int k = 0; k < NT; k++) {
+        many[k] = 1 + (size_t)(k * 37) % 300;
+        many_r[k] = k / 2;
+    }
+    test_adamw_multi_case_("more regions than a launch", many, many_r, NT,
+                           NT / 2, 0.5f);
+
+    printf("adamw_multi_plan_create refusals\n");
+    adamw_tensor_cuda bad[2] = {{0, 8, 1, 1}, {8, 8, 1, 0}};
+    check_true_("regions out of order refused",
+                adamw_multi_plan_create(bad, 2, 2) == NULL);
+    bad[1].region = 2;
+    check_true_("region out of range refused",
+                adamw_multi_plan_create(bad, 2, 2) == NULL);
+    check_true_("no tensors refused",
+                adamw_multi_plan_create(bad, 0, 2) == NULL);
+}
+
 /* cuBLASLt asked (nothing run) for every GEMM shape of the benchmarks'
  * models, as gpt_cuda_create asks at their creation: the attention GEMMs,
  * the epilogues and the plain GEMMs of GPT-2 124M, 350M, 1.5B (gpu_train,
@@ -714,6 +855,7 @@ int main(void)
     test_crossentropy_fused_(70, 200, 256);
     test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
     test_adamw_();
+    test_adamw_multi_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));
     matmul_cuda_fini();

@@ -450,6 +450,8 @@ void gpt_cuda_free(gpt_cuda *g)
     off_free_slots_(g, g->off.hs, g->S - g->n_res);
     off_fini_(g);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    adamw_multi_plan_destroy(g->mt);
+    free(g->mt_t);
     if (g->act_mem) CUDA_CHECK(cudaFree(g->act_mem));
     if (g->h_inp) CUDA_CHECK(cudaFreeHost(g->h_inp));
     if (g->h_tgt) CUDA_CHECK(cudaFreeHost(g->h_tgt));
@@ -1207,6 +1209,64 @@ static void adamw_region_(gpt_cuda *g, size_t base, const tensor_ *ts, int nt,
     }
 }
 
+/* The multi-tensor plan of the device block (globals, region 0; resident
+ * slot s, region 1 + s), made again when n_res has changed (reslot,
+ * offloading): the tensors of a slot depend on the config only. Exits, as
+ * the model's other allocation failures, when it cannot be made. */
+static void mt_plan_(gpt_cuda *g)
+{
+    if (g->mt && g->mt_nres == g->n_res)
+        return;
+    adamw_multi_plan_destroy(g->mt);
+    g->mt = NULL;
+    free(g->mt_t);
+    int nt = GLOB_NTENSORS + g->n_res * g->slot_nt, k = 0;
+    adamw_tensor_cuda *ts = (adamw_tensor_cuda *)calloc((size_t)nt,
+                                                        sizeof *ts);
+    g->mt_t = (long *)calloc((size_t)g->n_res + 1, sizeof(long));
+    if (!ts || !g->mt_t) {
+        fprintf(stderr, "gpt_cuda_adamw: out of memory\n");
+        exit(1);
+    }
+    for (int r = 0; r <= g->n_res; r++) {
+        /* the globals (region 0), then resident slot r - 1 */
+        const tensor_ *src = r ? g->slot : g->glob;
+        int n = r ? g->slot_nt : GLOB_NTENSORS;
+        size_t base = r ? g->n_global + (size_t)(r - 1) * g->slot_size : 0;
+        for (int i = 0; i < n; i++, k++) {
+            ts[k].off = base + src[i].off;
+            ts[k].numel = src[i].numel;
+            ts[k].decay = src[i].two_d;
+            ts[k].region = r;
+        }
+    }
+    g->mt = adamw_multi_plan_create(ts, nt, 1 + g->n_res);
+    free(ts);
+    if (!g->mt)
+        exit(1);
+    g->mt_nres = g->n_res;
+}
+
+/* M6_ADAMW_PER_TENSOR=1: the reference path, one launch per tensor and
+ * the clip scale from its own kernel; unset, empty or 0: one launch.
+ * Another value is reported on stderr (once) and read as 0. Read at every
+ * step (one getenv), so a test can switch paths between models. */
+static int adamw_per_tensor_(void)
+{
+    static int warned;
+    const char *e = getenv("M6_ADAMW_PER_TENSOR");
+    if (!e || !e[0] || !strcmp(e, "0"))
+        return 0;
+    if (!strcmp(e, "1"))
+        return 1;
+    if (!warned) {
+        fprintf(stderr, "gpt_cuda: M6_ADAMW_PER_TENSOR=%s is not 0 or 1: "
+                "the multi-tensor AdamW\n", e);
+        warned = 1;
+    }
+    return 0;
+}
+
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm)
 {
@@ -1228,6 +1288,19 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
         CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
                                    sizeof(float), cudaMemcpyDeviceToHost,
                                    g->stream));
+    }
+    if (!adamw_per_tensor_()) {
+        /* one launch over the device block, the clip scale in it */
+        mt_plan_(g);
+        g->mt_t[0] = ++g->adam_t_global;
+        for (int s = 0; s < g->n_res; s++)
+            g->mt_t[1 + s] = ++g->adam_t_slot[s];
+        adamw_multi_cuda(g->mt, g->master, g->params, g->grads, g->m, g->v,
+                         g->mt_t, lr, beta1, beta2, eps, weight_decay,
+                         sc + RED_SUMSQ, max_norm, g->stream);
+        if (g->n_res < g->S)
+            off_adamw_(g, lr, beta1, beta2, eps, weight_decay, host_scale);
+        return;
     }
     grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
     long t = ++g->adam_t_global;

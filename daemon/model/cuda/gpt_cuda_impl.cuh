@@ -183,6 +183,11 @@ struct gpt_cuda {
     bf16 *params, *grads;               /* (n_params) each: device part */
     float *opt, *master, *m, *v;        /* opt = master | m | v */
     long adam_t_global, *adam_t_slot;   /* [S] */
+    struct adamw_multi_plan *mt;        /* multi-tensor AdamW of the device
+                                         * block, or NULL until the first
+                                         * step; for mt_nres slots */
+    int mt_nres;
+    long *mt_t;                         /* [1 + mt_nres] its step counts */
     acts_ a;
     void *act_mem;
     size_t act_bytes;
