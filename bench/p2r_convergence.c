@@ -106,30 +106,18 @@ int main(int argc, char **argv)
     double frac = 0.3;
     const char *data = NULL;
     static const struct option opts[] = {
-        {"data", 1, 0, 'd'}, {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'},
-        {"heads", 1, 0, 'H'}, {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'},
-        {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'},
+        P2R_TRAIN_OPTIONS, {"data", 1, 0, 'd'},
         {"pseudo-frac", 1, 0, 'f'}, {"share-groups", 1, 0, 'S'},
         {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
         {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
-        {"eval-every", 1, 0, 'e'}, {"eval-batches", 1, 0, 'E'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (p2r_train_option(P_, o, optarg, &s))
+            continue;
         switch (o) {
         case 'd': data = optarg; break;
-        case 'L': s.model.n_layer = bench_int_arg(P_, "layers", optarg, 1); break;
-        case 'C': s.model.n_embd = bench_int_arg(P_, "embd", optarg, 1); break;
-        case 'H': s.model.n_head = bench_int_arg(P_, "heads", optarg, 1); break;
-        case 'T': s.model.seq_len = bench_int_arg(P_, "seq", optarg, 1); break;
-        case 'B': s.train.batch_size = bench_int_arg(P_, "batch", optarg, 1); break;
-        case 'n': s.train.steps = bench_int_arg(P_, "steps", optarg, 2); break;
-        case 'l':
-            s.train.lr = (float)bench_real_arg(P_, "lr", optarg, 1e-9, 10);
-            s.train.min_lr = s.train.lr / 10;
-            break;
-        case 'w': s.train.warmup_steps = bench_int_arg(P_, "warmup", optarg, 0); break;
         case 'f':
             frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
             if (frac == 0 || frac == 1) {
@@ -161,8 +149,6 @@ int main(int argc, char **argv)
             s.pseudo.lr_scale = (float)bench_real_arg(P_, "pseudo-lr-scale",
                                                       optarg, 1e-6, 1e6);
             break;
-        case 'e': s.train.eval_every = bench_int_arg(P_, "eval-every", optarg, 1); break;
-        case 'E': s.train.eval_batches = bench_int_arg(P_, "eval-batches", optarg, 1); break;
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
         case 'h': usage_(); return 0;

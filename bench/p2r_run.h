@@ -9,9 +9,42 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "bench_args.h"
 #include "bench_util.h"
 #include "train/trainer.h"
 #include "../tests/common/err_into.h"
+
+/* getopt_long entries of the shape and schedule options both benchmarks
+ * take (put them first in the option table). */
+#define P2R_TRAIN_OPTIONS                                                    \
+    {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},        \
+    {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'},          \
+    {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'}, {"eval-every", 1, 0, 'e'},     \
+    {"eval-batches", 1, 0, 'E'}
+
+/* Apply option o of P2R_TRAIN_OPTIONS with argument arg to *s: 1 when it
+ * was one of them (--lr also sets min_lr to a tenth), 0 when the benchmark
+ * must handle it. A bad value exits 2 naming the option (bench_int_arg). */
+static inline int p2r_train_option(const char *prog, int o, const char *arg,
+                                   run_spec *s)
+{
+    switch (o) {
+    case 'L': s->model.n_layer = bench_int_arg(prog, "layers", arg, 1); return 1;
+    case 'C': s->model.n_embd = bench_int_arg(prog, "embd", arg, 1); return 1;
+    case 'H': s->model.n_head = bench_int_arg(prog, "heads", arg, 1); return 1;
+    case 'T': s->model.seq_len = bench_int_arg(prog, "seq", arg, 1); return 1;
+    case 'B': s->train.batch_size = bench_int_arg(prog, "batch", arg, 1); return 1;
+    case 'n': s->train.steps = bench_int_arg(prog, "steps", arg, 2); return 1;
+    case 'l':
+        s->train.lr = (float)bench_real_arg(prog, "lr", arg, 1e-9, 10);
+        s->train.min_lr = s->train.lr / 10;
+        return 1;
+    case 'w': s->train.warmup_steps = bench_int_arg(prog, "warmup", arg, 0); return 1;
+    case 'e': s->train.eval_every = bench_int_arg(prog, "eval-every", arg, 1); return 1;
+    case 'E': s->train.eval_batches = bench_int_arg(prog, "eval-batches", arg, 1); return 1;
+    default: return 0;
+    }
+}
 
 /* Train spec s to train.steps, delinking once pseudo.steps are done (when
  * it has a pseudo phase). At each validation pass calls on_eval(ctx, step,

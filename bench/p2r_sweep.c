@@ -282,34 +282,20 @@ int main(int argc, char **argv)
     const char *gs_arg = "sum", *lrs_arg = "1", *tag = NULL;
     long jobs = sysconf(_SC_NPROCESSORS_ONLN);
     static const struct option opts[] = {
-        {"out", 1, 0, 'o'}, {"corpora", 1, 0, 'c'}, {"jobs", 1, 0, 'j'},
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"heads", 1, 0, 'H'},
-        {"seq", 1, 0, 'T'}, {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'},
-        {"lr", 1, 0, 'l'}, {"warmup", 1, 0, 'w'}, {"eval-every", 1, 0, 'e'},
-        {"eval-batches", 1, 0, 'E'}, {"share-groups", 1, 0, 'S'},
+        P2R_TRAIN_OPTIONS, {"out", 1, 0, 'o'}, {"corpora", 1, 0, 'c'},
+        {"jobs", 1, 0, 'j'}, {"share-groups", 1, 0, 'S'},
         {"pseudo-frac", 1, 0, 'f'}, {"delink-optimizer", 1, 0, 'O'},
         {"rewarm", 1, 0, 'r'}, {"seeds", 1, 0, 's'}, {"grad-scale", 1, 0, 'g'},
         {"pseudo-lr-scale", 1, 0, 'R'}, {"tag", 1, 0, 'x'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (p2r_train_option(P_, o, optarg, &s))
+            continue;
         switch (o) {
         case 'o': out = optarg; break;
         case 'c': corpora_arg = optarg; break;
         case 'j': jobs = bench_int_arg(P_, "jobs", optarg, 1); break;
-        case 'L': s.model.n_layer = bench_int_arg(P_, "layers", optarg, 1); break;
-        case 'C': s.model.n_embd = bench_int_arg(P_, "embd", optarg, 1); break;
-        case 'H': s.model.n_head = bench_int_arg(P_, "heads", optarg, 1); break;
-        case 'T': s.model.seq_len = bench_int_arg(P_, "seq", optarg, 1); break;
-        case 'B': s.train.batch_size = bench_int_arg(P_, "batch", optarg, 1); break;
-        case 'n': s.train.steps = bench_int_arg(P_, "steps", optarg, 2); break;
-        case 'l':
-            s.train.lr = (float)bench_real_arg(P_, "lr", optarg, 1e-9, 10);
-            s.train.min_lr = s.train.lr / 10;
-            break;
-        case 'w': s.train.warmup_steps = bench_int_arg(P_, "warmup", optarg, 0); break;
-        case 'e': s.train.eval_every = bench_int_arg(P_, "eval-every", optarg, 1); break;
-        case 'E': s.train.eval_batches = bench_int_arg(P_, "eval-batches", optarg, 1); break;
         case 'S': sg_arg = optarg; break;
         case 'f': frac_arg = optarg; break;
         case 'O': opt_arg = optarg; break;
