@@ -20,6 +20,8 @@
 #include "ckpt/checkpoint.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#define FIXTURE_NAME "model"
+#include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
 
@@ -387,21 +389,6 @@ static void test_moe_aux_in_gradient(void **state)
 }
 
 /* ---------------------------------------------------------- trainer */
-
-static char tmpdir_[256];
-
-static int setup_data(void **state)
-{
-    (void)state;
-    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-model-XXXXXX");
-    return synth_shards(tmpdir_, 20000);
-}
-
-static int teardown_data(void **state)
-{
-    (void)state;
-    return synth_remove(tmpdir_);
-}
 
 static run_spec tiny_spec_(long steps, long pseudo_steps)
 {

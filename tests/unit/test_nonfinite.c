@@ -21,23 +21,10 @@
 #include "offload/offload.h"
 #include "train/test_hooks.h"
 #include "train/trainer.h"
+#define FIXTURE_NAME "nonfinite"
+#include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
-
-static char tmpdir_[256];
-
-static int setup_data(void **state)
-{
-    (void)state;
-    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-nonfinite-XXXXXX");
-    return synth_shards(tmpdir_, 20000);
-}
-
-static int teardown_data(void **state)
-{
-    (void)state;
-    return synth_remove(tmpdir_);
-}
 
 static run_spec spec_(void)
 {
@@ -58,15 +45,6 @@ static size_t budget_one_(const run_spec *s)
     size_t b = p.min_budget_bytes + p.slot_bytes;
     offload_plan_free(&p);
     return b;
-}
-
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t)
-        fail_msg("trainer_create: %s", err);
-    return t;
 }
 
 static void step_(trainer *t, step_result *r)
@@ -121,7 +99,7 @@ static void snap_free_(snap *s)
  * + 1, weights change) and clears the consecutive count. */
 static void check_fault_(run_spec *s, trainer_fault fault, int slot)
 {
-    trainer *t = create_(s);
+    trainer *t = fixture_trainer(s);
     step_result r;
     for (int i = 0; i < 3; i++) {
         step_(t, &r);
@@ -151,7 +129,7 @@ static void check_fault_(run_spec *s, trainer_fault fault, int slot)
     }
     assert_int_equal(trainer_step_count(t), 5);
     /* the schedule moved on: step 6's lr is an unfaulted run's step-6 lr */
-    trainer *u = create_(s);
+    trainer *u = fixture_trainer(s);
     step_result ru;
     for (int i = 0; i < 6; i++)
         step_(u, &ru);
@@ -221,7 +199,7 @@ static void test_lr_blows_up(void **state)
     s.train.min_lr = 0;
     s.train.warmup_steps = 0;
     s.train.grad_clip = 0;
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     step_result r;
     step_(t, &r);
     assert_false(r.skipped);
@@ -252,7 +230,7 @@ static void test_counts_in_checkpoint(void **state)
 {
     (void)state;
     run_spec s = spec_();
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     step_result r;
     step_(t, &r);
     trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 2, 3, 0);
@@ -262,7 +240,7 @@ static void test_counts_in_checkpoint(void **state)
     char dir[512], err[512];
     snprintf(dir, sizeof dir, "%s/ckpt", tmpdir_);
     assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
-    trainer *u = create_(&s);
+    trainer *u = fixture_trainer(&s);
     if (ERR_INTO(err, trainer_load(u, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_bad_steps(u), 3);

@@ -24,25 +24,12 @@
 #include "offload/test_hooks.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#define FIXTURE_NAME "offload"
+#include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
 
 /* ---------------------------------------------------------- data */
-
-static char tmpdir_[256];
-
-static int setup_data(void **state)
-{
-    (void)state;
-    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-offload-XXXXXX");
-    return synth_shards(tmpdir_, 20000);
-}
-
-static int teardown_data(void **state)
-{
-    (void)state;
-    return synth_remove(tmpdir_);
-}
 
 /* 6 layers so that "most slots offloaded" means 5 of 6. */
 static run_spec spec6_(long steps, long pseudo_steps)
@@ -84,24 +71,6 @@ static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
     }
 }
 
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t)
-        fail_msg("trainer_create: %s", err);
-    return t;
-}
-
-static float *copy_state_(trainer *t, int which)
-{
-    size_t n = trainer_copy_state(t, which, NULL);
-    float *p = malloc(n * sizeof(float));
-    assert_non_null(p);
-    trainer_copy_state(t, which, p);
-    return p;
-}
-
 /* ---------------------------------------------------------- 1. bitwise */
 
 /* 50 steps with delink at 20: a budget that keeps 1 of 6 Real slots on the
@@ -117,7 +86,7 @@ static void check_offload_bitwise_(float clip)
     off.device.memory_budget = budget_for_(&plain, 1);
 
     float a[50], b[50];
-    trainer *ta = create_(&plain), *tb = create_(&off);
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 50, a);
     run_steps_(tb, &off, 50, b);
     assert_memory_equal(a, b, sizeof a);
@@ -126,7 +95,7 @@ static void check_offload_bitwise_(float clip)
     size_t n = trainer_copy_state(ta, 0, NULL);
     assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
     for (int w = 0; w < 3; w++) {
-        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
         assert_memory_equal(pa, pb, n * sizeof(float));
         free(pa);
         free(pb);
@@ -180,13 +149,13 @@ static void test_offload_moe_bitwise(void **state)
     run_spec off = plain;
     off.device.memory_budget = budget_for_(&plain, 1);
     float a[20], b[20];
-    trainer *ta = create_(&plain), *tb = create_(&off);
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 20, a);
     run_steps_(tb, &off, 20, b);
     assert_memory_equal(a, b, sizeof a);
     size_t n = trainer_copy_state(ta, 0, NULL);
     for (int w = 0; w < 3; w++) {
-        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
         assert_memory_equal(pa, pb, n * sizeof(float));
         free(pa);
         free(pb);
@@ -219,14 +188,14 @@ static void test_offload_mixed_bitwise(void **state)
     run_spec off = plain;
     off.device.memory_budget = budget_for_(&plain, 1);
     float a[20], b[20];
-    trainer *ta = create_(&plain), *tb = create_(&off);
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 20, a);
     run_steps_(tb, &off, 20, b);
     assert_memory_equal(a, b, sizeof a);
     size_t n = trainer_copy_state(ta, 0, NULL);
     assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
     for (int w = 0; w < 3; w++) {
-        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
         assert_memory_equal(pa, pb, n * sizeof(float));
         free(pa);
         free(pb);
@@ -252,7 +221,7 @@ static float *params_after_(int B, int accum, int offload, int steps)
     s.train.eval_every = 0;
     if (offload)
         s.device.memory_budget = budget_for_(&s, 1);
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     float l[8];
     run_steps_(t, &s, steps, l);
     if (offload) {
@@ -261,7 +230,7 @@ static float *params_after_(int B, int accum, int offload, int steps)
         assert_int_equal(st.n_offloaded, 5);
         assert_true(st.device.peak <= s.device.memory_budget);
     }
-    float *p = copy_state_(t, 0);
+    float *p = fixture_copy_state(t, 0);
     trainer_free(t);
     return p;
 }
@@ -309,7 +278,7 @@ static void test_save_resume_offloaded(void **state)
     float a[30], b[30];
     char err[512], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-offload-15", tmpdir_);
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     run_steps_(t, &s, 15, a);
     offload_stats st;
     trainer_offload_stats(t, &st);
@@ -317,7 +286,7 @@ static void test_save_resume_offloaded(void **state)
     size_t n = trainer_copy_state(t, 0, NULL);
     float *saved[3];
     for (int w = 0; w < 3; w++)
-        saved[w] = copy_state_(t, w);
+        saved[w] = fixture_copy_state(t, w);
     long steps_saved[8], steps_loaded[8];
     assert_int_equal(trainer_copy_adam_steps(t, steps_saved), 7);
     if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
@@ -325,7 +294,7 @@ static void test_save_resume_offloaded(void **state)
     run_steps_(t, &s, 30, a);
     trainer_free(t);
 
-    t = create_(&s); /* a fresh process: Pseudo phase, 2 slots */
+    t = fixture_trainer(&s); /* a fresh process: Pseudo phase, 2 slots */
     if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_n_slots(t), 6);
@@ -333,7 +302,7 @@ static void test_save_resume_offloaded(void **state)
     assert_int_equal(st.n_offloaded, 4);
     assert_int_equal(trainer_copy_state(t, 0, NULL), n);
     for (int w = 0; w < 3; w++) {
-        float *p = copy_state_(t, w);
+        float *p = fixture_copy_state(t, w);
         assert_memory_equal(saved[w], p, n * sizeof(float));
         free(p);
         free(saved[w]);
@@ -403,7 +372,7 @@ static void test_pinning_failure(void **state)
     assert_int_equal(offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
                                    sizeof err), 0);
     assert_non_null(strstr(warn, "pageable memory"));
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     float l[2];
     run_steps_(t, &s, 2, l);
     offload_stats st;
@@ -1069,7 +1038,7 @@ static void test_measured_bytes_match_plan(void **state)
     offload_plan p;
     char err[512];
     assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
-    trainer *t = create_(&s);
+    trainer *t = fixture_trainer(&s);
     float l[3];
     run_steps_(t, &s, 3, l);
     offload_stats st;

@@ -27,25 +27,12 @@
 #include "offload/offload.h"
 #include "offload/test_hooks.h"
 #include "train/trainer.h"
+#define FIXTURE_NAME "offload-spec"
+#include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
 
 #define STEPS 12
-
-static char tmpdir_[256];
-
-static int setup_data(void **state)
-{
-    (void)state;
-    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-offload-spec-XXXXXX");
-    return synth_shards(tmpdir_, 20000);
-}
-
-static int teardown_data(void **state)
-{
-    (void)state;
-    return synth_remove(tmpdir_);
-}
 
 static run_spec spec6_(int accum)
 {
@@ -67,15 +54,6 @@ static size_t budget_for_(const run_spec *s, int resident)
     size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
     offload_plan_free(&p);
     return b;
-}
-
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t)
-        fail_msg("trainer_create: %s", err);
-    return t;
 }
 
 static void run_(trainer *t, float *loss, float *norm)
@@ -125,7 +103,7 @@ static void check_case_(int resident, int accum, float clip, int wait)
     float l0[STEPS], n0[STEPS], l1[STEPS], n1[STEPS], l2[STEPS], n2[STEPS];
     if (clip < 0) {
         plain.train.grad_clip = 0; /* first the norms, unclipped */
-        trainer *t = create_(&plain);
+        trainer *t = fixture_trainer(&plain);
         run_(t, l0, n0);
         trainer_free(t);
         float s[STEPS];
@@ -145,7 +123,7 @@ static void check_case_(int resident, int accum, float clip, int wait)
     spec.device.memory_budget = off.device.memory_budget;
     spec.offload.speculative = SPEC_SPECULATIVE_ON;
 
-    trainer *ta = create_(&plain), *tb = create_(&off), *tc = create_(&spec);
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off), *tc = fixture_trainer(&spec);
     run_(ta, l0, n0);
     run_(tb, l1, n1);
     run_(tc, l2, n2);

@@ -32,41 +32,10 @@
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
+#define FIXTURE_NAME "p2rknobs"
+#include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
-
-static char tmpdir_[256];
-
-static int setup_data(void **state)
-{
-    (void)state;
-    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-p2rknobs-XXXXXX");
-    return synth_shards(tmpdir_, 20000);
-}
-
-static int teardown_data(void **state)
-{
-    (void)state;
-    return synth_remove(tmpdir_);
-}
-
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t)
-        fail_msg("trainer_create: %s", err);
-    return t;
-}
-
-static float *copy_state_(trainer *t, int which)
-{
-    size_t n = trainer_copy_state(t, which, NULL);
-    float *p = malloc(n * sizeof(float));
-    assert_non_null(p);
-    assert_int_equal(trainer_copy_state(t, which, p), n);
-    return p;
-}
 
 static void step_(trainer *t, step_result *r)
 {
@@ -119,13 +88,13 @@ static void check_mean_step_(int S, float clip)
     s.device.threads = 1;
     const int L = s.model.n_layer, B = s.train.batch_size,
               T = s.model.seq_len, A = s.train.grad_accum;
-    trainer *t = create_(&s);
-    float *p0 = copy_state_(t, 0);
+    trainer *t = fixture_trainer(&s);
+    float *p0 = fixture_copy_state(t, 0);
     step_result r;
     step_(t, &r);
     assert_false(r.skipped);
-    float *p1 = copy_state_(t, 0), *m1 = copy_state_(t, 1),
-          *v1 = copy_state_(t, 2);
+    float *p1 = fixture_copy_state(t, 0), *m1 = fixture_copy_state(t, 1),
+          *v1 = fixture_copy_state(t, 2);
 
     /* the reference: an unshared model, every layer holding its slot's
      * weights, on the step's windows (read from the shards here) */
@@ -281,7 +250,7 @@ static void test_mean_no_effect_from_scratch(void **state)
     run_spec b = a;
     b.pseudo.grad_scale = GRAD_SCALE_MEAN;
     float la[8], lb[8];
-    trainer *ta = create_(&a), *tb = create_(&b);
+    trainer *ta = fixture_trainer(&a), *tb = fixture_trainer(&b);
     run_steps_(ta, &a, 8, la, NULL);
     run_steps_(tb, &b, 8, lb, NULL);
     assert_memory_equal(la, lb, sizeof la);
@@ -301,7 +270,7 @@ static void test_mean_delink_preserves_function(void **state)
     s.pseudo.grad_scale = GRAD_SCALE_MEAN;
     float l[20], ls[20];
     char err[256];
-    trainer *t = create_(&s), *ts = create_(&sum);
+    trainer *t = fixture_trainer(&s), *ts = fixture_trainer(&sum);
     run_steps_(t, &s, 10, l, NULL);
     run_steps_(ts, &sum, 10, ls, NULL);
     assert_true(memcmp(l, ls, sizeof(float) * 10) != 0);
@@ -346,7 +315,7 @@ static void check_mean_offload_(int speculative)
     run_spec off = plain;
     off.device.memory_budget = budget_for_(&plain, 0);
     float a[16], b[16];
-    trainer *ta = create_(&plain), *tb = create_(&off);
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 8, a, NULL);
     run_steps_(tb, &off, 8, b, NULL);
     offload_stats st;
@@ -361,7 +330,7 @@ static void check_mean_offload_(int speculative)
     size_t n = trainer_copy_state(ta, 0, NULL);
     assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
     for (int w = 0; w < 3; w++) {
-        float *pa = copy_state_(ta, w), *pb = copy_state_(tb, w);
+        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
         assert_memory_equal(pa, pb, n * sizeof(float));
         free(pa);
         free(pb);
@@ -372,7 +341,7 @@ static void check_mean_offload_(int speculative)
     /* and mean is not sum there */
     off.pseudo.grad_scale = GRAD_SCALE_SUM;
     float c[16];
-    trainer *tc = create_(&off);
+    trainer *tc = fixture_trainer(&off);
     run_steps_(tc, &off, 8, c, NULL);
     assert_true(memcmp(c + 1, b + 1, 7 * sizeof(float)) != 0);
     trainer_free(tc);
@@ -420,7 +389,7 @@ static void test_lr_scale_schedule(void **state)
     run_spec one = s;
     one.pseudo.lr_scale = 1.0f;
     float lr[16], lr1[16];
-    trainer *t = create_(&s), *t1 = create_(&one);
+    trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
     run_steps_(t, &s, 16, NULL, lr);
     run_steps_(t1, &one, 16, NULL, lr1);
     for (long i = 0; i < 16; i++) {
@@ -448,13 +417,13 @@ static void test_lr_scale_update(void **state)
     s.pseudo.lr_scale = 0.5f;
     run_spec one = s;
     one.pseudo.lr_scale = 1.0f;
-    trainer *t = create_(&s), *t1 = create_(&one);
-    float *p0 = copy_state_(t, 0);
+    trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
+    float *p0 = fixture_copy_state(t, 0);
     step_result r, r1;
     step_(t, &r);
     step_(t1, &r1);
     assert_true(r.train_loss == r1.train_loss); /* same weights, batch */
-    float *p = copy_state_(t, 0), *p1 = copy_state_(t1, 0);
+    float *p = fixture_copy_state(t, 0), *p1 = fixture_copy_state(t1, 0);
     size_t n = trainer_copy_state(t, 0, NULL);
     double dmax = 0;
     for (size_t i = 0; i < n; i++) {

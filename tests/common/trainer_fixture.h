@@ -1,0 +1,58 @@
+/*
+ * trainer_fixture.h — what the engine's cmocka tests share: a group fixture
+ * (synthetic shards in a fresh temporary directory, tmpdir_, removed after
+ * the group) and trainer helpers that fail the test instead of returning an
+ * error. Include after cmocka.h, with FIXTURE_NAME defined to the test's
+ * name (the directory is /tmp/m6-test-FIXTURE_NAME-XXXXXX).
+ */
+#ifndef M6_TESTS_TRAINER_FIXTURE_H
+#define M6_TESTS_TRAINER_FIXTURE_H
+
+#ifndef FIXTURE_NAME
+#error "define FIXTURE_NAME before including trainer_fixture.h"
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train/trainer.h"
+#include "synth_data.h"
+#include "err_into.h"
+
+static char tmpdir_[256];
+
+/* cmocka group setup: 20000 tokens of synthetic shards in tmpdir_. */
+static int setup_data(void **state)
+{
+    (void)state;
+    snprintf(tmpdir_, sizeof tmpdir_, "/tmp/m6-test-" FIXTURE_NAME "-XXXXXX");
+    return synth_shards(tmpdir_, 20000);
+}
+
+static int teardown_data(void **state)
+{
+    (void)state;
+    return synth_remove(tmpdir_);
+}
+
+/* trainer_create, failing the test with its error. */
+static inline trainer *fixture_trainer(const run_spec *s)
+{
+    char err[512];
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
+    if (!t)
+        fail_msg("trainer_create: %s", err);
+    return t;
+}
+
+/* A malloc'd copy of state buffer `which` (trainer_copy_state), all of it. */
+static inline float *fixture_copy_state(trainer *t, int which)
+{
+    size_t n = trainer_copy_state(t, which, NULL);
+    float *p = malloc(n * sizeof(float));
+    assert_non_null(p);
+    assert_int_equal(trainer_copy_state(t, which, p), n);
+    return p;
+}
+
+#endif /* M6_TESTS_TRAINER_FIXTURE_H */
