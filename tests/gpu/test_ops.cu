@@ -243,6 +243,34 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     cudaFree(d_pre);
 }
 
+/* lse (B,NH,T) by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
+ * inputs qb (B,T,3C), in double */
+static void ref_lse_(float *rl, const float *qb, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double *sc = (double *)malloc((size_t)T * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qb + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -1e300;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qb + ((size_t)b * T + u) * 3 * C + C +
+                                     h * hs;
+                    double d = 0;
+                    for (int i = 0; i < hs; i++)
+                        d += (double)q[i] * k[i];
+                    sc[u] = d / sqrt((double)hs);
+                    if (sc[u] > mx) mx = sc[u];
+                }
+                double sum = 0;
+                for (int u = 0; u <= t; u++)
+                    sum += exp(sc[u] - mx);
+                rl[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
+            }
+    free(sc);
+}
+
 static void test_attention_(int B, int T, int C, int NH)
 {
     size_t N3 = (size_t)B * T * 3 * C, NC = (size_t)B * T * C;
@@ -301,32 +329,12 @@ static void test_attention_(int B, int T, int C, int NH)
                                     NH, st);
         float *go = hbf_(d_out2, NC);
         check_("attention_gemm_forward out", go, out, NULL, NC, TOL_BF16);
-        /* lse by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
-         * inputs, in double */
+        /* lse by hand (ref_lse_) of the bf16 values the GPU read */
         size_t nl = (size_t)B * NH * T;
-        int hs = C / NH;
         float *gl = (float *)malloc(nl * sizeof(float));
         float *rl = (float *)malloc(nl * sizeof(float));
-        float *qb = hbf_(d_qkv, N3); /* the bf16 values the GPU read */
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < NH; h++)
-                for (int t = 0; t < T; t++) {
-                    const float *q = qb + ((size_t)b * T + t) * 3 * C + h * hs;
-                    double mx = -1e300, sc[4096]; /* T <= 4096 */
-                    for (int u = 0; u <= t; u++) {
-                        const float *k = qb + ((size_t)b * T + u) * 3 * C +
-                                         C + h * hs;
-                        double d = 0;
-                        for (int i = 0; i < hs; i++)
-                            d += (double)q[i] * k[i];
-                        sc[u] = d / sqrt((double)hs);
-                        if (sc[u] > mx) mx = sc[u];
-                    }
-                    double sum = 0;
-                    for (int u = 0; u <= t; u++)
-                        sum += exp(sc[u] - mx);
-                    rl[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
-                }
+        float *qb = hbf_(d_qkv, N3);
+        ref_lse_(rl, qb, B, T, C, NH);
         CUDA_CHECK(cudaMemcpy(gl, d_lse2, nl * sizeof(float),
                               cudaMemcpyDeviceToHost));
         check_("attention_gemm_forward lse", gl, rl, NULL, nl, TOL_BF16);
@@ -350,34 +358,6 @@ static void test_attention_(int B, int T, int C, int NH)
     free(dqkv); free(scr); free(g1); free(g2);
     cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout);
     cudaFree(d_dqkv); cudaFree(d_dqkv2); cudaFree(d_scr);
-}
-
-/* lse (B,NH,T) by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
- * inputs qb (B,T,3C), in double */
-static void ref_lse_(float *rl, const float *qb, int B, int T, int C, int NH)
-{
-    int hs = C / NH;
-    double *sc = (double *)malloc((size_t)T * sizeof(double));
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float *q = qb + ((size_t)b * T + t) * 3 * C + h * hs;
-                double mx = -1e300;
-                for (int u = 0; u <= t; u++) {
-                    const float *k = qb + ((size_t)b * T + u) * 3 * C + C +
-                                     h * hs;
-                    double d = 0;
-                    for (int i = 0; i < hs; i++)
-                        d += (double)q[i] * k[i];
-                    sc[u] = d / sqrt((double)hs);
-                    if (sc[u] > mx) mx = sc[u];
-                }
-                double sum = 0;
-                for (int u = 0; u <= t; u++)
-                    sum += exp(sc[u] - mx);
-                rl[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
-            }
-    free(sc);
 }
 
 /* The two flash implementations by name, the tensor-core kernels (head
