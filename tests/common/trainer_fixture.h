@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "offload/offload.h"
 #include "train/trainer.h"
 #include "synth_data.h"
 #include "err_into.h"
@@ -53,6 +54,19 @@ static inline float *fixture_copy_state(trainer *t, int which)
     assert_non_null(p);
     assert_int_equal(trainer_copy_state(t, which, p), n);
     return p;
+}
+
+/* The device.memory_budget that leaves `resident` slots of s's real phase
+ * on the device: the planner's minimum plus that many slots. */
+static inline size_t fixture_budget_for(const run_spec *s, int resident)
+{
+    offload_plan p;
+    char err[512];
+    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
+    offload_plan_free(&p);
+    return b;
 }
 
 #endif /* M6_TESTS_TRAINER_FIXTURE_H */

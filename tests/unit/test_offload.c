@@ -44,18 +44,6 @@ static run_spec spec6_(long steps, long pseudo_steps)
     return s;
 }
 
-/* A budget that leaves `resident` slots of the Real phase on the device. */
-static size_t budget_for_(const run_spec *s, int resident)
-{
-    offload_plan p;
-    char err[512];
-    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0)
-        fail_msg("plan: %s", err);
-    size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
-    offload_plan_free(&p);
-    return b;
-}
-
 static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
 {
     char err[256];
@@ -83,7 +71,7 @@ static void check_offload_bitwise_(float clip)
     run_spec plain = spec6_(50, 20);
     plain.train.grad_clip = clip;
     run_spec off = plain;
-    off.device.memory_budget = budget_for_(&plain, 1);
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
 
     float a[50], b[50];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
@@ -147,7 +135,7 @@ static void test_offload_moe_bitwise(void **state)
     plain.model.moe_aux_coef = 0.01f;
     plain.model.moe_z_coef = 0.001f;
     run_spec off = plain;
-    off.device.memory_budget = budget_for_(&plain, 1);
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 20, a);
@@ -186,7 +174,7 @@ static void test_offload_mixed_bitwise(void **state)
     plain.model.moe_aux_coef = 0.01f;
     plain.model.moe_z_coef = 0.001f;
     run_spec off = plain;
-    off.device.memory_budget = budget_for_(&plain, 1);
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 20, a);
@@ -220,7 +208,7 @@ static float *params_after_(int B, int accum, int offload, int steps)
     s.train.grad_accum = accum;
     s.train.eval_every = 0;
     if (offload)
-        s.device.memory_budget = budget_for_(&s, 1);
+        s.device.memory_budget = fixture_budget_for(&s, 1);
     trainer *t = fixture_trainer(&s);
     float l[8];
     run_steps_(t, &s, steps, l);
@@ -274,7 +262,7 @@ static void test_save_resume_offloaded(void **state)
 {
     (void)state;
     run_spec s = spec6_(30, 10);
-    s.device.memory_budget = budget_for_(&s, 2);
+    s.device.memory_budget = fixture_budget_for(&s, 2);
     float a[30], b[30];
     char err[512], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-offload-15", tmpdir_);
@@ -357,7 +345,7 @@ static void test_pinning_failure(void **state)
     (void)state;
     run_spec s = spec6_(10, 0);
     s.train.eval_every = 0;
-    s.device.memory_budget = budget_for_(&s, 1);
+    s.device.memory_budget = fixture_budget_for(&s, 1);
     char err[1024], warn[1024];
 
     /* simulated: an unprivileged daemon with RLIMIT_MEMLOCK 0 */
@@ -974,7 +962,7 @@ static void test_check_cuda_pinned_vs_host(void **state)
     s.device.backend = BACKEND_CUDA;
     s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
                              .n_embd = 64, .seq_len = 16};
-    s.device.memory_budget = budget_for_(&s, 1);
+    s.device.memory_budget = fixture_budget_for(&s, 1);
     offload_plan p;
     char err[1024], warn[1024];
     assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
@@ -1034,7 +1022,7 @@ static void test_measured_bytes_match_plan(void **state)
     (void)state;
     run_spec s = spec6_(1000, 0);
     s.train.eval_every = 0;
-    s.device.memory_budget = budget_for_(&s, 2);
+    s.device.memory_budget = fixture_budget_for(&s, 2);
     offload_plan p;
     char err[512];
     assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);

@@ -44,18 +44,6 @@ static run_spec spec6_(int accum)
     return s;
 }
 
-/* A budget that leaves `resident` of the 6 slots on the device. */
-static size_t budget_for_(const run_spec *s, int resident)
-{
-    offload_plan p;
-    char err[512];
-    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0)
-        fail_msg("plan: %s", err);
-    size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
-    offload_plan_free(&p);
-    return b;
-}
-
 static void run_(trainer *t, float *loss, float *norm)
 {
     char err[256];
@@ -118,7 +106,7 @@ static void check_case_(int resident, int accum, float clip, int wait)
     }
     plain.train.grad_clip = clip;
     run_spec off = plain, spec = plain;
-    off.device.memory_budget = budget_for_(&plain, resident);
+    off.device.memory_budget = fixture_budget_for(&plain, resident);
     off.offload.speculative = SPEC_SPECULATIVE_OFF;
     spec.device.memory_budget = off.device.memory_budget;
     spec.offload.speculative = SPEC_SPECULATIVE_ON;
@@ -256,7 +244,7 @@ static void test_auto_off_when_host_short(void **state)
     (void)state;
     run_spec s = spec6_(1);
     s.train.grad_clip = 1.0f;
-    s.device.memory_budget = budget_for_(&s, 1);
+    s.device.memory_budget = fixture_budget_for(&s, 1);
     offload_plan p;
     char err[512];
     assert_int_equal(offload_plan_for_run(&s, 0, SIZE_MAX / 2, &p, err,

@@ -286,18 +286,6 @@ static void test_mean_delink_preserves_function(void **state)
     trainer_free(ts);
 }
 
-/* A budget that leaves `resident` slots of the Real phase on the device. */
-static size_t budget_for_(const run_spec *s, int resident)
-{
-    offload_plan p;
-    char err[512];
-    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0)
-        fail_msg("plan: %s", err);
-    size_t b = p.min_budget_bytes + (size_t)resident * p.slot_bytes;
-    offload_plan_free(&p);
-    return b;
-}
-
 /* grad_scale mean with offloaded slots (L 6, S 2 in the pseudo phase, a
  * budget that offloads a pseudo slot) gives the resident run's losses,
  * weights and moments bit for bit through the delink, with the
@@ -313,7 +301,7 @@ static void check_mean_offload_(int speculative)
     plain.train.grad_clip = 0.5f;
     plain.device.threads = 1;
     run_spec off = plain;
-    off.device.memory_budget = budget_for_(&plain, 0);
+    off.device.memory_budget = fixture_budget_for(&plain, 0);
     float a[16], b[16];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
     run_steps_(ta, &plain, 8, a, NULL);
