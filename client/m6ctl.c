@@ -816,11 +816,11 @@ static int plan_on_daemon_(const char *path)
     return ok ? EXIT_OK : EXIT_ERR;
 }
 
-/* plan --nodes ...: the spec's parameter state at scale (offload.h "plan
- * at scale"), computed here. */
-static int plan_cluster_(const run_spec *spec)
+/* The cluster planner's input from plan's options (--nodes,
+ * --gpus-per-node, --device-memory, --host-memory) and the spec. */
+static cluster_input cluster_input_(const run_spec *spec)
 {
-    cluster_input in = {
+    return (cluster_input){
         .nodes = g.nodes ? g.nodes : 1,
         .gpus_per_node = g.gpus_per_node ? g.gpus_per_node : 1,
         .device_memory = g.device_memory ? g.device_memory
@@ -828,6 +828,13 @@ static int plan_cluster_(const run_spec *spec)
         .host_memory = g.host_memory,
         .prefetch = spec->offload.prefetch,
     };
+}
+
+/* plan --nodes ...: the spec's parameter state at scale (offload.h "plan
+ * at scale"), computed here. */
+static int plan_cluster_(const run_spec *spec)
+{
+    cluster_input in = cluster_input_(spec);
     if (!in.device_memory) {
         errf_("plan: --nodes/--gpus-per-node/--host-memory/--explain plan "
               "per device: give --device-memory SIZE (or set the spec's "
@@ -886,14 +893,7 @@ static int plan_p2r_(const run_spec *spec)
         o.rates.host_adam_bytes_per_s = g.adam_gbps * 1e9;
         o.rates.adam_src = "--host-adam-gbps";
     }
-    cluster_input in = {
-        .nodes = g.nodes ? g.nodes : 1,
-        .gpus_per_node = g.gpus_per_node ? g.gpus_per_node : 1,
-        .device_memory = g.device_memory ? g.device_memory
-                                         : spec->device.memory_budget,
-        .host_memory = g.host_memory,
-        .prefetch = spec->offload.prefetch,
-    };
+    cluster_input in = cluster_input_(spec);
     if (g.cluster) {
         if (!in.device_memory) {
             errf_("plan --p2r: --nodes/--gpus-per-node/--host-memory plan "
