@@ -4,7 +4,8 @@
 proto/m6.proto, each a valid Hello frame and then valid frames of that type
 naming the fuzz state's runs (by id 1..5 and by name), plus a few that go
 wrong on purpose (no Hello, bad version, oversized length, half a frame).
-Hand-encoded protobuf (no protobuf library needed); field numbers as in
+Hand-encoded protobuf (tests/integration/m6wire.py; no protobuf library
+needed); field numbers as in
 proto/m6.proto. Run it again after the protocol gains a request type."""
 import os
 import struct
@@ -14,28 +15,9 @@ OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "corpus", "dispatch")
 
 
-def varint(n):
-    n &= (1 << 64) - 1  # negative int64: ten bytes, as protobuf does
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
-def fb(num, payload):  # length-delimited field
-    return varint(num << 3 | 2) + varint(len(payload)) + payload
-
-
-def fv(num, v):  # varint field
-    return varint(num << 3) + varint(v)
-
-
-def frame(payload):
-    return struct.pack(">I", len(payload)) + payload
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "integration"))
+from m6wire import field_bytes as fb, field_varint as fv, frame  # noqa: E402
 
 
 def hello(version=1):

@@ -3,11 +3,12 @@ must send what no protobuf library would (garbage, half frames, unknown
 fields): varints, length-delimited and varint fields, m6's frames (a 4-byte
 big-endian length, then the message) and a Response's status and message
 (fields 1 and 2 of proto/m6.proto's Response). Imported by rawclient.py,
-accessclient.py and nodes_peer.py."""
+accessclient.py, nodes_peer.py and tests/fuzz/gen_dispatch_corpus.py."""
 import struct
 
 
 def varint(n):
+    n &= (1 << 64) - 1  # negative int64: ten bytes, as protobuf does
     out = b""
     while True:
         b = n & 0x7F
