@@ -53,6 +53,10 @@ typedef struct {
     int lo_open, hi_open;
     const char *const *names;  /* K_ENUM, NULL-terminated */
     const char *doc;           /* one sentence for README.md's key table */
+    /* the table's default where it is a rule the parser applies to a
+     * spec that leaves the key out (p2r_defaults_), not spec_defaults'
+     * value; NULL: the value */
+    const char *default_rule;
 } key_;
 
 static const char *const delink_names_[] = { "copy", "reset", NULL };
@@ -65,16 +69,21 @@ static const char *const speculative_names_[] = { "auto", "on", "off", NULL };
 
 #define OFF(m) offsetof(run_spec, m)
 #define STR(sec, k, m, doc) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
-                              0, 0, 0, 0, 0, 0, NULL, doc }
+                              0, 0, 0, 0, 0, 0, NULL, doc, NULL }
 #define INT(sec, k, m, lo, hi, doc) { sec, k, K_INT, OFF(m), sizeof(int), lo, \
-                                      hi, 0, 0, 0, 0, NULL, doc }
+                                      hi, 0, 0, 0, 0, NULL, doc, NULL }
 #define LONG(sec, k, m, lo, hi, doc) { sec, k, K_LONG, OFF(m), sizeof(long), \
-                                       lo, hi, 0, 0, 0, 0, NULL, doc }
+                                       lo, hi, 0, 0, 0, 0, NULL, doc, NULL }
+/* INT and LONG whose default is a rule (key_.default_rule) */
+#define INT_RULE(sec, k, m, lo, hi, rule, doc) \
+    { sec, k, K_INT, OFF(m), sizeof(int), lo, hi, 0, 0, 0, 0, NULL, doc, rule }
+#define LONG_RULE(sec, k, m, lo, hi, rule, doc) \
+    { sec, k, K_LONG, OFF(m), sizeof(long), lo, hi, 0, 0, 0, 0, NULL, doc, rule }
 #define FLT(sec, k, m, lo, lo_open, hi, hi_open, doc) \
     { sec, k, K_FLOAT, OFF(m), sizeof(float), 0, 0, lo, hi, lo_open, hi_open, \
-      NULL, doc }
+      NULL, doc, NULL }
 #define ENUM(sec, k, m, names, doc) { sec, k, K_ENUM, OFF(m), sizeof(int), 0, \
-                                      0, 0, 0, 0, 0, names, doc }
+                                      0, 0, 0, 0, 0, names, doc, NULL }
 
 /* In canonical order: spec_to_json writes the keys as listed here. */
 static const key_ keys_[] = {
@@ -122,7 +131,7 @@ static const key_ keys_[] = {
         "(a pseudo model then needs `share_groups` >= 2)."),
     INT("model.moe", "expert_hidden", model.moe_hidden, 0, INT_MAX,
         "H: hidden size of each expert's MLP. 0: 4 * `n_embd`."),
-    INT("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX,
+    INT_RULE("pseudo", "share_groups", pseudo.share_groups, 1, INT_MAX, "L/2",
         "S: slots of the pseudo model, at most L; layer l uses slot `l*S/L` "
         "(with `model.moe.every` > 1, each kind's layers so over its slots). "
         "Left out of a spec with a pseudo phase: L/2 (at least 1; 2 with "
@@ -141,7 +150,8 @@ static const key_ keys_[] = {
     ENUM("delink", "optimizer", delink.optimizer, delink_names_,
          "At the delink each layer's AdamW moments are copied from its slot "
          "(`copy`) or start at zero (`reset`)."),
-    LONG("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
+    LONG_RULE("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
+              "5% of `train.steps`",
          "After the delink, scale the learning rate up linearly over this many "
          "steps. 0: no re-warmup. Left out of a spec with a pseudo phase: 5% "
          "of `train.steps` (at most the real phase's steps), the best of "
@@ -182,7 +192,7 @@ static const key_ keys_[] = {
     { "train", "seed", K_U64, OFF(train.seed), sizeof(uint64_t), 0, 0, 0, 0,
       0, 0, NULL,
       "Seed of the weight init and the batch sampler; above 2^63-1 write it "
-      "as a decimal string." },
+      "as a decimal string.", NULL },
     LONG("train", "eval_every", train.eval_every, 0, LONG_MAX,
          "Validation pass every this many steps, and always after the last. "
          "0: only after the last."),
@@ -207,7 +217,7 @@ static const key_ keys_[] = {
       sizeof(size_t), 0, 0, 0, 0, 0, 0, NULL,
       "Device memory the model may use (on `cpu`, a budgeted pool of "
       "ordinary memory); slots that do not fit are offloaded to host "
-      "memory. 0: no budget, every slot resident." },
+      "memory. 0: no budget, every slot resident.", NULL },
     INT("offload", "prefetch", offload.prefetch, 1, 64,
         "Staging buffers for offloaded slots: how many fetches run ahead of "
         "the layer that computes."),
@@ -1369,10 +1379,8 @@ int spec_keys_markdown(FILE *out)
             return -1;
         }
         fprintf(out, "| `%s` | %s | ", path, type_md_(k->kind));
-        if (k->off == OFF(pseudo.share_groups))
-            fputs("L/2", out);  /* p2r_defaults_ */
-        else if (k->off == OFF(delink.rewarm_steps))
-            fputs("5% of `train.steps`", out);
+        if (k->default_rule)
+            fputs(k->default_rule, out);
         else if (strcmp(dflt, "\"\"") == 0) fputs("none", out);
         else fprintf(out, "`%s`", dflt);
         fputs(" | ", out);
