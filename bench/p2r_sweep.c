@@ -165,6 +165,15 @@ static void on_eval_(void *ctx, long step, double val, double wall_s)
     fprintf(ctx, "%ld,%.6f,%.3f\n", step, val, wall_s);
 }
 
+/* OUT/curves/NAME.csv: where task k's curve is. */
+static void curve_path_(char *path, size_t len, const char *out, const task *k,
+                        const char *const *corpora)
+{
+    char name[256];
+    task_name_(k, corpora, name, sizeof name);
+    snprintf(path, len, "%s/curves/%s.csv", out, name);
+}
+
 /* Child: train task k from spec base and write its curve to path. */
 static int run_task_(const run_spec *base, const task *k, const char *data,
                      const char *path)
@@ -448,18 +457,18 @@ int main(int argc, char **argv)
                                         rewarm[e], opts_reset[d], gs_mean[g],
                                         lrs[h]};
         }
+    /* the runs already done: a whole curve on disk */
     int todo = 0;
+    char *have = calloc((size_t)ntask, 1);
+    curve *tmp = malloc(sizeof *tmp);
+    if (!have || !tmp)
+        die_("out of memory");
     for (int i = 0; i < ntask; i++) {
-        char name[256];
-        task_name_(&tasks[i], corpora, name, sizeof name);
-        snprintf(path, sizeof path, "%s/curves/%s.csv", out, name);
-        curve *tmp = malloc(sizeof *tmp);
-        if (!tmp)
-            die_("out of memory");
-        if (read_curve_(path, tmp) != 0)
-            todo++;
-        free(tmp);
+        curve_path_(path, sizeof path, out, &tasks[i], corpora);
+        have[i] = read_curve_(path, tmp) == 0;
+        todo += !have[i];
     }
+    free(tmp);
     printf(P_ ": %d runs (%d corpora x %d seeds x (scratch + %d settings)); "
               "%d already done in %s, %d to train, %ld at a time\n",
            ntask, ncorp, nseed, nset, ntask - todo, out,
@@ -471,15 +480,9 @@ int main(int argc, char **argv)
     int running = 0, failed = 0, done = 0;
     for (int i = 0; i < ntask || running > 0;) {
         if (i < ntask && running < jobs) {
-            char name[256];
-            task_name_(&tasks[i], corpora, name, sizeof name);
-            snprintf(path, sizeof path, "%s/curves/%s.csv", out, name);
-            curve *tmp = malloc(sizeof *tmp);
-            int have = tmp && read_curve_(path, tmp) == 0;
-            free(tmp);
-            i++;
-            if (have)
+            if (have[i++])
                 continue;
+            curve_path_(path, sizeof path, out, &tasks[i - 1], corpora);
             fflush(stdout);
             pid_t pid = fork();
             if (pid < 0)
@@ -533,17 +536,14 @@ int main(int argc, char **argv)
         die_("out of memory");
     for (int i = 0; i < ntask;) {
         /* tasks[i] is the scratch of a (corpus, seed); nset settings follow */
-        char name[256];
-        task_name_(&tasks[i], corpora, name, sizeof name);
-        snprintf(path, sizeof path, "%s/curves/%s.csv", out, name);
+        curve_path_(path, sizeof path, out, &tasks[i], corpora);
         if (read_curve_(path, sc) != 0)
             die_("a scratch curve is missing after training");
         double target = sc->val[sc->n - 1];
         long s_reach = reach_(sc, target);
         for (int k = 0; k < nset; k++) {
             const task *t = &tasks[i + 1 + k];
-            task_name_(t, corpora, name, sizeof name);
-            snprintf(path, sizeof path, "%s/curves/%s.csv", out, name);
+            curve_path_(path, sizeof path, out, t, corpora);
             if (read_curve_(path, pc) != 0)
                 die_("a curve is missing after training");
             double fv = pc->val[pc->n - 1];
@@ -614,9 +614,7 @@ int main(int argc, char **argv)
         plot_run runs[3];
         char label[3][160];
         for (int r = 0; r < 3; r++) {
-            char name[256];
-            task_name_(&tasks[idx[r]], corpora, name, sizeof name);
-            snprintf(path, sizeof path, "%s/curves/%s.csv", out, name);
+            curve_path_(path, sizeof path, out, &tasks[idx[r]], corpora);
             if (read_curve_(path, &cv[r]) != 0)
                 die_("a curve is missing after training");
             for (int j = 0; j < cv[r].n; j++)
