@@ -2,7 +2,7 @@
 # examples/run-fortunes.sh — the main job, end to end, on a fresh Debian 12:
 # install and build (.ci/setup), start m6d on its embedded defaults, turn the
 # fortunes text into byte-level shards, submit examples/fortunes-p2r.json
-# (pseudo phase: every layer shares one slot; delink at step 250; real phase),
+# (pseudo phase: 6 layers share 3 slots; delink at step 50; real phase),
 # watch it to the end, and print the final validation loss and where the
 # checkpoints and m6.db are. Stops the m6d it started.
 set -eu
