@@ -240,7 +240,7 @@ static const key_ keys_[] = {
         "equal share of every global batch (`batch_size * grad_accum` "
         "sequences, whatever the world size), so it must divide "
         "`grad_accum` or `batch_size`; `cpu` only, without "
-        "`memory_budget` or MoE, for now."),
+        "`memory_budget`, for now."),
     INT("nodes", "pseudo_world_size", nodes.pseudo_world_size, 0, 65536,
         "Data-parallel ranks of the pseudo phase, at most `world_size` (the "
         "shared model needs less memory); the others join at the delink. "
@@ -891,11 +891,6 @@ static int nodes_check_(const run_spec *s, char *err, size_t errlen)
     if (W > 1 && s->device.memory_budget > 0) {
         seterr_(err, errlen, "nodes.world_size: %d ranks cannot offload yet "
                 "(device.memory_budget must be 0)", W);
-        return -1;
-    }
-    if (W > 1 && s->model.moe_experts > 0) {
-        seterr_(err, errlen, "nodes.world_size: %d ranks cannot train MoE "
-                "models yet (model.moe.num_experts must be 0)", W);
         return -1;
     }
     return 0;

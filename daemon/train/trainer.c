@@ -681,15 +681,76 @@ void trainer_placement(trainer *t, step_placement *p)
     placement_(t, NULL, p);
 }
 
-/* The step's MoE facts from the backend's sums (gpt_moe_stats). */
-static void moe_facts_(trainer *t, step_moe *m)
+/* The router sums of all W ranks' microbatches: each rank's nine sums and
+ * two extremes, as exact float pairs (hi, lo = x - hi) in the rank's own
+ * columns of one all-reduce, so every element is one rank's value plus
+ * zeros and arrives unrounded; then added in double in rank order. *st is
+ * this rank's on entry, the group's on return. 0, or -1 with err. */
+#define MOE_FIELDS_ 11
+static int moe_gather_(trainer *t, gpt_moe_stats *st, m6_err *err)
+{
+    int W = t->world;
+    size_t n = (size_t)W * MOE_FIELDS_ * 2;
+    float *v = calloc(n, sizeof(float));
+    if (!v) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory (MoE figures)");
+        return -1;
+    }
+    double mine[MOE_FIELDS_] = {
+        st->aux_sum, st->z_sum, (double)st->layers, (double)st->dropped,
+        (double)st->pairs, st->load_sum, st->load_sumsq, (double)st->load_n,
+        (double)st->empty, (double)st->load_min, (double)st->load_max};
+    float *row = v + (size_t)t->rank * MOE_FIELDS_ * 2;
+    for (int f = 0; f < MOE_FIELDS_; f++) {
+        row[2 * f] = (float)mine[f];
+        row[2 * f + 1] = (float)(mine[f] - (double)row[2 * f]);
+    }
+    if (m6_coll_allreduce_sum(t->coll, v, n, err) != 0) {
+        free(v);
+        return -1;
+    }
+    double sum[MOE_FIELDS_] = {0}, lo = INFINITY, hi = 0;
+    for (int r = 0; r < W; r++) {
+        const float *q = v + (size_t)r * MOE_FIELDS_ * 2;
+        double x[MOE_FIELDS_];
+        for (int f = 0; f < MOE_FIELDS_; f++)
+            x[f] = (double)q[2 * f] + (double)q[2 * f + 1];
+        for (int f = 0; f < 9; f++)
+            sum[f] += x[f];
+        if (x[7] > 0) {  /* a rank with MoE passes: its extremes count */
+            lo = x[9] < lo ? x[9] : lo;
+            hi = x[10] > hi ? x[10] : hi;
+        }
+    }
+    free(v);
+    st->aux_sum = sum[0];
+    st->z_sum = sum[1];
+    st->layers = (long)sum[2];
+    st->dropped = (long)sum[3];
+    st->pairs = (long)sum[4];
+    st->load_sum = sum[5];
+    st->load_sumsq = sum[6];
+    st->load_n = (long)sum[7];
+    st->empty = (long)sum[8];
+    st->load_min = isfinite(lo) ? (long)lo : 0;
+    st->load_max = (long)hi;
+    return 0;
+}
+
+/* The step's MoE facts from the backend's sums (gpt_moe_stats), over every
+ * rank's microbatches when data-parallel. 0, or -1 with err (the
+ * collective's). */
+static int moe_facts_(trainer *t, step_moe *m, m6_err *err)
 {
     const backend_iface *be = t->be.iface;
     gpt_moe_stats st;
     memset(m, 0, sizeof *m);
-    if (!be->moe_stats || be->moe_stats(t->be.ctx, &st) != 0 ||
-        st.layers == 0 || st.load_n == 0)
-        return;
+    if (!be->moe_stats || be->moe_stats(t->be.ctx, &st) != 0)
+        return 0;
+    if (t->world > 1 && moe_gather_(t, &st, err) != 0)
+        return -1;
+    if (st.layers == 0 || st.load_n == 0)
+        return 0;
     m->present = 1;
     m->aux_loss = st.aux_sum / (double)st.layers;
     m->z_loss = st.z_sum / (double)st.layers;
@@ -700,6 +761,7 @@ static void moe_facts_(trainer *t, step_moe *m)
     double var = st.load_sumsq / (double)st.load_n - mean * mean;
     m->load_cv = mean > 0 ? sqrt(var > 0 ? var : 0) / mean : 0;
     m->experts_empty = (double)st.empty / (double)st.layers;
+    return 0;
 }
 
 /* ------------------------------------------------------------- data parallel */
@@ -1033,7 +1095,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     }
     if (fault == TRAINER_FAULT_NAN_BATCH)
         loss = NAN;
-    moe_facts_(t, &res->moe);
+    if (moe_facts_(t, &res->moe, err) != 0)
+        return TRAINER_ECOLL;
     float norm = be->grad_norm(t->be.ctx);
     crashpoint("step");
     /* A non-finite loss or norm skips the update: the weights, the AdamW

@@ -25,6 +25,11 @@
  *   repeatable    3 ranks run twice: bitwise the same losses and weights
  *   killed        2 ranks, rank 1 killed after step 2: rank 0's step 3
  *                 fails with TRAINER_ECOLL within nodes.timeout
+ *   moe, mixed    MoE in every block and in every other block (slots of
+ *                 two kinds), 2 ranks, splitting grad_accum and splitting
+ *                 rows, against one node whose microbatches are the ranks'
+ *                 shares: losses, weights, and the step's MoE facts, which
+ *                 rank 0 reports for the whole group
  *   refused       a group whose world size is not the spec's, in process
  *
  * Tolerances. Data parallelism changes only the order of float additions:
@@ -148,6 +153,9 @@ static int rank_main_(int argc, char **argv)
         }
     }
     FILE *out = fopen(out_path, "w");
+    char mp[600];
+    snprintf(mp, sizeof mp, "%s.moe", out_path);
+    FILE *moe = fopen(mp, "w");
     size_t np = trainer_copy_state(t, 0, NULL);
     float *w = malloc(np * sizeof(float) * 2);  /* room after the delink */
     while (trainer_step_count(t) < spec.train.steps) {
@@ -172,6 +180,7 @@ static int rank_main_(int argc, char **argv)
         }
         if (die && rank == 1 && trainer_step_count(t) == 2) {
             fclose(out);
+            fclose(moe);
             raise(SIGKILL);
         }
         step_result r;
@@ -184,6 +193,7 @@ static int rank_main_(int argc, char **argv)
                     dt, m6_err_msg(&err));
             fprintf(out, "ecoll %d %.3f\n", rc == TRAINER_ECOLL, dt);
             fclose(out);
+            fclose(moe);
             return rc == TRAINER_ECOLL && dt < KILL_TIMEOUT_S + SLACK_S
                        ? 0 : 1;
         }
@@ -201,8 +211,13 @@ static int rank_main_(int argc, char **argv)
         for (size_t i = 0; i < nw; i++)
             fprintf(out, " %zu", pos[i]);
         fputc('\n', out);
+        if (r.moe.present)
+            fprintf(moe, "%ld %a %a %a %a %a %a\n", r.step, r.moe.aux_loss,
+                    r.moe.z_loss, r.moe.dropped_fraction, r.moe.load_min,
+                    r.moe.load_max, r.moe.experts_empty);
     }
     fclose(out);
+    fclose(moe);
     char pp[600];
     if (rank == 0 && world > 1) {
         /* rank 0 writes the replicated state; the checkpoint says the
@@ -304,9 +319,11 @@ static int failures_;
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
     while (0)
 
-/* The spec file tag.json: the shared shape, then extra members. */
-static void write_spec_(const char *tag, int B, int accum, long steps,
-                        long pseudo, const char *extra)
+/* The spec file tag.json: the shared shape (model_extra: more members of
+ * "model"), then extra members. */
+static void write_spec_model_(const char *tag, int B, int accum, long steps,
+                              long pseudo, const char *model_extra,
+                              const char *pseudo_extra, const char *extra)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
@@ -315,16 +332,22 @@ static void write_spec_(const char *tag, int B, int accum, long steps,
             " \"data\": {\"train\": \"%s/data/train_*.bin\", "
             "\"val\": \"%s/data/val_*.bin\"},\n"
             " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 32,"
-            " \"n_head\": 2, \"seq_len\": 32},\n"
-            " \"pseudo\": {\"steps\": %ld},\n"
+            " \"n_head\": 2, \"seq_len\": 32%s%s},\n"
+            " \"pseudo\": {\"steps\": %ld%s},\n"
             " \"train\": {\"steps\": %ld, \"batch_size\": %d, \"grad_accum\":"
             " %d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
             " \"eval_batches\": 6},\n"
             " \"device\": {\"threads\": 1}%s%s}\n",
-            tag, dir_, dir_, pseudo, steps, B, accum, extra[0] ? ",\n " : "",
-            extra);
+            tag, dir_, dir_, model_extra[0] ? ", " : "", model_extra, pseudo,
+            pseudo_extra, steps, B, accum, extra[0] ? ",\n " : "", extra);
     fclose(f);
+}
+
+static void write_spec_(const char *tag, int B, int accum, long steps,
+                        long pseudo, const char *extra)
+{
+    write_spec_model_(tag, B, accum, steps, pseudo, "", "", extra);
 }
 
 /* Run ranks [0, world) of spec tag (outputs tag-R.out); 0 when all
@@ -475,6 +498,53 @@ static void compare_(const char *tag, int world, const result *ref,
         free(rk[r].params);
 }
 
+/* Rank 0's MoE facts of tag (its .moe file) against the one-node ref's,
+ * step by step: the balancing and z-losses within LOSS_TOL (sums of the
+ * same router probabilities in another order); the counts (dropped
+ * fraction, least and most tokens of an expert, empty experts) exactly,
+ * being integers over the same routing decisions, which rounding of
+ * ~1e-7 would change only at an exact tie of two logits. A rank that
+ * reported only its own microbatches would have half the passes and
+ * other extremes. */
+static void compare_moe_(const char *tag, const char *ref_tag)
+{
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s-0.out.moe", dir_, tag);
+    snprintf(pb, sizeof pb, "%s/%s-0.out.moe", dir_, ref_tag);
+    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+    int n = 0;
+    double worst = 0;
+    long sa, sb;
+    double a[6], b[6];
+    while (fa && fb &&
+           fscanf(fa, "%ld %la %la %la %la %la %la", &sa, &a[0], &a[1], &a[2],
+                  &a[3], &a[4], &a[5]) == 7 &&
+           fscanf(fb, "%ld %la %la %la %la %la %la", &sb, &b[0], &b[1], &b[2],
+                  &b[3], &b[4], &b[5]) == 7) {
+        n++;
+        CHECK(sa == sb, "%s: MoE facts of step %ld against step %ld", tag, sa,
+              sb);
+        for (int k = 0; k < 2; k++) {
+            double d = rel_(a[k], b[k]);
+            worst = d > worst ? d : worst;
+            CHECK(d <= LOSS_TOL, "%s: step %ld: MoE %s loss %.9g, one node "
+                  "%.9g", tag, sa, k ? "z" : "aux", a[k], b[k]);
+        }
+        static const char *name[] = {"dropped fraction", "least load",
+                                     "most load", "empty experts"};
+        for (int k = 2; k < 6; k++)
+            CHECK(a[k] == b[k], "%s: step %ld: MoE %s %.9g, one node %.9g",
+                  tag, sa, name[k - 2], a[k], b[k]);
+    }
+    CHECK(n == 6, "%s: %d steps of MoE facts compared, want 6", tag, n);
+    printf("%-12s MoE facts of %d steps: aux and z max rel diff %.2g, counts "
+           "equal\n", tag, n, worst);
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 9 && strcmp(argv[1], "rank") == 0)
@@ -576,6 +646,46 @@ int main(int argc, char **argv)
     run_("acc3", "acc3", 3, 0, "plain", 120);
     compare_("acc3", 3, &acc_one, 1, 0, 0);
     free(acc_one.params);
+
+    /* MoE: two prototypes of two experts, capacity factor 1 (tokens are
+     * dropped), every block (moe) and every other block (mixed). The
+     * one-node reference runs microbatches of 3 with grad_accum 2: a rank
+     * of a 2-rank run with batch 3 and grad_accum 2 trains one of those
+     * microbatches (the split takes accumulation steps), and so does a
+     * rank of a run with batch 6 (the split takes rows): in both, each
+     * microbatch's capacity and balancing loss are the one node's. */
+    {
+        static const char *kind[2][2] = {
+            {"moe", "\"moe\": {\"num_experts\": 4, \"prototypes\": 2, "
+                    "\"capacity_factor\": 1.0}"},
+            {"mixed", "\"moe\": {\"num_experts\": 4, \"prototypes\": 2, "
+                      "\"capacity_factor\": 1.0, \"every\": 2}"}};
+        for (int k = 0; k < 2; k++) {
+            char one_tag[32], acc_tag[32], row_tag[32];
+            /* mixed: a slot of each kind in the pseudo phase */
+            const char *share = k ? ", \"share_groups\": 2" : "";
+            const char *w2 = "\"nodes\": {\"world_size\": 2}";
+            snprintf(one_tag, sizeof one_tag, "%s_one", kind[k][0]);
+            snprintf(acc_tag, sizeof acc_tag, "%s_w2a", kind[k][0]);
+            snprintf(row_tag, sizeof row_tag, "%s_w2b", kind[k][0]);
+            write_spec_model_(one_tag, 3, 2, 6, 3, kind[k][1], share, "");
+            write_spec_model_(acc_tag, 3, 2, 6, 3, kind[k][1], share, w2);
+            write_spec_model_(row_tag, 6, 1, 6, 3, kind[k][1], share, w2);
+            result ref;
+            run_(one_tag, one_tag, 1, 0, "plain", 120);
+            load_tag_(one_tag, 0, &ref);
+            CHECK(ref.n == 6, "%s: %d steps recorded, want 6", one_tag, ref.n);
+            run_(acc_tag, acc_tag, 2, 0, "plain", 120);
+            compare_(acc_tag, 2, &ref, 1, 1, 0);
+            compare_moe_(acc_tag, one_tag);
+            /* its validation batches are the spec's batch_size, 6 rows,
+             * against the reference's 3: another validation set */
+            run_(row_tag, row_tag, 2, 0, "plain", 120);
+            compare_(row_tag, 2, &ref, 1, 0, 0);
+            compare_moe_(row_tag, one_tag);
+            free(ref.params);
+        }
+    }
 
     /* join at the delink: the real steps (4..6) as one node's */
     run_("join", "join", 2, 0, "join", 120);
