@@ -26,26 +26,28 @@ static int weights_alloc_(m6_weights *w, const model_config *cfg, int S,
                           char *err, size_t errlen)
 {
     memset(w, 0, sizeof *w);
-    if (cfg->moe_experts > 0 && cfg->moe_every > 1) {
-        snprintf(err, errlen, "an MoE model with MoE in every %d-th block "
-                 "(model.moe.every): its dense and MoE slots differ in size, "
-                 "which export does not handle yet", cfg->moe_every);
-        return -1;
-    }
     w->cfg = *cfg;
     w->S = S;
     w->step = -1;
+    /* a mixed model's slot region is its larger (MoE) kind's; a dense
+     * slot uses the front of it, as in gpt.c */
     gpt_layout(cfg, w->glob, w->slot, &w->n_global, &w->slot_size);
     size_t n = w->n_global + (size_t)S * w->slot_size;
     w->params = calloc(n, sizeof(float));
     w->slot_of = calloc((size_t)cfg->n_layer, sizeof(int));
-    if (!w->params || !w->slot_of) {
+    w->slot_moe = calloc((size_t)S, 1);
+    if (!w->params || !w->slot_of || !w->slot_moe) {
         snprintf(err, errlen, "out of memory for %zu parameters", n);
         weights_free(w);
         return -1;
     }
-    for (int l = 0; l < cfg->n_layer; l++)
-        w->slot_of[l] = (int)((long)l * S / cfg->n_layer);
+    if (gpt_default_share_map(cfg, S, w->slot_of) != 0 ||
+        gpt_slot_kinds(cfg, S, w->slot_of, w->slot_moe, err, errlen) != 0) {
+        snprintf(err, errlen, "%d slots cannot hold this model (a mixed MoE "
+                 "model needs at least one slot of each kind)", S);
+        weights_free(w);
+        return -1;
+    }
     return 0;
 }
 
@@ -53,6 +55,7 @@ void weights_free(m6_weights *w)
 {
     free(w->params);
     free(w->slot_of);
+    free(w->slot_moe);
     memset(w, 0, sizeof *w);
 }
 
@@ -82,11 +85,17 @@ static int model_from_json_(const json_t *m, model_config *cfg, char *err,
         return -1;
     }
     json_t *moe = json_object_get(m, "moe");
-    if (moe && json_unpack(moe, "{s:i, s:i, s:i}", "num_experts",
-                           &cfg->moe_experts, "prototypes", &cfg->moe_prototypes,
-                           "expert_hidden", &cfg->moe_hidden) != 0) {
-        snprintf(err, errlen, "%s: model.moe: want num_experts, prototypes, "
-                 "expert_hidden", path);
+    if (moe && (json_unpack(moe, "{s:i, s:i, s:i, s?i}", "num_experts",
+                            &cfg->moe_experts, "prototypes",
+                            &cfg->moe_prototypes, "expert_hidden",
+                            &cfg->moe_hidden, "every", &cfg->moe_every) != 0 ||
+                cfg->moe_experts < 1 || cfg->moe_prototypes < 1 ||
+                cfg->moe_experts % cfg->moe_prototypes ||
+                cfg->moe_hidden < 1 || cfg->moe_every < 1 ||
+                cfg->moe_every > cfg->n_layer)) {
+        snprintf(err, errlen, "%s: model.moe: want num_experts, prototypes "
+                 "(dividing it), expert_hidden and optionally every (1 to "
+                 "n_layer), whole numbers >= 1", path);
         return -1;
     }
     return 0;
@@ -112,6 +121,11 @@ static int share_map_(m6_weights *w, const json_t *m, const char *path,
         }
         w->slot_of[l] = (int)json_integer_value(v);
     }
+    if (gpt_slot_kinds(&w->cfg, w->S, w->slot_of, w->slot_moe, NULL, 0) != 0) {
+        snprintf(err, errlen, "%s: slot_of: a slot is shared by dense and MoE "
+                 "blocks, or used by no block", path);
+        return -1;
+    }
     json_t *st = json_object_get(m, "step"), *ph = json_object_get(m, "phase");
     if (json_is_integer(st))
         w->step = (long)json_integer_value(st);
@@ -121,13 +135,12 @@ static int share_map_(m6_weights *w, const json_t *m, const char *path,
 }
 
 /* A slot's tensors as checkpoints name them (gpt_slot_ckpt_tensors: an
- * MoE slot per expert and per gate prototype; a dense slot its layout's),
- * as gpt_tensors whose names point into *ck. Returns the count, or -1
- * (out of memory); the caller frees *t and *ck. */
-static int ckpt_slot_tensors_(const model_config *c, gpt_tensor **t,
+ * MoE slot (moe 1) per expert and per gate prototype; a dense slot its
+ * layout's), as gpt_tensors whose names point into *ck. Returns the count,
+ * or -1 (out of memory); the caller frees *t and *ck. */
+static int ckpt_slot_tensors_(const model_config *c, int moe, gpt_tensor **t,
                               gpt_ckpt_tensor **ck)
 {
-    int moe = c->moe_experts > 0;
     int n = gpt_slot_ckpt_tensors(c, moe, NULL);
     *ck = calloc((size_t)n, sizeof **ck);
     *t = calloc((size_t)n, sizeof **t);
@@ -146,6 +159,40 @@ static int ckpt_slot_tensors_(const model_config *c, gpt_tensor **t,
                                k->rows, k->cols, k->cols != 0};
     }
     return n;
+}
+
+/* Both kinds' checkpoint tensor tables ([0] dense, [1] MoE: n 0 for a
+ * kind the model has none of). */
+typedef struct {
+    gpt_tensor *t[2];
+    gpt_ckpt_tensor *ck[2];
+    int n[2];
+} slot_tables_;
+
+static void slot_tables_free_(slot_tables_ *tab)
+{
+    for (int k = 0; k < 2; k++) {
+        free(tab->t[k]);
+        free(tab->ck[k]);
+    }
+    memset(tab, 0, sizeof *tab);
+}
+
+/* 0, or -1 (out of memory, nothing held). */
+static int slot_tables_get_(slot_tables_ *tab, const model_config *c)
+{
+    memset(tab, 0, sizeof *tab);
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && c->moe_experts == 0)
+            break;
+        if ((tab->n[k] = ckpt_slot_tensors_(c, k, &tab->t[k],
+                                            &tab->ck[k])) < 0) {
+            tab->n[k] = 0;
+            slot_tables_free_(tab);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* One tensor of the layout from the file: present, F32, its shape. */
@@ -193,7 +240,12 @@ int weights_load(m6_weights *w, const char *dir, const model_config *cfg,
             goto fail_json;
         if (cfg && (cfg->vocab_size != own.vocab_size ||
                     cfg->n_layer != own.n_layer || cfg->n_head != own.n_head ||
-                    cfg->n_embd != own.n_embd || cfg->seq_len != own.seq_len)) {
+                    cfg->n_embd != own.n_embd || cfg->seq_len != own.seq_len ||
+                    cfg->moe_experts != own.moe_experts ||
+                    (own.moe_experts > 0 &&
+                     (cfg->moe_prototypes != own.moe_prototypes ||
+                      model_moe_hidden(cfg) != model_moe_hidden(&own) ||
+                      cfg->moe_every != own.moe_every)))) {
             snprintf(err, errlen, "%s: the model differs from the run's", path);
             goto fail_json;
         }
@@ -238,23 +290,18 @@ int weights_load(m6_weights *w, const char *dir, const model_config *cfg,
         snprintf(err, errlen, "unreadable checkpoint: %s", e);
         goto fail;
     }
-    int rc = 0;
-    gpt_tensor *st;
-    gpt_ckpt_tensor *ck;
-    int nt = ckpt_slot_tensors_(&w->cfg, &st, &ck);
-    if (nt < 0) {
+    slot_tables_ tab;
+    int rc = slot_tables_get_(&tab, &w->cfg);
+    if (rc != 0)
         snprintf(err, errlen, "out of memory");
-        rc = -1;
-    }
     for (int i = 0; i < GLOB_NTENSORS && rc == 0; i++)
         rc = read_tensor_(&sf, path, w, -1, &w->glob[i], err, errlen);
-    for (int s = 0; s < w->S && rc == 0; s++)
-        for (int i = 0; i < nt && rc == 0; i++)
-            rc = read_tensor_(&sf, path, w, s, &st[i], err, errlen);
-    if (nt >= 0) {
-        free(st);
-        free(ck);
+    for (int s = 0; s < w->S && rc == 0; s++) {
+        int kind = w->slot_moe[s];
+        for (int i = 0; i < tab.n[kind] && rc == 0; i++)
+            rc = read_tensor_(&sf, path, w, s, &tab.t[kind][i], err, errlen);
     }
+    slot_tables_free_(&tab);
     safetensors_close(&sf);
     if (rc != 0)
         goto fail;
@@ -396,9 +443,14 @@ static int refuse_moe_(const m6_weights *w, const char *format, char *err,
 {
     if (w->cfg.moe_experts <= 0)
         return 0;
-    snprintf(err, errlen, "an MoE model (%d experts in every block): no %s "
-             "layout holds it; --format safetensors keeps m6's own",
-             w->cfg.moe_experts, format);
+    if (w->cfg.moe_every > 1)
+        snprintf(err, errlen, "an MoE model (%d experts in every %d-th "
+                 "block): no %s layout holds it; --format safetensors keeps "
+                 "m6's own", w->cfg.moe_experts, w->cfg.moe_every, format);
+    else
+        snprintf(err, errlen, "an MoE model (%d experts in every block): no "
+                 "%s layout holds it; --format safetensors keeps m6's own",
+                 w->cfg.moe_experts, format);
     return -1;
 }
 
@@ -514,14 +566,14 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
                      char *err, size_t errlen)
 {
     const model_config *c = &w->cfg;
-    gpt_tensor *slot_t;
-    gpt_ckpt_tensor *ck;
-    int nt = ckpt_slot_tensors_(c, &slot_t, &ck);
-    if (nt < 0) {
+    slot_tables_ tab;
+    if (slot_tables_get_(&tab, c) != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int n = GLOB_NTENSORS + w->S * nt, k = 0;
+    int n = GLOB_NTENSORS, k = 0;
+    for (int s = 0; s < w->S; s++)
+        n += tab.n[w->slot_moe[s]];
     st_tensor *ts = calloc((size_t)n, sizeof *ts);
     char (*names)[160] = calloc((size_t)n, sizeof *names);
     json_t *so = json_array(), *model = NULL, *meta = NULL;
@@ -529,15 +581,15 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
         snprintf(err, errlen, "out of memory");
         free(ts);
         free(names);
-        free(slot_t);
-        free(ck);
+        slot_tables_free_(&tab);
         json_decref(so);
         return -1;
     }
     for (int s = -1; s < w->S; s++) {
-        int cnt = s < 0 ? GLOB_NTENSORS : nt;
+        int kind = s < 0 ? 0 : w->slot_moe[s];
+        int cnt = s < 0 ? GLOB_NTENSORS : tab.n[kind];
         for (int i = 0; i < cnt; i++, k++) {
-            const gpt_tensor *t = s < 0 ? &w->glob[i] : &slot_t[i];
+            const gpt_tensor *t = s < 0 ? &w->glob[i] : &tab.t[kind][i];
             gpt_tensor_name(names[k], sizeof names[k], "", s, t);
             ts[k] = (st_tensor){names[k], tensor_(w, s, t), t->cols ? 2 : 1,
                                 {t->rows, t->cols}};
@@ -549,10 +601,10 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
                       "n_layer", c->n_layer, "n_head", c->n_head, "n_embd",
                       c->n_embd, "seq_len", c->seq_len);
     if (model && c->moe_experts > 0)
-        json_object_set_new(model, "moe", json_pack("{s:i, s:i, s:i}",
+        json_object_set_new(model, "moe", json_pack("{s:i, s:i, s:i, s:i}",
                             "num_experts", c->moe_experts, "prototypes",
                             c->moe_prototypes, "expert_hidden",
-                            model_moe_hidden(c)));
+                            model_moe_hidden(c), "every", c->moe_every));
     meta = model ? json_pack("{s:s, s:i, s:O, s:i, s:O, s:I, s:s}", "format",
                              "m6-weights", "version", 1, "model", model,
                              "n_slots", w->S, "slot_of", so, "step",
@@ -578,8 +630,7 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
     json_decref(so);
     free(names);
     free(ts);
-    free(slot_t);
-    free(ck);
+    slot_tables_free_(&tab);
     return rc;
 }
 

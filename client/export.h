@@ -22,6 +22,8 @@ typedef struct {
     model_config cfg;      /* V, L, NH, C, T (and the MoE shape, if any) */
     int S;                 /* slots */
     int *slot_of;          /* [L] slot of each layer */
+    unsigned char *slot_moe;  /* [S] kind of each slot: 1 MoE, 0 dense
+                              * (gpt_slot_kinds; a mixed model has both) */
     float *params;         /* n_global + S*slot_size floats, F32 */
     size_t n_global, slot_size;
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];

@@ -21,8 +21,10 @@ static void shape_text_(char *buf, size_t n, int ndim, const long *shape)
 }
 
 /* The share map of dir: meta.json's or m6-model.json's n_slots and
- * slot_of, checked against S slots over L layers, slot_of[l] = l*S/L. */
-static int check_share_map_(const char *dir, int L, int S, m6_err *err)
+ * slot_of, checked against S slots over L layers as want[] (the model's
+ * default share map, gpt_default_share_map). */
+static int check_share_map_(const char *dir, int L, int S, const int *want,
+                            m6_err *err)
 {
     char path[PATH_MAX + 32];
     json_error_t je;
@@ -54,10 +56,10 @@ static int check_share_map_(const char *dir, int L, int S, m6_err *err)
         rc = 0;
         for (int l = 0; l < L && rc == 0; l++) {
             json_t *v = json_array_get(so, (size_t)l);
-            if (!json_is_integer(v) || json_integer_value(v) != (json_int_t)l * S / L) {
+            if (!json_is_integer(v) || json_integer_value(v) != want[l]) {
                 m6_err_set(err, M6_EINVALID, "init.from: %s: slot_of[%d] is "
-                           "not %d (only the contiguous share map is built)",
-                           dir, l, l * S / L);
+                           "not %d (only the default share map is built)",
+                           dir, l, want[l]);
                 rc = -1;
             }
         }
@@ -66,14 +68,13 @@ static int check_share_map_(const char *dir, int L, int S, m6_err *err)
     return rc;
 }
 
-/* Tensor t (slot s, or -1: a global) present, F32, of t's shape. */
-static int check_tensor_(const init_src *src, const char *dir, int s,
-                         const gpt_tensor *t, m6_err *err)
+/* Tensor name present, F32, of shape (rows, cols; cols 0: 1-D). */
+static int check_tensor_(const init_src *src, const char *dir,
+                         const char *name, int rows, int cols, m6_err *err)
 {
-    char name[160], dtype[16], e[256], got[96], want[96];
+    char dtype[16], e[256], got[96], want[96];
     int ndim;
     long shape[4];
-    gpt_tensor_name(name, sizeof name, "", s, t);
     int rc = safetensors_info(&src->sf, name, dtype, &ndim, shape, e, sizeof e);
     if (rc == 1) {
         m6_err_set(err, M6_EINVALID, "init.from: %s: no tensor %s", dir, name);
@@ -83,8 +84,8 @@ static int check_tensor_(const init_src *src, const char *dir, int s,
         m6_err_set(err, M6_EINVALID, "init.from: %s: %s", dir, e);
         return -1;
     }
-    long ws[2] = {t->rows, t->cols};
-    int wn = t->cols ? 2 : 1;
+    long ws[2] = {rows, cols};
+    int wn = cols ? 2 : 1;
     if (strcmp(dtype, "F32") != 0) {
         m6_err_set(err, M6_EINVALID, "init.from: %s: tensor %s is %s, want F32",
                    dir, name, dtype);
@@ -107,28 +108,66 @@ int init_from_open(const run_spec *spec, init_src *src, m6_err *err)
     int L = mc->n_layer;
     int S = spec->pseudo.steps > 0 ? spec->pseudo.share_groups : L;
     memset(src, 0, sizeof *src);
-    if (check_share_map_(dir, L, S, err) != 0)
-        return -1;
-    char path[PATH_MAX + 32], e[PATH_MAX + 512];
+    int *map = malloc((size_t)L * sizeof(int));
+    unsigned char *kind = malloc((size_t)S);
+    gpt_ckpt_tensor *ck[2] = {NULL, NULL};
+    int nk[2] = {0, 0};
+    if (!map || !kind) {
+        m6_err_set(err, M6_EINTERNAL, "init.from: out of memory");
+        goto fail_mem;
+    }
+    if (gpt_default_share_map(mc, S, map) != 0 ||
+        gpt_slot_kinds(mc, S, map, kind, NULL, 0) != 0) {
+        m6_err_set(err, M6_EINVALID, "init.from: %d slots cannot hold the "
+                   "model", S);
+        goto fail_mem;
+    }
+    if (check_share_map_(dir, L, S, map, err) != 0)
+        goto fail_mem;
+    /* checkpoint names: an MoE slot's per expert and per gate prototype */
+    for (int k = 0; k < 2 && (k == 0 || mc->moe_experts > 0); k++) {
+        nk[k] = gpt_slot_ckpt_tensors(mc, k, NULL);
+        if (!(ck[k] = calloc((size_t)nk[k], sizeof *ck[k]))) {
+            m6_err_set(err, M6_EINTERNAL, "init.from: out of memory");
+            goto fail_mem;
+        }
+        gpt_slot_ckpt_tensors(mc, k, ck[k]);
+    }
+    char path[PATH_MAX + 32], e[PATH_MAX + 512], name[160];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (safetensors_open(&src->sf, path, e, sizeof e) != 0) {
         m6_err_set(err, M6_EINVALID, "init.from: %s", e);
-        return -1;
+        goto fail_mem;
     }
     src->n_slots = S;
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t ng, ss;
     gpt_layout(mc, glob, slot, &ng, &ss);
-    for (int i = 0; i < GLOB_NTENSORS; i++)
-        if (check_tensor_(src, dir, -1, &glob[i], err) != 0)
+    for (int i = 0; i < GLOB_NTENSORS; i++) {
+        gpt_tensor_name(name, sizeof name, "", -1, &glob[i]);
+        if (check_tensor_(src, dir, name, glob[i].rows, glob[i].cols,
+                          err) != 0)
             goto fail;
+    }
     for (int s = 0; s < S; s++)
-        for (int i = 0; i < gpt_slot_ntensors(mc); i++)
-            if (check_tensor_(src, dir, s, &slot[i], err) != 0)
+        for (int i = 0; i < nk[kind[s]]; i++) {
+            const gpt_ckpt_tensor *t = &ck[kind[s]][i];
+            snprintf(name, sizeof name, "slots.%d.%s", s, t->name);
+            if (check_tensor_(src, dir, name, t->rows, t->cols, err) != 0)
                 goto fail;
+        }
+    free(map);
+    free(kind);
+    free(ck[0]);
+    free(ck[1]);
     return 0;
 fail:
     init_from_close(src);
+fail_mem:
+    free(map);
+    free(kind);
+    free(ck[0]);
+    free(ck[1]);
     return -1;
 }
 

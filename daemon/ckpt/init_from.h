@@ -19,7 +19,9 @@ typedef struct {
 
 /* Open spec->init.from and check it against the model the run starts
  * with: S = pseudo.share_groups slots when pseudo.steps > 0, else
- * n_layer, slot_of[l] = l*S/L; every tensor of the gpt.h layout present,
+ * n_layer, slot_of the default share map (gpt_default_share_map: l*S/L for
+ * a dense model); every tensor of the model as checkpoints name it (an MoE
+ * slot's per expert and gate prototype, gpt_slot_ckpt_tensors) present,
  * F32, with the model's shape. Errors (code M6_EINVALID) name the key,
  * the directory and what is wrong: "init.from: DIR: tensor wte has shape
  * (100, 32), the model wants (256, 32)", "... the checkpoint has 2 slots,

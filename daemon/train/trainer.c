@@ -210,6 +210,7 @@ int trainer_check_spec(const run_spec *spec, m6_err *err)
 
 static int collect_tensors_(const trainer *t, backend_buf b,
                             const char *prefix, st_tensor *out, char **names);
+static int ckpt_count_(const trainer *t);
 
 /* init.from (ckpt/init_from.h): the weights of the spec's directory into
  * the new model, checked first; the optimizer stays fresh. A run taken up
@@ -220,9 +221,10 @@ static int init_from_load_(trainer *t, m6_err *err)
     if (init_from_open(&t->spec, &src, err) != 0)
         return -1;
     const backend_iface *be = t->be.iface;
-    int per = GLOB_NTENSORS + n_slots_(t) * SLOT_NTENSORS_MAX, rc = 0;
-    st_tensor *ts = calloc((size_t)per, sizeof *ts);
-    char **names = calloc((size_t)per, sizeof *names);
+    /* the checkpoint's tensors: an MoE slot has 8 + 2k + 4E */
+    int per = ckpt_count_(t), rc = 0;
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per, sizeof *names);
     if (!ts || !names || be->state_begin(t->be.ctx, 1) != 0) {
         m6_err_set(err, M6_EINTERNAL, "init.from: out of memory");
         free(ts);

@@ -6,7 +6,7 @@
 # (hf_reference.py) against m6's own forward (m6_logits) within 1e-4; the
 # keys and shapes; --format safetensors; refusals (unknown run or step, an
 # existing --out, an unreadable checkpoint, an MoE model) that write
-# nothing; m6ctl plot's SVG. Needs /usr/bin/python3 with torch.
+# nothing; a mixed MoE model in m6's layout; m6ctl plot's SVG. Needs /usr/bin/python3 with torch.
 . "$(dirname "$0")/../integration/lib.sh"
 : "${M6_LOGITS:?}" "${HF_REF:?}"
 PY=/usr/bin/python3
@@ -110,6 +110,60 @@ refused 1 'an MoE model \(4 experts in every block\): no Hugging Face GPT-2 layo
 [ ! -e "$T/x3" ] || fail "MoE export wrote"
 ctl export "$M" --format safetensors --out "$T/moe-m6" >/dev/null || fail "MoE --format safetensors"
 [ -f "$T/moe-m6/m6-model.json" ] || fail "MoE safetensors export"
+
+# a mixed MoE model (MoE in every other block: a dense and an MoE slot of
+# different sizes) exports in m6's layout: every tensor bitwise the
+# checkpoint's, by name, read by hand in Python; the directory exports
+# again unchanged (m6-model.json carries moe.every); hf-gpt2 is refused
+# naming the model; a run takes the directory as init.from
+cat >"$T/mixed.json" <<JSON
+{"name": "mixed", "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
+ "model": {"vocab_size": 256, "n_layer": 4, "n_embd": 16, "n_head": 2, "seq_len": 16,
+           "moe": {"num_experts": 4, "prototypes": 2, "expert_hidden": 16, "every": 2}},
+ "train": {"steps": 2, "batch_size": 2, "eval_batches": 1}}
+JSON
+X=$(ctl submit "$T/mixed.json")
+ctl watch "$X" >/dev/null || fail "mixed MoE run did not complete"
+refused 1 'an MoE model \(4 experts in every 2-th block\): no Hugging Face GPT-2 layout' "$X" --out "$T/x4"
+ctl export "$X" --format safetensors --out "$T/mixed-m6" >"$T/exp.out" \
+    || fail "mixed --format safetensors: $(cat "$T/exp.out")"
+XCK=$(db "$T/s" "select path from checkpoints where run=$X order by step desc limit 1")
+$PY - "$XCK/model.safetensors" "$T/mixed-m6" <<'PY' || fail "mixed export tensors"
+import json, os, sys; sys.path.insert(0, os.path.dirname(os.environ["HF_REF"]))
+from hf_reference import read_safetensors
+import torch
+ck, _ = read_safetensors(sys.argv[1])
+ex, _ = read_safetensors(os.path.join(sys.argv[2], "model.safetensors"))
+assert set(ck) == set(ex), sorted(set(ck) ^ set(ex))
+assert all(torch.equal(ck[k], ex[k]) for k in ck), [k for k in ck if not torch.equal(ck[k], ex[k])]
+# layers 0, 2 dense (their slots hold mlp.*), 1, 3 MoE (experts and gates)
+assert "slots.0.mlp.c_fc.weight" in ex and "slots.0.moe.gate.0.weight" not in ex
+assert "slots.1.moe.experts.3.c_proj.weight" in ex and "slots.1.mlp.c_fc.weight" not in ex
+meta = json.load(open(os.path.join(sys.argv[2], "m6-model.json")))
+assert meta["model"]["moe"]["every"] == 2 and meta["slot_of"] == [0, 1, 2, 3], meta
+print("mixed export:", len(ex), "tensors equal")
+PY
+ctl export "$T/mixed-m6" --format safetensors --out "$T/mixed-m6b" >/dev/null \
+    || fail "export of the exported mixed directory"
+cmp "$T/mixed-m6/model.safetensors" "$T/mixed-m6b/model.safetensors" \
+    || fail "mixed directory changed through export"
+# init.from: at lr 1e-30 an AdamW step moves no weight (|update| <= lr),
+# so the run's checkpoint holds the exported tensors bitwise
+sed "s|\"name\": \"mixed\"|\"name\": \"mixed2\", \"init\": {\"from\": \"$T/mixed-m6\"}|;
+     s|\"eval_batches\": 1|\"eval_batches\": 1, \"lr\": 1e-30, \"min_lr\": 0, \"weight_decay\": 0|" \
+    "$T/mixed.json" >"$T/mixed2.json"
+X2=$(ctl submit "$T/mixed2.json") || fail "submit with init.from a mixed export"
+ctl watch "$X2" >/dev/null || fail "init.from a mixed export did not complete"
+X2CK=$(db "$T/s" "select path from checkpoints where run=$X2 order by step desc limit 1")
+$PY - "$X2CK/model.safetensors" "$T/mixed-m6/model.safetensors" <<'PY' || fail "init.from a mixed export: weights"
+import os, sys; sys.path.insert(0, os.path.dirname(os.environ["HF_REF"]))
+from hf_reference import read_safetensors
+import torch
+a, _ = read_safetensors(sys.argv[1]); b, _ = read_safetensors(sys.argv[2])
+assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a), \
+    [k for k in a if k not in b or not torch.equal(a[k], b[k])][:5]
+print("init.from mixed:", len(a), "tensors as exported")
+PY
 
 # m6ctl plot: one path per series, the delink marker at the run's delink step
 ctl plot "$R" "$M" --out "$T/loss.svg" >/dev/null || fail "plot"
