@@ -455,6 +455,19 @@ void offload_step_speculate(offload_ctx *o, const offload_adam *a);
  * after offload_step_begin, before the microbatches. */
 void offload_set_grad_divisors(offload_ctx *o, const int *div);
 void offload_microbatch(offload_ctx *o, int k);
+/* Data parallelism (the trainer all-reduces the gradient of the step's
+ * last microbatch as backward produces it): ready non-NULL says the next
+ * training microbatch is the step's last, whatever grad_accum says (a
+ * data-parallel rank runs its share of the microbatches), and during it
+ * ready(ready_ctx, s) is called on the copy thread, without the lock,
+ * once offloaded slot s's final drain has landed: its host gradient
+ * (g->slots[s].grads) is complete and nothing of the runtime writes it
+ * until the next step. NULL: no reports, the microbatch count by
+ * grad_accum again. Call before offload_microbatch. With reports, do not
+ * use offload_set_grad_divisors or offload_step_speculate in the step
+ * (the gradient is not final before the all-reduce). */
+void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
+                            void *ready_ctx);
 void offload_wait_grads(offload_ctx *o);
 void offload_adamw(offload_ctx *o, const offload_adam *a);
 void offload_sync(offload_ctx *o);

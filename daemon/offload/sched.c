@@ -103,6 +103,9 @@ struct offload_ctx {
                                     * NULL: none */
     int early;
     int speculate;                 /* this step: speculative updates */
+    void (*ready)(void *, int);    /* offload_set_grad_ready: final drains
+                                    * reported, the microbatch the last */
+    void *ready_ctx;
 
     /* speculative clipped update (offload.h): per offloaded slot s, the
      * old params | m | v (3 slot_size floats at spec_old[s]) and step
@@ -152,6 +155,8 @@ static void do_drain_(offload_ctx *o)
     staging_ *B = &o->buf[b];
     float *dst = o->g->slots[B->slot].grads;
     int div = B->final && o->grad_div ? o->grad_div[B->slot] : 1;
+    void (*ready)(void *, int) = B->final ? o->ready : NULL;
+    void *ready_ctx = o->ready_ctx;
     pthread_mutex_unlock(&o->mu);
     double t0 = clock_mono_s();
     size_t W = gpt_slot_floats(o->g, B->slot) * sizeof(float);
@@ -162,6 +167,8 @@ static void do_drain_(offload_ctx *o)
         for (size_t i = 0; i < W / sizeof(float); i++)
             dst[i] /= n;
     }
+    if (ready)
+        ready(ready_ctx, B->slot);
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
     o->d2h_bytes += W;
@@ -312,7 +319,8 @@ static void pass_start_(offload_ctx *o, int with_bwd)
     o->pass_id++;
     o->pass_bwd = with_bwd;
     o->n_iv = offload_cut_pass(g->slot_of, L, g->offloaded, with_bwd,
-                               with_bwd && o->armed_k == o->in.grad_accum - 1,
+                               with_bwd && (o->ready ||
+                                            o->armed_k == o->in.grad_accum - 1),
                                o->touched, o->iv, o->at_pos);
     for (int j = 0; j < o->n_iv; j++) {
         o->iv_state[j] = IV_PLANNED;
@@ -777,6 +785,15 @@ void offload_microbatch(offload_ctx *o, int k)
     pthread_mutex_lock(&o->mu);
     o->armed = 1;
     o->armed_k = k;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
+                            void *ready_ctx)
+{
+    pthread_mutex_lock(&o->mu);
+    o->ready = ready;
+    o->ready_ctx = ready_ctx;
     pthread_mutex_unlock(&o->mu);
 }
 
