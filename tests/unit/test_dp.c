@@ -29,7 +29,9 @@
  *                 bitwise the same losses and weights (the buckets and
  *                 the order of their all-reduces are the same)
  *   offloaded     device.memory_budget with every slot offloaded on 2
- *                 ranks, and with one slot resident under accumulation
+ *                 ranks (pseudo.grad_scale mean: the shared slot's mean
+ *                 taken after the sum), and with one slot resident under
+ *                 accumulation
  *                 (microbatch 1, grad_accum 4 a rank), against the
  *                 one-node offloaded run within the tolerances, and
  *                 bitwise against the same ranks without offloading
@@ -334,9 +336,11 @@ static int failures_;
     while (0)
 
 /* The spec file tag.json: the shared shape, device.memory_budget
- * `budget` bytes (0: none), then extra members. */
+ * `budget` bytes (0: none), pseudo.grad_scale mean when mean, then extra
+ * members. */
 static void write_spec_budget_(const char *tag, int B, int accum, long steps,
-                               long pseudo, size_t budget, const char *extra)
+                               long pseudo, size_t budget, int mean,
+                               const char *extra)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
@@ -346,13 +350,14 @@ static void write_spec_budget_(const char *tag, int B, int accum, long steps,
             "\"val\": \"%s/data/val_*.bin\"},\n"
             " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 32,"
             " \"n_head\": 2, \"seq_len\": 32},\n"
-            " \"pseudo\": {\"steps\": %ld},\n"
+            " \"pseudo\": {\"steps\": %ld%s},\n"
             " \"train\": {\"steps\": %ld, \"batch_size\": %d, \"grad_accum\":"
             " %d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
             " \"eval_batches\": 6},\n"
             " \"device\": {\"threads\": 1, \"memory_budget\": %zu}%s%s}\n",
-            tag, dir_, dir_, pseudo, steps, B, accum, budget,
+            tag, dir_, dir_, pseudo, mean ? ", \"grad_scale\": \"mean\"" : "",
+            steps, B, accum, budget,
             extra[0] ? ",\n " : "", extra);
     fclose(f);
 }
@@ -360,7 +365,7 @@ static void write_spec_budget_(const char *tag, int B, int accum, long steps,
 static void write_spec_(const char *tag, int B, int accum, long steps,
                         long pseudo, const char *extra)
 {
-    write_spec_budget_(tag, B, accum, steps, pseudo, 0, extra);
+    write_spec_budget_(tag, B, accum, steps, pseudo, 0, 0, extra);
 }
 
 /* The device.memory_budget of spec tag that leaves `resident` slots of
@@ -745,11 +750,14 @@ int main(int argc, char **argv)
         size_t b_all = budget_for_("one", 0), b_one = budget_for_("acc2", 1);
         size_t b_one1 = budget_for_("acc2_one", 1);
         CHECK(b_all > 0 && b_one > 0 && b_one1 > 0, "offloaded: no budget");
-        write_spec_budget_("off_one", 6, 1, 6, 3, b_all, "");
-        write_spec_budget_("off_w2", 6, 1, 6, 3, b_all,
+        /* the pseudo phase's mean gradient: divided after the sum */
+        write_spec_budget_("off_one", 6, 1, 6, 3, b_all, 1, "");
+        write_spec_budget_("off_w2", 6, 1, 6, 3, b_all, 1,
                            "\"nodes\": {\"world_size\": 2}");
-        write_spec_budget_("offacc_one", 8, 1, 3, 0, b_one1, "");
-        write_spec_budget_("offacc2", 1, 8, 3, 0, b_one,
+        write_spec_budget_("mw2", 6, 1, 6, 3, 0, 1,
+                           "\"nodes\": {\"world_size\": 2}");
+        write_spec_budget_("offacc_one", 8, 1, 3, 0, b_one1, 0, "");
+        write_spec_budget_("offacc2", 1, 8, 3, 0, b_one, 0,
                            "\"nodes\": {\"world_size\": 2}");
         result off_one;
         run_("off_one", "off_one", 1, 0, "plain", 120);
@@ -757,6 +765,7 @@ int main(int argc, char **argv)
         CHECK(off_one.n == 6, "offloaded: one node ran %d steps", off_one.n);
         run_("off_w2", "off_w2", 2, 0, "plain", 120);
         compare_("off_w2", 2, &off_one, 1, 1, 0);
+        run_("mw2", "mw2", 2, 0, "plain", 120);
         free(off_one.params);
         run_("offacc_one", "offacc_one", 1, 0, "plain", 120);
         load_tag_("offacc_one", 0, &off_one);
@@ -768,8 +777,8 @@ int main(int argc, char **argv)
         CHECK(n1 == 2 && n2 == 2 && n3 == 1 && n4 == 1, "offloaded: the runs "
               "offloaded %d, %d, %d and %d slots, want 2 (every slot), 2, "
               "1 and 1", n1, n2, n3, n4);
-        int eq = bitwise_same_("w2", "off_w2", 0) &&
-                 bitwise_same_("w2", "off_w2", 1);
+        int eq = bitwise_same_("mw2", "off_w2", 0) &&
+                 bitwise_same_("mw2", "off_w2", 1);
         int eq2 = bitwise_same_("acc2", "offacc2", 0) &&
                   bitwise_same_("acc2", "offacc2", 1);
         CHECK(eq && eq2, "offloaded: 2 ranks offloading differ from 2 "
