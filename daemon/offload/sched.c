@@ -103,6 +103,7 @@ struct offload_ctx {
                                     * NULL: none */
     int early;
     int speculate;                 /* this step: speculative updates */
+    int summed;                    /* ... queued by offload_grad_summed */
     void (*ready)(void *, int);    /* offload_set_grad_ready: final drains
                                     * reported, the microbatch the last */
     void *ready_ctx;
@@ -175,7 +176,7 @@ static void do_drain_(offload_ctx *o)
     o->pending_drains[B->slot]--;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
-    if (B->final && (o->early || o->speculate) &&
+    if (B->final && (o->early || (o->speculate && !o->summed)) &&
         !o->adam_queued[B->slot]) {
         queue_adam_(o, B->slot, &o->adam);
         if (!o->early) { /* unclipped, kept only if the norm allows */
@@ -752,7 +753,7 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early)
     pthread_mutex_lock(&o->mu);
     int S = o->g->S;
     spec_revert_(o); /* the last step failed before offload_adamw */
-    o->speculate = 0;
+    o->speculate = o->summed = 0;
     memset(o->touched, 0, (size_t)S);
     memset(o->adam_queued, 0, (size_t)S);
     o->early = early != NULL;
@@ -776,6 +777,26 @@ void offload_step_speculate(offload_ctx *o, const offload_adam *a)
         o->speculate = 1;
         o->adam = *a;
         o->adam.grad_scale = 1.0f;
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_step_speculate_summed(offload_ctx *o, const offload_adam *a)
+{
+    offload_step_speculate(o, a);
+    pthread_mutex_lock(&o->mu);
+    o->summed = o->speculate;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_grad_summed(offload_ctx *o, int s)
+{
+    pthread_mutex_lock(&o->mu);
+    if (o->speculate && o->summed && s >= 0 && s < o->g->S &&
+        o->g->offloaded[s] && !o->adam_queued[s] && !o->updating[s]) {
+        queue_adam_(o, s, &o->adam);
+        o->adamq[(o->aq_head + o->aq_n - 1) % o->qcap_s].spec = JOB_SPECULATE;
+        o->spec_pending[s] = 1;
     }
     pthread_mutex_unlock(&o->mu);
 }

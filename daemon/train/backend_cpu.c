@@ -84,13 +84,16 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
     if (c->off) {
         offload_step_begin(c->off, NULL);
         /* an offloaded slot's gradient is divided where it lands, before
-         * a speculative update reads it; data-parallel, it is not final
-         * before the all-reduce: no speculation, divided with the rest */
+         * a speculative update reads it; data-parallel, it is final only
+         * once the all-reduce has summed it (cpu_grad_summed_) */
         if (c->grad_mean > 0 && !c->dp_accum)
             offload_set_grad_divisors(c->off, c->share);
-        if (h->grad_clip > 0 && !c->dp_accum) {
+        if (h->grad_clip > 0) {
             offload_adam early = offload_adam_(h, 1.0f);
-            offload_step_speculate(c->off, &early);
+            if (c->dp_accum)
+                offload_step_speculate_summed(c->off, &early);
+            else
+                offload_step_speculate(c->off, &early);
         }
     }
     c->poison_slot = -1;
@@ -136,21 +139,37 @@ static void cpu_data_parallel_(void *ctx, int accum,
     c->ready_ctx = ready_ctx;
 }
 
-/* pseudo.grad_scale mean: slot s's final gradient divided by share[s]
- * (resident slots; the offload runtime divided the offloaded ones when
- * their last drain landed, except data-parallel: all of them here, after
+/* pseudo.grad_scale mean: slot s's final gradient divided by share[s]. */
+static void mean_slot_grad_(cpu_ctx_ *c, int s)
+{
+    float *gr = c->model.slots[s].grads, n = (float)c->share[s];
+    size_t len = gpt_slot_floats(&c->model, s);
+    for (size_t i = 0; i < len; i++)
+        gr[i] /= n;
+}
+
+/* Of the resident slots: the offload runtime divided the offloaded ones
+ * when their last drain landed (data-parallel: cpu_grad_summed_, after
  * the all-reduce). */
 static void mean_slot_grads_(cpu_ctx_ *c)
 {
-    for (int s = 0; s < c->model.S; s++) {
-        if (c->share[s] <= 1 ||
-            (c->off && c->model.offloaded[s] && !c->dp_accum))
-            continue;
-        float *gr = c->model.slots[s].grads, n = (float)c->share[s];
-        size_t len = gpt_slot_floats(&c->model, s);
-        for (size_t i = 0; i < len; i++)
-            gr[i] /= n;
-    }
+    for (int s = 0; s < c->model.S; s++)
+        if (c->share[s] > 1 && !(c->off && c->model.offloaded[s]))
+            mean_slot_grad_(c, s);
+}
+
+/* Data parallelism: slot s's gradient is summed over the ranks. An
+ * offloaded slot's is then final: its mean taken, its speculative update
+ * queued (offload_step_speculate_summed), while the trainer sums the
+ * earlier slots. */
+static void cpu_grad_summed_(void *ctx, int s)
+{
+    cpu_ctx_ *c = ctx;
+    if (!c->off || s < 0 || s >= c->model.S || !c->model.offloaded[s])
+        return;
+    if (c->grad_mean > 0 && c->share[s] > 1)
+        mean_slot_grad_(c, s);
+    offload_grad_summed(c->off, s);
 }
 
 static float cpu_grad_norm_(void *ctx)
@@ -346,6 +365,7 @@ static const backend_iface cpu_iface_ = {
     /* .grad_region    = */ cpu_grad_region_,
     /* .poison_grad    = */ cpu_poison_grad_,
     /* .data_parallel  = */ cpu_data_parallel_,
+    /* .grad_summed    = */ cpu_grad_summed_,
 };
 
 /* ------------------------------------------------------------- create */

@@ -768,6 +768,12 @@ static int dp_region_of_(const trainer *t, size_t x)
                                             t->slot_size);
 }
 
+/* The first element of region r (r >= 1). */
+static size_t dp_region_start_(const trainer *t, int r)
+{
+    return r == 1 ? 1 : 1 + t->n_global + (size_t)(r - 2) * t->slot_size;
+}
+
 /* Copy elements [start, start+len) of the virtual vector into buf (out 1)
  * or back from it (out 0); loss is region 0. */
 static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
@@ -822,6 +828,12 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
         if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
             return -1;
         grad_span_(t, start, len, t->bucket, loss, 0);
+        /* a slot starting in this bucket is summed now (its later
+         * buckets went before): the backend may start on it */
+        if (t->be.iface->grad_summed)
+            for (int r = dp_region_of_(t, start + len - 1);
+                 r >= 2 && dp_region_start_(t, r) >= start; r--)
+                t->be.iface->grad_summed(t->be.ctx, r - 2);
     }
     return 0;
 }

@@ -35,7 +35,9 @@
  *                 (microbatch 1, grad_accum 4 a rank), against the
  *                 one-node offloaded run within the tolerances, and
  *                 bitwise against the same ranks without offloading
- *                 (offloading changes no float operation)
+ *                 (offloading changes no float operation; the host
+ *                 AdamW's speculative update starts as each slot is
+ *                 summed, and the clip redoes it)
  *   killed        2 ranks, rank 1 killed after step 2: rank 0's step 3
  *                 fails with TRAINER_ECOLL within nodes.timeout
  *   refused       a group whose world size is not the spec's, in process
@@ -143,6 +145,7 @@ static int rank_main_(int argc, char **argv)
     if (strcmp(mode, "seq") == 0)
         trainer_set_dp_overlap(t, 0);
     int most_offloaded = 0;
+    offload_stats ost = {0};
     int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
     int timeout_ms = spec.nodes.timeout * 1000;
     m6_store st;
@@ -211,7 +214,6 @@ static int rank_main_(int argc, char **argv)
                     trainer_step_count(t) + 1, m6_err_msg(&err));
             return 1;
         }
-        offload_stats ost;
         if (trainer_offload_stats(t, &ost) == 0 &&
             ost.n_offloaded > most_offloaded)
             most_offloaded = ost.n_offloaded;
@@ -268,8 +270,10 @@ static int rank_main_(int argc, char **argv)
     if ((f = fopen(pp, "w"))) {
         long rep, early, nb;
         trainer_dp_overlap_counts(t, &rep, &early, &nb);
-        fprintf(f, "%d %ld %ld %ld %d\n", most_offloaded, rep, early, nb,
-                trainer_n_slots(t));
+        fprintf(f, "%d %ld %ld %ld %d %d %llu %llu\n", most_offloaded, rep,
+                early, nb, trainer_n_slots(t), ost.speculative,
+                (unsigned long long)ost.spec_steps,
+                (unsigned long long)ost.redo_steps);
         fclose(f);
     }
     trainer_free(t);
@@ -788,7 +792,9 @@ int main(int argc, char **argv)
                "2 ranks resident: %s, %s\n", n2, n3,
                eq ? "bitwise equal" : "DIFFER",
                eq2 ? "bitwise equal" : "DIFFER");
-        /* offloaded slots are reported as their last drain lands */
+        /* offloaded slots are reported as their last drain lands; with
+         * a speculative plan their host AdamW started as each was summed
+         * (kept or redone: the bits are the plain update's, as above) */
         const char *on[] = {"off_w2", "offacc2"};
         for (int i = 0; i < 2; i++) {
             long rp, early, nb;
@@ -797,6 +803,22 @@ int main(int argc, char **argv)
             CHECK(ok && rp == S, "offloaded: %s: %ld of %d slots reported "
                   "final during the last backward", on[i], ok ? rp : -1,
                   ok ? S : -1);
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s-1.out.off", dir_, on[i]);
+            FILE *f = fopen(p, "r");
+            int spec = -1;
+            unsigned long long ss = 0, redo = 0;
+            if (!f || fscanf(f, "%*d %*d %*d %*d %*d %d %llu %llu", &spec,
+                             &ss, &redo) != 3)
+                spec = -1;
+            if (f)
+                fclose(f);
+            CHECK(spec == 0 || (spec == 1 && ss > 0), "offloaded: %s: "
+                  "speculative plan %d, %llu steps speculated", on[i], spec,
+                  ss);
+            printf("offloaded    %-7s speculative plan %d: %llu steps "
+                   "speculated, %llu redone (clipped)\n", on[i], spec, ss,
+                   redo);
         }
     }
 
