@@ -8,10 +8,17 @@
  * it and the step adds one bucketed gradient all-reduce. Figures: global
  * tokens/s (rank 0's steps after --warmup, timed between barriers),
  * speed-up over one rank and per-rank efficiency (tokens/s / (W * one
- * rank's tokens/s)). Ends with one key=value line. Exit 77 without Gloo.
+ * rank's tokens/s)). Each world of 2 ranks or more runs twice: with the
+ * all-reduce overlapped with the last microbatch's backward (the default)
+ * and after it (trainer_set_dp_overlap 0), in buckets of --bucket-floats
+ * (default 64 Ki floats, 256 KiB: smaller than a slot of the default
+ * shape, so there is something to overlap); "early" is rank 0's buckets
+ * of the last step whose all-reduce started before backward ended. Ends
+ * with one key=value line. Exit 77 without Gloo.
  *
  *   dp_scaling [--layers L] [--embd C] [--seq T] [--batch B] [--steps N]
  *              [--warmup N] [--threads N] [--max-ranks R]
+ *              [--bucket-floats N]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -28,7 +35,8 @@
 #include "../tests/common/synth_data.h"
 
 static int rank_(const run_spec *spec, const char *store_dir, int rank,
-                 int world, int warmup, int out_fd)
+                 int world, int warmup, int overlap, size_t bucket,
+                 int out_fd)
 {
     m6_err err = M6_ERR_NONE;
     trainer *t = trainer_create(spec, &err);
@@ -36,6 +44,8 @@ static int rank_(const run_spec *spec, const char *store_dir, int rank,
         fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
+    trainer_set_bucket_floats(t, bucket);
+    trainer_set_dp_overlap(t, overlap);
     file_store fs;
     snprintf(fs.dir, sizeof fs.dir, "%s", store_dir);
     m6_store st = file_store_table(&fs);
@@ -71,8 +81,10 @@ static int rank_(const run_spec *spec, const char *store_dir, int rank,
     }
     double dt = clock_mono_s() - t0;
     if (rank == 0) {
-        char line[64];
-        int n = snprintf(line, sizeof line, "%.9f\n", dt);
+        char line[128];
+        long rep, early, nb;
+        trainer_dp_overlap_counts(t, &rep, &early, &nb);
+        int n = snprintf(line, sizeof line, "%.9f %ld %ld\n", dt, early, nb);
         if (write(out_fd, line, (size_t)n) != n)
             return 1;
     }
@@ -81,9 +93,10 @@ static int rank_(const run_spec *spec, const char *store_dir, int rank,
     return 0;
 }
 
-/* Seconds of the timed steps with W ranks, or -1. */
+/* Seconds of the timed steps with W ranks, or -1; rank 0's early and
+ * all buckets of its last step into early[2]. */
 static double run_world_(run_spec spec, const char *data_dir, int W,
-                         int warmup)
+                         int warmup, int overlap, size_t bucket, long *early)
 {
     char store[] = "/tmp/m6-dp-scaling-store-XXXXXX";
     if (!mkdtemp(store))
@@ -97,12 +110,13 @@ static double run_world_(run_spec spec, const char *data_dir, int W,
         if ((pids[r] = fork()) == 0) {
             close(pfd[0]);
             srandom((unsigned)getpid());
-            _exit(rank_(&spec, store, r, W, warmup, pfd[1]));
+            _exit(rank_(&spec, store, r, W, warmup, overlap, bucket,
+                        pfd[1]));
         }
     close(pfd[1]);
     double dt = -1;
     FILE *in = fdopen(pfd[0], "r");
-    if (fscanf(in, "%lf", &dt) != 1)
+    if (fscanf(in, "%lf %ld %ld", &dt, &early[0], &early[1]) != 3)
         dt = -1;
     fclose(in);
     for (int r = 0; r < W; r++) {
@@ -123,10 +137,12 @@ int main(int argc, char **argv)
 {
     int L = 4, C = 128, T = 64, B = 12, steps = 8, warmup = 2, threads = 1;
     int max_ranks = 3;
+    size_t bucket = (size_t)64 << 10;
     static const struct option opts[] = {
         {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
         {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
-        {"threads", 1, 0, 't'}, {"max-ranks", 1, 0, 'r'}, {0, 0, 0, 0}};
+        {"threads", 1, 0, 't'}, {"max-ranks", 1, 0, 'r'},
+        {"bucket-floats", 1, 0, 'b'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -138,10 +154,13 @@ int main(int argc, char **argv)
         case 'w': warmup = bench_int_arg(argv[0], "warmup", optarg, 0); break;
         case 't': threads = bench_int_arg(argv[0], "threads", optarg, 1); break;
         case 'r': max_ranks = bench_int_arg(argv[0], "max-ranks", optarg, 1); break;
+        case 'b':
+            bucket = (size_t)bench_int_arg(argv[0], "bucket-floats", optarg, 1);
+            break;
         default:
             fprintf(stderr, "usage: %s [--layers L] [--embd C] [--seq T] "
                     "[--batch B] [--steps N] [--warmup N] [--threads N] "
-                    "[--max-ranks R]\n", argv[0]);
+                    "[--max-ranks R] [--bucket-floats N]\n", argv[0]);
             return 2;
         }
     }
@@ -171,11 +190,11 @@ int main(int argc, char **argv)
     spec.device.threads = threads;
     /* the last step evaluates (trainer_step_evaluates): one batch */
     printf("dp_scaling: L=%d C=%d T=%d global batch %d, %d timed steps, "
-           "%d thread(s) per rank, Gloo on loopback\n", L, C, T, B, steps,
-           threads);
-    printf("%6s %12s %10s %11s\n", "ranks", "tokens/s", "speed-up",
-           "efficiency");
-    double tps1 = 0, tps[17] = {0};
+           "%d thread(s) per rank, Gloo on loopback, buckets of %zu "
+           "floats\n", L, C, T, B, steps, threads, bucket);
+    printf("%6s %12s %10s %11s %14s %9s\n", "ranks", "tokens/s",
+           "speed-up", "efficiency", "no-overlap t/s", "early");
+    double tps1 = 0, tps[17] = {0}, seq[17] = {0};
     int bad = 0;
     for (int W = 1; W <= max_ranks; W++) {
         int b, a;
@@ -184,17 +203,24 @@ int main(int argc, char **argv)
                    B);
             continue;
         }
-        double dt = run_world_(spec, data, W, warmup);
-        if (dt <= 0) {
+        long early[2] = {0, 0}, e2[2];
+        double dt = run_world_(spec, data, W, warmup, 1, bucket, early);
+        double ds = W > 1 ? run_world_(spec, data, W, warmup, 0, bucket, e2)
+                          : dt;
+        if (dt <= 0 || ds <= 0) {
             fprintf(stderr, "%d ranks: a rank failed\n", W);
             bad = 1;
             break;
         }
         tps[W] = (double)B * T * steps / dt;
+        seq[W] = (double)B * T * steps / ds;
         if (W == 1)
             tps1 = tps[W];
-        printf("%6d %12.0f %10.2f %10.0f%%\n", W, tps[W], tps[W] / tps1,
-               100.0 * tps[W] / (W * tps1));
+        char eb[32] = "-";
+        if (W > 1)
+            snprintf(eb, sizeof eb, "%ld/%ld", early[0], early[1]);
+        printf("%6d %12.0f %10.2f %10.0f%% %14.0f %9s\n", W, tps[W],
+               tps[W] / tps1, 100.0 * tps[W] / (W * tps1), seq[W], eb);
         fflush(stdout);
     }
     char cmd[128];
@@ -204,8 +230,9 @@ int main(int argc, char **argv)
     if (bad)
         return 1;
     printf("ranks1_tok_s=%.0f ranks2_tok_s=%.0f ranks3_tok_s=%.0f "
-           "eff2=%.3f eff3=%.3f\n", tps[1], tps[2], tps[3],
-           tps1 > 0 ? tps[2] / (2 * tps1) : 0,
-           tps1 > 0 ? tps[3] / (3 * tps1) : 0);
+           "eff2=%.3f eff3=%.3f ranks2_no_overlap_tok_s=%.0f "
+           "ranks3_no_overlap_tok_s=%.0f bucket_floats=%zu\n", tps[1],
+           tps[2], tps[3], tps1 > 0 ? tps[2] / (2 * tps1) : 0,
+           tps1 > 0 ? tps[3] / (3 * tps1) : 0, seq[2], seq[3], bucket);
     return 0;
 }

@@ -448,6 +448,16 @@ void gpt_zero_grad(gpt_model *g)
     memset(g->grads, 0, g->n_local * sizeof(float));
 }
 
+/* Layer l is the lowest layer using its slot: backward (L-1 down to 0)
+ * writes the slot's gradient no more after it. */
+static int first_use_(const gpt_model *g, int l)
+{
+    for (int i = 0; i < l; i++)
+        if (g->slot_of[i] == g->slot_of[l])
+            return 0;
+    return 1;
+}
+
 void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                   int B, float loss_scale)
 {
@@ -519,6 +529,8 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
                            a->ln1_rstd + l * Ba, (int)BT, C);
         /* dres now holds d(res): the previous layer's residual3. */
         event_(g, GPT_BWD_LAYER_END, l);
+        if (g->grad_ready && !g->offloaded[s] && first_use_(g, l))
+            g->grad_ready(g->grad_ready_ctx, s);
     }
     encoder_backward(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), a->dres, inp, B, T,
                      C);

@@ -206,6 +206,15 @@ struct gpt_model {
     gpt_acts a;
     float *act_mem;            /* one allocation behind a */
     const gpt_storage *storage;  /* NULL: plain allocations, all resident */
+    /* Data-parallel overlap (NULL: none): gpt_backward calls
+     * grad_ready(grad_ready_ctx, s) for each resident slot s right after
+     * the backward of the lowest layer using it (backward runs layer L-1
+     * down to 0, so that is the slot's last write of the pass: with a
+     * shared slot, once its first-using layer is done). An offloaded
+     * slot's gradient is then still in its staging buffer: its storage
+     * reports it. Called on the thread running gpt_backward. */
+    void (*grad_ready)(void *ctx, int s);
+    void *grad_ready_ctx;
 };
 
 /* Allocate a model with S slots (1 <= S <= L; gpt_default_share_map) and

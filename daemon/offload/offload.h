@@ -447,6 +447,17 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early);
  * reaches offload_adamw has its speculative updates undone by the next
  * offload_step_begin or offload_sync. Without a speculative plan: no-op. */
 void offload_step_speculate(offload_ctx *o, const offload_adam *a);
+/* Data parallelism: offload_step_speculate, except that a slot's
+ * speculative update is queued by offload_grad_summed (once the
+ * all-reduce has summed its gradient over the ranks), never at its drain.
+ * Without a speculative plan: no-op. */
+void offload_step_speculate_summed(offload_ctx *o, const offload_adam *a);
+/* After offload_step_speculate_summed: offloaded slot s's gradient of the
+ * step is final (summed, and divided for the mean) in g->slots[s].grads;
+ * queue its speculative update. No-op otherwise, or when s is resident,
+ * already queued, or still being updated from the last step (offload_adamw
+ * then updates it). Any thread. */
+void offload_grad_summed(offload_ctx *o, int s);
 /* pseudo.grad_scale mean: for this step (until the next
  * offload_step_begin, which clears it), divide each offloaded slot s's
  * gradient by div[s] (> 1; [S] ints, the caller's, valid for the step)
@@ -455,6 +466,20 @@ void offload_step_speculate(offload_ctx *o, const offload_adam *a);
  * after offload_step_begin, before the microbatches. */
 void offload_set_grad_divisors(offload_ctx *o, const int *div);
 void offload_microbatch(offload_ctx *o, int k);
+/* Data parallelism (the trainer all-reduces the gradient of the step's
+ * last microbatch as backward produces it): ready non-NULL says the next
+ * training microbatch is the step's last, whatever grad_accum says (a
+ * data-parallel rank runs its share of the microbatches), and during it
+ * ready(ready_ctx, s) is called on the copy thread, without the lock,
+ * once offloaded slot s's final drain has landed: its host gradient
+ * (g->slots[s].grads) is complete and nothing of the runtime writes it
+ * until the next step. NULL: no reports, the microbatch count by
+ * grad_accum again. Call before offload_microbatch. A data-parallel step
+ * uses neither offload_set_grad_divisors nor offload_step_speculate (the
+ * gradient is not final before the all-reduce): offload_step_speculate_
+ * summed and offload_grad_summed instead. */
+void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
+                            void *ready_ctx);
 void offload_wait_grads(offload_ctx *o);
 void offload_adamw(offload_ctx *o, const offload_adam *a);
 void offload_sync(offload_ctx *o);

@@ -103,6 +103,10 @@ struct offload_ctx {
                                     * NULL: none */
     int early;
     int speculate;                 /* this step: speculative updates */
+    int summed;                    /* ... queued by offload_grad_summed */
+    void (*ready)(void *, int);    /* offload_set_grad_ready: final drains
+                                    * reported, the microbatch the last */
+    void *ready_ctx;
 
     /* speculative clipped update (offload.h): per offloaded slot s, the
      * old params | m | v (3 slot_size floats at spec_old[s]) and step
@@ -152,6 +156,8 @@ static void do_drain_(offload_ctx *o)
     staging_ *B = &o->buf[b];
     float *dst = o->g->slots[B->slot].grads;
     int div = B->final && o->grad_div ? o->grad_div[B->slot] : 1;
+    void (*ready)(void *, int) = B->final ? o->ready : NULL;
+    void *ready_ctx = o->ready_ctx;
     pthread_mutex_unlock(&o->mu);
     double t0 = clock_mono_s();
     size_t W = gpt_slot_floats(o->g, B->slot) * sizeof(float);
@@ -162,13 +168,15 @@ static void do_drain_(offload_ctx *o)
         for (size_t i = 0; i < W / sizeof(float); i++)
             dst[i] /= n;
     }
+    if (ready)
+        ready(ready_ctx, B->slot);
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
     o->d2h_bytes += W;
     o->pending_drains[B->slot]--;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
-    if (B->final && (o->early || o->speculate) &&
+    if (B->final && (o->early || (o->speculate && !o->summed)) &&
         !o->adam_queued[B->slot]) {
         queue_adam_(o, B->slot, &o->adam);
         if (!o->early) { /* unclipped, kept only if the norm allows */
@@ -312,7 +320,8 @@ static void pass_start_(offload_ctx *o, int with_bwd)
     o->pass_id++;
     o->pass_bwd = with_bwd;
     o->n_iv = offload_cut_pass(g->slot_of, L, g->offloaded, with_bwd,
-                               with_bwd && o->armed_k == o->in.grad_accum - 1,
+                               with_bwd && (o->ready ||
+                                            o->armed_k == o->in.grad_accum - 1),
                                o->touched, o->iv, o->at_pos);
     for (int j = 0; j < o->n_iv; j++) {
         o->iv_state[j] = IV_PLANNED;
@@ -744,7 +753,7 @@ void offload_step_begin(offload_ctx *o, const offload_adam *early)
     pthread_mutex_lock(&o->mu);
     int S = o->g->S;
     spec_revert_(o); /* the last step failed before offload_adamw */
-    o->speculate = 0;
+    o->speculate = o->summed = 0;
     memset(o->touched, 0, (size_t)S);
     memset(o->adam_queued, 0, (size_t)S);
     o->early = early != NULL;
@@ -772,11 +781,40 @@ void offload_step_speculate(offload_ctx *o, const offload_adam *a)
     pthread_mutex_unlock(&o->mu);
 }
 
+void offload_step_speculate_summed(offload_ctx *o, const offload_adam *a)
+{
+    offload_step_speculate(o, a);
+    pthread_mutex_lock(&o->mu);
+    o->summed = o->speculate;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_grad_summed(offload_ctx *o, int s)
+{
+    pthread_mutex_lock(&o->mu);
+    if (o->speculate && o->summed && s >= 0 && s < o->g->S &&
+        o->g->offloaded[s] && !o->adam_queued[s] && !o->updating[s]) {
+        queue_adam_(o, s, &o->adam);
+        o->adamq[(o->aq_head + o->aq_n - 1) % o->qcap_s].spec = JOB_SPECULATE;
+        o->spec_pending[s] = 1;
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
 void offload_microbatch(offload_ctx *o, int k)
 {
     pthread_mutex_lock(&o->mu);
     o->armed = 1;
     o->armed_k = k;
+    pthread_mutex_unlock(&o->mu);
+}
+
+void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
+                            void *ready_ctx)
+{
+    pthread_mutex_lock(&o->mu);
+    o->ready = ready;
+    o->ready_ctx = ready_ctx;
     pthread_mutex_unlock(&o->mu);
 }
 

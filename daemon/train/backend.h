@@ -100,16 +100,40 @@ typedef struct {
     int (*moe_stats)(void *ctx, gpt_moe_stats *st);
     /* Data parallelism: host memory holding the step's gradient of the
      * globals (s = -1, n_global floats) or of slot s (slot_size floats),
-     * valid between the last microbatch and grad_norm, read and written
-     * in place by the trainer's all-reduce. NULL (the member, or its
-     * result): the gradient is not in host memory (an offloaded slot, a
-     * GPU), and the backend cannot train data-parallel over host
-     * collectives. */
+     * final as data_parallel says; read and written in
+     * place by the trainer's all-reduce. NULL (the member, or its
+     * result): the gradient is not in host memory (a GPU), and the
+     * backend cannot train data-parallel over host collectives. */
     float *(*grad_region)(void *ctx, int s);
     /* Tests only (train/test_hooks.h): make element 0 of slot s's gradient
      * +Inf in this step, once the gradients are final (before grad_norm
      * reads them). NULL: a backend without the hook. */
     void (*poison_grad)(void *ctx, int s);
+    /* Data parallelism (trainer_set_collectives): accum > 0 says that from
+     * now on the trainer all-reduces each step's gradient in place
+     * (grad_region) after microbatch k = accum-1, this rank's last, and
+     * before grad_norm. That microbatch returns only once every gradient
+     * is final in its grad_region, and nothing reads, divides or applies
+     * slot s's gradient before grad_summed(s), nor the globals' before
+     * grad_norm (a speculative update waits for the sum). ready, when
+     * not NULL, is called during that microbatch, once per slot at most,
+     * as soon as slot s's gradient is final there (backward writes it no
+     * more), from the training thread or a backend thread, for the
+     * all-reduce to start while backward goes on; a slot not reported is
+     * final when the microbatch returns, as are the globals. The sum is
+     * final once grad_summed(s) says so. accum 0: alone again. NULL: the
+     * backend cannot train data-parallel. */
+    void (*data_parallel)(void *ctx, int accum,
+                          void (*ready)(void *ready_ctx, int s),
+                          void *ready_ctx);
+    /* Data parallelism: the trainer's all-reduce has summed slot s's
+     * gradient in grad_region(s) (every rank holds the step's gradient of
+     * s); called once per slot in every data-parallel step, before
+     * grad_norm, from the training thread or the trainer's communication
+     * thread, the slots in any order (the last ones first). The backend
+     * may start on it (an offloaded slot's speculative update). NULL:
+     * nothing to do. */
+    void (*grad_summed)(void *ctx, int s);
 } backend_iface;
 
 typedef struct {

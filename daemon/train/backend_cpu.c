@@ -24,6 +24,12 @@ typedef struct {
      * (n_share entries); grad_mean 0: the sum, share unused */
     int grad_mean;
     int *share, n_share;
+    /* data parallelism (cpu_data_parallel_): dp_accum > 0 microbatches a
+     * step, the gradient all-reduced after the last; ready/ready_ctx its
+     * per-slot reports then (NULL: none) */
+    int dp_accum;
+    void (*ready)(void *ctx, int s);
+    void *ready_ctx;
 } cpu_ctx_;
 
 static void cpu_free_(void *ctx)
@@ -78,12 +84,16 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
     if (c->off) {
         offload_step_begin(c->off, NULL);
         /* an offloaded slot's gradient is divided where it lands, before
-         * a speculative update reads it */
-        if (c->grad_mean > 0)
+         * a speculative update reads it; data-parallel, it is final only
+         * once the all-reduce has summed it (cpu_grad_summed_) */
+        if (c->grad_mean > 0 && !c->dp_accum)
             offload_set_grad_divisors(c->off, c->share);
         if (h->grad_clip > 0) {
             offload_adam early = offload_adam_(h, 1.0f);
-            offload_step_speculate(c->off, &early);
+            if (c->dp_accum)
+                offload_step_speculate_summed(c->off, &early);
+            else
+                offload_step_speculate(c->off, &early);
         }
     }
     c->poison_slot = -1;
@@ -95,26 +105,71 @@ static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
                              const int32_t *tgt, int B, float loss_scale)
 {
     cpu_ctx_ *c = ctx;
+    /* data-parallel, the step's last: slots reported as they are final
+     * (resident ones by gpt_backward, offloaded ones as their last drain
+     * lands), and every gradient final in host memory on return */
+    int last = c->dp_accum > 0 && k == c->dp_accum - 1;
+    if (last && c->ready) {
+        c->model.grad_ready = c->ready;
+        c->model.grad_ready_ctx = c->ready_ctx;
+        if (c->off)
+            offload_set_grad_ready(c->off, c->ready, c->ready_ctx);
+    }
     if (c->off)
         offload_microbatch(c->off, k);
     float loss = gpt_forward(&c->model, inp, tgt, B);
     gpt_backward(&c->model, inp, tgt, B, loss_scale);
+    if (last && c->off)
+        offload_wait_grads(c->off);
+    if (last && c->ready) {
+        c->model.grad_ready = NULL;
+        if (c->off)
+            offload_set_grad_ready(c->off, NULL, NULL);
+    }
     return loss;
 }
 
-/* pseudo.grad_scale mean: slot s's final gradient divided by share[s]
- * (resident slots; the offload runtime divided the offloaded ones when
- * their last drain landed). */
+static void cpu_data_parallel_(void *ctx, int accum,
+                               void (*ready)(void *ctx, int s),
+                               void *ready_ctx)
+{
+    cpu_ctx_ *c = ctx;
+    c->dp_accum = accum > 0 ? accum : 0;
+    c->ready = c->dp_accum ? ready : NULL;
+    c->ready_ctx = ready_ctx;
+}
+
+/* pseudo.grad_scale mean: slot s's final gradient divided by share[s]. */
+static void mean_slot_grad_(cpu_ctx_ *c, int s)
+{
+    float *gr = c->model.slots[s].grads, n = (float)c->share[s];
+    size_t len = gpt_slot_floats(&c->model, s);
+    for (size_t i = 0; i < len; i++)
+        gr[i] /= n;
+}
+
+/* Of the resident slots: the offload runtime divided the offloaded ones
+ * when their last drain landed (data-parallel: cpu_grad_summed_, after
+ * the all-reduce). */
 static void mean_slot_grads_(cpu_ctx_ *c)
 {
-    for (int s = 0; s < c->model.S; s++) {
-        if (c->share[s] <= 1 || (c->off && c->model.offloaded[s]))
-            continue;
-        float *gr = c->model.slots[s].grads, n = (float)c->share[s];
-        size_t len = gpt_slot_floats(&c->model, s);
-        for (size_t i = 0; i < len; i++)
-            gr[i] /= n;
-    }
+    for (int s = 0; s < c->model.S; s++)
+        if (c->share[s] > 1 && !(c->off && c->model.offloaded[s]))
+            mean_slot_grad_(c, s);
+}
+
+/* Data parallelism: slot s's gradient is summed over the ranks. An
+ * offloaded slot's is then final: its mean taken, its speculative update
+ * queued (offload_step_speculate_summed), while the trainer sums the
+ * earlier slots. */
+static void cpu_grad_summed_(void *ctx, int s)
+{
+    cpu_ctx_ *c = ctx;
+    if (!c->off || s < 0 || s >= c->model.S || !c->model.offloaded[s])
+        return;
+    if (c->grad_mean > 0 && c->share[s] > 1)
+        mean_slot_grad_(c, s);
+    offload_grad_summed(c->off, s);
 }
 
 static float cpu_grad_norm_(void *ctx)
@@ -280,13 +335,11 @@ static int cpu_offload_stats_(void *ctx, offload_stats *st)
     return 0;
 }
 
-/* Resident slots' and the globals' gradients are host memory; an
- * offloaded slot's is not the trainer's to touch. */
+/* Every gradient is host memory: the globals' and resident slots' in the
+ * (stand-in) device block, an offloaded slot's where its drains land. */
 static float *cpu_grad_region_(void *ctx, int s)
 {
     cpu_ctx_ *c = ctx;
-    if (c->off)
-        return NULL;
     return s < 0 ? c->model.grads : c->model.slots[s].grads;
 }
 
@@ -311,6 +364,8 @@ static const backend_iface cpu_iface_ = {
     /* .moe_stats      = */ cpu_moe_stats_,
     /* .grad_region    = */ cpu_grad_region_,
     /* .poison_grad    = */ cpu_poison_grad_,
+    /* .data_parallel  = */ cpu_data_parallel_,
+    /* .grad_summed    = */ cpu_grad_summed_,
 };
 
 /* ------------------------------------------------------------- create */

@@ -464,6 +464,8 @@ static const backend_iface cuda_iface_ = {
     /* .moe_stats      = */ cuda_moe_stats_,
     /* .grad_region    = */ NULL,  /* device memory: no host all-reduce */
     /* .poison_grad    = */ NULL,  /* the test fault inf_grad: cpu only */
+    /* .data_parallel  = */ NULL,  /* gradients in device memory */
+    /* .grad_summed    = */ NULL,
 };
 
 /* ------------------------------------------------------------- create */

@@ -239,8 +239,8 @@ static const key_ keys_[] = {
         "Data-parallel ranks (nodes) of the real phase. Each rank takes an "
         "equal share of every global batch (`batch_size * grad_accum` "
         "sequences, whatever the world size), so it must divide "
-        "`grad_accum` or `batch_size`; `cpu` only, without "
-        "`memory_budget`, for now."),
+        "`grad_accum` or `batch_size`; `cpu` only (offloading or not, "
+        "dense or MoE), for now."),
     INT("nodes", "pseudo_world_size", nodes.pseudo_world_size, 0, 65536,
         "Data-parallel ranks of the pseudo phase, at most `world_size` (the "
         "shared model needs less memory); the others join at the delink. "
@@ -886,11 +886,6 @@ static int nodes_check_(const run_spec *s, char *err, size_t errlen)
         seterr_(err, errlen, "nodes.world_size: %d ranks need device.backend "
                 "\"cpu\" for now (the cuda trainer has no gradient "
                 "all-reduce yet)", W);
-        return -1;
-    }
-    if (W > 1 && s->device.memory_budget > 0) {
-        seterr_(err, errlen, "nodes.world_size: %d ranks cannot offload yet "
-                "(device.memory_budget must be 0)", W);
         return -1;
     }
     return 0;

@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,29 @@ struct trainer {
     int B_rank, accum_rank;
     float *bucket;          /* bucket_floats: the all-reduce staging */
     size_t bucket_floats;
+    /* overlap (dp_overlap 1): during the step's last microbatch the
+     * backend reports finished slots (dp_ready_) and a communication
+     * thread all-reduces each bucket once its regions are final. Under
+     * dp_mu: dp_ready [dp_nreg] (regions of the virtual vector, see
+     * grad_span_), dp_active (a step's thread runs), dp_loss, dp_rc and
+     * dp_err (the thread's result). */
+    int dp_overlap;
+    int dp_sync;            /* dp_mu, dp_cv initialised */
+    pthread_mutex_t dp_mu;
+    pthread_cond_t dp_cv;
+    unsigned char *dp_ready;
+    size_t *dp_start;       /* [dp_nstart] first element of each region of
+                             * the virtual vector, then its length
+                             * (dp_layout_); a region is its slot's size */
+    int dp_nstart;
+    int dp_nreg, dp_active, dp_rc;
+    int dp_mb_done;         /* the last microbatch returned */
+    float dp_loss;
+    m6_err dp_err;
+    /* the last overlapped step: slots the backend reported before its
+     * last microbatch returned, buckets whose all-reduce started before
+     * then, and all buckets (trainer_dp_overlap_counts) */
+    long dp_reported, dp_early, dp_buckets;
     size_t *win_pos;        /* (grad_accum*B) positions of this rank's
                              * windows of the last step; n_win of them */
     size_t n_win;
@@ -280,6 +304,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     t->B_rank = spec->train.batch_size;
     t->accum_rank = spec->train.grad_accum;
     t->bucket_floats = DEFAULT_BUCKET_FLOATS;
+    const char *ov = getenv("M6_DP_OVERLAP");
+    t->dp_overlap = !(ov && strcmp(ov, "0") == 0);
     /* 1. the spec: a backend that can run it */
     if (check_backend_err_(spec, err) != 0) {
         free(t);
@@ -433,6 +459,12 @@ void trainer_free(trainer *t)
     free(t->rows);
     free(t->init_error);
     free(t->bucket);
+    free(t->dp_ready);
+    free(t->dp_start);
+    if (t->dp_sync) {
+        pthread_mutex_destroy(&t->dp_mu);
+        pthread_cond_destroy(&t->dp_cv);
+    }
     free(t->win_pos);
     free(t);
 }
@@ -787,18 +819,80 @@ static int agree_(trainer *t, int failed, const char *key, m6_err *err)
     return f > 0;
 }
 
-/* Virtual gradient vector [globals | slot 0 | ... | slot S-1 | loss]:
- * copy its elements [start, start+len) into buf (out 1) or back from it
- * (out 0). loss is the one element after the gradients. */
+static unsigned char *slot_kinds_(const trainer *t);
+
+/* Floats of one slot of each kind ([0] dense, [1] MoE): a mixed model's
+ * dense slots are smaller than its MoE slots (gpt.h "MoE blocks"). */
+static void kind_floats_(const trainer *t, size_t sz[2])
+{
+    gpt_tensor tab[SLOT_NTENSORS_MAX];
+    sz[0] = sz[1] = t->slot_size;
+    for (int k = 0; k < 2; k++)
+        if (k == 0 || t->spec.model.moe_experts > 0)
+            gpt_slot_layout(&t->spec.model, k, tab, &sz[k]);
+}
+
+/* The virtual gradient vector all-reduced each step:
+ *     [loss | globals | slot 0 | ... | slot S-1]
+ * region 0 the step's loss sum (1 float), region 1 the globals' gradient
+ * (n_global), region 2+s slot s's (its kind's size), cut into buckets of
+ * bucket_floats from its start. dp_layout_ sets the regions' starts for
+ * the current slots (once per step: a delink changes them); 0, or -1 out
+ * of memory. Then its length, the region holding element x, and the
+ * first element of region r: */
+static int dp_layout_(trainer *t)
+{
+    int S = n_slots_(t), n = S + 3;
+    size_t *st = t->dp_nstart >= n ? t->dp_start
+                                   : realloc(t->dp_start, (size_t)n *
+                                                          sizeof(size_t));
+    unsigned char *kind = slot_kinds_(t);
+    if (!st || !kind) {
+        free(kind);
+        return -1;
+    }
+    t->dp_start = st;
+    t->dp_nstart = n;
+    size_t sz[2];
+    kind_floats_(t, sz);
+    st[0] = 0;
+    st[1] = 1;
+    st[2] = 1 + t->n_global;
+    for (int s = 0; s < S; s++)
+        st[3 + s] = st[2 + s] + sz[kind[s]];
+    free(kind);
+    return 0;
+}
+
+static size_t dp_total_(const trainer *t)
+{
+    return t->dp_start[n_slots_(t) + 2];
+}
+
+static int dp_region_of_(const trainer *t, size_t x)
+{
+    int r = 0;
+    while (r + 1 < n_slots_(t) + 2 && t->dp_start[r + 1] <= x)
+        r++;
+    return r;
+}
+
+static size_t dp_region_start_(const trainer *t, int r)
+{
+    return t->dp_start[r];
+}
+
+/* Copy elements [start, start+len) of the virtual vector into buf (out 1)
+ * or back from it (out 0); loss is region 0. */
 static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
                        float *loss, int out)
 {
     const backend_iface *be = t->be.iface;
     int S = n_slots_(t);
     size_t base = 0, end = start + len;
-    for (int s = -1; s <= S && start < end; s++) {
-        size_t rlen = s < 0 ? t->n_global : s < S ? t->slot_size : 1;
-        float *reg = s < 0 || s < S ? be->grad_region(t->be.ctx, s) : loss;
+    for (int r = 0; r < S + 2 && start < end; r++) {
+        size_t rlen = t->dp_start[r + 1] - t->dp_start[r];
+        float *reg = r == 0 ? loss : be->grad_region(t->be.ctx, r - 2);
         if (start < base + rlen) {
             size_t off = start - base;
             size_t k = rlen - off < end - start ? rlen - off : end - start;
@@ -813,22 +907,135 @@ static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
     }
 }
 
-/* Sum the step's gradient and *loss_sum over the ranks: all-reduces of
- * bucket_floats at a time over the virtual vector, in its order. 0, or
- * -1 with err (the collective's). */
-static int allreduce_grads_(trainer *t, double *loss_sum, m6_err *err)
+/* Sum the virtual vector over the ranks (*loss its region 0): one
+ * all-reduce per bucket, the last bucket first and the first (the loss
+ * and the globals) last, so the order is fixed, and backward's order
+ * (the last layers' slots are final first). wait 1 (the communication
+ * thread): each bucket waits until dp_ready says its regions are final.
+ * Each bucket is the same all-reduce whether overlapped or not: the sums
+ * are the same bits. 0, or -1 with err (the collective's). */
+static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
 {
-    size_t total = t->n_global + (size_t)n_slots_(t) * t->slot_size + 1;
-    float loss = (float)*loss_sum;
-    for (size_t start = 0; start < total; start += t->bucket_floats) {
-        size_t len = total - start < t->bucket_floats ? total - start
-                                                      : t->bucket_floats;
-        grad_span_(t, start, len, t->bucket, &loss, 1);
+    size_t total = dp_total_(t), bf = t->bucket_floats;
+    size_t nb = (total + bf - 1) / bf;
+    for (size_t b = nb; b-- > 0;) {
+        size_t start = b * bf;
+        size_t len = total - start < bf ? total - start : bf;
+        if (wait) {
+            int r0 = dp_region_of_(t, start);
+            int r1 = dp_region_of_(t, start + len - 1);
+            pthread_mutex_lock(&t->dp_mu);
+            for (int r = r0; r <= r1; r++)
+                while (!t->dp_ready[r])
+                    pthread_cond_wait(&t->dp_cv, &t->dp_mu);
+            t->dp_early += !t->dp_mb_done;
+            t->dp_buckets++;
+            pthread_mutex_unlock(&t->dp_mu);
+        }
+        grad_span_(t, start, len, t->bucket, loss, 1);
         if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
             return -1;
-        grad_span_(t, start, len, t->bucket, &loss, 0);
+        grad_span_(t, start, len, t->bucket, loss, 0);
+        /* a slot starting in this bucket is summed now (its later
+         * buckets went before): the backend may start on it */
+        if (t->be.iface->grad_summed)
+            for (int r = dp_region_of_(t, start + len - 1);
+                 r >= 2 && dp_region_start_(t, r) >= start; r--)
+                t->be.iface->grad_summed(t->be.ctx, r - 2);
     }
+    return 0;
+}
+
+/* Sum the step's gradient and *loss_sum over the ranks, after the
+ * microbatches (no overlap). 0, or -1 with err. */
+static int allreduce_grads_(trainer *t, double *loss_sum, m6_err *err)
+{
+    float loss = (float)*loss_sum;
+    if (reduce_buckets_(t, &loss, 0, err) != 0)
+        return -1;
     *loss_sum = loss;
+    return 0;
+}
+
+/* The backend's report (backend.h data_parallel): slot s's gradient is
+ * final. From the training thread or a backend thread. */
+static void dp_ready_(void *ctx, int s)
+{
+    trainer *t = ctx;
+    pthread_mutex_lock(&t->dp_mu);
+    if (t->dp_active && s >= 0 && s + 2 < t->dp_nreg && !t->dp_ready[s + 2]) {
+        t->dp_ready[s + 2] = 1;
+        t->dp_reported++;
+        pthread_cond_broadcast(&t->dp_cv);
+    }
+    pthread_mutex_unlock(&t->dp_mu);
+}
+
+static void *dp_comm_main_(void *arg)
+{
+    trainer *t = arg;
+    m6_err e = M6_ERR_NONE;
+    /* region 0, dp_loss, is read once dp_ready[0] says it is set */
+    int rc = reduce_buckets_(t, &t->dp_loss, 1, &e);
+    pthread_mutex_lock(&t->dp_mu);
+    t->dp_rc = rc;
+    t->dp_err = e;
+    pthread_mutex_unlock(&t->dp_mu);
+    return NULL;
+}
+
+/* Start the step's communication thread, before its last microbatch: 1
+ * started, 0 not (out of memory, no thread: the step all-reduces after
+ * the microbatches instead). */
+static int dp_overlap_start_(trainer *t, pthread_t *th)
+{
+    int nreg = n_slots_(t) + 2;
+    unsigned char *r = realloc(t->dp_ready, (size_t)nreg);
+    if (!r)
+        return 0;
+    memset(r, 0, (size_t)nreg);
+    pthread_mutex_lock(&t->dp_mu);
+    t->dp_ready = r;
+    t->dp_nreg = nreg;
+    t->dp_rc = 0;
+    t->dp_loss = 0;
+    t->dp_active = 1;
+    t->dp_mb_done = 0;
+    t->dp_reported = t->dp_early = t->dp_buckets = 0;
+    pthread_mutex_unlock(&t->dp_mu);
+    if (pthread_create(th, NULL, dp_comm_main_, t) != 0) {
+        pthread_mutex_lock(&t->dp_mu);
+        t->dp_active = 0;
+        pthread_mutex_unlock(&t->dp_mu);
+        return 0;
+    }
+    return 1;
+}
+
+/* After the last microbatch: every region is final now (the loss sum
+ * too); wait for the thread's last buckets. 0, or -1 with err. */
+static int dp_overlap_finish_(trainer *t, pthread_t th, double *loss_sum,
+                              m6_err *err)
+{
+    pthread_mutex_lock(&t->dp_mu);
+    t->dp_loss = (float)*loss_sum;
+    t->dp_mb_done = 1;
+    memset(t->dp_ready, 1, (size_t)t->dp_nreg);
+    pthread_cond_broadcast(&t->dp_cv);
+    pthread_mutex_unlock(&t->dp_mu);
+    pthread_join(th, NULL);
+    pthread_mutex_lock(&t->dp_mu);
+    t->dp_active = 0;
+    int rc = t->dp_rc;
+    m6_err e = t->dp_err;
+    t->dp_err = M6_ERR_NONE;
+    pthread_mutex_unlock(&t->dp_mu);
+    if (rc != 0) {
+        m6_err_free(err);
+        *err = e;
+        return -1;
+    }
+    *loss_sum = t->dp_loss;
     return 0;
 }
 
@@ -863,6 +1070,20 @@ static int eval_dp_(trainer *t, float *loss, m6_err *err)
     return 0;
 }
 
+/* Tell the backend how the gradient is summed (world > 1): after
+ * microbatch accum_rank-1, with per-slot reports when overlapping. */
+static void dp_backend_(trainer *t)
+{
+    const backend_iface *be = t->be.iface;
+    if (!be->data_parallel)
+        return;
+    if (t->world > 1)
+        be->data_parallel(t->be.ctx, t->accum_rank,
+                          t->dp_overlap ? dp_ready_ : NULL, t);
+    else
+        be->data_parallel(t->be.ctx, 0, NULL, NULL);
+}
+
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
 {
     int W = c ? m6_coll_world_size(c) : 1, B_r, A_r;
@@ -885,12 +1106,11 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
                        t->be.iface->name);
             return -1;
         }
-        if (!t->be.iface->grad_region ||
+        if (!t->be.iface->grad_region || !t->be.iface->data_parallel ||
             !t->be.iface->grad_region(t->be.ctx, -1)) {
             m6_err_set(err, M6_EINVALID, "collectives: the %s backend's "
-                       "gradients are not in host memory (offloading, or a "
-                       "GPU): it cannot train data-parallel yet",
-                       t->be.iface->name);
+                       "gradients are not in host memory (a GPU): it "
+                       "cannot train data-parallel yet", t->be.iface->name);
             return -1;
         }
         if (spec_dp_split(&t->spec, W, &B_r, &A_r) != 0) {
@@ -905,6 +1125,11 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
                        "bucket of %zu floats)", t->bucket_floats);
             return -1;
         }
+        if (!t->dp_sync) {
+            pthread_mutex_init(&t->dp_mu, NULL);
+            pthread_cond_init(&t->dp_cv, NULL);
+            t->dp_sync = 1;
+        }
     } else {
         B_r = t->spec.train.batch_size;
         A_r = t->spec.train.grad_accum;
@@ -914,7 +1139,22 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
     t->rank = c ? m6_coll_rank(c) : 0;
     t->B_rank = B_r;
     t->accum_rank = A_r;
+    dp_backend_(t);
     return 0;
+}
+
+void trainer_set_dp_overlap(trainer *t, int on)
+{
+    t->dp_overlap = on != 0;
+    dp_backend_(t);
+}
+
+void trainer_dp_overlap_counts(const trainer *t, long *reported, long *early,
+                               long *buckets)
+{
+    *reported = t->dp_reported;
+    *early = t->dp_early;
+    *buckets = t->dp_buckets;
 }
 
 void trainer_set_bucket_floats(trainer *t, size_t n)
@@ -998,13 +1238,22 @@ int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
         goto out;
     }
     int crc = 0;
+    size_t sz[2];
+    kind_floats_(t, sz);
+    unsigned char *kind = slot_kinds_(t);  /* root's share map now */
+    if (!kind) {
+        be->state_end(t->be.ctx, 0);
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
     for (int b = 0; b < 3 && crc == 0; b++)
         for (int s = -1; s < S && crc == 0; s++) {
-            size_t n = s < 0 ? t->n_global : t->slot_size;
+            size_t n = s < 0 ? t->n_global : sz[kind[s]];
             crc = m6_coll_broadcast(c, be->state_region(t->be.ctx,
                                                         (backend_buf)b, s),
                                     n * sizeof(float), root, err);
         }
+    free(kind);
     if (be->state_end(t->be.ctx, me != root && crc == 0) != 0 && crc == 0) {
         m6_err_set(err, M6_EINTERNAL, "broadcast of the state: cannot store "
                    "it in the %s model", be->name);
@@ -1080,16 +1329,26 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
         be->poison_grad(t->be.ctx, t->fault_slot);
     double loss_sum = 0;
     /* alone: B and accum; a data-parallel rank: its share, with the
-     * global step's loss scale */
+     * global step's loss scale; overlapped, the last microbatch's
+     * finished slots are all-reduced while its backward goes on */
+    pthread_t comm;
+    int overlap = 0;
+    if (t->world > 1 && dp_layout_(t) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory (all-reduce layout)");
+        return TRAINER_ECOLL;
+    }
     for (int k = 0; k < t->accum_rank; k++) {
         rows_to_batch_(t, k, t->B_rank);
+        if (t->world > 1 && t->dp_overlap && k == t->accum_rank - 1)
+            overlap = dp_overlap_start_(t, &comm);
         loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
                                    loss_scale);
     }
     float loss;
     if (t->world > 1) {
         /* the gradient and the loss sum over the ranks */
-        if (allreduce_grads_(t, &loss_sum, err) != 0)
+        if ((overlap ? dp_overlap_finish_(t, comm, &loss_sum, err)
+                     : allreduce_grads_(t, &loss_sum, err)) != 0)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
     } else {

@@ -228,9 +228,13 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * draw order, as spec_dp_split's microbatches. Each microbatch's gradient
  * has the single-node loss scale 1/(B*T*grad_accum), so the sum over the
  * ranks is the one-node step's gradient; it is summed by all-reduce once
- * per optimizer step (after the last microbatch), in fixed-size buckets
- * over [globals | slot 0 | ... | slot S-1] in that order, the step's loss
- * sum riding in the last bucket. Every rank then holds the same gradient,
+ * per optimizer step, in fixed-size buckets over
+ * [loss | globals | slot 0 | ... | slot S-1] (the step's loss sum riding
+ * in the first bucket), the last bucket first. Overlapped (the default,
+ * trainer_set_dp_overlap), a communication thread all-reduces a bucket
+ * as soon as the last microbatch's backward has finished its slots (the
+ * last layers' first), so the sums are the same bits as without overlap;
+ * the globals and the loss go last. Every rank then holds the same gradient,
  * so the norm (clipping) is the global one and AdamW keeps the replicas
  * identical. A shard read that fails on one rank fails the step on every
  * rank (one small all-reduce of a flag before the model is touched), so
@@ -247,7 +251,7 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * alone, the one-node path bit for bit). The group's world size must be
  * the spec's for the current phase (nodes.pseudo_world_size in the pseudo
  * phase when set, else nodes.world_size), its buffers host memory (gloo),
- * and the backend's gradients in host memory (cpu without offloading).
+ * and the backend's gradients in host memory (cpu, offloading or not).
  * Called between steps; after trainer_delink with the real phase's group
  * when the worlds differ. The trainer does not own c. 0, or -1 with err
  * (M6_EINVALID) naming what does not fit; t is then unchanged. */
@@ -257,6 +261,20 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
  * The result does not depend on it beyond float rounding (with 2 ranks
  * not at all: a+b is b+a). */
 void trainer_set_bucket_floats(trainer *t, size_t n);
+
+/* Overlap the all-reduce with the last microbatch's backward (on 1, the
+ * default; the environment's M6_DP_OVERLAP=0 makes it 0 at creation) or
+ * all-reduce after the microbatches (0). The same bits either way; for
+ * comparison and benchmarks. Between steps. */
+void trainer_set_dp_overlap(trainer *t, int on);
+
+/* The last overlapped step (0s before one): slots whose gradient the
+ * backend reported final before the last microbatch returned (all S of
+ * them on the cpu backend), buckets whose all-reduce started before it
+ * returned (how much overlapped: a timing, not a result), and the
+ * step's buckets. */
+void trainer_dp_overlap_counts(const trainer *t, long *reported, long *early,
+                               long *buckets);
 
 /* This trainer's rank and the world size (0 and 1 alone). */
 int trainer_rank(const trainer *t);

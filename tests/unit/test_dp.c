@@ -23,6 +23,21 @@
  *                 pseudo phase alone, delinks, and broadcasts weights and
  *                 moments to rank 1; the real steps match the one-node run
  *   repeatable    3 ranks run twice: bitwise the same losses and weights
+ *   overlap       the all-reduce overlapped with backward (the default,
+ *                 every case above) and after it (trainer_set_dp_overlap
+ *                 0): 3 ranks, and 2 ranks with 1000-float buckets,
+ *                 bitwise the same losses and weights (the buckets and
+ *                 the order of their all-reduces are the same)
+ *   offloaded     device.memory_budget with every slot offloaded on 2
+ *                 ranks (pseudo.grad_scale mean: the shared slot's mean
+ *                 taken after the sum), and with one slot resident under
+ *                 accumulation
+ *                 (microbatch 1, grad_accum 4 a rank), against the
+ *                 one-node offloaded run within the tolerances, and
+ *                 bitwise against the same ranks without offloading
+ *                 (offloading changes no float operation; the host
+ *                 AdamW's speculative update starts as each slot is
+ *                 summed, and the clip redoes it)
  *   killed        2 ranks, rank 1 killed after step 2: rank 0's step 3
  *                 fails with TRAINER_ECOLL within nodes.timeout
  *   moe, mixed    MoE in every block and in every other block (slots of
@@ -60,6 +75,7 @@
 
 #include "client/corpus/corpus.h"
 #include "dist/collectives.h"
+#include "offload/offload.h"
 #include "train/spec.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
@@ -104,9 +120,11 @@ static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
 
 /* rank SPEC OUT WORLD RANK STORE BUCKET MODE: train the spec to its end
  * (delinking after pseudo.steps), one line per step into OUT, the final
- * weights into OUT.params. MODE: plain, join (pseudo phase on rank 0
- * alone, rank 1 joins at the delink), die (rank 1 killed after step 2;
- * rank 0 expects TRAINER_ECOLL). */
+ * weights into OUT.params, the most slots offloaded at once into OUT.off.
+ * MODE: plain, seq (plain without overlap: the all-reduce after the
+ * microbatches), join (pseudo phase on rank 0 alone, rank 1 joins at
+ * the delink), die (rank 1 killed after step 2; rank 0 expects
+ * TRAINER_ECOLL). */
 static int rank_main_(int argc, char **argv)
 {
     const char *spec_path = argv[2], *out_path = argv[3];
@@ -129,6 +147,10 @@ static int rank_main_(int argc, char **argv)
     }
     if (bucket)
         trainer_set_bucket_floats(t, bucket);
+    if (strcmp(mode, "seq") == 0)
+        trainer_set_dp_overlap(t, 0);
+    int most_offloaded = 0;
+    offload_stats ost = {0};
     int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
     int timeout_ms = spec.nodes.timeout * 1000;
     m6_store st;
@@ -202,6 +224,9 @@ static int rank_main_(int argc, char **argv)
                     trainer_step_count(t) + 1, m6_err_msg(&err));
             return 1;
         }
+        if (trainer_offload_stats(t, &ost) == 0 &&
+            ost.n_offloaded > most_offloaded)
+            most_offloaded = ost.n_offloaded;
         trainer_copy_state(t, 0, w);
         size_t pos[MAX_WIN];
         size_t nw = trainer_step_windows(t, pos);
@@ -256,6 +281,16 @@ static int rank_main_(int argc, char **argv)
     FILE *f = fopen(pp, "wb");
     fwrite(w, sizeof(float), np, f);
     fclose(f);
+    snprintf(pp, sizeof pp, "%s.off", out_path);
+    if ((f = fopen(pp, "w"))) {
+        long rep, early, nb;
+        trainer_dp_overlap_counts(t, &rep, &early, &nb);
+        fprintf(f, "%d %ld %ld %ld %d %d %llu %llu\n", most_offloaded, rep,
+                early, nb, trainer_n_slots(t), ost.speculative,
+                (unsigned long long)ost.spec_steps,
+                (unsigned long long)ost.redo_steps);
+        fclose(f);
+    }
     trainer_free(t);
     m6_coll_destroy(c);
     m6_err_free(&err);
@@ -320,10 +355,12 @@ static int failures_;
     while (0)
 
 /* The spec file tag.json: the shared shape (model_extra: more members of
- * "model"), then extra members. */
-static void write_spec_model_(const char *tag, int B, int accum, long steps,
-                              long pseudo, const char *model_extra,
-                              const char *pseudo_extra, const char *extra)
+ * "model", pseudo_extra of "pseudo"), device.memory_budget `budget` bytes
+ * (0: none), then extra members. */
+static void write_spec_full_(const char *tag, int B, int accum, long steps,
+                             long pseudo, const char *model_extra,
+                             const char *pseudo_extra, size_t budget,
+                             const char *extra)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
@@ -338,16 +375,55 @@ static void write_spec_model_(const char *tag, int B, int accum, long steps,
             " %d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
             " \"eval_batches\": 6},\n"
-            " \"device\": {\"threads\": 1}%s%s}\n",
+            " \"device\": {\"threads\": 1, \"memory_budget\": %zu}%s%s}\n",
             tag, dir_, dir_, model_extra[0] ? ", " : "", model_extra, pseudo,
-            pseudo_extra, steps, B, accum, extra[0] ? ",\n " : "", extra);
+            pseudo_extra, steps, B, accum, budget, extra[0] ? ",\n " : "",
+            extra);
     fclose(f);
+}
+
+/* ... with pseudo.grad_scale mean when mean. */
+static void write_spec_budget_(const char *tag, int B, int accum, long steps,
+                               long pseudo, size_t budget, int mean,
+                               const char *extra)
+{
+    write_spec_full_(tag, B, accum, steps, pseudo, "",
+                     mean ? ", \"grad_scale\": \"mean\"" : "", budget, extra);
+}
+
+static void write_spec_model_(const char *tag, int B, int accum, long steps,
+                              long pseudo, const char *model_extra,
+                              const char *pseudo_extra, const char *extra)
+{
+    write_spec_full_(tag, B, accum, steps, pseudo, model_extra, pseudo_extra,
+                     0, extra);
 }
 
 static void write_spec_(const char *tag, int B, int accum, long steps,
                         long pseudo, const char *extra)
 {
-    write_spec_model_(tag, B, accum, steps, pseudo, "", "", extra);
+    write_spec_budget_(tag, B, accum, steps, pseudo, 0, 0, extra);
+}
+
+/* The device.memory_budget of spec tag that leaves `resident` slots of
+ * its real phase on the (stand-in) device: the planner's minimum plus
+ * that many slots. 0 when it cannot be planned. */
+static size_t budget_for_(const char *tag, int resident)
+{
+    char p[512], e[512];
+    snprintf(p, sizeof p, "%s/%s.json", dir_, tag);
+    run_spec sp;
+    offload_plan pl;
+    if (spec_load_file(&sp, p, e, sizeof e) != 0 ||
+        offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) != 0) {
+        fprintf(stderr, "plan %s: %s\n", tag, e);
+        return 0;
+    }
+    /* a slot made resident frees a staging buffer (prefetch 2) */
+    size_t b = pl.min_budget_bytes +
+               (size_t)resident * (pl.slot_bytes - pl.staging_bytes);
+    offload_plan_free(&pl);
+    return b;
 }
 
 /* Run ranks [0, world) of spec tag (outputs tag-R.out); 0 when all
@@ -430,6 +506,54 @@ static double max_param_diff_(const result *a, const result *b)
             m = d;
     }
     return m;
+}
+
+/* Rank r of tags a and b: bitwise the same losses, norms, validation
+ * losses and weights at every step, and the same final weights. */
+static int bitwise_same_(const char *a, const char *b, int r)
+{
+    result x, y;
+    load_tag_(a, r, &x);
+    load_tag_(b, r, &y);
+    int eq = x.n == y.n && x.n > 0 && x.np == y.np && x.np > 0 &&
+             memcmp(x.params, y.params, x.np * sizeof(float)) == 0;
+    for (int i = 0; eq && i < x.n; i++)
+        eq = x.loss[i] == y.loss[i] && x.norm[i] == y.norm[i] &&
+             x.sum[i] == y.sum[i] &&
+             (x.val[i] == y.val[i] || (isnan(x.val[i]) && isnan(y.val[i])));
+    free(x.params);
+    free(y.params);
+    return eq;
+}
+
+/* The most slots rank r of tag had offloaded (its OUT.off), -1 unknown. */
+static int offloaded_(const char *tag, int r)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s-%d.out.off", dir_, tag, r);
+    FILE *f = fopen(p, "r");
+    int n = -1;
+    if (f && fscanf(f, "%d", &n) != 1)
+        n = -1;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* Rank r of tag's last step, overlapped: slots reported final before its
+ * last microbatch returned, of S; buckets all-reduced before it returned,
+ * of nb. 0, or -1 when not recorded. */
+static int overlap_of_(const char *tag, int r, long *reported, long *early,
+                       long *nb, int *S)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s-%d.out.off", dir_, tag, r);
+    FILE *f = fopen(p, "r");
+    int off, ok = f && fscanf(f, "%d %ld %ld %ld %d", &off, reported, early,
+                              nb, S) == 5;
+    if (f)
+        fclose(f);
+    return ok ? 0 : -1;
 }
 
 /* Ranks of tag against the one-node ref: losses, val losses, weights; the
@@ -683,6 +807,31 @@ int main(int argc, char **argv)
             run_(row_tag, row_tag, 2, 0, "plain", 120);
             compare_(row_tag, 2, &ref, 1, 0, 0);
             compare_moe_(row_tag, one_tag);
+            if (k == 1) {
+                /* mixed: a dense slot is smaller than an MoE slot, so
+                 * 1000-float buckets end inside slots of both sizes */
+                run_("mixed_w2a_b", acc_tag, 2, 1000, "plain", 120);
+                compare_("mixed_w2a_b", 2, &ref, 1, 1, 0);
+                /* the pseudo phase on rank 0 alone; rank 1 takes the
+                 * delinked slots of both kinds from it */
+                char jtag[] = "mixed_join";
+                write_spec_model_(jtag, 3, 2, 6, 3, kind[k][1], share,
+                                  "\"nodes\": {\"world_size\": 2, "
+                                  "\"pseudo_world_size\": 1}");
+                run_(jtag, jtag, 2, 1000, "join", 120);
+                result j0, j1;
+                load_tag_(jtag, 0, &j0);
+                load_tag_(jtag, 1, &j1);
+                CHECK(j1.n == 3 && j1.step[0] == 4, "mixed_join: rank 1 ran "
+                      "%d steps from %ld, want 3 from 4", j1.n,
+                      j1.n ? j1.step[0] : 0);
+                for (int i = 3; i < j0.n && j1.n == 3; i++)
+                    CHECK(j0.sum[i] == j1.sum[i - 3], "mixed_join: step %ld: "
+                          "ranks' weights differ", j0.step[i]);
+                free(j0.params);
+                free(j1.params);
+                compare_(jtag, 1, &ref, 0, 1, 0);
+            }
             free(ref.params);
         }
     }
@@ -703,6 +852,119 @@ int main(int argc, char **argv)
                       "weights differ", j0.step[i]);
         free(j0.params);
         compare_("join", 1, &one, 0, 1, 0);
+    }
+
+    /* overlap on (every run above) and off: the same bits */
+    run_("w3s", "w3", 3, 0, "seq", 120);
+    compare_("w3s", 3, &one, 1, 1, 0);
+    {
+        int eq = 1;
+        for (int r = 0; r < 3; r++)
+            eq = eq && bitwise_same_("w3", "w3s", r);
+        CHECK(eq, "overlap: 3 ranks with and without overlap differ");
+        run_("w2bs", "w2", 2, 1000, "seq", 120);
+        int eq2 = bitwise_same_("w2b", "w2bs", 0) &&
+                  bitwise_same_("w2b", "w2bs", 1);
+        CHECK(eq2, "overlap: 2 ranks, 1000-float buckets, with and without "
+              "overlap differ");
+        printf("overlap      on and off: 3 ranks %s, 2 ranks with "
+               "1000-float buckets %s\n", eq ? "bitwise equal" : "DIFFER",
+               eq2 ? "bitwise equal" : "DIFFER");
+        /* the hook fired: every slot reported before the microbatch
+         * returned when overlapping, none without; how many buckets
+         * started early is timing, printed only */
+        const char *on[] = {"w3", "w2b", "acc2", "acc3"};
+        for (int i = 0; i < 4; i++) {
+            long rp, early, nb;
+            int S;
+            int ok = overlap_of_(on[i], 0, &rp, &early, &nb, &S) == 0;
+            CHECK(ok && rp == S && nb > 0, "overlap: %s: %ld of %d slots "
+                  "reported final during the last backward", on[i],
+                  ok ? rp : -1, ok ? S : -1);
+            if (ok)
+                printf("overlap      %-5s rank 0: %ld of %d slots reported "
+                       "during backward; %ld of %ld buckets started before "
+                       "it ended\n", on[i], rp, S, early, nb);
+        }
+        long rp = -1, early, nb;
+        int S;
+        CHECK(overlap_of_("w2bs", 0, &rp, &early, &nb, &S) == 0 && rp == 0 &&
+              nb == 0, "overlap off: %ld slots reported", rp);
+    }
+
+    /* offloaded: every slot on 2 ranks through the delink, and one slot
+     * resident under accumulation, against the one-node offloaded runs */
+    {
+        /* activations differ with B: each its own budget, slot 0 resident */
+        size_t b_all = budget_for_("one", 0), b_one = budget_for_("acc2", 1);
+        size_t b_one1 = budget_for_("acc2_one", 1);
+        CHECK(b_all > 0 && b_one > 0 && b_one1 > 0, "offloaded: no budget");
+        /* the pseudo phase's mean gradient: divided after the sum */
+        write_spec_budget_("off_one", 6, 1, 6, 3, b_all, 1, "");
+        write_spec_budget_("off_w2", 6, 1, 6, 3, b_all, 1,
+                           "\"nodes\": {\"world_size\": 2}");
+        write_spec_budget_("mw2", 6, 1, 6, 3, 0, 1,
+                           "\"nodes\": {\"world_size\": 2}");
+        write_spec_budget_("offacc_one", 8, 1, 3, 0, b_one1, 0, "");
+        write_spec_budget_("offacc2", 1, 8, 3, 0, b_one, 0,
+                           "\"nodes\": {\"world_size\": 2}");
+        result off_one;
+        run_("off_one", "off_one", 1, 0, "plain", 120);
+        load_tag_("off_one", 0, &off_one);
+        CHECK(off_one.n == 6, "offloaded: one node ran %d steps", off_one.n);
+        run_("off_w2", "off_w2", 2, 0, "plain", 120);
+        compare_("off_w2", 2, &off_one, 1, 1, 0);
+        run_("mw2", "mw2", 2, 0, "plain", 120);
+        free(off_one.params);
+        run_("offacc_one", "offacc_one", 1, 0, "plain", 120);
+        load_tag_("offacc_one", 0, &off_one);
+        run_("offacc2", "offacc2", 2, 0, "plain", 120);
+        compare_("offacc2", 2, &off_one, 1, 0, 0);
+        free(off_one.params);
+        int n1 = offloaded_("off_one", 0), n2 = offloaded_("off_w2", 1);
+        int n3 = offloaded_("offacc2", 0), n4 = offloaded_("offacc_one", 0);
+        CHECK(n1 == 2 && n2 == 2 && n3 == 1 && n4 == 1, "offloaded: the runs "
+              "offloaded %d, %d, %d and %d slots, want 2 (every slot), 2, "
+              "1 and 1", n1, n2, n3, n4);
+        int eq = bitwise_same_("mw2", "off_w2", 0) &&
+                 bitwise_same_("mw2", "off_w2", 1);
+        int eq2 = bitwise_same_("acc2", "offacc2", 0) &&
+                  bitwise_same_("acc2", "offacc2", 1);
+        CHECK(eq && eq2, "offloaded: 2 ranks offloading differ from 2 "
+              "ranks without (%s, %s)", eq ? "same" : "through the delink",
+              eq2 ? "same" : "accumulation");
+        printf("offloaded    2 ranks (%d and %d slots offloaded) against "
+               "2 ranks resident: %s, %s\n", n2, n3,
+               eq ? "bitwise equal" : "DIFFER",
+               eq2 ? "bitwise equal" : "DIFFER");
+        /* offloaded slots are reported as their last drain lands; with
+         * a speculative plan their host AdamW started as each was summed
+         * (kept or redone: the bits are the plain update's, as above) */
+        const char *on[] = {"off_w2", "offacc2"};
+        for (int i = 0; i < 2; i++) {
+            long rp, early, nb;
+            int S;
+            int ok = overlap_of_(on[i], 1, &rp, &early, &nb, &S) == 0;
+            CHECK(ok && rp == S, "offloaded: %s: %ld of %d slots reported "
+                  "final during the last backward", on[i], ok ? rp : -1,
+                  ok ? S : -1);
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s-1.out.off", dir_, on[i]);
+            FILE *f = fopen(p, "r");
+            int spec = -1;
+            unsigned long long ss = 0, redo = 0;
+            if (!f || fscanf(f, "%*d %*d %*d %*d %*d %d %llu %llu", &spec,
+                             &ss, &redo) != 3)
+                spec = -1;
+            if (f)
+                fclose(f);
+            CHECK(spec == 0 || (spec == 1 && ss > 0), "offloaded: %s: "
+                  "speculative plan %d, %llu steps speculated", on[i], spec,
+                  ss);
+            printf("offloaded    %-7s speculative plan %d: %llu steps "
+                   "speculated, %llu redone (clipped)\n", on[i], spec, ss,
+                   redo);
+        }
     }
 
     /* a rank killed mid-run */
