@@ -452,7 +452,8 @@ static int offload_bytes_case_(void)
  * and cross a capacity boundary), the load figures consistent. every 2
  * (L = 3: block 1 MoE, 0 and 2 dense; a pseudo model of 2 slots, one of
  * each kind) with offload: the cuda run under a device.memory_budget of
- * one resident slot (the MoE slot offloaded in both phases), and after
+ * one resident slot (the MoE slot offloaded in both phases): its device
+ * and host bytes those the planner counted for the real phase, and after
  * its steps a checkpoint saved and loaded into a fresh cuda trainer gives
  * back the weights, moments and step counts bitwise. */
 static int moe_case_(int every, int offload)
@@ -476,13 +477,13 @@ static int moe_case_(int every, int offload)
         s->train.eval_every = 4;
         char err[512];
         offload_plan p;
+        memset(&p, 0, sizeof p);
         if (offload && b == 0) {
             s->device.memory_budget = offload_budget_(s, 1, &p);
             printf("  budget %zu bytes: real %d resident, %d offloaded; "
                    "pseudo %d offloaded\n", s->device.memory_budget,
                    p.n_resident, p.n_offloaded,
                    p.pseudo ? p.pseudo->n_offloaded : -1);
-            offload_plan_free(&p);
         }
         if (ERR_INTO(err, trainer_check_spec(s, &err_)) != 0) {
             printf("  trainer_check_spec (%s): %s\n", b ? "cpu" : "cuda",
@@ -510,6 +511,19 @@ static int moe_case_(int every, int offload)
                             st.n_resident <= 1 && st.n_offloaded >= 2,
                         "MoE: the cuda run offloads the MoE slot (1) and "
                         "more");
+            /* the planner's cuda figures of slots of two sizes */
+            printf("  device %zu predicted %zu plan %zu; host %zu plan %zu\n",
+                   st.device.in_use, st.predicted_peak_bytes,
+                   p.peak_device_bytes - p.workspace_bytes, st.host.in_use,
+                   p.host_bytes);
+            check_true_(st.device.in_use == st.predicted_peak_bytes &&
+                            st.predicted_peak_bytes ==
+                                p.peak_device_bytes - p.workspace_bytes,
+                        "MoE: gpt_cuda's device bytes = the planner's");
+            check_true_(st.host.in_use == p.host_bytes &&
+                            st.host.pinned <= p.pinned_bytes,
+                        "MoE: host bytes as planned, pinned at most so");
+            offload_plan_free(&p);
             state_ a, c;
             state_get_(t, &a);
             if (save_(t, "moe_off") != 0)
