@@ -244,9 +244,10 @@ static void usage_(void)
         "  --data DIR          shards train_*.bin / val_*.bin; when DIR has\n"
         "                      none, /usr/share/games/fortunes is prepared\n"
         "                      into it (default /tmp/m6-p2r-data)\n"
+        "  --prepare           only prepare --data DIR (as above) and exit\n"
         "  --out DIR           also write DIR/scratch.csv and DIR/p2r.csv\n"
         "  --layers L --embd C --heads NH --seq T --batch B --steps N\n"
-        "      cpu defaults: L 8, C 128, NH 4, T 128, B 8, 400 steps\n"
+        "      cpu defaults: L 8, C 64, NH 4, T 64, B 8, 1200 steps\n"
         "      cuda defaults: L 24, C 1024, NH 16, T 1024, B 8, 300 steps\n"
         "  --lr LR (3e-3 cpu, 6e-4 cuda) --warmup N (steps/20)\n"
         "  --eval-every N (steps/20) --eval-batches N (8)\n"
@@ -273,6 +274,7 @@ int main(int argc, char **argv)
     s.train.eval_batches = 8;
     s.pseudo.share_groups = 1;
     double frac = 0.3, off_frac = 0.75;
+    int prepare_only = 0;
     long long budget_arg = 0;
     const char *data = "/tmp/m6-p2r-data", *out = NULL;
     static const struct option opts[] = {
@@ -280,7 +282,7 @@ int main(int argc, char **argv)
         {"backend", 1, 0, 'b'}, {"pseudo-frac", 1, 0, 'f'},
         {"share-groups", 1, 0, 'S'}, {"offload-frac", 1, 0, 'F'},
         {"budget", 1, 0, 'M'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"prepare", 0, 0, 'P'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (p2r_train_option(P_, o, optarg, &s))
@@ -288,6 +290,7 @@ int main(int argc, char **argv)
         switch (o) {
         case 'd': data = optarg; break;
         case 'O': out = optarg; break;
+        case 'P': prepare_only = 1; break;
         case 'b':
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
                 fprintf(stderr, P_ ": --backend: want cpu or cuda, got "
@@ -336,11 +339,11 @@ int main(int argc, char **argv)
     int cuda = s.device.backend == BACKEND_CUDA;
     model_config *m = &s.model;
     if (!m->n_layer) m->n_layer = cuda ? 24 : 8;
-    if (!m->n_embd) m->n_embd = cuda ? 1024 : 128;
+    if (!m->n_embd) m->n_embd = cuda ? 1024 : 64;
     if (!m->n_head) m->n_head = cuda ? 16 : 4;
-    if (!m->seq_len) m->seq_len = cuda ? 1024 : 128;
+    if (!m->seq_len) m->seq_len = cuda ? 1024 : 64;
     if (!s.train.batch_size) s.train.batch_size = 8;
-    if (!s.train.steps) s.train.steps = cuda ? 300 : 400;
+    if (!s.train.steps) s.train.steps = cuda ? 300 : 1200;
     if (s.train.lr == 0) {
         s.train.lr = cuda ? 6e-4f : 3e-3f;
         s.train.min_lr = s.train.lr / 10;
@@ -377,6 +380,10 @@ int main(int argc, char **argv)
                     data, err);
             return 1;
         }
+    }
+    if (prepare_only) {
+        printf(P_ ": shards in %s\n", data);
+        return 0;
     }
     snprintf(s.data.train, sizeof s.data.train, "%s/train_*.bin", data);
     snprintf(s.data.val, sizeof s.data.val, "%s/val_*.bin", data);

@@ -7,7 +7,7 @@
 # for the same spec and budget (the pseudo phase all resident, the real
 # phase with --offload-frac of its slots offloaded, and one byte less
 # budget offloading more), --backend cuda's skip where there is no GPU,
-# and bad options exit 2. Nothing here is timed.
+# --prepare, and bad options exit 2. Nothing here is timed.
 # $1: the p2r_offload binary, $2: m6ctl. Skips (77) without Debian's
 # fortunes.
 set -u
@@ -131,6 +131,10 @@ case $rc in
             fail "cuda skip said: $cout";;
     *) fail "--backend cuda exited $rc: $cout";;
 esac
+# --prepare: the shards, no training
+pout=$("$P2R" --prepare --data "$T/data2" 2>&1) || fail "--prepare exited $?: $pout"
+[ -s "$T/data2/train_000000.bin" ] && [ -s "$T/data2/val_000000.bin" ] &&
+    [ "$pout" = "p2r_offload: shards in $T/data2" ] || fail "--prepare: $pout; $(ls "$T/data2")"
 # bad options
 for bad in "--offload-frac 0" "--offload-frac 1.5" "--backend tpu" "--share-groups 4" \
            "--budget 12x" "--pseudo-frac 1" "--steps 1" "--layers x"; do
