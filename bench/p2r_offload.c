@@ -475,6 +475,11 @@ int main(int argc, char **argv)
            "the delink %d/%d)\n", b.resident[1], b.offloaded[1], b.steps[1],
            b.placement_varied[1] ? ", VARIED" : "", b.plan_resident[1],
            b.plan_offloaded[1], b.delink_resident, b.delink_offloaded);
+    printf("  before step 1: scratch %d/%d, p2r %d/%d\n", a.start_resident,
+           a.start_offloaded, b.start_resident, b.start_offloaded);
+    printf("peak device bytes (since the start): scratch %lld, p2r pseudo "
+           "%lld, real %lld; budget %zu\n", (long long)a.peak_device[1],
+           (long long)b.peak_device[0], (long long)b.peak_device[1], budget);
     printf("delink after step %ld, %.3f s\n", b.delink_step, b.delink_s);
     printf("tokens/s: scratch real %.0f; p2r pseudo %.0f, real %.0f\n",
            tok_s_(&a, 1), tok_s_(&b, 0), tok_s_(&b, 1));
@@ -516,6 +521,8 @@ int main(int argc, char **argv)
            "scratch_resident=%d scratch_offloaded=%d "
            "pseudo_resident=%d pseudo_offloaded=%d "
            "real_resident=%d real_offloaded=%d placement_varied=%d "
+           "peak_scratch_bytes=%lld peak_pseudo_bytes=%lld "
+           "peak_real_bytes=%lld "
            "tok_s_scratch=%.0f tok_s_pseudo=%.0f tok_s_real=%.0f "
            "scratch_final_val=%.6f p2r_final_val=%.6f "
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld "
@@ -528,6 +535,8 @@ int main(int argc, char **argv)
            b.resident[1], b.offloaded[1],
            a.placement_varied[1] | b.placement_varied[0] |
                b.placement_varied[1],
+           (long long)a.peak_device[1], (long long)b.peak_device[0],
+           (long long)b.peak_device[1],
            tok_s_(&a, 1), tok_s_(&b, 0), tok_s_(&b, 1), target,
            b.val[b.n - 1], sa, sb, wa, wb, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN);

@@ -88,6 +88,11 @@ awk -F, -v sc="$sc" -v every=$EVERY -v steps=$STEPS -v d=10 -v line="$last" '
 for k in tok_s_pseudo tok_s_real tok_s_scratch; do
     awk -v v="$(kv $k)" 'BEGIN { exit !(v > 0) }' || fail "$k=$(kv $k)"
 done
+# the device bytes the trainer reported stay within the budget
+for k in peak_scratch_bytes peak_pseudo_bytes peak_real_bytes; do
+    awk -v v="$(kv $k)" -v b="$(kv budget_bytes)" 'BEGIN { exit !(v > 0 && v <= b) }' ||
+        fail "$k=$(kv $k), budget $(kv budget_bytes)"
+done
 # placements: the trainer's, against m6ctl plan on the same spec and budget
 [ "$(kv placement_varied)" = 0 ] || fail "a placement changed within a phase"
 [ "$(kv scratch_resident)/$(kv scratch_offloaded)" = "$(kv real_resident)/$(kv real_offloaded)" ] ||
