@@ -400,17 +400,6 @@ int main(int argc, char **argv)
         return 1;
     scratch.device.memory_budget = p2r.device.memory_budget = budget;
 
-    /* cuda without CUDA or a device: skip; any other refusal is an error */
-    if (ERR_INTO(err, trainer_check_spec(&p2r, &err_)) != 0) {
-        if (cuda && (strstr(err, "built without CUDA") ||
-                     strstr(err, "no CUDA device"))) {
-            printf(P_ ": SKIP: %s\n", err);
-            return 77;
-        }
-        fprintf(stderr, P_ ": %s\n", err);
-        return 1;
-    }
-
     /* the plan both runs train under: print it, check its placements */
     offload_plan pl;
     if (offload_plan_for_spec(&p2r, 0, &pl, err, sizeof err) != 0) {
@@ -442,6 +431,18 @@ int main(int argc, char **argv)
     if (bad_plan)
         return 1;
     fflush(stdout);
+
+    /* after the plan (pure arithmetic, printed on any machine): cuda
+     * without CUDA or a device skips; any other refusal is an error */
+    if (ERR_INTO(err, trainer_check_spec(&p2r, &err_)) != 0) {
+        if (cuda && (strstr(err, "built without CUDA") ||
+                     strstr(err, "no CUDA device"))) {
+            printf(P_ ": SKIP: %s\n", err);
+            return 77;
+        }
+        fprintf(stderr, P_ ": %s\n", err);
+        return 1;
+    }
 
     run_rec a = {.name = "scratch"}, b = {.name = "p2r"};
     printf("training from scratch (real, offloaded)...\n");
