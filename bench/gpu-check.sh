@@ -47,7 +47,7 @@
 #                                 start (470), so that a device command can
 #                                 keep time for more after this script
 #   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_moe test_model
-#                                 test_model_moe test_offload test_trainer
+#                                 test_model_moe test_offload test_offload_moe test_trainer
 #                                 train_124m train_124m_pseudo train_350m
 #                                 offload_1p5b offload_largest
 #                                 offload_1p5b_spec p2r_offload; the last
@@ -118,6 +118,7 @@ build_() {
     compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
     compile test_model_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model_moe.cu -o "$OUT/obj/test_model_moe.o"
     compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
+    compile test_offload_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload_moe.cu -o "$OUT/obj/test_offload_moe.o"
     compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
     compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
     for k in $CPU_OPS; do
@@ -185,6 +186,8 @@ build_() {
             "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
             "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
+        "$NVCC" -o "$OUT/test_offload_moe" "$OUT/obj/test_offload_moe.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
+            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
         build_ok=no
@@ -207,7 +210,7 @@ build_() {
 travel_() {
     mkdir -p "$OUT/lib"
     local b lib
-    for b in test_ops test_moe test_model test_model_moe test_offload test_trainer p2r_offload gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe test_trainer p2r_offload gpu_train gpu_offload; do
         [ -x "$OUT/$b" ] || continue
         for lib in $(ldd "$OUT/$b" | awk '$3 ~ /^\// && $1 ~ /^lib(gomp|jansson|z)\.so/ {print $3}'); do
             cp -L "$lib" "$OUT/lib/$(basename "$lib")"
@@ -252,7 +255,7 @@ find_cublaslt_
 reuse=no
 if [ -n "${GPU_CHECK_REUSE:-}" ] && [ "$(cat "$OUT/src-hash" 2>/dev/null)" = "$SRC_HASH" ]; then
     reuse=yes
-    for b in test_ops test_moe test_model test_model_moe test_offload gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe gpu_train gpu_offload; do
         # present, and its libraries (cudart, cuBLASLt by rpath) found here
         { [ -x "$OUT/$b" ] && ! ldd "$OUT/$b" 2>&1 | grep -q "not found"; } || reuse=no
     done
@@ -268,7 +271,7 @@ if [ $reuse = yes ]; then
     echo "gpu-check: reusing the binaries in $OUT (sources $SRC_HASH)"
 else
     [ -n "${GPU_CHECK_REUSE:-}" ] && echo "gpu-check: GPU_CHECK_REUSE: no binaries of these sources in $OUT: building"
-    rm -rf "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,trainer} "$OUT"/gpu_{train,offload} \
+    rm -rf "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,offload_moe,trainer} "$OUT"/gpu_{train,offload} \
         "$OUT/p2r_offload" "$OUT/p2r-data"
     build_
     [ $build_ok = yes ] && echo "$SRC_HASH" > "$OUT/src-hash"
@@ -336,6 +339,7 @@ run test_moe 60 "$OUT/test_moe";     MOE=$(verdict $RC)
 run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
 run test_model_moe 60 "$OUT/test_model_moe"; MODEL_MOE=$(verdict $RC)
 run test_offload 120 "$OUT/test_offload"; OFFLOAD=$(verdict $RC)
+run test_offload_moe 60 "$OUT/test_offload_moe"; OFFLOAD_MOE=$(verdict $RC)
 if [ $HAVE_TRAINER_LIBS = yes ]; then
     run test_trainer 120 "$OUT/test_trainer"; TRAINER=$(verdict $RC)
 else
@@ -348,7 +352,7 @@ if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
     echo "gpu-check: SKIP: no CUDA device here (the tests said so: exit 77); nothing was measured."
     echo "gpu-check: the build in $OUT ($(du -sh "$OUT" | cut -f1)) is made to be carried to a GPU"
     echo "gpu-check: machine: see the device command at the top of bench/gpu-check.sh"
-    echo "gpu_check=no_cuda_device ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD trainer_ok=$TRAINER build_s=$BUILD_S"
+    echo "gpu_check=no_cuda_device ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER build_s=$BUILD_S"
     exit 77
 fi
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
@@ -387,7 +391,7 @@ fi
 TOTAL_S=$(( $(date +%s) - START ))
 echo
 echo "gpu-check: log $LOG"
-LINE="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD trainer_ok=$TRAINER"
+LINE="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
@@ -416,7 +420,7 @@ passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
 }
 passed_ test_ops "$OPS" && passed_ test_moe "$MOE" && passed_ test_model "$MODEL" &&
     passed_ test_model_moe "$MODEL_MOE" &&
-    passed_ test_offload "$OFFLOAD" &&
+    passed_ test_offload "$OFFLOAD" && passed_ test_offload_moe "$OFFLOAD_MOE" &&
     { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
     { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&
     { ! only_ offload_1p5b || [ "$(okv offload_1p5b tokens_per_s_offload)" != na ]; } &&

@@ -135,7 +135,7 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
 
 /* h2d and d2h bytes of one optimizer step (see offload.h). resident_of:
  * as device_bytes_ (NULL: every slot slot_bytes), so slot s's weights
- * travel as (resident_of[s+1] - resident_of[s]) / 4 (cpu). */
+ * travel as (resident_of[s+1] - resident_of[s]) / 4 (cpu; / 8 cuda). */
 static int count_step_bytes_(offload_plan *p, const int *slot_of,
                              const size_t *resident_of)
 {
@@ -164,8 +164,12 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of,
                                  touched, iv, at);
         for (int j = 0; j < n; j++) {
             int sl = iv[j].slot;
-            size_t W = resident_of ? (resident_of[sl + 1] - resident_of[sl]) / 4
-                                   : W0;
+            /* a slot's weights: 4 of its 16 bytes per parameter on the
+             * cpu (fp32), 2 on cuda (bf16) */
+            size_t W = resident_of
+                           ? (resident_of[sl + 1] - resident_of[sl]) /
+                                 (p->backend == BACKEND_CUDA ? 8 : 4)
+                           : W0;
             size_t h2d = W, d2h = 0;
             if (iv[j].has_bwd) {
                 d2h = W;
@@ -201,11 +205,6 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     size_t ng, ss;
     int cuda = in->backend == BACKEND_CUDA;
-    if (cuda && c->moe_experts > 0 && c->moe_every != 1) {
-        snprintf(err, errlen, "offload plan: the cuda model has MoE in every "
-                 "block only (model.moe.every 1)");
-        return -1;
-    }
     /* CPU: an MoE slot's experts and gate, their gradients and moments are
      * part of ss, and the dispatch buffers (N*k rows, the most any
      * capacity factor routes) part of gpt_act_floats */
@@ -319,17 +318,6 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
             return -1;
         }
     }
-    if (cuda && c->moe_experts > 0 && R < S) {
-        char b[64], m[64];
-        snprintf(err, errlen, "device memory budget %s holds %d of the %d "
-                 "slots (all resident need %s); the cuda model does not "
-                 "offload MoE slots yet", fmt_bytes_(b, sizeof b, in->budget),
-                 R, S, fmt_bytes_(m, sizeof m,
-                                  device_bytes_(out, S, in->prefetch, res_of)));
-        free(map);
-        free(res_of);
-        return -1;
-    }
     out->placement = calloc((size_t)S, 1);
     if (!out->placement) {
         free(map);
@@ -346,16 +334,21 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->peak_device_bytes = device_bytes_(out, R, in->prefetch, res_of);
     out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
-    if (res_of) {  /* cpu (mixed models are cpu only): host = device bytes */
-        out->host_bytes = out->pinned_bytes = res_of[S] - res_of[R];
+    /* a mixed model's offloaded slots at their own sizes: f parameters,
+     * 16 bytes each in res_of on either backend; the cpu's host copy is
+     * the device's bytes, cuda's 20 bytes per parameter (4 pinned) */
+    size_t f = res_of ? (res_of[S] - res_of[R]) / 16 : 0;
+    if (res_of) {
+        out->host_bytes = cuda ? 20 * f : 16 * f;
+        out->pinned_bytes = cuda ? 4 * f : 16 * f;
     }
     /* the speculative update's second buffers (offload.h) */
     out->speculative_mode = in->speculative;
     out->spec_slot_bytes = cuda ? 14 * ss : 12 * ss;
     out->spec_pinned_slot_bytes = cuda ? 2 * ss : 0;
-    /* a mixed model's offloaded slots at their own sizes: 12 of the 16
-     * bytes a CPU slot holds per parameter */
-    size_t spec = res_of ? (res_of[S] - res_of[R]) / 16 * 12
+    /* a mixed model's offloaded slots at their own sizes: 12 bytes per
+     * parameter on the cpu, 14 on cuda (2 of them pinned) */
+    size_t spec = res_of ? f * (cuda ? 14 : 12)
                          : (size_t)out->n_offloaded * out->spec_slot_bytes;
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
@@ -367,7 +360,8 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (out->speculative) {
         out->host_bytes += spec;
         out->pinned_bytes +=
-            (size_t)out->n_offloaded * out->spec_pinned_slot_bytes;
+            res_of ? (cuda ? 2 * f : 0)
+                   : (size_t)out->n_offloaded * out->spec_pinned_slot_bytes;
     }
     int rc = count_step_bytes_(out, map, res_of);
     free(res_of);

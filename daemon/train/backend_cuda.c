@@ -56,10 +56,12 @@ typedef struct {
                                    * figures do not count) */
     size_t peak_device, peak_host; /* most seen at stats / reslot */
     model_config model;           /* the shape (MoE facts) */
-    /* MoE (every block): the step's router facts, as gpt.c gathers them */
+    /* MoE (every model.moe.every-th block): the step's router facts, as
+     * gpt.c gathers them */
     int moe;
+    int n_moe_layers;             /* Lm: the MoE blocks */
     gpt_moe_stats moe_st;         /* since step_begin, training passes */
-    int32_t *moe_counts;          /* (L, E) host copy of one pass's */
+    int32_t *moe_counts;          /* (Lm, E) host copy of one pass's */
     /* pseudo.grad_scale mean in this step (backend_adam.slot_grad_mean) */
     int grad_mean;
 } cuda_ctx_;
@@ -75,7 +77,7 @@ static size_t plain_floats_(const cuda_ctx_ *c)
 {
     gpt_cuda_info info;
     gpt_cuda_get_info(c->g, &info);
-    return info.n_params_cpu; /* = n_global + S * slot_size */
+    return info.n_params_cpu; /* = n_global + the slots' sizes */
 }
 
 static void free_host_(cuda_ctx_ *c)
@@ -125,7 +127,7 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
 static void moe_note_(cuda_ctx_ *c, int B)
 {
     const model_config *m = &c->model;
-    int L = m->n_layer, E = m->moe_experts;
+    int L = c->n_moe_layers, E = m->moe_experts;
     double aux, z;
     long dropped;
     if (gpt_cuda_moe_facts(c->g, &aux, &z, &dropped) != 0 ||
@@ -306,7 +308,7 @@ static size_t resident_floats_(const cuda_ctx_ *c)
 {
     gpt_cuda_info info;
     gpt_cuda_get_info(c->g, &info);
-    return c->n_global + (size_t)info.n_resident * c->slot_size;
+    return c->n_global + gpt_cuda_slot_offset(c->g, info.n_resident);
 }
 
 static int cuda_state_begin_(void *ctx, int for_load)
@@ -333,7 +335,8 @@ static float *cuda_state_region_(void *ctx, backend_buf b, int s)
     float *in_place = s < 0 ? NULL : gpt_cuda_host_slot(c->g, (int)b, s);
     if (in_place)
         return in_place;
-    return c->host[b] + (s < 0 ? 0 : c->n_global + (size_t)s * c->slot_size);
+    return c->host[b] +
+           (s < 0 ? 0 : c->n_global + gpt_cuda_slot_offset(c->g, s));
 }
 
 static int cuda_state_end_(void *ctx, int modified)
@@ -481,6 +484,29 @@ int backend_cuda_check(const model_config *model, char *err, size_t errlen)
     return gpt_cuda_check_config(model, err, errlen);
 }
 
+/* Floats of gpt.h's plain layout of S slots under the default share map
+ * (a mixed model's dense slots at their own size), independently of
+ * gpt_cuda; 0 when there is no such map. */
+static size_t gpt_plain_floats_(const model_config *cfg, int S)
+{
+    gpt_tensor glob[GLOB_NTENSORS], tab[SLOT_NTENSORS_MAX];
+    size_t ng, size[2], n = 0;
+    gpt_layout(cfg, glob, tab, &ng, &size[1]);
+    gpt_slot_layout(cfg, 0, tab, &size[0]);
+    gpt_slot_layout(cfg, 1, tab, &size[1]);
+    int *map = malloc((size_t)cfg->n_layer * sizeof(int));
+    unsigned char *kind = malloc((size_t)S);
+    if (map && kind && gpt_default_share_map(cfg, S, map) == 0 &&
+        gpt_slot_kinds(cfg, S, map, kind, NULL, 0) == 0) {
+        n = ng;
+        for (int s = 0; s < S; s++)
+            n += size[kind[s]];
+    }
+    free(map);
+    free(kind);
+    return n;
+}
+
 int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
                         size_t errlen)
 {
@@ -495,6 +521,8 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
     c->grad_accum = bs->grad_accum;
     c->model = bs->model;
     c->moe = bs->model.moe_experts > 0;
+    for (int l = 0; l < bs->model.n_layer; l++)
+        c->n_moe_layers += model_layer_is_moe(&bs->model, l);
     if (c->moe && !(c->moe_counts = malloc((size_t)bs->model.n_layer *
                                            bs->model.moe_experts *
                                            sizeof(int32_t)))) {
@@ -531,10 +559,10 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
     }
     /* the CPU model's initial weights for the seed, so a run starts from
      * the same point on either backend */
-    size_t n = plain_floats_(c);
-    if (n != c->n_global + (size_t)S * c->slot_size) {
+    size_t n = plain_floats_(c), want = gpt_plain_floats_(&bs->model, S);
+    if (n != want) {
         snprintf(err, errlen, "gpt_cuda's layout (%zu floats) differs from "
-                 "gpt.h's (%zu)", n, c->n_global + (size_t)S * c->slot_size);
+                 "gpt.h's (%zu)", n, want);
         goto fail;
     }
     if (gpt_cuda_init_weights(c->g, bs->seed) != 0) {

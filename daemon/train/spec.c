@@ -813,21 +813,6 @@ static int moe_check_(const run_spec *s, char *err, size_t errlen)
             return -1;
         }
     }
-    if (s->device.backend == BACKEND_CUDA) {
-        /* the cuda model: MoE in every block, every slot resident */
-        if (m->moe_every != 1) {
-            seterr_(err, errlen, "model.moe.every: the cuda backend trains "
-                    "MoE in every block only (every 1), got %d (use "
-                    "device.backend \"cpu\")", m->moe_every);
-            return -1;
-        }
-        if (s->device.memory_budget > 0) {
-            seterr_(err, errlen, "device.memory_budget: the cuda backend "
-                    "does not offload MoE slots yet; leave the budget out "
-                    "(or use device.backend \"cpu\")");
-            return -1;
-        }
-    }
     return 0;
 }
 

@@ -50,8 +50,12 @@ static inline float exp_(float x)
 {
     x = x < -87.3f ? -87.3f : x;
     x = x > 88.3f ? 88.3f : x;
+    /* n from xn, x without a NaN (a NaN fails the compare), so that the
+     * int conversion below is defined; a NaN x stays in r, and so in the
+     * result. For every other x, xn == x. */
+    float xn = x > -87.3f ? x : -87.3f;
     /* x = n ln2 + r, |r| <= ln2/2; n by round-to-nearest via 1.5*2^23 */
-    float t = x * 1.44269504088896341f + 12582912.0f;
+    float t = xn * 1.44269504088896341f + 12582912.0f;
     float n = t - 12582912.0f;
     float r = x - n * 0.693145751953125f;          /* ln2 high bits */
     r = r - n * 1.428606765330187045e-06f;         /* ln2 low bits */
@@ -63,7 +67,7 @@ static inline float exp_(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;

@@ -34,7 +34,9 @@
  *     slots' host AdamW must wait for the norm): weights, moments and
  *     step counts bitwise those after step 2; step 4 trains.
  *  9. MoE in every block: 8 steps with a delink on both backends agree
- *     (moe_case_ says within what), and cuda reports the router figures.
+ *     (moe_case_ says within what), and cuda reports the router figures;
+ *     9b. the same for MoE in every second block with the cuda run
+ *     offloaded, and its checkpoint round trip.
  * 10. pseudo.grad_scale mean (issue 21): every step's reported gradient
  *     norm within TOL_NORM of the CPU backend's with mean, the first far
  *     from the norm with sum (the shared slot's part divided by L = 3); losses
@@ -441,14 +443,20 @@ static int offload_bytes_case_(void)
     return 0;
 }
 
-/* MoE in every block (E = 8 in k = 2 prototypes, H = 64) on both
- * backends: 8 steps with the delink at 4, every loss within TOL_LOSS of
- * the CPU's (the reason of tests/gpu/test_model_moe.cu's TOL_LOSS), and
+/* MoE (E = 8 in k = 2 prototypes, H = 64) in every `every`-th block on
+ * both backends: 8 steps with the delink at 4, every loss within TOL_LOSS
+ * of the CPU's (the reason of tests/gpu/test_model_moe.cu's TOL_LOSS), and
  * every step's router figures on cuda: the balancing loss within 5e-2
  * relative and the dropped fraction within 0.05 of the CPU's (a token
  * whose two best experts are within bf16 rounding may choose the other,
- * and cross a capacity boundary), the load figures consistent. */
-static int moe_case_(void)
+ * and cross a capacity boundary), the load figures consistent. every 2
+ * (L = 3: block 1 MoE, 0 and 2 dense; a pseudo model of 2 slots, one of
+ * each kind) with offload: the cuda run under a device.memory_budget of
+ * one resident slot (the MoE slot offloaded in both phases): its device
+ * and host bytes those the planner counted for the real phase, and after
+ * its steps a checkpoint saved and loaded into a fresh cuda trainer gives
+ * back the weights, moments and step counts bitwise. */
+static int moe_case_(int every, int offload)
 {
     run_spec sp[2] = {spec_(BACKEND_CUDA), spec_(BACKEND_CPU)};
     step_result r[2][8];
@@ -456,7 +464,9 @@ static int moe_case_(void)
         run_spec *s = &sp[b];
         s->model.moe_experts = 8;
         s->model.moe_prototypes = 2;
-        s->model.moe_every = 1;
+        s->model.moe_every = every;
+        if (every > 1)
+            s->pseudo.share_groups = 2;
         s->model.moe_hidden = 64;
         s->model.moe_capacity_factor = 1.0f;
         s->model.moe_eval_capacity_factor = 2.0f;
@@ -466,6 +476,15 @@ static int moe_case_(void)
         s->pseudo.steps = 4;
         s->train.eval_every = 4;
         char err[512];
+        offload_plan p;
+        memset(&p, 0, sizeof p);
+        if (offload && b == 0) {
+            s->device.memory_budget = offload_budget_(s, 1, &p);
+            printf("  budget %zu bytes: real %d resident, %d offloaded; "
+                   "pseudo %d offloaded\n", s->device.memory_budget,
+                   p.n_resident, p.n_offloaded,
+                   p.pseudo ? p.pseudo->n_offloaded : -1);
+        }
         if (ERR_INTO(err, trainer_check_spec(s, &err_)) != 0) {
             printf("  trainer_check_spec (%s): %s\n", b ? "cpu" : "cuda",
                    err);
@@ -485,6 +504,40 @@ static int moe_case_(void)
                 return -1;
             }
             r[b][x.step - 1] = x;
+        }
+        if (offload && b == 0) {
+            offload_stats st;
+            check_true_(trainer_offload_stats(t, &st) == 0 &&
+                            st.n_resident <= 1 && st.n_offloaded >= 2,
+                        "MoE: the cuda run offloads the MoE slot (1) and "
+                        "more");
+            /* the planner's cuda figures of slots of two sizes */
+            printf("  device %zu predicted %zu plan %zu; host %zu plan %zu\n",
+                   st.device.in_use, st.predicted_peak_bytes,
+                   p.peak_device_bytes - p.workspace_bytes, st.host.in_use,
+                   p.host_bytes);
+            check_true_(st.device.in_use == st.predicted_peak_bytes &&
+                            st.predicted_peak_bytes ==
+                                p.peak_device_bytes - p.workspace_bytes,
+                        "MoE: gpt_cuda's device bytes = the planner's");
+            check_true_(st.host.in_use == p.host_bytes &&
+                            st.host.pinned <= p.pinned_bytes,
+                        "MoE: host bytes as planned, pinned at most so");
+            offload_plan_free(&p);
+            state_ a, c;
+            state_get_(t, &a);
+            if (save_(t, "moe_off") != 0)
+                return -1;
+            trainer *u = create_(s);
+            if (load_(u, "moe_off") != 0)
+                return -1;
+            state_get_(u, &c);
+            check_true_(state_equal_(&a, &c),
+                        "MoE: checkpoint of the offloaded mixed model: "
+                        "weights, moments, step counts bitwise");
+            state_free_(&a);
+            state_free_(&c);
+            trainer_free(u);
         }
         trainer_free(t);
     }
@@ -739,7 +792,10 @@ int main(void)
         return 1;
 
     printf("9. MoE in every block, cuda against cpu\n");
-    if (moe_case_() != 0)
+    if (moe_case_(1, 0) != 0)
+        return 1;
+    printf("9b. MoE in every second block, cuda offloaded against cpu\n");
+    if (moe_case_(2, 1) != 0)
         return 1;
 
     printf("10. pseudo.grad_scale mean, cuda against cpu\n");

@@ -55,15 +55,30 @@ JSON
 # start_daemon STATE_DIR [extra args]: starts m6d in the background, waits
 # for the socket to answer. With ULIMIT set (ulimit's arguments, e.g.
 # "-n 64", or "-S -n 64" for the soft limit only), m6d starts under it.
+# With M6D_VALGRIND=1, m6d runs under valgrind memcheck (its report in
+# $T/valgrind-PID.log; any error, or a definite or indirect leak, makes
+# m6d's exit status 42), and the wait for the socket is 60 s, not 5.
+M6D_WRAP=
+if [ "${M6D_VALGRIND:-0}" = 1 ]; then
+    command -v valgrind >/dev/null || { echo "SKIP: no valgrind"; exit 77; }
+    # OMP_WAIT_POLICY set: m6d does not re-exec itself to set it (the new
+    # image would run outside valgrind)
+    M6D_WRAP="env OMP_WAIT_POLICY=passive valgrind --log-file=$T/valgrind-%p.log --error-exitcode=42 \
+--leak-check=full --show-leak-kinds=definite,indirect \
+--errors-for-leak-kinds=definite,indirect --num-callers=30"
+fi
 start_daemon() {
     local dir=$1; shift
     SOCK=$dir/m6d.sock
     (
         if [ -n "${ULIMIT:-}" ]; then ulimit ${ULIMIT}; fi
-        exec "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@"
+        # shellcheck disable=SC2086
+        exec $M6D_WRAP "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@"
     ) 2>>"$T/m6d-$(basename "$dir").log" &
     DAEMON_PID=$!
-    for _ in $(seq 1 100); do
+    local tries=100
+    [ -z "$M6D_WRAP" ] || tries=1200
+    for _ in $(seq 1 $tries); do
         if ctl list >/dev/null 2>&1; then return 0; fi
         kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d exited at start"
         sleep 0.05
@@ -76,7 +91,14 @@ stop_daemon() {  # SIGTERM and wait; asserts exit 0
     local rc=0
     wait "$DAEMON_PID" || rc=$?
     DAEMON_PID=
+    if [ "$rc" != 0 ] && [ -n "$M6D_WRAP" ]; then
+        grep -hE "ERROR SUMMARY|definitely lost|indirectly lost" "$T"/valgrind-*.log >&2 || true
+        fail "m6d exited $rc after SIGTERM under valgrind (42: memcheck found errors or leaks; $T/valgrind-*.log)"
+    fi
     [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM"
+    if [ -n "$M6D_WRAP" ]; then
+        log "valgrind: $(grep -h "ERROR SUMMARY" "$T"/valgrind-*.log | sed 's/==[0-9]*== //' | tail -n 1)"
+    fi
 }
 
 kill9_daemon() {

@@ -2,11 +2,15 @@
 # lifecycle.sh — submit -> pause -> delink (by command) -> resume -> stop on a
 # real m6d; the queue (one run at a time, submit order); phases/events rows;
 # a concurrent sqlite3 reader that must never see "database is locked".
+# LIFECYCLE_STEPS (default 400; the pseudo phase half of it) is smaller
+# for the run under valgrind (M6D_VALGRIND=1, lib.sh).
 . "$(dirname "$0")/lib.sh"
 
+N=${LIFECYCLE_STEPS:-400}
+H=$((N / 2))
 prepare_data "$T/data"
-write_spec "$T/a.json" life-a 400 200
-write_spec "$T/b.json" life-b 400 200
+write_spec "$T/a.json" life-a "$N" "$H"
+write_spec "$T/b.json" life-b "$N" "$H"
 start_daemon "$T/s"
 
 # A dashboard polling the DB all along, as the run writes.
@@ -31,7 +35,7 @@ grep -q "queued" "$T/err" || fail "pause of a queued run: $(cat "$T/err")"
 P=$(field "$A" step)
 sleep 0.3
 [ "$(field "$A" step)" = "$P" ] || fail "run advanced while paused"
-[ "$P" -lt 200 ] || fail "paused too late (step $P)"
+[ "$P" -lt "$H" ] || fail "paused too late (step $P)"
 [ "$(db "$T/s" "select count(*) from checkpoints where run=$A and step=$P")" = 1 ] \
     || fail "no checkpoint at the pause step $P"
 ctl pause "$A" 2>"$T/err" && fail "second pause should be refused"
@@ -88,10 +92,10 @@ grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z +delink +step=$P reason=operato
 # The queue moves on: B runs to the end, through the spec's delink.
 rc=0; ctl watch "$B" --interval 0.05 >"$T/watch-b.out" || rc=$?
 [ "$rc" = 0 ] || fail "watch B exit $rc: $(tail -3 "$T/watch-b.out")"
-grep -q "delinked at step 200" "$T/watch-b.out" || fail "watch did not report the delink: $(cat "$T/watch-b.out")"
-[ "$(db "$T/s" "select from_step from phases where run=$B and phase='real'")" = 200 ] || fail "B phases"
+grep -q "delinked at step $H" "$T/watch-b.out" || fail "watch did not report the delink: $(cat "$T/watch-b.out")"
+[ "$(db "$T/s" "select from_step from phases where run=$B and phase='real'")" = "$H" ] || fail "B phases"
 db "$T/s" "select detail from events where run=$B and kind='delink'" | grep -q "reason=spec" || fail "B delink event"
-[ "$(db "$T/s" "select count(*) from metrics where run=$B")" = 400 ] || fail "B metrics rows"
+[ "$(db "$T/s" "select count(*) from metrics where run=$B")" = "$N" ] || fail "B metrics rows"
 [ "$(db "$T/s" "select count(*) from checkpoints where run=$B")" -le 3 ] || fail "checkpoint.keep not honoured"
 [ "$(ls "$T/s/runs/$B/checkpoints" | wc -l)" -le 3 ] || fail "old checkpoint dirs left"
 
@@ -128,9 +132,9 @@ if grep -q "delinked" "$T/status-c.txt" "$T/watch-c.out"; then
 fi
 [ "$(db "$T/s" "select delink_step is null from runs where id=$C")" = 1 ] \
     || fail "runs.delink_step of the from-scratch run: $(db "$T/s" "select delink_step from runs where id=$C")"
-[ "$(db "$T/s" "select delink_step from runs where id=$B")" = 200 ] \
+[ "$(db "$T/s" "select delink_step from runs where id=$B")" = "$H" ] \
     || fail "runs.delink_step of run $B: $(db "$T/s" "select delink_step from runs where id=$B")"
-ctl status "$B" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["delink_step"] == 200, r' \
+ctl status "$B" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["delink_step"] == int(sys.argv[1]), r' "$H" \
     || fail "run $B's delink_step: $(ctl status "$B" --json)"
 
 touch "$T/stop-reader"; wait "$READER"

@@ -128,5 +128,14 @@ int main(int argc, char **argv)
     fprintf(f, "]}\n");
     fclose(f);
     printf("dump_model: S=%d loss=%.6f -> %s\n", S, loss, argv[1]);
+    for (int i = 0; i < 2 * per && names[i]; i++)
+        free(names[i]);
+    free(names);
+    free(ts);
+    free(inp);
+    free(tgt);
+    free(inpf);
+    free(tgtf);
+    gpt_free(&g);
     return 0;
 }

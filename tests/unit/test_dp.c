@@ -216,6 +216,10 @@ static int rank_main_(int argc, char **argv)
             fprintf(out, "ecoll %d %.3f\n", rc == TRAINER_ECOLL, dt);
             fclose(out);
             fclose(moe);
+            trainer_free(t);
+            m6_coll_destroy(c);
+            m6_err_free(&err);
+            free(w);
             return rc == TRAINER_ECOLL && dt < KILL_TIMEOUT_S + SLACK_S
                        ? 0 : 1;
         }

@@ -571,6 +571,60 @@ static void test_plan_mixed_kinds(void **state)
     offload_plan_free(&p);
 }
 
+/* The same mixed model on cuda (model.moe.every > 1 and offloaded MoE
+ * slots on the GPU): its dense and MoE slots at their own sizes, 16 bytes
+ * a parameter on the device (bf16 weights and gradient, fp32 master, m,
+ * v), 20 on the host for an offloaded one (4 of them pinned: the bf16
+ * copies), a staging buffer of the largest kind (bf16 weights + gradient,
+ * 4 bytes a float), and bf16 slots moved: counted by hand as above. */
+static void test_plan_mixed_kinds_cuda(void **state)
+{
+    (void)state;
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8, .moe_experts = 4, .moe_prototypes = 2,
+                  .moe_every = 2, .moe_hidden = 24,
+                  .moe_capacity_factor = 1.0f,
+                  .moe_eval_capacity_factor = 1.0f},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 1,
+        .prefetch = 1, .backend = BACKEND_CUDA, .budget = 0};
+    const size_t dense = 16 * 3280, moe = 16 * 4464;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.slot_bytes, moe);
+    assert_int_equal(p.peak_device_bytes - p.global_bytes - p.act_bytes -
+                         p.workspace_bytes,
+                     2 * dense + 2 * moe);
+    offload_plan_free(&p);
+    in.n_slots = 2;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    size_t all = p.peak_device_bytes;
+    offload_plan_free(&p);
+    /* 1 byte short: the MoE slot to the host, one staging buffer */
+    in.budget = all - 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_resident, 1);
+    assert_int_equal(p.host_bytes, 20 * 4464);
+    assert_int_equal(p.pinned_bytes, 4 * 4464);
+    assert_int_equal(p.peak_device_bytes, all - moe + 4 * 4464);
+    /* the MoE slot (layers 1 and 3) in bf16 (W = 2 * 4464 bytes): fetched
+     * for layer 1's forward, once for layer 3's forward and backward, and
+     * for layer 1's backward; drained after layer 3's backward and layer
+     * 1's (no partial gradient comes back: the host accumulates) */
+    assert_int_equal(p.h2d_bytes_per_step, 3 * 2 * 4464);
+    assert_int_equal(p.d2h_bytes_per_step, 2 * 2 * 4464);
+    offload_plan_free(&p);
+    /* both offloaded (a budget of the globals, activations, workspace
+     * and one staging buffer): each at its own size on the host */
+    in.budget = all - moe - dense + 4 * 4464;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_resident, 0);
+    assert_int_equal(p.host_bytes, 20 * (3280 + 4464));
+    assert_int_equal(p.pinned_bytes, 4 * (3280 + 4464));
+    offload_plan_free(&p);
+}
+
 /* The M6-10T plan at paper scale (issue 15): 64 nodes x 8 devices of 32
  * GiB, 512 GiB of host memory per node, the pseudo phase S = 1. Every
  * figure by hand from the config (V 50000, T 1024, C 1024, E 10240, H
@@ -1252,6 +1306,7 @@ int main(void)
         cmocka_unit_test(test_plan_hand_counted_moe),
         cmocka_unit_test(test_plan_m6_10t),
         cmocka_unit_test(test_plan_mixed_kinds),
+        cmocka_unit_test(test_plan_mixed_kinds_cuda),
         cmocka_unit_test(test_plan_at_scale_m6_10t),
         cmocka_unit_test(test_plan_at_scale_mixed),
         cmocka_unit_test(test_offload_moe_bitwise),

@@ -312,6 +312,13 @@ static void test_moe(void **state)
         "\"train\":{\"steps\":10}}", err, sizeof err), 0);
     assert_int_equal(s.model.moe_every, 2);
     roundtrip(&s);
+    /* the cuda backend takes mixed models and offloaded MoE slots too */
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"model\":{\"n_layer\":4,\"moe\":{\"num_experts\":8,"
+        "\"every\":2}},\"device\":{\"backend\":\"cuda\","
+        "\"memory_budget\":\"1GiB\"}}", err, sizeof err), 0);
+    assert_int_equal(s.device.backend, BACKEND_CUDA);
+    assert_int_equal(s.model.moe_every, 2);
 }
 
 /* delink.policy: the defaults; plateau parses, round-trips and changes the
@@ -622,13 +629,6 @@ static void test_bad_specs(void **state)
         { "\"nodes\": {\"world_size\": 2}, \"device\": {\"backend\": \"cuda\"}",
           "nodes.world_size: 2 ranks need device.backend \"cpu\"" },
         { "\"nodes\": {\"world_sise\": 2}", "unknown key 'nodes.world_sise' (did you mean 'nodes.world_size'?)" },
-        /* the cuda backend trains MoE in every block, all resident */
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
-          "\"device\": {\"backend\": \"cuda\"}",
-          "model.moe.every: the cuda backend trains MoE in every block only" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8}}, \"device\": "
-          "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
-          "device.memory_budget: the cuda backend does not offload MoE" },
         { "\"model\": {\"vocab_size\": 65537}", "model.vocab_size: must be in [1, 65536], got 65537" },
         { "\"model\": {\"vocab_size\": 0}", "model.vocab_size: must be in [1, 65536], got 0" },
         { "\"model\": {\"n_layer\": 0}", "model.n_layer: must be >= 1, got 0" },

@@ -149,6 +149,14 @@ static worker make_(worker_state s, int variant)
     return w;
 }
 
+/* w's error freed, then w replaced by n (workers are values here; their
+ * error text is the one thing they own). */
+static worker renew_(worker *w, worker n)
+{
+    worker_set_error(w, NULL);
+    return n;
+}
+
 static void check_case_(const cmd_case *k, worker w)
 {
     char msg[2048] = "unset";
@@ -165,6 +173,7 @@ static void check_case_(const cmd_case *k, worker w)
                  worker_state_name(w.state), act, w.delink_pending, msg,
                  k->status, worker_state_name(k->to), k->actions,
                  k->delink_pending, k->words);
+    worker_set_error(&w, NULL);
 }
 
 static void test_every_state_and_command(void **unused)
@@ -259,7 +268,7 @@ static void test_commands_after_a_failed_write(void **unused)
                         "on device): the stop is final only once its "
                         "checkpoint and state are written; until then the "
                         "run stays paused");
-    w = worker_init(W_PAUSED);
+    w = renew_(&w, worker_init(W_PAUSED));
     worker_set_error(&w, "disk full");
     w.error_write = 1;
     assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
@@ -273,11 +282,12 @@ static void test_commands_after_a_failed_write(void **unused)
     assert_int_equal(act, WA_RESUME_NEW);
     assert_string_equal(msg, "");
     /* bad data is no failed write: nothing added */
-    w = worker_init(W_PAUSED);
+    w = renew_(&w, worker_init(W_PAUSED));
     worker_set_error(&w, "data.train: truncated");
     assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary");
+    worker_set_error(&w, NULL);
 }
 
 /* ------------------------------------------------------------------ events */
@@ -345,6 +355,7 @@ static void test_every_event_in_every_state(void **unused)
                     fail_msg("event %d in %s: accepted (rc %d, state %s)",
                              k->ev, worker_state_name((worker_state)s), rc,
                              worker_state_name(w.state));
+                worker_set_error(&w, NULL);
                 continue;
             }
             if (rc != 0 || (int)w.state != k->to[s])
@@ -353,6 +364,7 @@ static void test_every_event_in_every_state(void **unused)
                          k->variant ? " (resume tried)" : "", rc,
                          worker_state_name(w.state),
                          worker_state_name((worker_state)k->to[s]));
+            worker_set_error(&w, NULL);
         }
     }
     for (int e = 0; e < WORKER_NEVENTS; e++)
@@ -369,29 +381,30 @@ static void test_event_details(void **unused)
     assert_int_equal(w.error_write, 1);
     assert_int_equal(w.resume_tried, 0); /* the try is over */
 
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     assert_int_equal(worker_on(&w, WE_DATA_ERROR, "data.val: truncated"), 0);
     assert_string_equal(w.error, "data.val: truncated");
     assert_int_equal(w.error_write, 0);
 
-    w = make_(W_RESUMING, V_TRIED);
+    w = renew_(&w, make_(W_RESUMING, V_TRIED));
     assert_int_equal(worker_on(&w, WE_RESUMED, NULL), 0);
     assert_int_equal(w.resume_tried, 0);
 
-    w = worker_init(W_STOPPING);
+    w = renew_(&w, worker_init(W_STOPPING));
     assert_int_equal(worker_on(&w, WE_STOP_FAILED, "stop not done (x)"), 0);
     assert_string_equal(w.error, "stop not done (x)");
     assert_int_equal(w.error_write, 1);
 
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     assert_int_equal(worker_on(&w, WE_SHUTDOWN, NULL), 0);
     assert_int_equal(w.shutdown, 1);
     assert_int_equal(worker_trains(&w), 0);
 
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     worker_delinked(&w, 25);
     assert_int_equal(w.real, 1);
     assert_int_equal(w.delink_step, 25);
+    worker_set_error(&w, NULL);
 }
 
 /* At a step boundary the worker takes the commands: stop alone first;
@@ -406,14 +419,14 @@ static void test_boundary(void **unused)
     assert_int_equal(w.state, W_STOPPING);
     assert_int_equal(w.delink_pending, 1); /* after the stop, if it fails */
 
-    w = worker_init(W_PAUSING);
+    w = renew_(&w, worker_init(W_PAUSING));
     w.delink_pending = 1;
     t = worker_boundary(&w);
     assert_true(!t.stop && t.delink && t.pause && !t.resume && !t.shutdown);
     assert_int_equal(w.state, W_PAUSED);
     assert_int_equal(w.delink_pending, 0);
 
-    w = worker_init(W_RESUMING);
+    w = renew_(&w, worker_init(W_RESUMING));
     worker_set_error(&w, "old reason");
     w.error_write = 1;
     t = worker_boundary(&w);
@@ -425,12 +438,12 @@ static void test_boundary(void **unused)
     t = worker_boundary(&w); /* tried already: not taken twice */
     assert_false(t.resume);
 
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     t = worker_boundary(&w);
     assert_true(!t.stop && !t.delink && !t.pause && !t.resume && !t.shutdown);
     assert_int_equal(w.state, W_RUNNING);
 
-    w = worker_init(W_PAUSED);
+    w = renew_(&w, worker_init(W_PAUSED));
     w.shutdown = 1;
     t = worker_boundary(&w);
     assert_true(t.shutdown && !t.pause);
@@ -441,6 +454,7 @@ static void test_boundary(void **unused)
         t = worker_boundary(&w);
         assert_true(!t.stop && !t.delink && !t.pause && !t.resume);
     }
+    worker_set_error(&w, NULL);
 }
 
 static void test_waits_trains_pending(void **unused)
@@ -455,7 +469,7 @@ static void test_waits_trains_pending(void **unused)
     worker w = worker_init(W_PAUSED);
     w.delink_pending = 1;
     assert_false(worker_waits(&w));
-    w = worker_init(W_PAUSED);
+    w = renew_(&w, worker_init(W_PAUSED));
     w.shutdown = 1;
     assert_false(worker_waits(&w));
 
@@ -469,7 +483,7 @@ static void test_waits_trains_pending(void **unused)
         w = worker_init((worker_state)s);
         assert_string_equal(worker_pending(&w), pending[s]);
     }
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     w.delink_pending = 1;
     assert_string_equal(worker_pending(&w), "delinking");
     w.state = W_PAUSING;
@@ -478,6 +492,7 @@ static void test_waits_trains_pending(void **unused)
     assert_string_equal(worker_pending(&w), "delinking");
     w.state = W_STOPPED; /* ended: nothing pending */
     assert_string_equal(worker_pending(&w), "");
+    worker_set_error(&w, NULL);
 }
 
 /* A few sequences as the operator sends them. */
@@ -493,7 +508,7 @@ static void test_sequences(void **unused)
     assert_int_equal(w.state, W_RUNNING);
     /* pause taken, resume, tried, pause during the try, try works: the
      * run pauses at the next boundary */
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     worker_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg);
     worker_boundary(&w);
     assert_int_equal(w.state, W_PAUSED);
@@ -510,7 +525,7 @@ static void test_sequences(void **unused)
     assert_true(worker_boundary(&w).pause);
     assert_int_equal(w.state, W_PAUSED);
     /* stop that fails for want of space, then stop again */
-    w = worker_init(W_RUNNING);
+    w = renew_(&w, worker_init(W_RUNNING));
     worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg);
     assert_true(worker_boundary(&w).stop);
     worker_on(&w, WE_STOP_FAILED, "stop not done (disk full)");
@@ -521,6 +536,7 @@ static void test_sequences(void **unused)
     assert_true(worker_boundary(&w).stop);
     assert_int_equal(worker_on(&w, WE_STOPPED, NULL), 0);
     assert_int_equal(w.state, W_STOPPED);
+    worker_set_error(&w, NULL);
 }
 
 int main(void)

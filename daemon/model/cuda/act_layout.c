@@ -41,7 +41,9 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     const size_t B = (size_t)B_, BT = B * T;
     const size_t h = 2, f = 4, i4 = 4; /* bf16, fp32, int32 */
     const int moe = cfg->moe_experts > 0;
-    const size_t F = moe ? 0 : 4 * C;  /* the dense MLP's hidden width */
+    const size_t F = 4 * C;  /* the dense MLP's hidden width */
+    /* the MoE blocks' entries (Lm) and the dense blocks' (Ld) */
+    const size_t Lm = (size_t)gpt_cuda_moe_layers(cfg), Ld = L - Lm;
     const size_t E = moe ? (size_t)cfg->moe_experts : 0;
     const size_t K = moe ? (size_t)cfg->moe_prototypes : 0;
     const size_t H = moe ? (size_t)model_moe_hidden(cfg) : 0;
@@ -53,8 +55,8 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     t[CUDA_ACT_ATTY] = L * BT * C * h;
     t[CUDA_ACT_RES2] = L * BT * C * h;
     t[CUDA_ACT_LN2] = L * BT * C * h;
-    t[CUDA_ACT_FCH] = L * BT * F * h;
-    t[CUDA_ACT_FCHG] = L * BT * F * h;
+    t[CUDA_ACT_FCH] = Ld * BT * F * h;
+    t[CUDA_ACT_FCHG] = Ld * BT * F * h;
     t[CUDA_ACT_RES3] = L * BT * C * h;
     t[CUDA_ACT_LNF] = BT * C * h;
     t[CUDA_ACT_LOGITS] = BT * Vp * h;
@@ -72,26 +74,26 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     t[CUDA_ACT_DATTY] = BT * C * h;
     t[CUDA_ACT_DLNF] = BT * C * h;
     t[CUDA_ACT_DQKV] = BT * 3 * C * h;
-    t[CUDA_ACT_DFCH] = BT * F * h;
-    t[CUDA_ACT_DFCHG] = BT * F * h;
+    t[CUDA_ACT_DFCH] = Ld ? BT * F * h : 0;
+    t[CUDA_ACT_DFCHG] = Ld ? BT * F * h : 0;
     t[CUDA_ACT_SCRATCH] = ops->scratch_floats * f;
     t[CUDA_ACT_ATT_WS] = ops->att_ws_bytes;
     t[CUDA_ACT_RED] = ops->red_floats * f;
     t[CUDA_ACT_INP] = BT * i4;
     t[CUDA_ACT_TGT] = BT * i4;
     t[CUDA_ACT_PLAN] = ops->plan_ints * i4;
-    t[CUDA_ACT_MOE_PROBS] = L * BT * E * f;
-    t[CUDA_ACT_MOE_LSE] = L * BT * K * f;
-    t[CUDA_ACT_MOE_EXPERT] = L * BT * K * i4;
-    t[CUDA_ACT_MOE_SLOT] = L * BT * K * i4;
-    t[CUDA_ACT_MOE_COUNTS] = L * E * i4;
-    t[CUDA_ACT_MOE_ROUTED] = L * E * i4;
-    t[CUDA_ACT_MOE_ROW_TOKEN] = L * R * i4;
-    t[CUDA_ACT_MOE_DROPPED] = moe ? L * i4 : 0;
-    t[CUDA_ACT_MOE_XE] = L * R * C * h;
-    t[CUDA_ACT_MOE_HPRE] = L * R * H * h;
-    t[CUDA_ACT_MOE_HACT] = L * R * H * h;
-    t[CUDA_ACT_MOE_YE] = L * R * C * h;
+    t[CUDA_ACT_MOE_PROBS] = Lm * BT * E * f;
+    t[CUDA_ACT_MOE_LSE] = Lm * BT * K * f;
+    t[CUDA_ACT_MOE_EXPERT] = Lm * BT * K * i4;
+    t[CUDA_ACT_MOE_SLOT] = Lm * BT * K * i4;
+    t[CUDA_ACT_MOE_COUNTS] = Lm * E * i4;
+    t[CUDA_ACT_MOE_ROUTED] = Lm * E * i4;
+    t[CUDA_ACT_MOE_ROW_TOKEN] = Lm * R * i4;
+    t[CUDA_ACT_MOE_DROPPED] = Lm * i4;
+    t[CUDA_ACT_MOE_XE] = Lm * R * C * h;
+    t[CUDA_ACT_MOE_HPRE] = Lm * R * H * h;
+    t[CUDA_ACT_MOE_HACT] = Lm * R * H * h;
+    t[CUDA_ACT_MOE_YE] = Lm * R * C * h;
     /* kernels/cuda/moe.cu moe_backward_scratch_bytes at R rows: bf16
      * dye, dh, dxe and dlogits, 256-aligned, then the gate's fp32
      * column sums (matmul.cu: ceil(N / 256) * E) */
@@ -99,7 +101,7 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
         moe ? ceil_div_((R * C * 2 + R * H + BT * E) * h, 256) * 256 +
                   ceil_div_(BT, 256) * E * f
             : 0;
-    t[CUDA_ACT_MOE_AUX] = moe ? 2 * L * f : 0;
+    t[CUDA_ACT_MOE_AUX] = 2 * Lm * f;
     size_t total = 0;
     for (int i = 0; i < CUDA_ACT_N; i++)
         total += ceil_div_(t[i], GPT_CUDA_ACT_ALIGN) * GPT_CUDA_ACT_ALIGN;

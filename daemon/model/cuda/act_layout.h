@@ -24,7 +24,11 @@ extern "C" {
 #define GPT_CUDA_ACT_ALIGN 256 /* bytes: every region rounded up to */
 
 /* The regions, in memory order. bf16 (2 bytes) unless marked f32 / i32;
- * L layers, B sequences of T tokens, C channels, NH heads, Vp padded vocab. */
+ * L layers, B sequences of T tokens, C channels, NH heads, Vp padded vocab.
+ * The dense MLP's regions (FCH, FCHG) have one entry per dense block (Ld
+ * of them, written L below) and the MoE regions one per MoE block (Lm,
+ * written L): block l's entry is gpt_cuda_mlp_index / gpt_cuda_moe_index;
+ * a model of one kind has L of its kind and none of the other. */
 enum {
     CUDA_ACT_ENCODED,                   /* (B,T,C) */
     CUDA_ACT_LN1, CUDA_ACT_QKV,         /* (L,B,T,C), (L,B,T,3C) */
@@ -60,6 +64,25 @@ enum {
     CUDA_ACT_MOE_AUX,                   /* f32 (L,2) */
     CUDA_ACT_N
 };
+
+/* MoE blocks of cfg (model.moe.every: blocks l with (l + 1) % every == 0),
+ * and the entry of block l in the MoE regions (its rank among the MoE
+ * blocks; l must be one) or in the dense MLP's (its rank among the dense
+ * blocks; l must be one). */
+static inline int gpt_cuda_moe_layers(const model_config *cfg)
+{
+    return cfg->moe_experts > 0 && cfg->moe_every > 0
+               ? cfg->n_layer / cfg->moe_every : 0;
+}
+static inline int gpt_cuda_moe_index(const model_config *cfg, int l)
+{
+    return (l + 1) / cfg->moe_every - 1;
+}
+static inline int gpt_cuda_mlp_index(const model_config *cfg, int l)
+{
+    return cfg->moe_experts > 0 && cfg->moe_every > 0
+               ? l - (l + 1) / cfg->moe_every : l;
+}
 
 /* Rows per layer of the MoE dispatch buffers for microbatches of up to B
  * sequences: E * the capacity (kernels.h moe_capacity) of the larger of

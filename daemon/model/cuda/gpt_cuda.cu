@@ -29,11 +29,41 @@ static void layout_(gpt_cuda *g)
 
 /* ------------------------------------------------------------- memory */
 
-/* Device state for globals + n_res resident slots, step counts for S. */
-static int alloc_state_(gpt_cuda *g, int S, int n_res, bf16 **params,
-                        bf16 **grads, float **opt, long **t_slot)
+/* Each slot's kind under share map slot_of (S slots) into *moe and its
+ * place, the elements before it, into *off ([S+1]; malloc'd both). 0, or
+ * -1 with a message (a slot shared by blocks of both kinds, or out of
+ * host memory). */
+static int slot_places_(const gpt_cuda *g, int S, const int *slot_of,
+                        unsigned char **moe, size_t **off)
 {
-    size_t n = g->n_global + (size_t)n_res * g->slot_size;
+    char why[256];
+    *moe = (unsigned char *)malloc((size_t)S);
+    *off = (size_t *)malloc(((size_t)S + 1) * sizeof(size_t));
+    if (!*moe || !*off) {
+        fprintf(stderr, "gpt_cuda: out of host memory\n");
+    } else if (gpt_slot_kinds(&g->cfg, S, slot_of, *moe, why,
+                              sizeof why) != 0) {
+        fprintf(stderr, "gpt_cuda: share map: %s\n", why);
+    } else {
+        (*off)[0] = 0;
+        for (int s = 0; s < S; s++)
+            (*off)[s + 1] = (*off)[s] + g->kind_size[(*moe)[s]];
+        return 0;
+    }
+    free(*moe);
+    free(*off);
+    *moe = NULL;
+    *off = NULL;
+    return -1;
+}
+
+/* Device state for globals + n_res resident slots placed by off (their
+ * elements: off[n_res]), step counts for S. */
+static int alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
+                        bf16 **params, bf16 **grads, float **opt,
+                        long **t_slot)
+{
+    size_t n = g->n_global + off[n_res];
     *params = NULL;
     *grads = NULL;
     *opt = NULL;
@@ -59,12 +89,20 @@ static int alloc_state_(gpt_cuda *g, int S, int n_res, bf16 **params,
 }
 
 static void use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
-                       bf16 *grads, float *opt, long *t_slot, hslot_ *hs)
+                       bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
+                       unsigned char *moe, size_t *off)
 {
     g->S = S;
     g->n_res = n_res;
     g->off.hs = hs;
-    g->n_params = g->n_global + (size_t)n_res * g->slot_size;
+    free(g->slot_moe);
+    free(g->slot_off);
+    g->slot_moe = moe;
+    g->slot_off = off;
+    /* the multi-tensor AdamW plan follows the slots' kinds: made anew */
+    adamw_multi_plan_destroy(g->mt);
+    g->mt = NULL;
+    g->n_params = g->n_global + off[n_res];
     g->params = params;
     g->grads = grads;
     g->opt = opt;
@@ -204,9 +242,10 @@ int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
     }
     if (cfg->moe_experts > 0) {
         int E = cfg->moe_experts, H = model_moe_hidden(cfg);
-        if (cfg->moe_every != 1) {
-            snprintf(err, errlen, "model.moe.every: the cuda model has MoE "
-                     "in every block only (every 1), got %d", cfg->moe_every);
+        if (cfg->moe_every < 1 || cfg->moe_every > cfg->n_layer) {
+            snprintf(err, errlen, "model.moe.every: must be in [1, "
+                     "model.n_layer = %d], got %d", cfg->n_layer,
+                     cfg->moe_every);
             return -1;
         }
         if (E % 8 || H % 8 || cfg->moe_prototypes < 1 ||
@@ -288,13 +327,17 @@ static int choose_paths_(gpt_cuda *g)
      * staging buffer (all alike: whole allocations) */
     static const char *name[4] = {"qkv bias", "attproj bias",
                                   "fc gelu+bias", "fcproj bias"};
-    int fused[4] = {0, 0, 0, 0}, asked = 0;
+    int fused[4] = {0, 0, 0, 0}, asked[4] = {0, 0, 0, 0};
     for (int l = 0; l < L; l++) {
         int s = g->slot_of[l];
+        const tensor_ *ts = slot_ts_(g, s);
+        /* a dense block's MLP regions: its entry among the dense blocks */
+        size_t fl = model_layer_is_moe(&g->cfg, l)
+                        ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
         bf16 *w, *dw;
         if (s < g->n_res) {
-            w = g->params + g->n_global + (size_t)s * g->slot_size;
-            dw = g->grads + g->n_global + (size_t)s * g->slot_size;
+            w = g->params + g->n_global + g->slot_off[s];
+            dw = g->grads + g->n_global + g->slot_off[s];
         } else {
             w = g->off.stg[0].w;
             dw = g->off.stg[0].dw;
@@ -311,21 +354,22 @@ static int choose_paths_(gpt_cuda *g)
              SLOT_QKV_B, a->dln, a->dqkv, C, 3 * C},
             {a->res2 + l * Ba * C, NULL, a->atty + l * Ba * C,
              SLOT_ATTPROJ_W, SLOT_ATTPROJ_B, a->datty, a->dres, C, C},
-            {a->fchg + l * Ba * 4 * C, a->fch + l * Ba * 4 * C,
+            {a->fchg + fl * Ba * 4 * C, a->fch + fl * Ba * 4 * C,
              a->ln2 + l * Ba * C, SLOT_FC_W, SLOT_FC_B, a->dln, a->dfch, C,
              4 * C},
-            {a->res3 + l * Ba * C, NULL, a->fchg + l * Ba * 4 * C,
+            {a->res3 + l * Ba * C, NULL, a->fchg + fl * Ba * 4 * C,
              SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfchg, a->dres, 4 * C, C}};
         /* an MoE block's experts are batched GEMMs (moe.cu), no MLP */
-        int n_mm = g->cfg.moe_experts > 0 ? 2 : 4;
-        for (int b = 1; b <= g->B; b++, asked++)
+        int n_mm = model_layer_is_moe(&g->cfg, l) ? 2 : 4;
+        for (int b = 1; b <= g->B; b++)
             for (int i = 0; i < n_mm; i++) {
-                const bf16 *W = w + g->slot[m[i].wt].off;
-                const bf16 *bias = w + g->slot[m[i].bt].off;
+                const bf16 *W = w + ts[m[i].wt].off;
+                const bf16 *bias = w + ts[m[i].bt].off;
+                asked[i]++;
                 int N = b * T;
                 if (!matmul_plain_supported(m[i].pre ? m[i].pre : m[i].out,
                                             m[i].inp, W, m[i].dinp,
-                                            dw + g->slot[m[i].wt].off,
+                                            dw + ts[m[i].wt].off,
                                             m[i].dout, N, m[i].c, m[i].oc,
                                             why, sizeof why)) {
                     fprintf(stderr, "gpt_cuda: %s: no other path\n", why);
@@ -352,12 +396,14 @@ static int choose_paths_(gpt_cuda *g)
     char line[512];
     int n = 0;
     g->epi_fallback = 0;
-    int n_epi = g->cfg.moe_experts > 0 ? 2 : 4;
-    for (int i = 0; i < n_epi; i++) {
-        const char *how = fused[i] == asked ? "fused"
-                          : fused[i] == 0   ? "own kernels"
-                                            : "fused, some shapes own kernels";
-        g->epi_fallback += fused[i] != asked;
+    /* the MLP's two only where some block is dense */
+    for (int i = 0; i < 4; i++) {
+        if (!asked[i])
+            continue;
+        const char *how = fused[i] == asked[i] ? "fused"
+                          : fused[i] == 0      ? "own kernels"
+                                   : "fused, some shapes own kernels";
+        g->epi_fallback += fused[i] != asked[i];
         n += snprintf(line + n, sizeof line - n, "%s%s %s", i ? ", " : "",
                       name[i], how);
     }
@@ -399,8 +445,16 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
         free(g);
         return NULL;
     }
-    for (int l = 0; l < L; l++)
-        g->slot_of[l] = (int)((long)l * S / L);
+    g->n_moe_layers = gpt_cuda_moe_layers(cfg);
+    /* as gpt_create: a mixed model spreads each kind over its slots */
+    if (gpt_default_share_map(cfg, S, g->slot_of) != 0) {
+        fprintf(stderr, "gpt_cuda_create: no share map of %d slots (a "
+                        "model of dense and MoE blocks needs at least one "
+                        "slot of each kind)\n", S);
+        free(g->slot_of);
+        free(g);
+        return NULL;
+    }
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     matmul_cuda_init();
     if (off && off_init_(g, off) != 0) {
@@ -410,24 +464,26 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     int n_res = off && off->n_resident < S ? off->n_resident : S;
     if (n_res < 0)
         n_res = 0;
-    if (cfg->moe_experts > 0 && n_res < S) {
-        fprintf(stderr, "gpt_cuda_create: offloading MoE slots is not built "
-                        "in the cuda model\n");
-        gpt_cuda_free(g);
-        return NULL;
-    }
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
     int failed = 0;
-    hslot_ *hs = off_alloc_slots_(g, S, n_res, &failed);
-    if (failed || alloc_state_(g, S, n_res, &params, &grads, &opt,
-                               &t_slot) != 0) {
-        off_free_slots_(g, hs, S - n_res);
+    unsigned char *moe;
+    size_t *soff;
+    if (slot_places_(g, S, g->slot_of, &moe, &soff) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
-    use_state_(g, S, n_res, params, grads, opt, t_slot, hs);
+    hslot_ *hs = off_alloc_slots_(g, S, n_res, moe, &failed);
+    if (failed || alloc_state_(g, S, n_res, soff, &params, &grads, &opt,
+                               &t_slot) != 0) {
+        off_free_slots_(g, hs, S - n_res);
+        free(moe);
+        free(soff);
+        gpt_cuda_free(g);
+        return NULL;
+    }
+    use_state_(g, S, n_res, params, grads, opt, t_slot, hs, moe, soff);
     if ((n_res < S && off_set_staging_(g, 1) != 0) || alloc_acts_(g) != 0 ||
         choose_paths_(g) != 0) {
         gpt_cuda_free(g);
@@ -459,6 +515,8 @@ void gpt_cuda_free(gpt_cuda *g)
     if (g->h_out) CUDA_CHECK(cudaFreeHost(g->h_out));
     if (g->stream) CUDA_CHECK(cudaStreamDestroy(g->stream));
     free(g->slot_of);
+    free(g->slot_moe);
+    free(g->slot_off);
     free(g);
 }
 
@@ -469,22 +527,24 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->n_resident = g->n_res;
     info->Vp = g->Vp;
     info->n_params = g->n_params;
-    info->n_params_cpu = g->n_global_cpu + (size_t)g->S * g->slot_size;
-    size_t per_slot = 0;
-    for (int i = 0; i < g->slot_nt; i++)
-        per_slot += g->slot[i].numel;
+    info->n_params_cpu = g->n_global_cpu + g->slot_off[g->S];
+    size_t per_slot[2] = {0, 0};
+    for (int kd = 0; kd < 2; kd++)
+        for (int i = 0; i < g->kind_nt[kd]; i++)
+            per_slot[kd] += g->kind[kd][i].numel;
     if (g->cfg.moe_experts > 0) {
         /* a token passes through k of the E experts: count those */
         size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
         size_t expert = 0;
         for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
-            expert += g->slot[i].numel;
-        per_slot -= expert / E * (E - k);
+            expert += g->kind[1][i].numel;
+        per_slot[1] -= expert / E * (E - k);
     }
     size_t C = g->cfg.n_embd;
     info->n_compute = (size_t)g->cfg.vocab_size * C +
-                      (size_t)g->cfg.seq_len * C + 2 * C +
-                      per_slot * (size_t)g->cfg.n_layer;
+                      (size_t)g->cfg.seq_len * C + 2 * C;
+    for (int l = 0; l < g->cfg.n_layer; l++)
+        info->n_compute += per_slot[model_layer_is_moe(&g->cfg, l)];
     info->bytes_params = g->n_params * sizeof(bf16);
     info->bytes_grads = g->n_params * sizeof(bf16);
     info->bytes_opt = 3 * g->n_params * sizeof(float);
@@ -496,6 +556,11 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
 const int *gpt_cuda_slot_of(const gpt_cuda *g)
 {
     return g->slot_of;
+}
+
+size_t gpt_cuda_slot_offset(const gpt_cuda *g, int s)
+{
+    return s < 0 ? 0 : g->slot_off[s > g->S ? g->S : s];
 }
 
 void gpt_cuda_synchronize(gpt_cuda *g)
@@ -539,15 +604,14 @@ int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
     /* slots: the same layout on both sides; an offloaded one to its host
      * master */
     for (int s = 0; s < g->S; s++) {
-        gpt_init_region(&g->cfg, s, h, seed);
+        gpt_init_slot(&g->cfg, g->slot_moe[s], s, h, seed);
         if (s < g->n_res) {
-            CUDA_CHECK(cudaMemcpy(g->master + g->n_global +
-                                      (size_t)s * g->slot_size,
-                                  h, g->slot_size * sizeof(float),
+            CUDA_CHECK(cudaMemcpy(g->master + g->n_global + g->slot_off[s],
+                                  h, slot_n_(g, s) * sizeof(float),
                                   cudaMemcpyHostToDevice));
         } else {
             memcpy(g->off.hs[s - g->n_res].master, h,
-                   g->slot_size * sizeof(float));
+                   slot_n_(g, s) * sizeof(float));
             off_refresh_bf16_(g, s);
         }
     }
@@ -564,9 +628,9 @@ static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3],
 {
     size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
     size_t cpu_wpe = V * C, cpu_lnw = cpu_wpe + T * C, cpu_lnb = cpu_lnw + C;
-    size_t slots = (size_t)g->n_res * g->slot_size;
+    size_t slots = g->slot_off[g->n_res];
     size_t need = g->n_global_cpu +
-                  (size_t)(with_host_slots ? g->S : g->n_res) * g->slot_size;
+                  g->slot_off[with_host_slots ? g->S : g->n_res];
     if (n != need) {
         fprintf(stderr, "gpt_cuda: host buffer has %zu floats, the model "
                         "needs %zu\n", n, need);
@@ -597,7 +661,7 @@ static float *host_buf_(hslot_ *h, int which)
 /* host + (offset of offloaded slot s in the gpt.h layout) */
 static size_t host_slot_off_(const gpt_cuda *g, int s)
 {
-    return g->n_global_cpu + (size_t)s * g->slot_size;
+    return g->n_global_cpu + g->slot_off[s];
 }
 
 /* set_state / get_state, of the offloaded slots too or not */
@@ -619,7 +683,7 @@ static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
         copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
     for (int s = g->n_res; s < g->S && with_host_slots; s++) {
         memcpy(host_buf_(&g->off.hs[s - g->n_res], which),
-               host + host_slot_off_(g, s), g->slot_size * sizeof(float));
+               host + host_slot_off_(g, s), slot_n_(g, s) * sizeof(float));
         if (which == 0)
             off_refresh_bf16_(g, s);
     }
@@ -644,7 +708,7 @@ static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
     for (int s = g->n_res; s < g->S && with_host_slots; s++)
         memcpy(host + host_slot_off_(g, s),
                host_buf_(&g->off.hs[s - g->n_res], which),
-               g->slot_size * sizeof(float));
+               slot_n_(g, s) * sizeof(float));
     return 0;
 }
 
@@ -711,8 +775,8 @@ void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
 /* ------------------------------------------------------------- passes */
 
 /* Weights of slot s, resident or in its staging buffer: tensor i of a slot
- * whose region starts at w (dw: its gradient). */
-#define W_(w, i) ((w) + g->slot[i].off)
+ * whose region starts at w (dw: its gradient), ts its kind's table. */
+#define W_(w, i) ((w) + ts[i].off)
 #define GW_(g, i) ((g)->params + (g)->glob[i].off)
 #define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
 #define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
@@ -777,9 +841,11 @@ typedef struct {
     bf16 *xe, *hpre, *hact, *ye;
 } moe_saved_;
 
-static moe_saved_ moe_saved_of_(const gpt_cuda *g, int l)
+static moe_saved_ moe_saved_of_(const gpt_cuda *g, int layer)
 {
     const acts_ *a = &g->a;
+    /* the block's entry among the MoE blocks */
+    size_t l = (size_t)gpt_cuda_moe_index(&g->cfg, layer);
     size_t N = (size_t)g->B * g->T, E = (size_t)g->cfg.moe_experts;
     size_t K = (size_t)g->cfg.moe_prototypes, C = (size_t)g->cfg.n_embd;
     size_t H = (size_t)model_moe_hidden(&g->cfg), R = a->moe_rows;
@@ -840,7 +906,7 @@ void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval) { g->moe_eval = eval != 0; }
 int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
                        long *dropped)
 {
-    int L = g->cfg.n_layer;
+    int L = g->n_moe_layers; /* the MoE blocks' entries */
     if (g->cfg.moe_experts == 0)
         return -1;
     float *aux = (float *)malloc(2 * (size_t)L * sizeof(float));
@@ -873,7 +939,7 @@ int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts)
         return -1;
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(counts, g->a.moe_counts,
-                          (size_t)g->cfg.n_layer * g->cfg.moe_experts *
+                          (size_t)g->n_moe_layers * g->cfg.moe_experts *
                               sizeof(int32_t),
                           cudaMemcpyDeviceToHost));
     return 0;
@@ -887,11 +953,14 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
     const size_t Ba = (size_t)g->B * T; /* per-layer stride: allocated B */
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
+    const tensor_ *ts = slot_ts_(g, g->slot_of[l]);
+    const int moe = model_layer_is_moe(&g->cfg, l);
+    const size_t fl = moe ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
     const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
     bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
     bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-    bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
-    bf16 *fchg = a->fchg + l * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
+    bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + fl * Ba * 4 * C;
+    bf16 *fchg = a->fchg + fl * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
     float *lse = a->lse + (size_t)l * g->B * NH * T;
 
     layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
@@ -910,7 +979,7 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
     layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
                            res2, W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
                            (int)BT, C, st);
-    if (g->cfg.moe_experts > 0) {
+    if (moe) {
         moe_layer_forward_(g, l, w, ln2, res3, B);
     } else {
         matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
@@ -931,15 +1000,18 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     const size_t Ba = (size_t)g->B * T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
+    const tensor_ *ts = slot_ts_(g, g->slot_of[l]);
+    const int moe = model_layer_is_moe(&g->cfg, l);
+    const size_t fl = moe ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
     const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
     const bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
     const bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-    const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + l * Ba * 4 * C;
-    const bf16 *fchg = a->fchg + l * Ba * 4 * C;
+    const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + fl * Ba * 4 * C;
+    const bf16 *fchg = a->fchg + fl * Ba * 4 * C;
     const float *lse = a->lse + (size_t)l * g->B * NH * T;
 
     /* dres holds d(res3): the MLP (or MoE) branch adds to it */
-    if (g->cfg.moe_experts > 0) {
+    if (moe) {
         moe_layer_backward_(g, l, w, dw, ln2, B);
     } else {
         ZERO_(a->dfchg, BT * 4 * C);
@@ -1047,10 +1119,10 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
 {
     const int L = g->cfg.n_layer;
     int off = g->n_res < g->S;
-    if (g->cfg.moe_experts > 0) {
-        /* d(training loss)/d(aux, z) of each MoE layer (every block): the
-         * coefficient over L, times the microbatch's weight, as gpt.c */
-        double wt = (double)loss_scale * (double)B * g->T / L;
+    if (g->n_moe_layers > 0) {
+        /* d(training loss)/d(aux, z) of each MoE layer: the coefficient
+         * over the MoE layers, times the microbatch's weight, as gpt.c */
+        double wt = (double)loss_scale * (double)B * g->T / g->n_moe_layers;
         g->moe_daux = (float)(g->cfg.moe_aux_coef * wt);
         g->moe_dz = (float)(g->cfg.moe_z_coef * wt);
     }
@@ -1066,8 +1138,8 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         if (s < g->n_res) {
             if (off)
                 off_poll_(g);
-            w = g->params + g->n_global + (size_t)s * g->slot_size;
-            dw = g->grads + g->n_global + (size_t)s * g->slot_size;
+            w = g->params + g->n_global + g->slot_off[s];
+            dw = g->grads + g->n_global + g->slot_off[s];
         } else {
             off_enter_(g, p, &w, &dw);
         }
@@ -1181,8 +1253,8 @@ int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
             return -1;
     for (int s = 0; s < g->n_res; s++)
         if (div[s] > 1)
-            grad_div_cuda(g->grads + g->n_global + (size_t)s * g->slot_size,
-                          g->slot_size, (float)div[s], g->stream);
+            grad_div_cuda(g->grads + g->n_global + g->slot_off[s],
+                          slot_n_(g, s), (float)div[s], g->stream);
     return 0;
 }
 
@@ -1220,7 +1292,9 @@ static void mt_plan_(gpt_cuda *g)
     adamw_multi_plan_destroy(g->mt);
     g->mt = NULL;
     free(g->mt_t);
-    int nt = GLOB_NTENSORS + g->n_res * g->slot_nt, k = 0;
+    int nt = GLOB_NTENSORS, k = 0;
+    for (int s = 0; s < g->n_res; s++)
+        nt += g->kind_nt[g->slot_moe[s]];
     adamw_tensor_cuda *ts = (adamw_tensor_cuda *)calloc((size_t)nt,
                                                         sizeof *ts);
     g->mt_t = (long *)calloc((size_t)g->n_res + 1, sizeof(long));
@@ -1230,9 +1304,9 @@ static void mt_plan_(gpt_cuda *g)
     }
     for (int r = 0; r <= g->n_res; r++) {
         /* the globals (region 0), then resident slot r - 1 */
-        const tensor_ *src = r ? g->slot : g->glob;
-        int n = r ? g->slot_nt : GLOB_NTENSORS;
-        size_t base = r ? g->n_global + (size_t)(r - 1) * g->slot_size : 0;
+        const tensor_ *src = r ? slot_ts_(g, r - 1) : g->glob;
+        int n = r ? g->kind_nt[g->slot_moe[r - 1]] : GLOB_NTENSORS;
+        size_t base = r ? g->n_global + g->slot_off[r - 1] : 0;
         for (int i = 0; i < n; i++, k++) {
             ts[k].off = base + src[i].off;
             ts[k].numel = src[i].numel;
@@ -1308,8 +1382,9 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                   weight_decay, sc + RED_SCALE);
     for (int s = 0; s < g->n_res; s++) {
         t = ++g->adam_t_slot[s];
-        adamw_region_(g, g->n_global + (size_t)s * g->slot_size, g->slot,
-                      g->slot_nt, t, lr, beta1, beta2, eps, weight_decay,
+        adamw_region_(g, g->n_global + g->slot_off[s], slot_ts_(g, s),
+                      g->kind_nt[g->slot_moe[s]], t, lr, beta1, beta2, eps,
+                      weight_decay,
                       sc + RED_SCALE);
     }
     if (g->n_res < g->S)
@@ -1319,13 +1394,14 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
 /* ------------------------------------------------------------- delink */
 
 /* fp32 state (master, m, v) of slot s of a state whose device buffers
- * are opt (master | m | v, n_res resident slots) and host slots hs:
- * device pointers for a resident slot, host pointers for an offloaded one. */
-static void slot_state_(const gpt_cuda *g, float *opt, int n_res, hslot_ *hs,
-                        int s, float *p[3])
+ * are opt (master | m | v, n_res resident slots placed by off) and host
+ * slots hs: device pointers for a resident slot, host pointers for an
+ * offloaded one. */
+static void slot_state_(const gpt_cuda *g, float *opt, int n_res,
+                        const size_t *off, hslot_ *hs, int s, float *p[3])
 {
-    size_t n = g->n_global + (size_t)n_res * g->slot_size;
-    size_t at = g->n_global + (size_t)s * g->slot_size;
+    size_t n = g->n_global + off[n_res];
+    size_t at = g->n_global + off[s];
     for (int i = 0; i < 3; i++)
         p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : opt + i * n + at;
 }
@@ -1351,32 +1427,47 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
     int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
-    if (n_res < new_S && g->cfg.moe_experts > 0) {
-        fprintf(stderr, "gpt_cuda_reslot_placed: offloading MoE slots is not "
-                        "built in the cuda model\n");
-        return -1;
-    }
     if (n_res < new_S && !g->off.enabled) {
         fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
                         "made by gpt_cuda_create_offload\n");
         return -1;
     }
+    /* each new slot's kind from its layers; it copies an old slot of the
+     * same kind (as gpt_reslot) */
+    unsigned char *moe;
+    size_t *soff;
+    if (slot_places_(g, new_S, new_slot_of, &moe, &soff) != 0)
+        return -1;
+    for (int s = 0; s < new_S; s++)
+        if (moe[s] != g->slot_moe[src_of[s]]) {
+            fprintf(stderr, "gpt_cuda_reslot_placed: new slot %d (%s) "
+                            "copies old slot %d (%s): a slot keeps its "
+                            "kind\n", s, moe[s] ? "MoE" : "dense",
+                    src_of[s], g->slot_moe[src_of[s]] ? "MoE" : "dense");
+            free(moe);
+            free(soff);
+            return -1;
+        }
     gpt_cuda_synchronize(g);
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
     int failed = 0;
-    if (n_res < new_S && off_set_staging_(g, 1) != 0)
+    if (n_res < new_S && off_set_staging_(g, 1) != 0) {
+        free(moe);
+        free(soff);
         return -1; /* old state untouched */
-    hslot_ *hs = off_alloc_slots_(g, new_S, n_res, &failed);
-    if (failed)
-        return -1;
-    if (alloc_state_(g, new_S, n_res, &params, &grads, &opt, &t_slot) != 0) {
+    }
+    hslot_ *hs = off_alloc_slots_(g, new_S, n_res, moe, &failed);
+    if (failed || alloc_state_(g, new_S, n_res, soff, &params, &grads, &opt,
+                               &t_slot) != 0) {
         off_free_slots_(g, hs, new_S - n_res);
+        free(moe);
+        free(soff);
         return -1;
     }
-    size_t n_new = g->n_global + (size_t)n_res * g->slot_size;
-    size_t ng = g->n_global, ss = g->slot_size;
+    size_t n_new = g->n_global + soff[n_res];
+    size_t ng = g->n_global;
     float *nbuf[3] = {opt, opt + n_new, opt + 2 * n_new};
     cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
     CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
@@ -1386,8 +1477,10 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     int nbufs = reset_moments ? 1 : 3; /* else m, v stay zero */
     for (int s = 0; s < new_S; s++) {
         float *from[3], *to[3];
-        slot_state_(g, g->opt, g->n_res, g->off.hs, src_of[s], from);
-        slot_state_(g, opt, n_res, hs, s, to);
+        size_t ss = soff[s + 1] - soff[s]; /* = the source's: same kind */
+        slot_state_(g, g->opt, g->n_res, g->slot_off, g->off.hs, src_of[s],
+                    from);
+        slot_state_(g, opt, n_res, soff, hs, s, to);
         /* host or device on either side: unified addressing tells which */
         for (int i = 0; i < nbufs; i++)
             CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float),
@@ -1397,12 +1490,11 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     }
     /* bf16 working copies: resident ones from the new masters on the
      * device; host ones below, once the new state is in place */
-    copy_to_bf16_cuda(params + ng, nbuf[0] + ng, (size_t)n_res * ss,
-                      g->stream);
+    copy_to_bf16_cuda(params + ng, nbuf[0] + ng, soff[n_res], g->stream);
     CUDA_CHECK(cudaDeviceSynchronize());
     off_free_slots_(g, g->off.hs, g->S - g->n_res);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
-    use_state_(g, new_S, n_res, params, grads, opt, t_slot, hs);
+    use_state_(g, new_S, n_res, params, grads, opt, t_slot, hs, moe, soff);
     memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
     for (int s = n_res; s < new_S; s++)
         off_refresh_bf16_(g, s);

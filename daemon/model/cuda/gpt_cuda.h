@@ -59,13 +59,19 @@ typedef struct {
                              * algorithm for: plain GEMM + own kernels */
 } gpt_cuda_info;
 
-/* S slots with slot_of[l] = l*S/L (as gpt_create); activations for
- * microbatches of up to B sequences of cfg->seq_len tokens. Needs
+/* S slots with gpt_default_share_map's slot_of (as gpt_create: l*S/L,
+ * or in a mixed model each kind over its own slots, S >= 2); activations
+ * for microbatches of up to B sequences of cfg->seq_len tokens. Needs
  * n_embd % 8 == 0 and head size 16, 32, 64 or 128. Weights zero. */
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B);
 void gpt_cuda_free(gpt_cuda *g);
 void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info);
 const int *gpt_cuda_slot_of(const gpt_cuda *g);
+/* Floats from the first slot to slot s (0 <= s <= S; S: all slots) in the
+ * gpt.h plain layout: s times the slot size, except in a mixed model
+ * (model.moe.every > 1), whose dense slots are smaller than its MoE
+ * ones (gpt.h slot_off). Slot s's size is offset(s + 1) - offset(s). */
+size_t gpt_cuda_slot_offset(const gpt_cuda *g, int s);
 
 /* GPT-2 initialisation: the CPU model's (gpt_init_region, model/init.c),
  * the same values bit for bit as gpt_init_weights of a CPU model with the
@@ -87,8 +93,8 @@ int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n);
 int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n);
 
 /* The same for the device's part only: globals and slots
- * [0, n_resident) in the gpt.h layout, n = n_global + n_resident *
- * slot_size floats (gpt.h sizes). With gpt_cuda_host_slot, state moves
+ * [0, n_resident) in the gpt.h layout, n = n_global +
+ * gpt_cuda_slot_offset(n_resident) floats (gpt.h sizes). With gpt_cuda_host_slot, state moves
  * without a host copy of the offloaded slots. 0 or -1. */
 int gpt_cuda_get_state_resident(gpt_cuda *g, int which, float *host,
                                 size_t n);
@@ -96,8 +102,9 @@ int gpt_cuda_set_state_resident(gpt_cuda *g, int which, const float *host,
                                 size_t n);
 
 /* Offloaded slot s (n_resident <= s < S): its host buffer `which` (0 fp32
- * master weights, 1 AdamW m, 2 v), slot_size floats in the gpt.h slot
- * layout; NULL when s is resident. Valid until the next reslot. Call
+ * master weights, 1 AdamW m, 2 v), the slot's floats (its kind's size,
+ * gpt_cuda_slot_offset) in the gpt.h slot layout; NULL when s is
+ * resident. Valid until the next reslot. Call
  * gpt_cuda_synchronize before reading or writing it, and
  * gpt_cuda_host_slot_written after writing its master weights (rebuilds
  * the bf16 working copy). */
@@ -264,22 +271,28 @@ typedef struct {
 void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st);
 
 /* ------------------------------------------------------------ MoE
- * With cfg.moe_experts > 0 (every block MoE: moe_every 1; E and H
- * multiples of 8) each block's MLP is the experts and gate of
- * kernels_cuda.h's MoE ops, the slot laid out as gpt.h's MoE slot; the
- * aux and z losses join the gradient as in gpt_backward, the returned
- * loss is the LM loss alone. Not with offloaded slots (creation refuses). */
+ * With cfg.moe_experts > 0 (E and H multiples of 8) the MLP of every
+ * moe_every-th block (model_layer_is_moe) is the experts and gate of
+ * kernels_cuda.h's MoE ops, its slot laid out as gpt.h's MoE slot; with
+ * moe_every > 1 the other blocks keep the dense MLP in dense slots, a
+ * slot holding blocks of one kind (gpt_slot_kinds: the share map, reslot
+ * and delink keep each slot's kind). The aux and z losses join the
+ * gradient as in gpt_backward (mean over the MoE blocks), the returned
+ * loss is the LM loss alone. MoE slots offload like dense ones: the whole
+ * slot, experts and gate included, streams through a staging buffer
+ * (sized for the largest kind) and host AdamW updates it. */
 
 /* Forward passes at eval_capacity_factor (eval 1) or capacity_factor. */
 void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval);
-/* The last forward's router facts, summed over the layers: the balancing
+/* The last forward's router facts, summed over the MoE layers: the balancing
  * (aux) and z losses (moe_aux_losses per layer, before the coefficients)
  * and the dropped (token, prototype) pairs. Waits for the GPU. 0, or -1
  * for a dense model. */
 int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
                        long *dropped);
-/* The last forward's tokens processed per expert, (L, E) int32 into
- * counts. Waits for the GPU. 0, or -1 for a dense model. */
+/* The last forward's tokens processed per expert, (Lm, E) int32 into
+ * counts, Lm the MoE layers (L / moe_every) in layer order. Waits for the
+ * GPU. 0, or -1 for a dense model. */
 int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts);
 
 #ifdef __cplusplus

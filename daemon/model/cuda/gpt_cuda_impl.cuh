@@ -22,7 +22,7 @@
 /* Tensor indices (SLOT_*, GLOB_*): the CPU model's, so that the two
  * layouts agree by construction (state moves between them slot by slot). */
 
-typedef struct {
+typedef struct tensor_ {
     size_t off, numel;
     int two_d;          /* weight decay applies; random init */
 } tensor_;
@@ -66,8 +66,11 @@ enum { RED_LOSS, RED_SUMSQ, RED_SCALE, RED_NSCALARS };
 
 /* ------------------------------------------------------------ offloading */
 
-/* One offloaded slot on the host (slot_size elements each). */
+/* One offloaded slot on the host (n elements each: its kind's size). */
 typedef struct {
+    size_t n;                      /* elements of the slot (its kind's) */
+    const struct tensor_ *ts;      /* its kind's tensors (g->kind[]) */
+    int nt;                        /* how many */
     float *master, *m, *v, *gacc;  /* one pageable block: master|m|v|gacc */
     uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing */
     int pinned;                    /* wbf/gbf from cudaHostAlloc */
@@ -175,7 +178,19 @@ struct gpt_cuda {
     tensor_ glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     int slot_nt;                        /* tensors per slot: SLOT_NTENSORS,
                                          * or SLOT_NTENSORS_MAX with MoE */
-    /* MoE (cfg.moe_experts > 0, every block MoE) */
+    /* slot and slot_size above are the largest kind's (MoE when E > 0),
+     * what a staging buffer holds; a mixed model (model.moe.every > 1)
+     * has dense slots too, smaller: each slot's kind and place below */
+    tensor_ kind[2][SLOT_NTENSORS_MAX]; /* [0] dense, [1] MoE slot */
+    size_t kind_size[2];                /* their padded sizes */
+    int kind_nt[2];                     /* their tensor counts */
+    unsigned char *slot_moe;            /* [S] kind of slot s (1 MoE) */
+    size_t *slot_off;                   /* [S+1] elements from the first
+                                         * slot to slot s: the same in the
+                                         * device block (s < n_res) and in
+                                         * gpt.h's plain layout */
+    /* MoE (cfg.moe_experts > 0; every model.moe.every-th block) */
+    int n_moe_layers;                   /* blocks with experts */
     int moe_eval;                       /* forward at eval_capacity_factor */
     int moe_cap;                        /* capacity of the last forward */
     int moe_B;                          /* its microbatch */
@@ -212,8 +227,10 @@ static inline void tensor_at_(tensor_ *t, size_t *off, size_t rows,
     *off += t->numel;
 }
 
-/* The tensors of one slot, as gpt.h orders them; sets g->slot[] and
- * g->slot_size (padded to PAD) and returns the unpadded element count. */
+/* The tensors of a slot of each kind, as gpt.h orders them: sets
+ * g->kind[], kind_size[] (padded to PAD), kind_nt[], and g->slot[],
+ * slot_size and slot_nt as the largest kind's (MoE when E > 0), and
+ * returns that kind's unpadded element count. */
 static inline size_t slot_layout_(gpt_cuda *g)
 {
     size_t C = g->cfg.n_embd, off = 0;
@@ -225,26 +242,49 @@ static inline size_t slot_layout_(gpt_cuda *g)
     tensor_at_(&g->slot[SLOT_ATTPROJ_B], &off, C, 0);
     tensor_at_(&g->slot[SLOT_LN2_W], &off, C, 0);
     tensor_at_(&g->slot[SLOT_LN2_B], &off, C, 0);
-    size_t E = g->cfg.moe_experts;
-    if (E == 0) {
-        tensor_at_(&g->slot[SLOT_FC_W], &off, 4 * C, C);
-        tensor_at_(&g->slot[SLOT_FC_B], &off, 4 * C, 0);
-        tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, C, 4 * C);
-        tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, C, 0);
-        g->slot_nt = SLOT_NTENSORS;
-    } else {
-        /* the experts and the gate, as gpt.h's MoE slot */
-        size_t H = (size_t)model_moe_hidden(&g->cfg);
-        tensor_at_(&g->slot[SLOT_FC_W], &off, E * H, C);
-        tensor_at_(&g->slot[SLOT_FC_B], &off, E * H, 0);
-        tensor_at_(&g->slot[SLOT_FCPROJ_W], &off, E * C, H);
-        tensor_at_(&g->slot[SLOT_FCPROJ_B], &off, E * C, 0);
-        tensor_at_(&g->slot[SLOT_GATE_W], &off, E, C);
-        tensor_at_(&g->slot[SLOT_GATE_B], &off, E, 0);
-        g->slot_nt = SLOT_NTENSORS_MAX;
+    size_t E = g->cfg.moe_experts, att = off, used = 0;
+    for (int k = 0; k < 2; k++) {
+        tensor_ *t = g->kind[k];
+        off = att;
+        memcpy(t, g->slot, (SLOT_LN2_B + 1) * sizeof(tensor_));
+        memset(&t[SLOT_GATE_W], 0, 2 * sizeof(tensor_));
+        if (k == 0 || E == 0) {
+            tensor_at_(&t[SLOT_FC_W], &off, 4 * C, C);
+            tensor_at_(&t[SLOT_FC_B], &off, 4 * C, 0);
+            tensor_at_(&t[SLOT_FCPROJ_W], &off, C, 4 * C);
+            tensor_at_(&t[SLOT_FCPROJ_B], &off, C, 0);
+            g->kind_nt[k] = SLOT_NTENSORS;
+        } else {
+            /* the experts and the gate, as gpt.h's MoE slot */
+            size_t H = (size_t)model_moe_hidden(&g->cfg);
+            tensor_at_(&t[SLOT_FC_W], &off, E * H, C);
+            tensor_at_(&t[SLOT_FC_B], &off, E * H, 0);
+            tensor_at_(&t[SLOT_FCPROJ_W], &off, E * C, H);
+            tensor_at_(&t[SLOT_FCPROJ_B], &off, E * C, 0);
+            tensor_at_(&t[SLOT_GATE_W], &off, E, C);
+            tensor_at_(&t[SLOT_GATE_B], &off, E, 0);
+            g->kind_nt[k] = SLOT_NTENSORS_MAX;
+        }
+        g->kind_size[k] = (off + PAD - 1) / PAD * PAD;
+        if (k == (E > 0))
+            used = off;
     }
-    g->slot_size = (off + PAD - 1) / PAD * PAD;
-    return off;
+    /* the largest kind: MoE when there are experts */
+    int big = E > 0;
+    memcpy(g->slot, g->kind[big], sizeof g->slot);
+    g->slot_nt = g->kind_nt[big];
+    g->slot_size = g->kind_size[big];
+    return used;
+}
+
+/* Slot s's size, tensors and tensor count under the current state. */
+static inline size_t slot_n_(const gpt_cuda *g, int s)
+{
+    return g->slot_off[s + 1] - g->slot_off[s];
+}
+static inline const tensor_ *slot_ts_(const gpt_cuda *g, int s)
+{
+    return g->kind[g->slot_moe[s]];
 }
 
 /* ---- gpt_cuda_offload.cu, for gpt_cuda.cu */
@@ -255,9 +295,11 @@ void off_fini_(gpt_cuda *g);
 /* Allocate (on = 1) or free the staging buffers. 0, or -1 out of device
  * memory (nothing allocated). */
 int off_set_staging_(gpt_cuda *g, int on);
-/* Host slots for slots [n_res, S) of a state (zeroed); NULL when there are
- * none; on failure NULL with *failed = 1. */
-hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed);
+/* Host slots for slots [n_res, S) of a state (zeroed), slot s of kind
+ * kinds[s] (1 MoE; kinds NULL: all of the largest kind, g->slot); NULL
+ * when there are none; on failure NULL with *failed = 1. */
+hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
+                         const unsigned char *kinds, int *failed);
 void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n);
 /* Pass over positions [p0, p1) (forward l = p, backward l = 2L-1-p):
  * begin cuts it into intervals and issues the first fetches; enter/leave

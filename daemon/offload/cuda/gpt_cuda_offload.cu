@@ -64,13 +64,14 @@ static hslot_ *hslot_of_(gpt_cuda *g, int s)
  * when j->from_bf. The slot's tail padding is zero in master and wbf. */
 static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
-    for (int k = 0; k < g->slot_nt; k++) {
-        size_t a = g->slot[k].off, b = a + g->slot[k].numel;
+    (void)g;
+    for (int k = 0; k < h->nt; k++) {
+        size_t a = h->ts[k].off, b = a + h->ts[k].numel;
         if (a < j->i0) a = j->i0;
         if (b > j->i1) b = j->i1;
         if (a >= b)
             continue;
-        float wd = g->slot[k].two_d ? j->wd : 0.0f;
+        float wd = h->ts[k].two_d ? j->wd : 0.0f;
         if (j->spec) /* speculative: old state kept, new in the second */
             host_adamw_bf16_to(h->master + a, h->m + a, h->v + a,
                                h->master2 + a, h->m2 + a, h->v2 + a,
@@ -201,7 +202,7 @@ static void *worker_(void *arg)
 static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
 {
     offload_rt_ *o = &g->off;
-    size_t n = g->slot_size, c = o->chunk;
+    size_t n = hslot_of_(g, proto->slot)->n, c = o->chunk;
     int nj = (int)ceil_div(n, c);
     if (o->q_n + nj > o->q_cap) {
         int cap = 2 * (o->q_cap + nj);
@@ -492,11 +493,11 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
     h->pin2 = NULL;
 }
 
-hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
+hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
+                         const unsigned char *kinds, int *failed)
 {
     offload_rt_ *o = &g->off;
     int n = S - n_res;
-    size_t ss = g->slot_size;
     *failed = 0;
     if (n <= 0)
         return NULL;
@@ -507,6 +508,13 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
     }
     for (int i = 0; i < n; i++) {
         hslot_ *h = &hs[i];
+        /* the slot's own kind: a mixed model's dense slots are smaller */
+        int big = g->cfg.moe_experts > 0;
+        int kd = kinds ? kinds[n_res + i] != 0 : big;
+        size_t ss = kinds ? g->kind_size[kd] : g->slot_size;
+        h->n = ss;
+        h->ts = kinds ? g->kind[kd] : g->slot;
+        h->nt = kinds ? g->kind_nt[kd] : g->slot_nt;
         /* calloc: large blocks come zeroed from mmap, pages on first touch */
         h->master = (float *)calloc(4 * ss, sizeof(float));
         if (!h->master) {
@@ -578,11 +586,11 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res, int *failed)
 void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n)
 {
     offload_rt_ *o = &g->off;
-    size_t ss = g->slot_size, pin = 2 * ss * sizeof(uint16_t);
     if (!hs)
         return;
     for (int i = 0; i < n; i++) {
         hslot_ *h = &hs[i];
+        size_t ss = h->n, pin = 2 * ss * sizeof(uint16_t);
         if (!h->blk)
             continue;
         if (h->pinned) {
@@ -659,11 +667,11 @@ static int try_fetch_(gpt_cuda *g, int block)
     timing_ *t = &o->ring[o->ring_n % TIMING_RING];
     CUDA_CHECK(cudaStreamWaitEvent(o->copy, sb->freed, 0));
     CUDA_CHECK(cudaEventRecord(t->h2d_a, o->copy));
-    CUDA_CHECK(cudaMemcpyAsync(sb->w, h->wbf, g->slot_size * sizeof(bf16),
+    CUDA_CHECK(cudaMemcpyAsync(sb->w, h->wbf, h->n * sizeof(bf16),
                                cudaMemcpyHostToDevice, o->copy));
     CUDA_CHECK(cudaEventRecord(t->h2d_b, o->copy));
     o->ring_n++;
-    o->h2d_bytes += g->slot_size * sizeof(bf16);
+    o->h2d_bytes += h->n * sizeof(bf16);
     o->next_fetch++;
     return 1;
 }
@@ -729,7 +737,9 @@ void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
             /* the buffer's previous gradient must have left (drain
              * stream) before this interval's starts from zero */
             CUDA_CHECK(cudaStreamWaitEvent(g->stream, sb->drained, 0));
-            CUDA_CHECK(cudaMemsetAsync(sb->dw, 0, g->slot_size * sizeof(bf16),
+            CUDA_CHECK(cudaMemsetAsync(sb->dw, 0,
+                                       hslot_of_(g, I->slot)->n *
+                                           sizeof(bf16),
                                        g->stream));
         }
     }
@@ -763,11 +773,11 @@ void off_leave_(gpt_cuda *g, int p)
     pthread_mutex_unlock(&o->mu);
     CUDA_CHECK(cudaStreamWaitEvent(o->drain, sb->freed, 0));
     CUDA_CHECK(cudaEventRecord(h->d2h_start, o->drain));
-    CUDA_CHECK(cudaMemcpyAsync(h->gbf, sb->dw, g->slot_size * sizeof(bf16),
+    CUDA_CHECK(cudaMemcpyAsync(h->gbf, sb->dw, h->n * sizeof(bf16),
                                cudaMemcpyDeviceToHost, o->drain));
     CUDA_CHECK(cudaEventRecord(h->drained, o->drain));
     CUDA_CHECK(cudaEventRecord(sb->drained, o->drain));
-    o->d2h_bytes += g->slot_size * sizeof(bf16);
+    o->d2h_bytes += h->n * sizeof(bf16);
 
     hjob_ job;
     memset(&job, 0, sizeof job);
@@ -829,11 +839,11 @@ void off_step_begin_(gpt_cuda *g)
 double off_grad_sumsq_(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
-    size_t nc = ceil_div(g->slot_size, o->chunk);
     pthread_mutex_lock(&o->mu);
     wait_accums_(g);
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
+        size_t nc = ceil_div(h->n, o->chunk);
         if (h->sumsq_done)
             continue;
         if (!h->touched) {
@@ -841,7 +851,7 @@ double off_grad_sumsq_(gpt_cuda *g)
              * step's AdamW of it may still read gacc) */
             while (h->adam_jobs > 0)
                 pthread_cond_wait(&o->cv_done, &o->mu);
-            memset(h->gacc, 0, g->slot_size * sizeof(float));
+            memset(h->gacc, 0, h->n * sizeof(float));
             memset(h->ssq, 0, nc * sizeof(double));
             h->touched = 1;
             h->g_in_bf = 0;
@@ -859,6 +869,7 @@ double off_grad_sumsq_(gpt_cuda *g)
     double total = 0.0; /* chunks in order within a slot, then slots */
     for (int s = g->n_res; s < g->S; s++) {
         double slot = 0.0;
+        size_t nc = ceil_div(hslot_of_(g, s)->n, o->chunk);
         for (size_t c = 0; c < nc; c++)
             slot += hslot_of_(g, s)->ssq[c];
         total += slot;

@@ -339,7 +339,7 @@ static int run_seed_(unsigned seed)
     }
     printf("  chunk %zu elements\n", g->off.chunk);
     int failed = 0;
-    hslot_ *hs = off_alloc_slots_(g, c.S, c.n_res, &failed);
+    hslot_ *hs = off_alloc_slots_(g, c.S, c.n_res, NULL, &failed);
     if (failed) {
         FAIL("off_alloc_slots_ failed\n");
         return 1;
