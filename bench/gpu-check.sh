@@ -9,7 +9,8 @@
 # run). Without a GPU it still builds everything, says so and exits 77.
 #
 # The build travels: it lands in build-gpu/ (ignored by git's /build*/,
-# about 54 MiB on 2026-12-01), and its binaries need only a CUDA 13 driver and cuBLASLt
+# about 61 MiB on 2026-12-02, near the 64 MiB a device command carries),
+# and its binaries need only a CUDA 13 driver and cuBLASLt
 # 13 on the GPU machine. cudart is linked statically; libgomp, jansson and
 # zlib (from this machine's Debian packages) are copied into build-gpu/lib
 # and found there through the rpath $ORIGIN/lib; cuBLASLt by the rpath of
