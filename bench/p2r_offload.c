@@ -204,7 +204,9 @@ static int write_curve_(const char *dir, const run_rec *r)
 /* ------------------------------------------------------------ budget */
 
 /* Device bytes of plan p (budget 0: every slot's size known) with r of
- * its slots resident, as the planner counts them (offload.h). */
+ * its slots resident, as the planner counts them (offload.h; dense slots,
+ * all slot_bytes: this benchmark's models). main plans again with the
+ * budget chosen from it and checks the placements the planner gives. */
 static size_t need_bytes_(const offload_plan *p, int r)
 {
     int k = p->n_slots - r;
