@@ -9,7 +9,8 @@
 # run). Without a GPU it still builds everything, says so and exits 77.
 #
 # The build travels: it lands in build-gpu/ (ignored by git's /build*/,
-# about 23 MiB), and its binaries need only a CUDA 13 driver and cuBLASLt
+# about 61 MiB on 2026-12-02, near the 64 MiB a device command carries),
+# and its binaries need only a CUDA 13 driver and cuBLASLt
 # 13 on the GPU machine. cudart is linked statically; libgomp, jansson and
 # zlib (from this machine's Debian packages) are copied into build-gpu/lib
 # and found there through the rpath $ORIGIN/lib; cuBLASLt by the rpath of
@@ -27,6 +28,15 @@
 #
 # T0=$(date +%s); { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); echo "compute-sanitizer: ${S:-absent}"; GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=400 GPU_CHECK_HOST_GIB=96 bench/gpu-check.sh; echo "gpu-check: exit $?"; cp build-gpu/gpu-check.log build-gpu/*.out "$OUT"/ 2>/dev/null; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((530 - $(date +%s) + T0)); [ $left -gt 100 ] && left=100; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
 #
+# The Pseudo-to-Real pay-off benchmark (bench/p2r_offload, issue 19 item
+# 3) is built only with GPU_CHECK_P2R=1 (with jansson and zlib), with the
+# fortunes shards it trains on in build-gpu/p2r-data: the whole folder
+# is then over the 64 MiB a device command can carry, so carry
+# ["build-gpu/p2r_offload", "build-gpu/lib", "build-gpu/p2r-data"] (12
+# MiB) and run it alone, timeout_s 540 (not yet run on a GPU):
+#
+# nvidia-smi -L; build-gpu/p2r_offload --backend cuda --data build-gpu/p2r-data --steps 200 --out "$OUT/p2r" 2>&1 | tee "$OUT/p2r_offload.log"
+#
 #   bench/gpu-check.sh            build dir and log in build-gpu/
 #   GPU_CHECK_DIR=dir NVCC=path   override either
 #   GPU_CHECK_REUSE=1             use the binaries already in GPU_CHECK_DIR
@@ -41,7 +51,8 @@
 #                                 test_model_moe test_offload test_offload_moe test_trainer
 #                                 train_124m train_124m_pseudo train_350m
 #                                 offload_1p5b offload_largest
-#                                 offload_1p5b_spec): a rerun within the GPU
+#                                 offload_1p5b_spec p2r_offload; the last
+#                                 runs only when named here): a rerun within the GPU
 #                                 time left; the rest report not_run / na,
 #                                 and the exit status counts only these
 #   GPU_CHECK_HOST_GIB=G          gpu_offload --largest sizes host memory
@@ -133,12 +144,18 @@ build_() {
     # test_trainer: needs jansson and zlib.
     TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
       daemon/train/spec.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c
-      daemon/common/durable.c daemon/common/cpus.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c tests/gpu/test_trainer.c"
+      daemon/common/durable.c daemon/common/cpus.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c"
+    # the programs linked with it: test_trainer, and bench/p2r_offload (the
+    # Pseudo-to-Real pay-off under a memory budget, issue 19 item 3)
+    # (GPU_CHECK_P2R=1 only: 7 MiB more, and the carried build's size
+    # matters)
+    TRAINER_MAINS="tests/gpu/test_trainer.c"
+    [ -n "${GPU_CHECK_P2R:-}" ] && TRAINER_MAINS+=" bench/p2r_offload.c"
     TRAINER_LIBS=(-ljansson -lz -lpthread)
     if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
         gcc -x c - -o "$OUT/obj/libcheck" "${TRAINER_LIBS[@]}" >/dev/null 2>&1; then
         HAVE_TRAINER_LIBS=yes
-        for f in $TRAINER_SRC; do
+        for f in $TRAINER_SRC $TRAINER_MAINS; do
             n=$(basename "$f" .c)
             compile "tr_$n" gcc "${CFLAGS[@]}" -DM6_HAVE_CUDA -c "$f" -o "$OUT/obj/tr_$n.o"
         done
@@ -178,8 +195,11 @@ build_() {
     fi
     if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
         TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
-        "$NVCC" -o "$OUT/test_trainer" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \
-            "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" || build_ok=no
+        for b in test_trainer $([ -n "${GPU_CHECK_P2R:-}" ] && echo p2r_offload); do
+            "$NVCC" -o "$OUT/$b" "$OUT/obj/tr_$b.o" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
+                "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" ||
+                build_ok=no
+        done
     fi
     [ $build_ok = yes ] && travel_
 }
@@ -191,7 +211,7 @@ build_() {
 travel_() {
     mkdir -p "$OUT/lib"
     local b lib
-    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe test_trainer gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe test_trainer p2r_offload gpu_train gpu_offload; do
         [ -x "$OUT/$b" ] || continue
         for lib in $(ldd "$OUT/$b" | awk '$3 ~ /^\// && $1 ~ /^lib(gomp|jansson|z)\.so/ {print $3}'); do
             cp -L "$lib" "$OUT/lib/$(basename "$lib")"
@@ -252,10 +272,19 @@ if [ $reuse = yes ]; then
     echo "gpu-check: reusing the binaries in $OUT (sources $SRC_HASH)"
 else
     [ -n "${GPU_CHECK_REUSE:-}" ] && echo "gpu-check: GPU_CHECK_REUSE: no binaries of these sources in $OUT: building"
-    rm -f "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,offload_moe,trainer} "$OUT"/gpu_{train,offload}
+    rm -rf "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,offload_moe,trainer} "$OUT"/gpu_{train,offload} \
+        "$OUT/p2r_offload" "$OUT/p2r-data"
     build_
     [ $build_ok = yes ] && echo "$SRC_HASH" > "$OUT/src-hash"
     [ $build_ok = yes ] && find_cublaslt_
+fi
+# p2r_offload's text (GPU_CHECK_P2R=1): fortunes as shards in
+# $OUT/p2r-data (about 5 MiB), prepared where the build runs (the GPU
+# machine has no fortunes) and carried with the binary
+P2R_DATA=$OUT/p2r-data
+if [ $build_ok = yes ] && [ -x "$OUT/p2r_offload" ] && [ ! -f "$P2R_DATA/train_000000.bin" ]; then
+    "$OUT/p2r_offload" --prepare --data "$P2R_DATA" ||
+        echo "gpu-check: p2r_offload: no shards in $P2R_DATA (Debian's fortunes missing?): it will fail"
 fi
 BUILD_S=$(( $(date +%s) - START ))
 echo "gpu-check: build ${build_ok} in ${BUILD_S} s"
@@ -345,6 +374,20 @@ run offload_largest 150 "$OUT/gpu_offload" "${LARGEST[@]}"
 # Not measured on a GPU yet; after the rest, or alone with
 # GPU_CHECK_ONLY=offload_1p5b_spec (~1.5 min: three model creations).
 run offload_1p5b_spec 150 "$OUT/gpu_offload" --steps 5 --warmup 2 --speculative
+# The Pseudo-to-Real pay-off under memory pressure (issue 19 item 3):
+# GPT-2 350M (L 24, C 1024, T 1024, B 8) from scratch, 3/4 of its slots
+# offloaded, against Pseudo-to-Real (S 1 resident for 30% of the steps),
+# on fortunes; the wall-clock ratio to scratch's final loss (goal <= 0.8).
+# Only when built (GPU_CHECK_P2R=1, with the trainer libs) and named by
+# GPU_CHECK_ONLY (it needs about 3 minutes: not measured on a GPU yet, so
+# its length is a guess). See the top of this file for running it alone.
+if [ -n "${GPU_CHECK_ONLY:-}" ] && only_ p2r_offload && [ -x "$OUT/p2r_offload" ]; then
+    run p2r_offload 300 "$OUT/p2r_offload" --backend cuda --data "$P2R_DATA" \
+        --steps 200 --out "$OUT/p2r_offload_curves"
+else
+    rm -f "$OUT/p2r_offload.out"
+    echo "gpu-check: p2r_offload: runs only when built (GPU_CHECK_P2R=1) and named by GPU_CHECK_ONLY"
+fi
 
 TOTAL_S=$(( $(date +%s) - START ))
 echo
@@ -368,6 +411,9 @@ LINE+=" offload_ratio_spec=$(okv offload_1p5b_spec ratio_spec) redo_frac=$(okv o
 LINE+=" largest_params=$(okv offload_largest largest_params)"
 LINE+=" largest_layers=$(okv offload_largest largest_layers)"
 LINE+=" largest_tflops=$(okv offload_largest largest_tflops)"
+LINE+=" p2r_wall_ratio=$(kv p2r_offload wall_ratio backend)"
+LINE+=" p2r_tok_s_pseudo=$(kv p2r_offload tok_s_pseudo backend)"
+LINE+=" p2r_tok_s_real=$(kv p2r_offload tok_s_real backend)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
 echo "$LINE"
 passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
@@ -379,5 +425,7 @@ passed_ test_ops "$OPS" && passed_ test_moe "$MOE" && passed_ test_model "$MODEL
     { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
     { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&
     { ! only_ offload_1p5b || [ "$(okv offload_1p5b tokens_per_s_offload)" != na ]; } &&
+    { [ -z "${GPU_CHECK_ONLY:-}" ] || ! only_ p2r_offload ||
+      [ "$(kv p2r_offload wall_ratio backend)" != na ]; } &&
     exit 0
 exit 1

@@ -1,7 +1,7 @@
 /*
  * p2r_run.h — one training run from start to end, delinking at
  * pseudo.steps, for the Pseudo-to-Real benchmarks (p2r_convergence.c,
- * p2r_sweep.c).
+ * p2r_sweep.c, p2r_offload.c).
  */
 #ifndef M6_BENCH_P2R_RUN_H
 #define M6_BENCH_P2R_RUN_H
@@ -46,16 +46,32 @@ static inline int p2r_train_option(const char *prog, int o, const char *arg,
     }
 }
 
+/* What p2r_train_hooked calls while it trains (any may be NULL; ctx is
+ * passed to each):
+ *   on_start(ctx, t)          once, after trainer_create, before any step
+ *                             (trainer_plan, trainer_placement are valid);
+ *   on_step(ctx, t, r)        after every step, with its step_result;
+ *   on_delink(ctx, t, s)      right after the delink, which took s seconds
+ *                             (counted in the wall-clock);
+ *   on_eval(ctx, step, val_loss, wall_s)  at each validation pass, wall_s
+ *                             the training wall-clock since the start in
+ *                             seconds, evaluation excluded. */
+typedef struct {
+    void (*on_start)(void *ctx, trainer *t);
+    void (*on_step)(void *ctx, trainer *t, const step_result *r);
+    void (*on_delink)(void *ctx, trainer *t, double seconds);
+    void (*on_eval)(void *ctx, long step, double val, double wall_s);
+    void *ctx;
+} p2r_hooks;
+
 /* Train spec s to train.steps, delinking once pseudo.steps are done (when
- * it has a pseudo phase). At each validation pass calls on_eval(ctx, step,
- * val_loss, wall_s), wall_s the training wall-clock since the start in
- * seconds, evaluation excluded. 0 with *total_wall_s (the same clock at the
- * end) and *delink_step (the first real step; -1: none), or -1 after
- * printing the error, prefixed by prog, on stderr. */
-static inline int p2r_train(const char *prog, const run_spec *s,
-                            void (*on_eval)(void *ctx, long step, double val,
-                                            double wall_s),
-                            void *ctx, double *total_wall_s, long *delink_step)
+ * it has a pseudo phase), calling h's hooks. 0 with *total_wall_s (the
+ * training wall-clock at the end, evaluation excluded) and *delink_step
+ * (the steps done when it delinked; -1: none), or -1 after printing the
+ * error, prefixed by prog, on stderr. */
+static inline int p2r_train_hooked(const char *prog, const run_spec *s,
+                                   const p2r_hooks *h, double *total_wall_s,
+                                   long *delink_step)
 {
     char err[512];
     trainer *t = ERR_INTO(err, trainer_create(s, &err_));
@@ -63,17 +79,22 @@ static inline int p2r_train(const char *prog, const run_spec *s,
         fprintf(stderr, "%s: %s\n", prog, err);
         return -1;
     }
+    if (h->on_start)
+        h->on_start(h->ctx, t);
     double t0 = clock_mono_s(), evals = 0;
     *delink_step = -1;
     while (trainer_step_count(t) < s->train.steps) {
         if (trainer_phase(t) == PHASE_PSEUDO &&
             trainer_step_count(t) >= s->pseudo.steps) {
+            double d0 = clock_mono_s();
             if (trainer_delink(t, err, sizeof err) != 0) {
                 fprintf(stderr, "%s: %s\n", prog, err);
                 trainer_free(t);
                 return -1;
             }
             *delink_step = trainer_step_count(t);
+            if (h->on_delink)
+                h->on_delink(h->ctx, t, clock_mono_s() - d0);
         }
         step_result r;
         double a = clock_mono_s();
@@ -82,15 +103,31 @@ static inline int p2r_train(const char *prog, const run_spec *s,
             trainer_free(t);
             return -1;
         }
+        double b = clock_mono_s();
+        if (h->on_step)
+            h->on_step(h->ctx, t, &r);
         if (!isnan(r.val_loss)) {
             /* the wall-clock leaves out the time spent evaluating */
-            evals += (clock_mono_s() - a) - r.step_ms / 1e3;
-            on_eval(ctx, r.step, r.val_loss, clock_mono_s() - t0 - evals);
+            evals += (b - a) - r.step_ms / 1e3;
+            if (h->on_eval)
+                h->on_eval(h->ctx, r.step, r.val_loss, b - t0 - evals);
         }
+        /* the hooks' own time is not training */
+        evals += clock_mono_s() - b;
     }
     *total_wall_s = clock_mono_s() - t0 - evals;
     trainer_free(t);
     return 0;
+}
+
+/* p2r_train_hooked with only on_eval (the convergence benchmarks). */
+static inline int p2r_train(const char *prog, const run_spec *s,
+                            void (*on_eval)(void *ctx, long step, double val,
+                                            double wall_s),
+                            void *ctx, double *total_wall_s, long *delink_step)
+{
+    p2r_hooks h = {.on_eval = on_eval, .ctx = ctx};
+    return p2r_train_hooked(prog, s, &h, total_wall_s, delink_step);
 }
 
 #endif /* M6_BENCH_P2R_RUN_H */
