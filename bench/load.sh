@@ -165,8 +165,16 @@ echo "load: m6d descriptors $fd0 -> $fd1, RSS $((rss0 / 1024)) -> $((rss1 / 1024
 check $? "descriptors back to the starting count" ||
     diff "$T/fd0.txt" "$T/fd1.txt" | sed 's/^/load:   /'
 
-[ "$rss1" -le $((rss0 + 8192)) ]
-check $? "RSS back within 8 MiB of the start"
-kill -TERM "$PID"; wait "$PID"; PID=
+if ldd "$M6D" 2>/dev/null | grep -q libasan; then
+    # AddressSanitizer keeps freed memory in quarantine (256 MiB), so RSS
+    # says nothing there; leaks are its own report at m6d's exit
+    echo "load: m6d is built with AddressSanitizer: RSS not checked"
+else
+    [ "$rss1" -le $((rss0 + 8192)) ]
+    check $? "RSS back within 8 MiB of the start"
+fi
+kill -TERM "$PID"; rcd=0; wait "$PID" || rcd=$?; PID=
+[ "$rcd" -eq 0 ]
+check $? "m6d exits 0 after SIGTERM (exit $rcd; under AddressSanitizer a leak fails it)"
 echo "$kv fds_start=$fd0 fds_end=$fd1 rss_start_kb=$rss0 rss_end_kb=$rss1 steps=$k pause_events=$n_pause resume_events=$n_resume failures=$failures"
 [ "$failures" -eq 0 ]

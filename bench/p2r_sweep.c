@@ -652,5 +652,13 @@ int main(int argc, char **argv)
     printf(" best=%s best_ratio=%.4f worst=%s worst_ratio=%.4f "
            "goal_met=%d seconds=%.0f\n",
            bn, best_m, wn, worst_m, goal, clock_mono_s() - t0);
+    free(ratio_sum);
+    free(step_sum);
+    free(reached);
+    free(wall_sum);
+    free(sc);
+    free(pc);
+    free(have);
+    free(tasks);
     return 0;
 }
