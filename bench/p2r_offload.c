@@ -130,6 +130,14 @@ static void on_eval_(void *ctx, long step, double val, double wall_s)
     r->n++;
 }
 
+static void run_free_(run_rec *r)
+{
+    free(r->step);
+    free(r->wall);
+    free(r->val);
+    free(r->phase);
+}
+
 static int run_(const run_spec *s, run_rec *r)
 {
     size_t n = (size_t)s->train.steps + 1;
@@ -543,5 +551,7 @@ int main(int argc, char **argv)
            tok_s_(&a, 1), tok_s_(&b, 0), tok_s_(&b, 1), target,
            b.val[b.n - 1], sa, sb, wa, wb, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN);
+    run_free_(&a);
+    run_free_(&b);
     return 0;
 }
