@@ -46,14 +46,49 @@ void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
 
 /* ------------------------------------------------------------ one group */
 
+/* Rank 0's choice of how a run's gradients are summed: "nccl" (in place on
+ * the GPUs; trainer_adopt_grad_group) or "gloo" (host memory; the cuda
+ * backend stages its gradients there). A cuda run takes nccl when this
+ * build has it, unless M6_DP_GRAD_ENGINE says "gloo"; "nccl" there makes
+ * a build without it an error. The other ranks follow rank 0 (the store's
+ * "engine" key). NULL with why when the operator's choice cannot be met. */
+static const char *grad_engine_(const run_spec *s, char *why, size_t len)
+{
+    const char *want = getenv("M6_DP_GRAD_ENGINE");
+    if (want && !*want) want = NULL;
+    if (want && strcmp(want, "gloo") && strcmp(want, "nccl") &&
+        strcmp(want, "auto")) {
+        snprintf(why, len, "M6_DP_GRAD_ENGINE=%s: expected gloo, nccl or "
+                 "auto", want);
+        return NULL;
+    }
+    if (s->device.backend != BACKEND_CUDA) {
+        if (want && !strcmp(want, "nccl")) {
+            snprintf(why, len, "M6_DP_GRAD_ENGINE=nccl: the run's "
+                     "device.backend is not \"cuda\"");
+            return NULL;
+        }
+        return "gloo";
+    }
+    if (want && !strcmp(want, "gloo")) return "gloo";
+    if (m6_coll_available("nccl")) return "nccl";
+    if (want && !strcmp(want, "nccl")) {
+        snprintf(why, len, "M6_DP_GRAD_ENGINE=nccl: this m6d was built "
+                 "without NCCL (meson option nccl)");
+        return NULL;
+    }
+    return "gloo";
+}
+
 /* Rendezvous as rank of world for (run, gen) through the store at addr:
  * the hash check, Gloo's group, rank 0's state on every rank. The group,
  * or NULL with err. */
 static m6_coll *group_(const char *addr, const cluster_token *token,
                        int64_t run, int64_t gen, int rank, int world,
                        int timeout_ms, const char *host, trainer *t,
-                       const char *hash, m6_err *err)
+                       const run_spec *spec, const char *hash, m6_err *err)
 {
+    char engine[16] = "gloo";
     m6_store st = {0};
     if (m6_store_tcp_open(addr, token, run, gen, timeout_ms, &st, err) < 0)
         return NULL;
@@ -83,6 +118,17 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
                          (int)(n < 64 ? n : 64), (const char *)v, hash);
             free(v);
         }
+        if (!strcmp(verdict, "ok")) {
+            char why[256];
+            const char *e = grad_engine_(spec, why, sizeof why);
+            if (!e)
+                snprintf(verdict, sizeof verdict, "%s", why);
+            else {
+                snprintf(engine, sizeof engine, "%s", e);
+                if (st.set(st.ctx, "engine", engine, strlen(engine), err) < 0)
+                    goto out;
+            }
+        }
         if (st.set(st.ctx, "verdict", verdict, strlen(verdict), err) < 0)
             goto out;
         if (strcmp(verdict, "ok") != 0) {
@@ -100,6 +146,18 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
                        hash);
         free(v);
         if (!ok) goto out;
+        if (st.get(st.ctx, "engine", &v, &n, timeout_ms, err) < 0) goto out;
+        snprintf(engine, sizeof engine, "%.*s", (int)(n < 15 ? n : 15),
+                 (const char *)v);
+        free(v);
+        if (strcmp(engine, "gloo") &&
+            (strcmp(engine, "nccl") || !m6_coll_available("nccl"))) {
+            m6_err_set(err, M6_EINVALID, "rank 0 sums the gradients with %s, "
+                       "which this m6d was built without (meson option %s; "
+                       "or set M6_DP_GRAD_ENGINE=gloo on the coordinator)",
+                       engine, engine);
+            goto out;
+        }
     }
     char prefix[64];
     snprintf(prefix, sizeof prefix, "run%lld/g%lld", (long long)run,
@@ -114,6 +172,26 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         m6_err_prefix(err, "broadcasting rank 0's state");
         m6_coll_destroy(g);
         g = NULL;
+        goto out;
+    }
+    if (!strcmp(engine, "nccl")) {
+        /* the gradients' own group, of GPU 0 of this node: the trainer
+         * owns it (trainer_adopt_grad_group) */
+        char np[80];
+        snprintf(np, sizeof np, "%s/nccl", prefix);
+        m6_coll_config nc = {.backend = "nccl", .rank = rank,
+                             .world_size = world, .store = &st,
+                             .prefix = np, .timeout_ms = timeout_ms,
+                             .device = 0};
+        m6_coll *n = m6_coll_init(&nc, err);
+        if (!n || trainer_adopt_grad_group(t, n, err) != 0) {
+            m6_err_prefix(err, "the gradients' NCCL group");
+            m6_coll_destroy(g);
+            g = NULL;
+            goto out;
+        }
+        log_info("cluster.grad_engine", "run=%lld rank=%d engine=nccl",
+                 (long long)run, rank);
     }
 out:
     m6_store_tcp_close(&st);
@@ -159,7 +237,7 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
     cluster_dp_hash(spec, t, world, hash);
     m6_err e = M6_ERR_NONE;
     m6_coll *g = group_(d->store_addr, d->token, id, gen, 0, world,
-                        timeout_ms, d->host, t, hash, &e);
+                        timeout_ms, d->host, t, spec, hash, &e);
     if (!g) {
         snprintf(why, len, "%s", m6_err_msg(&e));
         m6_err_free(&e);
@@ -288,7 +366,7 @@ static void train_rank_(cluster_dp_worker *w, const assignment *a)
      * broadcast reslots; the hash is of the phase the run starts in */
     cluster_dp_hash(&spec, t, a->world, hash);
     g = group_(w->addr, w->token, a->run, a->gen, a->rank, a->world,
-               a->timeout_ms, a->host, t, hash, &e);
+               a->timeout_ms, a->host, t, &spec, hash, &e);
     if (!g) goto failed;
     if (trainer_set_collectives(t, g, &e) < 0) goto failed;
     log_info("cluster.rank", "run=%lld rank=%d world_size=%d step=%ld",

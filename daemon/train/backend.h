@@ -101,9 +101,11 @@ typedef struct {
     /* Data parallelism: host memory holding the step's gradient of the
      * globals (s = -1, n_global floats) or of slot s (slot_size floats),
      * final as data_parallel says; read and written in
-     * place by the trainer's all-reduce. NULL (the member, or its
-     * result): the gradient is not in host memory (a GPU), and the
-     * backend cannot train data-parallel over host collectives. */
+     * place by the trainer's all-reduce. The cpu backend's own gradients;
+     * the cuda backend's a host copy made after the last microbatch,
+     * whose sums grad_norm takes back to the device. NULL (the member, or
+     * its result): the backend cannot train data-parallel over host
+     * collectives (the cuda backend on a model made with offloading). */
     float *(*grad_region)(void *ctx, int s);
     /* Tests only (train/test_hooks.h): make element 0 of slot s's gradient
      * +Inf in this step, once the gradients are final (before grad_norm
@@ -134,6 +136,19 @@ typedef struct {
      * may start on it (an offloaded slot's speculative update). NULL:
      * nothing to do. */
     void (*grad_summed)(void *ctx, int s);
+    /* Data parallelism over a device-memory engine (NCCL; trainer.c
+     * trainer_adopt_grad_group), no host staging. dp_device(1) says that
+     * from now on the trainer sums device_grads' buffer instead of the
+     * grad_regions (0: grad_region again; the calls of data_parallel are
+     * the same either way). device_grads, after microbatch accum-1 and
+     * before grad_norm: the step's whole gradient (globals and every
+     * slot) as one fp32 buffer of *n floats in device memory, in the
+     * backend's own layout (padding zero), final; the trainer sums it in
+     * place over the ranks, and grad_norm takes the sums from it. NULL
+     * result: no such buffer (out of device memory; a model made with
+     * offloading): the step fails. NULL members: host gradients only. */
+    void (*dp_device)(void *ctx, int on);
+    float *(*device_grads)(void *ctx, size_t *n);
 } backend_iface;
 
 typedef struct {

@@ -366,6 +366,8 @@ static const backend_iface cpu_iface_ = {
     /* .poison_grad    = */ cpu_poison_grad_,
     /* .data_parallel  = */ cpu_data_parallel_,
     /* .grad_summed    = */ cpu_grad_summed_,
+    /* .dp_device      = */ NULL,  /* host gradients only */
+    /* .device_grads   = */ NULL,
 };
 
 /* ------------------------------------------------------------- create */

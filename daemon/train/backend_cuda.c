@@ -25,6 +25,19 @@
  * step; anything that reads or writes state (checkpoints, step counts,
  * reslot) calls gpt_cuda_synchronize first.
  *
+ * Data parallelism (backend.h data_parallel; docs/DESIGN.md "Data
+ * parallelism on the cuda backend"): after this rank's last microbatch the
+ * bf16 gradients of the globals and the resident slots are converted to
+ * fp32 on the device (gpt_cuda_grads_f32) and either copied to one host
+ * buffer in the plain layout (grad_region: a host engine, Gloo, sums it)
+ * or, with dp_device on (an NCCL group), left on the device for the
+ * trainer to sum in place (device_grads). grad_norm first takes the sums
+ * back into the bf16 gradients (one bf16 rounding), so the pseudo mean,
+ * the norm and AdamW see the group's gradient. A model made with
+ * offloading has no grad_region (the trainer refuses it data-parallel):
+ * its offloaded slots' accumulators and early host updates would need
+ * the sum first.
+ *
  * Errors of the CUDA runtime and cuBLASLt end the process with the
  * statement and the library's message (kernels/cuda/cuda_check.h);
  * running out of device memory at create or delink is an error returned.
@@ -64,6 +77,15 @@ typedef struct {
     int32_t *moe_counts;          /* (Lm, E) host copy of one pass's */
     /* pseudo.grad_scale mean in this step (backend_adam.slot_grad_mean) */
     int grad_mean;
+    /* data parallelism (data_parallel): dp_accum > 0 this rank's
+     * microbatches per step; dp_device: the sum is of gpt_cuda_grads_f32's
+     * device buffer (dp_device_), else of ghost, the host copy of the
+     * globals' and resident slots' gradients in the plain layout
+     * (ghost_n floats); dp_pending: this step's gradient went out, the
+     * sum is to be taken back before grad_norm */
+    int dp_accum, dp_device, dp_pending;
+    float *ghost;
+    size_t ghost_n;
 } cuda_ctx_;
 
 static int cuda_n_slots_(void *ctx)
@@ -95,6 +117,7 @@ static void cuda_free_(void *ctx)
         return;
     gpt_cuda_free(c->g);
     free_host_(c);
+    free(c->ghost);
     free(c->moe_counts);
     free(c);
 }
@@ -120,6 +143,7 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
                         h->weight_decay, clip_(h));
     memset(&c->moe_st, 0, sizeof c->moe_st);
     c->grad_mean = h->slot_grad_mean;
+    c->dp_pending = 0;
 }
 
 /* The router facts of the pass just run (B sequences) into c->moe_st,
@@ -150,14 +174,50 @@ static void moe_note_(cuda_ctx_ *c, int B)
     }
 }
 
+static size_t resident_floats_(const cuda_ctx_ *c);
+
+/* The host staging buffer for the current slots (resident_floats_):
+ * reallocated after a reslot. NULL out of memory. */
+static float *ghost_(cuda_ctx_ *c)
+{
+    size_t n = resident_floats_(c);
+    if (c->ghost && c->ghost_n == n)
+        return c->ghost;
+    free(c->ghost);
+    c->ghost = malloc(n * sizeof(float));
+    c->ghost_n = c->ghost ? n : 0;
+    return c->ghost;
+}
+
+/* After this rank's last microbatch: the step's gradient out for the
+ * all-reduce. Should the device's fp32 copy fail (out of device memory),
+ * the host copy is NaN: every rank's sum is NaN and the group skips the
+ * step together (a rank alone with stale values would part from the
+ * others). */
+static void dp_stage_(cuda_ctx_ *c)
+{
+    c->dp_pending = 1;
+    if (c->dp_device)
+        return; /* device_grads converts */
+    float *h = ghost_(c);
+    if (!h)     /* grad_region answers NULL: the trainer fails the step */
+        return;
+    if (gpt_cuda_get_grads_resident(c->g, h, c->ghost_n) != 0)
+        for (size_t i = 0; i < c->ghost_n; i++)
+            h[i] = NAN;
+}
+
 static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
                               const int32_t *tgt, int B, float loss_scale)
 {
     cuda_ctx_ *c = ctx;
+    int accum = c->dp_accum > 0 ? c->dp_accum : c->grad_accum;
     float loss = gpt_cuda_train_microbatch(c->g, inp, tgt, B, loss_scale,
-                                           k == c->grad_accum - 1);
+                                           k == accum - 1);
     if (c->moe)
         moe_note_(c, B);
+    if (c->dp_accum > 0 && k == accum - 1)
+        dp_stage_(c);
     return loss;
 }
 
@@ -169,6 +229,14 @@ static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
 static float cuda_grad_norm_(void *ctx)
 {
     cuda_ctx_ *c = ctx;
+    if (c->dp_pending) { /* the group's sum back into the bf16 gradients */
+        c->dp_pending = 0;
+        if (c->dp_device)
+            gpt_cuda_grads_f32_back(c->g);
+        else if (!c->ghost || gpt_cuda_set_grads_resident(c->g, c->ghost,
+                                                          c->ghost_n) != 0)
+            return NAN;
+    }
     if (c->grad_mean) {
         int S = cuda_n_slots_(c), L = c->model.n_layer;
         const int *map = gpt_cuda_slot_of(c->g);
@@ -446,6 +514,62 @@ static int cuda_offload_stats_(void *ctx, offload_stats *st)
     return 0;
 }
 
+/* ------------------------------------------------------------- data parallel */
+
+/* backend.h grad_region: slot s's (s = -1 the globals') part of the host
+ * copy, in the plain layout. NULL on a model made with offloading (see the
+ * top of this file) and out of memory. */
+static float *cuda_grad_region_(void *ctx, int s)
+{
+    cuda_ctx_ *c = ctx;
+    if (c->placed)
+        return NULL;
+    float *h = ghost_(c);
+    if (!h)
+        return NULL;
+    return h + (s < 0 ? 0 : c->n_global + gpt_cuda_slot_offset(c->g, s));
+}
+
+/* backend.h data_parallel. No per-slot reports (ready): the bf16
+ * gradients are converted and copied out at once after the microbatch.
+ * The device's fp32 copy is allocated here (and again after a reslot), so
+ * a first step does not find the memory short. */
+static void cuda_data_parallel_(void *ctx, int accum,
+                                void (*ready)(void *ready_ctx, int s),
+                                void *ready_ctx)
+{
+    cuda_ctx_ *c = ctx;
+    (void)ready;
+    (void)ready_ctx;
+    c->dp_accum = accum > 0 ? accum : 0;
+    c->dp_pending = 0;
+    if (c->dp_accum > 0 && !c->placed)
+        (void)gpt_cuda_grads_f32(c->g, NULL);
+}
+
+/* backend.h dp_device. */
+static void cuda_dp_device_(void *ctx, int on)
+{
+    cuda_ctx_ *c = ctx;
+    c->dp_device = on != 0;
+    if (c->dp_device) { /* the host copy is not used */
+        free(c->ghost);
+        c->ghost = NULL;
+        c->ghost_n = 0;
+    }
+}
+
+/* backend.h device_grads: gpt_cuda_grads_f32's buffer (globals and every
+ * slot, gpt_cuda's device layout), NULL on a model made with offloading
+ * or out of device memory. */
+static float *cuda_device_grads_(void *ctx, size_t *n)
+{
+    cuda_ctx_ *c = ctx;
+    if (c->placed)
+        return NULL;
+    return gpt_cuda_grads_f32(c->g, n);
+}
+
 static const backend_iface cuda_iface_ = {
     /* .name           = */ "cuda",
     /* .free           = */ cuda_free_,
@@ -465,10 +589,12 @@ static const backend_iface cuda_iface_ = {
     /* .device_bytes   = */ cuda_device_bytes_,
     /* .offload_stats  = */ cuda_offload_stats_,
     /* .moe_stats      = */ cuda_moe_stats_,
-    /* .grad_region    = */ NULL,  /* device memory: no host all-reduce */
+    /* .grad_region    = */ cuda_grad_region_,
     /* .poison_grad    = */ NULL,  /* the test fault inf_grad: cpu only */
-    /* .data_parallel  = */ NULL,  /* gradients in device memory */
-    /* .grad_summed    = */ NULL,
+    /* .data_parallel  = */ cuda_data_parallel_,
+    /* .grad_summed    = */ NULL,  /* grad_norm takes the sums back */
+    /* .dp_device      = */ cuda_dp_device_,
+    /* .device_grads   = */ cuda_device_grads_,
 };
 
 /* ------------------------------------------------------------- create */

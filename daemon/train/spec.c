@@ -867,10 +867,12 @@ static int nodes_check_(const run_spec *s, char *err, size_t errlen)
                     s->train.grad_accum, s->train.batch_size);
             return -1;
         }
-    if (W > 1 && s->device.backend != BACKEND_CPU) {
-        seterr_(err, errlen, "nodes.world_size: %d ranks need device.backend "
-                "\"cpu\" for now (the cuda trainer has no gradient "
-                "all-reduce yet)", W);
+    if (W > 1 && s->device.backend == BACKEND_CUDA &&
+        s->device.memory_budget > 0) {
+        seterr_(err, errlen, "nodes.world_size: %d ranks on device.backend "
+                "\"cuda\" cannot offload yet (device.memory_budget must be "
+                "0: an offloaded slot's host update would need the group's "
+                "gradient first)", W);
         return -1;
     }
     return 0;

@@ -67,6 +67,9 @@ struct trainer {
      * alone. B_rank, accum_rank: this rank's microbatches (spec_dp_split;
      * the spec's B and grad_accum alone) */
     m6_coll *coll;
+    m6_coll *gcoll;         /* trainer_adopt_grad_group (owned): the
+                             * gradient summed in device memory over it
+                             * (NCCL); NULL: over coll (host memory) */
     int rank, world;
     int B_rank, accum_rank;
     float *bucket;          /* bucket_floats: the all-reduce staging */
@@ -466,6 +469,7 @@ void trainer_free(trainer *t)
         pthread_cond_destroy(&t->dp_cv);
     }
     free(t->win_pos);
+    m6_coll_destroy(t->gcoll);
     free(t);
 }
 
@@ -957,6 +961,33 @@ static int allreduce_grads_(trainer *t, double *loss_sum, m6_err *err)
     return 0;
 }
 
+/* The step's gradient and *loss_sum over the ranks with a device-memory
+ * group (trainer_adopt_grad_group): the loss over the host group, the
+ * backend's device buffer (backend.h device_grads) in place over gcoll,
+ * in buckets of bucket_floats, the last bucket first, as reduce_buckets_
+ * does. 0, or -1 with err. */
+static int allreduce_device_(trainer *t, double *loss_sum, m6_err *err)
+{
+    float loss = (float)*loss_sum;
+    if (m6_coll_allreduce_sum(t->coll, &loss, 1, err) != 0)
+        return -1;
+    *loss_sum = loss;
+    size_t n = 0, bf = t->bucket_floats;
+    float *g = t->be.iface->device_grads(t->be.ctx, &n);
+    if (!g) {
+        m6_err_set(err, M6_EINTERNAL, "the %s backend has no device buffer "
+                   "of the step's gradient (out of device memory)",
+                   t->be.iface->name);
+        return -1;
+    }
+    for (size_t b = (n + bf - 1) / bf; b-- > 0;) {
+        size_t start = b * bf, len = n - start < bf ? n - start : bf;
+        if (m6_coll_allreduce_sum(t->gcoll, g + start, len, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* The backend's report (backend.h data_parallel): slot s's gradient is
  * final. From the training thread or a backend thread. */
 static void dp_ready_(void *ctx, int s)
@@ -1084,6 +1115,28 @@ static void dp_backend_(trainer *t)
         be->data_parallel(t->be.ctx, 0, NULL, NULL);
 }
 
+int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    if (!dev || !m6_coll_device_buffers(dev) || !be->dp_device ||
+        !be->device_grads) {
+        if (dev)
+            m6_err_set(err, M6_EINVALID, "collectives: %s",
+                       !m6_coll_device_buffers(dev)
+                           ? "a gradient group must reduce device memory "
+                             "(nccl); a host group is trainer_set_collectives'"
+                           : "the backend's gradients are not in device "
+                             "memory (use gloo)");
+        else
+            m6_err_set(err, M6_EINVALID, "collectives: no group");
+        m6_coll_destroy(dev);
+        return -1;
+    }
+    m6_coll_destroy(t->gcoll);
+    t->gcoll = dev;
+    return 0;
+}
+
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
 {
     int W = c ? m6_coll_world_size(c) : 1, B_r, A_r;
@@ -1098,19 +1151,33 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
                    want);
         return -1;
     }
+    const backend_iface *be = t->be.iface;
     if (W > 1) {
         if (m6_coll_device_buffers(c)) {
             m6_err_set(err, M6_EINVALID, "collectives: backend '%s' reduces "
-                       "device memory, but the %s trainer's gradients are "
-                       "host memory (use gloo)", m6_coll_backend(c),
-                       t->be.iface->name);
+                       "device memory, but the trainer's group carries host "
+                       "memory (the loss, the state broadcast; use gloo, "
+                       "and trainer_adopt_grad_group for the %s gradients)",
+                       m6_coll_backend(c), be->name);
             return -1;
         }
-        if (!t->be.iface->grad_region || !t->be.iface->data_parallel ||
-            !t->be.iface->grad_region(t->be.ctx, -1)) {
-            m6_err_set(err, M6_EINVALID, "collectives: the %s backend's "
-                       "gradients are not in host memory (a GPU): it "
-                       "cannot train data-parallel yet", t->be.iface->name);
+        if (t->gcoll && (m6_coll_world_size(t->gcoll) != W ||
+                         m6_coll_rank(t->gcoll) != m6_coll_rank(c))) {
+            m6_err_set(err, M6_EINVALID, "collectives: the gradient group is "
+                       "rank %d of %d, the host group rank %d of %d",
+                       m6_coll_rank(t->gcoll), m6_coll_world_size(t->gcoll),
+                       m6_coll_rank(c), W);
+            return -1;
+        }
+        if (!be->data_parallel ||
+            (t->gcoll ? !be->device_grads(t->be.ctx, NULL)
+                      : !be->grad_region || !be->grad_region(t->be.ctx, -1))) {
+            m6_err_set(err, M6_EINVALID, "collectives: the %s backend "
+                       "cannot train data-parallel%s", be->name,
+                       !be->data_parallel ? ""
+                       : t->planned && t->plan.n_offloaded > 0
+                           ? " with offloaded slots (device.memory_budget)"
+                           : " (out of memory for the gradient's copy)");
             return -1;
         }
         if (spec_dp_split(&t->spec, W, &B_r, &A_r) != 0) {
@@ -1134,6 +1201,12 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
         B_r = t->spec.train.batch_size;
         A_r = t->spec.train.grad_accum;
     }
+    if (W <= 1 && t->gcoll) { /* alone: the gradient group goes too */
+        m6_coll_destroy(t->gcoll);
+        t->gcoll = NULL;
+    }
+    if (be->dp_device)
+        be->dp_device(t->be.ctx, W > 1 && t->gcoll);
     t->coll = c;
     t->world = W;
     t->rank = c ? m6_coll_rank(c) : 0;
@@ -1339,7 +1412,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     }
     for (int k = 0; k < t->accum_rank; k++) {
         rows_to_batch_(t, k, t->B_rank);
-        if (t->world > 1 && t->dp_overlap && k == t->accum_rank - 1)
+        if (t->world > 1 && t->dp_overlap && !t->gcoll &&
+            k == t->accum_rank - 1)
             overlap = dp_overlap_start_(t, &comm);
         loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
                                    loss_scale);
@@ -1347,8 +1421,9 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     float loss;
     if (t->world > 1) {
         /* the gradient and the loss sum over the ranks */
-        if ((overlap ? dp_overlap_finish_(t, comm, &loss_sum, err)
-                     : allreduce_grads_(t, &loss_sum, err)) != 0)
+        if ((overlap  ? dp_overlap_finish_(t, comm, &loss_sum, err)
+             : t->gcoll ? allreduce_device_(t, &loss_sum, err)
+                        : allreduce_grads_(t, &loss_sum, err)) != 0)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
     } else {

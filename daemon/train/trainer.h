@@ -251,11 +251,26 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * alone, the one-node path bit for bit). The group's world size must be
  * the spec's for the current phase (nodes.pseudo_world_size in the pseudo
  * phase when set, else nodes.world_size), its buffers host memory (gloo),
- * and the backend's gradients in host memory (cpu, offloading or not).
- * Called between steps; after trainer_delink with the real phase's group
- * when the worlds differ. The trainer does not own c. 0, or -1 with err
- * (M6_EINVALID) naming what does not fit; t is then unchanged. */
+ * and a backend that can train data-parallel: cpu (offloading or not),
+ * cuda without offloaded slots (its gradients staged through host memory,
+ * or summed on the device over a group given to trainer_adopt_grad_group
+ * first). Called between steps; after trainer_delink with the real
+ * phase's group when the worlds differ. The trainer does not own c. c
+ * NULL or of one rank also destroys an adopted gradient group. 0, or -1
+ * with err (M6_EINVALID) naming what does not fit; t is then unchanged. */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
+
+/* Sum the gradients over dev, a device-memory group (nccl) of the same
+ * ranks as the host group given to trainer_set_collectives next, in place
+ * on the device (backend.h device_grads; the cuda backend), instead of
+ * staging them through host memory over the host group (which still
+ * carries the loss, the step's agreement, MoE figures, validation and
+ * the state broadcast). The trainer owns dev from now on, on failure too:
+ * it is destroyed by the next adopt, by trainer_set_collectives with no
+ * group or one rank, and by trainer_free. Between steps. 0, or -1 with
+ * err (M6_EINVALID: dev NULL or of host memory, a backend without device
+ * gradients). */
+int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err);
 
 /* Floats per all-reduce bucket (default 4 Mi floats, 16 MiB); n >= 1.
  * The result does not depend on it beyond float rounding (with 2 ranks

@@ -159,6 +159,13 @@ __global__ void copy_to_bf16_kernel(bf16 *params, const float *master,
         params[i] = st(master[i]);
 }
 
+__global__ void copy_to_f32_kernel(float *dst, const bf16 *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        dst[i] = ld(src[i]);
+}
+
 /* ------------------------------------------------------------- launchers */
 
 size_t grad_sumsq_scratch_floats(void)
@@ -328,5 +335,15 @@ void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
         return;
     copy_to_bf16_kernel<<<ceil_div(n, bs), bs, 0, stream>>>(params, master,
                                                             n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void copy_to_f32_cuda(float *dst, const bf16 *src, size_t n,
+                      cudaStream_t stream)
+{
+    const int bs = 256;
+    if (n == 0)
+        return;
+    copy_to_f32_kernel<<<ceil_div(n, bs), bs, 0, stream>>>(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }

@@ -370,6 +370,11 @@ void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream);
 void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
                        cudaStream_t stream);
 
+/* dst (n, fp32) = src (n, bf16), exact: data parallelism's fp32 copy of
+ * the bf16 gradients (gpt_cuda_grads_f32). */
+void copy_to_f32_cuda(float *dst, const bf16 *src, size_t n,
+                      cudaStream_t stream);
+
 /* ---------------------------------------------------- mixture of experts */
 
 /* The MoE ops of kernels.h (expert prototyping, M6-T) with fixed-capacity

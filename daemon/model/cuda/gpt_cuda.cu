@@ -506,6 +506,7 @@ void gpt_cuda_free(gpt_cuda *g)
     off_free_slots_(g, g->off.hs, g->S - g->n_res);
     off_fini_(g);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    if (g->gradf) CUDA_CHECK(cudaFree(g->gradf));
     adamw_multi_plan_destroy(g->mt);
     free(g->mt_t);
     if (g->act_mem) CUDA_CHECK(cudaFree(g->act_mem));
@@ -1255,6 +1256,74 @@ int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
         if (div[s] > 1)
             grad_div_cuda(g->grads + g->n_global + g->slot_off[s],
                           slot_n_(g, s), (float)div[s], g->stream);
+    return 0;
+}
+
+/* ------------------------------------------------------- data parallelism */
+
+float *gpt_cuda_grads_f32(gpt_cuda *g, size_t *n)
+{
+    if (g->gradf && g->gradf_n != g->n_params) { /* reslotted since */
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        CUDA_CHECK(cudaFree(g->gradf));
+        g->gradf = NULL;
+    }
+    if (!g->gradf) {
+        void *p = NULL;
+        if (cudaMalloc(&p, g->n_params * sizeof(float)) != cudaSuccess) {
+            (void)cudaGetLastError(); /* clear it: not a sticky error */
+            fprintf(stderr, "gpt_cuda_grads_f32: out of device memory (%zu "
+                    "floats)\n", g->n_params);
+            return NULL;
+        }
+        g->gradf = (float *)p;
+        g->gradf_n = g->n_params;
+    }
+    copy_to_f32_cuda(g->gradf, g->grads, g->n_params, g->stream);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (n)
+        *n = g->n_params;
+    return g->gradf;
+}
+
+void gpt_cuda_grads_f32_back(gpt_cuda *g)
+{
+    if (!g->gradf || g->gradf_n != g->n_params)
+        return;
+    copy_to_bf16_cuda(g->grads, g->gradf, g->n_params, g->stream);
+}
+
+int gpt_cuda_get_grads_resident(gpt_cuda *g, float *host, size_t n)
+{
+    size_t off[5][3];
+    int k = pieces_(g, n, off, 0);
+    if (k < 0)
+        return -1;
+    const float *f = gpt_cuda_grads_f32(g, NULL);
+    if (!f)
+        return -1;
+    for (int i = 0; i < k; i++)
+        CUDA_CHECK(cudaMemcpy(host + off[i][0], f + off[i][1],
+                              off[i][2] * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int gpt_cuda_set_grads_resident(gpt_cuda *g, const float *host, size_t n)
+{
+    size_t off[5][3];
+    int k = pieces_(g, n, off, 0);
+    if (k < 0 || !g->gradf || g->gradf_n != g->n_params)
+        return -1;
+    /* wte's rows [V, Vp) and the padding: zero, as backward leaves them */
+    CUDA_CHECK(cudaMemsetAsync(g->gradf, 0, g->n_params * sizeof(float),
+                               g->stream));
+    for (int i = 0; i < k; i++)
+        CUDA_CHECK(cudaMemcpyAsync(g->gradf + off[i][1], host + off[i][0],
+                                   off[i][2] * sizeof(float),
+                                   cudaMemcpyHostToDevice, g->stream));
+    gpt_cuda_grads_f32_back(g);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return 0;
 }
 

@@ -135,6 +135,33 @@ void gpt_cuda_zero_grad(gpt_cuda *g);
  * div[s] > 1 (its gradient is the host threads'); else 0. */
 int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div);
 
+/* Data parallelism (trainer.c's all-reduce, backend_cuda.c). The step's
+ * gradient of the globals and the resident slots, after the step's last
+ * microbatch, as fp32:
+ *
+ * gpt_cuda_grads_f32: in a device buffer of n_params floats (*n when n is
+ * not NULL) in gpt_cuda's device layout ([globals, wte with Vp rows |
+ * resident slots], padding and rows [V, Vp) zero), converted exactly from
+ * the bf16 gradients; an NCCL all-reduce sums it in place. The buffer is
+ * allocated at the first call (4 bytes per device parameter, not in
+ * gpt_cuda_info's or the offload plan's figures), again after a reslot,
+ * and freed with the model. Waits for the compute stream. NULL (message
+ * on stderr) when device memory runs out.
+ * gpt_cuda_grads_f32_back: the buffer's values (the sums) back into the
+ * bf16 gradients, one bf16 rounding each; queued. Nothing without a
+ * buffer of the current layout.
+ * gpt_cuda_get_grads_resident / set_grads_resident: the same through host
+ * memory in gpt.h's plain layout (n = n_global + the resident slots'
+ * floats, as gpt_cuda_get_state_resident), for a host all-reduce (Gloo);
+ * set needs a get since the last reslot and waits. 0, or -1 (a wrong n,
+ * out of device memory).
+ * Offloaded slots' gradients are not included (their fp32 accumulators
+ * are on the host). */
+float *gpt_cuda_grads_f32(gpt_cuda *g, size_t *n);
+void gpt_cuda_grads_f32_back(gpt_cuda *g);
+int gpt_cuda_get_grads_resident(gpt_cuda *g, float *host, size_t n);
+int gpt_cuda_set_grads_resident(gpt_cuda *g, const float *host, size_t n);
+
 /* Global L2 norm of the gradients (waits for the GPU; with offloaded
  * slots also for their accumulation, and adds the host's part). */
 float gpt_cuda_grad_norm(gpt_cuda *g);

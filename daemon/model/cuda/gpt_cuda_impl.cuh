@@ -196,6 +196,10 @@ struct gpt_cuda {
     int moe_B;                          /* its microbatch */
     float moe_daux, moe_dz;             /* this backward's loss weights */
     bf16 *params, *grads;               /* (n_params) each: device part */
+    float *gradf;                       /* data parallelism: fp32 copy of
+                                         * grads (gradf_n floats), or NULL
+                                         * (gpt_cuda_grads_f32) */
+    size_t gradf_n;
     float *opt, *master, *m, *v;        /* opt = master | m | v */
     long adam_t_global, *adam_t_slot;   /* [S] */
     struct adamw_multi_plan *mt;        /* multi-tensor AdamW of the device
