@@ -34,4 +34,11 @@ void trainer_test_fault(trainer *t, trainer_fault kind, long first,
 int trainer_test_fault_parse(const char *text, trainer_fault *kind,
                              long *first, long *count, int *slot);
 
+/* trainer_adopt_grad_group without its check that dev reduces device
+ * memory: for the CUDA emulation, where device memory is host memory, so
+ * that a Gloo group can sum the cuda backend's device buffer and the NCCL
+ * path of the trainer (backend.h device_grads) runs without NCCL. Never
+ * with a real GPU (Gloo would read device pointers). */
+int trainer_test_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err);
+
 #endif /* M6_TRAIN_TEST_HOOKS_H */

@@ -1115,14 +1115,16 @@ static void dp_backend_(trainer *t)
         be->data_parallel(t->be.ctx, 0, NULL, NULL);
 }
 
-int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
+/* trainer_adopt_grad_group; any_memory 1 (test_hooks.h): a group of
+ * host memory too. */
+static int adopt_(trainer *t, m6_coll *dev, int any_memory, m6_err *err)
 {
     const backend_iface *be = t->be.iface;
-    if (!dev || !m6_coll_device_buffers(dev) || !be->dp_device ||
-        !be->device_grads) {
+    int mem_ok = dev && (any_memory || m6_coll_device_buffers(dev));
+    if (!dev || !mem_ok || !be->dp_device || !be->device_grads) {
         if (dev)
             m6_err_set(err, M6_EINVALID, "collectives: %s",
-                       !m6_coll_device_buffers(dev)
+                       !mem_ok
                            ? "a gradient group must reduce device memory "
                              "(nccl); a host group is trainer_set_collectives'"
                            : "the backend's gradients are not in device "
@@ -1135,6 +1137,16 @@ int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
     m6_coll_destroy(t->gcoll);
     t->gcoll = dev;
     return 0;
+}
+
+int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
+{
+    return adopt_(t, dev, 0, err);
+}
+
+int trainer_test_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
+{
+    return adopt_(t, dev, 1, err);
 }
 
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)

@@ -20,6 +20,13 @@
  *     region) and the all-reduce after the microbatches
  *     (trainer_set_dp_overlap 0): bitwise the same losses, norms and
  *     weights as 1 (with two ranks each sum is a+b or b+a, equal in IEEE).
+ *  3. (The emulation only, M6_TEST_EMU: device memory is host memory
+ *     there.) The NCCL path of the trainer and the backend (backend.h
+ *     device_grads: the fp32 device buffer summed in place, no host copy)
+ *     with a Gloo group standing in for NCCL
+ *     (trainer_test_adopt_grad_group), 1000-float buckets: bitwise the
+ *     staged run's losses, norms and weights (the same a+b per element,
+ *     rounded once to bf16).
  * (A cuda run with offloading and nodes.world_size > 1 is refused by the
  * spec check: tests/unit/test_spec.c.)
  *
@@ -56,6 +63,7 @@
 #include <unistd.h>
 
 #include "report.h"
+#include "train/test_hooks.h"
 
 #include "dist/collectives.h"
 #include "model/cuda/gpt_cuda.h"
@@ -120,7 +128,7 @@ typedef struct {
  * at pseudo.steps, into *r. bucket 0: the default; overlap as
  * trainer_set_dp_overlap. 0, or -1 after printing why. */
 static int train_(const run_spec *s, int rank, int world, const char *store,
-                  size_t bucket, int overlap, result_ *r)
+                  size_t bucket, int overlap, int dev, result_ *r)
 {
     m6_err err = M6_ERR_NONE;
     char e[512];
@@ -141,6 +149,21 @@ static int train_(const run_spec *s, int rank, int world, const char *store,
         st = file_store_table(&fs);
         m6_coll_config cfg = {"gloo", rank, world, &st, "g0", 120000,
                               "127.0.0.1", 0};
+        m6_coll_config gcfg = cfg;
+        gcfg.prefix = "grads";
+        m6_coll *gc = NULL;
+#ifdef M6_TEST_EMU
+        if (dev && (!(gc = m6_coll_init(&gcfg, &err)) ||
+                    trainer_test_adopt_grad_group(t, gc, &err) != 0)) {
+            fprintf(stderr, "rank %d: gradient group: %s\n", rank,
+                    m6_err_msg(&err));
+            return -1;
+        }
+#else
+        (void)gcfg;
+        (void)gc;
+        (void)dev;
+#endif
         if (!(c = m6_coll_init(&cfg, &err)) ||
             trainer_set_collectives(t, c, &err) != 0) {
             fprintf(stderr, "rank %d: group: %s\n", rank, m6_err_msg(&err));
@@ -206,7 +229,7 @@ static int get_(const char *path, result_ *r)
 
 /* W ranks of spec(W) as child processes, their results into r[]. */
 static int ranks_(int W, const char *tag, size_t bucket, int overlap,
-                  result_ *r)
+                  int dev, result_ *r)
 {
     char store[300], path[400];
     snprintf(store, sizeof store, "%s/store-%s", dir_, tag);
@@ -223,7 +246,7 @@ static int ranks_(int W, const char *tag, size_t bucket, int overlap,
             result_ mine;
             memset(&mine, 0, sizeof mine);
             snprintf(path, sizeof path, "%s/%s-%d", dir_, tag, k);
-            _exit(train_(&s, k, W, store, bucket, overlap, &mine) == 0 &&
+            _exit(train_(&s, k, W, store, bucket, overlap, dev, &mine) == 0 &&
                           put_(path, &mine) == 0
                       ? 0 : 1);
         }
@@ -272,11 +295,11 @@ int main(void)
     memset(two, 0, sizeof two);
     memset(seq, 0, sizeof seq);
     memset(&one, 0, sizeof one);
-    if (ranks_(2, "two", 0, 1, two) != 0)
+    if (ranks_(2, "two", 0, 1, 0, two) != 0)
         return 1;
     /* the reference in a child too: a process that forks must hold no
      * CUDA state (the runtime's threads do not survive a fork) */
-    if (ranks_(1, "one", 0, 1, &one) != 0)
+    if (ranks_(1, "one", 0, 1, 0, &one) != 0)
         return 1;
     double dl = 0, dv = 0, dn = 0, dp = 0;
     int same = 1, reported = 1;
@@ -318,7 +341,7 @@ int main(void)
            mean, 0, TOL_PARAM_MEAN);
 
     printf("2. 1000-float buckets, all-reduce after the microbatches\n");
-    if (ranks_(2, "seq", 1000, 0, seq) != 0)
+    if (ranks_(2, "seq", 1000, 0, 0, seq) != 0)
         return 1;
     int bits = 1;
     for (int i = 0; i < STEPS; i++)
@@ -327,6 +350,24 @@ int main(void)
                 seq[0].hash[i] == two[0].hash[i] &&
                 seq[1].hash[i] == two[1].hash[i];
     check_true_(bits, "bitwise the same losses, norms and weights");
+#ifdef M6_TEST_EMU
+    printf("3. the device path (NCCL's), with a Gloo group on emulated "
+           "device memory\n");
+    result_ dr[2];
+    memset(dr, 0, sizeof dr);
+    if (ranks_(2, "dev", 1000, 1, 1, dr) != 0)
+        return 1;
+    bits = 1;
+    for (int i = 0; i < STEPS; i++)
+        bits &= memcmp(&dr[0].loss[i], &two[0].loss[i], sizeof(float)) == 0 &&
+                memcmp(&dr[0].norm[i], &two[0].norm[i], sizeof(float)) == 0 &&
+                memcmp(&dr[1].val[i], &two[1].val[i], sizeof(float)) == 0 &&
+                dr[0].hash[i] == two[0].hash[i] &&
+                dr[1].hash[i] == two[1].hash[i];
+    check_true_(bits, "bitwise the same losses, norms and weights as staged");
+    for (int k = 0; k < 2; k++)
+        free(dr[k].w);
+#endif
     free(one.w);
     for (int k = 0; k < 2; k++) {
         free(two[k].w);

@@ -9,6 +9,17 @@
  *   trainer    (CUDA builds) a device.backend "cuda" run given an NCCL
  *              group of world 1 gives bitwise the losses of the same run
  *              without one (the one-rank path is the one-node path)
+ *   grads      (CUDA builds) the cuda backend's NCCL path on one GPU: a
+ *              step's bf16 gradients into gpt_cuda_grads_f32's device
+ *              buffer, summed in place over an NCCL world of 1, taken
+ *              back (gpt_cuda_grads_f32_back): the gradient norm bitwise
+ *              the one without the round trip (bf16 -> fp32 is exact, a
+ *              one-rank sum the identity, fp32 -> bf16 of a bf16 value
+ *              exact); and the host copy (gpt_cuda_get_grads_resident,
+ *              the Gloo path) written back the same way. A trainer adopts
+ *              an NCCL group (trainer_adopt_grad_group) and drops it with
+ *              trainer_set_collectives(NULL). Two GPUs (the path with a
+ *              real sum) have never run: no such machine.
  *   two GPUs   world 2 as two processes on devices 0 and 1: the sums of
  *              small integers, exact in fp32, against the hand-computed
  *              values; broadcast from rank 1
@@ -28,6 +39,8 @@
 #include "dist/collectives.h"
 #include "../common/file_store.h"
 #ifdef M6_HAVE_CUDA
+#include <stdint.h>
+#include "model/cuda/gpt_cuda.h"
 #include "train/trainer.h"
 #include "../common/synth_data.h"
 
@@ -170,6 +183,66 @@ int main(int argc, char **argv)
         printf("trainer: NCCL world 1 = alone, bitwise (last loss %.6f)\n",
                (double)alone[4]);
         m6_coll_destroy(c);
+        char rm[128];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", data);
+        if (system(rm) != 0)
+            FAIL("cannot remove %s", data);
+    }
+#endif
+#ifdef M6_HAVE_CUDA
+    {
+        model_config cfg = {.vocab_size = 256, .n_layer = 2, .n_head = 2,
+                            .n_embd = 64, .seq_len = 32};
+        enum { B = 2, T = 32 };
+        int32_t inp[B * T], tgt[B * T];
+        for (int i = 0; i < B * T; i++) {
+            inp[i] = (i * 37 + 11) % 256;
+            tgt[i] = (i * 53 + 5) % 256;
+        }
+        gpt_cuda *gm = gpt_cuda_create(&cfg, 2, B);
+        if (!gm || gpt_cuda_init_weights(gm, 7) != 0)
+            FAIL("grads: cannot make the model");
+        gpt_cuda_step_begin(gm, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1e30f);
+        gpt_cuda_train_microbatch(gm, inp, tgt, B, 1.0f / (B * T), 1);
+        float n0 = gpt_cuda_grad_norm(gm), n1, n2;
+        size_t nf = 0;
+        float *df = gpt_cuda_grads_f32(gm, &nf);
+        c = group_(dir, "grads", 0, 1, 30000, &fs, &st, &err);
+        if (!c || !df || nf == 0 ||
+            m6_coll_allreduce_sum(c, df, nf, &err) != 0)
+            FAIL("grads: all-reduce: %s", m6_err_msg(&err));
+        gpt_cuda_grads_f32_back(gm);
+        n1 = gpt_cuda_grad_norm(gm);
+        gpt_cuda_info info;
+        gpt_cuda_get_info(gm, &info);
+        size_t nh = info.n_params_cpu; /* every slot resident */
+        float *hg = malloc(nh * sizeof(float));
+        if (!hg || gpt_cuda_get_grads_resident(gm, hg, nh) != 0 ||
+            gpt_cuda_set_grads_resident(gm, hg, nh) != 0)
+            FAIL("grads: the host copy");
+        n2 = gpt_cuda_grad_norm(gm);
+        free(hg);
+        if (!(n0 > 0) || memcmp(&n0, &n1, sizeof n0) != 0 ||
+            memcmp(&n0, &n2, sizeof n0) != 0)
+            FAIL("grads: norm %.9g, after the device round trip %.9g, "
+                 "after the host one %.9g", (double)n0, (double)n1,
+                 (double)n2);
+        gpt_cuda_free(gm);
+        printf("grads: NCCL world 1 in place and the host copy keep the "
+               "norm %.6f bitwise\n", (double)n0);
+        run_spec s;
+        spec_defaults(&s);
+        s.device.backend = BACKEND_CUDA;
+        s.model = cfg;
+        char data[] = "/tmp/m6-nccl-data2-XXXXXX";
+        if (synth_shards(data, 20000) != 0)
+            FAIL("grads: data");
+        synth_spec_data(&s, data);
+        trainer *t = trainer_create(&s, &err);
+        if (!t || trainer_adopt_grad_group(t, c, &err) != 0 ||
+            trainer_set_collectives(t, NULL, &err) != 0)
+            FAIL("grads: adopt: %s", m6_err_msg(&err));
+        trainer_free(t); /* c went with the trainer's NULL group */
         char rm[128];
         snprintf(rm, sizeof rm, "rm -rf '%s'", data);
         if (system(rm) != 0)
