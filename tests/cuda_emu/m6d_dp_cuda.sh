@@ -8,8 +8,7 @@
 # within 2e-3 nats of the single-node cuda run with the same global batch
 # (one bf16 rounding of each summed gradient element: see
 # tests/gpu/test_dp_cuda.c, where 6.5e-5 is measured; a rank training on
-# its own half of the batch is off by 6e-3 there). M6_DP_GRAD_ENGINE=nccl
-# on the coordinator refuses such a run, naming the missing engine.
+# its own half of the batch is off by 6e-3 there).
 . "$(dirname "$0")/../integration/lib.sh"
 TMO=30
 
