@@ -393,6 +393,12 @@ static void test_nodes(void **state)
     assert_true(spec_hash(&s) != spec_hash(&d));
     assert_int_equal(spec_world_of_phase(&s, 1), 2);
     assert_int_equal(spec_world_of_phase(&s, 0), 3);
+    /* cuda ranks without a budget are accepted (staged or NCCL) */
+    run_spec cu;
+    assert_int_equal(parse(&cu, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"backend\":\"cuda\"},\"train\":{\"grad_accum\":2},"
+        "\"nodes\":{\"world_size\":2}}", err, sizeof err), 0);
+    assert_int_equal(cu.device.backend, BACKEND_CUDA);
     /* B 6, accum 4: world 2 divides accum (2 microbatches of 6), world 3
      * only B (4 microbatches of 2), world 4 accum (1 of 6), 5 neither */
     int b, a;
