@@ -45,6 +45,13 @@ void encoder_backward(float *dwte, float *dwpe, const float *dout,
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int N, int C);
 
+/* res (N,C) = a + b (residual_forward), then out = LayerNorm(res) as
+ * layernorm_forward, in one pass over the rows. res may alias a or b. */
+void residual_layernorm_forward(float *res, float *out, float *mean,
+                                float *rstd, const float *a, const float *b,
+                                const float *weight, const float *bias, int N,
+                                int C);
+
 /* dinp (N,C) +=, dweight (C) +=, dbias (C) +=. dout, inp (N,C); mean, rstd (N)
  * from the forward. */
 void layernorm_backward(float *dinp, float *dweight, float *dbias,
@@ -59,12 +66,30 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias,
 void matmul_forward(float *out, const float *inp, const float *weight,
                     const float *bias, int N, int C, int OC);
 
+/* matmul_forward, then act (N,OC) = GELU(out) elementwise (gelu_forward),
+ * in the same parallel region. act NULL: plain matmul_forward. */
+void matmul_forward_gelu(float *out, float *act, const float *inp,
+                         const float *weight, const float *bias, int N, int C,
+                         int OC);
+
 /* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp;
  * dbias (OC) += column sums of dout (skipped when dbias is NULL).
  * dinp may be NULL (no input gradient wanted). */
 void matmul_backward(float *dinp, float *dweight, float *dbias,
                      const float *dout, const float *inp, const float *weight,
                      int N, int C, int OC);
+
+/* matmul_backward of a layer whose input is act = GELU(pre), with the GELU
+ * backward in the same parallel region:
+ *   dact (N,C) = dout @ weight  (written, not added: scratch)
+ *   dpre (N,C) = GELU'(pre) * dact  (written, not added)
+ *   dweight (OC,C) += dout^T @ act;  dbias (OC) += column sums of dout.
+ * The same values as matmul_backward into a zeroed dact, then gelu_backward
+ * into a zeroed dpre. */
+void matmul_backward_gelu(float *dpre, float *dact, float *dweight,
+                          float *dbias, const float *dout, const float *act,
+                          const float *pre, const float *weight, int N, int C,
+                          int OC);
 
 /* ---------------------------------------------------------------- attention */
 
@@ -130,6 +155,29 @@ double grad_sumsq(const float *grads, size_t n);
 void adamw_update(float *params, const float *grads, float *m, float *v,
                   size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, long t);
+
+/* grad_sumsq of nb buffers (bufs[b] of ns[b] floats) in one parallel
+ * region; *out = the buffers' sums added in order b = 0..nb-1: bitwise
+ * grad_sumsq(bufs[0]) + grad_sumsq(bufs[1]) + ... Returns 0, or -1 (out
+ * of memory for the nb * 64 partial sums; *out untouched). */
+int grad_sumsq_many(double *out, const float *const *bufs, const size_t *ns,
+                    int nb);
+
+/* One AdamW span: n parameters with their gradients and moments, their
+ * weight decay and step count t >= 1. */
+typedef struct {
+    float *params;
+    const float *grads;
+    float *m, *v;
+    size_t n;
+    float weight_decay;
+    long t;
+} adamw_span;
+
+/* adamw_update on each of spans[0..ns) in one parallel region (no barrier
+ * between spans): bitwise the same as ns adamw_update calls. */
+void adamw_update_spans(const adamw_span *spans, int ns, float lr,
+                        float beta1, float beta2, float eps, float grad_scale);
 
 /* ------------------------------------------------ mixture of experts (MoE) */
 

@@ -348,9 +348,8 @@ static void mlp_forward_(gpt_model *g, int s, int l, const float *x,
     const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
     float *fch = g->a.fch + l * Ba * 4 * C;
     float *fchg = g->a.fch_gelu + l * Ba * 4 * C;
-    matmul_forward(fch, x, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B), (int)BT,
-                   C, 4 * C);
-    gelu_forward(fchg, fch, BT * 4 * C);
+    matmul_forward_gelu(fch, fchg, x, W_(g, s, SLOT_FC_W), W_(g, s, SLOT_FC_B),
+                        (int)BT, C, 4 * C);
     matmul_forward(out, fchg, W_(g, s, SLOT_FCPROJ_W), W_(g, s, SLOT_FCPROJ_B),
                    (int)BT, 4 * C, C);
 }
@@ -364,12 +363,10 @@ static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
     const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
     const float *fch = a->fch + l * Ba * 4 * C;
     const float *fchg = a->fch_gelu + l * Ba * 4 * C;
-    memset(a->dfch_gelu, 0, BT * 4 * C * sizeof(float));
-    matmul_backward(a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
-                    DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg,
-                    W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
-    memset(a->dfch, 0, BT * 4 * C * sizeof(float));
-    gelu_backward(a->dfch, fch, a->dfch_gelu, BT * 4 * C);
+    /* d(fch_gelu) and d(fch) written (not added), GELU in the same pass */
+    matmul_backward_gelu(a->dfch, a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
+                         DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg, fch,
+                         W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
     matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
                     a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
 }
@@ -415,10 +412,10 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         /* attention projection written to res2, then residual added in place */
         matmul_forward(res2, atty, W_(g, s, SLOT_ATTPROJ_W),
                        W_(g, s, SLOT_ATTPROJ_B), (int)BT, C, C);
-        residual_forward(res2, res, res2, BTC);
-        layernorm_forward(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba, res2,
-                          W_(g, s, SLOT_LN2_W), W_(g, s, SLOT_LN2_B), (int)BT,
-                          C);
+        residual_layernorm_forward(res2, ln2, a->ln2_mean + l * Ba,
+                                   a->ln2_rstd + l * Ba, res, res2,
+                                   W_(g, s, SLOT_LN2_W), W_(g, s, SLOT_LN2_B),
+                                   (int)BT, C);
         if (model_layer_is_moe(&g->cfg, l))
             moe_layer_forward_(g, s, l, ln2, res3, B);
         else
@@ -541,22 +538,43 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 
 float gpt_grad_norm(const gpt_model *g)
 {
-    double sum = grad_sumsq(g->grads, g->n_global);
-    for (int s = 0; s < g->S; s++)
-        sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
+    /* all buffers in one parallel region; the same sum as one by one */
+    int nb = 1 + g->S;
+    const float **bufs = malloc((size_t)nb * sizeof *bufs);
+    size_t *ns = malloc((size_t)nb * sizeof *ns);
+    double sum = 0.0;
+    int rc = -1;
+    if (bufs && ns) {
+        bufs[0] = g->grads;
+        ns[0] = g->n_global;
+        for (int s = 0; s < g->S; s++) {
+            bufs[1 + s] = g->slots[s].grads;
+            ns[1 + s] = gpt_slot_floats(g, s);
+        }
+        rc = grad_sumsq_many(&sum, bufs, ns, nb);
+    }
+    if (rc != 0) { /* out of memory: buffer by buffer */
+        sum = grad_sumsq(g->grads, g->n_global);
+        for (int s = 0; s < g->S; s++)
+            sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
+    }
+    free(bufs);
+    free(ns);
     return (float)sqrt(sum);
 }
 
-static void adamw_region_(float *p, float *gr, float *m, float *v,
-                          const gpt_tensor *ts, int nt, long t, float lr,
-                          float beta1, float beta2, float eps, float wd,
-                          float grad_scale)
+/* The AdamW spans of one region (params, grads, m, v with the tensors ts)
+ * appended at sp; returns the number appended. */
+static int adamw_spans_(adamw_span *sp, float *p, float *gr, float *m,
+                        float *v, const gpt_tensor *ts, int nt, long t,
+                        float wd)
 {
     for (int i = 0; i < nt; i++) {
         size_t o = ts[i].offset;
-        adamw_update(p + o, gr + o, m + o, v + o, ts[i].numel, lr, beta1,
-                     beta2, eps, ts[i].decay ? wd : 0.0f, grad_scale, t);
+        sp[i] = (adamw_span){p + o, gr + o, m + o, v + o, ts[i].numel,
+                             ts[i].decay ? wd : 0.0f, t};
     }
+    return nt;
 }
 
 void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
@@ -564,21 +582,44 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
 {
     const gpt_slot_state *st = &g->slots[s];
     long t = ++g->adam_t_slot[s];
-    adamw_region_(st->params, st->grads, st->m, st->v, gpt_slot_tensors(g, s),
-                  gpt_slot_ntensors_of(g, s), t, lr, beta1, beta2, eps,
-                  weight_decay, grad_scale);
+    adamw_span sp[SLOT_NTENSORS_MAX];
+    int n = adamw_spans_(sp, st->params, st->grads, st->m, st->v,
+                         gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s), t,
+                         weight_decay);
+    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
 }
 
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale)
 {
+    /* every resident tensor in one parallel region */
+    adamw_span *sp = malloc(((size_t)GLOB_NTENSORS +
+                             (size_t)g->S * SLOT_NTENSORS_MAX) * sizeof *sp);
+    if (!sp) { /* out of memory: region by region, the same update */
+        long t = ++g->adam_t_global;
+        adamw_span gs[GLOB_NTENSORS];
+        int n = adamw_spans_(gs, g->params, g->grads, g->m, g->v, g->glob,
+                             GLOB_NTENSORS, t, weight_decay);
+        adamw_update_spans(gs, n, lr, beta1, beta2, eps, grad_scale);
+        for (int s = 0; s < g->S; s++)
+            if (!g->offloaded[s])
+                gpt_adamw_slot(g, s, lr, beta1, beta2, eps, weight_decay,
+                               grad_scale);
+        return;
+    }
     long t = ++g->adam_t_global;
-    adamw_region_(g->params, g->grads, g->m, g->v, g->glob, GLOB_NTENSORS, t,
-                  lr, beta1, beta2, eps, weight_decay, grad_scale);
-    for (int s = 0; s < g->S; s++)
-        if (!g->offloaded[s])
-            gpt_adamw_slot(g, s, lr, beta1, beta2, eps, weight_decay,
-                           grad_scale);
+    int n = adamw_spans_(sp, g->params, g->grads, g->m, g->v, g->glob,
+                         GLOB_NTENSORS, t, weight_decay);
+    for (int s = 0; s < g->S; s++) {
+        if (g->offloaded[s])
+            continue;
+        const gpt_slot_state *st = &g->slots[s];
+        n += adamw_spans_(sp + n, st->params, st->grads, st->m, st->v,
+                          gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s),
+                          ++g->adam_t_slot[s], weight_decay);
+    }
+    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+    free(sp);
 }
 
 /* ------------------------------------------------------------- delink */

@@ -73,4 +73,24 @@ static inline float exp_(float x)
     return p * scale;
 }
 
+/* GELU, tanh approximation, and its derivative (the formulas: gelu.c);
+ * shared by gelu.c and the GELU epilogues of matmul.c. */
+#define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static inline float gelu_(float x)
+{
+    float u = GELU_K * (x + GELU_A * x * x * x);
+    return x / (1.0f + exp_(-2.0f * u));
+}
+
+static inline float gelu_grad_(float x)
+{
+    float u = GELU_K * (x + GELU_A * x * x * x);
+    float e = exp_(-2.0f * u);
+    float s = 1.0f / (1.0f + e);        /* 1 - s = e s, without cancellation */
+    float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+    return s + 2.0f * x * s * (e * s) * du;
+}
+
 #endif /* M6_CPU_MATH_H */

@@ -11,29 +11,16 @@
 #include "kernels.h"
 #include "cpu_math.h"
 
-#define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
-#define GELU_A 0.044715f
-
 void gelu_forward(float *out, const float *inp, size_t N)
 {
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_A * x * x * x);
-        out[i] = x / (1.0f + exp_(-2.0f * u));
-    }
+    for (size_t i = 0; i < N; i++)
+        out[i] = gelu_(inp[i]);
 }
 
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
 {
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_A * x * x * x);
-        float e = exp_(-2.0f * u);
-        float s = 1.0f / (1.0f + e);        /* 1 - s = e s, without cancellation */
-        float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        float grad = s + 2.0f * x * s * (e * s) * du;
-        dinp[i] += grad * dout[i];
-    }
+    for (size_t i = 0; i < N; i++)
+        dinp[i] += gelu_grad_(inp[i]) * dout[i];
 }

@@ -9,6 +9,8 @@
  * dinp is done row-parallel; dweight/dbias (a reduction over rows) in a
  * second pass, column-block-parallel, so each element is summed by one
  * thread in row order (deterministic for any thread count).
+ * residual_layernorm_forward adds the residual in the same row loop (one
+ * parallel region and one pass over the rows instead of two).
  */
 #include <math.h>
 #include "kernels.h"
@@ -17,22 +19,43 @@
 #define LN_EPS 1e-5f
 #define LN_CBLOCK 64    /* columns per block in the dweight/dbias pass */
 
+/* One row: o (C) = LayerNorm(x) with its mean and rstd */
+static inline void ln_row_(float *restrict o, float *mean, float *rstd,
+                           const float *restrict x, const float *weight,
+                           const float *bias, int C)
+{
+    float m = sum_(x, C) / C;
+    for (int c = 0; c < C; c++)         /* o holds x - mean for now */
+        o[c] = x[c] - m;
+    float var = dot_(o, o, C) / C;
+    float s = 1.0f / sqrtf(var + LN_EPS);
+    for (int c = 0; c < C; c++)
+        o[c] = o[c] * s * weight[c] + bias[c];
+    *mean = m;
+    *rstd = s;
+}
+
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int N, int C)
 {
     #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        ln_row_(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C,
+                weight, bias, C);
+}
+
+void residual_layernorm_forward(float *res, float *out, float *mean,
+                                float *rstd, const float *a, const float *b,
+                                const float *weight, const float *bias, int N,
+                                int C)
+{
+    #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        float m = sum_(x, C) / C;
-        for (int c = 0; c < C; c++)         /* o holds x - mean for now */
-            o[c] = x[c] - m;
-        float var = dot_(o, o, C) / C;
-        float s = 1.0f / sqrtf(var + LN_EPS);
+        float *r = res + (size_t)n * C;
+        const float *x = a + (size_t)n * C, *y = b + (size_t)n * C;
         for (int c = 0; c < C; c++)
-            o[c] = o[c] * s * weight[c] + bias[c];
-        mean[n] = m;
-        rstd[n] = s;
+            r[c] = x[c] + y[c];
+        ln_row_(out + (size_t)n * C, mean + n, rstd + n, r, weight, bias, C);
     }
 }
 

@@ -14,10 +14,15 @@
  * the same cores starved each other (GEMMs fell to a third of peak between
  * OpenMP regions). Every output element is computed by one sgemm call with
  * a block layout fixed by the thread count: deterministic for a given count.
+ *
+ * The _gelu forms fuse the MLP's GELU into the GEMM's parallel region: each
+ * thread applies it (forward) or its derivative (backward, to the input
+ * gradient) on the block it has just computed; no extra region or pass.
  */
 #include <string.h>
 #include <omp.h>
 #include "kernels.h"
+#include "cpu_math.h"
 
 /* -DM6_NO_CBLAS replaces sgemm by plain loops (slow, same results up to
  * summation order) for machines without a BLAS, e.g. the GPU check
@@ -71,25 +76,89 @@ static void block_(int n, int part, int nparts, int *lo, int *hi)
     *hi = *lo + step < n ? *lo + step : n;
 }
 
+/* One thread's column block [o0, o1) of the forward GEMM; with act, that
+ * block's GELU too (act (N,OC) = gelu(out)). */
+static void forward_block_(float *out, float *act, const float *inp,
+                           const float *weight, const float *bias, int N,
+                           int C, int OC, int o0, int o1)
+{
+    if (o1 <= o0)
+        return;
+    float beta = 0.0f;
+    if (bias) {
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t)n * OC + o0, bias + o0,
+                   (size_t)(o1 - o0) * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, C,
+                1.0f, inp, C, weight + (size_t)o0 * C, C,
+                beta, out + o0, OC);
+    if (act)
+        for (int n = 0; n < N; n++) {
+            const float *x = out + (size_t)n * OC;
+            float *y = act + (size_t)n * OC;
+            for (int o = o0; o < o1; o++)
+                y[o] = gelu_(x[o]);
+        }
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight,
                     const float *bias, int N, int C, int OC)
+{
+    matmul_forward_gelu(out, NULL, inp, weight, bias, N, C, OC);
+}
+
+void matmul_forward_gelu(float *out, float *act, const float *inp,
+                         const float *weight, const float *bias, int N, int C,
+                         int OC)
 {
     blas_single_thread_();
     #pragma omp parallel
     {
         int o0, o1;
         block_(OC, omp_get_thread_num(), omp_get_num_threads(), &o0, &o1);
-        if (o1 > o0) {
-            float beta = 0.0f;
-            if (bias) {
-                for (int n = 0; n < N; n++)
-                    memcpy(out + (size_t)n * OC + o0, bias + o0,
-                           (size_t)(o1 - o0) * sizeof(float));
-                beta = 1.0f;
+        forward_block_(out, act, inp, weight, bias, N, C, OC, o0, o1);
+    }
+}
+
+/* The backward of one thread's blocks (see matmul_backward); with pre,
+ * the input gradient's column block is then taken through GELU:
+ * dpre[:, c0:c1] = gelu'(pre) * dinp[:, c0:c1] (dpre written, not added). */
+static void backward_blocks_(float *dinp, float *dpre, const float *pre,
+                             float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N,
+                             int C, int OC, float dinp_beta)
+{
+    int part = omp_get_thread_num(), nparts = omp_get_num_threads();
+    int c0, c1, o0, o1;
+    block_(C, part, nparts, &c0, &c1);
+    block_(OC, part, nparts, &o0, &o1);
+
+    /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
+    if (dinp && c1 > c0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
+                    1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
+        if (dpre)
+            for (int n = 0; n < N; n++) {
+                const float *d = dinp + (size_t)n * C;
+                const float *x = pre + (size_t)n * C;
+                float *dx = dpre + (size_t)n * C;
+                for (int c = c0; c < c1; c++)
+                    dx[c] = gelu_grad_(x[c]) * d[c];
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, C,
-                        1.0f, inp, C, weight + (size_t)o0 * C, C,
-                        beta, out + o0, OC);
+    }
+    /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
+    if (o1 > o0)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N,
+                    1.0f, dout + o0, OC, inp, C, 1.0f,
+                    dweight + (size_t)o0 * C, C);
+    /* dbias[o0:o1]: rows in order, one thread per element */
+    if (dbias) {
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+            for (int o = o0; o < o1; o++)
+                dbias[o] += d[o];
         }
     }
 }
@@ -100,28 +169,17 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
 {
     blas_single_thread_();
     #pragma omp parallel
-    {
-        int part = omp_get_thread_num(), nparts = omp_get_num_threads();
-        int c0, c1, o0, o1;
-        block_(C, part, nparts, &c0, &c1);
-        block_(OC, part, nparts, &o0, &o1);
+    backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
+                     C, OC, 1.0f);
+}
 
-        /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
-        if (dinp && c1 > c0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
-                        1.0f, dout, OC, weight + c0, C, 1.0f, dinp + c0, C);
-        /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
-        if (o1 > o0)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N,
-                        1.0f, dout + o0, OC, inp, C, 1.0f,
-                        dweight + (size_t)o0 * C, C);
-        /* dbias[o0:o1]: rows in order, one thread per element */
-        if (dbias) {
-            for (int n = 0; n < N; n++) {
-                const float *d = dout + (size_t)n * OC;
-                for (int o = o0; o < o1; o++)
-                    dbias[o] += d[o];
-            }
-        }
-    }
+void matmul_backward_gelu(float *dpre, float *dact, float *dweight,
+                          float *dbias, const float *dout, const float *act,
+                          const float *pre, const float *weight, int N, int C,
+                          int OC)
+{
+    blas_single_thread_();
+    #pragma omp parallel
+    backward_blocks_(dact, dpre, pre, dweight, dbias, dout, act, weight, N, C,
+                     OC, 0.0f);
 }
