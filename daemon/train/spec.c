@@ -239,8 +239,9 @@ static const key_ keys_[] = {
         "Data-parallel ranks (nodes) of the real phase. Each rank takes an "
         "equal share of every global batch (`batch_size * grad_accum` "
         "sequences, whatever the world size), so it must divide "
-        "`grad_accum` or `batch_size`; `cpu` only (offloading or not, "
-        "dense or MoE), for now."),
+        "`grad_accum` or `batch_size`. `cpu` (offloading or not, dense or "
+        "MoE) or `cuda` without offloading (gradients over NCCL, or Gloo "
+        "staged through host memory)."),
     INT("nodes", "pseudo_world_size", nodes.pseudo_world_size, 0, 65536,
         "Data-parallel ranks of the pseudo phase, at most `world_size` (the "
         "shared model needs less memory); the others join at the delink. "
