@@ -95,15 +95,29 @@ log "resume in flight at SIGTERM: exit $rc '$(cat "$T/r3")'"
 # 5. SIGTERM, then SIGINT and SIGHUP while m6d finishes its step: logged
 #    and ignored; m6d still checkpoints and exits 0, and the run goes on
 #    from that checkpoint (no step lost).
+#    Should m6d finish its step and exit before the second signal reaches
+#    it (a short step on a busy machine), there is nothing to check: no
+#    signal line at all after the first; try again, 5 times at most.
 ctl resume "$P" >/dev/null 2>&1 || true  # paused if the resume was refused
-wait_state "$P" running 10
-wait_step "$P" $(( $(field "$P" step) + 2 ))
 LOG=$T/m6d-s.log
-from=$(( $(wc -l <"$LOG") + 1 ))
-kill -TERM "$DAEMON_PID"; sleep 0.03; kill -INT "$DAEMON_PID"; kill -HUP "$DAEMON_PID"
-rc=0; wait "$DAEMON_PID" || rc=$?
-[ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM then SIGINT/SIGHUP: $(tail -n +"$from" "$LOG" | tail -5)"
-tail -n +"$from" "$LOG" | grep -q "signal=Interrupt action=ignored" || fail "second signal not logged as ignored: $(tail -n +"$from" "$LOG")"
+ignored=0
+for _ in 1 2 3 4 5; do
+    wait_state "$P" running 10
+    wait_step "$P" $(( $(field "$P" step) + 2 ))
+    from=$(( $(wc -l <"$LOG") + 1 ))
+    kill -TERM "$DAEMON_PID"; sleep 0.03; kill -INT "$DAEMON_PID"; kill -HUP "$DAEMON_PID"
+    rc=0; wait "$DAEMON_PID" || rc=$?
+    [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM then SIGINT/SIGHUP: $(tail -n +"$from" "$LOG" | tail -5)"
+    if tail -n +"$from" "$LOG" | grep -q "signal=Interrupt action=ignored"; then
+        ignored=1
+        break
+    fi
+    tail -n +"$from" "$LOG" | grep -q "signal=Interrupt\|signal=Hangup" \
+        && fail "second signal not logged as ignored: $(tail -n +"$from" "$LOG")"
+    log "m6d exited before the second signal reached it; again"
+    start_daemon "$T/s" --log-level debug
+done
+[ "$ignored" = 1 ] || fail "m6d exited before the second signal in 5 tries"
 tail -n +"$from" "$LOG" | grep -q "run.interrupted run=$P" || fail "no run.interrupted after the second signal"
 K=$(db "$T/s" "select max(step) from metrics where run=$P")
 start_daemon "$T/s"
