@@ -102,7 +102,7 @@ build_() {
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
              kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/moe
              daemon/model/cuda/gpt_cuda daemon/offload/cuda/gpt_cuda_offload"
-    CPU_OPS="encoder layernorm attention gelu residual crossentropy adamw"
+    CPU_OPS="encoder layernorm gelu residual crossentropy adamw"
 
     pids=()
     names=()
@@ -126,6 +126,7 @@ build_() {
         compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
     done
     compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
+    compile cpu_attention gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/attention.c -o "$OUT/obj/cpu_attention.o"
     compile cpu_moe gcc "${CFLAGS[@]}" -c kernels/cpu/moe.c -o "$OUT/obj/cpu_moe.o"
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
     # the model without kernels, which gpt_cuda uses too: layout, the one
@@ -176,7 +177,7 @@ build_() {
     KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/${k##*/}.o"); done
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
     for f in $MODEL_C; do KOBJ+=("$OUT/obj/model_$(basename "$f" .c).o"); done
-    COBJ=(); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+    COBJ=("$OUT/obj/cpu_attention.o"); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_moe" "$OUT/obj/test_moe.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \

@@ -1,70 +1,68 @@
 /*
  * attention.c — causal multi-head self-attention (Vaswani et al. 2017,
- * §3.2.2), CPU reference. Per batch b and head h, with q, k, v the (T,hs)
- * head slices of qkv (row stride 3C) and scale = 1/sqrt(hs):
- *   pre[t,s] = scale q[t]·k[s]            for s <= t (causal)
- *   att[t,:] = softmax(pre[t,:]),  att[t,s] = 0 for s > t
- *   out[t]   = sum_s att[t,s] v[s]
- * Backward, for s <= t:
- *   datt[t,s] = dout[t]·v[s];          dv[s] += att[t,s] dout[t]
- *   dpre[t,s] = att[t,s] (datt[t,s] - sum_j att[t,j] datt[t,j])
- *   dq[t] += scale sum_s dpre[t,s] k[s];  dk[s] += scale dpre[t,s] q[t]
- * Work is split over (b,h): each task owns its slices of out, att and dqkv,
- * so every output element is written by one thread in a fixed order.
- * Head slices are small (hs = 64 at the model sizes we train), so plain loops
- * with the vectorisable helpers of cpu_math.h (fixed summation order) are
- * used rather than per-head sgemm calls.
+ * §3.2.2), CPU reference. Per batch b and head h, with Q, K, V the (T,hs)
+ * head slices of qkv (row stride 3C), P the (T,T) probabilities and
+ * scale = 1/sqrt(hs):
+ *   S = scale Q K^T;  P[t,:] = softmax over s <= t of S[t,:], 0 for s > t
+ *   O = P V
+ * Backward, with dO the head's slice of dout:
+ *   dP = dO V^T;                    dV += P^T dO
+ *   dS[t,s] = scale P[t,s] (dP[t,s] - sum_j P[t,j] dP[t,j])
+ *   dQ += dS K;                     dK += dS^T Q
+ *
+ * The products are sgemm calls (cpu_blas.h) on the strided head slices, no
+ * copies. Rows go in blocks of ATT_ROWS: block [i0, i1) only multiplies
+ * columns [0, i1), so the causal upper triangle costs at most one block's
+ * width. Work is split over (b,h) in one OpenMP region, each task with a
+ * single-threaded sgemm: each task owns its slices of out, att, scratch and
+ * dqkv, so every output element is written by one thread in a fixed order
+ * (deterministic for any thread count).
  */
 #include <math.h>
 #include "kernels.h"
 #include "cpu_math.h"
+#include "cpu_blas.h"
 
-/* y += alpha x over n */
-static inline void axpy_(float *restrict y, float alpha,
-                         const float *restrict x, int n)
-{
-    for (int i = 0; i < n; i++)
-        y[i] += alpha * x[i];
-}
+#define ATT_ROWS 64     /* rows per causal block */
 
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int C, int NH)
 {
     int hs = C / NH;
-    size_t C3 = 3 * (size_t)C;
+    int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
+    blas_single_thread_();
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-        for (int t = 0; t < T; t++) {
-            const float *q = base + t * C3;
-            float *a = att + ((size_t)bh * T + t) * T;
-            float *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-
-            /* scores and their max */
-            float maxv = -INFINITY;
-            for (int s = 0; s <= t; s++) {
-                const float *k = base + s * C3 + C;
-                float v = scale * dot_(q, k, hs);
-                a[s] = v;
-                if (v > maxv) maxv = v;
-            }
+        const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *P = att + (size_t)bh * T * T;
+        float *o = out + (size_t)b * T * C + (size_t)h * hs;
+        for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
+            int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
+            float *Pb = P + (size_t)i0 * T;
+            /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, i1, hs,
+                        scale, q + (size_t)i0 * C3, C3, k, C3, 0.0f, Pb, T);
             /* softmax over s <= t; zeros above the diagonal */
-            for (int s = 0; s <= t; s++)
-                a[s] = exp_(a[s] - maxv);
-            float inv = 1.0f / sum_(a, t + 1);
-            for (int s = 0; s <= t; s++)
-                a[s] *= inv;
-            for (int s = t + 1; s < T; s++)
-                a[s] = 0.0f;
-
-            /* out = att @ v */
-            for (int i = 0; i < hs; i++)
-                o[i] = 0.0f;
-            for (int s = 0; s <= t; s++)
-                axpy_(o, a[s], base + s * C3 + 2 * C, hs);
+            for (int t = i0; t < i1; t++) {
+                float *a = P + (size_t)t * T;
+                float maxv = -INFINITY;
+                for (int s = 0; s <= t; s++)
+                    maxv = a[s] > maxv ? a[s] : maxv;
+                for (int s = 0; s <= t; s++)
+                    a[s] = exp_(a[s] - maxv);
+                float inv = 1.0f / sum_(a, t + 1);
+                for (int s = 0; s <= t; s++)
+                    a[s] *= inv;
+                for (int s = t + 1; s < T; s++)
+                    a[s] = 0.0f;
+            }
+            /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
+                        1.0f, Pb, T, v, C3, 0.0f, o + (size_t)i0 * C, C);
         }
     }
 }
@@ -74,37 +72,46 @@ void attention_backward(float *dqkv, float *scratch, const float *dout,
                         int B, int T, int C, int NH)
 {
     int hs = C / NH;
-    size_t C3 = 3 * (size_t)C;
+    int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
+    blas_single_thread_();
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-        float *dbase = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
-        for (int t = 0; t < T; t++) {
-            const float *a = att + ((size_t)bh * T + t) * T;
-            float *dpre = scratch + ((size_t)bh * T + t) * T;
-            const float *d = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
-            const float *q = base + t * C3;
-            float *dq = dbase + t * C3;
-
-            /* datt = dout·v and dv += att dout; then the softmax backward */
-            float adot = 0.0f;
-            for (int s = 0; s <= t; s++) {
-                float da = dot_(d, base + s * C3 + 2 * C, hs);
-                dpre[s] = da;
-                adot += a[s] * da;
-                axpy_(dbase + s * C3 + 2 * C, a[s], d, hs);
+        size_t off = (size_t)b * T * C3 + (size_t)h * hs;
+        const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+        const float *P = att + (size_t)bh * T * T;
+        float *dS = scratch + (size_t)bh * T * T;
+        const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+        for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
+            int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
+            const float *Pb = P + (size_t)i0 * T;
+            float *dSb = dS + (size_t)i0 * T;
+            const float *dOb = dO + (size_t)i0 * C;
+            /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T, into dS */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, i1, hs,
+                        1.0f, dOb, C, v, C3, 0.0f, dSb, T);
+            /* dV[0:i1] += P[i0:i1, 0:i1]^T dO[i0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, M,
+                        1.0f, Pb, T, dOb, C, 1.0f, dv, C3);
+            /* the softmax backward, in place; 0 above the diagonal */
+            for (int t = i0; t < i1; t++) {
+                const float *a = P + (size_t)t * T;
+                float *d = dS + (size_t)t * T;
+                float adot = dot_(a, d, t + 1);
+                for (int s = 0; s <= t; s++)
+                    d[s] = scale * a[s] * (d[s] - adot);
+                for (int s = t + 1; s < i1; s++)
+                    d[s] = 0.0f;
             }
-            for (int s = 0; s <= t; s++)
-                dpre[s] = scale * a[s] * (dpre[s] - adot);
-
-            /* dq += dpre @ k, dk += dpre^T q */
-            for (int s = 0; s <= t; s++) {
-                axpy_(dq, dpre[s], base + s * C3 + C, hs);
-                axpy_(dbase + s * C3 + C, dpre[s], q, hs);
-            }
+            /* dQ[i0:i1] += dS[i0:i1, 0:i1] K[0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
+                        1.0f, dSb, T, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);
+            /* dK[0:i1] += dS[i0:i1, 0:i1]^T Q[i0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, M,
+                        1.0f, dSb, T, q + (size_t)i0 * C3, C3, 1.0f, dk, C3);
         }
     }
 }

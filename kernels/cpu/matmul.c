@@ -9,11 +9,9 @@
  *
  * Threading: the output of each GEMM is cut into one column (or row) block
  * per OpenMP thread and each thread runs a single-threaded sgemm on its
- * block. OpenBLAS's own thread pool is set to 1 thread on first use: two
- * pools (OpenMP for the other kernels, OpenBLAS for GEMMs) busy-waiting on
- * the same cores starved each other (GEMMs fell to a third of peak between
- * OpenMP regions). Every output element is computed by one sgemm call with
- * a block layout fixed by the thread count: deterministic for a given count.
+ * block (cpu_blas.h says why). Every output element is computed by one
+ * sgemm call with a block layout fixed by the thread count: deterministic
+ * for a given count.
  *
  * The _gelu forms fuse the MLP's GELU into the GEMM's parallel region: each
  * thread applies it (forward) or its derivative (backward, to the input
@@ -23,49 +21,9 @@
 #include <omp.h>
 #include "kernels.h"
 #include "cpu_math.h"
-
-/* -DM6_NO_CBLAS replaces sgemm by plain loops (slow, same results up to
- * summation order) for machines without a BLAS, e.g. the GPU check
- * (bench/gpu-check.sh) that builds the CPU model as a reference with gcc. */
-#ifndef M6_NO_CBLAS
-#include <cblas.h>
-#else
-enum { CblasRowMajor, CblasNoTrans, CblasTrans };
-static void openblas_set_num_threads(int n) { (void)n; }
-/* Runs inside one OpenMP thread's block, like the single-threaded BLAS. */
-static void cblas_sgemm(int order, int ta, int tb, int M, int N, int K,
-                        float alpha, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *Cm, int ldc)
-{
-    (void)order;
-    for (int i = 0; i < M; i++) {
-        for (int j = 0; j < N; j++) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++) {
-                float a = ta == CblasTrans ? A[(size_t)k * lda + i]
-                                           : A[(size_t)i * lda + k];
-                float b = tb == CblasTrans ? B[(size_t)j * ldb + k]
-                                           : B[(size_t)k * ldb + j];
-                s += a * b;
-            }
-            float *c = Cm + (size_t)i * ldc + j;
-            *c = alpha * s + (beta != 0.0f ? beta * *c : 0.0f);
-        }
-    }
-}
-#endif
+#include "cpu_blas.h"
 
 #define MM_ALIGN 16     /* block edges on multiples of 16 floats */
-
-/* OpenBLAS runs inside our OpenMP threads, one thread each */
-static void blas_single_thread_(void)
-{
-    static int done;
-    if (!done) {
-        openblas_set_num_threads(1);
-        done = 1;
-    }
-}
 
 /* [*lo, *hi) = block `part` of `nparts` over [0, n), edges aligned */
 static void block_(int n, int part, int nparts, int *lo, int *hi)

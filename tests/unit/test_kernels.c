@@ -546,6 +546,91 @@ static void test_attention(void **state)
 /* att rows sum to 1; zeros above the diagonal; a future token's k and v
  * don't change earlier outputs; earlier douts give no gradient to later
  * positions. */
+/* Attention at a T that crosses the kernel's row blocks (attention.c,
+ * ATT_ROWS = 64): T = 150 is two whole blocks and a partial one, and
+ * B*NH = 1 (one task). Forward against a double reference written for any
+ * shape; backward by central differences of L = sum(out ⊙ R) on that
+ * reference along random directions u of qkv: dL/du = sum(dqkv ⊙ u). */
+enum { LB = 1, LT = 150, LC = 16, LNH = 1 };
+
+static double ref_attention_any_(double *out, const double *qkv,
+                                 const double *R)
+{
+    int hs = LC / LNH;
+    double p[LT], L = 0.0;
+    for (int b = 0; b < LB; b++)
+        for (int h = 0; h < LNH; h++)
+            for (int t = 0; t < LT; t++) {
+                const double *q = qkv + (size_t)(b * LT + t) * 3 * LC + h * hs;
+                double mx = -INFINITY, sum = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    const double *k = qkv + (size_t)(b * LT + s) * 3 * LC + LC + h * hs;
+                    double d = 0.0;
+                    for (int i = 0; i < hs; i++)
+                        d += q[i] * k[i];
+                    p[s] = d / sqrt((double)hs);
+                    mx = p[s] > mx ? p[s] : mx;
+                }
+                for (int s = 0; s <= t; s++) { p[s] = exp(p[s] - mx); sum += p[s]; }
+                for (int i = 0; i < hs; i++) {
+                    double o = 0.0;
+                    for (int s = 0; s <= t; s++)
+                        o += p[s] / sum *
+                             qkv[(size_t)(b * LT + s) * 3 * LC + 2 * LC + h * hs + i];
+                    size_t at = (size_t)(b * LT + t) * LC + h * hs + i;
+                    if (out)
+                        out[at] = o;
+                    L += o * R[at];
+                }
+            }
+    return L;
+}
+
+static void test_attention_blocks(void **state)
+{
+    (void)state;
+    enum { NQ = LB * LT * 3 * LC, NO = LB * LT * LC, NA = LB * LNH * LT * LT };
+    rng_seed(11);
+    float *qkv = falloc(NQ), *out = falloc(NO), *dout = falloc(NO);
+    float *att = falloc(NA), *scratch = falloc(NA), *dqkv = falloc(NQ);
+    double *qkv_d = dalloc(NQ), *R = dalloc(NO), *out_d = dalloc(NO);
+    fill(qkv, qkv_d, NQ, -2, 2);
+    fill(dout, R, NO, -1, 1);
+    stale(out, NO);
+    stale(att, NA);
+    attention_forward(out, att, qkv, LB, LT, LC, LNH);
+    ref_attention_any_(out_d, qkv_d, R);
+    /* as test_attention, with sums of up to 150 terms: 1e-6 */
+    check_("attention T=150 fwd out", out, out_d, NO, 1e-6);
+    for (int t = 0; t < LT; t++)
+        for (int s = t + 1; s < LT; s++)
+            assert_true(att[(size_t)t * LT + s] == 0.0f);
+
+    attention_backward(dqkv, scratch, dout, qkv, att, LB, LT, LC, LNH);
+    double *u = dalloc(NQ), *xp = dalloc(NQ);
+    for (int dir = 0; dir < 4; dir++) {
+        double got = 0.0, norm = 0.0;
+        for (int i = 0; i < NQ; i++) {
+            u[i] = rng_float(-1, 1);
+            got += dqkv[i] * u[i];
+        }
+        for (int i = 0; i < NQ; i++) xp[i] = qkv_d[i] + FD_H * u[i];
+        double lp = ref_attention_any_(NULL, xp, R);
+        for (int i = 0; i < NQ; i++) xp[i] = qkv_d[i] - FD_H * u[i];
+        double lm = ref_attention_any_(NULL, xp, R);
+        double fd = (lp - lm) / (2 * FD_H);
+        for (int i = 0; i < NQ; i++) norm += fabs(dqkv[i] * u[i]);
+        /* fp32 gradient of 7200 terms against an exact directional
+         * derivative: relative to sum|g u|, 1e-5 (1e-7 per term seen at
+         * T = 5, times the longer sums) */
+        double e = fabs(got - fd) / norm;
+        printf("    attention T=150 dqkv dir %d  err %.2e (tol 1e-05)\n", dir, e);
+        assert_true(e < 1e-5);
+    }
+    free(qkv); free(out); free(dout); free(att); free(scratch); free(dqkv);
+    free(qkv_d); free(R); free(out_d); free(u); free(xp);
+}
+
 static void test_attention_causal(void **state)
 {
     rng_seed(5);
@@ -1054,6 +1139,7 @@ int main(void)
         cmocka_unit_test(test_matmul_blocks),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_crossentropy),
