@@ -16,11 +16,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include "kernels.h"
+#include "cpu_math.h"
 
 #define SUMSQ_CHUNKS 64
 
 /* The chunk sums of one buffer into part[SUMSQ_CHUNKS]; an orphaned
  * worksharing loop (no barrier), run by the enclosing parallel region. */
+M6_SIMD_CLONES
 static void sumsq_chunks_(double *part, const float *grads, size_t n)
 {
     size_t chunk = (n + SUMSQ_CHUNKS - 1) / SUMSQ_CHUNKS;
@@ -84,6 +86,7 @@ int grad_sumsq_many(double *out, const float *const *bufs, const size_t *ns,
 
 /* AdamW over elements [0, n) of one span; an orphaned worksharing loop
  * (no barrier). bc1, bc2: the bias corrections 1 - beta^t. */
+M6_SIMD_CLONES
 static void adamw_span_(float *params, const float *grads, float *m, float *v,
                         size_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, float grad_scale,

@@ -73,6 +73,19 @@ static inline float exp_(float x)
     return p * scale;
 }
 
+/* M6_SIMD_CLONES on a function with a vectorisable loop: GCC (or clang)
+ * builds it for AVX-512, AVX2 and the baseline ISA and picks one at load
+ * time (an ifunc), so the loop runs 16 or 8 floats wide where the CPU has
+ * them; the kernels are built for the baseline (SSE2, 4 wide) otherwise.
+ * kernels/meson.build builds with -ffp-contract=off, so no clone fuses a
+ * multiply-add: every clone gives the same bits. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(M6_NO_SIMD_CLONES)
+#define M6_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define M6_SIMD_CLONES
+#endif
+
 /* GELU, tanh approximation, and its derivative (the formulas: gelu.c);
  * shared by gelu.c and the GELU epilogues of matmul.c. */
 #define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */

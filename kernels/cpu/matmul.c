@@ -34,6 +34,29 @@ static void block_(int n, int part, int nparts, int *lo, int *hi)
     *hi = *lo + step < n ? *lo + step : n;
 }
 
+/* y[:, c0:c1] = gelu(x[:, c0:c1]), rows of ld floats */
+M6_SIMD_CLONES
+static void gelu_block_(float *restrict y, const float *restrict x, int N,
+                        int ld, int c0, int c1)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = c0; c < c1; c++)
+            y[(size_t)n * ld + c] = gelu_(x[(size_t)n * ld + c]);
+}
+
+/* dx[:, c0:c1] = gelu'(x) * d over the same block (dx written) */
+M6_SIMD_CLONES
+static void gelu_grad_block_(float *restrict dx, const float *restrict x,
+                             const float *restrict d, int N, int ld, int c0,
+                             int c1)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = c0; c < c1; c++) {
+            size_t i = (size_t)n * ld + c;
+            dx[i] = gelu_grad_(x[i]) * d[i];
+        }
+}
+
 /* One thread's column block [o0, o1) of the forward GEMM; with act, that
  * block's GELU too (act (N,OC) = gelu(out)). */
 static void forward_block_(float *out, float *act, const float *inp,
@@ -53,12 +76,7 @@ static void forward_block_(float *out, float *act, const float *inp,
                 1.0f, inp, C, weight + (size_t)o0 * C, C,
                 beta, out + o0, OC);
     if (act)
-        for (int n = 0; n < N; n++) {
-            const float *x = out + (size_t)n * OC;
-            float *y = act + (size_t)n * OC;
-            for (int o = o0; o < o1; o++)
-                y[o] = gelu_(x[o]);
-        }
+        gelu_block_(act, out, N, OC, o0, o1);
 }
 
 void matmul_forward(float *out, const float *inp, const float *weight,
@@ -98,13 +116,7 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
         if (dpre)
-            for (int n = 0; n < N; n++) {
-                const float *d = dinp + (size_t)n * C;
-                const float *x = pre + (size_t)n * C;
-                float *dx = dpre + (size_t)n * C;
-                for (int c = c0; c < c1; c++)
-                    dx[c] = gelu_grad_(x[c]) * d[c];
-            }
+            gelu_grad_block_(dpre, pre, dinp, N, C, c0, c1);
     }
     /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
     if (o1 > o0)
