@@ -32,6 +32,13 @@ static __device__ __forceinline__ void add_bf16(bf16 *x, float v)
     *x = st(ld(*x) + v);
 }
 
+/* x += v (acc) or x = v (not acc: x not read), one rounding: the
+ * backward ops and their *_first variants. */
+static __device__ __forceinline__ void put_bf16(bf16 *x, float v, int acc)
+{
+    *x = st(acc ? ld(*x) + v : v);
+}
+
 static __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

@@ -19,8 +19,9 @@ __global__ void gelu_forward_kernel(bf16 *out, const bf16 *inp, size_t N)
     out[i] = st(0.5f * x * (1.0f + tanhf(u)));
 }
 
+/* acc: dinp += (else =, dinp not read) */
 __global__ void gelu_backward_kernel(bf16 *dinp, const bf16 *inp,
-                                     const bf16 *dout, size_t N)
+                                     const bf16 *dout, size_t N, int acc)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N)
@@ -31,7 +32,7 @@ __global__ void gelu_backward_kernel(bf16 *dinp, const bf16 *inp,
     float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
     float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
     float d = ld(dout[i]); /* read before the write: dinp may alias dout */
-    dinp[i] = st(ld(dinp[i]) + grad * d);
+    dinp[i] = st(acc ? ld(dinp[i]) + grad * d : grad * d);
 }
 
 void gelu_forward_cuda(bf16 *out, const bf16 *inp, size_t N,
@@ -47,6 +48,15 @@ void gelu_backward_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
 {
     const int bs = 256;
     gelu_backward_kernel<<<ceil_div(N, bs), bs, 0, stream>>>(dinp, inp, dout,
-                                                             N);
+                                                             N, 1);
+    CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_first_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
+                              size_t N, cudaStream_t stream)
+{
+    const int bs = 256;
+    gelu_backward_kernel<<<ceil_div(N, bs), bs, 0, stream>>>(dinp, inp, dout,
+                                                             N, 0);
     CUDA_CHECK_LAUNCH();
 }

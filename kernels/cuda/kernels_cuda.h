@@ -7,7 +7,11 @@
  *
  * Conventions (as kernels.h unless said otherwise)
  *  - Forward ops overwrite their outputs; backward ops ACCUMULATE (+=) into
- *    every gradient (bf16 read, fp32 add, bf16 write).
+ *    every gradient (bf16 read, fp32 add, bf16 write). The *_first
+ *    variants of the backward ops WRITE (=) the activation gradient
+ *    instead (dinp, dqkv: not read, so it needs no zeroing first) and
+ *    still accumulate the weight gradients (a slot's gradient sums over
+ *    the layers that share it and over the microbatches).
  *  - Where the CUDA op needs workspace it takes a `scratch` argument right
  *    after its outputs, sized by the *_scratch_floats() function next to it.
  *    Scratch makes the reductions deterministic: partial sums per fixed row
@@ -88,6 +92,12 @@ void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
                              const bf16 *inp, const bf16 *weight,
                              const float *mean, const float *rstd, int N,
                              int C, cudaStream_t stream);
+/* The same with dinp (N,C) = (written, not read); dweight, dbias +=. */
+void layernorm_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                   float *scratch, const bf16 *dout,
+                                   const bf16 *inp, const bf16 *weight,
+                                   const float *mean, const float *rstd,
+                                   int N, int C, cudaStream_t stream);
 
 /* ------------------------------------------------------------------- matmul */
 
@@ -165,6 +175,12 @@ void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
                           float *scratch, const bf16 *dout, const bf16 *inp,
                           const bf16 *weight, int N, int C, int OC,
                           cudaStream_t stream);
+/* The same with dinp (N,C) = dout @ weight (the GEMM's beta 0: dinp is
+ * written, never read); dweight and dbias still +=. */
+void matmul_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                float *scratch, const bf16 *dout,
+                                const bf16 *inp, const bf16 *weight, int N,
+                                int C, int OC, cudaStream_t stream);
 
 /* ---------------------------------------------------------------- attention */
 
@@ -185,6 +201,12 @@ void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              const bf16 *qkv, const bf16 *out,
                              const float *lse, int B, int T, int C, int NH,
                              cudaStream_t stream);
+/* The same with dqkv (B,T,3C) = (written, not read): every element of dq,
+ * dk and dv is stored once, by the thread or GEMM that owns its row. */
+void attention_backward_first_cuda(bf16 *dqkv, float *scratch,
+                                   const bf16 *dout, const bf16 *qkv,
+                                   const bf16 *out, const float *lse, int B,
+                                   int T, int C, int NH, cudaStream_t stream);
 
 /* The two implementations behind those, same arguments and results:
  * _tc_: FlashAttention-2 on the tensor cores (mma.sync m16n8k16, bf16
@@ -236,6 +258,12 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
                                   const bf16 *qkv, const bf16 *out,
                                   const float *lse, int B, int T, int C,
                                   int NH, cudaStream_t stream);
+/* The same with dqkv = (beta 0 in the GEMMs that make dq, dk, dv). */
+void attention_gemm_backward_first_cuda(bf16 *dqkv, float *scratch, void *ws,
+                                        size_t ws_bytes, const bf16 *dout,
+                                        const bf16 *qkv, const bf16 *out,
+                                        const float *lse, int B, int T, int C,
+                                        int NH, cudaStream_t stream);
 
 /* 1 when cuBLASLt has an algorithm for every batched GEMM (fp32 scores,
  * bf16 products, the heads interleaved in qkv) that
@@ -256,6 +284,10 @@ void gelu_forward_cuda(bf16 *out, const bf16 *inp, size_t N,
 /* dinp (N) += GELU'(inp) * dout. dinp may alias dout. */
 void gelu_backward_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
                         size_t N, cudaStream_t stream);
+/* dinp (N) = GELU'(inp) * dout (written, not read); dinp may alias dout
+ * (in place). */
+void gelu_backward_first_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
+                              size_t N, cudaStream_t stream);
 
 /* ----------------------------------------------------------------- residual */
 

@@ -48,7 +48,8 @@ __global__ void layernorm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout,
                                                const bf16 *inp,
                                                const bf16 *weight,
                                                const float *mean,
-                                               const float *rstd, int N, int C)
+                                               const float *rstd, int N, int C,
+                                               int acc)
 {
     int row = blockIdx.x * LN_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -67,7 +68,8 @@ __global__ void layernorm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout,
     for (int c = lane; c < C; c += 32) {
         float xhat = (ld(x[c]) - m) * r;
         float g = ld(d[c]) * ld(weight[c]);
-        add_bf16(&dx[c], r * (g - gmean - xhat * gxmean));
+        float v = r * (g - gmean - xhat * gxmean);
+        dx[c] = st(acc ? ld(dx[c]) + v : v); /* acc 0: dinp not read */
     }
 }
 
@@ -129,15 +131,15 @@ size_t layernorm_backward_scratch_floats(int N, int C)
     return ceil_div(N, LN_ROWS) * 2 * (size_t)C;
 }
 
-void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
-                             float *scratch, const bf16 *dout,
-                             const bf16 *inp, const bf16 *weight,
-                             const float *mean, const float *rstd, int N,
-                             int C, cudaStream_t stream)
+/* layernorm_backward_cuda (acc 1: dinp +=) and _first_ (acc 0: dinp =) */
+static void backward_(bf16 *dinp, bf16 *dweight, bf16 *dbias, float *scratch,
+                      const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                      const float *mean, const float *rstd, int N, int C,
+                      int acc, cudaStream_t stream)
 {
     layernorm_backward_dinp_kernel<<<ceil_div(N, LN_WARPS), LN_WARPS * 32, 0,
                                      stream>>>(dinp, dout, inp, weight, mean,
-                                               rstd, N, C);
+                                               rstd, N, C, acc);
     CUDA_CHECK_LAUNCH();
     int nchunks = (int)ceil_div(N, LN_ROWS);
     const int bs = 128;
@@ -148,4 +150,24 @@ void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
     layernorm_backward_final_kernel<<<ceil_div(C, bs), bs, 0, stream>>>(
         dweight, dbias, scratch, nchunks, C);
     CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                             float *scratch, const bf16 *dout,
+                             const bf16 *inp, const bf16 *weight,
+                             const float *mean, const float *rstd, int N,
+                             int C, cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N,
+              C, 1, stream);
+}
+
+void layernorm_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                   float *scratch, const bf16 *dout,
+                                   const bf16 *inp, const bf16 *weight,
+                                   const float *mean, const float *rstd,
+                                   int N, int C, cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N,
+              C, 0, stream);
 }

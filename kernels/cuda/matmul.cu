@@ -465,14 +465,16 @@ size_t matmul_backward_scratch_floats(int N, int OC)
     return ceil_div(N, MM_ROWS) * (size_t)OC;
 }
 
-void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
-                          float *scratch, const bf16 *dout, const bf16 *inp,
-                          const bf16 *weight, int N, int C, int OC,
-                          cudaStream_t stream)
+/* matmul_backward_cuda (dinp_beta 1: dinp +=) and
+ * matmul_backward_first_cuda (0: dinp =, not read) */
+static void backward_(bf16 *dinp, bf16 *dweight, bf16 *dbias, float *scratch,
+                      const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                      int N, int C, int OC, float dinp_beta,
+                      cudaStream_t stream)
 {
     if (dinp)
         lt_gemm_plain_(false, false, C, N, OC, weight, C, dout, OC, dinp, C,
-                       1.0f, stream);
+                       dinp_beta, stream);
     lt_gemm_plain_(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f,
                    stream);
     if (dbias) {
@@ -485,4 +487,22 @@ void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
             dbias, scratch, nchunks, OC);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                          float *scratch, const bf16 *dout, const bf16 *inp,
+                          const bf16 *weight, int N, int C, int OC,
+                          cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+              1.0f, stream);
+}
+
+void matmul_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                float *scratch, const bf16 *dout,
+                                const bf16 *inp, const bf16 *weight, int N,
+                                int C, int OC, cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+              0.0f, stream);
 }

@@ -9,7 +9,11 @@
  * normalised L2 error  ||got - want|| / ||want||  with a per-check limit.
  * Backward ops accumulate: gradient buffers start from random values and
  * the check compares the increments (got - start vs want - start), so an op
- * that overwrote instead of adding would fail.
+ * that overwrote instead of adding would fail. Their *_first variants write
+ * the activation gradient: it starts as NaN (an op that read it would
+ * fail) and is compared with the CPU op's from zero, while the weight
+ * gradients start random and must still accumulate; same tolerances, the
+ * arithmetic being the same less one add.
  *
  * Tolerances and their reasons:
  *  TOL_BF16 1e-2  one bf16 rounding of each output (relative 2^-9 = 0.2%)
@@ -170,6 +174,20 @@ static void test_layernorm_(void)
     check_("layernorm_backward dinp", g1, dinp, dinp0, NC, TOL_BF16);
     check_("layernorm_backward dweight", g2, dw, dw0, C, TOL_BF16);
     check_("layernorm_backward dbias", g3, db, db0, C, TOL_BF16);
+    {   /* _first: dinp written from NaN, dweight and dbias += */
+        float *zi = (float *)calloc(NC, sizeof(float));
+        float *zw = hcopy_(dw0, C), *zb = hcopy_(db0, C);
+        layernorm_backward(zi, zw, zb, dout, inp, w, mean, rstd, N, C);
+        bf16 *f_dinp = dnan_bf16_(NC), *f_dw = dbf_(dw0, C), *f_db = dbf_(db0, C);
+        layernorm_backward_first_cuda(f_dinp, f_dw, f_db, scratch, d_dout,
+                                      d_inp, d_w, d_mean, d_rstd, N, C, st);
+        float *h1 = hbf_(f_dinp, NC), *h2 = hbf_(f_dw, C), *h3 = hbf_(f_db, C);
+        check_("layernorm_backward_first dinp", h1, zi, NULL, NC, TOL_BF16);
+        check_("layernorm_backward_first dweight", h2, zw, dw0, C, TOL_BF16);
+        check_("layernorm_backward_first dbias", h3, zb, db0, C, TOL_BF16);
+        free(zi); free(zw); free(zb); free(h1); free(h2); free(h3);
+        cudaFree(f_dinp); cudaFree(f_dw); cudaFree(f_db);
+    }
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(g);
     free(gm); free(gr); free(dout); free(dinp0); free(dw0); free(db0);
     free(dinp); free(dw); free(db); free(g1); free(g2); free(g3);
@@ -233,6 +251,23 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
         else
             check_true_("matmul_backward dbias untouched",
                         nerr_(g3, db0, NULL, OC) == 0.0);
+        /* _first: dinp written from NaN (beta 0), dweight, dbias += */
+        float *zi = (float *)calloc(NC, sizeof(float));
+        float *zw = hcopy_(dw0, OCC), *zb = hcopy_(db0, OC);
+        ref_matmul_backward_(zi, zw, with_bias ? zb : NULL, dout, inp, w, N,
+                             C, OC);
+        bf16 *f_dinp = dnan_bf16_(NC), *f_dw = dbf_(dw0, OCC);
+        bf16 *f_db = dbf_(db0, OC);
+        matmul_backward_first_cuda(f_dinp, f_dw, with_bias ? f_db : NULL,
+                                   scratch, d_dout, d_inp, d_w, N, C, OC, st);
+        float *h1 = hbf_(f_dinp, NC), *h2 = hbf_(f_dw, OCC);
+        float *h3 = hbf_(f_db, OC);
+        check_("matmul_backward_first dinp", h1, zi, NULL, NC, TOL_BF16);
+        check_("matmul_backward_first dweight", h2, zw, dw0, OCC, TOL_BF16);
+        if (with_bias)
+            check_("matmul_backward_first dbias", h3, zb, db0, OC, TOL_BF16);
+        free(zi); free(zw); free(zb); free(h1); free(h2); free(h3);
+        cudaFree(f_dinp); cudaFree(f_dw); cudaFree(f_db);
         free(dout); free(dinp0); free(dw0); free(db0); free(dinp); free(dw);
         free(db); free(g1); free(g2); free(g3);
         cudaFree(d_dout); cudaFree(d_dinp); cudaFree(d_dw); cudaFree(d_db);
@@ -301,6 +336,16 @@ static void test_attention_(int B, int T, int C, int NH)
     check_("attention_backward dqkv", g1, dqkv, dqkv0, N3, TOL_ATT);
     check_true_("attention_backward deterministic",
                 memcmp(g1, g2, N3 * sizeof(float)) == 0);
+    /* _first: dqkv written from NaN; the CPU op's from zero */
+    float *dz = (float *)calloc(N3, sizeof(float));
+    attention_backward(dz, scr, dout, qkv, att, B, T, C, NH);
+    bf16 *d_dqkvf = dnan_bf16_(N3);
+    attention_backward_first_cuda(d_dqkvf, d_scr, d_dout, d_qkv, d_out,
+                                  d_lse, B, T, C, NH, st);
+    float *gf = hbf_(d_dqkvf, N3);
+    check_("attention_backward_first dqkv", gf, dz, NULL, N3, TOL_ATT);
+    free(gf);
+    cudaFree(d_dqkvf);
 
     /* the tensor-core path, where the head size allows it, against the
      * same CPU reference; its workspace starts as NaN and holds one item
@@ -347,6 +392,15 @@ static void test_attention_(int B, int T, int C, int NH)
         check_("attention_gemm_backward dqkv", g3, dqkv, dqkv0, N3, TOL_ATT);
         check_true_("attention_gemm_backward deterministic",
                     memcmp(g3, g4, N3 * sizeof(float)) == 0);
+        bf16 *d_dqkv5 = dnan_bf16_(N3);
+        attention_gemm_backward_first_cuda(d_dqkv5, d_scr, d_ws, wsb, d_dout,
+                                           d_qkv, d_out2, d_lse2, B, T, C,
+                                           NH, st);
+        float *g5 = hbf_(d_dqkv5, N3);
+        check_("attention_gemm_backward_first dqkv", g5, dz, NULL, N3,
+               TOL_ATT);
+        free(g5);
+        cudaFree(d_dqkv5);
         free(go); free(gl); free(rl); free(qb); free(g3); free(g4);
         cudaFree(d_ws); cudaFree(d_lse2); cudaFree(d_out2); cudaFree(d_dqkv3);
         cudaFree(d_dqkv4);
@@ -355,7 +409,7 @@ static void test_attention_(int B, int T, int C, int NH)
                "offered\n", C / NH);
     }
     free(qkv); free(out); free(att); free(g); free(dout); free(dqkv0);
-    free(dqkv); free(scr); free(g1); free(g2);
+    free(dqkv); free(scr); free(g1); free(g2); free(dz);
     cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout);
     cudaFree(d_dqkv); cudaFree(d_dqkv2); cudaFree(d_scr);
 }
@@ -440,6 +494,18 @@ static void test_elementwise_(void)
     g = hbf_(d_d, N);
     check_("gelu_backward", g, d, d0, N, TOL_BF16);
     free(g);
+    {   /* _first: written from NaN, and in place over dout */
+        float *z = (float *)calloc(N, sizeof(float));
+        gelu_backward(z, x, y, N);
+        bf16 *f = dnan_bf16_(N), *f2 = dbf_(y, N);
+        gelu_backward_first_cuda(f, d_x, d_y, N, st);
+        gelu_backward_first_cuda(f2, d_x, f2, N, st);
+        float *h = hbf_(f, N), *h2 = hbf_(f2, N);
+        check_("gelu_backward_first", h, z, NULL, N, TOL_BF16);
+        check_("gelu_backward_first in place", h2, z, NULL, N, TOL_BF16);
+        free(z); free(h); free(h2);
+        cudaFree(f); cudaFree(f2);
+    }
 
     residual_forward(out, x, y, N);
     residual_forward_cuda(d_out, d_x, d_y, N, st);

@@ -780,6 +780,11 @@ void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
 #define W_(w, i) ((w) + ts[i].off)
 #define GW_(g, i) ((g)->params + (g)->glob[i].off)
 #define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
+/* Zeroes an activation gradient before an op that adds to it: only the
+ * MoE block's (moe_backward_cuda accumulates). Elsewhere the first write
+ * of each activation gradient is a *_first op (kernels_cuda.h), which
+ * stores, and only the residual stream's dres and the weight gradients
+ * accumulate. */
 #define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
 
 static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
@@ -997,7 +1002,7 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
                             int B)
 {
     const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
-    const size_t BT = (size_t)B * T, BTC = BT * C;
+    const size_t BT = (size_t)B * T;
     const size_t Ba = (size_t)g->B * T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
@@ -1011,42 +1016,39 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     const bf16 *fchg = a->fchg + fl * Ba * 4 * C;
     const float *lse = a->lse + (size_t)l * g->B * NH * T;
 
-    /* dres holds d(res3): the MLP (or MoE) branch adds to it */
+    /* dres holds d(res3): the MLP (or MoE) branch adds to it. The
+     * branch's activation gradients are written (the *_first ops), its
+     * weight gradients accumulate. */
     if (moe) {
         moe_layer_backward_(g, l, w, dw, ln2, B);
     } else {
-        ZERO_(a->dfchg, BT * 4 * C);
-        matmul_backward_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
-                             W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres, fchg,
-                             W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C, C, st);
-        ZERO_(a->dfch, BT * 4 * C);
-        gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
-        ZERO_(a->dln, BTC);
-        matmul_backward_cuda(a->dln, W_(dw, SLOT_FC_W), W_(dw, SLOT_FC_B),
-                             a->scratch, a->dfch, ln2, W_(w, SLOT_FC_W),
-                             (int)BT, C, 4 * C, st);
+        matmul_backward_first_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
+                                   W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres,
+                                   fchg, W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C,
+                                   C, st);
+        gelu_backward_first_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
+        matmul_backward_first_cuda(a->dln, W_(dw, SLOT_FC_W),
+                                   W_(dw, SLOT_FC_B), a->scratch, a->dfch, ln2,
+                                   W_(w, SLOT_FC_W), (int)BT, C, 4 * C, st);
     }
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN2_W), W_(dw, SLOT_LN2_B),
                             a->scratch, a->dln, res2, W_(w, SLOT_LN2_W),
                             a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
                             (int)BT, C, st);
     /* dres holds d(res2): the attention branch adds to it */
-    ZERO_(a->datty, BTC);
-    matmul_backward_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
-                         W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres, atty,
-                         W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
-    ZERO_(a->dqkv, BT * 3 * C);
+    matmul_backward_first_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
+                               W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres,
+                               atty, W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
     if (a->att_ws)
-        attention_gemm_backward_cuda(a->dqkv, a->scratch, a->att_ws,
-                                     a->att_ws_bytes, a->datty, qkv, atty,
-                                     lse, B, T, C, NH, st);
+        attention_gemm_backward_first_cuda(a->dqkv, a->scratch, a->att_ws,
+                                           a->att_ws_bytes, a->datty, qkv,
+                                           atty, lse, B, T, C, NH, st);
     else
-        attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty,
-                                lse, B, T, C, NH, st);
-    ZERO_(a->dln, BTC);
-    matmul_backward_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
-                         a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W), (int)BT,
-                         C, 3 * C, st);
+        attention_backward_first_cuda(a->dqkv, a->scratch, a->datty, qkv,
+                                      atty, lse, B, T, C, NH, st);
+    matmul_backward_first_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
+                               a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W),
+                               (int)BT, C, 3 * C, st);
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN1_W), W_(dw, SLOT_LN1_B),
                             a->scratch, a->dln, res, W_(w, SLOT_LN1_W),
                             a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
@@ -1093,7 +1095,7 @@ static void head_forward_(gpt_cuda *g, int B, int targets, int fused,
 static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
 {
     const int C = g->cfg.n_embd, L = g->cfg.n_layer;
-    const size_t BT = (size_t)B * g->T, BTC = BT * C, Ba = (size_t)g->B * g->T;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
     if (!fused) {
@@ -1102,14 +1104,15 @@ static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
                                            a->dlosses, (int)BT,
                                            g->cfg.vocab_size, g->Vp, st);
     }
-    ZERO_(a->dlnf, BTC);
-    matmul_backward_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL, a->logits,
-                         a->lnf, GW_(g, GLOB_WTE), (int)BT, C, g->Vp, st);
-    ZERO_(a->dres, BTC);
+    /* the first writes of dlnf and of the residual stream's dres */
+    matmul_backward_first_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL,
+                               a->logits, a->lnf, GW_(g, GLOB_WTE), (int)BT,
+                               C, g->Vp, st);
     const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
-    layernorm_backward_cuda(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
-                            a->scratch, a->dlnf, last, GW_(g, GLOB_LNF_W),
-                            a->lnf_mean, a->lnf_rstd, (int)BT, C, st);
+    layernorm_backward_first_cuda(a->dres, GDW_(g, GLOB_LNF_W),
+                                  GDW_(g, GLOB_LNF_B), a->scratch, a->dlnf,
+                                  last, GW_(g, GLOB_LNF_W), a->lnf_mean,
+                                  a->lnf_rstd, (int)BT, C, st);
 }
 
 /* Positions [p0, p1) of a microbatch: forward layer p for p < L, backward
