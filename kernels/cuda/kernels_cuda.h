@@ -161,9 +161,10 @@ int matmul_plain_supported(const bf16 *out, const bf16 *inp,
                            const bf16 *dout, int N, int C, int OC,
                            char *why, size_t whylen);
 
-/* Forward epilogues (a bias or a GELU of matmul_forward[_gelu]_cuda) run
- * so far in this process: *fused in cuBLASLt's epilogue, *separate by the
- * own bias / GELU kernels after a plain GEMM. */
+/* Epilogues (a bias or a GELU of matmul_forward[_gelu]_cuda, the DGELU of
+ * matmul_backward_dgelu_first_cuda) run so far in this process: *fused in
+ * cuBLASLt's epilogue, *separate by the own bias / GELU kernels after a
+ * plain GEMM. */
 void matmul_cuda_paths(long *fused, long *separate);
 
 size_t matmul_backward_scratch_floats(int N, int OC);
@@ -181,6 +182,28 @@ void matmul_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
                                 float *scratch, const bf16 *dout,
                                 const bf16 *inp, const bf16 *weight, int N,
                                 int C, int OC, cudaStream_t stream);
+
+/* The backward of a matmul whose input is inp = GELU(pre) (N,C), through
+ * the GELU: dinp (N,C) = (dout @ weight) * GELU'(pre), WRITTEN (the GELU's
+ * input gradient; the output's, dout @ weight, is never stored); dweight
+ * (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (skipped when
+ * NULL). One GEMM with cuBLASLt's DGELU epilogue (pre as its aux input,
+ * fp32 product times GELU' rounded once); where cuBLASLt has no algorithm
+ * for it, the plain GEMM into dinp and gelu_backward_first_cuda in place
+ * (one more bf16 rounding). dinp must not alias pre. */
+void matmul_backward_dgelu_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                      float *scratch, const bf16 *dout,
+                                      const bf16 *inp, const bf16 *pre,
+                                      const bf16 *weight, int N, int C,
+                                      int OC, cudaStream_t stream);
+
+/* 1 when cuBLASLt has an algorithm for the DGELU GEMM that
+ * matmul_backward_dgelu_first_cuda would run on these tensors, 0 when it
+ * would take the plain GEMM plus the own GELU backward. Runs nothing;
+ * after a 0 the launchers no longer warn. */
+int matmul_backward_dgelu_supported(bf16 *dinp, const bf16 *pre,
+                                    const bf16 *dout, const bf16 *weight,
+                                    int N, int C, int OC);
 
 /* ---------------------------------------------------------------- attention */
 

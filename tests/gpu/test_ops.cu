@@ -278,6 +278,52 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     cudaFree(d_pre);
 }
 
+/* The backward of a matmul through the GELU before it (the MLP's fcproj):
+ * inp = GELU(pre) (N,C), out = inp weight^T + bias. Against the CPU ops:
+ * d(inp) by the double GEMM loop, then gelu_backward from zero into
+ * d(pre); dweight and dbias added to random starts; d(pre) written from
+ * NaN. TOL_BF16: the fused DGELU rounds d(pre) once from fp32, the
+ * fallback (plain GEMM, then the GELU backward in place) once more. */
+static void test_matmul_dgelu_(int N, int C, int OC)
+{
+    size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+    printf("matmul backward through gelu (N=%d C=%d OC=%d)\n", N, C, OC);
+    float *pre = hrand_(NC, -3, 3), *inp = (float *)malloc(NC * sizeof(float));
+    gelu_forward(inp, pre, NC);
+    for (size_t i = 0; i < NC; i++)
+        inp[i] = bf_(inp[i]); /* the bf16 activation the GPU keeps */
+    float *w = hrand_(OCC, -0.2f, 0.2f), *dout = hrand_(NO, -1, 1);
+    float *dw0 = hrand_(OCC, -1, 1), *db0 = hrand_(OC, -1, 1);
+    float *dinp = (float *)calloc(NC, sizeof(float));
+    float *dpre = (float *)calloc(NC, sizeof(float));
+    float *dw = hcopy_(dw0, OCC), *db = hcopy_(db0, OC);
+    ref_matmul_backward_(dinp, dw, db, dout, inp, w, N, C, OC);
+    gelu_backward(dpre, pre, dinp, NC);
+    bf16 *d_pre = dbf_(pre, NC), *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
+    bf16 *d_dout = dbf_(dout, NO), *d_dpre = dnan_bf16_(NC);
+    bf16 *d_dw = dbf_(dw0, OCC), *d_db = dbf_(db0, OC);
+    float *scratch = dnan_f32_(matmul_backward_scratch_floats(N, OC));
+    int fused = matmul_backward_dgelu_supported(d_dpre, d_pre, d_dout, d_w, N,
+                                                C, OC);
+    long f0, s0, f1, s1;
+    matmul_cuda_paths(&f0, &s0);
+    matmul_backward_dgelu_first_cuda(d_dpre, d_dw, d_db, scratch, d_dout,
+                                     d_inp, d_pre, d_w, N, C, OC, st);
+    matmul_cuda_paths(&f1, &s1);
+    float *g1 = hbf_(d_dpre, NC), *g2 = hbf_(d_dw, OCC), *g3 = hbf_(d_db, OC);
+    check_("matmul_backward_dgelu_first dpre", g1, dpre, NULL, NC, TOL_BF16);
+    check_("matmul_backward_dgelu_first dweight", g2, dw, dw0, OCC, TOL_BF16);
+    check_("matmul_backward_dgelu_first dbias", g3, db, db0, OC, TOL_BF16);
+    check_true_("dgelu path as matmul_backward_dgelu_supported said",
+                fused ? f1 == f0 + 1 && s1 == s0 : s1 == s0 + 1 && f1 == f0);
+    check_path_("M6_TEST_EXPECT_EPI", "matmul backward dgelu path",
+                fused ? "fused" : "separate");
+    free(pre); free(inp); free(w); free(dout); free(dw0); free(db0);
+    free(dinp); free(dpre); free(dw); free(db); free(g1); free(g2); free(g3);
+    cudaFree(d_pre); cudaFree(d_inp); cudaFree(d_w); cudaFree(d_dout);
+    cudaFree(d_dpre); cudaFree(d_dw); cudaFree(d_db); cudaFree(scratch);
+}
+
 /* lse (B,NH,T) by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
  * inputs qb (B,T,3C), in double */
 static void ref_lse_(float *rl, const float *qb, int B, int T, int C, int NH)
@@ -883,6 +929,7 @@ int main(void)
     test_matmul_(96, 64, 192, 1, 0);     /* bias epilogue */
     test_matmul_(96, 128, 256, 0, 0);    /* no bias (the LM head) */
     test_matmul_(96, 64, 256, 1, 1);     /* GELU_AUX_BIAS epilogue */
+    test_matmul_dgelu_(96, 256, 64);     /* DGELU epilogue (fcproj) */
     test_attention_(2, 67, 128, 2);      /* hs 64, T not a tile multiple */
     test_attention_(2, 130, 128, 4);     /* hs 32 */
     test_attention_(1, 45, 256, 2);      /* hs 128 */

@@ -328,6 +328,7 @@ static int choose_paths_(gpt_cuda *g)
     static const char *name[4] = {"qkv bias", "attproj bias",
                                   "fc gelu+bias", "fcproj bias"};
     int fused[4] = {0, 0, 0, 0}, asked[4] = {0, 0, 0, 0};
+    int dgelu_fused = 0, dgelu_asked = 0; /* the fcproj backward's DGELU */
     for (int l = 0; l < L; l++) {
         int s = g->slot_of[l];
         const tensor_ *ts = slot_ts_(g, s);
@@ -358,7 +359,7 @@ static int choose_paths_(gpt_cuda *g)
              a->ln2 + l * Ba * C, SLOT_FC_W, SLOT_FC_B, a->dln, a->dfch, C,
              4 * C},
             {a->res3 + l * Ba * C, NULL, a->fchg + fl * Ba * 4 * C,
-             SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfchg, a->dres, 4 * C, C}};
+             SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfch, a->dres, 4 * C, C}};
         /* an MoE block's experts are batched GEMMs (moe.cu), no MLP */
         int n_mm = model_layer_is_moe(&g->cfg, l) ? 2 : 4;
         for (int b = 1; b <= g->B; b++)
@@ -382,6 +383,11 @@ static int choose_paths_(gpt_cuda *g)
                     (void)matmul_forward_fused_supported(
                         m[i].pre, NULL, m[i].inp, W, bias, N, m[i].c,
                         m[i].oc, 0);
+                if (i == 3) { /* d(fch) = (dres W) GELU'(fch) */
+                    dgelu_asked++;
+                    dgelu_fused += matmul_backward_dgelu_supported(
+                        a->dfch, m[2].pre, m[i].dout, W, N, m[i].c, m[i].oc);
+                }
             }
     }
     for (int b = 1; b <= g->B; b++) /* the LM head: no bias */
@@ -407,6 +413,11 @@ static int choose_paths_(gpt_cuda *g)
         n += snprintf(line + n, sizeof line - n, "%s%s %s", i ? ", " : "",
                       name[i], how);
     }
+    if (dgelu_asked)
+        snprintf(line + n, sizeof line - n, ", fcproj backward dgelu %s",
+                 dgelu_fused == dgelu_asked ? "fused"
+                 : dgelu_fused == 0         ? "own kernels"
+                                    : "fused, some shapes own kernels");
     fprintf(stderr, "gpt_cuda: matmul epilogues (cuBLASLt): %s\n", line);
     return 0;
 }
@@ -1022,11 +1033,12 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     if (moe) {
         moe_layer_backward_(g, l, w, dw, ln2, B);
     } else {
-        matmul_backward_first_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
-                                   W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres,
-                                   fchg, W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C,
-                                   C, st);
-        gelu_backward_first_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
+        /* through the GELU: d(fch) in one GEMM (DGELU epilogue) */
+        matmul_backward_dgelu_first_cuda(a->dfch, W_(dw, SLOT_FCPROJ_W),
+                                         W_(dw, SLOT_FCPROJ_B), a->scratch,
+                                         a->dres, fchg, fch,
+                                         W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C,
+                                         C, st);
         matmul_backward_first_cuda(a->dln, W_(dw, SLOT_FC_W),
                                    W_(dw, SLOT_FC_B), a->scratch, a->dfch, ln2,
                                    W_(w, SLOT_FC_W), (int)BT, C, 4 * C, st);
