@@ -78,11 +78,22 @@ void encoder_backward_cuda(bf16 *dwte, bf16 *dwpe, const bf16 *dout,
 
 /* ---------------------------------------------------------------- layernorm */
 
-/* out (N,C) bf16; mean, rstd (N) fp32; eps 1e-5, biased variance. */
+/* out (N,C) bf16; mean, rstd (N) fp32; eps 1e-5, biased variance. The
+ * layernorm ops use 128-bit accesses: every tensor 16-byte aligned (else a
+ * message and exit; C is a multiple of 8). */
 void layernorm_forward_cuda(bf16 *out, float *mean, float *rstd,
                             const bf16 *inp, const bf16 *weight,
                             const bf16 *bias, int N, int C,
                             cudaStream_t stream);
+
+/* The residual add and the LayerNorm after it in one pass: res (N,C) =
+ * a + b (bf16, as residual_forward_cuda; res may alias a or b), then out,
+ * mean, rstd = layernorm_forward of res. */
+void residual_layernorm_forward_cuda(bf16 *res, bf16 *out, float *mean,
+                                     float *rstd, const bf16 *a,
+                                     const bf16 *b, const bf16 *weight,
+                                     const bf16 *bias, int N, int C,
+                                     cudaStream_t stream);
 
 size_t layernorm_backward_scratch_floats(int N, int C);
 

@@ -142,9 +142,8 @@ static void test_encoder_(void)
     cudaFree(d_plan); cudaFree(d_dout); cudaFree(d_dwte); cudaFree(d_dwpe);
 }
 
-static void test_layernorm_(void)
+static void test_layernorm_(int N, int C)
 {
-    const int N = 300, C = 192; /* N not a multiple of the row chunk */
     size_t NC = (size_t)N * C;
     printf("layernorm (N=%d C=%d)\n", N, C);
     float *inp = hrand_(NC, -2, 3), *w = hrand_(C, 0.5f, 1.5f), *b = hrand_(C, -1, 1);
@@ -187,6 +186,43 @@ static void test_layernorm_(void)
         check_("layernorm_backward_first dbias", h3, zb, db0, C, TOL_BF16);
         free(zi); free(zw); free(zb); free(h1); free(h2); free(h3);
         cudaFree(f_dinp); cudaFree(f_dw); cudaFree(f_db);
+    }
+    {   /* residual + LayerNorm in one pass, res over b (in place, as the
+         * model's res2) and into its own buffer: against residual_forward
+         * then layernorm_forward of the bf16-rounded sum */
+        float *ra = hrand_(NC, -2, 2), *rb = hrand_(NC, -1, 1);
+        float *rs = (float *)malloc(NC * sizeof(float));
+        float *ro = (float *)malloc(NC * sizeof(float));
+        float *rm = (float *)malloc(N * sizeof(float));
+        float *rr = (float *)malloc(N * sizeof(float));
+        residual_forward(rs, ra, rb, NC);
+        for (size_t i = 0; i < NC; i++)
+            rs[i] = bf_(rs[i]);
+        layernorm_forward(ro, rm, rr, rs, w, b, N, C);
+        bf16 *d_a = dbf_(ra, NC), *d_bb = dbf_(rb, NC);
+        bf16 *d_res = dnan_bf16_(NC), *d_o2 = dnan_bf16_(NC);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            bf16 *dst = inplace ? d_bb : d_res;
+            CUDA_CHECK(cudaMemset(d_o2, 0xff, NC * sizeof(bf16)));
+            CUDA_CHECK(cudaMemset(d_mean, 0xff, N * sizeof(float)));
+            residual_layernorm_forward_cuda(dst, d_o2, d_mean, d_rstd, d_a,
+                                            d_bb, d_w, d_b, N, C, st);
+            float *h1 = hbf_(dst, NC), *h2 = hbf_(d_o2, NC);
+            float *h3 = hcopy_dev_(d_mean, N), *h4 = hcopy_dev_(d_rstd, N);
+            const char *tag = inplace ? " (in place)" : "";
+            char what[80];
+            snprintf(what, sizeof what, "residual_layernorm res%s", tag);
+            check_(what, h1, rs, NULL, NC, TOL_BF16);
+            snprintf(what, sizeof what, "residual_layernorm out%s", tag);
+            check_(what, h2, ro, NULL, NC, TOL_BF16);
+            snprintf(what, sizeof what, "residual_layernorm mean%s", tag);
+            check_(what, h3, rm, NULL, N, TOL_F32);
+            snprintf(what, sizeof what, "residual_layernorm rstd%s", tag);
+            check_(what, h4, rr, NULL, N, TOL_F32);
+            free(h1); free(h2); free(h3); free(h4);
+        }
+        free(ra); free(rb); free(rs); free(ro); free(rm); free(rr);
+        cudaFree(d_a); cudaFree(d_bb); cudaFree(d_res); cudaFree(d_o2);
     }
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(g);
     free(gm); free(gr); free(dout); free(dinp0); free(dw0); free(db0);
@@ -925,7 +961,8 @@ int main(void)
     cuda_device_or_skip("test_ops");
     CUDA_CHECK(cudaStreamCreate(&st));
     test_encoder_();
-    test_layernorm_();
+    test_layernorm_(300, 192); /* N not a multiple of a block's 128 rows */
+    test_layernorm_(130, 264); /* C past one 256-column sweep of a warp */
     test_matmul_(96, 64, 192, 1, 0);     /* bias epilogue */
     test_matmul_(96, 128, 256, 0, 0);    /* no bias (the LM head) */
     test_matmul_(96, 64, 256, 1, 1);     /* GELU_AUX_BIAS epilogue */

@@ -992,10 +992,11 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
         attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
     matmul_forward_cuda(res2, atty, W_(w, SLOT_ATTPROJ_W),
                         W_(w, SLOT_ATTPROJ_B), (int)BT, C, C, st);
-    residual_forward_cuda(res2, res, res2, BTC, st);
-    layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
-                           res2, W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
-                           (int)BT, C, st);
+    /* res2 = res + attention branch, and its LayerNorm, in one pass */
+    residual_layernorm_forward_cuda(res2, ln2, a->ln2_mean + l * Ba,
+                                    a->ln2_rstd + l * Ba, res, res2,
+                                    W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
+                                    (int)BT, C, st);
     if (moe) {
         moe_layer_forward_(g, l, w, ln2, res3, B);
     } else {
