@@ -557,21 +557,34 @@ static void test_attention_impls_(int B, int T, int C, int NH)
     cudaFree(d_qkv); cudaFree(d_dout); cudaFree(d_scr);
 }
 
-static void test_elementwise_(void)
+/* a device bf16 copy of h (n) at element off of an allocation of n + off
+ * (off odd: not 16-byte aligned, the kernels' one-at-a-time path) */
+static bf16 *dbf_at_(const float *h, size_t n, int off)
 {
-    const size_t N = 5000;
-    printf("gelu, residual (N=%zu)\n", N);
+    float *p = (float *)calloc(n + off, sizeof(float));
+    memcpy(p + off, h, n * sizeof(float));
+    bf16 *d = dbf_(p, n + off);
+    free(p);
+    return d + off;
+}
+
+/* N not a multiple of 8: a tail after the 128-bit groups; off: all the
+ * tensors off elements from an aligned base */
+static void test_elementwise_(size_t N, int off)
+{
+    printf("gelu, residual (N=%zu, tensors at +%d elements)\n", N, off);
     float *x = hrand_(N, -5, 5), *y = hrand_(N, -1, 1);
     float *out = (float *)malloc(N * sizeof(float));
     gelu_forward(out, x, N);
-    bf16 *d_x = dbf_(x, N), *d_y = dbf_(y, N), *d_out = dnan_bf16_(N);
+    bf16 *d_x = dbf_at_(x, N, off), *d_y = dbf_at_(y, N, off);
+    bf16 *d_out = dnan_bf16_(N + off) + off;
     gelu_forward_cuda(d_out, d_x, N, st);
     float *g = hbf_(d_out, N);
     check_("gelu_forward", g, out, NULL, N, TOL_BF16);
     free(g);
     float *d0 = hrand_(N, -1, 1), *d = hcopy_(d0, N);
     gelu_backward(d, x, y, N);
-    bf16 *d_d = dbf_(d0, N);
+    bf16 *d_d = dbf_at_(d0, N, off);
     gelu_backward_cuda(d_d, d_x, d_y, N, st);
     g = hbf_(d_d, N);
     check_("gelu_backward", g, d, d0, N, TOL_BF16);
@@ -579,14 +592,14 @@ static void test_elementwise_(void)
     {   /* _first: written from NaN, and in place over dout */
         float *z = (float *)calloc(N, sizeof(float));
         gelu_backward(z, x, y, N);
-        bf16 *f = dnan_bf16_(N), *f2 = dbf_(y, N);
+        bf16 *f = dnan_bf16_(N + off) + off, *f2 = dbf_at_(y, N, off);
         gelu_backward_first_cuda(f, d_x, d_y, N, st);
         gelu_backward_first_cuda(f2, d_x, f2, N, st);
         float *h = hbf_(f, N), *h2 = hbf_(f2, N);
         check_("gelu_backward_first", h, z, NULL, N, TOL_BF16);
         check_("gelu_backward_first in place", h2, z, NULL, N, TOL_BF16);
         free(z); free(h); free(h2);
-        cudaFree(f); cudaFree(f2);
+        cudaFree(f - off); cudaFree(f2 - off);
     }
 
     residual_forward(out, x, y, N);
@@ -597,15 +610,15 @@ static void test_elementwise_(void)
     float *a0 = hrand_(N, -1, 1), *b0 = hrand_(N, -1, 1);
     float *a = hcopy_(a0, N), *b = hcopy_(b0, N);
     residual_backward(a, b, y, N);
-    bf16 *d_a = dbf_(a0, N), *d_b = dbf_(b0, N);
+    bf16 *d_a = dbf_at_(a0, N, off), *d_b = dbf_at_(b0, N, off);
     residual_backward_cuda(d_a, d_b, d_y, N, st);
     float *ga = hbf_(d_a, N), *gb = hbf_(d_b, N);
     check_("residual_backward da", ga, a, a0, N, TOL_BF16);
     check_("residual_backward db", gb, b, b0, N, TOL_BF16);
     free(x); free(y); free(out); free(d0); free(d); free(a0); free(b0);
     free(a); free(b); free(ga); free(gb);
-    cudaFree(d_x); cudaFree(d_y); cudaFree(d_out); cudaFree(d_d);
-    cudaFree(d_a); cudaFree(d_b);
+    cudaFree(d_x - off); cudaFree(d_y - off); cudaFree(d_out - off);
+    cudaFree(d_d - off); cudaFree(d_a - off); cudaFree(d_b - off);
 }
 
 /* The fused classifier against the CPU cross-entropy (forward losses and
@@ -980,7 +993,9 @@ int main(void)
     test_attention_impls_(1, 45, 160, 2);  /* hs 80 */
     test_attention_impls_(1, 67, 128, 1);  /* hs 128, B NH = 1 */
     test_bench_shapes_();
-    test_elementwise_();
+    test_elementwise_(5000, 0); /* 128-bit groups only */
+    test_elementwise_(5003, 0); /* and a tail of 3 */
+    test_elementwise_(5003, 1); /* unaligned: one at a time */
     test_crossentropy_();
     test_crossentropy_fused_(70, 200, 256);
     test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
