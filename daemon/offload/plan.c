@@ -54,7 +54,7 @@ static const char *short_bytes_(char *buf, size_t len, uint64_t n)
  * sync with the files named. The activation table itself is the CUDA
  * model's own (model/cuda/act_layout.h). */
 #define CUDA_MM_ROWS_ 256       /* matmul.cu MM_ROWS */
-#define CUDA_LN_ROWS_ 256       /* layernorm.cu LN_ROWS */
+#define CUDA_LN_ROWS_ 128       /* layernorm.cu LN_ROWS */
 #define CUDA_SUMSQ_BLOCKS_ 1024 /* adamw.cu SUMSQ_BLOCKS */
 #define CUDA_RED_SCALARS_ 3     /* gpt_cuda_impl.cuh RED_NSCALARS */
 #define CUDA_ATT_WS_CAP_ ((size_t)512 << 20) /* attention.cu ATT_WS_CAP */

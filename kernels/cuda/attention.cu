@@ -162,7 +162,7 @@ template <int HS>
 __global__ void attn_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout,
                                          const bf16 *qkv, const float *lse,
                                          const float *Dd, int T, int C,
-                                         int NH, float scale)
+                                         int NH, float scale, int acc)
 {
     constexpr int R = attn_tiles<HS>::BWD_ROWS, Q = attn_tiles<HS>::BWD_TILE;
     __shared__ float Ko[R][HS + 1], Vo[R][HS + 1];
@@ -226,8 +226,8 @@ __global__ void attn_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout,
         bf16 *dst = dqkv + ((size_t)b * T + s) * C3 + (size_t)h * HS;
 #pragma unroll
         for (int i = 0; i < HS; i++) {
-            add_bf16(&dst[C + i], dk[i] * scale);
-            add_bf16(&dst[2 * C + i], dv[i]);
+            put_bf16(&dst[C + i], dk[i] * scale, acc);
+            put_bf16(&dst[2 * C + i], dv[i], acc);
         }
     }
 }
@@ -238,7 +238,7 @@ template <int HS>
 __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
                                         const bf16 *qkv, const float *lse,
                                         const float *Dd, int T, int C, int NH,
-                                        float scale)
+                                        float scale, int acc)
 {
     constexpr int R = attn_tiles<HS>::BWD_ROWS, K = attn_tiles<HS>::BWD_TILE;
     __shared__ float Qo[R][HS + 1], dOo[R][HS + 1];
@@ -295,7 +295,7 @@ __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
         bf16 *dst = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
 #pragma unroll
         for (int i = 0; i < HS; i++)
-            add_bf16(&dst[i], dq[i] * scale);
+            put_bf16(&dst[i], dq[i] * scale, acc);
     }
 }
 
@@ -514,7 +514,7 @@ template <int HS>
 __global__ void __launch_bounds__(TC_THREADS)
 attn_tc_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                             const float *lse, const float *Dd, int T, int C,
-                            int NH, float scale)
+                            int NH, float scale, int acc)
 {
     constexpr int BQ = tc_tiles<HS>::TILE, LDW = tc_tiles<HS>::LDW;
     constexpr int NT = BQ / 8, ND = HS / 8;
@@ -579,8 +579,8 @@ attn_tc_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int col = d * 8 + 2 * c + e;
-                add_bf16(&dst[C + col], dk[d][2 * i + e] * scale);
-                add_bf16(&dst[2 * C + col], dv[d][2 * i + e]);
+                put_bf16(&dst[C + col], dk[d][2 * i + e] * scale, acc);
+                put_bf16(&dst[2 * C + col], dv[d][2 * i + e], acc);
             }
     }
 }
@@ -591,7 +591,7 @@ template <int HS>
 __global__ void __launch_bounds__(TC_THREADS)
 attn_tc_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                            const float *lse, const float *Dd, int T, int C,
-                           int NH, float scale)
+                           int NH, float scale, int acc)
 {
     constexpr int BK = tc_tiles<HS>::TILE, LDW = tc_tiles<HS>::LDW;
     constexpr int NT = BK / 8, ND = HS / 8;
@@ -649,8 +649,8 @@ attn_tc_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
         bf16 *dst = dqkv + ((size_t)b * T + row[i]) * C3 + (size_t)h * HS;
 #pragma unroll
         for (int d = 0; d < ND; d++) {
-            add_bf16(&dst[d * 8 + 2 * c], dq[d][2 * i] * scale);
-            add_bf16(&dst[d * 8 + 2 * c + 1], dq[d][2 * i + 1] * scale);
+            put_bf16(&dst[d * 8 + 2 * c], dq[d][2 * i] * scale, acc);
+            put_bf16(&dst[d * 8 + 2 * c + 1], dq[d][2 * i + 1] * scale, acc);
         }
     }
 }
@@ -893,11 +893,13 @@ void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
     att_forward_(out, lse, ws, ws_bytes, qkv, B, T, C, NH, &r);
 }
 
+/* acc 1: dqkv +=; 0: dqkv = (each element is one GEMM's: beta 0) */
 static void att_backward_(bf16 *dqkv, float *scratch, void *ws,
                           size_t ws_bytes, const bf16 *dout, const bf16 *qkv,
                           const bf16 *out, const float *lse, int B, int T,
-                          int C, int NH, att_run_ *r)
+                          int C, int NH, int acc, att_run_ *r)
 {
+    const float beta = acc ? 1.0f : 0.0f;
     cudaStream_t stream = r->stream;
     float scale = 1.0f / sqrtf((float)(C / NH));
     if (!r->probe)
@@ -918,7 +920,7 @@ static void att_backward_(bf16 *dqkv, float *scratch, void *ws,
                 (const float *)NULL, T, a.ldT, n, a.lse_bs, 0.0f);
             CUDA_CHECK_LAUNCH();
         }
-        att_apply_(&a, dv, 3 * C, a.s3, a.P, 1, dO, C, a.sc, 1.0f, r);
+        att_apply_(&a, dv, 3 * C, a.s3, a.P, 1, dO, C, a.sc, beta, r);
         att_scores_(&a, a.dP, dO, C, a.sc, v, 3 * C, a.s3, 1.0f, r);
         if (!r->probe) {
             attn_probs_kernel<<<nb, 256, 0, stream>>>(
@@ -926,8 +928,8 @@ static void att_backward_(bf16 *dqkv, float *scratch, void *ws,
                 a.ldT, n, a.lse_bs, scale);
             CUDA_CHECK_LAUNCH();
         }
-        att_apply_(&a, dq, 3 * C, a.s3, a.P, 0, k, 3 * C, a.s3, 1.0f, r);
-        att_apply_(&a, dk, 3 * C, a.s3, a.P, 1, q, 3 * C, a.s3, 1.0f, r);
+        att_apply_(&a, dq, 3 * C, a.s3, a.P, 0, k, 3 * C, a.s3, beta, r);
+        att_apply_(&a, dk, 3 * C, a.s3, a.P, 1, q, 3 * C, a.s3, beta, r);
     }
 }
 
@@ -939,7 +941,18 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
 {
     att_run_ r = {stream, 0, 1, NULL, 0};
     att_backward_(dqkv, scratch, ws, ws_bytes, dout, qkv, out, lse, B, T, C,
-                  NH, &r);
+                  NH, 1, &r);
+}
+
+void attention_gemm_backward_first_cuda(bf16 *dqkv, float *scratch, void *ws,
+                                        size_t ws_bytes, const bf16 *dout,
+                                        const bf16 *qkv, const bf16 *out,
+                                        const float *lse, int B, int T, int C,
+                                        int NH, cudaStream_t stream)
+{
+    att_run_ r = {stream, 0, 1, NULL, 0};
+    att_backward_(dqkv, scratch, ws, ws_bytes, dout, qkv, out, lse, B, T, C,
+                  NH, 0, &r);
 }
 
 int attention_gemm_supported(void *ws, size_t ws_bytes, const bf16 *qkv,
@@ -951,7 +964,7 @@ int attention_gemm_supported(void *ws, size_t ws_bytes, const bf16 *qkv,
     for (int b = 1; b <= B && r.ok; b++) {
         att_forward_((bf16 *)out, NULL, ws, ws_bytes, qkv, b, T, C, NH, &r);
         att_backward_(dqkv, NULL, ws, ws_bytes, dout, qkv, out, NULL, b, T,
-                      C, NH, &r);
+                      C, NH, 1, &r);
     }
     return r.ok;
 }
@@ -1011,16 +1024,16 @@ static void core_forward_(bf16 *out, float *lse, const bf16 *qkv, int B,
 template <int HS>
 static void core_backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
                            const bf16 *qkv, const float *lse, int B, int T,
-                           int C, int NH, cudaStream_t stream)
+                           int C, int NH, int acc, cudaStream_t stream)
 {
     constexpr int R = attn_tiles<HS>::BWD_ROWS;
     dim3 grid(ceil_div(T, R), NH, B);
     float scale = 1.0f / sqrtf((float)HS);
     attn_backward_dkv_kernel<HS><<<grid, R, 0, stream>>>(
-        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale, acc);
     CUDA_CHECK_LAUNCH();
     attn_backward_dq_kernel<HS><<<grid, R, 0, stream>>>(
-        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale, acc);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1037,15 +1050,15 @@ static void tc_forward_(bf16 *out, float *lse, const bf16 *qkv, int B, int T,
 template <int HS>
 static void tc_backward_(bf16 *dqkv, const float *Dd, const bf16 *dout,
                          const bf16 *qkv, const float *lse, int B, int T,
-                         int C, int NH, cudaStream_t stream)
+                         int C, int NH, int acc, cudaStream_t stream)
 {
     dim3 grid(ceil_div(T, tc_tiles<HS>::ROWS), NH, B);
     float scale = 1.0f / sqrtf((float)HS);
     attn_tc_backward_dkv_kernel<HS><<<grid, TC_THREADS, 0, stream>>>(
-        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale, acc);
     CUDA_CHECK_LAUNCH();
     attn_tc_backward_dq_kernel<HS><<<grid, TC_THREADS, 0, stream>>>(
-        dqkv, dout, qkv, lse, Dd, T, C, NH, scale);
+        dqkv, dout, qkv, lse, Dd, T, C, NH, scale, acc);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1092,22 +1105,49 @@ size_t attention_backward_scratch_floats(int B, int T, int NH)
     return (size_t)B * NH * T;
 }
 
-void attention_core_backward_cuda(bf16 *dqkv, float *scratch,
-                                  const bf16 *dout, const bf16 *qkv,
-                                  const bf16 *out, const float *lse, int B,
-                                  int T, int C, int NH, cudaStream_t stream)
+/* the CUDA-core backward; acc 1: dqkv +=, 0: dqkv = */
+static void core_backward_acc_(bf16 *dqkv, float *scratch, const bf16 *dout,
+                               const bf16 *qkv, const bf16 *out,
+                               const float *lse, int B, int T, int C, int NH,
+                               int acc, cudaStream_t stream)
 {
     if (NH <= 0 || C % NH)
         bad_head_size_(C, NH);
     attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
     switch (C / NH) {
-    case 16: core_backward_<16>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 32: core_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 64: core_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 80: core_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 128: core_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
+    case 16: core_backward_<16>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 32: core_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 64: core_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 80: core_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 128: core_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
     default: bad_head_size_(C, NH);
     }
+}
+
+/* the tensor-core backward; acc 1: dqkv +=, 0: dqkv = */
+static void tc_backward_acc_(bf16 *dqkv, float *scratch, const bf16 *dout,
+                             const bf16 *qkv, const bf16 *out,
+                             const float *lse, int B, int T, int C, int NH,
+                             int acc, cudaStream_t stream)
+{
+    if (NH <= 0 || C % NH || !tc_head_size_(C / NH))
+        bad_head_size_(C, NH);
+    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
+    switch (C / NH) {
+    case 32: tc_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 64: tc_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 80: tc_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    case 128: tc_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, acc, stream); break;
+    }
+}
+
+void attention_core_backward_cuda(bf16 *dqkv, float *scratch,
+                                  const bf16 *dout, const bf16 *qkv,
+                                  const bf16 *out, const float *lse, int B,
+                                  int T, int C, int NH, cudaStream_t stream)
+{
+    core_backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, 1,
+                       stream);
 }
 
 void attention_tc_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
@@ -1115,15 +1155,22 @@ void attention_tc_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                                 const float *lse, int B, int T, int C,
                                 int NH, cudaStream_t stream)
 {
-    if (NH <= 0 || C % NH || !tc_head_size_(C / NH))
-        bad_head_size_(C, NH);
-    attn_backward_d_(scratch, dout, out, B, T, C, NH, stream);
-    switch (C / NH) {
-    case 32: tc_backward_<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 64: tc_backward_<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 80: tc_backward_<80>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    case 128: tc_backward_<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream); break;
-    }
+    tc_backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, 1,
+                     stream);
+}
+
+/* attention_backward_cuda (acc 1) and attention_backward_first_cuda (0) */
+static void backward_acc_(bf16 *dqkv, float *scratch, const bf16 *dout,
+                          const bf16 *qkv, const bf16 *out, const float *lse,
+                          int B, int T, int C, int NH, int acc,
+                          cudaStream_t stream)
+{
+    if (attention_impl_cuda(C, NH) == ATT_IMPL_TC)
+        tc_backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc,
+                         stream);
+    else
+        core_backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH,
+                           acc, stream);
 }
 
 void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
@@ -1131,10 +1178,13 @@ void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              const float *lse, int B, int T, int C, int NH,
                              cudaStream_t stream)
 {
-    if (attention_impl_cuda(C, NH) == ATT_IMPL_TC)
-        attention_tc_backward_cuda(dqkv, scratch, dout, qkv, out, lse, B, T,
-                                   C, NH, stream);
-    else
-        attention_core_backward_cuda(dqkv, scratch, dout, qkv, out, lse, B,
-                                     T, C, NH, stream);
+    backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, 1, stream);
+}
+
+void attention_backward_first_cuda(bf16 *dqkv, float *scratch,
+                                   const bf16 *dout, const bf16 *qkv,
+                                   const bf16 *out, const float *lse, int B,
+                                   int T, int C, int NH, cudaStream_t stream)
+{
+    backward_acc_(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, 0, stream);
 }

@@ -7,6 +7,7 @@
 #define M6_CUDA_COMMON_CUH
 
 #include <float.h>
+#include <stdint.h>
 #include <math.h>
 #include "cuda_check.h"
 #include "kernels_cuda.h"
@@ -30,6 +31,37 @@ static __device__ __forceinline__ bf16 st(float x)
 static __device__ __forceinline__ void add_bf16(bf16 *x, float v)
 {
     *x = st(ld(*x) + v);
+}
+
+/* x += v (acc) or x = v (not acc: x not read), one rounding: the
+ * backward ops and their *_first variants. */
+static __device__ __forceinline__ void put_bf16(bf16 *x, float v, int acc)
+{
+    *x = st(acc ? ld(*x) + v : v);
+}
+
+/* 8 bf16 (16 bytes): one 128-bit load or store. The pointer must be
+ * 16-byte aligned (an (N,C) row with C a multiple of 8, from an aligned
+ * base). */
+struct __align__(16) bf16x8 {
+    bf16 v[8];
+};
+
+static __device__ __forceinline__ bf16x8 ld8(const bf16 *p)
+{
+    return *reinterpret_cast<const bf16x8 *>(p);
+}
+
+static __device__ __forceinline__ void st8(bf16 *p, const bf16x8 &x)
+{
+    *reinterpret_cast<bf16x8 *>(p) = x;
+}
+
+/* 1 when every pointer given is 16-byte aligned (NULL counts as aligned) */
+static inline int aligned16(const void *a, const void *b = NULL,
+                            const void *c = NULL)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
 static __device__ __forceinline__ float warp_sum(float v)

@@ -7,7 +7,11 @@
  *
  * Conventions (as kernels.h unless said otherwise)
  *  - Forward ops overwrite their outputs; backward ops ACCUMULATE (+=) into
- *    every gradient (bf16 read, fp32 add, bf16 write).
+ *    every gradient (bf16 read, fp32 add, bf16 write). The *_first
+ *    variants of the backward ops WRITE (=) the activation gradient
+ *    instead (dinp, dqkv: not read, so it needs no zeroing first) and
+ *    still accumulate the weight gradients (a slot's gradient sums over
+ *    the layers that share it and over the microbatches).
  *  - Where the CUDA op needs workspace it takes a `scratch` argument right
  *    after its outputs, sized by the *_scratch_floats() function next to it.
  *    Scratch makes the reductions deterministic: partial sums per fixed row
@@ -74,11 +78,22 @@ void encoder_backward_cuda(bf16 *dwte, bf16 *dwpe, const bf16 *dout,
 
 /* ---------------------------------------------------------------- layernorm */
 
-/* out (N,C) bf16; mean, rstd (N) fp32; eps 1e-5, biased variance. */
+/* out (N,C) bf16; mean, rstd (N) fp32; eps 1e-5, biased variance. The
+ * layernorm ops use 128-bit accesses: every tensor 16-byte aligned (else a
+ * message and exit; C is a multiple of 8). */
 void layernorm_forward_cuda(bf16 *out, float *mean, float *rstd,
                             const bf16 *inp, const bf16 *weight,
                             const bf16 *bias, int N, int C,
                             cudaStream_t stream);
+
+/* The residual add and the LayerNorm after it in one pass: res (N,C) =
+ * a + b (bf16, as residual_forward_cuda; res may alias a or b), then out,
+ * mean, rstd = layernorm_forward of res. */
+void residual_layernorm_forward_cuda(bf16 *res, bf16 *out, float *mean,
+                                     float *rstd, const bf16 *a,
+                                     const bf16 *b, const bf16 *weight,
+                                     const bf16 *bias, int N, int C,
+                                     cudaStream_t stream);
 
 size_t layernorm_backward_scratch_floats(int N, int C);
 
@@ -88,6 +103,12 @@ void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
                              const bf16 *inp, const bf16 *weight,
                              const float *mean, const float *rstd, int N,
                              int C, cudaStream_t stream);
+/* The same with dinp (N,C) = (written, not read); dweight, dbias +=. */
+void layernorm_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                   float *scratch, const bf16 *dout,
+                                   const bf16 *inp, const bf16 *weight,
+                                   const float *mean, const float *rstd,
+                                   int N, int C, cudaStream_t stream);
 
 /* ------------------------------------------------------------------- matmul */
 
@@ -151,9 +172,10 @@ int matmul_plain_supported(const bf16 *out, const bf16 *inp,
                            const bf16 *dout, int N, int C, int OC,
                            char *why, size_t whylen);
 
-/* Forward epilogues (a bias or a GELU of matmul_forward[_gelu]_cuda) run
- * so far in this process: *fused in cuBLASLt's epilogue, *separate by the
- * own bias / GELU kernels after a plain GEMM. */
+/* Epilogues (a bias or a GELU of matmul_forward[_gelu]_cuda, the DGELU of
+ * matmul_backward_dgelu_first_cuda) run so far in this process: *fused in
+ * cuBLASLt's epilogue, *separate by the own bias / GELU kernels after a
+ * plain GEMM. */
 void matmul_cuda_paths(long *fused, long *separate);
 
 size_t matmul_backward_scratch_floats(int N, int OC);
@@ -165,6 +187,34 @@ void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
                           float *scratch, const bf16 *dout, const bf16 *inp,
                           const bf16 *weight, int N, int C, int OC,
                           cudaStream_t stream);
+/* The same with dinp (N,C) = dout @ weight (the GEMM's beta 0: dinp is
+ * written, never read); dweight and dbias still +=. */
+void matmul_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                float *scratch, const bf16 *dout,
+                                const bf16 *inp, const bf16 *weight, int N,
+                                int C, int OC, cudaStream_t stream);
+
+/* The backward of a matmul whose input is inp = GELU(pre) (N,C), through
+ * the GELU: dinp (N,C) = (dout @ weight) * GELU'(pre), WRITTEN (the GELU's
+ * input gradient; the output's, dout @ weight, is never stored); dweight
+ * (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (skipped when
+ * NULL). One GEMM with cuBLASLt's DGELU epilogue (pre as its aux input,
+ * fp32 product times GELU' rounded once); where cuBLASLt has no algorithm
+ * for it, the plain GEMM into dinp and gelu_backward_first_cuda in place
+ * (one more bf16 rounding). dinp must not alias pre. */
+void matmul_backward_dgelu_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                      float *scratch, const bf16 *dout,
+                                      const bf16 *inp, const bf16 *pre,
+                                      const bf16 *weight, int N, int C,
+                                      int OC, cudaStream_t stream);
+
+/* 1 when cuBLASLt has an algorithm for the DGELU GEMM that
+ * matmul_backward_dgelu_first_cuda would run on these tensors, 0 when it
+ * would take the plain GEMM plus the own GELU backward. Runs nothing;
+ * after a 0 the launchers no longer warn. */
+int matmul_backward_dgelu_supported(bf16 *dinp, const bf16 *pre,
+                                    const bf16 *dout, const bf16 *weight,
+                                    int N, int C, int OC);
 
 /* ---------------------------------------------------------------- attention */
 
@@ -185,6 +235,12 @@ void attention_backward_cuda(bf16 *dqkv, float *scratch, const bf16 *dout,
                              const bf16 *qkv, const bf16 *out,
                              const float *lse, int B, int T, int C, int NH,
                              cudaStream_t stream);
+/* The same with dqkv (B,T,3C) = (written, not read): every element of dq,
+ * dk and dv is stored once, by the thread or GEMM that owns its row. */
+void attention_backward_first_cuda(bf16 *dqkv, float *scratch,
+                                   const bf16 *dout, const bf16 *qkv,
+                                   const bf16 *out, const float *lse, int B,
+                                   int T, int C, int NH, cudaStream_t stream);
 
 /* The two implementations behind those, same arguments and results:
  * _tc_: FlashAttention-2 on the tensor cores (mma.sync m16n8k16, bf16
@@ -236,6 +292,12 @@ void attention_gemm_backward_cuda(bf16 *dqkv, float *scratch, void *ws,
                                   const bf16 *qkv, const bf16 *out,
                                   const float *lse, int B, int T, int C,
                                   int NH, cudaStream_t stream);
+/* The same with dqkv = (beta 0 in the GEMMs that make dq, dk, dv). */
+void attention_gemm_backward_first_cuda(bf16 *dqkv, float *scratch, void *ws,
+                                        size_t ws_bytes, const bf16 *dout,
+                                        const bf16 *qkv, const bf16 *out,
+                                        const float *lse, int B, int T, int C,
+                                        int NH, cudaStream_t stream);
 
 /* 1 when cuBLASLt has an algorithm for every batched GEMM (fp32 scores,
  * bf16 products, the heads interleaved in qkv) that
@@ -256,6 +318,10 @@ void gelu_forward_cuda(bf16 *out, const bf16 *inp, size_t N,
 /* dinp (N) += GELU'(inp) * dout. dinp may alias dout. */
 void gelu_backward_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
                         size_t N, cudaStream_t stream);
+/* dinp (N) = GELU'(inp) * dout (written, not read); dinp may alias dout
+ * (in place). */
+void gelu_backward_first_cuda(bf16 *dinp, const bf16 *inp, const bf16 *dout,
+                              size_t N, cudaStream_t stream);
 
 /* ----------------------------------------------------------------- residual */
 

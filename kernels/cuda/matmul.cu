@@ -12,6 +12,10 @@
  * gradient is an own deterministic column-sum kernel (partials per fixed
  * row chunk, then a fixed-order sum) that accumulates like every backward.
  *
+ * The backward of a matmul whose input is a GELU's output can take the
+ * GELU's backward into its dinp GEMM: the DGELU epilogue, with the GELU's
+ * input (what the forward's GELU_AUX saved) as the aux matrix.
+ *
  * If cuBLASLt returns no algorithm for an epilogue, the launcher falls back
  * to the plain GEMM plus own bias/GELU kernels (and says so once). The
  * *_supported functions ask the heuristic ahead (gpt_cuda does at creation,
@@ -374,6 +378,31 @@ static int epilogue_supported_(bf16 *out, bf16 *pre, const bf16 *inp,
     return lt_run_(&g, epi, bias, pre, OC, 0, 0) == 0;
 }
 
+/* The dinp GEMM of matmul_backward_dgelu_first_cuda with its DGELU
+ * epilogue, as run (beta 0, aux = pre of ld C): the arguments, or asked
+ * only (run 0). 0, or -1 when cuBLASLt has none. */
+static int dgelu_gemm_(bf16 *dinp, const bf16 *pre, const bf16 *dout,
+                       const bf16 *weight, int N, int C, int OC,
+                       cudaStream_t stream, int run)
+{
+    if (C % 8)
+        return -1; /* the aux matrix's ld must be a multiple of 8 */
+    gemm_batched_args g = plain_(false, false, C, N, OC, weight, C, dout, OC,
+                                 dinp, C, 0.0f);
+    return lt_run_(&g, CUBLASLT_EPILOGUE_DGELU, NULL, (bf16 *)pre, C, stream,
+                   run);
+}
+
+int matmul_backward_dgelu_supported(bf16 *dinp, const bf16 *pre,
+                                    const bf16 *dout, const bf16 *weight,
+                                    int N, int C, int OC)
+{
+    int ok = dgelu_gemm_(dinp, pre, dout, weight, N, C, OC, 0, 0) == 0;
+    if (!ok)
+        warned_fallback_ = 1; /* the caller has said so */
+    return ok;
+}
+
 int matmul_forward_fused_supported(bf16 *out, bf16 *pre, const bf16 *inp,
                                    const bf16 *weight, const bf16 *bias,
                                    int N, int C, int OC, int gelu)
@@ -465,14 +494,16 @@ size_t matmul_backward_scratch_floats(int N, int OC)
     return ceil_div(N, MM_ROWS) * (size_t)OC;
 }
 
-void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
-                          float *scratch, const bf16 *dout, const bf16 *inp,
-                          const bf16 *weight, int N, int C, int OC,
-                          cudaStream_t stream)
+/* matmul_backward_cuda (dinp_beta 1: dinp +=) and
+ * matmul_backward_first_cuda (0: dinp =, not read) */
+static void backward_(bf16 *dinp, bf16 *dweight, bf16 *dbias, float *scratch,
+                      const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                      int N, int C, int OC, float dinp_beta,
+                      cudaStream_t stream)
 {
     if (dinp)
         lt_gemm_plain_(false, false, C, N, OC, weight, C, dout, OC, dinp, C,
-                       1.0f, stream);
+                       dinp_beta, stream);
     lt_gemm_plain_(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f,
                    stream);
     if (dbias) {
@@ -485,4 +516,42 @@ void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
             dbias, scratch, nchunks, OC);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+void matmul_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                          float *scratch, const bf16 *dout, const bf16 *inp,
+                          const bf16 *weight, int N, int C, int OC,
+                          cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+              1.0f, stream);
+}
+
+void matmul_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                float *scratch, const bf16 *dout,
+                                const bf16 *inp, const bf16 *weight, int N,
+                                int C, int OC, cudaStream_t stream)
+{
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+              0.0f, stream);
+}
+
+void matmul_backward_dgelu_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
+                                      float *scratch, const bf16 *dout,
+                                      const bf16 *inp, const bf16 *pre,
+                                      const bf16 *weight, int N, int C,
+                                      int OC, cudaStream_t stream)
+{
+    if (dgelu_gemm_(dinp, pre, dout, weight, N, C, OC, stream, 1) == 0) {
+        count_(&n_fused_);
+        backward_(NULL, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+                  0.0f, stream);
+        return;
+    }
+    /* the plain GEMM, then the GELU's backward in place */
+    warn_fallback_("DGELU");
+    count_(&n_separate_);
+    backward_(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC,
+              0.0f, stream);
+    gelu_backward_first_cuda(dinp, pre, dinp, (size_t)N * C, stream);
 }

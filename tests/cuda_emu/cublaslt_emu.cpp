@@ -8,7 +8,8 @@
  * The heuristic can be made to refuse (no algorithm, as a real cuBLASLt may
  * for a shape, type or epilogue), to test the callers' fallbacks:
  *   M6_EMU_CUBLASLT_REFUSE=epilogue    every GEMM with an epilogue (bias,
- *                                      GELU); M6_EMU_CUBLASLT_NO_EPILOGUE=1
+ *                                      GELU, DGELU);
+ *                                      M6_EMU_CUBLASLT_NO_EPILOGUE=1
  *                                      is the same
  *   M6_EMU_CUBLASLT_REFUSE=attention   every strided-batched GEMM (batch
  *                                      count > 1) and every GEMM with an
@@ -237,10 +238,24 @@ static int has_bias_(cublasLtEpilogue_t e)
     return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 
+/* the aux matrix is an output (the GELU's input, saved) */
 static int has_aux_(cublasLtEpilogue_t e)
 {
     return e == CUBLASLT_EPILOGUE_GELU_AUX ||
            e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+/* DGELU: D = (alpha A B + beta C) * GELU'(aux), the aux matrix an input
+ * (what GELU_AUX saved), one rounding of D */
+static int is_dgelu_(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_DGELU;
+}
+
+/* an (m,n) aux matrix of ld aux_ld is read or written */
+static int uses_aux_(cublasLtEpilogue_t e)
+{
+    return has_aux_(e) || is_dgelu_(e);
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
@@ -305,6 +320,15 @@ static float gelu_tanh_(float x)
     return 0.5f * x * (1.0f + tanhf(s * (x + 0.044715f * x * x * x)));
 }
 
+/* d GELU(x) / dx of the tanh approximation, in fp32 */
+static float gelu_tanh_grad_(float x)
+{
+    const float s = 0.7978845608028654f, a = 0.044715f;
+    float th = tanhf(s * (x + a * x * x * x));
+    float du = s * (1.0f + 3.0f * a * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
 static void run_gemm_(void *arg)
 {
     gemm_ *g = (gemm_ *)arg;
@@ -344,6 +368,9 @@ static void run_gemm_(void *arg)
                     pre[i + j * m] = v; /* rounded to bf16 as written */
                     v = gelu_tanh_(v);
                 }
+                if (is_dgelu_(d.epi))
+                    v *= gelu_tanh_grad_(
+                        __bfloat162float(d.aux[i + j * d.aux_ld]));
                 out[i + j * m] = v;
             }
         }
@@ -419,15 +446,15 @@ cublasStatus_t cublasLtMatmul(
     if (has_bias_(d->epi) &&
         !mock_is_device(d->bias, dl->rows * sizeof(__nv_bfloat16)))
         return bad_("matmul: bias epilogue without m device values");
-    if ((has_bias_(d->epi) || has_aux_(d->epi)) && dl->batch != 1)
+    if ((has_bias_(d->epi) || uses_aux_(d->epi)) && dl->batch != 1)
         return bad_("matmul: epilogues over a batch are not emulated");
     emu_lt_layout_ aux_l = {CUDA_R_16BF, dl->rows, dl->cols, d->aux_ld, 1, 0};
-    if (has_aux_(d->epi) &&
+    if (uses_aux_(d->epi) &&
         (d->aux_ld < (int64_t)dl->rows ||
          !mock_is_device(d->aux, span_(&aux_l, sizeof(__nv_bfloat16)))))
-        return bad_("matmul: GELU_AUX epilogue without an (m,n) device aux "
-                    "matrix of ld >= m");
-    if (has_aux_(d->epi) && d->aux_ld % 8 != 0)
+        return bad_("matmul: GELU_AUX or DGELU epilogue without an (m,n) "
+                    "device aux matrix of ld >= m");
+    if (uses_aux_(d->epi) && d->aux_ld % 8 != 0)
         return bad_("matmul: aux leading dimension not a multiple of 8");
     gemm_ *g = new gemm_{*d, *a, *b, *dl, *(const float *)alpha,
                          *(const float *)beta,

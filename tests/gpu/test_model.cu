@@ -13,7 +13,11 @@
  *     same batch before and after is unchanged (TOL_DELINK); then 3 more
  *     steps on both backends after delinking both still agree.
  *  3. Two GPU runs with the same seed and batches give bitwise identical
- *     losses (no kernel uses floating-point atomics).
+ *     losses, master weights and AdamW m and v, Real (S = L) and Pseudo
+ *     (S = 1: a shared slot's gradient summed over its layers), each step
+ *     of two microbatches (gradients accumulated): no kernel uses
+ *     floating-point atomics, and the reductions (bias and LayerNorm
+ *     column sums, norms) add partials in a fixed order.
  *  4. The multi-tensor AdamW (default) and the per-tensor path
  *     (M6_ADAMW_PER_TENSOR=1) leave the same bits, across a delink.
  *
@@ -266,29 +270,66 @@ static void test_train_(int S)
     free(tgt);
 }
 
-static void test_determinism_(void)
+/* One step of two microbatches (batches 2k and 2k+1), the gradients
+ * accumulated, each microbatch's loss weighted 1/2; *loss their mean. */
+static void gpu_step2_(gpt_cuda *g, int k, int32_t *inp, int32_t *tgt,
+                       float *loss)
+{
+    float w = 1.0f / (2 * B * CFG.seq_len);
+    gpt_cuda_zero_grad(g);
+    *loss = 0;
+    for (int mb = 0; mb < 2; mb++) {
+        batch_(2 * k + mb, inp, tgt);
+        *loss += 0.5f * gpt_cuda_forward(g, inp, tgt, B);
+        gpt_cuda_backward(g, inp, tgt, B, w);
+    }
+    gpt_cuda_adamw(g, LR, BETA1, BETA2, EPS, WD, CLIP);
+}
+
+static void test_determinism_(int S)
 {
     int T = CFG.seq_len;
-    printf("determinism: two GPU runs, same seed and batches\n");
+    enum { K = 4 };
+    printf("determinism: two GPU runs of the %s model (S=%d), same seed and "
+           "batches, %d steps of 2 microbatches\n",
+           S == CFG.n_layer ? "Real" : "Pseudo", S, K);
     int32_t *inp = (int32_t *)malloc(B * T * sizeof(int32_t));
     int32_t *tgt = (int32_t *)malloc(B * T * sizeof(int32_t));
-    float loss[2][5], norm;
+    float loss[2][K], *st[2][3] = {{NULL}};
+    size_t n = 0;
     for (int run = 0; run < 2; run++) {
-        gpt_cuda *g = gpt_cuda_create(&CFG, CFG.n_layer, B);
+        gpt_cuda *g = gpt_cuda_create(&CFG, S, B);
         if (!g)
             exit(1);
         gpt_cuda_init_weights(g, 7);
-        for (int k = 0; k < 5; k++) {
-            batch_(k, inp, tgt);
-            gpu_step_(g, inp, tgt, &loss[run][k], &norm);
+        for (int k = 0; k < K; k++)
+            gpu_step2_(g, k, inp, tgt, &loss[run][k]);
+        gpt_cuda_info info;
+        gpt_cuda_get_info(g, &info);
+        n = info.n_params_cpu;
+        for (int w = 0; w < 3; w++) {
+            st[run][w] = (float *)malloc(n * sizeof(float));
+            if (gpt_cuda_get_state(g, w, st[run][w], n) != 0)
+                exit(1);
         }
         gpt_cuda_free(g);
     }
+    printf("  losses run 1: %.7f %.7f %.7f %.7f\n", loss[0][0], loss[0][1],
+           loss[0][2], loss[0][3]);
     int same = memcmp(loss[0], loss[1], sizeof loss[0]) == 0;
-    printf("  losses run 1: %.7f %.7f %.7f %.7f %.7f\n", loss[0][0],
-           loss[0][1], loss[0][2], loss[0][3], loss[0][4]);
-    printf("  %-44s %s\n", "run 2 bitwise identical", same ? "ok" : "FAIL");
+    printf("  %-44s %s\n", "run 2 losses bitwise identical",
+           same ? "ok" : "FAIL");
     n_failed += !same;
+    static const char *what[3] = {"run 2 master weights bitwise identical",
+                                  "run 2 AdamW m bitwise identical",
+                                  "run 2 AdamW v bitwise identical"};
+    for (int w = 0; w < 3; w++) {
+        same = !memcmp(st[0][w], st[1][w], n * sizeof(float));
+        printf("  %-44s %s\n", what[w], same ? "ok" : "FAIL");
+        n_failed += !same;
+        free(st[0][w]);
+        free(st[1][w]);
+    }
     free(inp);
     free(tgt);
 }
@@ -379,7 +420,8 @@ int main(void)
         return create_fails_();
     test_train_(CFG.n_layer); /* Real */
     test_train_(1);           /* Pseudo, then delink */
-    test_determinism_();
+    test_determinism_(CFG.n_layer); /* Real */
+    test_determinism_(1);           /* Pseudo */
     test_adamw_paths_();
     printf("test_model: %s\n", n_failed ? "FAILED" : "all checks passed");
     return n_failed ? 1 : 0;

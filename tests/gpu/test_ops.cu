@@ -9,7 +9,11 @@
  * normalised L2 error  ||got - want|| / ||want||  with a per-check limit.
  * Backward ops accumulate: gradient buffers start from random values and
  * the check compares the increments (got - start vs want - start), so an op
- * that overwrote instead of adding would fail.
+ * that overwrote instead of adding would fail. Their *_first variants write
+ * the activation gradient: it starts as NaN (an op that read it would
+ * fail) and is compared with the CPU op's from zero, while the weight
+ * gradients start random and must still accumulate; same tolerances, the
+ * arithmetic being the same less one add.
  *
  * Tolerances and their reasons:
  *  TOL_BF16 1e-2  one bf16 rounding of each output (relative 2^-9 = 0.2%)
@@ -138,9 +142,8 @@ static void test_encoder_(void)
     cudaFree(d_plan); cudaFree(d_dout); cudaFree(d_dwte); cudaFree(d_dwpe);
 }
 
-static void test_layernorm_(void)
+static void test_layernorm_(int N, int C)
 {
-    const int N = 300, C = 192; /* N not a multiple of the row chunk */
     size_t NC = (size_t)N * C;
     printf("layernorm (N=%d C=%d)\n", N, C);
     float *inp = hrand_(NC, -2, 3), *w = hrand_(C, 0.5f, 1.5f), *b = hrand_(C, -1, 1);
@@ -170,6 +173,57 @@ static void test_layernorm_(void)
     check_("layernorm_backward dinp", g1, dinp, dinp0, NC, TOL_BF16);
     check_("layernorm_backward dweight", g2, dw, dw0, C, TOL_BF16);
     check_("layernorm_backward dbias", g3, db, db0, C, TOL_BF16);
+    {   /* _first: dinp written from NaN, dweight and dbias += */
+        float *zi = (float *)calloc(NC, sizeof(float));
+        float *zw = hcopy_(dw0, C), *zb = hcopy_(db0, C);
+        layernorm_backward(zi, zw, zb, dout, inp, w, mean, rstd, N, C);
+        bf16 *f_dinp = dnan_bf16_(NC), *f_dw = dbf_(dw0, C), *f_db = dbf_(db0, C);
+        layernorm_backward_first_cuda(f_dinp, f_dw, f_db, scratch, d_dout,
+                                      d_inp, d_w, d_mean, d_rstd, N, C, st);
+        float *h1 = hbf_(f_dinp, NC), *h2 = hbf_(f_dw, C), *h3 = hbf_(f_db, C);
+        check_("layernorm_backward_first dinp", h1, zi, NULL, NC, TOL_BF16);
+        check_("layernorm_backward_first dweight", h2, zw, dw0, C, TOL_BF16);
+        check_("layernorm_backward_first dbias", h3, zb, db0, C, TOL_BF16);
+        free(zi); free(zw); free(zb); free(h1); free(h2); free(h3);
+        cudaFree(f_dinp); cudaFree(f_dw); cudaFree(f_db);
+    }
+    {   /* residual + LayerNorm in one pass, res over b (in place, as the
+         * model's res2) and into its own buffer: against residual_forward
+         * then layernorm_forward of the bf16-rounded sum */
+        float *ra = hrand_(NC, -2, 2), *rb = hrand_(NC, -1, 1);
+        float *rs = (float *)malloc(NC * sizeof(float));
+        float *ro = (float *)malloc(NC * sizeof(float));
+        float *rm = (float *)malloc(N * sizeof(float));
+        float *rr = (float *)malloc(N * sizeof(float));
+        residual_forward(rs, ra, rb, NC);
+        for (size_t i = 0; i < NC; i++)
+            rs[i] = bf_(rs[i]);
+        layernorm_forward(ro, rm, rr, rs, w, b, N, C);
+        bf16 *d_a = dbf_(ra, NC), *d_bb = dbf_(rb, NC);
+        bf16 *d_res = dnan_bf16_(NC), *d_o2 = dnan_bf16_(NC);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            bf16 *dst = inplace ? d_bb : d_res;
+            CUDA_CHECK(cudaMemset(d_o2, 0xff, NC * sizeof(bf16)));
+            CUDA_CHECK(cudaMemset(d_mean, 0xff, N * sizeof(float)));
+            residual_layernorm_forward_cuda(dst, d_o2, d_mean, d_rstd, d_a,
+                                            d_bb, d_w, d_b, N, C, st);
+            float *h1 = hbf_(dst, NC), *h2 = hbf_(d_o2, NC);
+            float *h3 = hcopy_dev_(d_mean, N), *h4 = hcopy_dev_(d_rstd, N);
+            const char *tag = inplace ? " (in place)" : "";
+            char what[80];
+            snprintf(what, sizeof what, "residual_layernorm res%s", tag);
+            check_(what, h1, rs, NULL, NC, TOL_BF16);
+            snprintf(what, sizeof what, "residual_layernorm out%s", tag);
+            check_(what, h2, ro, NULL, NC, TOL_BF16);
+            snprintf(what, sizeof what, "residual_layernorm mean%s", tag);
+            check_(what, h3, rm, NULL, N, TOL_F32);
+            snprintf(what, sizeof what, "residual_layernorm rstd%s", tag);
+            check_(what, h4, rr, NULL, N, TOL_F32);
+            free(h1); free(h2); free(h3); free(h4);
+        }
+        free(ra); free(rb); free(rs); free(ro); free(rm); free(rr);
+        cudaFree(d_a); cudaFree(d_bb); cudaFree(d_res); cudaFree(d_o2);
+    }
     free(inp); free(w); free(b); free(out); free(mean); free(rstd); free(g);
     free(gm); free(gr); free(dout); free(dinp0); free(dw0); free(db0);
     free(dinp); free(dw); free(db); free(g1); free(g2); free(g3);
@@ -233,6 +287,23 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
         else
             check_true_("matmul_backward dbias untouched",
                         nerr_(g3, db0, NULL, OC) == 0.0);
+        /* _first: dinp written from NaN (beta 0), dweight, dbias += */
+        float *zi = (float *)calloc(NC, sizeof(float));
+        float *zw = hcopy_(dw0, OCC), *zb = hcopy_(db0, OC);
+        ref_matmul_backward_(zi, zw, with_bias ? zb : NULL, dout, inp, w, N,
+                             C, OC);
+        bf16 *f_dinp = dnan_bf16_(NC), *f_dw = dbf_(dw0, OCC);
+        bf16 *f_db = dbf_(db0, OC);
+        matmul_backward_first_cuda(f_dinp, f_dw, with_bias ? f_db : NULL,
+                                   scratch, d_dout, d_inp, d_w, N, C, OC, st);
+        float *h1 = hbf_(f_dinp, NC), *h2 = hbf_(f_dw, OCC);
+        float *h3 = hbf_(f_db, OC);
+        check_("matmul_backward_first dinp", h1, zi, NULL, NC, TOL_BF16);
+        check_("matmul_backward_first dweight", h2, zw, dw0, OCC, TOL_BF16);
+        if (with_bias)
+            check_("matmul_backward_first dbias", h3, zb, db0, OC, TOL_BF16);
+        free(zi); free(zw); free(zb); free(h1); free(h2); free(h3);
+        cudaFree(f_dinp); cudaFree(f_dw); cudaFree(f_db);
         free(dout); free(dinp0); free(dw0); free(db0); free(dinp); free(dw);
         free(db); free(g1); free(g2); free(g3);
         cudaFree(d_dout); cudaFree(d_dinp); cudaFree(d_dw); cudaFree(d_db);
@@ -241,6 +312,52 @@ static void test_matmul_(int N, int C, int OC, int with_bias, int gelu)
     free(inp); free(w); free(bias); free(pre);
     cudaFree(d_inp); cudaFree(d_w); cudaFree(d_bias); cudaFree(d_out);
     cudaFree(d_pre);
+}
+
+/* The backward of a matmul through the GELU before it (the MLP's fcproj):
+ * inp = GELU(pre) (N,C), out = inp weight^T + bias. Against the CPU ops:
+ * d(inp) by the double GEMM loop, then gelu_backward from zero into
+ * d(pre); dweight and dbias added to random starts; d(pre) written from
+ * NaN. TOL_BF16: the fused DGELU rounds d(pre) once from fp32, the
+ * fallback (plain GEMM, then the GELU backward in place) once more. */
+static void test_matmul_dgelu_(int N, int C, int OC)
+{
+    size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+    printf("matmul backward through gelu (N=%d C=%d OC=%d)\n", N, C, OC);
+    float *pre = hrand_(NC, -3, 3), *inp = (float *)malloc(NC * sizeof(float));
+    gelu_forward(inp, pre, NC);
+    for (size_t i = 0; i < NC; i++)
+        inp[i] = bf_(inp[i]); /* the bf16 activation the GPU keeps */
+    float *w = hrand_(OCC, -0.2f, 0.2f), *dout = hrand_(NO, -1, 1);
+    float *dw0 = hrand_(OCC, -1, 1), *db0 = hrand_(OC, -1, 1);
+    float *dinp = (float *)calloc(NC, sizeof(float));
+    float *dpre = (float *)calloc(NC, sizeof(float));
+    float *dw = hcopy_(dw0, OCC), *db = hcopy_(db0, OC);
+    ref_matmul_backward_(dinp, dw, db, dout, inp, w, N, C, OC);
+    gelu_backward(dpre, pre, dinp, NC);
+    bf16 *d_pre = dbf_(pre, NC), *d_inp = dbf_(inp, NC), *d_w = dbf_(w, OCC);
+    bf16 *d_dout = dbf_(dout, NO), *d_dpre = dnan_bf16_(NC);
+    bf16 *d_dw = dbf_(dw0, OCC), *d_db = dbf_(db0, OC);
+    float *scratch = dnan_f32_(matmul_backward_scratch_floats(N, OC));
+    int fused = matmul_backward_dgelu_supported(d_dpre, d_pre, d_dout, d_w, N,
+                                                C, OC);
+    long f0, s0, f1, s1;
+    matmul_cuda_paths(&f0, &s0);
+    matmul_backward_dgelu_first_cuda(d_dpre, d_dw, d_db, scratch, d_dout,
+                                     d_inp, d_pre, d_w, N, C, OC, st);
+    matmul_cuda_paths(&f1, &s1);
+    float *g1 = hbf_(d_dpre, NC), *g2 = hbf_(d_dw, OCC), *g3 = hbf_(d_db, OC);
+    check_("matmul_backward_dgelu_first dpre", g1, dpre, NULL, NC, TOL_BF16);
+    check_("matmul_backward_dgelu_first dweight", g2, dw, dw0, OCC, TOL_BF16);
+    check_("matmul_backward_dgelu_first dbias", g3, db, db0, OC, TOL_BF16);
+    check_true_("dgelu path as matmul_backward_dgelu_supported said",
+                fused ? f1 == f0 + 1 && s1 == s0 : s1 == s0 + 1 && f1 == f0);
+    check_path_("M6_TEST_EXPECT_EPI", "matmul backward dgelu path",
+                fused ? "fused" : "separate");
+    free(pre); free(inp); free(w); free(dout); free(dw0); free(db0);
+    free(dinp); free(dpre); free(dw); free(db); free(g1); free(g2); free(g3);
+    cudaFree(d_pre); cudaFree(d_inp); cudaFree(d_w); cudaFree(d_dout);
+    cudaFree(d_dpre); cudaFree(d_dw); cudaFree(d_db); cudaFree(scratch);
 }
 
 /* lse (B,NH,T) by hand: log sum_{s<=t} exp(scale q_t.k_s) of the bf16
@@ -301,6 +418,16 @@ static void test_attention_(int B, int T, int C, int NH)
     check_("attention_backward dqkv", g1, dqkv, dqkv0, N3, TOL_ATT);
     check_true_("attention_backward deterministic",
                 memcmp(g1, g2, N3 * sizeof(float)) == 0);
+    /* _first: dqkv written from NaN; the CPU op's from zero */
+    float *dz = (float *)calloc(N3, sizeof(float));
+    attention_backward(dz, scr, dout, qkv, att, B, T, C, NH);
+    bf16 *d_dqkvf = dnan_bf16_(N3);
+    attention_backward_first_cuda(d_dqkvf, d_scr, d_dout, d_qkv, d_out,
+                                  d_lse, B, T, C, NH, st);
+    float *gf = hbf_(d_dqkvf, N3);
+    check_("attention_backward_first dqkv", gf, dz, NULL, N3, TOL_ATT);
+    free(gf);
+    cudaFree(d_dqkvf);
 
     /* the tensor-core path, where the head size allows it, against the
      * same CPU reference; its workspace starts as NaN and holds one item
@@ -347,6 +474,15 @@ static void test_attention_(int B, int T, int C, int NH)
         check_("attention_gemm_backward dqkv", g3, dqkv, dqkv0, N3, TOL_ATT);
         check_true_("attention_gemm_backward deterministic",
                     memcmp(g3, g4, N3 * sizeof(float)) == 0);
+        bf16 *d_dqkv5 = dnan_bf16_(N3);
+        attention_gemm_backward_first_cuda(d_dqkv5, d_scr, d_ws, wsb, d_dout,
+                                           d_qkv, d_out2, d_lse2, B, T, C,
+                                           NH, st);
+        float *g5 = hbf_(d_dqkv5, N3);
+        check_("attention_gemm_backward_first dqkv", g5, dz, NULL, N3,
+               TOL_ATT);
+        free(g5);
+        cudaFree(d_dqkv5);
         free(go); free(gl); free(rl); free(qb); free(g3); free(g4);
         cudaFree(d_ws); cudaFree(d_lse2); cudaFree(d_out2); cudaFree(d_dqkv3);
         cudaFree(d_dqkv4);
@@ -355,7 +491,7 @@ static void test_attention_(int B, int T, int C, int NH)
                "offered\n", C / NH);
     }
     free(qkv); free(out); free(att); free(g); free(dout); free(dqkv0);
-    free(dqkv); free(scr); free(g1); free(g2);
+    free(dqkv); free(scr); free(g1); free(g2); free(dz);
     cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout);
     cudaFree(d_dqkv); cudaFree(d_dqkv2); cudaFree(d_scr);
 }
@@ -421,25 +557,50 @@ static void test_attention_impls_(int B, int T, int C, int NH)
     cudaFree(d_qkv); cudaFree(d_dout); cudaFree(d_scr);
 }
 
-static void test_elementwise_(void)
+/* a device bf16 copy of h (n) at element off of an allocation of n + off
+ * (off odd: not 16-byte aligned, the kernels' one-at-a-time path) */
+static bf16 *dbf_at_(const float *h, size_t n, int off)
 {
-    const size_t N = 5000;
-    printf("gelu, residual (N=%zu)\n", N);
+    float *p = (float *)calloc(n + off, sizeof(float));
+    memcpy(p + off, h, n * sizeof(float));
+    bf16 *d = dbf_(p, n + off);
+    free(p);
+    return d + off;
+}
+
+/* N not a multiple of 8: a tail after the 128-bit groups; off: all the
+ * tensors off elements from an aligned base */
+static void test_elementwise_(size_t N, int off)
+{
+    printf("gelu, residual (N=%zu, tensors at +%d elements)\n", N, off);
     float *x = hrand_(N, -5, 5), *y = hrand_(N, -1, 1);
     float *out = (float *)malloc(N * sizeof(float));
     gelu_forward(out, x, N);
-    bf16 *d_x = dbf_(x, N), *d_y = dbf_(y, N), *d_out = dnan_bf16_(N);
+    bf16 *d_x = dbf_at_(x, N, off), *d_y = dbf_at_(y, N, off);
+    bf16 *d_out = dnan_bf16_(N + off) + off;
     gelu_forward_cuda(d_out, d_x, N, st);
     float *g = hbf_(d_out, N);
     check_("gelu_forward", g, out, NULL, N, TOL_BF16);
     free(g);
     float *d0 = hrand_(N, -1, 1), *d = hcopy_(d0, N);
     gelu_backward(d, x, y, N);
-    bf16 *d_d = dbf_(d0, N);
+    bf16 *d_d = dbf_at_(d0, N, off);
     gelu_backward_cuda(d_d, d_x, d_y, N, st);
     g = hbf_(d_d, N);
     check_("gelu_backward", g, d, d0, N, TOL_BF16);
     free(g);
+    {   /* _first: written from NaN, and in place over dout */
+        float *z = (float *)calloc(N, sizeof(float));
+        gelu_backward(z, x, y, N);
+        bf16 *f = dnan_bf16_(N + off) + off, *f2 = dbf_at_(y, N, off);
+        gelu_backward_first_cuda(f, d_x, d_y, N, st);
+        gelu_backward_first_cuda(f2, d_x, f2, N, st);
+        float *h = hbf_(f, N), *h2 = hbf_(f2, N);
+        check_("gelu_backward_first", h, z, NULL, N, TOL_BF16);
+        check_("gelu_backward_first in place", h2, z, NULL, N, TOL_BF16);
+        free(z); free(h); free(h2);
+        cudaFree(f - off); cudaFree(f2 - off);
+    }
 
     residual_forward(out, x, y, N);
     residual_forward_cuda(d_out, d_x, d_y, N, st);
@@ -449,15 +610,15 @@ static void test_elementwise_(void)
     float *a0 = hrand_(N, -1, 1), *b0 = hrand_(N, -1, 1);
     float *a = hcopy_(a0, N), *b = hcopy_(b0, N);
     residual_backward(a, b, y, N);
-    bf16 *d_a = dbf_(a0, N), *d_b = dbf_(b0, N);
+    bf16 *d_a = dbf_at_(a0, N, off), *d_b = dbf_at_(b0, N, off);
     residual_backward_cuda(d_a, d_b, d_y, N, st);
     float *ga = hbf_(d_a, N), *gb = hbf_(d_b, N);
     check_("residual_backward da", ga, a, a0, N, TOL_BF16);
     check_("residual_backward db", gb, b, b0, N, TOL_BF16);
     free(x); free(y); free(out); free(d0); free(d); free(a0); free(b0);
     free(a); free(b); free(ga); free(gb);
-    cudaFree(d_x); cudaFree(d_y); cudaFree(d_out); cudaFree(d_d);
-    cudaFree(d_a); cudaFree(d_b);
+    cudaFree(d_x - off); cudaFree(d_y - off); cudaFree(d_out - off);
+    cudaFree(d_d - off); cudaFree(d_a - off); cudaFree(d_b - off);
 }
 
 /* The fused classifier against the CPU cross-entropy (forward losses and
@@ -813,10 +974,12 @@ int main(void)
     cuda_device_or_skip("test_ops");
     CUDA_CHECK(cudaStreamCreate(&st));
     test_encoder_();
-    test_layernorm_();
+    test_layernorm_(300, 192); /* N not a multiple of a block's 128 rows */
+    test_layernorm_(130, 264); /* C past one 256-column sweep of a warp */
     test_matmul_(96, 64, 192, 1, 0);     /* bias epilogue */
     test_matmul_(96, 128, 256, 0, 0);    /* no bias (the LM head) */
     test_matmul_(96, 64, 256, 1, 1);     /* GELU_AUX_BIAS epilogue */
+    test_matmul_dgelu_(96, 256, 64);     /* DGELU epilogue (fcproj) */
     test_attention_(2, 67, 128, 2);      /* hs 64, T not a tile multiple */
     test_attention_(2, 130, 128, 4);     /* hs 32 */
     test_attention_(1, 45, 256, 2);      /* hs 128 */
@@ -830,7 +993,9 @@ int main(void)
     test_attention_impls_(1, 45, 160, 2);  /* hs 80 */
     test_attention_impls_(1, 67, 128, 1);  /* hs 128, B NH = 1 */
     test_bench_shapes_();
-    test_elementwise_();
+    test_elementwise_(5000, 0); /* 128-bit groups only */
+    test_elementwise_(5003, 0); /* and a tail of 3 */
+    test_elementwise_(5003, 1); /* unaligned: one at a time */
     test_crossentropy_();
     test_crossentropy_fused_(70, 200, 256);
     test_crossentropy_fused_(3, 1000, 1024); /* V past the block */

@@ -75,7 +75,9 @@ size_t gpt_cuda_act_layout(const model_config *cfg, int B_,
     t[CUDA_ACT_DLNF] = BT * C * h;
     t[CUDA_ACT_DQKV] = BT * 3 * C * h;
     t[CUDA_ACT_DFCH] = Ld ? BT * F * h : 0;
-    t[CUDA_ACT_DFCHG] = Ld ? BT * F * h : 0;
+    /* none since the GELU's backward is the fcproj backward GEMM's
+     * epilogue (or in place in DFCH): d(fchg) is never stored */
+    t[CUDA_ACT_DFCHG] = 0;
     t[CUDA_ACT_SCRATCH] = ops->scratch_floats * f;
     t[CUDA_ACT_ATT_WS] = ops->att_ws_bytes;
     t[CUDA_ACT_RED] = ops->red_floats * f;

@@ -44,7 +44,8 @@ enum {
     CUDA_ACT_DRES, CUDA_ACT_DLN,        /* (B,T,C) each */
     CUDA_ACT_DATTY, CUDA_ACT_DLNF,      /* (B,T,C) each */
     CUDA_ACT_DQKV,                      /* (B,T,3C) */
-    CUDA_ACT_DFCH, CUDA_ACT_DFCHG,      /* (B,T,4C) each */
+    CUDA_ACT_DFCH, CUDA_ACT_DFCHG,      /* (B,T,4C), 0 (unused: the GELU's
+                                         * backward is fused) */
     CUDA_ACT_SCRATCH,                   /* f32 op scratch */
     CUDA_ACT_ATT_WS,                    /* attention workspace (may be 0) */
     CUDA_ACT_RED,                       /* f32 grad-norm partials + scalars */

@@ -328,6 +328,7 @@ static int choose_paths_(gpt_cuda *g)
     static const char *name[4] = {"qkv bias", "attproj bias",
                                   "fc gelu+bias", "fcproj bias"};
     int fused[4] = {0, 0, 0, 0}, asked[4] = {0, 0, 0, 0};
+    int dgelu_fused = 0, dgelu_asked = 0; /* the fcproj backward's DGELU */
     for (int l = 0; l < L; l++) {
         int s = g->slot_of[l];
         const tensor_ *ts = slot_ts_(g, s);
@@ -358,7 +359,7 @@ static int choose_paths_(gpt_cuda *g)
              a->ln2 + l * Ba * C, SLOT_FC_W, SLOT_FC_B, a->dln, a->dfch, C,
              4 * C},
             {a->res3 + l * Ba * C, NULL, a->fchg + fl * Ba * 4 * C,
-             SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfchg, a->dres, 4 * C, C}};
+             SLOT_FCPROJ_W, SLOT_FCPROJ_B, a->dfch, a->dres, 4 * C, C}};
         /* an MoE block's experts are batched GEMMs (moe.cu), no MLP */
         int n_mm = model_layer_is_moe(&g->cfg, l) ? 2 : 4;
         for (int b = 1; b <= g->B; b++)
@@ -382,6 +383,11 @@ static int choose_paths_(gpt_cuda *g)
                     (void)matmul_forward_fused_supported(
                         m[i].pre, NULL, m[i].inp, W, bias, N, m[i].c,
                         m[i].oc, 0);
+                if (i == 3) { /* d(fch) = (dres W) GELU'(fch) */
+                    dgelu_asked++;
+                    dgelu_fused += matmul_backward_dgelu_supported(
+                        a->dfch, m[2].pre, m[i].dout, W, N, m[i].c, m[i].oc);
+                }
             }
     }
     for (int b = 1; b <= g->B; b++) /* the LM head: no bias */
@@ -407,6 +413,11 @@ static int choose_paths_(gpt_cuda *g)
         n += snprintf(line + n, sizeof line - n, "%s%s %s", i ? ", " : "",
                       name[i], how);
     }
+    if (dgelu_asked)
+        snprintf(line + n, sizeof line - n, ", fcproj backward dgelu %s",
+                 dgelu_fused == dgelu_asked ? "fused"
+                 : dgelu_fused == 0         ? "own kernels"
+                                    : "fused, some shapes own kernels");
     fprintf(stderr, "gpt_cuda: matmul epilogues (cuBLASLt): %s\n", line);
     return 0;
 }
@@ -780,6 +791,11 @@ void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
 #define W_(w, i) ((w) + ts[i].off)
 #define GW_(g, i) ((g)->params + (g)->glob[i].off)
 #define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
+/* Zeroes an activation gradient before an op that adds to it: only the
+ * MoE block's (moe_backward_cuda accumulates). Elsewhere the first write
+ * of each activation gradient is a *_first op (kernels_cuda.h), which
+ * stores, and only the residual stream's dres and the weight gradients
+ * accumulate. */
 #define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
 
 static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
@@ -976,10 +992,11 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
         attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
     matmul_forward_cuda(res2, atty, W_(w, SLOT_ATTPROJ_W),
                         W_(w, SLOT_ATTPROJ_B), (int)BT, C, C, st);
-    residual_forward_cuda(res2, res, res2, BTC, st);
-    layernorm_forward_cuda(ln2, a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
-                           res2, W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
-                           (int)BT, C, st);
+    /* res2 = res + attention branch, and its LayerNorm, in one pass */
+    residual_layernorm_forward_cuda(res2, ln2, a->ln2_mean + l * Ba,
+                                    a->ln2_rstd + l * Ba, res, res2,
+                                    W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
+                                    (int)BT, C, st);
     if (moe) {
         moe_layer_forward_(g, l, w, ln2, res3, B);
     } else {
@@ -997,7 +1014,7 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
                             int B)
 {
     const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
-    const size_t BT = (size_t)B * T, BTC = BT * C;
+    const size_t BT = (size_t)B * T;
     const size_t Ba = (size_t)g->B * T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
@@ -1011,42 +1028,40 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     const bf16 *fchg = a->fchg + fl * Ba * 4 * C;
     const float *lse = a->lse + (size_t)l * g->B * NH * T;
 
-    /* dres holds d(res3): the MLP (or MoE) branch adds to it */
+    /* dres holds d(res3): the MLP (or MoE) branch adds to it. The
+     * branch's activation gradients are written (the *_first ops), its
+     * weight gradients accumulate. */
     if (moe) {
         moe_layer_backward_(g, l, w, dw, ln2, B);
     } else {
-        ZERO_(a->dfchg, BT * 4 * C);
-        matmul_backward_cuda(a->dfchg, W_(dw, SLOT_FCPROJ_W),
-                             W_(dw, SLOT_FCPROJ_B), a->scratch, a->dres, fchg,
-                             W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C, C, st);
-        ZERO_(a->dfch, BT * 4 * C);
-        gelu_backward_cuda(a->dfch, fch, a->dfchg, BT * 4 * C, st);
-        ZERO_(a->dln, BTC);
-        matmul_backward_cuda(a->dln, W_(dw, SLOT_FC_W), W_(dw, SLOT_FC_B),
-                             a->scratch, a->dfch, ln2, W_(w, SLOT_FC_W),
-                             (int)BT, C, 4 * C, st);
+        /* through the GELU: d(fch) in one GEMM (DGELU epilogue) */
+        matmul_backward_dgelu_first_cuda(a->dfch, W_(dw, SLOT_FCPROJ_W),
+                                         W_(dw, SLOT_FCPROJ_B), a->scratch,
+                                         a->dres, fchg, fch,
+                                         W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C,
+                                         C, st);
+        matmul_backward_first_cuda(a->dln, W_(dw, SLOT_FC_W),
+                                   W_(dw, SLOT_FC_B), a->scratch, a->dfch, ln2,
+                                   W_(w, SLOT_FC_W), (int)BT, C, 4 * C, st);
     }
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN2_W), W_(dw, SLOT_LN2_B),
                             a->scratch, a->dln, res2, W_(w, SLOT_LN2_W),
                             a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
                             (int)BT, C, st);
     /* dres holds d(res2): the attention branch adds to it */
-    ZERO_(a->datty, BTC);
-    matmul_backward_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
-                         W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres, atty,
-                         W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
-    ZERO_(a->dqkv, BT * 3 * C);
+    matmul_backward_first_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
+                               W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres,
+                               atty, W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
     if (a->att_ws)
-        attention_gemm_backward_cuda(a->dqkv, a->scratch, a->att_ws,
-                                     a->att_ws_bytes, a->datty, qkv, atty,
-                                     lse, B, T, C, NH, st);
+        attention_gemm_backward_first_cuda(a->dqkv, a->scratch, a->att_ws,
+                                           a->att_ws_bytes, a->datty, qkv,
+                                           atty, lse, B, T, C, NH, st);
     else
-        attention_backward_cuda(a->dqkv, a->scratch, a->datty, qkv, atty,
-                                lse, B, T, C, NH, st);
-    ZERO_(a->dln, BTC);
-    matmul_backward_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
-                         a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W), (int)BT,
-                         C, 3 * C, st);
+        attention_backward_first_cuda(a->dqkv, a->scratch, a->datty, qkv,
+                                      atty, lse, B, T, C, NH, st);
+    matmul_backward_first_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
+                               a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W),
+                               (int)BT, C, 3 * C, st);
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN1_W), W_(dw, SLOT_LN1_B),
                             a->scratch, a->dln, res, W_(w, SLOT_LN1_W),
                             a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
@@ -1093,7 +1108,7 @@ static void head_forward_(gpt_cuda *g, int B, int targets, int fused,
 static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
 {
     const int C = g->cfg.n_embd, L = g->cfg.n_layer;
-    const size_t BT = (size_t)B * g->T, BTC = BT * C, Ba = (size_t)g->B * g->T;
+    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
     if (!fused) {
@@ -1102,14 +1117,15 @@ static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
                                            a->dlosses, (int)BT,
                                            g->cfg.vocab_size, g->Vp, st);
     }
-    ZERO_(a->dlnf, BTC);
-    matmul_backward_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL, a->logits,
-                         a->lnf, GW_(g, GLOB_WTE), (int)BT, C, g->Vp, st);
-    ZERO_(a->dres, BTC);
+    /* the first writes of dlnf and of the residual stream's dres */
+    matmul_backward_first_cuda(a->dlnf, GDW_(g, GLOB_WTE), NULL, NULL,
+                               a->logits, a->lnf, GW_(g, GLOB_WTE), (int)BT,
+                               C, g->Vp, st);
     const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
-    layernorm_backward_cuda(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
-                            a->scratch, a->dlnf, last, GW_(g, GLOB_LNF_W),
-                            a->lnf_mean, a->lnf_rstd, (int)BT, C, st);
+    layernorm_backward_first_cuda(a->dres, GDW_(g, GLOB_LNF_W),
+                                  GDW_(g, GLOB_LNF_B), a->scratch, a->dlnf,
+                                  last, GW_(g, GLOB_LNF_W), a->lnf_mean,
+                                  a->lnf_rstd, (int)BT, C, st);
 }
 
 /* Positions [p0, p1) of a microbatch: forward layer p for p < L, backward

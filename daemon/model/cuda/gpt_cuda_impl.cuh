@@ -40,7 +40,8 @@ typedef struct {
     float *losses, *dlosses;            /* f32 (B,T) */
     bf16 *dres, *dln, *datty, *dlnf;    /* (B,T,C) */
     bf16 *dqkv;                         /* (B,T,3C) */
-    bf16 *dfch, *dfchg;                 /* (B,T,4C) */
+    bf16 *dfch, *dfchg;                 /* (B,T,4C); dfchg 0 bytes, unused
+                                         * (matmul_backward_dgelu_first) */
     float *scratch;                     /* f32 op workspace */
     void *att_ws;                       /* attention_gemm workspace, or
                                          * NULL: the flash kernels */
