@@ -15,6 +15,7 @@
  * program.
  */
 #include "cuda_runtime.h"
+#include "emu_counts.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -84,8 +85,10 @@ static size_t device_in_use_;   /* bytes in cudaMalloc blocks */
 static thread_local cudaError_t last_ = cudaSuccess;
 static int sticky_;             /* an injected kernel fault has happened */
 static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
+static long host_waits_;        /* emu_host_waits (emu_counts.h) */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
+static cudaError_t event_sync_(cudaEvent_t e);
 
 __attribute__((constructor)) static void init_cv_(void)
 {
@@ -111,6 +114,16 @@ static cudaError_t misuse_(cudaError_t e, const char *what)
     }
     last_ = e;
     return e;
+}
+
+static void count_wait_(void)
+{
+    __atomic_add_fetch(&host_waits_, 1, __ATOMIC_RELAXED);
+}
+
+long emu_host_waits(void)
+{
+    return __atomic_load_n(&host_waits_, __ATOMIC_RELAXED);
 }
 
 void mock_misuse(const char *what)
@@ -554,6 +567,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+    if (p)
+        count_wait_();
     return free_(p, MEM_DEVICE);
 }
 
@@ -570,6 +585,8 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 
 cudaError_t cudaFreeHost(void *p)
 {
+    if (p)
+        count_wait_();
     return free_(p, MEM_PINNED);
 }
 
@@ -620,16 +637,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                        cudaMemcpyKind kind)
 {
+    count_wait_();
     return synced_(cudaMemcpyAsync(dst, src, n, kind, 0));
 }
 
 cudaError_t cudaMemset(void *dst, int value, size_t n)
 {
+    count_wait_();
     return synced_(cudaMemsetAsync(dst, value, n, 0));
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    count_wait_();
     pthread_mutex_lock(&mu_);
     wait_idle_locked_();
     pthread_mutex_unlock(&mu_);
@@ -680,6 +700,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     if (!s)
         return cudaDeviceSynchronize();
+    count_wait_();
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s)) {
         pthread_mutex_unlock(&mu_);
@@ -711,7 +732,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)flags;
     if (!s) /* legacy stream: its later work runs after the event */
-        return cudaEventSynchronize(e);
+        return event_sync_(e); /* a wait here, not the host's on a GPU */
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s) || !event_ok_(e)) {
         pthread_mutex_unlock(&mu_);
@@ -789,6 +810,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    count_wait_();
+    return event_sync_(e);
+}
+
+static cudaError_t event_sync_(cudaEvent_t e)
 {
     pthread_mutex_lock(&mu_);
     if (!event_ok_(e)) {
