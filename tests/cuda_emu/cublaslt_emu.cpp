@@ -376,7 +376,11 @@ static void run_gemm_(void *arg)
                         __float2bfloat16_rn(pre[i + j * m]);
             }
     }
-    delete g;
+}
+
+static void drop_gemm_(void *arg)
+{
+    delete (gemm_ *)arg;
 }
 
 /* Bytes a column-major (rows, cols, ld) matrix of elements of `es` bytes
@@ -453,7 +457,7 @@ cublasStatus_t cublasLtMatmul(
                          *(const float *)beta,
                          (const __nv_bfloat16 *)A, (const __nv_bfloat16 *)B,
                          C, D};
-    mock_launch(stream, run_gemm_, g);
+    mock_launch_kept(stream, run_gemm_, drop_gemm_, g); /* capturable */
     __atomic_add_fetch(&matmuls_, 1, __ATOMIC_RELAXED);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -42,11 +42,23 @@ struct op_ {
     long seq;                   /* RECORD: the record; WAIT: the one awaited */
     void (*fn)(void *);
     void *arg;
+    void (*drop)(void *);       /* KERNEL: frees arg after fn; NULL: fn
+                                 * does, or a graph owns it */
     int64_t not_before;         /* ns, CLOCK_MONOTONIC: its random latency */
+};
+
+struct mock_graph_ {
+    std::vector<op_> ops;       /* captured, in stream order */
+    int refs;                   /* the graph and its instances */
+};
+
+struct mock_graph_exec_ {
+    mock_graph_ *g;
 };
 
 struct mock_stream_ {
     std::deque<op_> q;
+    mock_graph_ *cap;           /* capturing into it, or NULL */
     int busy;                   /* its front operation is running */
     int dead;                   /* destroyed */
     int nonblocking;            /* cudaStreamNonBlocking: not synchronised
@@ -317,6 +329,8 @@ static void *gpu_main_(void *unused)
             break;
         case OP_KERNEL:
             o.fn(o.arg);
+            if (o.drop)
+                o.drop(o.arg);
             break;
         default:
             break;
@@ -408,6 +422,8 @@ static void run_legacy_(const op_ &o)
         break;
     case OP_KERNEL:
         o.fn(o.arg);
+        if (o.drop)
+            o.drop(o.arg);
         break;
     default:
         break;
@@ -426,6 +442,17 @@ static cudaError_t push_(cudaStream_t s, const op_ &o)
         return misuse_(cudaErrorInvalidResourceHandle,
                        "operation on a destroyed or null stream");
     }
+    if (s->cap) { /* captured: run at each launch of the graph */
+        if (o.kind == OP_KERNEL && !o.drop) {
+            pthread_mutex_unlock(&mu_);
+            return misuse_(cudaErrorStreamCaptureUnsupported,
+                           "capture of a mock_launch whose function frees "
+                           "its argument (use mock_launch_kept)");
+        }
+        s->cap->ops.push_back(o);
+        pthread_mutex_unlock(&mu_);
+        return cudaSuccess;
+    }
     queue_(s, o);
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
@@ -438,6 +465,128 @@ void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg)
     o.fn = fn;
     o.arg = arg;
     push_(s, o);
+}
+
+void mock_launch_kept(cudaStream_t s, void (*fn)(void *),
+                      void (*drop)(void *), void *arg)
+{
+    op_ o = {};
+    o.kind = OP_KERNEL;
+    o.fn = fn;
+    o.arg = arg;
+    o.drop = drop;
+    push_(s, o);
+}
+
+/* ------------------------------------------------------------ graphs */
+
+/* A capturing stream refuses what the mock does not capture: event
+ * records and waits (the real runtime turns them into dependencies
+ * between captured streams) and synchronisation. Lock held. */
+static int capturing_(cudaStream_t s)
+{
+    return s && stream_ok_(s) && s->cap;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    pthread_mutex_lock(&mu_);
+    const char *bad = !s || !stream_ok_(s) ? "cudaStreamBeginCapture of the "
+                                             "legacy or a destroyed stream"
+                      : s->cap             ? "cudaStreamBeginCapture of a "
+                                             "capturing stream"
+                                           : NULL;
+    if (!bad)
+        s->cap = new mock_graph_{std::vector<op_>(), 1};
+    pthread_mutex_unlock(&mu_);
+    return bad ? misuse_(cudaErrorStreamCaptureUnsupported, bad)
+               : cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    pthread_mutex_lock(&mu_);
+    if (!capturing_(s)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorIllegalState,
+                       "cudaStreamEndCapture of a stream not capturing");
+    }
+    *g = s->cap;
+    s->cap = NULL;
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s,
+                                  cudaStreamCaptureStatus *status)
+{
+    pthread_mutex_lock(&mu_);
+    *status = capturing_(s) ? cudaStreamCaptureStatusActive
+                            : cudaStreamCaptureStatusNone;
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
+                                 unsigned long long flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu_);
+    g->refs++;
+    pthread_mutex_unlock(&mu_);
+    *e = new mock_graph_exec_{g};
+    return cudaSuccess;
+}
+
+/* The captured operations queued again on s, in their order; each kernel
+ * runs on the arguments it was captured with (a graph's copies read and
+ * write the same addresses at every launch). */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    if (!s || !stream_ok_(s) || s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaGraphLaunch on the legacy, a destroyed or a "
+                       "capturing stream (not emulated)");
+    }
+    for (op_ o : e->g->ops) {
+        o.drop = NULL; /* the graph's */
+        queue_(s, o);
+    }
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+/* Lock held: one reference less; the last frees the kernels' arguments
+ * once every stream is idle (a launch may still be running them). */
+static void graph_unref_locked_(mock_graph_ *g)
+{
+    if (--g->refs > 0)
+        return;
+    wait_idle_locked_();
+    for (const op_ &o : g->ops)
+        if (o.kind == OP_KERNEL && o.drop)
+            o.drop(o.arg);
+    delete g;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    pthread_mutex_lock(&mu_);
+    graph_unref_locked_(e->g);
+    pthread_mutex_unlock(&mu_);
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    pthread_mutex_lock(&mu_);
+    graph_unref_locked_(g);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
 }
 
 /* ------------------------------------------------------------ device */
@@ -487,6 +636,9 @@ const char *cudaGetErrorName(cudaError_t e)
         return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
     default: return "cudaErrorUnknown";
     }
 }
@@ -707,6 +859,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaStreamSynchronize of a destroyed stream");
     }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaStreamSynchronize of a capturing stream");
+    }
     while (!s->q.empty() || s->busy)
         pthread_cond_wait(&cv_, &mu_);
     pthread_mutex_unlock(&mu_);
@@ -738,6 +895,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaStreamWaitEvent on a destroyed stream or event");
+    }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaStreamWaitEvent on a capturing stream (not "
+                       "emulated)");
     }
     if (e->issued > 0) { /* never recorded: nothing to wait for */
         op_ o = {};
@@ -798,6 +961,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaEventRecord on a destroyed stream or event");
+    }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaEventRecord on a capturing stream (not "
+                       "emulated)");
     }
     op_ o = {};
     o.kind = OP_RECORD;
