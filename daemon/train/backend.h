@@ -48,14 +48,16 @@ typedef struct {
     /* One optimizer step, in this order: step_begin (zero the gradients),
      * microbatch for k = 0..accum-1 (forward, then backward accumulating
      * the gradient of loss_scale * sum of the token losses; returns the
-     * mean loss), grad_norm (with h->slot_grad_mean, first the slots'
-     * gradients divided by their layer counts; then the global L2 norm of
-     * the step's gradient; NaN when the backend cannot scale, so the step
-     * is skipped), and,
-     * when loss and norm are finite, adamw (clip to h->grad_clip, update;
-     * returns when the step's work is done). Nothing of the weights, the
-     * moments or the AdamW step counts may change before adamw: a step
-     * whose loss or norm is not finite ends after grad_norm, skipped. */
+     * mean loss, or anything with step_loss), grad_norm (with
+     * h->slot_grad_mean, first the slots' gradients divided by their
+     * layer counts; then the global L2 norm of the step's gradient; NaN
+     * when the backend cannot scale, so the step is skipped), and, when
+     * loss and norm are finite, adamw (clip to h->grad_clip, update;
+     * returns when the step's work is done, or when it is queued on a
+     * device that every later call reading the state waits for). Nothing
+     * of the weights, the moments or the AdamW step counts may change
+     * before adamw: a step whose loss or norm is not finite ends after
+     * grad_norm, skipped. */
     void (*step_begin)(void *ctx, const backend_adam *h);
     float (*microbatch)(void *ctx, int k, const int32_t *inp,
                         const int32_t *tgt, int B, float loss_scale);
@@ -149,6 +151,14 @@ typedef struct {
      * offloading): the step fails. NULL members: host gradients only. */
     void (*dp_device)(void *ctx, int on);
     float *(*device_grads)(void *ctx, size_t *n);
+    /* The sum of the mean losses of the microbatches since step_begin, in
+     * their order, in double; for a backend whose microbatch only queues
+     * its work (what microbatch returns is then not the loss). The
+     * trainer reads it once per step: after grad_norm alone (the device
+     * is done by then, so it adds no wait), before the all-reduce of the
+     * loss sum when data-parallel. NULL: the sum of microbatch's
+     * returns. */
+    double (*step_loss)(void *ctx);
 } backend_iface;
 
 typedef struct {

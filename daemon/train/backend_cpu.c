@@ -368,6 +368,7 @@ static const backend_iface cpu_iface_ = {
     /* .grad_summed    = */ cpu_grad_summed_,
     /* .dp_device      = */ NULL,  /* host gradients only */
     /* .device_grads   = */ NULL,
+    /* .step_loss      = */ NULL,  /* microbatch returns each loss */
 };
 
 /* ------------------------------------------------------------- create */

@@ -19,11 +19,14 @@
  *
  * A step: step_begin (gpt_cuda_step_begin: zero the gradients; offloaded
  * slots' host AdamW waits for the global norm even without clipping, so a
- * non-finite step can be skipped whole: clip_), microbatches (gpt_cuda_train_microbatch, fused
- * forward + backward; the last one marked), grad_norm, adamw. adamw waits
- * for the device only, not for host AdamW jobs, which overlap the next
- * step; anything that reads or writes state (checkpoints, step counts,
- * reslot) calls gpt_cuda_synchronize first.
+ * non-finite step can be skipped whole: clip_), microbatches
+ * (gpt_cuda_queue_microbatch, fused forward + backward, queued without a
+ * wait; the last one marked), grad_norm (the step's one host wait, for
+ * the norm), step_loss (the microbatches' losses, done by then), adamw
+ * (queued; with a budget it waits for the device only, not for host
+ * AdamW jobs, which overlap the next step); anything that reads or
+ * writes state (checkpoints, step counts, reslot) calls
+ * gpt_cuda_synchronize first.
  *
  * Data parallelism (backend.h data_parallel; docs/DESIGN.md "Data
  * parallelism on the cuda backend"): after this rank's last microbatch the
@@ -207,18 +210,25 @@ static void dp_stage_(cuda_ctx_ *c)
             h[i] = NAN;
 }
 
+/* Queued, not waited for (the loss is step_loss's): the host goes on to
+ * the next microbatch while the device runs this one. The MoE facts and
+ * the data-parallel staging wait for it. */
 static float cuda_microbatch_(void *ctx, int k, const int32_t *inp,
                               const int32_t *tgt, int B, float loss_scale)
 {
     cuda_ctx_ *c = ctx;
     int accum = c->dp_accum > 0 ? c->dp_accum : c->grad_accum;
-    float loss = gpt_cuda_train_microbatch(c->g, inp, tgt, B, loss_scale,
-                                           k == accum - 1);
+    gpt_cuda_queue_microbatch(c->g, inp, tgt, B, loss_scale, k == accum - 1);
     if (c->moe)
         moe_note_(c, B);
     if (c->dp_accum > 0 && k == accum - 1)
         dp_stage_(c);
-    return loss;
+    return NAN; /* step_loss has it */
+}
+
+static double cuda_step_loss_(void *ctx)
+{
+    return gpt_cuda_step_loss(((cuda_ctx_ *)ctx)->g);
 }
 
 /* pseudo.grad_scale mean: each slot's gradient divided by the layers
@@ -258,21 +268,27 @@ static float cuda_grad_norm_(void *ctx)
 }
 
 /* The clip scale is computed on the device from the same sum of squares
- * (grad_norm's value). Waits for the device, so that the step's time is
- * its real time, but not for offloaded slots' host AdamW: those overlap
- * the next step, whose fetch of each such slot waits for its update.
- * gpt_cuda.h has no device-only wait; gpt_cuda_last_grad_norm is one (it
- * synchronizes the compute stream, where the AdamW kernels are queued
- * after the norm). Without a placed model there are no host jobs and
- * gpt_cuda_synchronize waits for exactly the same. */
+ * (grad_norm's value). Without a budget the update is only queued: the
+ * next step's microbatches queue behind it on the same stream, its
+ * grad_norm (the step's one host wait) waits for it, and so does every
+ * call that reads state (gpt_cuda_synchronize, a loss pass); a step's
+ * time then holds the previous step's update instead of its own. With
+ * a budget (offloading) it waits for the device, so that the step's time
+ * is its real time, but not for offloaded slots' host AdamW: those
+ * overlap the next step, whose fetch of each such slot waits for its
+ * update. gpt_cuda.h has no device-only wait; gpt_cuda_last_grad_norm is
+ * one (it synchronizes the compute stream, where the AdamW kernels are
+ * queued after the norm). Without a placed model there are no host jobs
+ * and gpt_cuda_synchronize waits for exactly the same. */
 static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 {
     cuda_ctx_ *c = ctx;
+    (void)norm;
     gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
                    clip_(h));
     if (c->placed)
         (void)gpt_cuda_last_grad_norm(c->g);
-    else
+    else if (c->budget)
         gpt_cuda_synchronize(c->g);
 }
 
@@ -595,6 +611,7 @@ static const backend_iface cuda_iface_ = {
     /* .grad_summed    = */ NULL,  /* grad_norm takes the sums back */
     /* .dp_device      = */ cuda_dp_device_,
     /* .device_grads   = */ cuda_device_grads_,
+    /* .step_loss      = */ cuda_step_loss_,
 };
 
 /* ------------------------------------------------------------- create */

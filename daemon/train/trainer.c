@@ -1427,25 +1427,34 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
         if (t->world > 1 && t->dp_overlap && !t->gcoll &&
             k == t->accum_rank - 1)
             overlap = dp_overlap_start_(t, &comm);
-        loss_sum += be->microbatch(t->be.ctx, k, t->inp, t->tgt, t->B_rank,
-                                   loss_scale);
+        float mb_loss = be->microbatch(t->be.ctx, k, t->inp, t->tgt,
+                                       t->B_rank, loss_scale);
+        if (!be->step_loss)
+            loss_sum += mb_loss;
     }
-    float loss;
+    float loss = NAN;
     if (t->world > 1) {
+        if (be->step_loss)
+            loss_sum = be->step_loss(t->be.ctx);
         /* the gradient and the loss sum over the ranks */
         if ((overlap  ? dp_overlap_finish_(t, comm, &loss_sum, err)
              : t->gcoll ? allreduce_device_(t, &loss_sum, err)
                         : allreduce_grads_(t, &loss_sum, err)) != 0)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
-    } else {
+    }
+    if (moe_facts_(t, &res->moe, err) != 0)
+        return TRAINER_ECOLL;
+    float norm = be->grad_norm(t->be.ctx);
+    if (t->world == 1) {
+        /* after grad_norm, which waits for the device: a backend that
+         * queues its microbatches has their losses by then */
+        if (be->step_loss)
+            loss_sum = be->step_loss(t->be.ctx);
         loss = (float)(loss_sum / accum);
     }
     if (fault == TRAINER_FAULT_NAN_BATCH)
         loss = NAN;
-    if (moe_facts_(t, &res->moe, err) != 0)
-        return TRAINER_ECOLL;
-    float norm = be->grad_norm(t->be.ctx);
     crashpoint("step");
     /* A non-finite loss or norm skips the update: the weights, the AdamW
      * moments and AdamW's step counts stay as they were (nothing of them

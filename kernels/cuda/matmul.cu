@@ -16,6 +16,12 @@
  * GELU's backward into its dinp GEMM: the DGELU epilogue, with the GELU's
  * input (what the forward's GELU_AUX saved) as the aux matrix.
  *
+ * The matmul descriptor, the three matrix layouts and the algorithm of a
+ * GEMM are made once per configuration (lt_cache_: shapes, epilogue,
+ * alignments) and kept until matmul_cuda_fini; a call only sets the bias
+ * and aux pointers when they differ from the last ones, so a steady-state
+ * training step makes no cuBLASLt descriptor at all.
+ *
  * If cuBLASLt returns no algorithm for an epilogue, the launcher falls back
  * to the plain GEMM plus own bias/GELU kernels (and says so once). The
  * *_supported functions ask the heuristic ahead (gpt_cuda does at creation,
@@ -35,25 +41,50 @@ static void *lt_workspace_;
 static int warned_fallback_;
 static long n_fused_, n_separate_;  /* forward epilogues, by path */
 
-/* The heuristic's answer for a configuration, kept: it costs tens of
- * microseconds of host time, and a training step asks the same few dozen
- * questions thousands of times (attention alone: a few GEMMs per sequence
- * or head of every layer). The key is everything the heuristic sees:
- * shapes, layouts, batch, types, epilogue, and the alignment of every
- * pointer. A full table just stops keeping new answers. */
+/* The heuristic's answer for a configuration, kept with the descriptors
+ * it was asked with: asking costs tens of microseconds of host time, and
+ * making the descriptors (one matmul descriptor, three layouts) a few
+ * more, while a training step makes the same few hundred GEMMs every time
+ * (attention alone: a few per sequence or head of every layer). The key is
+ * everything the heuristic sees: shapes, layouts, batch, types, epilogue,
+ * and the alignment of every pointer. The bias and aux pointers live in
+ * the matmul descriptor but not in the key (each layer has its own, and
+ * gpt_cuda asks for every layer and batch size at creation): a call sets
+ * them when they differ from the entry's last ones, and holds the entry's
+ * lock from there through cublasLtMatmul, which reads the descriptor
+ * during the call only. A full table just stops keeping new answers:
+ * those calls make and free their descriptors as before. */
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldd, batch, d_f32, epi, aux_ld;
     long long sA, sB, sD;
     uint32_t al[4], al_bias, al_aux;
 } lt_key_;
 
+/* The descriptors of one configuration: op holds the transposes, the
+ * epilogue and its pointers; la, lb, ld the layouts of A, B and C = D. */
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+} lt_descs_;
+
 #define LT_CACHE 1024
+#define LT_LOCKS 64               /* entry i uses lt_lock_[i % LT_LOCKS] */
 static struct {
     lt_key_ key;
     int used, found;          /* found: an algorithm, else none */
     cublasLtMatmulAlgo_t algo;
+    lt_descs_ d;              /* found only; else all NULL */
+    const void *bias, *aux;   /* the pointers d.op holds now (its lock) */
 } lt_cache_[LT_CACHE];
 static pthread_mutex_t lt_cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t lt_lock_[LT_LOCKS];
+static pthread_once_t lt_lock_once_ = PTHREAD_ONCE_INIT;
+
+static void lt_lock_init_(void)
+{
+    for (int i = 0; i < LT_LOCKS; i++)
+        pthread_mutex_init(&lt_lock_[i], NULL);
+}
 
 static size_t lt_hash_(const lt_key_ *k)
 {
@@ -64,8 +95,10 @@ static size_t lt_hash_(const lt_key_ *k)
     return (size_t)(h % LT_CACHE);
 }
 
-/* 1 (algorithm in *algo) or 0 (none) when known, -1 when not asked yet */
-static int lt_cache_get_(const lt_key_ *k, cublasLtMatmulAlgo_t *algo)
+/* 1 (algorithm in *algo, the entry's index in *at) or 0 (none) when
+ * known, -1 when not asked yet */
+static int lt_cache_get_(const lt_key_ *k, cublasLtMatmulAlgo_t *algo,
+                         size_t *at)
 {
     int r = -1;
     pthread_mutex_lock(&lt_cache_mu_);
@@ -74,26 +107,54 @@ static int lt_cache_get_(const lt_key_ *k, cublasLtMatmulAlgo_t *algo)
         if (!memcmp(&lt_cache_[i].key, k, sizeof *k)) {
             r = lt_cache_[i].found;
             *algo = lt_cache_[i].algo;
+            *at = i;
             break;
         }
     pthread_mutex_unlock(&lt_cache_mu_);
     return r;
 }
 
-static void lt_cache_put_(const lt_key_ *k, int found,
-                          const cublasLtMatmulAlgo_t *algo)
+/* Keep the answer for k, with d (made with bias and aux) when found: the
+ * table owns d then. 1 kept with d (its index in *at); 0 not (no
+ * algorithm, a full table, or another thread kept k first): the caller
+ * still owns d. */
+static int lt_cache_put_(const lt_key_ *k, int found,
+                         const cublasLtMatmulAlgo_t *algo, const lt_descs_ *d,
+                         const void *bias, const void *aux, size_t *at)
 {
+    int kept = 0;
     pthread_mutex_lock(&lt_cache_mu_);
     for (size_t i = lt_hash_(k), n = 0; n < LT_CACHE;
-         i = (i + 1) % LT_CACHE, n++)
-        if (!lt_cache_[i].used) {
-            lt_cache_[i].key = *k;
-            lt_cache_[i].used = 1;
-            lt_cache_[i].found = found;
-            lt_cache_[i].algo = *algo;
-            break;
+         i = (i + 1) % LT_CACHE, n++) {
+        if (lt_cache_[i].used) {
+            if (!memcmp(&lt_cache_[i].key, k, sizeof *k))
+                break; /* asked meanwhile by another thread */
+            continue;
         }
+        lt_cache_[i].key = *k;
+        lt_cache_[i].used = 1;
+        lt_cache_[i].found = found;
+        lt_cache_[i].algo = *algo;
+        if (found) {
+            lt_cache_[i].d = *d;
+            lt_cache_[i].bias = bias;
+            lt_cache_[i].aux = aux;
+        }
+        *at = i;
+        kept = 1;
+        break;
+    }
     pthread_mutex_unlock(&lt_cache_mu_);
+    return kept && found;
+}
+
+static void lt_descs_destroy_(lt_descs_ *d)
+{
+    if (d->la) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->la));
+    if (d->lb) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->lb));
+    if (d->ld) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->ld));
+    if (d->op) CUBLAS_CHECK(cublasLtMatmulDescDestroy(d->op));
+    memset(d, 0, sizeof *d);
 }
 
 void matmul_cuda_init(void)
@@ -113,6 +174,8 @@ void matmul_cuda_fini(void)
     lt_handle_ = NULL;
     lt_workspace_ = NULL;
     pthread_mutex_lock(&lt_cache_mu_);
+    for (size_t i = 0; i < LT_CACHE; i++)
+        lt_descs_destroy_(&lt_cache_[i].d);
     memset(lt_cache_, 0, sizeof lt_cache_);
     pthread_mutex_unlock(&lt_cache_mu_);
 }
@@ -199,6 +262,42 @@ static cublasLtMatrixLayout_t layout_(cudaDataType_t type, int rows, int cols,
     return l;
 }
 
+/* The descriptors of g with epilogue epi (its bias, aux and aux_ld). */
+static void lt_descs_make_(const gemm_batched_args *g, int batch,
+                           cublasLtEpilogue_t epi, const bf16 *bias,
+                           bf16 *aux, int aux_ld, lt_descs_ *d)
+{
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F,
+                                          CUDA_R_32F));
+    cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op,
+                                                CUBLASLT_MATMUL_DESC_TRANSA,
+                                                &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op,
+                                                CUBLASLT_MATMUL_DESC_TRANSB,
+                                                &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux) {
+        int64_t ld64 = aux_ld;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+            sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
+    }
+    cudaDataType_t dtype = g->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    d->la = layout_(CUDA_R_16BF, g->ta ? g->k : g->m, g->ta ? g->m : g->k,
+                    g->lda, batch, g->sA);
+    d->lb = layout_(CUDA_R_16BF, g->tb ? g->n : g->k, g->tb ? g->k : g->n,
+                    g->ldb, batch, g->sB);
+    d->ld = layout_(dtype, g->m, g->n, g->ldd, batch, g->sD);
+}
+
 /* Run g (kernels_cuda.h) with an epilogue (bias, aux: see there), or
  * with run 0 only ask (and keep) whether cuBLASLt has an algorithm for it.
  * Returns 0, or -1 when cuBLASLt has no algorithm for this configuration
@@ -209,36 +308,7 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
 {
     matmul_cuda_init();
     int batch = g->batch > 0 ? g->batch : 1;
-    cublasLtMatmulDesc_t op;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                &opa, sizeof opa));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                &opb, sizeof opb));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                &epi, sizeof epi));
-    if (bias)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    if (aux) {
-        int64_t ld64 = aux_ld;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
-    }
-    cudaDataType_t dtype = g->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
     size_t dsize = g->d_f32 ? sizeof(float) : sizeof(bf16);
-    cublasLtMatrixLayout_t la = layout_(CUDA_R_16BF, g->ta ? g->k : g->m,
-                                        g->ta ? g->m : g->k, g->lda, batch,
-                                        g->sA);
-    cublasLtMatrixLayout_t lb = layout_(CUDA_R_16BF, g->tb ? g->n : g->k,
-                                        g->tb ? g->k : g->n, g->ldb, batch,
-                                        g->sB);
-    cublasLtMatrixLayout_t ldl = layout_(dtype, g->m, g->n, g->ldd, batch,
-                                         g->sD);
     /* The heuristic does not see A, B, C and D: it assumes 256-byte
      * alignment unless told, and an algorithm chosen so fails on a less
      * aligned matrix (cublasLt.h). Tensors inside a slot are not all 256-
@@ -262,8 +332,12 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
     key.al_aux = aux ? align_of_(aux) : 0;
     cublasLtMatmulAlgo_t algo;
     memset(&algo, 0, sizeof algo); /* kept as it is when there is none */
-    int found = lt_cache_get_(&key, &algo);
+    lt_descs_ d;                   /* made here when not kept: freed here */
+    memset(&d, 0, sizeof d);
+    size_t at = 0;
+    int found = lt_cache_get_(&key, &algo, &at), kept = found > 0;
     if (found < 0) { /* not asked yet: the preference is only for this */
+        lt_descs_make_(g, batch, epi, bias, aux, aux_ld, &d);
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t ws = MM_WORKSPACE;
@@ -280,26 +354,48 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
         cublasLtMatmulHeuristicResult_t res;
         int nres = 0;
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
-            lt_handle_, op, la, lb, ldl, ldl, pref, 1, &res, &nres);
+            lt_handle_, d.op, d.la, d.lb, d.ld, d.ld, pref, 1, &res, &nres);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (hst != CUBLAS_STATUS_SUCCESS && hst != CUBLAS_STATUS_NOT_SUPPORTED)
             CUBLAS_CHECK(hst);
         found = hst == CUBLAS_STATUS_SUCCESS && nres > 0;
         if (found)
             algo = res.algo;
-        lt_cache_put_(&key, found, &algo);
+        kept = lt_cache_put_(&key, found, &algo, &d, bias, aux, &at);
     }
     int rc = found ? 0 : -1;
     if (found && run) {
-        CUBLAS_CHECK(cublasLtMatmul(lt_handle_, op, &g->alpha, g->A, la, g->B,
-                                    lb, &g->beta, g->D, ldl, g->D, ldl, &algo,
-                                    lt_workspace_, MM_WORKSPACE, stream));
+        pthread_mutex_t *mu = NULL;
+        const lt_descs_ *use = &d;
+        if (kept) { /* the entry's descriptors, with this call's pointers */
+            pthread_once(&lt_lock_once_, lt_lock_init_);
+            mu = &lt_lock_[at % LT_LOCKS];
+            pthread_mutex_lock(mu);
+            use = &lt_cache_[at].d;
+            if (bias && lt_cache_[at].bias != (const void *)bias) {
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                    use->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                    sizeof bias));
+                lt_cache_[at].bias = bias;
+            }
+            if (aux && lt_cache_[at].aux != (const void *)aux) {
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                    use->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                    sizeof aux));
+                lt_cache_[at].aux = aux;
+            }
+        }
+        cublasStatus_t st = cublasLtMatmul(
+            lt_handle_, use->op, &g->alpha, g->A, use->la, g->B, use->lb,
+            &g->beta, g->D, use->ld, g->D, use->ld, &algo, lt_workspace_,
+            MM_WORKSPACE, stream);
+        if (mu)
+            pthread_mutex_unlock(mu);
+        CUBLAS_CHECK(st);
         CUDA_CHECK_LAUNCH(); /* M6_CUDA_SYNC=1: its kernels checked here */
     }
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ldl));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    if (!kept)
+        lt_descs_destroy_(&d);
     return rc;
 }
 

@@ -22,6 +22,7 @@
  */
 #include "cublasLt.h"
 #include "cuda_bf16.h"
+#include "emu_counts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,6 +56,23 @@ struct emu_lt_pref_ {
     uint64_t max_workspace;
     uint32_t align[4];          /* MIN_ALIGNMENT_{A,B,C,D}_BYTES */
 };
+
+static long desc_creates_, layout_creates_, matmuls_; /* emu_counts.h */
+
+long emu_lt_matmuls(void)
+{
+    return __atomic_load_n(&matmuls_, __ATOMIC_RELAXED);
+}
+
+long emu_lt_desc_creates(void)
+{
+    return __atomic_load_n(&desc_creates_, __ATOMIC_RELAXED);
+}
+
+long emu_lt_layout_creates(void)
+{
+    return __atomic_load_n(&layout_creates_, __ATOMIC_RELAXED);
+}
 
 static cublasStatus_t bad_(const char *what)
 {
@@ -103,6 +121,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d,
                     "emulated");
     *d = new emu_lt_desc_{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT,
                           NULL, NULL, 0};
+    __atomic_add_fetch(&desc_creates_, 1, __ATOMIC_RELAXED);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -147,6 +166,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l,
     if (ld < (int64_t)rows || rows == 0 || cols == 0)
         return bad_("matrix layout with ld < rows or an empty dimension");
     *l = new emu_lt_layout_{type, rows, cols, ld, 1, 0};
+    __atomic_add_fetch(&layout_creates_, 1, __ATOMIC_RELAXED);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -383,7 +403,11 @@ static void run_gemm_(void *arg)
                         __float2bfloat16_rn(pre[i + j * m]);
             }
     }
-    delete g;
+}
+
+static void drop_gemm_(void *arg)
+{
+    delete (gemm_ *)arg;
 }
 
 /* Bytes a column-major (rows, cols, ld) matrix of elements of `es` bytes
@@ -460,6 +484,7 @@ cublasStatus_t cublasLtMatmul(
                          *(const float *)beta,
                          (const __nv_bfloat16 *)A, (const __nv_bfloat16 *)B,
                          C, D};
-    mock_launch(stream, run_gemm_, g);
+    mock_launch_kept(stream, run_gemm_, drop_gemm_, g); /* capturable */
+    __atomic_add_fetch(&matmuls_, 1, __ATOMIC_RELAXED);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -59,9 +59,23 @@ enum {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorIllegalState = 401,
 };
 typedef struct mock_stream_ *cudaStream_t;
 typedef struct mock_event_ *cudaEvent_t;
+typedef struct mock_graph_ *cudaGraph_t;
+typedef struct mock_graph_exec_ *cudaGraphExec_t;
+typedef enum {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+typedef enum {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+} cudaStreamCaptureStatus;
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
     cudaMemcpyDeviceToDevice, cudaMemcpyDefault
@@ -138,6 +152,27 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
 cudaError_t cudaMemset(void *dst, int value, size_t n);
 cudaError_t cudaDeviceSynchronize(void);
 
+/* Stream capture and CUDA graphs, as much as the mock keeps: the
+ * copies, memsets and kernels queued on one capturing stream (not on the
+ * legacy stream) become the graph, in their order; cudaGraphLaunch queues
+ * them again on a stream, each kernel with the arguments it was captured
+ * with, each copy between the same addresses (a pinned host buffer is
+ * read or written at every launch, when the stream gets there). Refused
+ * on a capturing stream (misuse): event records and waits (the real
+ * runtime makes dependencies between captured streams of them),
+ * synchronisation, and a mock_launch whose function frees its argument.
+ * Nothing captured runs at capture time. cudaGraphDestroy and
+ * cudaGraphExecDestroy of the last reference wait for every stream. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s,
+                                  cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
+                                 unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+
 /* ---- mock extensions, for the test driver */
 
 /* Start the simulated GPU: gpu_threads threads; with max_delay_us > 0,
@@ -149,6 +184,11 @@ void mock_start(unsigned seed, int gpu_threads, int max_delay_us);
 void mock_stop(void);
 /* A "kernel": fn(arg) runs on a GPU thread in stream order. */
 void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg);
+/* The same with fn leaving arg alone and drop(arg) freeing it after the
+ * run, or, when captured into a graph, when the graph goes (so that the
+ * graph can run fn(arg) at every launch). */
+void mock_launch_kept(cudaStream_t s, void (*fn)(void *),
+                      void (*drop)(void *), void *arg);
 /* Misuses of the API found so far (each also printed as "MOCK: ..."). */
 long mock_errors(void);
 /* Whether [p, p + n) lies inside one cudaMalloc block (for cublasLt.h). */

@@ -376,7 +376,11 @@ void run_grid_(void *arg)
     }
     blk_ = outer;
     delete b;
-    delete l;
+}
+
+static void drop_grid_(void *arg)
+{
+    delete (launch_ *)arg;
 }
 
 } /* namespace */
@@ -507,7 +511,7 @@ void submit(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
         return;
     }
     launch_ *l = new launch_{grid, block, std::move(body)};
-    mock_launch(stream, run_grid_, l);
+    mock_launch_kept(stream, run_grid_, drop_grid_, l); /* capturable */
 }
 
 } /* namespace emu */

@@ -15,6 +15,7 @@
  * program.
  */
 #include "cuda_runtime.h"
+#include "emu_counts.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -41,11 +42,23 @@ struct op_ {
     long seq;                   /* RECORD: the record; WAIT: the one awaited */
     void (*fn)(void *);
     void *arg;
+    void (*drop)(void *);       /* KERNEL: frees arg after fn; NULL: fn
+                                 * does, or a graph owns it */
     int64_t not_before;         /* ns, CLOCK_MONOTONIC: its random latency */
+};
+
+struct mock_graph_ {
+    std::vector<op_> ops;       /* captured, in stream order */
+    int refs;                   /* the graph and its instances */
+};
+
+struct mock_graph_exec_ {
+    mock_graph_ *g;
 };
 
 struct mock_stream_ {
     std::deque<op_> q;
+    mock_graph_ *cap;           /* capturing into it, or NULL */
     int busy;                   /* its front operation is running */
     int dead;                   /* destroyed */
     int nonblocking;            /* cudaStreamNonBlocking: not synchronised
@@ -84,8 +97,10 @@ static size_t device_in_use_;   /* bytes in cudaMalloc blocks */
 static thread_local cudaError_t last_ = cudaSuccess;
 static int sticky_;             /* an injected kernel fault has happened */
 static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
+static long host_waits_;        /* emu_host_waits (emu_counts.h) */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
+static cudaError_t event_sync_(cudaEvent_t e);
 
 __attribute__((constructor)) static void init_cv_(void)
 {
@@ -111,6 +126,16 @@ static cudaError_t misuse_(cudaError_t e, const char *what)
     }
     last_ = e;
     return e;
+}
+
+static void count_wait_(void)
+{
+    __atomic_add_fetch(&host_waits_, 1, __ATOMIC_RELAXED);
+}
+
+long emu_host_waits(void)
+{
+    return __atomic_load_n(&host_waits_, __ATOMIC_RELAXED);
 }
 
 void mock_misuse(const char *what)
@@ -304,6 +329,8 @@ static void *gpu_main_(void *unused)
             break;
         case OP_KERNEL:
             o.fn(o.arg);
+            if (o.drop)
+                o.drop(o.arg);
             break;
         default:
             break;
@@ -395,6 +422,8 @@ static void run_legacy_(const op_ &o)
         break;
     case OP_KERNEL:
         o.fn(o.arg);
+        if (o.drop)
+            o.drop(o.arg);
         break;
     default:
         break;
@@ -413,6 +442,17 @@ static cudaError_t push_(cudaStream_t s, const op_ &o)
         return misuse_(cudaErrorInvalidResourceHandle,
                        "operation on a destroyed or null stream");
     }
+    if (s->cap) { /* captured: run at each launch of the graph */
+        if (o.kind == OP_KERNEL && !o.drop) {
+            pthread_mutex_unlock(&mu_);
+            return misuse_(cudaErrorStreamCaptureUnsupported,
+                           "capture of a mock_launch whose function frees "
+                           "its argument (use mock_launch_kept)");
+        }
+        s->cap->ops.push_back(o);
+        pthread_mutex_unlock(&mu_);
+        return cudaSuccess;
+    }
     queue_(s, o);
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
@@ -425,6 +465,128 @@ void mock_launch(cudaStream_t s, void (*fn)(void *), void *arg)
     o.fn = fn;
     o.arg = arg;
     push_(s, o);
+}
+
+void mock_launch_kept(cudaStream_t s, void (*fn)(void *),
+                      void (*drop)(void *), void *arg)
+{
+    op_ o = {};
+    o.kind = OP_KERNEL;
+    o.fn = fn;
+    o.arg = arg;
+    o.drop = drop;
+    push_(s, o);
+}
+
+/* ------------------------------------------------------------ graphs */
+
+/* A capturing stream refuses what the mock does not capture: event
+ * records and waits (the real runtime turns them into dependencies
+ * between captured streams) and synchronisation. Lock held. */
+static int capturing_(cudaStream_t s)
+{
+    return s && stream_ok_(s) && s->cap;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    pthread_mutex_lock(&mu_);
+    const char *bad = !s || !stream_ok_(s) ? "cudaStreamBeginCapture of the "
+                                             "legacy or a destroyed stream"
+                      : s->cap             ? "cudaStreamBeginCapture of a "
+                                             "capturing stream"
+                                           : NULL;
+    if (!bad)
+        s->cap = new mock_graph_{std::vector<op_>(), 1};
+    pthread_mutex_unlock(&mu_);
+    return bad ? misuse_(cudaErrorStreamCaptureUnsupported, bad)
+               : cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    pthread_mutex_lock(&mu_);
+    if (!capturing_(s)) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorIllegalState,
+                       "cudaStreamEndCapture of a stream not capturing");
+    }
+    *g = s->cap;
+    s->cap = NULL;
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s,
+                                  cudaStreamCaptureStatus *status)
+{
+    pthread_mutex_lock(&mu_);
+    *status = capturing_(s) ? cudaStreamCaptureStatusActive
+                            : cudaStreamCaptureStatusNone;
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
+                                 unsigned long long flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu_);
+    g->refs++;
+    pthread_mutex_unlock(&mu_);
+    *e = new mock_graph_exec_{g};
+    return cudaSuccess;
+}
+
+/* The captured operations queued again on s, in their order; each kernel
+ * runs on the arguments it was captured with (a graph's copies read and
+ * write the same addresses at every launch). */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+    pthread_mutex_lock(&mu_);
+    if (!s || !stream_ok_(s) || s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaGraphLaunch on the legacy, a destroyed or a "
+                       "capturing stream (not emulated)");
+    }
+    for (op_ o : e->g->ops) {
+        o.drop = NULL; /* the graph's */
+        queue_(s, o);
+    }
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
+}
+
+/* Lock held: one reference less; the last frees the kernels' arguments
+ * once every stream is idle (a launch may still be running them). */
+static void graph_unref_locked_(mock_graph_ *g)
+{
+    if (--g->refs > 0)
+        return;
+    wait_idle_locked_();
+    for (const op_ &o : g->ops)
+        if (o.kind == OP_KERNEL && o.drop)
+            o.drop(o.arg);
+    delete g;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    pthread_mutex_lock(&mu_);
+    graph_unref_locked_(e->g);
+    pthread_mutex_unlock(&mu_);
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    pthread_mutex_lock(&mu_);
+    graph_unref_locked_(g);
+    pthread_mutex_unlock(&mu_);
+    return cudaSuccess;
 }
 
 /* ------------------------------------------------------------ device */
@@ -474,6 +636,9 @@ const char *cudaGetErrorName(cudaError_t e)
         return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
     default: return "cudaErrorUnknown";
     }
 }
@@ -554,6 +719,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+    if (p)
+        count_wait_();
     return free_(p, MEM_DEVICE);
 }
 
@@ -570,6 +737,8 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 
 cudaError_t cudaFreeHost(void *p)
 {
+    if (p)
+        count_wait_();
     return free_(p, MEM_PINNED);
 }
 
@@ -620,16 +789,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                        cudaMemcpyKind kind)
 {
+    count_wait_();
     return synced_(cudaMemcpyAsync(dst, src, n, kind, 0));
 }
 
 cudaError_t cudaMemset(void *dst, int value, size_t n)
 {
+    count_wait_();
     return synced_(cudaMemsetAsync(dst, value, n, 0));
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    count_wait_();
     pthread_mutex_lock(&mu_);
     wait_idle_locked_();
     pthread_mutex_unlock(&mu_);
@@ -680,11 +852,17 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     if (!s)
         return cudaDeviceSynchronize();
+    count_wait_();
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s)) {
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaStreamSynchronize of a destroyed stream");
+    }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaStreamSynchronize of a capturing stream");
     }
     while (!s->q.empty() || s->busy)
         pthread_cond_wait(&cv_, &mu_);
@@ -711,12 +889,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)flags;
     if (!s) /* legacy stream: its later work runs after the event */
-        return cudaEventSynchronize(e);
+        return event_sync_(e); /* a wait here, not the host's on a GPU */
     pthread_mutex_lock(&mu_);
     if (!stream_ok_(s) || !event_ok_(e)) {
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaStreamWaitEvent on a destroyed stream or event");
+    }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaStreamWaitEvent on a capturing stream (not "
+                       "emulated)");
     }
     if (e->issued > 0) { /* never recorded: nothing to wait for */
         op_ o = {};
@@ -778,6 +962,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaEventRecord on a destroyed stream or event");
     }
+    if (s->cap) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorStreamCaptureUnsupported,
+                       "cudaEventRecord on a capturing stream (not "
+                       "emulated)");
+    }
     op_ o = {};
     o.kind = OP_RECORD;
     o.ev = e;
@@ -789,6 +979,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    count_wait_();
+    return event_sync_(e);
+}
+
+static cudaError_t event_sync_(cudaEvent_t e)
 {
     pthread_mutex_lock(&mu_);
     if (!event_ok_(e)) {

@@ -16,7 +16,11 @@
  *    __shared__ memory at each block's start; blocks run each once, not
  *    in index order;
  *  - __shfl_xor_sync with width 16 as PTX shfl.bfly;
- *  - stream order: a kernel runs after the copy queued before it.
+ *  - stream order: a kernel runs after the copy queued before it;
+ *  - stream capture: a copy in, a kernel and a copy out captured run
+ *    nothing then; each launch of the graph runs them on the pinned
+ *    input as it is at that launch, by hand; a sync of a capturing stream
+ *    is a misuse.
  * Exit 0 passed, 1 failed.
  */
 #include <math.h>
@@ -146,6 +150,13 @@ __global__ void shfl_width_kernel(int *out)
 __global__ void count_kernel(int *out)
 {
     out[0]++;
+}
+
+__global__ void add_one_kernel(int *out, const int *in, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = in[i] + 1;
 }
 
 /* D (2x2) = A B on the emulated cuBLASLt, A placed `offset` bytes into a
@@ -371,6 +382,56 @@ int main(void)
            "A 64-aligned, heuristic told 64: D = A B, by hand");
     check_(lt_gemm_2x2_(s, 0, 0) == 1,
            "A from cudaMalloc, heuristic told nothing: D = A B");
+
+    printf("stream capture\n");
+    {
+        enum { N = 100 };
+        int *h_x, *h_y, *d_x, *d_y;
+        cudaMallocHost(&h_x, N * sizeof(int));
+        cudaMallocHost(&h_y, N * sizeof(int));
+        cudaMalloc(&d_x, N * sizeof(int));
+        cudaMalloc(&d_y, N * sizeof(int));
+        for (int i = 0; i < N; i++)
+            h_x[i] = h_y[i] = -7;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        cudaStreamIsCapturing(s, &cs);
+        cudaMemcpyAsync(d_x, h_x, N * sizeof(int), cudaMemcpyHostToDevice, s);
+        add_one_kernel<<<2, 64, 0, s>>>(d_y, d_x, N);
+        cudaMemcpyAsync(h_y, d_y, N * sizeof(int), cudaMemcpyDeviceToHost, s);
+        long e3 = mock_errors();
+        cudaStreamSynchronize(s);
+        check_(mock_errors() > e3, "sync of a capturing stream: an error");
+        (void)cudaGetLastError();
+        cudaStreamEndCapture(s, &graph);
+        cudaGraphInstantiate(&exec, graph, 0);
+        cudaDeviceSynchronize();
+        check_(cs == cudaStreamCaptureStatusActive,
+               "cudaStreamIsCapturing during capture: active");
+        check_(h_y[0] == -7 && h_y[N - 1] == -7, "nothing ran at capture");
+        int ok = 1;
+        for (int r = 0; r < 3; r++) {
+            for (int i = 0; i < N; i++)
+                h_x[i] = 10 * i + r;
+            cudaGraphLaunch(exec, s);
+            cudaStreamSynchronize(s);
+            for (int i = 0; i < N; i++)
+                ok &= h_y[i] == 10 * i + r + 1;
+        }
+        check_(ok, "3 launches: each y = x + 1 on that launch's x");
+        cudaGraphDestroy(graph);
+        for (int i = 0; i < N; i++)
+            h_x[i] = 5;
+        cudaGraphLaunch(exec, s); /* the instance outlives the graph */
+        cudaStreamSynchronize(s);
+        check_(h_y[0] == 6 && h_y[N - 1] == 6,
+               "a launch after cudaGraphDestroy: y = x + 1");
+        cudaGraphExecDestroy(exec);
+        cudaFreeHost(h_x); cudaFreeHost(h_y);
+        cudaFree(d_x); cudaFree(d_y);
+    }
 
     cudaFree(d_in); cudaFree(d_out); cudaFree(d_f); cudaFree(d_g);
     cudaFree(d_idx); cudaFree(d_c); cudaFree(d_nan);

@@ -505,6 +505,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     CUDA_CHECK(cudaMallocHost((void **)&g->h_plan,
                               encoder_plan_ints((int)BT) * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost((void **)&g->h_out, 4 * sizeof(float)));
+    g->h_loss = g->h_out;
     return g;
 }
 
@@ -525,6 +526,11 @@ void gpt_cuda_free(gpt_cuda *g)
     if (g->h_tgt) CUDA_CHECK(cudaFreeHost(g->h_tgt));
     if (g->h_plan) CUDA_CHECK(cudaFreeHost(g->h_plan));
     if (g->h_out) CUDA_CHECK(cudaFreeHost(g->h_out));
+    for (int k = 0; k < g->n_mb; k++) {
+        CUDA_CHECK(cudaFreeHost(g->mb[k].inp));
+        CUDA_CHECK(cudaEventDestroy(g->mb[k].done));
+    }
+    free(g->mb);
     if (g->stream) CUDA_CHECK(cudaStreamDestroy(g->stream));
     free(g->slot_of);
     free(g->slot_moe);
@@ -814,27 +820,85 @@ static void check_B_(const gpt_cuda *g, int B, const char *who)
     }
 }
 
-/* Tokens (and the encoder's backward plan) to the device. */
-static void stage_batch_(gpt_cuda *g, const int32_t *inp,
-                         const int32_t *targets, int B, int plan)
+/* Tokens (and the encoder's backward plan) to the device through the
+ * pinned buffers h_inp, h_tgt, h_plan, which must be free (no copy from
+ * them queued and not done). */
+static void stage_batch_to_(gpt_cuda *g, const int32_t *inp,
+                            const int32_t *targets, int B, int plan,
+                            int32_t *h_inp, int32_t *h_tgt, int32_t *h_plan)
 {
     size_t BT = (size_t)B * g->T;
-    CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* pinned staging free */
-    stage_tokens_(g, g->a.inp, g->h_inp, inp, BT);
+    stage_tokens_(g, g->a.inp, h_inp, inp, BT);
     if (targets)
-        stage_tokens_(g, g->a.tgt, g->h_tgt, targets, BT);
+        stage_tokens_(g, g->a.tgt, h_tgt, targets, BT);
     if (!plan)
         return;
-    g->nseg = encoder_backward_plan(g->h_plan, inp, (int)BT,
+    g->nseg = encoder_backward_plan(h_plan, inp, (int)BT,
                                     g->cfg.vocab_size);
     if (g->nseg < 0) {
         fprintf(stderr, "gpt_cuda: token outside [0,%d)\n",
                 g->cfg.vocab_size);
         exit(1);
     }
-    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, g->h_plan,
+    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, h_plan,
                                encoder_plan_ints((int)BT) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, g->stream));
+}
+
+/* stage_batch_to_ through the model's own staging, once the compute
+ * stream is idle. */
+static void stage_batch_(gpt_cuda *g, const int32_t *inp,
+                         const int32_t *targets, int B, int plan)
+{
+    CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* pinned staging free */
+    stage_batch_to_(g, inp, targets, B, plan, g->h_inp, g->h_tgt, g->h_plan);
+}
+
+#define MB_MAX 4096 /* queued microbatches per step, at most */
+
+/* The staging of the step's k-th microbatch, made when there is none yet
+ * (pinned: tokens, targets, plan, loss in one block) and free to write:
+ * its last use (a step before) waited for when not done, which after a
+ * step's gpt_cuda_grad_norm it always is. */
+static mb_stage_ *mb_stage_get_(gpt_cuda *g, int k)
+{
+    if (k >= MB_MAX) {
+        fprintf(stderr, "gpt_cuda: more than %d microbatches since "
+                "gpt_cuda_zero_grad\n", MB_MAX);
+        exit(1);
+    }
+    if (k >= g->n_mb) {
+        mb_stage_ *mb = (mb_stage_ *)realloc(
+            g->mb, (size_t)(k + 1) * sizeof *mb);
+        if (!mb) {
+            fprintf(stderr, "gpt_cuda: out of memory (microbatch "
+                    "staging)\n");
+            exit(1);
+        }
+        g->mb = mb;
+        size_t BT = (size_t)g->B * g->T;
+        size_t ints = 2 * BT + encoder_plan_ints((int)BT);
+        for (; g->n_mb <= k; g->n_mb++) {
+            mb_stage_ *m = &g->mb[g->n_mb];
+            CUDA_CHECK(cudaMallocHost((void **)&m->inp,
+                                      ints * sizeof(int32_t) +
+                                          sizeof(float)));
+            m->tgt = m->inp + BT;
+            m->plan = m->tgt + BT;
+            m->loss = (float *)(m->plan + encoder_plan_ints((int)BT));
+            CUDA_CHECK(cudaEventCreateWithFlags(&m->done,
+                                                cudaEventDisableTiming));
+        }
+    }
+    mb_stage_ *m = &g->mb[k];
+    cudaError_t q = cudaEventQuery(m->done);
+    if (q == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: clear it */
+        CUDA_CHECK(cudaEventSynchronize(m->done));
+    } else {
+        CUDA_CHECK(q);
+    }
+    return m;
 }
 
 /* ------------------------------------------------------------- MoE */
@@ -1070,7 +1134,7 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
 }
 
 /* Final LayerNorm, logits and (with targets) the mean loss, queued into
- * red[RED_LOSS] and h_out[0]. fused (training, with targets): the
+ * red[RED_LOSS] and *g->h_loss. fused (training, with targets): the
  * classifier's backward too, dlogits = d(loss) with loss_scale per row
  * written over the logits in the same kernel (head_backward_ with fused
  * then skips it). */
@@ -1099,7 +1163,7 @@ static void head_forward_(gpt_cuda *g, int B, int targets, int fused,
                                           st);
     float *red = a->red + grad_sumsq_scratch_floats();
     mean_cuda(red + RED_LOSS, a->losses, (int)BT, st);
-    CUDA_CHECK(cudaMemcpyAsync(g->h_out, red + RED_LOSS, sizeof(float),
+    CUDA_CHECK(cudaMemcpyAsync(g->h_loss, red + RED_LOSS, sizeof(float),
                                cudaMemcpyDeviceToHost, st));
 }
 
@@ -1184,6 +1248,7 @@ float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
 
 void gpt_cuda_zero_grad(gpt_cuda *g)
 {
+    g->mb_k = 0; /* a new step's microbatches */
     CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
                                g->stream));
     g->off.early = 0; /* only gpt_cuda_step_begin(max_norm <= 0) sets it */
@@ -1230,20 +1295,61 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
     o->wd = weight_decay;
 }
 
-float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
-                                const int32_t *targets, int B,
-                                float loss_scale, int last)
+/* One training microbatch queued, staged in mb[mb_k]; returns it. */
+static mb_stage_ *queue_microbatch_(gpt_cuda *g, const int32_t *inp,
+                                           const int32_t *targets, int B,
+                                           float loss_scale, int last)
 {
-    check_B_(g, B, "gpt_cuda_train_microbatch");
-    stage_batch_(g, inp, targets, B, 1);
+    mb_stage_ *m = mb_stage_get_(g, g->mb_k);
+    stage_batch_to_(g, inp, targets, B, 1, m->inp, m->tgt, m->plan);
+    g->h_loss = m->loss;
     encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
                          GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
     run_pass_(g, 0, 2 * g->cfg.n_layer, B, loss_scale, last);
     encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
                           g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
                           g->stream);
+    g->h_loss = g->h_out;
+    CUDA_CHECK(cudaEventRecord(m->done, g->stream));
+    g->mb_k++;
+    return m;
+}
+
+float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
+                                const int32_t *targets, int B,
+                                float loss_scale, int last)
+{
+    check_B_(g, B, "gpt_cuda_train_microbatch");
+    mb_stage_ *m = queue_microbatch_(g, inp, targets, B, loss_scale,
+                                            last);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return g->h_out[0];
+    return *m->loss;
+}
+
+void gpt_cuda_queue_microbatch(gpt_cuda *g, const int32_t *inp,
+                               const int32_t *targets, int B,
+                               float loss_scale, int last)
+{
+    check_B_(g, B, "gpt_cuda_queue_microbatch");
+    (void)queue_microbatch_(g, inp, targets, B, loss_scale, last);
+}
+
+double gpt_cuda_step_loss(gpt_cuda *g)
+{
+    if (g->mb_k == 0)
+        return 0.0;
+    mb_stage_ *m = &g->mb[g->mb_k - 1];
+    cudaError_t q = cudaEventQuery(m->done);
+    if (q == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: clear it */
+        CUDA_CHECK(cudaEventSynchronize(m->done));
+    } else {
+        CUDA_CHECK(q);
+    }
+    double sum = 0.0;
+    for (int k = 0; k < g->mb_k; k++)
+        sum += g->mb[k].loss[0];
+    return sum;
 }
 
 /* ------------------------------------------------------------- optimizer */

@@ -274,6 +274,23 @@ float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
                                 const int32_t *targets, int B,
                                 float loss_scale, int last);
 
+/* gpt_cuda_train_microbatch without the wait: the microbatch is queued on
+ * the compute stream and its mean loss kept for gpt_cuda_step_loss. The
+ * tokens are copied before it returns (inp and targets may be reused);
+ * the step's k-th microbatch has pinned staging of its own (made at the
+ * first step with a k-th: B * T * 12 bytes and the encoder plan), so no
+ * microbatch waits for the one before. At most 4096 microbatches between
+ * two gpt_cuda_zero_grad (gpt_cuda_step_begin); more exit. */
+void gpt_cuda_queue_microbatch(gpt_cuda *g, const int32_t *inp,
+                               const int32_t *targets, int B,
+                               float loss_scale, int last);
+
+/* The sum of the mean losses of the microbatches (queued or trained)
+ * since gpt_cuda_zero_grad, in their order, in double (0 for none).
+ * Waits for the last of them unless it is done already, as it is after
+ * gpt_cuda_grad_norm, so that there it costs no wait of its own. */
+double gpt_cuda_step_loss(gpt_cuda *g);
+
 typedef struct {
     int n_slots, n_resident, n_offloaded, n_staging;
     size_t device_bytes;     /* planned device allocations: params, grads,

@@ -170,6 +170,15 @@ typedef struct {
     int warned_pin;
 } offload_rt_;
 
+/* The pinned staging of a step's k-th queued microbatch: its tokens,
+ * targets and encoder plan (B * T, B * T, encoder_plan_ints(B * T) ints)
+ * and its mean loss, in one page-locked block starting at inp. */
+typedef struct {
+    int32_t *inp, *tgt, *plan;
+    float *loss;
+    cudaEvent_t done;               /* recorded after the microbatch */
+} mb_stage_;
+
 struct gpt_cuda {
     model_config cfg;
     int S, Vp, B, T;
@@ -216,6 +225,15 @@ struct gpt_cuda {
     int epi_fallback;                   /* epilogues on own kernels (0-4) */
     int32_t *h_inp, *h_tgt, *h_plan;    /* pinned staging */
     float *h_out;                       /* pinned: loss, sumsq, total */
+    float *h_loss;                      /* where head_forward_ copies the
+                                         * loss: h_out, or a microbatch's
+                                         * stage_ */
+    /* queued microbatches (gpt_cuda_queue_microbatch): microbatch k of a
+     * step stages its tokens, plan and loss in mb[k] (pinned, one block
+     * each, made at the first step that has a k-th), so that none waits
+     * for the one before; n_mb made, mb_k queued since the step began */
+    mb_stage_ *mb;
+    int n_mb, mb_k;
     int nseg;
     cudaStream_t stream;
     offload_rt_ off;
