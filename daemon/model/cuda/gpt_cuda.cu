@@ -856,6 +856,20 @@ static void stage_batch_(gpt_cuda *g, const int32_t *inp,
 
 #define MB_MAX 4096 /* queued microbatches per step, at most */
 
+/* Wait for event e when it has not completed (a host wait only then). A
+ * query's cudaErrorNotReady is not an error: it is cleared so that no
+ * later cudaGetLastError reports it. */
+static void event_wait_(cudaEvent_t e)
+{
+    cudaError_t q = cudaEventQuery(e);
+    if (q == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        CUDA_CHECK(cudaEventSynchronize(e));
+    } else {
+        CUDA_CHECK(q);
+    }
+}
+
 /* The staging of the step's k-th microbatch, made when there is none yet
  * (pinned: tokens, targets, plan, loss in one block) and free to write:
  * its last use (a step before) waited for when not done, which after a
@@ -891,13 +905,7 @@ static mb_stage_ *mb_stage_get_(gpt_cuda *g, int k)
         }
     }
     mb_stage_ *m = &g->mb[k];
-    cudaError_t q = cudaEventQuery(m->done);
-    if (q == cudaErrorNotReady) {
-        (void)cudaGetLastError(); /* not an error: clear it */
-        CUDA_CHECK(cudaEventSynchronize(m->done));
-    } else {
-        CUDA_CHECK(q);
-    }
+    event_wait_(m->done);
     return m;
 }
 
@@ -1339,13 +1347,7 @@ double gpt_cuda_step_loss(gpt_cuda *g)
     if (g->mb_k == 0)
         return 0.0;
     mb_stage_ *m = &g->mb[g->mb_k - 1];
-    cudaError_t q = cudaEventQuery(m->done);
-    if (q == cudaErrorNotReady) {
-        (void)cudaGetLastError(); /* not an error: clear it */
-        CUDA_CHECK(cudaEventSynchronize(m->done));
-    } else {
-        CUDA_CHECK(q);
-    }
+    event_wait_(m->done);
     double sum = 0.0;
     for (int k = 0; k < g->mb_k; k++)
         sum += g->mb[k].loss[0];
