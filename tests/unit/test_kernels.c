@@ -205,35 +205,52 @@ static void ref_matmul(double *out, const double *x, const double *w,
         }
 }
 
-/* out (B,T,C), att (B,NH,T,T) */
-static void ref_attention(double *out, double *att, const double *qkv)
+/* out (Bn,Tn,Cn), att (Bn,NHn,Tn,Tn) (may be NULL) for any shape; with R,
+ * returns L = sum(out ⊙ R) (0 without R); out may be NULL when R is given */
+static double ref_attention_shape(double *out, double *att, const double *qkv,
+                                  const double *R, int Bn, int Tn, int Cn,
+                                  int NHn)
 {
-    int hs = C / NH;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                double p[T], mx = -INFINITY, sum = 0.0;
-                for (int s = 0; s < T; s++) {
+    int hs = Cn / NHn;
+    double L = 0.0;
+    double *p = malloc((size_t)Tn * sizeof *p);
+    assert_non_null(p);
+    for (int b = 0; b < Bn; b++)
+        for (int h = 0; h < NHn; h++)
+            for (int t = 0; t < Tn; t++) {
+                const double *q = qkv + (size_t)(b * Tn + t) * 3 * Cn + h * hs;
+                double mx = -INFINITY, sum = 0.0;
+                for (int s = 0; s < Tn; s++) {
                     if (s > t) { p[s] = -INFINITY; continue; }
+                    const double *k = qkv + (size_t)(b * Tn + s) * 3 * Cn + Cn + h * hs;
                     double d = 0.0;
                     for (int i = 0; i < hs; i++)
-                        d += qkv[(b * T + t) * 3 * C + h * hs + i] *
-                             qkv[(b * T + s) * 3 * C + C + h * hs + i];
+                        d += q[i] * k[i];
                     p[s] = d / sqrt((double)hs);
                     if (p[s] > mx) mx = p[s];
                 }
-                for (int s = 0; s < T; s++) { p[s] = exp(p[s] - mx); sum += p[s]; }
-                for (int s = 0; s < T; s++) {
+                for (int s = 0; s < Tn; s++) { p[s] = exp(p[s] - mx); sum += p[s]; }
+                for (int s = 0; s < Tn; s++) {
                     p[s] /= sum;
-                    if (att) att[((b * NH + h) * T + t) * T + s] = p[s];
+                    if (att) att[((size_t)(b * NHn + h) * Tn + t) * Tn + s] = p[s];
                 }
                 for (int i = 0; i < hs; i++) {
                     double o = 0.0;
-                    for (int s = 0; s < T; s++)
-                        o += p[s] * qkv[(b * T + s) * 3 * C + 2 * C + h * hs + i];
-                    out[(b * T + t) * C + h * hs + i] = o;
+                    for (int s = 0; s < Tn; s++)
+                        o += p[s] * qkv[(size_t)(b * Tn + s) * 3 * Cn + 2 * Cn + h * hs + i];
+                    size_t at = (size_t)(b * Tn + t) * Cn + h * hs + i;
+                    if (out) out[at] = o;
+                    if (R) L += o * R[at];
                 }
             }
+    free(p);
+    return L;
+}
+
+/* out (B,T,C), att (B,NH,T,T) at the file's shape */
+static void ref_attention(double *out, double *att, const double *qkv)
+{
+    ref_attention_shape(out, att, qkv, NULL, B, T, C, NH);
 }
 
 static double ref_gelu1(double x)
@@ -553,39 +570,6 @@ static void test_attention(void **state)
  * reference along random directions u of qkv: dL/du = sum(dqkv ⊙ u). */
 enum { LB = 1, LT = 150, LC = 16, LNH = 1 };
 
-static double ref_attention_any_(double *out, const double *qkv,
-                                 const double *R)
-{
-    int hs = LC / LNH;
-    double p[LT], L = 0.0;
-    for (int b = 0; b < LB; b++)
-        for (int h = 0; h < LNH; h++)
-            for (int t = 0; t < LT; t++) {
-                const double *q = qkv + (size_t)(b * LT + t) * 3 * LC + h * hs;
-                double mx = -INFINITY, sum = 0.0;
-                for (int s = 0; s <= t; s++) {
-                    const double *k = qkv + (size_t)(b * LT + s) * 3 * LC + LC + h * hs;
-                    double d = 0.0;
-                    for (int i = 0; i < hs; i++)
-                        d += q[i] * k[i];
-                    p[s] = d / sqrt((double)hs);
-                    mx = p[s] > mx ? p[s] : mx;
-                }
-                for (int s = 0; s <= t; s++) { p[s] = exp(p[s] - mx); sum += p[s]; }
-                for (int i = 0; i < hs; i++) {
-                    double o = 0.0;
-                    for (int s = 0; s <= t; s++)
-                        o += p[s] / sum *
-                             qkv[(size_t)(b * LT + s) * 3 * LC + 2 * LC + h * hs + i];
-                    size_t at = (size_t)(b * LT + t) * LC + h * hs + i;
-                    if (out)
-                        out[at] = o;
-                    L += o * R[at];
-                }
-            }
-    return L;
-}
-
 static void test_attention_blocks(void **state)
 {
     (void)state;
@@ -599,7 +583,7 @@ static void test_attention_blocks(void **state)
     stale(out, NO);
     stale(att, NA);
     attention_forward(out, att, qkv, LB, LT, LC, LNH);
-    ref_attention_any_(out_d, qkv_d, R);
+    ref_attention_shape(out_d, NULL, qkv_d, R, LB, LT, LC, LNH);
     /* as test_attention, with sums of up to 150 terms: 1e-6 */
     check_("attention T=150 fwd out", out, out_d, NO, 1e-6);
     for (int t = 0; t < LT; t++)
@@ -615,9 +599,9 @@ static void test_attention_blocks(void **state)
             got += dqkv[i] * u[i];
         }
         for (int i = 0; i < NQ; i++) xp[i] = qkv_d[i] + FD_H * u[i];
-        double lp = ref_attention_any_(NULL, xp, R);
+        double lp = ref_attention_shape(NULL, NULL, xp, R, LB, LT, LC, LNH);
         for (int i = 0; i < NQ; i++) xp[i] = qkv_d[i] - FD_H * u[i];
-        double lm = ref_attention_any_(NULL, xp, R);
+        double lm = ref_attention_shape(NULL, NULL, xp, R, LB, LT, LC, LNH);
         double fd = (lp - lm) / (2 * FD_H);
         for (int i = 0; i < NQ; i++) norm += fabs(dqkv[i] * u[i]);
         /* fp32 gradient of 7200 terms against an exact directional
