@@ -121,7 +121,8 @@ __global__ void adamw_multi_kernel(const mt_tensor_ *ts, int k0, int k1,
                                    const bf16 *grads, float *m, float *v,
                                    float lr, float beta1, float beta2,
                                    float eps, float wd, const float *sumsq,
-                                   float max_norm, mt_bc_ bc, int region0)
+                                   float max_norm, mt_bc_ bc, int region0,
+                                   const float *args, int n_regions)
 {
     unsigned b = b0 + blockIdx.x;
     int lo = k0, hi = k1 - 1;
@@ -133,10 +134,23 @@ __global__ void adamw_multi_kernel(const mt_tensor_ *ts, int k0, int k1,
             hi = mid - 1;
     }
     const mt_tensor_ t = ts[lo];
+    float bc1, bc2;
+    if (args) { /* adamw_multi_dev_cuda: the step's values on the device */
+        lr = args[MT_ARG_LR];
+        beta1 = args[MT_ARG_BETA1];
+        beta2 = args[MT_ARG_BETA2];
+        eps = args[MT_ARG_EPS];
+        wd = args[MT_ARG_WD];
+        max_norm = args[MT_ARG_MAX_NORM];
+        bc1 = args[MT_ARG_BC + t.region];
+        bc2 = args[MT_ARG_BC + n_regions + t.region];
+    } else {
+        int r = t.region - region0;
+        bc1 = bc.bc1[r];
+        bc2 = bc.bc2[r];
+    }
     float scale = sumsq ? clip_scale_(sumsq, max_norm) : 1.0f;
     float twd = t.decay ? wd : 0.0f;
-    int r = t.region - region0;
-    float bc1 = bc.bc1[r], bc2 = bc.bc2[r];
     size_t s0 = (size_t)(b - t.blk0) * MT_CHUNK;
     size_t s1 = s0 + MT_CHUNK < t.numel ? s0 + MT_CHUNK : t.numel;
     for (size_t i = s0 + threadIdx.x; i < s1; i += blockDim.x)
@@ -313,9 +327,49 @@ void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
         adamw_multi_kernel<<<nb, MT_THREADS, 0, stream>>>(
             p->d_ts, p->reg_k0[r0], p->reg_k0[r1], p->reg_b0[r0], master,
             params, grads, m, v, lr, beta1, beta2, eps, weight_decay, sumsq,
-            max_norm, bc, r0);
+            max_norm, bc, r0, (const float *)NULL, p->n_regions);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+size_t adamw_multi_args_floats(const adamw_multi_plan *p)
+{
+    return MT_ARG_BC + 2 * (size_t)p->n_regions;
+}
+
+void adamw_multi_args_fill(const adamw_multi_plan *p, float *args,
+                           const long *t, float lr, float beta1, float beta2,
+                           float eps, float weight_decay, float max_norm)
+{
+    args[MT_ARG_LR] = lr;
+    args[MT_ARG_BETA1] = beta1;
+    args[MT_ARG_BETA2] = beta2;
+    args[MT_ARG_EPS] = eps;
+    args[MT_ARG_WD] = weight_decay;
+    args[MT_ARG_MAX_NORM] = max_norm;
+    for (int r = 0; r < p->n_regions; r++) {
+        /* bias corrections in double, as adamw_multi_cuda */
+        args[MT_ARG_BC + r] =
+            (float)(1.0 - pow((double)beta1, (double)t[r]));
+        args[MT_ARG_BC + p->n_regions + r] =
+            (float)(1.0 - pow((double)beta2, (double)t[r]));
+    }
+}
+
+void adamw_multi_dev_cuda(const adamw_multi_plan *p, float *master,
+                          bf16 *params, const bf16 *grads, float *m, float *v,
+                          const float *args, const float *sumsq,
+                          cudaStream_t stream)
+{
+    unsigned nb = p->reg_b0[p->n_regions];
+    if (nb == 0)
+        return;
+    mt_bc_ bc;
+    memset(&bc, 0, sizeof bc);
+    adamw_multi_kernel<<<nb, MT_THREADS, 0, stream>>>(
+        p->d_ts, 0, p->nt, 0, master, params, grads, m, v, 0.0f, 0.0f, 0.0f,
+        0.0f, 0.0f, sumsq, 0.0f, bc, 0, args, p->n_regions);
+    CUDA_CHECK_LAUNCH();
 }
 
 void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream)

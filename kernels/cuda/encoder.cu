@@ -28,16 +28,18 @@ __global__ void encoder_forward_kernel(bf16 *out, const int32_t *inp,
     out[i] = st(ld(wte[(size_t)tok * C + c]) + ld(wpe[(size_t)t * C + c]));
 }
 
-/* grid (nseg, ceil(C/blockDim)): one block column per distinct token */
+/* grid (at least nseg, ceil(C/blockDim)): one block column per distinct
+ * token; columns past the plan's nseg (plan[0], read on the device, so
+ * that a launch captured in a CUDA graph serves any plan) return. */
 __global__ void encoder_backward_wte_kernel(bf16 *dwte, const bf16 *dout,
-                                            const int32_t *seg_tok,
-                                            const int32_t *seg_start,
-                                            const int32_t *pos, int C)
+                                            const int32_t *plan, int N, int C)
 {
     int seg = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C)
+    if (c >= C || seg >= plan[0])
         return;
+    const int32_t *seg_tok = plan + 1, *seg_start = plan + 1 + N;
+    const int32_t *pos = plan + 2 + 2 * (size_t)N;
     float s = 0.0f;
     for (int j = seg_start[seg]; j < seg_start[seg + 1]; j++)
         s += ld(dout[(size_t)pos[j] * C + c]);
@@ -115,10 +117,12 @@ void encoder_backward_cuda(bf16 *dwte, bf16 *dwpe, const bf16 *dout,
 {
     int N = B * T;
     const int bs = 256;
+    if (nseg < 0) /* the plan's own count, at most one per position */
+        nseg = N;
     if (nseg > 0) {
         dim3 grid(nseg, ceil_div(C, bs));
-        encoder_backward_wte_kernel<<<grid, bs, 0, stream>>>(
-            dwte, dout, plan + 1, plan + 1 + N, plan + 2 + 2 * (size_t)N, C);
+        encoder_backward_wte_kernel<<<grid, bs, 0, stream>>>(dwte, dout, plan,
+                                                             N, C);
         CUDA_CHECK_LAUNCH();
     }
     encoder_backward_wpe_kernel<<<ceil_div((size_t)T * C, bs), bs, 0,

@@ -71,7 +71,9 @@ int encoder_backward_plan(int32_t *plan_host, const int32_t *inp_host, int N,
 
 /* dwte (V,C) += sum of dout over the positions of each token (fp32 sum in
  * position order, one add per token); dwpe (maxT,C) += sum over b of dout.
- * plan: device copy of encoder_backward_plan's output, nseg its return. */
+ * plan: device copy of encoder_backward_plan's output, nseg its return, or
+ * -1 for a launch that serves any plan of B*T positions (a CUDA graph's:
+ * B*T block columns, those past the plan's count return). */
 void encoder_backward_cuda(bf16 *dwte, bf16 *dwpe, const bf16 *dout,
                            const int32_t *plan, int nseg, int B, int T, int C,
                            cudaStream_t stream);
@@ -426,6 +428,29 @@ void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
                       float lr, float beta1, float beta2, float eps,
                       float weight_decay, const float *sumsq, float max_norm,
                       cudaStream_t stream);
+
+/* adamw_multi_cuda with the step's values read from device memory, for a
+ * launch that a CUDA graph replays at every step (issue 18, item 4): args
+ * (device, adamw_multi_args_floats(p) floats, filled by
+ * adamw_multi_args_fill and copied there before the kernel runs) holds
+ * lr, beta1, beta2, eps, weight_decay, max_norm and each region's two bias
+ * corrections. One launch whatever the number of regions. Same bits as
+ * adamw_multi_cuda with the same values. */
+enum {
+    MT_ARG_LR, MT_ARG_BETA1, MT_ARG_BETA2, MT_ARG_EPS, MT_ARG_WD,
+    MT_ARG_MAX_NORM, MT_ARG_BC /* bc1[n_regions], then bc2[n_regions] */
+};
+size_t adamw_multi_args_floats(const adamw_multi_plan *p);
+/* Host: args (adamw_multi_args_floats(p) floats) for step counts
+ * t[n_regions]; the bias corrections 1 - beta^t computed in double and
+ * rounded to float, as adamw_multi_cuda does. */
+void adamw_multi_args_fill(const adamw_multi_plan *p, float *args,
+                           const long *t, float lr, float beta1, float beta2,
+                           float eps, float weight_decay, float max_norm);
+void adamw_multi_dev_cuda(const adamw_multi_plan *p, float *master,
+                          bf16 *params, const bf16 *grads, float *m, float *v,
+                          const float *args, const float *sumsq,
+                          cudaStream_t stream);
 
 /* grads[i] = bf16(grads[i] / d) for i < n, in fp32 (one more bf16
  * rounding): pseudo.grad_scale mean's division of a shared slot's

@@ -27,6 +27,14 @@ long emu_lt_matmuls(void);
  * the work was already done. */
 long emu_host_waits(void);
 
+/* Operations the host queues one by one (mock_cuda.cpp): kernels, GEMMs,
+ * copies and memsets put on a stream (or run on the legacy one), not
+ * those a graph's launch queues; and CUDA graphs: captures begun
+ * (cudaStreamBeginCapture) and launches (cudaGraphLaunch). */
+long emu_stream_ops(void);
+long emu_graph_captures(void);
+long emu_graph_launches(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -98,6 +98,9 @@ static thread_local cudaError_t last_ = cudaSuccess;
 static int sticky_;             /* an injected kernel fault has happened */
 static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
 static long host_waits_;        /* emu_host_waits (emu_counts.h) */
+static long stream_ops_;        /* emu_stream_ops */
+static long captures_, graph_launches_; /* emu_graph_captures, _launches */
+static int capturing_n_;        /* streams capturing now (lock held) */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
 static cudaError_t event_sync_(cudaEvent_t e);
@@ -136,6 +139,38 @@ static void count_wait_(void)
 long emu_host_waits(void)
 {
     return __atomic_load_n(&host_waits_, __ATOMIC_RELAXED);
+}
+
+long emu_stream_ops(void)
+{
+    return __atomic_load_n(&stream_ops_, __ATOMIC_RELAXED);
+}
+
+long emu_graph_captures(void)
+{
+    return __atomic_load_n(&captures_, __ATOMIC_RELAXED);
+}
+
+long emu_graph_launches(void)
+{
+    return __atomic_load_n(&graph_launches_, __ATOMIC_RELAXED);
+}
+
+/* What the real runtime refuses while a stream captures (in the global
+ * and thread-local modes m6 uses): allocating or freeing memory and the
+ * legacy default stream (cudaErrorStreamCaptureImplicit). The mock does
+ * not know which thread captures, so it refuses them from any thread. */
+static cudaError_t capture_refuses_(const char *what)
+{
+    pthread_mutex_lock(&mu_);
+    int n = capturing_n_;
+    pthread_mutex_unlock(&mu_);
+    if (!n)
+        return cudaSuccess;
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s while a stream captures (refused by the "
+             "runtime in a capture)", what);
+    return misuse_(cudaErrorStreamCaptureUnsupported, msg);
 }
 
 void mock_misuse(const char *what)
@@ -233,6 +268,13 @@ int mock_is_device(const void *p, size_t n)
     int r = is_device_(p, n);
     pthread_mutex_unlock(&mu_);
     return r;
+}
+
+/* Whether [p, p + n) lies in one device or one pinned allocation. Lock
+ * held. */
+static int pinned_or_device_(const void *p, size_t n)
+{
+    return block_of_(p, n, NULL) != NULL;
 }
 
 static int stream_ok_(cudaStream_t s)
@@ -433,6 +475,11 @@ static void run_legacy_(const op_ &o)
 static cudaError_t push_(cudaStream_t s, const op_ &o)
 {
     if (!s) {
+        if (o.kind != OP_RECORD && o.kind != OP_WAIT &&
+            capture_refuses_("an operation on the legacy default stream") !=
+                cudaSuccess)
+            return last_;
+        __atomic_add_fetch(&stream_ops_, 1, __ATOMIC_RELAXED);
         run_legacy_(o);
         return cudaSuccess;
     }
@@ -449,10 +496,19 @@ static cudaError_t push_(cudaStream_t s, const op_ &o)
                            "capture of a mock_launch whose function frees "
                            "its argument (use mock_launch_kept)");
         }
+        if (o.kind == OP_COPY && (!pinned_or_device_(o.dst, o.n) ||
+                                  !pinned_or_device_(o.src, o.n))) {
+            pthread_mutex_unlock(&mu_);
+            return misuse_(cudaErrorStreamCaptureUnsupported,
+                           "capture of a copy to or from pageable host "
+                           "memory (a graph's copies need pinned memory)");
+        }
         s->cap->ops.push_back(o);
         pthread_mutex_unlock(&mu_);
         return cudaSuccess;
     }
+    if (o.kind == OP_COPY || o.kind == OP_SET || o.kind == OP_KERNEL)
+        __atomic_add_fetch(&stream_ops_, 1, __ATOMIC_RELAXED);
     queue_(s, o);
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
@@ -497,8 +553,11 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
                       : s->cap             ? "cudaStreamBeginCapture of a "
                                              "capturing stream"
                                            : NULL;
-    if (!bad)
+    if (!bad) {
         s->cap = new mock_graph_{std::vector<op_>(), 1};
+        capturing_n_++;
+        captures_++;
+    }
     pthread_mutex_unlock(&mu_);
     return bad ? misuse_(cudaErrorStreamCaptureUnsupported, bad)
                : cudaSuccess;
@@ -514,6 +573,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
     }
     *g = s->cap;
     s->cap = NULL;
+    capturing_n_--;
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
@@ -551,6 +611,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
                        "cudaGraphLaunch on the legacy, a destroyed or a "
                        "capturing stream (not emulated)");
     }
+    graph_launches_++;
     for (op_ o : e->g->ops) {
         o.drop = NULL; /* the graph's */
         queue_(s, o);
@@ -655,6 +716,8 @@ const char *cudaGetErrorString(cudaError_t e)
 
 static cudaError_t alloc_(void **p, size_t n, int kind)
 {
+    if (capture_refuses_("an allocation") != cudaSuccess)
+        return last_;
     if (kind == MEM_DEVICE) {
         pthread_mutex_lock(&mu_);
         int full = n > MOCK_DEVICE_BYTES - device_in_use_;
@@ -684,6 +747,8 @@ static cudaError_t free_(void *p, int kind)
 {
     if (!p)
         return cudaSuccess;
+    if (capture_refuses_("freeing memory") != cudaSuccess)
+        return last_;
     pthread_mutex_lock(&mu_);
     auto it = blocks_.find((uintptr_t)p);
     if (it == blocks_.end() || it->second.kind != kind) {

@@ -136,6 +136,15 @@ static void test_encoder_(void)
     float *g1 = hbf_(d_dwte, (size_t)V * C), *g2 = hbf_(d_dwpe, (size_t)T * C);
     check_("encoder_backward dwte", g1, dwte, dwte0, (size_t)V * C, TOL_BF16);
     check_("encoder_backward dwpe", g2, dwpe, dwpe0, (size_t)T * C, TOL_BF16);
+    /* nseg -1 (a graph's launch: B*T block columns, those past the plan's
+     * count return): the same bits */
+    bf16 *e_dwte = dbf_(dwte0, (size_t)V * C), *e_dwpe = dbf_(dwpe0, (size_t)T * C);
+    encoder_backward_cuda(e_dwte, e_dwpe, d_dout, d_plan, -1, B, T, C, st);
+    float *e1 = hbf_(e_dwte, (size_t)V * C), *e2 = hbf_(e_dwpe, (size_t)T * C);
+    check_true_("encoder_backward nseg -1 = nseg, bit for bit",
+                !memcmp(e1, g1, (size_t)V * C * sizeof(float)) &&
+                !memcmp(e2, g2, (size_t)T * C * sizeof(float)));
+    free(e1); free(e2); cudaFree(e_dwte); cudaFree(e_dwpe);
     free(inp); free(wte); free(wpe); free(want); free(got); free(dout);
     free(dwte0); free(dwpe0); free(dwte); free(dwpe); free(plan); free(g1); free(g2);
     cudaFree(d_inp); cudaFree(d_wte); cudaFree(d_wpe); cudaFree(d_out);
@@ -877,6 +886,28 @@ static void test_adamw_multi_case_(const char *name, const size_t *sizes,
                 !memcmp(rm, gm, n * sizeof(float)) &&
                 !memcmp(rv, gv, n * sizeof(float)) &&
                 !memcmp(rpb, gpb, n * sizeof(float)));
+
+    /* the step's values from device memory (adamw_multi_dev_cuda, what a
+     * CUDA graph replays): the same bits again */
+    float *q_p = dcopy_(p0, n), *q_m = dcopy_(m0, n), *q_v = dcopy_(v0, n);
+    bf16 *q_pb = dbf_(p0, n);
+    size_t na = adamw_multi_args_floats(plan);
+    float *args = (float *)malloc(na * sizeof(float));
+    adamw_multi_args_fill(plan, args, t, lr, b1, b2, eps, wd, max_norm);
+    float *d_args = dcopy_(args, na);
+    adamw_multi_dev_cuda(plan, q_p, q_pb, d_g, q_m, q_v, d_args,
+                         clip < 0 ? NULL : d_ssq, st);
+    float *qp = hcopy_dev_(q_p, n), *qm = hcopy_dev_(q_m, n);
+    float *qv = hcopy_dev_(q_v, n), *qpb = hbf_(q_pb, n);
+    check_true_("adamw_multi_dev (device args) = per-tensor path, bit for "
+                "bit",
+                !memcmp(rp, qp, n * sizeof(float)) &&
+                !memcmp(rm, qm, n * sizeof(float)) &&
+                !memcmp(rv, qv, n * sizeof(float)) &&
+                !memcmp(rpb, qpb, n * sizeof(float)));
+    free(args); free(qp); free(qm); free(qv); free(qpb);
+    cudaFree(q_p); cudaFree(q_m); cudaFree(q_v); cudaFree(q_pb);
+    cudaFree(d_args);
     adamw_multi_plan_destroy(plan);
     free(off); free(p0); free(gr); free(m0); free(v0); free(p); free(m);
     free(v); free(ts); free(t); free(gp); free(gm); free(gv); free(gpb);

@@ -12,6 +12,9 @@
 #include "gpt_cuda_impl.cuh"
 
 static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
+static void flush_(gpt_cuda *g);
+static void graphs_drop_(gpt_cuda *g);
+static int graphs_apply_(const gpt_cuda *g);
 
 /* ------------------------------------------------------------- layout */
 
@@ -422,6 +425,25 @@ static int choose_paths_(gpt_cuda *g)
     return 0;
 }
 
+/* M6_CUDA_GRAPH: unset, empty or 1, steps through CUDA graphs where they
+ * apply; 0, the queued path. Another value is reported (once) and read
+ * as 1. */
+static int graphs_env_(void)
+{
+    static int warned;
+    const char *e = getenv("M6_CUDA_GRAPH");
+    if (!e || !e[0] || !strcmp(e, "1"))
+        return 1;
+    if (!strcmp(e, "0"))
+        return 0;
+    if (!warned) {
+        fprintf(stderr, "gpt_cuda: M6_CUDA_GRAPH=%s is not 0 or 1: CUDA "
+                "graphs on\n", e);
+        warned = 1;
+    }
+    return 1;
+}
+
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
 {
     return gpt_cuda_create_offload(cfg, S, B, NULL);
@@ -506,6 +528,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
                               encoder_plan_ints((int)BT) * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost((void **)&g->h_out, 4 * sizeof(float)));
     g->h_loss = g->h_out;
+    g->graphs = graphs_env_();
     return g;
 }
 
@@ -517,6 +540,12 @@ void gpt_cuda_free(gpt_cuda *g)
         gpt_cuda_synchronize(g);
     off_free_slots_(g, g->off.hs, g->S - g->n_res);
     off_fini_(g);
+    graphs_drop_(g);
+    free(g->ga.B);
+    free(g->ga.scale);
+    if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
+    if (g->h_args) CUDA_CHECK(cudaFreeHost(g->h_args));
+    if (g->args_done) CUDA_CHECK(cudaEventDestroy(g->args_done));
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
     if (g->gradf) CUDA_CHECK(cudaFree(g->gradf));
     adamw_multi_plan_destroy(g->mt);
@@ -569,6 +598,8 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->bytes_acts = g->act_bytes;
     info->att_gemm = g->a.att_ws != NULL;
     info->epi_fallback = g->epi_fallback;
+    info->graphs = g->graphs && !g->graph_failed;
+    info->graph_captures = g->graph_captures;
 }
 
 const int *gpt_cuda_slot_of(const gpt_cuda *g)
@@ -583,6 +614,7 @@ size_t gpt_cuda_slot_offset(const gpt_cuda *g, int s)
 
 void gpt_cuda_synchronize(gpt_cuda *g)
 {
+    flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     if (g->off.enabled) {
         CUDA_CHECK(cudaStreamSynchronize(g->off.copy));
@@ -598,6 +630,7 @@ void gpt_cuda_synchronize(gpt_cuda *g)
  * and every model, CPU or GPU, starts from the same weights for a seed. */
 int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
 {
+    flush_(g);
     size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
     size_t n = g->n_global_cpu > g->slot_size ? g->n_global_cpu
                                               : g->slot_size;
@@ -686,6 +719,7 @@ static size_t host_slot_off_(const gpt_cuda *g, int s)
 static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
                       int with_host_slots)
 {
+    flush_(g);
     size_t off[5][3];
     float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -712,6 +746,7 @@ static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
 static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
                       int with_host_slots)
 {
+    flush_(g);
     size_t off[5][3];
     const float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -1245,6 +1280,7 @@ float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
                        const int32_t *targets, int B)
 {
     check_B_(g, B, "gpt_cuda_forward");
+    flush_(g);
     stage_batch_(g, inp, targets, B, 0);
     encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
                          GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
@@ -1256,9 +1292,14 @@ float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
 
 void gpt_cuda_zero_grad(gpt_cuda *g)
 {
-    g->mb_k = 0; /* a new step's microbatches */
-    CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
-                               g->stream));
+    flush_(g);
+    g->mb_k = g->mb_q = 0; /* a new step's microbatches */
+    g->step_graph = graphs_apply_(g);
+    if (g->step_graph)
+        g->zero_defer = 1; /* in graph A */
+    else
+        CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
+                                   g->stream));
     g->off.early = 0; /* only gpt_cuda_step_begin(max_norm <= 0) sets it */
     g->off.speculate = 0; /* ... and this one with max_norm > 0 */
     if (g->n_res < g->S)
@@ -1271,6 +1312,7 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
     const int L = g->cfg.n_layer;
     (void)targets; /* staged on the device by the forward */
     check_B_(g, B, "gpt_cuda_backward");
+    flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* plan staging free */
     g->nseg = encoder_backward_plan(g->h_plan, inp, B * g->T,
                                     g->cfg.vocab_size);
@@ -1303,23 +1345,232 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
     o->wd = weight_decay;
 }
 
-/* One training microbatch queued, staged in mb[mb_k]; returns it. */
+/* Microbatch m's tokens, targets (NULL: none) and encoder plan into its
+ * pinned staging, with its B and loss scale: host work only. */
+static void mb_stage_host_(gpt_cuda *g, mb_stage_ *m, const int32_t *inp,
+                           const int32_t *targets, int B, float loss_scale)
+{
+    size_t BT = (size_t)B * g->T;
+    memcpy(m->inp, inp, BT * sizeof(int32_t));
+    if (targets)
+        memcpy(m->tgt, targets, BT * sizeof(int32_t));
+    m->nseg = encoder_backward_plan(m->plan, inp, (int)BT,
+                                    g->cfg.vocab_size);
+    if (m->nseg < 0) {
+        fprintf(stderr, "gpt_cuda: token outside [0,%d)\n",
+                g->cfg.vocab_size);
+        exit(1);
+    }
+    m->B = B;
+    m->loss_scale = loss_scale;
+}
+
+/* The device work of staged microbatch m queued: its copies in, forward,
+ * backward and its loss out. graph: queued into a capture, so that the
+ * encoder backward serves any plan (nseg read on the device). */
+static void mb_queue_(gpt_cuda *g, mb_stage_ *m, int graph, int last)
+{
+    size_t BT = (size_t)m->B * g->T;
+    cudaStream_t st = g->stream;
+    CUDA_CHECK(cudaMemcpyAsync(g->a.inp, m->inp, BT * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(g->a.tgt, m->tgt, BT * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, m->plan,
+                               encoder_plan_ints((int)BT) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, st));
+    g->h_loss = m->loss;
+    encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
+                         GW_(g, GLOB_WPE), m->B, g->T, g->cfg.n_embd, st);
+    run_pass_(g, 0, 2 * g->cfg.n_layer, m->B, m->loss_scale, last);
+    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
+                          g->a.plan, graph ? -1 : m->nseg, m->B, g->T,
+                          g->cfg.n_embd, st);
+    g->h_loss = g->h_out;
+}
+
+/* ------------------------------------------------------------ CUDA graphs
+ *
+ * A step through graphs (docs/DESIGN.md, "A CUDA graph per step"): its
+ * zero_grad and microbatches are staged on the host only; the last
+ * microbatch launches graph A (the zeroing and every microbatch), captured
+ * at the first step and again when the microbatches' count, sizes or loss
+ * scales change; gpt_cuda_adamw launches graph B (the sum of squares and
+ * the multi-tensor AdamW, whose per-step values it copies from pinned
+ * h_args). A reslot drops both. Anything else that queues work or waits
+ * first queues what is staged, without a graph (flush_). */
+
+static void graph_drop_(step_graph_ *sg)
+{
+    if (sg->exec)
+        CUDA_CHECK(cudaGraphExecDestroy(sg->exec));
+    sg->exec = NULL;
+    sg->n = 0;
+}
+
+static void graphs_drop_(gpt_cuda *g)
+{
+    graph_drop_(&g->ga);
+    graph_drop_(&g->gb);
+}
+
+/* A capture that the runtime refused: said once, and the queued path
+ * from then on (what the step staged is queued by the caller). */
+static void graph_fail_(gpt_cuda *g, const char *what, cudaError_t e)
+{
+    (void)cudaGetLastError(); /* not sticky: clear it */
+    fprintf(stderr, "gpt_cuda: CUDA graphs off: %s: %s\n", what,
+            cudaGetErrorString(e));
+    g->graph_failed = 1;
+    g->step_graph = 0;
+    graphs_drop_(g);
+}
+
+static int capture_begin_(gpt_cuda *g)
+{
+    cudaError_t e = cudaStreamBeginCapture(g->stream,
+                                           cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        graph_fail_(g, "cudaStreamBeginCapture", e);
+        return -1;
+    }
+    return 0;
+}
+
+/* Ends the capture begun by capture_begin_ into sg->exec. 0 or -1. */
+static int capture_end_(gpt_cuda *g, step_graph_ *sg)
+{
+    cudaGraph_t gr = NULL;
+    cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
+    if (e != cudaSuccess) {
+        graph_fail_(g, "cudaStreamEndCapture", e);
+        return -1;
+    }
+    e = cudaGraphInstantiate(&sg->exec, gr, 0);
+    CUDA_CHECK(cudaGraphDestroy(gr));
+    if (e != cudaSuccess) {
+        sg->exec = NULL;
+        graph_fail_(g, "cudaGraphInstantiate", e);
+        return -1;
+    }
+    g->graph_captures++;
+    return 0;
+}
+
+/* Graph A for the step's zeroing and microbatches [0, n), captured when
+ * the one kept was captured for other microbatches. 0 launched, -1 not
+ * (the caller queues the work). */
+static int graph_a_(gpt_cuda *g, int n)
+{
+    step_graph_ *sg = &g->ga;
+    int same = sg->exec && sg->n == n;
+    for (int k = 0; same && k < n; k++)
+        same = sg->B[k] == g->mb[k].B &&
+               !memcmp(&sg->scale[k], &g->mb[k].loss_scale, sizeof(float));
+    if (!same) {
+        graph_drop_(sg);
+        int *B = (int *)realloc(sg->B, (size_t)n * sizeof(int));
+        if (B)
+            sg->B = B;
+        float *sc = B ? (float *)realloc(sg->scale, (size_t)n * sizeof(float))
+                      : NULL;
+        if (sc)
+            sg->scale = sc;
+        if (!B || !sc) {
+            fprintf(stderr, "gpt_cuda: out of memory (graph key)\n");
+            exit(1);
+        }
+        if (capture_begin_(g) != 0)
+            return -1;
+        CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
+                                   g->stream));
+        for (int k = 0; k < n; k++)
+            mb_queue_(g, &g->mb[k], 1, 0);
+        if (capture_end_(g, sg) != 0)
+            return -1;
+        sg->n = n;
+        for (int k = 0; k < n; k++) {
+            sg->B[k] = g->mb[k].B;
+            sg->scale[k] = g->mb[k].loss_scale;
+        }
+    }
+    CUDA_CHECK(cudaGraphLaunch(sg->exec, g->stream));
+    return 0;
+}
+
+/* Queues what the step has staged and not queued: the zeroing of the
+ * gradients and microbatches [mb_q, mb_k), through graph A when graph is
+ * set and the step has staged all of them (else one by one). */
+static void queue_staged_(gpt_cuda *g, int graph)
+{
+    int k0 = g->mb_q, k1 = g->mb_k;
+    if (!g->zero_defer && k0 == k1)
+        return;
+    if (graph && g->zero_defer && k0 == 0 && g->step_graph &&
+        graph_a_(g, k1) == 0) {
+        g->zero_defer = 0;
+    } else {
+        if (g->zero_defer)
+            CUDA_CHECK(cudaMemsetAsync(g->grads, 0,
+                                       g->n_params * sizeof(bf16),
+                                       g->stream));
+        g->zero_defer = 0;
+        for (int k = k0; k < k1; k++) {
+            mb_queue_(g, &g->mb[k], 0, 0);
+            CUDA_CHECK(cudaEventRecord(g->mb[k].done, g->stream));
+        }
+        g->mb_q = k1;
+        return;
+    }
+    for (int k = k0; k < k1; k++) /* after the graph: one wait each */
+        CUDA_CHECK(cudaEventRecord(g->mb[k].done, g->stream));
+    g->mb_q = k1;
+}
+
+/* Before any other work is queued or waited for: the staged work first. */
+static void flush_(gpt_cuda *g)
+{
+    queue_staged_(g, 0);
+}
+
+static int adamw_per_tensor_(void);
+
+/* Whether a step starting now runs through graphs: wanted, no capture
+ * failed, and a step the graphs cover (all slots resident, no MoE block,
+ * the multi-tensor AdamW). */
+static int graphs_apply_(const gpt_cuda *g)
+{
+    return g->graphs && !g->graph_failed && g->n_res == g->S &&
+           g->n_moe_layers == 0 && !adamw_per_tensor_();
+}
+
+void gpt_cuda_set_graphs(gpt_cuda *g, int on)
+{
+    flush_(g);
+    g->graphs = on != 0;
+    if (!g->graphs)
+        graphs_drop_(g);
+}
+
+/* One training microbatch staged in mb[mb_k] and, unless the step runs
+ * through graphs and this is not its last, queued; returns it. */
 static mb_stage_ *queue_microbatch_(gpt_cuda *g, const int32_t *inp,
                                            const int32_t *targets, int B,
                                            float loss_scale, int last)
 {
+    if (!g->step_graph)
+        flush_(g); /* nothing staged then; kept for safety */
     mb_stage_ *m = mb_stage_get_(g, g->mb_k);
-    stage_batch_to_(g, inp, targets, B, 1, m->inp, m->tgt, m->plan);
-    g->h_loss = m->loss;
-    encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
-                         GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
-    run_pass_(g, 0, 2 * g->cfg.n_layer, B, loss_scale, last);
-    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
-                          g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
-                          g->stream);
-    g->h_loss = g->h_out;
-    CUDA_CHECK(cudaEventRecord(m->done, g->stream));
+    mb_stage_host_(g, m, inp, targets, B, loss_scale);
     g->mb_k++;
+    if (g->step_graph) {
+        if (last)
+            queue_staged_(g, 1);
+        return m;
+    }
+    mb_queue_(g, m, 0, last);
+    CUDA_CHECK(cudaEventRecord(m->done, g->stream));
+    g->mb_q = g->mb_k;
     return m;
 }
 
@@ -1330,6 +1581,7 @@ float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
     check_B_(g, B, "gpt_cuda_train_microbatch");
     mb_stage_ *m = queue_microbatch_(g, inp, targets, B, loss_scale,
                                             last);
+    flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return *m->loss;
 }
@@ -1346,6 +1598,7 @@ double gpt_cuda_step_loss(gpt_cuda *g)
 {
     if (g->mb_k == 0)
         return 0.0;
+    flush_(g);
     mb_stage_ *m = &g->mb[g->mb_k - 1];
     event_wait_(m->done);
     double sum = 0.0;
@@ -1361,6 +1614,7 @@ double gpt_cuda_step_loss(gpt_cuda *g)
  * total. */
 static float grad_sumsq_(gpt_cuda *g)
 {
+    flush_(g);
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
     grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
     CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
@@ -1373,6 +1627,7 @@ static float grad_sumsq_(gpt_cuda *g)
 
 int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
 {
+    flush_(g);
     for (int s = g->n_res; s < g->S; s++)
         if (div[s] > 1)
             return -1;
@@ -1387,6 +1642,7 @@ int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
 
 float *gpt_cuda_grads_f32(gpt_cuda *g, size_t *n)
 {
+    flush_(g);
     if (g->gradf && g->gradf_n != g->n_params) { /* reslotted since */
         CUDA_CHECK(cudaStreamSynchronize(g->stream));
         CUDA_CHECK(cudaFree(g->gradf));
@@ -1435,6 +1691,7 @@ int gpt_cuda_get_grads_resident(gpt_cuda *g, float *host, size_t n)
 
 int gpt_cuda_set_grads_resident(gpt_cuda *g, const float *host, size_t n)
 {
+    flush_(g);
     size_t off[5][3];
     int k = pieces_(g, n, off, 0);
     if (k < 0 || !g->gradf || g->gradf_n != g->n_params)
@@ -1458,6 +1715,7 @@ float gpt_cuda_grad_norm(gpt_cuda *g)
 
 float gpt_cuda_last_grad_norm(gpt_cuda *g)
 {
+    flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return sqrtf(g->h_out[1]);
 }
@@ -1482,6 +1740,7 @@ static void mt_plan_(gpt_cuda *g)
 {
     if (g->mt && g->mt_nres == g->n_res)
         return;
+    graph_drop_(&g->gb); /* it names the old plan */
     adamw_multi_plan_destroy(g->mt);
     g->mt = NULL;
     free(g->mt_t);
@@ -1534,9 +1793,87 @@ static int adamw_per_tensor_(void)
     return 0;
 }
 
+/* Graph B's values (h_args, d_args) sized for the plan, and h_args free
+ * to write (the last launch's copy from it done). 0, or -1 out of
+ * memory (the caller takes the queued path). */
+static int graph_args_(gpt_cuda *g)
+{
+    size_t n = adamw_multi_args_floats(g->mt);
+    if (g->n_args != n) {
+        graph_drop_(&g->gb);
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
+        if (g->h_args) CUDA_CHECK(cudaFreeHost(g->h_args));
+        g->d_args = g->h_args = NULL;
+        g->n_args = 0;
+        if (cudaMalloc((void **)&g->d_args, n * sizeof(float)) !=
+                cudaSuccess ||
+            cudaMallocHost((void **)&g->h_args, n * sizeof(float)) !=
+                cudaSuccess) {
+            (void)cudaGetLastError();
+            if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
+            g->d_args = NULL;
+            g->h_args = NULL;
+            return -1;
+        }
+        g->n_args = n;
+        if (!g->args_done)
+            CUDA_CHECK(cudaEventCreateWithFlags(&g->args_done,
+                                                cudaEventDisableTiming));
+    }
+    event_wait_(g->args_done);
+    return 0;
+}
+
+/* Graph B launched with this step's values (the step counts already
+ * advanced in mt_t): captured at the first step and after a reslot. 0, or
+ * -1 not launched (the caller queues the update). */
+static int graph_b_(gpt_cuda *g, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float max_norm)
+{
+    if (graph_args_(g) != 0)
+        return -1;
+    adamw_multi_args_fill(g->mt, g->h_args, g->mt_t, lr, beta1, beta2, eps,
+                          weight_decay, max_norm);
+    if (!g->gb.exec) {
+        float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
+        if (capture_begin_(g) != 0)
+            return -1;
+        CUDA_CHECK(cudaMemcpyAsync(g->d_args, g->h_args,
+                                   g->n_args * sizeof(float),
+                                   cudaMemcpyHostToDevice, g->stream));
+        grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params,
+                        g->stream);
+        CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
+                                   sizeof(float), cudaMemcpyDeviceToHost,
+                                   g->stream));
+        adamw_multi_dev_cuda(g->mt, g->master, g->params, g->grads, g->m,
+                             g->v, g->d_args, sc + RED_SUMSQ, g->stream);
+        if (capture_end_(g, &g->gb) != 0)
+            return -1;
+    }
+    CUDA_CHECK(cudaGraphLaunch(g->gb.exec, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->args_done, g->stream));
+    return 0;
+}
+
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm)
 {
+    flush_(g);
+    if (g->step_graph && g->n_res == g->S && !adamw_per_tensor_()) {
+        mt_plan_(g);
+        g->mt_t[0] = g->adam_t_global + 1;
+        for (int s = 0; s < g->n_res; s++)
+            g->mt_t[1 + s] = g->adam_t_slot[s] + 1;
+        if (graph_b_(g, lr, beta1, beta2, eps, weight_decay, max_norm) ==
+            0) {
+            g->adam_t_global++;
+            for (int s = 0; s < g->n_res; s++)
+                g->adam_t_slot[s]++;
+            return;
+        }
+    }
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
     float host_scale = 1.0f;
     if (g->n_res < g->S) {
@@ -1687,6 +2024,7 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     CUDA_CHECK(cudaDeviceSynchronize());
     off_free_slots_(g, g->off.hs, g->S - g->n_res);
     free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    graphs_drop_(g); /* they name the old state */
     use_state_(g, new_S, n_res, params, grads, opt, t_slot, hs, moe, soff);
     memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
     for (int s = n_res; s < new_S; s++)

@@ -57,6 +57,10 @@ typedef struct {
     int epi_fallback;       /* of a layer's 4 forward epilogues (3 biases,
                              * GELU + bias), how many cuBLASLt had no
                              * algorithm for: plain GEMM + own kernels */
+    int graphs;             /* steps through CUDA graphs where they apply
+                             * (gpt_cuda_set_graphs; 0 after a refused
+                             * capture) */
+    long graph_captures;    /* graphs captured since creation */
 } gpt_cuda_info;
 
 /* S slots with gpt_default_share_map's slot_of (as gpt_create: l*S/L,
@@ -183,6 +187,24 @@ float gpt_cuda_last_grad_norm(gpt_cuda *g);
  * gpt_cuda_reslot_placed. */
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
                     const int *src_of, int reset_moments);
+
+/* CUDA graphs of a training step (issue 18, item 4). On (the default;
+ * M6_CUDA_GRAPH=0 at creation: off), a step of gpt_cuda_step_begin (or
+ * gpt_cuda_zero_grad), gpt_cuda_queue_microbatch for each microbatch and
+ * gpt_cuda_adamw runs as two graph launches: the zeroing of the gradients
+ * and every microbatch, launched by the microbatch queued with last = 1
+ * (until then they are staged on the host only), and the optimizer
+ * (the sum of squares and the multi-tensor AdamW). Each is captured at its
+ * first use and again after a reslot, or when the step's microbatch
+ * count, sizes or loss scales change; the values that change every step
+ * (lr, bias corrections, the encoder plan's segment count) are read from
+ * device memory. Steps with offloaded slots, MoE blocks or
+ * M6_ADAMW_PER_TENSOR=1 take the queued path, as does every step after a
+ * capture the runtime refused (said once on stderr). Any other call that
+ * queues work or waits first queues the staged work without a graph, so
+ * results never depend on the setting: the two paths give the same bits
+ * (tests/cuda_emu/test_step.c). */
+void gpt_cuda_set_graphs(gpt_cuda *g, int on);
 
 /* Wait for all queued work: the compute and copy streams and, when
  * offloading, every host job (gradient accumulation, AdamW). Call before

@@ -177,7 +177,20 @@ typedef struct {
     int32_t *inp, *tgt, *plan;
     float *loss;
     cudaEvent_t done;               /* recorded after the microbatch */
+    int B, nseg;                    /* as staged */
+    float loss_scale;
 } mb_stage_;
+
+/* A step's CUDA graph (issue 18, item 4; gpt_cuda.cu "CUDA graphs"):
+ * A, the zeroing of the gradients and microbatches [0, n) of the shapes
+ * and loss scales B[k], scale[k] it was captured with; B, the optimizer
+ * (sum of squares and the multi-tensor AdamW, its values from d_args). */
+typedef struct {
+    cudaGraphExec_t exec;           /* NULL: none captured */
+    int n;                          /* A: microbatches */
+    int *B;                         /* A: [n] */
+    float *scale;                   /* A: [n] */
+} step_graph_;
 
 struct gpt_cuda {
     model_config cfg;
@@ -235,6 +248,16 @@ struct gpt_cuda {
     mb_stage_ *mb;
     int n_mb, mb_k;
     int nseg;
+    /* CUDA graphs (gpt_cuda_set_graphs): graphs wanted; a capture failed
+     * (the queued path from then on); this step runs through them
+     * (decided at its zero_grad); its zeroing and microbatches
+     * [mb_q, mb_k) staged on the host and not queued yet */
+    int graphs, graph_failed, step_graph, zero_defer, mb_q;
+    step_graph_ ga, gb;
+    float *h_args, *d_args;         /* gb's values: pinned, device */
+    size_t n_args;
+    cudaEvent_t args_done;          /* gb's copy of h_args done */
+    long graph_captures;
     cudaStream_t stream;
     offload_rt_ off;
 };
