@@ -395,6 +395,7 @@ echo
 echo "gpu-check: log $LOG"
 LINE="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER"
 LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
+LINE+=" tok_s_124m_queued=$(kv train_124m tokens_per_s_queued) graph_speedup_124m=$(kv train_124m graph_speedup)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
 LINE+=" att_ms_flash_124m=$(kv train_124m att_ms_flash) att_ms_gemm_124m=$(kv train_124m att_ms_gemm)"

@@ -218,6 +218,39 @@ static void usage_(void)
            "                (5; 0 skips)\n");
 }
 
+/* warmup + steps training steps of accum microbatches (inp, tgt: accum
+ * microbatches of BT tokens) as the trainer runs them: queued, the losses
+ * read once per step (gpt_cuda_step_loss), the norm's wait. Prints each
+ * step; *secs the timed steps' wall time. Returns the last mean loss. */
+static float timed_steps_(gpt_cuda *g, const int32_t *inp,
+                          const int32_t *tgt, int B, int BT, int accum,
+                          int warmup, int steps, const char *path,
+                          double *secs)
+{
+    float loss = 0;
+    double t0 = 0;
+    for (int k = 0; k < warmup + steps; k++) {
+        if (k == warmup)
+            t0 = now_();
+        double ts = now_();
+        gpt_cuda_step_begin(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
+        for (int a = 0; a < accum; a++)
+            gpt_cuda_queue_microbatch(g, inp + (size_t)a * BT,
+                                      tgt + (size_t)a * BT, B,
+                                      1.0f / ((float)BT * accum),
+                                      a == accum - 1);
+        float norm = gpt_cuda_grad_norm(g); /* the step's one wait */
+        loss = (float)(gpt_cuda_step_loss(g) / accum);
+        gpt_cuda_adamw(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
+        printf("  %s step %2d%s loss %.4f norm %.3f  %.1f ms\n", path, k + 1,
+               k < warmup ? " (warm-up)" : "", loss, norm,
+               (now_() - ts) * 1e3);
+    }
+    gpt_cuda_synchronize(g);
+    *secs = now_() - t0;
+    return loss;
+}
+
 int main(int argc, char **argv)
 {
     model_config c = {50257, 12, 12, 768, 1024};
@@ -298,7 +331,6 @@ int main(int argc, char **argv)
            info.n_compute / 1e6, info.n_params / 1e6,
            info.bytes_params / 1073741824.0, info.bytes_grads / 1073741824.0,
            info.bytes_opt / 1073741824.0, info.bytes_acts / 1073741824.0);
-    gpt_cuda_init_weights(g, 1);
 
     int32_t *inp = (int32_t *)malloc((size_t)accum * BT * sizeof(int32_t));
     int32_t *tgt = (int32_t *)malloc((size_t)accum * BT * sizeof(int32_t));
@@ -310,30 +342,32 @@ int main(int argc, char **argv)
         tgt[i] = (int32_t)((s >> 33) % c.vocab_size);
     }
 
-    float loss = 0, norm = 0;
-    double t0 = 0;
-    for (int k = 0; k < warmup + steps; k++) {
-        if (k == warmup)
-            t0 = now_();
-        double ts = now_();
-        gpt_cuda_step_begin(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
-        double lsum = 0;
-        for (int a = 0; a < accum; a++) {
-            const int32_t *in = inp + (size_t)a * BT, *tg = tgt + (size_t)a * BT;
-            /* forward + backward without a host round trip in between */
-            lsum += gpt_cuda_train_microbatch(g, in, tg, B,
-                                              1.0f / ((float)BT * accum),
-                                              a == accum - 1);
+    /* The same steps twice, on the same weights' trajectory from init:
+     * first on the queued path, then through CUDA graphs (the default;
+     * gpt_cuda_set_graphs), each with its own warm-up (the graphs are
+     * captured there). */
+    double dt_q = 0, dt_g = 0;
+    float loss = 0, loss_q = 0;
+    for (int graphs = 0; graphs <= 1; graphs++) {
+        gpt_cuda_init_weights(g, 1);
+        gpt_cuda_set_graphs(g, graphs);
+        double dt = 0;
+        float l = timed_steps_(g, inp, tgt, B, BT, accum, warmup, steps,
+                               graphs ? "graphs" : "queued", &dt);
+        if (graphs) {
+            dt_g = dt;
+            loss = l;
+        } else {
+            dt_q = dt;
+            loss_q = l;
         }
-        gpt_cuda_adamw(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
-        norm = gpt_cuda_last_grad_norm(g); /* waits for the step */
-        loss = (float)(lsum / accum);
-        printf("  step %2d%s loss %.4f norm %.3f  %.1f ms\n", k + 1,
-               k < warmup ? " (warm-up)" : "", loss, norm,
-               (now_() - ts) * 1e3);
     }
-    double dt = now_() - t0;
+    double dt = dt_g;
     double tok_s = (double)BT * accum * steps / dt;
+    double tok_s_q = (double)BT * accum * steps / dt_q;
+    printf("gpu_train: queued path %.0f tokens/s, CUDA graphs %.0f tokens/s "
+           "(%.3fx); last loss queued %.4f graphs %.4f\n", tok_s_q, tok_s,
+           tok_s / tok_s_q, loss_q, loss);
     double tflops = tok_s * flops_tok / 1e12;
     double mfu = tflops / PEAK_BF16_TFLOPS;
     double mfu_gemm = peak > 0 ? tflops / peak : 0;
@@ -358,11 +392,12 @@ int main(int argc, char **argv)
     else if (att_tc > 0)
         snprintf(tc, sizeof tc, "att_ms_tc=%.3f att_tc_speedup=na", att_tc);
     printf("tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f mfu_vs_gemm=%.4f "
-           "gemm_tflops=%.1f loss=%.4f %s %s\n", tok_s, dt / steps * 1e3,
-           mfu, mfu_gemm, peak, loss, att, tc);
+           "gemm_tflops=%.1f loss=%.4f tokens_per_s_queued=%.0f "
+           "graph_speedup=%.3f %s %s\n", tok_s, dt / steps * 1e3, mfu,
+           mfu_gemm, peak, loss, tok_s_q, tok_s / tok_s_q, att, tc);
     free(inp);
     free(tgt);
     gpt_cuda_free(g);
     matmul_cuda_fini();
-    return isfinite(loss) ? 0 : 1;
+    return isfinite(loss) && isfinite(loss_q) ? 0 : 1;
 }
