@@ -513,5 +513,17 @@ void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        const bf16 *ye, const bf16 *wg, const bf16 *w1,
                        const bf16 *w2, float daux, float dz,
                        const moe_dims *d, cudaStream_t stream);
+/* The same with dx (N,C) written, not read (the experts' part stored,
+ * then the router's added): the first write of the block's input
+ * gradient, no memset before it. The weight gradients still +=. */
+void moe_backward_first_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
+                       const bf16 *x, const float *probs, const float *lse,
+                       const int32_t *expert, const int32_t *slot,
+                       const int32_t *routed, const int32_t *row_token,
+                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
+                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
+                       const bf16 *w2, float daux, float dz,
+                       const moe_dims *d, cudaStream_t stream);
 
 #endif /* M6_KERNELS_CUDA_H */

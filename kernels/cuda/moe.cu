@@ -275,8 +275,11 @@ __global__ void moe_bias_backward_kernel(bf16 *dbias, const bf16 *d, int E,
 }
 
 /* dx (N,C) += sum over p of dxe[slot[n,p]] (prototypes in order). */
+/* dx (N,C) (+)= the sum of each token's k expert rows of dxe: first,
+ * written (dx not read); else added. */
 __global__ void moe_scatter_kernel(bf16 *dx, const bf16 *dxe,
-                                   const int32_t *slot, int N, int C, int k)
+                                   const int32_t *slot, int N, int C, int k,
+                                   int first)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C)
@@ -288,7 +291,7 @@ __global__ void moe_scatter_kernel(bf16 *dx, const bf16 *dxe,
         if (r >= 0)
             s += ld(dxe[(size_t)r * C + c]);
     }
-    dx[i] = st(ld(dx[i]) + s);
+    dx[i] = st(first ? s : ld(dx[i]) + s);
 }
 
 /* ------------------------------------------------------------ launchers */
@@ -377,7 +380,7 @@ size_t moe_backward_scratch_bytes(const moe_dims *d)
     return ceil_div(bf * sizeof(bf16), 256) * 256 + mm * sizeof(float);
 }
 
-void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
                        const bf16 *x, const float *probs, const float *lse,
                        const int32_t *expert, const int32_t *slot,
@@ -385,7 +388,8 @@ void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        const bf16 *xe, const bf16 *hpre, const bf16 *hact,
                        const bf16 *ye, const bf16 *wg, const bf16 *w1,
                        const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream)
+                       const moe_dims *d, int first,
+                         cudaStream_t stream)
 {
     const int N = d->N, C = d->C, E = d->E, k = d->k, H = d->H;
     const int cap = d->capacity, rows = E * cap;
@@ -429,9 +433,39 @@ void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
         db1, dh, E, cap, H);
     CUDA_CHECK_LAUNCH();
     moe_scatter_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
-        dx, dxe, slot, N, C, k);
+        dx, dxe, slot, N, C, k, first);
     CUDA_CHECK_LAUNCH();
     /* logits = x Wg^T + bg */
     matmul_backward_cuda(dx, dwg, dbg, colsum, dlogits, x, wg, N, C, E,
                          stream);
+}
+
+void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
+                       const bf16 *x, const float *probs, const float *lse,
+                       const int32_t *expert, const int32_t *slot,
+                       const int32_t *routed, const int32_t *row_token,
+                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
+                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
+                       const bf16 *w2, float daux, float dz,
+                       const moe_dims *d, cudaStream_t stream)
+{
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
+                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
+                  wg, w1, w2, daux, dz, d, 0, stream);
+}
+
+void moe_backward_first_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
+                       const bf16 *x, const float *probs, const float *lse,
+                       const int32_t *expert, const int32_t *slot,
+                       const int32_t *routed, const int32_t *row_token,
+                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
+                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
+                       const bf16 *w2, float daux, float dz,
+                       const moe_dims *d, cudaStream_t stream)
+{
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
+                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
+                  wg, w1, w2, daux, dz, d, 1, stream);
 }

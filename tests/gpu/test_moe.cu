@@ -207,6 +207,32 @@ static void run_case_(int N, int C, int E, int k, int H, double cf,
         }
         free(h);
     }
+
+    /* moe_backward_first_cuda: dx written over NaN (the CPU's increment),
+     * the weight gradients still added */
+    bf16 *fg[7];
+    fg[0] = dnan_<bf16>(gsz[0]);
+    for (int i = 1; i < 7; i++) fg[i] = dbf_(g0[i], gsz[i]);
+    moe_backward_first_cuda(fg[0], fg[1], fg[2], fg[3], fg[4], fg[5], fg[6],
+                            scratch, gdout, dx_, gprobs, glse, gexpert, gslot,
+                            grouted, growtok, gxe, ghpre, ghact, gye, dwg_,
+                            dw1_, dw2_, daux, dz, &d, st);
+    float *want_dx = (float *)malloc(gsz[0] * 4);
+    for (size_t j = 0; j < gsz[0]; j++)
+        want_dx[j] = gc[0][j] - g0[0][j];
+    for (int i = 0; i < 7; i++) {
+        float *h = hbf_(fg[i], gsz[i]);
+        char what[64];
+        snprintf(what, sizeof what, "%s (first: %s)", gname[i],
+                 i ? "increment" : "written");
+        if (i == 0)
+            check_(what, h, want_dx, NULL, gsz[i], TOL_GRAD);
+        else
+            check_(what, h, gc[i], g0[i], gsz[i], TOL_GRAD);
+        free(h);
+        cudaFree(fg[i]);
+    }
+    free(want_dx);
     free(he), free(hs), free(hc), free(hr), free(hd), free(hp), free(hl);
     free(ha), free(ho);
 }

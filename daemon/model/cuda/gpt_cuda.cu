@@ -832,12 +832,10 @@ void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
 #define W_(w, i) ((w) + ts[i].off)
 #define GW_(g, i) ((g)->params + (g)->glob[i].off)
 #define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
-/* Zeroes an activation gradient before an op that adds to it: only the
- * MoE block's (moe_backward_cuda accumulates). Elsewhere the first write
- * of each activation gradient is a *_first op (kernels_cuda.h), which
+/* No activation gradient is zeroed: the first write of each is a *_first
+ * op (kernels_cuda.h; the MoE block's moe_backward_first_cuda), which
  * stores, and only the residual stream's dres and the weight gradients
  * accumulate. */
-#define ZERO_(p, n) CUDA_CHECK(cudaMemsetAsync((p), 0, (n) * sizeof(bf16), st))
 
 static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
                           const int32_t *host, size_t n)
@@ -1002,7 +1000,7 @@ static void moe_layer_forward_(gpt_cuda *g, int l, const bf16 *w,
     moe_aux_losses_cuda(m.aux, m.probs, m.lse, m.routed, &d, st);
 }
 
-/* MoE block l backward: d(x) into a->dln (zeroed here) from d(out) in
+/* MoE block l backward: d(x) into a->dln (written) from d(out) in
  * a->dres; the experts' and gate's gradients accumulate at dw. */
 static void moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
                                 const bf16 *x, int B)
@@ -1012,8 +1010,7 @@ static void moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     moe_saved_ m = moe_saved_of_(g, l);
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
-    ZERO_(a->dln, (size_t)B * g->T * g->cfg.n_embd);
-    moe_backward_cuda(a->dln, dw + g->slot[SLOT_GATE_W].off,
+    moe_backward_first_cuda(a->dln, dw + g->slot[SLOT_GATE_W].off,
                       dw + g->slot[SLOT_GATE_B].off,
                       dw + g->slot[SLOT_FC_W].off, dw + g->slot[SLOT_FC_B].off,
                       dw + g->slot[SLOT_FCPROJ_W].off,
