@@ -3,7 +3,8 @@
  * (daemon/model/gpt.c, fp32) from the same weights on the same batches.
  * Exit 0 passed, 1 failed, 77 no CUDA device.
  *
- *  1. Real (S = L) and Pseudo (S = 1) models: 10 AdamW steps with clipping;
+ *  1. Real (S = L) and Pseudo (S = 1) models, every LayerNorm's weight and
+ *     bias drawn at random (so each layer's differs): 10 AdamW steps with clipping;
  *     every step's loss on the GPU within TOL_LOSS of the CPU's, the first
  *     step's gradient norm within TOL_NORM (relative), and the first step's
  *     gradient of every tensor within TOL_GRAD (normalised L2 error), seen
@@ -157,6 +158,39 @@ static void check_first_moments_(gpt_model *c, gpt_cuda *g)
 }
 
 /* CPU and GPU models with S slots from the same weights */
+/* Every LayerNorm's weight and bias (each slot's two, the final one) made
+ * different from the others (init gives 1 and 0 everywhere): weight in
+ * [0.5, 1.5], bias in [-0.25, 0.25], so that an op that reads another
+ * layer's LayerNorm (the residual add fused with the next layer's
+ * LayerNorm 1) shows in the losses and gradients. */
+static void perturb_layernorms_(gpt_model *c, uint64_t seed)
+{
+    uint64_t x = seed * 2654435761u + 1;
+    auto u = [&x]() { /* uniform [0, 1) */
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        return (float)((x >> 40) * (1.0 / (1ull << 24)));
+    };
+    auto fill = [&u](float *p, size_t n, float lo, float hi) {
+        for (size_t i = 0; i < n; i++)
+            p[i] = lo + (hi - lo) * u();
+    };
+    const int pairs[2][2] = {{SLOT_LN1_W, SLOT_LN1_B},
+                             {SLOT_LN2_W, SLOT_LN2_B}};
+    for (int s = 0; s < c->S; s++) {
+        const gpt_tensor *ts = gpt_slot_tensors(c, s);
+        float *base = gpt_slot_ptr(c, c->params, s);
+        for (int k = 0; k < 2; k++) {
+            const gpt_tensor *w = &ts[pairs[k][0]], *b = &ts[pairs[k][1]];
+            fill(base + w->offset, w->numel, 0.5f, 1.5f);
+            fill(base + b->offset, b->numel, -0.25f, 0.25f);
+        }
+    }
+    fill(c->params + c->glob[GLOB_LNF_W].offset, c->glob[GLOB_LNF_W].numel,
+         0.5f, 1.5f);
+    fill(c->params + c->glob[GLOB_LNF_B].offset, c->glob[GLOB_LNF_B].numel,
+         -0.25f, 0.25f);
+}
+
 static gpt_cuda *pair_(gpt_model *c, int S, uint64_t seed)
 {
     if (gpt_create(c, &CFG, S, B) != 0) {
@@ -164,6 +198,7 @@ static gpt_cuda *pair_(gpt_model *c, int S, uint64_t seed)
         exit(1);
     }
     gpt_init_weights(c, seed);
+    perturb_layernorms_(c, seed);
     gpt_cuda *g = gpt_cuda_create(&CFG, S, B);
     if (!g)
         exit(1);

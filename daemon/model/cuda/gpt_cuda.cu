@@ -1067,7 +1067,14 @@ int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts)
 }
 
 /* Layer l forward with its slot's weights at w. */
-static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
+/* Layer l's forward on its weights w. ln1_done: its LayerNorm 1 was
+ * computed by the layer before (fused with that layer's residual add).
+ * next_w: the weights of layer l + 1 when l < L - 1 and they are on the
+ * device, whose LayerNorm 1 is then fused with this layer's last residual
+ * add (NULL: not); the last layer's add is always fused with the final
+ * LayerNorm (the globals'), which head_forward_ then skips. */
+static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B,
+                           int ln1_done, const bf16 *next_w)
 {
     const int T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head;
     const size_t BT = (size_t)B * T, BTC = BT * C;
@@ -1084,9 +1091,10 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
     bf16 *fchg = a->fchg + fl * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
     float *lse = a->lse + (size_t)l * g->B * NH * T;
 
-    layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
-                           res, W_(w, SLOT_LN1_W), W_(w, SLOT_LN1_B),
-                           (int)BT, C, st);
+    if (!ln1_done)
+        layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba,
+                               a->ln1_rstd + l * Ba, res, W_(w, SLOT_LN1_W),
+                               W_(w, SLOT_LN1_B), (int)BT, C, st);
     matmul_forward_cuda(qkv, ln1, W_(w, SLOT_QKV_W), W_(w, SLOT_QKV_B),
                         (int)BT, C, 3 * C, st);
     if (a->att_ws)
@@ -1109,7 +1117,24 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B)
         matmul_forward_cuda(res3, fchg, W_(w, SLOT_FCPROJ_W),
                             W_(w, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
     }
-    residual_forward_cuda(res3, res2, res3, BTC, st);
+    /* res3 = res2 + MLP branch, and the next LayerNorm in the same pass:
+     * layer l + 1's first (its weights resident) or the final one */
+    const int L = g->cfg.n_layer;
+    if (l == L - 1) {
+        residual_layernorm_forward_cuda(res3, a->lnf, a->lnf_mean,
+                                        a->lnf_rstd, res2, res3,
+                                        GW_(g, GLOB_LNF_W),
+                                        GW_(g, GLOB_LNF_B), (int)BT, C, st);
+    } else if (next_w) {
+        const tensor_ *nts = slot_ts_(g, g->slot_of[l + 1]);
+        residual_layernorm_forward_cuda(
+            res3, a->ln1 + (l + 1) * Ba * C, a->ln1_mean + (l + 1) * Ba,
+            a->ln1_rstd + (l + 1) * Ba, res2, res3,
+            next_w + nts[SLOT_LN1_W].off, next_w + nts[SLOT_LN1_B].off,
+            (int)BT, C, st);
+    } else {
+        residual_forward_cuda(res3, res2, res3, BTC, st);
+    }
 }
 
 /* Layer l backward: a->dres holds d(res3 of l) and receives d(res of l);
@@ -1173,7 +1198,8 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     /* dres holds d(res): the previous layer's res3 */
 }
 
-/* Final LayerNorm, logits and (with targets) the mean loss, queued into
+/* Final LayerNorm (computed already by the last layer's forward, fused
+ * with its residual add), logits and (with targets) the mean loss, queued into
  * red[RED_LOSS] and *g->h_loss. fused (training, with targets): the
  * classifier's backward too, dlogits = d(loss) with loss_scale per row
  * written over the logits in the same kernel (head_backward_ with fused
@@ -1181,14 +1207,10 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
 static void head_forward_(gpt_cuda *g, int B, int targets, int fused,
                           float loss_scale)
 {
-    const int C = g->cfg.n_embd, L = g->cfg.n_layer;
-    const size_t BT = (size_t)B * g->T, Ba = (size_t)g->B * g->T;
+    const int C = g->cfg.n_embd;
+    const size_t BT = (size_t)B * g->T;
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
-    const bf16 *last = a->res3 + (size_t)(L - 1) * Ba * C;
-    layernorm_forward_cuda(a->lnf, a->lnf_mean, a->lnf_rstd, last,
-                           GW_(g, GLOB_LNF_W), GW_(g, GLOB_LNF_B), (int)BT, C,
-                           st);
     matmul_forward_cuda(a->logits, a->lnf, GW_(g, GLOB_WTE), NULL, (int)BT, C,
                         g->Vp, st);
     if (!targets)
@@ -1249,6 +1271,7 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
     }
     if (off)
         off_pass_begin_(g, p0, p1, last);
+    int ln1_done = 0; /* layer p's LayerNorm 1 done by layer p - 1 */
     for (int p = p0; p < p1; p++) {
         if (p == L && p0 < L) {
             head_forward_(g, B, 1, 1, loss_scale);
@@ -1264,9 +1287,15 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         } else {
             off_enter_(g, p, &w, &dw);
         }
-        if (p < L)
-            layer_forward_(g, l, w, B);
-        else
+        if (p < L) {
+            /* the next layer's LayerNorm 1 fused with this layer's add
+             * when the next layer's slot is resident */
+            const bf16 *nw = NULL;
+            if (p + 1 < L && g->slot_of[p + 1] < g->n_res)
+                nw = g->params + g->n_global + g->slot_off[g->slot_of[p + 1]];
+            layer_forward_(g, l, w, B, ln1_done, nw);
+            ln1_done = nw != NULL;
+        } else
             layer_backward_(g, l, w, dw, B);
         if (s >= g->n_res)
             off_leave_(g, p);
