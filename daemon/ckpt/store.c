@@ -81,6 +81,37 @@ void ckpt_store_dir(const ckpt_store *s, int64_t run, char *buf, size_t len)
     snprintf(buf, len, "%s/%lld/checkpoints", s->runs_dir, (long long)run);
 }
 
+/* Whether path names a step-N entry of run's checkpoint directory
+ * (<runs_dir>/<run>/checkpoints/step-N, nothing after N): the only paths
+ * the store removes or renames. A row of m6.db only says where its
+ * checkpoint is, and m6.db has other writers (dashboards, an operator's
+ * sqlite3): a row naming anything else must not make m6d delete it. */
+static int in_store_(const ckpt_store *s, int64_t run, const char *path)
+{
+    char dir[4096];
+    ckpt_store_dir(s, run, dir, sizeof dir);
+    size_t n = strlen(dir);
+    if (strncmp(path, dir, n) != 0 || path[n] != '/')
+        return 0;
+    const char *name = path + n + 1;
+    long long step;
+    char rest;
+    return !strchr(name, '/') &&
+           sscanf(name, "step-%lld%c", &step, &rest) == 1;
+}
+
+/* A row naming a path outside the store (in_store_): said, and left on
+ * disk; the caller drops the row. */
+static void outside_(const ckpt_store *s, int64_t run, const ckpt_row *r,
+                     const char *action)
+{
+    log_warn("checkpoint.outside", "run=%lld step=%lld path=%s action=%s",
+             (long long)run, (long long)r->step, r->path, action);
+    state_event(s->st, run, "checkpoint.outside", "step=%lld names %s, "
+                "outside the run's checkpoint directory: %s",
+                (long long)r->step, r->path, action);
+}
+
 /* -------------------------------------------------------------- reconcile */
 
 /* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
@@ -158,7 +189,10 @@ static void prune_(const ckpt_store *s, int64_t run, int keep)
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) return;
     if (keep < 1) keep = 1;
     for (int i = 0; i < n - keep; i++) {
-        discard_(rows[i].path);
+        if (in_store_(s, run, rows[i].path))
+            discard_(rows[i].path);
+        else
+            outside_(s, run, &rows[i], "row dropped, path not removed");
         state_checkpoint_delete(s->st, run, rows[i].step);
         log_debug("checkpoint.prune", "run=%lld step=%lld", (long long)run,
                   (long long)rows[i].step);
@@ -242,7 +276,12 @@ int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
                      (long long)run, *step, rows[i].path);
             break;
         }
-        ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
+        if (in_store_(s, run, rows[i].path)) {
+            ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
+        } else {
+            outside_(s, run, &rows[i], "row dropped, path not renamed");
+            snprintf(kept, sizeof kept, "%s", rows[i].path);
+        }
         log_warn("checkpoint.bad", "run=%lld path=%s err=\"%s\" "
                  "action=set_aside kept=%s", (long long)run, rows[i].path,
                  m6_err_msg(&le), kept);

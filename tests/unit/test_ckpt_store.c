@@ -1,0 +1,182 @@
+/*
+ * test_ckpt_store.c — the checkpoint store (daemon/ckpt/store.c) removes
+ * and renames only inside the run's checkpoint directory. m6.db has other
+ * writers (dashboards, an operator's sqlite3), so a checkpoints row may
+ * name any path; the store must treat such a row as a row to drop, never
+ * as a directory to delete.
+ *
+ *  1. Prune: a tiny trainer's checkpoint saved with keep = 1 while the DB
+ *     also holds an older row naming a directory outside the store (with
+ *     a file in it), and an older row naming a step-N directory inside
+ *     the store: the outside directory and its file are still there, the
+ *     inside one is gone, both rows are dropped, the new checkpoint is the
+ *     run's only row and its directory exists.
+ *  2. Restore: a row (newest) naming an outside path that does not load
+ *     (a plain directory): the restore skips it without renaming it (no
+ *     <path>.bad appears, the path is unchanged), drops its row, and loads
+ *     the older real checkpoint.
+ *  3. Lookalikes are outside: <dir>/step-5/.., <dir>/step-5x, <dir>x/step-5
+ *     and a step-N of another run survive a prune.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/store.h"
+#include "common/paths.h"
+#include "state/state.h"
+#include "train/trainer.h"
+#include "../common/synth_data.h"
+
+static char dir_[256];     /* temporary: data, state DB, runs/, outside/ */
+
+static int exists_(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static void mkfile_(const char *dir, const char *name)
+{
+    char p[16384];
+    assert_int_equal(paths_mkdir_p(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("keep me\n", f);
+    fclose(f);
+}
+
+static trainer *trainer_(void)
+{
+    run_spec s = synth_tiny_spec(dir_, 2, 10, 0);
+    m6_err err = M6_ERR_NONE;
+    trainer *t = trainer_create(&s, &err);
+    if (!t)
+        fail_msg("trainer_create: %s", m6_err_msg(&err));
+    step_result r;
+    assert_int_equal(trainer_step(t, &r, &err), 0);
+    return t;
+}
+
+static int rows_(state *st, int64_t run, ckpt_row **rows)
+{
+    int n = -1;
+    assert_int_equal(state_checkpoints_list(st, run, rows, &n), 0);
+    return n;
+}
+
+static void test_prune_and_restore(void **unused)
+{
+    (void)unused;
+    char db[512], runs[512], outside[512], cdir[4096], inside[4200];
+    snprintf(db, sizeof db, "%s/m6.db", dir_);
+    snprintf(runs, sizeof runs, "%s/runs", dir_);
+    snprintf(outside, sizeof outside, "%s/outside", dir_);
+    char why[256];
+    state *st = state_open(db, why, sizeof why);
+    if (!st)
+        fail_msg("state_open: %s", why);
+    int64_t run = state_run_insert(st, "r", "{}", 10, 0);
+    assert_true(run > 0);
+    ckpt_store s = {st, runs};
+    ckpt_store_dir(&s, run, cdir, sizeof cdir);
+
+    printf("1. prune with rows naming an outside and an inside directory\n");
+    mkfile_(outside, "precious");
+    snprintf(inside, sizeof inside, "%s/step-0", cdir);
+    mkfile_(inside, "old");
+    /* older than the trainer's step 1, so pruned first with keep 1 */
+    assert_int_equal(state_checkpoint_add(st, run, -2, outside, 1), 0);
+    assert_int_equal(state_checkpoint_add(st, run, 0, inside, 1), 0);
+    trainer *t = trainer_();
+    m6_err err = M6_ERR_NONE;
+    assert_int_equal(ckpt_store_save(&s, run, t, 1, "every", &err), 0);
+    char precious[600];
+    snprintf(precious, sizeof precious, "%s/precious", outside);
+    assert_true(exists_(outside) && exists_(precious));
+    assert_false(exists_(inside));
+    ckpt_row *rows;
+    int n = rows_(st, run, &rows);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].step, 1);
+    assert_true(exists_(rows[0].path));
+    free(rows);
+
+    printf("2. restore past a newer row naming an outside path\n");
+    assert_int_equal(state_checkpoint_add(st, run, 9, outside, 1), 0);
+    run_spec spec = synth_tiny_spec(dir_, 2, 10, 0);
+    trainer *t2 = trainer_create(&spec, &err);
+    assert_non_null(t2);
+    long step = -1;
+    m6_err lost = M6_ERR_NONE;
+    int rc = ckpt_store_restore(&s, run, &spec, &t2, NULL, &step, &err,
+                                &lost);
+    assert_int_equal(rc, 0);
+    assert_int_equal(step, 1);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s.bad", outside);
+    assert_true(exists_(outside) && exists_(precious));
+    assert_false(exists_(bad));
+    n = rows_(st, run, &rows);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].step, 1);
+    free(rows);
+
+    printf("3. lookalike paths survive a prune\n");
+    const char *fmt[] = {"%s/step-5/..", "%s/step-5x", "%sx/step-5"};
+    char look[3][4300];
+    for (int i = 0; i < 3; i++) {
+        snprintf(look[i], sizeof look[i], fmt[i], cdir);
+        mkfile_(look[i], "precious");
+        assert_int_equal(state_checkpoint_add(st, run, -10 - i, look[i], 1),
+                         0);
+    }
+    char other[4200];
+    ckpt_store_dir(&s, run + 1, other, sizeof other);
+    strcat(other, "/step-3");
+    mkfile_(other, "precious");
+    assert_int_equal(state_checkpoint_add(st, run, -20, other, 1), 0);
+    assert_int_equal(trainer_step(t, &(step_result){0}, &err), 0);
+    assert_int_equal(ckpt_store_save(&s, run, t, 1, "every", &err), 0);
+    for (int i = 0; i < 3; i++) {
+        char f[16384];
+        snprintf(f, sizeof f, "%s/precious", look[i]);
+        assert_true(exists_(f));
+    }
+    char of[8192];
+    snprintf(of, sizeof of, "%s/precious", other);
+    assert_true(exists_(of));
+    assert_true(exists_(cdir)); /* step-5/.. is cdir itself */
+    n = rows_(st, run, &rows);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].step, 2);
+    free(rows);
+
+    trainer_free(t);
+    trainer_free(t2);
+    state_close(st);
+}
+
+int main(void)
+{
+    snprintf(dir_, sizeof dir_, "/tmp/m6-ckpt-store.XXXXXX");
+    if (synth_shards(dir_, 20000) != 0) {
+        fprintf(stderr, "test_ckpt_store: cannot make temporary data\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prune_and_restore),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    synth_remove(dir_);
+    return rc;
+}
