@@ -55,6 +55,11 @@
 #                                 runs only when named here): a rerun within the GPU
 #                                 time left; the rest report not_run / na,
 #                                 and the exit status counts only these
+#   M6_CUDA_GRAPH=0               the model's queued path instead of CUDA
+#                                 graphs (gpt_cuda.h): never yet run on a
+#                                 GPU; if a test dies with a
+#                                 cudaErrorStreamCapture* error, rerun it so
+#                                 and say which op the capture refused
 #   GPU_CHECK_HOST_GIB=G          gpu_offload --largest sizes host memory
 #                                 as G GiB (--host-gib) instead of
 #                                 MemAvailable: for a VM whose memory grows
