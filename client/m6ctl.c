@@ -779,6 +779,11 @@ static int plan_from_reply_(const M6__PhasePlan *pp, backend_kind be, offload_pl
     p->pinned_bytes = pp->pinned_bytes;
     p->h2d_bytes_per_step = pp->h2d_bytes_per_step;
     p->d2h_bytes_per_step = pp->d2h_bytes_per_step;
+    p->speculative = pp->speculative;
+    p->speculative_mode = offload_speculative_mode_of(pp->speculative_mode);
+    if (p->speculative_mode < 0) return -1;
+    p->spec_slot_bytes = pp->speculative_slot_bytes;
+    p->spec_pinned_slot_bytes = pp->speculative_pinned_slot_bytes;
     return 0;
 }
 

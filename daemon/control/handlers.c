@@ -573,6 +573,11 @@ static M6__PhasePlan *phase_plan_(call *c, const offload_plan *p)
     pp->pinned_bytes = p->pinned_bytes;
     pp->h2d_bytes_per_step = p->h2d_bytes_per_step;
     pp->d2h_bytes_per_step = p->d2h_bytes_per_step;
+    pp->speculative = p->speculative != 0;
+    pp->speculative_mode = (char *)offload_speculative_mode_name(
+        p->speculative_mode);
+    pp->speculative_slot_bytes = p->spec_slot_bytes;
+    pp->speculative_pinned_slot_bytes = p->spec_pinned_slot_bytes;
     return pp;
 }
 

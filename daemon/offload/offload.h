@@ -211,6 +211,12 @@ typedef struct offload_plan {
                                    * phase's plan when the run has one */
 } offload_plan;
 
+/* offload.speculative's mode (SPEC_SPECULATIVE_*) as the spec writes it:
+ * "auto", "on", "off" ("?" for another value); and back, -1 for a name
+ * that is none of them (a PlanReply from another version of m6d). */
+const char *offload_speculative_mode_name(int mode);
+int offload_speculative_mode_of(const char *name);
+
 /* Device bytes of gpt_cuda's activations and scratch for microbatches of
  * up to B sequences (the bytes_acts of gpt_cuda_get_info). Plain C: the
  * CUDA model's own table (model/cuda/act_layout.h) with the scratch sizes

@@ -540,6 +540,9 @@ static void g_ws_(const void *row, view_val *v) { v->i = (long long)P_->workspac
 static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_slot_bytes; }
 static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
 
+static void g_ssl_(const void *row, view_val *v) { v->i = (long long)P_->spec_slot_bytes; }
+static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
+
 static const view_field breakdown_fields_[] = {
     {"globals_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_glob_},
     {"slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_slotb_},
@@ -550,6 +553,8 @@ static const view_field breakdown_fields_[] = {
     {"workspace_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ws_},
     {"host_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_hsl_},
     {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
+    {"speculative_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ssl_},
+    {"speculative_pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spsl_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 
@@ -557,6 +562,30 @@ static void g_breakdown_(const void *row, view_val *v)
 {
     v->sub = &breakdown_view_;
     v->sub_row = row;
+}
+
+const char *offload_speculative_mode_name(int mode)
+{
+    return mode == SPEC_SPECULATIVE_AUTO ? "auto"
+           : mode == SPEC_SPECULATIVE_ON ? "on"
+           : mode == SPEC_SPECULATIVE_OFF ? "off"
+                                          : "?";
+}
+
+int offload_speculative_mode_of(const char *name)
+{
+    static const int modes[] = {SPEC_SPECULATIVE_AUTO, SPEC_SPECULATIVE_ON,
+                                SPEC_SPECULATIVE_OFF};
+    for (int i = 0; name && i < 3; i++)
+        if (!strcmp(name, offload_speculative_mode_name(modes[i])))
+            return modes[i];
+    return -1;
+}
+
+static void g_spec_(const void *row, view_val *v) { v->i = P_->speculative; }
+static void g_spec_mode_(const void *row, view_val *v)
+{
+    v->s = offload_speculative_mode_name(P_->speculative_mode);
 }
 
 static void g_backend_(const void *row, view_val *v)
@@ -597,6 +626,8 @@ static const view_field plan_fields_[] = {
     {"pinned_bytes", "pinned", 0, 13, VIEW_INT, VF_PLAIN, 0, g_pinned_},
     {"batch_size", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_batch_},
     {"grad_accum", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_accum_},
+    {"speculative", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spec_},
+    {"speculative_mode", 0, 0, 0, VIEW_STR, VF_PLAIN, 0, g_spec_mode_},
     {"breakdown", 0, 0, 0, VIEW_SUB, VF_PLAIN, 0, g_breakdown_},
     {"backend", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_backend_},
     {"pseudo", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_pseudo_},
@@ -659,6 +690,19 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                 short_bytes_(pt, sizeof pt,
                              (size_t)p->n_offloaded * p->pinned_slot_bytes),
                 short_bytes_(ps, sizeof ps, p->pinned_slot_bytes));
+    if (p->n_offloaded > 0) {
+        char sb[32], sp[32];
+        fprintf(f, "speculative clipped update (offload.speculative %s): "
+                "%s; %s a slot more (%s pinned) when on\n",
+                offload_speculative_mode_name(p->speculative_mode),
+                p->speculative ? "on, counted in host"
+                : p->speculative_mode == SPEC_SPECULATIVE_AUTO
+                    ? "off here (auto is decided by m6d at start from its "
+                      "host memory)"
+                    : "off",
+                short_bytes_(sb, sizeof sb, p->spec_slot_bytes),
+                short_bytes_(sp, sizeof sp, p->spec_pinned_slot_bytes));
+    }
 }
 
 /* ------------------------------------------------------------- preflight */

@@ -59,13 +59,35 @@ assert b["host_slot_bytes"] == 5 * b["pinned_slot_bytes"] == 5 * b["staging_buff
 assert b["slot_bytes"] == 4 * b["staging_buffer_bytes"], b
 ' || fail "cuda plan: $("$M6CTL" plan "$T/cuda-off.json" --json)"
 "$M6CTL" plan "$T/cuda-off.json" | grep -q "pinned" || fail "cuda plan table"
+# offload.speculative: auto shows off here (m6d decides at start); on adds
+# each offloaded slot's second buffers, 14 bytes a parameter (2 pinned),
+# to the host and pinned totals; off never
+CPAR=$(( CSLOT / 16 ))  # the slot's parameters: 16 device bytes each
+for mode in auto on off; do
+    offload_spec "$T/cuda-spec-$mode.json" off-cuda "\"device\": {\"backend\": \"cuda\", \"memory_budget\": $((CMIN + CSLOT))}, \"offload\": {\"speculative\": \"$mode\"}"
+    "$M6CTL" plan "$T/cuda-spec-$mode.json" --json | MODE=$mode CPAR=$CPAR python3 -c '
+import json, os, sys
+p = json.load(sys.stdin)
+b, mode, n = p["breakdown"], os.environ["MODE"], int(os.environ["CPAR"])
+assert p["speculative_mode"] == mode, p
+assert p["speculative"] == (mode == "on"), p
+assert b["speculative_slot_bytes"] == 14 * n and b["speculative_pinned_slot_bytes"] == 2 * n, b
+k = 5 if mode == "on" else 0
+assert p["host_bytes"] == 5 * b["host_slot_bytes"] + k * b["speculative_slot_bytes"], p
+assert p["pinned_bytes"] == 5 * b["pinned_slot_bytes"] + k * b["speculative_pinned_slot_bytes"], p
+' || fail "cuda plan, speculative $mode: $("$M6CTL" plan "$T/cuda-spec-$mode.json" --json)"
+done
+"$M6CTL" plan "$T/cuda-spec-on.json" | grep -q "speculative clipped update (offload.speculative on): on" ||
+    fail "plan table: no speculative line: $("$M6CTL" plan "$T/cuda-spec-on.json")"
 
 start_daemon "$T/s"
 
+for f in cuda-off cuda-spec-on; do
 for a in "" "--json"; do
-    ctl plan "$T/cuda-off.json" $a >"$T/plan.local" || fail "cuda plan $a"
-    ctl plan "$T/cuda-off.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "cuda plan $a --daemon: $(cat "$T/err")"
-    diff "$T/plan.local" "$T/plan.daemon" >"$T/diff" || fail "cuda plan $a: m6d and m6ctl differ: $(head "$T/diff")"
+    ctl plan "$T/$f.json" $a >"$T/plan.local" || fail "$f plan $a"
+    ctl plan "$T/$f.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "$f plan $a --daemon: $(cat "$T/err")"
+    diff "$T/plan.local" "$T/plan.daemon" >"$T/diff" || fail "$f plan $a: m6d and m6ctl differ: $(head "$T/diff")"
+done
 done
 
 # Below the minimum: refused at submit, naming the budget and the minimum.
