@@ -882,6 +882,13 @@ out_loop:
     uv_ref((uv_handle_t *)&g.sigterm);
     uv_run(&g.loop, UV_RUN_NOWAIT);
     uv_walk(&g.loop, close_walk_, NULL);
+    /* closing the last handle of a signal puts back its default action: a
+     * late second Ctrl-C would kill m6d after its checkpoint (exit 130
+     * where 0 is due). From here to the exit they are ignored; the window
+     * between the two calls is a few instructions long. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     uv_run(&g.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&g.loop) != 0) {
         log_error("daemon.leak", "msg=\"handles still open at exit\"");
