@@ -79,6 +79,13 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
                      const float *dout, const float *inp, const float *weight,
                      int N, int C, int OC);
 
+/* matmul_backward with dinp (N,C) written, not added (its old contents,
+ * NaN included, are not read): the first write of an input gradient needs
+ * no zeroed buffer. dinp must not be NULL. */
+void matmul_backward_first(float *dinp, float *dweight, float *dbias,
+                           const float *dout, const float *inp,
+                           const float *weight, int N, int C, int OC);
+
 /* matmul_backward of a layer whose input is act = GELU(pre), with the GELU
  * backward in the same parallel region:
  *   dact (N,C) = dout @ weight  (written, not added: scratch)
@@ -106,6 +113,13 @@ void attention_forward(float *out, float *att, const float *qkv,
 void attention_backward(float *dqkv, float *scratch, const float *dout,
                         const float *qkv, const float *att,
                         int B, int T, int C, int NH);
+
+/* attention_backward with dqkv (B,T,3C) written, not added: each (b,h)
+ * task zeroes its own head slices first (no zeroed buffer needed, the
+ * zeroing parallel). */
+void attention_backward_first(float *dqkv, float *scratch, const float *dout,
+                              const float *qkv, const float *att,
+                              int B, int T, int C, int NH);
 
 /* --------------------------------------------------------------------- GELU */
 
@@ -138,6 +152,13 @@ void softmax_crossentropy_forward(float *losses, float *probs,
 void softmax_crossentropy_backward(float *dlogits, const float *probs,
                                    const int32_t *targets,
                                    const float *dlosses, int N, int V);
+
+/* dlogits (N,V) = (probs - onehot(targets)) * dlosses[i], written, not
+ * added: the same values as softmax_crossentropy_backward into a zeroed
+ * buffer, in one pass per row. */
+void softmax_crossentropy_backward_first(float *dlogits, const float *probs,
+                                         const int32_t *targets,
+                                         const float *dlosses, int N, int V);
 
 /* -------------------------------------------------------------------- AdamW */
 

@@ -354,8 +354,8 @@ static void mlp_forward_(gpt_model *g, int s, int l, const float *x,
                    (int)BT, 4 * C, C);
 }
 
-/* Its backward: d(x) (zeroed by the caller) in a->dln from d(out) in
- * a->dres; the MLP's gradients accumulated. */
+/* Its backward: d(x) written to a->dln from d(out) in a->dres; the MLP's
+ * gradients accumulated. */
 static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
 {
     gpt_acts *a = &g->a;
@@ -367,8 +367,8 @@ static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
     matmul_backward_gelu(a->dfch, a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
                          DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg, fch,
                          W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
-    matmul_backward(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
-                    a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
+    matmul_backward_first(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
+                          a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
 }
 
 static int n_moe_layers_(const model_config *c)
@@ -476,12 +476,12 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     event_(g, GPT_BWD_START, -1);
     for (size_t i = 0; i < BT; i++)
         a->dlosses[i] = loss_scale;
-    memset(a->dlogits, 0, BT * V * sizeof(float));
-    softmax_crossentropy_backward(a->dlogits, a->probs, targets, a->dlosses,
-                                  (int)BT, V);
-    memset(a->dlnf, 0, BTC * sizeof(float));
-    matmul_backward(a->dlnf, GDW_(g, GLOB_WTE), NULL, a->dlogits, a->lnf,
-                    GW_(g, GLOB_WTE), (int)BT, C, V);
+    /* the first write of each activation gradient stores (_first): no
+     * buffer is zeroed but dres, once, and an MoE block's input gradient */
+    softmax_crossentropy_backward_first(a->dlogits, a->probs, targets,
+                                        a->dlosses, (int)BT, V);
+    matmul_backward_first(a->dlnf, GDW_(g, GLOB_WTE), NULL, a->dlogits,
+                          a->lnf, GW_(g, GLOB_WTE), (int)BT, C, V);
     memset(a->dres, 0, BTC * sizeof(float));
     const float *last = a->residual3 + (size_t)(L - 1) * Ba * C;
     layernorm_backward(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
@@ -501,25 +501,25 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 
         /* dres holds d(residual3). residual3 = res2 + mlp(ln2(res2)): the
          * stream gradient passes through unchanged; the MLP adds to it. */
-        memset(a->dln, 0, BTC * sizeof(float));
-        if (model_layer_is_moe(&g->cfg, l))
+        if (model_layer_is_moe(&g->cfg, l)) {
+            memset(a->dln, 0, BTC * sizeof(float));
             moe_layer_backward_(g, s, l, ln2, B, daux, dz);
-        else
+        } else {
             mlp_backward_(g, s, l, ln2, B);
+        }
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN2_W),
                            DW_(g, s, SLOT_LN2_B), a->dln, res2,
                            W_(g, s, SLOT_LN2_W), a->ln2_mean + l * Ba,
                            a->ln2_rstd + l * Ba, (int)BT, C);
         /* dres now holds d(residual2) = d(res + attproj(attn(ln1(res)))). */
-        memset(a->datty, 0, BTC * sizeof(float));
-        matmul_backward(a->datty, DW_(g, s, SLOT_ATTPROJ_W),
-                        DW_(g, s, SLOT_ATTPROJ_B), a->dres, atty,
-                        W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C);
-        memset(a->dqkv, 0, BT * 3 * C * sizeof(float));
-        attention_backward(a->dqkv, a->datt, a->datty, qkv, att, B, T, C, NH);
-        memset(a->dln, 0, BTC * sizeof(float));
-        matmul_backward(a->dln, DW_(g, s, SLOT_QKV_W), DW_(g, s, SLOT_QKV_B),
-                        a->dqkv, ln1, W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C);
+        matmul_backward_first(a->datty, DW_(g, s, SLOT_ATTPROJ_W),
+                              DW_(g, s, SLOT_ATTPROJ_B), a->dres, atty,
+                              W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C);
+        attention_backward_first(a->dqkv, a->datt, a->datty, qkv, att, B, T,
+                                 C, NH);
+        matmul_backward_first(a->dln, DW_(g, s, SLOT_QKV_W),
+                              DW_(g, s, SLOT_QKV_B), a->dqkv, ln1,
+                              W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C);
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN1_W),
                            DW_(g, s, SLOT_LN1_B), a->dln, res,
                            W_(g, s, SLOT_LN1_W), a->ln1_mean + l * Ba,

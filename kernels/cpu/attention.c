@@ -19,6 +19,7 @@
  * (deterministic for any thread count).
  */
 #include <math.h>
+#include <string.h>
 #include "kernels.h"
 #include "cpu_math.h"
 #include "cpu_blas.h"
@@ -67,9 +68,13 @@ void attention_forward(float *out, float *att, const float *qkv,
     }
 }
 
-void attention_backward(float *dqkv, float *scratch, const float *dout,
-                        const float *qkv, const float *att,
-                        int B, int T, int C, int NH)
+/* The backward; first: each task zeroes its (b,h) slices of dqkv before
+ * its first product (attention_backward_first), so the caller needs no
+ * zeroed buffer and the zeroing runs in parallel, on lines about to be
+ * used. */
+static void backward_(float *dqkv, float *scratch, const float *dout,
+                      const float *qkv, const float *att, int B, int T,
+                      int C, int NH, int first)
 {
     int hs = C / NH;
     int C3 = 3 * C;
@@ -85,6 +90,11 @@ void attention_backward(float *dqkv, float *scratch, const float *dout,
         const float *P = att + (size_t)bh * T * T;
         float *dS = scratch + (size_t)bh * T * T;
         const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+        if (first)
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < 3; j++)
+                    memset(dq + (size_t)t * C3 + (size_t)j * C, 0,
+                           (size_t)hs * sizeof(float));
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
             int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
             const float *Pb = P + (size_t)i0 * T;
@@ -114,4 +124,18 @@ void attention_backward(float *dqkv, float *scratch, const float *dout,
                         1.0f, dSb, T, q + (size_t)i0 * C3, C3, 1.0f, dk, C3);
         }
     }
+}
+
+void attention_backward(float *dqkv, float *scratch, const float *dout,
+                        const float *qkv, const float *att,
+                        int B, int T, int C, int NH)
+{
+    backward_(dqkv, scratch, dout, qkv, att, B, T, C, NH, 0);
+}
+
+void attention_backward_first(float *dqkv, float *scratch, const float *dout,
+                              const float *qkv, const float *att,
+                              int B, int T, int C, int NH)
+{
+    backward_(dqkv, scratch, dout, qkv, att, B, T, C, NH, 1);
 }

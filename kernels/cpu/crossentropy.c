@@ -31,17 +31,36 @@ void softmax_crossentropy_forward(float *losses, float *probs,
     }
 }
 
-void softmax_crossentropy_backward(float *dlogits, const float *probs,
-                                   const int32_t *targets,
-                                   const float *dlosses, int N, int V)
+/* The backward; first: dlogits written (p dl), not added (dz + p dl). */
+static void backward_(float *dlogits, const float *probs,
+                      const int32_t *targets, const float *dlosses, int N,
+                      int V, int first)
 {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *p = probs + (size_t)i * V;
         float *dz = dlogits + (size_t)i * V;
         float dl = dlosses[i];
-        for (int j = 0; j < V; j++)
-            dz[j] += p[j] * dl;
+        if (first)
+            for (int j = 0; j < V; j++)
+                dz[j] = p[j] * dl;
+        else
+            for (int j = 0; j < V; j++)
+                dz[j] += p[j] * dl;
         dz[targets[i]] -= dl;
     }
+}
+
+void softmax_crossentropy_backward(float *dlogits, const float *probs,
+                                   const int32_t *targets,
+                                   const float *dlosses, int N, int V)
+{
+    backward_(dlogits, probs, targets, dlosses, N, V, 0);
+}
+
+void softmax_crossentropy_backward_first(float *dlogits, const float *probs,
+                                         const int32_t *targets,
+                                         const float *dlosses, int N, int V)
+{
+    backward_(dlogits, probs, targets, dlosses, N, V, 1);
 }

@@ -8,8 +8,9 @@
  * and running the forward GEMM with beta = 1 (no extra pass over out).
  *
  * Threading: the output of each GEMM is cut into one column (or row) block
- * per OpenMP thread and each thread runs a single-threaded sgemm on its
- * block (cpu_blas.h says why). Every output element is computed by one
+ * per OpenMP thread (in the backward, the input and weight gradients' GEMMs
+ * each over half the threads) and each thread runs a single-threaded sgemm
+ * on its block (cpu_blas.h says why). Every output element is computed by one
  * sgemm call with a block layout fixed by the thread count: deterministic
  * for a given count.
  *
@@ -100,19 +101,33 @@ void matmul_forward_gelu(float *out, float *act, const float *inp,
 
 /* The backward of one thread's blocks (see matmul_backward); with pre,
  * the input gradient's column block is then taken through GELU:
- * dpre[:, c0:c1] = gelu'(pre) * dinp[:, c0:c1] (dpre written, not added). */
+ * dpre[:, c0:c1] = gelu'(pre) * dinp[:, c0:c1] (dpre written, not added).
+ *
+ * Which thread does what: the input gradient and the weight gradient are
+ * two independent GEMMs of the same N*C*OC size. With two threads or more
+ * the first half of the threads does the input gradient's column blocks
+ * and the other half the weight gradient's row blocks (and dbias): each
+ * GEMM is cut in half as many blocks, so its shared operand (dout) is
+ * packed half as often, and no thread waits between the two. One thread
+ * does both; without dinp every thread does dweight. */
 static void backward_blocks_(float *dinp, float *dpre, const float *pre,
                              float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N,
                              int C, int OC, float dinp_beta)
 {
     int part = omp_get_thread_num(), nparts = omp_get_num_threads();
-    int c0, c1, o0, o1;
-    block_(C, part, nparts, &c0, &c1);
-    block_(OC, part, nparts, &o0, &o1);
+    int n_in = !dinp ? 0 : nparts == 1 ? 1 : nparts / 2;
+    int do_in = part < n_in, do_w = nparts == 1 || part >= n_in;
+    int c0 = 0, c1 = 0, o0 = 0, o1 = 0;
+    if (do_in)
+        block_(C, part, n_in, &c0, &c1);
+    if (do_w) {
+        int wpart = nparts == 1 ? 0 : part - n_in;
+        block_(OC, wpart, nparts == 1 ? 1 : nparts - n_in, &o0, &o1);
+    }
 
     /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
-    if (dinp && c1 > c0) {
+    if (do_in && c1 > c0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
         if (dpre)
@@ -141,6 +156,16 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
     #pragma omp parallel
     backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
                      C, OC, 1.0f);
+}
+
+void matmul_backward_first(float *dinp, float *dweight, float *dbias,
+                           const float *dout, const float *inp,
+                           const float *weight, int N, int C, int OC)
+{
+    blas_single_thread_();
+    #pragma omp parallel
+    backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
+                     C, OC, 0.0f);
 }
 
 void matmul_backward_gelu(float *dpre, float *dact, float *dweight,

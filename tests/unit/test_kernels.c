@@ -78,6 +78,13 @@ static void stale(float *f, size_t n)
         f[i] = 7.0f;
 }
 
+/* the _first backwards must not read their output: start it from NaN */
+static void poison(float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        f[i] = NAN;
+}
+
 static float *falloc(size_t n) { float *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
 static double *dalloc(size_t n) { double *p = calloc(n, sizeof *p); assert_non_null(p); return p; }
 
@@ -487,9 +494,12 @@ static void test_matmul_blocks(void **state)
                 rdw[o * MC + c] += (double)d[n * MOC + o] * x[n * MC + c];
             }
         }
+    /* 1 thread does both GEMMs; 2, 3 and 4 split them between the input
+     * gradient's threads and the weight gradient's (3: one and two) */
     int nt = omp_get_max_threads();
-    for (int th = 1; th <= 3; th++) {
+    for (int th = 1; th <= 4; th++) {
         omp_set_num_threads(th);
+        printf("    %d threads\n", th);
         stale(out, MN * MOC);
         memset(dx, 0, MN * MC * sizeof(float));
         memset(dw, 0, MOC * MC * sizeof(float));
@@ -500,6 +510,14 @@ static void test_matmul_blocks(void **state)
         check_("matmul blocks dinp", dx, rdx, MN * MC, 1e-6);
         check_("matmul blocks dweight", dw, rdw, MOC * MC, 1e-6);
         check_("matmul blocks dbias", db, rdb, MOC, 1e-6);
+        /* _first: dinp written over NaN; dweight, dbias still added */
+        poison(dx, MN * MC);
+        memset(dw, 0, MOC * MC * sizeof(float));
+        memset(db, 0, MOC * sizeof(float));
+        matmul_backward_first(dx, dw, db, d, x, w, MN, MC, MOC);
+        check_("matmul blocks dinp (first)", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dweight (first)", dw, rdw, MOC * MC, 1e-6);
+        check_("matmul blocks dbias (first)", db, rdb, MOC, 1e-6);
     }
     omp_set_num_threads(nt);
     free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);
@@ -590,9 +608,18 @@ static void test_attention_blocks(void **state)
         for (int s = t + 1; s < LT; s++)
             assert_true(att[(size_t)t * LT + s] == 0.0f);
 
-    attention_backward(dqkv, scratch, dout, qkv, att, LB, LT, LC, LNH);
+    /* dirs 0-3: attention_backward into zeros; 4-7: attention_backward_first
+     * over NaN (it must zero, not read, its output) */
     double *u = dalloc(NQ), *xp = dalloc(NQ);
-    for (int dir = 0; dir < 4; dir++) {
+    for (int dir = 0; dir < 8; dir++) {
+        if (dir == 0) {
+            memset(dqkv, 0, NQ * sizeof(float));
+            attention_backward(dqkv, scratch, dout, qkv, att, LB, LT, LC, LNH);
+        } else if (dir == 4) {
+            poison(dqkv, NQ);
+            attention_backward_first(dqkv, scratch, dout, qkv, att, LB, LT,
+                                     LC, LNH);
+        }
         double got = 0.0, norm = 0.0;
         for (int i = 0; i < NQ; i++) {
             u[i] = rng_float(-1, 1);
@@ -608,7 +635,8 @@ static void test_attention_blocks(void **state)
          * derivative: relative to sum|g u|, 1e-5 (1e-7 per term seen at
          * T = 5, times the longer sums) */
         double e = fabs(got - fd) / norm;
-        printf("    attention T=150 dqkv dir %d  err %.2e (tol 1e-05)\n", dir, e);
+        printf("    attention T=150 dqkv%s dir %d  err %.2e (tol 1e-05)\n",
+               dir < 4 ? "" : " (first)", dir % 4, e);
         assert_true(e < 1e-5);
     }
     free(qkv); free(out); free(dout); free(att); free(scratch); free(dqkv);
@@ -818,6 +846,9 @@ static void test_crossentropy(void **state)
     float *g[1] = { falloc(N * V) };
     ce_bwd(x, g);
     check_("crossentropy dlogits", g[0], gz, N * V, 1e-6);
+    poison(g[0], N * V);
+    softmax_crossentropy_backward_first(g[0], x->probs, x->y, x->dl, N, V);
+    check_("crossentropy dlogits (first)", g[0], gz, N * V, 1e-6);
 
     size_t sizes[1] = { N * V };
     check_accumulation("crossentropy", ce_bwd, x, 1, sizes);
