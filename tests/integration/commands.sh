@@ -66,17 +66,25 @@ log "pause + resume x5: the run trains on ('$out')"
 # 4. a resume in flight when SIGTERM comes: once m6d has taken the request
 #    (its debug line request=resume), the answer comes (0, or 1 "m6d is
 #    stopping"), not exit 4 (m6d unreachable). Sent too late to be taken,
-#    exit 4 is the truth; tried a few times until one is taken.
+#    exit 4 is the truth; tried a few times until one is taken. SIGTERM
+#    goes once m6d has answered the client's Hello (the resume follows
+#    it), after a delay that grows with each try: a fixed 10 ms after the
+#    start was too early for an ASan-built m6ctl on a busy machine.
 stop_daemon
 start_daemon "$T/s" --log-level debug
 LOG=$T/m6d-s.log
 taken=0
-for i in 1 2 3 4 5; do
+for delay in 0 0.002 0.005 0.01 0.02 0.04 0.08; do
     ctl pause "$P" >/dev/null 2>&1 || true  # already paused if not taken
     wait_state "$P" paused
     from=$(( $(wc -l <"$LOG") + 1 ))
     ctl resume "$P" >"$T/r3" 2>&1 & r3=$!
-    sleep 0.01
+    for _ in $(seq 1 5000); do
+        tail -n +"$from" "$LOG" | grep -q "request=hello" && break
+        kill -0 "$r3" 2>/dev/null || break
+        sleep 0.001
+    done
+    sleep "$delay"
     sigterm_and_restart
     rc=0; wait $r3 || rc=$?
     if tail -n +"$from" "$LOG" | grep -q "request=resume"; then
@@ -89,7 +97,7 @@ for i in 1 2 3 4 5; do
     stop_daemon
     start_daemon "$T/s" --log-level debug
 done
-[ "$taken" = 1 ] || fail "no resume reached m6d before its SIGTERM in 5 tries"
+[ "$taken" = 1 ] || fail "no resume reached m6d before its SIGTERM in 7 tries"
 log "resume in flight at SIGTERM: exit $rc '$(cat "$T/r3")'"
 
 # 5. SIGTERM, then SIGINT and SIGHUP while m6d finishes its step: logged
@@ -109,11 +117,13 @@ for _ in 1 2 3 4 5; do
     wait_step "$P" $(( $(field "$P" step) + 2 ))
     from=$(( $(wc -l <"$LOG") + 1 ))
     kill -TERM "$DAEMON_PID"; sleep 0.03
-    # until it is a zombie (kill succeeds on one) or gone; 30 s at most
+    # until it is a zombie (kill succeeds on one) or gone (bash reaps its
+    # children as they end); 30 s at most
     for _ in $(seq 1 6000); do
         st=$(awk '{print $3}' "/proc/$DAEMON_PID/stat" 2>/dev/null) || break
-        [ "$st" = Z ] && break
-        kill -INT "$DAEMON_PID" 2>/dev/null; kill -HUP "$DAEMON_PID" 2>/dev/null
+        [ "$st" != Z ] || break
+        kill -INT "$DAEMON_PID" 2>/dev/null || break
+        kill -HUP "$DAEMON_PID" 2>/dev/null || break
         sleep 0.005
     done
     rc=0; wait "$DAEMON_PID" || rc=$?
