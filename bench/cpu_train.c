@@ -3,7 +3,13 @@
  * the machine's own BLAS peak measured in the same run.
  *
  * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
+ * The run is cut in --rounds rounds, each an sgemm peak measurement and then
+ * --steps training steps, and the ratio is taken per round: on a shared or
+ * virtual machine the speed of both drifts by 10-20% over seconds, and a
+ * peak measured once, before all the steps, made the ratio swing with it.
  * Ends with: tokens_per_s=… model_gflops=… blas_peak_gflops=… ratio=…
+ * ratio_min=… ratio_max=… rounds=… (ratio, the peak and model_gflops:
+ * medians over the rounds; tokens_per_s: over all timed steps).
  */
 #include <getopt.h>
 #include <omp.h>
@@ -22,9 +28,63 @@ static void usage_(void)
            "  --heads NH    n_head (6)         --seq T     seq_len (64)\n"
            "  --batch B     batch (4)          --vocab V   vocab (256)\n"
            "  --share S     parameter slots (L = unshared)\n"
-           "  --steps N     timed steps (20)   --warmup N  untimed steps (3)\n"
+           "  --steps N     timed steps a round (20)\n"
+           "  --warmup N    untimed steps (3)  --rounds R  rounds (5)\n"
            "  --threads N   OpenMP/BLAS threads (all cores)\n"
            "  --peak-n N    size of the square sgemm for the peak (2048)\n");
+}
+
+enum { MAX_ROUNDS = 1000 };
+
+/* One training step; with t, adds its forward, backward and optimizer
+ * seconds to t[0..2]. */
+static void step_(gpt_model *g, const int32_t *inp, const int32_t *tgt,
+                  int B, double *t)
+{
+    int BT = B * g->T;
+    double a = clock_mono_s();
+    gpt_zero_grad(g);
+    gpt_forward(g, inp, tgt, B);
+    double b = clock_mono_s();
+    gpt_backward(g, inp, tgt, B, 1.0f / BT);
+    double d = clock_mono_s();
+    float norm = gpt_grad_norm(g);
+    gpt_adamw(g, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1 ? 1 / norm : 1);
+    double e = clock_mono_s();
+    if (t) {
+        t[0] += b - a;
+        t[1] += d - b;
+        t[2] += e - d;
+    }
+}
+
+static int cmp_double_(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* median of v[0..n) (n <= MAX_ROUNDS; v unchanged) */
+static double median_(const double *v, int n)
+{
+    double s[MAX_ROUNDS];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double_);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+static double min_(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++) m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+static double max_(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+    return m;
 }
 
 int main(int argc, char **argv)
@@ -32,9 +92,10 @@ int main(int argc, char **argv)
     model_config c = {.vocab_size = 256, .n_layer = 6, .n_head = 6,
                       .n_embd = 384, .seq_len = 64};
     int B = 4, steps = 20, warmup = 3, threads = 0, S = 0, peak_n = 2048;
+    int rounds = 5;
     static const struct option opts[] = {
         BENCH_SHAPE_OPTIONS,
-        {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
+        {"threads", 1, 0, 't'}, {"rounds", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -44,6 +105,14 @@ int main(int argc, char **argv)
         switch (o) {
         case 't':
             threads = bench_int_arg("cpu_train", "threads", optarg, 1);
+            break;
+        case 'r':
+            rounds = bench_int_arg("cpu_train", "rounds", optarg, 1);
+            if (rounds > MAX_ROUNDS) {
+                fprintf(stderr, "cpu_train: --rounds: at most %d, got %d\n",
+                        MAX_ROUNDS, rounds);
+                return 2;
+            }
             break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
@@ -61,10 +130,6 @@ int main(int argc, char **argv)
     }
     if (threads > 0)
         omp_set_num_threads(threads);
-    /* The peak first, with OpenBLAS's own threads on every core (the
-     * training GEMMs later run single-threaded BLAS inside OpenMP blocks). */
-    openblas_set_num_threads(omp_get_max_threads());
-    double peak = bench_sgemm_peak_gflops(peak_n, 3);
     gpt_model g;
     if (gpt_create(&g, &c, S, B) != 0) {
         perror("cpu_train: gpt_create");
@@ -82,40 +147,44 @@ int main(int argc, char **argv)
     printf("cpu_train: L=%d C=%d NH=%d T=%d B=%d V=%d S=%d threads=%d\n",
            c.n_layer, c.n_embd, c.n_head, c.seq_len, B, c.vocab_size, S,
            omp_get_max_threads());
-    double t_fwd = 0, t_bwd = 0, t_opt = 0, t0 = 0;
-    for (int i = 0; i < warmup + steps; i++) {
-        if (i == warmup)
-            t0 = clock_mono_s();
-        double a = clock_mono_s();
-        gpt_zero_grad(&g);
-        gpt_forward(&g, inp, tgt, B);
-        double b = clock_mono_s();
-        gpt_backward(&g, inp, tgt, B, 1.0f / BT);
-        double d = clock_mono_s();
-        float norm = gpt_grad_norm(&g);
-        gpt_adamw(&g, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1 ? 1 / norm : 1);
-        double e = clock_mono_s();
-        if (i >= warmup) {
-            t_fwd += b - a;
-            t_bwd += d - b;
-            t_opt += e - d;
-        }
-    }
-    double dt = clock_mono_s() - t0;
-    double tok_s = (double)BT * steps / dt;
     double n_params = (double)gpt_compute_params(&g);
     double flops_tok = 6.0 * n_params + 6.0 * c.n_layer * (double)c.n_embd * c.seq_len;
-    double model_gflops = flops_tok * tok_s / 1e9;
     printf("params (compute path) %.2fM, %.1f MFLOP/token\n", n_params / 1e6,
            flops_tok / 1e6);
+    for (int i = 0; i < warmup; i++)
+        step_(&g, inp, tgt, B, NULL);
+    double peak[MAX_ROUNDS], gflops[MAX_ROUNDS], ratio[MAX_ROUNDS];
+    double t[3] = {0, 0, 0}, dt = 0;
+    for (int r = 0; r < rounds; r++) {
+        /* the peak with OpenBLAS's own threads on every core; the training
+         * GEMMs run single-threaded BLAS inside OpenMP blocks */
+        openblas_set_num_threads(omp_get_max_threads());
+        peak[r] = bench_sgemm_peak_gflops(peak_n, 2);
+        openblas_set_num_threads(1);
+        double t0 = clock_mono_s();
+        for (int i = 0; i < steps; i++)
+            step_(&g, inp, tgt, B, t);
+        double d = clock_mono_s() - t0;
+        dt += d;
+        gflops[r] = flops_tok * (double)BT * steps / d / 1e9;
+        ratio[r] = gflops[r] / peak[r];
+        printf("round %d: %.0f tokens/s, %.2f model GFLOP/s, peak %.2f, "
+               "ratio %.3f\n", r + 1, (double)BT * steps / d, gflops[r],
+               peak[r], ratio[r]);
+    }
+    int n = steps * rounds;
+    double tok_s = (double)BT * n / dt;
     printf("step %.2f ms: forward %.2f, backward %.2f, optimizer %.2f\n",
-           dt / steps * 1e3, t_fwd / steps * 1e3, t_bwd / steps * 1e3,
-           t_opt / steps * 1e3);
-    printf("training: %.0f tokens/s, %.2f model GFLOP/s\n", tok_s, model_gflops);
-    printf("BLAS peak: %.2f GFLOP/s (sgemm %dx%dx%d, best of 3)\n", peak,
+           dt / n * 1e3, t[0] / n * 1e3, t[1] / n * 1e3, t[2] / n * 1e3);
+    printf("training: %.0f tokens/s over %d rounds of %d steps\n", tok_s,
+           rounds, steps);
+    printf("BLAS peak: sgemm %dx%dx%d, best of 2 before each round\n",
            peak_n, peak_n, peak_n);
-    printf("tokens_per_s=%.0f model_gflops=%.2f blas_peak_gflops=%.2f ratio=%.3f\n",
-           tok_s, model_gflops, peak, model_gflops / peak);
+    printf("tokens_per_s=%.0f model_gflops=%.2f blas_peak_gflops=%.2f "
+           "ratio=%.3f ratio_min=%.3f ratio_max=%.3f rounds=%d\n",
+           tok_s, median_(gflops, rounds), median_(peak, rounds),
+           median_(ratio, rounds), min_(ratio, rounds), max_(ratio, rounds),
+           rounds);
     gpt_free(&g);
     free(inp);
     free(tgt);
