@@ -116,15 +116,15 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
                              int C, int OC, float dinp_beta)
 {
     int part = omp_get_thread_num(), nparts = omp_get_num_threads();
+    /* threads [0, n_in) on dinp, [w0, nparts) on dweight */
     int n_in = !dinp ? 0 : nparts == 1 ? 1 : nparts / 2;
-    int do_in = part < n_in, do_w = nparts == 1 || part >= n_in;
+    int w0 = nparts == 1 ? 0 : n_in;
+    int do_in = part < n_in;
     int c0 = 0, c1 = 0, o0 = 0, o1 = 0;
     if (do_in)
         block_(C, part, n_in, &c0, &c1);
-    if (do_w) {
-        int wpart = nparts == 1 ? 0 : part - n_in;
-        block_(OC, wpart, nparts == 1 ? 1 : nparts - n_in, &o0, &o1);
-    }
+    if (part >= w0)
+        block_(OC, part - w0, nparts - w0, &o0, &o1);
 
     /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
     if (do_in && c1 > c0) {
