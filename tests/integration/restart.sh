@@ -6,9 +6,12 @@
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
-# Big enough that a step takes a few ms, so we can stop it mid-run.
+# Big enough that a step takes a few ms, and long enough (N steps) that on a
+# loaded machine the run is still going when the test stops it (CI once saw
+# a 120-step run end before its pause).
+N=240
 spec() {
-    write_spec "$1" "$2" 120 60 '"device": {"threads": 1}'
+    write_spec "$1" "$2" $N 60 '"device": {"threads": 1}'
     python3 - "$1" <<'PY'
 import json, sys
 p = sys.argv[1]; s = json.load(open(p))
@@ -23,13 +26,15 @@ watch_bg() {
     (rc=0; ctl watch "$2" --interval 0.05 >"$T/watch-$1.out" 2>"$T/watch-$1.err" || rc=$?
      echo "$rc" >"$T/watch-$1.rc") &
     WATCH_PID=$!
-    sleep 0.3
+    # until it has shown the run once (a fixed sleep let the run end first)
+    for _ in $(seq 1 1000); do [ -s "$T/watch-$1.out" ] && break; sleep 0.01; done
+    [ -s "$T/watch-$1.out" ] || fail "watch of run $2 showed nothing in 10 s: $(cat "$T/watch-$1.err")"
 }
 
 # 1. The reference: uninterrupted.
 spec "$T/ref.json" ref
 reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
-[ "$(wc -l <"$T/ref.csv")" = 121 ] || fail "reference rows: $(wc -l <"$T/ref.csv")"
+[ "$(wc -l <"$T/ref.csv")" = $((N + 1)) ] || fail "reference rows: $(wc -l <"$T/ref.csv")"
 
 # 2. SIGTERM mid-run: the step ends, a checkpoint is written, the run stays
 #    'running' and resumes at the next start.
@@ -45,7 +50,7 @@ grep -q "cannot reach m6d" "$T/err" || fail "unreachable message: $(cat "$T/err"
 rc=0; ctl watch "$R" --reconnect 0 >/dev/null 2>&1 || rc=$?
 [ "$rc" = 4 ] || fail "watch --reconnect 0 with no m6d should exit 4, got $rc"
 K=$(db "$T/term" "select step from runs where id=$R")
-[ "$K" -lt 120 ] || fail "run finished before SIGTERM; make the spec bigger"
+[ "$K" -lt $N ] || fail "run finished before SIGTERM; make the spec bigger"
 [ "$(db "$T/term" "select state from runs where id=$R")" = running ] || fail "state after SIGTERM"
 [ "$(db "$T/term" "select max(step) from checkpoints where run=$R")" = "$K" ] \
     || fail "no checkpoint at the SIGTERM step $K"
@@ -57,7 +62,7 @@ wait "$WATCH_PID"
 [ "$(cat "$T/watch-term.rc")" = 0 ] || fail "watch across the restart exited $(cat "$T/watch-term.rc"): $(cat "$T/watch-term.err")"
 grep -q "m6d unreachable; retrying" "$T/watch-term.err" && grep -q "reconnected to m6d" "$T/watch-term.err" \
     || fail "watch across the restart: $(cat "$T/watch-term.err")"
-grep -q "completed at step 120" "$T/watch-term.out" || fail "watch across the restart: $(tail -2 "$T/watch-term.out")"
+grep -q "completed at step $N" "$T/watch-term.out" || fail "watch across the restart: $(tail -2 "$T/watch-term.out")"
 losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after SIGTERM at $K: $(head "$T/diff")"
 stop_daemon
 log "SIGTERM at step $K: same losses"
@@ -70,7 +75,7 @@ wait_step "$R" 65
 kill9_daemon
 K=$(db "$T/k9" "select step from runs where id=$R")
 C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
-[ "$K" -lt 120 ] || fail "run finished before kill -9"
+[ "$K" -lt $N ] || fail "run finished before kill -9"
 start_daemon "$T/k9"
 ctl watch "$R" >/dev/null || fail "resumed run (kill -9) did not complete"
 losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after kill -9 at $K: $(head "$T/diff")"
@@ -115,8 +120,8 @@ log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
 R=$(ctl submit "$T/op.json")
-wait_state "$R" running
-ctl pause "$R" >/dev/null
+wait_step "$R" 5
+ctl pause "$R" >/dev/null || fail "pause (op)"
 wait_state "$R" paused
 P=$(field "$R" step)
 ctl delink "$R" >/dev/null
@@ -124,7 +129,7 @@ ctl resume "$R" >/dev/null
 wait_step "$R" $((P + 5))
 kill9_daemon
 K=$(db "$T/op" "select step from runs where id=$R")
-[ "$K" -lt 120 ] || fail "run finished before kill -9 (op)"
+[ "$K" -lt $N ] || fail "run finished before kill -9 (op)"
 sqlite3 -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R order by step" >"$T/op-before.csv"
 start_daemon "$T/op"
 ctl watch "$R" >/dev/null || fail "op run did not complete"
