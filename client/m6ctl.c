@@ -404,6 +404,11 @@ static char *read_spec_(const char *path)
     if (f != stdin) fclose(f);
     if (!buf) return NULL;
     buf[n] = 0;
+    if (buf[strspn(buf, " \t\r\n")] == 0) {
+        errf_("%s: %s, want a JSON run spec", path, n ? "only blanks" : "empty");
+        free(buf);
+        return NULL;
+    }
     return resolve_data_paths_(buf, path);
 }
 

@@ -98,6 +98,13 @@ for c in status watch pause resume delink stop metrics events; do
     grep -q 'no run with id 4242' "$T/err" || fail "$c 4242: $(cat "$T/err")"
 done
 
+: >"$T/empty.json"
+expect_rc 1 ctl submit "$T/empty.json"
+grep -q "$T/empty.json: empty, want a JSON run spec" "$T/err" || fail "empty spec file: $(cat "$T/err")"
+printf ' \n\t\n' >"$T/blank.json"
+expect_rc 1 ctl submit "$T/blank.json"
+grep -q "$T/blank.json: only blanks, want a JSON run spec" "$T/err" || fail "blank spec file: $(cat "$T/err")"
+
 # watch: 1 when the run failed, 4 when m6d went away under it: a script
 # must tell a bad run from a lost daemon. B fails at its start: its shards
 # are gone by then.
