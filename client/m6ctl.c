@@ -883,7 +883,7 @@ static int plan_p2r_(const run_spec *spec)
     } else if (g.mfu > 0) {
         o.rates.gpu_flops = P2R_H200_BF16_TFLOPS * 1e12 * g.mfu;
         snprintf(gpu_src, sizeof gpu_src, "H200 SXM dense BF16 peak %g "
-                 "TFLOP/s (/work/.library/device/H200.md) x --mfu %g",
+                 "TFLOP/s (NVIDIA H200 datasheet) x --mfu %g",
                  P2R_H200_BF16_TFLOPS, g.mfu);
         o.rates.gpu_src = gpu_src;
     }

@@ -25,7 +25,7 @@ void p2r_rates_default(p2r_rates *r)
         .d2h_bytes_per_s = P2R_PCIE5_X16_GBPS * 1e9,
         .host_adam_bytes_per_s = P2R_HOST_ADAM_GBPS * 1e9,
         .gpu_src = "default: H200 SXM dense BF16 peak 990 TFLOP/s "
-                   "(/work/.library/device/H200.md) x MFU 0.4",
+                   "(NVIDIA H200 datasheet) x MFU 0.4",
         .h2d_src = "default: PCIe 5.0 x16 link rate, one direction (32 GT/s "
                    "x 16 lanes x 128/130 / 8); achieved copies are lower, "
                    "measure with bench/gpu_offload",

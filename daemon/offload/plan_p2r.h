@@ -43,7 +43,7 @@
 
 /* Defaults, each with where it comes from (printed with it). */
 /* NVIDIA H200 SXM dense BF16 tensor peak, TFLOP/s (the datasheet's figure,
- * /work/.library/device/H200.md: "dense bf16 about 990"). */
+ * NVIDIA H200 datasheet: dense BF16 about 990 TFLOP/s). */
 #define P2R_H200_BF16_TFLOPS 990.0
 /* Model FLOPs utilisation assumed when --gpu-tflops is not given. */
 #define P2R_DEFAULT_MFU 0.4
