@@ -26,6 +26,33 @@
 
 #define ATT_ROWS 64     /* rows per causal block */
 
+/* Row t of P in place: softmax over a[0..t], zeros in a[t+1..T) */
+M6_SIMD_CLONES
+static void softmax_row_(float *a, int t, int T)
+{
+    float maxv = max_(a, t + 1);
+    for (int s = 0; s <= t; s++)
+        a[s] = exp_(a[s] - maxv);
+    float inv = 1.0f / sum_(a, t + 1);
+    for (int s = 0; s <= t; s++)
+        a[s] *= inv;
+    for (int s = t + 1; s < T; s++)
+        a[s] = 0.0f;
+}
+
+/* Row t of the softmax backward in place: d[s] = scale a[s] (d[s] - a.d)
+ * for s <= t, zeros in d[t+1..n) */
+M6_SIMD_CLONES
+static void softmax_row_backward_(float *d, const float *a, float scale,
+                                  int t, int n)
+{
+    float adot = dot_(a, d, t + 1);
+    for (int s = 0; s <= t; s++)
+        d[s] = scale * a[s] * (d[s] - adot);
+    for (int s = t + 1; s < n; s++)
+        d[s] = 0.0f;
+}
+
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int C, int NH)
 {
@@ -48,19 +75,8 @@ void attention_forward(float *out, float *att, const float *qkv,
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, i1, hs,
                         scale, q + (size_t)i0 * C3, C3, k, C3, 0.0f, Pb, T);
             /* softmax over s <= t; zeros above the diagonal */
-            for (int t = i0; t < i1; t++) {
-                float *a = P + (size_t)t * T;
-                float maxv = -INFINITY;
-                for (int s = 0; s <= t; s++)
-                    maxv = a[s] > maxv ? a[s] : maxv;
-                for (int s = 0; s <= t; s++)
-                    a[s] = exp_(a[s] - maxv);
-                float inv = 1.0f / sum_(a, t + 1);
-                for (int s = 0; s <= t; s++)
-                    a[s] *= inv;
-                for (int s = t + 1; s < T; s++)
-                    a[s] = 0.0f;
-            }
+            for (int t = i0; t < i1; t++)
+                softmax_row_(P + (size_t)t * T, t, T);
             /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
                         1.0f, Pb, T, v, C3, 0.0f, o + (size_t)i0 * C, C);
@@ -107,15 +123,9 @@ static void backward_(float *dqkv, float *scratch, const float *dout,
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, M,
                         1.0f, Pb, T, dOb, C, 1.0f, dv, C3);
             /* the softmax backward, in place; 0 above the diagonal */
-            for (int t = i0; t < i1; t++) {
-                const float *a = P + (size_t)t * T;
-                float *d = dS + (size_t)t * T;
-                float adot = dot_(a, d, t + 1);
-                for (int s = 0; s <= t; s++)
-                    d[s] = scale * a[s] * (d[s] - adot);
-                for (int s = t + 1; s < i1; s++)
-                    d[s] = 0.0f;
-            }
+            for (int t = i0; t < i1; t++)
+                softmax_row_backward_(dS + (size_t)t * T, P + (size_t)t * T,
+                                      scale, t, i1);
             /* dQ[i0:i1] += dS[i0:i1, 0:i1] K[0:i1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
                         1.0f, dSb, T, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);

@@ -46,6 +46,25 @@ static inline float dot_(const float *a, const float *b, int n)
     return s;
 }
 
+/* max of a[0..n), n >= 1, in 8 interleaved lanes (vectorises without
+ * -ffast-math); a NaN element is skipped, as in a plain `a > m` loop */
+static inline float max_(const float *a, int n)
+{
+    float m[8];
+    int i = 0;
+    for (int j = 0; j < 8; j++)
+        m[j] = a[0];
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            m[j] = a[i + j] > m[j] ? a[i + j] : m[j];
+    float r = m[0];
+    for (int j = 1; j < 8; j++)
+        r = m[j] > r ? m[j] : r;
+    for (; i < n; i++)
+        r = a[i] > r ? a[i] : r;
+    return r;
+}
+
 static inline float exp_(float x)
 {
     x = x < -87.3f ? -87.3f : x;

@@ -14,9 +14,11 @@
  * sgemm call with a block layout fixed by the thread count: deterministic
  * for a given count.
  *
- * The _gelu forms fuse the MLP's GELU into the GEMM's parallel region: each
- * thread applies it (forward) or its derivative (backward, to the input
- * gradient) on the block it has just computed; no extra region or pass.
+ * The _gelu forms fuse the MLP's GELU into the GEMM's parallel region. In
+ * the forward each thread applies it to the block it has just computed; in
+ * the backward, once both GEMMs are done, every thread takes the
+ * derivative over a row block of the input gradient (one barrier, no extra
+ * region).
  */
 #include <string.h>
 #include <omp.h>
@@ -130,7 +132,7 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
     if (do_in && c1 > c0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
-        if (dpre)
+        if (dpre && nparts == 1)
             gelu_grad_block_(dpre, pre, dinp, N, C, c0, c1);
     }
     /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
@@ -145,6 +147,17 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
             for (int o = o0; o < o1; o++)
                 dbias[o] += d[o];
         }
+    }
+    /* the GELU derivative over all the threads, a row block each, once
+     * the whole input gradient is there: on the input gradient's threads
+     * alone it left the others waiting for it */
+    if (dpre && nparts > 1) {
+        int r0, r1;
+        #pragma omp barrier
+        block_(N, part, nparts, &r0, &r1);
+        if (r1 > r0)
+            gelu_grad_block_(dpre + (size_t)r0 * C, pre + (size_t)r0 * C,
+                             dinp + (size_t)r0 * C, r1 - r0, C, 0, C);
     }
 }
 

@@ -469,10 +469,13 @@ static void test_matmul(void **state)
  * the shapes above every block but the first is empty. Here C and OC span
  * several blocks (and end mid-block); gradients of this linear op are
  * written out in double (dinp = dout W, dweight = dout^T x, dbias = column
- * sums), with the same 1e-6 tolerance as above. */
+ * sums), with the same 1e-6 tolerance as above. The _gelu backward takes
+ * GELU's derivative over 16-aligned row blocks after the GEMMs: MN spans
+ * three of them; its reference derivative is a central difference of the
+ * double GELU. */
 static void test_matmul_blocks(void **state)
 {
-    enum { MN = 9, MC = 41, MOC = 53 };
+    enum { MN = 37, MC = 41, MOC = 53 };
     rng_seed(11);
     float *x = falloc(MN * MC), *w = falloc(MOC * MC), *b = falloc(MOC);
     float *d = falloc(MN * MOC), *out = falloc(MN * MOC);
@@ -494,6 +497,13 @@ static void test_matmul_blocks(void **state)
                 rdw[o * MC + c] += (double)d[n * MOC + o] * x[n * MC + c];
             }
         }
+    float *pre = falloc(MN * MC), *dpre = falloc(MN * MC);
+    double *rdpre = dalloc(MN * MC);
+    fill(pre, NULL, MN * MC, -3, 3);
+    for (int i = 0; i < MN * MC; i++) {
+        double h = 1e-4, p = pre[i];
+        rdpre[i] = (ref_gelu1(p + h) - ref_gelu1(p - h)) / (2 * h) * rdx[i];
+    }
     /* 1 thread does both GEMMs; 2, 3 and 4 split them between the input
      * gradient's threads and the weight gradient's (3: one and two) */
     int nt = omp_get_max_threads();
@@ -518,10 +528,21 @@ static void test_matmul_blocks(void **state)
         check_("matmul blocks dinp (first)", dx, rdx, MN * MC, 1e-6);
         check_("matmul blocks dweight (first)", dw, rdw, MOC * MC, 1e-6);
         check_("matmul blocks dbias (first)", db, rdb, MOC, 1e-6);
+        /* _gelu: x stands for the activation, pre for its pre-activation */
+        poison(dx, MN * MC);
+        poison(dpre, MN * MC);
+        memset(dw, 0, MOC * MC * sizeof(float));
+        memset(db, 0, MOC * sizeof(float));
+        matmul_backward_gelu(dpre, dx, dw, db, d, x, pre, w, MN, MC, MOC);
+        check_("matmul blocks dact (gelu)", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dpre (gelu)", dpre, rdpre, MN * MC, 1e-6);
+        check_("matmul blocks dweight (gelu)", dw, rdw, MOC * MC, 1e-6);
+        check_("matmul blocks dbias (gelu)", db, rdb, MOC, 1e-6);
     }
     omp_set_num_threads(nt);
     free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);
-    free(rout); free(rdx); free(rdw); free(rdb);
+    free(rout); free(rdx); free(rdw); free(rdb); free(pre); free(dpre);
+    free(rdpre);
     (void)state;
 }
 
