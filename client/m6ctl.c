@@ -520,7 +520,7 @@ static void watch_sigint_(int sig)
 /* watch's ETA (eta.h): the rate watch saw over its recent polls, not
  * m6d's estimate (an average that still carries the slow first steps);
  * m6d's until the polls span enough. Restarted when the run is not
- * running. */
+ * running, and when watch reconnects to m6d. */
 static double watch_eta_(eta_window *w, const M6__RunInfo *r, double now)
 {
     if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING) {
@@ -643,6 +643,10 @@ static int cmd_watch_(int argc, char **argv)
         if (lost_at >= 0) {
             errf_("reconnected to m6d after %.0f s", clock_mono_s() - lost_at);
             lost_at = -1;
+            /* the outage is no part of the run's rate: measure it afresh
+             * (with it in the window, the ETA came out about twice the
+             * real time left after an m6d restart) */
+            eta_reset(&win);
             g.quiet = 0;
         }
         /* Report the delink once: as it happens, or on attach if it already
