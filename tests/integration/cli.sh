@@ -94,6 +94,8 @@ for c in status watch pause resume delink stop metrics events; do
     expect_rc 2 ctl "$c" ""
     expect_rc 2 ctl "$c" " 1"
     grep -q 'RUN must be an id > 0 or a run name, got " 1"' "$T/err" || fail "$c ' 1': $(cat "$T/err")"
+    expect_rc 2 ctl "$c" -1
+    grep -q 'RUN must be an id > 0 or a run name, got "-1"' "$T/err" || fail "$c -1: $(cat "$T/err")"
     expect_rc 1 ctl "$c" 4242
     grep -q 'no run with id 4242' "$T/err" || fail "$c 4242: $(cat "$T/err")"
 done
