@@ -6,12 +6,17 @@
  * length n, then n bytes of JSON {"name": {"dtype", "shape", "data_offsets"}},
  * "__metadata__": {str: str}}, padded with spaces to 8 bytes, then the data.
  * m6 writes F32 tensors only. Files are read fully and every offset checked.
+ * m6 also writes __metadata__.m6_data_crc32: zlib's CRC-32 of the data
+ * region (every byte after the header), 8 hex digits; a file that has it
+ * must match it to open.
  */
 #ifndef M6_CHECKPOINT_H
 #define M6_CHECKPOINT_H
 
 #include <stddef.h>
 #include <stdio.h>
+
+#define ST_CRC_KEY "m6_data_crc32"
 
 typedef struct {
     const char *name;
@@ -32,7 +37,9 @@ typedef struct {
     void *header;         /* json_t* */
 } st_file;
 
-/* Read and validate a safetensors file. 0 or -1 with err naming the file. */
+/* Read and validate a safetensors file, its data against the header's
+ * CRC-32 where there is one. 0 or -1 with err naming the file ("tensor
+ * data damaged: ..." for a checksum mismatch). */
 int safetensors_open(st_file *sf, const char *path, char *err, size_t errlen);
 void safetensors_close(st_file *sf);
 

@@ -156,11 +156,19 @@ wait "$WATCH_PID"
 grep -q "is another run" "$T/watch-w.err" || fail "watch, other m6d: $(cat "$T/watch-w.err")"
 stop_daemon
 # 7. A checkpoint that does not load is set aside as <dir>.bad, never
-#    deleted. (a) With an older one, the run goes on from it: same losses.
+#    deleted. (a) With an older one (the newest's tensor data damaged),
+#    the run goes on from it: same losses.
 #    (b) With none, the run is paused with the reason instead of starting
 #    over silently from step 0; resume starts it over: same losses (the run
 #    is deterministic).
 corrupt_ckpt() { truncate -s 100 "$1/model.safetensors"; }
+# four bytes of an Inf in the middle of the tensor data: the header still
+# parses; only the data's CRC-32 tells
+damage_ckpt_data() {
+    local f=$1/model.safetensors
+    printf '\000\000\200\177' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") / 2 )) \
+        conv=notrunc status=none
+}
 start_daemon "$T/bad"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 45
@@ -168,15 +176,16 @@ kill9_daemon
 C=$(db "$T/bad" "select max(step) from checkpoints where run=$R")
 PREV=$(db "$T/bad" "select max(step) from checkpoints where run=$R and step<$C")
 [ -n "$PREV" ] || fail "want two checkpoints, have $(db "$T/bad" "select group_concat(step) from checkpoints where run=$R")"
-corrupt_ckpt "$T/bad/runs/$R/checkpoints/step-$C"
+damage_ckpt_data "$T/bad/runs/$R/checkpoints/step-$C"
 start_daemon "$T/bad"
 ctl watch "$R" >/dev/null || fail "run with a bad newest checkpoint did not complete"
 [ -d "$T/bad/runs/$R/checkpoints/step-$C.bad" ] || fail "bad checkpoint step-$C not kept as step-$C.bad: $(ls "$T/bad/runs/$R/checkpoints")"
 grep -q "checkpoint.bad run=$R .*action=set_aside kept=.*step-$C.bad" "$T/m6d-bad.log" || fail "no checkpoint.bad line: $(grep checkpoint "$T/m6d-bad.log")"
 grep -q "run.restore run=$R step=$PREV" "$T/m6d-bad.log" || fail "did not go on from checkpoint $PREV"
+grep -q "checkpoint.bad run=$R .*tensor data damaged" "$T/m6d-bad.log" || fail "the bad checkpoint's reason: $(grep checkpoint.bad "$T/m6d-bad.log")"
 losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after a bad checkpoint: $(head "$T/diff")"
 stop_daemon
-log "newest checkpoint ($C) bad: kept as step-$C.bad, went on from $PREV, same losses"
+log "newest checkpoint ($C) data damaged: kept as step-$C.bad, went on from $PREV, same losses"
 
 start_daemon "$T/bad2"
 R=$(ctl submit "$T/ref.json")

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/store.h"
 #include "common/paths.h"
 #include "state/state.h"
@@ -166,6 +167,71 @@ static void test_prune_and_restore(void **unused)
     state_close(st);
 }
 
+/* flips bit `bit` of byte `at` of the file */
+static void flip_(const char *path, long at, int bit)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_true(c != EOF);
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    assert_true(fputc(c ^ (1 << bit), f) != EOF);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The data's CRC-32 in the header: one flipped bit anywhere in the
+ * tensors makes the file refuse to open, naming it; flipped back it opens
+ * with the values written. A file without the key (another writer's)
+ * opens as before. */
+static void test_safetensors_crc(void **unused)
+{
+    (void)unused;
+    char path[300], err[512];
+    snprintf(path, sizeof path, "%s/crc.safetensors", dir_);
+    float a[6] = {1, -2, 3.5f, 0, 1e-3f, 7}, b[3] = {-1, 0.25f, 9};
+    st_tensor ts[2] = {{"a", a, 2, {2, 3}}, {"b", b, 1, {3, 0}}};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    long len = safetensors_write(f, ts, 2, err, sizeof err);
+    assert_true(len > 0);
+    assert_int_equal(fclose(f), 0);
+    long data = len - (long)sizeof a - (long)sizeof b;
+    st_file sf;
+    assert_int_equal(safetensors_open(&sf, path, err, sizeof err), 0);
+    safetensors_close(&sf);
+    long at[3] = {data, data + 13, len - 1};
+    for (int i = 0; i < 3; i++) {
+        flip_(path, at[i], i * 3);
+        assert_int_equal(safetensors_open(&sf, path, err, sizeof err), -1);
+        assert_non_null(strstr(err, "tensor data damaged"));
+        assert_non_null(strstr(err, path));
+        flip_(path, at[i], i * 3);
+    }
+    float got[3];
+    assert_int_equal(safetensors_open(&sf, path, err, sizeof err), 0);
+    assert_int_equal(safetensors_get(&sf, "b", got, 3, err, sizeof err), 0);
+    assert_memory_equal(got, b, sizeof b);
+    safetensors_close(&sf);
+
+    /* by hand, no checksum: 8-byte length, header, one F32 */
+    const char *h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],"
+                    "\"data_offsets\":[0,4]}}    ";
+    uint64_t hl = strlen(h);
+    float x = 42;
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(&hl, 8, 1, f);
+    fwrite(h, 1, hl, f);
+    fwrite(&x, 4, 1, f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(safetensors_open(&sf, path, err, sizeof err), 0);
+    assert_int_equal(safetensors_get(&sf, "x", got, 1, err, sizeof err), 0);
+    assert_true(got[0] == 42);
+    safetensors_close(&sf);
+    unlink(path);
+}
+
 int main(void)
 {
     snprintf(dir_, sizeof dir_, "/tmp/m6-ckpt-store.XXXXXX");
@@ -175,6 +241,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prune_and_restore),
+        cmocka_unit_test(test_safetensors_crc),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     synth_remove(dir_);
