@@ -866,6 +866,16 @@ static int step_(run_ctx *r)
         r->data_error = 1;
         r->data_code = data_code_(src);
         if (!res.eval_failed) { /* nothing of the step was done */
+            /* the model is the last step's, sound: checkpoint it, as a
+             * plain pause does, so that a crash before the shard is fixed
+             * does not train those steps again. A write that fails is
+             * logged; the run keeps its last checkpoint. */
+            m6_err werr = M6_ERR_NONE;
+            if (flush_(r, &werr) < 0 || checkpoint_(r, "pause", &werr) < 0)
+                log_warn("run.checkpoint", "run=%lld err=\"%s\": paused on "
+                         "bad data with its last checkpoint", (long long)r->id,
+                         m6_err_msg(&werr));
+            m6_err_free(&werr);
             pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
             m6_err_free(&data_err);
             return 0;

@@ -105,6 +105,9 @@ grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/wat
     || fail "watch does not say why the run paused: $(tail -n 3 "$T/watch.out")"
 sleep 0.5
 [ "$(field "$A" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$A" step)"
+# the pause took a checkpoint of step K, as a plain pause does
+[ "$(db "$T/s" "select max(step) from checkpoints where run=$A")" = "$K" ] \
+    || fail "no checkpoint at the data error's pause (step $K): $(db "$T/s" "select group_concat(step) from checkpoints where run=$A")"
 log "truncated at step $K: '$ERR'"
 
 # 3. Resume with the shard still short: refused with the cause, still paused.
