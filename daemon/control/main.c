@@ -824,6 +824,7 @@ int main(int argc, char **argv)
     g.dist = (coord_dist){.group = cluster_dp_coord_group,
                           .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
     coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
+                       .coordinator = g.opt.coordinator,
                        .stats = g.stats, .dist = &g.dist};
     g.co = coord_init(&cc, err, sizeof err);
     if (!g.co) {

@@ -31,6 +31,7 @@ struct coord {
     state *st;
     char runs_dir[3072];
     int threads;
+    int coordinator;
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const coord_dist *dist; /* runs across nodes (coord.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
@@ -1249,6 +1250,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
     }
     c->st = cfg->st;
     c->threads = cfg->threads;
+    c->coordinator = cfg->coordinator;
     c->stats = cfg->stats;
     c->dist = cfg->dist;
     /* Test hook (tests/integration/prometheus.sh): every step takes this
@@ -1324,6 +1326,16 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
     char err[1024];  /* spec_parse's words: a key and a value, no paths */
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
         return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
+    }
+    /* A run across nodes could never start here: no node would join it */
+    if (spec.nodes.world_size > 1 && !c->coordinator) {
+        log_warn("run.submit_refused", "name=%s err=\"nodes.world_size %d on "
+                 "an m6d that is not a coordinator\"", spec.name,
+                 spec.nodes.world_size);
+        return m6_err_make(M6_EINVALID, "invalid spec: nodes.world_size %d "
+                           "needs a coordinator, and this m6d is not one (start "
+                           "it with --role coordinator --listen HOST:PORT, or "
+                           "submit to the coordinator)", spec.nodes.world_size);
     }
     /* Bad data or an unsupported backend fails at submit, not at start:
      * every shard's header, size and token ids. This runs on libuv's thread

@@ -53,6 +53,8 @@ typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
+    int coordinator;       /* --role coordinator: runs of nodes.world_size
+                            * > 1 can be grouped; else refused at submit */
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
     const coord_dist *dist; /* runs across nodes; NULL: world size 1 only
                              * (kept by pointer: the caller's) */

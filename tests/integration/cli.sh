@@ -100,6 +100,15 @@ for c in status watch pause resume delink stop metrics events; do
     grep -q 'no run with id 4242' "$T/err" || fail "$c 4242: $(cat "$T/err")"
 done
 
+# nodes.world_size > 1 on an m6d that is no coordinator: refused at
+# submit (no node could ever join it), nothing queued
+write_spec "$T/dp.json" dp 100 10 '"nodes": {"world_size": 2}'
+NRUNS=$(ctl --json list | wc -l)
+expect_rc 1 ctl submit "$T/dp.json"
+grep -q "nodes.world_size 2 needs a coordinator, and this m6d is not one" "$T/err" \
+    || fail "world_size 2 on a plain m6d: $(cat "$T/err")"
+[ "$(ctl --json list | wc -l)" = "$NRUNS" ] || fail "a refused multi-node run was queued"
+
 : >"$T/empty.json"
 expect_rc 1 ctl submit "$T/empty.json"
 grep -q "$T/empty.json: empty, want a JSON run spec" "$T/err" || fail "empty spec file: $(cat "$T/err")"
