@@ -135,9 +135,11 @@ static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
 {
     /* a resume not yet tried stays owed: answered by the stop's outcome
      * (the run ended, or why the stop failed) */
+    int again = w->state == W_STOPPING;
     w->state = W_STOPPING;
-    snprintf(msg, len, "run %lld stops at the next step boundary",
-             (long long)id);
+    snprintf(msg, len, again ? "run %lld is already stopping: it stops at "
+             "the next step boundary" : "run %lld stops at the next step "
+             "boundary", (long long)id);
     return M6_OK;
 }
 

@@ -111,7 +111,7 @@ static const cmd_case cmd_table[] = {
     {W_STOPPING, 0, CMD_DELINK, BAD, W_STOPPING, 0, 0,
      "a delink cannot follow its stop"},
     {W_STOPPING, 0, CMD_STOP, OK, W_STOPPING, 0, 0,
-     "run 7 stops at the next step boundary"},
+     "run 7 is already stopping: it stops at the next step boundary"},
     /* terminal: nothing; a stopped run says to submit it again */
     {W_COMPLETED, 0, CMD_PAUSE, BAD, W_COMPLETED, 0, 0,
      "cannot pause run 7: it is completed"},
