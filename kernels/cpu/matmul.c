@@ -132,8 +132,6 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
     if (do_in && c1 > c0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
-        if (dpre && nparts == 1)
-            gelu_grad_block_(dpre, pre, dinp, N, C, c0, c1);
     }
     /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
     if (o1 > o0)
@@ -151,7 +149,7 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
     /* the GELU derivative over all the threads, a row block each, once
      * the whole input gradient is there: on the input gradient's threads
      * alone it left the others waiting for it */
-    if (dpre && nparts > 1) {
+    if (dpre) {
         int r0, r1;
         #pragma omp barrier
         block_(N, part, nparts, &r0, &r1);
