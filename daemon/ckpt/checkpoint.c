@@ -20,16 +20,21 @@ static int fwrite_all_(FILE *f, const void *p, size_t n)
     return fwrite(p, 1, n, f) == n ? 0 : -1;
 }
 
+static size_t numel_(const st_tensor *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    return n;
+}
+
 /* CRC-32 (zlib's) of every tensor's bytes in file order: the data region */
 static unsigned long data_crc_(const st_tensor *ts, int n)
 {
     uLong crc = crc32_z(0L, Z_NULL, 0);
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        crc = crc32_z(crc, (const Bytef *)ts[i].data, numel * sizeof(float));
-    }
+    for (int i = 0; i < n; i++)
+        crc = crc32_z(crc, (const Bytef *)ts[i].data,
+                      numel_(&ts[i]) * sizeof(float));
     return crc;
 }
 
@@ -41,13 +46,10 @@ long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
     json_t *h = json_object();
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        size_t numel = 1;
         json_t *shape = json_array();
-        for (int d = 0; d < ts[i].ndim; d++) {
-            numel *= (size_t)ts[i].shape[d];
+        for (int d = 0; d < ts[i].ndim; d++)
             json_array_append_new(shape, json_integer(ts[i].shape[d]));
-        }
-        size_t bytes = numel * sizeof(float);
+        size_t bytes = numel_(&ts[i]) * sizeof(float);
         json_object_set_new(h, ts[i].name,
             json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
                       "data_offsets", (json_int_t)off,
@@ -69,12 +71,8 @@ long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
     for (size_t i = hl; i < padded && !bad; i++)
         bad = fputc(' ', f) == EOF;
     free(hs);
-    for (int i = 0; i < n && !bad; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++)
-            numel *= (size_t)ts[i].shape[d];
-        bad = fwrite_all_(f, ts[i].data, numel * sizeof(float));
-    }
+    for (int i = 0; i < n && !bad; i++)
+        bad = fwrite_all_(f, ts[i].data, numel_(&ts[i]) * sizeof(float));
     if (bad || fflush(f) != 0) {
         snprintf(err, errlen, "write failed: %s", strerror(errno));
         return -1;
