@@ -1764,10 +1764,12 @@ int main(int argc, char **argv)
     /* Pass 2: the command's options, anywhere among its arguments. */
     int cargc = argc - optind;
     char **cargv = argv + optind;
-    /* "status -1": getopt would call -1 an invalid option; it is a RUN */
+    /* "status -1": getopt would call -1 an invalid option; it is a
+     * malformed RUN, which parse_run_ names */
     if ((cmd->flags & F_RUN) && cargc > 1 && cargv[1][0] == '-' && cargv[1][1] &&
         strspn(cargv[1] + 1, "0123456789") == strlen(cargv[1] + 1)) {
-        errf_("RUN must be an id > 0 or a run name, got \"%s\"", cargv[1]);
+        M6__RunRef ref;
+        parse_run_(cargv[1], &ref);
         return EXIT_USAGE;
     }
     cargv[0] = (char *)"m6ctl";  /* getopt's messages name m6ctl */
