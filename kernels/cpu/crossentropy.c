@@ -10,25 +10,30 @@
 #include "kernels.h"
 #include "cpu_math.h"
 
+/* One row: p (V) = softmax(z); returns the loss of target y */
+static M6_SIMD_CLONES float ce_row_(float *restrict p, const float *restrict z,
+                                    int32_t y, int V)
+{
+    float maxv = -INFINITY;
+    for (int j = 0; j < V; j++)
+        if (z[j] > maxv) maxv = z[j];
+    for (int j = 0; j < V; j++)
+        p[j] = exp_(z[j] - maxv);
+    float sum = sum_(p, V);
+    float inv = 1.0f / sum;
+    for (int j = 0; j < V; j++)
+        p[j] *= inv;
+    return logf(sum) - (z[y] - maxv);
+}
+
 void softmax_crossentropy_forward(float *losses, float *probs,
                                   const float *logits, const int32_t *targets,
                                   int N, int V)
 {
     #pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *z = logits + (size_t)i * V;
-        float *p = probs + (size_t)i * V;
-        float maxv = -INFINITY;
-        for (int j = 0; j < V; j++)
-            if (z[j] > maxv) maxv = z[j];
-        for (int j = 0; j < V; j++)
-            p[j] = exp_(z[j] - maxv);
-        float sum = sum_(p, V);
-        float inv = 1.0f / sum;
-        for (int j = 0; j < V; j++)
-            p[j] *= inv;
-        losses[i] = logf(sum) - (z[targets[i]] - maxv);
-    }
+    for (int i = 0; i < N; i++)
+        losses[i] = ce_row_(probs + (size_t)i * V, logits + (size_t)i * V,
+                            targets[i], V);
 }
 
 /* The backward; first: dlogits written (p dl), not added (dz + p dl). */

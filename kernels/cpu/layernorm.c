@@ -20,7 +20,7 @@
 #define LN_CBLOCK 64    /* columns per block in the dweight/dbias pass */
 
 /* One row: o (C) = LayerNorm(x) with its mean and rstd */
-static inline void ln_row_(float *restrict o, float *mean, float *rstd,
+static M6_SIMD_CLONES void ln_row_(float *restrict o, float *mean, float *rstd,
                            const float *restrict x, const float *weight,
                            const float *bias, int C)
 {
@@ -59,6 +59,70 @@ void residual_layernorm_forward(float *res, float *out, float *mean,
     }
 }
 
+/* One row of dinp: dx (C) += rstd (g - mean(g) - xhat mean(g xhat)),
+ * g = d * weight; the row sums in 8 partial sums each (fixed order) */
+static M6_SIMD_CLONES void ln_row_backward_(float *restrict dx,
+                                            const float *restrict x,
+                                            const float *restrict d,
+                                            const float *restrict weight,
+                                            float m, float s, int C)
+{
+    f8_ ag = {0}, agx = {0}, dv, wv, xv;
+    int c = 0;
+    for (; c + 8 <= C; c += 8) {
+        F8_LOAD_(dv, d + c);
+        F8_LOAD_(wv, weight + c);
+        F8_LOAD_(xv, x + c);
+        f8_ g = dv * wv;
+        ag += g;
+        agx += g * (xv - m) * s;
+    }
+    float gmean = F8_HSUM_(ag), gxmean = F8_HSUM_(agx);
+    for (; c < C; c++) {
+        float g = d[c] * weight[c];
+        gmean += g;
+        gxmean += g * (x[c] - m) * s;
+    }
+    gmean /= C;
+    gxmean /= C;
+    for (c = 0; c < C; c++) {
+        float xhat = (x[c] - m) * s;
+        float g = d[c] * weight[c];
+        dx[c] += s * (g - gmean - xhat * gxmean);
+    }
+}
+
+/* dweight[c0:c1] += sum_rows dout xhat, dbias[c0:c1] += sum_rows dout,
+ * rows in order (c1 - c0 <= LN_CBLOCK) */
+static M6_SIMD_CLONES void ln_dparams_block_(float *restrict dweight,
+                                             float *restrict dbias,
+                                             const float *restrict dout,
+                                             const float *restrict inp,
+                                             const float *mean,
+                                             const float *rstd, int N, int C,
+                                             int c0, int c1)
+{
+    float aw[LN_CBLOCK], ab[LN_CBLOCK];
+    int w = c1 - c0;
+    for (int c = 0; c < w; c++) {
+        aw[c] = dweight[c0 + c];
+        ab[c] = dbias[c0 + c];
+    }
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C + c0;
+        const float *d = dout + (size_t)n * C + c0;
+        float m = mean[n], s = rstd[n];
+        for (int c = 0; c < w; c++) {
+            aw[c] += d[c] * (x[c] - m) * s;
+            ab[c] += d[c];
+        }
+    }
+    for (int c = 0; c < w; c++) {
+        dweight[c0 + c] = aw[c];
+        dbias[c0 + c] = ab[c];
+    }
+}
+
 void layernorm_backward(float *dinp, float *dweight, float *dbias,
                         const float *dout, const float *inp,
                         const float *weight, const float *mean,
@@ -67,53 +131,18 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias,
     int nblk = (C + LN_CBLOCK - 1) / LN_CBLOCK;
     #pragma omp parallel
     {
-        /* dinp: one row per iteration */
         #pragma omp for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C;
-            const float *d = dout + (size_t)n * C;
-            float *dx = dinp + (size_t)n * C;
-            float m = mean[n], s = rstd[n];
-            /* row sums of g and g xhat, 8 partial sums each (fixed order) */
-            float ag[8] = {0}, agx[8] = {0};
-            int c = 0;
-            for (; c + 8 <= C; c += 8)
-                for (int j = 0; j < 8; j++) {
-                    float g = d[c + j] * weight[c + j];
-                    ag[j] += g;
-                    agx[j] += g * (x[c + j] - m) * s;
-                }
-            float gmean = ((ag[0] + ag[1]) + (ag[2] + ag[3])) +
-                          ((ag[4] + ag[5]) + (ag[6] + ag[7]));
-            float gxmean = ((agx[0] + agx[1]) + (agx[2] + agx[3])) +
-                           ((agx[4] + agx[5]) + (agx[6] + agx[7]));
-            for (; c < C; c++) {
-                float g = d[c] * weight[c];
-                gmean += g;
-                gxmean += g * (x[c] - m) * s;
-            }
-            gmean /= C;
-            gxmean /= C;
-            for (int c = 0; c < C; c++) {
-                float xhat = (x[c] - m) * s;
-                float g = d[c] * weight[c];
-                dx[c] += s * (g - gmean - xhat * gxmean);
-            }
-        }
+        for (int n = 0; n < N; n++)
+            ln_row_backward_(dinp + (size_t)n * C, inp + (size_t)n * C,
+                             dout + (size_t)n * C, weight, mean[n], rstd[n],
+                             C);
         /* dweight, dbias: column blocks, rows in order */
         #pragma omp for schedule(static)
         for (int blk = 0; blk < nblk; blk++) {
             int c0 = blk * LN_CBLOCK;
             int c1 = c0 + LN_CBLOCK < C ? c0 + LN_CBLOCK : C;
-            for (int n = 0; n < N; n++) {
-                const float *x = inp + (size_t)n * C;
-                const float *d = dout + (size_t)n * C;
-                float m = mean[n], s = rstd[n];
-                for (int c = c0; c < c1; c++) {
-                    dweight[c] += d[c] * (x[c] - m) * s;
-                    dbias[c] += d[c];
-                }
-            }
+            ln_dparams_block_(dweight, dbias, dout, inp, mean, rstd, N, C, c0,
+                              c1);
         }
     }
 }
