@@ -81,22 +81,28 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
 
 /* matmul_backward with dinp (N,C) written, not added (its old contents,
  * NaN included, are not read): the first write of an input gradient needs
- * no zeroed buffer. dinp must not be NULL. */
+ * no zeroed buffer. dinp must not be NULL. dw_store 1: dweight is written
+ * too (its old contents not read), for the first write of a weight
+ * gradient since the step began (no zeroed buffer, no memset pass over
+ * it); 0: added. dbias is added either way. */
 void matmul_backward_first(float *dinp, float *dweight, float *dbias,
                            const float *dout, const float *inp,
-                           const float *weight, int N, int C, int OC);
+                           const float *weight, int N, int C, int OC,
+                           int dw_store);
 
 /* matmul_backward of a layer whose input is act = GELU(pre), with the GELU
  * backward in the same parallel region:
  *   dact (N,C) = dout @ weight  (written, not added: scratch)
  *   dpre (N,C) = GELU'(pre) * dact  (written, not added)
- *   dweight (OC,C) += dout^T @ act;  dbias (OC) += column sums of dout.
+ *   dweight (OC,C) += dout^T @ act  (dw_store 1: written, = dout^T @ act,
+ *                                   as in matmul_backward_first)
+ *   dbias (OC) += column sums of dout.
  * The same values as matmul_backward into a zeroed dact, then gelu_backward
  * into a zeroed dpre. */
 void matmul_backward_gelu(float *dpre, float *dact, float *dweight,
                           float *dbias, const float *dout, const float *act,
                           const float *pre, const float *weight, int N, int C,
-                          int OC);
+                          int OC, int dw_store);
 
 /* ---------------------------------------------------------------- attention */
 

@@ -44,10 +44,12 @@ static int alloc_tables_(gpt_model *g)
     g->w = calloc(S, sizeof *g->w);
     g->dw = calloc(S, sizeof *g->dw);
     g->offloaded = calloc(S, 1);
+    g->dw_fresh = calloc(S, 1);
     g->adam_t_slot = calloc(S, sizeof(long));
     g->slot_moe = calloc(S, 1);
     g->slot_off = calloc(S, sizeof(size_t));
-    return g->slots && g->w && g->dw && g->offloaded && g->adam_t_slot &&
+    return g->slots && g->w && g->dw && g->offloaded && g->dw_fresh &&
+                   g->adam_t_slot &&
                    g->slot_moe && g->slot_off
                ? 0 : -1;
 }
@@ -58,6 +60,7 @@ static void free_tables_(gpt_model *g)
     free(g->w);
     free(g->dw);
     free(g->offloaded);
+    free(g->dw_fresh);
     free(g->adam_t_slot);
     free(g->slot_moe);
     free(g->slot_off);
@@ -66,6 +69,7 @@ static void free_tables_(gpt_model *g)
     g->slots = NULL;
     g->w = g->dw = NULL;
     g->offloaded = NULL;
+    g->dw_fresh = NULL;
     g->adam_t_slot = NULL;
 }
 
@@ -355,8 +359,9 @@ static void mlp_forward_(gpt_model *g, int s, int l, const float *x,
 }
 
 /* Its backward: d(x) written to a->dln from d(out) in a->dres; the MLP's
- * gradients accumulated. */
-static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
+ * gradients accumulated (dw_store: its weight matrices' stored). */
+static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B,
+                          int dw_store)
 {
     gpt_acts *a = &g->a;
     const int C = g->cfg.n_embd;
@@ -366,9 +371,10 @@ static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B)
     /* d(fch_gelu) and d(fch) written (not added), GELU in the same pass */
     matmul_backward_gelu(a->dfch, a->dfch_gelu, DW_(g, s, SLOT_FCPROJ_W),
                          DW_(g, s, SLOT_FCPROJ_B), a->dres, fchg, fch,
-                         W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C);
+                         W_(g, s, SLOT_FCPROJ_W), (int)BT, 4 * C, C, dw_store);
     matmul_backward_first(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
-                          a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C);
+                          a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C,
+                          dw_store);
 }
 
 static int n_moe_layers_(const model_config *c)
@@ -440,9 +446,77 @@ float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 
 /* ------------------------------------------------------------- backward */
 
+/* The weight matrices whose gradient gpt_backward can store at its first
+ * write (matmul_backward_first/_gelu with dw_store): every element is
+ * written by one GEMM. */
+static const int store_mats_[] = {SLOT_QKV_W, SLOT_ATTPROJ_W, SLOT_FC_W,
+                                  SLOT_FCPROJ_W};
+enum { N_STORE_MATS = sizeof store_mats_ / sizeof store_mats_[0] };
+
+/* Slot s's gradient can skip the memset: resident, dense, and computed in
+ * place (the compute view is its own gradient buffer). */
+static int can_store_(const gpt_model *g, int s)
+{
+    return !g->offloaded[s] && !g->slot_moe[s] &&
+           g->dw[s] == g->slots[s].grads;
+}
+
+typedef struct {
+    float *p;
+    size_t n;
+} span_;
+
+static int cmp_span_(const void *a, const void *b)
+{
+    const float *x = ((const span_ *)a)->p, *y = ((const span_ *)b)->p;
+    return (x > y) - (x < y);
+}
+
 void gpt_zero_grad(gpt_model *g)
 {
-    memset(g->grads, 0, g->n_local * sizeof(float));
+    /* memset the device block but the marked matrices (address order) */
+    span_ *skip = malloc(((size_t)g->S * N_STORE_MATS + 1) * sizeof *skip);
+    if (!skip) { /* out of memory: all of it, nothing marked */
+        memset(g->grads, 0, g->n_local * sizeof(float));
+        memset(g->dw_fresh, 0, (size_t)g->S);
+        return;
+    }
+    int n = 0;
+    for (int s = 0; s < g->S; s++) {
+        g->dw_fresh[s] = (unsigned char)can_store_(g, s);
+        if (!g->dw_fresh[s])
+            continue;
+        for (int i = 0; i < N_STORE_MATS; i++) {
+            const gpt_tensor *t = &g->kind[0][store_mats_[i]];
+            skip[n++] = (span_){g->slots[s].grads + t->offset, t->numel};
+        }
+    }
+    qsort(skip, (size_t)n, sizeof *skip, cmp_span_);
+    skip[n] = (span_){g->grads + g->n_local, 0};
+    float *p = g->grads;
+    for (int i = 0; i <= n; i++) {
+        memset(p, 0, (size_t)(skip[i].p - p) * sizeof(float));
+        p = skip[i].p + skip[i].n;
+    }
+    free(skip);
+}
+
+/* Clear slot s's marked matrices, if marked. */
+static void settle_slot_(const gpt_model *g, int s)
+{
+    if (!g->dw_fresh[s])
+        return;
+    for (int i = 0; i < N_STORE_MATS; i++) {
+        const gpt_tensor *t = &g->kind[0][store_mats_[i]];
+        memset(g->slots[s].grads + t->offset, 0, t->numel * sizeof(float));
+    }
+    g->dw_fresh[s] = 0;
+}
+
+void gpt_grads_settle(const gpt_model *g)
+{
+    for (int s = 0; s < g->S; s++)
+        settle_slot_(g, s);
 }
 
 /* Layer l is the lowest layer using its slot: backward (L-1 down to 0)
@@ -481,7 +555,7 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     softmax_crossentropy_backward_first(a->dlogits, a->probs, targets,
                                         a->dlosses, (int)BT, V);
     matmul_backward_first(a->dlnf, GDW_(g, GLOB_WTE), NULL, a->dlogits,
-                          a->lnf, GW_(g, GLOB_WTE), (int)BT, C, V);
+                          a->lnf, GW_(g, GLOB_WTE), (int)BT, C, V, 0);
     memset(a->dres, 0, BTC * sizeof(float));
     const float *last = a->residual3 + (size_t)(L - 1) * Ba * C;
     layernorm_backward(a->dres, GDW_(g, GLOB_LNF_W), GDW_(g, GLOB_LNF_B),
@@ -491,6 +565,14 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     for (int l = L - 1; l >= 0; l--) {
         int s = g->slot_of[l];
         event_(g, GPT_BWD_LAYER_BEGIN, l);
+        /* the slot's first layer since gpt_zero_grad stores its weight
+         * matrices' gradients (marked there). Should the storage have
+         * moved the compute view since, they are cleared instead. */
+        int st = g->dw_fresh[s];
+        if (st && g->dw[s] != g->slots[s].grads) {
+            settle_slot_(g, s);
+            st = 0;
+        }
         const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * Ba * C;
         const float *ln1 = a->ln1 + l * Ba * C;
         const float *qkv = a->qkv + l * Ba * 3 * C;
@@ -505,7 +587,7 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
             memset(a->dln, 0, BTC * sizeof(float));
             moe_layer_backward_(g, s, l, ln2, B, daux, dz);
         } else {
-            mlp_backward_(g, s, l, ln2, B);
+            mlp_backward_(g, s, l, ln2, B, st);
         }
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN2_W),
                            DW_(g, s, SLOT_LN2_B), a->dln, res2,
@@ -514,17 +596,18 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
         /* dres now holds d(residual2) = d(res + attproj(attn(ln1(res)))). */
         matmul_backward_first(a->datty, DW_(g, s, SLOT_ATTPROJ_W),
                               DW_(g, s, SLOT_ATTPROJ_B), a->dres, atty,
-                              W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C);
+                              W_(g, s, SLOT_ATTPROJ_W), (int)BT, C, C, st);
         attention_backward_first(a->dqkv, a->datt, a->datty, qkv, att, B, T,
                                  C, NH);
         matmul_backward_first(a->dln, DW_(g, s, SLOT_QKV_W),
                               DW_(g, s, SLOT_QKV_B), a->dqkv, ln1,
-                              W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C);
+                              W_(g, s, SLOT_QKV_W), (int)BT, C, 3 * C, st);
         layernorm_backward(a->dres, DW_(g, s, SLOT_LN1_W),
                            DW_(g, s, SLOT_LN1_B), a->dln, res,
                            W_(g, s, SLOT_LN1_W), a->ln1_mean + l * Ba,
                            a->ln1_rstd + l * Ba, (int)BT, C);
         /* dres now holds d(res): the previous layer's residual3. */
+        g->dw_fresh[s] = 0; /* written: the slot's next layer adds */
         event_(g, GPT_BWD_LAYER_END, l);
         if (g->grad_ready && !g->offloaded[s] && first_use_(g, l))
             g->grad_ready(g->grad_ready_ctx, s);
@@ -538,6 +621,7 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 
 float gpt_grad_norm(const gpt_model *g)
 {
+    gpt_grads_settle(g);
     /* all buffers in one parallel region; the same sum as one by one */
     int nb = 1 + g->S;
     const float **bufs = malloc((size_t)nb * sizeof *bufs);
@@ -581,6 +665,7 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale)
 {
     const gpt_slot_state *st = &g->slots[s];
+    settle_slot_(g, s);
     long t = ++g->adam_t_slot[s];
     adamw_span sp[SLOT_NTENSORS_MAX];
     int n = adamw_spans_(sp, st->params, st->grads, st->m, st->v,
@@ -592,6 +677,7 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale)
 {
+    gpt_grads_settle(g);
     /* every resident tensor in one parallel region */
     adamw_span *sp = malloc(((size_t)GLOB_NTENSORS +
                              (size_t)g->S * SLOT_NTENSORS_MAX) * sizeof *sp);

@@ -188,6 +188,10 @@ struct gpt_model {
     float **w, **dw;           /* [S] compute view: weights/grads the layer
                                 * kernels use for each slot */
     unsigned char *offloaded;  /* [S] 1: state outside the device block */
+    unsigned char *dw_fresh;   /* [S] 1: the slot's four weight-matrix
+                                * gradients are zero but not yet written
+                                * (gpt_zero_grad); the next backward stores
+                                * them instead of adding (see there) */
     long adam_t_global;        /* AdamW step count of the globals */
     long *adam_t_slot;         /* [S] AdamW step count of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
@@ -353,8 +357,20 @@ void gpt_moe_stats_reset(gpt_model *g);
 
 /* Zero the gradients in the device block (globals and resident slots; with
  * plain storage, all of them). An offloaded slot's gradient belongs to its
- * storage, which starts every step from zero. */
+ * storage, which starts every step from zero.
+ * The four weight matrices of a resident dense slot (9/10 of the floats at
+ * any C) are not cleared here but marked (dw_fresh): gpt_backward's first
+ * write of them stores (GEMM beta 0), so the step has no memset pass over
+ * them. gpt_grad_norm, gpt_adamw and gpt_adamw_slot clear what is still
+ * marked first, so every reader of the gradients through this interface
+ * sees zeros; code reading slots[s].grads directly must call it after a
+ * gpt_backward (as the trainer does) or call gpt_grads_settle. */
 void gpt_zero_grad(gpt_model *g);
+
+/* Clear the marked (dw_fresh) weight-matrix gradients now: after it every
+ * gradient in the device block holds its value. Cheap when nothing is
+ * marked (after a gpt_backward). */
+void gpt_grads_settle(const gpt_model *g);
 
 /* Global L2 norm of all gradients: sums of squares (double) of the globals,
  * then of slot 0, 1, ..., S-1 (each slot's gradient where slots[s] says),

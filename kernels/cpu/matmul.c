@@ -115,7 +115,7 @@ void matmul_forward_gelu(float *out, float *act, const float *inp,
 static void backward_blocks_(float *dinp, float *dpre, const float *pre,
                              float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N,
-                             int C, int OC, float dinp_beta)
+                             int C, int OC, float dinp_beta, float dw_beta)
 {
     int part = omp_get_thread_num(), nparts = omp_get_num_threads();
     /* threads [0, n_in) on dinp, [w0, nparts) on dweight */
@@ -133,10 +133,10 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
     }
-    /* dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp */
+    /* dweight[o0:o1, :] = dw_beta dweight[o0:o1, :] + dout[:, o0:o1]^T @ inp */
     if (o1 > o0)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N,
-                    1.0f, dout + o0, OC, inp, C, 1.0f,
+                    1.0f, dout + o0, OC, inp, C, dw_beta,
                     dweight + (size_t)o0 * C, C);
     /* dbias[o0:o1]: rows in order, one thread per element */
     if (dbias) {
@@ -166,26 +166,27 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
     blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
-                     C, OC, 1.0f);
+                     C, OC, 1.0f, 1.0f);
 }
 
 void matmul_backward_first(float *dinp, float *dweight, float *dbias,
                            const float *dout, const float *inp,
-                           const float *weight, int N, int C, int OC)
+                           const float *weight, int N, int C, int OC,
+                           int dw_store)
 {
     blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
-                     C, OC, 0.0f);
+                     C, OC, 0.0f, dw_store ? 0.0f : 1.0f);
 }
 
 void matmul_backward_gelu(float *dpre, float *dact, float *dweight,
                           float *dbias, const float *dout, const float *act,
                           const float *pre, const float *weight, int N, int C,
-                          int OC)
+                          int OC, int dw_store)
 {
     blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dact, dpre, pre, dweight, dbias, dout, act, weight, N, C,
-                     OC, 0.0f);
+                     OC, 0.0f, dw_store ? 0.0f : 1.0f);
 }

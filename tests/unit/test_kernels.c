@@ -524,20 +524,37 @@ static void test_matmul_blocks(void **state)
         poison(dx, MN * MC);
         memset(dw, 0, MOC * MC * sizeof(float));
         memset(db, 0, MOC * sizeof(float));
-        matmul_backward_first(dx, dw, db, d, x, w, MN, MC, MOC);
+        matmul_backward_first(dx, dw, db, d, x, w, MN, MC, MOC, 0);
         check_("matmul blocks dinp (first)", dx, rdx, MN * MC, 1e-6);
         check_("matmul blocks dweight (first)", dw, rdw, MOC * MC, 1e-6);
         check_("matmul blocks dbias (first)", db, rdb, MOC, 1e-6);
+        /* dw_store: dweight written over NaN too; dbias still added */
+        poison(dx, MN * MC);
+        poison(dw, MOC * MC);
+        memset(db, 0, MOC * sizeof(float));
+        matmul_backward_first(dx, dw, db, d, x, w, MN, MC, MOC, 1);
+        check_("matmul blocks dinp (first, store)", dx, rdx, MN * MC, 1e-6);
+        check_("matmul blocks dweight (first, store)", dw, rdw, MOC * MC,
+               1e-6);
+        check_("matmul blocks dbias (first, store)", db, rdb, MOC, 1e-6);
         /* _gelu: x stands for the activation, pre for its pre-activation */
         poison(dx, MN * MC);
         poison(dpre, MN * MC);
         memset(dw, 0, MOC * MC * sizeof(float));
         memset(db, 0, MOC * sizeof(float));
-        matmul_backward_gelu(dpre, dx, dw, db, d, x, pre, w, MN, MC, MOC);
+        matmul_backward_gelu(dpre, dx, dw, db, d, x, pre, w, MN, MC, MOC, 0);
         check_("matmul blocks dact (gelu)", dx, rdx, MN * MC, 1e-6);
         check_("matmul blocks dpre (gelu)", dpre, rdpre, MN * MC, 1e-6);
         check_("matmul blocks dweight (gelu)", dw, rdw, MOC * MC, 1e-6);
         check_("matmul blocks dbias (gelu)", db, rdb, MOC, 1e-6);
+        poison(dx, MN * MC);
+        poison(dpre, MN * MC);
+        poison(dw, MOC * MC);
+        memset(db, 0, MOC * sizeof(float));
+        matmul_backward_gelu(dpre, dx, dw, db, d, x, pre, w, MN, MC, MOC, 1);
+        check_("matmul blocks dpre (gelu, store)", dpre, rdpre, MN * MC, 1e-6);
+        check_("matmul blocks dweight (gelu, store)", dw, rdw, MOC * MC,
+               1e-6);
     }
     omp_set_num_threads(nt);
     free(x); free(w); free(b); free(d); free(out); free(dx); free(dw); free(db);

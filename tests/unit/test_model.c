@@ -114,6 +114,46 @@ static void test_shared_gradient_and_update(void **state)
     gpt_free(&un);
 }
 
+/* gpt_zero_grad leaves a dense slot's weight matrices unwritten and marks
+ * them; the first backward stores them. Checked against a model that
+ * never ran gpt_zero_grad (zeroed at creation, so every backward adds):
+ * over NaN-filled gradients, zero_grad then two microbatches of a shared
+ * slot (3 layers: the first stores, the other five layer passes add) give
+ * the same bits; and a norm taken with no backward after zero_grad is 0,
+ * not the NaN left in the unwritten matrices. */
+static void test_zero_grad_marks_and_stores(void **state)
+{
+    (void)state;
+    const int B = 2, T = small_.seq_len;
+    gpt_model ref, g;
+    assert_int_equal(gpt_create(&ref, &small_, 1, B), 0);
+    assert_int_equal(gpt_create(&g, &small_, 1, B), 0);
+    gpt_init_weights(&ref, 8);
+    memcpy(g.params, ref.params, ref.n_local * sizeof(float));
+    for (size_t i = 0; i < g.n_local; i++)
+        g.grads[i] = NAN;
+    gpt_zero_grad(&g);
+    assert_int_equal(g.dw_fresh[0], 1);
+    assert_true(gpt_grad_norm(&g) == 0.0f);
+
+    for (size_t i = 0; i < g.n_local; i++)
+        g.grads[i] = NAN;
+    gpt_zero_grad(&g);
+    int32_t inp[2 * 8], tgt[2 * 8];
+    for (int k = 0; k < 2; k++) {
+        random_batch_(inp, tgt, B * T, small_.vocab_size, 40 + k);
+        gpt_forward(&ref, inp, tgt, B);
+        gpt_backward(&ref, inp, tgt, B, 0.5f / (B * T));
+        gpt_forward(&g, inp, tgt, B);
+        gpt_backward(&g, inp, tgt, B, 0.5f / (B * T));
+        assert_int_equal(g.dw_fresh[0], 0);
+    }
+    assert_memory_equal(g.grads, ref.grads, g.n_local * sizeof(float));
+    assert_true(gpt_grad_norm(&g) > 0.0f);
+    gpt_free(&ref);
+    gpt_free(&g);
+}
+
 /* ---------------------------------------------------------- delink */
 
 static void train_steps_(gpt_model *g, int n, int B, uint64_t seed)
@@ -751,6 +791,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_gradient_and_update),
+        cmocka_unit_test(test_zero_grad_marks_and_stores),
         cmocka_unit_test(test_delink_preserves_function),
         cmocka_unit_test(test_delink_reset_zeroes_moments),
         cmocka_unit_test(test_determinism_50_steps),
