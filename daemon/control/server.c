@@ -49,6 +49,8 @@
 
 typedef struct conn conn;
 
+#define PATH_CHECK_MS 2000  /* how often path_check_ looks at the socket */
+
 struct server {
     uv_pipe_t listener;   /* first: handle <-> server */
     handlers_ctx *handlers;
@@ -65,6 +67,12 @@ struct server {
     gid_t group;
     char group_name[64];
     int group_read_only;
+    /* the socket's path (own_path): see path_check_ */
+    uv_timer_t *path_timer;  /* heap; freed in its close callback */
+    uv_pipe_t *relisten;     /* the newest socket bound after a loss */
+    dev_t path_dev;          /* the socket file m6d bound last */
+    ino_t path_ino;
+    int path_warned;         /* this loss already logged */
 };
 
 struct conn {
@@ -337,7 +345,7 @@ static void check_peer_(server *s, conn *c);
 
 static void on_connection_(uv_stream_t *ls, int status)
 {
-    server *s = (server *)ls;
+    server *s = ls->data;  /* the listener or a relisten */
     if (!s->listener_open) return;
     if (status < 0) {
         log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(status));
@@ -462,8 +470,7 @@ static void check_peer_(server *s, conn *c)
  * group's, so that members reach the socket and no one else lists or
  * enters the directory. Another directory is the operator's: a warning
  * when it is looser than 0750. 0, or -1 with err. */
-static int secure_socket_(server *s, const server_config *cfg, char *err,
-                          size_t errlen)
+static int socket_group_(server *s, char *err, size_t errlen)
 {
     struct stat ss;
     if (stat(s->path, &ss) == 0 && ss.st_gid != s->group &&
@@ -474,6 +481,13 @@ static int secure_socket_(server *s, const server_config *cfg, char *err,
                  strerror(errno), (unsigned)geteuid());
         return -1;
     }
+    return 0;
+}
+
+static int secure_socket_(server *s, const server_config *cfg, char *err,
+                          size_t errlen)
+{
+    if (socket_group_(s, err, errlen) < 0) return -1;
     char dir[sizeof s->path];
     snprintf(dir, sizeof dir, "%s", s->path);
     char *slash = strrchr(dir, '/');
@@ -529,6 +543,121 @@ static int clear_stale_(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+static void free_handle_(uv_handle_t *h) { free(h); }
+
+/* Bind a socket to s->path (no file there: clear_stale_ first), mode 0660
+ * whatever the umask, group-owned, open it in p and listen. Bound here,
+ * not by uv_pipe_bind: libuv unlinks a path it bound when the handle
+ * closes, which would remove a socket bound there since (another m6d's,
+ * or this one's newer one). Records the file's identity for path_check_.
+ * 0, or -1 with err. */
+static int bind_path_(server *s, uv_pipe_t *p, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", s->path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    mode_t old = umask(0117);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    umask(old);
+    if (rc < 0) {
+        snprintf(err, errlen, "bind %s: %s", s->path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    struct stat sb;
+    if (lstat(s->path, &sb) == 0) {
+        s->path_dev = sb.st_dev;
+        s->path_ino = sb.st_ino;
+    }
+    s->own_path = 1;
+    if ((rc = uv_pipe_open(p, fd)) < 0) {
+        snprintf(err, errlen, "uv_pipe_open %s: %s", s->path, uv_strerror(rc));
+        close(fd);
+        return -1;
+    }
+    if (chmod(s->path, 0660) < 0) {
+        snprintf(err, errlen, "chmod %s: %s", s->path, strerror(errno));
+        return -1;
+    }
+    if (socket_group_(s, err, errlen) < 0) return -1;
+    rc = uv_listen((uv_stream_t *)p, 64, on_connection_);
+    if (rc < 0) {
+        snprintf(err, errlen, "listen %s: %s", s->path, uv_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether the file at s->path is still the socket m6d bound. */
+static int path_ours_(const server *s)
+{
+    struct stat sb;
+    return lstat(s->path, &sb) == 0 && sb.st_dev == s->path_dev &&
+           sb.st_ino == s->path_ino;
+}
+
+/* Every PATH_CHECK_MS: a socket file removed (by hand, or by a cleaner of
+ * /tmp or /run) leaves m6d serving the connections it has and reachable by
+ * no one else. m6d then binds the path again, on a new socket, and says
+ * so; the old one stays open for what is already queued on it. A path
+ * that now holds something else (a file, or a socket another process
+ * answers on) is left alone, logged once. */
+static void path_check_(uv_timer_t *t)
+{
+    server *s = t->data;
+    if (s->stopping || path_ours_(s)) return;
+    char err[512];
+    uv_pipe_t *p = NULL;
+    if (clear_stale_(s->path, err, sizeof err) < 0) goto fail;
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    int rc = uv_pipe_init(t->loop, p, 0);
+    if (rc < 0) {
+        free(p);
+        p = NULL;
+        snprintf(err, sizeof err, "uv_pipe_init: %s", uv_strerror(rc));
+        goto fail;
+    }
+    p->data = s;
+    if (bind_path_(s, p, err, sizeof err) < 0) goto fail;
+    if (s->relisten) uv_close((uv_handle_t *)s->relisten, free_handle_);
+    s->relisten = p;
+    s->path_warned = 0;
+    log_warn("server.socket_restored", "socket=%s msg=\"the socket file was "
+             "removed or replaced; m6d listens there again\"", s->path);
+    return;
+fail:
+    if (p) {
+        if (path_ours_(s)) unlink(s->path);
+        uv_close((uv_handle_t *)p, free_handle_);
+    }
+    if (!s->path_warned)
+        log_warn("server.socket_lost", "socket=%s msg=\"the socket file was "
+                 "removed or replaced and m6d cannot listen there again: %s; "
+                 "it tries every %d s\"", s->path, err, PATH_CHECK_MS / 1000);
+    s->path_warned = 1;
+}
+
+/* Stop watching the path and close the relisten socket (drain, fini). */
+static void path_watch_close_(server *s)
+{
+    if (s->path_timer) {
+        uv_close((uv_handle_t *)s->path_timer, free_handle_);
+        s->path_timer = NULL;
+    }
+    if (s->relisten) {
+        uv_close((uv_handle_t *)s->relisten, free_handle_);
+        s->relisten = NULL;
+    }
+}
+
 static void listener_closed_(uv_handle_t *h)
 {
     free((server *)h);
@@ -556,6 +685,7 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
     snprintf(s->group_name, sizeof s->group_name, "%s",
              cfg->group_name ? cfg->group_name : "?");
     UV_CHECK(uv_pipe_init(cfg->loop, &s->listener, 0), err, errlen);
+    s->listener.data = s;
     s->listener_open = 1;
     if (cfg->listen_fd >= 0) {
         UV_CHECK(uv_pipe_open(&s->listener, cfg->listen_fd), err, errlen);
@@ -568,20 +698,23 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
         }
         snprintf(s->path, sizeof s->path, "%s", cfg->socket_path);
         if (clear_stale_(s->path, err, errlen) < 0) goto fail;
-        /* umask so the socket never exists with wider permissions. */
-        mode_t old = umask(0117);
-        int rc = uv_pipe_bind(&s->listener, s->path);
-        umask(old);
-        UV_CHECK(rc, err, errlen);
-        s->own_path = 1;
-        if (chmod(s->path, 0660) < 0) {
-            snprintf(err, errlen, "chmod %s: %s", s->path, strerror(errno));
+        if (bind_path_(s, &s->listener, err, errlen) < 0 ||
+            secure_socket_(s, cfg, err, errlen) < 0)
+            goto fail;
+        s->path_timer = calloc(1, sizeof *s->path_timer);
+        if (!s->path_timer) {
+            snprintf(err, errlen, "out of memory");
             goto fail;
         }
-        if (secure_socket_(s, cfg, err, errlen) < 0) goto fail;
+        uv_timer_init(cfg->loop, s->path_timer);
+        s->path_timer->data = s;
+        uv_timer_start(s->path_timer, path_check_, PATH_CHECK_MS,
+                       PATH_CHECK_MS);
+        uv_unref((uv_handle_t *)s->path_timer);
     }
-    UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_), err,
-             errlen);
+    if (cfg->listen_fd >= 0)
+        UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_),
+                 err, errlen);
     log_info("server.listen", "socket=%s group=%s%s", s->path, s->group_name,
              s->group_read_only ? " group_read_only=1" : "");
     return s;
@@ -593,6 +726,7 @@ fail:
 void server_drain(server *s)
 {
     s->stopping = 1;
+    path_watch_close_(s);
     /* no new connection: a client now gets "connection refused", as from
      * an m6d that is gone (watch reconnects); the path stays until
      * server_fini so that the next m6d finds it stale */
@@ -619,7 +753,9 @@ void server_fini(server *s)
 {
     if (!s) return;
     while (s->conns) conn_close_(s->conns);
-    if (s->own_path) unlink(s->path);
+    path_watch_close_(s);
+    /* not a file that has replaced ours since */
+    if (s->own_path && path_ours_(s)) unlink(s->path);
     if (s->listener_open) {
         s->listener_open = 0;
         uv_close((uv_handle_t *)&s->listener, listener_closed_);
