@@ -170,7 +170,9 @@ static const key_ keys_[] = {
     INT("delink", "patience", delink.patience, 1, INT_MAX,
         "`plateau`: the validation passes (every `train.eval_every` steps) "
         "the improvement is measured over. Only with `policy` `plateau`."),
-    LONG("train", "steps", train.steps, 1, LONG_MAX,
+    /* bounded: 10^9 steps is years at any step rate; beyond it the ETA,
+     * the rewarm's 5% and the tables' columns only overflow */
+    LONG("train", "steps", train.steps, 1, 1000000000L,
          "Total optimizer steps, pseudo and real together."),
     INT("train", "batch_size", train.batch_size, 1, INT_MAX,
         "B: sequences per microbatch (`B*T` at most 2^31-1)."),

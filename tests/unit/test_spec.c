@@ -581,6 +581,8 @@ static void test_bad_specs(void **state)
         { "\"name\": 7", "name: must be a string" },
         { "\"device\": {\"threads\": null}", "device.threads: must be an integer" },
         /* out of range */
+        { "\"train\": {\"steps\": 9223372036854775807}",
+          "train.steps: must be in [1, 1000000000], got 9223372036854775807" },
         /* model.moe */
         { "\"model\": {\"moe\": {\"num_experts\": 6, \"prototypes\": 4}}",
           "model.moe.prototypes: must divide model.moe.num_experts (6 % 4 != 0)" },
