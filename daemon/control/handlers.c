@@ -894,6 +894,19 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
     }
     e->fn(&c, rq);
 done:
+    if (resp.status == M6__STATUS__STATUS_UNKNOWN_REQUEST ||
+        resp.status == M6__STATUS__STATUS_NEED_HELLO) {
+        if (++s->protocol_refusals >= HANDLERS_PROTOCOL_REFUSALS_MAX &&
+            !c.close_after) {
+            c.close_after = 1;
+            log_warn("conn.protocol_refusals", "refusals=%d msg=\"closing "
+                     "the connection: %d requests in a row that are not "
+                     "m6's protocol\"", s->protocol_refusals,
+                     s->protocol_refusals);
+        }
+    } else {
+        s->protocol_refusals = 0;
+    }
     count_(h, !rq ? "malformed" : strcmp(name, "?") ? name : "unknown",
            resp.status);
     if (resp.status == M6__STATUS__STATUS_PERMISSION_DENIED)

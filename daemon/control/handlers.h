@@ -37,7 +37,14 @@ typedef struct {
     int read_only;
     char denied[320];
     unsigned peer_uid;  /* for the read-only refusal's message */
+    /* protocol refusals in a row (unknown request type, request before
+     * Hello): at HANDLERS_PROTOCOL_REFUSALS_MAX the connection is closed
+     * with the last reply, so a peer sending garbage that decodes (e.g.
+     * zero bytes: empty frames) gets a few replies, not one per frame */
+    int protocol_refusals;
 } session;
+
+#define HANDLERS_PROTOCOL_REFUSALS_MAX 8
 
 /* Handle one frame payload. Runs on libuv's thread pool (server.c), so
  * handlers for different connections run concurrently: they touch only the

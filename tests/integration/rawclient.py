@@ -125,6 +125,27 @@ def protocol_checks():
     check(st1 == OK and st2 == NOT_FOUND, "split and coalesced frames")
     s.close()
 
+    # 100 zero bytes: 25 empty frames, each an empty Request. A few
+    # UNKNOWN_REQUEST replies (8 in a row at most), then closed; and a
+    # reply in between resets the count.
+    s = connect()
+    check(call(s, hello())[0] == OK, "hello")
+    for _ in range(7):
+        call(s, b"")
+    check(call(s, list_req())[0] == OK, "7 refusals, then a good request: served")
+    s.sendall(b"\0" * 100)
+    replies = 0
+    try:
+        while True:
+            st, _ = recv_response(s)
+            check(st == UNKNOWN_REQUEST, "an empty frame -> UNKNOWN_REQUEST")
+            replies += 1
+    except (ConnectionError, EOFError, socket.timeout, struct.error) as e:
+        end = e
+    check(replies == 8, "100 zero bytes: %d replies, then closed (%r); want 8"
+          % (replies, end))
+    expect_closed(s, "100 zero bytes")
+
 
 # Latency mid-step: connect + hello + status, every 20 ms for ~1.5 s: the
 # worst must be under 100 ms. Given DONE_FILE, until that file exists (slow
