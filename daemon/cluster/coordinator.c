@@ -482,6 +482,12 @@ int cluster_self_register(state *st, const cluster_facts *f,
     if (marked > 0)
         log_info("node.lost", "nodes=%d cause=\"coordinator restarted; "
                  "until they reconnect\"", marked);
+    /* a kill -9 left the previous life's assignments in place (a run's
+     * end clears them, dp.c): no node holds a rank now */
+    if (state_nodes_clear_runs(st) != 0) {
+        snprintf(err, errlen, "nodes table: database error");
+        return -1;
+    }
     int rh = state_node_find(st, 'h', n.hostname, &old);
     int64_t id = self_id_(st, uuid);
     if (rh == 0 && old.id != id) {

@@ -1384,6 +1384,14 @@ int state_nodes_clear_run(state *st, int64_t run)
     return rc < 0 ? -1 : 0;
 }
 
+int state_nodes_clear_runs(state *st)
+{
+    int rc = SQL_WRITE(st,
+        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? "
+        "WHERE run IS NOT NULL OR rank IS NOT NULL", A_REAL(now_()));
+    return rc < 0 ? -1 : 0;
+}
+
 int state_node_heartbeat(state *st, int64_t id, uint64_t free_device_memory)
 {
     double t = now_();

@@ -301,6 +301,10 @@ int state_nodes_mark(state *st, node_state from, node_state to,
 int state_node_set_run(state *st, int64_t id, int64_t run, int rank);
 /* Every node of run: run and rank none. 0, or -1. */
 int state_nodes_clear_run(state *st, int64_t run);
+/* Every node: run and rank none. At a coordinator's start: no assignment
+ * outlives the coordinator that made it (its rendezvous store starts
+ * empty), and a run it takes up assigns its ranks again. 0, or -1. */
+int state_nodes_clear_runs(state *st);
 /* All nodes by id; *rows malloc'd (free it). 0, or -1. */
 int state_nodes_list(state *st, node_row **rows, int *n);
 

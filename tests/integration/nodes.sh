@@ -276,10 +276,15 @@ kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
 [ "$(node_field w3 state)" = left ] || fail "w3 after SIGTERM: $(node_field w3 state)"
 kill -TERM "${PIDS[c]}"; wait "${PIDS[c]}" || fail "coordinator exit after SIGTERM"
 [ "$(db "$T/c" "select state from nodes where hostname = 'w2'")" = live ] || fail "w2 not live in m6.db after the coordinator stopped"
+# what a kill -9 mid-run leaves (a run's end clears it): w2 still listed
+# as rank 1 of the run; the restarted coordinator must not keep that
+sqlite3 -cmd '.timeout 5000' "$T/c/m6.db" "update nodes set run = $RUN, rank = 1 where hostname = 'w2'"
 start_m6d c --role coordinator --listen "$ADDR" --token-file "$T/token"
 for _ in $(seq 1 100); do c_ctl list >/dev/null 2>&1 && break; sleep 0.05; done
 wait_node w2 live 10 >/dev/null
 grep -q 'cause="coordinator restarted' "$T/m6d-c.log" || fail "restart: previous life's nodes not marked lost"
+[ "$(db "$T/c" "select coalesce(run, 'none') || ' ' || coalesce(rank, 'none') from nodes where hostname = 'w2'")" = "none none" ] \
+    || fail "restart: w2 keeps the previous life's assignment: $(db "$T/c" "select run, rank from nodes where hostname = 'w2'")"
 [ "$(node_field w3 state)" = left ] || fail "w3 (left) changed at the restart: $(node_field w3 state)"
 kill -0 "${PIDS[w2]}" || fail "w2 died"
 kill -TERM "${PIDS[w2]}"; wait "${PIDS[w2]}" || fail "w2 exit"
