@@ -80,7 +80,10 @@ done
 "$M6CTL" plan "$T/cuda-spec-on.json" | grep -q "speculative clipped update (offload.speculative on): on" ||
     fail "plan table: no speculative line: $("$M6CTL" plan "$T/cuda-spec-on.json")"
 
-start_daemon "$T/s"
+# Every step 15 ms longer (the test hook): the offloaded run's 20 Pseudo
+# steps took 40 ms unhindered, and on a loaded machine the pause below,
+# a process start or two, came after the delink
+M6_TEST_STEP_DELAY_MS=15 start_daemon "$T/s"
 
 for f in cuda-off cuda-spec-on; do
 for a in "" "--json"; do
