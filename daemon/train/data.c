@@ -62,12 +62,14 @@ static int glob_error_(const char *path, int eerrno)
  * m6d checks a spec's corpus at submit and again when the run starts (and
  * at each restart of the trainer), so a large corpus is read once, not
  * each time. The key is the file's identity and version (device, inode,
- * size, mtime to the nanosecond): a shard rewritten since is read again. */
+ * size, mtime and ctime to the nanosecond): a shard rewritten since is
+ * read again, even one whose mtime was put back (touch -r), since that
+ * changes the ctime. */
 typedef struct {
     dev_t dev;
     ino_t ino;
     off_t size;
-    struct timespec mtime;
+    struct timespec mtime, ctime;
     unsigned max_token;
 } scanned_;
 enum { SCANNED_MAX = 4096 };
@@ -79,7 +81,9 @@ static int same_file_(const scanned_ *e, const struct stat *st)
 {
     return e->dev == st->st_dev && e->ino == st->st_ino &&
            e->size == st->st_size && e->mtime.tv_sec == st->st_mtim.tv_sec &&
-           e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+           e->mtime.tv_nsec == st->st_mtim.tv_nsec &&
+           e->ctime.tv_sec == st->st_ctim.tv_sec &&
+           e->ctime.tv_nsec == st->st_ctim.tv_nsec;
 }
 
 /* The largest token id of a shard scanned before, or -1. */
@@ -103,7 +107,7 @@ static void scanned_put_(const struct stat *st, unsigned max_token)
         else k = scanned_next_++ % SCANNED_MAX;
     }
     scanned_tab_[k] = (scanned_){st->st_dev, st->st_ino, st->st_size,
-                                 st->st_mtim, max_token};
+                                 st->st_mtim, st->st_ctim, max_token};
     pthread_mutex_unlock(&scanned_mu_);
 }
 
@@ -297,9 +301,9 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
     }
     if (size != HEADER_BYTES + n * sizeof(uint16_t)) {
         m6_err_set(err, M6_EDATA,
-                   "%s: size mismatch: header says %zu tokens, file holds %zu "
-                   "(%zu bytes after the header)",
-                   name, n, held, size - HEADER_BYTES);
+                   "%s: size mismatch: header says %zu tokens (%zu bytes "
+                   "after the header), the file has %zu bytes after it",
+                   name, n, n * sizeof(uint16_t), size - HEADER_BYTES);
         goto fail;
     }
     if (vocab_size < 65536 &&

@@ -218,6 +218,10 @@ static void test_truncated(void **state)
     char *p = good_shard(*state, "t.bin");
     assert_int_equal(truncate(p, 1024 + 2 * 99), 0);
     expect_open_error(p, 256, p, "truncated: header says 100 tokens, file holds 99");
+    /* one byte too many: not a whole token, so the counts alone agree */
+    assert_int_equal(truncate(p, 1024 + 2 * 100 + 1), 0);
+    expect_open_error(p, 256, p, "size mismatch: header says 100 tokens (200 "
+                      "bytes after the header), the file has 201 bytes after it");
     assert_int_equal(truncate(p, 1000), 0);
     expect_open_error(p, 256, p, "too short");
     free(p);
@@ -358,6 +362,25 @@ static void test_token_out_of_vocab(void **state)
     assert_int_equal(stat(p, &after), 0);
     assert_true(after.st_ino == before.st_ino && after.st_size == before.st_size);
     expect_open_error(p, 256, p, "token 4000 at index 5 >= vocab_size 256");
+    /* the same with the mtime put back afterwards (touch -r): the ctime
+     * still tells the change */
+    assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
+    assert_int_equal(token_set_open_buf(&ts, p, 256, err, sizeof err), 0);
+    token_set_close(&ts);
+    assert_int_equal(stat(p, &before), 0);
+    nanosleep(&pause_, NULL);
+    fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    bad = 4001;
+    assert_int_equal(pwrite(fd, &bad, 2, 1024 + 2 * 6), 2);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, times), 0);
+    close(fd);
+    assert_int_equal(stat(p, &after), 0);
+    assert_true(after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+                after.st_mtim.tv_nsec == before.st_mtim.tv_nsec &&
+                after.st_size == before.st_size);
+    expect_open_error(p, 256, p, "token 4001 at index 6 >= vocab_size 256");
     t[17] = 256;
     assert_int_equal(shard_write(p, t, 40, err, sizeof err), 0);
     /* a later shard's error names that shard, not the first one */
