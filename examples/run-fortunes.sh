@@ -4,7 +4,9 @@
 # fortunes text into byte-level shards, submit examples/fortunes-p2r.json
 # (pseudo phase: 6 layers share 3 slots; delink at step 50; real phase),
 # watch it to the end, and print the final validation loss and where the
-# checkpoints and m6.db are. Stops the m6d it started.
+# checkpoints and m6.db are. Stops the m6d it started. State: M6_STATE_DIR
+# (default $XDG_STATE_HOME/m6, else ~/.local/state/m6); if m6d does not come
+# up, the end of its log says why.
 set -eu
 cd "$(dirname "$0")/.."
 M6_SETUP_MAIN=1 .ci/setup
@@ -25,7 +27,17 @@ else
     $M6D --state-dir "$STATE" 2>>"$STATE/m6d.log" &
     DAEMON=$!
     trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null' EXIT INT TERM
-    for _ in $(seq 100); do $M6CTL list >/dev/null 2>&1 && break; sleep 0.1; done
+    up=
+    for _ in $(seq 100); do
+        if $M6CTL list >/dev/null 2>&1; then up=1; break; fi
+        kill -0 $DAEMON 2>/dev/null || break   # it exited: say why below
+        sleep 0.1
+    done
+    if [ -z "$up" ]; then
+        echo "run-fortunes: m6d did not come up; the end of $STATE/m6d.log:" >&2
+        tail -n 5 "$STATE/m6d.log" >&2
+        exit 1
+    fi
     echo "run-fortunes: m6d started (state $STATE, log $STATE/m6d.log)"
 fi
 
