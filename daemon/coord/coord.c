@@ -439,6 +439,28 @@ static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
      * the checkpoint is recorded again when it is replayed */
     if (recorded_delink != trainer_delink_step(r->t))
         state_run_set_delink(c->st, id, trainer_delink_step(r->t));
+    /* Steps between the last row m6.db has and the checkpoint: their
+     * records were held in memory (m6.db locked by another process) when
+     * m6d ended, while the checkpoint made it to disk (adopted by
+     * ckpt_store_reconcile). They are not trained again: said, not
+     * silent. */
+    if (!was_queued && step > 0) {
+        metric_row last;
+        double last_val;
+        int lr = state_metric_last(c->st, id, &last, &last_val);
+        long first_missing = lr == 1 ? 1 : lr == 0 ? (long)last.step + 1 : 0;
+        if (first_missing > 0 && first_missing <= step) {
+            log_warn("metrics.gap", "run=%lld steps=%ld-%ld cause=\"their "
+                     "records were held in memory (m6.db locked) when m6d "
+                     "ended; the checkpoint at step %ld was kept\"",
+                     (long long)id, first_missing, step, step);
+            state_event(c->st, id, "metrics.gap", "steps %ld-%ld have no "
+                        "metrics rows: their records were held in memory "
+                        "(m6.db locked by another process) when m6d ended; "
+                        "training goes on from the checkpoint at step %ld",
+                        first_missing, step, step);
+        }
+    }
     /* A step whose training went through but whose validation pass could
      * not read the data (its row, the newest left, has no val_loss) owes
      * that pass: redone before the next step, as in the life that paused
