@@ -3,6 +3,7 @@
  * (see cluster.h).
  */
 #include "cluster/cluster.h"
+#include "common/memlimit.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -205,7 +206,9 @@ uint64_t cluster_free_device_memory(const cluster_facts *f)
 #else
     (void)f;
 #endif
-    return meminfo_("MemAvailable");
+    host_mem m;  /* MemAvailable, capped by m6d's cgroup memory limit */
+    host_mem_available(&m);
+    return m.avail == UINT64_MAX ? 0 : m.avail;
 }
 
 /* ---------------------------------------------------------------- node id */

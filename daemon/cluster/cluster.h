@@ -56,7 +56,8 @@ typedef struct {
     int devices;                 /* CUDA devices; 1 (the host) for cpu */
     uint64_t memory;             /* host memory (MemTotal), bytes */
     uint64_t free_device_memory; /* bytes: CUDA free memory over devices;
-                                  * MemAvailable for cpu */
+                                  * MemAvailable, capped by m6d's cgroup
+                                  * memory limit, for cpu */
 } cluster_facts;
 
 /* Fill f for this machine; name overrides gethostname() when non-empty.

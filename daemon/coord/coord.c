@@ -1076,15 +1076,57 @@ static int dist_ready_(run_ctx *r)
 
 /* ------------------------------------------------------------ the loop */
 
+/* A stop m6d acknowledged before the run was set up (replayed at start
+ * after a life that died setting it up, e.g. OOM-killed; or sent between
+ * taking the run and setting it up) is applied without setting it up:
+ * building the model may kill m6d again, and the operator asked for the
+ * run to end. The run is recorded stopped at its recorded step with its
+ * checkpoints as they are (nothing was trained since), as a stop of a
+ * queued run leaves it. 1 applied; 0 no stop pending, or the database
+ * refused (then the run is set up and its first boundary takes the stop). */
+static int stop_before_setup_(coord *c, int64_t id)
+{
+    pthread_mutex_lock(&c->mu);
+    int stopping = c->w.state == W_STOPPING;
+    int64_t upto = c->cmd_last;
+    pthread_mutex_unlock(&c->mu);
+    if (!stopping)
+        return 0;
+    run_row row;
+    if (state_run_get(c->st, id, &row) != 0)
+        return 0;
+    long step = (long)row.step;
+    run_row_clear(&row);
+    char detail[64];
+    snprintf(detail, sizeof detail, "step=%ld (before set-up)", step);
+    state_commit cm = {.set_state = 1, .state = RUN_STOPPED,
+                       .event_kind = "stop", .event_detail = detail,
+                       .step = step, .cmd_upto = upto,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    if (state_commit_run(c->st, id, &cm) < 0) {
+        log_error("run.stop", "run=%lld: recording the stop failed; the "
+                  "run is set up and stopped at its first boundary",
+                  (long long)id);
+        return 0;
+    }
+    on_(c, WE_STOPPED, NULL);
+    log_info("run.stop", "run=%lld step=%ld before=setup", (long long)id,
+             step);
+    return 1;
+}
+
 /* The worker's life with one run: set it up, then at every step boundary
  * the operator's commands (in the order stop, delink, pause, shutdown,
  * resume: a stop, delink or pause m6d has acknowledged holds across a
- * shutdown), then the step: completion, phase policy, step, record. */
+ * shutdown), then the step: completion, phase policy, step, record. A stop
+ * pending before set-up ends it without setting it up. */
 static void run_one_(coord *c, int64_t id)
 {
     run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     r.off.offload_redo_steps = -1;
+    if (stop_before_setup_(c, id))
+        return;
     if (setup_(c, id, &r) < 0) {
         trainer_free(r.t);
         free(r.best);

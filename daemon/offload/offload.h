@@ -110,8 +110,8 @@ typedef struct {
     int speculative;       /* offload.speculative, SPEC_SPECULATIVE_*
                             * (0, a zeroed input: auto) */
     int clipped;           /* train.grad_clip > 0: speculation applies */
-    size_t host_limit;     /* host bytes the run may use (MemAvailable at
-                            * its start); 0: unknown, so auto is off */
+    size_t host_limit;     /* host bytes the run may use (MemAvailable,
+                            * capped by the cgroup, at its start); 0: unknown, so auto is off */
 } offload_plan_input;
 
 /* A memory plan for one phase (one share map).
@@ -243,12 +243,15 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
  * is host_limit (bytes; 0 unknown), which decides offload.speculative auto;
  * auto is also off when the plan's pinned bytes with the second buffers
  * exceed offload_pin_limit. The trainer plans with MemAvailable at the
- * run's start (and its later plans follow that decision). */
+ * run's start, capped by its cgroup (offload_host_available; its later
+ * plans follow that decision). */
 int offload_plan_for_run(const run_spec *spec, size_t budget_override,
                          size_t host_limit, offload_plan *out, char *err,
                          size_t errlen);
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+/* Host memory m6d may still use, in bytes: MemAvailable of /proc/meminfo
+ * capped by the room under its cgroup's memory limit (common/memlimit.h);
+ * 0 when it cannot be read. */
 size_t offload_host_available(void);
 
 /* Human table (json 0) or one JSON object (json 1) with at least
@@ -362,10 +365,13 @@ enum { OFFLOAD_REQUIRE_PINNED = 1 };
  *  - the plan fits the budget (else offload_plan_for_spec's error);
  *  - host memory: on the CPU backend, everything (the plan's peak device
  *    bytes, which are host memory there, plus offloaded slots) must not
- *    exceed MemAvailable ("host memory: training needs X ..., only Y
- *    available"); on CUDA, the Real phase's host bytes, ordinary and
+ *    exceed MemAvailable capped by m6d's cgroup memory limit
+ *    (offload_host_available; "host memory: training needs X ..., only Y
+ *    available (MemAvailable)" or "..., m6d's cgroup allows Y (memory.max
+ *    ...)"); on CUDA, the Real phase's host bytes, ordinary and
  *    pinned ("host memory: offloading N slots needs X of host memory, P
- *    of it pinned; only Y available");
+ *    of it pinned; only Y available ..." or "..., m6d's cgroup allows
+ *    Y ...");
  *  - pinning: when the pinned bytes (cpu: all host bytes; cuda: the bf16
  *    copies only) exceed what this process may lock (offload_pin_limit),
  *    it is an error under OFFLOAD_REQUIRE_PINNED (naming RLIMIT_MEMLOCK,

@@ -11,6 +11,7 @@
 
 #include "model/cuda/act_layout.h"
 #include "common/view.h"
+#include "common/memlimit.h"
 #include "offload/intervals.h"
 
 #define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
@@ -707,24 +708,19 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
 
 /* ------------------------------------------------------------- preflight */
 
-/* MemAvailable in bytes, or SIZE_MAX when unknown. */
-static size_t mem_available_(void)
+/* Host memory m6d may still use (MemAvailable capped by its cgroup's
+ * memory limit, common/memlimit.h) in bytes, or SIZE_MAX when unknown; *m
+ * says what bound it. */
+static size_t mem_available_(host_mem *m)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    size_t kb = SIZE_MAX;
-    if (!f)
-        return SIZE_MAX;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb == SIZE_MAX ? SIZE_MAX : kb * 1024;
+    host_mem_available(m);
+    return m->avail >= SIZE_MAX ? SIZE_MAX : (size_t)m->avail;
 }
 
 size_t offload_host_available(void)
 {
-    size_t a = mem_available_();
+    host_mem m;
+    size_t a = mem_available_(&m);
     return a == SIZE_MAX ? 0 : a;
 }
 
@@ -744,23 +740,25 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
     char a[64], b[64], c[64];
     /* On the CPU backend the "device" is host memory too. */
     size_t cpu = p.backend == BACKEND_CPU ? p.peak_device_bytes : 0;
-    size_t avail = cpu + host > 0 ? mem_available_() : SIZE_MAX;
+    host_mem hm;
+    size_t avail = cpu + host > 0 ? mem_available_(&hm) : SIZE_MAX;
+    char why[768];
     if (avail != SIZE_MAX && cpu > 0 && cpu + host > avail) {
         snprintf(err, errlen,
                  "host memory: training needs %s (parameters, gradients, AdamW "
-                 "moments and activations; `m6ctl plan` itemises them), only %s "
-                 "available", fmt_bytes_(a, sizeof a, cpu + host),
-                 fmt_bytes_(b, sizeof b, avail));
+                 "moments and activations; `m6ctl plan` itemises them), %s",
+                 fmt_bytes_(a, sizeof a, cpu + host),
+                 host_mem_describe(&hm, why, sizeof why));
         offload_plan_free(&p);
         return -1;
     }
     if (avail != SIZE_MAX && host > avail) {
         snprintf(err, errlen,
                  "host memory: offloading %d slots needs %s of host memory, "
-                 "%s of it pinned; only %s available", p.n_offloaded,
+                 "%s of it pinned; %s", p.n_offloaded,
                  fmt_bytes_(a, sizeof a, host),
                  short_bytes_(c, sizeof c, pinned),
-                 fmt_bytes_(b, sizeof b, avail));
+                 host_mem_describe(&hm, why, sizeof why));
         offload_plan_free(&p);
         return -1;
     }

@@ -87,9 +87,13 @@ wait_step "$R" $((P + 3))
 [ "$(pending "$R")" = 0 ] || fail "resume still pending"
 log "resume applied once"
 
-# 4. stop: stopped for good
+# 4. stop: stopped for good, without setting the run up again (a life
+# that died in run.setup, e.g. OOM-killed, would die again)
+setups=$(grep -c "run.setup.*run=$R " "$LOG" || true)
 ack_then_kill "$R" stop
 wait_state "$R" stopped 30
+[ "$(grep -c "run.setup.*run=$R " "$LOG" || true)" = "$setups" ] \
+    || fail "stop: the run was set up again before its pending stop applied"
 [ "$(events_of "$R" stop)" = 1 ] || fail "stop: $(events_of "$R" stop) stop events, want 1"
 [ "$(pending "$R")" = 0 ] || fail "stop still pending"
 
