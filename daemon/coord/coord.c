@@ -252,6 +252,36 @@ static int flush_(run_ctx *r, m6_err *err)
 
 /* --------------------------------------------------------- phase policy */
 
+/* trainer_set_eval_interrupt's function (ud: the coord): a stop, a pause
+ * or a shutdown is waiting, so the validation pass in progress is
+ * abandoned and the command taken at the boundary right after it. A pass
+ * of many batches (train.eval_batches) would otherwise hold the command,
+ * and SIGTERM, for as long as it runs. */
+static int eval_interrupt_(void *ud)
+{
+    coord *c = ud;
+    pthread_mutex_lock(&c->mu);
+    int stop = c->shutdown || c->w.state == W_STOPPING ||
+               c->w.state == W_PAUSING;
+    pthread_mutex_unlock(&c->mu);
+    return stop;
+}
+
+/* The validation pass of step was abandoned for a command
+ * (eval_interrupt_; why says after how many batches): the step has no
+ * val_loss for now and owes the pass (r->eval_owed), redone whole before
+ * the next step (retry_data_: after a resume, or at the next start, where
+ * align_tables_ finds the row without one). An event and a log line say
+ * so. */
+static void eval_interrupted_(run_ctx *r, long step, const m6_err *why)
+{
+    r->eval_owed = 1;
+    state_event(r->c->st, r->id, "eval.interrupted", "step=%ld %s: redone "
+                "before the next step", step, m6_err_msg(why));
+    log_info("run.eval_interrupted", "run=%lld step=%ld why=\"%s\"",
+             (long long)r->id, step, m6_err_msg(why));
+}
+
 /* delink.policy plateau: note a validation pass of the pseudo phase
  * (loss in nats per token). Out of memory: logged, the pass is not
  * counted (the pseudo.steps bound still delinks). */
@@ -330,17 +360,33 @@ static m6_code data_code_(int rc)
 }
 
 /* After a pause for unreadable data (r->data_error): open the shards
- * again, as at the start, and redo the validation pass the pending row is
- * owed; its row is then written again with the val_loss. -1 with msg if
- * the data is still bad (the run stays paused). */
-static int retry_data_(run_ctx *r, m6_err *err)
+ * again, as at the start. Then (also after a pass a command interrupted,
+ * r->eval_owed alone) redo the validation pass the pending row is owed;
+ * its row is then written again with the val_loss. -1 with err if the
+ * data is still bad (the run stays paused); 1 when a stop, pause or
+ * shutdown interrupted the pass again (still owed: the boundary takes the
+ * command first); else 0. redo 0: a pass owed with the data sound is left
+ * for later (a resume is answered first, the pass may be long). */
+static int retry_data_(run_ctx *r, int redo, m6_err *err)
 {
-    if (!r->data_error) return 0;
+    if (!r->data_error && (!r->eval_owed || !redo)) return 0;
     float v;
-    int rc = trainer_reopen_data(r->t, err);
-    if (rc == 0 && r->eval_owed)
+    int rc = r->data_error ? trainer_reopen_data(r->t, err) : 0;
+    if (rc == 0 && r->data_error) {
+        r->data_error = 0;
+        log_info("run.data_reopened", "run=%lld step=%ld", (long long)r->id,
+                 trainer_step_count(r->t));
+    }
+    if (rc == 0 && r->eval_owed) {
         rc = trainer_eval_checked(r->t, &v, err);
+        if (rc == TRAINER_EINTR) {
+            eval_interrupted_(r, r->pending.step, err);
+            m6_err_free(err);
+            return 1;
+        }
+    }
     if (rc != 0) {
+        r->data_error = 1;  /* reopen the data again next time */
         r->data_code = data_code_(rc);
         return -1;
     }
@@ -349,10 +395,9 @@ static int retry_data_(run_ctx *r, m6_err *err)
         if (r->pending.phase == 0) plateau_note_(r, v);
         r->metric_pending = 1;
         r->eval_owed = 0;
+        log_info("run.eval_redone", "run=%lld step=%ld val_loss=%g",
+                 (long long)r->id, r->pending.step, (double)v);
     }
-    r->data_error = 0;
-    log_info("run.data_reopened", "run=%lld step=%ld", (long long)r->id,
-             trainer_step_count(r->t));
     return 0;
 }
 
@@ -537,6 +582,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
         free(kept_error);
         return -1;
     }
+    trainer_set_eval_interrupt(r->t, eval_interrupt_, c);
     /* the shards it opened must hold what the checkpoint was trained on */
     if (!was_queued && !data_rc && r->last_ckpt >= 0)
         data_rc = trainer_check_data(r->t, &e);
@@ -739,14 +785,17 @@ static void interrupted_(run_ctx *r, int resume)
 
 /* The writes a boundary owes before the next step: the plateau policy's
  * passes from m6.db (after a restart), data to reopen after a
- * data error (and the validation pass it owes), then what the last
- * boundary could not write. 0, or -1 with err (they stay owed). */
-static int owed_(run_ctx *r, m6_err *err)
+ * data error (and the validation pass it owes, or one a command
+ * interrupted), then what the last boundary could not write. 0, or -1
+ * with err (they stay owed), or 1 when a command interrupted the pass
+ * again (still owed). redo: as retry_data_'s. */
+static int owed_(run_ctx *r, int redo, m6_err *err)
 {
     /* the seed first: the pass retry_data_ redoes is not in m6.db yet */
     if (plateau_seed_(r, err) < 0) return -1;
-    if (retry_data_(r, err) < 0) return -1;
-    return flush_(r, err);
+    int rc = retry_data_(r, redo, err);
+    if (rc < 0 || flush_(r, err) < 0) return -1;
+    return rc;
 }
 
 /* Try the resume taken at this boundary: the writes owed, then the state.
@@ -757,7 +806,10 @@ static void resume_(run_ctx *r)
     coord *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    int rc = owed_(r, &err);
+    /* a pass a command interrupted is redone after the answer (run_one_);
+     * 1: the pass owed for bad data was interrupted again (still owed):
+     * the resume stands, the command that interrupted it is taken next */
+    int rc = owed_(r, 0, &err) < 0 ? -1 : 0;
     worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
     if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
         db_error_(r, "recording the resume", &err);
@@ -946,7 +998,9 @@ static int step_(run_ctx *r)
         .skipped = res.skipped, .skipped_total = res.skipped_total,
     };
     r->pending = m;
-    if (res.evaluated && !res.eval_failed && m.phase == 0)
+    if (res.eval_interrupted)
+        eval_interrupted_(r, res.step, &data_err);
+    else if (res.evaluated && !res.eval_failed && m.phase == 0)
         plateau_note_(r, res.val_loss);
     r->metric_pending = 1;
     if (r->spec.checkpoint.every > 0 && res.step % r->spec.checkpoint.every == 0)
@@ -972,7 +1026,7 @@ static int step_(run_ctx *r)
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
         /* another process has held m6.db's write lock past the limit */
         pause_error_(r, WE_WRITE_FAILED, held_why);
-    else if (r->eval_owed)
+    else if (r->data_error) /* its pass could not read the data */
         pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
     else if (res.bad_steps >= r->spec.train.max_bad_steps)
         bad_steps_pause_(r, &res);
@@ -1176,12 +1230,14 @@ static void run_one_(coord *c, int64_t id)
 
         /* what an earlier boundary owes (a restart's validation pass) */
         m6_err err = M6_ERR_NONE;
-        if (owed_(&r, &err) < 0) {
+        int orc = owed_(&r, 1, &err);
+        if (orc < 0) {
             pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
                          m6_err_msg(&err));
             m6_err_free(&err);
             continue;
         }
+        if (orc > 0) continue; /* a command interrupted the owed pass */
         if (trainer_step_count(r.t) >= r.spec.train.steps) {
             if (complete_(&r)) break;
             continue;

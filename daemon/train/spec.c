@@ -198,7 +198,10 @@ static const key_ keys_[] = {
     LONG("train", "eval_every", train.eval_every, 0, LONG_MAX,
          "Validation pass every this many steps, and always after the last. "
          "0: only after the last."),
-    INT("train", "eval_batches", train.eval_batches, 1, INT_MAX,
+    /* bounded: a pass of 10^6 batches is hours already, and every one
+     * of them is a batch more to read (the validation shard's size is not
+     * known here: the spec is checked before its data) */
+    INT("train", "eval_batches", train.eval_batches, 1, 1000000,
         "Batches of B sequences per validation pass."),
     LONG("train", "max_bad_steps", train.max_bad_steps, 1, LONG_MAX,
          "A step whose loss or gradient norm is NaN or Inf is skipped (no "

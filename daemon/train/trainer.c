@@ -81,6 +81,9 @@ struct trainer {
      * grad_span_), dp_active (a step's thread runs), dp_loss, dp_rc and
      * dp_err (the thread's result). */
     int dp_overlap;
+    /* trainer_set_eval_interrupt: asked between validation batches */
+    int (*eval_stop)(void *ud);
+    void *eval_stop_ud;
     int dp_sync;            /* dp_mu, dp_cv initialised */
     pthread_mutex_t dp_mu;
     pthread_cond_t dp_cv;
@@ -1228,6 +1231,12 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
     return 0;
 }
 
+void trainer_set_eval_interrupt(trainer *t, int (*fn)(void *ud), void *ud)
+{
+    t->eval_stop = fn;
+    t->eval_stop_ud = ud;
+}
+
 void trainer_set_dp_overlap(trainer *t, int on)
 {
     t->dp_overlap = on != 0;
@@ -1486,9 +1495,15 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     int rc = 0;
     if (res->evaluated &&
         (rc = trainer_eval_checked(t, &res->val_loss, err)) != 0) {
-        res->eval_failed = 1;  /* the step stands; its eval is owed */
-        if (rc != TRAINER_ECOLL)
-            rc = TRAINER_EDATA;
+        if (rc == TRAINER_EINTR) {
+            /* the step stands; its pass is abandoned, not owed */
+            res->eval_interrupted = 1;
+            rc = 0;
+        } else {
+            res->eval_failed = 1;  /* the step stands; its eval is owed */
+            if (rc != TRAINER_ECOLL)
+                rc = TRAINER_EDATA;
+        }
     }
     /* the copies of the step and of its validation pass */
     placement_(t, counted ? &before : NULL, &res->mem);
@@ -1503,6 +1518,11 @@ int trainer_eval_checked(trainer *t, float *loss, m6_err *err)
     if (t->world > 1)
         return eval_dp_(t, loss, err);
     for (int i = 0; i < n; i++) {
+        if (t->eval_stop && t->eval_stop(t->eval_stop_ud)) {
+            m6_err_set(err, M6_ECANCELLED, "validation pass interrupted "
+                       "after %d of %d batches", i, n);
+            return TRAINER_EINTR;
+        }
         if (val_batch_(t, i, err) != 0)
             return TRAINER_EDATA;
         sum += t->be.iface->loss(t->be.ctx, t->inp, t->tgt,

@@ -90,6 +90,9 @@ typedef struct {
     step_placement mem;   /* after the step; copies: this step's own */
     int eval_failed;      /* the step was applied but its validation pass
                            * could not read the data (TRAINER_EDATA) */
+    int eval_interrupted; /* the step was applied but its validation pass
+                           * was abandoned (trainer_set_eval_interrupt):
+                           * val_loss NAN, nothing owed */
     step_moe moe;         /* MoE router facts; moe.present 0: dense */
     /* Non-finite steps: a loss or global gradient norm that is NaN or Inf
      * skips the update (weights, AdamW moments and AdamW's step counts
@@ -132,6 +135,12 @@ typedef struct {
  * are not its own any more and the group is broken: free both, and resume
  * from the last checkpoint with a new group. */
 #define TRAINER_ECOLL (-4)
+
+/* Returned by trainer_eval_checked when the function given to
+ * trainer_set_eval_interrupt asked it to stop between two batches: *loss
+ * is NAN, err (code M6_ECANCELLED) says after how many batches. A step
+ * whose pass is interrupted so returns 0 with res->eval_interrupted 1. */
+#define TRAINER_EINTR (-5)
 
 /* Build the model (S = spec->pseudo.share_groups slots when pseudo.steps > 0,
  * else L), initialise weights from the seed (GPT-2 init: N(0, 0.02), residual
@@ -191,8 +200,18 @@ int trainer_check_spec(const run_spec *spec, m6_err *err);
 int trainer_step(trainer *t, step_result *res, m6_err *err);
 
 /* Mean validation loss over spec.train.eval_batches fixed batches (nats)
- * into *loss. 0, or TRAINER_EDATA with err (and *loss NAN). */
+ * into *loss. 0, or TRAINER_EDATA or TRAINER_EINTR with err (and *loss
+ * NAN). */
 int trainer_eval_checked(trainer *t, float *loss, m6_err *err);
+
+/* Make the validation passes (trainer_step's, trainer_eval_checked)
+ * interruptible: fn(ud) is called before each validation batch, and when
+ * it returns nonzero the pass is abandoned with TRAINER_EINTR. fn NULL:
+ * never (the default). Only a trainer that trains alone is interrupted:
+ * a data-parallel pass is collective, every rank must run it whole. fn
+ * runs on the thread that called trainer_step and must be cheap (a flag
+ * read under a lock). */
+void trainer_set_eval_interrupt(trainer *t, int (*fn)(void *ud), void *ud);
 
 /* Loss (nats) of the model on a fixed batch of the validation set, index i,
  * without touching any state: used to show delink keeps the function.

@@ -652,7 +652,12 @@ static void test_bad_specs(void **state)
         { "\"train\": {\"eps\": 0}", "train.eps: must be > 0" },
         { "\"train\": {\"grad_clip\": -1}", "train.grad_clip: must be >= 0" },
         { "\"train\": {\"weight_decay\": 1e39}", "train.weight_decay: 1e39 is out of range" },
-        { "\"train\": {\"eval_batches\": 0}", "train.eval_batches: must be >= 1" },
+        { "\"train\": {\"eval_batches\": 0}", "train.eval_batches: must be in [1, 1000000], got 0" },
+        /* 2e9 batches is days of validation per pass (the tester's spec) */
+        { "\"train\": {\"eval_batches\": 2000000000}",
+          "train.eval_batches: must be in [1, 1000000], got 2000000000" },
+        { "\"train\": {\"eval_batches\": 1000001}",
+          "train.eval_batches: must be in [1, 1000000], got 1000001" },
         { "\"train\": {\"batch_size\": 0}", "train.batch_size: must be >= 1" },
         { "\"train\": {\"seed\": -1}", "train.seed: must be an integer in [0, 2^64)" },
         { "\"train\": {\"seed\": \"99999999999999999999\"}", "train.seed" },
