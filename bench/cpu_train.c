@@ -2,7 +2,8 @@
  * cpu_train.c — training throughput of the CPU engine, and its MFU against
  * the machine's own BLAS peak measured in the same run.
  *
- * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
+ * model FLOPs per token: model_flops_per_token (model/facts.h, 6N + 12LCT),
+ * printed as flops_per_token=… before the rounds.
  * The run is cut in --rounds rounds, each an sgemm peak measurement and then
  * --steps training steps, and the ratio is taken per round: on a shared or
  * virtual machine the speed of both drifts by 10-20% over seconds, and a
@@ -19,6 +20,7 @@
 
 #include "bench_args.h"
 #include "bench_util.h"
+#include "model/facts.h"
 #include "model/gpt.h"
 
 static void usage_(void)
@@ -147,10 +149,11 @@ int main(int argc, char **argv)
     printf("cpu_train: L=%d C=%d NH=%d T=%d B=%d V=%d S=%d threads=%d\n",
            c.n_layer, c.n_embd, c.n_head, c.seq_len, B, c.vocab_size, S,
            omp_get_max_threads());
-    double n_params = (double)gpt_compute_params(&g);
-    double flops_tok = 6.0 * n_params + 6.0 * c.n_layer * (double)c.n_embd * c.seq_len;
-    printf("params (compute path) %.2fM, %.1f MFLOP/token\n", n_params / 1e6,
+    double n_params = model_active_params(&c);
+    double flops_tok = model_flops_per_token(&c);
+    printf("params (per token) %.2fM, %.1f MFLOP/token\n", n_params / 1e6,
            flops_tok / 1e6);
+    printf("flops_per_token=%.0f\n", flops_tok);
     for (int i = 0; i < warmup; i++)
         step_(&g, inp, tgt, B, NULL);
     double peak[MAX_ROUNDS], gflops[MAX_ROUNDS], ratio[MAX_ROUNDS];

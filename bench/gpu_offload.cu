@@ -24,7 +24,7 @@
  * each resident slot costing 16 B per parameter on the device (bf16
  * weights and gradient, fp32 master, m, v), each offloaded one 20 B on the
  * host (16 pageable, 4 pinned), every layer its activations; a few steps,
- * parameters and model TFLOP/s (6N + 6LCT FLOPs per token, as gpu_train).
+ * parameters and model TFLOP/s (model_flops_per_token, model/facts.h).
  * Its key line is printed once the model is made (largest_tflops na) and
  * again after the steps, so a run cut short still reports the size.
  *
@@ -46,6 +46,7 @@
 #include "bench_args.h"
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
+#include "model/facts.h"
 #include "kernels_cuda.h"
 
 #define GIB 1073741824.0
@@ -217,13 +218,6 @@ static void random_tokens_(batch_ *bt, const model_config *c)
     }
 }
 
-static double flops_per_token_(const gpt_cuda *g, const model_config *c)
-{
-    gpt_cuda_info info;
-    gpt_cuda_get_info(g, &info);
-    return 6.0 * info.n_compute + 6.0 * c->n_layer * (double)c->n_embd *
-                                      c->seq_len;
-}
 
 /* The first number in file `path` (bytes); -1 when absent or "max". */
 static double read_bytes_(const char *path)
@@ -513,13 +507,11 @@ static int run_largest_(model_config c, int B, int layers_given,
         print_plan_(g, "largest");
         batch_ bt = {B, 1, NULL, NULL};
         random_tokens_(&bt, &c);
-        double fpt = flops_per_token_(g, &c);
-        gpt_cuda_info info;
-        gpt_cuda_get_info(g, &info);
+        double fpt = model_flops_per_token(&c);
         largest_ *out = &fg->lg;
         out->layers = c.n_layer;
         out->n_resident = n_res;
-        out->params = (double)info.n_compute;
+        out->params = model_active_params(&c);
         /* its size now: the steps (first touch of tens of GiB of host
          * memory, host AdamW) may outlast gpu-check's limit */
         fg->have_lg_size = 1;
@@ -676,7 +668,7 @@ int main(int argc, char **argv)
             return 1;
         }
         print_plan_(g, "resident");
-        double fpt = flops_per_token_(g, &c);
+        double fpt = model_flops_per_token(&c);
         result_ rr = time_steps_(g, &c, &bt, warmup, steps, max_norm,
                                  "resident");
         result_ rr_nc = rr;

@@ -4,7 +4,7 @@
  * bf16 GEMM peak measured in the same run, on pseudo-random inputs (a GEMM
  * on zeros draws less power, runs faster and would inflate mfu_vs_gemm).
  *
- * model FLOPs per token = 6N + 6 L C T (N = parameters of the compute path).
+ * model FLOPs per token: model_flops_per_token (model/facts.h, 6N + 12LCT).
  * Random tokens (throughput does not depend on the data). Each step: zero
  * grads, `accum` microbatches of forward + backward, AdamW with clipping.
  * Before the model, one layer's attention forward + backward alone at the
@@ -29,6 +29,7 @@
 #include "bench_args.h"
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
+#include "model/facts.h"
 #include "kernels_cuda.h"
 
 #define PEAK_BF16_TFLOPS 989.0 /* H100/H200 SXM dense bf16 */
@@ -321,14 +322,13 @@ int main(int argc, char **argv)
     gpt_cuda_info info;
     gpt_cuda_get_info(g, &info);
     int T = c.seq_len, BT = B * T;
-    double flops_tok = 6.0 * info.n_compute +
-                       6.0 * c.n_layer * (double)c.n_embd * T;
+    double flops_tok = model_flops_per_token(&c);
     printf("gpu_train: L=%d C=%d NH=%d T=%d V=%d (Vp=%d) S=%d, B=%d x %d "
            "microbatches = %d tokens/step\n", c.n_layer, c.n_embd, c.n_head,
            T, c.vocab_size, info.Vp, S, B, accum, BT * accum);
     printf("gpu_train: N=%.1fM compute params, %.1fM stored; memory GiB: "
            "params %.2f grads %.2f optimizer %.2f activations %.2f\n",
-           info.n_compute / 1e6, info.n_params / 1e6,
+           model_active_params(&c) / 1e6, info.n_params / 1e6,
            info.bytes_params / 1073741824.0, info.bytes_grads / 1073741824.0,
            info.bytes_opt / 1073741824.0, info.bytes_acts / 1073741824.0);
 

@@ -23,6 +23,7 @@
 #include "coord/queue.h"
 #include "coord/worker.h"
 #include "dist/collectives.h"
+#include "model/facts.h"
 #include "train/data.h"
 #include "train/spec.h"
 #include "train/trainer.h"
@@ -552,10 +553,7 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
         free(kept_error);
         return -1;
     }
-    const model_config *mc = &r->spec.model;
-    r->flops_per_token = stats_flops_per_token(
-        mc->vocab_size, mc->n_layer, mc->n_embd, mc->seq_len, mc->moe_experts,
-        mc->moe_prototypes, mc->moe_hidden);
+    r->flops_per_token = model_flops_per_token(&r->spec.model);
     log_info("run.setup", "run=%lld (opening the data, building the model)",
              (long long)id);
     /* A queued run whose data no longer passes fails here: it has nothing

@@ -173,22 +173,6 @@ void stats_http(http_stats *s, int code)
     pthread_mutex_unlock(&s->mu);
 }
 
-double stats_flops_per_token(int V, int L, int C, int T, int E, int k, int H)
-{
-    double glob = (double)V * C + (double)T * C + 2.0 * C;
-    double attn = 4.0 * C + 3.0 * C * C + 3.0 * C + (double)C * C + C;
-    double ffn;
-    if (E > 0) {
-        if (H <= 0) H = 4 * C;
-        double expert = 2.0 * H * C + H + C;
-        ffn = (double)k * expert + (double)E * C + E;  /* k of E, the gate */
-    } else {
-        ffn = 8.0 * C * C + 5.0 * C;
-    }
-    double n = glob + (double)L * (attn + ffn);
-    return 6.0 * n + 6.0 * L * (double)C * T;
-}
-
 /* ---------------------------------------------------------------- render */
 
 typedef struct {
@@ -385,7 +369,7 @@ static void render_locked_(sbuf *b, const http_stats *s)
     run_gauge_(b, s, "m6_learning_rate", "Learning rate of the latest step.", g_lr_);
     run_gauge_(b, s, "m6_grad_norm", "Global L2 norm of the gradient before clipping, latest step.", g_gn_);
     run_gauge_(b, s, "m6_tokens_per_second", "Training tokens per second of the latest step.", g_tps_);
-    run_gauge_(b, s, "m6_model_flops_per_second", "Model FLOP/s of the latest step (6N + 6LCT per token).", g_flops_);
+    run_gauge_(b, s, "m6_model_flops_per_second", "Model FLOP/s of the latest step (6N + 12LCT per token).", g_flops_);
     run_gauge_(b, s, "m6_mfu_ratio", "Model FLOPs utilisation of the latest step against --metrics-peak-flops.", g_mfu_);
     run_counter_(b, s, "m6_steps_total", "Steps trained by this m6d, by phase.",
                  offsetof(phase_counters, steps));

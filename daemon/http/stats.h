@@ -35,8 +35,9 @@ typedef struct {
     double tokens_per_s;       /* the trainer's: tokens / step wall time */
     long tokens;               /* training tokens of the step, B*T*accum */
     double step_seconds;       /* wall seconds the worker waited for it */
-    double flops_per_token;    /* model FLOPs per training token (6N +
-                                * 6LCT, stats_flops_per_token); 0 unknown */
+    double flops_per_token;    /* model FLOPs per training token
+                                * (model/facts.h model_flops_per_token);
+                                * 0 unknown */
     int resident_slots, offloaded_slots;
     int64_t device_bytes_in_use, peak_device_bytes;
     uint64_t h2d_bytes, d2h_bytes;  /* copied by this step, each way */
@@ -69,12 +70,5 @@ void stats_http(http_stats *s, int code);
 /* The exposition text into a malloc'd buffer (*out, *len). 0, or -1 when
  * out of memory. */
 int stats_render(http_stats *s, char **out, size_t *len);
-
-/* Model FLOPs per training token of a model shape, 6 N + 6 L C T (N the
- * weights a token passes through: every dense weight, k of an MoE block's
- * E experts), as bench/cpu_train reports MFU. */
-double stats_flops_per_token(int vocab_size, int n_layer, int n_embd,
-                             int seq_len, int moe_experts, int moe_prototypes,
-                             int moe_hidden);
 
 #endif /* M6_HTTP_STATS_H */

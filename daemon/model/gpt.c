@@ -211,28 +211,6 @@ void gpt_free(gpt_model *g)
     g->act_mem = NULL;
 }
 
-size_t gpt_compute_params(const gpt_model *g)
-{
-    size_t n = 0;
-    for (int i = 0; i < GLOB_NTENSORS; i++)
-        n += g->glob[i].numel;
-    size_t per_slot[2] = {0, 0};
-    for (int kd = 0; kd < 2; kd++)
-        for (int i = 0; i < (kd ? SLOT_NTENSORS_MAX : SLOT_NTENSORS); i++)
-            per_slot[kd] += g->kind[kd][i].numel;
-    if (g->cfg.moe_experts > 0) {
-        /* a token passes through k of the E experts: count those */
-        size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
-        size_t expert = 0;
-        for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
-            expert += g->kind[1][i].numel;
-        per_slot[1] -= expert / E * (E - k);
-    }
-    for (int l = 0; l < g->cfg.n_layer; l++)
-        n += per_slot[model_layer_is_moe(&g->cfg, l)];
-    return n;
-}
-
 /* ------------------------------------------------------------- init */
 
 void gpt_init_weights(gpt_model *g, uint64_t seed)

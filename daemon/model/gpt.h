@@ -400,10 +400,6 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
 int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments);
 
-/* Parameters of the compute path (globals + one slot per layer, unpadded):
- * the N of 6N. */
-size_t gpt_compute_params(const gpt_model *g);
-
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/facts.h"
 #include "model/gpt.h"
 #include "offload/intervals.h"
 
@@ -34,28 +35,6 @@ void p2r_rates_default(p2r_rates *r)
                     "RESULTS.md, --params 256, 2 threads): direct from "
                     "bf16, low end of 24 to 27 GB/s",
     };
-}
-
-/* ------------------------------------------------------------ FLOPs */
-
-double p2r_active_params(const model_config *c)
-{
-    double C = c->n_embd, V = c->vocab_size, E = c->moe_experts;
-    double H = model_moe_hidden(c);
-    double k = c->moe_prototypes > 0 ? c->moe_prototypes : 1;
-    double attn = 4 * C * C + 8 * C;          /* ln_1, c_attn, c_proj, ln_2 */
-    double mlp = 8 * C * C + 5 * C;           /* c_fc, c_proj with biases */
-    double moe = E * C + E + k * (2 * H * C + H + C);  /* gate + k experts */
-    double n = V * C;                         /* the tied LM head */
-    for (int l = 0; l < c->n_layer; l++)
-        n += attn + (model_layer_is_moe(c, l) ? moe : mlp);
-    return n;
-}
-
-double p2r_flops_per_token(const model_config *c)
-{
-    return 6 * p2r_active_params(c) +
-           12.0 * c->n_layer * c->n_embd * c->seq_len;
 }
 
 /* ------------------------------------------------------------ a step */
@@ -201,8 +180,8 @@ static int fill_common_(const run_spec *spec, int S, int R, const int *map,
      * the run decides at its start, from its host memory) */
     ph->adam_overlaps = spec->train.grad_clip <= 0 ||
                         spec->offload.speculative != SPEC_SPECULATIVE_OFF;
-    ph->active_params = p2r_active_params(c);
-    ph->flops_per_token = p2r_flops_per_token(c);
+    ph->active_params = model_active_params(c);
+    ph->flops_per_token = model_flops_per_token(c);
     free(off);
     free(W);
     free(dr);

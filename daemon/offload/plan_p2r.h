@@ -14,8 +14,8 @@
  *   FLOPs/token  = 6 N + 12 L C T        (PaLM, Chowdhery et al. 2022,
  *                  appendix B; = Megatron-LM's 72 B s L h^2 (1 + s/6h +
  *                  V/12hL) / (B s), Narayanan et al. 2021, for a dense
- *                  model), N = p2r_active_params: the parameters one token
- *                  passes through
+ *                  model), N = model_active_params: the parameters one
+ *                  token passes through (model/facts.h owns both)
  *   t_compute    = FLOPs/token * tokens/step / gpu_flops
  *   t_copy       = max(h2d / h2d rate, d2h / d2h rate): fetches and drains
  *                  run on two copy streams, PCIe is full duplex
@@ -77,18 +77,6 @@ typedef struct {
 
 /* The defaults above, with their sources. */
 void p2r_rates_default(p2r_rates *r);
-
-/* N: the parameters one token passes through, elements: every block's
- * (ln_1, attention, ln_2; a dense block's MLP; an MoE block's gate and
- * its k = prototypes experts, top-1 in each prototype) plus V*C for the
- * LM head (the tied token embedding as a matrix); the position embedding
- * and the input lookup do no arithmetic, the final LayerNorm is left out
- * (2C). */
-double p2r_active_params(const model_config *c);
-
-/* Model FLOPs of one token, forward and backward: 6 N + 12 L C T (PaLM's,
- * full attention: causal kernels skip about half of the 12 L C T). */
-double p2r_flops_per_token(const model_config *c);
 
 /* One phase's step. The inputs come from a plan (p2r_phase_of_plan,
  * p2r_phase_of_cluster); p2r_phase_time fills the times. */

@@ -60,9 +60,9 @@ static void test_flops(void **st)
     spec_of_(&s, small_);
     /* a block: attention 4C^2 + 8C = 1024 + 128 = 1152, MLP 8C^2 + 5C =
      * 2048 + 80 = 2128; two blocks 6560; LM head VC = 1024: N = 7584 */
-    near_(p2r_active_params(&s.model), 7584, TOL, "dense N");
+    near_(model_active_params(&s.model), 7584, TOL, "dense N");
     /* 6 N + 12 L C T = 45504 + 12 * 2 * 16 * 8 = 45504 + 3072 */
-    near_(p2r_flops_per_token(&s.model), 48576, TOL, "dense FLOPs/token");
+    near_(model_flops_per_token(&s.model), 48576, TOL, "dense FLOPs/token");
     /* MoE every block, E 4 in k 2 prototypes, H 32: gate EC + E = 68,
      * expert 2HC + H + C = 1024 + 48 = 1072, k of them 2144; a block
      * 1152 + 68 + 2144 = 3364; two 6728 + VC 1024 = 7752 */
@@ -71,8 +71,8 @@ static void test_flops(void **st)
     c.moe_prototypes = 2;
     c.moe_every = 1;
     c.moe_hidden = 32;
-    near_(p2r_active_params(&c), 7752, TOL, "MoE N");
-    near_(p2r_flops_per_token(&c), 6 * 7752 + 3072, TOL, "MoE FLOPs/token");
+    near_(model_active_params(&c), 7752, TOL, "MoE N");
+    near_(model_flops_per_token(&c), 6 * 7752 + 3072, TOL, "MoE FLOPs/token");
 }
 
 static void test_phase_time(void **st)

@@ -575,23 +575,6 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->Vp = g->Vp;
     info->n_params = g->n_params;
     info->n_params_cpu = g->n_global_cpu + g->slot_off[g->S];
-    size_t per_slot[2] = {0, 0};
-    for (int kd = 0; kd < 2; kd++)
-        for (int i = 0; i < g->kind_nt[kd]; i++)
-            per_slot[kd] += g->kind[kd][i].numel;
-    if (g->cfg.moe_experts > 0) {
-        /* a token passes through k of the E experts: count those */
-        size_t E = (size_t)g->cfg.moe_experts, k = (size_t)g->cfg.moe_prototypes;
-        size_t expert = 0;
-        for (int i = SLOT_FC_W; i <= SLOT_FCPROJ_B; i++)
-            expert += g->kind[1][i].numel;
-        per_slot[1] -= expert / E * (E - k);
-    }
-    size_t C = g->cfg.n_embd;
-    info->n_compute = (size_t)g->cfg.vocab_size * C +
-                      (size_t)g->cfg.seq_len * C + 2 * C;
-    for (int l = 0; l < g->cfg.n_layer; l++)
-        info->n_compute += per_slot[model_layer_is_moe(&g->cfg, l)];
     info->bytes_params = g->n_params * sizeof(bf16);
     info->bytes_grads = g->n_params * sizeof(bf16);
     info->bytes_opt = 3 * g->n_params * sizeof(float);

@@ -49,7 +49,6 @@ typedef struct {
     size_t n_params;        /* elements per device parameter buffer, GPU
                              * layout: globals + resident slots */
     size_t n_params_cpu;    /* floats of the same model in the gpt.h layout */
-    size_t n_compute;       /* parameters of the compute path: the N of 6N */
     size_t bytes_params, bytes_grads, bytes_opt, bytes_acts;
     int att_gemm;           /* 1 attention on cuBLASLt's tensor cores, 0 on
                              * the flash kernels (no tensor-core path for

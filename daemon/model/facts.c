@@ -1,0 +1,119 @@
+/*
+ * facts.c — the model's derived figures (facts.h): parameter counts and
+ * FLOPs per token, each read off the parameter layout (layout.c) so that
+ * a count and the allocation cannot drift apart.
+ */
+#include "model/facts.h"
+
+#include <stdlib.h>
+
+#include "model/gpt.h"
+
+/* Sum of numel over the first n tensors of t. */
+static size_t numel_(const gpt_tensor *t, int n)
+{
+    size_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += t[i].numel;
+    return s;
+}
+
+size_t model_global_params(const model_config *cfg)
+{
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    size_t ng, ss;
+    gpt_layout(cfg, glob, slot, &ng, &ss);
+    return numel_(glob, GLOB_NTENSORS);
+}
+
+size_t model_embedding_params(const model_config *cfg)
+{
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    size_t ng, ss;
+    gpt_layout(cfg, glob, slot, &ng, &ss);
+    return glob[GLOB_WTE].numel + glob[GLOB_WPE].numel;
+}
+
+size_t model_slot_params(const model_config *cfg, int moe)
+{
+    gpt_tensor slot[SLOT_NTENSORS_MAX];
+    size_t size;
+    moe = moe && cfg->moe_experts > 0;
+    gpt_slot_layout(cfg, moe, slot, &size);
+    return numel_(slot, moe ? SLOT_NTENSORS_MAX : SLOT_NTENSORS);
+}
+
+size_t model_params(const model_config *cfg, int S)
+{
+    int L = cfg->n_layer;
+    if (S < 1 || S > L)
+        return 0;
+    int *slot_of = malloc((size_t)L * sizeof(int));
+    unsigned char *moe = malloc((size_t)S);
+    size_t n = 0;
+    if (slot_of && moe && gpt_default_share_map(cfg, S, slot_of) == 0 &&
+        gpt_slot_kinds(cfg, S, slot_of, moe, NULL, 0) == 0) {
+        n = model_global_params(cfg);
+        for (int s = 0; s < S; s++)
+            n += model_slot_params(cfg, moe[s]);
+    }
+    free(slot_of);
+    free(moe);
+    return n;
+}
+
+size_t model_param_floats(const model_config *cfg, int S, const int *slot_of)
+{
+    int L = cfg->n_layer;
+    if (S < 1 || S > L)
+        return 0;
+    int *map = NULL;
+    unsigned char *moe = malloc((size_t)S);
+    size_t n = 0;
+    if (!slot_of) {
+        map = malloc((size_t)L * sizeof(int));
+        if (map && gpt_default_share_map(cfg, S, map) == 0)
+            slot_of = map;
+    }
+    if (slot_of && moe && gpt_slot_kinds(cfg, S, slot_of, moe, NULL, 0) == 0) {
+        gpt_tensor slot[SLOT_NTENSORS_MAX];
+        size_t size[2];
+        gpt_layout_sizes(cfg, &n, &size[0]);
+        gpt_slot_layout(cfg, 0, slot, &size[0]);
+        gpt_slot_layout(cfg, 1, slot, &size[1]);
+        for (int s = 0; s < S; s++)
+            n += size[moe[s]];
+    }
+    free(map);
+    free(moe);
+    return n;
+}
+
+double model_active_params(const model_config *cfg)
+{
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    size_t ng, ss;
+    gpt_layout(cfg, glob, slot, &ng, &ss);
+    double block[2];
+    block[0] = (double)model_slot_params(cfg, 0);
+    block[1] = block[0];
+    if (cfg->moe_experts > 0) {
+        /* the MoE slot less the experts a token is not routed to: E - k
+         * of E, each expert an equal share of the expert tensors */
+        gpt_slot_layout(cfg, 1, slot, &ss);
+        double E = cfg->moe_experts, k = cfg->moe_prototypes;
+        double experts = (double)numel_(slot + SLOT_FC_W,
+                                        SLOT_FCPROJ_B - SLOT_FC_W + 1);
+        block[1] = (double)model_slot_params(cfg, 1) - experts / E * (E - k);
+    }
+    double n = (double)glob[GLOB_WTE].numel; /* the tied LM head */
+    for (int l = 0; l < cfg->n_layer; l++)
+        n += block[model_layer_is_moe(cfg, l)];
+    return n;
+}
+
+double model_flops_per_token(const model_config *cfg)
+{
+    return 6.0 * model_active_params(cfg) +
+           12.0 * cfg->n_layer * (double)cfg->n_embd * cfg->seq_len;
+}

@@ -1,0 +1,156 @@
+/*
+ * test_facts.c — model/facts.h against the model and a hand count. For a
+ * dense, an all-MoE and a mixed model, each in its Real (S = L) and Pseudo
+ * form: model_param_floats against the size of the parameter block gpt.c
+ * actually allocates (gpt_model.n_params), and every count and the FLOPs
+ * per token against numbers worked out by hand below from the tensor
+ * shapes (not from layout.c), with the padding to 16 floats done here.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/facts.h"
+#include "model/gpt.h"
+
+/* The shapes of every case: V = 50, C = 12 (NH 2), T = 7; chosen so that
+ * no region is a multiple of 16 floats and the padding shows.
+ *
+ * globals: wte 50*12 = 600, wpe 7*12 = 84, ln_f 2*12 = 24 -> 708
+ *          (embeddings 684), padded 720
+ * dense slot: ln_1 24, c_attn 36*12 + 36 = 468, attn c_proj 144 + 12 = 156,
+ *          ln_2 24, c_fc 48*12 + 48 = 624, mlp c_proj 12*48 + 12 = 588
+ *          -> 1884, padded 1888
+ * MoE slot (E 4, k 2, H 10): ln_1, c_attn, c_proj, ln_2 as above = 672;
+ *          one expert: c_fc 10*12 + 10 = 130, c_proj 12*10 + 12 = 132 ->
+ *          262, four 1048; gate 4*12 + 4 = 52 -> 1772, padded 1776
+ *          (110.75 * 16)
+ * per token (N): LM head 600; a dense block 1884; an MoE block 672 + gate
+ *          52 + 2 experts 524 = 1248
+ * FLOPs per token: 6 N + 12 L C T; 12 C T = 12 * 12 * 7 = 1008 per layer.
+ */
+typedef struct {
+    const char *name;
+    model_config cfg;
+    int S_pseudo;
+    size_t params_real, params_pseudo;   /* unpadded */
+    size_t floats_real, floats_pseudo;   /* the allocation */
+    size_t slot_dense, slot_moe;
+    double active, flops;
+} case_;
+
+static model_config cfg_(int L, int E, int every)
+{
+    return (model_config){
+        .vocab_size = 50, .n_layer = L, .n_head = 2, .n_embd = 12,
+        .seq_len = 7, .moe_experts = E, .moe_prototypes = E ? 2 : 0,
+        .moe_every = every, .moe_hidden = E ? 10 : 0,
+        .moe_capacity_factor = 1.25f, .moe_eval_capacity_factor = 2,
+        .moe_aux_coef = 0.01f};
+}
+
+static const case_ *cases_(int *n)
+{
+    static case_ c[3];
+    /* dense, L 3; Pseudo S 1 */
+    c[0] = (case_){"dense", cfg_(3, 0, 0), 1,
+                   708 + 3 * 1884, 708 + 1884,
+                   720 + 3 * 1888, 720 + 1888,
+                   1884, 1884,
+                   600 + 3 * 1884, 6.0 * (600 + 3 * 1884) + 3 * 1008};
+    /* all MoE, L 2; Pseudo S 1 */
+    c[1] = (case_){"moe", cfg_(2, 4, 1), 1,
+                   708 + 2 * 1772, 708 + 1772,
+                   720 + 2 * 1776, 720 + 1776,
+                   1884, 1772,
+                   600 + 2 * 1248, 6.0 * (600 + 2 * 1248) + 2 * 1008};
+    /* mixed, L 4, MoE in layers 1 and 3; Pseudo S 2 (one slot of each
+     * kind: gpt_default_share_map) */
+    c[2] = (case_){"mixed", cfg_(4, 4, 2), 2,
+                   708 + 2 * 1884 + 2 * 1772, 708 + 1884 + 1772,
+                   720 + 2 * 1888 + 2 * 1776, 720 + 1888 + 1776,
+                   1884, 1772,
+                   600 + 2 * 1884 + 2 * 1248,
+                   6.0 * (600 + 2 * 1884 + 2 * 1248) + 4 * 1008};
+    *n = 3;
+    return c;
+}
+
+/* The size of the parameter block gpt.c allocates for cfg with S slots. */
+static size_t allocated_(const model_config *cfg, int S)
+{
+    gpt_model g;
+    memset(&g, 0, sizeof g);
+    assert_int_equal(gpt_create(&g, cfg, S, 1), 0);
+    size_t n = g.n_params;
+    gpt_free(&g);
+    return n;
+}
+
+static void test_against_allocation(void **st)
+{
+    (void)st;
+    int n;
+    const case_ *c = cases_(&n);
+    for (int i = 0; i < n; i++) {
+        const model_config *m = &c[i].cfg;
+        int L = m->n_layer, S = c[i].S_pseudo;
+        printf("# %s: real %zu floats, pseudo (S=%d) %zu\n", c[i].name,
+               allocated_(m, L), S, allocated_(m, S));
+        assert_int_equal(model_param_floats(m, L, NULL), allocated_(m, L));
+        assert_int_equal(model_param_floats(m, S, NULL), allocated_(m, S));
+        /* the allocation, and the facts, against the hand count */
+        assert_int_equal(allocated_(m, L), c[i].floats_real);
+        assert_int_equal(allocated_(m, S), c[i].floats_pseudo);
+    }
+}
+
+static void test_hand_counts(void **st)
+{
+    (void)st;
+    int n;
+    const case_ *c = cases_(&n);
+    for (int i = 0; i < n; i++) {
+        const model_config *m = &c[i].cfg;
+        int L = m->n_layer, S = c[i].S_pseudo;
+        printf("# %s\n", c[i].name);
+        assert_int_equal(model_global_params(m), 708);
+        assert_int_equal(model_embedding_params(m), 684);
+        assert_int_equal(model_slot_params(m, 0), c[i].slot_dense);
+        assert_int_equal(model_slot_params(m, 1), c[i].slot_moe);
+        assert_int_equal(model_params(m, L), c[i].params_real);
+        assert_int_equal(model_params(m, S), c[i].params_pseudo);
+        assert_float_equal(model_active_params(m), c[i].active, 0);
+        assert_float_equal(model_flops_per_token(m), c[i].flops, 0);
+    }
+}
+
+/* S out of range, or a share map that puts layers of two kinds in one
+ * slot: 0, not a count. */
+static void test_bad_input(void **st)
+{
+    (void)st;
+    model_config m = cfg_(4, 4, 2);
+    assert_int_equal(model_params(&m, 0), 0);
+    assert_int_equal(model_params(&m, 5), 0);
+    assert_int_equal(model_param_floats(&m, 0, NULL), 0);
+    /* a mixed model cannot have one slot for both kinds */
+    assert_int_equal(model_param_floats(&m, 1, NULL), 0);
+    int bad[4] = {0, 0, 1, 1}; /* slot 0 holds a dense and an MoE layer */
+    assert_int_equal(model_param_floats(&m, 2, bad), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_allocation),
+        cmocka_unit_test(test_hand_counts),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
