@@ -246,9 +246,10 @@ size_t gpt_act_floats(const model_config *cfg, int B);
  * tensor padded to 16 floats, in the order of gpt_acts). */
 void gpt_acts_place(const model_config *cfg, int B, gpt_acts *a, float *mem);
 
-/* GPT-2 initialisation from a 64-bit seed: every 2-D weight N(0, 0.02), the
- * residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
- * (GPT-2 paper §2.3), biases 0, LayerNorm weights 1. */
+/* GPT-2 initialisation from a 64-bit seed: every 2-D weight N(0, 0.02)
+ * except the position embedding wpe, N(0, 0.01) as in OpenAI's GPT-2 code;
+ * the residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
+ * (GPT-2 paper §2.3); biases 0, LayerNorm weights 1. */
 void gpt_init_weights(gpt_model *g, uint64_t seed);
 
 /* gpt_init_weights of a model with S slots, written into a plain buffer of

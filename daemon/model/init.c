@@ -91,6 +91,7 @@ void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
     gpt_slot_layout(cfg, moe, slot, &slot_size);
     nt = moe ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
     if (s < 0) {
+        /* wte N(0, 0.02), wpe N(0, 0.01) (gpt.h), ln_f 1 and 0 */
         const float std_of[GLOB_NTENSORS] = {0.02f, 0.01f, 0, 0};
         uint64_t k = 0;
         memset(buf, 0, n_global * sizeof(float));
