@@ -106,7 +106,7 @@ int init_from_open(const run_spec *spec, init_src *src, m6_err *err)
     const char *dir = spec->init.from;
     const model_config *mc = &spec->model;
     int L = mc->n_layer;
-    int S = spec->pseudo.steps > 0 ? spec->pseudo.share_groups : L;
+    int S = spec_slots_of_phase(spec, spec_starts_pseudo(spec));
     memset(src, 0, sizeof *src);
     int *map = malloc((size_t)L * sizeof(int));
     unsigned char *kind = malloc((size_t)S);

@@ -405,7 +405,7 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
 {
     return (offload_plan_input){
         .model = spec->model,
-        .n_slots = spec->model.n_layer,
+        .n_slots = spec_slots_of_phase(spec, 0),
         .slot_of = NULL,
         .batch_size = spec->train.batch_size,
         .grad_accum = spec->train.grad_accum,
@@ -443,10 +443,10 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
         if (offload_plan_make(&in, out, err, errlen) != 0)
             return -1;
     }
-    if (spec->pseudo.steps > 0) {
+    if (spec_starts_pseudo(spec)) {
         char e2[512];
         out->pseudo = calloc(1, sizeof *out->pseudo);
-        in.n_slots = spec->pseudo.share_groups;
+        in.n_slots = spec_slots_of_phase(spec, 1);
         if (!out->pseudo ||
             offload_plan_make(&in, out->pseudo, e2, sizeof e2) != 0) {
             snprintf(err, errlen, "pseudo phase: %s",

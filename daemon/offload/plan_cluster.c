@@ -152,14 +152,15 @@ int cluster_plan_for_spec(const run_spec *spec, const cluster_input *in,
     }
     out->in = *in;
     char e2[512];
-    if (phase_(spec, in, spec->model.n_layer, &out->real, e2, sizeof e2) != 0) {
+    if (phase_(spec, in, spec_slots_of_phase(spec, 0), &out->real, e2,
+               sizeof e2) != 0) {
         snprintf(err, errlen, "real phase: %s", e2);
         return -1;
     }
-    if (spec->pseudo.steps > 0) {
+    if (spec_starts_pseudo(spec)) {
         out->has_pseudo = 1;
-        if (phase_(spec, in, spec->pseudo.share_groups, &out->pseudo, e2,
-                   sizeof e2) != 0) {
+        if (phase_(spec, in, spec_slots_of_phase(spec, 1), &out->pseudo,
+                   e2, sizeof e2) != 0) {
             snprintf(err, errlen, "pseudo phase: %s", e2);
             return -1;
         }

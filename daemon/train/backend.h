@@ -172,8 +172,9 @@ typedef struct {
 typedef struct {
     model_config model;
     size_t n_global, slot_size;   /* gpt_layout_sizes(model): gpt.h layout */
-    int n_slots;              /* S to start with (share map l*S/L): the
-                               * Pseudo phase's share_groups, or L */
+    int n_slots;              /* S to start with (share map l*S/L):
+                               * spec_slots_of_phase(spec, pseudo) */
+    int pseudo;               /* 1: the run starts in the Pseudo phase */
     int batch_size;           /* B: activations for microbatches of B */
     int grad_accum;           /* microbatches per optimizer step */
     uint64_t seed;            /* initial weights (gpt_init_region) */
@@ -188,14 +189,14 @@ typedef struct {
 } backend_setup;
 
 /* The plan of setup's starting phase (n_slots slots, the default share
- * map): setup->plan or its Pseudo plan; NULL without a budget. */
+ * map): setup->plan->pseudo in the Pseudo phase, else setup->plan; NULL
+ * without a budget. */
 static inline const offload_plan *backend_setup_phase_plan(
     const backend_setup *bs)
 {
     if (!bs->plan)
         return NULL;
-    return bs->n_slots == bs->plan->n_slots || !bs->plan->pseudo
-               ? bs->plan : bs->plan->pseudo;
+    return bs->pseudo && bs->plan->pseudo ? bs->plan->pseudo : bs->plan;
 }
 
 /* Create the model with setup->n_slots slots (default share map l*S/L)

@@ -847,6 +847,11 @@ int spec_world_of_phase(const run_spec *s, int pseudo)
                ? s->nodes.pseudo_world_size : s->nodes.world_size;
 }
 
+int spec_slots_of_phase(const run_spec *s, int pseudo)
+{
+    return pseudo ? s->pseudo.share_groups : s->model.n_layer;
+}
+
 /* nodes.*: the worlds must split the global batch evenly, the pseudo
  * world is at most the real one and needs a pseudo phase, and what the
  * data-parallel step does not do yet is refused by name. */

@@ -111,6 +111,17 @@ int spec_dp_split(const run_spec *s, int world, int *B_rank,
  * set) for pseudo 1, else nodes.world_size. */
 int spec_world_of_phase(const run_spec *s, int pseudo);
 
+/* S, the parameter slots of a phase: pseudo.share_groups for pseudo 1,
+ * model.n_layer (every layer its own slot) for pseudo 0. The one place
+ * this is decided: the trainer, the planners and init.from ask it. */
+int spec_slots_of_phase(const run_spec *s, int pseudo);
+
+/* Whether the run starts in the Pseudo phase (pseudo.steps > 0). */
+static inline int spec_starts_pseudo(const run_spec *s)
+{
+    return s->pseudo.steps > 0;
+}
+
 /* Parse a JSON spec text (len bytes) over the defaults and validate it.
  * Returns 0, or -1 with a message naming the key in err. */
 int spec_parse(run_spec *s, const char *json, size_t len, char *err,

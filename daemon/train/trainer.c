@@ -369,8 +369,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .model = *mc,
         .n_global = t->n_global,
         .slot_size = t->slot_size,
-        .n_slots = t->phase == PHASE_PSEUDO ? spec->pseudo.share_groups
-                                            : mc->n_layer,
+        .n_slots = spec_slots_of_phase(spec, t->phase == PHASE_PSEUDO),
+        .pseudo = t->phase == PHASE_PSEUDO,
         .batch_size = B,
         .grad_accum = spec->train.grad_accum,
         .seed = spec->train.seed,
