@@ -239,7 +239,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
                                       row->state == RUN_RUNNING ||
                                       row->state == RUN_PAUSED);
     ri->next_delink_step = -1;
-    if (to_come && strstr(pending, "delinking"))
+    if (to_come && coord_delink_pending(c->h->co, row->id))
         ri->next_delink_step = row->step;
     else if (to_come && ri->pseudo_steps > 0)
         ri->next_delink_step = ri->pseudo_steps;

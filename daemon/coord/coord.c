@@ -1754,6 +1754,14 @@ void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
     pthread_mutex_unlock(&c->mu);
 }
 
+int coord_delink_pending(coord *c, int64_t id)
+{
+    pthread_mutex_lock(&c->mu);
+    int d = id == c->active && worker_delink_pending(&c->w);
+    pthread_mutex_unlock(&c->mu);
+    return d;
+}
+
 void coord_describe(coord *c, char *buf, size_t len)
 {
     pthread_mutex_lock(&c->mu);

@@ -141,6 +141,11 @@ int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code);
 void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
                    size_t len);
 
+/* Whether a delink of run id is acknowledged and not yet applied (the
+ * "delinking" of coord_pending, as a fact): 1 or 0 (0 when id is not
+ * active). */
+int coord_delink_pending(coord *c, int64_t id);
+
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void coord_describe(coord *c, char *buf, size_t len);
 

@@ -320,16 +320,19 @@ void worker_delinked(worker *w, long step)
     w->delink_step = step;
 }
 
+int worker_delink_pending(const worker *w)
+{
+    return w->state != W_STOPPING && live_(w->state) && w->delink_pending;
+}
+
 const char *worker_pending(const worker *w)
 {
+    int d = worker_delink_pending(w);
     switch (w->state) {
     case W_STOPPING: return "stopping";
-    case W_PAUSING:
-        return w->delink_pending ? "delinking, pausing" : "pausing";
-    case W_RESUMING:
-        return w->delink_pending ? "delinking, resuming" : "resuming";
-    default:
-        return live_(w->state) && w->delink_pending ? "delinking" : "";
+    case W_PAUSING: return d ? "delinking, pausing" : "pausing";
+    case W_RESUMING: return d ? "delinking, resuming" : "resuming";
+    default: return d ? "delinking" : "";
     }
 }
 

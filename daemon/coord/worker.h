@@ -174,6 +174,10 @@ void worker_delinked(worker *w, long step);
  * the order applied: "delinking, pausing"); "" none. */
 const char *worker_pending(const worker *w);
 
+/* Whether a delink is acknowledged and not yet applied (worker_pending
+ * then says "delinking"): 1 or 0. Read this, not the text. */
+int worker_delink_pending(const worker *w);
+
 /* Whether the run trains (for the ETA): RUNNING or PAUSING. */
 int worker_is_training(const worker *w);
 

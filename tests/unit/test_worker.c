@@ -483,15 +483,26 @@ static void test_waits_trains_pending(void **unused)
         w = worker_init((worker_state)s);
         assert_string_equal(worker_pending(&w), pending[s]);
     }
+    for (int s = 0; s < WORKER_NSTATES; s++) {
+        w = worker_init((worker_state)s);
+        assert_false(worker_delink_pending(&w));
+    }
     w = renew_(&w, worker_init(W_RUNNING));
     w.delink_pending = 1;
     assert_string_equal(worker_pending(&w), "delinking");
+    assert_true(worker_delink_pending(&w));
     w.state = W_PAUSING;
     assert_string_equal(worker_pending(&w), "delinking, pausing");
+    assert_true(worker_delink_pending(&w));
     w.state = W_PAUSED;
     assert_string_equal(worker_pending(&w), "delinking");
+    assert_true(worker_delink_pending(&w));
+    w.state = W_STOPPING; /* the stop comes first: no delink to come */
+    assert_string_equal(worker_pending(&w), "stopping");
+    assert_false(worker_delink_pending(&w));
     w.state = W_STOPPED; /* ended: nothing pending */
     assert_string_equal(worker_pending(&w), "");
+    assert_false(worker_delink_pending(&w));
     worker_set_error(&w, NULL);
 }
 
