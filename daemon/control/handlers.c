@@ -223,15 +223,22 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->pending = arena_strdup_(c->a, pending);
     if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;
-    if (spec_json) {
+    if (row->have_summary) {
+        /* the columns stored at submit */
+        ri->pseudo_steps = row->pseudo_steps;
+        ri->device_budget_bytes = row->device_budget;
+        ri->backend = arena_strdup_(c->a, row->backend);
+        ri->delink_policy = arena_strdup_(c->a, row->delink_policy);
+        if (!ri->backend || !ri->delink_policy) return NULL;
+    } else if (spec_json) {
+        /* a run submitted before m6.db had them: from its spec */
         run_spec spec;
         char err[256];
         if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0) {
             ri->pseudo_steps = spec.pseudo.steps;
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
-            ri->backend = (char *)(spec.device.backend == BACKEND_CUDA ? "cuda" : "cpu");
-            ri->delink_policy = (char *)(spec.delink.policy == DELINK_AT_PLATEAU
-                                             ? "plateau" : "step");
+            ri->backend = (char *)spec_backend_name(spec.device.backend);
+            ri->delink_policy = (char *)spec_delink_policy_name(spec.delink.policy);
         }
     }
     /* a delink to come: only for a live run still in the pseudo phase */
@@ -405,9 +412,11 @@ static void do_list_(call *c, const M6__Request *rq)
     if (!rl || !v) goto oom;
     m6__run_list__init(rl);
     for (int i = 0; i < n; i++) {
-        /* the spec (pseudo_steps, budget) as status has it */
+        /* the spec's fields from the row's columns; only a row from
+         * before them needs its spec */
         run_row full;
-        int have = state_run_get(c->h->st, rows[i].id, &full) == 0;
+        int have = !rows[i].have_summary &&
+                   state_run_get(c->h->st, rows[i].id, &full) == 0;
         v[i] = run_info_(c, &rows[i], have ? full.spec : NULL);
         if (have) run_row_clear(&full);
         if (!v[i]) goto oom;

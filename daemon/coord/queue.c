@@ -30,8 +30,14 @@ int64_t queue_add(state *st, const run_spec *spec, const char *json,
 {
     char *canon = spec_to_json(spec);
     int phase = spec->pseudo.steps > 0 ? 0 : 1;
+    run_summary sum = {
+        .pseudo_steps = spec->pseudo.steps,
+        .device_budget = (int64_t)spec->device.memory_budget,
+        .backend = spec_backend_name(spec->device.backend),
+        .delink_policy = spec_delink_policy_name(spec->delink.policy),
+    };
     int64_t rid = state_run_insert(st, spec->name, canon ? canon : json,
-                                   spec->train.steps, phase);
+                                   spec->train.steps, phase, &sum);
     free(canon);
     if (rid < 0) return -1;
     run_row row;

@@ -782,6 +782,7 @@ typedef struct {
     const char *name, *spec;
     int64_t total_steps;
     int phase;
+    const run_summary *sum;
     int64_t id;
 } run_insert_;
 
@@ -789,12 +790,17 @@ static int run_insert_body_(state *st, void *arg)
 {
     run_insert_ *a = arg;
     double t = now_();
+    const run_summary *u = a->sum;
     if (SQL_WRITE_LOCKED(st,
             "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
-            "created, updated) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?)",
+            "created, updated, pseudo_steps, device_budget, backend, "
+            "delink_policy) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
             A_TEXT(a->name ? a->name : ""), A_TEXT(a->spec),
             A_TEXT(phase_name(a->phase)), A_INT(a->total_steps), A_REAL(t),
-            A_REAL(t)) < 0)
+            A_REAL(t), u ? A_INT(u->pseudo_steps) : A_NULL,
+            u ? A_INT(u->device_budget) : A_NULL,
+            A_TEXT(u ? u->backend : NULL),
+            A_TEXT(u ? u->delink_policy : NULL)) < 0)
         return -1;
     a->id = sqlite3_last_insert_rowid(st->db);
     if (!a->name || !*a->name) {
@@ -808,9 +814,10 @@ static int run_insert_body_(state *st, void *arg)
 }
 
 int64_t state_run_insert(state *st, const char *name, const char *spec,
-                         int64_t total_steps, int phase)
+                         int64_t total_steps, int phase,
+                         const run_summary *sum)
 {
-    run_insert_ a = {name, spec, total_steps, phase, -1};
+    run_insert_ a = {name, spec, total_steps, phase, sum, -1};
     return waited_(st, run_insert_body_, &a) < 0 ? -1 : a.id;
 }
 
@@ -830,14 +837,27 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
     r->error = er ? strdup((const char *)er) : NULL;
     r->delink_step = sqlite3_column_type(s, 9) == SQLITE_NULL
                          ? -1 : sqlite3_column_int64(s, 9);
+    /* the summary (0009): all four set at submit, or none */
+    r->have_summary = sqlite3_column_type(s, 10) != SQLITE_NULL &&
+                      sqlite3_column_type(s, 11) != SQLITE_NULL &&
+                      sqlite3_column_type(s, 12) != SQLITE_NULL &&
+                      sqlite3_column_type(s, 13) != SQLITE_NULL;
+    if (r->have_summary) {
+        r->pseudo_steps = sqlite3_column_int64(s, 10);
+        r->device_budget = sqlite3_column_int64(s, 11);
+        copy_text_(r->backend, sizeof r->backend, sqlite3_column_text(s, 12));
+        copy_text_(r->delink_policy, sizeof r->delink_policy,
+                   sqlite3_column_text(s, 13));
+    }
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 10);
+        const unsigned char *sp = sqlite3_column_text(s, 14);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
 
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
-                 "updated, error, delink_step"
+                 "updated, error, delink_step, pseudo_steps, device_budget, " \
+                 "backend, delink_policy"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {

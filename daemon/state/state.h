@@ -56,7 +56,22 @@ typedef struct {
                          * (malloc'd: run_row_clear, run_rows_free) */
     int64_t delink_step; /* the real phase's first step; -1 (NULL) never
                           * delinked: pseudo, or trained from scratch */
+    /* The spec's fields list and status show, stored at submit (schema
+     * 0009, run_summary). have_summary 0: a row from before it (NULL
+     * columns): read them from the spec. */
+    int have_summary;
+    int64_t pseudo_steps;     /* pseudo.steps */
+    int64_t device_budget;    /* device.memory_budget, bytes; 0 none */
+    char backend[8];          /* device.backend: "cpu", "cuda" */
+    char delink_policy[16];   /* delink.policy: "step", "plateau" */
 } run_row;
+
+/* What state_run_insert stores beside the spec (run_row's fields of the
+ * same names); strings are copied, at most 7 and 15 bytes kept. */
+typedef struct {
+    int64_t pseudo_steps, device_budget;
+    const char *backend, *delink_policy;
+} run_summary;
 
 typedef struct {
     int64_t step;
@@ -97,9 +112,12 @@ state *state_open(const char *path, char *err, size_t errlen);
 void state_close(state *st);
 int state_user_version(state *st);
 
-/* Runs. A run inserted with an empty name is named "run-<id>". */
+/* Runs. A run inserted with an empty name is named "run-<id>". sum: the
+ * spec's summary columns; NULL leaves them NULL (read back as
+ * have_summary 0). */
 int64_t state_run_insert(state *st, const char *name, const char *spec,
-                         int64_t total_steps, int phase);
+                         int64_t total_steps, int phase,
+                         const run_summary *sum);
 /* Free rows of state_run_list (n of them) and what each holds. */
 void run_rows_free(run_row *rows, int n);
 int state_run_get(state *st, int64_t id, run_row *out);  /* 0, 1, -1 */

@@ -847,6 +847,17 @@ int spec_world_of_phase(const run_spec *s, int pseudo)
                ? s->nodes.pseudo_world_size : s->nodes.world_size;
 }
 
+const char *spec_backend_name(backend_kind b)
+{
+    return b == BACKEND_CPU || b == BACKEND_CUDA ? backend_names_[b] : "?";
+}
+
+const char *spec_delink_policy_name(delink_policy p)
+{
+    return p == DELINK_AT_STEP || p == DELINK_AT_PLATEAU ? policy_names_[p]
+                                                         : "?";
+}
+
 int spec_slots_of_phase(const run_spec *s, int pseudo)
 {
     return pseudo ? s->pseudo.share_groups : s->model.n_layer;

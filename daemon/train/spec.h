@@ -111,6 +111,12 @@ int spec_dp_split(const run_spec *s, int world, int *B_rank,
  * set) for pseudo 1, else nodes.world_size. */
 int spec_world_of_phase(const run_spec *s, int pseudo);
 
+/* The spec's names of a backend ("cpu", "cuda") and a delink policy
+ * ("step", "plateau"), as device.backend and delink.policy spell them;
+ * "?" out of range. */
+const char *spec_backend_name(backend_kind b);
+const char *spec_delink_policy_name(delink_policy p);
+
 /* S, the parameter slots of a phase: pseudo.share_groups for pseudo 1,
  * model.n_layer (every layer its own slot) for pseudo 0. The one place
  * this is decided: the trainer, the planners and init.from ask it. */

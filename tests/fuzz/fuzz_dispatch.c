@@ -80,7 +80,7 @@ static void teardown_(void)
 
 static int64_t run_(const char *name, run_state s, int64_t step, const char *err)
 {
-    int64_t id = state_run_insert(st_, name, spec_, 100, 0);
+    int64_t id = state_run_insert(st_, name, spec_, 100, 0, NULL);
     if (id <= 0) fail_("state_run_insert");
     if (s != RUN_QUEUED && state_run_set_state(st_, id, s, err) != 0)
         fail_("state_run_set_state");

@@ -86,7 +86,7 @@ static void test_prune_and_restore(void **unused)
     state *st = state_open(db, why, sizeof why);
     if (!st)
         fail_msg("state_open: %s", why);
-    int64_t run = state_run_insert(st, "r", "{}", 10, 0);
+    int64_t run = state_run_insert(st, "r", "{}", 10, 0, NULL);
     assert_true(run > 0);
     ckpt_store s = {st, runs};
     ckpt_store_dir(&s, run, cdir, sizeof cdir);

@@ -54,7 +54,7 @@ static void test_migrations(void **s)
     st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
     assert_int_equal(state_user_version(st), schema_n_migrations);
-    assert_true(state_run_insert(st, "x", "{}", 10, 0) > 0);
+    assert_true(state_run_insert(st, "x", "{}", 10, 0, NULL) > 0);
     state_close(st);
     st = state_open(dbpath, err, sizeof err);
     run_row *rows;
@@ -91,7 +91,7 @@ static void test_damaged_refused(void **s)
     state *st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
     for (int i = 0; i < 100; i++) /* some 50 pages of runs */
-        assert_true(state_run_insert(st, "x", spec, 10, 0) > 0);
+        assert_true(state_run_insert(st, "x", spec, 10, 0, NULL) > 0);
     state_close(st); /* the last connection: the WAL goes into the file */
     st = state_open(dbpath, err, sizeof err); /* intact: opens */
     assert_non_null(st);
@@ -128,8 +128,8 @@ static void test_runs_crud(void **s)
     char err[256];
     state *st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
-    int64_t a = state_run_insert(st, "alpha", "{\"a\":1}", 60, 0);
-    int64_t b = state_run_insert(st, "", "{}", 30, 1);
+    int64_t a = state_run_insert(st, "alpha", "{\"a\":1}", 60, 0, NULL);
+    int64_t b = state_run_insert(st, "", "{}", 30, 1, NULL);
     assert_true(a > 0 && b > a);
     run_row r;
     assert_int_equal(state_run_get(st, b, &r), 0);
@@ -143,7 +143,7 @@ static void test_runs_crud(void **s)
     assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
     assert_int_equal(id, a);
     assert_int_equal(state_run_find_name(st, "nope", &id), 1);
-    state_run_insert(st, "alpha", "{}", 1, 0);
+    state_run_insert(st, "alpha", "{}", 1, 0, NULL);
     assert_int_equal(state_run_find_name(st, "alpha", &id), 2);
 
     assert_int_equal(state_run_set_state(st, a, RUN_FAILED, "boom"), 0);
@@ -168,7 +168,7 @@ static void test_metrics_phases_checkpoints(void **s)
     (void)s;
     char err[256];
     state *st = state_open(dbpath, err, sizeof err);
-    int64_t a = state_run_insert(st, "m", "{}", 10, 0);
+    int64_t a = state_run_insert(st, "m", "{}", 10, 0, NULL);
     for (int i = 1; i <= 10; i++) {
         metric_row m = {.step = i, .phase = i > 5, .train_loss = 1.0 / i,
                         .val_loss = i % 5 ? NAN : 2.0 / i, .lr = 1e-3,
@@ -389,6 +389,66 @@ static void test_delink_step_column(void **s)
     state_close(st);
 }
 
+/* The spec summary columns (schema 0009): a run submitted with them reads
+ * them back from get and list; one inserted without, and a row from a
+ * database of before 0009 (migrated from user_version 8), has none
+ * (have_summary 0: the caller reads its spec), its other fields intact. */
+static void test_summary_columns(void **s)
+{
+    (void)s;
+    char err[256];
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    assert_true(schema_n_migrations >= 9);
+    assert_string_equal(schema_migrations[8].name,
+                        "0009_runs_spec_summary.sql");
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(sqlite3_exec(db, schema_migrations[i].sql, NULL, NULL,
+                                      NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+        "PRAGMA user_version = 8;"
+        "INSERT INTO runs(name, spec, phase, step, total_steps, created, "
+        "updated) VALUES ('old', '{\"pseudo\": {\"steps\": 7}}', 'pseudo', "
+        "3, 100, 0, 0);", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    state *st = state_open(dbpath, err, sizeof err);
+    assert_non_null(st);
+    assert_int_equal(state_user_version(st), schema_n_migrations);
+    run_summary sum = {.pseudo_steps = 40, .device_budget = 3LL << 30,
+                       .backend = "cuda", .delink_policy = "plateau"};
+    int64_t b = state_run_insert(st, "new", "{}", 60, 0, &sum);
+    int64_t c = state_run_insert(st, "none", "{}", 60, 0, NULL);
+    assert_true(b == 2 && c == 3);
+    run_row r;
+    assert_int_equal(state_run_get(st, 1, &r), 0);
+    assert_false(r.have_summary);
+    assert_string_equal(r.name, "old");
+    assert_int_equal(r.step, 3);
+    assert_string_equal(r.spec, "{\"pseudo\": {\"steps\": 7}}");
+    run_row_clear(&r);
+    assert_int_equal(state_run_get(st, b, &r), 0);
+    assert_true(r.have_summary);
+    assert_int_equal(r.pseudo_steps, 40);
+    assert_int_equal(r.device_budget, 3LL << 30);
+    assert_string_equal(r.backend, "cuda");
+    assert_string_equal(r.delink_policy, "plateau");
+    run_row_clear(&r);
+    run_row *rows;
+    int n;
+    assert_int_equal(state_run_list(st, &rows, &n), 0);
+    assert_int_equal(n, 3);
+    assert_false(rows[0].have_summary);
+    assert_true(rows[1].have_summary);
+    assert_int_equal(rows[1].pseudo_steps, 40);
+    assert_int_equal(rows[1].device_budget, 3LL << 30);
+    assert_string_equal(rows[1].backend, "cuda");
+    assert_string_equal(rows[1].delink_policy, "plateau");
+    assert_false(rows[2].have_summary);
+    run_rows_free(rows, n);
+    state_close(st);
+}
+
 /* A run's reason and an event's detail of any length are stored and read
  * back whole (a data error naming a shard on a path of thousands of
  * bytes). */
@@ -402,7 +462,7 @@ static void test_command_log(void **s)
     char err[256];
     state *st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
-    int64_t r = state_run_insert(st, "c", "{}", 100, 0);
+    int64_t r = state_run_insert(st, "c", "{}", 100, 0, NULL);
     assert_true(r > 0);
     int64_t sub = state_command_add(st, r, "submit", 1, 0);
     int64_t p = state_command_add(st, r, "pause", 0, 0);
@@ -483,7 +543,7 @@ static void test_long_text_whole(void **unused)
     char err[1024];
     state *st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
-    int64_t a = state_run_insert(st, "long", "{}", 10, 0);
+    int64_t a = state_run_insert(st, "long", "{}", 10, 0, NULL);
     assert_true(a > 0);
     enum { N = 5000 };
     char *why = malloc(N + 32);
@@ -527,7 +587,7 @@ static void test_other_writer_held(void **s)
     char err[256];
     state *st = state_open(dbpath, err, sizeof err);
     assert_non_null(st);
-    int64_t id = state_run_insert(st, "held", "{}", 100, 0);
+    int64_t id = state_run_insert(st, "held", "{}", 100, 0, NULL);
     assert_true(id > 0);
     sqlite3 *other;
     assert_int_equal(sqlite3_open(dbpath, &other), SQLITE_OK);
@@ -612,6 +672,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_log, setup, teardown),
