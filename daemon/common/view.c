@@ -69,16 +69,26 @@ const char *view_shortest(char *buf, size_t len, double v, int f32)
     return buf;
 }
 
-/* "157.1 MiB" */
-static void fmt_bytes_(char *buf, size_t n, double v)
+const char *view_bytes(char *buf, size_t len, double n, view_bytes_form form)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = n;
     int u = 0;
     while (v >= 1024 && u < 6) {
         v /= 1024;
         u++;
     }
-    snprintf(buf, n, "%.4g %s", v, unit[u]);
+    if (form == VIEW_BYTES_SIG4)
+        snprintf(buf, len, "%.4g %s", v, unit[u]);
+    else if (form == VIEW_BYTES_2DP || u > 0)
+        snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    else
+        snprintf(buf, len, "%.0f byte%s", n, n == 1 ? "" : "s");
+    if (form == VIEW_BYTES_EXACT && u > 0) {
+        size_t k = strlen(buf);
+        snprintf(buf + k, len - k, " (%.0f bytes)", n);
+    }
+    return buf;
 }
 
 /* Seconds as "42s", "3m05s" or "2h07m": rounded to whole seconds (or
@@ -141,7 +151,7 @@ static const char *text_(const view_field *fd, view_val *v, char *buf, size_t le
     case VF_RATE: snprintf(buf, len, "%.0f", x); return buf;
     case VF_G3: snprintf(buf, len, "%.3g", x); return buf;
     case VF_PCT: snprintf(buf, len, "%.0f%%", 100.0 * x); return buf;
-    case VF_BYTES: fmt_bytes_(buf, len, x); return buf;
+    case VF_BYTES: return view_bytes(buf, len, x, VIEW_BYTES_SIG4);
     case VF_SECONDS: fmt_seconds_(buf, len, x); return buf;
     case VF_UTC: fmt_utc_(buf, len, x); return buf;
     case VF_PLAIN: break;

@@ -127,6 +127,15 @@ void view_end(view_out *o);
  * as "nan", "inf", "-inf". */
 const char *view_shortest(char *buf, size_t len, double v, int f32);
 
+/* Bytes in binary units: n scaled by 1024 until below 1024 or EiB, then
+ *   VIEW_BYTES_SIG4   "157.1 MiB", "512 B"   (%.4g; VF_BYTES, m6ctl)
+ *   VIEW_BYTES_2DP    "1.50 MiB", "512 B"    (%.2f, bytes as a whole)
+ *   VIEW_BYTES_EXACT  "1.50 MiB (1572864 bytes)", "1 byte", "512 bytes"
+ * The one byte formatter of m6d and m6ctl (plans, views). Into buf, which
+ * is returned. */
+typedef enum { VIEW_BYTES_SIG4, VIEW_BYTES_2DP, VIEW_BYTES_EXACT } view_bytes_form;
+const char *view_bytes(char *buf, size_t len, double n, view_bytes_form form);
+
 /* The field of v called name (its JSON key); NULL when none. */
 const view_field *view_field_named(const view *v, const char *name);
 

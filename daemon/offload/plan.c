@@ -16,36 +16,16 @@
 
 #define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
 
-/* n bytes as v units of 1024^u (u up to 6, EiB), for the two forms below */
-static const char *const units_[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB",
-                                     "EiB"};
-static int scale_bytes_(uint64_t n, double *v)
-{
-    int u = 0;
-    for (*v = (double)n; *v >= 1024 && u < 6; u++)
-        *v /= 1024;
-    return u;
-}
-
-/* "1.50 MiB (1572864 bytes)", "1 byte" */
+/* "1.50 MiB (1572864 bytes)", "1 byte" (common/view.h view_bytes) */
 static const char *fmt_bytes_(char *buf, size_t len, size_t n)
 {
-    double v;
-    int u = scale_bytes_(n, &v);
-    if (u == 0)
-        snprintf(buf, len, "%zu byte%s", n, n == 1 ? "" : "s");
-    else
-        snprintf(buf, len, "%.2f %s (%zu bytes)", v, units_[u], n);
-    return buf;
+    return view_bytes(buf, len, (double)n, VIEW_BYTES_EXACT);
 }
 
 /* "1.50 MiB", "512 B" */
 static const char *short_bytes_(char *buf, size_t len, uint64_t n)
 {
-    double v;
-    int u = scale_bytes_(n, &v);
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units_[u]);
-    return buf;
+    return view_bytes(buf, len, (double)n, VIEW_BYTES_2DP);
 }
 
 /* ------------------------------------------------------- cuda shapes */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/view.h"
 #include "model/gpt.h"
 
 /* ------------------------------------------------------------- counting */
@@ -170,18 +171,10 @@ int cluster_plan_for_spec(const run_spec *spec, const cluster_input *in,
 
 /* ------------------------------------------------------------- printing */
 
-static const char *const units_[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB",
-                                     "EiB"};
-
-/* "1.50 GiB" */
+/* "1.50 GiB" (common/view.h view_bytes) */
 static const char *gib_(char *buf, size_t len, uint64_t n)
 {
-    double v = (double)n;
-    int u = 0;
-    for (; v >= 1024 && u < 6; u++)
-        v /= 1024;
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units_[u]);
-    return buf;
+    return view_bytes(buf, len, (double)n, VIEW_BYTES_2DP);
 }
 
 /* "1,234,567" */

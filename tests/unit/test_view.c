@@ -144,11 +144,39 @@ static void test_forms(void **state)
     json_decref(j);
 }
 
+/* view_bytes, each form against values worked out by hand: 1572864 =
+ * 1.5 * 1024^2; 1024^6 = 1 EiB, and 1024^7 stays in EiB (1024 EiB). */
+static void test_bytes(void **state)
+{
+    (void)state;
+    char b[64];
+    assert_string_equal(view_bytes(b, sizeof b, 1572864, VIEW_BYTES_EXACT),
+                        "1.50 MiB (1572864 bytes)");
+    assert_string_equal(view_bytes(b, sizeof b, 1, VIEW_BYTES_EXACT), "1 byte");
+    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_EXACT),
+                        "512 bytes");
+    assert_string_equal(view_bytes(b, sizeof b, 1572864, VIEW_BYTES_2DP),
+                        "1.50 MiB");
+    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_2DP), "512 B");
+    assert_string_equal(view_bytes(b, sizeof b, 1023, VIEW_BYTES_2DP), "1023 B");
+    assert_string_equal(view_bytes(b, sizeof b, 1024, VIEW_BYTES_2DP),
+                        "1.00 KiB");
+    assert_string_equal(view_bytes(b, sizeof b, 164731290, VIEW_BYTES_SIG4),
+                        "157.1 MiB");
+    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_SIG4), "512 B");
+    double eib = 1152921504606846976.0; /* 1024^6 */
+    assert_string_equal(view_bytes(b, sizeof b, eib, VIEW_BYTES_2DP),
+                        "1.00 EiB");
+    assert_string_equal(view_bytes(b, sizeof b, eib * 1024, VIEW_BYTES_2DP),
+                        "1024.00 EiB");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shortest),
         cmocka_unit_test(test_forms),
+        cmocka_unit_test(test_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
