@@ -89,27 +89,57 @@ size_t model_param_floats(const model_config *cfg, int S, const int *slot_of)
     return n;
 }
 
+model_block_parts model_block_parts_of(const model_config *cfg)
+{
+    gpt_tensor slot[SLOT_NTENSORS_MAX];
+    size_t ss;
+    model_block_parts p = {0, 0, 0, 0};
+    gpt_slot_layout(cfg, 0, slot, &ss);
+    p.attn = numel_(slot, SLOT_LN2_B + 1);
+    p.mlp = numel_(slot + SLOT_FC_W, SLOT_FCPROJ_B - SLOT_FC_W + 1);
+    if (cfg->moe_experts > 0) {
+        gpt_slot_layout(cfg, 1, slot, &ss);
+        p.gate = numel_(slot + SLOT_GATE_W, 2);
+        /* the expert tensors hold E experts of equal size */
+        p.expert = numel_(slot + SLOT_FC_W, SLOT_FCPROJ_B - SLOT_FC_W + 1) /
+                   (size_t)cfg->moe_experts;
+    }
+    return p;
+}
+
 double model_active_params(const model_config *cfg)
 {
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t ng, ss;
     gpt_layout(cfg, glob, slot, &ng, &ss);
-    double block[2];
-    block[0] = (double)model_slot_params(cfg, 0);
-    block[1] = block[0];
-    if (cfg->moe_experts > 0) {
-        /* the MoE slot less the experts a token is not routed to: E - k
-         * of E, each expert an equal share of the expert tensors */
-        gpt_slot_layout(cfg, 1, slot, &ss);
-        double E = cfg->moe_experts, k = cfg->moe_prototypes;
-        double experts = (double)numel_(slot + SLOT_FC_W,
-                                        SLOT_FCPROJ_B - SLOT_FC_W + 1);
-        block[1] = (double)model_slot_params(cfg, 1) - experts / E * (E - k);
-    }
+    model_block_parts p = model_block_parts_of(cfg);
+    /* an MoE block: its gate and the k experts a token is routed to */
+    double block[2] = {(double)(p.attn + p.mlp),
+                       (double)(p.attn + p.gate) +
+                           (double)cfg->moe_prototypes * (double)p.expert};
     double n = (double)glob[GLOB_WTE].numel; /* the tied LM head */
     for (int l = 0; l < cfg->n_layer; l++)
         n += block[model_layer_is_moe(cfg, l)];
     return n;
+}
+
+model_param_bytes model_param_bytes_of(int cuda)
+{
+    if (cuda)
+        return (model_param_bytes){
+            .weights = 6, .grads = 2, .optim = 8, .resident = 16,
+            .staging = 4, .moved = 2,
+            .host_weights = 6, .host_grads = 6, .host = 20, .pinned = 4,
+            .spec_host = 14, .spec_pinned = 2,
+            .adam_direct = 30, .adam_accum = 36,
+        };
+    return (model_param_bytes){
+        .weights = 4, .grads = 4, .optim = 8, .resident = 16,
+        .staging = 8, .moved = 4,
+        .host_weights = 4, .host_grads = 4, .host = 16, .pinned = 16,
+        .spec_host = 12, .spec_pinned = 0,
+        .adam_direct = 28, .adam_accum = 28,
+    };
 }
 
 double model_flops_per_token(const model_config *cfg)

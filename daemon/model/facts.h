@@ -34,6 +34,16 @@ size_t model_embedding_params(const model_config *cfg);
  * on a dense model counts a dense slot. */
 size_t model_slot_params(const model_config *cfg, int moe);
 
+/* The parts of one block, parameters: attn, the attention with both
+ * LayerNorms (ln_1, c_attn, attn c_proj, ln_2: 4C^2 + 8C); mlp, a dense
+ * block's MLP (8C^2 + 5C); gate, an MoE block's router (E(C + 1)); expert,
+ * one expert (2HC + H + C). A dense slot is attn + mlp, an MoE slot attn
+ * + gate + E * expert. gate and expert 0 on a dense model. */
+typedef struct {
+    size_t attn, mlp, gate, expert;
+} model_block_parts;
+model_block_parts model_block_parts_of(const model_config *cfg);
+
 /* Parameters of the model with S slots of the default share map
  * (gpt_default_share_map; S = n_layer: the Real model): the globals plus
  * each slot once. 0 when S is out of range for cfg. */
@@ -75,6 +85,48 @@ double model_active_params(const model_config *cfg);
  * GeLU, softmax, biases) is counted only through N, as is usual.
  * MFU = this * tokens/s / peak FLOP/s. */
 double model_flops_per_token(const model_config *cfg);
+
+/* Bytes per parameter of a slot's state for AdamW (weights, gradient,
+ * first and second moment), by model and placement: what the planners
+ * (offload/plan.c, plan_cluster.c, plan_p2r.c) count and the models
+ * allocate (gpt.c with the cpu backend's pools; gpt_cuda and the offload
+ * runtime). cuda 0, the CPU model (fp32 everywhere; its "device" is a
+ * pool of ordinary memory):
+ *   resident  16 = weights 4 + gradients 4 + optimizer 8 (m, v)
+ *   staging    8 (fp32 weights + gradients);  moved 4 (fp32)
+ *   offloaded, host 16 = weights 4 + gradients 4 + optimizer 8, all of it
+ *     pinned (the host pool)
+ *   speculative update's second buffers 12 (the old master, m, v), 0 pinned
+ *   host AdamW traffic 28 (fp32 params, grads, m, v read 16; params, m, v
+ *     written 12), the same when drained more than once
+ * cuda 1, the CUDA model (bf16 working copy, fp32 master and moments):
+ *   resident  16 = weights 6 (bf16 2 + fp32 master 4) + gradients 2 (bf16)
+ *     + optimizer 8
+ *   staging    4 (bf16 weights + gradients);  moved 2 (bf16)
+ *   offloaded, host 20 = weights 6 (fp32 master 4 + pinned bf16 2) +
+ *     gradients 6 (fp32 accumulator 4 + pinned bf16 2) + optimizer 8; 4
+ *     pinned
+ *   speculative 14 (new fp32 master, m, v 12 + new bf16 copy 2), 2 pinned
+ *   host AdamW traffic (bench/offload_host.c, reads + writes, no write-
+ *     allocate): 30 when the gradient is drained once in the step (bf16
+ *     grad 2 + master, m, v 12 read; master, m, v 12 + bf16 copy 2
+ *     written), 36 when drained more than once (+ the fp32 accumulator's
+ *     widen and store). */
+typedef struct {
+    int weights, grads, optim;     /* resident, on the device */
+    int resident;                  /* weights + grads + optim */
+    int staging;                   /* one staging buffer, per parameter */
+    int moved;                     /* weights (or a gradient) per copy */
+    int host_weights, host_grads;  /* offloaded, on the host (+ optim) */
+    int host;                      /* host_weights + host_grads + optim */
+    int pinned;                    /* of host, page-locked */
+    int spec_host, spec_pinned;    /* speculative update's second buffers */
+    int adam_direct, adam_accum;   /* host AdamW memory traffic */
+} model_param_bytes;
+
+/* The bytes per parameter above for the CUDA model (cuda 1) or the CPU
+ * model (cuda 0). */
+model_param_bytes model_param_bytes_of(int cuda);
 
 #ifdef __cplusplus
 }

@@ -273,7 +273,8 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json);
  * device (the device holding the most is the one counted); the globals,
  * every slot's attention and LayerNorms, the gates and the dense MLPs
  * replicated on every device. Bytes per parameter are the cuda model's
- * (mixed-precision AdamW, offload.h above), whatever device.backend says:
+ * (mixed-precision AdamW, model/facts.h model_param_bytes_of(1)),
+ * whatever device.backend says:
  *   device, resident: weights 6 (bf16 2 + fp32 master 4), gradients 2
  *     (bf16), optimizer 8 (fp32 m, v) = 16;
  *   device, staging buffer: 4 per parameter of the slot share it holds;
@@ -283,14 +284,6 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json);
  * globals and min(prefetch, offloaded) staging buffers of the largest
  * offloaded share; host memory is per node, G devices' offloaded shares.
  * Activations, the CUDA context and the workspace are not counted. */
-#define CLUSTER_DEVICE_WEIGHT_BYTES 6
-#define CLUSTER_DEVICE_GRAD_BYTES 2
-#define CLUSTER_OPTIM_BYTES 8
-#define CLUSTER_DEVICE_BYTES_PER_PARAM 16
-#define CLUSTER_STAGING_BYTES_PER_PARAM 4
-#define CLUSTER_HOST_WEIGHT_BYTES 6
-#define CLUSTER_HOST_GRAD_BYTES 6
-#define CLUSTER_HOST_BYTES_PER_PARAM 20
 
 typedef struct {
     int nodes, gpus_per_node;   /* N, G */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "model/cuda/act_layout.h"
+#include "model/facts.h"
 #include "common/view.h"
 #include "common/memlimit.h"
 #include "offload/intervals.h"
@@ -116,12 +117,14 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
 
 /* h2d and d2h bytes of one optimizer step (see offload.h). resident_of:
  * as device_bytes_ (NULL: every slot slot_bytes), so slot s's weights
- * travel as (resident_of[s+1] - resident_of[s]) / 4 (cpu; / 8 cuda). */
+ * travel as (resident_of[s+1] - resident_of[s]) / resident * moved
+ * (model_param_bytes: / 4 cpu, / 8 cuda). */
 static int count_step_bytes_(offload_plan *p, const int *slot_of,
                              const size_t *resident_of)
 {
     int L = p->n_layer;
     size_t W0 = p->staging_bytes / 2; /* one slot's weights (or grads) */
+    model_param_bytes pb = model_param_bytes_of(p->backend == BACKEND_CUDA);
     offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
     int *at = malloc(2 * (size_t)L * sizeof(int));
     unsigned char *touched = calloc((size_t)p->n_slots, 1);
@@ -145,11 +148,11 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of,
                                  touched, iv, at);
         for (int j = 0; j < n; j++) {
             int sl = iv[j].slot;
-            /* a slot's weights: 4 of its 16 bytes per parameter on the
-             * cpu (fp32), 2 on cuda (bf16) */
+            /* a slot's weights: moved of its resident bytes per
+             * parameter (4 of 16 on the cpu, fp32; 2 on cuda, bf16) */
             size_t W = resident_of
                            ? (resident_of[sl + 1] - resident_of[sl]) /
-                                 (p->backend == BACKEND_CUDA ? 8 : 4)
+                                 (size_t)(pb.resident / pb.moved)
                            : W0;
             size_t h2d = W, d2h = 0;
             if (iv[j].has_bwd) {
@@ -197,20 +200,17 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->prefetch = in->prefetch;
     out->backend = in->backend;
     out->budget_bytes = in->budget;
+    /* bytes per parameter of each placement: model/facts.h */
+    model_param_bytes pb = model_param_bytes_of(cuda);
+    out->global_bytes = pb.resident * (cuda ? cuda_n_global_(c) : ng);
+    out->slot_bytes = pb.resident * ss;
+    out->staging_bytes = pb.staging * ss;
+    out->host_slot_bytes = pb.host * ss;
+    out->pinned_slot_bytes = pb.pinned * ss;
     if (cuda) {
-        /* bf16 params + bf16 grads + fp32 master, m, v: 16 bytes each */
-        out->global_bytes = 16 * cuda_n_global_(c);
-        out->slot_bytes = 16 * ss;
-        out->staging_bytes = 4 * ss;            /* bf16 weights + grads */
-        out->host_slot_bytes = 16 * ss + 4 * ss;
-        out->pinned_slot_bytes = 4 * ss;        /* the bf16 copies */
         out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
         out->workspace_bytes = CUDA_WORKSPACE_;
     } else {
-        out->global_bytes = 4 * ng * sizeof(float);
-        out->slot_bytes = 4 * ss * sizeof(float);
-        out->staging_bytes = 2 * ss * sizeof(float);
-        out->host_slot_bytes = out->pinned_slot_bytes = out->slot_bytes;
         out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
         out->workspace_bytes = 0;
     }
@@ -265,7 +265,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         res_of[0] = 0;
         for (int s = 0; s < S; s++)
             res_of[s + 1] = res_of[s] + (kind[s] ? out->slot_bytes
-                                                 : 4 * ds * sizeof(float));
+                                                 : pb.resident * ds);
     }
     free(kind);
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
@@ -316,20 +316,17 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->host_bytes = (size_t)out->n_offloaded * out->host_slot_bytes;
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
     /* a mixed model's offloaded slots at their own sizes: f parameters,
-     * 16 bytes each in res_of on either backend; the cpu's host copy is
-     * the device's bytes, cuda's 20 bytes per parameter (4 pinned) */
-    size_t f = res_of ? (res_of[S] - res_of[R]) / 16 : 0;
+     * pb.resident bytes each in res_of, pb.host on the host */
+    size_t f = res_of ? (res_of[S] - res_of[R]) / pb.resident : 0;
     if (res_of) {
-        out->host_bytes = cuda ? 20 * f : 16 * f;
-        out->pinned_bytes = cuda ? 4 * f : 16 * f;
+        out->host_bytes = pb.host * f;
+        out->pinned_bytes = pb.pinned * f;
     }
     /* the speculative update's second buffers (offload.h) */
     out->speculative_mode = in->speculative;
-    out->spec_slot_bytes = cuda ? 14 * ss : 12 * ss;
-    out->spec_pinned_slot_bytes = cuda ? 2 * ss : 0;
-    /* a mixed model's offloaded slots at their own sizes: 12 bytes per
-     * parameter on the cpu, 14 on cuda (2 of them pinned) */
-    size_t spec = res_of ? f * (cuda ? 14 : 12)
+    out->spec_slot_bytes = pb.spec_host * ss;
+    out->spec_pinned_slot_bytes = pb.spec_pinned * ss;
+    size_t spec = res_of ? f * pb.spec_host
                          : (size_t)out->n_offloaded * out->spec_slot_bytes;
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
@@ -341,7 +338,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (out->speculative) {
         out->host_bytes += spec;
         out->pinned_bytes +=
-            res_of ? (cuda ? 2 * f : 0)
+            res_of ? pb.spec_pinned * f
                    : (size_t)out->n_offloaded * out->spec_pinned_slot_bytes;
     }
     int rc = count_step_bytes_(out, map, res_of);

@@ -13,38 +13,40 @@
 #include <string.h>
 
 #include "common/view.h"
+#include "model/facts.h"
 #include "model/gpt.h"
+
+/* Bytes per parameter at scale: the cuda model's (offload.h) */
+#define PB_ (model_param_bytes_of(1))
 
 /* ------------------------------------------------------------- counting */
 
-/* The parameter counts of one block part, from the shapes (gpt.h). */
+/* The parameter counts of one block part (model/facts.h). */
 static void parts_(const model_config *c, cluster_phase *p)
 {
-    uint64_t V = (uint64_t)c->vocab_size, T = (uint64_t)c->seq_len;
-    uint64_t C = (uint64_t)c->n_embd, E = (uint64_t)c->moe_experts;
-    uint64_t H = (uint64_t)model_moe_hidden(c);
-    p->global_params = V * C + T * C + 2 * C;
-    p->attn_params = 4 * C * C + 8 * C;      /* ln_1, c_attn, c_proj, ln_2 */
-    p->mlp_params = 8 * C * C + 5 * C;       /* c_fc, c_proj with biases */
-    p->gate_params = E ? E * C + E : 0;
-    p->expert_params = E ? 2 * H * C + H + C : 0;
+    model_block_parts b = model_block_parts_of(c);
+    p->global_params = model_global_params(c);
+    p->attn_params = b.attn;
+    p->mlp_params = b.mlp;
+    p->gate_params = b.gate;
+    p->expert_params = b.expert;
 }
 
 /* Device bytes of the parameter state with slots [0, R) resident. */
 static uint64_t device_bytes_(const cluster_phase *p, const unsigned char *kind,
                               int R, int prefetch)
 {
-    uint64_t b = CLUSTER_DEVICE_BYTES_PER_PARAM * p->global_params;
+    uint64_t b = PB_.resident * p->global_params;
     uint64_t biggest = 0;
     for (int s = 0; s < p->n_slots; s++) {
         uint64_t sh = p->slot_params[kind[s]];
         if (s < R)
-            b += CLUSTER_DEVICE_BYTES_PER_PARAM * sh;
+            b += PB_.resident * sh;
         else if (sh > biggest)
             biggest = sh;
     }
     int k = p->n_slots - R, nst = k < prefetch ? k : prefetch;
-    return b + (uint64_t)nst * CLUSTER_STAGING_BYTES_PER_PARAM * biggest;
+    return b + (uint64_t)nst * PB_.staging * biggest;
 }
 
 static int phase_(const run_spec *spec, const cluster_input *in, int S,
@@ -105,14 +107,14 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     p->n_offloaded = S - R;
     p->n_staging = p->n_offloaded < pf ? p->n_offloaded : pf;
     uint64_t staging = device_bytes_(p, kind, R, pf) -
-                       CLUSTER_DEVICE_BYTES_PER_PARAM * res_params;
-    p->dev_weights = CLUSTER_DEVICE_WEIGHT_BYTES * res_params + staging / 2;
-    p->dev_grads = CLUSTER_DEVICE_GRAD_BYTES * res_params + staging / 2;
-    p->dev_optim = CLUSTER_OPTIM_BYTES * res_params;
+                       PB_.resident * res_params;
+    p->dev_weights = PB_.weights * res_params + staging / 2;
+    p->dev_grads = PB_.grads * res_params + staging / 2;
+    p->dev_optim = PB_.optim * res_params;
     p->dev_total = p->dev_weights + p->dev_grads + p->dev_optim;
-    p->host_weights = CLUSTER_HOST_WEIGHT_BYTES * off_params;
-    p->host_grads = CLUSTER_HOST_GRAD_BYTES * off_params;
-    p->host_optim = CLUSTER_OPTIM_BYTES * off_params;
+    p->host_weights = PB_.host_weights * off_params;
+    p->host_grads = PB_.host_grads * off_params;
+    p->host_optim = PB_.optim * off_params;
     p->host_total = p->host_weights + p->host_grads + p->host_optim;
     p->node_host_total = p->host_total * (uint64_t)in->gpus_per_node;
     p->offloaded_params = off_params;
@@ -237,7 +239,7 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
             gib_(b, sizeof b, in->device_memory));
     if (explain)
         fprintf(f, "    = %d bytes x %s parameters = %s bytes\n",
-                CLUSTER_DEVICE_BYTES_PER_PARAM,
+                PB_.resident,
                 num_(d, sizeof d, p->device_params),
                 num_(e, sizeof e, p->all_resident_bytes));
     fprintf(f, "  resident / offloaded   %d / %d slots, %d staging buffer%s\n",
@@ -247,7 +249,7 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
         fprintf(f, "    = the most slots (a prefix) whose state, with the "
                 "globals and min(prefetch %d, offloaded) staging buffers of "
                 "%d bytes x the largest offloaded slot share, fits %s\n",
-                in->prefetch, CLUSTER_STAGING_BYTES_PER_PARAM,
+                in->prefetch, PB_.staging,
                 gib_(a, sizeof a, in->device_memory));
     uint64_t res = p->device_params - p->offloaded_params;
     fprintf(f, "  device: weights %s, gradients %s, optimizer %s = %s\n",
@@ -255,11 +257,11 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
             gib_(d, sizeof d, p->dev_optim), gib_(e, sizeof e, p->dev_total));
     if (explain)
         fprintf(f, "    = %s resident parameters x (%d + %d + %d bytes)%s%s\n",
-                num_(g, sizeof g, res), CLUSTER_DEVICE_WEIGHT_BYTES,
-                CLUSTER_DEVICE_GRAD_BYTES, CLUSTER_OPTIM_BYTES,
+                num_(g, sizeof g, res), PB_.weights,
+                PB_.grads, PB_.optim,
                 p->n_staging ? " + staging (bf16 weights and gradients) " : "",
                 p->n_staging ? gib_(h, sizeof h, p->dev_total -
-                                    CLUSTER_DEVICE_BYTES_PER_PARAM * res)
+                                    PB_.resident * res)
                              : "");
     fprintf(f, "  host:   weights %s, gradients %s, optimizer %s = %s per "
             "device, %s per node of %s\n",
@@ -270,8 +272,8 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
     if (explain)
         fprintf(f, "    = %s offloaded parameters x (%d + %d + %d bytes); x %d "
                 "devices per node\n", num_(g, sizeof g, p->offloaded_params),
-                CLUSTER_HOST_WEIGHT_BYTES, CLUSTER_HOST_GRAD_BYTES,
-                CLUSTER_OPTIM_BYTES, in->gpus_per_node);
+                PB_.host_weights, PB_.host_grads,
+                PB_.optim, in->gpus_per_node);
     switch (p->fit) {
     case CLUSTER_FITS_RESIDENT:
         fprintf(f, "  fits: with all slots resident, %s of each device left "
@@ -380,11 +382,11 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
             "buffer %d (bf16 weights + gradients); on the host %d = weights "
             "%d (fp32 master 4 + pinned bf16 2) + gradients %d (fp32 "
             "accumulator 4 + pinned bf16 2) + optimizer %d\n",
-            CLUSTER_DEVICE_BYTES_PER_PARAM, CLUSTER_DEVICE_WEIGHT_BYTES,
-            CLUSTER_DEVICE_GRAD_BYTES, CLUSTER_OPTIM_BYTES,
-            CLUSTER_STAGING_BYTES_PER_PARAM, CLUSTER_HOST_BYTES_PER_PARAM,
-            CLUSTER_HOST_WEIGHT_BYTES, CLUSTER_HOST_GRAD_BYTES,
-            CLUSTER_OPTIM_BYTES);
+            PB_.resident, PB_.weights,
+            PB_.grads, PB_.optim,
+            PB_.staging, PB_.host,
+            PB_.host_weights, PB_.host_grads,
+            PB_.optim);
     fprintf(f, "not counted: activations, the CUDA context and the cuBLASLt "
             "workspace (what is left of a device is shown as headroom)\n");
     if (p->has_pseudo)

@@ -154,9 +154,10 @@ static int fill_common_(const run_spec *spec, int S, int R, const int *map,
         snprintf(err, errlen, "p2r plan: out of memory");
         return -1;
     }
+    model_param_bytes pb = model_param_bytes_of(!cpu);
     for (int s = 0; s < S; s++) {
         off[s] = s >= R;
-        W[s] = P[s] * (cpu ? 4 : 2);  /* fp32 on cpu, bf16 on cuda */
+        W[s] = P[s] * pb.moved;  /* fp32 on cpu, bf16 on cuda */
     }
     ph->n_layer = L;
     ph->n_slots = S;
@@ -169,9 +170,7 @@ static int fill_common_(const run_spec *spec, int S, int R, const int *map,
                       &ph->h2d_bytes, &ph->d2h_bytes, dr);
     ph->offloaded_params = ph->adam_bytes = 0;
     for (int s = R; s < S && rc == 0; s++) {
-        int per = cpu ? P2R_ADAM_BYTES_CPU
-                  : dr[s] > 1 ? P2R_ADAM_BYTES_CUDA_ACCUM
-                              : P2R_ADAM_BYTES_CUDA_DIRECT;
+        int per = dr[s] > 1 ? pb.adam_accum : pb.adam_direct;
         ph->offloaded_params += P[s];
         ph->adam_bytes += P[s] * per;
     }

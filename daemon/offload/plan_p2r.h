@@ -55,15 +55,8 @@
  * bench/RESULTS.md (`--params 256`, 2 threads, machine shared): "direct
  * from bf16" 24 to 27 GB/s; the low end. */
 #define P2R_HOST_ADAM_GBPS 24.0
-/* Bytes the host AdamW touches per offloaded parameter (reads + writes,
- * no write-allocate), bench/offload_host.c: cuda, the slot's gradient
- * drained once in the step ("direct": bf16 grad 2 | fp32 master, m, v 12
- * read; fp32 master, m, v 12 + bf16 copy 2 written); drained more than
- * once ("accum": + the fp32 accumulator's widen and store); cpu: fp32
- * params, grads, m, v read (16), params, m, v written (12). */
-#define P2R_ADAM_BYTES_CUDA_DIRECT 30
-#define P2R_ADAM_BYTES_CUDA_ACCUM 36
-#define P2R_ADAM_BYTES_CPU 28
+/* Bytes the host AdamW touches per offloaded parameter: model/facts.h
+ * model_param_bytes (adam_direct, adam_accum). */
 
 typedef struct {
     double gpu_flops;             /* achieved FLOP/s per device, > 0 */

@@ -130,6 +130,35 @@ static void test_hand_counts(void **st)
     }
 }
 
+/* The block parts (hand count in the comment at the top) and the bytes
+ * per parameter: each total the sum of its parts, and the CPU model's
+ * resident figure the four fp32 buffers gpt.c allocates (params, grads,
+ * m, v: 4 * 4 bytes per float of n_params). */
+static void test_parts_and_bytes(void **st)
+{
+    (void)st;
+    model_config m = cfg_(4, 4, 2);
+    model_block_parts p = model_block_parts_of(&m);
+    assert_int_equal(p.attn, 672);
+    assert_int_equal(p.mlp, 624 + 588);
+    assert_int_equal(p.gate, 52);
+    assert_int_equal(p.expert, 262);
+    model_config d = cfg_(3, 0, 0);
+    p = model_block_parts_of(&d);
+    assert_int_equal(p.attn + p.mlp, 1884);
+    assert_int_equal(p.gate, 0);
+    assert_int_equal(p.expert, 0);
+    for (int cuda = 0; cuda < 2; cuda++) {
+        model_param_bytes b = model_param_bytes_of(cuda);
+        assert_int_equal(b.resident, b.weights + b.grads + b.optim);
+        assert_int_equal(b.host, b.host_weights + b.host_grads + b.optim);
+        assert_true(b.pinned <= b.host && b.spec_pinned <= b.spec_host);
+        assert_int_equal(b.resident, 4 * sizeof(float));
+        assert_int_equal(b.moved, cuda ? 2 : 4); /* bf16, fp32 */
+        assert_int_equal(b.staging, 2 * b.moved); /* weights + grads */
+    }
+}
+
 /* S out of range, or a share map that puts layers of two kinds in one
  * slot: 0, not a count. */
 static void test_bad_input(void **st)
@@ -150,6 +179,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_allocation),
         cmocka_unit_test(test_hand_counts),
+        cmocka_unit_test(test_parts_and_bytes),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
