@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/scratch.h" /* the CUDA ops' sizes, plain C */
 #include "model/cuda/act_layout.h"
 #include "model/facts.h"
 #include "common/view.h"
 #include "common/memlimit.h"
 #include "offload/intervals.h"
 
-#define CUDA_WORKSPACE_ (32u << 20) /* cuBLASLt workspace reserve, bytes */
 
 /* "1.50 MiB (1572864 bytes)", "1 byte" (common/view.h view_bytes) */
 static const char *fmt_bytes_(char *buf, size_t len, size_t n)
@@ -31,15 +31,12 @@ static const char *short_bytes_(char *buf, size_t len, uint64_t n)
 
 /* ------------------------------------------------------- cuda shapes */
 
-/* Constants of kernels/cuda that the ops' scratch sizes depend on. They are
- * copied here so that the planner (and m6ctl) need no CUDA; keep them in
- * sync with the files named. The activation table itself is the CUDA
- * model's own (model/cuda/act_layout.h). */
-#define CUDA_MM_ROWS_ 256       /* matmul.cu MM_ROWS */
-#define CUDA_LN_ROWS_ 128       /* layernorm.cu LN_ROWS */
-#define CUDA_SUMSQ_BLOCKS_ 1024 /* adamw.cu SUMSQ_BLOCKS */
+/* The ops' scratch sizes are asked of kernels/cuda/scratch.h (plain C,
+ * the functions the ops and gpt_cuda use), the activation table of the
+ * CUDA model's own (model/cuda/act_layout.h). One figure is still
+ * copied: gpt_cuda_impl.cuh's RED_NSCALARS, the model's reduction
+ * scalars after grad_sumsq's partials. */
 #define CUDA_RED_SCALARS_ 3     /* gpt_cuda_impl.cuh RED_NSCALARS */
-#define CUDA_ATT_WS_CAP_ ((size_t)512 << 20) /* attention.cu ATT_WS_CAP */
 
 static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
 static size_t pad16_(size_t n) { return ceil_div_(n, 16) * 16; }
@@ -53,29 +50,12 @@ static size_t cuda_n_global_(const model_config *c)
     return pad16_(Vp * C + (size_t)c->seq_len * C + 2 * C);
 }
 
-/* attention.cu attention_gemm_workspace_bytes: 10 bytes per score of
- * (T, T rounded up to 8) per (sequence, head) item, as many items as fit
- * the cap, up to max(B, NH); 0 when the head size is not a multiple of 8
- * or one item does not fit. */
-static size_t cuda_att_ws_(size_t B, size_t T, size_t C, size_t NH)
+/* The attention workspace gpt_cuda allocates: the cuBLASLt path's where
+ * the shape and $M6_ATTENTION take it, else none (scratch.h). */
+static size_t cuda_att_ws_(int B, int T, int C, int NH)
 {
-    if (C % NH || (C / NH) % 8)
-        return 0;
-    /* attention.cu attention_impl_cuda: no workspace on the tensor-core
-     * flash kernels (head size 32, 64, 80, 128) nor with
-     * M6_ATTENTION=core; M6_ATTENTION=gemm keeps the cuBLASLt path */
-    const char *impl = getenv("M6_ATTENTION");
-    size_t hs = C / NH;
-    if (impl && strcmp(impl, "core") == 0)
-        return 0;
-    if (!(impl && strcmp(impl, "gemm") == 0) &&
-        (hs == 32 || hs == 64 || hs == 80 || hs == 128))
-        return 0;
-    size_t per = T * (ceil_div_(T, 8) * 8) * (4 + 4 + 2);
-    if (per > CUDA_ATT_WS_CAP_)
-        return 0; /* one item does not fit: the flash kernels */
-    size_t n = CUDA_ATT_WS_CAP_ / per, items = B > NH ? B : NH;
-    return (n > items ? items : n) * per;
+    return attention_impl_env(C, NH) == ATT_IMPL_GEMM
+               ? attention_gemm_workspace_bytes(B, T, C, NH) : 0;
 }
 
 size_t offload_cuda_act_bytes(const model_config *c, int B_)
@@ -84,17 +64,18 @@ size_t offload_cuda_act_bytes(const model_config *c, int B_)
     const size_t C = (size_t)c->n_embd, NH = (size_t)c->n_head;
     const size_t B = (size_t)B_, BT = B * T;
     /* op scratch: the largest of matmul backward (OC = 4C), layernorm
-     * backward and attention backward */
-    size_t scratch = ceil_div_(BT, CUDA_MM_ROWS_) * 4 * C;
-    size_t s2 = ceil_div_(BT, CUDA_LN_ROWS_) * 2 * C, s3 = B * NH * T;
+     * backward and attention backward, as gpt_cuda sizes it */
+    size_t scratch = matmul_backward_scratch_floats((int)BT, 4 * (int)C);
+    size_t s2 = layernorm_backward_scratch_floats((int)BT, (int)C);
+    size_t s3 = attention_backward_scratch_floats((int)B, (int)T, (int)NH);
     if (s2 > scratch)
         scratch = s2;
     if (s3 > scratch)
         scratch = s3;
     gpt_cuda_act_ops ops = {
-        scratch, cuda_att_ws_(B, T, C, NH),
-        CUDA_SUMSQ_BLOCKS_ + CUDA_RED_SCALARS_,
-        3 * BT + 2, /* encoder.cu encoder_plan_ints */
+        scratch, cuda_att_ws_((int)B, (int)T, (int)C, (int)NH),
+        grad_sumsq_scratch_floats() + CUDA_RED_SCALARS_,
+        encoder_plan_ints((int)BT),
     };
     return gpt_cuda_act_layout(c, B_, &ops, NULL);
 }
@@ -209,7 +190,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->pinned_slot_bytes = pb.pinned * ss;
     if (cuda) {
         out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
-        out->workspace_bytes = CUDA_WORKSPACE_;
+        out->workspace_bytes = MM_WORKSPACE; /* cuBLASLt's */
     } else {
         out->act_bytes = gpt_act_floats(c, in->batch_size) * sizeof(float);
         out->workspace_bytes = 0;

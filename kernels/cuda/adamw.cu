@@ -20,7 +20,6 @@
 #include <string.h>
 #include "common.cuh"
 
-#define SUMSQ_BLOCKS 1024
 #define SUMSQ_THREADS 256
 
 /* ------------------------------------------------------------- kernels */
@@ -181,11 +180,6 @@ __global__ void copy_to_f32_kernel(float *dst, const bf16 *src, size_t n)
 }
 
 /* ------------------------------------------------------------- launchers */
-
-size_t grad_sumsq_scratch_floats(void)
-{
-    return SUMSQ_BLOCKS;
-}
 
 void grad_sumsq_cuda(float *out, float *scratch, const bf16 *grads, size_t n,
                      cudaStream_t stream)

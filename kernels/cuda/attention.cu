@@ -673,15 +673,7 @@ attn_tc_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
  * still far faster than the fp32 cores for T >= a few hundred. The row
  * kernels read and write the workspace once per pass (memory bound). */
 
-#define ATT_WS_CAP ((size_t)512 << 20) /* workspace bytes, at most */
-
-static int att_ldT_(int T) { return (int)ceil_div((size_t)T, 8) * 8; }
-
-/* workspace bytes of one batch item (one head of one sequence) */
-static size_t att_item_bytes_(int T)
-{
-    return (size_t)T * att_ldT_(T) * (4 + 4 + 2);
-}
+/* ATT_WS_CAP, att_ldT_, att_item_bytes_, att_items_: scratch.h */
 
 /* P (rows, ldT) bf16 = the causal softmax of row r of S (rows, ldT) fp32
  * (scaled scores), query t = r % T: 0 past column t; lse of the row =
@@ -735,13 +727,6 @@ __global__ void attn_probs_kernel(bf16 *out, const float *S, const float *dP,
         v = dP ? scale * p * (dP[at] - Dd[row]) : p;
     }
     out[at] = st(v);
-}
-
-/* batch items per pass: as many as fit `bytes`, at least one */
-static int att_items_(int T, int items, size_t bytes)
-{
-    size_t n = bytes / att_item_bytes_(T);
-    return n < 1 ? 1 : n > (size_t)items ? items : (int)n;
 }
 
 /* The passes of a call: the batch runs over heads (by_head: `items` = NH,
@@ -849,16 +834,6 @@ static void att_apply_(const att_pass_ *a, bf16 *Out, int ldo, long long so,
                            (long long)a->T * a->ldT, Out, ldo, so, 0, 1.0f,
                            beta, a->n};
     att_gemm_(r, &g);
-}
-
-size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH)
-{
-    if (C % NH || (C / NH) % 8)
-        return 0; /* head slices must be 16-byte aligned */
-    if (att_item_bytes_(T) > ATT_WS_CAP)
-        return 0; /* long sequences (T > 7,326): the flash kernels */
-    int items = B > NH ? B : NH;
-    return (size_t)att_items_(T, items, ATT_WS_CAP) * att_item_bytes_(T);
 }
 
 static void att_forward_(bf16 *out, float *lse, void *ws, size_t ws_bytes,
@@ -980,21 +955,18 @@ static void bad_head_size_(int C, int NH)
 
 static int tc_head_size_(int hs)
 {
-    return hs == 32 || hs == 64 || hs == 80 || hs == 128;
+    return attention_tc_head_size(hs);
 }
 
-/* $M6_ATTENTION, read once */
+/* $M6_ATTENTION, read once (attention_impl_parse, scratch.h) */
 static int impl_env_(void)
 {
     static int impl = -1;
     if (impl < 0) {
         const char *e = getenv("M6_ATTENTION");
-        impl = ATT_IMPL_TC;
-        if (e && strcmp(e, "core") == 0)
-            impl = ATT_IMPL_CORE;
-        else if (e && strcmp(e, "gemm") == 0)
-            impl = ATT_IMPL_GEMM;
-        else if (e && *e && strcmp(e, "tc") != 0)
+        int unknown;
+        impl = attention_impl_parse(e, &unknown);
+        if (unknown)
             fprintf(stderr, "attention: M6_ATTENTION=%s unknown (tc, core "
                             "or gemm): tc\n", e);
     }
@@ -1003,11 +975,7 @@ static int impl_env_(void)
 
 int attention_impl_cuda(int C, int NH)
 {
-    int env = impl_env_();
-    if (env == ATT_IMPL_TC)
-        return NH > 0 && C % NH == 0 && tc_head_size_(C / NH) ? ATT_IMPL_TC
-                                                             : ATT_IMPL_GEMM;
-    return env;
+    return attention_impl_of(impl_env_(), C, NH);
 }
 
 template <int HS>
@@ -1098,11 +1066,6 @@ void attention_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
         attention_tc_forward_cuda(out, lse, qkv, B, T, C, NH, stream);
     else
         attention_core_forward_cuda(out, lse, qkv, B, T, C, NH, stream);
-}
-
-size_t attention_backward_scratch_floats(int B, int T, int NH)
-{
-    return (size_t)B * NH * T;
 }
 
 /* the CUDA-core backward; acc 1: dqkv +=, 0: dqkv = */

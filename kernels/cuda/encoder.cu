@@ -72,11 +72,6 @@ void encoder_forward_cuda(bf16 *out, const int32_t *inp, const bf16 *wte,
     CUDA_CHECK_LAUNCH();
 }
 
-size_t encoder_plan_ints(int N)
-{
-    return 3 * (size_t)N + 2;
-}
-
 int encoder_backward_plan(int32_t *plan, const int32_t *inp, int N, int V)
 {
     int32_t *seg_tok = plan + 1, *seg_start = plan + 1 + N;

@@ -13,7 +13,8 @@
  *    still accumulate the weight gradients (a slot's gradient sums over
  *    the layers that share it and over the microbatches).
  *  - Where the CUDA op needs workspace it takes a `scratch` argument right
- *    after its outputs, sized by the *_scratch_floats() function next to it.
+ *    after its outputs, sized by the *_scratch_floats() function named next
+ *    to it (scratch.h: plain C, so that the planner asks the same ones).
  *    Scratch makes the reductions deterministic: partial sums per fixed row
  *    block, then a fixed-order sum. No op uses floating-point atomics, so two
  *    runs on the same inputs give bitwise identical results.
@@ -49,6 +50,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels.h" /* moe_dims */
+#include "scratch.h" /* scratch sizes, attention_impl_* (plain C) */
 
 typedef __nv_bfloat16 bf16;
 
@@ -59,8 +61,7 @@ void encoder_forward_cuda(bf16 *out, const int32_t *inp, const bf16 *wte,
                           const bf16 *wpe, int B, int T, int C,
                           cudaStream_t stream);
 
-/* Ints in a plan for N = B*T positions. */
-size_t encoder_plan_ints(int N);
+/* Ints in a plan for N = B*T positions: encoder_plan_ints (scratch.h). */
 
 /* Host: group the N positions of inp_host by token (counting sort, positions
  * ascending within a token) into plan_host (encoder_plan_ints(N) ints).
@@ -97,7 +98,7 @@ void residual_layernorm_forward_cuda(bf16 *res, bf16 *out, float *mean,
                                      const bf16 *bias, int N, int C,
                                      cudaStream_t stream);
 
-size_t layernorm_backward_scratch_floats(int N, int C);
+/* scratch: layernorm_backward_scratch_floats (scratch.h) */
 
 /* dinp (N,C) +=, dweight (C) +=, dbias (C) +=. */
 void layernorm_backward_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
@@ -180,7 +181,7 @@ int matmul_plain_supported(const bf16 *out, const bf16 *inp,
  * plain GEMM. */
 void matmul_cuda_paths(long *fused, long *separate);
 
-size_t matmul_backward_scratch_floats(int N, int OC);
+/* scratch: matmul_backward_scratch_floats (scratch.h) */
 
 /* dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) +=
  * column sums of dout (skipped when NULL; scratch may then be NULL).
@@ -229,7 +230,7 @@ int matmul_backward_dgelu_supported(bf16 *dinp, const bf16 *pre,
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *qkv, int B,
                             int T, int C, int NH, cudaStream_t stream);
 
-size_t attention_backward_scratch_floats(int B, int T, int NH);
+/* scratch: attention_backward_scratch_floats (scratch.h) */
 
 /* dqkv (B,T,3C) +=. dout (B,T,C); qkv, out and lse from the forward;
  * scratch of attention_backward_scratch_floats floats. Deterministic. */
@@ -272,8 +273,7 @@ void attention_core_backward_cuda(bf16 *dqkv, float *scratch,
  * ATT_IMPL_GEMM: the caller may take the cuBLASLt path below where it fits;
  * attention_forward_cuda and attention_backward_cuda then run the CUDA-core
  * kernels. */
-enum { ATT_IMPL_TC = 0, ATT_IMPL_CORE = 1, ATT_IMPL_GEMM = 2 };
-int attention_impl_cuda(int C, int NH);
+int attention_impl_cuda(int C, int NH); /* ATT_IMPL_*: scratch.h */
 
 /* The same attention (same arguments, results and lse) with its products
  * on cuBLASLt's tensor cores, batched over the heads of a sequence or the
@@ -285,7 +285,7 @@ int attention_impl_cuda(int C, int NH);
  * multiple of 8 (its slices would not be 16-byte aligned) or one item's
  * pass would pass 512 MiB (T > 7,326): use the kernels above then, which
  * need no workspace. The backward's scratch is as above. */
-size_t attention_gemm_workspace_bytes(int B, int T, int C, int NH);
+/* attention_gemm_workspace_bytes: scratch.h */
 void attention_gemm_forward_cuda(bf16 *out, float *lse, void *ws,
                                  size_t ws_bytes, const bf16 *qkv, int B,
                                  int T, int C, int NH, cudaStream_t stream);
@@ -371,7 +371,7 @@ void fill_cuda(float *x, float value, size_t n, cudaStream_t stream);
 
 /* -------------------------------------------------------------------- AdamW */
 
-size_t grad_sumsq_scratch_floats(void);
+/* scratch: grad_sumsq_scratch_floats (scratch.h) */
 
 /* out[0] = sum of squares of grads (n), fp32, deterministic. */
 void grad_sumsq_cuda(float *out, float *scratch, const bf16 *grads, size_t n,

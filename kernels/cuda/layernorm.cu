@@ -17,7 +17,6 @@
 #include "common.cuh"
 
 #define LN_EPS 1e-5f
-#define LN_ROWS 128          /* rows per block in the backward (a partial) */
 #define LN_WARPS 8           /* rows (warps) per block in the forward */
 #define LN_BWD_WARPS 16      /* warps per block in the backward */
 
@@ -212,11 +211,6 @@ void residual_layernorm_forward_cuda(bf16 *res, bf16 *out, float *mean,
                                         0, stream>>>(res, out, mean, rstd, a,
                                                      b, weight, bias, N, C);
     CUDA_CHECK_LAUNCH();
-}
-
-size_t layernorm_backward_scratch_floats(int N, int C)
-{
-    return ceil_div(N, LN_ROWS) * 2 * (size_t)C;
 }
 
 /* layernorm_backward_cuda (acc 1: dinp +=) and _first_ (acc 0: dinp =) */

@@ -33,8 +33,6 @@
 
 #include "common.cuh"
 
-#define MM_WORKSPACE (32u << 20)  /* cuBLASLt workspace (Hopper wants 32 MiB) */
-#define MM_ROWS 256               /* rows per chunk in the dbias pass */
 
 static cublasLtHandle_t lt_handle_;
 static void *lt_workspace_;
@@ -583,11 +581,6 @@ void matmul_forward_gelu_cuda(bf16 *out, bf16 *pre, const bf16 *inp,
     count_(&n_separate_); /* the GELU; the bias counts in the call below */
     matmul_forward_cuda(pre, inp, weight, bias, N, C, OC, stream);
     gelu_forward_cuda(out, pre, (size_t)N * OC, stream);
-}
-
-size_t matmul_backward_scratch_floats(int N, int OC)
-{
-    return ceil_div(N, MM_ROWS) * (size_t)OC;
 }
 
 /* matmul_backward_cuda (dinp_beta 1: dinp +=) and
