@@ -484,9 +484,17 @@ static int lock_state_dir_(const char *dir, char *err, size_t errlen)
 {
     char path[2200];
     snprintf(path, sizeof path, "%s/m6d.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    /* 0600, and made so if an older m6d left it 0640: a lock file that
+     * others may open is one that others may flock (even a shared, read-only
+     * flock) to stop m6d from starting */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fchmod(fd, 0600) != 0) {
+        snprintf(err, errlen, "%s: chmod 0600: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
