@@ -63,6 +63,7 @@ typedef struct {
     char token_file[2048];
     char node_name[256];
     int node_timeout_ms;
+    unsigned conn_idle_ms;      /* --conn-idle-timeout; 0 the default */
 } options;
 
 static struct {
@@ -119,6 +120,9 @@ static void usage_(FILE *f)
         "  --db-hold-limit S  seconds step records may wait in memory while another\n"
         "                     process holds m6.db's write lock; then the run pauses\n"
         "                     (default 600)\n"
+        "  --conn-idle-timeout S\n"
+        "                     close a control connection idle this long, 1..86400\n"
+        "                     (default 300; m6ctl watch polls at most every 60 s)\n"
         "  --metrics-listen ADDR:PORT\n"
         "                     serve Prometheus /metrics and the dashboard over\n"
         "                     HTTP there (read-only; e.g. 127.0.0.1:9464)\n"
@@ -147,6 +151,7 @@ static int parse_args_(int argc, char **argv, options *o)
         {"db-hold-limit", required_argument, 0, 'H'},
         {"group", required_argument, 0, 'G'},
         {"group-read-only", no_argument, 0, 'R'},
+        {"conn-idle-timeout", required_argument, 0, 'I'},
         /* metrics */
         {"metrics-listen", required_argument, 0, 'M'},
         {"metrics-peak-flops", required_argument, 0, 'F'},
@@ -231,6 +236,17 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         case 'R': o->group_read_only = 1; break;
+        case 'I': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (end == optarg || *end || !(v >= 1 && v <= 86400)) {
+                fprintf(stderr, "m6d: --conn-idle-timeout: want seconds, "
+                        "1..86400, got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->conn_idle_ms = (unsigned)(v * 1000);
+            break;
+        }
         /* metrics */
         case 'M':
             if (!optarg[0] || strlen(optarg) >= sizeof o->metrics_listen) {
@@ -810,6 +826,7 @@ int main(int argc, char **argv)
                         .listen_fd = listen_fd, .handlers = &g.handlers,
                         .group = g.opt.group, .group_name = g.opt.group_name,
                         .group_read_only = g.opt.group_read_only,
+                        .idle_timeout_ms = g.opt.conn_idle_ms,
                         .state_dir = g.opt.state_dir};
     g.srv = server_init(&sc, err, sizeof err);
     if (!g.srv) {
