@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,8 @@ typedef struct {
     /* metrics: --metrics-listen, --metrics-peak-flops */
     char metrics_listen[512];
     double peak_flops;
+    char metrics_hosts[HTTP_HOSTS_MAX][256];  /* --metrics-host, "" unused */
+    char metrics_token_file[2048];            /* --metrics-token-file */
     /* nodes (daemon/cluster, issue 14): role, coordinator's TCP listener,
      * a worker's join */
     int coordinator;            /* --role coordinator */
@@ -87,6 +90,7 @@ static struct {
     int drain_expired;          /* the shutdown drain's deadline passed */
     /* nodes */
     cluster_token token;
+    cluster_token http_token;   /* --metrics-token-file */
     cluster_facts facts;
     char node_uuid[33];
     int self_registered;
@@ -126,6 +130,15 @@ static void usage_(FILE *f)
         "  --metrics-listen ADDR:PORT\n"
         "                     serve Prometheus /metrics and the dashboard over\n"
         "                     HTTP there (read-only; e.g. 127.0.0.1:9464)\n"
+        "                     (PORT alone: loopback, 127.0.0.1:PORT)\n"
+        "  --metrics-host NAME[,NAME...]\n"
+        "                     names that clients may use in Host: besides IP\n"
+        "                     addresses, localhost and the listen host (others\n"
+        "                     are refused: DNS rebinding), at most 8\n"
+        "  --metrics-token-file PATH\n"
+        "                     every HTTP request needs Authorization: Bearer with\n"
+        "                     this token (not readable by others); for a listen\n"
+        "                     address beyond loopback\n"
         "  --metrics-peak-flops F\n"
         "                     the device's peak FLOP/s, for m6_mfu_ratio\n"
         "Many nodes (docs/OPERATIONS.md, \"Many nodes\"):\n"
@@ -155,6 +168,8 @@ static int parse_args_(int argc, char **argv, options *o)
         /* metrics */
         {"metrics-listen", required_argument, 0, 'M'},
         {"metrics-peak-flops", required_argument, 0, 'F'},
+        {"metrics-host", required_argument, 0, 'W'},
+        {"metrics-token-file", required_argument, 0, 'K'},
         {"role", required_argument, 0, 'r'},
         {"listen", required_argument, 0, 'L'},
         {"join", required_argument, 0, 'J'},
@@ -267,6 +282,31 @@ static int parse_args_(int argc, char **argv, options *o)
             o->peak_flops = v;
             break;
         }
+        case 'W': {
+            char buf[2048];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            int n = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                while (n < HTTP_HOSTS_MAX && o->metrics_hosts[n][0]) n++;
+                if (n == HTTP_HOSTS_MAX || strlen(t) >= sizeof o->metrics_hosts[0]) {
+                    fprintf(stderr, "m6d: --metrics-host: at most %d names of "
+                            "at most 255 bytes, got \"%.80s\"\n",
+                            HTTP_HOSTS_MAX, optarg);
+                    return -1;
+                }
+                snprintf(o->metrics_hosts[n], sizeof o->metrics_hosts[n], "%s", t);
+            }
+            break;
+        }
+        case 'K':
+            if (!optarg[0] || strlen(optarg) >= sizeof o->metrics_token_file) {
+                fprintf(stderr, "m6d: --metrics-token-file: want a path\n");
+                return -1;
+            }
+            snprintf(o->metrics_token_file, sizeof o->metrics_token_file, "%s",
+                     optarg);
+            break;
         /* nodes (issue 14) */
         case 'r':
             if (strcmp(optarg, "coordinator") == 0) o->coordinator = 1;
@@ -603,6 +643,20 @@ static int metrics_bind_(void)
     return 0;
 }
 
+/* http_auth_fn: the --metrics-token-file token (cluster_token_matches:
+ * constant time) */
+static int http_auth_(void *ctx, const void *p, size_t n)
+{
+    return cluster_token_matches(ctx, p, n);
+}
+
+/* Whether a listen host is loopback only: 127.x.y.z, ::1, localhost. */
+static int loopback_host_(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcasecmp(host, "localhost") == 0;
+}
+
 /* After the coordinator: serve. 0, or -1 logged. */
 static int metrics_start_(void)
 {
@@ -612,6 +666,27 @@ static int metrics_start_(void)
     http_config hc = {.fd = g.http_fd, .stats = g.stats,
                       .dispatch = http_dispatch_,
                       .dispatch_ctx = &g.http_handlers};
+    if (http_listen_host(g.opt.metrics_listen, hc.listen_host,
+                         sizeof hc.listen_host) != 0) {
+        log_error("http.error", "err=\"--metrics-listen: host too long\"");
+        return -1;
+    }
+    memcpy(hc.hosts, g.opt.metrics_hosts, sizeof hc.hosts);
+    if (g.opt.metrics_token_file[0]) {
+        if (cluster_token_load(g.opt.metrics_token_file, &g.http_token, err,
+                               sizeof err) < 0) {
+            log_error("http.error", "err=\"--metrics-token-file: %s\"", err);
+            fprintf(stderr, "m6d: --metrics-token-file: %s\n", err);
+            return -1;
+        }
+        hc.auth = http_auth_;
+        hc.auth_ctx = &g.http_token;
+    } else if (!loopback_host_(hc.listen_host)) {
+        log_warn("http.open", "addr=%s msg=\"the HTTP API (run names, errors, "
+                 "paths) is served beyond loopback without a token: set "
+                 "--metrics-token-file, or bind 127.0.0.1\"",
+                 g.opt.metrics_listen);
+    }
     g.http_fd = -1; /* the server's now, closed by it */
     g.http = http_start(&hc, err, sizeof err);
     if (!g.http) {
