@@ -369,6 +369,26 @@ static int parse_args_(int argc, char **argv, options *o)
         fprintf(stderr, "m6d: --listen is for --role coordinator\n");
         return -1;
     }
+    if (o->listen[0]) {
+        /* rank 0's collectives bind the --listen host and workers connect
+         * to it: a wildcard names no address to give them (127.0.0.1 would
+         * be unreachable from another node), and the collectives, which
+         * carry gradients unencrypted, belong on the cluster network */
+        char host[256], e[300];
+        int port;
+        if (cluster_parse_addr(o->listen, 1, host, sizeof host, &port, e,
+                               sizeof e) < 0) {
+            fprintf(stderr, "m6d: --listen: %s\n", e);
+            return -1;
+        }
+        if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !host[0]) {
+            fprintf(stderr, "m6d: --listen %s: give this node's address on "
+                    "the cluster network (the one workers --join), not a "
+                    "wildcard: rank 0's collectives bind it and workers "
+                    "connect to it\n", o->listen);
+            return -1;
+        }
+    }
     if (o->worker && !o->join[0]) {
         fprintf(stderr, "m6d: --role worker needs --join HOST:PORT\n");
         return -1;
@@ -776,20 +796,19 @@ static int cluster_start_(char *err, size_t errlen)
     else
         g.self_registered = 1;
     if (!g.opt.listen[0]) return 0;
-    cluster_coord_config cc = {.loop = &g.loop, .st = g.st,
-                               .listen = g.opt.listen, .token = &g.token,
-                               .timeout_ms = g.opt.node_timeout_ms};
-    g.cluster = cluster_coord_init(&cc, err, errlen);
-    if (!g.cluster) return -1;
-    /* wiring: rank 0 dials its own store; Gloo listens on the --listen
-     * host (127.0.0.1 for a wildcard) */
+    /* wiring: rank 0 dials its own store; its Gloo (NCCL) endpoint binds
+     * the --listen host, which workers reach (a wildcard is refused at
+     * parse_args_) */
     char host[256];
     int port;
     if (cluster_parse_addr(g.opt.listen, 1, host, sizeof host, &port, err,
                            errlen) < 0)
         return -1;
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !host[0])
-        snprintf(host, sizeof host, "127.0.0.1");
+    cluster_coord_config cc = {.loop = &g.loop, .st = g.st,
+                               .listen = g.opt.listen, .token = &g.token,
+                               .timeout_ms = g.opt.node_timeout_ms};
+    g.cluster = cluster_coord_init(&cc, err, errlen);
+    if (!g.cluster) return -1;
     snprintf(g.dpc.host, sizeof g.dpc.host, "%s", host);
     snprintf(g.dpc.store_addr, sizeof g.dpc.store_addr,
              strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,

@@ -5,11 +5,22 @@
 # opening a new one for every one closed, for 12 s; meanwhile a worker
 # from 127.0.0.1 joins within 5 s, the coordinator answers m6ctl, and its
 # log grows by a few lines, not one per connection. Bounded: 1000
-# connections, 12 s.
+# connections, 12 s. And a wildcard --listen is refused.
 . "$(dirname "$0")/lib.sh"
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
 chmod 600 "$T/token"
+# a wildcard --listen is refused before m6d touches its state: rank 0's
+# collectives bind the --listen host, and no worker can reach 127.0.0.1
+for w in 0.0.0.0:0 "[::]:0"; do
+    rc=0
+    "$M6D" --state-dir "$T/wild" --role coordinator --listen "$w" \
+        --token-file "$T/token" 2>"$T/wild.err" || rc=$?
+    [ "$rc" = 2 ] && grep -q "not a wildcard" "$T/wild.err" \
+        || fail "--listen $w: rc $rc, $(cat "$T/wild.err")"
+    [ ! -e "$T/wild" ] || fail "--listen $w was refused after m6d made its state dir"
+done
+
 start_daemon "$T/c" --role coordinator --listen 127.0.0.1:0 --token-file "$T/token" \
     --node-timeout 5
 PORT=
