@@ -18,10 +18,12 @@
 #           but not committed
 #   pause   `m6ctl pause` acknowledged, then kill -9 0-10 ms later: the
 #           next life must find the run paused (then it is resumed)
+# A run found paused is resumed, again in the next life when m6d dies
+# before it acknowledges; an acknowledged resume must hold across a kill.
 # The checks, at the end: every checkpoint on disk loads (ckpt_check),
 # m6.db holds one metrics row per step (no gap, no duplicate), the run
 # completed once with one real phase from pseudo.steps, every acknowledged
-# pause held, and the loss curve is bitwise the uninterrupted run's (a
+# pause and resume held, and the loss curve is bitwise the uninterrupted run's (a
 # reference run of the same spec on a fresh m6d first).
 # Prints figures; the last line is key=value pairs. Exit 0 when every check
 # holds, 1 otherwise, 77 without the fortunes text (the training data).
@@ -62,6 +64,7 @@ cleanup_() {
 trap cleanup_ EXIT
 die() { echo "crash_soak: $*" >&2; KEEP=1; exit 1; }
 RANDOM=$SEED
+echo "crash_soak: seed $SEED, $N kills (rerun with the same draws: --seed $SEED)" >&2
 
 "$M6CTL" data prepare --out "$T/data" --val-fraction 0.05 "$FORTUNES" \
     >"$T/prepare.out" 2>&1 || die "data prepare: $(tail -3 "$T/prepare.out")"
@@ -148,6 +151,41 @@ check_ckpts() {
 kinds=(timing step eval ckpt delink commit pause)
 declare -A count=()
 kills=0 lives=1 acked=0 held=0 owed_pause=0 not_killed=0
+resumed=0 resumes_lost=0 owed_resume=0
+# resume_: when the run is paused, `m6ctl resume` until m6d acknowledges
+# it or dies (a hook may end this life first: the next life tries again;
+# a resume lost so, or one sent while m6d still sets the run up, would
+# otherwise leave the run paused for good and every later kill idle)
+resume_() {
+    for _ in $(seq 1 400); do
+        [ "$(state_of)" = paused ] || return 0
+        if ctl resume "$R" >/dev/null 2>&1; then
+            resumed=$((resumed + 1)); owed_resume=1; return 0
+        fi
+        kill -0 "$PID" 2>/dev/null || return 0
+        sleep 0.01
+    done
+}
+# settle_: at the start of a life, the acknowledged pause (or else resume)
+# of the last one must hold; then resume the run if it is paused
+settle_() {
+    if [ "$owed_pause" = 1 ]; then
+        for _ in $(seq 1 400); do
+            [ "$(state_of)" = paused ] && break
+            sleep 0.01
+        done
+        if [ "$(state_of)" = paused ]; then held=$((held + 1)); fi
+        owed_pause=0
+    elif [ "$owed_resume" = 1 ]; then
+        for _ in $(seq 1 400); do
+            [ "$(state_of)" != paused ] && break
+            sleep 0.01
+        done
+        if [ "$(state_of)" = paused ]; then resumes_lost=$((resumes_lost + 1)); fi
+    fi
+    owed_resume=0
+    resume_
+}
 k=timing  # the first life (the submit's) ends by the clock
 while [ "$kills" -lt "$N" ]; do
     if [ -z "$PID" ]; then
@@ -177,16 +215,7 @@ while [ "$kills" -lt "$N" ]; do
             continue
         fi
         [ "$(state_of)" = completed ] && break
-        if [ "$owed_pause" = 1 ]; then
-            # the pause acknowledged before the last kill holds
-            for _ in $(seq 1 400); do
-                [ "$(state_of)" = paused ] && break
-                sleep 0.01
-            done
-            if [ "$(state_of)" = paused ]; then held=$((held + 1)); fi
-            owed_pause=0
-            ctl resume "$R" >/dev/null 2>&1 || true
-        fi
+        settle_
     fi
     s0=$(step_of)
     case $k in
@@ -199,7 +228,9 @@ while [ "$kills" -lt "$N" ]; do
             sleep 0.005
         done
         if [ "$k" = pause ]; then
-            if ctl pause "$R" >/dev/null 2>&1; then acked=$((acked + 1)); owed_pause=1; fi
+            if ctl pause "$R" >/dev/null 2>&1; then
+                acked=$((acked + 1)); owed_pause=1; owed_resume=0
+            fi
             sleep "0.00$((RANDOM % 10))"
         else
             sleep "0.0$((RANDOM % 20 / 10))$((RANDOM % 10))"
@@ -230,12 +261,10 @@ done
 if [ -z "$PID" ]; then
     lives=$((lives + 1))
     start "$S" || die "m6d did not start for the last life"
+    settle_
 fi
-if [ "$owed_pause" = 1 ]; then
-    for _ in $(seq 1 400); do [ "$(state_of)" = paused ] && break; sleep 0.01; done
-    if [ "$(state_of)" = paused ]; then held=$((held + 1)); fi
-    ctl resume "$R" >/dev/null 2>&1 || true
-fi
+# watch would wait for ever on a paused run
+[ "$(state_of)" != paused ] || die "the run is still paused in the last life (resume refused?)"
 ctl watch "$R" >/dev/null || die "the soaked run did not complete: $(state_of)"
 losses "$R" >"$T/soak.csv"
 kill -TERM "$PID"; wait "$PID" || die "m6d exited $? after SIGTERM"
@@ -285,12 +314,12 @@ echo "checkpoint loads (after each kill and at the end): $ckpts, failing: $ckpt_
 echo "metrics rows: $rows for $STEPS steps ($distinct distinct; lost $rows_lost, extra $rows_extra)"
 echo "loss curve bitwise the uninterrupted run's: $([ $losses_equal = 1 ] && echo yes || echo NO)"
 echo "completed events: $completed; real phase from: $real_from; delink events: $delinks ($replays replays after a restart from an older checkpoint)"
-echo "pauses acknowledged before a kill: $acked, held after the restart: $held; commands left pending: $pending"
+echo "pauses acknowledged before a kill: $acked, held after the restart: $held; resumes acknowledged: $resumed, lost: $resumes_lost; commands left pending: $pending"
 ok=1
 [ "$ckpt_bad" = 0 ] && [ "$tmp_left" = 0 ] && [ "$table_missing" = 0 ] || ok=0
 [ "$rows_lost" = 0 ] && [ "$rows_extra" = 0 ] || ok=0
 [ "$losses_equal" = 1 ] && [ "$completed" = 1 ] && [ "$real_from" = "$PSEUDO" ] || ok=0
-[ "$acks_lost" = 0 ] && [ "$pending" = 0 ] || ok=0
+[ "$acks_lost" = 0 ] && [ "$resumes_lost" = 0 ] && [ "$pending" = 0 ] || ok=0
 if [ "$kills" != "$N" ]; then
     ok=0
     echo "the run completed after $kills of $N kills: too few steps for the soak" >&2
@@ -299,5 +328,5 @@ if [ $ok = 0 ]; then
     KEEP=1
     [ $losses_equal = 1 ] || diff "$T/ref.csv" "$T/soak.csv" | head -5 >&2
 fi
-echo "kills=$kills lives=$lives checkpoints=$ckpts ckpt_bad=$ckpt_bad rows_lost=$rows_lost rows_extra=$rows_extra losses_equal=$losses_equal acks_lost=$acks_lost seed=$SEED seconds=$soak_s ok=$ok"
+echo "kills=$kills lives=$lives checkpoints=$ckpts ckpt_bad=$ckpt_bad rows_lost=$rows_lost rows_extra=$rows_extra losses_equal=$losses_equal acks_lost=$acks_lost resumes_lost=$resumes_lost seed=$SEED seconds=$soak_s ok=$ok"
 [ $ok = 1 ]
