@@ -646,7 +646,7 @@ static void test_plan_mixed_kinds_cuda(void **state)
     offload_plan_free(&p);
 }
 
-/* The M6-10T plan at paper scale (issue 15): 64 nodes x 8 devices of 32
+/* The M6-10T plan at paper scale: 64 nodes x 8 devices of 32
  * GiB, 512 GiB of host memory per node, the pseudo phase S = 1. Every
  * figure by hand from the config (V 50000, T 1024, C 1024, E 10240, H
  * 9984, L 48) and the bytes per parameter of mixed-precision AdamW: 16 on
