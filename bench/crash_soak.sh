@@ -4,8 +4,8 @@
 #
 #   bench/crash_soak.sh [--kills N] [--seed S] [--keep]
 #
-# One small Pseudo-to-Real run (2 layers, C 32, T 32; delink at half of
-# its steps, a validation pass every 5 steps, a checkpoint every 3) trains
+# One small Pseudo-to-Real run (2 layers, C 32, T 32; delink at step
+# 2N+10, a validation pass every 5 steps, a checkpoint every 3) trains
 # across N+1 lives of m6d. Each life but the last ends in a SIGKILL, chosen
 # at random (bash's RANDOM, seeded by --seed, printed) among:
 #   timing  kill -9 from outside, 0-20 ms after the run made 1-8 steps:
@@ -68,10 +68,14 @@ echo "crash_soak: seed $SEED, $N kills (rerun with the same draws: --seed $SEED)
 
 "$M6CTL" data prepare --out "$T/data" --val-fraction 0.05 "$FORTUNES" \
     >"$T/prepare.out" 2>&1 || die "data prepare: $(tail -3 "$T/prepare.out")"
-# about 10 steps a life on average (a delink life up to 30), so 16 per kill
-# leaves room: a run that completes before its N kills fails the soak
+# 4-5 steps a life on average on a loaded 2-core machine (a delink life
+# up to 30), so 16 per kill leaves room: a run that completes before its N
+# kills fails the soak
 STEPS=$((16 * N + 40))
-PSEUDO=$((STEPS / 2))
+# the delink where the kills still come: a life makes about 5 steps on
+# average, so N kills end near step 5N; at half of STEPS (8N) the delink
+# came after the last kill and its crash point never fired
+PSEUDO=$((2 * N + 10))
 cat >"$T/spec.json" <<JSON
 {
   "name": "soak",
@@ -159,9 +163,12 @@ resumed=0 resumes_lost=0 owed_resume=0
 resume_() {
     for _ in $(seq 1 400); do
         [ "$(state_of)" = paused ] || return 0
-        if ctl resume "$R" >/dev/null 2>&1; then
-            resumed=$((resumed + 1)); owed_resume=1; return 0
+        if ctl resume "$R" >"$T/resume.out" 2>&1; then
+            resumed=$((resumed + 1)); owed_resume=1
+            echo "  resumed at step $(step_of)" >>"$T/lives.log"
+            return 0
         fi
+        echo "  resume: $(head -n 1 "$T/resume.out")" >>"$T/lives.log"
         kill -0 "$PID" 2>/dev/null || return 0
         sleep 0.01
     done
