@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --kills) N=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "crash_soak: unknown option $1 (--kills N, --seed S, --keep)" >&2; exit 2 ;;
     esac
 done
