@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # crash_soak.sh — kill -9 m6d at random moments, N times, restarting it
-# each time, and check that nothing was lost (issue 16 item 6).
+# each time, and check that nothing was lost.
 #
 #   bench/crash_soak.sh [--kills N] [--seed S] [--keep]
 #
-# One small Pseudo-to-Real run (2 layers, C 32, T 32; delink at half of
-# its steps, a validation pass every 5 steps, a checkpoint every 3) trains
+# One small Pseudo-to-Real run (2 layers, C 32, T 32; delink at step
+# 2N+10, a validation pass every 5 steps, a checkpoint every 3) trains
 # across N+1 lives of m6d. Each life but the last ends in a SIGKILL, chosen
 # at random (bash's RANDOM, seeded by --seed, printed) among:
 #   timing  kill -9 from outside, 0-20 ms after the run made 1-8 steps:
@@ -18,10 +18,12 @@
 #           but not committed
 #   pause   `m6ctl pause` acknowledged, then kill -9 0-10 ms later: the
 #           next life must find the run paused (then it is resumed)
+# A run found paused is resumed, again in the next life when m6d dies
+# before it acknowledges; an acknowledged resume must hold across a kill.
 # The checks, at the end: every checkpoint on disk loads (ckpt_check),
 # m6.db holds one metrics row per step (no gap, no duplicate), the run
 # completed once with one real phase from pseudo.steps, every acknowledged
-# pause held, and the loss curve is bitwise the uninterrupted run's (a
+# pause and resume held, and the loss curve is bitwise the uninterrupted run's (a
 # reference run of the same spec on a fresh m6d first).
 # Prints figures; the last line is key=value pairs. Exit 0 when every check
 # holds, 1 otherwise, 77 without the fortunes text (the training data).
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
     --kills) N=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "crash_soak: unknown option $1 (--kills N, --seed S, --keep)" >&2; exit 2 ;;
     esac
 done
@@ -62,13 +64,18 @@ cleanup_() {
 trap cleanup_ EXIT
 die() { echo "crash_soak: $*" >&2; KEEP=1; exit 1; }
 RANDOM=$SEED
+echo "crash_soak: seed $SEED, $N kills (rerun with the same draws: --seed $SEED)" >&2
 
 "$M6CTL" data prepare --out "$T/data" --val-fraction 0.05 "$FORTUNES" \
     >"$T/prepare.out" 2>&1 || die "data prepare: $(tail -3 "$T/prepare.out")"
-# about 10 steps a life on average (a delink life up to 30), so 16 per kill
-# leaves room: a run that completes before its N kills fails the soak
+# 4-5 steps a life on average on a loaded 2-core machine (a delink life
+# up to 30), so 16 per kill leaves room: a run that completes before its N
+# kills fails the soak
 STEPS=$((16 * N + 40))
-PSEUDO=$((STEPS / 2))
+# the delink where the kills still come: a life makes about 5 steps on
+# average, so N kills end near step 5N; at half of STEPS (8N) the delink
+# came after the last kill and its crash point never fired
+PSEUDO=$((2 * N + 10))
 cat >"$T/spec.json" <<JSON
 {
   "name": "soak",
@@ -148,6 +155,53 @@ check_ckpts() {
 kinds=(timing step eval ckpt delink commit pause)
 declare -A count=()
 kills=0 lives=1 acked=0 held=0 owed_pause=0 not_killed=0
+resumed=0 resumes_lost=0 owed_resume=0
+# resume_: when the run is paused, `m6ctl resume` until m6d acknowledges
+# it or dies (a hook may end this life first: the next life tries again;
+# a resume lost so, or one sent while m6d still sets the run up, would
+# otherwise leave the run paused for good and every later kill idle)
+resume_() {
+    for _ in $(seq 1 400); do
+        [ "$(state_of)" = paused ] || return 0
+        if ctl resume "$R" >"$T/resume.out" 2>&1; then
+            resumed=$((resumed + 1)); owed_resume=1
+            echo "  resumed at step $(step_of)" >>"$T/lives.log"
+            return 0
+        fi
+        echo "  resume: $(head -n 1 "$T/resume.out")" >>"$T/lives.log"
+        kill -0 "$PID" 2>/dev/null || return 0
+        sleep 0.01
+    done
+}
+# settle_: at the start of a life, the pause (or else the resume) that an
+# earlier life acknowledged must show in m6.db within 4 s of this m6d's
+# start. A life that a hook ends before m6d records it decides nothing:
+# the command is still pending, and the next m6d replays it. Then resume
+# the run if it is paused.
+settle_() {
+    local want= got=0
+    if [ "$owed_pause" = 1 ]; then want=paused
+    elif [ "$owed_resume" = 1 ]; then want=running; fi
+    if [ -n "$want" ]; then
+        for _ in $(seq 1 400); do
+            case $want/$(state_of) in
+            paused/paused) got=1; break ;;
+            running/paused) ;;
+            running/*) got=1; break ;;
+            esac
+            kill -0 "$PID" 2>/dev/null || return 0  # a hook: the next life
+            sleep 0.01
+        done
+        if [ "$want" = paused ]; then
+            if [ $got = 1 ]; then held=$((held + 1)); fi
+            owed_pause=0
+        else
+            if [ $got = 0 ]; then resumes_lost=$((resumes_lost + 1)); fi
+            owed_resume=0
+        fi
+    fi
+    resume_
+}
 k=timing  # the first life (the submit's) ends by the clock
 while [ "$kills" -lt "$N" ]; do
     if [ -z "$PID" ]; then
@@ -177,16 +231,7 @@ while [ "$kills" -lt "$N" ]; do
             continue
         fi
         [ "$(state_of)" = completed ] && break
-        if [ "$owed_pause" = 1 ]; then
-            # the pause acknowledged before the last kill holds
-            for _ in $(seq 1 400); do
-                [ "$(state_of)" = paused ] && break
-                sleep 0.01
-            done
-            if [ "$(state_of)" = paused ]; then held=$((held + 1)); fi
-            owed_pause=0
-            ctl resume "$R" >/dev/null 2>&1 || true
-        fi
+        settle_
     fi
     s0=$(step_of)
     case $k in
@@ -199,7 +244,9 @@ while [ "$kills" -lt "$N" ]; do
             sleep 0.005
         done
         if [ "$k" = pause ]; then
-            if ctl pause "$R" >/dev/null 2>&1; then acked=$((acked + 1)); owed_pause=1; fi
+            if ctl pause "$R" >/dev/null 2>&1; then
+                acked=$((acked + 1)); owed_pause=1; owed_resume=0
+            fi
             sleep "0.00$((RANDOM % 10))"
         else
             sleep "0.0$((RANDOM % 20 / 10))$((RANDOM % 10))"
@@ -230,12 +277,10 @@ done
 if [ -z "$PID" ]; then
     lives=$((lives + 1))
     start "$S" || die "m6d did not start for the last life"
+    settle_
 fi
-if [ "$owed_pause" = 1 ]; then
-    for _ in $(seq 1 400); do [ "$(state_of)" = paused ] && break; sleep 0.01; done
-    if [ "$(state_of)" = paused ]; then held=$((held + 1)); fi
-    ctl resume "$R" >/dev/null 2>&1 || true
-fi
+# watch would wait for ever on a paused run
+[ "$(state_of)" != paused ] || die "the run is still paused in the last life (resume refused?)"
 ctl watch "$R" >/dev/null || die "the soaked run did not complete: $(state_of)"
 losses "$R" >"$T/soak.csv"
 kill -TERM "$PID"; wait "$PID" || die "m6d exited $? after SIGTERM"
@@ -285,12 +330,12 @@ echo "checkpoint loads (after each kill and at the end): $ckpts, failing: $ckpt_
 echo "metrics rows: $rows for $STEPS steps ($distinct distinct; lost $rows_lost, extra $rows_extra)"
 echo "loss curve bitwise the uninterrupted run's: $([ $losses_equal = 1 ] && echo yes || echo NO)"
 echo "completed events: $completed; real phase from: $real_from; delink events: $delinks ($replays replays after a restart from an older checkpoint)"
-echo "pauses acknowledged before a kill: $acked, held after the restart: $held; commands left pending: $pending"
+echo "pauses acknowledged before a kill: $acked, held after the restart: $held; resumes acknowledged: $resumed, lost: $resumes_lost; commands left pending: $pending"
 ok=1
 [ "$ckpt_bad" = 0 ] && [ "$tmp_left" = 0 ] && [ "$table_missing" = 0 ] || ok=0
 [ "$rows_lost" = 0 ] && [ "$rows_extra" = 0 ] || ok=0
 [ "$losses_equal" = 1 ] && [ "$completed" = 1 ] && [ "$real_from" = "$PSEUDO" ] || ok=0
-[ "$acks_lost" = 0 ] && [ "$pending" = 0 ] || ok=0
+[ "$acks_lost" = 0 ] && [ "$resumes_lost" = 0 ] && [ "$pending" = 0 ] || ok=0
 if [ "$kills" != "$N" ]; then
     ok=0
     echo "the run completed after $kills of $N kills: too few steps for the soak" >&2
@@ -299,5 +344,5 @@ if [ $ok = 0 ]; then
     KEEP=1
     [ $losses_equal = 1 ] || diff "$T/ref.csv" "$T/soak.csv" | head -5 >&2
 fi
-echo "kills=$kills lives=$lives checkpoints=$ckpts ckpt_bad=$ckpt_bad rows_lost=$rows_lost rows_extra=$rows_extra losses_equal=$losses_equal acks_lost=$acks_lost seed=$SEED seconds=$soak_s ok=$ok"
+echo "kills=$kills lives=$lives checkpoints=$ckpts ckpt_bad=$ckpt_bad rows_lost=$rows_lost rows_extra=$rows_extra losses_equal=$losses_equal acks_lost=$acks_lost resumes_lost=$resumes_lost seed=$SEED seconds=$soak_s ok=$ok"
 [ $ok = 1 ]

@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/durable.h"
+
 #include "ckpt/checkpoint.h"
 
 #define LLMC_MAGIC 20240326
@@ -334,7 +336,8 @@ static void remove_flat_dir_(const char *dir)
     rmdir(dir);
 }
 
-/* An output directory is written as <out>.tmp-<pid>, then renamed to out
+/* An output directory is written as <out>.tmp-XXXXXX (mkdtemp), then
+ * renamed to out
  * (or, with force over an existing out, its files moved in one by one). */
 typedef struct {
     char out[PATH_MAX], tmp[PATH_MAX + 32];
@@ -367,13 +370,8 @@ static int out_begin_(out_dir *o, const char *out, int force, char *err,
         }
         o->replace = 1;
     }
-    snprintf(o->tmp, sizeof o->tmp, "%s.tmp-%d", out, (int)getpid());
-    remove_flat_dir_(o->tmp);  /* ours, from an earlier failed try */
-    if (mkdir(o->tmp, 0755) != 0) {
-        snprintf(err, errlen, "%s: %s", o->tmp, strerror(errno));
-        return -1;
-    }
-    return 0;
+    return create_temp_dir_beside(out, 0755, o->tmp, sizeof o->tmp, err,
+                                  errlen);
 }
 
 /* Move the finished files in place (names: the files written, NULL-ended). */
@@ -690,10 +688,14 @@ int weights_write_llmc(const m6_weights *w, const char *out, int force,
     hdr[6] = C;
     hdr[7] = Vp;
     char tmp[PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
+    int fd = create_temp_beside(out, 0644, tmp, sizeof tmp, err, errlen);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "wb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
         return -1;
     }
     int bad = fwrite(hdr, sizeof hdr, 1, f) != 1;

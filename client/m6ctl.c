@@ -1391,9 +1391,11 @@ static const command commands_[] = {
     {"export", cmd_export_, 1, 1, F_EXPORT,
      "RUN --out PATH [--step N] [--format F] [--force]",
      "Write a run's checkpoint (newest, or --step N) for other tools.\n"
-     "hf-gpt2 (default): model.safetensors and config.json that\n"
-     "transformers' GPT2LMHeadModel loads; a pseudo-phase model comes out\n"
-     "with every layer a copy of its slot; MoE refused. safetensors: m6's\n"
+     "hf-gpt2 (default): model.safetensors and config.json in the tensor\n"
+     "names, shapes and config keys of transformers' GPT2LMHeadModel (the\n"
+     "tests check the logits of an independent GPT-2 written to that layout,\n"
+     "not transformers itself); a pseudo-phase model comes out with every\n"
+     "layer a copy of its slot; MoE refused. safetensors: m6's\n"
      "own names and m6-model.json (what init.from takes). llmc: an llm.c\n"
      "GPT-2 .bin (version 3, fp32). Reads the files m6d names: needs read\n"
      "access to its state directory. RUN may instead be a directory (a path\n"

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/durable.h"
+
 enum { W_ = 800, H_ = 480, ML_ = 70, MR_ = 20, MT_ = 30, MB_ = 110 };
 
 /* A colour per run (train solid, val dashed in the same colour). */
@@ -70,10 +72,14 @@ int plot_svg_write(const char *path, const plot_run *runs, int nruns,
 #define X_(s) (x0 + ((double)(s) - smin) / (double)(smax - smin) * (x1 - x0))
 #define Y_(v) (y0 - ((v) - lmin) / (lmax - lmin) * (y0 - y1))
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    int fd = create_temp_beside(path, 0644, tmp, sizeof tmp, err, errlen);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "w");
     if (!f) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
         return -1;
     }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"

@@ -46,7 +46,7 @@ static void fill_header_(int32_t hdr[SHARD_HEADER_INTS], size_t n)
 /* An open shard being written: tokens are streamed after a placeholder header,
  * and the header is written for real when the shard is finished. */
 typedef struct {
-    char path[4096], tmp[4100];
+    char path[4096], tmp[4096 + 16];
     int fd;
     size_t n;
 } shard_out_;
@@ -61,12 +61,9 @@ static int shard_begin_(shard_out_ *o, const char *path, char *err,
         return -1;
     }
     strcpy(o->path, path);
-    snprintf(o->tmp, sizeof o->tmp, "%s.tmp", path);
-    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (o->fd < 0) {
-        seterr_(err, errlen, "%s: create: %s", o->tmp, strerror(errno));
+    o->fd = create_temp_beside(path, 0644, o->tmp, sizeof o->tmp, err, errlen);
+    if (o->fd < 0)
         return -1;
-    }
     int32_t hdr[SHARD_HEADER_INTS];
     fill_header_(hdr, 0);
     hdr[0] = 0;  /* not a valid shard until finished */

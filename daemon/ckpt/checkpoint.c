@@ -5,6 +5,7 @@
  */
 #include "ckpt/checkpoint.h"
 
+#include "common/durable.h"
 #include "common/err.h"
 
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static int fwrite_all_(FILE *f, const void *p, size_t n)
@@ -83,13 +85,17 @@ long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
 int safetensors_open(st_file *sf, const char *path, char *err, size_t errlen)
 {
     memset(sf, 0, sizeof *sf);
-    FILE *f = fopen(path, "rb");
+    struct stat st;
+    int fd = open_regular(path, 0, &st, err, errlen);  /* no FIFO hang */
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
+    if (st.st_size < 8) {
         snprintf(err, errlen, "%s: truncated (no header)", path);
         fclose(f);
         return -1;

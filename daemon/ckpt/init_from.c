@@ -3,10 +3,14 @@
  */
 #include "ckpt/init_from.h"
 
+#include "common/durable.h"
+
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/gpt.h"
 
@@ -26,18 +30,33 @@ static void shape_text_(char *buf, size_t n, int ndim, const long *shape)
 static int check_share_map_(const char *dir, int L, int S, const int *want,
                             m6_err *err)
 {
-    char path[PATH_MAX + 32];
-    json_error_t je;
-    snprintf(path, sizeof path, "%s/meta.json", dir);
-    json_t *m = json_load_file(path, 0, &je);
-    if (!m) {
-        snprintf(path, sizeof path, "%s/m6-model.json", dir);
-        m = json_load_file(path, 0, &je);
+    /* meta.json (a checkpoint) or m6-model.json (an export): the first that
+     * exists; one that exists but is not a readable regular file of JSON is
+     * named as such, not taken for a missing one */
+    static const char *const names[] = {"meta.json", "m6-model.json"};
+    char path[PATH_MAX + 32], e[PATH_MAX + 128];
+    json_t *m = NULL;
+    for (int i = 0; i < 2 && !m; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        int fd = open_regular(path, 0, NULL, e, sizeof e);
+        if (fd < 0) {
+            if (errno == ENOENT)
+                continue;
+            m6_err_set(err, M6_EINVALID, "init.from: %s", e);
+            return -1;
+        }
+        json_error_t je;
+        m = json_loadfd(fd, 0, &je);
+        close(fd);
+        if (!m) {
+            m6_err_set(err, M6_EINVALID, "init.from: %s: not valid JSON "
+                       "(line %d: %s)", path, je.line, je.text);
+            return -1;
+        }
     }
     if (!m) {
         m6_err_set(err, M6_EINVALID, "init.from: %s: neither meta.json nor "
-                   "m6-model.json (%s): not an m6 checkpoint directory", dir,
-                   je.text);
+                   "m6-model.json: not an m6 checkpoint directory", dir);
         return -1;
     }
     json_t *ns = json_object_get(m, "n_slots"), *so = json_object_get(m, "slot_of");

@@ -56,6 +56,14 @@ struct cluster_coord {
     store_entry *store;
     size_t store_bytes, store_keys;
     int handles_open;   /* listener, sweep: freed at 0 after fini */
+    /* refusal log lines, one per address and reason per
+     * CLUSTER_REFUSAL_LOG_MS */
+    struct refusal_log {
+        char host[64];
+        char why[64];
+        uint64_t last_ms;
+        unsigned long suppressed;
+    } refusals[32];
 };
 
 struct peer {
@@ -64,6 +72,7 @@ struct peer {
     cluster_coord *co;
     unsigned long id;
     char addr[96];
+    char host[64];      /* addr without the port: the per-address limit */
     frame_reader rd;
     peer_kind kind;
     int closing, handles_open, reading;
@@ -205,12 +214,46 @@ static void hard_close_(uv_timer_t *t)
     if (!p->closing) peer_close_(p, "refusal not taken within the deadline");
 }
 
+/* The log line of a refusal, at most one per address and reason per
+ * CLUSTER_REFUSAL_LOG_MS: the ones in between are counted and the count
+ * comes with the next line (suppressed=N), so a flood of hostile
+ * connections costs a few lines a minute (a handful of reasons), not one
+ * each. */
+static void log_refusal_(cluster_coord *co, const peer *p, const char *why)
+{
+    uint64_t now = uv_now(co->loop);
+    struct refusal_log *e = NULL, *oldest = &co->refusals[0];
+    for (size_t i = 0; i < sizeof co->refusals / sizeof co->refusals[0]; i++) {
+        struct refusal_log *r = &co->refusals[i];
+        if (r->host[0] && strcmp(r->host, p->host) == 0 &&
+            strncmp(r->why, why, sizeof r->why - 1) == 0) {
+            e = r;
+            break;
+        }
+        if (r->last_ms < oldest->last_ms) oldest = r;
+    }
+    if (e && e->last_ms && now - e->last_ms < CLUSTER_REFUSAL_LOG_MS) {
+        e->suppressed++;
+        return;
+    }
+    if (!e) {  /* a new address takes the slot used longest ago */
+        e = oldest;
+        snprintf(e->host, sizeof e->host, "%s", p->host);
+        snprintf(e->why, sizeof e->why, "%s", why);
+        e->suppressed = 0;
+    }
+    log_warn("cluster.refused", "peer=%s reason=\"%s\" suppressed=%lu",
+             p->addr, why, e->suppressed);
+    e->last_ms = now ? now : 1;
+    e->suppressed = 0;
+}
+
 /* Refuse a peer: one status, a log line with its address, then close.
  * Reading stops: nothing it sends afterwards is looked at. A peer that
  * does not take even the refusal is closed at the first-frame deadline. */
 static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
 {
-    log_warn("cluster.refused", "peer=%s reason=\"%s\"", p->addr, why);
+    log_refusal_(p->co, p, why);
     if (p->reading) uv_read_stop((uv_stream_t *)&p->tcp);
     p->reading = 0;
     peer_free_keys_(p);
@@ -847,6 +890,34 @@ static void peer_addr_(peer *p)
     }
     snprintf(p->addr, sizeof p->addr, ss.ss_family == AF_INET6 ? "[%s]:%d"
              : "%s:%d", host, port);
+    snprintf(p->host, sizeof p->host, "%s", host);
+}
+
+/* Make room for the new peer p among the unauthenticated: past
+ * CLUSTER_PENDING_PER_ADDRESS from its address, or CLUSTER_PENDING_MAX in
+ * all, the oldest such peer is closed (not the new one: a peer that
+ * authenticates at once, as a worker does, then always gets its turn,
+ * however many idle connections others open). */
+static void make_room_(cluster_coord *co, peer *p)
+{
+    peer *oldest_here = NULL, *oldest = NULL;
+    int here = 0;
+    for (peer *o = co->peers; o; o = o->next) {  /* newest first */
+        if (o == p || o->closing || o->kind != PEER_NEW) continue;
+        oldest = o;
+        if (strcmp(o->host, p->host) == 0) {
+            here++;
+            oldest_here = o;
+        }
+    }
+    peer *evict = here >= CLUSTER_PENDING_PER_ADDRESS ? oldest_here
+                  : co->n_new > CLUSTER_PENDING_MAX ? oldest : NULL;
+    if (!evict) return;
+    char why[160];
+    snprintf(why, sizeof why, "evicted unauthenticated: %s", evict == oldest_here
+             ? "too many from its address" : "too many in all");
+    log_refusal_(co, evict, why);
+    peer_close_(evict, why);
 }
 
 static void on_connection_(uv_stream_t *ls, int status)
@@ -876,12 +947,7 @@ static void on_connection_(uv_stream_t *ls, int status)
         return peer_close_(p, "accept failed");
     }
     peer_addr_(p);
-    if (co->n_new > CLUSTER_PENDING_MAX) {
-        log_warn("cluster.refused", "peer=%s reason=\"%d connections are "
-                 "already waiting to authenticate\"", p->addr,
-                 CLUSTER_PENDING_MAX);
-        return peer_close_(p, "too many unauthenticated peers");
-    }
+    make_room_(co, p);
     uv_tcp_nodelay(&p->tcp, 1);
     if ((rc = uv_read_start((uv_stream_t *)&p->tcp, alloc_cb_, read_cb_)) < 0)
         return peer_close_(p, uv_strerror(rc));

@@ -10,8 +10,11 @@
  * the shared token (compared in constant time, cluster.h). Anything else
  * gets one refusal status (UNAUTHENTICATED, TOO_LARGE, BAD_REQUEST), is
  * logged with the peer's address (cluster.refused) and the connection is
- * closed; at most CLUSTER_PENDING_MAX peers may be unauthenticated at once
- * (more are closed at accept). Nothing a peer sends blocks the loop: every
+ * closed; at most CLUSTER_PENDING_PER_ADDRESS peers of one address and
+ * CLUSTER_PENDING_MAX in all may be unauthenticated at once: a new one
+ * past either closes the oldest (so a peer that authenticates at once
+ * always gets its turn), and refusals are logged at most once per address
+ * per CLUSTER_REFUSAL_LOG_MS, with a count. Nothing a peer sends blocks the loop: every
  * read is asynchronous and every wait has a deadline.
  *
  * Node registry (the nodes table of m6.db, state.h): a NodeJoin inserts or
@@ -53,6 +56,8 @@
 #include "state/state.h"
 
 #define CLUSTER_PENDING_MAX 64
+#define CLUSTER_PENDING_PER_ADDRESS 16
+#define CLUSTER_REFUSAL_LOG_MS 10000
 #define CLUSTER_STORE_BYTES_MAX (256u << 20)
 #define CLUSTER_STORE_KEYS_MAX 65536
 

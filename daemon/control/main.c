@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,8 @@ typedef struct {
     /* metrics: --metrics-listen, --metrics-peak-flops */
     char metrics_listen[512];
     double peak_flops;
+    char metrics_hosts[HTTP_HOSTS_MAX][256];  /* --metrics-host, "" unused */
+    char metrics_token_file[2048];            /* --metrics-token-file */
     /* nodes (daemon/cluster, issue 14): role, coordinator's TCP listener,
      * a worker's join */
     int coordinator;            /* --role coordinator */
@@ -63,6 +66,7 @@ typedef struct {
     char token_file[2048];
     char node_name[256];
     int node_timeout_ms;
+    unsigned conn_idle_ms;      /* --conn-idle-timeout; 0 the default */
 } options;
 
 static struct {
@@ -86,6 +90,7 @@ static struct {
     int drain_expired;          /* the shutdown drain's deadline passed */
     /* nodes */
     cluster_token token;
+    cluster_token http_token;   /* --metrics-token-file */
     cluster_facts facts;
     char node_uuid[33];
     int self_registered;
@@ -119,9 +124,21 @@ static void usage_(FILE *f)
         "  --db-hold-limit S  seconds step records may wait in memory while another\n"
         "                     process holds m6.db's write lock; then the run pauses\n"
         "                     (default 600)\n"
+        "  --conn-idle-timeout S\n"
+        "                     close a control connection idle this long, 1..86400\n"
+        "                     (default 300; m6ctl watch polls at most every 60 s)\n"
         "  --metrics-listen ADDR:PORT\n"
         "                     serve Prometheus /metrics and the dashboard over\n"
         "                     HTTP there (read-only; e.g. 127.0.0.1:9464)\n"
+        "                     (PORT alone: loopback, 127.0.0.1:PORT)\n"
+        "  --metrics-host NAME[,NAME...]\n"
+        "                     names that clients may use in Host: besides IP\n"
+        "                     addresses, localhost and the listen host (others\n"
+        "                     are refused: DNS rebinding), at most 8\n"
+        "  --metrics-token-file PATH\n"
+        "                     every HTTP request needs Authorization: Bearer with\n"
+        "                     this token (not readable by others); for a listen\n"
+        "                     address beyond loopback\n"
         "  --metrics-peak-flops F\n"
         "                     the device's peak FLOP/s, for m6_mfu_ratio\n"
         "Many nodes (docs/OPERATIONS.md, \"Many nodes\"):\n"
@@ -147,9 +164,12 @@ static int parse_args_(int argc, char **argv, options *o)
         {"db-hold-limit", required_argument, 0, 'H'},
         {"group", required_argument, 0, 'G'},
         {"group-read-only", no_argument, 0, 'R'},
+        {"conn-idle-timeout", required_argument, 0, 'I'},
         /* metrics */
         {"metrics-listen", required_argument, 0, 'M'},
         {"metrics-peak-flops", required_argument, 0, 'F'},
+        {"metrics-host", required_argument, 0, 'W'},
+        {"metrics-token-file", required_argument, 0, 'K'},
         {"role", required_argument, 0, 'r'},
         {"listen", required_argument, 0, 'L'},
         {"join", required_argument, 0, 'J'},
@@ -231,6 +251,17 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         case 'R': o->group_read_only = 1; break;
+        case 'I': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (end == optarg || *end || !(v >= 1 && v <= 86400)) {
+                fprintf(stderr, "m6d: --conn-idle-timeout: want seconds, "
+                        "1..86400, got \"%s\"\n", optarg);
+                return -1;
+            }
+            o->conn_idle_ms = (unsigned)(v * 1000);
+            break;
+        }
         /* metrics */
         case 'M':
             if (!optarg[0] || strlen(optarg) >= sizeof o->metrics_listen) {
@@ -251,6 +282,31 @@ static int parse_args_(int argc, char **argv, options *o)
             o->peak_flops = v;
             break;
         }
+        case 'W': {
+            char buf[2048];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            int n = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                while (n < HTTP_HOSTS_MAX && o->metrics_hosts[n][0]) n++;
+                if (n == HTTP_HOSTS_MAX || strlen(t) >= sizeof o->metrics_hosts[0]) {
+                    fprintf(stderr, "m6d: --metrics-host: at most %d names of "
+                            "at most 255 bytes, got \"%.80s\"\n",
+                            HTTP_HOSTS_MAX, optarg);
+                    return -1;
+                }
+                snprintf(o->metrics_hosts[n], sizeof o->metrics_hosts[n], "%s", t);
+            }
+            break;
+        }
+        case 'K':
+            if (!optarg[0] || strlen(optarg) >= sizeof o->metrics_token_file) {
+                fprintf(stderr, "m6d: --metrics-token-file: want a path\n");
+                return -1;
+            }
+            snprintf(o->metrics_token_file, sizeof o->metrics_token_file, "%s",
+                     optarg);
+            break;
         /* nodes (issue 14) */
         case 'r':
             if (strcmp(optarg, "coordinator") == 0) o->coordinator = 1;
@@ -312,6 +368,26 @@ static int parse_args_(int argc, char **argv, options *o)
     if (o->listen[0] && !o->coordinator) {
         fprintf(stderr, "m6d: --listen is for --role coordinator\n");
         return -1;
+    }
+    if (o->listen[0]) {
+        /* rank 0's collectives bind the --listen host and workers connect
+         * to it: a wildcard names no address to give them (127.0.0.1 would
+         * be unreachable from another node), and the collectives, which
+         * carry gradients unencrypted, belong on the cluster network */
+        char host[256], e[300];
+        int port;
+        if (cluster_parse_addr(o->listen, 1, host, sizeof host, &port, e,
+                               sizeof e) < 0) {
+            fprintf(stderr, "m6d: --listen: %s\n", e);
+            return -1;
+        }
+        if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !host[0]) {
+            fprintf(stderr, "m6d: --listen %s: give this node's address on "
+                    "the cluster network (the one workers --join), not a "
+                    "wildcard: rank 0's collectives bind it and workers "
+                    "connect to it\n", o->listen);
+            return -1;
+        }
     }
     if (o->worker && !o->join[0]) {
         fprintf(stderr, "m6d: --role worker needs --join HOST:PORT\n");
@@ -484,9 +560,17 @@ static int lock_state_dir_(const char *dir, char *err, size_t errlen)
 {
     char path[2200];
     snprintf(path, sizeof path, "%s/m6d.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    /* 0600, and made so if an older m6d left it 0640: a lock file that
+     * others may open is one that others may flock (even a shared, read-only
+     * flock) to stop m6d from starting */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fchmod(fd, 0600) != 0) {
+        snprintf(err, errlen, "%s: chmod 0600: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -579,6 +663,20 @@ static int metrics_bind_(void)
     return 0;
 }
 
+/* http_auth_fn: the --metrics-token-file token (cluster_token_matches:
+ * constant time) */
+static int http_auth_(void *ctx, const void *p, size_t n)
+{
+    return cluster_token_matches(ctx, p, n);
+}
+
+/* Whether a listen host is loopback only: 127.x.y.z, ::1, localhost. */
+static int loopback_host_(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcasecmp(host, "localhost") == 0;
+}
+
 /* After the coordinator: serve. 0, or -1 logged. */
 static int metrics_start_(void)
 {
@@ -588,6 +686,27 @@ static int metrics_start_(void)
     http_config hc = {.fd = g.http_fd, .stats = g.stats,
                       .dispatch = http_dispatch_,
                       .dispatch_ctx = &g.http_handlers};
+    if (http_listen_host(g.opt.metrics_listen, hc.listen_host,
+                         sizeof hc.listen_host) != 0) {
+        log_error("http.error", "err=\"--metrics-listen: host too long\"");
+        return -1;
+    }
+    memcpy(hc.hosts, g.opt.metrics_hosts, sizeof hc.hosts);
+    if (g.opt.metrics_token_file[0]) {
+        if (cluster_token_load(g.opt.metrics_token_file, &g.http_token, err,
+                               sizeof err) < 0) {
+            log_error("http.error", "err=\"--metrics-token-file: %s\"", err);
+            fprintf(stderr, "m6d: --metrics-token-file: %s\n", err);
+            return -1;
+        }
+        hc.auth = http_auth_;
+        hc.auth_ctx = &g.http_token;
+    } else if (!loopback_host_(hc.listen_host)) {
+        log_warn("http.open", "addr=%s msg=\"the HTTP API (run names, errors, "
+                 "paths) is served beyond loopback without a token: set "
+                 "--metrics-token-file, or bind 127.0.0.1\"",
+                 g.opt.metrics_listen);
+    }
     g.http_fd = -1; /* the server's now, closed by it */
     g.http = http_start(&hc, err, sizeof err);
     if (!g.http) {
@@ -677,20 +796,19 @@ static int cluster_start_(char *err, size_t errlen)
     else
         g.self_registered = 1;
     if (!g.opt.listen[0]) return 0;
-    cluster_coord_config cc = {.loop = &g.loop, .st = g.st,
-                               .listen = g.opt.listen, .token = &g.token,
-                               .timeout_ms = g.opt.node_timeout_ms};
-    g.cluster = cluster_coord_init(&cc, err, errlen);
-    if (!g.cluster) return -1;
-    /* wiring: rank 0 dials its own store; Gloo listens on the --listen
-     * host (127.0.0.1 for a wildcard) */
+    /* wiring: rank 0 dials its own store; its Gloo (NCCL) endpoint binds
+     * the --listen host, which workers reach (a wildcard is refused at
+     * parse_args_) */
     char host[256];
     int port;
     if (cluster_parse_addr(g.opt.listen, 1, host, sizeof host, &port, err,
                            errlen) < 0)
         return -1;
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !host[0])
-        snprintf(host, sizeof host, "127.0.0.1");
+    cluster_coord_config cc = {.loop = &g.loop, .st = g.st,
+                               .listen = g.opt.listen, .token = &g.token,
+                               .timeout_ms = g.opt.node_timeout_ms};
+    g.cluster = cluster_coord_init(&cc, err, errlen);
+    if (!g.cluster) return -1;
     snprintf(g.dpc.host, sizeof g.dpc.host, "%s", host);
     snprintf(g.dpc.store_addr, sizeof g.dpc.store_addr,
              strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
@@ -802,6 +920,7 @@ int main(int argc, char **argv)
                         .listen_fd = listen_fd, .handlers = &g.handlers,
                         .group = g.opt.group, .group_name = g.opt.group_name,
                         .group_read_only = g.opt.group_read_only,
+                        .idle_timeout_ms = g.opt.conn_idle_ms,
                         .state_dir = g.opt.state_dir};
     g.srv = server_init(&sc, err, sizeof err);
     if (!g.srv) {

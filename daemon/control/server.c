@@ -73,6 +73,10 @@ struct server {
     dev_t path_dev;          /* the socket file m6d bound last */
     ino_t path_ino;
     int path_warned;         /* this loss already logged */
+    /* limits (server.h): open connections, the idle sweep */
+    int n_conns;
+    unsigned idle_ms;
+    uv_timer_t *idle_timer;  /* heap; freed in its close callback */
 };
 
 struct conn {
@@ -94,6 +98,8 @@ struct conn {
     uint8_t *rep;
     size_t rep_len;
     int rep_rc, rep_close;
+    uint64_t last_active;    /* uv_now at the last byte in or reply out */
+    int privileged;          /* root or m6d's user: no per-uid cap */
 };
 
 typedef struct {
@@ -129,6 +135,7 @@ static void conn_close_(conn *c)
     if (c->prev) c->prev->next = c->next;
     else c->srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
+    c->srv->n_conns--;
     log_debug("conn.close", "conn=%lu", c->id);
     uv_close((uv_handle_t *)&c->pipe, conn_closed_);
 }
@@ -215,6 +222,35 @@ static void work_(uv_work_t *w)
 
 static void conn_pump_(conn *c);
 
+/* The peer's role before its frame is decoded, or even buffered whole: a
+ * refused peer gets the refusal at its first byte; one that may only read
+ * sends no frame over SERVER_FRAME_MAX_READ_ONLY (a read request is a few
+ * bytes). 1 when c was refused (closing after the reply), else 0. */
+static int frame_too_large_for_peer_(conn *c)
+{
+    size_t pending = frame_reader_pending(&c->rd);
+    if (pending == 0)
+        return 0;
+    if (c->sess.denied[0]) {
+        log_debug("conn.denied", "conn=%lu", c->id);
+        conn_refuse_(c, M6__STATUS__STATUS_PERMISSION_DENIED, c->sess.denied);
+        return 1;
+    }
+    if (!c->sess.read_only || pending < M6_FRAME_HDR)
+        return 0;
+    uint32_t n = frame_get_len(c->rd.buf + c->rd.pos);
+    if (n <= SERVER_FRAME_MAX_READ_ONLY)
+        return 0;
+    char msg[200];
+    snprintf(msg, sizeof msg, "frame of %u bytes refused: uid %u may only "
+             "read here, and read requests are at most %u bytes", n,
+             c->sess.peer_uid, SERVER_FRAME_MAX_READ_ONLY);
+    log_warn("conn.oversize", "conn=%lu uid=%u len=%u read_only=1", c->id,
+             c->sess.peer_uid, n);
+    conn_refuse_(c, M6__STATUS__STATUS_TOO_LARGE, msg);
+    return 1;
+}
+
 /* Event loop: send the reply, then go on with the next buffered frame. */
 static void after_work_(uv_work_t *w, int status)
 {
@@ -242,6 +278,7 @@ static void after_work_(uv_work_t *w, int status)
         conn_close_(c);
         return;
     }
+    c->last_active = uv_now(c->pipe.loop);
     int close_after = c->rep_close || c->srv->stopping;
     if (close_after) conn_read_stop_(c);
     conn_send_(c, rep, c->rep_len, close_after);
@@ -255,6 +292,8 @@ static void conn_pump_(conn *c)
     while (!c->busy && !c->closing) {
         const uint8_t *payload;
         size_t len;
+        if (frame_too_large_for_peer_(c))
+            return;
         frame_result fr = frame_reader_next(&c->rd, &payload, &len);
         if (fr == FRAME_TOO_LARGE) {
             char msg[160];
@@ -332,6 +371,7 @@ static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         goto out;
     }
     if (nread == 0) goto out;
+    c->last_active = uv_now(c->pipe.loop);
     if (frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
         conn_refuse_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
         goto out;
@@ -342,6 +382,59 @@ out:
 }
 
 static void check_peer_(server *s, conn *c);
+
+/* Refuse c (an answer naming the limit, then close) when it is one
+ * connection too many: over SERVER_CONN_MAX in all, or over
+ * SERVER_CONN_MAX_PER_UID for its uid when it is neither root nor m6d's
+ * user. Refused connections are logged once per second at most, with a
+ * count. */
+static void conn_cap_(server *s, conn *c)
+{
+    static uint64_t last_log;
+    static unsigned long unlogged;
+    char msg[200] = "";
+    if (s->n_conns > SERVER_CONN_MAX) {
+        snprintf(msg, sizeof msg, "too many connections: m6d serves at most "
+                 "%d at a time", SERVER_CONN_MAX);
+    } else if (!c->privileged) {
+        int mine = 0;
+        for (const conn *o = s->conns; o; o = o->next)
+            if (!o->closing && o->sess.peer_uid == c->sess.peer_uid)
+                mine++;
+        if (mine > SERVER_CONN_MAX_PER_UID)
+            snprintf(msg, sizeof msg, "too many connections from uid %u: at "
+                     "most %d at a time", c->sess.peer_uid,
+                     SERVER_CONN_MAX_PER_UID);
+    }
+    if (!msg[0])
+        return;
+    uint64_t now = uv_now(c->pipe.loop);
+    unlogged++;
+    if (now - last_log >= 1000 || last_log == 0) {
+        log_warn("conn.refused", "conn=%lu uid=%u count=%lu msg=\"%s\"",
+                 c->id, c->sess.peer_uid, unlogged, msg);
+        last_log = now;
+        unlogged = 0;
+    }
+    conn_refuse_(c, M6__STATUS__STATUS_BUSY, msg);
+}
+
+/* Every few seconds: close the connections idle for longer than
+ * s->idle_ms (nothing received and no request in flight). */
+static void idle_sweep_(uv_timer_t *t)
+{
+    server *s = t->data;
+    uint64_t now = uv_now(t->loop);
+    conn *next;
+    for (conn *c = s->conns; c; c = next) {
+        next = c->next;
+        if (c->busy || c->closing || now - c->last_active < s->idle_ms)
+            continue;
+        log_debug("conn.idle", "conn=%lu uid=%u idle_ms=%llu", c->id,
+                  c->sess.peer_uid, (unsigned long long)(now - c->last_active));
+        conn_close_(c);
+    }
+}
 
 static void on_connection_(uv_stream_t *ls, int status)
 {
@@ -373,7 +466,10 @@ static void on_connection_(uv_stream_t *ls, int status)
         conn_close_(c);
         return;
     }
+    s->n_conns++;
+    c->last_active = uv_now(ls->loop);
     check_peer_(s, c);
+    conn_cap_(s, c);
     log_debug("conn.open", "conn=%lu", c->id);
 }
 
@@ -445,7 +541,10 @@ static void check_peer_(server *s, conn *c)
         return;
     }
     c->sess.peer_uid = (unsigned)cr.uid;
-    if (cr.uid == 0 || cr.uid == geteuid()) return;
+    if (cr.uid == 0 || cr.uid == geteuid()) {
+        c->privileged = 1;
+        return;
+    }
     if (peer_in_group_(fd, &cr, s->group)) {
         c->sess.read_only = s->group_read_only;
         log_debug("conn.peer", "conn=%lu uid=%u group=%s read_only=%d", c->id,
@@ -645,9 +744,14 @@ fail:
     s->path_warned = 1;
 }
 
-/* Stop watching the path and close the relisten socket (drain, fini). */
+/* Stop watching the path, the idle sweep, and close the relisten socket
+ * (drain, fini). */
 static void path_watch_close_(server *s)
 {
+    if (s->idle_timer) {  /* the idle sweep: no connection to sweep now */
+        uv_close((uv_handle_t *)s->idle_timer, free_handle_);
+        s->idle_timer = NULL;
+    }
     if (s->path_timer) {
         uv_close((uv_handle_t *)s->path_timer, free_handle_);
         s->path_timer = NULL;
@@ -712,6 +816,21 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
                        PATH_CHECK_MS);
         uv_unref((uv_handle_t *)s->path_timer);
     }
+    s->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms
+                                      : SERVER_IDLE_DEFAULT_MS;
+    s->idle_timer = calloc(1, sizeof *s->idle_timer);
+    if (!s->idle_timer) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    uv_timer_init(cfg->loop, s->idle_timer);
+    s->idle_timer->data = s;
+    {
+        /* sweep at a tenth of the timeout: closed within 1.1x of it */
+        uint64_t every = s->idle_ms / 10 ? s->idle_ms / 10 : 1;
+        uv_timer_start(s->idle_timer, idle_sweep_, every, every);
+    }
+    uv_unref((uv_handle_t *)s->idle_timer);
     if (cfg->listen_fd >= 0)
         UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_),
                  err, errlen);

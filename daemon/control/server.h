@@ -28,7 +28,21 @@ typedef struct {
     const char *group_name;   /* for messages */
     int group_read_only;      /* --group-read-only */
     const char *state_dir;    /* m6d's own directory (may be NULL) */
+    /* A connection that sends nothing and awaits no reply for this long
+     * is closed (--conn-idle-timeout); 0: SERVER_IDLE_DEFAULT_MS. */
+    unsigned idle_timeout_ms;
 } server_config;
+
+/* Limits on connections, so that idle or hostile local peers cannot take
+ * every descriptor or hold m6d's memory (docs/OPERATIONS.md, access):
+ * at most SERVER_CONN_MAX connections; a peer that is neither root nor
+ * m6d's user at most SERVER_CONN_MAX_PER_UID of them, with frames of at
+ * most SERVER_FRAME_MAX_READ_ONLY bytes when it may only read; a refused
+ * peer gets its refusal at its first byte, before any frame is buffered. */
+#define SERVER_CONN_MAX 512
+#define SERVER_CONN_MAX_PER_UID 32
+#define SERVER_FRAME_MAX_READ_ONLY (64u * 1024u)
+#define SERVER_IDLE_DEFAULT_MS (300u * 1000u)
 
 server *server_init(const server_config *cfg, char *err, size_t errlen);
 /* At shutdown, before server_fini: take no new connection or request;

@@ -9,7 +9,9 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <strings.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,10 @@
 #include "http/assets.h"
 #include "m6.pb-c.h"
 
+/* 421 Misdirected Request (RFC 9110 15.5.20), by number: older
+ * libmicrohttpd headers lack the name */
+#define MHD_HTTP_MISDIRECTED_REQUEST_ 421
+
 struct http_server {
     struct MHD_Daemon *d;
     http_config cfg;
@@ -33,15 +39,73 @@ struct http_server {
 
 /* ---------------------------------------------------------------- listen */
 
+/* "PORT" alone: loopback ("127.0.0.1:PORT") into buf; else addr_port */
+static const char *with_host_(const char *addr_port, char *buf, size_t len)
+{
+    if (*addr_port && strspn(addr_port, "0123456789") == strlen(addr_port)) {
+        snprintf(buf, len, "127.0.0.1:%s", addr_port);
+        return buf;
+    }
+    return addr_port;
+}
+
+int http_listen_host(const char *addr_port, char *buf, size_t len)
+{
+    char full[600];
+    addr_port = with_host_(addr_port, full, sizeof full);
+    const char *colon = strrchr(addr_port, ':');
+    size_t n = colon ? (size_t)(colon - addr_port) : strlen(addr_port);
+    if (n >= 2 && addr_port[0] == '[' && addr_port[n - 1] == ']') {
+        addr_port++;
+        n -= 2;
+    }
+    if (n >= len) return -1;
+    memcpy(buf, addr_port, n);
+    buf[n] = 0;
+    return 0;
+}
+
+int http_host_ok(const http_config *cfg, const char *host)
+{
+    if (!host) return 1;  /* HTTP/1.0: no Host; browsers always send one */
+    char name[300];
+    size_t n;
+    if (host[0] == '[') {  /* [v6] or [v6]:port */
+        const char *end = strchr(host, ']');
+        if (!end) return 0;
+        n = (size_t)(end - host - 1);
+        if (n >= sizeof name) return 0;
+        memcpy(name, host + 1, n);
+        name[n] = 0;
+        struct in6_addr a6;
+        return inet_pton(AF_INET6, name, &a6) == 1 ||
+               strcasecmp(name, cfg->listen_host) == 0;
+    }
+    n = strcspn(host, ":");
+    if (n >= sizeof name) return 0;
+    memcpy(name, host, n);
+    name[n] = 0;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, name, &a4) == 1) return 1;
+    if (strcasecmp(name, "localhost") == 0) return 1;
+    if (strcasecmp(name, cfg->listen_host) == 0) return 1;
+    for (int i = 0; i < HTTP_HOSTS_MAX; i++)
+        if (cfg->hosts[i][0] && strcasecmp(name, cfg->hosts[i]) == 0)
+            return 1;
+    return 0;
+}
+
 int http_listen(const char *addr_port, char *err, size_t errlen)
 {
-    char host[256];
+    char host[256], full[600];
+    addr_port = with_host_(addr_port, full, sizeof full);
     const char *colon = strrchr(addr_port, ':');
     const char *port = colon ? colon + 1 : NULL;
     size_t hlen = colon ? (size_t)(colon - addr_port) : 0;
     if (!colon || hlen == 0 || hlen >= sizeof host || !*port) {
-        snprintf(err, errlen, "--metrics-listen: want ADDR:PORT (127.0.0.1:9464, "
-                 "[::1]:9464), got \"%.80s\"", addr_port);
+        snprintf(err, errlen, "--metrics-listen: want PORT (loopback) or "
+                 "ADDR:PORT (127.0.0.1:9464, [::1]:9464), got \"%.80s\"",
+                 addr_port);
         return -1;
     }
     memcpy(host, addr_port, hlen);
@@ -108,6 +172,8 @@ static enum MHD_Result send_(http_server *h, struct MHD_Connection *conn,
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (code == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)code, r);
     MHD_destroy_response(r);
     stats_http(h->cfg.stats, code);
@@ -366,6 +432,26 @@ static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
     (void)version;
     (void)upload;
     (void)req_cls;
+    /* who may ask, before what is asked */
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_HOST);
+    if (!http_host_ok(&h->cfg, host)) {
+        *upload_size = 0;
+        return text_(h, conn, MHD_HTTP_MISDIRECTED_REQUEST_, "421 misdirected "
+                     "request: Host \"%.100s\" is not a name of this server "
+                     "(m6d --metrics-host adds one)\n", host);
+    }
+    if (h->cfg.auth) {
+        const char *a = MHD_lookup_connection_value(
+            conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!a || strncmp(a, "Bearer ", 7) != 0 ||
+            !h->cfg.auth(h->cfg.auth_ctx, a + 7, strlen(a + 7))) {
+            *upload_size = 0;
+            return text_(h, conn, MHD_HTTP_UNAUTHORIZED, "401 unauthorized: "
+                         "%s\n", "this server wants \"Authorization: Bearer "
+                         "TOKEN\" (the token of m6d --metrics-token-file)");
+        }
+    }
     if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD)) {
         *upload_size = 0; /* the body is not read: the answer is no */
         return text_(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED,
@@ -409,12 +495,17 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
     }
     h->cfg = *cfg;
     /* one polling thread (epoll) for every connection: a slow or hostile
-     * client holds only its own connection, for 15 s at most */
+     * client holds only its own connections, HTTP_PER_ADDRESS_MAX of them,
+     * for HTTP_TIMEOUT_S at most without sending */
     h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request_, h,
                             MHD_OPTION_LISTEN_SOCKET, cfg->fd,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)15,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                            MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)HTTP_TIMEOUT_S,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)HTTP_CONNECTIONS_MAX,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)HTTP_PER_ADDRESS_MAX,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
                             MHD_OPTION_END);

@@ -41,18 +41,44 @@ typedef int (*http_dispatch_fn)(void *ctx, const uint8_t *payload, size_t len,
 typedef struct http_server http_server;
 
 /* Bind and listen on "ADDR:PORT" ("127.0.0.1:9464", "[::1]:9464",
- * "localhost:9464"; PORT 1..65535). Done before m6d opens its state, so
+ * "localhost:9464"; PORT 1..65535), or "PORT" alone, which is loopback
+ * (127.0.0.1:PORT). Done before m6d opens its state, so
  * a port in use stops the start: -1 with err naming the address and the
  * port ("metrics listen 127.0.0.1:9464: port 9464 is in use (Address
  * already in use)"). Else the listening socket (close-on-exec). */
 int http_listen(const char *addr_port, char *err, size_t errlen);
+
+/* Whether the n bytes of p are the bearer token (constant time). */
+typedef int (*http_auth_fn)(void *ctx, const void *p, size_t n);
+
+/* Requests are refused unless (421 Misdirected Request) their Host header
+ * is absent, an IP address literal, "localhost", the host of the listen
+ * address, or one of hosts: a page that a DNS-rebinding attack loads
+ * from a name of its own cannot read the API. With auth set, every
+ * request needs "Authorization: Bearer TOKEN" (401 otherwise). */
+#define HTTP_HOSTS_MAX 8
+#define HTTP_PER_ADDRESS_MAX 8    /* connections from one client address */
+#define HTTP_CONNECTIONS_MAX 64   /* connections in all */
+#define HTTP_TIMEOUT_S 15         /* a connection idle (headers or body) */
 
 typedef struct {
     int fd;                   /* from http_listen; owned by the server now */
     http_stats *stats;        /* rendered at /metrics; counts responses */
     http_dispatch_fn dispatch;
     void *dispatch_ctx;
+    char listen_host[256];    /* http_listen_host of the listen address */
+    char hosts[HTTP_HOSTS_MAX][256];  /* --metrics-host names; "" unused */
+    http_auth_fn auth;        /* NULL: no token (loopback use) */
+    void *auth_ctx;
 } http_config;
+
+/* The host part of a --metrics-listen address ("127.0.0.1" for "PORT",
+ * "::1" for "[::1]:9464") into buf. 0, or -1 when it does not fit. */
+int http_listen_host(const char *addr_port, char *buf, size_t len);
+
+/* Whether host (a Host header's value, port included or not; NULL when
+ * absent) names this server under cfg's rule above. 1 or 0. */
+int http_host_ok(const http_config *cfg, const char *host);
 
 /* Start serving on cfg->fd from libmicrohttpd's thread. NULL with err when
  * it cannot start (the fd is then left as it is: m6d exits). */

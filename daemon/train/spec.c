@@ -6,6 +6,7 @@
 #include "train/spec.h"
 
 #include "common/cpus.h"
+#include "common/durable.h"
 #include "common/err.h"
 
 #include <ctype.h>
@@ -807,6 +808,19 @@ static int moe_check_(const run_spec *s, char *err, size_t errlen)
                 "= %d], got %d", m->n_layer, m->moe_every);
         return -1;
     }
+    /* the expert tensors have E*H and E*C rows (gpt_tensor's rows are an
+     * int): keep both products in range here, where the keys are named */
+    long long EH = (long long)m->moe_experts * model_moe_hidden(m),
+              EC = (long long)m->moe_experts * m->n_embd;
+    if (EH > INT_MAX || EC > INT_MAX) {
+        seterr_(err, errlen, "model.moe.num_experts: %d experts of %s %lld "
+                "rows make %lld rows in one expert tensor, more than %d",
+                m->moe_experts,
+                EH > INT_MAX ? "model.moe.expert_hidden" : "model.n_embd",
+                (long long)(EH > INT_MAX ? model_moe_hidden(m) : m->n_embd),
+                EH > INT_MAX ? EH : EC, INT_MAX);
+        return -1;
+    }
     int n_moe = m->n_layer / m->moe_every;  /* layers l with (l+1) % n == 0 */
     if (n_moe < m->n_layer) {
         /* a mixed model: a slot holds blocks of one kind */
@@ -1077,22 +1091,10 @@ out:
 int spec_load_file(run_spec *s, const char *path, char *err, size_t errlen)
 {
     enum { MAX_SPEC = 16 << 20 };
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        seterr_(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        seterr_(err, errlen, "%s: stat: %s", path, strerror(errno));
-        close(fd);
+    int fd = open_regular(path, 0, &st, err, errlen);  /* no FIFO hang */
+    if (fd < 0)
         return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        seterr_(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
     if (st.st_size > MAX_SPEC) {
         seterr_(err, errlen, "%s: %lld bytes is too large for a spec (max %d)",
                 path, (long long)st.st_size, MAX_SPEC);

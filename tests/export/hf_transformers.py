@@ -4,7 +4,7 @@
 requires no missing, unexpected or mismatched keys (and no warning about
 them), and compares its logits with m6's (tests/export/m6_logits.c output)
 within 1e-4. Exits 77 (skip) where transformers is not installed (Debian has
-no package; the GPU machine has it).
+no package); tests/export/export.sh then says so in its output.
 
   hf_transformers.py HF_DIR M6_LOGITS.f32 TOKEN...
 

@@ -3,7 +3,7 @@
  * against references written here from the math, never from moe.c:
  *
  *  - routing against a brute-force loop over tokens and prototypes (random
- *    inputs, exact ties, capacity overflow), and the hand case of issue 13:
+ *    inputs, exact ties, capacity overflow), and a case by hand:
  *    k = 2 prototypes of 4 experts, capacity factor 1, 16 tokens all routed
  *    to expert 0 of each prototype: 4 processed per prototype, 24 dropped;
  *  - the balancing loss and the z-loss against hand-computed values;

@@ -594,6 +594,17 @@ static void test_bad_specs(void **state)
           "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
           "model.moe.every: must be >= 1, got 0" },
+        /* the expert tensors' rows, E*H and E*C, must fit an int (hand
+         * products: 100000 * 100000 = 10^10; 70000 * 40000 = 2.8 * 10^9) */
+        { "\"model\": {\"n_embd\": 8, \"n_head\": 1, \"moe\": {\"num_experts\": "
+          "100000, \"expert_hidden\": 100000}}",
+          "model.moe.num_experts: 100000 experts of model.moe.expert_hidden "
+          "100000 rows make 10000000000 rows in one expert tensor, more than "
+          "2147483647" },
+        { "\"model\": {\"n_embd\": 40000, \"n_head\": 1, \"n_layer\": 1, "
+          "\"moe\": {\"num_experts\": 70000, \"expert_hidden\": 1}}",
+          "model.moe.num_experts: 70000 experts of model.n_embd 40000 rows "
+          "make 2800000000 rows in one expert tensor, more than 2147483647" },
         /* every 2: a mixed model, whose pseudo phase needs a slot of each
          * kind (left out, share_groups is L/2 = 3: test_p2r_defaults) */
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 2}}, "
