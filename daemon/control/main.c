@@ -588,6 +588,10 @@ static int metrics_bind_(void)
         log_error("http.error", "err=\"out of memory\"");
         return -1;
     }
+    gemm_info gi;
+    gemm_describe(&gi);
+    stats_set_gemm(g.stats, gi.library, gi.version, gi.isa,
+                   gemm_ready(NULL, 0) == 0);
     g.http_fd = http_listen(g.opt.metrics_listen, err, sizeof err);
     if (g.http_fd < 0) {
         log_error("http.error", "err=\"%s\"", err);
