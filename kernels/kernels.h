@@ -325,8 +325,9 @@ void gemm_describe(gemm_info *info);
  * element within the fp32 tolerance of its scale (sum over k of
  * |alpha a b| + |beta c|; GEMM_TOL_F32 in gemm.c says how it was chosen)
  * and the two runs bitwise equal. 0, or -1 with why (what failed, the
- * library, its version and ISA). Takes milliseconds; runs an OpenMP
- * region. */
+ * library, its version and ISA). Takes tens of milliseconds (40 measured
+ * on a loaded 2-core machine; 170 for a process's first call, which also
+ * JIT-compiles oneDNN's kernels); runs an OpenMP region. */
 int gemm_selfcheck(char *why, size_t len);
 
 /* gemm_selfcheck's verdict, run once per process (thread-safe): 0 when the
