@@ -1,6 +1,7 @@
 /*
  * cpu_train.c — training throughput of the CPU engine, and its MFU against
- * the machine's own BLAS peak measured in the same run.
+ * the GEMM library's own peak (oneDNN's square sgemm on all the threads)
+ * measured in the same run.
  *
  * model FLOPs per token: model_flops_per_token (model/facts.h, 6N + 12LCT),
  * printed as flops_per_token=… before the rounds.
@@ -8,9 +9,11 @@
  * --steps training steps, and the ratio is taken per round: on a shared or
  * virtual machine the speed of both drifts by 10-20% over seconds, and a
  * peak measured once, before all the steps, made the ratio swing with it.
- * Ends with: tokens_per_s=… model_gflops=… blas_peak_gflops=… ratio=…
- * ratio_min=… ratio_max=… rounds=… (ratio, the peak and model_gflops:
- * medians over the rounds; tokens_per_s: over all timed steps).
+ * Ends with: tokens_per_s=… model_gflops=… gemm_peak_gflops=… ratio=…
+ * ratio_min=… ratio_max=… rounds=… gemm=… gemm_version=… gemm_isa=…
+ * (ratio, the peak and model_gflops: medians over the rounds; tokens_per_s:
+ * over all timed steps; gemm*: what the engine's GEMMs ran on,
+ * gemm_describe in kernels.h).
  */
 #include <getopt.h>
 #include <omp.h>
@@ -20,6 +23,7 @@
 
 #include "bench_args.h"
 #include "bench_util.h"
+#include "kernels.h"
 #include "model/facts.h"
 #include "model/gpt.h"
 
@@ -32,7 +36,7 @@ static void usage_(void)
            "  --share S     parameter slots (L = unshared)\n"
            "  --steps N     timed steps a round (20)\n"
            "  --warmup N    untimed steps (3)  --rounds R  rounds (5)\n"
-           "  --threads N   OpenMP/BLAS threads (all cores)\n"
+           "  --threads N   OpenMP threads (all cores)\n"
            "  --peak-n N    size of the square sgemm for the peak (2048)\n");
 }
 
@@ -132,6 +136,11 @@ int main(int argc, char **argv)
     }
     if (threads > 0)
         omp_set_num_threads(threads);
+    char why[512];
+    if (gemm_ready(why, sizeof why) != 0) {  /* a wrong GEMM has no speed */
+        fprintf(stderr, "cpu_train: %s\n", why);
+        return 1;
+    }
     gpt_model g;
     if (gpt_create(&g, &c, S, B) != 0) {
         perror("cpu_train: gpt_create");
@@ -159,11 +168,9 @@ int main(int argc, char **argv)
     double peak[MAX_ROUNDS], gflops[MAX_ROUNDS], ratio[MAX_ROUNDS];
     double t[3] = {0, 0, 0}, dt = 0;
     for (int r = 0; r < rounds; r++) {
-        /* the peak with OpenBLAS's own threads on every core; the training
-         * GEMMs run single-threaded BLAS inside OpenMP blocks */
-        openblas_set_num_threads(omp_get_max_threads());
-        peak[r] = bench_sgemm_peak_gflops(peak_n, 2);
-        openblas_set_num_threads(1);
+        /* the peak on every thread; the training GEMMs run one a thread,
+         * inside the kernels' OpenMP blocks */
+        peak[r] = bench_gemm_peak_gflops(peak_n, 2);
         double t0 = clock_mono_s();
         for (int i = 0; i < steps; i++)
             step_(&g, inp, tgt, B, t);
@@ -181,13 +188,17 @@ int main(int argc, char **argv)
            dt / n * 1e3, t[0] / n * 1e3, t[1] / n * 1e3, t[2] / n * 1e3);
     printf("training: %.0f tokens/s over %d rounds of %d steps\n", tok_s,
            rounds, steps);
-    printf("BLAS peak: sgemm %dx%dx%d, best of 2 before each round\n",
-           peak_n, peak_n, peak_n);
-    printf("tokens_per_s=%.0f model_gflops=%.2f blas_peak_gflops=%.2f "
-           "ratio=%.3f ratio_min=%.3f ratio_max=%.3f rounds=%d\n",
+    gemm_info gi;
+    gemm_describe(&gi);
+    printf("GEMM peak: %s %s sgemm %dx%dx%d (isa %s), best of 2 before "
+           "each round\n", gi.library, gi.version, peak_n, peak_n, peak_n,
+           gi.isa);
+    printf("tokens_per_s=%.0f model_gflops=%.2f gemm_peak_gflops=%.2f "
+           "ratio=%.3f ratio_min=%.3f ratio_max=%.3f rounds=%d gemm=%s "
+           "gemm_version=%s gemm_isa=%s\n",
            tok_s, median_(gflops, rounds), median_(peak, rounds),
            median_(ratio, rounds), min_(ratio, rounds), max_(ratio, rounds),
-           rounds);
+           rounds, gi.library, gi.version, gi.isa);
     gpt_free(&g);
     free(inp);
     free(tgt);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu-check.sh — build the CUDA backend, its tests and the GPU benchmarks
 # with plain nvcc/gcc (no meson, no Debian packages: the CPU reference is
-# built with -DM6_NO_CBLAS), run the GPU tests and benchmarks, print the
+# built with -DM6_NO_GEMM_LIB), run the GPU tests and benchmarks, print the
 # figures and end with one key=value line. The trainer test (test_trainer)
 # also needs jansson and zlib; where their headers and libraries are
 # missing it is not built, and the script says so (trainer_ok=no_libs). Made for a machine with one sm_90
@@ -130,8 +130,10 @@ build_() {
     for k in $CPU_OPS; do
         compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
     done
-    compile cpu_matmul gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
-    compile cpu_attention gcc "${CFLAGS[@]}" -DM6_NO_CBLAS -c kernels/cpu/attention.c -o "$OUT/obj/cpu_attention.o"
+    compile cpu_matmul gcc "${CFLAGS[@]}" -c kernels/cpu/matmul.c -o "$OUT/obj/cpu_matmul.o"
+    compile cpu_attention gcc "${CFLAGS[@]}" -c kernels/cpu/attention.c -o "$OUT/obj/cpu_attention.o"
+    # the CPU GEMM as plain loops: the GPU machine has no oneDNN
+    compile cpu_gemm gcc "${CFLAGS[@]}" -DM6_NO_GEMM_LIB -c kernels/cpu/gemm.c -o "$OUT/obj/cpu_gemm.o"
     compile cpu_moe gcc "${CFLAGS[@]}" -c kernels/cpu/moe.c -o "$OUT/obj/cpu_moe.o"
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
     # the model without kernels, which gpt_cuda uses too: layout, the one
@@ -182,7 +184,7 @@ build_() {
     KOBJ=(); for k in $KERNELS; do KOBJ+=("$OUT/obj/${k##*/}.o"); done
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
     for f in $MODEL_C; do KOBJ+=("$OUT/obj/model_$(basename "$f" .c).o"); done
-    COBJ=("$OUT/obj/cpu_attention.o"); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+    COBJ=("$OUT/obj/cpu_attention.o" "$OUT/obj/cpu_gemm.o"); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
     if [ $build_ok = yes ]; then
         "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
         "$NVCC" -o "$OUT/test_moe" "$OUT/obj/test_moe.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \

@@ -62,7 +62,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias,
 /* ------------------------------------------------------------------- matmul */
 
 /* out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC).  bias may be NULL.
- * GEMM through CBLAS sgemm. */
+ * GEMMs through the CPU engine's one GEMM (see "GEMM library" below). */
 void matmul_forward(float *out, const float *inp, const float *weight,
                     const float *bias, int N, int C, int OC);
 
@@ -302,6 +302,37 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
                   const int32_t *offset, const float *xe, const float *hpre, const float *hact,
                   const float *ye, const float *wg, const float *w1,
                   const float *w2, float daux, float dz, const moe_dims *d);
+
+/* ------------------------------------------------------------- GEMM library */
+
+/* What multiplies in the CPU kernels (kernels/cpu/gemm.c decides; every
+ * GEMM of matmul, attention and the MoE experts goes through it). */
+typedef struct {
+    const char *library;  /* "onednn", or "loops" when built without one */
+    char version[24];     /* the library's, "2.6.3"; "none" for loops */
+    const char *isa;      /* the instruction set oneDNN dispatches to, in
+                           * oneDNN's names ("avx2", "avx512_core",
+                           * "avx512_core_bf16", ...); "none" for loops or
+                           * oneDNN's reference (non-JIT) code */
+} gemm_info;
+
+/* Fills *info; static strings, cheap, thread-safe. */
+void gemm_describe(gemm_info *info);
+
+/* Runs each GEMM shape class of the kernels (NN, NT, TN, with and without
+ * accumulation, engine-sized and tail-heavy shapes, strided operands) on
+ * the GEMM the kernels use, twice, against a double-precision loop: every
+ * element within the fp32 tolerance of its scale (sum over k of
+ * |alpha a b| + |beta c|; GEMM_TOL_F32 in gemm.c says how it was chosen)
+ * and the two runs bitwise equal. 0, or -1 with why (what failed, the
+ * library, its version and ISA). Takes tens of milliseconds (40 measured
+ * on a loaded 2-core machine; 170 for a process's first call, which also
+ * JIT-compiles oneDNN's kernels); runs an OpenMP region. */
+int gemm_selfcheck(char *why, size_t len);
+
+/* gemm_selfcheck's verdict, run once per process (thread-safe): 0 when the
+ * CPU engine may train, -1 with why when it must refuse. */
+int gemm_ready(char *why, size_t len);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,7 @@
 #include "control/server.h"
 #include "coord/coord.h"
 #include "http/http.h"
+#include "kernels.h"
 #include "cluster/cluster.h"
 #include "cluster/coordinator.h"
 #include "cluster/dp.h"
@@ -432,6 +433,23 @@ static void rlim_str_(rlim_t v, char *buf, size_t len)
         snprintf(buf, len, "%llu", (unsigned long long)v);
 }
 
+/* What multiplies in the CPU engine (library, version, ISA) and its
+ * self-check's verdict, once at start: info when it passed; an error with
+ * the reason when it failed (CPU runs are then refused, backend_cpu_create;
+ * m6d keeps serving). */
+static void log_gemm_(void)
+{
+    gemm_info gi;
+    char why[512];
+    gemm_describe(&gi);
+    if (gemm_ready(why, sizeof why) == 0)
+        log_info("cpu.gemm", "library=%s version=%s isa=%s selfcheck=passed",
+                 gi.library, gi.version, gi.isa);
+    else
+        log_error("cpu.gemm", "library=%s version=%s isa=%s selfcheck=failed "
+                  "err=\"%s\"", gi.library, gi.version, gi.isa, why);
+}
+
 /* A run holds one file descriptor per data shard for its whole life
  * (train/data.h), so a corpus of a few thousand shards, or a few runs'
  * worth, passes the soft RLIMIT_NOFILE of 1024 that shells and systemd
@@ -654,6 +672,10 @@ static int metrics_bind_(void)
         log_error("http.error", "err=\"out of memory\"");
         return -1;
     }
+    gemm_info gi;
+    gemm_describe(&gi);
+    stats_set_gemm(g.stats, gi.library, gi.version, gi.isa,
+                   gemm_ready(NULL, 0) == 0);
     g.http_fd = http_listen(g.opt.metrics_listen, err, sizeof err);
     if (g.http_fd < 0) {
         log_error("http.error", "err=\"%s\"", err);
@@ -899,6 +921,7 @@ int main(int argc, char **argv)
              getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY")
              : getenv("GOMP_SPINCOUNT") ? "GOMP_SPINCOUNT" : "default");
     raise_nofile_limit_();
+    log_gemm_();
 
     int rc = 1;
     if (uv_loop_init(&g.loop) < 0) {

@@ -55,6 +55,9 @@ struct http_stats {
     int n_req, cap_req;
     http_count http[16];
     int n_http;
+    /* stats_set_gemm; gemm_library[0] 0: not set */
+    char gemm_library[64], gemm_version[64], gemm_isa[64];
+    int gemm_passed;
 };
 
 static double mono_(void)
@@ -86,6 +89,17 @@ void stats_free(http_stats *s)
 }
 
 /* ---------------------------------------------------------------- updates */
+
+void stats_set_gemm(http_stats *s, const char *library, const char *version,
+                    const char *isa, int selfcheck_passed)
+{
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->gemm_library, sizeof s->gemm_library, "%s", library);
+    snprintf(s->gemm_version, sizeof s->gemm_version, "%s", version);
+    snprintf(s->gemm_isa, sizeof s->gemm_isa, "%s", isa);
+    s->gemm_passed = selfcheck_passed != 0;
+    pthread_mutex_unlock(&s->mu);
+}
 
 /* With mu held: the run's entry, made if new; NULL when out of memory. */
 static run_stats *run_locked_(http_stats *s, int64_t id)
@@ -350,6 +364,20 @@ static void render_locked_(sbuf *b, const http_stats *s)
     for (int i = 0; i < s->n_http; i++)
         put_(b, "m6_http_requests_total{code=\"%d\"} %llu\n", s->http[i].code,
              (unsigned long long)s->http[i].n);
+    if (s->gemm_library[0]) {
+        char node[600], l[140], v[140], isa[140];
+        esc_(node, sizeof node, s->node);
+        esc_(l, sizeof l, s->gemm_library);
+        esc_(v, sizeof v, s->gemm_version);
+        esc_(isa, sizeof isa, s->gemm_isa);
+        family_(b, "m6_cpu_gemm_info", "gauge",
+                "The CPU engine's GEMM library, its version and the "
+                "instruction set it dispatches to: 1 when its start-up "
+                "self-check passed, 0 when it failed (CPU runs are then "
+                "refused).");
+        put_(b, "m6_cpu_gemm_info{node=\"%s\",library=\"%s\",version=\"%s\","
+             "isa=\"%s\"} %d\n", node, l, v, isa, s->gemm_passed);
+    }
 
     /* per run */
     if (s->n_runs) {

@@ -55,6 +55,13 @@ typedef struct {
 http_stats *stats_new(double start_unix, const char *node, double peak_flops);
 void stats_free(http_stats *s);
 
+/* What multiplies in the CPU engine (gemm_describe, kernels.h): library,
+ * version, isa (copied; each cut at 63 bytes), and whether its start-up
+ * self-check passed (gemm_ready). Exported as m6_cpu_gemm_info, 1 passed,
+ * 0 failed (CPU runs are then refused); not exported until set. */
+void stats_set_gemm(http_stats *s, const char *library, const char *version,
+                    const char *isa, int selfcheck_passed);
+
 /* Publish a step (s NULL: nothing). */
 void stats_step(http_stats *s, const stats_step_rec *r);
 

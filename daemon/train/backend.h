@@ -202,7 +202,8 @@ static inline const offload_plan *backend_setup_phase_plan(
 /* Create the model with setup->n_slots slots (default share map l*S/L)
  * and activations for microbatches of setup->batch_size, placed by the
  * plan when there is a budget, weights initialised from setup->seed.
- * 0, or -1 with err. */
+ * 0, or -1 with err; refused (-1, err saying why) when the CPU GEMM fails
+ * its self-check (gemm_ready, kernels.h). */
 int backend_cpu_create(backend *be, const backend_setup *setup, char *err,
                        size_t errlen);
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
 #include "train/backend.h"
@@ -376,6 +377,12 @@ static const backend_iface cpu_iface_ = {
 int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                        size_t errlen)
 {
+    /* never fast and wrong: a GEMM that fails its self-check trains nothing */
+    char why[512];
+    if (gemm_ready(why, sizeof why) != 0) {
+        snprintf(err, errlen, "refusing to train on the CPU: %s", why);
+        return -1;
+    }
     cpu_ctx_ *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");

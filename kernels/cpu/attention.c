@@ -10,11 +10,11 @@
  *   dS[t,s] = scale P[t,s] (dP[t,s] - sum_j P[t,j] dP[t,j])
  *   dQ += dS K;                     dK += dS^T Q
  *
- * The products are sgemm calls (cpu_blas.h) on the strided head slices, no
+ * The products are GEMM calls (cpu_gemm.h) on the strided head slices, no
  * copies. Rows go in blocks of ATT_ROWS: block [i0, i1) only multiplies
  * columns [0, i1), so the causal upper triangle costs at most one block's
  * width. Work is split over (b,h) in one OpenMP region, each task with a
- * single-threaded sgemm: each task owns its slices of out, att, scratch and
+ * single-threaded GEMM: each task owns its slices of out, att, scratch and
  * dqkv, so every output element is written by one thread in a fixed order
  * (deterministic for any thread count).
  */
@@ -22,7 +22,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "cpu_math.h"
-#include "cpu_blas.h"
+#include "cpu_gemm.h"
 
 #define ATT_ROWS 64     /* rows per causal block */
 
@@ -60,7 +60,6 @@ void attention_forward(float *out, float *att, const float *qkv,
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
-    blas_single_thread_();
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -72,13 +71,13 @@ void attention_forward(float *out, float *att, const float *qkv,
             int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
             float *Pb = P + (size_t)i0 * T;
             /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, i1, hs,
+            gemm_f32_(GEMM_N, GEMM_T, M, i1, hs,
                         scale, q + (size_t)i0 * C3, C3, k, C3, 0.0f, Pb, T);
             /* softmax over s <= t; zeros above the diagonal */
             for (int t = i0; t < i1; t++)
                 softmax_row_(P + (size_t)t * T, t, T);
             /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
+            gemm_f32_(GEMM_N, GEMM_N, M, hs, i1,
                         1.0f, Pb, T, v, C3, 0.0f, o + (size_t)i0 * C, C);
         }
     }
@@ -96,7 +95,6 @@ static void backward_(float *dqkv, float *scratch, const float *dout,
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
-    blas_single_thread_();
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -117,20 +115,20 @@ static void backward_(float *dqkv, float *scratch, const float *dout,
             float *dSb = dS + (size_t)i0 * T;
             const float *dOb = dO + (size_t)i0 * C;
             /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T, into dS */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, i1, hs,
+            gemm_f32_(GEMM_N, GEMM_T, M, i1, hs,
                         1.0f, dOb, C, v, C3, 0.0f, dSb, T);
             /* dV[0:i1] += P[i0:i1, 0:i1]^T dO[i0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, M,
+            gemm_f32_(GEMM_T, GEMM_N, i1, hs, M,
                         1.0f, Pb, T, dOb, C, 1.0f, dv, C3);
             /* the softmax backward, in place; 0 above the diagonal */
             for (int t = i0; t < i1; t++)
                 softmax_row_backward_(dS + (size_t)t * T, P + (size_t)t * T,
                                       scale, t, i1);
             /* dQ[i0:i1] += dS[i0:i1, 0:i1] K[0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hs, i1,
+            gemm_f32_(GEMM_N, GEMM_N, M, hs, i1,
                         1.0f, dSb, T, k, C3, 1.0f, dq + (size_t)i0 * C3, C3);
             /* dK[0:i1] += dS[i0:i1, 0:i1]^T Q[i0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, M,
+            gemm_f32_(GEMM_T, GEMM_N, i1, hs, M,
                         1.0f, dSb, T, q + (size_t)i0 * C3, C3, 1.0f, dk, C3);
         }
     }

@@ -1,17 +1,17 @@
 /*
- * matmul.c — fully connected layer, CPU reference, GEMMs through CBLAS:
+ * matmul.c — fully connected layer, CPU reference, GEMMs through cpu_gemm.h:
  *   out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias
  *   dinp (N,C)     += dout (N,OC) @ weight (OC,C)
  *   dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
  *   dbias (OC)     += sum over rows of dout
- * Accumulation uses sgemm's beta = 1. The bias is added by pre-filling out
+ * Accumulation uses the GEMM's beta = 1. The bias is added by pre-filling out
  * and running the forward GEMM with beta = 1 (no extra pass over out).
  *
  * Threading: the output of each GEMM is cut into one column (or row) block
  * per OpenMP thread (in the backward, the input and weight gradients' GEMMs
- * each over half the threads) and each thread runs a single-threaded sgemm
- * on its block (cpu_blas.h says why). Every output element is computed by one
- * sgemm call with a block layout fixed by the thread count: deterministic
+ * each over half the threads) and each thread runs a single-threaded GEMM
+ * on its block (cpu_gemm.h). Every output element is computed by one
+ * GEMM call with a block layout fixed by the thread count: deterministic
  * for a given count.
  *
  * The _gelu forms fuse the MLP's GELU into the GEMM's parallel region. In
@@ -24,7 +24,7 @@
 #include <omp.h>
 #include "kernels.h"
 #include "cpu_math.h"
-#include "cpu_blas.h"
+#include "cpu_gemm.h"
 
 #define MM_ALIGN 16     /* block edges on multiples of 16 floats */
 
@@ -75,7 +75,7 @@ static void forward_block_(float *out, float *act, const float *inp,
                    (size_t)(o1 - o0) * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, o1 - o0, C,
+    gemm_f32_(GEMM_N, GEMM_T, N, o1 - o0, C,
                 1.0f, inp, C, weight + (size_t)o0 * C, C,
                 beta, out + o0, OC);
     if (act)
@@ -92,7 +92,6 @@ void matmul_forward_gelu(float *out, float *act, const float *inp,
                          const float *weight, const float *bias, int N, int C,
                          int OC)
 {
-    blas_single_thread_();
     #pragma omp parallel
     {
         int o0, o1;
@@ -130,12 +129,12 @@ static void backward_blocks_(float *dinp, float *dpre, const float *pre,
 
     /* dinp[:, c0:c1] += dout @ weight[:, c0:c1] */
     if (do_in && c1 > c0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, c1 - c0, OC,
+        gemm_f32_(GEMM_N, GEMM_N, N, c1 - c0, OC,
                     1.0f, dout, OC, weight + c0, C, dinp_beta, dinp + c0, C);
     }
     /* dweight[o0:o1, :] = dw_beta dweight[o0:o1, :] + dout[:, o0:o1]^T @ inp */
     if (o1 > o0)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N,
+        gemm_f32_(GEMM_T, GEMM_N, o1 - o0, C, N,
                     1.0f, dout + o0, OC, inp, C, dw_beta,
                     dweight + (size_t)o0 * C, C);
     /* dbias[o0:o1]: rows in order, one thread per element */
@@ -163,7 +162,6 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
                      const float *dout, const float *inp, const float *weight,
                      int N, int C, int OC)
 {
-    blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
                      C, OC, 1.0f, 1.0f);
@@ -174,7 +172,6 @@ void matmul_backward_first(float *dinp, float *dweight, float *dbias,
                            const float *weight, int N, int C, int OC,
                            int dw_store)
 {
-    blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dinp, NULL, NULL, dweight, dbias, dout, inp, weight, N,
                      C, OC, 0.0f, dw_store ? 0.0f : 1.0f);
@@ -185,7 +182,6 @@ void matmul_backward_gelu(float *dpre, float *dact, float *dweight,
                           const float *pre, const float *weight, int N, int C,
                           int OC, int dw_store)
 {
-    blas_single_thread_();
     #pragma omp parallel
     backward_blocks_(dact, dpre, pre, dweight, dbias, dout, act, weight, N, C,
                      OC, 0.0f, dw_store ? 0.0f : 1.0f);

@@ -5,7 +5,7 @@
  *
  *   moe_route       logits = x Wg^T + bg; per prototype: softmax, top-1,
  *                   capacity in token order; dispatch rows expert by expert
- *   moe_forward     gather xe; per expert two GEMMs (CBLAS, matmul.c) and
+ *   moe_forward     gather xe; per expert two GEMMs (matmul.c) and
  *                   GELU; combine out[n] = sum_p gate * ye[slot[n,p]]
  *   moe_aux_losses  Switch balancing loss and ST-MoE z-loss
  *   moe_backward    the reverse, then the softmax and the gate GEMM

@@ -76,6 +76,30 @@ static void test_histogram_bounds(void **state)
     stats_free(s);
 }
 
+/* the GEMM library's info gauge: absent until set, then exactly the
+ * values set (label values escaped), 1 or 0 for the self-check */
+static void test_gemm_info(void **state)
+{
+    (void)state;
+    http_stats *s = stats_new(1000, "n1", 0);
+    char *t = render_(s);
+    assert_null(strstr(t, "m6_cpu_gemm_info"));
+    free(t);
+    stats_set_gemm(s, "onednn", "2.6.3", "avx512_core", 1);
+    t = render_(s);
+    assert_non_null(strstr(t, "# TYPE m6_cpu_gemm_info gauge\n"));
+    assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"onednn\","
+                              "version=\"2.6.3\",isa=\"avx512_core\"} 1\n"));
+    free(t);
+    stats_set_gemm(s, "loops", "none", "a\"b", 0);
+    t = render_(s);
+    assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"loops\","
+                              "version=\"none\",isa=\"a\\\"b\"} 0\n"));
+    assert_null(strstr(t, "onednn"));
+    free(t);
+    stats_free(s);
+}
+
 static void test_counters_by_phase(void **state)
 {
     (void)state;
@@ -137,6 +161,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_histogram_bounds),
+        cmocka_unit_test(test_gemm_info),
         cmocka_unit_test(test_counters_by_phase),
         cmocka_unit_test(test_labels_and_requests),
     };
