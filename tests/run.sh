@@ -35,12 +35,14 @@ if [ "${CI:-}" = true ] && [ "$allow_skip" != 0 ]; then
     echo "tests: M6_ALLOW_SKIP ignored under CI=true: a skip is not a pass"
     allow_skip=0
 fi
-case $mode in
-quick) echo "tests: mode quick: release build, suite quick (unit and fast integration tests)" ;;
+if [ "$#" -gt 0 ] && [ "$mode" != quick ]; then
+    echo "tests: mode named: the release build's tests, meson test $*"
+else case $mode in
+quick) echo "tests: mode quick: release build, suite quick (unit and fast integration tests)${1:+, meson test $*}" ;;
 default) echo "tests: mode default: release build without the long suite, then unit and integration under ASan+UBSan" ;;
 long) echo "tests: mode long: every test in the release build, then unit and integration under ASan+UBSan" ;;
 esac
-[ "$#" -gt 0 ] && echo "tests: only the release build's tests: meson test $*"
+fi
 .ci/setup
 rc=0
 named=$#
@@ -88,9 +90,13 @@ bad_skip = False
 def reason_(r):
     """The skip's reason: the last line of the test's output that says
     SKIP or skip, else its last line."""
-    lines = [l.strip() for l in (r.get("stdout") or "").splitlines() if l.strip()]
+    out = (r.get("stdout") or "") + "\n" + (r.get("stderr") or "")
+    lines = [l.strip() for l in out.splitlines() if l.strip()]
     said = [l for l in lines if "skip" in l.lower() or "no cuda device" in l.lower()]
-    return (said or lines or ["(no output)"])[-1][:160]
+    why = (said or lines or ["(no output)"])[-1]
+    if "SKIP" in why:  # "test_ops: SKIP: no CUDA device": one reason for all
+        why = why[why.index("SKIP"):]
+    return why[:160]
 for i, path in enumerate(sys.argv[1:]):
     if path == "build-failed":
         failed += 1
@@ -105,7 +111,9 @@ for i, path in enumerate(sys.argv[1:]):
             passed += 1
         elif res == "SKIP":
             why = reason_(r)
-            gpu = any(s.split(":")[-1] == "gpu" for s in r.get("suite", []))
+            # the name is "project:suite+suite / test"
+            suites = r["name"].split(" / ")[0].split(":")[-1].split("+")
+            gpu = "gpu" in suites
             if gpu or allow:
                 skips.setdefault(why, []).append(name)
                 print(f"skipped: {name}: {why}")
