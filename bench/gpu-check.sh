@@ -61,6 +61,10 @@
 #   GPU_CHECK_PART=tests|bench    only the tests (call 2) or the benchmarks
 #                                 (call 3); default both
 #   GPU_CHECK_CCACHE=0            compile without ccache (used where found)
+#   GPU_CHECK_OBJ_FROM=DIR        take the .cu objects from the meson build
+#                                 DIR where it compiled them with the same
+#                                 flags (gpu_check_build: no second nvcc
+#                                 pass over what meson just compiled)
 #   GPU_CHECK_DIR=dir NVCC=path   override either
 #   GPU_CHECK_REUSE=1             use the binaries already in GPU_CHECK_DIR
 #                                 when this script built them from the same
@@ -170,17 +174,34 @@ build_() {
         $CCACHE "$@" > "$OUT/obj/$name.log" 2>&1 &
         pids+=($!); names+=("$name")
     }
+    # compile_cu NAME SRC.cu: nvcc, or, with GPU_CHECK_OBJ_FROM=DIR (a meson
+    # build, just built: the test gpu_check_build), meson's object of SRC
+    # where build.ninja shows it compiled with exactly NVFLAGS
+    reused=0
+    compile_cu() {
+        local name=$1 src=$2 dir=${GPU_CHECK_OBJ_FROM:-} cmd want
+        if [ -n "$dir" ] && [ -f "$dir/${src%.cu}.o" ]; then
+            cmd=$(grep -A3 "^build ${src%.cu}.o: " "$dir/build.ninja" |
+                sed -n 's/^ COMMAND = //p' | tr -d "'" | sed 's/ -MD -MF .*//' | cut -d' ' -f2-)
+            want=$(printf '%s ' "${NVFLAGS[@]}" | sed 's/ $//')
+            if [ "$cmd" = "$want" ]; then
+                cp "$dir/${src%.cu}.o" "$OUT/obj/$name.o"
+                reused=$((reused + 1))
+                return
+            fi
+        fi
+        compile "$name" "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$OUT/obj/$name.o"
+    }
     for k in $KERNELS; do
-        compile "${k##*/}" "$NVCC" "${NVFLAGS[@]}" -c "$k.cu" -o "$OUT/obj/${k##*/}.o"
+        compile_cu "${k##*/}" "$k.cu"
     done
-    compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
-    compile test_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_moe.cu -o "$OUT/obj/test_moe.o"
-    compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
-    compile test_model_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model_moe.cu -o "$OUT/obj/test_model_moe.o"
-    compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
-    compile test_offload_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload_moe.cu -o "$OUT/obj/test_offload_moe.o"
-    compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
-    compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
+    for t in test_ops test_moe test_model test_model_moe test_offload test_offload_moe; do
+        compile_cu $t tests/gpu/$t.cu
+    done
+    compile_cu gpu_train bench/gpu_train.cu
+    compile_cu gpu_offload bench/gpu_offload.cu
+    [ -n "${GPU_CHECK_OBJ_FROM:-}" ] &&
+        echo "gpu-check: $reused of the .cu objects from meson's $GPU_CHECK_OBJ_FROM"
     for k in $CPU_OPS; do
         compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
     done
