@@ -68,7 +68,7 @@ if [ "$mode" != quick ] && [ "$named" -eq 0 ] && [ "${M6_SANITIZE:-1}" != 0 ]; t
         ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
         UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
         meson test -C build-san --print-errorlogs --num-processes 1 \
-            --suite unit --suite integration --no-suite nosan $long \
+            --suite unit --suite integration --no-suite nosan --no-suite emu $long \
             --timeout-multiplier 3 || rc=$?
         logs="$logs build-san/meson-logs/testlog.json"
     else
