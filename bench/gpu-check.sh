@@ -47,10 +47,10 @@
 #
 # The Pseudo-to-Real pay-off benchmark (bench/p2r_offload, issue 19 item
 # 3) is built only with GPU_CHECK_P2R=1 (with jansson and zlib), with the
-# fortunes shards it trains on in build-gpu/p2r-data: the whole folder
-# is then over the 64 MiB a device command can carry, so carry
-# ["build-gpu/p2r_offload", "build-gpu/lib", "build-gpu/p2r-data"] (12
-# MiB) and run it alone, timeout_s 540 (not yet run on a GPU):
+# fortunes shards it trains on in build-gpu/p2r-data (about 5 MiB more:
+# check with --size), so carry ["build-gpu/p2r_offload", "build-gpu/lib",
+# "build-gpu/p2r-data"] and run it alone as a third call, timeout_s 300
+# (its 200 steps are a guess: not yet run on a GPU):
 #
 # nvidia-smi -L; build-gpu/p2r_offload --backend cuda --data build-gpu/p2r-data --steps 200 --out "$OUT/p2r" 2>&1 | tee "$OUT/p2r_offload.log"
 #
