@@ -4,40 +4,67 @@
 # built with -DM6_NO_GEMM_LIB), run the GPU tests and benchmarks, print the
 # figures and end with one key=value line. The trainer test (test_trainer)
 # also needs jansson and zlib; where their headers and libraries are
-# missing it is not built, and the script says so (trainer_ok=no_libs). Made for a machine with one sm_90
-# GPU and CUDA 13; finishes within 8 minutes (a global deadline caps every
-# run). Without a GPU it still builds everything, says so and exits 77.
+# missing it is not built, and the script says so (trainer_ok=no_libs).
+# Made for a machine with one sm_90 GPU and CUDA 13. Without a GPU it still
+# builds everything, says so and exits 77.
 #
-# The build travels: it lands in build-gpu/ (ignored by git's /build*/,
-# about 61 MiB on 2026-12-02, near the 64 MiB a device command carries),
-# and its binaries need only a CUDA 13 driver and cuBLASLt
-# 13 on the GPU machine. cudart is linked statically; libgomp, jansson and
-# zlib (from this machine's Debian packages) are copied into build-gpu/lib
-# and found there through the rpath $ORIGIN/lib; cuBLASLt by the rpath of
-# the toolkit's lib64 or, where it is elsewhere, by LD_LIBRARY_PATH, which
-# this script sets when the binaries lack it. So: run bench/gpu-check.sh
-# here (no GPU: it builds and exits 77), then send the device this one
-# command, with carry ["build-gpu"] and timeout_s 540. It prints the GPU,
-# the driver and whether compute-sanitizer is there; runs the checks on the
-# carried build with a 400 s budget (--largest sized for 96 GiB of host
-# memory: the VM has 128 GiB, its MemTotal starts lower); then runs
-# test_ops and test_offload under compute-sanitizer memcheck and racecheck
-# while time remains, each run capped at 100 s. The whole log goes to
-# $OUT/device.log, each sanitizer run's to $OUT/san_TOOL_TEST.log, the
-# check's own log and outputs to $OUT/:
+# A lent GPU gives a session 15 minutes, starts and idle time included, and
+# one device command carries at most 64 MiB (the tree plus what it names in
+# carry). So the work is two prepared calls of at most 5 minutes each, both
+# carrying the build folder build-gpu/ (ignored by git's /build*/):
 #
-# T0=$(date +%s); { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); echo "compute-sanitizer: ${S:-absent}"; GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=400 GPU_CHECK_HOST_GIB=96 bench/gpu-check.sh; echo "gpu-check: exit $?"; cp build-gpu/gpu-check.log build-gpu/*.out "$OUT"/ 2>/dev/null; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((530 - $(date +%s) + T0)); [ $left -gt 100 ] && left=100; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
+#   1. Here, no GPU: bench/gpu-check.sh (builds, exits 77), then
+#      bench/gpu-check.sh --size: the tree plus build-gpu/ must be at most
+#      48 MiB (the test gpu_check_build checks the same on every run).
+#      Every kernel, the GPU model and the CPU reference are in
+#      build-gpu/lib/libm6gpu.so once; cudart and cuBLASLt are the GPU
+#      machine's (its image has CUDA 13: rpath /usr/local/cuda/lib64, else
+#      LD_LIBRARY_PATH, which this script sets and writes to
+#      build-gpu/ld-library-path); libgomp, jansson and zlib are copied into
+#      build-gpu/lib.
+#   2. The tests (carry ["build-gpu"], timeout_s 300): the seven GPU tests
+#      against the CPU reference within 200 s, then compute-sanitizer
+#      memcheck and racecheck on test_ops and test_offload while time is
+#      left (60 s each at most). Figures: each test's lines; last line
+#      gpu_check_tests=pass|fail ops_ok=... trainer_ok=... build_s= total_s=
+#
+# T0=$(date +%s); { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null); GPU_CHECK_PART=tests GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=200 bench/gpu-check.sh; echo "gpu-check: exit $?"; export LD_LIBRARY_PATH=$(cat build-gpu/ld-library-path 2>/dev/null); for t in memcheck racecheck; do for b in test_ops test_offload; do left=$((285 - $(date +%s) + T0)); [ $left -gt 60 ] && left=60; if [ -z "$S" ] || [ $left -lt 20 ]; then echo "=== sanitizer $t $b: not run (compute-sanitizer: ${S:-absent}; ${left}s left)"; continue; fi; echo "=== compute-sanitizer --tool $t $b (limit ${left}s)"; timeout $left "$S" --tool $t --error-exitcode 99 build-gpu/$b > "$OUT/san_${t}_$b.log" 2>&1; echo "=== sanitizer $t $b: exit $? (99: errors found, 124: timed out)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Error)" "$OUT/san_${t}_$b.log" | head -8; done; done; } 2>&1 | tee "$OUT/device.log"
+#
+#   3. The benchmarks (carry ["build-gpu"], timeout_s 300): gpu_train at
+#      124M (and its pseudo phase) and 350M, gpu_offload at 1.5B (resident
+#      vs offloaded), the largest model that fits (--largest sized for 96
+#      GiB of host memory: the VM has 128 GiB, its MemTotal starts lower)
+#      and the speculative host AdamW, most wanted first, within 270 s.
+#      Figures: each benchmark's lines; last line gpu_check_bench=pass|fail
+#      tok_s_124m=... mfu_124m=... offload_ratio=... largest_params=...
+#
+# { nvidia-smi -L; GPU_CHECK_PART=bench GPU_CHECK_REUSE=1 GPU_CHECK_BUDGET_S=270 GPU_CHECK_HOST_GIB=96 bench/gpu-check.sh; echo "gpu-check: exit $?"; } 2>&1 | tee "$OUT/device.log"
+#
+# Both lengths are budgets, not GPU measurements (no run of this split has
+# been on a GPU yet): each call's deadline stops what is left and reports it
+# as not_run; rerun that part, or one test or benchmark with GPU_CHECK_ONLY,
+# if time is left.
 #
 # The Pseudo-to-Real pay-off benchmark (bench/p2r_offload, issue 19 item
 # 3) is built only with GPU_CHECK_P2R=1 (with jansson and zlib), with the
-# fortunes shards it trains on in build-gpu/p2r-data: the whole folder
-# is then over the 64 MiB a device command can carry, so carry
-# ["build-gpu/p2r_offload", "build-gpu/lib", "build-gpu/p2r-data"] (12
-# MiB) and run it alone, timeout_s 540 (not yet run on a GPU):
+# fortunes shards it trains on in build-gpu/p2r-data (about 5 MiB more:
+# check with --size), so carry ["build-gpu/p2r_offload", "build-gpu/lib",
+# "build-gpu/p2r-data"] and run it alone as a third call, timeout_s 300
+# (its 200 steps are a guess: not yet run on a GPU):
 #
 # nvidia-smi -L; build-gpu/p2r_offload --backend cuda --data build-gpu/p2r-data --steps 200 --out "$OUT/p2r" 2>&1 | tee "$OUT/p2r_offload.log"
 #
 #   bench/gpu-check.sh            build dir and log in build-gpu/
+#   bench/gpu-check.sh --size [DIR]  what a device command carries (tree +
+#                                 DIR, build-gpu/ by default): MiB, exit 1
+#                                 above 48
+#   GPU_CHECK_PART=tests|bench    only the tests (call 2) or the benchmarks
+#                                 (call 3); default both
+#   GPU_CHECK_CCACHE=0            compile without ccache (used where found)
+#   GPU_CHECK_OBJ_FROM=DIR        take the .cu objects from the meson build
+#                                 DIR where it compiled them with the same
+#                                 flags (gpu_check_build: no second nvcc
+#                                 pass over what meson just compiled)
 #   GPU_CHECK_DIR=dir NVCC=path   override either
 #   GPU_CHECK_REUSE=1             use the binaries already in GPU_CHECK_DIR
 #                                 when this script built them from the same
@@ -47,6 +74,7 @@
 #   GPU_CHECK_BUDGET_S=S          the global deadline, S seconds after the
 #                                 start (470), so that a device command can
 #                                 keep time for more after this script
+#                                 (the calls above: 200 and 270)
 #   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_moe test_model
 #                                 test_model_moe test_offload test_offload_moe test_trainer
 #                                 train_124m train_124m_pseudo train_350m
@@ -72,6 +100,30 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 START=$(date +%s)
 DEADLINE=$((START + ${GPU_CHECK_BUDGET_S:-470})) # 8 minutes minus a margin
+PART=${GPU_CHECK_PART:-all}
+case $PART in
+tests|bench|all) ;;
+*) echo "gpu-check: GPU_CHECK_PART=$PART: want tests, bench or all"; echo "gpu_check=bad_part"; exit 1 ;;
+esac
+CARRY_LIMIT_MIB=48 # what one device command may carry, tree and build together
+
+# --size [DIR]: what a device command carries: the tracked and untracked
+# (not ignored) files of this checkout plus DIR (the build, build-gpu/ by
+# default), in MiB; exit 1 above CARRY_LIMIT_MIB (the device tool's own
+# limit is 64 MiB: the margin is for whatever else a session carries)
+if [ "${1:-}" = --size ]; then
+    dir=${2:-$ROOT/build-gpu}
+    [ -d "$dir" ] || { echo "gpu-check: --size: no build in $dir"; exit 1; }
+    tree=$(git -C "$ROOT" ls-files -z -c -o --exclude-standard | (cd "$ROOT" && xargs -0 stat -c %s 2>/dev/null) | awk '{s+=$1} END {print s+0}')
+    build=$(find "$dir" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+    mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+    total=$((tree + build))
+    echo "gpu-check: a device command carries $(mib $total) MiB: the tree $(mib $tree) MiB, the build $(mib $build) MiB ($dir); limit $CARRY_LIMIT_MIB MiB"
+    echo "device_carry_mib=$(mib $total) tree_mib=$(mib $tree) build_mib=$(mib $build) limit_mib=$CARRY_LIMIT_MIB"
+    [ "$total" -le $((CARRY_LIMIT_MIB * 1048576)) ] && exit 0
+    echo "gpu-check: over the limit: shrink the build (lib/libm6gpu.so holds every kernel once) or carry less"
+    exit 1
+fi
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 if [ ! -x "$NVCC" ]; then
@@ -80,6 +132,8 @@ if [ ! -x "$NVCC" ]; then
     exit 1
 fi
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+CCACHE=""
+[ "${GPU_CHECK_CCACHE:-1}" != 0 ] && CCACHE=$(command -v ccache || true)
 OUT=${GPU_CHECK_DIR:-$ROOT/build-gpu}
 mkdir -p "$OUT/obj"
 OUT=$(cd "$OUT" && pwd)
@@ -93,13 +147,17 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 # ------------------------------------------------------------------ build
 # Sets build_ok and HAVE_TRAINER_LIBS; the binaries land in $OUT.
 build_() {
-    NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fno-math-errno
+    NVFLAGS=(-O3 -std=c++17 -lineinfo '-gencode=arch=compute_90,code=[sm_90,compute_90]' -Xcompiler -fPIC,-fno-math-errno
              -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon" -I"$ROOT/kernels/cuda")
-    CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
-    # cudart static (nvcc's default); cuBLASLt from the toolkit's lib64
-    # (this one's, or /usr/local/cuda's on the GPU machine); the rest from
-    # build-gpu/lib (copied below; nvcc passes '$ORIGIN' on as it is)
-    LDFLAGS=(-L"$CUDA_HOME/lib64" -cudart static
+    CFLAGS=(-O2 -std=gnu11 -D_GNU_SOURCE -fopenmp -fPIC -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/daemon")
+    # Every kernel, the GPU model and the CPU reference are linked once,
+    # into lib/libm6gpu.so; each program holds only its own main object
+    # (seven copies of the 5 MiB flash-attention fatbin made the carried
+    # folder 65 MiB). cudart and cuBLASLt shared, from the toolkit's lib64
+    # (this one's, or /usr/local/cuda's on the GPU machine, whose image has
+    # the toolkit); the rest from build-gpu/lib (copied below; nvcc passes
+    # '$ORIGIN' on as it is)
+    LDFLAGS=(-L"$CUDA_HOME/lib64" -cudart shared
              -Xlinker -rpath -Xlinker '$ORIGIN/lib'
              -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64"
              -Xlinker -rpath -Xlinker /usr/local/cuda/lib64 -lcublasLt -lgomp)
@@ -111,22 +169,39 @@ build_() {
 
     pids=()
     names=()
-    compile() { # name command...
+    compile() { # name command... (through ccache where there is one)
         local name=$1; shift
-        "$@" > "$OUT/obj/$name.log" 2>&1 &
+        $CCACHE "$@" > "$OUT/obj/$name.log" 2>&1 &
         pids+=($!); names+=("$name")
     }
+    # compile_cu NAME SRC.cu: nvcc, or, with GPU_CHECK_OBJ_FROM=DIR (a meson
+    # build, just built: the test gpu_check_build), meson's object of SRC
+    # where build.ninja shows it compiled with exactly NVFLAGS
+    reused=0
+    compile_cu() {
+        local name=$1 src=$2 dir=${GPU_CHECK_OBJ_FROM:-} cmd want
+        if [ -n "$dir" ] && [ -f "$dir/${src%.cu}.o" ]; then
+            cmd=$(grep -A3 "^build ${src%.cu}.o: " "$dir/build.ninja" |
+                sed -n 's/^ COMMAND = //p' | tr -d "'" | sed 's/ -MD -MF .*//' | cut -d' ' -f2-)
+            want=$(printf '%s ' "${NVFLAGS[@]}" | sed 's/ $//')
+            if [ "$cmd" = "$want" ]; then
+                cp "$dir/${src%.cu}.o" "$OUT/obj/$name.o"
+                reused=$((reused + 1))
+                return
+            fi
+        fi
+        compile "$name" "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$OUT/obj/$name.o"
+    }
     for k in $KERNELS; do
-        compile "${k##*/}" "$NVCC" "${NVFLAGS[@]}" -c "$k.cu" -o "$OUT/obj/${k##*/}.o"
+        compile_cu "${k##*/}" "$k.cu"
     done
-    compile test_ops "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_ops.cu -o "$OUT/obj/test_ops.o"
-    compile test_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_moe.cu -o "$OUT/obj/test_moe.o"
-    compile test_model "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model.cu -o "$OUT/obj/test_model.o"
-    compile test_model_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_model_moe.cu -o "$OUT/obj/test_model_moe.o"
-    compile test_offload "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload.cu -o "$OUT/obj/test_offload.o"
-    compile test_offload_moe "$NVCC" "${NVFLAGS[@]}" -c tests/gpu/test_offload_moe.cu -o "$OUT/obj/test_offload_moe.o"
-    compile gpu_train "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_train.cu -o "$OUT/obj/gpu_train.o"
-    compile gpu_offload "$NVCC" "${NVFLAGS[@]}" -c bench/gpu_offload.cu -o "$OUT/obj/gpu_offload.o"
+    for t in test_ops test_moe test_model test_model_moe test_offload test_offload_moe; do
+        compile_cu $t tests/gpu/$t.cu
+    done
+    compile_cu gpu_train bench/gpu_train.cu
+    compile_cu gpu_offload bench/gpu_offload.cu
+    [ -n "${GPU_CHECK_OBJ_FROM:-}" ] &&
+        echo "gpu-check: $reused of the .cu objects from meson's $GPU_CHECK_OBJ_FROM"
     for k in $CPU_OPS; do
         compile "cpu_$k" gcc "${CFLAGS[@]}" -c "kernels/cpu/$k.c" -o "$OUT/obj/cpu_$k.o"
     done
@@ -185,28 +260,23 @@ build_() {
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
     for f in $MODEL_C; do KOBJ+=("$OUT/obj/model_$(basename "$f" .c).o"); done
     COBJ=("$OUT/obj/cpu_attention.o" "$OUT/obj/cpu_gemm.o"); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+    mkdir -p "$OUT/lib"
+    GPULIB=(-L"$OUT/lib" -lm6gpu)
     if [ $build_ok = yes ]; then
-        "$NVCC" -o "$OUT/test_ops" "$OUT/obj/test_ops.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_moe" "$OUT/obj/test_moe.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" \
-            "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_model" "$OUT/obj/test_model.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
-            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_model_moe" "$OUT/obj/test_model_moe.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
-            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_offload" "$OUT/obj/test_offload.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
-            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/test_offload_moe" "$OUT/obj/test_offload_moe.o" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
-            "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/gpu_train" "$OUT/obj/gpu_train.o" "${KOBJ[@]}" "${LDFLAGS[@]}" &&
-        "$NVCC" -o "$OUT/gpu_offload" "$OUT/obj/gpu_offload.o" "${KOBJ[@]}" "${LDFLAGS[@]}" ||
-        build_ok=no
+        "$NVCC" -shared -o "$OUT/lib/libm6gpu.so" "${KOBJ[@]}" "${COBJ[@]}" \
+            "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" "${LDFLAGS[@]}" ||
+            build_ok=no
+    fi
+    if [ $build_ok = yes ]; then
+        for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe gpu_train gpu_offload; do
+            "$NVCC" -o "$OUT/$b" "$OUT/obj/$b.o" "${GPULIB[@]}" "${LDFLAGS[@]}" || build_ok=no
+        done
     fi
     if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
         TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
         for b in test_trainer $([ -n "${GPU_CHECK_P2R:-}" ] && echo p2r_offload); do
-            "$NVCC" -o "$OUT/$b" "$OUT/obj/tr_$b.o" "${TOBJ[@]}" "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" \
-                "$OUT/obj/cpu_matmul.o" "${KOBJ[@]}" "${COBJ[@]}" "${LDFLAGS[@]}" "${TRAINER_LIBS[@]}" ||
-                build_ok=no
+            "$NVCC" -o "$OUT/$b" "$OUT/obj/tr_$b.o" "${TOBJ[@]}" "${GPULIB[@]}" "${LDFLAGS[@]}" \
+                "${TRAINER_LIBS[@]}" || build_ok=no
         done
     fi
     [ $build_ok = yes ] && travel_
@@ -234,30 +304,33 @@ travel_() {
 # LD_LIBRARY_PATH (also written to $OUT/ld-library-path for commands run
 # after this script, such as compute-sanitizer).
 find_cublaslt_() {
-    local b=$OUT/test_ops d
+    local b=$OUT/test_ops d lib
     [ -x "$b" ] || return 0
-    ldd "$b" 2>/dev/null | grep -q "libcublasLt.*not found" || { : > "$OUT/ld-library-path"; return 0; }
-    for d in "$CUDA_HOME/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
-             /usr/local/cuda*/targets/x86_64-linux/lib \
-             $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
-        if [ -e "$d/libcublasLt.so.13" ]; then
-            export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-            echo "$LD_LIBRARY_PATH" > "$OUT/ld-library-path"
-            echo "gpu-check: libcublasLt.so.13 from $d (LD_LIBRARY_PATH)"
-            return 0
-        fi
+    : > "$OUT/ld-library-path"
+    for lib in libcublasLt.so.13 libcudart.so.13; do
+        ldd "$b" 2>/dev/null | grep -q "$lib.*not found" || continue
+        for d in "$CUDA_HOME/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+                 /usr/local/cuda*/targets/x86_64-linux/lib \
+                 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_runtime")))' 2>/dev/null); do
+            if [ -e "$d/$lib" ]; then
+                export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                echo "$LD_LIBRARY_PATH" > "$OUT/ld-library-path"
+                echo "gpu-check: $lib from $d (LD_LIBRARY_PATH)"
+                continue 2
+            fi
+        done
+        echo "gpu-check: $lib not found (not in the rpath, $CUDA_HOME/lib64, /usr/local/cuda*, nor python3's nvidia packages)"
     done
-    echo "gpu-check: libcublasLt.so.13 not found (not in the rpath, $CUDA_HOME/lib64, /usr/local/cuda*, nor python3's nvidia packages)"
 }
 
 # GPU_CHECK_REUSE=1: binaries already in GPU_CHECK_DIR, built by this script
 # from these very sources (a hash of them is kept beside them), are used as
 # they are: build here, carry the dir, save the build time on the GPU
 # machine. Anything else (no binaries, other sources) builds.
-src_hash_() {
-    (cd "$ROOT" && find kernels daemon client bench tests/gpu tests/common -type f \
+src_hash_() { # the sources, and this script (how they are built and linked)
+    (cd "$ROOT" && { find kernels daemon client bench tests/gpu tests/common -type f \
         \( -name "*.c" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh" \) |
-        LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+        LC_ALL=C sort; echo bench/gpu-check.sh; } | xargs cat | sha256sum | cut -c1-16)
 }
 SRC_HASH=$(src_hash_)
 find_cublaslt_
@@ -343,6 +416,10 @@ kv() { # NAME KEY [FIRST]: KEY's value on the last key=value line of NAME's
 }
 okv() { kv "$1" "$2" tokens_per_s_resident; } # gpu_offload's line
 
+# ---- part tests: the GPU tests against the CPU reference
+OPS=not_run MOE=not_run MODEL=not_run MODEL_MOE=not_run OFFLOAD=not_run
+OFFLOAD_MOE=not_run TRAINER=not_run
+if [ "$PART" != bench ]; then
 run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
 run test_moe 60 "$OUT/test_moe";     MOE=$(verdict $RC)
 run test_model 120 "$OUT/test_model"; MODEL=$(verdict $RC)
@@ -355,15 +432,44 @@ else
     echo "gpu-check: test_trainer not built (no jansson/zlib): skipped"
     TRAINER=no_libs
 fi
+fi
+TESTS="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER"
 nodev_() { [ "$1" = skip ] || [ "$1" = not_run ]; } # skipped, or left out
-if nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
+nodevice=no
+if [ "$PART" = bench ]; then
+    # no test ran to say so: no GPU that nvidia-smi lists
+    nvidia-smi -L 2>/dev/null | grep -q '^GPU' || nodevice=yes
+elif nodev_ "$OPS" && nodev_ "$MODEL" && nodev_ "$OFFLOAD" &&
     [ "$OPS$MODEL$OFFLOAD" != not_runnot_runnot_run ]; then
-    echo "gpu-check: SKIP: no CUDA device here (the tests said so: exit 77); nothing was measured."
+    nodevice=yes
+fi
+if [ $nodevice = yes ]; then
+    echo "gpu-check: SKIP: no CUDA device here; nothing was measured."
     echo "gpu-check: the build in $OUT ($(du -sh "$OUT" | cut -f1)) is made to be carried to a GPU"
-    echo "gpu-check: machine: see the device command at the top of bench/gpu-check.sh"
-    echo "gpu_check=no_cuda_device ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER build_s=$BUILD_S"
+    echo "gpu-check: machine: see the device commands at the top of bench/gpu-check.sh"
+    echo "gpu_check=no_cuda_device part=$PART $TESTS build_s=$BUILD_S"
     exit 77
 fi
+passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
+    [ "$2" = yes ] || { ! only_ "$1" && [ "$2" = not_run ]; }
+}
+tests_passed_() {
+    passed_ test_ops "$OPS" && passed_ test_moe "$MOE" && passed_ test_model "$MODEL" &&
+        passed_ test_model_moe "$MODEL_MOE" &&
+        passed_ test_offload "$OFFLOAD" && passed_ test_offload_moe "$OFFLOAD_MOE" &&
+        { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; }
+}
+if [ "$PART" = tests ]; then
+    TOTAL_S=$(( $(date +%s) - START ))
+    echo
+    echo "gpu-check: log $LOG"
+    tests_passed_ && v=pass || v=fail
+    echo "gpu_check_tests=$v $TESTS build_s=$BUILD_S total_s=$TOTAL_S"
+    [ $v = pass ] && exit 0
+    exit 1
+fi
+# ---- part bench: the benchmarks, most wanted first (the deadline cuts the
+# last)
 run train_124m 90 "$OUT/gpu_train" --steps 10 --warmup 3
 run train_124m_pseudo 90 "$OUT/gpu_train" --share 1 --steps 10 --warmup 3 --peak-n 0 --att-reps 0
 run train_350m 150 "$OUT/gpu_train" --layers 24 --embd 1024 --heads 16 --steps 10 --warmup 3 --peak-n 0 --att-reps 0
@@ -400,8 +506,8 @@ fi
 TOTAL_S=$(( $(date +%s) - START ))
 echo
 echo "gpu-check: log $LOG"
-LINE="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER"
-LINE+=" tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
+LINE=""
+LINE+="tok_s_124m=$(kv train_124m tokens_per_s) ms_step_124m=$(kv train_124m ms_per_step)"
 LINE+=" tok_s_124m_queued=$(kv train_124m tokens_per_s_queued) graph_speedup_124m=$(kv train_124m graph_speedup)"
 LINE+=" mfu_124m=$(kv train_124m mfu) mfu_gemm_124m=$(kv train_124m mfu_vs_gemm)"
 LINE+=" gemm_tflops=$(kv train_124m gemm_tflops)"
@@ -424,17 +530,16 @@ LINE+=" p2r_wall_ratio=$(kv p2r_offload wall_ratio backend)"
 LINE+=" p2r_tok_s_pseudo=$(kv p2r_offload tok_s_pseudo backend)"
 LINE+=" p2r_tok_s_real=$(kv p2r_offload tok_s_real backend)"
 LINE+=" build_s=$BUILD_S total_s=$TOTAL_S"
-echo "$LINE"
-passed_() { # NAME VERDICT: passed, or left out by GPU_CHECK_ONLY
-    [ "$2" = yes ] || { ! only_ "$1" && [ "$2" = not_run ]; }
-}
-passed_ test_ops "$OPS" && passed_ test_moe "$MOE" && passed_ test_model "$MODEL" &&
-    passed_ test_model_moe "$MODEL_MOE" &&
-    passed_ test_offload "$OFFLOAD" && passed_ test_offload_moe "$OFFLOAD_MOE" &&
-    { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
+ok=no
+{ [ "$PART" = bench ] || tests_passed_; } &&
     { ! only_ train_124m || [ "$(kv train_124m tokens_per_s)" != na ]; } &&
     { ! only_ offload_1p5b || [ "$(okv offload_1p5b tokens_per_s_offload)" != na ]; } &&
     { [ -z "${GPU_CHECK_ONLY:-}" ] || ! only_ p2r_offload ||
-      [ "$(kv p2r_offload wall_ratio backend)" != na ]; } &&
-    exit 0
+      [ "$(kv p2r_offload wall_ratio backend)" != na ]; } && ok=yes
+if [ "$PART" = bench ]; then
+    echo "gpu_check_bench=$([ $ok = yes ] && echo pass || echo fail) $LINE"
+else
+    echo "gpu_check=$([ $ok = yes ] && echo pass || echo fail) $TESTS $LINE"
+fi
+[ $ok = yes ] && exit 0
 exit 1

@@ -93,7 +93,10 @@ extern "C" {
 #define TOL_W 2e-2
 #define TOL_ACCUM 2e-2
 
-#define STEPS 10
+/* 10 steps before the delink; M6_TEST_STEPS=N (1 to 10) runs N through
+ * the same code: the CUDA emulation (tests/cuda_emu) runs fewer, as every
+ * step there costs seconds; a GPU runs 10. */
+static int STEPS = 10;
 #define STEPS_AFTER_DELINK 5
 
 static const model_config CFG = {
@@ -730,6 +733,13 @@ static void test_stats_(void)
 
 int main(void)
 {
+    if (const char *steps = getenv("M6_TEST_STEPS")) {
+        STEPS = atoi(steps);
+        if (STEPS < 1 || STEPS > 10) {
+            fprintf(stderr, "M6_TEST_STEPS=%s: want 1 to 10\n", steps);
+            return 1;
+        }
+    }
     cuda_device_or_skip("test_offload");
     gpt_layout_sizes(&CFG, &NG, &SS);
     gpt_cuda *A = test_vs_resident_();

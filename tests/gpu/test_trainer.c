@@ -88,9 +88,12 @@
  * fp32's; a wrong scale is off by 30% or more here. */
 #define TOL_NORM 2e-2
 
-#define STEPS 20
-#define DELINK_AT 10
-#define SAVE_AT 15
+/* 20 steps, the delink at 10, a save at 15. M6_TEST_STEPS=N (even, 8 to
+ * 20) runs N steps, the delink at N/2, the save at 3N/4, through the same
+ * code: the CUDA emulation (tests/cuda_emu) runs 12, as every step there
+ * costs seconds; a GPU runs 20. */
+#define STEPS_MAX 20
+static int STEPS = 20, DELINK_AT = 10, SAVE_AT = 15;
 
 static char dir_[256];
 
@@ -237,7 +240,7 @@ static double max_diff_(const float *a, const float *b, int from, int to)
  * steps SAVE_AT+1..STEPS bitwise against want (the uninterrupted run's). */
 static int resume_tail_(trainer *t, const run_spec *s, const float *want)
 {
-    float got[STEPS];
+    float got[STEPS_MAX];
     memcpy(got, want, sizeof got);
     int rc = run_(t, s, STEPS, got, NULL);
     trainer_free(t);
@@ -323,7 +326,7 @@ static int offload_case_(float clip)
     off = plain;
     offload_plan p;
     char err[512], name[64];
-    float la[STEPS], lb[STEPS];
+    float la[STEPS_MAX], lb[STEPS_MAX];
     off.device.memory_budget = offload_budget_(&plain, 1, &p);
     printf("  budget %zu bytes: real %d resident, %d offloaded; pseudo %d "
            "offloaded\n", off.device.memory_budget, p.n_resident,
@@ -604,7 +607,8 @@ static int grad_mean_case_(void)
     g.pseudo.grad_scale = c.pseudo.grad_scale = GRAD_SCALE_MEAN;
     gs = g;
     gs.pseudo.grad_scale = GRAD_SCALE_SUM;
-    float lg[STEPS], lc[STEPS], ls[STEPS], ng[STEPS], nc[STEPS], ns[STEPS];
+    float lg[STEPS_MAX], lc[STEPS_MAX], ls[STEPS_MAX];
+    float ng[STEPS_MAX], nc[STEPS_MAX], ns[STEPS_MAX];
     float pg[2], pc[2], px[2];
     /* the sum: its first step only (the same weights and batch) */
     if (run_norms_(&g, STEPS, lg, ng, pg) != 0 ||
@@ -654,7 +658,7 @@ static int grad_mean_case_(void)
     rc = ERR_INTO(err, trainer_check_spec(&off, &err_));
     check_true_(!pseudo_off && rc == 0,
                 "mean with Real slots offloaded, pseudo resident: accepted");
-    float lo[STEPS], no[STEPS], po[2];
+    float lo[STEPS_MAX], no[STEPS_MAX], po[2];
     if (run_norms_(&off, STEPS, lo, no, po) != 0)
         return -1;
     check_(max_diff_(lo, lg, 0, STEPS) <= TOL_OFFLOAD,
@@ -670,6 +674,16 @@ int main(void)
         printf("test_trainer: SKIP: no CUDA device (%s)\n", why);
         return 77;
     }
+    const char *steps = getenv("M6_TEST_STEPS");
+    if (steps) {
+        int n = atoi(steps);
+        if (n < 8 || n > STEPS_MAX || n % 2) {
+            fprintf(stderr, "test_trainer: M6_TEST_STEPS=%s: want an even "
+                            "number from 8 to %d\n", steps, STEPS_MAX);
+            return 1;
+        }
+        STEPS = n, DELINK_AT = n / 2, SAVE_AT = 3 * n / 4;
+    }
     snprintf(dir_, sizeof dir_, "/tmp/m6-gpu-trainer.XXXXXX");
     if (synth_shards(dir_, 40000) != 0) {
         fprintf(stderr, "test_trainer: cannot make temporary data\n");
@@ -677,7 +691,7 @@ int main(void)
     }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
     char err[512];
-    float lg[STEPS], lc[STEPS], lx[STEPS], probe[2] = {0, 0};
+    float lg[STEPS_MAX], lc[STEPS_MAX], lx[STEPS_MAX], probe[2] = {0, 0};
 
     printf("1. submit check, device memory\n");
     int ok = ERR_INTO(err, trainer_check_spec(&sg, &err_)) == 0;
