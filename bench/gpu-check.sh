@@ -213,7 +213,7 @@ build_() {
     compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
     # the model without kernels, which gpt_cuda uses too: layout, the one
     # weight init, the CUDA activation table
-    MODEL_C="daemon/model/layout.c daemon/model/init.c daemon/model/cuda/act_layout.c"
+    MODEL_C="daemon/model/layout.c daemon/model/facts.c daemon/model/init.c daemon/model/cuda/act_layout.c"
     for f in $MODEL_C; do
         compile "model_$(basename "$f" .c)" gcc "${CFLAGS[@]}" -c "$f" \
             -o "$OUT/obj/model_$(basename "$f" .c).o"
