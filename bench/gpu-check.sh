@@ -106,7 +106,9 @@ build_() {
     KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
              kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/moe
-             daemon/model/cuda/gpt_cuda daemon/offload/cuda/gpt_cuda_offload"
+             daemon/model/cuda/gpt_cuda daemon/model/cuda/moe_cuda
+             daemon/model/cuda/graphs_cuda daemon/model/cuda/state_cuda
+             daemon/offload/cuda/gpt_cuda_offload"
     CPU_OPS="encoder layernorm gelu residual crossentropy adamw"
 
     pids=()
