@@ -24,16 +24,17 @@
 
 #include "common/clock.h"
 #include "common/paths.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
 #include "offload/plan_p2r.h"
 #include "client/corpus/corpus.h"
 #include "client/export.h"
 #include "client/plot.h"
-#include "train/spec.h"
+#include "client/prepare_view.h"
+#include "spec/spec.h"
 #include "eta.h"
-#include "views.h"
+#include "proto/views.h"
 
 /* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
  * does not know included) or the watched run failed; 2 usage (a malformed

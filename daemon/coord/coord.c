@@ -6,7 +6,7 @@
  * the group across nodes. The commands it applies at each boundary are
  * coord_commands.c's; when to delink is coord_policy.c's; what the three
  * share is coord_internal.h. The queue is queue.c, the checkpoints are
- * ckpt/store.c.
+ * coord/ckpt_store.c.
  */
 #include "coord/coord_internal.h"
 

@@ -14,11 +14,11 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "ckpt/store.h"
+#include "coord/ckpt_store.h"
 #include "coord/coord.h"
 #include "coord/worker.h"
 #include "dist/collectives.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 
 struct coord {
@@ -29,7 +29,7 @@ struct coord {
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const coord_dist *dist; /* runs across nodes (coord.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
-    ckpt_store store;      /* the runs' checkpoints (daemon/ckpt/store.h) */
+    ckpt_store store;      /* the runs' checkpoints (coord/ckpt_store.h) */
 
     pthread_t thread;
     int thread_started;

@@ -3,7 +3,7 @@
  * range-checked and named in errors. One table lists every key once; parsing,
  * validation and the canonical serialisation all walk it.
  */
-#include "train/spec.h"
+#include "spec/spec.h"
 
 #include "common/cpus.h"
 #include "common/err.h"
