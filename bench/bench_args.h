@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "train/spec.h"  /* model_config */
+#include "spec/spec.h"  /* model_config */
 
 /* getopt_long entries (put them first in the benchmark's option table). */
 #define BENCH_SHAPE_OPTIONS                                                  \

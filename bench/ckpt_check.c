@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 
 static char *slurp_(const char *path, size_t *len)

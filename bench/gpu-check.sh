@@ -164,7 +164,9 @@ build_() {
     KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
              kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/moe
-             daemon/model/cuda/gpt_cuda daemon/offload/cuda/gpt_cuda_offload"
+             daemon/model/cuda/gpt_cuda daemon/model/cuda/moe_cuda
+             daemon/model/cuda/graphs_cuda daemon/model/cuda/state_cuda
+             daemon/offload/cuda/gpt_cuda_offload"
     CPU_OPS="encoder layernorm gelu residual crossentropy adamw"
 
     pids=()
@@ -225,8 +227,8 @@ build_() {
 
     # The trainer (spec, data, checkpoints, offload, both backends) for
     # test_trainer: needs jansson and zlib.
-    TRAINER_SRC="daemon/train/trainer.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
-      daemon/train/spec.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c
+    TRAINER_SRC="daemon/train/trainer.c daemon/train/gradsync.c daemon/train/trainer_ckpt.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
+      daemon/spec/spec.c daemon/spec/spec_write.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c
       daemon/common/durable.c daemon/common/cpus.c daemon/common/memlimit.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c"
     # the programs linked with it: test_trainer, and bench/p2r_offload (the
     # Pseudo-to-Real pay-off under a memory budget, issue 19 item 3)

@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 
 enum { Q_STATUS, Q_METRICS, Q_EVENTS, Q_PAUSE, Q_RESUME, NQ };

@@ -1,9 +1,12 @@
 /*
  * m6ctl.c — the operator's CLI for m6d. Table-driven: every subcommand is one
  * {name, handler, flags, usage, help} row; what it prints is one field table
- * per view (views.c), rendered as text, --json or --csv by common/view.c;
- * colour only on a tty; the exit code tells the truth (0 ok, 1 error or run
- * failed, 2 usage, 3 run stopped, 4 m6d unreachable).
+ * per view (proto/views.c), rendered as text, --json or --csv by
+ * common/view.c; colour only on a tty; the exit code tells the truth (0 ok,
+ * 1 error or run failed, 2 usage, 3 run stopped, 4 m6d unreachable). Here:
+ * the table, the connection and the plain commands; watch, plan and
+ * export/import/plot are m6ctl_watch.c, m6ctl_plan.c and m6ctl_export.c
+ * (m6ctl_internal.h: what they share).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,60 +27,26 @@
 
 #include "common/clock.h"
 #include "common/paths.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
 #include "offload/plan_p2r.h"
 #include "client/corpus/corpus.h"
 #include "client/export.h"
 #include "client/plot.h"
-#include "train/spec.h"
+#include "client/prepare_view.h"
+#include "spec/spec.h"
 #include "eta.h"
-#include "views.h"
-
-/* Exit status: 0 ok; 1 the daemon refused (its message on stderr; a RUN it
- * does not know included) or the watched run failed; 2 usage (a malformed
- * RUN included, for every command); 3 the watched run was stopped; 4 m6d
- * could not be reached, or the connection broke. */
-enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_STOPPED = 3,
-       EXIT_UNREACHABLE = 4 };
+#include "proto/views.h"
+#include "client/m6ctl_internal.h"
 
 /* ----------------------------------------------------------------- globals */
 
-static struct {
-    char socket[4096];
-    int json, csv, color;
-    int fd;
-    double interval;        /* watch poll period, seconds */
-    double reconnect;       /* watch: seconds to retry an unreachable m6d */
-    int transport_err;      /* the last failure was the connection's */
-    int no_timeout;         /* submit: wait for the answer however long */
-    int bar_open;           /* watch's progress line awaits its newline */
-    int quiet;              /* don't print transport errors (watch retries) */
-    size_t device_memory;   /* plan --device-memory, bytes (0: the spec's) */
-    int plan_daemon;        /* plan --daemon: ask m6d */
-    /* plan at scale (--nodes, --gpus-per-node, --host-memory, --explain):
-     * cluster set when any of them is given */
-    int cluster, nodes, gpus_per_node, explain;
-    size_t host_memory;     /* per node, bytes (0: not limited) */
-    /* plan --p2r (offload/plan_p2r.h): rates 0 and the rest < 0 when not
-     * given; p2r_only names the last option given that needs --p2r */
-    int p2r;
-    const char *p2r_only;
-    double gpu_tflops, mfu, h2d_gbps, d2h_gbps, adam_gbps;
-    double steps_ratio, scratch_steps, pseudo_lr_scale;
-    char sweep[4096], corpus[256], grad_scale[8];
-    char out_dir[4096];     /* data prepare */
-    double val_fraction;
-    long shard_tokens;
-    long export_step;       /* export --step; -1: the newest checkpoint */
-    char format[32];        /* export --format */
-    int force;              /* export, import: replace --out */
-} g = {.steps_ratio = -1, .scratch_steps = -1, .pseudo_lr_scale = -1,
+m6ctl_opts g = {.steps_ratio = -1, .scratch_steps = -1, .pseudo_lr_scale = -1,
        .export_step = -1, .format = "hf-gpt2", .fd = -1, .interval = 0.5, .reconnect = 60, .val_fraction = 0.1};
 
 /* End watch's progress line (a tty's \r-redrawn bar), if one is open. */
-static void end_bar_(void)
+void m6ctl_end_bar_(void)
 {
     if (!g.bar_open) return;
     fputc('\n', stdout);
@@ -87,14 +56,13 @@ static void end_bar_(void)
 
 static void verrf_(const char *fmt, va_list ap)
 {
-    end_bar_();
+    m6ctl_end_bar_();
     fputs("m6ctl: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
 
-static void errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void errf_(const char *fmt, ...)
+void m6ctl_errf_(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -149,7 +117,7 @@ static M6__Response *call_(const M6__Request *rq)
     size_t len;
     uint8_t *f = frame_pack(&rq->base, &len);
     if (!f) {
-        errf_("request too large");
+        m6ctl_errf_("request too large");
         return NULL;
     }
     int rc = write_all_(g.fd, f, len);
@@ -172,11 +140,11 @@ static M6__Response *call_(const M6__Request *rq)
         frame_result fr = frame_reader_next(&rd, &payload, &plen);
         if (fr == FRAME_OK) {
             resp = m6__response__unpack(NULL, plen, payload);
-            if (!resp) errf_("malformed response from m6d");
+            if (!resp) m6ctl_errf_("malformed response from m6d");
             break;
         }
         if (fr == FRAME_TOO_LARGE) {
-            errf_("response of %zu bytes exceeds the frame limit", plen);
+            m6ctl_errf_("response of %zu bytes exceeds the frame limit", plen);
             break;
         }
         if (g.no_timeout && !said_waiting) {
@@ -199,7 +167,7 @@ static M6__Response *call_(const M6__Request *rq)
             break;
         }
         if (frame_reader_feed(&rd, buf, (size_t)r) < 0) {
-            errf_("out of memory");
+            m6ctl_errf_("out of memory");
             break;
         }
     }
@@ -211,7 +179,7 @@ static int connect_(void)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(g.socket) >= sizeof sa.sun_path) {
-        errf_("socket path too long: %s", g.socket);
+        m6ctl_errf_("socket path too long: %s", g.socket);
         return -1;
     }
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g.socket);
@@ -233,19 +201,19 @@ static int connect_(void)
     if (!resp) return -1;
     g.transport_err = 0;
     int ok = resp->status == M6__STATUS__STATUS_OK;
-    if (!ok) errf_("%s", resp->message);
+    if (!ok) m6ctl_errf_("%s", resp->message);
     m6__response__free_unpacked(resp, NULL);
     return ok ? 0 : -1;
 }
 
 /* Connect if needed, send, and check the status: NULL (message printed) if
  * the daemon refused. */
-static M6__Response *request_(M6__Request *rq)
+M6__Response *m6ctl_request_(M6__Request *rq)
 {
     if (g.fd < 0 && connect_() < 0) return NULL;
     M6__Response *resp = call_(rq);
     if (resp && resp->status != M6__STATUS__STATUS_OK) {
-        errf_("%s", resp->message && *resp->message ? resp->message
+        m6ctl_errf_("%s", resp->message && *resp->message ? resp->message
                                                     : "request refused");
         m6__response__free_unpacked(resp, NULL);
         return NULL;
@@ -254,7 +222,7 @@ static M6__Response *request_(M6__Request *rq)
 }
 
 /* RUN: a numeric id, or a name. */
-static int parse_run_(const char *arg, M6__RunRef *ref)
+int m6ctl_parse_run_(const char *arg, M6__RunRef *ref)
 {
     m6__run_ref__init(ref);
     if (*arg && strspn(arg, "0123456789") == strlen(arg)) {  /* an id */
@@ -268,7 +236,7 @@ static int parse_run_(const char *arg, M6__RunRef *ref)
         ref->name = (char *)arg;
         return 0;
     }
-    errf_("RUN must be an id > 0 or a run name, got \"%s\"", arg);
+    m6ctl_errf_("RUN must be an id > 0 or a run name, got \"%s\"", arg);
     return -1;
 }
 
@@ -278,7 +246,7 @@ static int parse_run_(const char *arg, M6__RunRef *ref)
 
 /* The output form of the run views: --json (one object, or one line each
  * for watch), else text (form). */
-static view_out run_out_(view_form text_form, int lines)
+view_out m6ctl_run_out_(view_form text_form, int lines)
 {
     view_out o = {.f = stdout, .v = &views_run, .color = g.color, .form = text_form};
     if (g.json) o.form = lines ? VIEW_JSON_LINES : VIEW_JSON_OBJECT;
@@ -288,7 +256,7 @@ static view_out run_out_(view_form text_form, int lines)
 static void print_run_(const M6__RunInfo *r, const char *message)
 {
     views_run_row row = {.r = r, .message = message, .watch_eta = -1};
-    view_out o = run_out_(VIEW_RECORDS, 0);
+    view_out o = m6ctl_run_out_(VIEW_RECORDS, 0);
     view_begin(&o);
     view_row(&o, &row);
     view_end(&o);
@@ -313,14 +281,14 @@ static view_out rows_out_(const view *v)
 
 /* ---------------------------------------------------------------- commands */
 
-static M6__Response *run_request_(M6__Request__BodyCase which, const char *arg)
+M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg)
 {
     M6__RunRef ref;
-    if (parse_run_(arg, &ref) < 0) return NULL;
+    if (m6ctl_parse_run_(arg, &ref) < 0) return NULL;
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = which;
     rq.status = &ref;  /* union: the same pointer for every RunRef case */
-    return request_(&rq);
+    return m6ctl_request_(&rq);
 }
 
 /* Relative data globs (and init.from) in a spec are relative to the spec file's directory
@@ -372,11 +340,11 @@ static char *resolve_data_paths_(char *buf, const char *path)
 
 /* A spec file (- for stdin) as text, with relative data globs made
  * absolute; NULL with the error printed. */
-static char *read_spec_(const char *path)
+char *m6ctl_read_spec_(const char *path)
 {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) {
-        errf_("%s: %s", path, strerror(errno));
+        m6ctl_errf_("%s: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 65536, n = 0;
@@ -386,7 +354,7 @@ static char *read_spec_(const char *path)
         n += r;
         if (n == cap) {
             if (cap >= (8u << 20)) {
-                errf_("%s: spec larger than 8 MiB", path);
+                m6ctl_errf_("%s: spec larger than 8 MiB", path);
                 free(buf);
                 buf = NULL;
                 break;
@@ -397,7 +365,7 @@ static char *read_spec_(const char *path)
         }
     }
     if (buf && ferror(f)) {
-        errf_("%s: %s", path, strerror(errno));
+        m6ctl_errf_("%s: %s", path, strerror(errno));
         free(buf);
         buf = NULL;
     }
@@ -405,7 +373,7 @@ static char *read_spec_(const char *path)
     if (!buf) return NULL;
     buf[n] = 0;
     if (buf[strspn(buf, " \t\r\n")] == 0) {
-        errf_("%s: %s, want a JSON run spec", path, n ? "only blanks" : "empty");
+        m6ctl_errf_("%s: %s, want a JSON run spec", path, n ? "only blanks" : "empty");
         free(buf);
         return NULL;
     }
@@ -415,7 +383,7 @@ static char *read_spec_(const char *path)
 static int cmd_submit_(int argc, char **argv)
 {
     const char *path = argv[0];
-    char *buf = read_spec_(path);
+    char *buf = m6ctl_read_spec_(path);
     if (!buf) return EXIT_ERR;
     /* Hello with the usual time limit (a hung m6d is reported), then wait
      * for the answer to the submit however long the corpus check takes. */
@@ -432,7 +400,7 @@ static int cmd_submit_(int argc, char **argv)
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_SUBMIT;
     rq.submit = &sub;
-    M6__Response *resp = request_(&rq);
+    M6__Response *resp = m6ctl_request_(&rq);
     free(buf);
     if (!resp) return EXIT_ERR;
     print_one_(&views_submit, resp->submit);
@@ -446,10 +414,10 @@ static int cmd_list_(int argc, char **argv)
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_LIST;
     rq.list = &lr;
-    M6__Response *resp = request_(&rq);
+    M6__Response *resp = m6ctl_request_(&rq);
     if (!resp) return EXIT_ERR;
     M6__RunList *l = resp->list;
-    view_out o = run_out_(VIEW_TABLE, 0);
+    view_out o = m6ctl_run_out_(VIEW_TABLE, 0);
     if (g.json) o.form = VIEW_JSON_ARRAY;
     view_begin(&o);
     for (size_t i = 0; l && i < l->n_runs; i++) {
@@ -463,7 +431,7 @@ static int cmd_list_(int argc, char **argv)
 
 static int cmd_status_(int argc, char **argv)
 {
-    M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
+    M6__Response *resp = m6ctl_run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
     if (!resp) return EXIT_ERR;
     print_run_(resp->run, NULL);
     m6__response__free_unpacked(resp, NULL);
@@ -472,7 +440,7 @@ static int cmd_status_(int argc, char **argv)
 
 static int command_(M6__Request__BodyCase which, const char *arg)
 {
-    M6__Response *resp = run_request_(which, arg);
+    M6__Response *resp = m6ctl_run_request_(which, arg);
     if (!resp) return EXIT_ERR;
     if (g.json) print_run_(resp->run, resp->message);
     else printf("%s\n", resp->message);
@@ -485,225 +453,6 @@ static int cmd_resume_(int argc, char **argv) { return command_(M6__REQUEST__BOD
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
 
-static int same_loss_(double a, double b)
-{
-    return (isnan(a) && isnan(b)) || a == b;
-}
-
-/* A watch event: one JSON line {"event", "step"[, "last_seen_step"]}
- * with --json (last_seen < 0: none), else the printf-formatted text. */
-static void print_event_(const char *event, long long step, long last_seen,
-                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void print_event_(const char *event, long long step, long last_seen,
-                         const char *fmt, ...)
-{
-    end_bar_();
-    if (g.json) {
-        views_watch_event_row e = {event, step, last_seen};
-        view_out o = {.f = stdout, .v = &views_watch_event, .form = VIEW_JSON_LINES};
-        view_row(&o, &e);
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-}
-
-static void watch_sigint_(int sig)
-{
-    (void)sig;
-    if (write(STDOUT_FILENO, "\n", 1) < 0) _exit(130);  /* leave the bar's line */
-    _exit(130);
-}
-
-/* watch's ETA (eta.h): the rate watch saw over its recent polls, not
- * m6d's estimate (an average that still carries the slow first steps);
- * m6d's until the polls span enough. Restarted when the run is not
- * running, and when watch reconnects to m6d. */
-static double watch_eta_(eta_window *w, const M6__RunInfo *r, double now)
-{
-    if (r->state != M6__RUN_STATE__RUN_STATE_RUNNING) {
-        eta_reset(w);
-        return r->eta_s;
-    }
-    double eta = eta_update(w, r->step, r->total_steps, now);
-    return eta < 0 ? r->eta_s : eta;
-}
-
-/* One status line of watch: a \r-redrawn bar on a tty, else a line. */
-static void watch_line_(const M6__RunInfo *r, double eta, int tty)
-{
-    views_run_row row = {.r = r, .watch_eta = eta};
-    view_out o = {.f = stdout, .v = &views_watch_line, .form = VIEW_LINE, .color = g.color};
-    if (tty) {
-        int width = 30;
-        double frac = r->total_steps > 0 ? (double)r->step / (double)r->total_steps : 0;
-        int fill = (int)(frac * width);
-        char bar[64];
-        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
-        bar[width] = 0;
-        printf("\r\033[K[%s] ", bar);
-    }
-    view_row(&o, &row);
-    if (tty) g.bar_open = 1;
-    else fputc('\n', stdout);
-}
-
-/* The watched run's identity: the same id may be another run after m6d
- * restarted on another state directory. */
-static int same_run_(const M6__RunInfo *r, double *created, char *name, size_t len)
-{
-    if (*created < 0) {
-        *created = r->created;
-        snprintf(name, len, "%s", r->name ? r->name : "");
-        return 1;
-    }
-    if (r->created == *created && strcmp(name, r->name ? r->name : "") == 0) return 1;
-    char a[32], b[32];
-    const view_field *at = view_field_named(&views_run, "created");
-    views_run_row row = {.r = r};
-    M6__RunInfo then = *r;
-    then.created = *created;
-    views_run_row row0 = {.r = &then};
-    view_text(a, sizeof a, at, &row);
-    view_text(b, sizeof b, at, &row0);
-    end_bar_();
-    errf_("run %lld on this m6d is another run (\"%s\", created %s) than the "
-          "one watched (\"%s\", created %s): was m6d restarted on another "
-          "state directory?", (long long)r->id, r->name, a, name, b);
-    return 0;
-}
-
-/* m6d unreachable mid-watch (restarting: systemd, an upgrade): keep
- * trying for --reconnect seconds from *lost_at (set at the first failure).
- * 1: try again, a second later; 0: give up (said). */
-static int watch_retry_(double *lost_at)
-{
-    if (*lost_at < 0) {
-        *lost_at = clock_mono_s();
-        end_bar_();
-        if (g.reconnect > 0)
-            errf_("m6d unreachable; retrying for up to %.0f s (--reconnect)", g.reconnect);
-        g.quiet = 1;
-    }
-    if (clock_mono_s() - *lost_at < g.reconnect) {
-        struct timespec one = {1, 0};
-        nanosleep(&one, NULL);
-        return 1;
-    }
-    if (g.reconnect > 0) errf_("m6d still unreachable after %.0f s", g.reconnect);
-    return 0;
-}
-
-/* The watched run ended: say how; its exit status (0 completed, 1
- * failed, 3 stopped). */
-static int watch_end_(const M6__RunInfo *r)
-{
-    end_bar_();
-    if (!g.json) {
-        printf("run %lld %s at step %lld", (long long)r->id, views_state_str(r->state),
-               (long long)r->step);
-        if (r->error && *r->error) printf(": %s", r->error);
-        printf("\n");
-    }
-    return r->state == M6__RUN_STATE__RUN_STATE_COMPLETED ? EXIT_OK
-           : r->state == M6__RUN_STATE__RUN_STATE_STOPPED ? EXIT_STOPPED
-                                                           : EXIT_ERR;
-}
-
-static int cmd_watch_(int argc, char **argv)
-{
-    int tty = isatty(STDOUT_FILENO) && !g.json;
-    if (tty) signal(SIGINT, watch_sigint_);
-    long last_step = -1;
-    int last_phase = -1;
-    M6__RunState last_state = M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
-    double last_print = 0, last_val = NAN;
-    int last_phase_seen = -1;
-    double lost_at = -1;  /* when m6d became unreachable; -1: reachable */
-    double created = -1;  /* the watched run's identity: creation time... */
-    char name[256] = "";  /* ...and name (ids restart in a new state dir) */
-    static eta_window win;
-    for (;;) {
-        M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
-        if (!resp && g.transport_err) {
-            if (watch_retry_(&lost_at)) continue;
-            return EXIT_UNREACHABLE;
-        }
-        if (!resp) {
-            end_bar_();
-            return EXIT_ERR;
-        }
-        const M6__RunInfo *r = resp->run;
-        if (!same_run_(r, &created, name, sizeof name)) {
-            m6__response__free_unpacked(resp, NULL);
-            return EXIT_ERR;
-        }
-        if (lost_at >= 0) {
-            errf_("reconnected to m6d after %.0f s", clock_mono_s() - lost_at);
-            lost_at = -1;
-            /* the outage is no part of the run's rate: measure it afresh
-             * (with it in the window, the ETA came out about twice the
-             * real time left after an m6d restart) */
-            eta_reset(&win);
-            g.quiet = 0;
-        }
-        /* Report the delink once: as it happens, or on attach if it already
-         * happened (a fast run may pass it before watch starts). */
-        if (last_phase != 1 && r->phase == M6__PHASE__PHASE_REAL && r->delink_step >= 0 &&
-            r->pseudo_steps != 0) {
-            print_event_("delink", r->delink_step, -1,
-                         "delinked at step %lld\n", (long long)r->delink_step);
-        }
-        if (last_step >= 0 && r->step < last_step) {
-            /* m6d restarted and resumed from a checkpoint before last_step */
-            print_event_("resumed", r->step, last_step,
-                         "m6d resumed run %lld from an earlier checkpoint: the step went "
-                         "back from %ld to %lld, and the steps after the checkpoint are "
-                         "redone\n", (long long)r->id, last_step, (long long)r->step);
-        }
-        last_phase = r->phase == M6__PHASE__PHASE_REAL;
-        int changed = r->step != last_step || r->state != last_state;
-        double eta = watch_eta_(&win, r, clock_mono_s());
-        if (g.json && changed) {
-            view_out o = run_out_(VIEW_RECORDS, 1);
-            views_run_row row = {.r = r, .watch_eta = eta};
-            view_row(&o, &row);
-        } else if (tty) {
-            watch_line_(r, eta, 1);
-        } else if (changed && (r->state != last_state || (int)r->phase != last_phase_seen ||
-                               !same_loss_(r->val_loss, last_val) || views_terminal(r->state) ||
-                               clock_mono_s() - last_print >= 10.0)) {
-            /* Not a tty (a log): one line per eval, phase or state change,
-             * and at least every 10 s, not one per step. */
-            last_print = clock_mono_s();
-            last_val = r->val_loss;
-            last_phase_seen = (int)r->phase;
-            watch_line_(r, eta, 0);
-        }
-        if (!g.json && r->state != last_state &&
-            r->state == M6__RUN_STATE__RUN_STATE_PAUSED && r->error && *r->error) {
-            /* paused by m6d itself (a write failed, a shard went bad): why */
-            end_bar_();
-            printf("run %lld paused at step %lld: %s\n", (long long)r->id,
-                   (long long)r->step, r->error);
-        }
-        fflush(stdout);
-        last_step = r->step;
-        last_state = r->state;
-        if (views_terminal(r->state)) {
-            int rc = watch_end_(r);
-            m6__response__free_unpacked(resp, NULL);
-            return rc;
-        }
-        m6__response__free_unpacked(resp, NULL);
-        struct timespec ts = {(time_t)g.interval,
-                              (long)((g.interval - (double)(time_t)g.interval) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
-}
-
 /* Rows per metrics page m6ctl asks for: small pages keep each of m6d's
  * reads (on its thread pool, under the state database's lock) short. */
 enum { METRICS_PAGE_ = 2000 };
@@ -713,7 +462,7 @@ enum { METRICS_PAGE_ = 2000 };
 static int cmd_metrics_(int argc, char **argv)
 {
     M6__RunRef ref;
-    if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
+    if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
     view_out o = rows_out_(&views_metrics);
     int64_t after = 0;
     for (int started = 0;;) {
@@ -724,7 +473,7 @@ static int cmd_metrics_(int argc, char **argv)
         M6__Request rq = M6__REQUEST__INIT;
         rq.body_case = M6__REQUEST__BODY_METRICS;
         rq.metrics = &q;
-        M6__Response *resp = request_(&rq);
+        M6__Response *resp = m6ctl_request_(&rq);
         if (!resp) return EXIT_ERR;
         const M6__MetricRows *m = resp->metrics;
         if (!started) {  /* once m6d has answered */
@@ -744,227 +493,13 @@ static int cmd_metrics_(int argc, char **argv)
             /* a reader that went away (| head) had what it wanted: stop
              * asking, quietly; a full disk is an error */
             if (errno == EPIPE) return EXIT_OK;
-            errf_("writing the rows: %s", strerror(errno));
+            m6ctl_errf_("writing the rows: %s", strerror(errno));
             return EXIT_ERR;
         }
         if (!more) break;
     }
     view_end(&o);
     return EXIT_OK;
-}
-
-/* A PlanReply's phase as the planner's struct (placement malloc'd), for
- * offload_plan_print: m6d's plan is printed as the local one is. */
-static int plan_from_reply_(const M6__PhasePlan *pp, backend_kind be, offload_plan *p)
-{
-    memset(p, 0, sizeof *p);
-    p->n_layer = pp->n_layer;
-    p->n_slots = pp->n_slots;
-    p->n_resident = (int)pp->n_resident_slots;
-    p->n_offloaded = (int)pp->n_offloaded_slots;
-    if (pp->n_slots < 1 || p->n_resident + p->n_offloaded != pp->n_slots) return -1;
-    p->placement = calloc((size_t)pp->n_slots, 1);
-    if (!p->placement) return -1;
-    for (size_t i = 0; i < pp->n_offloaded_slots; i++) {
-        if (pp->offloaded_slots[i] < 0 || pp->offloaded_slots[i] >= pp->n_slots) return -1;
-        p->placement[pp->offloaded_slots[i]] = OFFLOAD_OFFLOADED;
-    }
-    p->n_staging = pp->staging_buffers;
-    p->batch_size = pp->batch_size;
-    p->grad_accum = pp->grad_accum;
-    p->prefetch = pp->prefetch;
-    p->backend = be;
-    p->budget_bytes = pp->budget_bytes;
-    p->global_bytes = pp->global_bytes;
-    p->slot_bytes = pp->slot_bytes;
-    p->staging_bytes = pp->staging_buffer_bytes;
-    p->act_bytes = pp->activations_bytes;
-    p->workspace_bytes = pp->workspace_bytes;
-    p->peak_device_bytes = pp->peak_device_bytes;
-    p->min_budget_bytes = pp->min_budget_bytes;
-    p->host_slot_bytes = pp->host_slot_bytes;
-    p->pinned_slot_bytes = pp->pinned_slot_bytes;
-    p->host_bytes = pp->host_bytes;
-    p->pinned_bytes = pp->pinned_bytes;
-    p->h2d_bytes_per_step = pp->h2d_bytes_per_step;
-    p->d2h_bytes_per_step = pp->d2h_bytes_per_step;
-    p->speculative = pp->speculative;
-    p->speculative_mode = offload_speculative_mode_of(pp->speculative_mode);
-    if (p->speculative_mode < 0) return -1;
-    p->spec_slot_bytes = pp->speculative_slot_bytes;
-    p->spec_pinned_slot_bytes = pp->speculative_pinned_slot_bytes;
-    return 0;
-}
-
-/* plan --daemon: m6d plans the spec and adds its own host checks. */
-static int plan_on_daemon_(const char *path)
-{
-    char *buf = read_spec_(path);
-    if (!buf) return EXIT_ERR;
-    M6__PlanQuery q = M6__PLAN_QUERY__INIT;
-    q.spec_json = buf;
-    q.device_memory = g.device_memory;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_PLAN;
-    rq.plan = &q;
-    M6__Response *resp = request_(&rq);
-    free(buf);
-    if (!resp) return EXIT_ERR;
-    const M6__PlanReply *pr = resp->body_case == M6__RESPONSE__BODY_PLAN ? resp->plan : NULL;
-    backend_kind be = pr && strcmp(pr->backend, "cuda") == 0 ? BACKEND_CUDA : BACKEND_CPU;
-    offload_plan plan;
-    int ok = pr && pr->real && plan_from_reply_(pr->real, be, &plan) == 0;
-    if (ok && pr->pseudo) {
-        plan.pseudo = calloc(1, sizeof *plan.pseudo);
-        ok = plan.pseudo && plan_from_reply_(pr->pseudo, be, plan.pseudo) == 0;
-    }
-    if (!ok) {
-        errf_("m6d sent no plan, or a plan whose slots do not add up");
-    } else {
-        if (pr->warning && *pr->warning) errf_("warning: %s", pr->warning);
-        offload_plan_print(stdout, &plan, g.json);
-        fflush(stdout);
-    }
-    if (pr && pr->real) offload_plan_free(&plan);
-    m6__response__free_unpacked(resp, NULL);
-    return ok ? EXIT_OK : EXIT_ERR;
-}
-
-/* The cluster planner's input from plan's options (--nodes,
- * --gpus-per-node, --device-memory, --host-memory) and the spec. */
-static cluster_input cluster_input_(const run_spec *spec)
-{
-    return (cluster_input){
-        .nodes = g.nodes ? g.nodes : 1,
-        .gpus_per_node = g.gpus_per_node ? g.gpus_per_node : 1,
-        .device_memory = g.device_memory ? g.device_memory
-                                         : spec->device.memory_budget,
-        .host_memory = g.host_memory,
-        .prefetch = spec->offload.prefetch,
-    };
-}
-
-/* plan --nodes ...: the spec's parameter state at scale (offload.h "plan
- * at scale"), computed here. */
-static int plan_cluster_(const run_spec *spec)
-{
-    cluster_input in = cluster_input_(spec);
-    if (!in.device_memory) {
-        errf_("plan: --nodes/--gpus-per-node/--host-memory/--explain plan "
-              "per device: give --device-memory SIZE (or set the spec's "
-              "device.memory_budget)");
-        return EXIT_USAGE;
-    }
-    cluster_plan cp;
-    char err[1024];
-    if (cluster_plan_for_spec(spec, &in, &cp, err, sizeof err) != 0) {
-        errf_("%s", err);
-        return EXIT_ERR;
-    }
-    cluster_plan_print(stdout, &cp, spec, g.explain, g.json);
-    fflush(stdout);
-    return EXIT_OK;
-}
-
-/* plan --p2r: the Pseudo-to-Real cost model (offload/plan_p2r.h) on the
- * single-node plan, or on the plan at scale with --nodes and friends. */
-static int plan_p2r_(const run_spec *spec)
-{
-    static char gpu_src[160];
-    p2r_options o = {
-        .budget_override = g.device_memory,
-        .steps_ratio = g.steps_ratio,
-        .scratch_steps = g.scratch_steps > 0 ? (long)g.scratch_steps : 0,
-        .sweep = g.sweep[0] ? g.sweep : NULL,
-        .corpus = g.corpus[0] ? g.corpus : NULL,
-        .grad_scale = g.grad_scale[0] ? g.grad_scale : NULL,
-        .pseudo_lr_scale = g.pseudo_lr_scale,
-    };
-    p2r_rates_default(&o.rates);
-    if (g.gpu_tflops > 0) {
-        o.rates.gpu_flops = g.gpu_tflops * 1e12;
-        o.rates.gpu_src = "--gpu-tflops";
-    } else if (g.mfu > 0) {
-        o.rates.gpu_flops = P2R_H200_BF16_TFLOPS * 1e12 * g.mfu;
-        snprintf(gpu_src, sizeof gpu_src, "H200 SXM dense BF16 peak %g "
-                 "TFLOP/s (NVIDIA H200 datasheet) x --mfu %g",
-                 P2R_H200_BF16_TFLOPS, g.mfu);
-        o.rates.gpu_src = gpu_src;
-    }
-    if (g.h2d_gbps > 0) {
-        o.rates.h2d_bytes_per_s = g.h2d_gbps * 1e9;
-        o.rates.h2d_src = "--h2d-gbps";
-        if (!(g.d2h_gbps > 0)) {
-            o.rates.d2h_bytes_per_s = g.h2d_gbps * 1e9;
-            o.rates.d2h_src = "as --h2d-gbps";
-        }
-    }
-    if (g.d2h_gbps > 0) {
-        o.rates.d2h_bytes_per_s = g.d2h_gbps * 1e9;
-        o.rates.d2h_src = "--d2h-gbps";
-    }
-    if (g.adam_gbps > 0) {
-        o.rates.host_adam_bytes_per_s = g.adam_gbps * 1e9;
-        o.rates.adam_src = "--host-adam-gbps";
-    }
-    cluster_input in = cluster_input_(spec);
-    if (g.cluster) {
-        if (!in.device_memory) {
-            errf_("plan --p2r: --nodes/--gpus-per-node/--host-memory plan "
-                  "per device: give --device-memory SIZE (or set the spec's "
-                  "device.memory_budget)");
-            return EXIT_USAGE;
-        }
-        o.cluster = &in;
-    }
-    p2r_report r;
-    char err[2048];
-    if (p2r_plan_for_spec(spec, &o, &r, err, sizeof err) != 0) {
-        errf_("%s", err);
-        return EXIT_ERR;
-    }
-    p2r_print(stdout, &r, g.json);
-    fflush(stdout);
-    return EXIT_OK;
-}
-
-static int cmd_plan_(int argc, char **argv)
-{
-    if (g.p2r_only && !g.p2r) {
-        errf_("plan: %s applies with --p2r only", g.p2r_only);
-        return EXIT_USAGE;
-    }
-    if (g.p2r && (g.plan_daemon || g.explain)) {
-        errf_("plan --p2r: computed here; leave out %s",
-              g.plan_daemon ? "--daemon" : "--explain");
-        return EXIT_USAGE;
-    }
-    if (g.plan_daemon && g.cluster) {
-        errf_("plan: --nodes, --gpus-per-node, --host-memory and --explain "
-              "are planned here; leave out --daemon");
-        return EXIT_USAGE;
-    }
-    if (g.plan_daemon) return plan_on_daemon_(argv[0]);
-    run_spec spec;
-    char err[1024];
-    if (spec_load_file(&spec, argv[0], err, sizeof err) != 0) {
-        errf_("%s", err);
-        return EXIT_ERR;
-    }
-    if (g.p2r)
-        return plan_p2r_(&spec);
-    if (g.cluster)
-        return plan_cluster_(&spec);
-    offload_plan plan;
-    int rc = offload_plan_for_spec(&spec, g.device_memory, &plan, err, sizeof err);
-    if (rc != 0) {
-        errf_("%s", err);
-    } else {
-        offload_plan_print(stdout, &plan, g.json);
-        fflush(stdout);
-    }
-    offload_plan_free(&plan);
-    return rc == 0 ? EXIT_OK : EXIT_ERR;
 }
 
 static void progress_(const char *file, size_t bytes, void *ud)
@@ -985,15 +520,15 @@ static void prepare_signal_(int sig)
 static int cmd_data_(int argc, char **argv)
 {
     if (strcmp(argv[0], "prepare") != 0) {
-        errf_("data: unknown action \"%s\" (want: prepare)", argv[0]);
+        m6ctl_errf_("data: unknown action \"%s\" (want: prepare)", argv[0]);
         return EXIT_USAGE;
     }
     if (!g.out_dir[0]) {
-        errf_("data prepare: --out DIR is required");
+        m6ctl_errf_("data prepare: --out DIR is required");
         return EXIT_USAGE;
     }
     if (argc < 2) {
-        errf_("data prepare: no input FILES");
+        m6ctl_errf_("data prepare: no input FILES");
         return EXIT_USAGE;
     }
     prepare_stats st;
@@ -1009,9 +544,9 @@ static int cmd_data_(int argc, char **argv)
     sigaction(SIGHUP, &sa, NULL);  /* a closed terminal or ssh session */
     if (data_prepare(g.out_dir, (const char *const *)argv + 1, argc - 1, g.val_fraction,
                      (size_t)g.shard_tokens, &st, progress_, &count, err, sizeof err) < 0) {
-        errf_("%s", err);
+        m6ctl_errf_("%s", err);
         if (prepare_signal_seen_) {
-            errf_("stopped by signal %d; the shards written so far were removed",
+            m6ctl_errf_("stopped by signal %d; the shards written so far were removed",
                   (int)prepare_signal_seen_);
             return 128 + (int)prepare_signal_seen_;
         }
@@ -1068,7 +603,7 @@ static int cmd_events_(int argc, char **argv)
 {
     (void)argc;
     M6__RunRef ref;
-    if (parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
+    if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
     view_out o = rows_out_(&views_events);
     int64_t after = 0;
     for (int started = 0;;) {
@@ -1078,7 +613,7 @@ static int cmd_events_(int argc, char **argv)
         M6__Request rq = M6__REQUEST__INIT;
         rq.body_case = M6__REQUEST__BODY_EVENTS;
         rq.events = &q;
-        M6__Response *resp = request_(&rq);
+        M6__Response *resp = m6ctl_request_(&rq);
         if (!resp) return EXIT_ERR;
         const M6__EventRows *er = resp->events;
         size_t n = er ? er->n_events : 0;
@@ -1093,241 +628,6 @@ static int cmd_events_(int argc, char **argv)
     return EXIT_OK;
 }
 
-/* ------------------------------------------------------- export, import, plot */
-
-/* The weights of RUN's checkpoint (--step, else the newest), read from
- * the directory m6d names (CheckpointsQuery), with the model of its spec;
- * or of a directory (an argument with a '/': m6ctl import's or export
- * --format safetensors' output). *what: "run 3 step 40" for messages. */
-static int export_source_(const char *arg, m6_weights *w, char *what, size_t wlen)
-{
-    char e[4096 + 512];
-    if (strchr(arg, '/')) {
-        if (g.export_step >= 0) {
-            errf_("export: --step names a checkpoint of a RUN, not of a directory");
-            return EXIT_USAGE;
-        }
-        if (weights_load(w, arg, NULL, e, sizeof e) != 0) {
-            errf_("%s", e);
-            return EXIT_ERR;
-        }
-        snprintf(what, wlen, "%s", arg);
-        return EXIT_OK;
-    }
-    M6__RunRef ref;
-    if (parse_run_(arg, &ref) < 0) return EXIT_USAGE;
-    M6__CheckpointsQuery q = M6__CHECKPOINTS_QUERY__INIT;
-    q.run = &ref;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_CHECKPOINTS;
-    rq.checkpoints = &q;
-    M6__Response *resp = request_(&rq);
-    if (!resp) return EXIT_ERR;
-    const M6__CheckpointList *cl = resp->checkpoints;
-    int rc = EXIT_ERR;
-    run_spec spec;
-    if (!cl) {
-        errf_("m6d sent no checkpoint list");
-        goto out;
-    }
-    if (spec_parse(&spec, cl->spec_json, strlen(cl->spec_json), e, sizeof e) != 0) {
-        errf_("run %lld's spec does not parse here: %s", (long long)cl->run_id, e);
-        goto out;
-    }
-    const M6__CheckpointEntry *ce = NULL;
-    for (size_t i = 0; i < cl->n_checkpoints; i++)
-        if (g.export_step < 0 ? (!ce || cl->checkpoints[i]->step > ce->step)
-                              : cl->checkpoints[i]->step == g.export_step)
-            ce = cl->checkpoints[i];
-    if (!ce && cl->n_checkpoints == 0) {
-        errf_("run %lld (%s) has no checkpoint yet", (long long)cl->run_id, cl->name);
-        goto out;
-    }
-    if (!ce) {
-        char have[512] = "";
-        size_t o = 0;
-        for (size_t i = 0; i < cl->n_checkpoints && o < sizeof have - 24; i++)
-            o += (size_t)snprintf(have + o, sizeof have - o, "%s%lld", i ? ", " : "",
-                                  (long long)cl->checkpoints[i]->step);
-        errf_("run %lld (%s) has no checkpoint of step %ld (it has: %s)",
-              (long long)cl->run_id, cl->name, g.export_step, have);
-        goto out;
-    }
-    if (weights_load(w, ce->path, &spec.model, e, sizeof e) != 0) {
-        errf_("run %lld step %lld: %s", (long long)cl->run_id, (long long)ce->step, e);
-        goto out;
-    }
-    snprintf(what, wlen, "run %lld step %lld", (long long)cl->run_id,
-             (long long)ce->step);
-    rc = EXIT_OK;
-out:
-    m6__response__free_unpacked(resp, NULL);
-    return rc;
-}
-
-static int cmd_export_(int argc, char **argv)
-{
-    (void)argc;
-    if (!g.out_dir[0]) {
-        errf_("export: --out is required");
-        return EXIT_USAGE;
-    }
-    int fmt = strcmp(g.format, "hf-gpt2") == 0 ? 0
-            : strcmp(g.format, "safetensors") == 0 ? 1
-            : strcmp(g.format, "llmc") == 0 ? 2 : -1;
-    if (fmt < 0) {
-        errf_("--format: want hf-gpt2, safetensors or llmc, got \"%s\"", g.format);
-        return EXIT_USAGE;
-    }
-    m6_weights w;
-    char what[4200], e[8192];
-    int rc = export_source_(argv[0], &w, what, sizeof what);
-    if (rc != EXIT_OK) return rc;
-    int wr = fmt == 0 ? weights_write_hf_gpt2(&w, g.out_dir, g.force, e, sizeof e)
-           : fmt == 1 ? weights_write_m6(&w, g.out_dir, g.force, e, sizeof e)
-           : weights_write_llmc(&w, g.out_dir, g.force, e, sizeof e);
-    if (wr != 0)
-        errf_("export of %s: %s", what, e);
-    else
-        printf("exported %s (%s phase, %d slot%s, %d layers) as %s to %s\n", what,
-               w.phase[0] ? w.phase : "?", w.S, w.S == 1 ? "" : "s", w.cfg.n_layer,
-               g.format, g.out_dir);
-    weights_free(&w);
-    return wr == 0 ? EXIT_OK : EXIT_ERR;
-}
-
-static int cmd_import_(int argc, char **argv)
-{
-    (void)argc;
-    if (strcmp(argv[0], "llmc") != 0) {
-        errf_("import: want the format llmc, got \"%s\"", argv[0]);
-        return EXIT_USAGE;
-    }
-    if (!g.out_dir[0]) {
-        errf_("import: --out is required");
-        return EXIT_USAGE;
-    }
-    m6_weights w;
-    char e[8192];
-    if (weights_read_llmc(&w, argv[1], e, sizeof e) != 0) {
-        errf_("import: %s", e);
-        return EXIT_ERR;
-    }
-    int rc = weights_write_m6(&w, g.out_dir, g.force, e, sizeof e);
-    if (rc != 0)
-        errf_("import: %s", e);
-    else
-        printf("imported %s (V %d, T %d, L %d, NH %d, C %d) to %s\n", argv[1],
-               w.cfg.vocab_size, w.cfg.seq_len, w.cfg.n_layer, w.cfg.n_head,
-               w.cfg.n_embd, g.out_dir);
-    weights_free(&w);
-    return rc == 0 ? EXIT_OK : EXIT_ERR;
-}
-
-/* One run's curve for plot: every metrics row (paged), and its delink. */
-typedef struct {
-    char label[300];
-    long *step;
-    double *train, *val;
-    size_t n, cap;
-} plot_data_;
-
-static int plot_fetch_(const char *arg, plot_data_ *d, long *delink)
-{
-    M6__Response *resp = run_request_(M6__REQUEST__BODY_STATUS, arg);
-    if (!resp) return EXIT_ERR;
-    if (!resp->run) {
-        m6__response__free_unpacked(resp, NULL);
-        errf_("m6d sent no run");
-        return EXIT_ERR;
-    }
-    snprintf(d->label, sizeof d->label, "%lld %s", (long long)resp->run->id,
-             resp->run->name);
-    *delink = resp->run->delink_step;
-    M6__RunRef ref;
-    m6__run_ref__init(&ref);
-    ref.run_id = resp->run->id;
-    m6__response__free_unpacked(resp, NULL);
-    int64_t after = 0;
-    for (;;) {
-        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
-        q.run = &ref;
-        q.after_step = after;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_METRICS;
-        rq.metrics = &q;
-        M6__Response *mr = request_(&rq);
-        if (!mr) return EXIT_ERR;
-        const M6__MetricRows *m = mr->metrics;
-        size_t n = m ? m->n_rows : 0;
-        if (d->n + n > d->cap) {
-            size_t cap = (d->n + n) * 2;
-            long *s = realloc(d->step, cap * sizeof *s);
-            if (s) d->step = s;
-            double *t = realloc(d->train, cap * sizeof *t);
-            if (t) d->train = t;
-            double *v = realloc(d->val, cap * sizeof *v);
-            if (v) d->val = v;
-            if (!s || !t || !v) {
-                m6__response__free_unpacked(mr, NULL);
-                errf_("out of memory");
-                return EXIT_ERR;
-            }
-            d->cap = cap;
-        }
-        for (size_t i = 0; i < n; i++, d->n++) {
-            d->step[d->n] = (long)m->rows[i]->step;
-            d->train[d->n] = m->rows[i]->train_loss;
-            d->val[d->n] = m->rows[i]->val_loss;
-        }
-        if (n) after = m->rows[n - 1]->step;
-        int more = n && m->more;
-        m6__response__free_unpacked(mr, NULL);
-        if (!more) break;
-    }
-    return EXIT_OK;
-}
-
-static int cmd_plot_(int argc, char **argv)
-{
-    size_t ol = strlen(g.out_dir);
-    if (!ol) {
-        errf_("plot: --out FILE.svg is required");
-        return EXIT_USAGE;
-    }
-    if (ol < 4 || strcmp(g.out_dir + ol - 4, ".svg") != 0) {
-        errf_("plot: --out must name an .svg file (only SVG is written; "
-              "rsvg-convert or a browser turns it into PNG), got \"%s\"", g.out_dir);
-        return EXIT_USAGE;
-    }
-    for (int i = 0; i < argc; i++) {
-        M6__RunRef ref;
-        if (parse_run_(argv[i], &ref) < 0) return EXIT_USAGE;
-    }
-    plot_data_ *d = calloc((size_t)argc, sizeof *d);
-    plot_run *pr = calloc((size_t)argc, sizeof *pr);
-    int rc = d && pr ? EXIT_OK : EXIT_ERR;
-    for (int i = 0; i < argc && rc == EXIT_OK; i++) {
-        rc = plot_fetch_(argv[i], &d[i], &pr[i].delink_step);
-        pr[i] = (plot_run){d[i].label, d[i].n, d[i].step, d[i].train, d[i].val,
-                           pr[i].delink_step};
-    }
-    char e[4400];
-    if (rc == EXIT_OK && plot_svg_write(g.out_dir, pr, argc, e, sizeof e) != 0) {
-        errf_("plot: %s", e);
-        rc = EXIT_ERR;
-    }
-    if (rc == EXIT_OK) printf("wrote %s\n", g.out_dir);
-    for (int i = 0; d && i < argc; i++) {
-        free(d[i].step);
-        free(d[i].train);
-        free(d[i].val);
-    }
-    free(d);
-    free(pr);
-    return rc;
-}
-
 /* The coordinator's nodes (issue 14): one NodesQuery. */
 static int cmd_nodes_(int argc, char **argv)
 {
@@ -1337,7 +637,7 @@ static int cmd_nodes_(int argc, char **argv)
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_NODES;
     rq.nodes = &q;
-    M6__Response *resp = request_(&rq);
+    M6__Response *resp = m6ctl_request_(&rq);
     if (!resp) return EXIT_ERR;
     view_out o = rows_out_(&views_nodes);
     view_begin(&o);
@@ -1505,9 +805,9 @@ static int parse_number_(const char *opt, const char *s, double lo, double hi, i
     if (!plain || *end || errno == ERANGE || !(v >= lo && v <= hi) ||
         (whole && v != floor(v))) {
         if (whole)
-            errf_("%s: want a whole number in [%.0f, %.0f], got \"%s\"", opt, lo, hi, s);
+            m6ctl_errf_("%s: want a whole number in [%.0f, %.0f], got \"%s\"", opt, lo, hi, s);
         else
-            errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
+            m6ctl_errf_("%s: want a number in [%g, %g], got \"%s\"", opt, lo, hi, s);
         return -1;
     }
     *out = v;
@@ -1632,7 +932,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         ok = cmd->flags & F_PLAN;
         if (ok && (!optarg[0] || strlen(optarg) >= len ||
                    (ch == O_GSCALE && strcmp(optarg, "sum") && strcmp(optarg, "mean")))) {
-            errf_("%s: want %s, got \"%s\"", opt,
+            m6ctl_errf_("%s: want %s, got \"%s\"", opt,
                   ch == O_GSCALE ? "sum or mean"
                   : ch == O_SWEEP ? "a path (bench/p2r_sweep's CSV)" : "a corpus name",
                   optarg);
@@ -1647,7 +947,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         if (ok) {
             int rc = spec_parse_size(optarg, &g.host_memory);
             if (rc != 0 || g.host_memory == 0) {
-                errf_("--host-memory: want a size above 0 such as 512GiB "
+                m6ctl_errf_("--host-memory: want a size above 0 such as 512GiB "
                       "(units " SPEC_SIZE_UNITS "), got \"%s\"", optarg);
                 return EXIT_USAGE;
             }
@@ -1667,11 +967,11 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         if (ok) {
             int rc = spec_parse_size(optarg, &g.device_memory);
             if (rc == -2) {
-                errf_("--device-memory: \"%s\" is too large", optarg);
+                m6ctl_errf_("--device-memory: \"%s\" is too large", optarg);
                 return EXIT_USAGE;
             }
             if (rc != 0 || g.device_memory == 0) {
-                errf_("--device-memory: want a size above 0 such as 8GiB "
+                m6ctl_errf_("--device-memory: want a size above 0 such as 8GiB "
                       "or 512MiB (units " SPEC_SIZE_UNITS "), got \"%s\"",
                       optarg);
                 return EXIT_USAGE;
@@ -1682,7 +982,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     default: command_usage_(stderr, cmd); return EXIT_USAGE;
     }
     if (!ok) {
-        errf_("%s: option %s does not apply", cmd->name, opt);
+        m6ctl_errf_("%s: option %s does not apply", cmd->name, opt);
         return EXIT_USAGE;
     }
     return 0;
@@ -1697,7 +997,7 @@ static int markdown_tables_(const char *which)
     if (strcmp(which, "spec-keys") == 0)
         return spec_keys_markdown(stdout) == 0 ? EXIT_OK : EXIT_ERR;
     if (strcmp(which, "commands") != 0) {
-        errf_("help --markdown: want commands or spec-keys, got \"%s\"", which);
+        m6ctl_errf_("help --markdown: want commands or spec-keys, got \"%s\"", which);
         return EXIT_USAGE;
     }
     printf("| command | options | what it does |\n|---|---|---|\n");
@@ -1752,14 +1052,14 @@ int main(int argc, char **argv)
         }
     }
     if (optind >= argc) {
-        if (!help) errf_("no command given");
+        if (!help) m6ctl_errf_("no command given");
         usage_(help ? stdout : stderr);
         return help ? EXIT_OK : EXIT_USAGE;
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (strcmp(argv[optind], commands_[i].name) == 0) cmd = &commands_[i];
     if (!cmd) {
-        errf_("unknown command \"%s\"", argv[optind]);
+        m6ctl_errf_("unknown command \"%s\"", argv[optind]);
         usage_(stderr);
         return EXIT_USAGE;
     }
@@ -1771,7 +1071,7 @@ int main(int argc, char **argv)
     if ((cmd->flags & F_RUN) && cargc > 1 && cargv[1][0] == '-' && cargv[1][1] &&
         strspn(cargv[1] + 1, "0123456789") == strlen(cargv[1] + 1)) {
         M6__RunRef ref;
-        parse_run_(cargv[1], &ref);
+        m6ctl_parse_run_(cargv[1], &ref);
         return EXIT_USAGE;
     }
     cargv[0] = (char *)"m6ctl";  /* getopt's messages name m6ctl */
@@ -1786,18 +1086,18 @@ int main(int argc, char **argv)
     }
     int npos = cargc - optind;
     if (npos < cmd->min_args || (cmd->max_args >= 0 && npos > cmd->max_args)) {
-        errf_("%s: wrong number of arguments", cmd->name);
+        m6ctl_errf_("%s: wrong number of arguments", cmd->name);
         command_usage_(stderr, cmd);
         return EXIT_USAGE;
     }
     if (g.json && g.csv) {
-        errf_("%s: --json and --csv exclude each other", cmd->name);
+        m6ctl_errf_("%s: --json and --csv exclude each other", cmd->name);
         return EXIT_USAGE;
     }
     /* A malformed RUN (0, -1, an overflowing id) is a usage error for every
      * command alike; a RUN m6d does not know is its refusal (exit 1). */
     M6__RunRef ref;
-    if ((cmd->flags & F_RUN) && parse_run_(cargv[optind], &ref) < 0) return EXIT_USAGE;
+    if ((cmd->flags & F_RUN) && m6ctl_parse_run_(cargv[optind], &ref) < 0) return EXIT_USAGE;
     g.color = !nocolor && !g.json && isatty(STDOUT_FILENO);
     int rc = cmd->fn(npos, cargv + optind);
     if (g.fd >= 0) close(g.fd);

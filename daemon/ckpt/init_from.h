@@ -10,7 +10,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "common/err.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 typedef struct {
     st_file sf;    /* model.safetensors, open and checked */

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "dist/store.h"
 #include "m6.pb-c.h"
 

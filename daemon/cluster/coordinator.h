@@ -2,7 +2,7 @@
  * coordinator.h — the coordinator's side of many nodes (issue #14): a libuv
  * TCP listener (m6d --role coordinator --listen HOST:PORT) on the loop of
  * the control socket, speaking the control protocol's framing
- * (control/frame.h) with its own first frame.
+ * (proto/frame.h) with its own first frame.
  *
  * A peer's first frame, within the first-frame timeout
  * (min(CLUSTER_AUTH_TIMEOUT_MS, timeout_ms)) and at most

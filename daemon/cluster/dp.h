@@ -35,7 +35,7 @@
 #include "cluster/join.h"
 #include "common/err.h"
 #include "dist/collectives.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 
 /* SHA-256 (64 hex digits and NUL in out) of what every rank must agree

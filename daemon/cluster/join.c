@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 
 enum { RETRY_MS_ = 500 };

@@ -19,7 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 
 enum { IDLE_MAX_ = 8 };

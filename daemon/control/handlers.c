@@ -12,10 +12,10 @@
 
 #include "common/log.h"
 #include "control/advice.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 #define SPEC_JSON_MAX (1u << 20)
 #define NAME_MAX_ 255

@@ -32,7 +32,7 @@
 
 #include "common/log.h"
 #include "common/paths.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "control/handlers.h"
 #include "control/server.h"
 #include "coord/coord.h"

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "m6.pb-c.h"
 
 #define UV_CHECK(call, err, errlen)                                           \

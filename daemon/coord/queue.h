@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "state/state.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 /* The run the worker should own next: one left running by the last m6d
  * (it resumes), else one left paused (it stays paused: *paused = 1), else

@@ -21,10 +21,10 @@
 
 #include <microhttpd.h>
 
-#include "client/views.h"
+#include "proto/views.h"
 #include "common/log.h"
 #include "common/view.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "http/assets.h"
 #include "m6.pb-c.h"
 

@@ -15,7 +15,7 @@
  * The JSON is m6ctl's own: each request is the control protocol's Request,
  * answered by the control handlers (through the dispatch callback, so this
  * module does not link them) and rendered with m6ctl's field tables
- * (client/views.c). Read-only: nothing here changes a run. HEAD is served
+ * (proto/views.c). Read-only: nothing here changes a run. HEAD is served
  * like GET; other methods get 405, other paths 404, a request whose headers
  * pass 32 KiB 431 (libmicrohttpd's own answer).
  *

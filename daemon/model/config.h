@@ -1,7 +1,7 @@
 /*
  * config.h — the shape of a GPT model: what daemon/model/gpt.h and the CUDA
  * model (daemon/model/cuda/gpt_cuda.h) are built from. The run spec
- * (train/spec.h) embeds one; the model does not know about the spec.
+ * (spec/spec.h) embeds one; the model does not know about the spec.
  */
 #ifndef M6_MODEL_CONFIG_H
 #define M6_MODEL_CONFIG_H

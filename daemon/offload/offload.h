@@ -30,7 +30,7 @@
 #include <stdio.h>
 
 #include "model/gpt.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 /* ================================================================ pools */
 

@@ -1,10 +1,14 @@
 /*
- * state.c — SQLite persistence for m6d (see state.h).
+ * state.c — SQLite persistence for m6d (see state.h): opening and
+ * migrating m6.db, the SQL helpers, step records held while another
+ * process holds the write lock and waited writes, and the runs and phases
+ * tables. The step records are state_records.c's, the nodes table
+ * state_nodes.c's, the command log state_commands.c's; what they share is
+ * state_internal.h.
  */
-#include "state/state.h"
+#include "state/state_internal.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,52 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
-
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "state/schema.h"
-
-typedef struct held_ held_;
-
-struct state {
-    sqlite3 *db;
-    pthread_mutex_t mu;
-    char last_error[256];  /* SQLite's message for the latest failure */
-    char path[1024];       /* m6.db, for messages */
-    /* Another process holding m6.db's write lock (a `sqlite3` shell in a
-     * BEGIN IMMEDIATE) makes a write SQLITE_BUSY. Step records (metrics
-     * rows, events, checkpoint rows, progress) are then held here, in
-     * order, and written in one transaction once the lock is free: by the
-     * flusher thread, or by the next write (every write writes the held
-     * records first, so m6.db keeps their order). Guarded by mu. */
-    held_ *held_head, **held_tail;
-    int held_n;
-    double held_since;     /* monotonic seconds of the oldest held; 0 none */
-    double hold_limit_s;   /* state_set_hold_limit */
-    int busy_hit;          /* the latest statement met SQLITE_BUSY/LOCKED */
-    double busy_logged;    /* monotonic time of the last busy warning */
-    pthread_t flusher;
-    pthread_cond_t held_cv;
-    int flusher_started, closing;
-    /* A second, read-only connection for the long reads of clients (pages
-     * of metrics): WAL lets it read while db writes, and its own mutex
-     * keeps such a read from holding up the requests and steps that use
-     * db. NULL: reads use db. */
-    struct state *reader;
-};
-
-enum {
-    DEFAULT_BUSY_MS = 5000, /* the connection's busy timeout otherwise */
-    HELD_TRY_MS = 100,      /* a step record's own try, nothing held */
-    FLUSH_TRY_MS = 0,       /* each try of the flusher thread (no wait) */
-    FLUSH_EVERY_MS = 50,    /* ... this often while records are held */
-    WAIT_SLICE_MS = 100,    /* a waited write's tries, mu let go between */
-    WAIT_MAX_S = 30,        /* (below m6ctl's RECV_TIMEOUT_S, 45 s)
-                             * a waited write gives up after this (or the
-                             * hold limit, if shorter) */
-    BUSY_LOG_EVERY_S = 30,  /* the "records held" warning, at most */
-};
 
 /* Held records and waited writes (below, "other writers"). */
 static double mono_(void);
@@ -82,14 +43,14 @@ int run_state_parse(const char *s)
     return -1;
 }
 
-static double now_(void)
+double state_now_(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void copy_text_(char *dst, size_t cap, const unsigned char *src)
+void state_copy_text_(char *dst, size_t cap, const unsigned char *src)
 {
     snprintf(dst, cap, "%s", src ? (const char *)src : "");
 }
@@ -104,7 +65,7 @@ static int is_busy_(int rc)
     return rc == SQLITE_BUSY || rc == SQLITE_LOCKED;
 }
 
-static int exec_(state *st, const char *sql)
+int state_exec_(state *st, const char *sql)
 {
     char *msg = NULL;
     int rc = sqlite3_exec(st->db, sql, NULL, NULL, &msg);
@@ -153,12 +114,12 @@ static int migrate_(state *st, char *err, size_t errlen)
     for (int i = v; i < schema_n_migrations; i++) {
         char pragma[64];
         snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", i + 1);
-        if (exec_(st, "BEGIN IMMEDIATE") < 0) goto bad;
-        if (exec_(st, schema_migrations[i].sql) < 0 || exec_(st, pragma) < 0) {
-            exec_(st, "ROLLBACK");
+        if (state_exec_(st, "BEGIN IMMEDIATE") < 0) goto bad;
+        if (state_exec_(st, schema_migrations[i].sql) < 0 || state_exec_(st, pragma) < 0) {
+            state_exec_(st, "ROLLBACK");
             goto bad;
         }
-        if (exec_(st, "COMMIT") < 0) goto bad;
+        if (state_exec_(st, "COMMIT") < 0) goto bad;
         log_info("state.migrate", "file=%s user_version=%d",
                  schema_migrations[i].name, i + 1);
         continue;
@@ -254,9 +215,9 @@ state *state_open(const char *path, char *err, size_t errlen)
                  (int)geteuid());
         goto fail;
     }
-    if (exec_(st, "PRAGMA journal_mode = WAL") < 0 ||
-        exec_(st, "PRAGMA synchronous = NORMAL") < 0 ||
-        exec_(st, "PRAGMA foreign_keys = ON") < 0) {
+    if (state_exec_(st, "PRAGMA journal_mode = WAL") < 0 ||
+        state_exec_(st, "PRAGMA synchronous = NORMAL") < 0 ||
+        state_exec_(st, "PRAGMA foreign_keys = ON") < 0) {
         int ec = sqlite3_errcode(st->db);
         int damaged = ec == SQLITE_CORRUPT || ec == SQLITE_NOTADB;
         snprintf(err, errlen, "%s: %s%s%s", path, sqlite3_errmsg(st->db),
@@ -320,26 +281,6 @@ int state_user_version(state *st)
 
 /* ------------------------------------------------------------ sql helpers */
 
-/*
- * One value for a '?' parameter, written as a compound literal so that each
- * argument converts to the field's type as it would in an assignment:
- * A_INT(id), A_REAL(now_()), A_TEXT(name), A_NULL. A_TEXT(NULL) binds NULL,
- * and so does A_REAL(NAN) (a metric that was not measured).
- */
-typedef struct {
-    enum { ARG_END = 0, ARG_NULL, ARG_INT, ARG_REAL, ARG_TEXT } kind;
-    int64_t i;
-    double d;
-    const char *t;
-} arg_;
-
-#define A_INT(v)  ((arg_){.kind = ARG_INT, .i = (v)})
-#define A_REAL(v) ((arg_){.kind = ARG_REAL, .d = (v)})
-#define A_TEXT(v) ((arg_){.kind = ARG_TEXT, .t = (v)})
-#define A_NULL    ((arg_){.kind = ARG_NULL})
-/* A count or size that may be unknown: negative stores NULL. */
-#define A_INT_OR_NULL(v) ((v) < 0 ? A_NULL : A_INT(v))
-
 /* The SQLite check: logs what failed (the statement), the caller's file:line
  * and SQLite's own error. Every helper below reports through it. */
 static void sql_fail_(state *st, const char *sql, const char *file, int line,
@@ -360,7 +301,7 @@ static void sql_fail_(state *st, const char *sql, const char *file, int line,
 }
 
 /* Prepare sql and bind args (ended by ARG_END); NULL on error, logged. */
-static sqlite3_stmt *prepare_(state *st, const char *file, int line,
+sqlite3_stmt *state_prepare_(state *st, const char *file, int line,
                               const char *sql, const arg_ *args)
 {
     sqlite3_stmt *s = NULL;
@@ -385,7 +326,7 @@ static sqlite3_stmt *prepare_(state *st, const char *file, int line,
 }
 
 /* Step s once: 1 a row, 0 done, -1 error (logged). */
-static int next_(state *st, const char *file, int line, sqlite3_stmt *s)
+int state_next_(state *st, const char *file, int line, sqlite3_stmt *s)
 {
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) return 1;
@@ -396,10 +337,10 @@ static int next_(state *st, const char *file, int line, sqlite3_stmt *s)
 
 /* Run one statement that returns no rows, with st->mu held by the caller.
  * Returns the number of rows it changed, or -1 (logged). */
-static int write_locked_(state *st, const char *file, int line,
+int state_write_locked_(state *st, const char *file, int line,
                          const char *sql, const arg_ *args)
 {
-    sqlite3_stmt *s = prepare_(st, file, line, sql, args);
+    sqlite3_stmt *s = state_prepare_(st, file, line, sql, args);
     if (!s) return -1;
     int rc = sqlite3_step(s);
     if (rc != SQLITE_DONE) sql_fail_(st, sql, file, line, rc);
@@ -409,28 +350,12 @@ static int write_locked_(state *st, const char *file, int line,
 
 /* ------------------------------------------- other writers: held records */
 
-
 static double mono_(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-
-/* One statement of a write: its SQL (a string literal) and values. */
-typedef struct {
-    const char *sql;
-    const arg_ *args;  /* ended by ARG_END */
-} stmt_;
-
-/* A statement held while m6.db is locked, its values copied (a text
- * value points at the record's own copy). */
-struct held_ {
-    held_ *next;
-    const char *sql;   /* a string literal */
-    int n;
-    arg_ args[];       /* n values, then ARG_END */
-};
 
 static void held_free_(held_ *h)
 {
@@ -481,7 +406,7 @@ static void rollback_locked_(state *st)
     char cause[sizeof st->last_error];
     memcpy(cause, st->last_error, sizeof cause);
     int busy = st->busy_hit;
-    if (sqlite3_get_autocommit(st->db) == 0) exec_(st, "ROLLBACK");
+    if (sqlite3_get_autocommit(st->db) == 0) state_exec_(st, "ROLLBACK");
     memcpy(st->last_error, cause, sizeof cause);
     st->busy_hit = busy;
 }
@@ -493,10 +418,10 @@ static int begin_locked_(state *st, int busy_ms)
 {
     st->busy_hit = 0;
     sqlite3_busy_timeout(st->db, busy_ms);
-    if (exec_(st, "BEGIN IMMEDIATE") < 0) return st->busy_hit ? 1 : -1;
+    if (state_exec_(st, "BEGIN IMMEDIATE") < 0) return st->busy_hit ? 1 : -1;
     for (held_ **p = &st->held_head; *p;) {
         held_ *h = *p;
-        if (write_locked_(st, __FILE__, __LINE__, h->sql, h->args) < 0) {
+        if (state_write_locked_(st, __FILE__, __LINE__, h->sql, h->args) < 0) {
             if (!st->busy_hit &&
                 (sqlite3_errcode(st->db) & 0xff) == SQLITE_CONSTRAINT) {
                 /* it can never be written (logged): drop it, not the rest */
@@ -518,7 +443,7 @@ static int begin_locked_(state *st, int busy_ms)
  * (freed, logged). 0, 1 busy, -1 error (rolled back). */
 static int commit_locked_(state *st)
 {
-    if (exec_(st, "COMMIT") < 0) {
+    if (state_exec_(st, "COMMIT") < 0) {
         rollback_locked_(st);
         return st->busy_hit ? 1 : -1;
     }
@@ -537,7 +462,7 @@ static int run_stmts_locked_(state *st, const char *file, int line,
                              const stmt_ *v, int n, int *changed)
 {
     for (int i = 0; i < n; i++)
-        if ((*changed = write_locked_(st, file, line, v[i].sql,
+        if ((*changed = state_write_locked_(st, file, line, v[i].sql,
                                       v[i].args)) < 0)
             return st->busy_hit ? 1 : -1;
     return 0;
@@ -552,7 +477,7 @@ static int run_stmts_locked_(state *st, const char *file, int line,
  * held; the caller keeps it owed, as before). *changed (may be NULL): the
  * rows the last statement changed when written now; -1 held.
  */
-static int held_write_(state *st, const char *file, int line, const stmt_ *v,
+int state_held_write_(state *st, const char *file, int line, const stmt_ *v,
                        int n, int *changed)
 {
     int ret = -1, dummy;
@@ -708,47 +633,29 @@ typedef struct {
 static int one_write_body_(state *st, void *arg)
 {
     one_write_ *w = arg;
-    return write_locked_(st, w->file, w->line, w->sql, w->args);
+    return state_write_locked_(st, w->file, w->line, w->sql, w->args);
 }
 
 /* One statement as a waited write: the rows it changed, or -1. */
-static int write_(state *st, const char *file, int line, const char *sql,
+int state_write_(state *st, const char *file, int line, const char *sql,
                   const arg_ *args)
 {
     one_write_ w = {file, line, sql, args};
     return waited_(st, one_write_body_, &w);
 }
 
-/* Callers name the statement and its values; file:line are the caller's. */
-#define SQL_ARGS(...) ((const arg_[]){__VA_ARGS__ __VA_OPT__(,) {0}})
-#define SQL_PREPARE(st, sql, ...) \
-    prepare_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
-#define SQL_NEXT(st, s) next_((st), __FILE__, __LINE__, (s))
-#define SQL_WRITE(st, sql, ...) \
-    write_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
-#define SQL_WRITE_LOCKED(st, sql, ...) \
-    write_locked_((st), __FILE__, __LINE__, (sql), SQL_ARGS(__VA_ARGS__))
-/* A step record of one statement (held_write_). */
-#define SQL_STMT(sql, ...) ((stmt_){(sql), SQL_ARGS(__VA_ARGS__)})
-#define SQL_HOLD(st, sql, ...) \
-    held_write_((st), __FILE__, __LINE__, &SQL_STMT(sql, __VA_ARGS__), 1, NULL)
-/* The same, *changed set as held_write_'s. */
-#define SQL_HOLD_CHANGED(st, changed, sql, ...)                            \
-    held_write_((st), __FILE__, __LINE__, &SQL_STMT(sql, __VA_ARGS__), 1, \
-                (changed))
-
 /* Every row of the query, each put into an elem-sized slot by fill; takes
  * st->mu. 0 with *out malloc'd (NULL when there are no rows) and *n set, or
  * -1 with *out NULL and *n 0. */
-static int list_(state *st, const char *file, int line, void **out, int *n,
+int state_list_(state *st, const char *file, int line, void **out, int *n,
                  size_t elem, void (*fill)(sqlite3_stmt *, void *),
                  const char *sql, const arg_ *args)
 {
     char *v = NULL;
     int cnt = 0, cap = 0, rc = -1;
     pthread_mutex_lock(&st->mu);
-    sqlite3_stmt *s = prepare_(st, file, line, sql, args);
-    while (s && (rc = next_(st, file, line, s)) == 1) {
+    sqlite3_stmt *s = state_prepare_(st, file, line, sql, args);
+    while (s && (rc = state_next_(st, file, line, s)) == 1) {
         if (cnt == cap) {
             cap = cap ? cap * 2 : 16;
             char *nv = realloc(v, (size_t)cap * elem);
@@ -772,10 +679,6 @@ static int list_(state *st, const char *file, int line, void **out, int *n,
     return rc == 0 ? 0 : -1;
 }
 
-#define SQL_LIST(st, out, n, elem, fill, sql, ...)                  \
-    list_((st), __FILE__, __LINE__, (out), (n), (elem), (fill), (sql), \
-          SQL_ARGS(__VA_ARGS__))
-
 /* -------------------------------------------------------------------- runs */
 
 typedef struct {
@@ -789,7 +692,7 @@ typedef struct {
 static int run_insert_body_(state *st, void *arg)
 {
     run_insert_ *a = arg;
-    double t = now_();
+    double t = state_now_();
     const run_summary *u = a->sum;
     if (SQL_WRITE_LOCKED(st,
             "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
@@ -825,7 +728,7 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
 {
     memset(r, 0, sizeof *r);
     r->id = sqlite3_column_int64(s, 0);
-    copy_text_(r->name, sizeof r->name, sqlite3_column_text(s, 1));
+    state_copy_text_(r->name, sizeof r->name, sqlite3_column_text(s, 1));
     int stv = run_state_parse((const char *)sqlite3_column_text(s, 2));
     r->state = stv < 0 ? RUN_FAILED : (run_state)stv;
     r->phase = phase_parse((const char *)sqlite3_column_text(s, 3)) == 1;
@@ -940,7 +843,7 @@ int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
 {
     int changed = SQL_WRITE(st,
         "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
-        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(now_()), A_INT(id));
+        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(state_now_()), A_INT(id));
     return changed < 0 ? -1 : changed ? 0 : 1;
 }
 
@@ -949,7 +852,7 @@ int state_run_set_state_held(state *st, int64_t id, run_state rs,
 {
     return SQL_HOLD(st,
         "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
-        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(now_()), A_INT(id));
+        A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(state_now_()), A_INT(id));
 }
 
 int state_run_set_delink(state *st, int64_t id, int64_t step)
@@ -957,17 +860,14 @@ int state_run_set_delink(state *st, int64_t id, int64_t step)
     int changed;
     int rc = SQL_HOLD_CHANGED(st, &changed,
         "UPDATE runs SET delink_step = ?, updated = ? WHERE id = ?",
-        A_INT_OR_NULL(step), A_REAL(now_()), A_INT(id));
+        A_INT_OR_NULL(step), A_REAL(state_now_()), A_INT(id));
     return rc < 0 ? -1 : changed == 0 ? 1 : 0;
 }
-
-#define SET_PROGRESS_SQL \
-    "UPDATE runs SET step = ?, phase = ?, updated = ? WHERE id = ?"
 
 int state_run_set_progress(state *st, int64_t id, int64_t step, int phase)
 {
     return SQL_HOLD(st, SET_PROGRESS_SQL, A_INT(step),
-                    A_TEXT(phase_name(phase)), A_REAL(now_()), A_INT(id));
+                    A_TEXT(phase_name(phase)), A_REAL(state_now_()), A_INT(id));
 }
 
 /* ------------------------------------------------------------------ phases */
@@ -978,7 +878,7 @@ int state_phase_set(state *st, int64_t run, int phase, int64_t from_step)
         "INSERT OR REPLACE INTO phases(run, phase, from_step, at) "
         "VALUES (?, ?, ?, ?)",
         A_INT(run), A_TEXT(phase_name(phase)), A_INT(from_step),
-        A_REAL(now_()));
+        A_REAL(state_now_()));
 }
 
 int state_phase_get(state *st, int64_t run, int phase, int64_t *from_step)
@@ -998,230 +898,6 @@ int state_phase_delete(state *st, int64_t run, int phase)
 {
     return SQL_WRITE(st, "DELETE FROM phases WHERE run = ? AND phase = ?",
                      A_INT(run), A_TEXT(phase_name(phase))) < 0 ? -1 : 0;
-}
-
-/* ----------------------------------------------------------------- metrics */
-
-static double column_real_or_nan_(sqlite3_stmt *s, int i)
-{
-    return sqlite3_column_type(s, i) == SQLITE_NULL ? NAN
-                                                    : sqlite3_column_double(s, i);
-}
-
-static int64_t column_int_or_neg_(sqlite3_stmt *s, int i)
-{
-    return sqlite3_column_type(s, i) == SQLITE_NULL ? -1
-                                                    : sqlite3_column_int64(s, i);
-}
-
-int state_record_step(state *st, int64_t run, const metric_row *m)
-{
-    /* A_REAL(NAN) stores NULL: the metrics that were not measured. */
-    const stmt_ v[2] = {
-        SQL_STMT(
-            "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
-            "val_loss, lr, tokens_per_s, grad_norm, resident_slots, "
-            "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
-            "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "
-            "moe_dropped_fraction, moe_load_min, moe_load_max, moe_load_cv, "
-            "moe_experts_empty, skipped, skipped_total, offload_redo_steps) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?, ?)",
-            A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
-            A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
-            A_REAL(m->tokens_per_s), A_REAL(m->grad_norm),
-            A_INT_OR_NULL(m->resident_slots), A_INT_OR_NULL(m->offloaded_slots),
-            A_INT_OR_NULL(m->peak_device_bytes), A_REAL(m->h2d_gbps),
-            A_REAL(m->d2h_gbps), A_REAL(m->copy_hidden_fraction),
-            A_REAL(m->moe_aux_loss), A_REAL(m->moe_z_loss),
-            A_REAL(m->moe_dropped_fraction), A_REAL(m->moe_load_min),
-            A_REAL(m->moe_load_max), A_REAL(m->moe_load_cv),
-            A_REAL(m->moe_experts_empty), A_INT(m->skipped),
-            A_INT(m->skipped_total),
-            A_INT_OR_NULL(m->offload_redo_steps)),
-        SQL_STMT(SET_PROGRESS_SQL, A_INT(m->step),
-                 A_TEXT(phase_name(m->phase)), A_REAL(now_()), A_INT(run)),
-    };
-    return held_write_(st, __FILE__, __LINE__, v, 2, NULL);
-}
-
-int state_metrics_truncate(state *st, int64_t run, int64_t after_step)
-{
-    return SQL_WRITE(st, "DELETE FROM metrics WHERE run = ? AND step > ?",
-                     A_INT(run), A_INT(after_step));
-}
-
-static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
-{
-    m->step = sqlite3_column_int64(s, 0);
-    m->phase = phase_parse((const char *)sqlite3_column_text(s, 1)) == 1;
-    m->train_loss = column_real_or_nan_(s, 2);
-    m->val_loss = column_real_or_nan_(s, 3);
-    m->lr = column_real_or_nan_(s, 4);
-    m->tokens_per_s = column_real_or_nan_(s, 5);
-    m->grad_norm = column_real_or_nan_(s, 6);
-    m->resident_slots = (int)column_int_or_neg_(s, 7);
-    m->offloaded_slots = (int)column_int_or_neg_(s, 8);
-    m->peak_device_bytes = column_int_or_neg_(s, 9);
-    m->h2d_gbps = column_real_or_nan_(s, 10);
-    m->d2h_gbps = column_real_or_nan_(s, 11);
-    m->copy_hidden_fraction = column_real_or_nan_(s, 12);
-    m->moe_aux_loss = column_real_or_nan_(s, 13);
-    m->moe_z_loss = column_real_or_nan_(s, 14);
-    m->moe_dropped_fraction = column_real_or_nan_(s, 15);
-    m->moe_load_min = column_real_or_nan_(s, 16);
-    m->moe_load_max = column_real_or_nan_(s, 17);
-    m->moe_load_cv = column_real_or_nan_(s, 18);
-    m->moe_experts_empty = column_real_or_nan_(s, 19);
-    m->skipped = (int)sqlite3_column_int64(s, 20);      /* NULL: 0 */
-    m->skipped_total = sqlite3_column_int64(s, 21);
-    m->offload_redo_steps = (int)column_int_or_neg_(s, 22);
-}
-
-static void metric_fill_(sqlite3_stmt *s, void *elem)
-{
-    metric_from_stmt_(s, elem);
-}
-
-#define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
-                    "grad_norm, resident_slots, offloaded_slots, "         \
-                    "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
-                    "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "       \
-                    "moe_dropped_fraction, moe_load_min, moe_load_max, "     \
-                    "moe_load_cv, moe_experts_empty, skipped, "             \
-                    "skipped_total, offload_redo_steps"
-
-int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
-                       metric_row **rows, int *n)
-{
-    void *v;
-    /* On the reader connection: a page does not wait for, nor hold up, the
-     * writer. LIMIT -1: no limit. The primary key (run, step) serves the
-     * range. */
-    int ret = SQL_LIST(st->reader ? st->reader : st, &v, n, sizeof **rows, metric_fill_,
-                       "SELECT " METRIC_COLS " FROM metrics "
-                       "WHERE run = ? AND step > ? ORDER BY step LIMIT ?",
-                       A_INT(run), A_INT(after_step), A_INT(max < 0 ? -1 : max));
-    *rows = v;
-    return ret;
-}
-
-int state_metrics_list(state *st, int64_t run, int64_t after_step,
-                       metric_row **rows, int *n)
-{
-    return state_metrics_page(st, run, after_step, -1, rows, n);
-}
-
-int state_metric_last(state *st, int64_t run, metric_row *out,
-                      double *last_val)
-{
-    int ret = -1;
-    *last_val = NAN;
-    pthread_mutex_lock(&st->mu);
-    sqlite3_stmt *s = SQL_PREPARE(st,
-        "SELECT " METRIC_COLS " FROM metrics WHERE run = ? "
-        "ORDER BY step DESC LIMIT 1", A_INT(run));
-    int rc = s ? SQL_NEXT(st, s) : -1;
-    if (rc == 0) ret = 1;
-    if (rc != 1) goto out;
-    metric_from_stmt_(s, out);
-    sqlite3_finalize(s);
-    s = SQL_PREPARE(st,
-        "SELECT val_loss FROM metrics WHERE run = ? AND val_loss IS NOT NULL "
-        "ORDER BY step DESC LIMIT 1", A_INT(run));
-    if (!s) goto out;
-    /* No row (or a failed step) leaves *last_val NAN; the row above stands. */
-    if (sqlite3_step(s) == SQLITE_ROW) *last_val = sqlite3_column_double(s, 0);
-    ret = 0;
-out:
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->mu);
-    return ret;
-}
-
-/* ------------------------------------------------------------------ events */
-
-int state_event(state *st, int64_t run, const char *kind, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int len = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *detail = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (!detail) return -1;
-    va_start(ap, fmt);
-    vsnprintf(detail, (size_t)len + 1, fmt, ap);  /* whole, never cut */
-    va_end(ap);
-    int rc = SQL_HOLD(st,
-        "INSERT INTO events(run, time, kind, detail) VALUES (?, ?, ?, ?)",
-        run > 0 ? A_INT(run) : A_NULL, A_REAL(now_()), A_TEXT(kind),
-        A_TEXT(detail));
-    free(detail);
-    return rc;
-}
-
-static void event_fill_(sqlite3_stmt *s, void *elem)
-{
-    event_row *e = elem;
-    e->id = sqlite3_column_int64(s, 0);
-    e->time = sqlite3_column_double(s, 1);
-    copy_text_(e->kind, sizeof e->kind, sqlite3_column_text(s, 2));
-    const unsigned char *d = sqlite3_column_text(s, 3);
-    e->detail = strdup(d ? (const char *)d : "");
-}
-
-void event_rows_free(event_row *rows, int n)
-{
-    for (int i = 0; rows && i < n; i++) free(rows[i].detail);
-    free(rows);
-}
-
-int state_events_list(state *st, int64_t run, int64_t after_id, int max,
-                      event_row **rows, int *n)
-{
-    void *v;
-    int ret = SQL_LIST(st, &v, n, sizeof **rows, event_fill_,
-                       "SELECT id, time, kind, detail FROM events "
-                       "WHERE run = ? AND id > ? ORDER BY id LIMIT ?",
-                       A_INT(run), A_INT(after_id), A_INT(max));
-    *rows = v;
-    return ret;
-}
-
-/* ------------------------------------------------------------- checkpoints */
-
-int state_checkpoint_add(state *st, int64_t run, int64_t step,
-                         const char *path, int64_t bytes)
-{
-    return SQL_HOLD(st,
-        "INSERT OR REPLACE INTO checkpoints(run, step, path, bytes, at) "
-        "VALUES (?, ?, ?, ?, ?)",
-        A_INT(run), A_INT(step), A_TEXT(path), A_INT(bytes),
-        A_REAL(now_()));
-}
-
-int state_checkpoint_delete(state *st, int64_t run, int64_t step)
-{
-    return SQL_HOLD(st, "DELETE FROM checkpoints WHERE run = ? AND step = ?",
-                    A_INT(run), A_INT(step));
-}
-
-static void ckpt_fill_(sqlite3_stmt *s, void *elem)
-{
-    ckpt_row *c = elem;
-    c->step = sqlite3_column_int64(s, 0);
-    copy_text_(c->path, sizeof c->path, sqlite3_column_text(s, 1));
-    c->bytes = sqlite3_column_int64(s, 2);
-}
-
-int state_checkpoints_list(state *st, int64_t run, ckpt_row **rows, int *n)
-{
-    void *v;
-    int ret = SQL_LIST(st, &v, n, sizeof **rows, ckpt_fill_,
-                       "SELECT step, path, bytes FROM checkpoints "
-                       "WHERE run = ? ORDER BY step", A_INT(run));
-    *rows = v;
-    return ret;
 }
 
 /* ------------------------------------------------------------------ errors */
@@ -1273,290 +949,4 @@ int state_hold_overdue(state *st, char *msg, size_t len)
                  st->hold_limit_s, st->held_n, st->path);
     pthread_mutex_unlock(&st->mu);
     return over;
-}
-
-/* ------------------------------------------------------------------- nodes */
-
-static const char *const node_state_names_[] = {"joining", "live", "lost",
-                                                "left"};
-
-const char *node_state_name(node_state s)
-{
-    return (unsigned)s < 4 ? node_state_names_[s] : "unknown";
-}
-
-static node_state node_state_parse_(const char *s)
-{
-    for (int i = 0; i < 4; i++)
-        if (s && strcmp(s, node_state_names_[i]) == 0) return (node_state)i;
-    return NODE_LOST;
-}
-
-#define NODE_COLS                                                          \
-    "id, hostname, node_uuid, role, backend, devices, memory, "            \
-    "free_device_memory, state, run, rank, address, detail, "              \
-    "last_heartbeat, joined, updated"
-
-static void node_fill_(sqlite3_stmt *s, void *elem)
-{
-    node_row *n = elem;
-    memset(n, 0, sizeof *n);
-    n->id = sqlite3_column_int64(s, 0);
-    copy_text_(n->hostname, sizeof n->hostname, sqlite3_column_text(s, 1));
-    copy_text_(n->node_uuid, sizeof n->node_uuid, sqlite3_column_text(s, 2));
-    const unsigned char *role = sqlite3_column_text(s, 3);
-    n->coordinator = role && strcmp((const char *)role, "coordinator") == 0;
-    copy_text_(n->backend, sizeof n->backend, sqlite3_column_text(s, 4));
-    n->devices = sqlite3_column_int(s, 5);
-    n->memory = (uint64_t)sqlite3_column_int64(s, 6);
-    n->free_device_memory = (uint64_t)sqlite3_column_int64(s, 7);
-    n->state = node_state_parse_((const char *)sqlite3_column_text(s, 8));
-    n->run = sqlite3_column_type(s, 9) == SQLITE_NULL
-                 ? 0 : sqlite3_column_int64(s, 9);
-    n->rank = sqlite3_column_type(s, 10) == SQLITE_NULL
-                  ? -1 : sqlite3_column_int(s, 10);
-    copy_text_(n->address, sizeof n->address, sqlite3_column_text(s, 11));
-    copy_text_(n->detail, sizeof n->detail, sqlite3_column_text(s, 12));
-    n->last_heartbeat = sqlite3_column_double(s, 13);
-    n->joined = sqlite3_column_double(s, 14);
-    n->updated = sqlite3_column_double(s, 15);
-}
-
-int state_node_insert(state *st, const node_row *n, int64_t *id)
-{
-    double t = now_();
-    pthread_mutex_lock(&st->mu);
-    int rc = SQL_WRITE_LOCKED(st,
-        "INSERT INTO nodes(hostname, node_uuid, role, backend, devices, "
-        "memory, free_device_memory, state, address, detail, "
-        "last_heartbeat, joined, updated) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        A_TEXT(n->hostname), A_TEXT(n->node_uuid),
-        A_TEXT(n->coordinator ? "coordinator" : "worker"), A_TEXT(n->backend),
-        A_INT(n->devices), A_INT((int64_t)n->memory),
-        A_INT((int64_t)n->free_device_memory),
-        A_TEXT(node_state_name(n->state)),
-        A_TEXT(n->address[0] ? n->address : NULL),
-        A_TEXT(n->detail[0] ? n->detail : NULL), A_REAL(t), A_REAL(t),
-        A_REAL(t));
-    if (rc >= 0) *id = sqlite3_last_insert_rowid(st->db);
-    pthread_mutex_unlock(&st->mu);
-    return rc < 0 ? -1 : 0;
-}
-
-int state_node_update(state *st, int64_t id, const node_row *n)
-{
-    double t = now_();
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET hostname = ?, node_uuid = ?, role = ?, backend = ?, "
-        "devices = ?, memory = ?, free_device_memory = ?, state = ?, "
-        "address = ?, detail = ?, last_heartbeat = ?, updated = ? "
-        "WHERE id = ?",
-        A_TEXT(n->hostname), A_TEXT(n->node_uuid),
-        A_TEXT(n->coordinator ? "coordinator" : "worker"), A_TEXT(n->backend),
-        A_INT(n->devices), A_INT((int64_t)n->memory),
-        A_INT((int64_t)n->free_device_memory),
-        A_TEXT(node_state_name(n->state)),
-        A_TEXT(n->address[0] ? n->address : NULL),
-        A_TEXT(n->detail[0] ? n->detail : NULL), A_REAL(t), A_REAL(t),
-        A_INT(id));
-    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
-}
-
-int state_node_find(state *st, char by, const char *key, node_row *out)
-{
-    void *v;
-    int n;
-    int rc = SQL_LIST(st, &v, &n, sizeof *out, node_fill_,
-                      by == 'u' ? "SELECT " NODE_COLS " FROM nodes WHERE node_uuid = ?"
-                                : "SELECT " NODE_COLS " FROM nodes WHERE hostname = ?",
-                      A_TEXT(key));
-    if (rc < 0) return -1;
-    if (n > 0) *out = *(node_row *)v;
-    free(v);
-    return n > 0 ? 0 : 1;
-}
-
-int state_node_set_state(state *st, int64_t id, node_state s,
-                         const char *detail)
-{
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET state = ?, detail = ?, updated = ? WHERE id = ?",
-        A_TEXT(node_state_name(s)), A_TEXT(detail), A_REAL(now_()),
-        A_INT(id));
-    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
-}
-
-int state_node_set_run(state *st, int64_t id, int64_t run, int rank)
-{
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = ?, rank = ?, updated = ? WHERE id = ?",
-        run > 0 ? A_INT(run) : A_NULL, run > 0 ? A_INT(rank) : A_NULL,
-        A_REAL(now_()), A_INT(id));
-    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
-}
-
-int state_nodes_clear_run(state *st, int64_t run)
-{
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? WHERE run = ?",
-        A_REAL(now_()), A_INT(run));
-    return rc < 0 ? -1 : 0;
-}
-
-int state_nodes_clear_runs(state *st)
-{
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? "
-        "WHERE run IS NOT NULL OR rank IS NOT NULL", A_REAL(now_()));
-    return rc < 0 ? -1 : 0;
-}
-
-int state_node_heartbeat(state *st, int64_t id, uint64_t free_device_memory)
-{
-    double t = now_();
-    int rc = SQL_WRITE(st,
-        "UPDATE nodes SET last_heartbeat = ?, free_device_memory = ?, "
-        "updated = CASE state WHEN 'joining' THEN ? ELSE updated END, "
-        "state = CASE state WHEN 'joining' THEN 'live' ELSE state END "
-        "WHERE id = ?",
-        A_REAL(t), A_INT((int64_t)free_device_memory), A_REAL(t), A_INT(id));
-    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
-}
-
-int state_nodes_mark(state *st, node_state from, node_state to,
-                     const char *detail)
-{
-    return SQL_WRITE(st,
-        "UPDATE nodes SET state = ?, detail = ?, updated = ? "
-        "WHERE state = ? AND role = 'worker'",
-        A_TEXT(node_state_name(to)), A_TEXT(detail), A_REAL(now_()),
-        A_TEXT(node_state_name(from)));
-}
-
-int state_nodes_list(state *st, node_row **rows, int *n)
-{
-    void *v;
-    int ret = SQL_LIST(st, &v, n, sizeof **rows, node_fill_,
-                       "SELECT " NODE_COLS " FROM nodes ORDER BY id");
-    *rows = v;
-    return ret;
-}
-/* ---------------------------------------------------------------- commands */
-
-/* ROLLBACK after a failure, keeping the failure's message (ROLLBACK after a
- * failed COMMIT may fail too), with st->mu held. */
-static void rollback_keep_(state *st)
-{
-    char cause[sizeof st->last_error];
-    memcpy(cause, st->last_error, sizeof cause);
-    exec_(st, "ROLLBACK");
-    memcpy(st->last_error, cause, sizeof cause);
-}
-
-int64_t state_command_add(state *st, int64_t run, const char *kind,
-                          int applied, int64_t step)
-{
-    int64_t id = -1;
-    double t = now_();
-    pthread_mutex_lock(&st->mu);
-    /* this commit, and the WAL frames before it, reach the disk before
-     * the reply: a power loss keeps the command too */
-    if (exec_(st, "PRAGMA synchronous = FULL") < 0) goto out;
-    if (SQL_WRITE_LOCKED(st,
-            "INSERT INTO commands(run, kind, state, created, applied, step) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            A_INT(run), A_TEXT(kind), A_TEXT(applied ? "applied" : "pending"),
-            A_REAL(t), applied ? A_REAL(t) : A_NULL,
-            applied ? A_INT(step) : A_NULL) == 1)
-        id = sqlite3_last_insert_rowid(st->db);
-    exec_(st, "PRAGMA synchronous = NORMAL");
-out:
-    pthread_mutex_unlock(&st->mu);
-    return id;
-}
-
-static void command_fill_(sqlite3_stmt *s, void *elem)
-{
-    command_row *c = elem;
-    c->id = sqlite3_column_int64(s, 0);
-    c->run = sqlite3_column_int64(s, 1);
-    copy_text_(c->kind, sizeof c->kind, sqlite3_column_text(s, 2));
-}
-
-int state_commands_pending(state *st, int64_t run, command_row **rows,
-                           int *n)
-{
-    void *v;
-    int ret = SQL_LIST(st, &v, n, sizeof **rows, command_fill_,
-                       "SELECT id, run, kind FROM commands WHERE run = ? AND "
-                       "state = 'pending' ORDER BY id", A_INT(run));
-    *rows = v;
-    return ret;
-}
-
-static int mark_locked_(state *st, int64_t run, int64_t upto, int64_t step,
-                        int kinds)
-{
-    static const char *const sql[] = {
-        "UPDATE commands SET state = 'applied', applied = ?, step = ? "
-        "WHERE run = ? AND state = 'pending' AND id <= ?",
-        "UPDATE commands SET state = 'applied', applied = ?, step = ? "
-        "WHERE run = ? AND state = 'pending' AND id <= ? AND kind = 'delink'",
-        "UPDATE commands SET state = 'applied', applied = ?, step = ? "
-        "WHERE run = ? AND state = 'pending' AND id <= ? AND kind != 'delink'",
-    };
-    return SQL_WRITE_LOCKED(st, sql[kinds >= 0 && kinds <= 2 ? kinds : 0],
-        A_REAL(now_()), A_INT(step), A_INT(run), A_INT(upto)) < 0 ? -1 : 0;
-}
-
-int state_commands_mark(state *st, int64_t run, int64_t upto, int64_t step)
-{
-    pthread_mutex_lock(&st->mu);
-    int rc = mark_locked_(st, run, upto, step, STATE_CMD_ALL);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
-}
-
-int state_command_drop(state *st, int64_t id)
-{
-    return SQL_WRITE(st, "DELETE FROM commands WHERE id = ?", A_INT(id)) < 0
-               ? -1 : 0;
-}
-
-int state_commit_run(state *st, int64_t run, const state_commit *c)
-{
-    int ok = 0;
-    double t = now_();
-    pthread_mutex_lock(&st->mu);
-    if (exec_(st, "BEGIN IMMEDIATE") < 0) goto out;
-    ok = (!c->set_state ||
-          SQL_WRITE_LOCKED(st, "UPDATE runs SET state = ?, error = ?, "
-                           "updated = ? WHERE id = ?",
-                           A_TEXT(run_state_name(c->state)), A_TEXT(c->error),
-                           A_REAL(t), A_INT(run)) >= 0) &&
-         (!c->delink ||
-          (SQL_WRITE_LOCKED(st, "INSERT OR REPLACE INTO phases(run, phase, "
-                            "from_step, at) VALUES (?, ?, ?, ?)", A_INT(run),
-                            A_TEXT(phase_name(1)), A_INT(c->step),
-                            A_REAL(t)) >= 0 &&
-           SQL_WRITE_LOCKED(st, "UPDATE runs SET delink_step = ?, step = ?, "
-                            "phase = ?, updated = ? WHERE id = ?",
-                            A_INT(c->step), A_INT(c->step),
-                            A_TEXT(phase_name(1)), A_REAL(t),
-                            A_INT(run)) >= 0)) &&
-         (!c->event_kind ||
-          SQL_WRITE_LOCKED(st, "INSERT INTO events(run, time, kind, detail) "
-                           "VALUES (?, ?, ?, ?)", A_INT(run), A_REAL(t),
-                           A_TEXT(c->event_kind),
-                           A_TEXT(c->event_detail)) >= 0) &&
-         (c->cmd_upto <= 0 ||
-          mark_locked_(st, run, c->cmd_upto, c->step, c->cmd_kinds) == 0) &&
-         (crashpoint("commit"), 1) &&
-         exec_(st, "COMMIT") == 0;
-    if (!ok)
-        rollback_keep_(st);
-out:
-    pthread_mutex_unlock(&st->mu);
-    return ok ? 0 : -1;
 }

@@ -30,7 +30,7 @@
 #include "common/phase.h"
 #include "dist/collectives.h"
 #include "offload/offload.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 typedef struct trainer trainer;
 

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "client/corpus/corpus.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 
 /* Make dir (a mkdtemp template such as "/tmp/m6-test-XXXXXX", rewritten in
  * place) and write train_000000.bin and val_000000.bin of n tokens in all.

@@ -35,7 +35,7 @@
 #include "client/export.h"
 #include "common/log.h"
 #include "train/data.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 
 #define SEP "\n--m6fuzz--\n"

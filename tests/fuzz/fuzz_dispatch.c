@@ -1,6 +1,6 @@
 /*
  * fuzz_dispatch.c — libFuzzer target: the control socket's framing
- * (daemon/control/frame.c) and the request dispatch behind it
+ * (proto/frame.c) and the request dispatch behind it
  * (daemon/control/handlers.c), against a state DB with runs in it.
  *
  * The input is the byte stream one client sends on one connection. It is
@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "control/frame.h"
+#include "proto/frame.h"
 #include "control/handlers.h"
 #include "coord/coord.h"
 #include "m6.pb-c.h"

@@ -1,5 +1,5 @@
 /*
- * fuzz_spec.c — libFuzzer target: the run-spec parser (daemon/train/spec.c)
+ * fuzz_spec.c — libFuzzer target: the run-spec parser (daemon/spec/spec.c)
  * on arbitrary bytes.
  *
  * Beyond "no crash, no sanitizer report", it checks the parser's promise
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/spec.h"
+#include "spec/spec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -76,7 +76,7 @@
 #include "client/corpus/corpus.h"
 #include "dist/collectives.h"
 #include "offload/offload.h"
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
 

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "control/frame.h"
+#include "proto/frame.h"
 
 static size_t mkframe_(uint8_t *out, const char *payload)
 {

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "train/spec.h"
+#include "spec/spec.h"
 #include "common/cpus.h"
 
 static void assert_contains(const char *hay, const char *needle)

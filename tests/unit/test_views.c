@@ -1,5 +1,5 @@
 /*
- * test_views.c — m6ctl's run views (client/views.c) on hand-made RunInfos:
+ * test_views.c — m6ctl's run views (proto/views.c) on hand-made RunInfos:
  * what status, list and watch say of states, pending commands, phases,
  * times and memory. Expected texts are written out by hand.
  */
@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "views.h"
+#include "proto/views.h"
 
 /* A run as m6d describes it: running, step 5 of 100, Pseudo until 40. */
 static M6__RunInfo run_(void)

@@ -1,20 +1,22 @@
 /*
  * gpt_cuda.cu — the GPT model on one GPU (gpt_cuda.h): layout, memory plan,
- * device init, forward, backward, AdamW with device-side clipping, reslot.
- * It wires the ops of kernels_cuda.h together exactly as daemon/model/gpt.c
- * wires the CPU ops, so the two can be compared step by step. Offloaded
- * slots (gpt_cuda_offload.cu) enter only through off_*: a pass asks for
- * the staging buffer of each position whose slot is offloaded, and the
- * state functions read and write host slots directly.
+ * device init, the kernel paths, forward and backward of a layer and of
+ * the head, a pass, and AdamW with device-side clipping. It wires the ops
+ * of kernels_cuda.h together exactly as daemon/model/gpt.c wires the CPU
+ * ops, so the two can be compared step by step. Its neighbours: the MoE
+ * block (moe_cuda.cu), the step's queue and CUDA graphs (graphs_cuda.cu),
+ * the state in and out and reslot (state_cuda.cu); gpt_cuda_impl.cuh is
+ * what they share. Offloaded slots enter only through the offload runtime's
+ * interface (gpt_offload.h): a pass asks for the staging buffer of each
+ * position whose slot is offloaded.
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include "gpt_cuda_impl.cuh"
 
-static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
-static void flush_(gpt_cuda *g);
-static void graphs_drop_(gpt_cuda *g);
-static int graphs_apply_(const gpt_cuda *g);
+#include "model/cuda/gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_offload.h"
 
 /* ------------------------------------------------------------- layout */
 
@@ -36,7 +38,7 @@ static void layout_(gpt_cuda *g)
  * place, the elements before it, into *off ([S+1]; malloc'd both). 0, or
  * -1 with a message (a slot shared by blocks of both kinds, or out of
  * host memory). */
-static int slot_places_(const gpt_cuda *g, int S, const int *slot_of,
+int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
                         unsigned char **moe, size_t **off)
 {
     char why[256];
@@ -62,7 +64,7 @@ static int slot_places_(const gpt_cuda *g, int S, const int *slot_of,
 
 /* Device state for globals + n_res resident slots placed by off (their
  * elements: off[n_res]), step counts for S. */
-static int alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
+int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
                         bf16 **params, bf16 **grads, float **opt,
                         long **t_slot)
 {
@@ -91,7 +93,7 @@ static int alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
     return 0;
 }
 
-static void use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
+void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
                        bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
                        unsigned char *moe, size_t *off)
 {
@@ -115,7 +117,7 @@ static void use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
     g->adam_t_slot = t_slot;
 }
 
-static void free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
+void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
 {
     if (params) CUDA_CHECK(cudaFree(params));
     if (grads) CUDA_CHECK(cudaFree(grads));
@@ -425,25 +427,6 @@ static int choose_paths_(gpt_cuda *g)
     return 0;
 }
 
-/* M6_CUDA_GRAPH: unset, empty or 1, steps through CUDA graphs where they
- * apply; 0, the queued path. Another value is reported (once) and read
- * as 1. */
-static int graphs_env_(void)
-{
-    static int warned;
-    const char *e = getenv("M6_CUDA_GRAPH");
-    if (!e || !e[0] || !strcmp(e, "1"))
-        return 1;
-    if (!strcmp(e, "0"))
-        return 0;
-    if (!warned) {
-        fprintf(stderr, "gpt_cuda: M6_CUDA_GRAPH=%s is not 0 or 1: CUDA "
-                "graphs on\n", e);
-        warned = 1;
-    }
-    return 1;
-}
-
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
 {
     return gpt_cuda_create_offload(cfg, S, B, NULL);
@@ -490,7 +473,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     }
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     matmul_cuda_init();
-    if (off && off_init_(g, off) != 0) {
+    if (off && gpt_offload_init(g, off) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
@@ -503,21 +486,21 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     int failed = 0;
     unsigned char *moe;
     size_t *soff;
-    if (slot_places_(g, S, g->slot_of, &moe, &soff) != 0) {
+    if (gpt_cuda_slot_places_(g, S, g->slot_of, &moe, &soff) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
-    hslot_ *hs = off_alloc_slots_(g, S, n_res, moe, &failed);
-    if (failed || alloc_state_(g, S, n_res, soff, &params, &grads, &opt,
+    hslot_ *hs = gpt_offload_alloc_slots(g, S, n_res, moe, &failed);
+    if (failed || gpt_cuda_alloc_state_(g, S, n_res, soff, &params, &grads, &opt,
                                &t_slot) != 0) {
-        off_free_slots_(g, hs, S - n_res);
+        gpt_offload_free_slots(g, hs, S - n_res);
         free(moe);
         free(soff);
         gpt_cuda_free(g);
         return NULL;
     }
-    use_state_(g, S, n_res, params, grads, opt, t_slot, hs, moe, soff);
-    if ((n_res < S && off_set_staging_(g, 1) != 0) || alloc_acts_(g) != 0 ||
+    gpt_cuda_use_state_(g, S, n_res, params, grads, opt, t_slot, hs, moe, soff);
+    if ((n_res < S && gpt_offload_set_staging(g, 1) != 0) || alloc_acts_(g) != 0 ||
         choose_paths_(g) != 0) {
         gpt_cuda_free(g);
         return NULL;
@@ -528,7 +511,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
                               encoder_plan_ints((int)BT) * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost((void **)&g->h_out, 4 * sizeof(float)));
     g->h_loss = g->h_out;
-    g->graphs = graphs_env_();
+    g->graphs = gpt_cuda_graphs_env_();
     return g;
 }
 
@@ -538,15 +521,15 @@ void gpt_cuda_free(gpt_cuda *g)
         return;
     if (g->stream)
         gpt_cuda_synchronize(g);
-    off_free_slots_(g, g->off.hs, g->S - g->n_res);
-    off_fini_(g);
-    graphs_drop_(g);
+    gpt_offload_free_slots(g, g->off.hs, g->S - g->n_res);
+    gpt_offload_fini(g);
+    gpt_cuda_graphs_drop_(g);
     free(g->ga.B);
     free(g->ga.scale);
     if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
     if (g->h_args) CUDA_CHECK(cudaFreeHost(g->h_args));
     if (g->args_done) CUDA_CHECK(cudaEventDestroy(g->args_done));
-    free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
+    gpt_cuda_free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
     if (g->gradf) CUDA_CHECK(cudaFree(g->gradf));
     adamw_multi_plan_destroy(g->mt);
     free(g->mt_t);
@@ -597,228 +580,24 @@ size_t gpt_cuda_slot_offset(const gpt_cuda *g, int s)
 
 void gpt_cuda_synchronize(gpt_cuda *g)
 {
-    flush_(g);
+    gpt_cuda_flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     if (g->off.enabled) {
         CUDA_CHECK(cudaStreamSynchronize(g->off.copy));
         CUDA_CHECK(cudaStreamSynchronize(g->off.drain));
-        off_wait_idle_(g);
+        gpt_offload_wait_idle(g);
     }
 }
-
-/* ------------------------------------------------------------- weights */
-
-/* The CPU model's init (model/init.c: gpt_init_region), region by region
- * through one host buffer, so that the host holds one region at a time
- * and every model, CPU or GPU, starts from the same weights for a seed. */
-int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
-{
-    flush_(g);
-    size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
-    size_t n = g->n_global_cpu > g->slot_size ? g->n_global_cpu
-                                              : g->slot_size;
-    float *h = (float *)malloc(n * sizeof(float));
-    if (!h) {
-        fprintf(stderr, "gpt_cuda_init_weights: out of host memory (%zu "
-                        "floats)\n", n);
-        return -1;
-    }
-    gpt_cuda_synchronize(g); /* host AdamW may still write host masters */
-    CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
-    /* globals: the gpt.h layout has V rows of wte, this one Vp (the padded
-     * rows stay zero) */
-    gpt_init_region(&g->cfg, -1, h, seed);
-    const size_t cpu_off[GLOB_NTENSORS] = {0, V * C, V * C + T * C,
-                                           V * C + T * C + C};
-    const size_t numel[GLOB_NTENSORS] = {V * C, T * C, C, C};
-    for (int i = 0; i < GLOB_NTENSORS; i++)
-        CUDA_CHECK(cudaMemcpy(g->master + g->glob[i].off, h + cpu_off[i],
-                              numel[i] * sizeof(float),
-                              cudaMemcpyHostToDevice));
-    /* slots: the same layout on both sides; an offloaded one to its host
-     * master */
-    for (int s = 0; s < g->S; s++) {
-        gpt_init_slot(&g->cfg, g->slot_moe[s], s, h, seed);
-        if (s < g->n_res) {
-            CUDA_CHECK(cudaMemcpy(g->master + g->n_global + g->slot_off[s],
-                                  h, slot_n_(g, s) * sizeof(float),
-                                  cudaMemcpyHostToDevice));
-        } else {
-            memcpy(g->off.hs[s - g->n_res].master, h,
-                   slot_n_(g, s) * sizeof(float));
-            off_refresh_bf16_(g, s);
-        }
-    }
-    copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    free(h);
-    return 0;
-}
-
-/* (cpu offset, gpu offset, floats) of each piece of the two layouts that
- * lives on the device (the offloaded slots follow at the end, on the host) */
-static int pieces_(const gpt_cuda *g, size_t n, size_t off[][3],
-                   int with_host_slots)
-{
-    size_t C = g->cfg.n_embd, V = g->cfg.vocab_size, T = g->cfg.seq_len;
-    size_t cpu_wpe = V * C, cpu_lnw = cpu_wpe + T * C, cpu_lnb = cpu_lnw + C;
-    size_t slots = g->slot_off[g->n_res];
-    size_t need = g->n_global_cpu +
-                  g->slot_off[with_host_slots ? g->S : g->n_res];
-    if (n != need) {
-        fprintf(stderr, "gpt_cuda: host buffer has %zu floats, the model "
-                        "needs %zu\n", n, need);
-        return -1;
-    }
-    size_t t[5][3] = {
-        {0, g->glob[GLOB_WTE].off, V * C},
-        {cpu_wpe, g->glob[GLOB_WPE].off, T * C},
-        {cpu_lnw, g->glob[GLOB_LNF_W].off, C},
-        {cpu_lnb, g->glob[GLOB_LNF_B].off, C},
-        {g->n_global_cpu, g->n_global, slots},
-    };
-    memcpy(off, t, sizeof t);
-    return 5;
-}
-
-static float *state_buf_(gpt_cuda *g, int which)
-{
-    return which == 0 ? g->master : which == 1 ? g->m : which == 2 ? g->v
-                                                                   : NULL;
-}
-
-static float *host_buf_(hslot_ *h, int which)
-{
-    return which == 0 ? h->master : which == 1 ? h->m : h->v;
-}
-
-/* host + (offset of offloaded slot s in the gpt.h layout) */
-static size_t host_slot_off_(const gpt_cuda *g, int s)
-{
-    return g->n_global_cpu + g->slot_off[s];
-}
-
-/* set_state / get_state, of the offloaded slots too or not */
-static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
-                      int with_host_slots)
-{
-    flush_(g);
-    size_t off[5][3];
-    float *buf = state_buf_(g, which);
-    int k = pieces_(g, n, off, with_host_slots);
-    if (k < 0 || !buf)
-        return -1;
-    gpt_cuda_synchronize(g);
-    CUDA_CHECK(cudaMemset(buf, 0, g->n_params * sizeof(float)));
-    for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpy(buf + off[i][1], host + off[i][0],
-                              off[i][2] * sizeof(float),
-                              cudaMemcpyHostToDevice));
-    if (which == 0)
-        copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
-    for (int s = g->n_res; s < g->S && with_host_slots; s++) {
-        memcpy(host_buf_(&g->off.hs[s - g->n_res], which),
-               host + host_slot_off_(g, s), slot_n_(g, s) * sizeof(float));
-        if (which == 0)
-            off_refresh_bf16_(g, s);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return 0;
-}
-
-static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
-                      int with_host_slots)
-{
-    flush_(g);
-    size_t off[5][3];
-    const float *buf = state_buf_(g, which);
-    int k = pieces_(g, n, off, with_host_slots);
-    if (k < 0 || !buf)
-        return -1;
-    gpt_cuda_synchronize(g);
-    memset(host, 0, n * sizeof(float));
-    for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
-                              off[i][2] * sizeof(float),
-                              cudaMemcpyDeviceToHost));
-    for (int s = g->n_res; s < g->S && with_host_slots; s++)
-        memcpy(host + host_slot_off_(g, s),
-               host_buf_(&g->off.hs[s - g->n_res], which),
-               slot_n_(g, s) * sizeof(float));
-    return 0;
-}
-
-int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n)
-{
-    return set_state_(g, which, host, n, 1);
-}
-
-int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n)
-{
-    return get_state_(g, which, host, n, 1);
-}
-
-int gpt_cuda_set_state_resident(gpt_cuda *g, int which, const float *host,
-                                size_t n)
-{
-    return set_state_(g, which, host, n, 0);
-}
-
-int gpt_cuda_get_state_resident(gpt_cuda *g, int which, float *host,
-                                size_t n)
-{
-    return get_state_(g, which, host, n, 0);
-}
-
-float *gpt_cuda_host_slot(gpt_cuda *g, int which, int s)
-{
-    if (s < g->n_res || s >= g->S || which < 0 || which > 2)
-        return NULL;
-    return host_buf_(&g->off.hs[s - g->n_res], which);
-}
-
-void gpt_cuda_host_slot_written(gpt_cuda *g, int s)
-{
-    if (s >= g->n_res && s < g->S)
-        off_refresh_bf16_(g, s);
-}
-
-int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n)
-{
-    return gpt_cuda_set_state(g, 0, host, n);
-}
-
-int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n)
-{
-    return gpt_cuda_get_state(g, 0, host, n);
-}
-
-/* Step counts are kept on the host for every slot; a queued host AdamW
- * already counted its step when it was queued. */
-void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst)
-{
-    dst[0] = g->adam_t_global;
-    memcpy(dst + 1, g->adam_t_slot, (size_t)g->S * sizeof(long));
-}
-
-void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src)
-{
-    gpt_cuda_synchronize(g);
-    g->adam_t_global = src[0];
-    memcpy(g->adam_t_slot, src + 1, (size_t)g->S * sizeof(long));
-}
+/* No activation gradient is zeroed: the first write of each is a *_first
+ * op (kernels_cuda.h; the MoE block's moe_backward_first_cuda), which
+ * stores, and only the residual stream's dres and the weight gradients
+ * accumulate. */
 
 /* ------------------------------------------------------------- passes */
 
 /* Weights of slot s, resident or in its staging buffer: tensor i of a slot
  * whose region starts at w (dw: its gradient), ts its kind's table. */
 #define W_(w, i) ((w) + ts[i].off)
-#define GW_(g, i) ((g)->params + (g)->glob[i].off)
-#define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
-/* No activation gradient is zeroed: the first write of each is a *_first
- * op (kernels_cuda.h; the MoE block's moe_backward_first_cuda), which
- * stores, and only the residual stream's dres and the weight gradients
- * accumulate. */
 
 static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
                           const int32_t *host, size_t n)
@@ -828,7 +607,7 @@ static void stage_tokens_(gpt_cuda *g, int32_t *dev, int32_t *pinned,
                                cudaMemcpyHostToDevice, g->stream));
 }
 
-static void check_B_(const gpt_cuda *g, int B, const char *who)
+void gpt_cuda_check_B_(const gpt_cuda *g, int B, const char *who)
 {
     if (B < 1 || B > g->B) {
         fprintf(stderr, "%s: B=%d outside 1..%d\n", who, B, g->B);
@@ -868,185 +647,6 @@ static void stage_batch_(gpt_cuda *g, const int32_t *inp,
 {
     CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* pinned staging free */
     stage_batch_to_(g, inp, targets, B, plan, g->h_inp, g->h_tgt, g->h_plan);
-}
-
-#define MB_MAX 4096 /* queued microbatches per step, at most */
-
-/* Wait for event e when it has not completed (a host wait only then). A
- * query's cudaErrorNotReady is not an error: it is cleared so that no
- * later cudaGetLastError reports it. */
-static void event_wait_(cudaEvent_t e)
-{
-    cudaError_t q = cudaEventQuery(e);
-    if (q == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        CUDA_CHECK(cudaEventSynchronize(e));
-    } else {
-        CUDA_CHECK(q);
-    }
-}
-
-/* The staging of the step's k-th microbatch, made when there is none yet
- * (pinned: tokens, targets, plan, loss in one block) and free to write:
- * its last use (a step before) waited for when not done, which after a
- * step's gpt_cuda_grad_norm it always is. */
-static mb_stage_ *mb_stage_get_(gpt_cuda *g, int k)
-{
-    if (k >= MB_MAX) {
-        fprintf(stderr, "gpt_cuda: more than %d microbatches since "
-                "gpt_cuda_zero_grad\n", MB_MAX);
-        exit(1);
-    }
-    if (k >= g->n_mb) {
-        mb_stage_ *mb = (mb_stage_ *)realloc(
-            g->mb, (size_t)(k + 1) * sizeof *mb);
-        if (!mb) {
-            fprintf(stderr, "gpt_cuda: out of memory (microbatch "
-                    "staging)\n");
-            exit(1);
-        }
-        g->mb = mb;
-        size_t BT = (size_t)g->B * g->T;
-        size_t ints = 2 * BT + encoder_plan_ints((int)BT);
-        for (; g->n_mb <= k; g->n_mb++) {
-            mb_stage_ *m = &g->mb[g->n_mb];
-            CUDA_CHECK(cudaMallocHost((void **)&m->inp,
-                                      ints * sizeof(int32_t) +
-                                          sizeof(float)));
-            m->tgt = m->inp + BT;
-            m->plan = m->tgt + BT;
-            m->loss = (float *)(m->plan + encoder_plan_ints((int)BT));
-            CUDA_CHECK(cudaEventCreateWithFlags(&m->done,
-                                                cudaEventDisableTiming));
-        }
-    }
-    mb_stage_ *m = &g->mb[k];
-    event_wait_(m->done);
-    return m;
-}
-
-/* ------------------------------------------------------------- MoE */
-
-/* The MoE dims of a microbatch of B sequences at the pass's capacity. */
-static moe_dims moe_dims_(const gpt_cuda *g, int B)
-{
-    const model_config *c = &g->cfg;
-    moe_dims d = {B * g->T, c->n_embd, c->moe_experts, c->moe_prototypes,
-                  model_moe_hidden(c), 0};
-    double cf = g->moe_eval ? c->moe_eval_capacity_factor
-                            : c->moe_capacity_factor;
-    d.capacity = gpt_cuda_moe_capacity(cf, d.N, d.E, d.k);
-    return d;
-}
-
-/* Layer l's MoE tensors (strides: the allocated B and rows). */
-typedef struct {
-    float *probs, *lse, *aux;
-    int32_t *expert, *slot, *counts, *routed, *row_token, *dropped;
-    bf16 *xe, *hpre, *hact, *ye;
-} moe_saved_;
-
-static moe_saved_ moe_saved_of_(const gpt_cuda *g, int layer)
-{
-    const acts_ *a = &g->a;
-    /* the block's entry among the MoE blocks */
-    size_t l = (size_t)gpt_cuda_moe_index(&g->cfg, layer);
-    size_t N = (size_t)g->B * g->T, E = (size_t)g->cfg.moe_experts;
-    size_t K = (size_t)g->cfg.moe_prototypes, C = (size_t)g->cfg.n_embd;
-    size_t H = (size_t)model_moe_hidden(&g->cfg), R = a->moe_rows;
-    return (moe_saved_){
-        a->moe_probs + l * N * E, a->moe_lse + l * N * K, a->moe_aux + 2 * l,
-        a->moe_expert + l * N * K, a->moe_slot + l * N * K,
-        a->moe_counts + l * E, a->moe_routed + l * E,
-        a->moe_row_token + l * R, a->moe_dropped + l,
-        a->moe_xe + l * R * C, a->moe_hpre + l * R * H,
-        a->moe_hact + l * R * H, a->moe_ye + l * R * C};
-}
-
-/* MoE block l forward: out (B*T,C) = the experts' combined output for x;
- * the layer's aux and z losses and dropped count left on the device. */
-static void moe_layer_forward_(gpt_cuda *g, int l, const bf16 *w,
-                               const bf16 *x, bf16 *out, int B)
-{
-    moe_dims d = moe_dims_(g, B);
-    g->moe_cap = d.capacity;
-    g->moe_B = B;
-    moe_saved_ m = moe_saved_of_(g, l);
-    cudaStream_t st = g->stream;
-    moe_route_cuda(m.probs, m.lse, m.expert, m.slot, m.counts, m.routed,
-                   m.row_token, m.dropped, x, w + g->slot[SLOT_GATE_W].off,
-                   w + g->slot[SLOT_GATE_B].off, &d, st);
-    moe_forward_cuda(out, m.xe, m.hpre, m.hact, m.ye, x, m.probs, m.expert,
-                     m.slot, m.row_token, w + g->slot[SLOT_FC_W].off,
-                     w + g->slot[SLOT_FC_B].off, w + g->slot[SLOT_FCPROJ_W].off,
-                     w + g->slot[SLOT_FCPROJ_B].off, &d, st);
-    moe_aux_losses_cuda(m.aux, m.probs, m.lse, m.routed, &d, st);
-}
-
-/* MoE block l backward: d(x) into a->dln (written) from d(out) in
- * a->dres; the experts' and gate's gradients accumulate at dw. */
-static void moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
-                                const bf16 *x, int B)
-{
-    moe_dims d = moe_dims_(g, B);
-    d.capacity = g->moe_cap;  /* that of the forward */
-    moe_saved_ m = moe_saved_of_(g, l);
-    acts_ *a = &g->a;
-    cudaStream_t st = g->stream;
-    moe_backward_first_cuda(a->dln, dw + g->slot[SLOT_GATE_W].off,
-                      dw + g->slot[SLOT_GATE_B].off,
-                      dw + g->slot[SLOT_FC_W].off, dw + g->slot[SLOT_FC_B].off,
-                      dw + g->slot[SLOT_FCPROJ_W].off,
-                      dw + g->slot[SLOT_FCPROJ_B].off, a->moe_scratch,
-                      a->dres, x, m.probs, m.lse, m.expert, m.slot, m.routed,
-                      m.row_token, m.xe, m.hpre, m.hact, m.ye,
-                      w + g->slot[SLOT_GATE_W].off, w + g->slot[SLOT_FC_W].off,
-                      w + g->slot[SLOT_FCPROJ_W].off, g->moe_daux, g->moe_dz,
-                      &d, st);
-}
-
-void gpt_cuda_set_moe_eval(gpt_cuda *g, int eval) { g->moe_eval = eval != 0; }
-
-int gpt_cuda_moe_facts(gpt_cuda *g, double *aux_sum, double *z_sum,
-                       long *dropped)
-{
-    int L = g->n_moe_layers; /* the MoE blocks' entries */
-    if (g->cfg.moe_experts == 0)
-        return -1;
-    float *aux = (float *)malloc(2 * (size_t)L * sizeof(float));
-    int32_t *dr = (int32_t *)malloc((size_t)L * sizeof(int32_t));
-    if (!aux || !dr) {
-        free(aux);
-        free(dr);
-        return -1;
-    }
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    CUDA_CHECK(cudaMemcpy(aux, g->a.moe_aux, 2 * (size_t)L * sizeof(float),
-                          cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(dr, g->a.moe_dropped, (size_t)L * sizeof(int32_t),
-                          cudaMemcpyDeviceToHost));
-    *aux_sum = *z_sum = 0;
-    *dropped = 0;
-    for (int l = 0; l < L; l++) {
-        *aux_sum += aux[2 * l];
-        *z_sum += aux[2 * l + 1];
-        *dropped += dr[l];
-    }
-    free(aux);
-    free(dr);
-    return 0;
-}
-
-int gpt_cuda_moe_counts(gpt_cuda *g, int32_t *counts)
-{
-    if (g->cfg.moe_experts == 0)
-        return -1;
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    CUDA_CHECK(cudaMemcpy(counts, g->a.moe_counts,
-                          (size_t)g->n_moe_layers * g->cfg.moe_experts *
-                              sizeof(int32_t),
-                          cudaMemcpyDeviceToHost));
-    return 0;
 }
 
 /* Layer l forward with its slot's weights at w. */
@@ -1093,7 +693,7 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B,
                                     W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
                                     (int)BT, C, st);
     if (moe) {
-        moe_layer_forward_(g, l, w, ln2, res3, B);
+        gpt_cuda_moe_layer_forward_(g, l, w, ln2, res3, B);
     } else {
         matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
                                  W_(w, SLOT_FC_B), (int)BT, C, 4 * C, st);
@@ -1144,7 +744,7 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
      * branch's activation gradients are written (the *_first ops), its
      * weight gradients accumulate. */
     if (moe) {
-        moe_layer_backward_(g, l, w, dw, ln2, B);
+        gpt_cuda_moe_layer_backward_(g, l, w, dw, ln2, B);
     } else {
         /* through the GELU: d(fch) in one GEMM (DGELU epilogue) */
         matmul_backward_dgelu_first_cuda(a->dfch, W_(dw, SLOT_FCPROJ_W),
@@ -1240,7 +840,7 @@ static void head_backward_(gpt_cuda *g, int B, float loss_scale, int fused)
 /* Positions [p0, p1) of a microbatch: forward layer p for p < L, backward
  * layer 2L-1-p after. When the range crosses L, the head runs in between
  * (forward with targets, then backward with loss_scale). */
-static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
+void gpt_cuda_run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
                       int last)
 {
     const int L = g->cfg.n_layer;
@@ -1253,7 +853,7 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         g->moe_dz = (float)(g->cfg.moe_z_coef * wt);
     }
     if (off)
-        off_pass_begin_(g, p0, p1, last);
+        gpt_offload_pass_begin(g, p0, p1, last);
     int ln1_done = 0; /* layer p's LayerNorm 1 done by layer p - 1 */
     for (int p = p0; p < p1; p++) {
         if (p == L && p0 < L) {
@@ -1264,11 +864,11 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         bf16 *w, *dw;
         if (s < g->n_res) {
             if (off)
-                off_poll_(g);
+                gpt_offload_poll(g);
             w = g->params + g->n_global + g->slot_off[s];
             dw = g->grads + g->n_global + g->slot_off[s];
         } else {
-            off_enter_(g, p, &w, &dw);
+            gpt_offload_enter(g, p, &w, &dw);
         }
         if (p < L) {
             /* the next layer's LayerNorm 1 fused with this layer's add
@@ -1281,19 +881,19 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
         } else
             layer_backward_(g, l, w, dw, B);
         if (s >= g->n_res)
-            off_leave_(g, p);
+            gpt_offload_leave(g, p);
     }
 }
 
 float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
                        const int32_t *targets, int B)
 {
-    check_B_(g, B, "gpt_cuda_forward");
-    flush_(g);
+    gpt_cuda_check_B_(g, B, "gpt_cuda_forward");
+    gpt_cuda_flush_(g);
     stage_batch_(g, inp, targets, B, 0);
     encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
                          GW_(g, GLOB_WPE), B, g->T, g->cfg.n_embd, g->stream);
-    run_pass_(g, 0, g->cfg.n_layer, B, 0.0f, 0);
+    gpt_cuda_run_pass_(g, 0, g->cfg.n_layer, B, 0.0f, 0);
     head_forward_(g, B, targets != NULL, 0, 0.0f);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return targets ? g->h_out[0] : 0.0f;
@@ -1301,9 +901,9 @@ float gpt_cuda_forward(gpt_cuda *g, const int32_t *inp,
 
 void gpt_cuda_zero_grad(gpt_cuda *g)
 {
-    flush_(g);
+    gpt_cuda_flush_(g);
     g->mb_k = g->mb_q = 0; /* a new step's microbatches */
-    g->step_graph = graphs_apply_(g);
+    g->step_graph = gpt_cuda_graphs_apply_(g);
     if (g->step_graph)
         g->zero_defer = 1; /* in graph A */
     else
@@ -1312,7 +912,7 @@ void gpt_cuda_zero_grad(gpt_cuda *g)
     g->off.early = 0; /* only gpt_cuda_step_begin(max_norm <= 0) sets it */
     g->off.speculate = 0; /* ... and this one with max_norm > 0 */
     if (g->n_res < g->S)
-        off_step_begin_(g);
+        gpt_offload_step_begin(g);
 }
 
 void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
@@ -1320,8 +920,8 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
 {
     const int L = g->cfg.n_layer;
     (void)targets; /* staged on the device by the forward */
-    check_B_(g, B, "gpt_cuda_backward");
-    flush_(g);
+    gpt_cuda_check_B_(g, B, "gpt_cuda_backward");
+    gpt_cuda_flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* plan staging free */
     g->nseg = encoder_backward_plan(g->h_plan, inp, B * g->T,
                                     g->cfg.vocab_size);
@@ -1334,7 +934,7 @@ void gpt_cuda_backward(gpt_cuda *g, const int32_t *inp,
                                encoder_plan_ints(B * g->T) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, g->stream));
     head_backward_(g, B, loss_scale, 0);
-    run_pass_(g, L, 2 * L, B, loss_scale, 0);
+    gpt_cuda_run_pass_(g, L, 2 * L, B, loss_scale, 0);
     encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
                           g->a.plan, g->nseg, B, g->T, g->cfg.n_embd,
                           g->stream);
@@ -1354,268 +954,6 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
     o->wd = weight_decay;
 }
 
-/* Microbatch m's tokens, targets (NULL: none) and encoder plan into its
- * pinned staging, with its B and loss scale: host work only. */
-static void mb_stage_host_(gpt_cuda *g, mb_stage_ *m, const int32_t *inp,
-                           const int32_t *targets, int B, float loss_scale)
-{
-    size_t BT = (size_t)B * g->T;
-    memcpy(m->inp, inp, BT * sizeof(int32_t));
-    if (targets)
-        memcpy(m->tgt, targets, BT * sizeof(int32_t));
-    m->nseg = encoder_backward_plan(m->plan, inp, (int)BT,
-                                    g->cfg.vocab_size);
-    if (m->nseg < 0) {
-        fprintf(stderr, "gpt_cuda: token outside [0,%d)\n",
-                g->cfg.vocab_size);
-        exit(1);
-    }
-    m->B = B;
-    m->loss_scale = loss_scale;
-}
-
-/* The device work of staged microbatch m queued: its copies in, forward,
- * backward and its loss out. graph: queued into a capture, so that the
- * encoder backward serves any plan (nseg read on the device). */
-static void mb_queue_(gpt_cuda *g, mb_stage_ *m, int graph, int last)
-{
-    size_t BT = (size_t)m->B * g->T;
-    cudaStream_t st = g->stream;
-    CUDA_CHECK(cudaMemcpyAsync(g->a.inp, m->inp, BT * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaMemcpyAsync(g->a.tgt, m->tgt, BT * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaMemcpyAsync(g->a.plan, m->plan,
-                               encoder_plan_ints((int)BT) * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, st));
-    g->h_loss = m->loss;
-    encoder_forward_cuda(g->a.encoded, g->a.inp, GW_(g, GLOB_WTE),
-                         GW_(g, GLOB_WPE), m->B, g->T, g->cfg.n_embd, st);
-    run_pass_(g, 0, 2 * g->cfg.n_layer, m->B, m->loss_scale, last);
-    encoder_backward_cuda(GDW_(g, GLOB_WTE), GDW_(g, GLOB_WPE), g->a.dres,
-                          g->a.plan, graph ? -1 : m->nseg, m->B, g->T,
-                          g->cfg.n_embd, st);
-    g->h_loss = g->h_out;
-}
-
-/* ------------------------------------------------------------ CUDA graphs
- *
- * A step through graphs (docs/DESIGN.md, "A CUDA graph per step"): its
- * zero_grad and microbatches are staged on the host only; the last
- * microbatch launches graph A (the zeroing and every microbatch), captured
- * at the first step and again when the microbatches' count, sizes or loss
- * scales change; gpt_cuda_adamw launches graph B (the sum of squares and
- * the multi-tensor AdamW, whose per-step values it copies from pinned
- * h_args). A reslot drops both. Anything else that queues work or waits
- * first queues what is staged, without a graph (flush_). */
-
-static void graph_drop_(step_graph_ *sg)
-{
-    if (sg->exec)
-        CUDA_CHECK(cudaGraphExecDestroy(sg->exec));
-    sg->exec = NULL;
-    sg->n = 0;
-}
-
-static void graphs_drop_(gpt_cuda *g)
-{
-    graph_drop_(&g->ga);
-    graph_drop_(&g->gb);
-}
-
-/* A capture that the runtime refused: said once, and the queued path
- * from then on (what the step staged is queued by the caller). */
-static void graph_fail_(gpt_cuda *g, const char *what, cudaError_t e)
-{
-    (void)cudaGetLastError(); /* not sticky: clear it */
-    fprintf(stderr, "gpt_cuda: CUDA graphs off: %s: %s\n", what,
-            cudaGetErrorString(e));
-    g->graph_failed = 1;
-    g->step_graph = 0;
-    graphs_drop_(g);
-}
-
-static int capture_begin_(gpt_cuda *g)
-{
-    cudaError_t e = cudaStreamBeginCapture(g->stream,
-                                           cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
-        graph_fail_(g, "cudaStreamBeginCapture", e);
-        return -1;
-    }
-    return 0;
-}
-
-/* Ends the capture begun by capture_begin_ into sg->exec. 0 or -1. */
-static int capture_end_(gpt_cuda *g, step_graph_ *sg)
-{
-    cudaGraph_t gr = NULL;
-    cudaError_t e = cudaStreamEndCapture(g->stream, &gr);
-    if (e != cudaSuccess) {
-        graph_fail_(g, "cudaStreamEndCapture", e);
-        return -1;
-    }
-    e = cudaGraphInstantiate(&sg->exec, gr, 0);
-    CUDA_CHECK(cudaGraphDestroy(gr));
-    if (e != cudaSuccess) {
-        sg->exec = NULL;
-        graph_fail_(g, "cudaGraphInstantiate", e);
-        return -1;
-    }
-    g->graph_captures++;
-    return 0;
-}
-
-/* Graph A for the step's zeroing and microbatches [0, n), captured when
- * the one kept was captured for other microbatches. 0 launched, -1 not
- * (the caller queues the work). */
-static int graph_a_(gpt_cuda *g, int n)
-{
-    step_graph_ *sg = &g->ga;
-    int same = sg->exec && sg->n == n;
-    for (int k = 0; same && k < n; k++)
-        same = sg->B[k] == g->mb[k].B &&
-               !memcmp(&sg->scale[k], &g->mb[k].loss_scale, sizeof(float));
-    if (!same) {
-        graph_drop_(sg);
-        int *B = (int *)realloc(sg->B, (size_t)n * sizeof(int));
-        if (B)
-            sg->B = B;
-        float *sc = B ? (float *)realloc(sg->scale, (size_t)n * sizeof(float))
-                      : NULL;
-        if (sc)
-            sg->scale = sc;
-        if (!B || !sc) {
-            fprintf(stderr, "gpt_cuda: out of memory (graph key)\n");
-            exit(1);
-        }
-        if (capture_begin_(g) != 0)
-            return -1;
-        CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n_params * sizeof(bf16),
-                                   g->stream));
-        for (int k = 0; k < n; k++)
-            mb_queue_(g, &g->mb[k], 1, 0);
-        if (capture_end_(g, sg) != 0)
-            return -1;
-        sg->n = n;
-        for (int k = 0; k < n; k++) {
-            sg->B[k] = g->mb[k].B;
-            sg->scale[k] = g->mb[k].loss_scale;
-        }
-    }
-    CUDA_CHECK(cudaGraphLaunch(sg->exec, g->stream));
-    return 0;
-}
-
-/* Queues what the step has staged and not queued: the zeroing of the
- * gradients and microbatches [mb_q, mb_k), through graph A when graph is
- * set and the step has staged all of them (else one by one). */
-static void queue_staged_(gpt_cuda *g, int graph)
-{
-    int k0 = g->mb_q, k1 = g->mb_k;
-    if (!g->zero_defer && k0 == k1)
-        return;
-    if (graph && g->zero_defer && k0 == 0 && g->step_graph &&
-        graph_a_(g, k1) == 0) {
-        g->zero_defer = 0;
-    } else {
-        if (g->zero_defer)
-            CUDA_CHECK(cudaMemsetAsync(g->grads, 0,
-                                       g->n_params * sizeof(bf16),
-                                       g->stream));
-        g->zero_defer = 0;
-        for (int k = k0; k < k1; k++) {
-            mb_queue_(g, &g->mb[k], 0, 0);
-            CUDA_CHECK(cudaEventRecord(g->mb[k].done, g->stream));
-        }
-        g->mb_q = k1;
-        return;
-    }
-    for (int k = k0; k < k1; k++) /* after the graph: one wait each */
-        CUDA_CHECK(cudaEventRecord(g->mb[k].done, g->stream));
-    g->mb_q = k1;
-}
-
-/* Before any other work is queued or waited for: the staged work first. */
-static void flush_(gpt_cuda *g)
-{
-    queue_staged_(g, 0);
-}
-
-static int adamw_per_tensor_(void);
-
-/* Whether a step starting now runs through graphs: wanted, no capture
- * failed, and a step the graphs cover (all slots resident, no MoE block,
- * the multi-tensor AdamW). */
-static int graphs_apply_(const gpt_cuda *g)
-{
-    return g->graphs && !g->graph_failed && g->n_res == g->S &&
-           g->n_moe_layers == 0 && !adamw_per_tensor_();
-}
-
-void gpt_cuda_set_graphs(gpt_cuda *g, int on)
-{
-    flush_(g);
-    g->graphs = on != 0;
-    if (!g->graphs)
-        graphs_drop_(g);
-}
-
-/* One training microbatch staged in mb[mb_k] and, unless the step runs
- * through graphs and this is not its last, queued; returns it. */
-static mb_stage_ *queue_microbatch_(gpt_cuda *g, const int32_t *inp,
-                                           const int32_t *targets, int B,
-                                           float loss_scale, int last)
-{
-    if (!g->step_graph)
-        flush_(g); /* nothing staged then; kept for safety */
-    mb_stage_ *m = mb_stage_get_(g, g->mb_k);
-    mb_stage_host_(g, m, inp, targets, B, loss_scale);
-    g->mb_k++;
-    if (g->step_graph) {
-        if (last)
-            queue_staged_(g, 1);
-        return m;
-    }
-    mb_queue_(g, m, 0, last);
-    CUDA_CHECK(cudaEventRecord(m->done, g->stream));
-    g->mb_q = g->mb_k;
-    return m;
-}
-
-float gpt_cuda_train_microbatch(gpt_cuda *g, const int32_t *inp,
-                                const int32_t *targets, int B,
-                                float loss_scale, int last)
-{
-    check_B_(g, B, "gpt_cuda_train_microbatch");
-    mb_stage_ *m = queue_microbatch_(g, inp, targets, B, loss_scale,
-                                            last);
-    flush_(g);
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return *m->loss;
-}
-
-void gpt_cuda_queue_microbatch(gpt_cuda *g, const int32_t *inp,
-                               const int32_t *targets, int B,
-                               float loss_scale, int last)
-{
-    check_B_(g, B, "gpt_cuda_queue_microbatch");
-    (void)queue_microbatch_(g, inp, targets, B, loss_scale, last);
-}
-
-double gpt_cuda_step_loss(gpt_cuda *g)
-{
-    if (g->mb_k == 0)
-        return 0.0;
-    flush_(g);
-    mb_stage_ *m = &g->mb[g->mb_k - 1];
-    event_wait_(m->done);
-    double sum = 0.0;
-    for (int k = 0; k < g->mb_k; k++)
-        sum += g->mb[k].loss[0];
-    return sum;
-}
-
 /* ------------------------------------------------------------- optimizer */
 
 /* Device sum of squares of the resident gradients into red[RED_SUMSQ] and
@@ -1623,20 +961,20 @@ double gpt_cuda_step_loss(gpt_cuda *g)
  * total. */
 static float grad_sumsq_(gpt_cuda *g)
 {
-    flush_(g);
+    gpt_cuda_flush_(g);
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
     grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
     CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
                                cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     if (g->n_res < g->S)
-        g->h_out[1] = (float)((double)g->h_out[1] + off_grad_sumsq_(g));
+        g->h_out[1] = (float)((double)g->h_out[1] + gpt_offload_grad_sumsq(g));
     return g->h_out[1];
 }
 
 int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
 {
-    flush_(g);
+    gpt_cuda_flush_(g);
     for (int s = g->n_res; s < g->S; s++)
         if (div[s] > 1)
             return -1;
@@ -1647,76 +985,6 @@ int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
     return 0;
 }
 
-/* ------------------------------------------------------- data parallelism */
-
-float *gpt_cuda_grads_f32(gpt_cuda *g, size_t *n)
-{
-    flush_(g);
-    if (g->gradf && g->gradf_n != g->n_params) { /* reslotted since */
-        CUDA_CHECK(cudaStreamSynchronize(g->stream));
-        CUDA_CHECK(cudaFree(g->gradf));
-        g->gradf = NULL;
-    }
-    if (!g->gradf) {
-        void *p = NULL;
-        if (cudaMalloc(&p, g->n_params * sizeof(float)) != cudaSuccess) {
-            (void)cudaGetLastError(); /* clear it: not a sticky error */
-            fprintf(stderr, "gpt_cuda_grads_f32: out of device memory (%zu "
-                    "floats)\n", g->n_params);
-            return NULL;
-        }
-        g->gradf = (float *)p;
-        g->gradf_n = g->n_params;
-    }
-    copy_to_f32_cuda(g->gradf, g->grads, g->n_params, g->stream);
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    if (n)
-        *n = g->n_params;
-    return g->gradf;
-}
-
-void gpt_cuda_grads_f32_back(gpt_cuda *g)
-{
-    if (!g->gradf || g->gradf_n != g->n_params)
-        return;
-    copy_to_bf16_cuda(g->grads, g->gradf, g->n_params, g->stream);
-}
-
-int gpt_cuda_get_grads_resident(gpt_cuda *g, float *host, size_t n)
-{
-    size_t off[5][3];
-    int k = pieces_(g, n, off, 0);
-    if (k < 0)
-        return -1;
-    const float *f = gpt_cuda_grads_f32(g, NULL);
-    if (!f)
-        return -1;
-    for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpy(host + off[i][0], f + off[i][1],
-                              off[i][2] * sizeof(float),
-                              cudaMemcpyDeviceToHost));
-    return 0;
-}
-
-int gpt_cuda_set_grads_resident(gpt_cuda *g, const float *host, size_t n)
-{
-    flush_(g);
-    size_t off[5][3];
-    int k = pieces_(g, n, off, 0);
-    if (k < 0 || !g->gradf || g->gradf_n != g->n_params)
-        return -1;
-    /* wte's rows [V, Vp) and the padding: zero, as backward leaves them */
-    CUDA_CHECK(cudaMemsetAsync(g->gradf, 0, g->n_params * sizeof(float),
-                               g->stream));
-    for (int i = 0; i < k; i++)
-        CUDA_CHECK(cudaMemcpyAsync(g->gradf + off[i][1], host + off[i][0],
-                                   off[i][2] * sizeof(float),
-                                   cudaMemcpyHostToDevice, g->stream));
-    gpt_cuda_grads_f32_back(g);
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return 0;
-}
-
 float gpt_cuda_grad_norm(gpt_cuda *g)
 {
     return sqrtf(grad_sumsq_(g));
@@ -1724,7 +992,7 @@ float gpt_cuda_grad_norm(gpt_cuda *g)
 
 float gpt_cuda_last_grad_norm(gpt_cuda *g)
 {
-    flush_(g);
+    gpt_cuda_flush_(g);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return sqrtf(g->h_out[1]);
 }
@@ -1749,7 +1017,7 @@ static void mt_plan_(gpt_cuda *g)
 {
     if (g->mt && g->mt_nres == g->n_res)
         return;
-    graph_drop_(&g->gb); /* it names the old plan */
+    gpt_cuda_graph_drop_(&g->gb); /* it names the old plan */
     adamw_multi_plan_destroy(g->mt);
     g->mt = NULL;
     free(g->mt_t);
@@ -1786,7 +1054,7 @@ static void mt_plan_(gpt_cuda *g)
  * the clip scale from its own kernel; unset, empty or 0: one launch.
  * Another value is reported on stderr (once) and read as 0. Read at every
  * step (one getenv), so a test can switch paths between models. */
-static int adamw_per_tensor_(void)
+int gpt_cuda_adamw_per_tensor_(void)
 {
     static int warned;
     const char *e = getenv("M6_ADAMW_PER_TENSOR");
@@ -1802,80 +1070,16 @@ static int adamw_per_tensor_(void)
     return 0;
 }
 
-/* Graph B's values (h_args, d_args) sized for the plan, and h_args free
- * to write (the last launch's copy from it done). 0, or -1 out of
- * memory (the caller takes the queued path). */
-static int graph_args_(gpt_cuda *g)
-{
-    size_t n = adamw_multi_args_floats(g->mt);
-    if (g->n_args != n) {
-        graph_drop_(&g->gb);
-        CUDA_CHECK(cudaStreamSynchronize(g->stream));
-        if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
-        if (g->h_args) CUDA_CHECK(cudaFreeHost(g->h_args));
-        g->d_args = g->h_args = NULL;
-        g->n_args = 0;
-        if (cudaMalloc((void **)&g->d_args, n * sizeof(float)) !=
-                cudaSuccess ||
-            cudaMallocHost((void **)&g->h_args, n * sizeof(float)) !=
-                cudaSuccess) {
-            (void)cudaGetLastError();
-            if (g->d_args) CUDA_CHECK(cudaFree(g->d_args));
-            g->d_args = NULL;
-            g->h_args = NULL;
-            return -1;
-        }
-        g->n_args = n;
-        if (!g->args_done)
-            CUDA_CHECK(cudaEventCreateWithFlags(&g->args_done,
-                                                cudaEventDisableTiming));
-    }
-    event_wait_(g->args_done);
-    return 0;
-}
-
-/* Graph B launched with this step's values (the step counts already
- * advanced in mt_t): captured at the first step and after a reslot. 0, or
- * -1 not launched (the caller queues the update). */
-static int graph_b_(gpt_cuda *g, float lr, float beta1, float beta2,
-                    float eps, float weight_decay, float max_norm)
-{
-    if (graph_args_(g) != 0)
-        return -1;
-    adamw_multi_args_fill(g->mt, g->h_args, g->mt_t, lr, beta1, beta2, eps,
-                          weight_decay, max_norm);
-    if (!g->gb.exec) {
-        float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
-        if (capture_begin_(g) != 0)
-            return -1;
-        CUDA_CHECK(cudaMemcpyAsync(g->d_args, g->h_args,
-                                   g->n_args * sizeof(float),
-                                   cudaMemcpyHostToDevice, g->stream));
-        grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params,
-                        g->stream);
-        CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
-                                   sizeof(float), cudaMemcpyDeviceToHost,
-                                   g->stream));
-        adamw_multi_dev_cuda(g->mt, g->master, g->params, g->grads, g->m,
-                             g->v, g->d_args, sc + RED_SUMSQ, g->stream);
-        if (capture_end_(g, &g->gb) != 0)
-            return -1;
-    }
-    CUDA_CHECK(cudaGraphLaunch(g->gb.exec, g->stream));
-    CUDA_CHECK(cudaEventRecord(g->args_done, g->stream));
-    return 0;
-}
-
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm)
 {
-    flush_(g);
-    if (g->step_graph && g->n_res == g->S && !adamw_per_tensor_()) {
+    gpt_cuda_flush_(g);
+    if (g->step_graph && g->n_res == g->S && !gpt_cuda_adamw_per_tensor_()) {
         mt_plan_(g);
         g->mt_t[0] = g->adam_t_global + 1;
         for (int s = 0; s < g->n_res; s++)
             g->mt_t[1 + s] = g->adam_t_slot[s] + 1;
-        if (graph_b_(g, lr, beta1, beta2, eps, weight_decay, max_norm) ==
+        if (gpt_cuda_graph_b_(g, lr, beta1, beta2, eps, weight_decay, max_norm) ==
             0) {
             g->adam_t_global++;
             for (int s = 0; s < g->n_res; s++)
@@ -1902,7 +1106,7 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                                    sizeof(float), cudaMemcpyDeviceToHost,
                                    g->stream));
     }
-    if (!adamw_per_tensor_()) {
+    if (!gpt_cuda_adamw_per_tensor_()) {
         /* one launch over the device block, the clip scale in it */
         mt_plan_(g);
         g->mt_t[0] = ++g->adam_t_global;
@@ -1912,7 +1116,7 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                          g->mt_t, lr, beta1, beta2, eps, weight_decay,
                          sc + RED_SUMSQ, max_norm, g->stream);
         if (g->n_res < g->S)
-            off_adamw_(g, lr, beta1, beta2, eps, weight_decay, host_scale);
+            gpt_offload_adamw(g, lr, beta1, beta2, eps, weight_decay, host_scale);
         return;
     }
     grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
@@ -1927,118 +1131,5 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                       sc + RED_SCALE);
     }
     if (g->n_res < g->S)
-        off_adamw_(g, lr, beta1, beta2, eps, weight_decay, host_scale);
-}
-
-/* ------------------------------------------------------------- delink */
-
-/* fp32 state (master, m, v) of slot s of a state whose device buffers
- * are opt (master | m | v, n_res resident slots placed by off) and host
- * slots hs: device pointers for a resident slot, host pointers for an
- * offloaded one. */
-static void slot_state_(const gpt_cuda *g, float *opt, int n_res,
-                        const size_t *off, hslot_ *hs, int s, float *p[3])
-{
-    size_t n = g->n_global + off[n_res];
-    size_t at = g->n_global + off[s];
-    for (int i = 0; i < 3; i++)
-        p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : opt + i * n + at;
-}
-
-int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
-                    const int *src_of, int reset_moments)
-{
-    return gpt_cuda_reslot_placed(g, new_S, new_slot_of, src_of,
-                                  reset_moments, new_S);
-}
-
-int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
-                           const int *src_of, int reset_moments,
-                           int n_resident)
-{
-    int L = g->cfg.n_layer;
-    if (new_S < 1 || new_S > L)
-        return -1;
-    for (int s = 0; s < new_S; s++)
-        if (src_of[s] < 0 || src_of[s] >= g->S)
-            return -1;
-    for (int l = 0; l < L; l++)
-        if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
-            return -1;
-    int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
-    if (n_res < new_S && !g->off.enabled) {
-        fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
-                        "made by gpt_cuda_create_offload\n");
-        return -1;
-    }
-    /* each new slot's kind from its layers; it copies an old slot of the
-     * same kind (as gpt_reslot) */
-    unsigned char *moe;
-    size_t *soff;
-    if (slot_places_(g, new_S, new_slot_of, &moe, &soff) != 0)
-        return -1;
-    for (int s = 0; s < new_S; s++)
-        if (moe[s] != g->slot_moe[src_of[s]]) {
-            fprintf(stderr, "gpt_cuda_reslot_placed: new slot %d (%s) "
-                            "copies old slot %d (%s): a slot keeps its "
-                            "kind\n", s, moe[s] ? "MoE" : "dense",
-                    src_of[s], g->slot_moe[src_of[s]] ? "MoE" : "dense");
-            free(moe);
-            free(soff);
-            return -1;
-        }
-    gpt_cuda_synchronize(g);
-    bf16 *params, *grads;
-    float *opt;
-    long *t_slot;
-    int failed = 0;
-    if (n_res < new_S && off_set_staging_(g, 1) != 0) {
-        free(moe);
-        free(soff);
-        return -1; /* old state untouched */
-    }
-    hslot_ *hs = off_alloc_slots_(g, new_S, n_res, moe, &failed);
-    if (failed || alloc_state_(g, new_S, n_res, soff, &params, &grads, &opt,
-                               &t_slot) != 0) {
-        off_free_slots_(g, hs, new_S - n_res);
-        free(moe);
-        free(soff);
-        return -1;
-    }
-    size_t n_new = g->n_global + soff[n_res];
-    size_t ng = g->n_global;
-    float *nbuf[3] = {opt, opt + n_new, opt + 2 * n_new};
-    cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
-    CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[0], g->master, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[1], g->m, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[2], g->v, ng * sizeof(float), dd));
-    int nbufs = reset_moments ? 1 : 3; /* else m, v stay zero */
-    for (int s = 0; s < new_S; s++) {
-        float *from[3], *to[3];
-        size_t ss = soff[s + 1] - soff[s]; /* = the source's: same kind */
-        slot_state_(g, g->opt, g->n_res, g->slot_off, g->off.hs, src_of[s],
-                    from);
-        slot_state_(g, opt, n_res, soff, hs, s, to);
-        /* host or device on either side: unified addressing tells which */
-        for (int i = 0; i < nbufs; i++)
-            CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float),
-                                  cudaMemcpyDefault));
-        if (!reset_moments)
-            t_slot[s] = g->adam_t_slot[src_of[s]];
-    }
-    /* bf16 working copies: resident ones from the new masters on the
-     * device; host ones below, once the new state is in place */
-    copy_to_bf16_cuda(params + ng, nbuf[0] + ng, soff[n_res], g->stream);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    off_free_slots_(g, g->off.hs, g->S - g->n_res);
-    free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
-    graphs_drop_(g); /* they name the old state */
-    use_state_(g, new_S, n_res, params, grads, opt, t_slot, hs, moe, soff);
-    memcpy(g->slot_of, new_slot_of, (size_t)L * sizeof(int));
-    for (int s = n_res; s < new_S; s++)
-        off_refresh_bf16_(g, s);
-    if (n_res == new_S)
-        off_set_staging_(g, 0);
-    return 0;
+        gpt_offload_adamw(g, lr, beta1, beta2, eps, weight_decay, host_scale);
 }

@@ -1,8 +1,11 @@
 /*
- * gpt_cuda_impl.cuh — internal to the CUDA model: the gpt_cuda struct, shared
- * by gpt_cuda.cu (layout, memory, passes, optimizer, reslot) and
- * gpt_cuda_offload.cu (the offload runtime: host slots, staging buffers,
- * copy stream, host threads). Not part of the C interface.
+ * gpt_cuda_impl.cuh — internal to the CUDA model: the gpt_cuda struct and
+ * the helpers its files call in one another: gpt_cuda.cu (layout, memory,
+ * passes, optimizer), moe_cuda.cu (the MoE block), graphs_cuda.cu (the
+ * step queue, CUDA graphs), state_cuda.cu (state in and out, reslot).
+ * The offload runtime (daemon/offload/cuda/gpt_cuda_offload.cu) sees the
+ * struct too; the model sees the runtime only through gpt_offload.h.
+ * Not part of the C interface.
  */
 #ifndef M6_GPT_CUDA_IMPL_CUH
 #define M6_GPT_CUDA_IMPL_CUH
@@ -333,40 +336,63 @@ static inline const tensor_ *slot_ts_(const gpt_cuda *g, int s)
     return g->kind[g->slot_moe[s]];
 }
 
-/* ---- gpt_cuda_offload.cu, for gpt_cuda.cu */
+/* ---- shared by the model's files */
 
-/* Start the runtime (copy stream, staging buffers, host threads). 0/-1. */
-int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg);
-void off_fini_(gpt_cuda *g);
-/* Allocate (on = 1) or free the staging buffers. 0, or -1 out of device
- * memory (nothing allocated). */
-int off_set_staging_(gpt_cuda *g, int on);
-/* Host slots for slots [n_res, S) of a state (zeroed), slot s of kind
- * kinds[s] (1 MoE; kinds NULL: all of the largest kind, g->slot); NULL
- * when there are none; on failure NULL with *failed = 1. */
-hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
-                         const unsigned char *kinds, int *failed);
-void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n);
-/* Pass over positions [p0, p1) (forward l = p, backward l = 2L-1-p):
- * begin cuts it into intervals and issues the first fetches; enter/leave
- * wrap each position whose slot is offloaded. last: the step's last
- * microbatch (backward intervals may be final). */
-void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last);
-void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw);
-void off_leave_(gpt_cuda *g, int p);
-/* Issue the fetches that can start now without waiting (call at every
- * position of a pass, resident ones included). */
-void off_poll_(gpt_cuda *g);
-/* Wait until no host job is queued or running. */
-void off_wait_idle_(gpt_cuda *g);
-/* Step begin: forget the host gradients (waits for accumulations). */
-void off_step_begin_(gpt_cuda *g);
-/* Sum of squares of the offloaded slots' gradients (waits; finalises). */
-double off_grad_sumsq_(gpt_cuda *g);
-/* AdamW of offloaded slots not yet updated this step, queued. */
-void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
-                float wd, float scale);
-/* bf16 working copy of host slot s from its master (queued jobs + wait). */
-void off_refresh_bf16_(gpt_cuda *g, int s);
+/* n rounded up to the region padding PAD (elements). */
+static inline size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
+
+/* Global tensor i of the device block (GW_) and of its gradient (GDW_). */
+#define GW_(g, i) ((g)->params + (g)->glob[i].off)
+#define GDW_(g, i) ((g)->grads + (g)->glob[i].off)
+
+/* gpt_cuda.cu: memory. Each slot's kind under share map slot_of (S slots)
+ * into *moe and its place into *off ([S+1]; malloc'd both): 0, or -1 with
+ * a message. */
+int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
+                          unsigned char **moe, size_t **off);
+/* Device state for the globals and n_res resident slots placed by off,
+ * step counts for S: 0, or -1 out of device memory (nothing allocated). */
+int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
+                          bf16 **params, bf16 **grads, float **opt,
+                          long **t_slot);
+/* Make the state allocated so the model's (it takes every buffer). */
+void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
+                         bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
+                         unsigned char *moe, size_t *off);
+/* Free a state gpt_cuda_alloc_state_ made. */
+void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt,
+                          long *t_slot);
+
+/* gpt_cuda.cu: passes. Exit with a message naming who when microbatch B
+ * exceeds the B the model was created for. */
+void gpt_cuda_check_B_(const gpt_cuda *g, int B, const char *who);
+/* Positions [p0, p1) of a microbatch: forward layer p for p < L, backward
+ * layer 2L-1-p after, the head in between. */
+void gpt_cuda_run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
+                        int last);
+/* M6_ADAMW_PER_TENSOR: 1 the reference AdamW, one launch per tensor. */
+int gpt_cuda_adamw_per_tensor_(void);
+
+/* moe_cuda.cu: MoE block l forward, out (B*T,C) from x; backward, d(x)
+ * into a->dln from d(out) in a->dres, the gradients accumulated at dw. */
+void gpt_cuda_moe_layer_forward_(gpt_cuda *g, int l, const bf16 *w,
+                                 const bf16 *x, bf16 *out, int B);
+void gpt_cuda_moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w,
+                                  bf16 *dw, const bf16 *x, int B);
+
+/* graphs_cuda.cu: M6_CUDA_GRAPH (1 graphs where they apply, 0 not). */
+int gpt_cuda_graphs_env_(void);
+/* Drop one captured graph; both of the model's (a reslot). */
+void gpt_cuda_graph_drop_(step_graph_ *sg);
+void gpt_cuda_graphs_drop_(gpt_cuda *g);
+/* Queue what the step has staged: call before any other work is queued
+ * or waited for. */
+void gpt_cuda_flush_(gpt_cuda *g);
+/* Whether a step starting now runs through graphs. */
+int gpt_cuda_graphs_apply_(const gpt_cuda *g);
+/* Graph B (sum of squares, multi-tensor AdamW) launched with this step's
+ * values: 0, or -1 not launched (the caller queues the update). */
+int gpt_cuda_graph_b_(gpt_cuda *g, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float max_norm);
 
 #endif /* M6_GPT_CUDA_IMPL_CUH */

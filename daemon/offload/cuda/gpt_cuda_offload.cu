@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "model/cuda/gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_offload.h"
 
 /* elements per host job, at least; tests/unit/offload_mock builds this file
  * with a small one so that its small slots still make several chunks */
@@ -160,7 +161,7 @@ static void *worker_(void *arg)
         o->d2h_ms += d2h_ms;
         if (j.kind == JOB_ACCUM || j.kind == JOB_SUMSQ) {
             /* one partial per chunk, summed in chunk order by
-             * off_grad_sumsq_: the norm does not depend on which job
+             * gpt_offload_grad_sumsq: the norm does not depend on which job
              * finished first */
             if (j.final || j.kind == JOB_SUMSQ)
                 h->ssq[j.i0 / o->chunk] = ss;
@@ -169,7 +170,7 @@ static void *worker_(void *arg)
         }
         if (j.kind == JOB_ACCUM && j.adam) {
             /* the gradient of this chunk is final and counted: let
-             * off_grad_sumsq_ / off_step_begin_ go on while its early
+             * gpt_offload_grad_sumsq / gpt_offload_step_begin go on while its early
              * AdamW runs (still counted in running and adam_jobs) */
             o->accum_s += dt;
             pthread_cond_broadcast(&o->cv_done);
@@ -245,9 +246,9 @@ static void wait_accums_(gpt_cuda *g)
 }
 
 /* Forget the speculative updates not yet kept or redone (a step that
- * never reached off_adamw_, or state read in the middle of one): their
+ * never reached gpt_offload_adamw, or state read in the middle of one): their
  * second buffers are simply not used; the slot's step count goes back and
- * it is updated again by off_adamw_ if that comes. Lock held; waits for
+ * it is updated again by gpt_offload_adamw if that comes. Lock held; waits for
  * the slots' jobs. */
 static void spec_drop_(gpt_cuda *g)
 {
@@ -263,7 +264,7 @@ static void spec_drop_(gpt_cuda *g)
     }
 }
 
-/* drop: forget unresolved speculation (off_wait_idle_); off_fini_ may
+/* drop: forget unresolved speculation (gpt_offload_wait_idle); gpt_offload_fini may
  * run after the host slots are freed, so it does not */
 static void wait_idle_(gpt_cuda *g, int drop)
 {
@@ -278,12 +279,12 @@ static void wait_idle_(gpt_cuda *g, int drop)
     pthread_mutex_unlock(&o->mu);
 }
 
-void off_wait_idle_(gpt_cuda *g)
+void gpt_offload_wait_idle(gpt_cuda *g)
 {
     wait_idle_(g, 1);
 }
 
-void off_refresh_bf16_(gpt_cuda *g, int s)
+void gpt_offload_refresh_bf16(gpt_cuda *g, int s)
 {
     offload_rt_ *o = &g->off;
     hjob_ j;
@@ -293,12 +294,12 @@ void off_refresh_bf16_(gpt_cuda *g, int s)
     pthread_mutex_lock(&o->mu);
     queue_chunks_(g, &j);
     pthread_mutex_unlock(&o->mu);
-    off_wait_idle_(g);
+    gpt_offload_wait_idle(g);
 }
 
 /* ------------------------------------------------------------ runtime */
 
-int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
+int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
 {
     offload_rt_ *o = &g->off;
     int L = g->cfg.n_layer;
@@ -344,7 +345,7 @@ int off_init_(gpt_cuda *g, const gpt_cuda_offload *cfg)
             fprintf(stderr, "gpt_cuda: cannot start host thread %d\n", i);
             o->n_threads = i;
             o->enabled = 1; /* so that fini stops the started ones */
-            off_fini_(g);
+            gpt_offload_fini(g);
             return -1;
         }
     o->enabled = 1;
@@ -359,7 +360,7 @@ fail:
     return -1;
 }
 
-void off_fini_(gpt_cuda *g)
+void gpt_offload_fini(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
     if (!o->enabled)
@@ -373,7 +374,7 @@ void off_fini_(gpt_cuda *g)
         pthread_join(o->th[i], NULL);
     CUDA_CHECK(cudaStreamSynchronize(o->copy));
     CUDA_CHECK(cudaStreamSynchronize(o->drain));
-    off_set_staging_(g, 0);
+    gpt_offload_set_staging(g, 0);
     for (int b = 0; b < o->n_staging; b++) {
         CUDA_CHECK(cudaEventDestroy(o->stg[b].freed));
         CUDA_CHECK(cudaEventDestroy(o->stg[b].drained));
@@ -400,7 +401,7 @@ void off_fini_(gpt_cuda *g)
 
 /* Staging buffers exist only while some slot is offloaded, so that an
  * all-resident phase (usually the Pseudo one) holds what its plan counts. */
-int off_set_staging_(gpt_cuda *g, int on)
+int gpt_offload_set_staging(gpt_cuda *g, int on)
 {
     offload_rt_ *o = &g->off;
     size_t bytes = 2 * g->slot_size * sizeof(bf16);
@@ -493,7 +494,7 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
     h->pin2 = NULL;
 }
 
-hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
+hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
                          const unsigned char *kinds, int *failed)
 {
     offload_rt_ *o = &g->off;
@@ -521,7 +522,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
             fprintf(stderr, "gpt_cuda: out of host memory for offloaded "
                             "slot %d (%.1f MiB)\n", n_res + i,
                     4.0 * ss * sizeof(float) / 1048576.0);
-            off_free_slots_(g, hs, i);
+            gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
         }
@@ -532,7 +533,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
         size_t pin = 2 * ss * sizeof(uint16_t);
         if (o->speculative && spec_alloc_(o, h, ss, n_res + i) != 0) {
             free(h->master);
-            off_free_slots_(g, hs, i);
+            gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
         }
@@ -546,7 +547,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
             if (!h->wbf) {
                 spec_free_(o, h, ss);
                 free(h->master);
-                off_free_slots_(g, hs, i);
+                gpt_offload_free_slots(g, hs, i);
                 *failed = 1;
                 return NULL;
             }
@@ -568,7 +569,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
                 free(h->wbf);
             spec_free_(o, h, ss);
             free(h->master);
-            off_free_slots_(g, hs, i);
+            gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
         }
@@ -583,7 +584,7 @@ hslot_ *off_alloc_slots_(gpt_cuda *g, int S, int n_res,
     return hs;
 }
 
-void off_free_slots_(gpt_cuda *g, hslot_ *hs, int n)
+void gpt_offload_free_slots(gpt_cuda *g, hslot_ *hs, int n)
 {
     offload_rt_ *o = &g->off;
     if (!hs)
@@ -676,13 +677,13 @@ static int try_fetch_(gpt_cuda *g, int block)
     return 1;
 }
 
-void off_poll_(gpt_cuda *g)
+void gpt_offload_poll(gpt_cuda *g)
 {
     while (try_fetch_(g, 0))
         ;
 }
 
-void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last)
+void gpt_offload_pass_begin(gpt_cuda *g, int p0, int p1, int last)
 {
     offload_rt_ *o = &g->off;
     const int L = g->cfg.n_layer;
@@ -715,10 +716,10 @@ void off_pass_begin_(gpt_cuda *g, int p0, int p1, int last)
      * (a slot still being updated is fetched at a later poll) */
     o->next_fetch = o->n_left = 0;
     o->ring_base = o->ring_n; /* fetch j's timing: ring[ring_base + j] */
-    off_poll_(g);
+    gpt_offload_poll(g);
 }
 
-void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
+void gpt_offload_enter(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
 {
     offload_rt_ *o = &g->off;
     int j = o->at_pos[p];
@@ -727,7 +728,7 @@ void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
     if (p == I->first) {
         while (o->next_fetch <= j) /* n_left = j: it can be issued */
             try_fetch_(g, 1);
-        off_poll_(g);
+        gpt_offload_poll(g);
         timing_ *t = &o->ring[(o->ring_base + j) % TIMING_RING];
         CUDA_CHECK(cudaEventRecord(t->wait_a, g->stream));
         CUDA_CHECK(cudaStreamWaitEvent(g->stream, t->h2d_b, 0));
@@ -747,7 +748,7 @@ void off_enter_(gpt_cuda *g, int p, bf16 **w, bf16 **dw)
     *dw = sb->dw;
 }
 
-void off_leave_(gpt_cuda *g, int p)
+void gpt_offload_leave(gpt_cuda *g, int p)
 {
     offload_rt_ *o = &g->off;
     int j = o->at_pos[p];
@@ -758,7 +759,7 @@ void off_leave_(gpt_cuda *g, int p)
     CUDA_CHECK(cudaEventRecord(sb->freed, g->stream));
     if (!I->has_bwd) {
         o->n_left++;
-        off_poll_(g);
+        gpt_offload_poll(g);
         return;
     }
     /* drain the interval's gradient; the slot's landing buffer must have
@@ -812,19 +813,19 @@ void off_leave_(gpt_cuda *g, int p)
      * writes only its weights; the next interval's memset of dw waits for
      * sb->drained, recorded above */
     o->n_left++;
-    off_poll_(g);
+    gpt_offload_poll(g);
 }
 
 /* ------------------------------------------------------------ optimizer */
 
 /* AdamW jobs of the last step may still run (they overlap this step's
  * forward; a slot's fetch waits for its own); accumulations may not. */
-void off_step_begin_(gpt_cuda *g)
+void gpt_offload_step_begin(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
     pthread_mutex_lock(&o->mu);
     wait_accums_(g);
-    spec_drop_(g); /* the last step did not reach off_adamw_ */
+    spec_drop_(g); /* the last step did not reach gpt_offload_adamw */
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *h = hslot_of_(g, s);
         h->touched = h->updated = h->sumsq_done = 0;
@@ -836,7 +837,7 @@ void off_step_begin_(gpt_cuda *g)
 
 /* Waits for the accumulations only: early AdamW jobs (queued with the
  * final accumulation) may still run when this returns. */
-double off_grad_sumsq_(gpt_cuda *g)
+double gpt_offload_grad_sumsq(gpt_cuda *g)
 {
     offload_rt_ *o = &g->off;
     pthread_mutex_lock(&o->mu);
@@ -878,7 +879,7 @@ double off_grad_sumsq_(gpt_cuda *g)
     return total;
 }
 
-void off_adamw_(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
+void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
                 float wd, float scale)
 {
     offload_rt_ *o = &g->off;

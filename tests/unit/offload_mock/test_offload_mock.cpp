@@ -30,6 +30,7 @@
  */
 #include "common.cuh"             /* the mock: first (see there) */
 #include "model/cuda/gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_offload.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -140,12 +141,12 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int last, int mb, int step)
     const int L = g->cfg.n_layer;
     int off = g->n_res < g->S, prev = -1, prev_bwd = 0;
     if (off)
-        off_pass_begin_(g, p0, p1, last);
+        gpt_offload_pass_begin(g, p0, p1, last);
     for (int p = p0; p < p1; p++) {
         int l = p < L ? p : 2 * L - 1 - p, s = g->slot_of[l];
         if (s < g->n_res) {
             if (off)
-                off_poll_(g);
+                gpt_offload_poll(g);
             launch_(g, k_check_, NULL, NULL, s, l, mb, step, p, 0);
             if (prev >= 0 && prev_bwd)
                 drains_++;
@@ -161,11 +162,11 @@ static void run_pass_(gpt_cuda *g, int p0, int p1, int last, int mb, int step)
         prev = s;
         prev_bwd |= p >= L;
         bf16 *w, *dw;
-        off_enter_(g, p, &w, &dw);
+        gpt_offload_enter(g, p, &w, &dw);
         launch_(g, k_check_, w, dw, s, l, mb, step, p, g->slot_size);
         if (p >= L)
             launch_(g, k_grad_, w, dw, s, l, mb, step, p, g->slot_size);
-        off_leave_(g, p);
+        gpt_offload_leave(g, p);
     }
     if (prev >= 0 && prev_bwd)
         drains_++;
@@ -178,7 +179,7 @@ static void synchronize_(gpt_cuda *g)
     if (g->off.enabled) {
         CUDA_CHECK(cudaStreamSynchronize(g->off.copy));
         CUDA_CHECK(cudaStreamSynchronize(g->off.drain));
-        off_wait_idle_(g);
+        gpt_offload_wait_idle(g);
     }
 }
 
@@ -333,23 +334,23 @@ static int run_seed_(unsigned seed)
     mock_start(seed, c.gpu_threads, c.delay_us);
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     gpt_cuda_offload oc = {c.n_res, c.n_staging, c.threads, c.spec};
-    if (off_init_(g, &oc) != 0) {
-        FAIL("off_init_ failed\n");
+    if (gpt_offload_init(g, &oc) != 0) {
+        FAIL("gpt_offload_init failed\n");
         return 1;
     }
     printf("  chunk %zu elements\n", g->off.chunk);
     int failed = 0;
-    hslot_ *hs = off_alloc_slots_(g, c.S, c.n_res, NULL, &failed);
+    hslot_ *hs = gpt_offload_alloc_slots(g, c.S, c.n_res, NULL, &failed);
     if (failed) {
-        FAIL("off_alloc_slots_ failed\n");
+        FAIL("gpt_offload_alloc_slots failed\n");
         return 1;
     }
     g->S = c.S;
     g->n_res = c.n_res;
     g->off.hs = hs;
     g->adam_t_slot = (long *)calloc((size_t)c.S, sizeof(long));
-    if (c.n_res < c.S && off_set_staging_(g, 1) != 0) {
-        FAIL("off_set_staging_ failed\n");
+    if (c.n_res < c.S && gpt_offload_set_staging(g, 1) != 0) {
+        FAIL("gpt_offload_set_staging failed\n");
         return 1;
     }
     /* gpt_cuda_set_state: masters (padding zero), then the bf16 copies */
@@ -366,7 +367,7 @@ static int run_seed_(unsigned seed)
         for (size_t i = 0; i < used_; i++)
             h->master[i] = R.master[i] =
                 0.01f * (float)((i * 13 + (size_t)s) % 17) - 0.08f;
-        off_refresh_bf16_(g, s);
+        gpt_offload_refresh_bf16(g, s);
         for (size_t i = 0; i < ss; i++)
             exp_w[s][i] = bf16_from_f32(R.master[i]);
     }
@@ -388,7 +389,7 @@ static int run_seed_(unsigned seed)
         g->off.early = 0; /* gpt_cuda_zero_grad */
         g->off.speculate = 0;
         if (off)
-            off_step_begin_(g);
+            gpt_offload_step_begin(g);
         g->off.early = max_norm <= 0.0f;
         g->off.speculate = !g->off.early && g->off.speculative && off;
         g->off.lr = lr;
@@ -430,14 +431,14 @@ static int run_seed_(unsigned seed)
                 rtot += (double)ref[s].g[i] * ref[s].g[i];
         if (r() % 3 == 0 && off) { /* gpt_cuda_grad_norm in between */
             CUDA_CHECK(cudaStreamSynchronize(g->stream));
-            double tot = off_grad_sumsq_(g);
+            double tot = gpt_offload_grad_sumsq(g);
             if (fabs(tot - rtot) > 1e-9 * (1.0 + rtot))
                 FAIL("SUMSQ (grad_norm) step %d: %.17g, expected %.17g\n",
                      step, tot, rtot);
         }
         /* gpt_cuda_adamw */
         CUDA_CHECK(cudaStreamSynchronize(g->stream));
-        double tot = off ? off_grad_sumsq_(g) : 0.0;
+        double tot = off ? gpt_offload_grad_sumsq(g) : 0.0;
         if (fabs(tot - rtot) > 1e-9 * (1.0 + rtot))
             FAIL("SUMSQ step %d: %.17g, expected %.17g\n", step, tot, rtot);
         for (int s = c.n_res; s < c.S; s++) {
@@ -462,7 +463,7 @@ static int run_seed_(unsigned seed)
             redo_steps_ += scale != 1.0f;
         }
         if (off)
-            off_adamw_(g, lr, b1, b2, eps, wd, scale);
+            gpt_offload_adamw(g, lr, b1, b2, eps, wd, scale);
         for (int s = c.n_res; s < c.S; s++) {
             ref_adamw_(g, s, lr, b1, b2, eps, wd, scale);
             if (g->adam_t_slot[s] != ref[s].t)
@@ -489,8 +490,8 @@ static int run_seed_(unsigned seed)
     synchronize_(g);
     check_state_(g, "final", c.steps);
     check_stats_(g, &c);
-    off_free_slots_(g, g->off.hs, c.S - c.n_res);
-    off_fini_(g);
+    gpt_offload_free_slots(g, g->off.hs, c.S - c.n_res);
+    gpt_offload_fini(g);
     free(g->adam_t_slot);
     CUDA_CHECK(cudaStreamDestroy(g->stream));
     free(g->slot_of);

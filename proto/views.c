@@ -1,14 +1,15 @@
 /*
  * views.c — m6ctl's field tables (views.h): one table per view, read by
- * the one renderer of common/view.h for text, --json and --csv.
+ * the one renderer of common/view.h for text, --json and --csv. Here,
+ * below both, so that m6ctl and m6d's dashboard (daemon/http) render the
+ * protocol's messages with the same tables; data prepare's view, over the
+ * client's own corpus tool, is client/prepare_view.c.
  */
-#include "views.h"
+#include "proto/views.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "client/corpus/corpus.h"
 
 const char *views_state_str(M6__RunState s)
 {
@@ -403,28 +404,6 @@ static const view_field watch_event_fields_[] = {
      w_seen_},
 };
 const view views_watch_event = VIEW_OF(watch_event_fields_);
-
-/* ---- data prepare's counts (--json; the text is a summary in words) */
-
-#define P_(f) \
-    static void p_##f##_(const void *row, view_val *v) \
-    { v->i = (long long)((const prepare_stats *)row)->f; }
-P_(files) P_(skipped) P_(binary) P_(special) P_(duplicates) P_(train_tokens)
-P_(val_tokens) P_(train_shards) P_(val_shards)
-#undef P_
-
-static const view_field prepare_fields_[] = {
-    {"files", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_files_},
-    {"skipped", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_skipped_},
-    {"binary", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_binary_},
-    {"special", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_special_},
-    {"duplicates", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_duplicates_},
-    {"train_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_tokens_},
-    {"val_tokens", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_tokens_},
-    {"train_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_train_shards_},
-    {"val_shards", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, p_val_shards_},
-};
-const view views_prepare = VIEW_OF(prepare_fields_);
 
 /* ---- nodes: the coordinator's node registry (issue 14) */
 

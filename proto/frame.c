@@ -1,7 +1,7 @@
 /*
  * frame.c — length-prefixed protobuf frames (see frame.h).
  */
-#include "control/frame.h"
+#include "proto/frame.h"
 
 #include <stdlib.h>
 #include <string.h>

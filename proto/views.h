@@ -41,9 +41,6 @@ extern const view views_events;
 extern const view views_submit;
 /* Rows: views_watch_event_row (watch --json's event lines). */
 extern const view views_watch_event;
-/* Rows: prepare_stats (data prepare --json). */
-extern const view views_prepare;
-
 /* Rows: M6__NodeInfo (nodes: table, --json). */
 extern const view views_nodes;
 

@@ -1,7 +1,7 @@
 /*
- * store.c — the checkpoint store (see store.h).
+ * ckpt_store.c — the checkpoint store (see ckpt_store.h).
  */
-#include "ckpt/store.h"
+#include "coord/ckpt_store.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * store.h — the checkpoint store: each run's step-N directories under
+ * ckpt_store.h — the checkpoint store: each run's step-N directories under
  * <state-dir>/runs/<id>/checkpoints and their rows in m6.db's checkpoints
  * table, kept in step with each other.
  *

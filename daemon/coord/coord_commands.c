@@ -1,0 +1,591 @@
+/*
+ * coord_commands.c — the operator's commands to the coordinator: submit,
+ * and pause, resume, delink and stop from the server threads (recorded in
+ * m6.db, applied to the run's state machine, answered), replayed after a
+ * restart, then applied by the worker at the next step boundary (stop,
+ * pause, resume, shutdown); and the queries the server threads ask (ETA,
+ * placement, error, pending commands).
+ */
+#include "coord/coord_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "coord/queue.h"
+
+/* With c->mu held: answer the resumes up to ticket (never backwards): err
+ * NULL, the run trains on; else why it stays paused, and its code (M6_EDATA
+ * and M6_ENOFILE get the handler's advice). */
+static void answer_locked_(coord *c, long ticket, const char *err,
+                           m6_code code)
+{
+    if (ticket > c->resume_answered)
+        c->resume_answered = ticket;
+    free(c->resume_error);
+    c->resume_error = err ? strdup(err) : NULL;
+    if (err && !c->resume_error)
+        c->resume_error = strdup("out of memory");
+    c->resume_code = err ? code : M6_OK;
+    c->resume_step = c->active_step; /* the run goes on from here */
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* ------------------------------------------------- commands at a boundary */
+
+/* The run's state s with its event ("kind", "step=N") and the state
+ * machine's commands this boundary took, marked applied: one
+ * transaction. 0 or -1 (nothing written). */
+static int commit_state_(run_ctx *r, run_state s, const char *kind, long step)
+{
+    char detail[64];
+    snprintf(detail, sizeof detail, "step=%ld", step);
+    state_commit cm = {.set_state = 1, .state = s, .event_kind = kind,
+                       .event_detail = detail, .step = step,
+                       .cmd_upto = r->cmd_upto,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    if (state_commit_run(r->c->st, r->id, &cm) < 0)
+        return -1;
+    return 0;
+}
+
+/* After a boundary's commands: every command it took is applied, or had
+ * nothing left to do (a pause cancelled by a resume, a delink of a run
+ * that delinked already); marked so, they are not applied again after a
+ * restart. A failed mark leaves them pending: applying one again finds
+ * nothing to do. */
+void coord_commands_done_(run_ctx *r)
+{
+    if (r->cmd_upto <= r->cmd_marked)
+        return;
+    if (state_commands_mark(r->c->st, r->id, r->cmd_upto,
+                            trainer_step_count(r->t)) == 0)
+        r->cmd_marked = r->cmd_upto;
+}
+
+/* Tests (M6_TEST_HOLD_BOUNDARY): wait at the boundary while the file is
+ * there, so that a command is acknowledged and m6d killed before the
+ * boundary takes it. */
+void coord_test_hold_(coord *c)
+{
+    if (!c->hold_path[0])
+        return;
+    int logged = 0;
+    while (access(c->hold_path, F_OK) == 0) {
+        if (!logged++)
+            log_info("test.hold", "boundary held while %s exists",
+                     c->hold_path);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->mu);
+        int stop = c->shutdown;
+        pthread_mutex_unlock(&c->mu);
+        if (stop)
+            break;
+    }
+}
+
+/* Stop: final only with everything written. Otherwise the run pauses
+ * (training ends now) and a later stop retries. 1 stopped, 0 not. */
+int coord_stop_(run_ctx *r)
+{
+    coord *c = r->c;
+    m6_err err = M6_ERR_NONE;
+    long step = trainer_step_count(r->t);
+    int ok = coord_flush_(r, &err) == 0 && coord_checkpoint_(r, "stop", &err) == 0;
+    char detail[64];
+    snprintf(detail, sizeof detail, "step=%ld", step);
+    state_commit cm = {.set_state = 1, .state = RUN_STOPPED,
+                       .event_kind = "stop", .event_detail = detail,
+                       .step = step, .cmd_upto = r->cmd_upto,
+                       .cmd_kinds = STATE_CMD_NOT_DELINK};
+    if (ok && state_commit_run(c->st, r->id, &cm) < 0) {
+        coord_db_error_(r, "recording the stop", &err);
+        ok = 0;
+    }
+    if (!ok) {
+        m6_err why = m6_err_make(M6_EBADSTATE, "stop not done (%s); stop "
+                                 "again once there is space",
+                                 m6_err_msg(&err));
+        m6_err_free(&err);
+        coord_pause_error_(r, WE_STOP_FAILED, why.msg);
+        /* a resume sent before the stop, not tried: it stays paused */
+        pthread_mutex_lock(&c->mu);
+        if (c->resume_asked > c->resume_answered)
+            answer_locked_(c, c->resume_asked, why.msg, M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+        m6_err_free(&why);
+        return 0;
+    }
+    coord_on_(c, WE_STOPPED, NULL);
+    log_info("run.stop", "run=%lld step=%ld", (long long)r->id, step);
+    return 1;
+}
+
+/* Pause (the state is PAUSED already): the writes owed, a checkpoint, the
+ * state; a failure keeps it paused with the reason. */
+void coord_pause_(run_ctx *r)
+{
+    m6_err err = M6_ERR_NONE;
+    long step = trainer_step_count(r->t);
+    if (coord_flush_(r, &err) < 0 || coord_checkpoint_(r, "pause", &err) < 0) {
+        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    } else if (commit_state_(r, RUN_PAUSED, "pause", step) < 0) {
+        coord_db_error_(r, "recording the pause", &err);
+        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    } else {
+        log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
+    }
+    m6_err_free(&err);
+    coord_publish_(r);
+}
+
+/* m6d stops (a signal): checkpoint and leave the run as it is recorded,
+ * running or paused, for the next start. resume: a resume was taken at
+ * this boundary (not tried: it is answered so). */
+void coord_interrupted_(run_ctx *r, int resume)
+{
+    coord *c = r->c;
+    m6_err err = M6_ERR_NONE;
+    long step = trainer_step_count(r->t);
+    pthread_mutex_lock(&c->mu);
+    int paused = c->w.state != W_RUNNING; /* PAUSED, or RESUMING untried */
+    pthread_mutex_unlock(&c->mu);
+    /* On failure the next start resumes from the last good one. */
+    if (coord_checkpoint_(r, "shutdown", &err) < 0)
+        log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
+                 (long long)r->id, step, m6_err_msg(&err));
+    m6_err_free(&err);
+    state_event(c->st, r->id, "interrupted", "step=%ld %s at next start", step,
+                paused ? "paused" : "resumes");
+    log_info("run.interrupted", "run=%lld step=%ld paused=%d",
+             (long long)r->id, step, paused);
+    if (resume) {
+        pthread_mutex_lock(&c->mu);
+        answer_locked_(c, c->resume_serving, "m6d is stopping; resume the run "
+                       "once it is back", M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* Try the resume taken at this boundary: the writes owed, then the state.
+ * Only then is it a resume (event); one that fails leaves the run paused
+ * with the reason. The resumes waiting get the answer. */
+void coord_resume_(run_ctx *r)
+{
+    coord *c = r->c;
+    m6_err err = M6_ERR_NONE;
+    long step = trainer_step_count(r->t);
+    /* a pass a command interrupted is redone after the answer (run_one_);
+     * 1: the pass owed for bad data was interrupted again (still owed):
+     * the resume stands, the command that interrupted it is taken next */
+    int rc = coord_owed_(r, 0, &err) < 0 ? -1 : 0;
+    worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
+    if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
+        coord_db_error_(r, "recording the resume", &err);
+        rc = -1;
+        failed = WE_WRITE_FAILED;
+    }
+    if (rc < 0) {
+        coord_pause_error_(r, failed, m6_err_msg(&err));
+        pthread_mutex_lock(&c->mu);
+        answer_locked_(c, c->resume_serving, m6_err_msg(&err),
+                       failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+        m6_err_free(&err);
+        return;
+    }
+    log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
+    /* a pause for non-finite steps: the operator gives it max_bad_steps
+     * more */
+    trainer_clear_bad_steps(r->t);
+    pthread_mutex_lock(&c->mu);
+    worker_on(&c->w, WE_RESUMED, NULL);
+    answer_locked_(c, c->resume_serving, NULL, M6_OK);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* With mu held, for the run just taken up (c->active): the commands m6d
+ * acknowledged for it and did not apply before it stopped (a crash, kill
+ * -9, power loss), applied to its state machine again in the order they
+ * came, as if they had just been sent: its next boundary takes them. A
+ * command that finds nothing to do (a pause of a run recorded paused)
+ * changes nothing and is marked applied there. */
+void coord_replay_commands_locked_(coord *c)
+{
+    static const char *const kinds[] = {"pause", "resume", "delink", "stop"};
+    command_row *rows = NULL;
+    int n = 0;
+    c->cmd_last = 0;
+    if (state_commands_pending(c->st, c->active, &rows, &n) < 0) {
+        log_error("command.replay", "run=%lld: cannot read its pending "
+                  "commands", (long long)c->active);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < 4 && strcmp(rows[i].kind, kinds[k]) != 0)
+            k++;
+        c->cmd_last = rows[i].id;
+        if (k == 4)
+            continue;  /* marked applied at the first boundary */
+        unsigned act = 0;
+        size_t len = strlen(c->w.error) + 512;
+        char *msg = malloc(len);
+        if (!msg)
+            break;
+        m6_code code = worker_command(&c->w, c->active, (coord_cmd)k, &act,
+                                      msg, len);
+        if (act & WA_RESUME_NEW)
+            c->resume_asked++;  /* nobody waits for its answer */
+        log_info("command.replay", "run=%lld command=%lld kind=%s "
+                 "result=\"%s\"", (long long)c->active,
+                 (long long)rows[i].id, rows[i].kind,
+                 code == M6_OK ? "applied again" : msg);
+        free(msg);
+    }
+    free(rows);
+}
+
+/* ---------------------------------------------------------------- commands */
+
+m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+                    int64_t *id, char *name, size_t namelen)
+{
+    run_spec spec;
+    char err[1024];  /* spec_parse's words: a key and a value, no paths */
+    if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
+        return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
+    }
+    /* A run across nodes could never start here: no node would join it */
+    if (spec.nodes.world_size > 1 && !c->coordinator) {
+        log_warn("run.submit_refused", "name=%s err=\"nodes.world_size %d on "
+                 "an m6d that is not a coordinator\"", spec.name,
+                 spec.nodes.world_size);
+        return m6_err_make(M6_EINVALID, "invalid spec: nodes.world_size %d "
+                           "needs a coordinator, and this m6d is not one (start "
+                           "it with --role coordinator --listen HOST:PORT, or "
+                           "submit to the coordinator)", spec.nodes.world_size);
+    }
+    /* Bad data or an unsupported backend fails at submit, not at start:
+     * every shard's header, size and token ids. This runs on libuv's thread
+     * pool (server.c), never on the loop, so a corpus that takes seconds to
+     * read holds up only this client, which gets a definite yes or no. The
+     * trainer opens the data again when the run starts (on the worker);
+     * data.c remembers each shard it has read by file identity and version,
+     * so only a shard changed since is read again, and a bad one then fails
+     * the run with the same message. */
+    m6_err ce = M6_ERR_NONE;
+    int crc = trainer_check_spec(&spec, &ce);
+    if (crc == TRAINER_ENOFILE) {  /* m6d's limit, not the spec's fault */
+        log_warn("run.submit_refused", "name=%s err=\"%s\"", spec.name,
+                 ce.msg);
+        m6_err_prefix(&ce, "not queued");
+        ce.code = M6_ESUBMITFD;  /* the handler says what to do */
+        return ce;
+    }
+    if (crc != 0) {
+        m6_err_prefix(&ce, "invalid spec");
+        ce.code = M6_EINVALID;
+        return ce;
+    }
+    if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
+        log_info("run.submit_dropped", "name=%s reason=\"the client disconnected "
+                 "or m6d is stopping before the spec was checked\"", spec.name);
+        return m6_err_make(M6_ECANCELLED, "submit cancelled: nothing queued");
+    }
+    /* --threads is folded into the stored spec, so a restart with other
+     * flags still loads this run's checkpoints (the spec hash is stable). */
+    if (c->threads > 0 && spec.device.threads == 0)
+        spec.device.threads = c->threads;
+    int64_t rid = queue_add(c->st, &spec, json, name, namelen);
+    if (rid < 0) {
+        return m6_err_make(M6_EINTERNAL,
+                           "database error while queueing the run");
+    }
+    /* the run's row is the submit's effect; its log entry is written with
+     * a sync, which takes the row to the disk with it before the reply */
+    int synced = state_command_add(c->st, rid, "submit", 1, 0) > 0;
+    if (!synced)
+        log_warn("command.log", "run=%lld kind=submit: queued, but the "
+                 "command log could not record it", (long long)rid);
+    *id = rid;
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (!synced)  /* queued (committed), maybe not on the disk yet */
+        return m6_err_make(M6_OK, "run %lld queued (not yet synced to disk: "
+                           "a power loss now could lose it)", (long long)rid);
+    return m6_err_make(M6_OK, "run %lld queued", (long long)rid);
+}
+
+/* With c->mu held: wait (up to RESUME_WAIT_S) for the worker to try the
+ * resume of this ticket -- reopen data a pause was for, do the writes owed
+ * -- and say how it went. A resume that cannot go through is refused with
+ * the reason; the run stays paused. */
+enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
+static m6_err wait_resume_(coord *c, int64_t id, long ticket)
+{
+    pthread_cond_broadcast(&c->cv);
+    struct timespec until; /* c->cv waits on CLOCK_MONOTONIC (coord_init) */
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += RESUME_WAIT_S;
+    int rc = 0;
+    while (c->resume_answered < ticket && c->active == id && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&c->cv, &c->mu, &until);
+    if (c->resume_answered >= ticket && c->resume_error)
+        /* M6_EDATA, M6_ENOFILE: the handler advises */
+        return m6_err_make(c->resume_code, "run %lld could not resume, it "
+                           "stays paused: %s", (long long)id, c->resume_error);
+    if (c->resume_answered >= ticket)
+        return m6_err_make(M6_OK, "run %lld resumed at step %ld",
+                           (long long)id, c->resume_step);
+    if (c->active != id)
+        return m6_err_make(M6_EBADSTATE, "run %lld did not resume: it ended "
+                           "first (a stop?); `m6ctl status %lld` says how",
+                           (long long)id, (long long)id);
+    return m6_err_make(M6_OK, "run %lld resumes (its data and the writes owed "
+                       "were not done after %d s; `m6ctl status %lld` shows "
+                       "how it went)", (long long)id, RESUME_WAIT_S,
+                       (long long)id);
+}
+
+/* The state machine's state of a run the worker does not own, from its
+ * DB state. -1 for a run left running or paused that another run holds
+ * the worker from (several were left paused). */
+static int db_worker_state_(run_state s)
+{
+    switch (s) {
+    case RUN_QUEUED: return W_QUEUED;
+    case RUN_COMPLETED: return W_COMPLETED;
+    case RUN_FAILED: return W_FAILED;
+    case RUN_STOPPED: return W_STOPPED;
+    default: return -1;
+    }
+}
+
+/* worker_command on w, its reply whole (the room it asks for). */
+static m6_err worker_command_(worker *w, int64_t id, coord_cmd cmd,
+                              unsigned *act)
+{
+    size_t n = strlen(w->error) + 512;
+    char *msg = malloc(n);
+    if (!msg) return m6_err_make(M6_EINTERNAL, "out of memory");
+    m6_code code = worker_command(w, id, cmd, act, msg, n);
+    m6_err e = m6_err_make(code, "%s", msg);
+    free(msg);
+    return e;
+}
+
+/* Whether command cmd, applied to before giving after, is one to record:
+ * it changed the run's state or asked for a delink. An answer that changes
+ * nothing ("already paused", a second resume joining the first) has
+ * nothing to keep. */
+static int changes_(const worker *before, const worker *after)
+{
+    return before->state != after->state ||
+           (!before->delink_pending && after->delink_pending);
+}
+
+/* The reply when the command log could not take command `name`: it is not
+ * acknowledged, nothing changed. A resume says so in the words of a resume
+ * that could not be done. */
+static m6_err not_recorded_(coord *c, int64_t id, coord_cmd cmd,
+                            const char *name)
+{
+    char e[256];  /* SQLite's words: no paths */
+    state_last_error(c->st, e, sizeof e);
+    if (cmd == CMD_RESUME) {
+        m6_err r = m6_err_make(M6_EBADSTATE, "run %lld could not resume, it "
+                               "stays paused: the state DB could not record "
+                               "the resume (%s)", (long long)id, e);
+        /* as a resume tried and failed: status says why it stays paused */
+        pthread_mutex_lock(&c->mu);
+        if (id == c->active && worker_is_paused(&c->w)) {
+            worker_set_error(&c->w, strchr(r.msg, ':') + 2);
+            c->w.error_write = 1;
+            c->w.error_code = M6_EBADSTATE;
+            log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
+                      (long long)id, c->active_step, c->w.error);
+        }
+        pthread_mutex_unlock(&c->mu);
+        return r;
+    }
+    return m6_err_make(M6_EINTERNAL, "run %lld: %s not done: the state DB "
+                       "could not record it (%s); send it again once it can",
+                       (long long)id, name, e);
+}
+
+m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
+{
+    static const char *const names[] = {"pause", "resume", "delink", "stop"};
+    m6_err ret;
+    unsigned act = 0;
+    /* Acknowledged means recorded: a command that changes the active run
+     * is written to the command log (synced) before it is applied and
+     * answered; the worker marks it applied at the boundary that does it,
+     * and a restart applies the pending ones again. cmd_mu keeps the log
+     * in the order of application; the write is made without mu, so
+     * status and the worker never wait for it. */
+    pthread_mutex_lock(&c->cmd_mu);
+    int64_t cid = 0;
+    pthread_mutex_lock(&c->mu);
+    int active = id == c->active;
+    if (active) {
+        worker trial = c->w;  /* worker_command leaves error alone */
+        unsigned a = 0;
+        size_t n = strlen(trial.error) + 512;
+        char *msg = malloc(n);
+        int record = msg && worker_command(&trial, id, cmd, &a, msg, n) ==
+                                M6_OK && changes_(&c->w, &trial);
+        free(msg);
+        pthread_mutex_unlock(&c->mu);
+        if (record &&
+            (cid = state_command_add(c->st, id, names[cmd], 0, 0)) < 0) {
+            pthread_mutex_unlock(&c->cmd_mu);
+            return not_recorded_(c, id, cmd, names[cmd]);
+        }
+        pthread_mutex_lock(&c->mu);
+        active = id == c->active;
+    }
+    if (active) {
+        worker before = c->w;
+        ret = worker_command_(&c->w, id, cmd, &act);
+        if (cid > 0 && ret.code == M6_OK && changes_(&before, &c->w))
+            c->cmd_last = cid;
+        else if (cid > 0)  /* the run moved on meanwhile: not this answer */
+            state_command_drop(c->st, cid);
+        pthread_mutex_unlock(&c->cmd_mu);
+        if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
+            answer_locked_(c, c->resume_asked, "a pause was sent after it",
+                           M6_EBADSTATE);
+        if (act & (WA_RESUME_NEW | WA_RESUME_JOIN)) {
+            /* ask the worker and wait (one more resume sent before it
+             * takes this one is served by the same try); or, being
+             * tried, wait with it */
+            m6_err_free(&ret);
+            ret = wait_resume_(c, id, act & WA_RESUME_NEW ? ++c->resume_asked
+                                                          : c->resume_serving);
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        return ret;
+    }
+    if (cid > 0)  /* the run ended meanwhile */
+        state_command_drop(c->st, cid);
+    pthread_mutex_unlock(&c->cmd_mu);
+    /* Not the active run: only a queued run can be stopped (dequeued). Done
+     * under mu so the worker can't pick it meanwhile. */
+    run_row row;
+    int rc = state_run_get(c->st, id, &row);
+    if (rc == 1) {
+        ret = m6_err_make(M6_ENOTFOUND, "no run with id %lld", (long long)id);
+    } else if (rc < 0) {
+        ret = m6_err_make(M6_EINTERNAL, "database error");
+    } else {
+        int s = db_worker_state_(row.state);
+        if (s >= 0) {
+            worker w = worker_init((worker_state)s);
+            ret = worker_command_(&w, id, cmd, &act);
+            if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
+                /* not acknowledged: the run stays queued; say why (m6.db
+                 * locked by another process past the wait, a full disk) */
+                char e[256];
+                state_last_error(c->st, e, sizeof e);
+                m6_err_set(&ret, M6_EINTERNAL, "run %lld: not stopped, still "
+                           "queued: writing m6.db failed (%s); try again",
+                           (long long)id, e);
+            } else if ((act & WA_DEQUEUE) &&
+                       state_command_add(c->st, id, names[cmd], 1, 0) < 0) {
+                /* the run is stopped (recorded); only the log's sync
+                 * failed: the stop may not survive a power loss */
+                log_warn("command.log", "run=%lld kind=stop: dequeued, but "
+                         "the command log could not record it",
+                         (long long)id);
+            }
+        } else {
+            ret = m6_err_make(M6_EBADSTATE, "cannot %s run %lld: it is %s",
+                              names[cmd], (long long)id,
+                              run_state_name(row.state));
+        }
+        run_row_clear(&row);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ret;
+}
+
+double coord_eta(coord *c, int64_t id)
+{
+    double eta = -1;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->step_s_ema > 0 && worker_is_training(&c->w))
+        eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
+    pthread_mutex_unlock(&c->mu);
+    return eta;
+}
+
+int coord_offload_get(coord *c, int64_t id, coord_offload *out)
+{
+    int rc = 1;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->offload_valid) {
+        *out = c->offload;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code)
+{
+    int rc = 0;
+    *msg = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (id == c->active && c->w.error[0]) {
+        *msg = strdup(c->w.error);
+        *code = c->w.error_code;
+        rc = *msg ? 1 + worker_is_paused(&c->w) : -1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+                   size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    const char *p = id == c->active ? worker_pending(&c->w) : "";
+    if (id == c->active && !p[0]) {
+        /* applied in memory, m6.db not written yet */
+        if (recorded == RUN_RUNNING && worker_is_paused(&c->w))
+            p = "pausing";
+        else if (recorded == RUN_PAUSED && worker_is_training(&c->w))
+            p = "resuming";
+    }
+    snprintf(buf, len, "%s", p);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int coord_delink_pending(coord *c, int64_t id)
+{
+    pthread_mutex_lock(&c->mu);
+    int d = id == c->active && worker_delink_pending(&c->w);
+    pthread_mutex_unlock(&c->mu);
+    return d;
+}
+
+void coord_describe(coord *c, char *buf, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->active)
+        snprintf(buf, len, "run %lld step %ld/%ld %s%s", (long long)c->active,
+                 c->active_step, c->active_total, phase_name(c->w.real),
+                 worker_is_paused(&c->w) ? " (paused)" : "");
+    else
+        snprintf(buf, len, "idle");
+    pthread_mutex_unlock(&c->mu);
+}

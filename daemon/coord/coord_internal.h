@@ -1,0 +1,189 @@
+/*
+ * coord_internal.h — what the coordinator's three files share, private to
+ * daemon/coord/: the coordinator's state (struct coord), one run's context
+ * on the worker thread (run_ctx), and the helpers one file calls in
+ * another. coord.c owns the worker thread's loop (set-up, the step, the
+ * writes it owes, the group across nodes); coord_commands.c the operator's
+ * commands, from the server thread that sends one to the boundary that
+ * applies it; coord_policy.c the phase policy (when to delink) and the
+ * bad-steps pause. coord.h is the interface.
+ */
+#ifndef M6_COORD_COORD_INTERNAL_H
+#define M6_COORD_COORD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "coord/ckpt_store.h"
+#include "coord/coord.h"
+#include "coord/worker.h"
+#include "dist/collectives.h"
+#include "spec/spec.h"
+#include "train/trainer.h"
+
+struct coord {
+    state *st;
+    char runs_dir[3072];
+    int threads;
+    int coordinator;
+    http_stats *stats;     /* /metrics (http/stats.h), NULL none */
+    const coord_dist *dist; /* runs across nodes (coord.h), NULL none */
+    int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
+    ckpt_store store;      /* the runs' checkpoints (coord/ckpt_store.h) */
+
+    pthread_t thread;
+    int thread_started;
+
+    /* Everything below is guarded by mu; the worker waits on cv. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int shutdown;
+    int64_t active;       /* run the worker owns, 0 none */
+    worker w;             /* its state machine (worker.h) */
+    long active_step, active_total;
+    double step_s_ema;    /* seconds per step, for the ETA */
+    /* A resume is answered once the worker has tried it: the data reopened
+     * and the writes owed done, or the reason it stays paused. Tickets:
+     * each resume sent takes one (asked); the worker, taking the command,
+     * serves every ticket up to resume_serving and, done, answers them
+     * (answered). A resume sent while one is being tried joins it. */
+    long resume_asked, resume_serving, resume_answered;
+    char *resume_error;      /* the last answer, malloc'd: NULL it resumed */
+    m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
+                              * or M6_EBADSTATE */
+    long resume_step;        /* ... the step it resumed at (its answer) */
+    int offload_valid;    /* offload holds a sample of the active run */
+    coord_offload offload;
+    /* The command log (state.h, schema 0007): cmd_last is the newest
+     * command of the active run recorded and applied to w (under mu); a
+     * boundary takes every command up to it. cmd_mu (taken before mu)
+     * serializes commands, so they are recorded in the order they are
+     * applied, without holding mu over the database write. */
+    int64_t cmd_last;
+    pthread_mutex_t cmd_mu;
+    /* tests: while this file exists the worker holds at its step boundary
+     * (M6_TEST_HOLD_BOUNDARY), "" none */
+    char hold_path[1024];
+};
+
+
+typedef struct {
+    coord *c;
+    int64_t id;
+    run_spec spec;
+    trainer *t;
+    long last_ckpt;   /* step of the newest checkpoint, -1 none */
+    /* Writes owed at this step boundary, retried before the next step: a
+     * metrics row the DB refused, a checkpoint that could not be written. */
+    int metric_pending;
+    metric_row pending;
+    const char *ckpt_owed;  /* the checkpoint's why, NULL none */
+    /* A shard could not be read (truncated or rewritten under the run): the
+     * run paused; before the next step the data is opened again and the
+     * pending row's validation pass, if that is what failed, is redone. */
+    int data_error, eval_owed;
+    m6_code data_code;      /* while data_error: M6_EDATA or M6_ENOFILE */
+    long replay_delink;     /* an operator delink to replay at this step
+                             * (recorded, then m6d restarted), -1 none */
+    int64_t cmd_upto;       /* the commands this boundary took: up to this
+                             * id (c->cmd_last at worker_boundary) */
+    int64_t cmd_marked;     /* marked applied in m6.db up to this id */
+    coord_offload off;     /* latest placement, published to c->offload */
+    /* delink.policy plateau: the pseudo phase's validation passes so far,
+     * in step order (from m6.db's rows at set-up, then as they come):
+     * best[i] the least loss of passes 0..i, val the newest loss */
+    double *best;
+    int n_evals, cap_evals;
+    double val;
+    int plateau_seed_owed;  /* the passes before this life not read yet */
+    double flops_per_token; /* model FLOPs per training token (MFU) */
+    /* Across nodes (coord_dist): the run's group while it trains with
+     * one, the phase it was made for, and the last reason it could not
+     * be made (said once per change). */
+    m6_coll *coll;
+    run_phase coll_phase;
+    char dist_why[512];
+    double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
+                            * the next try (nodes.timeout later) */
+} run_ctx;
+
+/* ---- coord.c: the run's records (all on the worker thread) */
+
+/* Save the trainer at its step (once per step). 0, or -1 with err: the
+ * run keeps its last good checkpoint. */
+int coord_checkpoint_(run_ctx *r, const char *why, m6_err *err);
+
+/* An event of the run's state machine (worker.h); takes mu. */
+void coord_on_(coord *c, worker_event ev, const char *reason);
+
+/* What status shows of the trainer: its step and phase (takes mu). */
+void coord_publish_(run_ctx *r);
+
+/* Publish the run's placement now (set-up, after a delink). */
+void coord_offload_sample_(run_ctx *r);
+
+/* The run pauses itself for ev (a data error, a write that failed, ...):
+ * in memory first, then in m6.db, with reason; one error line. */
+void coord_pause_error_(run_ctx *r, worker_event ev, const char *reason);
+
+/* err = "what: state DB: <SQLite's message>" (M6_EINTERNAL). */
+void coord_db_error_(run_ctx *r, const char *what, m6_err *err);
+
+/* Do the writes owed at this boundary (a metrics row, a checkpoint). 0,
+ * or -1 with err; what failed stays owed. */
+int coord_flush_(run_ctx *r, m6_err *err);
+
+/* Everything a boundary owes before the next step: the plateau policy's
+ * passes from m6.db, data to reopen and its validation pass, then
+ * coord_flush_. 0; -1 with err (still owed); 1 a command interrupted the
+ * pass again. redo 0: a pass owed with the data sound waits. */
+int coord_owed_(run_ctx *r, int redo, m6_err *err);
+
+/* ---- coord_commands.c: commands taken at a boundary (worker thread) */
+
+/* Mark the commands this boundary took (r->cmd_upto) applied in m6.db. */
+void coord_commands_done_(run_ctx *r);
+
+/* Tests (M6_TEST_HOLD_BOUNDARY): hold the boundary while the file is
+ * there. */
+void coord_test_hold_(coord *c);
+
+/* Stop: everything written, then stopped (1); else the run pauses with
+ * the reason and a later stop retries (0). */
+int coord_stop_(run_ctx *r);
+
+/* Pause (the state machine is PAUSED already): the writes owed, a
+ * checkpoint, the state. */
+void coord_pause_(run_ctx *r);
+
+/* m6d stops: checkpoint, leave the run as recorded. resume: a resume was
+ * taken at this boundary and is answered that m6d is stopping. */
+void coord_interrupted_(run_ctx *r, int resume);
+
+/* Try the resume taken at this boundary and answer the resumes waiting. */
+void coord_resume_(run_ctx *r);
+
+/* With mu held, for the run just taken up: the commands acknowledged and
+ * not applied before m6d stopped, applied to its state machine again. */
+void coord_replay_commands_locked_(coord *c);
+
+/* ---- coord_policy.c: when the run delinks; the bad-steps pause */
+
+/* delink.policy plateau: note a validation pass of the pseudo phase. */
+void coord_plateau_note_(run_ctx *r, double val_loss);
+
+/* delink.policy plateau at set-up: the pseudo phase's passes so far from
+ * m6.db (once). 0, or -1 with err (the run pauses). */
+int coord_plateau_seed_(run_ctx *r, m6_err *err);
+
+/* Delink now; reason (spec, plateau, operator, replay) goes in the event. */
+void coord_delink_(run_ctx *r, const char *reason);
+
+/* Before a step: delink if the spec's pseudo.steps, the plateau rule or
+ * a replayed operator delink says so. */
+void coord_phase_policy_(run_ctx *r);
+
+/* train.max_bad_steps non-finite steps in a row: the run pauses itself. */
+void coord_bad_steps_pause_(run_ctx *r, const step_result *res);
+
+#endif /* M6_COORD_COORD_INTERNAL_H */

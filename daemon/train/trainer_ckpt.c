@@ -1,0 +1,591 @@
+/*
+ * trainer_ckpt.c — the trainer's checkpoints: the tensors of the model and
+ * its AdamW moments in the plain layout of gpt.h, meta.json, save (a
+ * temporary directory renamed into place) and load (shapes, spec hash and
+ * share map checked), the init.from weights, and the state copies of
+ * trainer.h (trainer_copy_state, trainer_copy_adam_steps). The format is
+ * the same on every backend.
+ */
+#include "train/trainer_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/init_from.h"
+#include "common/crashpoint.h"
+#include "common/durable.h"
+
+#define CKPT_VERSION 1
+
+/* ------------------------------------------------------------- checkpoints */
+
+/* Checkpoint files are written from, and read into, the backend's state
+ * regions (backend.h: between state_begin and state_end), tensor by tensor
+ * in the plain layout of gpt.h: the same files on every backend. */
+/* Each slot's kind (1 MoE) under the backend's share map into kinds[S]
+ * (malloc'd); NULL when out of memory. */
+unsigned char *trainer_slot_kinds_(const trainer *t)
+{
+    int S = n_slots_(t);
+    unsigned char *k = malloc((size_t)S);
+    if (k && gpt_slot_kinds(&t->spec.model, S,
+                            t->be.iface->slot_of(t->be.ctx), k, NULL, 0) != 0)
+        memset(k, t->spec.model.moe_experts > 0, (size_t)S);
+    return k;
+}
+
+/* Tensors per buffer in a checkpoint of t's current layout
+ * (gpt_slot_ckpt_tensors per slot); -1 when out of memory. */
+static int ckpt_count_(const trainer *t)
+{
+    unsigned char *k = trainer_slot_kinds_(t);
+    if (!k)
+        return -1;
+    int n = GLOB_NTENSORS, per[2];
+    for (int kd = 0; kd < 2; kd++)
+        per[kd] = gpt_slot_ckpt_tensors(&t->spec.model, kd, NULL);
+    for (int s = 0; s < n_slots_(t); s++)
+        n += per[k[s]];
+    free(k);
+    return n;
+}
+
+/* Enumerate every tensor of the model over buffer b (params, m or v) with
+ * the given name prefix: the globals, then each slot's checkpoint tensors
+ * (gpt_slot_ckpt_tensors: per expert and per prototype gate in an MoE
+ * slot). Returns the count (-1 out of memory); names malloc'd into names[]. */
+static int collect_tensors_(const trainer *t, backend_buf b,
+                            const char *prefix, st_tensor *out, char **names)
+{
+    const backend_iface *be = t->be.iface;
+    int n = 0, S = n_slots_(t);
+    float *buf = be->state_region(t->be.ctx, b, -1);
+    char nm[160];
+    gpt_ckpt_tensor *tab[2] = {NULL, NULL};
+    int nt[2];
+    unsigned char *kind = trainer_slot_kinds_(t);
+    for (int kd = 0; kd < 2; kd++) {
+        nt[kd] = gpt_slot_ckpt_tensors(&t->spec.model, kd, NULL);
+        tab[kd] = malloc((size_t)nt[kd] * sizeof *tab[kd]);
+        if (tab[kd])
+            gpt_slot_ckpt_tensors(&t->spec.model, kd, tab[kd]);
+    }
+    if (!kind || !tab[0] || !tab[1]) {
+        free(kind);
+        free(tab[0]);
+        free(tab[1]);
+        return -1;
+    }
+    for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
+        const gpt_tensor *gt = &t->glob[i];
+        gpt_tensor_name(nm, sizeof nm, prefix, -1, gt);
+        names[n] = strdup(nm);
+        out[n] = (st_tensor){names[n], buf + gt->offset, gt->cols ? 2 : 1,
+                             {gt->rows, gt->cols}};
+    }
+    for (int s = 0; s < S; s++) {
+        float *sbuf = be->state_region(t->be.ctx, b, s);
+        const gpt_ckpt_tensor *ct = tab[kind[s]];
+        for (int i = 0; i < nt[kind[s]]; i++, n++) {
+            snprintf(nm, sizeof nm, "%sslots.%d.%s", prefix, s, ct[i].name);
+            names[n] = strdup(nm);
+            out[n] = (st_tensor){names[n], sbuf + ct[i].offset,
+                                 ct[i].cols ? 2 : 1,
+                                 {ct[i].rows, ct[i].cols}};
+        }
+    }
+    free(kind);
+    free(tab[0]);
+    free(tab[1]);
+    return n;
+}
+
+static long write_tensors_file_(const char *path, const trainer *t,
+                                const backend_buf *bufs,
+                                const char *const *prefixes,
+                                int nbufs, m6_err *err)
+{
+    int per = ckpt_count_(t);
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *names);
+    long rc = -1;
+    if (!ts || !names) {
+        per = 0;
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
+    int n = 0;
+    for (int b = 0; b < nbufs; b++) {
+        int nb = collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
+        if (nb < 0) {
+            m6_err_set(err, M6_EINTERNAL, "out of memory");
+            goto out;
+        }
+        n += nb;
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    char e2[256];  /* safetensors_write's own words: no path */
+    rc = safetensors_write(f, ts, n, e2, sizeof e2);
+    if (rc < 0)
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
+    else if (fsync(fileno(f)) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s: fsync: %s", path, strerror(errno));
+        rc = -1;
+    }
+    if (fclose(f) != 0 && rc >= 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s: close: %s", path, strerror(errno));
+        rc = -1;
+    }
+out:
+    if (names)
+        for (int i = 0; i < per * nbufs; i++)
+            free(names[i]);
+    free(names);
+    free(ts);
+    return rc;
+}
+
+/* The spec hash a checkpoint carries: the spec's, with device.backend taken
+ * as 'cpu', so checkpoints move between backends (a CPU spec's hash is
+ * exactly spec_hash). */
+static uint64_t ckpt_hash_(const run_spec *spec)
+{
+    run_spec s = *spec;
+    s.device.backend = BACKEND_CPU;
+    return spec_hash(&s);
+}
+
+static char *meta_json_(const trainer *t)
+{
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    const int *map = be->slot_of(t->be.ctx);
+    long *steps = malloc(((size_t)S + 1) * sizeof(long));
+    if (!steps)
+        return NULL;
+    be->get_adam_steps(t->be.ctx, steps);
+    json_t *slot_of = json_array(), *adam_t = json_array();
+    for (int l = 0; l < t->spec.model.n_layer; l++)
+        json_array_append_new(slot_of, json_integer(map[l]));
+    for (int s = 0; s < S; s++)
+        json_array_append_new(adam_t, json_integer(steps[s + 1]));
+    char rng[32], hash[32];
+    snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->data_rng);
+    snprintf(hash, sizeof hash, "%016llx",
+             (unsigned long long)ckpt_hash_(&t->spec));
+    json_t *m = json_pack(
+        "{s:s, s:i, s:I, s:s, s:i, s:o, s:I, s:I, s:o, s:s, s:s}",
+        "format", "m6-checkpoint", "version", CKPT_VERSION,
+        "step", (json_int_t)t->step,
+        "phase", phase_name(t->phase),
+        "n_slots", S, "slot_of", slot_of,
+        "delink_step", (json_int_t)t->delink_step,
+        "adam_t_global", (json_int_t)steps[0],
+        "adam_t_slot", adam_t,
+        "data_rng", rng, "spec_hash", hash);
+    /* the token counts the batches were drawn from (0: split not open) */
+    json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
+    json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
+    /* the data-parallel world that wrote it (only when > 1: a one-node
+     * checkpoint is what it was). The state is replicated and the sampler
+     * is the one-node sampler, so it loads at any world size that splits
+     * the batch. */
+    if (t->world > 1)
+        json_object_set_new(m, "world_size", json_integer(t->world));
+    /* non-finite steps skipped: in a row up to now, and all */
+    json_object_set_new(m, "bad_steps", json_integer((json_int_t)t->bad_steps));
+    json_object_set_new(m, "skipped_steps",
+                        json_integer((json_int_t)t->skipped_steps));
+    free(steps);
+    char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(m);
+    return s;
+}
+
+/* model.safetensors and optimizer.safetensors into dir: bytes or -1. */
+static long write_state_files_(trainer *t, const char *dir, m6_err *err)
+{
+    char path[PATH_MAX + 64];
+    const backend_iface *be = t->be.iface;
+    long total = 0, rc;
+    /* e.g. offloaded slots settled in host memory, or a GPU's state
+     * copied to the host */
+    if (be->state_begin(t->be.ctx, 0) != 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "out of memory reading the %s model's state",
+                   be->name);
+        return -1;
+    }
+    const backend_buf pb[] = {BACKEND_PARAMS};
+    const char *pp[] = {""};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((rc = write_tensors_file_(path, t, pb, pp, 1, err)) < 0)
+        goto out;
+    total += rc;
+    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
+    const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((rc = write_tensors_file_(path, t, ob, op, 2, err)) < 0)
+        goto out;
+    total += rc;
+out:
+    be->state_end(t->be.ctx, 0);
+    return rc < 0 ? -1 : total;
+}
+
+/* Best effort: remove a flat temporary checkpoint directory (the files
+ * trainer_save writes, then the directory). errno is kept for the caller. */
+static void remove_tmp_dir_(const char *tmp)
+{
+    int e = errno;
+    DIR *d = opendir(tmp);
+    if (d) {
+        struct dirent *de;
+        char p[PATH_MAX + 256];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", tmp, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(tmp);
+    errno = e;
+}
+
+long trainer_save(trainer *t, const char *dir, m6_err *err)
+{
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s: already exists", dir);
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
+    remove_tmp_dir_(tmp);  /* ours, left by an earlier failed save */
+    if (mkdir(tmp, 0755) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    long total, rc;
+    if ((total = write_state_files_(t, tmp, err)) < 0)
+        goto fail;
+    crashpoint("ckpt");
+    char *meta = meta_json_(t);
+    snprintf(path, sizeof path, "%s/meta.json", tmp);
+    if (!meta)
+        m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+    char e4[PATH_MAX + 512];  /* one path (at most PATH_MAX) and a cause */
+    rc = meta ? write_file_durable(path, meta, strlen(meta), e4, sizeof e4)
+              : -1;
+    if (meta && rc < 0)
+        m6_err_set(err, M6_EINTERNAL, "%s", e4);
+    free(meta);
+    if (rc < 0)
+        goto fail;
+    total += rc;
+    if (fsync_path(tmp) != 0 || rename(tmp, dir) != 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: commit failed: %s", dir, strerror(errno));
+        goto fail;
+    }
+    /* the checkpoint is complete once renamed; a failed fsync of its
+     * parent only risks the name on a crash, as before */
+    char e3[64];
+    fsync_parent_dir(dir, e3, sizeof e3);
+    return total;
+fail:
+    remove_tmp_dir_(tmp);  /* err already names the file and the cause */
+    return -1;
+}
+
+static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
+                         const char *const *prefixes, int nbufs, m6_err *err)
+{
+    st_file sf;
+    char e1[PATH_MAX + 512];  /* one path (at most PATH_MAX) and a cause */
+    if (safetensors_open(&sf, path, e1, sizeof e1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s", e1);
+        return -1;
+    }
+    int per = ckpt_count_(t), rc = 0;
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per, sizeof *names);
+    char e2[256];  /* safetensors_get's words: a tensor name, no path */
+    if (!ts || !names) {
+        m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+        rc = -1;
+    }
+    for (int b = 0; b < nbufs && rc == 0; b++) {
+        int n = collect_tensors_(t, bufs[b], prefixes[b], ts, names);
+        if (n < 0) {
+            m6_err_set(err, M6_EINTERNAL, "%s: out of memory", path);
+            rc = -1;
+        }
+        for (int i = 0; i < n; i++) {
+            size_t numel = (size_t)ts[i].shape[0] *
+                           (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
+            if (rc == 0 && safetensors_get(&sf, ts[i].name, (float *)ts[i].data,
+                                           numel, e2, sizeof e2) != 0) {
+                m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
+                rc = -1;
+            }
+            free(names[i]);
+        }
+    }
+    free(names);
+    free(ts);
+    safetensors_close(&sf);
+    return rc;
+}
+
+int trainer_load(trainer *t, const char *dir, m6_err *err)
+{
+    char path[PATH_MAX];
+    json_error_t je;
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    json_t *m = json_load_file(path, 0, &je);
+    if (!m) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: %s (line %d)", path, je.text, je.line);
+        return -1;
+    }
+    const backend_iface *be = t->be.iface;
+    int L = t->spec.model.n_layer, version = 0, n_slots = 0, rc = -1;
+    long *steps = NULL;
+    json_int_t step, delink_step, adam_t_global;
+    const char *phase, *rng, *hash, *format;
+    json_t *slot_of, *adam_t;
+    if (json_unpack_ex(m, &je, 0,
+            "{s:s, s:i, s:I, s:s, s:i, s:o, s:I, s:I, s:o, s:s, s:s}",
+            "format", &format, "version", &version, "step", &step,
+            "phase", &phase, "n_slots", &n_slots, "slot_of", &slot_of,
+            "delink_step", &delink_step, "adam_t_global", &adam_t_global,
+            "adam_t_slot", &adam_t, "data_rng", &rng, "spec_hash", &hash) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "%s: %s", path, je.text);
+        goto out;
+    }
+    if (strcmp(format, "m6-checkpoint") != 0 || version != CKPT_VERSION) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: not an m6 checkpoint of version %d", path,
+                   CKPT_VERSION);
+        goto out;
+    }
+    char want[32];
+    snprintf(want, sizeof want, "%016llx",
+             (unsigned long long)ckpt_hash_(&t->spec));
+    if (strcmp(hash, want) != 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: spec hash %s does not match this run's %s",
+                   path, hash, want);
+        goto out;
+    }
+    if (n_slots < 1 || n_slots > L || json_array_size(slot_of) != (size_t)L ||
+        json_array_size(adam_t) != (size_t)n_slots) {
+        m6_err_set(err, M6_EINTERNAL, "%s: bad share map", path);
+        goto out;
+    }
+    int *map = malloc((size_t)L * sizeof(int)), *src = calloc((size_t)n_slots, sizeof(int));
+    for (int l = 0; l < L; l++) {
+        map[l] = (int)json_integer_value(json_array_get(slot_of, l));
+        if (map[l] < 0 || map[l] >= n_slots) {
+            m6_err_set(err, M6_EINTERNAL,
+                       "%s: slot_of[%d] out of range", path, l);
+            free(map);
+            free(src);
+            goto out;
+        }
+    }
+    /* each new slot copies an old slot of its own kind (values are
+     * overwritten below); a map that mixes kinds in a slot is refused */
+    {
+        int oS = n_slots_(t);
+        unsigned char *nk = malloc((size_t)n_slots), *ok_ = malloc((size_t)oS);
+        char e3[256] = "out of memory";
+        int bad = !nk || !ok_ ||
+                  gpt_slot_kinds(&t->spec.model, n_slots, map, nk, e3,
+                                 sizeof e3) != 0 ||
+                  gpt_slot_kinds(&t->spec.model, oS, be->slot_of(t->be.ctx),
+                                 ok_, e3, sizeof e3) != 0;
+        for (int s = 0; !bad && s < n_slots; s++) {
+            src[s] = -1;
+            for (int o = 0; o < oS && src[s] < 0; o++)
+                if (ok_[o] == nk[s])
+                    src[s] = o;
+            if (src[s] < 0) {
+                snprintf(e3, sizeof e3, "no slot of the kind of slot %d", s);
+                bad = 1;
+            }
+        }
+        free(nk);
+        free(ok_);
+        if (bad) {
+            m6_err_set(err, M6_EINTERNAL, "%s: bad share map: %s", path, e3);
+            free(map);
+            free(src);
+            goto out;
+        }
+    }
+    /* Re-lay to the checkpoint's slot count; values are overwritten below. */
+    char e2[512];
+    int ok = be->reslot(t->be.ctx, n_slots, map, src, 1, e2, sizeof e2) == 0;
+    free(map);
+    free(src);
+    if (!ok) {
+        m6_err_set(err, M6_EINTERNAL, "loading %s: %s", dir, e2);
+        goto out;
+    }
+    steps = malloc(((size_t)n_slots + 1) * sizeof(long));
+    if (!steps || be->state_begin(t->be.ctx, 1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory loading %s", dir);
+        goto out;
+    }
+    const backend_buf pb[] = {BACKEND_PARAMS};
+    const char *pp[] = {""};
+    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
+    const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int lrc = load_tensors_(path, t, pb, pp, 1, err);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (lrc == 0)
+        lrc = load_tensors_(path, t, ob, op, 2, err);
+    if (be->state_end(t->be.ctx, lrc == 0) != 0 && lrc == 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "loading %s: cannot store the state in the %s "
+                   "model", dir, be->name);
+        lrc = -1;
+    }
+    if (lrc != 0)
+        goto out;
+    steps[0] = (long)adam_t_global;
+    for (int s = 0; s < n_slots; s++)
+        steps[s + 1] = (long)json_integer_value(json_array_get(adam_t, s));
+    be->set_adam_steps(t->be.ctx, steps);
+    t->step = (long)step;
+    t->delink_step = (long)delink_step;
+    t->phase = phase_parse(phase) == PHASE_PSEUDO ? PHASE_PSEUDO : PHASE_REAL;
+    t->data_rng = strtoull(rng, NULL, 16);
+    /* what the data must hold for the same batches (trainer_check_data);
+     * checkpoints before they were recorded, or with a split not open
+     * (0), leave the counts of this trainer's open */
+    for (int k = 0; k < 2; k++) {
+        json_t *n = json_object_get(m, k ? "val_tokens" : "train_tokens");
+        if (json_is_integer(n) && json_integer_value(n) > 0)
+            t->data_total[k] = (size_t)json_integer_value(n);
+    }
+    /* checkpoints from before skipped steps were counted: none */
+    json_t *bad = json_object_get(m, "bad_steps");
+    json_t *skipped = json_object_get(m, "skipped_steps");
+    t->bad_steps = json_is_integer(bad) ? (long)json_integer_value(bad) : 0;
+    t->skipped_steps = json_is_integer(skipped)
+                           ? (long)json_integer_value(skipped) : 0;
+    rc = 0;
+out:
+    free(steps);
+    json_decref(m);
+    return rc;
+}
+
+/* init.from (ckpt/init_from.h): the weights of the spec's directory into
+ * the new model, checked first; the optimizer stays fresh. A run taken up
+ * again from its own checkpoint loads that over them. 0, or -1 with err. */
+int trainer_init_from_load_(trainer *t, m6_err *err)
+{
+    init_src src;
+    if (init_from_open(&t->spec, &src, err) != 0)
+        return -1;
+    const backend_iface *be = t->be.iface;
+    /* the checkpoint's tensors: an MoE slot has 8 + 2k + 4E */
+    int per = ckpt_count_(t), rc = 0;
+    st_tensor *ts = per < 0 ? NULL : calloc((size_t)per, sizeof *ts);
+    char **names = per < 0 ? NULL : calloc((size_t)per, sizeof *names);
+    if (!ts || !names || be->state_begin(t->be.ctx, 1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "init.from: out of memory");
+        free(ts);
+        free(names);
+        init_from_close(&src);
+        return -1;
+    }
+    int n = collect_tensors_(t, BACKEND_PARAMS, "", ts, names);
+    char e2[256];
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)ts[i].shape[0] *
+                       (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
+        if (rc == 0 && safetensors_get(&src.sf, ts[i].name, (float *)ts[i].data,
+                                       numel, e2, sizeof e2) != 0) {
+            m6_err_set(err, M6_EINVALID, "init.from: %s: %s", t->spec.init.from, e2);
+            rc = -1;
+        }
+        free(names[i]);
+    }
+    if (be->state_end(t->be.ctx, rc == 0) != 0 && rc == 0) {
+        m6_err_set(err, M6_EINTERNAL, "init.from: cannot store the weights "
+                   "in the %s model", be->name);
+        rc = -1;
+    }
+    free(names);
+    free(ts);
+    init_from_close(&src);
+    return rc;
+}
+
+/* ------------------------------------------------------------- state access */
+
+size_t trainer_copy_state(trainer *t, int which, float *dst)
+{
+    const backend_iface *be = t->be.iface;
+    int S = n_slots_(t);
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind)
+        return 0;
+    size_t ks[2];
+    gpt_tensor tab[SLOT_NTENSORS_MAX];
+    gpt_slot_layout(&t->spec.model, 0, tab, &ks[0]);
+    gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
+    size_t n = t->n_global;
+    for (int s = 0; s < S; s++)
+        n += ks[kind[s]];
+    if (!dst) {
+        free(kind);
+        return n;
+    }
+    if (be->state_begin(t->be.ctx, 0) != 0) {
+        free(kind);
+        return 0;
+    }
+    backend_buf b = which == 0 ? BACKEND_PARAMS : which == 1 ? BACKEND_M : BACKEND_V;
+    memcpy(dst, be->state_region(t->be.ctx, b, -1),
+           t->n_global * sizeof(float));
+    size_t off = t->n_global;
+    for (int s = 0; s < S; s++) {
+        memcpy(dst + off, be->state_region(t->be.ctx, b, s),
+               ks[kind[s]] * sizeof(float));
+        off += ks[kind[s]];
+    }
+    be->state_end(t->be.ctx, 0);
+    free(kind);
+    return n;
+}
+
+int trainer_copy_adam_steps(trainer *t, long *dst)
+{
+    t->be.iface->get_adam_steps(t->be.ctx, dst);
+    return n_slots_(t) + 1;
+}
+
+int trainer_offload_stats(trainer *t, offload_stats *st)
+{
+    return t->be.iface->offload_stats(t->be.ctx, st);
+}

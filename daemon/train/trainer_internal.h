@@ -1,0 +1,155 @@
+/*
+ * trainer_internal.h — what the trainer's three files share, private to
+ * daemon/train/: the trainer's state (struct trainer) and the helpers one
+ * file calls in another. trainer.c owns the step (setup, data, schedule,
+ * evaluation, delink); gradsync.c the data-parallel gradient sum (buckets,
+ * the overlap thread, the state broadcast); trainer_ckpt.c the checkpoint
+ * files (save, load, init.from) and the state copies. Nothing outside
+ * daemon/train/ includes this header: trainer.h is the interface.
+ */
+#ifndef M6_TRAIN_TRAINER_INTERNAL_H
+#define M6_TRAIN_TRAINER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "model/gpt.h"
+#include "offload/offload.h"
+#include "train/backend.h"
+#include "train/data.h"
+#include "train/test_hooks.h"
+#include "train/trainer.h"
+
+struct trainer {
+    run_spec spec;
+    backend be;            /* the model: weights, gradients, optimizer */
+    /* the plain layout of gpt.h (checkpoints, state access) */
+    gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    size_t n_global, slot_size;
+    token_set train, val;  /* n_shards 0: not open (trainer_create_resumable,
+                            * or a failed trainer_reopen_data) */
+    size_t data_total[2];  /* tokens of train, val when first opened by this
+                            * trainer, 0 not yet: what a reopen must find */
+    uint64_t data_rng;     /* state of the training-batch sampler */
+    long step;             /* optimizer steps completed */
+    long delink_step;      /* step at which delink happened, -1 if none */
+    run_phase phase;
+    offload_plan plan;     /* the run's memory plan (planned: a budget), as
+                            * create_ made it: Real, plan.pseudo Pseudo */
+    int planned;
+    int32_t *inp, *tgt;    /* (B,T) */
+    uint16_t *rows;        /* (grad_accum*B, T+1): the step's windows */
+    /* device bytes of the unbudgeted plan, [pseudo], [real]: what a run
+     * that does not offload holds (step_placement); peak_planned 0: not
+     * yet computed */
+    size_t plan_peak[2];
+    int peak_planned;
+    char *init_error;      /* trainer_init_error; NULL none */
+    /* data parallelism (trainer_set_collectives): coll NULL or world 1:
+     * alone. B_rank, accum_rank: this rank's microbatches (spec_dp_split;
+     * the spec's B and grad_accum alone) */
+    m6_coll *coll;
+    m6_coll *gcoll;         /* trainer_adopt_grad_group (owned): the
+                             * gradient summed in device memory over it
+                             * (NCCL); NULL: over coll (host memory) */
+    int rank, world;
+    int B_rank, accum_rank;
+    float *bucket;          /* bucket_floats: the all-reduce staging */
+    size_t bucket_floats;
+    /* overlap (dp_overlap 1): during the step's last microbatch the
+     * backend reports finished slots (dp_ready_) and a communication
+     * thread all-reduces each bucket once its regions are final. Under
+     * dp_mu: dp_ready [dp_nreg] (regions of the virtual vector, see
+     * grad_span_), dp_active (a step's thread runs), dp_loss, dp_rc and
+     * dp_err (the thread's result). */
+    int dp_overlap;
+    /* trainer_set_eval_interrupt: asked between validation batches */
+    int (*eval_stop)(void *ud);
+    void *eval_stop_ud;
+    int dp_sync;            /* dp_mu, dp_cv initialised */
+    pthread_mutex_t dp_mu;
+    pthread_cond_t dp_cv;
+    unsigned char *dp_ready;
+    size_t *dp_start;       /* [dp_nstart] first element of each region of
+                             * the virtual vector, then its length
+                             * (dp_layout_); a region is its slot's size */
+    int dp_nstart;
+    int dp_nreg, dp_active, dp_rc;
+    int dp_mb_done;         /* the last microbatch returned */
+    float dp_loss;
+    m6_err dp_err;
+    /* the last overlapped step: slots the backend reported before its
+     * last microbatch returned, buckets whose all-reduce started before
+     * then, and all buckets (trainer_dp_overlap_counts) */
+    long dp_reported, dp_early, dp_buckets;
+    size_t *win_pos;        /* (grad_accum*B) positions of this rank's
+                             * windows of the last step; n_win of them */
+    size_t n_win;
+    long bad_steps;        /* consecutive skipped (non-finite) steps */
+    long skipped_steps;    /* all of them; both in checkpoints */
+    /* tests (train/test_hooks.h): a fault armed for steps
+     * fault_first..fault_first+fault_count-1 */
+    trainer_fault fault;
+    long fault_first, fault_count;
+    int fault_slot;
+};
+
+/* The all-reduce bucket's size in floats until trainer_set_bucket_floats. */
+#define DEFAULT_BUCKET_FLOATS ((size_t)4 << 20)
+
+static inline int n_slots_(const trainer *t)
+{
+    return t->be.iface->n_slots(t->be.ctx);
+}
+
+/* ---- trainer.c */
+
+/* Validation batch i into t->inp/t->tgt: fixed, consecutive windows (the
+ * same every eval). 0, or TRAINER_EDATA with err. */
+int trainer_val_batch_(trainer *t, int i, m6_err *err);
+
+/* ---- trainer_ckpt.c */
+
+/* Each slot's kind (1 MoE) under the backend's share map, malloc'd [S];
+ * NULL when out of memory. */
+unsigned char *trainer_slot_kinds_(const trainer *t);
+
+/* init.from (ckpt/init_from.h): the weights of the spec's directory into
+ * the new model, checked first; the optimizer stays fresh. 0, or -1 with
+ * err. */
+int trainer_init_from_load_(trainer *t, m6_err *err);
+
+/* ---- gradsync.c (world > 1; t->coll the host group) */
+
+/* Whether any rank failed (failed: this one did), by an all-reduce of the
+ * count: 1 some rank failed (err says why), 0 none, -1 the collective
+ * failed (err). key names the data split in the message. */
+int gradsync_agree_(trainer *t, int failed, const char *key, m6_err *err);
+
+/* Lay out the step's virtual gradient vector [loss | globals | slots] for
+ * the current slots (once per step: a delink changes them). 0, or -1 out
+ * of memory. */
+int gradsync_layout_(trainer *t);
+
+/* Sum the step's gradient and *loss_sum over the ranks after the
+ * microbatches: over the host group (host), or in device memory over
+ * t->gcoll (device). 0, or -1 with err (the collective's). */
+int gradsync_allreduce_host_(trainer *t, double *loss_sum, m6_err *err);
+int gradsync_allreduce_device_(trainer *t, double *loss_sum, m6_err *err);
+
+/* Overlap: start the communication thread before the step's last
+ * microbatch (1 started, 0 not: sum after the microbatches instead), and
+ * after it wait for the last buckets (0, or -1 with err). */
+int gradsync_overlap_start_(trainer *t, pthread_t *th);
+int gradsync_overlap_finish_(trainer *t, pthread_t th, double *loss_sum,
+                             m6_err *err);
+
+/* Validation on W ranks: rank r the spec's batches r, r+W, ...; the sums
+ * all-reduced into *loss. 0, TRAINER_EDATA or TRAINER_ECOLL with err. */
+int gradsync_eval_(trainer *t, float *loss, m6_err *err);
+
+/* The MoE router sums of all ranks' microbatches: *st this rank's on
+ * entry, the group's on return, exactly (rank order). 0, or -1 with err. */
+int gradsync_moe_gather_(trainer *t, gpt_moe_stats *st, m6_err *err);
+
+#endif /* M6_TRAIN_TRAINER_INTERNAL_H */
