@@ -139,10 +139,7 @@ ctl stop "$G" >/dev/null || fail "stop of run $G"
 stop_daemon
 
 # --- modes do not depend on the caller's umask (also without root)
-( umask 000; exec "$M6D" --state-dir "$T/um" --threads 1 ) 2>>"$T/m6d-um.log" &
-DAEMON_PID=$!
-SOCK=$T/um/m6d.sock
-for _ in $(seq 1 100); do ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+M6D_UMASK=000 start_daemon "$T/um"
 ctl list >/dev/null || fail "m6d under umask 000 did not answer"
 modes=$(stat -c %a "$T/um" "$SOCK" "$T/um/m6.db" "$T/um/m6d.lock" | tr '\n' ' ')
 [ "$modes" = "750 660 640 640 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 640"
