@@ -14,35 +14,23 @@
 prepare_data "$T/data"
 CKPT_EVERY=5 write_spec "$T/d.json" d 1000000 300
 S=$T/s
-HOLD=$T/hold
 LOG=$T/m6d-s.log
 
-start_held() { M6_TEST_HOLD_BOUNDARY=$HOLD start_daemon "$S"; }
+start_held() { M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$S"; }
 WAIT_RUN=  # the run a failing wait_for reports (lib.sh)
-# hold [nowait]: make the worker wait at its next boundary, and wait until
-# it does (nowait: a paused run's worker sleeps until a command comes; it
-# holds once the command wakes it)
-hold() {
-    local before
-    before=$(grep -c 'test.hold' "$LOG" || true)
-    touch "$HOLD"
-    [ "${1:-}" = nowait ] && return 0
-    wait_for "the worker to hold at its boundary (log line test.hold)" 20 \
-        log_has "$LOG" 'test.hold' $((before + 1))
-}
 pending() { db "$S" "select count(*) from commands where run=$1 and state='pending'"; }
 events_of() { db "$S" "select count(*) from events where run=$1 and kind='$2'"; }
 # ack_then_kill RUN CMD: CMD acknowledged at a held boundary, recorded
 # pending, m6d killed before the boundary, started again (not held)
 ack_then_kill() {
-    if [ "$2" = resume ]; then hold nowait; else hold; fi
+    if [ "$2" = resume ]; then hold_boundary nowait; else hold_boundary; fi
     local k out
     k=$(db "$S" "select step from runs where id=$1")
     out=$(ctl "$2" "$1" 2>&1) || fail "$2 run $1 not acknowledged: $out"
     [ "$(pending "$1")" = 1 ] || fail "$2: $(pending "$1") pending commands after the reply, want 1"
     [ "$(events_of "$1" "$2")" = 0 ] || fail "$2 applied before the boundary (held)"
     kill9_daemon
-    rm -f "$HOLD"
+    release_boundary
     log "$2 acknowledged at step $k ('$out'), m6d killed before the boundary"
     start_held
 }

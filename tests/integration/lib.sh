@@ -228,6 +228,25 @@ wait_step() {
     fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
 
+# The step-boundary hold (coord.c's test hook): every m6d started with
+# M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
+# boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
+# wait). hold_boundary [nowait]: makes the worker hold at its next boundary
+# and waits until it does, so the run is alive, whatever the speed of a
+# step, for what the test does next (nowait: a paused run's worker holds
+# only once a command wakes it). release_boundary: lets it go on.
+HOLD_FILE=$T/hold
+hold_boundary() {
+    local lg before
+    lg=$T/m6d-$(basename "$(dirname "$SOCK")").log
+    before=$(grep -c 'test.hold' "$lg" || true)
+    touch "$HOLD_FILE"
+    [ "${1:-}" = nowait ] && return 0
+    wait_for "the worker to hold at its step boundary (log line test.hold)" 20 \
+        log_has "$lg" 'test.hold' $((before + 1))
+}
+release_boundary() { rm -f "$HOLD_FILE"; }
+
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
 # on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
 # stopped again. WHAT names the run in a failure ("reference run").
