@@ -23,10 +23,14 @@ CKPT_EVERY=500 write_spec "$T/spec.json" longpath 2000 0 '"device": {"threads": 
 sed -i "s|\"train\": \"$T/data/train_\*.bin\"|\"train\": \"$GLOB/train_*.bin\"|" "$T/spec.json"
 grep -q "\"train\": \"$T/deep/d01" "$T/spec.json" || fail "spec not rewritten: $(cat "$T/spec.json")"
 
-start_daemon "$T/s"
+# the hold (lib.sh hold_boundary): the run is training when its shard is
+# truncated and when it is stopped, however short its steps
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 A=$(ctl submit "$T/spec.json") || fail "submit of a spec with a long shard path"
 wait_step "$A" 20
+hold_boundary
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
+release_boundary
 PROBLEM="truncated while in use: now 1000 tokens, was $N"
 WANT="data.train: $TRAIN: $PROBLEM; once the shard is fixed, \`m6ctl resume\` reopens the data"
 ERR=$(wait_paused_error "$A" "truncated while in use")
@@ -72,7 +76,9 @@ log "error of ${#ERR} bytes whole in status, events, the DB and resume (path ${#
 cp "$T/data/train_000000.bin" "$TRAIN"
 ctl resume "$A" >/dev/null || fail "resume (restored)"
 wait_state "$A" running 30
+hold_boundary
 ctl stop "$A" >/dev/null || fail "stop"
+release_boundary
 wait_state "$A" stopped 60
 stop_daemon
 echo "ok longpath"
