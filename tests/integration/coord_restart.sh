@@ -99,7 +99,7 @@ for _ in range(200):
 [ -n "$PORT" ] || fail "no free port"
 ADDR=127.0.0.1:$PORT
 SOCK=$T/c/m6d.sock
-HOLD=$T/hold
+HOLD=$HOLD_FILE  # lib.sh hold_boundary
 NODES="\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 CKPT_EVERY=5 write_spec "$T/late.json" late 30 25 "$NODES"
 
@@ -137,8 +137,8 @@ log "(a) the worker left its collective ${took}s after the kill: $(grep "cluster
 [ "$(db "$T/c" "select count(*) from commands where run=$R1 and kind='submit' and state='applied'")" = 1 ] \
     || fail "the submit is not in the command log: $(db "$T/c" "select * from commands where run=$R1")"
 
-# the restart: same state dir, same port, no hold
-unset M6_TEST_HOLD_BOUNDARY
+# the restart: same state dir, same port, the boundary not held (no
+# file); (b) holds it again
 rejoins=$(log_count w1 'cluster.rejoined')
 start_coord
 wait_log w1 'cluster.rejoined' $((TMO * 2)) "$rejoins"  # one heartbeat interval
@@ -177,9 +177,11 @@ log "(a) losses equal the uninterrupted 2-rank run's bit for bit ($(wc -l <"$T/r
 # ---- (b) SIGTERM mid-run, restart: the run goes on by itself
 R2=$(ctl submit "$T/ref.json")
 wait_step "$R2" $((K + 3)) 60
+hold_boundary  # mid-run when SIGTERM comes, whatever the speed of a step
 left=$(log_count w1 "cluster.rank_left run=$R2 rank=1")  # the delink's regroup
 kill -TERM "${M6D_PIDS[c]}"
 wait_exit c 20
+release_boundary
 [ "$EXIT_RC" = 0 ] || fail "the coordinator exited $EXIT_RC after SIGTERM"
 S=$(db "$T/c" "select detail from events where run=$R2 and kind='interrupted'" | sed -n 's/^step=\([0-9]*\).*/\1/p')
 [ -n "$S" ] || fail "no interrupted event: $(db "$T/c" "select kind, detail from events where run=$R2")"

@@ -63,8 +63,12 @@ reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-node run"
 head -3 "$T/one.csv" >&2
 
 # ---- (c) the coordinator alone: the 2-rank run waits, saying why
-export M6_TEST_STEP_DELAY_MS=60  # rank 0's steps: time to kill the worker
-start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
+# rank 0's steps 60 ms longer, and its boundary held (lib.sh
+# hold_boundary) while the test kills the worker mid-run, so the run is
+# alive for that whatever the speed of a step
+export M6_TEST_STEP_DELAY_MS=60
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
+    --token-file "$T/token"
 SOCK=$T/c/m6d.sock
 PORT=
 for _ in $(seq 1 100); do
@@ -105,10 +109,12 @@ close_enough "$T/two.csv" "$T/one.csv" || fail "2-rank losses differ from the si
 # ---- (b) kill -9 of the worker mid-run, restart, resume
 RUN2=$(ctl submit "$T/two.json")
 wait_step "$RUN2" 12 60
+hold_boundary
 [ "$(db "$T/c" "select run || ' ' || rank from nodes where hostname='w1'")" = "$RUN2 1" ] \
     || fail "the nodes table does not hold w1's run and rank: $(db "$T/c" "select * from nodes")"
 kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
+release_boundary
 for _ in $(seq 1 400); do
     [ "$(field "$RUN2" state)" = paused ] && break
     sleep 0.025
