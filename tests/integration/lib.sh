@@ -62,12 +62,16 @@ prepare_data() {
 }
 
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
+# M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
+# steps at their fastest (docs: how to run the suite slowed, fast and
+# contended); a test that checks sizes of its own model may not pass then.
+TEST_MODEL_DEFAULT_='{"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32}'
 write_spec() {
     cat >"$1" <<JSON
 {
   "name": "$2",
   "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+  "model": ${M6_TEST_MODEL:-$TEST_MODEL_DEFAULT_},
   "pseudo": {"steps": $4},
   "train": {"steps": $3, "batch_size": 4, "eval_every": 10, "seed": 7},
   "checkpoint": {"every": ${CKPT_EVERY:-10}, "keep": 3}${5:+,
