@@ -19,14 +19,14 @@ fi
 # One run on ordinary data (a train and a val shard), one on ~220 train and
 # ~12 val shards of 1024 tokens each.
 prepare_data "$T/data"
-CKPT_EVERY=500 write_spec "$T/small.json" small 200 0 '"device": {"threads": 1}'
+CKPT_EVERY=500 write_spec "$T/small.json" small 600 0 '"device": {"threads": 1}'
 "$M6CTL" data prepare --out "$T/many" --val-fraction 0.05 --shard-tokens 1024 \
     "$FORTUNES/computers" >"$T/many.out" 2>&1 || fail "data prepare (many): $(cat "$T/many.out")"
 NT=$(compgen -G "$T/many/train_*.bin" | wc -l)
 NV=$(compgen -G "$T/many/val_*.bin" | wc -l)
 [ "$NT" -gt 100 ] && [ "$NV" -ge 1 ] || fail "want > 100 train shards, got $NT (+ $NV val)"
 cp -r "$T/many" "$T/many.orig"
-CKPT_EVERY=500 write_spec "$T/many.json" many 200 0 '"device": {"threads": 1}'
+CKPT_EVERY=500 write_spec "$T/many.json" many 600 0 '"device": {"threads": 1}'
 sed -i "s|$T/data/|$T/many/|g" "$T/many.json"
 
 LOG=$T/m6d-s.log
