@@ -66,18 +66,11 @@ sed -i "s|$T/data/|$A/data/|g" "$A/run.json"
 chmod a+r "$A/run.json"
 touch "$T/marker"
 
-# start_as_d ARGS...: m6d as D, under umask 000, state dir $A/st
+# start_as_d ARGS...: m6d as D, under umask 000, state dir $A/st, log
+# $T/m6d-st.log
 start_as_d() {
-    SOCK=$A/st/m6d.sock
-    ( umask 000; exec setpriv --reuid="$D" --regid="$D" --init-groups \
-        "$M6D" --state-dir "$A/st" --threads 1 --group "$G" "$@" ) 2>>"$T/m6d-acc.log" &
-    DAEMON_PID=$!
-    for _ in $(seq 1 100); do
-        ctl list >/dev/null 2>&1 && return 0
-        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d (as $D) exited at start"
-        sleep 0.05
-    done
-    fail "m6d (as $D) did not answer on $SOCK"
+    M6D_UMASK=000 M6D_PREFIX="setpriv --reuid=$D --regid=$D --init-groups" \
+        start_daemon "$A/st" --group "$G" "$@"
 }
 
 # --- modes under umask 000, and full rights for root and a member
@@ -107,7 +100,7 @@ echo "$out" | grep -q "^pause 11 permission denied: uid $UM may only read" || fa
 echo "$out" | grep -q "^list 0 " || fail "read-only: the connection should go on after a refused write: $out"
 out=$(actl "$M" submit "$A/run.json" 2>&1) && fail "read-only member could submit: $out"
 echo "$out" | grep -q "uid $UM" || fail "read-only submit refusal does not name uid $UM: $out"
-grep -q "request.refused request=pause status=11 .*uid $UM" "$T/m6d-acc.log" || fail "refused pause not logged"
+grep -q "request.refused request=pause status=11 .*uid $UM" "$T/m6d-st.log" || fail "refused pause not logged"
 R2=$(ctl submit "$A/run.json") || fail "root may not submit under --group-read-only"
 ctl stop "$R2" >/dev/null || fail "root may not stop under --group-read-only"
 stop_daemon
@@ -117,7 +110,7 @@ if command -v systemd-socket-activate >/dev/null; then
     SOCK=$A/sa.sock
     ( umask 000; exec systemd-socket-activate -l "$SOCK" \
         setpriv --reuid="$D" --regid="$D" --init-groups \
-        "$M6D" --state-dir "$A/st" --threads 1 --group "$G" ) 2>>"$T/m6d-acc.log" &
+        "$M6D" --state-dir "$A/st" --threads 1 --group "$G" ) 2>>"$T/m6d-st.log" &
     SA_PID=$!
     for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
     [ -S "$SOCK" ] || fail "systemd-socket-activate made no socket"
@@ -129,7 +122,7 @@ if command -v systemd-socket-activate >/dev/null; then
     echo "$out" | grep -q "^hello 11 permission denied: uid $UO ($O) may not use this m6d" \
         || fail "non-member $O not refused by SO_PEERCRED naming uid $UO: $out"
     echo "$out" | grep -q "^list closed" || fail "refused connection not closed: $out"
-    grep -q "conn.refused conn=[0-9]* uid=$UO " "$T/m6d-acc.log" || fail "refusal of uid $UO not logged"
+    grep -q "conn.refused conn=[0-9]* uid=$UO " "$T/m6d-st.log" || fail "refusal of uid $UO not logged"
     ctl list >/dev/null || fail "m6d stopped serving after a refusal"
     kill -TERM "$SA_PID"
     wait "$SA_PID" || true

@@ -131,10 +131,12 @@ grep -q "run $B failed at step 0: .*no files match" "$T/out" || fail "watch of a
 C=$(ctl submit "$T/spec.json")
 wait_step "$C" 5
 for r in 0 1; do
-    (rc=0; ctl watch "$C" --interval 0.05 --reconnect $r >/dev/null 2>"$T/watch-$r.err" || rc=$?
+    (rc=0; ctl watch "$C" --interval 0.05 --reconnect $r >"$T/watch-$r.out" 2>"$T/watch-$r.err" || rc=$?
      echo "$rc" >"$T/watch-$r.rc") &
 done
-sleep 0.5
+# both watches connected: each has shown the run once
+watching() { [ -s "$T/watch-0.out" ] && [ -s "$T/watch-1.out" ] || { cat "$T"/watch-*.err; return 1; }; }
+WAIT_RUN=$C wait_for "both watches to show run $C" 10 watching
 kill9_daemon
 wait
 for r in 0 1; do

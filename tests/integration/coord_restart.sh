@@ -31,24 +31,12 @@
 . "$(dirname "$0")/lib.sh"
 TMO=3   # --node-timeout and nodes.timeout, seconds
 
-declare -A PIDS
-start_m6d() {
-    local name=$1; shift
-    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
-        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
-    PIDS[$name]=$!
-}
-cleanup_cr_() {
-    local n
-    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
-    cleanup_
-}
-trap cleanup_cr_ EXIT
+M6D_ARGS="--node-timeout $TMO"  # every m6d start_m6d (lib.sh) starts
 
 # wait_exit NAME SECONDS: the process ends within SECONDS (else the test
 # fails: it hung); its exit status in EXIT_RC
 wait_exit() {
-    local pid=${PIDS[$1]}
+    local pid=${M6D_PIDS[$1]}
     for _ in $(seq 1 $(($2 * 20))); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
@@ -56,7 +44,7 @@ wait_exit() {
     kill -0 "$pid" 2>/dev/null && fail "m6d $1 still running $2 s after it was told to stop"
     EXIT_RC=0
     wait "$pid" || EXIT_RC=$?
-    unset "PIDS[$1]"
+    unset "M6D_PIDS[$1]"
 }
 # log_count NAME ERE: how many lines of m6d NAME's log match ERE
 log_count() { grep -Ec "$2" "$T/m6d-$1.log" || true; }
@@ -79,7 +67,7 @@ start_coord() {
     start_m6d c --role coordinator --listen "$ADDR" --token-file "$T/token"
     for _ in $(seq 1 200); do
         ctl list >/dev/null 2>&1 && return 0
-        kill -0 "${PIDS[c]}" 2>/dev/null || fail "the coordinator exited at start"
+        kill -0 "${M6D_PIDS[c]}" 2>/dev/null || fail "the coordinator exited at start"
         sleep 0.05
     done
     fail "the coordinator did not answer"
@@ -111,7 +99,7 @@ for _ in range(200):
 [ -n "$PORT" ] || fail "no free port"
 ADDR=127.0.0.1:$PORT
 SOCK=$T/c/m6d.sock
-HOLD=$T/hold
+HOLD=$HOLD_FILE  # lib.sh hold_boundary
 NODES="\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 CKPT_EVERY=5 write_spec "$T/late.json" late 30 25 "$NODES"
 
@@ -129,10 +117,10 @@ touch "$HOLD"
 wait_log c 'test.hold' 10 "$before"
 k=$(db "$T/c" "select step from runs where id=$R1")
 ctl delink "$R1" >/dev/null || fail "delink not acknowledged"
-kill -9 "${PIDS[c]}"
+kill -9 "${M6D_PIDS[c]}"
 t0=$EPOCHREALTIME
-wait "${PIDS[c]}" 2>/dev/null || true
-unset 'PIDS[c]'
+wait "${M6D_PIDS[c]}" 2>/dev/null || true
+unset 'M6D_PIDS[c]'
 rm -f "$HOLD"
 [ "$(pending "$R1")" = 1 ] || fail "the acknowledged delink is not pending in m6.db: $(db "$T/c" "select * from commands where run=$R1")"
 [ "$(events_of "$R1" delink)" = 0 ] || fail "the delink was applied before the kill (the boundary was held)"
@@ -141,7 +129,7 @@ log "(a) delink acknowledged at step $k, coordinator killed; last checkpoint ste
 # the worker leaves its collective (it does not hang in it) and lives on
 wait_log w1 "cluster.rank_left run=$R1 rank=1" $((TMO + 2))
 took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
-kill -0 "${PIDS[w1]}" 2>/dev/null || fail "the worker died with its coordinator"
+kill -0 "${M6D_PIDS[w1]}" 2>/dev/null || fail "the worker died with its coordinator"
 wait_log w1 'cluster.coordinator_lost' $((TMO + 2))
 log "(a) the worker left its collective ${took}s after the kill: $(grep "cluster.rank_left run=$R1" "$T/m6d-w1.log" | sed 's/.*why=//' | cut -c1-100)"
 [ "$(db "$T/c" "select state from runs where id=$R1")" = running ] \
@@ -149,8 +137,8 @@ log "(a) the worker left its collective ${took}s after the kill: $(grep "cluster
 [ "$(db "$T/c" "select count(*) from commands where run=$R1 and kind='submit' and state='applied'")" = 1 ] \
     || fail "the submit is not in the command log: $(db "$T/c" "select * from commands where run=$R1")"
 
-# the restart: same state dir, same port, no hold
-unset M6_TEST_HOLD_BOUNDARY
+# the restart: same state dir, same port, the boundary not held (no
+# file); (b) holds it again
 rejoins=$(log_count w1 'cluster.rejoined')
 start_coord
 wait_log w1 'cluster.rejoined' $((TMO * 2)) "$rejoins"  # one heartbeat interval
@@ -189,9 +177,11 @@ log "(a) losses equal the uninterrupted 2-rank run's bit for bit ($(wc -l <"$T/r
 # ---- (b) SIGTERM mid-run, restart: the run goes on by itself
 R2=$(ctl submit "$T/ref.json")
 wait_step "$R2" $((K + 3)) 60
+hold_boundary  # mid-run when SIGTERM comes, whatever the speed of a step
 left=$(log_count w1 "cluster.rank_left run=$R2 rank=1")  # the delink's regroup
-kill -TERM "${PIDS[c]}"
+kill -TERM "${M6D_PIDS[c]}"
 wait_exit c 20
+release_boundary
 [ "$EXIT_RC" = 0 ] || fail "the coordinator exited $EXIT_RC after SIGTERM"
 S=$(db "$T/c" "select detail from events where run=$R2 and kind='interrupted'" | sed -n 's/^step=\([0-9]*\).*/\1/p')
 [ -n "$S" ] || fail "no interrupted event: $(db "$T/c" "select kind, detail from events where run=$R2")"
@@ -199,7 +189,7 @@ S=$(db "$T/c" "select detail from events where run=$R2 and kind='interrupted'" |
 wait_log w1 "cluster.rank_left run=$R2 rank=1" $((TMO + 2)) "$left"
 log "(b) SIGTERM: checkpoint at step $S, the worker left its collective"
 # the worker stops too: the restarted coordinator waits for it, as at a start
-kill -TERM "${PIDS[w1]}"
+kill -TERM "${M6D_PIDS[w1]}"
 wait_exit w1 20
 [ "$EXIT_RC" = 0 ] || fail "the worker exited $EXIT_RC after SIGTERM"
 last=$(db "$T/c" "select max(id) from events")
@@ -227,7 +217,7 @@ cmp -s "$T/ref.csv" "$T/r2.csv" \
 log "(b) resumed at step $S by itself, losses equal bit for bit"
 
 # ---- both stop cleanly, within a bound
-kill -TERM "${PIDS[w1]}" "${PIDS[c]}"
+kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
 wait_exit w1 20
 [ "$EXIT_RC" = 0 ] || fail "the worker exited $EXIT_RC after SIGTERM"
 wait_exit c 20

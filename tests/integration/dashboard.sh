@@ -15,7 +15,7 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 URL=http://127.0.0.1:$PORT
 export M6_TEST_STEP_DELAY_MS=100  # the live run's steps: ten a second
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT"
-unset M6_TEST_STEP_DELAY_MS
+suite_step_delay  # the suite's delay (lib.sh) for the m6d started next
 write_spec "$T/p2r.json" p2r 24 9
 R=$(ctl submit "$T/p2r.json")
 ctl watch "$R" >/dev/null || fail "run $R did not complete"

@@ -20,16 +20,15 @@ chmod 600 "$T/token"
 CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
 CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
-M6_TEST_STEP_DELAY_MS=60 ip netns exec "$NC" "$M6D" --state-dir "$T/c" \
-    --threads 1 --log-level info --node-timeout "$TMO" --role coordinator \
-    --listen 192.0.2.1:7070 --token-file "$T/token" 2>"$T/m6d-c.log" &
-CPID=$!
+M6D_ARGS="--node-timeout $TMO"
+M6_TEST_STEP_DELAY_MS=60 M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator \
+    --listen 192.0.2.1:7070 --token-file "$T/token"
+CPID=$M6D_PID
 SOCK=$T/c/m6d.sock  # a Unix socket: any namespace
-for _ in $(seq 1 100); do ctl list >/dev/null 2>&1 && break; sleep 0.05; done
-ip netns exec "$NW" "$M6D" --state-dir "$T/w" --threads 1 --log-level info \
-    --node-timeout "$TMO" --join 192.0.2.1:7070 --token-file "$T/token" \
-    --node-name netw 2>"$T/m6d-w.log" &
-WPID=$!
+wait_m6d "$SOCK" "$CPID" "the coordinator"
+M6D_PREFIX="ip netns exec $NW" start_m6d w --join 192.0.2.1:7070 --token-file "$T/token" \
+    --node-name netw
+WPID=$M6D_PID
 
 # the single-node reference, on the coordinator itself (world size 1)
 R1=$(ctl submit "$T/one.json")

@@ -24,19 +24,7 @@
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
-declare -A PIDS
-start_m6d() {
-    local name=$1; shift
-    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
-        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
-    PIDS[$name]=$!
-}
-cleanup_dp_() {
-    local n
-    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
-    cleanup_
-}
-trap cleanup_dp_ EXIT
+M6D_ARGS="--node-timeout $TMO"  # every m6d start_m6d (lib.sh) starts
 
 # close_enough A.csv B.csv: same steps, train/val losses within rel 1e-4
 close_enough() {
@@ -75,8 +63,12 @@ reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-node run"
 head -3 "$T/one.csv" >&2
 
 # ---- (c) the coordinator alone: the 2-rank run waits, saying why
-export M6_TEST_STEP_DELAY_MS=60  # rank 0's steps: time to kill the worker
-start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
+# rank 0's steps 60 ms longer, and its boundary held (lib.sh
+# hold_boundary) while the test kills the worker mid-run, so the run is
+# alive for that whatever the speed of a step
+export M6_TEST_STEP_DELAY_MS=60
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
+    --token-file "$T/token"
 SOCK=$T/c/m6d.sock
 PORT=
 for _ in $(seq 1 100); do
@@ -117,10 +109,12 @@ close_enough "$T/two.csv" "$T/one.csv" || fail "2-rank losses differ from the si
 # ---- (b) kill -9 of the worker mid-run, restart, resume
 RUN2=$(ctl submit "$T/two.json")
 wait_step "$RUN2" 12 60
+hold_boundary
 [ "$(db "$T/c" "select run || ' ' || rank from nodes where hostname='w1'")" = "$RUN2 1" ] \
     || fail "the nodes table does not hold w1's run and rank: $(db "$T/c" "select * from nodes")"
-kill -9 "${PIDS[w1]}"; wait "${PIDS[w1]}" 2>/dev/null || true
+kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
+release_boundary
 for _ in $(seq 1 400); do
     [ "$(field "$RUN2" state)" = paused ] && break
     sleep 0.025
@@ -163,8 +157,8 @@ close_enough "$T/late.csv" "$T/one.csv" || fail "late-join losses differ from th
 log "(d) the worker joined at the delink: $first"
 # ---- (e) a worker whose hash differs (M6_TEST_DP_HASH_SALT: as another
 # build or spec would) is refused before any collective, both hashes named
-kill -TERM "${PIDS[w1]}"; wait "${PIDS[w1]}" || fail "worker exit after SIGTERM"
-unset 'PIDS[w1]'
+kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "worker exit after SIGTERM"
+unset 'M6D_PIDS[w1]'
 M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
 RUN4=$(ctl submit "$T/two.json")
 for _ in $(seq 1 200); do
@@ -184,8 +178,8 @@ log "(e) refused: $(ctl events "$RUN4" | grep nodes.refused | head -1 | cut -c1-
 # ---- (f) 3 ranks with gradient accumulation 3 (one microbatch of 4 per
 # rank) against the same spec at world size 1 on the coordinator (3
 # microbatches of 4), same tolerance as (a)
-kill -TERM "${PIDS[w2]}"; wait "${PIDS[w2]}" || fail "w2 exit after SIGTERM"
-unset 'PIDS[w2]'
+kill -TERM "${M6D_PIDS[w2]}"; wait "${M6D_PIDS[w2]}" || fail "w2 exit after SIGTERM"
+unset 'M6D_PIDS[w2]'
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 start_m6d w3 --join "$ADDR" --token-file "$T/token" --node-name w3
 CKPT_EVERY=10 write_spec "$T/acc1.json" acc1 24 8
@@ -205,8 +199,8 @@ log "(f) 3 ranks, grad_accum 3: the single node's losses"
 # ---- (g) an operator delink on the coordinator is a barrier: every rank
 # delinks at the same step (rank 0 regroups, the workers take its delinked
 # state), so the run equals one whose spec delinks at that step
-kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
-unset 'PIDS[w3]'
+kill -TERM "${M6D_PIDS[w3]}"; wait "${M6D_PIDS[w3]}" || fail "w3 exit after SIGTERM"
+unset 'M6D_PIDS[w3]'
 CKPT_EVERY=10 write_spec "$T/op.json" op 24 23 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 RUN5=$(ctl submit "$T/op.json")
@@ -226,7 +220,7 @@ losses "$RUN5" >"$T/op.csv"
 losses "$R6" >"$T/opref.csv"
 close_enough "$T/op.csv" "$T/opref.csv" || fail "operator-delinked 2-rank run differs from one node delinking at step $K"
 log "(g) operator delink at step $K on both ranks: the single node's losses"
-kill -TERM "${PIDS[w1]}" "${PIDS[c]}"
-wait "${PIDS[c]}" || fail "coordinator exit"
-unset 'PIDS[c]'
+kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
+wait "${M6D_PIDS[c]}" || fail "coordinator exit"
+unset 'M6D_PIDS[c]'
 echo "ok"

@@ -30,11 +30,13 @@ reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 
 # 2. The same run on the small disk; pause it, fill the disk, resume.
 S=$MNT/s
-start_daemon "$S"
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$S"
 LOG=$T/m6d-s.log
 R=$(ctl submit "$T/spec.json")
-wait_step "$R" 1  # the database, not m6ctl: quick enough to pause a short run
+wait_step "$R" 1
+hold_boundary  # the run is alive for the pause, however short its steps
 ctl pause "$R" >/dev/null || fail "pause"
+release_boundary
 wait_state "$R" paused
 P=$(field "$R" step)
 dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null || true  # until ENOSPC

@@ -9,10 +9,12 @@ FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-it.XXXXXX")
 DAEMON_PID=
+declare -A M6D_PIDS  # name -> pid of every m6d start_m6d started
 cleanup_() {
     touch "$T/stop-reader"  # ends any background reader loop
-    local j
+    local j n
     for j in $(jobs -p); do kill "$j" 2>/dev/null || true; done
+    for n in "${!M6D_PIDS[@]}"; do kill -9 "${M6D_PIDS[$n]}" 2>/dev/null || true; done
     if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
         kill -9 "$DAEMON_PID" 2>/dev/null || true
     fi
@@ -24,6 +26,28 @@ cleanup_() {
 }
 trap cleanup_ EXIT
 trap 'FAILED=1' ERR
+
+# The suite's speed knobs (docs: how to run the suite slowed, fast and
+# contended). M6_TEST_STEP_DELAY_MS=N, inherited by every m6d the test
+# starts, makes each training step N ms longer (coord.c's test hook); a
+# test that sets its own delay for one daemon puts the suite's back after
+# (SUITE_STEP_DELAY_MS). M6_TEST_BUSY=N runs N busy loops beside the test
+# for its lifetime (each ends by itself after 900 s at most).
+SUITE_STEP_DELAY_MS=${M6_TEST_STEP_DELAY_MS:-}
+if [ "${M6_TEST_BUSY:-0}" -gt 0 ]; then
+    for _ in $(seq 1 "$M6_TEST_BUSY"); do
+        timeout 900 sh -c 'while :; do :; done' &
+    done
+fi
+# suite_step_delay: the suite's step delay back in the environment (after
+# a test set its own for one daemon)
+suite_step_delay() {
+    if [ -n "$SUITE_STEP_DELAY_MS" ]; then
+        export M6_TEST_STEP_DELAY_MS=$SUITE_STEP_DELAY_MS
+    else
+        unset M6_TEST_STEP_DELAY_MS
+    fi
+}
 
 log() { echo "# $*" >&2; }
 fail() { FAILED=1; echo "FAIL: $*" >&2; for f in "$T"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done; exit 1; }
@@ -38,12 +62,16 @@ prepare_data() {
 }
 
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
+# M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
+# steps at their fastest (docs: how to run the suite slowed, fast and
+# contended); a test that checks sizes of its own model may not pass then.
+TEST_MODEL_DEFAULT_='{"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32}'
 write_spec() {
     cat >"$1" <<JSON
 {
   "name": "$2",
   "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+  "model": ${M6_TEST_MODEL:-$TEST_MODEL_DEFAULT_},
   "pseudo": {"steps": $4},
   "train": {"steps": $3, "batch_size": 4, "eval_every": 10, "seed": 7},
   "checkpoint": {"every": ${CKPT_EVERY:-10}, "keep": 3}${5:+,
@@ -52,12 +80,18 @@ write_spec() {
 JSON
 }
 
-# start_daemon STATE_DIR [extra args]: starts m6d in the background, waits
-# for the socket to answer. With ULIMIT set (ulimit's arguments, e.g.
-# "-n 64", or "-S -n 64" for the soft limit only), m6d starts under it.
-# With M6D_VALGRIND=1, m6d runs under valgrind memcheck (its report in
-# $T/valgrind-PID.log; any error, or a definite or indirect leak, makes
-# m6d's exit status 42), and the wait for the socket is 60 s, not 5.
+# start_m6d NAME|DIR [m6d args...]: one m6d in the background, the only
+# way the tests start a long-lived m6d. State dir DIR (an absolute path) or
+# $T/NAME; its stderr appended to $T/m6d-NAME.log (NAME: DIR's last part);
+# its pid in M6D_PIDS[NAME] and M6D_PID; cleanup_ kills it. Does not wait
+# for its socket (wait_m6d). Arguments always given: --threads 1
+# --log-level info, then $M6D_ARGS (word-split; e.g. --node-timeout), then
+# the caller's. M6D_PREFIX (word-split) runs before m6d (e.g. `ip netns
+# exec NS`, `setpriv ...`); M6D_UMASK sets its umask. With ULIMIT set
+# (ulimit's arguments, e.g. "-n 64", or "-S -n 64" for the soft limit
+# only), m6d starts under it. With M6D_VALGRIND=1, m6d runs under valgrind
+# memcheck (its report in $T/valgrind-PID.log; any error, or a definite or
+# indirect leak, makes m6d's exit status 42).
 M6D_WRAP=
 if [ "${M6D_VALGRIND:-0}" = 1 ]; then
     command -v valgrind >/dev/null || { echo "SKIP: no valgrind"; exit 77; }
@@ -67,23 +101,41 @@ if [ "${M6D_VALGRIND:-0}" = 1 ]; then
 --leak-check=full --show-leak-kinds=definite,indirect \
 --errors-for-leak-kinds=definite,indirect --num-callers=30"
 fi
+start_m6d() {
+    local name=$1 dir=$1; shift
+    case $dir in /*) name=$(basename "$dir") ;; *) dir=$T/$name ;; esac
+    (
+        if [ -n "${ULIMIT:-}" ]; then ulimit ${ULIMIT}; fi
+        if [ -n "${M6D_UMASK:-}" ]; then umask "$M6D_UMASK"; fi
+        # shellcheck disable=SC2086
+        exec ${M6D_PREFIX:-} $M6D_WRAP "$M6D" --state-dir "$dir" --threads 1 --log-level info \
+            ${M6D_ARGS:-} "$@"
+    ) 2>>"$T/m6d-$name.log" &
+    M6D_PID=$!
+    M6D_PIDS[$name]=$M6D_PID
+}
+
+# wait_m6d SOCKET PID [WHAT]: until m6d answers on SOCKET (5 s; 60 s under
+# valgrind); PID exiting first fails the test, naming WHAT and its log.
+wait_m6d() {
+    local sock=$1 pid=$2 what=${3:-m6d} tries=100
+    [ -z "$M6D_WRAP" ] || tries=1200
+    for _ in $(seq 1 $tries); do
+        if "$M6CTL" --socket "$sock" list >/dev/null 2>&1; then return 0; fi
+        kill -0 "$pid" 2>/dev/null || fail "$what exited at start"
+        sleep 0.05
+    done
+    fail "$what did not answer on $sock within $((tries / 20)) s"
+}
+
+# start_daemon STATE_DIR [extra args]: the test's one m6d (DAEMON_PID,
+# SOCK = STATE_DIR/m6d.sock), started by start_m6d; waits for its socket.
 start_daemon() {
     local dir=$1; shift
     SOCK=$dir/m6d.sock
-    (
-        if [ -n "${ULIMIT:-}" ]; then ulimit ${ULIMIT}; fi
-        # shellcheck disable=SC2086
-        exec $M6D_WRAP "$M6D" --state-dir "$dir" --threads 1 --log-level info "$@"
-    ) 2>>"$T/m6d-$(basename "$dir").log" &
-    DAEMON_PID=$!
-    local tries=100
-    [ -z "$M6D_WRAP" ] || tries=1200
-    for _ in $(seq 1 $tries); do
-        if ctl list >/dev/null 2>&1; then return 0; fi
-        kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d exited at start"
-        sleep 0.05
-    done
-    fail "m6d did not answer on $SOCK"
+    start_m6d "$dir" "$@"
+    DAEMON_PID=$M6D_PID
+    wait_m6d "$SOCK" "$DAEMON_PID"
 }
 
 stop_daemon() {  # SIGTERM and wait; asserts exit 0
@@ -111,32 +163,93 @@ field() {  # field RUN KEY -> value from status --json
     ctl status "$1" --json | python3 -c "import json,sys; v=json.load(sys.stdin)['$2']; print('' if v is None else v)"
 }
 
-# wait_until RUN STATE [timeout s]
+# run_state RUN: the run's last state in one line, from the state
+# database (what a failing wait prints)
+run_state() {
+    db "$(dirname "$SOCK")" "select 'state=' || state || ' phase=' || phase || ' step=' || step
+        || '/' || total_steps || coalesce(' error=' || error, '') from runs where id=$1" 2>/dev/null \
+        || echo "(state database unreadable)"
+}
+
+# wait_for WHAT TMO CMD...: runs CMD every 20 ms until it succeeds, at most
+# TMO s. On timeout the test fails naming WHAT, CMD's last output (what it
+# saw instead) and, with WAIT_RUN set, that run's last state (run_state).
+wait_for() {
+    local what=$1 tmo=$2 out= end
+    shift 2
+    end=$((SECONDS + tmo))
+    while :; do
+        out=$("$@" 2>&1) && return 0
+        [ "$SECONDS" -lt "$end" ] || break
+        sleep 0.02
+    done
+    fail "waited ${tmo}s for $what; saw instead: '${out:-nothing}'${WAIT_RUN:+; run $WAIT_RUN: $(run_state "$WAIT_RUN")}"
+}
+
+# log_has FILE ERE [N]: FILE has at least N (1) lines matching ERE; else
+# prints how many (for wait_for)
+log_has() {
+    local c
+    c=$(grep -Ec -- "$2" "$1" 2>/dev/null || true)
+    [ "${c:-0}" -ge "${3:-1}" ] && return 0
+    echo "${c:-0} lines of $1 match '$2', want ${3:-1}"
+    return 1
+}
+
+# wait_state RUN STATE [timeout s]: until the run is in STATE; a run that
+# reaches another final state first fails at once
 wait_state() {
-    local run=$1 want=$2 tmo=${3:-60} s
-    for _ in $(seq 1 $((tmo * 20))); do
+    local run=$1 want=$2 tmo=${3:-60} s= end
+    end=$((SECONDS + tmo))
+    while [ "$SECONDS" -le "$end" ]; do
         s=$(field "$run" state)
         [ "$s" = "$want" ] && return 0
+        case $s in completed | failed | stopped)
+            fail "run $run: wanted state $want, it ended $s instead; last state: $(run_state "$run")" ;;
+        esac
         sleep 0.05
     done
-    fail "run $run: state $s, wanted $want after ${tmo}s"
+    fail "run $run: wanted state $want within ${tmo}s, saw $s; last state: $(run_state "$run")"
 }
 
 # wait_step RUN N: until step >= N. Polls the state database (one sqlite3
-# process, a few ms) rather than `field` (m6ctl and a Python start, which on
-# a loaded machine took long enough for a short run to pass the step it was
-# waiting for and finish: integration-restart then failed "run finished
-# before SIGTERM"). The step is the one m6d commits at the end of each step.
+# process, a few ms) rather than `field` (m6ctl and a Python start). The
+# step is the one m6d commits at the end of each step. A run that ends
+# (completed, failed, stopped) before step N fails at once: a test that
+# must act while the run is alive keeps it alive by design (a step count it
+# cannot finish, or the boundary hold hook), never by racing it.
 wait_step() {
-    local run=$1 n=$2 tmo=${3:-60} s= end
+    local run=$1 n=$2 tmo=${3:-60} s= st= end
     end=$((SECONDS + tmo))
     while [ "$SECONDS" -le "$end" ]; do
-        s=$(db "$(dirname "$SOCK")" "select step from runs where id=$run")
+        IFS='|' read -r s st < <(db "$(dirname "$SOCK")" "select step, state from runs where id=$run") || true
         [ -n "$s" ] && [ "$s" -ge "$n" ] && return 0
+        case $st in completed | failed | stopped)
+            fail "run $run: wanted step >= $n, it ended first; last state: $(run_state "$run")" ;;
+        esac
         sleep 0.01
     done
-    fail "run $run: step ${s:-?}, wanted >= $n (waited ${tmo}s)"
+    fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
+
+# The step-boundary hold (coord.c's test hook): every m6d started with
+# M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
+# boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
+# wait). hold_boundary [nowait]: makes the worker hold at its next boundary
+# and waits until it does, so the run is alive, whatever the speed of a
+# step, for what the test does next (nowait: a paused run's worker holds
+# only once a command wakes it). release_boundary: lets it go on.
+HOLD_FILE=$T/hold
+hold_boundary() {
+    local lg before
+    lg=$T/m6d-$(basename "$(dirname "$SOCK")").log
+    before=$(grep -c 'test.hold' "$lg" || true)
+    touch "$HOLD_FILE"
+    [ "${1:-}" = nowait ] && return 0
+    wait_for "the worker to hold at its step boundary (log line test.hold)" 20 \
+        log_has "$lg" 'test.hold' $((before + 1))
+}
+release_boundary() { rm -f "$HOLD_FILE"; }
 
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
 # on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
@@ -178,7 +291,7 @@ wait_paused_error() {
         fi
         sleep 0.05
     done
-    fail "run $1 did not pause with an error like '$2' (state $s, error '$e')"
+    fail "run $1 did not pause with an error like '$2' within 30 s (state $s, error '$e'); last state: $(run_state "$1")"
 }
 
 # db STATE_DIR SQL: the test's own read queries. Read-only: a read-write

@@ -11,7 +11,7 @@ H=$((N / 2))
 prepare_data "$T/data"
 write_spec "$T/a.json" life-a "$N" "$H"
 write_spec "$T/b.json" life-b "$N" "$H"
-start_daemon "$T/s"
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"  # lib.sh hold_boundary
 
 # A dashboard polling the DB all along, as the run writes.
 ( while [ ! -f "$T/stop-reader" ]; do
@@ -22,9 +22,13 @@ start_daemon "$T/s"
 READER=$!
 
 A=$(ctl submit "$T/a.json")
-# Pause as soon as the worker owns the run (until then it is queued and a
-# pause is refused), so it stops well before the spec's delink.
-for _ in $(seq 200); do ctl pause "$A" >/dev/null 2>&1 && break; sleep 0.01; done
+# Pause once the worker owns the run (until then it is queued and a pause is
+# refused), held at its boundary: it stops well before the spec's delink
+# whatever the speed of a step.
+wait_step "$A" 1
+hold_boundary
+ctl pause "$A" >/dev/null || fail "pause of run $A refused"
+release_boundary
 B=$(ctl submit "$T/b.json")
 [ "$A" = 1 ] && [ "$B" = 2 ] || fail "run ids $A $B"
 wait_state "$A" paused
@@ -61,7 +65,9 @@ wait_step "$A" $((P + 2))
 [ "$(db "$T/s" "select phase from metrics where run=$A and step=$((P + 1))")" = real ] \
     || fail "step after delink not in the real phase"
 
+hold_boundary  # alive for the stop, however short its steps
 ctl stop "$A" >/dev/null
+release_boundary
 rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
 [ "$rc" = 3 ] || fail "watch of a stopped run should exit 3, got $rc"
 [ "$(field "$A" state)" = stopped ] || fail "run $A not stopped"

@@ -26,20 +26,7 @@ PEER=${1:?usage: nodes.sh nodes_peer.py}
 TMO=1           # --node-timeout, seconds: heartbeats every 333 ms
 export MAX_S=3  # the first-frame timeout is min(5 s, TMO), plus slack
 
-declare -A PIDS
-# start_m6d NAME ARGS...: an m6d with state dir $T/NAME, log $T/m6d-NAME.log
-start_m6d() {
-    local name=$1; shift
-    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
-        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
-    PIDS[$name]=$!
-}
-cleanup_nodes_() {
-    local n
-    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
-    cleanup_
-}
-trap cleanup_nodes_ EXIT
+M6D_ARGS="--node-timeout $TMO"  # every m6d start_m6d (lib.sh) starts
 c_ctl() { "$M6CTL" --socket "$T/c/m6d.sock" "$@"; }
 # node_field HOSTNAME KEY: from `m6ctl nodes --json` on the coordinator
 node_field() {
@@ -76,7 +63,7 @@ chmod 600 "$T/token-bad"
 
 # ---- one node: a plain m6d is both roles and lists itself
 start_m6d solo
-for _ in $(seq 1 100); do "$M6CTL" --socket "$T/solo/m6d.sock" list >/dev/null 2>&1 && break; sleep 0.05; done
+wait_m6d "$T/solo/m6d.sock" "$M6D_PID" "the solo m6d"
 "$M6CTL" --socket "$T/solo/m6d.sock" nodes --json | python3 -c '
 import json, socket, sys
 n = json.load(sys.stdin)
@@ -84,8 +71,8 @@ assert len(n) == 1 and n[0]["role"] == "coordinator" and n[0]["state"] == "live"
 assert n[0]["hostname"] == socket.gethostname(), n
 ' || fail "a single m6d does not list itself as the live coordinator"
 grep -q "cluster.listen" "$T/m6d-solo.log" && fail "a single m6d listens on TCP"
-kill -TERM "${PIDS[solo]}"; wait "${PIDS[solo]}" || fail "solo m6d exit"
-unset 'PIDS[solo]'
+kill -TERM "${M6D_PIDS[solo]}"; wait "${M6D_PIDS[solo]}" || fail "solo m6d exit"
+unset 'M6D_PIDS[solo]'
 [ "$(db "$T/solo" "select state from nodes")" = left ] || fail "solo m6d not left after SIGTERM"
 
 # ---- a run on the coordinator while nodes join and peers misbehave: it
@@ -172,21 +159,21 @@ assert w["w1"]["node_uuid"] != w["w2"]["node_uuid"]
 grep -q "worker node of the coordinator at $ADDR" "$T/err" || fail "worker's nodes refusal: $(cat "$T/err")"
 
 # ---- kill -9: the socket closes, lost at once
-kill -9 "${PIDS[w1]}"; wait "${PIDS[w1]}" 2>/dev/null || true
+kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
 took=$(wait_node w1 lost $((TMO + 1)))
 log "w1 (kill -9) lost after ${took}s"
 db "$T/c" "select detail from events where run is null and kind = 'node.lost'" | grep -q "hostname=w1 .*cause=\"connection closed by the peer\"" \
     || fail "no node.lost event naming w1: $(db "$T/c" 'select kind, detail from events')"
 grep -q 'node.lost node=[0-9]* hostname=w1' "$T/m6d-c.log" || fail "node.lost not logged for w1"
 # ---- SIGSTOP: silent, lost within the timeout; SIGCONT: a reconnect
-kill -STOP "${PIDS[w2]}"
+kill -STOP "${M6D_PIDS[w2]}"
 took=$(wait_node w2 lost $((TMO + 2)))
 log "w2 (SIGSTOP) lost after ${took}s (timeout ${TMO}s)"
 # the timeout counts from w2's last heartbeat, which can come up to one
 # heartbeat interval (TMO/3) before the SIGSTOP: not before 2/3 TMO
 python3 -c "import sys; sys.exit(not ($took >= $TMO * 0.6))" || fail "w2 lost after ${took}s, before its timeout"
 [ "$(node_field w2 detail)" != "" ] && node_field w2 detail | grep -q "no heartbeat for" || fail "w2's cause: $(node_field w2 detail)"
-kill -CONT "${PIDS[w2]}"
+kill -CONT "${M6D_PIDS[w2]}"
 wait_node w2 live 5 >/dev/null
 grep -q 'node.reconnect node=[0-9]* hostname=w2' "$T/m6d-c.log" || fail "w2 came back, but not as a reconnect"
 grep -q 'cluster.rejoined .*reconnect=1' "$T/m6d-w2.log" || fail "w2 does not log its rejoin"
@@ -272,23 +259,23 @@ losses "$RUN" >"$T/during.csv"
 cmp -s "$T/quiet.csv" "$T/during.csv" || fail "the run's losses differ from the quiet run's: $(diff "$T/quiet.csv" "$T/during.csv" | head -5)"
 
 # ---- SIGTERM: left; a restarted coordinator: lost until they reconnect
-kill -TERM "${PIDS[w3]}"; wait "${PIDS[w3]}" || fail "w3 exit after SIGTERM"
+kill -TERM "${M6D_PIDS[w3]}"; wait "${M6D_PIDS[w3]}" || fail "w3 exit after SIGTERM"
 [ "$(node_field w3 state)" = left ] || fail "w3 after SIGTERM: $(node_field w3 state)"
-kill -TERM "${PIDS[c]}"; wait "${PIDS[c]}" || fail "coordinator exit after SIGTERM"
+kill -TERM "${M6D_PIDS[c]}"; wait "${M6D_PIDS[c]}" || fail "coordinator exit after SIGTERM"
 [ "$(db "$T/c" "select state from nodes where hostname = 'w2'")" = live ] || fail "w2 not live in m6.db after the coordinator stopped"
 # what a kill -9 mid-run leaves (a run's end clears it): w2 still listed
 # as rank 1 of the run; the restarted coordinator must not keep that
 sqlite3 -cmd '.timeout 5000' "$T/c/m6.db" "update nodes set run = $RUN, rank = 1 where hostname = 'w2'"
 start_m6d c --role coordinator --listen "$ADDR" --token-file "$T/token"
-for _ in $(seq 1 100); do c_ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+wait_m6d "$T/c/m6d.sock" "$M6D_PID" "the restarted coordinator"
 wait_node w2 live 10 >/dev/null
 grep -q 'cause="coordinator restarted' "$T/m6d-c.log" || fail "restart: previous life's nodes not marked lost"
 [ "$(db "$T/c" "select coalesce(run, 'none') || ' ' || coalesce(rank, 'none') from nodes where hostname = 'w2'")" = "none none" ] \
     || fail "restart: w2 keeps the previous life's assignment: $(db "$T/c" "select run, rank from nodes where hostname = 'w2'")"
 [ "$(node_field w3 state)" = left ] || fail "w3 (left) changed at the restart: $(node_field w3 state)"
-kill -0 "${PIDS[w2]}" || fail "w2 died"
-kill -TERM "${PIDS[w2]}"; wait "${PIDS[w2]}" || fail "w2 exit"
-kill -TERM "${PIDS[c]}"; wait "${PIDS[c]}" || fail "coordinator exit"
+kill -0 "${M6D_PIDS[w2]}" || fail "w2 died"
+kill -TERM "${M6D_PIDS[w2]}"; wait "${M6D_PIDS[w2]}" || fail "w2 exit"
+kill -TERM "${M6D_PIDS[c]}"; wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 grep -q 'daemon.leak' "$T"/m6d-*.log && fail "handles left open at exit"
-PIDS=()
+M6D_PIDS=()
 echo "nodes: ok"

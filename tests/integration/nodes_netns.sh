@@ -14,18 +14,19 @@ PREFIX=m6
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
 chmod 600 "$T/token"
-ip netns exec "$NC" "$M6D" --state-dir "$T/c" --threads 1 --node-timeout "$TMO" \
-    --role coordinator --listen 192.0.2.1:7070 --token-file "$T/token" 2>"$T/m6d-c.log" &
-CPID=$!
+M6D_ARGS="--node-timeout $TMO"
+M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator --listen 192.0.2.1:7070 \
+    --token-file "$T/token"
+CPID=$M6D_PID
 c_ctl() { "$M6CTL" --socket "$T/c/m6d.sock" "$@"; }  # a Unix socket: any namespace
-for _ in $(seq 1 100); do c_ctl list >/dev/null 2>&1 && break; sleep 0.05; done
+wait_m6d "$T/c/m6d.sock" "$CPID" "the coordinator"
 # the coordinator's address exists in the namespaces only
 tcp_probe='import socket, sys; socket.create_connection(("192.0.2.1", 7070), timeout=1)'
 ! python3 -c "$tcp_probe" 2>/dev/null || fail "192.0.2.1:7070 answers outside the namespaces"
 ip netns exec "$NW" python3 -c "$tcp_probe" || fail "no route from the worker's namespace to 192.0.2.1:7070"
-ip netns exec "$NW" "$M6D" --state-dir "$T/w" --threads 1 --node-timeout "$TMO" \
-    --join 192.0.2.1:7070 --token-file "$T/token" --node-name netw 2>"$T/m6d-w.log" &
-WPID=$!
+M6D_PREFIX="ip netns exec $NW" start_m6d w --join 192.0.2.1:7070 --token-file "$T/token" \
+    --node-name netw
+WPID=$M6D_PID
 state_of() { c_ctl nodes --json | python3 -c "
 import json, sys
 n = [x for x in json.load(sys.stdin) if x['hostname'] == 'netw']

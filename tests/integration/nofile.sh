@@ -19,21 +19,22 @@ fi
 # One run on ordinary data (a train and a val shard), one on ~220 train and
 # ~12 val shards of 1024 tokens each.
 prepare_data "$T/data"
-CKPT_EVERY=500 write_spec "$T/small.json" small 2000 0 '"device": {"threads": 1}'
+CKPT_EVERY=500 write_spec "$T/small.json" small 600 0 '"device": {"threads": 1}'
 "$M6CTL" data prepare --out "$T/many" --val-fraction 0.05 --shard-tokens 1024 \
     "$FORTUNES/computers" >"$T/many.out" 2>&1 || fail "data prepare (many): $(cat "$T/many.out")"
 NT=$(compgen -G "$T/many/train_*.bin" | wc -l)
 NV=$(compgen -G "$T/many/val_*.bin" | wc -l)
 [ "$NT" -gt 100 ] && [ "$NV" -ge 1 ] || fail "want > 100 train shards, got $NT (+ $NV val)"
 cp -r "$T/many" "$T/many.orig"
-CKPT_EVERY=500 write_spec "$T/many.json" many 2000 0 '"device": {"threads": 1}'
+CKPT_EVERY=500 write_spec "$T/many.json" many 600 0 '"device": {"threads": 1}'
 sed -i "s|$T/data/|$T/many/|g" "$T/many.json"
 
 LOG=$T/m6d-s.log
 # start LIMITS: m6d on $T/s under `ulimit LIMITS`; life_log: this life's log
 start() {
     LIFE_FROM=$(( $( (cat "$LOG" 2>/dev/null || true) | wc -l) + 1 ))
-    ULIMIT="$1" start_daemon "$T/s"
+    release_boundary
+    ULIMIT="$1" M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 }
 life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
 alive() { kill -0 "$DAEMON_PID" 2>/dev/null && ctl list >/dev/null || fail "m6d stopped serving: $1"; }
@@ -51,7 +52,7 @@ wait_completed() {
         esac
         sleep 0.05
     done
-    fail "run $1 did not complete: $s"
+    fail "run $1 did not complete within 120 s; last state: $(run_state "$1")"
 }
 # poison_all / restore_all: every train shard's tokens 999 in place (the
 # same size and inode) / the original bytes back in place.
@@ -110,6 +111,7 @@ log "hard 64: submit refused ('$(tail -n 1 "$T/submit.out" | cut -c1-160)...'); 
 start "-S -n 64"
 M2=$(ctl submit "$T/many.json")
 wait_step "$M2" 30
+hold_boundary  # running when m6d stops, however short its steps
 stop_daemon
 start "-n 64"
 want="^data.train: too many open files \(limit 64\): $T/many/train_[0-9]+\.bin: open: shard [0-9]+ of $NT; a run keeps every shard open: .*; once m6d can open them, .m6ctl resume. reopens the data$"
@@ -134,7 +136,9 @@ life_log | grep -q "info daemon.nofile old=$LIM new=$LIM$" || fail "no daemon.no
 [ "$(field "$M2" state)" = paused ] || fail "run $M2 not paused at the start: $(field "$M2" state)"
 ctl resume "$M2" >/dev/null || fail "resume under $LIM files"
 wait_step "$M2" $((K + 20))
+hold_boundary  # the poison meets a training run, however short its steps
 poison_all
+release_boundary
 ERR=$(wait_paused_error "$M2" "^data.train: $T/many/train_[0-9]+\.bin: token 999 at index [0-9]+ >= vocab_size 256")
 restore_all
 ctl resume "$M2" >/dev/null || fail "resume (restored) under $LIM files"

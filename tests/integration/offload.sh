@@ -80,10 +80,11 @@ done
 "$M6CTL" plan "$T/cuda-spec-on.json" | grep -q "speculative clipped update (offload.speculative on): on" ||
     fail "plan table: no speculative line: $("$M6CTL" plan "$T/cuda-spec-on.json")"
 
-# Every step 15 ms longer (the test hook): the offloaded run's 20 Pseudo
-# steps took 40 ms unhindered, and on a loaded machine the pause below,
-# a process start or two, came after the delink
-M6_TEST_STEP_DELAY_MS=15 start_daemon "$T/s"
+# The boundary hold (lib.sh hold_boundary): the offloaded run's 20 Pseudo
+# steps take 40 ms unhindered; the test holds the worker at its boundary
+# before each pause, so the pause lands in the phase it wants whatever the
+# speed of a step
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 
 for f in cuda-off cuda-spec-on; do
 for a in "" "--json"; do
@@ -103,10 +104,13 @@ A=$(ctl submit "$T/plain.json")
 rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
 [ "$rc" = 0 ] || fail "plain run: watch exit $rc"
 
-# The offloaded run: pause it as soon as the worker owns it (Pseudo phase,
-# the coordinator's live sample), then again in the Real phase.
+# The offloaded run: pause it after its first step (Pseudo phase, the
+# coordinator's live sample), then again in the Real phase.
 B=$(ctl submit "$T/off.json")
-for _ in $(seq 200); do ctl pause "$B" >/dev/null 2>&1 && break; sleep 0.01; done
+wait_step "$B" 1
+hold_boundary
+ctl pause "$B" >/dev/null || fail "could not pause run $B in the pseudo phase"
+release_boundary
 wait_state "$B" paused
 ctl status "$B" --json | python3 -c "
 import json, sys
@@ -117,14 +121,12 @@ assert r['device_budget_bytes'] == $BUDGET, r
 assert 0 < r['device_bytes_in_use'] <= r['peak_device_bytes'] <= $BUDGET, r
 " || fail "status of the paused pseudo run: $(ctl status "$B" --json)"
 ctl resume "$B" >/dev/null
-# Poll with the C client alone (fast): the run is short. Pause after a
-# Real step or two (the sample after the delink itself has no rates yet).
-for _ in $(seq 2000); do
-    out=$(ctl status "$B")
-    [[ "$out" =~ step:\ +([0-9]+)/ ]] && [ "${BASH_REMATCH[1]}" -ge 22 ] && break
-    sleep 0.005
-done
+# Pause after a Real step or two (the sample after the delink itself has
+# no rates yet).
+wait_step "$B" 22
+hold_boundary
 ctl pause "$B" >/dev/null || fail "could not pause run $B in the real phase"
+release_boundary
 wait_state "$B" paused
 ctl status "$B" --json >"$T/live.json"
 python3 -c "

@@ -9,6 +9,7 @@
 #      uninterrupted run's step, with its figures;
 #   4. bad values are refused at submit, naming the key; m6d keeps serving.
 . "$(dirname "$0")/lib.sh"
+export M6_TEST_HOLD_BOUNDARY=$HOLD_FILE  # lib.sh hold_boundary
 
 prepare_data "$T/data"
 
@@ -106,7 +107,9 @@ OUT=$(check_rule "$T/s" "$B" 0 1 40) || fail "bound run against the rule by hand
 plat_spec "$T/c.json" plat-c 160 150 '{"policy": "plateau", "min_delta": 0.05, "patience": 2}'
 C=$(ctl submit "$T/c.json")
 wait_step "$C" 30
+hold_boundary  # paused well before the plateau, however short its steps
 ctl pause "$C" >/dev/null
+release_boundary
 wait_state "$C" paused
 P=$(field "$C" step)
 [ "$P" -lt "$A_STEP" ] || fail "paused at $P, not before the plateau at $A_STEP"
@@ -145,7 +148,9 @@ while :; do
     [ "$SECONDS" -le "$end" ] || fail "run $D: step ${s:-?}, no kill point"
     sleep 0.005
 done
+hold_boundary  # at most one step on: still between checkpoints
 kill9_daemon
+release_boundary
 start_daemon "$T/s"
 ctl watch "$D" >/dev/null || fail "crashed run did not complete"
 R=$(db "$T/s" "select detail from events where run=$D and kind='resume.restart'")

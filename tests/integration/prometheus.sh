@@ -30,7 +30,7 @@ JSON
 
 export M6_TEST_STEP_DELAY_MS=200
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT"
-unset M6_TEST_STEP_DELAY_MS
+suite_step_delay  # the suite's delay (lib.sh) for the m6d started next
 $PROM fetch "$URL/metrics" >"$T/idle.txt" || fail "GET /metrics of an idle m6d"
 promtool check metrics <"$T/idle.txt" >"$T/promtool.log" 2>&1 || fail "promtool (idle): $(cat "$T/promtool.log")"
 

@@ -9,14 +9,21 @@
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
-write_spec "$T/spec.json" proto 150 75
+# the default model whatever M6_TEST_MODEL says: the checks below edit its
+# text and size it
+M6_TEST_MODEL= write_spec "$T/spec.json" proto 150 75
 
 reference_losses "$T/quiet" "$T/spec.json" "$T/quiet.csv" "quiet run"
 
-start_daemon "$T/s"
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 [ "$(stat -c %a "$SOCK")" = 660 ] || fail "socket mode $(stat -c %a "$SOCK")"
+# the run held at its first boundary until it is seen running (lib.sh
+# hold_boundary): then it trains while the bad input comes, however short
+# its steps
+hold_boundary nowait
 R=$(ctl submit "$T/spec.json")
 wait_state "$R" running
+release_boundary
 
 python3 "$(dirname "$0")/rawclient.py" "$SOCK" >"$T/raw.out" 2>&1 || fail "rawclient: $(cat "$T/raw.out")"
 cat "$T/raw.out" >&2

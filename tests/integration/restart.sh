@@ -6,9 +6,11 @@
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
-# Big enough that a step takes a few ms, and long enough (N steps) that on a
-# loaded machine the run is still going when the test stops it (CI once saw
-# a 120-step run end before its pause).
+# The run is alive when the test interrupts it by design, whatever the speed
+# of a step: every m6d here honours the boundary hold (lib.sh), and the test
+# holds the worker at its boundary before it stops, kills or watches it.
+# Each m6d restarted to finish a run starts with the boundary released.
+export M6_TEST_HOLD_BOUNDARY=$HOLD_FILE
 N=240
 spec() {
     write_spec "$1" "$2" $N 60 '"device": {"threads": 1}'
@@ -41,6 +43,7 @@ reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
 start_daemon "$T/term"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 15
+hold_boundary
 # A watch started now rides out the restart (m6ctl watch --reconnect).
 watch_bg term "$R"
 stop_daemon
@@ -55,7 +58,8 @@ K=$(db "$T/term" "select step from runs where id=$R")
 [ "$(db "$T/term" "select max(step) from checkpoints where run=$R")" = "$K" ] \
     || fail "no checkpoint at the SIGTERM step $K"
 db "$T/term" "select kind from events where run=$R" | grep -qx interrupted || fail "no interrupted event"
-sleep 1.2
+release_boundary
+sleep 1.2  # the watch retries while m6d is away: it must see it unreachable
 start_daemon "$T/term"
 ctl watch "$R" >/dev/null || fail "resumed run (SIGTERM) did not complete"
 wait "$WATCH_PID"
@@ -72,7 +76,9 @@ log "SIGTERM at step $K: same losses"
 start_daemon "$T/k9"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 65
+hold_boundary
 kill9_daemon
+release_boundary
 K=$(db "$T/k9" "select step from runs where id=$R")
 C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
 [ "$K" -lt $N ] || fail "run finished before kill -9"
@@ -121,13 +127,17 @@ CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
 R=$(ctl submit "$T/op.json")
 wait_step "$R" 5
+hold_boundary
 ctl pause "$R" >/dev/null || fail "pause (op)"
+release_boundary
 wait_state "$R" paused
 P=$(field "$R" step)
 ctl delink "$R" >/dev/null
 ctl resume "$R" >/dev/null
 wait_step "$R" $((P + 5))
+hold_boundary
 kill9_daemon
+release_boundary
 K=$(db "$T/op" "select step from runs where id=$R")
 [ "$K" -lt $N ] || fail "run finished before kill -9 (op)"
 sqlite3 -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R order by step" >"$T/op-before.csv"
@@ -146,9 +156,11 @@ log "operator delink at $P replayed after kill -9 at $K"
 start_daemon "$T/w"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 5
+hold_boundary
 watch_bg w "$R"
 WSOCK=$SOCK
 stop_daemon
+release_boundary
 start_daemon "$T/ref"   # its run 1: the completed reference run
 ln -sf "$SOCK" "$WSOCK"
 wait "$WATCH_PID"
@@ -172,7 +184,9 @@ damage_ckpt_data() {
 start_daemon "$T/bad"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 45
+hold_boundary
 kill9_daemon
+release_boundary
 C=$(db "$T/bad" "select max(step) from checkpoints where run=$R")
 PREV=$(db "$T/bad" "select max(step) from checkpoints where run=$R and step<$C")
 [ -n "$PREV" ] || fail "want two checkpoints, have $(db "$T/bad" "select group_concat(step) from checkpoints where run=$R")"
@@ -190,7 +204,9 @@ log "newest checkpoint ($C) data damaged: kept as step-$C.bad, went on from $PRE
 start_daemon "$T/bad2"
 R=$(ctl submit "$T/ref.json")
 wait_step "$R" 15
+hold_boundary
 kill9_daemon
+release_boundary
 for d in "$T/bad2/runs/$R/checkpoints"/step-*; do corrupt_ckpt "$d"; done
 start_daemon "$T/bad2"
 ERR=$(wait_paused_error "$R" "does not load")

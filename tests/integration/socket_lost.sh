@@ -15,11 +15,16 @@ wait_answer() {  # wait_answer SECONDS: m6ctl list answers again
 }
 
 prepare_data "$T/data"
-CKPT_EVERY=500 write_spec "$T/s.json" lost 8000 1000
+# The run is held at its boundary (lib.sh hold_boundary) while the socket
+# comes and goes, so it is running through all of it however short its
+# steps; released at the end, it completes.
+CKPT_EVERY=500 write_spec "$T/s.json" lost 200 100
+export M6_TEST_HOLD_BOUNDARY=$HOLD_FILE
 start_daemon "$T/d"
 LOG=$T/m6d-d.log
 R=$(ctl submit "$T/s.json") || fail "submit"
 wait_step "$R" 5
+hold_boundary
 
 # 1. removed: reachable again, said in the log
 rm "$SOCK"
@@ -32,7 +37,10 @@ grep -q "server.socket_restored .*socket=$SOCK" "$LOG" || fail "no server.socket
 # 2. replaced by a regular file: left alone, logged once
 echo keep >"$T/file"
 mv -f "$T/file" "$SOCK"
-sleep 5
+# m6d looks at its socket path every 2 s (server.c PATH_CHECK_MS): the
+# loss line, then two more looks that must not repeat it
+WAIT_RUN=$R wait_for "the server.socket_lost line" 10 log_has "$LOG" "server.socket_lost .*socket=$SOCK"
+sleep 4.5
 [ -f "$SOCK" ] && [ "$(cat "$SOCK")" = keep ] || fail "m6d touched the file put at $SOCK"
 n=$(grep -c "server.socket_lost .*socket=$SOCK" "$LOG")
 [ "$n" = 1 ] || fail "server.socket_lost logged $n times over 5 s, want once"
@@ -52,7 +60,8 @@ time.sleep(60)' "$SOCK" "$T/other.ready" &
 OTHER=$!
 for _ in $(seq 1 50); do [ -e "$T/other.ready" ] && break; sleep 0.1; done
 [ -e "$T/other.ready" ] || fail "the other listener did not start"
-sleep 5
+WAIT_RUN=$R wait_for "the loss line for another process's socket" 10 \
+    log_has "$LOG" "server.socket_lost .*another m6d is listening there"
 grep -q "server.socket_lost .*another m6d is listening there" "$LOG" \
     || fail "no loss line for a path another process listens on"
 ino=$(stat -c %i "$SOCK")
@@ -64,6 +73,7 @@ stop_daemon
 kill "$OTHER" 2>/dev/null || true
 wait "$OTHER" 2>/dev/null || true
 rm -f "$SOCK"
+release_boundary
 start_daemon "$T/d"
 wait_state "$R" completed 120 || fail "run $R did not complete after the restart"
 stop_daemon
