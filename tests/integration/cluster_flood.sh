@@ -79,9 +79,9 @@ sleep 1
 
 # a worker joins through the flood
 t0=$EPOCHREALTIME
-"$M6D" --state-dir "$T/w1" --threads 1 --log-level info --join "127.0.0.1:$PORT" \
-    --token-file "$T/token" --node-name w1 --node-timeout 5 2>>"$T/m6d-w1.log" &
-W1=$!
+start_m6d w1 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w1 \
+    --node-timeout 5
+W1=$M6D_PID
 live=
 for _ in $(seq 1 100); do
     live=$("$M6CTL" --socket "$T/c/m6d.sock" nodes --json 2>/dev/null | /usr/bin/python3 -c '
