@@ -1,9 +1,9 @@
 #!/bin/bash
 # gen-tables.sh — regenerate the docs' two generated tables from the code:
-# the spec keys (daemon/train/spec.c's key table, in docs/OPERATIONS.md)
-# and the m6ctl commands (m6ctl.c's command table, in README.md), both
-# printed by `m6ctl help --markdown TABLE`. Each table sits between marker
-# lines in exactly one of the files:
+# the spec keys (daemon/spec/spec.c's key table) and the m6ctl commands
+# (m6ctl.c's command table), both in docs/OPERATIONS.md, both printed by
+# `m6ctl help --markdown TABLE`. Each table sits between marker lines in
+# exactly one of the files (a second copy, in README.md say, fails):
 #   <!-- BEGIN spec-keys --> ... <!-- END spec-keys -->
 #   <!-- BEGIN commands -->  ... <!-- END commands -->
 #
