@@ -748,8 +748,8 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
     if (r->have_summary) {
         r->pseudo_steps = sqlite3_column_int64(s, 10);
         r->device_budget = sqlite3_column_int64(s, 11);
-        copy_text_(r->backend, sizeof r->backend, sqlite3_column_text(s, 12));
-        copy_text_(r->delink_policy, sizeof r->delink_policy,
+        state_copy_text_(r->backend, sizeof r->backend, sqlite3_column_text(s, 12));
+        state_copy_text_(r->delink_policy, sizeof r->delink_policy,
                    sqlite3_column_text(s, 13));
     }
     if (with_spec) {
