@@ -43,7 +43,11 @@ default) echo "tests: mode default: release build without the long suite, then u
 long) echo "tests: mode long: every test in the release build, then unit and integration under ASan+UBSan" ;;
 esac
 fi
-.ci/setup
+if ! .ci/setup; then
+    echo "failed: the build (.ci/setup; its log is above)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
 rc=0
 named=$#
 case $mode in
@@ -103,6 +107,10 @@ for i, path in enumerate(sys.argv[1:]):
         print("failed: build-san (the sanitized build; its log is above)")
         continue
     tag = "" if i == 0 else "asan+ubsan: "
+    if not os.path.exists(path):
+        failed += 1
+        print(f"failed: {tag}no test log ({path}): meson test did not run")
+        continue
     for line in open(path):
         r = json.loads(line)
         res = r["result"]
