@@ -989,7 +989,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
 }
 
 /* `m6ctl help --markdown [commands|spec-keys]` (hidden, for
- * docs/gen-tables.sh): README.md's table of the commands above, or the spec
+ * docs/gen-tables.sh): docs/OPERATIONS.md's table of the commands above, or the spec
  * key table of spec.c (spec_keys_markdown). Help text is joined into one
  * line; '|' and '<' are escaped for Markdown. Returns the exit status. */
 static int markdown_tables_(const char *which)

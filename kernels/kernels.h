@@ -2,7 +2,7 @@
  * kernels.h — the compute interface of m6: every op of the GPT block, forward
  * and backward, declared once with its shapes.
  *
- * Notation (DESIGN.md §5): B batch, T sequence length, C channels (n_embd),
+ * Notation: B batch, T sequence length, C channels (n_embd),
  * NH heads (C % NH == 0, head size hs = C/NH), V vocabulary, N = B*T rows.
  * All tensors are dense row-major float32 (the CPU reference, kernels/cpu/).
  * The CUDA backend (kernels/cuda/, kernels_cuda.h) implements the same ops with

@@ -1,5 +1,5 @@
 /*
- * main.c — m6d: the per-node training daemon (DESIGN.md §2).
+ * main.c — m6d: the per-node training daemon (docs/DESIGN.md, "Threads").
  *
  * Modules, started in dependency order and stopped in reverse:
  *   log -> open-file limit -> state (m6.db) -> coord (queue + worker

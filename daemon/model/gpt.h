@@ -1,5 +1,5 @@
 /*
- * gpt.h — the GPT-2-style decoder with a share map (DESIGN.md §1).
+ * gpt.h — the GPT-2-style decoder with a share map (docs/DESIGN.md, "The share map and the delink").
  *
  * Parameters live in ONE allocation laid out as
  *     [ globals | slot 0 | slot 1 | ... | slot S-1 ]

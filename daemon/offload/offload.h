@@ -1,5 +1,5 @@
 /*
- * offload.h — granular CPU offloading (DESIGN.md §1): memory pools, the
+ * offload.h — granular CPU offloading (docs/DESIGN.md, "Offloading"): memory pools, the
  * planner, the submit-time preflight check, and the step scheduler that
  * streams offloaded slots between host and device.
  *

@@ -1,5 +1,5 @@
 /*
- * spec.h — the run spec: what an operator submits (a JSON file, DESIGN.md §4),
+ * spec.h — the run spec: what an operator submits (a JSON file; docs/OPERATIONS.md, "Spec keys"),
  * parsed and range-checked into a plain struct. Unknown keys and bad values
  * are errors naming the key ("train.lr: must be > 0, got -1").
  */
@@ -161,7 +161,7 @@ uint64_t spec_hash(const run_spec *s);
 /* Write every spec key as one row of a Markdown table to out: key path,
  * JSON type, default (from spec_defaults, as spec_to_json writes it; "none"
  * for an empty string), accepted range and meaning, in the key table's
- * order. README.md's key table is this output (docs/gen-tables.sh). 0, or
+ * order. docs/OPERATIONS.md's key table is this output (docs/gen-tables.sh). 0, or
  * -1 on a write error or out of memory. */
 int spec_keys_markdown(FILE *out);
 

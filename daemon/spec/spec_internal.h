@@ -30,7 +30,7 @@ typedef struct {
     double flo, fhi;
     int lo_open, hi_open;
     const char *const *names;  /* K_ENUM, NULL-terminated */
-    const char *doc;           /* one sentence for README.md's key table */
+    const char *doc;           /* one sentence for docs/OPERATIONS.md's key table */
     /* the table's default where it is a rule the parser applies to a
      * spec that leaves the key out (p2r_defaults_), not spec_defaults'
      * value; NULL: the value */

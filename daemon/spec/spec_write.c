@@ -2,7 +2,7 @@
  * spec_write.c — the run spec written out from its key table: the JSON of
  * every key (spec_to_json: defaults included, floats that read back to
  * the same bits), the hash over it (spec_hash), and the keys' markdown
- * table (spec_keys_markdown, for README.md and docs/OPERATIONS.md). The
+ * table (spec_keys_markdown, for docs/OPERATIONS.md). The
  * table and the parser are spec.c's.
  */
 #include "spec/spec_internal.h"
@@ -179,7 +179,7 @@ uint64_t spec_hash(const run_spec *s)
 }
 
 /* ------------------------------------------------------------------------ */
-/* The key table as Markdown (README.md)                                     */
+/* The key table as Markdown (docs/OPERATIONS.md)                                     */
 /* ------------------------------------------------------------------------ */
 
 /* A Markdown table cell: '|' escaped so it does not end the cell. */
@@ -191,7 +191,7 @@ static void cell_(FILE *out, const char *text)
     }
 }
 
-/* What values k takes, as README.md's "range" column says it. */
+/* What values k takes, as the key table's "range" column says it. */
 static void range_md_(const key_ *k, char *buf, size_t len)
 {
     switch (k->kind) {

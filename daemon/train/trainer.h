@@ -231,7 +231,7 @@ float trainer_probe_loss(trainer *t, int batch_index);
  * returns TRAINER_EDATA until a reopen works). */
 int trainer_reopen_data(trainer *t, m6_err *err);
 
-/* Delink (DESIGN.md §1): S slots -> L slots, each layer a copy of the slot it
+/* Delink (docs/DESIGN.md, "The delink, end to end"): S slots -> L slots, each layer a copy of the slot it
  * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR
  * schedule continues, re-warming over spec.delink.rewarm_steps.
  * No-op returning 0 when already Real. Returns -1 with err on OOM. */
