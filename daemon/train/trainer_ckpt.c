@@ -398,6 +398,12 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
         goto out;
     }
     int *map = malloc((size_t)L * sizeof(int)), *src = calloc((size_t)n_slots, sizeof(int));
+    if (!map || !src) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory loading %s", dir);
+        free(map);
+        free(src);
+        goto out;
+    }
     for (int l = 0; l < L; l++) {
         map[l] = (int)json_integer_value(json_array_get(slot_of, l));
         if (map[l] < 0 || map[l] >= n_slots) {
