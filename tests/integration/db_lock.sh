@@ -157,7 +157,7 @@ stop_daemon
 M6D_UMASK=000 start_daemon "$T/um"
 ctl list >/dev/null || fail "m6d under umask 000 did not answer"
 modes=$(stat -c %a "$T/um" "$SOCK" "$T/um/m6.db" "$T/um/m6d.lock" | tr '\n' ' ')
-[ "$modes" = "750 660 640 640 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 640"
+[ "$modes" = "750 660 640 600 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 600 (the lock: no group member may hold it)"
 stop_daemon
 
 # --- directories others may write are refused at start
