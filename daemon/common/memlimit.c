@@ -30,19 +30,22 @@ static int read_u64_(const char *path, uint64_t *v)
     return 1;
 }
 
-static uint64_t meminfo_available_(const char *meminfo)
+uint64_t host_mem_meminfo(const char *meminfo, const char *key)
 {
-    FILE *f = fopen(meminfo, "r");
+    FILE *f = fopen(meminfo, "re");
     if (!f)
         return UINT64_MAX;
     char line[256];
-    unsigned long long kb;
     uint64_t v = UINT64_MAX;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (strncmp(line, key, kl) == 0 && line[kl] == ':' &&
+            sscanf(line + kl + 1, "%llu", &kb) == 1) {
             v = (uint64_t)kb * 1024;
             break;
         }
+    }
     fclose(f);
     return v;
 }
@@ -51,7 +54,7 @@ void host_mem_at(const char *meminfo, const char *proc_cgroup,
                  const char *cgroot, const char *cgroot_v1, host_mem *out)
 {
     memset(out, 0, sizeof *out);
-    out->meminfo = out->avail = meminfo_available_(meminfo);
+    out->meminfo = out->avail = host_mem_meminfo(meminfo, "MemAvailable");
     char rel[4096];
     int kind = cgroup_self(proc_cgroup, "memory", rel, sizeof rel);
     if (kind == 0)
