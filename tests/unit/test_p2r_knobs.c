@@ -1,5 +1,5 @@
 /*
- * test_p2rknobs.c — the pseudo phase's two engine options (issue 21):
+ * test_p2r_knobs.c — the pseudo phase's two engine options (issue 21):
  * pseudo.grad_scale mean and pseudo.lr_scale, through the trainer on the
  * CPU backend, against independent references:
  *   - grad_scale mean: one step of a shared model (S = 1 and S = 2 of
@@ -32,7 +32,7 @@
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
-#define FIXTURE_NAME "p2rknobs"
+#define FIXTURE_NAME "p2r_knobs"
 #include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
