@@ -56,6 +56,32 @@ static inline float *fixture_copy_state(trainer *t, int which)
     return p;
 }
 
+/* a and b hold the same state bit for bit: parameters, AdamW m and v
+ * (trainer_copy_state) and the AdamW step counts; fails the test
+ * otherwise. */
+static inline void fixture_assert_same_state(trainer *a, trainer *b)
+{
+    size_t n = trainer_copy_state(a, 0, NULL);
+    assert_int_equal(n, trainer_copy_state(b, 0, NULL));
+    for (int w = 0; w < 3; w++) {
+        float *pa = fixture_copy_state(a, w), *pb = fixture_copy_state(b, w);
+        assert_memory_equal(pa, pb, n * sizeof(float));
+        free(pa);
+        free(pb);
+    }
+    int slots = trainer_n_slots(a);
+    assert_int_equal(slots, trainer_n_slots(b));
+    long *sa = malloc((size_t)(slots + 1) * sizeof(long));
+    long *sb = malloc((size_t)(slots + 1) * sizeof(long));
+    assert_non_null(sa);
+    assert_non_null(sb);
+    assert_int_equal(trainer_copy_adam_steps(a, sa), slots + 1);
+    assert_int_equal(trainer_copy_adam_steps(b, sb), slots + 1);
+    assert_memory_equal(sa, sb, (size_t)(slots + 1) * sizeof(long));
+    free(sa);
+    free(sb);
+}
+
 /* The device.memory_budget that leaves `resident` slots of s's real phase
  * on the device: the planner's minimum plus that many slots. */
 static inline size_t fixture_budget_for(const run_spec *s, int resident)

@@ -80,14 +80,7 @@ static void check_offload_bitwise_(float clip)
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]);
 
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
 
     offload_stats st;
     assert_int_equal(trainer_offload_stats(ta, &st), -1);
@@ -141,13 +134,7 @@ static void test_offload_moe_bitwise(void **state)
     run_steps_(ta, &plain, 20, a);
     run_steps_(tb, &off, 20, b);
     assert_memory_equal(a, b, sizeof a);
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
     offload_stats st;
     assert_int_equal(trainer_offload_stats(tb, &st), 0);
     assert_int_equal(st.n_resident, 1);
@@ -180,14 +167,7 @@ static void test_offload_mixed_bitwise(void **state)
     run_steps_(ta, &plain, 20, a);
     run_steps_(tb, &off, 20, b);
     assert_memory_equal(a, b, sizeof a);
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
     offload_stats st;
     assert_int_equal(trainer_offload_stats(tb, &st), 0);
     assert_true(st.n_resident >= 1 && st.n_offloaded >= 4);
