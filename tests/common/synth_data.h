@@ -82,6 +82,22 @@ static inline run_spec synth_tiny_spec(const char *dir, int n_layer, long steps,
     return s;
 }
 
+/* Make m the MoE the engine tests train: E 4 experts in k 2 prototypes,
+ * every `every`-th block MoE, expert hidden size `hidden`, capacity
+ * factor `capacity` (2 at evaluation), router aux 0.01 and z 0.001. */
+static inline void synth_tiny_moe(model_config *m, int every, int hidden,
+                                  float capacity)
+{
+    m->moe_experts = 4;
+    m->moe_prototypes = 2;
+    m->moe_every = every;
+    m->moe_hidden = hidden;
+    m->moe_capacity_factor = capacity;
+    m->moe_eval_capacity_factor = 2.0f;
+    m->moe_aux_coef = 0.01f;
+    m->moe_z_coef = 0.001f;
+}
+
 /* Remove dir and everything in it. 0 or -1. */
 static inline int synth_remove(const char *dir)
 {

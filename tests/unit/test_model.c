@@ -307,14 +307,7 @@ static void test_delink_reset_zeroes_moments(void **state)
 static model_config moe_cfg_(void)
 {
     model_config c = small_;
-    c.moe_experts = 4;
-    c.moe_prototypes = 2;
-    c.moe_every = 1;
-    c.moe_hidden = 12;
-    c.moe_capacity_factor = 1.0f;
-    c.moe_eval_capacity_factor = 2.0f;
-    c.moe_aux_coef = 0.01f;
-    c.moe_z_coef = 0.001f;
+    synth_tiny_moe(&c, 1, 12, 1.0f);
     return c;
 }
 
@@ -594,14 +587,7 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(30, 10);
-    s.model.moe_experts = 4;
-    s.model.moe_prototypes = 2;
-    s.model.moe_every = 1;
-    s.model.moe_hidden = 24;
-    s.model.moe_capacity_factor = 1.25f;
-    s.model.moe_eval_capacity_factor = 2.0f;
-    s.model.moe_aux_coef = 0.01f;
-    s.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&s.model, 1, 24, 1.25f);
     float a[30], b[30];
     char err[256], dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/moe-ckpt-15", tmpdir_);
@@ -668,14 +654,7 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     (void)state;
     run_spec s = synth_tiny_spec(tmpdir_, 4, 30, 10);
     s.pseudo.share_groups = 2;
-    s.model.moe_experts = 4;
-    s.model.moe_prototypes = 2;
-    s.model.moe_every = 2;
-    s.model.moe_hidden = 24;
-    s.model.moe_capacity_factor = 1.25f;
-    s.model.moe_eval_capacity_factor = 2.0f;
-    s.model.moe_aux_coef = 0.01f;
-    s.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&s.model, 2, 24, 1.25f);
     float a[30], b[30];
     char err[256], dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/mixed-ckpt-15", tmpdir_);

@@ -119,14 +119,7 @@ static void test_offload_moe_bitwise(void **state)
 {
     (void)state;
     run_spec plain = spec6_(20, 8);
-    plain.model.moe_experts = 4;
-    plain.model.moe_prototypes = 2;
-    plain.model.moe_every = 1;
-    plain.model.moe_hidden = 32;
-    plain.model.moe_capacity_factor = 1.0f;
-    plain.model.moe_eval_capacity_factor = 2.0f;
-    plain.model.moe_aux_coef = 0.01f;
-    plain.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&plain.model, 1, 32, 1.0f);
     run_spec off = plain;
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
@@ -152,14 +145,7 @@ static void test_offload_mixed_bitwise(void **state)
 {
     (void)state;
     run_spec plain = spec6_(20, 8);
-    plain.model.moe_experts = 4;
-    plain.model.moe_prototypes = 2;
-    plain.model.moe_every = 2;
-    plain.model.moe_hidden = 32;
-    plain.model.moe_capacity_factor = 1.0f;
-    plain.model.moe_eval_capacity_factor = 2.0f;
-    plain.model.moe_aux_coef = 0.01f;
-    plain.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&plain.model, 2, 32, 1.0f);
     run_spec off = plain;
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
