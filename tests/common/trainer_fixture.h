@@ -46,6 +46,36 @@ static inline trainer *fixture_trainer(const run_spec *s)
     return t;
 }
 
+/* trainer_step, failing the test with its error. */
+static inline void fixture_step(trainer *t, step_result *r)
+{
+    char err[256];
+    if (ERR_INTO(err, trainer_step(t, r, &err_)) != 0)
+        fail_msg("step: %s", err);
+}
+
+/* Drive t as the coordinator does until its step count is `until`:
+ * delink when the count reaches s->pseudo.steps in the pseudo phase, then
+ * step; the training loss and learning rate of step k into losses[k-1]
+ * and lrs[k-1] (either NULL: not kept). Fails the test on an error. */
+static inline void fixture_run_steps(trainer *t, const run_spec *s,
+                                     long until, float *losses, float *lrs)
+{
+    char err[256];
+    while (trainer_step_count(t) < until) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == s->pseudo.steps)
+            if (trainer_delink(t, err, sizeof err) != 0)
+                fail_msg("delink: %s", err);
+        step_result r;
+        fixture_step(t, &r);
+        if (losses)
+            losses[r.step - 1] = r.train_loss;
+        if (lrs)
+            lrs[r.step - 1] = r.lr;
+    }
+}
+
 /* A malloc'd copy of state buffer `which` (trainer_copy_state), all of it. */
 static inline float *fixture_copy_state(trainer *t, int which)
 {

@@ -487,20 +487,6 @@ static run_spec tiny_spec_(long steps, long pseudo_steps)
     return synth_tiny_spec(tmpdir_, 3, steps, pseudo_steps);
 }
 
-/* Drive a run the way the coordinator does: delink when step == pseudo.steps. */
-static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
-{
-    char err[256];
-    while (trainer_step_count(t) < until) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) == s->pseudo.steps)
-            assert_int_equal(trainer_delink(t, err, sizeof err), 0);
-        step_result r;
-        assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
-        losses[r.step - 1] = r.train_loss;
-    }
-}
-
 static void test_determinism_50_steps(void **state)
 {
     (void)state;
@@ -509,10 +495,10 @@ static void test_determinism_50_steps(void **state)
     char err[256];
     trainer *t1 = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t1);
-    run_steps_(t1, &s, 50, a);
+    fixture_run_steps(t1, &s, 50, a, NULL);
     trainer *t2 = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t2);
-    run_steps_(t2, &s, 50, b);
+    fixture_run_steps(t2, &s, 50, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]); /* it learns */
     assert_int_equal(trainer_phase(t1), PHASE_REAL);
@@ -529,7 +515,7 @@ static void test_delink_keeps_loss_in_trainer(void **state)
     char err[256];
     trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    run_steps_(t, &s, 10, l);
+    fixture_run_steps(t, &s, 10, l, NULL);
     assert_int_equal(trainer_n_slots(t), 1);
     float before = trainer_probe_loss(t, 0);
     assert_int_equal(trainer_delink(t, err, sizeof err), 0);
@@ -550,13 +536,13 @@ static void test_checkpoint_resume_bitwise(void **state)
     snprintf(dir, sizeof dir, "%s/ckpt-15", tmpdir_);
     trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
     if (bytes < 0)
         fail_msg("save: %s", err);
     assert_true(bytes > 0);
     assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) < 0); /* exists */
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     t = ERR_INTO(err, trainer_create(&s, &err_));
@@ -566,7 +552,7 @@ static void test_checkpoint_resume_bitwise(void **state)
     assert_int_equal(trainer_step_count(t), 15);
     assert_int_equal(trainer_phase(t), PHASE_REAL);
     assert_int_equal(trainer_n_slots(t), 3);
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 
@@ -605,11 +591,11 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     /* capacity ceil(1.25 * 64 / 2) = 40 tokens per expert */
     assert_true(r.moe.load_max <= 40);
     assert_true(r.moe.load_cv >= 0);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
     if (bytes < 0)
         fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -629,7 +615,7 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_step_count(t), 15);
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 
@@ -662,7 +648,7 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     if (!t)
         fail_msg("create: %s", err);
     assert_int_equal(trainer_n_slots(t), 2);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     assert_int_equal(trainer_n_slots(t), 4);
     long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
     if (bytes < 0)
@@ -670,7 +656,7 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     size_t n = trainer_copy_state(t, 0, NULL);
     float *params = malloc(n * sizeof(float));
     assert_int_equal(trainer_copy_state(t, 0, params), n);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     /* by hand: C 16, V 256, T 16, H 24, E 4 */
@@ -717,7 +703,7 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(trainer_step_count(t), 15);
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 }
@@ -734,7 +720,7 @@ static void test_dense_checkpoint_names_unchanged(void **state)
     trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
     float l[2];
-    run_steps_(t, &s, 2, l);
+    fixture_run_steps(t, &s, 2, l, NULL);
     assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
     trainer_free(t);
     static const char *slot_names[] = {
@@ -783,10 +769,10 @@ static void test_resumable_without_data(void **state)
     snprintf(away, sizeof away, "%s.away", tmpdir_);
     trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
     assert_non_null(t);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
         fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     assert_int_equal(rename(tmpdir_, away), 0);
@@ -813,7 +799,7 @@ static void test_resumable_without_data(void **state)
 
     assert_int_equal(rename(away, tmpdir_), 0);
     assert_int_equal(ERR_INTO(err, trainer_reopen_data(t, &err_)), 0);
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 

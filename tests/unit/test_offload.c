@@ -44,21 +44,6 @@ static run_spec spec6_(long steps, long pseudo_steps)
     return s;
 }
 
-static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
-{
-    char err[256];
-    while (trainer_step_count(t) < until) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) == s->pseudo.steps)
-            if (trainer_delink(t, err, sizeof err) != 0)
-                fail_msg("delink: %s", err);
-        step_result r;
-        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0)
-            fail_msg("step: %s", err);
-        losses[r.step - 1] = r.train_loss;
-    }
-}
-
 /* ---------------------------------------------------------- 1. bitwise */
 
 /* 50 steps with delink at 20: a budget that keeps 1 of 6 Real slots on the
@@ -75,8 +60,8 @@ static void check_offload_bitwise_(float clip)
 
     float a[50], b[50];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 50, a);
-    run_steps_(tb, &off, 50, b);
+    fixture_run_steps(ta, &plain, 50, a, NULL);
+    fixture_run_steps(tb, &off, 50, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]);
 
@@ -124,8 +109,8 @@ static void test_offload_moe_bitwise(void **state)
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 20, a);
-    run_steps_(tb, &off, 20, b);
+    fixture_run_steps(ta, &plain, 20, a, NULL);
+    fixture_run_steps(tb, &off, 20, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     fixture_assert_same_state(ta, tb);
     offload_stats st;
@@ -150,8 +135,8 @@ static void test_offload_mixed_bitwise(void **state)
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 20, a);
-    run_steps_(tb, &off, 20, b);
+    fixture_run_steps(ta, &plain, 20, a, NULL);
+    fixture_run_steps(tb, &off, 20, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     fixture_assert_same_state(ta, tb);
     offload_stats st;
@@ -177,7 +162,7 @@ static float *params_after_(int B, int accum, int offload, int steps)
         s.device.memory_budget = fixture_budget_for(&s, 1);
     trainer *t = fixture_trainer(&s);
     float l[8];
-    run_steps_(t, &s, steps, l);
+    fixture_run_steps(t, &s, steps, l, NULL);
     if (offload) {
         offload_stats st;
         assert_int_equal(trainer_offload_stats(t, &st), 0);
@@ -254,7 +239,7 @@ static void test_save_resume_offloaded(void **state)
     char err[512], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-offload-15", tmpdir_);
     trainer *t = fixture_trainer(&s);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.n_offloaded, 4);
@@ -266,7 +251,7 @@ static void test_save_resume_offloaded(void **state)
     assert_int_equal(trainer_copy_adam_steps(t, steps_saved), 7);
     if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
         fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     t = fixture_trainer(&s); /* a fresh process: Pseudo phase, 2 slots */
@@ -284,7 +269,7 @@ static void test_save_resume_offloaded(void **state)
     }
     assert_int_equal(trainer_copy_adam_steps(t, steps_loaded), 7);
     assert_memory_equal(steps_saved, steps_loaded, 7 * sizeof(long));
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 }
@@ -349,7 +334,7 @@ static void test_pinning_failure(void **state)
     assert_non_null(strstr(warn, "pageable memory"));
     trainer *t = fixture_trainer(&s);
     float l[2];
-    run_steps_(t, &s, 2, l);
+    fixture_run_steps(t, &s, 2, l, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.host.pinned, 0);
@@ -1069,7 +1054,7 @@ static void test_measured_bytes_match_plan(void **state)
     assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
     trainer *t = fixture_trainer(&s);
     float l[3];
-    run_steps_(t, &s, 3, l);
+    fixture_run_steps(t, &s, 3, l, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.n_offloaded, p.n_offloaded);
