@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "offload/offload.h"
 #include "train/trainer.h"
@@ -46,6 +47,52 @@ static inline trainer *fixture_trainer(const run_spec *s)
     return t;
 }
 
+/* trainer_save of t to dir: its byte count, failing the test with the
+ * error when the save fails. */
+static inline long fixture_save(trainer *t, const char *dir)
+{
+    char err[512];
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
+    if (bytes < 0)
+        fail_msg("save: %s", err);
+    return bytes;
+}
+
+/* trainer_load of dir into t, failing the test with its error. */
+static inline void fixture_load(trainer *t, const char *dir)
+{
+    char err[512];
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
+        fail_msg("load: %s", err);
+}
+
+/* A fresh trainer for s (a new process, as far as the trainer knows)
+ * that has loaded the checkpoint in dir and stands at step `at`; fails
+ * the test otherwise. */
+static inline trainer *fixture_resume(const run_spec *s, const char *dir,
+                                      long at)
+{
+    trainer *t = fixture_trainer(s);
+    fixture_load(t, dir);
+    assert_int_equal(trainer_step_count(t), at);
+    return t;
+}
+
+/* The JSON header of the checkpoint in dir (its model.safetensors after
+ * the 8-byte length), up to 64 KiB, in a static buffer. */
+static inline const char *fixture_ckpt_header(const char *dir)
+{
+    static char head[65536];
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    memset(head, 0, sizeof head);
+    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
+    fclose(f);
+    return head + 8;
+}
+
 /* trainer_step, failing the test with its error. */
 static inline void fixture_step(trainer *t, step_result *r)
 {
@@ -74,6 +121,21 @@ static inline void fixture_run_steps(trainer *t, const run_spec *s,
         if (lrs)
             lrs[r.step - 1] = r.lr;
     }
+}
+
+/* Trains t (from its step count k) on to `until` and requires the losses
+ * of steps k+1 .. until to equal want[k .. until-1] bit for bit (want: the
+ * uninterrupted run's losses); then frees t. */
+static inline void fixture_finish_same(trainer *t, const run_spec *s,
+                                       long until, const float *want)
+{
+    long k = trainer_step_count(t);
+    float *got = calloc((size_t)until, sizeof(float));
+    assert_non_null(got);
+    fixture_run_steps(t, s, until, got, NULL);
+    assert_memory_equal(want + k, got + k, (size_t)(until - k) * sizeof(float));
+    free(got);
+    trainer_free(t);
 }
 
 /* A malloc'd copy of state buffer `which` (trainer_copy_state), all of it. */

@@ -492,12 +492,9 @@ static void test_determinism_50_steps(void **state)
     (void)state;
     run_spec s = tiny_spec_(50, 20);
     float a[50], b[50];
-    char err[256];
-    trainer *t1 = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t1);
+    trainer *t1 = fixture_trainer(&s);
     fixture_run_steps(t1, &s, 50, a, NULL);
-    trainer *t2 = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t2);
+    trainer *t2 = fixture_trainer(&s);
     fixture_run_steps(t2, &s, 50, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]); /* it learns */
@@ -513,8 +510,7 @@ static void test_delink_keeps_loss_in_trainer(void **state)
     run_spec s = tiny_spec_(20, 10);
     float l[20];
     char err[256];
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    trainer *t = fixture_trainer(&s);
     fixture_run_steps(t, &s, 10, l, NULL);
     assert_int_equal(trainer_n_slots(t), 1);
     float before = trainer_probe_loss(t, 0);
@@ -531,35 +527,25 @@ static void test_checkpoint_resume_bitwise(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(30, 10);
-    float a[30], b[30];
+    float a[30];
     char err[256], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    trainer *t = fixture_trainer(&s);
     fixture_run_steps(t, &s, 15, a, NULL);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
+    long bytes = fixture_save(t, dir);
     assert_true(bytes > 0);
     assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) < 0); /* exists */
     fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
+    t = fixture_resume(&s, dir, 15);
     assert_int_equal(trainer_phase(t), PHASE_REAL);
     assert_int_equal(trainer_n_slots(t), 3);
-    fixture_run_steps(t, &s, 30, b, NULL);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    fixture_finish_same(t, &s, 30, a);
 
     /* a checkpoint from another spec is refused */
     s.train.lr *= 2;
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    t = fixture_trainer(&s);
     assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
     assert_non_null(strstr(err, "spec hash"));
     trainer_free(t);
@@ -574,12 +560,10 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     (void)state;
     run_spec s = tiny_spec_(30, 10);
     synth_tiny_moe(&s.model, 1, 24, 1.25f);
-    float a[30], b[30];
-    char err[256], dir[512], path[600];
+    float a[30];
+    char err[256], dir[512];
     snprintf(dir, sizeof dir, "%s/moe-ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    if (!t)
-        fail_msg("create: %s", err);
+    trainer *t = fixture_trainer(&s);
     step_result r;
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     a[0] = r.train_loss;
@@ -592,36 +576,22 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     assert_true(r.moe.load_max <= 40);
     assert_true(r.moe.load_cv >= 0);
     fixture_run_steps(t, &s, 15, a, NULL);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
+    fixture_save(t, dir);
     fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    char head[16384] = {0};  /* 8 bytes of length, then the JSON header */
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
+    const char *head = fixture_ckpt_header(dir);
     /* per expert and per prototype's gate (gpt.h: gpt_slot_ckpt_tensors) */
-    assert_non_null(strstr(head + 8, "\"slots.2.moe.experts.3.c_fc.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.2.moe.gate.1.weight\""));
-    assert_null(strstr(head + 8, "slots.2.moe.experts.c_fc.weight"));
-    assert_null(strstr(head + 8, "mlp.c_fc"));
+    assert_non_null(strstr(head, "\"slots.2.moe.experts.3.c_fc.weight\""));
+    assert_non_null(strstr(head, "\"slots.2.moe.gate.1.weight\""));
+    assert_null(strstr(head, "slots.2.moe.experts.c_fc.weight"));
+    assert_null(strstr(head, "mlp.c_fc"));
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
-    fixture_run_steps(t, &s, 30, b, NULL);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    t = fixture_resume(&s, dir, 15);
+    fixture_finish_same(t, &s, 30, a);
 
     run_spec d = tiny_spec_(2, 0);
-    t = ERR_INTO(err, trainer_create(&d, &err_));
-    assert_non_null(t);
+    t = fixture_trainer(&d);
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     assert_false(r.moe.present);
     trainer_free(t);
@@ -641,18 +611,14 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     run_spec s = synth_tiny_spec(tmpdir_, 4, 30, 10);
     s.pseudo.share_groups = 2;
     synth_tiny_moe(&s.model, 2, 24, 1.25f);
-    float a[30], b[30];
-    char err[256], dir[512], path[600];
+    float a[30];
+    char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/mixed-ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    if (!t)
-        fail_msg("create: %s", err);
+    trainer *t = fixture_trainer(&s);
     assert_int_equal(trainer_n_slots(t), 2);
     fixture_run_steps(t, &s, 15, a, NULL);
     assert_int_equal(trainer_n_slots(t), 4);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
+    fixture_save(t, dir);
     size_t n = trainer_copy_state(t, 0, NULL);
     float *params = malloc(n * sizeof(float));
     assert_int_equal(trainer_copy_state(t, 0, params), n);
@@ -685,27 +651,16 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     assert_memory_equal(want, got, 2 * C * sizeof(float));
     safetensors_close(&sf);
     free(params);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char head[65536];
-    memset(head, 0, sizeof head);
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
-    assert_non_null(strstr(head + 8, "\"slots.0.mlp.c_fc.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.2.mlp.c_proj.bias\""));
-    assert_non_null(strstr(head + 8, "\"slots.1.moe.experts.0.c_proj.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.1.moe.gate.0.bias\""));
-    assert_null(strstr(head + 8, "slots.0.moe"));
-    assert_null(strstr(head + 8, "slots.1.mlp"));
+    const char *head = fixture_ckpt_header(dir);
+    assert_non_null(strstr(head, "\"slots.0.mlp.c_fc.weight\""));
+    assert_non_null(strstr(head, "\"slots.2.mlp.c_proj.bias\""));
+    assert_non_null(strstr(head, "\"slots.1.moe.experts.0.c_proj.weight\""));
+    assert_non_null(strstr(head, "\"slots.1.moe.gate.0.bias\""));
+    assert_null(strstr(head, "slots.0.moe"));
+    assert_null(strstr(head, "slots.1.mlp"));
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
-    fixture_run_steps(t, &s, 30, b, NULL);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    t = fixture_resume(&s, dir, 15);
+    fixture_finish_same(t, &s, 30, a);
 }
 
 /* A dense run's checkpoint holds exactly the tensor names it always had
@@ -715,40 +670,33 @@ static void test_dense_checkpoint_names_unchanged(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(2, 0);
-    char err[256], dir[512], path[600];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/dense-names", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    trainer *t = fixture_trainer(&s);
     float l[2];
     fixture_run_steps(t, &s, 2, l, NULL);
-    assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
+    assert_true(fixture_save(t, dir) > 0);
     trainer_free(t);
     static const char *slot_names[] = {
         "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
         "mlp.c_proj.bias"};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char head[65536];
-    memset(head, 0, sizeof head);
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
+    const char *head = fixture_ckpt_header(dir);
     int count = 0;
-    for (const char *p = head + 8; (p = strstr(p, "\"data_offsets\"")); p++)
+    for (const char *p = head; (p = strstr(p, "\"data_offsets\"")); p++)
         count++;
     assert_int_equal(count, 4 + 3 * 12);
     const char *glob[] = {"wte", "wpe", "ln_f.weight", "ln_f.bias"};
     char nm[128];
     for (int i = 0; i < 4; i++) {
         snprintf(nm, sizeof nm, "\"%s\"", glob[i]);
-        assert_non_null(strstr(head + 8, nm));
+        assert_non_null(strstr(head, nm));
     }
     for (int sl = 0; sl < 3; sl++)
         for (int i = 0; i < 12; i++) {
             snprintf(nm, sizeof nm, "\"slots.%d.%s\"", sl, slot_names[i]);
-            if (!strstr(head + 8, nm))
+            if (!strstr(head, nm))
                 fail_msg("missing %s", nm);
         }
 }
@@ -767,11 +715,9 @@ static void test_resumable_without_data(void **state)
     char err[512], dir[512], away[300];
     snprintf(dir, sizeof dir, "%s/ckpt-r15", tmpdir_);
     snprintf(away, sizeof away, "%s.away", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    trainer *t = fixture_trainer(&s);
     fixture_run_steps(t, &s, 15, a, NULL);
-    if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
-        fail_msg("save: %s", err);
+    fixture_save(t, dir);
     fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
@@ -786,8 +732,7 @@ static void test_resumable_without_data(void **state)
     assert_non_null(strstr(err, "data.train: no files match"));
     char ckpt[600];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-r15", away);
-    if (ERR_INTO(err, trainer_load(t, ckpt, &err_)) != 0)
-        fail_msg("load: %s", err);
+    fixture_load(t, ckpt);
     assert_int_equal(trainer_step_count(t), 15);
     step_result r;
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), TRAINER_EDATA);
