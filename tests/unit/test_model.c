@@ -28,17 +28,6 @@
 static const model_config small_ = {.vocab_size = 29, .n_layer = 3,
                                     .n_head = 2, .n_embd = 16, .seq_len = 8};
 
-static void random_batch_(int32_t *inp, int32_t *tgt, int n, int V,
-                          uint64_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        inp[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        tgt[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-    }
-}
-
 /* ---------------------------------------------------------- sharing */
 
 /* S=1: the shared slot's gradient equals the sum of the per-layer gradients
@@ -59,7 +48,7 @@ static void test_shared_gradient_and_update(void **state)
         memcpy(gpt_slot_ptr(&un, un.params, l), gpt_slot_ptr(&sh, sh.params, 0),
                sh.slot_size * sizeof(float));
     int32_t inp[2 * 8], tgt[2 * 8];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 11);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 11);
 
     gpt_zero_grad(&sh);
     gpt_zero_grad(&un);
@@ -141,7 +130,7 @@ static void test_zero_grad_marks_and_stores(void **state)
     gpt_zero_grad(&g);
     int32_t inp[2 * 8], tgt[2 * 8];
     for (int k = 0; k < 2; k++) {
-        random_batch_(inp, tgt, B * T, small_.vocab_size, 40 + k);
+        synth_random_batch(inp, tgt, B * T, small_.vocab_size, 40 + k);
         gpt_forward(&ref, inp, tgt, B);
         gpt_backward(&ref, inp, tgt, B, 0.5f / (B * T));
         gpt_forward(&g, inp, tgt, B);
@@ -161,7 +150,7 @@ static void train_steps_(gpt_model *g, int n, int B, uint64_t seed)
     int T = g->cfg.seq_len;
     int32_t *inp = malloc(B * T * sizeof(int32_t)), *tgt = malloc(B * T * sizeof(int32_t));
     for (int s = 0; s < n; s++) {
-        random_batch_(inp, tgt, B * T, g->cfg.vocab_size, seed + s);
+        synth_random_batch(inp, tgt, B * T, g->cfg.vocab_size, seed + s);
         gpt_zero_grad(g);
         gpt_forward(g, inp, tgt, B);
         gpt_backward(g, inp, tgt, B, 1.0f / (B * T));
@@ -263,7 +252,7 @@ static void test_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 999);
     float before = gpt_forward(&g, inp, tgt, B);
     long t_before = g.adam_t_slot[0];
 
@@ -350,7 +339,7 @@ static void test_moe_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, c.vocab_size, 999);
     gpt_moe_stats_reset(&g);
     float before = gpt_forward(&g, inp, tgt, B);
     gpt_moe_stats st = g.moe_stats;
@@ -411,7 +400,7 @@ static void test_mixed_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, c.vocab_size, 999);
     gpt_moe_stats_reset(&g);
     float before = gpt_forward(&g, inp, tgt, B);
     assert_int_equal(g.moe_stats.layers, 2);  /* MoE blocks 1 and 3 only */
@@ -443,7 +432,7 @@ static void test_moe_aux_in_gradient(void **state)
     (void)state;
     const int B = 2, T = small_.seq_len;
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 5);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 5);
     float *gr[3];
     float loss[3];
     size_t n = 0, gate = 0;

@@ -1063,17 +1063,6 @@ static void test_measured_bytes_match_plan(void **state)
 
 /* ---------------------------------------------------------- share maps */
 
-static void random_batch_(int32_t *inp, int32_t *tgt, int n, int V,
-                          uint64_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        inp[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        tgt[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-    }
-}
-
 /* One step as trainer_step drives it (o NULL: plain model); early: no
  * clipping, offloaded slots updated as soon as their gradient is final. */
 static float model_step_lr_(gpt_model *g, offload_ctx *o, int accum, int B,
@@ -1087,7 +1076,8 @@ static float model_step_lr_(gpt_model *g, offload_ctx *o, int accum, int B,
     gpt_zero_grad(g);
     float loss = 0;
     for (int k = 0; k < accum; k++) {
-        random_batch_(inp, tgt, B * T, g->cfg.vocab_size, seed * 31 + k);
+        synth_random_batch(inp, tgt, B * T, g->cfg.vocab_size,
+                           seed * 31 + k);
         if (o)
             offload_microbatch(o, k);
         loss += gpt_forward(g, inp, tgt, B);
@@ -1158,7 +1148,8 @@ static void test_interleaved_share_map(void **state)
     for (int i = 2; i < 8; i++) {
         assert_true(model_step_(&a, NULL, accum, B, i) ==
                     model_step_(&b, o, accum, B, i));
-        random_batch_(inp, tgt, B * cfg.seq_len, cfg.vocab_size, 1000 + i);
+        synth_random_batch(inp, tgt, B * cfg.seq_len, cfg.vocab_size,
+                           1000 + i);
         assert_true(gpt_forward(&a, inp, tgt, B) == gpt_forward(&b, inp, tgt, B));
     }
     offload_sync(o);
