@@ -138,6 +138,22 @@ static inline void fixture_finish_same(trainer *t, const run_spec *s,
     trainer_free(t);
 }
 
+/* Delinks t, which must hold slots_before slots, and requires
+ * slots_after slots and the same loss on val batch 0 bit for bit before
+ * and after (the delink is function-preserving). */
+static inline void fixture_delink_keeps_loss(trainer *t, int slots_before,
+                                             int slots_after)
+{
+    char err[256];
+    assert_int_equal(trainer_n_slots(t), slots_before);
+    float before = trainer_probe_loss(t, 0);
+    if (trainer_delink(t, err, sizeof err) != 0)
+        fail_msg("delink: %s", err);
+    assert_int_equal(trainer_n_slots(t), slots_after);
+    float after = trainer_probe_loss(t, 0);
+    assert_true(before == after);
+}
+
 /* A malloc'd copy of state buffer `which` (trainer_copy_state), all of it. */
 static inline float *fixture_copy_state(trainer *t, int which)
 {
