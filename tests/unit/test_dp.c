@@ -79,6 +79,7 @@
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
+#include "../common/self_exe.h"
 #include "../common/weights_hash.h"
 
 #define FORTUNES "/usr/share/games/fortunes"
@@ -675,12 +676,9 @@ int main(int argc, char **argv)
         printf("SKIP: no %s (fortunes-min)\n", FORTUNES);
         return 77;
     }
-    static char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
+    self_ = self_exe();
+    if (!self_)
         return 1;
-    exe[n] = 0;
-    self_ = exe;
     snprintf(dir_, sizeof dir_, "/tmp/m6-dp-XXXXXX");
     if (!mkdtemp(dir_)) {
         perror("mkdtemp");
