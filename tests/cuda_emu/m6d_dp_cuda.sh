@@ -11,20 +11,7 @@
 # its own half of the batch is off by 6e-3 there).
 . "$(dirname "$0")/../integration/lib.sh"
 TMO=30
-
-declare -A PIDS
-start_m6d() {
-    local name=$1; shift
-    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
-        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
-    PIDS[$name]=$!
-}
-cleanup_dp_() {
-    local n
-    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
-    cleanup_
-}
-trap cleanup_dp_ EXIT
+M6D_ARGS="--node-timeout $TMO" # every m6d lib.sh's start_m6d starts here
 
 prepare_data "$T/data"
 cuda_spec() { # FILE NAME [nodes]
