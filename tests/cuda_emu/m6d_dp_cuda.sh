@@ -34,13 +34,7 @@ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
 chmod 600 "$T/token"
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 SOCK=$T/c/m6d.sock
-PORT=
-for _ in $(seq 1 200); do
-    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
-    [ -n "$PORT" ] && ctl list >/dev/null 2>&1 && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || fail "the coordinator did not log its port"
+wait_listen c 200
 start_m6d w1 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w1
 RUN=$(ctl submit "$T/two.json") || fail "submit of the 2-rank cuda spec"
 ctl watch "$RUN" >"$T/watch.out" || fail "the 2-rank cuda run did not complete: $(ctl status "$RUN")"
