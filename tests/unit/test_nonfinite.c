@@ -255,9 +255,7 @@ static void test_counts_in_checkpoint(void **state)
     assert_memory_equal(&r.train_loss, &ru.train_loss, sizeof(float));
     trainer_free(u);
     trainer_free(t);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(synth_remove(dir), 0);
 }
 
 static void test_fault_parse(void **state)
