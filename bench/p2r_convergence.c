@@ -57,15 +57,6 @@ static int run_(const run_spec *s, curve *c)
     return 0;
 }
 
-/* first eval point with val <= target; -1 if never */
-static int reach_(const curve *c, double target)
-{
-    for (int i = 0; i < c->n; i++)
-        if (c->val[i] <= target)
-            return i;
-    return -1;
-}
-
 static void usage_(void)
 {
     printf(
@@ -208,7 +199,7 @@ int main(int argc, char **argv)
                a.wall[i], b.val[i], b.wall[i],
                b.step[i] == b.delink_step ? "  <- delink" : "");
     double target = a.final_val;
-    int ia = reach_(&a, target), ib = reach_(&b, target);
+    int ia = p2r_reach(a.val, a.n, target), ib = p2r_reach(b.val, b.n, target);
     long sa = a.step[ia], sb = ib >= 0 ? b.step[ib] : -1;
     double wa = a.wall[ia], wb = ib >= 0 ? b.wall[ib] : NAN;
     printf("\ntarget = scratch final val loss %.4f\n", target);

@@ -169,15 +169,6 @@ static int run_(const run_spec *s, run_rec *r)
     return 0;
 }
 
-/* first curve point with val <= target; -1 if never */
-static int reach_(const run_rec *r, double target)
-{
-    for (int i = 0; i < r->n; i++)
-        if (r->val[i] <= target)
-            return i;
-    return -1;
-}
-
 static double tok_s_(const run_rec *r, int ph)
 {
     return r->step_s[ph] > 0 ? r->tokens[ph] / r->step_s[ph] : NAN;
@@ -514,7 +505,7 @@ int main(int argc, char **argv)
         printf("\n");
     }
     double target = a.val[a.n - 1];
-    int ia = reach_(&a, target), ib = reach_(&b, target);
+    int ia = p2r_reach(a.val, a.n, target), ib = p2r_reach(b.val, b.n, target);
     double wa = a.wall[ia], wb = ib >= 0 ? b.wall[ib] : NAN;
     long sa = a.step[ia], sb = ib >= 0 ? b.step[ib] : -1;
     printf("\ntarget = scratch final val loss %.4f\n", target);

@@ -14,6 +14,16 @@
 #include "train/trainer.h"
 #include "../tests/common/err_into.h"
 
+/* The index of the first of the n validation losses val[] at or below
+ * target; -1 if none is. */
+static inline int p2r_reach(const double *val, int n, double target)
+{
+    for (int i = 0; i < n; i++)
+        if (val[i] <= target)
+            return i;
+    return -1;
+}
+
 /* getopt_long entries of the shape and schedule options both benchmarks
  * take (put them first in the option table). */
 #define P2R_TRAIN_OPTIONS                                                    \

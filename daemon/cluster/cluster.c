@@ -135,26 +135,6 @@ int cluster_token_matches(const cluster_token *t, const void *p, size_t n)
 
 /* ------------------------------------------------------------------ facts */
 
-/* A field of /proc/meminfo in bytes, 0 if absent. */
-static uint64_t meminfo_(const char *key)
-{
-    FILE *f = fopen("/proc/meminfo", "re");
-    if (!f) return 0;
-    char line[256];
-    uint64_t v = 0;
-    size_t kl = strlen(key);
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long kb;
-        if (strncmp(line, key, kl) == 0 && line[kl] == ':' &&
-            sscanf(line + kl + 1, "%llu", &kb) == 1) {
-            v = (uint64_t)kb * 1024;
-            break;
-        }
-    }
-    fclose(f);
-    return v;
-}
-
 #ifdef M6_CLUSTER_CUDA
 static int cuda_devices_(void)
 {
@@ -185,7 +165,8 @@ void cluster_facts_get(cluster_facts *f, const char *name, int measure_free)
         snprintf(f->hostname, sizeof f->hostname, "%s", name);
     else if (gethostname(f->hostname, sizeof f->hostname - 1) != 0)
         snprintf(f->hostname, sizeof f->hostname, "localhost");
-    f->memory = meminfo_("MemTotal");
+    uint64_t total = host_mem_meminfo("/proc/meminfo", "MemTotal");
+    f->memory = total == UINT64_MAX ? 0 : total; /* 0: unknown */
     snprintf(f->backend, sizeof f->backend, "cpu");
     f->devices = 1;
 #ifdef M6_CLUSTER_CUDA

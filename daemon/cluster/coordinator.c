@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/readbuf.h"
 #include "proto/frame.h"
 #include "dist/store.h"
 #include "m6.pb-c.h"
@@ -830,14 +831,6 @@ static void pump_(peer *p)
     }
 }
 
-static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)h;
-    size_t n = suggested < 65536 ? 65536 : suggested;
-    buf->base = malloc(n);
-    buf->len = buf->base ? n : 0;
-}
-
 static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     peer *p = (peer *)s;
@@ -949,7 +942,8 @@ static void on_connection_(uv_stream_t *ls, int status)
     peer_addr_(p);
     make_room_(co, p);
     uv_tcp_nodelay(&p->tcp, 1);
-    if ((rc = uv_read_start((uv_stream_t *)&p->tcp, alloc_cb_, read_cb_)) < 0)
+    rc = uv_read_start((uv_stream_t *)&p->tcp, readbuf_alloc, read_cb_);
+    if (rc < 0)
         return peer_close_(p, uv_strerror(rc));
     p->reading = 1;
     uv_timer_start(&p->timer, auth_timeout_, (uint64_t)co->auth_ms, 0);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/readbuf.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -264,14 +265,6 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
     uv_timer_start(&j->hb, heartbeat_, 0, 0);  /* the first one now: live */
 }
 
-static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)h;
-    size_t n = suggested < 65536 ? 65536 : suggested;
-    buf->base = malloc(n);
-    buf->len = buf->base ? n : 0;
-}
-
 static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     jconn *c = (jconn *)s;
@@ -330,7 +323,7 @@ static void connected_(uv_connect_t *req, int status)
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_NODE_JOIN;
     rq.node_join = &nj;
-    int rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb_, read_cb_);
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, readbuf_alloc, read_cb_);
     if (rc < 0) return attempt_failed_(j, uv_strerror(rc));
     if (send_(j, &rq, 0) < 0) return attempt_failed_(j, "cannot send NodeJoin");
 }

@@ -2,6 +2,7 @@
  * cpus.c — CPUs this process may use (cpus.h).
  */
 #include "common/cpus.h"
+#include "common/cgroup.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -28,36 +29,18 @@ int cpus_available_at(const char *proc_cgroup, const char *cgroot,
                       int affinity)
 {
     long n = affinity < 1 ? 1 : affinity;
-    FILE *f = fopen(proc_cgroup, "r");
-    if (!f)
-        return (int)n;
-    char line[4096], rel[4096] = "";
-    int v2 = 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "0::", 3) == 0) {
-            snprintf(rel, sizeof rel, "%s", line + 3);
-            rel[strcspn(rel, "\n")] = 0;
-            v2 = 1;
-            break;
-        }
-    fclose(f);
-    if (!v2 || rel[0] != '/')
+    char rel[4096];
+    if (cgroup_self(proc_cgroup, NULL, rel, sizeof rel) != 2)
         return (int)n;
     /* the cgroup, then each ancestor: /a/b, /a, "" (the root has no
      * cpu.max; harmless) */
-    for (;;) {
+    do {
         char path[8300];
         snprintf(path, sizeof path, "%s%s/cpu.max", cgroot, rel);
         long q = quota_cpus_(path);
         if (q > 0 && q < n)
             n = q;
-        char *slash = strrchr(rel, '/');
-        if (!slash || rel[0] == 0)
-            break;
-        *slash = 0;
-        if (rel[0] == 0)
-            break;
-    }
+    } while (cgroup_parent(rel));
     return (int)n;
 }
 

@@ -2,6 +2,7 @@
  * memlimit.c — host memory this process may still use (memlimit.h).
  */
 #include "common/memlimit.h"
+#include "common/cgroup.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,74 +30,41 @@ static int read_u64_(const char *path, uint64_t *v)
     return 1;
 }
 
-static uint64_t meminfo_available_(const char *meminfo)
+uint64_t host_mem_meminfo(const char *meminfo, const char *key)
 {
-    FILE *f = fopen(meminfo, "r");
+    FILE *f = fopen(meminfo, "re");
     if (!f)
         return UINT64_MAX;
     char line[256];
-    unsigned long long kb;
     uint64_t v = UINT64_MAX;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (strncmp(line, key, kl) == 0 && line[kl] == ':' &&
+            sscanf(line + kl + 1, "%llu", &kb) == 1) {
             v = (uint64_t)kb * 1024;
             break;
         }
+    }
     fclose(f);
     return v;
-}
-
-/* Whether the comma list ctl names the memory controller. */
-static int has_memory_(const char *ctl, size_t n)
-{
-    while (n > 0) {
-        size_t k = 0;
-        while (k < n && ctl[k] != ',')
-            k++;
-        if (k == 6 && strncmp(ctl, "memory", 6) == 0)
-            return 1;
-        ctl += k < n ? k + 1 : k;
-        n -= k < n ? k + 1 : k;
-    }
-    return 0;
 }
 
 void host_mem_at(const char *meminfo, const char *proc_cgroup,
                  const char *cgroot, const char *cgroot_v1, host_mem *out)
 {
     memset(out, 0, sizeof *out);
-    out->meminfo = out->avail = meminfo_available_(meminfo);
-    FILE *f = fopen(proc_cgroup, "r");
-    if (!f)
+    out->meminfo = out->avail = host_mem_meminfo(meminfo, "MemAvailable");
+    char rel[4096];
+    int kind = cgroup_self(proc_cgroup, "memory", rel, sizeof rel);
+    if (kind == 0)
         return;
-    char line[4096], rel[4096] = "";
-    int v1 = 0, v2 = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *c1 = strchr(line, ':');
-        char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2)
-            continue;
-        if (has_memory_(c1 + 1, (size_t)(c2 - c1 - 1))) {
-            snprintf(rel, sizeof rel, "%s", c2 + 1);
-            v1 = 1;
-            break;
-        }
-        if (strncmp(line, "0::", 3) == 0 && !v2) {
-            snprintf(rel, sizeof rel, "%s", c2 + 1);
-            v2 = 1;
-        }
-    }
-    fclose(f);
-    if ((!v1 && !v2) || rel[0] != '/')
-        return;
+    int v1 = kind == 1;
     const char *root = v1 ? cgroot_v1 : cgroot;
     const char *lim_name = v1 ? "memory.limit_in_bytes" : "memory.max";
     const char *use_name = v1 ? "memory.usage_in_bytes" : "memory.current";
-    if (strcmp(rel, "/") == 0)
-        rel[0] = 0;
     /* the cgroup, then each ancestor: /a/b, /a, "" (the root) */
-    for (;;) {
+    do {
         char lim_path[8300], use_path[8300];
         snprintf(lim_path, sizeof lim_path, "%s%s/%s", root, rel, lim_name);
         snprintf(use_path, sizeof use_path, "%s%s/%s", root, rel, use_name);
@@ -112,11 +80,7 @@ void host_mem_at(const char *meminfo, const char *proc_cgroup,
                 snprintf(out->file, sizeof out->file, "%.511s", lim_path);
             }
         }
-        if (rel[0] == 0)
-            break;
-        char *slash = strrchr(rel, '/');
-        *slash = 0;
-    }
+    } while (cgroup_parent(rel));
 }
 
 void host_mem_available(host_mem *out)

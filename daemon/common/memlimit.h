@@ -45,6 +45,11 @@ void host_mem_available(host_mem *out);
 void host_mem_at(const char *meminfo, const char *proc_cgroup,
                  const char *cgroot, const char *cgroot_v1, host_mem *out);
 
+/* Field `key` of a /proc/meminfo-format file (meminfo), e.g. "MemTotal",
+ * in bytes (the file gives kB); UINT64_MAX when the file is unreadable or
+ * has no such field. */
+uint64_t host_mem_meminfo(const char *meminfo, const char *key);
+
 /* One clause naming what binds, for refusals: "only 2.90 GiB available
  * (MemAvailable)" or "m6d's cgroup allows 2.90 GiB (memory.max 3.00 GiB,
  * 0.10 GiB in use: /sys/fs/cgroup/.../memory.max)". Returns buf. */

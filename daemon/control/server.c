@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/readbuf.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -182,14 +183,6 @@ static void conn_send_(conn *c, uint8_t *buf, size_t len, int close_after)
         free(w);
         conn_close_(c);
     }
-}
-
-static void alloc_cb_(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)h;
-    size_t n = suggested < 65536 ? 65536 : suggested;
-    buf->base = malloc(n);
-    buf->len = buf->base ? n : 0;
 }
 
 static void read_cb_(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
@@ -349,7 +342,7 @@ static void conn_pump_(conn *c)
         return;
     }
     if (c->reading) return;
-    int rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_);
+    int rc = uv_read_start((uv_stream_t *)&c->pipe, readbuf_alloc, read_cb_);
     if (rc < 0) {
         log_debug("conn.read_error", "conn=%lu err=\"%s\"", c->id,
                   uv_strerror(rc));
@@ -459,7 +452,8 @@ static void on_connection_(uv_stream_t *ls, int status)
     if (s->conns) s->conns->prev = c;
     s->conns = c;
     if ((rc = uv_accept(ls, (uv_stream_t *)&c->pipe)) == 0 &&
-        (rc = uv_read_start((uv_stream_t *)&c->pipe, alloc_cb_, read_cb_)) == 0)
+        (rc = uv_read_start((uv_stream_t *)&c->pipe, readbuf_alloc,
+                            read_cb_)) == 0)
         c->reading = 1;
     if (rc < 0) {
         log_warn("conn.accept_error", "err=\"%s\"", uv_strerror(rc));

@@ -58,6 +58,19 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
     n->updated = sqlite3_column_double(s, 15);
 }
 
+/* The values of a node_row's fields, in the order of the columns
+ * hostname, node_uuid, role, backend, devices, memory, free_device_memory,
+ * state, address, detail (insert and update both write them). */
+#define NODE_FIELDS_(n)                                                    \
+    A_TEXT((n)->hostname), A_TEXT((n)->node_uuid),                         \
+        A_TEXT((n)->coordinator ? "coordinator" : "worker"),               \
+        A_TEXT((n)->backend), A_INT((n)->devices),                         \
+        A_INT((int64_t)(n)->memory),                                       \
+        A_INT((int64_t)(n)->free_device_memory),                           \
+        A_TEXT(node_state_name((n)->state)),                               \
+        A_TEXT((n)->address[0] ? (n)->address : NULL),                     \
+        A_TEXT((n)->detail[0] ? (n)->detail : NULL)
+
 int state_node_insert(state *st, const node_row *n, int64_t *id)
 {
     double t = state_now_();
@@ -67,14 +80,7 @@ int state_node_insert(state *st, const node_row *n, int64_t *id)
         "memory, free_device_memory, state, address, detail, "
         "last_heartbeat, joined, updated) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        A_TEXT(n->hostname), A_TEXT(n->node_uuid),
-        A_TEXT(n->coordinator ? "coordinator" : "worker"), A_TEXT(n->backend),
-        A_INT(n->devices), A_INT((int64_t)n->memory),
-        A_INT((int64_t)n->free_device_memory),
-        A_TEXT(node_state_name(n->state)),
-        A_TEXT(n->address[0] ? n->address : NULL),
-        A_TEXT(n->detail[0] ? n->detail : NULL), A_REAL(t), A_REAL(t),
-        A_REAL(t));
+        NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_REAL(t));
     if (rc >= 0) *id = sqlite3_last_insert_rowid(st->db);
     pthread_mutex_unlock(&st->mu);
     return rc < 0 ? -1 : 0;
@@ -88,14 +94,7 @@ int state_node_update(state *st, int64_t id, const node_row *n)
         "devices = ?, memory = ?, free_device_memory = ?, state = ?, "
         "address = ?, detail = ?, last_heartbeat = ?, updated = ? "
         "WHERE id = ?",
-        A_TEXT(n->hostname), A_TEXT(n->node_uuid),
-        A_TEXT(n->coordinator ? "coordinator" : "worker"), A_TEXT(n->backend),
-        A_INT(n->devices), A_INT((int64_t)n->memory),
-        A_INT((int64_t)n->free_device_memory),
-        A_TEXT(node_state_name(n->state)),
-        A_TEXT(n->address[0] ? n->address : NULL),
-        A_TEXT(n->detail[0] ? n->detail : NULL), A_REAL(t), A_REAL(t),
-        A_INT(id));
+        NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_INT(id));
     return rc < 0 ? -1 : rc == 0 ? 1 : 0;
 }
 

@@ -82,6 +82,35 @@ static inline run_spec synth_tiny_spec(const char *dir, int n_layer, long steps,
     return s;
 }
 
+/* n random inputs and targets in [0, V) from seed (a 64-bit LCG, the high
+ * bits of each state): the same batch for the same seed everywhere. */
+static inline void synth_random_batch(int32_t *inp, int32_t *tgt, int n,
+                                      int V, uint64_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        inp[i] = (int32_t)((seed >> 33) % (uint64_t)V);
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        tgt[i] = (int32_t)((seed >> 33) % (uint64_t)V);
+    }
+}
+
+/* Make m the MoE the engine tests train: E 4 experts in k 2 prototypes,
+ * every `every`-th block MoE, expert hidden size `hidden`, capacity
+ * factor `capacity` (2 at evaluation), router aux 0.01 and z 0.001. */
+static inline void synth_tiny_moe(model_config *m, int every, int hidden,
+                                  float capacity)
+{
+    m->moe_experts = 4;
+    m->moe_prototypes = 2;
+    m->moe_every = every;
+    m->moe_hidden = hidden;
+    m->moe_capacity_factor = capacity;
+    m->moe_eval_capacity_factor = 2.0f;
+    m->moe_aux_coef = 0.01f;
+    m->moe_z_coef = 0.001f;
+}
+
 /* Remove dir and everything in it. 0 or -1. */
 static inline int synth_remove(const char *dir)
 {

@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "offload/offload.h"
 #include "train/trainer.h"
@@ -46,6 +47,113 @@ static inline trainer *fixture_trainer(const run_spec *s)
     return t;
 }
 
+/* trainer_save of t to dir: its byte count, failing the test with the
+ * error when the save fails. */
+static inline long fixture_save(trainer *t, const char *dir)
+{
+    char err[512];
+    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
+    if (bytes < 0)
+        fail_msg("save: %s", err);
+    return bytes;
+}
+
+/* trainer_load of dir into t, failing the test with its error. */
+static inline void fixture_load(trainer *t, const char *dir)
+{
+    char err[512];
+    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
+        fail_msg("load: %s", err);
+}
+
+/* A fresh trainer for s (a new process, as far as the trainer knows)
+ * that has loaded the checkpoint in dir and stands at step `at`; fails
+ * the test otherwise. */
+static inline trainer *fixture_resume(const run_spec *s, const char *dir,
+                                      long at)
+{
+    trainer *t = fixture_trainer(s);
+    fixture_load(t, dir);
+    assert_int_equal(trainer_step_count(t), at);
+    return t;
+}
+
+/* The JSON header of the checkpoint in dir (its model.safetensors after
+ * the 8-byte length), up to 64 KiB, in a static buffer. */
+static inline const char *fixture_ckpt_header(const char *dir)
+{
+    static char head[65536];
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    memset(head, 0, sizeof head);
+    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
+    fclose(f);
+    return head + 8;
+}
+
+/* trainer_step, failing the test with its error. */
+static inline void fixture_step(trainer *t, step_result *r)
+{
+    char err[256];
+    if (ERR_INTO(err, trainer_step(t, r, &err_)) != 0)
+        fail_msg("step: %s", err);
+}
+
+/* Drive t as the coordinator does until its step count is `until`:
+ * delink when the count reaches s->pseudo.steps in the pseudo phase, then
+ * step; the training loss and learning rate of step k into losses[k-1]
+ * and lrs[k-1] (either NULL: not kept). Fails the test on an error. */
+static inline void fixture_run_steps(trainer *t, const run_spec *s,
+                                     long until, float *losses, float *lrs)
+{
+    char err[256];
+    while (trainer_step_count(t) < until) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == s->pseudo.steps)
+            if (trainer_delink(t, err, sizeof err) != 0)
+                fail_msg("delink: %s", err);
+        step_result r;
+        fixture_step(t, &r);
+        if (losses)
+            losses[r.step - 1] = r.train_loss;
+        if (lrs)
+            lrs[r.step - 1] = r.lr;
+    }
+}
+
+/* Trains t (from its step count k) on to `until` and requires the losses
+ * of steps k+1 .. until to equal want[k .. until-1] bit for bit (want: the
+ * uninterrupted run's losses); then frees t. */
+static inline void fixture_finish_same(trainer *t, const run_spec *s,
+                                       long until, const float *want)
+{
+    long k = trainer_step_count(t);
+    float *got = calloc((size_t)until, sizeof(float));
+    assert_non_null(got);
+    fixture_run_steps(t, s, until, got, NULL);
+    assert_memory_equal(want + k, got + k, (size_t)(until - k) * sizeof(float));
+    free(got);
+    trainer_free(t);
+}
+
+/* Delinks t, which must hold slots_before slots, and requires
+ * slots_after slots and the same loss on val batch 0 bit for bit before
+ * and after (the delink is function-preserving). */
+static inline void fixture_delink_keeps_loss(trainer *t, int slots_before,
+                                             int slots_after)
+{
+    char err[256];
+    assert_int_equal(trainer_n_slots(t), slots_before);
+    float before = trainer_probe_loss(t, 0);
+    if (trainer_delink(t, err, sizeof err) != 0)
+        fail_msg("delink: %s", err);
+    assert_int_equal(trainer_n_slots(t), slots_after);
+    float after = trainer_probe_loss(t, 0);
+    assert_true(before == after);
+}
+
 /* A malloc'd copy of state buffer `which` (trainer_copy_state), all of it. */
 static inline float *fixture_copy_state(trainer *t, int which)
 {
@@ -54,6 +162,32 @@ static inline float *fixture_copy_state(trainer *t, int which)
     assert_non_null(p);
     assert_int_equal(trainer_copy_state(t, which, p), n);
     return p;
+}
+
+/* a and b hold the same state bit for bit: parameters, AdamW m and v
+ * (trainer_copy_state) and the AdamW step counts; fails the test
+ * otherwise. */
+static inline void fixture_assert_same_state(trainer *a, trainer *b)
+{
+    size_t n = trainer_copy_state(a, 0, NULL);
+    assert_int_equal(n, trainer_copy_state(b, 0, NULL));
+    for (int w = 0; w < 3; w++) {
+        float *pa = fixture_copy_state(a, w), *pb = fixture_copy_state(b, w);
+        assert_memory_equal(pa, pb, n * sizeof(float));
+        free(pa);
+        free(pb);
+    }
+    int slots = trainer_n_slots(a);
+    assert_int_equal(slots, trainer_n_slots(b));
+    long *sa = malloc((size_t)(slots + 1) * sizeof(long));
+    long *sb = malloc((size_t)(slots + 1) * sizeof(long));
+    assert_non_null(sa);
+    assert_non_null(sb);
+    assert_int_equal(trainer_copy_adam_steps(a, sa), slots + 1);
+    assert_int_equal(trainer_copy_adam_steps(b, sb), slots + 1);
+    assert_memory_equal(sa, sb, (size_t)(slots + 1) * sizeof(long));
+    free(sa);
+    free(sb);
 }
 
 /* The device.memory_budget that leaves `resident` slots of s's real phase

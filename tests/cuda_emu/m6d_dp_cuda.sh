@@ -11,20 +11,7 @@
 # its own half of the batch is off by 6e-3 there).
 . "$(dirname "$0")/../integration/lib.sh"
 TMO=30
-
-declare -A PIDS
-start_m6d() {
-    local name=$1; shift
-    "$M6D" --state-dir "$T/$name" --threads 1 --log-level info \
-        --node-timeout "$TMO" "$@" 2>>"$T/m6d-$name.log" &
-    PIDS[$name]=$!
-}
-cleanup_dp_() {
-    local n
-    for n in "${!PIDS[@]}"; do kill -9 "${PIDS[$n]}" 2>/dev/null || true; done
-    cleanup_
-}
-trap cleanup_dp_ EXIT
+M6D_ARGS="--node-timeout $TMO" # every m6d lib.sh's start_m6d starts here
 
 prepare_data "$T/data"
 cuda_spec() { # FILE NAME [nodes]
@@ -47,13 +34,7 @@ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
 chmod 600 "$T/token"
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 SOCK=$T/c/m6d.sock
-PORT=
-for _ in $(seq 1 200); do
-    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
-    [ -n "$PORT" ] && ctl list >/dev/null 2>&1 && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || fail "the coordinator did not log its port"
+wait_listen c 200
 start_m6d w1 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w1
 RUN=$(ctl submit "$T/two.json") || fail "submit of the 2-rank cuda spec"
 ctl watch "$RUN" >"$T/watch.out" || fail "the 2-rank cuda run did not complete: $(ctl status "$RUN")"

@@ -323,6 +323,27 @@ static int64_t now_ns_(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Carry out one queued operation (a copy, a memset or a kernel, whose
+ * argument block is then dropped), without the lock. */
+static void exec_op_(const op_ &o)
+{
+    switch (o.kind) {
+    case OP_COPY:
+        memcpy(o.dst, o.src, o.n);
+        break;
+    case OP_SET:
+        memset(o.dst, o.value, o.n);
+        break;
+    case OP_KERNEL:
+        o.fn(o.arg);
+        if (o.drop)
+            o.drop(o.arg);
+        break;
+    default:
+        break;
+    }
+}
+
 /* Each GPU thread: take the front operation of a random stream that may
  * start (not running, its latency passed, its awaited event complete), run
  * it outside the lock, retire it. */
@@ -362,21 +383,7 @@ static void *gpu_main_(void *unused)
         op_ o = s->q.front();
         s->busy = 1;
         pthread_mutex_unlock(&mu_);
-        switch (o.kind) {
-        case OP_COPY:
-            memcpy(o.dst, o.src, o.n);
-            break;
-        case OP_SET:
-            memset(o.dst, o.value, o.n);
-            break;
-        case OP_KERNEL:
-            o.fn(o.arg);
-            if (o.drop)
-                o.drop(o.arg);
-            break;
-        default:
-            break;
-        }
+        exec_op_(o);
         pthread_mutex_lock(&mu_);
         if (o.kind == OP_RECORD)
             o.ev->pending.erase(o.seq);
@@ -455,21 +462,7 @@ static void run_legacy_(const op_ &o)
     pthread_mutex_lock(&mu_);
     wait_legacy_locked_();
     pthread_mutex_unlock(&mu_);
-    switch (o.kind) {
-    case OP_COPY:
-        memcpy(o.dst, o.src, o.n);
-        break;
-    case OP_SET:
-        memset(o.dst, o.value, o.n);
-        break;
-    case OP_KERNEL:
-        o.fn(o.arg);
-        if (o.drop)
-            o.drop(o.arg);
-        break;
-    default:
-        break;
-    }
+    exec_op_(o);
 }
 
 static cudaError_t push_(cudaStream_t s, const op_ &o)

@@ -43,7 +43,7 @@
 
 #include "train/data.h"
 #include "train/trainer.h"
-#include "../common/synth_data.h"
+#include "../common/cuda_fixture.h"
 #include "../common/err_into.h"
 
 /* TOL_LOSS 5e-2 nats: tests/gpu/test_trainer.c's (its reasons: bf16 on
@@ -58,36 +58,15 @@ static char dir_[256];
 
 static run_spec spec_(backend_kind backend)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, dir_);
-    /* head size 32 and n_embd % 8 == 0: a shape gpt_cuda supports */
-    s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
-                             .n_embd = 64, .seq_len = 64};
-    s.pseudo.share_groups = 1;  /* one slot for the 3 layers, then */
-    s.pseudo.steps = DELINK_AT; /* a delink: the state moves */
-    s.train.steps = 100;        /* the last step's evaluation is far off */
+    /* one slot for the 3 layers, then a delink at DELINK_AT: the state
+     * moves; 100 steps: the last step's evaluation is far off */
+    run_spec s = synth_cuda_spec(dir_, backend, 100, DELINK_AT);
     s.train.eval_every = 100;
-    s.train.eval_batches = 2;
     s.train.batch_size = 2;
     s.train.grad_accum = ACCUM;
-    s.train.lr = 1e-3f;
-    s.train.min_lr = 1e-4f;
     s.train.warmup_steps = 2;
     s.train.grad_clip = 1.0f;
-    s.device.backend = backend;
     return s;
-}
-
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t) {
-        fprintf(stderr, "trainer_create: %s\n", err);
-        exit(1);
-    }
-    return t;
 }
 
 static int step_(trainer *t, step_result *r)
@@ -179,11 +158,11 @@ int main(void)
            "microbatches per step, delink after step %d\n", ACCUM,
            DELINK_AT);
     unsetenv("M6_CUDA_GRAPH");
-    trainer *tg = create_(&sg);
+    trainer *tg = fixture_create_or_exit(&sg);
     setenv("M6_CUDA_GRAPH", "0", 1);
-    trainer *tq = create_(&sg);
+    trainer *tq = fixture_create_or_exit(&sg);
     unsetenv("M6_CUDA_GRAPH");
-    trainer *tc = create_(&sc);
+    trainer *tc = fixture_create_or_exit(&sc);
 
     printf("2. per step: descriptors made, host waits, launches\n");
     float lg[STEPS], lq[STEPS], lc[STEPS];

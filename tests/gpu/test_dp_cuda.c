@@ -69,7 +69,8 @@
 #include "model/cuda/gpt_cuda.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
-#include "../common/synth_data.h"
+#include "../common/cuda_fixture.h"
+#include "../common/weights_hash.h"
 
 #define STEPS 6
 #define DELINK_AT 3
@@ -82,39 +83,15 @@ static char dir_[256];
 
 static run_spec spec_(int world)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, dir_);
-    /* head size 32 and n_embd % 8 == 0: a shape gpt_cuda supports */
-    s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
-                             .n_embd = 64, .seq_len = 64};
-    s.pseudo.share_groups = 1;
-    s.pseudo.steps = DELINK_AT;
-    s.train.steps = STEPS;
+    run_spec s = synth_cuda_spec(dir_, BACKEND_CUDA, STEPS, DELINK_AT);
     s.train.batch_size = 2;
     s.train.grad_accum = 4;
-    s.train.lr = 1e-3f;
-    s.train.min_lr = 1e-4f;
     s.train.warmup_steps = 2;
     s.train.eval_every = DELINK_AT;
-    s.train.eval_batches = 2;
     s.train.grad_clip = 1.0f;
-    s.device.backend = BACKEND_CUDA;
     s.nodes.world_size = world;
     s.nodes.timeout = 120;
     return s;
-}
-
-/* FNV-1a over the weights: equal across ranks means bitwise equal */
-static uint64_t fnv_(const float *p, size_t n)
-{
-    const unsigned char *b = (const unsigned char *)p;
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < n * sizeof(float); i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
 }
 
 typedef struct {
@@ -194,7 +171,7 @@ static int train_(const run_spec *s, int rank, int world, const char *store,
         r->loss[i] = res.train_loss;
         r->val[i] = res.val_loss;
         r->norm[i] = res.grad_norm;
-        r->hash[i] = fnv_(r->w, r->np);
+        r->hash[i] = weights_hash(r->w, r->np);
     }
     if (c) {
         trainer_set_collectives(t, NULL, &err);

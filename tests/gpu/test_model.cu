@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "chain_batch.h"
+#include "report.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -50,6 +51,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "expect_path.h"
 #include "model/cuda/gpt_cuda.h"
+#include "moment_check.h"
 #include "kernels_cuda.h" /* attention_impl_cuda */
 
 #define TOL_LOSS 5e-2
@@ -73,15 +75,6 @@ static const model_config CFG = {
 static const int B = 4;
 static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
 static const float WD = 0.1f, CLIP = 1.0f;
-
-static int n_failed;
-
-static void check_(int ok, const char *fmt, double a, double b, double tol)
-{
-    printf("  %-44s %.6f vs %.6f (tol %.0e) %s\n", fmt, a, b, tol,
-           ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
 
 /* Batch k: B sequences of chain_batch.h's token chain. */
 static void batch_(int k, int32_t *inp, int32_t *tgt)
@@ -108,56 +101,6 @@ static void gpu_step_(gpt_cuda *g, const int32_t *inp, const int32_t *tgt,
     gpt_cuda_backward(g, inp, tgt, B, 1.0f / (B * CFG.seq_len));
     gpt_cuda_adamw(g, LR, BETA1, BETA2, EPS, WD, CLIP);
     *norm = gpt_cuda_last_grad_norm(g);
-}
-
-/* Normalised L2 error ||got - want|| / ||want|| over n floats. */
-static double nerr_(const float *got, const float *want, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    if (!isfinite(num))
-        return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* After one step: the first moments of every tensor (globals, then each
- * slot's) agree; one line with the worst tensor, one per failing tensor. */
-static void check_first_moments_(gpt_model *c, gpt_cuda *g)
-{
-    float *m = (float *)malloc(c->n_params * sizeof(float));
-    if (gpt_cuda_get_state(g, 1, m, c->n_params) != 0)
-        exit(1);
-    double worst = 0;
-    char name[128], worst_name[128] = "";
-    int bad = 0;
-    for (int s = -1; s < c->S; s++) {
-        int nt = s < 0 ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS;
-        for (int i = 0; i < nt; i++) {
-            const gpt_tensor *t = s < 0 ? &c->glob[i] : &c->slot[i];
-            size_t off = t->offset +
-                         (s < 0 ? 0 : c->n_global + (size_t)s * c->slot_size);
-            double e = nerr_(m + off, c->m + off, t->numel);
-            gpt_tensor_name(name, sizeof name, "", s, t);
-            if (!(e <= TOL_GRAD)) {
-                printf("  gradient of %-32s nerr %.3e (tol %.0e) FAIL\n",
-                       name, e, TOL_GRAD);
-                bad = 1;
-            }
-            if (!(e <= worst)) {
-                worst = e;
-                snprintf(worst_name, sizeof worst_name, "%s", name);
-            }
-        }
-    }
-    printf("  %-44s %.3e (%s) (tol %.0e) %s\n",
-           "step 1: worst tensor gradient nerr", worst, worst_name, TOL_GRAD,
-           bad ? "FAIL" : "ok");
-    n_failed += bad;
-    free(m);
 }
 
 /* CPU and GPU models with S slots from the same weights */
@@ -261,7 +204,7 @@ static void test_train_(int S)
         if (k == 0) {
             check_(fabs(ng - nc) <= TOL_NORM * nc,
                    "grad norm, step 1 (gpu vs cpu)", ng, nc, TOL_NORM);
-            check_first_moments_(&c, g);
+            check_first_moments_(&c, g, "step 1", TOL_GRAD, TOL_GRAD);
         }
     }
     check_(maxd <= TOL_LOSS, "max |loss gpu - loss cpu| over steps", maxd, 0,

@@ -67,12 +67,14 @@
 #include <string.h>
 
 #include "chain_batch.h"
+#include "report.h"
 
 extern "C" {
 #include "model/gpt.h"
 }
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
+#include "moment_check.h"
 
 #define TOL_LOSS 5e-2
 #define TOL_AUX 5e-2
@@ -107,71 +109,6 @@ static model_config cfg_(int L, int every, int k)
 static const int B = 2;
 static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
 static const float WD = 0.1f, CLIP = 1.0f;
-
-static int n_failed;
-
-static void check_(int ok, const char *what, double a, double b, double tol)
-{
-    printf("  %-44s %.6f vs %.6f (tol %.0e) %s\n", what, a, b, tol,
-           ok ? "ok" : "FAIL");
-    n_failed += !ok;
-}
-
-static double nerr_(const float *got, const float *want, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    if (!isfinite(num))
-        return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* tol_grad, tol_expert: the tolerances of the dense tensors (gate,
- * attention, LayerNorms, globals, a dense block's MLP) and of the experts */
-static void check_first_moments_(gpt_model *c, gpt_cuda *g,
-                                  const char *when, double tol_grad,
-                                  double tol_expert)
-{
-    float *m = (float *)malloc(c->n_params * sizeof(float));
-    if (gpt_cuda_get_state(g, 1, m, c->n_params) != 0)
-        exit(1);
-    double worst = 0;
-    char name[128], worst_name[128] = "";
-    int bad = 0;
-    for (int s = -1; s < c->S; s++) {
-        int nt = s < 0 ? (int)GLOB_NTENSORS : gpt_slot_ntensors_of(c, s);
-        for (int i = 0; i < nt; i++) {
-            const gpt_tensor *t = s < 0 ? &c->glob[i]
-                                        : &gpt_slot_tensors(c, s)[i];
-            size_t off = t->offset + (s < 0 ? 0 : c->n_global +
-                                                      c->slot_off[s]);
-            double e = nerr_(m + off, c->m + off, t->numel);
-            gpt_tensor_name(name, sizeof name, "", s, t);
-            double tol = s >= 0 && c->slot_moe[s] && i >= SLOT_FC_W &&
-                                 i <= SLOT_FCPROJ_B
-                             ? tol_expert : tol_grad;
-            if (!(e <= tol)) {
-                printf("  gradient of %-32s nerr %.3e (tol %.0e) FAIL\n",
-                       name, e, tol);
-                bad = 1;
-            }
-            if (!(e <= worst)) {
-                worst = e;
-                snprintf(worst_name, sizeof worst_name, "%s", name);
-            }
-        }
-    }
-    char what[96];
-    snprintf(what, sizeof what, "%s: worst tensor first moment nerr", when);
-    printf("  %-44s %.3e (%s) (tol %.0e/%.0e) %s\n", what, worst,
-           worst_name, tol_grad, tol_expert, bad ? "FAIL" : "ok");
-    n_failed += bad;
-    free(m);
-}
 
 /* One step of both models on batch k: the CPU's loss and norm, the GPU's
  * loss, norm and router facts. */

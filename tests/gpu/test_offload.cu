@@ -223,16 +223,6 @@ static float off_step_(gpt_cuda *g, const int32_t *inp, const int32_t *tgt,
     return (float)(lsum / micro);
 }
 
-static double diff_norm_(const float *a, const float *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        s += d * d;
-    }
-    return sqrt(s);
-}
-
 static double rel_(double a, double b)
 {
     return fabs(a - b) / fmax(fabs(b), 1e-30);

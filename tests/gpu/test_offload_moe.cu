@@ -71,6 +71,7 @@ extern "C" {
 }
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
+#include "moment_check.h"
 
 #define TOL_EXACT1 1e-5
 #define TOL_LOSS_REL 5e-3
@@ -104,29 +105,6 @@ static const int B = 2;
 static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
 static const float WD = 0.1f, CLIP = 1.0f;
 
-static double nerr_(const float *got, const float *want, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    if (!isfinite(num))
-        return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double diff_norm_(const float *a, const float *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        s += d * d;
-    }
-    return sqrt(s);
-}
-
 /* State buffer `which` of g in the CPU layout of c (n_params floats). */
 static float *state_(gpt_model *c, gpt_cuda *g, int which)
 {
@@ -137,41 +115,6 @@ static float *state_(gpt_model *c, gpt_cuda *g, int which)
         exit(1);
     }
     return h;
-}
-
-/* Every tensor's AdamW first moment of g against the CPU's. */
-static void check_moments_(gpt_model *c, gpt_cuda *g, const char *when)
-{
-    float *m = state_(c, g, 1);
-    double worst = 0;
-    char name[128], worst_name[128] = "";
-    int bad = 0;
-    for (int s = -1; s < c->S; s++) {
-        int nt = s < 0 ? (int)GLOB_NTENSORS : gpt_slot_ntensors_of(c, s);
-        for (int i = 0; i < nt; i++) {
-            const gpt_tensor *t = s < 0 ? &c->glob[i]
-                                        : &gpt_slot_tensors(c, s)[i];
-            size_t off = t->offset + (s < 0 ? 0 : c->n_global +
-                                                      c->slot_off[s]);
-            double e = nerr_(m + off, c->m + off, t->numel);
-            double tol = TOL_PINNED;
-            gpt_tensor_name(name, sizeof name, "", s, t);
-            if (!(e <= tol)) {
-                printf("  first moment of %-32s nerr %.3e (tol %.0e) "
-                       "FAIL\n", name, e, tol);
-                bad = 1;
-            }
-            if (!(e <= worst)) {
-                worst = e;
-                snprintf(worst_name, sizeof worst_name, "%s", name);
-            }
-        }
-    }
-    char what[96];
-    snprintf(what, sizeof what, "%s: worst first moment nerr (%s)", when,
-             worst_name);
-    check_(!bad, what, worst, 0, TOL_PINNED);
-    free(m);
 }
 
 typedef struct {
@@ -229,7 +172,7 @@ static void step_(models_ *M, int k, int exact, int moments,
     if (moments) {
         snprintf(what, sizeof what, "%s: grad norm off vs cpu", when);
         check_(fabs(no - nc) <= 5e-2 * nc, what, no, nc, 5e-2);
-        check_moments_(c, M->off, when);
+        check_first_moments_(c, M->off, when, TOL_PINNED, TOL_PINNED);
     }
     if (!exact)
         return;

@@ -77,7 +77,7 @@
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
-#include "../common/synth_data.h"
+#include "../common/cuda_fixture.h"
 #include "../common/err_into.h"
 
 #define TOL_LOSS 5e-2
@@ -99,35 +99,12 @@ static char dir_[256];
 
 static run_spec spec_(backend_kind backend)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, dir_);
-    /* head size 32 and n_embd % 8 == 0: a shape gpt_cuda supports */
-    s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
-                             .n_embd = 64, .seq_len = 64};
-    s.pseudo.share_groups = 1;
-    s.pseudo.steps = DELINK_AT;
-    s.train.steps = STEPS;
+    run_spec s = synth_cuda_spec(dir_, backend, STEPS, DELINK_AT);
     s.train.batch_size = 4;
     s.train.grad_accum = 2;
-    s.train.lr = 1e-3f;
-    s.train.min_lr = 1e-4f;
     s.train.warmup_steps = 3;
     s.train.eval_every = DELINK_AT;
-    s.train.eval_batches = 2;
-    s.device.backend = backend;
     return s;
-}
-
-static trainer *create_(const run_spec *s)
-{
-    char err[512];
-    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t) {
-        fprintf(stderr, "trainer_create: %s\n", err);
-        exit(1);
-    }
-    return t;
 }
 
 /* Steps until `until`, delinking when the step count reaches pseudo.steps
@@ -261,7 +238,7 @@ static int nonfinite_case_(size_t budget)
     run_spec s = spec_(BACKEND_CUDA);
     s.train.grad_clip = 0;
     s.device.memory_budget = budget;
-    trainer *t = create_(&s);
+    trainer *t = fixture_create_or_exit(&s);
     char err[512];
     step_result r;
     for (int i = 0; i < 2; i++)
@@ -339,13 +316,13 @@ static int offload_case_(float clip)
         printf("  trainer_check_spec: %s\n", err);
     check_true_(ok, "trainer_check_spec accepts a budget that offloads");
 
-    trainer *t = create_(&plain);
+    trainer *t = fixture_create_or_exit(&plain);
     if (run_(t, &plain, STEPS, la, NULL) != 0)
         return -1;
     size_t plain_real = trainer_device_bytes(t);
     trainer_free(t);
 
-    t = create_(&off);
+    t = fixture_create_or_exit(&off);
     offload_stats st;
     check_true_(trainer_offload_stats(t, &st) == 0 && st.enabled &&
                 st.n_offloaded == 0 && st.n_resident == 1,
@@ -402,7 +379,7 @@ static int offload_case_(float clip)
                 "fewer device bytes than the resident run");
     trainer_free(t);
 
-    t = create_(&off);
+    t = fixture_create_or_exit(&off);
     if (load_(t, name) != 0)
         return -1;
     state_get_(t, &l15);
@@ -427,7 +404,7 @@ static int offload_bytes_case_(void)
     s.train.steps = 1000;        /* no final evaluation within 3 steps */
     s.train.eval_every = 0;
     s.device.memory_budget = offload_budget_(&s, 1, &p);
-    trainer *t = create_(&s);
+    trainer *t = fixture_create_or_exit(&s);
     if (run_(t, &s, 3, l, NULL) != 0)
         return -1;
     offload_stats st;
@@ -493,7 +470,7 @@ static int moe_case_(int every, int offload)
                    err);
             return -1;
         }
-        trainer *t = create_(s);
+        trainer *t = fixture_create_or_exit(s);
         while (trainer_step_count(t) < s->train.steps) {
             if (trainer_phase(t) == PHASE_PSEUDO &&
                 trainer_step_count(t) == s->pseudo.steps &&
@@ -531,7 +508,7 @@ static int moe_case_(int every, int offload)
             state_get_(t, &a);
             if (save_(t, "moe_off") != 0)
                 return -1;
-            trainer *u = create_(s);
+            trainer *u = fixture_create_or_exit(s);
             if (load_(u, "moe_off") != 0)
                 return -1;
             state_get_(u, &c);
@@ -576,7 +553,7 @@ static int run_norms_(const run_spec *s, long until, float *loss,
                       float *norm, float *probe)
 {
     char err[512];
-    trainer *t = create_(s);
+    trainer *t = fixture_create_or_exit(s);
     while (trainer_step_count(t) < until) {
         if (trainer_phase(t) == PHASE_PSEUDO &&
             trainer_step_count(t) == s->pseudo.steps) {
@@ -698,7 +675,7 @@ int main(void)
     if (!ok)
         printf("  trainer_check_spec: %s\n", err);
     check_true_(ok, "trainer_check_spec accepts the cuda spec");
-    trainer *tg = create_(&sg);
+    trainer *tg = fixture_create_or_exit(&sg);
     size_t bytes_pseudo = trainer_device_bytes(tg);
     printf("  device bytes, pseudo phase: %zu\n", bytes_pseudo);
     check_true_(bytes_pseudo > 0, "trainer_device_bytes > 0");
@@ -730,7 +707,7 @@ int main(void)
     trainer_free(tg);
 
     printf("3. cpu: the same spec\n");
-    trainer *tc = create_(&sc);
+    trainer *tc = fixture_create_or_exit(&sc);
     check_true_(trainer_device_bytes(tc) == 0, "cpu: trainer_device_bytes 0");
     state_ c15;
     if (run_(tc, &sc, SAVE_AT, lc, NULL) != 0 || save_(tc, "cpu-15") != 0)
@@ -747,7 +724,7 @@ int main(void)
            max_diff_(lg, lc, 0, STEPS), 0, TOL_LOSS);
 
     printf("4. cuda: load the step-15 checkpoint, resume\n");
-    tg = create_(&sg);
+    tg = fixture_create_or_exit(&sg);
     if (load_(tg, "cuda-15") != 0)
         return 1;
     check_true_(trainer_step_count(tg) == SAVE_AT &&
@@ -759,7 +736,7 @@ int main(void)
 
     printf("5. checkpoints across backends\n");
     state_ s;
-    tc = create_(&sc);
+    tc = fixture_create_or_exit(&sc);
     ok = load_(tc, "cuda-15") == 0;
     check_true_(ok, "cuda checkpoint loads on the cpu");
     if (ok) {
@@ -769,7 +746,7 @@ int main(void)
         state_free_(&s);
     }
     trainer_free(tc);
-    tg = create_(&sg);
+    tg = fixture_create_or_exit(&sg);
     ok = load_(tg, "cpu-15") == 0;
     check_true_(ok, "cpu checkpoint loads on the gpu");
     if (ok) {

@@ -23,13 +23,7 @@ done
 
 start_daemon "$T/c" --role coordinator --listen 127.0.0.1:0 --token-file "$T/token" \
     --node-timeout 5
-PORT=
-for _ in $(seq 1 100); do
-    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
-    [ -n "$PORT" ] && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || fail "the coordinator logged no cluster.listen address"
+wait_listen c
 ulimit -n 4096 2>/dev/null || true
 
 lines0=$(wc -l <"$T/m6d-c.log")

@@ -70,13 +70,7 @@ export M6_TEST_STEP_DELAY_MS=60
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
     --token-file "$T/token"
 SOCK=$T/c/m6d.sock
-PORT=
-for _ in $(seq 1 100); do
-    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
-    [ -n "$PORT" ] && ctl list >/dev/null 2>&1 && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || fail "the coordinator did not log its port"
+wait_listen c
 ADDR=127.0.0.1:$PORT
 RUN=$(ctl submit "$T/two.json")
 for _ in $(seq 1 100); do

@@ -115,6 +115,23 @@ start_m6d() {
     M6D_PIDS[$name]=$M6D_PID
 }
 
+# wait_listen NAME [TRIES]: until m6d NAME (start_m6d's name: log
+# $T/m6d-NAME.log, socket $T/NAME/m6d.sock) has logged the TCP port it
+# listens on and answers on its socket (TRIES polls 50 ms apart, 100 by
+# default); sets PORT, or fails the test.
+wait_listen() {
+    local name=$1 tries=${2:-100}
+    PORT=
+    for _ in $(seq 1 "$tries"); do
+        PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-$name.log" |
+            sed 's/.*://') || true
+        [ -n "$PORT" ] && "$M6CTL" --socket "$T/$name/m6d.sock" list >/dev/null 2>&1 &&
+            return 0
+        sleep 0.05
+    done
+    fail "m6d $name did not log its cluster port (or answer on its socket)"
+}
+
 # wait_m6d SOCKET PID [WHAT]: until m6d answers on SOCKET (5 s; 60 s under
 # valgrind); PID exiting first fails the test, naming WHAT and its log.
 wait_m6d() {

@@ -92,12 +92,7 @@ reference_losses "$T/quiet" "$T/run.json" "$T/quiet.csv" "quiet run"
 
 # ---- a coordinator and two workers
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
-for _ in $(seq 1 100); do
-    PORT=$(grep -o 'cluster.listen addr=127.0.0.1:[0-9]*' "$T/m6d-c.log" | sed 's/.*://') || true
-    [ -n "$PORT" ] && c_ctl list >/dev/null 2>&1 && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || fail "coordinator did not log its port"
+wait_listen c
 ADDR=127.0.0.1:$PORT
 SOCK=$T/c/m6d.sock  # lib.sh's ctl, field, losses
 RUN=$(ctl submit "$T/run.json")

@@ -36,6 +36,7 @@
 
 #include "dist/collectives.h"
 #include "../common/file_store.h"
+#include "../common/self_exe.h"
 
 #define TIMEOUT_MS 2000
 /* what a failure may take beyond the timeout: process start, the kernel
@@ -361,12 +362,9 @@ int main(int argc, char **argv)
                "libgloo-dev)\n");
         return 77;
     }
-    static char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
+    self_ = self_exe();
+    if (!self_)
         return 1;
-    exe[n] = 0;
-    self_ = exe;
     int bad = config_();
     bad |= run_("sum", 2, 2, -1, 60);
     bad |= run_("sum", 3, 3, -1, 60);

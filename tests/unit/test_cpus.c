@@ -17,29 +17,16 @@
 #include <unistd.h>
 
 #include "common/cpus.h"
-#include "common/paths.h"
+#include "../common/fake_tree.h"
 
 static char root_[256], proc_[300];
-
-static void put_(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* root_/cg<rel>/cpu.max = text (NULL: none) */
 static void quota_(const char *rel, const char *text)
 {
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/cg%s", root_, rel);
-    assert_int_equal(paths_mkdir_p(dir, 0755), 0);
-    snprintf(path, sizeof path, "%s/cpu.max", dir);
-    if (text)
-        put_(path, text);
-    else
-        unlink(path);
+    char cg[300];
+    snprintf(cg, sizeof cg, "%s/cg", root_);
+    tree_file(cg, rel, "cpu.max", text);
 }
 
 static int at_(int affinity)
@@ -51,26 +38,16 @@ static int at_(int affinity)
 
 static int setup_(void **state)
 {
-    (void)state;
-    snprintf(root_, sizeof root_, "%s/m6-cpus.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    assert_non_null(mkdtemp(root_));
+    tree_make(root_, sizeof root_, "cpus");
+    *state = root_;
     snprintf(proc_, sizeof proc_, "%s/cgroup", root_);
     return 0;
-}
-
-static int teardown_(void **state)
-{
-    (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root_);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 static void test_quota_caps(void **state)
 {
     (void)state;
-    put_(proc_, "0::/a/b\n");
+    tree_put(proc_, "0::/a/b\n");
     quota_("/a/b", "150000 100000\n");  /* CPUQuota=150%: 2 CPUs */
     assert_int_equal(at_(16), 2);
     assert_int_equal(at_(1), 1);          /* the mask is smaller */
@@ -83,7 +60,7 @@ static void test_quota_caps(void **state)
 static void test_ancestor_caps(void **state)
 {
     (void)state;
-    put_(proc_, "0::/a/b/c\n");
+    tree_put(proc_, "0::/a/b/c\n");
     quota_("/a/b/c", "max 100000\n");
     quota_("/a/b", NULL);
     quota_("/a", "350000 100000\n");      /* 3.5 CPUs: 4 */
@@ -96,13 +73,13 @@ static void test_no_cap(void **state)
 {
     (void)state;
     /* cgroup v1 only: no 0:: line */
-    put_(proc_, "4:memory:/x\n1:cpu:/\n");
+    tree_put(proc_, "4:memory:/x\n1:cpu:/\n");
     assert_int_equal(at_(8), 8);
     /* v2 at the root: the root has no cpu.max */
-    put_(proc_, "0::/\n");
+    tree_put(proc_, "0::/\n");
     assert_int_equal(at_(8), 8);
     /* malformed cpu.max lines */
-    put_(proc_, "0::/m\n");
+    tree_put(proc_, "0::/m\n");
     const char *bad[] = {"", "abc\n", "100000\n", "-5 100000\n", "100 0\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         quota_("/m", bad[i]);
@@ -127,9 +104,12 @@ static void test_this_process(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_quota_caps, setup_, teardown_),
-        cmocka_unit_test_setup_teardown(test_ancestor_caps, setup_, teardown_),
-        cmocka_unit_test_setup_teardown(test_no_cap, setup_, teardown_),
+        cmocka_unit_test_setup_teardown(test_quota_caps, setup_,
+                                        tree_teardown),
+        cmocka_unit_test_setup_teardown(test_ancestor_caps, setup_,
+                                        tree_teardown),
+        cmocka_unit_test_setup_teardown(test_no_cap, setup_,
+                                        tree_teardown),
         cmocka_unit_test(test_this_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -79,6 +79,8 @@
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
+#include "../common/self_exe.h"
+#include "../common/weights_hash.h"
 
 #define FORTUNES "/usr/share/games/fortunes"
 #define LOSS_TOL 1e-4
@@ -89,18 +91,6 @@
 #define SLACK_S 5.0
 
 /* ------------------------------------------------------------ a rank */
-
-/* FNV-1a over the weights: equal across ranks means bitwise equal */
-static uint64_t fnv_(const float *p, size_t n)
-{
-    const unsigned char *b = (const unsigned char *)p;
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < n * sizeof(float); i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
 
 static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
                        int world, int timeout_ms, m6_store *st,
@@ -236,7 +226,7 @@ static int rank_main_(int argc, char **argv)
         size_t nw = trainer_step_windows(t, pos);
         fprintf(out, "%ld %a %a %a %016llx %zu", r.step,
                 (double)r.train_loss, (double)r.val_loss,
-                (double)r.grad_norm, (unsigned long long)fnv_(w, np), nw);
+                (double)r.grad_norm, (unsigned long long)weights_hash(w, np), nw);
         for (size_t i = 0; i < nw; i++)
             fprintf(out, " %zu", pos[i]);
         fputc('\n', out);
@@ -686,12 +676,9 @@ int main(int argc, char **argv)
         printf("SKIP: no %s (fortunes-min)\n", FORTUNES);
         return 77;
     }
-    static char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
+    self_ = self_exe();
+    if (!self_)
         return 1;
-    exe[n] = 0;
-    self_ = exe;
     snprintf(dir_, sizeof dir_, "/tmp/m6-dp-XXXXXX");
     if (!mkdtemp(dir_)) {
         perror("mkdtemp");

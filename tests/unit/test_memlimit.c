@@ -17,34 +17,12 @@
 #include <unistd.h>
 
 #include "common/memlimit.h"
-#include "common/paths.h"
+#include "../common/fake_tree.h"
 
 #define GIB_ (1024ull * 1024 * 1024)
 #define MIB_ (1024ull * 1024)
 
 static char root_[256], proc_[300], meminfo_[300], v2_[300], v1_[300];
-
-static void put_(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
-
-/* under<rel>/name = text (NULL: none) */
-static void file_(const char *under, const char *rel, const char *name,
-                  const char *text)
-{
-    char dir[600], path[700];
-    snprintf(dir, sizeof dir, "%s%s", under, rel);
-    assert_int_equal(paths_mkdir_p(dir, 0755), 0);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (text)
-        put_(path, text);
-    else
-        unlink(path);
-}
 
 static host_mem at_(void)
 {
@@ -55,27 +33,17 @@ static host_mem at_(void)
 
 static int setup_(void **state)
 {
-    (void)state;
-    snprintf(root_, sizeof root_, "%s/m6-memlimit.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    assert_non_null(mkdtemp(root_));
+    tree_make(root_, sizeof root_, "memlimit");
+    *state = root_;
     snprintf(proc_, sizeof proc_, "%s/cgroup", root_);
     snprintf(meminfo_, sizeof meminfo_, "%s/meminfo", root_);
     snprintf(v2_, sizeof v2_, "%s/cg2", root_);
     snprintf(v1_, sizeof v1_, "%s/cg1mem", root_);
     /* 8 GiB available on the machine */
-    put_(meminfo_, "MemTotal:       16777216 kB\n"
-                   "MemFree:         1000000 kB\n"
-                   "MemAvailable:    8388608 kB\n");
+    tree_put(meminfo_, "MemTotal:       16777216 kB\n"
+                       "MemFree:         1000000 kB\n"
+                       "MemAvailable:    8388608 kB\n");
     return 0;
-}
-
-static int teardown_(void **state)
-{
-    (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root_);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 static void test_no_cgroup(void **state)
@@ -94,9 +62,9 @@ static void test_no_cgroup(void **state)
 static void test_v2_limit(void **state)
 {
     (void)state;
-    put_(proc_, "0::/system.slice/m6d.service\n");
-    file_(v2_, "/system.slice/m6d.service", "memory.max", "3221225472\n");
-    file_(v2_, "/system.slice/m6d.service", "memory.current", "104857600\n");
+    tree_put(proc_, "0::/system.slice/m6d.service\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", "3221225472\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.current", "104857600\n");
     host_mem m = at_();
     /* 3 GiB - 100 MiB, below 8 GiB MemAvailable */
     assert_int_equal(m.avail, 3 * GIB_ - 100 * MIB_);
@@ -112,28 +80,28 @@ static void test_v2_limit(void **state)
     assert_string_equal(host_mem_describe(&m, b, sizeof b), want);
 
     /* "max": no cap here; a parent's 2 GiB with 1.5 GiB in use binds */
-    file_(v2_, "/system.slice/m6d.service", "memory.max", "max\n");
-    file_(v2_, "/system.slice", "memory.max", "2147483648\n");
-    file_(v2_, "/system.slice", "memory.current", "1610612736\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", "max\n");
+    tree_file(v2_, "/system.slice", "memory.max", "2147483648\n");
+    tree_file(v2_, "/system.slice", "memory.current", "1610612736\n");
     m = at_();
     assert_int_equal(m.avail, 512 * MIB_);
     snprintf(want, sizeof want, "%s/system.slice/memory.max", v2_);
     assert_string_equal(m.file, want);
 
     /* a limit above MemAvailable: MemAvailable binds */
-    file_(v2_, "/system.slice", "memory.max", "max\n");
-    file_(v2_, "/system.slice/m6d.service", "memory.max", "17179869184\n");
+    tree_file(v2_, "/system.slice", "memory.max", "max\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", "17179869184\n");
     m = at_();
     assert_int_equal(m.avail, 8 * GIB_);
     assert_int_equal(m.cgroup_binds, 0);
 
     /* usage over the limit: no room; malformed: no cap */
-    file_(v2_, "/system.slice/m6d.service", "memory.max", "1073741824\n");
-    file_(v2_, "/system.slice/m6d.service", "memory.current", "2147483648\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", "1073741824\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.current", "2147483648\n");
     assert_int_equal(at_().avail, 0);
-    file_(v2_, "/system.slice/m6d.service", "memory.max", "lots\n");
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", "lots\n");
     assert_int_equal(at_().avail, 8 * GIB_);
-    file_(v2_, "/system.slice/m6d.service", "memory.max", NULL);
+    tree_file(v2_, "/system.slice/m6d.service", "memory.max", NULL);
     assert_int_equal(at_().avail, 8 * GIB_);
 }
 
@@ -141,12 +109,12 @@ static void test_v1_limit(void **state)
 {
     (void)state;
     /* hybrid: the v1 memory controller's line wins over 0:: */
-    put_(proc_, "9:name=systemd:/\n"
+    tree_put(proc_, "9:name=systemd:/\n"
                 "4:memory:/docker/abc\n"
                 "3:cpu,cpuacct:/docker/abc\n"
                 "0::/\n");
-    file_(v1_, "/docker/abc", "memory.limit_in_bytes", "3221225472\n");
-    file_(v1_, "/docker/abc", "memory.usage_in_bytes", "0\n");
+    tree_file(v1_, "/docker/abc", "memory.limit_in_bytes", "3221225472\n");
+    tree_file(v1_, "/docker/abc", "memory.usage_in_bytes", "0\n");
     host_mem m = at_();
     assert_int_equal(m.avail, 3 * GIB_);
     assert_int_equal(m.cgroup_binds, 1);
@@ -155,7 +123,7 @@ static void test_v1_limit(void **state)
     assert_string_equal(m.file, want);
 
     /* v1's "no limit" (LONG_MAX rounded to a page) is none */
-    file_(v1_, "/docker/abc", "memory.limit_in_bytes",
+    tree_file(v1_, "/docker/abc", "memory.limit_in_bytes",
           "9223372036854771712\n");
     m = at_();
     assert_int_equal(m.avail, 8 * GIB_);
@@ -163,21 +131,24 @@ static void test_v1_limit(void **state)
 
     /* a container sees its own cgroup as the mount's root: the path in
      * /proc/self/cgroup is absent there, the root's limit applies */
-    file_(v1_, "", "memory.limit_in_bytes", "1073741824\n");
-    file_(v1_, "", "memory.usage_in_bytes", "268435456\n");
+    tree_file(v1_, "", "memory.limit_in_bytes", "1073741824\n");
+    tree_file(v1_, "", "memory.usage_in_bytes", "268435456\n");
     assert_int_equal(at_().avail, 768 * MIB_);
 
     /* memory among other controllers on one line */
-    put_(proc_, "5:blkio,memory:/\n");
+    tree_put(proc_, "5:blkio,memory:/\n");
     assert_int_equal(at_().avail, 768 * MIB_);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_no_cgroup, setup_, teardown_),
-        cmocka_unit_test_setup_teardown(test_v2_limit, setup_, teardown_),
-        cmocka_unit_test_setup_teardown(test_v1_limit, setup_, teardown_),
+        cmocka_unit_test_setup_teardown(test_no_cgroup, setup_,
+                                        tree_teardown),
+        cmocka_unit_test_setup_teardown(test_v2_limit, setup_,
+                                        tree_teardown),
+        cmocka_unit_test_setup_teardown(test_v1_limit, setup_,
+                                        tree_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,17 +28,6 @@
 static const model_config small_ = {.vocab_size = 29, .n_layer = 3,
                                     .n_head = 2, .n_embd = 16, .seq_len = 8};
 
-static void random_batch_(int32_t *inp, int32_t *tgt, int n, int V,
-                          uint64_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        inp[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        tgt[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-    }
-}
-
 /* ---------------------------------------------------------- sharing */
 
 /* S=1: the shared slot's gradient equals the sum of the per-layer gradients
@@ -59,7 +48,7 @@ static void test_shared_gradient_and_update(void **state)
         memcpy(gpt_slot_ptr(&un, un.params, l), gpt_slot_ptr(&sh, sh.params, 0),
                sh.slot_size * sizeof(float));
     int32_t inp[2 * 8], tgt[2 * 8];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 11);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 11);
 
     gpt_zero_grad(&sh);
     gpt_zero_grad(&un);
@@ -141,7 +130,7 @@ static void test_zero_grad_marks_and_stores(void **state)
     gpt_zero_grad(&g);
     int32_t inp[2 * 8], tgt[2 * 8];
     for (int k = 0; k < 2; k++) {
-        random_batch_(inp, tgt, B * T, small_.vocab_size, 40 + k);
+        synth_random_batch(inp, tgt, B * T, small_.vocab_size, 40 + k);
         gpt_forward(&ref, inp, tgt, B);
         gpt_backward(&ref, inp, tgt, B, 0.5f / (B * T));
         gpt_forward(&g, inp, tgt, B);
@@ -161,7 +150,7 @@ static void train_steps_(gpt_model *g, int n, int B, uint64_t seed)
     int T = g->cfg.seq_len;
     int32_t *inp = malloc(B * T * sizeof(int32_t)), *tgt = malloc(B * T * sizeof(int32_t));
     for (int s = 0; s < n; s++) {
-        random_batch_(inp, tgt, B * T, g->cfg.vocab_size, seed + s);
+        synth_random_batch(inp, tgt, B * T, g->cfg.vocab_size, seed + s);
         gpt_zero_grad(g);
         gpt_forward(g, inp, tgt, B);
         gpt_backward(g, inp, tgt, B, 1.0f / (B * T));
@@ -263,7 +252,7 @@ static void test_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 999);
     float before = gpt_forward(&g, inp, tgt, B);
     long t_before = g.adam_t_slot[0];
 
@@ -307,14 +296,7 @@ static void test_delink_reset_zeroes_moments(void **state)
 static model_config moe_cfg_(void)
 {
     model_config c = small_;
-    c.moe_experts = 4;
-    c.moe_prototypes = 2;
-    c.moe_every = 1;
-    c.moe_hidden = 12;
-    c.moe_capacity_factor = 1.0f;
-    c.moe_eval_capacity_factor = 2.0f;
-    c.moe_aux_coef = 0.01f;
-    c.moe_z_coef = 0.001f;
+    synth_tiny_moe(&c, 1, 12, 1.0f);
     return c;
 }
 
@@ -357,7 +339,7 @@ static void test_moe_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, c.vocab_size, 999);
     gpt_moe_stats_reset(&g);
     float before = gpt_forward(&g, inp, tgt, B);
     gpt_moe_stats st = g.moe_stats;
@@ -418,7 +400,7 @@ static void test_mixed_delink_preserves_function(void **state)
     gpt_init_weights(&g, 3);
     train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, c.vocab_size, 999);
+    synth_random_batch(inp, tgt, B * T, c.vocab_size, 999);
     gpt_moe_stats_reset(&g);
     float before = gpt_forward(&g, inp, tgt, B);
     assert_int_equal(g.moe_stats.layers, 2);  /* MoE blocks 1 and 3 only */
@@ -450,7 +432,7 @@ static void test_moe_aux_in_gradient(void **state)
     (void)state;
     const int B = 2, T = small_.seq_len;
     int32_t inp[16], tgt[16];
-    random_batch_(inp, tgt, B * T, small_.vocab_size, 5);
+    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 5);
     float *gr[3];
     float loss[3];
     size_t n = 0, gate = 0;
@@ -494,32 +476,15 @@ static run_spec tiny_spec_(long steps, long pseudo_steps)
     return synth_tiny_spec(tmpdir_, 3, steps, pseudo_steps);
 }
 
-/* Drive a run the way the coordinator does: delink when step == pseudo.steps. */
-static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
-{
-    char err[256];
-    while (trainer_step_count(t) < until) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) == s->pseudo.steps)
-            assert_int_equal(trainer_delink(t, err, sizeof err), 0);
-        step_result r;
-        assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
-        losses[r.step - 1] = r.train_loss;
-    }
-}
-
 static void test_determinism_50_steps(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(50, 20);
     float a[50], b[50];
-    char err[256];
-    trainer *t1 = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t1);
-    run_steps_(t1, &s, 50, a);
-    trainer *t2 = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t2);
-    run_steps_(t2, &s, 50, b);
+    trainer *t1 = fixture_trainer(&s);
+    fixture_run_steps(t1, &s, 50, a, NULL);
+    trainer *t2 = fixture_trainer(&s);
+    fixture_run_steps(t2, &s, 50, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]); /* it learns */
     assert_int_equal(trainer_phase(t1), PHASE_REAL);
@@ -533,16 +498,9 @@ static void test_delink_keeps_loss_in_trainer(void **state)
     (void)state;
     run_spec s = tiny_spec_(20, 10);
     float l[20];
-    char err[256];
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    run_steps_(t, &s, 10, l);
-    assert_int_equal(trainer_n_slots(t), 1);
-    float before = trainer_probe_loss(t, 0);
-    assert_int_equal(trainer_delink(t, err, sizeof err), 0);
-    assert_int_equal(trainer_n_slots(t), 3);
-    float after = trainer_probe_loss(t, 0);
-    assert_true(before == after);
+    trainer *t = fixture_trainer(&s);
+    fixture_run_steps(t, &s, 10, l, NULL);
+    fixture_delink_keeps_loss(t, 1, 3);
     trainer_free(t);
 }
 
@@ -552,35 +510,25 @@ static void test_checkpoint_resume_bitwise(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(30, 10);
-    float a[30], b[30];
+    float a[30];
     char err[256], dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    run_steps_(t, &s, 15, a);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
+    trainer *t = fixture_trainer(&s);
+    fixture_run_steps(t, &s, 15, a, NULL);
+    long bytes = fixture_save(t, dir);
     assert_true(bytes > 0);
     assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) < 0); /* exists */
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
+    t = fixture_resume(&s, dir, 15);
     assert_int_equal(trainer_phase(t), PHASE_REAL);
     assert_int_equal(trainer_n_slots(t), 3);
-    run_steps_(t, &s, 30, b);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    fixture_finish_same(t, &s, 30, a);
 
     /* a checkpoint from another spec is refused */
     s.train.lr *= 2;
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    t = fixture_trainer(&s);
     assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
     assert_non_null(strstr(err, "spec hash"));
     trainer_free(t);
@@ -594,20 +542,11 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(30, 10);
-    s.model.moe_experts = 4;
-    s.model.moe_prototypes = 2;
-    s.model.moe_every = 1;
-    s.model.moe_hidden = 24;
-    s.model.moe_capacity_factor = 1.25f;
-    s.model.moe_eval_capacity_factor = 2.0f;
-    s.model.moe_aux_coef = 0.01f;
-    s.model.moe_z_coef = 0.001f;
-    float a[30], b[30];
-    char err[256], dir[512], path[600];
+    synth_tiny_moe(&s.model, 1, 24, 1.25f);
+    float a[30];
+    char err[256], dir[512];
     snprintf(dir, sizeof dir, "%s/moe-ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    if (!t)
-        fail_msg("create: %s", err);
+    trainer *t = fixture_trainer(&s);
     step_result r;
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     a[0] = r.train_loss;
@@ -619,37 +558,23 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     /* capacity ceil(1.25 * 64 / 2) = 40 tokens per expert */
     assert_true(r.moe.load_max <= 40);
     assert_true(r.moe.load_cv >= 0);
-    run_steps_(t, &s, 15, a);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
+    fixture_save(t, dir);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    char head[16384] = {0};  /* 8 bytes of length, then the JSON header */
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
+    const char *head = fixture_ckpt_header(dir);
     /* per expert and per prototype's gate (gpt.h: gpt_slot_ckpt_tensors) */
-    assert_non_null(strstr(head + 8, "\"slots.2.moe.experts.3.c_fc.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.2.moe.gate.1.weight\""));
-    assert_null(strstr(head + 8, "slots.2.moe.experts.c_fc.weight"));
-    assert_null(strstr(head + 8, "mlp.c_fc"));
+    assert_non_null(strstr(head, "\"slots.2.moe.experts.3.c_fc.weight\""));
+    assert_non_null(strstr(head, "\"slots.2.moe.gate.1.weight\""));
+    assert_null(strstr(head, "slots.2.moe.experts.c_fc.weight"));
+    assert_null(strstr(head, "mlp.c_fc"));
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
-    run_steps_(t, &s, 30, b);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    t = fixture_resume(&s, dir, 15);
+    fixture_finish_same(t, &s, 30, a);
 
     run_spec d = tiny_spec_(2, 0);
-    t = ERR_INTO(err, trainer_create(&d, &err_));
-    assert_non_null(t);
+    t = fixture_trainer(&d);
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), 0);
     assert_false(r.moe.present);
     trainer_free(t);
@@ -668,30 +593,19 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     (void)state;
     run_spec s = synth_tiny_spec(tmpdir_, 4, 30, 10);
     s.pseudo.share_groups = 2;
-    s.model.moe_experts = 4;
-    s.model.moe_prototypes = 2;
-    s.model.moe_every = 2;
-    s.model.moe_hidden = 24;
-    s.model.moe_capacity_factor = 1.25f;
-    s.model.moe_eval_capacity_factor = 2.0f;
-    s.model.moe_aux_coef = 0.01f;
-    s.model.moe_z_coef = 0.001f;
-    float a[30], b[30];
-    char err[256], dir[512], path[600];
+    synth_tiny_moe(&s.model, 2, 24, 1.25f);
+    float a[30];
+    char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/mixed-ckpt-15", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    if (!t)
-        fail_msg("create: %s", err);
+    trainer *t = fixture_trainer(&s);
     assert_int_equal(trainer_n_slots(t), 2);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     assert_int_equal(trainer_n_slots(t), 4);
-    long bytes = ERR_INTO(err, trainer_save(t, dir, &err_));
-    if (bytes < 0)
-        fail_msg("save: %s", err);
+    fixture_save(t, dir);
     size_t n = trainer_copy_state(t, 0, NULL);
     float *params = malloc(n * sizeof(float));
     assert_int_equal(trainer_copy_state(t, 0, params), n);
-    run_steps_(t, &s, 30, a);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     /* by hand: C 16, V 256, T 16, H 24, E 4 */
@@ -720,27 +634,16 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     assert_memory_equal(want, got, 2 * C * sizeof(float));
     safetensors_close(&sf);
     free(params);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char head[65536];
-    memset(head, 0, sizeof head);
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
-    assert_non_null(strstr(head + 8, "\"slots.0.mlp.c_fc.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.2.mlp.c_proj.bias\""));
-    assert_non_null(strstr(head + 8, "\"slots.1.moe.experts.0.c_proj.weight\""));
-    assert_non_null(strstr(head + 8, "\"slots.1.moe.gate.0.bias\""));
-    assert_null(strstr(head + 8, "slots.0.moe"));
-    assert_null(strstr(head + 8, "slots.1.mlp"));
+    const char *head = fixture_ckpt_header(dir);
+    assert_non_null(strstr(head, "\"slots.0.mlp.c_fc.weight\""));
+    assert_non_null(strstr(head, "\"slots.2.mlp.c_proj.bias\""));
+    assert_non_null(strstr(head, "\"slots.1.moe.experts.0.c_proj.weight\""));
+    assert_non_null(strstr(head, "\"slots.1.moe.gate.0.bias\""));
+    assert_null(strstr(head, "slots.0.moe"));
+    assert_null(strstr(head, "slots.1.mlp"));
 
-    t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
-    assert_int_equal(trainer_step_count(t), 15);
-    run_steps_(t, &s, 30, b);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    t = fixture_resume(&s, dir, 15);
+    fixture_finish_same(t, &s, 30, a);
 }
 
 /* A dense run's checkpoint holds exactly the tensor names it always had
@@ -750,40 +653,33 @@ static void test_dense_checkpoint_names_unchanged(void **state)
 {
     (void)state;
     run_spec s = tiny_spec_(2, 0);
-    char err[256], dir[512], path[600];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/dense-names", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
+    trainer *t = fixture_trainer(&s);
     float l[2];
-    run_steps_(t, &s, 2, l);
-    assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
+    fixture_run_steps(t, &s, 2, l, NULL);
+    assert_true(fixture_save(t, dir) > 0);
     trainer_free(t);
     static const char *slot_names[] = {
         "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
         "mlp.c_proj.bias"};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char head[65536];
-    memset(head, 0, sizeof head);
-    assert_true(fread(head, 1, sizeof head - 1, f) > 8);
-    fclose(f);
+    const char *head = fixture_ckpt_header(dir);
     int count = 0;
-    for (const char *p = head + 8; (p = strstr(p, "\"data_offsets\"")); p++)
+    for (const char *p = head; (p = strstr(p, "\"data_offsets\"")); p++)
         count++;
     assert_int_equal(count, 4 + 3 * 12);
     const char *glob[] = {"wte", "wpe", "ln_f.weight", "ln_f.bias"};
     char nm[128];
     for (int i = 0; i < 4; i++) {
         snprintf(nm, sizeof nm, "\"%s\"", glob[i]);
-        assert_non_null(strstr(head + 8, nm));
+        assert_non_null(strstr(head, nm));
     }
     for (int sl = 0; sl < 3; sl++)
         for (int i = 0; i < 12; i++) {
             snprintf(nm, sizeof nm, "\"slots.%d.%s\"", sl, slot_names[i]);
-            if (!strstr(head + 8, nm))
+            if (!strstr(head, nm))
                 fail_msg("missing %s", nm);
         }
 }
@@ -802,12 +698,10 @@ static void test_resumable_without_data(void **state)
     char err[512], dir[512], away[300];
     snprintf(dir, sizeof dir, "%s/ckpt-r15", tmpdir_);
     snprintf(away, sizeof away, "%s.away", tmpdir_);
-    trainer *t = ERR_INTO(err, trainer_create(&s, &err_));
-    assert_non_null(t);
-    run_steps_(t, &s, 15, a);
-    if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
-        fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    trainer *t = fixture_trainer(&s);
+    fixture_run_steps(t, &s, 15, a, NULL);
+    fixture_save(t, dir);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
     assert_int_equal(rename(tmpdir_, away), 0);
@@ -821,8 +715,7 @@ static void test_resumable_without_data(void **state)
     assert_non_null(strstr(err, "data.train: no files match"));
     char ckpt[600];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-r15", away);
-    if (ERR_INTO(err, trainer_load(t, ckpt, &err_)) != 0)
-        fail_msg("load: %s", err);
+    fixture_load(t, ckpt);
     assert_int_equal(trainer_step_count(t), 15);
     step_result r;
     assert_int_equal(ERR_INTO(err, trainer_step(t, &r, &err_)), TRAINER_EDATA);
@@ -834,7 +727,7 @@ static void test_resumable_without_data(void **state)
 
     assert_int_equal(rename(away, tmpdir_), 0);
     assert_int_equal(ERR_INTO(err, trainer_reopen_data(t, &err_)), 0);
-    run_steps_(t, &s, 30, b);
+    fixture_run_steps(t, &s, 30, b, NULL);
     assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
     trainer_free(t);
 

@@ -237,12 +237,11 @@ static void test_counts_in_checkpoint(void **state)
     for (int i = 0; i < 3; i++)
         step_(t, &r);
     assert_int_equal(trainer_bad_steps(t), 3);
-    char dir[512], err[512];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt", tmpdir_);
-    assert_true(ERR_INTO(err, trainer_save(t, dir, &err_)) > 0);
+    assert_true(fixture_save(t, dir) > 0);
     trainer *u = fixture_trainer(&s);
-    if (ERR_INTO(err, trainer_load(u, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
+    fixture_load(u, dir);
     assert_int_equal(trainer_bad_steps(u), 3);
     assert_int_equal(trainer_skipped_steps(u), 3);
     trainer_clear_bad_steps(u);
@@ -256,9 +255,7 @@ static void test_counts_in_checkpoint(void **state)
     assert_memory_equal(&r.train_loss, &ru.train_loss, sizeof(float));
     trainer_free(u);
     trainer_free(t);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(synth_remove(dir), 0);
 }
 
 static void test_fault_parse(void **state)

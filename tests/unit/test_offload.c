@@ -44,21 +44,6 @@ static run_spec spec6_(long steps, long pseudo_steps)
     return s;
 }
 
-static void run_steps_(trainer *t, const run_spec *s, long until, float *losses)
-{
-    char err[256];
-    while (trainer_step_count(t) < until) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) == s->pseudo.steps)
-            if (trainer_delink(t, err, sizeof err) != 0)
-                fail_msg("delink: %s", err);
-        step_result r;
-        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0)
-            fail_msg("step: %s", err);
-        losses[r.step - 1] = r.train_loss;
-    }
-}
-
 /* ---------------------------------------------------------- 1. bitwise */
 
 /* 50 steps with delink at 20: a budget that keeps 1 of 6 Real slots on the
@@ -75,19 +60,12 @@ static void check_offload_bitwise_(float clip)
 
     float a[50], b[50];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 50, a);
-    run_steps_(tb, &off, 50, b);
+    fixture_run_steps(ta, &plain, 50, a, NULL);
+    fixture_run_steps(tb, &off, 50, b, NULL);
     assert_memory_equal(a, b, sizeof a);
     assert_true(a[49] < a[0]);
 
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
 
     offload_stats st;
     assert_int_equal(trainer_offload_stats(ta, &st), -1);
@@ -126,28 +104,15 @@ static void test_offload_moe_bitwise(void **state)
 {
     (void)state;
     run_spec plain = spec6_(20, 8);
-    plain.model.moe_experts = 4;
-    plain.model.moe_prototypes = 2;
-    plain.model.moe_every = 1;
-    plain.model.moe_hidden = 32;
-    plain.model.moe_capacity_factor = 1.0f;
-    plain.model.moe_eval_capacity_factor = 2.0f;
-    plain.model.moe_aux_coef = 0.01f;
-    plain.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&plain.model, 1, 32, 1.0f);
     run_spec off = plain;
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 20, a);
-    run_steps_(tb, &off, 20, b);
+    fixture_run_steps(ta, &plain, 20, a, NULL);
+    fixture_run_steps(tb, &off, 20, b, NULL);
     assert_memory_equal(a, b, sizeof a);
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
     offload_stats st;
     assert_int_equal(trainer_offload_stats(tb, &st), 0);
     assert_int_equal(st.n_resident, 1);
@@ -165,29 +130,15 @@ static void test_offload_mixed_bitwise(void **state)
 {
     (void)state;
     run_spec plain = spec6_(20, 8);
-    plain.model.moe_experts = 4;
-    plain.model.moe_prototypes = 2;
-    plain.model.moe_every = 2;
-    plain.model.moe_hidden = 32;
-    plain.model.moe_capacity_factor = 1.0f;
-    plain.model.moe_eval_capacity_factor = 2.0f;
-    plain.model.moe_aux_coef = 0.01f;
-    plain.model.moe_z_coef = 0.001f;
+    synth_tiny_moe(&plain.model, 2, 32, 1.0f);
     run_spec off = plain;
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     float a[20], b[20];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 20, a);
-    run_steps_(tb, &off, 20, b);
+    fixture_run_steps(ta, &plain, 20, a, NULL);
+    fixture_run_steps(tb, &off, 20, b, NULL);
     assert_memory_equal(a, b, sizeof a);
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
     offload_stats st;
     assert_int_equal(trainer_offload_stats(tb, &st), 0);
     assert_true(st.n_resident >= 1 && st.n_offloaded >= 4);
@@ -211,7 +162,7 @@ static float *params_after_(int B, int accum, int offload, int steps)
         s.device.memory_budget = fixture_budget_for(&s, 1);
     trainer *t = fixture_trainer(&s);
     float l[8];
-    run_steps_(t, &s, steps, l);
+    fixture_run_steps(t, &s, steps, l, NULL);
     if (offload) {
         offload_stats st;
         assert_int_equal(trainer_offload_stats(t, &st), 0);
@@ -284,11 +235,11 @@ static void test_save_resume_offloaded(void **state)
     (void)state;
     run_spec s = spec6_(30, 10);
     s.device.memory_budget = fixture_budget_for(&s, 2);
-    float a[30], b[30];
-    char err[512], dir[512];
+    float a[30];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/ckpt-offload-15", tmpdir_);
     trainer *t = fixture_trainer(&s);
-    run_steps_(t, &s, 15, a);
+    fixture_run_steps(t, &s, 15, a, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.n_offloaded, 4);
@@ -298,14 +249,12 @@ static void test_save_resume_offloaded(void **state)
         saved[w] = fixture_copy_state(t, w);
     long steps_saved[8], steps_loaded[8];
     assert_int_equal(trainer_copy_adam_steps(t, steps_saved), 7);
-    if (ERR_INTO(err, trainer_save(t, dir, &err_)) < 0)
-        fail_msg("save: %s", err);
-    run_steps_(t, &s, 30, a);
+    fixture_save(t, dir);
+    fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    t = fixture_trainer(&s); /* a fresh process: Pseudo phase, 2 slots */
-    if (ERR_INTO(err, trainer_load(t, dir, &err_)) != 0)
-        fail_msg("load: %s", err);
+    /* a fresh process: Pseudo phase, 2 slots, until the load */
+    t = fixture_resume(&s, dir, 15);
     assert_int_equal(trainer_n_slots(t), 6);
     trainer_offload_stats(t, &st);
     assert_int_equal(st.n_offloaded, 4);
@@ -318,9 +267,7 @@ static void test_save_resume_offloaded(void **state)
     }
     assert_int_equal(trainer_copy_adam_steps(t, steps_loaded), 7);
     assert_memory_equal(steps_saved, steps_loaded, 7 * sizeof(long));
-    run_steps_(t, &s, 30, b);
-    assert_memory_equal(a + 15, b + 15, 15 * sizeof(float));
-    trainer_free(t);
+    fixture_finish_same(t, &s, 30, a);
 }
 
 /* ---------------------------------------------------------- 4. errors */
@@ -383,7 +330,7 @@ static void test_pinning_failure(void **state)
     assert_non_null(strstr(warn, "pageable memory"));
     trainer *t = fixture_trainer(&s);
     float l[2];
-    run_steps_(t, &s, 2, l);
+    fixture_run_steps(t, &s, 2, l, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.host.pinned, 0);
@@ -1103,7 +1050,7 @@ static void test_measured_bytes_match_plan(void **state)
     assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
     trainer *t = fixture_trainer(&s);
     float l[3];
-    run_steps_(t, &s, 3, l);
+    fixture_run_steps(t, &s, 3, l, NULL);
     offload_stats st;
     trainer_offload_stats(t, &st);
     assert_int_equal(st.n_offloaded, p.n_offloaded);
@@ -1115,17 +1062,6 @@ static void test_measured_bytes_match_plan(void **state)
 }
 
 /* ---------------------------------------------------------- share maps */
-
-static void random_batch_(int32_t *inp, int32_t *tgt, int n, int V,
-                          uint64_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        inp[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        tgt[i] = (int32_t)((seed >> 33) % (uint64_t)V);
-    }
-}
 
 /* One step as trainer_step drives it (o NULL: plain model); early: no
  * clipping, offloaded slots updated as soon as their gradient is final. */
@@ -1140,7 +1076,8 @@ static float model_step_lr_(gpt_model *g, offload_ctx *o, int accum, int B,
     gpt_zero_grad(g);
     float loss = 0;
     for (int k = 0; k < accum; k++) {
-        random_batch_(inp, tgt, B * T, g->cfg.vocab_size, seed * 31 + k);
+        synth_random_batch(inp, tgt, B * T, g->cfg.vocab_size,
+                           seed * 31 + k);
         if (o)
             offload_microbatch(o, k);
         loss += gpt_forward(g, inp, tgt, B);
@@ -1211,7 +1148,8 @@ static void test_interleaved_share_map(void **state)
     for (int i = 2; i < 8; i++) {
         assert_true(model_step_(&a, NULL, accum, B, i) ==
                     model_step_(&b, o, accum, B, i));
-        random_batch_(inp, tgt, B * cfg.seq_len, cfg.vocab_size, 1000 + i);
+        synth_random_batch(inp, tgt, B * cfg.seq_len, cfg.vocab_size,
+                           1000 + i);
         assert_true(gpt_forward(&a, inp, tgt, B) == gpt_forward(&b, inp, tgt, B));
     }
     offload_sync(o);

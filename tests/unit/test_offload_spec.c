@@ -56,32 +56,6 @@ static void run_(trainer *t, float *loss, float *norm)
     }
 }
 
-static float *state_(trainer *t, int which, size_t *n)
-{
-    *n = trainer_copy_state(t, which, NULL);
-    float *p = malloc(*n * sizeof(float));
-    assert_non_null(p);
-    trainer_copy_state(t, which, p);
-    return p;
-}
-
-/* params, m, v (and the AdamW step counts) of a and b bit for bit */
-static void assert_same_state_(trainer *a, trainer *b)
-{
-    for (int w = 0; w < 3; w++) {
-        size_t na, nb;
-        float *pa = state_(a, w, &na), *pb = state_(b, w, &nb);
-        assert_int_equal(na, nb);
-        assert_memory_equal(pa, pb, na * sizeof(float));
-        free(pa);
-        free(pb);
-    }
-    long ta[16], tb[16];
-    int k = trainer_copy_adam_steps(a, ta);
-    assert_int_equal(k, trainer_copy_adam_steps(b, tb));
-    assert_memory_equal(ta, tb, (size_t)k * sizeof(long));
-}
-
 /* clip < 0: the median of the resident run's norms (some steps over, some
  * under); else the clip itself. */
 static void check_case_(int resident, int accum, float clip, int wait)
@@ -118,8 +92,8 @@ static void check_case_(int resident, int accum, float clip, int wait)
     assert_memory_equal(l0, l1, sizeof l0);
     assert_memory_equal(l0, l2, sizeof l0);
     assert_memory_equal(n0, n2, sizeof n0);
-    assert_same_state_(ta, tb);
-    assert_same_state_(ta, tc);
+    fixture_assert_same_state(ta, tb);
+    fixture_assert_same_state(ta, tc);
 
     int over = 0;
     for (int i = 0; i < STEPS; i++)

@@ -149,26 +149,28 @@ static void test_forms(void **state)
 static void test_bytes(void **state)
 {
     (void)state;
+    const double eib = 1152921504606846976.0; /* 1024^6 */
+    const struct {
+        double v;
+        view_bytes_form form;
+        const char *want;
+    } cases[] = {
+        {1572864, VIEW_BYTES_EXACT, "1.50 MiB (1572864 bytes)"},
+        {1, VIEW_BYTES_EXACT, "1 byte"},
+        {512, VIEW_BYTES_EXACT, "512 bytes"},
+        {1572864, VIEW_BYTES_2DP, "1.50 MiB"},
+        {512, VIEW_BYTES_2DP, "512 B"},
+        {1023, VIEW_BYTES_2DP, "1023 B"},
+        {1024, VIEW_BYTES_2DP, "1.00 KiB"},
+        {164731290, VIEW_BYTES_SIG4, "157.1 MiB"},
+        {512, VIEW_BYTES_SIG4, "512 B"},
+        {eib, VIEW_BYTES_2DP, "1.00 EiB"},
+        {eib * 1024, VIEW_BYTES_2DP, "1024.00 EiB"},
+    };
     char b[64];
-    assert_string_equal(view_bytes(b, sizeof b, 1572864, VIEW_BYTES_EXACT),
-                        "1.50 MiB (1572864 bytes)");
-    assert_string_equal(view_bytes(b, sizeof b, 1, VIEW_BYTES_EXACT), "1 byte");
-    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_EXACT),
-                        "512 bytes");
-    assert_string_equal(view_bytes(b, sizeof b, 1572864, VIEW_BYTES_2DP),
-                        "1.50 MiB");
-    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_2DP), "512 B");
-    assert_string_equal(view_bytes(b, sizeof b, 1023, VIEW_BYTES_2DP), "1023 B");
-    assert_string_equal(view_bytes(b, sizeof b, 1024, VIEW_BYTES_2DP),
-                        "1.00 KiB");
-    assert_string_equal(view_bytes(b, sizeof b, 164731290, VIEW_BYTES_SIG4),
-                        "157.1 MiB");
-    assert_string_equal(view_bytes(b, sizeof b, 512, VIEW_BYTES_SIG4), "512 B");
-    double eib = 1152921504606846976.0; /* 1024^6 */
-    assert_string_equal(view_bytes(b, sizeof b, eib, VIEW_BYTES_2DP),
-                        "1.00 EiB");
-    assert_string_equal(view_bytes(b, sizeof b, eib * 1024, VIEW_BYTES_2DP),
-                        "1024.00 EiB");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        assert_string_equal(view_bytes(b, sizeof b, cases[i].v, cases[i].form),
+                            cases[i].want);
 }
 
 int main(void)

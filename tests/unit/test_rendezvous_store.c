@@ -1,5 +1,5 @@
 /*
- * test_store.c — the rendezvous store end to end in one process: the
+ * test_rendezvous_store.c — the rendezvous store end to end in one process: the
  * coordinator's store service (cluster/coordinator.c) on its own libuv loop
  * thread, listening on 127.0.0.1, and m6_store clients
  * (cluster/store_client.c) over real TCP: values with NUL bytes, the 1 MiB

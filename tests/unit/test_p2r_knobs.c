@@ -1,5 +1,5 @@
 /*
- * test_p2rknobs.c — the pseudo phase's two engine options (issue 21):
+ * test_p2r_knobs.c — the pseudo phase's two engine options (issue 21):
  * pseudo.grad_scale mean and pseudo.lr_scale, through the trainer on the
  * CPU backend, against independent references:
  *   - grad_scale mean: one step of a shared model (S = 1 and S = 2 of
@@ -32,36 +32,10 @@
 #include "offload/offload.h"
 #include "train/data.h"
 #include "train/trainer.h"
-#define FIXTURE_NAME "p2rknobs"
+#define FIXTURE_NAME "p2r_knobs"
 #include "../common/trainer_fixture.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
-
-static void step_(trainer *t, step_result *r)
-{
-    char err[256];
-    if (ERR_INTO(err, trainer_step(t, r, &err_)) != 0)
-        fail_msg("step: %s", err);
-}
-
-/* Drive a run as the coordinator does: delink when step == pseudo.steps. */
-static void run_steps_(trainer *t, const run_spec *s, long until,
-                       float *losses, float *lrs)
-{
-    char err[256];
-    while (trainer_step_count(t) < until) {
-        if (trainer_phase(t) == PHASE_PSEUDO &&
-            trainer_step_count(t) == s->pseudo.steps)
-            if (trainer_delink(t, err, sizeof err) != 0)
-                fail_msg("delink: %s", err);
-        step_result r;
-        step_(t, &r);
-        if (losses)
-            losses[r.step - 1] = r.train_loss;
-        if (lrs)
-            lrs[r.step - 1] = r.lr;
-    }
-}
 
 /* max |a - b| over n, and max |b| (the reference) into *ref. */
 static double maxdiff_(const float *a, const double *b, size_t n, double *ref)
@@ -91,7 +65,7 @@ static void check_mean_step_(int S, float clip)
     trainer *t = fixture_trainer(&s);
     float *p0 = fixture_copy_state(t, 0);
     step_result r;
-    step_(t, &r);
+    fixture_step(t, &r);
     assert_false(r.skipped);
     float *p1 = fixture_copy_state(t, 0), *m1 = fixture_copy_state(t, 1),
           *v1 = fixture_copy_state(t, 2);
@@ -251,8 +225,8 @@ static void test_mean_no_effect_from_scratch(void **state)
     b.pseudo.grad_scale = GRAD_SCALE_MEAN;
     float la[8], lb[8];
     trainer *ta = fixture_trainer(&a), *tb = fixture_trainer(&b);
-    run_steps_(ta, &a, 8, la, NULL);
-    run_steps_(tb, &b, 8, lb, NULL);
+    fixture_run_steps(ta, &a, 8, la, NULL);
+    fixture_run_steps(tb, &b, 8, lb, NULL);
     assert_memory_equal(la, lb, sizeof la);
     trainer_free(ta);
     trainer_free(tb);
@@ -269,18 +243,12 @@ static void test_mean_delink_preserves_function(void **state)
     run_spec sum = s;
     s.pseudo.grad_scale = GRAD_SCALE_MEAN;
     float l[20], ls[20];
-    char err[256];
     trainer *t = fixture_trainer(&s), *ts = fixture_trainer(&sum);
-    run_steps_(t, &s, 10, l, NULL);
-    run_steps_(ts, &sum, 10, ls, NULL);
+    fixture_run_steps(t, &s, 10, l, NULL);
+    fixture_run_steps(ts, &sum, 10, ls, NULL);
     assert_true(memcmp(l, ls, sizeof(float) * 10) != 0);
-    assert_int_equal(trainer_n_slots(t), 1);
-    float before = trainer_probe_loss(t, 0);
-    assert_int_equal(trainer_delink(t, err, sizeof err), 0);
-    assert_int_equal(trainer_n_slots(t), 3);
-    float after = trainer_probe_loss(t, 0);
-    assert_true(before == after);
-    run_steps_(t, &s, 20, l, NULL);
+    fixture_delink_keeps_loss(t, 1, 3);
+    fixture_run_steps(t, &s, 20, l, NULL);
     assert_true(l[19] < l[0]);
     trainer_free(t);
     trainer_free(ts);
@@ -304,25 +272,18 @@ static void check_mean_offload_(int speculative)
     off.device.memory_budget = fixture_budget_for(&plain, 0);
     float a[16], b[16];
     trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
-    run_steps_(ta, &plain, 8, a, NULL);
-    run_steps_(tb, &off, 8, b, NULL);
+    fixture_run_steps(ta, &plain, 8, a, NULL);
+    fixture_run_steps(tb, &off, 8, b, NULL);
     offload_stats st;
     assert_int_equal(trainer_offload_stats(tb, &st), 0);
     assert_int_equal(st.n_slots, 2);
     assert_true(st.n_offloaded >= 1); /* the pseudo phase offloads */
     if (speculative == SPEC_SPECULATIVE_ON)
         assert_true(st.spec_steps > 0);
-    run_steps_(ta, &plain, 16, a, NULL);
-    run_steps_(tb, &off, 16, b, NULL);
+    fixture_run_steps(ta, &plain, 16, a, NULL);
+    fixture_run_steps(tb, &off, 16, b, NULL);
     assert_memory_equal(a, b, sizeof a);
-    size_t n = trainer_copy_state(ta, 0, NULL);
-    assert_int_equal(n, trainer_copy_state(tb, 0, NULL));
-    for (int w = 0; w < 3; w++) {
-        float *pa = fixture_copy_state(ta, w), *pb = fixture_copy_state(tb, w);
-        assert_memory_equal(pa, pb, n * sizeof(float));
-        free(pa);
-        free(pb);
-    }
+    fixture_assert_same_state(ta, tb);
     trainer_free(ta);
     trainer_free(tb);
 
@@ -330,7 +291,7 @@ static void check_mean_offload_(int speculative)
     off.pseudo.grad_scale = GRAD_SCALE_SUM;
     float c[16];
     trainer *tc = fixture_trainer(&off);
-    run_steps_(tc, &off, 8, c, NULL);
+    fixture_run_steps(tc, &off, 8, c, NULL);
     assert_true(memcmp(c + 1, b + 1, 7 * sizeof(float)) != 0);
     trainer_free(tc);
 }
@@ -378,8 +339,8 @@ static void test_lr_scale_schedule(void **state)
     one.pseudo.lr_scale = 1.0f;
     float lr[16], lr1[16];
     trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
-    run_steps_(t, &s, 16, NULL, lr);
-    run_steps_(t1, &one, 16, NULL, lr1);
+    fixture_run_steps(t, &s, 16, NULL, lr);
+    fixture_run_steps(t1, &one, 16, NULL, lr1);
     for (long i = 0; i < 16; i++) {
         double w = lr_want_(&s, i, 7), w1 = lr_want_(&one, i, 7);
         if (fabs(lr[i] - w) > 1e-6 * w || fabs(lr1[i] - w1) > 1e-6 * w1)
@@ -408,8 +369,8 @@ static void test_lr_scale_update(void **state)
     trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
     float *p0 = fixture_copy_state(t, 0);
     step_result r, r1;
-    step_(t, &r);
-    step_(t1, &r1);
+    fixture_step(t, &r);
+    fixture_step(t1, &r1);
     assert_true(r.train_loss == r1.train_loss); /* same weights, batch */
     float *p = fixture_copy_state(t, 0), *p1 = fixture_copy_state(t1, 0);
     size_t n = trainer_copy_state(t, 0, NULL);

@@ -1,0 +1,52 @@
+/*
+ * cuda_fixture.h — what the trainer tests outside cmocka share (tests/gpu,
+ * tests/cuda_emu): the small spec gpt_cuda supports, and trainer creation
+ * that exits with the error instead of returning it. Include after
+ * train/trainer.h.
+ */
+#ifndef M6_TESTS_CUDA_FIXTURE_H
+#define M6_TESTS_CUDA_FIXTURE_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train/trainer.h"
+#include "synth_data.h"
+#include "err_into.h"
+
+/* The spec the GPU trainer tests train: V 256, 3 layers of C 64 (2 heads,
+ * head size 32 and C % 8 == 0: a shape gpt_cuda supports), T 64, one
+ * shared slot for `pseudo_steps` steps, `steps` in all, lr 1e-3 -> 1e-4,
+ * 2 eval batches, on `backend`, data in dir. The caller sets B,
+ * microbatches, warmup, eval_every and clipping. */
+static inline run_spec synth_cuda_spec(const char *dir, backend_kind backend,
+                                       long steps, long pseudo_steps)
+{
+    run_spec s;
+    spec_defaults(&s);
+    synth_spec_data(&s, dir);
+    s.model = (model_config){.vocab_size = 256, .n_layer = 3, .n_head = 2,
+                             .n_embd = 64, .seq_len = 64};
+    s.pseudo.share_groups = 1;
+    s.pseudo.steps = pseudo_steps;
+    s.train.steps = steps;
+    s.train.lr = 1e-3f;
+    s.train.min_lr = 1e-4f;
+    s.train.eval_batches = 2;
+    s.device.backend = backend;
+    return s;
+}
+
+/* trainer_create; on error prints it and exits 1. */
+static inline trainer *fixture_create_or_exit(const run_spec *s)
+{
+    char err[512];
+    trainer *t = ERR_INTO(err, trainer_create(s, &err_));
+    if (!t) {
+        fprintf(stderr, "trainer_create: %s\n", err);
+        exit(1);
+    }
+    return t;
+}
+
+#endif /* M6_TESTS_CUDA_FIXTURE_H */
