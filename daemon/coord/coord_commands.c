@@ -507,6 +507,12 @@ m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
                          "the command log could not record it",
                          (long long)id);
             }
+        } else if (c->shutdown) {
+            /* the worker left the run at its last boundary (interrupted):
+             * not "it is paused" to a command sent as m6d stops */
+            char msg[256];
+            worker_stopping_msg(id, cmd, msg, sizeof msg);
+            ret = m6_err_make(M6_EBADSTATE, "%s", msg);
         } else {
             ret = m6_err_make(M6_EBADSTATE, "cannot %s run %lld: it is %s",
                               names[cmd], (long long)id,

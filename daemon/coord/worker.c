@@ -164,6 +164,13 @@ static m6_code not_live_(worker *w, int64_t id, coord_cmd cmd,
     return M6_EBADSTATE;
 }
 
+void worker_stopping_msg(int64_t id, coord_cmd cmd, char *msg, size_t len)
+{
+    snprintf(msg, len, "m6d is stopping: send the %s again once it is back "
+             "(`m6ctl watch %lld` waits for it)", cmd_names_[cmd],
+             (long long)id);
+}
+
 m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen)
 {
@@ -172,10 +179,7 @@ m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
     if (!live_(w->state))
         return not_live_(w, id, cmd, actions, msg, msglen);
     if (w->shutdown) {
-        /* the worker may already be past its last boundary: an answer
-         * here could not be kept */
-        snprintf(msg, msglen, "m6d is stopping: send the %s again once it is "
-                 "back (`m6ctl watch %lld` waits for it)", cmd_names_[cmd], n);
+        worker_stopping_msg(id, cmd, msg, msglen);
         return M6_EBADSTATE;
     }
     if (w->state == W_STOPPING && cmd != CMD_STOP) {

@@ -103,6 +103,11 @@ enum {
     WA_DEQUEUE = 1 << 3,     /* take the queued run out of the queue */
 };
 
+/* The answer to command cmd for run id while m6d is stopping, into msg
+ * (status M6_EBADSTATE): the worker may be past its last boundary, so an
+ * acknowledgement could not be kept. */
+void worker_stopping_msg(int64_t id, coord_cmd cmd, char *msg, size_t len);
+
 /* Operator command cmd for run id in w's state: the new state into *w,
  * the reply's status (M6_OK: acknowledged), what to do into *actions,
  * the reply's text into msg ("run 3 pauses at the next step boundary",
