@@ -47,7 +47,7 @@
 void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
                      char out[65]);
 
-/* The coordinator's side (coord_dist of coord.h; ud is this struct).
+/* The coordinator's side (runner_dist of runner.h; ud is this struct).
  * co is guarded by mu: cluster_dp_coord_attach/detach set it on the loop
  * while the worker thread may be picking nodes. */
 typedef struct {
@@ -60,20 +60,20 @@ typedef struct {
     int64_t gen;              /* the latest generation given out */
 } cluster_dp_coord;
 
-/* Before coord_init: mu, co NULL. */
+/* Before runner_init: mu, co NULL. */
 void cluster_dp_coord_init(cluster_dp_coord *d);
 /* Set (co: the listener is up) or clear (NULL: before cluster_coord_fini)
  * the coordinator; waits for a pick in progress to end. */
 void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co);
 
-/* coord_dist.group: see coord.h. Picks world-1 live worker nodes, assigns
+/* runner_dist.group: see runner.h. Picks world-1 live worker nodes, assigns
  * ranks 1..world-1, makes the group as rank 0 (hash check, Gloo,
  * trainer_broadcast_state). 1 with *out, 0 not enough nodes (why: "waiting
  * for W live nodes, have K": K counts this m6d), -1 with why. */
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len);
-/* coord_dist.ungroup: the run's nodes lose their run and rank. */
+/* runner_dist.ungroup: the run's nodes lose their run and rank. */
 void cluster_dp_coord_ungroup(void *ud, int64_t id);
 
 /* A worker node's trainer thread: takes assignments (cluster_dp_assign,

@@ -9,7 +9,7 @@
  *   step    in trainer_step, the gradients done, before the update
  *   eval    in a validation pass, after its first batch
  *   ckpt    in trainer_save, the tensors written, meta.json not yet
- *   delink  in the coordinator, the model delinked, not yet recorded
+ *   delink  in the runner, the model delinked, not yet recorded
  *   commit  in a state DB transaction, its rows written, before COMMIT
  * Each name is passed in one translation unit only, so the count (a
  * static of that unit) is the process's.

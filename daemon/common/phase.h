@@ -1,7 +1,7 @@
 /*
  * phase.h — the phase of a run, the one type for it inside m6: Pseudo
  * (layers share slots, pseudo.steps of them) then Real (every layer its
- * own slot, after delink). The trainer, the coordinator and the state
+ * own slot, after delink). The trainer, the runner and the state
  * module use it; its text form ("pseudo", "real") is what m6.db and the
  * checkpoints' meta.json hold. The protocol's Phase enum (proto/m6.proto)
  * is the edge's: handlers.c and m6ctl map to and from it.

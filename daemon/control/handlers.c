@@ -160,9 +160,9 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->updated = row->updated;
     /* A run that paused on a failed write: the worker's word, which the DB
      * may not have been able to record. */
-    char *live_err; /* as the worker holds it (coord/worker.h), whole */
+    char *live_err; /* as the worker holds it (runner/worker.h), whole */
     m6_code code = M6_OK;
-    int live = coord_run_error(c->h->co, row->id, &live_err, &code);
+    int live = runner_run_error(c->h->runner, row->id, &live_err, &code);
     if (live < 0) return NULL;
     if (live == 2) ri->state = M6__RUN_STATE__RUN_STATE_PAUSED;
     ri->error = live ? with_advice_(c, NULL, live_err, code)
@@ -197,8 +197,8 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     }
     /* Offloading: the worker's latest sample while the run is active, else
      * what its last step recorded (nothing is held then). */
-    coord_offload off;
-    if (coord_offload_get(c->h->co, row->id, &off) == 0) {
+    runner_offload off;
+    if (runner_offload_get(c->h->runner, row->id, &off) == 0) {
         ri->resident_slots = off.resident_slots;
         ri->offloaded_slots = off.offloaded_slots;
         ri->device_bytes_in_use = off.device_bytes_in_use;
@@ -216,10 +216,10 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->d2h_gbps = m.d2h_gbps;
         ri->copy_hidden_fraction = m.copy_hidden_fraction;
     }
-    /* stored once, by the coordinator, when the delink happened */
+    /* stored once, by the runner, when the delink happened */
     ri->delink_step = row->phase == 1 ? row->delink_step : -1;
     char pending[64];
-    coord_pending(c->h->co, row->id, row->state, pending, sizeof pending);
+    runner_pending(c->h->runner, row->id, row->state, pending, sizeof pending);
     ri->pending = arena_strdup_(c->a, pending);
     if (!ri->pending) return NULL;
     ri->pseudo_steps = -1;
@@ -246,11 +246,11 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
                                       row->state == RUN_RUNNING ||
                                       row->state == RUN_PAUSED);
     ri->next_delink_step = -1;
-    if (to_come && coord_delink_pending(c->h->co, row->id))
+    if (to_come && runner_delink_pending(c->h->runner, row->id))
         ri->next_delink_step = row->step;
     else if (to_come && ri->pseudo_steps > 0)
         ri->next_delink_step = ri->pseudo_steps;
-    ri->eta_s = coord_eta(c->h->co, row->id);
+    ri->eta_s = runner_eta(c->h->runner, row->id);
     ckpt_row *ck;
     int n;
     ri->checkpoint_step = -1;
@@ -373,7 +373,7 @@ static void do_submit_(call *c, const M6__Request *rq)
     if (len < 0) return;
     int64_t id;
     char name[256] = "";
-    m6_err e = coord_submit(c->h->co, json, (size_t)len, &c->s->gone, &id,
+    m6_err e = runner_submit(c->h->runner, json, (size_t)len, &c->s->gone, &id,
                             name, sizeof name);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
@@ -439,11 +439,11 @@ static void do_status_(call *c, const M6__Request *rq)
     if (reply_run_(c, id) == 0) reply_(c, M6__STATUS__STATUS_OK, "ok");
 }
 
-static void do_command_(call *c, const M6__RunRef *ref, coord_cmd cmd)
+static void do_command_(call *c, const M6__RunRef *ref, runner_cmd cmd)
 {
     int64_t id;
     if (resolve_(c, ref, &id) < 0) return;
-    m6_err e = coord_command(c->h->co, id, cmd);
+    m6_err e = runner_command(c->h->runner, id, cmd);
     if (e.code != M6_OK || reply_run_(c, id) == 0)
         reply_err_(c, &e, NULL);
     m6_err_free(&e);

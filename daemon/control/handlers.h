@@ -10,13 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coord/coord.h"
+#include "runner/runner.h"
 #include "http/stats.h"
 #include "state/state.h"
 
 typedef struct {
     state *st;
-    coord *co;
+    runner *runner;
     http_stats *stats;  /* counts each request by type and status for
                          * /metrics; NULL none */
     /* nodes (daemon/cluster): the coordinator's address when this m6d is
@@ -48,7 +48,7 @@ typedef struct {
 
 /* Handle one frame payload. Runs on libuv's thread pool (server.c), so
  * handlers for different connections run concurrently: they touch only the
- * session of their own connection and the thread-safe state_* and coord_*
+ * session of their own connection and the thread-safe state_* and runner_*
  * calls. Returns a malloc'd frame (header included) in
  * *out and *outlen; *close_after tells the server to close the connection once
  * the reply is written. Returns -1 only when no reply could be built (OOM). */

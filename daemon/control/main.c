@@ -2,7 +2,7 @@
  * main.c — m6d: the per-node training daemon (docs/DESIGN.md, "Threads").
  *
  * Modules, started in dependency order and stopped in reverse:
- *   log -> open-file limit -> state (m6.db) -> coord (queue + worker
+ *   log -> open-file limit -> state (m6.db) -> runner (queue + worker
  *   thread) -> loop -> server (control socket) -> signals -> notify
  *   (systemd READY/watchdog).
  * SIGTERM/SIGINT only set a flag and stop the loop; the worker then finishes
@@ -35,7 +35,7 @@
 #include "proto/frame.h"
 #include "control/handlers.h"
 #include "control/server.h"
-#include "coord/coord.h"
+#include "runner/runner.h"
 #include "http/http.h"
 #include "kernels.h"
 #include "cluster/cluster.h"
@@ -74,7 +74,7 @@ static struct {
     options opt;
     uv_loop_t loop;
     state *st;
-    coord *co;
+    runner *runner;
     handlers_ctx handlers;
     server *srv;
     /* metrics (daemon/http): the figures, the listening socket until the
@@ -99,8 +99,8 @@ static struct {
     cluster_join *join;         /* --join */
     int join_failed;            /* the join gave up: exit 1 */
     /* wiring (issue 14): runs across nodes */
-    cluster_dp_coord dpc;       /* rank 0's side (coord_dist's ud) */
-    coord_dist dist;
+    cluster_dp_coord dpc;       /* rank 0's side (runner_dist's ud) */
+    runner_dist dist;
     cluster_dp_worker *dpw;     /* --join: this node's ranks */
 } g;
 
@@ -499,7 +499,7 @@ static void watchdog_cb_(uv_timer_t *t)
 {
     if (uv_is_closing((uv_handle_t *)t) || g.stopping) return;
     char st[256], msg[320];
-    coord_describe(g.co, st, sizeof st);
+    runner_describe(g.runner, st, sizeof st);
     snprintf(msg, sizeof msg, "WATCHDOG=1\nSTATUS=%s", st);
     notify_(msg);
 }
@@ -549,12 +549,12 @@ static void on_signal_(uv_signal_t *h, int signum)
     }
     g.stopping = 1;
     log_info("daemon.signal", "signal=%s", strsignal(signum));
-    if (g.co) /* NULL when the start failed before the coordinator */
-        coord_request_shutdown(g.co); /* a flag: the worker stops after this step */
+    if (g.runner) /* NULL when the start failed before the runner */
+        runner_request_shutdown(g.runner); /* a flag: the worker stops after this step */
     uv_stop(h->loop);
 }
 
-enum { DRAIN_S = 15 };  /* above coord's 10 s resume wait */
+enum { DRAIN_S = 15 };  /* above runner's 10 s resume wait */
 static void on_drain_timeout_(uv_timer_t *t)
 {
     (void)t;
@@ -699,12 +699,12 @@ static int loopback_host_(const char *host)
            strcasecmp(host, "localhost") == 0;
 }
 
-/* After the coordinator: serve. 0, or -1 logged. */
+/* After the runner: serve. 0, or -1 logged. */
 static int metrics_start_(void)
 {
     char err[512];
     if (g.http_fd < 0) return 0;
-    g.http_handlers = (handlers_ctx){.st = g.st, .co = g.co};
+    g.http_handlers = (handlers_ctx){.st = g.st, .runner = g.runner};
     http_config hc = {.fd = g.http_fd, .stats = g.stats,
                       .dispatch = http_dispatch_,
                       .dispatch_ctx = &g.http_handlers};
@@ -778,12 +778,12 @@ static void on_join_fatal_(void *ud, const char *msg)
     g.join_failed = 1;
     if (!g.stopping) {
         g.stopping = 1;
-        if (g.co) coord_request_shutdown(g.co);
+        if (g.runner) runner_request_shutdown(g.runner);
         uv_stop(&g.loop);
     }
 }
 
-/* After the coordinator is up: this node's facts and id; a worker starts
+/* After the runner is up: this node's facts and id; a worker starts
  * joining, the others list themselves in the nodes table, and a
  * coordinator listens. 0, or -1 with err. */
 /* wiring: the coordinator sent this node a rank (join's loop) */
@@ -938,7 +938,7 @@ int main(int argc, char **argv)
     uv_signal_start(&g.sighup, on_sighup_, SIGHUP);
     /* The socket before the state: an m6d that cannot serve (its socket
      * busy) must not create m6.db or take up a run. Connections wait in the
-     * backlog until the loop runs, by then with the coordinator up. */
+     * backlog until the loop runs, by then with the runner up. */
     server_config sc = {.loop = &g.loop, .socket_path = g.opt.socket_path,
                         .listen_fd = listen_fd, .handlers = &g.handlers,
                         .group = g.opt.group, .group_name = g.opt.group_name,
@@ -963,17 +963,17 @@ int main(int argc, char **argv)
     cluster_dp_coord_init(&g.dpc);
     g.dpc.token = &g.token;
     g.dpc.st = g.st;
-    g.dist = (coord_dist){.group = cluster_dp_coord_group,
+    g.dist = (runner_dist){.group = cluster_dp_coord_group,
                           .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
-    coord_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
+    runner_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
                        .coordinator = g.opt.coordinator,
                        .stats = g.stats, .dist = &g.dist};
-    g.co = coord_init(&cc, err, sizeof err);
-    if (!g.co) {
-        log_error("coord.error", "err=\"%s\"", err);
+    g.runner = runner_init(&cc, err, sizeof err);
+    if (!g.runner) {
+        log_error("runner.error", "err=\"%s\"", err);
         goto out_server;
     }
-    g.handlers = (handlers_ctx){.st = g.st, .co = g.co, .stats = g.stats,
+    g.handlers = (handlers_ctx){.st = g.st, .runner = g.runner, .stats = g.stats,
                                 .cluster_join = g.opt.join[0] ? g.opt.join : NULL};
     if (metrics_start_() < 0) goto out_server;
     if (cluster_start_(err, sizeof err) < 0) {
@@ -1006,7 +1006,7 @@ int main(int argc, char **argv)
     uv_timer_stop(&drain_timer);
     rc = g.join_failed ? 1 : 0;
 out_server:
-    metrics_stop_(); /* its requests ask the coordinator and the state */
+    metrics_stop_(); /* its requests ask the runner and the state */
     cluster_dp_coord_attach(&g.dpc, NULL);  /* rank 0 gathers no more nodes */
     cluster_coord_fini(g.cluster);
     g.cluster = NULL;
@@ -1017,7 +1017,7 @@ out_server:
 out_loop:
     uv_walk(&g.loop, close_but_signals_, NULL);
     uv_run(&g.loop, UV_RUN_DEFAULT);  /* close callbacks; pool work ends */
-    coord_fini(g.co);  /* joins the worker: step ends, checkpoint written */
+    runner_fini(g.runner);  /* joins the worker: step ends, checkpoint written */
     cluster_dp_worker_stop(g.dpw);  /* its group fails or times out */
     g.dpw = NULL;
     /* log the signals caught meanwhile (a loop of unref'd handles only

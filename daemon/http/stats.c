@@ -406,7 +406,7 @@ static void render_locked_(sbuf *b, const http_stats *s)
 
     if (s->n_runs) {
         const char *h = "m6_step_duration_seconds";
-        family_(b, h, "histogram", "Wall seconds of a training step, as the coordinator waited for it.");
+        family_(b, h, "histogram", "Wall seconds of a training step, as the runner waited for it.");
         for (int i = 0; i < s->n_runs; i++)
             for (int ph = 0; ph < 2; ph++) {
                 const phase_counters *p = &s->runs[i].ph[ph];

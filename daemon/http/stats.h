@@ -1,10 +1,10 @@
 /*
  * stats.h — the figures m6d exports at GET /metrics (Prometheus text
- * exposition format 0.0.4): per run, what the coordinator's worker
+ * exposition format 0.0.4): per run, what the runner thread
  * published after each step; per daemon, uptime, start time and the
  * control-socket requests by type and status.
  *
- * Threads: stats_step is called by the coordinator's worker thread after a
+ * Threads: stats_step is called by the runner thread after a
  * step, stats_request by the control server (libuv's loop and thread pool),
  * stats_http and stats_render by libmicrohttpd's thread. Every call takes
  * one mutex, held for a copy or an add (stats_render: while it formats,

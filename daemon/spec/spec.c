@@ -132,7 +132,7 @@ const key_ spec_keys_[] = {
          "of `train.steps` (at most the real phase's steps), the best of "
          "bench/p2r_sweep's grid."),
     ENUM("delink", "policy", delink.policy, policy_names_,
-         "When the coordinator delinks: `step`, after `pseudo.steps`; "
+         "When the run delinks: `step`, after `pseudo.steps`; "
          "`plateau`, at the first validation pass of the pseudo phase whose "
          "best-so-far loss is less than `min_delta` below the best-so-far "
          "`patience` passes earlier, and after `pseudo.steps` at the latest. "

@@ -14,7 +14,7 @@
 #define SPEC_STR 1024
 
 typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
-/* When the coordinator delinks (DESIGN.md "Phase policy: plateau"): at
+/* When the runner delinks (DESIGN.md "Phase policy: plateau"): at
  * pseudo.steps, or once the pseudo model's validation loss plateaus
  * (pseudo.steps then the latest step). */
 typedef enum { DELINK_AT_STEP = 0, DELINK_AT_PLATEAU = 1 } delink_policy;

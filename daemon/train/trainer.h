@@ -3,7 +3,7 @@
  *
  * The daemon's worker thread owns a trainer: it calls trainer_step() in a
  * loop and, between steps, acts on operator commands (pause, stop, delink)
- * and on the coordinator's phase policy (daemon/coord/). The trainer is the
+ * and on the runner's phase policy (daemon/runner/). The trainer is the
  * mechanism; when to delink is decided by the caller.
  *
  * Determinism: given the spec (seed included), the sequence of losses is

@@ -101,7 +101,7 @@ static inline void fixture_step(trainer *t, step_result *r)
         fail_msg("step: %s", err);
 }
 
-/* Drive t as the coordinator does until its step count is `until`:
+/* Drive t as the runner does until its step count is `until`:
  * delink when the count reaches s->pseudo.steps in the pseudo phase, then
  * step; the training loss and learning rate of step k into losses[k-1]
  * and lrs[k-1] (either NULL: not kept). Fails the test on an error. */

@@ -120,7 +120,7 @@ static void write_seed_(const char *out, int steps)
     step_result r;
     m6_err e = M6_ERR_NONE;
     for (int i = 0; i < steps; i++) {
-        if (i == 2) {  /* the phase policy's delink (coord.c) */
+        if (i == 2) {  /* the phase policy's delink (runner.c) */
             char de[256];
             if (trainer_delink(t, de, sizeof de) != 0) fail_("trainer_delink", de);
         }

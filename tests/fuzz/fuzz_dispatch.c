@@ -12,8 +12,8 @@
  *
  * The state: a temp dir (in /dev/shm where it exists) with m6.db holding five runs (completed with
  * metrics, events and a checkpoint row; paused; queued; failed, with a
- * name shared by the paused one; stopped) and a coordinator made with
- * coord_config.no_worker (coord.h: the testing seam): no worker thread,
+ * name shared by the paused one; stopped) and a runner made with
+ * runner_config.no_worker (runner.h: the testing seam): no worker thread,
  * no active run, nothing trains. A request that changes the state (a
  * successful stop, pause, resume, delink or submit) marks it dirty and
  * the next input gets a fresh one, so each input sees the same runs.
@@ -34,13 +34,13 @@
 #include "common/log.h"
 #include "proto/frame.h"
 #include "control/handlers.h"
-#include "coord/coord.h"
+#include "runner/runner.h"
 #include "m6.pb-c.h"
 #include "state/state.h"
 
 static char dir_[512];
 static state *st_;
-static coord *co_;
+static runner *runner_;
 static int dirty_ = 1;
 static unsigned long setups_;
 
@@ -49,9 +49,9 @@ static void at_exit_(void)
     if (getenv("M6_FUZZ_VERBOSE"))
         fprintf(stderr, "fuzz_dispatch: %lu fresh states\n", setups_);
     /* the temp dir goes with the process */
-    if (co_) coord_fini(co_);
+    if (runner_) runner_fini(runner_);
     if (st_) state_close(st_);
-    co_ = NULL;
+    runner_ = NULL;
     st_ = NULL;
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
@@ -69,9 +69,9 @@ static void fail_(const char *what)
 
 static void teardown_(void)
 {
-    if (co_) coord_fini(co_);
+    if (runner_) runner_fini(runner_);
     if (st_) state_close(st_);
-    co_ = NULL;
+    runner_ = NULL;
     st_ = NULL;
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf %s/m6.db* %s/runs", dir_, dir_);
@@ -131,9 +131,9 @@ static void setup_(void)
     run_("gamma", RUN_QUEUED, 0, NULL);
     run_("beta", RUN_FAILED, 1, "shard t/0.bin: token 70000 >= vocab_size");
     run_("delta", RUN_STOPPED, 2, NULL);
-    coord_config cc = {.st = st_, .runs_dir = runs, .no_worker = 1};
-    co_ = coord_init(&cc, err, sizeof err);
-    if (!co_) fail_(err);
+    runner_config cc = {.st = st_, .runs_dir = runs, .no_worker = 1};
+    runner_ = runner_init(&cc, err, sizeof err);
+    if (!runner_) fail_(err);
     dirty_ = 0;
     setups_++;
 }
@@ -167,7 +167,7 @@ static int changes_state_(const uint8_t *payload, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (dirty_ || !st_) setup_();
-    handlers_ctx h = {.st = st_, .co = co_};
+    handlers_ctx h = {.st = st_, .runner = runner_};
     session s;
     memset(&s, 0, sizeof s);
     frame_reader fr;

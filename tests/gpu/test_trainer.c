@@ -5,7 +5,7 @@
  *
  *  1. trainer_check_spec accepts the cuda spec; trainer_device_bytes > 0 and
  *     grows at delink.
- *  2. 20 steps with a delink at step 10 (as the coordinator does it: when
+ *  2. 20 steps with a delink at step 10 (as the runner does it: when
  *     the step count reaches pseudo.steps): every loss finite, the last
  *     below the first; 1 slot -> L slots; the loss of a fixed validation
  *     batch unchanged by delink (TOL_DELINK).

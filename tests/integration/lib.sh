@@ -29,7 +29,7 @@ trap 'FAILED=1' ERR
 
 # The suite's speed knobs (docs: how to run the suite slowed, fast and
 # contended). M6_TEST_STEP_DELAY_MS=N, inherited by every m6d the test
-# starts, makes each training step N ms longer (coord.c's test hook); a
+# starts, makes each training step N ms longer (runner.c's test hook); a
 # test that sets its own delay for one daemon puts the suite's back after
 # (SUITE_STEP_DELAY_MS). M6_TEST_BUSY=N runs N busy loops beside the test
 # for its lifetime (each ends by itself after 900 s at most).
@@ -249,7 +249,7 @@ wait_step() {
     fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
 
-# The step-boundary hold (coord.c's test hook): every m6d started with
+# The step-boundary hold (runner.c's test hook): every m6d started with
 # M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
 # boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
 # wait). hold_boundary [nowait]: makes the worker hold at its next boundary

@@ -10,7 +10,7 @@
 #   3  daemon/offload  daemon/ckpt  daemon/dist
 #   4  daemon/train
 #   5  daemon/http
-#   6  daemon/coord  daemon/cluster
+#   6  daemon/runner  daemon/cluster
 #   7  daemon/control
 #   8  client
 #
@@ -37,7 +37,7 @@ floor_of() {
     daemon/offload|daemon/offload/*|daemon/ckpt|daemon/ckpt/*|daemon/dist|daemon/dist/*) echo 3 ;;
     daemon/train|daemon/train/*) echo 4 ;;
     daemon/http|daemon/http/*) echo 5 ;;
-    daemon/coord|daemon/coord/*|daemon/cluster|daemon/cluster/*) echo 6 ;;
+    daemon/runner|daemon/runner/*|daemon/cluster|daemon/cluster/*) echo 6 ;;
     daemon/control|daemon/control/*) echo 7 ;;
     client|client/*) echo 8 ;;
     *) echo "" ;;

@@ -11,7 +11,7 @@
  *   OUT/run.json the spec's shape and optimizer keys, and per step the
  *                lr, gradient norm and loss the trainer reported
  * The run delinks (delink.optimizer copy) when the step count reaches
- * pseudo.steps, as the coordinator does.
+ * pseudo.steps, as the runner does.
  *
  * usage: dump_p2r_steps OUT sum|mean LR_SCALE S STEPS PSEUDO_STEPS
  */

@@ -1,5 +1,5 @@
 /*
- * test_ckpt_store.c — the checkpoint store (daemon/coord/ckpt_store.c) removes
+ * test_ckpt_store.c — the checkpoint store (daemon/runner/ckpt_store.c) removes
  * and renames only inside the run's checkpoint directory. m6.db has other
  * writers (dashboards, an operator's sqlite3), so a checkpoints row may
  * name any path; the store must treat such a row as a row to drop, never
@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "coord/ckpt_store.h"
+#include "runner/ckpt_store.h"
 #include "common/paths.h"
 #include "state/state.h"
 #include "train/trainer.h"

@@ -1,5 +1,5 @@
 /*
- * test_worker.c — the run's state machine (daemon/coord/worker.h) without a
+ * test_worker.c — the run's state machine (daemon/runner/worker.h) without a
  * model or a thread: every (state, command) pair, illegal ones included,
  * and every event in every state, against tables written here by hand
  * from the rules (worker.h's comment and the operator docs), not from the
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "coord/worker.h"
+#include "runner/worker.h"
 
 enum { ID = 7 };
 
@@ -27,7 +27,7 @@ enum {
 typedef struct {
     worker_state from;
     int variant;
-    coord_cmd cmd;
+    runner_cmd cmd;
     m6_code status;
     worker_state to;
     unsigned actions;
@@ -233,7 +233,7 @@ static void test_commands_refused_while_m6d_stops(void **unused)
             unsigned act = 99;
             worker w = worker_init((worker_state)s);
             w.shutdown = 1;
-            assert_int_equal(worker_command(&w, ID, (coord_cmd)c, &act, msg,
+            assert_int_equal(worker_command(&w, ID, (runner_cmd)c, &act, msg,
                                             sizeof msg), M6_EBADSTATE);
             snprintf(want, sizeof want, "m6d is stopping: send the %s again "
                      "once it is back (`m6ctl watch 7` waits for it)",

@@ -1,7 +1,7 @@
 /*
  * ckpt_store.c — the checkpoint store (see ckpt_store.h).
  */
-#include "coord/ckpt_store.h"
+#include "runner/ckpt_store.h"
 
 #include <dirent.h>
 #include <errno.h>

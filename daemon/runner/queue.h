@@ -3,10 +3,10 @@
  * ids ascend); one run trains at a time; which one next is decided here.
  *
  * The queue has no memory of its own: the runs table is the queue, so a
- * restart finds it as it was. Callers serialize (coord's mutex).
+ * restart finds it as it was. Callers serialize (runner's mutex).
  */
-#ifndef M6_COORD_QUEUE_H
-#define M6_COORD_QUEUE_H
+#ifndef M6_RUNNER_QUEUE_H
+#define M6_RUNNER_QUEUE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -30,4 +30,4 @@ int64_t queue_add(state *st, const run_spec *spec, const char *json,
  * -1 on a DB error. */
 int queue_dequeue(state *st, int64_t id);
 
-#endif /* M6_COORD_QUEUE_H */
+#endif /* M6_RUNNER_QUEUE_H */

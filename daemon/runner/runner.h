@@ -1,6 +1,6 @@
 /*
- * coord.h — the coordinator: run queue, phase policy, and the worker thread
- * that drives the trainer. The only writer of the state DB.
+ * runner.h — the runner: the node's run driver. Run queue, phase policy,
+ * and the runner thread that drives the trainer. The only writer of the state DB.
  *
  * One run trains at a time; queued runs start in submit order. The worker
  * thread owns the trainer and acts on operator commands (pause, resume,
@@ -10,13 +10,13 @@
  * after the validation pass where the pseudo phase plateaus (DESIGN.md
  * "Phase policy: plateau"), or at the next boundary after `m6ctl delink`.
  *
- * Threads: coord_submit/coord_command/coord_eta are called from the control
+ * Threads: runner_submit/runner_command/runner_eta are called from the control
  * server's threads (libuv's loop and thread pool) and never wait on a
  * training step (they take a mutex held only for flag updates), so the
  * control socket answers mid-step.
  */
-#ifndef M6_COORD_H
-#define M6_COORD_H
+#ifndef M6_RUNNER_H
+#define M6_RUNNER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -26,7 +26,7 @@
 #include "state/state.h"
 #include "train/trainer.h"
 
-typedef struct coord coord;
+typedef struct runner runner;
 
 /* Data parallelism across nodes (issue 14, the wiring): how the worker
  * thread gets the collectives group of a run whose world size (the
@@ -47,7 +47,7 @@ typedef struct {
                  int world, m6_coll **out, char *why, size_t len);
     void (*ungroup)(void *ud, int64_t id);
     void *ud;
-} coord_dist;
+} runner_dist;
 
 typedef struct {
     state *st;
@@ -56,7 +56,7 @@ typedef struct {
     int coordinator;       /* --role coordinator: runs of nodes.world_size
                             * > 1 can be grouped; else refused at submit */
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
-    const coord_dist *dist; /* runs across nodes; NULL: world size 1 only
+    const runner_dist *dist; /* runs across nodes; NULL: world size 1 only
                              * (kept by pointer: the caller's) */
     /* Testing seam (tests/fuzz/fuzz_dispatch.c): no worker thread and no
      * active run. Nothing trains; commands see every run as the DB has it
@@ -64,22 +64,22 @@ typedef struct {
      * handlers run against a state DB without the trainer. m6d never sets
      * it (0: the worker starts as always). */
     int no_worker;
-} coord_config;
+} runner_config;
 
 
 
-typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } coord_cmd;
+typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } runner_cmd;
 
 /* Recover (clean stray *.tmp-* checkpoint dirs, reconcile the checkpoints
  * table with the disk), pick the run to resume, start the worker thread. */
-coord *coord_init(const coord_config *cfg, char *err, size_t errlen);
+runner *runner_init(const runner_config *cfg, char *err, size_t errlen);
 
 /* Ask the worker to stop after its current step: it checkpoints the active
  * run and leaves it running/paused in the DB, so the next start resumes it. */
-void coord_request_shutdown(coord *c);
+void runner_request_shutdown(runner *c);
 
 /* Request shutdown, join the worker, free. */
-void coord_fini(coord *c);
+void runner_fini(runner *c);
 
 /* Validate and enqueue a spec (JSON text). Validation reads every shard
  * (seconds for a large corpus); when *cancel (may be NULL; read atomically)
@@ -88,7 +88,7 @@ void coord_fini(coord *c);
  * N queued"); else M6_EINVALID (msg names the spec key or the data glob)
  * or M6_EINTERNAL (the state DB; m6d out of file descriptors). Free the
  * result with m6_err_free. */
-m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
                     int64_t *id, char *name, size_t namelen);
 
 /* Operator command; takes effect at the next step boundary. The result's
@@ -98,10 +98,10 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
  * reopened, the writes owed are done; if that fails the run stays paused
  * and M6_EBADSTATE says why. So call it for a resume only off the event
  * loop (the thread pool). */
-m6_err coord_command(coord *c, int64_t id, coord_cmd cmd);
+m6_err runner_command(runner *c, int64_t id, runner_cmd cmd);
 
 /* Seconds left for the active run (-1 if id isn't active or unknown). */
-double coord_eta(coord *c, int64_t id);
+double runner_eta(runner *c, int64_t id);
 
 /* The active run's offloading figures (m6.proto RunInfo fields of the same
  * names and units), as the worker sampled them with trainer_offload_stats()
@@ -116,11 +116,11 @@ typedef struct {
     double h2d_gbps, d2h_gbps, copy_hidden_fraction;
     int64_t offload_redo_steps;  /* redone speculative steps since the
                                   * trainer started; -1 not speculating */
-} coord_offload;
+} runner_offload;
 
 /* 0 with *out filled when id is the active run and the worker has sampled
  * it; 1 otherwise. Never waits on a step (copies under the lock). */
-int coord_offload_get(coord *c, int64_t id, coord_offload *out);
+int runner_offload_get(runner *c, int64_t id, runner_offload *out);
 
 /* Why the active run paused itself (a checkpoint or state DB write failed,
  * its data could not be read, no checkpoint loads), held in memory so
@@ -129,7 +129,7 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out);
  * M6_EBADSTATE otherwise), for the operator's next step. 0: none (or id
  * is not active); 1: *msg set (malloc'd, whole: free it), run not paused
  * yet; 2: *msg set, run paused; -1: out of memory. */
-int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code);
+int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code);
 
 /* The command acknowledged for the active run and not yet applied at a
  * step boundary: "pausing", "resuming", "delinking", "stopping", or two
@@ -138,15 +138,15 @@ int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code);
  * m6.db has it (the caller's row): while the worker has paused (resumed)
  * in memory and m6.db still says running (paused), the pause (resume) is
  * not recorded yet and is still reported as pending. */
-void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
                    size_t len);
 
 /* Whether a delink of run id is acknowledged and not yet applied (the
- * "delinking" of coord_pending, as a fact): 1 or 0 (0 when id is not
+ * "delinking" of runner_pending, as a fact): 1 or 0 (0 when id is not
  * active). */
-int coord_delink_pending(coord *c, int64_t id);
+int runner_delink_pending(runner *c, int64_t id);
 
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
-void coord_describe(coord *c, char *buf, size_t len);
+void runner_describe(runner *c, char *buf, size_t len);
 
-#endif /* M6_COORD_H */
+#endif /* M6_RUNNER_H */

@@ -1,14 +1,14 @@
 /*
- * coord.c — the coordinator (see coord.h): the worker thread's loop over
+ * runner.c — the runner (see runner.h): the runner thread's loop over
  * one run's steps, steered by the run's state machine (worker.h): taking
  * the next run, setting it up (the tables made to agree with its
  * checkpoint), the step and its records, the writes a boundary owes, and
  * the group across nodes. The commands it applies at each boundary are
- * coord_commands.c's; when to delink is coord_policy.c's; what the three
- * share is coord_internal.h. The queue is queue.c, the checkpoints are
- * coord/ckpt_store.c.
+ * runner_commands.c's; when to delink is runner_policy.c's; what the three
+ * share is runner_internal.h. The queue is queue.c, the checkpoints are
+ * runner/ckpt_store.c.
  */
-#include "coord/coord_internal.h"
+#include "runner/runner_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -21,7 +21,7 @@
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "common/paths.h"
-#include "coord/queue.h"
+#include "runner/queue.h"
 #include "model/facts.h"
 #include "train/data.h"
 
@@ -29,7 +29,7 @@
 
 /* Save the trainer at its step. -1 with err saying what failed (the caller
  * pauses the run, which logs it): the run keeps its last good checkpoint. */
-int coord_checkpoint_(run_ctx *r, const char *why, m6_err *err)
+int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
@@ -43,20 +43,20 @@ int coord_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 /* ------------------------------------------------------------------ worker */
 
 /* An event of the run's state machine (worker.h), under mu. */
-void coord_on_(coord *c, worker_event ev, const char *reason)
+void runner_on_(runner *c, worker_event ev, const char *reason)
 {
     pthread_mutex_lock(&c->mu);
     if (worker_on(&c->w, ev, reason) < 0)
-        log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
+        log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
                  (long long)c->active, (int)ev, worker_state_name(c->w.state));
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
 /* What status shows of the trainer: its step and phase. */
-void coord_publish_(run_ctx *r)
+void runner_publish_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     pthread_mutex_lock(&c->mu);
     c->active_step = trainer_step_count(r->t);
     c->w.real = trainer_phase(r->t) == PHASE_REAL;
@@ -66,12 +66,12 @@ void coord_publish_(run_ctx *r)
 
 /* ---------------------------------------------------------------- offload */
 
-/* Publish the run's placement for status (coord_offload_get): after a
+/* Publish the run's placement for status (runner_offload_get): after a
  * step its facts, rates included (step 1); outside a step (set-up, delink:
  * step 0) the placement now, the latest step's rates kept. */
 static void offload_publish_(run_ctx *r, const step_placement *p, int step)
 {
-    coord_offload o = r->off;
+    runner_offload o = r->off;
     o.resident_slots = p->resident_slots;
     o.offloaded_slots = p->offloaded_slots;
     o.device_bytes_in_use = p->device_bytes;
@@ -91,7 +91,7 @@ static void offload_publish_(run_ctx *r, const step_placement *p, int step)
 }
 
 /* The placement now (set-up, after a delink). */
-void coord_offload_sample_(run_ctx *r)
+void runner_offload_sample_(run_ctx *r)
 {
     step_placement p;
     trainer_placement(r->t, &p);
@@ -102,7 +102,7 @@ static void fail_run_(run_ctx *r, const char *what, const char *err)
 {
     m6_err m = m6_err_make(M6_EINTERNAL, "%s: %s", what, err);
     log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, m.msg);
-    coord_on_(r->c, WE_FAILED, NULL);
+    runner_on_(r->c, WE_FAILED, NULL);
     state_run_set_state(r->c->st, r->id, RUN_FAILED, m.msg);
     state_event(r->c->st, r->id, "failed", "%s", m.msg);
     m6_err_free(&m);
@@ -113,15 +113,15 @@ static void fail_run_(run_ctx *r, const char *what, const char *err)
  * this boundary, in memory first, so nothing is lost and nothing loops.
  * One error line; the reason is kept for status even if the DB cannot take
  * it. `m6ctl resume` retries. */
-void coord_pause_error_(run_ctx *r, worker_event ev, const char *reason)
+void runner_pause_error_(run_ctx *r, worker_event ev, const char *reason)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     long step = trainer_step_count(r->t);
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
     if (worker_on(&c->w, ev, reason) < 0)
-        log_warn("coord.event", "run=%lld event=%d state=%s: not expected",
+        log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
                  (long long)r->id, (int)ev, worker_state_name(c->w.state));
     c->w.error_code = ev == WE_DATA_ERROR ? r->data_code
                       : ev == WE_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
@@ -131,11 +131,11 @@ void coord_pause_error_(run_ctx *r, worker_event ev, const char *reason)
      * process holds its write lock (state.h) */
     if (state_run_set_state_held(c->st, r->id, RUN_PAUSED, reason) == 0)
         state_event(c->st, r->id, "paused.error", "step=%ld %s", step, reason);
-    coord_publish_(r);
+    runner_publish_(r);
 }
 
 /* "what: state DB: <SQLite's message>" */
-void coord_db_error_(run_ctx *r, const char *what, m6_err *err)
+void runner_db_error_(run_ctx *r, const char *what, m6_err *err)
 {
     char e[256];  /* SQLite's words: no paths */
     state_last_error(r->c->st, e, sizeof e);
@@ -144,20 +144,20 @@ void coord_db_error_(run_ctx *r, const char *what, m6_err *err)
 
 /* Do the writes owed at this step boundary. -1 with err if one fails; it
  * stays owed. */
-int coord_flush_(run_ctx *r, m6_err *err)
+int runner_flush_(run_ctx *r, m6_err *err)
 {
     if (r->metric_pending) {
         if (state_record_step(r->c->st, r->id, &r->pending) < 0) {
             char what[64];
             snprintf(what, sizeof what, "recording step %lld",
                      (long long)r->pending.step);
-            coord_db_error_(r, what, err);
+            runner_db_error_(r, what, err);
             return -1;
         }
         r->metric_pending = 0;
     }
     if (r->ckpt_owed) {
-        if (coord_checkpoint_(r, r->ckpt_owed, err) < 0) return -1;
+        if (runner_checkpoint_(r, r->ckpt_owed, err) < 0) return -1;
         r->ckpt_owed = NULL;
     }
     return 0;
@@ -165,14 +165,14 @@ int coord_flush_(run_ctx *r, m6_err *err)
 
 /* ------------------------------------------- data and validation owed */
 
-/* trainer_set_eval_interrupt's function (ud: the coord): a stop, a pause
+/* trainer_set_eval_interrupt's function (ud: the runner): a stop, a pause
  * or a shutdown is waiting, so the validation pass in progress is
  * abandoned and the command taken at the boundary right after it. A pass
  * of many batches (train.eval_batches) would otherwise hold the command,
  * and SIGTERM, for as long as it runs. */
 static int eval_interrupt_(void *ud)
 {
-    coord *c = ud;
+    runner *c = ud;
     pthread_mutex_lock(&c->mu);
     int stop = c->shutdown || c->w.state == W_STOPPING ||
                c->w.state == W_PAUSING;
@@ -235,7 +235,7 @@ static int retry_data_(run_ctx *r, int redo, m6_err *err)
     }
     if (r->eval_owed) {
         r->pending.val_loss = v;
-        if (r->pending.phase == 0) coord_plateau_note_(r, v);
+        if (r->pending.phase == 0) runner_plateau_note_(r, v);
         r->metric_pending = 1;
         r->eval_owed = 0;
         log_info("run.eval_redone", "run=%lld step=%ld val_loss=%g",
@@ -254,7 +254,7 @@ static int retry_data_(run_ctx *r, int redo, m6_err *err)
  * rows could not be dropped). */
 static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     int64_t id = r->id;
     long step = trainer_step_count(r->t);
     int phase = trainer_phase(r->t) == PHASE_REAL;
@@ -318,7 +318,7 @@ static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
  * The run may pause itself on the way (data that cannot be read, a write
  * that failed, no checkpoint that loads): it is then PAUSED with the
  * reason. 0 with r set up; -1 when the run failed (recorded). */
-static int setup_(coord *c, int64_t id, run_ctx *r)
+static int setup_(runner *c, int64_t id, run_ctx *r)
 {
     char err[1024];
     run_row row;
@@ -395,19 +395,19 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
     int erred = 1;
     if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
                             kept_error[0] ? kept_error : NULL) < 0) {
-        coord_db_error_(r, "recording the start", &e);
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
+        runner_db_error_(r, "recording the start", &e);
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
     } else if (dropped < 0) {
         /* Rows past the checkpoint stay until training rewrites them
          * (INSERT OR REPLACE); pause so the operator sees why. */
-        coord_db_error_(r, "dropping metrics past the checkpoint", &e);
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
+        runner_db_error_(r, "dropping metrics past the checkpoint", &e);
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
     } else if (lost.msg) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
-        coord_pause_error_(r, WE_CKPT_LOST, lost.msg);
+        runner_pause_error_(r, WE_CKPT_LOST, lost.msg);
     } else if (data_rc) {
-        coord_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&open_err));
+        runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&open_err));
     } else {
         erred = 0;
     }
@@ -427,9 +427,9 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
         log_info("run.recover", "run=%lld step=%ld metrics_dropped=%d paused=%d",
                  (long long)id, step, dropped, paused);
     }
-    coord_offload_sample_(r);
-    coord_publish_(r);
-    coord_on_(c, WE_STARTED, NULL);
+    runner_offload_sample_(r);
+    runner_publish_(r);
+    runner_on_(c, WE_STARTED, NULL);
     return 0;
 }
 
@@ -441,12 +441,12 @@ static int setup_(coord *c, int64_t id, run_ctx *r)
  * interrupted), then what the last boundary could not write. 0, or -1
  * with err (they stay owed), or 1 when a command interrupted the pass
  * again (still owed). redo: as retry_data_'s. */
-int coord_owed_(run_ctx *r, int redo, m6_err *err)
+int runner_owed_(run_ctx *r, int redo, m6_err *err)
 {
     /* the seed first: the pass retry_data_ redoes is not in m6.db yet */
-    if (coord_plateau_seed_(r, err) < 0) return -1;
+    if (runner_plateau_seed_(r, err) < 0) return -1;
     int rc = retry_data_(r, redo, err);
-    if (rc < 0 || coord_flush_(r, err) < 0) return -1;
+    if (rc < 0 || runner_flush_(r, err) < 0) return -1;
     return rc;
 }
 
@@ -455,21 +455,21 @@ int coord_owed_(run_ctx *r, int redo, m6_err *err)
 /* The last step is done: a checkpoint, then completed. 1 completed. */
 static int complete_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    if (coord_checkpoint_(r, "end", &err) < 0) {
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    if (runner_checkpoint_(r, "end", &err) < 0) {
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
     if (state_run_set_state(c->st, r->id, RUN_COMPLETED, NULL) < 0) {
-        coord_db_error_(r, "recording the completion", &err);
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_db_error_(r, "recording the completion", &err);
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
-    coord_on_(c, WE_COMPLETED, NULL);
+    runner_on_(c, WE_COMPLETED, NULL);
     state_event(c->st, r->id, "completed", "step=%ld", step);
     log_info("run.completed", "run=%lld step=%ld", (long long)r->id, step);
     return 1;
@@ -506,7 +506,7 @@ static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
  * trainer must be rebuilt from the last checkpoint). */
 static int step_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err err = M6_ERR_NONE;
     step_result res;
     m6_err data_err = M6_ERR_NONE;
@@ -529,12 +529,12 @@ static int step_(run_ctx *r)
              * does not train those steps again. A write that fails is
              * logged; the run keeps its last checkpoint. */
             m6_err werr = M6_ERR_NONE;
-            if (coord_flush_(r, &werr) < 0 || coord_checkpoint_(r, "pause", &werr) < 0)
+            if (runner_flush_(r, &werr) < 0 || runner_checkpoint_(r, "pause", &werr) < 0)
                 log_warn("run.checkpoint", "run=%lld err=\"%s\": paused on "
                          "bad data with its last checkpoint", (long long)r->id,
                          m6_err_msg(&werr));
             m6_err_free(&werr);
-            coord_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+            runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
             m6_err_free(&data_err);
             return 0;
         }
@@ -547,7 +547,7 @@ static int step_(run_ctx *r)
                  "failed: %s", trainer_world_size(r->t),
                  m6_err_msg(&data_err));
         r->data_code = M6_EBADSTATE;
-        coord_pause_error_(r, WE_DATA_ERROR, why);
+        runner_pause_error_(r, WE_DATA_ERROR, why);
         m6_err_free(&data_err);
         return 1;
     } else if (src < 0) {
@@ -555,7 +555,7 @@ static int step_(run_ctx *r)
         m6_err_free(&data_err);
         return -1;
     }
-    coord_on_(c, WE_STEP_DONE, NULL);
+    runner_on_(c, WE_STEP_DONE, NULL);
     offload_publish_(r, &res.mem, 1);
     stats_publish_(r, &res, (double)(t1.tv_sec - t0.tv_sec) +
                                 (t1.tv_nsec - t0.tv_nsec) * 1e-9);
@@ -584,7 +584,7 @@ static int step_(run_ctx *r)
     if (res.eval_interrupted)
         eval_interrupted_(r, res.step, &data_err);
     else if (res.evaluated && !res.eval_failed && m.phase == 0)
-        coord_plateau_note_(r, res.val_loss);
+        runner_plateau_note_(r, res.val_loss);
     r->metric_pending = 1;
     if (r->spec.checkpoint.every > 0 && res.step % r->spec.checkpoint.every == 0)
         r->ckpt_owed = "every";
@@ -604,30 +604,30 @@ static int step_(run_ctx *r)
                     (double)res.train_loss, (double)res.grad_norm,
                     res.bad_steps, res.skipped_total);
     }
-    if (coord_flush_(r, &err) < 0)
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    if (runner_flush_(r, &err) < 0)
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
         /* another process has held m6.db's write lock past the limit */
-        coord_pause_error_(r, WE_WRITE_FAILED, held_why);
+        runner_pause_error_(r, WE_WRITE_FAILED, held_why);
     else if (r->data_error) /* its pass could not read the data */
-        coord_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+        runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
     else if (res.bad_steps >= r->spec.train.max_bad_steps)
-        coord_bad_steps_pause_(r, &res);
+        runner_bad_steps_pause_(r, &res);
     else
-        coord_publish_(r);
+        runner_publish_(r);
     m6_err_free(&err);
     m6_err_free(&data_err);
     return 0;
 }
 
-/* ---------------------------------------------- across nodes (coord_dist) */
+/* ---------------------------------------------- across nodes (runner_dist) */
 
 /* Leave the run's group (if any): the trainer trains alone again, the
  * other ranks' collectives fail at once and they free their trainers. */
 static void dist_drop_(run_ctx *r, const char *why)
 {
     if (!r->coll) return;
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err e = M6_ERR_NONE;
     trainer_set_collectives(r->t, NULL, &e);
     m6_err_free(&e);
@@ -644,7 +644,7 @@ static void dist_drop_(run_ctx *r, const char *why)
  * a little, or less when a command comes in, and comes back). */
 static int dist_ready_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     int world = spec_world_of_phase(&r->spec,
                                     trainer_phase(r->t) == PHASE_PSEUDO);
     if (world <= 1 || r->coll) return 1;
@@ -721,7 +721,7 @@ static int dist_ready_(run_ctx *r)
  * checkpoints as they are (nothing was trained since), as a stop of a
  * queued run leaves it. 1 applied; 0 no stop pending, or the database
  * refused (then the run is set up and its first boundary takes the stop). */
-static int stop_before_setup_(coord *c, int64_t id)
+static int stop_before_setup_(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
     int stopping = c->w.state == W_STOPPING;
@@ -746,7 +746,7 @@ static int stop_before_setup_(coord *c, int64_t id)
                   (long long)id);
         return 0;
     }
-    coord_on_(c, WE_STOPPED, NULL);
+    runner_on_(c, WE_STOPPED, NULL);
     log_info("run.stop", "run=%lld step=%ld before=setup", (long long)id,
              step);
     return 1;
@@ -757,7 +757,7 @@ static int stop_before_setup_(coord *c, int64_t id)
  * resume: a stop, delink or pause m6d has acknowledged holds across a
  * shutdown), then the step: completion, phase policy, step, record. A stop
  * pending before set-up ends it without setting it up. */
-static void run_one_(coord *c, int64_t id)
+static void run_one_(runner *c, int64_t id)
 {
     run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
@@ -776,7 +776,7 @@ static void run_one_(coord *c, int64_t id)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->hold_path[0]) {
             pthread_mutex_unlock(&c->mu);
-            coord_test_hold_(c);
+            runner_test_hold_(c);
             pthread_mutex_lock(&c->mu);
         }
         worker_take tk = worker_boundary(&c->w);
@@ -784,24 +784,24 @@ static void run_one_(coord *c, int64_t id)
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
-            int stopped = coord_stop_(&r);
-            coord_commands_done_(&r);
+            int stopped = runner_stop_(&r);
+            runner_commands_done_(&r);
             if (stopped) break;
             continue;
         }
         if (tk.delink && trainer_phase(r.t) == PHASE_PSEUDO)
-            coord_delink_(&r, "operator");
-        if (tk.pause) coord_pause_(&r);
+            runner_delink_(&r, "operator");
+        if (tk.pause) runner_pause_(&r);
         if (tk.shutdown) {
             /* what this boundary took is done; commands sent after it
              * were refused (m6d is stopping) */
-            coord_interrupted_(&r, tk.resume);
-            coord_commands_done_(&r);
+            runner_interrupted_(&r, tk.resume);
+            runner_commands_done_(&r);
             break;
         }
-        if (tk.resume) coord_resume_(&r);
-        coord_commands_done_(&r);
-        coord_publish_(&r);
+        if (tk.resume) runner_resume_(&r);
+        runner_commands_done_(&r);
+        runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = worker_trains(&c->w);
         pthread_mutex_unlock(&c->mu);
@@ -813,9 +813,9 @@ static void run_one_(coord *c, int64_t id)
 
         /* what an earlier boundary owes (a restart's validation pass) */
         m6_err err = M6_ERR_NONE;
-        int orc = coord_owed_(&r, 1, &err);
+        int orc = runner_owed_(&r, 1, &err);
         if (orc < 0) {
-            coord_pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
+            runner_pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
                          m6_err_msg(&err));
             m6_err_free(&err);
             continue;
@@ -825,7 +825,7 @@ static void run_one_(coord *c, int64_t id)
             if (complete_(&r)) break;
             continue;
         }
-        coord_phase_policy_(&r);
+        runner_phase_policy_(&r);
         if (r.coll && trainer_phase(r.t) != r.coll_phase)
             /* delinked: the ranks regroup and get the delinked state
              * from rank 0 (dist_ready_) */
@@ -841,7 +841,7 @@ static void run_one_(coord *c, int64_t id)
 /* With mu held: make the next run of the queue the worker's (c->active,
  * 0 none), its state machine set from the DB: PAUSED for a run left paused,
  * else STARTING; the phase and the delink step as recorded. */
-static void take_next_locked_(coord *c)
+static void take_next_locked_(runner *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
@@ -864,12 +864,12 @@ static void take_next_locked_(coord *c)
         c->w.delink_step = row.phase ? (long)row.delink_step : -1;
         run_row_clear(&row);
     }
-    coord_replay_commands_locked_(c);
+    runner_replay_commands_locked_(c);
 }
 
 static void *worker_main_(void *arg)
 {
-    coord *c = arg;
+    runner *c = arg;
     pthread_mutex_lock(&c->mu);
     while (!c->shutdown) {
         if (!c->active) take_next_locked_(c);
@@ -902,9 +902,9 @@ static void *worker_main_(void *arg)
 
 /* --------------------------------------------------------------- lifecycle */
 
-coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
+runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
 {
-    coord *c = calloc(1, sizeof *c);
+    runner *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -935,7 +935,7 @@ coord *coord_init(const coord_config *cfg, char *err, size_t errlen)
         goto fail;
     }
     ckpt_store_reconcile(&c->store);
-    if (cfg->no_worker) return c;  /* the testing seam (coord.h) */
+    if (cfg->no_worker) return c;  /* the testing seam (runner.h) */
     /* Pick the first active run now, so commands that arrive before the
      * worker gets going already find it. */
     take_next_locked_(c);
@@ -954,7 +954,7 @@ fail:
     return NULL;
 }
 
-void coord_request_shutdown(coord *c)
+void runner_request_shutdown(runner *c)
 {
     pthread_mutex_lock(&c->mu);
     c->shutdown = 1;
@@ -965,10 +965,10 @@ void coord_request_shutdown(coord *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-void coord_fini(coord *c)
+void runner_fini(runner *c)
 {
     if (!c) return;
-    coord_request_shutdown(c);
+    runner_request_shutdown(c);
     if (c->thread_started) pthread_join(c->thread, NULL);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);

@@ -2,7 +2,7 @@
  * worker.c — the run's state machine (see worker.h): one function per
  * command and per event, each a pure function of the worker value.
  */
-#include "coord/worker.h"
+#include "runner/worker.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,7 +144,7 @@ static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
 }
 
 /* A run that is not the worker's: queued, or ended. */
-static m6_code not_live_(worker *w, int64_t id, coord_cmd cmd,
+static m6_code not_live_(worker *w, int64_t id, runner_cmd cmd,
                               unsigned *act, char *msg, size_t len)
 {
     long long n = (long long)id;
@@ -164,14 +164,14 @@ static m6_code not_live_(worker *w, int64_t id, coord_cmd cmd,
     return M6_EBADSTATE;
 }
 
-void worker_stopping_msg(int64_t id, coord_cmd cmd, char *msg, size_t len)
+void worker_stopping_msg(int64_t id, runner_cmd cmd, char *msg, size_t len)
 {
     snprintf(msg, len, "m6d is stopping: send the %s again once it is back "
              "(`m6ctl watch %lld` waits for it)", cmd_names_[cmd],
              (long long)id);
 }
 
-m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
+m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen)
 {
     long long n = (long long)id;

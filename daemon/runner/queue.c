@@ -1,7 +1,7 @@
 /*
  * queue.c — the run queue (see queue.h).
  */
-#include "coord/queue.h"
+#include "runner/queue.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,35 +1,35 @@
 /*
- * coord_internal.h — what the coordinator's three files share, private to
- * daemon/coord/: the coordinator's state (struct coord), one run's context
+ * runner_internal.h — what the runner's three files share, private to
+ * daemon/runner/: the runner's state (struct runner), one run's context
  * on the worker thread (run_ctx), and the helpers one file calls in
- * another. coord.c owns the worker thread's loop (set-up, the step, the
- * writes it owes, the group across nodes); coord_commands.c the operator's
+ * another. runner.c owns the worker thread's loop (set-up, the step, the
+ * writes it owes, the group across nodes); runner_commands.c the operator's
  * commands, from the server thread that sends one to the boundary that
- * applies it; coord_policy.c the phase policy (when to delink) and the
- * bad-steps pause. coord.h is the interface.
+ * applies it; runner_policy.c the phase policy (when to delink) and the
+ * bad-steps pause. runner.h is the interface.
  */
-#ifndef M6_COORD_COORD_INTERNAL_H
-#define M6_COORD_COORD_INTERNAL_H
+#ifndef M6_RUNNER_INTERNAL_H
+#define M6_RUNNER_INTERNAL_H
 
 #include <pthread.h>
 #include <stdint.h>
 
-#include "coord/ckpt_store.h"
-#include "coord/coord.h"
-#include "coord/worker.h"
+#include "runner/ckpt_store.h"
+#include "runner/runner.h"
+#include "runner/worker.h"
 #include "dist/collectives.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
 
-struct coord {
+struct runner {
     state *st;
     char runs_dir[3072];
     int threads;
     int coordinator;
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
-    const coord_dist *dist; /* runs across nodes (coord.h), NULL none */
-    int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (coord_init) */
-    ckpt_store store;      /* the runs' checkpoints (coord/ckpt_store.h) */
+    const runner_dist *dist; /* runs across nodes (runner.h), NULL none */
+    int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (runner_init) */
+    ckpt_store store;      /* the runs' checkpoints (runner/ckpt_store.h) */
 
     pthread_t thread;
     int thread_started;
@@ -53,7 +53,7 @@ struct coord {
                               * or M6_EBADSTATE */
     long resume_step;        /* ... the step it resumed at (its answer) */
     int offload_valid;    /* offload holds a sample of the active run */
-    coord_offload offload;
+    runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest
      * command of the active run recorded and applied to w (under mu); a
      * boundary takes every command up to it. cmd_mu (taken before mu)
@@ -68,7 +68,7 @@ struct coord {
 
 
 typedef struct {
-    coord *c;
+    runner *c;
     int64_t id;
     run_spec spec;
     trainer *t;
@@ -88,7 +88,7 @@ typedef struct {
     int64_t cmd_upto;       /* the commands this boundary took: up to this
                              * id (c->cmd_last at worker_boundary) */
     int64_t cmd_marked;     /* marked applied in m6.db up to this id */
-    coord_offload off;     /* latest placement, published to c->offload */
+    runner_offload off;     /* latest placement, published to c->offload */
     /* delink.policy plateau: the pseudo phase's validation passes so far,
      * in step order (from m6.db's rows at set-up, then as they come):
      * best[i] the least loss of passes 0..i, val the newest loss */
@@ -97,7 +97,7 @@ typedef struct {
     double val;
     int plateau_seed_owed;  /* the passes before this life not read yet */
     double flops_per_token; /* model FLOPs per training token (MFU) */
-    /* Across nodes (coord_dist): the run's group while it trains with
+    /* Across nodes (runner_dist): the run's group while it trains with
      * one, the phase it was made for, and the last reason it could not
      * be made (said once per change). */
     m6_coll *coll;
@@ -107,83 +107,83 @@ typedef struct {
                             * the next try (nodes.timeout later) */
 } run_ctx;
 
-/* ---- coord.c: the run's records (all on the worker thread) */
+/* ---- runner.c: the run's records (all on the worker thread) */
 
 /* Save the trainer at its step (once per step). 0, or -1 with err: the
  * run keeps its last good checkpoint. */
-int coord_checkpoint_(run_ctx *r, const char *why, m6_err *err);
+int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err);
 
 /* An event of the run's state machine (worker.h); takes mu. */
-void coord_on_(coord *c, worker_event ev, const char *reason);
+void runner_on_(runner *c, worker_event ev, const char *reason);
 
 /* What status shows of the trainer: its step and phase (takes mu). */
-void coord_publish_(run_ctx *r);
+void runner_publish_(run_ctx *r);
 
 /* Publish the run's placement now (set-up, after a delink). */
-void coord_offload_sample_(run_ctx *r);
+void runner_offload_sample_(run_ctx *r);
 
 /* The run pauses itself for ev (a data error, a write that failed, ...):
  * in memory first, then in m6.db, with reason; one error line. */
-void coord_pause_error_(run_ctx *r, worker_event ev, const char *reason);
+void runner_pause_error_(run_ctx *r, worker_event ev, const char *reason);
 
 /* err = "what: state DB: <SQLite's message>" (M6_EINTERNAL). */
-void coord_db_error_(run_ctx *r, const char *what, m6_err *err);
+void runner_db_error_(run_ctx *r, const char *what, m6_err *err);
 
 /* Do the writes owed at this boundary (a metrics row, a checkpoint). 0,
  * or -1 with err; what failed stays owed. */
-int coord_flush_(run_ctx *r, m6_err *err);
+int runner_flush_(run_ctx *r, m6_err *err);
 
 /* Everything a boundary owes before the next step: the plateau policy's
  * passes from m6.db, data to reopen and its validation pass, then
- * coord_flush_. 0; -1 with err (still owed); 1 a command interrupted the
+ * runner_flush_. 0; -1 with err (still owed); 1 a command interrupted the
  * pass again. redo 0: a pass owed with the data sound waits. */
-int coord_owed_(run_ctx *r, int redo, m6_err *err);
+int runner_owed_(run_ctx *r, int redo, m6_err *err);
 
-/* ---- coord_commands.c: commands taken at a boundary (worker thread) */
+/* ---- runner_commands.c: commands taken at a boundary (worker thread) */
 
 /* Mark the commands this boundary took (r->cmd_upto) applied in m6.db. */
-void coord_commands_done_(run_ctx *r);
+void runner_commands_done_(run_ctx *r);
 
 /* Tests (M6_TEST_HOLD_BOUNDARY): hold the boundary while the file is
  * there. */
-void coord_test_hold_(coord *c);
+void runner_test_hold_(runner *c);
 
 /* Stop: everything written, then stopped (1); else the run pauses with
  * the reason and a later stop retries (0). */
-int coord_stop_(run_ctx *r);
+int runner_stop_(run_ctx *r);
 
 /* Pause (the state machine is PAUSED already): the writes owed, a
  * checkpoint, the state. */
-void coord_pause_(run_ctx *r);
+void runner_pause_(run_ctx *r);
 
 /* m6d stops: checkpoint, leave the run as recorded. resume: a resume was
  * taken at this boundary and is answered that m6d is stopping. */
-void coord_interrupted_(run_ctx *r, int resume);
+void runner_interrupted_(run_ctx *r, int resume);
 
 /* Try the resume taken at this boundary and answer the resumes waiting. */
-void coord_resume_(run_ctx *r);
+void runner_resume_(run_ctx *r);
 
 /* With mu held, for the run just taken up: the commands acknowledged and
  * not applied before m6d stopped, applied to its state machine again. */
-void coord_replay_commands_locked_(coord *c);
+void runner_replay_commands_locked_(runner *c);
 
-/* ---- coord_policy.c: when the run delinks; the bad-steps pause */
+/* ---- runner_policy.c: when the run delinks; the bad-steps pause */
 
 /* delink.policy plateau: note a validation pass of the pseudo phase. */
-void coord_plateau_note_(run_ctx *r, double val_loss);
+void runner_plateau_note_(run_ctx *r, double val_loss);
 
 /* delink.policy plateau at set-up: the pseudo phase's passes so far from
  * m6.db (once). 0, or -1 with err (the run pauses). */
-int coord_plateau_seed_(run_ctx *r, m6_err *err);
+int runner_plateau_seed_(run_ctx *r, m6_err *err);
 
 /* Delink now; reason (spec, plateau, operator, replay) goes in the event. */
-void coord_delink_(run_ctx *r, const char *reason);
+void runner_delink_(run_ctx *r, const char *reason);
 
 /* Before a step: delink if the spec's pseudo.steps, the plateau rule or
  * a replayed operator delink says so. */
-void coord_phase_policy_(run_ctx *r);
+void runner_phase_policy_(run_ctx *r);
 
 /* train.max_bad_steps non-finite steps in a row: the run pauses itself. */
-void coord_bad_steps_pause_(run_ctx *r, const step_result *res);
+void runner_bad_steps_pause_(run_ctx *r, const step_result *res);
 
-#endif /* M6_COORD_COORD_INTERNAL_H */
+#endif /* M6_RUNNER_INTERNAL_H */

@@ -9,7 +9,7 @@
  * adopted; a row whose directory is gone is dropped; a checkpoint that does
  * not load is set aside as <dir>.bad (never adopted again).
  *
- * Threads: only the coordinator's worker thread, or coord_init before it
+ * Threads: only the runner thread, or runner_init before it
  * starts (the store walks directories and writes the state DB).
  */
 #ifndef M6_CKPT_STORE_H

@@ -1,12 +1,12 @@
 /*
- * coord_commands.c — the operator's commands to the coordinator: submit,
+ * runner_commands.c — the operator's commands to the runner: submit,
  * and pause, resume, delink and stop from the server threads (recorded in
  * m6.db, applied to the run's state machine, answered), replayed after a
  * restart, then applied by the worker at the next step boundary (stop,
  * pause, resume, shutdown); and the queries the server threads ask (ETA,
  * placement, error, pending commands).
  */
-#include "coord/coord_internal.h"
+#include "runner/runner_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -16,12 +16,12 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "coord/queue.h"
+#include "runner/queue.h"
 
 /* With c->mu held: answer the resumes up to ticket (never backwards): err
  * NULL, the run trains on; else why it stays paused, and its code (M6_EDATA
  * and M6_ENOFILE get the handler's advice). */
-static void answer_locked_(coord *c, long ticket, const char *err,
+static void answer_locked_(runner *c, long ticket, const char *err,
                            m6_code code)
 {
     if (ticket > c->resume_answered)
@@ -58,7 +58,7 @@ static int commit_state_(run_ctx *r, run_state s, const char *kind, long step)
  * that delinked already); marked so, they are not applied again after a
  * restart. A failed mark leaves them pending: applying one again finds
  * nothing to do. */
-void coord_commands_done_(run_ctx *r)
+void runner_commands_done_(run_ctx *r)
 {
     if (r->cmd_upto <= r->cmd_marked)
         return;
@@ -70,7 +70,7 @@ void coord_commands_done_(run_ctx *r)
 /* Tests (M6_TEST_HOLD_BOUNDARY): wait at the boundary while the file is
  * there, so that a command is acknowledged and m6d killed before the
  * boundary takes it. */
-void coord_test_hold_(coord *c)
+void runner_test_hold_(runner *c)
 {
     if (!c->hold_path[0])
         return;
@@ -91,12 +91,12 @@ void coord_test_hold_(coord *c)
 
 /* Stop: final only with everything written. Otherwise the run pauses
  * (training ends now) and a later stop retries. 1 stopped, 0 not. */
-int coord_stop_(run_ctx *r)
+int runner_stop_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    int ok = coord_flush_(r, &err) == 0 && coord_checkpoint_(r, "stop", &err) == 0;
+    int ok = runner_flush_(r, &err) == 0 && runner_checkpoint_(r, "stop", &err) == 0;
     char detail[64];
     snprintf(detail, sizeof detail, "step=%ld", step);
     state_commit cm = {.set_state = 1, .state = RUN_STOPPED,
@@ -104,7 +104,7 @@ int coord_stop_(run_ctx *r)
                        .step = step, .cmd_upto = r->cmd_upto,
                        .cmd_kinds = STATE_CMD_NOT_DELINK};
     if (ok && state_commit_run(c->st, r->id, &cm) < 0) {
-        coord_db_error_(r, "recording the stop", &err);
+        runner_db_error_(r, "recording the stop", &err);
         ok = 0;
     }
     if (!ok) {
@@ -112,7 +112,7 @@ int coord_stop_(run_ctx *r)
                                  "again once there is space",
                                  m6_err_msg(&err));
         m6_err_free(&err);
-        coord_pause_error_(r, WE_STOP_FAILED, why.msg);
+        runner_pause_error_(r, WE_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
         pthread_mutex_lock(&c->mu);
         if (c->resume_asked > c->resume_answered)
@@ -121,42 +121,42 @@ int coord_stop_(run_ctx *r)
         m6_err_free(&why);
         return 0;
     }
-    coord_on_(c, WE_STOPPED, NULL);
+    runner_on_(c, WE_STOPPED, NULL);
     log_info("run.stop", "run=%lld step=%ld", (long long)r->id, step);
     return 1;
 }
 
 /* Pause (the state is PAUSED already): the writes owed, a checkpoint, the
  * state; a failure keeps it paused with the reason. */
-void coord_pause_(run_ctx *r)
+void runner_pause_(run_ctx *r)
 {
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
-    if (coord_flush_(r, &err) < 0 || coord_checkpoint_(r, "pause", &err) < 0) {
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+    if (runner_flush_(r, &err) < 0 || runner_checkpoint_(r, "pause", &err) < 0) {
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else if (commit_state_(r, RUN_PAUSED, "pause", step) < 0) {
-        coord_db_error_(r, "recording the pause", &err);
-        coord_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_db_error_(r, "recording the pause", &err);
+        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
     } else {
         log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
     }
     m6_err_free(&err);
-    coord_publish_(r);
+    runner_publish_(r);
 }
 
 /* m6d stops (a signal): checkpoint and leave the run as it is recorded,
  * running or paused, for the next start. resume: a resume was taken at
  * this boundary (not tried: it is answered so). */
-void coord_interrupted_(run_ctx *r, int resume)
+void runner_interrupted_(run_ctx *r, int resume)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     pthread_mutex_lock(&c->mu);
     int paused = c->w.state != W_RUNNING; /* PAUSED, or RESUMING untried */
     pthread_mutex_unlock(&c->mu);
     /* On failure the next start resumes from the last good one. */
-    if (coord_checkpoint_(r, "shutdown", &err) < 0)
+    if (runner_checkpoint_(r, "shutdown", &err) < 0)
         log_warn("run.interrupted", "run=%lld step=%ld err=\"%s\"",
                  (long long)r->id, step, m6_err_msg(&err));
     m6_err_free(&err);
@@ -175,23 +175,23 @@ void coord_interrupted_(run_ctx *r, int resume)
 /* Try the resume taken at this boundary: the writes owed, then the state.
  * Only then is it a resume (event); one that fails leaves the run paused
  * with the reason. The resumes waiting get the answer. */
-void coord_resume_(run_ctx *r)
+void runner_resume_(run_ctx *r)
 {
-    coord *c = r->c;
+    runner *c = r->c;
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     /* a pass a command interrupted is redone after the answer (run_one_);
      * 1: the pass owed for bad data was interrupted again (still owed):
      * the resume stands, the command that interrupted it is taken next */
-    int rc = coord_owed_(r, 0, &err) < 0 ? -1 : 0;
+    int rc = runner_owed_(r, 0, &err) < 0 ? -1 : 0;
     worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
     if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
-        coord_db_error_(r, "recording the resume", &err);
+        runner_db_error_(r, "recording the resume", &err);
         rc = -1;
         failed = WE_WRITE_FAILED;
     }
     if (rc < 0) {
-        coord_pause_error_(r, failed, m6_err_msg(&err));
+        runner_pause_error_(r, failed, m6_err_msg(&err));
         pthread_mutex_lock(&c->mu);
         answer_locked_(c, c->resume_serving, m6_err_msg(&err),
                        failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
@@ -215,7 +215,7 @@ void coord_resume_(run_ctx *r)
  * came, as if they had just been sent: its next boundary takes them. A
  * command that finds nothing to do (a pause of a run recorded paused)
  * changes nothing and is marked applied there. */
-void coord_replay_commands_locked_(coord *c)
+void runner_replay_commands_locked_(runner *c)
 {
     static const char *const kinds[] = {"pause", "resume", "delink", "stop"};
     command_row *rows = NULL;
@@ -238,7 +238,7 @@ void coord_replay_commands_locked_(coord *c)
         char *msg = malloc(len);
         if (!msg)
             break;
-        m6_code code = worker_command(&c->w, c->active, (coord_cmd)k, &act,
+        m6_code code = worker_command(&c->w, c->active, (runner_cmd)k, &act,
                                       msg, len);
         if (act & WA_RESUME_NEW)
             c->resume_asked++;  /* nobody waits for its answer */
@@ -253,7 +253,7 @@ void coord_replay_commands_locked_(coord *c)
 
 /* ---------------------------------------------------------------- commands */
 
-m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
+m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
                     int64_t *id, char *name, size_t namelen)
 {
     run_spec spec;
@@ -328,10 +328,10 @@ m6_err coord_submit(coord *c, const char *json, size_t len, const int *cancel,
  * -- and say how it went. A resume that cannot go through is refused with
  * the reason; the run stays paused. */
 enum { RESUME_WAIT_S = 10 }; /* under m6ctl's 15 s read timeout */
-static m6_err wait_resume_(coord *c, int64_t id, long ticket)
+static m6_err wait_resume_(runner *c, int64_t id, long ticket)
 {
     pthread_cond_broadcast(&c->cv);
-    struct timespec until; /* c->cv waits on CLOCK_MONOTONIC (coord_init) */
+    struct timespec until; /* c->cv waits on CLOCK_MONOTONIC (runner_init) */
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += RESUME_WAIT_S;
     int rc = 0;
@@ -369,7 +369,7 @@ static int db_worker_state_(run_state s)
 }
 
 /* worker_command on w, its reply whole (the room it asks for). */
-static m6_err worker_command_(worker *w, int64_t id, coord_cmd cmd,
+static m6_err worker_command_(worker *w, int64_t id, runner_cmd cmd,
                               unsigned *act)
 {
     size_t n = strlen(w->error) + 512;
@@ -394,7 +394,7 @@ static int changes_(const worker *before, const worker *after)
 /* The reply when the command log could not take command `name`: it is not
  * acknowledged, nothing changed. A resume says so in the words of a resume
  * that could not be done. */
-static m6_err not_recorded_(coord *c, int64_t id, coord_cmd cmd,
+static m6_err not_recorded_(runner *c, int64_t id, runner_cmd cmd,
                             const char *name)
 {
     char e[256];  /* SQLite's words: no paths */
@@ -420,7 +420,7 @@ static m6_err not_recorded_(coord *c, int64_t id, coord_cmd cmd,
                        (long long)id, name, e);
 }
 
-m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
+m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
 {
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
     m6_err ret;
@@ -524,7 +524,7 @@ m6_err coord_command(coord *c, int64_t id, coord_cmd cmd)
     return ret;
 }
 
-double coord_eta(coord *c, int64_t id)
+double runner_eta(runner *c, int64_t id)
 {
     double eta = -1;
     pthread_mutex_lock(&c->mu);
@@ -534,7 +534,7 @@ double coord_eta(coord *c, int64_t id)
     return eta;
 }
 
-int coord_offload_get(coord *c, int64_t id, coord_offload *out)
+int runner_offload_get(runner *c, int64_t id, runner_offload *out)
 {
     int rc = 1;
     pthread_mutex_lock(&c->mu);
@@ -546,7 +546,7 @@ int coord_offload_get(coord *c, int64_t id, coord_offload *out)
     return rc;
 }
 
-int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code)
+int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code)
 {
     int rc = 0;
     *msg = NULL;
@@ -560,7 +560,7 @@ int coord_run_error(coord *c, int64_t id, char **msg, m6_code *code)
     return rc;
 }
 
-void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
+void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
                    size_t len)
 {
     pthread_mutex_lock(&c->mu);
@@ -576,7 +576,7 @@ void coord_pending(coord *c, int64_t id, run_state recorded, char *buf,
     pthread_mutex_unlock(&c->mu);
 }
 
-int coord_delink_pending(coord *c, int64_t id)
+int runner_delink_pending(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
     int d = id == c->active && worker_delink_pending(&c->w);
@@ -584,7 +584,7 @@ int coord_delink_pending(coord *c, int64_t id)
     return d;
 }
 
-void coord_describe(coord *c, char *buf, size_t len)
+void runner_describe(runner *c, char *buf, size_t len)
 {
     pthread_mutex_lock(&c->mu);
     if (c->active)

@@ -1,11 +1,11 @@
 /*
- * coord_policy.c — the coordinator's phase policy: when a run delinks (the
+ * runner_policy.c — the runner's phase policy: when a run delinks (the
  * spec's pseudo.steps, the plateau rule of delink.policy plateau over the
  * pseudo phase's validation passes, an operator delink replayed after a
  * restart), the delink itself with its record, and the pause after
- * train.max_bad_steps non-finite steps. Called by coord.c's loop.
+ * train.max_bad_steps non-finite steps. Called by runner.c's loop.
  */
-#include "coord/coord_internal.h"
+#include "runner/runner_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 /* delink.policy plateau: note a validation pass of the pseudo phase
  * (loss in nats per token). Out of memory: logged, the pass is not
  * counted (the pseudo.steps bound still delinks). */
-void coord_plateau_note_(run_ctx *r, double val_loss)
+void runner_plateau_note_(run_ctx *r, double val_loss)
 {
     if (r->spec.delink.policy != DELINK_AT_PLATEAU || !isfinite(val_loss))
         return;
@@ -59,7 +59,7 @@ static int plateau_reached_(const run_ctx *r, char *buf, size_t len)
  * resumes from (rows past it are the ones align_tables_ drops). A run in
  * the real phase needs none. -1 if the rows cannot be read (the run
  * pauses: the rule would miss passes). */
-int coord_plateau_seed_(run_ctx *r, m6_err *err)
+int runner_plateau_seed_(run_ctx *r, m6_err *err)
 {
     if (!r->plateau_seed_owed) return 0;
     if (r->spec.delink.policy != DELINK_AT_PLATEAU ||
@@ -79,7 +79,7 @@ int coord_plateau_seed_(run_ctx *r, m6_err *err)
     long step = trainer_step_count(r->t);
     for (int i = 0; i < n; i++)
         if (rows[i].phase == 0 && rows[i].step <= step)
-            coord_plateau_note_(r, rows[i].val_loss);
+            runner_plateau_note_(r, rows[i].val_loss);
     free(rows);
     r->plateau_seed_owed = 0;
     return 0;
@@ -112,11 +112,11 @@ static void delink_detail_(run_ctx *r, const char *reason, const char *detail)
                   "but could not be recorded", (long long)r->id, step);
     log_info("run.delink", "run=%lld step=%ld reason=%s%s%s", (long long)r->id,
              step, reason, detail ? " " : "", detail ? detail : "");
-    coord_offload_sample_(r);  /* new share map, new plan */
-    coord_publish_(r);
+    runner_offload_sample_(r);  /* new share map, new plan */
+    runner_publish_(r);
 }
 
-void coord_delink_(run_ctx *r, const char *reason)
+void runner_delink_(run_ctx *r, const char *reason)
 {
     delink_detail_(r, reason, NULL);
 }
@@ -125,23 +125,23 @@ void coord_delink_(run_ctx *r, const char *reason)
  * spec.pseudo.steps, or (delink.policy plateau) at the first boundary after
  * a validation pass that meets the plateau rule, or at an operator delink
  * replayed after a restart. */
-void coord_phase_policy_(run_ctx *r)
+void runner_phase_policy_(run_ctx *r)
 {
     if (trainer_phase(r->t) != PHASE_PSEUDO) return;
     long step = trainer_step_count(r->t);
     char detail[256];
     if (r->replay_delink >= 0 && step >= r->replay_delink)
-        coord_delink_(r, "replay");
+        runner_delink_(r, "replay");
     else if (plateau_reached_(r, detail, sizeof detail))
         delink_detail_(r, "plateau", detail);
     else if (r->spec.pseudo.steps > 0 && step >= r->spec.pseudo.steps)
-        coord_delink_(r, "spec");
+        runner_delink_(r, "spec");
 }
 
 /* train.max_bad_steps non-finite steps in a row: the run pauses itself
  * (its weights are those before the first of them; the step records and
  * the events have each). `m6ctl resume` clears the count and tries again. */
-void coord_bad_steps_pause_(run_ctx *r, const step_result *res)
+void runner_bad_steps_pause_(run_ctx *r, const step_result *res)
 {
     m6_err why = m6_err_make(M6_EBADSTATE, "%ld non-finite steps in a row "
         "(train.max_bad_steps %ld), the last step %ld (loss %g, grad norm %g): "
@@ -149,6 +149,6 @@ void coord_bad_steps_pause_(run_ctx *r, const step_result *res)
         "`m6ctl resume` tries again", res->bad_steps,
         r->spec.train.max_bad_steps, res->step, (double)res->train_loss,
         (double)res->grad_norm);
-    coord_pause_error_(r, WE_BAD_STEPS, m6_err_msg(&why));
+    runner_pause_error_(r, WE_BAD_STEPS, m6_err_msg(&why));
     m6_err_free(&why);
 }

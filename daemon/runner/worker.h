@@ -37,16 +37,16 @@
  *
  * The transitions are pure: they read and write a `worker` value and say
  * what the caller must do (actions), nothing else, so they are tested
- * without a model or a thread (tests/unit/test_worker.c). coord.c holds one
+ * without a model or a thread (tests/unit/test_worker.c). runner.c holds one
  * `worker` under its mutex and does the actions.
  */
-#ifndef M6_COORD_WORKER_H
-#define M6_COORD_WORKER_H
+#ifndef M6_RUNNER_WORKER_H
+#define M6_RUNNER_WORKER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coord/coord.h"
+#include "runner/runner.h"
 
 typedef enum {
     W_QUEUED = 0, /* waiting in the queue (not the worker's yet) */
@@ -93,7 +93,7 @@ worker worker_init(worker_state s);
  * held. Out of memory: "out of memory (keeping why the run paused)". */
 void worker_set_error(worker *w, const char *reason);
 
-/* What coord_command must do after worker_command (bits). */
+/* What runner_command must do after worker_command (bits). */
 enum {
     WA_RESUME_NEW = 1 << 0,  /* take a new resume ticket and wait for it */
     WA_RESUME_JOIN = 1 << 1, /* wait for the answer of the resume being
@@ -106,7 +106,7 @@ enum {
 /* The answer to command cmd for run id while m6d is stopping, into msg
  * (status M6_EBADSTATE): the worker may be past its last boundary, so an
  * acknowledgement could not be kept. */
-void worker_stopping_msg(int64_t id, coord_cmd cmd, char *msg, size_t len);
+void worker_stopping_msg(int64_t id, runner_cmd cmd, char *msg, size_t len);
 
 /* Operator command cmd for run id in w's state: the new state into *w,
  * the reply's status (M6_OK: acknowledged), what to do into *actions,
@@ -115,7 +115,7 @@ void worker_stopping_msg(int64_t id, coord_cmd cmd, char *msg, size_t len);
  * answer, written by the caller once it came). msglen: at least
  * strlen(w->error) + 512, so a reply that quotes the error is never cut.
  * Never fails otherwise. */
-m6_code worker_command(worker *w, int64_t id, coord_cmd cmd,
+m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen);
 
 /* The commands the worker applies at a step boundary, in this order. */
@@ -190,4 +190,4 @@ int worker_is_training(const worker *w);
  * paused itself): status says paused. */
 int worker_is_paused(const worker *w);
 
-#endif /* M6_COORD_WORKER_H */
+#endif /* M6_RUNNER_WORKER_H */
