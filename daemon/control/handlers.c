@@ -158,9 +158,9 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     ri->total_steps = row->total_steps;
     ri->created = row->created;
     ri->updated = row->updated;
-    /* A run that paused on a failed write: the worker's word, which the DB
+    /* A run that paused on a failed write: the runner's word, which the DB
      * may not have been able to record. */
-    char *live_err; /* as the worker holds it (runner/worker.h), whole */
+    char *live_err; /* as the runner holds it (runner/run_machine.h), whole */
     m6_code code = M6_OK;
     int live = runner_run_error(c->h->runner, row->id, &live_err, &code);
     if (live < 0) return NULL;
@@ -195,7 +195,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->moe_experts_empty = m.moe_experts_empty;
         ri->skipped_steps = m.skipped_total;
     }
-    /* Offloading: the worker's latest sample while the run is active, else
+    /* Offloading: the runner's latest sample while the run is active, else
      * what its last step recorded (nothing is held then). */
     runner_offload off;
     if (runner_offload_get(c->h->runner, row->id, &off) == 0) {

@@ -57,7 +57,7 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
                       int *close_after);
 
 /* Whether a payload is a request that may take long (Submit reads the
- * whole corpus; Plan; Resume waits for the worker; Metrics reads and packs
+ * whole corpus; Plan; Resume waits for the runner; Metrics reads and packs
  * a page of up to 10000 rows) and so runs on the thread pool; the others
  * are answered on the event loop at once. */
 int handlers_is_slow(const uint8_t *payload, size_t len);

@@ -2,10 +2,10 @@
  * main.c — m6d: the per-node training daemon (docs/DESIGN.md, "Threads").
  *
  * Modules, started in dependency order and stopped in reverse:
- *   log -> open-file limit -> state (m6.db) -> runner (queue + worker
+ *   log -> open-file limit -> state (m6.db) -> runner (queue + runner
  *   thread) -> loop -> server (control socket) -> signals -> notify
  *   (systemd READY/watchdog).
- * SIGTERM/SIGINT only set a flag and stop the loop; the worker then finishes
+ * SIGTERM/SIGINT only set a flag and stop the loop; the runner then finishes
  * its current step, checkpoints the running run and leaves it to resume at
  * the next start.
  */
@@ -550,7 +550,7 @@ static void on_signal_(uv_signal_t *h, int signum)
     g.stopping = 1;
     log_info("daemon.signal", "signal=%s", strsignal(signum));
     if (g.runner) /* NULL when the start failed before the runner */
-        runner_request_shutdown(g.runner); /* a flag: the worker stops after this step */
+        runner_request_shutdown(g.runner); /* a flag: the runner stops after this step */
     uv_stop(h->loop);
 }
 
@@ -958,7 +958,7 @@ int main(int argc, char **argv)
     }
     state_set_hold_limit(g.st, g.opt.db_hold_limit_s);
     /* the loop answers every client: it never waits long for another
-     * process's lock on m6.db (the worker and the pool threads do) */
+     * process's lock on m6.db (the runner and the pool threads do) */
     state_thread_wait_limit(5);
     cluster_dp_coord_init(&g.dpc);
     g.dpc.token = &g.token;
@@ -987,7 +987,7 @@ int main(int argc, char **argv)
 
     notify_("STOPPING=1\nSTATUS=finishing the current step");
     log_info("daemon.stopping", "waiting_for=\"the running step (if any) and requests in flight\"");
-    /* the replies of requests in flight (a resume waits for the worker's
+    /* the replies of requests in flight (a resume waits for the runner's
      * answer, which comes at the end of its step), for DRAIN_S at most: a
      * client that does not read its reply does not hold up the exit */
     server_drain(g.srv);
@@ -1017,7 +1017,7 @@ out_server:
 out_loop:
     uv_walk(&g.loop, close_but_signals_, NULL);
     uv_run(&g.loop, UV_RUN_DEFAULT);  /* close callbacks; pool work ends */
-    runner_fini(g.runner);  /* joins the worker: step ends, checkpoint written */
+    runner_fini(g.runner);  /* joins the runner thread: step ends, checkpoint written */
     cluster_dp_worker_stop(g.dpw);  /* its group fails or times out */
     g.dpw = NULL;
     /* log the signals caught meanwhile (a loop of unref'd handles only

@@ -8,7 +8,7 @@
  * Requests are handled one at a time per connection, so replies keep the
  * order of requests. Quick ones (status, list, pause, ...) are answered on
  * the event loop at once; slow ones (a submit, which reads the whole corpus;
- * plan; a resume, which waits for the worker to reopen the data; a page of
+ * plan; a resume, which waits for the runner to reopen the data; a page of
  * metrics, up to 10000 rows read and packed) run on
  * libuv's thread pool (uv_queue_work), so they never hold up the loop or
  * other connections, and quick requests never wait for a pool thread.

@@ -23,7 +23,7 @@
 
 typedef struct http_stats http_stats;
 
-/* One step as the worker recorded it. Units are base units (seconds,
+/* One step as the runner recorded it. Units are base units (seconds,
  * bytes, tokens); NAN where a figure does not apply (no validation pass,
  * nothing copied, a dense model's MoE figures). */
 typedef struct {
@@ -34,7 +34,7 @@ typedef struct {
     double train_loss, val_loss, lr, grad_norm;  /* nats; val NAN: none */
     double tokens_per_s;       /* the trainer's: tokens / step wall time */
     long tokens;               /* training tokens of the step, B*T*accum */
-    double step_seconds;       /* wall seconds the worker waited for it */
+    double step_seconds;       /* wall seconds the runner waited for it */
     double flops_per_token;    /* model FLOPs per training token
                                 * (model/facts.h model_flops_per_token);
                                 * 0 unknown */

@@ -54,7 +54,7 @@ static int du_entry_(const char *path, const struct stat *sb, int flag,
     return 0;
 }
 
-static int64_t du_(const char *path)  /* only from the worker / init */
+static int64_t du_(const char *path)  /* only from the runner / init */
 {
     du_total_ = 0;
     nftw(path, du_entry_, 16, FTW_PHYS);

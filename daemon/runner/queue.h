@@ -14,7 +14,7 @@
 #include "state/state.h"
 #include "spec/spec.h"
 
-/* The run the worker should own next: one left running by the last m6d
+/* The run the runner should own next: one left running by the last m6d
  * (it resumes), else one left paused (it stays paused: *paused = 1), else
  * the oldest queued. 0 if none (or the DB could not say). */
 int64_t queue_next(state *st, int *paused);

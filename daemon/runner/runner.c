@@ -1,6 +1,6 @@
 /*
  * runner.c — the runner (see runner.h): the runner thread's loop over
- * one run's steps, steered by the run's state machine (worker.h): taking
+ * one run's steps, steered by the run's state machine (run_machine.h): taking
  * the next run, setting it up (the tables made to agree with its
  * checkpoint), the step and its records, the writes a boundary owes, and
  * the group across nodes. The commands it applies at each boundary are
@@ -42,13 +42,13 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 
 /* ------------------------------------------------------------------ worker */
 
-/* An event of the run's state machine (worker.h), under mu. */
-void runner_on_(runner *c, worker_event ev, const char *reason)
+/* An event of the run's state machine (run_machine.h), under mu. */
+void runner_on_(runner *c, run_machine_event ev, const char *reason)
 {
     pthread_mutex_lock(&c->mu);
-    if (worker_on(&c->w, ev, reason) < 0)
+    if (run_machine_on(&c->w, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)c->active, (int)ev, worker_state_name(c->w.state));
+                 (long long)c->active, (int)ev, run_machine_state_name(c->w.state));
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -102,7 +102,7 @@ static void fail_run_(run_ctx *r, const char *what, const char *err)
 {
     m6_err m = m6_err_make(M6_EINTERNAL, "%s: %s", what, err);
     log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, m.msg);
-    runner_on_(r->c, WE_FAILED, NULL);
+    runner_on_(r->c, RUN_EV_FAILED, NULL);
     state_run_set_state(r->c->st, r->id, RUN_FAILED, m.msg);
     state_event(r->c->st, r->id, "failed", "%s", m.msg);
     m6_err_free(&m);
@@ -113,18 +113,18 @@ static void fail_run_(run_ctx *r, const char *what, const char *err)
  * this boundary, in memory first, so nothing is lost and nothing loops.
  * One error line; the reason is kept for status even if the DB cannot take
  * it. `m6ctl resume` retries. */
-void runner_pause_error_(run_ctx *r, worker_event ev, const char *reason)
+void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
 {
     runner *c = r->c;
     long step = trainer_step_count(r->t);
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
-    if (worker_on(&c->w, ev, reason) < 0)
+    if (run_machine_on(&c->w, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)r->id, (int)ev, worker_state_name(c->w.state));
-    c->w.error_code = ev == WE_DATA_ERROR ? r->data_code
-                      : ev == WE_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
+                 (long long)r->id, (int)ev, run_machine_state_name(c->w.state));
+    c->w.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
+                      : ev == RUN_EV_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     /* held: recorded as soon as m6.db can take it, even while another
@@ -388,7 +388,7 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     r->plateau_seed_owed = 1;  /* read before the first step (owed_) */
 
     pthread_mutex_lock(&c->mu);
-    worker_set_error(&c->w, kept_error);
+    run_machine_set_error(&c->w, kept_error);
     c->w.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
     c->active_total = r->spec.train.steps;
     pthread_mutex_unlock(&c->mu);
@@ -396,18 +396,18 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     if (state_run_set_state(c->st, id, paused ? RUN_PAUSED : RUN_RUNNING,
                             kept_error[0] ? kept_error : NULL) < 0) {
         runner_db_error_(r, "recording the start", &e);
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&e));
     } else if (dropped < 0) {
         /* Rows past the checkpoint stay until training rewrites them
          * (INSERT OR REPLACE); pause so the operator sees why. */
         runner_db_error_(r, "dropping metrics past the checkpoint", &e);
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&e));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&e));
     } else if (lost.msg) {
         /* every checkpoint failed to load: starting over from step 0 is
          * the operator's call, not a silent one */
-        runner_pause_error_(r, WE_CKPT_LOST, lost.msg);
+        runner_pause_error_(r, RUN_EV_CKPT_LOST, lost.msg);
     } else if (data_rc) {
-        runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&open_err));
+        runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&open_err));
     } else {
         erred = 0;
     }
@@ -429,7 +429,7 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     }
     runner_offload_sample_(r);
     runner_publish_(r);
-    runner_on_(c, WE_STARTED, NULL);
+    runner_on_(c, RUN_EV_STARTED, NULL);
     return 0;
 }
 
@@ -459,17 +459,17 @@ static int complete_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     if (runner_checkpoint_(r, "end", &err) < 0) {
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
     if (state_run_set_state(c->st, r->id, RUN_COMPLETED, NULL) < 0) {
         runner_db_error_(r, "recording the completion", &err);
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
         m6_err_free(&err);
         return 0;
     }
-    runner_on_(c, WE_COMPLETED, NULL);
+    runner_on_(c, RUN_EV_COMPLETED, NULL);
     state_event(c->st, r->id, "completed", "step=%ld", step);
     log_info("run.completed", "run=%lld step=%ld", (long long)r->id, step);
     return 1;
@@ -534,20 +534,20 @@ static int step_(run_ctx *r)
                          "bad data with its last checkpoint", (long long)r->id,
                          m6_err_msg(&werr));
             m6_err_free(&werr);
-            runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+            runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
             m6_err_free(&data_err);
             return 0;
         }
         r->eval_owed = 1; /* the step stands: record it, val_loss owed */
     } else if (src == TRAINER_ECOLL) {
         /* a rank died or stopped answering: the step was not applied;
-         * pause, and the worker reloads the last checkpoint (run_one_) */
+         * pause, and the runner reloads the last checkpoint (run_one_) */
         char why[1200];
         snprintf(why, sizeof why, "a rank of the run's %d-rank group "
                  "failed: %s", trainer_world_size(r->t),
                  m6_err_msg(&data_err));
         r->data_code = M6_EBADSTATE;
-        runner_pause_error_(r, WE_DATA_ERROR, why);
+        runner_pause_error_(r, RUN_EV_DATA_ERROR, why);
         m6_err_free(&data_err);
         return 1;
     } else if (src < 0) {
@@ -555,7 +555,7 @@ static int step_(run_ctx *r)
         m6_err_free(&data_err);
         return -1;
     }
-    runner_on_(c, WE_STEP_DONE, NULL);
+    runner_on_(c, RUN_EV_STEP_DONE, NULL);
     offload_publish_(r, &res.mem, 1);
     stats_publish_(r, &res, (double)(t1.tv_sec - t0.tv_sec) +
                                 (t1.tv_nsec - t0.tv_nsec) * 1e-9);
@@ -605,12 +605,12 @@ static int step_(run_ctx *r)
                     res.bad_steps, res.skipped_total);
     }
     if (runner_flush_(r, &err) < 0)
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
         /* another process has held m6.db's write lock past the limit */
-        runner_pause_error_(r, WE_WRITE_FAILED, held_why);
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, held_why);
     else if (r->data_error) /* its pass could not read the data */
-        runner_pause_error_(r, WE_DATA_ERROR, m6_err_msg(&data_err));
+        runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
     else if (res.bad_steps >= r->spec.train.max_bad_steps)
         runner_bad_steps_pause_(r, &res);
     else
@@ -640,7 +640,7 @@ static void dist_drop_(run_ctx *r, const char *why)
 
 /* Before a step: a run whose current phase has world size W > 1 trains
  * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
- * event and the run's error in status, once per change; the worker sleeps
+ * event and the run's error in status, once per change; the runner sleeps
  * a little, or less when a command comes in, and comes back). */
 static int dist_ready_(run_ctx *r)
 {
@@ -676,7 +676,7 @@ static int dist_ready_(run_ctx *r)
             log_info("run.group", "run=%lld world_size=%d step=%ld",
                      (long long)r->id, world, trainer_step_count(r->t));
             pthread_mutex_lock(&c->mu);
-            worker_set_error(&c->w, NULL);
+            run_machine_set_error(&c->w, NULL);
             pthread_mutex_unlock(&c->mu);
             return 1;
         }
@@ -695,7 +695,7 @@ static int dist_ready_(run_ctx *r)
         log_warn(rc == 0 ? "run.wait" : "run.group_failed",
                  "run=%lld why=\"%s\"", (long long)r->id, why);
         pthread_mutex_lock(&c->mu);
-        worker_set_error(&c->w, why);
+        run_machine_set_error(&c->w, why);
         pthread_mutex_unlock(&c->mu);
     }
     struct timespec until;
@@ -746,13 +746,13 @@ static int stop_before_setup_(runner *c, int64_t id)
                   (long long)id);
         return 0;
     }
-    runner_on_(c, WE_STOPPED, NULL);
+    runner_on_(c, RUN_EV_STOPPED, NULL);
     log_info("run.stop", "run=%lld step=%ld before=setup", (long long)id,
              step);
     return 1;
 }
 
-/* The worker's life with one run: set it up, then at every step boundary
+/* The runner's life with one run: set it up, then at every step boundary
  * the operator's commands (in the order stop, delink, pause, shutdown,
  * resume: a stop, delink or pause m6d has acknowledged holds across a
  * shutdown), then the step: completion, phase policy, step, record. A stop
@@ -772,14 +772,14 @@ static void run_one_(runner *c, int64_t id)
     for (;;) {
         /* commands */
         pthread_mutex_lock(&c->mu);
-        while (worker_waits(&c->w))
+        while (run_machine_waits(&c->w))
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->hold_path[0]) {
             pthread_mutex_unlock(&c->mu);
             runner_test_hold_(c);
             pthread_mutex_lock(&c->mu);
         }
-        worker_take tk = worker_boundary(&c->w);
+        run_machine_take tk = run_machine_boundary(&c->w);
         if (tk.resume) c->resume_serving = c->resume_asked;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
@@ -803,7 +803,7 @@ static void run_one_(runner *c, int64_t id)
         runner_commands_done_(&r);
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
-        int trains = worker_trains(&c->w);
+        int trains = run_machine_trains(&c->w);
         pthread_mutex_unlock(&c->mu);
         if (!trains) {
             /* paused (or stopping): the other ranks leave the group */
@@ -815,7 +815,7 @@ static void run_one_(runner *c, int64_t id)
         m6_err err = M6_ERR_NONE;
         int orc = runner_owed_(&r, 1, &err);
         if (orc < 0) {
-            runner_pause_error_(&r, r.data_error ? WE_DATA_ERROR : WE_WRITE_FAILED,
+            runner_pause_error_(&r, r.data_error ? RUN_EV_DATA_ERROR : RUN_EV_WRITE_FAILED,
                          m6_err_msg(&err));
             m6_err_free(&err);
             continue;
@@ -833,24 +833,24 @@ static void run_one_(runner *c, int64_t id)
         if (!dist_ready_(&r)) continue;
         if (step_(&r) != 0) break;
     }
-    dist_drop_(&r, "the run left the worker");
+    dist_drop_(&r, "the run left the runner");
     trainer_free(r.t);
     free(r.best);
 }
 
-/* With mu held: make the next run of the queue the worker's (c->active,
+/* With mu held: make the next run of the queue the runner's (c->active,
  * 0 none), its state machine set from the DB: PAUSED for a run left paused,
  * else STARTING; the phase and the delink step as recorded. */
 static void take_next_locked_(runner *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
-    worker_set_error(&c->w, NULL);
-    c->w = worker_init(paused ? W_PAUSED : W_STARTING);
+    run_machine_set_error(&c->w, NULL);
+    c->w = run_machine_init(paused ? W_PAUSED : W_STARTING);
     c->w.shutdown = c->shutdown;
     c->active_step = 0;
     if (!c->active) {
-        c->w = worker_init(W_QUEUED);
+        c->w = run_machine_init(W_QUEUED);
         return;
     }
     run_row row;
@@ -867,7 +867,7 @@ static void take_next_locked_(runner *c)
     runner_replay_commands_locked_(c);
 }
 
-static void *worker_main_(void *arg)
+static void *run_machine_main_(void *arg)
 {
     runner *c = arg;
     pthread_mutex_lock(&c->mu);
@@ -890,8 +890,8 @@ static void *worker_main_(void *arg)
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->active = 0;
-        worker_set_error(&c->w, NULL);
-        c->w = worker_init(W_QUEUED);
+        run_machine_set_error(&c->w, NULL);
+        c->w = run_machine_init(W_QUEUED);
         c->w.shutdown = c->shutdown;
         c->offload_valid = 0;
         pthread_cond_broadcast(&c->cv); /* a waiting resume: the run ended */
@@ -920,7 +920,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     if (delay) c->step_delay_ms = atoi(delay) > 0 ? atoi(delay) : 0;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
-    c->w = worker_init(W_QUEUED);
+    c->w = run_machine_init(W_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->cmd_mu, NULL);
     const char *hold = getenv("M6_TEST_HOLD_BOUNDARY");
@@ -935,11 +935,11 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
         goto fail;
     }
     ckpt_store_reconcile(&c->store);
-    if (cfg->no_worker) return c;  /* the testing seam (runner.h) */
+    if (cfg->no_thread) return c;  /* the testing seam (runner.h) */
     /* Pick the first active run now, so commands that arrive before the
      * worker gets going already find it. */
     take_next_locked_(c);
-    int rc = pthread_create(&c->thread, NULL, worker_main_, c);
+    int rc = pthread_create(&c->thread, NULL, run_machine_main_, c);
     if (rc != 0) {
         snprintf(err, errlen, "pthread_create: %s", strerror(rc));
         goto fail;
@@ -959,7 +959,7 @@ void runner_request_shutdown(runner *c)
     pthread_mutex_lock(&c->mu);
     c->shutdown = 1;
     if (c->active)
-        worker_on(&c->w, WE_SHUTDOWN, NULL);
+        run_machine_on(&c->w, RUN_EV_SHUTDOWN, NULL);
     c->w.shutdown = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -973,7 +973,7 @@ void runner_fini(runner *c)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->cmd_mu);
-    worker_set_error(&c->w, NULL);
+    run_machine_set_error(&c->w, NULL);
     free(c->resume_error);
     free(c);
 }

@@ -2,7 +2,7 @@
  * runner.h — the runner: the node's run driver. Run queue, phase policy,
  * and the runner thread that drives the trainer. The only writer of the state DB.
  *
- * One run trains at a time; queued runs start in submit order. The worker
+ * One run trains at a time; queued runs start in submit order. The runner
  * thread owns the trainer and acts on operator commands (pause, resume,
  * delink, stop) and on the phase policy only at step boundaries. The policy
  * lives here and nowhere else: delink before the step that would take the
@@ -28,13 +28,13 @@
 
 typedef struct runner runner;
 
-/* Data parallelism across nodes (issue 14, the wiring): how the worker
+/* Data parallelism across nodes (issue 14, the wiring): how the runner
  * thread gets the collectives group of a run whose world size (the
  * current phase's, spec_world_of_phase) is above 1. This m6d is rank 0;
  * daemon/cluster/dp.h implements it on the coordinator (rank assignment
  * over the node registry, the rendezvous through its store).
  *
- * group(): called from the worker thread between steps, with the trainer
+ * group(): called from the runner thread between steps, with the trainer
  * as it stands (its config, share map and spec are what the ranks'
  * hashes cover). 1: *out is the group (world ranks, this m6d rank 0),
  * the caller owns it; 0: not enough live nodes yet, why says so ("waiting
@@ -58,12 +58,12 @@ typedef struct {
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
     const runner_dist *dist; /* runs across nodes; NULL: world size 1 only
                              * (kept by pointer: the caller's) */
-    /* Testing seam (tests/fuzz/fuzz_dispatch.c): no worker thread and no
+    /* Testing seam (tests/fuzz/fuzz_dispatch.c): no runner thread and no
      * active run. Nothing trains; commands see every run as the DB has it
      * (a queued run can be stopped, others are refused), so the request
      * handlers run against a state DB without the trainer. m6d never sets
-     * it (0: the worker starts as always). */
-    int no_worker;
+     * it (0: the runner starts as always). */
+    int no_thread;
 } runner_config;
 
 
@@ -71,14 +71,14 @@ typedef struct {
 typedef enum { CMD_PAUSE, CMD_RESUME, CMD_DELINK, CMD_STOP } runner_cmd;
 
 /* Recover (clean stray *.tmp-* checkpoint dirs, reconcile the checkpoints
- * table with the disk), pick the run to resume, start the worker thread. */
+ * table with the disk), pick the run to resume, start the runner thread. */
 runner *runner_init(const runner_config *cfg, char *err, size_t errlen);
 
-/* Ask the worker to stop after its current step: it checkpoints the active
+/* Ask the runner to stop after its current step: it checkpoints the active
  * run and leaves it running/paused in the DB, so the next start resumes it. */
 void runner_request_shutdown(runner *c);
 
-/* Request shutdown, join the worker, free. */
+/* Request shutdown, join the runner, free. */
 void runner_fini(runner *c);
 
 /* Validate and enqueue a spec (JSON text). Validation reads every shard
@@ -94,7 +94,7 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
 /* Operator command; takes effect at the next step boundary. The result's
  * msg says what happened or why not (M6_ENOTFOUND, M6_EBADSTATE,
  * M6_EINTERNAL); free it with m6_err_free. A resume of a paused run waits
- * (up to 10 s) for the worker to try it: the data a pause was for is
+ * (up to 10 s) for the runner to try it: the data a pause was for is
  * reopened, the writes owed are done; if that fails the run stays paused
  * and M6_EBADSTATE says why. So call it for a resume only off the event
  * loop (the thread pool). */
@@ -104,7 +104,7 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd);
 double runner_eta(runner *c, int64_t id);
 
 /* The active run's offloading figures (m6.proto RunInfo fields of the same
- * names and units), as the worker sampled them with trainer_offload_stats()
+ * names and units), as the runner sampled them with trainer_offload_stats()
  * after the run's latest step (or when it took the run, or delinked it).
  * Rates and the hidden fraction are the latest step's own (counter deltas
  * over that step); NAN when that step copied nothing or before the first
@@ -118,7 +118,7 @@ typedef struct {
                                   * trainer started; -1 not speculating */
 } runner_offload;
 
-/* 0 with *out filled when id is the active run and the worker has sampled
+/* 0 with *out filled when id is the active run and the runner has sampled
  * it; 1 otherwise. Never waits on a step (copies under the lock). */
 int runner_offload_get(runner *c, int64_t id, runner_offload *out);
 
@@ -135,7 +135,7 @@ int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code);
  * step boundary: "pausing", "resuming", "delinking", "stopping", or two
  * joined in the order they apply ("delinking, pausing"); "" none or id is
  * not active (m6.proto RunInfo.pending). recorded: the run's state as
- * m6.db has it (the caller's row): while the worker has paused (resumed)
+ * m6.db has it (the caller's row): while the runner has paused (resumed)
  * in memory and m6.db still says running (paused), the pause (resume) is
  * not recorded yet and is still reported as pending. */
 void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,

@@ -2,7 +2,7 @@
  * runner_commands.c — the operator's commands to the runner: submit,
  * and pause, resume, delink and stop from the server threads (recorded in
  * m6.db, applied to the run's state machine, answered), replayed after a
- * restart, then applied by the worker at the next step boundary (stop,
+ * restart, then applied by the runner at the next step boundary (stop,
  * pause, resume, shutdown); and the queries the server threads ask (ETA,
  * placement, error, pending commands).
  */
@@ -112,7 +112,7 @@ int runner_stop_(run_ctx *r)
                                  "again once there is space",
                                  m6_err_msg(&err));
         m6_err_free(&err);
-        runner_pause_error_(r, WE_STOP_FAILED, why.msg);
+        runner_pause_error_(r, RUN_EV_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
         pthread_mutex_lock(&c->mu);
         if (c->resume_asked > c->resume_answered)
@@ -121,7 +121,7 @@ int runner_stop_(run_ctx *r)
         m6_err_free(&why);
         return 0;
     }
-    runner_on_(c, WE_STOPPED, NULL);
+    runner_on_(c, RUN_EV_STOPPED, NULL);
     log_info("run.stop", "run=%lld step=%ld", (long long)r->id, step);
     return 1;
 }
@@ -133,10 +133,10 @@ void runner_pause_(run_ctx *r)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     if (runner_flush_(r, &err) < 0 || runner_checkpoint_(r, "pause", &err) < 0) {
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     } else if (commit_state_(r, RUN_PAUSED, "pause", step) < 0) {
         runner_db_error_(r, "recording the pause", &err);
-        runner_pause_error_(r, WE_WRITE_FAILED, m6_err_msg(&err));
+        runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     } else {
         log_info("run.pause", "run=%lld step=%ld", (long long)r->id, step);
     }
@@ -184,17 +184,17 @@ void runner_resume_(run_ctx *r)
      * 1: the pass owed for bad data was interrupted again (still owed):
      * the resume stands, the command that interrupted it is taken next */
     int rc = runner_owed_(r, 0, &err) < 0 ? -1 : 0;
-    worker_event failed = r->data_error ? WE_DATA_ERROR : WE_WRITE_FAILED;
+    run_machine_event failed = r->data_error ? RUN_EV_DATA_ERROR : RUN_EV_WRITE_FAILED;
     if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
         runner_db_error_(r, "recording the resume", &err);
         rc = -1;
-        failed = WE_WRITE_FAILED;
+        failed = RUN_EV_WRITE_FAILED;
     }
     if (rc < 0) {
         runner_pause_error_(r, failed, m6_err_msg(&err));
         pthread_mutex_lock(&c->mu);
         answer_locked_(c, c->resume_serving, m6_err_msg(&err),
-                       failed == WE_DATA_ERROR ? r->data_code : M6_EBADSTATE);
+                       failed == RUN_EV_DATA_ERROR ? r->data_code : M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         m6_err_free(&err);
         return;
@@ -204,7 +204,7 @@ void runner_resume_(run_ctx *r)
      * more */
     trainer_clear_bad_steps(r->t);
     pthread_mutex_lock(&c->mu);
-    worker_on(&c->w, WE_RESUMED, NULL);
+    run_machine_on(&c->w, RUN_EV_RESUMED, NULL);
     answer_locked_(c, c->resume_serving, NULL, M6_OK);
     pthread_mutex_unlock(&c->mu);
 }
@@ -238,9 +238,9 @@ void runner_replay_commands_locked_(runner *c)
         char *msg = malloc(len);
         if (!msg)
             break;
-        m6_code code = worker_command(&c->w, c->active, (runner_cmd)k, &act,
+        m6_code code = run_machine_command(&c->w, c->active, (runner_cmd)k, &act,
                                       msg, len);
-        if (act & WA_RESUME_NEW)
+        if (act & RUN_ACT_RESUME_NEW)
             c->resume_asked++;  /* nobody waits for its answer */
         log_info("command.replay", "run=%lld command=%lld kind=%s "
                  "result=\"%s\"", (long long)c->active,
@@ -275,7 +275,7 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
      * every shard's header, size and token ids. This runs on libuv's thread
      * pool (server.c), never on the loop, so a corpus that takes seconds to
      * read holds up only this client, which gets a definite yes or no. The
-     * trainer opens the data again when the run starts (on the worker);
+     * trainer opens the data again when the run starts (on the runner);
      * data.c remembers each shard it has read by file identity and version,
      * so only a shard changed since is read again, and a bad one then fails
      * the run with the same message. */
@@ -323,7 +323,7 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
     return m6_err_make(M6_OK, "run %lld queued", (long long)rid);
 }
 
-/* With c->mu held: wait (up to RESUME_WAIT_S) for the worker to try the
+/* With c->mu held: wait (up to RESUME_WAIT_S) for the runner to try the
  * resume of this ticket -- reopen data a pause was for, do the writes owed
  * -- and say how it went. A resume that cannot go through is refused with
  * the reason; the run stays paused. */
@@ -354,9 +354,9 @@ static m6_err wait_resume_(runner *c, int64_t id, long ticket)
                        (long long)id);
 }
 
-/* The state machine's state of a run the worker does not own, from its
+/* The state machine's state of a run the runner does not own, from its
  * DB state. -1 for a run left running or paused that another run holds
- * the worker from (several were left paused). */
+ * the runner from (several were left paused). */
 static int db_worker_state_(run_state s)
 {
     switch (s) {
@@ -368,14 +368,14 @@ static int db_worker_state_(run_state s)
     }
 }
 
-/* worker_command on w, its reply whole (the room it asks for). */
-static m6_err worker_command_(worker *w, int64_t id, runner_cmd cmd,
+/* run_machine_command on w, its reply whole (the room it asks for). */
+static m6_err run_machine_command_(run_machine *w, int64_t id, runner_cmd cmd,
                               unsigned *act)
 {
     size_t n = strlen(w->error) + 512;
     char *msg = malloc(n);
     if (!msg) return m6_err_make(M6_EINTERNAL, "out of memory");
-    m6_code code = worker_command(w, id, cmd, act, msg, n);
+    m6_code code = run_machine_command(w, id, cmd, act, msg, n);
     m6_err e = m6_err_make(code, "%s", msg);
     free(msg);
     return e;
@@ -385,7 +385,7 @@ static m6_err worker_command_(worker *w, int64_t id, runner_cmd cmd,
  * it changed the run's state or asked for a delink. An answer that changes
  * nothing ("already paused", a second resume joining the first) has
  * nothing to keep. */
-static int changes_(const worker *before, const worker *after)
+static int changes_(const run_machine *before, const run_machine *after)
 {
     return before->state != after->state ||
            (!before->delink_pending && after->delink_pending);
@@ -405,8 +405,8 @@ static m6_err not_recorded_(runner *c, int64_t id, runner_cmd cmd,
                                "the resume (%s)", (long long)id, e);
         /* as a resume tried and failed: status says why it stays paused */
         pthread_mutex_lock(&c->mu);
-        if (id == c->active && worker_is_paused(&c->w)) {
-            worker_set_error(&c->w, strchr(r.msg, ':') + 2);
+        if (id == c->active && run_machine_is_paused(&c->w)) {
+            run_machine_set_error(&c->w, strchr(r.msg, ':') + 2);
             c->w.error_write = 1;
             c->w.error_code = M6_EBADSTATE;
             log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
@@ -427,20 +427,20 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
     unsigned act = 0;
     /* Acknowledged means recorded: a command that changes the active run
      * is written to the command log (synced) before it is applied and
-     * answered; the worker marks it applied at the boundary that does it,
+     * answered; the runner marks it applied at the boundary that does it,
      * and a restart applies the pending ones again. cmd_mu keeps the log
      * in the order of application; the write is made without mu, so
-     * status and the worker never wait for it. */
+     * status and the runner never wait for it. */
     pthread_mutex_lock(&c->cmd_mu);
     int64_t cid = 0;
     pthread_mutex_lock(&c->mu);
     int active = id == c->active;
     if (active) {
-        worker trial = c->w;  /* worker_command leaves error alone */
+        run_machine trial = c->w;  /* run_machine_command leaves error alone */
         unsigned a = 0;
         size_t n = strlen(trial.error) + 512;
         char *msg = malloc(n);
-        int record = msg && worker_command(&trial, id, cmd, &a, msg, n) ==
+        int record = msg && run_machine_command(&trial, id, cmd, &a, msg, n) ==
                                 M6_OK && changes_(&c->w, &trial);
         free(msg);
         pthread_mutex_unlock(&c->mu);
@@ -453,22 +453,22 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
         active = id == c->active;
     }
     if (active) {
-        worker before = c->w;
-        ret = worker_command_(&c->w, id, cmd, &act);
+        run_machine before = c->w;
+        ret = run_machine_command_(&c->w, id, cmd, &act);
         if (cid > 0 && ret.code == M6_OK && changes_(&before, &c->w))
             c->cmd_last = cid;
         else if (cid > 0)  /* the run moved on meanwhile: not this answer */
             state_command_drop(c->st, cid);
         pthread_mutex_unlock(&c->cmd_mu);
-        if (act & WA_RESUME_CANCEL) /* the resume not yet taken */
+        if (act & RUN_ACT_RESUME_CANCEL) /* the resume not yet taken */
             answer_locked_(c, c->resume_asked, "a pause was sent after it",
                            M6_EBADSTATE);
-        if (act & (WA_RESUME_NEW | WA_RESUME_JOIN)) {
-            /* ask the worker and wait (one more resume sent before it
+        if (act & (RUN_ACT_RESUME_NEW | RUN_ACT_RESUME_JOIN)) {
+            /* ask the runner and wait (one more resume sent before it
              * takes this one is served by the same try); or, being
              * tried, wait with it */
             m6_err_free(&ret);
-            ret = wait_resume_(c, id, act & WA_RESUME_NEW ? ++c->resume_asked
+            ret = wait_resume_(c, id, act & RUN_ACT_RESUME_NEW ? ++c->resume_asked
                                                           : c->resume_serving);
         }
         pthread_cond_broadcast(&c->cv);
@@ -479,7 +479,7 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
         state_command_drop(c->st, cid);
     pthread_mutex_unlock(&c->cmd_mu);
     /* Not the active run: only a queued run can be stopped (dequeued). Done
-     * under mu so the worker can't pick it meanwhile. */
+     * under mu so the runner can't pick it meanwhile. */
     run_row row;
     int rc = state_run_get(c->st, id, &row);
     if (rc == 1) {
@@ -489,9 +489,9 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
     } else {
         int s = db_worker_state_(row.state);
         if (s >= 0) {
-            worker w = worker_init((worker_state)s);
-            ret = worker_command_(&w, id, cmd, &act);
-            if ((act & WA_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
+            run_machine w = run_machine_init((run_machine_state)s);
+            ret = run_machine_command_(&w, id, cmd, &act);
+            if ((act & RUN_ACT_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
                 /* not acknowledged: the run stays queued; say why (m6.db
                  * locked by another process past the wait, a full disk) */
                 char e[256];
@@ -499,7 +499,7 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
                 m6_err_set(&ret, M6_EINTERNAL, "run %lld: not stopped, still "
                            "queued: writing m6.db failed (%s); try again",
                            (long long)id, e);
-            } else if ((act & WA_DEQUEUE) &&
+            } else if ((act & RUN_ACT_DEQUEUE) &&
                        state_command_add(c->st, id, names[cmd], 1, 0) < 0) {
                 /* the run is stopped (recorded); only the log's sync
                  * failed: the stop may not survive a power loss */
@@ -508,10 +508,10 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
                          (long long)id);
             }
         } else if (c->shutdown) {
-            /* the worker left the run at its last boundary (interrupted):
+            /* the runner left the run at its last boundary (interrupted):
              * not "it is paused" to a command sent as m6d stops */
             char msg[256];
-            worker_stopping_msg(id, cmd, msg, sizeof msg);
+            run_machine_stopping_msg(id, cmd, msg, sizeof msg);
             ret = m6_err_make(M6_EBADSTATE, "%s", msg);
         } else {
             ret = m6_err_make(M6_EBADSTATE, "cannot %s run %lld: it is %s",
@@ -528,7 +528,7 @@ double runner_eta(runner *c, int64_t id)
 {
     double eta = -1;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->step_s_ema > 0 && worker_is_training(&c->w))
+    if (id == c->active && c->step_s_ema > 0 && run_machine_is_training(&c->w))
         eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
     pthread_mutex_unlock(&c->mu);
     return eta;
@@ -554,7 +554,7 @@ int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code)
     if (id == c->active && c->w.error[0]) {
         *msg = strdup(c->w.error);
         *code = c->w.error_code;
-        rc = *msg ? 1 + worker_is_paused(&c->w) : -1;
+        rc = *msg ? 1 + run_machine_is_paused(&c->w) : -1;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -564,12 +564,12 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
                    size_t len)
 {
     pthread_mutex_lock(&c->mu);
-    const char *p = id == c->active ? worker_pending(&c->w) : "";
+    const char *p = id == c->active ? run_machine_pending(&c->w) : "";
     if (id == c->active && !p[0]) {
         /* applied in memory, m6.db not written yet */
-        if (recorded == RUN_RUNNING && worker_is_paused(&c->w))
+        if (recorded == RUN_RUNNING && run_machine_is_paused(&c->w))
             p = "pausing";
-        else if (recorded == RUN_PAUSED && worker_is_training(&c->w))
+        else if (recorded == RUN_PAUSED && run_machine_is_training(&c->w))
             p = "resuming";
     }
     snprintf(buf, len, "%s", p);
@@ -579,7 +579,7 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
 int runner_delink_pending(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int d = id == c->active && worker_delink_pending(&c->w);
+    int d = id == c->active && run_machine_delink_pending(&c->w);
     pthread_mutex_unlock(&c->mu);
     return d;
 }
@@ -590,7 +590,7 @@ void runner_describe(runner *c, char *buf, size_t len)
     if (c->active)
         snprintf(buf, len, "run %lld step %ld/%ld %s%s", (long long)c->active,
                  c->active_step, c->active_total, phase_name(c->w.real),
-                 worker_is_paused(&c->w) ? " (paused)" : "");
+                 run_machine_is_paused(&c->w) ? " (paused)" : "");
     else
         snprintf(buf, len, "idle");
     pthread_mutex_unlock(&c->mu);

@@ -1,8 +1,8 @@
 /*
  * runner_internal.h — what the runner's three files share, private to
  * daemon/runner/: the runner's state (struct runner), one run's context
- * on the worker thread (run_ctx), and the helpers one file calls in
- * another. runner.c owns the worker thread's loop (set-up, the step, the
+ * on the runner thread (run_ctx), and the helpers one file calls in
+ * another. runner.c owns the runner thread's loop (set-up, the step, the
  * writes it owes, the group across nodes); runner_commands.c the operator's
  * commands, from the server thread that sends one to the boundary that
  * applies it; runner_policy.c the phase policy (when to delink) and the
@@ -16,7 +16,7 @@
 
 #include "runner/ckpt_store.h"
 #include "runner/runner.h"
-#include "runner/worker.h"
+#include "runner/run_machine.h"
 #include "dist/collectives.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
@@ -34,17 +34,17 @@ struct runner {
     pthread_t thread;
     int thread_started;
 
-    /* Everything below is guarded by mu; the worker waits on cv. */
+    /* Everything below is guarded by mu; the runner waits on cv. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int shutdown;
-    int64_t active;       /* run the worker owns, 0 none */
-    worker w;             /* its state machine (worker.h) */
+    int64_t active;       /* run the runner owns, 0 none */
+    run_machine w;             /* its state machine (run_machine.h) */
     long active_step, active_total;
     double step_s_ema;    /* seconds per step, for the ETA */
-    /* A resume is answered once the worker has tried it: the data reopened
+    /* A resume is answered once the runner has tried it: the data reopened
      * and the writes owed done, or the reason it stays paused. Tickets:
-     * each resume sent takes one (asked); the worker, taking the command,
+     * each resume sent takes one (asked); the runner, taking the command,
      * serves every ticket up to resume_serving and, done, answers them
      * (answered). A resume sent while one is being tried joins it. */
     long resume_asked, resume_serving, resume_answered;
@@ -61,7 +61,7 @@ struct runner {
      * applied, without holding mu over the database write. */
     int64_t cmd_last;
     pthread_mutex_t cmd_mu;
-    /* tests: while this file exists the worker holds at its step boundary
+    /* tests: while this file exists the runner holds at its step boundary
      * (M6_TEST_HOLD_BOUNDARY), "" none */
     char hold_path[1024];
 };
@@ -86,7 +86,7 @@ typedef struct {
     long replay_delink;     /* an operator delink to replay at this step
                              * (recorded, then m6d restarted), -1 none */
     int64_t cmd_upto;       /* the commands this boundary took: up to this
-                             * id (c->cmd_last at worker_boundary) */
+                             * id (c->cmd_last at run_machine_boundary) */
     int64_t cmd_marked;     /* marked applied in m6.db up to this id */
     runner_offload off;     /* latest placement, published to c->offload */
     /* delink.policy plateau: the pseudo phase's validation passes so far,
@@ -107,14 +107,14 @@ typedef struct {
                             * the next try (nodes.timeout later) */
 } run_ctx;
 
-/* ---- runner.c: the run's records (all on the worker thread) */
+/* ---- runner.c: the run's records (all on the runner thread) */
 
 /* Save the trainer at its step (once per step). 0, or -1 with err: the
  * run keeps its last good checkpoint. */
 int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err);
 
-/* An event of the run's state machine (worker.h); takes mu. */
-void runner_on_(runner *c, worker_event ev, const char *reason);
+/* An event of the run's state machine (run_machine.h); takes mu. */
+void runner_on_(runner *c, run_machine_event ev, const char *reason);
 
 /* What status shows of the trainer: its step and phase (takes mu). */
 void runner_publish_(run_ctx *r);
@@ -124,7 +124,7 @@ void runner_offload_sample_(run_ctx *r);
 
 /* The run pauses itself for ev (a data error, a write that failed, ...):
  * in memory first, then in m6.db, with reason; one error line. */
-void runner_pause_error_(run_ctx *r, worker_event ev, const char *reason);
+void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason);
 
 /* err = "what: state DB: <SQLite's message>" (M6_EINTERNAL). */
 void runner_db_error_(run_ctx *r, const char *what, m6_err *err);
@@ -139,7 +139,7 @@ int runner_flush_(run_ctx *r, m6_err *err);
  * pass again. redo 0: a pass owed with the data sound waits. */
 int runner_owed_(run_ctx *r, int redo, m6_err *err);
 
-/* ---- runner_commands.c: commands taken at a boundary (worker thread) */
+/* ---- runner_commands.c: commands taken at a boundary (runner thread) */
 
 /* Mark the commands this boundary took (r->cmd_upto) applied in m6.db. */
 void runner_commands_done_(run_ctx *r);

@@ -2,7 +2,7 @@
  * state.h — m6d's SQLite state (m6.db): runs, phases, metrics, events,
  * checkpoints. WAL mode, busy timeout, migrations from schema/ recorded in
  * PRAGMA user_version. One connection, used by the runner from the loop
- * and the worker thread; every call is serialized by a mutex and every write
+ * and the runner thread; every call is serialized by a mutex and every write
  * is one short transaction, so concurrent readers (sqlite3 m6.db 'select')
  * never see "database is locked".
  *

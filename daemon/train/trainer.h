@@ -1,7 +1,7 @@
 /*
  * trainer.h — one training run, driven one optimizer step at a time.
  *
- * The daemon's worker thread owns a trainer: it calls trainer_step() in a
+ * The runner thread owns a trainer: it calls trainer_step() in a
  * loop and, between steps, acts on operator commands (pause, stop, delink)
  * and on the runner's phase policy (daemon/runner/). The trainer is the
  * mechanism; when to delink is decided by the caller.

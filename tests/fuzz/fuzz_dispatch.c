@@ -13,7 +13,7 @@
  * The state: a temp dir (in /dev/shm where it exists) with m6.db holding five runs (completed with
  * metrics, events and a checkpoint row; paused; queued; failed, with a
  * name shared by the paused one; stopped) and a runner made with
- * runner_config.no_worker (runner.h: the testing seam): no worker thread,
+ * runner_config.no_thread (runner.h: the testing seam): no runner thread,
  * no active run, nothing trains. A request that changes the state (a
  * successful stop, pause, resume, delink or submit) marks it dirty and
  * the next input gets a fresh one, so each input sees the same runs.
@@ -131,7 +131,7 @@ static void setup_(void)
     run_("gamma", RUN_QUEUED, 0, NULL);
     run_("beta", RUN_FAILED, 1, "shard t/0.bin: token 70000 >= vocab_size");
     run_("delta", RUN_STOPPED, 2, NULL);
-    runner_config cc = {.st = st_, .runs_dir = runs, .no_worker = 1};
+    runner_config cc = {.st = st_, .runs_dir = runs, .no_thread = 1};
     runner_ = runner_init(&cc, err, sizeof err);
     if (!runner_) fail_(err);
     dirty_ = 0;

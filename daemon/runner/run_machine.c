@@ -1,14 +1,14 @@
 /*
- * worker.c — the run's state machine (see worker.h): one function per
- * command and per event, each a pure function of the worker value.
+ * run_machine.c — the run's state machine (see run_machine.h): one function per
+ * command and per event, each a pure function of the runner value.
  */
-#include "runner/worker.h"
+#include "runner/run_machine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const state_names_[WORKER_NSTATES] = {
+static const char *const state_names_[RUN_MACHINE_NSTATES] = {
     [W_QUEUED] = "queued",       [W_STARTING] = "starting",
     [W_RUNNING] = "running",     [W_PAUSING] = "pausing",
     [W_PAUSED] = "paused",       [W_RESUMING] = "resuming",
@@ -21,16 +21,16 @@ static const char *const cmd_names_[] = {
     [CMD_DELINK] = "delink", [CMD_STOP] = "stop",
 };
 
-const char *worker_state_name(worker_state s)
+const char *run_machine_state_name(run_machine_state s)
 {
-    return (unsigned)s < WORKER_NSTATES ? state_names_[s] : "?";
+    return (unsigned)s < RUN_MACHINE_NSTATES ? state_names_[s] : "?";
 }
 
 static char no_error_[] = "";  /* worker.error when there is none */
 
-worker worker_init(worker_state s)
+run_machine run_machine_init(run_machine_state s)
 {
-    worker w;
+    run_machine w;
     memset(&w, 0, sizeof w);
     w.state = s;
     w.delink_step = -1;
@@ -38,7 +38,7 @@ worker worker_init(worker_state s)
     return w;
 }
 
-void worker_set_error(worker *w, const char *reason)
+void run_machine_set_error(run_machine *w, const char *reason)
 {
     static char oom[] = "out of memory (keeping why the run paused)";
     if (w->error != no_error_ && w->error != oom)
@@ -48,8 +48,8 @@ void worker_set_error(worker *w, const char *reason)
         w->error = oom;
 }
 
-/* The run the worker owns (its trainer is held). */
-static int live_(worker_state s)
+/* The run the runner owns (its trainer is held). */
+static int live_(run_machine_state s)
 {
     return s >= W_STARTING && s <= W_STOPPING;
 }
@@ -57,9 +57,9 @@ static int live_(worker_state s)
 /* ---------------------------------------------------------------- commands
  * Each returns the reply's status and writes its text; *w is the state
  * after the command. Only live, not stopping, runs get here (see
- * worker_command for the others). */
+ * run_machine_command for the others). */
 
-static m6_code pause_(worker *w, int64_t id, unsigned *act, char *msg,
+static m6_code pause_(run_machine *w, int64_t id, unsigned *act, char *msg,
                            size_t len)
 {
     long long n = (long long)id;
@@ -78,7 +78,7 @@ static m6_code pause_(worker *w, int64_t id, unsigned *act, char *msg,
             w->state = W_PAUSING;
         } else {
             w->state = W_PAUSED;
-            *act |= WA_RESUME_CANCEL;
+            *act |= RUN_ACT_RESUME_CANCEL;
         }
         break;
     default: /* STARTING, RUNNING */
@@ -89,7 +89,7 @@ static m6_code pause_(worker *w, int64_t id, unsigned *act, char *msg,
     return M6_OK;
 }
 
-static m6_code resume_(worker *w, int64_t id, unsigned *act, char *msg,
+static m6_code resume_(run_machine *w, int64_t id, unsigned *act, char *msg,
                             size_t len)
 {
     long long n = (long long)id;
@@ -100,11 +100,11 @@ static m6_code resume_(worker *w, int64_t id, unsigned *act, char *msg,
         return M6_OK;
     case W_PAUSED:
         w->state = W_RESUMING;
-        *act |= WA_RESUME_NEW;
+        *act |= RUN_ACT_RESUME_NEW;
         msg[0] = 0;
         return M6_OK;
     case W_RESUMING: /* one more resume: served by the same try */
-        *act |= w->resume_tried ? WA_RESUME_JOIN : WA_RESUME_NEW;
+        *act |= w->resume_tried ? RUN_ACT_RESUME_JOIN : RUN_ACT_RESUME_NEW;
         msg[0] = 0;
         return M6_OK;
     default: /* STARTING, RUNNING */
@@ -113,7 +113,7 @@ static m6_code resume_(worker *w, int64_t id, unsigned *act, char *msg,
     }
 }
 
-static m6_code delink_(worker *w, int64_t id, char *msg, size_t len)
+static m6_code delink_(run_machine *w, int64_t id, char *msg, size_t len)
 {
     long long n = (long long)id;
     if (w->real && w->delink_step < 0) {
@@ -131,7 +131,7 @@ static m6_code delink_(worker *w, int64_t id, char *msg, size_t len)
     return M6_OK;
 }
 
-static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
+static m6_code stop_(run_machine *w, int64_t id, char *msg, size_t len)
 {
     /* a resume not yet tried stays owed: answered by the stop's outcome
      * (the run ended, or why the stop failed) */
@@ -143,14 +143,14 @@ static m6_code stop_(worker *w, int64_t id, char *msg, size_t len)
     return M6_OK;
 }
 
-/* A run that is not the worker's: queued, or ended. */
-static m6_code not_live_(worker *w, int64_t id, runner_cmd cmd,
+/* A run that is not the runner's: queued, or ended. */
+static m6_code not_live_(run_machine *w, int64_t id, runner_cmd cmd,
                               unsigned *act, char *msg, size_t len)
 {
     long long n = (long long)id;
     if (w->state == W_QUEUED && cmd == CMD_STOP) {
         w->state = W_STOPPED;
-        *act |= WA_DEQUEUE;
+        *act |= RUN_ACT_DEQUEUE;
         snprintf(msg, len, "run %lld removed from the queue", n);
         return M6_OK;
     }
@@ -159,19 +159,19 @@ static m6_code not_live_(worker *w, int64_t id, runner_cmd cmd,
                  "resumed; submit its spec again", n);
     else
         snprintf(msg, len, "cannot %s run %lld: it is %s%s", cmd_names_[cmd],
-                 n, worker_state_name(w->state),
+                 n, run_machine_state_name(w->state),
                  w->state == W_QUEUED ? " (waiting for the running run)" : "");
     return M6_EBADSTATE;
 }
 
-void worker_stopping_msg(int64_t id, runner_cmd cmd, char *msg, size_t len)
+void run_machine_stopping_msg(int64_t id, runner_cmd cmd, char *msg, size_t len)
 {
     snprintf(msg, len, "m6d is stopping: send the %s again once it is back "
              "(`m6ctl watch %lld` waits for it)", cmd_names_[cmd],
              (long long)id);
 }
 
-m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
+m6_code run_machine_command(run_machine *w, int64_t id, runner_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen)
 {
     long long n = (long long)id;
@@ -179,7 +179,7 @@ m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
     if (!live_(w->state))
         return not_live_(w, id, cmd, actions, msg, msglen);
     if (w->shutdown) {
-        worker_stopping_msg(id, cmd, msg, msglen);
+        run_machine_stopping_msg(id, cmd, msg, msglen);
         return M6_EBADSTATE;
     }
     if (w->state == W_STOPPING && cmd != CMD_STOP) {
@@ -194,7 +194,7 @@ m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
     case CMD_DELINK: st = delink_(w, id, msg, msglen); break;
     default: st = stop_(w, id, msg, msglen); break;
     }
-    /* The worker acts (and records) at the boundary; if the run's last
+    /* The runner acts (and records) at the boundary; if the run's last
      * write failed, say the command may only hold in memory. */
     if (st == M6_OK && w->error[0] && w->error_write && cmd == CMD_STOP) {
         size_t k = strlen(msg);
@@ -212,9 +212,9 @@ m6_code worker_command(worker *w, int64_t id, runner_cmd cmd,
 
 /* ------------------------------------------------------------------ events */
 
-worker_take worker_boundary(worker *w)
+run_machine_take run_machine_boundary(run_machine *w)
 {
-    worker_take t = {0};
+    run_machine_take t = {0};
     if (!live_(w->state)) return t;
     if (w->state == W_STOPPING) { /* the stop first; if it fails, the rest */
         t.stop = 1;
@@ -233,7 +233,7 @@ worker_take worker_boundary(worker *w)
     t.shutdown = w->shutdown;
     if (w->state == W_RESUMING && !w->resume_tried) {
         w->resume_tried = 1;
-        worker_set_error(w, NULL); /* the try says anew why it stays
+        run_machine_set_error(w, NULL); /* the try says anew why it stays
                                     * paused, if so */
         w->error_write = 0;
         w->error_code = M6_OK;
@@ -242,96 +242,96 @@ worker_take worker_boundary(worker *w)
     return t;
 }
 
-int worker_waits(const worker *w)
+int run_machine_waits(const run_machine *w)
 {
     return w->state == W_PAUSED && !w->delink_pending && !w->shutdown;
 }
 
-int worker_trains(const worker *w)
+int run_machine_trains(const run_machine *w)
 {
     return w->state == W_RUNNING && !w->shutdown;
 }
 
 /* A data error, a failed write, a lost checkpoint: the run pauses itself
  * with the reason. A stop or a resume not yet tried stays acknowledged:
- * the worker does it at its next boundary. A resume being tried ends here
+ * the runner does it at its next boundary. A resume being tried ends here
  * (it failed). */
-static int pause_self_(worker *w, const char *reason, int write)
+static int pause_self_(run_machine *w, const char *reason, int write)
 {
     if (!(w->state == W_STOPPING ||
           (w->state == W_RESUMING && !w->resume_tried)))
         w->state = W_PAUSED;
     w->resume_tried = 0;
-    worker_set_error(w, reason);
+    run_machine_set_error(w, reason);
     w->error_write = write;
     return 0;
 }
 
-int worker_on(worker *w, worker_event ev, const char *reason)
+int run_machine_on(run_machine *w, run_machine_event ev, const char *reason)
 {
-    worker_state s = w->state;
+    run_machine_state s = w->state;
     if (!live_(s)) return -1;
     switch (ev) {
-    case WE_STARTED:
+    case RUN_EV_STARTED:
         if (s == W_RUNNING) return -1;
         if (s == W_STARTING) w->state = W_RUNNING;
         return 0;
-    case WE_STEP_DONE:
-    case WE_EVAL_DONE: /* a command may have come in during the step */
+    case RUN_EV_STEP_DONE:
+    case RUN_EV_EVAL_DONE: /* a command may have come in during the step */
         return s == W_RUNNING || s == W_PAUSING || s == W_STOPPING ? 0 : -1;
-    case WE_CHECKPOINT:
+    case RUN_EV_CHECKPOINT:
         return s == W_STARTING ? -1 : 0;
-    case WE_RESUMED:
+    case RUN_EV_RESUMED:
         if (!w->resume_tried ||
             !(s == W_RESUMING || s == W_PAUSING || s == W_STOPPING))
             return -1;
         w->resume_tried = 0;
         if (s == W_RESUMING) w->state = W_RUNNING;
         return 0; /* PAUSING, STOPPING: sent during the try, done next */
-    case WE_DATA_ERROR:
-    case WE_CKPT_LOST:
-    case WE_BAD_STEPS:
+    case RUN_EV_DATA_ERROR:
+    case RUN_EV_CKPT_LOST:
+    case RUN_EV_BAD_STEPS:
         return pause_self_(w, reason, 0);
-    case WE_WRITE_FAILED:
+    case RUN_EV_WRITE_FAILED:
         return pause_self_(w, reason, 1);
-    case WE_STOPPED:
+    case RUN_EV_STOPPED:
         if (s != W_STOPPING) return -1;
         w->state = W_STOPPED;
         return 0;
-    case WE_STOP_FAILED:
+    case RUN_EV_STOP_FAILED:
         if (s != W_STOPPING) return -1;
         w->state = W_PAUSED;
-        worker_set_error(w, reason);
+        run_machine_set_error(w, reason);
         w->error_write = 1;
         return 0;
-    case WE_COMPLETED:
+    case RUN_EV_COMPLETED:
         if (!(s == W_RUNNING || s == W_PAUSING || s == W_STOPPING)) return -1;
         w->state = W_COMPLETED;
         return 0;
-    case WE_FAILED:
+    case RUN_EV_FAILED:
         w->state = W_FAILED;
         return 0;
-    case WE_SHUTDOWN:
+    case RUN_EV_SHUTDOWN:
         w->shutdown = 1;
         return 0;
     }
     return -1;
 }
 
-void worker_delinked(worker *w, long step)
+void run_machine_delinked(run_machine *w, long step)
 {
     w->real = 1;
     w->delink_step = step;
 }
 
-int worker_delink_pending(const worker *w)
+int run_machine_delink_pending(const run_machine *w)
 {
     return w->state != W_STOPPING && live_(w->state) && w->delink_pending;
 }
 
-const char *worker_pending(const worker *w)
+const char *run_machine_pending(const run_machine *w)
 {
-    int d = worker_delink_pending(w);
+    int d = run_machine_delink_pending(w);
     switch (w->state) {
     case W_STOPPING: return "stopping";
     case W_PAUSING: return d ? "delinking, pausing" : "pausing";
@@ -340,12 +340,12 @@ const char *worker_pending(const worker *w)
     }
 }
 
-int worker_is_training(const worker *w)
+int run_machine_is_training(const run_machine *w)
 {
     return w->state == W_RUNNING || w->state == W_PAUSING;
 }
 
-int worker_is_paused(const worker *w)
+int run_machine_is_paused(const run_machine *w)
 {
     return w->state == W_PAUSED || w->state == W_RESUMING ||
            (w->state == W_STOPPING && w->error[0]);

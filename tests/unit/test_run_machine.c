@@ -1,8 +1,8 @@
 /*
- * test_worker.c — the run's state machine (daemon/runner/worker.h) without a
+ * test_run_machine.c — the run's state machine (daemon/runner/run_machine.h) without a
  * model or a thread: every (state, command) pair, illegal ones included,
  * and every event in every state, against tables written here by hand
- * from the rules (worker.h's comment and the operator docs), not from the
+ * from the rules (run_machine.h's comment and the operator docs), not from the
  * code's output.
  */
 #include <setjmp.h>
@@ -14,22 +14,22 @@
 
 #include <cmocka.h>
 
-#include "runner/worker.h"
+#include "runner/run_machine.h"
 
 enum { ID = 7 };
 
 /* Variants of a state that answer differently. */
 enum {
     V_PLAIN = 0,   /* pseudo phase, no flag */
-    V_TRIED = 1,   /* resume_tried: the worker is trying a resume */
+    V_TRIED = 1,   /* resume_tried: the runner is trying a resume */
 };
 
 typedef struct {
-    worker_state from;
+    run_machine_state from;
     int variant;
     runner_cmd cmd;
     m6_code status;
-    worker_state to;
+    run_machine_state to;
     unsigned actions;
     int delink_pending;   /* after */
     const char *words;    /* must be in the reply ("" for the resume
@@ -48,7 +48,7 @@ static const cmd_case cmd_table[] = {
      "cannot resume run 7: it is queued"},
     {W_QUEUED, 0, CMD_DELINK, BAD, W_QUEUED, 0, 0,
      "cannot delink run 7: it is queued"},
-    {W_QUEUED, 0, CMD_STOP, OK, W_STOPPED, WA_DEQUEUE, 0,
+    {W_QUEUED, 0, CMD_STOP, OK, W_STOPPED, RUN_ACT_DEQUEUE, 0,
      "run 7 removed from the queue"},
     /* starting: as running, applied at the first boundary */
     {W_STARTING, 0, CMD_PAUSE, OK, W_PAUSING, 0, 0,
@@ -85,22 +85,22 @@ static const cmd_case cmd_table[] = {
     {W_PAUSING, V_TRIED, CMD_STOP, OK, W_STOPPING, 0, 0, "stops"},
     /* paused */
     {W_PAUSED, 0, CMD_PAUSE, BAD, W_PAUSED, 0, 0, "run 7 is already paused"},
-    {W_PAUSED, 0, CMD_RESUME, OK, W_RESUMING, WA_RESUME_NEW, 0, ""},
+    {W_PAUSED, 0, CMD_RESUME, OK, W_RESUMING, RUN_ACT_RESUME_NEW, 0, ""},
     {W_PAUSED, 0, CMD_DELINK, OK, W_PAUSED, 0, 1,
      "run 7 delinks at the next step boundary"},
     {W_PAUSED, 0, CMD_STOP, OK, W_STOPPING, 0, 0,
      "run 7 stops at the next step boundary"},
     /* resuming, not yet tried: a pause cancels it (answered), one more
      * resume takes a ticket served by the same try */
-    {W_RESUMING, 0, CMD_PAUSE, OK, W_PAUSED, WA_RESUME_CANCEL, 0,
+    {W_RESUMING, 0, CMD_PAUSE, OK, W_PAUSED, RUN_ACT_RESUME_CANCEL, 0,
      "run 7 pauses at the next step boundary"},
-    {W_RESUMING, 0, CMD_RESUME, OK, W_RESUMING, WA_RESUME_NEW, 0, ""},
+    {W_RESUMING, 0, CMD_RESUME, OK, W_RESUMING, RUN_ACT_RESUME_NEW, 0, ""},
     {W_RESUMING, 0, CMD_DELINK, OK, W_RESUMING, 0, 1, "delinks"},
     {W_RESUMING, 0, CMD_STOP, OK, W_STOPPING, 0, 0, "stops"},
     /* resuming, being tried: a pause waits for the try; a resume joins */
     {W_RESUMING, V_TRIED, CMD_PAUSE, OK, W_PAUSING, 0, 0,
      "run 7 pauses at the next step boundary"},
-    {W_RESUMING, V_TRIED, CMD_RESUME, OK, W_RESUMING, WA_RESUME_JOIN, 0, ""},
+    {W_RESUMING, V_TRIED, CMD_RESUME, OK, W_RESUMING, RUN_ACT_RESUME_JOIN, 0, ""},
     {W_RESUMING, V_TRIED, CMD_DELINK, OK, W_RESUMING, 0, 1, "delinks"},
     {W_RESUMING, V_TRIED, CMD_STOP, OK, W_STOPPING, 0, 0, "stops"},
     /* stopping: only the stop again */
@@ -142,54 +142,54 @@ static const cmd_case cmd_table[] = {
 
 static const char *const cmd_name_[] = {"pause", "resume", "delink", "stop"};
 
-static worker make_(worker_state s, int variant)
+static run_machine make_(run_machine_state s, int variant)
 {
-    worker w = worker_init(s);
+    run_machine w = run_machine_init(s);
     w.resume_tried = variant == V_TRIED;
     return w;
 }
 
 /* w's error freed, then w replaced by n (workers are values here; their
  * error text is the one thing they own). */
-static worker renew_(worker *w, worker n)
+static run_machine renew_(run_machine *w, run_machine n)
 {
-    worker_set_error(w, NULL);
+    run_machine_set_error(w, NULL);
     return n;
 }
 
-static void check_case_(const cmd_case *k, worker w)
+static void check_case_(const cmd_case *k, run_machine w)
 {
     char msg[2048] = "unset";
     unsigned act = 12345;
     char what[128];
-    snprintf(what, sizeof what, "%s%s + %s", worker_state_name(k->from),
+    snprintf(what, sizeof what, "%s%s + %s", run_machine_state_name(k->from),
              k->variant == V_TRIED ? " (resume tried)" : "",
              cmd_name_[k->cmd]);
-    m6_code st = worker_command(&w, ID, k->cmd, &act, msg, sizeof msg);
+    m6_code st = run_machine_command(&w, ID, k->cmd, &act, msg, sizeof msg);
     if (st != k->status || w.state != k->to || act != k->actions ||
         w.delink_pending != k->delink_pending || !strstr(msg, k->words))
         fail_msg("%s: got status %d state %s actions %u delink %d '%s'; want "
                  "status %d state %s actions %u delink %d '%s'", what, st,
-                 worker_state_name(w.state), act, w.delink_pending, msg,
-                 k->status, worker_state_name(k->to), k->actions,
+                 run_machine_state_name(w.state), act, w.delink_pending, msg,
+                 k->status, run_machine_state_name(k->to), k->actions,
                  k->delink_pending, k->words);
-    worker_set_error(&w, NULL);
+    run_machine_set_error(&w, NULL);
 }
 
 static void test_every_state_and_command(void **unused)
 {
     (void)unused;
-    int seen[WORKER_NSTATES][4] = {{0}};
+    int seen[RUN_MACHINE_NSTATES][4] = {{0}};
     for (size_t i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++) {
         const cmd_case *k = &cmd_table[i];
         check_case_(k, make_(k->from, k->variant));
         seen[k->from][k->cmd] = 1;
     }
-    for (int s = 0; s < WORKER_NSTATES; s++)
+    for (int s = 0; s < RUN_MACHINE_NSTATES; s++)
         for (int c = 0; c < 4; c++)
             if (!seen[s][c])
                 fail_msg("table misses %s + %s",
-                         worker_state_name((worker_state)s), cmd_name_[c]);
+                         run_machine_state_name((run_machine_state)s), cmd_name_[c]);
 }
 
 /* In the real phase a delink is refused, in every live state but
@@ -197,24 +197,24 @@ static void test_every_state_and_command(void **unused)
 static void test_delink_in_real_phase(void **unused)
 {
     (void)unused;
-    const worker_state live[] = {W_STARTING, W_RUNNING, W_PAUSING, W_PAUSED,
+    const run_machine_state live[] = {W_STARTING, W_RUNNING, W_PAUSING, W_PAUSED,
                                  W_RESUMING};
     for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
         char msg[512];
         unsigned act;
-        worker w = worker_init(live[i]);
+        run_machine w = run_machine_init(live[i]);
         w.real = 1;
         w.delink_step = 40;
-        assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg,
+        assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg,
                                         sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 is already in the real phase "
                                  "(delinked at step 40)");
         assert_int_equal(w.state, live[i]);
         assert_int_equal(w.delink_pending, 0);
 
-        w = worker_init(live[i]);
+        w = run_machine_init(live[i]);
         w.real = 1; /* delink_step -1: trained from scratch */
-        assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg,
+        assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg,
                                         sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 trains from scratch (pseudo.steps 0): "
                                  "it has no shared slots to delink");
@@ -231,9 +231,9 @@ static void test_commands_refused_while_m6d_stops(void **unused)
         for (int c = 0; c < 4; c++) {
             char msg[512], want[256];
             unsigned act = 99;
-            worker w = worker_init((worker_state)s);
+            run_machine w = run_machine_init((run_machine_state)s);
             w.shutdown = 1;
-            assert_int_equal(worker_command(&w, ID, (runner_cmd)c, &act, msg,
+            assert_int_equal(run_machine_command(&w, ID, (runner_cmd)c, &act, msg,
                                             sizeof msg), M6_EBADSTATE);
             snprintf(want, sizeof want, "m6d is stopping: send the %s again "
                      "once it is back (`m6ctl watch 7` waits for it)",
@@ -243,11 +243,11 @@ static void test_commands_refused_while_m6d_stops(void **unused)
             assert_int_equal(act, 0);
             assert_int_equal(w.delink_pending, 0);
         }
-    worker q = worker_init(W_QUEUED);
+    run_machine q = run_machine_init(W_QUEUED);
     q.shutdown = 1;
     char msg[256];
     unsigned act;
-    assert_int_equal(worker_command(&q, ID, CMD_STOP, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&q, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_int_equal(q.state, W_STOPPED);
 }
@@ -258,36 +258,36 @@ static void test_commands_after_a_failed_write(void **unused)
     (void)unused;
     char msg[2048];
     unsigned act;
-    worker w = worker_init(W_PAUSED);
-    worker_set_error(&w, "checkpoint failed: No space left on device");
+    run_machine w = run_machine_init(W_PAUSED);
+    run_machine_set_error(&w, "checkpoint failed: No space left on device");
     w.error_write = 1;
-    assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary, but its "
                         "last write failed (checkpoint failed: No space left "
                         "on device): the stop is final only once its "
                         "checkpoint and state are written; until then the "
                         "run stays paused");
-    w = renew_(&w, worker_init(W_PAUSED));
-    worker_set_error(&w, "disk full");
+    w = renew_(&w, run_machine_init(W_PAUSED));
+    run_machine_set_error(&w, "disk full");
     w.error_write = 1;
-    assert_int_equal(worker_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
                      M6_OK);
     assert_string_equal(msg, "run 7 delinks at the next step boundary; it "
                         "takes effect in memory, but may not be recorded: "
                         "disk full");
     /* a resume's text is its answer: nothing added */
-    assert_int_equal(worker_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
                      M6_OK);
-    assert_int_equal(act, WA_RESUME_NEW);
+    assert_int_equal(act, RUN_ACT_RESUME_NEW);
     assert_string_equal(msg, "");
     /* bad data is no failed write: nothing added */
-    w = renew_(&w, worker_init(W_PAUSED));
-    worker_set_error(&w, "data.train: truncated");
-    assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
+    w = renew_(&w, run_machine_init(W_PAUSED));
+    run_machine_set_error(&w, "data.train: truncated");
+    assert_int_equal(run_machine_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_string_equal(msg, "run 7 stops at the next step boundary");
-    worker_set_error(&w, NULL);
+    run_machine_set_error(&w, NULL);
 }
 
 /* ------------------------------------------------------------------ events */
@@ -295,79 +295,79 @@ static void test_commands_after_a_failed_write(void **unused)
 #define NO (-1) /* the event cannot happen in that state */
 
 typedef struct {
-    worker_event ev;
+    run_machine_event ev;
     int variant;
-    int to[WORKER_NSTATES]; /* new state per state, NO: refused */
+    int to[RUN_MACHINE_NSTATES]; /* new state per state, NO: refused */
 } ev_case;
 
 /* columns: QUEUED STARTING RUNNING PAUSING PAUSED RESUMING STOPPING
  *          COMPLETED FAILED STOPPED */
 static const ev_case ev_table[] = {
-    {WE_STARTED, 0, {NO, W_RUNNING, NO, W_PAUSING, W_PAUSED, W_RESUMING,
+    {RUN_EV_STARTED, 0, {NO, W_RUNNING, NO, W_PAUSING, W_PAUSED, W_RESUMING,
                      W_STOPPING, NO, NO, NO}},
-    {WE_STEP_DONE, 0, {NO, NO, W_RUNNING, W_PAUSING, NO, NO, W_STOPPING,
+    {RUN_EV_STEP_DONE, 0, {NO, NO, W_RUNNING, W_PAUSING, NO, NO, W_STOPPING,
                        NO, NO, NO}},
-    {WE_EVAL_DONE, 0, {NO, NO, W_RUNNING, W_PAUSING, NO, NO, W_STOPPING,
+    {RUN_EV_EVAL_DONE, 0, {NO, NO, W_RUNNING, W_PAUSING, NO, NO, W_STOPPING,
                        NO, NO, NO}},
-    {WE_CHECKPOINT, 0, {NO, NO, W_RUNNING, W_PAUSING, W_PAUSED, W_RESUMING,
+    {RUN_EV_CHECKPOINT, 0, {NO, NO, W_RUNNING, W_PAUSING, W_PAUSED, W_RESUMING,
                         W_STOPPING, NO, NO, NO}},
     /* resumed: only while a resume is tried */
-    {WE_RESUMED, 0, {NO, NO, NO, NO, NO, NO, NO, NO, NO, NO}},
-    {WE_RESUMED, V_TRIED, {NO, NO, NO, W_PAUSING, NO, W_RUNNING, W_STOPPING,
+    {RUN_EV_RESUMED, 0, {NO, NO, NO, NO, NO, NO, NO, NO, NO, NO}},
+    {RUN_EV_RESUMED, V_TRIED, {NO, NO, NO, W_PAUSING, NO, W_RUNNING, W_STOPPING,
                            NO, NO, NO}},
     /* pausing itself: a stop or an untried resume stays acknowledged */
-    {WE_DATA_ERROR, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_DATA_ERROR, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                         W_RESUMING, W_STOPPING, NO, NO, NO}},
-    {WE_DATA_ERROR, V_TRIED, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_DATA_ERROR, V_TRIED, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                               W_PAUSED, W_STOPPING, NO, NO, NO}},
-    {WE_WRITE_FAILED, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_WRITE_FAILED, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                           W_RESUMING, W_STOPPING, NO, NO, NO}},
-    {WE_WRITE_FAILED, V_TRIED, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_WRITE_FAILED, V_TRIED, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                                 W_PAUSED, W_STOPPING, NO, NO, NO}},
-    {WE_CKPT_LOST, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_CKPT_LOST, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                        W_RESUMING, W_STOPPING, NO, NO, NO}},
-    {WE_STOPPED, 0, {NO, NO, NO, NO, NO, NO, W_STOPPED, NO, NO, NO}},
-    {WE_STOP_FAILED, 0, {NO, NO, NO, NO, NO, NO, W_PAUSED, NO, NO, NO}},
-    {WE_COMPLETED, 0, {NO, NO, W_COMPLETED, W_COMPLETED, NO, NO, W_COMPLETED,
+    {RUN_EV_STOPPED, 0, {NO, NO, NO, NO, NO, NO, W_STOPPED, NO, NO, NO}},
+    {RUN_EV_STOP_FAILED, 0, {NO, NO, NO, NO, NO, NO, W_PAUSED, NO, NO, NO}},
+    {RUN_EV_COMPLETED, 0, {NO, NO, W_COMPLETED, W_COMPLETED, NO, NO, W_COMPLETED,
                        NO, NO, NO}},
-    {WE_FAILED, 0, {NO, W_FAILED, W_FAILED, W_FAILED, W_FAILED, W_FAILED,
+    {RUN_EV_FAILED, 0, {NO, W_FAILED, W_FAILED, W_FAILED, W_FAILED, W_FAILED,
                     W_FAILED, NO, NO, NO}},
-    {WE_SHUTDOWN, 0, {NO, W_STARTING, W_RUNNING, W_PAUSING, W_PAUSED,
+    {RUN_EV_SHUTDOWN, 0, {NO, W_STARTING, W_RUNNING, W_PAUSING, W_PAUSED,
                       W_RESUMING, W_STOPPING, NO, NO, NO}},
     /* non-finite steps: pausing itself, as a data error */
-    {WE_BAD_STEPS, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
+    {RUN_EV_BAD_STEPS, 0, {NO, W_PAUSED, W_PAUSED, W_PAUSED, W_PAUSED,
                        W_RESUMING, W_STOPPING, NO, NO, NO}},
 };
 
 static void test_every_event_in_every_state(void **unused)
 {
     (void)unused;
-    int seen[WORKER_NEVENTS] = {0};
+    int seen[RUN_MACHINE_NEVENTS] = {0};
     for (size_t i = 0; i < sizeof ev_table / sizeof ev_table[0]; i++) {
         const ev_case *k = &ev_table[i];
         seen[k->ev] = 1;
-        for (int s = 0; s < WORKER_NSTATES; s++) {
-            worker w = make_((worker_state)s, k->variant);
-            worker before = w;
-            int rc = worker_on(&w, k->ev, "why");
+        for (int s = 0; s < RUN_MACHINE_NSTATES; s++) {
+            run_machine w = make_((run_machine_state)s, k->variant);
+            run_machine before = w;
+            int rc = run_machine_on(&w, k->ev, "why");
             if (k->to[s] == NO) {
                 if (rc != -1 || memcmp(&w, &before, sizeof w) != 0)
                     fail_msg("event %d in %s: accepted (rc %d, state %s)",
-                             k->ev, worker_state_name((worker_state)s), rc,
-                             worker_state_name(w.state));
-                worker_set_error(&w, NULL);
+                             k->ev, run_machine_state_name((run_machine_state)s), rc,
+                             run_machine_state_name(w.state));
+                run_machine_set_error(&w, NULL);
                 continue;
             }
             if (rc != 0 || (int)w.state != k->to[s])
                 fail_msg("event %d in %s%s: rc %d state %s, want %s", k->ev,
-                         worker_state_name((worker_state)s),
+                         run_machine_state_name((run_machine_state)s),
                          k->variant ? " (resume tried)" : "", rc,
-                         worker_state_name(w.state),
-                         worker_state_name((worker_state)k->to[s]));
-            worker_set_error(&w, NULL);
+                         run_machine_state_name(w.state),
+                         run_machine_state_name((run_machine_state)k->to[s]));
+            run_machine_set_error(&w, NULL);
         }
     }
-    for (int e = 0; e < WORKER_NEVENTS; e++)
+    for (int e = 0; e < RUN_MACHINE_NEVENTS; e++)
         if (!seen[e]) fail_msg("event %d not in the table", e);
 }
 
@@ -375,135 +375,135 @@ static void test_every_event_in_every_state(void **unused)
 static void test_event_details(void **unused)
 {
     (void)unused;
-    worker w = make_(W_RESUMING, V_TRIED);
-    assert_int_equal(worker_on(&w, WE_WRITE_FAILED, "disk full"), 0);
+    run_machine w = make_(W_RESUMING, V_TRIED);
+    assert_int_equal(run_machine_on(&w, RUN_EV_WRITE_FAILED, "disk full"), 0);
     assert_string_equal(w.error, "disk full");
     assert_int_equal(w.error_write, 1);
     assert_int_equal(w.resume_tried, 0); /* the try is over */
 
-    w = renew_(&w, worker_init(W_RUNNING));
-    assert_int_equal(worker_on(&w, WE_DATA_ERROR, "data.val: truncated"), 0);
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    assert_int_equal(run_machine_on(&w, RUN_EV_DATA_ERROR, "data.val: truncated"), 0);
     assert_string_equal(w.error, "data.val: truncated");
     assert_int_equal(w.error_write, 0);
 
     w = renew_(&w, make_(W_RESUMING, V_TRIED));
-    assert_int_equal(worker_on(&w, WE_RESUMED, NULL), 0);
+    assert_int_equal(run_machine_on(&w, RUN_EV_RESUMED, NULL), 0);
     assert_int_equal(w.resume_tried, 0);
 
-    w = renew_(&w, worker_init(W_STOPPING));
-    assert_int_equal(worker_on(&w, WE_STOP_FAILED, "stop not done (x)"), 0);
+    w = renew_(&w, run_machine_init(W_STOPPING));
+    assert_int_equal(run_machine_on(&w, RUN_EV_STOP_FAILED, "stop not done (x)"), 0);
     assert_string_equal(w.error, "stop not done (x)");
     assert_int_equal(w.error_write, 1);
 
-    w = renew_(&w, worker_init(W_RUNNING));
-    assert_int_equal(worker_on(&w, WE_SHUTDOWN, NULL), 0);
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    assert_int_equal(run_machine_on(&w, RUN_EV_SHUTDOWN, NULL), 0);
     assert_int_equal(w.shutdown, 1);
-    assert_int_equal(worker_trains(&w), 0);
+    assert_int_equal(run_machine_trains(&w), 0);
 
-    w = renew_(&w, worker_init(W_RUNNING));
-    worker_delinked(&w, 25);
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    run_machine_delinked(&w, 25);
     assert_int_equal(w.real, 1);
     assert_int_equal(w.delink_step, 25);
-    worker_set_error(&w, NULL);
+    run_machine_set_error(&w, NULL);
 }
 
-/* At a step boundary the worker takes the commands: stop alone first;
+/* At a step boundary the runner takes the commands: stop alone first;
  * else delink, pause, shutdown, resume. */
 static void test_boundary(void **unused)
 {
     (void)unused;
-    worker w = worker_init(W_STOPPING);
+    run_machine w = run_machine_init(W_STOPPING);
     w.delink_pending = 1;
-    worker_take t = worker_boundary(&w);
+    run_machine_take t = run_machine_boundary(&w);
     assert_true(t.stop && !t.delink && !t.pause && !t.resume);
     assert_int_equal(w.state, W_STOPPING);
     assert_int_equal(w.delink_pending, 1); /* after the stop, if it fails */
 
-    w = renew_(&w, worker_init(W_PAUSING));
+    w = renew_(&w, run_machine_init(W_PAUSING));
     w.delink_pending = 1;
-    t = worker_boundary(&w);
+    t = run_machine_boundary(&w);
     assert_true(!t.stop && t.delink && t.pause && !t.resume && !t.shutdown);
     assert_int_equal(w.state, W_PAUSED);
     assert_int_equal(w.delink_pending, 0);
 
-    w = renew_(&w, worker_init(W_RESUMING));
-    worker_set_error(&w, "old reason");
+    w = renew_(&w, run_machine_init(W_RESUMING));
+    run_machine_set_error(&w, "old reason");
     w.error_write = 1;
-    t = worker_boundary(&w);
+    t = run_machine_boundary(&w);
     assert_true(t.resume && !t.pause && !t.stop);
     assert_int_equal(w.state, W_RESUMING);
     assert_int_equal(w.resume_tried, 1);
     assert_string_equal(w.error, "");
     assert_int_equal(w.error_write, 0);
-    t = worker_boundary(&w); /* tried already: not taken twice */
+    t = run_machine_boundary(&w); /* tried already: not taken twice */
     assert_false(t.resume);
 
-    w = renew_(&w, worker_init(W_RUNNING));
-    t = worker_boundary(&w);
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    t = run_machine_boundary(&w);
     assert_true(!t.stop && !t.delink && !t.pause && !t.resume && !t.shutdown);
     assert_int_equal(w.state, W_RUNNING);
 
-    w = renew_(&w, worker_init(W_PAUSED));
+    w = renew_(&w, run_machine_init(W_PAUSED));
     w.shutdown = 1;
-    t = worker_boundary(&w);
+    t = run_machine_boundary(&w);
     assert_true(t.shutdown && !t.pause);
 
     for (int s = W_COMPLETED; s <= W_STOPPED; s++) {
-        w = worker_init((worker_state)s);
+        w = run_machine_init((run_machine_state)s);
         w.delink_pending = 1;
-        t = worker_boundary(&w);
+        t = run_machine_boundary(&w);
         assert_true(!t.stop && !t.delink && !t.pause && !t.resume);
     }
-    worker_set_error(&w, NULL);
+    run_machine_set_error(&w, NULL);
 }
 
 static void test_waits_trains_pending(void **unused)
 {
     (void)unused;
     /* waits: paused with nothing to take */
-    for (int s = 0; s < WORKER_NSTATES; s++) {
-        worker w = worker_init((worker_state)s);
-        assert_int_equal(worker_waits(&w), s == W_PAUSED);
-        assert_int_equal(worker_trains(&w), s == W_RUNNING);
+    for (int s = 0; s < RUN_MACHINE_NSTATES; s++) {
+        run_machine w = run_machine_init((run_machine_state)s);
+        assert_int_equal(run_machine_waits(&w), s == W_PAUSED);
+        assert_int_equal(run_machine_trains(&w), s == W_RUNNING);
     }
-    worker w = worker_init(W_PAUSED);
+    run_machine w = run_machine_init(W_PAUSED);
     w.delink_pending = 1;
-    assert_false(worker_waits(&w));
-    w = renew_(&w, worker_init(W_PAUSED));
+    assert_false(run_machine_waits(&w));
+    w = renew_(&w, run_machine_init(W_PAUSED));
     w.shutdown = 1;
-    assert_false(worker_waits(&w));
+    assert_false(run_machine_waits(&w));
 
-    static const char *const pending[WORKER_NSTATES] = {
+    static const char *const pending[RUN_MACHINE_NSTATES] = {
         [W_QUEUED] = "", [W_STARTING] = "", [W_RUNNING] = "",
         [W_PAUSING] = "pausing", [W_PAUSED] = "", [W_RESUMING] = "resuming",
         [W_STOPPING] = "stopping", [W_COMPLETED] = "", [W_FAILED] = "",
         [W_STOPPED] = "",
     };
-    for (int s = 0; s < WORKER_NSTATES; s++) {
-        w = worker_init((worker_state)s);
-        assert_string_equal(worker_pending(&w), pending[s]);
+    for (int s = 0; s < RUN_MACHINE_NSTATES; s++) {
+        w = run_machine_init((run_machine_state)s);
+        assert_string_equal(run_machine_pending(&w), pending[s]);
     }
-    for (int s = 0; s < WORKER_NSTATES; s++) {
-        w = worker_init((worker_state)s);
-        assert_false(worker_delink_pending(&w));
+    for (int s = 0; s < RUN_MACHINE_NSTATES; s++) {
+        w = run_machine_init((run_machine_state)s);
+        assert_false(run_machine_delink_pending(&w));
     }
-    w = renew_(&w, worker_init(W_RUNNING));
+    w = renew_(&w, run_machine_init(W_RUNNING));
     w.delink_pending = 1;
-    assert_string_equal(worker_pending(&w), "delinking");
-    assert_true(worker_delink_pending(&w));
+    assert_string_equal(run_machine_pending(&w), "delinking");
+    assert_true(run_machine_delink_pending(&w));
     w.state = W_PAUSING;
-    assert_string_equal(worker_pending(&w), "delinking, pausing");
-    assert_true(worker_delink_pending(&w));
+    assert_string_equal(run_machine_pending(&w), "delinking, pausing");
+    assert_true(run_machine_delink_pending(&w));
     w.state = W_PAUSED;
-    assert_string_equal(worker_pending(&w), "delinking");
-    assert_true(worker_delink_pending(&w));
+    assert_string_equal(run_machine_pending(&w), "delinking");
+    assert_true(run_machine_delink_pending(&w));
     w.state = W_STOPPING; /* the stop comes first: no delink to come */
-    assert_string_equal(worker_pending(&w), "stopping");
-    assert_false(worker_delink_pending(&w));
+    assert_string_equal(run_machine_pending(&w), "stopping");
+    assert_false(run_machine_delink_pending(&w));
     w.state = W_STOPPED; /* ended: nothing pending */
-    assert_string_equal(worker_pending(&w), "");
-    assert_false(worker_delink_pending(&w));
-    worker_set_error(&w, NULL);
+    assert_string_equal(run_machine_pending(&w), "");
+    assert_false(run_machine_delink_pending(&w));
+    run_machine_set_error(&w, NULL);
 }
 
 /* A few sequences as the operator sends them. */
@@ -513,41 +513,41 @@ static void test_sequences(void **unused)
     char msg[512];
     unsigned act;
     /* pause, then resume before the boundary: cancelled, trains on */
-    worker w = worker_init(W_RUNNING);
-    worker_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg);
-    worker_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg);
+    run_machine w = run_machine_init(W_RUNNING);
+    run_machine_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg);
+    run_machine_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg);
     assert_int_equal(w.state, W_RUNNING);
     /* pause taken, resume, tried, pause during the try, try works: the
      * run pauses at the next boundary */
-    w = renew_(&w, worker_init(W_RUNNING));
-    worker_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg);
-    worker_boundary(&w);
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    run_machine_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg);
+    run_machine_boundary(&w);
     assert_int_equal(w.state, W_PAUSED);
-    assert_int_equal(worker_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
                      M6_OK);
-    assert_int_equal(act, WA_RESUME_NEW);
-    assert_true(worker_boundary(&w).resume);
-    assert_int_equal(worker_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg),
+    assert_int_equal(act, RUN_ACT_RESUME_NEW);
+    assert_true(run_machine_boundary(&w).resume);
+    assert_int_equal(run_machine_command(&w, ID, CMD_PAUSE, &act, msg, sizeof msg),
                      M6_OK);
     assert_int_equal(w.state, W_PAUSING);
-    assert_int_equal(worker_on(&w, WE_RESUMED, NULL), 0);
+    assert_int_equal(run_machine_on(&w, RUN_EV_RESUMED, NULL), 0);
     assert_int_equal(w.state, W_PAUSING);
-    assert_false(worker_trains(&w)); /* back to the boundary: the pause */
-    assert_true(worker_boundary(&w).pause);
+    assert_false(run_machine_trains(&w)); /* back to the boundary: the pause */
+    assert_true(run_machine_boundary(&w).pause);
     assert_int_equal(w.state, W_PAUSED);
     /* stop that fails for want of space, then stop again */
-    w = renew_(&w, worker_init(W_RUNNING));
-    worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg);
-    assert_true(worker_boundary(&w).stop);
-    worker_on(&w, WE_STOP_FAILED, "stop not done (disk full)");
+    w = renew_(&w, run_machine_init(W_RUNNING));
+    run_machine_command(&w, ID, CMD_STOP, &act, msg, sizeof msg);
+    assert_true(run_machine_boundary(&w).stop);
+    run_machine_on(&w, RUN_EV_STOP_FAILED, "stop not done (disk full)");
     assert_int_equal(w.state, W_PAUSED);
-    assert_int_equal(worker_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
+    assert_int_equal(run_machine_command(&w, ID, CMD_STOP, &act, msg, sizeof msg),
                      M6_OK);
     assert_non_null(strstr(msg, "but its last write failed"));
-    assert_true(worker_boundary(&w).stop);
-    assert_int_equal(worker_on(&w, WE_STOPPED, NULL), 0);
+    assert_true(run_machine_boundary(&w).stop);
+    assert_int_equal(run_machine_on(&w, RUN_EV_STOPPED, NULL), 0);
     assert_int_equal(w.state, W_STOPPED);
-    worker_set_error(&w, NULL);
+    run_machine_set_error(&w, NULL);
 }
 
 int main(void)
