@@ -6,7 +6,7 @@
  * the group across nodes. The commands it applies at each boundary are
  * runner_commands.c's; when to delink is runner_policy.c's; what the three
  * share is runner_internal.h. The queue is queue.c, the checkpoints are
- * runner/ckpt_store.c.
+ * runner/run_ckpts.c.
  */
 #include "runner/runner_internal.h"
 
@@ -33,7 +33,7 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
-    if (ckpt_store_save(&r->c->store, r->id, r->t, r->spec.checkpoint.keep, why,
+    if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
                         err) < 0)
         return -1;
     r->last_ckpt = step;
@@ -277,7 +277,7 @@ static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
     /* Steps between the last row m6.db has and the checkpoint: their
      * records were held in memory (m6.db locked by another process) when
      * m6d ended, while the checkpoint made it to disk (adopted by
-     * ckpt_store_reconcile). They are not trained again: said, not
+     * run_ckpts_reconcile). They are not trained again: said, not
      * silent. */
     if (!was_queued && step > 0) {
         metric_row last;
@@ -361,7 +361,7 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
         free(kept_error);
         return -1;
     }
-    if (ckpt_store_restore(&c->store, id, &r->spec, &r->t,
+    if (run_ckpts_restore(&c->ckpts, id, &r->spec, &r->t,
                            was_queued ? NULL : &data_rc, &r->last_ckpt, &e,
                            &lost) < 0) {
         fail_run_(r, "trainer_create", m6_err_msg(&e));
@@ -919,7 +919,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     const char *delay = getenv("M6_TEST_STEP_DELAY_MS");
     if (delay) c->step_delay_ms = atoi(delay) > 0 ? atoi(delay) : 0;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
-    c->store = (ckpt_store){.st = c->st, .runs_dir = c->runs_dir};
+    c->ckpts = (run_ckpts){.st = c->st, .runs_dir = c->runs_dir};
     c->w = run_machine_init(W_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->cmd_mu, NULL);
@@ -934,7 +934,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", c->runs_dir, strerror(errno));
         goto fail;
     }
-    ckpt_store_reconcile(&c->store);
+    run_ckpts_reconcile(&c->ckpts);
     if (cfg->no_thread) return c;  /* the testing seam (runner.h) */
     /* Pick the first active run now, so commands that arrive before the
      * worker gets going already find it. */

@@ -14,7 +14,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "runner/ckpt_store.h"
+#include "runner/run_ckpts.h"
 #include "runner/runner.h"
 #include "runner/run_machine.h"
 #include "dist/collectives.h"
@@ -29,7 +29,7 @@ struct runner {
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const runner_dist *dist; /* runs across nodes (runner.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (runner_init) */
-    ckpt_store store;      /* the runs' checkpoints (runner/ckpt_store.h) */
+    run_ckpts ckpts;      /* the runs' checkpoints (runner/run_ckpts.h) */
 
     pthread_t thread;
     int thread_started;

@@ -168,7 +168,7 @@ void trainer_free(trainer *t);
  * checkpoint, loaded next, replaces those weights); NULL when it loaded
  * or the spec has none. A trainer with an init error and no checkpoint
  * loaded over it holds the seed's weights and must not train
- * (ckpt_store_restore refuses it). trainer_create refuses such a spec. */
+ * (run_ckpts_restore refuses it). trainer_create refuses such a spec. */
 const char *trainer_init_error(const trainer *t);
 
 /* Everything trainer_create would refuse, checked cheaply at submit time:

@@ -1,14 +1,14 @@
 /*
- * test_ckpt_store.c — the checkpoint store (daemon/runner/ckpt_store.c) removes
- * and renames only inside the run's checkpoint directory. m6.db has other
+ * test_run_ckpts.c — keeping a run's checkpoints (daemon/runner/run_ckpts.c)
+ * removes and renames only inside the run's checkpoint directory. m6.db has other
  * writers (dashboards, an operator's sqlite3), so a checkpoints row may
- * name any path; the store must treat such a row as a row to drop, never
+ * name any path; run_ckpts must treat such a row as a row to drop, never
  * as a directory to delete.
  *
  *  1. Prune: a tiny trainer's checkpoint saved with keep = 1 while the DB
- *     also holds an older row naming a directory outside the store (with
- *     a file in it), and an older row naming a step-N directory inside
- *     the store: the outside directory and its file are still there, the
+ *     also holds an older row naming a directory outside the run's
+ *     checkpoint directory (with a file in it), and an older row naming a step-N directory inside
+ *     it: the outside directory and its file are still there, the
  *     inside one is gone, both rows are dropped, the new checkpoint is the
  *     run's only row and its directory exists.
  *  2. Restore: a row (newest) naming an outside path that does not load
@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "runner/ckpt_store.h"
+#include "runner/run_ckpts.h"
 #include "common/paths.h"
 #include "state/state.h"
 #include "train/trainer.h"
@@ -88,8 +88,8 @@ static void test_prune_and_restore(void **unused)
         fail_msg("state_open: %s", why);
     int64_t run = state_run_insert(st, "r", "{}", 10, 0, NULL);
     assert_true(run > 0);
-    ckpt_store s = {st, runs};
-    ckpt_store_dir(&s, run, cdir, sizeof cdir);
+    run_ckpts s = {st, runs};
+    run_ckpts_dir(&s, run, cdir, sizeof cdir);
 
     printf("1. prune with rows naming an outside and an inside directory\n");
     mkfile_(outside, "precious");
@@ -100,7 +100,7 @@ static void test_prune_and_restore(void **unused)
     assert_int_equal(state_checkpoint_add(st, run, 0, inside, 1), 0);
     trainer *t = trainer_();
     m6_err err = M6_ERR_NONE;
-    assert_int_equal(ckpt_store_save(&s, run, t, 1, "every", &err), 0);
+    assert_int_equal(run_ckpts_save(&s, run, t, 1, "every", &err), 0);
     char precious[600];
     snprintf(precious, sizeof precious, "%s/precious", outside);
     assert_true(exists_(outside) && exists_(precious));
@@ -119,7 +119,7 @@ static void test_prune_and_restore(void **unused)
     assert_non_null(t2);
     long step = -1;
     m6_err lost = M6_ERR_NONE;
-    int rc = ckpt_store_restore(&s, run, &spec, &t2, NULL, &step, &err,
+    int rc = run_ckpts_restore(&s, run, &spec, &t2, NULL, &step, &err,
                                 &lost);
     assert_int_equal(rc, 0);
     assert_int_equal(step, 1);
@@ -142,12 +142,12 @@ static void test_prune_and_restore(void **unused)
                          0);
     }
     char other[4200];
-    ckpt_store_dir(&s, run + 1, other, sizeof other);
+    run_ckpts_dir(&s, run + 1, other, sizeof other);
     strcat(other, "/step-3");
     mkfile_(other, "precious");
     assert_int_equal(state_checkpoint_add(st, run, -20, other, 1), 0);
     assert_int_equal(trainer_step(t, &(step_result){0}, &err), 0);
-    assert_int_equal(ckpt_store_save(&s, run, t, 1, "every", &err), 0);
+    assert_int_equal(run_ckpts_save(&s, run, t, 1, "every", &err), 0);
     for (int i = 0; i < 3; i++) {
         char f[16384];
         snprintf(f, sizeof f, "%s/precious", look[i]);
@@ -234,9 +234,9 @@ static void test_safetensors_crc(void **unused)
 
 int main(void)
 {
-    snprintf(dir_, sizeof dir_, "/tmp/m6-ckpt-store.XXXXXX");
+    snprintf(dir_, sizeof dir_, "/tmp/m6-run-ckpts.XXXXXX");
     if (synth_shards(dir_, 20000) != 0) {
-        fprintf(stderr, "test_ckpt_store: cannot make temporary data\n");
+        fprintf(stderr, "test_run_ckpts: cannot make temporary data\n");
         return 1;
     }
     const struct CMUnitTest tests[] = {

@@ -1,5 +1,5 @@
 /*
- * ckpt_store.h — the checkpoint store: each run's step-N directories under
+ * run_ckpts.h — the checkpoints of runs: each run's step-N directories under
  * <state-dir>/runs/<id>/checkpoints and their rows in m6.db's checkpoints
  * table, kept in step with each other.
  *
@@ -10,10 +10,10 @@
  * not load is set aside as <dir>.bad (never adopted again).
  *
  * Threads: only the runner thread, or runner_init before it
- * starts (the store walks directories and writes the state DB).
+ * starts (it walks directories and writes the state DB).
  */
-#ifndef M6_CKPT_STORE_H
-#define M6_CKPT_STORE_H
+#ifndef M6_RUNNER_RUN_CKPTS_H
+#define M6_RUNNER_RUN_CKPTS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -24,16 +24,16 @@
 typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
-} ckpt_store;
+} run_ckpts;
 
 /* "<runs_dir>/<run>/checkpoints" into buf. */
-void ckpt_store_dir(const ckpt_store *s, int64_t run, char *buf, size_t len);
+void run_ckpts_dir(const run_ckpts *s, int64_t run, char *buf, size_t len);
 
 /* For every run in the DB: remove *.tmp-* leftovers (event
  * checkpoint.stray), add complete step-N dirs the DB missed (a crash
  * between rename and insert), drop rows whose directory is gone (one that
  * m6d may not look at, EACCES or EIO, is kept and logged). */
-void ckpt_store_reconcile(const ckpt_store *s);
+void run_ckpts_reconcile(const run_ckpts *s);
 
 /* Write t's state as the checkpoint of its current step (why: "every",
  * "pause", "stop", "end", "shutdown"; in the event and the log), record it,
@@ -42,15 +42,15 @@ void ckpt_store_reconcile(const ckpt_store *s);
  * or the DB row: then the directory is removed too, so disk and DB agree);
  * the caller frees it. A stale directory of the same step (a trajectory
  * left behind) is replaced. */
-int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
+int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
                     const char *why, m6_err *err);
 
 /* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
  * ...), *kept the name it now has (path itself when the rename failed). */
-void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen);
+void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen);
 
 /* Load the newest checkpoint of run that loads into *t, newest first; one
- * that does not is set aside (ckpt_store_quarantine, event checkpoint.bad)
+ * that does not is set aside (run_ckpts_quarantine, event checkpoint.bad)
  * and its row dropped, and *t is made again fresh from spec (a failed load
  * may have half-filled it): with data_rc (not NULL) by
  * trainer_create_resumable, which sets *data_rc and err anew, else by
@@ -60,8 +60,8 @@ void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen);
  * S does not load (<why>; kept as <path>), nor does any older one" (what
  * the operator can do is the edge's to add); -1 with *err when no trainer
  * could be made (*t is then NULL). The caller frees *err and *lost. */
-int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
+int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
                        trainer **t, int *data_rc, long *step, m6_err *err,
                        m6_err *lost);
 
-#endif /* M6_CKPT_STORE_H */
+#endif /* M6_RUNNER_RUN_CKPTS_H */

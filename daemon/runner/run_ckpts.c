@@ -1,7 +1,7 @@
 /*
- * ckpt_store.c — the checkpoint store (see ckpt_store.h).
+ * run_ckpts.c — a run's checkpoints on disk and in m6.db (see run_ckpts.h).
  */
-#include "runner/ckpt_store.h"
+#include "runner/run_ckpts.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -76,20 +76,20 @@ static int dir_state_(const char *p)
     return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
 }
 
-void ckpt_store_dir(const ckpt_store *s, int64_t run, char *buf, size_t len)
+void run_ckpts_dir(const run_ckpts *s, int64_t run, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/%lld/checkpoints", s->runs_dir, (long long)run);
 }
 
 /* Whether path names a step-N entry of run's checkpoint directory
  * (<runs_dir>/<run>/checkpoints/step-N, nothing after N): the only paths
- * the store removes or renames. A row of m6.db only says where its
+ * run_ckpts removes or renames. A row of m6.db only says where its
  * checkpoint is, and m6.db has other writers (dashboards, an operator's
  * sqlite3): a row naming anything else must not make m6d delete it. */
-static int in_store_(const ckpt_store *s, int64_t run, const char *path)
+static int in_dir_(const run_ckpts *s, int64_t run, const char *path)
 {
     char dir[4096];
-    ckpt_store_dir(s, run, dir, sizeof dir);
+    run_ckpts_dir(s, run, dir, sizeof dir);
     size_t n = strlen(dir);
     if (strncmp(path, dir, n) != 0 || path[n] != '/')
         return 0;
@@ -100,9 +100,9 @@ static int in_store_(const ckpt_store *s, int64_t run, const char *path)
            sscanf(name, "step-%lld%c", &step, &rest) == 1;
 }
 
-/* A row naming a path outside the store (in_store_): said, and left on
+/* A row naming a path outside the run's checkpoint directory (in_dir_): said, and left on
  * disk; the caller drops the row. */
-static void outside_(const ckpt_store *s, int64_t run, const ckpt_row *r,
+static void outside_(const run_ckpts *s, int64_t run, const ckpt_row *r,
                      const char *action)
 {
     log_warn("checkpoint.outside", "run=%lld step=%lld path=%s action=%s",
@@ -117,10 +117,10 @@ static void outside_(const ckpt_store *s, int64_t run, const ckpt_row *r,
 /* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
  * complete step-N dirs the DB missed (crash between rename and insert), drop
  * rows whose directory is gone. */
-static void reconcile_run_(const ckpt_store *s, int64_t run)
+static void reconcile_run_(const run_ckpts *s, int64_t run)
 {
     char dir[4096];
-    ckpt_store_dir(s, run, dir, sizeof dir);
+    run_ckpts_dir(s, run, dir, sizeof dir);
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
@@ -171,7 +171,7 @@ static void reconcile_run_(const ckpt_store *s, int64_t run)
     }
 }
 
-void ckpt_store_reconcile(const ckpt_store *s)
+void run_ckpts_reconcile(const run_ckpts *s)
 {
     run_row *runs;
     int n;
@@ -182,14 +182,14 @@ void ckpt_store_reconcile(const ckpt_store *s)
 
 /* ------------------------------------------------------------- save, prune */
 
-static void prune_(const ckpt_store *s, int64_t run, int keep)
+static void prune_(const run_ckpts *s, int64_t run, int keep)
 {
     ckpt_row *rows;
     int n;
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) return;
     if (keep < 1) keep = 1;
     for (int i = 0; i < n - keep; i++) {
-        if (in_store_(s, run, rows[i].path))
+        if (in_dir_(s, run, rows[i].path))
             discard_(rows[i].path);
         else
             outside_(s, run, &rows[i], "row dropped, path not removed");
@@ -200,12 +200,12 @@ static void prune_(const ckpt_store *s, int64_t run, int keep)
     free(rows);
 }
 
-int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
+int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
                     const char *why, m6_err *err)
 {
     long step = trainer_step_count(t);
     char dir[4096], path[4200];
-    ckpt_store_dir(s, run, dir, sizeof dir);
+    run_ckpts_dir(s, run, dir, sizeof dir);
     if (paths_mkdir_p(dir, 0755) < 0) {
         m6_err_set(err, M6_EINTERNAL, "checkpoint failed: %s: %s", dir,
                    strerror(errno));
@@ -238,7 +238,7 @@ int ckpt_store_save(const ckpt_store *s, int64_t run, trainer *t, int keep,
 
 /* ---------------------------------------------------------------- restore */
 
-void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen)
+void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen)
 {
     for (int k = 1; k < 100; k++) {
         char to[4200];
@@ -257,7 +257,7 @@ void ckpt_store_quarantine(const char *path, char *kept, size_t keptlen)
     snprintf(kept, keptlen, "%s", path);
 }
 
-int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
+int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
                        trainer **t, int *data_rc, long *step, m6_err *err,
                        m6_err *lost)
 {
@@ -276,8 +276,8 @@ int ckpt_store_restore(const ckpt_store *s, int64_t run, const run_spec *spec,
                      (long long)run, *step, rows[i].path);
             break;
         }
-        if (in_store_(s, run, rows[i].path)) {
-            ckpt_store_quarantine(rows[i].path, kept, sizeof kept);
+        if (in_dir_(s, run, rows[i].path)) {
+            run_ckpts_quarantine(rows[i].path, kept, sizeof kept);
         } else {
             outside_(s, run, &rows[i], "row dropped, path not renamed");
             snprintf(kept, sizeof kept, "%s", rows[i].path);
