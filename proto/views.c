@@ -7,21 +7,16 @@
  */
 #include "proto/views.h"
 
+#include "common/run_state.h"  /* the names of the states */
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 const char *views_state_str(M6__RunState s)
 {
-    switch (s) {
-    case M6__RUN_STATE__RUN_STATE_QUEUED: return "queued";
-    case M6__RUN_STATE__RUN_STATE_RUNNING: return "running";
-    case M6__RUN_STATE__RUN_STATE_PAUSED: return "paused";
-    case M6__RUN_STATE__RUN_STATE_COMPLETED: return "completed";
-    case M6__RUN_STATE__RUN_STATE_FAILED: return "failed";
-    case M6__RUN_STATE__RUN_STATE_STOPPED: return "stopped";
-    default: return "unknown";
-    }
+    int st = run_state_from_wire((int)s);
+    return st < 0 ? "unknown" : run_state_name((run_state)st);
 }
 
 static const char *state_color_(M6__RunState s)

@@ -44,7 +44,8 @@ extern const view views_watch_event;
 /* Rows: M6__NodeInfo (nodes: table, --json). */
 extern const view views_nodes;
 
-/* "queued", "running", ... */
+/* "queued", "running", ...: the state's name in common/run_state.h's
+ * table; "unknown" for UNSPECIFIED or a number it does not know. */
 const char *views_state_str(M6__RunState s);
 /* completed, failed or stopped */
 int views_terminal(M6__RunState s);

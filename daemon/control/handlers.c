@@ -126,17 +126,10 @@ static void reply_err_(call *c, const m6_err *e, const char *prefix)
 
 /* ---------------------------------------------------------------- run info */
 
+/* The protocol's number of a recorded state (common/run_state.h's table). */
 static M6__RunState state_to_pb_(run_state s)
 {
-    switch (s) {
-    case RUN_QUEUED: return M6__RUN_STATE__RUN_STATE_QUEUED;
-    case RUN_RUNNING: return M6__RUN_STATE__RUN_STATE_RUNNING;
-    case RUN_PAUSED: return M6__RUN_STATE__RUN_STATE_PAUSED;
-    case RUN_COMPLETED: return M6__RUN_STATE__RUN_STATE_COMPLETED;
-    case RUN_FAILED: return M6__RUN_STATE__RUN_STATE_FAILED;
-    case RUN_STOPPED: return M6__RUN_STATE__RUN_STATE_STOPPED;
-    }
-    return M6__RUN_STATE__RUN_STATE_UNSPECIFIED;
+    return (M6__RunState)run_state_wire(s);
 }
 
 static M6__Phase phase_to_pb_(int phase)

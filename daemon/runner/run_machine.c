@@ -8,27 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const state_names_[RUN_MACHINE_NSTATES] = {
-    [W_QUEUED] = "queued",       [W_STARTING] = "starting",
-    [W_RUNNING] = "running",     [W_PAUSING] = "pausing",
-    [W_PAUSED] = "paused",       [W_RESUMING] = "resuming",
-    [W_STOPPING] = "stopping",   [W_COMPLETED] = "completed",
-    [W_FAILED] = "failed",       [W_STOPPED] = "stopped",
-};
-
 static const char *const cmd_names_[] = {
     [CMD_PAUSE] = "pause", [CMD_RESUME] = "resume",
     [CMD_DELINK] = "delink", [CMD_STOP] = "stop",
 };
 
-const char *run_machine_state_name(run_machine_state s)
-{
-    return (unsigned)s < RUN_MACHINE_NSTATES ? state_names_[s] : "?";
-}
-
 static char no_error_[] = "";  /* worker.error when there is none */
 
-run_machine run_machine_init(run_machine_state s)
+run_machine run_machine_init(run_state s)
 {
     run_machine w;
     memset(&w, 0, sizeof w);
@@ -49,9 +36,9 @@ void run_machine_set_error(run_machine *w, const char *reason)
 }
 
 /* The run the runner owns (its trainer is held). */
-static int live_(run_machine_state s)
+static int live_(run_state s)
 {
-    return s >= W_STARTING && s <= W_STOPPING;
+    return s >= RUN_STARTING && s <= RUN_STOPPING;
 }
 
 /* ---------------------------------------------------------------- commands
@@ -64,25 +51,25 @@ static m6_code pause_(run_machine *w, int64_t id, unsigned *act, char *msg,
 {
     long long n = (long long)id;
     switch (w->state) {
-    case W_PAUSING:
+    case RUN_PAUSING:
         snprintf(msg, len, "run %lld is already pausing: it pauses at the "
                  "next step boundary", n);
         return M6_EBADSTATE;
-    case W_PAUSED:
+    case RUN_PAUSED:
         snprintf(msg, len, "run %lld is already paused", n);
         return M6_EBADSTATE;
-    case W_RESUMING:
+    case RUN_RESUMING:
         /* not yet tried: the resume is cancelled and answered so, the run
          * stays paused; being tried: the run pauses once it resumed */
         if (w->resume_tried) {
-            w->state = W_PAUSING;
+            w->state = RUN_PAUSING;
         } else {
-            w->state = W_PAUSED;
+            w->state = RUN_PAUSED;
             *act |= RUN_ACT_RESUME_CANCEL;
         }
         break;
     default: /* STARTING, RUNNING */
-        w->state = W_PAUSING;
+        w->state = RUN_PAUSING;
         break;
     }
     snprintf(msg, len, "run %lld pauses at the next step boundary", n);
@@ -94,16 +81,16 @@ static m6_code resume_(run_machine *w, int64_t id, unsigned *act, char *msg,
 {
     long long n = (long long)id;
     switch (w->state) {
-    case W_PAUSING: /* the pause not taken yet: cancelled */
-        w->state = w->resume_tried ? W_RESUMING : W_RUNNING;
+    case RUN_PAUSING: /* the pause not taken yet: cancelled */
+        w->state = w->resume_tried ? RUN_RESUMING : RUN_RUNNING;
         snprintf(msg, len, "run %lld: pending pause cancelled", n);
         return M6_OK;
-    case W_PAUSED:
-        w->state = W_RESUMING;
+    case RUN_PAUSED:
+        w->state = RUN_RESUMING;
         *act |= RUN_ACT_RESUME_NEW;
         msg[0] = 0;
         return M6_OK;
-    case W_RESUMING: /* one more resume: served by the same try */
+    case RUN_RESUMING: /* one more resume: served by the same try */
         *act |= w->resume_tried ? RUN_ACT_RESUME_JOIN : RUN_ACT_RESUME_NEW;
         msg[0] = 0;
         return M6_OK;
@@ -135,8 +122,8 @@ static m6_code stop_(run_machine *w, int64_t id, char *msg, size_t len)
 {
     /* a resume not yet tried stays owed: answered by the stop's outcome
      * (the run ended, or why the stop failed) */
-    int again = w->state == W_STOPPING;
-    w->state = W_STOPPING;
+    int again = w->state == RUN_STOPPING;
+    w->state = RUN_STOPPING;
     snprintf(msg, len, again ? "run %lld is already stopping: it stops at "
              "the next step boundary" : "run %lld stops at the next step "
              "boundary", (long long)id);
@@ -148,19 +135,19 @@ static m6_code not_live_(run_machine *w, int64_t id, runner_cmd cmd,
                               unsigned *act, char *msg, size_t len)
 {
     long long n = (long long)id;
-    if (w->state == W_QUEUED && cmd == CMD_STOP) {
-        w->state = W_STOPPED;
+    if (w->state == RUN_QUEUED && cmd == CMD_STOP) {
+        w->state = RUN_STOPPED;
         *act |= RUN_ACT_DEQUEUE;
         snprintf(msg, len, "run %lld removed from the queue", n);
         return M6_OK;
     }
-    if (w->state == W_STOPPED && cmd == CMD_RESUME)
+    if (w->state == RUN_STOPPED && cmd == CMD_RESUME)
         snprintf(msg, len, "run %lld is stopped: a stopped run cannot be "
                  "resumed; submit its spec again", n);
     else
         snprintf(msg, len, "cannot %s run %lld: it is %s%s", cmd_names_[cmd],
-                 n, run_machine_state_name(w->state),
-                 w->state == W_QUEUED ? " (waiting for the running run)" : "");
+                 n, run_state_name(w->state),
+                 w->state == RUN_QUEUED ? " (waiting for the running run)" : "");
     return M6_EBADSTATE;
 }
 
@@ -182,7 +169,7 @@ m6_code run_machine_command(run_machine *w, int64_t id, runner_cmd cmd,
         run_machine_stopping_msg(id, cmd, msg, msglen);
         return M6_EBADSTATE;
     }
-    if (w->state == W_STOPPING && cmd != CMD_STOP) {
+    if (w->state == RUN_STOPPING && cmd != CMD_STOP) {
         snprintf(msg, msglen, "run %lld stops at the next step boundary: a "
                  "%s cannot follow its stop", n, cmd_names_[cmd]);
         return M6_EBADSTATE;
@@ -216,7 +203,7 @@ run_machine_take run_machine_boundary(run_machine *w)
 {
     run_machine_take t = {0};
     if (!live_(w->state)) return t;
-    if (w->state == W_STOPPING) { /* the stop first; if it fails, the rest */
+    if (w->state == RUN_STOPPING) { /* the stop first; if it fails, the rest */
         t.stop = 1;
         return t;
     }
@@ -224,14 +211,14 @@ run_machine_take run_machine_boundary(run_machine *w)
         t.delink = 1;
         w->delink_pending = 0;
     }
-    if (w->state == W_PAUSING) {
+    if (w->state == RUN_PAUSING) {
         /* paused from now on, so that a resume sent while the pause is
          * written waits for it, not "not paused" */
-        w->state = W_PAUSED;
+        w->state = RUN_PAUSED;
         t.pause = 1;
     }
     t.shutdown = w->shutdown;
-    if (w->state == W_RESUMING && !w->resume_tried) {
+    if (w->state == RUN_RESUMING && !w->resume_tried) {
         w->resume_tried = 1;
         run_machine_set_error(w, NULL); /* the try says anew why it stays
                                     * paused, if so */
@@ -244,12 +231,12 @@ run_machine_take run_machine_boundary(run_machine *w)
 
 int run_machine_waits(const run_machine *w)
 {
-    return w->state == W_PAUSED && !w->delink_pending && !w->shutdown;
+    return w->state == RUN_PAUSED && !w->delink_pending && !w->shutdown;
 }
 
 int run_machine_trains(const run_machine *w)
 {
-    return w->state == W_RUNNING && !w->shutdown;
+    return w->state == RUN_RUNNING && !w->shutdown;
 }
 
 /* A data error, a failed write, a lost checkpoint: the run pauses itself
@@ -258,9 +245,9 @@ int run_machine_trains(const run_machine *w)
  * (it failed). */
 static int pause_self_(run_machine *w, const char *reason, int write)
 {
-    if (!(w->state == W_STOPPING ||
-          (w->state == W_RESUMING && !w->resume_tried)))
-        w->state = W_PAUSED;
+    if (!(w->state == RUN_STOPPING ||
+          (w->state == RUN_RESUMING && !w->resume_tried)))
+        w->state = RUN_PAUSED;
     w->resume_tried = 0;
     run_machine_set_error(w, reason);
     w->error_write = write;
@@ -269,24 +256,24 @@ static int pause_self_(run_machine *w, const char *reason, int write)
 
 int run_machine_on(run_machine *w, run_machine_event ev, const char *reason)
 {
-    run_machine_state s = w->state;
+    run_state s = w->state;
     if (!live_(s)) return -1;
     switch (ev) {
     case RUN_EV_STARTED:
-        if (s == W_RUNNING) return -1;
-        if (s == W_STARTING) w->state = W_RUNNING;
+        if (s == RUN_RUNNING) return -1;
+        if (s == RUN_STARTING) w->state = RUN_RUNNING;
         return 0;
     case RUN_EV_STEP_DONE:
     case RUN_EV_EVAL_DONE: /* a command may have come in during the step */
-        return s == W_RUNNING || s == W_PAUSING || s == W_STOPPING ? 0 : -1;
+        return s == RUN_RUNNING || s == RUN_PAUSING || s == RUN_STOPPING ? 0 : -1;
     case RUN_EV_CHECKPOINT:
-        return s == W_STARTING ? -1 : 0;
+        return s == RUN_STARTING ? -1 : 0;
     case RUN_EV_RESUMED:
         if (!w->resume_tried ||
-            !(s == W_RESUMING || s == W_PAUSING || s == W_STOPPING))
+            !(s == RUN_RESUMING || s == RUN_PAUSING || s == RUN_STOPPING))
             return -1;
         w->resume_tried = 0;
-        if (s == W_RESUMING) w->state = W_RUNNING;
+        if (s == RUN_RESUMING) w->state = RUN_RUNNING;
         return 0; /* PAUSING, STOPPING: sent during the try, done next */
     case RUN_EV_DATA_ERROR:
     case RUN_EV_CKPT_LOST:
@@ -295,21 +282,21 @@ int run_machine_on(run_machine *w, run_machine_event ev, const char *reason)
     case RUN_EV_WRITE_FAILED:
         return pause_self_(w, reason, 1);
     case RUN_EV_STOPPED:
-        if (s != W_STOPPING) return -1;
-        w->state = W_STOPPED;
+        if (s != RUN_STOPPING) return -1;
+        w->state = RUN_STOPPED;
         return 0;
     case RUN_EV_STOP_FAILED:
-        if (s != W_STOPPING) return -1;
-        w->state = W_PAUSED;
+        if (s != RUN_STOPPING) return -1;
+        w->state = RUN_PAUSED;
         run_machine_set_error(w, reason);
         w->error_write = 1;
         return 0;
     case RUN_EV_COMPLETED:
-        if (!(s == W_RUNNING || s == W_PAUSING || s == W_STOPPING)) return -1;
-        w->state = W_COMPLETED;
+        if (!(s == RUN_RUNNING || s == RUN_PAUSING || s == RUN_STOPPING)) return -1;
+        w->state = RUN_COMPLETED;
         return 0;
     case RUN_EV_FAILED:
-        w->state = W_FAILED;
+        w->state = RUN_FAILED;
         return 0;
     case RUN_EV_SHUTDOWN:
         w->shutdown = 1;
@@ -326,27 +313,27 @@ void run_machine_delinked(run_machine *w, long step)
 
 int run_machine_delink_pending(const run_machine *w)
 {
-    return w->state != W_STOPPING && live_(w->state) && w->delink_pending;
+    return w->state != RUN_STOPPING && live_(w->state) && w->delink_pending;
 }
 
 const char *run_machine_pending(const run_machine *w)
 {
     int d = run_machine_delink_pending(w);
     switch (w->state) {
-    case W_STOPPING: return "stopping";
-    case W_PAUSING: return d ? "delinking, pausing" : "pausing";
-    case W_RESUMING: return d ? "delinking, resuming" : "resuming";
+    case RUN_STOPPING: return "stopping";
+    case RUN_PAUSING: return d ? "delinking, pausing" : "pausing";
+    case RUN_RESUMING: return d ? "delinking, resuming" : "resuming";
     default: return d ? "delinking" : "";
     }
 }
 
 int run_machine_is_training(const run_machine *w)
 {
-    return w->state == W_RUNNING || w->state == W_PAUSING;
+    return w->state == RUN_RUNNING || w->state == RUN_PAUSING;
 }
 
 int run_machine_is_paused(const run_machine *w)
 {
-    return w->state == W_PAUSED || w->state == W_RESUMING ||
-           (w->state == W_STOPPING && w->error[0]);
+    return w->state == RUN_PAUSED || w->state == RUN_RESUMING ||
+           (w->state == RUN_STOPPING && w->error[0]);
 }

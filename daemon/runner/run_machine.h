@@ -46,30 +46,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/run_state.h"
 #include "runner/runner.h"
 
-typedef enum {
-    W_QUEUED = 0, /* waiting in the queue (not the runner's yet) */
-    W_STARTING,   /* the runner sets it up: data, model, checkpoint */
-    W_RUNNING,    /* training */
-    W_PAUSING,    /* a pause acknowledged, done at the next boundary */
-    W_PAUSED,     /* not training: by a pause, or paused itself (error) */
-    W_RESUMING,   /* a resume acknowledged; the runner tries it at its
-                   * next boundary (reopen data, owed writes), answered
-                   * once tried */
-    W_STOPPING,   /* a stop acknowledged, done at the next boundary */
-    W_COMPLETED,  /* terminal: trained to train.steps */
-    W_FAILED,     /* terminal: bad spec, the trainer failed */
-    W_STOPPED,    /* terminal: stopped by the operator */
-} run_machine_state;
-
-#define RUN_MACHINE_NSTATES 10
-
-const char *run_machine_state_name(run_machine_state s);
+/* The states are common/run_state.h's run_state (RUN_QUEUED ...), the one
+ * table of their names. */
 
 /* Everything the transitions read and write. */
 typedef struct {
-    run_machine_state state;
+    run_state state;
     int delink_pending; /* a delink acknowledged, done at the next boundary */
     int resume_tried;   /* the runner took a resume and is trying it now:
                          * a resume sent meanwhile joins its answer */
@@ -87,7 +72,7 @@ typedef struct {
 } run_machine;
 
 /* The runner of a run in state s: no flags, pseudo, no error. */
-run_machine run_machine_init(run_machine_state s);
+run_machine run_machine_init(run_state s);
 
 /* Set w->error to a copy of reason (NULL or "": none), freeing the one it
  * held. Out of memory: "out of memory (keeping why the run paused)". */

@@ -48,7 +48,7 @@ void runner_on_(runner *c, run_machine_event ev, const char *reason)
     pthread_mutex_lock(&c->mu);
     if (run_machine_on(&c->w, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)c->active, (int)ev, run_machine_state_name(c->w.state));
+                 (long long)c->active, (int)ev, run_state_name(c->w.state));
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -122,7 +122,7 @@ void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
     pthread_mutex_lock(&c->mu);
     if (run_machine_on(&c->w, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)r->id, (int)ev, run_machine_state_name(c->w.state));
+                 (long long)r->id, (int)ev, run_state_name(c->w.state));
     c->w.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
                       : ev == RUN_EV_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
     pthread_cond_broadcast(&c->cv);
@@ -174,8 +174,8 @@ static int eval_interrupt_(void *ud)
 {
     runner *c = ud;
     pthread_mutex_lock(&c->mu);
-    int stop = c->shutdown || c->w.state == W_STOPPING ||
-               c->w.state == W_PAUSING;
+    int stop = c->shutdown || c->w.state == RUN_STOPPING ||
+               c->w.state == RUN_PAUSING;
     pthread_mutex_unlock(&c->mu);
     return stop;
 }
@@ -724,7 +724,7 @@ static int dist_ready_(run_ctx *r)
 static int stop_before_setup_(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int stopping = c->w.state == W_STOPPING;
+    int stopping = c->w.state == RUN_STOPPING;
     int64_t upto = c->cmd_last;
     pthread_mutex_unlock(&c->mu);
     if (!stopping)
@@ -846,11 +846,11 @@ static void take_next_locked_(runner *c)
     int paused = 0;
     c->active = queue_next(c->st, &paused);
     run_machine_set_error(&c->w, NULL);
-    c->w = run_machine_init(paused ? W_PAUSED : W_STARTING);
+    c->w = run_machine_init(paused ? RUN_PAUSED : RUN_STARTING);
     c->w.shutdown = c->shutdown;
     c->active_step = 0;
     if (!c->active) {
-        c->w = run_machine_init(W_QUEUED);
+        c->w = run_machine_init(RUN_QUEUED);
         return;
     }
     run_row row;
@@ -884,14 +884,14 @@ static void *run_machine_main_(void *arg)
         pthread_mutex_lock(&c->mu);
         /* a run that ended (completed, failed, stopped) has nothing left
          * to apply; one left by a shutdown keeps its pending commands */
-        if (c->w.state == W_COMPLETED || c->w.state == W_FAILED ||
-            c->w.state == W_STOPPED)
+        if (c->w.state == RUN_COMPLETED || c->w.state == RUN_FAILED ||
+            c->w.state == RUN_STOPPED)
             state_commands_mark(c->st, id, INT64_MAX, c->active_step);
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->active = 0;
         run_machine_set_error(&c->w, NULL);
-        c->w = run_machine_init(W_QUEUED);
+        c->w = run_machine_init(RUN_QUEUED);
         c->w.shutdown = c->shutdown;
         c->offload_valid = 0;
         pthread_cond_broadcast(&c->cv); /* a waiting resume: the run ended */
@@ -920,7 +920,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     if (delay) c->step_delay_ms = atoi(delay) > 0 ? atoi(delay) : 0;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     c->ckpts = (run_ckpts){.st = c->st, .runs_dir = c->runs_dir};
-    c->w = run_machine_init(W_QUEUED);
+    c->w = run_machine_init(RUN_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->cmd_mu, NULL);
     const char *hold = getenv("M6_TEST_HOLD_BOUNDARY");

@@ -153,7 +153,7 @@ void runner_interrupted_(run_ctx *r, int resume)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     pthread_mutex_lock(&c->mu);
-    int paused = c->w.state != W_RUNNING; /* PAUSED, or RESUMING untried */
+    int paused = c->w.state != RUN_RUNNING; /* PAUSED, or RESUMING untried */
     pthread_mutex_unlock(&c->mu);
     /* On failure the next start resumes from the last good one. */
     if (runner_checkpoint_(r, "shutdown", &err) < 0)
@@ -354,18 +354,13 @@ static m6_err wait_resume_(runner *c, int64_t id, long ticket)
                        (long long)id);
 }
 
-/* The state machine's state of a run the runner does not own, from its
- * DB state. -1 for a run left running or paused that another run holds
- * the runner from (several were left paused). */
-static int db_worker_state_(run_state s)
+/* Whether the state machine of a run the runner does not own starts from
+ * its DB state: 1 for queued or ended, 0 for a run left running or paused
+ * that another run holds the runner from (several were left paused). */
+static int not_owned_(run_state s)
 {
-    switch (s) {
-    case RUN_QUEUED: return W_QUEUED;
-    case RUN_COMPLETED: return W_COMPLETED;
-    case RUN_FAILED: return W_FAILED;
-    case RUN_STOPPED: return W_STOPPED;
-    default: return -1;
-    }
+    return s == RUN_QUEUED || s == RUN_COMPLETED || s == RUN_FAILED ||
+           s == RUN_STOPPED;
 }
 
 /* run_machine_command on w, its reply whole (the room it asks for). */
@@ -487,9 +482,8 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
     } else if (rc < 0) {
         ret = m6_err_make(M6_EINTERNAL, "database error");
     } else {
-        int s = db_worker_state_(row.state);
-        if (s >= 0) {
-            run_machine w = run_machine_init((run_machine_state)s);
+        if (not_owned_(row.state)) {
+            run_machine w = run_machine_init(row.state);
             ret = run_machine_command_(&w, id, cmd, &act);
             if ((act & RUN_ACT_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
                 /* not acknowledged: the run stays queued; say why (m6.db

@@ -28,21 +28,6 @@ static void held_clear_locked_(state *st);
 static void *flusher_main_(void *arg);
 static double wait_s_(const state *st);
 
-static const char *const state_names[RUN_STATE_COUNT] = {
-    "queued", "running", "paused", "completed", "failed", "stopped"};
-
-const char *run_state_name(run_state s)
-{
-    return (unsigned)s < RUN_STATE_COUNT ? state_names[s] : "unknown";
-}
-
-int run_state_parse(const char *s)
-{
-    for (int i = 0; i < RUN_STATE_COUNT; i++)
-        if (s && strcmp(s, state_names[i]) == 0) return i;
-    return -1;
-}
-
 double state_now_(void)
 {
     struct timespec ts;
@@ -730,7 +715,8 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
     r->id = sqlite3_column_int64(s, 0);
     state_copy_text_(r->name, sizeof r->name, sqlite3_column_text(s, 1));
     int stv = run_state_parse((const char *)sqlite3_column_text(s, 2));
-    r->state = stv < 0 ? RUN_FAILED : (run_state)stv;
+    r->state = stv < 0 || !run_state_recorded((run_state)stv)
+                   ? RUN_FAILED : (run_state)stv;
     r->phase = phase_parse((const char *)sqlite3_column_text(s, 3)) == 1;
     r->step = sqlite3_column_int64(s, 4);
     r->total_steps = sqlite3_column_int64(s, 5);

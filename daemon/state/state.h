@@ -31,24 +31,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/phase.h"   /* run_phase, phase_name, phase_parse */
+#include "common/run_state.h" /* run_state: runs.state holds the recorded
+                                * ones' names */
 
 typedef struct state state;
-
-typedef enum {
-    RUN_QUEUED = 0, RUN_RUNNING, RUN_PAUSED, RUN_COMPLETED, RUN_FAILED,
-    RUN_STOPPED,
-} run_state;
-
-#define RUN_STATE_COUNT 6
-
-const char *run_state_name(run_state s);
-int run_state_parse(const char *s); /* -1 if unknown */
 
 typedef struct {
     int64_t id;
     char name[256];
     char *spec;         /* malloc'd by state_run_get only; run_row_clear frees */
-    run_state state;
+    run_state state;    /* a recorded one (run_state_recorded) */
     int phase;          /* 0 pseudo, 1 real */
     int64_t step, total_steps;
     double created, updated;
@@ -248,7 +240,7 @@ int state_command_drop(state *st, int64_t id);
  * nothing, is in m6.db after a crash. */
 typedef struct {
     int set_state;          /* runs.state := state, runs.error := error */
-    run_state state;
+    run_state state;    /* a recorded one (run_state_recorded) */
     const char *error;
     int delink;             /* the real phase from step: the phases row,
                              * runs.delink_step, runs.step and phase */
