@@ -68,7 +68,7 @@ wait_state() {  # RUN STATE TIMEOUT_S
     done
     return 1
 }
-# descriptors and RSS: the least of 5 samples 50 ms apart (the worker opens
+# descriptors and RSS: the least of 5 samples 50 ms apart (the runner opens
 # a file for a moment at times: a checkpoint, a shard)
 fds() { for _ in 1 2 3 4 5; do ls "/proc/$PID/fd" | wc -l; sleep 0.05; done | sort -n | head -1; }
 rss_kb() { for _ in 1 2 3 4 5; do awk '/^VmRSS:/ { print $2 }' "/proc/$PID/status"; sleep 0.05; done | sort -n | head -1; }

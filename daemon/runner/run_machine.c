@@ -13,7 +13,7 @@ static const char *const cmd_names_[] = {
     [CMD_DELINK] = "delink", [CMD_STOP] = "stop",
 };
 
-static char no_error_[] = "";  /* worker.error when there is none */
+static char no_error_[] = "";  /* run_machine.error when there is none */
 
 run_machine run_machine_init(run_state s)
 {

@@ -40,7 +40,7 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
     return 0;
 }
 
-/* ------------------------------------------------------------------ worker */
+/* -------------------------------------------------------- the run's events */
 
 /* An event of the run's state machine (run_machine.h), under mu. */
 void runner_on_(runner *c, run_machine_event ev, const char *reason)
@@ -867,7 +867,7 @@ static void take_next_locked_(runner *c)
     runner_replay_commands_locked_(c);
 }
 
-static void *run_machine_main_(void *arg)
+static void *thread_main_(void *arg)
 {
     runner *c = arg;
     pthread_mutex_lock(&c->mu);
@@ -937,9 +937,9 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     run_ckpts_reconcile(&c->ckpts);
     if (cfg->no_thread) return c;  /* the testing seam (runner.h) */
     /* Pick the first active run now, so commands that arrive before the
-     * worker gets going already find it. */
+     * runner thread gets going already find it. */
     take_next_locked_(c);
-    int rc = pthread_create(&c->thread, NULL, run_machine_main_, c);
+    int rc = pthread_create(&c->thread, NULL, thread_main_, c);
     if (rc != 0) {
         snprintf(err, errlen, "pthread_create: %s", strerror(rc));
         goto fail;

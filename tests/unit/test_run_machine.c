@@ -149,7 +149,7 @@ static run_machine make_(run_state s, int variant)
     return w;
 }
 
-/* w's error freed, then w replaced by n (workers are values here; their
+/* w's error freed, then w replaced by n (machines are values here; their
  * error text is the one thing they own). */
 static run_machine renew_(run_machine *w, run_machine n)
 {
