@@ -207,14 +207,14 @@ __global__ void attn_backward_dkv_kernel(bf16 *dqkv, const bf16 *dout,
             int tq = t0 + j;
             if (tq < s || tq >= T)
                 continue;
-            float sc = 0.0f, dp = 0.0f;
+            float sc = 0.0f, dP = 0.0f;
 #pragma unroll
             for (int i = 0; i < HS; i++) {
                 sc += Qs[j][i] * Ko[tid][i];
-                dp += dOs[j][i] * Vo[tid][i];
+                dP += dOs[j][i] * Vo[tid][i];
             }
             float p = expf(sc * scale - Ls[j]);
-            float ds = p * (dp - Ds[j]);
+            float ds = p * (dP - Ds[j]);
 #pragma unroll
             for (int i = 0; i < HS; i++) {
                 dv[i] += p * dOs[j][i];
@@ -278,14 +278,14 @@ __global__ void attn_backward_dq_kernel(bf16 *dqkv, const bf16 *dout,
         for (int j = 0; j < K; j++) {
             if (k0 + j > t) /* keys ascend: the rest are in the future */
                 break;
-            float sc = 0.0f, dp = 0.0f;
+            float sc = 0.0f, dP = 0.0f;
 #pragma unroll
             for (int i = 0; i < HS; i++) {
                 sc += Qo[tid][i] * Ks[j][i];
-                dp += dOo[tid][i] * Vs[j][i];
+                dP += dOo[tid][i] * Vs[j][i];
             }
             float p = expf(sc * scale - lse_t);
-            float ds = p * (dp - D_t);
+            float ds = p * (dP - D_t);
 #pragma unroll
             for (int i = 0; i < HS; i++)
                 dq[i] += ds * Ks[j][i];
