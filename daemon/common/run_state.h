@@ -8,10 +8,10 @@
  * The other four are transient: a command acknowledged or a set-up under
  * way, done at the runner thread's next step boundary. While a run is in
  * one, m6.db keeps the recorded state the run was in before (STARTING:
- * queued, or running or paused as the last m6d left it; PAUSING and
- * STOPPING: running or paused; RESUMING: paused), and the boundary writes
- * the next one; status reports the transient state as a pending command
- * (m6.proto RunInfo.pending).
+ * queued, or running or paused as the last m6d left it; PAUSING, RESUMING
+ * and STOPPING: running or paused), and the boundary writes the next one;
+ * status reports the transient state as a pending command (m6.proto
+ * RunInfo.pending).
  *
  * The names and numbers are the ones m6.db files and m6ctl already hold:
  * they never change (tests/unit/test_run_state.c checks them against

@@ -550,7 +550,8 @@ static void on_signal_(uv_signal_t *h, int signum)
     g.stopping = 1;
     log_info("daemon.signal", "signal=%s", strsignal(signum));
     if (g.runner) /* NULL when the start failed before the runner */
-        runner_request_shutdown(g.runner); /* a flag: the runner stops after this step */
+        /* a flag: the runner stops after this step */
+        runner_request_shutdown(g.runner);
     uv_stop(h->loop);
 }
 
@@ -1017,7 +1018,8 @@ out_server:
 out_loop:
     uv_walk(&g.loop, close_but_signals_, NULL);
     uv_run(&g.loop, UV_RUN_DEFAULT);  /* close callbacks; pool work ends */
-    runner_fini(g.runner);  /* joins the runner thread: step ends, checkpoint written */
+    /* joins the runner thread: step ends, checkpoint written */
+    runner_fini(g.runner);
     cluster_dp_worker_stop(g.dpw);  /* its group fails or times out */
     g.dpw = NULL;
     /* log the signals caught meanwhile (a loop of unref'd handles only

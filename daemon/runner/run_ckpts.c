@@ -100,8 +100,8 @@ static int in_dir_(const run_ckpts *s, int64_t run, const char *path)
            sscanf(name, "step-%lld%c", &step, &rest) == 1;
 }
 
-/* A row naming a path outside the run's checkpoint directory (in_dir_): said, and left on
- * disk; the caller drops the row. */
+/* A row naming a path outside the run's checkpoint directory (in_dir_):
+ * said, and left on disk; the caller drops the row. */
 static void outside_(const run_ckpts *s, int64_t run, const ckpt_row *r,
                      const char *action)
 {

@@ -1,6 +1,6 @@
 /*
- * run_machine.c — the run's state machine (see run_machine.h): one function per
- * command and per event, each a pure function of the runner value.
+ * run_machine.c — the run's state machine (see run_machine.h): one function
+ * per command and per event, each a pure function of the run_machine value.
  */
 #include "runner/run_machine.h"
 

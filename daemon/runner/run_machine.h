@@ -32,13 +32,14 @@
  * Live states are those of the run the runner thread owns (STARTING to
  * STOPPING); QUEUED and the terminal states (COMPLETED, FAILED, STOPPED)
  * are runs in the state DB only. A command is acknowledged by the reply
- * and applied by the runner at its next step boundary (run_machine_boundary),
- * in the order stop, delink, pause, (shutdown), resume.
+ * and applied by the runner at its next step boundary
+ * (run_machine_boundary), in the order stop, delink, pause, (shutdown),
+ * resume.
  *
- * The transitions are pure: they read and write a `run_machine` value and say
- * what the caller must do (actions), nothing else, so they are tested
- * without a model or a thread (tests/unit/test_run_machine.c). runner.c holds one
- * `run_machine` under its mutex and does the actions.
+ * The transitions are pure: they read and write a `run_machine` value and
+ * say what the caller must do (actions), nothing else, so they are tested
+ * without a model or a thread (tests/unit/test_run_machine.c). runner.c
+ * holds one `run_machine` under its mutex and does the actions.
  */
 #ifndef M6_RUNNER_RUN_MACHINE_H
 #define M6_RUNNER_RUN_MACHINE_H
@@ -71,7 +72,7 @@ typedef struct {
                          * otherwise (set by the caller with the event) */
 } run_machine;
 
-/* The runner of a run in state s: no flags, pseudo, no error. */
+/* The state machine of a run in state s: no flags, pseudo, no error. */
 run_machine run_machine_init(run_state s);
 
 /* Set w->error to a copy of reason (NULL or "": none), freeing the one it

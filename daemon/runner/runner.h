@@ -1,6 +1,7 @@
 /*
  * runner.h — the runner: the node's run driver. Run queue, phase policy,
- * and the runner thread that drives the trainer. The only writer of the state DB.
+ * and the runner thread that drives the trainer. The only writer of the
+ * state DB.
  *
  * One run trains at a time; queued runs start in submit order. The runner
  * thread owns the trainer and acts on operator commands (pause, resume,

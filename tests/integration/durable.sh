@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # durable.sh — acknowledged means durable (issue 16 item 7). m6d runs with
-# the test hook M6_TEST_HOLD_BOUNDARY=FILE: while FILE exists the worker
+# the test hook M6_TEST_HOLD_BOUNDARY=FILE: while FILE exists the runner
 # waits at its step boundary. Each command is acknowledged while the
 # boundary is held, m6d is killed (-9) before the boundary takes it, and
 # started again: the delink, the pause, the resume and the stop each happen

@@ -57,7 +57,7 @@ K=$(field "$R" step)
 [ "$K" -lt 600 ] || fail "run reached the end on a full disk"
 [ "$K" -le $((P + 10)) ] || fail "run trained on to step $K after the disk filled at $P"
 ctl list >/dev/null || fail "daemon does not answer on a full disk"
-sleep 1  # a looping or step-spamming worker would show now
+sleep 1  # a looping or step-spamming runner would show now
 [ "$(field "$R" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$R" step)"
 errs=$(tail -n +"$((before + 1))" "$LOG" | grep -c " error " || true)
 [ "$errs" -le 8 ] || fail "$errs error lines for one full disk: $(tail -n +"$((before + 1))" "$LOG")"

@@ -252,9 +252,9 @@ wait_step() {
 # The step-boundary hold (runner.c's test hook): every m6d started with
 # M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
 # boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
-# wait). hold_boundary [nowait]: makes the worker hold at its next boundary
+# wait). hold_boundary [nowait]: makes the runner hold at its next boundary
 # and waits until it does, so the run is alive, whatever the speed of a
-# step, for what the test does next (nowait: a paused run's worker holds
+# step, for what the test does next (nowait: a paused run's runner holds
 # only once a command wakes it). release_boundary: lets it go on.
 HOLD_FILE=$T/hold
 hold_boundary() {
@@ -263,7 +263,7 @@ hold_boundary() {
     before=$(grep -c 'test.hold' "$lg" || true)
     touch "$HOLD_FILE"
     [ "${1:-}" = nowait ] && return 0
-    wait_for "the worker to hold at its step boundary (log line test.hold)" 20 \
+    wait_for "the runner to hold at its step boundary (log line test.hold)" 20 \
         log_has "$lg" 'test.hold' $((before + 1))
 }
 release_boundary() { rm -f "$HOLD_FILE"; }

@@ -22,7 +22,7 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"  # lib.sh hold_boundary
 READER=$!
 
 A=$(ctl submit "$T/a.json")
-# Pause once the worker owns the run (until then it is queued and a pause is
+# Pause once the runner owns the run (until then it is queued and a pause is
 # refused), held at its boundary: it stops well before the spec's delink
 # whatever the speed of a step.
 wait_step "$A" 1

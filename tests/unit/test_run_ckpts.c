@@ -1,16 +1,16 @@
 /*
  * test_run_ckpts.c — keeping a run's checkpoints (daemon/runner/run_ckpts.c)
- * removes and renames only inside the run's checkpoint directory. m6.db has other
- * writers (dashboards, an operator's sqlite3), so a checkpoints row may
+ * removes and renames only inside the run's checkpoint directory. m6.db has
+ * other writers (dashboards, an operator's sqlite3), so a checkpoints row may
  * name any path; run_ckpts must treat such a row as a row to drop, never
  * as a directory to delete.
  *
  *  1. Prune: a tiny trainer's checkpoint saved with keep = 1 while the DB
  *     also holds an older row naming a directory outside the run's
- *     checkpoint directory (with a file in it), and an older row naming a step-N directory inside
- *     it: the outside directory and its file are still there, the
- *     inside one is gone, both rows are dropped, the new checkpoint is the
- *     run's only row and its directory exists.
+ *     checkpoint directory (with a file in it), and an older row naming a
+ *     step-N directory inside it: the outside directory and its file are
+ *     still there, the inside one is gone, both rows are dropped, the new
+ *     checkpoint is the run's only row and its directory exists.
  *  2. Restore: a row (newest) naming an outside path that does not load
  *     (a plain directory): the restore skips it without renaming it (no
  *     <path>.bad appears, the path is unchanged), drops its row, and loads

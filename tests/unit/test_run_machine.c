@@ -1,6 +1,6 @@
 /*
- * test_run_machine.c — the run's state machine (daemon/runner/run_machine.h) without a
- * model or a thread: every (state, command) pair, illegal ones included,
+ * test_run_machine.c — the run's state machine
+ * (daemon/runner/run_machine.h) without a model or a thread: every (state, command) pair, illegal ones included,
  * and every event in every state, against tables written here by hand
  * from the rules (run_machine.h's comment and the operator docs), not from the
  * code's output.
