@@ -367,7 +367,7 @@ static void do_submit_(call *c, const M6__Request *rq)
     int64_t id;
     char name[256] = "";
     m6_err e = runner_submit(c->h->runner, json, (size_t)len, &c->s->gone, &id,
-                            name, sizeof name);
+                             name, sizeof name);
     const char *origin = rq->submit->origin && *rq->submit->origin
                              ? rq->submit->origin : NULL;
     if (e.code != M6_OK) {

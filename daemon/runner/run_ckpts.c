@@ -201,7 +201,7 @@ static void prune_(const run_ckpts *s, int64_t run, int keep)
 }
 
 int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
-                    const char *why, m6_err *err)
+                   const char *why, m6_err *err)
 {
     long step = trainer_step_count(t);
     char dir[4096], path[4200];
@@ -258,8 +258,8 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen)
 }
 
 int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
-                       trainer **t, int *data_rc, long *step, m6_err *err,
-                       m6_err *lost)
+                      trainer **t, int *data_rc, long *step, m6_err *err,
+                      m6_err *lost)
 {
     ckpt_row *rows;
     int n;

@@ -43,7 +43,7 @@ void run_ckpts_reconcile(const run_ckpts *s);
  * the caller frees it. A stale directory of the same step (a trajectory
  * left behind) is replaced. */
 int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
-                    const char *why, m6_err *err);
+                   const char *why, m6_err *err);
 
 /* Set a checkpoint that does not load aside as <path>.bad (then .bad-2,
  * ...), *kept the name it now has (path itself when the rename failed). */
@@ -61,7 +61,7 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen);
  * the operator can do is the edge's to add); -1 with *err when no trainer
  * could be made (*t is then NULL). The caller frees *err and *lost. */
 int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
-                       trainer **t, int *data_rc, long *step, m6_err *err,
-                       m6_err *lost);
+                      trainer **t, int *data_rc, long *step, m6_err *err,
+                      m6_err *lost);
 
 #endif /* M6_RUNNER_RUN_CKPTS_H */

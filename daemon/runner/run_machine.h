@@ -75,9 +75,9 @@ typedef struct {
 /* The state machine of a run in state s: no flags, pseudo, no error. */
 run_machine run_machine_init(run_state s);
 
-/* Set w->error to a copy of reason (NULL or "": none), freeing the one it
+/* Set m->error to a copy of reason (NULL or "": none), freeing the one it
  * held. Out of memory: "out of memory (keeping why the run paused)". */
-void run_machine_set_error(run_machine *w, const char *reason);
+void run_machine_set_error(run_machine *m, const char *reason);
 
 /* What runner_command must do after run_machine_command (bits). */
 enum {
@@ -94,14 +94,14 @@ enum {
  * acknowledgement could not be kept. */
 void run_machine_stopping_msg(int64_t id, runner_cmd cmd, char *msg, size_t len);
 
-/* Operator command cmd for run id in w's state: the new state into *w,
+/* Operator command cmd for run id in m's state: the new state into *m,
  * the reply's status (M6_OK: acknowledged), what to do into *actions,
  * the reply's text into msg ("run 3 pauses at the next step boundary",
  * "run 3 is already paused", ...; for RUN_ACT_RESUME_* the text is the resume's
  * answer, written by the caller once it came). msglen: at least
- * strlen(w->error) + 512, so a reply that quotes the error is never cut.
+ * strlen(m->error) + 512, so a reply that quotes the error is never cut.
  * Never fails otherwise. */
-m6_code run_machine_command(run_machine *w, int64_t id, runner_cmd cmd,
+m6_code run_machine_command(run_machine *m, int64_t id, runner_cmd cmd,
                             unsigned *actions, char *msg, size_t msglen);
 
 /* The commands the runner applies at a step boundary, in this order. */
@@ -114,15 +114,15 @@ typedef struct {
  * RESUMING -> resume_tried (the error and its code are cleared: the try
  * says anew),
  * a pending delink, STOPPING (stays until RUN_EV_STOPPED or RUN_EV_STOP_FAILED). */
-run_machine_take run_machine_boundary(run_machine *w);
+run_machine_take run_machine_boundary(run_machine *m);
 
 /* Whether the runner thread sleeps until a command: paused with nothing
  * to take. */
-int run_machine_waits(const run_machine *w);
+int run_machine_waits(const run_machine *m);
 
 /* Whether the runner runs a step now (after its boundary): RUNNING only;
  * any other live state goes back to the boundary first. */
-int run_machine_trains(const run_machine *w);
+int run_machine_trains(const run_machine *m);
 
 /* Events of the training loop (runner thread). */
 typedef enum {
@@ -153,27 +153,27 @@ typedef enum {
 #define RUN_MACHINE_NEVENTS 14
 
 /* Apply event ev (reason: the error for the pausing events, else NULL) to
- * *w. Returns 0, or -1 (w unchanged) when ev cannot happen in w's state
+ * *m. Returns 0, or -1 (m unchanged) when ev cannot happen in m's state
  * (e.g. RUN_EV_STOPPED while RUNNING): a bug in the caller. */
-int run_machine_on(run_machine *w, run_machine_event ev, const char *reason);
+int run_machine_on(run_machine *m, run_machine_event ev, const char *reason);
 
 /* The delink was done at step (event): real phase from step. */
-void run_machine_delinked(run_machine *w, long step);
+void run_machine_delinked(run_machine *m, long step);
 
 /* The command acknowledged and not yet applied, for status ("pausing",
  * "resuming", "stopping", "delinking", or two of them joined by ", " in
  * the order applied: "delinking, pausing"); "" none. */
-const char *run_machine_pending(const run_machine *w);
+const char *run_machine_pending(const run_machine *m);
 
 /* Whether a delink is acknowledged and not yet applied (run_machine_pending
  * then says "delinking"): 1 or 0. Read this, not the text. */
-int run_machine_delink_pending(const run_machine *w);
+int run_machine_delink_pending(const run_machine *m);
 
 /* Whether the run trains (for the ETA): RUNNING or PAUSING. */
-int run_machine_is_training(const run_machine *w);
+int run_machine_is_training(const run_machine *m);
 
 /* Whether the run holds still (PAUSED, RESUMING, or a stop of a run that
  * paused itself): status says paused. */
-int run_machine_is_paused(const run_machine *w);
+int run_machine_is_paused(const run_machine *m);
 
 #endif /* M6_RUNNER_RUN_MACHINE_H */

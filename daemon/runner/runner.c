@@ -34,7 +34,7 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
     if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
-                        err) < 0)
+                       err) < 0)
         return -1;
     r->last_ckpt = step;
     return 0;
@@ -46,9 +46,9 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 void runner_on_(runner *c, run_machine_event ev, const char *reason)
 {
     pthread_mutex_lock(&c->mu);
-    if (run_machine_on(&c->w, ev, reason) < 0)
+    if (run_machine_on(&c->machine, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)c->active, (int)ev, run_state_name(c->w.state));
+                 (long long)c->active, (int)ev, run_state_name(c->machine.state));
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -59,8 +59,8 @@ void runner_publish_(run_ctx *r)
     runner *c = r->c;
     pthread_mutex_lock(&c->mu);
     c->active_step = trainer_step_count(r->t);
-    c->w.real = trainer_phase(r->t) == PHASE_REAL;
-    c->w.delink_step = trainer_delink_step(r->t);
+    c->machine.real = trainer_phase(r->t) == PHASE_REAL;
+    c->machine.delink_step = trainer_delink_step(r->t);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -120,10 +120,10 @@ void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
-    if (run_machine_on(&c->w, ev, reason) < 0)
+    if (run_machine_on(&c->machine, ev, reason) < 0)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
-                 (long long)r->id, (int)ev, run_state_name(c->w.state));
-    c->w.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
+                 (long long)r->id, (int)ev, run_state_name(c->machine.state));
+    c->machine.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
                       : ev == RUN_EV_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -174,8 +174,8 @@ static int eval_interrupt_(void *ud)
 {
     runner *c = ud;
     pthread_mutex_lock(&c->mu);
-    int stop = c->shutdown || c->w.state == RUN_STOPPING ||
-               c->w.state == RUN_PAUSING;
+    int stop = c->shutdown || c->machine.state == RUN_STOPPING ||
+               c->machine.state == RUN_PAUSING;
     pthread_mutex_unlock(&c->mu);
     return stop;
 }
@@ -362,8 +362,8 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
         return -1;
     }
     if (run_ckpts_restore(&c->ckpts, id, &r->spec, &r->t,
-                           was_queued ? NULL : &data_rc, &r->last_ckpt, &e,
-                           &lost) < 0) {
+                          was_queued ? NULL : &data_rc, &r->last_ckpt, &e,
+                          &lost) < 0) {
         fail_run_(r, "trainer_create", m6_err_msg(&e));
         m6_err_free(&e);
         free(kept_error);
@@ -388,8 +388,8 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     r->plateau_seed_owed = 1;  /* read before the first step (owed_) */
 
     pthread_mutex_lock(&c->mu);
-    run_machine_set_error(&c->w, kept_error);
-    c->w.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
+    run_machine_set_error(&c->machine, kept_error);
+    c->machine.error_code = kept_error[0] ? M6_EBADSTATE : M6_OK;
     c->active_total = r->spec.train.steps;
     pthread_mutex_unlock(&c->mu);
     int erred = 1;
@@ -676,7 +676,7 @@ static int dist_ready_(run_ctx *r)
             log_info("run.group", "run=%lld world_size=%d step=%ld",
                      (long long)r->id, world, trainer_step_count(r->t));
             pthread_mutex_lock(&c->mu);
-            run_machine_set_error(&c->w, NULL);
+            run_machine_set_error(&c->machine, NULL);
             pthread_mutex_unlock(&c->mu);
             return 1;
         }
@@ -695,7 +695,7 @@ static int dist_ready_(run_ctx *r)
         log_warn(rc == 0 ? "run.wait" : "run.group_failed",
                  "run=%lld why=\"%s\"", (long long)r->id, why);
         pthread_mutex_lock(&c->mu);
-        run_machine_set_error(&c->w, why);
+        run_machine_set_error(&c->machine, why);
         pthread_mutex_unlock(&c->mu);
     }
     struct timespec until;
@@ -724,7 +724,7 @@ static int dist_ready_(run_ctx *r)
 static int stop_before_setup_(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int stopping = c->w.state == RUN_STOPPING;
+    int stopping = c->machine.state == RUN_STOPPING;
     int64_t upto = c->cmd_last;
     pthread_mutex_unlock(&c->mu);
     if (!stopping)
@@ -772,14 +772,14 @@ static void run_one_(runner *c, int64_t id)
     for (;;) {
         /* commands */
         pthread_mutex_lock(&c->mu);
-        while (run_machine_waits(&c->w))
+        while (run_machine_waits(&c->machine))
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->hold_path[0]) {
             pthread_mutex_unlock(&c->mu);
             runner_test_hold_(c);
             pthread_mutex_lock(&c->mu);
         }
-        run_machine_take tk = run_machine_boundary(&c->w);
+        run_machine_take tk = run_machine_boundary(&c->machine);
         if (tk.resume) c->resume_serving = c->resume_asked;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
@@ -803,7 +803,7 @@ static void run_one_(runner *c, int64_t id)
         runner_commands_done_(&r);
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
-        int trains = run_machine_trains(&c->w);
+        int trains = run_machine_trains(&c->machine);
         pthread_mutex_unlock(&c->mu);
         if (!trains) {
             /* paused (or stopping): the other ranks leave the group */
@@ -845,12 +845,12 @@ static void take_next_locked_(runner *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
-    run_machine_set_error(&c->w, NULL);
-    c->w = run_machine_init(paused ? RUN_PAUSED : RUN_STARTING);
-    c->w.shutdown = c->shutdown;
+    run_machine_set_error(&c->machine, NULL);
+    c->machine = run_machine_init(paused ? RUN_PAUSED : RUN_STARTING);
+    c->machine.shutdown = c->shutdown;
     c->active_step = 0;
     if (!c->active) {
-        c->w = run_machine_init(RUN_QUEUED);
+        c->machine = run_machine_init(RUN_QUEUED);
         return;
     }
     run_row row;
@@ -860,8 +860,8 @@ static void take_next_locked_(runner *c)
         /* as publish_ will say once the run is set up: the real phase's
          * first step if it was delinked, -1 if it trains from scratch or
          * is still pseudo */
-        c->w.real = row.phase;
-        c->w.delink_step = row.phase ? (long)row.delink_step : -1;
+        c->machine.real = row.phase;
+        c->machine.delink_step = row.phase ? (long)row.delink_step : -1;
         run_row_clear(&row);
     }
     runner_replay_commands_locked_(c);
@@ -884,15 +884,15 @@ static void *thread_main_(void *arg)
         pthread_mutex_lock(&c->mu);
         /* a run that ended (completed, failed, stopped) has nothing left
          * to apply; one left by a shutdown keeps its pending commands */
-        if (c->w.state == RUN_COMPLETED || c->w.state == RUN_FAILED ||
-            c->w.state == RUN_STOPPED)
+        if (c->machine.state == RUN_COMPLETED || c->machine.state == RUN_FAILED ||
+            c->machine.state == RUN_STOPPED)
             state_commands_mark(c->st, id, INT64_MAX, c->active_step);
         /* commands left for this run die with it; those sent before it
          * started (m6d just came up) were kept for it */
         c->active = 0;
-        run_machine_set_error(&c->w, NULL);
-        c->w = run_machine_init(RUN_QUEUED);
-        c->w.shutdown = c->shutdown;
+        run_machine_set_error(&c->machine, NULL);
+        c->machine = run_machine_init(RUN_QUEUED);
+        c->machine.shutdown = c->shutdown;
         c->offload_valid = 0;
         pthread_cond_broadcast(&c->cv); /* a waiting resume: the run ended */
     }
@@ -920,7 +920,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     if (delay) c->step_delay_ms = atoi(delay) > 0 ? atoi(delay) : 0;
     snprintf(c->runs_dir, sizeof c->runs_dir, "%s", cfg->runs_dir);
     c->ckpts = (run_ckpts){.st = c->st, .runs_dir = c->runs_dir};
-    c->w = run_machine_init(RUN_QUEUED);
+    c->machine = run_machine_init(RUN_QUEUED);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->cmd_mu, NULL);
     const char *hold = getenv("M6_TEST_HOLD_BOUNDARY");
@@ -959,8 +959,8 @@ void runner_request_shutdown(runner *c)
     pthread_mutex_lock(&c->mu);
     c->shutdown = 1;
     if (c->active)
-        run_machine_on(&c->w, RUN_EV_SHUTDOWN, NULL);
-    c->w.shutdown = 1;
+        run_machine_on(&c->machine, RUN_EV_SHUTDOWN, NULL);
+    c->machine.shutdown = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -973,7 +973,7 @@ void runner_fini(runner *c)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->cmd_mu);
-    run_machine_set_error(&c->w, NULL);
+    run_machine_set_error(&c->machine, NULL);
     free(c->resume_error);
     free(c);
 }

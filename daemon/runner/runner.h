@@ -90,7 +90,7 @@ void runner_fini(runner *c);
  * or M6_EINTERNAL (the state DB; m6d out of file descriptors). Free the
  * result with m6_err_free. */
 m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
-                    int64_t *id, char *name, size_t namelen);
+                     int64_t *id, char *name, size_t namelen);
 
 /* Operator command; takes effect at the next step boundary. The result's
  * msg says what happened or why not (M6_ENOTFOUND, M6_EBADSTATE,
@@ -140,7 +140,7 @@ int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code);
  * in memory and m6.db still says running (paused), the pause (resume) is
  * not recorded yet and is still reported as pending. */
 void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
-                   size_t len);
+                    size_t len);
 
 /* Whether a delink of run id is acknowledged and not yet applied (the
  * "delinking" of runner_pending, as a fact): 1 or 0 (0 when id is not

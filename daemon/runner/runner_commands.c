@@ -153,7 +153,7 @@ void runner_interrupted_(run_ctx *r, int resume)
     m6_err err = M6_ERR_NONE;
     long step = trainer_step_count(r->t);
     pthread_mutex_lock(&c->mu);
-    int paused = c->w.state != RUN_RUNNING; /* PAUSED, or RESUMING untried */
+    int paused = c->machine.state != RUN_RUNNING; /* PAUSED, or RESUMING untried */
     pthread_mutex_unlock(&c->mu);
     /* On failure the next start resumes from the last good one. */
     if (runner_checkpoint_(r, "shutdown", &err) < 0)
@@ -204,7 +204,7 @@ void runner_resume_(run_ctx *r)
      * more */
     trainer_clear_bad_steps(r->t);
     pthread_mutex_lock(&c->mu);
-    run_machine_on(&c->w, RUN_EV_RESUMED, NULL);
+    run_machine_on(&c->machine, RUN_EV_RESUMED, NULL);
     answer_locked_(c, c->resume_serving, NULL, M6_OK);
     pthread_mutex_unlock(&c->mu);
 }
@@ -234,12 +234,12 @@ void runner_replay_commands_locked_(runner *c)
         if (k == 4)
             continue;  /* marked applied at the first boundary */
         unsigned act = 0;
-        size_t len = strlen(c->w.error) + 512;
+        size_t len = strlen(c->machine.error) + 512;
         char *msg = malloc(len);
         if (!msg)
             break;
-        m6_code code = run_machine_command(&c->w, c->active, (runner_cmd)k, &act,
-                                      msg, len);
+        m6_code code = run_machine_command(&c->machine, c->active, (runner_cmd)k, &act,
+                                           msg, len);
         if (act & RUN_ACT_RESUME_NEW)
             c->resume_asked++;  /* nobody waits for its answer */
         log_info("command.replay", "run=%lld command=%lld kind=%s "
@@ -254,7 +254,7 @@ void runner_replay_commands_locked_(runner *c)
 /* ---------------------------------------------------------------- commands */
 
 m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
-                    int64_t *id, char *name, size_t namelen)
+                     int64_t *id, char *name, size_t namelen)
 {
     run_spec spec;
     char err[1024];  /* spec_parse's words: a key and a value, no paths */
@@ -363,14 +363,14 @@ static int not_owned_(run_state s)
            s == RUN_STOPPED;
 }
 
-/* run_machine_command on w, its reply whole (the room it asks for). */
-static m6_err run_machine_command_(run_machine *w, int64_t id, runner_cmd cmd,
-                              unsigned *act)
+/* run_machine_command on m, its reply whole (the room it asks for). */
+static m6_err run_machine_command_(run_machine *m, int64_t id, runner_cmd cmd,
+                                   unsigned *act)
 {
-    size_t n = strlen(w->error) + 512;
+    size_t n = strlen(m->error) + 512;
     char *msg = malloc(n);
     if (!msg) return m6_err_make(M6_EINTERNAL, "out of memory");
-    m6_code code = run_machine_command(w, id, cmd, act, msg, n);
+    m6_code code = run_machine_command(m, id, cmd, act, msg, n);
     m6_err e = m6_err_make(code, "%s", msg);
     free(msg);
     return e;
@@ -400,12 +400,12 @@ static m6_err not_recorded_(runner *c, int64_t id, runner_cmd cmd,
                                "the resume (%s)", (long long)id, e);
         /* as a resume tried and failed: status says why it stays paused */
         pthread_mutex_lock(&c->mu);
-        if (id == c->active && run_machine_is_paused(&c->w)) {
-            run_machine_set_error(&c->w, strchr(r.msg, ':') + 2);
-            c->w.error_write = 1;
-            c->w.error_code = M6_EBADSTATE;
+        if (id == c->active && run_machine_is_paused(&c->machine)) {
+            run_machine_set_error(&c->machine, strchr(r.msg, ':') + 2);
+            c->machine.error_write = 1;
+            c->machine.error_code = M6_EBADSTATE;
             log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
-                      (long long)id, c->active_step, c->w.error);
+                      (long long)id, c->active_step, c->machine.error);
         }
         pthread_mutex_unlock(&c->mu);
         return r;
@@ -431,12 +431,12 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
     pthread_mutex_lock(&c->mu);
     int active = id == c->active;
     if (active) {
-        run_machine trial = c->w;  /* run_machine_command leaves error alone */
+        run_machine trial = c->machine;  /* run_machine_command leaves error alone */
         unsigned a = 0;
         size_t n = strlen(trial.error) + 512;
         char *msg = malloc(n);
         int record = msg && run_machine_command(&trial, id, cmd, &a, msg, n) ==
-                                M6_OK && changes_(&c->w, &trial);
+                                M6_OK && changes_(&c->machine, &trial);
         free(msg);
         pthread_mutex_unlock(&c->mu);
         if (record &&
@@ -448,9 +448,9 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
         active = id == c->active;
     }
     if (active) {
-        run_machine before = c->w;
-        ret = run_machine_command_(&c->w, id, cmd, &act);
-        if (cid > 0 && ret.code == M6_OK && changes_(&before, &c->w))
+        run_machine before = c->machine;
+        ret = run_machine_command_(&c->machine, id, cmd, &act);
+        if (cid > 0 && ret.code == M6_OK && changes_(&before, &c->machine))
             c->cmd_last = cid;
         else if (cid > 0)  /* the run moved on meanwhile: not this answer */
             state_command_drop(c->st, cid);
@@ -483,8 +483,8 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
         ret = m6_err_make(M6_EINTERNAL, "database error");
     } else {
         if (not_owned_(row.state)) {
-            run_machine w = run_machine_init(row.state);
-            ret = run_machine_command_(&w, id, cmd, &act);
+            run_machine m = run_machine_init(row.state);
+            ret = run_machine_command_(&m, id, cmd, &act);
             if ((act & RUN_ACT_DEQUEUE) && queue_dequeue(c->st, id) < 0) {
                 /* not acknowledged: the run stays queued; say why (m6.db
                  * locked by another process past the wait, a full disk) */
@@ -522,7 +522,7 @@ double runner_eta(runner *c, int64_t id)
 {
     double eta = -1;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->step_s_ema > 0 && run_machine_is_training(&c->w))
+    if (id == c->active && c->step_s_ema > 0 && run_machine_is_training(&c->machine))
         eta = (double)(c->active_total - c->active_step) * c->step_s_ema;
     pthread_mutex_unlock(&c->mu);
     return eta;
@@ -545,25 +545,25 @@ int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code)
     int rc = 0;
     *msg = NULL;
     pthread_mutex_lock(&c->mu);
-    if (id == c->active && c->w.error[0]) {
-        *msg = strdup(c->w.error);
-        *code = c->w.error_code;
-        rc = *msg ? 1 + run_machine_is_paused(&c->w) : -1;
+    if (id == c->active && c->machine.error[0]) {
+        *msg = strdup(c->machine.error);
+        *code = c->machine.error_code;
+        rc = *msg ? 1 + run_machine_is_paused(&c->machine) : -1;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
 void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
-                   size_t len)
+                    size_t len)
 {
     pthread_mutex_lock(&c->mu);
-    const char *p = id == c->active ? run_machine_pending(&c->w) : "";
+    const char *p = id == c->active ? run_machine_pending(&c->machine) : "";
     if (id == c->active && !p[0]) {
         /* applied in memory, m6.db not written yet */
-        if (recorded == RUN_RUNNING && run_machine_is_paused(&c->w))
+        if (recorded == RUN_RUNNING && run_machine_is_paused(&c->machine))
             p = "pausing";
-        else if (recorded == RUN_PAUSED && run_machine_is_training(&c->w))
+        else if (recorded == RUN_PAUSED && run_machine_is_training(&c->machine))
             p = "resuming";
     }
     snprintf(buf, len, "%s", p);
@@ -573,7 +573,7 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
 int runner_delink_pending(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int d = id == c->active && run_machine_delink_pending(&c->w);
+    int d = id == c->active && run_machine_delink_pending(&c->machine);
     pthread_mutex_unlock(&c->mu);
     return d;
 }
@@ -583,8 +583,8 @@ void runner_describe(runner *c, char *buf, size_t len)
     pthread_mutex_lock(&c->mu);
     if (c->active)
         snprintf(buf, len, "run %lld step %ld/%ld %s%s", (long long)c->active,
-                 c->active_step, c->active_total, phase_name(c->w.real),
-                 run_machine_is_paused(&c->w) ? " (paused)" : "");
+                 c->active_step, c->active_total, phase_name(c->machine.real),
+                 run_machine_is_paused(&c->machine) ? " (paused)" : "");
     else
         snprintf(buf, len, "idle");
     pthread_mutex_unlock(&c->mu);

@@ -39,7 +39,7 @@ struct runner {
     pthread_cond_t cv;
     int shutdown;
     int64_t active;       /* run the runner owns, 0 none */
-    run_machine w;             /* its state machine (run_machine.h) */
+    run_machine machine;       /* its state machine (run_machine.h) */
     long active_step, active_total;
     double step_s_ema;    /* seconds per step, for the ETA */
     /* A resume is answered once the runner has tried it: the data reopened
@@ -55,7 +55,7 @@ struct runner {
     int offload_valid;    /* offload holds a sample of the active run */
     runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest
-     * command of the active run recorded and applied to w (under mu); a
+     * command of the active run recorded and applied to machine (under mu); a
      * boundary takes every command up to it. cmd_mu (taken before mu)
      * serializes commands, so they are recorded in the order they are
      * applied, without holding mu over the database write. */

@@ -120,7 +120,7 @@ static void test_prune_and_restore(void **unused)
     long step = -1;
     m6_err lost = M6_ERR_NONE;
     int rc = run_ckpts_restore(&s, run, &spec, &t2, NULL, &step, &err,
-                                &lost);
+                               &lost);
     assert_int_equal(rc, 0);
     assert_int_equal(step, 1);
     char bad[600];

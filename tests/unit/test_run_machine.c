@@ -206,7 +206,7 @@ static void test_delink_in_real_phase(void **unused)
         w.real = 1;
         w.delink_step = 40;
         assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg,
-                                        sizeof msg), M6_EBADSTATE);
+                                             sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 is already in the real phase "
                                  "(delinked at step 40)");
         assert_int_equal(w.state, live[i]);
@@ -215,7 +215,7 @@ static void test_delink_in_real_phase(void **unused)
         w = run_machine_init(live[i]);
         w.real = 1; /* delink_step -1: trained from scratch */
         assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg,
-                                        sizeof msg), M6_EBADSTATE);
+                                             sizeof msg), M6_EBADSTATE);
         assert_string_equal(msg, "run 7 trains from scratch (pseudo.steps 0): "
                                  "it has no shared slots to delink");
         assert_int_equal(w.delink_pending, 0);
@@ -234,7 +234,7 @@ static void test_commands_refused_while_m6d_stops(void **unused)
             run_machine w = run_machine_init((run_state)s);
             w.shutdown = 1;
             assert_int_equal(run_machine_command(&w, ID, (runner_cmd)c, &act, msg,
-                                            sizeof msg), M6_EBADSTATE);
+                                                 sizeof msg), M6_EBADSTATE);
             snprintf(want, sizeof want, "m6d is stopping: send the %s again "
                      "once it is back (`m6ctl watch 7` waits for it)",
                      cmd_name_[c]);
