@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "cluster/store_client.h"
+#include "common/threads.h"
 #include "common/log.h"
 
 #ifndef M6_VERSION
@@ -434,7 +435,7 @@ cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
     w->threads = threads;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if (pthread_create(&w->thread, NULL, worker_main_, w) != 0) {
+    if (threads_start(&w->thread, worker_main_, w) != 0) {
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->mu);
         free(w);

@@ -30,6 +30,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "common/threads.h"
 #include "common/log.h"
 #include "common/paths.h"
 #include "proto/frame.h"
@@ -555,7 +556,13 @@ static void on_signal_(uv_signal_t *h, int signum)
     uv_stop(h->loop);
 }
 
-enum { DRAIN_S = 15 };  /* above runner's 10 s resume wait */
+/* Nothing: the request that makes libuv start its thread pool. */
+static void pool_start_(uv_work_t *w)
+{
+    (void)w;
+}
+
+enum { DRAIN_S = 15 };  /* above the runner's 10 s resume wait */
 static void on_drain_timeout_(uv_timer_t *t)
 {
     (void)t;
@@ -878,6 +885,12 @@ int main(int argc, char **argv)
     umask(0027);
     if (parse_args_(argc, argv, &g.opt) < 0) return 2;
     signal(SIGPIPE, SIG_IGN);
+    /* SIGTERM, SIGINT, SIGHUP... are taken by the loop thread alone
+     * (common/threads.h): blocked here, so that every thread started from
+     * now on inherits the block; unblocked on this thread once the loop
+     * runs (a signal sent meanwhile waits for it). */
+    sigset_t loop_mask;
+    threads_block(&loop_mask);
 
     char runs[2200], db[2200];
     if (paths_mkdir_p(g.opt.state_dir, 0750) < 0) {
@@ -984,6 +997,11 @@ int main(int argc, char **argv)
     }
     notify_init_();
 
+    /* libuv starts its pool's threads at the first request: start them
+     * now, with the signals still blocked */
+    static uv_work_t pool_start;
+    uv_queue_work(&g.loop, &pool_start, pool_start_, NULL);
+    threads_restore(&loop_mask);
     uv_run(&g.loop, UV_RUN_DEFAULT);
 
     notify_("STOPPING=1\nSTATUS=finishing the current step");

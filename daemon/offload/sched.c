@@ -20,6 +20,7 @@
  */
 #include "offload/offload.h"
 #include "offload/test_hooks.h"
+#include "common/threads.h"
 #include "common/clock.h"
 
 #include <errno.h>
@@ -690,14 +691,14 @@ offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
                  "(device budget %zu bytes)", in->budget);
         goto fail;
     }
-    if (pthread_create(&o->copy_thread, NULL, copy_main_, o) != 0) {
+    if (threads_start(&o->copy_thread, copy_main_, o) != 0) {
         snprintf(err, errlen, "offload: cannot start the copy thread");
         goto fail;
     }
     int nthreads = host_threads;
     o->workers = calloc((size_t)nthreads, sizeof(pthread_t));
     for (int i = 0; o->workers && i < nthreads; i++) {
-        if (pthread_create(&o->workers[i], NULL, worker_main_, o) != 0)
+        if (threads_start(&o->workers[i], worker_main_, o) != 0)
             break;
         o->nworkers++;
     }

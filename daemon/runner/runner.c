@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/threads.h"
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "common/paths.h"
@@ -939,7 +940,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     /* Pick the first active run now, so commands that arrive before the
      * runner thread gets going already find it. */
     take_next_locked_(c);
-    int rc = pthread_create(&c->thread, NULL, thread_main_, c);
+    int rc = threads_start(&c->thread, thread_main_, c);
     if (rc != 0) {
         snprintf(err, errlen, "pthread_create: %s", strerror(rc));
         goto fail;

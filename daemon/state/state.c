@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/threads.h"
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "state/schema.h"
@@ -212,7 +213,7 @@ state *state_open(const char *path, char *err, size_t errlen)
     if (check_intact_(st, path, err, errlen) < 0) goto fail;
     if (migrate_(st, err, errlen) < 0) goto fail;
     open_reader_(st, path);
-    if (pthread_create(&st->flusher, NULL, flusher_main_, st) != 0) {
+    if (threads_start(&st->flusher, flusher_main_, st) != 0) {
         snprintf(err, errlen, "cannot start the state DB's flusher thread");
         goto fail;
     }

@@ -8,6 +8,7 @@
  * start from root's state. The step that calls it is trainer.c's.
  */
 #include "train/trainer_internal.h"
+#include "common/threads.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -300,7 +301,7 @@ int gradsync_overlap_start_(trainer *t, pthread_t *th)
     t->dp_mb_done = 0;
     t->dp_reported = t->dp_early = t->dp_buckets = 0;
     pthread_mutex_unlock(&t->dp_mu);
-    if (pthread_create(th, NULL, dp_comm_main_, t) != 0) {
+    if (threads_start(th, dp_comm_main_, t) != 0) {
         pthread_mutex_lock(&t->dp_mu);
         t->dp_active = 0;
         pthread_mutex_unlock(&t->dp_mu);

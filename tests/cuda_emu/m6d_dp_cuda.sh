@@ -38,7 +38,7 @@ wait_listen c 200
 start_m6d w1 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w1
 RUN=$(ctl submit "$T/two.json") || fail "submit of the 2-rank cuda spec"
 ctl watch "$RUN" >"$T/watch.out" || fail "the 2-rank cuda run did not complete: $(ctl status "$RUN")"
-ctl events "$RUN" | grep -q 'nodes.group.*world_size=2' || fail "no group: $(ctl events "$RUN")"
+ctl events "$RUN" | has 'nodes.group.*world_size=2' || fail "no group: $(ctl events "$RUN")"
 grep -q 'cluster.rank_done run='"$RUN"' rank=1 step=8' "$T/m6d-w1.log" \
     || fail "rank 1 did not train to step 8: $(grep cluster. "$T/m6d-w1.log" | tail -5)"
 ! grep -q 'cluster.grad_engine' "$T/m6d-c.log" || fail "m6d_emu picked nccl"

@@ -137,7 +137,7 @@ rm -rf "$T/dy"
 start_daemon "$T/s"
 for _ in $(seq 100); do [ "$(field "$Y" state)" = failed ] && break; sleep 0.05; done
 [ "$(field "$Y" state)" = failed ] || fail "run $Y: $(field "$Y" state), want failed"
-field "$Y" error | grep -q "no checkpoint of run $Y loads, and init.from: .*/dy: neither meta.json" \
+field "$Y" error | has "no checkpoint of run $Y loads, and init.from: .*/dy: neither meta.json" \
     || fail "run $Y's error: $(field "$Y" error)"
 stop_daemon
 echo ok

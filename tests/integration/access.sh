@@ -85,7 +85,7 @@ out=$(actl "$M" pause "$R" 2>&1) || fail "member $M may not pause: $out"
 wait_state "$R" paused
 actl "$M" resume "$R" >/dev/null || fail "member $M may not resume"
 out=$(actl "$O" list 2>&1) && fail "non-member $O could list: $out"
-echo "$out" | grep -q "Permission denied" || fail "non-member $O: '$out' (want the socket's Permission denied)"
+echo "$out" | has "Permission denied" || fail "non-member $O: '$out' (want the socket's Permission denied)"
 ctl watch "$R" >/dev/null || fail "run $R did not complete"
 stop_daemon
 
@@ -95,11 +95,11 @@ actl "$M" list >/dev/null || fail "read-only member may not list"
 actl "$M" status "$R" >/dev/null || fail "read-only member may not see status"
 out=$(as "$M" "$PY" "$CLIENT" "$SOCK" status:"$R" pause:"$R" list)
 log "read-only member: $out"
-echo "$out" | grep -q "^status 0 " || fail "read-only status: $out"
-echo "$out" | grep -q "^pause 11 permission denied: uid $UM may only read" || fail "read-only pause not refused naming uid $UM: $out"
-echo "$out" | grep -q "^list 0 " || fail "read-only: the connection should go on after a refused write: $out"
+echo "$out" | has "^status 0 " || fail "read-only status: $out"
+echo "$out" | has "^pause 11 permission denied: uid $UM may only read" || fail "read-only pause not refused naming uid $UM: $out"
+echo "$out" | has "^list 0 " || fail "read-only: the connection should go on after a refused write: $out"
 out=$(actl "$M" submit "$A/run.json" 2>&1) && fail "read-only member could submit: $out"
-echo "$out" | grep -q "uid $UM" || fail "read-only submit refusal does not name uid $UM: $out"
+echo "$out" | has "uid $UM" || fail "read-only submit refusal does not name uid $UM: $out"
 grep -q "request.refused request=pause status=11 .*uid $UM" "$T/m6d-st.log" || fail "refused pause not logged"
 R2=$(ctl submit "$A/run.json") || fail "root may not submit under --group-read-only"
 ctl stop "$R2" >/dev/null || fail "root may not stop under --group-read-only"
@@ -119,9 +119,9 @@ if command -v systemd-socket-activate >/dev/null; then
     ctl list >/dev/null || fail "root through the activated socket"
     out=$(as "$O" "$PY" "$CLIENT" "$SOCK" list)
     log "non-member on an open socket: $out"
-    echo "$out" | grep -q "^hello 11 permission denied: uid $UO ($O) may not use this m6d" \
+    echo "$out" | has "^hello 11 permission denied: uid $UO ($O) may not use this m6d" \
         || fail "non-member $O not refused by SO_PEERCRED naming uid $UO: $out"
-    echo "$out" | grep -q "^list closed" || fail "refused connection not closed: $out"
+    echo "$out" | has "^list closed" || fail "refused connection not closed: $out"
     grep -q "conn.refused conn=[0-9]* uid=$UO " "$T/m6d-st.log" || fail "refusal of uid $UO not logged"
     ctl list >/dev/null || fail "m6d stopped serving after a refusal"
     kill -TERM "$SA_PID"
@@ -139,7 +139,7 @@ chmod -R a+rX "$A"
 for name in .. ../x a/b /etc/passwd "x/../../y" "$A/elsewhere/z"; do
     sed "s|\"name\": \"acc\"|\"name\": \"$name\"|" "$A/run.json" >"$A/bad.json"
     out=$("$PY" "$CLIENT" "$SOCK" submit:"$A/bad.json")
-    echo "$out" | grep -q "^submit 7 .*name" || fail "run name '$name' not refused at submit: $out"
+    echo "$out" | has "^submit 7 .*name" || fail "run name '$name' not refused at submit: $out"
 done
 for name in .. ../../etc /etc/passwd "1/../2" "$A/elsewhere" acc/../acc; do
     out=$("$PY" "$CLIENT" "$SOCK" status-name:"$name" stop-name:"$name" pause-name:"$name")

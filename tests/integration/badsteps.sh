@@ -33,7 +33,7 @@ ctl watch "$A" >/dev/null || fail "run a did not complete"
 [ "$(db "$T/s" "select count(*) from events where run=$A and kind='step.skipped'")" = 4 ] \
     || fail "run a: not 4 step.skipped events"
 db "$T/s" "select detail from events where run=$A and kind='step.skipped'" | head -1 \
-    | grep -q "step=4 loss=nan grad_norm=nan bad_steps=1" \
+    | has "step=4 loss=nan grad_norm=nan bad_steps=1" \
     || fail "run a: step.skipped event: $(db "$T/s" "select detail from events where run=$A and kind='step.skipped'" | head -1)"
 [ "$(field "$A" skipped_steps)" = 4 ] || fail "run a: status skipped_steps $(field "$A" skipped_steps), want 4"
 log "run a: steps 4-7 skipped, completed"
@@ -41,7 +41,7 @@ log "run a: steps 4-7 skipped, completed"
 B=$(ctl submit "$T/b.json")
 e=$(wait_paused_error "$B" "3 non-finite steps in a row \(train.max_bad_steps 3\), the last step 6")
 [ "$(field "$B" step)" = 6 ] || fail "run b paused at step $(field "$B" step), want 6"
-db "$T/s" "select detail from events where run=$B and kind='paused.error'" | grep -q "non-finite steps in a row" \
+db "$T/s" "select detail from events where run=$B and kind='paused.error'" | has "non-finite steps in a row" \
     || fail "run b: no paused.error event saying why"
 sleep 0.3
 [ "$(field "$B" step)" = 6 ] || fail "run b trained on after its pause"

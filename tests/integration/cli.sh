@@ -194,7 +194,7 @@ grep -qx 'phase: *real (trained from scratch)' "$T/f.txt" || fail "from-scratch 
 write_spec "$T/never.json" never 300000 200000
 P=$(ctl submit "$T/never.json")
 wait_step "$P" 1
-ctl status "$P" | grep -qx 'phase: *pseudo (delink at step 200000)' || fail "running pseudo phase: $(ctl status "$P")"
+ctl status "$P" | has -x 'phase: *pseudo (delink at step 200000)' || fail "running pseudo phase: $(ctl status "$P")"
 ctl stop "$P" >/dev/null
 wait_state "$P" stopped
 ctl status "$P" >"$T/p.txt"

@@ -80,14 +80,14 @@ for delay in 0 0.002 0.005 0.01 0.02 0.04 0.08; do
     from=$(( $(wc -l <"$LOG") + 1 ))
     ctl resume "$P" >"$T/r3" 2>&1 & r3=$!
     for _ in $(seq 1 5000); do
-        tail -n +"$from" "$LOG" | grep -q "request=hello" && break
+        tail -n +"$from" "$LOG" | has "request=hello" && break
         kill -0 "$r3" 2>/dev/null || break
         sleep 0.001
     done
     sleep "$delay"
     sigterm_and_restart
     rc=0; wait $r3 || rc=$?
-    if tail -n +"$from" "$LOG" | grep -q "request=resume"; then
+    if tail -n +"$from" "$LOG" | has "request=resume"; then
         taken=1
         [ "$rc" = 0 ] || { [ "$rc" = 1 ] && grep -q "m6d is stopping" "$T/r3"; } \
             || fail "resume in flight at SIGTERM: exit $rc: $(cat "$T/r3")"
@@ -133,16 +133,18 @@ rc=0; wait "$DAEMON_PID" || rc=$?
 [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM then SIGINT/SIGHUP: $(tail -n +"$from" "$LOG" | tail -5)"
 [ "$(tail -n +"$from" "$LOG" | grep -c "daemon.signal signal=[A-Za-z]*$")" = 1 ] \
     || fail "not one stopping signal: $(tail -n +"$from" "$LOG" | grep daemon.signal)"
-tail -n +"$from" "$LOG" | grep -Eq "daemon.signal signal=(Interrupt|Terminated) action=ignored" \
+tail -n +"$from" "$LOG" | has -E "daemon.signal signal=(Interrupt|Terminated) action=ignored" \
     || fail "second signal not logged as ignored: $(tail -n +"$from" "$LOG" | grep daemon.signal)"
-tail -n +"$from" "$LOG" | grep -q "run.interrupted run=$P" || fail "no run.interrupted after the second signal"
+tail -n +"$from" "$LOG" | has "run.interrupted run=$P" ||
+    fail "no run.interrupted after the second signal; the log since SIGTERM, less the ignored signals:
+$(tail -n +"$from" "$LOG" | grep -v 'action=ignored' | tail -n 30)"
 K=$(db "$T/s" "select max(step) from metrics where run=$P")
 start_daemon "$T/s"
 for _ in $(seq 1 200); do
-    tail -n +"$from" "$LOG" | grep -q "run.recover run=$P" && break
+    tail -n +"$from" "$LOG" | has "run.recover run=$P" && break
     sleep 0.05
 done
-tail -n +"$from" "$LOG" | grep -q "run.recover run=$P step=$K metrics_dropped=0" \
+tail -n +"$from" "$LOG" | has "run.recover run=$P step=$K metrics_dropped=0" \
     || fail "run $P did not go on from step $K: $(tail -n +"$from" "$LOG" | grep "run.recover run=$P")"
 log "SIGTERM + SIGINT + SIGHUP: exit 0, run $P recovered at step $K"
 

@@ -147,7 +147,7 @@ ctl events "$R1" >"$T/events1.txt"
 grep -q "resume.restart *step=$CK " "$T/events1.txt" \
     || fail "run $R1 not taken up from checkpoint $CK: $(grep resume "$T/events1.txt")"
 [ "$(events_of "$R1" delink)" = 1 ] || fail "$(events_of "$R1" delink) delink events, want 1: $(cat "$T/events1.txt")"
-db "$T/c" "select detail from events where run=$R1 and kind='delink'" | grep -q 'reason=operator' \
+db "$T/c" "select detail from events where run=$R1 and kind='delink'" | has 'reason=operator' \
     || fail "delink event: $(db "$T/c" "select detail from events where run=$R1 and kind='delink'")"
 K=$(field "$R1" delink_step)
 [ "$K" = "$CK" ] || fail "the replayed delink is at step $K, not at the checkpoint's step $CK"
@@ -199,7 +199,7 @@ for _ in $(seq 1 200); do
     sleep 0.05
 done
 db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
-    | grep -q 'waiting for 2 live nodes, have 1' \
+    | has 'waiting for 2 live nodes, have 1' \
     || fail "the restarted coordinator does not say it waits for the worker: $(ctl events "$R2" | tail -4)"
 [ "$(field "$R2" state)" = running ] || fail "run $R2 is $(field "$R2" state) after the restart, want running"
 sleep 1
@@ -207,7 +207,7 @@ sleep 1
 log "(b) restarted without the worker: $(ctl status "$R2" | grep -o 'waiting for [^)]*)')"
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 watch_run "$R2"
-ctl events "$R2" | grep -q "resume.restart *step=$S " || fail "run $R2 not taken up at step $S: $(ctl events "$R2")"
+ctl events "$R2" | has "resume.restart *step=$S " || fail "run $R2 not taken up at step $S: $(ctl events "$R2")"
 [ "$(grep -c "cluster.rank run=$R2 rank=1 world_size=2 step=$S" "$T/m6d-w1.log")" = 1 ] \
     || fail "rank 1 did not continue from step $S once: $(grep "cluster.rank" "$T/m6d-w1.log" | tail -3)"
 rows_whole "$R2"

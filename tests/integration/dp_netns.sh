@@ -36,7 +36,7 @@ ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
 RUN=$(ctl submit "$T/two.json")
 wait_step "$RUN" 13 60
 grep -q "cluster.rank run=$RUN rank=1 world_size=2" "$T/m6d-w.log" || fail "netw is not rank 1"
-ctl events "$RUN" | grep -Eq 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || fail "no assignment of netw"
+ctl events "$RUN" | has -E 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || fail "no assignment of netw"
 
 # cut the worker's link: the run pauses within the timeout
 ip -n "$NW" link set "$VW" down
@@ -49,10 +49,10 @@ took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
 [ "$(field "$RUN" state)" = paused ] || fail "run not paused 10 s after the cut: $(field "$RUN" state)"
 python3 -c "import sys; sys.exit(not $took <= $TMO + 2)" || fail "paused after $took s, timeout $TMO s"
 for _ in $(seq 1 100); do
-    ctl events "$RUN" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' && break
+    ctl events "$RUN" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' && break
     sleep 0.05
 done
-ctl events "$RUN" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' \
+ctl events "$RUN" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' \
     || fail "no event naming netw: $(ctl events "$RUN")"
 log "paused ${took}s after the cut: $(field "$RUN" error | cut -c1-160)"
 kill -0 "$CPID" || fail "the coordinator died"

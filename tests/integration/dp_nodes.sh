@@ -74,12 +74,12 @@ wait_listen c
 ADDR=127.0.0.1:$PORT
 RUN=$(ctl submit "$T/two.json")
 for _ in $(seq 1 100); do
-    ctl events "$RUN" | grep -q 'nodes.wait' && break
+    ctl events "$RUN" | has 'nodes.wait' && break
     sleep 0.05
 done
-ctl events "$RUN" | grep -q 'nodes.wait.*waiting for 2 live nodes, have 1' \
+ctl events "$RUN" | has 'nodes.wait.*waiting for 2 live nodes, have 1' \
     || fail "no nodes.wait event: $(ctl events "$RUN")"
-ctl status "$RUN" | grep -q 'waiting for 2 live nodes, have 1' \
+ctl status "$RUN" | has 'waiting for 2 live nodes, have 1' \
     || fail "status does not say why the run waits: $(ctl status "$RUN")"
 [ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
 sleep 1
@@ -117,10 +117,10 @@ took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
 [ "$(field "$RUN2" state)" = paused ] || fail "run $RUN2 not paused 10 s after kill -9: $(field "$RUN2" state)"
 python3 -c "import sys; sys.exit(not $took <= $TMO + 1)" || fail "paused after $took s, timeout $TMO s"
 for _ in $(seq 1 100); do  # the loss and the failed collective race
-    ctl events "$RUN2" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' && break
+    ctl events "$RUN2" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' && break
     sleep 0.05
 done
-ctl events "$RUN2" | grep -Eq 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' \
+ctl events "$RUN2" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' \
     || fail "no event naming the lost node: $(ctl events "$RUN2")"
 ctl list >/dev/null || fail "the coordinator stopped serving"
 log "(b) paused ${took}s after kill -9: $(field "$RUN2" error)"
@@ -144,7 +144,7 @@ RUN3=$(ctl submit "$T/late.json") || fail "pseudo_world_size 1 refused"
 ctl watch "$RUN3" >/dev/null || fail "the late-join run did not complete: $(ctl status "$RUN3")"
 ctl events "$RUN3" >"$T/events3.txt"
 first=$(grep -E 'nodes.group' "$T/events3.txt" | head -1)
-echo "$first" | grep -q 'world_size=2 step=10' || fail "the worker did not join at the delink (step 10): $(cat "$T/events3.txt")"
+echo "$first" | has 'world_size=2 step=10' || fail "the worker did not join at the delink (step 10): $(cat "$T/events3.txt")"
 [ "$(grep -c 'nodes.group' "$T/events3.txt")" = 1 ] || fail "more than one group: $(cat "$T/events3.txt")"
 losses "$RUN3" >"$T/late.csv"
 close_enough "$T/late.csv" "$T/one.csv" || fail "late-join losses differ from the single node's"
@@ -156,10 +156,10 @@ unset 'M6D_PIDS[w1]'
 M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
 RUN4=$(ctl submit "$T/two.json")
 for _ in $(seq 1 200); do
-    ctl events "$RUN4" | grep -q 'nodes.refused' && break
+    ctl events "$RUN4" | has 'nodes.refused' && break
     sleep 0.05
 done
-ctl events "$RUN4" | grep -Eq "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" \
+ctl events "$RUN4" | has -E "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" \
     || fail "no refusal naming both hashes: $(ctl events "$RUN4")"
 grep -q 'cluster.rank_failed run='"$RUN4"' rank=1 err="refused by the coordinator' "$T/m6d-w2.log" \
     || fail "the worker did not log its refusal: $(grep cluster. "$T/m6d-w2.log" | tail -3)"
@@ -184,7 +184,7 @@ R1=$(ctl submit "$T/acc1.json")
 ctl watch "$R1" >/dev/null || fail "the 1-rank accumulation run did not complete"
 R3=$(ctl submit "$T/acc3.json")
 ctl watch "$R3" >/dev/null || fail "the 3-rank run did not complete: $(ctl status "$R3")"
-ctl events "$R3" | grep -Eq 'nodes.assign +node=[0-9]+ hostname=w3 rank=2 world_size=3' \
+ctl events "$R3" | has -E 'nodes.assign +node=[0-9]+ hostname=w3 rank=2 world_size=3' \
     || fail "w3 not rank 2: $(ctl events "$R3")"
 losses "$R1" >"$T/acc1.csv"
 losses "$R3" >"$T/acc3.csv"
@@ -203,7 +203,7 @@ ctl delink "$RUN5" >/dev/null || fail "delink refused"
 ctl watch "$RUN5" >/dev/null || fail "the delinked run did not complete: $(ctl status "$RUN5")"
 K=$(field "$RUN5" delink_step)
 [ -n "$K" ] && [ "$K" -gt 0 ] && [ "$K" -lt 23 ] || fail "delink step '$K'"
-ctl events "$RUN5" | grep -Eq "nodes.group +world_size=2 step=$K" \
+ctl events "$RUN5" | has -E "nodes.group +world_size=2 step=$K" \
     || fail "no regroup at the delink step $K: $(ctl events "$RUN5")"
 grep -q "cluster.rank run=$RUN5 rank=1 world_size=2 step=$K" "$T/m6d-w1.log" \
     || fail "rank 1 did not continue from step $K: $(grep cluster.rank "$T/m6d-w1.log" | tail -3)"

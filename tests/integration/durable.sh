@@ -45,7 +45,7 @@ ack_then_kill "$R" delink
 delinked() { [ "$(events_of "$R" delink)" -ge 1 ] || { echo "no delink event"; return 1; }; }
 wait_for "the replayed delink's event" 10 delinked
 [ "$(events_of "$R" delink)" = 1 ] || fail "delink: $(events_of "$R" delink) delink events, want 1"
-db "$S" "select detail from events where run=$R and kind='delink'" | grep -q "reason=operator" \
+db "$S" "select detail from events where run=$R and kind='delink'" | has "reason=operator" \
     || fail "delink event: $(db "$S" "select detail from events where run=$R and kind='delink'")"
 D=$(db "$S" "select from_step from phases where run=$R and phase='real'")
 [ -n "$D" ] || fail "no real phase after the replayed delink"

@@ -43,7 +43,7 @@ dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null || true  # until ENOSPC
 before=$(wc -l <"$LOG")
 # the resume itself may already meet the full disk (recording it)
 out=$(ctl resume "$R" 2>&1) || echo "$out" \
-    | grep -Eq "could not resume, it stays paused: .*(No space left on device|disk is full)" \
+    | has -E "could not resume, it stays paused: .*(No space left on device|disk is full)" \
     || fail "resume (disk full): $out"
 for _ in $(seq 1 200); do
     [ -n "$(field "$R" error)" ] && break
@@ -51,7 +51,7 @@ for _ in $(seq 1 200); do
 done
 wait_state "$R" paused 10
 ERR=$(field "$R" error)
-echo "$ERR" | grep -Eq "No space left on device|disk is full" \
+echo "$ERR" | has -E "No space left on device|disk is full" \
     || fail "status error does not name the cause: '$ERR'"
 K=$(field "$R" step)
 [ "$K" -lt 600 ] || fail "run reached the end on a full disk"
@@ -68,7 +68,7 @@ log "disk full at step $K: paused, error '$ERR', $errs error lines"
 # 3. Resuming on a still-full disk is refused with the error; still paused.
 resume_refused "$R" "No space left on device|disk is full" >/dev/null
 wait_state "$R" paused 10
-field "$R" error | grep -Eq "No space left on device|disk is full" || fail "second pause without the cause"
+field "$R" error | has -E "No space left on device|disk is full" || fail "second pause without the cause"
 [ "$(field "$R" step)" = "$K" ] || fail "run trained on a still-full disk"
 
 # 4. Space back: resume finishes the run, the curve is the uninterrupted one.
@@ -91,15 +91,15 @@ R=$(ctl submit "$T/spec.json")
 [ "$R" = 1 ] || fail "expected run 1, got $R"
 wait_state "$R" paused 60
 ERR=$(field "$R" error)
-echo "$ERR" | grep -q "checkpoint failed: .*safetensors.*No space left on device" \
+echo "$ERR" | has "checkpoint failed: .*safetensors.*No space left on device" \
     || fail "checkpoint error does not name the file and the cause: '$ERR'"
 [ "$(db "$T/ck" "select state from runs where id=$R")" = paused ] || fail "paused not recorded"
-db "$T/ck" "select error from runs where id=$R" | grep -q "No space left on device" \
+db "$T/ck" "select error from runs where id=$R" | has "No space left on device" \
     || fail "error not recorded in runs.error"
 compgen -G "$CK/*.tmp-*" >/dev/null && fail "failed checkpoint left a *.tmp-* dir"
 resume_refused "$R" "checkpoint failed: .*No space left on device" >/dev/null
 wait_state "$R" paused 10
-field "$R" error | grep -q "No space left on device" || fail "retry: '$(field "$R" error)'"
+field "$R" error | has "No space left on device" || fail "retry: '$(field "$R" error)'"
 mount -o remount,size=8M "$CK" || fail "remount bigger"
 ctl resume "$R" >/dev/null || fail "resume (checkpoints space back)"
 ctl watch "$R" >/dev/null || fail "run did not complete after the checkpoints disk grew"

@@ -203,6 +203,14 @@ wait_for() {
     fail "waited ${tmo}s for $what; saw instead: '${out:-nothing}'${WAIT_RUN:+; run $WAIT_RUN: $(run_state "$WAIT_RUN")}"
 }
 
+# has [GREP OPTIONS] PATTERN: whether a line of stdin matches, as grep -q
+# but reading all of stdin: grep -q stops at the first match, and the
+# writer it leaves behind (tail of a long log, m6ctl events) dies of
+# SIGPIPE, which pipefail turns into a failure although the line was there.
+has() {
+    grep -c "$@" >/dev/null
+}
+
 # log_has FILE ERE [N]: FILE has at least N (1) lines matching ERE; else
 # prints how many (for wait_for)
 log_has() {
@@ -289,9 +297,9 @@ resume_refused() {
     local out rc=0
     out=$(ctl resume "$1" 2>&1) || rc=$?
     [ "$rc" = 1 ] || fail "resume of run $1 (want refused, exit 1): exit $rc: $out"
-    echo "$out" | grep -q "run $1 could not resume, it stays paused: " \
+    echo "$out" | has "run $1 could not resume, it stays paused: " \
         || fail "resume of run $1: refusal does not say it stays paused: '$out'"
-    echo "$out" | grep -Eq "$2" || fail "resume of run $1: '$out' does not match '$2'"
+    echo "$out" | has -E "$2" || fail "resume of run $1: '$out' does not match '$2'"
     [ "$(field "$1" state)" = paused ] || fail "run $1 not paused after a refused resume: $(field "$1" state)"
     echo "$out"
 }
@@ -304,7 +312,7 @@ wait_paused_error() {
         [ "$s" != failed ] || fail "run $1 failed, wanted paused: $(field "$1" error)"
         if [ "$s" = paused ]; then
             e=$(field "$1" error)
-            echo "$e" | grep -Eq "$2" && { echo "$e"; return 0; }
+            echo "$e" | has -E "$2" && { echo "$e"; return 0; }
         fi
         sleep 0.05
     done

@@ -51,7 +51,7 @@ for _ in $(seq 100); do [ "$(field "$A" phase)" = real ] && break; sleep 0.05; d
 [ "$(field "$A" phase)" = real ] || fail "no delink after the command"
 [ "$(db "$T/s" "select from_step from phases where run=$A and phase='real'")" = "$P" ] \
     || fail "phases row: $(db "$T/s" "select * from phases")"
-db "$T/s" "select detail from events where run=$A and kind='delink'" | grep -q "step=$P reason=operator" \
+db "$T/s" "select detail from events where run=$A and kind='delink'" | has "step=$P reason=operator" \
     || fail "delink event: $(db "$T/s" "select * from events where run=$A")"
 ctl delink "$A" 2>"$T/err" && fail "second delink should be refused"
 grep -q "already in the real phase" "$T/err" || fail "second delink: $(cat "$T/err")"
@@ -100,7 +100,7 @@ rc=0; ctl watch "$B" --interval 0.05 >"$T/watch-b.out" || rc=$?
 [ "$rc" = 0 ] || fail "watch B exit $rc: $(tail -3 "$T/watch-b.out")"
 grep -q "delinked at step $H" "$T/watch-b.out" || fail "watch did not report the delink: $(cat "$T/watch-b.out")"
 [ "$(db "$T/s" "select from_step from phases where run=$B and phase='real'")" = "$H" ] || fail "B phases"
-db "$T/s" "select detail from events where run=$B and kind='delink'" | grep -q "reason=spec" || fail "B delink event"
+db "$T/s" "select detail from events where run=$B and kind='delink'" | has "reason=spec" || fail "B delink event"
 [ "$(db "$T/s" "select count(*) from metrics where run=$B")" = "$N" ] || fail "B metrics rows"
 [ "$(db "$T/s" "select count(*) from checkpoints where run=$B")" -le 3 ] || fail "checkpoint.keep not honoured"
 [ "$(ls "$T/s/runs/$B/checkpoints" | wc -l)" -le 3 ] || fail "old checkpoint dirs left"

@@ -84,5 +84,5 @@ ln -s "$T/victim" "$T/out/val_000000.bin.tmp"
     || fail "data prepare wrote through a planted symbolic link into $T/victim"
 cmp -s "$T/out/train_000000.bin" "$T/data/train_000000.bin" \
     || fail "the shards written beside the planted links differ from a clean prepare"
-ls "$T/out" | grep -q '\.tmp-' && fail "data prepare left temporary files: $(ls "$T/out")"
+ls "$T/out" | has '\.tmp-' && fail "data prepare left temporary files: $(ls "$T/out")"
 echo "local_files: ok"

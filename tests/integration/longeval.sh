@@ -57,7 +57,7 @@ start_daemon "$T/s"
 
 # the tester's spec: refused at submit, naming the key and the limit
 out=$(tctl submit "$T/big.json" 2>&1) && fail "eval_batches 2e9 accepted: $out"
-echo "$out" | grep -q "train.eval_batches: must be in \[1, 1000000\], got 2000000000" \
+echo "$out" | has "train.eval_batches: must be in \[1, 1000000\], got 2000000000" \
     || fail "eval_batches 2e9: refusal does not name the key and the limit: $out"
 
 A=$(tctl submit "$T/a.json")

@@ -44,7 +44,7 @@ grep -qF -- "$TRAIN: $PROBLEM" "$T/status.out" \
     || fail "status text lacks the full path and the problem: $(cat "$T/status.out")"
 # events: the paused.error event's detail, whole
 ctl events "$A" >"$T/events.out" || fail "events"
-grep -F -- "$TRAIN: $PROBLEM" "$T/events.out" | grep -q "paused.error" \
+grep -F -- "$TRAIN: $PROBLEM" "$T/events.out" | has "paused.error" \
     || fail "events lack the full path and the problem: $(cat "$T/events.out")"
 ctl events "$A" --json >"$T/events.json" || fail "events --json"
 python3 - "$T/events.json" "data.train: $TRAIN: $PROBLEM" <<'PY' || fail "events --json: detail not whole"
@@ -66,10 +66,10 @@ PY
 # a resume with the shard still short: refused with the whole cause
 OUT=$(resume_refused "$A" "truncated")
 # (reopened, the shard now fails the open's check)
-echo "$OUT" | grep -qF -- "data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; once the shard is fixed, \`m6ctl resume\` reopens the data" \
+echo "$OUT" | has -F -- "data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; once the shard is fixed, \`m6ctl resume\` reopens the data" \
     || fail "refused resume not whole: '$OUT'"
 # m6d's log line of the pause, whole too
-grep -F -- "$TRAIN: $PROBLEM" "$T/m6d-s.log" | grep -q "run.paused run=$A" \
+grep -F -- "$TRAIN: $PROBLEM" "$T/m6d-s.log" | has "run.paused run=$A" \
     || fail "the run.paused log line is cut"
 log "error of ${#ERR} bytes whole in status, events, the DB and resume (path ${#TRAIN} bytes)"
 

@@ -62,7 +62,7 @@ assert r['moe_load_min'] <= r['moe_load_max'], r
 
 # metrics: the columns after the offload ones, in all three forms
 ctl metrics "$R" --csv >"$T/m.csv" || fail "metrics --csv"
-sed -n 1p "$T/m.csv" | grep -q ",copy_hidden_fraction,moe_aux_loss,moe_z_loss,moe_dropped_fraction,moe_load_min,moe_load_max,moe_load_cv,moe_experts_empty$" \
+sed -n 1p "$T/m.csv" | has ",copy_hidden_fraction,moe_aux_loss,moe_z_loss,moe_dropped_fraction,moe_load_min,moe_load_max,moe_load_cv,moe_experts_empty$" \
     || fail "metrics csv header: $(sed -n 1p "$T/m.csv")"
 [ "$(wc -l <"$T/m.csv")" = 13 ] || fail "metrics csv rows"
 ctl metrics "$R" --json | python3 -c "
@@ -73,7 +73,7 @@ for r in rows:
     assert r['moe_aux_loss'] > 0 and r['moe_load_cv'] >= 0, r
 " || fail "metrics --json moe fields"
 ctl metrics "$R" >"$T/m.txt" || fail "metrics"
-sed -n 1p "$T/m.txt" | grep -q "HIDDEN .*AUX .*ZLOSS .*DROP .*LOAD_MIN .*LOAD_MAX .*LOAD_CV .*EMPTY" \
+sed -n 1p "$T/m.txt" | has "HIDDEN .*AUX .*ZLOSS .*DROP .*LOAD_MIN .*LOAD_MAX .*LOAD_CV .*EMPTY" \
     || fail "metrics table header: $(sed -n 1p "$T/m.txt")"
 
 # a dense run has none of it
@@ -84,7 +84,7 @@ ctl watch "$D" >/dev/null || fail "the dense run did not complete"
     || fail "dense run has MoE figures"
 ctl status "$D" >"$T/dstatus.txt"
 ! grep -q "^moe:" "$T/dstatus.txt" || fail "dense status has a moe line"
-ctl metrics "$D" --csv | sed -n 1p | grep -q "copy_hidden_fraction$" || fail "dense csv header"
+ctl metrics "$D" --csv | sed -n 1p | has "copy_hidden_fraction$" || fail "dense csv header"
 # a mixed model: MoE in every 2nd of 4 blocks, a pseudo phase of one slot
 # of each kind; a pseudo phase of 1 slot is refused naming the key
 sed -e 's/"n_layer": 2/"n_layer": 4/' -e 's/"expert_hidden": 48/"expert_hidden": 48, "every": 2/' \

@@ -157,7 +157,7 @@ grep -q "worker node of the coordinator at $ADDR" "$T/err" || fail "worker's nod
 kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
 took=$(wait_node w1 lost $((TMO + 1)))
 log "w1 (kill -9) lost after ${took}s"
-db "$T/c" "select detail from events where run is null and kind = 'node.lost'" | grep -q "hostname=w1 .*cause=\"connection closed by the peer\"" \
+db "$T/c" "select detail from events where run is null and kind = 'node.lost'" | has "hostname=w1 .*cause=\"connection closed by the peer\"" \
     || fail "no node.lost event naming w1: $(db "$T/c" 'select kind, detail from events')"
 grep -q 'node.lost node=[0-9]* hostname=w1' "$T/m6d-c.log" || fail "node.lost not logged for w1"
 # ---- SIGSTOP: silent, lost within the timeout; SIGCONT: a reconnect
@@ -167,7 +167,7 @@ log "w2 (SIGSTOP) lost after ${took}s (timeout ${TMO}s)"
 # the timeout counts from w2's last heartbeat, which can come up to one
 # heartbeat interval (TMO/3) before the SIGSTOP: not before 2/3 TMO
 python3 -c "import sys; sys.exit(not ($took >= $TMO * 0.6))" || fail "w2 lost after ${took}s, before its timeout"
-[ "$(node_field w2 detail)" != "" ] && node_field w2 detail | grep -q "no heartbeat for" || fail "w2's cause: $(node_field w2 detail)"
+[ "$(node_field w2 detail)" != "" ] && node_field w2 detail | has "no heartbeat for" || fail "w2's cause: $(node_field w2 detail)"
 kill -CONT "${M6D_PIDS[w2]}"
 wait_node w2 live 5 >/dev/null
 grep -q 'node.reconnect node=[0-9]* hostname=w2' "$T/m6d-c.log" || fail "w2 came back, but not as a reconnect"

@@ -42,13 +42,13 @@ wait_state_of() {  # STATE SECONDS -> prints the seconds taken
     fail "node netw: state '$s', want $1 within $2 s"
 }
 wait_state_of live 10 >/dev/null
-c_ctl nodes --json | grep -q '"address": "192.0.2.2:' || fail "netw did not join from 192.0.2.2"
+c_ctl nodes --json | has '"address": "192.0.2.2:' || fail "netw did not join from 192.0.2.2"
 
 # cut the worker's link: no heartbeat arrives, lost within the timeout
 ip -n "$NW" link set "$VW" down
 took=$(wait_state_of lost $((TMO + 2)))
 log "netw lost ${took}s after its link went down (timeout ${TMO}s)"
-db "$T/c" "select detail from events where kind = 'node.lost'" | grep -q 'hostname=netw .*no heartbeat for' \
+db "$T/c" "select detail from events where kind = 'node.lost'" | has 'hostname=netw .*no heartbeat for' \
     || fail "no node.lost event naming netw: $(db "$T/c" 'select kind, detail from events')"
 kill -0 "$CPID" || fail "the coordinator died"
 kill -0 "$WPID" || fail "the worker died"

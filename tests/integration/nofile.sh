@@ -74,7 +74,7 @@ restore_all() {
 #    says so; a run over all those shards trains to the end (the
 #    reference), and so does the small one.
 start "-S -n 64"
-life_log | grep -q "info daemon.nofile old=64 new=$HARD$" \
+life_log | has "info daemon.nofile old=64 new=$HARD$" \
     || fail "no daemon.nofile line raising 64 to $HARD: '$(life_log | grep nofile)'"
 M=$(ctl submit "$T/many.json") || fail "submit over $NT+$NV shards after the raise"
 ctl watch "$M" >/dev/null || fail "the many-shard run did not complete after the raise"
@@ -89,7 +89,7 @@ log "soft 64 raised to $HARD: a run over $NT+$NV shards completed"
 #    refused with the cause and leaves nothing queued, next to a small run
 #    that trains on and ends with its reference losses.
 start "-n 64"
-life_log | grep -q "info daemon.nofile old=64 new=64$" \
+life_log | has "info daemon.nofile old=64 new=64$" \
     || fail "no daemon.nofile line at hard 64: '$(life_log | grep nofile)'"
 S2=$(ctl submit "$T/small.json")
 wait_step "$S2" 5
@@ -119,7 +119,7 @@ ERR=$(wait_paused_error "$M2" "$want")
 [ "$(db "$T/s" "select count(*) from events where run=$M2 and kind='failed'")" = 0 ] \
     || fail "run $M2 failed at the start"
 K=$(field "$M2" step)
-ctl status "$M2" | grep -q "too many open files (limit 64)" || fail "status does not show the cause"
+ctl status "$M2" | has "too many open files (limit 64)" || fail "status does not show the cause"
 resume_refused "$M2" "too many open files \\(limit 64\\)" >/dev/null
 wait_paused_error "$M2" "$want" >/dev/null
 [ "$(field "$M2" step)" = "$K" ] || fail "run $M2 moved without its data: $K -> $(field "$M2" step)"
@@ -132,7 +132,7 @@ log "hard 64 at the start: run $M2 paused at step $K: '$ERR'"
 #    and the run completes with the reference's losses.
 LIM=$((NT + NV + 60))
 start "-n $LIM"
-life_log | grep -q "info daemon.nofile old=$LIM new=$LIM$" || fail "no daemon.nofile line at $LIM"
+life_log | has "info daemon.nofile old=$LIM new=$LIM$" || fail "no daemon.nofile line at $LIM"
 [ "$(field "$M2" state)" = paused ] || fail "run $M2 not paused at the start: $(field "$M2" state)"
 ctl resume "$M2" >/dev/null || fail "resume under $LIM files"
 wait_step "$M2" $((K + 20))

@@ -58,7 +58,7 @@ assert p["host_bytes"] == 5 * b["host_slot_bytes"] and p["pinned_bytes"] == 5 * 
 assert b["host_slot_bytes"] == 5 * b["pinned_slot_bytes"] == 5 * b["staging_buffer_bytes"], b
 assert b["slot_bytes"] == 4 * b["staging_buffer_bytes"], b
 ' || fail "cuda plan: $("$M6CTL" plan "$T/cuda-off.json" --json)"
-"$M6CTL" plan "$T/cuda-off.json" | grep -q "pinned" || fail "cuda plan table"
+"$M6CTL" plan "$T/cuda-off.json" | has "pinned" || fail "cuda plan table"
 # offload.speculative: auto shows off here (m6d decides at start); on adds
 # each offloaded slot's second buffers, 14 bytes a parameter (2 pinned),
 # to the host and pinned totals; off never
@@ -77,7 +77,7 @@ assert p["host_bytes"] == 5 * b["host_slot_bytes"] + k * b["speculative_slot_byt
 assert p["pinned_bytes"] == 5 * b["pinned_slot_bytes"] + k * b["speculative_pinned_slot_bytes"], p
 ' || fail "cuda plan, speculative $mode: $("$M6CTL" plan "$T/cuda-spec-$mode.json" --json)"
 done
-"$M6CTL" plan "$T/cuda-spec-on.json" | grep -q "speculative clipped update (offload.speculative on): on" ||
+"$M6CTL" plan "$T/cuda-spec-on.json" | has "speculative clipped update (offload.speculative on): on" ||
     fail "plan table: no speculative line: $("$M6CTL" plan "$T/cuda-spec-on.json")"
 
 # The boundary hold (lib.sh hold_boundary): the offloaded run's 20 Pseudo
@@ -185,7 +185,7 @@ grep -q "^offload: *off (no budget): 6/6 slots resident" "$T/status-a.txt" \
 # (Into files: with pipefail, `| head -1` would kill m6ctl with SIGPIPE.)
 ctl metrics "$B" --csv >"$T/metrics-b.csv"
 ctl metrics "$B" >"$T/metrics-b.txt"
-sed -n 1p "$T/metrics-b.csv" | grep -q ",resident_slots,offloaded_slots,peak_device_bytes,h2d_gbps,d2h_gbps,copy_hidden_fraction$" \
+sed -n 1p "$T/metrics-b.csv" | has ",resident_slots,offloaded_slots,peak_device_bytes,h2d_gbps,d2h_gbps,copy_hidden_fraction$" \
     || fail "metrics --csv header: $(sed -n 1p "$T/metrics-b.csv")"
 ctl metrics "$B" --json | python3 -c "
 import json, sys
@@ -194,7 +194,7 @@ r = rows[-1]
 assert r['offloaded_slots'] == $OFFLOADED and r['peak_device_bytes'] <= $BUDGET, r
 assert rows[0]['h2d_gbps'] is None, rows[0]
 " || fail "metrics --json"
-sed -n 1p "$T/metrics-b.txt" | grep -q "OFFL .*PEAK .*H2D_GB/S .*HIDDEN" || fail "metrics table header"
+sed -n 1p "$T/metrics-b.txt" | has "OFFL .*PEAK .*H2D_GB/S .*HIDDEN" || fail "metrics table header"
 grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "metrics table: $(tail -1 "$T/metrics-b.txt")"
 
 stop_daemon

@@ -115,7 +115,7 @@ P=$(field "$C" step)
 [ "$P" -lt "$A_STEP" ] || fail "paused at $P, not before the plateau at $A_STEP"
 [ "$(field "$C" phase)" = pseudo ] || fail "run $C not pseudo at step $P"
 [ "$(field "$C" delink_policy)" = plateau ] || fail "status --json delink_policy: $(field "$C" delink_policy)"
-ctl status "$C" | grep -qx 'phase: *pseudo (delink on a plateau, at step 150 at the latest)' \
+ctl status "$C" | has -x 'phase: *pseudo (delink on a plateau, at step 150 at the latest)' \
     || fail "status phase line of a plateau run: $(ctl status "$C")"
 [ "$(field "$B" delink_policy)" = plateau ] || fail "delink_policy of run $B"
 stop_daemon
@@ -154,7 +154,7 @@ release_boundary
 start_daemon "$T/s"
 ctl watch "$D" >/dev/null || fail "crashed run did not complete"
 R=$(db "$T/s" "select detail from events where run=$D and kind='resume.restart'")
-echo "$R" | grep -Eq "metrics_dropped=[1-9]" || fail "crash left no rows to redo: $R (killed at step $s)"
+echo "$R" | has -E "metrics_dropped=[1-9]" || fail "crash left no rows to redo: $R (killed at step $s)"
 OUT=$(check_rule "$T/s" "$D" 0.05 2 150) || fail "crashed run against the rule by hand"
 [ "${OUT%% *}" = "$A_STEP" ] || fail "crashed run delinked at ${OUT%% *}, the uninterrupted one at $A_STEP"
 [ "$(db "$T/s" "select detail from events where run=$D and kind='delink'")" = "$A_EVENT" ] \

@@ -136,8 +136,8 @@ rc=0; ctl watch "$L" >"$T/watch.out" 2>&1 || rc=$?
 [ "$(field "$L" state)" = failed ] || fail "run $L: $(field "$L" state), wanted failed"
 want="data.train: $T/later/train_000000.bin: token 999 at index 1234 >= vocab_size 256"
 grep -qF "$want" "$T/watch.out" || fail "watch did not say why: $(tail -1 "$T/watch.out")"
-field "$L" error | grep -qF "$want" || fail "run $L's error: $(field "$L" error)"
-db "$T/s" "select detail from events where run = $L and kind = 'failed'" | grep -qF "$want" \
+field "$L" error | has -F "$want" || fail "run $L's error: $(field "$L" error)"
+db "$T/s" "select detail from events where run = $L and kind = 'failed'" | has -F "$want" \
     || fail "no failed event naming the shard: $(db "$T/s" "select * from events where run = $L")"
 ctl list >/dev/null || fail "m6d stopped answering after a run failed on its data"
 

@@ -57,7 +57,7 @@ K=$(db "$T/term" "select step from runs where id=$R")
 [ "$(db "$T/term" "select state from runs where id=$R")" = running ] || fail "state after SIGTERM"
 [ "$(db "$T/term" "select max(step) from checkpoints where run=$R")" = "$K" ] \
     || fail "no checkpoint at the SIGTERM step $K"
-db "$T/term" "select kind from events where run=$R" | grep -qx interrupted || fail "no interrupted event"
+db "$T/term" "select kind from events where run=$R" | has -x interrupted || fail "no interrupted event"
 release_boundary
 sleep 1.2  # the watch retries while m6d is away: it must see it unreachable
 start_daemon "$T/term"
@@ -146,7 +146,7 @@ ctl watch "$R" >/dev/null || fail "op run did not complete"
 sqlite3 -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R and step<=$K order by step" >"$T/op-after.csv"
 diff "$T/op-before.csv" "$T/op-after.csv" >"$T/diff" || fail "operator-delink replay differs: $(head "$T/diff")"
 [ "$(db "$T/op" "select from_step from phases where run=$R and phase='real'")" = "$P" ] || fail "op phases"
-db "$T/op" "select detail from events where run=$R and kind='delink'" | grep -q "step=$P reason=replay" \
+db "$T/op" "select detail from events where run=$R and kind='delink'" | has "step=$P reason=replay" \
     || fail "no replayed delink: $(db "$T/op" "select kind, detail from events where run=$R")"
 stop_daemon
 log "operator delink at $P replayed after kill -9 at $K"
@@ -210,7 +210,7 @@ release_boundary
 for d in "$T/bad2/runs/$R/checkpoints"/step-*; do corrupt_ckpt "$d"; done
 start_daemon "$T/bad2"
 ERR=$(wait_paused_error "$R" "does not load")
-echo "$ERR" | grep -q "nor does any older one: .m6ctl resume. starts the run over from step 0" \
+echo "$ERR" | has "nor does any older one: .m6ctl resume. starts the run over from step 0" \
     || fail "no checkpoint loads: error '$ERR'"
 compgen -G "$T/bad2/runs/$R/checkpoints/step-*.bad" >/dev/null || fail "bad checkpoints not kept"
 ctl resume "$R" >/dev/null || fail "resume after every checkpoint failed"

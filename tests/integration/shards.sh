@@ -94,18 +94,18 @@ truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 release_boundary
 ERR=$(wait_error "$A")
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died when a shard was truncated"
-echo "$ERR" | grep -q "data.train: .*train_000000.bin: truncated while in use: now 1000 tokens, was $N" \
+echo "$ERR" | has "data.train: .*train_000000.bin: truncated while in use: now 1000 tokens, was $N" \
     || fail "error does not name the file and the sizes: '$ERR'"
 K=$(field "$A" step)
 [ "$K" -lt 600 ] || fail "run completed on a truncated shard"
 db "$T/s" "select detail from events where run=$A and kind='paused.error'" \
-    | grep -q "truncated while in use" || fail "no paused.error event with the cause"
+    | has "truncated while in use" || fail "no paused.error event with the cause"
 grep -q "run.paused run=$A" "$LOG" || fail "no run.paused log line"
 # m6d keeps serving: another run is taken and queued, status answers
 B=$(ctl submit "$T/small.json") || fail "submit while a run is paused on bad data"
 [ "$(field "$B" state)" = queued ] || fail "run $B: $(field "$B" state), wanted queued"
 ctl list >/dev/null || fail "list"
-ctl status "$A" | grep -q "truncated while in use" || fail "status does not show the error"
+ctl status "$A" | has "truncated while in use" || fail "status does not show the error"
 for _ in $(seq 1 100); do
     grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" && break
     sleep 0.05
@@ -124,7 +124,7 @@ resume_refused "$A" "data.train: .*truncated" >/dev/null
 [ "$(db "$T/s" "select count(*) from events where run=$A and kind='resume'")" = 0 ] \
     || fail "a refused resume was recorded as a resume event"
 ERR=$(wait_error "$A")
-echo "$ERR" | grep -q "truncated" || fail "second pause without the cause: '$ERR'"
+echo "$ERR" | has "truncated" || fail "second pause without the cause: '$ERR'"
 [ "$(field "$A" step)" = "$K" ] || fail "run trained on a truncated shard"
 
 # 4. Shard restored: resume finishes with the reference's losses; then B.
@@ -150,13 +150,13 @@ K=$(field "$C" step)
 poison "$TRAIN"
 ctl resume "$C" >/dev/null || fail "resume (poisoned)"
 ERR=$(wait_error "$C")
-echo "$ERR" | grep -Eq "data.train: .*train_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
+echo "$ERR" | has -E "data.train: .*train_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
     || fail "error does not name the file and the token: '$ERR'"
 [ "$(field "$C" step)" = "$K" ] || fail "run trained on a bad token: $K -> $(field "$C" step)"
 # still bad at resume: the data is checked again as at a start
 resume_refused "$C" "train_000000.bin: token 999 at index 0 >= vocab_size 256" >/dev/null
 ERR2=$(wait_error "$C")
-echo "$ERR2" | grep -Eq "train_000000.bin: token 999 at index 0 >= vocab_size 256" \
+echo "$ERR2" | has -E "train_000000.bin: token 999 at index 0 >= vocab_size 256" \
     || fail "resume on a still bad shard: '$ERR2'"
 restore "$TRAIN" "$T/train.orig"
 log "bad train token at step $K: '$ERR'"
@@ -170,7 +170,7 @@ hold_boundary
 poison "$VAL"
 release_boundary
 ERR=$(wait_error "$C")
-echo "$ERR" | grep -Eq "data.val: .*val_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
+echo "$ERR" | has -E "data.val: .*val_000000.bin: token 999 at index [0-9]+ >= vocab_size 256" \
     || fail "val error does not name the file and the token: '$ERR'"
 K=$(field "$C" step)
 [ $((K % 10)) = 0 ] || fail "val error at step $K, not an eval step"
@@ -193,16 +193,16 @@ wait_error "$D" >/dev/null
 K=$(field "$D" step)
 restart_daemon
 ERR=$(wait_paused_error "$D" "train_000000.bin: truncated: header says $N tokens, file holds 1000")
-echo "$ERR" | grep -q "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; once the shard is fixed, .m6ctl resume. reopens the data$" \
+echo "$ERR" | has "^data.train: $TRAIN: truncated: header says $N tokens, file holds 1000; once the shard is fixed, .m6ctl resume. reopens the data$" \
     || fail "restart on a short shard: error '$ERR'"
 never_failed "$D"
 [ "$(field "$D" step)" = "$K" ] || fail "run moved at the restart: $K -> $(field "$D" step)"
-ctl status "$D" | grep -q "truncated: header says $N tokens, file holds 1000" \
+ctl status "$D" | has "truncated: header says $N tokens, file holds 1000" \
     || fail "status after the restart does not show the data error: $(ctl status "$D")"
-life_log | grep -q "run.paused run=$D step=$K reason=\"data.train: .*truncated" \
+life_log | has "run.paused run=$D step=$K reason=\"data.train: .*truncated" \
     || fail "no run.paused log line at the restart: $(life_log | grep "run=$D")"
 db "$T/s" "select detail from events where run=$D and kind='paused.error' order by id desc limit 1" \
-    | grep -q "step=$K data.train: .*truncated: header says" || fail "no paused.error event at the restart"
+    | has "step=$K data.train: .*truncated: header says" || fail "no paused.error event at the restart"
 ctl list >/dev/null || fail "m6d does not answer after the restart"
 resume_refused "$D" "truncated: header says $N tokens, file holds 1000; once the shard is fixed, .m6ctl resume. reopens the data" >/dev/null
 ERR=$(wait_paused_error "$D" "truncated")
@@ -221,11 +221,11 @@ wait_step "$E" 30
 hold_boundary
 restart_daemon poison "$TRAIN"
 ERR=$(wait_paused_error "$E" "token 999")
-echo "$ERR" | grep -q "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; once the shard is fixed, .m6ctl resume. reopens the data$" \
+echo "$ERR" | has "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; once the shard is fixed, .m6ctl resume. reopens the data$" \
     || fail "restart of a running run on a bad shard: error '$ERR'"
 never_failed "$E"
 K=$(field "$E" step)
-life_log | grep -q "run.recover run=$E step=$K .*paused=1" || fail "no run.recover paused=1 line: $(life_log | grep "run=$E")"
+life_log | has "run.recover run=$E step=$K .*paused=1" || fail "no run.recover paused=1 line: $(life_log | grep "run=$E")"
 restore "$TRAIN" "$T/train.orig"
 resume_to_reference "$E" "restored, run that was running"
 log "running at the stop, shard bad at the start: paused at step $K ('$ERR'); restored: the reference's losses"
@@ -262,7 +262,7 @@ truncate -s 2000 "$TRAIN"
 release_boundary
 wait_paused_error "$G" "truncated" >/dev/null
 OUT=$(ctl stop "$G") || fail "stop of a run paused on bad data"
-echo "$OUT" | grep -q "write failed" && fail "stop speaks of a failed write: $OUT"
+echo "$OUT" | has "write failed" && fail "stop speaks of a failed write: $OUT"
 for _ in $(seq 1 100); do [ "$(field "$G" state)" = stopped ] && break; sleep 0.05; done
 [ "$(field "$G" state)" = stopped ] || fail "run paused on bad data not stopped: $(field "$G" state)"
 restore "$TRAIN" "$T/train.orig2"
