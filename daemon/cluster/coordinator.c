@@ -43,7 +43,7 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns: set from the worker thread */
+    pthread_mutex_t amu;  /* guards assigns: set from the runner thread */
     assign_entry *assigns;
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;

@@ -3,7 +3,7 @@
  * the node registry of coordinator.h and the collectives of
  * dist/collectives.h).
  *
- * Ranks: the coordinator m6d is rank 0 (its own worker thread trains the
+ * Ranks: the coordinator m6d is rank 0 (its own runner thread trains the
  * run, writes m6.db, the metrics and the checkpoints: replicated state
  * written once); the live worker nodes it picks (cluster_coord_nodes_fit,
  * in node id order) are ranks 1..W-1. The coordinator records each rank
@@ -49,7 +49,7 @@ void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
 
 /* The coordinator's side (runner_dist of runner.h; ud is this struct).
  * co is guarded by mu: cluster_dp_coord_attach/detach set it on the loop
- * while the worker thread may be picking nodes. */
+ * while the runner thread may be picking nodes. */
 typedef struct {
     pthread_mutex_t mu;
     cluster_coord *co;        /* NULL: not listening (yet, or any more) */
