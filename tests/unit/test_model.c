@@ -534,6 +534,24 @@ static void test_checkpoint_resume_bitwise(void **state)
     trainer_free(t);
 }
 
+/* The checkpoint in dir names each tensor of `has` (a whole, quoted name
+ * in its header) and nothing containing any of `lacks`; both lists end
+ * with NULL. */
+static void check_ckpt_names_(const char *dir, const char *const *has,
+                              const char *const *lacks)
+{
+    const char *head = fixture_ckpt_header(dir);
+    char nm[160];
+    for (; *has; has++) {
+        snprintf(nm, sizeof nm, "\"%s\"", *has);
+        if (!strstr(head, nm))
+            fail_msg("checkpoint in %s: no tensor %s", dir, nm);
+    }
+    for (; *lacks; lacks++)
+        if (strstr(head, *lacks))
+            fail_msg("checkpoint in %s: names %s", dir, *lacks);
+}
+
 /* MoE through the trainer: save at 15 (after the delink at 10), resume:
  * the losses of 16..30 are bitwise those of the uninterrupted run; the
  * checkpoint names the experts and the gate; every step reports MoE
@@ -563,12 +581,12 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    const char *head = fixture_ckpt_header(dir);
     /* per expert and per prototype's gate (gpt.h: gpt_slot_ckpt_tensors) */
-    assert_non_null(strstr(head, "\"slots.2.moe.experts.3.c_fc.weight\""));
-    assert_non_null(strstr(head, "\"slots.2.moe.gate.1.weight\""));
-    assert_null(strstr(head, "slots.2.moe.experts.c_fc.weight"));
-    assert_null(strstr(head, "mlp.c_fc"));
+    check_ckpt_names_(dir,
+                      (const char *[]){"slots.2.moe.experts.3.c_fc.weight",
+                                       "slots.2.moe.gate.1.weight", NULL},
+                      (const char *[]){"slots.2.moe.experts.c_fc.weight",
+                                       "mlp.c_fc", NULL});
 
     t = fixture_resume(&s, dir, 15);
     fixture_finish_same(t, &s, 30, a);
@@ -634,13 +652,12 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     assert_memory_equal(want, got, 2 * C * sizeof(float));
     safetensors_close(&sf);
     free(params);
-    const char *head = fixture_ckpt_header(dir);
-    assert_non_null(strstr(head, "\"slots.0.mlp.c_fc.weight\""));
-    assert_non_null(strstr(head, "\"slots.2.mlp.c_proj.bias\""));
-    assert_non_null(strstr(head, "\"slots.1.moe.experts.0.c_proj.weight\""));
-    assert_non_null(strstr(head, "\"slots.1.moe.gate.0.bias\""));
-    assert_null(strstr(head, "slots.0.moe"));
-    assert_null(strstr(head, "slots.1.mlp"));
+    check_ckpt_names_(dir,
+                      (const char *[]){"slots.0.mlp.c_fc.weight",
+                                       "slots.2.mlp.c_proj.bias",
+                                       "slots.1.moe.experts.0.c_proj.weight",
+                                       "slots.1.moe.gate.0.bias", NULL},
+                      (const char *[]){"slots.0.moe", "slots.1.mlp", NULL});
 
     t = fixture_resume(&s, dir, 15);
     fixture_finish_same(t, &s, 30, a);
