@@ -249,6 +249,48 @@ wait_step() {
     fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
 
+# events_has RUN ERE: a line of RUN's events matches ERE; else prints the
+# events (for wait_for)
+events_has() {
+    local ev
+    ev=$(ctl events "$1" 2>&1) || true
+    grep -Eq -- "$2" <<<"$ev" && return 0
+    echo "no event of run $1 matches '$2'; its events: $ev"
+    return 1
+}
+
+# wait_event RUN ERE [timeout s]: until a line of RUN's events matches ERE
+# (5 s by default)
+wait_event() { wait_for "an event of run $1" "${3:-5}" events_has "$1" "$2"; }
+
+# wait_paused_within RUN T0 LIMIT WHAT: until RUN is paused (10 s at
+# most), then requires that it paused within LIMIT seconds of T0 (an
+# $EPOCHREALTIME, taken at WHAT: "the cut", "kill -9"); the seconds it
+# took into TOOK
+wait_paused_within() {
+    local run=$1 t0=$2 limit=$3 what=$4
+    for _ in $(seq 1 400); do
+        [ "$(field "$run" state)" = paused ] && break
+        sleep 0.025
+    done
+    TOOK=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+    [ "$(field "$run" state)" = paused ] \
+        || fail "run $run not paused 10 s after $what: $(field "$run" state)"
+    python3 -c "import sys; sys.exit(not $TOOK <= $limit)" \
+        || fail "run $run paused ${TOOK} s after $what, want <= $limit s"
+}
+
+# wait_gone PID SECONDS WHAT: process PID (WHAT, for the message) ends
+# within SECONDS, else the test fails (it hung)
+wait_gone() {
+    for _ in $(seq 1 $(($2 * 20))); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.05
+    done
+    kill -0 "$1" 2>/dev/null && fail "$3 still running $2 s after it was told to stop"
+    return 0
+}
+
 # The step-boundary hold (coord.c's test hook): every m6d started with
 # M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
 # boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
