@@ -109,14 +109,7 @@ int main(int argc, char **argv)
             continue;
         switch (o) {
         case 'd': data = optarg; break;
-        case 'f':
-            frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
-            if (frac == 0 || frac == 1) {
-                fprintf(stderr, P_ ": --pseudo-frac: want a fraction strictly "
-                                "between 0 and 1, got \"%s\"\n", optarg);
-                return 2;
-            }
-            break;
+        case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
             if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {
