@@ -146,6 +146,44 @@ static void check_accumulation(const char *name, bwd_fn bwd, void *ctx,
     }
 }
 
+/* One input of an op, for check_backward_: its gradient's name, its double
+ * copy (which the objective reads and central differences move), its
+ * length, and the tolerance of its gradient. */
+typedef struct { const char *name; double *x; size_t n; double tol; } grad_in;
+
+/*
+ * An op's backward against central differences of its double objective
+ * obj: bwd, from zeroed gradients, gives the gradient of each of the n
+ * inputs to its tolerance; then the accumulation semantics
+ * (check_accumulation). Input k's finite-difference gradient comes back
+ * in fd[k] (caller frees) when fd is not NULL.
+ */
+static void check_backward_(const char *op, objective_fn obj, bwd_fn bwd,
+                            void *ctx, int n, const grad_in *in, double **fd)
+{
+    float *g[4];
+    double *ref[4];
+    size_t sizes[4];
+    for (int k = 0; k < n; k++) {
+        sizes[k] = in[k].n;
+        ref[k] = dalloc(in[k].n);
+        fd_grad(obj, ctx, in[k].x, in[k].n, ref[k]);
+        g[k] = falloc(in[k].n);
+    }
+    bwd(ctx, g);
+    for (int k = 0; k < n; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", op, in[k].name);
+        check_(what, g[k], ref[k], in[k].n, in[k].tol);
+        free(g[k]);
+        if (fd)
+            fd[k] = ref[k];
+        else
+            free(ref[k]);
+    }
+    check_accumulation(op, bwd, ctx, n, sizes);
+}
+
 /* ------------------------------------------- double reference forwards */
 
 static void ref_encoder(double *out, const int32_t *inp, const double *wte,
@@ -292,17 +330,10 @@ static void test_encoder(void **state)
     check_("encoder fwd", out, x->out_d, N * C, 1e-7);
 
     /* backward: sums of at most N fp32 values of |R| <= 1: 1e-6 covers it */
-    double gwte[V * C], gwpe[MAXT * C];
-    fd_grad(enc_obj, x, x->wte_d, V * C, gwte);
-    fd_grad(enc_obj, x, x->wpe_d, MAXT * C, gwpe);
-    float *g[2] = { falloc(V * C), falloc(MAXT * C) };
-    enc_bwd(x, g);
-    check_("encoder dwte", g[0], gwte, V * C, 1e-6);
-    check_("encoder dwpe", g[1], gwpe, MAXT * C, 1e-6);
-
-    size_t sizes[2] = { V * C, MAXT * C };
-    check_accumulation("encoder", enc_bwd, x, 2, sizes);
-    free(g[0]); free(g[1]); free(x);
+    const grad_in in[] = { { "dwte", x->wte_d, V * C, 1e-6 },
+                           { "dwpe", x->wpe_d, MAXT * C, 1e-6 } };
+    check_backward_("encoder", enc_obj, enc_bwd, x, 2, in, NULL);
+    free(x);
     (void)state;
 }
 
@@ -355,19 +386,11 @@ static void test_layernorm(void **state)
     /* backward: dinp subtracts two row means from g (cancellation), so fp32
      * error grows beyond a plain sum: ~1e-7 of max|g| seen, 2e-6 allowed.
      * dweight/dbias are sums over N rows: 1e-6. */
-    double gx[N * C], gw[C], gb[C];
-    fd_grad(ln_obj, x, x->x_d, N * C, gx);
-    fd_grad(ln_obj, x, x->w_d, C, gw);
-    fd_grad(ln_obj, x, x->b_d, C, gb);
-    float *g[3] = { falloc(N * C), falloc(C), falloc(C) };
-    ln_bwd(x, g);
-    check_("layernorm dinp", g[0], gx, N * C, 2e-6);
-    check_("layernorm dweight", g[1], gw, C, 1e-6);
-    check_("layernorm dbias", g[2], gb, C, 1e-6);
-
-    size_t sizes[3] = { N * C, C, C };
-    check_accumulation("layernorm", ln_bwd, x, 3, sizes);
-    free(g[0]); free(g[1]); free(g[2]); free(x);
+    const grad_in in[] = { { "dinp", x->x_d, N * C, 2e-6 },
+                           { "dweight", x->w_d, C, 1e-6 },
+                           { "dbias", x->b_d, C, 1e-6 } };
+    check_backward_("layernorm", ln_obj, ln_bwd, x, 3, in, NULL);
+    free(x);
     (void)state;
 }
 
@@ -414,24 +437,17 @@ static void test_matmul(void **state)
     }
 
     /* backward (same reasoning): 1e-6 */
-    double gx[N * C], gw[OC * C], gb[OC];
-    fd_grad(mm_obj, x, x->x_d, N * C, gx);
-    fd_grad(mm_obj, x, x->w_d, OC * C, gw);
-    fd_grad(mm_obj, x, x->b_d, OC, gb);
-    float *g[3] = { falloc(N * C), falloc(OC * C), falloc(OC) };
-    mm_bwd(x, g);
-    check_("matmul dinp", g[0], gx, N * C, 1e-6);
-    check_("matmul dweight", g[1], gw, OC * C, 1e-6);
-    check_("matmul dbias", g[2], gb, OC, 1e-6);
+    const grad_in in[] = { { "dinp", x->x_d, N * C, 1e-6 },
+                           { "dweight", x->w_d, OC * C, 1e-6 },
+                           { "dbias", x->b_d, OC, 1e-6 } };
+    double *fd[3];
+    check_backward_("matmul", mm_obj, mm_bwd, x, 3, in, fd);
 
     /* dinp == NULL and dbias == NULL: the rest is computed the same */
     float *dw = falloc(OC * C);
     matmul_backward(NULL, dw, NULL, x->dout, x->x, x->w, N, C, OC);
-    check_("matmul dweight (NULLs)", dw, gw, OC * C, 1e-6);
-
-    size_t sizes[3] = { N * C, OC * C, OC };
-    check_accumulation("matmul", mm_bwd, x, 3, sizes);
-    free(dw); free(g[0]); free(g[1]); free(g[2]); free(x);
+    check_("matmul dweight (NULLs)", dw, fd[1], OC * C, 1e-6);
+    free(dw); free(fd[0]); free(fd[1]); free(fd[2]); free(x);
     (void)state;
 }
 
@@ -574,15 +590,9 @@ static void test_attention(void **state)
     /* backward: chains dot products, the softmax Jacobian (a difference
      * datt - sum att datt, with cancellation) and two more sums:
      * ~1e-7 seen, 2e-6 allowed */
-    double gqkv[N * 3 * C];
-    fd_grad(att_obj, x, x->qkv_d, N * 3 * C, gqkv);
-    float *g[1] = { falloc(N * 3 * C) };
-    att_bwd(x, g);
-    check_("attention dqkv", g[0], gqkv, N * 3 * C, 2e-6);
-
-    size_t sizes[1] = { N * 3 * C };
-    check_accumulation("attention", att_bwd, x, 1, sizes);
-    free(g[0]); free(x);
+    const grad_in in[] = { { "dqkv", x->qkv_d, N * 3 * C, 2e-6 } };
+    check_backward_("attention", att_obj, att_bwd, x, 1, in, NULL);
+    free(x);
     (void)state;
 }
 
@@ -740,15 +750,9 @@ static void test_gelu(void **state)
     check_("gelu fwd", out, ref, N * C, 1e-6);
 
     /* backward: GELU' from the same few fp32 ops, times dout: 1e-6 */
-    double gx[N * C];
-    fd_grad(gelu_obj, x, x->x_d, N * C, gx);
-    float *g[1] = { falloc(N * C) };
-    gelu_bwd(x, g);
-    check_("gelu dinp", g[0], gx, N * C, 1e-6);
-
-    size_t sizes[1] = { N * C };
-    check_accumulation("gelu", gelu_bwd, x, 1, sizes);
-    free(g[0]); free(x);
+    const grad_in in[] = { { "dinp", x->x_d, N * C, 1e-6 } };
+    check_backward_("gelu", gelu_obj, gelu_bwd, x, 1, in, NULL);
+    free(x);
     (void)state;
 }
 
@@ -790,17 +794,10 @@ static void test_residual(void **state)
     check_("residual fwd", out, ref, N * C, 1e-7);
 
     /* backward: a copy of dout; only the FD error remains (~1e-10): 1e-7 */
-    double ga[N * C], gb[N * C];
-    fd_grad(res_obj, x, x->a_d, N * C, ga);
-    fd_grad(res_obj, x, x->b_d, N * C, gb);
-    float *g[2] = { falloc(N * C), falloc(N * C) };
-    res_bwd(x, g);
-    check_("residual da", g[0], ga, N * C, 1e-7);
-    check_("residual db", g[1], gb, N * C, 1e-7);
-
-    size_t sizes[2] = { N * C, N * C };
-    check_accumulation("residual", res_bwd, x, 2, sizes);
-    free(g[0]); free(g[1]); free(x);
+    const grad_in in[] = { { "da", x->a_d, N * C, 1e-7 },
+                           { "db", x->b_d, N * C, 1e-7 } };
+    check_backward_("residual", res_obj, res_bwd, x, 2, in, NULL);
+    free(x);
     (void)state;
 }
 
@@ -849,18 +846,14 @@ static void test_crossentropy(void **state)
     }
 
     /* backward: (probs - onehot) * dloss, one rounding each: 1e-6 */
-    double gz[N * V];
-    fd_grad(ce_obj, x, x->z_d, N * V, gz);
-    float *g[1] = { falloc(N * V) };
-    ce_bwd(x, g);
-    check_("crossentropy dlogits", g[0], gz, N * V, 1e-6);
-    poison(g[0], N * V);
-    softmax_crossentropy_backward_first(g[0], x->probs, x->y, x->dl, N, V);
-    check_("crossentropy dlogits (first)", g[0], gz, N * V, 1e-6);
-
-    size_t sizes[1] = { N * V };
-    check_accumulation("crossentropy", ce_bwd, x, 1, sizes);
-    free(g[0]); free(x);
+    const grad_in in[] = { { "dlogits", x->z_d, N * V, 1e-6 } };
+    double *gz;
+    check_backward_("crossentropy", ce_obj, ce_bwd, x, 1, in, &gz);
+    float *g = falloc(N * V);
+    poison(g, N * V);
+    softmax_crossentropy_backward_first(g, x->probs, x->y, x->dl, N, V);
+    check_("crossentropy dlogits (first)", g, gz, N * V, 1e-6);
+    free(g); free(gz); free(x);
     (void)state;
 }
 
