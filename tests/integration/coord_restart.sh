@@ -77,8 +77,7 @@ rows_whole() {
 }
 
 prepare_data "$T/data"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 # a fixed port, outside the ephemeral range (a connection's own port could
 # otherwise take the coordinator's while it is down), free now
 PORT=$(python3 -c '

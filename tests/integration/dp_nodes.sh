@@ -52,8 +52,7 @@ PY
 }
 
 prepare_data "$T/data"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
 CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"

@@ -61,6 +61,13 @@ prepare_data() {
         >"$T/prepare.out" 2>"$T/prepare.err" || fail "data prepare: $(cat "$T/prepare.err")"
 }
 
+# write_token FILE [BYTES]: a fresh random token of BYTES (32) bytes, in
+# hex, readable by its owner only (m6d --token-file: not readable by others)
+write_token() {
+    head -c "${2:-32}" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"
+    chmod 600 "$1"
+}
+
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
 # M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
 # steps at their fastest (docs: how to run the suite slowed, fast and
@@ -310,6 +317,17 @@ hold_boundary() {
 }
 release_boundary() { rm -f "$HOLD_FILE"; }
 
+# pause_at_step RUN N: pauses RUN at the boundary after step N (held there
+# while the pause is sent, so it lands then, whatever the speed of a step)
+# and waits until it is paused
+pause_at_step() {
+    wait_step "$1" "$2"
+    hold_boundary
+    ctl pause "$1" >/dev/null || fail "pause of run $1 at step $2 refused"
+    release_boundary
+    wait_state "$1" paused
+}
+
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
 # on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
 # stopped again. WHAT names the run in a failure ("reference run").
@@ -320,6 +338,13 @@ reference_losses() {
     ctl watch "$r" >/dev/null || fail "${4:-reference run} did not complete"
     losses "$r" >"$3"
     stop_daemon
+}
+
+# same_losses RUN REF_CSV WHAT: RUN's losses are REF_CSV's (as `losses`
+# writes them, reference_losses), digit for digit; else fails with WHAT
+# and the first lines of the difference
+same_losses() {
+    losses "$1" | diff "$2" - >"$T/diff" || fail "$3: $(head "$T/diff")"
 }
 
 # wait_paused_error RUN ERE: until the run is paused with an error matching
