@@ -486,6 +486,33 @@ static float model_step_(gpt_model *g, offload_ctx *o, int accum, int B,
     return model_step_lr_(g, o, accum, B, seed, 1e-2f, 0);
 }
 
+/* A CPU spec of cfg (microbatch B, accum microbatches, `prefetch`
+ * staging buffers) whose device budget, counted here from the layout
+ * (4 fp32 buffers of the globals and of a slot, the activations, 2 fp32
+ * buffers a staging buffer), holds one real slot resident; the spec into
+ * *s, the slot size in floats into *ss, and its offload context. */
+static offload_ctx *one_resident_ctx_(const model_config *cfg, int B,
+                                      int accum, int prefetch, run_spec *s,
+                                      size_t *ss)
+{
+    spec_defaults(s);
+    s->model = *cfg;
+    s->train.batch_size = B;
+    s->train.grad_accum = accum;
+    s->offload.prefetch = prefetch;
+    size_t ng;
+    gpt_layout_sizes(cfg, &ng, ss);
+    s->device.memory_budget = 4 * ng * 4 + gpt_act_floats(cfg, B) * 4 +
+                              4 * *ss * 4 + prefetch * 2 * *ss * 4;
+    char err[512];
+    offload_plan_input in = offload_plan_input_of(s);
+    offload_ctx *o = offload_create(&in, spec_host_threads(s), NULL, err,
+                                    sizeof err);
+    if (!o)
+        fail_msg("offload_create: %s", err);
+    return o;
+}
+
 /* A share map the trainer never makes, layers 0..5 -> slots 0,3,1,2,1,0,
  * re-slotted from a 1-slot model, slot 0 resident, 1-3 offloaded, three
  * staging buffers. Backward runs slots 1,2,1,3: slot 1's second backward
@@ -501,20 +528,8 @@ static void test_interleaved_share_map(void **state)
                               .n_embd = 64, .seq_len = 32};
     const int B = 2, accum = 2;
     run_spec s;
-    spec_defaults(&s);
-    s.model = cfg;
-    s.train.batch_size = B;
-    s.train.grad_accum = accum;
-    s.offload.prefetch = 3;
-    size_t ng, ss;
-    gpt_layout_sizes(&cfg, &ng, &ss);
-    s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, B) * 4 +
-                             1 * 4 * ss * 4 + 3 * 2 * ss * 4;
-    char err[512];
-    offload_plan_input in = offload_plan_input_of(&s);
-    offload_ctx *o = offload_create(&in, spec_host_threads(&s), NULL, err,
-                                    sizeof err);
-    assert_non_null(o);
+    size_t ss;
+    offload_ctx *o = one_resident_ctx_(&cfg, B, accum, 3, &s, &ss);
     gpt_model a, b;
     assert_int_equal(gpt_create(&a, &cfg, 1, B), 0);
     if (gpt_create_with(&b, &cfg, 1, B, offload_storage(o)) != 0)
@@ -563,19 +578,8 @@ static void test_late_update_keeps_its_step(void **state)
     const model_config cfg = {.vocab_size = 29, .n_layer = 3, .n_head = 2,
                               .n_embd = 16, .seq_len = 8};
     run_spec s;
-    spec_defaults(&s);
-    s.model = cfg;
-    s.train.batch_size = 2;
-    s.train.grad_accum = 1;
-    size_t ng, ss;
-    gpt_layout_sizes(&cfg, &ng, &ss);
-    s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, 2) * 4 +
-                             4 * ss * 4 + 2 * 2 * ss * 4;
-    char err[512];
-    offload_plan_input in = offload_plan_input_of(&s);
-    offload_ctx *o = offload_create(&in, spec_host_threads(&s), NULL, err,
-                                    sizeof err);
-    assert_non_null(o);
+    size_t ss;
+    offload_ctx *o = one_resident_ctx_(&cfg, 2, 1, 2, &s, &ss);
     gpt_model a, b;
     assert_int_equal(gpt_create(&a, &cfg, 3, 2), 0);
     assert_int_equal(gpt_create_with(&b, &cfg, 3, 2, offload_storage(o)), 0);
