@@ -558,6 +558,18 @@ static void run_one_node_(const char *tag, result *res)
     load_tag_(tag, 0, res);
 }
 
+/* A rank's figure `what` at a step against the one node's: within
+ * LOSS_TOL relative (rel_), the largest difference so far in *worst. */
+static void close_to_ref_(const char *tag, int r, long step, const char *what,
+                          double got, double want, double *worst)
+{
+    double d = rel_(got, want);
+    if (d > *worst)
+        *worst = d;
+    CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: %s %.9g, one node %.9g (rel "
+          "%.2g > %g)", tag, r, step, what, got, want, d, LOSS_TOL);
+}
+
 /* Ranks of tag against the one-node ref: losses, val losses, weights; the
  * ranks' weights identical every step; coverage (windows) when check_win.
  * first: the first step the ranks ran (join: the real phase). */
@@ -576,26 +588,13 @@ static void compare_(const char *tag, int world, const result *ref,
             int j = (int)rk[r].step[i] - 1;
             if (j < 0 || j >= nref)
                 continue;
-            double d = rel_(rk[r].loss[i], ref->loss[j]);
-            if (d > worst_loss)
-                worst_loss = d;
-            CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: loss %.9g, one node "
-                  "%.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].loss[i], ref->loss[j], d, LOSS_TOL);
-            double dn = rel_(rk[r].norm[i], ref->norm[j]);
-            if (dn > worst_norm)
-                worst_norm = dn;
-            CHECK(dn <= LOSS_TOL, "%s: rank %d step %ld: gradient norm %.9g, "
-                  "one node %.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].norm[i], ref->norm[j], dn, LOSS_TOL);
-            if (check_val && !isnan(ref->val[j])) {
-                double dv = rel_(rk[r].val[i], ref->val[j]);
-                if (dv > worst_val)
-                    worst_val = dv;
-                CHECK(dv <= LOSS_TOL, "%s: rank %d step %ld: val %.9g, one "
-                      "node %.9g", tag, r, rk[r].step[i], rk[r].val[i],
-                      ref->val[j]);
-            }
+            close_to_ref_(tag, r, rk[r].step[i], "loss", rk[r].loss[i],
+                          ref->loss[j], &worst_loss);
+            close_to_ref_(tag, r, rk[r].step[i], "gradient norm",
+                          rk[r].norm[i], ref->norm[j], &worst_norm);
+            if (check_val && !isnan(ref->val[j]))
+                close_to_ref_(tag, r, rk[r].step[i], "val", rk[r].val[i],
+                              ref->val[j], &worst_val);
             CHECK(rk[r].sum[i] == rk[0].sum[i], "%s: step %ld: rank %d's "
                   "weights differ from rank 0's", tag, rk[r].step[i], r);
         }
