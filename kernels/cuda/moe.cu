@@ -381,16 +381,16 @@ size_t moe_backward_scratch_bytes(const moe_dims *d)
 }
 
 static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
-                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, int first,
-                         cudaStream_t stream)
+                          bf16 *dw2, bf16 *db2, void *scratch,
+                          const bf16 *dout, const bf16 *x,
+                          const moe_saved_cuda *sv, const bf16 *wg,
+                          const bf16 *w1, const bf16 *w2, float daux, float dz,
+                          const moe_dims *d, int first, cudaStream_t stream)
 {
+    const float *probs = sv->probs, *lse = sv->lse;
+    const int32_t *expert = sv->expert, *slot = sv->slot;
+    const int32_t *routed = sv->routed, *row_token = sv->row_token;
+    const bf16 *xe = sv->xe, *hpre = sv->hpre, *hact = sv->hact, *ye = sv->ye;
     const int N = d->N, C = d->C, E = d->E, k = d->k, H = d->H;
     const int cap = d->capacity, rows = E * cap;
     bf16 *dye = (bf16 *)scratch;           /* (rows, C) */
@@ -442,30 +442,22 @@ static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
 
 void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream)
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream)
 {
-    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
-                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
-                  wg, w1, w2, daux, dz, d, 0, stream);
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, sv, wg,
+                  w1, w2, daux, dz, d, 0, stream);
 }
 
 void moe_backward_first_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream)
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream)
 {
-    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
-                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
-                  wg, w1, w2, daux, dz, d, 1, stream);
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, sv, wg,
+                  w1, w2, daux, dz, d, 1, stream);
 }
