@@ -83,17 +83,9 @@ static const char *grad_scale_name_(const run_spec *s)
 
 int main(int argc, char **argv)
 {
-    run_spec s;
-    spec_defaults(&s);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 4,
-                             .n_embd = 128, .seq_len = 128};
-    s.train.batch_size = 16;
-    s.train.steps = 1000;
-    s.train.lr = 3e-3f;
-    s.train.min_lr = 3e-4f;
-    s.train.warmup_steps = 30;
-    s.train.eval_every = 50;
-    s.train.eval_batches = 16;
+    run_spec s = p2r_default_spec((p2r_defaults){
+        .n_embd = 128, .seq_len = 128, .batch = 16, .steps = 1000,
+        .warmup = 30, .eval_every = 50, .eval_batches = 16});
     double frac = 0.3;
     const char *data = NULL;
     static const struct option opts[] = {
@@ -109,14 +101,7 @@ int main(int argc, char **argv)
             continue;
         switch (o) {
         case 'd': data = optarg; break;
-        case 'f':
-            frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
-            if (frac == 0 || frac == 1) {
-                fprintf(stderr, P_ ": --pseudo-frac: want a fraction strictly "
-                                "between 0 and 1, got \"%s\"\n", optarg);
-                return 2;
-            }
-            break;
+        case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
             if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {

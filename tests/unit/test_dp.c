@@ -550,6 +550,26 @@ static int overlap_of_(const char *tag, int r, long *reported, long *early,
     return ok ? 0 : -1;
 }
 
+/* Runs spec `tag` on one node (no fault, to the end) and loads its
+ * record into *res. */
+static void run_one_node_(const char *tag, result *res)
+{
+    run_(tag, tag, 1, 0, "plain", 120);
+    load_tag_(tag, 0, res);
+}
+
+/* A rank's figure `what` at a step against the one node's: within
+ * LOSS_TOL relative (rel_), the largest difference so far in *worst. */
+static void close_to_ref_(const char *tag, int r, long step, const char *what,
+                          double got, double want, double *worst)
+{
+    double d = rel_(got, want);
+    if (d > *worst)
+        *worst = d;
+    CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: %s %.9g, one node %.9g (rel "
+          "%.2g > %g)", tag, r, step, what, got, want, d, LOSS_TOL);
+}
+
 /* Ranks of tag against the one-node ref: losses, val losses, weights; the
  * ranks' weights identical every step; coverage (windows) when check_win.
  * first: the first step the ranks ran (join: the real phase). */
@@ -568,26 +588,13 @@ static void compare_(const char *tag, int world, const result *ref,
             int j = (int)rk[r].step[i] - 1;
             if (j < 0 || j >= nref)
                 continue;
-            double d = rel_(rk[r].loss[i], ref->loss[j]);
-            if (d > worst_loss)
-                worst_loss = d;
-            CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: loss %.9g, one node "
-                  "%.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].loss[i], ref->loss[j], d, LOSS_TOL);
-            double dn = rel_(rk[r].norm[i], ref->norm[j]);
-            if (dn > worst_norm)
-                worst_norm = dn;
-            CHECK(dn <= LOSS_TOL, "%s: rank %d step %ld: gradient norm %.9g, "
-                  "one node %.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].norm[i], ref->norm[j], dn, LOSS_TOL);
-            if (check_val && !isnan(ref->val[j])) {
-                double dv = rel_(rk[r].val[i], ref->val[j]);
-                if (dv > worst_val)
-                    worst_val = dv;
-                CHECK(dv <= LOSS_TOL, "%s: rank %d step %ld: val %.9g, one "
-                      "node %.9g", tag, r, rk[r].step[i], rk[r].val[i],
-                      ref->val[j]);
-            }
+            close_to_ref_(tag, r, rk[r].step[i], "loss", rk[r].loss[i],
+                          ref->loss[j], &worst_loss);
+            close_to_ref_(tag, r, rk[r].step[i], "gradient norm",
+                          rk[r].norm[i], ref->norm[j], &worst_norm);
+            if (check_val && !isnan(ref->val[j]))
+                close_to_ref_(tag, r, rk[r].step[i], "val", rk[r].val[i],
+                              ref->val[j], &worst_val);
             CHECK(rk[r].sum[i] == rk[0].sum[i], "%s: step %ld: rank %d's "
                   "weights differ from rank 0's", tag, rk[r].step[i], r);
         }
@@ -710,8 +717,7 @@ int main(int argc, char **argv)
     write_spec_("kill", 6, 1, 6, 3, kill_extra);
 
     result one, r2, r2b, acc_one;
-    run_("one", "one", 1, 0, "plain", 120);
-    load_tag_("one", 0, &one);
+    run_one_node_("one", &one);
     CHECK(one.n == 6, "one node: %d steps recorded, want 6", one.n);
 
     run_("w2", "w2", 2, 0, "plain", 120);
@@ -751,13 +757,11 @@ int main(int argc, char **argv)
     printf("buckets      2 ranks: 1000-float and default buckets %s\n",
            same ? "bitwise equal" : "DIFFER");
 
-    run_("acc2_one", "acc2_one", 1, 0, "plain", 120);
-    load_tag_("acc2_one", 0, &acc_one);
+    run_one_node_("acc2_one", &acc_one);
     run_("acc2", "acc2", 2, 0, "plain", 120);
     compare_("acc2", 2, &acc_one, 1, 0, 0);
     free(acc_one.params);
-    run_("acc3_one", "acc3_one", 1, 0, "plain", 120);
-    load_tag_("acc3_one", 0, &acc_one);
+    run_one_node_("acc3_one", &acc_one);
     run_("acc3", "acc3", 3, 0, "plain", 120);
     compare_("acc3", 3, &acc_one, 1, 0, 0);
     free(acc_one.params);
@@ -787,8 +791,7 @@ int main(int argc, char **argv)
             write_spec_model_(acc_tag, 3, 2, 6, 3, kind[k][1], share, w2);
             write_spec_model_(row_tag, 6, 1, 6, 3, kind[k][1], share, w2);
             result ref;
-            run_(one_tag, one_tag, 1, 0, "plain", 120);
-            load_tag_(one_tag, 0, &ref);
+            run_one_node_(one_tag, &ref);
             CHECK(ref.n == 6, "%s: %d steps recorded, want 6", one_tag, ref.n);
             run_(acc_tag, acc_tag, 2, 0, "plain", 120);
             compare_(acc_tag, 2, &ref, 1, 1, 0);
@@ -900,15 +903,13 @@ int main(int argc, char **argv)
         write_spec_budget_("offacc2", 1, 8, 3, 0, b_one, 0,
                            "\"nodes\": {\"world_size\": 2}");
         result off_one;
-        run_("off_one", "off_one", 1, 0, "plain", 120);
-        load_tag_("off_one", 0, &off_one);
+        run_one_node_("off_one", &off_one);
         CHECK(off_one.n == 6, "offloaded: one node ran %d steps", off_one.n);
         run_("off_w2", "off_w2", 2, 0, "plain", 120);
         compare_("off_w2", 2, &off_one, 1, 1, 0);
         run_("mw2", "mw2", 2, 0, "plain", 120);
         free(off_one.params);
-        run_("offacc_one", "offacc_one", 1, 0, "plain", 120);
-        load_tag_("offacc_one", 0, &off_one);
+        run_one_node_("offacc_one", &off_one);
         run_("offacc2", "offacc2", 2, 0, "plain", 120);
         compare_("offacc2", 2, &off_one, 1, 0, 0);
         free(off_one.params);
