@@ -120,7 +120,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
                                  j->i1 - j->i0, !j->first);
         if (j->final)
             ss = sumsq_range_(h, j);
-        break; /* j->adam: the worker runs adam_range_ after publishing */
+        break; /* j->adam: the host thread runs adam_range_ after publishing */
     case JOB_ADAM:
         adam_range_(g, h, j);
         break;
@@ -134,7 +134,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
     return ss;
 }
 
-static void *worker_(void *arg)
+static void *host_thread_(void *arg)
 {
     gpt_cuda *g = (gpt_cuda *)arg;
     offload_rt_ *o = &g->off;
@@ -198,7 +198,7 @@ static void *worker_(void *arg)
 }
 
 /* Queue job *proto over every chunk of its slot and count the jobs on the
- * slot, as worker_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
+ * slot, as host_thread_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
  * TO_BF16 and an ACCUM with adam in adam_jobs. Called with the lock held. */
 static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
 {
@@ -341,7 +341,7 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
     pthread_cond_init(&o->cv_job, NULL);
     pthread_cond_init(&o->cv_done, NULL);
     for (int i = 0; i < o->n_threads; i++)
-        if (pthread_create(&o->th[i], NULL, worker_, g) != 0) {
+        if (pthread_create(&o->th[i], NULL, host_thread_, g) != 0) {
             fprintf(stderr, "gpt_cuda: cannot start host thread %d\n", i);
             o->n_threads = i;
             o->enabled = 1; /* so that fini stops the started ones */
