@@ -326,6 +326,7 @@ void trainer_free(trainer *t)
     free(t->rows);
     free(t->init_error);
     free(t->bucket);
+    free(t->dp_rank_stats);
     free(t->dp_ready);
     free(t->dp_start);
     if (t->dp_sync) {
@@ -457,6 +458,28 @@ static float lr_at_(const trainer *t, long s)
 }
 
 /* ------------------------------------------------------------- step */
+
+/* Which rank a bad gradient came from (step_result), from the per-rank
+ * statistics the host all-reduce gathered this step (gradsync.c). */
+static void attribute_(trainer *t, step_result *res)
+{
+    res->nonfinite_rank = res->outlier_rank = -1;
+    if (!t->dp_stats_valid) return;
+    t->dp_stats_valid = 0;
+    int W = t->world;
+    float *ss = malloc((size_t)W * sizeof *ss);
+    if (!ss) return;
+    for (int r = 0; r < W; r++) {
+        ss[r] = t->dp_rank_stats[2 * r];
+        if (t->dp_rank_stats[2 * r + 1] > 0) {
+            if (res->nonfinite_rank < 0) res->nonfinite_rank = r;
+            res->nonfinite_ranks++;
+        }
+    }
+    res->outlier_rank = grad_outlier_rank(ss, W, GRAD_OUTLIER_RATIO,
+                                          &res->outlier_ratio);
+    free(ss);
+}
 
 /* The test fault armed for 1-based step `step`, TRAINER_FAULT_NONE none. */
 static trainer_fault fault_at_(const trainer *t, long step)
@@ -619,6 +642,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     double t0 = clock_mono_s();
 
     memset(res, 0, sizeof *res);
+    res->nonfinite_rank = res->outlier_rank = -1;
     res->phase = t->phase;
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
@@ -678,6 +702,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
     }
+    attribute_(t, res);
     if (moe_facts_(t, &res->moe, err) != 0)
         return TRAINER_ECOLL;
     float norm = be->grad_norm(t->be.ctx);

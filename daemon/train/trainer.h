@@ -102,7 +102,30 @@ typedef struct {
     long bad_steps;       /* consecutive skipped steps ending with this one
                            * (0 after a good step) */
     long skipped_total;   /* the run's skipped steps so far, this one in */
+    /* Data parallel over host memory (not a device-memory group): which
+     * rank a bad gradient came from, each rank's own gradient before the
+     * sum. nonfinite_ranks: how many ranks had NaN/Inf elements (0 none),
+     * nonfinite_rank the lowest of them (-1 none); outlier_rank: the rank
+     * whose gradient norm is over GRAD_OUTLIER_RATIO times the median of
+     * the others' (grad_outlier_rank; -1 none, also alone), by
+     * outlier_ratio. */
+    int nonfinite_ranks, nonfinite_rank;
+    int outlier_rank;
+    float outlier_ratio;
 } step_result;
+
+/* A rank's gradient norm this many times the median of the others' is
+ * reported (step_result.outlier_rank). */
+#define GRAD_OUTLIER_RATIO 10.0f
+
+/* The rank whose gradient stands out: of world ranks' sums of squares
+ * sumsq[world] (finite, >= 0), the largest one's norm sqrt(sumsq[r]) if it
+ * is over ratio times the median of the other ranks' norms (the mean of
+ * the middle two for an even count), its ratio to that median into
+ * *ratio_out; else -1 and 0 (also for world < 2, a median of 0, or out of
+ * memory). */
+int grad_outlier_rank(const float *sumsq, int world, float ratio,
+                      float *ratio_out);
 
 /* Errors: the functions below that take an m6_err *err set it on failure
  * (the message whole, a shard's or checkpoint's full path in it, never

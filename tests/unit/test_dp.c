@@ -78,6 +78,7 @@
 #include "offload/offload.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
+#include "train/test_hooks.h"
 #include "../common/file_store.h"
 #include "../common/self_exe.h"
 #include "../common/weights_hash.h"
@@ -114,7 +115,9 @@ static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
  * MODE: plain, seq (plain without overlap: the all-reduce after the
  * microbatches), join (pseudo phase on rank 0 alone, rank 1 joins at
  * the delink), die (rank 1 killed after step 2; rank 0 expects
- * TRAINER_ECOLL). */
+ * TRAINER_ECOLL), inf (the last rank's batch is bad at step 2: its own
+ * gradient all NaN before the sum;
+ * every rank writes its step results' attribution into OUT.attr). */
 static int rank_main_(int argc, char **argv)
 {
     const char *spec_path = argv[2], *out_path = argv[3];
@@ -142,6 +145,14 @@ static int rank_main_(int argc, char **argv)
     int most_offloaded = 0;
     offload_stats ost = {0};
     int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
+    FILE *attr = NULL;
+    if (strcmp(mode, "inf") == 0) {
+        if (rank == world - 1)
+            trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 2, 1, 0);
+        char ap[600];
+        snprintf(ap, sizeof ap, "%s.attr", out_path);
+        attr = fopen(ap, "w");
+    }
     int timeout_ms = spec.nodes.timeout * 1000;
     m6_store st;
     file_store fs;
@@ -218,6 +229,9 @@ static int rank_main_(int argc, char **argv)
                     trainer_step_count(t) + 1, m6_err_msg(&err));
             return 1;
         }
+        if (attr)
+            fprintf(attr, "%ld %d %d %d %d\n", r.step, r.skipped,
+                    r.nonfinite_rank, r.nonfinite_ranks, r.outlier_rank);
         if (trainer_offload_stats(t, &ost) == 0 &&
             ost.n_offloaded > most_offloaded)
             most_offloaded = ost.n_offloaded;
@@ -237,6 +251,8 @@ static int rank_main_(int argc, char **argv)
     }
     fclose(out);
     fclose(moe);
+    if (attr)
+        fclose(attr);
     char pp[600];
     if (rank == 0 && world > 1) {
         /* rank 0 writes the replicated state; the checkpoint says the
@@ -742,6 +758,59 @@ int main(int argc, char **argv)
                eq ? "bitwise equal" : "DIFFER");
         free(a.params);
         free(b.params);
+    }
+
+    /* attribution: NaN in the last rank's own gradient at step 2 (the
+     * fault hook's bad batch) skips the step on every rank, and every rank's step
+     * result names that rank and no other; no rank stands out as an
+     * outlier on ordinary steps */
+    run_("w3inf", "w3", 3, 0, "inf", 120);
+    for (int r = 0; r < 3; r++) {
+        char ap[600];
+        snprintf(ap, sizeof ap, "%s/w3inf-%d.out.attr", dir_, r);
+        FILE *f = fopen(ap, "r");
+        CHECK(f != NULL, "attribution: no %s", ap);
+        long step;
+        int sk, nr, nn, orank, rows = 0, ok = 1;
+        while (f && fscanf(f, "%ld %d %d %d %d", &step, &sk, &nr, &nn,
+                           &orank) == 5) {
+            rows++;
+            int bad = step == 2;
+            if (sk != bad || nn != (bad ? 1 : 0) || nr != (bad ? 2 : -1) ||
+                orank != -1) {
+                fprintf(stderr, "attribution: rank %d step %ld: skipped %d "
+                        "nonfinite_rank %d nonfinite_ranks %d outlier %d; "
+                        "want %d %d %d -1\n", r, step, sk, nr, nn, orank,
+                        bad, bad ? 2 : -1, bad ? 1 : 0);
+                ok = 0;
+            }
+        }
+        if (f) fclose(f);
+        CHECK(ok && rows == 6, "attribution: rank %d: %d rows, %s", r, rows,
+              ok ? "as wanted" : "wrong (above)");
+    }
+    printf("attribution  3 ranks: NaN in rank 2's own gradient at step 2 "
+           "named on every rank\n");
+    {
+        /* the outlier rule on hand-made sums of squares: norms 1, 1.2,
+         * 0.9, 30 -> rank 3, 30 / median(1, 1.2, 0.9) = 30 */
+        float ss[4] = {1.0f, 1.44f, 0.81f, 900.0f}, ratio;
+        int o = grad_outlier_rank(ss, 4, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == 3 && fabsf(ratio - 30.0f) < 1e-4f,
+              "outlier rule: rank %d ratio %g, want 3 and 30", o, ratio);
+        ss[3] = 81.0f;  /* norm 9: under 10 x 1 */
+        o = grad_outlier_rank(ss, 4, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == -1, "outlier rule: norm 9 against median 1 reported "
+              "(rank %d)", o);
+        float two[2] = {4.0f, 484.0f};  /* norms 2 and 22: 11 x */
+        o = grad_outlier_rank(two, 2, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == 1 && fabsf(ratio - 11.0f) < 1e-4f,
+              "outlier rule, 2 ranks: rank %d ratio %g, want 1 and 11", o,
+              ratio);
+        float alone[1] = {100.0f};
+        CHECK(grad_outlier_rank(alone, 1, GRAD_OUTLIER_RATIO, &ratio) == -1,
+              "outlier rule: one rank reported");
+        printf("outlier      rule on hand-made norms as wanted\n");
     }
 
     /* buckets: bitwise with two ranks */
