@@ -20,7 +20,9 @@
 #  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
 #  (e) a worker whose hash differs is refused before any collective;
 #  (f) 3 ranks with grad_accum 3 against one node;
-#  (g) an operator delink delinks every rank at the same step.
+#  (g) an operator delink delinks every rank at the same step;
+#  (h) a NaN batch on the worker alone: both ranks skip the step, and the
+#      coordinator's step.skipped event names rank 1.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -193,7 +195,22 @@ losses "$RUN5" >"$T/op.csv"
 losses "$R6" >"$T/opref.csv"
 close_enough "$T/op.csv" "$T/opref.csv" || fail "operator-delinked 2-rank run differs from one node delinking at step $K"
 log "(g) operator delink at step $K on both ranks: the single node's losses"
-kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
+# ---- (h) a bad batch on the worker alone (its own gradient NaN before the
+# sum, the fault hook M6_TEST_FAULT): every rank skips that step, and the
+# coordinator's event names rank 1, the worker, as where it came from
+kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "w1 exit after SIGTERM"
+unset 'M6D_PIDS[w1]'
+M6_TEST_FAULT=nan_batch@3 start_m6d w4 --join "$ADDR" --token-file "$T/token" --node-name w4
+CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+R7=$(ctl submit "$T/bad.json")
+ctl watch "$R7" >/dev/null || fail "the run with a bad batch on rank 1 did not complete: $(ctl status "$R7")"
+ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1' \
+    || fail "no step.skipped event naming rank 1: $(ctl events "$R7")"
+[ "$(ctl events "$R7" | grep -c 'step.skipped')" = 1 ] \
+    || fail "not one skipped step: $(ctl events "$R7")"
+log "(h) a NaN batch on rank 1: step 3 skipped on both ranks, the event names rank 1"
+kill -TERM "${M6D_PIDS[w4]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
 echo "ok"
