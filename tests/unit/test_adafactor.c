@@ -180,16 +180,18 @@ static void test_matrix_against_reference(void **state)
 static void test_threads_bitwise(void **state)
 {
     (void)state;
-    enum { NS = 7, R = 11, C = 13 };
+    enum { NS = 7, R = 11, C = 13, SPAN = 4 * R * C };
     float *buf[2];
     for (int run = 0; run < 2; run++) {
         omp_set_num_threads(run ? 3 : 1);
-        float *p = calloc((size_t)NS * (3 * R * C + R + C), sizeof *p);
+        float *p = calloc((size_t)NS * SPAN, sizeof *p);
         assert_non_null(p);
         buf[run] = p;
         adafactor_span sp[NS];
         for (int k = 0; k < NS; k++) {
-            float *x = p + (size_t)k * (3 * R * C + R + C);
+            float *x = p + (size_t)k * SPAN;
+            /* r: R*C floats, a vector span's moment; a matrix's R row
+             * and C column means within them */
             float *g = x + R * C, *m = g + R * C, *r = m + R * C,
                   *c = r + R;
             for (int i = 0; i < R * C; i++) {
@@ -208,7 +210,7 @@ static void test_threads_bitwise(void **state)
         }
     }
     assert_memory_equal(buf[0], buf[1],
-                        (size_t)NS * (3 * R * C + R + C) * sizeof(float));
+                        (size_t)NS * SPAN * sizeof(float));
     free(buf[0]);
     free(buf[1]);
     omp_set_num_threads(1);
