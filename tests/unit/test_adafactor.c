@@ -437,7 +437,8 @@ static void test_delink_copies_or_resets_state(void **state)
 
 /* Optimizer-state bytes as allocated (trainer_optim_bytes: the sizes the
  * model's allocations were made with) on a matrix-heavy model (C 128):
- * Adafactor without m at most 0.1 of AdamW's. */
+ * Adafactor without m at most 0.1 of AdamW's; the planner's resident
+ * bytes (offload_plan: m6ctl plan's) equal to the allocation for both. */
 static void test_state_bytes(void **state)
 {
     (void)state;
@@ -449,6 +450,16 @@ static void test_state_bytes(void **state)
         s.model.n_head = 4;
         trainer *t = fixture_trainer(&s);
         bytes[i] = trainer_optim_bytes(t);
+        /* the planner's resident state (m6ctl plan) is the allocation:
+         * weights and gradients 8 bytes a float, and the optimizer's */
+        size_t floats = trainer_copy_state(t, 0, NULL);
+        offload_plan pl;
+        char err[256];
+        assert_int_equal(offload_plan_for_spec(&s, 0, &pl, err, sizeof err),
+                         0);
+        assert_int_equal(pl.global_bytes + (size_t)pl.n_slots * pl.slot_bytes,
+                         8 * floats + bytes[i]);
+        offload_plan_free(&pl);
         trainer_free(t);
     }
     double ratio = (double)bytes[1] / (double)bytes[0];
