@@ -189,8 +189,8 @@ const key_ spec_keys_[] = {
          "Stern 2018: factored second moment of every matrix, full for "
          "vectors, update clipping; the `optimizer.*` keys below). Both use "
          "`train.lr` and its schedule, `train.weight_decay` (decoupled) and "
-         "`train.grad_clip`. `adafactor` runs on `cpu` without offloading "
-         "only (`device.memory_budget` 0)."),
+         "`train.grad_clip`. `adafactor` runs on `cpu`, one node, without "
+         "offloading only (`device.memory_budget` 0)."),
     FLT("optimizer", "beta1", optimizer.beta1, 0, 0, 1, 1,
         "Adafactor: first moment of the clipped update. 0: none (no "
         "memory for it)."),
@@ -905,6 +905,13 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
                 "(device.memory_budget > 0, and so the speculative host "
                 "update) is not supported yet: offloaded slots are updated "
                 "by host AdamW only; set device.memory_budget to 0");
+        return -1;
+    }
+    if (s->nodes.world_size > 1 || s->nodes.pseudo_world_size > 1) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" with data "
+                "parallelism (nodes.world_size or pseudo_world_size > 1) is "
+                "not supported yet: a joining rank's state broadcast knows "
+                "AdamW's layout only");
         return -1;
     }
     return 0;
