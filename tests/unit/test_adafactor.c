@@ -345,7 +345,8 @@ static void test_checkpoint_resume_bitwise(void **state)
 }
 
 /* An AdamW checkpoint into an Adafactor run, and the reverse: refused by
- * name. A truncated optimizer file: refused. */
+ * name; init.from the AdamW checkpoint: its weights and a fresh Adafactor.
+ * A truncated optimizer file: refused. */
 static void test_other_optimizer_and_truncation_refused(void **state)
 {
     (void)state;
@@ -371,6 +372,28 @@ static void test_other_optimizer_and_truncation_refused(void **state)
             fail_msg("error '%s' does not say '%s'", err, want);
         trainer_free(t);
     }
+    /* init.from an AdamW checkpoint: its weights, a fresh Adafactor */
+    run_spec si = sp[1];
+    snprintf(si.init.from, sizeof si.init.from, "%s", dir[0]);
+    trainer *a = fixture_trainer(&si), *w = fixture_trainer(&sp[0]);
+    fixture_load(w, dir[0]);
+    size_t na, nw, nv;
+    float *pa = state_(a, 0, &na), *pw = state_(w, 0, &nw);
+    float *va = state_(a, 2, &nv);
+    assert_int_equal(na, nw);
+    assert_memory_equal(pa, pw, na * sizeof(float));
+    for (size_t i = 0; i < nv; i++)
+        assert_true(va[i] == 0.0f);
+    long steps[4];
+    assert_int_equal(trainer_copy_adam_steps(a, steps), 4);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(steps[k], 0);
+    fixture_run_steps(a, &si, 3, NULL, NULL);
+    free(pa);
+    free(pw);
+    free(va);
+    trainer_free(a);
+    trainer_free(w);
     /* truncated: the last 100 bytes of optimizer.safetensors gone */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir[1]);
     FILE *f = fopen(path, "rb+");
