@@ -219,10 +219,10 @@ void adamw_update_spans(const adamw_span *spans, int ns, float lr,
  *     vhat[i,j] = r[i] c[j] / mean(r) (the paper's R C^T / 1^T R, with
  *                                      sums; the same value from means)
  *   vector (rows elements): r = b2 r + (1-b2) g2;  vhat = r
- *   U = g / sqrt(vhat);  u = U / max(1, RMS(U) / clip_threshold)   (§6)
+ *   U = g / sqrt(vhat);  u = U / max(1, RMS(U) / clip_threshold)
  *   beta1 > 0: m = beta1 m + (1-beta1) u;  u = m   (no bias correction)
- *   alpha = lr, or with scale_parameter lr * max(eps2, RMS(params))  (§8,
- *           RMS of the weights before this step)
+ *   alpha = lr, or with scale_parameter lr * max(eps2, RMS(params)) (the
+ *           paper's relative scale; RMS of the weights before this step)
  *   params -= alpha * u + lr * weight_decay * params
  * Reductions in double; r, c, m, params fp32. */
 typedef struct adafactor_hparams {
@@ -244,7 +244,8 @@ typedef struct {
     long t;
 } adafactor_span;
 
-/* beta2 at step t >= 1: 1 - t^-decay_rate (§7.2). */
+/* beta2 at step t >= 1: 1 - t^-decay_rate (the paper's increasing
+ * decay). */
 float adafactor_beta2(long t, float decay_rate);
 
 /* One Adafactor step of each of spans[0..ns) in one parallel region, each

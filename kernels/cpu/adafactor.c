@@ -2,11 +2,12 @@
  * adafactor.c — the Adafactor optimizer, CPU reference: Shazeer & Stern
  * 2018, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost"
  * (arXiv 1804.04235), Algorithm 4 (factored second moment of a matrix) and
- * Algorithm 5 (full second moment of a vector), with the increasing decay
- * of §7.2 (beta2_t = 1 - t^-c), update clipping of §6 and the optional
- * first moment of §5/§8; an explicit learning rate and decoupled weight
- * decay (Loshchilov & Hutter 2019) instead of the relative step size. The
- * formula is in kernels.h.
+ * Algorithm 5 (full second moment of a vector), with the paper's
+ * increasing decay (beta2_t = 1 - t^-c), its update clipping and the
+ * first moment it makes optional; an explicit learning rate and decoupled
+ * weight decay (Loshchilov & Hutter 2019) instead of the relative step
+ * size (which scale_parameter adds back as a factor). The formula is in
+ * kernels.h.
  *
  * Each span (one matrix or vector) is updated by one thread, start to end,
  * with its row/column reductions and the RMS of its update summed in

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """torch_adafactor.py — m6's Adafactor against an independent float64
 reference written here from the paper (Shazeer & Stern 2018, arXiv
-1804.04235, Algorithm 4 for a matrix, Algorithm 5 for a vector, the decay
-beta2_t = 1 - t^-0.8 of section 7.2, update clipping of section 6, the
-first moment of section 8 when beta1 > 0), in the paper's own form: R and
+1804.04235, Algorithm 4 for a matrix, Algorithm 5 for a vector, the
+increasing decay beta2_t = 1 - t^-0.8, update clipping, the optional first
+moment when beta1 > 0), in the paper's own form: R and
 C are row and column SUMS of g^2 + eps1 and vhat = R C^T / (1^T R) (m6
 keeps means; the value is the same), with the learning rate explicit and
 decoupled weight decay on 2-D tensors as m6 documents (kernels.h
