@@ -205,8 +205,8 @@ static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
         /* out of memory for its span table: the weights, state and step
          * counts stay as they were (a skipped update), said in the log */
         if (gpt_adafactor(&c->model, &af, h->weight_decay) != 0)
-            log_event(LOG_ERROR, "train.adafactor", "update=skipped error=\"%s\"",
-                      strerror(errno));
+            log_event(LOG_ERROR, "train.adafactor",
+                      "update=skipped error=\"%s\"", strerror(errno));
         return;
     }
     if (c->off) { /* host threads update offloaded slots meanwhile */
