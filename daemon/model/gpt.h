@@ -202,8 +202,9 @@ struct gpt_model {
     int adafactor, af_first_moment;
     size_t af_v_global, af_v_kind[2];
     size_t *af_v_off;          /* [S] */
-    long adam_t_global;        /* AdamW step count of the globals */
-    long *adam_t_slot;         /* [S] AdamW step count of each slot */
+    long adam_t_global;        /* optimizer step count of the globals
+                                * (AdamW's, or Adafactor's t) */
+    long *adam_t_slot;         /* [S] the same of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
     gpt_tensor slot[SLOT_NTENSORS_MAX];  /* the largest kind's tensors (MoE
                                 * when E > 0): first gpt_slot_ntensors used;

@@ -346,7 +346,7 @@ static void test_checkpoint_resume_bitwise(void **state)
 
 /* An AdamW checkpoint into an Adafactor run, and the reverse: refused by
  * name; init.from the AdamW checkpoint: its weights and a fresh Adafactor.
- * A truncated optimizer file: refused. */
+ * A truncated or a missing optimizer file: refused. */
 static void test_other_optimizer_and_truncation_refused(void **state)
 {
     (void)state;
@@ -403,6 +403,12 @@ static void test_other_optimizer_and_truncation_refused(void **state)
     fclose(f);
     assert_int_equal(truncate(path, len - 100), 0);
     trainer *t = fixture_trainer(&sp[1]);
+    assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir[1], &err_)), 0);
+    assert_non_null(strstr(err, "optimizer.safetensors"));
+    trainer_free(t);
+    /* missing: the file gone */
+    assert_int_equal(unlink(path), 0);
+    t = fixture_trainer(&sp[1]);
     assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir[1], &err_)), 0);
     assert_non_null(strstr(err, "optimizer.safetensors"));
     trainer_free(t);
