@@ -73,7 +73,9 @@ static void usage_(void)
         "                      phase: sum or mean over its layers (sum)\n"
         "  --pseudo-lr-scale X lr multiplier of the pseudo phase, > 0 (1)\n"
         "  --eval-every N (50) --eval-batches N (16) --seed N (1337)\n"
-        "  --threads N         OpenMP/BLAS threads (all cores)\n");
+        "  --threads N         OpenMP/BLAS threads (all cores)\n"
+        "  --optimizer adamw|adafactor (adamw; adafactor with its defaults,\n"
+        "                      no first moment)\n");
 }
 
 static const char *grad_scale_name_(const run_spec *s)
@@ -94,6 +96,7 @@ int main(int argc, char **argv)
         {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
         {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
+        {"optimizer", 1, 0, 'O'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -127,6 +130,15 @@ int main(int argc, char **argv)
             break;
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
+        case 'O':
+            if (strcmp(optarg, "adamw") && strcmp(optarg, "adafactor")) {
+                fprintf(stderr, P_ ": --optimizer: want adamw or adafactor, "
+                                "got \"%s\"\n", optarg);
+                return 2;
+            }
+            s.optimizer.name = strcmp(optarg, "adafactor") == 0
+                                   ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
+            break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -160,13 +172,13 @@ int main(int argc, char **argv)
     p2r.pseudo.steps = (long)(frac * s.train.steps);
     printf("p2r_convergence: L=%d C=%d NH=%d T=%d B=%d steps=%ld lr=%g; "
            "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld "
-           "grad_scale=%s pseudo_lr_scale=%g\n",
+           "grad_scale=%s pseudo_lr_scale=%g optimizer=%s\n",
            s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.seq_len,
            s.train.batch_size, s.train.steps, s.train.lr, s.pseudo.share_groups,
            p2r.pseudo.steps,
            s.delink.optimizer == DELINK_OPT_RESET ? "reset" : "copy",
            s.delink.rewarm_steps, grad_scale_name_(&s),
-           (double)s.pseudo.lr_scale);
+           (double)s.pseudo.lr_scale, spec_optimizer_name(s.optimizer.name));
     curve a, b;
     printf("training from scratch...\n");
     fflush(stdout);
@@ -199,10 +211,11 @@ int main(int argc, char **argv)
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
            "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
            "pseudo_steps=%ld share_groups=%d grad_scale=%s "
-           "pseudo_lr_scale=%g\n",
+           "pseudo_lr_scale=%g optimizer=%s\n",
            a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
            ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups,
-           grad_scale_name_(&s), (double)s.pseudo.lr_scale);
+           grad_scale_name_(&s), (double)s.pseudo.lr_scale,
+           spec_optimizer_name(s.optimizer.name));
     return 0;
 }

@@ -235,6 +235,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .batch_size = B,
         .grad_accum = spec->train.grad_accum,
         .seed = spec->train.seed,
+        .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
+                  spec->optimizer.beta1 > 0},
         .host_threads = spec_host_threads(spec),
         .plan_in = offload_plan_input_of(spec),
         .plan = t->planned ? &t->plan : NULL,
@@ -243,6 +245,12 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     bs.plan_in.host_limit = t->planned && !t->plan.speculative ? 0
                                                                : host_limit;
     int rc;
+    if (spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
+        spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
+        m6_err_set(err, M6_EINVALID, "optimizer.name \"adafactor\" on "
+                   "device.backend \"cuda\" is not supported yet");
+        goto fail;
+    }
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
         rc = backend_cuda_create(&t->be, &bs, e1, sizeof e1);
@@ -648,7 +656,12 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip,
                          sp->pseudo.grad_scale == GRAD_SCALE_MEAN &&
-                             t->phase == PHASE_PSEUDO};
+                             t->phase == PHASE_PSEUDO,
+                         sp->optimizer.name == OPTIMIZER_ADAFACTOR,
+                         {lr, sp->optimizer.beta1, sp->optimizer.decay_rate,
+                          sp->optimizer.clip_threshold, sp->optimizer.eps1,
+                          sp->optimizer.eps2, sp->optimizer.scale_parameter,
+                          1.0f}};
     if (t->world > 1) {
         /* every rank fails the step when one cannot read its share */
         uint64_t rng0 = t->data_rng;
@@ -904,4 +917,10 @@ const offload_plan *trainer_plan(const trainer *t)
 size_t trainer_device_bytes(const trainer *t)
 {
     return t->be.iface->device_bytes(t->be.ctx);
+}
+
+size_t trainer_optim_bytes(const trainer *t)
+{
+    const backend_iface *be = t->be.iface;
+    return be->optim_bytes ? be->optim_bytes(t->be.ctx) : 0;
 }

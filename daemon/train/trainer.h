@@ -418,9 +418,18 @@ size_t trainer_device_bytes(const trainer *t);
 
 /* The model's state in the plain layout of gpt.h, [globals | slot 0 | ...
  * | slot S-1] (n_global + S*slot_size floats), wherever it is placed:
- * which 0 parameters, 1 AdamW m, 2 AdamW v. Returns the float count
- * (dst NULL: only that). For tests and export; waits for pending updates. */
+ * which 0 parameters, 1 AdamW m, 2 AdamW v. With optimizer.name
+ * adafactor: 1 its first moment in that layout (0 floats without one), 2
+ * its second moment in the af layout (gpt.h gpt_af_tensors: the globals'
+ * region, then each slot's). Returns the float count (dst NULL: only
+ * that; 0 out of memory). For tests and export; waits for pending
+ * updates. */
 size_t trainer_copy_state(trainer *t, int which, float *dst);
+
+/* Bytes of optimizer state the model's resident part allocated (cpu:
+ * gpt_optim_bytes, the sizes its allocations were made with); 0 where
+ * the backend does not count them (cuda). */
+size_t trainer_optim_bytes(const trainer *t);
 /* AdamW step counts [globals, slot 0, ..., slot S-1] into dst (S+1
  * entries); returns S+1. */
 int trainer_copy_adam_steps(trainer *t, long *dst);
