@@ -126,8 +126,9 @@ const key_ spec_keys_[] = {
         "Multiplier of the learning rate (the schedule's value at each step) "
         "in the pseudo phase; the real phase's is the schedule's."),
     ENUM("delink", "optimizer", delink.optimizer, delink_names_,
-         "At the delink each layer's AdamW moments are copied from its slot "
-         "(`copy`) or start at zero (`reset`)."),
+         "At the delink each layer's optimizer state (AdamW's moments, "
+         "Adafactor's statistics) is copied from its slot (`copy`) or starts "
+         "at zero (`reset`)."),
     LONG_RULE("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
               "5% of `train.steps`",
          "After the delink, scale the learning rate up linearly over this many "
