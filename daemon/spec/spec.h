@@ -19,6 +19,10 @@ typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
  * (pseudo.steps then the latest step). */
 typedef enum { DELINK_AT_STEP = 0, DELINK_AT_PLATEAU = 1 } delink_policy;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
+
+/* device.precision: the GEMMs' inputs in fp32, or rounded to bf16 (fp32
+ * sums, fp32 everything else); spec_precision says which one a run uses. */
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
 /* pseudo.grad_scale: a shared slot's gradient in the pseudo phase is the
  * sum over the layers that use it, or that sum divided by their number
  * (DESIGN.md "Pseudo-phase gradient scale and lr"). */
@@ -64,7 +68,12 @@ typedef struct {
                               * pause the run (SPEC_MAX_BAD_STEPS) */
     } train;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
-    struct { backend_kind backend; int threads; size_t memory_budget; } device;
+    struct {
+        backend_kind backend;
+        int threads;
+        size_t memory_budget;
+        precision_kind precision;  /* as written; spec_precision: in use */
+    } device;
     struct {
         int prefetch;        /* staging buffers: fetches run ahead */
         int host_threads;    /* host AdamW threads; 0: spec_host_threads */
@@ -115,6 +124,14 @@ int spec_world_of_phase(const run_spec *s, int pseudo);
  * ("step", "plateau"), as device.backend and delink.policy spell them;
  * "?" out of range. */
 const char *spec_backend_name(backend_kind b);
+
+/* The precision the run's GEMMs use: device.precision on `cpu`; bf16 on
+ * `cuda`, whose kernels are bf16 only (a spec saying fp32 there is
+ * refused). */
+precision_kind spec_precision(const run_spec *s);
+
+/* "fp32", "bf16", as device.precision spells them; "?" out of range. */
+const char *spec_precision_name(precision_kind p);
 const char *spec_delink_policy_name(delink_policy p);
 
 /* S, the parameter slots of a phase: pseudo.share_groups for pseudo 1,

@@ -236,6 +236,7 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .grad_accum = spec->train.grad_accum,
         .seed = spec->train.seed,
         .host_threads = spec_host_threads(spec),
+        .bf16 = spec_precision(spec) == PRECISION_BF16,
         .plan_in = offload_plan_input_of(spec),
         .plan = t->planned ? &t->plan : NULL,
     };
