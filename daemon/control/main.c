@@ -814,6 +814,9 @@ static int cluster_start_(char *err, size_t errlen)
 {
     cluster_facts_get(&g.facts, g.opt.node_name,
                       g.opt.join[0] || g.opt.listen[0]);
+    gemm_info gi;  /* the cluster library does not link the kernels */
+    gemm_describe(&gi);
+    snprintf(g.facts.gemm, sizeof g.facts.gemm, "%s %s", gi.library, gi.isa);
     if (cluster_node_uuid(g.opt.state_dir, g.node_uuid, err, errlen) < 0)
         return -1;
     if (g.opt.join[0]) {
