@@ -121,6 +121,32 @@ static void test_offload_moe_bitwise(void **state)
     trainer_free(tb);
 }
 
+/* The same in device.precision bf16 (GEMM inputs rounded, kernels.h): the
+ * offloaded run's losses, weights and moments are the resident bf16 run's
+ * bit for bit, across the delink, and not the fp32 run's losses. */
+static void test_offload_moe_bf16_bitwise(void **state)
+{
+    (void)state;
+    run_spec f32 = spec6_(20, 8);
+    synth_tiny_moe(&f32.model, 1, 32, 1.0f);
+    run_spec plain = f32;
+    plain.device.precision = PRECISION_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    float a[20], b[20], c[20];
+    trainer *ta = fixture_trainer(&plain), *tb = fixture_trainer(&off);
+    trainer *tc = fixture_trainer(&f32);
+    fixture_run_steps(ta, &plain, 20, a, NULL);
+    fixture_run_steps(tb, &off, 20, b, NULL);
+    fixture_run_steps(tc, &f32, 20, c, NULL);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+    fixture_assert_same_state(ta, tb);
+    trainer_free(ta);
+    trainer_free(tb);
+    trainer_free(tc);
+}
+
 /* A mixed model (MoE in blocks 1, 3, 5 of 6; a pseudo phase of one dense
  * and one MoE slot): 20 steps with the delink at 8, with a budget that
  * keeps 1 Real slot resident, give the resident run's losses, weights and
@@ -1269,6 +1295,7 @@ int main(void)
         cmocka_unit_test(test_plan_at_scale_m6_10t),
         cmocka_unit_test(test_plan_at_scale_mixed),
         cmocka_unit_test(test_offload_moe_bitwise),
+        cmocka_unit_test(test_offload_moe_bf16_bitwise),
         cmocka_unit_test(test_offload_mixed_bitwise),
         cmocka_unit_test(test_plan_hand_counted_cuda),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
