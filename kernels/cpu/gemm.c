@@ -24,6 +24,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "cpu_gemm.h"
+#include "cpu_math.h"
 
 /* x rounded to bf16 (8 significant bits), to nearest, ties to even, kept
  * as the upper half of a float: the one rounding of GEMM inputs in bf16
@@ -32,9 +33,10 @@ static inline uint16_t bf16_bits_(float x)
 {
     uint32_t u;
     memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    uint32_t nan = (u >> 16) | 0x40u;                 /* quieted */
+    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    /* a select, not a branch: the packing loop vectorises */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
 }
 
 float gemm_bf16_round(float x)
@@ -241,8 +243,9 @@ static bf16_tls_ *tls_get_(void)
     return t;
 }
 
-/* rows x cols of src (row stride ld) rounded into dst, rows of cols */
-static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
+/* rows x cols of src (row stride ld) rounded into dst, rows of cols
+ * (integer arithmetic: every SIMD clone gives the same bits) */
+M6_SIMD_CLONES static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
                        int ld)
 {
     for (int r = 0; r < rows; r++) {
