@@ -320,10 +320,10 @@ const char *gemm_precision_name(gemm_precision p);
 
 /* Sets the precision of every CPU kernel's GEMMs from now on, in the whole
  * process (OpenMP workers and nested regions included), and returns the
- * previous one (GEMM_FP32 at start). The CPU trainer sets its run's before
- * each forward/backward pass, so one process trains one precision at a
- * time (m6d trains one run at a time); set it between kernels, never
- * while one runs. */
+ * previous one (GEMM_FP32 at start). The CPU trainer sets its run's for
+ * each forward/backward pass and puts the previous one back after it, so
+ * one process trains one precision at a time (m6d trains one run at a
+ * time); set it between kernels, never while one runs. */
 gemm_precision gemm_set_precision(gemm_precision p);
 gemm_precision gemm_get_precision(void);
 

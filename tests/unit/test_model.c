@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "kernels.h"
 #include "model/gpt.h"
 #include "ckpt/checkpoint.h"
 #include "train/data.h"
@@ -564,6 +565,9 @@ static void test_bf16_checkpoint_resume_bitwise(void **state)
     t = fixture_resume(&s, dir, 15);
     assert_int_equal(trainer_phase(t), PHASE_REAL);
     fixture_finish_same(t, &s, 30, a);
+    /* the trainer's passes leave the process's precision as they found
+     * it: kernels called directly after a bf16 run stay fp32 */
+    assert_int_equal(gemm_get_precision(), GEMM_FP32);
 }
 
 /* MoE through the trainer: save at 15 (after the delink at 10), resume:
