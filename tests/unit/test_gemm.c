@@ -52,10 +52,10 @@ static void tn_as_nn_(gemm_op ta, gemm_op tb, int M, int N, int K,
                       float alpha, const float *A, int lda, const float *B,
                       int ldb, float beta, float *C, int ldc)
 {
-    if (ta == GEMM_T && tb == GEMM_N && M <= lda && K <= lda) {
-        /* read A row-major (M,K) out of the (K,M) storage */
-        real_(GEMM_N, GEMM_N, M, N, K, alpha, A, K < lda ? lda : K, B, ldb,
-              beta, C, ldc);
+    if (ta == GEMM_T && tb == GEMM_N && M <= lda) {
+        /* read A as (M,K) rows of K out of the (K,M) storage: M*K floats,
+         * within its K*lda */
+        real_(GEMM_N, GEMM_N, M, N, K, alpha, A, K, B, ldb, beta, C, ldc);
         return;
     }
     real_(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
