@@ -51,6 +51,20 @@ static inline double bench_real_arg(const char *prog, const char *name,
     return v;
 }
 
+/* The fraction in arg, strictly between 0 and 1 (one_ok: in (0, 1]), or
+ * exit 2 naming --name. */
+static inline double bench_frac_arg(const char *prog, const char *name,
+                                    const char *arg, int one_ok)
+{
+    double v = bench_real_arg(prog, name, arg, 0, 1);
+    if (v == 0 || (v == 1 && !one_ok)) {
+        fprintf(stderr, "%s: --%s: want a fraction %s, got \"%s\"\n", prog,
+                name, one_ok ? "in (0, 1]" : "strictly between 0 and 1", arg);
+        exit(2);
+    }
+    return v;
+}
+
 /* After getopt_long: benchmarks take options only, so a stray argument (a
  * typo such as "--steps 5 10") exits 2 instead of running the default
  * benchmark. */

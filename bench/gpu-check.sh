@@ -167,7 +167,17 @@ build_() {
              daemon/model/cuda/gpt_cuda daemon/model/cuda/moe_cuda
              daemon/model/cuda/graphs_cuda daemon/model/cuda/state_cuda
              daemon/offload/cuda/gpt_cuda_offload"
-    CPU_OPS="encoder layernorm gelu residual crossentropy adamw"
+    # the CPU ops: kernels/meson.build's list (kernels_cpu_src), less those
+    # compiled apart below (matmul, attention, gemm, moe, offload_host),
+    # so that an op added there is built here too
+    CPU_OPS=$(sed -n "/^kernels_cpu_src = files(/,/^)/p" kernels/meson.build |
+        grep -o "'cpu/[a-z_0-9]*\.c'" | sed "s|'cpu/||; s|\.c'||" |
+        grep -vxE 'matmul|attention|gemm|moe|offload_host' | tr '\n' ' ')
+    case " $CPU_OPS " in
+    *" adamw "*) ;;
+    *) echo "gpu-check: no CPU ops read from kernels/meson.build ('$CPU_OPS')"
+       exit 1 ;;
+    esac
 
     pids=()
     names=()
@@ -229,7 +239,7 @@ build_() {
     # test_trainer: needs jansson and zlib.
     TRAINER_SRC="daemon/train/trainer.c daemon/train/gradsync.c daemon/train/trainer_ckpt.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
       daemon/spec/spec.c daemon/spec/spec_write.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c
-      daemon/common/durable.c daemon/common/cpus.c daemon/common/memlimit.c daemon/common/cgroup.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c"
+      daemon/common/log.c daemon/common/durable.c daemon/common/cpus.c daemon/common/memlimit.c daemon/common/cgroup.c daemon/common/threads.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c"
     # the programs linked with it: test_trainer, and bench/p2r_offload (the
     # Pseudo-to-Real pay-off under a memory budget, issue 19 item 3)
     # (GPU_CHECK_P2R=1 only: 7 MiB more, and the carried build's size

@@ -74,7 +74,9 @@ static void usage_(void)
         "  --pseudo-lr-scale X lr multiplier of the pseudo phase, > 0 (1)\n"
         "  --eval-every N (50) --eval-batches N (16) --seed N (1337)\n"
         "  --threads N         OpenMP/BLAS threads (all cores)\n"
-        "  --precision P       fp32 or bf16: device.precision (fp32)\n");
+        "  --precision P       fp32 or bf16: device.precision (fp32)\n"
+        "  --optimizer adamw|adafactor (adamw; adafactor with its defaults,\n"
+        "                      no first moment)\n");
 }
 
 static const char *grad_scale_name_(const run_spec *s)
@@ -84,17 +86,9 @@ static const char *grad_scale_name_(const run_spec *s)
 
 int main(int argc, char **argv)
 {
-    run_spec s;
-    spec_defaults(&s);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 4,
-                             .n_embd = 128, .seq_len = 128};
-    s.train.batch_size = 16;
-    s.train.steps = 1000;
-    s.train.lr = 3e-3f;
-    s.train.min_lr = 3e-4f;
-    s.train.warmup_steps = 30;
-    s.train.eval_every = 50;
-    s.train.eval_batches = 16;
+    run_spec s = p2r_default_spec((p2r_defaults){
+        .n_embd = 128, .seq_len = 128, .batch = 16, .steps = 1000,
+        .warmup = 30, .eval_every = 50, .eval_batches = 16});
     double frac = 0.3;
     const char *data = NULL;
     static const struct option opts[] = {
@@ -103,7 +97,7 @@ int main(int argc, char **argv)
         {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
         {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
-        {"precision", 1, 0, 'P'},
+        {"precision", 1, 0, 'P'}, {"optimizer", 1, 0, 'O'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -111,14 +105,7 @@ int main(int argc, char **argv)
             continue;
         switch (o) {
         case 'd': data = optarg; break;
-        case 'f':
-            frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
-            if (frac == 0 || frac == 1) {
-                fprintf(stderr, P_ ": --pseudo-frac: want a fraction strictly "
-                                "between 0 and 1, got \"%s\"\n", optarg);
-                return 2;
-            }
-            break;
+        case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
             if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {
@@ -155,6 +142,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'O':
+            if (strcmp(optarg, "adamw") && strcmp(optarg, "adafactor")) {
+                fprintf(stderr, P_ ": --optimizer: want adamw or adafactor, "
+                                "got \"%s\"\n", optarg);
+                return 2;
+            }
+            s.optimizer.name = strcmp(optarg, "adafactor") == 0
+                                   ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
+            break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
         }
@@ -188,13 +184,13 @@ int main(int argc, char **argv)
     p2r.pseudo.steps = (long)(frac * s.train.steps);
     printf("p2r_convergence: L=%d C=%d NH=%d T=%d B=%d steps=%ld lr=%g; "
            "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld "
-           "grad_scale=%s pseudo_lr_scale=%g\n",
+           "grad_scale=%s pseudo_lr_scale=%g optimizer=%s\n",
            s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.seq_len,
            s.train.batch_size, s.train.steps, s.train.lr, s.pseudo.share_groups,
            p2r.pseudo.steps,
            s.delink.optimizer == DELINK_OPT_RESET ? "reset" : "copy",
            s.delink.rewarm_steps, grad_scale_name_(&s),
-           (double)s.pseudo.lr_scale);
+           (double)s.pseudo.lr_scale, spec_optimizer_name(s.optimizer.name));
     curve a, b;
     printf("training from scratch...\n");
     fflush(stdout);
@@ -227,11 +223,12 @@ int main(int argc, char **argv)
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
            "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
            "pseudo_steps=%ld share_groups=%d grad_scale=%s "
-           "pseudo_lr_scale=%g precision=%s\n",
+           "pseudo_lr_scale=%g precision=%s optimizer=%s\n",
            a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
            ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups,
            grad_scale_name_(&s), (double)s.pseudo.lr_scale,
-           spec_precision_name(spec_precision(&s)));
+           spec_precision_name(spec_precision(&s)),
+           spec_optimizer_name(s.optimizer.name));
     return 0;
 }

@@ -301,23 +301,9 @@ int main(int argc, char **argv)
             s.device.backend = strcmp(optarg, "cuda") == 0 ? BACKEND_CUDA
                                                            : BACKEND_CPU;
             break;
-        case 'f':
-            frac = bench_real_arg(P_, "pseudo-frac", optarg, 0, 1);
-            if (frac == 0 || frac == 1) {
-                fprintf(stderr, P_ ": --pseudo-frac: want a fraction strictly "
-                                "between 0 and 1, got \"%s\"\n", optarg);
-                return 2;
-            }
-            break;
+        case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
-        case 'F':
-            off_frac = bench_real_arg(P_, "offload-frac", optarg, 0, 1);
-            if (off_frac == 0) {
-                fprintf(stderr, P_ ": --offload-frac: want a fraction in "
-                                "(0, 1], got \"%s\"\n", optarg);
-                return 2;
-            }
-            break;
+        case 'F': off_frac = bench_frac_arg(P_, "offload-frac", optarg, 1); break;
         case 'M': {
             char *end;
             errno = 0;

@@ -24,6 +24,33 @@ static inline int p2r_reach(const double *val, int n, double target)
     return -1;
 }
 
+/* The convergence benchmarks' default run before their options: a GPT on
+ * bytes (V 256) of L 6 blocks of 4 heads, width C and context T,
+ * microbatch B for `steps` steps, lr 3e-3 with `warmup` steps of warmup
+ * and the cosine to 3e-4, a validation pass of eval_batches batches every
+ * eval_every steps; the rest spec_defaults'. */
+typedef struct {
+    int n_embd, seq_len, batch;
+    long steps, warmup, eval_every;
+    int eval_batches;
+} p2r_defaults;
+
+static inline run_spec p2r_default_spec(p2r_defaults d)
+{
+    run_spec s;
+    spec_defaults(&s);
+    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 4,
+                             .n_embd = d.n_embd, .seq_len = d.seq_len};
+    s.train.batch_size = d.batch;
+    s.train.steps = d.steps;
+    s.train.lr = 3e-3f;
+    s.train.min_lr = 3e-4f;
+    s.train.warmup_steps = d.warmup;
+    s.train.eval_every = d.eval_every;
+    s.train.eval_batches = d.eval_batches;
+    return s;
+}
+
 /* getopt_long entries of the shape and schedule options both benchmarks
  * take (put them first in the option table). */
 #define P2R_TRAIN_OPTIONS                                                    \

@@ -274,17 +274,9 @@ static void usage_(void)
 
 int main(int argc, char **argv)
 {
-    run_spec s;
-    spec_defaults(&s);
-    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 4,
-                             .n_embd = 64, .seq_len = 64};
-    s.train.batch_size = 8;
-    s.train.steps = 800;
-    s.train.lr = 3e-3f;
-    s.train.min_lr = 3e-4f;
-    s.train.warmup_steps = 24;
-    s.train.eval_every = 25;
-    s.train.eval_batches = 8;
+    run_spec s = p2r_default_spec((p2r_defaults){
+        .n_embd = 64, .seq_len = 64, .batch = 8, .steps = 800,
+        .warmup = 24, .eval_every = 25, .eval_batches = 8});
     const char *out = "/tmp/m6-p2r-sweep", *corpora_arg = "fortunes,foldoc";
     const char *sg_arg = "1,2,half", *frac_arg = "0.05,0.1,0.2,0.3";
     const char *opt_arg = "copy,reset", *rewarm_arg = "0,0.05", *seeds_arg = "1,2";

@@ -206,6 +206,54 @@ typedef struct {
 void adamw_update_spans(const adamw_span *spans, int ns, float lr,
                         float beta1, float beta2, float eps, float grad_scale);
 
+/* ---------------------------------------------------------------- Adafactor */
+
+/* Adafactor (Shazeer & Stern 2018, arXiv 1804.04235, Algorithms 4 and 5)
+ * with an explicit learning rate and decoupled weight decay, over spans of
+ * one matrix or one vector each. Per span at its step count t >= 1:
+ *   g     = grads * grad_scale        (grad_scale folds global-norm clipping)
+ *   b2    = 1 - t^-decay_rate         (adafactor_beta2; 0 at t = 1)
+ *   matrix (rows x cols), g2 = g^2 + eps1:
+ *     r = b2 r + (1-b2) mean_j g2     (rows: each row's mean)
+ *     c = b2 c + (1-b2) mean_i g2     (cols: each column's mean)
+ *     vhat[i,j] = r[i] c[j] / mean(r) (the paper's R C^T / 1^T R, with
+ *                                      sums; the same value from means)
+ *   vector (rows elements): r = b2 r + (1-b2) g2;  vhat = r
+ *   U = g / sqrt(vhat);  u = U / max(1, RMS(U) / clip_threshold)
+ *   beta1 > 0: m = beta1 m + (1-beta1) u;  u = m   (no bias correction)
+ *   alpha = lr, or with scale_parameter lr * max(eps2, RMS(params)) (the
+ *           paper's relative scale; RMS of the weights before this step)
+ *   params -= alpha * u + lr * weight_decay * params
+ * Reductions in double; r, c, m, params fp32. */
+typedef struct adafactor_hparams {
+    float lr, beta1, decay_rate, clip_threshold, eps1, eps2;
+    int scale_parameter;
+    float grad_scale;
+} adafactor_hparams;
+
+/* One Adafactor span. cols > 0: a rows x cols row-major matrix, r (rows)
+ * and c (cols) its factored second moment; cols 0: a vector of rows
+ * elements, r (rows) its second moment, c unused. m (rows * max(cols, 1))
+ * the first moment, NULL when beta1 is 0. t >= 1. */
+typedef struct {
+    float *params;
+    const float *grads;
+    float *m, *r, *c;
+    int rows, cols;
+    float weight_decay;
+    long t;
+} adafactor_span;
+
+/* beta2 at step t >= 1: 1 - t^-decay_rate (the paper's increasing
+ * decay). */
+float adafactor_beta2(long t, float decay_rate);
+
+/* One Adafactor step of each of spans[0..ns) in one parallel region, each
+ * span by one thread (bitwise the same for any thread count). Returns 0,
+ * or -1 when out of memory for the column sums (nothing updated). */
+int adafactor_update_spans(const adafactor_span *spans, int ns,
+                           const adafactor_hparams *h);
+
 /* ------------------------------------------------ mixture of experts (MoE) */
 
 /* Expert prototyping (M6-T: Yang et al. 2021, arXiv 2105.15082, §3): the E

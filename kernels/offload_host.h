@@ -1,6 +1,6 @@
 /*
  * offload_host.h — the host side of an offloaded slot's optimizer step
- * (granular CPU offloading, DESIGN.md section 1; issue #5): the gradient
+ * (granular CPU offloading, docs/DESIGN.md "Offloading"): the gradient
  * that lands from the device in bf16 is accumulated in fp32 over
  * microbatches, its sum of squares feeds the global norm for clipping, and
  * AdamW updates the fp32 master and moments in host memory and writes the

@@ -42,8 +42,10 @@
  * data, rewritten under a new generation at every rendezvous), at most
  * CLUSTER_STORE_BYTES_MAX bytes in all.
  *
- * Rank assignment (the next step) plugs in at cluster_coord_nodes_fit:
- * see docs/DESIGN.md, "Many nodes: roles and node registry".
+ * Rank assignment: cluster/dp.c picks the nodes (cluster_coord_nodes_fit)
+ * and queues each rank's RunAssign (cluster_coord_assign), sent as the
+ * reply to the node's next heartbeat; see docs/DESIGN.md, "Many nodes:
+ * roles and node registry".
  */
 #ifndef M6_CLUSTER_COORDINATOR_H
 #define M6_CLUSTER_COORDINATOR_H

@@ -142,6 +142,25 @@ model_param_bytes model_param_bytes_of(int cuda)
     };
 }
 
+size_t model_optim_floats(const model_config *cfg, int region,
+                          const gpt_optim *o)
+{
+    size_t ng, ss, rf;
+    gpt_tensor slot[SLOT_NTENSORS_MAX];
+    gpt_layout_sizes(cfg, &ng, &ss);
+    if (region < 0)
+        rf = ng;
+    else
+        gpt_slot_layout(cfg, region && cfg->moe_experts > 0, slot, &rf);
+    if (!o || !o->adafactor)
+        return 2 * rf;
+    size_t v;
+    if (gpt_af_tensors(cfg, region < 0 ? -1 : region && cfg->moe_experts > 0,
+                       NULL, &v) < 0)
+        return 0;
+    return (o->first_moment ? rf : 0) + v;
+}
+
 double model_flops_per_token(const model_config *cfg)
 {
     return 6.0 * model_active_params(cfg) +

@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "model/config.h"
+#include "model/gpt.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -127,6 +128,18 @@ typedef struct {
 /* The bytes per parameter above for the CUDA model (cuda 1) or the CPU
  * model (cuda 0). */
 model_param_bytes model_param_bytes_of(int cuda);
+/* Floats of optimizer state the CPU model allocates for one region of the
+ * gpt.h layout (region -1 the globals, 0 a dense slot, 1 an MoE slot) with
+ * optimizer o (NULL or adafactor 0: AdamW): AdamW's m and v, 2 x the
+ * region's padded floats (the 8 bytes per parameter of
+ * model_param_bytes_of); Adafactor's first moment (the region's floats,
+ * only with first_moment) plus its second moment, which depends on the
+ * tensors' shapes, not a constant per parameter: rows + cols per matrix
+ * (per expert and per prototype gate in an MoE slot), n per vector
+ * (gpt_af_tensors, which owns that rule), so about (rows + cols) /
+ * (rows * cols) floats per matrix element. 0 when out of memory. */
+size_t model_optim_floats(const model_config *cfg, int region,
+                          const gpt_optim *o);
 
 #ifdef __cplusplus
 }

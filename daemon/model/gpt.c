@@ -48,7 +48,8 @@ static int alloc_tables_(gpt_model *g)
     g->adam_t_slot = calloc(S, sizeof(long));
     g->slot_moe = calloc(S, 1);
     g->slot_off = calloc(S, sizeof(size_t));
-    return g->slots && g->w && g->dw && g->offloaded && g->dw_fresh &&
+    g->af_v_off = calloc(S, sizeof(size_t));
+    return g->af_v_off && g->slots && g->w && g->dw && g->offloaded && g->dw_fresh &&
                    g->adam_t_slot &&
                    g->slot_moe && g->slot_off
                ? 0 : -1;
@@ -64,6 +65,8 @@ static void free_tables_(gpt_model *g)
     free(g->adam_t_slot);
     free(g->slot_moe);
     free(g->slot_off);
+    free(g->af_v_off);
+    g->af_v_off = NULL;
     g->slot_moe = NULL;
     g->slot_off = NULL;
     g->slots = NULL;
@@ -79,15 +82,25 @@ static int alloc_plain_state_(gpt_model *g)
     g->n_local = g->n_params;
     g->params = alloc_floats_(g->n_local);
     g->grads = alloc_floats_(g->n_local);
-    g->m = alloc_floats_(g->n_local);
-    g->v = alloc_floats_(g->n_local);
-    if (!g->params || !g->grads || !g->m || !g->v)
+    int has_m = !g->adafactor || g->af_first_moment;
+    size_t nv = g->n_local;
+    if (g->adafactor) {
+        nv = g->af_v_global;
+        for (int s = 0; s < g->S; s++) {
+            g->af_v_off[s] = nv - g->af_v_global;
+            nv += g->af_v_kind[g->slot_moe[s]];
+        }
+    }
+    g->m = has_m ? alloc_floats_(g->n_local) : NULL;
+    g->v = alloc_floats_(nv);
+    if (!g->params || !g->grads || (has_m && !g->m) || !g->v)
         return -1;
     for (int s = 0; s < g->S; s++) {
-        g->slots[s] = (gpt_slot_state){gpt_slot_ptr(g, g->params, s),
-                                       gpt_slot_ptr(g, g->grads, s),
-                                       gpt_slot_ptr(g, g->m, s),
-                                       gpt_slot_ptr(g, g->v, s)};
+        g->slots[s] = (gpt_slot_state){
+            gpt_slot_ptr(g, g->params, s), gpt_slot_ptr(g, g->grads, s),
+            has_m ? gpt_slot_ptr(g, g->m, s) : NULL,
+            g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
+                         : gpt_slot_ptr(g, g->v, s)};
         g->w[s] = g->slots[s].params;
         g->dw[s] = g->slots[s].grads;
     }
@@ -164,14 +177,32 @@ static int alloc_acts_(gpt_model *g, int B)
 int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
                     const gpt_storage *storage)
 {
+    return gpt_create_optim(g, cfg, S, B, storage, NULL);
+}
+
+int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
+                     const gpt_storage *storage, const gpt_optim *o)
+{
     memset(g, 0, sizeof *g);
     g->cfg = *cfg;
     g->storage = storage;
-    if (S < 1 || S > cfg->n_layer || B < 1 || cfg->n_embd % cfg->n_head) {
+    if (S < 1 || S > cfg->n_layer || B < 1 || cfg->n_embd % cfg->n_head ||
+        (o && o->adafactor && storage)) {
         errno = EINVAL;
         return -1;
     }
     layout_(g);
+    if (o && o->adafactor) {
+        g->adafactor = 1;
+        g->af_first_moment = o->first_moment != 0;
+        if (gpt_af_tensors(cfg, -1, NULL, &g->af_v_global) < 0 ||
+            gpt_af_tensors(cfg, 0, NULL, &g->af_v_kind[0]) < 0 ||
+            gpt_af_tensors(cfg, cfg->moe_experts > 0, NULL,
+                           &g->af_v_kind[1]) < 0) {
+            errno = ENOMEM;
+            return -1;
+        }
+    }
     g->slot_of = calloc((size_t)cfg->n_layer, sizeof(int));
     if (!g->slot_of) {
         errno = ENOMEM;
@@ -686,6 +717,76 @@ void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
     free(sp);
 }
 
+/* The Adafactor spans of one region (af tensors ts of its kind, nt of
+ * them) appended at sp; returns the number appended. */
+static int af_spans_(adafactor_span *sp, float *p, const float *gr, float *m,
+                     float *v, const gpt_af_tensor *ts, int nt, long t,
+                     float wd)
+{
+    for (int i = 0; i < nt; i++) {
+        const gpt_af_tensor *a = &ts[i];
+        float *r = v + a->state_off;
+        sp[i] = (adafactor_span){p + a->offset, gr + a->offset,
+                                 m ? m + a->offset : NULL, r,
+                                 a->cols ? r + a->rows : NULL, a->rows,
+                                 a->cols, a->decay ? wd : 0.0f, t};
+    }
+    return nt;
+}
+
+int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
+                  float weight_decay)
+{
+    if (!g->adafactor) {
+        errno = EINVAL;
+        return -1;
+    }
+    gpt_grads_settle(g);
+    const model_config *cfg = &g->cfg;
+    int nk[3];
+    gpt_af_tensor *tab[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        int region = k == 0 ? -1 : k == 1 ? 0 : cfg->moe_experts > 0;
+        nk[k] = gpt_af_tensors(cfg, region, NULL, NULL);
+        tab[k] = nk[k] < 0 ? NULL : malloc((size_t)nk[k] * sizeof *tab[k]);
+        if (tab[k])
+            gpt_af_tensors(cfg, region, tab[k], NULL);
+    }
+    size_t n_sp = (size_t)nk[0] + (size_t)g->S * (size_t)(nk[1] > nk[2]
+                                                          ? nk[1] : nk[2]);
+    adafactor_span *sp = malloc(n_sp * sizeof *sp);
+    int rc = -1;
+    if (!sp || !tab[0] || !tab[1] || !tab[2]) {
+        errno = ENOMEM;
+        goto out;
+    }
+    /* the spans first, the step counts only once the update is certain */
+    int n = af_spans_(sp, g->params, g->grads, g->m, g->v, tab[0], nk[0],
+                      g->adam_t_global + 1, weight_decay);
+    for (int s = 0; s < g->S; s++) {
+        if (g->offloaded[s])
+            continue;
+        const gpt_slot_state *st = &g->slots[s];
+        int k = 1 + g->slot_moe[s];
+        n += af_spans_(sp + n, st->params, st->grads, st->m, st->v, tab[k],
+                       nk[k], g->adam_t_slot[s] + 1, weight_decay);
+    }
+    if (adafactor_update_spans(sp, n, h) != 0) {
+        errno = ENOMEM;
+        goto out;
+    }
+    g->adam_t_global++;
+    for (int s = 0; s < g->S; s++)
+        if (!g->offloaded[s])
+            g->adam_t_slot[s]++;
+    rc = 0;
+out:
+    for (int k = 0; k < 3; k++)
+        free(tab[k]);
+    free(sp);
+    return rc;
+}
+
 /* ------------------------------------------------------------- delink */
 
 /* Host snapshot of the parameters and moments (not gradients): globals,
@@ -694,7 +795,7 @@ typedef struct {
     float *mem;
     long adam_t_global;
     long *adam_t_slot;
-    size_t *off;           /* [S] floats from the first slot's params */
+    size_t *off;           /* [S] floats from mem to the slot's params */
     unsigned char *moe;    /* [S] each slot's kind */
 } snapshot_;
 
@@ -706,10 +807,46 @@ static void snapshot_free_(snapshot_ *sn)
     free(sn->moe);
 }
 
+/* Floats of m and of v in region s (-1 the globals) of g: AdamW's are the
+ * region's parameter floats each; Adafactor's m the same or none, its v
+ * the af layout's. */
+static size_t m_floats_(const gpt_model *g, int s)
+{
+    if (g->adafactor && !g->af_first_moment)
+        return 0;
+    return s < 0 ? g->n_global : gpt_slot_floats(g, s);
+}
+
+static size_t v_floats_(const gpt_model *g, int s)
+{
+    if (!g->adafactor)
+        return s < 0 ? g->n_global : gpt_slot_floats(g, s);
+    return s < 0 ? g->af_v_global : g->af_v_kind[g->slot_moe[s]];
+}
+
+/* memcpy of n floats; src or dst may be NULL when n is 0 */
+static void copy_floats_(float *dst, const float *src, size_t n)
+{
+    if (n)
+        memcpy(dst, src, n * sizeof(float));
+}
+
+size_t gpt_optim_bytes(const gpt_model *g)
+{
+    size_t n = m_floats_(g, -1) + v_floats_(g, -1);
+    for (int s = 0; s < g->S; s++)
+        if (!g->offloaded[s])
+            n += m_floats_(g, s) + v_floats_(g, s);
+    return n * sizeof(float);
+}
+
 static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
 {
     size_t ng = g->n_global, S = (size_t)g->S;
-    sn->mem = malloc(3 * g->n_params * sizeof(float));
+    size_t total = ng + m_floats_(g, -1) + v_floats_(g, -1);
+    for (int s = 0; s < g->S; s++)
+        total += gpt_slot_floats(g, s) + m_floats_(g, s) + v_floats_(g, s);
+    sn->mem = malloc(total * sizeof(float));
     sn->adam_t_slot = malloc(S * sizeof(long));
     sn->off = malloc(S * sizeof(size_t));
     sn->moe = malloc(S);
@@ -718,18 +855,20 @@ static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
         return -1;
     }
     float *p = sn->mem;
-    memcpy(p, g->params, ng * sizeof(float));
-    memcpy(p + ng, g->m, ng * sizeof(float));
-    memcpy(p + 2 * ng, g->v, ng * sizeof(float));
-    p += 3 * ng;
+    size_t mg = m_floats_(g, -1), vg = v_floats_(g, -1);
+    copy_floats_(p, g->params, ng);
+    copy_floats_(p + ng, g->m, mg);
+    copy_floats_(p + ng + mg, g->v, vg);
+    p += ng + mg + vg;
     for (int s = 0; s < g->S; s++) {
-        size_t ss = gpt_slot_floats(g, s);
-        sn->off[s] = (size_t)(p - sn->mem) - 3 * ng;
+        size_t ss = gpt_slot_floats(g, s), ms = m_floats_(g, s),
+               vs = v_floats_(g, s);
+        sn->off[s] = (size_t)(p - sn->mem);
         sn->moe[s] = g->slot_moe[s];
-        memcpy(p, g->slots[s].params, ss * sizeof(float));
-        memcpy(p + ss, g->slots[s].m, ss * sizeof(float));
-        memcpy(p + 2 * ss, g->slots[s].v, ss * sizeof(float));
-        p += 3 * ss;
+        copy_floats_(p, g->slots[s].params, ss);
+        copy_floats_(p + ss, g->slots[s].m, ms);
+        copy_floats_(p + ss + ms, g->slots[s].v, vs);
+        p += ss + ms + vs;
     }
     memcpy(sn->adam_t_slot, g->adam_t_slot, (size_t)g->S * sizeof(long));
     sn->adam_t_global = g->adam_t_global;
@@ -741,20 +880,22 @@ static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
 static void snapshot_put_(gpt_model *g, const snapshot_ *sn, const int *src_of,
                           int reset_moments)
 {
-    size_t ng = g->n_global;
+    size_t ng = g->n_global, mg = m_floats_(g, -1), vg = v_floats_(g, -1);
     const float *p = sn->mem;
-    memcpy(g->params, p, ng * sizeof(float));
-    memcpy(g->m, p + ng, ng * sizeof(float));
-    memcpy(g->v, p + 2 * ng, ng * sizeof(float));
+    copy_floats_(g->params, p, ng);
+    copy_floats_(g->m, p + ng, mg);
+    copy_floats_(g->v, p + ng + mg, vg);
     g->adam_t_global = sn->adam_t_global;
     for (int s = 0; s < g->S; s++) {
         int src = src_of ? src_of[s] : s;
-        size_t ss = gpt_slot_floats(g, s);  /* = the source's: same kind */
-        const float *q = p + 3 * ng + sn->off[src];
-        memcpy(g->slots[s].params, q, ss * sizeof(float));
+        /* sizes = the source's: a slot copies a slot of its own kind */
+        size_t ss = gpt_slot_floats(g, s), ms = m_floats_(g, s),
+               vs = v_floats_(g, s);
+        const float *q = p + sn->off[src];
+        copy_floats_(g->slots[s].params, q, ss);
         if (!reset_moments) {
-            memcpy(g->slots[s].m, q + ss, ss * sizeof(float));
-            memcpy(g->slots[s].v, q + 2 * ss, ss * sizeof(float));
+            copy_floats_(g->slots[s].m, q + ss, ms);
+            copy_floats_(g->slots[s].v, q + ss + ms, vs);
             g->adam_t_slot[s] = sn->adam_t_slot[src];
         }
     }

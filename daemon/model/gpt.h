@@ -192,8 +192,19 @@ struct gpt_model {
                                 * gradients are zero but not yet written
                                 * (gpt_zero_grad); the next backward stores
                                 * them instead of adding (see there) */
-    long adam_t_global;        /* AdamW step count of the globals */
-    long *adam_t_slot;         /* [S] AdamW step count of each slot */
+    /* The optimizer state m, v hold (gpt_create_optim): adafactor 0,
+     * AdamW's moments, each n_local floats in the parameter layout;
+     * adafactor 1, m the first moment in the parameter layout (NULL
+     * without one, af_first_moment 0) and v Adafactor's second moment in
+     * the af layout (gpt_af_tensors): af_v_global floats of the globals,
+     * then each slot's af_v_kind[kind] floats, slot s at af_v_off[s]
+     * floats after the globals'. */
+    int adafactor, af_first_moment;
+    size_t af_v_global, af_v_kind[2];
+    size_t *af_v_off;          /* [S] */
+    long adam_t_global;        /* optimizer step count of the globals
+                                * (AdamW's, or Adafactor's t) */
+    long *adam_t_slot;         /* [S] the same of each slot */
     gpt_tensor glob[GLOB_NTENSORS];
     gpt_tensor slot[SLOT_NTENSORS_MAX];  /* the largest kind's tensors (MoE
                                 * when E > 0): first gpt_slot_ntensors used;
@@ -221,6 +232,32 @@ struct gpt_model {
     void *grad_ready_ctx;
 };
 
+/* One tensor as Adafactor sees it (gpt_af_tensors): a matrix (cols > 0,
+ * rows x cols row-major, its factored second moment rows + cols floats:
+ * row means then column means) or a vector (cols 0, rows elements, its
+ * second moment rows floats). */
+typedef struct {
+    size_t offset;      /* floats from the start of its parameter region */
+    size_t state_off;   /* floats from the start of its region of v */
+    int rows, cols;
+    int decay;          /* weight decay applies (2-D tensors, as AdamW) */
+} gpt_af_tensor;
+/* Adafactor's tensors of a region: region -1 the globals (wte (V,C) and
+ * wpe (T,C) matrices, ln_f vectors), 0 a dense slot, 1 an MoE slot. They
+ * are the checkpoint's tensors (gpt_slot_ckpt_tensors): in an MoE slot
+ * each expert's c_fc (H,C) and c_proj (C,H) is its own matrix, and each
+ * prototype's gate (E/k, C) too, since they are separate linear maps;
+ * (3C,C) c_attn is one matrix. Written to out (NULL: count only); returns
+ * the count, and *state_floats (may be NULL) the floats of the region's
+ * second moment; -1 when out of memory. */
+int gpt_af_tensors(const model_config *cfg, int region, gpt_af_tensor *out,
+                   size_t *state_floats);
+/* Which optimizer state a model allocates: AdamW's m and v (NULL, or
+ * adafactor 0) or Adafactor's (gpt_model's af fields). */
+typedef struct {
+    int adafactor;
+    int first_moment;   /* Adafactor with beta1 > 0 */
+} gpt_optim;
 /* Allocate a model with S slots (1 <= S <= L; gpt_default_share_map) and
  * activations for microbatches of B sequences of cfg->seq_len tokens.
  * Weights zeroed; call gpt_init_weights. Returns 0 or -1 (errno ENOMEM). */
@@ -228,6 +265,13 @@ int gpt_create(gpt_model *g, const model_config *cfg, int S, int B);
 /* The same with the state placed by storage (kept by pointer; NULL = plain). */
 int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
                     const gpt_storage *storage);
+/* gpt_create_with and the optimizer state o asks for (NULL: AdamW's).
+ * Adafactor's state with a storage (offloading) is refused: -1, EINVAL. */
+int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
+                     const gpt_storage *storage, const gpt_optim *o);
+/* Bytes of optimizer state g allocated (m and v as allocated, the
+ * resident part: what gpt_create's allocations hold, not a formula). */
+size_t gpt_optim_bytes(const gpt_model *g);
 void gpt_free(gpt_model *g);
 
 /* Sizes of the layout for cfg, in floats (padded to 16): the global region
@@ -384,6 +428,17 @@ float gpt_grad_norm(const gpt_model *g);
  * gpt_adamw_slot. */
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale);
+
+/* One Adafactor step (kernels.h adafactor_update_spans, hyperparameters
+ * h, h->grad_scale folding the clip) of the globals and every resident
+ * slot of a model created with Adafactor's state (gpt_create_optim), at
+ * step counts adam_t_global + 1 and adam_t_slot[s] + 1 (then counted).
+ * Each gpt_af_tensors tensor is one span; weight decay on 2-D tensors.
+ * 0, or -1 with errno (EINVAL: the model holds AdamW's state; ENOMEM:
+ * nothing updated, the counts unchanged). */
+struct adafactor_hparams;
+int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
+                  float weight_decay);
 
 /* AdamW over slot s's state wherever it lives (slots[s]); increments
  * adam_t_slot[s]. Safe to run for different slots on different threads. */

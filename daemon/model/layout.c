@@ -136,6 +136,44 @@ int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
     return n;
 }
 
+/* ------------------------------------------------------------- Adafactor */
+
+static int af_put_(gpt_af_tensor *out, int n, size_t *state, size_t offset,
+                   int rows, int cols)
+{
+    if (out)
+        out[n] = (gpt_af_tensor){offset, *state, rows, cols, cols != 0};
+    *state += (size_t)rows + (size_t)cols;
+    return n + 1;
+}
+
+int gpt_af_tensors(const model_config *cfg, int region, gpt_af_tensor *out,
+                   size_t *state_floats)
+{
+    size_t state = 0;
+    int n = 0;
+    if (region < 0) {
+        gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+        size_t ng, ss;
+        gpt_layout(cfg, glob, slot, &ng, &ss);
+        for (int i = 0; i < GLOB_NTENSORS; i++)
+            n = af_put_(out, n, &state, glob[i].offset, glob[i].rows,
+                        glob[i].cols);
+    } else {
+        int nt = gpt_slot_ckpt_tensors(cfg, region, NULL);
+        gpt_ckpt_tensor *ct = malloc((size_t)nt * sizeof *ct);
+        if (!ct)
+            return -1;
+        gpt_slot_ckpt_tensors(cfg, region, ct);
+        for (int i = 0; i < nt; i++)
+            n = af_put_(out, n, &state, ct[i].offset, ct[i].rows, ct[i].cols);
+        free(ct);
+    }
+    if (state_floats)
+        *state_floats = state;
+    return n;
+}
+
 /* ------------------------------------------------------------- share map */
 
 int gpt_model_mixed(const model_config *cfg)

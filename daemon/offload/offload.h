@@ -112,6 +112,9 @@ typedef struct {
     int clipped;           /* train.grad_clip > 0: speculation applies */
     size_t host_limit;     /* host bytes the run may use (MemAvailable,
                             * capped by the cgroup, at its start); 0: unknown, so auto is off */
+    gpt_optim optim;       /* the optimizer state (zeroed: AdamW); the CPU
+                            * model's Adafactor state by its own sizes
+                            * (model_optim_floats), resident only */
 } offload_plan_input;
 
 /* A memory plan for one phase (one share map).

@@ -188,6 +188,23 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->staging_bytes = pb.staging * ss;
     out->host_slot_bytes = pb.host * ss;
     out->pinned_slot_bytes = pb.pinned * ss;
+    /* Adafactor (the CPU model only, resident only: the spec refuses it
+     * elsewhere): weights and gradients per parameter, its state by the
+     * tensors' shapes */
+    int af = in->optim.adafactor;
+    if (af && (cuda || in->budget > 0)) {
+        snprintf(err, errlen, "offload plan: Adafactor is planned on the "
+                 "cpu backend without offloading only");
+        return -1;
+    }
+    size_t wg = (size_t)(pb.weights + pb.grads);
+    if (af) {
+        out->global_bytes = wg * ng + sizeof(float) *
+                            model_optim_floats(c, -1, &in->optim);
+        out->slot_bytes = wg * ss + sizeof(float) *
+                          model_optim_floats(c, c->moe_experts > 0,
+                                             &in->optim);
+    }
     if (cuda) {
         out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
         out->workspace_bytes = MM_WORKSPACE; /* cuBLASLt's */
@@ -246,7 +263,10 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         res_of[0] = 0;
         for (int s = 0; s < S; s++)
             res_of[s + 1] = res_of[s] + (kind[s] ? out->slot_bytes
-                                                 : pb.resident * ds);
+                                         : af ? wg * ds + sizeof(float) *
+                                                model_optim_floats(c, 0,
+                                                                   &in->optim)
+                                              : pb.resident * ds);
     }
     free(kind);
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
@@ -373,6 +393,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .speculative = spec->offload.speculative,
         .clipped = spec->train.grad_clip > 0,
         .host_limit = 0,
+        .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
+                  spec->optimizer.beta1 > 0},
     };
 }
 

@@ -118,8 +118,8 @@ struct offload_ctx {
     uint64_t spec_steps, redo_steps, spec_restores;
     pthread_mutex_t mu;
     pthread_cond_t cv_copy, cv_work, cv_done;
-    pthread_t copy_thread, *workers;
-    int nworkers, quit;
+    pthread_t copy_thread, *host_threads;
+    int n_host_threads, quit;
     int hold;                  /* tests: host threads take no jobs */
 
     /* statistics */
@@ -278,7 +278,7 @@ static void spec_revert_(offload_ctx *o)
     }
 }
 
-static void *worker_main_(void *arg)
+static void *host_thread_main_(void *arg)
 {
     offload_ctx *o = arg;
     omp_set_num_threads(1); /* this thread's kernels run serially */
@@ -696,13 +696,13 @@ offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
         goto fail;
     }
     int nthreads = host_threads;
-    o->workers = calloc((size_t)nthreads, sizeof(pthread_t));
-    for (int i = 0; o->workers && i < nthreads; i++) {
-        if (threads_start(&o->workers[i], worker_main_, o) != 0)
+    o->host_threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    for (int i = 0; o->host_threads && i < nthreads; i++) {
+        if (threads_start(&o->host_threads[i], host_thread_main_, o) != 0)
             break;
-        o->nworkers++;
+        o->n_host_threads++;
     }
-    if (o->nworkers != nthreads) {
+    if (o->n_host_threads != nthreads) {
         snprintf(err, errlen, "offload: cannot start %d host threads",
                  nthreads);
         offload_free(o);
@@ -727,9 +727,9 @@ void offload_free(offload_ctx *o)
     pthread_cond_broadcast(&o->cv_work);
     pthread_mutex_unlock(&o->mu);
     pthread_join(o->copy_thread, NULL);
-    for (int i = 0; i < o->nworkers; i++)
-        pthread_join(o->workers[i], NULL);
-    free(o->workers);
+    for (int i = 0; i < o->n_host_threads; i++)
+        pthread_join(o->host_threads[i], NULL);
+    free(o->host_threads);
     free_placement_(o);
     offload_plan_free(&o->plan);
     offload_plan_free(&o->first);

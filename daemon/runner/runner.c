@@ -618,14 +618,31 @@ static int step_(run_ctx *r)
     pthread_mutex_unlock(&c->mu);
     char held_why[1536];
     if (res.skipped) {
+        /* data parallel: which rank's own gradient had NaN/Inf in it */
+        char who[96] = "";
+        if (res.nonfinite_ranks > 0)
+            snprintf(who, sizeof who, " nonfinite_rank=%d nonfinite_ranks=%d",
+                     res.nonfinite_rank, res.nonfinite_ranks);
         log_warn("run.step_skipped", "run=%lld step=%ld loss=%g grad_norm=%g "
-                 "bad_steps=%ld", (long long)r->id, res.step,
-                 (double)res.train_loss, (double)res.grad_norm, res.bad_steps);
+                 "bad_steps=%ld%s", (long long)r->id, res.step,
+                 (double)res.train_loss, (double)res.grad_norm, res.bad_steps,
+                 who);
         state_event(c->st, r->id, "step.skipped", "step=%ld loss=%g "
-                    "grad_norm=%g bad_steps=%ld skipped_total=%ld", res.step,
+                    "grad_norm=%g bad_steps=%ld skipped_total=%ld%s", res.step,
                     (double)res.train_loss, (double)res.grad_norm,
-                    res.bad_steps, res.skipped_total);
+                    res.bad_steps, res.skipped_total, who);
     }
+    if (res.outlier_rank >= 0 && res.outlier_rank != r->outlier_last) {
+        /* once per streak: the first step a rank stands out */
+        log_warn("run.grad_outlier", "run=%lld step=%ld rank=%d ratio=%.1f",
+                 (long long)r->id, res.step, res.outlier_rank,
+                 (double)res.outlier_ratio);
+        state_event(c->st, r->id, "grad.outlier", "step=%ld rank=%d: its "
+                    "gradient norm is %.1f times the median of the other "
+                    "ranks'", res.step, res.outlier_rank,
+                    (double)res.outlier_ratio);
+    }
+    r->outlier_last = res.outlier_rank;
     if (runner_flush_(r, &err) < 0)
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
@@ -781,7 +798,8 @@ static int stop_before_setup_(runner *c, int64_t id)
  * pending before set-up ends it without setting it up. */
 static void run_one_(runner *c, int64_t id)
 {
-    run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
+    run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1,
+                 .outlier_last = -1};
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     r.off.offload_redo_steps = -1;
     if (stop_before_setup_(c, id))

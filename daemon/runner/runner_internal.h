@@ -105,6 +105,8 @@ typedef struct {
     char dist_why[512];
     double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
                             * the next try (nodes.timeout later) */
+    int outlier_last;      /* the last step's step_result.outlier_rank:
+                            * a grad.outlier event once per streak */
 } run_ctx;
 
 /* ---- runner.c: the run's records (all on the runner thread) */

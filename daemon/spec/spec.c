@@ -29,6 +29,7 @@ _Static_assert(sizeof(delink_optimizer) == sizeof(int), "enum is not int-sized")
 _Static_assert(sizeof(delink_policy) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(backend_kind) == sizeof(int), "enum is not int-sized");
 _Static_assert(sizeof(grad_scale_mode) == sizeof(int), "enum is not int-sized");
+_Static_assert(sizeof(optimizer_kind) == sizeof(int), "enum is not int-sized");
 
 /* ------------------------------------------------------------------------ */
 /* The key table                                                             */
@@ -38,6 +39,8 @@ _Static_assert(sizeof(grad_scale_mode) == sizeof(int), "enum is not int-sized");
 static const char *const delink_names_[] = { "copy", "reset", NULL };
 static const char *const policy_names_[] = { "step", "plateau", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
+/* optimizer.name (spec.h optimizer_kind) */
+static const char *const optimizer_names_[] = { "adamw", "adafactor", NULL };
 /* pseudo.grad_scale (spec.h grad_scale_mode) */
 static const char *const grad_scale_names_[] = { "sum", "mean", NULL };
 /* offload.speculative (spec.h SPEC_SPECULATIVE_*) */
@@ -124,8 +127,9 @@ const key_ spec_keys_[] = {
         "Multiplier of the learning rate (the schedule's value at each step) "
         "in the pseudo phase; the real phase's is the schedule's."),
     ENUM("delink", "optimizer", delink.optimizer, delink_names_,
-         "At the delink each layer's AdamW moments are copied from its slot "
-         "(`copy`) or start at zero (`reset`)."),
+         "At the delink each layer's optimizer state (AdamW's moments, "
+         "Adafactor's statistics) is copied from its slot (`copy`) or starts "
+         "at zero (`reset`)."),
     LONG_RULE("delink", "rewarm_steps", delink.rewarm_steps, 0, LONG_MAX,
               "5% of `train.steps`",
          "After the delink, scale the learning rate up linearly over this many "
@@ -182,6 +186,29 @@ const key_ spec_keys_[] = {
     LONG("train", "max_bad_steps", train.max_bad_steps, 1, LONG_MAX,
          "A step whose loss or gradient norm is NaN or Inf is skipped (no "
          "update); this many in a row pause the run."),
+    ENUM("optimizer", "name", optimizer.name, optimizer_names_,
+         "`adamw` (`train.beta1`, `beta2`, `eps`) or `adafactor` (Shazeer & "
+         "Stern 2018: factored second moment of every matrix, full for "
+         "vectors, update clipping; the `optimizer.*` keys below). Both use "
+         "`train.lr` and its schedule, `train.weight_decay` (decoupled) and "
+         "`train.grad_clip`. `adafactor` runs on `cpu`, one node, without "
+         "offloading only (`device.memory_budget` 0)."),
+    FLT("optimizer", "beta1", optimizer.beta1, 0, 0, 1, 1,
+        "Adafactor: first moment of the clipped update. 0: none (no "
+        "memory for it)."),
+    FLT("optimizer", "decay_rate", optimizer.decay_rate, 0, 1, 1, 0,
+        "Adafactor: c in beta2 = 1 - t^-c at the optimizer's step t."),
+    FLT("optimizer", "clip_threshold", optimizer.clip_threshold, 0, 1,
+        INFINITY, 0,
+        "Adafactor: d, the update U is divided by max(1, RMS(U)/d)."),
+    FLT("optimizer", "eps1", optimizer.eps1, 0, 1, INFINITY, 0,
+        "Adafactor: added to each squared gradient element."),
+    FLT("optimizer", "eps2", optimizer.eps2, 0, 0, INFINITY, 0,
+        "Adafactor: floor of RMS(weights) when `scale_parameter` is 1."),
+    INT("optimizer", "scale_parameter", optimizer.scale_parameter, 0, 1,
+        "Adafactor: 1 scales each tensor's step by max(`eps2`, RMS of its "
+        "weights) (the paper's relative step with `train.lr`'s schedule); "
+        "0: the step is `train.lr`."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),
@@ -241,8 +268,8 @@ const key_ spec_keys_[] = {
 const size_t spec_n_keys_ = sizeof spec_keys_ / sizeof spec_keys_[0];
 
 static const char *const sections_[] = {
-    "data", "model", "pseudo", "delink", "train", "checkpoint", "device",
-    "offload", "init", "nodes",
+    "data", "model", "pseudo", "delink", "train", "optimizer", "checkpoint",
+    "device", "offload", "init", "nodes",
 };
 #define N_SECTIONS (sizeof sections_ / sizeof sections_[0])
 
@@ -423,6 +450,13 @@ void spec_defaults(run_spec *s)
     s->train.eval_every = 100;
     s->train.eval_batches = 8;
     s->train.max_bad_steps = SPEC_MAX_BAD_STEPS;
+    s->optimizer.name = OPTIMIZER_ADAMW;
+    s->optimizer.beta1 = 0.0f;
+    s->optimizer.decay_rate = 0.8f;
+    s->optimizer.clip_threshold = 1.0f;
+    s->optimizer.eps1 = 1e-30f;
+    s->optimizer.eps2 = 1e-3f;
+    s->optimizer.scale_parameter = 0;
     s->checkpoint.every = 0;
     s->checkpoint.keep = 2;
     s->device.backend = BACKEND_CPU;
@@ -861,6 +895,50 @@ const char *spec_precision_name(precision_kind p)
                                                       : "?";
 }
 
+const char *spec_optimizer_name(optimizer_kind o)
+{
+    return o == OPTIMIZER_ADAMW || o == OPTIMIZER_ADAFACTOR
+               ? optimizer_names_[o] : "?";
+}
+
+/* optimizer.*: Adafactor's knobs only with it, and what it does not run
+ * on yet refused by name. */
+static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
+{
+    if (s->optimizer.name == OPTIMIZER_ADAMW) {
+        run_spec d;
+        spec_defaults(&d);
+        if (memcmp(&s->optimizer, &d.optimizer, sizeof s->optimizer) != 0) {
+            seterr_(err, errlen, "optimizer: its keys other than name are "
+                    "Adafactor's; set optimizer.name to \"adafactor\" or "
+                    "remove them (AdamW's are train.beta1, beta2, eps)");
+            return -1;
+        }
+        return 0;
+    }
+    if (s->device.backend == BACKEND_CUDA) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" on "
+                "device.backend \"cuda\" is not supported yet (the CUDA "
+                "backend runs AdamW only); use device.backend \"cpu\"");
+        return -1;
+    }
+    if (s->device.memory_budget > 0) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" with offloading "
+                "(device.memory_budget > 0, and so the speculative host "
+                "update) is not supported yet: offloaded slots are updated "
+                "by host AdamW only; set device.memory_budget to 0");
+        return -1;
+    }
+    if (s->nodes.world_size > 1 || s->nodes.pseudo_world_size > 1) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" with data "
+                "parallelism (nodes.world_size or pseudo_world_size > 1) is "
+                "not supported yet: a joining rank's state broadcast knows "
+                "AdamW's layout only");
+        return -1;
+    }
+    return 0;
+}
+
 const char *spec_delink_policy_name(delink_policy p)
 {
     return p == DELINK_AT_STEP || p == DELINK_AT_PLATEAU ? policy_names_[p]
@@ -929,6 +1007,8 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
     if (moe_check_(s, err, errlen) != 0)
         return -1;
     if (nodes_check_(s, err, errlen) != 0)
+        return -1;
+    if (optimizer_check_(s, err, errlen) != 0)
         return -1;
     /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
     if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {

@@ -23,6 +23,10 @@ typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
 /* device.precision: the GEMMs' inputs in fp32, or rounded to bf16 (fp32
  * sums, fp32 everything else); spec_precision says which one a run uses. */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
+
+/* optimizer.name: AdamW (train.beta1, beta2, eps) or Adafactor
+ * (optimizer.*; kernels.h adafactor_update_spans). */
+typedef enum { OPTIMIZER_ADAMW = 0, OPTIMIZER_ADAFACTOR = 1 } optimizer_kind;
 /* pseudo.grad_scale: a shared slot's gradient in the pseudo phase is the
  * sum over the layers that use it, or that sum divided by their number
  * (DESIGN.md "Pseudo-phase gradient scale and lr"). */
@@ -67,6 +71,17 @@ typedef struct {
         long max_bad_steps;  /* consecutive non-finite (skipped) steps that
                               * pause the run (SPEC_MAX_BAD_STEPS) */
     } train;
+    /* optimizer.*: which optimizer, and Adafactor's knobs (at their
+     * defaults unless name is adafactor); lr, its schedule, weight decay
+     * and the clip are train.*'s for both */
+    struct {
+        optimizer_kind name;
+        float beta1;          /* 0: no first moment */
+        float decay_rate;     /* beta2_t = 1 - t^-decay_rate */
+        float clip_threshold; /* d of the update clipping */
+        float eps1, eps2;     /* added to g^2; floor of RMS(x) */
+        int scale_parameter;  /* 1: step lr * max(eps2, RMS(x)) */
+    } optimizer;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
     struct {
         backend_kind backend;
@@ -124,6 +139,9 @@ int spec_world_of_phase(const run_spec *s, int pseudo);
  * ("step", "plateau"), as device.backend and delink.policy spell them;
  * "?" out of range. */
 const char *spec_backend_name(backend_kind b);
+/* "adamw", "adafactor" as optimizer.name spells them; "?" out of range. */
+const char *spec_optimizer_name(optimizer_kind o);
+const char *spec_delink_policy_name(delink_policy p);
 
 /* The precision the run's GEMMs use: device.precision on `cpu`; bf16 on
  * `cuda`, whose kernels are bf16 only (a spec saying fp32 there is
@@ -132,7 +150,6 @@ precision_kind spec_precision(const run_spec *s);
 
 /* "fp32", "bf16", as device.precision spells them; "?" out of range. */
 const char *spec_precision_name(precision_kind p);
-const char *spec_delink_policy_name(delink_policy p);
 
 /* S, the parameter slots of a phase: pseudo.share_groups for pseudo 1,
  * model.n_layer (every layer its own slot) for pseudo 0. The one place

@@ -88,6 +88,10 @@ static int written_(const run_spec *s, const key_ *k)
         return s->pseudo.grad_scale != GRAD_SCALE_SUM;
     if (k->off == OFF(pseudo.lr_scale))
         return s->pseudo.lr_scale != 1.0f;
+    /* optimizer.* only for Adafactor: an AdamW spec's hash is what it was
+     * before the key existed */
+    if (k->section && strcmp(k->section, "optimizer") == 0)
+        return s->optimizer.name != OPTIMIZER_ADAMW;
     /* init.from only when set: the hash of a spec without it is unchanged */
     if (k->section && strcmp(k->section, "init") == 0)
         return s->init.from[0] != 0;

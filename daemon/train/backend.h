@@ -25,6 +25,7 @@
 #include "model/config.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
+#include "kernels.h"
 
 /* Optimizer settings of one step. */
 typedef struct {
@@ -36,6 +37,11 @@ typedef struct {
      * trainer's all-reduce) and before grad_norm reads it; the globals'
      * are not. 0: the sum over the layers, as backward leaves it. */
     int slot_grad_mean;
+    /* optimizer.name adafactor: af holds its hyperparameters (lr is lr
+     * above, grad_scale set by the backend) and beta1, beta2, eps above
+     * are unused. 0: AdamW. */
+    int adafactor;
+    struct adafactor_hparams af;
 } backend_adam;
 
 /* Which state buffer: fp32 weights, AdamW first and second moments. */
@@ -159,6 +165,10 @@ typedef struct {
      * loss sum when data-parallel. NULL: the sum of microbatch's
      * returns. */
     double (*step_loss)(void *ctx);
+
+    /* Bytes of optimizer state allocated (trainer_optim_bytes). May be
+     * NULL: not counted. */
+    size_t (*optim_bytes)(void *ctx);
 } backend_iface;
 
 typedef struct {
@@ -178,6 +188,7 @@ typedef struct {
     int batch_size;           /* B: activations for microbatches of B */
     int grad_accum;           /* microbatches per optimizer step */
     uint64_t seed;            /* initial weights (gpt_init_region) */
+    gpt_optim optim;          /* the optimizer state to allocate */
     int host_threads;         /* offloaded slots' host AdamW threads */
     int bf16;                 /* 1: GEMM inputs in bf16, fp32 sums
                                * (spec_precision; the CUDA backend is bf16

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
@@ -202,6 +203,17 @@ static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
     cpu_ctx_ *c = ctx;
     float clip = h->grad_clip;
     float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
+    if (h->adafactor) {
+        /* no offloaded slot: the spec refuses Adafactor with a budget */
+        adafactor_hparams af = h->af;
+        af.grad_scale = scale;
+        /* out of memory for its span table: the weights, state and step
+         * counts stay as they were (a skipped update), said in the log */
+        if (gpt_adafactor(&c->model, &af, h->weight_decay) != 0)
+            log_event(LOG_ERROR, "train.adafactor",
+                      "update=skipped error=\"%s\"", strerror(errno));
+        return;
+    }
     if (c->off) { /* host threads update offloaded slots meanwhile */
         offload_adam a = offload_adam_(h, scale);
         offload_adamw(c->off, &a);
@@ -301,6 +313,11 @@ static float *cpu_state_region_(void *ctx, backend_buf b, int s)
 
 static int cpu_state_end_(void *ctx, int modified) { return 0; }
 
+static size_t cpu_optim_bytes_(void *ctx)
+{
+    return gpt_optim_bytes(&((cpu_ctx_ *)ctx)->model);
+}
+
 static void cpu_get_adam_steps_(void *ctx, long *dst)
 {
     cpu_ctx_ *c = ctx;
@@ -377,6 +394,7 @@ static const backend_iface cpu_iface_ = {
     /* .dp_device      = */ NULL,  /* host gradients only */
     /* .device_grads   = */ NULL,
     /* .step_loss      = */ NULL,  /* microbatch returns each loss */
+    /* .optim_bytes    = */ cpu_optim_bytes_,
 };
 
 /* ------------------------------------------------------------- create */
@@ -404,8 +422,14 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                                               backend_setup_phase_plan(bs),
                                               err, errlen)))
         goto fail;
-    if (gpt_create_with(&c->model, &bs->model, bs->n_slots, bs->batch_size,
-                        c->off ? offload_storage(c->off) : NULL) != 0) {
+    if (bs->optim.adafactor && c->off) {
+        snprintf(err, errlen, "optimizer.name \"adafactor\" with "
+                 "offloading is not supported yet");
+        goto fail;
+    }
+    if (gpt_create_optim(&c->model, &bs->model, bs->n_slots, bs->batch_size,
+                         c->off ? offload_storage(c->off) : NULL,
+                         &bs->optim) != 0) {
         if (c->off && offload_last_error(c->off)[0])
             snprintf(err, errlen, "cannot place the model: %s",
                      offload_last_error(c->off));

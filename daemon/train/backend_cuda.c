@@ -612,6 +612,7 @@ static const backend_iface cuda_iface_ = {
     /* .dp_device      = */ cuda_dp_device_,
     /* .device_grads   = */ cuda_device_grads_,
     /* .step_loss      = */ cuda_step_loss_,
+    /* .optim_bytes    = */ NULL,  /* not counted */
 };
 
 /* ------------------------------------------------------------- create */

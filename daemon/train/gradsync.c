@@ -178,6 +178,67 @@ static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
     }
 }
 
+/* This rank's gradient elements g[0..n) into dp_local_*: the finite
+ * ones' sum of squares, the count of the others. */
+static void local_stats_(trainer *t, const float *g, size_t n)
+{
+    double ss = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(g[i]))
+            ss += (double)g[i] * g[i];
+        else
+            bad += 1;
+    }
+    t->dp_local_sumsq += ss;
+    t->dp_local_nonfinite += bad;
+}
+
+/* Every rank's dp_local_* into dp_rank_stats, by one all-reduce of
+ * 2*world floats (each rank fills its own pair, zeros elsewhere: the sum
+ * is exact), entered by every rank after its last bucket. 0, or -1 with
+ * err. */
+static int gather_rank_stats_(trainer *t, m6_err *err)
+{
+    int W = t->world;
+    memset(t->dp_rank_stats, 0, 2 * (size_t)W * sizeof(float));
+    t->dp_rank_stats[2 * t->rank] = (float)t->dp_local_sumsq;
+    t->dp_rank_stats[2 * t->rank + 1] = (float)t->dp_local_nonfinite;
+    if (m6_coll_allreduce_sum(t->coll, t->dp_rank_stats, 2 * (size_t)W,
+                              err) != 0)
+        return -1;
+    t->dp_stats_valid = 1;
+    return 0;
+}
+
+static int cmp_float_(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int grad_outlier_rank(const float *sumsq, int world, float ratio,
+                      float *ratio_out)
+{
+    *ratio_out = 0;
+    if (world < 2) return -1;
+    int top = 0;
+    for (int r = 1; r < world; r++)
+        if (sumsq[r] > sumsq[top]) top = r;
+    /* the others' norms, sorted: their median */
+    float *o = malloc((size_t)(world - 1) * sizeof *o);
+    if (!o) return -1;
+    for (int r = 0, k = 0; r < world; r++)
+        if (r != top) o[k++] = sqrtf(sumsq[r]);
+    int n = world - 1;
+    qsort(o, (size_t)n, sizeof *o, cmp_float_);
+    float med = n % 2 ? o[n / 2] : 0.5f * (o[n / 2 - 1] + o[n / 2]);
+    free(o);
+    float norm = sqrtf(sumsq[top]);
+    if (!(med > 0) || !(norm > ratio * med)) return -1;
+    *ratio_out = norm / med;
+    return top;
+}
+
 /* Sum the virtual vector over the ranks (*loss its region 0): one
  * all-reduce per bucket, the last bucket first and the first (the loss
  * and the globals) last, so the order is fixed, and backward's order
@@ -189,6 +250,8 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
 {
     size_t total = dp_total_(t), bf = t->bucket_floats;
     size_t nb = (total + bf - 1) / bf;
+    size_t grads_from = dp_region_start_(t, 1); /* region 0: the loss */
+    t->dp_local_sumsq = t->dp_local_nonfinite = 0;
     for (size_t b = nb; b-- > 0;) {
         size_t start = b * bf;
         size_t len = total - start < bf ? total - start : bf;
@@ -204,6 +267,9 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
             pthread_mutex_unlock(&t->dp_mu);
         }
         grad_span_(t, start, len, t->bucket, loss, 1);
+        size_t skip = start < grads_from ? grads_from - start : 0;
+        local_stats_(t, t->bucket + (skip < len ? skip : len),
+                     skip < len ? len - skip : 0);
         if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
             return -1;
         grad_span_(t, start, len, t->bucket, loss, 0);
@@ -214,7 +280,7 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
                  r >= 2 && dp_region_start_(t, r) >= start; r--)
                 t->be.iface->grad_summed(t->be.ctx, r - 2);
     }
-    return 0;
+    return gather_rank_stats_(t, err);
 }
 
 /* Sum the step's gradient and *loss_sum over the ranks, after the
@@ -470,6 +536,16 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
             m6_err_set(err, M6_EINTERNAL, "out of memory (all-reduce "
                        "bucket of %zu floats)", t->bucket_floats);
             return -1;
+        }
+        if (t->dp_rank_stats_world != W) {
+            float *s = realloc(t->dp_rank_stats, 2 * (size_t)W * sizeof *s);
+            if (!s) {
+                m6_err_set(err, M6_EINTERNAL, "out of memory (per-rank "
+                           "gradient statistics)");
+                return -1;
+            }
+            t->dp_rank_stats = s;
+            t->dp_rank_stats_world = W;
         }
         if (!t->dp_sync) {
             pthread_mutex_init(&t->dp_mu, NULL);

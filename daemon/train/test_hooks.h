@@ -17,7 +17,8 @@ typedef enum {
     /* one element of slot `slot`'s gradient is +Inf once the step's
      * gradients are final (resident or offloaded slot alike); the loss
      * stays finite, the global norm is Inf. CPU backend only (a no-op on
-     * cuda) */
+     * cuda). Set on the rank's summed gradient (after a data-parallel
+     * all-reduce): a fault of that rank alone, which NAN_BATCH is not */
     TRAINER_FAULT_INF_GRAD,
 } trainer_fault;
 

@@ -235,6 +235,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .batch_size = B,
         .grad_accum = spec->train.grad_accum,
         .seed = spec->train.seed,
+        .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
+                  spec->optimizer.beta1 > 0},
         .host_threads = spec_host_threads(spec),
         .bf16 = spec_precision(spec) == PRECISION_BF16,
         .plan_in = offload_plan_input_of(spec),
@@ -244,6 +246,12 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     bs.plan_in.host_limit = t->planned && !t->plan.speculative ? 0
                                                                : host_limit;
     int rc;
+    if (spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
+        spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
+        m6_err_set(err, M6_EINVALID, "optimizer.name \"adafactor\" on "
+                   "device.backend \"cuda\" is not supported yet");
+        goto fail;
+    }
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
         rc = backend_cuda_create(&t->be, &bs, e1, sizeof e1);
@@ -327,6 +335,7 @@ void trainer_free(trainer *t)
     free(t->rows);
     free(t->init_error);
     free(t->bucket);
+    free(t->dp_rank_stats);
     free(t->dp_ready);
     free(t->dp_start);
     if (t->dp_sync) {
@@ -458,6 +467,28 @@ static float lr_at_(const trainer *t, long s)
 }
 
 /* ------------------------------------------------------------- step */
+
+/* Which rank a bad gradient came from (step_result), from the per-rank
+ * statistics the host all-reduce gathered this step (gradsync.c). */
+static void attribute_(trainer *t, step_result *res)
+{
+    res->nonfinite_rank = res->outlier_rank = -1;
+    if (!t->dp_stats_valid) return;
+    t->dp_stats_valid = 0;
+    int W = t->world;
+    float *ss = malloc((size_t)W * sizeof *ss);
+    if (!ss) return;
+    for (int r = 0; r < W; r++) {
+        ss[r] = t->dp_rank_stats[2 * r];
+        if (t->dp_rank_stats[2 * r + 1] > 0) {
+            if (res->nonfinite_rank < 0) res->nonfinite_rank = r;
+            res->nonfinite_ranks++;
+        }
+    }
+    res->outlier_rank = grad_outlier_rank(ss, W, GRAD_OUTLIER_RATIO,
+                                          &res->outlier_ratio);
+    free(ss);
+}
 
 /* The test fault armed for 1-based step `step`, TRAINER_FAULT_NONE none. */
 static trainer_fault fault_at_(const trainer *t, long step)
@@ -620,12 +651,18 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     double t0 = clock_mono_s();
 
     memset(res, 0, sizeof *res);
+    res->nonfinite_rank = res->outlier_rank = -1;
     res->phase = t->phase;
     float lr = lr_at_(t, t->step);
     backend_adam adam = {lr, sp->train.beta1, sp->train.beta2, sp->train.eps,
                          sp->train.weight_decay, sp->train.grad_clip,
                          sp->pseudo.grad_scale == GRAD_SCALE_MEAN &&
-                             t->phase == PHASE_PSEUDO};
+                             t->phase == PHASE_PSEUDO,
+                         sp->optimizer.name == OPTIMIZER_ADAFACTOR,
+                         {lr, sp->optimizer.beta1, sp->optimizer.decay_rate,
+                          sp->optimizer.clip_threshold, sp->optimizer.eps1,
+                          sp->optimizer.eps2, sp->optimizer.scale_parameter,
+                          1.0f}};
     if (t->world > 1) {
         /* every rank fails the step when one cannot read its share */
         uint64_t rng0 = t->data_rng;
@@ -679,6 +716,7 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
     }
+    attribute_(t, res);
     if (moe_facts_(t, &res->moe, err) != 0)
         return TRAINER_ECOLL;
     float norm = be->grad_norm(t->be.ctx);
@@ -880,4 +918,10 @@ const offload_plan *trainer_plan(const trainer *t)
 size_t trainer_device_bytes(const trainer *t)
 {
     return t->be.iface->device_bytes(t->be.ctx);
+}
+
+size_t trainer_optim_bytes(const trainer *t)
+{
+    const backend_iface *be = t->be.iface;
+    return be->optim_bytes ? be->optim_bytes(t->be.ctx) : 0;
 }

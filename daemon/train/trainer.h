@@ -102,7 +102,30 @@ typedef struct {
     long bad_steps;       /* consecutive skipped steps ending with this one
                            * (0 after a good step) */
     long skipped_total;   /* the run's skipped steps so far, this one in */
+    /* Data parallel over host memory (not a device-memory group): which
+     * rank a bad gradient came from, each rank's own gradient before the
+     * sum. nonfinite_ranks: how many ranks had NaN/Inf elements (0 none),
+     * nonfinite_rank the lowest of them (-1 none); outlier_rank: the rank
+     * whose gradient norm is over GRAD_OUTLIER_RATIO times the median of
+     * the others' (grad_outlier_rank; -1 none, also alone), by
+     * outlier_ratio. */
+    int nonfinite_ranks, nonfinite_rank;
+    int outlier_rank;
+    float outlier_ratio;
 } step_result;
+
+/* A rank's gradient norm this many times the median of the others' is
+ * reported (step_result.outlier_rank). */
+#define GRAD_OUTLIER_RATIO 10.0f
+
+/* The rank whose gradient stands out: of world ranks' sums of squares
+ * sumsq[world] (finite, >= 0), the largest one's norm sqrt(sumsq[r]) if it
+ * is over ratio times the median of the other ranks' norms (the mean of
+ * the middle two for an even count), its ratio to that median into
+ * *ratio_out; else -1 and 0 (also for world < 2, a median of 0, or out of
+ * memory). */
+int grad_outlier_rank(const float *sumsq, int world, float ratio,
+                      float *ratio_out);
 
 /* Errors: the functions below that take an m6_err *err set it on failure
  * (the message whole, a shard's or checkpoint's full path in it, never
@@ -395,9 +418,18 @@ size_t trainer_device_bytes(const trainer *t);
 
 /* The model's state in the plain layout of gpt.h, [globals | slot 0 | ...
  * | slot S-1] (n_global + S*slot_size floats), wherever it is placed:
- * which 0 parameters, 1 AdamW m, 2 AdamW v. Returns the float count
- * (dst NULL: only that). For tests and export; waits for pending updates. */
+ * which 0 parameters, 1 AdamW m, 2 AdamW v. With optimizer.name
+ * adafactor: 1 its first moment in that layout (0 floats without one), 2
+ * its second moment in the af layout (gpt.h gpt_af_tensors: the globals'
+ * region, then each slot's). Returns the float count (dst NULL: only
+ * that; 0 out of memory). For tests and export; waits for pending
+ * updates. */
 size_t trainer_copy_state(trainer *t, int which, float *dst);
+
+/* Bytes of optimizer state the model's resident part allocated (cpu:
+ * gpt_optim_bytes, the sizes its allocations were made with); 0 where
+ * the backend does not count them (cuda). */
+size_t trainer_optim_bytes(const trainer *t);
 /* AdamW step counts [globals, slot 0, ..., slot S-1] into dst (S+1
  * entries); returns S+1. */
 int trainer_copy_adam_steps(trainer *t, long *dst);

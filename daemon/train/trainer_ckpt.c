@@ -58,6 +58,40 @@ static int ckpt_count_(const trainer *t)
     return n;
 }
 
+/* Adafactor's second moment (gpt_af_tensors) of one region as checkpoint
+ * tensors, appended at out: a matrix's row means as exp_avg_sq_row.<name>
+ * (rows) and column means as exp_avg_sq_col.<name> (cols), a vector's as
+ * exp_avg_sq.<name> (rows), name the tensor's (names[i] its checkpoint
+ * name, without "slots.<s>." for a slot: prefixed here). Returns the
+ * count appended, or -1 out of memory. */
+static int collect_af_region_(const trainer *t, int s, int kind, float *v,
+                              const char *const *names, st_tensor *out,
+                              char **onames)
+{
+    int na = gpt_af_tensors(&t->spec.model, s < 0 ? -1 : kind, NULL, NULL);
+    gpt_af_tensor *af = na < 0 ? NULL : malloc((size_t)na * sizeof *af);
+    if (!af)
+        return -1;
+    gpt_af_tensors(&t->spec.model, s < 0 ? -1 : kind, af, NULL);
+    char nm[200], slot[32] = "";
+    if (s >= 0)
+        snprintf(slot, sizeof slot, "slots.%d.", s);
+    int n = 0;
+    for (int i = 0; i < na; i++) {
+        const char *pre[2] = {af[i].cols ? "exp_avg_sq_row." : "exp_avg_sq.",
+                              "exp_avg_sq_col."};
+        int dim[2] = {af[i].rows, af[i].cols};
+        size_t off[2] = {af[i].state_off, af[i].state_off + af[i].rows};
+        for (int k = 0; k < (af[i].cols ? 2 : 1); k++, n++) {
+            snprintf(nm, sizeof nm, "%s%s%s", pre[k], slot, names[i]);
+            onames[n] = strdup(nm);
+            out[n] = (st_tensor){onames[n], v + off[k], 1, {dim[k], 0}};
+        }
+    }
+    free(af);
+    return n;
+}
+
 /* Enumerate every tensor of the model over buffer b (params, m or v) with
  * the given name prefix: the globals, then each slot's checkpoint tensors
  * (gpt_slot_ckpt_tensors: per expert and per prototype gate in an MoE
@@ -83,6 +117,30 @@ static int collect_tensors_(const trainer *t, backend_buf b,
         free(tab[0]);
         free(tab[1]);
         return -1;
+    }
+    if (b == BACKEND_V && t->spec.optimizer.name == OPTIMIZER_ADAFACTOR) {
+        /* Adafactor's second moment: its own tensors, 1 or 2 per tensor */
+        const char *gn[GLOB_NTENSORS];
+        for (int i = 0; i < GLOB_NTENSORS; i++)
+            gn[i] = t->glob[i].name;
+        n = collect_af_region_(t, -1, 0, buf, gn, out, names);
+        for (int s = 0; s < S && n >= 0; s++) {
+            const char **sn = malloc((size_t)nt[kind[s]] * sizeof *sn);
+            int k = -1;
+            if (sn) {
+                for (int i = 0; i < nt[kind[s]]; i++)
+                    sn[i] = tab[kind[s]][i].name;
+                k = collect_af_region_(t, s, kind[s],
+                                       be->state_region(t->be.ctx, b, s), sn,
+                                       out + n, names + n);
+            }
+            free(sn);
+            n = k < 0 ? -1 : n + k;
+        }
+        free(kind);
+        free(tab[0]);
+        free(tab[1]);
+        return n;
     }
     for (int i = 0; i < GLOB_NTENSORS; i++, n++) {
         const gpt_tensor *gt = &t->glob[i];
@@ -113,7 +171,9 @@ static long write_tensors_file_(const char *path, const trainer *t,
                                 const char *const *prefixes,
                                 int nbufs, m6_err *err)
 {
+    /* Adafactor's second moment: up to 2 tensors (row and column) each */
     int per = ckpt_count_(t);
+    per = per < 0 ? -1 : 2 * per;
     st_tensor *ts = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *ts);
     char **names = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *names);
     long rc = -1;
@@ -195,6 +255,10 @@ static char *meta_json_(const trainer *t)
         "adam_t_global", (json_int_t)steps[0],
         "adam_t_slot", adam_t,
         "data_rng", rng, "spec_hash", hash);
+    /* the optimizer whose state optimizer.safetensors holds (a
+     * checkpoint without it is AdamW's) */
+    json_object_set_new(m, "optimizer", json_string(
+                            spec_optimizer_name(t->spec.optimizer.name)));
     /* the token counts the batches were drawn from (0: split not open) */
     json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
     json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
@@ -212,6 +276,27 @@ static char *meta_json_(const trainer *t)
     char *s = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(m);
     return s;
+}
+
+/* The buffers of optimizer.safetensors and their name prefixes: AdamW's
+ * m and v (exp_avg., exp_avg_sq.); Adafactor's second moment (its own
+ * names, collect_af_region_) and, with a first moment, m (exp_avg.).
+ * Returns their count. */
+static int optim_bufs_(const trainer *t, const backend_buf **bufs,
+                       const char *const **prefixes)
+{
+    static const backend_buf adam_b[] = {BACKEND_M, BACKEND_V};
+    static const char *const adam_p[] = {"exp_avg.", "exp_avg_sq."};
+    static const backend_buf af_b[] = {BACKEND_V, BACKEND_M};
+    static const char *const af_p[] = {"", "exp_avg."};
+    if (t->spec.optimizer.name != OPTIMIZER_ADAFACTOR) {
+        *bufs = adam_b;
+        *prefixes = adam_p;
+        return 2;
+    }
+    *bufs = af_b;
+    *prefixes = af_p;
+    return t->spec.optimizer.beta1 > 0 ? 2 : 1;
 }
 
 /* model.safetensors and optimizer.safetensors into dir: bytes or -1. */
@@ -234,10 +319,11 @@ static long write_state_files_(trainer *t, const char *dir, m6_err *err)
     if ((rc = write_tensors_file_(path, t, pb, pp, 1, err)) < 0)
         goto out;
     total += rc;
-    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
-    const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    const backend_buf *ob;
+    const char *const *op;
+    int nob = optim_bufs_(t, &ob, &op);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((rc = write_tensors_file_(path, t, ob, op, 2, err)) < 0)
+    if ((rc = write_tensors_file_(path, t, ob, op, nob, err)) < 0)
         goto out;
     total += rc;
 out:
@@ -321,6 +407,7 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
         return -1;
     }
     int per = ckpt_count_(t), rc = 0;
+    per = per < 0 ? -1 : 2 * per;  /* as write_tensors_file_ */
     st_tensor *ts = per < 0 ? NULL : calloc((size_t)per, sizeof *ts);
     char **names = per < 0 ? NULL : calloc((size_t)per, sizeof *names);
     char e2[256];  /* safetensors_get's words: a tensor name, no path */
@@ -381,6 +468,20 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
         m6_err_set(err, M6_EINTERNAL,
                    "%s: not an m6 checkpoint of version %d", path,
                    CKPT_VERSION);
+        goto out;
+    }
+    /* another optimizer's state is refused by name before the hash (which
+     * differs too): its tensors are not this optimizer's */
+    json_t *jo = json_object_get(m, "optimizer");
+    const char *opt = json_is_string(jo) ? json_string_value(jo) : "adamw";
+    const char *mine = spec_optimizer_name(t->spec.optimizer.name);
+    if (strcmp(opt, mine) != 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: the checkpoint holds optimizer \"%s\" state and "
+                   "this run uses optimizer.name \"%s\": resuming with "
+                   "another optimizer is refused (a new run with init.from "
+                   "takes its weights with a fresh optimizer)",
+                   path, opt, mine);
         goto out;
     }
     char want[32];
@@ -460,13 +561,14 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     }
     const backend_buf pb[] = {BACKEND_PARAMS};
     const char *pp[] = {""};
-    const backend_buf ob[] = {BACKEND_M, BACKEND_V};
-    const char *op[] = {"exp_avg.", "exp_avg_sq."};
+    const backend_buf *ob;
+    const char *const *op;
+    int nob = optim_bufs_(t, &ob, &op);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     int lrc = load_tensors_(path, t, pb, pp, 1, err);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if (lrc == 0)
-        lrc = load_tensors_(path, t, ob, op, 2, err);
+        lrc = load_tensors_(path, t, ob, op, nob, err);
     if (be->state_end(t->be.ctx, lrc == 0) != 0 && lrc == 0) {
         m6_err_set(err, M6_EINTERNAL,
                    "loading %s: cannot store the state in the %s "
@@ -556,11 +658,26 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
     unsigned char *kind = trainer_slot_kinds_(t);
     if (!kind)
         return 0;
-    size_t ks[2];
+    size_t ks[2], ng = t->n_global;
     gpt_tensor tab[SLOT_NTENSORS_MAX];
     gpt_slot_layout(&t->spec.model, 0, tab, &ks[0]);
     gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
-    size_t n = t->n_global;
+    if (t->spec.optimizer.name == OPTIMIZER_ADAFACTOR && which != 0) {
+        /* Adafactor: m as AdamW's, or none; v in the af layout */
+        if (which == 1 && !(t->spec.optimizer.beta1 > 0)) {
+            free(kind);
+            return 0;
+        }
+        if (which == 2 &&
+            (gpt_af_tensors(&t->spec.model, -1, NULL, &ng) < 0 ||
+             gpt_af_tensors(&t->spec.model, 0, NULL, &ks[0]) < 0 ||
+             gpt_af_tensors(&t->spec.model, t->spec.model.moe_experts > 0,
+                            NULL, &ks[1]) < 0)) {
+            free(kind);
+            return 0;
+        }
+    }
+    size_t n = ng;
     for (int s = 0; s < S; s++)
         n += ks[kind[s]];
     if (!dst) {
@@ -572,9 +689,8 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
         return 0;
     }
     backend_buf b = which == 0 ? BACKEND_PARAMS : which == 1 ? BACKEND_M : BACKEND_V;
-    memcpy(dst, be->state_region(t->be.ctx, b, -1),
-           t->n_global * sizeof(float));
-    size_t off = t->n_global;
+    memcpy(dst, be->state_region(t->be.ctx, b, -1), ng * sizeof(float));
+    size_t off = ng;
     for (int s = 0; s < S; s++) {
         memcpy(dst + off, be->state_region(t->be.ctx, b, s),
                ks[kind[s]] * sizeof(float));

@@ -56,6 +56,15 @@ struct trainer {
     int B_rank, accum_rank;
     float *bucket;          /* bucket_floats: the all-reduce staging */
     size_t bucket_floats;
+    /* Which rank a bad gradient came from (host all-reduce only): this
+     * rank's own gradient before the sum (finite elements' sum of squares,
+     * count of non-finite elements), then, after one all-reduce of
+     * 2*world floats at the end of the buckets, every rank's:
+     * dp_rank_stats[2r], [2r+1]. dp_stats_valid: gathered this step. */
+    double dp_local_sumsq, dp_local_nonfinite;
+    float *dp_rank_stats;
+    int dp_rank_stats_world;
+    int dp_stats_valid;
     /* overlap (dp_overlap 1): during the step's last microbatch the
      * backend reports finished slots (dp_ready_) and a communication
      * thread all-reduces each bucket once its regions are final. Under

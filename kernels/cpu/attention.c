@@ -53,20 +53,30 @@ static void softmax_row_backward_(float *d, const float *a, float scale,
         d[s] = 0.0f;
 }
 
+/* Where task bh (batch row b = bh / NH, head h = bh % NH) finds its head
+ * at t = 0: qkv, the offset of its query in a (B,T,3C) buffer (key at +C,
+ * value at +2C, rows 3C apart); out, of its slice of a (B,T,C) buffer
+ * (rows C apart). */
+typedef struct { size_t qkv, out; } head_at_;
+
+static inline head_at_ head_at_of_(int bh, int T, int C, int NH)
+{
+    size_t b = (size_t)(bh / NH), h = (size_t)(bh % NH), hs = (size_t)(C / NH);
+    return (head_at_){b * T * 3 * C + h * hs, b * T * C + h * hs};
+}
+
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int C, int NH)
 {
-    int hs = C / NH;
-    int C3 = 3 * C;
+    int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-        const float *k = q + C, *v = q + 2 * C;
+        head_at_ at = head_at_of_(bh, T, C, NH);
+        const float *q = qkv + at.qkv, *k = q + C, *v = q + 2 * C;
         float *P = att + (size_t)bh * T * T;
-        float *o = out + (size_t)b * T * C + (size_t)h * hs;
+        float *o = out + at.out;
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
             int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
             float *Pb = P + (size_t)i0 * T;
@@ -91,19 +101,17 @@ static void backward_(float *dqkv, float *scratch, const float *dout,
                       const float *qkv, const float *att, int B, int T,
                       int C, int NH, int first)
 {
-    int hs = C / NH;
-    int C3 = 3 * C;
+    int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        size_t off = (size_t)b * T * C3 + (size_t)h * hs;
-        const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+        head_at_ at = head_at_of_(bh, T, C, NH);
+        const float *q = qkv + at.qkv, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + at.qkv, *dk = dq + C, *dv = dq + 2 * C;
         const float *P = att + (size_t)bh * T * T;
         float *dS = scratch + (size_t)bh * T * T;
-        const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+        const float *dO = dout + at.out;
         if (first)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < 3; j++)

@@ -502,28 +502,32 @@ void moe_aux_losses_cuda(float *out, const float *probs, const float *lse,
 /* Bytes of moe_backward_cuda's scratch (256-byte aligned base). */
 size_t moe_backward_scratch_bytes(const moe_dims *d);
 
+/* What moe_route_cuda and moe_forward_cuda saved, which the backward
+ * reads (shapes as there): probs (N,E), lse, expert, slot (N,k), routed
+ * (E), row_token (rows), xe, ye (rows,C), hpre, hact (rows,H). */
+typedef struct {
+    const float *probs, *lse;
+    const int32_t *expert, *slot, *routed, *row_token;
+    const bf16 *xe, *hpre, *hact, *ye;
+} moe_saved_cuda;
+
 /* As moe_backward (kernels.h): += into dx, dwg, dbg (may be NULL), dw1,
- * db1, dw2, db2, for loss = <dout, out> + daux aux + dz z. */
+ * db1, dw2, db2, for loss = <dout, out> + daux aux + dz z; sv the
+ * forward's saved tensors. */
 void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream);
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream);
 /* The same with dx (N,C) written, not read (the experts' part stored,
  * then the router's added): the first write of the block's input
  * gradient, no memset before it. The weight gradients still +=. */
 void moe_backward_first_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream);
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream);
 
 #endif /* M6_KERNELS_CUDA_H */

@@ -380,17 +380,37 @@ size_t moe_backward_scratch_bytes(const moe_dims *d)
     return ceil_div(bf * sizeof(bf16), 256) * 256 + mm * sizeof(float);
 }
 
-static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
-                       bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, int first,
-                         cudaStream_t stream)
+/* The backward of the experts' linear layer out = in W^T + b, each of the
+ * E experts on its block of cap rows: in (E*cap, K), W (E, M, K), dout
+ * (E*cap, M). din = dout W (written), dW += dout^T in, db (E, M) += the
+ * column sums of dout. */
+static void experts_linear_backward_(bf16 *din, bf16 *dw, bf16 *db,
+                                     const bf16 *dout, const bf16 *in,
+                                     const bf16 *w, int E, int cap, int K,
+                                     int M, cudaStream_t stream)
 {
+    experts_gemm_(0, 0, K, cap, M, w, K, (long long)M * K, dout, M,
+                  (long long)cap * M, din, K, (long long)cap * K, 0.0f, E,
+                  stream);
+    experts_gemm_(0, 1, K, M, cap, in, K, (long long)cap * K, dout, M,
+                  (long long)cap * M, dw, K, (long long)M * K, 1.0f, E,
+                  stream);
+    moe_bias_backward_kernel<<<grid_((size_t)E * M), MOE_BS, 0, stream>>>(
+        db, dout, E, cap, M);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
+                          bf16 *dw2, bf16 *db2, void *scratch,
+                          const bf16 *dout, const bf16 *x,
+                          const moe_saved_cuda *sv, const bf16 *wg,
+                          const bf16 *w1, const bf16 *w2, float daux, float dz,
+                          const moe_dims *d, int first, cudaStream_t stream)
+{
+    const float *probs = sv->probs, *lse = sv->lse;
+    const int32_t *expert = sv->expert, *slot = sv->slot;
+    const int32_t *routed = sv->routed, *row_token = sv->row_token;
+    const bf16 *xe = sv->xe, *hpre = sv->hpre, *hact = sv->hact, *ye = sv->ye;
     const int N = d->N, C = d->C, E = d->E, k = d->k, H = d->H;
     const int cap = d->capacity, rows = E * cap;
     bf16 *dye = (bf16 *)scratch;           /* (rows, C) */
@@ -410,28 +430,13 @@ static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                                            C, E, k);
     CUDA_CHECK_LAUNCH();
     /* ye = hact W2^T + b2: dh = dye W2, dW2 += dye^T hact, db2 += sums */
-    experts_gemm_(0, 0, H, cap, C, w2, H, (long long)C * H, dye, C,
-                  (long long)cap * C, dh, H, (long long)cap * H, 0.0f, E,
-                  stream);
-    experts_gemm_(0, 1, H, C, cap, hact, H, (long long)cap * H, dye, C,
-                  (long long)cap * C, dw2, H, (long long)C * H, 1.0f, E,
-                  stream);
-    moe_bias_backward_kernel<<<grid_((size_t)E * C), MOE_BS, 0, stream>>>(
-        db2, dye, E, cap, C);
-    CUDA_CHECK_LAUNCH();
+    experts_linear_backward_(dh, dw2, db2, dye, hact, w2, E, cap, H, C,
+                             stream);
     moe_gelu_backward_kernel<<<grid_((size_t)rows * H), MOE_BS, 0, stream>>>(
         dh, hpre, (size_t)rows * H);
     CUDA_CHECK_LAUNCH();
     /* hpre = xe W1^T + b1: dxe = dh W1, dW1 += dh^T xe, db1 += sums */
-    experts_gemm_(0, 0, C, cap, H, w1, C, (long long)H * C, dh, H,
-                  (long long)cap * H, dxe, C, (long long)cap * C, 0.0f, E,
-                  stream);
-    experts_gemm_(0, 1, C, H, cap, xe, C, (long long)cap * C, dh, H,
-                  (long long)cap * H, dw1, C, (long long)H * C, 1.0f, E,
-                  stream);
-    moe_bias_backward_kernel<<<grid_((size_t)E * H), MOE_BS, 0, stream>>>(
-        db1, dh, E, cap, H);
-    CUDA_CHECK_LAUNCH();
+    experts_linear_backward_(dxe, dw1, db1, dh, xe, w1, E, cap, C, H, stream);
     moe_scatter_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
         dx, dxe, slot, N, C, k, first);
     CUDA_CHECK_LAUNCH();
@@ -442,30 +447,22 @@ static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
 
 void moe_backward_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream)
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream)
 {
-    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
-                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
-                  wg, w1, w2, daux, dz, d, 0, stream);
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, sv, wg,
+                  w1, w2, daux, dz, d, 0, stream);
 }
 
 void moe_backward_first_cuda(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
                        bf16 *dw2, bf16 *db2, void *scratch, const bf16 *dout,
-                       const bf16 *x, const float *probs, const float *lse,
-                       const int32_t *expert, const int32_t *slot,
-                       const int32_t *routed, const int32_t *row_token,
-                       const bf16 *xe, const bf16 *hpre, const bf16 *hact,
-                       const bf16 *ye, const bf16 *wg, const bf16 *w1,
-                       const bf16 *w2, float daux, float dz,
-                       const moe_dims *d, cudaStream_t stream)
+                       const bf16 *x, const moe_saved_cuda *sv,
+                       const bf16 *wg, const bf16 *w1, const bf16 *w2,
+                       float daux, float dz, const moe_dims *d,
+                       cudaStream_t stream)
 {
-    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, probs,
-                  lse, expert, slot, routed, row_token, xe, hpre, hact, ye,
-                  wg, w1, w2, daux, dz, d, 1, stream);
+    moe_backward_(dx, dwg, dbg, dw1, db1, dw2, db2, scratch, dout, x, sv, wg,
+                  w1, w2, daux, dz, d, 1, stream);
 }

@@ -190,6 +190,32 @@ static inline void fixture_assert_same_state(trainer *a, trainer *b)
     free(sb);
 }
 
+/* Trains a (a spec with no device budget) and b (the same spec with one
+ * that offloads) side by side from step 0 to `until`: their losses must
+ * be equal bit for bit, and so must their parameters and AdamW state
+ * (fixture_assert_same_state). The two trainers come back in *ta and *tb
+ * (caller frees them); a's losses of steps 1 .. until into losses[0 ..
+ * until-1] (NULL: not kept). */
+static inline void fixture_train_same(const run_spec *a, const run_spec *b,
+                                      long until, float *losses,
+                                      trainer **ta, trainer **tb)
+{
+    float *la = calloc((size_t)until, sizeof *la);
+    float *lb = calloc((size_t)until, sizeof *lb);
+    assert_non_null(la);
+    assert_non_null(lb);
+    *ta = fixture_trainer(a);
+    *tb = fixture_trainer(b);
+    fixture_run_steps(*ta, a, until, la, NULL);
+    fixture_run_steps(*tb, b, until, lb, NULL);
+    assert_memory_equal(la, lb, (size_t)until * sizeof *la);
+    fixture_assert_same_state(*ta, *tb);
+    if (losses)
+        memcpy(losses, la, (size_t)until * sizeof *la);
+    free(la);
+    free(lb);
+}
+
 /* The device.memory_budget that leaves `resident` slots of s's real phase
  * on the device: the planner's minimum plus that many slots. */
 static inline size_t fixture_budget_for(const run_spec *s, int resident)

@@ -30,8 +30,7 @@ cuda_spec "$T/one.json" one
 cuda_spec "$T/two.json" two "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-node cuda run"
 
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 SOCK=$T/c/m6d.sock
 wait_listen c 200

@@ -44,6 +44,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "test_steps.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -59,9 +60,7 @@ extern "C" {
 #define TOL_GRAD 5e-2
 #define TOL_DELINK 1e-6
 
-/* 10 steps before the delink; M6_TEST_STEPS=N (1 to 10) runs N through
- * the same code: the CUDA emulation (tests/cuda_emu) runs fewer, as every
- * step there costs seconds; a GPU runs 10. */
+/* steps before the delink (test_steps.h) */
 static int STEPS = 10;
 #define STEPS_AFTER_DELINK 3
 
@@ -395,13 +394,7 @@ static int create_fails_(void)
 
 int main(void)
 {
-    if (const char *steps = getenv("M6_TEST_STEPS")) {
-        STEPS = atoi(steps);
-        if (STEPS < 1 || STEPS > 10) {
-            fprintf(stderr, "M6_TEST_STEPS=%s: want 1 to 10\n", steps);
-            return 1;
-        }
-    }
+    STEPS = test_steps_before_delink("test_model");
     cuda_device_or_skip("test_model");
     const char *create = getenv("M6_TEST_EXPECT_CREATE");
     if (create && !strcmp(create, "fail"))

@@ -158,10 +158,10 @@ static void run_case_(int N, int C, int E, int k, int H, double cf,
     for (int i = 0; i < 7; i++) gg[i] = dbf_(g0[i], gsz[i]);
     bf16 *gdout = dbf_(dout, (size_t)N * C);
     void *scratch = dnan_<char>(moe_backward_scratch_bytes(&d));
+    const moe_saved_cuda sv = {gprobs, glse, gexpert, gslot, grouted,
+                               growtok, gxe, ghpre, ghact, gye};
     moe_backward_cuda(gg[0], gg[1], gg[2], gg[3], gg[4], gg[5], gg[6], scratch,
-                      gdout, dx_, gprobs, glse, gexpert, gslot, grouted,
-                      growtok, gxe, ghpre, ghact, gye, dwg_, dw1_, dw2_, daux,
-                      dz, &d, st);
+                      gdout, dx_, &sv, dwg_, dw1_, dw2_, daux, dz, &d, st);
 
     /* ---- routing: exact */
     int32_t *he = hget_(gexpert, NK), *hs = hget_(gslot, NK);
@@ -214,9 +214,8 @@ static void run_case_(int N, int C, int E, int k, int H, double cf,
     fg[0] = dnan_<bf16>(gsz[0]);
     for (int i = 1; i < 7; i++) fg[i] = dbf_(g0[i], gsz[i]);
     moe_backward_first_cuda(fg[0], fg[1], fg[2], fg[3], fg[4], fg[5], fg[6],
-                            scratch, gdout, dx_, gprobs, glse, gexpert, gslot,
-                            grouted, growtok, gxe, ghpre, ghact, gye, dwg_,
-                            dw1_, dw2_, daux, dz, &d, st);
+                            scratch, gdout, dx_, &sv, dwg_, dw1_, dw2_, daux,
+                            dz, &d, st);
     float *want_dx = (float *)malloc(gsz[0] * 4);
     for (size_t j = 0; j < gsz[0]; j++)
         want_dx[j] = gc[0][j] - g0[0][j];

@@ -78,6 +78,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "test_steps.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -93,9 +94,7 @@ extern "C" {
 #define TOL_W 2e-2
 #define TOL_ACCUM 2e-2
 
-/* 10 steps before the delink; M6_TEST_STEPS=N (1 to 10) runs N through
- * the same code: the CUDA emulation (tests/cuda_emu) runs fewer, as every
- * step there costs seconds; a GPU runs 10. */
+/* steps before the delink (test_steps.h) */
 static int STEPS = 10;
 #define STEPS_AFTER_DELINK 5
 
@@ -723,13 +722,7 @@ static void test_stats_(void)
 
 int main(void)
 {
-    if (const char *steps = getenv("M6_TEST_STEPS")) {
-        STEPS = atoi(steps);
-        if (STEPS < 1 || STEPS > 10) {
-            fprintf(stderr, "M6_TEST_STEPS=%s: want 1 to 10\n", steps);
-            return 1;
-        }
-    }
+    STEPS = test_steps_before_delink("test_offload");
     cuda_device_or_skip("test_offload");
     gpt_layout_sizes(&CFG, &NG, &SS);
     gpt_cuda *A = test_vs_resident_();

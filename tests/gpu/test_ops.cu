@@ -630,6 +630,27 @@ static void test_elementwise_(size_t N, int off)
     cudaFree(d_d - off); cudaFree(d_a - off); cudaFree(d_b - off);
 }
 
+/* Random logits for N rows of V classes, as the GPU holds them: rows padded
+ * to Vp, the padding garbage (100) that must be ignored (returned; caller
+ * frees); the same rows unpadded for the CPU into *logits, and random
+ * targets in [0, V) into *tgt (both malloc'd). */
+static float *padded_logits_(int N, int V, int Vp, float **logits,
+                             int32_t **tgt)
+{
+    float *lp = hrand_((size_t)N * Vp, -4, 4);
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++)
+            lp[(size_t)i * Vp + j] = 100.0f;
+    *logits = (float *)malloc((size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++)
+        memcpy(*logits + (size_t)i * V, lp + (size_t)i * Vp,
+               V * sizeof(float));
+    *tgt = (int32_t *)malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        (*tgt)[i] = (int32_t)(urand_() * V);
+    return lp;
+}
+
 /* The fused classifier against the CPU cross-entropy (forward losses and
  * backward dlogits with the same dloss on every row), in place over
  * padded logits whose padding holds garbage. Tolerances: the losses are
@@ -638,16 +659,9 @@ static void test_elementwise_(size_t N, int off)
 static void test_crossentropy_fused_(int N, int V, int Vp)
 {
     printf("softmax_crossentropy_fused (N=%d V=%d Vp=%d)\n", N, V, Vp);
-    float *lp = hrand_((size_t)N * Vp, -4, 4);
-    for (int i = 0; i < N; i++)
-        for (int j = V; j < Vp; j++)
-            lp[(size_t)i * Vp + j] = 100.0f;
-    float *logits = (float *)malloc((size_t)N * V * sizeof(float));
-    for (int i = 0; i < N; i++)
-        memcpy(logits + (size_t)i * V, lp + (size_t)i * Vp, V * sizeof(float));
-    int32_t *tgt = (int32_t *)malloc(N * sizeof(int32_t));
-    for (int i = 0; i < N; i++)
-        tgt[i] = (int32_t)(urand_() * V);
+    float *logits;
+    int32_t *tgt;
+    float *lp = padded_logits_(N, V, Vp, &logits, &tgt);
     tgt[0] = 0;         /* the first and the last column as targets */
     tgt[N - 1] = V - 1;
     float *losses = (float *)malloc(N * sizeof(float));
@@ -686,16 +700,9 @@ static void test_crossentropy_(void)
 {
     const int N = 70, V = 200, Vp = 256;
     printf("softmax_crossentropy (N=%d V=%d Vp=%d)\n", N, V, Vp);
-    float *lp = hrand_((size_t)N * Vp, -4, 4); /* padded rows for the GPU */
-    for (int i = 0; i < N; i++) /* padding holds garbage: must be ignored */
-        for (int j = V; j < Vp; j++)
-            lp[(size_t)i * Vp + j] = 100.0f;
-    float *logits = (float *)malloc((size_t)N * V * sizeof(float));
-    for (int i = 0; i < N; i++)
-        memcpy(logits + (size_t)i * V, lp + (size_t)i * Vp, V * sizeof(float));
-    int32_t *tgt = (int32_t *)malloc(N * sizeof(int32_t));
-    for (int i = 0; i < N; i++)
-        tgt[i] = (int32_t)(urand_() * V);
+    float *logits;
+    int32_t *tgt;
+    float *lp = padded_logits_(N, V, Vp, &logits, &tgt);
     float *losses = (float *)malloc(N * sizeof(float));
     float *probs = (float *)malloc((size_t)N * V * sizeof(float));
     softmax_crossentropy_forward(losses, probs, logits, tgt, N, V);

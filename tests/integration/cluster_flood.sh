@@ -8,8 +8,7 @@
 # connections, 12 s. And a wildcard --listen is refused.
 . "$(dirname "$0")/lib.sh"
 
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 # a wildcard --listen is refused before m6d touches its state: rank 0's
 # collectives bind the --listen host, and no worker can reach 127.0.0.1
 for w in 0.0.0.0:0 "[::]:0"; do

@@ -37,11 +37,7 @@ M6D_ARGS="--node-timeout $TMO"  # every m6d start_m6d (lib.sh) starts
 # fails: it hung); its exit status in EXIT_RC
 wait_exit() {
     local pid=${M6D_PIDS[$1]}
-    for _ in $(seq 1 $(($2 * 20))); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.05
-    done
-    kill -0 "$pid" 2>/dev/null && fail "m6d $1 still running $2 s after it was told to stop"
+    wait_gone "$pid" "$2" "m6d $1"
     EXIT_RC=0
     wait "$pid" || EXIT_RC=$?
     unset "M6D_PIDS[$1]"
@@ -81,8 +77,7 @@ rows_whole() {
 }
 
 prepare_data "$T/data"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 # a fixed port, outside the ephemeral range (a connection's own port could
 # otherwise take the coordinator's while it is down), free now
 PORT=$(python3 -c '

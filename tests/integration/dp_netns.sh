@@ -15,8 +15,7 @@ PREFIX=m6d
 . "$(dirname "$0")/netns.sh"
 
 prepare_data "$T/data"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
 CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
@@ -41,20 +40,9 @@ ctl events "$RUN" | has -E 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || f
 # cut the worker's link: the run pauses within the timeout
 ip -n "$NW" link set "$VW" down
 t0=$EPOCHREALTIME
-for _ in $(seq 1 400); do
-    [ "$(field "$RUN" state)" = paused ] && break
-    sleep 0.025
-done
-took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
-[ "$(field "$RUN" state)" = paused ] || fail "run not paused 10 s after the cut: $(field "$RUN" state)"
-python3 -c "import sys; sys.exit(not $took <= $TMO + 2)" || fail "paused after $took s, timeout $TMO s"
-for _ in $(seq 1 100); do
-    ctl events "$RUN" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' && break
-    sleep 0.05
-done
-ctl events "$RUN" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1' \
-    || fail "no event naming netw: $(ctl events "$RUN")"
-log "paused ${took}s after the cut: $(field "$RUN" error | cut -c1-160)"
+wait_paused_within "$RUN" "$t0" $((TMO + 2)) "the cut"
+wait_event "$RUN" 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1'
+log "paused ${TOOK}s after the cut: $(field "$RUN" error | cut -c1-160)"
 kill -0 "$CPID" || fail "the coordinator died"
 kill -0 "$WPID" || fail "the worker died"
 timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"

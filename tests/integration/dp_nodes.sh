@@ -20,7 +20,9 @@
 #  (d) nodes.pseudo_world_size 1: the worker joins at the delink;
 #  (e) a worker whose hash differs is refused before any collective;
 #  (f) 3 ranks with grad_accum 3 against one node;
-#  (g) an operator delink delinks every rank at the same step.
+#  (g) an operator delink delinks every rank at the same step;
+#  (h) a NaN batch on the worker alone: both ranks skip the step, and the
+#      coordinator's step.skipped event names rank 1.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -52,8 +54,7 @@ PY
 }
 
 prepare_data "$T/data"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
 CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
@@ -73,12 +74,7 @@ SOCK=$T/c/m6d.sock
 wait_listen c
 ADDR=127.0.0.1:$PORT
 RUN=$(ctl submit "$T/two.json")
-for _ in $(seq 1 100); do
-    ctl events "$RUN" | has 'nodes.wait' && break
-    sleep 0.05
-done
-ctl events "$RUN" | has 'nodes.wait.*waiting for 2 live nodes, have 1' \
-    || fail "no nodes.wait event: $(ctl events "$RUN")"
+wait_event "$RUN" 'nodes.wait.*waiting for 2 live nodes, have 1'
 ctl status "$RUN" | has 'waiting for 2 live nodes, have 1' \
     || fail "status does not say why the run waits: $(ctl status "$RUN")"
 [ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
@@ -109,21 +105,11 @@ hold_boundary
 kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
 release_boundary
-for _ in $(seq 1 400); do
-    [ "$(field "$RUN2" state)" = paused ] && break
-    sleep 0.025
-done
-took=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
-[ "$(field "$RUN2" state)" = paused ] || fail "run $RUN2 not paused 10 s after kill -9: $(field "$RUN2" state)"
-python3 -c "import sys; sys.exit(not $took <= $TMO + 1)" || fail "paused after $took s, timeout $TMO s"
-for _ in $(seq 1 100); do  # the loss and the failed collective race
-    ctl events "$RUN2" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' && break
-    sleep 0.05
-done
-ctl events "$RUN2" | has -E 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1' \
-    || fail "no event naming the lost node: $(ctl events "$RUN2")"
+wait_paused_within "$RUN2" "$t0" $((TMO + 1)) "kill -9"
+# the loss and the failed collective race
+wait_event "$RUN2" 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1'
 ctl list >/dev/null || fail "the coordinator stopped serving"
-log "(b) paused ${took}s after kill -9: $(field "$RUN2" error)"
+log "(b) paused ${TOOK}s after kill -9: $(field "$RUN2" error)"
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 for _ in $(seq 1 200); do
     [ "$(db "$T/c" "select state from nodes where hostname='w1'")" = live ] && break
@@ -155,12 +141,7 @@ kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "worker exit after 
 unset 'M6D_PIDS[w1]'
 M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
 RUN4=$(ctl submit "$T/two.json")
-for _ in $(seq 1 200); do
-    ctl events "$RUN4" | has 'nodes.refused' && break
-    sleep 0.05
-done
-ctl events "$RUN4" | has -E "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" \
-    || fail "no refusal naming both hashes: $(ctl events "$RUN4")"
+wait_event "$RUN4" "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" 10
 grep -q 'cluster.rank_failed run='"$RUN4"' rank=1 err="refused by the coordinator' "$T/m6d-w2.log" \
     || fail "the worker did not log its refusal: $(grep cluster. "$T/m6d-w2.log" | tail -3)"
 grep -q 'cluster.rank run='"$RUN4" "$T/m6d-w2.log" && fail "the refused worker joined the group"
@@ -214,7 +195,22 @@ losses "$RUN5" >"$T/op.csv"
 losses "$R6" >"$T/opref.csv"
 close_enough "$T/op.csv" "$T/opref.csv" || fail "operator-delinked 2-rank run differs from one node delinking at step $K"
 log "(g) operator delink at step $K on both ranks: the single node's losses"
-kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
+# ---- (h) a bad batch on the worker alone (its own gradient NaN before the
+# sum, the fault hook M6_TEST_FAULT): every rank skips that step, and the
+# coordinator's event names rank 1, the worker, as where it came from
+kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "w1 exit after SIGTERM"
+unset 'M6D_PIDS[w1]'
+M6_TEST_FAULT=nan_batch@3 start_m6d w4 --join "$ADDR" --token-file "$T/token" --node-name w4
+CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+R7=$(ctl submit "$T/bad.json")
+ctl watch "$R7" >/dev/null || fail "the run with a bad batch on rank 1 did not complete: $(ctl status "$R7")"
+ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1' \
+    || fail "no step.skipped event naming rank 1: $(ctl events "$R7")"
+[ "$(ctl events "$R7" | grep -c 'step.skipped')" = 1 ] \
+    || fail "not one skipped step: $(ctl events "$R7")"
+log "(h) a NaN batch on rank 1: step 3 skipped on both ranks, the event names rank 1"
+kill -TERM "${M6D_PIDS[w4]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
 echo "ok"

@@ -76,7 +76,7 @@ rm -f "$MNT/filler"
 ctl resume "$R" >/dev/null || fail "resume (space back)"
 ctl watch "$R" >/dev/null || fail "run did not complete after the space came back"
 [ -z "$(field "$R" error)" ] || fail "error kept after completion: $(field "$R" error)"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the full disk: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after the full disk"
 stop_daemon
 log "space back: completed with the reference's losses"
 
@@ -103,7 +103,7 @@ field "$R" error | has "No space left on device" || fail "retry: '$(field "$R" e
 mount -o remount,size=8M "$CK" || fail "remount bigger"
 ctl resume "$R" >/dev/null || fail "resume (checkpoints space back)"
 ctl watch "$R" >/dev/null || fail "run did not complete after the checkpoints disk grew"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the checkpoint failure: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after the checkpoint failure"
 stop_daemon
 log "checkpoints disk full: '$ERR'; completed with the reference's losses"
 echo "ok fulldisk"

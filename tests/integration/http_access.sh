@@ -88,8 +88,7 @@ PY
 stop_daemon
 
 # a bearer token
-head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/http.token"
-chmod 600 "$T/http.token"
+write_token "$T/http.token" 24
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT" --metrics-token-file "$T/http.token"
 /usr/bin/python3 - "$PORT" "$(cat "$T/http.token")" <<'PY' || fail "HTTP token checks (above)"
 import http.client, sys

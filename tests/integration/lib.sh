@@ -61,6 +61,13 @@ prepare_data() {
         >"$T/prepare.out" 2>"$T/prepare.err" || fail "data prepare: $(cat "$T/prepare.err")"
 }
 
+# write_token FILE [BYTES]: a fresh random token of BYTES (32) bytes, in
+# hex, readable by its owner only (m6d --token-file: not readable by others)
+write_token() {
+    head -c "${2:-32}" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"
+    chmod 600 "$1"
+}
+
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
 # M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
 # steps at their fastest (docs: how to run the suite slowed, fast and
@@ -257,6 +264,48 @@ wait_step() {
     fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
 
+# events_has RUN ERE: a line of RUN's events matches ERE; else prints the
+# events (for wait_for)
+events_has() {
+    local ev
+    ev=$(ctl events "$1" 2>&1) || true
+    grep -Eq -- "$2" <<<"$ev" && return 0
+    echo "no event of run $1 matches '$2'; its events: $ev"
+    return 1
+}
+
+# wait_event RUN ERE [timeout s]: until a line of RUN's events matches ERE
+# (5 s by default)
+wait_event() { wait_for "an event of run $1" "${3:-5}" events_has "$1" "$2"; }
+
+# wait_paused_within RUN T0 LIMIT WHAT: until RUN is paused (10 s at
+# most), then requires that it paused within LIMIT seconds of T0 (an
+# $EPOCHREALTIME, taken at WHAT: "the cut", "kill -9"); the seconds it
+# took into TOOK
+wait_paused_within() {
+    local run=$1 t0=$2 limit=$3 what=$4
+    for _ in $(seq 1 400); do
+        [ "$(field "$run" state)" = paused ] && break
+        sleep 0.025
+    done
+    TOOK=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+    [ "$(field "$run" state)" = paused ] \
+        || fail "run $run not paused 10 s after $what: $(field "$run" state)"
+    python3 -c "import sys; sys.exit(not $TOOK <= $limit)" \
+        || fail "run $run paused ${TOOK} s after $what, want <= $limit s"
+}
+
+# wait_gone PID SECONDS WHAT: process PID (WHAT, for the message) ends
+# within SECONDS, else the test fails (it hung)
+wait_gone() {
+    for _ in $(seq 1 $(($2 * 20))); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.05
+    done
+    kill -0 "$1" 2>/dev/null && fail "$3 still running $2 s after it was told to stop"
+    return 0
+}
+
 # The step-boundary hold (runner.c's test hook): every m6d started with
 # M6_TEST_HOLD_BOUNDARY=$HOLD_FILE in its environment waits at its step
 # boundary while HOLD_FILE exists (log line test.hold; SIGTERM ends the
@@ -276,6 +325,17 @@ hold_boundary() {
 }
 release_boundary() { rm -f "$HOLD_FILE"; }
 
+# pause_at_step RUN N: pauses RUN at the boundary after step N (held there
+# while the pause is sent, so it lands then, whatever the speed of a step)
+# and waits until it is paused
+pause_at_step() {
+    wait_step "$1" "$2"
+    hold_boundary
+    ctl pause "$1" >/dev/null || fail "pause of run $1 at step $2 refused"
+    release_boundary
+    wait_state "$1" paused
+}
+
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
 # on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
 # stopped again. WHAT names the run in a failure ("reference run").
@@ -286,6 +346,13 @@ reference_losses() {
     ctl watch "$r" >/dev/null || fail "${4:-reference run} did not complete"
     losses "$r" >"$3"
     stop_daemon
+}
+
+# same_losses RUN REF_CSV WHAT: RUN's losses are REF_CSV's (as `losses`
+# writes them, reference_losses), digit for digit; else fails with WHAT
+# and the first lines of the difference
+same_losses() {
+    losses "$1" | diff "$2" - >"$T/diff" || fail "$3: $(head "$T/diff")"
 }
 
 # wait_paused_error RUN ERE: until the run is paused with an error matching

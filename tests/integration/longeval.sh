@@ -84,11 +84,7 @@ B=$(tctl submit "$T/b.json")
 in_pass "$B" "$T/s2"
 t0=$SECONDS
 kill -TERM "$DAEMON_PID"
-for _ in $(seq 1 $((BOUND * 20))); do
-    kill -0 "$DAEMON_PID" 2>/dev/null || break
-    sleep 0.05
-done
-kill -0 "$DAEMON_PID" 2>/dev/null && fail "m6d alive ${BOUND}s after SIGTERM during a validation pass"
+wait_gone "$DAEMON_PID" "$BOUND" "m6d, SIGTERM'd during a validation pass,"
 rc=0
 wait "$DAEMON_PID" || rc=$?
 DAEMON_PID=

@@ -48,8 +48,7 @@ wait_node() {
 }
 
 # ---- the token file
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 cp "$T/token" "$T/token-wide"; chmod 644 "$T/token-wide"
 rc=0; "$M6D" --state-dir "$T/wide" --role coordinator --listen 127.0.0.1:0 \
     --token-file "$T/token-wide" 2>"$T/wide.err" || rc=$?
@@ -58,8 +57,7 @@ grep -q "token file $T/token-wide has mode 0644" "$T/wide.err" || fail "mode not
 [ ! -e "$T/wide/m6.db" ] || fail "m6d refused the token but created m6.db first"
 rc=0; "$M6D" --state-dir "$T/notoken" --role coordinator --listen 127.0.0.1:0 2>"$T/nt.err" || rc=$?
 [ "$rc" = 2 ] && grep -q -- "--listen needs --token-file" "$T/nt.err" || fail "--listen without a token: rc $rc $(cat "$T/nt.err")"
-head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token-bad"
-chmod 600 "$T/token-bad"
+write_token "$T/token-bad" 24
 
 # ---- one node: a plain m6d is both roles and lists itself
 start_m6d solo

@@ -12,8 +12,7 @@ TMO=1
 PREFIX=m6
 . "$(dirname "$0")/netns.sh"
 
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
-chmod 600 "$T/token"
+write_token "$T/token"
 M6D_ARGS="--node-timeout $TMO"
 M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator --listen 192.0.2.1:7070 \
     --token-file "$T/token"

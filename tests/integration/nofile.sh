@@ -101,7 +101,7 @@ grep -Eq "not queued: data.train: too many open files \(limit 64\): $T/many/trai
 [ "$(runs)" = "$n0" ] || fail "a refused submit left a run"
 alive "after the refused submit"
 ctl watch "$S2" >/dev/null || fail "the small run did not complete next to the refused submit"
-losses "$S2" | diff "$T/small-ref.csv" - >"$T/diff" || fail "small run's losses changed: $(head "$T/diff")"
+same_losses "$S2" "$T/small-ref.csv" "small run's losses changed"
 stop_daemon
 log "hard 64: submit refused ('$(tail -n 1 "$T/submit.out" | cut -c1-160)...'); run $S2 unaffected"
 
@@ -143,7 +143,7 @@ ERR=$(wait_paused_error "$M2" "^data.train: $T/many/train_[0-9]+\.bin: token 999
 restore_all
 ctl resume "$M2" >/dev/null || fail "resume (restored) under $LIM files"
 wait_completed "$M2"
-losses "$M2" | diff "$T/many-ref.csv" - >"$T/diff" || fail "run $M2's losses differ from the reference: $(head "$T/diff")"
+same_losses "$M2" "$T/many-ref.csv" "run $M2's losses differ from the reference"
 alive "at the end"
 stop_daemon
 log "hard $LIM: resumed, paused on bad shards, restored: completed with the reference's losses"

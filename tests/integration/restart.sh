@@ -5,6 +5,21 @@
 # used), and an operator delink replayed after a crash.
 . "$(dirname "$0")/lib.sh"
 
+# ref_held DIR STEP: a fresh m6d on state dir DIR runs ref.json (its id
+# into R) and holds at the step boundary after STEP
+ref_held() {
+    start_daemon "$1"
+    R=$(ctl submit "$T/ref.json")
+    wait_step "$R" "$2"
+    hold_boundary
+}
+# ref_killed DIR STEP: ref_held, then m6d killed -9 while it holds
+ref_killed() {
+    ref_held "$1" "$2"
+    kill9_daemon
+    release_boundary
+}
+
 prepare_data "$T/data"
 # The run is alive when the test interrupts it by design, whatever the speed
 # of a step: every m6d here honours the boundary hold (lib.sh), and the test
@@ -40,10 +55,7 @@ reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
 
 # 2. SIGTERM mid-run: the step ends, a checkpoint is written, the run stays
 #    'running' and resumes at the next start.
-start_daemon "$T/term"
-R=$(ctl submit "$T/ref.json")
-wait_step "$R" 15
-hold_boundary
+ref_held "$T/term" 15
 # A watch started now rides out the restart (m6ctl watch --reconnect).
 watch_bg term "$R"
 stop_daemon
@@ -67,24 +79,19 @@ wait "$WATCH_PID"
 grep -q "m6d unreachable; retrying" "$T/watch-term.err" && grep -q "reconnected to m6d" "$T/watch-term.err" \
     || fail "watch across the restart: $(cat "$T/watch-term.err")"
 grep -q "completed at step $N" "$T/watch-term.out" || fail "watch across the restart: $(tail -2 "$T/watch-term.out")"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after SIGTERM at $K: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after SIGTERM at $K"
 stop_daemon
 log "SIGTERM at step $K: same losses"
 
 # 3. kill -9 past the delink, between checkpoints: resume from the newest
 #    complete checkpoint, drop the metrics rows after it, redo them.
-start_daemon "$T/k9"
-R=$(ctl submit "$T/ref.json")
-wait_step "$R" 65
-hold_boundary
-kill9_daemon
-release_boundary
+ref_killed "$T/k9" 65
 K=$(db "$T/k9" "select step from runs where id=$R")
 C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
 [ "$K" -lt $N ] || fail "run finished before kill -9"
 start_daemon "$T/k9"
 ctl watch "$R" >/dev/null || fail "resumed run (kill -9) did not complete"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after kill -9 at $K: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after kill -9 at $K"
 [ "$(db "$T/k9" "select count(*) from phases where run=$R")" = 2 ] || fail "phases rows after resume"
 grep -q "run.recover run=$R step=$C" "$T/m6d-k9.log" || fail "did not resume from checkpoint $C"
 stop_daemon
@@ -117,7 +124,7 @@ start_daemon "$T/ck"
 compgen -G "$T/ck/runs/$R/checkpoints/*.tmp-*" >/dev/null && fail "stray checkpoint dir not cleaned"
 grep -q checkpoint.stray "$T/m6d-ck.log" || fail "no checkpoint.stray line"
 ctl watch "$R" >/dev/null || fail "resumed run (crash in checkpoint) did not complete"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after a crash mid-checkpoint: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after a crash mid-checkpoint"
 stop_daemon
 log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 
@@ -126,11 +133,7 @@ log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
 R=$(ctl submit "$T/op.json")
-wait_step "$R" 5
-hold_boundary
-ctl pause "$R" >/dev/null || fail "pause (op)"
-release_boundary
-wait_state "$R" paused
+pause_at_step "$R" 5
 P=$(field "$R" step)
 ctl delink "$R" >/dev/null
 ctl resume "$R" >/dev/null
@@ -153,10 +156,7 @@ log "operator delink at $P replayed after kill -9 at $K"
 
 # 6. watch must not take another m6d's run 1 for its own: the socket it
 #    watches on comes back served from another state dir (ids restart).
-start_daemon "$T/w"
-R=$(ctl submit "$T/ref.json")
-wait_step "$R" 5
-hold_boundary
+ref_held "$T/w" 5
 watch_bg w "$R"
 WSOCK=$SOCK
 stop_daemon
@@ -181,12 +181,7 @@ damage_ckpt_data() {
     printf '\000\000\200\177' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") / 2 )) \
         conv=notrunc status=none
 }
-start_daemon "$T/bad"
-R=$(ctl submit "$T/ref.json")
-wait_step "$R" 45
-hold_boundary
-kill9_daemon
-release_boundary
+ref_killed "$T/bad" 45
 C=$(db "$T/bad" "select max(step) from checkpoints where run=$R")
 PREV=$(db "$T/bad" "select max(step) from checkpoints where run=$R and step<$C")
 [ -n "$PREV" ] || fail "want two checkpoints, have $(db "$T/bad" "select group_concat(step) from checkpoints where run=$R")"
@@ -197,16 +192,11 @@ ctl watch "$R" >/dev/null || fail "run with a bad newest checkpoint did not comp
 grep -q "checkpoint.bad run=$R .*action=set_aside kept=.*step-$C.bad" "$T/m6d-bad.log" || fail "no checkpoint.bad line: $(grep checkpoint "$T/m6d-bad.log")"
 grep -q "run.restore run=$R step=$PREV" "$T/m6d-bad.log" || fail "did not go on from checkpoint $PREV"
 grep -q "checkpoint.bad run=$R .*tensor data damaged" "$T/m6d-bad.log" || fail "the bad checkpoint's reason: $(grep checkpoint.bad "$T/m6d-bad.log")"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after a bad checkpoint: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after a bad checkpoint"
 stop_daemon
 log "newest checkpoint ($C) data damaged: kept as step-$C.bad, went on from $PREV, same losses"
 
-start_daemon "$T/bad2"
-R=$(ctl submit "$T/ref.json")
-wait_step "$R" 15
-hold_boundary
-kill9_daemon
-release_boundary
+ref_killed "$T/bad2" 15
 for d in "$T/bad2/runs/$R/checkpoints"/step-*; do corrupt_ckpt "$d"; done
 start_daemon "$T/bad2"
 ERR=$(wait_paused_error "$R" "does not load")
@@ -215,7 +205,7 @@ echo "$ERR" | has "nor does any older one: .m6ctl resume. starts the run over fr
 compgen -G "$T/bad2/runs/$R/checkpoints/step-*.bad" >/dev/null || fail "bad checkpoints not kept"
 ctl resume "$R" >/dev/null || fail "resume after every checkpoint failed"
 ctl watch "$R" >/dev/null || fail "run started over did not complete"
-losses "$R" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after starting over: $(head "$T/diff")"
+same_losses "$R" "$T/ref.csv" "losses differ after starting over"
 stop_daemon
 log "every checkpoint bad: paused ('$ERR'); resumed from step 0, same losses"
 echo "ok restart"

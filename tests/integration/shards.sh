@@ -75,8 +75,7 @@ life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
 resume_to_reference() {
     ctl resume "$1" >/dev/null || fail "resume ($2)"
     ctl watch "$1" >/dev/null || fail "run $1 did not complete ($2)"
-    losses "$1" | diff "$T/ref.csv" - >"$T/diff" \
-        || fail "run $1's losses differ from the reference ($2): $(head "$T/diff")"
+    same_losses "$1" "$T/ref.csv" "run $1's losses differ from the reference ($2)"
 }
 
 # 1. The reference: uninterrupted.
@@ -133,7 +132,7 @@ ctl resume "$A" >/dev/null || fail "resume (restored)"
 ctl watch "$A" >/dev/null || fail "run did not complete after the shard came back"
 wait "$WATCH" || fail "the watch started before the truncation: exit $?, want 0"
 [ -z "$(field "$A" error)" ] || fail "error kept after completion: $(field "$A" error)"
-losses "$A" | diff "$T/ref.csv" - >"$T/diff" || fail "losses differ after the truncation: $(head "$T/diff")"
+same_losses "$A" "$T/ref.csv" "losses differ after the truncation"
 ctl watch "$B" >/dev/null || fail "the queued run did not complete"
 log "restored: completed with the reference's losses; the queued run ran"
 
@@ -141,11 +140,7 @@ log "restored: completed with the reference's losses; the queued run ran"
 #    is paused (the fd is open, the shard was checked): resume pauses again
 #    naming the file and the token; restored, the run completes as before.
 C=$(ctl submit "$T/spec.json")
-wait_step "$C" 30
-hold_boundary
-ctl pause "$C" >/dev/null
-release_boundary
-wait_state "$C" paused
+pause_at_step "$C" 30
 K=$(field "$C" step)
 poison "$TRAIN"
 ctl resume "$C" >/dev/null || fail "resume (poisoned)"

@@ -78,6 +78,7 @@
 #include "offload/offload.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
+#include "train/test_hooks.h"
 #include "../common/file_store.h"
 #include "../common/self_exe.h"
 #include "../common/weights_hash.h"
@@ -114,7 +115,9 @@ static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
  * MODE: plain, seq (plain without overlap: the all-reduce after the
  * microbatches), join (pseudo phase on rank 0 alone, rank 1 joins at
  * the delink), die (rank 1 killed after step 2; rank 0 expects
- * TRAINER_ECOLL). */
+ * TRAINER_ECOLL), inf (the last rank's batch is bad at step 2: its own
+ * gradient all NaN before the sum;
+ * every rank writes its step results' attribution into OUT.attr). */
 static int rank_main_(int argc, char **argv)
 {
     const char *spec_path = argv[2], *out_path = argv[3];
@@ -142,6 +145,14 @@ static int rank_main_(int argc, char **argv)
     int most_offloaded = 0;
     offload_stats ost = {0};
     int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
+    FILE *attr = NULL;
+    if (strcmp(mode, "inf") == 0) {
+        if (rank == world - 1)
+            trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 2, 1, 0);
+        char ap[600];
+        snprintf(ap, sizeof ap, "%s.attr", out_path);
+        attr = fopen(ap, "w");
+    }
     int timeout_ms = spec.nodes.timeout * 1000;
     m6_store st;
     file_store fs;
@@ -218,6 +229,9 @@ static int rank_main_(int argc, char **argv)
                     trainer_step_count(t) + 1, m6_err_msg(&err));
             return 1;
         }
+        if (attr)
+            fprintf(attr, "%ld %d %d %d %d\n", r.step, r.skipped,
+                    r.nonfinite_rank, r.nonfinite_ranks, r.outlier_rank);
         if (trainer_offload_stats(t, &ost) == 0 &&
             ost.n_offloaded > most_offloaded)
             most_offloaded = ost.n_offloaded;
@@ -237,6 +251,8 @@ static int rank_main_(int argc, char **argv)
     }
     fclose(out);
     fclose(moe);
+    if (attr)
+        fclose(attr);
     char pp[600];
     if (rank == 0 && world > 1) {
         /* rank 0 writes the replicated state; the checkpoint says the
@@ -550,6 +566,26 @@ static int overlap_of_(const char *tag, int r, long *reported, long *early,
     return ok ? 0 : -1;
 }
 
+/* Runs spec `tag` on one node (no fault, to the end) and loads its
+ * record into *res. */
+static void run_one_node_(const char *tag, result *res)
+{
+    run_(tag, tag, 1, 0, "plain", 120);
+    load_tag_(tag, 0, res);
+}
+
+/* A rank's figure `what` at a step against the one node's: within
+ * LOSS_TOL relative (rel_), the largest difference so far in *worst. */
+static void close_to_ref_(const char *tag, int r, long step, const char *what,
+                          double got, double want, double *worst)
+{
+    double d = rel_(got, want);
+    if (d > *worst)
+        *worst = d;
+    CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: %s %.9g, one node %.9g (rel "
+          "%.2g > %g)", tag, r, step, what, got, want, d, LOSS_TOL);
+}
+
 /* Ranks of tag against the one-node ref: losses, val losses, weights; the
  * ranks' weights identical every step; coverage (windows) when check_win.
  * first: the first step the ranks ran (join: the real phase). */
@@ -568,26 +604,13 @@ static void compare_(const char *tag, int world, const result *ref,
             int j = (int)rk[r].step[i] - 1;
             if (j < 0 || j >= nref)
                 continue;
-            double d = rel_(rk[r].loss[i], ref->loss[j]);
-            if (d > worst_loss)
-                worst_loss = d;
-            CHECK(d <= LOSS_TOL, "%s: rank %d step %ld: loss %.9g, one node "
-                  "%.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].loss[i], ref->loss[j], d, LOSS_TOL);
-            double dn = rel_(rk[r].norm[i], ref->norm[j]);
-            if (dn > worst_norm)
-                worst_norm = dn;
-            CHECK(dn <= LOSS_TOL, "%s: rank %d step %ld: gradient norm %.9g, "
-                  "one node %.9g (rel %.2g > %g)", tag, r, rk[r].step[i],
-                  rk[r].norm[i], ref->norm[j], dn, LOSS_TOL);
-            if (check_val && !isnan(ref->val[j])) {
-                double dv = rel_(rk[r].val[i], ref->val[j]);
-                if (dv > worst_val)
-                    worst_val = dv;
-                CHECK(dv <= LOSS_TOL, "%s: rank %d step %ld: val %.9g, one "
-                      "node %.9g", tag, r, rk[r].step[i], rk[r].val[i],
-                      ref->val[j]);
-            }
+            close_to_ref_(tag, r, rk[r].step[i], "loss", rk[r].loss[i],
+                          ref->loss[j], &worst_loss);
+            close_to_ref_(tag, r, rk[r].step[i], "gradient norm",
+                          rk[r].norm[i], ref->norm[j], &worst_norm);
+            if (check_val && !isnan(ref->val[j]))
+                close_to_ref_(tag, r, rk[r].step[i], "val", rk[r].val[i],
+                              ref->val[j], &worst_val);
             CHECK(rk[r].sum[i] == rk[0].sum[i], "%s: step %ld: rank %d's "
                   "weights differ from rank 0's", tag, rk[r].step[i], r);
         }
@@ -710,8 +733,7 @@ int main(int argc, char **argv)
     write_spec_("kill", 6, 1, 6, 3, kill_extra);
 
     result one, r2, r2b, acc_one;
-    run_("one", "one", 1, 0, "plain", 120);
-    load_tag_("one", 0, &one);
+    run_one_node_("one", &one);
     CHECK(one.n == 6, "one node: %d steps recorded, want 6", one.n);
 
     run_("w2", "w2", 2, 0, "plain", 120);
@@ -738,6 +760,59 @@ int main(int argc, char **argv)
         free(b.params);
     }
 
+    /* attribution: NaN in the last rank's own gradient at step 2 (the
+     * fault hook's bad batch) skips the step on every rank, and every rank's step
+     * result names that rank and no other; no rank stands out as an
+     * outlier on ordinary steps */
+    run_("w3inf", "w3", 3, 0, "inf", 120);
+    for (int r = 0; r < 3; r++) {
+        char ap[600];
+        snprintf(ap, sizeof ap, "%s/w3inf-%d.out.attr", dir_, r);
+        FILE *f = fopen(ap, "r");
+        CHECK(f != NULL, "attribution: no %s", ap);
+        long step;
+        int sk, nr, nn, orank, rows = 0, ok = 1;
+        while (f && fscanf(f, "%ld %d %d %d %d", &step, &sk, &nr, &nn,
+                           &orank) == 5) {
+            rows++;
+            int bad = step == 2;
+            if (sk != bad || nn != (bad ? 1 : 0) || nr != (bad ? 2 : -1) ||
+                orank != -1) {
+                fprintf(stderr, "attribution: rank %d step %ld: skipped %d "
+                        "nonfinite_rank %d nonfinite_ranks %d outlier %d; "
+                        "want %d %d %d -1\n", r, step, sk, nr, nn, orank,
+                        bad, bad ? 2 : -1, bad ? 1 : 0);
+                ok = 0;
+            }
+        }
+        if (f) fclose(f);
+        CHECK(ok && rows == 6, "attribution: rank %d: %d rows, %s", r, rows,
+              ok ? "as wanted" : "wrong (above)");
+    }
+    printf("attribution  3 ranks: NaN in rank 2's own gradient at step 2 "
+           "named on every rank\n");
+    {
+        /* the outlier rule on hand-made sums of squares: norms 1, 1.2,
+         * 0.9, 30 -> rank 3, 30 / median(1, 1.2, 0.9) = 30 */
+        float ss[4] = {1.0f, 1.44f, 0.81f, 900.0f}, ratio;
+        int o = grad_outlier_rank(ss, 4, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == 3 && fabsf(ratio - 30.0f) < 1e-4f,
+              "outlier rule: rank %d ratio %g, want 3 and 30", o, ratio);
+        ss[3] = 81.0f;  /* norm 9: under 10 x 1 */
+        o = grad_outlier_rank(ss, 4, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == -1, "outlier rule: norm 9 against median 1 reported "
+              "(rank %d)", o);
+        float two[2] = {4.0f, 484.0f};  /* norms 2 and 22: 11 x */
+        o = grad_outlier_rank(two, 2, GRAD_OUTLIER_RATIO, &ratio);
+        CHECK(o == 1 && fabsf(ratio - 11.0f) < 1e-4f,
+              "outlier rule, 2 ranks: rank %d ratio %g, want 1 and 11", o,
+              ratio);
+        float alone[1] = {100.0f};
+        CHECK(grad_outlier_rank(alone, 1, GRAD_OUTLIER_RATIO, &ratio) == -1,
+              "outlier rule: one rank reported");
+        printf("outlier      rule on hand-made norms as wanted\n");
+    }
+
     /* buckets: bitwise with two ranks */
     run_("w2b", "w2", 2, 1000, "plain", 120);
     load_tag_("w2", 0, &r2);
@@ -751,13 +826,11 @@ int main(int argc, char **argv)
     printf("buckets      2 ranks: 1000-float and default buckets %s\n",
            same ? "bitwise equal" : "DIFFER");
 
-    run_("acc2_one", "acc2_one", 1, 0, "plain", 120);
-    load_tag_("acc2_one", 0, &acc_one);
+    run_one_node_("acc2_one", &acc_one);
     run_("acc2", "acc2", 2, 0, "plain", 120);
     compare_("acc2", 2, &acc_one, 1, 0, 0);
     free(acc_one.params);
-    run_("acc3_one", "acc3_one", 1, 0, "plain", 120);
-    load_tag_("acc3_one", 0, &acc_one);
+    run_one_node_("acc3_one", &acc_one);
     run_("acc3", "acc3", 3, 0, "plain", 120);
     compare_("acc3", 3, &acc_one, 1, 0, 0);
     free(acc_one.params);
@@ -787,8 +860,7 @@ int main(int argc, char **argv)
             write_spec_model_(acc_tag, 3, 2, 6, 3, kind[k][1], share, w2);
             write_spec_model_(row_tag, 6, 1, 6, 3, kind[k][1], share, w2);
             result ref;
-            run_(one_tag, one_tag, 1, 0, "plain", 120);
-            load_tag_(one_tag, 0, &ref);
+            run_one_node_(one_tag, &ref);
             CHECK(ref.n == 6, "%s: %d steps recorded, want 6", one_tag, ref.n);
             run_(acc_tag, acc_tag, 2, 0, "plain", 120);
             compare_(acc_tag, 2, &ref, 1, 1, 0);
@@ -900,15 +972,13 @@ int main(int argc, char **argv)
         write_spec_budget_("offacc2", 1, 8, 3, 0, b_one, 0,
                            "\"nodes\": {\"world_size\": 2}");
         result off_one;
-        run_("off_one", "off_one", 1, 0, "plain", 120);
-        load_tag_("off_one", 0, &off_one);
+        run_one_node_("off_one", &off_one);
         CHECK(off_one.n == 6, "offloaded: one node ran %d steps", off_one.n);
         run_("off_w2", "off_w2", 2, 0, "plain", 120);
         compare_("off_w2", 2, &off_one, 1, 1, 0);
         run_("mw2", "mw2", 2, 0, "plain", 120);
         free(off_one.params);
-        run_("offacc_one", "offacc_one", 1, 0, "plain", 120);
-        load_tag_("offacc_one", 0, &off_one);
+        run_one_node_("offacc_one", &off_one);
         run_("offacc2", "offacc2", 2, 0, "plain", 120);
         compare_("offacc2", 2, &off_one, 1, 0, 0);
         free(off_one.params);

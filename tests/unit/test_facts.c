@@ -110,6 +110,52 @@ static void test_against_allocation(void **st)
     }
 }
 
+/* Optimizer state: model_optim_floats against gpt.c's allocation
+ * (gpt_optim_bytes: the sizes of m and v as allocated) and, for
+ * Adafactor's second moment, a hand count (rows + cols a matrix, n a
+ * vector):
+ *   globals: wte 50 + 12, wpe 7 + 12, ln_f 24 -> 105
+ *   dense slot: ln_1 24, c_attn 36 + 12 + 36, attn c_proj 12 + 12 + 12,
+ *     ln_2 24, c_fc 48 + 12 + 48, mlp c_proj 12 + 48 + 12 -> 348
+ *   MoE slot: ln_1, c_attn, c_proj, ln_2 168; 2 prototype gates (2 x 12)
+ *     2 + 12 + 2 each -> 32; 4 experts c_fc (10 x 12) 22 + 10, c_proj
+ *     (12 x 10) 22 + 12 -> 66 each, 264 -> 464 */
+static void test_optimizer_state(void **st)
+{
+    (void)st;
+    int n;
+    const case_ *c = cases_(&n);
+    const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
+    for (int i = 0; i < n; i++) {
+        const model_config *m = &c[i].cfg;
+        int L = m->n_layer;
+        for (int opt = 0; opt < 3; opt++) {
+            gpt_optim o = {opt > 0, opt == 2};
+            gpt_model g;
+            memset(&g, 0, sizeof g);
+            assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
+            size_t want = model_optim_floats(m, -1, &o);
+            for (int s = 0; s < L; s++)
+                want += model_optim_floats(m, g.slot_moe[s], &o);
+            printf("# %s, %s: %zu bytes of optimizer state\n", c[i].name,
+                   opt == 0 ? "AdamW" : opt == 1 ? "Adafactor"
+                                                 : "Adafactor with m",
+                   gpt_optim_bytes(&g));
+            assert_int_equal(gpt_optim_bytes(&g), want * sizeof(float));
+            if (opt == 1) {
+                assert_int_equal(model_optim_floats(m, -1, &o), hand_v[0]);
+                for (int s = 0; s < L; s++)
+                    assert_int_equal(model_optim_floats(m, g.slot_moe[s], &o),
+                                     hand_v[1 + g.slot_moe[s]]);
+            }
+            if (opt == 0)
+                assert_int_equal(gpt_optim_bytes(&g),
+                                 2 * c[i].floats_real * sizeof(float));
+            gpt_free(&g);
+        }
+    }
+}
+
 static void test_hand_counts(void **st)
 {
     (void)st;
@@ -178,6 +224,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_allocation),
+        cmocka_unit_test(test_optimizer_state),
         cmocka_unit_test(test_hand_counts),
         cmocka_unit_test(test_parts_and_bytes),
         cmocka_unit_test(test_bad_input),

@@ -244,24 +244,41 @@ static void assert_layers_own_slots_(gpt_model *g, const int32_t *inp,
     free(ref);
 }
 
+/* A 3-layer model of cfg in one shared slot (S = 1), initialised with
+ * seed 3 and trained 3 steps of microbatch B, and a random batch (seed
+ * 999) of B * T tokens into inp, tgt (room for 16). */
+static void shared_trained_(gpt_model *g, const model_config *cfg, int B,
+                            int32_t *inp, int32_t *tgt)
+{
+    assert_int_equal(cfg->n_layer, 3);
+    assert_true(B * cfg->seq_len <= 16);
+    assert_int_equal(gpt_create(g, cfg, 1, B), 0);
+    gpt_init_weights(g, 3);
+    train_steps_(g, 3, B, 100);
+    synth_random_batch(inp, tgt, B * cfg->seq_len, cfg->vocab_size, 999);
+}
+
+/* Delinks g (3 layers in one slot) to a slot per layer, optimizer state
+ * copied: every slot keeps the shared slot's AdamW step count. */
+static void delink_keeps_adam_t_(gpt_model *g)
+{
+    long t_before = g->adam_t_slot[0];
+    int map[3] = {0, 1, 2}, src[3] = {0, 0, 0};
+    assert_int_equal(gpt_reslot(g, 3, map, src, 0), 0);
+    assert_int_equal(g->S, 3);
+    for (int l = 0; l < 3; l++)
+        assert_int_equal(g->adam_t_slot[l], t_before);
+}
+
 static void test_delink_preserves_function(void **state)
 {
     (void)state;
-    const int B = 2, T = small_.seq_len, L = small_.n_layer;
+    const int B = 2;
     gpt_model g;
-    assert_int_equal(gpt_create(&g, &small_, 1, B), 0);
-    gpt_init_weights(&g, 3);
-    train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    synth_random_batch(inp, tgt, B * T, small_.vocab_size, 999);
+    shared_trained_(&g, &small_, B, inp, tgt);
     float before = gpt_forward(&g, inp, tgt, B);
-    long t_before = g.adam_t_slot[0];
-
-    int map[3] = {0, 1, 2}, src[3] = {0, 0, 0};
-    assert_int_equal(gpt_reslot(&g, L, map, src, 0), 0);
-    assert_int_equal(g.S, L);
-    for (int l = 0; l < L; l++)
-        assert_int_equal(g.adam_t_slot[l], t_before);
+    delink_keeps_adam_t_(&g);
     float after = gpt_forward(&g, inp, tgt, B);
     assert_true(before == after); /* bitwise */
 
@@ -336,11 +353,8 @@ static void test_moe_delink_preserves_function(void **state)
     model_config c = moe_cfg_();
     const int B = 2, T = c.seq_len, L = c.n_layer;
     gpt_model g;
-    assert_int_equal(gpt_create(&g, &c, 1, B), 0);
-    gpt_init_weights(&g, 3);
-    train_steps_(&g, 3, B, 100);
     int32_t inp[16], tgt[16];
-    synth_random_batch(inp, tgt, B * T, c.vocab_size, 999);
+    shared_trained_(&g, &c, B, inp, tgt);
     gpt_moe_stats_reset(&g);
     float before = gpt_forward(&g, inp, tgt, B);
     gpt_moe_stats st = g.moe_stats;
@@ -352,12 +366,7 @@ static void test_moe_delink_preserves_function(void **state)
     /* capacity ceil(1.0 * 16 / 2) = 8: no expert processes more */
     assert_int_equal(g.moe_capacity, 8);
     assert_true(st.load_max <= 8);
-    long t_before = g.adam_t_slot[0];
-
-    int map[3] = {0, 1, 2}, src[3] = {0, 0, 0};
-    assert_int_equal(gpt_reslot(&g, L, map, src, 0), 0);
-    for (int l = 0; l < L; l++)
-        assert_int_equal(g.adam_t_slot[l], t_before);
+    delink_keeps_adam_t_(&g);
     gpt_moe_stats_reset(&g);
     float after = gpt_forward(&g, inp, tgt, B);
     assert_true(before == after); /* bitwise */
@@ -570,6 +579,24 @@ static void test_bf16_checkpoint_resume_bitwise(void **state)
     assert_int_equal(gemm_get_precision(), GEMM_FP32);
 }
 
+/* The checkpoint in dir names each tensor of `has` (a whole, quoted name
+ * in its header) and nothing containing any of `lacks`; both lists end
+ * with NULL. */
+static void check_ckpt_names_(const char *dir, const char *const *has,
+                              const char *const *lacks)
+{
+    const char *head = fixture_ckpt_header(dir);
+    char nm[160];
+    for (; *has; has++) {
+        snprintf(nm, sizeof nm, "\"%s\"", *has);
+        if (!strstr(head, nm))
+            fail_msg("checkpoint in %s: no tensor %s", dir, nm);
+    }
+    for (; *lacks; lacks++)
+        if (strstr(head, *lacks))
+            fail_msg("checkpoint in %s: names %s", dir, *lacks);
+}
+
 /* MoE through the trainer: save at 15 (after the delink at 10), resume:
  * the losses of 16..30 are bitwise those of the uninterrupted run; the
  * checkpoint names the experts and the gate; every step reports MoE
@@ -599,12 +626,12 @@ static void test_moe_checkpoint_resume_bitwise(void **state)
     fixture_run_steps(t, &s, 30, a, NULL);
     trainer_free(t);
 
-    const char *head = fixture_ckpt_header(dir);
     /* per expert and per prototype's gate (gpt.h: gpt_slot_ckpt_tensors) */
-    assert_non_null(strstr(head, "\"slots.2.moe.experts.3.c_fc.weight\""));
-    assert_non_null(strstr(head, "\"slots.2.moe.gate.1.weight\""));
-    assert_null(strstr(head, "slots.2.moe.experts.c_fc.weight"));
-    assert_null(strstr(head, "mlp.c_fc"));
+    check_ckpt_names_(dir,
+                      (const char *[]){"slots.2.moe.experts.3.c_fc.weight",
+                                       "slots.2.moe.gate.1.weight", NULL},
+                      (const char *[]){"slots.2.moe.experts.c_fc.weight",
+                                       "mlp.c_fc", NULL});
 
     t = fixture_resume(&s, dir, 15);
     fixture_finish_same(t, &s, 30, a);
@@ -670,13 +697,12 @@ static void test_mixed_checkpoint_resume_bitwise(void **state)
     assert_memory_equal(want, got, 2 * C * sizeof(float));
     safetensors_close(&sf);
     free(params);
-    const char *head = fixture_ckpt_header(dir);
-    assert_non_null(strstr(head, "\"slots.0.mlp.c_fc.weight\""));
-    assert_non_null(strstr(head, "\"slots.2.mlp.c_proj.bias\""));
-    assert_non_null(strstr(head, "\"slots.1.moe.experts.0.c_proj.weight\""));
-    assert_non_null(strstr(head, "\"slots.1.moe.gate.0.bias\""));
-    assert_null(strstr(head, "slots.0.moe"));
-    assert_null(strstr(head, "slots.1.mlp"));
+    check_ckpt_names_(dir,
+                      (const char *[]){"slots.0.mlp.c_fc.weight",
+                                       "slots.2.mlp.c_proj.bias",
+                                       "slots.1.moe.experts.0.c_proj.weight",
+                                       "slots.1.moe.gate.0.bias", NULL},
+                      (const char *[]){"slots.0.moe", "slots.1.mlp", NULL});
 
     t = fixture_resume(&s, dir, 15);
     fixture_finish_same(t, &s, 30, a);

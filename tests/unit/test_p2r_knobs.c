@@ -49,6 +49,15 @@ static double maxdiff_(const float *a, const double *b, size_t n, double *ref)
     return d;
 }
 
+/* The tiny spec at L = 3 on one thread (the CPUs here are shared; the
+ * results do not depend on it). */
+static run_spec spec3_(long steps, long pseudo_steps)
+{
+    run_spec s = synth_tiny_spec(tmpdir_, 3, steps, pseudo_steps);
+    s.device.threads = 1;
+    return s;
+}
+
 /* ---------------------------------------------------------- grad_scale */
 
 /* One pseudo step with grad_scale mean (S slots of L = 3, share map
@@ -219,15 +228,11 @@ static void test_mean_step_s2_clipped(void **state)
 static void test_mean_no_effect_from_scratch(void **state)
 {
     (void)state;
-    run_spec a = synth_tiny_spec(tmpdir_, 3, 8, 0);
-    a.device.threads = 1;
+    run_spec a = spec3_(8, 0);
     run_spec b = a;
     b.pseudo.grad_scale = GRAD_SCALE_MEAN;
-    float la[8], lb[8];
-    trainer *ta = fixture_trainer(&a), *tb = fixture_trainer(&b);
-    fixture_run_steps(ta, &a, 8, la, NULL);
-    fixture_run_steps(tb, &b, 8, lb, NULL);
-    assert_memory_equal(la, lb, sizeof la);
+    trainer *ta, *tb;
+    fixture_train_same(&a, &b, 8, NULL, &ta, &tb);
     trainer_free(ta);
     trainer_free(tb);
 }
@@ -238,8 +243,7 @@ static void test_mean_no_effect_from_scratch(void **state)
 static void test_mean_delink_preserves_function(void **state)
 {
     (void)state;
-    run_spec s = synth_tiny_spec(tmpdir_, 3, 20, 10);
-    s.device.threads = 1;
+    run_spec s = spec3_(20, 10);
     run_spec sum = s;
     s.pseudo.grad_scale = GRAD_SCALE_MEAN;
     float l[20], ls[20];
@@ -332,8 +336,7 @@ static double lr_want_(const run_spec *s, long step, long P)
 static void test_lr_scale_schedule(void **state)
 {
     (void)state;
-    run_spec s = synth_tiny_spec(tmpdir_, 3, 16, 7);
-    s.device.threads = 1;
+    run_spec s = spec3_(16, 7);
     s.pseudo.lr_scale = 0.25f;
     run_spec one = s;
     one.pseudo.lr_scale = 1.0f;
@@ -361,8 +364,7 @@ static void test_lr_scale_schedule(void **state)
 static void test_lr_scale_update(void **state)
 {
     (void)state;
-    run_spec s = synth_tiny_spec(tmpdir_, 3, 10, 5);
-    s.device.threads = 1;
+    run_spec s = spec3_(10, 5);
     s.pseudo.lr_scale = 0.5f;
     run_spec one = s;
     one.pseudo.lr_scale = 1.0f;

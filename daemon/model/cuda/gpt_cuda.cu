@@ -649,6 +649,35 @@ static void stage_batch_(gpt_cuda *g, const int32_t *inp,
     stage_batch_to_(g, inp, targets, B, plan, g->h_inp, g->h_tgt, g->h_plan);
 }
 
+/* Layer l's saved activations (per-layer stride: the allocated B; fch
+ * and fchg by the layer's index among the dense blocks) and res, its input:
+ * the encoder's output, or layer l - 1's res3. */
+typedef struct {
+    bf16 *res, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3;
+    float *lse;
+} layer_acts_;
+
+static layer_acts_ layer_acts_of_(gpt_cuda *g, int l)
+{
+    const size_t T = (size_t)g->T, C = (size_t)g->cfg.n_embd;
+    const size_t Ba = (size_t)g->B * T, L = (size_t)l;
+    const size_t fl = model_layer_is_moe(&g->cfg, l)
+                          ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
+    acts_ *a = &g->a;
+    layer_acts_ x;
+    x.res = l == 0 ? a->encoded : a->res3 + (L - 1) * Ba * C;
+    x.ln1 = a->ln1 + L * Ba * C;
+    x.qkv = a->qkv + L * Ba * 3 * C;
+    x.atty = a->atty + L * Ba * C;
+    x.res2 = a->res2 + L * Ba * C;
+    x.ln2 = a->ln2 + L * Ba * C;
+    x.fch = a->fch + fl * Ba * 4 * C;
+    x.fchg = a->fchg + fl * Ba * 4 * C;
+    x.res3 = a->res3 + L * Ba * C;
+    x.lse = a->lse + L * (size_t)g->B * g->cfg.n_head * T;
+    return x;
+}
+
 /* Layer l forward with its slot's weights at w. */
 /* Layer l's forward on its weights w. ln1_done: its LayerNorm 1 was
  * computed by the layer before (fused with that layer's residual add).
@@ -666,57 +695,51 @@ static void layer_forward_(gpt_cuda *g, int l, const bf16 *w, int B,
     cudaStream_t st = g->stream;
     const tensor_ *ts = slot_ts_(g, g->slot_of[l]);
     const int moe = model_layer_is_moe(&g->cfg, l);
-    const size_t fl = moe ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
-    const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
-    bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
-    bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-    bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + fl * Ba * 4 * C;
-    bf16 *fchg = a->fchg + fl * Ba * 4 * C, *res3 = a->res3 + l * Ba * C;
-    float *lse = a->lse + (size_t)l * g->B * NH * T;
+    layer_acts_ x = layer_acts_of_(g, l);
 
     if (!ln1_done)
-        layernorm_forward_cuda(ln1, a->ln1_mean + l * Ba,
-                               a->ln1_rstd + l * Ba, res, W_(w, SLOT_LN1_W),
+        layernorm_forward_cuda(x.ln1, a->ln1_mean + l * Ba,
+                               a->ln1_rstd + l * Ba, x.res, W_(w, SLOT_LN1_W),
                                W_(w, SLOT_LN1_B), (int)BT, C, st);
-    matmul_forward_cuda(qkv, ln1, W_(w, SLOT_QKV_W), W_(w, SLOT_QKV_B),
+    matmul_forward_cuda(x.qkv, x.ln1, W_(w, SLOT_QKV_W), W_(w, SLOT_QKV_B),
                         (int)BT, C, 3 * C, st);
     if (a->att_ws)
-        attention_gemm_forward_cuda(atty, lse, a->att_ws, a->att_ws_bytes,
-                                    qkv, B, T, C, NH, st);
+        attention_gemm_forward_cuda(x.atty, x.lse, a->att_ws,
+                                    a->att_ws_bytes, x.qkv, B, T, C, NH, st);
     else
-        attention_forward_cuda(atty, lse, qkv, B, T, C, NH, st);
-    matmul_forward_cuda(res2, atty, W_(w, SLOT_ATTPROJ_W),
+        attention_forward_cuda(x.atty, x.lse, x.qkv, B, T, C, NH, st);
+    matmul_forward_cuda(x.res2, x.atty, W_(w, SLOT_ATTPROJ_W),
                         W_(w, SLOT_ATTPROJ_B), (int)BT, C, C, st);
     /* res2 = res + attention branch, and its LayerNorm, in one pass */
-    residual_layernorm_forward_cuda(res2, ln2, a->ln2_mean + l * Ba,
-                                    a->ln2_rstd + l * Ba, res, res2,
+    residual_layernorm_forward_cuda(x.res2, x.ln2, a->ln2_mean + l * Ba,
+                                    a->ln2_rstd + l * Ba, x.res, x.res2,
                                     W_(w, SLOT_LN2_W), W_(w, SLOT_LN2_B),
                                     (int)BT, C, st);
     if (moe) {
-        gpt_cuda_moe_layer_forward_(g, l, w, ln2, res3, B);
+        gpt_cuda_moe_layer_forward_(g, l, w, x.ln2, x.res3, B);
     } else {
-        matmul_forward_gelu_cuda(fchg, fch, ln2, W_(w, SLOT_FC_W),
+        matmul_forward_gelu_cuda(x.fchg, x.fch, x.ln2, W_(w, SLOT_FC_W),
                                  W_(w, SLOT_FC_B), (int)BT, C, 4 * C, st);
-        matmul_forward_cuda(res3, fchg, W_(w, SLOT_FCPROJ_W),
+        matmul_forward_cuda(x.res3, x.fchg, W_(w, SLOT_FCPROJ_W),
                             W_(w, SLOT_FCPROJ_B), (int)BT, 4 * C, C, st);
     }
     /* res3 = res2 + MLP branch, and the next LayerNorm in the same pass:
      * layer l + 1's first (its weights resident) or the final one */
     const int L = g->cfg.n_layer;
     if (l == L - 1) {
-        residual_layernorm_forward_cuda(res3, a->lnf, a->lnf_mean,
-                                        a->lnf_rstd, res2, res3,
+        residual_layernorm_forward_cuda(x.res3, a->lnf, a->lnf_mean,
+                                        a->lnf_rstd, x.res2, x.res3,
                                         GW_(g, GLOB_LNF_W),
                                         GW_(g, GLOB_LNF_B), (int)BT, C, st);
     } else if (next_w) {
         const tensor_ *nts = slot_ts_(g, g->slot_of[l + 1]);
         residual_layernorm_forward_cuda(
-            res3, a->ln1 + (l + 1) * Ba * C, a->ln1_mean + (l + 1) * Ba,
-            a->ln1_rstd + (l + 1) * Ba, res2, res3,
+            x.res3, a->ln1 + (l + 1) * Ba * C, a->ln1_mean + (l + 1) * Ba,
+            a->ln1_rstd + (l + 1) * Ba, x.res2, x.res3,
             next_w + nts[SLOT_LN1_W].off, next_w + nts[SLOT_LN1_B].off,
             (int)BT, C, st);
     } else {
-        residual_forward_cuda(res3, res2, res3, BTC, st);
+        residual_forward_cuda(x.res3, x.res2, x.res3, BTC, st);
     }
 }
 
@@ -732,50 +755,46 @@ static void layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     cudaStream_t st = g->stream;
     const tensor_ *ts = slot_ts_(g, g->slot_of[l]);
     const int moe = model_layer_is_moe(&g->cfg, l);
-    const size_t fl = moe ? 0 : (size_t)gpt_cuda_mlp_index(&g->cfg, l);
-    const bf16 *res = l == 0 ? a->encoded : a->res3 + (l - 1) * Ba * C;
-    const bf16 *ln1 = a->ln1 + l * Ba * C, *qkv = a->qkv + l * Ba * 3 * C;
-    const bf16 *atty = a->atty + l * Ba * C, *res2 = a->res2 + l * Ba * C;
-    const bf16 *ln2 = a->ln2 + l * Ba * C, *fch = a->fch + fl * Ba * 4 * C;
-    const bf16 *fchg = a->fchg + fl * Ba * 4 * C;
-    const float *lse = a->lse + (size_t)l * g->B * NH * T;
+    const layer_acts_ x = layer_acts_of_(g, l);
 
     /* dres holds d(res3): the MLP (or MoE) branch adds to it. The
      * branch's activation gradients are written (the *_first ops), its
      * weight gradients accumulate. */
     if (moe) {
-        gpt_cuda_moe_layer_backward_(g, l, w, dw, ln2, B);
+        gpt_cuda_moe_layer_backward_(g, l, w, dw, x.ln2, B);
     } else {
         /* through the GELU: d(fch) in one GEMM (DGELU epilogue) */
         matmul_backward_dgelu_first_cuda(a->dfch, W_(dw, SLOT_FCPROJ_W),
                                          W_(dw, SLOT_FCPROJ_B), a->scratch,
-                                         a->dres, fchg, fch,
+                                         a->dres, x.fchg, x.fch,
                                          W_(w, SLOT_FCPROJ_W), (int)BT, 4 * C,
                                          C, st);
         matmul_backward_first_cuda(a->dln, W_(dw, SLOT_FC_W),
-                                   W_(dw, SLOT_FC_B), a->scratch, a->dfch, ln2,
-                                   W_(w, SLOT_FC_W), (int)BT, C, 4 * C, st);
+                                   W_(dw, SLOT_FC_B), a->scratch, a->dfch,
+                                   x.ln2, W_(w, SLOT_FC_W), (int)BT, C, 4 * C,
+                                   st);
     }
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN2_W), W_(dw, SLOT_LN2_B),
-                            a->scratch, a->dln, res2, W_(w, SLOT_LN2_W),
+                            a->scratch, a->dln, x.res2, W_(w, SLOT_LN2_W),
                             a->ln2_mean + l * Ba, a->ln2_rstd + l * Ba,
                             (int)BT, C, st);
     /* dres holds d(res2): the attention branch adds to it */
     matmul_backward_first_cuda(a->datty, W_(dw, SLOT_ATTPROJ_W),
                                W_(dw, SLOT_ATTPROJ_B), a->scratch, a->dres,
-                               atty, W_(w, SLOT_ATTPROJ_W), (int)BT, C, C, st);
+                               x.atty, W_(w, SLOT_ATTPROJ_W), (int)BT, C, C,
+                               st);
     if (a->att_ws)
         attention_gemm_backward_first_cuda(a->dqkv, a->scratch, a->att_ws,
-                                           a->att_ws_bytes, a->datty, qkv,
-                                           atty, lse, B, T, C, NH, st);
+                                           a->att_ws_bytes, a->datty, x.qkv,
+                                           x.atty, x.lse, B, T, C, NH, st);
     else
-        attention_backward_first_cuda(a->dqkv, a->scratch, a->datty, qkv,
-                                      atty, lse, B, T, C, NH, st);
+        attention_backward_first_cuda(a->dqkv, a->scratch, a->datty, x.qkv,
+                                      x.atty, x.lse, B, T, C, NH, st);
     matmul_backward_first_cuda(a->dln, W_(dw, SLOT_QKV_W), W_(dw, SLOT_QKV_B),
-                               a->scratch, a->dqkv, ln1, W_(w, SLOT_QKV_W),
+                               a->scratch, a->dqkv, x.ln1, W_(w, SLOT_QKV_W),
                                (int)BT, C, 3 * C, st);
     layernorm_backward_cuda(a->dres, W_(dw, SLOT_LN1_W), W_(dw, SLOT_LN1_B),
-                            a->scratch, a->dln, res, W_(w, SLOT_LN1_W),
+                            a->scratch, a->dln, x.res, W_(w, SLOT_LN1_W),
                             a->ln1_mean + l * Ba, a->ln1_rstd + l * Ba,
                             (int)BT, C, st);
     /* dres holds d(res): the previous layer's res3 */

@@ -211,7 +211,7 @@ void gpt_cuda_set_graphs(gpt_cuda *g, int on);
 void gpt_cuda_synchronize(gpt_cuda *g);
 
 /* ------------------------------------------------------------ offloading
- * Granular CPU offloading (M6-10T, DESIGN.md section 1; issue #5). Slots
+ * Granular CPU offloading (M6-10T; docs/DESIGN.md, "Offloading"). Slots
  * [0, n_resident) live on the device as above. Each slot s >= n_resident
  * lives on the host:
  *   fp32 master weights, AdamW m and v, and the step's gradient

@@ -80,6 +80,8 @@ void gpt_cuda_moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
     moe_dims d = moe_dims_(g, B);
     d.capacity = g->moe_cap;  /* that of the forward */
     moe_saved_ m = moe_saved_of_(g, l);
+    const moe_saved_cuda sv = {m.probs, m.lse, m.expert, m.slot, m.routed,
+                               m.row_token, m.xe, m.hpre, m.hact, m.ye};
     acts_ *a = &g->a;
     cudaStream_t st = g->stream;
     moe_backward_first_cuda(a->dln, dw + g->slot[SLOT_GATE_W].off,
@@ -87,9 +89,7 @@ void gpt_cuda_moe_layer_backward_(gpt_cuda *g, int l, const bf16 *w, bf16 *dw,
                       dw + g->slot[SLOT_FC_W].off, dw + g->slot[SLOT_FC_B].off,
                       dw + g->slot[SLOT_FCPROJ_W].off,
                       dw + g->slot[SLOT_FCPROJ_B].off, a->moe_scratch,
-                      a->dres, x, m.probs, m.lse, m.expert, m.slot, m.routed,
-                      m.row_token, m.xe, m.hpre, m.hact, m.ye,
-                      w + g->slot[SLOT_GATE_W].off, w + g->slot[SLOT_FC_W].off,
+                      a->dres, x, &sv, w + g->slot[SLOT_GATE_W].off, w + g->slot[SLOT_FC_W].off,
                       w + g->slot[SLOT_FCPROJ_W].off, g->moe_daux, g->moe_dz,
                       &d, st);
 }

@@ -120,7 +120,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
                                  j->i1 - j->i0, !j->first);
         if (j->final)
             ss = sumsq_range_(h, j);
-        break; /* j->adam: the worker runs adam_range_ after publishing */
+        break; /* j->adam: the host thread runs adam_range_ after publishing */
     case JOB_ADAM:
         adam_range_(g, h, j);
         break;
@@ -134,7 +134,7 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
     return ss;
 }
 
-static void *worker_(void *arg)
+static void *host_thread_(void *arg)
 {
     gpt_cuda *g = (gpt_cuda *)arg;
     offload_rt_ *o = &g->off;
@@ -198,7 +198,7 @@ static void *worker_(void *arg)
 }
 
 /* Queue job *proto over every chunk of its slot and count the jobs on the
- * slot, as worker_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
+ * slot, as host_thread_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
  * TO_BF16 and an ACCUM with adam in adam_jobs. Called with the lock held. */
 static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
 {
@@ -341,7 +341,7 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
     pthread_cond_init(&o->cv_job, NULL);
     pthread_cond_init(&o->cv_done, NULL);
     for (int i = 0; i < o->n_threads; i++)
-        if (pthread_create(&o->th[i], NULL, worker_, g) != 0) {
+        if (pthread_create(&o->th[i], NULL, host_thread_, g) != 0) {
             fprintf(stderr, "gpt_cuda: cannot start host thread %d\n", i);
             o->n_threads = i;
             o->enabled = 1; /* so that fini stops the started ones */
@@ -440,6 +440,31 @@ int gpt_offload_set_staging(gpt_cuda *g, int on)
 
 /* ------------------------------------------------------------ host slots */
 
+/* bytes of zeroed host memory, page-locked when cudaHostAlloc allows
+ * (*pinned 1), else ordinary (*pinned 0: copies from it are slower and do
+ * not overlap); NULL when neither can be had. */
+static void *host_alloc_(size_t bytes, int *pinned)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) {
+        *pinned = 1;
+        memset(p, 0, bytes);
+        return p;
+    }
+    (void)cudaGetLastError(); /* clear it: pageable still works */
+    *pinned = 0;
+    return calloc(bytes, 1);
+}
+
+/* Frees what host_alloc_ returned (pinned: as it said). */
+static void host_free_(void *p, int pinned)
+{
+    if (pinned)
+        CUDA_CHECK(cudaFreeHost(p));
+    else
+        free(p);
+}
+
 /* The second buffers of host slot h (ss elements each): fp32 master, m, v
  * (ordinary memory) and the bf16 copy (pinned when cudaHostAlloc allows).
  * 0, or -1 with a message (nothing left allocated). */
@@ -454,18 +479,11 @@ static int spec_alloc_(offload_rt_ *o, hslot_ *h, size_t ss, int slot)
         return -1;
     }
     size_t b = ss * sizeof(uint16_t);
-    if (cudaHostAlloc((void **)&h->pin2, b, cudaHostAllocPortable) ==
-        cudaSuccess) {
-        h->pinned2 = 1;
-        memset(h->pin2, 0, b);
-    } else {
-        (void)cudaGetLastError();
-        h->pin2 = (uint16_t *)calloc(ss, sizeof(uint16_t));
-        if (!h->pin2) {
-            free(h->alt);
-            h->alt = NULL;
-            return -1;
-        }
+    h->pin2 = (uint16_t *)host_alloc_(b, &h->pinned2);
+    if (!h->pin2) {
+        free(h->alt);
+        h->alt = NULL;
+        return -1;
     }
     h->master2 = h->alt;
     h->m2 = h->alt + ss;
@@ -482,12 +500,9 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
     size_t b = ss * sizeof(uint16_t);
     if (!h->alt)
         return;
-    if (h->pinned2) {
-        CUDA_CHECK(cudaFreeHost(h->pin2));
+    host_free_(h->pin2, h->pinned2);
+    if (h->pinned2)
         o->spec_pinned_bytes -= b;
-    } else {
-        free(h->pin2);
-    }
     free(h->alt);
     o->spec_bytes -= 3 * ss * sizeof(float) + b;
     h->alt = NULL;
@@ -537,20 +552,15 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
             *failed = 1;
             return NULL;
         }
-        if (cudaHostAlloc((void **)&h->wbf, pin, cudaHostAllocPortable) ==
-            cudaSuccess) {
-            h->pinned = 1;
-            memset(h->wbf, 0, pin);
-        } else {
-            (void)cudaGetLastError(); /* clear it: pageable still works */
-            h->wbf = (uint16_t *)calloc(2 * ss, sizeof(uint16_t));
-            if (!h->wbf) {
-                spec_free_(o, h, ss);
-                free(h->master);
-                gpt_offload_free_slots(g, hs, i);
-                *failed = 1;
-                return NULL;
-            }
+        h->wbf = (uint16_t *)host_alloc_(pin, &h->pinned);
+        if (!h->wbf) {
+            spec_free_(o, h, ss);
+            free(h->master);
+            gpt_offload_free_slots(g, hs, i);
+            *failed = 1;
+            return NULL;
+        }
+        if (!h->pinned) {
             if (!o->warned_pin)
                 fprintf(stderr, "gpt_cuda: warning: cannot pin %.1f MiB of "
                                 "host memory for slot %d (cudaHostAlloc); "
@@ -563,10 +573,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         h->gbf = h->wbf + ss;
         h->ssq = (double *)calloc(ceil_div(ss, o->chunk), sizeof(double));
         if (!h->ssq) {
-            if (h->pinned)
-                CUDA_CHECK(cudaFreeHost(h->wbf));
-            else
-                free(h->wbf);
+            host_free_(h->wbf, h->pinned);
             spec_free_(o, h, ss);
             free(h->master);
             gpt_offload_free_slots(g, hs, i);
@@ -594,12 +601,9 @@ void gpt_offload_free_slots(gpt_cuda *g, hslot_ *hs, int n)
         size_t ss = h->n, pin = 2 * ss * sizeof(uint16_t);
         if (!h->blk)
             continue;
-        if (h->pinned) {
-            CUDA_CHECK(cudaFreeHost(h->pin));
+        host_free_(h->pin, h->pinned);
+        if (h->pinned)
             o->pinned_bytes -= pin;
-        } else {
-            free(h->pin);
-        }
         spec_free_(o, h, ss);
         free(h->blk);
         free(h->ssq);
