@@ -11,9 +11,15 @@
  * peak measured once, before all the steps, made the ratio swing with it.
  * Ends with: tokens_per_s=… model_gflops=… gemm_peak_gflops=… ratio=…
  * ratio_min=… ratio_max=… rounds=… gemm=… gemm_version=… gemm_isa=…
+ * precision=… gemm_bf16=… gemm_peak_precision=…
  * (ratio, the peak and model_gflops: medians over the rounds; tokens_per_s:
  * over all timed steps; gemm*: what the engine's GEMMs ran on,
- * gemm_describe in kernels.h).
+ * gemm_describe in kernels.h; precision: of the engine's GEMMs,
+ * --precision; gemm_bf16: native or emulated bf16 instructions). The peak
+ * is oneDNN's own square GEMM in the run's precision: sgemm for fp32, its
+ * matmul on bf16 inputs for bf16 (bench_util.h), so a bf16 run is held to
+ * the bf16 peak; where oneDNN has no bf16 matmul the fp32 peak stands in
+ * (gemm_peak_precision= says which).
  */
 #include <getopt.h>
 #include <omp.h>
@@ -37,7 +43,8 @@ static void usage_(void)
            "  --steps N     timed steps a round (20)\n"
            "  --warmup N    untimed steps (3)  --rounds R  rounds (5)\n"
            "  --threads N   OpenMP threads (all cores)\n"
-           "  --peak-n N    size of the square sgemm for the peak (2048)\n");
+           "  --peak-n N    size of the square sgemm for the peak (2048)\n"
+           "  --precision P fp32 or bf16: the GEMMs' inputs (fp32)\n");
 }
 
 enum { MAX_ROUNDS = 1000 };
@@ -99,9 +106,11 @@ int main(int argc, char **argv)
                       .n_embd = 384, .seq_len = 64};
     int B = 4, steps = 20, warmup = 3, threads = 0, S = 0, peak_n = 2048;
     int rounds = 5;
+    gemm_precision prec = GEMM_FP32;
     static const struct option opts[] = {
         BENCH_SHAPE_OPTIONS,
         {"threads", 1, 0, 't'}, {"rounds", 1, 0, 'r'}, {"help", 0, 0, 'h'},
+        {"precision", 1, 0, 'P'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -117,6 +126,17 @@ int main(int argc, char **argv)
             if (rounds > MAX_ROUNDS) {
                 fprintf(stderr, "cpu_train: --rounds: at most %d, got %d\n",
                         MAX_ROUNDS, rounds);
+                return 2;
+            }
+            break;
+        case 'P':
+            if (strcmp(optarg, gemm_precision_name(GEMM_FP32)) == 0)
+                prec = GEMM_FP32;
+            else if (strcmp(optarg, gemm_precision_name(GEMM_BF16)) == 0)
+                prec = GEMM_BF16;
+            else {
+                fprintf(stderr, "cpu_train: --precision: want fp32 or bf16, "
+                        "got \"%s\"\n", optarg);
                 return 2;
             }
             break;
@@ -137,10 +157,11 @@ int main(int argc, char **argv)
     if (threads > 0)
         omp_set_num_threads(threads);
     char why[512];
-    if (gemm_ready(why, sizeof why) != 0) {  /* a wrong GEMM has no speed */
+    if (gemm_ready(prec, why, sizeof why) != 0) {  /* wrong has no speed */
         fprintf(stderr, "cpu_train: %s\n", why);
         return 1;
     }
+    gemm_set_precision(prec);
     gpt_model g;
     if (gpt_create(&g, &c, S, B) != 0) {
         perror("cpu_train: gpt_create");
@@ -155,9 +176,9 @@ int main(int argc, char **argv)
         inp[i] = (int32_t)((s >> 33) % (uint64_t)c.vocab_size);
         tgt[i] = (int32_t)((s >> 17) % (uint64_t)c.vocab_size);
     }
-    printf("cpu_train: L=%d C=%d NH=%d T=%d B=%d V=%d S=%d threads=%d\n",
-           c.n_layer, c.n_embd, c.n_head, c.seq_len, B, c.vocab_size, S,
-           omp_get_max_threads());
+    printf("cpu_train: L=%d C=%d NH=%d T=%d B=%d V=%d S=%d threads=%d "
+           "precision=%s\n", c.n_layer, c.n_embd, c.n_head, c.seq_len, B,
+           c.vocab_size, S, omp_get_max_threads(), gemm_precision_name(prec));
     double n_params = model_active_params(&c);
     double flops_tok = model_flops_per_token(&c);
     printf("params (per token) %.2fM, %.1f MFLOP/token\n", n_params / 1e6,
@@ -166,11 +187,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < warmup; i++)
         step_(&g, inp, tgt, B, NULL);
     double peak[MAX_ROUNDS], gflops[MAX_ROUNDS], ratio[MAX_ROUNDS];
+    /* the bf16 peak where oneDNN has a bf16 matmul (a tiny probe) */
+    int peak_bf16 = prec == GEMM_BF16 && bench_gemm_peak_bf16_gflops(16, 1) > 0;
     double t[3] = {0, 0, 0}, dt = 0;
     for (int r = 0; r < rounds; r++) {
         /* the peak on every thread; the training GEMMs run one a thread,
          * inside the kernels' OpenMP blocks */
-        peak[r] = bench_gemm_peak_gflops(peak_n, 2);
+        peak[r] = peak_bf16 ? bench_gemm_peak_bf16_gflops(peak_n, 2)
+                            : bench_gemm_peak_gflops(peak_n, 2);
         double t0 = clock_mono_s();
         for (int i = 0; i < steps; i++)
             step_(&g, inp, tgt, B, t);
@@ -190,15 +214,19 @@ int main(int argc, char **argv)
            rounds, steps);
     gemm_info gi;
     gemm_describe(&gi);
-    printf("GEMM peak: %s %s sgemm %dx%dx%d (isa %s), best of 2 before "
-           "each round\n", gi.library, gi.version, peak_n, peak_n, peak_n,
+    printf("GEMM peak: %s %s %s %dx%dx%d (isa %s), best of 2 before "
+           "each round\n", gi.library, gi.version,
+           peak_bf16 ? "bf16 matmul" : "sgemm", peak_n, peak_n, peak_n,
            gi.isa);
     printf("tokens_per_s=%.0f model_gflops=%.2f gemm_peak_gflops=%.2f "
            "ratio=%.3f ratio_min=%.3f ratio_max=%.3f rounds=%d gemm=%s "
-           "gemm_version=%s gemm_isa=%s\n",
+           "gemm_version=%s gemm_isa=%s precision=%s gemm_bf16=%s "
+           "gemm_peak_precision=%s\n",
            tok_s, median_(gflops, rounds), median_(peak, rounds),
            median_(ratio, rounds), min_(ratio, rounds), max_(ratio, rounds),
-           rounds, gi.library, gi.version, gi.isa);
+           rounds, gi.library, gi.version, gi.isa, gemm_precision_name(prec),
+           gi.bf16_native ? "native" : "emulated",
+           peak_bf16 ? "bf16" : "fp32");
     gpt_free(&g);
     free(inp);
     free(tgt);

@@ -74,6 +74,7 @@ static void usage_(void)
         "  --pseudo-lr-scale X lr multiplier of the pseudo phase, > 0 (1)\n"
         "  --eval-every N (50) --eval-batches N (16) --seed N (1337)\n"
         "  --threads N         OpenMP/BLAS threads (all cores)\n"
+        "  --precision P       fp32 or bf16: device.precision (fp32)\n"
         "  --optimizer adamw|adafactor (adamw; adafactor with its defaults,\n"
         "                      no first moment)\n");
 }
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
         {"delink-optimizer", 1, 0, 'o'}, {"rewarm", 1, 0, 'r'},
         {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
-        {"optimizer", 1, 0, 'O'},
+        {"precision", 1, 0, 'P'}, {"optimizer", 1, 0, 'O'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -130,6 +131,17 @@ int main(int argc, char **argv)
             break;
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
+        case 'P':
+            if (strcmp(optarg, spec_precision_name(PRECISION_FP32)) == 0)
+                s.device.precision = PRECISION_FP32;
+            else if (strcmp(optarg, spec_precision_name(PRECISION_BF16)) == 0)
+                s.device.precision = PRECISION_BF16;
+            else {
+                fprintf(stderr, P_ ": --precision: want fp32 or bf16, got "
+                                "\"%s\"\n", optarg);
+                return 2;
+            }
+            break;
         case 'O':
             if (strcmp(optarg, "adamw") && strcmp(optarg, "adafactor")) {
                 fprintf(stderr, P_ ": --optimizer: want adamw or adafactor, "
@@ -211,11 +223,12 @@ int main(int argc, char **argv)
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
            "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
            "pseudo_steps=%ld share_groups=%d grad_scale=%s "
-           "pseudo_lr_scale=%g optimizer=%s\n",
+           "pseudo_lr_scale=%g precision=%s optimizer=%s\n",
            a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
            ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups,
            grad_scale_name_(&s), (double)s.pseudo.lr_scale,
+           spec_precision_name(spec_precision(&s)),
            spec_optimizer_name(s.optimizer.name));
     return 0;
 }

@@ -670,7 +670,8 @@ static const command commands_[] = {
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
      "checkpoint.bad, interrupted, stop, ..."},
     {"nodes", cmd_nodes_, 0, 0, F_JSON, "",
-     "List the coordinator's nodes (state, backend, devices, memory, run, rank).\n"
+     "List the coordinator's nodes (state, backend, devices, GEMM, memory, run).\n"
+     "GEMM: the node's CPU GEMM library and the instruction set it runs on.\n"
      "States: joining, live, lost (silent past --node-timeout, or its\n"
      "connection closed), left (stopped). Also: last heartbeat, address, why."},
     {"data", cmd_data_, 1, -1, F_JSON | F_PREPARE,

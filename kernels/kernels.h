@@ -353,6 +353,33 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
 
 /* ------------------------------------------------------------- GEMM library */
 
+/* The precision of the CPU engine's GEMMs. GEMM_FP32: inputs as stored.
+ * GEMM_BF16: both inputs (weights and activations) rounded to bf16
+ * (gemm_bf16_round), products summed in fp32, fp32 out; every other op
+ * (layernorm, softmax, GELU, loss, residual sums, AdamW and its state,
+ * the master weights) stays fp32 whatever the precision, as on the CUDA
+ * backend. The rule lives in kernels/cpu/gemm.c alone: the kernels call
+ * one GEMM, which reads the setting below. */
+typedef enum { GEMM_FP32 = 0, GEMM_BF16 = 1, GEMM_N_PRECISIONS } gemm_precision;
+
+/* "fp32", "bf16" ("?" out of range): the names device.precision and the
+ * logs use. */
+const char *gemm_precision_name(gemm_precision p);
+
+/* Sets the precision of every CPU kernel's GEMMs from now on, in the whole
+ * process (OpenMP workers and nested regions included), and returns the
+ * previous one (GEMM_FP32 at start). The CPU trainer sets its run's for
+ * each forward/backward pass and puts the previous one back after it, so
+ * one process trains one precision at a time (m6d trains one run at a
+ * time); set it between kernels, never while one runs. */
+gemm_precision gemm_set_precision(gemm_precision p);
+gemm_precision gemm_get_precision(void);
+
+/* x rounded to bf16 (8 significant bits; to nearest, ties to even; NaN
+ * stays NaN, overflow gives infinity), returned as a float: the rounding
+ * of GEMM inputs in GEMM_BF16. */
+float gemm_bf16_round(float x);
+
 /* What multiplies in the CPU kernels (kernels/cpu/gemm.c decides; every
  * GEMM of matmul, attention and the MoE experts goes through it). */
 typedef struct {
@@ -362,6 +389,10 @@ typedef struct {
                            * oneDNN's names ("avx2", "avx512_core",
                            * "avx512_core_bf16", ...); "none" for loops or
                            * oneDNN's reference (non-JIT) code */
+    int bf16_native;      /* 1: the ISA has bf16 instructions
+                           * (avx512_core_bf16 and up); 0: GEMM_BF16 is
+                           * emulated with fp32 instructions (same values,
+                           * slower) */
 } gemm_info;
 
 /* Fills *info; static strings, cheap, thread-safe. */
@@ -369,18 +400,20 @@ void gemm_describe(gemm_info *info);
 
 /* Runs each GEMM shape class of the kernels (NN, NT, TN, with and without
  * accumulation, engine-sized and tail-heavy shapes, strided operands) on
- * the GEMM the kernels use, twice, against a double-precision loop: every
- * element within the fp32 tolerance of its scale (sum over k of
- * |alpha a b| + |beta c|; GEMM_TOL_F32 in gemm.c says how it was chosen)
- * and the two runs bitwise equal. 0, or -1 with why (what failed, the
+ * the GEMM the kernels use in precision p, twice, against a
+ * double-precision loop (on the inputs rounded to bf16 for GEMM_BF16):
+ * every element within p's tolerance of its scale (sum over k of
+ * |alpha a b| + |beta c|; GEMM_TOL_F32 and GEMM_TOL_BF16 in gemm.c say
+ * how they were chosen) and the two runs bitwise equal. 0, or -1 with why (what failed, the
  * library, its version and ISA). Takes tens of milliseconds (40 measured
  * on a loaded 2-core machine; 170 for a process's first call, which also
  * JIT-compiles oneDNN's kernels); runs an OpenMP region. */
-int gemm_selfcheck(char *why, size_t len);
+int gemm_selfcheck(gemm_precision p, char *why, size_t len);
 
-/* gemm_selfcheck's verdict, run once per process (thread-safe): 0 when the
- * CPU engine may train, -1 with why when it must refuse. */
-int gemm_ready(char *why, size_t len);
+/* gemm_selfcheck's verdict for precision p, run once per process and
+ * precision (thread-safe): 0 when the CPU engine may train in p, -1 with
+ * why when it must refuse. */
+int gemm_ready(gemm_precision p, char *why, size_t len);
 
 #ifdef __cplusplus
 }

@@ -435,6 +435,10 @@ static void n_addr_(const void *row, view_val *v)
 {
     v->s = N_->address && *N_->address ? N_->address : NULL;
 }
+static void n_gemm_(const void *row, view_val *v)
+{
+    v->s = N_->gemm && *N_->gemm ? N_->gemm : NULL;
+}
 static void n_detail_(const void *row, view_val *v)
 {
     v->s = N_->detail && *N_->detail ? N_->detail : NULL;
@@ -448,6 +452,7 @@ static const view_field node_fields_[] = {
     {"role", "ROLE", 0, -12, VIEW_STR, VF_PLAIN, 0, n_role_},
     {"backend", "BACKEND", 0, -8, VIEW_STR, VF_PLAIN, 0, n_backend_},
     {"devices", "DEV", 0, 4, VIEW_INT, VF_PLAIN, 0, n_devices_},
+    {"gemm", "GEMM", 0, -24, VIEW_STR, VF_PLAIN, 0, n_gemm_},
     {"memory", "MEMORY", 0, 11, VIEW_INT, VF_BYTES, 0, n_mem_},
     {"free_device_memory", "FREE DEV MEM", 0, 13, VIEW_INT, VF_BYTES, 0, n_free_},
     {"run_id", "RUN", 0, 5, VIEW_INT, VF_PLAIN, 0, n_run_},

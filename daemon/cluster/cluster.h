@@ -58,6 +58,10 @@ typedef struct {
     uint64_t free_device_memory; /* bytes: CUDA free memory over devices;
                                   * MemAvailable, capped by m6d's cgroup
                                   * memory limit, for cpu */
+    char gemm[64];               /* the CPU engine's GEMM, "LIBRARY ISA"
+                                  * ("onednn avx512_core_bf16"); set by
+                                  * m6d from gemm_describe (kernels.h),
+                                  * "" unknown */
 } cluster_facts;
 
 /* Fill f for this machine; name overrides gethostname() when non-empty.

@@ -308,6 +308,10 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     snprintf(n.node_uuid, sizeof n.node_uuid, "%s", j->node_uuid);
     snprintf(n.backend, sizeof n.backend, "%s", backend);
     snprintf(n.address, sizeof n.address, "%s", p->addr);
+    /* what it says of its GEMM, for display: printable ASCII, truncated */
+    for (size_t i = 0; j->gemm && j->gemm[i] && i + 1 < sizeof n.gemm; i++)
+        n.gemm[i] = j->gemm[i] >= 0x20 && j->gemm[i] < 0x7f ? j->gemm[i]
+                                                             : '?';
     n.devices = j->devices;
     n.memory = j->memory;
     n.free_device_memory = j->free_device_memory;
@@ -511,6 +515,7 @@ int cluster_self_register(state *st, const cluster_facts *f,
     snprintf(n.hostname, sizeof n.hostname, "%s", f->hostname);
     snprintf(n.node_uuid, sizeof n.node_uuid, "%s", uuid);
     snprintf(n.backend, sizeof n.backend, "%s", f->backend);
+    snprintf(n.gemm, sizeof n.gemm, "%s", f->gemm);
     n.coordinator = 1;
     n.devices = f->devices;
     n.memory = f->memory;

@@ -320,6 +320,7 @@ static void connected_(uv_connect_t *req, int status)
     nj.memory = j->facts->memory;
     nj.free_device_memory = cluster_free_device_memory(j->facts);
     nj.version = (char *)"m6d " M6_VERSION;
+    nj.gemm = (char *)j->facts->gemm;
     M6__Request rq = M6__REQUEST__INIT;
     rq.body_case = M6__REQUEST__BODY_NODE_JOIN;
     rq.node_join = &nj;

@@ -750,8 +750,9 @@ static void do_nodes_(call *c, const M6__Request *rq)
         ni->updated = r->updated;
         ni->address = arena_strdup_(c->a, r->address);
         ni->detail = arena_strdup_(c->a, r->detail);
+        ni->gemm = arena_strdup_(c->a, r->gemm);
         ok = ni->hostname && ni->node_uuid && ni->backend && ni->address &&
-             ni->detail;
+             ni->detail && ni->gemm;
         v[i] = ni;
     }
     free(rows);

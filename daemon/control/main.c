@@ -434,21 +434,30 @@ static void rlim_str_(rlim_t v, char *buf, size_t len)
         snprintf(buf, len, "%llu", (unsigned long long)v);
 }
 
-/* What multiplies in the CPU engine (library, version, ISA) and its
- * self-check's verdict, once at start: info when it passed; an error with
- * the reason when it failed (CPU runs are then refused, backend_cpu_create;
- * m6d keeps serving). */
+/* What multiplies in the CPU engine (library, version, ISA; bf16 native or
+ * emulated) and its self-check's verdict in each precision, once at start:
+ * info when both passed; an error with the reason when one failed (CPU
+ * runs in that precision are then refused, backend_cpu_create; m6d keeps
+ * serving). */
 static void log_gemm_(void)
 {
     gemm_info gi;
-    char why[512];
+    char why[GEMM_N_PRECISIONS][512];
+    int ok[GEMM_N_PRECISIONS];
     gemm_describe(&gi);
-    if (gemm_ready(why, sizeof why) == 0)
-        log_info("cpu.gemm", "library=%s version=%s isa=%s selfcheck=passed",
-                 gi.library, gi.version, gi.isa);
+    for (int p = 0; p < GEMM_N_PRECISIONS; p++)
+        ok[p] = gemm_ready((gemm_precision)p, why[p], sizeof why[p]) == 0;
+    const char *bf16 = gi.bf16_native ? "native" : "emulated";
+    if (ok[GEMM_FP32] && ok[GEMM_BF16])
+        log_info("cpu.gemm", "library=%s version=%s isa=%s bf16=%s "
+                 "selfcheck=passed selfcheck_bf16=passed", gi.library,
+                 gi.version, gi.isa, bf16);
     else
-        log_error("cpu.gemm", "library=%s version=%s isa=%s selfcheck=failed "
-                  "err=\"%s\"", gi.library, gi.version, gi.isa, why);
+        log_error("cpu.gemm", "library=%s version=%s isa=%s bf16=%s "
+                  "selfcheck=%s selfcheck_bf16=%s err=\"%s\"", gi.library,
+                  gi.version, gi.isa, bf16, ok[GEMM_FP32] ? "passed" : "failed",
+                  ok[GEMM_BF16] ? "passed" : "failed",
+                  !ok[GEMM_FP32] ? why[GEMM_FP32] : why[GEMM_BF16]);
 }
 
 /* A run holds one file descriptor per data shard for its whole life
@@ -683,7 +692,7 @@ static int metrics_bind_(void)
     gemm_info gi;
     gemm_describe(&gi);
     stats_set_gemm(g.stats, gi.library, gi.version, gi.isa,
-                   gemm_ready(NULL, 0) == 0);
+                   gemm_ready(GEMM_FP32, NULL, 0) == 0);
     g.http_fd = http_listen(g.opt.metrics_listen, err, sizeof err);
     if (g.http_fd < 0) {
         log_error("http.error", "err=\"%s\"", err);
@@ -805,6 +814,9 @@ static int cluster_start_(char *err, size_t errlen)
 {
     cluster_facts_get(&g.facts, g.opt.node_name,
                       g.opt.join[0] || g.opt.listen[0]);
+    gemm_info gi;  /* the cluster library does not link the kernels */
+    gemm_describe(&gi);
+    snprintf(g.facts.gemm, sizeof g.facts.gemm, "%s %s", gi.library, gi.isa);
     if (cluster_node_uuid(g.opt.state_dir, g.node_uuid, err, errlen) < 0)
         return -1;
     if (g.opt.join[0]) {

@@ -25,6 +25,7 @@
 #include "runner/queue.h"
 #include "model/facts.h"
 #include "train/data.h"
+#include "kernels.h"
 
 /* -------------------------------------------------------------- checkpoint */
 
@@ -319,6 +320,25 @@ static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
  * The run may pause itself on the way (data that cannot be read, a write
  * that failed, no checkpoint that loads): it is then PAUSED with the
  * reason. 0 with r set up; -1 when the run failed (recorded). */
+/* What multiplies in this run, once when it is set up (started or taken
+ * up again): on `cpu` the GEMM library, its ISA and whether bf16 is native
+ * (kernels.h, gemm_describe); the precision from the spec. */
+static void log_run_gemm_(const run_ctx *r)
+{
+    const char *prec = spec_precision_name(spec_precision(&r->spec));
+    if (r->spec.device.backend == BACKEND_CUDA) {
+        log_info("run.gemm", "run=%lld backend=cuda precision=%s",
+                 (long long)r->id, prec);
+        return;
+    }
+    gemm_info gi;
+    gemm_describe(&gi);
+    log_info("run.gemm", "run=%lld backend=cpu library=%s version=%s isa=%s "
+             "precision=%s%s", (long long)r->id, gi.library, gi.version,
+             gi.isa, prec, spec_precision(&r->spec) == PRECISION_BF16
+             ? (gi.bf16_native ? " bf16=native" : " bf16=emulated") : "");
+}
+
 static int setup_(runner *c, int64_t id, run_ctx *r)
 {
     char err[1024];
@@ -428,6 +448,7 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
         log_info("run.recover", "run=%lld step=%ld metrics_dropped=%d paused=%d",
                  (long long)id, step, dropped, paused);
     }
+    log_run_gemm_(r);
     runner_offload_sample_(r);
     runner_publish_(r);
     runner_on_(c, RUN_EV_STARTED, NULL);

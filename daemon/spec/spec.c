@@ -44,6 +44,7 @@ static const char *const optimizer_names_[] = { "adamw", "adafactor", NULL };
 /* pseudo.grad_scale (spec.h grad_scale_mode) */
 static const char *const grad_scale_names_[] = { "sum", "mean", NULL };
 /* offload.speculative (spec.h SPEC_SPECULATIVE_*) */
+static const char *const precision_names_[] = { "fp32", "bf16", NULL };
 static const char *const speculative_names_[] = { "auto", "on", "off", NULL };
 
 #define STR(sec, k, m, doc) { sec, k, K_STR, OFF(m), sizeof(((run_spec *)0)->m), \
@@ -214,8 +215,8 @@ const key_ spec_keys_[] = {
     INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX,
         "Newest checkpoints kept per run; older ones are deleted."),
     ENUM("device", "backend", device.backend, backend_names_,
-         "`cpu` (fp32, oneDNN GEMMs, OpenMP) or `cuda` (bf16 with fp32 master "
-         "weights; needs an m6d built with nvcc and a GPU)."),
+         "`cpu` (oneDNN GEMMs in `precision`, OpenMP) or `cuda` (bf16 with "
+         "fp32 master weights; needs an m6d built with nvcc and a GPU)."),
     INT("device", "threads", device.threads, 0, 1024,
         "OpenMP threads for the CPU kernels. 0: m6d's `--threads`, else "
         "`OMP_NUM_THREADS`, else the CPUs m6d may use (its affinity mask, "
@@ -225,6 +226,13 @@ const key_ spec_keys_[] = {
       "Device memory the model may use (on `cpu`, a budgeted pool of "
       "ordinary memory); slots that do not fit are offloaded to host "
       "memory. 0: no budget, every slot resident.", NULL },
+    ENUM("device", "precision", device.precision, precision_names_,
+         "`fp32`, or `bf16`: every GEMM's inputs (weights and activations) "
+         "rounded to bf16, products summed in fp32; master weights, AdamW "
+         "state, layernorm, softmax, loss and residual sums stay fp32. On "
+         "`cpu` both (bf16 through oneDNN, emulated where the CPU lacks "
+         "bf16 instructions, as m6d's `cpu.gemm` log line says); `cuda` "
+         "is bf16 only and refuses `fp32`."),
     INT("offload", "prefetch", offload.prefetch, 1, 64,
         "Staging buffers for offloaded slots: how many fetches run ahead of "
         "the layer that computes."),
@@ -454,6 +462,7 @@ void spec_defaults(run_spec *s)
     s->device.backend = BACKEND_CPU;
     s->device.threads = 0;
     s->device.memory_budget = 0;
+    s->device.precision = PRECISION_FP32;
     s->offload.prefetch = 2;
     s->offload.host_threads = 0; /* auto: spec_host_threads */
     s->offload.speculative = SPEC_SPECULATIVE_AUTO;
@@ -874,6 +883,18 @@ const char *spec_backend_name(backend_kind b)
     return b == BACKEND_CPU || b == BACKEND_CUDA ? backend_names_[b] : "?";
 }
 
+precision_kind spec_precision(const run_spec *s)
+{
+    return s->device.backend == BACKEND_CUDA ? PRECISION_BF16
+                                             : s->device.precision;
+}
+
+const char *spec_precision_name(precision_kind p)
+{
+    return p == PRECISION_FP32 || p == PRECISION_BF16 ? precision_names_[p]
+                                                      : "?";
+}
+
 const char *spec_optimizer_name(optimizer_kind o)
 {
     return o == OPTIMIZER_ADAMW || o == OPTIMIZER_ADAFACTOR
@@ -1135,6 +1156,17 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
     }
     p2r_defaults_(&s, root);
     if (cross_check_(&s, err, errlen) != 0) goto out;
+    /* cuda computes in bf16 only: a spec that asks for fp32 there is
+     * refused by name rather than silently trained in bf16 */
+    json_t *dev = json_object_get(root, "device");
+    if (s.device.backend == BACKEND_CUDA && s.device.precision ==
+        PRECISION_FP32 && dev && json_object_get(dev, "precision")) {
+        seterr_(err, errlen, "device.precision: \"fp32\" is not available "
+                "on device.backend \"cuda\" (its kernels are bf16 with fp32 "
+                "accumulation and fp32 master weights); use \"bf16\" or the "
+                "\"cpu\" backend");
+        goto out;
+    }
     *out = s;
     rc = 0;
 out:

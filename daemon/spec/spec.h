@@ -19,6 +19,11 @@ typedef enum { DELINK_OPT_COPY = 0, DELINK_OPT_RESET = 1 } delink_optimizer;
  * (pseudo.steps then the latest step). */
 typedef enum { DELINK_AT_STEP = 0, DELINK_AT_PLATEAU = 1 } delink_policy;
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind;
+
+/* device.precision: the GEMMs' inputs in fp32, or rounded to bf16 (fp32
+ * sums, fp32 everything else); spec_precision says which one a run uses. */
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
+
 /* optimizer.name: AdamW (train.beta1, beta2, eps) or Adafactor
  * (optimizer.*; kernels.h adafactor_update_spans). */
 typedef enum { OPTIMIZER_ADAMW = 0, OPTIMIZER_ADAFACTOR = 1 } optimizer_kind;
@@ -78,7 +83,12 @@ typedef struct {
         int scale_parameter;  /* 1: step lr * max(eps2, RMS(x)) */
     } optimizer;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
-    struct { backend_kind backend; int threads; size_t memory_budget; } device;
+    struct {
+        backend_kind backend;
+        int threads;
+        size_t memory_budget;
+        precision_kind precision;  /* as written; spec_precision: in use */
+    } device;
     struct {
         int prefetch;        /* staging buffers: fetches run ahead */
         int host_threads;    /* host AdamW threads; 0: spec_host_threads */
@@ -132,6 +142,14 @@ const char *spec_backend_name(backend_kind b);
 /* "adamw", "adafactor" as optimizer.name spells them; "?" out of range. */
 const char *spec_optimizer_name(optimizer_kind o);
 const char *spec_delink_policy_name(delink_policy p);
+
+/* The precision the run's GEMMs use: device.precision on `cpu`; bf16 on
+ * `cuda`, whose kernels are bf16 only (a spec saying fp32 there is
+ * refused). */
+precision_kind spec_precision(const run_spec *s);
+
+/* "fp32", "bf16", as device.precision spells them; "?" out of range. */
+const char *spec_precision_name(precision_kind p);
 
 /* S, the parameter slots of a phase: pseudo.share_groups for pseudo 1,
  * model.n_layer (every layer its own slot) for pseudo 0. The one place

@@ -106,6 +106,9 @@ static int written_(const run_spec *s, const key_ *k)
         spec_defaults(&d);
         return memcmp(&s->nodes, &d.nodes, sizeof s->nodes) != 0;
     }
+    /* device.precision only when not fp32: older specs keep their hash */
+    if (k->off == OFF(device.precision))
+        return s->device.precision != PRECISION_FP32;
     /* train.max_bad_steps only when not its default: specs, and so their
      * hashes and checkpoints, from before it existed stay as they were */
     if (k->off == OFF(train.max_bad_steps))

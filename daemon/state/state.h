@@ -279,6 +279,8 @@ typedef struct {
     char address[96];         /* peer address it joined from; "" none */
     char detail[256];         /* why lost or left; "" none */
     double last_heartbeat, joined, updated;  /* unix seconds */
+    char gemm[64];            /* its CPU GEMM, "LIBRARY ISA"; "" unknown
+                               * (schema 0010) */
 } node_row;
 
 /* Insert a node in state (hostname and node_uuid unique; run none,

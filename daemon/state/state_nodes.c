@@ -31,7 +31,7 @@ static node_state node_state_parse_(const char *s)
 #define NODE_COLS                                                          \
     "id, hostname, node_uuid, role, backend, devices, memory, "            \
     "free_device_memory, state, run, rank, address, detail, "              \
-    "last_heartbeat, joined, updated"
+    "last_heartbeat, joined, updated, gemm"
 
 static void node_fill_(sqlite3_stmt *s, void *elem)
 {
@@ -56,11 +56,12 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
     n->last_heartbeat = sqlite3_column_double(s, 13);
     n->joined = sqlite3_column_double(s, 14);
     n->updated = sqlite3_column_double(s, 15);
+    state_copy_text_(n->gemm, sizeof n->gemm, sqlite3_column_text(s, 16));
 }
 
 /* The values of a node_row's fields, in the order of the columns
  * hostname, node_uuid, role, backend, devices, memory, free_device_memory,
- * state, address, detail (insert and update both write them). */
+ * state, address, detail, gemm (insert and update both write them). */
 #define NODE_FIELDS_(n)                                                    \
     A_TEXT((n)->hostname), A_TEXT((n)->node_uuid),                         \
         A_TEXT((n)->coordinator ? "coordinator" : "worker"),               \
@@ -69,7 +70,8 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
         A_INT((int64_t)(n)->free_device_memory),                           \
         A_TEXT(node_state_name((n)->state)),                               \
         A_TEXT((n)->address[0] ? (n)->address : NULL),                     \
-        A_TEXT((n)->detail[0] ? (n)->detail : NULL)
+        A_TEXT((n)->detail[0] ? (n)->detail : NULL),                       \
+        A_TEXT((n)->gemm[0] ? (n)->gemm : NULL)
 
 int state_node_insert(state *st, const node_row *n, int64_t *id)
 {
@@ -77,9 +79,9 @@ int state_node_insert(state *st, const node_row *n, int64_t *id)
     pthread_mutex_lock(&st->mu);
     int rc = SQL_WRITE_LOCKED(st,
         "INSERT INTO nodes(hostname, node_uuid, role, backend, devices, "
-        "memory, free_device_memory, state, address, detail, "
+        "memory, free_device_memory, state, address, detail, gemm, "
         "last_heartbeat, joined, updated) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_REAL(t));
     if (rc >= 0) *id = sqlite3_last_insert_rowid(st->db);
     pthread_mutex_unlock(&st->mu);
@@ -92,7 +94,8 @@ int state_node_update(state *st, int64_t id, const node_row *n)
     int rc = SQL_WRITE(st,
         "UPDATE nodes SET hostname = ?, node_uuid = ?, role = ?, backend = ?, "
         "devices = ?, memory = ?, free_device_memory = ?, state = ?, "
-        "address = ?, detail = ?, last_heartbeat = ?, updated = ? "
+        "address = ?, detail = ?, gemm = ?, last_heartbeat = ?, "
+        "updated = ? "
         "WHERE id = ?",
         NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_INT(id));
     return rc < 0 ? -1 : rc == 0 ? 1 : 0;

@@ -190,6 +190,9 @@ typedef struct {
     uint64_t seed;            /* initial weights (gpt_init_region) */
     gpt_optim optim;          /* the optimizer state to allocate */
     int host_threads;         /* offloaded slots' host AdamW threads */
+    int bf16;                 /* 1: GEMM inputs in bf16, fp32 sums
+                               * (spec_precision; the CUDA backend is bf16
+                               * whatever this says) */
     /* Offloading: plan_in.budget > 0 (device bytes). plan_in is the
      * planner's input for this run (n_slots, slot_of set per phase, for
      * re-planning at reslot); plan its offload_plan_for_spec: the Real
@@ -212,9 +215,10 @@ static inline const offload_plan *backend_setup_phase_plan(
 
 /* Create the model with setup->n_slots slots (default share map l*S/L)
  * and activations for microbatches of setup->batch_size, placed by the
- * plan when there is a budget, weights initialised from setup->seed.
- * 0, or -1 with err; refused (-1, err saying why) when the CPU GEMM fails
- * its self-check (gemm_ready, kernels.h). */
+ * plan when there is a budget, weights initialised from setup->seed,
+ * GEMMs in setup->bf16's precision. 0, or -1 with err; refused (-1, err
+ * saying why) when the CPU GEMM fails its self-check in that precision
+ * (gemm_ready, kernels.h). */
 int backend_cpu_create(backend *be, const backend_setup *setup, char *err,
                        size_t errlen);
 

@@ -1,6 +1,7 @@
 /*
  * backend_cpu.c — the trainer's CPU backend (backend.h): the reference model
- * of daemon/model/gpt.c, fp32, with granular offloading
+ * of daemon/model/gpt.c, fp32 with GEMMs in the run's precision (fp32, or
+ * bf16 inputs: kernels.h's gemm_precision), with granular offloading
  * (daemon/offload/offload.h) when device.memory_budget > 0. The sequence of
  * calls per step is the one offload.h documents; losses are bitwise those
  * of the fully resident run.
@@ -20,6 +21,7 @@
 typedef struct {
     gpt_model model;
     offload_ctx *off;      /* NULL unless device.memory_budget > 0 */
+    gemm_precision precision;  /* of the GEMMs; set before each pass */
     int poison_slot;       /* tests: slot whose gradient gets an Inf in
                             * this step, -1 none */
     /* pseudo.grad_scale mean in this step: share[s] layers use slot s
@@ -119,8 +121,11 @@ static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
     }
     if (c->off)
         offload_microbatch(c->off, k);
+    /* the run's precision for this pass, the caller's again after it */
+    gemm_precision was = gemm_set_precision(c->precision);
     float loss = gpt_forward(&c->model, inp, tgt, B);
     gpt_backward(&c->model, inp, tgt, B, loss_scale);
+    gemm_set_precision(was);
     if (last && c->off)
         offload_wait_grads(c->off);
     if (last && c->ready) {
@@ -225,7 +230,9 @@ static float cpu_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
     gpt_moe_stats keep = c->model.moe_stats;
     int cap = c->model.moe_capacity;
     c->model.moe_eval = 1;
+    gemm_precision was = gemm_set_precision(c->precision);
     float loss = gpt_forward(&c->model, inp, tgt, B);
+    gemm_set_precision(was);
     c->model.moe_eval = 0;
     c->model.moe_stats = keep;
     c->model.moe_capacity = cap;
@@ -397,8 +404,10 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
 {
     /* never fast and wrong: a GEMM that fails its self-check trains nothing */
     char why[512];
-    if (gemm_ready(why, sizeof why) != 0) {
-        snprintf(err, errlen, "refusing to train on the CPU: %s", why);
+    gemm_precision prec = bs->bf16 ? GEMM_BF16 : GEMM_FP32;
+    if (gemm_ready(prec, why, sizeof why) != 0) {
+        snprintf(err, errlen, "refusing to train on the CPU in %s "
+                 "(device.precision): %s", gemm_precision_name(prec), why);
         return -1;
     }
     cpu_ctx_ *c = calloc(1, sizeof *c);
@@ -406,6 +415,7 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    c->precision = prec;
     /* the runtime places every (re)allocation of the model's state by the
      * plan for its share map, the starting phase's first */
     if (bs->plan && !(c->off = offload_create(&bs->plan_in, bs->host_threads,

@@ -238,6 +238,7 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
                   spec->optimizer.beta1 > 0},
         .host_threads = spec_host_threads(spec),
+        .bf16 = spec_precision(spec) == PRECISION_BF16,
         .plan_in = offload_plan_input_of(spec),
         .plan = t->planned ? &t->plan : NULL,
     };

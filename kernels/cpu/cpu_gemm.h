@@ -9,6 +9,9 @@
  * single-threaded and deterministic (same bits for the same arguments), so
  * the kernels' fixed block layout fixes the result for a thread count.
  *
+ * The precision (fp32, or bf16 inputs with fp32 sums) is gemm.c's too:
+ * the kernels do not know it.
+ *
  * Which library runs is decided in gemm.c alone: oneDNN's sgemm (it
  * JIT-compiles for the ISA that CPUID reports), or, built with
  * -DM6_NO_GEMM_LIB (the GPU check, bench/gpu-check.sh, which builds the CPU
@@ -17,11 +20,16 @@
 #ifndef M6_CPU_GEMM_H
 #define M6_CPU_GEMM_H
 
+#include "kernels.h"
+
 /* Whether an operand is read as stored (N) or transposed (T). */
 typedef enum { GEMM_N = 0, GEMM_T = 1 } gemm_op;
 
-/* Row-major C (M,N) = alpha op(A) (M,K) op(B) (K,N) + beta C, float32 in,
- * float32 out, on the calling thread. lda, ldb, ldc are row strides in
+/* Row-major C (M,N) = alpha op(A) (M,K) op(B) (K,N) + beta C, float32
+ * operands in memory, float32 out, on the calling thread, in the precision
+ * gemm_set_precision chose (kernels.h): GEMM_BF16 rounds A and B to bf16
+ * first and sums in fp32 (oneDNN's matmul primitive, one per shape and
+ * thread, made on the first call of the shape). lda, ldb, ldc are row strides in
  * floats (of A and B as stored). beta 0 does not read C (it may hold
  * NaN). M, N or K 0 is allowed (K 0: C = beta C). A library error (only
  * bad arguments) aborts with a message: the kernels never pass them. */
@@ -34,10 +42,11 @@ void gemm_f32_(gemm_op ta, gemm_op tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta,
                float *C, int ldc);
 
-/* Tests only: makes fn the GEMM that gemm_f32_ and the self-check run
- * (NULL: the built-in one again) and forgets gemm_ready's verdict, so the
- * next gemm_ready checks fn. Returns the previous one. Not thread-safe:
+/* Tests only: makes fn the GEMM that gemm_f32_ and the self-check run in
+ * precision p (NULL: the built-in one again) and forgets gemm_ready's
+ * verdict for p, so the next gemm_ready(p) checks fn. Returns the previous
+ * one. Not thread-safe:
  * call before any kernel runs. */
-gemm_f32_fn gemm_swap_for_test(gemm_f32_fn fn);
+gemm_f32_fn gemm_swap_for_test(gemm_precision p, gemm_f32_fn fn);
 
 #endif /* M6_CPU_GEMM_H */

@@ -130,6 +130,12 @@ cat "$T/nodes.txt" >&2
 grep -Eq '^ +[0-9]+ w1 +live +worker +cpu +1 ' "$T/nodes.txt" || fail "w1 not listed live: $(cat "$T/nodes.txt")"
 grep -Eq '^ +[0-9]+ w2 +live +worker +cpu +1 ' "$T/nodes.txt" || fail "w2 not listed live"
 grep -Eq 'live +coordinator' "$T/nodes.txt" || fail "the coordinator does not list itself"
+# the run named what multiplies for it: the library and ISA m6d logged at
+# start, and the spec's precision (fp32: the key left out)
+isa=$(grep -o 'cpu\.gemm library=onednn version=[0-9.]* isa=[a-z0-9_]*' "$T/m6d-c.log" | sed 's/.*isa=//')
+[ -n "$isa" ] || fail "no cpu.gemm line at start"
+grep -Eq "run\.gemm run=$RUN backend=cpu library=onednn version=[0-9.]+ isa=$isa precision=fp32\$" "$T/m6d-c.log" \
+    || fail "no run.gemm line for run $RUN: $(grep run.gemm "$T/m6d-c.log")"
 c_ctl nodes --json | python3 -c '
 import json, sys, time
 nodes = json.load(sys.stdin)
@@ -145,7 +151,13 @@ for n in w.values():
     assert n["address"].startswith("127.0.0.1:"), n
     assert len(n["node_uuid"]) == 32, n
 assert w["w1"]["node_uuid"] != w["w2"]["node_uuid"]
-' || fail "nodes --json fields"
+# every node names its GEMM library and ISA: on one machine, what the
+# coordinator logged at start (its cpu.gemm line)
+isa = [f.split("=", 1)[1] for l in open(sys.argv[1]) if "cpu.gemm" in l
+       for f in l.split() if f.startswith("isa=")][0]
+for n in nodes:
+    assert n["gemm"] == "onednn " + isa, (n["gemm"], isa)
+' "$T/m6d-c.log" || fail "nodes --json fields"
 [ "$(cat "$T/w1/node-id")" = "$(node_field w1 node_uuid)" ] || fail "w1's node id is not the one in its state dir"
 # a worker lists no nodes; it says where they are
 "$M6CTL" --socket "$T/w1/m6d.sock" nodes 2>"$T/err" && fail "m6ctl nodes on a worker should be refused"

@@ -5,7 +5,10 @@
  * config in a JSON sidecar). The Python side recomputes all of it with
  * PyTorch autograd, independently of this code.
  *
- * usage: dump_model OUT.safetensors S [L C NH T V B [E k H CF AUX Z [EVERY]]]
+ * usage: dump_model [--bf16] OUT.safetensors S [L C NH T V B [E k H CF AUX Z
+ *                   [EVERY]]]
+ * (--bf16: the GEMMs in bf16, kernels.h's GEMM_BF16; the dumped config says
+ * "precision")
  * (the second group: every block MoE, kernels.h "mixture of experts", with
  * E experts in k prototypes of hidden size H, capacity factor CF and the
  * aux and z loss coefficients; the dumped loss is the LM loss alone, the
@@ -17,11 +20,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "model/gpt.h"
 #include "ckpt/checkpoint.h"
 
 int main(int argc, char **argv)
 {
+    gemm_precision prec = GEMM_FP32;
+    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
+        prec = GEMM_BF16;
+        argv++;
+        argc--;
+    }
+    gemm_set_precision(prec);
     if (argc < 3) {
         fprintf(stderr, "usage: dump_model OUT.safetensors S [L C NH T V B]\n");
         return 2;
@@ -118,11 +129,12 @@ int main(int argc, char **argv)
     fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
                "\"B\": %d, \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
                "\"CF\": %.9g, \"AUX\": %.9g, \"Z\": %.9g, \"dropped\": %ld, "
-               "\"slot_of\": [", cfg.vocab_size, cfg.n_layer, cfg.n_head,
+               "\"precision\": \"%s\", \"slot_of\": [", cfg.vocab_size,
+            cfg.n_layer, cfg.n_head,
             cfg.n_embd, T, B, S, cfg.moe_experts, cfg.moe_prototypes,
             model_moe_hidden(&cfg), (double)cfg.moe_capacity_factor,
             (double)cfg.moe_aux_coef, (double)cfg.moe_z_coef,
-            g.moe_stats.dropped);
+            g.moe_stats.dropped, gemm_precision_name(prec));
     for (int l = 0; l < cfg.n_layer; l++)
         fprintf(f, "%s%d", l ? ", " : "", g.slot_of[l]);
     fprintf(f, "]}\n");

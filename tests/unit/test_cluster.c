@@ -154,6 +154,7 @@ static void test_nodes_table(void **st)
     snprintf(n.node_uuid, sizeof n.node_uuid, "%032d", 1);
     snprintf(n.backend, sizeof n.backend, "cpu");
     snprintf(n.address, sizeof n.address, "127.0.0.1:5000");
+    snprintf(n.gemm, sizeof n.gemm, "onednn avx512_core_bf16");
     n.devices = 1;
     n.memory = 1ull << 34;
     n.free_device_memory = 1ull << 33;
@@ -169,6 +170,7 @@ static void test_nodes_table(void **st)
     assert_int_equal(got.rank, -1);
     assert_true(got.memory == 1ull << 34);
     assert_string_equal(got.address, "127.0.0.1:5000");
+    assert_string_equal(got.gemm, "onednn avx512_core_bf16");
     /* a second node of the same hostname: the UNIQUE constraint refuses it
      * (the coordinator checks first and says why) */
     node_row dup = n;

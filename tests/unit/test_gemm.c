@@ -1,14 +1,18 @@
 /*
  * test_gemm.c — the CPU engine's GEMM and its self-check (kernels/cpu/
- * gemm.c): the real library passes; GEMMs made wrong on purpose (a dropped
- * term, a wrong transpose in one shape class only, inputs rounded to bf16,
- * a C read where beta 0 says not to, results that change between calls)
- * fail it, the reason naming the shape class; and a trainer on such a GEMM
- * is refused with that reason, while the real one trains.
+ * gemm.c), in both precisions: the real library passes; GEMMs made wrong
+ * on purpose (a dropped term, a wrong transpose in one shape class only,
+ * inputs rounded to bf16 in fp32 or left unrounded in bf16, rounding
+ * by truncation, a C read where beta 0 says not to, results that change
+ * between calls) fail it, the reason naming the shape class and the
+ * precision; and a trainer on such a GEMM is refused with that reason,
+ * while the real one trains.
  *
- * The oracle of the library's values here is the self-check's double
- * loop; the loop itself is checked by the faults it must catch, and the
- * kernels' products by test_kernels and torch_reference (PyTorch).
+ * The bf16 GEMM's values are also checked here against this file's own
+ * double loop on inputs rounded by this file's own bf16_ (at the engine's
+ * shapes, all three transposes), and gemm_bf16_round against hand-worked
+ * values. The kernels' products are test_kernels' and torch_reference's
+ * (PyTorch) business.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,7 +30,9 @@
 #include "../common/synth_data.h"
 
 static char dir_[256];
-static gemm_f32_fn real_;      /* the built-in GEMM, saved by main */
+static gemm_f32_fn reals_[GEMM_N_PRECISIONS];  /* built-in, saved by main */
+static gemm_f32_fn real_;      /* the built-in GEMM of the precision under
+                                * test (the faults wrap it) */
 static int calls_;
 
 /* ---------------------------------------------------------- the faults */
@@ -46,10 +52,10 @@ static void tn_as_nn_(gemm_op ta, gemm_op tb, int M, int N, int K,
                       float alpha, const float *A, int lda, const float *B,
                       int ldb, float beta, float *C, int ldc)
 {
-    if (ta == GEMM_T && tb == GEMM_N && M <= lda && K <= lda) {
-        /* read A row-major (M,K) out of the (K,M) storage */
-        real_(GEMM_N, GEMM_N, M, N, K, alpha, A, K < lda ? lda : K, B, ldb,
-              beta, C, ldc);
+    if (ta == GEMM_T && tb == GEMM_N && M <= lda) {
+        /* read A as (M,K) rows of K out of the (K,M) storage: M*K floats,
+         * within its K*lda */
+        real_(GEMM_N, GEMM_N, M, N, K, alpha, A, K, B, ldb, beta, C, ldc);
         return;
     }
     real_(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -102,6 +108,42 @@ static void unsteady_(gemm_op ta, gemm_op tb, int M, int N, int K,
         C[0] = nextafterf(C[0], INFINITY);
 }
 
+/* bf16 only: the inputs left as they are (an fp32 GEMM called bf16) */
+static void unrounded_(gemm_op ta, gemm_op tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc)
+{
+    reals_[GEMM_FP32](ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static float trunc16_(float x)  /* towards zero, 8 bits kept */
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* bf16 only: inputs truncated to bf16 rather than rounded to nearest */
+static void truncated_(gemm_op ta, gemm_op tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc)
+{
+    int ar = ta == GEMM_N ? M : K, br = tb == GEMM_N ? K : N;
+    float *a = malloc(sizeof(float) * (size_t)ar * lda);
+    float *b = malloc(sizeof(float) * (size_t)br * ldb);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t i = 0; i < (size_t)ar * lda; i++)
+        a[i] = trunc16_(A[i]);
+    for (size_t i = 0; i < (size_t)br * ldb; i++)
+        b[i] = trunc16_(B[i]);
+    reals_[GEMM_FP32](ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+    free(a);
+    free(b);
+}
+
 /* ----------------------------------------------------------- the tests */
 
 static void test_library_passes(void **unused)
@@ -114,26 +156,36 @@ static void test_library_passes(void **unused)
     assert_string_equal(gi.library, "onednn");
     assert_non_null(strchr(gi.version, '.'));
     assert_string_not_equal(gi.isa, "unknown");
-    char why[512] = "untouched";
-    assert_int_equal(gemm_selfcheck(why, sizeof why), 0);
-    assert_string_equal(why, "");
-    assert_int_equal(gemm_ready(why, sizeof why), 0);
+    for (int p = 0; p < GEMM_N_PRECISIONS; p++) {
+        char why[512] = "untouched";
+        assert_int_equal(gemm_selfcheck((gemm_precision)p, why, sizeof why),
+                         0);
+        assert_string_equal(why, "");
+        assert_int_equal(gemm_ready((gemm_precision)p, why, sizeof why), 0);
+    }
 }
 
 /* fn fails the self-check; the reason names want (a shape class or a
  * phrase) and the library */
-static void expect_refused_(gemm_f32_fn fn, const char *name,
-                            const char *want)
+static void expect_refused_(gemm_precision p, gemm_f32_fn fn,
+                            const char *name, const char *want)
 {
     char why[512] = "";
-    gemm_swap_for_test(fn);
-    int rc = gemm_selfcheck(why, sizeof why);
-    int ready = gemm_ready(why, sizeof why);
-    gemm_swap_for_test(NULL);
-    printf("%s: %s\n", name, why);
+    real_ = reals_[p];
+    gemm_swap_for_test(p, fn);
+    int rc = gemm_selfcheck(p, why, sizeof why);
+    int ready = gemm_ready(p, why, sizeof why);
+    /* the other precision is untouched */
+    char other[512];
+    int other_ready = gemm_ready(p == GEMM_FP32 ? GEMM_BF16 : GEMM_FP32,
+                                 other, sizeof other);
+    gemm_swap_for_test(p, NULL);
+    printf("%s %s: %s\n", gemm_precision_name(p), name, why);
     assert_int_equal(rc, -1);
     assert_int_equal(ready, -1);
+    assert_int_equal(other_ready, 0);
     assert_non_null(strstr(why, "self-check"));
+    assert_non_null(strstr(why, gemm_precision_name(p)));
     assert_non_null(strstr(why, "onednn"));
     if (!strstr(why, want))
         fail_msg("%s: reason does not name '%s': %s", name, want, why);
@@ -142,14 +194,137 @@ static void expect_refused_(gemm_f32_fn fn, const char *name,
 static void test_wrong_gemms_refused(void **unused)
 {
     (void)unused;
-    expect_refused_(drop_term_, "dropped term", "NT 64x96x384");
-    expect_refused_(tn_as_nn_, "TN as NN", "TN ");
-    expect_refused_(bf16_inputs_, "bf16 inputs", "NT 64x96x384");
-    expect_refused_(reads_c_, "reads C at beta 0", "beta 0");
-    expect_refused_(unsteady_, "unsteady", "different bits");
+    expect_refused_(GEMM_FP32, drop_term_, "dropped term", "NT 64x96x384");
+    expect_refused_(GEMM_FP32, tn_as_nn_, "TN as NN", "TN ");
+    expect_refused_(GEMM_FP32, bf16_inputs_, "bf16 inputs", "NT 64x96x384");
+    expect_refused_(GEMM_FP32, reads_c_, "reads C at beta 0", "beta 0");
+    expect_refused_(GEMM_FP32, unsteady_, "unsteady", "different bits");
     /* and the real one passes again */
     char why[512];
-    assert_int_equal(gemm_ready(why, sizeof why), 0);
+    assert_int_equal(gemm_ready(GEMM_FP32, why, sizeof why), 0);
+}
+
+static void test_wrong_bf16_gemms_refused(void **unused)
+{
+    (void)unused;
+    expect_refused_(GEMM_BF16, drop_term_, "dropped term", "NT 64x96x384");
+    expect_refused_(GEMM_BF16, tn_as_nn_, "TN as NN", "TN ");
+    expect_refused_(GEMM_BF16, unrounded_, "unrounded inputs",
+                    "NT 64x96x384");
+    expect_refused_(GEMM_BF16, truncated_, "truncated inputs",
+                    "NT 64x96x384");
+    expect_refused_(GEMM_BF16, reads_c_, "reads C at beta 0", "beta 0");
+    expect_refused_(GEMM_BF16, unsteady_, "unsteady", "different bits");
+    char why[512];
+    assert_int_equal(gemm_ready(GEMM_BF16, why, sizeof why), 0);
+}
+
+/* gemm_bf16_round against values worked by hand: bf16 keeps 8
+ * significant bits, so near 1 its step is 2^-7 */
+static void test_bf16_round(void **unused)
+{
+    (void)unused;
+    float e = ldexpf(1.0f, -8);   /* half a step at 1 */
+    assert_true(gemm_bf16_round(1.0f) == 1.0f);
+    assert_true(gemm_bf16_round(1.0f + e) == 1.0f);            /* tie: even */
+    assert_true(gemm_bf16_round(1.0f + 3 * e) == 1.0f + 4 * e); /* tie: even */
+    assert_true(gemm_bf16_round(1.0f + e + ldexpf(1.0f, -20)) ==
+                1.0f + 2 * e);                                  /* above half */
+    assert_true(gemm_bf16_round(-(1.0f + e)) == -1.0f);
+    assert_true(gemm_bf16_round(3.14159265f) == 3.140625f);     /* 201/64 */
+    assert_true(gemm_bf16_round(ldexpf(1.0f, -130)) == ldexpf(1.0f, -130));
+    assert_true(isinf(gemm_bf16_round(3.4e38f)));               /* overflow */
+    assert_true(isnan(gemm_bf16_round(NAN)));
+    /* a NaN whose payload lies in the dropped half stays NaN */
+    uint32_t u = 0x7f800001u;
+    float n;
+    memcpy(&n, &u, 4);
+    assert_true(isnan(gemm_bf16_round(n)));
+}
+
+/* The bf16 GEMM (gemm_f32_ under GEMM_BF16) at the engine's shapes (the
+ * benchmark model, B4 T64 C384: N = 256 rows, 3C = 1152 and 4C = 1536
+ * outputs cut in thread blocks as matmul.c cuts them; attention's
+ * 64 x 64 x 64 head products with alpha 1/8), all three transposes,
+ * against this file's double loop on inputs rounded by its own bf16_.
+ * Tolerance: 2e-6 of each element's scale (sum over k of |a b| + |beta
+ * c|), as gemm.c's GEMM_TOL_BF16; measured largest printed. */
+static void test_bf16_values(void **unused)
+{
+    (void)unused;
+    static const struct { gemm_op ta, tb; int M, N, K; float alpha, beta; }
+    cs[] = {
+        {GEMM_N, GEMM_T, 256, 576, 384, 1.0f, 1.0f},   /* qkv forward */
+        {GEMM_N, GEMM_N, 256, 192, 1536, 1.0f, 1.0f},  /* fc proj dinp */
+        {GEMM_T, GEMM_N, 768, 384, 256, 1.0f, 1.0f},   /* fc dweight */
+        {GEMM_N, GEMM_T, 64, 64, 64, 0.125f, 0.0f},    /* q k^T */
+        {GEMM_T, GEMM_N, 64, 64, 64, 1.0f, 0.0f},      /* dv */
+    };
+    gemm_precision was = gemm_set_precision(GEMM_BF16);
+    double worst = 0;
+    for (size_t n = 0; n < sizeof cs / sizeof cs[0]; n++) {
+        int M = cs[n].M, N = cs[n].N, K = cs[n].K;
+        int ar = cs[n].ta == GEMM_N ? M : K, ac = cs[n].ta == GEMM_N ? K : M;
+        int br = cs[n].tb == GEMM_N ? K : N, bc = cs[n].tb == GEMM_N ? N : K;
+        int lda = ac + 3, ldb = bc + 1, ldc = N + 2;
+        float *A = malloc(sizeof(float) * (size_t)ar * lda);
+        float *B = malloc(sizeof(float) * (size_t)br * ldb);
+        float *C = malloc(sizeof(float) * (size_t)M * ldc);
+        float *C0 = malloc(sizeof(float) * (size_t)M * ldc);
+        assert_non_null(A);
+        assert_non_null(B);
+        assert_non_null(C);
+        assert_non_null(C0);
+        uint64_t st = 99 + n;
+        for (size_t i = 0; i < (size_t)ar * lda; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            A[i] = (float)((double)(st >> 11) / 9007199254740992.0 - 0.5);
+        }
+        for (size_t i = 0; i < (size_t)br * ldb; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            B[i] = (float)((double)(st >> 11) / 9007199254740992.0 - 0.5) * 3;
+        }
+        for (size_t i = 0; i < (size_t)M * ldc; i++)
+            C0[i] = C[i] = (float)(i % 13) * 0.25f - 1.5f;
+        #pragma omp parallel num_threads(1)
+        gemm_f32_(cs[n].ta, cs[n].tb, M, N, K, cs[n].alpha, A, lda, B, ldb,
+                  cs[n].beta, C, ldc);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double sum = 0, mag = 0;
+                for (int k = 0; k < K; k++) {
+                    double a = bf16_(cs[n].ta == GEMM_N
+                                         ? A[(size_t)i * lda + k]
+                                         : A[(size_t)k * lda + i]);
+                    double b = bf16_(cs[n].tb == GEMM_N
+                                         ? B[(size_t)k * ldb + j]
+                                         : B[(size_t)j * ldb + k]);
+                    sum += a * b;
+                    mag += fabs(a * b);
+                }
+                double c0 = C0[(size_t)i * ldc + j];
+                double ref = cs[n].alpha * sum + cs[n].beta * c0;
+                double scale = fabs(cs[n].alpha) * mag + fabs(cs[n].beta * c0);
+                double err = fabs(C[(size_t)i * ldc + j] - ref) / scale;
+                if (err > worst)
+                    worst = err;
+                if (!(err <= 2e-6))
+                    fail_msg("bf16 case %zu C[%d,%d] = %.9g, double loop on "
+                             "bf16 inputs %.9g: %.3g of the scale", n, i, j,
+                             (double)C[(size_t)i * ldc + j], ref, err);
+            }
+        /* the padding between rows of C is untouched */
+        for (int i = 0; i < M; i++)
+            for (int j = N; j < ldc; j++)
+                assert_true(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+        free(A);
+        free(B);
+        free(C);
+        free(C0);
+    }
+    gemm_set_precision(was);
+    printf("bf16 GEMM: largest error %.3g of the scale (tolerance 2e-6)\n",
+           worst);
 }
 
 static void test_training_refused(void **unused)
@@ -157,9 +332,10 @@ static void test_training_refused(void **unused)
     (void)unused;
     run_spec s = synth_tiny_spec(dir_, 2, 10, 0);
     m6_err err = M6_ERR_NONE;
-    gemm_swap_for_test(drop_term_);
+    real_ = reals_[GEMM_FP32];
+    gemm_swap_for_test(GEMM_FP32, drop_term_);
     trainer *t = trainer_create(&s, &err);
-    gemm_swap_for_test(NULL);
+    gemm_swap_for_test(GEMM_FP32, NULL);
     assert_null(t);
     printf("refused: %s\n", m6_err_msg(&err));
     assert_non_null(strstr(m6_err_msg(&err), "refusing to train on the CPU"));
@@ -174,9 +350,44 @@ static void test_training_refused(void **unused)
     trainer_free(t);
 }
 
+/* a wrong bf16 GEMM refuses bf16 runs, saying why, and leaves fp32 runs
+ * training */
+static void test_bf16_training_refused(void **unused)
+{
+    (void)unused;
+    run_spec s = synth_tiny_spec(dir_, 2, 10, 0);
+    s.device.precision = PRECISION_BF16;
+    m6_err err = M6_ERR_NONE;
+    gemm_swap_for_test(GEMM_BF16, unrounded_);
+    trainer *t = trainer_create(&s, &err);
+    s.device.precision = PRECISION_FP32;
+    m6_err err32 = M6_ERR_NONE;
+    trainer *t32 = trainer_create(&s, &err32);
+    gemm_swap_for_test(GEMM_BF16, NULL);
+    assert_null(t);
+    printf("refused: %s\n", m6_err_msg(&err));
+    assert_non_null(strstr(m6_err_msg(&err), "refusing to train on the CPU "
+                                             "in bf16"));
+    assert_non_null(strstr(m6_err_msg(&err), "NT 64x96x384"));
+    m6_err_free(&err);
+    if (!t32)
+        fail_msg("fp32 refused for a bf16 fault: %s", m6_err_msg(&err32));
+    trainer_free(t32);
+
+    s.device.precision = PRECISION_BF16;
+    t = trainer_create(&s, &err);
+    if (!t)
+        fail_msg("trainer_create on the real bf16 GEMM: %s",
+                 m6_err_msg(&err));
+    step_result r;
+    assert_int_equal(trainer_step(t, &r, &err), 0);
+    trainer_free(t);
+}
+
 int main(void)
 {
-    real_ = gemm_swap_for_test(NULL);
+    for (int p = 0; p < GEMM_N_PRECISIONS; p++)
+        reals_[p] = gemm_swap_for_test((gemm_precision)p, NULL);
     snprintf(dir_, sizeof dir_, "/tmp/m6-gemm.XXXXXX");
     if (synth_shards(dir_, 20000) != 0) {
         fprintf(stderr, "test_gemm: cannot make temporary data\n");
@@ -185,7 +396,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_library_passes),
         cmocka_unit_test(test_wrong_gemms_refused),
+        cmocka_unit_test(test_wrong_bf16_gemms_refused),
+        cmocka_unit_test(test_bf16_round),
+        cmocka_unit_test(test_bf16_values),
         cmocka_unit_test(test_training_refused),
+        cmocka_unit_test(test_bf16_training_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     synth_remove(dir_);

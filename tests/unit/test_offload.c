@@ -125,6 +125,30 @@ static void test_offload_moe_bitwise(void **state)
     assert_true(st.device.peak <= budget);
 }
 
+/* moe_bitwise_'s model in device.precision bf16 (GEMM inputs rounded,
+ * kernels.h): the offloaded run's losses, weights and moments are the
+ * resident bf16 run's bit for bit, across the delink, and its losses are
+ * not the fp32 run's. */
+static void test_offload_moe_bf16_bitwise(void **state)
+{
+    (void)state;
+    run_spec f32 = spec6_(20, 8);
+    synth_tiny_moe(&f32.model, 1, 32, 1.0f);
+    run_spec plain = f32;
+    plain.device.precision = PRECISION_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    float a[20], c[20];
+    trainer *ta, *tb;
+    fixture_train_same(&plain, &off, 20, a, &ta, &tb);
+    trainer *tc = fixture_trainer(&f32);
+    fixture_run_steps(tc, &f32, 20, c, NULL);
+    assert_memory_not_equal(a, c, sizeof a);
+    trainer_free(ta);
+    trainer_free(tb);
+    trainer_free(tc);
+}
+
 /* A mixed model (MoE in blocks 1, 3, 5 of 6; a pseudo phase of one dense
  * and one MoE slot): the pool's peak is the planned one and within the
  * budget. */
@@ -653,6 +677,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pools),
         cmocka_unit_test(test_offload_moe_bitwise),
+        cmocka_unit_test(test_offload_moe_bf16_bitwise),
         cmocka_unit_test(test_offload_mixed_bitwise),
         cmocka_unit_test(test_check_cuda_pinned_vs_host),
         cmocka_unit_test(test_budget_too_small_errors),

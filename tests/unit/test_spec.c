@@ -450,6 +450,65 @@ static void test_offload_speculative(void **state)
     assert_non_null(strstr(err, "offload.speculative"));
 }
 
+/* device.precision: fp32 by default and then absent from the canonical
+ * JSON (the pinned hash stands); bf16 written, hashed, parsed; on cuda the
+ * run is bf16 whatever is left out, "bf16" is accepted and "fp32" is
+ * refused by name; a wrong value is named. */
+static void test_device_precision(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512];
+    assert_int_equal(parse(&d, "{\"data\":{\"train\":\"t\",\"val\":\"v\"}}",
+                           err, sizeof err), 0);
+    assert_int_equal(d.device.precision, PRECISION_FP32);
+    assert_int_equal(spec_precision(&d), PRECISION_FP32);
+    char *j = spec_to_json(&d);
+    assert_null(strstr(j, "precision"));
+    free(j);
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"precision\":\"fp32\"}}", err, sizeof err), 0);
+    assert_true(spec_hash(&s) == spec_hash(&d));
+
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"precision\":\"bf16\"}}", err, sizeof err), 0);
+    assert_int_equal(s.device.precision, PRECISION_BF16);
+    assert_int_equal(spec_precision(&s), PRECISION_BF16);
+    assert_string_equal(spec_precision_name(spec_precision(&s)), "bf16");
+    j = spec_to_json(&s);
+    assert_non_null(strstr(j, "\"precision\": \"bf16\""));
+    free(j);
+    roundtrip(&s);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+
+    /* cuda: bf16 whether written or not; fp32 refused by name */
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"backend\":\"cuda\"}}", err, sizeof err), 0);
+    assert_int_equal(spec_precision(&s), PRECISION_BF16);
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"backend\":\"cuda\",\"precision\":\"bf16\"}}", err,
+        sizeof err), 0);
+    assert_int_equal(spec_precision(&s), PRECISION_BF16);
+    roundtrip(&s);
+    const char *fp32_cuda[2] = {
+        "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"backend\":\"cuda\",\"precision\":\"fp32\"}}",
+        /* the key before the backend: refused all the same */
+        "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"precision\":\"fp32\",\"backend\":\"cuda\"}}"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(parse(&s, fp32_cuda[i], err, sizeof err), -1);
+        printf("# %s\n", err);
+        assert_contains(err, "device.precision: \"fp32\" is not available "
+                             "on device.backend \"cuda\"");
+    }
+    assert_int_equal(parse(&s, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+        "\"device\":{\"precision\":\"fp16\"}}", err, sizeof err), -1);
+    printf("# %s\n", err);
+    assert_contains(err, "device.precision: must be \"fp32\" or \"bf16\", "
+                         "got \"fp16\"");
+}
+
 /* Every float survives spec_to_json → spec_parse bit for bit. */
 static void test_float_roundtrip(void **state)
 {
@@ -861,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_hash_dense_pinned),
+        cmocka_unit_test(test_device_precision),
         cmocka_unit_test(test_max_bad_steps),
         cmocka_unit_test(test_pseudo_knobs),
         cmocka_unit_test(test_moe),
