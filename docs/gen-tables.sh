@@ -1,6 +1,6 @@
 #!/bin/bash
 # gen-tables.sh — regenerate the docs' two generated tables from the code:
-# the spec keys (daemon/spec/spec.c's key table) and the m6ctl commands
+# the spec keys (daemon/spec/spec_keys.c's key table) and the m6ctl commands
 # (m6ctl.c's command table), both in docs/OPERATIONS.md, both printed by
 # `m6ctl help --markdown TABLE`. Each table sits between marker lines in
 # exactly one of the files (a second copy, in README.md say, fails):

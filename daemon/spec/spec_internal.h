@@ -2,7 +2,7 @@
  * spec_internal.h — what spec.c and spec_write.c share, private to
  * daemon/spec/: the key table's entry (one per spec key: where it lives in
  * run_spec, its kind and range, its doc sentence) and the table itself,
- * which spec.c owns. spec.h is the interface.
+ * which spec_keys.c owns. spec.h is the interface.
  */
 #ifndef M6_SPEC_SPEC_INTERNAL_H
 #define M6_SPEC_SPEC_INTERNAL_H
@@ -40,7 +40,7 @@ typedef struct {
 /* The offset of run_spec member m (a key_'s off). */
 #define OFF(m) offsetof(run_spec, m)
 
-/* The key table (spec.c): spec_n_keys_ entries, in the order the docs
+/* The key table (spec_keys.c): spec_n_keys_ entries, in the order the docs
  * and spec_to_json list them. */
 extern const key_ spec_keys_[];
 extern const size_t spec_n_keys_;
