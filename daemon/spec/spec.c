@@ -680,13 +680,6 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
                 "by host AdamW only; set device.memory_budget to 0");
         return -1;
     }
-    if (s->nodes.world_size > 1 || s->nodes.pseudo_world_size > 1) {
-        seterr_(err, errlen, "optimizer.name \"adafactor\" with data "
-                "parallelism (nodes.world_size or pseudo_world_size > 1) is "
-                "not supported yet: a joining rank's state broadcast knows "
-                "AdamW's layout only");
-        return -1;
-    }
     return 0;
 }
 

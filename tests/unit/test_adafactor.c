@@ -266,8 +266,6 @@ static void test_spec_keys_and_refusals(void **state)
          "{\"backend\": \"cuda\"}", "\"cuda\" is not supported yet"},
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
          "{\"memory_budget\": \"1GiB\"}", "with offloading"},
-        {"\"optimizer\": {\"name\": \"adafactor\"}, \"nodes\": "
-         "{\"world_size\": 2}", "with data parallelism"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(js, sizeof js, "%s, %s}", base, bad[i][0]);
