@@ -691,8 +691,9 @@ static int metrics_bind_(void)
     }
     gemm_info gi;
     gemm_describe(&gi);
-    stats_set_gemm(g.stats, gi.library, gi.version, gi.isa,
-                   gemm_ready(GEMM_FP32, NULL, 0) == 0);
+    stats_set_gemm(g.stats, gi.library, gi.version, gi.isa, gi.bf16_native,
+                   gemm_ready(GEMM_FP32, NULL, 0) == 0,
+                   gemm_ready(GEMM_BF16, NULL, 0) == 0);
     g.http_fd = http_listen(g.opt.metrics_listen, err, sizeof err);
     if (g.http_fd < 0) {
         log_error("http.error", "err=\"%s\"", err);

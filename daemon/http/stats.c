@@ -57,7 +57,7 @@ struct http_stats {
     int n_http;
     /* stats_set_gemm; gemm_library[0] 0: not set */
     char gemm_library[64], gemm_version[64], gemm_isa[64];
-    int gemm_passed;
+    int gemm_bf16_native, gemm_passed[2];  /* [0] fp32, [1] bf16 */
 };
 
 static double mono_(void)
@@ -91,13 +91,16 @@ void stats_free(http_stats *s)
 /* ---------------------------------------------------------------- updates */
 
 void stats_set_gemm(http_stats *s, const char *library, const char *version,
-                    const char *isa, int selfcheck_passed)
+                    const char *isa, int bf16_native, int fp32_passed,
+                    int bf16_passed)
 {
     pthread_mutex_lock(&s->mu);
     snprintf(s->gemm_library, sizeof s->gemm_library, "%s", library);
     snprintf(s->gemm_version, sizeof s->gemm_version, "%s", version);
     snprintf(s->gemm_isa, sizeof s->gemm_isa, "%s", isa);
-    s->gemm_passed = selfcheck_passed != 0;
+    s->gemm_bf16_native = bf16_native != 0;
+    s->gemm_passed[0] = fp32_passed != 0;
+    s->gemm_passed[1] = bf16_passed != 0;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -372,11 +375,17 @@ static void render_locked_(sbuf *b, const http_stats *s)
         esc_(isa, sizeof isa, s->gemm_isa);
         family_(b, "m6_cpu_gemm_info", "gauge",
                 "The CPU engine's GEMM library, its version and the "
-                "instruction set it dispatches to: 1 when its start-up "
-                "self-check passed, 0 when it failed (CPU runs are then "
+                "instruction set it dispatches to, per precision "
+                "(device.precision; emulated=\"1\": bf16 without bf16 "
+                "instructions): 1 when its start-up self-check passed, 0 "
+                "when it failed (CPU runs in that precision are then "
                 "refused).");
-        put_(b, "m6_cpu_gemm_info{node=\"%s\",library=\"%s\",version=\"%s\","
-             "isa=\"%s\"} %d\n", node, l, v, isa, s->gemm_passed);
+        for (int p = 0; p < 2; p++)
+            put_(b, "m6_cpu_gemm_info{node=\"%s\",library=\"%s\","
+                 "version=\"%s\",isa=\"%s\",precision=\"%s\","
+                 "emulated=\"%d\"} %d\n", node, l, v, isa,
+                 p ? "bf16" : "fp32", p && !s->gemm_bf16_native,
+                 s->gemm_passed[p]);
     }
 
     /* per run */

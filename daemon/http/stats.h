@@ -56,11 +56,16 @@ http_stats *stats_new(double start_unix, const char *node, double peak_flops);
 void stats_free(http_stats *s);
 
 /* What multiplies in the CPU engine (gemm_describe, kernels.h): library,
- * version, isa (copied; each cut at 63 bytes), and whether its start-up
- * self-check passed (gemm_ready). Exported as m6_cpu_gemm_info, 1 passed,
- * 0 failed (CPU runs are then refused); not exported until set. */
+ * version, isa (copied; each cut at 63 bytes), whether bf16 runs on bf16
+ * instructions (bf16_native 1) or is emulated, and whether each
+ * precision's start-up self-check passed (gemm_ready). Exported as
+ * m6_cpu_gemm_info, one series per precision (label precision="fp32" or
+ * "bf16", emulated="1" for bf16 without bf16 instructions): 1 passed, 0
+ * failed (CPU runs in that precision are then refused); not exported
+ * until set. */
 void stats_set_gemm(http_stats *s, const char *library, const char *version,
-                    const char *isa, int selfcheck_passed);
+                    const char *isa, int bf16_native, int fp32_passed,
+                    int bf16_passed);
 
 /* Publish a step (s NULL: nothing). */
 void stats_step(http_stats *s, const stats_step_rec *r);

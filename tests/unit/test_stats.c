@@ -85,16 +85,24 @@ static void test_gemm_info(void **state)
     char *t = render_(s);
     assert_null(strstr(t, "m6_cpu_gemm_info"));
     free(t);
-    stats_set_gemm(s, "onednn", "2.6.3", "avx512_core", 1);
+    stats_set_gemm(s, "onednn", "2.6.3", "avx512_core", 0, 1, 0);
     t = render_(s);
     assert_non_null(strstr(t, "# TYPE m6_cpu_gemm_info gauge\n"));
     assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"onednn\","
-                              "version=\"2.6.3\",isa=\"avx512_core\"} 1\n"));
+                              "version=\"2.6.3\",isa=\"avx512_core\","
+                              "precision=\"fp32\",emulated=\"0\"} 1\n"));
+    assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"onednn\","
+                              "version=\"2.6.3\",isa=\"avx512_core\","
+                              "precision=\"bf16\",emulated=\"1\"} 0\n"));
     free(t);
-    stats_set_gemm(s, "loops", "none", "a\"b", 0);
+    stats_set_gemm(s, "loops", "none", "a\"b", 1, 0, 1);
     t = render_(s);
     assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"loops\","
-                              "version=\"none\",isa=\"a\\\"b\"} 0\n"));
+                              "version=\"none\",isa=\"a\\\"b\",precision=\"fp32\","
+                              "emulated=\"0\"} 0\n"));
+    assert_non_null(strstr(t, "\nm6_cpu_gemm_info{node=\"n1\",library=\"loops\","
+                              "version=\"none\",isa=\"a\\\"b\",precision=\"bf16\","
+                              "emulated=\"0\"} 1\n"));
     assert_null(strstr(t, "onednn"));
     free(t);
     stats_free(s);
