@@ -83,8 +83,11 @@ stop_daemon
 # Its spec has a million steps, so it is training when the limit passes
 # whatever the speed of a step; its losses are compared row for row with
 # a run of the same spec stopped after as many steps.
+# Both runs are stopped at a held step boundary (lib.sh hold_boundary): a
+# stop that lands during a validation pass abandons it (the row keeps no
+# val_loss), which the other run's row would not match.
 CKPT_EVERY=1000 write_spec "$T/long.json" lkl 1000000 100 '"device": {"threads": 1}'
-start_daemon "$T/st" --db-hold-limit 2
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/st" --db-hold-limit 2
 R3=$(ctl submit "$T/long.json")
 wait_step "$R3" 200
 lock_db "$T/st" 8
@@ -107,12 +110,16 @@ n=$(db "$T/st" "select count(*) || ' ' || max(step) from metrics where run=$R3")
 log "run $R3 paused at step $step past the hold limit; all its rows written"
 ctl resume "$R3" >/dev/null || fail "resume of run $R3"
 wait_step "$R3" $((step + 50))
+hold_boundary
 ctl stop "$R3" >/dev/null || fail "stop of run $R3"
+release_boundary
 wait_state "$R3" stopped 30
 n=$(db "$T/st" "select step from runs where id=$R3")
 R4=$(ctl submit "$T/long.json")
 wait_step "$R4" "$n" 120
+hold_boundary
 ctl stop "$R4" >/dev/null || fail "stop of run $R4"
+release_boundary
 wait_state "$R4" stopped 30
 losses "$R3" >"$T/paused.csv"
 losses "$R4" >"$T/r4.csv"
