@@ -961,6 +961,8 @@ int main(int argc, char **argv)
         run_("joinaf9", "joinaf9", 2, 0, "join", 120);
         check_join_("joinaf9", &one9);
         param_tol_ = PARAM_TOL;
+        free(one0.params);
+        free(one9.params);
         printf("adafactor    2 ranks, and a join at the delink with and "
                "without a first moment: one node's steps\n");
     }
