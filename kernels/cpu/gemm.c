@@ -373,9 +373,11 @@ void gemm_describe(gemm_info *info)
 
 #else /* M6_NO_GEMM_LIB */
 
-static void gemm_lib_(gemm_op ta, gemm_op tb, int M, int N, int K,
-                      float alpha, const float *A, int lda, const float *B,
-                      int ldb, float beta, float *C, int ldc)
+/* C = alpha op(A) op(B) + beta C in plain loops, fp32 sums; bf16 1: each
+ * input rounded to bf16 first (products exact in fp32) */
+static void gemm_loops_(gemm_op ta, gemm_op tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *C, int ldc, int bf16)
 {
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
@@ -385,6 +387,10 @@ static void gemm_lib_(gemm_op ta, gemm_op tb, int M, int N, int K,
                                        : A[(size_t)i * lda + k];
                 float b = tb == GEMM_T ? B[(size_t)j * ldb + k]
                                        : B[(size_t)k * ldb + j];
+                if (bf16) {
+                    a = gemm_bf16_round(a);
+                    b = gemm_bf16_round(b);
+                }
                 s += a * b;
             }
             float *c = C + (size_t)i * ldc + j;
@@ -393,27 +399,19 @@ static void gemm_lib_(gemm_op ta, gemm_op tb, int M, int N, int K,
     }
 }
 
-/* gemm_lib_ on inputs rounded to bf16 (products exact in fp32, summed in
- * fp32) */
+static void gemm_lib_(gemm_op ta, gemm_op tb, int M, int N, int K,
+                      float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc)
+{
+    gemm_loops_(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+}
+
 static void gemm_lib_bf16_(gemm_op ta, gemm_op tb, int M, int N, int K,
                            float alpha, const float *A, int lda,
                            const float *B, int ldb, float beta, float *C,
                            int ldc)
 {
-    for (int i = 0; i < M; i++) {
-        for (int j = 0; j < N; j++) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++) {
-                float a = ta == GEMM_T ? A[(size_t)k * lda + i]
-                                       : A[(size_t)i * lda + k];
-                float b = tb == GEMM_T ? B[(size_t)j * ldb + k]
-                                       : B[(size_t)k * ldb + j];
-                s += gemm_bf16_round(a) * gemm_bf16_round(b);
-            }
-            float *c = C + (size_t)i * ldc + j;
-            *c = alpha * s + (beta != 0.0f ? beta * *c : 0.0f);
-        }
-    }
+    gemm_loops_(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
 }
 
 void gemm_describe(gemm_info *info)
