@@ -70,10 +70,13 @@ static float bf16_(float x)     /* round to nearest even, 8 bits kept */
     return x;
 }
 
-/* rounds both inputs to bf16 and multiplies those: a silent bf16 path */
-static void bf16_inputs_(gemm_op ta, gemm_op tb, int M, int N, int K,
-                         float alpha, const float *A, int lda, const float *B,
-                         int ldb, float beta, float *C, int ldc)
+/* gemm on copies of A and B with every element passed through narrow: the
+ * wrong GEMMs that change the inputs' precision */
+static void rounded_inputs_(float (*narrow)(float), gemm_f32_fn gemm,
+                            gemm_op ta, gemm_op tb, int M, int N, int K,
+                            float alpha, const float *A, int lda,
+                            const float *B, int ldb, float beta, float *C,
+                            int ldc)
 {
     int ar = ta == GEMM_N ? M : K, br = tb == GEMM_N ? K : N;
     float *a = malloc(sizeof(float) * (size_t)ar * lda);
@@ -81,12 +84,21 @@ static void bf16_inputs_(gemm_op ta, gemm_op tb, int M, int N, int K,
     assert_non_null(a);
     assert_non_null(b);
     for (size_t i = 0; i < (size_t)ar * lda; i++)
-        a[i] = bf16_(A[i]);
+        a[i] = narrow(A[i]);
     for (size_t i = 0; i < (size_t)br * ldb; i++)
-        b[i] = bf16_(B[i]);
-    real_(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+        b[i] = narrow(B[i]);
+    gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
     free(a);
     free(b);
+}
+
+/* rounds both inputs to bf16 and multiplies those: a silent bf16 path */
+static void bf16_inputs_(gemm_op ta, gemm_op tb, int M, int N, int K,
+                         float alpha, const float *A, int lda, const float *B,
+                         int ldb, float beta, float *C, int ldc)
+{
+    rounded_inputs_(bf16_, real_, ta, tb, M, N, K, alpha, A, lda, B, ldb,
+                    beta, C, ldc);
 }
 
 /* beta 0 taken as a tiny beta: C is read, a NaN in it comes through */
@@ -130,18 +142,8 @@ static void truncated_(gemm_op ta, gemm_op tb, int M, int N, int K,
                        float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc)
 {
-    int ar = ta == GEMM_N ? M : K, br = tb == GEMM_N ? K : N;
-    float *a = malloc(sizeof(float) * (size_t)ar * lda);
-    float *b = malloc(sizeof(float) * (size_t)br * ldb);
-    assert_non_null(a);
-    assert_non_null(b);
-    for (size_t i = 0; i < (size_t)ar * lda; i++)
-        a[i] = trunc16_(A[i]);
-    for (size_t i = 0; i < (size_t)br * ldb; i++)
-        b[i] = trunc16_(B[i]);
-    reals_[GEMM_FP32](ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
-    free(a);
-    free(b);
+    rounded_inputs_(trunc16_, reals_[GEMM_FP32], ta, tb, M, N, K, alpha, A,
+                    lda, B, ldb, beta, C, ldc);
 }
 
 /* ----------------------------------------------------------- the tests */
