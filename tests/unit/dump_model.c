@@ -23,6 +23,7 @@
 #include "kernels.h"
 #include "model/gpt.h"
 #include "ckpt/checkpoint.h"
+#include "../common/dump_files.h"
 
 int main(int argc, char **argv)
 {
@@ -116,16 +117,13 @@ int main(int argc, char **argv)
     ts[n++] = (st_tensor){"inputs", inpf, 2, {B, T}};
     ts[n++] = (st_tensor){"targets", tgtf, 2, {B, T}};
     ts[n++] = (st_tensor){"loss", &loss, 1, {1, 0}};
-    FILE *f = fopen(argv[1], "wb");
-    char err[256];
-    if (!f || safetensors_write(f, ts, n, err, sizeof err) < 0) {
-        fprintf(stderr, "dump_model: cannot write %s\n", argv[1]);
+    if (dump_tensors("dump_model", argv[1], ts, n) < 0)
         return 1;
-    }
-    fclose(f);
     char side[4096];
     snprintf(side, sizeof side, "%s.json", argv[1]);
-    f = fopen(side, "w");
+    FILE *f = dump_json_open("dump_model", side);
+    if (!f)
+        return 1;
     fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
                "\"B\": %d, \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
                "\"CF\": %.9g, \"AUX\": %.9g, \"Z\": %.9g, \"dropped\": %ld, "

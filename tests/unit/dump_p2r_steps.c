@@ -25,6 +25,7 @@
 #include "train/trainer.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
+#include "../common/dump_files.h"
 
 #define MAX_STEPS 32
 
@@ -118,15 +119,10 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(path, sizeof path, "%s/batches.safetensors", out);
-    FILE *f = fopen(path, "wb");
-    if (!f || safetensors_write(f, tens, (int)(2 * steps), err,
-                                sizeof err) < 0) {
-        fprintf(stderr, "dump_p2r_steps: cannot write %s\n", path);
+    if (dump_tensors("dump_p2r_steps", path, tens, (int)(2 * steps)) < 0)
         return 1;
-    }
-    fclose(f);
     snprintf(path, sizeof path, "%s/run.json", out);
-    f = fopen(path, "w");
+    FILE *f = dump_json_open("dump_p2r_steps", path);
     if (!f)
         return 1;
     fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
