@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "spec/spec.h"  /* model_config */
 
@@ -63,6 +64,21 @@ static inline double bench_frac_arg(const char *prog, const char *name,
         exit(2);
     }
     return v;
+}
+
+/* Which of the two words a and b arg is: 0 for a, 1 for b; otherwise says
+ * so on stderr (prog: --name: want a or b, got "arg") and exits 2. */
+static inline int bench_choice_arg(const char *prog, const char *name,
+                                   const char *arg, const char *a,
+                                   const char *b)
+{
+    if (strcmp(arg, a) == 0)
+        return 0;
+    if (strcmp(arg, b) == 0)
+        return 1;
+    fprintf(stderr, "%s: --%s: want %s or %s, got \"%s\"\n", prog, name, a,
+            b, arg);
+    exit(2);
 }
 
 /* After getopt_long: benchmarks take options only, so a stray argument (a

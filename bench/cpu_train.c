@@ -130,15 +130,10 @@ int main(int argc, char **argv)
             }
             break;
         case 'P':
-            if (strcmp(optarg, gemm_precision_name(GEMM_FP32)) == 0)
-                prec = GEMM_FP32;
-            else if (strcmp(optarg, gemm_precision_name(GEMM_BF16)) == 0)
-                prec = GEMM_BF16;
-            else {
-                fprintf(stderr, "cpu_train: --precision: want fp32 or bf16, "
-                        "got \"%s\"\n", optarg);
-                return 2;
-            }
+            prec = bench_choice_arg("cpu_train", "precision", optarg,
+                                    gemm_precision_name(GEMM_FP32),
+                                    gemm_precision_name(GEMM_BF16))
+                       ? GEMM_BF16 : GEMM_FP32;
             break;
         case 'h': usage_(); return 0;
         default: usage_(); return 2;
