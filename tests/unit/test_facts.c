@@ -17,6 +17,7 @@
 
 #include "model/facts.h"
 #include "model/gpt.h"
+#include "../common/test_main.h"
 
 /* The shapes of every case: V = 50, C = 12 (NH 2), T = 7; chosen so that
  * no region is a multiple of 16 floats and the padding shows.
@@ -220,14 +221,9 @@ static void test_bad_input(void **st)
     assert_int_equal(model_param_floats(&m, 2, bad), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_allocation),
-        cmocka_unit_test(test_optimizer_state),
-        cmocka_unit_test(test_hand_counts),
-        cmocka_unit_test(test_parts_and_bytes),
-        cmocka_unit_test(test_bad_input),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_against_allocation),
+    cmocka_unit_test(test_optimizer_state),
+    cmocka_unit_test(test_hand_counts),
+    cmocka_unit_test(test_parts_and_bytes),
+    cmocka_unit_test(test_bad_input))

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "proto/frame.h"
+#include "../common/test_main.h"
 
 static size_t mkframe_(uint8_t *out, const char *payload)
 {
@@ -128,14 +129,9 @@ static void test_pack_unpack(void **st)
     free(f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_len_roundtrip),
-        cmocka_unit_test(test_split_every_byte),
-        cmocka_unit_test(test_coalesced_and_partial),
-        cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_pack_unpack),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_len_roundtrip),
+    cmocka_unit_test(test_split_every_byte),
+    cmocka_unit_test(test_coalesced_and_partial),
+    cmocka_unit_test(test_oversize),
+    cmocka_unit_test(test_pack_unpack))

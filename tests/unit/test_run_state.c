@@ -28,6 +28,7 @@
 #include "common/run_state.h"
 #include "m6.pb-c.h"
 #include "state/state.h"
+#include "../common/test_main.h"
 
 /* The names m6.db files hold in runs.state, in m6.proto's order. */
 static const char *const db_names_[] = {"queued", "running", "paused",
@@ -148,12 +149,7 @@ static void test_db_stores_names(void **s)
     unlink(p);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_proto_agrees),
-        cmocka_unit_test(test_db_names),
-        cmocka_unit_test(test_db_stores_names),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_proto_agrees),
+    cmocka_unit_test(test_db_names),
+    cmocka_unit_test(test_db_stores_names))

@@ -19,6 +19,7 @@
 
 #include "state/schema.h"
 #include "state/state.h"
+#include "../common/test_main.h"
 
 static char dbpath[256];
 
@@ -663,19 +664,14 @@ static void test_other_writer_held(void **s)
     state_close(st);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_command_log, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_command_log, setup, teardown))
