@@ -81,6 +81,15 @@ static inline int bench_choice_arg(const char *prog, const char *name,
     exit(2);
 }
 
+/* The end of a benchmark's option switch, for an option o that is none of
+ * its own: --help ('h') prints usage on stdout and exits 0; anything else
+ * (getopt_long has named it on stderr) prints usage and exits 2. */
+static inline void bench_usage_exit(int o, void (*usage)(void))
+{
+    usage();
+    exit(o == 'h' ? 0 : 2);
+}
+
 /* After getopt_long: benchmarks take options only, so a stray argument (a
  * typo such as "--steps 5 10") exits 2 instead of running the default
  * benchmark. */

@@ -135,8 +135,7 @@ int main(int argc, char **argv)
                                     gemm_precision_name(GEMM_BF16))
                        ? GEMM_BF16 : GEMM_FP32;
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands("cpu_train", argc, argv);

@@ -602,8 +602,7 @@ int main(int argc, char **argv)
             }
             break;
         }
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

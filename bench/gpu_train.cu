@@ -271,8 +271,7 @@ int main(int argc, char **argv)
         case 'r':
             att_reps = bench_int_arg("gpu_train", "att-reps", optarg, 0);
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands("gpu_train", argc, argv);

@@ -175,8 +175,7 @@ int main(int argc, char **argv)
         case 'n': steps = bench_int_arg("moe", "steps", optarg, 1); break;
         case 'w': warmup = bench_int_arg("moe", "warmup", optarg, 0); break;
         case 't': threads = bench_int_arg("moe", "threads", optarg, 1); break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands("moe", argc, argv);

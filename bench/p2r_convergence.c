@@ -136,8 +136,7 @@ int main(int argc, char **argv)
                                  spec_optimizer_name(OPTIMIZER_ADAFACTOR))
                     ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

@@ -311,8 +311,7 @@ int main(int argc, char **argv)
         }
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

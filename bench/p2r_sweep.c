@@ -311,8 +311,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);
