@@ -193,32 +193,46 @@ static void expect_refused_(gemm_precision p, gemm_f32_fn fn,
         fail_msg("%s: reason does not name '%s': %s", name, want, why);
 }
 
+/* The wrong GEMMs, in the order they are tried, with the precisions
+ * they are wrong for (ON_FP32, ON_BF16: an fp32 GEMM with bf16 inputs is
+ * wrong, a bf16 one is not), the name printed and the shape class or
+ * phrase the self-check's reason must name. */
+enum { ON_FP32 = 1 << GEMM_FP32, ON_BF16 = 1 << GEMM_BF16 };
+static const struct {
+    gemm_f32_fn fn;
+    int on;
+    const char *name, *want;
+} wrong_[] = {
+    {drop_term_, ON_FP32 | ON_BF16, "dropped term", "NT 64x96x384"},
+    {tn_as_nn_, ON_FP32 | ON_BF16, "TN as NN", "TN "},
+    {bf16_inputs_, ON_FP32, "bf16 inputs", "NT 64x96x384"},
+    {unrounded_, ON_BF16, "unrounded inputs", "NT 64x96x384"},
+    {truncated_, ON_BF16, "truncated inputs", "NT 64x96x384"},
+    {reads_c_, ON_FP32 | ON_BF16, "reads C at beta 0", "beta 0"},
+    {unsteady_, ON_FP32 | ON_BF16, "unsteady", "different bits"},
+};
+
+/* every wrong GEMM of precision p refused, then the real one passes
+ * again */
+static void wrong_refused_(gemm_precision p)
+{
+    for (size_t i = 0; i < sizeof wrong_ / sizeof *wrong_; i++)
+        if (wrong_[i].on & (1 << p))
+            expect_refused_(p, wrong_[i].fn, wrong_[i].name, wrong_[i].want);
+    char why[512];
+    assert_int_equal(gemm_ready(p, why, sizeof why), 0);
+}
+
 static void test_wrong_gemms_refused(void **unused)
 {
     (void)unused;
-    expect_refused_(GEMM_FP32, drop_term_, "dropped term", "NT 64x96x384");
-    expect_refused_(GEMM_FP32, tn_as_nn_, "TN as NN", "TN ");
-    expect_refused_(GEMM_FP32, bf16_inputs_, "bf16 inputs", "NT 64x96x384");
-    expect_refused_(GEMM_FP32, reads_c_, "reads C at beta 0", "beta 0");
-    expect_refused_(GEMM_FP32, unsteady_, "unsteady", "different bits");
-    /* and the real one passes again */
-    char why[512];
-    assert_int_equal(gemm_ready(GEMM_FP32, why, sizeof why), 0);
+    wrong_refused_(GEMM_FP32);
 }
 
 static void test_wrong_bf16_gemms_refused(void **unused)
 {
     (void)unused;
-    expect_refused_(GEMM_BF16, drop_term_, "dropped term", "NT 64x96x384");
-    expect_refused_(GEMM_BF16, tn_as_nn_, "TN as NN", "TN ");
-    expect_refused_(GEMM_BF16, unrounded_, "unrounded inputs",
-                    "NT 64x96x384");
-    expect_refused_(GEMM_BF16, truncated_, "truncated inputs",
-                    "NT 64x96x384");
-    expect_refused_(GEMM_BF16, reads_c_, "reads C at beta 0", "beta 0");
-    expect_refused_(GEMM_BF16, unsteady_, "unsteady", "different bits");
-    char why[512];
-    assert_int_equal(gemm_ready(GEMM_BF16, why, sizeof why), 0);
+    wrong_refused_(GEMM_BF16);
 }
 
 /* gemm_bf16_round against values worked by hand: bf16 keeps 8
