@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "ckpt/checkpoint.h"
+#include "spec/spec.h"  /* model_config */
 
 /* Write the n tensors ts (F32) to the safetensors file path: 0, or -1
  * after saying on stderr "prog: cannot write path: why". */
@@ -38,6 +39,17 @@ static inline FILE *dump_json_open(const char *prog, const char *path)
     if (!f)
         fprintf(stderr, "%s: cannot write %s\n", prog, path);
     return f;
+}
+
+/* Open the side file's JSON object with the model's shape, as the oracles
+ * read it: {"V", "L", "NH", "C", "T" (model c) and "B" (sequences per
+ * microbatch); the caller writes the rest (each member after a ", ") and
+ * the closing brace. */
+static inline void dump_json_shape(FILE *f, const model_config *c, int B)
+{
+    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
+               "\"B\": %d", c->vocab_size, c->n_layer, c->n_head, c->n_embd,
+            c->seq_len, B);
 }
 
 #endif /* M6_TESTS_DUMP_FILES_H */

@@ -124,12 +124,11 @@ int main(int argc, char **argv)
     FILE *f = dump_json_open("dump_model", side);
     if (!f)
         return 1;
-    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
-               "\"B\": %d, \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
+    dump_json_shape(f, &cfg, B);
+    fprintf(f, ", \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
                "\"CF\": %.9g, \"AUX\": %.9g, \"Z\": %.9g, \"dropped\": %ld, "
-               "\"precision\": \"%s\", \"slot_of\": [", cfg.vocab_size,
-            cfg.n_layer, cfg.n_head,
-            cfg.n_embd, T, B, S, cfg.moe_experts, cfg.moe_prototypes,
+               "\"precision\": \"%s\", \"slot_of\": [",
+            S, cfg.moe_experts, cfg.moe_prototypes,
             model_moe_hidden(&cfg), (double)cfg.moe_capacity_factor,
             (double)cfg.moe_aux_coef, (double)cfg.moe_z_coef,
             g.moe_stats.dropped, gemm_precision_name(prec));

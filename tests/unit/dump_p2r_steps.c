@@ -125,15 +125,14 @@ int main(int argc, char **argv)
     FILE *f = dump_json_open("dump_p2r_steps", path);
     if (!f)
         return 1;
-    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
-               "\"B\": %d, \"A\": %d, \"S\": %d, \"steps\": %ld, "
+    dump_json_shape(f, &s.model, s.train.batch_size);
+    fprintf(f, ", \"A\": %d, \"S\": %d, \"steps\": %ld, "
                "\"pseudo_steps\": %ld, \"grad_scale\": \"%s\", "
                "\"lr_scale\": %.9g, \"lr\": %.9g, \"min_lr\": %.9g, "
                "\"warmup\": %ld, \"rewarm\": %ld, \"beta1\": %.9g, "
                "\"beta2\": %.9g, \"eps\": %.9g, \"wd\": %.9g, "
                "\"clip\": %.9g",
-            s.model.vocab_size, s.model.n_layer, s.model.n_head,
-            s.model.n_embd, T, s.train.batch_size, s.train.grad_accum,
+            s.train.grad_accum,
             s.pseudo.share_groups, steps, P, argv[2],
             (double)s.pseudo.lr_scale, (double)s.train.lr,
             (double)s.train.min_lr, s.train.warmup_steps,
