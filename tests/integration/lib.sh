@@ -371,6 +371,15 @@ resume_refused() {
     echo "$out"
 }
 
+# resume_to_reference RUN WHAT: once the cause of a pause is fixed (WHAT),
+# resume is taken, the run completes, and its losses are the uninterrupted
+# reference's, $T/ref.csv (same_losses).
+resume_to_reference() {
+    ctl resume "$1" >/dev/null || fail "resume ($2)"
+    ctl watch "$1" >/dev/null || fail "run $1 did not complete ($2)"
+    same_losses "$1" "$T/ref.csv" "run $1's losses differ from the reference ($2)"
+}
+
 wait_paused_error() {
     local e= s=
     for _ in $(seq 1 600); do
