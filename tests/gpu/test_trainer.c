@@ -661,11 +661,8 @@ int main(void)
         }
         STEPS = n, DELINK_AT = n / 2, SAVE_AT = 3 * n / 4;
     }
-    snprintf(dir_, sizeof dir_, "/tmp/m6-gpu-trainer.XXXXXX");
-    if (synth_shards(dir_, 40000) != 0) {
-        fprintf(stderr, "test_trainer: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_trainer", 40000) != 0)
         return 1;
-    }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
     char err[512];
     float lg[STEPS_MAX], lc[STEPS_MAX], lx[STEPS_MAX], probe[2] = {0, 0};

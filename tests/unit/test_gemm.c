@@ -404,11 +404,8 @@ int main(void)
 {
     for (int p = 0; p < GEMM_N_PRECISIONS; p++)
         reals_[p] = gemm_swap_for_test((gemm_precision)p, NULL);
-    snprintf(dir_, sizeof dir_, "/tmp/m6-gemm.XXXXXX");
-    if (synth_shards(dir_, 20000) != 0) {
-        fprintf(stderr, "test_gemm: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_gemm", 20000) != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_library_passes),
         cmocka_unit_test(test_wrong_gemms_refused),
