@@ -68,22 +68,38 @@ write_token() {
     chmod 600 "$1"
 }
 
+# tiny_model [N_LAYER [MEMBERS]]: the tests' tiny model as a JSON object:
+# V 256, C 32 in 2 heads, T 32, N_LAYER blocks (2 by default), and MEMBERS
+# (e.g. a "moe" member) added inside.
+tiny_model() {
+    echo "{\"vocab_size\": 256, \"n_layer\": ${1:-2}, \"n_embd\": 32, \"n_head\": 2, \"seq_len\": 32${2:+, $2}}"
+}
+
+# spec_file FILE NAME < MEMBERS: the spec named NAME training on
+# prepare_data's shards in $T/data, the rest of its members (model, pseudo,
+# train, ...: JSON text, "key": value lines separated by commas) read from
+# stdin, written to FILE.
+spec_file() {
+    {
+        printf '{\n  "name": "%s",\n' "$2"
+        printf '  "data": {"train": "%s", "val": "%s"},\n' \
+            "$T/data/train_*.bin" "$T/data/val_*.bin"
+        cat
+        printf '}\n'
+    } >"$1"
+}
+
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
 # M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
 # steps at their fastest (docs: how to run the suite slowed, fast and
 # contended); a test that checks sizes of its own model may not pass then.
-TEST_MODEL_DEFAULT_='{"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32}'
 write_spec() {
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": ${M6_TEST_MODEL:-$TEST_MODEL_DEFAULT_},
+    spec_file "$1" "$2" <<JSON
+  "model": ${M6_TEST_MODEL:-$(tiny_model)},
   "pseudo": {"steps": $4},
   "train": {"steps": $3, "batch_size": 4, "eval_every": 10, "seed": 7},
   "checkpoint": {"every": ${CKPT_EVERY:-10}, "keep": 3}${5:+,
   $5}
-}
 JSON
 }
 
