@@ -127,6 +127,24 @@ static inline int bench_shape_option(const char *prog, int o, const char *arg,
     }
 }
 
+/* getopt_long over argv with the table opts (short options: only "h"),
+ * applying every option of BENCH_SHAPE_OPTIONS as it comes
+ * (bench_shape_option, to the same c, B, S, steps, warmup and peak_n):
+ * the next option the benchmark handles itself, or -1 when there are none
+ * left. */
+static inline int bench_next_option(const char *prog, int argc, char **argv,
+                                    const struct option *opts,
+                                    model_config *c, int *B, int *S,
+                                    int *steps, int *warmup, int *peak_n)
+{
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1)
+        if (!bench_shape_option(prog, o, optarg, c, B, S, steps, warmup,
+                                peak_n))
+            return o;
+    return -1;
+}
+
 /* The relations between the shape options: 0, or -1 after saying on stderr
  * which one does not hold. S: share groups, already defaulted to L. */
 static inline int bench_shape_check(const char *prog, const model_config *c,
@@ -143,6 +161,20 @@ static inline int bench_shape_check(const char *prog, const model_config *c,
         return -1;
     }
     return 0;
+}
+
+/* After the option loop of a benchmark on BENCH_SHAPE_OPTIONS: no stray
+ * operand (bench_no_operands), *S (share groups; 0 when not given)
+ * defaulted to c's n_layer, and the shape relations hold
+ * (bench_shape_check). 0, or -1 after saying on stderr which one does
+ * not (the benchmark exits 2). */
+static inline int bench_shape_done(const char *prog, int argc, char **argv,
+                                   const model_config *c, int *S)
+{
+    bench_no_operands(prog, argc, argv);
+    if (*S <= 0)
+        *S = c->n_layer;
+    return bench_shape_check(prog, c, *S);
 }
 
 #endif /* M6_BENCH_ARGS_H */
