@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
+#include "../tests/common/hello_request.h"
 
 enum { Q_STATUS, Q_METRICS, Q_EVENTS, Q_PAUSE, Q_RESUME, NQ };
 static const char *const qname_[NQ] = {"status", "metrics", "events", "pause",
@@ -159,12 +160,9 @@ static void *client_main_(void *arg)
         unexpected_(s, Q_STATUS, "cannot connect");
         return NULL;
     }
-    M6__Hello hello = M6__HELLO__INIT;
-    hello.protocol_version = M6_PROTOCOL_VERSION;
-    hello.client = (char *)"bench/load";
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_HELLO;
-    rq.hello = &hello;
+    M6__Hello hello;
+    M6__Request rq;
+    hello_request(&rq, &hello, "bench/load");
     M6__Response *r = call_(fd, &rq, why, sizeof why);
     if (!r || r->status != M6__STATUS__STATUS_OK) {
         unexpected_(s, Q_STATUS, r ? r->message : why);
