@@ -29,6 +29,7 @@
 #include "m6.pb-c.h"
 #include "state/state.h"
 #include "../common/test_main.h"
+#include "../common/state_db.h"
 
 /* The names m6.db files hold in runs.state, in m6.proto's order. */
 static const char *const db_names_[] = {"queued", "running", "paused",
@@ -106,12 +107,8 @@ static char dbpath_[256];
 static void test_db_stores_names(void **s)
 {
     (void)s;
-    snprintf(dbpath_, sizeof dbpath_, "/tmp/m6-test-run-state-%d.db",
-             (int)getpid());
-    unlink(dbpath_);
-    char err[256];
-    state *st = state_open(dbpath_, err, sizeof err);
-    assert_non_null(st);
+    state_db_path(dbpath_, sizeof dbpath_, "run-state");
+    state *st = state_db_open(dbpath_);
     int64_t id = state_run_insert(st, "r", "{}", 10, 0, NULL);
     assert_true(id > 0);
     sqlite3 *db;
@@ -141,12 +138,7 @@ static void test_db_stores_names(void **s)
     }
     sqlite3_close(db);
     state_close(st);
-    char p[300];
-    unlink(dbpath_);
-    snprintf(p, sizeof p, "%s-wal", dbpath_);
-    unlink(p);
-    snprintf(p, sizeof p, "%s-shm", dbpath_);
-    unlink(p);
+    state_db_remove(dbpath_);
 }
 
 TEST_MAIN(
