@@ -422,3 +422,29 @@ db() { sqlite3 -readonly -cmd '.timeout 5000' "$1/m6.db" "$2"; }
 # losses RUN: the loss curve, bitwise (floats in their shortest round-trip
 # form), without the timing columns.
 losses() { ctl metrics "$1" --csv | cut -d, -f1-5,7; }
+
+# losses_close A.csv B.csv N TOL [--same-first K] [--falls]: two runs'
+# losses tables (losses RUN) have N rows each, every train loss finite,
+# and the train losses differ by at most TOL (absolute, nats) row by row;
+# --same-first K: the first K the same bits; --falls: A's last loss below
+# its first. Prints the largest difference; exit 1 (after saying which
+# assertion) when any of these does not hold.
+losses_close() {
+    python3 - "$@" <<'PY'
+import csv, math, sys
+fa, fb, n, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+opt = sys.argv[5:]
+a, b = (list(csv.DictReader(open(f))) for f in (fa, fb))
+assert len(a) == len(b) == n, (len(a), len(b), n)
+la, lb = ([float(r['train_loss']) for r in x] for x in (a, b))
+assert all(math.isfinite(v) for v in la + lb)
+d = max(abs(x - y) for x, y in zip(la, lb))
+if "--same-first" in opt:
+    k = int(opt[opt.index("--same-first") + 1])
+    assert la[:k] == lb[:k], (la[:k], lb[:k])
+assert d <= tol, (d, tol, la, lb)
+if "--falls" in opt:
+    assert la[-1] < la[0], (la[0], la[-1])
+print(f"# max |d loss| {d:.2e} over {n} steps; loss {la[0]:.4f} -> {la[-1]:.4f}")
+PY
+}
