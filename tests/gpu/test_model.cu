@@ -44,6 +44,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 #include "test_steps.h"
 
 extern "C" {
@@ -61,8 +62,6 @@ extern "C" {
 #define TOL_GRAD 5e-2
 #define TOL_DELINK 1e-6
 
-/* steps before the delink (test_steps.h) */
-static int STEPS = 10;
 #define STEPS_AFTER_DELINK 3
 
 static const model_config CFG = {
@@ -73,8 +72,6 @@ static const model_config CFG = {
     /* .seq_len    = */ 64,
 };
 static const int B = 4;
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 
 /* Batch k: B sequences of chain_batch.h's token chain. */
 static void batch_(int k, int32_t *inp, int32_t *tgt)

@@ -68,6 +68,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -108,8 +109,6 @@ static model_config cfg_(int L, int every, int k)
     return c;
 }
 static const int B = 2;
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 
 /* One step of both models on batch k: the CPU's loss and norm, the GPU's
  * loss, norm and router facts. */
