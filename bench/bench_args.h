@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "spec/spec.h"  /* model_config */
 
@@ -65,6 +66,30 @@ static inline double bench_frac_arg(const char *prog, const char *name,
     return v;
 }
 
+/* Which of the two words a and b arg is: 0 for a, 1 for b; otherwise says
+ * so on stderr (prog: --name: want a or b, got "arg") and exits 2. */
+static inline int bench_choice_arg(const char *prog, const char *name,
+                                   const char *arg, const char *a,
+                                   const char *b)
+{
+    if (strcmp(arg, a) == 0)
+        return 0;
+    if (strcmp(arg, b) == 0)
+        return 1;
+    fprintf(stderr, "%s: --%s: want %s or %s, got \"%s\"\n", prog, name, a,
+            b, arg);
+    exit(2);
+}
+
+/* The end of a benchmark's option switch, for an option o that is none of
+ * its own: --help ('h') prints usage on stdout and exits 0; anything else
+ * (getopt_long has named it on stderr) prints usage and exits 2. */
+static inline void bench_usage_exit(int o, void (*usage)(void))
+{
+    usage();
+    exit(o == 'h' ? 0 : 2);
+}
+
 /* After getopt_long: benchmarks take options only, so a stray argument (a
  * typo such as "--steps 5 10") exits 2 instead of running the default
  * benchmark. */
@@ -102,6 +127,24 @@ static inline int bench_shape_option(const char *prog, int o, const char *arg,
     }
 }
 
+/* getopt_long over argv with the table opts (short options: only "h"),
+ * applying every option of BENCH_SHAPE_OPTIONS as it comes
+ * (bench_shape_option, to the same c, B, S, steps, warmup and peak_n):
+ * the next option the benchmark handles itself, or -1 when there are none
+ * left. */
+static inline int bench_next_option(const char *prog, int argc, char **argv,
+                                    const struct option *opts,
+                                    model_config *c, int *B, int *S,
+                                    int *steps, int *warmup, int *peak_n)
+{
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1)
+        if (!bench_shape_option(prog, o, optarg, c, B, S, steps, warmup,
+                                peak_n))
+            return o;
+    return -1;
+}
+
 /* The relations between the shape options: 0, or -1 after saying on stderr
  * which one does not hold. S: share groups, already defaulted to L. */
 static inline int bench_shape_check(const char *prog, const model_config *c,
@@ -118,6 +161,20 @@ static inline int bench_shape_check(const char *prog, const model_config *c,
         return -1;
     }
     return 0;
+}
+
+/* After the option loop of a benchmark on BENCH_SHAPE_OPTIONS: no stray
+ * operand (bench_no_operands), *S (share groups; 0 when not given)
+ * defaulted to c's n_layer, and the shape relations hold
+ * (bench_shape_check). 0, or -1 after saying on stderr which one does
+ * not (the benchmark exits 2). */
+static inline int bench_shape_done(const char *prog, int argc, char **argv,
+                                   const model_config *c, int *S)
+{
+    bench_no_operands(prog, argc, argv);
+    if (*S <= 0)
+        *S = c->n_layer;
+    return bench_shape_check(prog, c, *S);
 }
 
 #endif /* M6_BENCH_ARGS_H */

@@ -113,10 +113,8 @@ int main(int argc, char **argv)
         {"precision", 1, 0, 'P'},
         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option("cpu_train", o, optarg, &c, &B, &S, &steps,
-                               &warmup, &peak_n))
-            continue;
+    while ((o = bench_next_option("cpu_train", argc, argv, opts, &c, &B, &S,
+                                  &steps, &warmup, &peak_n)) != -1) {
         switch (o) {
         case 't':
             threads = bench_int_arg("cpu_train", "threads", optarg, 1);
@@ -130,24 +128,15 @@ int main(int argc, char **argv)
             }
             break;
         case 'P':
-            if (strcmp(optarg, gemm_precision_name(GEMM_FP32)) == 0)
-                prec = GEMM_FP32;
-            else if (strcmp(optarg, gemm_precision_name(GEMM_BF16)) == 0)
-                prec = GEMM_BF16;
-            else {
-                fprintf(stderr, "cpu_train: --precision: want fp32 or bf16, "
-                        "got \"%s\"\n", optarg);
-                return 2;
-            }
+            prec = bench_choice_arg("cpu_train", "precision", optarg,
+                                    gemm_precision_name(GEMM_FP32),
+                                    gemm_precision_name(GEMM_BF16))
+                       ? GEMM_BF16 : GEMM_FP32;
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
-    bench_no_operands("cpu_train", argc, argv);
-    if (S <= 0)
-        S = c.n_layer;
-    if (bench_shape_check("cpu_train", &c, S) < 0)
+    if (bench_shape_done("cpu_train", argc, argv, &c, &S) < 0)
         return 2;
     if (peak_n < 1) {
         fprintf(stderr, "cpu_train: --peak-n: want >= 1 (the peak is the "

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "bench_args.h"
+#include "common/clock.h"
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/facts.h"
@@ -55,13 +56,6 @@ static const float WD = 0.1f, CLIP = 1.0f;
 #define RATIO_TARGET 0.85
 #define COPY_TARGET 0.8
 #define P_ "gpu_offload" /* program name in messages */
-
-static double now_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------- copy peak */
 
@@ -150,15 +144,15 @@ static result_ time_steps_(gpt_cuda *g, const model_config *c,
     gpt_cuda_offload_stats s0, s1;
     result_ r;
     memset(&r, 0, sizeof r);
-    double t0 = now_();
+    double t0 = clock_mono_s();
     memset(&s0, 0, sizeof s0);
     for (int k = 0; k < warmup + steps; k++) {
         if (k == warmup) {
             gpt_cuda_synchronize(g);
             gpt_cuda_get_offload_stats(g, &s0);
-            t0 = now_();
+            t0 = clock_mono_s();
         }
-        double ts = now_(), lsum = 0;
+        double ts = clock_mono_s(), lsum = 0;
         gpt_cuda_step_begin(g, LR, BETA1, BETA2, EPS, WD, max_norm);
         for (int a = 0; a < bt->accum; a++)
             lsum += gpt_cuda_train_microbatch(
@@ -169,10 +163,10 @@ static result_ time_steps_(gpt_cuda *g, const model_config *c,
         r.loss = (float)(lsum / bt->accum);
         printf("  %s step %2d%s loss %.4f norm %.3f  %.1f ms\n", label,
                k + 1, k < warmup ? " (warm-up)" : "", r.loss, norm,
-               (now_() - ts) * 1e3);
+               (clock_mono_s() - ts) * 1e3);
     }
     gpt_cuda_synchronize(g); /* host AdamW of the last step included */
-    r.wall_s = now_() - t0;
+    r.wall_s = clock_mono_s() - t0;
     gpt_cuda_get_offload_stats(g, &s1);
     stats_delta_(&r.d, &s0, &s1);
     r.tok_s = (double)BT * bt->accum * steps / r.wall_s;
@@ -278,18 +272,18 @@ static double host_available_(double *total, double gib)
 static gpt_cuda *create_(const model_config *c, int B,
                          const gpt_cuda_offload *off, const char *what)
 {
-    double t0 = now_();
+    double t0 = clock_mono_s();
     gpt_cuda *g = off ? gpt_cuda_create_offload(c, c->n_layer, B, off)
                       : gpt_cuda_create(c, c->n_layer, B);
     if (!g) {
         fprintf(stderr, "gpu_offload: creating the %s model failed\n", what);
         return NULL;
     }
-    double t1 = now_();
+    double t1 = clock_mono_s();
     gpt_cuda_init_weights(g, 1);
     gpt_cuda_synchronize(g);
     printf("gpu_offload: %s model created in %.1f s, initialised in %.1f "
-           "s\n", what, t1 - t0, now_() - t1);
+           "s\n", what, t1 - t0, clock_mono_s() - t1);
     return g;
 }
 
@@ -579,10 +573,8 @@ int main(int argc, char **argv)
         {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option(P_, o, optarg, &c, &B, &S, &steps,
-                               &warmup, &peak_n))
-            continue;
+    while ((o = bench_next_option(P_, argc, argv, opts, &c, &B, &S,
+                                  &steps, &warmup, &peak_n)) != -1) {
         switch (o) {
         case 'a': accum = bench_int_arg(P_, "accum", optarg, 1); break;
         case 'r': n_res = bench_int_arg(P_, "resident", optarg, 0); break;
@@ -602,8 +594,7 @@ int main(int argc, char **argv)
             }
             break;
         }
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

@@ -27,19 +27,13 @@
 #include <time.h>
 
 #include "bench_args.h"
+#include "common/clock.h"
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/facts.h"
 #include "kernels_cuda.h"
 
 #define PEAK_BF16_TFLOPS 989.0 /* H100/H200 SXM dense bf16 */
-
-static double now_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* x[i] (n) = a pseudo-random bf16, uniform in [-1, 1): splitmix64 of
  * seed + i, so the values depend on (seed, i) only, not on the launch. */
@@ -176,7 +170,7 @@ static double attention_ms_(int impl, int B, int T, int C, int NH, int reps)
     double best = reps < 0 ? -1 : 1e30;
     for (int r = 0; r <= reps; r++) {
         CUDA_CHECK(cudaStreamSynchronize(st));
-        double t0 = now_();
+        double t0 = clock_mono_s();
         if (gemm) {
             attention_gemm_forward_cuda(out, lse, ws, wsb, qkv, B, T, C, NH,
                                         st);
@@ -192,7 +186,7 @@ static double attention_ms_(int impl, int B, int T, int C, int NH, int reps)
                                          T, C, NH, st);
         }
         CUDA_CHECK(cudaStreamSynchronize(st));
-        double dt = (now_() - t0) * 1e3;
+        double dt = (clock_mono_s() - t0) * 1e3;
         if (r > 0 && dt < best) /* the first warms up */
             best = dt;
     }
@@ -232,8 +226,8 @@ static float timed_steps_(gpt_cuda *g, const int32_t *inp,
     double t0 = 0;
     for (int k = 0; k < warmup + steps; k++) {
         if (k == warmup)
-            t0 = now_();
-        double ts = now_();
+            t0 = clock_mono_s();
+        double ts = clock_mono_s();
         gpt_cuda_step_begin(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
         for (int a = 0; a < accum; a++)
             gpt_cuda_queue_microbatch(g, inp + (size_t)a * BT,
@@ -245,10 +239,10 @@ static float timed_steps_(gpt_cuda *g, const int32_t *inp,
         gpt_cuda_adamw(g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
         printf("  %s step %2d%s loss %.4f norm %.3f  %.1f ms\n", path, k + 1,
                k < warmup ? " (warm-up)" : "", loss, norm,
-               (now_() - ts) * 1e3);
+               (clock_mono_s() - ts) * 1e3);
     }
     gpt_cuda_synchronize(g);
-    *secs = now_() - t0;
+    *secs = clock_mono_s() - t0;
     return loss;
 }
 
@@ -262,23 +256,17 @@ int main(int argc, char **argv)
         {"accum", 1, 0, 'a'}, {"att-reps", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (bench_shape_option("gpu_train", o, optarg, &c, &B, &S, &steps,
-                               &warmup, &peak_n))
-            continue;
+    while ((o = bench_next_option("gpu_train", argc, argv, opts, &c, &B, &S,
+                                  &steps, &warmup, &peak_n)) != -1) {
         switch (o) {
         case 'a': accum = bench_int_arg("gpu_train", "accum", optarg, 1); break;
         case 'r':
             att_reps = bench_int_arg("gpu_train", "att-reps", optarg, 0);
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
-    bench_no_operands("gpu_train", argc, argv);
-    if (S <= 0)
-        S = c.n_layer;
-    if (bench_shape_check("gpu_train", &c, S) < 0)
+    if (bench_shape_done("gpu_train", argc, argv, &c, &S) < 0)
         return 2;
     cuda_device_or_skip("gpu_train");
 

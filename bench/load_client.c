@@ -32,8 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
+#include "../tests/common/hello_request.h"
 
 enum { Q_STATUS, Q_METRICS, Q_EVENTS, Q_PAUSE, Q_RESUME, NQ };
 static const char *const qname_[NQ] = {"status", "metrics", "events", "pause",
@@ -50,13 +52,6 @@ typedef struct {
     long n_lat, cap_lat;
     char first_error[512];
 } client_stats;
-
-static double now_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int connect_(void)
 {
@@ -165,12 +160,9 @@ static void *client_main_(void *arg)
         unexpected_(s, Q_STATUS, "cannot connect");
         return NULL;
     }
-    M6__Hello hello = M6__HELLO__INIT;
-    hello.protocol_version = M6_PROTOCOL_VERSION;
-    hello.client = (char *)"bench/load";
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_HELLO;
-    rq.hello = &hello;
+    M6__Hello hello;
+    M6__Request rq;
+    hello_request(&rq, &hello, "bench/load");
     M6__Response *r = call_(fd, &rq, why, sizeof why);
     if (!r || r->status != M6__STATUS__STATUS_OK) {
         unexpected_(s, Q_STATUS, r ? r->message : why);
@@ -186,7 +178,7 @@ static void *client_main_(void *arg)
     M6__EventsQuery eq = M6__EVENTS_QUERY__INIT;
     eq.run = &ref;
     long round = 0;
-    while (now_() < deadline_) {
+    while (clock_mono_s() < deadline_) {
         int q = (int)(round++ % NQ);
         M6__Request x = M6__REQUEST__INIT;
         switch (q) {
@@ -198,9 +190,9 @@ static void *client_main_(void *arg)
         case Q_PAUSE: x.body_case = M6__REQUEST__BODY_PAUSE; x.pause = &ref; break;
         case Q_RESUME: x.body_case = M6__REQUEST__BODY_RESUME; x.resume = &ref; break;
         }
-        double t0 = now_();
+        double t0 = clock_mono_s();
         r = call_(fd, &x, why, sizeof why);
-        double dt = now_() - t0;
+        double dt = clock_mono_s() - t0;
         if (!r) {
             unexpected_(s, q, why);
             break;  /* the connection is gone */
@@ -246,12 +238,12 @@ typedef struct {
 static void *bad_main_(void *arg)
 {
     bad_stats *b = arg;
-    double start = now_(), span = deadline_ - start;
+    double start = clock_mono_s(), span = deadline_ - start;
     uint8_t half[4 + 10] = {0, 0, 0, 64, 0x0a, 0x08, 0x08, 0x01, 0x12, 0x04,
                             'h', 'a', 'l', 'f'};
     for (long i = 0; i < b->n; i++) {
         double at = start + span * (double)i / (double)b->n;
-        double wait = at - now_();
+        double wait = at - clock_mono_s();
         if (wait > 0) {
             struct timespec ts = {(time_t)wait, (long)((wait - (long)wait) * 1e9)};
             nanosleep(&ts, NULL);
@@ -301,7 +293,7 @@ int main(int argc, char **argv)
                         "[--seconds D] [--bad M]\n");
         return 2;
     }
-    deadline_ = now_() + seconds;
+    deadline_ = clock_mono_s() + seconds;
     client_stats *cs = calloc((size_t)clients, sizeof *cs);
     pthread_t *th = calloc((size_t)clients, sizeof *th);
     bad_stats bs = {.n = bad};

@@ -24,14 +24,8 @@
 #include <time.h>
 
 #include "bench_args.h"
+#include "common/clock.h"
 #include "kernels.h"
-
-static double now_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static float *alloc_(size_t n, float scale, uint64_t *rng)
 {
@@ -66,7 +60,7 @@ static result run_dense_(int N, int C, int steps, int warmup)
     float *dw2 = alloc_((size_t)C * H, 0, &rng), *db2 = alloc_(C, 0, &rng);
     double t0 = 0;
     for (int s = 0; s < warmup + steps; s++) {
-        if (s == warmup) t0 = now_();
+        if (s == warmup) t0 = clock_mono_s();
         matmul_forward(h, x, w1, b1, N, C, H);
         gelu_forward(ha, h, (size_t)N * H);
         matmul_forward(y, ha, w2, b2, N, H, C);
@@ -76,7 +70,7 @@ static result run_dense_(int N, int C, int steps, int warmup)
         gelu_backward(dh, h, dha, (size_t)N * H);
         matmul_backward(dx, dw1, db1, dh, x, w1, N, C, H);
     }
-    double dt = now_() - t0;
+    double dt = clock_mono_s() - t0;
     result r = {(double)N * steps / dt, 6.0 * 2.0 * C * H * N * steps / dt / 1e9, 0};
     float *all[] = {x, w1, b1, w2, b2, h, ha, y, dy, dha, dh, dx, dw1, db1, dw2, db2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
@@ -112,7 +106,7 @@ static result run_moe_(int N, int C, int E, int k, double cf, int steps,
     double t0 = 0;
     long dropped = 0;
     for (int s = 0; s < warmup + steps; s++) {
-        if (s == warmup) t0 = now_(), dropped = 0;
+        if (s == warmup) t0 = clock_mono_s(), dropped = 0;
         dropped += moe_route(probs, lse, expert, slot, counts, routed, offset,
                              row_token, x, wg, bg, &d);
         moe_forward(out, xe, hpre, hact, ye, x, probs, expert, slot, offset,
@@ -123,7 +117,7 @@ static result run_moe_(int N, int C, int E, int k, double cf, int steps,
                      dout, x, probs, lse, expert, slot, routed, offset, xe,
                      hpre, hact, ye, wg, w1, w2, 0.01f, 0.001f, &d);
     }
-    double dt = now_() - t0;
+    double dt = clock_mono_s() - t0;
     if (E == 1 && cf >= 1.0) {
         /* one expert takes every token with probability 1: the layer is
          * the dense MLP on the same weights (a check that the benchmark
@@ -181,8 +175,7 @@ int main(int argc, char **argv)
         case 'n': steps = bench_int_arg("moe", "steps", optarg, 1); break;
         case 'w': warmup = bench_int_arg("moe", "warmup", optarg, 0); break;
         case 't': threads = bench_int_arg("moe", "threads", optarg, 1); break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands("moe", argc, argv);

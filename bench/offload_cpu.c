@@ -23,25 +23,26 @@
 
 #define P_ "offload_cpu" /* program name in messages */
 
+/* The trainer's error err on stderr, then exit 1. */
+static void die_(const char *err)
+{
+    fprintf(stderr, P_ ": %s\n", err);
+    exit(1);
+}
+
 static double run_(const run_spec *s, int steps, offload_stats *st)
 {
     char err[512];
     trainer *t = ERR_INTO(err, trainer_create(s, &err_));
-    if (!t) {
-        fprintf(stderr, "offload_cpu: %s\n", err);
-        exit(1);
-    }
+    if (!t)
+        die_(err);
     step_result r;
-    if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) { /* warm-up */
-        fprintf(stderr, "offload_cpu: %s\n", err);
-        exit(1);
-    }
+    if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) /* warm-up */
+        die_(err);
     double t0 = clock_mono_s();
     for (int i = 0; i < steps; i++)
-        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0) {
-            fprintf(stderr, "offload_cpu: %s\n", err);
-            exit(1);
-        }
+        if (ERR_INTO(err, trainer_step(t, &r, &err_)) != 0)
+            die_(err);
     double dt = clock_mono_s() - t0;
     trainer_offload_stats(t, st);
     trainer_free(t);

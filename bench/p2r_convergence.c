@@ -100,29 +100,20 @@ int main(int argc, char **argv)
         {"precision", 1, 0, 'P'}, {"optimizer", 1, 0, 'O'},
         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (p2r_train_option(P_, o, optarg, &s))
-            continue;
+    while ((o = p2r_next_option(P_, argc, argv, opts, &s)) != -1) {
         switch (o) {
         case 'd': data = optarg; break;
         case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
-            if (strcmp(optarg, "copy") && strcmp(optarg, "reset")) {
-                fprintf(stderr, "--delink-optimizer: copy or reset\n");
-                return 2;
-            }
-            s.delink.optimizer = strcmp(optarg, "reset") == 0 ? DELINK_OPT_RESET
-                                                               : DELINK_OPT_COPY;
+            s.delink.optimizer = bench_choice_arg(P_, "delink-optimizer", optarg,
+                                                  "copy", "reset")
+                                     ? DELINK_OPT_RESET : DELINK_OPT_COPY;
             break;
         case 'r': s.delink.rewarm_steps = bench_int_arg(P_, "rewarm", optarg, 0); break;
         case 'g':
-            if (strcmp(optarg, "sum") && strcmp(optarg, "mean")) {
-                fprintf(stderr, P_ ": --grad-scale: want sum or mean, got "
-                                "\"%s\"\n", optarg);
-                return 2;
-            }
-            s.pseudo.grad_scale = strcmp(optarg, "mean") == 0
+            s.pseudo.grad_scale = bench_choice_arg(P_, "grad-scale", optarg,
+                                                   "sum", "mean")
                                       ? GRAD_SCALE_MEAN : GRAD_SCALE_SUM;
             break;
         case 'x':
@@ -132,27 +123,20 @@ int main(int argc, char **argv)
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
         case 'P':
-            if (strcmp(optarg, spec_precision_name(PRECISION_FP32)) == 0)
-                s.device.precision = PRECISION_FP32;
-            else if (strcmp(optarg, spec_precision_name(PRECISION_BF16)) == 0)
-                s.device.precision = PRECISION_BF16;
-            else {
-                fprintf(stderr, P_ ": --precision: want fp32 or bf16, got "
-                                "\"%s\"\n", optarg);
-                return 2;
-            }
+            s.device.precision =
+                bench_choice_arg(P_, "precision", optarg,
+                                 spec_precision_name(PRECISION_FP32),
+                                 spec_precision_name(PRECISION_BF16))
+                    ? PRECISION_BF16 : PRECISION_FP32;
             break;
         case 'O':
-            if (strcmp(optarg, "adamw") && strcmp(optarg, "adafactor")) {
-                fprintf(stderr, P_ ": --optimizer: want adamw or adafactor, "
-                                "got \"%s\"\n", optarg);
-                return 2;
-            }
-            s.optimizer.name = strcmp(optarg, "adafactor") == 0
-                                   ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
+            s.optimizer.name =
+                bench_choice_arg(P_, "optimizer", optarg,
+                                 spec_optimizer_name(OPTIMIZER_ADAMW),
+                                 spec_optimizer_name(OPTIMIZER_ADAFACTOR))
+                    ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

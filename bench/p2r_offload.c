@@ -285,21 +285,15 @@ int main(int argc, char **argv)
         {"budget", 1, 0, 'M'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'},
         {"prepare", 0, 0, 'P'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (p2r_train_option(P_, o, optarg, &s))
-            continue;
+    while ((o = p2r_next_option(P_, argc, argv, opts, &s)) != -1) {
         switch (o) {
         case 'd': data = optarg; break;
         case 'O': out = optarg; break;
         case 'P': prepare_only = 1; break;
         case 'b':
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, P_ ": --backend: want cpu or cuda, got "
-                                "\"%s\"\n", optarg);
-                return 2;
-            }
-            s.device.backend = strcmp(optarg, "cuda") == 0 ? BACKEND_CUDA
-                                                           : BACKEND_CPU;
+            s.device.backend = bench_choice_arg(P_, "backend", optarg, "cpu",
+                                                "cuda")
+                                   ? BACKEND_CUDA : BACKEND_CPU;
             break;
         case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
@@ -317,8 +311,7 @@ int main(int argc, char **argv)
         }
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

@@ -83,6 +83,20 @@ static inline int p2r_train_option(const char *prog, int o, const char *arg,
     }
 }
 
+/* getopt_long over argv with the table opts (short options: only "h"),
+ * applying every option of P2R_TRAIN_OPTIONS to *s as it comes
+ * (p2r_train_option): the next option the benchmark handles itself, or -1
+ * when there are none left. */
+static inline int p2r_next_option(const char *prog, int argc, char **argv,
+                                  const struct option *opts, run_spec *s)
+{
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1)
+        if (!p2r_train_option(prog, o, optarg, s))
+            return o;
+    return -1;
+}
+
 /* What p2r_train_hooked calls while it trains (any may be NULL; ctx is
  * passed to each):
  *   on_start(ctx, t)          once, after trainer_create, before any step

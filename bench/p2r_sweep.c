@@ -290,9 +290,7 @@ int main(int argc, char **argv)
         {"pseudo-lr-scale", 1, 0, 'R'}, {"tag", 1, 0, 'x'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (p2r_train_option(P_, o, optarg, &s))
-            continue;
+    while ((o = p2r_next_option(P_, argc, argv, opts, &s)) != -1) {
         switch (o) {
         case 'o': out = optarg; break;
         case 'c': corpora_arg = optarg; break;
@@ -313,8 +311,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'h': usage_(); return 0;
-        default: usage_(); return 2;
+        default: bench_usage_exit(o, usage_);
         }
     }
     bench_no_operands(P_, argc, argv);

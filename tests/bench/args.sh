@@ -6,16 +6,7 @@
 set -u
 CPU_TRAIN=$1 OFFLOAD_CPU=$2 P2R=$3 OFFLOAD_HOST=$4
 shift 4
-fails=0
-# want RC ERE CMD...: CMD exits RC and its stderr matches ERE
-want() {
-    local rc_want=$1 re=$2 rc=0; shift 2
-    err=$("$@" 2>&1 >/dev/null) || rc=$?
-    if [ "$rc" != "$rc_want" ] || ! grep -Eq -- "$re" <<<"$err"; then
-        echo "FAIL: $*: exit $rc (want $rc_want), stderr '$err' (want /$re/)"
-        fails=$((fails + 1))
-    fi
-}
+. "$(dirname "$0")/lib.sh"
 for b in "$CPU_TRAIN" "$@"; do
     n=$(basename "$b")
     n=${n#emu_bench_}

@@ -16,8 +16,7 @@ P2R=$1 M6CTL=$2 BACKEND=${3:-cpu}
 [ -d /usr/share/games/fortunes ] || { echo "SKIP: no /usr/share/games/fortunes"; exit 77; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-p2roff-test.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 L=4 STEPS=40 EVERY=5
 A=(--data "$T/data" --layers $L --embd 32 --heads 2 --seq 16 --batch 2 --lr 3e-3
    --steps $STEPS --warmup 2 --eval-every $EVERY --eval-batches 2
@@ -146,10 +145,8 @@ pout=$("$P2R" --prepare --data "$T/data2" 2>&1) || fail "--prepare exited $?: $p
 # bad options
 for bad in "--offload-frac 0" "--offload-frac 1.5" "--backend tpu" "--share-groups 4" \
            "--budget 12x" "--pseudo-frac 1" "--steps 1" "--layers x"; do
-    rc=0
     # shellcheck disable=SC2086
-    err=$("$P2R" --data "$T/data" --layers 4 --embd 16 --heads 2 $bad 2>&1) || rc=$?
-    [ "$rc" = 2 ] && grep -q '^p2r_offload: --' <<<"$err" || fail "$bad: rc $rc, $err"
+    want 2 '^p2r_offload: --' "$P2R" --data "$T/data" --layers 4 --embd 16 --heads 2 $bad
 done
 [ "$fails" = 0 ] || exit 1
 echo "p2r_offload ($BACKEND): ok (curves, step counts and placements checked; wall_ratio=$(kv wall_ratio))"

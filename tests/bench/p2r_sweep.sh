@@ -9,8 +9,7 @@ SWEEP=$1
 [ -d /usr/share/games/fortunes ] || { echo "SKIP: no /usr/share/games/fortunes"; exit 77; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-sweep-test.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 A=(--out "$T/s" --corpora fortunes --layers 2 --embd 16 --heads 2 --seq 16
    --batch 2 --steps 30 --warmup 3 --eval-every 5 --eval-batches 2
    --share-groups 1 --pseudo-frac 0.2,0.5 --delink-optimizer copy,reset
@@ -73,10 +72,8 @@ rc=0; err=$("$SWEEP" "${A[@]}" --steps 31 2>&1) || rc=$?
 for bad in "--share-groups 2" "--pseudo-frac 1" "--delink-optimizer keep" \
            "--corpora wiki" "--seeds x" "--jobs 0" "--grad-scale avg" \
            "--pseudo-lr-scale 0" "--tag ../x"; do
-    rc=0
     # shellcheck disable=SC2086
-    err=$("$SWEEP" --out "$T/bad" --layers 2 --embd 16 --heads 2 $bad 2>&1) || rc=$?
-    [ "$rc" = 2 ] && grep -q '^p2r_sweep: --' <<<"$err" || fail "$bad: rc $rc, $err"
+    want 2 '^p2r_sweep: --' "$SWEEP" --out "$T/bad" --layers 2 --embd 16 --heads 2 $bad
 done
 [ "$fails" = 0 ] || exit 1
 echo "p2r_sweep: ok ($rows rows checked against their curves)"

@@ -50,6 +50,20 @@ static inline int synth_shards(char *dir, size_t n)
     return rc;
 }
 
+/* synth_shards of n tokens in a new directory /tmp/m6-PROG.XXXXXX, whose
+ * name is left in dir (dirlen bytes): 0, or -1 after saying on stderr
+ * "prog: cannot make temporary data". */
+static inline int synth_shards_tmp(char *dir, size_t dirlen, const char *prog,
+                                   size_t n)
+{
+    snprintf(dir, dirlen, "/tmp/m6-%s.XXXXXX", prog);
+    if (synth_shards(dir, n) != 0) {
+        fprintf(stderr, "%s: cannot make temporary data\n", prog);
+        return -1;
+    }
+    return 0;
+}
+
 /* Point a spec's data globs at the shards in dir. */
 static inline void synth_spec_data(run_spec *s, const char *dir)
 {

@@ -12,16 +12,12 @@
 prepare_data "$T/data"
 
 cuda_spec() { # FILE NAME [device members]
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 32},
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 4),
   "pseudo": {"steps": 10},
   "train": {"steps": 30, "batch_size": 2, "eval_every": 10, "seed": 5},
   "checkpoint": {"every": 10, "keep": 2},
   "device": {"backend": "cuda"${3:+, $3}}
-}
 JSON
 }
 
@@ -51,20 +47,10 @@ assert 0 < r['peak_device_bytes'] <= $BUDGET == r['device_budget_bytes'], r
 " || fail "status of the offloaded run: $(ctl status "$B" --json)"
 losses "$A" >"$T/loss-a.csv"
 losses "$B" >"$T/loss-b.csv"
-python3 - "$T/loss-a.csv" "$T/loss-b.csv" <<'PY' || fail "losses: plain vs offloaded"
-import csv, math, sys
-a, b = (list(csv.DictReader(open(f))) for f in sys.argv[1:3])
-assert len(a) == len(b) == 30, (len(a), len(b))
-la, lb = ([float(r['train_loss']) for r in x] for x in (a, b))
-assert all(math.isfinite(v) for v in la + lb)
-d = max(abs(x - y) for x, y in zip(la, lb))
 # Pseudo phase: the same placement, so the same bits; Real phase: host
 # AdamW for the offloaded slots rounds like the device's to ~1 ulp
-assert la[:10] == lb[:10], (la[:10], lb[:10])
-assert d < 1e-3, d
-assert la[-1] < la[0], (la[0], la[-1])
-print(f"# plain vs offloaded: max |d loss| {d:.2e}; loss {la[0]:.4f} -> {la[-1]:.4f}")
-PY
+losses_close "$T/loss-a.csv" "$T/loss-b.csv" 30 1e-3 --same-first 10 --falls \
+    || fail "losses: plain vs offloaded"
 
 # Restart: the offloaded run paused in its Real phase, m6d stopped and
 # started again, resumed: the rest of its losses are the uninterrupted

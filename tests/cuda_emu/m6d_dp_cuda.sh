@@ -15,15 +15,11 @@ M6D_ARGS="--node-timeout $TMO" # every m6d lib.sh's start_m6d starts here
 
 prepare_data "$T/data"
 cuda_spec() { # FILE NAME [nodes]
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 3, "n_embd": 32, "n_head": 2, "seq_len": 32},
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 3),
   "pseudo": {"steps": 4},
   "train": {"steps": 8, "batch_size": 2, "grad_accum": 2, "eval_every": 4, "seed": 5},
   "device": {"backend": "cuda"}${3:+, $3}
-}
 JSON
 }
 cuda_spec "$T/one.json" one
@@ -42,13 +38,4 @@ grep -q 'cluster.rank_done run='"$RUN"' rank=1 step=8' "$T/m6d-w1.log" \
     || fail "rank 1 did not train to step 8: $(grep cluster. "$T/m6d-w1.log" | tail -5)"
 ! grep -q 'cluster.grad_engine' "$T/m6d-c.log" || fail "m6d_emu picked nccl"
 losses "$RUN" >"$T/two.csv"
-python3 - "$T/one.csv" "$T/two.csv" <<'PY' || fail "2-rank cuda losses vs the single node's"
-import csv, math, sys
-a, b = (list(csv.DictReader(open(f))) for f in sys.argv[1:3])
-assert len(a) == len(b) == 8, (len(a), len(b))
-la, lb = ([float(r['train_loss']) for r in x] for x in (a, b))
-assert all(math.isfinite(v) for v in la + lb)
-d = max(abs(x - y) for x, y in zip(la, lb))
-assert d <= 2e-3, (d, la, lb)
-print(f"# 2 cuda ranks vs 1: max |d loss| {d:.2e} over 8 steps")
-PY
+losses_close "$T/one.csv" "$T/two.csv" 8 2e-3 || fail "2-rank cuda losses vs the single node's"

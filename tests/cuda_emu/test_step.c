@@ -148,11 +148,8 @@ static void check_counts_(int step, int graphs, const counts_ *c)
 
 int main(void)
 {
-    snprintf(dir_, sizeof dir_, "/tmp/m6-emu-step.XXXXXX");
-    if (synth_shards(dir_, 40000) != 0) {
-        fprintf(stderr, "test_step: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_step", 40000) != 0)
         return 1;
-    }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
     printf("1. cuda (graphs), cuda (queued) and cpu trainers, %d "
            "microbatches per step, delink after step %d\n", ACCUM,

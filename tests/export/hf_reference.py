@@ -4,7 +4,8 @@
 written against HF's layout, not against m6's code: Conv1D weights are
 (in, out) and applied as x @ W + b; c_attn's output splits into Q, K, V
 along the last dim, each split into heads (NH, hs); the LM head is wte
-itself. The safetensors header is parsed here (no safetensors module).
+itself. The safetensors file is read by tests/common/safetensors_f32.py
+(parsed by hand, no safetensors module).
 
   check HF_DIR M6_LOGITS.f32 TOKEN...     the exported directory's logits
       against m6's (tests/export/m6_logits.c) within 1e-4; exact key set,
@@ -18,6 +19,7 @@ itself. The safetensors header is parsed here (no safetensors module).
 import glob
 import json
 import math
+import os
 import struct
 import sys
 
@@ -25,28 +27,21 @@ import torch
 
 torch.set_default_dtype(torch.float32)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "common"))
+from safetensors_f32 import read_f32  # noqa: E402
+
 HF_LAYER = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
             "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
             "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
 
 
 def read_safetensors(path):
-    """{name: tensor} of a safetensors file (F32 only), parsed by hand."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    data = raw[8 + n:]
-    out = {}
-    for name, e in header.items():
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        numel = math.prod(e["shape"]) if e["shape"] else 1
-        assert b - a == 4 * numel, (name, e)
-        t = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32)
-        out[name] = t.reshape(e["shape"]).clone()
-    return out, meta
+    """({name: float32 tensor}, metadata) of a safetensors file (F32 only)."""
+    tensors, meta = read_f32(path)
+    return {name: torch.frombuffer(bytearray(raw), dtype=torch.float32)
+            .reshape(shape).clone()
+            for name, (shape, raw) in tensors.items()}, meta
 
 
 def hf_shapes(cfg):

@@ -37,6 +37,7 @@
 #include "train/data.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
+#include "fuzz_util.h"
 
 #define SEP "\n--m6fuzz--\n"
 
@@ -89,8 +90,7 @@ static void rm_dir_(void)
 
 static void setup_(void)
 {
-    const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
-    snprintf(dir_, sizeof dir_, "%s/m6fuzz-ckpt-XXXXXX", tmp ? tmp : "/tmp");
+    snprintf(dir_, sizeof dir_, "%s/m6fuzz-ckpt-XXXXXX", fuzz_tmpdir());
     if (!mkdtemp(dir_)) fail_("mkdtemp", NULL);
     atexit(rm_dir_);
     log_set_level(LOG_ERROR);

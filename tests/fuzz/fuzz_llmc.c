@@ -19,28 +19,21 @@
 #include <unistd.h>
 
 #include "client/export.h"
+#include "fuzz_util.h"
 
 static char path_[512];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!path_[0]) {
-        const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
-        snprintf(path_, sizeof path_, "%s/m6fuzz-llmc-%d.bin", tmp ? tmp : "/tmp",
+    if (!path_[0])
+        snprintf(path_, sizeof path_, "%s/m6fuzz-llmc-%d.bin", fuzz_tmpdir(),
                  (int)getpid());
-    }
-    FILE *f = fopen(path_, "wb");
-    if (!f) return 0;
-    fwrite(data, 1, size, f);
-    fclose(f);
+    if (fuzz_write_file(path_, data, size) != 0) return 0;
     m6_weights w;
     char err[1024];
     err[0] = 0;
     if (weights_read_llmc(&w, path_, err, sizeof err) != 0) {
-        if (!err[0]) {
-            fprintf(stderr, "fuzz_llmc: refused without a message\n");
-            abort();
-        }
+        fuzz_refusal_says_why("fuzz_llmc", err);
         return 0;
     }
     int32_t hdr[256];

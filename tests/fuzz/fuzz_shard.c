@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "train/data.h"
+#include "fuzz_util.h"
 
 static char dir_[512];
 
@@ -25,8 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     if (!dir_[0]) {
-        const char *tmp = getenv("TMPDIR");  /* run.sh: its own scratch dir */
-        snprintf(dir_, sizeof dir_, "%s/m6fuzz-shard-%d", tmp ? tmp : "/tmp",
+        snprintf(dir_, sizeof dir_, "%s/m6fuzz-shard-%d", fuzz_tmpdir(),
                  (int)getpid());
         (void)mkdir(dir_, 0700);
     }
@@ -37,19 +37,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* a new name each time: the reader caches scans by file identity */
     static unsigned long seq;
     snprintf(path, sizeof path, "%s/s%lu.bin", dir_, seq++);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    fwrite(file, 1, fsize, f);
-    fclose(f);
+    if (fuzz_write_file(path, file, fsize) != 0) return 0;
 
     token_set ts;
     char err[1024];
     int rc = token_set_open_buf(&ts, path, vocab, err, sizeof err);
     if (rc != 0) {
-        if (err[0] == 0) {
-            fprintf(stderr, "fuzz_shard: refused without a message\n");
-            abort();
-        }
+        fuzz_refusal_says_why("fuzz_shard", err);
         unlink(path);
         return 0;
     }

@@ -260,11 +260,8 @@ int main(void)
         printf("test_dp_cuda: SKIP: built without Gloo\n");
         return 77;
     }
-    snprintf(dir_, sizeof dir_, "/tmp/m6-dp-cuda.XXXXXX");
-    if (synth_shards(dir_, 40000) != 0) {
-        fprintf(stderr, "test_dp_cuda: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_dp_cuda", 40000) != 0)
         return 1;
-    }
 
     printf("1. 2 ranks (gloo, staged) against 1, %d steps, delink at %d\n",
            STEPS, DELINK_AT);

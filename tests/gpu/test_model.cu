@@ -44,6 +44,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 #include "test_steps.h"
 
 extern "C" {
@@ -53,6 +54,7 @@ extern "C" {
 #include "expect_path.h"
 #include "model/cuda/gpt_cuda.h"
 #include "moment_check.h"
+#include "delink_check.h"
 #include "kernels_cuda.h" /* attention_impl_cuda */
 
 #define TOL_LOSS 5e-2
@@ -60,8 +62,6 @@ extern "C" {
 #define TOL_GRAD 5e-2
 #define TOL_DELINK 1e-6
 
-/* steps before the delink (test_steps.h) */
-static int STEPS = 10;
 #define STEPS_AFTER_DELINK 3
 
 static const model_config CFG = {
@@ -72,8 +72,6 @@ static const model_config CFG = {
     /* .seq_len    = */ 64,
 };
 static const int B = 4;
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 
 /* Batch k: B sequences of chain_batch.h's token chain. */
 static void batch_(int k, int32_t *inp, int32_t *tgt)
@@ -212,22 +210,13 @@ static void test_train_(int S)
     if (S < L) {
         /* delink: each layer its own slot, a copy of the one it shared */
         batch_(0, inp, tgt);
-        float before = gpt_cuda_forward(g, inp, tgt, B);
         int *slot_of = (int *)malloc(L * sizeof(int));
         int *src_of = (int *)malloc(L * sizeof(int));
-        for (int l = 0; l < L; l++) {
-            slot_of[l] = l;
-            src_of[l] = gpt_cuda_slot_of(g)[l];
-        }
-        if (gpt_cuda_reslot(g, L, slot_of, src_of, 0) != 0 ||
-            gpt_reslot(&c, L, slot_of, src_of, 0) != 0) {
+        delink_check_(g, L, slot_of, src_of, inp, tgt, B, TOL_DELINK);
+        if (gpt_reslot(&c, L, slot_of, src_of, 0) != 0) {
             printf("  reslot failed\n");
             exit(1);
         }
-        float after = gpt_cuda_forward(g, inp, tgt, B);
-        check_(fabs(after - before) <= TOL_DELINK,
-               "delink: loss on batch 0 after vs before", after, before,
-               TOL_DELINK);
         maxd = 0;
         for (int k = STEPS; k < STEPS + STEPS_AFTER_DELINK; k++) {
             float lc, lg, nc, ng;
@@ -266,6 +255,35 @@ static void gpu_step2_(gpt_cuda *g, int k, int32_t *inp, int32_t *tgt,
     gpt_cuda_adamw(g, LR, BETA1, BETA2, EPS, WD, CLIP);
 }
 
+/* g's master weights, AdamW m and v (w = 0, 1, 2) in the CPU layout, each
+ * malloc'd into st[w]; returns their length in floats. Exits 1 when they
+ * cannot be fetched. */
+static size_t fetch_state_(gpt_cuda *g, float *st[3])
+{
+    gpt_cuda_info info;
+    gpt_cuda_get_info(g, &info);
+    size_t n = info.n_params_cpu;
+    for (int w = 0; w < 3; w++) {
+        st[w] = (float *)malloc(n * sizeof(float));
+        if (!st[w] || gpt_cuda_get_state(g, w, st[w], n) != 0)
+            exit(1);
+    }
+    return n;
+}
+
+/* Two runs' states (fetch_state_, n floats each) bit for bit: one check
+ * line per part, labelled what[w]; frees both. */
+static void same_state_(float *st[2][3], size_t n, const char *const what[3])
+{
+    for (int w = 0; w < 3; w++) {
+        int same = !memcmp(st[0][w], st[1][w], n * sizeof(float));
+        printf("  %-44s %s\n", what[w], same ? "ok" : "FAIL");
+        n_failed += !same;
+        free(st[0][w]);
+        free(st[1][w]);
+    }
+}
+
 static void test_determinism_(int S)
 {
     int T = CFG.seq_len;
@@ -284,14 +302,7 @@ static void test_determinism_(int S)
         gpt_cuda_init_weights(g, 7);
         for (int k = 0; k < K; k++)
             gpu_step2_(g, k, inp, tgt, &loss[run][k]);
-        gpt_cuda_info info;
-        gpt_cuda_get_info(g, &info);
-        n = info.n_params_cpu;
-        for (int w = 0; w < 3; w++) {
-            st[run][w] = (float *)malloc(n * sizeof(float));
-            if (gpt_cuda_get_state(g, w, st[run][w], n) != 0)
-                exit(1);
-        }
+        n = fetch_state_(g, st[run]);
         gpt_cuda_free(g);
     }
     printf("  losses run 1: %.7f %.7f %.7f %.7f\n", loss[0][0], loss[0][1],
@@ -300,16 +311,10 @@ static void test_determinism_(int S)
     printf("  %-44s %s\n", "run 2 losses bitwise identical",
            same ? "ok" : "FAIL");
     n_failed += !same;
-    static const char *what[3] = {"run 2 master weights bitwise identical",
-                                  "run 2 AdamW m bitwise identical",
-                                  "run 2 AdamW v bitwise identical"};
-    for (int w = 0; w < 3; w++) {
-        same = !memcmp(st[0][w], st[1][w], n * sizeof(float));
-        printf("  %-44s %s\n", what[w], same ? "ok" : "FAIL");
-        n_failed += !same;
-        free(st[0][w]);
-        free(st[1][w]);
-    }
+    static const char *const what[3] = {
+        "run 2 master weights bitwise identical",
+        "run 2 AdamW m bitwise identical", "run 2 AdamW v bitwise identical"};
+    same_state_(st, n, what);
     free(inp);
     free(tgt);
 }
@@ -351,27 +356,15 @@ static void test_adamw_paths_(void)
             gpu_step_(g, inp, tgt, &loss[path][k], &norm);
             max_norm = norm > max_norm ? norm : max_norm;
         }
-        gpt_cuda_info info;
-        gpt_cuda_get_info(g, &info);
-        n = info.n_params_cpu;
-        for (int w = 0; w < 3; w++) {
-            st[path][w] = (float *)malloc(n * sizeof(float));
-            if (gpt_cuda_get_state(g, w, st[path][w], n) != 0)
-                exit(1);
-        }
+        n = fetch_state_(g, st[path]);
         gpt_cuda_free(g);
     }
     unsetenv("M6_ADAMW_PER_TENSOR");
     printf("  largest gradient norm %.4f (clip %.1f: clipped when above)\n",
            max_norm, CLIP);
-    static const char *what[3] = {"master weights", "AdamW m", "AdamW v"};
-    for (int w = 0; w < 3; w++) {
-        int same = !memcmp(st[0][w], st[1][w], n * sizeof(float));
-        printf("  %-44s %s\n", what[w], same ? "ok" : "FAIL");
-        n_failed += !same;
-        free(st[0][w]);
-        free(st[1][w]);
-    }
+    static const char *const what[3] = {"master weights", "AdamW m",
+                                        "AdamW v"};
+    same_state_(st, n, what);
     int same = !memcmp(loss[0], loss[1], sizeof loss[0]);
     printf("  %-44s %s\n", "losses", same ? "ok" : "FAIL");
     n_failed += !same;

@@ -68,6 +68,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -75,6 +76,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "model/cuda/gpt_cuda.h"
 #include "moment_check.h"
+#include "delink_check.h"
 
 #define TOL_LOSS 5e-2
 #define TOL_AUX 5e-2
@@ -107,8 +109,6 @@ static model_config cfg_(int L, int every, int k)
     return c;
 }
 static const int B = 2;
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 
 /* One step of both models on batch k: the CPU's loss and norm, the GPU's
  * loss, norm and router facts. */
@@ -226,25 +226,14 @@ static void test_train_(int L, int every, int kp, int S, int moments,
            TOL_LOSS);
     if (S < L) {
         chain_batch(0, B, T, cfg.vocab_size, inp, tgt);
-        float before = gpt_cuda_forward(g, inp, tgt, B);
         int slot_of[16], src_of[16];
-        for (int l = 0; l < L; l++) {
-            slot_of[l] = l;
-            src_of[l] = gpt_cuda_slot_of(g)[l];
+        delink_check_(g, L, slot_of, src_of, inp, tgt, B, TOL_DELINK);
+        for (int l = 0; l < L; l++)
             if (src_of[l] != c.slot_of[l]) {
                 printf("  share map: layer %d in GPU slot %d, CPU slot %d "
                        "FAIL\n", l, src_of[l], c.slot_of[l]);
                 n_failed++;
             }
-        }
-        if (gpt_cuda_reslot(g, L, slot_of, src_of, 0) != 0) {
-            printf("  reslot failed\n");
-            exit(1);
-        }
-        float after = gpt_cuda_forward(g, inp, tgt, B);
-        check_(fabs(after - before) <= TOL_DELINK,
-               "delink: loss on batch 0 after vs before", after, before,
-               TOL_DELINK);
         if (every > 1) {
             /* the CPU model delinked alike, then both train on */
             if (gpt_reslot(&c, L, slot_of, src_of, 0) != 0) {

@@ -78,6 +78,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 #include "test_steps.h"
 
 extern "C" {
@@ -94,8 +95,6 @@ extern "C" {
 #define TOL_W 2e-2
 #define TOL_ACCUM 2e-2
 
-/* steps before the delink (test_steps.h) */
-static int STEPS = 10;
 #define STEPS_AFTER_DELINK 5
 
 static const model_config CFG = {
@@ -107,8 +106,6 @@ static const model_config CFG = {
 };
 static const int B = 4;       /* sequences per step (tests 1, 3, 4) */
 static const int B_ACC = 8;   /* sequences per step of test 2 */
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 static const int HOST_THREADS = 4;
 
 static size_t NG, SS;  /* CPU layout: globals, one slot (floats, padded) */

@@ -65,6 +65,7 @@
 
 #include "chain_batch.h"
 #include "report.h"
+#include "adamw_hparams.h"
 
 extern "C" {
 #include "model/gpt.h"
@@ -102,8 +103,6 @@ static model_config cfg_(int k)
     return c;
 }
 static const int B = 2;
-static const float LR = 1e-3f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;
-static const float WD = 0.1f, CLIP = 1.0f;
 
 /* State buffer `which` of g in the CPU layout of c (n_params floats). */
 static float *state_(gpt_model *c, gpt_cuda *g, int which)

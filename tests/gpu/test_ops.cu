@@ -630,6 +630,26 @@ static void test_elementwise_(size_t N, int off)
     cudaFree(d_d - off); cudaFree(d_a - off); cudaFree(d_b - off);
 }
 
+/* A padded (N, Vp) result, fetched: its first V columns of each row
+ * against want (N, V) within tol (check_ "what"), and the padding columns
+ * V..Vp all zero (check_true_ "what padding 0"). */
+static void check_padded_(const char *what, const float *got, const float *want,
+                          int N, int V, int Vp, double tol)
+{
+    float *rows = (float *)malloc((size_t)N * V * sizeof(float));
+    int pad_zero = 1;
+    for (int i = 0; i < N; i++) {
+        memcpy(rows + (size_t)i * V, got + (size_t)i * Vp, V * sizeof(float));
+        for (int j = V; j < Vp; j++)
+            pad_zero &= got[(size_t)i * Vp + j] == 0.0f;
+    }
+    check_(what, rows, want, NULL, (size_t)N * V, tol);
+    char pad[200];
+    snprintf(pad, sizeof pad, "%s padding 0", what);
+    check_true_(pad, pad_zero);
+    free(rows);
+}
+
 /* Random logits for N rows of V classes, as the GPU holds them: rows padded
  * to Vp, the padding garbage (100) that must be ignored (returned; caller
  * frees); the same rows unpadded for the CPU into *logits, and random
@@ -681,18 +701,9 @@ static void test_crossentropy_fused_(int N, int V, int Vp)
                                     Vp, st);
     float *gl = hcopy_dev_(d_losses, N), *gd = hbf_(d_logits, (size_t)N * Vp);
     check_("crossentropy_fused losses", gl, losses, NULL, N, TOL_F32);
-    float *gdv = (float *)malloc((size_t)N * V * sizeof(float));
-    int pad_zero = 1;
-    for (int i = 0; i < N; i++) {
-        memcpy(gdv + (size_t)i * V, gd + (size_t)i * Vp, V * sizeof(float));
-        for (int j = V; j < Vp; j++)
-            pad_zero &= gd[(size_t)i * Vp + j] == 0.0f;
-    }
-    check_("crossentropy_fused dlogits", gdv, dlog, NULL, (size_t)N * V,
-           TOL_BF16);
-    check_true_("crossentropy_fused dlogits padding 0", pad_zero);
+    check_padded_("crossentropy_fused dlogits", gd, dlog, N, V, Vp, TOL_BF16);
     free(lp); free(logits); free(tgt); free(losses); free(probs); free(dl);
-    free(dlog); free(gl); free(gd); free(gdv);
+    free(dlog); free(gl); free(gd);
     cudaFree(d_logits); cudaFree(d_tgt); cudaFree(d_losses);
 }
 
@@ -714,15 +725,7 @@ static void test_crossentropy_(void)
                                       V, Vp, st);
     float *gl = hcopy_dev_(d_losses, N), *gp = hbf_(d_probs, (size_t)N * Vp);
     check_("crossentropy_forward losses", gl, losses, NULL, N, TOL_F32);
-    float *gpv = (float *)malloc((size_t)N * V * sizeof(float));
-    int pad_zero = 1;
-    for (int i = 0; i < N; i++) {
-        memcpy(gpv + (size_t)i * V, gp + (size_t)i * Vp, V * sizeof(float));
-        for (int j = V; j < Vp; j++)
-            pad_zero &= gp[(size_t)i * Vp + j] == 0.0f;
-    }
-    check_("crossentropy_forward probs", gpv, probs, NULL, (size_t)N * V, TOL_BF16);
-    check_true_("crossentropy_forward probs padding 0", pad_zero);
+    check_padded_("crossentropy_forward probs", gp, probs, N, V, Vp, TOL_BF16);
 
     float *dl = hrand_(N, 0.1f, 1.0f);
     float *dlog = (float *)calloc((size_t)N * V, sizeof(float));
@@ -732,15 +735,8 @@ static void test_crossentropy_(void)
     softmax_crossentropy_backward_cuda(d_logits, d_logits, d_tgt, d_dl, N, V,
                                        Vp, st);
     float *gd = hbf_(d_logits, (size_t)N * Vp);
-    float *gdv = (float *)malloc((size_t)N * V * sizeof(float));
-    pad_zero = 1;
-    for (int i = 0; i < N; i++) {
-        memcpy(gdv + (size_t)i * V, gd + (size_t)i * Vp, V * sizeof(float));
-        for (int j = V; j < Vp; j++)
-            pad_zero &= gd[(size_t)i * Vp + j] == 0.0f;
-    }
-    check_("crossentropy_backward dlogits", gdv, dlog, NULL, (size_t)N * V, TOL_BF16);
-    check_true_("crossentropy_backward padding 0", pad_zero);
+    check_padded_("crossentropy_backward dlogits", gd, dlog, N, V, Vp,
+                  TOL_BF16);
 
     double mean = 0;
     for (int i = 0; i < N; i++)
@@ -751,7 +747,7 @@ static void test_crossentropy_(void)
     float *gm = hcopy_dev_(d_mean, 1);
     check_("mean", gm, &want_mean, NULL, 1, TOL_F32);
     free(lp); free(logits); free(tgt); free(losses); free(probs); free(gl);
-    free(gp); free(gpv); free(dl); free(dlog); free(gd); free(gdv); free(gm);
+    free(gp); free(dl); free(dlog); free(gd); free(gm);
     cudaFree(d_logits); cudaFree(d_probs); cudaFree(d_tgt); cudaFree(d_losses);
     cudaFree(d_dl); cudaFree(d_mean);
 }

@@ -10,16 +10,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* 10, or M6_TEST_STEPS when set; a value outside 1 to 10 exits 1 naming
- * prog. */
+#define TEST_STEPS_MAX 10  /* the steps before the delink on a GPU */
+
+/* The test's steps before the delink: TEST_STEPS_MAX until main sets it
+ * from test_steps_before_delink. */
+static int STEPS = TEST_STEPS_MAX;
+
+/* TEST_STEPS_MAX, or M6_TEST_STEPS when set; a value outside 1 to
+ * TEST_STEPS_MAX exits 1 naming prog. */
 static inline int test_steps_before_delink(const char *prog)
 {
     const char *steps = getenv("M6_TEST_STEPS");
     if (!steps)
-        return 10;
+        return TEST_STEPS_MAX;
     int n = atoi(steps);
-    if (n < 1 || n > 10) {
-        fprintf(stderr, "%s: M6_TEST_STEPS=%s: want 1 to 10\n", prog, steps);
+    if (n < 1 || n > TEST_STEPS_MAX) {
+        fprintf(stderr, "%s: M6_TEST_STEPS=%s: want 1 to %d\n", prog, steps,
+                TEST_STEPS_MAX);
         exit(1);
     }
     return n;

@@ -200,6 +200,34 @@ static void state_free_(state_ *st)
         free(st->buf[i]);
 }
 
+/* The checkpoint `name` loads into t (a check line, loads) and t's state
+ * is then want's bit for bit (a check line, same). 1 when it loaded. */
+static int cross_load_(trainer *t, const char *name, const state_ *want,
+                       const char *loads, const char *same)
+{
+    int ok = load_(t, name) == 0;
+    check_true_(ok, loads);
+    if (ok) {
+        state_ s;
+        state_get_(t, &s);
+        check_true_(state_equal_(&s, want), same);
+        state_free_(&s);
+    }
+    return ok;
+}
+
+/* The whole run on t (run_: losses, probe) with a checkpoint `name`
+ * saved at SAVE_AT and t's state there in *at_save. 0, or -1 after
+ * printing the error. */
+static int train_saving_(trainer *t, const run_spec *s, float *losses,
+                         float *probe, const char *name, state_ *at_save)
+{
+    if (run_(t, s, SAVE_AT, losses, probe) != 0 || save_(t, name) != 0)
+        return -1;
+    state_get_(t, at_save);
+    return run_(t, s, STEPS, losses, NULL);
+}
+
 static double max_diff_(const float *a, const float *b, int from, int to)
 {
     double m = 0;
@@ -661,11 +689,8 @@ int main(void)
         }
         STEPS = n, DELINK_AT = n / 2, SAVE_AT = 3 * n / 4;
     }
-    snprintf(dir_, sizeof dir_, "/tmp/m6-gpu-trainer.XXXXXX");
-    if (synth_shards(dir_, 40000) != 0) {
-        fprintf(stderr, "test_trainer: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_trainer", 40000) != 0)
         return 1;
-    }
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);
     char err[512];
     float lg[STEPS_MAX], lc[STEPS_MAX], lx[STEPS_MAX], probe[2] = {0, 0};
@@ -683,10 +708,7 @@ int main(void)
     printf("2. cuda: %d steps, delink at %d, save at %d\n", STEPS, DELINK_AT,
            SAVE_AT);
     state_ g15;
-    if (run_(tg, &sg, SAVE_AT, lg, probe) != 0 || save_(tg, "cuda-15") != 0)
-        return 1;
-    state_get_(tg, &g15);
-    if (run_(tg, &sg, STEPS, lg, NULL) != 0)
+    if (train_saving_(tg, &sg, lg, probe, "cuda-15", &g15) != 0)
         return 1;
     int finite = 1;
     for (int i = 0; i < STEPS; i++)
@@ -710,10 +732,7 @@ int main(void)
     trainer *tc = fixture_create_or_exit(&sc);
     check_true_(trainer_device_bytes(tc) == 0, "cpu: trainer_device_bytes 0");
     state_ c15;
-    if (run_(tc, &sc, SAVE_AT, lc, NULL) != 0 || save_(tc, "cpu-15") != 0)
-        return 1;
-    state_get_(tc, &c15);
-    if (run_(tc, &sc, STEPS, lc, NULL) != 0)
+    if (train_saving_(tc, &sc, lc, NULL, "cpu-15", &c15) != 0)
         return 1;
     trainer_free(tc);
     for (int i = 0; i < STEPS; i++)
@@ -735,25 +754,13 @@ int main(void)
         return 1;
 
     printf("5. checkpoints across backends\n");
-    state_ s;
     tc = fixture_create_or_exit(&sc);
-    ok = load_(tc, "cuda-15") == 0;
-    check_true_(ok, "cuda checkpoint loads on the cpu");
-    if (ok) {
-        state_get_(tc, &s);
-        check_true_(state_equal_(&s, &g15),
-                    "cpu state bitwise the gpu's fp32 state");
-        state_free_(&s);
-    }
+    cross_load_(tc, "cuda-15", &g15, "cuda checkpoint loads on the cpu",
+                "cpu state bitwise the gpu's fp32 state");
     trainer_free(tc);
     tg = fixture_create_or_exit(&sg);
-    ok = load_(tg, "cpu-15") == 0;
-    check_true_(ok, "cpu checkpoint loads on the gpu");
-    if (ok) {
-        state_get_(tg, &s);
-        check_true_(state_equal_(&s, &c15),
-                    "gpu state bitwise the cpu's state");
-        state_free_(&s);
+    if (cross_load_(tg, "cpu-15", &c15, "cpu checkpoint loads on the gpu",
+                    "gpu state bitwise the cpu's state")) {
         memcpy(lx, lc, sizeof lx);
         if (run_(tg, &sg, STEPS, lx, NULL) != 0)
             return 1;

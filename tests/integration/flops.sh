@@ -24,16 +24,11 @@ PEAK=1e12
 
 prepare_data "$T/data"
 write_spec "$T/dense.json" dense 400 200
-cat >"$T/mixed.json" <<JSON
-{
-  "name": "mixed",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 32,
-            "moe": {"num_experts": 4, "prototypes": 2, "every": 2, "expert_hidden": 48}},
+spec_file "$T/mixed.json" mixed <<JSON
+  "model": $(tiny_model 4 '"moe": {"num_experts": 4, "prototypes": 2, "every": 2, "expert_hidden": 48}'),
   "pseudo": {"share_groups": 2, "steps": 200},
   "train": {"steps": 400, "batch_size": 4, "eval_every": 100, "seed": 7},
   "checkpoint": {"every": 0}
-}
 JSON
 
 # close A B WHAT: |A - B| <= 1e-9 |B|

@@ -73,10 +73,8 @@ field "$R" error | has -E "No space left on device|disk is full" || fail "second
 
 # 4. Space back: resume finishes the run, the curve is the uninterrupted one.
 rm -f "$MNT/filler"
-ctl resume "$R" >/dev/null || fail "resume (space back)"
-ctl watch "$R" >/dev/null || fail "run did not complete after the space came back"
+resume_to_reference "$R" "space back after the full disk"
 [ -z "$(field "$R" error)" ] || fail "error kept after completion: $(field "$R" error)"
-same_losses "$R" "$T/ref.csv" "losses differ after the full disk"
 stop_daemon
 log "space back: completed with the reference's losses"
 
@@ -101,9 +99,7 @@ resume_refused "$R" "checkpoint failed: .*No space left on device" >/dev/null
 wait_state "$R" paused 10
 field "$R" error | has "No space left on device" || fail "retry: '$(field "$R" error)'"
 mount -o remount,size=8M "$CK" || fail "remount bigger"
-ctl resume "$R" >/dev/null || fail "resume (checkpoints space back)"
-ctl watch "$R" >/dev/null || fail "run did not complete after the checkpoints disk grew"
-same_losses "$R" "$T/ref.csv" "losses differ after the checkpoint failure"
+resume_to_reference "$R" "checkpoints disk grown after the checkpoint failure"
 stop_daemon
 log "checkpoints disk full: '$ERR'; completed with the reference's losses"
 echo "ok fulldisk"

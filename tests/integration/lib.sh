@@ -68,22 +68,38 @@ write_token() {
     chmod 600 "$1"
 }
 
+# tiny_model [N_LAYER [MEMBERS]]: the tests' tiny model as a JSON object:
+# V 256, C 32 in 2 heads, T 32, N_LAYER blocks (2 by default), and MEMBERS
+# (e.g. a "moe" member) added inside.
+tiny_model() {
+    echo "{\"vocab_size\": 256, \"n_layer\": ${1:-2}, \"n_embd\": 32, \"n_head\": 2, \"seq_len\": 32${2:+, $2}}"
+}
+
+# spec_file FILE NAME < MEMBERS: the spec named NAME training on
+# prepare_data's shards in $T/data, the rest of its members (model, pseudo,
+# train, ...: JSON text, "key": value lines separated by commas) read from
+# stdin, written to FILE.
+spec_file() {
+    {
+        printf '{\n  "name": "%s",\n' "$2"
+        printf '  "data": {"train": "%s", "val": "%s"},\n' \
+            "$T/data/train_*.bin" "$T/data/val_*.bin"
+        cat
+        printf '}\n'
+    } >"$1"
+}
+
 # write_spec FILE NAME STEPS PSEUDO_STEPS [extra top-level JSON members]
 # M6_TEST_MODEL (a JSON object) replaces the model, e.g. a tinier one for
 # steps at their fastest (docs: how to run the suite slowed, fast and
 # contended); a test that checks sizes of its own model may not pass then.
-TEST_MODEL_DEFAULT_='{"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32}'
 write_spec() {
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": ${M6_TEST_MODEL:-$TEST_MODEL_DEFAULT_},
+    spec_file "$1" "$2" <<JSON
+  "model": ${M6_TEST_MODEL:-$(tiny_model)},
   "pseudo": {"steps": $4},
   "train": {"steps": $3, "batch_size": 4, "eval_every": 10, "seed": 7},
   "checkpoint": {"every": ${CKPT_EVERY:-10}, "keep": 3}${5:+,
   $5}
-}
 JSON
 }
 
@@ -371,6 +387,15 @@ resume_refused() {
     echo "$out"
 }
 
+# resume_to_reference RUN WHAT: once the cause of a pause is fixed (WHAT),
+# resume is taken, the run completes, and its losses are the uninterrupted
+# reference's, $T/ref.csv (same_losses).
+resume_to_reference() {
+    ctl resume "$1" >/dev/null || fail "resume ($2)"
+    ctl watch "$1" >/dev/null || fail "run $1 did not complete ($2)"
+    same_losses "$1" "$T/ref.csv" "run $1's losses differ from the reference ($2)"
+}
+
 wait_paused_error() {
     local e= s=
     for _ in $(seq 1 600); do
@@ -397,3 +422,29 @@ db() { sqlite3 -readonly -cmd '.timeout 5000' "$1/m6.db" "$2"; }
 # losses RUN: the loss curve, bitwise (floats in their shortest round-trip
 # form), without the timing columns.
 losses() { ctl metrics "$1" --csv | cut -d, -f1-5,7; }
+
+# losses_close A.csv B.csv N TOL [--same-first K] [--falls]: two runs'
+# losses tables (losses RUN) have N rows each, every train loss finite,
+# and the train losses differ by at most TOL (absolute, nats) row by row;
+# --same-first K: the first K the same bits; --falls: A's last loss below
+# its first. Prints the largest difference; exit 1 (after saying which
+# assertion) when any of these does not hold.
+losses_close() {
+    python3 - "$@" <<'PY'
+import csv, math, sys
+fa, fb, n, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+opt = sys.argv[5:]
+a, b = (list(csv.DictReader(open(f))) for f in (fa, fb))
+assert len(a) == len(b) == n, (len(a), len(b), n)
+la, lb = ([float(r['train_loss']) for r in x] for x in (a, b))
+assert all(math.isfinite(v) for v in la + lb)
+d = max(abs(x - y) for x, y in zip(la, lb))
+if "--same-first" in opt:
+    k = int(opt[opt.index("--same-first") + 1])
+    assert la[:k] == lb[:k], (la[:k], lb[:k])
+assert d <= tol, (d, tol, la, lb)
+if "--falls" in opt:
+    assert la[-1] < la[0], (la[0], la[-1])
+print(f"# max |d loss| {d:.2e} over {n} steps; loss {la[0]:.4f} -> {la[-1]:.4f}")
+PY
+}

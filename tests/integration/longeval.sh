@@ -53,6 +53,18 @@ redoing() {
         || fail "run $1: trained past step 5 without redoing its pass"
 }
 
+# stop_in_redo RUN DIR NAME: the run (NAME in the log) redoes its owed
+# pass (redoing); `m6ctl stop` during it lands within BOUND, and the pass
+# is owed again (no_val: its second interruption)
+stop_in_redo() {
+    redoing "$1" "$2"
+    local t0=$SECONDS
+    tctl stop "$1" >/dev/null || fail "stop of run $1 refused"
+    wait_state "$1" stopped "$BOUND"
+    log "run $3: stopped during the redone pass of step 5 in $((SECONDS - t0)) s"
+    no_val "$1" "$2" 5 2
+}
+
 start_daemon "$T/s"
 
 # the tester's spec: refused at submit, naming the key and the limit
@@ -70,12 +82,7 @@ no_val "$A" "$T/s" 5 1
 [ "$(db "$T/s" "select step from runs where id=$A")" = 5 ] || fail "run a: paused at step $(db "$T/s" "select step from runs where id=$A"), want 5"
 
 tctl resume "$A" >/dev/null || fail "resume of run $A refused"
-redoing "$A" "$T/s"
-t0=$SECONDS
-tctl stop "$A" >/dev/null || fail "stop of run $A refused"
-wait_state "$A" stopped "$BOUND"
-log "run a: stopped during the redone pass of step 5 in $((SECONDS - t0)) s"
-no_val "$A" "$T/s" 5 2
+stop_in_redo "$A" "$T/s" a
 stop_daemon
 
 # SIGTERM during the pass: m6d exits within the bound, exit status 0
@@ -94,11 +101,6 @@ no_val "$B" "$T/s2" 5 1
 
 # the next m6d redoes the pass before step 6; a stop during it lands
 start_daemon "$T/s2"
-redoing "$B" "$T/s2"
-t0=$SECONDS
-tctl stop "$B" >/dev/null || fail "stop of run $B refused"
-wait_state "$B" stopped "$BOUND"
-log "run b: stopped during the redone pass of step 5 in $((SECONDS - t0)) s"
-no_val "$B" "$T/s2" 5 2
+stop_in_redo "$B" "$T/s2" b
 stop_daemon
 echo "PASS"

@@ -9,16 +9,11 @@
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
-cat >"$T/moe.json" <<JSON
-{
-  "name": "moe-short",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32,
-            "moe": {"num_experts": 4, "prototypes": 2, "expert_hidden": 48}},
+spec_file "$T/moe.json" moe-short <<JSON
+  "model": $(tiny_model 2 '"moe": {"num_experts": 4, "prototypes": 2, "expert_hidden": 48}'),
   "pseudo": {"share_groups": 1, "steps": 6},
   "train": {"steps": 12, "batch_size": 4, "eval_every": 6, "eval_batches": 2, "seed": 7},
   "checkpoint": {"every": 6, "keep": 2}
-}
 JSON
 start_daemon "$T/s"
 

@@ -76,15 +76,11 @@ unset 'M6D_PIDS[solo]'
 # ---- a run on the coordinator while nodes join and peers misbehave: it
 # ends with the losses of the same run on a quiet m6d
 prepare_data "$T/data"
-cat >"$T/run.json" <<JSON
-{
-  "name": "during",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+spec_file "$T/run.json" during <<JSON
+  "model": $(tiny_model),
   "pseudo": {"steps": 1000},
   "train": {"steps": 2000, "batch_size": 4, "eval_every": 500, "seed": 7},
   "checkpoint": {"every": 1000, "keep": 2}
-}
 JSON
 reference_losses "$T/quiet" "$T/run.json" "$T/quiet.csv" "quiet run"
 

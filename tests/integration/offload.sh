@@ -12,16 +12,12 @@ prepare_data "$T/data"
 # offload_spec FILE NAME [extra top-level JSON members]: six layers, so that there are slots
 # to offload; one slot in the pseudo phase, delinked at step 20.
 offload_spec() {
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 6, "n_embd": 32, "n_head": 2, "seq_len": 32},
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 6),
   "pseudo": {"share_groups": 1, "steps": 20},
   "train": {"steps": 120, "batch_size": 4, "eval_every": 20, "seed": 11},
   "checkpoint": {"every": 0, "keep": 2}${3:+,
   $3}
-}
 JSON
 }
 

@@ -10,17 +10,13 @@
 prepare_data "$T/data"
 
 spec_() { # FILE NAME SPECULATIVE BUDGET
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 32},
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 4),
   "train": {"steps": 30, "batch_size": 4, "eval_every": 10, "seed": 5,
             "grad_clip": 1.5},
   "device": {"memory_budget": $4},
   "offload": {"speculative": "$3"},
   "checkpoint": {"every": 0, "keep": 2}
-}
 JSON
 }
 spec_ "$T/probe.json" probe on 0

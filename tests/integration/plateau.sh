@@ -17,16 +17,12 @@ prepare_data "$T/data"
 # model (2 layers, C 32) evaluated every 5 steps, so that its validation
 # loss flattens within ~100 steps (seconds on 2 cores).
 plat_spec() {
-    cat >"$1" <<JSON
-{
-  "name": "$2",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model),
   "pseudo": {"steps": $4},
   "delink": $5,
   "train": {"steps": $3, "batch_size": 4, "eval_every": ${6:-5}, "eval_batches": 4, "seed": 7},
   "checkpoint": {"every": 10, "keep": 3}
-}
 JSON
 }
 

@@ -17,15 +17,11 @@ prepare_data "$T/data"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
 STEPS=60 PSEUDO=30 TOKENS_PER_STEP=$((4 * 32 * 2))
-cat >"$T/spec.json" <<JSON
-{
-  "name": "prom",
-  "data": {"train": "$T/data/train_*.bin", "val": "$T/data/val_*.bin"},
-  "model": {"vocab_size": 256, "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 32},
+spec_file "$T/spec.json" prom <<JSON
+  "model": $(tiny_model),
   "pseudo": {"steps": $PSEUDO},
   "train": {"steps": $STEPS, "batch_size": 4, "grad_accum": 2, "eval_every": 20, "seed": 7},
   "checkpoint": {"every": 30, "keep": 2}
-}
 JSON
 
 export M6_TEST_STEP_DELAY_MS=200

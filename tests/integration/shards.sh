@@ -70,13 +70,6 @@ restart_daemon() {
     start_daemon "$T/s"
 }
 life_log() { tail -n +"$LIFE_FROM" "$LOG"; }
-# resume_to_reference RUN WHAT: the data fixed (WHAT), resume is taken, the
-# run completes, and its losses are the uninterrupted reference's.
-resume_to_reference() {
-    ctl resume "$1" >/dev/null || fail "resume ($2)"
-    ctl watch "$1" >/dev/null || fail "run $1 did not complete ($2)"
-    same_losses "$1" "$T/ref.csv" "run $1's losses differ from the reference ($2)"
-}
 
 # 1. The reference: uninterrupted.
 reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"

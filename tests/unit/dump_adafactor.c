@@ -24,6 +24,7 @@
 #include "ckpt/checkpoint.h"
 #include "kernels.h"
 #include "model/gpt.h"
+#include "../common/dump_files.h"
 
 #define MAX_TENSORS 256
 
@@ -154,17 +155,13 @@ int main(int argc, char **argv)
         snprintf(names[n], sizeof names[0], "scale%d", k);
         st[n] = (st_tensor){names[n], scales + k, 1, {1, 0}};
     }
-    char path[512], err[256];
+    char path[512];
     mkdir(out, 0755);
     snprintf(path, sizeof path, "%s/steps.safetensors", out);
-    FILE *f = fopen(path, "wb");
-    if (!f || safetensors_write(f, st, n, err, sizeof err) < 0) {
-        fprintf(stderr, "dump_adafactor: cannot write %s\n", path);
+    if (dump_tensors("dump_adafactor", path, st, n) < 0)
         return 1;
-    }
-    fclose(f);
     snprintf(path, sizeof path, "%s/run.json", out);
-    f = fopen(path, "w");
+    FILE *f = dump_json_open("dump_adafactor", path);
     if (!f)
         return 1;
     fprintf(f, "{\"steps\": %d, \"lr\": %.9g, \"wd\": %.9g, \"beta1\": %.9g, "

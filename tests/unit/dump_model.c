@@ -23,6 +23,7 @@
 #include "kernels.h"
 #include "model/gpt.h"
 #include "ckpt/checkpoint.h"
+#include "../common/dump_files.h"
 
 int main(int argc, char **argv)
 {
@@ -116,22 +117,18 @@ int main(int argc, char **argv)
     ts[n++] = (st_tensor){"inputs", inpf, 2, {B, T}};
     ts[n++] = (st_tensor){"targets", tgtf, 2, {B, T}};
     ts[n++] = (st_tensor){"loss", &loss, 1, {1, 0}};
-    FILE *f = fopen(argv[1], "wb");
-    char err[256];
-    if (!f || safetensors_write(f, ts, n, err, sizeof err) < 0) {
-        fprintf(stderr, "dump_model: cannot write %s\n", argv[1]);
+    if (dump_tensors("dump_model", argv[1], ts, n) < 0)
         return 1;
-    }
-    fclose(f);
     char side[4096];
     snprintf(side, sizeof side, "%s.json", argv[1]);
-    f = fopen(side, "w");
-    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
-               "\"B\": %d, \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
+    FILE *f = dump_json_open("dump_model", side);
+    if (!f)
+        return 1;
+    dump_json_shape(f, &cfg, B);
+    fprintf(f, ", \"S\": %d, \"E\": %d, \"k\": %d, \"H\": %d, "
                "\"CF\": %.9g, \"AUX\": %.9g, \"Z\": %.9g, \"dropped\": %ld, "
-               "\"precision\": \"%s\", \"slot_of\": [", cfg.vocab_size,
-            cfg.n_layer, cfg.n_head,
-            cfg.n_embd, T, B, S, cfg.moe_experts, cfg.moe_prototypes,
+               "\"precision\": \"%s\", \"slot_of\": [",
+            S, cfg.moe_experts, cfg.moe_prototypes,
             model_moe_hidden(&cfg), (double)cfg.moe_capacity_factor,
             (double)cfg.moe_aux_coef, (double)cfg.moe_z_coef,
             g.moe_stats.dropped, gemm_precision_name(prec));

@@ -25,6 +25,7 @@
 #include "train/trainer.h"
 #include "../common/synth_data.h"
 #include "../common/err_into.h"
+#include "../common/dump_files.h"
 
 #define MAX_STEPS 32
 
@@ -118,26 +119,20 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(path, sizeof path, "%s/batches.safetensors", out);
-    FILE *f = fopen(path, "wb");
-    if (!f || safetensors_write(f, tens, (int)(2 * steps), err,
-                                sizeof err) < 0) {
-        fprintf(stderr, "dump_p2r_steps: cannot write %s\n", path);
+    if (dump_tensors("dump_p2r_steps", path, tens, (int)(2 * steps)) < 0)
         return 1;
-    }
-    fclose(f);
     snprintf(path, sizeof path, "%s/run.json", out);
-    f = fopen(path, "w");
+    FILE *f = dump_json_open("dump_p2r_steps", path);
     if (!f)
         return 1;
-    fprintf(f, "{\"V\": %d, \"L\": %d, \"NH\": %d, \"C\": %d, \"T\": %d, "
-               "\"B\": %d, \"A\": %d, \"S\": %d, \"steps\": %ld, "
+    dump_json_shape(f, &s.model, s.train.batch_size);
+    fprintf(f, ", \"A\": %d, \"S\": %d, \"steps\": %ld, "
                "\"pseudo_steps\": %ld, \"grad_scale\": \"%s\", "
                "\"lr_scale\": %.9g, \"lr\": %.9g, \"min_lr\": %.9g, "
                "\"warmup\": %ld, \"rewarm\": %ld, \"beta1\": %.9g, "
                "\"beta2\": %.9g, \"eps\": %.9g, \"wd\": %.9g, "
                "\"clip\": %.9g",
-            s.model.vocab_size, s.model.n_layer, s.model.n_head,
-            s.model.n_embd, T, s.train.batch_size, s.train.grad_accum,
+            s.train.grad_accum,
             s.pseudo.share_groups, steps, P, argv[2],
             (double)s.pseudo.lr_scale, (double)s.train.lr,
             (double)s.train.min_lr, s.train.warmup_steps,

@@ -19,6 +19,7 @@
 
 #include "cluster/cluster.h"
 #include "state/state.h"
+#include "../common/test_main.h"
 
 static char dir_[256];
 
@@ -214,14 +215,9 @@ static void test_nodes_table(void **st)
     state_close(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_addr),
-        cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
-        cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
-        cmocka_unit_test(test_facts),
-        cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_parse_addr),
+    cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
+    cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
+    cmocka_unit_test(test_facts),
+    cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_))

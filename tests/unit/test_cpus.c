@@ -18,6 +18,7 @@
 
 #include "common/cpus.h"
 #include "../common/fake_tree.h"
+#include "../common/test_main.h"
 
 static char root_[256], proc_[300];
 
@@ -101,16 +102,11 @@ static void test_this_process(void **state)
     assert_true(n <= sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_quota_caps, setup_,
-                                        tree_teardown),
-        cmocka_unit_test_setup_teardown(test_ancestor_caps, setup_,
-                                        tree_teardown),
-        cmocka_unit_test_setup_teardown(test_no_cap, setup_,
-                                        tree_teardown),
-        cmocka_unit_test(test_this_process),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_quota_caps, setup_,
+    tree_teardown),
+    cmocka_unit_test_setup_teardown(test_ancestor_caps, setup_,
+    tree_teardown),
+    cmocka_unit_test_setup_teardown(test_no_cap, setup_,
+    tree_teardown),
+    cmocka_unit_test(test_this_process))

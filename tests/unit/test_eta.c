@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "client/eta.h"
+#include "../common/test_main.h"
 
 /* A steady 4 steps/s, polled each second: after the start-up span the ETA
  * is exactly the steps left / 4. */
@@ -69,12 +70,7 @@ static void test_step_back_restarts(void **state)
     assert_true(fabs(eta - (5000.0 - 502.0) / 1.0) < 1e-6);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_steady_rate),
-        cmocka_unit_test(test_eval_pauses),
-        cmocka_unit_test(test_step_back_restarts),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_steady_rate),
+    cmocka_unit_test(test_eval_pauses),
+    cmocka_unit_test(test_step_back_restarts))

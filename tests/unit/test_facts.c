@@ -17,6 +17,7 @@
 
 #include "model/facts.h"
 #include "model/gpt.h"
+#include "../common/test_main.h"
 
 /* The shapes of every case: V = 50, C = 12 (NH 2), T = 7; chosen so that
  * no region is a multiple of 16 floats and the padding shows.
@@ -92,22 +93,32 @@ static size_t allocated_(const model_config *cfg, int S)
     return n;
 }
 
+/* check(c, L, S) for every case c: L its Real slot count (n_layer), S
+ * its Pseudo one. */
+static void each_case_(void (*check)(const case_ *c, int L, int S))
+{
+    int n;
+    const case_ *c = cases_(&n);
+    for (int i = 0; i < n; i++)
+        check(&c[i], c[i].cfg.n_layer, c[i].S_pseudo);
+}
+
+static void against_allocation_(const case_ *c, int L, int S)
+{
+    const model_config *m = &c->cfg;
+    printf("# %s: real %zu floats, pseudo (S=%d) %zu\n", c->name,
+           allocated_(m, L), S, allocated_(m, S));
+    assert_int_equal(model_param_floats(m, L, NULL), allocated_(m, L));
+    assert_int_equal(model_param_floats(m, S, NULL), allocated_(m, S));
+    /* the allocation, and the facts, against the hand count */
+    assert_int_equal(allocated_(m, L), c->floats_real);
+    assert_int_equal(allocated_(m, S), c->floats_pseudo);
+}
+
 static void test_against_allocation(void **st)
 {
     (void)st;
-    int n;
-    const case_ *c = cases_(&n);
-    for (int i = 0; i < n; i++) {
-        const model_config *m = &c[i].cfg;
-        int L = m->n_layer, S = c[i].S_pseudo;
-        printf("# %s: real %zu floats, pseudo (S=%d) %zu\n", c[i].name,
-               allocated_(m, L), S, allocated_(m, S));
-        assert_int_equal(model_param_floats(m, L, NULL), allocated_(m, L));
-        assert_int_equal(model_param_floats(m, S, NULL), allocated_(m, S));
-        /* the allocation, and the facts, against the hand count */
-        assert_int_equal(allocated_(m, L), c[i].floats_real);
-        assert_int_equal(allocated_(m, S), c[i].floats_pseudo);
-    }
+    each_case_(against_allocation_);
 }
 
 /* Optimizer state: model_optim_floats against gpt.c's allocation
@@ -120,60 +131,61 @@ static void test_against_allocation(void **st)
  *   MoE slot: ln_1, c_attn, c_proj, ln_2 168; 2 prototype gates (2 x 12)
  *     2 + 12 + 2 each -> 32; 4 experts c_fc (10 x 12) 22 + 10, c_proj
  *     (12 x 10) 22 + 12 -> 66 each, 264 -> 464 */
+static void optimizer_state_(const case_ *c, int L, int S)
+{
+    (void)S;
+    const model_config *m = &c->cfg;
+    const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
+    for (int opt = 0; opt < 3; opt++) {
+        gpt_optim o = {opt > 0, opt == 2};
+        gpt_model g;
+        memset(&g, 0, sizeof g);
+        assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
+        size_t want = model_optim_floats(m, -1, &o);
+        for (int s = 0; s < L; s++)
+            want += model_optim_floats(m, g.slot_moe[s], &o);
+        printf("# %s, %s: %zu bytes of optimizer state\n", c->name,
+               opt == 0 ? "AdamW" : opt == 1 ? "Adafactor"
+                                             : "Adafactor with m",
+               gpt_optim_bytes(&g));
+        assert_int_equal(gpt_optim_bytes(&g), want * sizeof(float));
+        if (opt == 1) {
+            assert_int_equal(model_optim_floats(m, -1, &o), hand_v[0]);
+            for (int s = 0; s < L; s++)
+                assert_int_equal(model_optim_floats(m, g.slot_moe[s], &o),
+                                 hand_v[1 + g.slot_moe[s]]);
+        }
+        if (opt == 0)
+            assert_int_equal(gpt_optim_bytes(&g),
+                             2 * c->floats_real * sizeof(float));
+        gpt_free(&g);
+    }
+}
+
 static void test_optimizer_state(void **st)
 {
     (void)st;
-    int n;
-    const case_ *c = cases_(&n);
-    const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
-    for (int i = 0; i < n; i++) {
-        const model_config *m = &c[i].cfg;
-        int L = m->n_layer;
-        for (int opt = 0; opt < 3; opt++) {
-            gpt_optim o = {opt > 0, opt == 2};
-            gpt_model g;
-            memset(&g, 0, sizeof g);
-            assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
-            size_t want = model_optim_floats(m, -1, &o);
-            for (int s = 0; s < L; s++)
-                want += model_optim_floats(m, g.slot_moe[s], &o);
-            printf("# %s, %s: %zu bytes of optimizer state\n", c[i].name,
-                   opt == 0 ? "AdamW" : opt == 1 ? "Adafactor"
-                                                 : "Adafactor with m",
-                   gpt_optim_bytes(&g));
-            assert_int_equal(gpt_optim_bytes(&g), want * sizeof(float));
-            if (opt == 1) {
-                assert_int_equal(model_optim_floats(m, -1, &o), hand_v[0]);
-                for (int s = 0; s < L; s++)
-                    assert_int_equal(model_optim_floats(m, g.slot_moe[s], &o),
-                                     hand_v[1 + g.slot_moe[s]]);
-            }
-            if (opt == 0)
-                assert_int_equal(gpt_optim_bytes(&g),
-                                 2 * c[i].floats_real * sizeof(float));
-            gpt_free(&g);
-        }
-    }
+    each_case_(optimizer_state_);
+}
+
+static void hand_counts_(const case_ *c, int L, int S)
+{
+    const model_config *m = &c->cfg;
+    printf("# %s\n", c->name);
+    assert_int_equal(model_global_params(m), 708);
+    assert_int_equal(model_embedding_params(m), 684);
+    assert_int_equal(model_slot_params(m, 0), c->slot_dense);
+    assert_int_equal(model_slot_params(m, 1), c->slot_moe);
+    assert_int_equal(model_params(m, L), c->params_real);
+    assert_int_equal(model_params(m, S), c->params_pseudo);
+    assert_float_equal(model_active_params(m), c->active, 0);
+    assert_float_equal(model_flops_per_token(m), c->flops, 0);
 }
 
 static void test_hand_counts(void **st)
 {
     (void)st;
-    int n;
-    const case_ *c = cases_(&n);
-    for (int i = 0; i < n; i++) {
-        const model_config *m = &c[i].cfg;
-        int L = m->n_layer, S = c[i].S_pseudo;
-        printf("# %s\n", c[i].name);
-        assert_int_equal(model_global_params(m), 708);
-        assert_int_equal(model_embedding_params(m), 684);
-        assert_int_equal(model_slot_params(m, 0), c[i].slot_dense);
-        assert_int_equal(model_slot_params(m, 1), c[i].slot_moe);
-        assert_int_equal(model_params(m, L), c[i].params_real);
-        assert_int_equal(model_params(m, S), c[i].params_pseudo);
-        assert_float_equal(model_active_params(m), c[i].active, 0);
-        assert_float_equal(model_flops_per_token(m), c[i].flops, 0);
-    }
+    each_case_(hand_counts_);
 }
 
 /* The block parts (hand count in the comment at the top) and the bytes
@@ -220,14 +232,9 @@ static void test_bad_input(void **st)
     assert_int_equal(model_param_floats(&m, 2, bad), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_allocation),
-        cmocka_unit_test(test_optimizer_state),
-        cmocka_unit_test(test_hand_counts),
-        cmocka_unit_test(test_parts_and_bytes),
-        cmocka_unit_test(test_bad_input),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_against_allocation),
+    cmocka_unit_test(test_optimizer_state),
+    cmocka_unit_test(test_hand_counts),
+    cmocka_unit_test(test_parts_and_bytes),
+    cmocka_unit_test(test_bad_input))

@@ -12,6 +12,8 @@
 #include <cmocka.h>
 
 #include "proto/frame.h"
+#include "../common/hello_request.h"
+#include "../common/test_main.h"
 
 static size_t mkframe_(uint8_t *out, const char *payload)
 {
@@ -103,12 +105,9 @@ static void test_oversize(void **st)
 static void test_pack_unpack(void **st)
 {
     (void)st;
-    M6__Hello hello = M6__HELLO__INIT;
-    hello.protocol_version = M6_PROTOCOL_VERSION;
-    hello.client = (char *)"test";
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_HELLO;
-    rq.hello = &hello;
+    M6__Hello hello;
+    M6__Request rq;
+    hello_request(&rq, &hello, "test");
     size_t n;
     uint8_t *f = frame_pack(&rq.base, &n);
     assert_non_null(f);
@@ -128,14 +127,9 @@ static void test_pack_unpack(void **st)
     free(f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_len_roundtrip),
-        cmocka_unit_test(test_split_every_byte),
-        cmocka_unit_test(test_coalesced_and_partial),
-        cmocka_unit_test(test_oversize),
-        cmocka_unit_test(test_pack_unpack),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_len_roundtrip),
+    cmocka_unit_test(test_split_every_byte),
+    cmocka_unit_test(test_coalesced_and_partial),
+    cmocka_unit_test(test_oversize),
+    cmocka_unit_test(test_pack_unpack))

@@ -36,6 +36,7 @@
 #include "kernels.h"
 #include "cpu/cpu_math.h"      /* the internal exp_, tested on its own */
 #include "../common/rand_fill.h"
+#include "../common/test_main.h"
 
 /* shapes: small so the finite differences are quick */
 enum { B = 2, T = 5, C = 8, NH = 2, V = 11, OC = 12, MAXT = 7, N = B * T };
@@ -949,22 +950,17 @@ static void test_determinism(void **state)
     (void)state;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_encoder),
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_matmul_blocks),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_causal),
-        cmocka_unit_test(test_attention_blocks),
-        cmocka_unit_test(test_gelu),
-        cmocka_unit_test(test_residual),
-        cmocka_unit_test(test_crossentropy),
-        cmocka_unit_test(test_crossentropy_by_hand),
-        cmocka_unit_test(test_exp),
-        cmocka_unit_test(test_determinism),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_encoder),
+    cmocka_unit_test(test_layernorm),
+    cmocka_unit_test(test_matmul),
+    cmocka_unit_test(test_matmul_blocks),
+    cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_causal),
+    cmocka_unit_test(test_attention_blocks),
+    cmocka_unit_test(test_gelu),
+    cmocka_unit_test(test_residual),
+    cmocka_unit_test(test_crossentropy),
+    cmocka_unit_test(test_crossentropy_by_hand),
+    cmocka_unit_test(test_exp),
+    cmocka_unit_test(test_determinism))

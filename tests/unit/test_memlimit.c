@@ -18,6 +18,7 @@
 
 #include "common/memlimit.h"
 #include "../common/fake_tree.h"
+#include "../common/test_main.h"
 
 #define GIB_ (1024ull * 1024 * 1024)
 #define MIB_ (1024ull * 1024)
@@ -140,15 +141,10 @@ static void test_v1_limit(void **state)
     assert_int_equal(at_().avail, 768 * MIB_);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_no_cgroup, setup_,
-                                        tree_teardown),
-        cmocka_unit_test_setup_teardown(test_v2_limit, setup_,
-                                        tree_teardown),
-        cmocka_unit_test_setup_teardown(test_v1_limit, setup_,
-                                        tree_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_no_cgroup, setup_,
+    tree_teardown),
+    cmocka_unit_test_setup_teardown(test_v2_limit, setup_,
+    tree_teardown),
+    cmocka_unit_test_setup_teardown(test_v1_limit, setup_,
+    tree_teardown))

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "../common/test_main.h"
 
 #define FD_H 1e-5
 
@@ -597,18 +598,13 @@ static void test_capacity(void **state)
     assert_int_equal(moe_capacity(0.01, 10, 8, 1), 1);  /* at least 1 */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_capacity),
-        cmocka_unit_test(test_routing_random),
-        cmocka_unit_test(test_routing_ties),
-        cmocka_unit_test(test_routing_overflow),
-        cmocka_unit_test(test_aux_balanced),
-        cmocka_unit_test(test_aux_collapsed),
-        cmocka_unit_test(test_zloss_formula),
-        cmocka_unit_test(test_grad_fd),
-        cmocka_unit_test(test_empty_expert),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_capacity),
+    cmocka_unit_test(test_routing_random),
+    cmocka_unit_test(test_routing_ties),
+    cmocka_unit_test(test_routing_overflow),
+    cmocka_unit_test(test_aux_balanced),
+    cmocka_unit_test(test_aux_collapsed),
+    cmocka_unit_test(test_zloss_formula),
+    cmocka_unit_test(test_grad_fd),
+    cmocka_unit_test(test_empty_expert))

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "offload/offload.h"
+#include "../common/test_main.h"
 
 static size_t pad16_(size_t n) { return (n + 15) / 16 * 16; }
 
@@ -625,17 +626,12 @@ static void test_plan_hand_counted_cuda(void **state)
     offload_plan_free(&p);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plan_hand_counted),
-        cmocka_unit_test(test_plan_hand_counted_moe),
-        cmocka_unit_test(test_plan_m6_10t),
-        cmocka_unit_test(test_plan_mixed_kinds),
-        cmocka_unit_test(test_plan_mixed_kinds_cuda),
-        cmocka_unit_test(test_plan_at_scale_m6_10t),
-        cmocka_unit_test(test_plan_at_scale_mixed),
-        cmocka_unit_test(test_plan_hand_counted_cuda),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_plan_hand_counted),
+    cmocka_unit_test(test_plan_hand_counted_moe),
+    cmocka_unit_test(test_plan_m6_10t),
+    cmocka_unit_test(test_plan_mixed_kinds),
+    cmocka_unit_test(test_plan_mixed_kinds_cuda),
+    cmocka_unit_test(test_plan_at_scale_m6_10t),
+    cmocka_unit_test(test_plan_at_scale_mixed),
+    cmocka_unit_test(test_plan_hand_counted_cuda))

@@ -21,6 +21,7 @@
 #include "kernels.h"
 #include "offload_host.h"
 #include "../common/rand_fill.h"
+#include "../common/test_main.h"
 
 /* ---------------------------------------------------------------- AdamW */
 
@@ -219,14 +220,9 @@ static void test_host_adamw(void **state)
     (void)state;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_grad_sumsq),
-        cmocka_unit_test(test_bf16_convert),
-        cmocka_unit_test(test_host_grad),
-        cmocka_unit_test(test_host_adamw),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_adamw),
+    cmocka_unit_test(test_grad_sumsq),
+    cmocka_unit_test(test_bf16_convert),
+    cmocka_unit_test(test_host_grad),
+    cmocka_unit_test(test_host_adamw))

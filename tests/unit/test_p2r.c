@@ -22,6 +22,7 @@
 
 /* the statics too (traffic_) */
 #include "../../daemon/offload/plan_p2r.c"
+#include "../common/test_main.h"
 
 #define TOL 1e-9
 
@@ -451,16 +452,11 @@ static void test_plan_for_spec(void **st)
     assert_non_null(strstr(err, "pseudo.steps"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_flops),
-        cmocka_unit_test(test_phase_time),
-        cmocka_unit_test(test_phase_of_plan),
-        cmocka_unit_test(test_traffic),
-        cmocka_unit_test(test_wall),
-        cmocka_unit_test(test_sweep),
-        cmocka_unit_test(test_plan_for_spec),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_flops),
+    cmocka_unit_test(test_phase_time),
+    cmocka_unit_test(test_phase_of_plan),
+    cmocka_unit_test(test_traffic),
+    cmocka_unit_test(test_wall),
+    cmocka_unit_test(test_sweep),
+    cmocka_unit_test(test_plan_for_spec))

@@ -333,15 +333,27 @@ static double lr_want_(const run_spec *s, long step, long P)
     return lr;
 }
 
+/* What the lr-scale tests compare: spec3_(steps, pseudo) at
+ * pseudo.lr_scale scale (*s) and at 1 (*one), a trainer on each (*t,
+ * *t1). */
+static void scale_pair_(long steps, long pseudo, float scale, run_spec *s,
+                        run_spec *one, trainer **t, trainer **t1)
+{
+    *s = spec3_(steps, pseudo);
+    s->pseudo.lr_scale = scale;
+    *one = *s;
+    one->pseudo.lr_scale = 1.0f;
+    *t = fixture_trainer(s);
+    *t1 = fixture_trainer(one);
+}
+
 static void test_lr_scale_schedule(void **state)
 {
     (void)state;
-    run_spec s = spec3_(16, 7);
-    s.pseudo.lr_scale = 0.25f;
-    run_spec one = s;
-    one.pseudo.lr_scale = 1.0f;
+    run_spec s, one;
+    trainer *t, *t1;
+    scale_pair_(16, 7, 0.25f, &s, &one, &t, &t1);
     float lr[16], lr1[16];
-    trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
     fixture_run_steps(t, &s, 16, NULL, lr);
     fixture_run_steps(t1, &one, 16, NULL, lr1);
     for (long i = 0; i < 16; i++) {
@@ -364,11 +376,9 @@ static void test_lr_scale_schedule(void **state)
 static void test_lr_scale_update(void **state)
 {
     (void)state;
-    run_spec s = spec3_(10, 5);
-    s.pseudo.lr_scale = 0.5f;
-    run_spec one = s;
-    one.pseudo.lr_scale = 1.0f;
-    trainer *t = fixture_trainer(&s), *t1 = fixture_trainer(&one);
+    run_spec s, one;
+    trainer *t, *t1;
+    scale_pair_(10, 5, 0.5f, &s, &one, &t, &t1);
     float *p0 = fixture_copy_state(t, 0);
     step_result r, r1;
     fixture_step(t, &r);

@@ -234,11 +234,8 @@ static void test_safetensors_crc(void **unused)
 
 int main(void)
 {
-    snprintf(dir_, sizeof dir_, "/tmp/m6-run-ckpts.XXXXXX");
-    if (synth_shards(dir_, 20000) != 0) {
-        fprintf(stderr, "test_run_ckpts: cannot make temporary data\n");
+    if (synth_shards_tmp(dir_, sizeof dir_, "test_run_ckpts", 20000) != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prune_and_restore),
         cmocka_unit_test(test_safetensors_crc),

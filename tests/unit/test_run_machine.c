@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "runner/run_machine.h"
+#include "../common/test_main.h"
 
 enum { ID = 7 };
 
@@ -550,18 +551,13 @@ static void test_sequences(void **unused)
     run_machine_set_error(&w, NULL);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_state_and_command),
-        cmocka_unit_test(test_delink_in_real_phase),
-        cmocka_unit_test(test_commands_refused_while_m6d_stops),
-        cmocka_unit_test(test_commands_after_a_failed_write),
-        cmocka_unit_test(test_every_event_in_every_state),
-        cmocka_unit_test(test_event_details),
-        cmocka_unit_test(test_boundary),
-        cmocka_unit_test(test_waits_trains_pending),
-        cmocka_unit_test(test_sequences),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_every_state_and_command),
+    cmocka_unit_test(test_delink_in_real_phase),
+    cmocka_unit_test(test_commands_refused_while_m6d_stops),
+    cmocka_unit_test(test_commands_after_a_failed_write),
+    cmocka_unit_test(test_every_event_in_every_state),
+    cmocka_unit_test(test_event_details),
+    cmocka_unit_test(test_boundary),
+    cmocka_unit_test(test_waits_trains_pending),
+    cmocka_unit_test(test_sequences))

@@ -28,6 +28,8 @@
 #include "common/run_state.h"
 #include "m6.pb-c.h"
 #include "state/state.h"
+#include "../common/test_main.h"
+#include "../common/state_db.h"
 
 /* The names m6.db files hold in runs.state, in m6.proto's order. */
 static const char *const db_names_[] = {"queued", "running", "paused",
@@ -105,12 +107,8 @@ static char dbpath_[256];
 static void test_db_stores_names(void **s)
 {
     (void)s;
-    snprintf(dbpath_, sizeof dbpath_, "/tmp/m6-test-run-state-%d.db",
-             (int)getpid());
-    unlink(dbpath_);
-    char err[256];
-    state *st = state_open(dbpath_, err, sizeof err);
-    assert_non_null(st);
+    state_db_path(dbpath_, sizeof dbpath_, "run-state");
+    state *st = state_db_open(dbpath_);
     int64_t id = state_run_insert(st, "r", "{}", 10, 0, NULL);
     assert_true(id > 0);
     sqlite3 *db;
@@ -140,20 +138,10 @@ static void test_db_stores_names(void **s)
     }
     sqlite3_close(db);
     state_close(st);
-    char p[300];
-    unlink(dbpath_);
-    snprintf(p, sizeof p, "%s-wal", dbpath_);
-    unlink(p);
-    snprintf(p, sizeof p, "%s-shm", dbpath_);
-    unlink(p);
+    state_db_remove(dbpath_);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_proto_agrees),
-        cmocka_unit_test(test_db_names),
-        cmocka_unit_test(test_db_stores_names),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_proto_agrees),
+    cmocka_unit_test(test_db_names),
+    cmocka_unit_test(test_db_stores_names))

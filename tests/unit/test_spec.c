@@ -17,6 +17,7 @@
 
 #include "spec/spec.h"
 #include "common/cpus.h"
+#include "../common/test_main.h"
 
 static void assert_contains(const char *hay, const char *needle)
 {
@@ -914,26 +915,21 @@ static void test_load_file(void **state)
     assert_contains(err, "No such file");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_hash),
-        cmocka_unit_test(test_hash_dense_pinned),
-        cmocka_unit_test(test_device_precision),
-        cmocka_unit_test(test_max_bad_steps),
-        cmocka_unit_test(test_pseudo_knobs),
-        cmocka_unit_test(test_moe),
-        cmocka_unit_test(test_delink_policy),
-        cmocka_unit_test(test_nodes),
-        cmocka_unit_test(test_offload_speculative),
-        cmocka_unit_test(test_float_roundtrip),
-        cmocka_unit_test(test_full_spec),
-        cmocka_unit_test(test_memory_budget),
-        cmocka_unit_test(test_bad_specs),
-        cmocka_unit_test(test_p2r_defaults),
-        cmocka_unit_test(test_load_file),
-        cmocka_unit_test(test_unknown_key_suggestion),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_defaults),
+    cmocka_unit_test(test_hash),
+    cmocka_unit_test(test_hash_dense_pinned),
+    cmocka_unit_test(test_device_precision),
+    cmocka_unit_test(test_max_bad_steps),
+    cmocka_unit_test(test_pseudo_knobs),
+    cmocka_unit_test(test_moe),
+    cmocka_unit_test(test_delink_policy),
+    cmocka_unit_test(test_nodes),
+    cmocka_unit_test(test_offload_speculative),
+    cmocka_unit_test(test_float_roundtrip),
+    cmocka_unit_test(test_full_spec),
+    cmocka_unit_test(test_memory_budget),
+    cmocka_unit_test(test_bad_specs),
+    cmocka_unit_test(test_p2r_defaults),
+    cmocka_unit_test(test_load_file),
+    cmocka_unit_test(test_unknown_key_suggestion))

@@ -19,26 +19,22 @@
 
 #include "state/schema.h"
 #include "state/state.h"
+#include "../common/test_main.h"
+#include "../common/state_db.h"
 
 static char dbpath[256];
 
 static int setup(void **st)
 {
     (void)st;
-    snprintf(dbpath, sizeof dbpath, "/tmp/m6-test-state-%d.db", (int)getpid());
-    unlink(dbpath);
+    state_db_path(dbpath, sizeof dbpath, "state");
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    char p[300];
-    unlink(dbpath);
-    snprintf(p, sizeof p, "%s-wal", dbpath);
-    unlink(p);
-    snprintf(p, sizeof p, "%s-shm", dbpath);
-    unlink(p);
+    state_db_remove(dbpath);
     return 0;
 }
 
@@ -46,13 +42,11 @@ static void test_migrations(void **s)
 {
     (void)s;
     char err[256];
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     assert_int_equal(state_user_version(st), schema_n_migrations);
     state_close(st);
     /* again: nothing to apply, same version, data kept */
-    st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    st = state_db_open(dbpath);
     assert_int_equal(state_user_version(st), schema_n_migrations);
     assert_true(state_run_insert(st, "x", "{}", 10, 0, NULL) > 0);
     state_close(st);
@@ -88,8 +82,7 @@ static void test_damaged_refused(void **s)
     char err[1024], spec[2048];
     memset(spec, 'x', sizeof spec - 1);
     spec[sizeof spec - 1] = 0;
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     for (int i = 0; i < 100; i++) /* some 50 pages of runs */
         assert_true(state_run_insert(st, "x", spec, 10, 0, NULL) > 0);
     state_close(st); /* the last connection: the WAL goes into the file */
@@ -125,9 +118,7 @@ static void test_damaged_refused(void **s)
 static void test_runs_crud(void **s)
 {
     (void)s;
-    char err[256];
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     int64_t a = state_run_insert(st, "alpha", "{\"a\":1}", 60, 0, NULL);
     int64_t b = state_run_insert(st, "", "{}", 30, 1, NULL);
     assert_true(a > 0 && b > a);
@@ -228,7 +219,6 @@ static void test_metrics_phases_checkpoints(void **s)
 static void test_offload_columns(void **s)
 {
     (void)s;
-    char err[256];
     /* A database left by an m6d that knew only 0001, with one metrics row. */
     sqlite3 *db;
     assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
@@ -244,8 +234,7 @@ static void test_offload_columns(void **s)
         "VALUES (1, 1, 'pseudo', 2.5);", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
 
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     assert_int_equal(state_user_version(st), schema_n_migrations);
     metric_row m = {.step = 2, .phase = 1, .train_loss = 2.25, .val_loss = NAN,
                     .lr = 1e-3, .tokens_per_s = 10, .grad_norm = 1,
@@ -337,7 +326,6 @@ static void test_offload_columns(void **s)
 static void test_delink_step_column(void **s)
 {
     (void)s;
-    char err[256];
     sqlite3 *db;
     assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
     assert_true(schema_n_migrations >= 4);
@@ -357,8 +345,7 @@ static void test_delink_step_column(void **s)
         SQLITE_OK);
     sqlite3_close(db);
 
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     run_row r;
     assert_int_equal(state_run_get(st, 1, &r), 0);
     assert_int_equal(r.delink_step, 40);
@@ -396,7 +383,6 @@ static void test_delink_step_column(void **s)
 static void test_summary_columns(void **s)
 {
     (void)s;
-    char err[256];
     sqlite3 *db;
     assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
     assert_true(schema_n_migrations >= 9);
@@ -412,8 +398,7 @@ static void test_summary_columns(void **s)
         "3, 100, 0, 0);", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
 
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     assert_int_equal(state_user_version(st), schema_n_migrations);
     run_summary sum = {.pseudo_steps = 40, .device_budget = 3LL << 30,
                        .backend = "cuda", .delink_policy = "plateau"};
@@ -459,9 +444,7 @@ static void test_summary_columns(void **s)
 static void test_command_log(void **s)
 {
     (void)s;
-    char err[256];
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     int64_t r = state_run_insert(st, "c", "{}", 100, 0, NULL);
     assert_true(r > 0);
     int64_t sub = state_command_add(st, r, "submit", 1, 0);
@@ -540,9 +523,7 @@ static void test_command_log(void **s)
 static void test_long_text_whole(void **unused)
 {
     (void)unused;
-    char err[1024];
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     int64_t a = state_run_insert(st, "long", "{}", 10, 0, NULL);
     assert_true(a > 0);
     enum { N = 5000 };
@@ -585,8 +566,7 @@ static void test_other_writer_held(void **s)
 {
     (void)s;
     char err[256];
-    state *st = state_open(dbpath, err, sizeof err);
-    assert_non_null(st);
+    state *st = state_db_open(dbpath);
     int64_t id = state_run_insert(st, "held", "{}", 100, 0, NULL);
     assert_true(id > 0);
     sqlite3 *other;
@@ -663,19 +643,14 @@ static void test_other_writer_held(void **s)
     state_close(st);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_command_log, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_runs_crud, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_metrics_phases_checkpoints, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_offload_columns, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_delink_step_column, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_command_log, setup, teardown))

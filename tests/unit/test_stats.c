@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "http/stats.h"
+#include "../common/test_main.h"
 
 static char *render_(http_stats *s)
 {
@@ -165,13 +166,8 @@ static void test_labels_and_requests(void **state)
     stats_free(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_histogram_bounds),
-        cmocka_unit_test(test_gemm_info),
-        cmocka_unit_test(test_counters_by_phase),
-        cmocka_unit_test(test_labels_and_requests),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_histogram_bounds),
+    cmocka_unit_test(test_gemm_info),
+    cmocka_unit_test(test_counters_by_phase),
+    cmocka_unit_test(test_labels_and_requests))

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/threads.h"
+#include "../common/test_main.h"
 
 static pid_t tid_(void)
 {
@@ -157,11 +158,6 @@ static void signal_waits_for_the_caller(void **state)
     assert_int_equal(handled_on_main_, 1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(new_thread_blocks_async_signals),
-        cmocka_unit_test(signal_waits_for_the_caller),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(new_thread_blocks_async_signals),
+    cmocka_unit_test(signal_waits_for_the_caller))

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "common/view.h"
+#include "../common/test_main.h"
 
 static void expect_f32_(float v, const char *want)
 {
@@ -173,12 +174,7 @@ static void test_bytes(void **state)
                             cases[i].want);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shortest),
-        cmocka_unit_test(test_forms),
-        cmocka_unit_test(test_bytes),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_shortest),
+    cmocka_unit_test(test_forms),
+    cmocka_unit_test(test_bytes))

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "proto/views.h"
+#include "../common/test_main.h"
 
 /* A run as m6d describes it: running, step 5 of 100, Pseudo until 40. */
 static M6__RunInfo run_(void)
@@ -184,11 +185,6 @@ static void test_json_and_lines(void **state)
     free(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status),
-        cmocka_unit_test(test_json_and_lines),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TEST_MAIN(
+    cmocka_unit_test(test_status),
+    cmocka_unit_test(test_json_and_lines))

@@ -31,7 +31,6 @@ Needs numpy (python3-numpy); exit 77 without.
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -42,24 +41,19 @@ except ImportError:
     print("SKIP: python3-numpy not installed")
     sys.exit(77)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "common"))
+from safetensors_f32 import read_f32  # noqa: E402
+
 STEPS = 10
 TOL = 1e-6
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        buf = f.read()
-    (n,) = struct.unpack("<Q", buf[:8])
-    header = json.loads(buf[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = e["data_offsets"]
-        assert e["dtype"] == "F32", e
-        t = np.frombuffer(buf[8 + n + a:8 + n + b], dtype=np.float32)
-        out[name] = t.reshape(e["shape"]).astype(np.float64)
-    return out
+    """{name: float64 array} of the F32 safetensors file at path."""
+    tensors, _ = read_f32(path)
+    return {name: np.frombuffer(raw, dtype=np.float32).reshape(shape)
+            .astype(np.float64) for name, (shape, raw) in tensors.items()}
 
 
 def reference(d, hp, clip_updates=True):

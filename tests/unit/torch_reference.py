@@ -50,7 +50,6 @@ torch is missing.
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -64,21 +63,17 @@ except ImportError:
 
 torch.set_default_dtype(torch.float64)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "common"))
+from safetensors_f32 import read_f32  # noqa: E402
+
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        buf = f.read()
-    (n,) = struct.unpack("<Q", buf[:8])
-    header = json.loads(buf[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = e["data_offsets"]
-        t = torch.frombuffer(bytearray(buf[8 + n + a:8 + n + b]),
-                             dtype=torch.float32)
-        out[name] = t.reshape(e["shape"]).to(torch.float64)
-    return out
+    """{name: float64 tensor} of the F32 safetensors file at path."""
+    tensors, _ = read_f32(path)
+    return {name: torch.frombuffer(bytearray(raw), dtype=torch.float32)
+            .reshape(shape).to(torch.float64)
+            for name, (shape, raw) in tensors.items()}
 
 
 def bf16(x):
