@@ -293,6 +293,18 @@ void gpt_offload_refresh_bf16(gpt_cuda *g, int s)
 
 /* ------------------------------------------------------------ runtime */
 
+/* The offload runtime's host arrays freed and the runtime zeroed (init's
+ * failure path and fini share it). */
+static void runtime_free_(offload_rt_ *o)
+{
+    free(o->iv);
+    free(o->at_pos);
+    free(o->stg);
+    free(o->q);
+    free(o->th);
+    memset(o, 0, sizeof *o);
+}
+
 int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
 {
     offload_rt_ *o = &g->off;
@@ -345,12 +357,7 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
     o->enabled = 1;
     return 0;
 fail:
-    free(o->iv);
-    free(o->at_pos);
-    free(o->stg);
-    free(o->q);
-    free(o->th);
-    memset(o, 0, sizeof *o);
+    runtime_free_(o);
     return -1;
 }
 
@@ -385,12 +392,7 @@ void gpt_offload_fini(gpt_cuda *g)
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv_job);
     pthread_cond_destroy(&o->cv_done);
-    free(o->iv);
-    free(o->at_pos);
-    free(o->stg);
-    free(o->q);
-    free(o->th);
-    memset(o, 0, sizeof *o);
+    runtime_free_(o);
 }
 
 /* Staging buffers exist only while some slot is offloaded, so that an
