@@ -1076,17 +1076,24 @@ static void mt_plan_(gpt_cuda *g)
 int gpt_cuda_adamw_per_tensor_(void)
 {
     static int warned;
-    const char *e = getenv("M6_ADAMW_PER_TENSOR");
-    if (!e || !e[0] || !strcmp(e, "0"))
-        return 0;
-    if (!strcmp(e, "1"))
-        return 1;
-    if (!warned) {
-        fprintf(stderr, "gpt_cuda: M6_ADAMW_PER_TENSOR=%s is not 0 or 1: "
-                "the multi-tensor AdamW\n", e);
-        warned = 1;
+    return gpt_cuda_env_flag_("M6_ADAMW_PER_TENSOR", 0,
+                              "the multi-tensor AdamW", &warned);
+}
+
+int gpt_cuda_env_flag_(const char *name, int dflt, const char *dflt_means,
+                       int *warned)
+{
+    const char *e = getenv(name);
+    if (!e || !e[0])
+        return dflt;
+    if (!strcmp(e, "0") || !strcmp(e, "1"))
+        return e[0] == '1';
+    if (!*warned) {
+        fprintf(stderr, "gpt_cuda: %s=%s is not 0 or 1: %s\n", name, e,
+                dflt_means);
+        *warned = 1;
     }
-    return 0;
+    return dflt;
 }
 
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,

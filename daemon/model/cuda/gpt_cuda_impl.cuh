@@ -372,6 +372,11 @@ void gpt_cuda_run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
                         int last);
 /* M6_ADAMW_PER_TENSOR: 1 the reference AdamW, one launch per tensor. */
 int gpt_cuda_adamw_per_tensor_(void);
+/* An environment switch: unset or empty, dflt; "0" or "1", that; another
+ * value is reported on stderr once per *warned ("NAME=v is not 0 or 1:
+ * dflt_means") and read as dflt. */
+int gpt_cuda_env_flag_(const char *name, int dflt, const char *dflt_means,
+                       int *warned);
 
 /* moe_cuda.cu: MoE block l forward, out (B*T,C) from x; backward, d(x)
  * into a->dln from d(out) in a->dres, the gradients accumulated at dw. */
