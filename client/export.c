@@ -4,7 +4,6 @@
  */
 #include "client/export.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -319,23 +318,6 @@ fail:
 
 /* ------------------------------------------------------------ output dirs */
 
-/* Remove a flat directory (our temporary one) and its files. */
-static void remove_flat_dir_(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[PATH_MAX + 256];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* An output directory is written as <out>.tmp-XXXXXX (mkdtemp), then
  * renamed to out
  * (or, with force over an existing out, its files moved in one by one). */
@@ -381,7 +363,7 @@ static int out_commit_(out_dir *o, const char *const *names, char *err,
     if (!o->replace) {
         if (rename(o->tmp, o->out) != 0) {
             snprintf(err, errlen, "%s: %s", o->out, strerror(errno));
-            remove_flat_dir_(o->tmp);
+            remove_temp_dir(o->tmp);
             return -1;
         }
         return 0;
@@ -392,15 +374,15 @@ static int out_commit_(out_dir *o, const char *const *names, char *err,
         snprintf(b, sizeof b, "%s/%s", o->out, names[i]);
         if (rename(a, b) != 0) {
             snprintf(err, errlen, "%s: %s", b, strerror(errno));
-            remove_flat_dir_(o->tmp);
+            remove_temp_dir(o->tmp);
             return -1;
         }
     }
-    remove_flat_dir_(o->tmp);
+    remove_temp_dir(o->tmp);
     return 0;
 }
 
-static void out_abort_(out_dir *o) { remove_flat_dir_(o->tmp); }
+static void out_abort_(out_dir *o) { remove_temp_dir(o->tmp); }
 
 /* Write n tensors as dir/name (safetensors). */
 static int write_st_(const char *dir, const char *name, const st_tensor *ts,
@@ -688,16 +670,9 @@ int weights_write_llmc(const m6_weights *w, const char *out, int force,
     hdr[6] = C;
     hdr[7] = Vp;
     char tmp[PATH_MAX + 32];
-    int fd = create_temp_beside(out, 0644, tmp, sizeof tmp, err, errlen);
-    if (fd < 0)
+    FILE *f = create_temp_file_beside(out, 0644, tmp, sizeof tmp, err, errlen);
+    if (!f)
         return -1;
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
     int bad = fwrite(hdr, sizeof hdr, 1, f) != 1;
     for (int i = 0; i < 16 && !bad; i++) {
         const llmc_tensor_ *e = &llmc_order_[i];
