@@ -418,6 +418,32 @@ static int write_json_(const char *dir, const char *name, json_t *j, char *err,
     return rc == 0 ? 0 : -1;
 }
 
+/* An output directory of two files: model.safetensors (k tensors ts) and
+ * json_name (j; NULL: out of memory), written and renamed to out, or
+ * nothing left behind. 0, or -1 with err. */
+static int write_st_json_dir_(const char *out, int force, const char *json_name,
+                              const st_tensor *ts, int k, json_t *j,
+                              char *err, size_t errlen)
+{
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    out_dir o;
+    int rc = out_begin_(&o, out, force, err, errlen);
+    if (rc != 0)
+        return rc;
+    const char *const files[] = {"model.safetensors", json_name, NULL};
+    rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
+    if (rc == 0)
+        rc = write_json_(o.tmp, files[1], j, err, errlen);
+    if (rc == 0)
+        rc = out_commit_(&o, files, err, errlen);
+    else
+        out_abort_(&o);
+    return rc;
+}
+
 static int refuse_moe_(const m6_weights *w, const char *format, char *err,
                        size_t errlen)
 {
@@ -518,21 +544,8 @@ int weights_write_hf_gpt2(const m6_weights *w, const char *out, int force,
         "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0,
         "scale_attn_weights", 1, "tie_word_embeddings", 1, "use_cache", 1,
         "torch_dtype", "float32");
-    out_dir o;
-    int rc = cfg ? out_begin_(&o, out, force, err, errlen) : -1;
-    if (!cfg)
-        snprintf(err, errlen, "out of memory");
-    if (rc == 0) {
-        static const char *const files[] = {"model.safetensors", "config.json",
-                                            NULL};
-        rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
-        if (rc == 0)
-            rc = write_json_(o.tmp, files[1], cfg, err, errlen);
-        if (rc == 0)
-            rc = out_commit_(&o, files, err, errlen);
-        else
-            out_abort_(&o);
-    }
+    int rc = write_st_json_dir_(out, force, "config.json", ts, k, cfg, err,
+                                errlen);
     json_decref(cfg);
     free(tw);
     free(names);
@@ -590,21 +603,8 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
                              "n_slots", w->S, "slot_of", so, "step",
                              (json_int_t)w->step, "phase",
                              w->phase[0] ? w->phase : "real") : NULL;
-    out_dir o;
-    int rc = meta ? out_begin_(&o, out, force, err, errlen) : -1;
-    if (!meta)
-        snprintf(err, errlen, "out of memory");
-    if (rc == 0) {
-        static const char *const files[] = {"model.safetensors",
-                                            "m6-model.json", NULL};
-        rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
-        if (rc == 0)
-            rc = write_json_(o.tmp, files[1], meta, err, errlen);
-        if (rc == 0)
-            rc = out_commit_(&o, files, err, errlen);
-        else
-            out_abort_(&o);
-    }
+    int rc = write_st_json_dir_(out, force, "m6-model.json", ts, k, meta, err,
+                                errlen);
     json_decref(meta);
     json_decref(model);
     json_decref(so);
