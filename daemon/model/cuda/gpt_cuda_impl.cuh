@@ -355,6 +355,13 @@ int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
 int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
                           bf16 **params, bf16 **grads, float **opt,
                           long **t_slot);
+/* A whole state for share map places moe, off (gpt_cuda_slot_places_):
+ * host slots for [n_res, S) into *hs (gpt_offload_alloc_slots) and the
+ * device state (gpt_cuda_alloc_state_). 0; or -1 with nothing allocated
+ * and moe, off freed. */
+int gpt_cuda_alloc_placed_(gpt_cuda *g, int S, int n_res, unsigned char *moe,
+                           size_t *off, bf16 **params, bf16 **grads,
+                           float **opt, long **t_slot, hslot_ **hs);
 /* Make the state allocated so the model's (it takes every buffer). */
 void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
                          bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
