@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/readbuf.h"
+#include "common/uvw.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -36,12 +37,6 @@ typedef struct {
     unsigned attempt;
 } gai_req;
 
-typedef struct {
-    uv_write_t req;     /* first */
-    jconn *c;
-    uint8_t *buf;
-    int close_after;
-} jwrite;
 
 struct cluster_join {
     uv_timer_t timer;   /* the attempt's deadline, or the retry's delay */
@@ -153,14 +148,10 @@ static void attempt_failed_(cluster_join *j, const char *why)
                    (uint64_t)j->heartbeat_ms, 0);
 }
 
-static void write_done_(uv_write_t *req, int status)
+static void write_done_(void *owner, int status, int close_after)
 {
-    jwrite *w = (jwrite *)req;
-    jconn *c = w->c;
+    jconn *c = owner;
     cluster_join *j = c->j;
-    int close_after = w->close_after;
-    free(w->buf);
-    free(w);
     if (c->closing) return;
     if (close_after) {
         j->leaving = 0;
@@ -175,21 +166,10 @@ static int send_(cluster_join *j, const M6__Request *rq, int close_after)
     jconn *c = j->c;
     size_t len;
     uint8_t *buf = frame_pack(&rq->base, &len);
-    jwrite *w = buf ? calloc(1, sizeof *w) : NULL;
-    if (!w) {
-        free(buf);
+    if (!buf ||
+        uvw_send((uv_stream_t *)&c->tcp, buf, len, c, close_after,
+                 write_done_) < 0)
         return -1;
-    }
-    w->c = c;
-    w->buf = buf;
-    w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_done_);
-    if (rc < 0) {
-        free(buf);
-        free(w);
-        return -1;
-    }
     return 0;
 }
 

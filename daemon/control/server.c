@@ -35,6 +35,7 @@
 
 #include "common/log.h"
 #include "common/readbuf.h"
+#include "common/uvw.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -103,13 +104,6 @@ struct conn {
     int privileged;          /* root or m6d's user: no per-uid cap */
 };
 
-typedef struct {
-    uv_write_t req;       /* first: req <-> write_req */
-    conn *c;
-    uint8_t *buf;
-    int close_after;
-} write_req;
-
 /* ------------------------------------------------------------- connections */
 
 static void conn_free_(conn *c)
@@ -141,13 +135,9 @@ static void conn_close_(conn *c)
     uv_close((uv_handle_t *)&c->pipe, conn_closed_);
 }
 
-static void write_done_(uv_write_t *req, int status)
+static void write_done_(void *owner, int status, int close_after)
 {
-    write_req *w = (write_req *)req;
-    conn *c = w->c;
-    free(w->buf);
-    int close_after = w->close_after;
-    free(w);
+    conn *c = owner;
     if (c->closing) return;
     if (status < 0) {
         log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
@@ -165,22 +155,12 @@ static void conn_send_(conn *c, uint8_t *buf, size_t len, int close_after)
         free(buf);
         return;
     }
-    write_req *w = calloc(1, sizeof *w);
-    if (!w) {
-        free(buf);
-        conn_close_(c);
-        return;
-    }
-    w->c = c;
-    w->buf = buf;
-    w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, write_done_);
+    int rc = uvw_send((uv_stream_t *)&c->pipe, buf, len, c, close_after,
+                      write_done_);
     if (rc < 0) {
-        log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
-                  uv_strerror(rc));
-        free(buf);
-        free(w);
+        if (rc != UV_ENOMEM)
+            log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
+                      uv_strerror(rc));
         conn_close_(c);
     }
 }
