@@ -291,6 +291,19 @@ M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg)
     return m6ctl_request_(&rq);
 }
 
+M6__Response *m6ctl_metrics_page_(M6__RunRef *ref, int64_t after_step,
+                                  int limit)
+{
+    M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+    q.run = ref;
+    q.after_step = after_step;
+    q.limit = limit;
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = M6__REQUEST__BODY_METRICS;
+    rq.metrics = &q;
+    return m6ctl_request_(&rq);
+}
+
 /* Relative data globs (and init.from) in a spec are relative to the spec file's directory
  * (the current one for a spec on stdin; the daemon runs elsewhere): rewrite
  * them as absolute paths. A spec that does not parse (duplicate keys
@@ -466,14 +479,7 @@ static int cmd_metrics_(int argc, char **argv)
     view_out o = rows_out_(&views_metrics);
     int64_t after = 0;
     for (int started = 0;;) {
-        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
-        q.run = &ref;
-        q.after_step = after;
-        q.limit = METRICS_PAGE_;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_METRICS;
-        rq.metrics = &q;
-        M6__Response *resp = m6ctl_request_(&rq);
+        M6__Response *resp = m6ctl_metrics_page_(&ref, after, METRICS_PAGE_);
         if (!resp) return EXIT_ERR;
         const M6__MetricRows *m = resp->metrics;
         if (!started) {  /* once m6d has answered */
