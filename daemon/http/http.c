@@ -266,6 +266,40 @@ static enum MHD_Result reply_error_(http_server *h, struct MHD_Connection *conn,
                  strlen(s), MHD_RESPMEM_MUST_FREE);
 }
 
+/* A JSON body: the rows of one answer, rendered with m6ctl's views. */
+typedef void (*render_fn)(FILE *f, const M6__Response *resp);
+
+/* resp (freed here) as a reply: render's JSON body; the error reply when
+ * m6d did not answer, refused, or sent no body (has_body 0). */
+static enum MHD_Result reply_json_(http_server *h, struct MHD_Connection *conn,
+                                   M6__Response *resp, int has_body,
+                                   render_fn render)
+{
+    enum MHD_Result ret;
+    jbody j;
+    if (!resp || resp->status != M6__STATUS__STATUS_OK || !has_body) {
+        ret = reply_error_(h, conn, resp);
+    } else if (jbody_open_(&j) < 0) {
+        ret = MHD_NO;
+    } else {
+        render(j.f, resp);
+        ret = jbody_send_(h, conn, &j);
+    }
+    if (resp) m6__response__free_unpacked(resp, NULL);
+    return ret;
+}
+
+static void render_list_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_run, .form = VIEW_JSON_ARRAY};
+    view_begin(&o);
+    for (size_t i = 0; i < resp->list->n_runs; i++) {
+        views_run_row row = {.r = resp->list->runs[i], .watch_eta = -1};
+        view_row(&o, &row);
+    }
+    view_end(&o);
+}
+
 static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
 {
     M6__Request rq = M6__REQUEST__INIT;
@@ -273,24 +307,16 @@ static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
     rq.body_case = M6__REQUEST__BODY_LIST;
     rq.list = &lr;
     M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->list) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_ARRAY};
-        view_begin(&o);
-        for (size_t i = 0; i < resp->list->n_runs; i++) {
-            views_run_row row = {.r = resp->list->runs[i], .watch_eta = -1};
-            view_row(&o, &row);
-        }
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, resp, resp && resp->list, render_list_);
+}
+
+static void render_status_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_run, .form = VIEW_JSON_OBJECT};
+    views_run_row row = {.r = resp->run, .watch_eta = -1};
+    view_begin(&o);
+    view_row(&o, &row);
+    view_end(&o);
 }
 
 static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
@@ -302,22 +328,7 @@ static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
     rq.body_case = M6__REQUEST__BODY_STATUS;
     rq.status = &ref;
     M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->run) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_OBJECT};
-        views_run_row row = {.r = resp->run, .watch_eta = -1};
-        view_begin(&o);
-        view_row(&o, &row);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, resp, resp && resp->run, render_status_);
 }
 
 /* A query argument as a number >= 0 (absent: dflt); -1 when bad. */
@@ -331,6 +342,18 @@ static long long arg_(struct MHD_Connection *conn, const char *key,
     long long n = strtoll(v, &end, 10);
     if (!*v || *end || errno || n < 0) return -1;
     return n;
+}
+
+static void render_metrics_(FILE *f, const M6__Response *resp)
+{
+    const M6__MetricRows *m = resp->metrics;
+    /* as m6ctl metrics --json: an MoE run's rows with its columns */
+    view_out o = {.f = f, .form = VIEW_JSON_ARRAY,
+                  .v = m->n_rows && m->rows[0]->moe_aux_loss > 0
+                           ? &views_metrics_moe : &views_metrics};
+    view_begin(&o);
+    for (size_t i = 0; i < m->n_rows; i++) view_row(&o, m->rows[i]);
+    view_end(&o);
 }
 
 static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
@@ -351,25 +374,16 @@ static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
     rq.body_case = M6__REQUEST__BODY_METRICS;
     rq.metrics = &q;
     M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->metrics) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        const M6__MetricRows *m = resp->metrics;
-        /* as m6ctl metrics --json: an MoE run's rows with its columns */
-        view_out o = {.f = j.f, .form = VIEW_JSON_ARRAY,
-                      .v = m->n_rows && m->rows[0]->moe_aux_loss > 0
-                               ? &views_metrics_moe : &views_metrics};
-        view_begin(&o);
-        for (size_t i = 0; i < m->n_rows; i++) view_row(&o, m->rows[i]);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, resp, resp && resp->metrics, render_metrics_);
+}
+
+static void render_events_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_events, .form = VIEW_JSON_ARRAY};
+    view_begin(&o);
+    for (size_t i = 0; i < resp->events->n_events; i++)
+        view_row(&o, resp->events->events[i]);
+    view_end(&o);
 }
 
 static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
@@ -388,22 +402,7 @@ static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
     rq.body_case = M6__REQUEST__BODY_EVENTS;
     rq.events = &q;
     M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->events) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        view_out o = {.f = j.f, .v = &views_events, .form = VIEW_JSON_ARRAY};
-        view_begin(&o);
-        for (size_t i = 0; i < resp->events->n_events; i++)
-            view_row(&o, resp->events->events[i]);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, resp, resp && resp->events, render_events_);
 }
 
 /* /api/runs/ID[/metrics|/events] */
