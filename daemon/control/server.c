@@ -750,6 +750,21 @@ static void listener_drained_(uv_handle_t *h)
     if (s->free_on_close) free(s);
 }
 
+/* A repeating timer of the server's (data: s) calling cb every `every`
+ * ms, unref'd so that it alone keeps no loop alive. NULL out of memory. */
+static uv_timer_t *sweep_timer_(server *s, uv_loop_t *loop, uv_timer_cb cb,
+                                uint64_t every)
+{
+    uv_timer_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    uv_timer_init(loop, t);
+    t->data = s;
+    uv_timer_start(t, cb, every, every);
+    uv_unref((uv_handle_t *)t);
+    return t;
+}
+
 server *server_init(const server_config *cfg, char *err, size_t errlen)
 {
     server *s = calloc(1, sizeof *s);
@@ -779,32 +794,21 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
         if (bind_path_(s, &s->listener, err, errlen) < 0 ||
             secure_socket_(s, cfg, err, errlen) < 0)
             goto fail;
-        s->path_timer = calloc(1, sizeof *s->path_timer);
+        s->path_timer = sweep_timer_(s, cfg->loop, path_check_, PATH_CHECK_MS);
         if (!s->path_timer) {
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
-        uv_timer_init(cfg->loop, s->path_timer);
-        s->path_timer->data = s;
-        uv_timer_start(s->path_timer, path_check_, PATH_CHECK_MS,
-                       PATH_CHECK_MS);
-        uv_unref((uv_handle_t *)s->path_timer);
     }
     s->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms
                                       : SERVER_IDLE_DEFAULT_MS;
-    s->idle_timer = calloc(1, sizeof *s->idle_timer);
+    /* sweep at a tenth of the timeout: closed within 1.1x of it */
+    s->idle_timer = sweep_timer_(s, cfg->loop, idle_sweep_,
+                                 s->idle_ms / 10 ? s->idle_ms / 10 : 1);
     if (!s->idle_timer) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    uv_timer_init(cfg->loop, s->idle_timer);
-    s->idle_timer->data = s;
-    {
-        /* sweep at a tenth of the timeout: closed within 1.1x of it */
-        uint64_t every = s->idle_ms / 10 ? s->idle_ms / 10 : 1;
-        uv_timer_start(s->idle_timer, idle_sweep_, every, every);
-    }
-    uv_unref((uv_handle_t *)s->idle_timer);
     if (cfg->listen_fd >= 0)
         UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_),
                  err, errlen);
