@@ -239,14 +239,11 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         /* access */
-        case 'H': {
-            double v;
+        case 'H':
             if (real_arg_("--db-hold-limit", "seconds, 1..86400", 1, 0, 86400,
-                          &v) < 0)
+                          &o->db_hold_limit_s) < 0)
                 return -1;
-            o->db_hold_limit_s = v;
             break;
-        }
         case 'G': {
             struct group gr, *res = NULL;
             char buf[8192], *end;
@@ -282,14 +279,11 @@ static int parse_args_(int argc, char **argv, options *o)
             }
             snprintf(o->metrics_listen, sizeof o->metrics_listen, "%s", optarg);
             break;
-        case 'F': {
-            double v;
+        case 'F':
             if (real_arg_("--metrics-peak-flops", "FLOP/s > 0 (312e12)", 0, 1,
-                          1e21, &v) < 0)
+                          1e21, &o->peak_flops) < 0)
                 return -1;
-            o->peak_flops = v;
             break;
-        }
         case 'W': {
             char buf[2048];
             snprintf(buf, sizeof buf, "%s", optarg);

@@ -269,15 +269,19 @@ static enum MHD_Result reply_error_(http_server *h, struct MHD_Connection *conn,
 /* A JSON body: the rows of one answer, rendered with m6ctl's views. */
 typedef void (*render_fn)(FILE *f, const M6__Response *resp);
 
-/* resp (freed here) as a reply: render's JSON body; the error reply when
- * m6d did not answer, refused, or sent no body (has_body 0). */
+/* Ask m6d's handlers rq; their answer as a reply: render's JSON body, or
+ * the error reply when they did not answer, refused, or sent no body of
+ * case body. */
 static enum MHD_Result reply_json_(http_server *h, struct MHD_Connection *conn,
-                                   M6__Response *resp, int has_body,
+                                   const M6__Request *rq,
+                                   M6__Response__BodyCase body,
                                    render_fn render)
 {
+    M6__Response *resp = ask_(h, rq);
     enum MHD_Result ret;
     jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !has_body) {
+    if (!resp || resp->status != M6__STATUS__STATUS_OK ||
+        resp->body_case != body) {
         ret = reply_error_(h, conn, resp);
     } else if (jbody_open_(&j) < 0) {
         ret = MHD_NO;
@@ -306,8 +310,7 @@ static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
     M6__ListRuns lr = M6__LIST_RUNS__INIT;
     rq.body_case = M6__REQUEST__BODY_LIST;
     rq.list = &lr;
-    M6__Response *resp = ask_(h, &rq);
-    return reply_json_(h, conn, resp, resp && resp->list, render_list_);
+    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_LIST, render_list_);
 }
 
 static void render_status_(FILE *f, const M6__Response *resp)
@@ -327,8 +330,7 @@ static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
     ref.run_id = id;
     rq.body_case = M6__REQUEST__BODY_STATUS;
     rq.status = &ref;
-    M6__Response *resp = ask_(h, &rq);
-    return reply_json_(h, conn, resp, resp && resp->run, render_status_);
+    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_RUN, render_status_);
 }
 
 /* A query argument as a number >= 0 (absent: dflt); -1 when bad. */
@@ -373,8 +375,7 @@ static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
     q.limit = (int32_t)limit;
     rq.body_case = M6__REQUEST__BODY_METRICS;
     rq.metrics = &q;
-    M6__Response *resp = ask_(h, &rq);
-    return reply_json_(h, conn, resp, resp && resp->metrics, render_metrics_);
+    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_METRICS, render_metrics_);
 }
 
 static void render_events_(FILE *f, const M6__Response *resp)
@@ -401,8 +402,7 @@ static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
     q.after_id = after;
     rq.body_case = M6__REQUEST__BODY_EVENTS;
     rq.events = &q;
-    M6__Response *resp = ask_(h, &rq);
-    return reply_json_(h, conn, resp, resp && resp->events, render_events_);
+    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_EVENTS, render_events_);
 }
 
 /* /api/runs/ID[/metrics|/events] */
