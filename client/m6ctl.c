@@ -221,6 +221,14 @@ M6__Response *m6ctl_request_(M6__Request *rq)
     return resp;
 }
 
+M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body)
+{
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = which;
+    rq.hello = (M6__Hello *)body; /* the oneof's one pointer slot */
+    return m6ctl_request_(&rq);
+}
+
 /* RUN: a numeric id, or a name. */
 int m6ctl_parse_run_(const char *arg, M6__RunRef *ref)
 {
@@ -285,10 +293,7 @@ M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg)
 {
     M6__RunRef ref;
     if (m6ctl_parse_run_(arg, &ref) < 0) return NULL;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = which;
-    rq.status = &ref;  /* union: the same pointer for every RunRef case */
-    return m6ctl_request_(&rq);
+    return m6ctl_ask_(which, &ref.base);
 }
 
 M6__Response *m6ctl_metrics_page_(M6__RunRef *ref, int64_t after_step,
@@ -298,10 +303,7 @@ M6__Response *m6ctl_metrics_page_(M6__RunRef *ref, int64_t after_step,
     q.run = ref;
     q.after_step = after_step;
     q.limit = limit;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_METRICS;
-    rq.metrics = &q;
-    return m6ctl_request_(&rq);
+    return m6ctl_ask_(M6__REQUEST__BODY_METRICS, &q.base);
 }
 
 /* Relative data globs (and init.from) in a spec are relative to the spec file's directory
@@ -410,10 +412,7 @@ static int cmd_submit_(int argc, char **argv)
     M6__Submit sub = M6__SUBMIT__INIT;
     sub.spec_json = buf;
     sub.origin = (char *)path;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_SUBMIT;
-    rq.submit = &sub;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_SUBMIT, &sub.base);
     free(buf);
     if (!resp) return EXIT_ERR;
     print_one_(&views_submit, resp->submit);
@@ -424,10 +423,7 @@ static int cmd_submit_(int argc, char **argv)
 static int cmd_list_(int argc, char **argv)
 {
     M6__ListRuns lr = M6__LIST_RUNS__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_LIST;
-    rq.list = &lr;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_LIST, &lr.base);
     if (!resp) return EXIT_ERR;
     M6__RunList *l = resp->list;
     view_out o = m6ctl_run_out_(VIEW_TABLE, 0);
@@ -616,10 +612,7 @@ static int cmd_events_(int argc, char **argv)
         M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
         q.run = &ref;
         q.after_id = after;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_EVENTS;
-        rq.events = &q;
-        M6__Response *resp = m6ctl_request_(&rq);
+        M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_EVENTS, &q.base);
         if (!resp) return EXIT_ERR;
         const M6__EventRows *er = resp->events;
         size_t n = er ? er->n_events : 0;
@@ -640,10 +633,7 @@ static int cmd_nodes_(int argc, char **argv)
     (void)argc;
     (void)argv;
     M6__NodesQuery q = M6__NODES_QUERY__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODES;
-    rq.nodes = &q;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_NODES, &q.base);
     if (!resp) return EXIT_ERR;
     view_out o = rows_out_(&views_nodes);
     view_begin(&o);

@@ -52,10 +52,7 @@ static int export_source_(const char *arg, m6_weights *w, char *what, size_t wle
     if (m6ctl_parse_run_(arg, &ref) < 0) return EXIT_USAGE;
     M6__CheckpointsQuery q = M6__CHECKPOINTS_QUERY__INIT;
     q.run = &ref;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_CHECKPOINTS;
-    rq.checkpoints = &q;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_CHECKPOINTS, &q.base);
     if (!resp) return EXIT_ERR;
     const M6__CheckpointList *cl = resp->checkpoints;
     int rc = EXIT_ERR;
