@@ -194,9 +194,7 @@ static int connect_(void)
     M6__Hello hello = M6__HELLO__INIT;
     hello.protocol_version = M6_PROTOCOL_VERSION;
     hello.client = (char *)"m6ctl " M6_VERSION;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_HELLO;
-    rq.hello = &hello;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_HELLO, &hello.base);
     M6__Response *resp = call_(&rq);
     if (!resp) return -1;
     g.transport_err = 0;
@@ -223,9 +221,7 @@ M6__Response *m6ctl_request_(M6__Request *rq)
 
 M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body)
 {
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = which;
-    rq.hello = (M6__Hello *)body; /* the oneof's one pointer slot */
+    M6__Request rq = frame_request(which, body);
     return m6ctl_request_(&rq);
 }
 

@@ -61,9 +61,7 @@ void m6ctl_errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* One request to m6d and its answer (NULL: the connection failed, said on
  * stderr; g.transport_err set). */
 M6__Response *m6ctl_request_(M6__Request *rq);
-/* m6ctl_request_ of a Request with oneof case which and message body
- * (&q.base of the message that case holds: every case of the oneof is a
- * message pointer in the same slot). */
+/* m6ctl_request_ of frame_request(which, body). */
 M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body);
 /* A RUN argument (an id or a name) into *ref: 0, or -1 (said). */
 int m6ctl_parse_run_(const char *arg, M6__RunRef *ref);

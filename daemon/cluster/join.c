@@ -301,9 +301,7 @@ static void connected_(uv_connect_t *req, int status)
     nj.free_device_memory = cluster_free_device_memory(j->facts);
     nj.version = (char *)"m6d " M6_VERSION;
     nj.gemm = (char *)j->facts->gemm;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_JOIN;
-    rq.node_join = &nj;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_JOIN, &nj.base);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, readbuf_alloc, read_cb_);
     if (rc < 0) return attempt_failed_(j, uv_strerror(rc));
     if (send_(j, &rq, 0) < 0) return attempt_failed_(j, "cannot send NodeJoin");
@@ -396,9 +394,7 @@ static void heartbeat_(uv_timer_t *t)
     }
     M6__NodeHeartbeat hb = M6__NODE_HEARTBEAT__INIT;
     hb.free_device_memory = cluster_free_device_memory(j->facts);
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_HEARTBEAT;
-    rq.node_heartbeat = &hb;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_HEARTBEAT, &hb.base);
     if (send_(j, &rq, 0) < 0) return lost_(j, "cannot send a heartbeat");
     uv_timer_start(&j->hb, heartbeat_, (uint64_t)j->heartbeat_ms, 0);
 }
@@ -450,9 +446,7 @@ void cluster_join_leave(cluster_join *j)
     if (!j || !j->live || !j->c) return;
     uv_timer_stop(&j->hb);
     M6__NodeLeave nl = M6__NODE_LEAVE__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_LEAVE;
-    rq.node_leave = &nl;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_LEAVE, &nl.base);
     j->live = 0;  /* replies from here on are not looked at */
     if (send_(j, &rq, 1) == 0) j->leaving = 1;
 }

@@ -269,15 +269,17 @@ static enum MHD_Result reply_error_(http_server *h, struct MHD_Connection *conn,
 /* A JSON body: the rows of one answer, rendered with m6ctl's views. */
 typedef void (*render_fn)(FILE *f, const M6__Response *resp);
 
-/* Ask m6d's handlers rq; their answer as a reply: render's JSON body, or
- * the error reply when they did not answer, refused, or sent no body of
- * case body. */
+/* Ask m6d's handlers the request of case which holding q (&msg.base);
+ * their answer as a reply: render's JSON body, or the error reply when
+ * they did not answer, refused, or sent no body of case body. */
 static enum MHD_Result reply_json_(http_server *h, struct MHD_Connection *conn,
-                                   const M6__Request *rq,
+                                   M6__Request__BodyCase which,
+                                   ProtobufCMessage *q,
                                    M6__Response__BodyCase body,
                                    render_fn render)
 {
-    M6__Response *resp = ask_(h, rq);
+    M6__Request rq = frame_request(which, q);
+    M6__Response *resp = ask_(h, &rq);
     enum MHD_Result ret;
     jbody j;
     if (!resp || resp->status != M6__STATUS__STATUS_OK ||
@@ -306,11 +308,9 @@ static void render_list_(FILE *f, const M6__Response *resp)
 
 static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
 {
-    M6__Request rq = M6__REQUEST__INIT;
     M6__ListRuns lr = M6__LIST_RUNS__INIT;
-    rq.body_case = M6__REQUEST__BODY_LIST;
-    rq.list = &lr;
-    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_LIST, render_list_);
+    return reply_json_(h, conn, M6__REQUEST__BODY_LIST, &lr.base,
+                       M6__RESPONSE__BODY_LIST, render_list_);
 }
 
 static void render_status_(FILE *f, const M6__Response *resp)
@@ -325,12 +325,10 @@ static void render_status_(FILE *f, const M6__Response *resp)
 static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
                                    int64_t id)
 {
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     ref.run_id = id;
-    rq.body_case = M6__REQUEST__BODY_STATUS;
-    rq.status = &ref;
-    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_RUN, render_status_);
+    return reply_json_(h, conn, M6__REQUEST__BODY_STATUS, &ref.base,
+                       M6__RESPONSE__BODY_RUN, render_status_);
 }
 
 /* A query argument as a number >= 0 (absent: dflt); -1 when bad. */
@@ -366,16 +364,14 @@ static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
         return text_(h, conn, MHD_HTTP_BAD_REQUEST,
                      "400 %s: after and limit must be integers >= 0\n",
                      "bad query");
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
     ref.run_id = id;
     q.run = &ref;
     q.after_step = after;
     q.limit = (int32_t)limit;
-    rq.body_case = M6__REQUEST__BODY_METRICS;
-    rq.metrics = &q;
-    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_METRICS, render_metrics_);
+    return reply_json_(h, conn, M6__REQUEST__BODY_METRICS, &q.base,
+                       M6__RESPONSE__BODY_METRICS, render_metrics_);
 }
 
 static void render_events_(FILE *f, const M6__Response *resp)
@@ -394,15 +390,13 @@ static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
     if (after < 0)
         return text_(h, conn, MHD_HTTP_BAD_REQUEST,
                      "400 %s: after must be an integer >= 0\n", "bad query");
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
     ref.run_id = id;
     q.run = &ref;
     q.after_id = after;
-    rq.body_case = M6__REQUEST__BODY_EVENTS;
-    rq.events = &q;
-    return reply_json_(h, conn, &rq, M6__RESPONSE__BODY_EVENTS, render_events_);
+    return reply_json_(h, conn, M6__REQUEST__BODY_EVENTS, &q.base,
+                       M6__RESPONSE__BODY_EVENTS, render_events_);
 }
 
 /* /api/runs/ID[/metrics|/events] */
