@@ -4,7 +4,6 @@
  */
 #include "client/export.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -319,23 +318,6 @@ fail:
 
 /* ------------------------------------------------------------ output dirs */
 
-/* Remove a flat directory (our temporary one) and its files. */
-static void remove_flat_dir_(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[PATH_MAX + 256];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* An output directory is written as <out>.tmp-XXXXXX (mkdtemp), then
  * renamed to out
  * (or, with force over an existing out, its files moved in one by one). */
@@ -381,7 +363,7 @@ static int out_commit_(out_dir *o, const char *const *names, char *err,
     if (!o->replace) {
         if (rename(o->tmp, o->out) != 0) {
             snprintf(err, errlen, "%s: %s", o->out, strerror(errno));
-            remove_flat_dir_(o->tmp);
+            remove_temp_dir(o->tmp);
             return -1;
         }
         return 0;
@@ -392,15 +374,15 @@ static int out_commit_(out_dir *o, const char *const *names, char *err,
         snprintf(b, sizeof b, "%s/%s", o->out, names[i]);
         if (rename(a, b) != 0) {
             snprintf(err, errlen, "%s: %s", b, strerror(errno));
-            remove_flat_dir_(o->tmp);
+            remove_temp_dir(o->tmp);
             return -1;
         }
     }
-    remove_flat_dir_(o->tmp);
+    remove_temp_dir(o->tmp);
     return 0;
 }
 
-static void out_abort_(out_dir *o) { remove_flat_dir_(o->tmp); }
+static void out_abort_(out_dir *o) { remove_temp_dir(o->tmp); }
 
 /* Write n tensors as dir/name (safetensors). */
 static int write_st_(const char *dir, const char *name, const st_tensor *ts,
@@ -434,6 +416,32 @@ static int write_json_(const char *dir, const char *name, json_t *j, char *err,
     if (rc != 0)
         snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
     return rc == 0 ? 0 : -1;
+}
+
+/* An output directory of two files: model.safetensors (k tensors ts) and
+ * json_name (j; NULL: out of memory), written and renamed to out, or
+ * nothing left behind. 0, or -1 with err. */
+static int write_st_json_dir_(const char *out, int force, const char *json_name,
+                              const st_tensor *ts, int k, json_t *j,
+                              char *err, size_t errlen)
+{
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    out_dir o;
+    int rc = out_begin_(&o, out, force, err, errlen);
+    if (rc != 0)
+        return rc;
+    const char *const files[] = {"model.safetensors", json_name, NULL};
+    rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
+    if (rc == 0)
+        rc = write_json_(o.tmp, files[1], j, err, errlen);
+    if (rc == 0)
+        rc = out_commit_(&o, files, err, errlen);
+    else
+        out_abort_(&o);
+    return rc;
 }
 
 static int refuse_moe_(const m6_weights *w, const char *format, char *err,
@@ -536,21 +544,8 @@ int weights_write_hf_gpt2(const m6_weights *w, const char *out, int force,
         "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0,
         "scale_attn_weights", 1, "tie_word_embeddings", 1, "use_cache", 1,
         "torch_dtype", "float32");
-    out_dir o;
-    int rc = cfg ? out_begin_(&o, out, force, err, errlen) : -1;
-    if (!cfg)
-        snprintf(err, errlen, "out of memory");
-    if (rc == 0) {
-        static const char *const files[] = {"model.safetensors", "config.json",
-                                            NULL};
-        rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
-        if (rc == 0)
-            rc = write_json_(o.tmp, files[1], cfg, err, errlen);
-        if (rc == 0)
-            rc = out_commit_(&o, files, err, errlen);
-        else
-            out_abort_(&o);
-    }
+    int rc = write_st_json_dir_(out, force, "config.json", ts, k, cfg, err,
+                                errlen);
     json_decref(cfg);
     free(tw);
     free(names);
@@ -608,21 +603,8 @@ int weights_write_m6(const m6_weights *w, const char *out, int force,
                              "n_slots", w->S, "slot_of", so, "step",
                              (json_int_t)w->step, "phase",
                              w->phase[0] ? w->phase : "real") : NULL;
-    out_dir o;
-    int rc = meta ? out_begin_(&o, out, force, err, errlen) : -1;
-    if (!meta)
-        snprintf(err, errlen, "out of memory");
-    if (rc == 0) {
-        static const char *const files[] = {"model.safetensors",
-                                            "m6-model.json", NULL};
-        rc = write_st_(o.tmp, files[0], ts, k, err, errlen);
-        if (rc == 0)
-            rc = write_json_(o.tmp, files[1], meta, err, errlen);
-        if (rc == 0)
-            rc = out_commit_(&o, files, err, errlen);
-        else
-            out_abort_(&o);
-    }
+    int rc = write_st_json_dir_(out, force, "m6-model.json", ts, k, meta, err,
+                                errlen);
     json_decref(meta);
     json_decref(model);
     json_decref(so);
@@ -688,16 +670,9 @@ int weights_write_llmc(const m6_weights *w, const char *out, int force,
     hdr[6] = C;
     hdr[7] = Vp;
     char tmp[PATH_MAX + 32];
-    int fd = create_temp_beside(out, 0644, tmp, sizeof tmp, err, errlen);
-    if (fd < 0)
+    FILE *f = create_temp_file_beside(out, 0644, tmp, sizeof tmp, err, errlen);
+    if (!f)
         return -1;
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
     int bad = fwrite(hdr, sizeof hdr, 1, f) != 1;
     for (int i = 0; i < 16 && !bad; i++) {
         const llmc_tensor_ *e = &llmc_order_[i];

@@ -194,9 +194,7 @@ static int connect_(void)
     M6__Hello hello = M6__HELLO__INIT;
     hello.protocol_version = M6_PROTOCOL_VERSION;
     hello.client = (char *)"m6ctl " M6_VERSION;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_HELLO;
-    rq.hello = &hello;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_HELLO, &hello.base);
     M6__Response *resp = call_(&rq);
     if (!resp) return -1;
     g.transport_err = 0;
@@ -219,6 +217,12 @@ M6__Response *m6ctl_request_(M6__Request *rq)
         return NULL;
     }
     return resp;
+}
+
+M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body)
+{
+    M6__Request rq = frame_request(which, body);
+    return m6ctl_request_(&rq);
 }
 
 /* RUN: a numeric id, or a name. */
@@ -285,10 +289,17 @@ M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg)
 {
     M6__RunRef ref;
     if (m6ctl_parse_run_(arg, &ref) < 0) return NULL;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = which;
-    rq.status = &ref;  /* union: the same pointer for every RunRef case */
-    return m6ctl_request_(&rq);
+    return m6ctl_ask_(which, &ref.base);
+}
+
+M6__Response *m6ctl_metrics_page_(M6__RunRef *ref, int64_t after_step,
+                                  int limit)
+{
+    M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
+    q.run = ref;
+    q.after_step = after_step;
+    q.limit = limit;
+    return m6ctl_ask_(M6__REQUEST__BODY_METRICS, &q.base);
 }
 
 /* Relative data globs (and init.from) in a spec are relative to the spec file's directory
@@ -397,10 +408,7 @@ static int cmd_submit_(int argc, char **argv)
     M6__Submit sub = M6__SUBMIT__INIT;
     sub.spec_json = buf;
     sub.origin = (char *)path;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_SUBMIT;
-    rq.submit = &sub;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_SUBMIT, &sub.base);
     free(buf);
     if (!resp) return EXIT_ERR;
     print_one_(&views_submit, resp->submit);
@@ -411,10 +419,7 @@ static int cmd_submit_(int argc, char **argv)
 static int cmd_list_(int argc, char **argv)
 {
     M6__ListRuns lr = M6__LIST_RUNS__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_LIST;
-    rq.list = &lr;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_LIST, &lr.base);
     if (!resp) return EXIT_ERR;
     M6__RunList *l = resp->list;
     view_out o = m6ctl_run_out_(VIEW_TABLE, 0);
@@ -466,14 +471,7 @@ static int cmd_metrics_(int argc, char **argv)
     view_out o = rows_out_(&views_metrics);
     int64_t after = 0;
     for (int started = 0;;) {
-        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
-        q.run = &ref;
-        q.after_step = after;
-        q.limit = METRICS_PAGE_;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_METRICS;
-        rq.metrics = &q;
-        M6__Response *resp = m6ctl_request_(&rq);
+        M6__Response *resp = m6ctl_metrics_page_(&ref, after, METRICS_PAGE_);
         if (!resp) return EXIT_ERR;
         const M6__MetricRows *m = resp->metrics;
         if (!started) {  /* once m6d has answered */
@@ -610,10 +608,7 @@ static int cmd_events_(int argc, char **argv)
         M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
         q.run = &ref;
         q.after_id = after;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_EVENTS;
-        rq.events = &q;
-        M6__Response *resp = m6ctl_request_(&rq);
+        M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_EVENTS, &q.base);
         if (!resp) return EXIT_ERR;
         const M6__EventRows *er = resp->events;
         size_t n = er ? er->n_events : 0;
@@ -634,10 +629,7 @@ static int cmd_nodes_(int argc, char **argv)
     (void)argc;
     (void)argv;
     M6__NodesQuery q = M6__NODES_QUERY__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODES;
-    rq.nodes = &q;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_NODES, &q.base);
     if (!resp) return EXIT_ERR;
     view_out o = rows_out_(&views_nodes);
     view_begin(&o);

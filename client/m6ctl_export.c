@@ -52,10 +52,7 @@ static int export_source_(const char *arg, m6_weights *w, char *what, size_t wle
     if (m6ctl_parse_run_(arg, &ref) < 0) return EXIT_USAGE;
     M6__CheckpointsQuery q = M6__CHECKPOINTS_QUERY__INIT;
     q.run = &ref;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_CHECKPOINTS;
-    rq.checkpoints = &q;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_CHECKPOINTS, &q.base);
     if (!resp) return EXIT_ERR;
     const M6__CheckpointList *cl = resp->checkpoints;
     int rc = EXIT_ERR;
@@ -184,13 +181,7 @@ static int plot_fetch_(const char *arg, plot_data_ *d, long *delink)
     m6__response__free_unpacked(resp, NULL);
     int64_t after = 0;
     for (;;) {
-        M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
-        q.run = &ref;
-        q.after_step = after;
-        M6__Request rq = M6__REQUEST__INIT;
-        rq.body_case = M6__REQUEST__BODY_METRICS;
-        rq.metrics = &q;
-        M6__Response *mr = m6ctl_request_(&rq);
+        M6__Response *mr = m6ctl_metrics_page_(&ref, after, 0);
         if (!mr) return EXIT_ERR;
         const M6__MetricRows *m = mr->metrics;
         size_t n = m ? m->n_rows : 0;

@@ -61,6 +61,8 @@ void m6ctl_errf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* One request to m6d and its answer (NULL: the connection failed, said on
  * stderr; g.transport_err set). */
 M6__Response *m6ctl_request_(M6__Request *rq);
+/* m6ctl_request_ of frame_request(which, body). */
+M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body);
 /* A RUN argument (an id or a name) into *ref: 0, or -1 (said). */
 int m6ctl_parse_run_(const char *arg, M6__RunRef *ref);
 /* The output of a run's view: text_form with lines, or g's --json/--csv. */
@@ -68,6 +70,11 @@ view_out m6ctl_run_out_(view_form text_form, int lines);
 /* A request of kind which about the run arg names: its answer, or NULL
  * (said; a malformed RUN too). */
 M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg);
+/* One page of a run's metrics: the rows after step after_step, at most
+ * limit of them (0: m6d's page size). The answer (resp->metrics may be
+ * NULL: no rows), or NULL (said). */
+M6__Response *m6ctl_metrics_page_(M6__RunRef *ref, int64_t after_step,
+                                  int limit);
 /* The spec file at path, read whole (malloc'd), or NULL (said). */
 char *m6ctl_read_spec_(const char *path);
 

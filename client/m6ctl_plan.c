@@ -78,10 +78,7 @@ static int plan_on_daemon_(const char *path)
     M6__PlanQuery q = M6__PLAN_QUERY__INIT;
     q.spec_json = buf;
     q.device_memory = g.device_memory;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_PLAN;
-    rq.plan = &q;
-    M6__Response *resp = m6ctl_request_(&rq);
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_PLAN, &q.base);
     free(buf);
     if (!resp) return EXIT_ERR;
     const M6__PlanReply *pr = resp->body_case == M6__RESPONSE__BODY_PLAN ? resp->plan : NULL;

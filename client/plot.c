@@ -72,16 +72,9 @@ int plot_svg_write(const char *path, const plot_run *runs, int nruns,
 #define X_(s) (x0 + ((double)(s) - smin) / (double)(smax - smin) * (x1 - x0))
 #define Y_(v) (y0 - ((v) - lmin) / (lmax - lmin) * (y0 - y1))
     char tmp[4200];
-    int fd = create_temp_beside(path, 0644, tmp, sizeof tmp, err, errlen);
-    if (fd < 0)
+    FILE *f = create_temp_file_beside(path, 0644, tmp, sizeof tmp, err, errlen);
+    if (!f)
         return -1;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
                "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" "

@@ -19,6 +19,18 @@
 #define M6_FRAME_MAX (16u * 1024u * 1024u)
 #define M6_FRAME_HDR 4u
 
+/* A Request holding message body under oneof case which (body: &q.base of
+ * the message that case holds). Every case of the Request oneof is a
+ * message pointer in one slot, so this one setter serves them all. */
+static inline M6__Request frame_request(M6__Request__BodyCase which,
+                                        ProtobufCMessage *body)
+{
+    M6__Request rq = M6__REQUEST__INIT;
+    rq.body_case = which;
+    rq.hello = (M6__Hello *)body; /* the oneof's one pointer slot */
+    return rq;
+}
+
 typedef struct {
     uint8_t *buf;
     size_t len;   /* bytes held */

@@ -30,6 +30,13 @@ static const char *state_color_(M6__RunState s)
     }
 }
 
+/* A protocol string as a view value: protobuf-c's unset (NULL) or empty
+ * string is the view's null. */
+static const char *unset_null_(const char *s)
+{
+    return s && *s ? s : NULL;
+}
+
 static const char *phase_str_(M6__Phase p)
 {
     return p == M6__PHASE__PHASE_REAL ? "real" : "pseudo";
@@ -120,22 +127,10 @@ static void r_ckpt_text_(const void *row, view_val *v)
 }
 static void r_created_(const void *row, view_val *v) { v->d = R_->created; }
 static void r_updated_(const void *row, view_val *v) { v->d = R_->updated; }
-static void r_error_(const void *row, view_val *v)
-{
-    v->s = R_->error && *R_->error ? R_->error : NULL;
-}
-static void r_pending_(const void *row, view_val *v)
-{
-    v->s = R_->pending && *R_->pending ? R_->pending : NULL;
-}
-static void r_backend_(const void *row, view_val *v)
-{
-    v->s = R_->backend && *R_->backend ? R_->backend : NULL;
-}
-static void r_policy_(const void *row, view_val *v)
-{
-    v->s = R_->delink_policy && *R_->delink_policy ? R_->delink_policy : NULL;
-}
+static void r_error_(const void *row, view_val *v) { v->s = unset_null_(R_->error); }
+static void r_pending_(const void *row, view_val *v) { v->s = unset_null_(R_->pending); }
+static void r_backend_(const void *row, view_val *v) { v->s = unset_null_(R_->backend); }
+static void r_policy_(const void *row, view_val *v) { v->s = unset_null_(R_->delink_policy); }
 static void r_res_(const void *row, view_val *v) { v->i = R_->resident_slots; }
 static void r_off_(const void *row, view_val *v) { v->i = R_->offloaded_slots; }
 static void r_inuse_(const void *row, view_val *v) { v->i = R_->device_bytes_in_use; }
@@ -431,18 +426,9 @@ static void n_rank_(const void *row, view_val *v)
 static void n_hb_(const void *row, view_val *v) { v->d = N_->last_heartbeat; }
 static void n_joined_(const void *row, view_val *v) { v->d = N_->joined; }
 static void n_updated_(const void *row, view_val *v) { v->d = N_->updated; }
-static void n_addr_(const void *row, view_val *v)
-{
-    v->s = N_->address && *N_->address ? N_->address : NULL;
-}
-static void n_gemm_(const void *row, view_val *v)
-{
-    v->s = N_->gemm && *N_->gemm ? N_->gemm : NULL;
-}
-static void n_detail_(const void *row, view_val *v)
-{
-    v->s = N_->detail && *N_->detail ? N_->detail : NULL;
-}
+static void n_addr_(const void *row, view_val *v) { v->s = unset_null_(N_->address); }
+static void n_gemm_(const void *row, view_val *v) { v->s = unset_null_(N_->gemm); }
+static void n_detail_(const void *row, view_val *v) { v->s = unset_null_(N_->detail); }
 #undef N_
 
 static const view_field node_fields_[] = {

@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/readbuf.h"
+#include "common/uvw.h"
 #include "proto/frame.h"
 #include "dist/store.h"
 #include "m6.pb-c.h"
@@ -93,13 +94,6 @@ struct peer {
     int timeout_ms;
 };
 
-typedef struct {
-    uv_write_t req;     /* first */
-    peer *p;
-    uint8_t *buf;
-    int close_after;
-} write_req;
-
 /* ------------------------------------------------------------------- peers */
 
 static void peer_free_keys_(peer *p)
@@ -164,13 +158,9 @@ static void peer_close_(peer *p, const char *cause)
     uv_close((uv_handle_t *)&p->tcp, handle_closed_);
 }
 
-static void write_done_(uv_write_t *req, int status)
+static void write_done_(void *owner, int status, int close_after)
 {
-    write_req *w = (write_req *)req;
-    peer *p = w->p;
-    int close_after = w->close_after;
-    free(w->buf);
-    free(w);
+    peer *p = owner;
     if (p->closing) return;
     if (status < 0) peer_close_(p, uv_strerror(status));
     else if (close_after) peer_close_(p, "refused");
@@ -182,22 +172,11 @@ static void send_(peer *p, const M6__Response *resp, int close_after)
     if (p->closing) return;
     size_t len;
     uint8_t *buf = frame_pack(&resp->base, &len);
-    write_req *w = buf ? calloc(1, sizeof *w) : NULL;
-    if (!w) {
-        free(buf);
-        peer_close_(p, "out of memory");
-        return;
-    }
-    w->p = p;
-    w->buf = buf;
-    w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&p->tcp, &b, 1, write_done_);
-    if (rc < 0) {
-        free(buf);
-        free(w);
-        peer_close_(p, uv_strerror(rc));
-    }
+    int rc = buf ? uvw_send((uv_stream_t *)&p->tcp, buf, len, p, close_after,
+                            write_done_)
+                 : UV_ENOMEM;
+    if (rc < 0)
+        peer_close_(p, rc == UV_ENOMEM ? "out of memory" : uv_strerror(rc));
 }
 
 static void reply_status_(peer *p, M6__Status st, const char *msg,

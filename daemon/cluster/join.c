@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/readbuf.h"
+#include "common/uvw.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -36,12 +37,6 @@ typedef struct {
     unsigned attempt;
 } gai_req;
 
-typedef struct {
-    uv_write_t req;     /* first */
-    jconn *c;
-    uint8_t *buf;
-    int close_after;
-} jwrite;
 
 struct cluster_join {
     uv_timer_t timer;   /* the attempt's deadline, or the retry's delay */
@@ -153,14 +148,10 @@ static void attempt_failed_(cluster_join *j, const char *why)
                    (uint64_t)j->heartbeat_ms, 0);
 }
 
-static void write_done_(uv_write_t *req, int status)
+static void write_done_(void *owner, int status, int close_after)
 {
-    jwrite *w = (jwrite *)req;
-    jconn *c = w->c;
+    jconn *c = owner;
     cluster_join *j = c->j;
-    int close_after = w->close_after;
-    free(w->buf);
-    free(w);
     if (c->closing) return;
     if (close_after) {
         j->leaving = 0;
@@ -175,21 +166,10 @@ static int send_(cluster_join *j, const M6__Request *rq, int close_after)
     jconn *c = j->c;
     size_t len;
     uint8_t *buf = frame_pack(&rq->base, &len);
-    jwrite *w = buf ? calloc(1, sizeof *w) : NULL;
-    if (!w) {
-        free(buf);
+    if (!buf ||
+        uvw_send((uv_stream_t *)&c->tcp, buf, len, c, close_after,
+                 write_done_) < 0)
         return -1;
-    }
-    w->c = c;
-    w->buf = buf;
-    w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_done_);
-    if (rc < 0) {
-        free(buf);
-        free(w);
-        return -1;
-    }
     return 0;
 }
 
@@ -321,9 +301,7 @@ static void connected_(uv_connect_t *req, int status)
     nj.free_device_memory = cluster_free_device_memory(j->facts);
     nj.version = (char *)"m6d " M6_VERSION;
     nj.gemm = (char *)j->facts->gemm;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_JOIN;
-    rq.node_join = &nj;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_JOIN, &nj.base);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, readbuf_alloc, read_cb_);
     if (rc < 0) return attempt_failed_(j, uv_strerror(rc));
     if (send_(j, &rq, 0) < 0) return attempt_failed_(j, "cannot send NodeJoin");
@@ -416,9 +394,7 @@ static void heartbeat_(uv_timer_t *t)
     }
     M6__NodeHeartbeat hb = M6__NODE_HEARTBEAT__INIT;
     hb.free_device_memory = cluster_free_device_memory(j->facts);
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_HEARTBEAT;
-    rq.node_heartbeat = &hb;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_HEARTBEAT, &hb.base);
     if (send_(j, &rq, 0) < 0) return lost_(j, "cannot send a heartbeat");
     uv_timer_start(&j->hb, heartbeat_, (uint64_t)j->heartbeat_ms, 0);
 }
@@ -470,9 +446,7 @@ void cluster_join_leave(cluster_join *j)
     if (!j || !j->live || !j->c) return;
     uv_timer_stop(&j->hb);
     M6__NodeLeave nl = M6__NODE_LEAVE__INIT;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_NODE_LEAVE;
-    rq.node_leave = &nl;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_LEAVE, &nl.base);
     j->live = 0;  /* replies from here on are not looked at */
     if (send_(j, &rq, 1) == 0) j->leaving = 1;
 }

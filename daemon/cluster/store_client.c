@@ -201,9 +201,7 @@ static int connect_(tcp_store *s, m6_err *err)
                 so.token.len = s->token.len;
                 so.run_id = s->run;
                 so.generation = s->gen;
-                M6__Request rq = M6__REQUEST__INIT;
-                rq.body_case = M6__REQUEST__BODY_STORE_OPEN;
-                rq.store_open = &so;
+                M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_OPEN, &so.base);
                 size_t len;
                 uint8_t *f = frame_pack(&rq.base, &len);
                 M6__Response *r = NULL;
@@ -346,9 +344,7 @@ static int set_(void *ctx, const char *key, const void *val, size_t len,
     ss.key = (char *)key;
     ss.value.data = (uint8_t *)val;
     ss.value.len = len;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_STORE_SET;
-    rq.store_set = &ss;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_SET, &ss.base);
     M6__Response *r = call_(s, &rq, 0, "set", err);
     if (!r) return -1;
     m6__response__free_unpacked(r, NULL);
@@ -364,9 +360,7 @@ static int get_(void *ctx, const char *key, void **val, size_t *len,
     if (check_key_(key, err) < 0) return -1;
     M6__StoreGet sg = M6__STORE_GET__INIT;
     sg.key = (char *)key;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_STORE_GET;
-    rq.store_get = &sg;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_GET, &sg.base);
     M6__Response *r = call_waiting_(s, &rq, &sg.timeout_ms, timeout_ms, "get",
                                     err);
     if (!r) return -1;
@@ -400,9 +394,7 @@ static int wait_(void *ctx, const char *const *keys, size_t n, int timeout_ms,
     M6__StoreWait sw = M6__STORE_WAIT__INIT;
     sw.keys = (char **)keys;
     sw.n_keys = n;
-    M6__Request rq = M6__REQUEST__INIT;
-    rq.body_case = M6__REQUEST__BODY_STORE_WAIT;
-    rq.store_wait = &sw;
+    M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_WAIT, &sw.base);
     M6__Response *r = call_waiting_(s, &rq, &sw.timeout_ms, timeout_ms, "wait",
                                     err);
     if (!r) return -1;

@@ -6,7 +6,9 @@
 
 #include "common/err.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +113,24 @@ int fsync_parent_dir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+void remove_temp_dir(const char *dir)
+{
+    int e = errno;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        char p[PATH_MAX + 256];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+    errno = e;
+}
+
 const char *file_kind_name(unsigned mode)
 {
     if (S_ISREG(mode)) return "a regular file";
@@ -191,6 +211,21 @@ int create_temp_beside(const char *path, unsigned mode, char *tmp,
         return -1;
     }
     return fd;
+}
+
+FILE *create_temp_file_beside(const char *path, unsigned mode, char *tmp,
+                              size_t tmplen, char *err, size_t errlen)
+{
+    int fd = create_temp_beside(path, mode, tmp, tmplen, err, errlen);
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        seterr_(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+    }
+    return f;
 }
 
 int create_temp_dir_beside(const char *path, unsigned mode, char *tmp,

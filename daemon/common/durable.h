@@ -9,6 +9,7 @@
 #define M6_DURABLE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* fsync a file by path / a directory by path. 0 or -1 (errno). */
 int fsync_path(const char *path);
@@ -51,6 +52,16 @@ int create_temp_beside(const char *path, unsigned mode, char *tmp,
  * name in tmp (tmplen >= strlen(path) + 12). 0, or -1 with err. */
 int create_temp_dir_beside(const char *path, unsigned mode, char *tmp,
                            size_t tmplen, char *err, size_t errlen);
+
+/* create_temp_beside as a stdio stream opened for writing ("w"). The
+ * stream, or NULL with err (the temporary file removed again). */
+FILE *create_temp_file_beside(const char *path, unsigned mode, char *tmp,
+                              size_t tmplen, char *err, size_t errlen);
+
+/* Best effort: remove a flat temporary directory (create_temp_dir_beside,
+ * then files and no subdirectories): its entries, then itself. errno is
+ * kept for the caller. */
+void remove_temp_dir(const char *dir);
 
 /* The kind of file mode is, in words ("a FIFO", "a directory", "a
  * socket", "a character device", "a block device", "a symbolic link", "a

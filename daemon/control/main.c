@@ -155,6 +155,21 @@ static void usage_(FILE *f)
         "  --help, --version\n");
 }
 
+/* optarg as a number in [lo, hi] ((lo, hi] when lo_open) into *v: 0, or
+ * -1 after "m6d: NAME: want WANT, got "optarg"" on stderr. */
+static int real_arg_(const char *name, const char *want, double lo,
+                     int lo_open, double hi, double *v)
+{
+    char *end;
+    *v = strtod(optarg, &end);
+    if (end == optarg || *end || !(*v >= lo && *v <= hi) ||
+        (lo_open && *v == lo)) {
+        fprintf(stderr, "m6d: %s: want %s, got \"%s\"\n", name, want, optarg);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_args_(int argc, char **argv, options *o)
 {
     static const struct option longopts[] = {
@@ -224,17 +239,11 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         /* access */
-        case 'H': {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (end == optarg || *end || !(v >= 1 && v <= 86400)) {
-                fprintf(stderr, "m6d: --db-hold-limit: want seconds, 1..86400, "
-                        "got \"%s\"\n", optarg);
+        case 'H':
+            if (real_arg_("--db-hold-limit", "seconds, 1..86400", 1, 0, 86400,
+                          &o->db_hold_limit_s) < 0)
                 return -1;
-            }
-            o->db_hold_limit_s = v;
             break;
-        }
         case 'G': {
             struct group gr, *res = NULL;
             char buf[8192], *end;
@@ -254,13 +263,10 @@ static int parse_args_(int argc, char **argv, options *o)
         }
         case 'R': o->group_read_only = 1; break;
         case 'I': {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (end == optarg || *end || !(v >= 1 && v <= 86400)) {
-                fprintf(stderr, "m6d: --conn-idle-timeout: want seconds, "
-                        "1..86400, got \"%s\"\n", optarg);
+            double v;
+            if (real_arg_("--conn-idle-timeout", "seconds, 1..86400", 1, 0,
+                          86400, &v) < 0)
                 return -1;
-            }
             o->conn_idle_ms = (unsigned)(v * 1000);
             break;
         }
@@ -273,17 +279,11 @@ static int parse_args_(int argc, char **argv, options *o)
             }
             snprintf(o->metrics_listen, sizeof o->metrics_listen, "%s", optarg);
             break;
-        case 'F': {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (*end || !(v > 0) || v > 1e21) {
-                fprintf(stderr, "m6d: --metrics-peak-flops: want FLOP/s > 0 "
-                        "(312e12), got \"%s\"\n", optarg);
+        case 'F':
+            if (real_arg_("--metrics-peak-flops", "FLOP/s > 0 (312e12)", 0, 1,
+                          1e21, &o->peak_flops) < 0)
                 return -1;
-            }
-            o->peak_flops = v;
             break;
-        }
         case 'W': {
             char buf[2048];
             snprintf(buf, sizeof buf, "%s", optarg);
@@ -338,13 +338,10 @@ static int parse_args_(int argc, char **argv, options *o)
             break;
         }
         case 'O': {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (*end || !(v >= 0.1 && v <= 3600)) {
-                fprintf(stderr, "m6d: --node-timeout: want 0.1..3600 seconds, "
-                        "got \"%s\"\n", optarg);
+            double v;
+            if (real_arg_("--node-timeout", "0.1..3600 seconds", 0.1, 0, 3600,
+                          &v) < 0)
                 return -1;
-            }
             o->node_timeout_ms = (int)(v * 1000 + 0.5);
             break;
         }

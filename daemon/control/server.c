@@ -35,6 +35,7 @@
 
 #include "common/log.h"
 #include "common/readbuf.h"
+#include "common/uvw.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -103,13 +104,6 @@ struct conn {
     int privileged;          /* root or m6d's user: no per-uid cap */
 };
 
-typedef struct {
-    uv_write_t req;       /* first: req <-> write_req */
-    conn *c;
-    uint8_t *buf;
-    int close_after;
-} write_req;
-
 /* ------------------------------------------------------------- connections */
 
 static void conn_free_(conn *c)
@@ -141,13 +135,9 @@ static void conn_close_(conn *c)
     uv_close((uv_handle_t *)&c->pipe, conn_closed_);
 }
 
-static void write_done_(uv_write_t *req, int status)
+static void write_done_(void *owner, int status, int close_after)
 {
-    write_req *w = (write_req *)req;
-    conn *c = w->c;
-    free(w->buf);
-    int close_after = w->close_after;
-    free(w);
+    conn *c = owner;
     if (c->closing) return;
     if (status < 0) {
         log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
@@ -165,22 +155,12 @@ static void conn_send_(conn *c, uint8_t *buf, size_t len, int close_after)
         free(buf);
         return;
     }
-    write_req *w = calloc(1, sizeof *w);
-    if (!w) {
-        free(buf);
-        conn_close_(c);
-        return;
-    }
-    w->c = c;
-    w->buf = buf;
-    w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, write_done_);
+    int rc = uvw_send((uv_stream_t *)&c->pipe, buf, len, c, close_after,
+                      write_done_);
     if (rc < 0) {
-        log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
-                  uv_strerror(rc));
-        free(buf);
-        free(w);
+        if (rc != UV_ENOMEM)
+            log_debug("conn.write_error", "conn=%lu err=\"%s\"", c->id,
+                      uv_strerror(rc));
         conn_close_(c);
     }
 }
@@ -770,6 +750,21 @@ static void listener_drained_(uv_handle_t *h)
     if (s->free_on_close) free(s);
 }
 
+/* A repeating timer of the server's (data: s) calling cb every `every`
+ * ms, unref'd so that it alone keeps no loop alive. NULL out of memory. */
+static uv_timer_t *sweep_timer_(server *s, uv_loop_t *loop, uv_timer_cb cb,
+                                uint64_t every)
+{
+    uv_timer_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    uv_timer_init(loop, t);
+    t->data = s;
+    uv_timer_start(t, cb, every, every);
+    uv_unref((uv_handle_t *)t);
+    return t;
+}
+
 server *server_init(const server_config *cfg, char *err, size_t errlen)
 {
     server *s = calloc(1, sizeof *s);
@@ -799,32 +794,21 @@ server *server_init(const server_config *cfg, char *err, size_t errlen)
         if (bind_path_(s, &s->listener, err, errlen) < 0 ||
             secure_socket_(s, cfg, err, errlen) < 0)
             goto fail;
-        s->path_timer = calloc(1, sizeof *s->path_timer);
+        s->path_timer = sweep_timer_(s, cfg->loop, path_check_, PATH_CHECK_MS);
         if (!s->path_timer) {
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
-        uv_timer_init(cfg->loop, s->path_timer);
-        s->path_timer->data = s;
-        uv_timer_start(s->path_timer, path_check_, PATH_CHECK_MS,
-                       PATH_CHECK_MS);
-        uv_unref((uv_handle_t *)s->path_timer);
     }
     s->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms
                                       : SERVER_IDLE_DEFAULT_MS;
-    s->idle_timer = calloc(1, sizeof *s->idle_timer);
+    /* sweep at a tenth of the timeout: closed within 1.1x of it */
+    s->idle_timer = sweep_timer_(s, cfg->loop, idle_sweep_,
+                                 s->idle_ms / 10 ? s->idle_ms / 10 : 1);
     if (!s->idle_timer) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    uv_timer_init(cfg->loop, s->idle_timer);
-    s->idle_timer->data = s;
-    {
-        /* sweep at a tenth of the timeout: closed within 1.1x of it */
-        uint64_t every = s->idle_ms / 10 ? s->idle_ms / 10 : 1;
-        uv_timer_start(s->idle_timer, idle_sweep_, every, every);
-    }
-    uv_unref((uv_handle_t *)s->idle_timer);
     if (cfg->listen_fd >= 0)
         UV_CHECK(uv_listen((uv_stream_t *)&s->listener, 64, on_connection_),
                  err, errlen);

@@ -149,57 +149,58 @@ void *gloo_init_(const coll_setup *s, coll_msg *e)
     return g.release();
 }
 
-int gloo_allreduce_sum_(void *ctx, float *buf, size_t n, int timeout_ms,
-                        coll_msg *e)
+// One collective on g: fill sets its buffers on a fresh Opts, then the
+// group's next tag and the timeout; run starts it and waits. 0, or -1 with
+// e from the exception it threw.
+template <typename Opts, typename Fill, typename Run>
+int collective_(Group *g, int timeout_ms, coll_msg *e, Fill fill, Run run)
 {
-    Group *g = (Group *)ctx;
     try {
-        gloo::AllreduceOptions opts(g->ctx);
-        opts.setOutput(buf, n);
-        void (*fn)(void *, const void *, const void *, size_t) =
-            &gloo::sum<float>;
-        opts.setReduceFunction(fn);
+        Opts opts(g->ctx);
+        fill(opts);
         opts.setTag(g->tag++);
         opts.setTimeout(std::chrono::milliseconds(timeout_ms));
-        gloo::allreduce(opts);
+        run(opts);
     } catch (const std::exception &x) {
         from_exception_(x, e);
         return -1;
     }
     return 0;
+}
+
+int gloo_allreduce_sum_(void *ctx, float *buf, size_t n, int timeout_ms,
+                        coll_msg *e)
+{
+    using Opts = gloo::AllreduceOptions;
+    return collective_<Opts>(
+        (Group *)ctx, timeout_ms, e,
+        [&](Opts &opts) {
+            opts.setOutput(buf, n);
+            void (*fn)(void *, const void *, const void *, size_t) =
+                &gloo::sum<float>;
+            opts.setReduceFunction(fn);
+        },
+        [](Opts &opts) { gloo::allreduce(opts); });
 }
 
 int gloo_broadcast_(void *ctx, void *buf, size_t bytes, int root,
                     int timeout_ms, coll_msg *e)
 {
-    Group *g = (Group *)ctx;
-    try {
-        gloo::BroadcastOptions opts(g->ctx);
-        opts.setOutput((uint8_t *)buf, bytes);
-        opts.setRoot(root);
-        opts.setTag(g->tag++);
-        opts.setTimeout(std::chrono::milliseconds(timeout_ms));
-        gloo::broadcast(opts);
-    } catch (const std::exception &x) {
-        from_exception_(x, e);
-        return -1;
-    }
-    return 0;
+    using Opts = gloo::BroadcastOptions;
+    return collective_<Opts>(
+        (Group *)ctx, timeout_ms, e,
+        [&](Opts &opts) {
+            opts.setOutput((uint8_t *)buf, bytes);
+            opts.setRoot(root);
+        },
+        [](Opts &opts) { gloo::broadcast(opts); });
 }
 
 int gloo_barrier_(void *ctx, int timeout_ms, coll_msg *e)
 {
-    Group *g = (Group *)ctx;
-    try {
-        gloo::BarrierOptions opts(g->ctx);
-        opts.setTag(g->tag++);
-        opts.setTimeout(std::chrono::milliseconds(timeout_ms));
-        gloo::barrier(opts);
-    } catch (const std::exception &x) {
-        from_exception_(x, e);
-        return -1;
-    }
-    return 0;
+    using Opts = gloo::BarrierOptions;
+    return collective_<Opts>((Group *)ctx, timeout_ms, e, [](Opts &) {},
+                             [](Opts &opts) { gloo::barrier(opts); });
 }
 
 void gloo_destroy_(void *ctx, int broken)

@@ -22,6 +22,7 @@
 #include <nccl.h>
 
 #include "common/err.h"
+#include "common/clock.h"
 #include "dist/coll_backend.h"
 #include "dist/store.h"
 
@@ -32,19 +33,6 @@ typedef struct {
     int rank, world;
 } nccl_group_;
 
-static double now_s_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void nap_(void)
-{
-    struct timespec ts = {0, 200000};  /* 0.2 ms */
-    nanosleep(&ts, NULL);
-}
-
 static int msg_(coll_msg *e, int code, const char *fmt, const char *a,
                 const char *b)
 {
@@ -53,12 +41,28 @@ static int msg_(coll_msg *e, int code, const char *fmt, const char *a,
     return -1;
 }
 
+/* One turn of a poll that gives up at end (clock_mono_s): -1 with e once
+ * past it, else a 0.2 ms nap and 0. */
+static int poll_turn_(double end, const char *what, int timeout_ms,
+                      coll_msg *e)
+{
+    if (clock_mono_s() > end) {
+        char t[32];
+        snprintf(t, sizeof t, "%d", timeout_ms);
+        return msg_(e, M6_ECANCELLED, "%s: timed out after %s ms "
+                    "(a peer did not take part)", what, t);
+    }
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
 /* Wait until the communicator's pending work is issued (init, or an
  * enqueue that returned ncclInProgress): 0, or -1 with e. */
 static int wait_comm_(nccl_group_ *g, const char *what, int timeout_ms,
                       coll_msg *e)
 {
-    double end = now_s_() + timeout_ms / 1e3;
+    double end = clock_mono_s() + timeout_ms / 1e3;
     for (;;) {
         ncclResult_t st;
         ncclResult_t r = ncclCommGetAsyncError(g->comm, &st);
@@ -72,13 +76,8 @@ static int wait_comm_(nccl_group_ *g, const char *what, int timeout_ms,
                         ncclGetLastError(g->comm)[0]
                             ? ncclGetLastError(g->comm)
                             : ncclGetErrorString(st));
-        if (now_s_() > end) {
-            char t[32];
-            snprintf(t, sizeof t, "%d", timeout_ms);
-            return msg_(e, M6_ECANCELLED, "%s: timed out after %s ms "
-                        "(a peer did not take part)", what, t);
-        }
-        nap_();
+        if (poll_turn_(end, what, timeout_ms, e) < 0)
+            return -1;
     }
 }
 
@@ -87,7 +86,7 @@ static int wait_comm_(nccl_group_ *g, const char *what, int timeout_ms,
 static int wait_stream_(nccl_group_ *g, const char *what, int timeout_ms,
                         coll_msg *e)
 {
-    double end = now_s_() + timeout_ms / 1e3;
+    double end = clock_mono_s() + timeout_ms / 1e3;
     for (;;) {
         cudaError_t q = cudaStreamQuery(g->stream);
         if (q == cudaSuccess)
@@ -100,13 +99,8 @@ static int wait_stream_(nccl_group_ *g, const char *what, int timeout_ms,
             st != ncclSuccess && st != ncclInProgress)
             return msg_(e, M6_EINTERNAL, "%s: %s", what,
                         ncclGetErrorString(st));
-        if (now_s_() > end) {
-            char t[32];
-            snprintf(t, sizeof t, "%d", timeout_ms);
-            return msg_(e, M6_ECANCELLED, "%s: timed out after %s ms "
-                        "(a peer did not take part)", what, t);
-        }
-        nap_();
+        if (poll_turn_(end, what, timeout_ms, e) < 0)
+            return -1;
     }
 }
 

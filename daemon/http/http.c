@@ -266,58 +266,69 @@ static enum MHD_Result reply_error_(http_server *h, struct MHD_Connection *conn,
                  strlen(s), MHD_RESPMEM_MUST_FREE);
 }
 
-static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
+/* A JSON body: the rows of one answer, rendered with m6ctl's views. */
+typedef void (*render_fn)(FILE *f, const M6__Response *resp);
+
+/* Ask m6d's handlers the request of case which holding q (&msg.base);
+ * their answer as a reply: render's JSON body, or the error reply when
+ * they did not answer, refused, or sent no body of case body. */
+static enum MHD_Result reply_json_(http_server *h, struct MHD_Connection *conn,
+                                   M6__Request__BodyCase which,
+                                   ProtobufCMessage *q,
+                                   M6__Response__BodyCase body,
+                                   render_fn render)
 {
-    M6__Request rq = M6__REQUEST__INIT;
-    M6__ListRuns lr = M6__LIST_RUNS__INIT;
-    rq.body_case = M6__REQUEST__BODY_LIST;
-    rq.list = &lr;
+    M6__Request rq = frame_request(which, q);
     M6__Response *resp = ask_(h, &rq);
     enum MHD_Result ret;
     jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->list) {
+    if (!resp || resp->status != M6__STATUS__STATUS_OK ||
+        resp->body_case != body) {
         ret = reply_error_(h, conn, resp);
     } else if (jbody_open_(&j) < 0) {
         ret = MHD_NO;
     } else {
-        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_ARRAY};
-        view_begin(&o);
-        for (size_t i = 0; i < resp->list->n_runs; i++) {
-            views_run_row row = {.r = resp->list->runs[i], .watch_eta = -1};
-            view_row(&o, &row);
-        }
-        view_end(&o);
+        render(j.f, resp);
         ret = jbody_send_(h, conn, &j);
     }
     if (resp) m6__response__free_unpacked(resp, NULL);
     return ret;
 }
 
+static void render_list_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_run, .form = VIEW_JSON_ARRAY};
+    view_begin(&o);
+    for (size_t i = 0; i < resp->list->n_runs; i++) {
+        views_run_row row = {.r = resp->list->runs[i], .watch_eta = -1};
+        view_row(&o, &row);
+    }
+    view_end(&o);
+}
+
+static enum MHD_Result api_list_(http_server *h, struct MHD_Connection *conn)
+{
+    M6__ListRuns lr = M6__LIST_RUNS__INIT;
+    return reply_json_(h, conn, M6__REQUEST__BODY_LIST, &lr.base,
+                       M6__RESPONSE__BODY_LIST, render_list_);
+}
+
+static void render_status_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_run, .form = VIEW_JSON_OBJECT};
+    views_run_row row = {.r = resp->run, .watch_eta = -1};
+    view_begin(&o);
+    view_row(&o, &row);
+    view_end(&o);
+}
+
 static enum MHD_Result api_status_(http_server *h, struct MHD_Connection *conn,
                                    int64_t id)
 {
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     ref.run_id = id;
-    rq.body_case = M6__REQUEST__BODY_STATUS;
-    rq.status = &ref;
-    M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->run) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        view_out o = {.f = j.f, .v = &views_run, .form = VIEW_JSON_OBJECT};
-        views_run_row row = {.r = resp->run, .watch_eta = -1};
-        view_begin(&o);
-        view_row(&o, &row);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, M6__REQUEST__BODY_STATUS, &ref.base,
+                       M6__RESPONSE__BODY_RUN, render_status_);
 }
 
 /* A query argument as a number >= 0 (absent: dflt); -1 when bad. */
@@ -333,6 +344,18 @@ static long long arg_(struct MHD_Connection *conn, const char *key,
     return n;
 }
 
+static void render_metrics_(FILE *f, const M6__Response *resp)
+{
+    const M6__MetricRows *m = resp->metrics;
+    /* as m6ctl metrics --json: an MoE run's rows with its columns */
+    view_out o = {.f = f, .form = VIEW_JSON_ARRAY,
+                  .v = m->n_rows && m->rows[0]->moe_aux_loss > 0
+                           ? &views_metrics_moe : &views_metrics};
+    view_begin(&o);
+    for (size_t i = 0; i < m->n_rows; i++) view_row(&o, m->rows[i]);
+    view_end(&o);
+}
+
 static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
                                     int64_t id)
 {
@@ -341,35 +364,23 @@ static enum MHD_Result api_metrics_(http_server *h, struct MHD_Connection *conn,
         return text_(h, conn, MHD_HTTP_BAD_REQUEST,
                      "400 %s: after and limit must be integers >= 0\n",
                      "bad query");
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     M6__MetricsQuery q = M6__METRICS_QUERY__INIT;
     ref.run_id = id;
     q.run = &ref;
     q.after_step = after;
     q.limit = (int32_t)limit;
-    rq.body_case = M6__REQUEST__BODY_METRICS;
-    rq.metrics = &q;
-    M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->metrics) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        const M6__MetricRows *m = resp->metrics;
-        /* as m6ctl metrics --json: an MoE run's rows with its columns */
-        view_out o = {.f = j.f, .form = VIEW_JSON_ARRAY,
-                      .v = m->n_rows && m->rows[0]->moe_aux_loss > 0
-                               ? &views_metrics_moe : &views_metrics};
-        view_begin(&o);
-        for (size_t i = 0; i < m->n_rows; i++) view_row(&o, m->rows[i]);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, M6__REQUEST__BODY_METRICS, &q.base,
+                       M6__RESPONSE__BODY_METRICS, render_metrics_);
+}
+
+static void render_events_(FILE *f, const M6__Response *resp)
+{
+    view_out o = {.f = f, .v = &views_events, .form = VIEW_JSON_ARRAY};
+    view_begin(&o);
+    for (size_t i = 0; i < resp->events->n_events; i++)
+        view_row(&o, resp->events->events[i]);
+    view_end(&o);
 }
 
 static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
@@ -379,31 +390,13 @@ static enum MHD_Result api_events_(http_server *h, struct MHD_Connection *conn,
     if (after < 0)
         return text_(h, conn, MHD_HTTP_BAD_REQUEST,
                      "400 %s: after must be an integer >= 0\n", "bad query");
-    M6__Request rq = M6__REQUEST__INIT;
     M6__RunRef ref = M6__RUN_REF__INIT;
     M6__EventsQuery q = M6__EVENTS_QUERY__INIT;
     ref.run_id = id;
     q.run = &ref;
     q.after_id = after;
-    rq.body_case = M6__REQUEST__BODY_EVENTS;
-    rq.events = &q;
-    M6__Response *resp = ask_(h, &rq);
-    enum MHD_Result ret;
-    jbody j;
-    if (!resp || resp->status != M6__STATUS__STATUS_OK || !resp->events) {
-        ret = reply_error_(h, conn, resp);
-    } else if (jbody_open_(&j) < 0) {
-        ret = MHD_NO;
-    } else {
-        view_out o = {.f = j.f, .v = &views_events, .form = VIEW_JSON_ARRAY};
-        view_begin(&o);
-        for (size_t i = 0; i < resp->events->n_events; i++)
-            view_row(&o, resp->events->events[i]);
-        view_end(&o);
-        ret = jbody_send_(h, conn, &j);
-    }
-    if (resp) m6__response__free_unpacked(resp, NULL);
-    return ret;
+    return reply_json_(h, conn, M6__REQUEST__BODY_EVENTS, &q.base,
+                       M6__RESPONSE__BODY_EVENTS, render_events_);
 }
 
 /* /api/runs/ID[/metrics|/events] */

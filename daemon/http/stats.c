@@ -6,6 +6,8 @@
  */
 #include "http/stats.h"
 
+#include "common/clock.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -60,20 +62,13 @@ struct http_stats {
     int gemm_bf16_native, gemm_passed[2];  /* [0] fp32, [1] bf16 */
 };
 
-static double mono_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 http_stats *stats_new(double start_unix, const char *node, double peak_flops)
 {
     http_stats *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     pthread_mutex_init(&s->mu, NULL);
     s->start_unix = start_unix;
-    s->start_mono = mono_();
+    s->start_mono = clock_mono_s();
     s->peak_flops = peak_flops;
     snprintf(s->node, sizeof s->node, "%s", node ? node : "");
     return s;
@@ -352,7 +347,7 @@ static void render_locked_(sbuf *b, const http_stats *s)
             "Start time of the m6d process since the Unix epoch, in seconds.");
     put_(b, "process_start_time_seconds %s\n", num_(nb, sizeof nb, s->start_unix));
     family_(b, "m6_uptime_seconds", "gauge", "Seconds since m6d started.");
-    put_(b, "m6_uptime_seconds %s\n", num_(nb, sizeof nb, mono_() - s->start_mono));
+    put_(b, "m6_uptime_seconds %s\n", num_(nb, sizeof nb, clock_mono_s() - s->start_mono));
     family_(b, "m6_control_requests_total", "counter",
             "Control-socket requests answered, by request type and reply status.");
     for (int i = 0; i < s->n_req; i++) {

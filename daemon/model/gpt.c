@@ -298,6 +298,25 @@ void gpt_moe_stats_reset(gpt_model *g)
     memset(&g->moe_stats, 0, sizeof g->moe_stats);
 }
 
+void gpt_moe_stats_add(gpt_moe_stats *st, double aux, double z, long layers,
+                       long dropped, long pairs, const int32_t *counts, int n)
+{
+    st->aux_sum += aux;
+    st->z_sum += z;
+    st->layers += layers;
+    st->dropped += dropped;
+    st->pairs += pairs;
+    for (int i = 0; i < n; i++) {
+        long c = counts[i];
+        if (st->load_n == 0 || c < st->load_min) st->load_min = c;
+        if (st->load_n == 0 || c > st->load_max) st->load_max = c;
+        st->load_sum += (double)c;
+        st->load_sumsq += (double)c * (double)c;
+        st->load_n++;
+        st->empty += c == 0;
+    }
+}
+
 /* MoE block l of a forward: out (B*T,C) = the experts' combined output for
  * x = ln2 (the residual is added by the caller); stats recorded. */
 static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
@@ -315,21 +334,8 @@ static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
                 W_(g, s, SLOT_FCPROJ_B), &d);
     float aux, z;
     moe_aux_losses(&aux, &z, m.probs, m.lse, m.routed, &d);
-    gpt_moe_stats *st = &g->moe_stats;
-    st->aux_sum += aux;
-    st->z_sum += z;
-    st->layers++;
-    st->dropped += dropped;
-    st->pairs += (long)d.N * d.k;
-    for (int e = 0; e < d.E; e++) {
-        long c = m.counts[e];
-        if (st->load_n == 0 || c < st->load_min) st->load_min = c;
-        if (st->load_n == 0 || c > st->load_max) st->load_max = c;
-        st->load_sum += (double)c;
-        st->load_sumsq += (double)c * (double)c;
-        st->load_n++;
-        st->empty += c == 0;
-    }
+    gpt_moe_stats_add(&g->moe_stats, aux, z, 1, dropped, (long)d.N * d.k,
+                      m.counts, d.E);
 }
 
 /* MoE block l of a backward: d(ln2) (zeroed by the caller) in a->dln from

@@ -400,6 +400,14 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 /* Clear g->moe_stats (the trainer does so before a step's microbatches). */
 void gpt_moe_stats_reset(gpt_model *g);
 
+/* Add the router facts of `layers` MoE (layer, pass) pairs to st: their
+ * summed aux and z losses, dropped and all (token, prototype) pairs, and
+ * the tokens each expert processed, counts[n] (n = layers * experts). The
+ * CPU model and the CUDA backend both record through this. */
+void gpt_moe_stats_add(gpt_moe_stats *st, double aux, double z, long layers,
+                       long dropped, long pairs, const int32_t *counts,
+                       int n);
+
 /* Zero the gradients in the device block (globals and resident slots; with
  * plain storage, all of them). An offloaded slot's gradient belongs to its
  * storage, which starts every step from zero.

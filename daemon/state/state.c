@@ -17,12 +17,12 @@
 #include <unistd.h>
 
 #include "common/threads.h"
+#include "common/clock.h"
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "state/schema.h"
 
 /* Held records and waited writes (below, "other writers"). */
-static double mono_(void);
 static int begin_locked_(state *st, int busy_ms);
 static int commit_locked_(state *st);
 static void held_clear_locked_(state *st);
@@ -236,11 +236,11 @@ void state_close(state *st)
     }
     /* m6d stops with records held: wait for the lock (wait_s_) once more,
      * then say what is lost */
-    double start = mono_();
+    double start = clock_mono_s();
     while (st->held_n && st->db) {
         int rc = begin_locked_(st, WAIT_SLICE_MS);
         if (rc == 0) rc = commit_locked_(st);
-        if (rc != 1 || mono_() - start >= wait_s_(st)) break;
+        if (rc != 1 || clock_mono_s() - start >= wait_s_(st)) break;
     }
     if (st->held_n) {
         log_error("state.lost", "db=%s records=%d msg=\"m6d stops while "
@@ -336,13 +336,6 @@ int state_write_locked_(state *st, const char *file, int line,
 
 /* ------------------------------------------- other writers: held records */
 
-static double mono_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void held_free_(held_ *h)
 {
     if (!h) return;
@@ -436,7 +429,7 @@ static int commit_locked_(state *st)
     if (st->held_n) {
         log_info("state.unheld", "db=%s records=%d held_s=%.1f msg=\"m6.db "
                  "is writable again: the records held in memory are "
-                 "written\"", st->path, st->held_n, mono_() - st->held_since);
+                 "written\"", st->path, st->held_n, clock_mono_s() - st->held_since);
         held_clear_locked_(st);
     }
     return 0;
@@ -506,7 +499,7 @@ int state_held_write_(state *st, const char *file, int line, const stmt_ *v,
     *st->held_tail = first;
     st->held_tail = tail;
     st->held_n += n;
-    double now = mono_();
+    double now = clock_mono_s();
     if (!st->held_since) st->held_since = now;
     if (now - st->busy_logged >= BUSY_LOG_EVERY_S) {
         st->busy_logged = now;
@@ -578,7 +571,7 @@ static double wait_s_(const state *st)
  */
 static int waited_(state *st, int (*body)(state *, void *), void *arg)
 {
-    double start = mono_();
+    double start = clock_mono_s();
     for (;;) {
         int ret = -1;
         pthread_mutex_lock(&st->mu);
@@ -593,7 +586,7 @@ static int waited_(state *st, int (*body)(state *, void *), void *arg)
             }
         }
         sqlite3_busy_timeout(st->db, DEFAULT_BUSY_MS);
-        double waited = mono_() - start;
+        double waited = clock_mono_s() - start;
         int give_up = rc == 1 && waited >= wait_s_(st);
         if (give_up) {
             snprintf(st->last_error, sizeof st->last_error, "database is "
@@ -909,7 +902,7 @@ int state_held(state *st, double *age_s)
 {
     pthread_mutex_lock(&st->mu);
     int n = st->held_n;
-    if (age_s) *age_s = n ? mono_() - st->held_since : 0;
+    if (age_s) *age_s = n ? clock_mono_s() - st->held_since : 0;
     pthread_mutex_unlock(&st->mu);
     return n;
 }
@@ -917,7 +910,7 @@ int state_held(state *st, double *age_s)
 int state_hold_overdue(state *st, char *msg, size_t len)
 {
     pthread_mutex_lock(&st->mu);
-    double age = st->held_n ? mono_() - st->held_since : 0;
+    double age = st->held_n ? clock_mono_s() - st->held_since : 0;
     int over = st->held_n && age >= st->hold_limit_s;
     if (!over && st->held_n >= STATE_HELD_MAX) {
         over = 1;

@@ -149,8 +149,8 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
     c->dp_pending = 0;
 }
 
-/* The router facts of the pass just run (B sequences) into c->moe_st,
- * summed as gpt.c's moe_layer_forward_ does (waits for the GPU). */
+/* The router facts of the pass just run (B sequences) into c->moe_st
+ * (waits for the GPU). */
 static void moe_note_(cuda_ctx_ *c, int B)
 {
     const model_config *m = &c->model;
@@ -160,21 +160,9 @@ static void moe_note_(cuda_ctx_ *c, int B)
     if (gpt_cuda_moe_facts(c->g, &aux, &z, &dropped) != 0 ||
         gpt_cuda_moe_counts(c->g, c->moe_counts) != 0)
         return;
-    gpt_moe_stats *st = &c->moe_st;
-    st->aux_sum += aux;
-    st->z_sum += z;
-    st->layers += L;
-    st->dropped += dropped;
-    st->pairs += (long)L * B * m->seq_len * m->moe_prototypes;
-    for (int i = 0; i < L * E; i++) {
-        long n = c->moe_counts[i];
-        if (st->load_n == 0 || n < st->load_min) st->load_min = n;
-        if (st->load_n == 0 || n > st->load_max) st->load_max = n;
-        st->load_sum += (double)n;
-        st->load_sumsq += (double)n * (double)n;
-        st->load_n++;
-        st->empty += n == 0;
-    }
+    gpt_moe_stats_add(&c->moe_st, aux, z, L, dropped,
+                      (long)L * B * m->seq_len * m->moe_prototypes,
+                      c->moe_counts, L * E);
 }
 
 static size_t resident_floats_(const cuda_ctx_ *c);

@@ -8,7 +8,6 @@
  */
 #include "train/trainer_internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -331,26 +330,6 @@ out:
     return rc < 0 ? -1 : total;
 }
 
-/* Best effort: remove a flat temporary checkpoint directory (the files
- * trainer_save writes, then the directory). errno is kept for the caller. */
-static void remove_tmp_dir_(const char *tmp)
-{
-    int e = errno;
-    DIR *d = opendir(tmp);
-    if (d) {
-        struct dirent *de;
-        char p[PATH_MAX + 256];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmp, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(tmp);
-    errno = e;
-}
-
 long trainer_save(trainer *t, const char *dir, m6_err *err)
 {
     char tmp[PATH_MAX], path[PATH_MAX + 64];
@@ -360,7 +339,7 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
         return -1;
     }
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
-    remove_tmp_dir_(tmp);  /* ours, left by an earlier failed save */
+    remove_temp_dir(tmp);  /* ours, left by an earlier failed save */
     if (mkdir(tmp, 0755) != 0) {
         m6_err_set(err, M6_EINTERNAL, "%s: %s", tmp, strerror(errno));
         return -1;
@@ -393,7 +372,7 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
     fsync_parent_dir(dir, e3, sizeof e3);
     return total;
 fail:
-    remove_tmp_dir_(tmp);  /* err already names the file and the cause */
+    remove_temp_dir(tmp);  /* err already names the file and the cause */
     return -1;
 }
 

@@ -23,15 +23,24 @@
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 
+/* The one failure report of the checks below: "<lib> error <name>
+ * (<string>) at file:line: <what>" on stderr, then exit(1). */
+__attribute__((noreturn)) static inline void
+cuda_check_fail_(const char *lib, const char *name, const char *str,
+                 const char *file, int line, const char *what)
+{
+    fprintf(stderr, "%s error %s (%s) at %s:%d: %s\n", lib, name, str, file,
+            line, what);
+    exit(1);
+}
+
 #define CUDA_CHECK(call)                                                      \
     do {                                                                      \
         cudaError_t err_ = (call);                                            \
-        if (err_ != cudaSuccess) {                                            \
-            fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n",              \
-                    cudaGetErrorName(err_), cudaGetErrorString(err_),         \
-                    __FILE__, __LINE__, #call);                               \
-            exit(1);                                                          \
-        }                                                                     \
+        if (err_ != cudaSuccess)                                              \
+            cuda_check_fail_("CUDA", cudaGetErrorName(err_),                  \
+                             cudaGetErrorString(err_), __FILE__, __LINE__,    \
+                             #call);                                          \
     } while (0)
 
 /* 1 when M6_CUDA_SYNC=1 is set (read at the first call of this file). */
@@ -52,25 +61,21 @@ static inline int cuda_sync_launches(void)
         CUDA_CHECK(cudaGetLastError());                                       \
         if (cuda_sync_launches()) {                                           \
             cudaError_t sync_ = cudaDeviceSynchronize();                      \
-            if (sync_ != cudaSuccess) {                                       \
-                fprintf(stderr, "CUDA error %s (%s) at %s:%d: in the kernel " \
-                        "launched here (M6_CUDA_SYNC=1)\n",                   \
-                        cudaGetErrorName(sync_), cudaGetErrorString(sync_),   \
-                        __FILE__, __LINE__);                                  \
-                exit(1);                                                      \
-            }                                                                 \
+            if (sync_ != cudaSuccess)                                         \
+                cuda_check_fail_("CUDA", cudaGetErrorName(sync_),             \
+                                 cudaGetErrorString(sync_), __FILE__,         \
+                                 __LINE__, "in the kernel launched here "     \
+                                 "(M6_CUDA_SYNC=1)");                         \
         }                                                                     \
     } while (0)
 
 #define CUBLAS_CHECK(call)                                                    \
     do {                                                                      \
         cublasStatus_t st_ = (call);                                          \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                   \
-            fprintf(stderr, "cuBLASLt error %s (%s) at %s:%d: %s\n",          \
-                    cublasLtGetStatusName(st_), cublasLtGetStatusString(st_), \
-                    __FILE__, __LINE__, #call);                               \
-            exit(1);                                                          \
-        }                                                                     \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                     \
+            cuda_check_fail_("cuBLASLt", cublasLtGetStatusName(st_),          \
+                             cublasLtGetStatusString(st_), __FILE__,          \
+                             __LINE__, #call);                                \
     } while (0)
 
 #define CUDA_SKIP_EXIT 77

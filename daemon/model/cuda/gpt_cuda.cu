@@ -93,6 +93,23 @@ int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
     return 0;
 }
 
+int gpt_cuda_alloc_placed_(gpt_cuda *g, int S, int n_res, unsigned char *moe,
+                           size_t *off, bf16 **params, bf16 **grads,
+                           float **opt, long **t_slot, hslot_ **hs)
+{
+    int failed = 0;
+    *hs = gpt_offload_alloc_slots(g, S, n_res, moe, &failed);
+    if (failed || gpt_cuda_alloc_state_(g, S, n_res, off, params, grads, opt,
+                                        t_slot) != 0) {
+        gpt_offload_free_slots(g, *hs, S - n_res);
+        *hs = NULL;
+        free(moe);
+        free(off);
+        return -1;
+    }
+    return 0;
+}
+
 void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
                        bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
                        unsigned char *moe, size_t *off)
@@ -483,19 +500,12 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
-    int failed = 0;
+    hslot_ *hs;
     unsigned char *moe;
     size_t *soff;
-    if (gpt_cuda_slot_places_(g, S, g->slot_of, &moe, &soff) != 0) {
-        gpt_cuda_free(g);
-        return NULL;
-    }
-    hslot_ *hs = gpt_offload_alloc_slots(g, S, n_res, moe, &failed);
-    if (failed || gpt_cuda_alloc_state_(g, S, n_res, soff, &params, &grads, &opt,
-                               &t_slot) != 0) {
-        gpt_offload_free_slots(g, hs, S - n_res);
-        free(moe);
-        free(soff);
+    if (gpt_cuda_slot_places_(g, S, g->slot_of, &moe, &soff) != 0 ||
+        gpt_cuda_alloc_placed_(g, S, n_res, moe, soff, &params, &grads, &opt,
+                               &t_slot, &hs) != 0) {
         gpt_cuda_free(g);
         return NULL;
     }
@@ -1076,17 +1086,24 @@ static void mt_plan_(gpt_cuda *g)
 int gpt_cuda_adamw_per_tensor_(void)
 {
     static int warned;
-    const char *e = getenv("M6_ADAMW_PER_TENSOR");
-    if (!e || !e[0] || !strcmp(e, "0"))
-        return 0;
-    if (!strcmp(e, "1"))
-        return 1;
-    if (!warned) {
-        fprintf(stderr, "gpt_cuda: M6_ADAMW_PER_TENSOR=%s is not 0 or 1: "
-                "the multi-tensor AdamW\n", e);
-        warned = 1;
+    return gpt_cuda_env_flag_("M6_ADAMW_PER_TENSOR", 0,
+                              "the multi-tensor AdamW", &warned);
+}
+
+int gpt_cuda_env_flag_(const char *name, int dflt, const char *dflt_means,
+                       int *warned)
+{
+    const char *e = getenv(name);
+    if (!e || !e[0])
+        return dflt;
+    if (!strcmp(e, "0") || !strcmp(e, "1"))
+        return e[0] == '1';
+    if (!*warned) {
+        fprintf(stderr, "gpt_cuda: %s=%s is not 0 or 1: %s\n", name, e,
+                dflt_means);
+        *warned = 1;
     }
-    return 0;
+    return dflt;
 }
 
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,

@@ -355,6 +355,13 @@ int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
 int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
                           bf16 **params, bf16 **grads, float **opt,
                           long **t_slot);
+/* A whole state for share map places moe, off (gpt_cuda_slot_places_):
+ * host slots for [n_res, S) into *hs (gpt_offload_alloc_slots) and the
+ * device state (gpt_cuda_alloc_state_). 0; or -1 with nothing allocated
+ * and moe, off freed. */
+int gpt_cuda_alloc_placed_(gpt_cuda *g, int S, int n_res, unsigned char *moe,
+                           size_t *off, bf16 **params, bf16 **grads,
+                           float **opt, long **t_slot, hslot_ **hs);
 /* Make the state allocated so the model's (it takes every buffer). */
 void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
                          bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
@@ -372,6 +379,11 @@ void gpt_cuda_run_pass_(gpt_cuda *g, int p0, int p1, int B, float loss_scale,
                         int last);
 /* M6_ADAMW_PER_TENSOR: 1 the reference AdamW, one launch per tensor. */
 int gpt_cuda_adamw_per_tensor_(void);
+/* An environment switch: unset or empty, dflt; "0" or "1", that; another
+ * value is reported on stderr once per *warned ("NAME=v is not 0 or 1:
+ * dflt_means") and read as dflt. */
+int gpt_cuda_env_flag_(const char *name, int dflt, const char *dflt_means,
+                       int *warned);
 
 /* moe_cuda.cu: MoE block l forward, out (B*T,C) from x; backward, d(x)
  * into a->dln from d(out) in a->dres, the gradients accumulated at dw. */

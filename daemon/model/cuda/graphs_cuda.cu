@@ -20,17 +20,7 @@
 int gpt_cuda_graphs_env_(void)
 {
     static int warned;
-    const char *e = getenv("M6_CUDA_GRAPH");
-    if (!e || !e[0] || !strcmp(e, "1"))
-        return 1;
-    if (!strcmp(e, "0"))
-        return 0;
-    if (!warned) {
-        fprintf(stderr, "gpt_cuda: M6_CUDA_GRAPH=%s is not 0 or 1: CUDA "
-                "graphs on\n", e);
-        warned = 1;
-    }
-    return 1;
+    return gpt_cuda_env_flag_("M6_CUDA_GRAPH", 1, "CUDA graphs on", &warned);
 }
 
 #define MB_MAX 4096 /* queued microbatches per step, at most */

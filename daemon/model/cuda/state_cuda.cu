@@ -346,20 +346,15 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     bf16 *params, *grads;
     float *opt;
     long *t_slot;
-    int failed = 0;
+    hslot_ *hs;
     if (n_res < new_S && gpt_offload_set_staging(g, 1) != 0) {
         free(moe);
         free(soff);
         return -1; /* old state untouched */
     }
-    hslot_ *hs = gpt_offload_alloc_slots(g, new_S, n_res, moe, &failed);
-    if (failed || gpt_cuda_alloc_state_(g, new_S, n_res, soff, &params, &grads, &opt,
-                               &t_slot) != 0) {
-        gpt_offload_free_slots(g, hs, new_S - n_res);
-        free(moe);
-        free(soff);
+    if (gpt_cuda_alloc_placed_(g, new_S, n_res, moe, soff, &params, &grads,
+                               &opt, &t_slot, &hs) != 0)
         return -1;
-    }
     size_t n_new = g->n_global + soff[n_res];
     size_t ng = g->n_global;
     float *nbuf[3] = {opt, opt + n_new, opt + 2 * n_new};

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "model/cuda/gpt_cuda_impl.cuh"
 #include "model/cuda/gpt_offload.h"
 
@@ -43,13 +44,6 @@
 #ifndef MIN_CHUNK
 #define MIN_CHUNK (1u << 18)
 #endif
-
-static double now_s_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static hslot_ *hslot_of_(gpt_cuda *g, int s)
 {
@@ -152,9 +146,9 @@ static void *host_thread_(void *arg)
         pthread_mutex_unlock(&o->mu);
 
         double d2h_ms = j.kind == JOB_ACCUM ? wait_drained_(g, &j) : 0.0;
-        double t0 = now_s_();
+        double t0 = clock_mono_s();
         double ss = run_job_(g, &j);
-        double dt = now_s_() - t0;
+        double dt = clock_mono_s() - t0;
 
         pthread_mutex_lock(&o->mu);
         hslot_ *h = hslot_of_(g, j.slot);
@@ -175,9 +169,9 @@ static void *host_thread_(void *arg)
             o->accum_s += dt;
             pthread_cond_broadcast(&o->cv_done);
             pthread_mutex_unlock(&o->mu);
-            t0 = now_s_();
+            t0 = clock_mono_s();
             adam_range_(g, h, &j);
-            dt = now_s_() - t0;
+            dt = clock_mono_s() - t0;
             pthread_mutex_lock(&o->mu);
             h->adam_jobs--;
             o->adam_s += dt;
@@ -299,6 +293,18 @@ void gpt_offload_refresh_bf16(gpt_cuda *g, int s)
 
 /* ------------------------------------------------------------ runtime */
 
+/* The offload runtime's host arrays freed and the runtime zeroed (init's
+ * failure path and fini share it). */
+static void runtime_free_(offload_rt_ *o)
+{
+    free(o->iv);
+    free(o->at_pos);
+    free(o->stg);
+    free(o->q);
+    free(o->th);
+    memset(o, 0, sizeof *o);
+}
+
 int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
 {
     offload_rt_ *o = &g->off;
@@ -351,12 +357,7 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
     o->enabled = 1;
     return 0;
 fail:
-    free(o->iv);
-    free(o->at_pos);
-    free(o->stg);
-    free(o->q);
-    free(o->th);
-    memset(o, 0, sizeof *o);
+    runtime_free_(o);
     return -1;
 }
 
@@ -391,12 +392,7 @@ void gpt_offload_fini(gpt_cuda *g)
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv_job);
     pthread_cond_destroy(&o->cv_done);
-    free(o->iv);
-    free(o->at_pos);
-    free(o->stg);
-    free(o->q);
-    free(o->th);
-    memset(o, 0, sizeof *o);
+    runtime_free_(o);
 }
 
 /* Staging buffers exist only while some slot is offloaded, so that an
