@@ -801,6 +801,28 @@ static void test_resumable_without_data(void **state)
     trainer_free(t);
 }
 
+/* gpt_moe_stats_add over two calls, against sums by hand: the counts
+ * {0, 3, 5} then {7, 1} give min 0, max 7, sum 16, sum of squares
+ * 0 + 9 + 25 + 49 + 1 = 84, 5 experts seen, 1 empty. */
+static void test_moe_stats_accumulate(void **state)
+{
+    (void)state;
+    gpt_moe_stats st;
+    memset(&st, 0, sizeof st);
+    const int32_t a[] = {0, 3, 5}, b[] = {7, 1};
+    gpt_moe_stats_add(&st, 1.25, 0.5, 1, 2, 16, a, 3);
+    gpt_moe_stats_add(&st, 0.75, 0.25, 2, 1, 8, b, 2);
+    assert_true(st.aux_sum == 2.0 && st.z_sum == 0.75);
+    assert_int_equal(st.layers, 3);
+    assert_int_equal(st.dropped, 3);
+    assert_int_equal(st.pairs, 24);
+    assert_int_equal(st.load_min, 0);
+    assert_int_equal(st.load_max, 7);
+    assert_true(st.load_sum == 16.0 && st.load_sumsq == 84.0);
+    assert_int_equal(st.load_n, 5);
+    assert_int_equal(st.empty, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -814,6 +836,7 @@ int main(void)
         cmocka_unit_test(test_bf16_checkpoint_resume_bitwise),
         cmocka_unit_test(test_resumable_without_data),
         cmocka_unit_test(test_moe_layout),
+        cmocka_unit_test(test_moe_stats_accumulate),
         cmocka_unit_test(test_moe_delink_preserves_function),
         cmocka_unit_test(test_moe_aux_in_gradient),
         cmocka_unit_test(test_moe_checkpoint_resume_bitwise),
