@@ -136,6 +136,16 @@ void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
     runner_publish_(r);
 }
 
+void runner_pause_saved_(run_ctx *r, run_machine_event ev, const char *reason)
+{
+    m6_err werr = M6_ERR_NONE;
+    if (runner_flush_(r, &werr) < 0 || runner_checkpoint_(r, "pause", &werr) < 0)
+        log_warn("run.checkpoint", "run=%lld err=\"%s\": paused with its "
+                 "last checkpoint", (long long)r->id, m6_err_msg(&werr));
+    m6_err_free(&werr);
+    runner_pause_error_(r, ev, reason);
+}
+
 /* "what: state DB: <SQLite's message>" */
 void runner_db_error_(run_ctx *r, const char *what, m6_err *err)
 {
@@ -546,17 +556,8 @@ static int step_(run_ctx *r)
         r->data_error = 1;
         r->data_code = data_code_(src);
         if (!res.eval_failed) { /* nothing of the step was done */
-            /* the model is the last step's, sound: checkpoint it, as a
-             * plain pause does, so that a crash before the shard is fixed
-             * does not train those steps again. A write that fails is
-             * logged; the run keeps its last checkpoint. */
-            m6_err werr = M6_ERR_NONE;
-            if (runner_flush_(r, &werr) < 0 || runner_checkpoint_(r, "pause", &werr) < 0)
-                log_warn("run.checkpoint", "run=%lld err=\"%s\": paused on "
-                         "bad data with its last checkpoint", (long long)r->id,
-                         m6_err_msg(&werr));
-            m6_err_free(&werr);
-            runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
+            /* the model is the last step's, sound */
+            runner_pause_saved_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
             m6_err_free(&data_err);
             return 0;
         }
@@ -649,7 +650,7 @@ static int step_(run_ctx *r)
         /* another process has held m6.db's write lock past the limit */
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, held_why);
     else if (r->data_error) /* its pass could not read the data */
-        runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
+        runner_pause_saved_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
     else if (res.bad_steps >= r->spec.train.max_bad_steps)
         runner_bad_steps_pause_(r, &res);
     else

@@ -128,6 +128,13 @@ void runner_offload_sample_(run_ctx *r);
  * in memory first, then in m6.db, with reason; one error line. */
 void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason);
 
+/* runner_pause_error_ for a pause whose model is sound (bad data, steps
+ * whose updates were skipped): first the boundary's writes and a checkpoint
+ * of the model at this step ("pause", as a plain pause takes), so that a
+ * crash before the operator's fix trains no step again. A write that fails
+ * is logged; the run then keeps its last checkpoint. */
+void runner_pause_saved_(run_ctx *r, run_machine_event ev, const char *reason);
+
 /* err = "what: state DB: <SQLite's message>" (M6_EINTERNAL). */
 void runner_db_error_(run_ctx *r, const char *what, m6_err *err);
 

@@ -149,6 +149,6 @@ void runner_bad_steps_pause_(run_ctx *r, const step_result *res)
         "`m6ctl resume` tries again", res->bad_steps,
         r->spec.train.max_bad_steps, res->step, (double)res->train_loss,
         (double)res->grad_norm);
-    runner_pause_error_(r, RUN_EV_BAD_STEPS, m6_err_msg(&why));
+    runner_pause_saved_(r, RUN_EV_BAD_STEPS, m6_err_msg(&why));
     m6_err_free(&why);
 }

@@ -45,6 +45,10 @@ db "$T/s" "select detail from events where run=$B and kind='paused.error'" | has
     || fail "run b: no paused.error event saying why"
 sleep 0.3
 [ "$(field "$B" step)" = 6 ] || fail "run b trained on after its pause"
+# the pause took a checkpoint of step 6 (the weights before step 4): a
+# crash before the resume trains no step again
+[ "$(db "$T/s" "select max(step) from checkpoints where run=$B")" = 6 ] \
+    || fail "run b: no checkpoint at its pause (step 6): $(db "$T/s" "select group_concat(step) from checkpoints where run=$B")"
 log "run b: paused after 3 bad steps: $e"
 ctl resume "$B" >/dev/null || fail "resume of run b"
 ctl watch "$B" >/dev/null || fail "run b did not complete after the resume"

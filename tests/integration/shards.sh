@@ -162,6 +162,10 @@ echo "$ERR" | has -E "data.val: .*val_000000.bin: token 999 at index [0-9]+ >= v
     || fail "val error does not name the file and the token: '$ERR'"
 K=$(field "$C" step)
 [ $((K % 10)) = 0 ] || fail "val error at step $K, not an eval step"
+# the step stands and its pause took a checkpoint of it: a crash before
+# the fix does not train it again
+[ "$(db "$T/s" "select max(step) from checkpoints where run=$C")" = "$K" ] \
+    || fail "no checkpoint at the val error's pause (step $K): $(db "$T/s" "select group_concat(step) from checkpoints where run=$C")"
 restore "$VAL" "$T/val.orig"
 resume_to_reference "$C" "val restored"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"
