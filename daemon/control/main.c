@@ -637,12 +637,24 @@ static int refuse_world_writable_(const char *what, const char *dir,
     struct stat sb;
     if (stat(dir, &sb) != 0) return 0;  /* the step that needs it says */
     if (!(sb.st_mode & S_IWOTH)) return 0;
-    snprintf(err, errlen, "%s %s has mode %04o: others may write it (and so "
-             "replace m6.db, a checkpoint or the control socket); m6d will "
-             "not use it. Fix: `chmod o-w %s` (m6d creates its directories "
-             "0750)%s", what, dir, (unsigned)(sb.st_mode & 07777), dir,
-             strcmp(what, "socket dir") == 0 ? ", or give --socket a path in "
-             "a directory of m6d's own" : "");
+    int socket = strcmp(what, "socket dir") == 0;
+    if (sb.st_mode & S_ISVTX) /* shared by design (/tmp): never chmod it */
+        snprintf(err, errlen, "%s %s has mode %04o: a shared directory that "
+                 "others may write (and so take the name of m6.db, a "
+                 "checkpoint or the control socket); m6d will not use it. "
+                 "Fix: give %s a directory of m6d's own, e.g. %s (m6d "
+                 "creates it 0750)", what, dir,
+                 (unsigned)(sb.st_mode & 07777),
+                 socket ? "--socket a path in" : "--state-dir",
+                 socket ? "$XDG_RUNTIME_DIR/m6/m6d.sock" : "/var/lib/m6");
+    else
+        snprintf(err, errlen, "%s %s has mode %04o: others may write it (and "
+                 "so replace m6.db, a checkpoint or the control socket); m6d "
+                 "will not use it. Fix: `chmod o-w %s` (m6d creates its "
+                 "directories 0750)%s", what, dir,
+                 (unsigned)(sb.st_mode & 07777), dir,
+                 socket ? ", or give --socket a path in a directory of "
+                          "m6d's own" : "");
     return -1;
 }
 

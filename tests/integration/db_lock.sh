@@ -182,5 +182,10 @@ timeout 10 "$M6D" --state-dir "$T/ok" --socket "$T/owsock/m6d.sock" 2>"$T/ows.er
 [ "$rc" = 1 ] || fail "socket dir of mode 1777: m6d exited $rc, want 1"
 grep -q "socket dir $T/owsock has mode 1777" "$T/ows.err" \
     || fail "socket dir of mode 1777: message does not name it: $(cat "$T/ows.err")"
+# a sticky directory is shared by design (/tmp): the fix is another
+# directory, never a chmod of it
+grep -q "Fix: give --socket a path in a directory of m6d's own" "$T/ows.err" &&
+    ! grep -q "chmod" "$T/ows.err" \
+    || fail "socket dir of mode 1777: the fix should be another directory, not a chmod: $(cat "$T/ows.err")"
 [ ! -e "$T/owsock/m6d.sock" ] || fail "m6d made a socket in a directory of mode 1777"
 echo "PASS: db_lock"
