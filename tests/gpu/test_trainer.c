@@ -90,7 +90,7 @@
 
 /* 20 steps, the delink at 10, a save at 15. M6_TEST_STEPS=N (even, 8 to
  * 20) runs N steps, the delink at N/2, the save at 3N/4, through the same
- * code: the CUDA emulation (tests/cuda_emu) runs 12, as every step there
+ * code: the CUDA emulation (tests/cuda_emu) runs 8, as every step there
  * costs seconds; a GPU runs 20. */
 #define STEPS_MAX 20
 static int STEPS = 20, DELINK_AT = 10, SAVE_AT = 15;
