@@ -189,8 +189,12 @@ wait_exit w1 20
 [ "$EXIT_RC" = 0 ] || fail "the worker exited $EXIT_RC after SIGTERM"
 last=$(db "$T/c" "select max(id) from events")
 start_coord
+# (the runner thread may take the run up before the cluster listener is
+# attached: that first nodes.wait says the m6d is not a coordinator yet;
+# the one that counts is the wait for the worker)
 for _ in $(seq 1 200); do
-    [ "$(db "$T/c" "select count(*) from events where run=$R2 and kind='nodes.wait' and id>$last")" -ge 1 ] && break
+    db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
+        | has 'waiting for 2 live nodes, have 1' && break
     sleep 0.05
 done
 db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
