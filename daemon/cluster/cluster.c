@@ -16,6 +16,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/kdf.h>
 
 #ifdef M6_CLUSTER_CUDA
 #include <cuda_runtime.h>
@@ -66,6 +67,23 @@ static void sha256_(const void *p, size_t n, uint8_t out[32])
     unsigned len = 32;
     if (EVP_Digest(p, n, out, &len, EVP_sha256(), NULL) != 1)
         memset(out, 0, 32);  /* cannot happen with OpenSSL's own sha256 */
+}
+
+/* HKDF-SHA256 of the token into t->psk (cluster.h). 0, or -1. */
+static int derive_psk_(cluster_token *t)
+{
+    EVP_PKEY_CTX *k = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
+    size_t n = CLUSTER_PSK_LEN;
+    int ok = k && EVP_PKEY_derive_init(k) > 0 &&
+             EVP_PKEY_CTX_set_hkdf_md(k, EVP_sha256()) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_salt(k, (const unsigned char *)CLUSTER_PSK_SALT,
+                                         (int)strlen(CLUSTER_PSK_SALT)) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_key(k, t->raw, (int)t->len) > 0 &&
+             EVP_PKEY_CTX_add1_hkdf_info(k, (const unsigned char *)CLUSTER_PSK_INFO,
+                                         (int)strlen(CLUSTER_PSK_INFO)) > 0 &&
+             EVP_PKEY_derive(k, t->psk, &n) > 0 && n == CLUSTER_PSK_LEN;
+    EVP_PKEY_CTX_free(k);
+    return ok ? 0 : -1;
 }
 
 int cluster_token_load(const char *path, cluster_token *t, char *err,
@@ -120,6 +138,11 @@ int cluster_token_load(const char *path, cluster_token *t, char *err,
     memcpy(t->raw, buf, n);
     t->len = n;
     sha256_(t->raw, t->len, t->sha256);
+    if (derive_psk_(t) < 0) {
+        snprintf(err, errlen, "token file %s: cannot derive the TLS key "
+                 "(OpenSSL's HKDF failed)", path);
+        goto out;
+    }
     rc = 0;
 out:
     close(fd);
@@ -239,6 +262,79 @@ int cluster_node_uuid(const char *state_dir, char out[33], char *err,
              fsync(fileno(f)) == 0;
     int e = errno;
     if (f && fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ node secret */
+
+void cluster_secret_hash(const void *p, size_t n, char hex[65])
+{
+    uint8_t d[32];
+    sha256_(p, n, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+}
+
+int cluster_node_secret_load(const char *state_dir,
+                             uint8_t out[CLUSTER_SECRET_LEN], char *err,
+                             size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/node-secret", state_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) return 1;
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    uint8_t buf[CLUSTER_SECRET_LEN + 1];
+    ssize_t n = -1;
+    int rc = -1;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+    } else if (sb.st_mode & 0077) {
+        snprintf(err, errlen, "%s has mode %04o: the node's secret must be "
+                 "readable by m6d's user only (chmod 600 %s)", path,
+                 (unsigned)(sb.st_mode & 07777), path);
+    } else if ((n = read(fd, buf, sizeof buf)) != CLUSTER_SECRET_LEN) {
+        snprintf(err, errlen, "%s: %s", path, n < 0 ? strerror(errno)
+                 : "not a node secret (the wrong size); remove it and the "
+                   "node-id file to join as a new node");
+    } else {
+        memcpy(out, buf, CLUSTER_SECRET_LEN);
+        rc = 0;
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    close(fd);
+    return rc;
+}
+
+int cluster_node_secret_save(const char *state_dir,
+                             const uint8_t s[CLUSTER_SECRET_LEN], char *err,
+                             size_t errlen)
+{
+    char path[4200], tmp[4210];
+    snprintf(path, sizeof path, "%s/node-secret", state_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                  0600);
+    int ok = fd >= 0 && write(fd, s, CLUSTER_SECRET_LEN) == CLUSTER_SECRET_LEN &&
+             fsync(fd) == 0;
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) {
         ok = 0;
         e = errno;
     }

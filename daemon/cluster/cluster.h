@@ -30,14 +30,23 @@
 int cluster_parse_addr(const char *text, int allow_zero, char *host,
                        size_t hostlen, int *port, char *err, size_t errlen);
 
-/* The shared token: the file's bytes less one trailing newline. */
+#define CLUSTER_PSK_LEN 32
+
+/* The shared token: the file's bytes less one trailing newline, and the
+ * control channel's TLS pre-shared key derived from them (tls.h):
+ * HKDF-SHA256 (RFC 5869) with salt CLUSTER_PSK_SALT, info
+ * CLUSTER_PSK_INFO, 32 bytes. The token never crosses the wire; the PSK
+ * only keys the handshake. */
+#define CLUSTER_PSK_SALT "m6 cluster token"
+#define CLUSTER_PSK_INFO "m6 tls13 external psk v1"
 typedef struct {
     uint8_t raw[CLUSTER_TOKEN_MAX];
     size_t len;
     uint8_t sha256[32];
+    uint8_t psk[CLUSTER_PSK_LEN];
 } cluster_token;
 
-/* Read the token file. Refused (-1, err names the path and why): a file
+/* Read the token file (and derive its PSK). Refused (-1, err names the path and why): a file
  * any other user may read (mode & 0004: "mode 0644 lets every user read
  * it: chmod 600 PATH"), not a regular file, empty or shorter than
  * CLUSTER_TOKEN_MIN, longer than CLUSTER_TOKEN_MAX. */
@@ -77,5 +86,26 @@ uint64_t cluster_free_device_memory(const cluster_facts *f);
  * from getrandom) at the first start. 0, or -1 with err. */
 int cluster_node_uuid(const char *state_dir, char out[33], char *err,
                       size_t errlen);
+
+/* A node's secret: random bytes the coordinator issues a node id at its
+ * first join (coordinator.h), kept in STATE_DIR/node-secret (mode 0600)
+ * and presented at every later join; the coordinator keeps only its
+ * SHA-256. */
+#define CLUSTER_SECRET_LEN 32
+
+/* The SHA-256 of n bytes at p, as 64 lowercase hex digits. */
+void cluster_secret_hash(const void *p, size_t n, char hex[65]);
+
+/* Read STATE_DIR/node-secret into out (CLUSTER_SECRET_LEN bytes): 0 read,
+ * 1 none yet (no file), -1 with err (unreadable, the wrong size, or a mode
+ * that lets others read it). */
+int cluster_node_secret_load(const char *state_dir,
+                             uint8_t out[CLUSTER_SECRET_LEN], char *err,
+                             size_t errlen);
+/* Write it (mode 0600, to a temporary name, fsync'd, then renamed). 0, or
+ * -1 with err. */
+int cluster_node_secret_save(const char *state_dir,
+                             const uint8_t s[CLUSTER_SECRET_LEN], char *err,
+                             size_t errlen);
 
 #endif /* M6_CLUSTER_H */

@@ -14,10 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "common/log.h"
 #include "common/readbuf.h"
 #include "common/uvw.h"
+#include "cluster/tls.h"
 #include "proto/frame.h"
 #include "dist/store.h"
 #include "m6.pb-c.h"
@@ -49,7 +54,7 @@ struct cluster_coord {
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;
     state *st;
-    const cluster_token *token;
+    SSL_CTX *tls;       /* the PSK's server side (tls.h) */
     int timeout_ms, auth_ms;
     int port;
     int n_new;          /* unauthenticated peers */
@@ -75,6 +80,7 @@ struct peer {
     unsigned long id;
     char addr[96];
     char host[64];      /* addr without the port: the per-address limit */
+    cluster_tls tls;    /* ciphertext in and out; plaintext frames in rd */
     frame_reader rd;
     peer_kind kind;
     int closing, handles_open, reading;
@@ -109,6 +115,7 @@ static void handle_closed_(uv_handle_t *h)
 {
     peer *p = h->data;
     if (--p->handles_open > 0) return;
+    cluster_tls_free(&p->tls);
     frame_reader_free(&p->rd);
     peer_free_keys_(p);
     free(p);
@@ -166,17 +173,37 @@ static void write_done_(void *owner, int status, int close_after)
     else if (close_after) peer_close_(p, "refused");
 }
 
-/* Queue a Response; close the connection after it when close_after. */
+/* Send the ciphertext TLS has queued (handshake messages, records, an
+ * alert); close the connection after it when close_after (at once when
+ * there is none). */
+static void flush_(peer *p, int close_after)
+{
+    if (p->closing) return;
+    uint8_t *buf;
+    size_t len;
+    int rc = cluster_tls_take_out(&p->tls, &buf, &len) < 0 ? UV_ENOMEM : 0;
+    if (rc == 0 && !buf) {
+        if (close_after) peer_close_(p, "refused");
+        return;
+    }
+    if (rc == 0)
+        rc = uvw_send((uv_stream_t *)&p->tcp, buf, len, p, close_after,
+                      write_done_);
+    if (rc < 0)
+        peer_close_(p, rc == UV_ENOMEM ? "out of memory" : uv_strerror(rc));
+}
+
+/* Queue a Response (inside TLS); close the connection after it when
+ * close_after. */
 static void send_(peer *p, const M6__Response *resp, int close_after)
 {
     if (p->closing) return;
     size_t len;
     uint8_t *buf = frame_pack(&resp->base, &len);
-    int rc = buf ? uvw_send((uv_stream_t *)&p->tcp, buf, len, p, close_after,
-                            write_done_)
-                 : UV_ENOMEM;
-    if (rc < 0)
-        peer_close_(p, rc == UV_ENOMEM ? "out of memory" : uv_strerror(rc));
+    int rc = buf ? cluster_tls_write(&p->tls, buf, len) : -1;
+    free(buf);
+    if (rc < 0) return peer_close_(p, "cannot encrypt a reply");
+    flush_(p, close_after);
 }
 
 static void reply_status_(peer *p, M6__Status st, const char *msg,
@@ -230,7 +257,9 @@ static void log_refusal_(cluster_coord *co, const peer *p, const char *why)
 
 /* Refuse a peer: one status, a log line with its address, then close.
  * Reading stops: nothing it sends afterwards is looked at. A peer that
- * does not take even the refusal is closed at the first-frame deadline. */
+ * does not take even the refusal is closed at the first-frame deadline.
+ * A peer that has not finished the TLS handshake gets no status (there is
+ * no channel to send it on): only the TLS alert, if any, then the close. */
 static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
 {
     log_refusal_(p->co, p, why);
@@ -238,7 +267,8 @@ static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
     p->reading = 0;
     peer_free_keys_(p);
     uv_timer_start(&p->timer, hard_close_, (uint64_t)p->co->auth_ms, 0);
-    reply_status_(p, st, msg, 1);
+    if (p->tls.handshaken) reply_status_(p, st, msg, 1);
+    else flush_(p, 1);
 }
 
 /* ------------------------------------------------------------ node registry */
@@ -267,6 +297,27 @@ static peer *peer_of_node_(cluster_coord *co, int64_t id)
     for (peer *q = co->peers; q; q = q->next)
         if (q->kind == PEER_NODE && q->node_id == id && !q->closing) return q;
     return NULL;
+}
+
+/* Whether the join presents the secret of node row r (constant time). A
+ * row without one (written before node secrets) takes any: the join is
+ * then issued one. */
+static int secret_ok_(const node_row *r, ProtobufCBinaryData sec)
+{
+    if (!r->secret_sha256[0]) return 1;
+    char h[65];
+    cluster_secret_hash(sec.data, sec.len, h);
+    return sec.len == CLUSTER_SECRET_LEN &&
+           strlen(r->secret_sha256) == 64 &&
+           CRYPTO_memcmp(h, r->secret_sha256, 64) == 0;
+}
+
+/* A fresh node secret into s and its hash into hex. 0, or -1. */
+static int new_secret_(uint8_t s[CLUSTER_SECRET_LEN], char hex[65])
+{
+    if (getrandom(s, CLUSTER_SECRET_LEN, 0) != CLUSTER_SECRET_LEN) return -1;
+    cluster_secret_hash(s, CLUSTER_SECRET_LEN, hex);
+    return 0;
 }
 
 static void do_join_(peer *p, const M6__NodeJoin *j)
@@ -305,6 +356,20 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
                        "database error");
     int64_t id = 0;
     const char *how;
+    uint8_t secret[CLUSTER_SECRET_LEN];
+    int issue = 0;  /* a new secret goes with the reply */
+    if (ru == 0 && !by_uuid.coordinator &&
+        !secret_ok_(&by_uuid, j->node_secret)) {
+        /* a known node id without its secret: whoever learnt the id does
+         * not get the node's place; the live node keeps it */
+        snprintf(msg, sizeof msg, "join of node %lld (%s) without its node "
+                 "secret", (long long)by_uuid.id, by_uuid.hostname);
+        return refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED,
+                       "this node id is registered with a node secret that "
+                       "this join did not present (if this node's state "
+                       "directory was reset, remove its node-id file to "
+                       "join as a new node)", msg);
+    }
     if (ru == 0 && by_uuid.coordinator) {
         return refuse_(p, M6__STATUS__STATUS_BAD_STATE,
                        "this node id is the coordinator's own: a worker "
@@ -322,6 +387,13 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
         }
         id = by_uuid.id;
         how = "reconnect";
+        snprintf(n.secret_sha256, sizeof n.secret_sha256, "%s",
+                 by_uuid.secret_sha256);
+        issue = !n.secret_sha256[0];
+        if (issue && new_secret_(secret, n.secret_sha256) < 0)
+            return refuse_(p, M6__STATUS__STATUS_INTERNAL,
+                           "the coordinator cannot make a node secret; see "
+                           "its log", "getrandom failed");
         peer *old = peer_of_node_(co, id);
         if (old) {  /* the new connection replaces it: not lost */
             old->node_id = 0;
@@ -334,29 +406,36 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     } else if (rh == 0 && (by_host.coordinator ||
                            by_host.state == NODE_JOINING ||
                            by_host.state == NODE_LIVE)) {
-        snprintf(msg, sizeof msg, "duplicate hostname: %s is already node "
-                 "%lld (%s, node id %s, joined from %s); a second node with "
-                 "that name is refused: give it another one (m6d "
-                 "--node-name) or stop the other first",
-                 n.hostname, (long long)by_host.id,
+        /* the peer learns that the name is taken, not by whom: the
+         * live node's id and address stay in the log */
+        char why[512];
+        snprintf(why, sizeof why, "duplicate hostname %s: node %lld (%s, "
+                 "joined from %s)", n.hostname, (long long)by_host.id,
                  by_host.coordinator ? "the coordinator"
                                      : node_state_name(by_host.state),
-                 by_host.node_uuid,
                  by_host.address[0] ? by_host.address : "this host");
-        return refuse_(p, M6__STATUS__STATUS_BAD_STATE, msg,
-                       "duplicate hostname");
+        snprintf(msg, sizeof msg, "duplicate hostname: %s is taken by "
+                 "another node that is joining or live; a second node with "
+                 "that name is refused: give it another one (m6d "
+                 "--node-name) or stop the other first", n.hostname);
+        return refuse_(p, M6__STATUS__STATUS_BAD_STATE, msg, why);
     } else if (rh == 0) {
         /* a lost or left node's name, from another node id (a
-         * reinstalled machine): the newcomer takes the row over */
+         * reinstalled machine): the newcomer takes the row over, with a
+         * secret of its own */
         id = by_host.id;
         how = "replace";
-        if (state_node_update(co->st, id, &n) != 0)
+        issue = 1;
+        if (new_secret_(secret, n.secret_sha256) < 0 ||
+            state_node_update(co->st, id, &n) != 0)
             return refuse_(p, M6__STATUS__STATUS_INTERNAL,
                            "the coordinator's database failed; see its log",
                            "database error");
     } else {
         how = "join";
-        if (state_node_insert(co->st, &n, &id) != 0)
+        issue = 1;
+        if (new_secret_(secret, n.secret_sha256) < 0 ||
+            state_node_insert(co->st, &n, &id) != 0)
             return refuse_(p, M6__STATUS__STATUS_INTERNAL,
                            "the coordinator's database failed; see its log",
                            "database error");
@@ -387,6 +466,10 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     jr.heartbeat_ms = (uint32_t)(co->timeout_ms / 3 > 0 ? co->timeout_ms / 3 : 1);
     jr.reconnect = strcmp(how, "reconnect") == 0;
     jr.server = (char *)"m6d " M6_VERSION;
+    if (issue) {
+        jr.node_secret.data = secret;
+        jr.node_secret.len = CLUSTER_SECRET_LEN;
+    }
     M6__Response r = M6__RESPONSE__INIT;
     r.body_case = M6__RESPONSE__BODY_NODE_JOIN;
     r.node_join = &jr;
@@ -736,8 +819,7 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
     if (!rq || (rq->body_case != M6__REQUEST__BODY_NODE_JOIN &&
                 rq->body_case != M6__REQUEST__BODY_STORE_OPEN)) {
         refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED,
-                "the first frame must be a NodeJoin or StoreOpen with the "
-                "cluster's token",
+                "the first frame must be a NodeJoin or StoreOpen",
                 rq ? "first frame is not NodeJoin/StoreOpen"
                    : "first frame does not decode");
         if (rq) m6__request__free_unpacked(rq, NULL);
@@ -746,14 +828,8 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
     int join = rq->body_case == M6__REQUEST__BODY_NODE_JOIN;
     uint32_t ver = join ? rq->node_join->protocol_version
                         : rq->store_open->protocol_version;
-    ProtobufCBinaryData tok = join ? rq->node_join->token
-                                   : rq->store_open->token;
-    /* the token first: a peer without it learns nothing, not even the
-     * protocol version */
-    if (!cluster_token_matches(co->token, tok.data, tok.len)) {
-        refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED,
-                "authentication failed", "wrong token");
-    } else if (ver != M6_PROTOCOL_VERSION) {
+    /* the peer holds the token: it finished the TLS handshake keyed by it */
+    if (ver != M6_PROTOCOL_VERSION) {
         char msg[128];
         snprintf(msg, sizeof msg, "bad version: peer speaks protocol %u, "
                  "m6d speaks %u", ver, M6_PROTOCOL_VERSION);
@@ -830,8 +906,22 @@ static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         peer_close_(p, "sent too much while waiting for a reply");
         goto out;
     }
-    if (frame_reader_feed(&p->rd, buf->base, (size_t)nread) < 0) {
-        peer_close_(p, "out of memory");
+    char why[300];
+    int was = p->tls.handshaken;
+    cluster_tls_result tr = cluster_tls_feed(&p->tls, buf->base,
+                                             (size_t)nread, &p->rd, why,
+                                             sizeof why);
+    if (tr == CLUSTER_TLS_FAILED) {
+        /* the details here; the peer gets a TLS alert at most */
+        refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, "", why);
+        goto out;
+    }
+    flush_(p, 0);  /* the handshake's own messages */
+    if (!was && p->tls.handshaken)
+        log_debug("cluster.tls", "peer=%s conn=%lu msg=\"handshake done\"",
+                  p->addr, p->id);
+    if (tr == CLUSTER_TLS_CLOSED) {
+        peer_close_(p, "connection closed by the peer");
         goto out;
     }
     pump_(p);
@@ -847,7 +937,8 @@ static void auth_timeout_(uv_timer_t *t)
     snprintf(msg, sizeof msg, "no NodeJoin or StoreOpen within %d ms",
              p->co->auth_ms);
     refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, msg,
-            "no first frame in time");
+            p->tls.handshaken ? "no first frame in time"
+                              : "no TLS handshake in time");
 }
 
 static void peer_addr_(peer *p)
@@ -925,6 +1016,8 @@ static void on_connection_(uv_stream_t *ls, int status)
     }
     peer_addr_(p);
     make_room_(co, p);
+    if (cluster_tls_init(&p->tls, co->tls, 1) < 0)
+        return peer_close_(p, "out of memory (TLS)");
     uv_tcp_nodelay(&p->tcp, 1);
     rc = uv_read_start((uv_stream_t *)&p->tcp, readbuf_alloc, read_cb_);
     if (rc < 0)
@@ -970,6 +1063,7 @@ static void co_closed_(uv_handle_t *h)
         free(a);
     }
     pthread_mutex_destroy(&co->amu);
+    cluster_tls_ctx_free(co->tls);
     free(co);
 }
 
@@ -994,10 +1088,14 @@ cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    co->tls = cluster_tls_ctx(cfg->token, 1, err, errlen);
+    if (!co->tls) {
+        free(co);
+        return NULL;
+    }
     pthread_mutex_init(&co->amu, NULL);
     co->loop = cfg->loop;
     co->st = cfg->st;
-    co->token = cfg->token;
     co->timeout_ms = cfg->timeout_ms;
     co->auth_ms = cfg->timeout_ms < CLUSTER_AUTH_TIMEOUT_MS
                       ? cfg->timeout_ms : CLUSTER_AUTH_TIMEOUT_MS;

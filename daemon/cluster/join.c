@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/readbuf.h"
 #include "common/uvw.h"
+#include "cluster/tls.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
@@ -27,6 +28,7 @@ typedef struct jconn {
     uv_connect_t creq;
     struct cluster_join *j;
     unsigned attempt;
+    cluster_tls tls;    /* ciphertext in and out; plaintext frames in rd */
     frame_reader rd;
     int closing;
 } jconn;
@@ -43,9 +45,12 @@ struct cluster_join {
     uv_timer_t hb;
     uv_loop_t *loop;
     char addr[300], host[256], port[8];
-    const cluster_token *token;
+    SSL_CTX *tls;       /* the PSK's client side (tls.h) */
     const cluster_facts *facts;
     char uuid[33];
+    char state_dir[4096];
+    uint8_t secret[CLUSTER_SECRET_LEN];  /* the node's secret, when has_secret */
+    int has_secret;
     int timeout_ms;
     void (*on_fatal)(void *, const char *);
     void (*on_assign)(void *, const cluster_assign *);
@@ -72,7 +77,11 @@ static void retry_cb_(uv_timer_t *t) { attempt_(t->data); }
 
 static void unref_(cluster_join *j)
 {
-    if (--j->refs == 0 && j->finishing) free(j);
+    if (--j->refs == 0 && j->finishing) {
+        cluster_tls_ctx_free(j->tls);
+        OPENSSL_cleanse(j->secret, sizeof j->secret);
+        free(j);
+    }
 }
 
 static void handle_closed_(uv_handle_t *h) { unref_(h->data); }
@@ -81,6 +90,7 @@ static void conn_closed_(uv_handle_t *h)
 {
     jconn *c = (jconn *)h;
     cluster_join *j = c->j;
+    cluster_tls_free(&c->tls);
     frame_reader_free(&c->rd);
     free(c);
     unref_(j);
@@ -161,16 +171,27 @@ static void write_done_(void *owner, int status, int close_after)
     }
 }
 
+/* Send the ciphertext TLS has queued (handshake messages, records). 0,
+ * or -1. */
+static int flush_(cluster_join *j, int close_after)
+{
+    jconn *c = j->c;
+    uint8_t *buf;
+    size_t len;
+    if (cluster_tls_take_out(&c->tls, &buf, &len) < 0) return -1;
+    if (!buf) return 0;
+    return uvw_send((uv_stream_t *)&c->tcp, buf, len, c, close_after,
+                    write_done_) < 0 ? -1 : 0;
+}
+
 static int send_(cluster_join *j, const M6__Request *rq, int close_after)
 {
     jconn *c = j->c;
     size_t len;
     uint8_t *buf = frame_pack(&rq->base, &len);
-    if (!buf ||
-        uvw_send((uv_stream_t *)&c->tcp, buf, len, c, close_after,
-                 write_done_) < 0)
-        return -1;
-    return 0;
+    int rc = buf ? cluster_tls_write(&c->tls, buf, len) : -1;
+    free(buf);
+    return rc < 0 ? -1 : flush_(j, close_after);
 }
 
 /* ---------------------------------------------------------------- replies */
@@ -231,6 +252,21 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
     }
     const M6__NodeJoinReply *jr = r->node_join;
     uv_timer_stop(&j->timer);
+    if (jr->node_secret.len == CLUSTER_SECRET_LEN) {
+        /* issued at this node id's first join: needed at every later one */
+        char err[600];
+        memcpy(j->secret, jr->node_secret.data, CLUSTER_SECRET_LEN);
+        j->has_secret = 1;
+        if (cluster_node_secret_save(j->state_dir, j->secret, err,
+                                     sizeof err) < 0)
+            log_error("cluster.node_secret", "err=\"%s\" msg=\"the node "
+                      "secret is not kept: after a restart this node id "
+                      "cannot rejoin (remove node-id to join anew)\"", err);
+        else
+            log_info("cluster.node_secret", "coordinator=%s node=%lld "
+                     "msg=\"issued; kept in %s/node-secret\"", j->addr,
+                     (long long)jr->node_id, j->state_dir);
+    }
     j->live = 1;
     j->node_id = jr->node_id;
     j->heartbeat_ms = jr->heartbeat_ms > 0 ? (int)jr->heartbeat_ms : 1000;
@@ -245,20 +281,72 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
     uv_timer_start(&j->hb, heartbeat_, 0, 0);  /* the first one now: live */
 }
 
+/* The first frame, once the TLS handshake is done. 0, or -1. */
+static int send_node_join_(cluster_join *j)
+{
+    M6__NodeJoin nj = M6__NODE_JOIN__INIT;
+    nj.protocol_version = M6_PROTOCOL_VERSION;
+    nj.hostname = (char *)j->facts->hostname;
+    nj.node_uuid = j->uuid;
+    nj.backend = (char *)j->facts->backend;
+    nj.devices = j->facts->devices;
+    nj.memory = j->facts->memory;
+    nj.free_device_memory = cluster_free_device_memory(j->facts);
+    nj.version = (char *)"m6d " M6_VERSION;
+    nj.gemm = (char *)j->facts->gemm;
+    if (j->has_secret) {
+        nj.node_secret.data = j->secret;
+        nj.node_secret.len = CLUSTER_SECRET_LEN;
+    }
+    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_JOIN, &nj.base);
+    return send_(j, &rq, 0);
+}
+
 static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     jconn *c = (jconn *)s;
     cluster_join *j = c->j;
     if (c->closing) goto out;
     if (nread < 0) {
-        const char *why = nread == UV_EOF ? "the coordinator closed the connection"
-                                          : uv_strerror((int)nread);
+        const char *why = nread == UV_EOF
+            ? c->tls.handshaken ? "the coordinator closed the connection"
+                                : "the peer closed the connection during "
+                                  "the TLS handshake"
+            : uv_strerror((int)nread);
         if (j->live) lost_(j, why);
         else attempt_failed_(j, why);
         goto out;
     }
-    if (frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
-        attempt_failed_(j, "out of memory");
+    char why[300];
+    int was = c->tls.handshaken;
+    cluster_tls_result tr = cluster_tls_feed(&c->tls, buf->base,
+                                             (size_t)nread, &c->rd, why,
+                                             sizeof why);
+    if (tr == CLUSTER_TLS_FAILED && !was) {
+        /* whatever answers at the address cannot prove that it holds the
+         * cluster's token: nothing it says is taken */
+        char msg[900];
+        snprintf(msg, sizeof msg, "the peer at %s is not this cluster's "
+                 "coordinator: %s (it does not hold the token of "
+                 "--token-file, or it does not speak m6's TLS)", j->addr, why);
+        log_error("cluster.tls_refused", "coordinator=%s err=\"%s\"",
+                  j->addr, why);
+        if (!j->joined_once) fatal_(j, msg);
+        else attempt_failed_(j, msg);
+        goto out;
+    }
+    if (tr == CLUSTER_TLS_FAILED || flush_(j, 0) < 0) {
+        if (j->live) lost_(j, tr == CLUSTER_TLS_FAILED ? why : "cannot send");
+        else attempt_failed_(j, tr == CLUSTER_TLS_FAILED ? why : "cannot send");
+        goto out;
+    }
+    if (!was && c->tls.handshaken && send_node_join_(j) < 0) {
+        attempt_failed_(j, "cannot send NodeJoin");
+        goto out;
+    }
+    if (tr == CLUSTER_TLS_CLOSED) {
+        if (j->live) lost_(j, "the coordinator closed the connection");
+        else attempt_failed_(j, "the coordinator closed the connection");
         goto out;
     }
     for (;;) {
@@ -289,22 +377,12 @@ static void connected_(uv_connect_t *req, int status)
     if (c->closing || c != j->c) return;
     if (status < 0) return attempt_failed_(j, uv_strerror(status));
     uv_tcp_nodelay(&c->tcp, 1);
-    M6__NodeJoin nj = M6__NODE_JOIN__INIT;
-    nj.protocol_version = M6_PROTOCOL_VERSION;
-    nj.token.data = (uint8_t *)j->token->raw;
-    nj.token.len = j->token->len;
-    nj.hostname = (char *)j->facts->hostname;
-    nj.node_uuid = j->uuid;
-    nj.backend = (char *)j->facts->backend;
-    nj.devices = j->facts->devices;
-    nj.memory = j->facts->memory;
-    nj.free_device_memory = cluster_free_device_memory(j->facts);
-    nj.version = (char *)"m6d " M6_VERSION;
-    nj.gemm = (char *)j->facts->gemm;
-    M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_JOIN, &nj.base);
+    /* TLS first (its ClientHello); the NodeJoin once it is done */
+    if (cluster_tls_init(&c->tls, j->tls, 0) < 0)
+        return attempt_failed_(j, "out of memory (TLS)");
     int rc = uv_read_start((uv_stream_t *)&c->tcp, readbuf_alloc, read_cb_);
     if (rc < 0) return attempt_failed_(j, uv_strerror(rc));
-    if (send_(j, &rq, 0) < 0) return attempt_failed_(j, "cannot send NodeJoin");
+    if (flush_(j, 0) < 0) return attempt_failed_(j, "cannot send the TLS hello");
 }
 
 static void resolved_(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
@@ -348,7 +426,9 @@ static void attempt_timeout_(uv_timer_t *t)
     cluster_join *j = t->data;
     if (j->live) return;
     j->cut = 1;
-    attempt_failed_(j, j->c ? "no reply to NodeJoin in time"
+    attempt_failed_(j, j->c ? j->c->tls.handshaken
+                                  ? "no reply to NodeJoin in time"
+                                  : "no TLS handshake in time"
                             : "name lookup or connect did not finish in time");
 }
 
@@ -418,8 +498,18 @@ cluster_join *cluster_join_start(const cluster_join_config *cfg, char *err,
     snprintf(j->port, sizeof j->port, "%d", port);
     snprintf(j->addr, sizeof j->addr, "%s", cfg->addr);
     snprintf(j->uuid, sizeof j->uuid, "%s", cfg->node_uuid);
+    snprintf(j->state_dir, sizeof j->state_dir, "%s", cfg->state_dir);
+    int sr = cluster_node_secret_load(cfg->state_dir, j->secret, err, errlen);
+    if (sr < 0) {
+        free(j);
+        return NULL;
+    }
+    j->has_secret = sr == 0;
+    if (!(j->tls = cluster_tls_ctx(cfg->token, 0, err, errlen))) {
+        free(j);
+        return NULL;
+    }
     j->loop = cfg->loop;
-    j->token = cfg->token;
     j->facts = cfg->facts;
     j->timeout_ms = cfg->timeout_ms;
     j->on_fatal = cfg->on_fatal;

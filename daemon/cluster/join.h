@@ -7,8 +7,15 @@
  * timeout_ms) repeat every 500 ms until then; after that on_fatal is called
  * with a message naming the address and the last error ("cannot join the
  * coordinator at 127.0.0.1:7070 within 2.0 s: connection refused"). A
- * refusal by the coordinator (wrong token, duplicate hostname) is fatal at
- * once, with the coordinator's message.
+ * refusal by the coordinator (duplicate hostname, a node id without its
+ * secret) is fatal at once, with the coordinator's message.
+ *
+ * The connection is TLS keyed by the token (tls.h): a peer at the address
+ * that cannot finish the handshake is not the coordinator, and nothing it
+ * sends is read (fatal at the first join: cluster.tls_refused; a rejoin
+ * tries again). The NodeJoin carries the node's secret (cluster.h) once
+ * it has one; the coordinator issues it at the first join and it is kept
+ * in STATE_DIR/node-secret.
  *
  * Once joined: a NodeHeartbeat (with the free device memory) every
  * heartbeat_ms of the coordinator's NodeJoinReply; every one is answered.
@@ -46,6 +53,7 @@ typedef struct {
     const cluster_token *token;
     const cluster_facts *facts;
     const char *node_uuid;       /* cluster_node_uuid */
+    const char *state_dir;       /* where node-secret is kept (cluster.h) */
     int timeout_ms;              /* for the first join; > 0 */
     /* The first join failed or the coordinator refused: msg says why (the
      * caller logs it and stops m6d). Called at most once. */

@@ -19,10 +19,26 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include "cluster/tls.h"
+#include <openssl/err.h>
 #include "proto/frame.h"
 #include "m6.pb-c.h"
 
 enum { IDLE_MAX_ = 8 };
+
+/* One connection: the socket and its TLS session (tls.h). */
+typedef struct {
+    int fd;
+    SSL *ssl;
+} sconn;
+
+static void sconn_close_(sconn *c)
+{
+    if (c->ssl) SSL_free(c->ssl);
+    if (c->fd >= 0) close(c->fd);
+    c->ssl = NULL;
+    c->fd = -1;
+}
 
 /* Connections: one per call in flight, so that a get waiting for a key
  * never holds up the thread that is to set it; idle ones are kept (at
@@ -30,30 +46,33 @@ enum { IDLE_MAX_ = 8 };
 typedef struct {
     pthread_mutex_t mu;
     char addr[300], host[256], port[8];
-    cluster_token token;
+    SSL_CTX *tls;       /* the PSK's client side; the token is not kept */
     int64_t run, gen;
     int io_timeout_ms;
-    int idle[IDLE_MAX_];
+    sconn idle[IDLE_MAX_];
     int n_idle;
 } tcp_store;
 
-static int take_idle_(tcp_store *s)
+/* An idle connection (1 taken into *c), or 0: none. */
+static int take_idle_(tcp_store *s, sconn *c)
 {
     pthread_mutex_lock(&s->mu);
-    int fd = s->n_idle > 0 ? s->idle[--s->n_idle] : -1;
+    int got = s->n_idle > 0;
+    if (got) *c = s->idle[--s->n_idle];
     pthread_mutex_unlock(&s->mu);
-    return fd;
+    return got;
 }
 
-static void put_idle_(tcp_store *s, int fd)
+static void put_idle_(tcp_store *s, sconn c)
 {
     pthread_mutex_lock(&s->mu);
     if (s->n_idle < IDLE_MAX_) {
-        s->idle[s->n_idle++] = fd;
-        fd = -1;
+        s->idle[s->n_idle++] = c;
+        c.fd = -1;
+        c.ssl = NULL;
     }
     pthread_mutex_unlock(&s->mu);
-    if (fd >= 0) close(fd);
+    sconn_close_(&c);
 }
 
 static int64_t now_ms_(void)
@@ -78,20 +97,35 @@ static int wait_fd_(int fd, short events, int64_t deadline)
     }
 }
 
-static int write_all_(int fd, const uint8_t *p, size_t n, int64_t deadline)
+/* After an SSL call on c returned r <= 0: wait for what it wants until
+ * deadline. 0 to call again; -1 with errno (ETIMEDOUT, ECONNRESET for a
+ * closed peer, EPROTO for a TLS failure). */
+static int ssl_wait_(sconn *c, int r, int64_t deadline)
+{
+    int e = SSL_get_error(c->ssl, r);
+    short ev = e == SSL_ERROR_WANT_READ ? POLLIN
+               : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
+    if (!ev) {
+        int se = errno;
+        ERR_clear_error();
+        errno = e == SSL_ERROR_ZERO_RETURN ? ECONNRESET
+                : e == SSL_ERROR_SYSCALL ? (se ? se : ECONNRESET) : EPROTO;
+        return -1;
+    }
+    int w = wait_fd_(c->fd, ev, deadline);
+    if (w == 0) errno = ETIMEDOUT;
+    return w > 0 ? 0 : -1;
+}
+
+static int write_all_(sconn *c, const uint8_t *p, size_t n, int64_t deadline)
 {
     while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd_(fd, POLLOUT, deadline);
-            if (r <= 0) {
-                if (r == 0) errno = ETIMEDOUT;
-                return -1;
-            }
-            continue;
+        int chunk = n > (1u << 30) ? 1 << 30 : (int)n;
+        int w = SSL_write(c->ssl, p, chunk);
+        if (w <= 0) {
+            if (ssl_wait_(c, w, deadline) < 0) return -1;
+            continue;  /* the same buffer again, as OpenSSL wants */
         }
-        if (w < 0) return -1;
         p += w;
         n -= (size_t)w;
     }
@@ -100,7 +134,7 @@ static int write_all_(int fd, const uint8_t *p, size_t n, int64_t deadline)
 
 /* Read one Response until deadline. NULL with errno (ETIMEDOUT, ECONNRESET
  * for EOF, EPROTO for a bad frame). */
-static M6__Response *read_reply_(int fd, int64_t deadline)
+static M6__Response *read_reply_(sconn *c, int64_t deadline)
 {
     frame_reader rd;
     frame_reader_init(&rd);
@@ -119,17 +153,10 @@ static M6__Response *read_reply_(int fd, int64_t deadline)
             errno = EPROTO;
             break;
         }
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = wait_fd_(fd, POLLIN, deadline);
-            if (w == 0) errno = ETIMEDOUT;
-            if (w <= 0) break;
-            continue;
-        }
+        int n = SSL_read(c->ssl, buf, sizeof buf);
         if (n <= 0) {
-            if (n == 0) errno = ECONNRESET;
-            break;
+            if (ssl_wait_(c, n, deadline) < 0) break;
+            continue;
         }
         if (frame_reader_feed(&rd, buf, (size_t)n) < 0) {
             errno = ENOMEM;
@@ -170,9 +197,42 @@ fail:;
     return -1;
 }
 
-/* Connect and open the namespace, retrying until io_timeout_ms. The
- * connection, or -1 with *err. */
-static int connect_(tcp_store *s, m6_err *err)
+/* The TLS handshake on a connected fd (taken: closed on failure), before
+ * deadline. 0 with *c, or -1 with errno (EPROTO: the peer cannot prove
+ * that it holds the token; why holds OpenSSL's reason). */
+static int handshake_(tcp_store *s, int fd, sconn *c, int64_t deadline,
+                      char *why, size_t whylen)
+{
+    c->fd = fd;
+    c->ssl = SSL_new(s->tls);
+    if (!c->ssl || !SSL_set_fd(c->ssl, fd)) {
+        sconn_close_(c);
+        errno = ENOMEM;
+        return -1;
+    }
+    SSL_set_connect_state(c->ssl);
+    for (;;) {
+        int r = SSL_connect(c->ssl);
+        if (r == 1) return 0;
+        int e = SSL_get_error(c->ssl, r);
+        if (e == SSL_ERROR_SSL) {
+            cluster_tls_reason(why, whylen);
+            sconn_close_(c);
+            errno = EPROTO;
+            return -1;
+        }
+        if (ssl_wait_(c, r, deadline) < 0) {
+            int en = errno;
+            sconn_close_(c);
+            errno = en;
+            return -1;
+        }
+    }
+}
+
+/* Connect and open the namespace, retrying until io_timeout_ms. 0 with
+ * *out, or -1 with *err. */
+static int connect_(tcp_store *s, sconn *out, m6_err *err)
 {
     int64_t t0 = now_ms_(), deadline = t0 + s->io_timeout_ms;
     char why[512] = "timed out";
@@ -194,26 +254,41 @@ static int connect_(tcp_store *s, m6_err *err)
                 snprintf(why, sizeof why, "cannot connect: %s", strerror(errno));
             tried = 1;
             freeaddrinfo(res);
-            if (fd >= 0) {
+            sconn c = {.fd = -1};
+            char tr[256] = "";
+            if (fd >= 0 && handshake_(s, fd, &c, deadline, tr, sizeof tr) < 0) {
+                if (errno == EPROTO) {  /* no point in trying again */
+                    m6_err_set(err, M6_EINTERNAL, "rendezvous store at %s "
+                               "refused the connection: authentication "
+                               "failed (TLS: %s): it does not hold this "
+                               "cluster's token, or it is not an m6 "
+                               "coordinator", s->addr, tr[0] ? tr : "?");
+                    return -1;
+                }
+                snprintf(why, sizeof why, "TLS handshake: %s",
+                         strerror(errno));
+                fd = -1;
+            } else if (fd >= 0) {
                 M6__StoreOpen so = M6__STORE_OPEN__INIT;
                 so.protocol_version = M6_PROTOCOL_VERSION;
-                so.token.data = s->token.raw;
-                so.token.len = s->token.len;
                 so.run_id = s->run;
                 so.generation = s->gen;
                 M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_OPEN, &so.base);
                 size_t len;
                 uint8_t *f = frame_pack(&rq.base, &len);
                 M6__Response *r = NULL;
-                if (f && write_all_(fd, f, len, deadline) == 0)
-                    r = read_reply_(fd, deadline);
+                if (f && write_all_(&c, f, len, deadline) == 0)
+                    r = read_reply_(&c, deadline);
                 else if (!f) errno = ENOMEM;
                 free(f);
                 if (r && r->status == M6__STATUS__STATUS_OK) {
                     m6__response__free_unpacked(r, NULL);
-                    return fd;
+                    *out = c;
+                    return 0;
                 }
-                close(fd);
+                int en = errno;
+                sconn_close_(&c);
+                errno = en;
                 if (r) {  /* refused: no point in trying again */
                     m6_err_set(err, M6_EINTERNAL, "rendezvous store at %s "
                                "refused the connection: %s", s->addr,
@@ -250,19 +325,19 @@ static M6__Response *call_(tcp_store *s, const M6__Request *rq, int wait_ms,
     }
     M6__Response *r = NULL;
     for (int tries = 0; tries < 2 && !r; tries++) {
-        int fd = take_idle_(s);
-        int fresh = fd < 0;
-        if (fresh && (fd = connect_(s, err)) < 0) break;
+        sconn c;
+        int fresh = !take_idle_(s, &c);
+        if (fresh && connect_(s, &c, err) < 0) break;
         int64_t t0 = now_ms_();
         int64_t deadline = t0 + wait_ms + s->io_timeout_ms;
-        if (write_all_(fd, f, len, deadline) == 0)
-            r = read_reply_(fd, deadline);
+        if (write_all_(&c, f, len, deadline) == 0)
+            r = read_reply_(&c, deadline);
         if (r) {
-            put_idle_(s, fd);
+            put_idle_(s, c);
             break;
         }
         int e = errno;
-        close(fd);
+        sconn_close_(&c);
         /* a kept connection that broke meanwhile: once more, fresh */
         if (!fresh && e != ETIMEDOUT) continue;
         m6_err_set(err, M6_EINTERNAL, "rendezvous store at %s: %s: %s "
@@ -422,18 +497,23 @@ int m6_store_tcp_open(const char *addr, const cluster_token *token,
     }
     snprintf(s->port, sizeof s->port, "%d", port);
     snprintf(s->addr, sizeof s->addr, "%s", addr);
-    s->token = *token;
+    if (!(s->tls = cluster_tls_ctx(token, 0, perr, sizeof perr))) {
+        m6_err_set(err, M6_EINTERNAL, "rendezvous store: %s", perr);
+        free(s);
+        return -1;
+    }
     s->run = run_id;
     s->gen = generation;
     s->io_timeout_ms = io_timeout_ms > 0 ? io_timeout_ms : 1;
     pthread_mutex_init(&s->mu, NULL);
-    int fd = connect_(s, err);  /* now: an unreachable coordinator is named here */
-    if (fd < 0) {
+    sconn c;
+    if (connect_(s, &c, err) < 0) {  /* now: an unreachable coordinator is named here */
         pthread_mutex_destroy(&s->mu);
+        cluster_tls_ctx_free(s->tls);
         free(s);
         return -1;
     }
-    put_idle_(s, fd);
+    put_idle_(s, c);
     out->ctx = s;
     out->set = set_;
     out->get = get_;
@@ -445,9 +525,9 @@ void m6_store_tcp_close(m6_store *st)
 {
     tcp_store *s = st->ctx;
     if (!s) return;
-    for (int i = 0; i < s->n_idle; i++) close(s->idle[i]);
+    for (int i = 0; i < s->n_idle; i++) sconn_close_(&s->idle[i]);
     pthread_mutex_destroy(&s->mu);
-    memset(&s->token, 0, sizeof s->token);
+    cluster_tls_ctx_free(s->tls);
     free(s);
     st->ctx = NULL;
 }

@@ -833,6 +833,7 @@ static int cluster_start_(char *err, size_t errlen)
         cluster_join_config jc = {
             .loop = &g.loop, .addr = g.opt.join, .token = &g.token,
             .facts = &g.facts, .node_uuid = g.node_uuid,
+            .state_dir = g.opt.state_dir,
             .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_,
             .on_assign = on_join_assign_};
         g.dpw = cluster_dp_worker_start(g.opt.join, &g.token, g.opt.threads);

@@ -281,6 +281,8 @@ typedef struct {
     double last_heartbeat, joined, updated;  /* unix seconds */
     char gemm[64];            /* its CPU GEMM, "LIBRARY ISA"; "" unknown
                                * (schema 0010) */
+    char secret_sha256[65];   /* SHA-256 (hex) of its node secret; "" none
+                               * (schema 0011, coordinator.h) */
 } node_row;
 
 /* Insert a node in state (hostname and node_uuid unique; run none,
@@ -289,7 +291,7 @@ typedef struct {
  * first). */
 int state_node_insert(state *st, const node_row *n, int64_t *id);
 /* Overwrite node id's hostname, uuid, role, backend, devices, memory,
- * free memory, state, address and detail from n (a reconnect, or a node
+ * free memory, state, address, detail, gemm and secret_sha256 from n (a reconnect, or a node
  * taking over a lost one's hostname); last_heartbeat and updated = now.
  * 0, 1 no such node, -1 error. */
 int state_node_update(state *st, int64_t id, const node_row *n);

@@ -31,7 +31,7 @@ static node_state node_state_parse_(const char *s)
 #define NODE_COLS                                                          \
     "id, hostname, node_uuid, role, backend, devices, memory, "            \
     "free_device_memory, state, run, rank, address, detail, "              \
-    "last_heartbeat, joined, updated, gemm"
+    "last_heartbeat, joined, updated, gemm, secret_sha256"
 
 static void node_fill_(sqlite3_stmt *s, void *elem)
 {
@@ -57,11 +57,14 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
     n->joined = sqlite3_column_double(s, 14);
     n->updated = sqlite3_column_double(s, 15);
     state_copy_text_(n->gemm, sizeof n->gemm, sqlite3_column_text(s, 16));
+    state_copy_text_(n->secret_sha256, sizeof n->secret_sha256,
+                     sqlite3_column_text(s, 17));
 }
 
 /* The values of a node_row's fields, in the order of the columns
  * hostname, node_uuid, role, backend, devices, memory, free_device_memory,
- * state, address, detail, gemm (insert and update both write them). */
+ * state, address, detail, gemm, secret_sha256 (insert and update both
+ * write them). */
 #define NODE_FIELDS_(n)                                                    \
     A_TEXT((n)->hostname), A_TEXT((n)->node_uuid),                         \
         A_TEXT((n)->coordinator ? "coordinator" : "worker"),               \
@@ -71,7 +74,8 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
         A_TEXT(node_state_name((n)->state)),                               \
         A_TEXT((n)->address[0] ? (n)->address : NULL),                     \
         A_TEXT((n)->detail[0] ? (n)->detail : NULL),                       \
-        A_TEXT((n)->gemm[0] ? (n)->gemm : NULL)
+        A_TEXT((n)->gemm[0] ? (n)->gemm : NULL),                           \
+        A_TEXT((n)->secret_sha256[0] ? (n)->secret_sha256 : NULL)
 
 int state_node_insert(state *st, const node_row *n, int64_t *id)
 {
@@ -80,8 +84,8 @@ int state_node_insert(state *st, const node_row *n, int64_t *id)
     int rc = SQL_WRITE_LOCKED(st,
         "INSERT INTO nodes(hostname, node_uuid, role, backend, devices, "
         "memory, free_device_memory, state, address, detail, gemm, "
-        "last_heartbeat, joined, updated) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "secret_sha256, last_heartbeat, joined, updated) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_REAL(t));
     if (rc >= 0) *id = sqlite3_last_insert_rowid(st->db);
     pthread_mutex_unlock(&st->mu);
@@ -94,7 +98,8 @@ int state_node_update(state *st, int64_t id, const node_row *n)
     int rc = SQL_WRITE(st,
         "UPDATE nodes SET hostname = ?, node_uuid = ?, role = ?, backend = ?, "
         "devices = ?, memory = ?, free_device_memory = ?, state = ?, "
-        "address = ?, detail = ?, gemm = ?, last_heartbeat = ?, "
+        "address = ?, detail = ?, gemm = ?, secret_sha256 = ?, "
+        "last_heartbeat = ?, "
         "updated = ? "
         "WHERE id = ?",
         NODE_FIELDS_(n), A_REAL(t), A_REAL(t), A_INT(id));

@@ -10,6 +10,7 @@
  * get prints the value on stdout. Exit 0 ok, 3 a timeout (M6_ECANCELLED),
  * 1 any other error (the store's message on stderr), 2 bad usage.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ int main(int argc, char **argv)
                 "set KEY VALUE | get KEY TIMEOUT_MS | wait TIMEOUT_MS KEY...\n");
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN);  /* as in m6d: TLS writes on a closed socket */
     cluster_token tok;
     char msg[512];
     if (cluster_token_load(argv[2], &tok, msg, sizeof msg) < 0) {

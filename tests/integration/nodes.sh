@@ -7,12 +7,15 @@
 #  - kill -9 of a worker: lost at once (its socket closes), with the event;
 #    SIGSTOP of a worker: lost within the timeout (no heartbeat), and after
 #    SIGCONT it rejoins as a reconnect of the same node;
-#  - a worker with a wrong token is refused and logged with its address; the
-#    coordinator keeps serving (a good worker then joins); a duplicate
-#    hostname is refused naming the node that has it;
-#  - garbage, a huge length, half a frame, no first frame, a Hello, a wrong
-#    token and a flood of idle connections on the TCP port: each refused
-#    and closed within the first-frame timeout; the coordinator serves on;
+#  - a worker with a wrong token fails the TLS handshake, and is logged
+#    with its address; the coordinator keeps serving (a good worker then
+#    joins); a duplicate hostname is refused without the live node's id;
+#  - before TLS: garbage, a huge length, half a frame, a Hello, the old
+#    plaintext StoreOpen with the right token, no handshake, a wrong PSK;
+#    inside TLS: no first frame, a huge length, a Hello, garbage after a
+#    StoreOpen; and a flood of idle connections on the TCP port: each
+#    refused and closed (at once before TLS, within the first-frame
+#    timeout otherwise); the coordinator serves on;
 #  - the rendezvous store across two clients (set on one, get/wait on the
 #    other), a get that times out naming the key, generations kept apart;
 #  - a join (and a store) to an address nobody listens on fails within the
@@ -183,24 +186,38 @@ grep -q 'cluster.rejoined .*reconnect=1' "$T/m6d-w2.log" || fail "w2 does not lo
 rc=0; timeout 10 "$M6D" --state-dir "$T/bad" --threads 1 --node-timeout "$TMO" --join "$ADDR" \
     --token-file "$T/token-bad" --node-name w9 2>"$T/bad.err" || rc=$?
 [ "$rc" = 1 ] || fail "a worker with a wrong token: rc $rc"
-grep -q "refused the join: authentication failed" "$T/bad.err" || fail "wrong-token worker's message: $(tail -3 "$T/bad.err")"
-grep -Eq 'cluster.refused peer=127\.0\.0\.1:[0-9]+ reason="wrong token"' "$T/m6d-c.log" || fail "wrong token not logged with the peer address"
+grep -q "cluster.tls_refused coordinator=$ADDR err=\"TLS handshake failed" "$T/bad.err" \
+    && grep -q "the peer at $ADDR is not this cluster's coordinator: TLS handshake failed" "$T/bad.err" \
+    || fail "wrong-token worker's message: $(tail -3 "$T/bad.err")"
+grep -Eq 'cluster.refused peer=127\.0\.0\.1:[0-9]+ reason="TLS handshake failed: ' "$T/m6d-c.log" || fail "wrong token not logged with the peer address"
 [ -z "$(node_field w9 state)" ] || fail "the refused worker is in the nodes table"
 start_m6d w3 --join "$ADDR" --token-file "$T/token" --node-name w3
 wait_node w3 live 10 >/dev/null
-# a duplicate hostname: refused, naming the node that has it
+# a duplicate hostname: refused, without the live node's id (a credential
+# once) or address; those are in the coordinator's log
 rc=0; timeout 10 "$M6D" --state-dir "$T/dup" --threads 1 --node-timeout "$TMO" --join "$ADDR" \
     --token-file "$T/token" --node-name w3 2>"$T/dup.err" || rc=$?
-[ "$rc" = 1 ] && grep -q "duplicate hostname: w3 is already node [0-9]* (live" "$T/dup.err" \
+[ "$rc" = 1 ] && grep -q "duplicate hostname: w3 is taken by another node that is joining or live" "$T/dup.err" \
     || fail "duplicate hostname: rc $rc $(tail -2 "$T/dup.err")"
+W3_UUID=$(cat "$T/w3/node-id")
+W3_ADDR=$(node_field w3 address)
+grep -q "refused the join" "$T/dup.err" && ! grep -qF -e "$W3_UUID" -e "$W3_ADDR" "$T/dup.err" \
+    || fail "the duplicate-hostname refusal shows w3's node id or address: $(grep 'refused the join' "$T/dup.err")"
+grep -Eq "reason=\"duplicate hostname w3: node [0-9]+ \(live, joined from 127\.0\.0\.1:" "$T/m6d-c.log" \
+    || fail "the duplicate hostname is not logged with the node that has it"
 
 # ---- hostile peers on the TCP port
-for c in garbage huge half silent hello wrongtoken; do
+for c in garbage huge half silent hello; do
     python3 "$PEER" "$PORT" "$c" >&2 || fail "peer case $c"
 done
-python3 "$PEER" "$PORT" authgarbage "$T/token" >&2 || fail "peer case authgarbage"
+python3 "$PEER" "$PORT" plainjoin "$T/token" >&2 || fail "peer case plainjoin"
+python3 "$PEER" "$PORT" wrongpsk "$T/token-bad" >&2 || fail "peer case wrongpsk"
+for c in tlssilent tlshuge tlshello authgarbage; do
+    python3 "$PEER" "$PORT" "$c" "$T/token" >&2 || fail "peer case $c"
+done
 grep -q 'reason="first frame too large"' "$T/m6d-c.log" || fail "huge length not logged"
-grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent peer not logged"
+grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent TLS peer not logged"
+grep -q 'reason="no TLS handshake in time"' "$T/m6d-c.log" || fail "silent peer not logged"
 python3 "$PEER" "$PORT" flood 80 3 "$T/flooding" >&2 &
 FLOOD=$!
 for _ in $(seq 1 100); do [ -e "$T/flooding" ] && break; sleep 0.05; done
