@@ -349,3 +349,22 @@ int cluster_node_secret_save(const char *state_dir,
     }
     return 0;
 }
+
+int cluster_node_secret_ensure(const char *state_dir, char hex[65],
+                               char *err, size_t errlen)
+{
+    uint8_t s[CLUSTER_SECRET_LEN];
+    int r = cluster_node_secret_load(state_dir, s, err, errlen);
+    if (r < 0) return -1;
+    if (r == 1) {
+        if (getrandom(s, sizeof s, 0) != (ssize_t)sizeof s) {
+            snprintf(err, errlen, "getrandom: %s", strerror(errno));
+            return -1;
+        }
+        if (cluster_node_secret_save(state_dir, s, err, errlen) < 0)
+            return -1;
+    }
+    cluster_secret_hash(s, sizeof s, hex);
+    OPENSSL_cleanse(s, sizeof s);
+    return 0;
+}

@@ -108,4 +108,10 @@ int cluster_node_secret_save(const char *state_dir,
                              const uint8_t s[CLUSTER_SECRET_LEN], char *err,
                              size_t errlen);
 
+/* The coordinator's own secret (its store client is rank 0): read
+ * STATE_DIR/node-secret, or make one (getrandom) and save it there; its
+ * hash into hex. 0, or -1 with err. */
+int cluster_node_secret_ensure(const char *state_dir, char hex[65],
+                               char *err, size_t errlen);
+
 #endif /* M6_CLUSTER_H */

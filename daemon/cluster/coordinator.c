@@ -39,6 +39,13 @@ typedef struct store_entry {
     struct store_entry *next;
 } store_entry;
 
+/* A run's latest generation (cluster_coord_assign): a worker's store
+ * opens only that one. */
+typedef struct run_gen {
+    int64_t run, gen;
+    struct run_gen *next;
+} run_gen;
+
 /* A rank assignment waiting for its node's next heartbeat (dp.h). */
 typedef struct assign_entry {
     int64_t node_id, run, gen;
@@ -49,8 +56,9 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns: set from the runner thread */
+    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
     assign_entry *assigns;
+    run_gen *gens;
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;
     state *st;
@@ -93,6 +101,7 @@ struct peer {
     int arank;          /* ... its rank there */
     /* a store client */
     int64_t run, gen;
+    int rank;           /* the rank it writes as (StoreOpen) */
     int parked;         /* a get/wait waits for keys (timer running) */
     int parked_get;     /* ... a get: reply with the value */
     char **keys;
@@ -514,6 +523,20 @@ int cluster_coord_assign(cluster_coord *co, int64_t node_id, int64_t run,
         free(old);
     }
     pthread_mutex_lock(&co->amu);
+    run_gen *rg = co->gens;
+    while (rg && rg->run != run) rg = rg->next;
+    if (!rg && (rg = calloc(1, sizeof *rg))) {
+        rg->run = run;
+        rg->next = co->gens;
+        co->gens = rg;
+    }
+    if (!rg) {
+        pthread_mutex_unlock(&co->amu);
+        free(a->spec);
+        free(a);
+        return -1;
+    }
+    if (gen > rg->gen) rg->gen = gen;
     a->next = co->assigns;
     co->assigns = a;
     pthread_mutex_unlock(&co->amu);
@@ -571,10 +594,13 @@ static int64_t self_id_(state *st, const char *uuid)
 }
 
 int cluster_self_register(state *st, const cluster_facts *f,
-                          const char *uuid, char *err, size_t errlen)
+                          const char *uuid, const char *secret_sha256,
+                          char *err, size_t errlen)
 {
     node_row n = {0}, old;
     snprintf(n.hostname, sizeof n.hostname, "%s", f->hostname);
+    snprintf(n.secret_sha256, sizeof n.secret_sha256, "%s",
+             secret_sha256 ? secret_sha256 : "");
     snprintf(n.node_uuid, sizeof n.node_uuid, "%s", uuid);
     snprintf(n.backend, sizeof n.backend, "%s", f->backend);
     snprintf(n.gemm, sizeof n.gemm, "%s", f->gemm);
@@ -694,6 +720,79 @@ static void store_timeout_(uv_timer_t *t)
     pump_(p);
 }
 
+int cluster_store_key_owner(const char *key)
+{
+    const char *last = strrchr(key, '/');
+    last = last ? last + 1 : key;
+    if (strncmp(last, "rank_", 5) == 0) last += 5;
+    if (!*last || strlen(last) > 9) return 0;
+    for (const char *c = last; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    return atoi(last);
+}
+
+/* The latest generation assigned in run (0: none). */
+static int64_t run_gen_(cluster_coord *co, int64_t run)
+{
+    pthread_mutex_lock(&co->amu);
+    int64_t g = 0;
+    for (run_gen *rg = co->gens; rg; rg = rg->next)
+        if (rg->run == run) g = rg->gen;
+    pthread_mutex_unlock(&co->amu);
+    return g;
+}
+
+/* Free the store's keys of run's generations older than gen (nobody
+ * waits on them: a parked request of such a generation times out). */
+static void store_free_stale_(cluster_coord *co, int64_t run, int64_t gen)
+{
+    size_t n = 0;
+    for (store_entry **pp = &co->store; *pp;) {
+        store_entry *e = *pp;
+        if (e->run == run && e->gen < gen) {
+            *pp = e->next;
+            co->store_bytes -= e->len;
+            co->store_keys--;
+            free(e->key);
+            free(e->val);
+            free(e);
+            n++;
+        } else {
+            pp = &e->next;
+        }
+    }
+    if (n)
+        log_debug("store.free", "run=%lld below_gen=%lld keys=%zu",
+                  (long long)run, (long long)gen, n);
+}
+
+/* Whether the StoreOpen's node id, secret and rank are a rank of (run,
+ * gen) (coordinator.h); why says what is wrong when not. 1 yes, 0 no, -1
+ * database error. */
+static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
+                         char *why, size_t whylen)
+{
+    node_row r;
+    int rf = valid_uuid_(so->node_uuid)
+                 ? state_node_find(co->st, 'u', so->node_uuid, &r) : 1;
+    if (rf < 0) return -1;
+    if (rf != 0 || !r.secret_sha256[0] || !secret_ok_(&r, so->node_secret)) {
+        snprintf(why, whylen, "store open without a node's id and secret");
+        return 0;
+    }
+    if (r.coordinator ? so->rank != 0
+                      : so->rank < 1 || r.run != so->run_id ||
+                            r.rank != so->rank ||
+                            run_gen_(co, so->run_id) != so->generation) {
+        snprintf(why, whylen, "store open as rank %d of run %lld generation "
+                 "%lld by node %lld (%s), which does not hold it", so->rank,
+                 (long long)so->run_id, (long long)so->generation,
+                 (long long)r.id, r.hostname);
+        return 0;
+    }
+    return 1;
+}
+
 static int valid_key_(const char *k)
 {
     size_t n = k ? strlen(k) : 0;
@@ -712,6 +811,14 @@ static void do_store_(peer *p, const M6__Request *rq)
         if (!valid_key_(s->key))
             return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
                                  "store key must be 1..256 bytes", 0);
+        int owner = cluster_store_key_owner(s->key);
+        if (owner != p->rank) {
+            snprintf(msg, sizeof msg, "store key \"%s\" is rank %d's: rank "
+                     "%d sets only its own keys", s->key, owner, p->rank);
+            log_refusal_(co, p, "store set of another rank's key");
+            return reply_status_(p, M6__STATUS__STATUS_PERMISSION_DENIED, msg,
+                                 0);
+        }
         if (s->value.len > M6_STORE_VALUE_MAX) {
             snprintf(msg, sizeof msg, "store value of %zu bytes for \"%s\": "
                      "the limit is %u", s->value.len, s->key,
@@ -837,11 +944,25 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
     } else if (join) {
         do_join_(p, rq->node_join);
     } else {
+        char why[400];
+        int ok = store_who_ok_(co, rq->store_open, why, sizeof why);
+        if (ok <= 0) {
+            refuse_(p, ok < 0 ? M6__STATUS__STATUS_INTERNAL
+                              : M6__STATUS__STATUS_UNAUTHENTICATED,
+                    ok < 0 ? "the coordinator's database failed; see its log"
+                           : "the store takes the ranks of a run only: this "
+                             "node id, secret and rank are not one",
+                    ok < 0 ? "database error" : why);
+            m6__request__free_unpacked(rq, NULL);
+            return;
+        }
         uv_timer_stop(&p->timer);
         p->kind = PEER_STORE;
         co->n_new--;
         p->run = rq->store_open->run_id;
         p->gen = rq->store_open->generation;
+        p->rank = rq->store_open->rank;
+        if (p->rank == 0) store_free_stale_(co, p->run, p->gen);
         log_debug("store.open", "peer=%s run=%lld gen=%lld", p->addr,
                   (long long)p->run, (long long)p->gen);
         reply_status_(p, M6__STATUS__STATUS_OK, "store open", 0);
@@ -1061,6 +1182,10 @@ static void co_closed_(uv_handle_t *h)
         n = a->next;
         free(a->spec);
         free(a);
+    }
+    for (run_gen *rg = co->gens, *n; rg; rg = n) {
+        n = rg->next;
+        free(rg);
     }
     pthread_mutex_destroy(&co->amu);
     cluster_tls_ctx_free(co->tls);

@@ -4,13 +4,16 @@
  * the control socket, speaking the control protocol's framing
  * (proto/frame.h) with its own first frame.
  *
- * A peer's first frame, within the first-frame timeout
- * (min(CLUSTER_AUTH_TIMEOUT_MS, timeout_ms)) and at most
- * CLUSTER_FIRST_FRAME_MAX bytes, must be a NodeJoin or a StoreOpen carrying
- * the shared token (compared in constant time, cluster.h). Anything else
- * gets one refusal status (UNAUTHENTICATED, TOO_LARGE, BAD_REQUEST), is
- * logged with the peer's address (cluster.refused) and the connection is
- * closed; at most CLUSTER_PENDING_PER_ADDRESS peers of one address and
+ * Every connection is TLS 1.3 keyed by the shared token (tls.h): a peer
+ * that cannot finish the handshake (no token, another token, plaintext)
+ * is closed at once, with at most a TLS alert, and logged with
+ * OpenSSL's reason (cluster.refused). Inside it, the peer's first frame,
+ * within the first-frame timeout (min(CLUSTER_AUTH_TIMEOUT_MS,
+ * timeout_ms), counted from the connection: handshake included) and at
+ * most CLUSTER_FIRST_FRAME_MAX bytes, must be a NodeJoin or a StoreOpen.
+ * Anything else gets one refusal status (UNAUTHENTICATED, TOO_LARGE,
+ * BAD_REQUEST), is logged with the peer's address (cluster.refused) and
+ * the connection is closed; at most CLUSTER_PENDING_PER_ADDRESS peers of one address and
  * CLUSTER_PENDING_MAX in all may be unauthenticated at once: a new one
  * past either closes the oldest (so a peer that authenticates at once
  * always gets its turn), and refusals are logged at most once per address
@@ -30,17 +33,31 @@
  *                                   closed: the new one replaces it)
  *   hostname known, another uuid,   refused (BAD_STATE): two machines
  *     that node joining or live     claim one name; --node-name tells them
- *                                   apart
+ *                                   apart (the refusal does not say which
+ *                                   node has it; the log does)
  *   hostname known, another uuid,   the new node takes the row over (a
  *     that node lost or left        reinstalled machine: node.replace)
  *
- * Store service (dist/store.h over TCP): after a StoreOpen(run, generation)
- * the peer sends StoreSet/StoreGet/StoreWait, one reply each, in order. A
- * get or wait whose keys are missing is parked, not blocking the loop: it
- * is answered when a set provides them or with STATUS_TIMEOUT at its
- * deadline. Keys live in memory until the coordinator stops (bootstrap
- * data, rewritten under a new generation at every rendezvous), at most
- * CLUSTER_STORE_BYTES_MAX bytes in all.
+ * Node secrets: a node id's first join is issued a random secret
+ * (CLUSTER_SECRET_LEN bytes, in the NodeJoinReply; only its SHA-256 is
+ * kept, in the nodes table); every later join with that node id must
+ * present it, else it is refused (UNAUTHENTICATED) and the node that holds
+ * the id keeps its place. The coordinator's own row holds the hash of its
+ * own secret (STATE_DIR/node-secret, cluster_node_secret_ensure).
+ *
+ * Store service (dist/store.h over TCP): after a StoreOpen(run,
+ * generation, node id and secret, rank) the peer sends
+ * StoreSet/StoreGet/StoreWait, one reply each, in order. The StoreOpen is
+ * refused (UNAUTHENTICATED) unless the node id and secret match the nodes
+ * table and the node holds the rank: the coordinator's own node is rank 0
+ * of any (run, generation); a worker must hold that rank of that run in
+ * the nodes table, in the run's latest generation (cluster_coord_assign).
+ * A set of a key that another rank owns (cluster_store_key_owner) is
+ * refused (PERMISSION_DENIED). A get or wait whose keys are missing is
+ * parked, not blocking the loop: it is answered when a set provides them
+ * or with STATUS_TIMEOUT at its deadline. Keys live in memory, at most
+ * CLUSTER_STORE_BYTES_MAX bytes in all; when rank 0 opens a run's newer
+ * generation, the run's older generations are freed.
  *
  * Rank assignment: cluster/dp.c picks the nodes (cluster_coord_nodes_fit)
  * and queues each rank's RunAssign (cluster_coord_assign), sent as the
@@ -77,6 +94,12 @@ typedef struct {
  * bound). NULL with err on failure (a bad address, the port in use). */
 cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
                                   size_t errlen);
+/* The rank that owns a store key: the number of its last '/'-separated
+ * part when that part is N or rank_N ("hash/3", "run5/g7/3",
+ * "run5/g7/rank_3": 3); 0 for every other key (the group's own: "verdict",
+ * "engine", "run5/g7/nccl/nccl_id"), which rank 0 writes. */
+int cluster_store_key_owner(const char *key);
+
 /* The port bound (the real one when the config asked for 0). */
 int cluster_coord_port(const cluster_coord *c);
 /* Close the listener and every peer (freed in close callbacks: run the loop
@@ -99,12 +122,14 @@ int cluster_coord_assign(cluster_coord *c, int64_t node_id, int64_t run,
                          const char *spec, int rank, int world, int64_t gen,
                          int timeout_ms);
 
-/* This m6d in its own nodes table (role coordinator, state live), at every
- * start whatever the role but a worker's: a single m6d lists itself.
+/* This m6d in its own nodes table (role coordinator, state live, its
+ * node secret's hash secret_sha256), at every start whatever the role but
+ * a worker's: a single m6d lists itself.
  * Worker nodes that a previous life left joining or live become lost
  * ("coordinator restarted") until they reconnect. 0, or -1 with err. */
 int cluster_self_register(state *st, const cluster_facts *f,
-                          const char *uuid, char *err, size_t errlen);
+                          const char *uuid, const char *secret_sha256,
+                          char *err, size_t errlen);
 /* At exit: this m6d's row becomes left. */
 void cluster_self_leave(state *st, const char *uuid);
 

@@ -5,6 +5,7 @@
  */
 #include "cluster/dp.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -85,14 +86,23 @@ static const char *grad_engine_(const run_spec *s, char *why, size_t len)
  * the hash check, Gloo's group, rank 0's state on every rank. The group,
  * or NULL with err. */
 static m6_coll *group_(const char *addr, const cluster_token *token,
+                       const char *state_dir,
                        int64_t run, int64_t gen, int rank, int world,
                        int timeout_ms, const char *host, trainer *t,
                        const run_spec *spec, const char *hash, m6_err *err)
 {
     char engine[16] = "gloo";
     m6_store st = {0};
-    if (m6_store_tcp_open(addr, token, run, gen, timeout_ms, &st, err) < 0)
+    m6_store_who who;
+    char werr[600];
+    if (m6_store_who_load(state_dir, rank, &who, werr, sizeof werr) < 0) {
+        m6_err_set(err, M6_EINTERNAL, "rendezvous store: %s", werr);
         return NULL;
+    }
+    int orc = m6_store_tcp_open(addr, token, &who, run, gen, timeout_ms, &st,
+                                err);
+    OPENSSL_cleanse(&who, sizeof who);
+    if (orc < 0) return NULL;
     char key[64];
     m6_coll *g = NULL;
     snprintf(key, sizeof key, "hash/%d", rank);
@@ -237,7 +247,8 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
     char hash[65];
     cluster_dp_hash(spec, t, world, hash);
     m6_err e = M6_ERR_NONE;
-    m6_coll *g = group_(d->store_addr, d->token, id, gen, 0, world,
+    m6_coll *g = group_(d->store_addr, d->token, d->state_dir, id, gen, 0,
+                        world,
                         timeout_ms, d->host, t, spec, hash, &e);
     if (!g) {
         snprintf(why, len, "%s", m6_err_msg(&e));
@@ -338,6 +349,7 @@ typedef struct {
 struct cluster_dp_worker {
     char addr[300];
     const cluster_token *token;
+    char state_dir[4096];
     int threads;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -366,7 +378,8 @@ static void train_rank_(cluster_dp_worker *w, const assignment *a)
     /* the real phase's share map when rank 0 delinked already: the
      * broadcast reslots; the hash is of the phase the run starts in */
     cluster_dp_hash(&spec, t, a->world, hash);
-    g = group_(w->addr, w->token, a->run, a->gen, a->rank, a->world,
+    g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
+               a->world,
                a->timeout_ms, a->host, t, &spec, hash, &e);
     if (!g) goto failed;
     if (trainer_set_collectives(t, g, &e) < 0) goto failed;
@@ -426,10 +439,12 @@ static void *worker_main_(void *arg)
 
 cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
                                            const cluster_token *token,
+                                           const char *state_dir,
                                            int threads)
 {
     cluster_dp_worker *w = calloc(1, sizeof *w);
     if (!w) return NULL;
+    snprintf(w->state_dir, sizeof w->state_dir, "%s", state_dir);
     snprintf(w->addr, sizeof w->addr, "%s", coord_addr);
     w->token = token;
     w->threads = threads;

@@ -56,6 +56,7 @@ typedef struct {
     char store_addr[300];     /* its store, "HOST:PORT", as rank 0 dials it */
     char host[256];           /* rank 0's Gloo address */
     const cluster_token *token;
+    const char *state_dir;    /* node-id and node-secret: its store's who */
     state *st;
     int64_t gen;              /* the latest generation given out */
 } cluster_dp_coord;
@@ -84,10 +85,12 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id);
  * node's m6.db. */
 typedef struct cluster_dp_worker cluster_dp_worker;
 
-/* coord_addr: the coordinator (its store); threads: device.threads for
- * the runs (0 keeps the spec's). NULL on out of memory / no thread. */
+/* coord_addr: the coordinator (its store); state_dir: this node's
+ * (node-id, node-secret: who opens the store); threads: device.threads
+ * for the runs (0 keeps the spec's). NULL on out of memory / no thread. */
 cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
                                            const cluster_token *token,
+                                           const char *state_dir,
                                            int threads);
 /* Hand an assignment to the thread (copied; a newer one replaces one not
  * yet taken). Never blocks on training. */

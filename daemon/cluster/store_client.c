@@ -47,6 +47,7 @@ typedef struct {
     pthread_mutex_t mu;
     char addr[300], host[256], port[8];
     SSL_CTX *tls;       /* the PSK's client side; the token is not kept */
+    m6_store_who who;
     int64_t run, gen;
     int io_timeout_ms;
     sconn idle[IDLE_MAX_];
@@ -273,6 +274,10 @@ static int connect_(tcp_store *s, sconn *out, m6_err *err)
                 so.protocol_version = M6_PROTOCOL_VERSION;
                 so.run_id = s->run;
                 so.generation = s->gen;
+                so.node_uuid = s->who.node_uuid;
+                so.node_secret.data = s->who.secret;
+                so.node_secret.len = CLUSTER_SECRET_LEN;
+                so.rank = s->who.rank;
                 M6__Request rq = frame_request(M6__REQUEST__BODY_STORE_OPEN, &so.base);
                 size_t len;
                 uint8_t *f = frame_pack(&rq.base, &len);
@@ -477,9 +482,24 @@ static int wait_(void *ctx, const char *const *keys, size_t n, int timeout_ms,
     return 0;
 }
 
+int m6_store_who_load(const char *state_dir, int rank, m6_store_who *who,
+                      char *err, size_t errlen)
+{
+    memset(who, 0, sizeof *who);
+    who->rank = rank;
+    if (cluster_node_uuid(state_dir, who->node_uuid, err, errlen) < 0)
+        return -1;
+    int r = cluster_node_secret_load(state_dir, who->secret, err, errlen);
+    if (r == 1)
+        snprintf(err, errlen, "%s/node-secret: none yet (the coordinator "
+                 "issues it at the node's first join)", state_dir);
+    return r == 0 ? 0 : -1;
+}
+
 int m6_store_tcp_open(const char *addr, const cluster_token *token,
-                      int64_t run_id, int64_t generation, int io_timeout_ms,
-                      m6_store *out, m6_err *err)
+                      const m6_store_who *who, int64_t run_id,
+                      int64_t generation, int io_timeout_ms, m6_store *out,
+                      m6_err *err)
 {
     memset(out, 0, sizeof *out);
     tcp_store *s = calloc(1, sizeof *s);
@@ -502,6 +522,7 @@ int m6_store_tcp_open(const char *addr, const cluster_token *token,
         free(s);
         return -1;
     }
+    s->who = *who;
     s->run = run_id;
     s->gen = generation;
     s->io_timeout_ms = io_timeout_ms > 0 ? io_timeout_ms : 1;
@@ -528,6 +549,7 @@ void m6_store_tcp_close(m6_store *st)
     for (int i = 0; i < s->n_idle; i++) sconn_close_(&s->idle[i]);
     pthread_mutex_destroy(&s->mu);
     cluster_tls_ctx_free(s->tls);
+    OPENSSL_cleanse(s, sizeof *s);
     free(s);
     st->ctx = NULL;
 }

@@ -3,8 +3,10 @@
  * store service over TCP (coordinator.h): what the collectives' bootstrap
  * (Gloo's store, NCCL's unique id) uses on a worker node.
  *
- * Each connection opens with a StoreOpen (the token, the run and
- * generation: keys of other runs or generations are not seen). A call
+ * Each connection is TLS keyed by the token (tls.h) and opens with a
+ * StoreOpen (the run and generation: keys of other runs or generations
+ * are not seen; this node's id, secret and rank: a rank sets only its own
+ * keys, coordinator.h). A call
  * takes a connection of its own for its duration (an idle one, else a new
  * one; up to 8 idle ones are kept), so calls from several threads (Gloo
  * calls from its own) run side by side: a get waiting for a key never
@@ -30,13 +32,28 @@
 #include "common/err.h"
 #include "dist/store.h"
 
+/* Who opens the store (StoreOpen; coordinator.h): this node's id and
+ * secret, and the rank it writes as. */
+typedef struct {
+    char node_uuid[33];
+    uint8_t secret[CLUSTER_SECRET_LEN];
+    int rank;
+} m6_store_who;
+
+/* This node's who for rank: its id and secret from state_dir (node-id,
+ * node-secret; cluster.h). 0, or -1 with err (no secret yet: the node has
+ * not joined, or the coordinator's was not made). */
+int m6_store_who_load(const char *state_dir, int rank, m6_store_who *who,
+                      char *err, size_t errlen);
+
 /* Connect to the coordinator at addr ("HOST:PORT"), retrying a refused
  * connect until io_timeout_ms has passed, and open the namespace (run_id,
- * generation). Fills *out (free with m6_store_tcp_close). 0, or -1 with
- * *err. */
+ * generation) as who (copied). Fills *out (free with m6_store_tcp_close).
+ * 0, or -1 with *err. */
 int m6_store_tcp_open(const char *addr, const cluster_token *token,
-                      int64_t run_id, int64_t generation, int io_timeout_ms,
-                      m6_store *out, m6_err *err);
+                      const m6_store_who *who, int64_t run_id,
+                      int64_t generation, int io_timeout_ms, m6_store *out,
+                      m6_err *err);
 
 /* Close the connections and free the store's context (no call may be in
  * flight); s->ctx NULL after. */

@@ -836,7 +836,8 @@ static int cluster_start_(char *err, size_t errlen)
             .state_dir = g.opt.state_dir,
             .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_,
             .on_assign = on_join_assign_};
-        g.dpw = cluster_dp_worker_start(g.opt.join, &g.token, g.opt.threads);
+        g.dpw = cluster_dp_worker_start(g.opt.join, &g.token, g.opt.state_dir,
+                                        g.opt.threads);
         if (!g.dpw) {
             snprintf(err, errlen, "cannot start the ranks' thread");
             return -1;
@@ -844,7 +845,15 @@ static int cluster_start_(char *err, size_t errlen)
         g.join = cluster_join_start(&jc, err, errlen);
         return g.join ? 0 : -1;
     }
-    if (cluster_self_register(g.st, &g.facts, g.node_uuid, err, errlen) < 0)
+    /* its own node secret: rank 0's store client presents it */
+    char secret_hex[65] = "";
+    if (cluster_node_secret_ensure(g.opt.state_dir, secret_hex, err, errlen) < 0) {
+        if (g.opt.listen[0]) return -1;  /* a coordinator's ranks need it */
+        log_warn("cluster.self", "msg=\"%s\"", err);
+        secret_hex[0] = 0;
+    }
+    if (cluster_self_register(g.st, &g.facts, g.node_uuid, secret_hex, err,
+                              errlen) < 0)
         log_warn("cluster.self", "msg=\"%s\"", err);  /* not fatal */
     else
         g.self_registered = 1;
@@ -999,6 +1008,7 @@ int main(int argc, char **argv)
     state_thread_wait_limit(5);
     cluster_dp_coord_init(&g.dpc);
     g.dpc.token = &g.token;
+    g.dpc.state_dir = g.opt.state_dir;
     g.dpc.st = g.st;
     g.dist = (runner_dist){.group = cluster_dp_coord_group,
                           .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};

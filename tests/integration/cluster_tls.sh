@@ -14,8 +14,8 @@
 #      a wrong one) is refused, and the live node keeps its place (live,
 #      same row, same connection); the node's own restart rejoins with its
 #      secret (a reconnect); the secret file is 32 bytes, mode 0600;
-#  (d) a store write to another rank's key is refused (see store_owner
-#      below).
+#  (d) a store write to another rank's key is refused, and a node cannot
+#      open the store as a rank it does not hold.
 . "$(dirname "$0")/lib.sh"
 : "${M6STORE:?set M6STORE to the m6store binary}"
 PEER=${1:?usage: cluster_tls.sh nodes_peer.py}
@@ -213,6 +213,26 @@ rc=0; timeout 10 "$M6D" --state-dir "$T/victim2" --threads 1 --node-timeout "$TM
 [ "$rc" = 1 ] && grep -q "cluster.tls_refused coordinator=$OADDR err=\"TLS handshake failed: " "$T/victim2.err" \
     || fail "(b) a coordinator with another token: rc $rc $(tail -3 "$T/victim2.err")"
 log "(b) plaintext forger refused after ${took}s: $(grep -o 'cluster.tls_refused.*' "$T/victim.err" | head -1)"
+
+# ---- (d) store keys owned by their writer: the coordinator's node is
+# rank 0; the keys of rank 1 ("hash/1", Gloo's "run<id>/g<gen>/1") are
+# not its to set, a group-wide key is; w1 holds no rank now
+st() { "$M6STORE" "$ADDR" "$T/token" "$@"; }
+st "$T/c" 0 "$RUN" 1 2000 set verdict ok 2>"$T/d0.err" || fail "(d) rank 0 cannot set its own key: $(cat "$T/d0.err")"
+for key in hash/1 "run$RUN/g1/1" "run$RUN/g1/rank_1"; do
+    rc=0; st "$T/c" 0 "$RUN" 1 2000 set "$key" forged 2>"$T/d1.err" || rc=$?
+    [ "$rc" = 1 ] && grep -q "store key \"$key\" is rank 1's: rank 0 sets only its own keys" "$T/d1.err" \
+        || fail "(d) rank 0 set rank 1's key $key: rc $rc $(cat "$T/d1.err")"
+done
+rc=0; st "$T/c" 0 "$RUN" 1 2000 get hash/1 0 >"$T/d1.out" 2>/dev/null || rc=$?
+[ "$rc" != 0 ] || [ "$(cat "$T/d1.out")" != forged ] || fail "(d) rank 1's key holds the forged value"
+for rank in 0 1; do
+    rc=0; st "$T/w1" "$rank" "$RUN" 1 2000 set "hash/$rank" forged 2>"$T/d2.err" || rc=$?
+    [ "$rc" = 1 ] && grep -q "refused the connection: the store takes the ranks of a run only" "$T/d2.err" \
+        || fail "(d) w1 opened the store as rank $rank of a run it does not hold: rc $rc $(cat "$T/d2.err")"
+done
+grep -q 'reason="store set of another rank'"'"'s key"' "$T/m6d-c.log" || fail "(d) the refused set is not logged"
+log "(d) rank 0 refused rank 1's keys; w1 refused ranks it does not hold"
 
 # ---- the end
 for n in other w1 c; do

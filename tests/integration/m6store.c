@@ -3,10 +3,12 @@
  * store_client.h) as a command, for tests/integration/nodes.sh: each
  * invocation is one store client, as a rank's collectives would open it.
  *
- *   m6store ADDR TOKEN_FILE RUN GEN IO_TIMEOUT_MS set KEY VALUE
- *   m6store ADDR TOKEN_FILE RUN GEN IO_TIMEOUT_MS get KEY TIMEOUT_MS
- *   m6store ADDR TOKEN_FILE RUN GEN IO_TIMEOUT_MS wait TIMEOUT_MS KEY...
+ *   m6store ADDR TOKEN_FILE STATE_DIR RANK RUN GEN IO_TIMEOUT_MS set KEY VALUE
+ *   m6store ADDR TOKEN_FILE STATE_DIR RANK RUN GEN IO_TIMEOUT_MS get KEY TIMEOUT_MS
+ *   m6store ADDR TOKEN_FILE STATE_DIR RANK RUN GEN IO_TIMEOUT_MS wait TIMEOUT_MS KEY...
  *
+ * STATE_DIR: an m6d's state dir, whose node-id and node-secret say who
+ * opens the store, as rank RANK (store_client.h).
  * get prints the value on stdout. Exit 0 ok, 3 a timeout (M6_ECANCELLED),
  * 1 any other error (the store's message on stderr), 2 bad usage.
  */
@@ -27,9 +29,10 @@ static int fail_(m6_err *e)
 
 int main(int argc, char **argv)
 {
-    if (argc < 8) {
-        fprintf(stderr, "usage: m6store ADDR TOKEN_FILE RUN GEN IO_TIMEOUT_MS "
-                "set KEY VALUE | get KEY TIMEOUT_MS | wait TIMEOUT_MS KEY...\n");
+    if (argc < 10) {
+        fprintf(stderr, "usage: m6store ADDR TOKEN_FILE STATE_DIR RANK RUN GEN "
+                "IO_TIMEOUT_MS set KEY VALUE | get KEY TIMEOUT_MS | wait "
+                "TIMEOUT_MS KEY...\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);  /* as in m6d: TLS writes on a closed socket */
@@ -39,9 +42,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "m6store: %s\n", msg);
         return 1;
     }
+    m6_store_who who;
+    if (m6_store_who_load(argv[3], atoi(argv[4]), &who, msg, sizeof msg) < 0) {
+        fprintf(stderr, "m6store: %s\n", msg);
+        return 1;
+    }
+    /* from here the arguments as before STATE_DIR RANK: ADDR moves over
+     * them (TOKEN_FILE is read) */
+    argv[3] = argv[1];
+    argv += 2;
+    argc -= 2;
     m6_store st;
     m6_err e = M6_ERR_NONE;
-    if (m6_store_tcp_open(argv[1], &tok, atoll(argv[3]), atoll(argv[4]),
+    if (m6_store_tcp_open(argv[1], &tok, &who, atoll(argv[3]), atoll(argv[4]),
                           atoi(argv[5]), &st, &e) < 0)
         return fail_(&e);
     const char *op = argv[6];

@@ -212,9 +212,10 @@ for c in garbage huge half silent hello; do
 done
 python3 "$PEER" "$PORT" plainjoin "$T/token" >&2 || fail "peer case plainjoin"
 python3 "$PEER" "$PORT" wrongpsk "$T/token-bad" >&2 || fail "peer case wrongpsk"
-for c in tlssilent tlshuge tlshello authgarbage; do
+for c in tlssilent tlshuge tlshello; do
     python3 "$PEER" "$PORT" "$c" "$T/token" >&2 || fail "peer case $c"
 done
+python3 "$PEER" "$PORT" authgarbage "$T/token" "$T/c" >&2 || fail "peer case authgarbage"
 grep -q 'reason="first frame too large"' "$T/m6d-c.log" || fail "huge length not logged"
 grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent TLS peer not logged"
 grep -q 'reason="no TLS handshake in time"' "$T/m6d-c.log" || fail "silent peer not logged"
@@ -222,33 +223,33 @@ python3 "$PEER" "$PORT" flood 80 3 "$T/flooding" >&2 &
 FLOOD=$!
 for _ in $(seq 1 100); do [ -e "$T/flooding" ] && break; sleep 0.05; done
 # while 64 connections wait to authenticate: the store and the nodes answer
-"$M6STORE" "$ADDR" "$T/token" 1 0 2000 set during-flood yes || fail "store set during the flood"
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 1 0 2000 set during-flood yes || fail "store set during the flood"
 c_ctl nodes >/dev/null || fail "control socket during the flood"
 wait "$FLOOD" || fail "flood case"
 [ "$(node_field w3 state)" = live ] || fail "w3 not live after the hostile peers: $(node_field w3 state)"
 
 # ---- the store: set on one client, get/wait on another, in (run, generation)
-"$M6STORE" "$ADDR" "$T/token" 7 1 2000 get rank0.addr 8000 >"$T/get.out" 2>"$T/get.err" &
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 get rank0.addr 8000 >"$T/get.out" 2>"$T/get.err" &
 G=$!
-"$M6STORE" "$ADDR" "$T/token" 7 1 2000 wait 8000 k1 k2 2>"$T/wait.err" &
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 wait 8000 k1 k2 2>"$T/wait.err" &
 W=$!
 sleep 0.3
 kill -0 "$G" 2>/dev/null || fail "get returned before the key was set: $(cat "$T/get.err")"
-"$M6STORE" "$ADDR" "$T/token" 7 1 2000 set rank0.addr "tcp://127.0.0.1:29500" || fail "store set"
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 set rank0.addr "tcp://127.0.0.1:29500" || fail "store set"
 wait "$G" || fail "store get: $(cat "$T/get.err")"
 [ "$(cat "$T/get.out")" = "tcp://127.0.0.1:29500" ] || fail "store get: '$(cat "$T/get.out")'"
-"$M6STORE" "$ADDR" "$T/token" 7 1 2000 set k1 a
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 set k1 a
 kill -0 "$W" 2>/dev/null || fail "wait returned with k2 unset"
-"$M6STORE" "$ADDR" "$T/token" 7 1 2000 set k2 b
+"$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 set k2 b
 wait "$W" || fail "store wait: $(cat "$T/wait.err")"
 # a key of generation 1 is not seen in generation 2; a get times out naming it
 t0=$EPOCHREALTIME
-rc=0; "$M6STORE" "$ADDR" "$T/token" 7 2 2000 get rank0.addr 400 2>"$T/tmo.err" || rc=$?
+rc=0; "$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 2 2000 get rank0.addr 400 2>"$T/tmo.err" || rc=$?
 took=$(python3 -c "print($EPOCHREALTIME - $t0)")
 [ "$rc" = 3 ] || fail "store get of an unset key: rc $rc $(cat "$T/tmo.err")"
 grep -q 'key "rank0.addr" not set after 400 ms' "$T/tmo.err" || fail "timeout message: $(cat "$T/tmo.err")"
 python3 -c "import sys; sys.exit(not (0.35 <= $took < 2.5))" || fail "get with a 400 ms timeout took ${took}s"
-rc=0; "$M6STORE" "$ADDR" "$T/token-bad" 7 1 2000 get rank0.addr 0 2>"$T/sbad.err" || rc=$?
+rc=0; "$M6STORE" "$ADDR" "$T/token-bad" "$T/c" 0 7 1 2000 get rank0.addr 0 2>"$T/sbad.err" || rc=$?
 [ "$rc" = 1 ] && grep -q "refused the connection: authentication failed" "$T/sbad.err" || fail "store with a wrong token: $(cat "$T/sbad.err")"
 
 # ---- nobody listening: the join and the store fail within the timeout
@@ -265,7 +266,7 @@ took=$(python3 -c "print($EPOCHREALTIME - $t0)")
 grep -q "cannot join the coordinator at $DEAD within 1.0 s: connection refused" "$T/dead.err" || fail "join to $DEAD: $(tail -2 "$T/dead.err")"
 python3 -c "import sys; sys.exit(not ($took < $TMO + 3))" || fail "join to $DEAD took ${took}s"
 t0=$EPOCHREALTIME
-rc=0; "$M6STORE" "$DEAD" "$T/token" 1 0 500 get x 0 2>"$T/sdead.err" || rc=$?
+rc=0; "$M6STORE" "$DEAD" "$T/token" "$T/c" 0 1 0 500 get x 0 2>"$T/sdead.err" || rc=$?
 took=$(python3 -c "print($EPOCHREALTIME - $t0)")
 [ "$rc" = 1 ] && grep -q "rendezvous store at $DEAD: cannot connect: Connection refused (tried for 0.[5-9]" "$T/sdead.err" \
     || fail "store at $DEAD: rc $rc $(cat "$T/sdead.err")"

@@ -15,8 +15,9 @@ with the right token in clear) — each closed at once with at most a TLS
 alert, never a Response; silent (nothing sent) — closed at the first-frame
 timeout with nothing. wrongpsk TOKEN_FILE: m6tls with another token fails
 the handshake. Inside TLS (TOKEN_FILE the right token): tlssilent,
-tlshuge, tlshello — refused with a status; authgarbage (a good StoreOpen,
-then garbage). flood N SECONDS (N idle connections held open that long;
+tlshuge, tlshello — refused with a status; authgarbage TOKEN_FILE
+STATE_DIR (a good StoreOpen as the coordinator's node, rank 0, whose
+node-id and node-secret STATE_DIR holds; then garbage). flood N SECONDS (N idle connections held open that long;
 those past the coordinator's limit must be closed at once)."""
 import os
 import select
@@ -171,7 +172,11 @@ elif CASE == "authgarbage":
     # inside TLS, a good StoreOpen, then a frame that is not a Request:
     # refused BAD_REQUEST and closed; an authenticated peer is not trusted
     # with malformed input either
-    so = field_varint(1, 1) + field_varint(3, 1)
+    # as rank 0, with the coordinator's node id and secret (STATE_DIR)
+    sd = sys.argv[4]
+    uuid = open(os.path.join(sd, "node-id"), "rb").read().strip()
+    secret = open(os.path.join(sd, "node-secret"), "rb").read()
+    so = field_varint(1, 1) + field_varint(3, 1) + field_bytes(5, uuid) + field_bytes(6, secret)
     rq = field_bytes(20, so)
     s = TlsPeer(sys.argv[3])
     s.sendall(struct.pack(">I", len(rq)) + rq)

@@ -34,6 +34,7 @@ static struct {
     uv_async_t stop;
     cluster_coord *co;
     pthread_t thread;
+    m6_store_who who;  /* the coordinator's own node: rank 0 */
 } g;
 
 static void on_stop_(uv_async_t *a)
@@ -79,6 +80,21 @@ static int setup_(void **s)
         return -1;
     }
     snprintf(g.addr, sizeof g.addr, "127.0.0.1:%d", cluster_coord_port(g.co));
+    /* the coordinator's own row, with the hash of its secret */
+    char hex[65];
+    cluster_facts facts = {0};
+    snprintf(facts.hostname, sizeof facts.hostname, "self");
+    snprintf(facts.backend, sizeof facts.backend, "cpu");
+    snprintf(g.who.node_uuid, sizeof g.who.node_uuid,
+             "c0ffee00000000000000000000000001");
+    memset(g.who.secret, 0x5a, sizeof g.who.secret);
+    g.who.rank = 0;
+    cluster_secret_hash(g.who.secret, sizeof g.who.secret, hex);
+    if (cluster_self_register(g.st, &facts, g.who.node_uuid, hex, err,
+                              sizeof err) < 0) {
+        fprintf(stderr, "setup: %s\n", err);
+        return -1;
+    }
     return pthread_create(&g.thread, NULL, loop_main_, NULL) == 0 ? 0 : -1;
 }
 
@@ -105,7 +121,7 @@ static double now_s_(void)
 static void open_(m6_store *s, int64_t run, int64_t gen)
 {
     m6_err e = M6_ERR_NONE;
-    int rc = m6_store_tcp_open(g.addr, &g.token, run, gen, 2000, s, &e);
+    int rc = m6_store_tcp_open(g.addr, &g.token, &g.who, run, gen, 2000, s, &e);
     if (rc < 0) fprintf(stderr, "open: %s\n", m6_err_msg(&e));
     assert_int_equal(rc, 0);
 }
@@ -266,12 +282,12 @@ static void test_refusals(void **st)
     fclose(f);
     chmod(path, 0600);
     assert_int_equal(cluster_token_load(path, &bad, msg, sizeof msg), 0);
-    assert_int_equal(m6_store_tcp_open(g.addr, &bad, 1, 0, 1000, &s, &e), -1);
+    assert_int_equal(m6_store_tcp_open(g.addr, &bad, &g.who, 1, 0, 1000, &s, &e), -1);
     assert_int_equal(e.code, M6_EINTERNAL);
     assert_non_null(strstr(e.msg, "refused the connection: authentication failed"));
     m6_err_free(&e);
     double t0 = now_s_();
-    assert_int_equal(m6_store_tcp_open("127.0.0.1:1", &g.token, 1, 0, 400, &s, &e), -1);
+    assert_int_equal(m6_store_tcp_open("127.0.0.1:1", &g.token, &g.who, 1, 0, 400, &s, &e), -1);
     double took = now_s_() - t0;
     assert_int_equal(e.code, M6_EINTERNAL);
     assert_non_null(strstr(e.msg, "rendezvous store at 127.0.0.1:1: cannot connect: "
@@ -312,6 +328,110 @@ static void test_nodes_fit(void **st)
     assert_int_equal(cluster_coord_nodes_fit(g.co, 2u << 30, got, 8), 0);
 }
 
+/* m6_store_tcp_open as who; the store's message into msg on failure. */
+static int open_as_(const m6_store_who *who, int64_t run, int64_t gen,
+                    m6_store *s, char *msg, size_t len)
+{
+    m6_err e = M6_ERR_NONE;
+    int rc = m6_store_tcp_open(g.addr, &g.token, who, run, gen, 1000, s, &e);
+    snprintf(msg, len, "%s", rc < 0 ? m6_err_msg(&e) : "");
+    m6_err_free(&e);
+    return rc;
+}
+
+static int set_(m6_store *s, const char *key, char *msg, size_t len)
+{
+    m6_err e = M6_ERR_NONE;
+    int rc = s->set(s->ctx, key, "v", 1, &e);
+    snprintf(msg, len, "%s", rc < 0 ? m6_err_msg(&e) : "");
+    m6_err_free(&e);
+    return rc;
+}
+
+/* Keys owned by their writer: the owner of each key by hand; a worker
+ * node opens only the rank it holds, in its run's latest generation, with
+ * its own secret, and sets only its own keys; rank 0 opening a newer
+ * generation frees the older ones. */
+static void test_owners(void **st)
+{
+    (void)st;
+    assert_int_equal(cluster_store_key_owner("hash/3"), 3);
+    assert_int_equal(cluster_store_key_owner("run5/g7/12"), 12);
+    assert_int_equal(cluster_store_key_owner("run5/g7/rank_2"), 2);
+    assert_int_equal(cluster_store_key_owner("verdict"), 0);
+    assert_int_equal(cluster_store_key_owner("run5/g7/nccl/nccl_id"), 0);
+    assert_int_equal(cluster_store_key_owner("rank1"), 0);
+    assert_int_equal(cluster_store_key_owner("x/1a"), 0);
+    assert_int_equal(cluster_store_key_owner("x/"), 0);
+    /* a worker node holding rank 1 of run R, generation 9 */
+    int64_t run = state_run_insert(g.st, "owners", "{}", 10, 0, NULL);
+    assert_true(run > 0);
+    m6_store_who w = {.rank = 1};
+    snprintf(w.node_uuid, sizeof w.node_uuid, "beef0000000000000000000000000001");
+    memset(w.secret, 0x33, sizeof w.secret);
+    node_row n = {0};
+    snprintf(n.hostname, sizeof n.hostname, "w1");
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w.node_uuid);
+    snprintf(n.backend, sizeof n.backend, "cpu");
+    n.state = NODE_LOST;  /* out of test_nodes_fit's way */
+    cluster_secret_hash(w.secret, sizeof w.secret, n.secret_sha256);
+    int64_t id;
+    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    assert_int_equal(state_node_set_run(g.st, id, run, 1), 0);
+    assert_int_equal(cluster_coord_assign(g.co, id, run, "{}", 1, 2, 9, 1000), 0);
+    char msg[512];
+    m6_store s, r0;
+    assert_int_equal(open_as_(&w, run, 9, &s, msg, sizeof msg), 0);
+    assert_int_equal(set_(&s, "hash/1", msg, sizeof msg), 0);
+    assert_int_equal(set_(&s, "run5/g9/1", msg, sizeof msg), 0);
+    assert_int_equal(set_(&s, "run5/g9/rank_1", msg, sizeof msg), 0);
+    assert_int_equal(set_(&s, "hash/2", msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "store key \"hash/2\" is rank 2's: rank 1 sets only its own keys"));
+    assert_int_equal(set_(&s, "verdict", msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "is rank 0's"));
+    m6_store_tcp_close(&s);
+    /* the coordinator (rank 0) may not set rank 1's key either */
+    assert_int_equal(open_as_(&g.who, run, 9, &r0, msg, sizeof msg), 0);
+    assert_int_equal(set_(&r0, "run5/g9/1", msg, sizeof msg), -1);
+    assert_int_equal(set_(&r0, "verdict", msg, sizeof msg), 0);
+    m6_store_tcp_close(&r0);
+    /* a rank it does not hold, an old generation, another run, rank 0, a
+     * wrong secret, an unknown node id: refused at the open */
+    const char *want = "refused the connection: the store takes the ranks "
+                       "of a run only";
+    m6_store_who bad = w;
+    bad.rank = 2;
+    assert_int_equal(open_as_(&bad, run, 9, &s, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, want));
+    assert_int_equal(open_as_(&w, run, 8, &s, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, want));
+    assert_int_equal(open_as_(&w, run + 1, 9, &s, msg, sizeof msg), -1);
+    bad.rank = 0;
+    assert_int_equal(open_as_(&bad, run, 9, &s, msg, sizeof msg), -1);
+    bad = w;
+    bad.secret[0] ^= 1;
+    assert_int_equal(open_as_(&bad, run, 9, &s, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, want));
+    bad = w;
+    bad.node_uuid[0] = 'a';
+    assert_int_equal(open_as_(&bad, run, 9, &s, msg, sizeof msg), -1);
+    /* stale generations: rank 0's open of generation 10 frees 9's keys */
+    void *v;
+    size_t len;
+    m6_err e = M6_ERR_NONE;
+    assert_int_equal(open_as_(&g.who, run, 9, &r0, msg, sizeof msg), 0);
+    assert_int_equal(r0.get(r0.ctx, "hash/1", &v, &len, 0, &e), 0);
+    free(v);
+    m6_store_tcp_close(&r0);
+    assert_int_equal(open_as_(&g.who, run, 10, &r0, msg, sizeof msg), 0);
+    m6_store_tcp_close(&r0);
+    assert_int_equal(open_as_(&g.who, run, 9, &r0, msg, sizeof msg), 0);
+    assert_int_equal(r0.get(r0.ctx, "hash/1", &v, &len, 0, &e), -1);
+    assert_int_equal(e.code, M6_ECANCELLED);
+    m6_err_free(&e);
+    m6_store_tcp_close(&r0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_nodes_fit),
+        cmocka_unit_test(test_owners),
     };
     return cmocka_run_group_tests(tests, setup_, teardown_);
 }
