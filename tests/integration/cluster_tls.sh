@@ -15,7 +15,10 @@
 #      same row, same connection); the node's own restart rejoins with its
 #      secret (a reconnect); the secret file is 32 bytes, mode 0600;
 #  (d) a store write to another rank's key is refused, and a node cannot
-#      open the store as a rank it does not hold.
+#      open the store as a rank it does not hold;
+#  (e) the channel is standard TLS 1.3: openssl s_client with the PSK
+#      computed apart (Python's hmac, RFC 5869) gets in, with another
+#      token's PSK it does not.
 . "$(dirname "$0")/lib.sh"
 : "${M6STORE:?set M6STORE to the m6store binary}"
 PEER=${1:?usage: cluster_tls.sh nodes_peer.py}
@@ -233,6 +236,30 @@ for rank in 0 1; do
 done
 grep -q 'reason="store set of another rank'"'"'s key"' "$T/m6d-c.log" || fail "(d) the refused set is not logged"
 log "(d) rank 0 refused rank 1's keys; w1 refused ranks it does not hold"
+
+# ---- (e) standard TLS 1.3 with the PSK of cluster.h: OpenSSL's own
+# client, given the key computed apart (RFC 5869 with Python's hmac),
+# completes the handshake on TLS_AES_128_GCM_SHA256 with an (EC)DHE
+# exchange; with the key of another token it is refused
+psk_of() {
+    /usr/bin/python3 -c '
+import hashlib, hmac, sys
+tok = open(sys.argv[1], "rb").read().rstrip(b"\n")
+prk = hmac.new(b"m6 cluster token", tok, hashlib.sha256).digest()
+print(hmac.new(prk, b"m6 tls13 external psk v1\x01", hashlib.sha256).hexdigest())' "$1"
+}
+s_client() {
+    (sleep 1) | timeout 10 openssl s_client -connect "$ADDR" -tls1_3 -brief \
+        -ciphersuites TLS_AES_128_GCM_SHA256 -psk_identity m6-cluster-psk-v1 -psk "$1" 2>&1 || true
+}
+s_client "$(psk_of "$T/token")" >"$T/sc.out"
+grep -q "CONNECTION ESTABLISHED" "$T/sc.out" && grep -q "Protocol version: TLSv1.3" "$T/sc.out" \
+    && grep -q "Ciphersuite: TLS_AES_128_GCM_SHA256" "$T/sc.out" && grep -q "Server Temp Key: X25519" "$T/sc.out" \
+    || fail "(e) openssl s_client with the token's PSK: $(cat "$T/sc.out")"
+s_client "$(psk_of "$T/token-other")" >"$T/sc2.out"
+grep -q "CONNECTION ESTABLISHED" "$T/sc2.out" && fail "(e) openssl s_client with another token's PSK got in"
+grep -q 'reason="TLS handshake failed: binder does not verify"' "$T/m6d-c.log" || fail "(e) the wrong PSK is not logged"
+log "(e) openssl s_client: $(grep -E 'Protocol|Ciphersuite|Temp Key' "$T/sc.out" | tr '\n' ' ')"
 
 # ---- the end
 for n in other w1 c; do

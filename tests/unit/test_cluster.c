@@ -94,6 +94,15 @@ static void test_token(void **st)
     assert_false(cluster_token_matches(&t, "0123456789abcdef012", 19));
     assert_false(cluster_token_matches(&t, "0123456789abcdef0124", 20));
     assert_false(cluster_token_matches(&t, "", 0));
+    /* the TLS PSK: HKDF-SHA256 (RFC 5869) of the token, salt and info of
+     * cluster.h; the value computed apart with Python's hmac module:
+     * prk = HMAC(salt, token), okm = HMAC(prk, info || 0x01) */
+    static const char want_psk[] =
+        "80bd8d630cfe7da48d86610a99f272f0b7c2bf49cfcbfdcc267c4c77ee06dcde";
+    char got_psk[2 * CLUSTER_PSK_LEN + 1];
+    for (int i = 0; i < CLUSTER_PSK_LEN; i++)
+        snprintf(got_psk + 2 * i, 3, "%02x", t.psk[i]);
+    assert_string_equal(got_psk, want_psk);
     /* group-readable is allowed (a group of operators); world is not */
     assert_int_equal(chmod(path, 0640), 0);
     assert_int_equal(cluster_token_load(path, &t, err, sizeof err), 0);
