@@ -135,6 +135,43 @@ static void test_node_uuid(void **st)
     assert_non_null(strstr(err, "not a node id"));
 }
 
+/* STATE_DIR/node-secret: saved 0600 and read back byte for byte; none
+ * yet is 1; a file others may read, or of the wrong size, is refused;
+ * ensure makes one once and then keeps it; the hash is SHA-256 (the
+ * value of "abc" from FIPS 180-2). */
+static void test_node_secret(void **st)
+{
+    (void)st;
+    char err[512], path[300], h1[65], h2[65];
+    uint8_t a[CLUSTER_SECRET_LEN], b[CLUSTER_SECRET_LEN];
+    assert_int_equal(cluster_node_secret_load(dir_, a, err, sizeof err), 1);
+    for (int i = 0; i < CLUSTER_SECRET_LEN; i++) a[i] = (uint8_t)(i * 7 + 1);
+    assert_int_equal(cluster_node_secret_save(dir_, a, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/node-secret", dir_);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    assert_int_equal(sb.st_size, CLUSTER_SECRET_LEN);
+    assert_int_equal(cluster_node_secret_load(dir_, b, err, sizeof err), 0);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(chmod(path, 0640), 0);
+    assert_int_equal(cluster_node_secret_load(dir_, b, err, sizeof err), -1);
+    assert_non_null(strstr(err, "has mode 0640"));
+    write_file_(path, "short", 0600);
+    assert_int_equal(cluster_node_secret_load(dir_, b, err, sizeof err), -1);
+    assert_non_null(strstr(err, "the wrong size"));
+    unlink(path);
+    assert_int_equal(cluster_node_secret_ensure(dir_, h1, err, sizeof err), 0);
+    assert_int_equal(cluster_node_secret_ensure(dir_, h2, err, sizeof err), 0);
+    assert_string_equal(h1, h2);  /* made once, then kept */
+    assert_int_equal(cluster_node_secret_load(dir_, b, err, sizeof err), 0);
+    cluster_secret_hash(b, sizeof b, h2);
+    assert_string_equal(h1, h2);
+    cluster_secret_hash("abc", 3, h1);
+    assert_string_equal(h1, "ba7816bf8f01cfea414140de5dae2223"
+                            "b00361a396177a9cb410ff61f20015ad");
+}
+
 static void test_facts(void **st)
 {
     (void)st;
@@ -228,5 +265,6 @@ TEST_MAIN(
     cmocka_unit_test(test_parse_addr),
     cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
     cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
+    cmocka_unit_test_setup_teardown(test_node_secret, setup_, teardown_),
     cmocka_unit_test(test_facts),
     cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_))
