@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard fuzz_dispatch fuzz_ckpt fuzz_llmc)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_spec fuzz_shard fuzz_dispatch fuzz_ckpt fuzz_llmc fuzz_cluster)
 build=${M6_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang >/dev/null ||
