@@ -1033,8 +1033,14 @@ static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                                              (size_t)nread, &p->rd, why,
                                              sizeof why);
     if (tr == CLUSTER_TLS_FAILED) {
-        /* the details here; the peer gets a TLS alert at most */
-        refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, "", why);
+        /* the details here; the peer gets a TLS alert at most (refuse_
+         * sends no status before the handshake is done) */
+        if (!p->tls.handshaken) {
+            refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, "", why);
+        } else {  /* a broken session: nothing more can be said on it */
+            log_refusal_(p->co, p, why);
+            peer_close_(p, why);
+        }
         goto out;
     }
     flush_(p, 0);  /* the handshake's own messages */

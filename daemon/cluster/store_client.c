@@ -531,6 +531,7 @@ int m6_store_tcp_open(const char *addr, const cluster_token *token,
     if (connect_(s, &c, err) < 0) {  /* now: an unreachable coordinator is named here */
         pthread_mutex_destroy(&s->mu);
         cluster_tls_ctx_free(s->tls);
+        OPENSSL_cleanse(s, sizeof *s);
         free(s);
         return -1;
     }
