@@ -137,7 +137,7 @@ static void optimizer_state_(const case_ *c, int L, int S)
     const model_config *m = &c->cfg;
     const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
     for (int opt = 0; opt < 3; opt++) {
-        gpt_optim o = {opt > 0, opt == 2};
+        gpt_optim o = {opt > 0, opt == 2, 0, 0};
         gpt_model g;
         memset(&g, 0, sizeof g);
         assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
