@@ -369,6 +369,36 @@ static void test_resume_bitwise(void **state)
     }
 }
 
+/* The delink copies the pseudo slot's bf16 masters into every layer's
+ * slot bit for bit (the globals kept), with AdamW and with Adafactor: the
+ * loss on a batch is the same before and after, and training goes on. */
+static void test_delink_copies_masters(void **state)
+{
+    (void)state;
+    for (int af = 0; af < 2; af++) {
+        run_spec s = bf16_spec_(8, 4, af);
+        trainer *t = fixture_trainer(&s);
+        fixture_run_steps(t, &s, 4, NULL, NULL);
+        size_t n0 = trainer_copy_state(t, 0, NULL);
+        float *p0 = fixture_copy_state(t, 0);
+        fixture_delink_keeps_loss(t, 1, 3);
+        size_t n1 = trainer_copy_state(t, 0, NULL);
+        float *p1 = fixture_copy_state(t, 0);
+        /* plain layout: globals, then the slots; 1 slot before, 3 after */
+        size_t slot = (n1 - n0) / 2, glob = n0 - slot;
+        assert_int_equal(n1, glob + 3 * slot);
+        assert_memory_equal(p0, p1, glob * sizeof(float));
+        for (int k = 0; k < 3; k++)
+            assert_memory_equal(p1 + glob + k * slot, p0 + glob,
+                                slot * sizeof(float));
+        fixture_run_steps(t, &s, 8, NULL, NULL);
+        assert_weights_bf16_(t);
+        free(p0);
+        free(p1);
+        trainer_free(t);
+    }
+}
+
 /* The master weights change the run: bf16's losses are not fp32's (the
  * two specs differ in that key alone). */
 static void test_bf16_differs_from_fp32(void **state)
@@ -449,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_sr_threads_bitwise),
         cmocka_unit_test(test_spec_key_and_refusals),
         cmocka_unit_test(test_resume_bitwise),
+        cmocka_unit_test(test_delink_copies_masters),
         cmocka_unit_test(test_bf16_differs_from_fp32),
         cmocka_unit_test(test_other_master_refused),
     };
