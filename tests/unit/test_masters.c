@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "ckpt/checkpoint.h"
 #include "kernels.h"
 #include "model/gpt.h"
 #include "spec/spec.h"
@@ -471,6 +472,77 @@ static void test_other_master_refused(void **state)
     trainer_free(w);
 }
 
+/* safetensors with BF16 tensors: written 2 bytes an element, read back
+ * widened exactly; a value that is not a bf16 one refused, not rounded. */
+static void test_safetensors_bf16(void **state)
+{
+    (void)state;
+    char path[600], err[256];
+    snprintf(path, sizeof path, "%s/bf16.safetensors", tmpdir_);
+    float a[5] = {1.0f, -0.0078125f, 3.0e-20f, 0.0f, 65280.0f};
+    a[2] = rne_by_hand_(a[2]);
+    float b[3] = {1.5f, 2.0f, -4.0f};
+    st_tensor ts[2] = {{"a", a, 1, {5, 0}}, {"b", b, 1, {3, 0}}};
+    unsigned char bf[2] = {1, 0};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    long n = safetensors_write_dtypes(f, ts, bf, 2, err, sizeof err);
+    fclose(f);
+    assert_true(n > 0);
+    st_file sf;
+    assert_int_equal(safetensors_open(&sf, path, err, sizeof err), 0);
+    char dt[16];
+    int nd;
+    long sh[4];
+    assert_int_equal(safetensors_info(&sf, "a", dt, &nd, sh, err, sizeof err),
+                     0);
+    assert_string_equal(dt, "BF16");
+    assert_int_equal(safetensors_info(&sf, "b", dt, &nd, sh, err, sizeof err),
+                     0);
+    assert_string_equal(dt, "F32");
+    float ra[5], rb[3];
+    assert_int_equal(safetensors_get(&sf, "a", ra, 5, err, sizeof err), 0);
+    assert_int_equal(safetensors_get(&sf, "b", rb, 3, err, sizeof err), 0);
+    assert_memory_equal(ra, a, sizeof a);
+    assert_memory_equal(rb, b, sizeof b);
+    /* the data region: 5 x 2 + 3 x 4 bytes */
+    assert_int_equal((long)(sf.len - sf.data_start), 5 * 2 + 3 * 4);
+    safetensors_close(&sf);
+    /* not a bf16 value: refused, naming the tensor and element */
+    a[3] = 1.0f + 1e-6f;
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(safetensors_write_dtypes(f, ts, bf, 2, err, sizeof err),
+                     -1);
+    fclose(f);
+    assert_non_null(strstr(err, "tensor a: element 3 is not a bf16 value"));
+}
+
+/* A bf16 run's checkpoint whose weights file is an fp32 run's (same
+ * names, meta.json saying bf16): refused naming the tensor's dtype. */
+static void test_weights_of_other_dtype_refused(void **state)
+{
+    (void)state;
+    char err[512], dir[2][512], src[700], dst[700];
+    run_spec sp[2] = {bf16_spec_(10, 0, 0), bf16_spec_(10, 0, 0)};
+    sp[0].optimizer.master = MASTER_FP32;
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir[i], sizeof dir[i], "%s/dtype-%d", tmpdir_, i);
+        trainer *t = fixture_trainer(&sp[i]);
+        fixture_run_steps(t, &sp[i], 2, NULL, NULL);
+        assert_true(fixture_save(t, dir[i]) > 0);
+        trainer_free(t);
+    }
+    snprintf(src, sizeof src, "%s/model.safetensors", dir[0]);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir[1]);
+    assert_int_equal(rename(src, dst), 0);
+    trainer *t = fixture_trainer(&sp[1]);
+    assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir[1], &err_)), 0);
+    if (!strstr(err, "is F32, this run keeps it in BF16"))
+        fail_msg("error '%s' does not name the dtype", err);
+    trainer_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -482,6 +554,8 @@ int main(void)
         cmocka_unit_test(test_delink_copies_masters),
         cmocka_unit_test(test_bf16_differs_from_fp32),
         cmocka_unit_test(test_other_master_refused),
+        cmocka_unit_test(test_safetensors_bf16),
+        cmocka_unit_test(test_weights_of_other_dtype_refused),
     };
     return cmocka_run_group_tests(tests, setup_data, teardown_data);
 }
