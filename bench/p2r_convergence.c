@@ -76,7 +76,8 @@ static void usage_(void)
         "  --threads N         OpenMP/BLAS threads (all cores)\n"
         "  --precision P       fp32 or bf16: device.precision (fp32)\n"
         "  --optimizer adamw|adafactor (adamw; adafactor with its defaults,\n"
-        "                      no first moment)\n");
+        "                      no first moment)\n"
+        "  --master fp32|bf16  optimizer.master: the master weights (fp32)\n");
 }
 
 static const char *grad_scale_name_(const run_spec *s)
@@ -98,6 +99,7 @@ int main(int argc, char **argv)
         {"grad-scale", 1, 0, 'g'}, {"pseudo-lr-scale", 1, 0, 'x'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
         {"precision", 1, 0, 'P'}, {"optimizer", 1, 0, 'O'},
+        {"master", 1, 0, 'M'},
         {0, 0, 0, 0}};
     int o;
     while ((o = p2r_next_option(P_, argc, argv, opts, &s)) != -1) {
@@ -136,6 +138,13 @@ int main(int argc, char **argv)
                                  spec_optimizer_name(OPTIMIZER_ADAFACTOR))
                     ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
             break;
+        case 'M':
+            s.optimizer.master =
+                bench_choice_arg(P_, "master", optarg,
+                                 spec_master_name(MASTER_FP32),
+                                 spec_master_name(MASTER_BF16))
+                    ? MASTER_BF16 : MASTER_FP32;
+            break;
         default: bench_usage_exit(o, usage_);
         }
     }
@@ -168,13 +177,14 @@ int main(int argc, char **argv)
     p2r.pseudo.steps = (long)(frac * s.train.steps);
     printf("p2r_convergence: L=%d C=%d NH=%d T=%d B=%d steps=%ld lr=%g; "
            "p2r: S=%d for %ld steps, delink optimizer=%s rewarm=%ld "
-           "grad_scale=%s pseudo_lr_scale=%g optimizer=%s\n",
+           "grad_scale=%s pseudo_lr_scale=%g optimizer=%s master=%s\n",
            s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.seq_len,
            s.train.batch_size, s.train.steps, s.train.lr, s.pseudo.share_groups,
            p2r.pseudo.steps,
            s.delink.optimizer == DELINK_OPT_RESET ? "reset" : "copy",
            s.delink.rewarm_steps, grad_scale_name_(&s),
-           (double)s.pseudo.lr_scale, spec_optimizer_name(s.optimizer.name));
+           (double)s.pseudo.lr_scale, spec_optimizer_name(s.optimizer.name),
+           spec_master_name(s.optimizer.master));
     curve a, b;
     printf("training from scratch...\n");
     fflush(stdout);
@@ -207,12 +217,13 @@ int main(int argc, char **argv)
            "scratch_steps_to_target=%ld p2r_steps_to_target=%ld step_ratio=%.3f "
            "scratch_wall_s=%.1f p2r_wall_s=%.1f wall_to_target_ratio=%.3f "
            "pseudo_steps=%ld share_groups=%d grad_scale=%s "
-           "pseudo_lr_scale=%g precision=%s optimizer=%s\n",
+           "pseudo_lr_scale=%g precision=%s optimizer=%s master=%s\n",
            a.final_val, b.final_val, b.final_val / a.final_val, sa, sb,
            ib >= 0 ? (double)sb / sa : NAN, a.total_wall, b.total_wall,
            ib >= 0 ? wb / wa : NAN, p2r.pseudo.steps, s.pseudo.share_groups,
            grad_scale_name_(&s), (double)s.pseudo.lr_scale,
            spec_precision_name(spec_precision(&s)),
-           spec_optimizer_name(s.optimizer.name));
+           spec_optimizer_name(s.optimizer.name),
+           spec_master_name(s.optimizer.master));
     return 0;
 }

@@ -196,7 +196,7 @@ static int slot_tables_get_(slot_tables_ *tab, const model_config *c)
     return 0;
 }
 
-/* One tensor of the layout from the file: present, F32, its shape. */
+/* One tensor of the layout from the file: present, F32 or BF16, its shape. */
 static int read_tensor_(const st_file *sf, const char *path, const m6_weights *w,
                         int s, const gpt_tensor *t, char *err, size_t errlen)
 {
@@ -212,10 +212,11 @@ static int read_tensor_(const st_file *sf, const char *path, const m6_weights *w
         return -1;
     }
     int wn = t->cols ? 2 : 1;
-    if (strcmp(dtype, "F32") != 0 || ndim != wn || shape[0] != t->rows ||
+    if ((strcmp(dtype, "F32") != 0 && strcmp(dtype, "BF16") != 0) ||
+        ndim != wn || shape[0] != t->rows ||
         (wn == 2 && shape[1] != t->cols)) {
         snprintf(err, errlen, "%s: tensor %s is %s of %d dims (%ld, %ld), the "
-                 "model wants F32 (%d, %d)", path, name, dtype, ndim, shape[0],
+                 "model wants F32 or BF16 (%d, %d)", path, name, dtype, ndim, shape[0],
                  ndim > 1 ? shape[1] : 0L, t->rows, t->cols);
         return -1;
     }

@@ -199,6 +199,11 @@ typedef struct {
     size_t n;
     float weight_decay;
     long t;
+    /* 0: fp32 master weights, params updated in fp32. Else bf16 masters:
+     * params hold bf16 values (widened to fp32) and each new value is
+     * rounded to bf16 stochastically, element i by sr_bits(sr_key, t, i)
+     * (sr_round_bf16). */
+    uint64_t sr_key;
 } adamw_span;
 
 /* adamw_update on each of spans[0..ns) in one parallel region (no barrier
@@ -242,6 +247,8 @@ typedef struct {
     int rows, cols;
     float weight_decay;
     long t;
+    uint64_t sr_key;    /* as adamw_span's: 0 fp32 masters, else bf16 ones
+                         * rounded stochastically */
 } adafactor_span;
 
 /* beta2 at step t >= 1: 1 - t^-decay_rate (the paper's increasing
@@ -253,6 +260,40 @@ float adafactor_beta2(long t, float decay_rate);
  * or -1 when out of memory for the column sums (nothing updated). */
 int adafactor_update_spans(const adafactor_span *spans, int ns,
                            const adafactor_hparams *h);
+
+/* ------------------------------------------------- bf16 master weights */
+
+/* Stochastic rounding of optimizer updates to bf16 master weights
+ * (optimizer.master bf16): a weight that must stay a bf16 value takes its
+ * fp32 update and is rounded to one of the two bf16 values around it, up
+ * with probability (x - down) / (up - down), so E[sr(x)] = x and updates
+ * far below bf16's resolution (2^-8 relative) still move the weights on
+ * average; round-to-nearest would drop every one of them.
+ *
+ * The random bits are a counter-based hash, no generator state: the bits
+ * of element i of a span at step t are sr_bits(key, t, i), the span's key
+ * derived from the run's seed and the parameter's place in the model
+ * (gpt.c), so an update is the same on any thread count and after a
+ * resume (the step counts are in the checkpoint). fp32 weights become
+ * bf16 masters by gemm_bf16_round (to nearest): the initial weights and
+ * init.from's. */
+
+/* 32 well-mixed bits of (key, t, i): splitmix64's finaliser (Steele,
+ * Lea & Flood 2014) over the three words folded in turn. */
+uint32_t sr_bits(uint64_t key, uint64_t t, uint64_t i);
+
+/* The key of a tensor's span: seed the run's, region -1 the globals or a
+ * slot index, offset the tensor's first float in its region. Never 0 (0
+ * means fp32 masters in a span). */
+uint64_t sr_span_key(uint64_t seed, int region, size_t offset);
+
+/* x rounded to bf16 stochastically with 16 random bits r (the low 16 of
+ * r are used): r added to the low 16 bits of x's pattern, then those
+ * truncated, which is rounding of the magnitude up with probability
+ * (|x| - |down|) / ulp for r uniform. A bf16 value (low bits 0) stays
+ * itself; NaN stays NaN; a magnitude within an ulp of FLT_MAX may round
+ * to infinity. Returned widened to fp32. */
+float sr_round_bf16(float x, uint32_t r);
 
 /* ------------------------------------------------ mixture of experts (MoE) */
 

@@ -30,30 +30,107 @@ static size_t numel_(const st_tensor *t)
     return n;
 }
 
-/* CRC-32 (zlib's) of every tensor's bytes in file order: the data region */
-static unsigned long data_crc_(const st_tensor *ts, int n)
+
+#define BF16_CHUNK 4096 /* elements narrowed at a time */
+
+/* Elements [i0, i0 + n) of bf16 tensor t as BF16 into out (n <=
+ * BF16_CHUNK): each float's upper 16 bits. -1 (err names the element)
+ * when one is not a bf16 value. */
+static int bf16_chunk_(const st_tensor *t, size_t i0, size_t n,
+                       uint16_t *out, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &t->data[i0 + i], 4);
+        if (u & 0xffffu) {
+            snprintf(err, errlen, "tensor %s: element %zu is not a bf16 "
+                     "value", t->name, i0 + i);
+            return -1;
+        }
+        out[i] = (uint16_t)(u >> 16);
+    }
+    return 0;
+}
+
+/* Feed the file bytes of tensor t to fn (a CRC or a write): F32 as they
+ * are, BF16 narrowed chunk by chunk. 0, or -1 (err set). */
+static int tensor_bytes_(const st_tensor *t, int bf16,
+                         int (*fn)(void *ctx, const void *p, size_t n),
+                         void *ctx, char *err, size_t errlen)
+{
+    size_t n = numel_(t);
+    if (!bf16) {
+        if (fn(ctx, t->data, n * sizeof(float)) != 0) {
+            snprintf(err, errlen, "write failed: %s", strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    uint16_t buf[BF16_CHUNK];
+    for (size_t i = 0; i < n; i += BF16_CHUNK) {
+        size_t k = n - i < BF16_CHUNK ? n - i : BF16_CHUNK;
+        if (bf16_chunk_(t, i, k, buf, err, errlen) != 0)
+            return -1;
+        if (fn(ctx, buf, k * 2) != 0) {
+            snprintf(err, errlen, "write failed: %s", strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int crc_fn_(void *ctx, const void *p, size_t n)
+{
+    uLong *crc = ctx;
+    *crc = crc32_z(*crc, (const Bytef *)p, n);
+    return 0;
+}
+
+static int write_fn_(void *ctx, const void *p, size_t n)
+{
+    return fwrite_all_(ctx, p, n);
+}
+
+/* CRC-32 (zlib's) of every tensor's bytes in file order: the data region.
+ * -1 (err set) when a bf16 tensor holds a value that is not bf16. */
+static int data_crc_(const st_tensor *ts, const unsigned char *bf16, int n,
+                     unsigned long *out, char *err, size_t errlen)
 {
     uLong crc = crc32_z(0L, Z_NULL, 0);
     for (int i = 0; i < n; i++)
-        crc = crc32_z(crc, (const Bytef *)ts[i].data,
-                      numel_(&ts[i]) * sizeof(float));
-    return crc;
+        if (tensor_bytes_(&ts[i], bf16 && bf16[i], crc_fn_, &crc, err,
+                          errlen) != 0)
+            return -1;
+    *out = crc;
+    return 0;
 }
 
 long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
                        size_t errlen)
 {
+    return safetensors_write_dtypes(f, ts, NULL, n, err, errlen);
+}
+
+long safetensors_write_dtypes(FILE *f, const st_tensor *ts,
+                              const unsigned char *bf16, int n, char *err,
+                              size_t errlen)
+{
     char crc[16];
-    snprintf(crc, sizeof crc, "%08lx", data_crc_(ts, n));
+    unsigned long crc_v;
+    if (data_crc_(ts, bf16, n, &crc_v, err, errlen) != 0)
+        return -1;
+    snprintf(crc, sizeof crc, "%08lx", crc_v);
     json_t *h = json_object();
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         json_t *shape = json_array();
         for (int d = 0; d < ts[i].ndim; d++)
             json_array_append_new(shape, json_integer(ts[i].shape[d]));
-        size_t bytes = numel_(&ts[i]) * sizeof(float);
+        int b16 = bf16 && bf16[i];
+        size_t bytes = numel_(&ts[i]) * (b16 ? 2 : sizeof(float));
         json_object_set_new(h, ts[i].name,
-            json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
+            json_pack("{s:s, s:o, s:[I,I]}", "dtype",
+                      b16 ? "BF16" : "F32", "shape", shape,
                       "data_offsets", (json_int_t)off,
                       (json_int_t)(off + bytes)));
         off += bytes;
@@ -74,7 +151,9 @@ long safetensors_write(FILE *f, const st_tensor *ts, int n, char *err,
         bad = fputc(' ', f) == EOF;
     free(hs);
     for (int i = 0; i < n && !bad; i++)
-        bad = fwrite_all_(f, ts[i].data, numel_(&ts[i]) * sizeof(float));
+        if (tensor_bytes_(&ts[i], bf16 && bf16[i], write_fn_, f, err,
+                          errlen) != 0)
+            return -1; /* err says which */
     if (bad || fflush(f) != 0) {
         snprintf(err, errlen, "write failed: %s", strerror(errno));
         return -1;
@@ -172,20 +251,33 @@ int safetensors_get(const st_file *sf, const char *name, float *dst,
         return -1;
     }
     if (json_unpack(t, "{s:s, s:[II]}", "dtype", &dtype, "data_offsets", &a,
-                    &b) != 0 || strcmp(dtype, "F32") != 0) {
-        snprintf(err, errlen, "tensor %s: not an F32 tensor entry", name);
+                    &b) != 0 ||
+        (strcmp(dtype, "F32") != 0 && strcmp(dtype, "BF16") != 0)) {
+        snprintf(err, errlen, "tensor %s: not an F32 or BF16 tensor entry",
+                 name);
         return -1;
     }
+    size_t es = strcmp(dtype, "BF16") == 0 ? 2 : sizeof(float);
     if (a < 0 || b < a || (size_t)b > sf->len - sf->data_start) {
         snprintf(err, errlen, "tensor %s: data offsets out of range", name);
         return -1;
     }
-    if ((size_t)(b - a) != numel * sizeof(float)) {
+    if ((size_t)(b - a) != numel * es) {
         snprintf(err, errlen, "tensor %s has %zu elements, want %zu", name,
-                 (size_t)(b - a) / sizeof(float), numel);
+                 (size_t)(b - a) / es, numel);
         return -1;
     }
-    memcpy(dst, sf->buf + sf->data_start + a, (size_t)(b - a));
+    const unsigned char *src = sf->buf + sf->data_start + a;
+    if (es == sizeof(float)) {
+        memcpy(dst, src, (size_t)(b - a));
+        return 0;
+    }
+    for (size_t i = 0; i < numel; i++) { /* BF16: widened, exact */
+        uint16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(&dst[i], &u, 4);
+    }
     return 0;
 }
 

@@ -87,7 +87,7 @@ static int check_share_map_(const char *dir, int L, int S, const int *want,
     return rc;
 }
 
-/* Tensor name present, F32, of shape (rows, cols; cols 0: 1-D). */
+/* Tensor name present, F32 or BF16, of shape (rows, cols; cols 0: 1-D). */
 static int check_tensor_(const init_src *src, const char *dir,
                          const char *name, int rows, int cols, m6_err *err)
 {
@@ -105,9 +105,9 @@ static int check_tensor_(const init_src *src, const char *dir,
     }
     long ws[2] = {rows, cols};
     int wn = cols ? 2 : 1;
-    if (strcmp(dtype, "F32") != 0) {
-        m6_err_set(err, M6_EINVALID, "init.from: %s: tensor %s is %s, want F32",
-                   dir, name, dtype);
+    if (strcmp(dtype, "F32") != 0 && strcmp(dtype, "BF16") != 0) {
+        m6_err_set(err, M6_EINVALID, "init.from: %s: tensor %s is %s, want "
+                   "F32 or BF16 (bf16 master weights)", dir, name, dtype);
         return -1;
     }
     if (ndim != wn || shape[0] != ws[0] || (wn == 2 && shape[1] != ws[1])) {

@@ -6,6 +6,7 @@
 #include "model/facts.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/gpt.h"
 
@@ -125,6 +126,12 @@ double model_active_params(const model_config *cfg)
 
 model_param_bytes model_param_bytes_of(int cuda)
 {
+    return model_param_bytes_for(cuda, NULL);
+}
+
+/* AdamW with fp32 masters: the table of facts.h */
+static model_param_bytes adamw_fp32_bytes_(int cuda)
+{
     if (cuda)
         return (model_param_bytes){
             .weights = 6, .grads = 2, .optim = 8, .resident = 16,
@@ -140,6 +147,49 @@ model_param_bytes model_param_bytes_of(int cuda)
         .spec_host = 12, .spec_pinned = 0,
         .adam_direct = 28, .adam_accum = 28,
     };
+}
+
+model_param_bytes model_param_bytes_for(int cuda, const gpt_optim *o)
+{
+    model_param_bytes b = adamw_fp32_bytes_(cuda);
+    if (!o)
+        return b;
+    if (o->adafactor)
+        b.optim = o->first_moment ? 4 : 0;
+    if (o->master_bf16 && cuda) {
+        b.weights = 2;      /* the bf16 working copy is the master */
+        b.host_weights = 2; /* the pinned bf16 copy is */
+    }
+    b.resident = b.weights + b.grads + b.optim;
+    b.host = b.host_weights + b.host_grads + b.optim;
+    return b;
+}
+
+int model_af_state_floats(const model_config *cfg, model_af_floats *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t moe = 0;
+    if (gpt_af_tensors(cfg, -1, NULL, &out->global) < 0 ||
+        gpt_af_tensors(cfg, 0, NULL, &out->dense_slot) < 0)
+        return -1;
+    if (cfg->moe_experts <= 0)
+        return 0;
+    int n = gpt_af_tensors(cfg, 1, NULL, &moe);
+    gpt_af_tensor *t = n < 0 ? NULL : malloc((size_t)n * sizeof *t);
+    if (!t)
+        return -1;
+    gpt_af_tensors(cfg, 1, t, NULL);
+    /* the experts' tensors are the region's last 4E (gpt_slot_ckpt_tensors'
+     * order: c_fc weight and bias, c_proj weight and bias per expert), all
+     * experts of one shape */
+    size_t e = 0;
+    for (int i = n - 4; i < n; i++)
+        e += t[i].cols ? (size_t)t[i].rows + (size_t)t[i].cols
+                       : (size_t)t[i].rows;
+    free(t);
+    out->expert = e;
+    out->moe_shared = moe - (size_t)cfg->moe_experts * e;
+    return 0;
 }
 
 size_t model_optim_floats(const model_config *cfg, int region,

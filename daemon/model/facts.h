@@ -126,8 +126,40 @@ typedef struct {
 } model_param_bytes;
 
 /* The bytes per parameter above for the CUDA model (cuda 1) or the CPU
- * model (cuda 0). */
+ * model (cuda 0): AdamW with fp32 masters, model_param_bytes_for(cuda,
+ * NULL). */
 model_param_bytes model_param_bytes_of(int cuda);
+
+/* The same for the optimizer setting o (NULL: AdamW, fp32 masters), the
+ * fields that change with it:
+ *   optim: AdamW 8 (m, v); Adafactor 4 with a first moment (m), 0
+ *     without; its factored second moment depends on the tensors' shapes,
+ *     not on their size: model_optim_floats and model_af_state_floats,
+ *     counted beside this table.
+ *   master_bf16 on the CUDA model: the bf16 working copy is the master,
+ *     no fp32 one: weights 2 resident (6 with fp32 masters) and 2 on the
+ *     host (the pinned bf16 copy; 6 with fp32), so 4 bytes less a
+ *     parameter either way. On the CPU model nothing changes: its kernels
+ *     read the fp32 working copy, which holds the bf16 values (gpt.h
+ *     master_bf16; measured by bench/optim_memory); only checkpoints
+ *     shrink (2 bytes a weight).
+ * resident and host follow (weights + grads + optim). The host update's
+ * traffic (adam_direct, adam_accum) and the speculative buffers are fp32
+ * AdamW's whatever o says: no other setting runs on offloaded slots yet.
+ * What the CUDA model does not run yet (Adafactor, bf16 masters) is its
+ * design, for the planners at scale (offload/plan_cluster.c). */
+model_param_bytes model_param_bytes_for(int cuda, const gpt_optim *o);
+
+/* Adafactor's second-moment floats (gpt_af_tensors: rows + cols a matrix,
+ * n a vector) of the parts the planners count: the globals, a dense slot,
+ * an MoE slot without its experts (attention, LayerNorms and the k
+ * prototypes' gates) and one expert (its c_fc and c_proj matrices and
+ * biases). An MoE slot's is moe_shared + E * expert. 0, or -1 when out
+ * of memory. */
+typedef struct {
+    size_t global, dense_slot, moe_shared, expert;
+} model_af_floats;
+int model_af_state_floats(const model_config *cfg, model_af_floats *out);
 /* Floats of optimizer state the CPU model allocates for one region of the
  * gpt.h layout (region -1 the globals, 0 a dense slot, 1 an MoE slot) with
  * optimizer o (NULL or adafactor 0: AdamW): AdamW's m and v, 2 x the

@@ -187,11 +187,15 @@ int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
     g->cfg = *cfg;
     g->storage = storage;
     if (S < 1 || S > cfg->n_layer || B < 1 || cfg->n_embd % cfg->n_head ||
-        (o && o->adafactor && storage)) {
+        (o && (o->adafactor || o->master_bf16) && storage)) {
         errno = EINVAL;
         return -1;
     }
     layout_(g);
+    if (o && o->master_bf16) {
+        g->master_bf16 = 1;
+        g->sr_seed = o->sr_seed;
+    }
     if (o && o->adafactor) {
         g->adafactor = 1;
         g->af_first_moment = o->first_moment != 0;
@@ -249,6 +253,24 @@ void gpt_init_weights(gpt_model *g, uint64_t seed)
     gpt_init_region(&g->cfg, -1, g->params, seed);
     for (int s = 0; s < g->S; s++)
         gpt_init_slot(&g->cfg, g->slot_moe[s], s, g->slots[s].params, seed);
+    gpt_round_masters(g);
+}
+
+/* n floats of p rounded to the nearest bf16 */
+static void round_bf16_(float *p, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        p[i] = gemm_bf16_round(p[i]);
+}
+
+void gpt_round_masters(gpt_model *g)
+{
+    if (!g->master_bf16)
+        return;
+    round_bf16_(g->params, g->n_global);
+    for (int s = 0; s < g->S; s++)
+        round_bf16_(g->slots[s].params, gpt_slot_floats(g, s));
 }
 
 /* ------------------------------------------------------------- forward */
@@ -662,16 +684,25 @@ float gpt_grad_norm(const gpt_model *g)
     return (float)sqrt(sum);
 }
 
-/* The AdamW spans of one region (params, grads, m, v with the tensors ts)
- * appended at sp; returns the number appended. */
-static int adamw_spans_(adamw_span *sp, float *p, float *gr, float *m,
-                        float *v, const gpt_tensor *ts, int nt, long t,
-                        float wd)
+/* The stochastic-rounding key of the tensor at offset in region (-1 the
+ * globals, else a slot) of g: 0 with fp32 masters. */
+static uint64_t sr_key_(const gpt_model *g, int region, size_t offset)
+{
+    return g->master_bf16 ? sr_span_key(g->sr_seed, region, offset) : 0;
+}
+
+/* The AdamW spans of one region (region -1 the globals, else slot s of g;
+ * params, grads, m, v with the tensors ts) appended at sp; returns the
+ * number appended. */
+static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
+                        float *p, float *gr, float *m, float *v,
+                        const gpt_tensor *ts, int nt, long t, float wd)
 {
     for (int i = 0; i < nt; i++) {
         size_t o = ts[i].offset;
         sp[i] = (adamw_span){p + o, gr + o, m + o, v + o, ts[i].numel,
-                             ts[i].decay ? wd : 0.0f, t};
+                             ts[i].decay ? wd : 0.0f, t,
+                             sr_key_(g, region, o)};
     }
     return nt;
 }
@@ -683,7 +714,7 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
     settle_slot_(g, s);
     long t = ++g->adam_t_slot[s];
     adamw_span sp[SLOT_NTENSORS_MAX];
-    int n = adamw_spans_(sp, st->params, st->grads, st->m, st->v,
+    int n = adamw_spans_(g, s, sp, st->params, st->grads, st->m, st->v,
                          gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s), t,
                          weight_decay);
     adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
@@ -699,7 +730,7 @@ void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
     if (!sp) { /* out of memory: region by region, the same update */
         long t = ++g->adam_t_global;
         adamw_span gs[GLOB_NTENSORS];
-        int n = adamw_spans_(gs, g->params, g->grads, g->m, g->v, g->glob,
+        int n = adamw_spans_(g, -1, gs, g->params, g->grads, g->m, g->v, g->glob,
                              GLOB_NTENSORS, t, weight_decay);
         adamw_update_spans(gs, n, lr, beta1, beta2, eps, grad_scale);
         for (int s = 0; s < g->S; s++)
@@ -709,13 +740,13 @@ void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
         return;
     }
     long t = ++g->adam_t_global;
-    int n = adamw_spans_(sp, g->params, g->grads, g->m, g->v, g->glob,
+    int n = adamw_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, g->glob,
                          GLOB_NTENSORS, t, weight_decay);
     for (int s = 0; s < g->S; s++) {
         if (g->offloaded[s])
             continue;
         const gpt_slot_state *st = &g->slots[s];
-        n += adamw_spans_(sp + n, st->params, st->grads, st->m, st->v,
+        n += adamw_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v,
                           gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s),
                           ++g->adam_t_slot[s], weight_decay);
     }
@@ -723,11 +754,12 @@ void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
     free(sp);
 }
 
-/* The Adafactor spans of one region (af tensors ts of its kind, nt of
- * them) appended at sp; returns the number appended. */
-static int af_spans_(adafactor_span *sp, float *p, const float *gr, float *m,
-                     float *v, const gpt_af_tensor *ts, int nt, long t,
-                     float wd)
+/* The Adafactor spans of one region (-1 the globals, else slot s of g;
+ * af tensors ts of its kind, nt of them) appended at sp; returns the
+ * number appended. */
+static int af_spans_(const gpt_model *g, int region, adafactor_span *sp,
+                     float *p, const float *gr, float *m, float *v,
+                     const gpt_af_tensor *ts, int nt, long t, float wd)
 {
     for (int i = 0; i < nt; i++) {
         const gpt_af_tensor *a = &ts[i];
@@ -735,7 +767,8 @@ static int af_spans_(adafactor_span *sp, float *p, const float *gr, float *m,
         sp[i] = (adafactor_span){p + a->offset, gr + a->offset,
                                  m ? m + a->offset : NULL, r,
                                  a->cols ? r + a->rows : NULL, a->rows,
-                                 a->cols, a->decay ? wd : 0.0f, t};
+                                 a->cols, a->decay ? wd : 0.0f, t,
+                                 sr_key_(g, region, a->offset)};
     }
     return nt;
 }
@@ -767,14 +800,14 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
         goto out;
     }
     /* the spans first, the step counts only once the update is certain */
-    int n = af_spans_(sp, g->params, g->grads, g->m, g->v, tab[0], nk[0],
+    int n = af_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, tab[0], nk[0],
                       g->adam_t_global + 1, weight_decay);
     for (int s = 0; s < g->S; s++) {
         if (g->offloaded[s])
             continue;
         const gpt_slot_state *st = &g->slots[s];
         int k = 1 + g->slot_moe[s];
-        n += af_spans_(sp + n, st->params, st->grads, st->m, st->v, tab[k],
+        n += af_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v, tab[k],
                        nk[k], g->adam_t_slot[s] + 1, weight_decay);
     }
     if (adafactor_update_spans(sp, n, h) != 0) {

@@ -202,6 +202,16 @@ struct gpt_model {
     int adafactor, af_first_moment;
     size_t af_v_global, af_v_kind[2];
     size_t *af_v_off;          /* [S] */
+    /* bf16 master weights (gpt_optim.master_bf16): params (and each
+     * slot's) still hold fp32 floats, the working copy the kernels read,
+     * but every one is a bf16 value: gpt_init_weights and
+     * gpt_round_masters round to nearest, gpt_adamw and gpt_adafactor
+     * round each update stochastically (kernels.h sr_round_bf16), keyed by
+     * sr_seed, the region and the step count. The CPU model keeps no
+     * second, fp32 copy: its weights cost 4 bytes a parameter either way
+     * (model_param_bytes_of), checkpoints 2. Not with a storage. */
+    int master_bf16;
+    uint64_t sr_seed;
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
@@ -257,6 +267,11 @@ int gpt_af_tensors(const model_config *cfg, int region, gpt_af_tensor *out,
 typedef struct {
     int adafactor;
     int first_moment;   /* Adafactor with beta1 > 0 */
+    /* optimizer.master bf16: the weights are bf16 master weights (see
+     * gpt_model.master_bf16); sr_seed keys their stochastic rounding
+     * (kernels.h sr_span_key). 0: fp32 masters. */
+    int master_bf16;
+    uint64_t sr_seed;
 } gpt_optim;
 /* Allocate a model with S slots (1 <= S <= L; gpt_default_share_map) and
  * activations for microbatches of B sequences of cfg->seq_len tokens.
@@ -265,8 +280,9 @@ int gpt_create(gpt_model *g, const model_config *cfg, int S, int B);
 /* The same with the state placed by storage (kept by pointer; NULL = plain). */
 int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
                     const gpt_storage *storage);
-/* gpt_create_with and the optimizer state o asks for (NULL: AdamW's).
- * Adafactor's state with a storage (offloading) is refused: -1, EINVAL. */
+/* gpt_create_with and the optimizer state o asks for (NULL: AdamW's,
+ * fp32 masters). Adafactor's state or bf16 masters with a storage
+ * (offloading) are refused: -1, EINVAL. */
 int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
                      const gpt_storage *storage, const gpt_optim *o);
 /* Bytes of optimizer state g allocated (m and v as allocated, the
@@ -295,6 +311,12 @@ void gpt_acts_place(const model_config *cfg, int B, gpt_acts *a, float *mem);
  * the residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L))
  * (GPT-2 paper §2.3); biases 0, LayerNorm weights 1. */
 void gpt_init_weights(gpt_model *g, uint64_t seed);
+
+/* With bf16 masters (g->master_bf16), every weight of the globals and of
+ * each slot rounded to the nearest bf16 (gemm_bf16_round): what weights
+ * written from outside (init.from, a checkpoint of fp32 values) become;
+ * a bf16 value stays itself. Nothing without. */
+void gpt_round_masters(gpt_model *g);
 
 /* gpt_init_weights of a model with S slots, written into a plain buffer of
  * n_global + S*slot_size floats (the plain layout): the same values bit for

@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model/facts.h"
 #include "model/gpt.h"
 #include "spec/spec.h"
 
@@ -276,8 +277,10 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json);
  * device (the device holding the most is the one counted); the globals,
  * every slot's attention and LayerNorms, the gates and the dense MLPs
  * replicated on every device. Bytes per parameter are the cuda model's
- * (mixed-precision AdamW, model/facts.h model_param_bytes_of(1)),
- * whatever device.backend says:
+ * for the spec's optimizer.name and optimizer.master (model/facts.h
+ * model_param_bytes_for(1, ...); Adafactor's factored second moment by
+ * the tensors' shapes, model_af_state_floats), whatever device.backend
+ * says; with AdamW and fp32 masters:
  *   device, resident: weights 6 (bf16 2 + fp32 master 4), gradients 2
  *     (bf16), optimizer 8 (fp32 m, v) = 16;
  *   device, staging buffer: 4 per parameter of the slot share it holds;
@@ -327,6 +330,10 @@ typedef struct {
     uint64_t shortfall_bytes;   /* CLUSTER_NO_FIT: what is missing */
     int short_of_host;          /* ... of a node's host memory (else of a
                                  * device's memory) */
+    model_param_bytes pb;       /* bytes per parameter of the setting */
+    uint64_t af_dev_floats;     /* Adafactor's second moment on a device
+                                 * (resident part) and on its host share */
+    uint64_t af_host_floats;
 } cluster_phase;
 
 typedef struct {
@@ -339,9 +346,36 @@ typedef struct {
  * model cannot have). */
 int cluster_plan_for_spec(const run_spec *spec, const cluster_input *in,
                           cluster_plan *out, char *err, size_t errlen);
+/* One optimizer setting at scale (cluster_settings_plan). */
+typedef struct {
+    const char *name;           /* "adamw fp32", "adafactor b1=0 bf16", ... */
+    optimizer_kind optimizer;
+    float beta1;                /* Adafactor's (0: no first moment) */
+    master_kind master;
+    cluster_plan plan;
+    double device_bytes_per_param;  /* real phase, every slot resident:
+                                 * all_resident_bytes / params per device */
+    double host_bytes_per_param;    /* an offloaded parameter's host bytes
+                                 * (per-parameter part; Adafactor's second
+                                 * moment beside) */
+    int possible;               /* 0: a device cannot hold even every slot
+                                 * offloaded, in some phase */
+    uint64_t least_host_bytes;  /* the least host memory per node it
+                                 * needs over both phases (0: resident) */
+} cluster_setting;
+#define CLUSTER_N_SETTINGS 6
+/* The plan of spec on in for each optimizer setting, in this order:
+ * AdamW, Adafactor with a first moment (beta1 0.9, or the spec's when it
+ * has one), Adafactor without one (beta1 0), each with fp32 then bf16
+ * master weights. 0, or -1 with err. */
+int cluster_settings_plan(const run_spec *spec, const cluster_input *in,
+                          cluster_setting out[CLUSTER_N_SETTINGS], char *err,
+                          size_t errlen);
 /* Text (with explain: the arithmetic under each figure) or one JSON
  * object (nodes, devices, ..., "pseudo" and "real" with the figures of
- * cluster_phase, fits one of "resident", "offloaded", "none"). */
+ * cluster_phase, fits one of "resident", "offloaded", "none"), then the
+ * optimizer settings (cluster_settings_plan): a table, or "settings" in
+ * the JSON. */
 void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
                         int explain, int json);
 void offload_plan_free(offload_plan *p);

@@ -182,7 +182,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->backend = in->backend;
     out->budget_bytes = in->budget;
     /* bytes per parameter of each placement: model/facts.h */
-    model_param_bytes pb = model_param_bytes_of(cuda);
+    model_param_bytes pb = model_param_bytes_for(cuda, &in->optim);
     out->global_bytes = pb.resident * (cuda ? cuda_n_global_(c) : ng);
     out->slot_bytes = pb.resident * ss;
     out->staging_bytes = pb.staging * ss;
@@ -195,6 +195,12 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (af && (cuda || in->budget > 0)) {
         snprintf(err, errlen, "offload plan: Adafactor is planned on the "
                  "cpu backend without offloading only");
+        return -1;
+    }
+    if (in->optim.master_bf16 && (cuda || in->budget > 0)) {
+        snprintf(err, errlen, "offload plan: bf16 master weights "
+                 "(optimizer.master) are planned on the cpu backend without "
+                 "offloading only");
         return -1;
     }
     size_t wg = (size_t)(pb.weights + pb.grads);
@@ -394,7 +400,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .clipped = spec->train.grad_clip > 0,
         .host_limit = 0,
         .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
-                  spec->optimizer.beta1 > 0},
+                  spec->optimizer.beta1 > 0,
+                  spec->optimizer.master == MASTER_BF16, spec->train.seed},
     };
 }
 

@@ -16,8 +16,13 @@
 #include "model/facts.h"
 #include "model/gpt.h"
 
-/* Bytes per parameter at scale: the cuda model's (offload.h) */
-#define PB_ (model_param_bytes_of(1))
+/* The optimizer setting a spec asks for (gpt.h gpt_optim). */
+static gpt_optim optim_of_(const run_spec *spec)
+{
+    return (gpt_optim){spec->optimizer.name == OPTIMIZER_ADAFACTOR,
+                       spec->optimizer.beta1 > 0,
+                       spec->optimizer.master == MASTER_BF16, 0};
+}
 
 /* ------------------------------------------------------------- counting */
 
@@ -32,21 +37,27 @@ static void parts_(const model_config *c, cluster_phase *p)
     p->expert_params = b.expert;
 }
 
+/* Adafactor's second-moment floats of the globals ([0]), of a device's
+ * share of a dense ([1]) and an MoE ([2]) slot; zeros for AdamW. */
+typedef struct {
+    uint64_t f[3];
+} af_share_;
+
 /* Device bytes of the parameter state with slots [0, R) resident. */
-static uint64_t device_bytes_(const cluster_phase *p, const unsigned char *kind,
-                              int R, int prefetch)
+static uint64_t device_bytes_(const cluster_phase *p, const af_share_ *af,
+                              const unsigned char *kind, int R, int prefetch)
 {
-    uint64_t b = PB_.resident * p->global_params;
+    uint64_t b = p->pb.resident * p->global_params + 4 * af->f[0];
     uint64_t biggest = 0;
     for (int s = 0; s < p->n_slots; s++) {
         uint64_t sh = p->slot_params[kind[s]];
         if (s < R)
-            b += PB_.resident * sh;
+            b += p->pb.resident * sh + 4 * af->f[1 + kind[s]];
         else if (sh > biggest)
             biggest = sh;
     }
     int k = p->n_slots - R, nst = k < prefetch ? k : prefetch;
-    return b + (uint64_t)nst * PB_.staging * biggest;
+    return b + (uint64_t)nst * p->pb.staging * biggest;
 }
 
 static int phase_(const run_spec *spec, const cluster_input *in, int S,
@@ -55,6 +66,8 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     const model_config *c = &spec->model;
     int L = c->n_layer;
     memset(p, 0, sizeof *p);
+    gpt_optim o = optim_of_(spec);
+    p->pb = model_param_bytes_for(1, &o);
     p->n_slots = S;
     p->devices = in->nodes * in->gpus_per_node;
     parts_(c, p);
@@ -79,6 +92,19 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     }
     uint64_t E = (uint64_t)c->moe_experts, D = (uint64_t)p->devices;
     p->experts_per_device = E ? (E + D - 1) / D : 0;
+    af_share_ af = {{0, 0, 0}};
+    model_af_floats aff;
+    if (o.adafactor) {
+        if (model_af_state_floats(c, &aff) != 0) {
+            free(map);
+            free(kind);
+            snprintf(err, errlen, "plan: out of memory");
+            return -1;
+        }
+        af.f[0] = aff.global;
+        af.f[1] = aff.dense_slot;
+        af.f[2] = aff.moe_shared + p->experts_per_device * aff.expert;
+    }
     p->slot_params[0] = p->attn_params + p->mlp_params;
     p->slot_params[1] = p->attn_params + p->gate_params +
                         p->experts_per_device * p->expert_params;
@@ -94,27 +120,32 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     /* resident slots a prefix, offloaded a suffix (offload.h); the most
      * resident slots the device holds, which needs the least host memory */
     int pf = in->prefetch;
-    p->all_resident_bytes = device_bytes_(p, kind, S, pf);
-    p->min_device_bytes = device_bytes_(p, kind, 0, pf);
+    p->all_resident_bytes = device_bytes_(p, &af, kind, S, pf);
+    p->min_device_bytes = device_bytes_(p, &af, kind, 0, pf);
     int R = S;
-    while (R > 0 && device_bytes_(p, kind, R, pf) > in->device_memory)
+    while (R > 0 && device_bytes_(p, &af, kind, R, pf) > in->device_memory)
         R--;
     uint64_t off_params = 0;
-    for (int s = R; s < S; s++)
-        off_params += p->slot_params[kind[s]];
+    p->af_dev_floats = af.f[0];
+    for (int s = 0; s < S; s++) {
+        if (s >= R)
+            off_params += p->slot_params[kind[s]];
+        *(s < R ? &p->af_dev_floats : &p->af_host_floats) +=
+            af.f[1 + kind[s]];
+    }
     uint64_t res_params = p->device_params - off_params;
     p->n_resident = R;
     p->n_offloaded = S - R;
     p->n_staging = p->n_offloaded < pf ? p->n_offloaded : pf;
-    uint64_t staging = device_bytes_(p, kind, R, pf) -
-                       PB_.resident * res_params;
-    p->dev_weights = PB_.weights * res_params + staging / 2;
-    p->dev_grads = PB_.grads * res_params + staging / 2;
-    p->dev_optim = PB_.optim * res_params;
+    uint64_t staging = device_bytes_(p, &af, kind, R, pf) -
+                       p->pb.resident * res_params - 4 * p->af_dev_floats;
+    p->dev_weights = p->pb.weights * res_params + staging / 2;
+    p->dev_grads = p->pb.grads * res_params + staging / 2;
+    p->dev_optim = p->pb.optim * res_params + 4 * p->af_dev_floats;
     p->dev_total = p->dev_weights + p->dev_grads + p->dev_optim;
-    p->host_weights = PB_.host_weights * off_params;
-    p->host_grads = PB_.host_grads * off_params;
-    p->host_optim = PB_.optim * off_params;
+    p->host_weights = p->pb.host_weights * off_params;
+    p->host_grads = p->pb.host_grads * off_params;
+    p->host_optim = p->pb.optim * off_params + 4 * p->af_host_floats;
     p->host_total = p->host_weights + p->host_grads + p->host_optim;
     p->node_host_total = p->host_total * (uint64_t)in->gpus_per_node;
     p->offloaded_params = off_params;
@@ -206,6 +237,7 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
     const cluster_input *in = &cp->in;
     char a[64], b[64], d[64], e[64], g[64], h[64];
     int Sd = p->n_slots - p->n_moe_slots;
+    int af_ = p->af_dev_floats + p->af_host_floats > 0; /* Adafactor */
     fprintf(f, "\n%s phase: S = %d slot%s (%d MoE, %d dense)\n", name,
             p->n_slots, p->n_slots == 1 ? "" : "s", p->n_moe_slots, Sd);
     fprintf(f, "  model parameters       %s (%.3e)\n",
@@ -238,9 +270,12 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
             gib_(a, sizeof a, p->all_resident_bytes),
             gib_(b, sizeof b, in->device_memory));
     if (explain)
-        fprintf(f, "    = %d bytes x %s parameters = %s bytes\n",
-                PB_.resident,
-                num_(d, sizeof d, p->device_params),
+        fprintf(f, "    = %d bytes x %s parameters%s%s%s = %s bytes\n",
+                p->pb.resident,
+                num_(d, sizeof d, p->device_params), af_ ? " + 4 bytes x " : "",
+                af_ ? num_(g, sizeof g, p->af_dev_floats + p->af_host_floats)
+                    : "",
+                af_ ? " second-moment floats" : "",
                 num_(e, sizeof e, p->all_resident_bytes));
     fprintf(f, "  resident / offloaded   %d / %d slots, %d staging buffer%s\n",
             p->n_resident, p->n_offloaded, p->n_staging,
@@ -249,19 +284,24 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
         fprintf(f, "    = the most slots (a prefix) whose state, with the "
                 "globals and min(prefetch %d, offloaded) staging buffers of "
                 "%d bytes x the largest offloaded slot share, fits %s\n",
-                in->prefetch, PB_.staging,
+                in->prefetch, p->pb.staging,
                 gib_(a, sizeof a, in->device_memory));
     uint64_t res = p->device_params - p->offloaded_params;
     fprintf(f, "  device: weights %s, gradients %s, optimizer %s = %s\n",
             gib_(a, sizeof a, p->dev_weights), gib_(b, sizeof b, p->dev_grads),
             gib_(d, sizeof d, p->dev_optim), gib_(e, sizeof e, p->dev_total));
     if (explain)
-        fprintf(f, "    = %s resident parameters x (%d + %d + %d bytes)%s%s\n",
-                num_(g, sizeof g, res), PB_.weights,
-                PB_.grads, PB_.optim,
+        fprintf(f, "    = %s resident parameters x (%d + %d + %d bytes)%s%s"
+                "%s%s%s\n",
+                num_(g, sizeof g, res), p->pb.weights,
+                p->pb.grads, p->pb.optim,
+                af_ ? " + 4 bytes x " : "",
+                af_ ? num_(a, sizeof a, p->af_dev_floats) : "",
+                af_ ? " second-moment floats" : "",
                 p->n_staging ? " + staging (bf16 weights and gradients) " : "",
                 p->n_staging ? gib_(h, sizeof h, p->dev_total -
-                                    PB_.resident * res)
+                                    p->pb.resident * res -
+                                    4 * p->af_dev_floats)
                              : "");
     fprintf(f, "  host:   weights %s, gradients %s, optimizer %s = %s per "
             "device, %s per node of %s\n",
@@ -270,10 +310,13 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
             gib_(g, sizeof g, p->node_host_total),
             in->host_memory ? gib_(h, sizeof h, in->host_memory) : "unlimited");
     if (explain)
-        fprintf(f, "    = %s offloaded parameters x (%d + %d + %d bytes); x %d "
-                "devices per node\n", num_(g, sizeof g, p->offloaded_params),
-                PB_.host_weights, PB_.host_grads,
-                PB_.optim, in->gpus_per_node);
+        fprintf(f, "    = %s offloaded parameters x (%d + %d + %d bytes)%s%s%s; "
+                "x %d devices per node\n",
+                num_(g, sizeof g, p->offloaded_params),
+                p->pb.host_weights, p->pb.host_grads, p->pb.optim,
+                af_ ? " + 4 bytes x " : "",
+                af_ ? num_(a, sizeof a, p->af_host_floats) : "",
+                af_ ? " second-moment floats" : "", in->gpus_per_node);
     switch (p->fit) {
     case CLUSTER_FITS_RESIDENT:
         fprintf(f, "  fits: with all slots resident, %s of each device left "
@@ -307,6 +350,107 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
                     gib_(d, sizeof d, in->device_memory));
         break;
     }
+}
+
+/* ------------------------------------------------------------- settings */
+
+int cluster_settings_plan(const run_spec *spec, const cluster_input *in,
+                          cluster_setting out[CLUSTER_N_SETTINGS], char *err,
+                          size_t errlen)
+{
+    static const char *const names[CLUSTER_N_SETTINGS] = {
+        "adamw fp32", "adamw bf16", "adafactor fp32", "adafactor bf16",
+        "adafactor b1=0 fp32", "adafactor b1=0 bf16"};
+    float b1 = spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
+                       spec->optimizer.beta1 > 0
+                   ? spec->optimizer.beta1 : 0.9f;
+    for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
+        cluster_setting *st = &out[k];
+        memset(st, 0, sizeof *st);
+        st->name = names[k];
+        st->optimizer = k < 2 ? OPTIMIZER_ADAMW : OPTIMIZER_ADAFACTOR;
+        st->beta1 = k < 2 ? 0.0f : k < 4 ? b1 : 0.0f;
+        st->master = k % 2 ? MASTER_BF16 : MASTER_FP32;
+        run_spec s = *spec;
+        s.optimizer.name = st->optimizer;
+        s.optimizer.beta1 = st->beta1;
+        s.optimizer.master = st->master;
+        if (cluster_plan_for_spec(&s, in, &st->plan, err, errlen) != 0)
+            return -1;
+        const cluster_phase *r = &st->plan.real;
+        st->device_bytes_per_param = (double)r->all_resident_bytes /
+                                     (double)r->device_params;
+        st->host_bytes_per_param = r->pb.host;
+        st->possible = 1;
+        const cluster_phase *ph[2] = {&st->plan.real, &st->plan.pseudo};
+        for (int i = 0; i < 1 + st->plan.has_pseudo; i++) {
+            if (ph[i]->min_device_bytes > in->device_memory)
+                st->possible = 0;
+            else if (ph[i]->node_host_total > st->least_host_bytes)
+                st->least_host_bytes = ph[i]->node_host_total;
+        }
+    }
+    return 0;
+}
+
+/* The settings' table: bytes per parameter, each phase's fit, the least
+ * host memory per node, and by how much the node's host memory covers
+ * it or falls short. */
+static void print_settings_(FILE *f, const cluster_setting *st,
+                            const cluster_input *in)
+{
+    char a[64], b[64];
+    fprintf(f, "\noptimizer settings (each phase planned again with it; "
+            "bytes per parameter on a device with every slot resident, and "
+            "on the host per offloaded parameter before Adafactor's second "
+            "moment):\n");
+    fprintf(f, "  %-20s %9s %9s  %-9s %-9s %12s  %s\n", "setting",
+            "device/p", "host/p", "pseudo", "real", "least host",
+            "against the node's host memory");
+    for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
+        const cluster_setting *s = &st[k];
+        const cluster_plan *p = &s->plan;
+        char margin[160];
+        if (!s->possible)
+            snprintf(margin, sizeof margin, "none: a device is too small "
+                     "even with every slot offloaded");
+        else if (!in->host_memory)
+            snprintf(margin, sizeof margin, "host memory not limited");
+        else if (s->least_host_bytes <= in->host_memory)
+            snprintf(margin, sizeof margin, "fits, %s to spare",
+                     gib_(a, sizeof a, in->host_memory - s->least_host_bytes));
+        else
+            snprintf(margin, sizeof margin, "does not fit, %s short",
+                     gib_(a, sizeof a, s->least_host_bytes - in->host_memory));
+        fprintf(f, "  %-20s %9.3f %9.3f  %-9s %-9s %12s  %s\n", s->name,
+                s->device_bytes_per_param, s->host_bytes_per_param,
+                p->has_pseudo ? fit_name_(p->pseudo.fit) : "-",
+                fit_name_(p->real.fit),
+                s->possible ? gib_(b, sizeof b, s->least_host_bytes) : "-",
+                margin);
+    }
+}
+
+static json_t *settings_json_(const cluster_setting *st)
+{
+    json_t *a = json_array();
+    for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
+        const cluster_setting *s = &st[k];
+        json_t *o = json_pack(
+            "{s:s, s:s, s:f, s:s, s:f, s:f, s:b, s:I, s:s}",
+            "name", s->name, "optimizer", spec_optimizer_name(s->optimizer),
+            "beta1", (double)s->beta1, "master", spec_master_name(s->master),
+            "device_bytes_per_param", s->device_bytes_per_param,
+            "host_bytes_per_param", s->host_bytes_per_param,
+            "possible", s->possible,
+            "least_host_bytes_per_node", (json_int_t)s->least_host_bytes,
+            "real_fits", fit_name_(s->plan.real.fit));
+        if (s->plan.has_pseudo)
+            json_object_set_new(o, "pseudo_fits",
+                                json_string(fit_name_(s->plan.pseudo.fit)));
+        json_array_append_new(a, o);
+    }
+    return a;
 }
 
 static json_t *phase_json_(const cluster_phase *p)
@@ -351,6 +495,10 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
                               "real", phase_json_(&p->real));
         if (p->has_pseudo)
             json_object_set_new(o, "pseudo", phase_json_(&p->pseudo));
+        cluster_setting st[CLUSTER_N_SETTINGS];
+        char err[512];
+        if (cluster_settings_plan(spec, in, st, err, sizeof err) == 0)
+            json_object_set_new(o, "settings", settings_json_(st));
         char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fprintf(f, "%s\n", s ? s : "{}");
         free(s);
@@ -376,20 +524,38 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
             "device; the globals, attention, LayerNorms, gates and dense "
             "MLPs are replicated on every device (data parallel)\n", D,
             (unsigned long long)p->real.experts_per_device);
-    fprintf(f, "bytes per parameter (mixed-precision AdamW, as the cuda "
-            "model): on the device %d = weights %d (bf16 2 + fp32 master 4) "
-            "+ gradients %d (bf16) + optimizer %d (fp32 m, v); a staging "
+    const model_param_bytes *pb = &p->real.pb;
+    int bf16 = spec->optimizer.master == MASTER_BF16;
+    int af = spec->optimizer.name == OPTIMIZER_ADAFACTOR;
+    fprintf(f, "bytes per parameter (optimizer.name %s, optimizer.master %s, "
+            "as the cuda model): on the device %d = weights %d (%s) "
+            "+ gradients %d (bf16) + optimizer %d (%s); a staging "
             "buffer %d (bf16 weights + gradients); on the host %d = weights "
-            "%d (fp32 master 4 + pinned bf16 2) + gradients %d (fp32 "
-            "accumulator 4 + pinned bf16 2) + optimizer %d\n",
-            PB_.resident, PB_.weights,
-            PB_.grads, PB_.optim,
-            PB_.staging, PB_.host,
-            PB_.host_weights, PB_.host_grads,
-            PB_.optim);
+            "%d (%s) + gradients %d (fp32 "
+            "accumulator 4 + pinned bf16 2) + optimizer %d%s\n",
+            spec_optimizer_name(spec->optimizer.name),
+            spec_master_name(spec->optimizer.master), pb->resident,
+            pb->weights, bf16 ? "the bf16 master 2" : "bf16 2 + fp32 master 4",
+            pb->grads, pb->optim,
+            !af ? "fp32 m, v" : pb->optim ? "fp32 m" : "no first moment",
+            pb->staging, pb->host, pb->host_weights,
+            bf16 ? "the pinned bf16 master 2" : "fp32 master 4 + pinned bf16 2",
+            pb->host_grads, pb->optim,
+            af ? "; and Adafactor's factored second moment, rows + cols fp32 "
+                 "a matrix, n a vector, where its tensor lives" : "");
+    if (af || bf16)
+        fprintf(f, "note: the cuda backend runs AdamW with fp32 masters only "
+                "(the spec is refused there): these are its bytes by design\n");
     fprintf(f, "not counted: activations, the CUDA context and the cuBLASLt "
             "workspace (what is left of a device is shown as headroom)\n");
     if (p->has_pseudo)
         print_phase_(f, "pseudo", p, &p->pseudo, c, explain);
     print_phase_(f, "real", p, &p->real, c, explain);
+    cluster_setting st[CLUSTER_N_SETTINGS];
+    char err[512];
+    if (cluster_settings_plan(spec, in, st, err, sizeof err) != 0) {
+        fprintf(f, "\noptimizer settings: %s\n", err);
+        return;
+    }
+    print_settings_(f, st, in);
 }

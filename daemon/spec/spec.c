@@ -222,6 +222,7 @@ void spec_defaults(run_spec *s)
     s->optimizer.eps1 = 1e-30f;
     s->optimizer.eps2 = 1e-3f;
     s->optimizer.scale_parameter = 0;
+    s->optimizer.master = MASTER_FP32;
     s->checkpoint.every = 0;
     s->checkpoint.keep = 2;
     s->device.backend = BACKEND_CPU;
@@ -652,13 +653,38 @@ precision_kind spec_precision(const run_spec *s)
 
 
 
+/* optimizer.master bf16: where it is not implemented, refused by name. */
+static int master_check_(const run_spec *s, char *err, size_t errlen)
+{
+    if (s->device.backend == BACKEND_CUDA) {
+        seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
+                "\"cuda\" is not supported yet (the CUDA backend keeps fp32 "
+                "master weights); use device.backend \"cpu\" or "
+                "optimizer.master \"fp32\"");
+        return -1;
+    }
+    if (s->device.memory_budget > 0) {
+        seterr_(err, errlen, "optimizer.master \"bf16\" with offloading "
+                "(device.memory_budget > 0, and so the speculative host "
+                "update) is not supported yet: offloaded slots keep fp32 "
+                "masters; set device.memory_budget to 0 or optimizer.master "
+                "\"fp32\"");
+        return -1;
+    }
+    return 0;
+}
+
 /* optimizer.*: Adafactor's knobs only with it, and what it does not run
  * on yet refused by name. */
 static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
 {
+    if (s->optimizer.master == MASTER_BF16 &&
+        master_check_(s, err, errlen) != 0)
+        return -1;
     if (s->optimizer.name == OPTIMIZER_ADAMW) {
         run_spec d;
         spec_defaults(&d);
+        d.optimizer.master = s->optimizer.master; /* either optimizer's */
         if (memcmp(&s->optimizer, &d.optimizer, sizeof s->optimizer) != 0) {
             seterr_(err, errlen, "optimizer: its keys other than name are "
                     "Adafactor's; set optimizer.name to \"adafactor\" or "

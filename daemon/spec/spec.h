@@ -27,6 +27,10 @@ typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
 /* optimizer.name: AdamW (train.beta1, beta2, eps) or Adafactor
  * (optimizer.*; kernels.h adafactor_update_spans). */
 typedef enum { OPTIMIZER_ADAMW = 0, OPTIMIZER_ADAFACTOR = 1 } optimizer_kind;
+/* optimizer.master: the master weights the optimizer updates, fp32, or
+ * bf16 with every update rounded stochastically (kernels.h "bf16 master
+ * weights"; gpt.h gpt_model.master_bf16). */
+typedef enum { MASTER_FP32 = 0, MASTER_BF16 = 1 } master_kind;
 /* pseudo.grad_scale: a shared slot's gradient in the pseudo phase is the
  * sum over the layers that use it, or that sum divided by their number
  * (DESIGN.md "Pseudo-phase gradient scale and lr"). */
@@ -81,6 +85,7 @@ typedef struct {
         float clip_threshold; /* d of the update clipping */
         float eps1, eps2;     /* added to g^2; floor of RMS(x) */
         int scale_parameter;  /* 1: step lr * max(eps2, RMS(x)) */
+        master_kind master;   /* either optimizer's master weights */
     } optimizer;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
     struct {
@@ -141,6 +146,8 @@ int spec_world_of_phase(const run_spec *s, int pseudo);
 const char *spec_backend_name(backend_kind b);
 /* "adamw", "adafactor" as optimizer.name spells them; "?" out of range. */
 const char *spec_optimizer_name(optimizer_kind o);
+/* "fp32", "bf16" as optimizer.master spells them; "?" out of range. */
+const char *spec_master_name(master_kind m);
 const char *spec_delink_policy_name(delink_policy p);
 
 /* The precision the run's GEMMs use: device.precision on `cpu`; bf16 on

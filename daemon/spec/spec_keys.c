@@ -16,6 +16,8 @@ static const char *const policy_names_[] = { "step", "plateau", NULL };
 static const char *const backend_names_[] = { "cpu", "cuda", NULL };
 /* optimizer.name (spec.h optimizer_kind) */
 static const char *const optimizer_names_[] = { "adamw", "adafactor", NULL };
+/* optimizer.master (spec.h master_kind) */
+static const char *const master_names_[] = { "fp32", "bf16", NULL };
 /* pseudo.grad_scale (spec.h grad_scale_mode) */
 static const char *const grad_scale_names_[] = { "sum", "mean", NULL };
 /* device.precision (spec.h precision_kind) */
@@ -185,6 +187,13 @@ const key_ spec_keys_[] = {
         "Adafactor: 1 scales each tensor's step by max(`eps2`, RMS of its "
         "weights) (the paper's relative step with `train.lr`'s schedule); "
         "0: the step is `train.lr`."),
+    ENUM("optimizer", "master", optimizer.master, master_names_,
+         "Master weights of either optimizer: `fp32`, or `bf16` (2 bytes a "
+         "parameter in checkpoints; every update rounded to bf16 "
+         "stochastically, seeded by `train.seed`, so a run and its resume "
+         "are reproducible). `bf16` runs on `cpu` without "
+         "offloading only; the CPU model still computes from an fp32 copy "
+         "of the bf16 values."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),
@@ -258,6 +267,12 @@ const char *spec_optimizer_name(optimizer_kind o)
 {
     return o == OPTIMIZER_ADAMW || o == OPTIMIZER_ADAFACTOR
                ? optimizer_names_[o] : "?";
+}
+
+const char *spec_master_name(master_kind m)
+{
+    return m >= 0 && m < (int)(sizeof master_names_ / sizeof *master_names_) - 1
+               ? master_names_[m] : "?";
 }
 
 const char *spec_delink_policy_name(delink_policy p)

@@ -88,6 +88,10 @@ static int written_(const run_spec *s, const key_ *k)
         return s->pseudo.grad_scale != GRAD_SCALE_SUM;
     if (k->off == OFF(pseudo.lr_scale))
         return s->pseudo.lr_scale != 1.0f;
+    /* optimizer.master only when bf16: an fp32 spec's hash is what it was
+     * before the key existed */
+    if (k->off == OFF(optimizer.master))
+        return s->optimizer.master != MASTER_FP32;
     /* optimizer.* only for Adafactor: an AdamW spec's hash is what it was
      * before the key existed */
     if (k->section && strcmp(k->section, "optimizer") == 0)

@@ -311,7 +311,15 @@ static float *cpu_state_region_(void *ctx, backend_buf b, int s)
     return b == BACKEND_PARAMS ? st->params : b == BACKEND_M ? st->m : st->v;
 }
 
-static int cpu_state_end_(void *ctx, int modified) { return 0; }
+/* Weights written from outside (a checkpoint, init.from) become bf16
+ * masters when the model keeps them (gpt_round_masters; a bf16 value
+ * stays itself). */
+static int cpu_state_end_(void *ctx, int modified)
+{
+    if (modified)
+        gpt_round_masters(&((cpu_ctx_ *)ctx)->model);
+    return 0;
+}
 
 static size_t cpu_optim_bytes_(void *ctx)
 {
@@ -424,6 +432,11 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
         goto fail;
     if (bs->optim.adafactor && c->off) {
         snprintf(err, errlen, "optimizer.name \"adafactor\" with "
+                 "offloading is not supported yet");
+        goto fail;
+    }
+    if (bs->optim.master_bf16 && c->off) {
+        snprintf(err, errlen, "optimizer.master \"bf16\" with "
                  "offloading is not supported yet");
         goto fail;
     }

@@ -236,7 +236,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .grad_accum = spec->train.grad_accum,
         .seed = spec->train.seed,
         .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
-                  spec->optimizer.beta1 > 0},
+                  spec->optimizer.beta1 > 0,
+                  spec->optimizer.master == MASTER_BF16, spec->train.seed},
         .host_threads = spec_host_threads(spec),
         .bf16 = spec_precision(spec) == PRECISION_BF16,
         .plan_in = offload_plan_input_of(spec),
@@ -249,6 +250,12 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     if (spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
         spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
         m6_err_set(err, M6_EINVALID, "optimizer.name \"adafactor\" on "
+                   "device.backend \"cuda\" is not supported yet");
+        goto fail;
+    }
+    if (spec->optimizer.master == MASTER_BF16 &&
+        spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
+        m6_err_set(err, M6_EINVALID, "optimizer.master \"bf16\" on "
                    "device.backend \"cuda\" is not supported yet");
         goto fail;
     }

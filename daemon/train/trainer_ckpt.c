@@ -21,6 +21,7 @@
 #include "ckpt/init_from.h"
 #include "common/crashpoint.h"
 #include "common/durable.h"
+#include "common/log.h"
 
 #define CKPT_VERSION 1
 
@@ -165,6 +166,13 @@ static int collect_tensors_(const trainer *t, backend_buf b,
     return n;
 }
 
+/* Whether buffer b is stored as BF16: the master weights of a run with
+ * optimizer.master bf16 (the optimizer state is fp32 either way). */
+static int buf_bf16_(const trainer *t, backend_buf b)
+{
+    return b == BACKEND_PARAMS && t->spec.optimizer.master == MASTER_BF16;
+}
+
 static long write_tensors_file_(const char *path, const trainer *t,
                                 const backend_buf *bufs,
                                 const char *const *prefixes,
@@ -175,6 +183,7 @@ static long write_tensors_file_(const char *path, const trainer *t,
     per = per < 0 ? -1 : 2 * per;
     st_tensor *ts = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *ts);
     char **names = per < 0 ? NULL : calloc((size_t)per * nbufs, sizeof *names);
+    unsigned char *bf16 = NULL; /* [n] tensor i stored as BF16 */
     long rc = -1;
     if (!ts || !names) {
         per = 0;
@@ -182,12 +191,18 @@ static long write_tensors_file_(const char *path, const trainer *t,
         goto out;
     }
     int n = 0;
+    bf16 = calloc((size_t)per * nbufs + 1, 1);
+    if (!bf16) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        goto out;
+    }
     for (int b = 0; b < nbufs; b++) {
         int nb = collect_tensors_(t, bufs[b], prefixes[b], ts + n, names + n);
         if (nb < 0) {
             m6_err_set(err, M6_EINTERNAL, "out of memory");
             goto out;
         }
+        memset(bf16 + n, buf_bf16_(t, bufs[b]), (size_t)nb);
         n += nb;
     }
     FILE *f = fopen(path, "wb");
@@ -196,7 +211,7 @@ static long write_tensors_file_(const char *path, const trainer *t,
         goto out;
     }
     char e2[256];  /* safetensors_write's own words: no path */
-    rc = safetensors_write(f, ts, n, e2, sizeof e2);
+    rc = safetensors_write_dtypes(f, ts, bf16, n, e2, sizeof e2);
     if (rc < 0)
         m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
     else if (fsync(fileno(f)) != 0) {
@@ -213,6 +228,7 @@ out:
             free(names[i]);
     free(names);
     free(ts);
+    free(bf16);
     return rc;
 }
 
@@ -258,6 +274,11 @@ static char *meta_json_(const trainer *t)
      * checkpoint without it is AdamW's) */
     json_object_set_new(m, "optimizer", json_string(
                             spec_optimizer_name(t->spec.optimizer.name)));
+    /* the master weights' dtype, only when bf16 (a checkpoint without it
+     * holds fp32 ones) */
+    if (t->spec.optimizer.master != MASTER_FP32)
+        json_object_set_new(m, "master", json_string(
+                                spec_master_name(t->spec.optimizer.master)));
     /* the token counts the batches were drawn from (0: split not open) */
     json_object_set_new(m, "train_tokens", json_integer((json_int_t)t->data_total[0]));
     json_object_set_new(m, "val_tokens", json_integer((json_int_t)t->data_total[1]));
@@ -403,6 +424,19 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
         for (int i = 0; i < n; i++) {
             size_t numel = (size_t)ts[i].shape[0] *
                            (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);
+            /* each tensor in the dtype this run keeps it in (the master
+             * weights' per meta.json, checked before): another is refused */
+            char dt[16];
+            int nd;
+            long sh[4];
+            const char *want = buf_bf16_(t, bufs[b]) ? "BF16" : "F32";
+            if (rc == 0 &&
+                safetensors_info(&sf, ts[i].name, dt, &nd, sh, e2,
+                                 sizeof e2) == 0 && strcmp(dt, want) != 0) {
+                m6_err_set(err, M6_EINTERNAL, "%s: tensor %s is %s, this "
+                           "run keeps it in %s", path, ts[i].name, dt, want);
+                rc = -1;
+            }
             if (rc == 0 && safetensors_get(&sf, ts[i].name, (float *)ts[i].data,
                                            numel, e2, sizeof e2) != 0) {
                 m6_err_set(err, M6_EINTERNAL, "%s: %s", path, e2);
@@ -461,6 +495,20 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
                    "another optimizer is refused (a new run with init.from "
                    "takes its weights with a fresh optimizer)",
                    path, opt, mine);
+        goto out;
+    }
+    /* so are master weights of another dtype: bf16 ones are not the fp32
+     * ones of the run that wrote them, nor fp32 ones bf16 values */
+    json_t *jm = json_object_get(m, "master");
+    const char *master = json_is_string(jm) ? json_string_value(jm) : "fp32";
+    const char *my_master = spec_master_name(t->spec.optimizer.master);
+    if (strcmp(master, my_master) != 0) {
+        m6_err_set(err, M6_EINTERNAL,
+                   "%s: the checkpoint holds %s master weights and this run "
+                   "uses optimizer.master \"%s\": resuming with other master "
+                   "weights is refused (a new run with init.from takes its "
+                   "weights with a fresh optimizer)", path, master,
+                   my_master);
         goto out;
     }
     char want[32];
@@ -607,6 +655,20 @@ int trainer_init_from_load_(trainer *t, m6_err *err)
     }
     int n = collect_tensors_(t, BACKEND_PARAMS, "", ts, names);
     char e2[256];
+    /* weights of the other master dtype: taken (fp32 ones rounded to the
+     * nearest bf16 by state_end, bf16 ones widened exactly), said in an
+     * event, the optimizer fresh as always with init.from */
+    char dt[16] = "";
+    int nd;
+    long sh[4];
+    const char *mine = buf_bf16_(t, BACKEND_PARAMS) ? "BF16" : "F32";
+    if (n > 0 && safetensors_info(&src.sf, ts[0].name, dt, &nd, sh, e2,
+                                  sizeof e2) == 0 && strcmp(dt, mine) != 0)
+        log_event(LOG_INFO, "train.init_from",
+                  "weights=%s master=%s conversion=%s optimizer=fresh", dt,
+                  spec_master_name(t->spec.optimizer.master),
+                  strcmp(mine, "BF16") == 0 ? "rounded_to_nearest_bf16"
+                                            : "widened_exactly");
     for (int i = 0; i < n; i++) {
         size_t numel = (size_t)ts[i].shape[0] *
                        (ts[i].ndim == 2 ? (size_t)ts[i].shape[1] : 1);

@@ -68,7 +68,11 @@ static void apply_(const adafactor_span *sp, const adafactor_hparams *h,
             sp->m[i] = b1 * sp->m[i] + (1.0f - b1) * u;
             u = sp->m[i];
         }
-        sp->params[i] -= alpha * u + lr_wd * sp->params[i];
+        float p = sp->params[i] - (alpha * u + lr_wd * sp->params[i]);
+        /* bf16 masters: rounded stochastically (kernels.h sr_round_bf16) */
+        sp->params[i] = sp->sr_key ? sr_round_bf16(p, sr_bits(sp->sr_key,
+                                                               (uint64_t)sp->t, i))
+                                   : p;
     }
 }
 

@@ -110,6 +110,31 @@ static void adamw_span_(float *params, const float *grads, float *m, float *v,
     }
 }
 
+/* adamw_span_ for bf16 master weights: the same arithmetic, each new
+ * weight rounded to bf16 stochastically (kernels.h sr_round_bf16), the
+ * bits of element i at step t from key (sr_bits). A loop of its own: the
+ * fp32 one above stays as it was, vectorised. */
+static void adamw_span_sr_(float *params, const float *grads, float *m,
+                           float *v, size_t n, float lr, float beta1,
+                           float beta2, float eps, float weight_decay,
+                           float grad_scale, float bc1, float bc2,
+                           uint64_t key, long t)
+{
+    #pragma omp for schedule(static) nowait
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        m[i] = mi;
+        v[i] = vi;
+        float p = params[i] -
+                  lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
+        params[i] = sr_round_bf16(p, sr_bits(key, (uint64_t)t, i));
+    }
+}
+
 void adamw_update(float *params, const float *grads, float *m, float *v,
                   size_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, long t)
@@ -130,7 +155,13 @@ void adamw_update_spans(const adamw_span *spans, int ns, float lr,
         const adamw_span *sp = &spans[k];
         float bc1 = (float)(1.0 - pow(beta1, (double)sp->t));
         float bc2 = (float)(1.0 - pow(beta2, (double)sp->t));
-        adamw_span_(sp->params, sp->grads, sp->m, sp->v, sp->n, lr, beta1,
-                    beta2, eps, sp->weight_decay, grad_scale, bc1, bc2);
+        if (sp->sr_key)
+            adamw_span_sr_(sp->params, sp->grads, sp->m, sp->v, sp->n, lr,
+                           beta1, beta2, eps, sp->weight_decay, grad_scale,
+                           bc1, bc2, sp->sr_key, sp->t);
+        else
+            adamw_span_(sp->params, sp->grads, sp->m, sp->v, sp->n, lr,
+                        beta1, beta2, eps, sp->weight_decay, grad_scale, bc1,
+                        bc2);
     }
 }

@@ -29,6 +29,7 @@ want 2 "^p2r_convergence: --lr: want a number in" "$P2R" --lr abc
 want 2 "^p2r_convergence: 9 share groups \(slots\), more than --layers \(6\)$" "$P2R" --share-groups 9
 want 2 "^p2r_convergence: --grad-scale: want sum or mean, got \"avg\"$" "$P2R" --grad-scale avg
 want 2 "^p2r_convergence: --pseudo-lr-scale: want a number in" "$P2R" --pseudo-lr-scale 0
+want 2 "^p2r_convergence: --master: want fp32 or bf16, got \"fp16\"$" "$P2R" --master fp16
 want 2 "^offload_host: unexpected argument \"stray\"" "$OFFLOAD_HOST" stray
 [ "$fails" = 0 ] || exit 1
 echo "bench args: ok"

@@ -178,6 +178,70 @@ P, Ns = s["pseudo"]["steps"], t["steps"]
 close(r["wall_ratio"], (P * tc + (Ns - P) * tr) / (Ns * tr), "wall ratio")
 PY
 
+# --- M6-10T: each optimizer setting's bytes per parameter and least host
+# memory per node (m6ctl plan's settings table) against a hand count of
+# the shapes: per device the globals and 48 slot shares (attention,
+# LayerNorms, the whole gate, ceil(E/D) experts); Adafactor's second
+# moment rows + cols floats a matrix, n a vector; bytes per parameter
+# weights (bf16 2 + fp32 master 4, or the bf16 master 2) + gradients 2 +
+# optimizer (AdamW 8, Adafactor's m 4 or none); on the host weights (6, or
+# 2) + gradients 6 + the optimizer's
+ctl --json plan "$EX/m6-10t.json" --nodes 64 --gpus-per-node 8 \
+    --device-memory 32GiB --host-memory 512GiB >"$T/cs.json" || fail "settings json"
+ctl plan "$EX/m6-10t.json" --nodes 64 --gpus-per-node 8 \
+    --device-memory 32GiB --host-memory 512GiB >"$T/cs.txt" || fail "settings text"
+python3 - "$T/cs.json" "$T/cs.txt" "$EX/m6-10t.json" <<'PY' || fail "settings figures"
+import json, sys
+plan = json.load(open(sys.argv[1])); text = open(sys.argv[2]).read()
+s = json.load(open(sys.argv[3]))
+m, moe = s["model"], s["model"]["moe"]
+V, L, C, T = m["vocab_size"], m["n_layer"], m["n_embd"], m["seq_len"]
+E, k, H = moe["num_experts"], moe["prototypes"], moe["expert_hidden"]
+D, G, dev, host = 64 * 8, 8, 32 << 30, 512 << 30
+epd = -(-E // D)
+glob = V * C + T * C + 2 * C
+share = (4 * C * C + 8 * C) + (E * C + E) + epd * (2 * H * C + H + C)
+P = glob + L * share
+assert P == 20397688832, P
+v_glob = (V + C) + (T + C) + 2 * C
+v_share = (2 * C + (3 * C + C) + 3 * C + (C + C) + C + 2 * C
+           + k * ((E // k + C) + E // k) + epd * ((H + C) + H + (C + H) + C))
+rows = {}
+for line in text.splitlines():
+    f = line.split()
+    if len(f) > 3 and f[0] in ("adamw", "adafactor"):
+        name = " ".join(f[:3] if f[1] == "b1=0" else f[:2])
+        rows[name] = line
+want = {"adamw fp32": (6, 8, 0), "adamw bf16": (2, 8, 0),
+        "adafactor fp32": (6, 4, 1), "adafactor bf16": (2, 4, 1),
+        "adafactor b1=0 fp32": (6, 0, 1), "adafactor b1=0 bf16": (2, 0, 1)}
+got = {x["name"]: x for x in plan["settings"]}
+assert sorted(got) == sorted(want), got.keys()
+for name, (w, o, af) in want.items():
+    res = w + 2 + o
+    dev_pp = (res * P + 4 * af * (v_glob + L * v_share)) / P
+    host_pp = (2 if w == 2 else 6) + 6 + o
+    x = got[name]
+    assert abs(x["device_bytes_per_param"] - dev_pp) <= 1e-9 * dev_pp, (name, x, dev_pp)
+    assert x["host_bytes_per_param"] == host_pp, (name, x, host_pp)
+    f = rows[name].split()
+    i = 3 if "b1=0" in name else 2
+    assert f[i] == "%.3f" % dev_pp and f[i + 1] == "%.3f" % host_pp, (name, f, dev_pp)
+    # the least host memory per node: the most slots the device holds
+    # resident (with min(2, offloaded) staging buffers of 4 bytes a
+    # parameter of a share), the rest on the host, 8 devices a node
+    slot = res * share + 4 * af * v_share
+    R = L
+    while R > 0 and (res * glob + 4 * af * v_glob + R * slot +
+                     min(2, L - R) * 4 * share) > dev:
+        R -= 1
+    need = G * (L - R) * ((host_pp) * share + 4 * af * v_share)
+    assert x["least_host_bytes_per_node"] == need, (name, x, need, R)
+    assert x["real_fits"] == ("offloaded" if need <= host else "none"), x
+    assert x["pseudo_fits"] == "resident", x
+print("settings: " + ", ".join("%s %.3f B/p, %.1f GiB host" % (n, got[n]["device_bytes_per_param"], got[n]["least_host_bytes_per_node"] / 2**30) for n in want))
+PY
+
 # --- bad input: the error names what is wrong
 expect() {  # expect RC PATTERN ARGS...: exit status and stderr
     local want=$1 pat=$2 rc=0; shift 2

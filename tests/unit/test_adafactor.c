@@ -55,7 +55,7 @@ static void test_rank1_first_step_is_sign(void **state)
                                                 (0.1f + 0.2f * (float)j));
             x[i * C + j] = x0[i * C + j] = 0.01f * (float)(i - j);
         }
-    adafactor_span sp = {x, g, NULL, r, c, R, C, 0.5f, 1};
+    adafactor_span sp = {x, g, NULL, r, c, R, C, 0.5f, 1, 0};
     adafactor_hparams h = hp_(0.1f, 0.0f, 1.0f);
     assert_int_equal(adafactor_update_spans(&sp, 1, &h), 0);
     for (int k = 0; k < R * C; k++) {
@@ -79,7 +79,7 @@ static void test_vector_clipping_and_first_moment(void **state)
     (void)state;
     float x[4] = {1, 2, 3, 4}, g[4] = {0.5f, -2.0f, 1e-3f, -7.0f};
     float v[4] = {0}, m[4] = {0};
-    adafactor_span sp = {x, g, NULL, v, NULL, 4, 0, 0.0f, 1};
+    adafactor_span sp = {x, g, NULL, v, NULL, 4, 0, 0.0f, 1, 0};
     adafactor_hparams h = hp_(0.2f, 0.0f, 0.5f);
     assert_int_equal(adafactor_update_spans(&sp, 1, &h), 0);
     const float x0[4] = {1, 2, 3, 4};
@@ -87,7 +87,7 @@ static void test_vector_clipping_and_first_moment(void **state)
         assert_true(fabs(x[k] - (x0[k] - 0.2 * 0.5 * (g[k] > 0 ? 1 : -1)))
                     < 1e-6);
     float y[4] = {1, 2, 3, 4}, w[4] = {0};
-    sp = (adafactor_span){y, g, m, w, NULL, 4, 0, 0.0f, 1};
+    sp = (adafactor_span){y, g, m, w, NULL, 4, 0, 0.0f, 1, 0};
     h = hp_(0.2f, 0.9f, 0.5f);
     assert_int_equal(adafactor_update_spans(&sp, 1, &h), 0);
     for (int k = 0; k < 4; k++) {
@@ -161,7 +161,7 @@ static void test_matrix_against_reference(void **state)
             g[k] = (float)(((double)(s >> 40) / (1 << 24) - 0.5) *
                            (k % 5 == 0 ? 10.0 : 0.1));
         }
-        adafactor_span sp = {x, g, m, r, c, NR, NC, 0.1f, t};
+        adafactor_span sp = {x, g, m, r, c, NR, NC, 0.1f, t, 0};
         adafactor_hparams h = hp_(0.05f, 0.9f, 0.8f);
         h.grad_scale = 0.7f;
         assert_int_equal(adafactor_update_spans(&sp, 1, &h), 0);
@@ -200,7 +200,7 @@ static void test_threads_bitwise(void **state)
             }
             sp[k] = (adafactor_span){x, g, m, r, k % 2 ? NULL : c,
                                      k % 2 ? R * C : R, k % 2 ? 0 : C,
-                                     0.1f, 1};
+                                     0.1f, 1, 0};
         }
         adafactor_hparams h = hp_(0.01f, 0.9f, 1.0f);
         for (long t = 1; t <= 3; t++) {

@@ -967,6 +967,34 @@ int main(int argc, char **argv)
                "without a first moment: one node's steps\n");
     }
 
+    /* bf16 master weights across ranks: every rank rounds its update
+     * with the same bits (a hash of the seed, the tensor and the step),
+     * so the ranks' weights stay equal, and a join takes rank 0's bf16
+     * values. Against one node a weight may round the other way where
+     * the all-reduce's sum differs in its last bits from one node's: one
+     * bf16 ulp, 2^-7 for a weight below 2 (LayerNorm's 1s), the bound */
+    {
+        const char *bf = "\"optimizer\": {\"master\": \"bf16\"}";
+        char ex[256];
+        result onebf;
+        write_spec_("onebf", 6, 1, 6, 3, bf);
+        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2}", bf);
+        write_spec_("w2bf", 6, 1, 6, 3, ex);
+        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2, "
+                 "\"pseudo_world_size\": 1}", bf);
+        write_spec_("joinbf", 6, 1, 6, 3, ex);
+        param_tol_ = 0x1p-7;
+        run_one_node_("onebf", &onebf);
+        run_("w2bf", "w2bf", 2, 0, "plain", 120);
+        compare_("w2bf", 2, &onebf, 1, 1, 0);
+        run_("joinbf", "joinbf", 2, 0, "join", 120);
+        check_join_("joinbf", &onebf);
+        param_tol_ = PARAM_TOL;
+        free(onebf.params);
+        printf("bf16 masters 2 ranks, and a join at the delink: one node's "
+               "steps\n");
+    }
+
     /* overlap on (every run above) and off: the same bits */
     run_("w3s", "w3", 3, 0, "seq", 120);
     compare_("w3s", 3, &one, 1, 1, 0);

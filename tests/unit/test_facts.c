@@ -137,7 +137,7 @@ static void optimizer_state_(const case_ *c, int L, int S)
     const model_config *m = &c->cfg;
     const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
     for (int opt = 0; opt < 3; opt++) {
-        gpt_optim o = {opt > 0, opt == 2};
+        gpt_optim o = {opt > 0, opt == 2, 0, 0};
         gpt_model g;
         memset(&g, 0, sizeof g);
         assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
@@ -150,6 +150,15 @@ static void optimizer_state_(const case_ *c, int L, int S)
                gpt_optim_bytes(&g));
         assert_int_equal(gpt_optim_bytes(&g), want * sizeof(float));
         if (opt == 1) {
+            /* and by part: an MoE slot's 464 = 168 + 32 (gates) + 4 x 66 */
+            model_af_floats af;
+            assert_int_equal(model_af_state_floats(m, &af), 0);
+            assert_int_equal(af.global, hand_v[0]);
+            assert_int_equal(af.dense_slot, hand_v[1]);
+            if (m->moe_experts > 0) {
+                assert_int_equal(af.expert, 66);
+                assert_int_equal(af.moe_shared, 168 + 32);
+            }
             assert_int_equal(model_optim_floats(m, -1, &o), hand_v[0]);
             for (int s = 0; s < L; s++)
                 assert_int_equal(model_optim_floats(m, g.slot_moe[s], &o),
@@ -214,6 +223,25 @@ static void test_parts_and_bytes(void **st)
         assert_int_equal(b.resident, 4 * sizeof(float));
         assert_int_equal(b.moved, cuda ? 2 : 4); /* bf16, fp32 */
         assert_int_equal(b.staging, 2 * b.moved); /* weights + grads */
+        /* each optimizer setting (facts.h model_param_bytes_for), by
+         * hand: Adafactor's m 4 or none; bf16 masters 4 bytes less on
+         * the CUDA model (no fp32 master), nothing less on the CPU one */
+        for (int k = 0; k < 6; k++) {
+            gpt_optim o = {k >= 2, k >= 4, k % 2, 0};
+            model_param_bytes x = model_param_bytes_for(cuda, &o);
+            int optim = k < 2 ? 8 : k < 4 ? 0 : 4;
+            int w = cuda ? (k % 2 ? 2 : 6) : 4;
+            int hw = cuda ? (k % 2 ? 2 : 6) : 4;
+            assert_int_equal(x.optim, optim);
+            assert_int_equal(x.weights, w);
+            assert_int_equal(x.host_weights, hw);
+            assert_int_equal(x.grads, b.grads);
+            assert_int_equal(x.resident, w + b.grads + optim);
+            assert_int_equal(x.host, hw + b.host_grads + optim);
+        }
+        gpt_optim fp = {0, 0, 0, 0};
+        model_param_bytes y = model_param_bytes_for(cuda, &fp);
+        assert_memory_equal(&y, &b, sizeof y);
     }
 }
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# masters.sh — optimizer.master bf16 through m6d: a run killed -9 past the
+# delink resumes from its checkpoint to the losses of an uninterrupted run
+# digit for digit; its checkpoints hold BF16 weights and say master bf16;
+# m6ctl export reads them; a spec asking for bf16 masters with offloading
+# is refused at submit naming the key.
+. "$(dirname "$0")/lib.sh"
+
+prepare_data "$T/data"
+export M6_TEST_HOLD_BOUNDARY=$HOLD_FILE
+N=40
+CKPT_EVERY=7 write_spec "$T/ref.json" ref $N 12 \
+    '"optimizer": {"master": "bf16"}, "device": {"threads": 1}'
+
+# 1. the reference: uninterrupted
+reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
+[ "$(wc -l <"$T/ref.csv")" = $((N + 1)) ] || fail "reference rows: $(wc -l <"$T/ref.csv")"
+
+# 2. kill -9 past the delink: resumed from the newest checkpoint, the same
+#    losses
+start_daemon "$T/k9"
+R=$(ctl submit "$T/ref.json")
+wait_step "$R" 25
+hold_boundary
+kill9_daemon
+release_boundary
+K=$(db "$T/k9" "select step from runs where id=$R")
+C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
+[ "$K" -lt $N ] || fail "run finished before kill -9"
+start_daemon "$T/k9"
+ctl watch "$R" >/dev/null || fail "resumed run did not complete"
+same_losses "$R" "$T/ref.csv" "bf16 masters: losses differ after kill -9 at $K"
+grep -q "run.recover run=$R step=$C" "$T/m6d-k9.log" || fail "did not resume from checkpoint $C"
+log "kill -9 at step $K (checkpoint $C): same losses"
+
+# 3. the checkpoint: BF16 weights, master bf16 in meta.json, fp32 state
+D=$(ls -d "$T/k9/runs/$R/checkpoints/"*/ | tail -1)
+python3 - "$D" <<'PY' || fail "checkpoint files"
+import json, struct, sys
+d = sys.argv[1]
+meta = json.load(open(d + "/meta.json"))
+assert meta.get("master") == "bf16", meta
+for f, want in (("model", "BF16"), ("optimizer", "F32")):
+    b = open(d + "/%s.safetensors" % f, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    dt = {v["dtype"] for v in h.values()}
+    assert dt == {want}, (f, dt)
+    if want == "BF16":  # 2 bytes an element
+        for k, v in h.items():
+            a, e = v["data_offsets"]
+            n_el = 1
+            for s in v["shape"]:
+                n_el *= s
+            assert e - a == 2 * n_el, (k, v)
+PY
+ctl export "$R" --format safetensors --out "$T/exp" >/dev/null 2>"$T/exp.err" \
+    || fail "export of a bf16 run: $(cat "$T/exp.err")"
+
+# 4. refused at submit by name: bf16 masters with offloading
+write_spec "$T/off.json" off 10 0 \
+    '"optimizer": {"master": "bf16"}, "device": {"memory_budget": "64MiB"}'
+rc=0; ctl submit "$T/off.json" >/dev/null 2>"$T/off.err" || rc=$?
+[ "$rc" != 0 ] && grep -q 'optimizer.master "bf16" with offloading' "$T/off.err" \
+    || fail "bf16 with offloading: rc $rc: $(cat "$T/off.err")"
+stop_daemon
+echo "PASS"
