@@ -18,11 +18,9 @@
 # With other arguments (test names, --suite ...) or M6_SANITIZE=0, only the
 # release build's tests run, those named.
 #
-# Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc;
-# in the sanitized pass one more, as its tests wait on sockets, sleeps and
-# child daemons for a fifth to a third of its time), the longest first
-# (test_priority in tests/meson.build): no test depends on how fast a run
-# trains, or on the machine being otherwise idle.
+# Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc),
+# the longest first (test_priority in tests/meson.build): no test depends
+# on how fast a run trains, or on the machine being otherwise idle.
 #
 # A skip is not a pass: the GPU tests (suite gpu, no CUDA device here) are
 # the only ones that may skip. Any other test that skips (a missing oracle:
@@ -55,7 +53,6 @@ if ! .ci/setup; then
     exit 1
 fi
 jobs=${M6_TEST_JOBS:-$(nproc)}
-san_jobs=${M6_TEST_JOBS:-$(( $(nproc) + 1 ))}
 rc=0
 named=$#
 case $mode in
@@ -79,7 +76,7 @@ if [ "$mode" != quick ] && [ "$named" -eq 0 ] && [ "${M6_SANITIZE:-1}" != 0 ]; t
         # ASan report (or a leak at exit) does
         ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
         UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
-        meson test -C build-san --print-errorlogs --num-processes "$san_jobs" \
+        meson test -C build-san --print-errorlogs --num-processes "$jobs" \
             --suite unit --suite integration --no-suite nosan --no-suite emu $long \
             --timeout-multiplier 3 || rc=$?
         logs="$logs build-san/meson-logs/testlog.json"
