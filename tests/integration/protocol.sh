@@ -169,11 +169,13 @@ if [ -d /dev/shm ] && [ -w /dev/shm ]; then
     HUGE=$(mktemp -d /dev/shm/m6-it.XXXXXX)
     trap 'rm -rf "$HUGE"; cleanup_' EXIT
 fi
-huge_corpus() {  # huge_corpus NAME SHARDS: a spec NAME.json over it
-    python3 - "$HUGE/$1" "$2" <<'PY'
+# huge_corpus NAME SHARDS: a spec NAME.json over SHARDS shards of
+# $HUGE_TOKENS tokens each
+huge_corpus() {
+    python3 - "$HUGE/$1" "$2" "$HUGE_TOKENS" <<'PY'
 import os, struct, sys
 os.makedirs(sys.argv[1])
-n = 2_000_000_000  # tokens per shard (4 GB of holes)
+n = int(sys.argv[3])  # tokens per shard (2 bytes each, holes)
 for k in range(int(sys.argv[2])):
     with open(os.path.join(sys.argv[1], "train_%06d.bin" % k), "wb") as f:
         f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1024 - 12))
@@ -181,7 +183,14 @@ for k in range(int(sys.argv[2])):
 PY
     sed "s#$T/data/train_\*.bin#$HUGE/$1/train_*.bin#" "$T/spec.json" >"$T/$1.json"
 }
-huge_corpus huge 4
+# Tokens to check: under a sanitizer m6d checks them several times
+# slower, and an eighth of them still takes seconds (checked below)
+if [ "${M6_TEST_SANITIZED:-0}" = 1 ]; then
+    HUGE_N=2 MANY_N=1 HUGE_TOKENS=1000000000
+else
+    HUGE_N=4 MANY_N=2 HUGE_TOKENS=2000000000
+fi
+huge_corpus huge $HUGE_N
 t0=$(date +%s%N)
 (ctl submit "$T/huge.json" >"$T/huge.id" 2>"$T/huge.err"; echo $? >"$T/huge.rc"; date +%s%N >"$T/huge.done") &
 SUBMIT_PID=$!
@@ -196,7 +205,7 @@ if [ "$ms" -gt 2500 ]; then
     grep -q "checking every shard" "$T/huge.err" || fail "a slow submit said nothing: $(cat "$T/huge.err")"
 fi
 # Six at once, more than libuv's four pool threads: status still answers.
-for k in 1 2 3 4 5 6; do huge_corpus "many$k" 2; done
+for k in 1 2 3 4 5 6; do huge_corpus "many$k" $MANY_N; done
 (for k in 1 2 3 4 5 6; do
      ctl submit "$T/many$k.json" >"$T/many$k.id" 2>"$T/many$k.err" &
  done
@@ -210,7 +219,7 @@ wait "$MANY_PID"
 for k in 1 2 3 4 5 6; do [ -s "$T/many$k.id" ] || fail "submit many$k: $(cat "$T/many$k.err")"; done
 log "six slow submits took $(( ($(cat "$T/many.done") - t0) / 1000000 )) ms; $(tail -1 "$T/lat3.out")"
 # A submit whose client goes away while m6d checks the corpus queues nothing.
-huge_corpus gone 2
+huge_corpus gone $MANY_N
 runs_before=$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 "$M6CTL" --socket "$SOCK" submit "$T/gone.json" >/dev/null 2>&1 &
 GONE=$!
