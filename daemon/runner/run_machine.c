@@ -114,7 +114,12 @@ static m6_code delink_(run_machine *m, int64_t id, char *msg, size_t len)
         return M6_EBADSTATE;
     }
     m->delink_pending = 1;
-    snprintf(msg, len, "run %lld delinks at the next step boundary", n);
+    /* a paused run's runner waits at a step boundary: it delinks there
+     * now and stays paused */
+    snprintf(msg, len, m->state == RUN_PAUSED
+                 ? "run %lld delinks now, at the step boundary it is paused "
+                   "at; it stays paused"
+                 : "run %lld delinks at the next step boundary", n);
     return M6_OK;
 }
 

@@ -135,7 +135,14 @@ start_daemon "$T/op"
 R=$(ctl submit "$T/op.json")
 pause_at_step "$R" 5
 P=$(field "$R" step)
-ctl delink "$R" >/dev/null
+# a paused run delinks at once, at the boundary it is paused at, and stays
+# paused
+out=$(ctl delink "$R") || fail "delink of paused run $R: $out"
+echo "$out" | has "delinks now, at the step boundary it is paused at; it stays paused" \
+    || fail "delink of a paused run answered: $out"
+wait_for "paused run $R to delink" 20 sh -c \
+    "[ \"\$(sqlite3 -cmd '.timeout 5000' '$T/op/m6.db' \"select phase from runs where id=$R\")\" = real ]"
+[ "$(field "$R" state)" = paused ] || fail "run $R after a delink while paused: $(field "$R" state)"
 ctl resume "$R" >/dev/null
 wait_step "$R" $((P + 5))
 hold_boundary

@@ -88,7 +88,8 @@ static const cmd_case cmd_table[] = {
     {RUN_PAUSED, 0, CMD_PAUSE, BAD, RUN_PAUSED, 0, 0, "run 7 is already paused"},
     {RUN_PAUSED, 0, CMD_RESUME, OK, RUN_RESUMING, RUN_ACT_RESUME_NEW, 0, ""},
     {RUN_PAUSED, 0, CMD_DELINK, OK, RUN_PAUSED, 0, 1,
-     "run 7 delinks at the next step boundary"},
+     "run 7 delinks now, at the step boundary it is paused at; it stays "
+     "paused"},
     {RUN_PAUSED, 0, CMD_STOP, OK, RUN_STOPPING, 0, 0,
      "run 7 stops at the next step boundary"},
     /* resuming, not yet tried: a pause cancels it (answered), one more
@@ -274,9 +275,9 @@ static void test_commands_after_a_failed_write(void **unused)
     w.error_write = 1;
     assert_int_equal(run_machine_command(&w, ID, CMD_DELINK, &act, msg, sizeof msg),
                      M6_OK);
-    assert_string_equal(msg, "run 7 delinks at the next step boundary; it "
-                        "takes effect in memory, but may not be recorded: "
-                        "disk full");
+    assert_string_equal(msg, "run 7 delinks now, at the step boundary it "
+                        "is paused at; it stays paused; it takes effect in "
+                        "memory, but may not be recorded: disk full");
     /* a resume's text is its answer: nothing added */
     assert_int_equal(run_machine_command(&w, ID, CMD_RESUME, &act, msg, sizeof msg),
                      M6_OK);
