@@ -774,17 +774,24 @@ void run_rows_free(run_row *rows, int n)
     free(rows);
 }
 
+/* The SQL condition of a run that has not ended */
+#define LIVE_SQL_ "state IN ('queued', 'running', 'paused')"
+
 int state_run_find_name(state *st, const char *name, int64_t *id)
 {
     int ret = -1, n = 0, rc = -1;
     pthread_mutex_lock(&st->mu);
+    /* live runs first, then the newest: the first row answers unless the
+     * second is as good (both live, or both ended) */
     sqlite3_stmt *s = SQL_PREPARE(st,
-        "SELECT id FROM runs WHERE name = ? ORDER BY id LIMIT 2",
-        A_TEXT(name));
+        "SELECT id, " LIVE_SQL_ " FROM runs WHERE name = ? "
+        "ORDER BY 2 DESC, id DESC LIMIT 2", A_TEXT(name));
+    int live[2] = {0, 0};
     while (s && (rc = SQL_NEXT(st, s)) == 1) {
-        if (n++ == 0) *id = sqlite3_column_int64(s, 0);
+        if (n == 0) *id = sqlite3_column_int64(s, 0);
+        live[n++] = sqlite3_column_int(s, 1);
     }
-    if (rc == 0) ret = n == 0 ? 1 : n == 1 ? 0 : 2;
+    if (rc == 0) ret = n == 0 ? 1 : n == 1 || live[0] != live[1] ? 0 : 2;
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;

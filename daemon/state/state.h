@@ -114,7 +114,10 @@ int64_t state_run_insert(state *st, const char *name, const char *spec,
 void run_rows_free(run_row *rows, int n);
 int state_run_get(state *st, int64_t id, run_row *out);  /* 0, 1, -1 */
 void run_row_clear(run_row *r);
-/* 0 found one (*id set), 1 none, 2 several, -1 error. */
+/* The run named name: the one queued, running or paused if there is
+ * exactly one, else the only one (a spec submitted again after its run
+ * was stopped names the new run). 0 found (*id set), 1 none, 2 several
+ * live ones, or no live one and several ended ones, -1 error. */
 int state_run_find_name(state *st, const char *name, int64_t *id);
 /* All runs by id, spec not loaded. *rows malloc'd, caller frees. */
 int state_run_list(state *st, run_row **rows, int *n);

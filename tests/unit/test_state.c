@@ -134,8 +134,23 @@ static void test_runs_crud(void **s)
     assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
     assert_int_equal(id, a);
     assert_int_equal(state_run_find_name(st, "nope", &id), 1);
-    state_run_insert(st, "alpha", "{}", 1, 0, NULL);
+    int64_t a2 = state_run_insert(st, "alpha", "{}", 1, 0, NULL);
+    assert_int_equal(state_run_find_name(st, "alpha", &id), 2); /* 2 live */
+    /* the name finds the one live run among ended ones (a spec submitted
+     * again after its run was stopped), whichever is newer */
+    assert_int_equal(state_run_set_state(st, a2, RUN_STOPPED, NULL), 0);
+    id = 0;
+    assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
+    assert_int_equal(id, a);
+    int64_t a3 = state_run_insert(st, "alpha", "{}", 1, 0, NULL);
+    assert_int_equal(state_run_set_state(st, a, RUN_COMPLETED, NULL), 0);
+    assert_int_equal(state_run_set_state(st, a3, RUN_PAUSED, NULL), 0);
+    assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
+    assert_int_equal(id, a3);
+    /* no live one, several ended: ambiguous */
+    assert_int_equal(state_run_set_state(st, a3, RUN_FAILED, "x"), 0);
     assert_int_equal(state_run_find_name(st, "alpha", &id), 2);
+    assert_int_equal(state_run_set_state(st, a2, RUN_QUEUED, NULL), 0);
 
     assert_int_equal(state_run_set_state(st, a, RUN_FAILED, "boom"), 0);
     assert_int_equal(state_run_get(st, a, &r), 0);
