@@ -856,6 +856,15 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
                size_t errlen)
 {
     json_error_t jerr;
+    if (json && len >= 3 && memcmp(json, "\xef\xbb\xbf", 3) == 0) {
+        /* JSON (RFC 8259 section 8.1) has no byte order mark, and jansson's
+         * error would show it as an invisible character */
+        seterr_(err, errlen, "JSON syntax error at line 1, column 1: the spec "
+                "starts with a UTF-8 byte order mark (bytes EF BB BF), which "
+                "JSON does not allow: save it without one (e.g. sed -i "
+                "'1s/^\\xEF\\xBB\\xBF//' FILE)");
+        return -1;
+    }
     json_t *root = json_loadb(json ? json : "", json ? len : 0,
                               JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {

@@ -795,6 +795,9 @@ static void test_bad_specs(void **state)
         { "[1, 2]", "must be a JSON object" },
         { "", "JSON syntax error at line" },
         { "{\"data\": {\"train\": \"t\", \"val\": \"v\"}} trailing", "JSON syntax error" },
+        /* a UTF-8 byte order mark, named as such */
+        { "\xef\xbb\xbf{\"data\": {\"train\": \"t\", \"val\": \"v\"}}",
+          "line 1, column 1: the spec starts with a UTF-8 byte order mark (bytes EF BB BF)" },
     };
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
         char err[512] = "";
