@@ -1012,6 +1012,14 @@ int main(int argc, char **argv)
     g.dpc.st = g.st;
     g.dist = (runner_dist){.group = cluster_dp_coord_group,
                           .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
+    /* the cluster before the runner: a run across nodes taken up at start
+     * finds its coordinator attached (else its first nodes.wait event
+     * said this m6d was no coordinator) */
+    if (cluster_start_(err, sizeof err) < 0) {
+        log_error("cluster.error", "err=\"%s\"", err);
+        fprintf(stderr, "m6d: %s\n", err);
+        goto out_server;
+    }
     runner_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
                        .coordinator = g.opt.coordinator,
                        .stats = g.stats, .dist = &g.dist};
@@ -1023,11 +1031,6 @@ int main(int argc, char **argv)
     g.handlers = (handlers_ctx){.st = g.st, .runner = g.runner, .stats = g.stats,
                                 .cluster_join = g.opt.join[0] ? g.opt.join : NULL};
     if (metrics_start_() < 0) goto out_server;
-    if (cluster_start_(err, sizeof err) < 0) {
-        log_error("cluster.error", "err=\"%s\"", err);
-        fprintf(stderr, "m6d: %s\n", err);
-        goto out_server;
-    }
     notify_init_();
 
     /* libuv starts its pool's threads at the first request: start them

@@ -189,9 +189,6 @@ wait_exit w1 20
 [ "$EXIT_RC" = 0 ] || fail "the worker exited $EXIT_RC after SIGTERM"
 last=$(db "$T/c" "select max(id) from events")
 start_coord
-# (the runner thread may take the run up before the cluster listener is
-# attached: that first nodes.wait says the m6d is not a coordinator yet;
-# the one that counts is the wait for the worker)
 for _ in $(seq 1 200); do
     db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
         | has 'waiting for 2 live nodes, have 1' && break
@@ -200,6 +197,10 @@ done
 db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
     | has 'waiting for 2 live nodes, have 1' \
     || fail "the restarted coordinator does not say it waits for the worker: $(ctl events "$R2" | tail -4)"
+# the cluster is attached before the runner takes the run up: no event of
+# this life says the m6d is no coordinator
+db "$T/c" "select detail from events where run=$R2 and id>$last" | has "needs this m6d to be the coordinator" \
+    && fail "the restarted coordinator took the run up before its cluster: $(ctl events "$R2" | tail -4)"
 [ "$(field "$R2" state)" = running ] || fail "run $R2 is $(field "$R2" state) after the restart, want running"
 sleep 1
 [ "$(db "$T/c" "select step from runs where id=$R2")" = "$S" ] || fail "run $R2 trained without its worker"
