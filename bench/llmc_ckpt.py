@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """llmc_ckpt.py — writes the inputs llm.c's train_gpt2.c needs to train a GPT-2
 of any shape, so that its speed can be compared with bench/cpu_train's at the
 same L, C, NH, T, B, V:
