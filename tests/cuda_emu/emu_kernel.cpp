@@ -93,6 +93,14 @@ struct block_run {
     uint64_t xchg[2][MAX_THREADS];
     /* mma.sync operands (a[4], b[2]) by linear thread index, in turn too */
     uint32_t mma[2][MAX_THREADS][6];
+    /* a warp's mma operands as floats, A (16 x 16) and B (16 x 8), decoded
+     * by the first of its lanes to go on past the exchange and read by the
+     * other 31; valid for the block (epoch) and the warp's collective call
+     * (its lanes' shuffle count) they were decoded at */
+    float mma_af[MAX_THREADS / 32][16][16];
+    float mma_bf[MAX_THREADS / 32][16][8];
+    unsigned long mma_epoch[MAX_THREADS / 32];
+    int mma_call[MAX_THREADS / 32];
     int stuck;
 };
 
@@ -484,14 +492,32 @@ void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
     memcpy(mine, a, 4 * sizeof *a);
     memcpy(mine + 4, b, 2 * sizeof *b);
     yield_(AT_WARP); /* every lane has published (safe as warp_exchange) */
-    const uint32_t(*w)[6] = bk->mma[set] + base;
+    int warp = base / 32;
+    if (bk->mma_epoch[warp] != block_epoch_ ||
+        bk->mma_call[warp] != f->shuffles) {
+        const uint32_t(*w)[6] = bk->mma[set] + base;
+        for (int row = 0; row < 16; row++)
+            for (int k = 0; k < 16; k++)
+                bk->mma_af[warp][row][k] = mma_a_(w, row, k);
+        for (int k = 0; k < 16; k++)
+            for (int n = 0; n < 8; n++)
+                bk->mma_bf[warp][k][n] = mma_b_(w, k, n);
+        bk->mma_epoch[warp] = block_epoch_;
+        bk->mma_call[warp] = f->shuffles;
+    }
+    const float(*A)[16] = bk->mma_af[warp];
+    const float(*B)[8] = bk->mma_bf[warp];
     int lane = f->lin - base, g = lane / 4, c = lane % 4;
     for (int i = 0; i < 4; i++) {
         int row = g + 8 * (i / 2), col = 2 * c + (i & 1);
-        float s = d[i];
+        /* the 16 exact products (bf16 x bf16 fits a double's mantissa)
+         * summed in double, rounded to fp32 once: as the tensor cores, a
+         * wide dot product rather than 16 fp32 roundings (and no libm
+         * fmaf call per product, which this build cannot inline) */
+        double s = d[i];
         for (int k = 0; k < 16; k++)
-            s = fmaf(mma_a_(w, row, k), mma_b_(w, k, col), s);
-        d[i] = s;
+            s += (double)A[row][k] * (double)B[k][col];
+        d[i] = (float)s;
     }
 }
 
