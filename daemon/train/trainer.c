@@ -526,6 +526,8 @@ int trainer_test_fault_parse(const char *text, trainer_fault *kind,
         *kind = TRAINER_FAULT_NAN_BATCH;
     else if (n == 8 && strncmp(text, "inf_grad", n) == 0)
         *kind = TRAINER_FAULT_INF_GRAD;
+    else if (n == 10 && strncmp(text, "grad_scale", n) == 0)
+        *kind = TRAINER_FAULT_GRAD_SCALE;
     else
         return -1;
     char *end;
@@ -689,6 +691,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     float loss_scale = 1.0f / ((float)B * (float)T * (float)accum);
     if (fault == TRAINER_FAULT_NAN_BATCH)
         loss_scale = NAN;  /* every gradient NaN */
+    if (fault == TRAINER_FAULT_GRAD_SCALE)
+        loss_scale *= TRAINER_FAULT_GRAD_SCALE_FACTOR;
     be->step_begin(t->be.ctx, &adam);
     if (fault == TRAINER_FAULT_INF_GRAD && be->poison_grad)
         be->poison_grad(t->be.ctx, t->fault_slot);

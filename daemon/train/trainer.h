@@ -118,6 +118,11 @@ typedef struct {
  * reported (step_result.outlier_rank). */
 #define GRAD_OUTLIER_RATIO 10.0f
 
+/* The runner reports one rank's outlier steps (grad.outlier event,
+ * run.grad_outlier log) at most once per this many steps, with a count
+ * of the ones in between. */
+#define GRAD_OUTLIER_REPORT_STEPS 100
+
 /* The rank whose gradient stands out: of world ranks' sums of squares
  * sumsq[world] (finite, >= 0), the largest one's norm sqrt(sumsq[r]) if it
  * is over ratio times the median of the other ranks' norms (the mean of
