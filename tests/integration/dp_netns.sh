@@ -38,10 +38,11 @@ ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
 # before and after its delink), so a poller in each namespace lists
 # m6d's listening TCP sockets until step 13; every one is on the
 # namespace's veth address (the coordinator: its port and Gloo's), never
-# a wildcard nor 127.0.0.1 (unreachable for the remote peer). Rank 1 of
-# 2 only dials (Gloo's lower rank accepts): its side is its connection
-# from 192.0.2.2 to a Gloo port of 192.0.2.1 while the run trains, and
-# the address it logged it binds.
+# a wildcard nor 127.0.0.1 (unreachable for the remote peer). The
+# worker's listeners are gone sooner (the poller sees them in some runs,
+# not all), so its side is also read from its connection from 192.0.2.2
+# to a Gloo port of 192.0.2.1 while the run trains, and from the address
+# it logged it binds.
 POLLERS=
 for ns in "$NC" "$NW"; do
     ip netns exec "$ns" bash -c 'while [ ! -e "$1" ]; do ss -Htlnp; done' sh "$T/ss.stop" |
