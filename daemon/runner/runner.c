@@ -677,12 +677,23 @@ static int step_(run_ctx *r)
     char held_why[1536];
     if (res.skipped) {
         /* data parallel: which rank's own gradient had NaN/Inf in it */
-        char who[400] = "";
+        char who[512] = "";
         if (res.nonfinite_ranks > 0) {
-            char node[300];
+            /* every such rank (the lowest STEP_NONFINITE_LIST), and the
+             * lowest one's node */
+            char node[300], list[STEP_NONFINITE_LIST * 12 + 8] = "";
+            size_t n = 0;
+            int k = res.nonfinite_ranks < STEP_NONFINITE_LIST
+                        ? res.nonfinite_ranks : STEP_NONFINITE_LIST;
+            for (int i = 0; i < k; i++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%d",
+                                      i ? "," : "", res.nonfinite_list[i]);
+            if (res.nonfinite_ranks > k)
+                snprintf(list + n, sizeof list - n, ",...");
             rank_node_(c, r->id, res.nonfinite_rank, node, sizeof node);
             snprintf(who, sizeof who, " nonfinite_rank=%d nonfinite_ranks=%d"
-                     " %s", res.nonfinite_rank, res.nonfinite_ranks, node);
+                     " ranks=%s %s", res.nonfinite_rank, res.nonfinite_ranks,
+                     list, node);
         }
         log_warn("run.step_skipped", "run=%lld step=%ld loss=%g grad_norm=%g "
                  "bad_steps=%ld%s", (long long)r->id, res.step,

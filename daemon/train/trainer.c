@@ -489,6 +489,8 @@ static void attribute_(trainer *t, step_result *res)
         ss[r] = t->dp_rank_stats[2 * r];
         if (t->dp_rank_stats[2 * r + 1] > 0) {
             if (res->nonfinite_rank < 0) res->nonfinite_rank = r;
+            if (res->nonfinite_ranks < STEP_NONFINITE_LIST)
+                res->nonfinite_list[res->nonfinite_ranks] = r;
             res->nonfinite_ranks++;
         }
     }

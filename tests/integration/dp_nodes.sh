@@ -209,9 +209,9 @@ CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 R7=$(ctl submit "$T/bad.json")
 ctl watch "$R7" >/dev/null || fail "the run with a bad batch on rank 1 did not complete: $(ctl status "$R7")"
-ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1 node=[0-9]+ hostname=w4' \
+ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4' \
     || fail "no step.skipped event naming rank 1 on w4: $(ctl events "$R7")"
-grep -qE "run.step_skipped run=$R7 step=3 .* nonfinite_rank=1 nonfinite_ranks=1 node=[0-9]+ hostname=w4" "$T/m6d-c.log" \
+grep -qE "run.step_skipped run=$R7 step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4" "$T/m6d-c.log" \
     || fail "no run.step_skipped log line naming rank 1 on w4: $(grep run.step_skipped "$T/m6d-c.log")"
 [ "$(ctl events "$R7" | grep -c 'step.skipped')" = 1 ] \
     || fail "not one skipped step: $(ctl events "$R7")"
