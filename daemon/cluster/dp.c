@@ -475,8 +475,7 @@ void cluster_dp_assign(cluster_dp_worker *w, const cluster_assign *a)
                            .world = a->world_size,
                            .timeout_ms = a->timeout_ms > 0 ? a->timeout_ms
                                                            : 30000};
-    snprintf(w->next.host, sizeof w->next.host, "%s",
-             a->local_host ? a->local_host : "127.0.0.1");
+    snprintf(w->next.host, sizeof w->next.host, "%s", a->local_host);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }

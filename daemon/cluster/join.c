@@ -215,7 +215,7 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
                             .rank = ra->rank, .world_size = ra->world_size,
                             .generation = ra->generation,
                             .timeout_ms = ra->timeout_ms,
-                            .local_host = "127.0.0.1"};
+                            .local_host = NULL};
         char host[64];
         struct sockaddr_storage ss;
         int sl = sizeof ss;
@@ -229,10 +229,21 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
                                  sizeof host) == 0)
                 a.local_host = host;
         }
+        if (!a.local_host) {
+            /* this rank's collectives bind the address it reached the
+             * coordinator from, which its peers can reach too; never a
+             * guess (127.0.0.1 is unreachable for a remote peer). Rank 0
+             * times out waiting for this rank and pauses the run. */
+            log_error("cluster.rank_failed", "run=%lld rank=%d err=\"cannot "
+                      "learn the local address of the connection to the "
+                      "coordinator %s, which the collectives bind\"",
+                      (long long)a.run_id, a.rank, j->addr);
+            return;
+        }
         log_info("cluster.assign", "coordinator=%s run=%lld rank=%d "
-                 "world_size=%d generation=%lld", j->addr,
+                 "world_size=%d generation=%lld local=%s", j->addr,
                  (long long)a.run_id, a.rank, a.world_size,
-                 (long long)a.generation);
+                 (long long)a.generation, a.local_host);
         if (j->on_assign) j->on_assign(j->ud, &a);
         return;
     }

@@ -44,7 +44,8 @@ typedef struct {
     int64_t generation;
     int timeout_ms;          /* nodes.timeout */
     const char *local_host;  /* this node's address on its connection to
-                              * the coordinator: where peers reach it */
+                              * the coordinator (never NULL): where its
+                              * collectives bind and peers reach it */
 } cluster_assign;
 
 typedef struct {

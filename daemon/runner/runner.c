@@ -532,6 +532,63 @@ static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
     stats_step(r->c->stats, &s);
 }
 
+/* Which node holds rank of run, for an event or a log line: "node=self"
+ * for rank 0 (this m6d, the coordinator), "node=ID hostname=NAME" from
+ * the nodes table for the others, "node=?" when it has no such row. */
+static void rank_node_(runner *c, int64_t run, int rank, char *out,
+                       size_t len)
+{
+    snprintf(out, len, "node=%s", rank == 0 ? "self" : "?");
+    node_row *rows;
+    int n;
+    if (rank == 0 || state_nodes_list(c->st, &rows, &n) != 0)
+        return;
+    for (int i = 0; i < n; i++)
+        if (rows[i].run == run && rows[i].rank == rank)
+            snprintf(out, len, "node=%lld hostname=%s",
+                     (long long)rows[i].id, rows[i].hostname);
+    free(rows);
+}
+
+/* A step whose res->outlier_rank stood out: a grad.outlier event and a
+ * run.grad_outlier log line naming the rank and its node, at most once
+ * per GRAD_OUTLIER_REPORT_STEPS steps per rank (the steps in between
+ * counted in the next report). Reporting never changes the step. */
+static void report_outlier_(run_ctx *r, const step_result *res)
+{
+    int k = res->outlier_rank;
+    if (k >= r->outlier_n) {
+        int n = k + 1;
+        long *at = realloc(r->outlier_at, (size_t)n * sizeof *at);
+        if (at) r->outlier_at = at;
+        long *q = at ? realloc(r->outlier_quiet, (size_t)n * sizeof *q)
+                     : NULL;
+        if (q) r->outlier_quiet = q;
+        if (!at || !q) return;  /* out of memory: unreported */
+        for (int i = r->outlier_n; i < n; i++) at[i] = q[i] = 0;
+        r->outlier_n = n;
+    }
+    if (r->outlier_at[k] > 0 &&
+        res->step - r->outlier_at[k] < GRAD_OUTLIER_REPORT_STEPS) {
+        r->outlier_quiet[k]++;
+        return;
+    }
+    char node[300];
+    rank_node_(r->c, r->id, k, node, sizeof node);
+    long between = r->outlier_quiet[k];
+    log_warn("run.grad_outlier", "run=%lld step=%ld rank=%d %s ratio=%.1f "
+             "unreported=%ld", (long long)r->id, res->step, k, node,
+             (double)res->outlier_ratio, between);
+    state_event(r->c->st, r->id, "grad.outlier", "step=%ld rank=%d %s: its "
+                "gradient norm is %.1f times the median of the other ranks' "
+                "(%ld more such steps of this rank since its last report; "
+                "one report per %d steps)", res->step, k, node,
+                (double)res->outlier_ratio, between,
+                GRAD_OUTLIER_REPORT_STEPS);
+    r->outlier_at[k] = res->step;
+    r->outlier_quiet[k] = 0;
+}
+
 /* One step, recorded: its metrics row (and a checkpoint every
  * checkpoint.every steps) written before the next boundary. -1 when the
  * run failed (recorded); 1 when a collective failed (the run paused; the
@@ -620,10 +677,24 @@ static int step_(run_ctx *r)
     char held_why[1536];
     if (res.skipped) {
         /* data parallel: which rank's own gradient had NaN/Inf in it */
-        char who[96] = "";
-        if (res.nonfinite_ranks > 0)
-            snprintf(who, sizeof who, " nonfinite_rank=%d nonfinite_ranks=%d",
-                     res.nonfinite_rank, res.nonfinite_ranks);
+        char who[512] = "";
+        if (res.nonfinite_ranks > 0) {
+            /* every such rank (the lowest STEP_NONFINITE_LIST), and the
+             * lowest one's node */
+            char node[300], list[STEP_NONFINITE_LIST * 12 + 8] = "";
+            size_t n = 0;
+            int k = res.nonfinite_ranks < STEP_NONFINITE_LIST
+                        ? res.nonfinite_ranks : STEP_NONFINITE_LIST;
+            for (int i = 0; i < k; i++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%d",
+                                      i ? "," : "", res.nonfinite_list[i]);
+            if (res.nonfinite_ranks > k)
+                snprintf(list + n, sizeof list - n, ",...");
+            rank_node_(c, r->id, res.nonfinite_rank, node, sizeof node);
+            snprintf(who, sizeof who, " nonfinite_rank=%d nonfinite_ranks=%d"
+                     " ranks=%s %s", res.nonfinite_rank, res.nonfinite_ranks,
+                     list, node);
+        }
         log_warn("run.step_skipped", "run=%lld step=%ld loss=%g grad_norm=%g "
                  "bad_steps=%ld%s", (long long)r->id, res.step,
                  (double)res.train_loss, (double)res.grad_norm, res.bad_steps,
@@ -633,17 +704,8 @@ static int step_(run_ctx *r)
                     (double)res.train_loss, (double)res.grad_norm,
                     res.bad_steps, res.skipped_total, who);
     }
-    if (res.outlier_rank >= 0 && res.outlier_rank != r->outlier_last) {
-        /* once per streak: the first step a rank stands out */
-        log_warn("run.grad_outlier", "run=%lld step=%ld rank=%d ratio=%.1f",
-                 (long long)r->id, res.step, res.outlier_rank,
-                 (double)res.outlier_ratio);
-        state_event(c->st, r->id, "grad.outlier", "step=%ld rank=%d: its "
-                    "gradient norm is %.1f times the median of the other "
-                    "ranks'", res.step, res.outlier_rank,
-                    (double)res.outlier_ratio);
-    }
-    r->outlier_last = res.outlier_rank;
+    if (res.outlier_rank >= 0)
+        report_outlier_(r, &res);
     if (runner_flush_(r, &err) < 0)
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
@@ -799,8 +861,7 @@ static int stop_before_setup_(runner *c, int64_t id)
  * pending before set-up ends it without setting it up. */
 static void run_one_(runner *c, int64_t id)
 {
-    run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1,
-                 .outlier_last = -1};
+    run_ctx r = {.c = c, .id = id, .last_ckpt = -1, .replay_delink = -1};
     r.off.h2d_gbps = r.off.d2h_gbps = r.off.copy_hidden_fraction = NAN;
     r.off.offload_redo_steps = -1;
     if (stop_before_setup_(c, id))
@@ -808,6 +869,8 @@ static void run_one_(runner *c, int64_t id)
     if (setup_(c, id, &r) < 0) {
         trainer_free(r.t);
         free(r.best);
+        free(r.outlier_at);
+        free(r.outlier_quiet);
         return;
     }
     for (;;) {
@@ -877,6 +940,8 @@ static void run_one_(runner *c, int64_t id)
     dist_drop_(&r, "the run left the runner");
     trainer_free(r.t);
     free(r.best);
+    free(r.outlier_at);
+    free(r.outlier_quiet);
 }
 
 /* With mu held: make the next run of the queue the runner's (c->active,

@@ -105,8 +105,11 @@ typedef struct {
     char dist_why[512];
     double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
                             * the next try (nodes.timeout later) */
-    int outlier_last;      /* the last step's step_result.outlier_rank:
-                            * a grad.outlier event once per streak */
+    /* per rank (outlier_n of them): the step of its last grad.outlier
+     * report (0 none) and its outlier steps since, unreported
+     * (GRAD_OUTLIER_REPORT_STEPS) */
+    long *outlier_at, *outlier_quiet;
+    int outlier_n;
 } run_ctx;
 
 /* ---- runner.c: the run's records (all on the runner thread) */

@@ -20,7 +20,15 @@ typedef enum {
      * cuda). Set on the rank's summed gradient (after a data-parallel
      * all-reduce): a fault of that rank alone, which NAN_BATCH is not */
     TRAINER_FAULT_INF_GRAD,
+    /* this rank's own gradient is TRAINER_FAULT_GRAD_SCALE_FACTOR times
+     * what it would be (the microbatches' loss scale times it), before
+     * any data-parallel sum; the loss stays as it is. A rank whose
+     * gradient norm stands out (step_result.outlier_rank) */
+    TRAINER_FAULT_GRAD_SCALE,
 } trainer_fault;
+
+/* TRAINER_FAULT_GRAD_SCALE's factor: far over GRAD_OUTLIER_RATIO. */
+#define TRAINER_FAULT_GRAD_SCALE_FACTOR 1000.0f
 
 /* Arm fault kind for the `count` steps numbered first..first+count-1
  * (1-based, as step_result.step); slot: TRAINER_FAULT_INF_GRAD's slot.
@@ -29,9 +37,9 @@ void trainer_test_fault(trainer *t, trainer_fault kind, long first,
                         long count, int slot);
 
 /* The environment form, M6_TEST_FAULT="KIND@FIRST[xCOUNT][/SLOT]" with
- * KIND nan_batch or inf_grad, e.g. "nan_batch@4x3" (steps 4, 5, 6) or
- * "inf_grad@2/1". Parsed into the arguments of trainer_test_fault: 0, or
- * -1 when text is not of that form. */
+ * KIND nan_batch, inf_grad or grad_scale, e.g. "nan_batch@4x3" (steps 4,
+ * 5, 6) or "inf_grad@2/1". Parsed into the arguments of
+ * trainer_test_fault: 0, or -1 when text is not of that form. */
 int trainer_test_fault_parse(const char *text, trainer_fault *kind,
                              long *first, long *count, int *slot);
 

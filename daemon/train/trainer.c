@@ -489,6 +489,8 @@ static void attribute_(trainer *t, step_result *res)
         ss[r] = t->dp_rank_stats[2 * r];
         if (t->dp_rank_stats[2 * r + 1] > 0) {
             if (res->nonfinite_rank < 0) res->nonfinite_rank = r;
+            if (res->nonfinite_ranks < STEP_NONFINITE_LIST)
+                res->nonfinite_list[res->nonfinite_ranks] = r;
             res->nonfinite_ranks++;
         }
     }
@@ -526,6 +528,8 @@ int trainer_test_fault_parse(const char *text, trainer_fault *kind,
         *kind = TRAINER_FAULT_NAN_BATCH;
     else if (n == 8 && strncmp(text, "inf_grad", n) == 0)
         *kind = TRAINER_FAULT_INF_GRAD;
+    else if (n == 10 && strncmp(text, "grad_scale", n) == 0)
+        *kind = TRAINER_FAULT_GRAD_SCALE;
     else
         return -1;
     char *end;
@@ -689,6 +693,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     float loss_scale = 1.0f / ((float)B * (float)T * (float)accum);
     if (fault == TRAINER_FAULT_NAN_BATCH)
         loss_scale = NAN;  /* every gradient NaN */
+    if (fault == TRAINER_FAULT_GRAD_SCALE)
+        loss_scale *= TRAINER_FAULT_GRAD_SCALE_FACTOR;
     be->step_begin(t->be.ctx, &adam);
     if (fault == TRAINER_FAULT_INF_GRAD && be->poison_grad)
         be->poison_grad(t->be.ctx, t->fault_slot);

@@ -72,6 +72,10 @@ typedef struct {
                                * microbatch */
 } step_moe;
 
+/* How many of a step's ranks with non-finite gradients step_result names
+ * (nonfinite_list): the lowest ones. */
+#define STEP_NONFINITE_LIST 8
+
 /* The facts of one step, as trainer_step measured them: the caller records
  * them and derives nothing. */
 typedef struct {
@@ -105,11 +109,14 @@ typedef struct {
     /* Data parallel over host memory (not a device-memory group): which
      * rank a bad gradient came from, each rank's own gradient before the
      * sum. nonfinite_ranks: how many ranks had NaN/Inf elements (0 none),
-     * nonfinite_rank the lowest of them (-1 none); outlier_rank: the rank
+     * nonfinite_rank the lowest of them (-1 none), nonfinite_list the
+     * lowest min(nonfinite_ranks, STEP_NONFINITE_LIST) of them in
+     * ascending order; outlier_rank: the rank
      * whose gradient norm is over GRAD_OUTLIER_RATIO times the median of
      * the others' (grad_outlier_rank; -1 none, also alone), by
      * outlier_ratio. */
     int nonfinite_ranks, nonfinite_rank;
+    int nonfinite_list[STEP_NONFINITE_LIST];
     int outlier_rank;
     float outlier_ratio;
 } step_result;
@@ -117,6 +124,11 @@ typedef struct {
 /* A rank's gradient norm this many times the median of the others' is
  * reported (step_result.outlier_rank). */
 #define GRAD_OUTLIER_RATIO 10.0f
+
+/* The runner reports one rank's outlier steps (grad.outlier event,
+ * run.grad_outlier log) at most once per this many steps, with a count
+ * of the ones in between. */
+#define GRAD_OUTLIER_REPORT_STEPS 100
 
 /* The rank whose gradient stands out: of world ranks' sums of squares
  * sumsq[world] (finite, >= 0), the largest one's norm sqrt(sumsq[r]) if it

@@ -3,7 +3,8 @@
 # the wiring): the coordinator (rank 0) in one namespace, a worker (rank 1)
 # in another, joined by a veth pair with addresses that exist only inside
 # the two namespaces (192.0.2.0/24, TEST-NET-1), made and removed here.
-# The 2-rank run trains across the veth (Gloo on 192.0.2.1 and 192.0.2.2);
+# The 2-rank run trains across the veth (Gloo on 192.0.2.1 and 192.0.2.2,
+# read from the namespaces' sockets: no wildcard, no 127.0.0.1);
 # cutting the worker's link pauses it within nodes.timeout with an event
 # naming the node, and no process hangs; restoring the link and `m6ctl
 # resume` finish the run with the single node's losses (to the tolerance
@@ -32,10 +33,42 @@ WPID=$M6D_PID
 # the single-node reference, on the coordinator itself (world size 1)
 R1=$(ctl submit "$T/one.json")
 ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
+# the collectives bind the cluster addresses, read from the sockets:
+# Gloo's listeners live only while a group forms (this run forms two,
+# before and after its delink), so a poller in each namespace lists
+# m6d's listening TCP sockets until step 13; every one is on the
+# namespace's veth address (the coordinator: its port and Gloo's), never
+# a wildcard nor 127.0.0.1 (unreachable for the remote peer). The
+# worker's listeners are gone sooner (the poller sees them in some runs,
+# not all), so its side is also read from its connection from 192.0.2.2
+# to a Gloo port of 192.0.2.1 while the run trains, and from the address
+# it logged it binds.
+POLLERS=
+for ns in "$NC" "$NW"; do
+    ip netns exec "$ns" bash -c 'while [ ! -e "$1" ]; do ss -Htlnp; done' sh "$T/ss.stop" |
+        awk '/m6d/ {print $4}' >"$T/listen-$ns" &
+    POLLERS="$POLLERS $!"
+done
 RUN=$(ctl submit "$T/two.json")
 wait_step "$RUN" 13 60
+touch "$T/ss.stop"
+# shellcheck disable=SC2086
+wait $POLLERS
+sort -u -o "$T/listen-$NC" "$T/listen-$NC"; sort -u -o "$T/listen-$NW" "$T/listen-$NW"
+log "m6d listened on: coordinator $(tr '\n' ' ' <"$T/listen-$NC")| worker $(tr '\n' ' ' <"$T/listen-$NW")"
+! grep -vE '^192\.0\.2\.1:[0-9]+$' "$T/listen-$NC" | grep -q . \
+    || fail "the coordinator listened beyond 192.0.2.1: $(cat "$T/listen-$NC")"
+grep -v ':7070$' "$T/listen-$NC" | grep -q . || fail "no Gloo listener seen on 192.0.2.1: $(cat "$T/listen-$NC")"
+! grep -vE '^192\.0\.2\.2:[0-9]+$' "$T/listen-$NW" | grep -q . \
+    || fail "the worker listened beyond 192.0.2.2: $(cat "$T/listen-$NW")"
+ip netns exec "$NW" ss -Htnp state established | awk '/m6d/ {print $3, $4}' >"$T/conn-w"
+grep -E '^192\.0\.2\.2:[0-9]+ 192\.0\.2\.1:[0-9]+$' "$T/conn-w" | grep -qv ':7070$' \
+    || fail "no Gloo connection from 192.0.2.2 to 192.0.2.1: $(cat "$T/conn-w")"
 grep -q "cluster.rank run=$RUN rank=1 world_size=2" "$T/m6d-w.log" || fail "netw is not rank 1"
 ctl events "$RUN" | has -E 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || fail "no assignment of netw"
+
+grep -q "cluster.assign coordinator=192.0.2.1:7070 run=$RUN rank=1 .* local=192.0.2.2" "$T/m6d-w.log" \
+    || fail "the worker did not log binding 192.0.2.2: $(grep cluster.assign "$T/m6d-w.log")"
 
 # cut the worker's link: the run pauses within the timeout
 ip -n "$NW" link set "$VW" down

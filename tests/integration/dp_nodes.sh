@@ -22,7 +22,11 @@
 #  (f) 3 ranks with grad_accum 3 against one node;
 #  (g) an operator delink delinks every rank at the same step;
 #  (h) a NaN batch on the worker alone: both ranks skip the step, and the
-#      coordinator's step.skipped event names rank 1.
+#      coordinator's step.skipped event and log line name rank 1 and its
+#      node;
+#  (i) the worker's own gradient scaled 1000x for 105 steps (the fault hook
+#      grad_scale): a grad.outlier event and log line name rank 1 and its
+#      node, never rank 0, at most once per 100 steps (steps 3 and 103).
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 
@@ -205,12 +209,36 @@ CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 R7=$(ctl submit "$T/bad.json")
 ctl watch "$R7" >/dev/null || fail "the run with a bad batch on rank 1 did not complete: $(ctl status "$R7")"
-ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1' \
-    || fail "no step.skipped event naming rank 1: $(ctl events "$R7")"
+ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4' \
+    || fail "no step.skipped event naming rank 1 on w4: $(ctl events "$R7")"
+grep -qE "run.step_skipped run=$R7 step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4" "$T/m6d-c.log" \
+    || fail "no run.step_skipped log line naming rank 1 on w4: $(grep run.step_skipped "$T/m6d-c.log")"
 [ "$(ctl events "$R7" | grep -c 'step.skipped')" = 1 ] \
     || fail "not one skipped step: $(ctl events "$R7")"
 log "(h) a NaN batch on rank 1: step 3 skipped on both ranks, the event names rank 1"
-kill -TERM "${M6D_PIDS[w4]}" "${M6D_PIDS[c]}"
+# ---- (i) rank 1's own gradient 1000x from step 3 to 107: reported by
+# rank and node at steps 3 and 103, the 99 between counted; the steps are
+# not skipped (the report changes nothing)
+kill -TERM "${M6D_PIDS[w4]}"; wait "${M6D_PIDS[w4]}" || fail "w4 exit after SIGTERM"
+unset 'M6D_PIDS[w4]'
+M6_TEST_FAULT=grad_scale@3x105 start_m6d w5 --join "$ADDR" --token-file "$T/token" --node-name w5
+CKPT_EVERY=100 write_spec "$T/loud.json" loud 110 110 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+R8=$(ctl submit "$T/loud.json")
+ctl watch "$R8" >/dev/null || fail "the run with a loud rank 1 did not complete: $(ctl status "$R8")"
+ctl events "$R8" | grep grad.outlier >"$T/outlier.ev" || true
+[ "$(grep -c . "$T/outlier.ev")" = 2 ] \
+    || fail "want 2 grad.outlier events (steps 3 and 103), got: $(cat "$T/outlier.ev")"
+has -E 'grad.outlier +step=3 rank=1 node=[0-9]+ hostname=w5: its gradient norm is [0-9.]+ times' <"$T/outlier.ev" \
+    || fail "no grad.outlier event at step 3 naming rank 1 on w5: $(cat "$T/outlier.ev")"
+has -E 'grad.outlier +step=103 rank=1 node=[0-9]+ hostname=w5: .*\(99 more such steps' <"$T/outlier.ev" \
+    || fail "no grad.outlier event at step 103 counting the 99 between: $(cat "$T/outlier.ev")"
+! grep -q 'rank=0' "$T/outlier.ev" || fail "rank 0 named as an outlier: $(cat "$T/outlier.ev")"
+[ "$(grep -cE "run.grad_outlier run=$R8 step=(3|103) rank=1 node=[0-9]+ hostname=w5 ratio=" "$T/m6d-c.log")" = 2 ] \
+    || fail "want 2 run.grad_outlier log lines naming rank 1 on w5: $(grep run.grad_outlier "$T/m6d-c.log")"
+! ctl events "$R8" | has step.skipped || fail "a step of the loud run was skipped: $(ctl events "$R8")"
+log "(i) rank 1's gradient 1000x: $(head -1 "$T/outlier.ev" | cut -c1-140)"
+kill -TERM "${M6D_PIDS[w5]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
 echo "ok"

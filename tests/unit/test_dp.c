@@ -123,9 +123,11 @@ static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
  * MODE: plain, seq (plain without overlap: the all-reduce after the
  * microbatches), join (pseudo phase on rank 0 alone, rank 1 joins at
  * the delink), die (rank 1 killed after step 2; rank 0 expects
- * TRAINER_ECOLL), inf (the last rank's batch is bad at step 2: its own
- * gradient all NaN before the sum;
- * every rank writes its step results' attribution into OUT.attr). */
+ * TRAINER_ECOLL), inf (the last rank's batch is bad at step 2, and rank
+ * 0's when world > 2: their own gradients all NaN before the sum; rank
+ * 1's own gradient is scaled by TRAINER_FAULT_GRAD_SCALE_FACTOR at step 4
+ * (world > 2); every rank writes its step results' attribution into
+ * OUT.attr). */
 static int rank_main_(int argc, char **argv)
 {
     const char *spec_path = argv[2], *out_path = argv[3];
@@ -155,8 +157,10 @@ static int rank_main_(int argc, char **argv)
     int join = strcmp(mode, "join") == 0, die = strcmp(mode, "die") == 0;
     FILE *attr = NULL;
     if (strcmp(mode, "inf") == 0) {
-        if (rank == world - 1)
+        if (rank == world - 1 || (rank == 0 && world > 2))
             trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 2, 1, 0);
+        else if (rank == 1)
+            trainer_test_fault(t, TRAINER_FAULT_GRAD_SCALE, 4, 1, 0);
         char ap[600];
         snprintf(ap, sizeof ap, "%s.attr", out_path);
         attr = fopen(ap, "w");
@@ -238,8 +242,10 @@ static int rank_main_(int argc, char **argv)
             return 1;
         }
         if (attr)
-            fprintf(attr, "%ld %d %d %d %d\n", r.step, r.skipped,
-                    r.nonfinite_rank, r.nonfinite_ranks, r.outlier_rank);
+            fprintf(attr, "%ld %d %d %d %d %d %d\n", r.step, r.skipped,
+                    r.nonfinite_rank, r.nonfinite_ranks, r.outlier_rank,
+                    r.nonfinite_ranks > 0 ? r.nonfinite_list[0] : -1,
+                    r.nonfinite_ranks > 1 ? r.nonfinite_list[1] : -1);
         if (trainer_offload_stats(t, &ost) == 0 &&
             ost.n_offloaded > most_offloaded)
             most_offloaded = ost.n_offloaded;
@@ -788,10 +794,11 @@ int main(int argc, char **argv)
         free(b.params);
     }
 
-    /* attribution: NaN in the last rank's own gradient at step 2 (the
-     * fault hook's bad batch) skips the step on every rank, and every rank's step
-     * result names that rank and no other; no rank stands out as an
-     * outlier on ordinary steps */
+    /* attribution: NaN in ranks 0's and 2's own gradients at step 2 (the
+     * fault hook's bad batch) skips the step on every rank, and every
+     * rank's step result names those two ranks and not rank 1; rank 1's
+     * gradient scaled 1000x at step 4 makes it the outlier on every rank,
+     * and no rank stands out on the ordinary steps */
     run_("w3inf", "w3", 3, 0, "inf", 120);
     for (int r = 0; r < 3; r++) {
         char ap[600];
@@ -799,17 +806,19 @@ int main(int argc, char **argv)
         FILE *f = fopen(ap, "r");
         CHECK(f != NULL, "attribution: no %s", ap);
         long step;
-        int sk, nr, nn, orank, rows = 0, ok = 1;
-        while (f && fscanf(f, "%ld %d %d %d %d", &step, &sk, &nr, &nn,
-                           &orank) == 5) {
+        int sk, nr, nn, orank, l0, l1, rows = 0, ok = 1;
+        while (f && fscanf(f, "%ld %d %d %d %d %d %d", &step, &sk, &nr, &nn,
+                           &orank, &l0, &l1) == 7) {
             rows++;
-            int bad = step == 2;
-            if (sk != bad || nn != (bad ? 1 : 0) || nr != (bad ? 2 : -1) ||
-                orank != -1) {
+            int bad = step == 2, out = step == 4 ? 1 : -1;
+            if (sk != bad || nn != (bad ? 2 : 0) || nr != (bad ? 0 : -1) ||
+                l0 != (bad ? 0 : -1) || l1 != (bad ? 2 : -1) ||
+                orank != out) {
                 fprintf(stderr, "attribution: rank %d step %ld: skipped %d "
-                        "nonfinite_rank %d nonfinite_ranks %d outlier %d; "
-                        "want %d %d %d -1\n", r, step, sk, nr, nn, orank,
-                        bad, bad ? 2 : -1, bad ? 1 : 0);
+                        "nonfinite_rank %d nonfinite_ranks %d (%d, %d) "
+                        "outlier %d; want %d %d %d (%d, %d) %d\n", r, step,
+                        sk, nr, nn, l0, l1, orank, bad, bad ? 0 : -1,
+                        bad ? 2 : 0, bad ? 0 : -1, bad ? 2 : -1, out);
                 ok = 0;
             }
         }
@@ -817,8 +826,9 @@ int main(int argc, char **argv)
         CHECK(ok && rows == 6, "attribution: rank %d: %d rows, %s", r, rows,
               ok ? "as wanted" : "wrong (above)");
     }
-    printf("attribution  3 ranks: NaN in rank 2's own gradient at step 2 "
-           "named on every rank\n");
+    printf("attribution  3 ranks: NaN in ranks 0's and 2's own gradients at "
+           "step 2, rank 1's 1000x gradient at step 4, named on every "
+           "rank\n");
     {
         /* the outlier rule on hand-made sums of squares: norms 1, 1.2,
          * 0.9, 30 -> rank 3, 30 / median(1, 1.2, 0.9) = 30 */
