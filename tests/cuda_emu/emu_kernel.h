@@ -93,8 +93,9 @@ int lane_id(void);
  * D, warp-wide: every lane of a full warp calls it with its own registers,
  * laid out as the PTX ISA documents for m16n8k16 (kernels/cuda/
  * attention_mma.cuh spells it out), and gets its own 4 elements of
- * D = A B + C. The products are exact (bf16 x bf16 fits fp32) and summed
- * in fp32 in k order; the hardware's order within the 16 may differ. A
+ * D = A B + C. The products are exact (bf16 x bf16 fits fp32), summed
+ * with C in double and rounded to fp32 once, as a tensor core's wide dot
+ * product (whose internal rounding the PTX ISA leaves open). A
  * warp of fewer than 32 threads is a misuse. Counts as a warp exchange. */
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 
