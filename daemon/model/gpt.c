@@ -152,6 +152,10 @@ static int alloc_state_(gpt_model *g, int S)
         errno = e;
         return -1;
     }
+    g->shard_rank = 0;
+    g->shard_world = 1;
+    g->shard_lo = 0;
+    g->shard_hi = g->n_params;
     return 0;
 }
 
@@ -720,10 +724,58 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
     adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
 }
 
+/* Sharded AdamW spans of one region (-1 the globals, else slot s) whose
+ * first element is element `base` of the flat layout: each tensor's part
+ * inside [shard_lo, shard_hi), its moments at m, v + (element - shard_lo);
+ * appended at sp, returns the number appended. AdamW is elementwise, so
+ * the parts get the same update as the whole tensors would. */
+static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
+                              const float *gr, size_t base,
+                              const gpt_tensor *ts, int nt, long t, float wd)
+{
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        size_t a = base + ts[i].offset, b = a + ts[i].numel;
+        size_t lo = a > g->shard_lo ? a : g->shard_lo;
+        size_t hi = b < g->shard_hi ? b : g->shard_hi;
+        if (lo >= hi)
+            continue;
+        size_t o = ts[i].offset + (lo - a);
+        sp[n++] = (adamw_span){p + o, gr + o, g->m + (lo - g->shard_lo),
+                               g->v + (lo - g->shard_lo), hi - lo,
+                               ts[i].decay ? wd : 0.0f, t, 0};
+    }
+    return n;
+}
+
+/* gpt_adamw of a model with sharded state: region by region, the step
+ * counts of every region counted (the same on every rank). */
+static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
+                           float eps, float wd, float grad_scale)
+{
+    adamw_span sp[(int)GLOB_NTENSORS > (int)SLOT_NTENSORS_MAX
+                      ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS_MAX];
+    int n = adamw_shard_spans_(g, sp, g->params, g->grads, 0, g->glob,
+                               GLOB_NTENSORS, ++g->adam_t_global, wd);
+    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+    for (int s = 0; s < g->S; s++) {
+        n = adamw_shard_spans_(g, sp, g->slots[s].params, g->slots[s].grads,
+                               g->n_global + g->slot_off[s],
+                               gpt_slot_tensors(g, s),
+                               gpt_slot_ntensors_of(g, s),
+                               ++g->adam_t_slot[s], wd);
+        adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+    }
+}
+
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale)
 {
     gpt_grads_settle(g);
+    if (g->shard_world > 1) {
+        adamw_sharded_(g, lr, beta1, beta2, eps, weight_decay, grad_scale);
+        return;
+    }
     /* every resident tensor in one parallel region */
     adamw_span *sp = malloc(((size_t)GLOB_NTENSORS +
                              (size_t)g->S * SLOT_NTENSORS_MAX) * sizeof *sp);
@@ -872,6 +924,8 @@ static void copy_floats_(float *dst, const float *src, size_t n)
 
 size_t gpt_optim_bytes(const gpt_model *g)
 {
+    if (g->shard_world > 1)
+        return 2 * (g->shard_hi - g->shard_lo) * sizeof(float);
     size_t n = m_floats_(g, -1) + v_floats_(g, -1);
     for (int s = 0; s < g->S; s++)
         if (!g->offloaded[s])
@@ -944,8 +998,10 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments)
 {
     int L = g->cfg.n_layer, old_S = g->S;
-    if (new_S < 1 || new_S > L)
+    if (new_S < 1 || new_S > L || g->shard_world > 1) {
+        errno = EINVAL;
         return -1;
+    }
     for (int s = 0; s < new_S; s++)
         if (src_of[s] < 0 || src_of[s] >= old_S)
             return -1;
@@ -991,4 +1047,59 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
     free(old_map);
     snapshot_free_(&sn);
     return rc;
+}
+
+/* ------------------------------------------------------------- sharding */
+
+void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi)
+{
+    if (world <= 1) {
+        *lo = 0;
+        *hi = n;
+        return;
+    }
+    size_t chunk = pad_((n + (size_t)world - 1) / (size_t)world);
+    size_t a = (size_t)rank * chunk;
+    *lo = a < n ? a : n;
+    *hi = a + chunk < n ? a + chunk : n;
+}
+
+int gpt_set_shard(gpt_model *g, int rank, int world)
+{
+    if (world < 1 || rank < 0 || rank >= world || g->storage ||
+        g->adafactor || g->master_bf16) {
+        errno = EINVAL;
+        return -1;
+    }
+    size_t lo, hi;
+    gpt_shard_range(g->n_params, world, rank, &lo, &hi);
+    if (world == g->shard_world && lo == g->shard_lo && hi == g->shard_hi)
+        return 0;
+    float *m = alloc_floats_(hi - lo), *v = alloc_floats_(hi - lo);
+    if (!m || !v) {
+        free(m);
+        free(v);
+        errno = ENOMEM;
+        return -1;
+    }
+    /* the elements the old range and the new one share */
+    size_t a = lo > g->shard_lo ? lo : g->shard_lo;
+    size_t b = hi < g->shard_hi ? hi : g->shard_hi;
+    if (a < b) {
+        copy_floats_(m + (a - lo), g->m + (a - g->shard_lo), b - a);
+        copy_floats_(v + (a - lo), g->v + (a - g->shard_lo), b - a);
+    }
+    free(g->m);
+    free(g->v);
+    g->m = m;
+    g->v = v;
+    g->shard_rank = world > 1 ? rank : 0;
+    g->shard_world = world;
+    g->shard_lo = lo;
+    g->shard_hi = hi;
+    for (int s = 0; s < g->S; s++) {
+        g->slots[s].m = world > 1 ? NULL : gpt_slot_ptr(g, g->m, s);
+        g->slots[s].v = world > 1 ? NULL : gpt_slot_ptr(g, g->v, s);
+    }
+    return 0;
 }

@@ -212,6 +212,12 @@ struct gpt_model {
      * (model_param_bytes_of), checkpoints 2. Not with a storage. */
     int master_bf16;
     uint64_t sr_seed;
+    /* Sharded optimizer state (gpt_set_shard; ZeRO stage 1): shard_world
+     * > 1 says m and v hold only the elements [shard_lo, shard_hi) of the
+     * flat parameter layout (gpt_shard_range), m[0] the element shard_lo;
+     * slots[s].m and .v are then NULL. shard_world 1: whole. */
+    int shard_rank, shard_world;
+    size_t shard_lo, shard_hi;
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
@@ -475,6 +481,23 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
 void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale);
 
+/* The partition of sharded optimizer state (ZeRO stage 1), the one owner
+ * of the rule: of n elements of the flat parameter layout ([globals |
+ * slot 0 | ... ], gpt.h's plain layout), rank r of `world` keeps
+ * [lo, hi): chunks of ceil(n / world) rounded up to 16 floats, rank r
+ * the r-th (the last ranks' chunks may be shorter or empty). world <= 1:
+ * [0, n). */
+void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
+
+/* Re-partition g's AdamW state to rank's range of `world`
+ * (gpt_shard_range over g->n_params; world 1: whole): new m, v of the
+ * range, holding the old values of the elements the old range and the
+ * new one share and zeros elsewhere (the caller gathers the rest); step
+ * counts unchanged. Only plain storage, AdamW and fp32 masters: -1 with
+ * errno EINVAL otherwise, ENOMEM when out of memory (the old state
+ * kept). */
+int gpt_set_shard(gpt_model *g, int rank, int world);
+
 /* Re-lay the model to S' slots with the given share map (len L), each new
  * slot s' a copy of old slot src_of[s'] (params, m, v, step count);
  * grads zeroed. reset_moments zeroes m, v and the step counts of the slots.
@@ -482,7 +505,8 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
  * is first copied to a temporary host snapshot and released, then the new
  * state allocated (through the storage, which may place it anew), so peak
  * memory in the placed pools is max(old, new), not their sum.
- * 0, or -1 (errno): on failure the old layout is restored. */
+ * 0, or -1 (errno): on failure the old layout is restored; EINVAL while
+ * the optimizer state is sharded (gpt_set_shard to world 1 first). */
 int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments);
 

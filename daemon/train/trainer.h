@@ -380,6 +380,15 @@ const offload_plan *trainer_plan(const trainer *t);
  * with err naming the file and the cause. */
 long trainer_save(trainer *t, const char *dir, m6_err *err);
 
+/* optimizer.shard (ZeRO stage 1): make the AdamW state sharded over the
+ * data-parallel group whole again on every rank, each rank's range
+ * all-gathered (a collective: every rank calls it at the same step).
+ * trainer_save of a sharded trainer is refused (M6_EINVALID): call this on
+ * every rank first, then save on one; the checkpoint is the unsharded one
+ * and resumes at any world size, sharded or not. The next trainer_step
+ * shards again. 0 (also when not sharded), or TRAINER_ECOLL with err. */
+int trainer_gather_optim(trainer *t, m6_err *err);
+
 /* Restore from a complete checkpoint dir written by trainer_save for the same
  * spec (spec hash checked; device.backend is left out of it, so checkpoints
  * move between backends). After loading, the run continues bitwise as if
@@ -422,7 +431,8 @@ size_t trainer_device_bytes(const trainer *t);
  * adafactor: 1 its first moment in that layout (0 floats without one), 2
  * its second moment in the af layout (gpt.h gpt_af_tensors: the globals'
  * region, then each slot's). Returns the float count (dst NULL: only
- * that; 0 out of memory). For tests and export; waits for pending
+ * that; 0 out of memory, and 0 for the moments while they are sharded,
+ * trainer_gather_optim). For tests and export; waits for pending
  * updates. */
 size_t trainer_copy_state(trainer *t, int which, float *dst);
 
