@@ -195,7 +195,7 @@ const key_ spec_keys_[] = {
          "offloading only; the CPU model still computes from an fp32 copy "
          "of the bf16 values."),
     INT("optimizer", "shard", optimizer.shard, 0, 1,
-        "ZeRO stage 1: `true` shards AdamW's moments over the data-parallel "
+        "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards AdamW's moments over the data-parallel "
         "ranks, each keeping those of a contiguous 1/`nodes.world_size` of "
         "the parameters; gradients are summed as before, each rank updates "
         "its part and the weights are all-gathered. Losses as unsharded; "
