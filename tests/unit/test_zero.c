@@ -32,6 +32,10 @@
  *                against unsharded at D 4: the unsharded optimizer state
  *                minus that difference (the sharded state, measured) is
  *                at most 0.3 of the unsharded state
+ *   planned      the real phase's plan of the sharded spec (m6ctl plan's
+ *                figures, offload_plan_for_spec) less its weights and
+ *                gradients (8 bytes a float) predicts the measured
+ *                sharded state of every rank within 10%
  *   refused      trainer_save of a sharded trainer (before the gather)
  *                fails, naming trainer_gather_optim
  *
@@ -50,6 +54,8 @@
 
 #include "client/corpus/corpus.h"
 #include "dist/collectives.h"
+#include "model/gpt.h"
+#include "offload/offload.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "../common/file_store.h"
@@ -425,6 +431,34 @@ int main(int argc, char **argv)
                "optimizer state %.0f -> %.0f bytes (ratio %.3f; the model "
                "counts %zu)\n", r, un2[r].inuse, sh2[r].inuse, whole, shard,
                whole > 0 ? shard / whole : 0, sh2[r].optim);
+    }
+
+    /* the plan's figure for one rank's optimizer state, real phase */
+    {
+        char p[512];
+        snprintf(p, sizeof p, "%s/sh.json", dir_);
+        run_spec sp;
+        offload_plan pl;
+        size_t ng, ss;
+        double planned = -1;
+        if (spec_load_file(&sp, p, e, sizeof e) == 0 &&
+            offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) == 0) {
+            gpt_layout_sizes(&sp.model, &ng, &ss);
+            planned = (double)(pl.global_bytes +
+                               (size_t)pl.n_slots * pl.slot_bytes) -
+                      8.0 * (double)(ng + (size_t)pl.n_slots * ss);
+            offload_plan_free(&pl);
+        } else {
+            fprintf(stderr, "plan: %s\n", e);
+        }
+        for (int r = 0; r < 4; r++) {
+            double shard = (double)un2[r].optim - (un2[r].inuse -
+                                                   sh2[r].inuse);
+            CHECK(planned > 0 && fabs(planned - shard) <= 0.1 * shard,
+                  "plan: %.0f bytes of optimizer state a rank, rank %d "
+                  "measured %.0f (more than 10%% apart)", planned, r, shard);
+        }
+        printf("plan: %.0f bytes of optimizer state a rank\n", planned);
     }
 
     for (int r = 0; r < 4; r++) {
