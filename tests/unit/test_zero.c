@@ -28,7 +28,7 @@
  *                without optimizer.shard) gives the unsharded run's
  *                losses within 1e-6 relative: the saved state is whole
  *   memory       bytes in use by the allocator (mallinfo2: heap in use +
- *                mmapped) after the first real step, per rank, sharded
+ *                mmapped; AddressSanitizer's count under it) after the first real step, per rank, sharded
  *                against unsharded at D 4: the unsharded optimizer state
  *                minus that difference (the sharded state, measured) is
  *                at most 0.3 of the unsharded state
@@ -42,6 +42,10 @@
  * Exit 77 without Gloo or without the fortunes text.
  */
 #include <malloc.h>
+#if defined(__SANITIZE_ADDRESS__)
+/* the ASan runtime's (sanitizer/allocator_interface.h, not installed here) */
+size_t __sanitizer_get_current_allocated_bytes(void);
+#endif
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -71,11 +75,17 @@
 
 /* ------------------------------------------------------------ a rank */
 
-/* Bytes the allocator holds for the program (heap in use + mmapped). */
+/* Bytes the allocator holds for the program: glibc's heap in use plus
+ * its mmapped blocks, or AddressSanitizer's own count under it (its
+ * allocator replaces glibc's, whose mallinfo2 then says 0). */
 static double inuse_(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
+    return (double)__sanitizer_get_current_allocated_bytes();
+#else
     struct mallinfo2 mi = mallinfo2();
     return (double)mi.uordblks + (double)mi.hblkhd;
+#endif
 }
 
 /* rank SPEC OUT WORLD RANK STORE LIFE CKPT: LIFE p1 trains the pseudo
