@@ -218,6 +218,10 @@ struct gpt_model {
      * slots[s].m and .v are then NULL. shard_world 1: whole. */
     int shard_rank, shard_world;
     size_t shard_lo, shard_hi;
+    size_t shard_vlo, shard_vhi; /* v's range: AdamW's the same; Adafactor's
+                                  * in the af layout, its partition by whole
+                                  * tensors (gpt_set_shard), m's then
+                                  * [shard_lo, shard_hi) too */
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
@@ -489,14 +493,22 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
  * [0, n). */
 void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
 
-/* Re-partition g's AdamW state to rank's range of `world`
- * (gpt_shard_range over g->n_params; world 1: whole): new m, v of the
- * range, holding the old values of the elements the old range and the
- * new one share and zeros elsewhere (the caller gathers the rest); step
- * counts unchanged. Only plain storage, AdamW and fp32 masters: -1 with
- * errno EINVAL otherwise, ENOMEM when out of memory (the old state
- * kept). */
+/* Re-partition g's optimizer state to rank's part of `world` (world 1:
+ * whole): new m, v of the part, holding the old values of the elements
+ * the old part and the new one share and zeros elsewhere (the caller
+ * gathers the rest); step counts unchanged. AdamW's part is
+ * gpt_shard_range's element range; Adafactor's (its statistics are per
+ * tensor) the whole tensors whose first element is in that range, m in
+ * the flat layout and v in the af layout. Only plain storage and fp32
+ * masters: -1 with errno EINVAL otherwise, ENOMEM when out of memory
+ * (the old state kept). */
 int gpt_set_shard(gpt_model *g, int rank, int world);
+
+/* Each rank's floats of g's state under gpt_set_shard's partition over
+ * `world` ranks, in rank order (ranges contiguous, adding up to the
+ * whole): v 0 the weights' and m's (flat layout), 1 v's. 0, or -1 (errno
+ * EINVAL). */
+int gpt_shard_counts(const gpt_model *g, int world, int v, size_t *counts);
 
 /* Re-lay the model to S' slots with the given share map (len L), each new
  * slot s' a copy of old slot src_of[s'] (params, m, v, step count);

@@ -386,7 +386,8 @@ static int cpu_shard_(void *ctx, int rank, int world, char *err,
         return 0;
     snprintf(err, errlen, "cannot shard the optimizer state (rank %d of "
              "%d): %s", rank, world, errno == EINVAL
-                 ? "only AdamW with fp32 masters and no offloading shards"
+                 ? "only fp32 masters without offloading shard (or "
+                   "Adafactor's tensors out of order)"
                  : strerror(errno));
     return -1;
 }
@@ -396,8 +397,15 @@ static float *cpu_flat_(void *ctx, backend_buf b, size_t *n)
     gpt_model *g = &((cpu_ctx_ *)ctx)->model;
     if (g->storage || (b != BACKEND_PARAMS && g->shard_world > 1))
         return NULL;
-    *n = g->n_params;
+    *n = b == BACKEND_V ? g->shard_vhi : g->n_params;  /* whole: vlo 0 */
     return b == BACKEND_PARAMS ? g->params : b == BACKEND_M ? g->m : g->v;
+}
+
+static int cpu_shard_counts_(void *ctx, int world, backend_buf b,
+                             size_t *counts)
+{
+    return gpt_shard_counts(&((cpu_ctx_ *)ctx)->model, world, b == BACKEND_V,
+                            counts);
 }
 
 static const backend_iface cpu_iface_ = {
@@ -429,6 +437,7 @@ static const backend_iface cpu_iface_ = {
     /* .optim_bytes    = */ cpu_optim_bytes_,
     /* .shard          = */ cpu_shard_,
     /* .flat           = */ cpu_flat_,
+    /* .shard_counts   = */ cpu_shard_counts_,
 };
 
 /* ------------------------------------------------------------- create */

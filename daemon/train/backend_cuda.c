@@ -603,6 +603,7 @@ static const backend_iface cuda_iface_ = {
     /* .optim_bytes    = */ NULL,  /* not counted */
     /* .shard          = */ NULL,  /* the whole state on the device */
     /* .flat           = */ NULL,
+    /* .shard_counts   = */ NULL,
 };
 
 /* ------------------------------------------------------------- create */

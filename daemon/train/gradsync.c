@@ -619,15 +619,16 @@ size_t trainer_step_windows(const trainer *t, size_t *dst)
 
 /* ------------------------------------------------------------ ZeRO stage 1 */
 
-/* Each rank's share of n flat floats (gpt_shard_range, the rule's one
- * owner), into counts[t->world]; NULL when out of memory. */
-static size_t *shard_counts_(const trainer *t, size_t n)
+/* Each rank's floats of buffer b under the backend's partition (the
+ * model owns it: gpt_set_shard), malloc'd [t->world]; NULL when out of
+ * memory or the backend cannot say. */
+static size_t *shard_counts_(const trainer *t, backend_buf b)
 {
     size_t *counts = malloc((size_t)t->world * sizeof *counts);
-    for (int r = 0; counts && r < t->world; r++) {
-        size_t lo, hi;
-        gpt_shard_range(n, t->world, r, &lo, &hi);
-        counts[r] = hi - lo;
+    if (counts && t->be.iface->shard_counts(t->be.ctx, t->world, b,
+                                            counts) != 0) {
+        free(counts);
+        return NULL;
     }
     return counts;
 }
@@ -638,7 +639,7 @@ int gradsync_shard_(trainer *t, m6_err *err)
     if (!t->spec.optimizer.shard || t->world <= 1 || t->sharded)
         return 0;
     char e2[512];
-    if (!be->shard) {
+    if (!be->shard || !be->flat || !be->shard_counts) {
         m6_err_set(err, M6_EINVALID, "optimizer.shard: the %s backend "
                    "cannot shard its optimizer state", be->name);
         return -1;
@@ -664,20 +665,22 @@ int gradsync_unshard_(trainer *t, m6_err *err)
         return -1;
     }
     t->sharded = 0;
-    size_t n = 0;
-    float *m = be->flat(t->be.ctx, BACKEND_M, &n);
-    float *v = be->flat(t->be.ctx, BACKEND_V, &n);
-    size_t *counts = shard_counts_(t, n);
-    if (!counts || !m || !v) {
+    /* m, then v (Adafactor without a first moment has no m) */
+    int rc = 0;
+    for (int b = BACKEND_M; b <= BACKEND_V && rc == 0; b++) {
+        size_t n = 0;
+        float *buf = be->flat(t->be.ctx, (backend_buf)b, &n);
+        if (!buf && b == BACKEND_M)
+            continue;
+        size_t *counts = buf ? shard_counts_(t, (backend_buf)b) : NULL;
+        if (!counts) {
+            m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                       "state: out of memory");
+            return -1;
+        }
+        rc = m6_coll_allgather(t->coll, buf, counts, err);
         free(counts);
-        m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
-                   "state: out of memory");
-        return -1;
     }
-    int rc = m6_coll_allgather(t->coll, m, counts, err) != 0 ||
-                     m6_coll_allgather(t->coll, v, counts, err) != 0
-                 ? -1 : 0;
-    free(counts);
     return rc;
 }
 
@@ -686,7 +689,7 @@ int gradsync_allgather_params_(trainer *t, m6_err *err)
     const backend_iface *be = t->be.iface;
     size_t n = 0;
     float *p = be->flat(t->be.ctx, BACKEND_PARAMS, &n);
-    size_t *counts = p ? shard_counts_(t, n) : NULL;
+    size_t *counts = p ? shard_counts_(t, BACKEND_PARAMS) : NULL;
     if (!counts) {
         m6_err_set(err, M6_EINTERNAL, "all-gather of the sharded update: "
                    "%s", p ? "out of memory" : "no flat weights");

@@ -24,6 +24,10 @@
  *                (Sharding changes no float operation: the gradient is
  *                the same all-reduce, AdamW is elementwise, so equality
  *                is expected; 1e-6 is the bound asked for.)
+ *   Adafactor    sharded by whole tensors, with a first moment on 4 ranks
+ *                and without on 2, through the delink: the same losses
+ *                and weights as unsharded, and less optimizer state a
+ *                rank (the model's count)
  *   cross resume the sharded run's checkpoint resumed unsharded (p2
  *                without optimizer.shard) gives the unsharded run's
  *                losses within 1e-6 relative: the saved state is whole
@@ -214,7 +218,7 @@ typedef struct {
 /* The spec tag.json: nodes.world_size world, pseudo_world_size pw (0:
  * none), steps in all, PSEUDO of them pseudo. */
 static void write_spec_(const char *tag, int shard, int world, int pw,
-                        int steps)
+                        int steps, const char *opt_extra)
 {
     char nodes[96];
     snprintf(nodes, sizeof nodes, pw ? "\"world_size\": %d, "
@@ -233,9 +237,10 @@ static void write_spec_(const char *tag, int shard, int world, int pw,
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 10,"
             " \"eval_batches\": 2},\n"
             " \"nodes\": {%s},\n"
-            " \"optimizer\": {\"shard\": %s},\n"
+            " \"optimizer\": {\"shard\": %s%s},\n"
             " \"device\": {\"threads\": 1}}\n",
-            dir_, dir_, PSEUDO, steps, nodes, shard ? "true" : "false");
+            dir_, dir_, PSEUDO, steps, nodes, shard ? "true" : "false",
+            opt_extra);
     fclose(f);
 }
 
@@ -388,10 +393,22 @@ int main(int argc, char **argv)
         fprintf(stderr, "data prepare: %s\n", e);
         return 1;
     }
-    write_spec_("sh", 1, 4, 2, STEPS);
-    write_spec_("un", 0, 4, 2, STEPS);
-    write_spec_("sd", 1, 2, 0, DELINK_STEPS);
-    write_spec_("ud", 0, 2, 0, DELINK_STEPS);
+    write_spec_("sh", 1, 4, 2, STEPS, "");
+    write_spec_("un", 0, 4, 2, STEPS, "");
+    write_spec_("sd", 1, 2, 0, DELINK_STEPS, "");
+    write_spec_("ud", 0, 2, 0, DELINK_STEPS, "");
+    /* Adafactor, sharded by whole tensors: with a first moment on 4
+     * ranks, without one on 2, both through the delink */
+    const char *af1 = ", \"name\": \"adafactor\", \"beta1\": 0.9";
+    const char *af0 = ", \"name\": \"adafactor\", \"beta1\": 0";
+    write_spec_("sa", 1, 4, 0, DELINK_STEPS, af1);
+    write_spec_("ua", 0, 4, 0, DELINK_STEPS, af1);
+    write_spec_("sb", 1, 2, 0, DELINK_STEPS, af0);
+    write_spec_("ub", 0, 2, 0, DELINK_STEPS, af0);
+    run_("sa", "sa", 4, "p2", "");
+    run_("ua", "ua", 4, "p2", "");
+    run_("sb", "sb", 2, "p2", "");
+    run_("ub", "ub", 2, "p2", "");
     run_("sd", "sd", 2, "p2", "");     /* a delink while sharded */
     run_("ud", "ud", 2, "p2", "");
     run_("sh1", "sh", 2, "p1", "sh1");
@@ -427,6 +444,25 @@ int main(int argc, char **argv)
         free(a.params);
         free(b.params);
     }
+    const char *af_tags[2][3] = {{"sa", "ua", "Adafactor D 4"},
+                                 {"sb", "ub", "Adafactor no m D 2"}};
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < (k ? 2 : 4); r++) {
+            result a, b;
+            load_(af_tags[k][0], r, &a);
+            load_(af_tags[k][1], r, &b);
+            char what[64];
+            snprintf(what, sizeof what, "%s rank %d", af_tags[k][2], r);
+            compare_(what, &a, &b, DELINK_STEPS);
+            /* sharded by whole tensors: a rank keeps less than all */
+            CHECK(a.optim > 0 && a.optim < b.optim, "%s: %zu bytes of "
+                  "optimizer state sharded, %zu whole", what, a.optim,
+                  b.optim);
+            printf("%-34s optimizer state %zu bytes, %zu unsharded\n", what,
+                   a.optim, b.optim);
+            free(a.params);
+            free(b.params);
+        }
     load_("x2", 0, &x2);
     compare_("sharded ckpt resumed unsharded", &x2, &un2[0], STEPS - PSEUDO);
 
