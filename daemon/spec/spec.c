@@ -689,6 +689,11 @@ static int shard_check_(const run_spec *s, char *err, size_t errlen)
         : s->device.memory_budget > 0
             ? "with offloading (device.memory_budget > 0: offloaded slots "
               "keep their whole state on the host; set it to 0)"
+        : s->optimizer.name == OPTIMIZER_ADAFACTOR && s->model.moe_experts > 0
+            ? "with optimizer.name \"adafactor\" on an MoE model (an MoE "
+              "slot's Adafactor statistics are not laid out in its "
+              "tensors' order, so whole tensors make no contiguous shard; "
+              "use \"adamw\")"
         : s->optimizer.master == MASTER_BF16
             ? "with optimizer.master \"bf16\" (its stochastic rounding is "
               "keyed by whole tensors; use \"fp32\")"

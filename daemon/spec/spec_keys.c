@@ -198,7 +198,7 @@ const key_ spec_keys_[] = {
         "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards the "
         "optimizer state over the data-parallel ranks, each keeping that of "
         "a contiguous 1/`nodes.world_size` of the parameters (Adafactor's "
-        "by whole tensors); gradients are summed as before, each rank "
+        "by whole tensors, dense models only); gradients are summed as before, each rank "
         "updates its part and the weights are all-gathered. Losses as "
         "unsharded; checkpoints hold the whole state (any world size "
         "resumes them). `cpu` without offloading, fp32 masters only; "

@@ -456,7 +456,15 @@ static void test_optimizer_shard(void **state)
     assert_int_equal(parse(&d, j, err, sizeof err), -1);
     assert_contains(err, "optimizer.shard");
     assert_contains(err, "optimizer.master \"bf16\"");
-    /* Adafactor shards (by whole tensors) */
+    /* Adafactor on an MoE model: refused by name */
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+             "\"model\":{\"moe\":{\"num_experts\":4,\"prototypes\":2}},"
+             "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
+             "\"name\":\"adafactor\"}}");
+    assert_int_equal(parse(&d, j, err, sizeof err), -1);
+    assert_contains(err, "optimizer.shard");
+    assert_contains(err, "MoE model");
+        /* Adafactor shards (by whole tensors) */
     snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
              "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
              "\"name\":\"adafactor\"}}");

@@ -28,6 +28,8 @@
  *                and without on 2, through the delink: the same losses
  *                and weights as unsharded, and less optimizer state a
  *                rank (the model's count)
+ *   MoE          every other block MoE (two slot kinds), AdamW, 2 ranks
+ *                through the delink: the same
  *   cross resume the sharded run's checkpoint resumed unsharded (p2
  *                without optimizer.shard) gives the unsharded run's
  *                losses within 1e-6 relative: the saved state is whole
@@ -217,8 +219,9 @@ typedef struct {
 
 /* The spec tag.json: nodes.world_size world, pseudo_world_size pw (0:
  * none), steps in all, PSEUDO of them pseudo. */
-static void write_spec_(const char *tag, int shard, int world, int pw,
-                        int steps, const char *opt_extra)
+static void write_spec_moe_(const char *tag, int shard, int world, int pw,
+                            int steps, const char *opt_extra,
+                            const char *model_extra, const char *pseudo_extra)
 {
     char nodes[96];
     snprintf(nodes, sizeof nodes, pw ? "\"world_size\": %d, "
@@ -230,8 +233,8 @@ static void write_spec_(const char *tag, int shard, int world, int pw,
             " \"data\": {\"train\": \"%s/data/train_*.bin\", "
             "\"val\": \"%s/data/val_*.bin\"},\n"
             " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 64,"
-            " \"n_head\": 2, \"seq_len\": 32},\n"
-            " \"pseudo\": {\"steps\": %d},\n"
+            " \"n_head\": 2, \"seq_len\": 32%s},\n"
+            " \"pseudo\": {\"steps\": %d%s},\n"
             " \"train\": {\"steps\": %d, \"batch_size\": 4, \"grad_accum\": 1,"
             " \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 10,"
@@ -239,9 +242,15 @@ static void write_spec_(const char *tag, int shard, int world, int pw,
             " \"nodes\": {%s},\n"
             " \"optimizer\": {\"shard\": %s%s},\n"
             " \"device\": {\"threads\": 1}}\n",
-            dir_, dir_, PSEUDO, steps, nodes, shard ? "true" : "false",
-            opt_extra);
+            dir_, dir_, model_extra, PSEUDO, pseudo_extra, steps, nodes,
+            shard ? "true" : "false", opt_extra);
     fclose(f);
+}
+
+static void write_spec_(const char *tag, int shard, int world, int pw,
+                        int steps, const char *opt_extra)
+{
+    write_spec_moe_(tag, shard, world, pw, steps, opt_extra, "", "");
 }
 
 /* One life (tag-R.out for its ranks): 0 when every rank exits 0. */
@@ -405,6 +414,16 @@ int main(int argc, char **argv)
     write_spec_("ua", 0, 4, 0, DELINK_STEPS, af1);
     write_spec_("sb", 1, 2, 0, DELINK_STEPS, af0);
     write_spec_("ub", 0, 2, 0, DELINK_STEPS, af0);
+    /* MoE in every other block (slots of two kinds; a slot of each in
+     * the pseudo phase), AdamW, on 2 ranks (the spec refuses Adafactor's
+     * sharding on MoE models) */
+    const char *mx = ", \"moe\": {\"num_experts\": 4, \"prototypes\": 2, "
+                     "\"capacity_factor\": 1.0, \"every\": 2}";
+    const char *sg = ", \"share_groups\": 2";
+    write_spec_moe_("sn", 1, 2, 0, DELINK_STEPS, "", mx, sg);
+    write_spec_moe_("un_", 0, 2, 0, DELINK_STEPS, "", mx, sg);
+    run_("sn", "sn", 2, "p2", "");
+    run_("un_", "un_", 2, "p2", "");
     run_("sa", "sa", 4, "p2", "");
     run_("ua", "ua", 4, "p2", "");
     run_("sb", "sb", 2, "p2", "");
@@ -444,9 +463,10 @@ int main(int argc, char **argv)
         free(a.params);
         free(b.params);
     }
-    const char *af_tags[2][3] = {{"sa", "ua", "Adafactor D 4"},
-                                 {"sb", "ub", "Adafactor no m D 2"}};
-    for (int k = 0; k < 2; k++)
+    const char *af_tags[3][3] = {{"sa", "ua", "Adafactor D 4"},
+                                 {"sb", "ub", "Adafactor no m D 2"},
+                                 {"sn", "un_", "AdamW MoE mixed D 2"}};
+    for (int k = 0; k < 3; k++)
         for (int r = 0; r < (k ? 2 : 4); r++) {
             result a, b;
             load_(af_tags[k][0], r, &a);
