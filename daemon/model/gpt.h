@@ -213,15 +213,15 @@ struct gpt_model {
     int master_bf16;
     uint64_t sr_seed;
     /* Sharded optimizer state (gpt_set_shard; ZeRO stage 1): shard_world
-     * > 1 says m and v hold only the elements [shard_lo, shard_hi) of the
-     * flat parameter layout (gpt_shard_range), m[0] the element shard_lo;
-     * slots[s].m and .v are then NULL. shard_world 1: whole. */
+     * > 1 says m holds only the elements [shard_lo, shard_hi) of the flat
+     * parameter layout, m[0] the element shard_lo, and v only
+     * [shard_vlo, shard_vhi) of its layout (AdamW: the same range;
+     * Adafactor: the af layout's, the range widened to whole tensors);
+     * slots[s].m and .v are then NULL. shard_world 1: whole (lo 0, hi
+     * n_params, vhi all of v). */
     int shard_rank, shard_world;
     size_t shard_lo, shard_hi;
-    size_t shard_vlo, shard_vhi; /* v's range: AdamW's the same; Adafactor's
-                                  * in the af layout, its partition by whole
-                                  * tensors (gpt_set_shard), m's then
-                                  * [shard_lo, shard_hi) too */
+    size_t shard_vlo, shard_vhi;
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
