@@ -257,7 +257,11 @@ int trainer_reopen_data(trainer *t, m6_err *err);
 /* Delink (docs/DESIGN.md, "The delink, end to end"): S slots -> L slots, each layer a copy of the slot it
  * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR
  * schedule continues, re-warming over spec.delink.rewarm_steps.
- * No-op returning 0 when already Real. Returns -1 with err on OOM. */
+ * No-op returning 0 when already Real. Returns -1 with err on OOM.
+ * With sharded optimizer state (optimizer.shard) it first gathers it
+ * (trainer_gather_optim: a collective, every rank delinks at the same
+ * step) and the next trainer_step shards the grown layout again; -1 with
+ * err when that gather fails. */
 int trainer_delink(trainer *t, char *err, size_t errlen);
 
 /* ---- Data parallelism (DESIGN.md "Data parallelism") ----
@@ -299,7 +303,11 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * first). Called between steps; after trainer_delink with the real
  * phase's group when the worlds differ. The trainer does not own c. c
  * NULL or of one rank also destroys an adopted gradient group. 0, or -1
- * with err (M6_EINVALID) naming what does not fit; t is then unchanged. */
+ * with err (M6_EINVALID) naming what does not fit; t is then unchanged.
+ * With optimizer.shard and more than one rank, the optimizer state is then
+ * sharded over c (each rank keeps its part; trainer_gather_optim makes it
+ * whole again); refused while it is sharded over an earlier group. Load
+ * checkpoints before this call (trainer_load refuses a sharded trainer). */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
 
 /* Sum the gradients over dev, a device-memory group (nccl) of the same
