@@ -30,6 +30,9 @@
  *                rank (the model's count)
  *   MoE          every other block MoE (two slot kinds), AdamW, 2 ranks
  *                through the delink: the same
+ *   NaN batch    the last rank's batch of step 3 all NaN, 2 ranks: every
+ *                rank skips that step (no all-gather on a skipped step,
+ *                none missed), the same losses as unsharded
  *   cross resume the sharded run's checkpoint resumed unsharded (p2
  *                without optimizer.shard) gives the unsharded run's
  *                losses within 1e-6 relative: the saved state is whole
@@ -68,6 +71,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "offload/offload.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
+#include "train/test_hooks.h"
 #include "../common/file_store.h"
 #include "../common/self_exe.h"
 
@@ -116,7 +120,12 @@ static int rank_main_(char **argv)
         fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
-    int p2 = strcmp(life, "p2") == 0;
+    /* p2f: p2 with the last rank's batch of step 3 all NaN (every rank
+     * must skip that step together) */
+    int fault = strcmp(life, "p2f") == 0;
+    int p2 = strcmp(life, "p2") == 0 || fault;
+    if (fault && rank == world - 1)
+        trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 3, 1, 0);
     if (p2 && ckpt[0] && trainer_load(t, ckpt, &err) != 0) {
         fprintf(stderr, "rank %d: load: %s\n", rank, m6_err_msg(&err));
         return 1;
@@ -148,8 +157,8 @@ static int rank_main_(char **argv)
                     trainer_step_count(t) + 1, m6_err_msg(&err));
             return 1;
         }
-        fprintf(out, "s %ld %a %a %a\n", r.step, (double)r.train_loss,
-                (double)r.grad_norm, (double)r.val_loss);
+        fprintf(out, "s %ld %a %a %a %d\n", r.step, (double)r.train_loss,
+                (double)r.grad_norm, (double)r.val_loss, r.skipped);
         if (first)
             fprintf(out, "m %.0f %zu\n", inuse_(), trainer_optim_bytes(t));
         first = 0;
@@ -213,6 +222,7 @@ typedef struct {
     double inuse;        /* after the life's first step */
     size_t optim;
     int refused;         /* p1 sharded rank 0: the early save refused */
+    int skipped;         /* steps skipped (non-finite) */
     float *params;
     size_t np;
 } result;
@@ -305,8 +315,10 @@ static void load_(const char *tag, int r, result *res)
     while (fgets(line, sizeof line, f)) {
         long s;
         double a, b, c;
+        int k = 0;
         if (line[0] == 's' && res->n < STEPS &&
-            sscanf(line, "s %ld %la %la %la", &s, &a, &b, &c) == 4) {
+            sscanf(line, "s %ld %la %la %la %d", &s, &a, &b, &c, &k) == 5) {
+            res->skipped += k;
             res->step[res->n] = s;
             res->loss[res->n] = a;
             res->norm[res->n] = b;
@@ -430,6 +442,8 @@ int main(int argc, char **argv)
     run_("ub", "ub", 2, "p2", "");
     run_("sd", "sd", 2, "p2", "");     /* a delink while sharded */
     run_("ud", "ud", 2, "p2", "");
+    run_("sf", "sd", 2, "p2f", "");    /* a NaN batch on rank 1 */
+    run_("uf", "ud", 2, "p2f", "");
     run_("sh1", "sh", 2, "p1", "sh1");
     run_("un1", "un", 2, "p1", "un1");
     run_("sh2", "sh", 4, "p2", "sh1");
@@ -460,6 +474,18 @@ int main(int argc, char **argv)
         char what[64];
         snprintf(what, sizeof what, "delink D 2 rank %d", r);
         compare_(what, &a, &b, DELINK_STEPS);
+        free(a.params);
+        free(b.params);
+    }
+    for (int r = 0; r < 2; r++) {
+        result a, b;
+        load_("sf", r, &a);
+        load_("uf", r, &b);
+        char what[64];
+        snprintf(what, sizeof what, "NaN batch D 2 rank %d", r);
+        compare_(what, &a, &b, DELINK_STEPS);
+        CHECK(a.skipped == 1 && b.skipped == 1, "%s: %d and %d steps "
+              "skipped, want 1 each", what, a.skipped, b.skipped);
         free(a.params);
         free(b.params);
     }
