@@ -47,6 +47,10 @@ typedef struct {
     int (*barrier)(void *ctx, int timeout_ms, coll_msg *e);
     /* broken: a collective failed (abort, do not wait for peers) */
     void (*destroy)(void *ctx, int broken);
+    /* in place: rank r's counts[r] floats at buf + the counts before it
+     * to every rank. NULL: the engine has none (collectives.c refuses). */
+    int (*allgather)(void *ctx, float *buf, const size_t *counts,
+                     int timeout_ms, coll_msg *e);
 } coll_ops;
 
 /* The store's functions with a coll_msg (collectives.c), for gloo.cc:

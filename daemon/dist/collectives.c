@@ -6,6 +6,7 @@
  */
 #include "dist/collectives.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,49 @@ int m6_coll_broadcast(m6_coll *c, void *buf, size_t bytes, int root,
     coll_msg e = {0, ""};
     if (c->ops->broadcast(c->ctx, buf, bytes, root, c->timeout_ms, &e) != 0)
         return fail_(c, &e, "broadcast", err);
+    return 0;
+}
+
+/* The counts' sum, or SIZE_MAX after err when it is not n (n SIZE_MAX:
+ * any). */
+static size_t counts_sum_(const m6_coll *c, const size_t *counts, size_t n,
+                          const char *what, m6_err *err)
+{
+    size_t sum = 0;
+    for (int r = 0; r < c->world_size; r++)
+        sum += counts[r];
+    if (n != SIZE_MAX && sum != n) {
+        m6_err_set(err, M6_EINVALID, "%s %s: the ranks' counts add up to "
+                   "%zu, not %zu", c->ops->name, what, sum, n);
+        return SIZE_MAX;
+    }
+    return sum;
+}
+
+int m6_coll_reduce_scatter_sum(m6_coll *c, float *buf, size_t n,
+                               const size_t *counts, m6_err *err)
+{
+    if (counts_sum_(c, counts, n, "reduce-scatter", err) == SIZE_MAX)
+        return -1;
+    return m6_coll_allreduce_sum(c, buf, n, err);
+}
+
+int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
+                      m6_err *err)
+{
+    if (!c->ops->allgather) {
+        m6_err_set(err, M6_EINVALID, "%s all-gather: not implemented by "
+                   "this engine", c->ops->name);
+        return -1;
+    }
+    if (check_broken_(c, "all-gather", err) != 0)
+        return -1;
+    if (c->world_size == 1 ||
+        counts_sum_(c, counts, SIZE_MAX, "all-gather", err) == 0)
+        return 0;
+    coll_msg e = {0, ""};
+    if (c->ops->allgather(c->ctx, buf, counts, c->timeout_ms, &e) != 0)
+        return fail_(c, &e, "all-gather", err);
     return 0;
 }
 

@@ -78,6 +78,24 @@ int m6_coll_allreduce_sum(m6_coll *c, float *buf, size_t n, m6_err *err);
 int m6_coll_broadcast(m6_coll *c, void *buf, size_t bytes, int root,
                       m6_err *err);
 
+/* Sum buf (n fp32 values, memory as for m6_coll_allreduce_sum) over the
+ * ranks and leave rank r's part summed: counts[r] values (world_size of
+ * them, adding up to n) at buf + the counts before it; the rest of buf is
+ * unspecified afterwards. Composed from the all-reduce (Debian's Gloo has
+ * reduce-scatter only as its old halving-doubling algorithm class, no
+ * options API with timeouts and tags): the same wire bytes as an
+ * all-reduce, and each rank's part bitwise the all-reduce's sums. 0, or
+ * -1 with err (M6_EINVALID: counts do not add up to n). */
+int m6_coll_reduce_scatter_sum(m6_coll *c, float *buf, size_t n,
+                               const size_t *counts, m6_err *err);
+
+/* All-gather in place: rank r's counts[r] fp32 values (world_size counts,
+ * any may be 0) at buf + the counts before it go to the same place on
+ * every rank; afterwards every rank holds all of buf. Gloo's allgatherv;
+ * M6_EINVALID on an engine without one (nccl). 0, or -1 with err. */
+int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
+                      m6_err *err);
+
 /* Return once every rank has entered the barrier. 0, or -1 with err. */
 int m6_coll_barrier(m6_coll *c, m6_err *err);
 

@@ -21,6 +21,7 @@
 
 #include <signal.h>
 
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -203,6 +204,19 @@ int gloo_barrier_(void *ctx, int timeout_ms, coll_msg *e)
                              [](Opts &opts) { gloo::barrier(opts); });
 }
 
+// In place (no input set: Gloo's allgatherv then takes each rank's part
+// from the output buffer itself).
+int gloo_allgather_(void *ctx, float *buf, const size_t *counts,
+                    int timeout_ms, coll_msg *e)
+{
+    using Opts = gloo::AllgathervOptions;
+    Group *g = (Group *)ctx;
+    std::vector<size_t> n(counts, counts + g->ctx->size);
+    return collective_<Opts>(
+        g, timeout_ms, e, [&](Opts &opts) { opts.setOutput(buf, n); },
+        [](Opts &opts) { gloo::allgatherv(opts); });
+}
+
 void gloo_destroy_(void *ctx, int broken)
 {
     (void)broken;  /* closing the pairs' sockets never waits for peers */
@@ -213,5 +227,5 @@ void gloo_destroy_(void *ctx, int broken)
 
 extern "C" const coll_ops coll_gloo_ops = {
     "gloo", 0, gloo_init_, gloo_allreduce_sum_, gloo_broadcast_,
-    gloo_barrier_, gloo_destroy_,
+    gloo_barrier_, gloo_destroy_, gloo_allgather_,
 };

@@ -252,5 +252,5 @@ static int nccl_barrier_(void *ctx, int timeout_ms, coll_msg *e)
 
 const coll_ops coll_nccl_ops = {
     "nccl", 1, nccl_init_, nccl_allreduce_sum_, nccl_broadcast_,
-    nccl_barrier_, nccl_destroy_,
+    nccl_barrier_, nccl_destroy_, NULL, /* no all-gather yet */
 };

@@ -216,3 +216,8 @@ double model_flops_per_token(const model_config *cfg)
     return 6.0 * model_active_params(cfg) +
            12.0 * cfg->n_layer * (double)cfg->n_embd * cfg->seq_len;
 }
+
+size_t model_optim_bytes_sharded(size_t bytes, int world)
+{
+    return world <= 1 ? bytes : (bytes + (size_t)world - 1) / (size_t)world;
+}

@@ -173,6 +173,15 @@ int model_af_state_floats(const model_config *cfg, model_af_floats *out);
 size_t model_optim_floats(const model_config *cfg, int region,
                           const gpt_optim *o);
 
+/* Bytes of optimizer state one data-parallel rank keeps of `bytes` (the
+ * whole optimizer state of replicated parameters) when optimizer.shard
+ * spreads it over `world` ranks (ZeRO stage 1): bytes / world, rounded up;
+ * world <= 1: bytes. The planners count sharded state through this alone.
+ * (The model's partition, gpt_shard_range, cuts the flat layout into
+ * contiguous ranges of ceil(n / world) floats rounded up to 16: a rank
+ * keeps at most 16 floats of each moment more than this share.) */
+size_t model_optim_bytes_sharded(size_t bytes, int world);
+
 #ifdef __cplusplus
 }
 #endif

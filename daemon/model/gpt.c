@@ -121,6 +121,18 @@ static void free_state_(gpt_model *g)
     free_tables_(g);
 }
 
+/* Floats of v for the whole model: AdamW's the parameters', Adafactor's
+ * the af layout's (the globals', then each slot's of its kind). */
+static size_t v_total_(const gpt_model *g)
+{
+    if (!g->adafactor)
+        return g->n_params;
+    size_t n = g->af_v_global;
+    for (int s = 0; s < g->S; s++)
+        n += g->af_v_kind[g->slot_moe[s]];
+    return n;
+}
+
 static int alloc_state_(gpt_model *g, int S)
 {
     g->S = S;
@@ -152,6 +164,12 @@ static int alloc_state_(gpt_model *g, int S)
         errno = e;
         return -1;
     }
+    g->shard_rank = 0;
+    g->shard_world = 1;
+    g->shard_lo = 0;
+    g->shard_hi = g->n_params;
+    g->shard_vlo = 0;
+    g->shard_vhi = v_total_(g);
     return 0;
 }
 
@@ -720,10 +738,58 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
     adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
 }
 
+/* Sharded AdamW spans of one region (-1 the globals, else slot s) whose
+ * first element is element `base` of the flat layout: each tensor's part
+ * inside [shard_lo, shard_hi), its moments at m, v + (element - shard_lo);
+ * appended at sp, returns the number appended. AdamW is elementwise, so
+ * the parts get the same update as the whole tensors would. */
+static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
+                              const float *gr, size_t base,
+                              const gpt_tensor *ts, int nt, long t, float wd)
+{
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        size_t a = base + ts[i].offset, b = a + ts[i].numel;
+        size_t lo = a > g->shard_lo ? a : g->shard_lo;
+        size_t hi = b < g->shard_hi ? b : g->shard_hi;
+        if (lo >= hi)
+            continue;
+        size_t o = ts[i].offset + (lo - a);
+        sp[n++] = (adamw_span){p + o, gr + o, g->m + (lo - g->shard_lo),
+                               g->v + (lo - g->shard_lo), hi - lo,
+                               ts[i].decay ? wd : 0.0f, t, 0};
+    }
+    return n;
+}
+
+/* gpt_adamw of a model with sharded state: region by region, the step
+ * counts of every region counted (the same on every rank). */
+static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
+                           float eps, float wd, float grad_scale)
+{
+    adamw_span sp[(int)GLOB_NTENSORS > (int)SLOT_NTENSORS_MAX
+                      ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS_MAX];
+    int n = adamw_shard_spans_(g, sp, g->params, g->grads, 0, g->glob,
+                               GLOB_NTENSORS, ++g->adam_t_global, wd);
+    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+    for (int s = 0; s < g->S; s++) {
+        n = adamw_shard_spans_(g, sp, g->slots[s].params, g->slots[s].grads,
+                               g->n_global + g->slot_off[s],
+                               gpt_slot_tensors(g, s),
+                               gpt_slot_ntensors_of(g, s),
+                               ++g->adam_t_slot[s], wd);
+        adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+    }
+}
+
 void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
                float weight_decay, float grad_scale)
 {
     gpt_grads_settle(g);
+    if (g->shard_world > 1) {
+        adamw_sharded_(g, lr, beta1, beta2, eps, weight_decay, grad_scale);
+        return;
+    }
     /* every resident tensor in one parallel region */
     adamw_span *sp = malloc(((size_t)GLOB_NTENSORS +
                              (size_t)g->S * SLOT_NTENSORS_MAX) * sizeof *sp);
@@ -773,6 +839,30 @@ static int af_spans_(const gpt_model *g, int region, adafactor_span *sp,
     return nt;
 }
 
+/* Sharded Adafactor spans of one region whose parameters start at flat
+ * element base and whose v at element vbase of the af layout: the
+ * tensors starting inside [shard_lo, shard_hi) (whole tensors: the
+ * factored statistics are per tensor), m and v at their offsets from the
+ * shard's starts; appended at sp, returns the number appended. */
+static int af_shard_spans_(const gpt_model *g, adafactor_span *sp, float *p,
+                           const float *gr, size_t base, size_t vbase,
+                           const gpt_af_tensor *ts, int nt, long t, float wd)
+{
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        const gpt_af_tensor *a = &ts[i];
+        size_t x = base + a->offset;
+        if (x < g->shard_lo || x >= g->shard_hi)
+            continue;
+        float *r = g->v + (vbase + a->state_off - g->shard_vlo);
+        sp[n++] = (adafactor_span){p + a->offset, gr + a->offset,
+                                   g->m ? g->m + (x - g->shard_lo) : NULL, r,
+                                   a->cols ? r + a->rows : NULL, a->rows,
+                                   a->cols, a->decay ? wd : 0.0f, t, 0};
+    }
+    return n;
+}
+
 int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
                   float weight_decay)
 {
@@ -800,15 +890,27 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
         goto out;
     }
     /* the spans first, the step counts only once the update is certain */
-    int n = af_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, tab[0], nk[0],
-                      g->adam_t_global + 1, weight_decay);
+    int sh = g->shard_world > 1, n;
+    if (sh)
+        n = af_shard_spans_(g, sp, g->params, g->grads, 0, 0, tab[0], nk[0],
+                            g->adam_t_global + 1, weight_decay);
+    else
+        n = af_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, tab[0],
+                      nk[0], g->adam_t_global + 1, weight_decay);
     for (int s = 0; s < g->S; s++) {
         if (g->offloaded[s])
             continue;
         const gpt_slot_state *st = &g->slots[s];
         int k = 1 + g->slot_moe[s];
-        n += af_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v, tab[k],
-                       nk[k], g->adam_t_slot[s] + 1, weight_decay);
+        if (sh)
+            n += af_shard_spans_(g, sp + n, st->params, st->grads,
+                                 g->n_global + g->slot_off[s],
+                                 g->af_v_global + g->af_v_off[s], tab[k],
+                                 nk[k], g->adam_t_slot[s] + 1, weight_decay);
+        else
+            n += af_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v,
+                           tab[k], nk[k], g->adam_t_slot[s] + 1,
+                           weight_decay);
     }
     if (adafactor_update_spans(sp, n, h) != 0) {
         errno = ENOMEM;
@@ -872,6 +974,9 @@ static void copy_floats_(float *dst, const float *src, size_t n)
 
 size_t gpt_optim_bytes(const gpt_model *g)
 {
+    if (g->shard_world > 1)
+        return ((g->m ? g->shard_hi - g->shard_lo : 0) +
+                (g->shard_vhi - g->shard_vlo)) * sizeof(float);
     size_t n = m_floats_(g, -1) + v_floats_(g, -1);
     for (int s = 0; s < g->S; s++)
         if (!g->offloaded[s])
@@ -944,8 +1049,10 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments)
 {
     int L = g->cfg.n_layer, old_S = g->S;
-    if (new_S < 1 || new_S > L)
+    if (new_S < 1 || new_S > L || g->shard_world > 1) {
+        errno = EINVAL;
         return -1;
+    }
     for (int s = 0; s < new_S; s++)
         if (src_of[s] < 0 || src_of[s] >= old_S)
             return -1;
@@ -991,4 +1098,154 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
     free(old_map);
     snapshot_free_(&sn);
     return rc;
+}
+
+/* ------------------------------------------------------------- sharding */
+
+void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi)
+{
+    if (world <= 1) {
+        *lo = 0;
+        *hi = n;
+        return;
+    }
+    size_t chunk = pad_((n + (size_t)world - 1) / (size_t)world);
+    size_t a = (size_t)rank * chunk;
+    *lo = a < n ? a : n;
+    *hi = a + chunk < n ? a + chunk : n;
+}
+
+/* Adafactor's partition: rank's elements [lo, hi) of gpt_shard_range
+ * widened to whole tensors (a tensor is the rank's whose first element
+ * is in its range): *plo, *phi in the flat layout, *vlo, *vhi in the af
+ * layout. -1 when the af layout's tensors are not in the flat layout's
+ * order (the ranges would not be contiguous in both) or out of memory. */
+static int af_shard_range_(const gpt_model *g, int world, int rank,
+                           size_t *plo, size_t *phi, size_t *vlo, size_t *vhi)
+{
+    size_t lo, hi, nv = v_total_(g);
+    gpt_shard_range(g->n_params, world, rank, &lo, &hi);
+    *plo = *phi = g->n_params;
+    *vlo = *vhi = nv;
+    int found_lo = 0, found_hi = 0, rc = 0;
+    size_t last_x = 0, last_v = 0;
+    int first = 1;
+    for (int s = -1; s < g->S && rc == 0; s++) {
+        int region = s < 0 ? -1 : g->slot_moe[s] ? g->cfg.moe_experts > 0 : 0;
+        int nt = gpt_af_tensors(&g->cfg, region, NULL, NULL);
+        gpt_af_tensor *ts = nt > 0 ? malloc((size_t)nt * sizeof *ts) : NULL;
+        if (!ts) {
+            rc = -1;
+            break;
+        }
+        gpt_af_tensors(&g->cfg, region, ts, NULL);
+        size_t base = s < 0 ? 0 : g->n_global + g->slot_off[s];
+        size_t vbase = s < 0 ? 0 : g->af_v_global + g->af_v_off[s];
+        for (int i = 0; i < nt; i++) {
+            size_t x = base + ts[i].offset, v = vbase + ts[i].state_off;
+            if (!first && (x <= last_x || v <= last_v)) {
+                rc = -1;
+                break;
+            }
+            first = 0;
+            last_x = x;
+            last_v = v;
+            if (!found_lo && x >= lo) {
+                *plo = x;
+                *vlo = v;
+                found_lo = 1;
+            }
+            if (!found_hi && x >= hi) {
+                *phi = x;
+                *vhi = v;
+                found_hi = 1;
+            }
+        }
+        free(ts);
+    }
+    if (world <= 1) {
+        *plo = *vlo = 0;
+        *phi = g->n_params;
+        *vhi = nv;
+    }
+    return rc;
+}
+
+/* Rank's ranges of g's state: flat [lo, hi) (weights, and m), af or flat
+ * [vlo, vhi) (v). AdamW: gpt_shard_range's element range for both. */
+static int shard_ranges_(const gpt_model *g, int world, int rank, size_t *lo,
+                         size_t *hi, size_t *vlo, size_t *vhi)
+{
+    if (g->adafactor)
+        return af_shard_range_(g, world, rank, lo, hi, vlo, vhi);
+    gpt_shard_range(g->n_params, world, rank, lo, hi);
+    *vlo = *lo;
+    *vhi = *hi;
+    return 0;
+}
+
+int gpt_shard_counts(const gpt_model *g, int world, int v, size_t *counts)
+{
+    for (int r = 0; r < world; r++) {
+        size_t lo, hi, vlo, vhi;
+        if (shard_ranges_(g, world, r, &lo, &hi, &vlo, &vhi) != 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        counts[r] = v ? vhi - vlo : hi - lo;
+    }
+    return 0;
+}
+
+/* The floats of [a, b) ∩ [c, d) from src (holding [c, d)) into dst
+ * (holding [a, b)). */
+static void copy_overlap_(float *dst, size_t a, size_t b, const float *src,
+                          size_t c, size_t d)
+{
+    size_t x = a > c ? a : c, y = b < d ? b : d;
+    if (x < y && dst && src)
+        copy_floats_(dst + (x - a), src + (x - c), y - x);
+}
+
+int gpt_set_shard(gpt_model *g, int rank, int world)
+{
+    size_t lo, hi, vlo, vhi;
+    if (world < 1 || rank < 0 || rank >= world || g->storage ||
+        g->master_bf16 ||
+        shard_ranges_(g, world, rank, &lo, &hi, &vlo, &vhi) != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (world == g->shard_world && lo == g->shard_lo && hi == g->shard_hi)
+        return 0;
+    int has_m = !g->adafactor || g->af_first_moment;
+    float *m = has_m ? alloc_floats_(hi - lo) : NULL;
+    float *v = alloc_floats_(vhi - vlo);
+    if ((has_m && !m) || !v) {
+        free(m);
+        free(v);
+        errno = ENOMEM;
+        return -1;
+    }
+    /* the elements the old ranges and the new ones share */
+    copy_overlap_(m, lo, hi, g->m, g->shard_lo, g->shard_hi);
+    copy_overlap_(v, vlo, vhi, g->v, g->shard_vlo, g->shard_vhi);
+    free(g->m);
+    free(g->v);
+    g->m = m;
+    g->v = v;
+    g->shard_rank = world > 1 ? rank : 0;
+    g->shard_world = world;
+    g->shard_lo = lo;
+    g->shard_hi = hi;
+    g->shard_vlo = vlo;
+    g->shard_vhi = vhi;
+    for (int s = 0; s < g->S; s++) {
+        int whole = world == 1;
+        g->slots[s].m = whole && has_m ? gpt_slot_ptr(g, g->m, s) : NULL;
+        g->slots[s].v = !whole ? NULL
+                        : g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
+                                       : gpt_slot_ptr(g, g->v, s);
+    }
+    return 0;
 }

@@ -212,6 +212,16 @@ struct gpt_model {
      * (model_param_bytes_of), checkpoints 2. Not with a storage. */
     int master_bf16;
     uint64_t sr_seed;
+    /* Sharded optimizer state (gpt_set_shard; ZeRO stage 1): shard_world
+     * > 1 says m holds only the elements [shard_lo, shard_hi) of the flat
+     * parameter layout, m[0] the element shard_lo, and v only
+     * [shard_vlo, shard_vhi) of its layout (AdamW: the same range;
+     * Adafactor: the af layout's, the range widened to whole tensors);
+     * slots[s].m and .v are then NULL. shard_world 1: whole (lo 0, hi
+     * n_params, vhi all of v). */
+    int shard_rank, shard_world;
+    size_t shard_lo, shard_hi;
+    size_t shard_vlo, shard_vhi;
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
@@ -475,6 +485,31 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
 void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale);
 
+/* The partition of sharded optimizer state (ZeRO stage 1), the one owner
+ * of the rule: of n elements of the flat parameter layout ([globals |
+ * slot 0 | ... ], gpt.h's plain layout), rank r of `world` keeps
+ * [lo, hi): chunks of ceil(n / world) rounded up to 16 floats, rank r
+ * the r-th (the last ranks' chunks may be shorter or empty). world <= 1:
+ * [0, n). */
+void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
+
+/* Re-partition g's optimizer state to rank's part of `world` (world 1:
+ * whole): new m, v of the part, holding the old values of the elements
+ * the old part and the new one share and zeros elsewhere (the caller
+ * gathers the rest); step counts unchanged. AdamW's part is
+ * gpt_shard_range's element range; Adafactor's (its statistics are per
+ * tensor) the whole tensors whose first element is in that range, m in
+ * the flat layout and v in the af layout. Only plain storage and fp32
+ * masters: -1 with errno EINVAL otherwise, ENOMEM when out of memory
+ * (the old state kept). */
+int gpt_set_shard(gpt_model *g, int rank, int world);
+
+/* Each rank's floats of g's state under gpt_set_shard's partition over
+ * `world` ranks, in rank order (ranges contiguous, adding up to the
+ * whole): v 0 the weights' and m's (flat layout), 1 v's. 0, or -1 (errno
+ * EINVAL). */
+int gpt_shard_counts(const gpt_model *g, int world, int v, size_t *counts);
+
 /* Re-lay the model to S' slots with the given share map (len L), each new
  * slot s' a copy of old slot src_of[s'] (params, m, v, step count);
  * grads zeroed. reset_moments zeroes m, v and the step counts of the slots.
@@ -482,7 +517,8 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
  * is first copied to a temporary host snapshot and released, then the new
  * state allocated (through the storage, which may place it anew), so peak
  * memory in the placed pools is max(old, new), not their sum.
- * 0, or -1 (errno): on failure the old layout is restored. */
+ * 0, or -1 (errno): on failure the old layout is restored; EINVAL while
+ * the optimizer state is sharded (gpt_set_shard to world 1 first). */
 int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
                const int *src_of, int reset_moments);
 

@@ -116,6 +116,10 @@ typedef struct {
     gpt_optim optim;       /* the optimizer state (zeroed: AdamW); the CPU
                             * model's Adafactor state by its own sizes
                             * (model_optim_floats), resident only */
+    int shard_world;       /* optimizer.shard: the AdamW state spread over
+                            * this many data-parallel ranks (the phase's
+                            * world size), each rank counted with its share
+                            * (model_optim_bytes_sharded); <= 1: whole */
 } offload_plan_input;
 
 /* A memory plan for one phase (one share map).

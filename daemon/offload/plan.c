@@ -211,6 +211,27 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                           model_optim_floats(c, c->moe_experts > 0,
                                              &in->optim);
     }
+    /* optimizer.shard: a rank keeps its share of the optimizer state (the
+     * cpu backend without offloading, AdamW: the spec refuses the rest) */
+    int D = in->shard_world > 1 ? in->shard_world : 1;
+    if (D > 1 && (cuda || in->budget > 0)) {
+        snprintf(err, errlen, "offload plan: sharded optimizer state "
+                 "(optimizer.shard) is planned on the cpu backend without "
+                 "offloading only");
+        return -1;
+    }
+    /* the optimizer state of the globals and of a slot of each kind,
+     * bytes, whole: AdamW's by the table, Adafactor's by its sizes */
+    size_t opt_g = af ? sizeof(float) * model_optim_floats(c, -1, &in->optim)
+                      : pb.optim * ng;
+    size_t opt_s = af ? sizeof(float) *
+                            model_optim_floats(c, c->moe_experts > 0,
+                                               &in->optim)
+                      : pb.optim * ss;
+    if (D > 1) {
+        out->global_bytes = wg * ng + model_optim_bytes_sharded(opt_g, D);
+        out->slot_bytes = wg * ss + model_optim_bytes_sharded(opt_s, D);
+    }
     if (cuda) {
         out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
         out->workspace_bytes = MM_WORKSPACE; /* cuBLASLt's */
@@ -269,10 +290,12 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         res_of[0] = 0;
         for (int s = 0; s < S; s++)
             res_of[s + 1] = res_of[s] + (kind[s] ? out->slot_bytes
-                                         : af ? wg * ds + sizeof(float) *
-                                                model_optim_floats(c, 0,
-                                                                   &in->optim)
-                                              : pb.resident * ds);
+                                         : wg * ds +
+                                           model_optim_bytes_sharded(
+                                               af ? sizeof(float) *
+                                                    model_optim_floats(
+                                                        c, 0, &in->optim)
+                                                  : pb.optim * ds, D));
     }
     free(kind);
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
@@ -402,6 +425,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
                   spec->optimizer.beta1 > 0,
                   spec->optimizer.master == MASTER_BF16, spec->train.seed},
+        .shard_world = spec->optimizer.shard ? spec_world_of_phase(spec, 0)
+                                             : 1,
     };
 }
 
@@ -434,6 +459,8 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
         char e2[512];
         out->pseudo = calloc(1, sizeof *out->pseudo);
         in.n_slots = spec_slots_of_phase(spec, 1);
+        if (spec->optimizer.shard)
+            in.shard_world = spec_world_of_phase(spec, 1);
         if (!out->pseudo ||
             offload_plan_make(&in, out->pseudo, e2, sizeof e2) != 0) {
             snprintf(err, errlen, "pseudo phase: %s",

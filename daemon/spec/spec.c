@@ -397,6 +397,11 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
     }
     case K_INT:
     case K_LONG: {
+        if (json_is_boolean(v) && k->ilo == 0 && k->ihi == 1) {
+            int x = json_is_true(v); /* a 0|1 key also takes false|true */
+            memcpy(dst, &x, sizeof x);
+            return 0;
+        }
         if (!json_is_integer(v)) {
             seterr_(err, errlen, "%s: must be an integer, got %s", path, shown);
             return -1;
@@ -674,6 +679,32 @@ static int master_check_(const run_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* optimizer.shard: where it is not implemented, refused by name. */
+static int shard_check_(const run_spec *s, char *err, size_t errlen)
+{
+    const char *why =
+        s->device.backend == BACKEND_CUDA
+            ? "on device.backend \"cuda\" (the CUDA backend keeps the whole "
+              "state; use device.backend \"cpu\")"
+        : s->device.memory_budget > 0
+            ? "with offloading (device.memory_budget > 0: offloaded slots "
+              "keep their whole state on the host; set it to 0)"
+        : s->optimizer.name == OPTIMIZER_ADAFACTOR && s->model.moe_experts > 0
+            ? "with optimizer.name \"adafactor\" on an MoE model (an MoE "
+              "slot's Adafactor statistics are not laid out in its "
+              "tensors' order, so whole tensors make no contiguous shard; "
+              "use \"adamw\")"
+        : s->optimizer.master == MASTER_BF16
+            ? "with optimizer.master \"bf16\" (its stochastic rounding is "
+              "keyed by whole tensors; use \"fp32\")"
+            : NULL;
+    if (!why)
+        return 0;
+    seterr_(err, errlen, "optimizer.shard %s is not supported yet; set "
+            "optimizer.shard to false", why);
+    return -1;
+}
+
 /* optimizer.*: Adafactor's knobs only with it, and what it does not run
  * on yet refused by name. */
 static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
@@ -681,10 +712,13 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
     if (s->optimizer.master == MASTER_BF16 &&
         master_check_(s, err, errlen) != 0)
         return -1;
+    if (s->optimizer.shard && shard_check_(s, err, errlen) != 0)
+        return -1;
     if (s->optimizer.name == OPTIMIZER_ADAMW) {
         run_spec d;
         spec_defaults(&d);
         d.optimizer.master = s->optimizer.master; /* either optimizer's */
+        d.optimizer.shard = s->optimizer.shard;
         if (memcmp(&s->optimizer, &d.optimizer, sizeof s->optimizer) != 0) {
             seterr_(err, errlen, "optimizer: its keys other than name are "
                     "Adafactor's; set optimizer.name to \"adafactor\" or "

@@ -86,6 +86,9 @@ typedef struct {
         float eps1, eps2;     /* added to g^2; floor of RMS(x) */
         int scale_parameter;  /* 1: step lr * max(eps2, RMS(x)) */
         master_kind master;   /* either optimizer's master weights */
+        int shard;            /* 1: ZeRO stage 1, the AdamW state sharded
+                               * over the data-parallel ranks (gpt.h
+                               * gpt_shard_range); nothing with one rank */
     } optimizer;
     struct { long every; int keep; } checkpoint;  /* every 0: only at the end */
     struct {

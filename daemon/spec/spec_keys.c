@@ -194,6 +194,15 @@ const key_ spec_keys_[] = {
          "are reproducible). `bf16` runs on `cpu` without "
          "offloading only; the CPU model still computes from an fp32 copy "
          "of the bf16 values."),
+    INT("optimizer", "shard", optimizer.shard, 0, 1,
+        "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards the "
+        "optimizer state over the data-parallel ranks, each keeping that of "
+        "a contiguous 1/`nodes.world_size` of the parameters (Adafactor's "
+        "by whole tensors, dense models only); gradients are summed as before, each rank "
+        "updates its part and the weights are all-gathered. Losses as "
+        "unsharded; checkpoints hold the whole state (any world size "
+        "resumes them). `cpu` without offloading, fp32 masters only; "
+        "nothing with one rank. Trainer API only: m6d refuses it."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),

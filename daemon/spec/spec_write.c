@@ -92,6 +92,10 @@ static int written_(const run_spec *s, const key_ *k)
      * before the key existed */
     if (k->off == OFF(optimizer.master))
         return s->optimizer.master != MASTER_FP32;
+    /* optimizer.shard only when set: an unsharded spec's hash is what it
+     * was before the key existed */
+    if (k->off == OFF(optimizer.shard))
+        return s->optimizer.shard != 0;
     /* optimizer.* only for Adafactor: an AdamW spec's hash is what it was
      * before the key existed */
     if (k->section && strcmp(k->section, "optimizer") == 0)

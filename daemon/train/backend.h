@@ -169,6 +169,27 @@ typedef struct {
     /* Bytes of optimizer state allocated (trainer_optim_bytes). May be
      * NULL: not counted. */
     size_t (*optim_bytes)(void *ctx);
+
+    /* Sharded optimizer state (optimizer.shard, ZeRO stage 1): keep the
+     * AdamW state of rank's range of `world` (model/gpt.h gpt_shard_range
+     * over the flat layout; world 1: whole), the old values of the
+     * elements both ranges hold kept, zeros elsewhere (the trainer
+     * gathers the rest; Adafactor's part is whole tensors, see
+     * gpt_set_shard). While sharded, adamw updates only the range's
+     * weights (the trainer all-gathers them), reslot is refused and the
+     * moments' state_region is NULL. 0, or -1 with err. NULL:
+     * the backend cannot shard. */
+    int (*shard)(void *ctx, int rank, int world, char *err, size_t errlen);
+    /* Host memory of buffer `which` of the whole model in the flat layout
+     * (Adafactor's v: the af layout), contiguous, *n floats (BACKEND_M,
+     * BACKEND_V: only while whole). NULL: not one buffer (offloaded
+     * slots; Adafactor's m without a first moment). NULL member: none. */
+    float *(*flat)(void *ctx, backend_buf which, size_t *n);
+    /* Each of `world` ranks' floats of buffer `which` (as flat lays it)
+     * under shard's partition, in rank order: what the trainer
+     * all-gathers. 0, or -1. */
+    int (*shard_counts)(void *ctx, int world, backend_buf which,
+                        size_t *counts);
 } backend_iface;
 
 typedef struct {

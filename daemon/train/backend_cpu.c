@@ -305,6 +305,8 @@ static int cpu_state_begin_(void *ctx, int for_load)
 static float *cpu_state_region_(void *ctx, backend_buf b, int s)
 {
     const gpt_model *g = &((cpu_ctx_ *)ctx)->model;
+    if (b != BACKEND_PARAMS && g->shard_world > 1)
+        return NULL;  /* the moments are not all here (gpt_set_shard) */
     if (s < 0)
         return b == BACKEND_PARAMS ? g->params : b == BACKEND_M ? g->m : g->v;
     const gpt_slot_state *st = &g->slots[s];
@@ -376,6 +378,36 @@ static float *cpu_grad_region_(void *ctx, int s)
     return s < 0 ? c->model.grads : c->model.slots[s].grads;
 }
 
+static int cpu_shard_(void *ctx, int rank, int world, char *err,
+                      size_t errlen)
+{
+    cpu_ctx_ *c = ctx;
+    if (gpt_set_shard(&c->model, rank, world) == 0)
+        return 0;
+    snprintf(err, errlen, "cannot shard the optimizer state (rank %d of "
+             "%d): %s", rank, world, errno == EINVAL
+                 ? "only fp32 masters without offloading shard (or "
+                   "Adafactor's tensors out of order)"
+                 : strerror(errno));
+    return -1;
+}
+
+static float *cpu_flat_(void *ctx, backend_buf b, size_t *n)
+{
+    gpt_model *g = &((cpu_ctx_ *)ctx)->model;
+    if (g->storage || (b != BACKEND_PARAMS && g->shard_world > 1))
+        return NULL;
+    *n = b == BACKEND_V ? g->shard_vhi : g->n_params;  /* whole: vlo 0 */
+    return b == BACKEND_PARAMS ? g->params : b == BACKEND_M ? g->m : g->v;
+}
+
+static int cpu_shard_counts_(void *ctx, int world, backend_buf b,
+                             size_t *counts)
+{
+    return gpt_shard_counts(&((cpu_ctx_ *)ctx)->model, world, b == BACKEND_V,
+                            counts);
+}
+
 static const backend_iface cpu_iface_ = {
     /* .name           = */ "cpu",
     /* .free           = */ cpu_free_,
@@ -403,6 +435,9 @@ static const backend_iface cpu_iface_ = {
     /* .device_grads   = */ NULL,
     /* .step_loss      = */ NULL,  /* microbatch returns each loss */
     /* .optim_bytes    = */ cpu_optim_bytes_,
+    /* .shard          = */ cpu_shard_,
+    /* .flat           = */ cpu_flat_,
+    /* .shard_counts   = */ cpu_shard_counts_,
 };
 
 /* ------------------------------------------------------------- create */

@@ -601,6 +601,9 @@ static const backend_iface cuda_iface_ = {
     /* .device_grads   = */ cuda_device_grads_,
     /* .step_loss      = */ cuda_step_loss_,
     /* .optim_bytes    = */ NULL,  /* not counted */
+    /* .shard          = */ NULL,  /* the whole state on the device */
+    /* .flat           = */ NULL,
+    /* .shard_counts   = */ NULL,
 };
 
 /* ------------------------------------------------------------- create */

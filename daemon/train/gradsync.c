@@ -497,6 +497,12 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
         return -1;
     }
     const backend_iface *be = t->be.iface;
+    if (t->sharded) {
+        m6_err_set(err, M6_EINVALID, "collectives: the optimizer state is "
+                   "sharded over the old group; trainer_gather_optim on "
+                   "every rank first");
+        return -1;
+    }
     if (W > 1) {
         if (m6_coll_device_buffers(c)) {
             m6_err_set(err, M6_EINVALID, "collectives: backend '%s' reduces "
@@ -568,7 +574,7 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
     t->B_rank = B_r;
     t->accum_rank = A_r;
     dp_backend_(t);
-    return 0;
+    return gradsync_shard_(t, err);
 }
 
 void trainer_set_eval_interrupt(trainer *t, int (*fn)(void *ud), void *ud)
@@ -611,6 +617,94 @@ size_t trainer_step_windows(const trainer *t, size_t *dst)
     return t->n_win;
 }
 
+/* ------------------------------------------------------------ ZeRO stage 1 */
+
+/* Each rank's floats of buffer b under the backend's partition (the
+ * model owns it: gpt_set_shard), malloc'd [t->world]; NULL when out of
+ * memory or the backend cannot say. */
+static size_t *shard_counts_(const trainer *t, backend_buf b)
+{
+    size_t *counts = malloc((size_t)t->world * sizeof *counts);
+    if (counts && t->be.iface->shard_counts(t->be.ctx, t->world, b,
+                                            counts) != 0) {
+        free(counts);
+        return NULL;
+    }
+    return counts;
+}
+
+int gradsync_shard_(trainer *t, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    if (!t->spec.optimizer.shard || t->world <= 1 || t->sharded)
+        return 0;
+    char e2[512];
+    if (!be->shard || !be->flat || !be->shard_counts) {
+        m6_err_set(err, M6_EINVALID, "optimizer.shard: the %s backend "
+                   "cannot shard its optimizer state", be->name);
+        return -1;
+    }
+    if (be->shard(t->be.ctx, t->rank, t->world, e2, sizeof e2) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "optimizer.shard: %s", e2);
+        return -1;
+    }
+    t->sharded = 1;
+    return 0;
+}
+
+int gradsync_unshard_(trainer *t, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    if (!t->sharded)
+        return 0;
+    char e2[512];
+    /* whole, this rank's range in place, then everyone's */
+    if (be->shard(t->be.ctx, 0, 1, e2, sizeof e2) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                   "state: %s", e2);
+        return -1;
+    }
+    t->sharded = 0;
+    /* m, then v (Adafactor without a first moment has no m) */
+    int rc = 0;
+    for (int b = BACKEND_M; b <= BACKEND_V && rc == 0; b++) {
+        size_t n = 0;
+        float *buf = be->flat(t->be.ctx, (backend_buf)b, &n);
+        if (!buf && b == BACKEND_M)
+            continue;
+        size_t *counts = buf ? shard_counts_(t, (backend_buf)b) : NULL;
+        if (!counts) {
+            m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                       "state: out of memory");
+            return -1;
+        }
+        rc = m6_coll_allgather(t->coll, buf, counts, err);
+        free(counts);
+    }
+    return rc;
+}
+
+int gradsync_allgather_params_(trainer *t, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    size_t n = 0;
+    float *p = be->flat(t->be.ctx, BACKEND_PARAMS, &n);
+    size_t *counts = p ? shard_counts_(t, BACKEND_PARAMS) : NULL;
+    if (!counts) {
+        m6_err_set(err, M6_EINTERNAL, "all-gather of the sharded update: "
+                   "%s", p ? "out of memory" : "no flat weights");
+        return -1;
+    }
+    int rc = m6_coll_allgather(t->coll, p, counts, err);
+    free(counts);
+    return rc;
+}
+
+int trainer_gather_optim(trainer *t, m6_err *err)
+{
+    return gradsync_unshard_(t, err) != 0 ? TRAINER_ECOLL : 0;
+}
+
 /* What trainer_broadcast_state sends before the tensors. */
 typedef struct {
     int64_t step, delink_step;
@@ -647,6 +741,12 @@ int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
         m6_err_set(err, M6_EINVALID, "broadcast of the state: backend '%s' "
                    "moves device memory; the trainer's state regions are "
                    "host memory (use gloo)", m6_coll_backend(c));
+        return -1;
+    }
+    if (t->sharded) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: the optimizer "
+                   "state is sharded; trainer_gather_optim on every rank "
+                   "first");
         return -1;
     }
     int me = m6_coll_rank(c);

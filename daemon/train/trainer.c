@@ -704,6 +704,9 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
      * finished slots are all-reduced while its backward goes on */
     pthread_t comm;
     int overlap = 0;
+    /* sharded again after a gather (a checkpoint, trainer_gather_optim) */
+    if (gradsync_shard_(t, err) != 0)
+        return TRAINER_ECOLL;
     if (t->world > 1 && gradsync_layout_(t) != 0) {
         m6_err_set(err, M6_EINTERNAL, "out of memory (all-reduce layout)");
         return TRAINER_ECOLL;
@@ -750,6 +753,10 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
      * the run's later batches and lrs are the ones it would have had. */
     if (isfinite(loss) && isfinite(norm)) {
         be->adamw(t->be.ctx, &adam, norm);
+        /* sharded: each rank updated its range; every rank's to all (a
+         * skipped step skips on every rank: loss and norm are the sums') */
+        if (t->sharded && gradsync_allgather_params_(t, err) != 0)
+            return TRAINER_ECOLL;
         t->bad_steps = 0;
     } else {
         res->skipped = 1;
@@ -892,6 +899,16 @@ int trainer_delink(trainer *t, char *err, size_t errlen)
         free(slot_of);
         free(src);
         snprintf(err, errlen, "delink: out of memory");
+        return -1;
+    }
+    /* sharded: the ranges change with the layout; gather, then re-shard
+     * at the next step (every rank delinks at the same step) */
+    m6_err me = M6_ERR_NONE;
+    if (gradsync_unshard_(t, &me) != 0) {
+        snprintf(err, errlen, "delink: %s", m6_err_msg(&me));
+        m6_err_free(&me);
+        free(slot_of);
+        free(src);
         return -1;
     }
     const int *old = t->be.iface->slot_of(t->be.ctx);

@@ -269,7 +269,11 @@ int trainer_reopen_data(trainer *t, m6_err *err);
 /* Delink (docs/DESIGN.md, "The delink, end to end"): S slots -> L slots, each layer a copy of the slot it
  * shared; AdamW moments copied or zeroed per spec.delink.optimizer; the LR
  * schedule continues, re-warming over spec.delink.rewarm_steps.
- * No-op returning 0 when already Real. Returns -1 with err on OOM. */
+ * No-op returning 0 when already Real. Returns -1 with err on OOM.
+ * With sharded optimizer state (optimizer.shard) it first gathers it
+ * (trainer_gather_optim: a collective, every rank delinks at the same
+ * step) and the next trainer_step shards the grown layout again; -1 with
+ * err when that gather fails. */
 int trainer_delink(trainer *t, char *err, size_t errlen);
 
 /* ---- Data parallelism (DESIGN.md "Data parallelism") ----
@@ -311,7 +315,11 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * first). Called between steps; after trainer_delink with the real
  * phase's group when the worlds differ. The trainer does not own c. c
  * NULL or of one rank also destroys an adopted gradient group. 0, or -1
- * with err (M6_EINVALID) naming what does not fit; t is then unchanged. */
+ * with err (M6_EINVALID) naming what does not fit; t is then unchanged.
+ * With optimizer.shard and more than one rank, the optimizer state is then
+ * sharded over c (each rank keeps its part; trainer_gather_optim makes it
+ * whole again); refused while it is sharded over an earlier group. Load
+ * checkpoints before this call (trainer_load refuses a sharded trainer). */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
 
 /* Sum the gradients over dev, a device-memory group (nccl) of the same
@@ -392,6 +400,15 @@ const offload_plan *trainer_plan(const trainer *t);
  * with err naming the file and the cause. */
 long trainer_save(trainer *t, const char *dir, m6_err *err);
 
+/* optimizer.shard (ZeRO stage 1): make the AdamW state sharded over the
+ * data-parallel group whole again on every rank, each rank's range
+ * all-gathered (a collective: every rank calls it at the same step).
+ * trainer_save of a sharded trainer is refused (M6_EINVALID): call this on
+ * every rank first, then save on one; the checkpoint is the unsharded one
+ * and resumes at any world size, sharded or not. The next trainer_step
+ * shards again. 0 (also when not sharded), or TRAINER_ECOLL with err. */
+int trainer_gather_optim(trainer *t, m6_err *err);
+
 /* Restore from a complete checkpoint dir written by trainer_save for the same
  * spec (spec hash checked; device.backend is left out of it, so checkpoints
  * move between backends). After loading, the run continues bitwise as if
@@ -434,7 +451,8 @@ size_t trainer_device_bytes(const trainer *t);
  * adafactor: 1 its first moment in that layout (0 floats without one), 2
  * its second moment in the af layout (gpt.h gpt_af_tensors: the globals'
  * region, then each slot's). Returns the float count (dst NULL: only
- * that; 0 out of memory). For tests and export; waits for pending
+ * that; 0 out of memory, and 0 for the moments while they are sharded,
+ * trainer_gather_optim). For tests and export; waits for pending
  * updates. */
 size_t trainer_copy_state(trainer *t, int which, float *dst);
 

@@ -234,11 +234,13 @@ out:
 
 /* The spec hash a checkpoint carries: the spec's, with device.backend taken
  * as 'cpu', so checkpoints move between backends (a CPU spec's hash is
- * exactly spec_hash). */
+ * exactly spec_hash), and optimizer.shard as false: the state is saved
+ * whole, and resumes sharded or not. */
 static uint64_t ckpt_hash_(const run_spec *spec)
 {
     run_spec s = *spec;
     s.device.backend = BACKEND_CPU;
+    s.optimizer.shard = 0;  /* changes no float: saved whole */
     return spec_hash(&s);
 }
 
@@ -355,6 +357,12 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
 {
     char tmp[PATH_MAX], path[PATH_MAX + 64];
     struct stat st;
+    if (t->sharded) {
+        m6_err_set(err, M6_EINVALID, "%s: the optimizer state is sharded "
+                   "over %d ranks (optimizer.shard); every rank calls "
+                   "trainer_gather_optim before one saves", dir, t->world);
+        return -1;
+    }
     if (stat(dir, &st) == 0) {
         m6_err_set(err, M6_EINTERNAL, "%s: already exists", dir);
         return -1;
@@ -464,6 +472,13 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     }
     const backend_iface *be = t->be.iface;
     int L = t->spec.model.n_layer, version = 0, n_slots = 0, rc = -1;
+    if (t->sharded) {
+        json_decref(m);
+        m6_err_set(err, M6_EINVALID, "%s: the optimizer state is sharded "
+                   "(optimizer.shard); load before trainer_set_collectives",
+                   dir);
+        return -1;
+    }
     long *steps = NULL;
     json_int_t step, delink_step, adam_t_global;
     const char *phase, *rng, *hash, *format;
@@ -696,6 +711,8 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
 {
     const backend_iface *be = t->be.iface;
     int S = n_slots_(t);
+    if (t->sharded && which != 0)
+        return 0;  /* the moments are spread over the ranks */
     unsigned char *kind = trainer_slot_kinds_(t);
     if (!kind)
         return 0;

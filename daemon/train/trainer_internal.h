@@ -94,6 +94,9 @@ struct trainer {
     size_t *win_pos;        /* (grad_accum*B) positions of this rank's
                              * windows of the last step; n_win of them */
     size_t n_win;
+    int sharded;           /* the backend's optimizer state is sharded
+                            * over this group (optimizer.shard; world
+                            * ranks, gradsync_shard_) */
     long bad_steps;        /* consecutive skipped (non-finite) steps */
     long skipped_steps;    /* all of them; both in checkpoints */
     /* tests (train/test_hooks.h): a fault armed for steps
@@ -156,6 +159,16 @@ int gradsync_overlap_finish_(trainer *t, pthread_t th, double *loss_sum,
 /* Validation on W ranks: rank r the spec's batches r, r+W, ...; the sums
  * all-reduced into *loss. 0, TRAINER_EDATA or TRAINER_ECOLL with err. */
 int gradsync_eval_(trainer *t, float *loss, m6_err *err);
+
+/* optimizer.shard (ZeRO stage 1) over t->coll. shard: keep this rank's
+ * range of the AdamW state (nothing when the spec does not shard, alone,
+ * or sharded already). unshard: every rank's range gathered, the state
+ * whole again on every rank (a collective: every rank calls it at the same
+ * point). allgather_params: after a sharded update, every rank's updated
+ * range of the weights to every rank. 0, or -1 with err. */
+int gradsync_shard_(trainer *t, m6_err *err);
+int gradsync_unshard_(trainer *t, m6_err *err);
+int gradsync_allgather_params_(trainer *t, m6_err *err);
 
 /* The MoE router sums of all ranks' microbatches: *st this rank's on
  * entry, the group's on return, exactly (rank order). 0, or -1 with err. */

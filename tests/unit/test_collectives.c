@@ -9,7 +9,9 @@
  *              several lengths; broadcast from a non-zero root; a barrier
  *              that only returns once every rank has arrived (each rank
  *              leaves a marker file before it enters; the last one comes
- *              late; after the barrier every marker must be there)
+ *              late; after the barrier every marker must be there);
+ *              all-gather in place of uneven parts (one empty) and
+ *              reduce-scatter against the values by hand
  *   missing    a world of 3 where rank 2 never starts: init fails on the
  *              others within the timeout, naming the store key not set
  *   killed     rank 2 dies (SIGKILL) before an all-reduce: the others fail
@@ -117,6 +119,47 @@ static int rank_sum_(file_store *fs, int rank, int world)
         if (st.get(st.ctx, mark, &v, &len, 0, &err) != 0)
             FAIL("left the barrier before rank %d entered it", r);
         free(v);
+    }
+    /* all-gather in place, uneven counts, one rank's empty: rank r's part
+     * holds 1000 r + i (exact), the rest garbage (-1) before the call */
+    {
+        size_t counts[8], n = 0, off = 0;
+        for (int r = 0; r < world; r++)
+            n += counts[r] = r == 1 ? 0 : (size_t)(1000 + 17 * r);
+        float *x = malloc(n * sizeof(float));
+        for (int r = 0; r < world; r++) {
+            for (size_t i = 0; i < counts[r]; i++)
+                x[off + i] = r == rank ? (float)(1000 * r + (int)i) : -1.0f;
+            off += counts[r];
+        }
+        if (m6_coll_allgather(c, x, counts, &err) != 0)
+            FAIL("all-gather: %s", m6_err_msg(&err));
+        off = 0;
+        for (int r = 0; r < world; r++) {
+            for (size_t i = 0; i < counts[r]; i++)
+                if (x[off + i] != (float)(1000 * r + (int)i))
+                    FAIL("all-gather: rank %d's element %zu = %g, want %d",
+                         r, i, (double)x[off + i], 1000 * r + (int)i);
+            off += counts[r];
+        }
+        /* reduce-scatter: this rank's part holds the sums (as the
+         * all-reduce above, exact); counts not adding up are refused */
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)(rank + 1) * (float)((long)(i % 1000) - 500);
+        if (m6_coll_reduce_scatter_sum(c, x, n, counts, &err) != 0)
+            FAIL("reduce-scatter: %s", m6_err_msg(&err));
+        off = 0;
+        for (int r = 0; r < rank; r++)
+            off += counts[r];
+        float tri = (float)(world * (world + 1) / 2);
+        for (size_t i = off; i < off + counts[rank]; i++)
+            if (x[i] != tri * (float)((long)(i % 1000) - 500))
+                FAIL("reduce-scatter: x[%zu] = %g, want %g", i, (double)x[i],
+                     (double)(tri * (float)((long)(i % 1000) - 500)));
+        if (m6_coll_reduce_scatter_sum(c, x, n + 1, counts, &err) == 0 ||
+            err.code != M6_EINVALID)
+            FAIL("reduce-scatter with counts not adding up accepted");
+        free(x);
     }
     /* a bad root is refused and leaves the group usable */
     if (m6_coll_broadcast(c, mark, 1, world, &err) == 0 ||

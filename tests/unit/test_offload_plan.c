@@ -373,6 +373,41 @@ static void test_plan_at_scale_mixed(void **state)
     assert_non_null(strstr(err, "pseudo phase"));
 }
 
+/* optimizer.shard at D = 4 on the hand-counted model below: each rank
+ * keeps weights 4 + gradients 4 bytes a parameter and a quarter of
+ * AdamW's m and v (8 / 4 = 2): 10 bytes a parameter, by hand; with a
+ * budget (offloading) the sharded plan is refused. */
+static void test_plan_sharded(void **state)
+{
+    (void)state;
+    size_t n_global = 1184, slot = 3280;  /* as in test_plan_hand_counted */
+    offload_plan_input in = {
+        .model = {.vocab_size = 64, .n_layer = 4, .n_head = 2, .n_embd = 16,
+                  .seq_len = 8},
+        .n_slots = 4, .slot_of = NULL, .batch_size = 2, .grad_accum = 2,
+        .prefetch = 2, .backend = BACKEND_CPU, .budget = 0,
+        .shard_world = 4,
+    };
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.global_bytes, 10 * n_global);
+    assert_int_equal(p.slot_bytes, 10 * slot);
+    offload_plan_free(&p);
+    in.budget = (size_t)1 << 30;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "optimizer.shard"));
+    /* from a spec: the real phase's world, the pseudo phase's own */
+    run_spec sp;
+    spec_defaults(&sp);
+    sp.optimizer.shard = 1;
+    sp.nodes.world_size = 4;
+    sp.nodes.pseudo_world_size = 2;
+    assert_int_equal(offload_plan_input_of(&sp).shard_world, 4);
+    sp.optimizer.shard = 0;
+    assert_int_equal(offload_plan_input_of(&sp).shard_world, 1);
+}
+
 static void test_plan_hand_counted(void **state)
 {
     (void)state;
@@ -628,6 +663,7 @@ static void test_plan_hand_counted_cuda(void **state)
 
 TEST_MAIN(
     cmocka_unit_test(test_plan_hand_counted),
+    cmocka_unit_test(test_plan_sharded),
     cmocka_unit_test(test_plan_hand_counted_moe),
     cmocka_unit_test(test_plan_m6_10t),
     cmocka_unit_test(test_plan_mixed_kinds),

@@ -414,6 +414,68 @@ static void test_nodes(void **state)
     assert_int_equal(b, 6); assert_int_equal(a, 4);
 }
 
+/* optimizer.shard: false by default and then absent from the canonical
+ * JSON (older specs keep their hash); true (or 1) parsed, written and
+ * hashed; refused by name where it is not implemented. */
+static void test_optimizer_shard(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512];
+    const char *base = "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+                       "\"nodes\":{\"world_size\":2},\"optimizer\":"
+                       "{\"shard\":%s}%s}";
+    char j[512];
+    snprintf(j, sizeof j, base, "false", "");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(d.optimizer.shard, 0);
+    char *w = spec_to_json(&d);
+    assert_null(strstr(w, "shard"));
+    free(w);
+    snprintf(j, sizeof j, base, "true", "");
+    assert_int_equal(parse(&s, j, err, sizeof err), 0);
+    assert_int_equal(s.optimizer.shard, 1);
+    roundtrip(&s);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    snprintf(j, sizeof j, base, "1", "");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(d.optimizer.shard, 1);
+    static const struct { const char *extra, *want; } bad[] = {
+        {",\"device\":{\"backend\":\"cuda\"}", "device.backend \"cuda\""},
+        {",\"device\":{\"memory_budget\":100000000}", "with offloading"},
+    };
+    for (int i = 0; i < 2; i++) {
+        snprintf(j, sizeof j, base, "true", bad[i].extra);
+        assert_int_equal(parse(&d, j, err, sizeof err), -1);
+        assert_contains(err, "optimizer.shard");
+        assert_contains(err, bad[i].want);
+    }
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+             "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
+             "\"master\":\"bf16\"}}");
+    assert_int_equal(parse(&d, j, err, sizeof err), -1);
+    assert_contains(err, "optimizer.shard");
+    assert_contains(err, "optimizer.master \"bf16\"");
+    /* Adafactor on an MoE model: refused by name */
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+             "\"model\":{\"moe\":{\"num_experts\":4,\"prototypes\":2}},"
+             "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
+             "\"name\":\"adafactor\"}}");
+    assert_int_equal(parse(&d, j, err, sizeof err), -1);
+    assert_contains(err, "optimizer.shard");
+    assert_contains(err, "MoE model");
+        /* Adafactor shards (by whole tensors) */
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+             "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
+             "\"name\":\"adafactor\"}}");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(d.optimizer.shard, 1);
+    roundtrip(&d);
+    snprintf(j, sizeof j, base, "2", "");
+    assert_int_equal(parse(&d, j, err, sizeof err), -1);
+    assert_contains(err, "optimizer.shard");
+}
+
 /* offload.speculative: auto by default and then absent from the canonical
  * JSON (the hash of older specs stands); on/off written, hashed, parsed;
  * a wrong value named. */
@@ -928,6 +990,7 @@ TEST_MAIN(
     cmocka_unit_test(test_moe),
     cmocka_unit_test(test_delink_policy),
     cmocka_unit_test(test_nodes),
+    cmocka_unit_test(test_optimizer_shard),
     cmocka_unit_test(test_offload_speculative),
     cmocka_unit_test(test_float_roundtrip),
     cmocka_unit_test(test_full_spec),
