@@ -880,7 +880,7 @@ static void run_one_(runner *c, int64_t id)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->hold_path[0]) {
             pthread_mutex_unlock(&c->mu);
-            runner_test_hold_(c);
+            runner_test_hold_(c, r.t ? trainer_step_count(r.t) : 0);
             pthread_mutex_lock(&c->mu);
         }
         run_machine_take tk = run_machine_boundary(&c->machine);

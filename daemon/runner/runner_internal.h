@@ -157,8 +157,9 @@ int runner_owed_(run_ctx *r, int redo, m6_err *err);
 void runner_commands_done_(run_ctx *r);
 
 /* Tests (M6_TEST_HOLD_BOUNDARY): hold the boundary while the file is
- * there. */
-void runner_test_hold_(runner *c);
+ * there; a file holding a step count N holds only the boundaries after
+ * step N or later (step: the run's steps done). */
+void runner_test_hold_(runner *c, long step);
 
 /* Stop: everything written, then stopped (1); else the run pauses with
  * the reason and a later stop retries (0). */

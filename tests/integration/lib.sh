@@ -340,13 +340,30 @@ hold_boundary() {
         log_has "$lg" 'test.hold' $((before + 1))
 }
 release_boundary() { rm -f "$HOLD_FILE"; }
+# hold_at_step N [nowait]: the runner holds at the first boundary after
+# step N or later (the step count in HOLD_FILE), however fast the run
+# trains: give it before the run can reach N (a short run could otherwise
+# end between a wait_step and a hold_boundary). Waits for the hold as
+# hold_boundary does; with nowait, wait_held does (after a submit or a
+# resume that lets the run get there).
+hold_at_step() {
+    HOLD_LOG=$T/m6d-$(basename "$(dirname "$SOCK")").log
+    HOLD_SEEN=$(grep -c 'test.hold' "$HOLD_LOG" 2>/dev/null || true)
+    HOLD_STEP=$1
+    echo "$1" >"$HOLD_FILE.tmp" && mv "$HOLD_FILE.tmp" "$HOLD_FILE"
+    [ "${2:-}" = nowait ] || wait_held
+}
+wait_held() {
+    wait_for "the runner to hold at the boundary after step $HOLD_STEP (log line test.hold)" 60 \
+        log_has "$HOLD_LOG" 'test.hold' $((HOLD_SEEN + 1))
+}
 
 # pause_at_step RUN N: pauses RUN at the boundary after step N (held there
-# while the pause is sent, so it lands then, whatever the speed of a step)
-# and waits until it is paused
+# while the pause is sent, so it lands then, whatever the speed of a step;
+# the run must not be past N yet for it to be exactly N) and waits until it
+# is paused
 pause_at_step() {
-    wait_step "$1" "$2"
-    hold_boundary
+    hold_at_step "$2"
     ctl pause "$1" >/dev/null || fail "pause of run $1 at step $2 refused"
     release_boundary
     wait_state "$1" paused

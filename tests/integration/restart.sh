@@ -9,9 +9,9 @@
 # into R) and holds at the step boundary after STEP
 ref_held() {
     start_daemon "$1"
+    hold_at_step "$2" nowait
     R=$(ctl submit "$T/ref.json")
-    wait_step "$R" "$2"
-    hold_boundary
+    wait_held
 }
 # ref_killed DIR STEP: ref_held, then m6d killed -9 while it holds
 ref_killed() {
@@ -132,8 +132,12 @@ log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 #    is replayed at the same step (phases table), the curve is the same.
 CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
+hold_at_step 5 nowait
 R=$(ctl submit "$T/op.json")
-pause_at_step "$R" 5
+wait_held
+ctl pause "$R" >/dev/null || fail "pause of run $R at step 5 refused"
+release_boundary
+wait_state "$R" paused
 P=$(field "$R" step)
 # a paused run delinks at once, at the boundary it is paused at, and stays
 # paused
@@ -143,9 +147,9 @@ echo "$out" | has "delinks now, at the step boundary it is paused at; it stays p
 wait_for "paused run $R to delink" 20 sh -c \
     "[ \"\$(sqlite3 -cmd '.timeout 5000' '$T/op/m6.db' \"select phase from runs where id=$R\")\" = real ]"
 [ "$(field "$R" state)" = paused ] || fail "run $R after a delink while paused: $(field "$R" state)"
+hold_at_step $((P + 5)) nowait
 ctl resume "$R" >/dev/null
-wait_step "$R" $((P + 5))
-hold_boundary
+wait_held
 kill9_daemon
 release_boundary
 K=$(db "$T/op" "select step from runs where id=$R")
