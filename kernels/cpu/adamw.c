@@ -89,6 +89,23 @@ int grad_sumsq_many(double *out, const float *const *bufs, const size_t *ns,
     return 0;
 }
 
+/* One element's AdamW update (Loshchilov & Hutter 2019, Algorithm 2):
+ * m, v updated in place, the new weight returned. g: the scaled
+ * gradient; bc1, bc2: the bias corrections 1 - beta^t. The one place of
+ * the formula for both loops below. */
+static inline float adamw_elem_(float p, float g, float *m, float *v,
+                                float lr, float beta1, float beta2, float eps,
+                                float weight_decay, float bc1, float bc2)
+{
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    float mhat = mi / bc1;
+    float vhat = vi / bc2;
+    *m = mi;
+    *v = vi;
+    return p - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+}
+
 /* AdamW over elements [0, n) of one span; an orphaned worksharing loop
  * (no barrier). bc1, bc2: the bias corrections 1 - beta^t. */
 M6_SIMD_CLONES
@@ -98,16 +115,10 @@ static void adamw_span_(float *params, const float *grads, float *m, float *v,
                         float bc1, float bc2)
 {
     #pragma omp for schedule(static) nowait
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = mi / bc1;
-        float vhat = vi / bc2;
-        m[i] = mi;
-        v[i] = vi;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        params[i] = adamw_elem_(params[i], grads[i] * grad_scale, &m[i],
+                                &v[i], lr, beta1, beta2, eps, weight_decay,
+                                bc1, bc2);
 }
 
 /* adamw_span_ for bf16 master weights: the same arithmetic, each new
@@ -122,15 +133,8 @@ static void adamw_span_sr_(float *params, const float *grads, float *m,
 {
     #pragma omp for schedule(static) nowait
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = mi / bc1;
-        float vhat = vi / bc2;
-        m[i] = mi;
-        v[i] = vi;
-        float p = params[i] -
-                  lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
+        float p = adamw_elem_(params[i], grads[i] * grad_scale, &m[i], &v[i],
+                              lr, beta1, beta2, eps, weight_decay, bc1, bc2);
         params[i] = sr_round_bf16(p, sr_bits(key, (uint64_t)t, i));
     }
 }
