@@ -3,6 +3,7 @@
  * (see cluster.h).
  */
 #include "cluster/cluster.h"
+#include "common/durable.h"
 #include "common/memlimit.h"
 
 #include <errno.h>
@@ -21,6 +22,29 @@
 #ifdef M6_CLUSTER_CUDA
 #include <cuda_runtime.h>
 #endif
+
+/* path replaced whole by n bytes of buf, mode `mode`: written to a fresh
+ * temporary name beside it (mkstemp, never a planted link), fsynced, then
+ * renamed over it, so a crash leaves the old file or the new one, never
+ * half of either. 0, or -1 with err naming path and the cause. */
+static int replace_file_(const char *path, const void *buf, size_t n,
+                         unsigned mode, char *err, size_t errlen)
+{
+    char tmp[4300];
+    int fd = create_temp_beside(path, mode, tmp, sizeof tmp, err, errlen);
+    if (fd < 0) return -1;
+    int ok = write_all_fd(fd, buf, n, tmp, err, errlen) == 0;
+    int e = 0;
+    if (ok && fsync(fd) != 0) ok = 0, e = errno;
+    if (close(fd) != 0 && ok) ok = 0, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
+    if (!ok) {
+        unlink(tmp);
+        if (e) snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
 
 /* ---------------------------------------------------------------- address */
 
@@ -228,7 +252,7 @@ static int is_uuid_(const char *s)
 int cluster_node_uuid(const char *state_dir, char out[33], char *err,
                       size_t errlen)
 {
-    char path[4200], tmp[4210];
+    char path[4200];
     snprintf(path, sizeof path, "%s/node-id", state_dir);
     FILE *f = fopen(path, "re");
     if (f) {
@@ -256,25 +280,9 @@ int cluster_node_uuid(const char *state_dir, char out[33], char *err,
     }
     for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
     /* written to a temporary name, then renamed: never half a node id */
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    f = fopen(tmp, "we");
-    int ok = f && fprintf(f, "%s\n", out) > 0 && fflush(f) == 0 &&
-             fsync(fileno(f)) == 0;
-    int e = errno;
-    if (f && fclose(f) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
-        return -1;
-    }
-    return 0;
+    char line[40];
+    int n = snprintf(line, sizeof line, "%s\n", out);
+    return replace_file_(path, line, (size_t)n, 0640, err, errlen);
 }
 
 /* ------------------------------------------------------------ node secret */
@@ -325,29 +333,9 @@ int cluster_node_secret_save(const char *state_dir,
                              const uint8_t s[CLUSTER_SECRET_LEN], char *err,
                              size_t errlen)
 {
-    char path[4200], tmp[4210];
+    char path[4200];
     snprintf(path, sizeof path, "%s/node-secret", state_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unlink(tmp);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                  0600);
-    int ok = fd >= 0 && write(fd, s, CLUSTER_SECRET_LEN) == CLUSTER_SECRET_LEN &&
-             fsync(fd) == 0;
-    int e = errno;
-    if (fd >= 0 && close(fd) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
-        return -1;
-    }
-    return 0;
+    return replace_file_(path, s, CLUSTER_SECRET_LEN, 0600, err, errlen);
 }
 
 int cluster_node_secret_ensure(const char *state_dir, char hex[65],
