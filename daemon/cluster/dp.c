@@ -178,6 +178,11 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
                          .timeout_ms = timeout_ms, .hostname = host};
     g = m6_coll_init(&cc, err);
     if (!g) goto out;
+    /* the address its collectives bound: Gloo's listeners live only while
+     * the group forms, so this line is what an operator (or a test) reads */
+    log_info("cluster.group", "run=%lld generation=%lld rank=%d "
+             "world_size=%d local=%s", (long long)run, (long long)gen, rank,
+             world, host ? host : "default");
     int rc = trainer_broadcast_state(t, g, 0, err);
     if (rc != 0) {
         m6_err_prefix(err, "broadcasting rank 0's state");

@@ -33,16 +33,16 @@ WPID=$M6D_PID
 # the single-node reference, on the coordinator itself (world size 1)
 R1=$(ctl submit "$T/one.json")
 ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
-# the collectives bind the cluster addresses, read from the sockets:
-# Gloo's listeners live only while a group forms (this run forms two,
-# before and after its delink), so a poller in each namespace lists
-# m6d's listening TCP sockets until step 13; every one is on the
-# namespace's veth address (the coordinator: its port and Gloo's), never
-# a wildcard nor 127.0.0.1 (unreachable for the remote peer). The
-# worker's listeners are gone sooner (the poller sees them in some runs,
-# not all), so its side is also read from its connection from 192.0.2.2
-# to a Gloo port of 192.0.2.1 while the run trains, and from the address
-# it logged it binds.
+# the collectives bind the cluster addresses. Gloo's listeners live only
+# while a group forms (this run forms two, before and after its delink),
+# so the proof has three parts: each rank logs the address its group
+# binds (cluster.group local=); while the run trains, each side holds a
+# Gloo connection between 192.0.2.2 and a Gloo port of 192.0.2.1 (read
+# from both namespaces' sockets); and a poller in each namespace lists
+# m6d's listening TCP sockets until step 13: whatever it sees (it can
+# miss a short-lived listener on a loaded machine) is on the namespace's
+# veth address, never a wildcard nor 127.0.0.1 (unreachable for the
+# remote peer).
 POLLERS=
 for ns in "$NC" "$NW"; do
     ip netns exec "$ns" bash -c 'while [ ! -e "$1" ]; do ss -Htlnp; done' sh "$T/ss.stop" |
@@ -58,12 +58,20 @@ sort -u -o "$T/listen-$NC" "$T/listen-$NC"; sort -u -o "$T/listen-$NW" "$T/liste
 log "m6d listened on: coordinator $(tr '\n' ' ' <"$T/listen-$NC")| worker $(tr '\n' ' ' <"$T/listen-$NW")"
 ! grep -vE '^192\.0\.2\.1:[0-9]+$' "$T/listen-$NC" | grep -q . \
     || fail "the coordinator listened beyond 192.0.2.1: $(cat "$T/listen-$NC")"
-grep -v ':7070$' "$T/listen-$NC" | grep -q . || fail "no Gloo listener seen on 192.0.2.1: $(cat "$T/listen-$NC")"
 ! grep -vE '^192\.0\.2\.2:[0-9]+$' "$T/listen-$NW" | grep -q . \
     || fail "the worker listened beyond 192.0.2.2: $(cat "$T/listen-$NW")"
 ip netns exec "$NW" ss -Htnp state established | awk '/m6d/ {print $3, $4}' >"$T/conn-w"
-grep -E '^192\.0\.2\.2:[0-9]+ 192\.0\.2\.1:[0-9]+$' "$T/conn-w" | grep -qv ':7070$' \
-    || fail "no Gloo connection from 192.0.2.2 to 192.0.2.1: $(cat "$T/conn-w")"
+ip netns exec "$NC" ss -Htnp state established | awk '/m6d/ {print $4, $3}' >"$T/conn-c"
+for side in w c; do
+    # as (worker end, coordinator end); the coordinator's end is not its
+    # cluster port: a Gloo connection, whichever side opened it
+    grep -E '^192\.0\.2\.2:[0-9]+ 192\.0\.2\.1:[0-9]+$' "$T/conn-$side" | grep -qv ':7070$' \
+        || fail "no Gloo connection between 192.0.2.2 and 192.0.2.1 seen from side $side: $(cat "$T/conn-$side")"
+done
+grep -qE "cluster.group run=$RUN .*rank=0 world_size=2 local=192\.0\.2\.1$" "$T/m6d-c.log" \
+    || fail "rank 0 did not log binding 192.0.2.1: $(grep cluster.group "$T/m6d-c.log")"
+grep -qE "cluster.group run=$RUN .*rank=1 world_size=2 local=192\.0\.2\.2$" "$T/m6d-w.log" \
+    || fail "rank 1 did not log binding 192.0.2.2: $(grep cluster.group "$T/m6d-w.log")"
 grep -q "cluster.rank run=$RUN rank=1 world_size=2" "$T/m6d-w.log" || fail "netw is not rank 1"
 ctl events "$RUN" | has -E 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || fail "no assignment of netw"
 
