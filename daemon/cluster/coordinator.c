@@ -1,6 +1,7 @@
 /*
- * coordinator.c — the coordinator's TCP listener, node registry and store
- * service (see coordinator.h).
+ * coordinator.c — the coordinator's TCP listener, peers, node registry and
+ * the store's admission (see coordinator.h); the store's keys and
+ * requests are coordinator_store.c.
  *
  * Lifetimes (libuv rules, as in control/server.c): a peer owns two handles
  * (its TCP stream and a timer: the first-frame deadline, then a parked
@@ -26,92 +27,11 @@
 #include "proto/frame.h"
 #include "dist/store.h"
 #include "m6.pb-c.h"
-
-typedef enum { PEER_NEW = 0, PEER_NODE, PEER_STORE } peer_kind;
-
-typedef struct peer peer;
-
-typedef struct store_entry {
-    int64_t run, gen;
-    char *key;
-    uint8_t *val;
-    size_t len;
-    struct store_entry *next;
-} store_entry;
-
-/* A run's latest generation (cluster_coord_assign): a worker's store
- * opens only that one. */
-typedef struct run_gen {
-    int64_t run, gen;
-    struct run_gen *next;
-} run_gen;
-
-/* A rank assignment waiting for its node's next heartbeat (dp.h). */
-typedef struct assign_entry {
-    int64_t node_id, run, gen;
-    int rank, world, timeout_ms;
-    char *spec;
-    struct assign_entry *next;
-} assign_entry;
-
-struct cluster_coord {
-    uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
-    assign_entry *assigns;
-    run_gen *gens;
-    uv_timer_t sweep;   /* heartbeat timeouts */
-    uv_loop_t *loop;
-    state *st;
-    SSL_CTX *tls;       /* the PSK's server side (tls.h) */
-    int timeout_ms, auth_ms;
-    int port;
-    int n_new;          /* unauthenticated peers */
-    unsigned long next_id;
-    peer *peers;
-    store_entry *store;
-    size_t store_bytes, store_keys;
-    int handles_open;   /* listener, sweep: freed at 0 after fini */
-    /* refusal log lines, one per address and reason per
-     * CLUSTER_REFUSAL_LOG_MS */
-    struct refusal_log {
-        char host[64];
-        char why[64];
-        uint64_t last_ms;
-        unsigned long suppressed;
-    } refusals[32];
-};
-
-struct peer {
-    uv_tcp_t tcp;       /* first: handle <-> peer */
-    uv_timer_t timer;
-    cluster_coord *co;
-    unsigned long id;
-    char addr[96];
-    char host[64];      /* addr without the port: the per-address limit */
-    cluster_tls tls;    /* ciphertext in and out; plaintext frames in rd */
-    frame_reader rd;
-    peer_kind kind;
-    int closing, handles_open, reading;
-    peer *prev, *next;
-    /* a node */
-    int64_t node_id;    /* 0: none (refused, or replaced by a reconnect) */
-    char hostname[256];
-    uint64_t last_hb;   /* uv_now of its latest frame */
-    int64_t arun;       /* wiring: the run of its latest assignment, 0 */
-    int arank;          /* ... its rank there */
-    /* a store client */
-    int64_t run, gen;
-    int rank;           /* the rank it writes as (StoreOpen) */
-    int parked;         /* a get/wait waits for keys (timer running) */
-    int parked_get;     /* ... a get: reply with the value */
-    char **keys;
-    size_t n_keys;
-    int timeout_ms;
-};
+#include "cluster/coordinator_internal.h"
 
 /* ------------------------------------------------------------------- peers */
 
-static void peer_free_keys_(peer *p)
+void coord_peer_free_keys(peer *p)
 {
     for (size_t i = 0; i < p->n_keys; i++) free(p->keys[i]);
     free(p->keys);
@@ -126,7 +46,7 @@ static void handle_closed_(uv_handle_t *h)
     if (--p->handles_open > 0) return;
     cluster_tls_free(&p->tls);
     frame_reader_free(&p->rd);
-    peer_free_keys_(p);
+    coord_peer_free_keys(p);
     free(p);
 }
 
@@ -204,7 +124,7 @@ static void flush_(peer *p, int close_after)
 
 /* Queue a Response (inside TLS); close the connection after it when
  * close_after. */
-static void send_(peer *p, const M6__Response *resp, int close_after)
+void coord_send(peer *p, const M6__Response *resp, int close_after)
 {
     if (p->closing) return;
     size_t len;
@@ -215,13 +135,13 @@ static void send_(peer *p, const M6__Response *resp, int close_after)
     flush_(p, close_after);
 }
 
-static void reply_status_(peer *p, M6__Status st, const char *msg,
+void coord_reply_status(peer *p, M6__Status st, const char *msg,
                           int close_after)
 {
     M6__Response r = M6__RESPONSE__INIT;
     r.status = st;
     r.message = (char *)msg;
-    send_(p, &r, close_after);
+    coord_send(p, &r, close_after);
 }
 
 static void hard_close_(uv_timer_t *t)
@@ -235,7 +155,7 @@ static void hard_close_(uv_timer_t *t)
  * comes with the next line (suppressed=N), so a flood of hostile
  * connections costs a few lines a minute (a handful of reasons), not one
  * each. */
-static void log_refusal_(cluster_coord *co, const peer *p, const char *why)
+void coord_log_refusal(cluster_coord *co, const peer *p, const char *why)
 {
     uint64_t now = uv_now(co->loop);
     struct refusal_log *e = NULL, *oldest = &co->refusals[0];
@@ -271,12 +191,12 @@ static void log_refusal_(cluster_coord *co, const peer *p, const char *why)
  * no channel to send it on): only the TLS alert, if any, then the close. */
 static void refuse_(peer *p, M6__Status st, const char *msg, const char *why)
 {
-    log_refusal_(p->co, p, why);
+    coord_log_refusal(p->co, p, why);
     if (p->reading) uv_read_stop((uv_stream_t *)&p->tcp);
     p->reading = 0;
-    peer_free_keys_(p);
+    coord_peer_free_keys(p);
     uv_timer_start(&p->timer, hard_close_, (uint64_t)p->co->auth_ms, 0);
-    if (p->tls.handshaken) reply_status_(p, st, msg, 1);
+    if (p->tls.handshaken) coord_reply_status(p, st, msg, 1);
     else flush_(p, 1);
 }
 
@@ -484,7 +404,7 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     r.node_join = &jr;
     snprintf(msg, sizeof msg, "%s as node %lld", how, (long long)id);
     r.message = msg;
-    send_(p, &r, 0);
+    coord_send(p, &r, 0);
 }
 
 /* The assignment for node id, unlinked (the caller frees it), or NULL. */
@@ -554,7 +474,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
                              rq->node_heartbeat->free_device_memory);
         assign_entry *a = take_assign_(co, p->node_id);
         if (!a) {
-            reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
+            coord_reply_status(p, M6__STATUS__STATUS_OK, "", 0);
             return;
         }
         M6__RunAssign ra = M6__RUN_ASSIGN__INIT;
@@ -569,7 +489,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         r.message = (char *)"";
         r.body_case = M6__RESPONSE__BODY_RUN_ASSIGN;
         r.run_assign = &ra;
-        send_(p, &r, 0);
+        coord_send(p, &r, 0);
         p->arun = a->run;
         p->arank = a->rank;
         free(a->spec);
@@ -578,10 +498,10 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
     }
     case M6__REQUEST__BODY_NODE_LEAVE:
         node_gone_(p, NODE_LEFT, "the node stopped (NodeLeave)");
-        reply_status_(p, M6__STATUS__STATUS_OK, "left", 1);
+        coord_reply_status(p, M6__STATUS__STATUS_OK, "left", 1);
         return;
     default:
-        reply_status_(p, M6__STATUS__STATUS_UNKNOWN_REQUEST,
+        coord_reply_status(p, M6__STATUS__STATUS_UNKNOWN_REQUEST,
                       "a node connection takes NodeHeartbeat and NodeLeave "
                       "only", 0);
     }
@@ -661,75 +581,7 @@ int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
     return k;
 }
 
-/* ------------------------------------------------------------------ store */
-
-static store_entry *store_find_(cluster_coord *co, int64_t run, int64_t gen,
-                                const char *key)
-{
-    for (store_entry *e = co->store; e; e = e->next)
-        if (e->run == run && e->gen == gen && strcmp(e->key, key) == 0)
-            return e;
-    return NULL;
-}
-
-/* The first missing key of the peer's parked request, or NULL: all set. */
-static const char *store_missing_(peer *p)
-{
-    for (size_t i = 0; i < p->n_keys; i++)
-        if (!store_find_(p->co, p->run, p->gen, p->keys[i])) return p->keys[i];
-    return NULL;
-}
-
-static void pump_(peer *p);
-
-/* Answer a parked request (its keys are all set now). */
-static void store_answer_(peer *p)
-{
-    uv_timer_stop(&p->timer);
-    M6__Response r = M6__RESPONSE__INIT;
-    M6__StoreValue sv = M6__STORE_VALUE__INIT;
-    if (p->parked_get) {
-        store_entry *e = store_find_(p->co, p->run, p->gen, p->keys[0]);
-        sv.value.data = e->val;
-        sv.value.len = e->len;
-        r.body_case = M6__RESPONSE__BODY_STORE_VALUE;
-        r.store_value = &sv;
-    }
-    send_(p, &r, 0);
-    peer_free_keys_(p);
-}
-
-/* The parked request's deadline passed: STATUS_TIMEOUT naming a key. */
-static void store_refuse_timeout_(peer *p)
-{
-    char msg[512];
-    const char *miss = store_missing_(p);
-    snprintf(msg, sizeof msg, "store (run %lld, generation %lld): key \"%s\" "
-             "not set after %d ms%s", (long long)p->run, (long long)p->gen,
-             miss ? miss : "?", p->timeout_ms,
-             p->n_keys > 1 ? " (waiting for several keys)" : "");
-    reply_status_(p, M6__STATUS__STATUS_TIMEOUT, msg, 0);
-    peer_free_keys_(p);
-}
-
-static void store_timeout_(uv_timer_t *t)
-{
-    peer *p = t->data;
-    if (p->closing || !p->parked) return;
-    store_refuse_timeout_(p);
-    pump_(p);
-}
-
-int cluster_store_key_owner(const char *key)
-{
-    const char *last = strrchr(key, '/');
-    last = last ? last + 1 : key;
-    if (strncmp(last, "rank_", 5) == 0) last += 5;
-    if (!*last || strlen(last) > 9) return 0;
-    for (const char *c = last; *c; c++)
-        if (*c < '0' || *c > '9') return 0;
-    return atoi(last);
-}
+/* ------------------------------------------------- the store's admission */
 
 /* The latest generation assigned in run (0: none). */
 static int64_t run_gen_(cluster_coord *co, int64_t run)
@@ -740,30 +592,6 @@ static int64_t run_gen_(cluster_coord *co, int64_t run)
         if (rg->run == run) g = rg->gen;
     pthread_mutex_unlock(&co->amu);
     return g;
-}
-
-/* Free the store's keys of run's generations older than gen (nobody
- * waits on them: a parked request of such a generation times out). */
-static void store_free_stale_(cluster_coord *co, int64_t run, int64_t gen)
-{
-    size_t n = 0;
-    for (store_entry **pp = &co->store; *pp;) {
-        store_entry *e = *pp;
-        if (e->run == run && e->gen < gen) {
-            *pp = e->next;
-            co->store_bytes -= e->len;
-            co->store_keys--;
-            free(e->key);
-            free(e->val);
-            free(e);
-            n++;
-        } else {
-            pp = &e->next;
-        }
-    }
-    if (n)
-        log_debug("store.free", "run=%lld below_gen=%lld keys=%zu",
-                  (long long)run, (long long)gen, n);
 }
 
 /* Whether the StoreOpen's node id, secret and rank are a rank of (run,
@@ -791,130 +619,6 @@ static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
         return 0;
     }
     return 1;
-}
-
-static int valid_key_(const char *k)
-{
-    size_t n = k ? strlen(k) : 0;
-    return n >= 1 && n <= M6_STORE_KEY_MAX;
-}
-
-enum { STORE_WAIT_MAX_MS = 600000, STORE_WAIT_KEYS_MAX = 1024 };
-
-static void do_store_(peer *p, const M6__Request *rq)
-{
-    cluster_coord *co = p->co;
-    char msg[512];
-    switch (rq->body_case) {
-    case M6__REQUEST__BODY_STORE_SET: {
-        const M6__StoreSet *s = rq->store_set;
-        if (!valid_key_(s->key))
-            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
-                                 "store key must be 1..256 bytes", 0);
-        int owner = cluster_store_key_owner(s->key);
-        if (owner != p->rank) {
-            snprintf(msg, sizeof msg, "store key \"%s\" is rank %d's: rank "
-                     "%d sets only its own keys", s->key, owner, p->rank);
-            log_refusal_(co, p, "store set of another rank's key");
-            return reply_status_(p, M6__STATUS__STATUS_PERMISSION_DENIED, msg,
-                                 0);
-        }
-        if (s->value.len > M6_STORE_VALUE_MAX) {
-            snprintf(msg, sizeof msg, "store value of %zu bytes for \"%s\": "
-                     "the limit is %u", s->value.len, s->key,
-                     M6_STORE_VALUE_MAX);
-            return reply_status_(p, M6__STATUS__STATUS_TOO_LARGE, msg, 0);
-        }
-        store_entry *e = store_find_(co, p->run, p->gen, s->key);
-        size_t old = e ? e->len : 0;
-        if (co->store_bytes - old + s->value.len > CLUSTER_STORE_BYTES_MAX ||
-            (!e && co->store_keys >= CLUSTER_STORE_KEYS_MAX)) {
-            snprintf(msg, sizeof msg, "store full: %zu keys, %zu bytes (the "
-                     "limits are %d keys, %u bytes)", co->store_keys,
-                     co->store_bytes, CLUSTER_STORE_KEYS_MAX,
-                     CLUSTER_STORE_BYTES_MAX);
-            return reply_status_(p, M6__STATUS__STATUS_INTERNAL, msg, 0);
-        }
-        uint8_t *val = malloc(s->value.len ? s->value.len : 1);
-        if (!val)
-            return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
-                                 "out of memory", 0);
-        if (s->value.len) memcpy(val, s->value.data, s->value.len);
-        if (!e) {
-            e = calloc(1, sizeof *e);
-            char *key = strdup(s->key);
-            if (!e || !key) {
-                free(e);
-                free(key);
-                free(val);
-                return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
-                                     "out of memory", 0);
-            }
-            e->run = p->run;
-            e->gen = p->gen;
-            e->key = key;
-            e->next = co->store;
-            co->store = e;
-            co->store_keys++;
-        }
-        free(e->val);
-        e->val = val;
-        e->len = s->value.len;
-        co->store_bytes = co->store_bytes - old + e->len;
-        log_debug("store.set", "run=%lld gen=%lld key=\"%s\" bytes=%zu",
-                  (long long)p->run, (long long)p->gen, e->key, e->len);
-        reply_status_(p, M6__STATUS__STATUS_OK, "", 0);
-        /* parked requests of this namespace that are now complete */
-        for (peer *q = co->peers, *next; q; q = next) {
-            next = q->next;
-            if (q->parked && !q->closing && q->run == p->run &&
-                q->gen == p->gen && !store_missing_(q)) {
-                store_answer_(q);
-                pump_(q);
-            }
-        }
-        return;
-    }
-    case M6__REQUEST__BODY_STORE_GET:
-    case M6__REQUEST__BODY_STORE_WAIT: {
-        int get = rq->body_case == M6__REQUEST__BODY_STORE_GET;
-        size_t n = get ? 1 : rq->store_wait->n_keys;
-        char *const *keys = get ? &rq->store_get->key : rq->store_wait->keys;
-        int tmo = get ? rq->store_get->timeout_ms : rq->store_wait->timeout_ms;
-        if (n < 1 || n > STORE_WAIT_KEYS_MAX)
-            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
-                                 "store wait takes 1..1024 keys", 0);
-        for (size_t i = 0; i < n; i++)
-            if (!valid_key_(keys[i]))
-                return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
-                                     "store key must be 1..256 bytes", 0);
-        if (tmo < 0 || tmo > STORE_WAIT_MAX_MS)
-            return reply_status_(p, M6__STATUS__STATUS_BAD_REQUEST,
-                                 "store timeout_ms must be 0..600000", 0);
-        p->keys = calloc(n, sizeof *p->keys);
-        if (!p->keys)
-            return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
-                                 "out of memory", 0);
-        for (size_t i = 0; i < n; i++) {
-            if (!(p->keys[p->n_keys++] = strdup(keys[i]))) {
-                peer_free_keys_(p);
-                return reply_status_(p, M6__STATUS__STATUS_INTERNAL,
-                                     "out of memory", 0);
-            }
-        }
-        p->parked = 1;
-        p->parked_get = get;
-        p->timeout_ms = tmo;
-        if (!store_missing_(p)) return store_answer_(p);
-        if (tmo == 0) return store_refuse_timeout_(p);
-        uv_timer_start(&p->timer, store_timeout_, (uint64_t)tmo, 0);
-        return;
-    }
-    default:
-        reply_status_(p, M6__STATUS__STATUS_UNKNOWN_REQUEST,
-                      "a store connection takes StoreSet, StoreGet and "
-                      "StoreWait only", 0);
-    }
 }
 
 /* ------------------------------------------------------------ the framing */
@@ -962,16 +666,16 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
         p->run = rq->store_open->run_id;
         p->gen = rq->store_open->generation;
         p->rank = rq->store_open->rank;
-        if (p->rank == 0) store_free_stale_(co, p->run, p->gen);
+        if (p->rank == 0) coord_store_free_stale(co, p->run, p->gen);
         log_debug("store.open", "peer=%s run=%lld gen=%lld", p->addr,
                   (long long)p->run, (long long)p->gen);
-        reply_status_(p, M6__STATUS__STATUS_OK, "store open", 0);
+        coord_reply_status(p, M6__STATUS__STATUS_OK, "store open", 0);
     }
     m6__request__free_unpacked(rq, NULL);
 }
 
 /* Handle the complete frames buffered, in order, until one is parked. */
-static void pump_(peer *p)
+void coord_pump(peer *p)
 {
     while (!p->closing && !p->parked && p->reading) {
         if (p->kind == PEER_NEW &&
@@ -1007,7 +711,7 @@ static void pump_(peer *p)
                            "malformed frame");
         }
         if (p->kind == PEER_NODE) do_node_frame_(p, rq);
-        else do_store_(p, rq);
+        else coord_store_request(p, rq);
         m6__request__free_unpacked(rq, NULL);
     }
 }
@@ -1038,7 +742,7 @@ static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (!p->tls.handshaken) {
             refuse_(p, M6__STATUS__STATUS_UNAUTHENTICATED, "", why);
         } else {  /* a broken session: nothing more can be said on it */
-            log_refusal_(p->co, p, why);
+            coord_log_refusal(p->co, p, why);
             peer_close_(p, why);
         }
         goto out;
@@ -1051,7 +755,7 @@ static void read_cb_(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         peer_close_(p, "connection closed by the peer");
         goto out;
     }
-    pump_(p);
+    coord_pump(p);
 out:
     free(buf->base);
 }
@@ -1111,7 +815,7 @@ static void make_room_(cluster_coord *co, peer *p)
     char why[160];
     snprintf(why, sizeof why, "evicted unauthenticated: %s", evict == oldest_here
              ? "too many from its address" : "too many in all");
-    log_refusal_(co, evict, why);
+    coord_log_refusal(co, evict, why);
     peer_close_(evict, why);
 }
 

@@ -366,7 +366,7 @@ static M6__Response *call_(tcp_store *s, const M6__Request *rq, int wait_ms,
     return r;
 }
 
-/* The coordinator waits at most 600 s per request (coordinator.c): a
+/* The coordinator waits at most 600 s per request (coordinator_store.c): a
  * longer timeout is waited out in pieces of that length. *tmo is the
  * request's timeout_ms field. */
 enum { WAIT_PIECE_MS_ = 600000 };

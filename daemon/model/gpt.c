@@ -1,6 +1,7 @@
 /*
- * gpt.c — GPT-2-style decoder with a share map: storage, forward, backward,
- * AdamW over slots, and re-slotting (delink). The layout, the activation
+ * gpt.c — GPT-2-style decoder with a share map: storage, forward, backward
+ * and re-slotting (delink); the optimizer steps and ZeRO-1 shards over
+ * the slots are model/gpt_optim.c. The layout, the activation
  * sizes and the initial weights are model/layout.c (no kernels); the math
  * lives in kernels/; this file wires the ops together.
  */
@@ -12,15 +13,12 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "model/gpt_internal.h"
 
-#define PAD 16 /* floats: 64-byte alignment of every region */
-
-static size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
-
-static float *alloc_floats_(size_t n)
+float *gpt_alloc_floats(size_t n)
 {
     void *p = NULL;
-    if (posix_memalign(&p, 64, pad_(n ? n : 1) * sizeof(float)) != 0)
+    if (posix_memalign(&p, 64, gpt_pad_floats(n ? n : 1) * sizeof(float)) != 0)
         return NULL;
     memset(p, 0, n * sizeof(float));
     return p;
@@ -80,8 +78,8 @@ static void free_tables_(gpt_model *g)
 static int alloc_plain_state_(gpt_model *g)
 {
     g->n_local = g->n_params;
-    g->params = alloc_floats_(g->n_local);
-    g->grads = alloc_floats_(g->n_local);
+    g->params = gpt_alloc_floats(g->n_local);
+    g->grads = gpt_alloc_floats(g->n_local);
     int has_m = !g->adafactor || g->af_first_moment;
     size_t nv = g->n_local;
     if (g->adafactor) {
@@ -91,8 +89,8 @@ static int alloc_plain_state_(gpt_model *g)
             nv += g->af_v_kind[g->slot_moe[s]];
         }
     }
-    g->m = has_m ? alloc_floats_(g->n_local) : NULL;
-    g->v = alloc_floats_(nv);
+    g->m = has_m ? gpt_alloc_floats(g->n_local) : NULL;
+    g->v = gpt_alloc_floats(nv);
     if (!g->params || !g->grads || (has_m && !g->m) || !g->v)
         return -1;
     for (int s = 0; s < g->S; s++) {
@@ -121,9 +119,7 @@ static void free_state_(gpt_model *g)
     free_tables_(g);
 }
 
-/* Floats of v for the whole model: AdamW's the parameters', Adafactor's
- * the af layout's (the globals', then each slot's of its kind). */
-static size_t v_total_(const gpt_model *g)
+size_t gpt_v_floats_total(const gpt_model *g)
 {
     if (!g->adafactor)
         return g->n_params;
@@ -169,7 +165,7 @@ static int alloc_state_(gpt_model *g, int S)
     g->shard_lo = 0;
     g->shard_hi = g->n_params;
     g->shard_vlo = 0;
-    g->shard_vhi = v_total_(g);
+    g->shard_vhi = gpt_v_floats_total(g);
     return 0;
 }
 
@@ -183,7 +179,7 @@ static int alloc_acts_(gpt_model *g, int B)
 {
     size_t total = gpt_act_floats(&g->cfg, B);
     g->act_mem = g->storage ? g->storage->alloc_acts(g->storage->ctx, total)
-                            : alloc_floats_(total);
+                            : gpt_alloc_floats(total);
     if (!g->act_mem)
         return -1;
     gpt_acts_place(&g->cfg, B, &g->a, g->act_mem);
@@ -556,8 +552,7 @@ void gpt_zero_grad(gpt_model *g)
     free(skip);
 }
 
-/* Clear slot s's marked matrices, if marked. */
-static void settle_slot_(const gpt_model *g, int s)
+void gpt_settle_slot(const gpt_model *g, int s)
 {
     if (!g->dw_fresh[s])
         return;
@@ -571,7 +566,7 @@ static void settle_slot_(const gpt_model *g, int s)
 void gpt_grads_settle(const gpt_model *g)
 {
     for (int s = 0; s < g->S; s++)
-        settle_slot_(g, s);
+        gpt_settle_slot(g, s);
 }
 
 /* Layer l is the lowest layer using its slot: backward (L-1 down to 0)
@@ -625,7 +620,7 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
          * moved the compute view since, they are cleared instead. */
         int st = g->dw_fresh[s];
         if (st && g->dw[s] != g->slots[s].grads) {
-            settle_slot_(g, s);
+            gpt_settle_slot(g, s);
             st = 0;
         }
         const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * Ba * C;
@@ -672,262 +667,6 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     event_(g, GPT_BWD_DONE, -1);
 }
 
-/* ------------------------------------------------------------- optimizer */
-
-float gpt_grad_norm(const gpt_model *g)
-{
-    gpt_grads_settle(g);
-    /* all buffers in one parallel region; the same sum as one by one */
-    int nb = 1 + g->S;
-    const float **bufs = malloc((size_t)nb * sizeof *bufs);
-    size_t *ns = malloc((size_t)nb * sizeof *ns);
-    double sum = 0.0;
-    int rc = -1;
-    if (bufs && ns) {
-        bufs[0] = g->grads;
-        ns[0] = g->n_global;
-        for (int s = 0; s < g->S; s++) {
-            bufs[1 + s] = g->slots[s].grads;
-            ns[1 + s] = gpt_slot_floats(g, s);
-        }
-        rc = grad_sumsq_many(&sum, bufs, ns, nb);
-    }
-    if (rc != 0) { /* out of memory: buffer by buffer */
-        sum = grad_sumsq(g->grads, g->n_global);
-        for (int s = 0; s < g->S; s++)
-            sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
-    }
-    free(bufs);
-    free(ns);
-    return (float)sqrt(sum);
-}
-
-/* The stochastic-rounding key of the tensor at offset in region (-1 the
- * globals, else a slot) of g: 0 with fp32 masters. */
-static uint64_t sr_key_(const gpt_model *g, int region, size_t offset)
-{
-    return g->master_bf16 ? sr_span_key(g->sr_seed, region, offset) : 0;
-}
-
-/* The AdamW spans of one region (region -1 the globals, else slot s of g;
- * params, grads, m, v with the tensors ts) appended at sp; returns the
- * number appended. */
-static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
-                        float *p, float *gr, float *m, float *v,
-                        const gpt_tensor *ts, int nt, long t, float wd)
-{
-    for (int i = 0; i < nt; i++) {
-        size_t o = ts[i].offset;
-        sp[i] = (adamw_span){p + o, gr + o, m + o, v + o, ts[i].numel,
-                             ts[i].decay ? wd : 0.0f, t,
-                             sr_key_(g, region, o)};
-    }
-    return nt;
-}
-
-void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
-                    float eps, float weight_decay, float grad_scale)
-{
-    const gpt_slot_state *st = &g->slots[s];
-    settle_slot_(g, s);
-    long t = ++g->adam_t_slot[s];
-    adamw_span sp[SLOT_NTENSORS_MAX];
-    int n = adamw_spans_(g, s, sp, st->params, st->grads, st->m, st->v,
-                         gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s), t,
-                         weight_decay);
-    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
-}
-
-/* Sharded AdamW spans of one region (-1 the globals, else slot s) whose
- * first element is element `base` of the flat layout: each tensor's part
- * inside [shard_lo, shard_hi), its moments at m, v + (element - shard_lo);
- * appended at sp, returns the number appended. AdamW is elementwise, so
- * the parts get the same update as the whole tensors would. */
-static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
-                              const float *gr, size_t base,
-                              const gpt_tensor *ts, int nt, long t, float wd)
-{
-    int n = 0;
-    for (int i = 0; i < nt; i++) {
-        size_t a = base + ts[i].offset, b = a + ts[i].numel;
-        size_t lo = a > g->shard_lo ? a : g->shard_lo;
-        size_t hi = b < g->shard_hi ? b : g->shard_hi;
-        if (lo >= hi)
-            continue;
-        size_t o = ts[i].offset + (lo - a);
-        sp[n++] = (adamw_span){p + o, gr + o, g->m + (lo - g->shard_lo),
-                               g->v + (lo - g->shard_lo), hi - lo,
-                               ts[i].decay ? wd : 0.0f, t, 0};
-    }
-    return n;
-}
-
-/* gpt_adamw of a model with sharded state: region by region, the step
- * counts of every region counted (the same on every rank). */
-static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
-                           float eps, float wd, float grad_scale)
-{
-    adamw_span sp[(int)GLOB_NTENSORS > (int)SLOT_NTENSORS_MAX
-                      ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS_MAX];
-    int n = adamw_shard_spans_(g, sp, g->params, g->grads, 0, g->glob,
-                               GLOB_NTENSORS, ++g->adam_t_global, wd);
-    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
-    for (int s = 0; s < g->S; s++) {
-        n = adamw_shard_spans_(g, sp, g->slots[s].params, g->slots[s].grads,
-                               g->n_global + g->slot_off[s],
-                               gpt_slot_tensors(g, s),
-                               gpt_slot_ntensors_of(g, s),
-                               ++g->adam_t_slot[s], wd);
-        adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
-    }
-}
-
-void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
-               float weight_decay, float grad_scale)
-{
-    gpt_grads_settle(g);
-    if (g->shard_world > 1) {
-        adamw_sharded_(g, lr, beta1, beta2, eps, weight_decay, grad_scale);
-        return;
-    }
-    /* every resident tensor in one parallel region */
-    adamw_span *sp = malloc(((size_t)GLOB_NTENSORS +
-                             (size_t)g->S * SLOT_NTENSORS_MAX) * sizeof *sp);
-    if (!sp) { /* out of memory: region by region, the same update */
-        long t = ++g->adam_t_global;
-        adamw_span gs[GLOB_NTENSORS];
-        int n = adamw_spans_(g, -1, gs, g->params, g->grads, g->m, g->v, g->glob,
-                             GLOB_NTENSORS, t, weight_decay);
-        adamw_update_spans(gs, n, lr, beta1, beta2, eps, grad_scale);
-        for (int s = 0; s < g->S; s++)
-            if (!g->offloaded[s])
-                gpt_adamw_slot(g, s, lr, beta1, beta2, eps, weight_decay,
-                               grad_scale);
-        return;
-    }
-    long t = ++g->adam_t_global;
-    int n = adamw_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, g->glob,
-                         GLOB_NTENSORS, t, weight_decay);
-    for (int s = 0; s < g->S; s++) {
-        if (g->offloaded[s])
-            continue;
-        const gpt_slot_state *st = &g->slots[s];
-        n += adamw_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v,
-                          gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s),
-                          ++g->adam_t_slot[s], weight_decay);
-    }
-    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
-    free(sp);
-}
-
-/* The Adafactor spans of one region (-1 the globals, else slot s of g;
- * af tensors ts of its kind, nt of them) appended at sp; returns the
- * number appended. */
-static int af_spans_(const gpt_model *g, int region, adafactor_span *sp,
-                     float *p, const float *gr, float *m, float *v,
-                     const gpt_af_tensor *ts, int nt, long t, float wd)
-{
-    for (int i = 0; i < nt; i++) {
-        const gpt_af_tensor *a = &ts[i];
-        float *r = v + a->state_off;
-        sp[i] = (adafactor_span){p + a->offset, gr + a->offset,
-                                 m ? m + a->offset : NULL, r,
-                                 a->cols ? r + a->rows : NULL, a->rows,
-                                 a->cols, a->decay ? wd : 0.0f, t,
-                                 sr_key_(g, region, a->offset)};
-    }
-    return nt;
-}
-
-/* Sharded Adafactor spans of one region whose parameters start at flat
- * element base and whose v at element vbase of the af layout: the
- * tensors starting inside [shard_lo, shard_hi) (whole tensors: the
- * factored statistics are per tensor), m and v at their offsets from the
- * shard's starts; appended at sp, returns the number appended. */
-static int af_shard_spans_(const gpt_model *g, adafactor_span *sp, float *p,
-                           const float *gr, size_t base, size_t vbase,
-                           const gpt_af_tensor *ts, int nt, long t, float wd)
-{
-    int n = 0;
-    for (int i = 0; i < nt; i++) {
-        const gpt_af_tensor *a = &ts[i];
-        size_t x = base + a->offset;
-        if (x < g->shard_lo || x >= g->shard_hi)
-            continue;
-        float *r = g->v + (vbase + a->state_off - g->shard_vlo);
-        sp[n++] = (adafactor_span){p + a->offset, gr + a->offset,
-                                   g->m ? g->m + (x - g->shard_lo) : NULL, r,
-                                   a->cols ? r + a->rows : NULL, a->rows,
-                                   a->cols, a->decay ? wd : 0.0f, t, 0};
-    }
-    return n;
-}
-
-int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
-                  float weight_decay)
-{
-    if (!g->adafactor) {
-        errno = EINVAL;
-        return -1;
-    }
-    gpt_grads_settle(g);
-    const model_config *cfg = &g->cfg;
-    int nk[3];
-    gpt_af_tensor *tab[3] = {NULL, NULL, NULL};
-    for (int k = 0; k < 3; k++) {
-        int region = k == 0 ? -1 : k == 1 ? 0 : cfg->moe_experts > 0;
-        nk[k] = gpt_af_tensors(cfg, region, NULL, NULL);
-        tab[k] = nk[k] < 0 ? NULL : malloc((size_t)nk[k] * sizeof *tab[k]);
-        if (tab[k])
-            gpt_af_tensors(cfg, region, tab[k], NULL);
-    }
-    size_t n_sp = (size_t)nk[0] + (size_t)g->S * (size_t)(nk[1] > nk[2]
-                                                          ? nk[1] : nk[2]);
-    adafactor_span *sp = malloc(n_sp * sizeof *sp);
-    int rc = -1;
-    if (!sp || !tab[0] || !tab[1] || !tab[2]) {
-        errno = ENOMEM;
-        goto out;
-    }
-    /* the spans first, the step counts only once the update is certain */
-    int sh = g->shard_world > 1, n;
-    if (sh)
-        n = af_shard_spans_(g, sp, g->params, g->grads, 0, 0, tab[0], nk[0],
-                            g->adam_t_global + 1, weight_decay);
-    else
-        n = af_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, tab[0],
-                      nk[0], g->adam_t_global + 1, weight_decay);
-    for (int s = 0; s < g->S; s++) {
-        if (g->offloaded[s])
-            continue;
-        const gpt_slot_state *st = &g->slots[s];
-        int k = 1 + g->slot_moe[s];
-        if (sh)
-            n += af_shard_spans_(g, sp + n, st->params, st->grads,
-                                 g->n_global + g->slot_off[s],
-                                 g->af_v_global + g->af_v_off[s], tab[k],
-                                 nk[k], g->adam_t_slot[s] + 1, weight_decay);
-        else
-            n += af_spans_(g, s, sp + n, st->params, st->grads, st->m, st->v,
-                           tab[k], nk[k], g->adam_t_slot[s] + 1,
-                           weight_decay);
-    }
-    if (adafactor_update_spans(sp, n, h) != 0) {
-        errno = ENOMEM;
-        goto out;
-    }
-    g->adam_t_global++;
-    for (int s = 0; s < g->S; s++)
-        if (!g->offloaded[s])
-            g->adam_t_slot[s]++;
-    rc = 0;
-out:
-    for (int k = 0; k < 3; k++)
-        free(tab[k]);
-    free(sp);
-    return rc;
-}
-
 /* ------------------------------------------------------------- delink */
 
 /* Host snapshot of the parameters and moments (not gradients): globals,
@@ -965,13 +704,6 @@ static size_t v_floats_(const gpt_model *g, int s)
     return s < 0 ? g->af_v_global : g->af_v_kind[g->slot_moe[s]];
 }
 
-/* memcpy of n floats; src or dst may be NULL when n is 0 */
-static void copy_floats_(float *dst, const float *src, size_t n)
-{
-    if (n)
-        memcpy(dst, src, n * sizeof(float));
-}
-
 size_t gpt_optim_bytes(const gpt_model *g)
 {
     if (g->shard_world > 1)
@@ -1000,18 +732,18 @@ static int snapshot_take_(const gpt_model *g, snapshot_ *sn)
     }
     float *p = sn->mem;
     size_t mg = m_floats_(g, -1), vg = v_floats_(g, -1);
-    copy_floats_(p, g->params, ng);
-    copy_floats_(p + ng, g->m, mg);
-    copy_floats_(p + ng + mg, g->v, vg);
+    gpt_copy_floats(p, g->params, ng);
+    gpt_copy_floats(p + ng, g->m, mg);
+    gpt_copy_floats(p + ng + mg, g->v, vg);
     p += ng + mg + vg;
     for (int s = 0; s < g->S; s++) {
         size_t ss = gpt_slot_floats(g, s), ms = m_floats_(g, s),
                vs = v_floats_(g, s);
         sn->off[s] = (size_t)(p - sn->mem);
         sn->moe[s] = g->slot_moe[s];
-        copy_floats_(p, g->slots[s].params, ss);
-        copy_floats_(p + ss, g->slots[s].m, ms);
-        copy_floats_(p + ss + ms, g->slots[s].v, vs);
+        gpt_copy_floats(p, g->slots[s].params, ss);
+        gpt_copy_floats(p + ss, g->slots[s].m, ms);
+        gpt_copy_floats(p + ss + ms, g->slots[s].v, vs);
         p += ss + ms + vs;
     }
     memcpy(sn->adam_t_slot, g->adam_t_slot, (size_t)g->S * sizeof(long));
@@ -1026,9 +758,9 @@ static void snapshot_put_(gpt_model *g, const snapshot_ *sn, const int *src_of,
 {
     size_t ng = g->n_global, mg = m_floats_(g, -1), vg = v_floats_(g, -1);
     const float *p = sn->mem;
-    copy_floats_(g->params, p, ng);
-    copy_floats_(g->m, p + ng, mg);
-    copy_floats_(g->v, p + ng + mg, vg);
+    gpt_copy_floats(g->params, p, ng);
+    gpt_copy_floats(g->m, p + ng, mg);
+    gpt_copy_floats(g->v, p + ng + mg, vg);
     g->adam_t_global = sn->adam_t_global;
     for (int s = 0; s < g->S; s++) {
         int src = src_of ? src_of[s] : s;
@@ -1036,10 +768,10 @@ static void snapshot_put_(gpt_model *g, const snapshot_ *sn, const int *src_of,
         size_t ss = gpt_slot_floats(g, s), ms = m_floats_(g, s),
                vs = v_floats_(g, s);
         const float *q = p + sn->off[src];
-        copy_floats_(g->slots[s].params, q, ss);
+        gpt_copy_floats(g->slots[s].params, q, ss);
         if (!reset_moments) {
-            copy_floats_(g->slots[s].m, q + ss, ms);
-            copy_floats_(g->slots[s].v, q + ss + ms, vs);
+            gpt_copy_floats(g->slots[s].m, q + ss, ms);
+            gpt_copy_floats(g->slots[s].v, q + ss + ms, vs);
             g->adam_t_slot[s] = sn->adam_t_slot[src];
         }
     }
@@ -1098,154 +830,4 @@ int gpt_reslot(gpt_model *g, int new_S, const int *new_slot_of,
     free(old_map);
     snapshot_free_(&sn);
     return rc;
-}
-
-/* ------------------------------------------------------------- sharding */
-
-void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi)
-{
-    if (world <= 1) {
-        *lo = 0;
-        *hi = n;
-        return;
-    }
-    size_t chunk = pad_((n + (size_t)world - 1) / (size_t)world);
-    size_t a = (size_t)rank * chunk;
-    *lo = a < n ? a : n;
-    *hi = a + chunk < n ? a + chunk : n;
-}
-
-/* Adafactor's partition: rank's elements [lo, hi) of gpt_shard_range
- * widened to whole tensors (a tensor is the rank's whose first element
- * is in its range): *plo, *phi in the flat layout, *vlo, *vhi in the af
- * layout. -1 when the af layout's tensors are not in the flat layout's
- * order (the ranges would not be contiguous in both) or out of memory. */
-static int af_shard_range_(const gpt_model *g, int world, int rank,
-                           size_t *plo, size_t *phi, size_t *vlo, size_t *vhi)
-{
-    size_t lo, hi, nv = v_total_(g);
-    gpt_shard_range(g->n_params, world, rank, &lo, &hi);
-    *plo = *phi = g->n_params;
-    *vlo = *vhi = nv;
-    int found_lo = 0, found_hi = 0, rc = 0;
-    size_t last_x = 0, last_v = 0;
-    int first = 1;
-    for (int s = -1; s < g->S && rc == 0; s++) {
-        int region = s < 0 ? -1 : g->slot_moe[s] ? g->cfg.moe_experts > 0 : 0;
-        int nt = gpt_af_tensors(&g->cfg, region, NULL, NULL);
-        gpt_af_tensor *ts = nt > 0 ? malloc((size_t)nt * sizeof *ts) : NULL;
-        if (!ts) {
-            rc = -1;
-            break;
-        }
-        gpt_af_tensors(&g->cfg, region, ts, NULL);
-        size_t base = s < 0 ? 0 : g->n_global + g->slot_off[s];
-        size_t vbase = s < 0 ? 0 : g->af_v_global + g->af_v_off[s];
-        for (int i = 0; i < nt; i++) {
-            size_t x = base + ts[i].offset, v = vbase + ts[i].state_off;
-            if (!first && (x <= last_x || v <= last_v)) {
-                rc = -1;
-                break;
-            }
-            first = 0;
-            last_x = x;
-            last_v = v;
-            if (!found_lo && x >= lo) {
-                *plo = x;
-                *vlo = v;
-                found_lo = 1;
-            }
-            if (!found_hi && x >= hi) {
-                *phi = x;
-                *vhi = v;
-                found_hi = 1;
-            }
-        }
-        free(ts);
-    }
-    if (world <= 1) {
-        *plo = *vlo = 0;
-        *phi = g->n_params;
-        *vhi = nv;
-    }
-    return rc;
-}
-
-/* Rank's ranges of g's state: flat [lo, hi) (weights, and m), af or flat
- * [vlo, vhi) (v). AdamW: gpt_shard_range's element range for both. */
-static int shard_ranges_(const gpt_model *g, int world, int rank, size_t *lo,
-                         size_t *hi, size_t *vlo, size_t *vhi)
-{
-    if (g->adafactor)
-        return af_shard_range_(g, world, rank, lo, hi, vlo, vhi);
-    gpt_shard_range(g->n_params, world, rank, lo, hi);
-    *vlo = *lo;
-    *vhi = *hi;
-    return 0;
-}
-
-int gpt_shard_counts(const gpt_model *g, int world, int v, size_t *counts)
-{
-    for (int r = 0; r < world; r++) {
-        size_t lo, hi, vlo, vhi;
-        if (shard_ranges_(g, world, r, &lo, &hi, &vlo, &vhi) != 0) {
-            errno = EINVAL;
-            return -1;
-        }
-        counts[r] = v ? vhi - vlo : hi - lo;
-    }
-    return 0;
-}
-
-/* The floats of [a, b) ∩ [c, d) from src (holding [c, d)) into dst
- * (holding [a, b)). */
-static void copy_overlap_(float *dst, size_t a, size_t b, const float *src,
-                          size_t c, size_t d)
-{
-    size_t x = a > c ? a : c, y = b < d ? b : d;
-    if (x < y && dst && src)
-        copy_floats_(dst + (x - a), src + (x - c), y - x);
-}
-
-int gpt_set_shard(gpt_model *g, int rank, int world)
-{
-    size_t lo, hi, vlo, vhi;
-    if (world < 1 || rank < 0 || rank >= world || g->storage ||
-        g->master_bf16 ||
-        shard_ranges_(g, world, rank, &lo, &hi, &vlo, &vhi) != 0) {
-        errno = EINVAL;
-        return -1;
-    }
-    if (world == g->shard_world && lo == g->shard_lo && hi == g->shard_hi)
-        return 0;
-    int has_m = !g->adafactor || g->af_first_moment;
-    float *m = has_m ? alloc_floats_(hi - lo) : NULL;
-    float *v = alloc_floats_(vhi - vlo);
-    if ((has_m && !m) || !v) {
-        free(m);
-        free(v);
-        errno = ENOMEM;
-        return -1;
-    }
-    /* the elements the old ranges and the new ones share */
-    copy_overlap_(m, lo, hi, g->m, g->shard_lo, g->shard_hi);
-    copy_overlap_(v, vlo, vhi, g->v, g->shard_vlo, g->shard_vhi);
-    free(g->m);
-    free(g->v);
-    g->m = m;
-    g->v = v;
-    g->shard_rank = world > 1 ? rank : 0;
-    g->shard_world = world;
-    g->shard_lo = lo;
-    g->shard_hi = hi;
-    g->shard_vlo = vlo;
-    g->shard_vhi = vhi;
-    for (int s = 0; s < g->S; s++) {
-        int whole = world == 1;
-        g->slots[s].m = whole && has_m ? gpt_slot_ptr(g, g->m, s) : NULL;
-        g->slots[s].v = !whole ? NULL
-                        : g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
-                                       : gpt_slot_ptr(g, g->v, s);
-    }
-    return 0;
 }

@@ -1,0 +1,129 @@
+/*
+ * coordinator_internal.h — what coordinator.c (listener, peers, node
+ * registry, the store's admission) and coordinator_store.c (the store's
+ * keys and requests) share: the coordinator's and a peer's state, and the
+ * calls each makes into the other. Private to daemon/cluster/.
+ */
+#ifndef M6_CLUSTER_COORDINATOR_INTERNAL_H
+#define M6_CLUSTER_COORDINATOR_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <openssl/ssl.h>
+
+#include "cluster/coordinator.h"
+#include "cluster/tls.h"
+#include "common/uvw.h"
+#include "proto/frame.h"
+#include "m6.pb-c.h"
+
+typedef enum { PEER_NEW = 0, PEER_NODE, PEER_STORE } peer_kind;
+
+typedef struct peer peer;
+
+typedef struct store_entry {
+    int64_t run, gen;
+    char *key;
+    uint8_t *val;
+    size_t len;
+    struct store_entry *next;
+} store_entry;
+
+/* A run's latest generation (cluster_coord_assign): a worker's store
+ * opens only that one. */
+typedef struct run_gen {
+    int64_t run, gen;
+    struct run_gen *next;
+} run_gen;
+
+/* A rank assignment waiting for its node's next heartbeat (dp.h). */
+typedef struct assign_entry {
+    int64_t node_id, run, gen;
+    int rank, world, timeout_ms;
+    char *spec;
+    struct assign_entry *next;
+} assign_entry;
+
+struct cluster_coord {
+    uv_tcp_t listener;  /* first: handle <-> coordinator */
+    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
+    assign_entry *assigns;
+    run_gen *gens;
+    uv_timer_t sweep;   /* heartbeat timeouts */
+    uv_loop_t *loop;
+    state *st;
+    SSL_CTX *tls;       /* the PSK's server side (tls.h) */
+    int timeout_ms, auth_ms;
+    int port;
+    int n_new;          /* unauthenticated peers */
+    unsigned long next_id;
+    peer *peers;
+    store_entry *store;
+    size_t store_bytes, store_keys;
+    int handles_open;   /* listener, sweep: freed at 0 after fini */
+    /* refusal log lines, one per address and reason per
+     * CLUSTER_REFUSAL_LOG_MS */
+    struct refusal_log {
+        char host[64];
+        char why[64];
+        uint64_t last_ms;
+        unsigned long suppressed;
+    } refusals[32];
+};
+
+struct peer {
+    uv_tcp_t tcp;       /* first: handle <-> peer */
+    uv_timer_t timer;
+    cluster_coord *co;
+    unsigned long id;
+    char addr[96];
+    char host[64];      /* addr without the port: the per-address limit */
+    cluster_tls tls;    /* ciphertext in and out; plaintext frames in rd */
+    frame_reader rd;
+    peer_kind kind;
+    int closing, handles_open, reading;
+    peer *prev, *next;
+    /* a node */
+    int64_t node_id;    /* 0: none (refused, or replaced by a reconnect) */
+    char hostname[256];
+    uint64_t last_hb;   /* uv_now of its latest frame */
+    int64_t arun;       /* wiring: the run of its latest assignment, 0 */
+    int arank;          /* ... its rank there */
+    /* a store client */
+    int64_t run, gen;
+    int rank;           /* the rank it writes as (StoreOpen) */
+    int parked;         /* a get/wait waits for keys (timer running) */
+    int parked_get;     /* ... a get: reply with the value */
+    char **keys;
+    size_t n_keys;
+    int timeout_ms;
+};
+
+/* coordinator.c */
+
+/* Queue resp to p (inside TLS); close the connection after it when
+ * close_after. Nothing when p is closing. */
+void coord_send(peer *p, const M6__Response *resp, int close_after);
+/* coord_send of a Response with only a status and a message */
+void coord_reply_status(peer *p, M6__Status st, const char *msg,
+                        int close_after);
+/* Handle p's complete frames buffered, in order, until one is parked. */
+void coord_pump(peer *p);
+/* The log line of a refusal to p, at most one per address and reason per
+ * CLUSTER_REFUSAL_LOG_MS (the ones between are counted). */
+void coord_log_refusal(cluster_coord *co, const peer *p, const char *why);
+/* Forget p's parked request's keys; p is no longer parked. */
+void coord_peer_free_keys(peer *p);
+
+/* coordinator_store.c */
+
+/* Serve one store request (set, get, wait, ...) of p, an opened store
+ * client; rq is freed here. A get or wait whose keys are not all set
+ * parks p until they are or its deadline passes. */
+void coord_store_request(peer *p, const M6__Request *rq);
+/* Free the store's keys of run's generations older than gen (nobody
+ * waits on them: a parked request of such a generation times out). */
+void coord_store_free_stale(cluster_coord *co, int64_t run, int64_t gen);
+
+#endif
