@@ -216,6 +216,33 @@ static inline void fixture_train_same(const run_spec *a, const run_spec *b,
     free(lb);
 }
 
+/* Two runs that must not resume each other's checkpoints: each of sp[0]
+ * and sp[1] trains 3 steps and saves into dir[i] (set here to
+ * tmpdir_/TAG-i); then a trainer of sp[i] loading dir[1 - i] must fail
+ * with an error containing want[i]. */
+static inline void fixture_cross_load_refused(const run_spec sp[2],
+                                              const char *tag,
+                                              char dir[2][512],
+                                              const char *const want[2])
+{
+    char err[512];
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir[i], 512, "%s/%s-%d", tmpdir_, tag, i);
+        trainer *t = fixture_trainer(&sp[i]);
+        fixture_run_steps(t, &sp[i], 3, NULL, NULL);
+        assert_true(fixture_save(t, dir[i]) > 0);
+        trainer_free(t);
+    }
+    for (int i = 0; i < 2; i++) {
+        trainer *t = fixture_trainer(&sp[i]);
+        assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir[1 - i],
+                                                        &err_)), 0);
+        if (!strstr(err, want[i]))
+            fail_msg("error '%s' does not say '%s'", err, want[i]);
+        trainer_free(t);
+    }
+}
+
 /* The device.memory_budget that leaves `resident` slots of s's real phase
  * on the device: the planner's minimum plus that many slots. */
 static inline size_t fixture_budget_for(const run_spec *s, int resident)

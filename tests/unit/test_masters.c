@@ -424,28 +424,15 @@ static void test_bf16_differs_from_fp32(void **state)
 static void test_other_master_refused(void **state)
 {
     (void)state;
-    char err[512], dir[2][512];
+    char dir[2][512];
     run_spec sp[2] = {bf16_spec_(10, 0, 0), bf16_spec_(10, 0, 0)};
     sp[0].optimizer.master = MASTER_FP32;
-    for (int i = 0; i < 2; i++) {
-        snprintf(dir[i], sizeof dir[i], "%s/master-%d", tmpdir_, i);
-        trainer *t = fixture_trainer(&sp[i]);
-        fixture_run_steps(t, &sp[i], 3, NULL, NULL);
-        assert_true(fixture_save(t, dir[i]) > 0);
-        trainer_free(t);
-    }
-    for (int i = 0; i < 2; i++) {
-        trainer *t = fixture_trainer(&sp[i]);
-        assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir[1 - i],
-                                                        &err_)), 0);
-        const char *want = i ? "holds fp32 master weights and this run uses "
-                               "optimizer.master \"bf16\""
-                             : "holds bf16 master weights and this run uses "
-                               "optimizer.master \"fp32\"";
-        if (!strstr(err, want))
-            fail_msg("error '%s' does not say '%s'", err, want);
-        trainer_free(t);
-    }
+    const char *const want[2] = {
+        "holds bf16 master weights and this run uses optimizer.master "
+        "\"fp32\"",
+        "holds fp32 master weights and this run uses optimizer.master "
+        "\"bf16\""};
+    fixture_cross_load_refused(sp, "master", dir, want);
     run_spec si = sp[1];
     snprintf(si.init.from, sizeof si.init.from, "%s", dir[0]);
     trainer *a = fixture_trainer(&si), *w = fixture_trainer(&sp[0]);
