@@ -79,11 +79,9 @@
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "train/test_hooks.h"
-#include "../common/file_store.h"
-#include "../common/self_exe.h"
+#include "../common/rank_procs.h"
 #include "../common/weights_hash.h"
 
-#define FORTUNES "/usr/share/games/fortunes"
 #define LOSS_TOL 1e-4
 #define PARAM_TOL 5e-4
 /* compare_'s bound on the final weights: PARAM_TOL, but for Adafactor
@@ -370,13 +368,6 @@ static int load_(const char *path, result *r)
     return 0;
 }
 
-static char dir_[256];
-static const char *self_;
-static int failures_;
-
-#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "FAIL: "); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
-    while (0)
 
 /* The spec file tag.json: the shared shape (model_extra: more members of
  * "model", pseudo_extra of "pseudo"), device.memory_budget `budget` bytes
@@ -387,7 +378,7 @@ static void write_spec_full_(const char *tag, int B, int accum, long steps,
                              const char *extra)
 {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
+    snprintf(path, sizeof path, "%s/%s.json", rank_dir_, tag);
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"name\": \"%s\",\n"
             " \"data\": {\"train\": \"%s/data/train_*.bin\", "
@@ -400,7 +391,7 @@ static void write_spec_full_(const char *tag, int B, int accum, long steps,
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
             " \"eval_batches\": 6},\n"
             " \"device\": {\"threads\": 1, \"memory_budget\": %zu}%s%s}\n",
-            tag, dir_, dir_, model_extra[0] ? ", " : "", model_extra, pseudo,
+            tag, rank_dir_, rank_dir_, model_extra[0] ? ", " : "", model_extra, pseudo,
             pseudo_extra, steps, B, accum, budget, extra[0] ? ",\n " : "",
             extra);
     fclose(f);
@@ -435,7 +426,7 @@ static void write_spec_(const char *tag, int B, int accum, long steps,
 static size_t budget_for_(const char *tag, int resident)
 {
     char p[512], e[512];
-    snprintf(p, sizeof p, "%s/%s.json", dir_, tag);
+    snprintf(p, sizeof p, "%s/%s.json", rank_dir_, tag);
     run_spec sp;
     offload_plan pl;
     if (spec_load_file(&sp, p, e, sizeof e) != 0 ||
@@ -455,61 +446,17 @@ static size_t budget_for_(const char *tag, int resident)
 static int run_(const char *tag, const char *spec_tag, int world,
                 size_t bucket, const char *mode, double limit_s)
 {
-    char spec[512], store[512], cmd[700];
-    snprintf(spec, sizeof spec, "%s/%s.json", dir_, spec_tag);
-    snprintf(store, sizeof store, "%s/store-%s", dir_, tag);
-    mkdir(store, 0755);
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        char out[512], ws[16], rs[16], bs[32];
-        snprintf(out, sizeof out, "%s/%s-%d.out", dir_, tag, r);
-        snprintf(ws, sizeof ws, "%d", world);
-        snprintf(rs, sizeof rs, "%d", r);
-        snprintf(bs, sizeof bs, "%zu", bucket);
-        if ((pids[r] = fork()) == 0) {
-            execl(self_, self_, "rank", spec, out, ws, rs, store, bs, mode,
-                  (char *)NULL);
-            _exit(127);
-        }
-    }
-    int bad = 0, left = world, done[8] = {0};
-    double end = file_store_now_() + limit_s;
-    while (left > 0) {
-        for (int r = 0; r < world; r++) {
-            int status;
-            if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
-                continue;
-            done[r] = 1;
-            left--;
-            int killed_ok = strcmp(mode, "die") == 0 && r == 1;
-            if (!killed_ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-                fprintf(stderr, "%s: rank %d failed (status 0x%x)\n", tag, r,
-                        status);
-                bad = 1;
-            }
-        }
-        if (left > 0 && file_store_now_() > end) {
-            fprintf(stderr, "%s: ranks hung after %.0f s: killed\n", tag,
-                    limit_s);
-            for (int r = 0; r < world; r++)
-                if (!done[r])
-                    kill(pids[r], SIGKILL);
-            bad = 1;
-            end = file_store_now_() + 60;
-        }
-        usleep(20000);
-    }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", store);
-    CHECK(!bad, "%s: a rank failed", tag);
-    return bad;
+    char bs[32];
+    snprintf(bs, sizeof bs, "%zu", bucket);
+    const char *extra[2] = {bs, mode};
+    return rank_procs_run(tag, spec_tag, world, extra, 2, limit_s,
+                          strcmp(mode, "die") == 0 ? 1 : -1);
 }
 
 static void load_tag_(const char *tag, int r, result *res)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/%s-%d.out", dir_, tag, r);
+    snprintf(p, sizeof p, "%s/%s-%d.out", rank_dir_, tag, r);
     if (load_(p, res) != 0)
         memset(res, 0, sizeof *res);
 }
@@ -554,7 +501,7 @@ static int bitwise_same_(const char *a, const char *b, int r)
 static int offloaded_(const char *tag, int r)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/%s-%d.out.off", dir_, tag, r);
+    snprintf(p, sizeof p, "%s/%s-%d.out.off", rank_dir_, tag, r);
     FILE *f = fopen(p, "r");
     int n = -1;
     if (f && fscanf(f, "%d", &n) != 1)
@@ -571,7 +518,7 @@ static int overlap_of_(const char *tag, int r, long *reported, long *early,
                        long *nb, int *S)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/%s-%d.out.off", dir_, tag, r);
+    snprintf(p, sizeof p, "%s/%s-%d.out.off", rank_dir_, tag, r);
     FILE *f = fopen(p, "r");
     int off, ok = f && fscanf(f, "%d %ld %ld %ld %d", &off, reported, early,
                               nb, S) == 5;
@@ -684,8 +631,8 @@ static void check_join_(const char *tag, const result *ref)
 static void compare_moe_(const char *tag, const char *ref_tag)
 {
     char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s-0.out.moe", dir_, tag);
-    snprintf(pb, sizeof pb, "%s/%s-0.out.moe", dir_, ref_tag);
+    snprintf(pa, sizeof pa, "%s/%s-0.out.moe", rank_dir_, tag);
+    snprintf(pb, sizeof pb, "%s/%s-0.out.moe", rank_dir_, ref_tag);
     FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
     int n = 0;
     double worst = 0;
@@ -724,31 +671,9 @@ int main(int argc, char **argv)
 {
     if (argc == 9 && strcmp(argv[1], "rank") == 0)
         return rank_main_(argc, argv);
-    if (!m6_coll_available("gloo")) {
-        printf("SKIP: m6 was built without Gloo\n");
-        return 77;
-    }
-    struct stat sb;
-    if (stat(FORTUNES, &sb) != 0) {
-        printf("SKIP: no %s (fortunes-min)\n", FORTUNES);
-        return 77;
-    }
-    self_ = self_exe();
-    if (!self_)
-        return 1;
-    snprintf(dir_, sizeof dir_, "/tmp/m6-dp-XXXXXX");
-    if (!mkdtemp(dir_)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char data[300], e[512];
-    snprintf(data, sizeof data, "%s/data", dir_);
-    const char *in[1] = {FORTUNES};
-    prepare_stats ps;
-    if (data_prepare(data, in, 1, 0.05, 0, &ps, NULL, NULL, e, sizeof e) != 0) {
-        fprintf(stderr, "data prepare: %s\n", e);
-        return 1;
-    }
+    int setup = rank_procs_setup("dp");
+    if (setup != 0)
+        return setup;
     /* same losses, coverage: 3 pseudo + 3 real steps, B 6 */
     write_spec_("one", 6, 1, 6, 3, "");
     write_spec_("w2", 6, 1, 6, 3, "\"nodes\": {\"world_size\": 2}");
@@ -802,7 +727,7 @@ int main(int argc, char **argv)
     run_("w3inf", "w3", 3, 0, "inf", 120);
     for (int r = 0; r < 3; r++) {
         char ap[600];
-        snprintf(ap, sizeof ap, "%s/w3inf-%d.out.attr", dir_, r);
+        snprintf(ap, sizeof ap, "%s/w3inf-%d.out.attr", rank_dir_, r);
         FILE *f = fopen(ap, "r");
         CHECK(f != NULL, "attribution: no %s", ap);
         long step;
@@ -1098,7 +1023,7 @@ int main(int argc, char **argv)
                   "final during the last backward", on[i], ok ? rp : -1,
                   ok ? S : -1);
             char p[512];
-            snprintf(p, sizeof p, "%s/%s-1.out.off", dir_, on[i]);
+            snprintf(p, sizeof p, "%s/%s-1.out.off", rank_dir_, on[i]);
             FILE *f = fopen(p, "r");
             int spec = -1;
             unsigned long long ss = 0, redo = 0;
@@ -1120,7 +1045,7 @@ int main(int argc, char **argv)
     run_("kill", "kill", 2, 0, "die", 60);
     {
         char p[512], line[128];
-        snprintf(p, sizeof p, "%s/kill-0.out", dir_);
+        snprintf(p, sizeof p, "%s/kill-0.out", rank_dir_);
         FILE *f = fopen(p, "r");
         int ok = 0;
         double dt = -1;
@@ -1141,14 +1066,15 @@ int main(int argc, char **argv)
     {
         run_spec sp;
         char p[512];
-        snprintf(p, sizeof p, "%s/w2.json", dir_);
+        snprintf(p, sizeof p, "%s/w2.json", rank_dir_);
+        char e[512];
         m6_err err = M6_ERR_NONE;
         CHECK(spec_load_file(&sp, p, e, sizeof e) == 0, "%s", e);
         trainer *t = trainer_create(&sp, &err);
         file_store fs;
         m6_store st;
         char sd[512];
-        snprintf(sd, sizeof sd, "%s/store-refused", dir_);
+        snprintf(sd, sizeof sd, "%s/store-refused", rank_dir_);
         mkdir(sd, 0755);
         m6_coll *c = group_(sd, "g", 0, 1, 5000, &st, &fs);
         CHECK(t && c, "refused: setup: %s", m6_err_msg(&err));
@@ -1172,10 +1098,10 @@ int main(int argc, char **argv)
     free(r2.params);
     free(r2b.params);
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);
     if (failures_ == 0 && !getenv("M6_KEEP") && system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", dir_);
+        fprintf(stderr, "cannot remove %s\n", rank_dir_);
     if (failures_)
-        fprintf(stderr, "%d failures; files kept in %s\n", failures_, dir_);
+        fprintf(stderr, "%d failures; files kept in %s\n", failures_, rank_dir_);
     return failures_ ? 1 : 0;
 }

@@ -72,10 +72,8 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "train/test_hooks.h"
-#include "../common/file_store.h"
-#include "../common/self_exe.h"
+#include "../common/rank_procs.h"
 
-#define FORTUNES "/usr/share/games/fortunes"
 #define STEPS 50
 #define PSEUDO 10
 #define DELINK_STEPS 20   /* the delink run: PSEUDO, then real steps */
@@ -207,13 +205,6 @@ static int rank_main_(char **argv)
 
 /* ------------------------------------------------------------ the test */
 
-static char dir_[256];
-static const char *self_;
-static int failures_;
-
-#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "FAIL: "); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
-    while (0)
 
 typedef struct {
     int n;
@@ -237,7 +228,7 @@ static void write_spec_moe_(const char *tag, int shard, int world, int pw,
     snprintf(nodes, sizeof nodes, pw ? "\"world_size\": %d, "
              "\"pseudo_world_size\": %d" : "\"world_size\": %d", world, pw);
     char path[512];
-    snprintf(path, sizeof path, "%s/%s.json", dir_, tag);
+    snprintf(path, sizeof path, "%s/%s.json", rank_dir_, tag);
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"name\": \"zero\",\n"
             " \"data\": {\"train\": \"%s/data/train_*.bin\", "
@@ -252,7 +243,7 @@ static void write_spec_moe_(const char *tag, int shard, int world, int pw,
             " \"nodes\": {%s},\n"
             " \"optimizer\": {\"shard\": %s%s},\n"
             " \"device\": {\"threads\": 1}}\n",
-            dir_, dir_, model_extra, PSEUDO, pseudo_extra, steps, nodes,
+            rank_dir_, rank_dir_, model_extra, PSEUDO, pseudo_extra, steps, nodes,
             shard ? "true" : "false", opt_extra);
     fclose(f);
 }
@@ -263,52 +254,23 @@ static void write_spec_(const char *tag, int shard, int world, int pw,
     write_spec_moe_(tag, shard, world, pw, steps, opt_extra, "", "");
 }
 
-/* One life (tag-R.out for its ranks): 0 when every rank exits 0. */
+/* One life (tag-R.out for its ranks) of the spec spec_tag, from the
+ * checkpoint ckpt_tag.ckpt ("": none): 0 when every rank exits 0. */
 static int run_(const char *tag, const char *spec_tag, int world,
                 const char *life, const char *ckpt_tag)
 {
-    /* ckpt_tag "": no checkpoint (the rank gets "") */
-    char spec[512], store[512], ckpt[512], cmd[700];
-    snprintf(spec, sizeof spec, "%s/%s.json", dir_, spec_tag);
-    snprintf(store, sizeof store, "%s/store-%s", dir_, tag);
+    char ckpt[512] = "";
     if (ckpt_tag[0])
-        snprintf(ckpt, sizeof ckpt, "%s/%s.ckpt", dir_, ckpt_tag);
-    else
-        ckpt[0] = 0;
-    mkdir(store, 0755);
-    pid_t pids[4];
-    for (int r = 0; r < world; r++) {
-        char out[512], ws[16], rs[16];
-        snprintf(out, sizeof out, "%s/%s-%d.out", dir_, tag, r);
-        snprintf(ws, sizeof ws, "%d", world);
-        snprintf(rs, sizeof rs, "%d", r);
-        if ((pids[r] = fork()) == 0) {
-            execl(self_, self_, "rank", spec, out, ws, rs, store, life, ckpt,
-                  (char *)NULL);
-            _exit(127);
-        }
-    }
-    int bad = 0;
-    for (int r = 0; r < world; r++) {
-        int status;
-        if (waitpid(pids[r], &status, 0) != pids[r] || !WIFEXITED(status) ||
-            WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "%s: rank %d failed\n", tag, r);
-            bad = 1;
-        }
-    }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", store);
-    CHECK(!bad, "%s: a rank failed", tag);
-    return bad;
+        snprintf(ckpt, sizeof ckpt, "%s/%s.ckpt", rank_dir_, ckpt_tag);
+    const char *extra[2] = {life, ckpt};
+    return rank_procs_run(tag, spec_tag, world, extra, 2, 0, -1);
 }
 
 static void load_(const char *tag, int r, result *res)
 {
     char p[600], line[256];
     memset(res, 0, sizeof *res);
-    snprintf(p, sizeof p, "%s/%s-%d.out", dir_, tag, r);
+    snprintf(p, sizeof p, "%s/%s-%d.out", rank_dir_, tag, r);
     FILE *f = fopen(p, "r");
     if (!f)
         return;
@@ -330,7 +292,7 @@ static void load_(const char *tag, int r, result *res)
         }
     }
     fclose(f);
-    snprintf(p, sizeof p, "%s/%s-%d.out.params", dir_, tag, r);
+    snprintf(p, sizeof p, "%s/%s-%d.out.params", rank_dir_, tag, r);
     if ((f = fopen(p, "rb"))) {
         fseek(f, 0, SEEK_END);
         long bytes = ftell(f);
@@ -389,31 +351,9 @@ int main(int argc, char **argv)
 {
     if (argc == 9 && strcmp(argv[1], "rank") == 0)
         return rank_main_(argv);
-    if (!m6_coll_available("gloo")) {
-        printf("SKIP: m6 was built without Gloo\n");
-        return 77;
-    }
-    struct stat sb;
-    if (stat(FORTUNES, &sb) != 0) {
-        printf("SKIP: no %s (fortunes-min)\n", FORTUNES);
-        return 77;
-    }
-    self_ = self_exe();
-    if (!self_)
-        return 1;
-    snprintf(dir_, sizeof dir_, "/tmp/m6-zero-XXXXXX");
-    if (!mkdtemp(dir_)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char data[300], e[512];
-    snprintf(data, sizeof data, "%s/data", dir_);
-    const char *in[1] = {FORTUNES};
-    prepare_stats ps;
-    if (data_prepare(data, in, 1, 0.05, 0, &ps, NULL, NULL, e, sizeof e) != 0) {
-        fprintf(stderr, "data prepare: %s\n", e);
-        return 1;
-    }
+    int setup = rank_procs_setup("zero");
+    if (setup != 0)
+        return setup;
     write_spec_("sh", 1, 4, 2, STEPS, "");
     write_spec_("un", 0, 4, 2, STEPS, "");
     write_spec_("sd", 1, 2, 0, DELINK_STEPS, "");
@@ -527,8 +467,8 @@ int main(int argc, char **argv)
 
     /* the plan's figure for one rank's optimizer state, real phase */
     {
-        char p[512];
-        snprintf(p, sizeof p, "%s/sh.json", dir_);
+        char p[512], e[512];
+        snprintf(p, sizeof p, "%s/sh.json", rank_dir_);
         run_spec sp;
         offload_plan pl;
         size_t ng, ss;
@@ -559,11 +499,11 @@ int main(int argc, char **argv)
     }
     free(x2.params);
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);
     if (failures_ == 0 && system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", dir_);
+        fprintf(stderr, "cannot remove %s\n", rank_dir_);
     if (failures_) {
-        fprintf(stderr, "%d failure(s); files kept in %s\n", failures_, dir_);
+        fprintf(stderr, "%d failure(s); files kept in %s\n", failures_, rank_dir_);
         return 1;
     }
     printf("PASS\n");

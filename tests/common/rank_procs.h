@@ -1,0 +1,145 @@
+/*
+ * rank_procs.h — test helper for the data-parallel trainer tests (test_dp,
+ * test_zero): ranks as processes of the test binary itself over Gloo on
+ * loopback, a file store per run, the fortunes text as data.
+ *
+ * Each rank is `SELF rank SPEC OUT WORLD R STORE EXTRA...`: the test's
+ * main hands argv to its rank function when argv[1] is "rank". The
+ * directory, the binary and the failure count are the includer's
+ * (rank_dir_, rank_self_, failures_, and CHECK to count one).
+ */
+#ifndef M6_TESTS_RANK_PROCS_H
+#define M6_TESTS_RANK_PROCS_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/corpus/corpus.h"
+#include "dist/collectives.h"
+#include "file_store.h"
+#include "self_exe.h"
+
+#define RANK_PROCS_FORTUNES "/usr/share/games/fortunes"
+#define RANK_PROCS_MAX 8
+
+static char rank_dir_[256];      /* the test's directory: specs, outputs */
+static const char *rank_self_;   /* this binary */
+static int failures_;
+
+#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "FAIL: "); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
+    while (0)
+
+/* The test's setup: Gloo built in and the fortunes text present (else 77,
+ * skip, saying which), rank_self_, a fresh /tmp/m6-NAME-XXXXXX as
+ * rank_dir_ with the fortunes prepared into rank_dir_/data (5% val). 0,
+ * 77, or 1 with the reason on stderr. */
+static inline int rank_procs_setup(const char *name)
+{
+    if (!m6_coll_available("gloo")) {
+        printf("SKIP: m6 was built without Gloo\n");
+        return 77;
+    }
+    struct stat sb;
+    if (stat(RANK_PROCS_FORTUNES, &sb) != 0) {
+        printf("SKIP: no %s (fortunes-min)\n", RANK_PROCS_FORTUNES);
+        return 77;
+    }
+    rank_self_ = self_exe();
+    if (!rank_self_)
+        return 1;
+    snprintf(rank_dir_, sizeof rank_dir_, "/tmp/m6-%s-XXXXXX", name);
+    if (!mkdtemp(rank_dir_)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char data[300], e[512];
+    snprintf(data, sizeof data, "%s/data", rank_dir_);
+    const char *in[1] = {RANK_PROCS_FORTUNES};
+    prepare_stats ps;
+    if (data_prepare(data, in, 1, 0.05, 0, &ps, NULL, NULL, e, sizeof e) != 0) {
+        fprintf(stderr, "data prepare: %s\n", e);
+        return 1;
+    }
+    return 0;
+}
+
+/* One life of `world` ranks (world <= RANK_PROCS_MAX) of the spec
+ * rank_dir_/SPEC_TAG.json, each writing rank_dir_/TAG-R.out, over a fresh
+ * store rank_dir_/store-TAG (removed after), with extra[0..n_extra) after
+ * the common arguments. Waits until every rank has exited; past limit_s
+ * seconds (0: no limit) the ones left are killed and the life failed. A
+ * rank that does not exit 0 fails it, except rank may_die (-1: none).
+ * Counts a failure (CHECK) and returns 1 when it failed, else 0. */
+static inline int rank_procs_run(const char *tag, const char *spec_tag,
+                                 int world, const char *const *extra,
+                                 int n_extra, double limit_s, int may_die)
+{
+    char spec[512], store[512], cmd[700];
+    snprintf(spec, sizeof spec, "%s/%s.json", rank_dir_, spec_tag);
+    snprintf(store, sizeof store, "%s/store-%s", rank_dir_, tag);
+    mkdir(store, 0755);
+    pid_t pids[RANK_PROCS_MAX];
+    for (int r = 0; r < world; r++) {
+        char out[512], ws[16], rs[16];
+        snprintf(out, sizeof out, "%s/%s-%d.out", rank_dir_, tag, r);
+        snprintf(ws, sizeof ws, "%d", world);
+        snprintf(rs, sizeof rs, "%d", r);
+        if ((pids[r] = fork()) == 0) {
+            const char *argv[8 + 8];
+            int a = 0;
+            argv[a++] = rank_self_;
+            argv[a++] = "rank";
+            argv[a++] = spec;
+            argv[a++] = out;
+            argv[a++] = ws;
+            argv[a++] = rs;
+            argv[a++] = store;
+            for (int i = 0; i < n_extra && i < 8; i++)
+                argv[a++] = extra[i];
+            argv[a] = NULL;
+            execv(rank_self_, (char *const *)argv);
+            _exit(127);
+        }
+    }
+    int bad = 0, left = world, done[RANK_PROCS_MAX] = {0};
+    double end = limit_s > 0 ? file_store_now_() + limit_s : 0;
+    while (left > 0) {
+        for (int r = 0; r < world; r++) {
+            int status;
+            if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
+                continue;
+            done[r] = 1;
+            left--;
+            if (r != may_die &&
+                !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                fprintf(stderr, "%s: rank %d failed (status 0x%x)\n", tag, r,
+                        status);
+                bad = 1;
+            }
+        }
+        if (left > 0 && end > 0 && file_store_now_() > end) {
+            fprintf(stderr, "%s: ranks hung after %.0f s: killed\n", tag,
+                    limit_s);
+            for (int r = 0; r < world; r++)
+                if (!done[r])
+                    kill(pids[r], SIGKILL);
+            bad = 1;
+            end = file_store_now_() + 60;
+        }
+        if (left > 0)
+            usleep(20000);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", store);
+    CHECK(!bad, "%s: a rank failed", tag);
+    return bad;
+}
+
+#endif /* M6_TESTS_RANK_PROCS_H */
