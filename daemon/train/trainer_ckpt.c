@@ -459,6 +459,27 @@ static int load_tensors_(const char *path, trainer *t, const backend_buf *bufs,
     return rc;
 }
 
+/* meta.json's string at key, or def where it is absent (a checkpoint
+ * written before the key existed) */
+static const char *meta_str_(json_t *m, const char *key, const char *def)
+{
+    json_t *j = json_object_get(m, key);
+    return json_is_string(j) ? json_string_value(j) : def;
+}
+
+/* The refusal of a checkpoint at path that holds `held` (its optimizer's
+ * state, its master weights) where this run's spec key says mine. */
+static void refuse_other_(m6_err *err, const char *path, const char *held,
+                          const char *key, const char *mine,
+                          const char *what)
+{
+    m6_err_set(err, M6_EINTERNAL,
+               "%s: the checkpoint holds %s and this run uses %s \"%s\": "
+               "resuming with %s is refused (a new run with init.from takes "
+               "its weights with a fresh optimizer)", path, held, key, mine,
+               what);
+}
+
 int trainer_load(trainer *t, const char *dir, m6_err *err)
 {
     char path[PATH_MAX];
@@ -499,31 +520,24 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
         goto out;
     }
     /* another optimizer's state is refused by name before the hash (which
-     * differs too): its tensors are not this optimizer's */
-    json_t *jo = json_object_get(m, "optimizer");
-    const char *opt = json_is_string(jo) ? json_string_value(jo) : "adamw";
+     * differs too): its tensors are not this optimizer's; so are master
+     * weights of another dtype: bf16 ones are not the fp32 ones of the
+     * run that wrote them, nor fp32 ones bf16 values */
+    const char *opt = meta_str_(m, "optimizer", "adamw");
     const char *mine = spec_optimizer_name(t->spec.optimizer.name);
+    char held[64];
+    snprintf(held, sizeof held, "optimizer \"%s\" state", opt);
     if (strcmp(opt, mine) != 0) {
-        m6_err_set(err, M6_EINTERNAL,
-                   "%s: the checkpoint holds optimizer \"%s\" state and "
-                   "this run uses optimizer.name \"%s\": resuming with "
-                   "another optimizer is refused (a new run with init.from "
-                   "takes its weights with a fresh optimizer)",
-                   path, opt, mine);
+        refuse_other_(err, path, held, "optimizer.name", mine,
+                      "another optimizer");
         goto out;
     }
-    /* so are master weights of another dtype: bf16 ones are not the fp32
-     * ones of the run that wrote them, nor fp32 ones bf16 values */
-    json_t *jm = json_object_get(m, "master");
-    const char *master = json_is_string(jm) ? json_string_value(jm) : "fp32";
+    const char *master = meta_str_(m, "master", "fp32");
     const char *my_master = spec_master_name(t->spec.optimizer.master);
+    snprintf(held, sizeof held, "%s master weights", master);
     if (strcmp(master, my_master) != 0) {
-        m6_err_set(err, M6_EINTERNAL,
-                   "%s: the checkpoint holds %s master weights and this run "
-                   "uses optimizer.master \"%s\": resuming with other master "
-                   "weights is refused (a new run with init.from takes its "
-                   "weights with a fresh optimizer)", path, master,
-                   my_master);
+        refuse_other_(err, path, held, "optimizer.master", my_master,
+                      "other master weights");
         goto out;
     }
     char want[32];
