@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "offload/offload.h"
+#include "spec/spec.h"
 #include "train/trainer.h"
 #include "synth_data.h"
 #include "err_into.h"
@@ -35,6 +36,36 @@ static int teardown_data(void **state)
 {
     (void)state;
     return synth_remove(tmpdir_);
+}
+
+/* The spec base (a spec's JSON without its closing brace) with `more`
+ * appended (", more"; "" or NULL: nothing) parsed into *s, failing the
+ * test with the error. */
+static inline void fixture_spec_parse(run_spec *s, const char *base,
+                                      const char *more)
+{
+    char js[2048], err[512];
+    snprintf(js, sizeof js, "%s%s%s}", base, more && *more ? ", " : "",
+             more ? more : "");
+    if (spec_parse(s, js, strlen(js), err, sizeof err) != 0)
+        fail_msg("%s: %s", js, err);
+}
+
+/* Each of the n specs base + ", " + bad[i][0] refused by spec_parse with
+ * an error containing bad[i][1] (what it must name). */
+static inline void fixture_spec_refusals(const char *base,
+                                         const char *const bad[][2], size_t n)
+{
+    char js[2048], err[512];
+    run_spec s;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(js, sizeof js, "%s, %s}", base, bad[i][0]);
+        assert_int_not_equal(spec_parse(&s, js, strlen(js), err, sizeof err),
+                             0);
+        if (!strstr(err, bad[i][1]))
+            fail_msg("%s: error '%s' does not name '%s'", bad[i][0], err,
+                     bad[i][1]);
+    }
 }
 
 /* trainer_create, failing the test with its error. */

@@ -234,17 +234,13 @@ static void test_spec_key_and_refusals(void **state)
 {
     (void)state;
     run_spec s;
-    char err[512], js[1024];
+    char err[512];
     const char *base = "{\"data\": {\"train\": \"t*\", \"val\": \"v*\"}";
-    snprintf(js, sizeof js, "%s}", base);
-    if (spec_parse(&s, js, strlen(js), err, sizeof err) != 0)
-        fail_msg("%s: %s", js, err);
+    fixture_spec_parse(&s, base, NULL);
     assert_int_equal(s.optimizer.master, MASTER_FP32);
     uint64_t h0 = spec_hash(&s);
     /* fp32 written out is the default: the same hash, no key in the text */
-    snprintf(js, sizeof js, "%s, \"optimizer\": {\"master\": \"fp32\"}}", base);
-    if (spec_parse(&s, js, strlen(js), err, sizeof err) != 0)
-        fail_msg("%s: %s", js, err);
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"master\": \"fp32\"}");
     assert_true(spec_hash(&s) == h0);
     char *text = spec_to_json(&s);
     assert_null(strstr(text, "master"));
@@ -253,9 +249,9 @@ static void test_spec_key_and_refusals(void **state)
     const char *ok[] = {"{\"master\": \"bf16\"}",
                         "{\"name\": \"adafactor\", \"master\": \"bf16\"}"};
     for (int i = 0; i < 2; i++) {
-        snprintf(js, sizeof js, "%s, \"optimizer\": %s}", base, ok[i]);
-        if (spec_parse(&s, js, strlen(js), err, sizeof err) != 0)
-            fail_msg("%s: %s", js, err);
+        char more[256];
+        snprintf(more, sizeof more, "\"optimizer\": %s", ok[i]);
+        fixture_spec_parse(&s, base, more);
         assert_int_equal(s.optimizer.master, MASTER_BF16);
         assert_true(spec_hash(&s) != h0);
         text = spec_to_json(&s);
@@ -266,7 +262,7 @@ static void test_spec_key_and_refusals(void **state)
         assert_true(spec_hash(&back) == spec_hash(&s));
         free(text);
     }
-    const char *bad[][2] = {
+    const char *const bad[][2] = {
         {"\"optimizer\": {\"master\": \"fp16\"}", "optimizer.master"},
         {"\"optimizer\": {\"master\": \"bf16\"}, \"device\": "
          "{\"backend\": \"cuda\"}",
@@ -279,14 +275,7 @@ static void test_spec_key_and_refusals(void **state)
          "{\"memory_budget\": \"1GiB\"}, \"offload\": {\"speculative\": "
          "\"on\"}", "optimizer.master \"bf16\" with offloading"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(js, sizeof js, "%s, %s}", base, bad[i][0]);
-        assert_int_not_equal(spec_parse(&s, js, strlen(js), err, sizeof err),
-                             0);
-        if (!strstr(err, bad[i][1]))
-            fail_msg("%s: error '%s' does not name '%s'", bad[i][0], err,
-                     bad[i][1]);
-    }
+    fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
 }
 
 /* ------------------------------------------------------------ trainer */
