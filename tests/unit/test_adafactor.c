@@ -284,18 +284,6 @@ static float *state_(trainer *t, int which, size_t *n)
     return p;
 }
 
-static void assert_same_state_(trainer *a, trainer *b)
-{
-    for (int w = 0; w < 3; w++) {
-        size_t na, nb;
-        float *pa = state_(a, w, &na), *pb = state_(b, w, &nb);
-        assert_int_equal(na, nb);
-        assert_memory_equal(pa, pb, na * sizeof(float));
-        free(pa);
-        free(pb);
-    }
-}
-
 /* Save at 12 (after the delink at 6), run on to 20; a trainer loading the
  * checkpoint gives the same losses for 13..20 bitwise and the same state
  * (weights, first and second moment) at 20. With and without m. */
@@ -310,18 +298,10 @@ static void test_checkpoint_resume_bitwise(void **state)
         trainer *t = fixture_trainer(&s);
         fixture_run_steps(t, &s, 12, a, NULL);
         assert_true(fixture_save(t, dir) > 0);
-        fixture_run_steps(t, &s, 20, a, NULL);
+        fixture_resume_same(t, &s, dir, 12, 20, a);
         assert_true(a[19] < a[0]);  /* it learns */
-        size_t nm;
-        free(state_(t, 1, &nm));
+        size_t nm = trainer_copy_state(t, 1, NULL);
         assert_true(with_m ? nm > 0 : nm == 0);
-        trainer *r = fixture_resume(&s, dir, 12);
-        float b[20];
-        memcpy(b, a, sizeof b);
-        fixture_run_steps(r, &s, 20, b, NULL);
-        assert_memory_equal(a, b, sizeof a);
-        assert_same_state_(t, r);
-        trainer_free(r);
         trainer_free(t);
     }
 }
