@@ -21,6 +21,8 @@
 
 #include "client/corpus/corpus.h"
 #include "dist/collectives.h"
+#include "spec/spec.h"
+#include "train/trainer.h"
 #include "file_store.h"
 #include "self_exe.h"
 
@@ -140,6 +142,44 @@ static inline int rank_procs_run(const char *tag, const char *spec_tag,
         fprintf(stderr, "cannot remove %s\n", store);
     CHECK(!bad, "%s: a rank failed", tag);
     return bad;
+}
+
+/* In a rank: the spec at spec_path into *spec and a trainer of it; NULL
+ * with the reason on stderr (naming the rank). */
+static inline trainer *rank_procs_trainer(const char *spec_path, int rank,
+                                          run_spec *spec)
+{
+    char e[1024];
+    if (spec_load_file(spec, spec_path, e, sizeof e) != 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, e);
+        return NULL;
+    }
+    m6_err err = M6_ERR_NONE;
+    trainer *t = trainer_create(spec, &err);
+    if (!t)
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+    m6_err_free(&err);
+    return t;
+}
+
+/* In a rank: its Gloo group on 127.0.0.1 over the file store in
+ * store_dir (*fs and *st must outlive the group), keys under prefix;
+ * NULL with the reason on stderr. */
+static inline m6_coll *rank_procs_group(const char *store_dir,
+                                        const char *prefix, int rank,
+                                        int world, int timeout_ms,
+                                        m6_store *st, file_store *fs)
+{
+    snprintf(fs->dir, sizeof fs->dir, "%s", store_dir);
+    *st = file_store_table(fs);
+    m6_coll_config cfg = {"gloo", rank, world, st, prefix, timeout_ms,
+                          "127.0.0.1", 0};
+    m6_err err = M6_ERR_NONE;
+    m6_coll *c = m6_coll_init(&cfg, &err);
+    if (!c)
+        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+    m6_err_free(&err);
+    return c;
 }
 
 #endif /* M6_TESTS_RANK_PROCS_H */

@@ -99,22 +99,6 @@ static double param_tol_ = PARAM_TOL;
 
 /* ------------------------------------------------------------ a rank */
 
-static m6_coll *group_(const char *store_dir, const char *prefix, int rank,
-                       int world, int timeout_ms, m6_store *st,
-                       file_store *fs)
-{
-    snprintf(fs->dir, sizeof fs->dir, "%s", store_dir);
-    *st = file_store_table(fs);
-    m6_coll_config cfg = {"gloo", rank, world, st, prefix, timeout_ms,
-                          "127.0.0.1", 0};
-    m6_err err = M6_ERR_NONE;
-    m6_coll *c = m6_coll_init(&cfg, &err);
-    if (!c)
-        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
-    m6_err_free(&err);
-    return c;
-}
-
 /* rank SPEC OUT WORLD RANK STORE BUCKET MODE: train the spec to its end
  * (delinking after pseudo.steps), one line per step into OUT, the final
  * weights into OUT.params, the most slots offloaded at once into OUT.off.
@@ -136,16 +120,10 @@ static int rank_main_(int argc, char **argv)
     srandom((unsigned)getpid());
     run_spec spec;
     char e[1024];
-    if (spec_load_file(&spec, spec_path, e, sizeof e) != 0) {
-        fprintf(stderr, "rank %d: %s\n", rank, e);
-        return 1;
-    }
     m6_err err = M6_ERR_NONE;
-    trainer *t = trainer_create(&spec, &err);
-    if (!t) {
-        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+    trainer *t = rank_procs_trainer(spec_path, rank, &spec);
+    if (!t)
         return 1;
-    }
     if (bucket)
         trainer_set_bucket_floats(t, bucket);
     if (strcmp(mode, "seq") == 0)
@@ -168,7 +146,8 @@ static int rank_main_(int argc, char **argv)
     file_store fs;
     m6_coll *c = NULL;
     if (world > 1 && !join) {
-        if (!(c = group_(store_dir, "g0", rank, world, timeout_ms, &st, &fs)))
+        if (!(c = rank_procs_group(store_dir, "g0", rank, world, timeout_ms,
+                                   &st, &fs)))
             return 1;
         if (trainer_set_collectives(t, c, &err) != 0) {
             fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
@@ -177,7 +156,8 @@ static int rank_main_(int argc, char **argv)
     }
     if (join && rank == 1) {
         /* waits for rank 0 to finish the pseudo phase */
-        if (!(c = group_(store_dir, "g1", rank, world, 120000, &st, &fs)))
+        if (!(c = rank_procs_group(store_dir, "g1", rank, world, 120000,
+                                   &st, &fs)))
             return 1;
         if (trainer_broadcast_state(t, c, 0, &err) != 0 ||
             trainer_set_collectives(t, c, &err) != 0) {
@@ -201,8 +181,8 @@ static int rank_main_(int argc, char **argv)
             np = trainer_copy_state(t, 0, NULL);
             w = realloc(w, np * sizeof(float));
             if (join && rank == 0) {
-                if (!(c = group_(store_dir, "g1", rank, world, 120000, &st,
-                                 &fs)))
+                if (!(c = rank_procs_group(store_dir, "g1", rank, world,
+                                           120000, &st, &fs)))
                     return 1;
                 if (trainer_broadcast_state(t, c, 0, &err) != 0 ||
                     trainer_set_collectives(t, c, &err) != 0) {
@@ -1076,7 +1056,7 @@ int main(int argc, char **argv)
         char sd[512];
         snprintf(sd, sizeof sd, "%s/store-refused", rank_dir_);
         mkdir(sd, 0755);
-        m6_coll *c = group_(sd, "g", 0, 1, 5000, &st, &fs);
+        m6_coll *c = rank_procs_group(sd, "g", 0, 1, 5000, &st, &fs);
         CHECK(t && c, "refused: setup: %s", m6_err_msg(&err));
         if (t && c) {
             int rc = trainer_set_collectives(t, c, &err);

@@ -108,16 +108,10 @@ static int rank_main_(char **argv)
     const char *store_dir = argv[6], *life = argv[7], *ckpt = argv[8];
     run_spec spec;
     char e[1024];
-    if (spec_load_file(&spec, spec_path, e, sizeof e) != 0) {
-        fprintf(stderr, "rank %d: %s\n", rank, e);
-        return 1;
-    }
     m6_err err = M6_ERR_NONE;
-    trainer *t = trainer_create(&spec, &err);
-    if (!t) {
-        fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+    trainer *t = rank_procs_trainer(spec_path, rank, &spec);
+    if (!t)
         return 1;
-    }
     /* p2f: p2 with the last rank's batch of step 3 all NaN (every rank
      * must skip that step together) */
     int fault = strcmp(life, "p2f") == 0;
@@ -130,12 +124,11 @@ static int rank_main_(char **argv)
     }
     m6_store st;
     file_store fs;
-    snprintf(fs.dir, sizeof fs.dir, "%s", store_dir);
-    st = file_store_table(&fs);
-    m6_coll_config cfg = {"gloo", rank, world, &st, "g0",
-                          spec.nodes.timeout * 1000, "127.0.0.1", 0};
-    m6_coll *c = m6_coll_init(&cfg, &err);
-    if (!c || trainer_set_collectives(t, c, &err) != 0) {
+    m6_coll *c = rank_procs_group(store_dir, "g0", rank, world,
+                                  spec.nodes.timeout * 1000, &st, &fs);
+    if (!c)
+        return 1;
+    if (trainer_set_collectives(t, c, &err) != 0) {
         fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
