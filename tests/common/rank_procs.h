@@ -144,6 +144,23 @@ static inline int rank_procs_run(const char *tag, const char *spec_tag,
     return bad;
 }
 
+/* rank_dir_/TAG.json opened for writing with its first members written:
+ * the name and the data (rank_dir_/data's shards); the caller writes the
+ * rest (starting with a member, ending with the closing brace) and
+ * closes it. NULL when it cannot be created (a CHECK counted). */
+static inline FILE *rank_procs_spec(const char *tag, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", rank_dir_, tag);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot create %s", path);
+    if (f)
+        fprintf(f, "{\"name\": \"%s\",\n \"data\": {\"train\": "
+                "\"%s/data/train_*.bin\", \"val\": \"%s/data/val_*.bin\"},\n",
+                name, rank_dir_, rank_dir_);
+    return f;
+}
+
 /* In a rank: the spec at spec_path into *spec and a trainer of it; NULL
  * with the reason on stderr (naming the rank). */
 static inline trainer *rank_procs_trainer(const char *spec_path, int rank,

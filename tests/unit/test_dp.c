@@ -357,13 +357,10 @@ static void write_spec_full_(const char *tag, int B, int accum, long steps,
                              const char *pseudo_extra, size_t budget,
                              const char *extra)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.json", rank_dir_, tag);
-    FILE *f = fopen(path, "w");
-    fprintf(f, "{\"name\": \"%s\",\n"
-            " \"data\": {\"train\": \"%s/data/train_*.bin\", "
-            "\"val\": \"%s/data/val_*.bin\"},\n"
-            " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 32,"
+    FILE *f = rank_procs_spec(tag, tag);
+    if (!f)
+        return;
+    fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 32,"
             " \"n_head\": 2, \"seq_len\": 32%s%s},\n"
             " \"pseudo\": {\"steps\": %ld%s},\n"
             " \"train\": {\"steps\": %ld, \"batch_size\": %d, \"grad_accum\":"
@@ -371,7 +368,7 @@ static void write_spec_full_(const char *tag, int B, int accum, long steps,
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
             " \"eval_batches\": 6},\n"
             " \"device\": {\"threads\": 1, \"memory_budget\": %zu}%s%s}\n",
-            tag, rank_dir_, rank_dir_, model_extra[0] ? ", " : "", model_extra, pseudo,
+            model_extra[0] ? ", " : "", model_extra, pseudo,
             pseudo_extra, steps, B, accum, budget, extra[0] ? ",\n " : "",
             extra);
     fclose(f);

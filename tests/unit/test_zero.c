@@ -220,13 +220,10 @@ static void write_spec_moe_(const char *tag, int shard, int world, int pw,
     char nodes[96];
     snprintf(nodes, sizeof nodes, pw ? "\"world_size\": %d, "
              "\"pseudo_world_size\": %d" : "\"world_size\": %d", world, pw);
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.json", rank_dir_, tag);
-    FILE *f = fopen(path, "w");
-    fprintf(f, "{\"name\": \"zero\",\n"
-            " \"data\": {\"train\": \"%s/data/train_*.bin\", "
-            "\"val\": \"%s/data/val_*.bin\"},\n"
-            " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 64,"
+    FILE *f = rank_procs_spec(tag, "zero");
+    if (!f)
+        return;
+    fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 64,"
             " \"n_head\": 2, \"seq_len\": 32%s},\n"
             " \"pseudo\": {\"steps\": %d%s},\n"
             " \"train\": {\"steps\": %d, \"batch_size\": 4, \"grad_accum\": 1,"
@@ -236,7 +233,7 @@ static void write_spec_moe_(const char *tag, int shard, int world, int pw,
             " \"nodes\": {%s},\n"
             " \"optimizer\": {\"shard\": %s%s},\n"
             " \"device\": {\"threads\": 1}}\n",
-            rank_dir_, rank_dir_, model_extra, PSEUDO, pseudo_extra, steps, nodes,
+            model_extra, PSEUDO, pseudo_extra, steps, nodes,
             shard ? "true" : "false", opt_extra);
     fclose(f);
 }
