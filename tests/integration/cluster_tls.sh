@@ -25,19 +25,6 @@ PEER=${1:?usage: cluster_tls.sh nodes_peer.py}
 TMO=2
 M6D_ARGS="--node-timeout $TMO"
 c_ctl() { "$M6CTL" --socket "$T/c/m6d.sock" "$@"; }
-node_field() {
-    c_ctl nodes --json | python3 -c "
-import json, sys
-n = [x for x in json.load(sys.stdin) if x['hostname'] == '$1']
-print(n[0]['$2'] if n and n[0]['$2'] is not None else '')"
-}
-wait_node() {
-    for _ in $(seq 1 $(($3 * 20))); do
-        [ "$(node_field "$1" state)" = "$2" ] && return 0
-        sleep 0.05
-    done
-    fail "node $1: state '$(node_field "$1" state)', want $2 within $3 s"
-}
 
 write_token "$T/token"
 write_token "$T/token-other"
@@ -159,7 +146,7 @@ kill -TERM "$W1"; wait "$W1" || fail "w1 exit"
 kill "$PROXY" 2>/dev/null; wait "$PROXY" 2>/dev/null || true
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 W1=$M6D_PID
-wait_node w1 live 10
+wait_node w1 live 10 >/dev/null
 grep -q "node.reconnect node=$W1_ID hostname=w1" "$T/m6d-c.log" || fail "(c) w1's restart is not a reconnect"
 log "(c) a stolen id refused twice, w1 kept its place and rejoined with its secret"
 

@@ -155,6 +155,27 @@ wait_listen() {
     fail "m6d $name did not log its cluster port (or answer on its socket)"
 }
 
+# node_field HOSTNAME KEY: the node's KEY in `m6ctl nodes --json` of the
+# coordinator started as start_m6d c ("" when there is no such node)
+node_field() {
+    "$M6CTL" --socket "$T/c/m6d.sock" nodes --json | python3 -c "
+import json, sys
+n = [x for x in json.load(sys.stdin) if x['hostname'] == '$1']
+print(n[0]['$2'] if n and n[0]['$2'] is not None else '')"
+}
+# wait_node HOSTNAME STATE SECONDS: until the node is in STATE there;
+# prints the seconds it took, or fails the test
+wait_node() {
+    local t0=$EPOCHREALTIME s=
+    while :; do
+        s=$(node_field "$1" state)
+        [ "$s" = "$2" ] && { python3 -c "print(round($EPOCHREALTIME - $t0, 2))"; return 0; }
+        python3 -c "import sys; sys.exit($EPOCHREALTIME - $t0 < $3)" && break
+        sleep 0.05
+    done
+    fail "node $1: state '$s', want $2 within $3 s"
+}
+
 # wait_m6d SOCKET PID [WHAT]: until m6d answers on SOCKET (5 s; 60 s under
 # valgrind); PID exiting first fails the test, naming WHAT and its log.
 wait_m6d() {

@@ -31,24 +31,6 @@ export MAX_S=3  # the first-frame timeout is min(5 s, TMO), plus slack
 
 M6D_ARGS="--node-timeout $TMO"  # every m6d start_m6d (lib.sh) starts
 c_ctl() { "$M6CTL" --socket "$T/c/m6d.sock" "$@"; }
-# node_field HOSTNAME KEY: from `m6ctl nodes --json` on the coordinator
-node_field() {
-    c_ctl nodes --json | python3 -c "
-import json, sys
-n = [x for x in json.load(sys.stdin) if x['hostname'] == '$1']
-print(n[0]['$2'] if n and n[0]['$2'] is not None else '')"
-}
-# wait_node HOSTNAME STATE SECONDS: prints the seconds it took
-wait_node() {
-    local t0=$EPOCHREALTIME s=
-    while :; do
-        s=$(node_field "$1" state)
-        [ "$s" = "$2" ] && { python3 -c "print(round($EPOCHREALTIME - $t0, 2))"; return 0; }
-        python3 -c "import sys; sys.exit($EPOCHREALTIME - $t0 < $3)" && break
-        sleep 0.05
-    done
-    fail "node $1: state '$s', want $2 within $3 s"
-}
 
 # ---- the token file
 write_token "$T/token"
