@@ -402,6 +402,23 @@ reference_losses() {
     stop_daemon
 }
 
+# resume_after_kill9 DIR RUN STEPS REF_CSV WHAT: m6d in DIR was killed
+# (kill -9) while RUN trained, before its step STEPS: sets K (the step the
+# run had reached) and C (its newest checkpoint), restarts m6d there; the
+# run resumes from C (its run.recover line) and ends with REF_CSV's
+# losses digit for digit; else fails naming WHAT
+resume_after_kill9() {
+    local dir=$1 run=$2 steps=$3 ref=$4 what=$5
+    K=$(db "$dir" "select step from runs where id=$run")
+    C=$(db "$dir" "select max(step) from checkpoints where run=$run")
+    [ "$K" -lt "$steps" ] || fail "$what: run finished before kill -9"
+    start_daemon "$dir"
+    ctl watch "$run" >/dev/null || fail "$what: the resumed run did not complete"
+    same_losses "$run" "$ref" "$what: losses differ after kill -9 at $K"
+    grep -q "run.recover run=$run step=$C" "$T/m6d-$(basename "$dir").log" \
+        || fail "$what: did not resume from checkpoint $C"
+}
+
 # same_losses RUN REF_CSV WHAT: RUN's losses are REF_CSV's (as `losses`
 # writes them, reference_losses), digit for digit; else fails with WHAT
 # and the first lines of the difference

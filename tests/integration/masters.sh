@@ -24,13 +24,7 @@ wait_step "$R" 25
 hold_boundary
 kill9_daemon
 release_boundary
-K=$(db "$T/k9" "select step from runs where id=$R")
-C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
-[ "$K" -lt $N ] || fail "run finished before kill -9"
-start_daemon "$T/k9"
-ctl watch "$R" >/dev/null || fail "resumed run did not complete"
-same_losses "$R" "$T/ref.csv" "bf16 masters: losses differ after kill -9 at $K"
-grep -q "run.recover run=$R step=$C" "$T/m6d-k9.log" || fail "did not resume from checkpoint $C"
+resume_after_kill9 "$T/k9" "$R" "$N" "$T/ref.csv" "bf16 masters"
 log "kill -9 at step $K (checkpoint $C): same losses"
 
 # 3. the checkpoint: BF16 weights, master bf16 in meta.json, fp32 state

@@ -82,14 +82,8 @@ log "SIGTERM at step $K: same losses"
 # 3. kill -9 past the delink, between checkpoints: resume from the newest
 #    complete checkpoint, drop the metrics rows after it, redo them.
 ref_killed "$T/k9" 65
-K=$(db "$T/k9" "select step from runs where id=$R")
-C=$(db "$T/k9" "select max(step) from checkpoints where run=$R")
-[ "$K" -lt $N ] || fail "run finished before kill -9"
-start_daemon "$T/k9"
-ctl watch "$R" >/dev/null || fail "resumed run (kill -9) did not complete"
-same_losses "$R" "$T/ref.csv" "losses differ after kill -9 at $K"
+resume_after_kill9 "$T/k9" "$R" "$N" "$T/ref.csv" "kill -9 past the delink"
 [ "$(db "$T/k9" "select count(*) from phases where run=$R")" = 2 ] || fail "phases rows after resume"
-grep -q "run.recover run=$R step=$C" "$T/m6d-k9.log" || fail "did not resume from checkpoint $C"
 stop_daemon
 log "kill -9 at step $K (checkpoint $C): same losses"
 
