@@ -86,8 +86,17 @@ sleep 1
 [ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
 log "(c) waits: $(ctl events "$RUN" | grep nodes.wait | head -1)"
 
+# worker NAME: starts worker NAME joined to the coordinator (a fault hook
+# or a hash salt in the environment of the call applies to it alone)
+worker() { start_m6d "$1" --join "$ADDR" --token-file "$T/token" --node-name "$1"; }
+# stop_worker NAME: SIGTERM, and it exits 0
+stop_worker() {
+    kill -TERM "${M6D_PIDS[$1]}"; wait "${M6D_PIDS[$1]}" || fail "$1 exit after SIGTERM"
+    unset "M6D_PIDS[$1]"
+}
+
 # ---- (a) a worker joins: the run trains as 2 ranks
-start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+worker w1
 ctl watch "$RUN" >/dev/null || fail "the 2-rank run did not complete: $(ctl status "$RUN")"
 ctl events "$RUN" >"$T/events1.txt"
 grep -Eq 'nodes.assign +node=[0-9]+ hostname=w1 rank=1 world_size=2' "$T/events1.txt" \
@@ -114,7 +123,7 @@ wait_paused_within "$RUN2" "$t0" $((TMO + 1)) "kill -9"
 wait_event "$RUN2" 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1'
 ctl list >/dev/null || fail "the coordinator stopped serving"
 log "(b) paused ${TOOK}s after kill -9: $(field "$RUN2" error)"
-start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+worker w1
 for _ in $(seq 1 200); do
     [ "$(db "$T/c" "select state from nodes where hostname='w1'")" = live ] && break
     sleep 0.05
@@ -141,9 +150,8 @@ close_enough "$T/late.csv" "$T/one.csv" || fail "late-join losses differ from th
 log "(d) the worker joined at the delink: $first"
 # ---- (e) a worker whose hash differs (M6_TEST_DP_HASH_SALT: as another
 # build or spec would) is refused before any collective, both hashes named
-kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "worker exit after SIGTERM"
-unset 'M6D_PIDS[w1]'
-M6_TEST_DP_HASH_SALT=other start_m6d w2 --join "$ADDR" --token-file "$T/token" --node-name w2
+stop_worker w1
+M6_TEST_DP_HASH_SALT=other worker w2
 RUN4=$(ctl submit "$T/two.json")
 wait_event "$RUN4" "nodes.refused +refused: rank 1's hash [0-9a-f]{64} differs from the coordinator's [0-9a-f]{64}" 10
 grep -q 'cluster.rank_failed run='"$RUN4"' rank=1 err="refused by the coordinator' "$T/m6d-w2.log" \
@@ -157,10 +165,9 @@ log "(e) refused: $(ctl events "$RUN4" | grep nodes.refused | head -1 | cut -c1-
 # ---- (f) 3 ranks with gradient accumulation 3 (one microbatch of 4 per
 # rank) against the same spec at world size 1 on the coordinator (3
 # microbatches of 4), same tolerance as (a)
-kill -TERM "${M6D_PIDS[w2]}"; wait "${M6D_PIDS[w2]}" || fail "w2 exit after SIGTERM"
-unset 'M6D_PIDS[w2]'
-start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
-start_m6d w3 --join "$ADDR" --token-file "$T/token" --node-name w3
+stop_worker w2
+worker w1
+worker w3
 CKPT_EVERY=10 write_spec "$T/acc1.json" acc1 24 8
 CKPT_EVERY=10 write_spec "$T/acc3.json" acc3 24 8 \
     "\"nodes\": {\"world_size\": 3, \"timeout\": $TMO}"
@@ -178,8 +185,7 @@ log "(f) 3 ranks, grad_accum 3: the single node's losses"
 # ---- (g) an operator delink on the coordinator is a barrier: every rank
 # delinks at the same step (rank 0 regroups, the workers take its delinked
 # state), so the run equals one whose spec delinks at that step
-kill -TERM "${M6D_PIDS[w3]}"; wait "${M6D_PIDS[w3]}" || fail "w3 exit after SIGTERM"
-unset 'M6D_PIDS[w3]'
+stop_worker w3
 CKPT_EVERY=10 write_spec "$T/op.json" op 24 23 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 RUN5=$(ctl submit "$T/op.json")
@@ -202,9 +208,8 @@ log "(g) operator delink at step $K on both ranks: the single node's losses"
 # ---- (h) a bad batch on the worker alone (its own gradient NaN before the
 # sum, the fault hook M6_TEST_FAULT): every rank skips that step, and the
 # coordinator's event names rank 1, the worker, as where it came from
-kill -TERM "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" || fail "w1 exit after SIGTERM"
-unset 'M6D_PIDS[w1]'
-M6_TEST_FAULT=nan_batch@3 start_m6d w4 --join "$ADDR" --token-file "$T/token" --node-name w4
+stop_worker w1
+M6_TEST_FAULT=nan_batch@3 worker w4
 CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 R7=$(ctl submit "$T/bad.json")
@@ -219,9 +224,8 @@ log "(h) a NaN batch on rank 1: step 3 skipped on both ranks, the event names ra
 # ---- (i) rank 1's own gradient 1000x from step 3 to 107: reported by
 # rank and node at steps 3 and 103, the 99 between counted; the steps are
 # not skipped (the report changes nothing)
-kill -TERM "${M6D_PIDS[w4]}"; wait "${M6D_PIDS[w4]}" || fail "w4 exit after SIGTERM"
-unset 'M6D_PIDS[w4]'
-M6_TEST_FAULT=grad_scale@3x105 start_m6d w5 --join "$ADDR" --token-file "$T/token" --node-name w5
+stop_worker w4
+M6_TEST_FAULT=grad_scale@3x105 worker w5
 CKPT_EVERY=100 write_spec "$T/loud.json" loud 110 110 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 R8=$(ctl submit "$T/loud.json")
