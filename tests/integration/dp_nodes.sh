@@ -95,6 +95,16 @@ stop_worker() {
     unset "M6D_PIDS[$1]"
 }
 
+# run_two TAG STEPS PSEUDO WHAT: write_spec's run TAG at world size 2
+# ($T/TAG.json, a checkpoint every 10 steps) submitted and watched to its
+# end (else fails naming WHAT); its id in R2
+run_two() {
+    CKPT_EVERY=10 write_spec "$T/$1.json" "$1" "$2" "$3" \
+        "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+    R2=$(ctl submit "$T/$1.json")
+    ctl watch "$R2" >/dev/null || fail "$4 did not complete: $(ctl status "$R2")"
+}
+
 # ---- (a) a worker joins: the run trains as 2 ranks
 worker w1
 ctl watch "$RUN" >/dev/null || fail "the 2-rank run did not complete: $(ctl status "$RUN")"
@@ -210,10 +220,8 @@ log "(g) operator delink at step $K on both ranks: the single node's losses"
 # coordinator's event names rank 1, the worker, as where it came from
 stop_worker w1
 M6_TEST_FAULT=nan_batch@3 worker w4
-CKPT_EVERY=10 write_spec "$T/bad.json" bad 6 3 \
-    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
-R7=$(ctl submit "$T/bad.json")
-ctl watch "$R7" >/dev/null || fail "the run with a bad batch on rank 1 did not complete: $(ctl status "$R7")"
+run_two bad 6 3 "the run with a bad batch on rank 1"
+R7=$R2
 ctl events "$R7" | has -E 'step.skipped +step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4' \
     || fail "no step.skipped event naming rank 1 on w4: $(ctl events "$R7")"
 grep -qE "run.step_skipped run=$R7 step=3 .* nonfinite_rank=1 nonfinite_ranks=1 ranks=1 node=[0-9]+ hostname=w4" "$T/m6d-c.log" \
@@ -226,10 +234,8 @@ log "(h) a NaN batch on rank 1: step 3 skipped on both ranks, the event names ra
 # not skipped (the report changes nothing)
 stop_worker w4
 M6_TEST_FAULT=grad_scale@3x105 worker w5
-CKPT_EVERY=100 write_spec "$T/loud.json" loud 110 110 \
-    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
-R8=$(ctl submit "$T/loud.json")
-ctl watch "$R8" >/dev/null || fail "the run with a loud rank 1 did not complete: $(ctl status "$R8")"
+run_two loud 110 110 "the run with a loud rank 1"
+R8=$R2
 ctl events "$R8" | grep grad.outlier >"$T/outlier.ev" || true
 [ "$(grep -c . "$T/outlier.ev")" = 2 ] \
     || fail "want 2 grad.outlier events (steps 3 and 103), got: $(cat "$T/outlier.ev")"
