@@ -658,25 +658,39 @@ precision_kind spec_precision(const run_spec *s)
 
 
 
-/* optimizer.master bf16: where it is not implemented, refused by name. */
-static int master_check_(const run_spec *s, char *err, size_t errlen)
+/* `what` (a key and its value) refused by name where the engine does not
+ * implement it yet: on device.backend cuda (cuda_why: what that backend
+ * does instead; cuda_fix: the way out) and with offloading (off_why,
+ * off_fix). 0, or -1 with err. */
+static int engine_support_(const run_spec *s, const char *what,
+                           const char *cuda_why, const char *cuda_fix,
+                           const char *off_why, const char *off_fix,
+                           char *err, size_t errlen)
 {
     if (s->device.backend == BACKEND_CUDA) {
-        seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
-                "\"cuda\" is not supported yet (the CUDA backend keeps fp32 "
-                "master weights); use device.backend \"cpu\" or "
-                "optimizer.master \"fp32\"");
+        seterr_(err, errlen, "%s on device.backend \"cuda\" is not supported "
+                "yet (%s); %s", what, cuda_why, cuda_fix);
         return -1;
     }
     if (s->device.memory_budget > 0) {
-        seterr_(err, errlen, "optimizer.master \"bf16\" with offloading "
-                "(device.memory_budget > 0, and so the speculative host "
-                "update) is not supported yet: offloaded slots keep fp32 "
-                "masters; set device.memory_budget to 0 or optimizer.master "
-                "\"fp32\"");
+        seterr_(err, errlen, "%s with offloading (device.memory_budget > 0, "
+                "and so the speculative host update) is not supported yet: "
+                "%s; %s", what, off_why, off_fix);
         return -1;
     }
     return 0;
+}
+
+/* optimizer.master bf16: where it is not implemented, refused by name. */
+static int master_check_(const run_spec *s, char *err, size_t errlen)
+{
+    return engine_support_(s, "optimizer.master \"bf16\"",
+                           "the CUDA backend keeps fp32 master weights",
+                           "use device.backend \"cpu\" or optimizer.master "
+                           "\"fp32\"",
+                           "offloaded slots keep fp32 masters",
+                           "set device.memory_budget to 0 or optimizer.master "
+                           "\"fp32\"", err, errlen);
 }
 
 /* optimizer.shard: where it is not implemented, refused by name. */
@@ -727,20 +741,11 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
         }
         return 0;
     }
-    if (s->device.backend == BACKEND_CUDA) {
-        seterr_(err, errlen, "optimizer.name \"adafactor\" on "
-                "device.backend \"cuda\" is not supported yet (the CUDA "
-                "backend runs AdamW only); use device.backend \"cpu\"");
-        return -1;
-    }
-    if (s->device.memory_budget > 0) {
-        seterr_(err, errlen, "optimizer.name \"adafactor\" with offloading "
-                "(device.memory_budget > 0, and so the speculative host "
-                "update) is not supported yet: offloaded slots are updated "
-                "by host AdamW only; set device.memory_budget to 0");
-        return -1;
-    }
-    return 0;
+    return engine_support_(s, "optimizer.name \"adafactor\"",
+                           "the CUDA backend runs AdamW only",
+                           "use device.backend \"cpu\"",
+                           "offloaded slots are updated by host AdamW only",
+                           "set device.memory_budget to 0", err, errlen);
 }
 
 
