@@ -337,6 +337,27 @@ static void compare_(const char *what, const result *got, const result *want,
            got->n, worst, pw);
 }
 
+/* Rank r of the DELINK_STEPS-step lives got and want compared (compare_),
+ * named "LABEL rank r"; their figures into out[0] and out[1] (NULL: not
+ * kept; the weights are freed either way). */
+static void compare_lives_(const char *got, const char *want,
+                           const char *label, int r, result *out)
+{
+    result a, b;
+    load_(got, r, &a);
+    load_(want, r, &b);
+    char what[64];
+    snprintf(what, sizeof what, "%s rank %d", label, r);
+    compare_(what, &a, &b, DELINK_STEPS);
+    free(a.params);
+    free(b.params);
+    a.params = b.params = NULL;
+    if (out) {
+        out[0] = a;
+        out[1] = b;
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 9 && strcmp(argv[1], "rank") == 0)
@@ -397,47 +418,29 @@ int main(int argc, char **argv)
         snprintf(what, sizeof what, "real D 4 (resumed) rank %d", r);
         compare_(what, &sh2[r], &un2[r], STEPS - PSEUDO);
     }
+    for (int r = 0; r < 2; r++)
+        compare_lives_("sd", "ud", "delink D 2", r, NULL);
     for (int r = 0; r < 2; r++) {
-        result a, b;
-        load_("sd", r, &a);
-        load_("ud", r, &b);
-        char what[64];
-        snprintf(what, sizeof what, "delink D 2 rank %d", r);
-        compare_(what, &a, &b, DELINK_STEPS);
-        free(a.params);
-        free(b.params);
-    }
-    for (int r = 0; r < 2; r++) {
-        result a, b;
-        load_("sf", r, &a);
-        load_("uf", r, &b);
-        char what[64];
-        snprintf(what, sizeof what, "NaN batch D 2 rank %d", r);
-        compare_(what, &a, &b, DELINK_STEPS);
-        CHECK(a.skipped == 1 && b.skipped == 1, "%s: %d and %d steps "
-              "skipped, want 1 each", what, a.skipped, b.skipped);
-        free(a.params);
-        free(b.params);
+        result ab[2];
+        compare_lives_("sf", "uf", "NaN batch D 2", r, ab);
+        CHECK(ab[0].skipped == 1 && ab[1].skipped == 1, "NaN batch D 2 "
+              "rank %d: %d and %d steps skipped, want 1 each", r,
+              ab[0].skipped, ab[1].skipped);
     }
     const char *af_tags[3][3] = {{"sa", "ua", "Adafactor D 4"},
                                  {"sb", "ub", "Adafactor no m D 2"},
                                  {"sn", "un_", "AdamW MoE mixed D 2"}};
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < (k ? 2 : 4); r++) {
-            result a, b;
-            load_(af_tags[k][0], r, &a);
-            load_(af_tags[k][1], r, &b);
-            char what[64];
-            snprintf(what, sizeof what, "%s rank %d", af_tags[k][2], r);
-            compare_(what, &a, &b, DELINK_STEPS);
+            result ab[2];
+            compare_lives_(af_tags[k][0], af_tags[k][1], af_tags[k][2], r,
+                           ab);
             /* sharded by whole tensors: a rank keeps less than all */
-            CHECK(a.optim > 0 && a.optim < b.optim, "%s: %zu bytes of "
-                  "optimizer state sharded, %zu whole", what, a.optim,
-                  b.optim);
-            printf("%-34s optimizer state %zu bytes, %zu unsharded\n", what,
-                   a.optim, b.optim);
-            free(a.params);
-            free(b.params);
+            CHECK(ab[0].optim > 0 && ab[0].optim < ab[1].optim, "%s rank "
+                  "%d: %zu bytes of optimizer state sharded, %zu whole",
+                  af_tags[k][2], r, ab[0].optim, ab[1].optim);
+            printf("%-20s rank %d optimizer state %zu bytes, %zu unsharded\n",
+                   af_tags[k][2], r, ab[0].optim, ab[1].optim);
         }
     load_("x2", 0, &x2);
     compare_("sharded ckpt resumed unsharded", &x2, &un2[0], STEPS - PSEUDO);
