@@ -397,6 +397,24 @@ static void write_spec_(const char *tag, int B, int accum, long steps,
     write_spec_budget_(tag, B, accum, steps, pseudo, 0, 0, extra);
 }
 
+/* The specs oneSUF, w2SUF and joinSUF (B 6, 6 steps, 3 pseudo) with the
+ * members opt (not empty): one node; 2 ranks; 2 ranks with the pseudo
+ * phase on rank 0 alone (the other joins at the delink). */
+static void write_opt_specs_(const char *suf, const char *opt)
+{
+    const char *nodes[3][2] = {
+        {"one", ""},
+        {"w2", ", \"nodes\": {\"world_size\": 2}"},
+        {"join", ", \"nodes\": {\"world_size\": 2, "
+                 "\"pseudo_world_size\": 1}"}};
+    for (int i = 0; i < 3; i++) {
+        char tag[64], ex[256];
+        snprintf(tag, sizeof tag, "%s%s", nodes[i][0], suf);
+        snprintf(ex, sizeof ex, "%s%s", opt, nodes[i][1]);
+        write_spec_(tag, 6, 1, 6, 3, ex);
+    }
+}
+
 /* The device.memory_budget of spec tag that leaves `resident` slots of
  * its real phase on the (stand-in) device: the planner's minimum plus
  * that many slots. 0 when it cannot be planned. */
@@ -851,18 +869,9 @@ int main(int argc, char **argv)
         const char *af0 = "\"optimizer\": {\"name\": \"adafactor\"}";
         const char *af9 =
             "\"optimizer\": {\"name\": \"adafactor\", \"beta1\": 0.9}";
-        char ex[256];
         result one0, one9;
-        write_spec_("oneaf0", 6, 1, 6, 3, af0);
-        write_spec_("oneaf9", 6, 1, 6, 3, af9);
-        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2}", af9);
-        write_spec_("w2af9", 6, 1, 6, 3, ex);
-        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2, "
-                 "\"pseudo_world_size\": 1}", af0);
-        write_spec_("joinaf0", 6, 1, 6, 3, ex);
-        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2, "
-                 "\"pseudo_world_size\": 1}", af9);
-        write_spec_("joinaf9", 6, 1, 6, 3, ex);
+        write_opt_specs_("af0", af0);
+        write_opt_specs_("af9", af9);
         param_tol_ = 2 * 0.01 * 6;  /* 2 lr x 6 steps (above) */
         run_one_node_("oneaf0", &one0);
         run_one_node_("oneaf9", &one9);
@@ -887,14 +896,8 @@ int main(int argc, char **argv)
      * bf16 ulp, 2^-7 for a weight below 2 (LayerNorm's 1s), the bound */
     {
         const char *bf = "\"optimizer\": {\"master\": \"bf16\"}";
-        char ex[256];
         result onebf;
-        write_spec_("onebf", 6, 1, 6, 3, bf);
-        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2}", bf);
-        write_spec_("w2bf", 6, 1, 6, 3, ex);
-        snprintf(ex, sizeof ex, "%s, \"nodes\": {\"world_size\": 2, "
-                 "\"pseudo_world_size\": 1}", bf);
-        write_spec_("joinbf", 6, 1, 6, 3, ex);
+        write_opt_specs_("bf", bf);
         param_tol_ = 0x1p-7;
         run_one_node_("onebf", &onebf);
         run_("w2bf", "w2bf", 2, 0, "plain", 120);
