@@ -948,6 +948,16 @@ static void run_one_(runner *c, int64_t id)
         /* the group failed with sharded state (a save that could not
          * gather): paused; the run is rebuilt from its last checkpoint */
         if (r.lost) break;
+        /* paused by the run itself (a data error, a failed write): the
+         * other ranks leave the group before the runner waits, as at a
+         * pause command; a resume regroups them with fresh trainers */
+        pthread_mutex_lock(&c->mu);
+        int waits = run_machine_waits(&c->machine);
+        pthread_mutex_unlock(&c->mu);
+        if (waits && r.coll) {
+            dist_drop_(&r, "the run is paused");
+            if (r.lost) break;  /* rebuilt from the last checkpoint */
+        }
         /* commands */
         pthread_mutex_lock(&c->mu);
         while (run_machine_waits(&c->machine))
