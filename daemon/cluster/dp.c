@@ -408,7 +408,8 @@ static void train_rank_(cluster_dp_worker *w, const assignment *a)
             m6_err_free(&e);
             goto done;
         }
-        if (rc == TRAINER_EDATA && spec.optimizer.shard) {
+        if ((rc == TRAINER_EDATA || rc == TRAINER_ENOFILE) &&
+            spec.optimizer.shard) {
             /* every rank failed the step alike (the ranks agree on it):
              * rank 0 pauses and saves, for which it gathers the sharded
              * state at the next boundary, then leaves the group */
