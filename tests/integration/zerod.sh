@@ -28,6 +28,10 @@
 #      elementwise; test_zero shows the same at the trainer level), and a
 #      checkpoint missing rank 1's half of the state changes the losses
 #      after it.
+#  (d) the train shard truncated under a second sharded run: every rank
+#      fails that step alike, the worker stays for the gather, and rank 0
+#      pauses with a checkpoint of the step (a pause saved, as on one
+#      node); the shard restored, resume completes with the same losses.
 # A resume at another world size is the trainer's (test_zero: a sharded
 # checkpoint of 2 ranks resumed on 4, and unsharded): m6d keeps a run's
 # spec, and so its world size, across a resume.
@@ -145,6 +149,24 @@ same_losses "$Z" "$T/ref.csv" "the sharded run's losses differ from the unsharde
 grep -q "cluster.rank_done run=$Z rank=1 step=20" "$T/m6d-w1.log" \
     || fail "rank 1 did not train to step 20: $(grep cluster. "$T/m6d-w1.log" | tail -5)"
 log "(c) resumed from step 8, saved at SIGTERM (step 13), resumed and completed: every loss the unsharded run's"
+# ---- (d) bad data under the sharded run
+TRAIN=$T/data/train_000000.bin
+cp "$TRAIN" "$T/train.orig"
+D=$(ctl submit "$T/z.json")
+hold_at_step 11
+truncate -s $((1024 + 2 * 1000)) "$TRAIN"
+release_boundary
+wait_state "$D" paused
+db "$T/c" "select detail from events where run=$D and kind='paused.error'" | has 'step=11 .*truncated while in use' \
+    || fail "no paused.error event for the truncated shard at step 11: $(ctl events "$D")"
+[ -d "$T/c/runs/$D/checkpoints/step-11" ] || fail "no checkpoint at the data error's pause (step 11): $(ckpts "$D")"
+grep -q "cluster.rank_data run=$D rank=1 step=11" "$T/m6d-w1.log" \
+    || fail "rank 1 did not stay for the gather: $(grep "run=$D" "$T/m6d-w1.log" | tail -3)"
+cat "$T/train.orig" >"$TRAIN"
+ctl resume "$D" >/dev/null || fail "resume after the shard was restored"
+ctl watch "$D" >/dev/null || fail "run $D did not complete: $(ctl status "$D")"
+same_losses "$D" "$T/ref.csv" "the sharded run's losses differ from the unsharded run's after bad data"
+log "(d) bad data at step 12: paused with a checkpoint of step 11, restored, the unsharded run's losses"
 kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
