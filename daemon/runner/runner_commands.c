@@ -126,8 +126,9 @@ int runner_stop_(run_ctx *r)
     }
     if (!ok) {
         m6_err why = m6_err_make(M6_EBADSTATE, "stop not done (%s); stop "
-                                 "again once there is space",
-                                 m6_err_msg(&err));
+                                 "again %s", m6_err_msg(&err),
+                                 r->lost ? "(it stops at that checkpoint)"
+                                         : "once there is space");
         m6_err_free(&err);
         runner_pause_error_(r, RUN_EV_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
