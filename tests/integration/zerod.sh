@@ -14,7 +14,7 @@
 #      0's half;
 #  (b) resumed, held at the boundary after step 9, the worker killed (kill
 #      -9) and a pause sent: rank 0 cannot gather, so it writes nothing
-#      (no step-9 checkpoint; a broken gather would write rank 0's shard),
+#      (no step-9 checkpoint: rank 0 holds only its own shard),
 #      the run pauses and its event says why and from which checkpoint it
 #      resumes;
 #  (c) the worker restarts, the run resumes from the step-8 checkpoint;
