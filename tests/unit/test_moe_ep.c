@@ -44,9 +44,29 @@ static float uniform_(void)  /* [-0.3, 0.3) */
     return (float)((double)(rng_ >> 11) / 9007199254740992.0 * 0.6 - 0.3);
 }
 
+/* every buffer of a rank, freed at its end */
+static void *held_[96];
+static int n_held_;
+
+static void *zeroed_(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p || n_held_ == (int)(sizeof held_ / sizeof held_[0])) {
+        fprintf(stderr, "out of memory (or of held_ slots)\n");
+        exit(1);
+    }
+    return held_[n_held_++] = p;
+}
+
+static void free_held_(void)
+{
+    while (n_held_ > 0)
+        free(held_[--n_held_]);
+}
+
 static float *fill_(size_t n, uint64_t seed)
 {
-    float *p = malloc(n * sizeof *p);
+    float *p = zeroed_(n, sizeof *p);
     rng_ = seed * 0x9E3779B97F4A7C15ull + 1;
     for (size_t i = 0; i < n; i++)
         p[i] = uniform_();
@@ -96,19 +116,19 @@ static int rank_main_(char **argv)
 
     /* the reference: the one-rank layer over this rank's tokens */
     size_t Nk = (size_t)N * K;
-    float *probs = calloc((size_t)N * E, 4), *lse = calloc(Nk, 4);
-    int32_t *expert = calloc(Nk, 4), *slot = calloc(Nk, 4),
-            *counts = calloc(E, 4), *routed = calloc(E, 4),
-            *offset = calloc(E + 1, 4), *row_token = calloc(Nk, 4);
-    float *xe = calloc(Nk * C, 4), *hpre = calloc(Nk * H, 4),
-          *hact = calloc(Nk * H, 4), *ye = calloc(Nk * C, 4),
-          *dye = calloc(Nk * C, 4), *dh1 = calloc(Nk * H, 4),
-          *dh2 = calloc(Nk * H, 4), *dxe = calloc(Nk * C, 4),
-          *dlogits = calloc((size_t)N * E, 4);
-    float *out_r = calloc((size_t)N * C, 4), *dx_r = calloc((size_t)N * C, 4),
-          *dwg_r = calloc((size_t)E * C, 4), *dbg_r = calloc(E, 4),
-          *dw1_r = calloc((size_t)E * H * C, 4), *db1_r = calloc((size_t)E * H, 4),
-          *dw2_r = calloc((size_t)E * C * H, 4), *db2_r = calloc((size_t)E * C, 4);
+    float *probs = zeroed_((size_t)N * E, 4), *lse = zeroed_(Nk, 4);
+    int32_t *expert = zeroed_(Nk, 4), *slot = zeroed_(Nk, 4),
+            *counts = zeroed_(E, 4), *routed = zeroed_(E, 4),
+            *offset = zeroed_(E + 1, 4), *row_token = zeroed_(Nk, 4);
+    float *xe = zeroed_(Nk * C, 4), *hpre = zeroed_(Nk * H, 4),
+          *hact = zeroed_(Nk * H, 4), *ye = zeroed_(Nk * C, 4),
+          *dye = zeroed_(Nk * C, 4), *dh1 = zeroed_(Nk * H, 4),
+          *dh2 = zeroed_(Nk * H, 4), *dxe = zeroed_(Nk * C, 4),
+          *dlogits = zeroed_((size_t)N * E, 4);
+    float *out_r = zeroed_((size_t)N * C, 4), *dx_r = zeroed_((size_t)N * C, 4),
+          *dwg_r = zeroed_((size_t)E * C, 4), *dbg_r = zeroed_(E, 4),
+          *dw1_r = zeroed_((size_t)E * H * C, 4), *db1_r = zeroed_((size_t)E * H, 4),
+          *dw2_r = zeroed_((size_t)E * C * H, 4), *db2_r = zeroed_((size_t)E * C, 4);
     int drop_r = moe_route(probs, lse, expert, slot, counts, routed, offset,
                            row_token, x, wg, bg, &d);
     float aux_r, z_r;
@@ -141,9 +161,9 @@ static int rank_main_(char **argv)
     const float *lw[4] = {w1, b1, w2, b2};
     float *dl[4];
     for (int i = 0; i < 4; i++)
-        dl[i] = calloc(per[i] * (El ? El : 1), 4);
-    float *out = calloc((size_t)N * C, 4), *dx = calloc((size_t)N * C, 4),
-          *dwg = calloc((size_t)E * C, 4), *dbg = calloc(E, 4);
+        dl[i] = zeroed_(per[i] * (El ? El : 1), 4);
+    float *out = zeroed_((size_t)N * C, 4), *dx = zeroed_((size_t)N * C, 4),
+          *dwg = zeroed_((size_t)E * C, 4), *dbg = zeroed_(E, 4);
     float aux, z;
     int drop;
     if (moe_ep_forward(m, out, &aux, &z, &drop, x, wg, bg,
@@ -189,6 +209,8 @@ static int rank_main_(char **argv)
            ok ? "the one-rank layer's results" : "DIFFERS");
     moe_ep_free(m);
     m6_coll_destroy(g);
+    m6_err_free(&err);
+    free_held_();
     return ok ? 0 : 1;
 }
 
