@@ -181,9 +181,11 @@ typedef struct {
      * the backend cannot shard. */
     int (*shard)(void *ctx, int rank, int world, char *err, size_t errlen);
     /* Host memory of buffer `which` of the whole model in the flat layout
-     * (Adafactor's v: the af layout), contiguous, *n floats (BACKEND_M,
-     * BACKEND_V: only while whole). NULL: not one buffer (offloaded
-     * slots; Adafactor's m without a first moment). NULL member: none. */
+     * (Adafactor's v: the af layout), contiguous, *n floats; BACKEND_M and
+     * BACKEND_V while sharded: this rank's part only (its shard_counts
+     * entry, the elements from its range's start). NULL: not one buffer
+     * (offloaded slots; Adafactor's m without a first moment). NULL
+     * member: none. */
     float *(*flat)(void *ctx, backend_buf which, size_t *n);
     /* Each of `world` ranks' floats of buffer `which` (as flat lays it)
      * under shard's partition, in rank order: what the trainer

@@ -395,10 +395,16 @@ static int cpu_shard_(void *ctx, int rank, int world, char *err,
 static float *cpu_flat_(void *ctx, backend_buf b, size_t *n)
 {
     gpt_model *g = &((cpu_ctx_ *)ctx)->model;
-    if (g->storage || (b != BACKEND_PARAMS && g->shard_world > 1))
+    if (g->storage)
         return NULL;
-    *n = b == BACKEND_V ? g->shard_vhi : g->n_params;  /* whole: vlo 0 */
-    return b == BACKEND_PARAMS ? g->params : b == BACKEND_M ? g->m : g->v;
+    if (b == BACKEND_PARAMS) {
+        *n = g->n_params;
+        return g->params;
+    }
+    /* whole: lo 0 and hi the whole; sharded: this rank's part */
+    *n = b == BACKEND_V ? g->shard_vhi - g->shard_vlo
+                        : g->shard_hi - g->shard_lo;
+    return b == BACKEND_M ? g->m : g->v;
 }
 
 static int cpu_shard_counts_(void *ctx, int world, backend_buf b,

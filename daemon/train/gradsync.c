@@ -684,6 +684,63 @@ int gradsync_unshard_(trainer *t, m6_err *err)
     return rc;
 }
 
+/* The sharded optimizer state whole on rank 0 alone (a save or a delink
+ * that only rank 0 makes): rank 0 unshards (its range in place, first in
+ * the layout) and every other rank sends it its part by one all-to-all
+ * per buffer, keeping its shard; the next trainer_step shards rank 0
+ * again. Every rank enters the same all-to-alls (m only where the
+ * optimizer keeps one: the spec says, the same on every rank). */
+static int gather_root_(trainer *t, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    if (!t->sharded)
+        return 0;
+    int W = t->world, me = t->rank, rc = 0;
+    int has_m = t->spec.optimizer.name != OPTIMIZER_ADAFACTOR ||
+                t->spec.optimizer.beta1 > 0;
+    size_t *sb = calloc((size_t)W, sizeof *sb);
+    size_t *rb = calloc((size_t)W, sizeof *rb);
+    char e2[512];
+    if (!sb || !rb) {
+        m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                   "state: out of memory");
+        rc = -1;
+    } else if (me == 0 && be->shard(t->be.ctx, 0, 1, e2, sizeof e2) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                   "state: %s", e2);
+        rc = -1;
+    } else if (me == 0) {
+        t->sharded = 0;
+    }
+    for (int b = has_m ? BACKEND_M : BACKEND_V; b <= BACKEND_V && rc == 0;
+         b++) {
+        size_t n = 0, *counts = shard_counts_(t, (backend_buf)b);
+        float *buf = be->flat(t->be.ctx, (backend_buf)b, &n);
+        if (!counts || !buf) {
+            m6_err_set(err, M6_EINTERNAL, "gathering the sharded optimizer "
+                       "state: %s", counts ? "no buffer" : "out of memory");
+            free(counts);
+            rc = -1;
+            break;
+        }
+        memset(sb, 0, (size_t)W * sizeof *sb);
+        memset(rb, 0, (size_t)W * sizeof *rb);
+        if (me == 0)
+            for (int r = 1; r < W; r++)
+                rb[r] = counts[r] * sizeof(float);
+        else
+            sb[0] = counts[me] * sizeof(float);
+        /* rank 0's recv starts after its own part, the others' follow in
+         * rank order */
+        rc = m6_coll_alltoallv(t->coll, buf, sb,
+                               me == 0 ? buf + counts[0] : NULL, rb, err);
+        free(counts);
+    }
+    free(sb);
+    free(rb);
+    return rc;
+}
+
 int gradsync_allgather_params_(trainer *t, m6_err *err)
 {
     const backend_iface *be = t->be.iface;
@@ -714,7 +771,9 @@ int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
         return TRAINER_ECOLL;
     if (v == 0)
         return 0;
-    return gradsync_unshard_(t, err) != 0 ? TRAINER_ECOLL : 1;
+    if (gather_root_(t, err) != 0)
+        return TRAINER_ECOLL;
+    return t->rank == 0 ? 1 : 0;
 }
 
 /* What trainer_broadcast_state sends before the tensors. */

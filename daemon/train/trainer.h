@@ -415,12 +415,14 @@ int trainer_gather_optim(trainer *t, m6_err *err);
  * once between two trainer_steps, and once after the last step, in the
  * same order as every other collective; rank 0's want_whole decides for
  * all (the others' is ignored): one all-reduce of one float, then, when
- * rank 0 wants it, trainer_gather_optim on every rank, so the state is
- * whole (rank 0 may save it, delink, or leave the group) and the next
- * trainer_step shards it again. Without optimizer.shard, or alone: no
- * collective, returns 0. 1 the state is whole now (gathered), 0 not,
- * TRAINER_ECOLL with err (a rank failed: the group is lost, and the
- * state is still sharded; never save it). */
+ * rank 0 wants it, every other rank sends rank 0 its part of the state
+ * (one all-to-all per buffer) and keeps its shard, so the state is whole
+ * on rank 0 alone (it may save it, delink, or leave the group; no other
+ * rank's memory grows) and the next trainer_step shards rank 0 again.
+ * Without optimizer.shard, or alone: no collective, returns 0. 1 the
+ * state is whole on this rank now (rank 0, gathered), 0 not,
+ * TRAINER_ECOLL with err (a rank failed: the group is lost, and the state
+ * is still sharded; never save it). */
 int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err);
 
 /* Restore from a complete checkpoint dir written by trainer_save for the same

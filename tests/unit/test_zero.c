@@ -12,7 +12,11 @@
  * state first, trainer_gather_optim); "p2" loads it on 4 ranks and trains
  * the real phase to the end. So every sharded run crosses a delink (the
  * shard ranges change when the layout grows from S slots to L) and a
- * resume at another D (2 -> 4). A second spec trains on 2 ranks
+ * resume at another D (2 -> 4). "root" is p1 on 2 ranks without the
+ * delink, its state gathered to rank 0 alone at m6d's step boundary
+ * (trainer_sync_boundary) before rank 0 saves: rank 0 whole, rank 1 still
+ * at its share, the checkpoint the unsharded run's byte for byte. A
+ * second spec trains on 2 ranks
  * throughout, DELINK_STEPS steps with the delink at PSEUDO, in one life:
  * the delink of sharded state (gathered, re-laid, sharded again over the
  * grown layout at the next step).
@@ -116,6 +120,9 @@ static int rank_main_(char **argv)
      * must skip that step together) */
     int fault = strcmp(life, "p2f") == 0;
     int p2 = strcmp(life, "p2") == 0 || fault;
+    /* root: p1 without the delink, the state gathered to rank 0 alone by
+     * m6d's step boundary (trainer_sync_boundary) before its save */
+    int root = strcmp(life, "root") == 0;
     if (fault && rank == world - 1)
         trainer_test_fault(t, TRAINER_FAULT_NAN_BATCH, 3, 1, 0);
     if (p2 && ckpt[0] && trainer_load(t, ckpt, &err) != 0) {
@@ -154,7 +161,19 @@ static int rank_main_(char **argv)
             fprintf(out, "m %.0f %zu\n", inuse_(), trainer_optim_bytes(t));
         first = 0;
     }
-    if (!p2) {
+    if (root) {
+        size_t before = trainer_optim_bytes(t);
+        int rc = trainer_sync_boundary(t, rank == 0, &err);
+        if (rc < 0) {
+            fprintf(stderr, "rank %d: sync: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+        fprintf(out, "g %d %zu %zu\n", rc, before, trainer_optim_bytes(t));
+        if (rank == 0 && trainer_save(t, ckpt, &err) < 0) {
+            fprintf(stderr, "rank 0: save: %s\n", m6_err_msg(&err));
+            return 1;
+        }
+    } else if (!p2) {
         if (spec.optimizer.shard && rank == 0) {
             /* sharded: a save before the gather is refused by name */
             char bad[600];
@@ -207,6 +226,8 @@ typedef struct {
     size_t optim;
     int refused;         /* p1 sharded rank 0: the early save refused */
     int skipped;         /* steps skipped (non-finite) */
+    int g_rc;            /* root: trainer_sync_boundary's answer (-1: no line) */
+    size_t g_before, g_after; /* root: optimizer bytes around it */
     float *params;
     size_t np;
 } result;
@@ -260,6 +281,7 @@ static void load_(const char *tag, int r, result *res)
 {
     char p[600], line[256];
     memset(res, 0, sizeof *res);
+    res->g_rc = -1;
     snprintf(p, sizeof p, "%s/%s-%d.out", rank_dir_, tag, r);
     FILE *f = fopen(p, "r");
     if (!f)
@@ -279,6 +301,9 @@ static void load_(const char *tag, int r, result *res)
             sscanf(line, "m %lf %zu", &res->inuse, &res->optim);
         } else if (line[0] == 'r') {
             sscanf(line, "r %d", &res->refused);
+        } else if (line[0] == 'g') {
+            sscanf(line, "g %d %zu %zu", &res->g_rc, &res->g_before,
+                   &res->g_after);
         }
     }
     fclose(f);
@@ -400,6 +425,8 @@ int main(int argc, char **argv)
     run_("sh2", "sh", 4, "p2", "sh1");
     run_("un2", "un", 4, "p2", "un1");
     run_("x2", "un", 4, "p2", "sh1");  /* sharded checkpoint, unsharded */
+    run_("rs", "sd", 2, "root", "rs");  /* gathered to rank 0 alone */
+    run_("ru", "ud", 2, "root", "ru");
 
     result sh1[2], un1[2], sh2[4], un2[4], x2;
     for (int r = 0; r < 2; r++) {
@@ -442,6 +469,35 @@ int main(int argc, char **argv)
             printf("%-20s rank %d optimizer state %zu bytes, %zu unsharded\n",
                    af_tags[k][2], r, ab[0].optim, ab[1].optim);
         }
+    /* gathered to rank 0 alone: rank 0 whole (the unsharded run's
+     * bytes), rank 1 still at its share; the checkpoint rank 0 writes is
+     * the unsharded run's, byte for byte */
+    {
+        result rs[2], ru;
+        for (int r = 0; r < 2; r++)
+            load_("rs", r, &rs[r]);
+        load_("ru", 0, &ru);
+        CHECK(rs[0].g_rc == 1 && rs[1].g_rc == 0 && ru.g_rc == 0,
+              "root: sync answers %d %d (unsharded %d), want 1 0 0",
+              rs[0].g_rc, rs[1].g_rc, ru.g_rc);
+        CHECK(rs[0].g_after == ru.g_after && rs[0].g_before < ru.g_after,
+              "root: rank 0's optimizer bytes %zu -> %zu, unsharded %zu",
+              rs[0].g_before, rs[0].g_after, ru.g_after);
+        CHECK(rs[1].g_after == rs[1].g_before && rs[1].g_after < ru.g_after,
+              "root: rank 1's optimizer bytes %zu -> %zu, unsharded %zu",
+              rs[1].g_before, rs[1].g_after, ru.g_after);
+        const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
+        for (int i = 0; i < 2; i++) {
+            char cmd[1400];
+            snprintf(cmd, sizeof cmd, "cmp -s '%s/rs.ckpt/%s' '%s/ru.ckpt/%s'",
+                     rank_dir_, files[i], rank_dir_, files[i]);
+            CHECK(system(cmd) == 0, "root: rank 0's %s differs from the "
+                  "unsharded run's", files[i]);
+        }
+        printf("root gather  rank 0 %zu -> %zu bytes (whole %zu), rank 1 "
+               "keeps %zu; checkpoint as unsharded\n", rs[0].g_before,
+               rs[0].g_after, ru.g_after, rs[1].g_after);
+    }
     load_("x2", 0, &x2);
     compare_("sharded ckpt resumed unsharded", &x2, &un2[0], STEPS - PSEUDO);
 
