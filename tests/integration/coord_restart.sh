@@ -80,18 +80,7 @@ prepare_data "$T/data"
 write_token "$T/token"
 # a fixed port, outside the ephemeral range (a connection's own port could
 # otherwise take the coordinator's while it is down), free now
-PORT=$(python3 -c '
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); print(p); break
-    except OSError:
-        pass
-    finally:
-        s.close()')
-[ -n "$PORT" ] || fail "no free port"
+PORT=$(free_port)
 ADDR=127.0.0.1:$PORT
 SOCK=$T/c/m6d.sock
 HOLD=$HOLD_FILE  # lib.sh hold_boundary

@@ -155,6 +155,27 @@ wait_listen() {
     fail "m6d $name did not log its cluster port (or answer on its socket)"
 }
 
+# free_port: a TCP port on 127.0.0.1, outside the ephemeral range (a
+# connection's own port cannot take it while its daemon is down), free
+# now: for a coordinator that restarts on the same address. Fails the
+# test when none is found.
+free_port() {
+    local p
+    p=$(python3 -c '
+import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); print(p); break
+    except OSError:
+        pass
+    finally:
+        s.close()')
+    [ -n "$p" ] || fail "no free port"
+    echo "$p"
+}
+
 # node_field HOSTNAME KEY: the node's KEY in `m6ctl nodes --json` of the
 # coordinator started as start_m6d c ("" when there is no such node)
 node_field() {

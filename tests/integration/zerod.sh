@@ -48,18 +48,7 @@ CKPT_EVERY=5 write_spec "$T/z.json" z 20 6 "$NODES, \"optimizer\": {\"shard\": t
 
 # a fixed port, outside the ephemeral range, free now: the coordinator
 # restarts on it in (c), and the worker finds it there again
-PORT=$(python3 -c '
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); print(p); break
-    except OSError:
-        pass
-    finally:
-        s.close()')
-[ -n "$PORT" ] || fail "no free port"
+PORT=$(free_port)
 ADDR=127.0.0.1:$PORT
 # rank 0's steps 40 ms longer, so the hold at a step's boundary is set
 # before the run gets there whatever the machine's speed
