@@ -97,6 +97,28 @@ static inline void fixture_load(trainer *t, const char *dir)
         fail_msg("load: %s", err);
 }
 
+/* A new run of `to` that takes its weights from the checkpoint in dir
+ * (init.from: a fresh optimizer, every optimizer step count 0, checked
+ * here) into *a (spec into *to_from), and a trainer of `from` that loaded
+ * dir into *w, to compare the weights with; the caller frees both. */
+static inline void fixture_init_from(const run_spec *to, const run_spec *from,
+                                     const char *dir, run_spec *to_from,
+                                     trainer **a, trainer **w)
+{
+    *to_from = *to;
+    snprintf(to_from->init.from, sizeof to_from->init.from, "%s", dir);
+    *a = fixture_trainer(to_from);
+    *w = fixture_trainer(from);
+    fixture_load(*w, dir);
+    int n = trainer_n_slots(*a) + 1;
+    long *steps = malloc((size_t)n * sizeof *steps);
+    assert_non_null(steps);
+    assert_int_equal(trainer_copy_adam_steps(*a, steps), n);
+    for (int k = 0; k < n; k++)
+        assert_int_equal(steps[k], 0);
+    free(steps);
+}
+
 /* A fresh trainer for s (a new process, as far as the trainer knows)
  * that has loaded the checkpoint in dir and stands at step `at`; fails
  * the test otherwise. */
