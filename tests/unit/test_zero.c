@@ -111,11 +111,11 @@ static int rank_main_(char **argv)
     int world = atoi(argv[4]), rank = atoi(argv[5]);
     const char *store_dir = argv[6], *life = argv[7], *ckpt = argv[8];
     run_spec spec;
-    char e[1024];
-    m6_err err = M6_ERR_NONE;
     trainer *t = rank_procs_trainer(spec_path, rank, &spec);
     if (!t)
         return 1;
+    char e[1024];
+    m6_err err = M6_ERR_NONE;
     /* p2f: p2 with the last rank's batch of step 3 all NaN (every rank
      * must skip that step together) */
     int fault = strcmp(life, "p2f") == 0;
