@@ -655,7 +655,7 @@ static int64_t run_gen_(cluster_coord *co, int64_t run)
  * gen) (coordinator.h); why says what is wrong when not. 1 yes, 0 no, -1
  * database error. */
 static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
-                         char *why, size_t whylen)
+                         peer *p, char *why, size_t whylen)
 {
     node_row r;
     int rf = valid_uuid_(so->node_uuid)
@@ -679,6 +679,10 @@ static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
                  (long long)r.id, r.hostname);
         return 0;
     }
+    /* who it is, for the events of what it reports (a rank's failure) */
+    p->store_node = r.id;
+    p->store_local = so->rank - (r.coordinator && so->rank == 0 ? 0 : r.rank);
+    snprintf(p->hostname, sizeof p->hostname, "%s", r.hostname);
     return 1;
 }
 
@@ -710,7 +714,7 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
         do_join_(p, rq->node_join);
     } else {
         char why[400];
-        int ok = store_who_ok_(co, rq->store_open, why, sizeof why);
+        int ok = store_who_ok_(co, rq->store_open, p, why, sizeof why);
         if (ok <= 0) {
             refuse_(p, ok < 0 ? M6__STATUS__STATUS_INTERNAL
                               : M6__STATUS__STATUS_UNAUTHENTICATED,

@@ -94,6 +94,8 @@ struct peer {
     /* a store client */
     int64_t run, gen;
     int rank;           /* the rank it writes as (StoreOpen) */
+    int64_t store_node; /* ... the node it is (hostname above) */
+    int store_local;    /* ... that node's local rank it is */
     int parked;         /* a get/wait waits for keys (timer running) */
     int parked_get;     /* ... a get: reply with the value */
     char **keys;

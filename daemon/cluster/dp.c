@@ -427,6 +427,42 @@ struct cluster_dp_worker {
     rank_slot *slots;
 };
 
+/* Tell the coordinator that this rank failed: its store key
+ * "failed/<rank>" holding the error, which the coordinator records as the
+ * run's event nodes.rank_failed naming this node and local rank (the run
+ * pauses when its collectives time out). Best effort: a coordinator it
+ * cannot reach hears of it from the collectives alone. */
+static void report_failed_(const cluster_dp_worker *w, const assignment *a,
+                           const char *msg)
+{
+    m6_store st = {0};
+    m6_store_who who;
+    char werr[600];
+    m6_err e = M6_ERR_NONE;
+    if (m6_store_who_load(w->state_dir, a->rank, &who, werr, sizeof werr) < 0)
+        return;
+    int rc = m6_store_tcp_open(w->addr, w->token, &who, a->run, a->gen,
+                               a->timeout_ms, &st, &e);
+    OPENSSL_cleanse(&who, sizeof who);
+    if (rc == 0) {
+        char key[32];
+        snprintf(key, sizeof key, "failed/%d", a->rank);
+        st.set(st.ctx, key, msg, strlen(msg), &e);
+        m6_store_tcp_close(&st);
+    }
+    m6_err_free(&e);
+}
+
+/* Test hook: M6_TEST_RANK_FAIL="RANK@STEP" fails rank RANK's thread (as a
+ * trainer error would) at step STEP of every assignment. 1 to fail now. */
+static int test_fail_(int rank, long step)
+{
+    const char *f = getenv("M6_TEST_RANK_FAIL");
+    int r;
+    long at;
+    return f && sscanf(f, "%d@%ld", &r, &at) == 2 && r == rank && at == step;
+}
+
 /* Train one assignment until its last step or a failed collective. */
 static void train_rank_(rank_slot *sl, const assignment *a)
 {
@@ -468,6 +504,10 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         pthread_mutex_unlock(&w->mu);
         if (stop) break;
         step_result res;
+        if (test_fail_(a->rank, trainer_step_count(t))) {
+            m6_err_set(&e, M6_EINTERNAL, "test fault: M6_TEST_RANK_FAIL");
+            goto failed;
+        }
         int rc = trainer_step(t, &res, &e);
         if (rc == TRAINER_ECOLL) {
             /* rank 0 paused, delinked or stopped, or a rank died */
@@ -485,6 +525,15 @@ static void train_rank_(rank_slot *sl, const assignment *a)
 failed:
     log_error("cluster.rank_failed", "run=%lld rank=%d%s err=\"%s\"",
               (long long)a->run, a->rank, lr, m6_err_msg(&e));
+    if (g) {
+        /* its collectives first, so that the others' fail at once */
+        m6_err e2 = M6_ERR_NONE;
+        trainer_set_collectives(t, NULL, &e2);
+        m6_err_free(&e2);
+        m6_coll_destroy(g);
+        g = NULL;
+    }
+    report_failed_(w, a, m6_err_msg(&e));
     m6_err_free(&e);
 done:
     if (t && g) {

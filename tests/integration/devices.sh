@@ -16,7 +16,10 @@
 #      within 2x nodes.timeout, an event naming the node and its local
 #      ranks; the worker restarts, `m6ctl resume` completes the run with
 #      the uninterrupted world-4 run's losses, bit for bit (both continue
-#      from rank 0's checkpointed state, rebroadcast).
+#      from rank 0's checkpointed state, rebroadcast);
+#  (d) one rank thread of the worker fails: the run pauses, an event naming
+#      the node, the rank and the local rank; the resumed run completes
+#      with the uninterrupted run's losses.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 M6D_ARGS="--node-timeout $TMO"
@@ -98,6 +101,25 @@ losses "$R4b" >"$T/four2.csv"
 cmp -s "$T/four.csv" "$T/four2.csv" \
     || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four2.csv" | head -6)"
 log "(c) resumed, completed with the uninterrupted run's losses"
+# ---- (d) one rank thread fails (the test hook M6_TEST_RANK_FAIL, as a
+# trainer error would): the run pauses, an event naming the node, the rank
+# and its local rank; the worker restarted without the fault, a resume
+# completes the run
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+M6_TEST_RANK_FAIL=3@9 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+R4c=$(ctl submit "$T/w4.json")
+wait_state "$R4c" paused 20
+wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
+log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140)"
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+ctl resume "$R4c" >/dev/null || fail "resume refused"
+ctl watch "$R4c" >/dev/null || fail "the world-4 run did not complete after a rank failed: $(ctl status "$R4c")"
+losses "$R4c" >"$T/four3.csv"
+cmp -s "$T/four.csv" "$T/four3.csv" \
+    || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four3.csv" | head -6)"
 kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
