@@ -8,7 +8,8 @@
 #      global batch, to dp_nodes.sh's tolerance (two half-batch gradients
 #      summed in another order than one batch: float rounding carried by
 #      AdamW, far below what a wrong gradient or a repeated data slice
-#      moves, ~1e-2 a step);
+#      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
+#      worker of one device each; its --threads 2 split one per rank;
 #  (b) a worker with --devices 2 joins: a world 4 run (0-1 on the
 #      coordinator, 2-3 on the worker; `m6ctl nodes` shows them) trains to
 #      the end with the same losses;
@@ -47,7 +48,9 @@ reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-rank run"
 
 # ---- (a) one m6d, two ranks
 # rank 0's boundary held (lib.sh hold_at_step) while (c) kills the worker
-M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token" --devices 2
+# --threads 2 split 2 ways: each rank (rank 0 too) gets 1
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token" \
+    --threads 2 --devices 2
 SOCK=$T/c/m6d.sock
 wait_listen c
 ADDR=127.0.0.1:$PORT
@@ -59,10 +62,30 @@ ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2
     || fail "no assignment of ranks 0-1 to the coordinator: $(ctl events "$R2")"
 grep -q "cluster.rank_done run=$R2 rank=1 step=$STEPS local_rank=1" "$T/m6d-c.log" \
     || fail "rank 1 did not train on the coordinator's rank thread: $(grep cluster. "$T/m6d-c.log" | tail -5)"
+grep -q "cluster.devices local_ranks=2 threads=2 per_rank=1" "$T/m6d-c.log" \
+    || fail "the coordinator's cores not split between its 2 ranks: $(grep cluster.devices "$T/m6d-c.log")"
 grep -q "cluster.rank_threads run=$R2 rank=1 local_rank=1 threads=1" "$T/m6d-c.log" \
-    || fail "rank 1's thread count not logged: $(grep cluster.rank "$T/m6d-c.log" | tail -3)"
+    || fail "rank 1 not given its share of the cores: $(grep cluster.rank "$T/m6d-c.log" | tail -3)"
+db "$T/c" "select spec from runs where id=$R2" | has '"threads": *1[,}]' \
+    || fail "rank 0 not given its share of the cores: $(db "$T/c" "select spec from runs where id=$R2")"
 losses "$R2" >"$T/two.csv"
 close_to_one "$T/two.csv" "(a) 2 ranks in one m6d"
+# ... and the same run on two m6d of one device each (another cluster):
+# the same ranks summing the same two gradients, so the same bits
+start_m6d c1 --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
+wait_listen c1
+start_m6d v --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name v
+SOCK=$T/c1/m6d.sock
+R11=$(ctl submit "$T/w2.json")
+ctl watch "$R11" >/dev/null || fail "the 2-rank run on 2 m6d did not complete: $(ctl status "$R11")"
+losses "$R11" >"$T/oneone.csv"
+cmp -s "$T/two.csv" "$T/oneone.csv" \
+    || fail "2 ranks in one m6d differ from 2 m6d of one rank: $(diff "$T/two.csv" "$T/oneone.csv" | head -6)"
+kill -TERM "${M6D_PIDS[v]}" "${M6D_PIDS[c1]}"
+wait "${M6D_PIDS[c1]}" || fail "the second coordinator's exit"
+unset 'M6D_PIDS[c1]' 'M6D_PIDS[v]'
+SOCK=$T/c/m6d.sock
+log "(a) the same bits as a coordinator and a worker of one device each"
 
 # ---- (b) a worker with two devices: world 4 over two m6d
 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
