@@ -50,8 +50,11 @@
  * StoreSet/StoreGet/StoreWait, one reply each, in order. The StoreOpen is
  * refused (UNAUTHENTICATED) unless the node id and secret match the nodes
  * table and the node holds the rank: the coordinator's own node is rank 0
- * of any (run, generation); a worker must hold that rank of that run in
- * the nodes table, in the run's latest generation (cluster_coord_assign).
+ * of any (run, generation); a node must hold that rank of that run in the
+ * nodes table (one of rank .. rank+ranks-1: a node runs one rank per
+ * device), in the run's latest generation (cluster_coord_assign). A key
+ * "failed/<rank>" set by a rank is also the run's event nodes.rank_failed
+ * naming its node and local rank.
  * A set of a key that another rank owns (cluster_store_key_owner) is
  * refused (PERMISSION_DENIED). A get or wait whose keys are missing is
  * parked, not blocking the loop: it is answered when a set provides them

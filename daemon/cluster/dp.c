@@ -367,9 +367,10 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
                         (long long)nid, host, r, world, (long long)gen);
     }
     free(rows);
+    /* m6ctl nodes: this m6d holds ranks 0..count[0]-1 */
+    if (ids[0]) state_node_set_ranks(d->st, ids[0], id, 0, count[0]);
     if (count[0] > 1) {
         /* ranks 1..count[0]-1 on this m6d's own rank threads */
-        state_node_set_ranks(d->st, ids[0], id, 0, count[0]);
         cluster_coord_run_generation(d->co, id, gen);
         cluster_assign la = {.run_id = id, .spec = json, .rank = 1,
                              .world_size = world, .generation = gen,

@@ -3,12 +3,15 @@
  * the node registry of coordinator.h and the collectives of
  * dist/collectives.h).
  *
- * Ranks: the coordinator m6d is rank 0 (its own runner thread trains the
- * run, writes m6.db, the metrics and the checkpoints: replicated state
- * written once); the live worker nodes it picks (cluster_coord_nodes_fit,
- * in node id order) are ranks 1..W-1. The coordinator records each rank
- * in the nodes table (run, rank) and as an event (nodes.assign), and
- * sends each worker a RunAssign (run id, spec, rank, world size,
+ * Ranks: a node runs one rank per device (m6d --devices N on cpu; 1 by
+ * default and on cuda). The coordinator m6d's runner thread is rank 0 (it
+ * trains the run, writes m6.db, the metrics and the checkpoints:
+ * replicated state written once); cluster_ranks_place gives the
+ * coordinator ranks 0..N0-1 (1..N0-1 on its own rank threads) and each
+ * live worker, in node id order, its next Ni ranks, local ranks
+ * contiguous. The coordinator records each node's ranks in the nodes
+ * table (run, rank, ranks) and as an event (nodes.assign), and sends each
+ * worker a RunAssign (run id, spec, first rank, local ranks, world size,
  * generation, timeout) as the reply to its next heartbeat.
  *
  * A group (cluster_dp_group), on every rank: open the coordinator's store
