@@ -10,9 +10,10 @@
 #      AdamW, far below what a wrong gradient or a repeated data slice
 #      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
 #      worker of one device each; its --threads 2 split one per rank;
-#  (b) a worker with --devices 2 joins: a world 4 run (0-1 on the
-#      coordinator, 2-3 on the worker; `m6ctl nodes` shows them) trains to
-#      the end with the same losses;
+#  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
+#      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
+#      worker; `m6ctl nodes` shows them) trains to the end with the same
+#      losses;
 #  (c) kill -9 of the worker holding ranks 2-3 mid-run: the run pauses
 #      within 2x nodes.timeout, an event naming the node and its local
 #      ranks; the worker restarts, `m6ctl resume` completes the run with
@@ -87,11 +88,13 @@ unset 'M6D_PIDS[c1]' 'M6D_PIDS[v]'
 SOCK=$T/c/m6d.sock
 log "(a) the same bits as a coordinator and a worker of one device each"
 
-# ---- (b) a worker with two devices: world 4 over two m6d
+# ---- (b) a worker with two devices: world 4 over two m6d; submitted
+# before it joins, the run waits saying how many devices it has and needs
+R4=$(ctl submit "$T/w4.json")
+wait_event "$R4" 'nodes.wait.*waiting for 4 devices on live nodes, have 2 \(this coordinator.s 2 and 0 workers. 0\)'
 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
 wait_node w live 10 >/dev/null
 [ "$(node_field w devices)" = 2 ] || fail "the worker does not report 2 devices: $(ctl nodes)"
-R4=$(ctl submit "$T/w4.json")
 wait_step "$R4" 2 60
 ctl nodes >"$T/nodes.txt"
 [ "$(node_field w ranks)" = 2-3 ] || fail "m6ctl nodes does not show ranks 2-3 on w: $(cat "$T/nodes.txt")"
