@@ -392,6 +392,63 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
                   const float *ye, const float *wg, const float *w1,
                   const float *w2, float daux, float dz, const moe_dims *d);
 
+/* The steps moe_forward and moe_backward are made of, for a layer whose
+ * experts are spread over ranks (expert parallelism moves the dispatch
+ * rows between the gather and the experts, and back before the combine).
+ * Each step computes exactly what it does inside the two, in the same
+ * order. */
+
+/* The dispatch gather: row r of xe (R,C) = row row_token[r] of x. */
+void moe_gather(float *xe, const float *x, const int32_t *row_token, int R,
+                int C);
+
+/* The MLPs of nE experts over their rows: expert e takes rows offset[e] ..
+ * offset[e+1]-1 of xe (offset has nE+1 entries, offset[0] = 0); weights
+ * w1 (nE,H,C), b1 (nE,H), w2 (nE,C,H), b2 (nE,C) of those experts. Writes
+ * hpre, hact (rows,H) and ye (rows,C); an expert without rows is skipped. */
+void moe_experts_forward(float *hpre, float *hact, float *ye, const float *xe,
+                         const int32_t *offset, int nE, const float *w1,
+                         const float *b1, const float *w2, const float *b2,
+                         int C, int H);
+
+/* out (N,C) = sum over p of probs[n, expert[n,p]] * ye[slot[n,p]] (0 for a
+ * token dropped by every prototype). Overwrites out. */
+void moe_combine(float *out, const float *ye, const float *probs,
+                 const int32_t *expert, const int32_t *slot,
+                 const moe_dims *d);
+
+/* The combine's backward: dye[slot[n,p]] = gate * dout[n] for every
+ * processed pair; dlogits (N,E) zeroed, then the gates' gradients
+ * <dout[n], ye[slot]> added at (n, expert[n,p]) (d/dprobs, before the
+ * softmax: moe_router_backward finishes it). */
+void moe_combine_backward(float *dye, float *dlogits, const float *dout,
+                          const float *ye, const float *probs,
+                          const int32_t *expert, const int32_t *slot,
+                          const moe_dims *d);
+
+/* The experts' backward over their rows (as moe_experts_forward): dxe
+ * (rows,C) and the scratch dh1, dh2 (rows,H) overwritten (rows
+ * offset[nE]); accumulates (+=) into dw1, db1, dw2, db2 of those nE
+ * experts; an expert without rows gets nothing. */
+void moe_experts_backward(float *dxe, float *dh1, float *dh2, float *dw1,
+                          float *db1, float *dw2, float *db2,
+                          const float *dye, const float *xe,
+                          const float *hpre, const float *hact,
+                          const float *w1, const float *w2,
+                          const int32_t *offset, int nE, int C, int H);
+
+/* dx[n] += dxe[slot[n,p]] over the processed pairs, prototypes in order. */
+void moe_scatter_add(float *dx, const float *dxe, const int32_t *slot,
+                     const moe_dims *d);
+
+/* The router's backward from moe_combine_backward's dlogits (finished in
+ * place: the auxiliary and z losses' terms, then each prototype's
+ * softmax): accumulates into dx (N,C), dwg (E,C), dbg (E) (may be NULL). */
+void moe_router_backward(float *dx, float *dwg, float *dbg, float *dlogits,
+                         const float *x, const float *probs, const float *lse,
+                         const int32_t *routed, const float *wg, float daux,
+                         float dz, const moe_dims *d);
+
 /* ------------------------------------------------------------- GEMM library */
 
 /* The precision of the CPU engine's GEMMs. GEMM_FP32: inputs as stored.

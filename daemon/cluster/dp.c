@@ -504,12 +504,15 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         int stop = w->stop || sl->next.spec;  /* a newer assignment */
         pthread_mutex_unlock(&w->mu);
         if (stop) break;
+        /* optimizer.shard: rank 0 may want the state whole here (a save,
+         * a delink): the boundary's agreement, before every step */
+        int rc = trainer_sync_boundary(t, 0, &e);
         step_result res;
-        if (test_fail_(a->rank, trainer_step_count(t))) {
+        if (rc >= 0 && test_fail_(a->rank, trainer_step_count(t))) {
             m6_err_set(&e, M6_EINTERNAL, "test fault: M6_TEST_RANK_FAIL");
             goto failed;
         }
-        int rc = trainer_step(t, &res, &e);
+        if (rc >= 0) rc = trainer_step(t, &res, &e);
         if (rc == TRAINER_ECOLL) {
             /* rank 0 paused, delinked or stopped, or a rank died */
             log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
@@ -518,7 +521,27 @@ static void train_rank_(rank_slot *sl, const assignment *a)
             m6_err_free(&e);
             goto done;
         }
+        if ((rc == TRAINER_EDATA || rc == TRAINER_ENOFILE) &&
+            spec.optimizer.shard) {
+            /* every rank failed the step alike (the ranks agree on it):
+             * rank 0 pauses and saves, for which it gathers the sharded
+             * state at the next boundary, then leaves the group */
+            log_info("cluster.rank_data", "run=%lld rank=%d step=%ld "
+                     "err=\"%s\"", (long long)a->run, a->rank,
+                     trainer_step_count(t), m6_err_msg(&e));
+            m6_err_free(&e);
+            continue;
+        }
         if (rc != 0) goto failed;
+    }
+    /* the last boundary: rank 0's final save may gather the state */
+    if (trainer_step_count(t) >= spec.train.steps &&
+        trainer_sync_boundary(t, 0, &e) < 0) {
+        log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
+                 "why=\"%s\"", (long long)a->run, a->rank,
+                 trainer_step_count(t), lr, m6_err_msg(&e));
+        m6_err_free(&e);
+        goto done;
     }
     log_info("cluster.rank_done", "run=%lld rank=%d step=%ld%s",
              (long long)a->run, a->rank, trainer_step_count(t), lr);

@@ -51,6 +51,12 @@ typedef struct {
      * to every rank. NULL: the engine has none (collectives.c refuses). */
     int (*allgather)(void *ctx, float *buf, const size_t *counts,
                      int timeout_ms, coll_msg *e);
+    /* send_bytes[j] bytes of send (in rank order) to rank j, recv_bytes[i]
+     * bytes from rank i into recv (in rank order); any may be 0. NULL: the
+     * engine has none. */
+    int (*alltoallv)(void *ctx, const void *send, const size_t *send_bytes,
+                     void *recv, const size_t *recv_bytes, int timeout_ms,
+                     coll_msg *e);
 } coll_ops;
 
 /* The store's functions with a coll_msg (collectives.c), for gloo.cc:

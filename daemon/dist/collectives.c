@@ -234,6 +234,50 @@ int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
     return 0;
 }
 
+int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
+                      void *recv, const size_t *recv_bytes, m6_err *err)
+{
+    if (!c->ops->alltoallv) {
+        m6_err_set(err, M6_EINVALID, "%s all-to-all: not implemented by "
+                   "this engine", c->ops->name);
+        return -1;
+    }
+    if (check_broken_(c, "all-to-all", err) != 0)
+        return -1;
+    if (c->world_size == 1 && send_bytes[0] != recv_bytes[0]) {
+        m6_err_set(err, M6_EINVALID, "all-to-all: world 1 sends %zu bytes "
+                   "to itself and receives %zu", send_bytes[0],
+                   recv_bytes[0]);
+        return -1;
+    }
+    if (c->world_size == 1 && !c->ops->device_buffers) {
+        if (send_bytes[0])
+            memcpy(recv, send, send_bytes[0]);
+        return 0;
+    }
+    coll_msg e = {0, ""};
+    if (c->ops->alltoallv(c->ctx, send, send_bytes, recv, recv_bytes,
+                          c->timeout_ms, &e) != 0)
+        return fail_(c, &e, "all-to-all", err);
+    return 0;
+}
+
+int m6_coll_alltoall_sizes(m6_coll *c, const uint64_t *send, uint64_t *recv,
+                           m6_err *err)
+{
+    size_t W = (size_t)c->world_size;
+    size_t *b = malloc(W * sizeof *b);
+    if (!b) {
+        m6_err_set(err, M6_EINTERNAL, "all-to-all of sizes: out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < W; i++)
+        b[i] = sizeof(uint64_t);
+    int rc = m6_coll_alltoallv(c, send, b, recv, b, err);
+    free(b);
+    return rc;
+}
+
 int m6_coll_barrier(m6_coll *c, m6_err *err)
 {
     if (check_broken_(c, "barrier", err) != 0)

@@ -38,6 +38,7 @@
 #define M6_DIST_COLLECTIVES_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "dist/store.h"
@@ -97,6 +98,27 @@ int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
                       m6_err *err);
 
 /* Return once every rank has entered the barrier. 0, or -1 with err. */
+/* All-to-all with sizes that vary by pair (expert parallelism's token
+ * exchange): send holds, in rank order, the send_bytes[j] bytes for each
+ * rank j (its own part included: copied locally); afterwards recv holds,
+ * in rank order, the recv_bytes[i] bytes rank i sent here. Any size may be
+ * 0, and a rank that sends and receives nothing still calls it: every
+ * rank enters every collective (the engines number them). The sizes must
+ * agree pairwise (rank i's send_bytes[j] is rank j's recv_bytes[i];
+ * m6_coll_alltoall_sizes exchanges them); send and recv must not overlap.
+ * send_bytes and recv_bytes have world_size entries. Gloo's alltoallv;
+ * NCCL's grouped send and receive (device buffers). 0, or -1 with err
+ * (M6_EINVALID: an engine without it, or world 1 with unequal sizes). */
+int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
+                      void *recv, const size_t *recv_bytes, m6_err *err);
+
+/* Each rank's world_size sizes, one to every rank: send[j] goes to rank j;
+ * afterwards recv[i] is what rank i sent here (the sizes of a following
+ * m6_coll_alltoallv). On a device-buffer engine (nccl) send and recv are
+ * device memory, as for every call of that group. 0, or -1 with err. */
+int m6_coll_alltoall_sizes(m6_coll *c, const uint64_t *send, uint64_t *recv,
+                           m6_err *err);
+
 int m6_coll_barrier(m6_coll *c, m6_err *err);
 
 int m6_coll_rank(const m6_coll *c);

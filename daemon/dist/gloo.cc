@@ -22,6 +22,7 @@
 #include <signal.h>
 
 #include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -217,6 +218,35 @@ int gloo_allgather_(void *ctx, float *buf, const size_t *counts,
         [](Opts &opts) { gloo::allgatherv(opts); });
 }
 
+// Gloo's alltoallv in bytes. Every rank calls it whatever its sizes (the
+// tag numbers the group's collectives); Gloo only reads the input.
+int gloo_alltoallv_(void *ctx, const void *send, const size_t *send_bytes,
+                    void *recv, const size_t *recv_bytes, int timeout_ms,
+                    coll_msg *e)
+{
+    using Opts = gloo::AlltoallvOptions;
+    Group *g = (Group *)ctx;
+    int W = g->ctx->size;
+    std::vector<int64_t> sn(send_bytes, send_bytes + W);
+    std::vector<int64_t> rn(recv_bytes, recv_bytes + W);
+    // a zero-length buffer still needs an address to register
+    static uint8_t none_;
+    size_t st = 0, rt = 0;
+    for (int i = 0; i < W; i++) {
+        st += send_bytes[i];
+        rt += recv_bytes[i];
+    }
+    uint8_t *in = st ? (uint8_t *)const_cast<void *>(send) : &none_;
+    uint8_t *out = rt ? (uint8_t *)recv : &none_;
+    return collective_<Opts>(
+        g, timeout_ms, e,
+        [&](Opts &opts) {
+            opts.setInput(in, sn);
+            opts.setOutput(out, rn);
+        },
+        [](Opts &opts) { gloo::alltoallv(opts); });
+}
+
 void gloo_destroy_(void *ctx, int broken)
 {
     (void)broken;  /* closing the pairs' sockets never waits for peers */
@@ -227,5 +257,5 @@ void gloo_destroy_(void *ctx, int broken)
 
 extern "C" const coll_ops coll_gloo_ops = {
     "gloo", 0, gloo_init_, gloo_allreduce_sum_, gloo_broadcast_,
-    gloo_barrier_, gloo_destroy_, gloo_allgather_,
+    gloo_barrier_, gloo_destroy_, gloo_allgather_, gloo_alltoallv_,
 };

@@ -250,7 +250,38 @@ static int nccl_barrier_(void *ctx, int timeout_ms, coll_msg *e)
     return rc;
 }
 
+/* Point-to-point in one NCCL group: a send and a receive per peer with a
+ * non-empty part (rank order; this rank's own part too), bytes as
+ * ncclUint8. With nothing to move the group is empty and completes at
+ * once: the peers' groups do not wait for this rank's. */
+static int nccl_alltoallv_(void *ctx, const void *send,
+                           const size_t *send_bytes, void *recv,
+                           const size_t *recv_bytes, int timeout_ms,
+                           coll_msg *e)
+{
+    nccl_group_ *g = ctx;
+    cudaSetDevice(g->device);
+    ncclResult_t r = ncclGroupStart();
+    size_t so = 0, ro = 0;
+    for (int j = 0; j < g->world && (r == ncclSuccess || r == ncclInProgress);
+         j++) {
+        if (send_bytes[j])
+            r = ncclSend((const char *)send + so, send_bytes[j], ncclUint8, j,
+                         g->comm, g->stream);
+        if (recv_bytes[j] && (r == ncclSuccess || r == ncclInProgress))
+            r = ncclRecv((char *)recv + ro, recv_bytes[j], ncclUint8, j,
+                         g->comm, g->stream);
+        so += send_bytes[j];
+        ro += recv_bytes[j];
+    }
+    ncclResult_t r2 = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = r2;
+    return finish_(g, r, "all-to-all (ncclSend/ncclRecv)", timeout_ms, e);
+}
+
 const coll_ops coll_nccl_ops = {
     "nccl", 1, nccl_init_, nccl_allreduce_sum_, nccl_broadcast_,
     nccl_barrier_, nccl_destroy_, NULL, /* no all-gather yet */
+    nccl_alltoallv_,
 };

@@ -221,3 +221,10 @@ size_t model_optim_bytes_sharded(size_t bytes, int world)
 {
     return world <= 1 ? bytes : (bytes + (size_t)world - 1) / (size_t)world;
 }
+
+int model_expert_range(int E, int P, int q, int *first)
+{
+    long lo = (long)q * E / P, hi = (long)(q + 1) * E / P;
+    *first = (int)lo;
+    return (int)(hi - lo);
+}

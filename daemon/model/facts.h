@@ -182,6 +182,14 @@ size_t model_optim_floats(const model_config *cfg, int region,
  * keeps at most 16 floats of each moment more than this share.) */
 size_t model_optim_bytes_sharded(size_t bytes, int world);
 
+/* Expert parallelism's rule: of a layer's E experts, rank q of an
+ * expert-parallel group of P ranks holds the contiguous global experts
+ * [*first, *first + returned count), floor(q E / P) to floor((q+1) E / P),
+ * so the groups differ by at most one expert and the last rank's is the
+ * largest, ceil(E / P). E >= 0, 0 <= q < P. The engine (train/moe_ep.c) and the
+ * plan at scale (offload/plan_cluster.c) both ask it. */
+int model_expert_range(int E, int P, int q, int *first);
+
 #ifdef __cplusplus
 }
 #endif

@@ -90,8 +90,10 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
         free(kind);
         return -1;
     }
-    uint64_t E = (uint64_t)c->moe_experts, D = (uint64_t)p->devices;
-    p->experts_per_device = E ? (E + D - 1) / D : 0;
+    /* the expert-parallel group's largest share, its last device's */
+    int first_expert;
+    p->experts_per_device = (uint64_t)model_expert_range(
+        c->moe_experts, p->devices, p->devices - 1, &first_expert);
     af_share_ af = {{0, 0, 0}};
     model_af_floats aff;
     if (o.adafactor) {
@@ -113,7 +115,8 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     for (int s = 0; s < S; s++) {
         p->n_moe_slots += kind[s];
         p->total_params += kind[s] ? p->attn_params + p->gate_params +
-                                         E * p->expert_params
+                                         (uint64_t)c->moe_experts *
+                                             p->expert_params
                                    : p->slot_params[0];
         p->device_params += p->slot_params[kind[s]];
     }

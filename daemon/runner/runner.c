@@ -35,10 +35,65 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
+    /* optimizer.shard: every rank gathers first (a partial state, rank
+     * 0's shard, is never written: trainer_save refuses it) */
+    if (runner_sync_(r, 1, err) < 0) return -1;
     if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
                        err) < 0)
         return -1;
     r->last_ckpt = step;
+    return 0;
+}
+
+/* The group's failure, for the pause's reason: what failed, and with
+ * sharded state the checkpoint the run goes back to. */
+static void lost_why_(run_ctx *r, const char *what, const m6_err *e,
+                      char *buf, size_t len)
+{
+    char back[160] = "";
+    if (r->spec.optimizer.shard && r->last_ckpt >= 0)
+        snprintf(back, sizeof back, "; the optimizer state is sharded and "
+                 "could not be gathered: nothing is saved after the last "
+                 "whole checkpoint (step %ld), resume starts from it",
+                 r->last_ckpt);
+    else if (r->spec.optimizer.shard)
+        snprintf(back, sizeof back, "; the optimizer state is sharded and "
+                 "could not be gathered: nothing is saved, resume starts "
+                 "from step 0");
+    snprintf(buf, len, "a rank of the run's %d-rank group failed %s: %s%s",
+             trainer_world_size(r->t), what, m6_err_msg(e), back);
+}
+
+int runner_sync_(run_ctx *r, int whole, m6_err *err)
+{
+    if (r->lost) {
+        m6_err_set(err, M6_EBADSTATE, "the run's group failed earlier; the "
+                   "optimizer state is not whole (optimizer.shard)");
+        return -1;
+    }
+    if (!r->spec.optimizer.shard || !r->coll || r->synced == 2 ||
+        (r->synced == 1 && !whole))
+        return 0;  /* whole: not sharded, or gathered at this boundary */
+    if (r->synced == 1) {  /* a step was due, not a save: a runner bug */
+        m6_err_set(err, M6_EINTERNAL, "the sharded optimizer state cannot "
+                   "be gathered at step %ld: this boundary's agreement was "
+                   "made for a step", trainer_step_count(r->t));
+        return -1;
+    }
+    m6_err e = M6_ERR_NONE;
+    int rc = trainer_sync_boundary(r->t, whole, &e);
+    if (rc < 0) {
+        char why[1200];
+        r->lost = 1;
+        lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
+                           : "at the step boundary", &e, why, sizeof why);
+        m6_err_free(&e);
+        m6_err_set(err, M6_EBADSTATE, "%s", why);
+        log_warn("run.group_lost", "run=%lld step=%ld why=\"%s\"",
+                 (long long)r->id, trainer_step_count(r->t), why);
+        return -1;
+    }
+    r->synced = rc == 1 ? 2 : 1;
     return 0;
 }
 
@@ -605,7 +660,15 @@ static int step_(run_ctx *r)
         nanosleep(&(struct timespec){c->step_delay_ms / 1000,
                                      (c->step_delay_ms % 1000) * 1000000L},
                   NULL);
+    /* optimizer.shard: the boundary's agreement, if no save made it */
+    if (runner_sync_(r, 0, &data_err) < 0) {
+        r->data_code = M6_EBADSTATE;
+        runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
+        m6_err_free(&data_err);
+        return 1;
+    }
     int src = trainer_step(r->t, &res, &data_err);
+    r->synced = 0;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (src == TRAINER_EDATA) {
         /* like a write that failed: pause, keep the model; the operator
@@ -622,15 +685,15 @@ static int step_(run_ctx *r)
     } else if (src == TRAINER_ECOLL) {
         /* a rank died or stopped answering: the step was not applied;
          * pause, and the runner reloads the last checkpoint (run_one_) */
-        char why[1200];
-        snprintf(why, sizeof why, "a rank of the run's %d-rank group "
-                 "failed: %s", trainer_world_size(r->t),
-                 m6_err_msg(&data_err));
+        char why[1400];
+        r->lost = 1;
+        lost_why_(r, "in the step", &data_err, why, sizeof why);
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, why);
         m6_err_free(&data_err);
         return 1;
     } else if (src < 0) {
+        r->lost = 1;  /* the other ranks are not at a boundary */
         fail_run_(r, "trainer_step", m6_err_msg(&data_err));
         m6_err_free(&data_err);
         return -1;
@@ -731,8 +794,15 @@ static void dist_drop_(run_ctx *r, const char *why)
     if (!r->coll) return;
     runner *c = r->c;
     m6_err e = M6_ERR_NONE;
+    /* optimizer.shard: the state whole before the group goes (the other
+     * ranks are at this boundary); a lost group leaves it sharded, and
+     * the run is rebuilt from its last checkpoint */
+    if (!r->lost)
+        runner_sync_(r, 1, &e);  /* a failure: logged, r->lost */
+    m6_err_free(&e);
     trainer_set_collectives(r->t, NULL, &e);
     m6_err_free(&e);
+    r->synced = 0;
     m6_coll_destroy(r->coll);
     r->coll = NULL;
     if (c->dist && c->dist->ungroup) c->dist->ungroup(c->dist->ud, r->id);
@@ -771,6 +841,7 @@ static int dist_ready_(run_ctx *r)
         m6_err e = M6_ERR_NONE;
         if (trainer_set_collectives(r->t, g, &e) == 0) {
             r->coll = g;
+            r->synced = 0;
             r->coll_phase = trainer_phase(r->t);
             r->dist_why[0] = 0;
             state_event(c->st, r->id, "nodes.group", "world_size=%d step=%ld",
@@ -874,6 +945,19 @@ static void run_one_(runner *c, int64_t id)
         return;
     }
     for (;;) {
+        /* the group failed with sharded state (a save that could not
+         * gather): paused; the run is rebuilt from its last checkpoint */
+        if (r.lost) break;
+        /* paused by the run itself (a data error, a failed write): the
+         * other ranks leave the group before the runner waits, as at a
+         * pause command; a resume regroups them with fresh trainers */
+        pthread_mutex_lock(&c->mu);
+        int waits = run_machine_waits(&c->machine);
+        pthread_mutex_unlock(&c->mu);
+        if (waits && r.coll) {
+            dist_drop_(&r, "the run is paused");
+            if (r.lost) break;  /* rebuilt from the last checkpoint */
+        }
         /* commands */
         pthread_mutex_lock(&c->mu);
         while (run_machine_waits(&c->machine))
@@ -895,6 +979,7 @@ static void run_one_(runner *c, int64_t id)
         }
         if (tk.delink && trainer_phase(r.t) == PHASE_PSEUDO)
             runner_delink_(&r, "operator");
+        if (r.lost) break;  /* paused: rebuilt from the last checkpoint */
         if (tk.pause) runner_pause_(&r);
         if (tk.shutdown) {
             /* what this boundary took is done; commands sent after it
@@ -912,6 +997,7 @@ static void run_one_(runner *c, int64_t id)
         if (!trains) {
             /* paused (or stopping): the other ranks leave the group */
             dist_drop_(&r, "the run is not training");
+            if (r.lost) break;  /* rebuilt from the last checkpoint */
             continue;
         }
 
@@ -930,6 +1016,7 @@ static void run_one_(runner *c, int64_t id)
             continue;
         }
         runner_phase_policy_(&r);
+        if (r.lost) break;  /* paused: rebuilt from the last checkpoint */
         if (r.coll && trainer_phase(r.t) != r.coll_phase)
             /* delinked: the ranks regroup and get the delinked state
              * from rank 0 (dist_ready_) */

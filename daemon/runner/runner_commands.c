@@ -126,8 +126,9 @@ int runner_stop_(run_ctx *r)
     }
     if (!ok) {
         m6_err why = m6_err_make(M6_EBADSTATE, "stop not done (%s); stop "
-                                 "again once there is space",
-                                 m6_err_msg(&err));
+                                 "again %s", m6_err_msg(&err),
+                                 r->lost ? "(it stops at that checkpoint)"
+                                         : "once there is space");
         m6_err_free(&err);
         runner_pause_error_(r, RUN_EV_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
@@ -287,18 +288,6 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
                            "needs a coordinator, and this m6d is not one (start "
                            "it with --role coordinator --listen HOST:PORT, or "
                            "submit to the coordinator)", spec.nodes.world_size);
-    }
-    /* Sharded optimizer state is the trainer's (trainer_gather_optim before
-     * a save); m6d's ranks save on rank 0 alone, at moments the others do
-     * not share, so it would never have the state whole to write */
-    if (spec.optimizer.shard && spec.nodes.world_size > 1) {
-        log_warn("run.submit_refused", "name=%s err=\"optimizer.shard on "
-                 "m6d\"", spec.name);
-        return m6_err_make(M6_EINVALID, "invalid spec: optimizer.shard is "
-                           "not supported by m6d yet (its checkpoints are "
-                           "written by rank 0 alone, and sharded state must "
-                           "be gathered by every rank first); set "
-                           "optimizer.shard to false");
     }
     /* Bad data or an unsupported backend fails at submit, not at start:
      * every shard's header, size and token ids. This runs on libuv's thread

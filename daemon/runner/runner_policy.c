@@ -91,6 +91,15 @@ static void delink_detail_(run_ctx *r, const char *reason, const char *detail)
 {
     char err[512];
     long step = trainer_step_count(r->t);
+    /* optimizer.shard: every rank gathers, so rank 0 delinks the whole
+     * state (its group then goes: the ranks regroup with it) */
+    m6_err se = M6_ERR_NONE;
+    if (runner_sync_(r, 1, &se) < 0) {
+        r->data_code = M6_EBADSTATE;
+        runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&se));
+        m6_err_free(&se);
+        return;
+    }
     if (trainer_delink(r->t, err, sizeof err) < 0) {
         log_error("run.delink_failed", "run=%lld step=%ld err=\"%s\"",
                   (long long)r->id, step, err);

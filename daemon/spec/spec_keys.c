@@ -201,8 +201,10 @@ const key_ spec_keys_[] = {
         "by whole tensors, dense models only); gradients are summed as before, each rank "
         "updates its part and the weights are all-gathered. Losses as "
         "unsharded; checkpoints hold the whole state (any world size "
-        "resumes them). `cpu` without offloading, fp32 masters only; "
-        "nothing with one rank. Trainer API only: m6d refuses it."),
+        "resumes them): rank 0 saves after every rank has gathered the "
+        "state at that boundary, and a run whose rank is lost resumes "
+        "from its last whole checkpoint. `cpu` without offloading, fp32 "
+        "masters only; nothing with one rank."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),

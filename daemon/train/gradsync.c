@@ -705,6 +705,18 @@ int trainer_gather_optim(trainer *t, m6_err *err)
     return gradsync_unshard_(t, err) != 0 ? TRAINER_ECOLL : 0;
 }
 
+int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
+{
+    if (!t->spec.optimizer.shard || t->world <= 1)
+        return 0;
+    float v = t->rank == 0 && want_whole ? 1.0f : 0.0f;
+    if (m6_coll_allreduce_sum(t->coll, &v, 1, err) != 0)
+        return TRAINER_ECOLL;
+    if (v == 0)
+        return 0;
+    return gradsync_unshard_(t, err) != 0 ? TRAINER_ECOLL : 1;
+}
+
 /* What trainer_broadcast_state sends before the tensors. */
 typedef struct {
     int64_t step, delink_step;

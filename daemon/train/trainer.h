@@ -409,6 +409,20 @@ long trainer_save(trainer *t, const char *dir, m6_err *err);
  * shards again. 0 (also when not sharded), or TRAINER_ECOLL with err. */
 int trainer_gather_optim(trainer *t, m6_err *err);
 
+/* The step boundary of a data-parallel group with optimizer.shard, for
+ * callers whose saves are one rank's at moments of that rank's choosing
+ * (m6d: rank 0, the runner). Every rank of the group calls it exactly
+ * once between two trainer_steps, and once after the last step, in the
+ * same order as every other collective; rank 0's want_whole decides for
+ * all (the others' is ignored): one all-reduce of one float, then, when
+ * rank 0 wants it, trainer_gather_optim on every rank, so the state is
+ * whole (rank 0 may save it, delink, or leave the group) and the next
+ * trainer_step shards it again. Without optimizer.shard, or alone: no
+ * collective, returns 0. 1 the state is whole now (gathered), 0 not,
+ * TRAINER_ECOLL with err (a rank failed: the group is lost, and the
+ * state is still sharded; never save it). */
+int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err);
+
 /* Restore from a complete checkpoint dir written by trainer_save for the same
  * spec (spec hash checked; device.backend is left out of it, so checkpoints
  * move between backends). After loading, the run continues bitwise as if

@@ -94,21 +94,21 @@ int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
 
 /* ----------------------------------------------------------------- forward */
 
-void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
-                 const float *x, const float *probs, const int32_t *expert,
-                 const int32_t *slot, const int32_t *offset,
-                 const int32_t *row_token, const float *w1, const float *b1,
-                 const float *w2, const float *b2, const moe_dims *d)
+void moe_gather(float *xe, const float *x, const int32_t *row_token, int R,
+                int C)
 {
-    const int N = d->N, C = d->C, E = d->E, k = d->k, H = d->H;
-    const int R = offset[E];
-
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++)
         memcpy(xe + (size_t)r * C, x + (size_t)row_token[r] * C,
                (size_t)C * sizeof(float));
+}
 
-    for (int e = 0; e < E; e++) {
+void moe_experts_forward(float *hpre, float *hact, float *ye, const float *xe,
+                         const int32_t *offset, int nE, const float *w1,
+                         const float *b1, const float *w2, const float *b2,
+                         int C, int H)
+{
+    for (int e = 0; e < nE; e++) {
         int r0 = offset[e], n = offset[e + 1] - r0;
         if (n == 0) continue;  /* an expert without tokens is skipped */
         matmul_forward(hpre + (size_t)r0 * H, xe + (size_t)r0 * C,
@@ -118,8 +118,14 @@ void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
         matmul_forward(ye + (size_t)r0 * C, hact + (size_t)r0 * H,
                        w2 + (size_t)e * C * H, b2 + (size_t)e * C, n, H, C);
     }
+}
 
-    /* combine, prototypes in order */
+void moe_combine(float *out, const float *ye, const float *probs,
+                 const int32_t *expert, const int32_t *slot,
+                 const moe_dims *d)
+{
+    const int N = d->N, C = d->C, E = d->E, k = d->k;
+    /* prototypes in order */
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
@@ -132,6 +138,18 @@ void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
             for (int c = 0; c < C; c++) o[c] += g * y[c];
         }
     }
+}
+
+void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
+                 const float *x, const float *probs, const int32_t *expert,
+                 const int32_t *slot, const int32_t *offset,
+                 const int32_t *row_token, const float *w1, const float *b1,
+                 const float *w2, const float *b2, const moe_dims *d)
+{
+    moe_gather(xe, x, row_token, offset[d->E], d->C);
+    moe_experts_forward(hpre, hact, ye, xe, offset, d->E, w1, b1, w2, b2,
+                        d->C, d->H);
+    moe_combine(out, ye, probs, expert, slot, d);
 }
 
 /* ------------------------------------------------------------------ losses */
@@ -154,18 +172,12 @@ void moe_aux_losses(float *aux, float *z, const float *probs, const float *lse,
 
 /* ---------------------------------------------------------------- backward */
 
-void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
-                  float *dw2, float *db2, float *dye, float *dh1, float *dh2,
-                  float *dxe, float *dlogits, const float *dout, const float *x,
-                  const float *probs, const float *lse, const int32_t *expert,
-                  const int32_t *slot, const int32_t *routed,
-                  const int32_t *offset, const float *xe, const float *hpre, const float *hact,
-                  const float *ye, const float *wg, const float *w1,
-                  const float *w2, float daux, float dz, const moe_dims *d)
+void moe_combine_backward(float *dye, float *dlogits, const float *dout,
+                          const float *ye, const float *probs,
+                          const int32_t *expert, const int32_t *slot,
+                          const moe_dims *d)
 {
-    const int N = d->N, C = d->C, E = d->E, k = d->k, H = d->H, Ep = E / k;
-    const int R = offset[E];
-
+    const int N = d->N, C = d->C, E = d->E, k = d->k;
     /* d(gate * y)/dy = gate: dye[r] = gate * dout[token]; the gate's own
      * gradient dot(dout, y) goes to dlogits, as d/dprobs for now */
     memset(dlogits, 0, (size_t)N * E * sizeof *dlogits);
@@ -187,13 +199,22 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
             dlogits[(size_t)n * E + g] += (float)dg;
         }
     }
+}
 
-    /* the experts, each over its own rows; the input gradients start at 0
-     * (only the rows written here are read) */
+void moe_experts_backward(float *dxe, float *dh1, float *dh2, float *dw1,
+                          float *db1, float *dw2, float *db2,
+                          const float *dye, const float *xe,
+                          const float *hpre, const float *hact,
+                          const float *w1, const float *w2,
+                          const int32_t *offset, int nE, int C, int H)
+{
+    const int R = offset[nE];
+    /* the input gradients start at 0 (only the rows written here are
+     * read) */
     memset(dxe, 0, (size_t)R * C * sizeof *dxe);
     memset(dh1, 0, (size_t)R * H * sizeof *dh1);
     memset(dh2, 0, (size_t)R * H * sizeof *dh2);
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < nE; e++) {
         int r0 = offset[e], n = offset[e + 1] - r0;
         if (n == 0) continue;
         /* ye = hact W2^T + b2 */
@@ -207,8 +228,13 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
                         db1 + (size_t)e * H, dh2 + (size_t)r0 * H,
                         xe + (size_t)r0 * C, w1 + (size_t)e * H * C, n, C, H);
     }
+}
 
-    /* scatter back to the tokens, prototypes in order */
+void moe_scatter_add(float *dx, const float *dxe, const int32_t *slot,
+                     const moe_dims *d)
+{
+    const int N = d->N, C = d->C, k = d->k;
+    /* prototypes in order */
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *g = dx + (size_t)n * C;
@@ -219,7 +245,14 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
             for (int c = 0; c < C; c++) g[c] += s[c];
         }
     }
+}
 
+void moe_router_backward(float *dx, float *dwg, float *dbg, float *dlogits,
+                         const float *x, const float *probs, const float *lse,
+                         const int32_t *routed, const float *wg, float daux,
+                         float dz, const moe_dims *d)
+{
+    const int N = d->N, C = d->C, E = d->E, k = d->k, Ep = E / k;
     /* d aux / d probs[n,e] = daux * Ep f_e / (k N); then the softmax of each
      * prototype, dlogit = p (dprob - <p, dprob>), and the z-loss's
      * d z / d logit[n,e] = dz * 2 lse[n,p] p[n,e] / (N k) */
@@ -244,4 +277,21 @@ void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
 
     /* logits = x Wg^T + bg */
     matmul_backward(dx, dwg, dbg, dlogits, x, wg, N, C, E);
+}
+
+void moe_backward(float *dx, float *dwg, float *dbg, float *dw1, float *db1,
+                  float *dw2, float *db2, float *dye, float *dh1, float *dh2,
+                  float *dxe, float *dlogits, const float *dout, const float *x,
+                  const float *probs, const float *lse, const int32_t *expert,
+                  const int32_t *slot, const int32_t *routed,
+                  const int32_t *offset, const float *xe, const float *hpre, const float *hact,
+                  const float *ye, const float *wg, const float *w1,
+                  const float *w2, float daux, float dz, const moe_dims *d)
+{
+    moe_combine_backward(dye, dlogits, dout, ye, probs, expert, slot, d);
+    moe_experts_backward(dxe, dh1, dh2, dw1, db1, dw2, db2, dye, xe, hpre,
+                         hact, w1, w2, offset, d->E, d->C, d->H);
+    moe_scatter_add(dx, dxe, slot, d);
+    moe_router_backward(dx, dwg, dbg, dlogits, x, probs, lse, routed, wg,
+                        daux, dz, d);
 }

@@ -37,19 +37,13 @@ static int failures_;
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures_++; } } \
     while (0)
 
-/* The test's setup: Gloo built in and the fortunes text present (else 77,
- * skip, saying which), rank_self_, a fresh /tmp/m6-NAME-XXXXXX as
- * rank_dir_ with the fortunes prepared into rank_dir_/data (5% val). 0,
- * 77, or 1 with the reason on stderr. */
-static inline int rank_procs_setup(const char *name)
+/* The setup of a test without data: Gloo built in (else 77, skip),
+ * rank_self_, a fresh /tmp/m6-NAME-XXXXXX as rank_dir_. 0, 77, or 1 with
+ * the reason on stderr. */
+static inline int rank_procs_setup_dir(const char *name)
 {
     if (!m6_coll_available("gloo")) {
         printf("SKIP: m6 was built without Gloo\n");
-        return 77;
-    }
-    struct stat sb;
-    if (stat(RANK_PROCS_FORTUNES, &sb) != 0) {
-        printf("SKIP: no %s (fortunes-min)\n", RANK_PROCS_FORTUNES);
         return 77;
     }
     rank_self_ = self_exe();
@@ -60,6 +54,22 @@ static inline int rank_procs_setup(const char *name)
         perror("mkdtemp");
         return 1;
     }
+    return 0;
+}
+
+/* The test's setup (rank_procs_setup_dir) with the fortunes text present
+ * (else 77, saying so) and prepared into rank_dir_/data (5% val). 0, 77,
+ * or 1 with the reason on stderr. */
+static inline int rank_procs_setup(const char *name)
+{
+    struct stat sb;
+    if (stat(RANK_PROCS_FORTUNES, &sb) != 0) {
+        printf("SKIP: no %s (fortunes-min)\n", RANK_PROCS_FORTUNES);
+        return 77;
+    }
+    int rc = rank_procs_setup_dir(name);
+    if (rc != 0)
+        return rc;
     char data[300], e[512];
     snprintf(data, sizeof data, "%s/data", rank_dir_);
     const char *in[1] = {RANK_PROCS_FORTUNES};

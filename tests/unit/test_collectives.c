@@ -11,7 +11,10 @@
  *              leaves a marker file before it enters; the last one comes
  *              late; after the barrier every marker must be there);
  *              all-gather in place of uneven parts (one empty) and
- *              reduce-scatter against the values by hand
+ *              reduce-scatter against the values by hand; all-to-all of
+ *              sizes and of bytes (parts of several sizes, some empty, a
+ *              rank sending nothing), byte for byte, and one where nothing
+ *              moves that every rank still enters
  *   missing    a world of 3 where rank 2 never starts: init fails on the
  *              others within the timeout, naming the store key not set
  *   killed     rank 2 dies (SIGKILL) before an all-reduce: the others fail
@@ -57,6 +60,19 @@ static m6_coll *init_(file_store *fs, m6_store *st, int rank, int world,
     m6_coll_config cfg = {"gloo", rank, world, st, "test/g0", timeout_ms,
                           "127.0.0.1", 0};
     return m6_coll_init(&cfg, err);
+}
+
+/* The all-to-all case's bytes from rank r to rank j: 0 from rank 1 and
+ * where r + j is a multiple of 3, else a few hundred; and byte k of that
+ * part. */
+static size_t a2a_bytes_(int r, int j)
+{
+    return r == 1 || (r + j) % 3 == 0 ? 0 : (size_t)(100 + 37 * r + 11 * j);
+}
+
+static unsigned char a2a_byte_(int r, int j, size_t k)
+{
+    return (unsigned char)(r * 31 + j * 17 + (int)k);
 }
 
 static int rank_sum_(file_store *fs, int rank, int world)
@@ -160,6 +176,52 @@ static int rank_sum_(file_store *fs, int rank, int world)
             err.code != M6_EINVALID)
             FAIL("reduce-scatter with counts not adding up accepted");
         free(x);
+    }
+    /* all-to-all of sizes, then of bytes: rank r sends a2a_bytes_(r, j)
+     * bytes to rank j (some 0; rank 1 sends nothing at all), byte k of
+     * that part a2a_byte_(r, j, k); then one where nothing moves, which
+     * every rank still enters (a barrier after it must not hang) */
+    {
+        uint64_t want[8], got[8];
+        size_t sb[8], rb[8], st = 0, rt = 0;
+        for (int j = 0; j < world; j++) {
+            st += sb[j] = a2a_bytes_(rank, j);
+            want[j] = a2a_bytes_(j, rank);
+        }
+        uint64_t sizes[8];
+        for (int j = 0; j < world; j++)
+            sizes[j] = sb[j];
+        if (m6_coll_alltoall_sizes(c, sizes, got, &err) != 0)
+            FAIL("all-to-all of sizes: %s", m6_err_msg(&err));
+        for (int i = 0; i < world; i++) {
+            if (got[i] != want[i])
+                FAIL("all-to-all of sizes: from rank %d %llu, want %llu", i,
+                     (unsigned long long)got[i], (unsigned long long)want[i]);
+            rt += rb[i] = (size_t)got[i];
+        }
+        unsigned char *out = malloc(st + 1), *in = malloc(rt + 1);
+        for (int j = 0, o = 0; j < world; j++)
+            for (size_t k = 0; k < sb[j]; k++)
+                out[o++] = a2a_byte_(rank, j, k);
+        memset(in, 0xEE, rt + 1);
+        if (m6_coll_alltoallv(c, out, sb, in, rb, &err) != 0)
+            FAIL("all-to-all: %s", m6_err_msg(&err));
+        size_t o = 0;
+        for (int i = 0; i < world; i++)
+            for (size_t k = 0; k < rb[i]; k++, o++)
+                if (in[o] != a2a_byte_(i, rank, k))
+                    FAIL("all-to-all: byte %zu from rank %d = %d, want %d", k,
+                         i, in[o], a2a_byte_(i, rank, k));
+        if (in[rt] != 0xEE)
+            FAIL("all-to-all wrote past its %zu bytes", rt);
+        size_t zero[8] = {0};
+        if (m6_coll_alltoallv(c, out, zero, in, zero, &err) != 0)
+            FAIL("all-to-all of nothing: %s", m6_err_msg(&err));
+        if (m6_coll_barrier(c, &err) != 0)
+            FAIL("barrier after the all-to-all of nothing: %s",
+                 m6_err_msg(&err));
+        free(out);
+        free(in);
     }
     /* a bad root is refused and leaves the group usable */
     if (m6_coll_broadcast(c, mark, 1, world, &err) == 0 ||

@@ -260,9 +260,35 @@ static void test_bad_input(void **st)
     assert_int_equal(model_param_floats(&m, 2, bad), 0);
 }
 
+/* Expert parallelism's split, by hand: E 10 over P 4 is 2, 3, 2, 3 from
+ * experts 0, 2, 5, 7; E 3 over P 5 leaves ranks 0 and 2 without one; the
+ * last rank's share is the largest, ceil(E / P), as the plan says. */
+static void test_expert_ranges(void **state)
+{
+    (void)state;
+    const int first10[4] = {0, 2, 5, 7}, n10[4] = {2, 3, 2, 3};
+    const int first3[5] = {0, 0, 1, 1, 2}, n3[5] = {0, 1, 0, 1, 1};
+    for (int q = 0; q < 4; q++) {
+        int f, n = model_expert_range(10, 4, q, &f);
+        assert_int_equal(f, first10[q]);
+        assert_int_equal(n, n10[q]);
+    }
+    for (int q = 0; q < 5; q++) {
+        int f, n = model_expert_range(3, 5, q, &f);
+        assert_int_equal(f, first3[q]);
+        assert_int_equal(n, n3[q]);
+    }
+    int f;
+    assert_int_equal(model_expert_range(10240, 512, 511, &f), 20);
+    assert_int_equal(model_expert_range(10240, 512, 0, &f), 20);
+    assert_int_equal(model_expert_range(10241, 512, 511, &f), 21);
+    assert_int_equal(f, 10220);
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_against_allocation),
     cmocka_unit_test(test_optimizer_state),
     cmocka_unit_test(test_hand_counts),
     cmocka_unit_test(test_parts_and_bytes),
-    cmocka_unit_test(test_bad_input))
+    cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_expert_ranges))

@@ -166,6 +166,17 @@ int main(int argc, char **argv)
     cudaMemcpy(g, d, n * sizeof(float), cudaMemcpyDeviceToHost);
     if (memcmp(g, h, n * sizeof(float)) != 0)
         FAIL("world 1: all-reduce changed the values");
+    /* the all-to-all to itself: a send and a receive in one group */
+    float *d2;
+    size_t nb = n * sizeof(float);
+    cudaMalloc((void **)&d2, nb);
+    cudaMemset(d2, 0, nb);
+    if (m6_coll_alltoallv(c, d, &nb, d2, &nb, &err) != 0)
+        FAIL("world 1 all-to-all: %s", m6_err_msg(&err));
+    cudaMemcpy(g, d2, nb, cudaMemcpyDeviceToHost);
+    if (memcmp(g, h, nb) != 0)
+        FAIL("world 1: the all-to-all did not copy the values");
+    cudaFree(d2);
     cudaFree(d);
     m6_coll_destroy(c);
     printf("world 1: ok\n");
