@@ -13,7 +13,7 @@
 #  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
 #      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
-#      losses;
+#      losses; with optimizer.shard, the unsharded run's losses bit for bit;
 #  (c) kill -9 of the worker holding ranks 2-3 mid-run: the run pauses
 #      within 2x nodes.timeout, an event naming the node and its local
 #      ranks; the worker restarts, `m6ctl resume` completes the run with
@@ -35,6 +35,8 @@ for w in 2 4; do
     CKPT_EVERY=4 write_spec "$T/w$w.json" "w$w" $STEPS $PSEUDO \
         "\"nodes\": {\"world_size\": $w, \"timeout\": $TMO}"
 done
+CKPT_EVERY=4 write_spec "$T/z4.json" z4 $STEPS $PSEUDO \
+    "\"nodes\": {\"world_size\": 4, \"timeout\": $TMO}, \"optimizer\": {\"shard\": true}"
 
 # close_to_one CSV WHAT: CSV's train losses are the single rank's within
 # dp_nodes.sh's tolerance (1e-4 relative: <= 6e-4 nats at these losses)
@@ -108,6 +110,15 @@ for r in 2 3; do
 done
 losses "$R4" >"$T/four.csv"
 close_to_one "$T/four.csv" "(b) 2 m6d x 2 ranks"
+# ... and with optimizer.shard (each of the 4 ranks keeps a quarter of the
+# AdamW state, gathered at every save): the unsharded run's bits, as
+# zerod.sh shows across nodes (sharding changes no float operation)
+RZ=$(ctl submit "$T/z4.json") || fail "optimizer.shard at world size 4 refused"
+ctl watch "$RZ" >/dev/null || fail "the sharded world-4 run did not complete: $(ctl status "$RZ")"
+losses "$RZ" >"$T/z4.csv"
+cmp -s "$T/four.csv" "$T/z4.csv" \
+    || fail "the sharded world-4 run's losses differ from the unsharded: $(diff "$T/four.csv" "$T/z4.csv" | head -6)"
+log "(b) optimizer.shard over 2 m6d x 2 ranks: the unsharded run's losses"
 
 # ---- (c) kill -9 of the worker holding ranks 2-3, restart, resume
 hold_at_step 9 nowait   # past the delink (step 6) and its regroup
