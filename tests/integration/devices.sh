@@ -46,6 +46,12 @@ close_to_one() {
     log "$2: $(cat "$T/close.out")"
 }
 
+# ---- bad flags: refused at start, saying what is wrong
+out=$("$M6D" --state-dir "$T/x" --devices 0 2>&1) && fail "--devices 0 accepted"
+echo "$out" | has 'devices: want 1..256, got "0"' || fail "--devices 0: '$out'"
+out=$("$M6D" --state-dir "$T/x" --devices 2 2>&1) && fail "--devices 2 without --listen or --join accepted"
+echo "$out" | has 'needs --role coordinator --listen HOST:PORT or --join' || fail "--devices 2 alone: '$out'"
+
 # ---- the single-rank reference (same global batch)
 reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-rank run"
 
@@ -129,7 +135,7 @@ t0=$EPOCHREALTIME
 release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
-log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140)"
+log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
 wait_node w live 10 >/dev/null
 ctl resume "$R4b" >/dev/null || fail "resume refused"
@@ -148,7 +154,7 @@ wait_node w live 10 >/dev/null
 R4c=$(ctl submit "$T/w4.json")
 wait_state "$R4c" paused 20
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
-log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140)"
+log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
 wait_node w live 10 >/dev/null
