@@ -423,6 +423,17 @@ static void n_rank_(const void *row, view_val *v)
     v->i = N_->rank;
     v->null = N_->rank < 0 || N_->run_id <= 0;
 }
+/* the ranks it holds, "R" or "R-S" (local ranks contiguous) */
+static void n_ranks_(const void *row, view_val *v)
+{
+    v->null = N_->rank < 0 || N_->run_id <= 0;
+    int k = N_->ranks > 0 ? N_->ranks : 1;
+    if (k == 1)
+        snprintf(v->buf, sizeof v->buf, "%d", N_->rank);
+    else
+        snprintf(v->buf, sizeof v->buf, "%d-%d", N_->rank, N_->rank + k - 1);
+    v->s = v->buf;
+}
 static void n_hb_(const void *row, view_val *v) { v->d = N_->last_heartbeat; }
 static void n_joined_(const void *row, view_val *v) { v->d = N_->joined; }
 static void n_updated_(const void *row, view_val *v) { v->d = N_->updated; }
@@ -442,7 +453,8 @@ static const view_field node_fields_[] = {
     {"memory", "MEMORY", 0, 11, VIEW_INT, VF_BYTES, 0, n_mem_},
     {"free_device_memory", "FREE DEV MEM", 0, 13, VIEW_INT, VF_BYTES, 0, n_free_},
     {"run_id", "RUN", 0, 5, VIEW_INT, VF_PLAIN, 0, n_run_},
-    {"rank", "RANK", 0, 5, VIEW_INT, VF_PLAIN, 0, n_rank_},
+    {"rank", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, n_rank_},
+    {"ranks", "RANKS", 0, 6, VIEW_STR, VF_PLAIN, 0, n_ranks_},
     {"last_heartbeat", "LAST HEARTBEAT", 0, -21, VIEW_F64, VF_UTC, 0, n_hb_},
     {"address", "ADDRESS", 0, -22, VIEW_STR, VF_PLAIN, 0, n_addr_},
     {"detail", "DETAIL", 0, 0, VIEW_STR, VF_PLAIN, 0, n_detail_},

@@ -356,3 +356,28 @@ int cluster_node_secret_ensure(const char *state_dir, char hex[65],
     OPENSSL_cleanse(s, sizeof s);
     return 0;
 }
+
+int cluster_ranks_place(const int *slots, int n, int world, int *first,
+                        int *count, int *have)
+{
+    int next = 0, total = 0, used = 0;
+    for (int i = 0; i < n; i++) {
+        int k = slots[i] < 1 ? 1 : slots[i];
+        total += k;
+        int take = world - next < k ? world - next : k;
+        if (take < 0) take = 0;
+        first[i] = next;
+        count[i] = take;
+        next += take;
+        if (take > 0) used = i + 1;
+    }
+    if (have) *have = total;
+    return next >= world ? used : 0;
+}
+
+int cluster_rank_threads(int total, int local_ranks)
+{
+    int k = local_ranks < 1 ? 1 : local_ranks;
+    int t = total / k;
+    return t < 1 ? 1 : t;
+}

@@ -73,6 +73,22 @@ typedef struct {
                                   * "" unknown */
 } cluster_facts;
 
+/* Where a run's ranks go: node by node, in the order given (the
+ * coordinator first, then the live workers by node id), each node taking
+ * its next min(slots[i], what is left) ranks, so a node's local ranks are
+ * contiguous: first[i] .. first[i] + count[i] - 1 (count 0: none). slots[i]
+ * is how many ranks node i runs (its --devices; < 1 counts as 1).
+ * Returns the number of nodes that take ranks (the nodes after them take
+ * none) when the n nodes hold world ranks or more, else 0; *have (may be
+ * NULL) is their slots in all. world >= 1. */
+int cluster_ranks_place(const int *slots, int n, int world, int *first,
+                        int *count, int *have);
+
+/* The CPU threads each of a node's local ranks gets: its share of the
+ * node's, max(1, total / local_ranks) (total: --threads, else
+ * cpus_available). */
+int cluster_rank_threads(int total, int local_ranks);
+
 /* Fill f for this machine; name overrides gethostname() when non-empty.
  * CUDA is reported when this m6d was built with it and sees a device.
  * measure_free 0: free_device_memory is left 0 (not measured) on CUDA,

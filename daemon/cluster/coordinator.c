@@ -66,12 +66,26 @@ static void node_gone_(peer *p, node_state s, const char *cause)
         /* a rank of a run across nodes (dp.h; the run of its latest
          * assignment): the run's own event; its other ranks' collectives
          * fail or time out and the run pauses */
-        state_event(co->st, p->arun, "nodes.rank_lost",
-                    "node=%lld hostname=%s rank=%d cause=\"%s\"",
-                    (long long)p->node_id, p->hostname, p->arank, cause);
-        log_warn("run.rank_lost", "run=%lld node=%lld hostname=%s rank=%d",
-                 (long long)p->arun, (long long)p->node_id, p->hostname,
-                 p->arank);
+        if (p->aranks > 1) {
+            /* every local rank of the node went with it */
+            state_event(co->st, p->arun, "nodes.rank_lost",
+                        "node=%lld hostname=%s rank=%d ranks=%d-%d "
+                        "local_ranks=0-%d cause=\"%s\"",
+                        (long long)p->node_id, p->hostname, p->arank,
+                        p->arank, p->arank + p->aranks - 1, p->aranks - 1,
+                        cause);
+            log_warn("run.rank_lost", "run=%lld node=%lld hostname=%s "
+                     "rank=%d ranks=%d-%d", (long long)p->arun,
+                     (long long)p->node_id, p->hostname, p->arank, p->arank,
+                     p->arank + p->aranks - 1);
+        } else {
+            state_event(co->st, p->arun, "nodes.rank_lost",
+                        "node=%lld hostname=%s rank=%d cause=\"%s\"",
+                        (long long)p->node_id, p->hostname, p->arank, cause);
+            log_warn("run.rank_lost", "run=%lld node=%lld hostname=%s "
+                     "rank=%d", (long long)p->arun, (long long)p->node_id,
+                     p->hostname, p->arank);
+        }
     }
     state_node_set_state(co->st, p->node_id, s, cause);
     state_event(co->st, 0, kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
@@ -426,6 +440,15 @@ int cluster_coord_assign(cluster_coord *co, int64_t node_id, int64_t run,
                          const char *spec, int rank, int world, int64_t gen,
                          int timeout_ms)
 {
+    return cluster_coord_assign_ranks(co, node_id, run, spec, rank, 1, world,
+                                      gen, timeout_ms);
+}
+
+int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
+                               int64_t run, const char *spec, int rank,
+                               int ranks, int world, int64_t gen,
+                               int timeout_ms)
+{
     assign_entry *a = calloc(1, sizeof *a);
     if (!a || !(a->spec = strdup(spec))) {
         free(a);
@@ -434,6 +457,7 @@ int cluster_coord_assign(cluster_coord *co, int64_t node_id, int64_t run,
     a->node_id = node_id;
     a->run = run;
     a->rank = rank;
+    a->ranks = ranks < 1 ? 1 : ranks;
     a->world = world;
     a->gen = gen;
     a->timeout_ms = timeout_ms;
@@ -481,6 +505,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         ra.run_id = a->run;
         ra.spec = a->spec;
         ra.rank = a->rank;
+        ra.local_ranks = a->ranks > 1 ? a->ranks : 0;  /* 0: one, as before */
         ra.world_size = a->world;
         ra.generation = a->gen;
         ra.timeout_ms = a->timeout_ms;
@@ -492,6 +517,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         coord_send(p, &r, 0);
         p->arun = a->run;
         p->arank = a->rank;
+        p->aranks = a->ranks;
         free(a->spec);
         free(a);
         return;
@@ -581,6 +607,37 @@ int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
     return k;
 }
 
+void cluster_coord_run_generation(cluster_coord *co, int64_t run, int64_t gen)
+{
+    pthread_mutex_lock(&co->amu);
+    run_gen *rg = co->gens;
+    while (rg && rg->run != run) rg = rg->next;
+    if (!rg && (rg = calloc(1, sizeof *rg))) {
+        rg->run = run;
+        rg->next = co->gens;
+        co->gens = rg;
+    }
+    if (rg && gen > rg->gen) rg->gen = gen;
+    pthread_mutex_unlock(&co->amu);
+}
+
+int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
+                              int max)
+{
+    node_row *rows;
+    int n, k = 0;
+    if (state_nodes_list(c->st, &rows, &n) < 0) return -1;
+    for (int i = 0; i < n && k < max; i++)
+        if (!rows[i].coordinator && rows[i].state == NODE_LIVE) {
+            ids[k] = rows[i].id;
+            slots[k++] = strcmp(rows[i].backend, "cpu") == 0 &&
+                                 rows[i].devices > 1
+                             ? rows[i].devices : 1;
+        }
+    free(rows);
+    return k;
+}
+
 /* ------------------------------------------------- the store's admission */
 
 /* The latest generation assigned in run (0: none). */
@@ -598,7 +655,7 @@ static int64_t run_gen_(cluster_coord *co, int64_t run)
  * gen) (coordinator.h); why says what is wrong when not. 1 yes, 0 no, -1
  * database error. */
 static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
-                         char *why, size_t whylen)
+                         peer *p, char *why, size_t whylen)
 {
     node_row r;
     int rf = valid_uuid_(so->node_uuid)
@@ -608,16 +665,24 @@ static int store_who_ok_(cluster_coord *co, const M6__StoreOpen *so,
         snprintf(why, whylen, "store open without a node's id and secret");
         return 0;
     }
-    if (r.coordinator ? so->rank != 0
-                      : so->rank < 1 || r.run != so->run_id ||
-                            r.rank != so->rank ||
-                            run_gen_(co, so->run_id) != so->generation) {
+    /* a node's ranks: rank .. rank+ranks-1 of its run's latest
+     * generation; the coordinator is rank 0 of any, and its other local
+     * ranks (m6d --devices) are held like a worker's */
+    int held = r.run == so->run_id && r.rank >= 0 && so->rank >= r.rank &&
+               so->rank < r.rank + (r.ranks > 0 ? r.ranks : 1) &&
+               run_gen_(co, so->run_id) == so->generation;
+    if (r.coordinator ? so->rank != 0 && (so->rank < 1 || !held)
+                      : so->rank < 1 || !held) {
         snprintf(why, whylen, "store open as rank %d of run %lld generation "
                  "%lld by node %lld (%s), which does not hold it", so->rank,
                  (long long)so->run_id, (long long)so->generation,
                  (long long)r.id, r.hostname);
         return 0;
     }
+    /* who it is, for the events of what it reports (a rank's failure) */
+    p->store_node = r.id;
+    p->store_local = so->rank - (r.coordinator && so->rank == 0 ? 0 : r.rank);
+    snprintf(p->hostname, sizeof p->hostname, "%s", r.hostname);
     return 1;
 }
 
@@ -649,7 +714,7 @@ static void first_frame_(peer *p, const uint8_t *payload, size_t len)
         do_join_(p, rq->node_join);
     } else {
         char why[400];
-        int ok = store_who_ok_(co, rq->store_open, why, sizeof why);
+        int ok = store_who_ok_(co, rq->store_open, p, why, sizeof why);
         if (ok <= 0) {
             refuse_(p, ok < 0 ? M6__STATUS__STATUS_INTERNAL
                               : M6__STATUS__STATUS_UNAUTHENTICATED,

@@ -50,8 +50,11 @@
  * StoreSet/StoreGet/StoreWait, one reply each, in order. The StoreOpen is
  * refused (UNAUTHENTICATED) unless the node id and secret match the nodes
  * table and the node holds the rank: the coordinator's own node is rank 0
- * of any (run, generation); a worker must hold that rank of that run in
- * the nodes table, in the run's latest generation (cluster_coord_assign).
+ * of any (run, generation); a node must hold that rank of that run in the
+ * nodes table (one of rank .. rank+ranks-1: a node runs one rank per
+ * device), in the run's latest generation (cluster_coord_assign). A key
+ * "failed/<rank>" set by a rank is also the run's event nodes.rank_failed
+ * naming its node and local rank.
  * A set of a key that another rank owns (cluster_store_key_owner) is
  * refused (PERMISSION_DENIED). A get or wait whose keys are missing is
  * parked, not blocking the loop: it is answered when a set provides them
@@ -121,6 +124,24 @@ int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
 int cluster_coord_assign(cluster_coord *c, int64_t node_id, int64_t run,
                          const char *spec, int rank, int world, int64_t gen,
                          int timeout_ms);
+/* The same for a node running ranks local ranks, rank .. rank+ranks-1
+ * (RunAssign.local_ranks; m6d --devices). */
+int cluster_coord_assign_ranks(cluster_coord *c, int64_t node_id,
+                               int64_t run, const char *spec, int rank,
+                               int ranks, int world, int64_t gen,
+                               int timeout_ms);
+
+/* Record gen as run's latest generation without a worker's assignment:
+ * the coordinator's own local ranks beyond rank 0 (m6d --devices) open
+ * the store in it. */
+void cluster_coord_run_generation(cluster_coord *c, int64_t run, int64_t gen);
+
+/* The live worker nodes by id, at most max (ids into ids[]) and how many
+ * ranks each runs (slots[]: its devices on a cpu node, m6d --devices; 1
+ * on a cuda node, whose GPUs beyond the first m6d does not drive yet).
+ * Returns how many, or -1 (DB). */
+int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
+                              int max);
 
 /* This m6d in its own nodes table (role coordinator, state live, its
  * node secret's hash secret_sha256), at every start whatever the role but

@@ -40,7 +40,7 @@ typedef struct run_gen {
 /* A rank assignment waiting for its node's next heartbeat (dp.h). */
 typedef struct assign_entry {
     int64_t node_id, run, gen;
-    int rank, world, timeout_ms;
+    int rank, ranks, world, timeout_ms;  /* ranks: rank .. rank+ranks-1 */
     char *spec;
     struct assign_entry *next;
 } assign_entry;
@@ -89,10 +89,13 @@ struct peer {
     char hostname[256];
     uint64_t last_hb;   /* uv_now of its latest frame */
     int64_t arun;       /* wiring: the run of its latest assignment, 0 */
-    int arank;          /* ... its rank there */
+    int arank;          /* ... its (first) rank there */
+    int aranks;         /* ... how many: arank .. arank+aranks-1 */
     /* a store client */
     int64_t run, gen;
     int rank;           /* the rank it writes as (StoreOpen) */
+    int64_t store_node; /* ... the node it is (hostname above) */
+    int store_local;    /* ... that node's local rank it is */
     int parked;         /* a get/wait waits for keys (timer running) */
     int parked_get;     /* ... a get: reply with the value */
     char **keys;

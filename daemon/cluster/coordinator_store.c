@@ -114,6 +114,29 @@ static int valid_key_(const char *k)
 
 enum { STORE_WAIT_MAX_MS = 600000, STORE_WAIT_KEYS_MAX = 1024 };
 
+/* A rank that failed says so in its key "failed/<rank>" (dp.c): the run's
+ * event nodes.rank_failed and a log line name its node and local rank;
+ * the run pauses when its collectives time out. The value is the rank's
+ * error, printable ASCII kept (at most 400 bytes). */
+static void store_rank_failed_(peer *p, const M6__StoreSet *s)
+{
+    char why[401];
+    size_t n = 0;
+    for (size_t i = 0; i < s->value.len && n < sizeof why - 1; i++) {
+        uint8_t c = s->value.data[i];
+        why[n++] = c >= 0x20 && c < 0x7f && c != '"' ? (char)c : '?';
+    }
+    why[n] = 0;
+    state_event(p->co->st, p->run, "nodes.rank_failed",
+                "node=%lld hostname=%s rank=%d local_rank=%d err=\"%s\"",
+                (long long)p->store_node, p->hostname, p->rank,
+                p->store_local, why);
+    log_warn("run.rank_failed", "run=%lld node=%lld hostname=%s rank=%d "
+             "local_rank=%d err=\"%s\"", (long long)p->run,
+             (long long)p->store_node, p->hostname, p->rank, p->store_local,
+             why);
+}
+
 void coord_store_request(peer *p, const M6__Request *rq)
 {
     cluster_coord *co = p->co;
@@ -132,6 +155,7 @@ void coord_store_request(peer *p, const M6__Request *rq)
             return coord_reply_status(p, M6__STATUS__STATUS_PERMISSION_DENIED, msg,
                                  0);
         }
+        if (!strncmp(s->key, "failed/", 7)) store_rank_failed_(p, s);
         if (s->value.len > M6_STORE_VALUE_MAX) {
             snprintf(msg, sizeof msg, "store value of %zu bytes for \"%s\": "
                      "the limit is %u", s->value.len, s->key,

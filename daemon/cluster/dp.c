@@ -220,6 +220,8 @@ void cluster_dp_coord_init(cluster_dp_coord *d)
 {
     pthread_mutex_init(&d->mu, NULL);
     d->co = NULL;
+    d->devices = 1;
+    d->local = NULL;
 }
 
 void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co)
@@ -280,21 +282,52 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
                  "Gloo (meson option gloo)", world);
         return -1;
     }
-    int64_t ids[256];
-    if (world - 1 > 256) {
-        snprintf(why, len, "nodes.world_size %d: at most 257 ranks", world);
+    /* node 0 is this m6d, then the live workers by id */
+    enum { MAXN = 257 };
+    int64_t ids[MAXN];
+    int slots[MAXN], first[MAXN], count[MAXN];
+    if (world > MAXN) {
+        snprintf(why, len, "nodes.world_size %d: at most %d ranks", world,
+                 MAXN);
         return -1;
     }
-    int k = cluster_coord_nodes_fit(d->co, 0, ids, world - 1);
+    ids[0] = 0;
+    slots[0] = d->devices > 1 ? d->devices : 1;
+    int k = cluster_coord_nodes_slots(d->co, ids + 1, slots + 1, world - 1);
     if (k < 0) {
         snprintf(why, len, "nodes table: database error");
         return -1;
     }
-    if (k < world - 1) {
-        snprintf(why, len, "waiting for %d live nodes, have %d (this "
-                 "coordinator and %d worker%s)", world, k + 1, k,
-                 k == 1 ? "" : "s");
+    int have = 0, ones = 1;
+    for (int i = 0; i <= k; i++) ones &= slots[i] == 1;
+    int used = cluster_ranks_place(slots, k + 1, world, first, count, &have);
+    if (!used) {
+        if (ones)
+            snprintf(why, len, "waiting for %d live nodes, have %d (this "
+                     "coordinator and %d worker%s)", world, k + 1, k,
+                     k == 1 ? "" : "s");
+        else
+            snprintf(why, len, "waiting for %d devices on live nodes, have "
+                     "%d (this coordinator's %d and %d worker%s' %d)", world,
+                     have, slots[0], k, k == 1 ? "" : "s", have - slots[0]);
         return 0;
+    }
+    /* this m6d's own row: its local ranks beyond rank 0 open the store as
+     * a worker's do */
+    node_row *rows;
+    int nrows;
+    if (state_nodes_list(d->st, &rows, &nrows) == 0) {
+        for (int i = 0; i < nrows; i++)
+            if (rows[i].coordinator) ids[0] = rows[i].id;
+    } else {
+        snprintf(why, len, "nodes table: database error");
+        return -1;
+    }
+    if (count[0] > 1 && (!ids[0] || !d->local)) {
+        free(rows);
+        snprintf(why, len, "this coordinator's local ranks cannot run "
+                 "(no row in its nodes table, or no rank threads)");
+        return -1;
     }
     /* unique across this coordinator's lives: the store starts empty at
      * every start, and a worker may still hold an old assignment */
@@ -303,35 +336,56 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
     d->gen = gen;
     char *json = spec_to_json(spec);
     if (!json) {
+        free(rows);
         snprintf(why, len, "out of memory");
         return -1;
     }
     state_nodes_clear_run(d->st, id);
-    for (int r = 1; r < world; r++) {
+    for (int i = 1; i < used; i++) {
+        int64_t nid = ids[i];
+        int r = first[i], c = count[i];
         char host[256] = "?";
-        state_node_set_run(d->st, ids[r - 1], id, r);
-        if (cluster_coord_assign(d->co, ids[r - 1], id, json, r, world, gen,
-                                 timeout_ms) < 0) {
+        state_node_set_ranks(d->st, nid, id, r, c);
+        if (cluster_coord_assign_ranks(d->co, nid, id, json, r, c, world,
+                                       gen, timeout_ms) < 0) {
             free(json);
+            free(rows);
             snprintf(why, len, "out of memory");
             return -1;
         }
-        int64_t nid = ids[r - 1];
-        node_row *rows;
-        int n;
-        if (state_nodes_list(d->st, &rows, &n) == 0) {
-            for (int i = 0; i < n; i++)
-                if (rows[i].id == nid)
-                    snprintf(host, sizeof host, "%s", rows[i].hostname);
-            free(rows);
-        }
-        state_event(d->st, id, "nodes.assign", "node=%lld hostname=%s "
-                    "rank=%d world_size=%d generation=%lld", (long long)nid,
-                    host, r, world, (long long)gen);
+        for (int j = 0; j < nrows; j++)
+            if (rows[j].id == nid)
+                snprintf(host, sizeof host, "%s", rows[j].hostname);
+        if (c > 1)
+            state_event(d->st, id, "nodes.assign", "node=%lld hostname=%s "
+                        "rank=%d ranks=%d-%d world_size=%d generation=%lld",
+                        (long long)nid, host, r, r, r + c - 1, world,
+                        (long long)gen);
+        else
+            state_event(d->st, id, "nodes.assign", "node=%lld hostname=%s "
+                        "rank=%d world_size=%d generation=%lld",
+                        (long long)nid, host, r, world, (long long)gen);
+    }
+    free(rows);
+    /* m6ctl nodes: this m6d holds ranks 0..count[0]-1 */
+    if (ids[0]) state_node_set_ranks(d->st, ids[0], id, 0, count[0]);
+    if (count[0] > 1) {
+        /* ranks 1..count[0]-1 on this m6d's own rank threads */
+        cluster_coord_run_generation(d->co, id, gen);
+        cluster_assign la = {.run_id = id, .spec = json, .rank = 1,
+                             .world_size = world, .generation = gen,
+                             .timeout_ms = timeout_ms,
+                             .local_host = d->host,
+                             .local_ranks = count[0] - 1};
+        cluster_dp_assign(d->local, &la);
+        state_event(d->st, id, "nodes.assign", "node=self rank=0 ranks=0-%d "
+                    "world_size=%d generation=%lld", count[0] - 1, world,
+                    (long long)gen);
+    } else {
+        state_event(d->st, id, "nodes.assign", "node=self rank=0 "
+                    "world_size=%d generation=%lld", world, (long long)gen);
     }
     free(json);
-    state_event(d->st, id, "nodes.assign", "node=self rank=0 world_size=%d "
-                "generation=%lld", world, (long long)gen);
     *gen_out = gen;
     return 1;
 }
@@ -351,60 +405,119 @@ typedef struct {
     char host[64];
 } assignment;
 
+/* One local rank: its thread and the assignment waiting for it. */
+typedef struct {
+    cluster_dp_worker *w;
+    int local;          /* its local rank, 0..n-1 */
+    pthread_t thread;
+    int started;
+    assignment next;    /* next.spec NULL: none */
+} rank_slot;
+
 struct cluster_dp_worker {
     char addr[300];
     const cluster_token *token;
     char state_dir[4096];
     int threads;
-    pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
-    assignment next;   /* next.spec NULL: none */
+    int n;              /* its rank threads */
+    int first_local;    /* the first one's local rank (1 on the
+                         * coordinator, whose runner is local rank 0) */
+    rank_slot *slots;
 };
 
-/* Train one assignment until its last step or a failed collective. */
-static void train_rank_(cluster_dp_worker *w, const assignment *a)
+/* Tell the coordinator that this rank failed: its store key
+ * "failed/<rank>" holding the error, which the coordinator records as the
+ * run's event nodes.rank_failed naming this node and local rank (the run
+ * pauses when its collectives time out). Best effort: a coordinator it
+ * cannot reach hears of it from the collectives alone. */
+static void report_failed_(const cluster_dp_worker *w, const assignment *a,
+                           const char *msg)
 {
+    m6_store st = {0};
+    m6_store_who who;
+    char werr[600];
+    m6_err e = M6_ERR_NONE;
+    if (m6_store_who_load(w->state_dir, a->rank, &who, werr, sizeof werr) < 0)
+        return;
+    int rc = m6_store_tcp_open(w->addr, w->token, &who, a->run, a->gen,
+                               a->timeout_ms, &st, &e);
+    OPENSSL_cleanse(&who, sizeof who);
+    if (rc == 0) {
+        char key[32];
+        snprintf(key, sizeof key, "failed/%d", a->rank);
+        st.set(st.ctx, key, msg, strlen(msg), &e);
+        m6_store_tcp_close(&st);
+    }
+    m6_err_free(&e);
+}
+
+/* Test hook: M6_TEST_RANK_FAIL="RANK@STEP" fails rank RANK's thread (as a
+ * trainer error would) at step STEP of every assignment. 1 to fail now. */
+static int test_fail_(int rank, long step)
+{
+    const char *f = getenv("M6_TEST_RANK_FAIL");
+    int r;
+    long at;
+    return f && sscanf(f, "%d@%ld", &r, &at) == 2 && r == rank && at == step;
+}
+
+/* Train one assignment until its last step or a failed collective. */
+static void train_rank_(rank_slot *sl, const assignment *a)
+{
+    cluster_dp_worker *w = sl->w;
     char err[1024];
+    char lr[32] = "";   /* the local rank, on a node that runs several */
+    int several = w->first_local + w->n > 1;
+    if (several) snprintf(lr, sizeof lr, " local_rank=%d", sl->local);
     run_spec spec;
     m6_err e = M6_ERR_NONE;
     trainer *t = NULL;
     m6_coll *g = NULL;
     if (spec_parse(&spec, a->spec, strlen(a->spec), err, sizeof err) < 0) {
-        log_error("cluster.rank_failed", "run=%lld rank=%d err=\"spec: %s\"",
-                  (long long)a->run, a->rank, err);
+        log_error("cluster.rank_failed", "run=%lld rank=%d%s err=\"spec: "
+                  "%s\"", (long long)a->run, a->rank, lr, err);
         return;
     }
+    /* the hash is of the spec as rank 0 sent it: this node's thread count
+     * is its own (every rank computes the same numbers with any) */
+    char hash[65];
+    cluster_dp_hash(&spec, NULL, a->world, hash);
     if (w->threads > 0) spec.device.threads = w->threads;
+    if (several)
+        log_info("cluster.rank_threads", "run=%lld rank=%d local_rank=%d "
+                 "threads=%d", (long long)a->run, a->rank, sl->local,
+                 spec.device.threads);
     t = trainer_create(&spec, &e);
     if (!t) goto failed;
-    char hash[65];
-    /* the real phase's share map when rank 0 delinked already: the
-     * broadcast reslots; the hash is of the phase the run starts in */
-    cluster_dp_hash(&spec, t, a->world, hash);
     g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
                a->world,
                a->timeout_ms, a->host, t, &spec, hash, &e);
     if (!g) goto failed;
     if (trainer_set_collectives(t, g, &e) < 0) goto failed;
-    log_info("cluster.rank", "run=%lld rank=%d world_size=%d step=%ld",
-             (long long)a->run, a->rank, a->world, trainer_step_count(t));
+    log_info("cluster.rank", "run=%lld rank=%d world_size=%d step=%ld%s",
+             (long long)a->run, a->rank, a->world, trainer_step_count(t), lr);
     while (trainer_step_count(t) < spec.train.steps) {
         pthread_mutex_lock(&w->mu);
-        int stop = w->stop || w->next.spec;  /* a newer assignment */
+        int stop = w->stop || sl->next.spec;  /* a newer assignment */
         pthread_mutex_unlock(&w->mu);
         if (stop) break;
         /* optimizer.shard: rank 0 may want the state whole here (a save,
          * a delink): the boundary's agreement, before every step */
         int rc = trainer_sync_boundary(t, 0, &e);
         step_result res;
+        if (rc >= 0 && test_fail_(a->rank, trainer_step_count(t))) {
+            m6_err_set(&e, M6_EINTERNAL, "test fault: M6_TEST_RANK_FAIL");
+            goto failed;
+        }
         if (rc >= 0) rc = trainer_step(t, &res, &e);
         if (rc == TRAINER_ECOLL) {
             /* rank 0 paused, delinked or stopped, or a rank died */
-            log_info("cluster.rank_left", "run=%lld rank=%d step=%ld "
+            log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
                      "why=\"%s\"", (long long)a->run, a->rank,
-                     trainer_step_count(t), m6_err_msg(&e));
+                     trainer_step_count(t), lr, m6_err_msg(&e));
             m6_err_free(&e);
             goto done;
         }
@@ -424,18 +537,27 @@ static void train_rank_(cluster_dp_worker *w, const assignment *a)
     /* the last boundary: rank 0's final save may gather the state */
     if (trainer_step_count(t) >= spec.train.steps &&
         trainer_sync_boundary(t, 0, &e) < 0) {
-        log_info("cluster.rank_left", "run=%lld rank=%d step=%ld "
+        log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
                  "why=\"%s\"", (long long)a->run, a->rank,
-                 trainer_step_count(t), m6_err_msg(&e));
+                 trainer_step_count(t), lr, m6_err_msg(&e));
         m6_err_free(&e);
         goto done;
     }
-    log_info("cluster.rank_done", "run=%lld rank=%d step=%ld",
-             (long long)a->run, a->rank, trainer_step_count(t));
+    log_info("cluster.rank_done", "run=%lld rank=%d step=%ld%s",
+             (long long)a->run, a->rank, trainer_step_count(t), lr);
     goto done;
 failed:
-    log_error("cluster.rank_failed", "run=%lld rank=%d err=\"%s\"",
-              (long long)a->run, a->rank, m6_err_msg(&e));
+    log_error("cluster.rank_failed", "run=%lld rank=%d%s err=\"%s\"",
+              (long long)a->run, a->rank, lr, m6_err_msg(&e));
+    if (g) {
+        /* its collectives first, so that the others' fail at once */
+        m6_err e2 = M6_ERR_NONE;
+        trainer_set_collectives(t, NULL, &e2);
+        m6_err_free(&e2);
+        m6_coll_destroy(g);
+        g = NULL;
+    }
+    report_failed_(w, a, m6_err_msg(&e));
     m6_err_free(&e);
 done:
     if (t && g) {
@@ -447,17 +569,18 @@ done:
     trainer_free(t);
 }
 
-static void *worker_main_(void *arg)
+static void *slot_main_(void *arg)
 {
-    cluster_dp_worker *w = arg;
+    rank_slot *sl = arg;
+    cluster_dp_worker *w = sl->w;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->stop && !w->next.spec) pthread_cond_wait(&w->cv, &w->mu);
+        while (!w->stop && !sl->next.spec) pthread_cond_wait(&w->cv, &w->mu);
         if (w->stop) break;
-        assignment a = w->next;
-        w->next.spec = NULL;
+        assignment a = sl->next;
+        sl->next.spec = NULL;
         pthread_mutex_unlock(&w->mu);
-        train_rank_(w, &a);
+        train_rank_(sl, &a);
         free(a.spec);
         pthread_mutex_lock(&w->mu);
     }
@@ -468,21 +591,31 @@ static void *worker_main_(void *arg)
 cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
                                            const cluster_token *token,
                                            const char *state_dir,
-                                           int threads)
+                                           int threads, int local_ranks,
+                                           int first_local)
 {
     cluster_dp_worker *w = calloc(1, sizeof *w);
-    if (!w) return NULL;
+    int n = local_ranks < 1 ? 1 : local_ranks;
+    if (!w || !(w->slots = calloc((size_t)n, sizeof *w->slots))) {
+        free(w);
+        return NULL;
+    }
     snprintf(w->state_dir, sizeof w->state_dir, "%s", state_dir);
     snprintf(w->addr, sizeof w->addr, "%s", coord_addr);
     w->token = token;
     w->threads = threads;
+    w->n = n;
+    w->first_local = first_local;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if (threads_start(&w->thread, worker_main_, w) != 0) {
-        pthread_cond_destroy(&w->cv);
-        pthread_mutex_destroy(&w->mu);
-        free(w);
-        return NULL;
+    for (int i = 0; i < n; i++) {
+        w->slots[i].w = w;
+        w->slots[i].local = first_local + i;
+        if (threads_start(&w->slots[i].thread, slot_main_, &w->slots[i]) != 0) {
+            cluster_dp_worker_stop(w);
+            return NULL;
+        }
+        w->slots[i].started = 1;
     }
     return w;
 }
@@ -490,20 +623,34 @@ cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
 void cluster_dp_assign(cluster_dp_worker *w, const cluster_assign *a)
 {
     if (!w) return;
-    char *spec = strdup(a->spec ? a->spec : "");
-    if (!spec) {
-        log_error("cluster.rank_failed", "run=%lld rank=%d err=\"out of "
-                  "memory\"", (long long)a->run_id, a->rank);
-        return;
+    int k = a->local_ranks > 0 ? a->local_ranks : 1;
+    if (k > w->n) {
+        /* the coordinator placed more ranks than this node runs: its
+         * ranks past w->n never join, and the group times out */
+        log_error("cluster.rank_failed", "run=%lld rank=%d err=\"assigned "
+                  "%d local ranks, this m6d runs %d (--devices)\"",
+                  (long long)a->run_id, a->rank, k, w->n);
+        k = w->n;
+    }
+    for (int i = 0; i < k; i++) {
+        char *spec = strdup(a->spec ? a->spec : "");
+        if (!spec) {
+            log_error("cluster.rank_failed", "run=%lld rank=%d err=\"out of "
+                      "memory\"", (long long)a->run_id, a->rank + i);
+            return;
+        }
+        rank_slot *sl = &w->slots[i];
+        pthread_mutex_lock(&w->mu);
+        free(sl->next.spec);
+        sl->next = (assignment){.run = a->run_id, .gen = a->generation,
+                                .spec = spec, .rank = a->rank + i,
+                                .world = a->world_size,
+                                .timeout_ms = a->timeout_ms > 0
+                                                  ? a->timeout_ms : 30000};
+        snprintf(sl->next.host, sizeof sl->next.host, "%s", a->local_host);
+        pthread_mutex_unlock(&w->mu);
     }
     pthread_mutex_lock(&w->mu);
-    free(w->next.spec);
-    w->next = (assignment){.run = a->run_id, .gen = a->generation,
-                           .spec = spec, .rank = a->rank,
-                           .world = a->world_size,
-                           .timeout_ms = a->timeout_ms > 0 ? a->timeout_ms
-                                                           : 30000};
-    snprintf(w->next.host, sizeof w->next.host, "%s", a->local_host);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }
@@ -515,8 +662,11 @@ void cluster_dp_worker_stop(cluster_dp_worker *w)
     w->stop = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
-    free(w->next.spec);
+    for (int i = 0; i < w->n; i++) {
+        if (w->slots[i].started) pthread_join(w->slots[i].thread, NULL);
+        free(w->slots[i].next.spec);
+    }
+    free(w->slots);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);

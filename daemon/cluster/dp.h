@@ -3,12 +3,15 @@
  * the node registry of coordinator.h and the collectives of
  * dist/collectives.h).
  *
- * Ranks: the coordinator m6d is rank 0 (its own runner thread trains the
- * run, writes m6.db, the metrics and the checkpoints: replicated state
- * written once); the live worker nodes it picks (cluster_coord_nodes_fit,
- * in node id order) are ranks 1..W-1. The coordinator records each rank
- * in the nodes table (run, rank) and as an event (nodes.assign), and
- * sends each worker a RunAssign (run id, spec, rank, world size,
+ * Ranks: a node runs one rank per device (m6d --devices N on cpu; 1 by
+ * default and on cuda). The coordinator m6d's runner thread is rank 0 (it
+ * trains the run, writes m6.db, the metrics and the checkpoints:
+ * replicated state written once); cluster_ranks_place gives the
+ * coordinator ranks 0..N0-1 (1..N0-1 on its own rank threads) and each
+ * live worker, in node id order, its next Ni ranks, local ranks
+ * contiguous. The coordinator records each node's ranks in the nodes
+ * table (run, rank, ranks) and as an event (nodes.assign), and sends each
+ * worker a RunAssign (run id, spec, first rank, local ranks, world size,
  * generation, timeout) as the reply to its next heartbeat.
  *
  * A group (cluster_dp_group), on every rank: open the coordinator's store
@@ -50,6 +53,8 @@ void cluster_dp_hash(const run_spec *s, const trainer *t, int world,
 /* The coordinator's side (runner_dist of runner.h; ud is this struct).
  * co is guarded by mu: cluster_dp_coord_attach/detach set it on the loop
  * while the runner thread may be picking nodes. */
+struct cluster_dp_worker;
+
 typedef struct {
     pthread_mutex_t mu;
     cluster_coord *co;        /* NULL: not listening (yet, or any more) */
@@ -59,6 +64,9 @@ typedef struct {
     const char *state_dir;    /* node-id and node-secret: its store's who */
     state *st;
     int64_t gen;              /* the latest generation given out */
+    int devices;              /* ranks this m6d runs (--devices); < 1: 1 */
+    struct cluster_dp_worker *local;  /* its local ranks 1..devices-1; NULL
+                                       * with devices 1 */
 } cluster_dp_coord;
 
 /* Before runner_init: mu, co NULL. */
@@ -67,17 +75,21 @@ void cluster_dp_coord_init(cluster_dp_coord *d);
  * the coordinator; waits for a pick in progress to end. */
 void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co);
 
-/* runner_dist.group: see runner.h. Picks world-1 live worker nodes, assigns
- * ranks 1..world-1, makes the group as rank 0 (hash check, Gloo,
- * trainer_broadcast_state). 1 with *out, 0 not enough nodes (why: "waiting
- * for W live nodes, have K": K counts this m6d), -1 with why. */
+/* runner_dist.group: see runner.h. Places the world ranks on this m6d
+ * and the live worker nodes (cluster_ranks_place: this m6d's devices
+ * first, ranks 0..devices-1, its own rank threads taking 1..; then each
+ * worker's devices in node id order), assigns them, makes the group as
+ * rank 0 (hash check, Gloo, trainer_broadcast_state). 1 with *out, 0 not
+ * enough (why: "waiting for W live nodes, have K" when every node has
+ * one device, K counting this m6d; else "waiting for W devices on live
+ * nodes, have K ..."), -1 with why. */
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len);
 /* runner_dist.ungroup: the run's nodes lose their run and rank. */
 void cluster_dp_coord_ungroup(void *ud, int64_t id);
 
-/* A worker node's trainer thread: takes assignments (cluster_dp_assign,
+/* A worker node's trainer threads, one per local rank: take assignments (cluster_dp_assign,
  * from the join's loop), trains its rank until the run's last step or
  * until a collective fails (rank 0 paused, delinked or died), then frees
  * the trainer and the group and waits for the next assignment. Only
@@ -87,13 +99,20 @@ typedef struct cluster_dp_worker cluster_dp_worker;
 
 /* coord_addr: the coordinator (its store); state_dir: this node's
  * (node-id, node-secret: who opens the store); threads: device.threads
- * for the runs (0 keeps the spec's). NULL on out of memory / no thread. */
+ * for each rank (0 keeps the spec's; cluster_rank_threads gives a rank's
+ * share of the node's); local_ranks: how many ranks this node runs (m6d
+ * --devices), one thread each, the i-th training rank a->rank + i of an
+ * assignment; first_local: the first thread's local rank in the logs (0
+ * on a worker; 1 on the coordinator, whose runner is local rank 0). The
+ * spec's hash is taken before threads replaces the spec's count. NULL on
+ * out of memory / no thread. */
 cluster_dp_worker *cluster_dp_worker_start(const char *coord_addr,
                                            const cluster_token *token,
                                            const char *state_dir,
-                                           int threads);
-/* Hand an assignment to the thread (copied; a newer one replaces one not
- * yet taken). Never blocks on training. */
+                                           int threads, int local_ranks,
+                                           int first_local);
+/* Hand an assignment to the threads of its local ranks (copied; a newer
+ * one replaces one not yet taken). Never blocks on training. */
 void cluster_dp_assign(cluster_dp_worker *w, const cluster_assign *a);
 /* Stop: the current group is left at its next collective (bounded by
  * its timeout); joins the thread and frees. NULL: nothing. */

@@ -215,7 +215,8 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
                             .rank = ra->rank, .world_size = ra->world_size,
                             .generation = ra->generation,
                             .timeout_ms = ra->timeout_ms,
-                            .local_host = NULL};
+                            .local_host = NULL,
+                            .local_ranks = ra->local_ranks};
         char host[64];
         struct sockaddr_storage ss;
         int sl = sizeof ss;

@@ -41,6 +41,8 @@ typedef struct {
     int64_t run_id;
     const char *spec;        /* canonical JSON */
     int rank, world_size;
+    int local_ranks;         /* this node's ranks: rank .. rank+local_ranks-1
+                              * (m6d --devices); 0 means 1 */
     int64_t generation;
     int timeout_ms;          /* nodes.timeout */
     const char *local_host;  /* this node's address on its connection to

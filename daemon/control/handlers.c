@@ -744,6 +744,7 @@ static void do_nodes_(call *c, const M6__Request *rq)
         ni->free_device_memory = r->free_device_memory;
         ni->run_id = r->run;
         ni->rank = r->rank;
+        ni->ranks = r->ranks;
         ni->last_heartbeat = r->coordinator && r->state == NODE_LIVE
                                  ? now : r->last_heartbeat;
         ni->joined = r->joined;

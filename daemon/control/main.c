@@ -30,6 +30,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "common/cpus.h"
 #include "common/threads.h"
 #include "common/log.h"
 #include "common/paths.h"
@@ -68,6 +69,7 @@ typedef struct {
     char token_file[2048];
     char node_name[256];
     int node_timeout_ms;
+    int devices;                /* --devices: ranks this node runs; 0 unset */
     unsigned conn_idle_ms;      /* --conn-idle-timeout; 0 the default */
 } options;
 
@@ -152,6 +154,9 @@ static void usage_(FILE *f)
         "  --node-name NAME   this node's name among the nodes (default: hostname)\n"
         "  --node-timeout S   a node silent this long is lost; a first join gives\n"
         "                     up after it (0.1..3600 s, default 30)\n"
+        "  --devices N        cpu: run N data-parallel ranks of a run across nodes\n"
+        "                     here, each with its share of the cores (1..256,\n"
+        "                     default 1; needs --listen or --join)\n"
         "  --help, --version\n");
 }
 
@@ -193,6 +198,7 @@ static int parse_args_(int argc, char **argv, options *o)
         {"token-file", required_argument, 0, 'T'},
         {"node-name", required_argument, 0, 'N'},
         {"node-timeout", required_argument, 0, 'O'},
+        {"devices", required_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
@@ -345,6 +351,17 @@ static int parse_args_(int argc, char **argv, options *o)
             o->node_timeout_ms = (int)(v * 1000 + 0.5);
             break;
         }
+        case 'D': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 256) {
+                fprintf(stderr, "m6d: --devices: want 1..256, got \"%s\"\n",
+                        optarg);
+                return -1;
+            }
+            o->devices = (int)v;
+            break;
+        }
         case 'h': usage_(stdout); exit(0);
         case 'V': printf("m6d %s (protocol %u)\n", M6_VERSION, M6_PROTOCOL_VERSION); exit(0);
         default: usage_(stderr); return -1;
@@ -366,6 +383,12 @@ static int parse_args_(int argc, char **argv, options *o)
     }
     if (o->listen[0] && !o->coordinator) {
         fprintf(stderr, "m6d: --listen is for --role coordinator\n");
+        return -1;
+    }
+    if (o->devices > 1 && !o->listen[0] && !o->join[0]) {
+        fprintf(stderr, "m6d: --devices %d runs the ranks of runs across "
+                "nodes (nodes.world_size): it needs --role coordinator "
+                "--listen HOST:PORT or --join HOST:PORT\n", o->devices);
         return -1;
     }
     if (o->listen[0]) {
@@ -820,10 +843,40 @@ static void on_join_assign_(void *ud, const cluster_assign *a)
     cluster_dp_assign(g.dpw, a);
 }
 
+/* The ranks this node runs (--devices; 1 unset). */
+static int local_ranks_(void)
+{
+    return g.opt.devices > 1 ? g.opt.devices : 1;
+}
+
+/* device.threads for each local rank: --threads as today with one rank
+ * (0 keeps the spec's); with several, each rank's share of the node's
+ * (--threads, else the CPUs m6d may use), logged. */
+static int rank_threads_(void)
+{
+    static int t;  /* once: the main thread, before the runner starts */
+    int n = local_ranks_();
+    if (n == 1) return g.opt.threads;
+    if (t) return t;
+    int total = g.opt.threads > 0 ? g.opt.threads : cpus_available();
+    t = cluster_rank_threads(total, n);
+    log_info("cluster.devices", "local_ranks=%d threads=%d per_rank=%d", n,
+             total, t);
+    return t;
+}
+
 static int cluster_start_(char *err, size_t errlen)
 {
     cluster_facts_get(&g.facts, g.opt.node_name,
                       g.opt.join[0] || g.opt.listen[0]);
+    if (g.opt.devices > 1 && strcmp(g.facts.backend, "cpu") != 0) {
+        snprintf(err, errlen, "--devices %d: several ranks per node run on "
+                 "the cpu backend only for now (this node's is %s)",
+                 g.opt.devices, g.facts.backend);
+        return -1;
+    }
+    if (g.opt.devices > 0 && strcmp(g.facts.backend, "cpu") == 0)
+        g.facts.devices = g.opt.devices;
     gemm_info gi;  /* the cluster library does not link the kernels */
     gemm_describe(&gi);
     snprintf(g.facts.gemm, sizeof g.facts.gemm, "%s %s", gi.library, gi.isa);
@@ -837,7 +890,7 @@ static int cluster_start_(char *err, size_t errlen)
             .timeout_ms = g.opt.node_timeout_ms, .on_fatal = on_join_fatal_,
             .on_assign = on_join_assign_};
         g.dpw = cluster_dp_worker_start(g.opt.join, &g.token, g.opt.state_dir,
-                                        g.opt.threads);
+                                        rank_threads_(), local_ranks_(), 0);
         if (!g.dpw) {
             snprintf(err, errlen, "cannot start the ranks' thread");
             return -1;
@@ -875,6 +928,19 @@ static int cluster_start_(char *err, size_t errlen)
     snprintf(g.dpc.store_addr, sizeof g.dpc.store_addr,
              strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
              cluster_coord_port(g.cluster));
+    g.dpc.devices = local_ranks_();
+    if (g.dpc.devices > 1) {
+        /* ranks 1..devices-1 of its runs: rank threads like a worker's,
+         * dialing its own store */
+        g.dpc.local = cluster_dp_worker_start(g.dpc.store_addr, &g.token,
+                                              g.opt.state_dir,
+                                              rank_threads_(),
+                                              g.dpc.devices - 1, 1);
+        if (!g.dpc.local) {
+            snprintf(err, errlen, "cannot start the local ranks' threads");
+            return -1;
+        }
+    }
     cluster_dp_coord_attach(&g.dpc, g.cluster);
     return 0;
 }
@@ -1020,7 +1086,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "m6d: %s\n", err);
         goto out_server;
     }
-    runner_config cc = {.st = g.st, .runs_dir = runs, .threads = g.opt.threads,
+    /* rank 0 takes its share of the cores too (folded into the runs'
+     * specs like --threads) */
+    runner_config cc = {.st = g.st, .runs_dir = runs,
+                       .threads = local_ranks_() > 1 ? rank_threads_()
+                                                     : g.opt.threads,
                        .coordinator = g.opt.coordinator,
                        .stats = g.stats, .dist = &g.dist};
     g.runner = runner_init(&cc, err, sizeof err);
@@ -1075,6 +1145,8 @@ out_loop:
     /* joins the runner thread: step ends, checkpoint written */
     runner_fini(g.runner);
     cluster_dp_worker_stop(g.dpw);  /* its group fails or times out */
+    cluster_dp_worker_stop(g.dpc.local);
+    g.dpc.local = NULL;
     g.dpw = NULL;
     /* log the signals caught meanwhile (a loop of unref'd handles only
      * would return at once) */

@@ -286,6 +286,8 @@ typedef struct {
                                * (schema 0010) */
     char secret_sha256[65];   /* SHA-256 (hex) of its node secret; "" none
                                * (schema 0011, coordinator.h) */
+    int ranks;                /* ranks it holds in run: rank .. rank +
+                               * ranks - 1; 0 none (schema 0012) */
 } node_row;
 
 /* Insert a node in state (hostname and node_uuid unique; run none,
@@ -316,6 +318,10 @@ int state_nodes_mark(state *st, node_state from, node_state to,
 /* Wiring (dp.h): node id's current run and its rank there (run 0: none,
  * rank then NULL too). 0, 1 no such node, -1 error. */
 int state_node_set_run(state *st, int64_t id, int64_t run, int rank);
+/* The same for a node holding ranks consecutive ranks of run from rank
+ * (m6d --devices: one per device). 0, 1 no such node, -1 error. */
+int state_node_set_ranks(state *st, int64_t id, int64_t run, int rank,
+                         int ranks);
 /* Every node of run: run and rank none. 0, or -1. */
 int state_nodes_clear_run(state *st, int64_t run);
 /* Every node: run and rank none. At a coordinator's start: no assignment

@@ -31,7 +31,7 @@ static node_state node_state_parse_(const char *s)
 #define NODE_COLS                                                          \
     "id, hostname, node_uuid, role, backend, devices, memory, "            \
     "free_device_memory, state, run, rank, address, detail, "              \
-    "last_heartbeat, joined, updated, gemm, secret_sha256"
+    "last_heartbeat, joined, updated, gemm, secret_sha256, ranks"
 
 static void node_fill_(sqlite3_stmt *s, void *elem)
 {
@@ -59,6 +59,9 @@ static void node_fill_(sqlite3_stmt *s, void *elem)
     state_copy_text_(n->gemm, sizeof n->gemm, sqlite3_column_text(s, 16));
     state_copy_text_(n->secret_sha256, sizeof n->secret_sha256,
                      sqlite3_column_text(s, 17));
+    n->ranks = n->rank < 0 ? 0
+               : sqlite3_column_type(s, 18) == SQLITE_NULL
+                   ? 1 : sqlite3_column_int(s, 18);
 }
 
 /* The values of a node_row's fields, in the order of the columns
@@ -132,17 +135,25 @@ int state_node_set_state(state *st, int64_t id, node_state s,
 
 int state_node_set_run(state *st, int64_t id, int64_t run, int rank)
 {
+    return state_node_set_ranks(st, id, run, rank, 1);
+}
+
+int state_node_set_ranks(state *st, int64_t id, int64_t run, int rank,
+                         int ranks)
+{
     int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = ?, rank = ?, updated = ? WHERE id = ?",
+        "UPDATE nodes SET run = ?, rank = ?, ranks = ?, updated = ? "
+        "WHERE id = ?",
         run > 0 ? A_INT(run) : A_NULL, run > 0 ? A_INT(rank) : A_NULL,
-        A_REAL(state_now_()), A_INT(id));
+        run > 0 ? A_INT(ranks) : A_NULL, A_REAL(state_now_()), A_INT(id));
     return rc < 0 ? -1 : rc == 0 ? 1 : 0;
 }
 
 int state_nodes_clear_run(state *st, int64_t run)
 {
     int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? WHERE run = ?",
+        "UPDATE nodes SET run = NULL, rank = NULL, ranks = NULL, updated = ? "
+        "WHERE run = ?",
         A_REAL(state_now_()), A_INT(run));
     return rc < 0 ? -1 : 0;
 }
@@ -150,7 +161,7 @@ int state_nodes_clear_run(state *st, int64_t run)
 int state_nodes_clear_runs(state *st)
 {
     int rc = SQL_WRITE(st,
-        "UPDATE nodes SET run = NULL, rank = NULL, updated = ? "
+        "UPDATE nodes SET run = NULL, rank = NULL, ranks = NULL, updated = ? "
         "WHERE run IS NOT NULL OR rank IS NOT NULL", A_REAL(state_now_()));
     return rc < 0 ? -1 : 0;
 }

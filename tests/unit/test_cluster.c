@@ -189,6 +189,55 @@ static void test_facts(void **st)
     assert_string_equal(f.hostname, host);
 }
 
+/* cluster_ranks_place against placements worked out by hand */
+static void test_ranks_place(void **st)
+{
+    (void)st;
+    int first[4], count[4], have;
+    /* one device per node: today's rule, rank i on node i */
+    int ones[3] = {1, 1, 1};
+    assert_int_equal(cluster_ranks_place(ones, 3, 3, first, count, &have), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(first[i], i);
+        assert_int_equal(count[i], 1);
+    }
+    assert_int_equal(have, 3);
+    /* coordinator 2, worker 2: world 4 -> 0,1 | 2,3 */
+    int two[2] = {2, 2};
+    assert_int_equal(cluster_ranks_place(two, 2, 4, first, count, &have), 2);
+    assert_int_equal(first[0], 0);
+    assert_int_equal(count[0], 2);
+    assert_int_equal(first[1], 2);
+    assert_int_equal(count[1], 2);
+    assert_int_equal(have, 4);
+    /* world 3 on {1, 2}: 0 | 1,2 */
+    int mix[2] = {1, 2};
+    assert_int_equal(cluster_ranks_place(mix, 2, 3, first, count, NULL), 2);
+    assert_int_equal(first[1], 1);
+    assert_int_equal(count[1], 2);
+    /* world 3 on {2, 2, 4}: 0,1 | 2 | none; the third node is not used */
+    int big[3] = {2, 2, 4};
+    assert_int_equal(cluster_ranks_place(big, 3, 3, first, count, &have), 2);
+    assert_int_equal(count[0], 2);
+    assert_int_equal(first[1], 2);
+    assert_int_equal(count[1], 1);
+    assert_int_equal(count[2], 0);
+    assert_int_equal(have, 8);
+    /* world 2 on one node of 2 devices: the coordinator alone */
+    assert_int_equal(cluster_ranks_place(two, 1, 2, first, count, &have), 1);
+    assert_int_equal(count[0], 2);
+    /* not enough: 3 devices for world 4 (slots < 1 count 1) */
+    int few[2] = {2, 0};
+    assert_int_equal(cluster_ranks_place(few, 2, 4, first, count, &have), 0);
+    assert_int_equal(have, 3);
+    /* threads per local rank: the node's share, at least 1 */
+    assert_int_equal(cluster_rank_threads(16, 2), 8);
+    assert_int_equal(cluster_rank_threads(2, 2), 1);
+    assert_int_equal(cluster_rank_threads(3, 2), 1);
+    assert_int_equal(cluster_rank_threads(1, 4), 1);
+    assert_int_equal(cluster_rank_threads(8, 1), 8);
+}
+
 static void test_nodes_table(void **st)
 {
     (void)st;
@@ -257,6 +306,23 @@ static void test_nodes_table(void **st)
     assert_int_equal(rows[1].state, NODE_LIVE);
     assert_true(rows[1].coordinator);
     free(rows);
+    /* a node's ranks in a run: rank .. rank + ranks - 1; one rank when set
+     * by state_node_set_run; none once cleared */
+    int64_t run = state_run_insert(s, "ranks", "{}", 10, 0, NULL);
+    assert_true(run > 0);
+    assert_int_equal(state_node_set_ranks(s, sid, run, 0, 2), 0);
+    assert_int_equal(state_node_set_run(s, id1, run, 2), 0);
+    assert_int_equal(state_node_find(s, 'h', "coord", &got), 0);
+    assert_int_equal(got.run, run);
+    assert_int_equal(got.rank, 0);
+    assert_int_equal(got.ranks, 2);
+    assert_int_equal(state_node_find(s, 'h', "w1", &got), 0);
+    assert_int_equal(got.rank, 2);
+    assert_int_equal(got.ranks, 1);
+    assert_int_equal(state_nodes_clear_run(s, run), 0);
+    assert_int_equal(state_node_find(s, 'h', "coord", &got), 0);
+    assert_int_equal(got.rank, -1);
+    assert_int_equal(got.ranks, 0);
     assert_int_equal(state_node_set_state(s, 999, NODE_LEFT, NULL), 1);
     state_close(s);
 }
@@ -267,4 +333,5 @@ TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
     cmocka_unit_test_setup_teardown(test_node_secret, setup_, teardown_),
     cmocka_unit_test(test_facts),
+    cmocka_unit_test(test_ranks_place),
     cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_))

@@ -415,6 +415,31 @@ static void test_owners(void **st)
     bad = w;
     bad.node_uuid[0] = 'a';
     assert_int_equal(open_as_(&bad, run, 9, &s, msg, sizeof msg), -1);
+    /* a node of two devices holding ranks 2-3 (m6d --devices 2): it opens
+     * as either, not as 1 or 4 */
+    assert_int_equal(state_node_set_ranks(g.st, id, run, 2, 2), 0);
+    for (int r = 1; r <= 4; r++) {
+        m6_store_who as = w;
+        as.rank = r;
+        int rc = open_as_(&as, run, 9, &s, msg, sizeof msg);
+        assert_int_equal(rc, r == 2 || r == 3 ? 0 : -1);
+        if (rc == 0) m6_store_tcp_close(&s);
+        else assert_non_null(strstr(msg, want));
+    }
+    /* the coordinator holding ranks 0-1: rank 1 of the run's latest
+     * generation too, never rank 2 */
+    node_row self;
+    assert_int_equal(state_node_find(g.st, 'u', g.who.node_uuid, &self), 0);
+    m6_store_who c1 = g.who;
+    c1.rank = 1;
+    assert_int_equal(open_as_(&c1, run, 9, &s, msg, sizeof msg), -1);
+    assert_int_equal(state_node_set_ranks(g.st, self.id, run, 0, 2), 0);
+    assert_int_equal(open_as_(&c1, run, 9, &s, msg, sizeof msg), 0);
+    m6_store_tcp_close(&s);
+    assert_int_equal(open_as_(&c1, run, 8, &s, msg, sizeof msg), -1);
+    c1.rank = 2;
+    assert_int_equal(open_as_(&c1, run, 9, &s, msg, sizeof msg), -1);
+    assert_int_equal(state_node_set_run(g.st, self.id, 0, 0), 0);
     /* stale generations: rank 0's open of generation 10 frees 9's keys */
     void *v;
     size_t len;

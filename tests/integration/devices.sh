@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# devices.sh — one m6d runs several data-parallel ranks (m6d --devices N
+# on the cpu backend): the coordinator places a run's ranks node by node,
+# local ranks contiguous (cluster_ranks_place), its own ranks past 0 and a
+# worker's ranks on rank threads, each with its share of the cores.
+#  (a) a coordinator with --devices 2 alone runs a nodes.world_size 2 run
+#      (ranks 0-1 on it): the per-step losses of one rank with the same
+#      global batch, to dp_nodes.sh's tolerance (two half-batch gradients
+#      summed in another order than one batch: float rounding carried by
+#      AdamW, far below what a wrong gradient or a repeated data slice
+#      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
+#      worker of one device each; its --threads 2 split one per rank;
+#  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
+#      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
+#      worker; `m6ctl nodes` shows them) trains to the end with the same
+#      losses; with optimizer.shard, the unsharded run's losses bit for bit;
+#  (c) kill -9 of the worker holding ranks 2-3 mid-run: the run pauses
+#      within 2x nodes.timeout, an event naming the node and its local
+#      ranks; the worker restarts, `m6ctl resume` completes the run with
+#      the uninterrupted world-4 run's losses, bit for bit (both continue
+#      from rank 0's checkpointed state, rebroadcast);
+#  (d) one rank thread of the worker fails: the run pauses, an event naming
+#      the node, the rank and the local rank; the resumed run completes
+#      with the uninterrupted run's losses.
+. "$(dirname "$0")/lib.sh"
+TMO=2   # --node-timeout and nodes.timeout, seconds
+M6D_ARGS="--node-timeout $TMO"
+STEPS=16
+PSEUDO=6
+
+prepare_data "$T/data"
+write_token "$T/token"
+CKPT_EVERY=4 write_spec "$T/one.json" one $STEPS $PSEUDO
+for w in 2 4; do
+    CKPT_EVERY=4 write_spec "$T/w$w.json" "w$w" $STEPS $PSEUDO \
+        "\"nodes\": {\"world_size\": $w, \"timeout\": $TMO}"
+done
+CKPT_EVERY=4 write_spec "$T/z4.json" z4 $STEPS $PSEUDO \
+    "\"nodes\": {\"world_size\": 4, \"timeout\": $TMO}, \"optimizer\": {\"shard\": true}"
+
+# close_to_one CSV WHAT: CSV's train losses are the single rank's within
+# dp_nodes.sh's tolerance (1e-4 relative: <= 6e-4 nats at these losses)
+close_to_one() {
+    losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
+        >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
+    log "$2: $(cat "$T/close.out")"
+}
+
+# ---- bad flags: refused at start, saying what is wrong
+out=$("$M6D" --state-dir "$T/x" --devices 0 2>&1) && fail "--devices 0 accepted"
+echo "$out" | has 'devices: want 1..256, got "0"' || fail "--devices 0: '$out'"
+out=$("$M6D" --state-dir "$T/x" --devices 2 2>&1) && fail "--devices 2 without --listen or --join accepted"
+echo "$out" | has 'needs --role coordinator --listen HOST:PORT or --join' || fail "--devices 2 alone: '$out'"
+
+# ---- the single-rank reference (same global batch)
+reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-rank run"
+
+# ---- (a) one m6d, two ranks
+# rank 0's boundary held (lib.sh hold_at_step) while (c) kills the worker
+# --threads 2 split 2 ways: each rank (rank 0 too) gets 1
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token" \
+    --threads 2 --devices 2
+SOCK=$T/c/m6d.sock
+wait_listen c
+ADDR=127.0.0.1:$PORT
+[ "$(node_field "$(hostname)" devices)" = 2 ] || [ "$(db "$T/c" "select devices from nodes where role='coordinator'")" = 2 ] \
+    || fail "the coordinator does not report 2 devices: $(ctl nodes)"
+R2=$(ctl submit "$T/w2.json")
+ctl watch "$R2" >/dev/null || fail "the 2-rank run on one m6d did not complete: $(ctl status "$R2")"
+ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2' \
+    || fail "no assignment of ranks 0-1 to the coordinator: $(ctl events "$R2")"
+grep -q "cluster.rank_done run=$R2 rank=1 step=$STEPS local_rank=1" "$T/m6d-c.log" \
+    || fail "rank 1 did not train on the coordinator's rank thread: $(grep cluster. "$T/m6d-c.log" | tail -5)"
+grep -q "cluster.devices local_ranks=2 threads=2 per_rank=1" "$T/m6d-c.log" \
+    || fail "the coordinator's cores not split between its 2 ranks: $(grep cluster.devices "$T/m6d-c.log")"
+grep -q "cluster.rank_threads run=$R2 rank=1 local_rank=1 threads=1" "$T/m6d-c.log" \
+    || fail "rank 1 not given its share of the cores: $(grep cluster.rank "$T/m6d-c.log" | tail -3)"
+db "$T/c" "select spec from runs where id=$R2" | has '"threads": *1[,}]' \
+    || fail "rank 0 not given its share of the cores: $(db "$T/c" "select spec from runs where id=$R2")"
+losses "$R2" >"$T/two.csv"
+close_to_one "$T/two.csv" "(a) 2 ranks in one m6d"
+# ... and the same run on two m6d of one device each (another cluster):
+# the same ranks summing the same two gradients, so the same bits
+start_m6d c1 --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
+wait_listen c1
+start_m6d v --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name v
+SOCK=$T/c1/m6d.sock
+R11=$(ctl submit "$T/w2.json")
+ctl watch "$R11" >/dev/null || fail "the 2-rank run on 2 m6d did not complete: $(ctl status "$R11")"
+losses "$R11" >"$T/oneone.csv"
+cmp -s "$T/two.csv" "$T/oneone.csv" \
+    || fail "2 ranks in one m6d differ from 2 m6d of one rank: $(diff "$T/two.csv" "$T/oneone.csv" | head -6)"
+kill -TERM "${M6D_PIDS[v]}" "${M6D_PIDS[c1]}"
+wait "${M6D_PIDS[c1]}" || fail "the second coordinator's exit"
+unset 'M6D_PIDS[c1]' 'M6D_PIDS[v]'
+SOCK=$T/c/m6d.sock
+log "(a) the same bits as a coordinator and a worker of one device each"
+
+# ---- (b) a worker with two devices: world 4 over two m6d; submitted
+# before it joins, the run waits saying how many devices it has and needs
+R4=$(ctl submit "$T/w4.json")
+wait_event "$R4" 'nodes.wait.*waiting for 4 devices on live nodes, have 2 \(this coordinator.s 2 and 0 workers. 0\)'
+start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+[ "$(node_field w devices)" = 2 ] || fail "the worker does not report 2 devices: $(ctl nodes)"
+wait_step "$R4" 2 60
+ctl nodes >"$T/nodes.txt"
+[ "$(node_field w ranks)" = 2-3 ] || fail "m6ctl nodes does not show ranks 2-3 on w: $(cat "$T/nodes.txt")"
+grep -Eq "coordinator .* 0-1 " "$T/nodes.txt" || fail "m6ctl nodes does not show ranks 0-1 on the coordinator: $(cat "$T/nodes.txt")"
+ctl watch "$R4" >/dev/null || fail "the world-4 run did not complete: $(ctl status "$R4")"
+ctl events "$R4" | has -E 'nodes.assign +node=[0-9]+ hostname=w rank=2 ranks=2-3 world_size=4' \
+    || fail "no assignment of ranks 2-3 to w: $(ctl events "$R4")"
+for r in 2 3; do
+    grep -q "cluster.rank_done run=$R4 rank=$r step=$STEPS local_rank=$((r - 2))" "$T/m6d-w.log" \
+        || fail "rank $r did not train to the end on w: $(grep cluster. "$T/m6d-w.log" | tail -5)"
+done
+losses "$R4" >"$T/four.csv"
+close_to_one "$T/four.csv" "(b) 2 m6d x 2 ranks"
+# ... and with optimizer.shard (each of the 4 ranks keeps a quarter of the
+# AdamW state, gathered at every save): the unsharded run's bits, as
+# zerod.sh shows across nodes (sharding changes no float operation)
+RZ=$(ctl submit "$T/z4.json") || fail "optimizer.shard at world size 4 refused"
+ctl watch "$RZ" >/dev/null || fail "the sharded world-4 run did not complete: $(ctl status "$RZ")"
+losses "$RZ" >"$T/z4.csv"
+cmp -s "$T/four.csv" "$T/z4.csv" \
+    || fail "the sharded world-4 run's losses differ from the unsharded: $(diff "$T/four.csv" "$T/z4.csv" | head -6)"
+log "(b) optimizer.shard over 2 m6d x 2 ranks: the unsharded run's losses"
+
+# ---- (c) kill -9 of the worker holding ranks 2-3, restart, resume
+hold_at_step 9 nowait   # past the delink (step 6) and its regroup
+R4b=$(ctl submit "$T/w4.json")
+wait_held
+kill -9 "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" 2>/dev/null || true
+t0=$EPOCHREALTIME
+release_boundary
+wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
+wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
+log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
+start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+ctl resume "$R4b" >/dev/null || fail "resume refused"
+ctl watch "$R4b" >/dev/null || fail "the resumed world-4 run did not complete: $(ctl status "$R4b")"
+losses "$R4b" >"$T/four2.csv"
+cmp -s "$T/four.csv" "$T/four2.csv" \
+    || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four2.csv" | head -6)"
+log "(c) resumed, completed with the uninterrupted run's losses"
+# ---- (d) one rank thread fails (the test hook M6_TEST_RANK_FAIL, as a
+# trainer error would): the run pauses, an event naming the node, the rank
+# and its local rank; the worker restarted without the fault, a resume
+# completes the run
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+M6_TEST_RANK_FAIL=3@9 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+R4c=$(ctl submit "$T/w4.json")
+wait_state "$R4c" paused 20
+wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
+log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+wait_node w live 10 >/dev/null
+ctl resume "$R4c" >/dev/null || fail "resume refused"
+ctl watch "$R4c" >/dev/null || fail "the world-4 run did not complete after a rank failed: $(ctl status "$R4c")"
+losses "$R4c" >"$T/four3.csv"
+cmp -s "$T/four.csv" "$T/four3.csv" \
+    || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four3.csv" | head -6)"
+kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"
+wait "${M6D_PIDS[c]}" || fail "coordinator exit"
+unset 'M6D_PIDS[c]'
+echo "ok"
