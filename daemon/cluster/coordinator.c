@@ -421,6 +421,20 @@ static void do_join_(peer *p, const M6__NodeJoin *j)
     coord_send(p, &r, 0);
 }
 
+/* run's entry in the generations list (made at generation 0 when it has
+ * none), with co->amu held; NULL when out of memory */
+static run_gen *run_gen_entry_(cluster_coord *co, int64_t run)
+{
+    run_gen *rg = co->gens;
+    while (rg && rg->run != run) rg = rg->next;
+    if (!rg && (rg = calloc(1, sizeof *rg))) {
+        rg->run = run;
+        rg->next = co->gens;
+        co->gens = rg;
+    }
+    return rg;
+}
+
 /* The assignment for node id, unlinked (the caller frees it), or NULL. */
 static assign_entry *take_assign_(cluster_coord *co, int64_t id)
 {
@@ -467,13 +481,7 @@ int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
         free(old);
     }
     pthread_mutex_lock(&co->amu);
-    run_gen *rg = co->gens;
-    while (rg && rg->run != run) rg = rg->next;
-    if (!rg && (rg = calloc(1, sizeof *rg))) {
-        rg->run = run;
-        rg->next = co->gens;
-        co->gens = rg;
-    }
+    run_gen *rg = run_gen_entry_(co, run);
     if (!rg) {
         pthread_mutex_unlock(&co->amu);
         free(a->spec);
@@ -610,13 +618,7 @@ int cluster_coord_nodes_fit(cluster_coord *c, uint64_t bytes_per_node,
 void cluster_coord_run_generation(cluster_coord *co, int64_t run, int64_t gen)
 {
     pthread_mutex_lock(&co->amu);
-    run_gen *rg = co->gens;
-    while (rg && rg->run != run) rg = rg->next;
-    if (!rg && (rg = calloc(1, sizeof *rg))) {
-        rg->run = run;
-        rg->next = co->gens;
-        co->gens = rg;
-    }
+    run_gen *rg = run_gen_entry_(co, run);
     if (rg && gen > rg->gen) rg->gen = gen;
     pthread_mutex_unlock(&co->amu);
 }

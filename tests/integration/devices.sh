@@ -40,6 +40,23 @@ CKPT_EVERY=4 write_spec "$T/z4.json" z4 $STEPS $PSEUDO \
 
 # close_to_one CSV WHAT: CSV's train losses are the single rank's within
 # dp_nodes.sh's tolerance (1e-4 relative: <= 6e-4 nats at these losses)
+# worker_w: (re)starts the worker w with 2 devices, joined to the
+# coordinator, and waits until it is live (a fault hook in the call's
+# environment applies to it)
+worker_w() {
+    start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
+    wait_node w live 10 >/dev/null
+}
+# finish_same RUN WHAT: resume RUN, watch it complete, its losses the
+# uninterrupted world-4 run's ($T/four.csv) bit for bit
+finish_same() {
+    ctl resume "$1" >/dev/null || fail "resume refused"
+    ctl watch "$1" >/dev/null || fail "$2 did not complete: $(ctl status "$1")"
+    losses "$1" >"$T/finish-$1.csv"
+    cmp -s "$T/four.csv" "$T/finish-$1.csv" \
+        || fail "$2: losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/finish-$1.csv" | head -6)"
+}
+
 close_to_one() {
     losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
         >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
@@ -100,8 +117,7 @@ log "(a) the same bits as a coordinator and a worker of one device each"
 # before it joins, the run waits saying how many devices it has and needs
 R4=$(ctl submit "$T/w4.json")
 wait_event "$R4" 'nodes.wait.*waiting for 4 devices on live nodes, have 2 \(this coordinator.s 2 and 0 workers. 0\)'
-start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
-wait_node w live 10 >/dev/null
+worker_w
 [ "$(node_field w devices)" = 2 ] || fail "the worker does not report 2 devices: $(ctl nodes)"
 wait_step "$R4" 2 60
 ctl nodes >"$T/nodes.txt"
@@ -136,33 +152,22 @@ release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
 log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
-start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
-wait_node w live 10 >/dev/null
-ctl resume "$R4b" >/dev/null || fail "resume refused"
-ctl watch "$R4b" >/dev/null || fail "the resumed world-4 run did not complete: $(ctl status "$R4b")"
-losses "$R4b" >"$T/four2.csv"
-cmp -s "$T/four.csv" "$T/four2.csv" \
-    || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four2.csv" | head -6)"
+worker_w
+finish_same "$R4b" "the world-4 run resumed after kill -9"
 log "(c) resumed, completed with the uninterrupted run's losses"
 # ---- (d) one rank thread fails (the test hook M6_TEST_RANK_FAIL, as a
 # trainer error would): the run pauses, an event naming the node, the rank
 # and its local rank; the worker restarted without the fault, a resume
 # completes the run
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
-M6_TEST_RANK_FAIL=3@9 start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
-wait_node w live 10 >/dev/null
+M6_TEST_RANK_FAIL=3@9 worker_w
 R4c=$(ctl submit "$T/w4.json")
 wait_state "$R4c" paused 20
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
 log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
-start_m6d w --join "$ADDR" --token-file "$T/token" --node-name w --devices 2
-wait_node w live 10 >/dev/null
-ctl resume "$R4c" >/dev/null || fail "resume refused"
-ctl watch "$R4c" >/dev/null || fail "the world-4 run did not complete after a rank failed: $(ctl status "$R4c")"
-losses "$R4c" >"$T/four3.csv"
-cmp -s "$T/four.csv" "$T/four3.csv" \
-    || fail "the resumed run's losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/four3.csv" | head -6)"
+worker_w
+finish_same "$R4c" "the world-4 run resumed after a rank failed"
 kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
