@@ -193,43 +193,39 @@ static void test_facts(void **st)
 static void test_ranks_place(void **st)
 {
     (void)st;
-    int first[4], count[4], have;
-    /* one device per node: today's rule, rank i on node i */
-    int ones[3] = {1, 1, 1};
-    assert_int_equal(cluster_ranks_place(ones, 3, 3, first, count, &have), 3);
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(first[i], i);
-        assert_int_equal(count[i], 1);
+    /* each case: the nodes' slots, the world, and by hand the nodes that
+     * take ranks, each node's first rank and count, and the slots in all */
+    static const struct {
+        const char *what;
+        int n, slots[3], world, used, first[3], count[3], have;
+    } cases[] = {
+        {"one device per node: rank i on node i", 3, {1, 1, 1}, 3, 3,
+         {0, 1, 2}, {1, 1, 1}, 3},
+        {"coordinator 2, worker 2: 0,1 | 2,3", 2, {2, 2}, 4, 2, {0, 2},
+         {2, 2}, 4},
+        {"world 3 on {1, 2}: 0 | 1,2", 2, {1, 2}, 3, 2, {0, 1}, {1, 2}, 3},
+        {"world 3 on {2, 2, 4}: 0,1 | 2 | none", 3, {2, 2, 4}, 3, 2,
+         {0, 2, 0}, {2, 1, 0}, 8},
+        {"world 2 on one node of 2: the coordinator alone", 1, {2}, 2, 1,
+         {0}, {2}, 2},
+        {"3 devices for world 4 (slots < 1 count 1): none", 2, {2, 0}, 4, 0,
+         {0}, {0}, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int first[3] = {-1, -1, -1}, count[3] = {-1, -1, -1}, have = -1;
+        int used = cluster_ranks_place(cases[c].slots, cases[c].n,
+                                       cases[c].world, first, count, &have);
+        if (used != cases[c].used || have != cases[c].have)
+            fail_msg("%s: %d nodes used, %d slots; want %d, %d",
+                     cases[c].what, used, have, cases[c].used, cases[c].have);
+        /* every node's count (0 past the ones used), a used one's first */
+        for (int i = 0; used > 0 && i < cases[c].n; i++)
+            if (count[i] != cases[c].count[i] ||
+                (count[i] > 0 && first[i] != cases[c].first[i]))
+                fail_msg("%s: node %d ranks %d+%d, want %d+%d", cases[c].what,
+                         i, first[i], count[i], cases[c].first[i],
+                         cases[c].count[i]);
     }
-    assert_int_equal(have, 3);
-    /* coordinator 2, worker 2: world 4 -> 0,1 | 2,3 */
-    int two[2] = {2, 2};
-    assert_int_equal(cluster_ranks_place(two, 2, 4, first, count, &have), 2);
-    assert_int_equal(first[0], 0);
-    assert_int_equal(count[0], 2);
-    assert_int_equal(first[1], 2);
-    assert_int_equal(count[1], 2);
-    assert_int_equal(have, 4);
-    /* world 3 on {1, 2}: 0 | 1,2 */
-    int mix[2] = {1, 2};
-    assert_int_equal(cluster_ranks_place(mix, 2, 3, first, count, NULL), 2);
-    assert_int_equal(first[1], 1);
-    assert_int_equal(count[1], 2);
-    /* world 3 on {2, 2, 4}: 0,1 | 2 | none; the third node is not used */
-    int big[3] = {2, 2, 4};
-    assert_int_equal(cluster_ranks_place(big, 3, 3, first, count, &have), 2);
-    assert_int_equal(count[0], 2);
-    assert_int_equal(first[1], 2);
-    assert_int_equal(count[1], 1);
-    assert_int_equal(count[2], 0);
-    assert_int_equal(have, 8);
-    /* world 2 on one node of 2 devices: the coordinator alone */
-    assert_int_equal(cluster_ranks_place(two, 1, 2, first, count, &have), 1);
-    assert_int_equal(count[0], 2);
-    /* not enough: 3 devices for world 4 (slots < 1 count 1) */
-    int few[2] = {2, 0};
-    assert_int_equal(cluster_ranks_place(few, 2, 4, first, count, &have), 0);
-    assert_int_equal(have, 3);
     /* threads per local rank: the node's share, at least 1 */
     assert_int_equal(cluster_rank_threads(16, 2), 8);
     assert_int_equal(cluster_rank_threads(2, 2), 1);
