@@ -53,25 +53,20 @@ static int alloc_tables_(gpt_model *g)
                ? 0 : -1;
 }
 
+/* free p and forget it */
+#define FREE_NULL_(p) (free(p), (p) = NULL)
+
 static void free_tables_(gpt_model *g)
 {
-    free(g->slots);
-    free(g->w);
-    free(g->dw);
-    free(g->offloaded);
-    free(g->dw_fresh);
-    free(g->adam_t_slot);
-    free(g->slot_moe);
-    free(g->slot_off);
-    free(g->af_v_off);
-    g->af_v_off = NULL;
-    g->slot_moe = NULL;
-    g->slot_off = NULL;
-    g->slots = NULL;
-    g->w = g->dw = NULL;
-    g->offloaded = NULL;
-    g->dw_fresh = NULL;
-    g->adam_t_slot = NULL;
+    FREE_NULL_(g->slots);
+    FREE_NULL_(g->w);
+    FREE_NULL_(g->dw);
+    FREE_NULL_(g->offloaded);
+    FREE_NULL_(g->dw_fresh);
+    FREE_NULL_(g->adam_t_slot);
+    FREE_NULL_(g->slot_moe);
+    FREE_NULL_(g->slot_off);
+    FREE_NULL_(g->af_v_off);
 }
 
 /* Plain storage: one allocation per buffer, every slot resident. */
