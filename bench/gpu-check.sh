@@ -222,7 +222,12 @@ build_() {
     # the CPU GEMM as plain loops: the GPU machine has no oneDNN
     compile cpu_gemm gcc "${CFLAGS[@]}" -DM6_NO_GEMM_LIB -c kernels/cpu/gemm.c -o "$OUT/obj/cpu_gemm.o"
     compile cpu_moe gcc "${CFLAGS[@]}" -c kernels/cpu/moe.c -o "$OUT/obj/cpu_moe.o"
-    compile cpu_gpt gcc "${CFLAGS[@]}" -c daemon/model/gpt.c -o "$OUT/obj/cpu_gpt.o"
+    # the CPU model: storage, passes and delink; its optimizer steps
+    CPU_MODEL_C="daemon/model/gpt.c daemon/model/gpt_optim.c"
+    for f in $CPU_MODEL_C; do
+        compile "cpu_$(basename "$f" .c)" gcc "${CFLAGS[@]}" -c "$f" \
+            -o "$OUT/obj/cpu_$(basename "$f" .c).o"
+    done
     # the model without kernels, which gpt_cuda uses too: layout, the one
     # weight init, the CUDA activation table
     MODEL_C="daemon/model/layout.c daemon/model/facts.c daemon/model/init.c daemon/model/cuda/act_layout.c"
@@ -272,11 +277,12 @@ build_() {
     KOBJ+=("$OUT/obj/cpu_offload_host.o")
     for f in $MODEL_C; do KOBJ+=("$OUT/obj/model_$(basename "$f" .c).o"); done
     COBJ=("$OUT/obj/cpu_attention.o" "$OUT/obj/cpu_gemm.o"); for k in $CPU_OPS; do COBJ+=("$OUT/obj/cpu_$k.o"); done
+    for f in $CPU_MODEL_C; do COBJ+=("$OUT/obj/cpu_$(basename "$f" .c).o"); done
     mkdir -p "$OUT/lib"
     GPULIB=(-L"$OUT/lib" -lm6gpu)
     if [ $build_ok = yes ]; then
         "$NVCC" -shared -o "$OUT/lib/libm6gpu.so" "${KOBJ[@]}" "${COBJ[@]}" \
-            "$OUT/obj/cpu_gpt.o" "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" "${LDFLAGS[@]}" ||
+            "$OUT/obj/cpu_moe.o" "$OUT/obj/cpu_matmul.o" "${LDFLAGS[@]}" ||
             build_ok=no
     fi
     if [ $build_ok = yes ]; then
