@@ -492,6 +492,9 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
      * for HTTP_TIMEOUT_S at most without sending */
     h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request_, h,
+                            /* first: libmicrohttpd logs the options
+                             * before it to stderr, and says so */
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
                             MHD_OPTION_LISTEN_SOCKET, cfg->fd,
                             MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)HTTP_TIMEOUT_S,
@@ -500,7 +503,6 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)HTTP_PER_ADDRESS_MAX,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
                             MHD_OPTION_END);
     if (!h->d) {
         /* the socket is not closed here: whether libmicrohttpd already
