@@ -1092,6 +1092,7 @@ int main(int argc, char **argv)
                        .threads = local_ranks_() > 1 ? rank_threads_()
                                                      : g.opt.threads,
                        .coordinator = g.opt.coordinator,
+                       .worker_of = g.opt.join[0] ? g.opt.join : NULL,
                        .stats = g.stats, .dist = &g.dist};
     g.runner = runner_init(&cc, err, sizeof err);
     if (!g.runner) {

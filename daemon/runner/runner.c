@@ -1105,6 +1105,8 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     c->st = cfg->st;
     c->threads = cfg->threads;
     c->coordinator = cfg->coordinator;
+    snprintf(c->worker_of, sizeof c->worker_of, "%s",
+             cfg->worker_of ? cfg->worker_of : "");
     c->stats = cfg->stats;
     c->dist = cfg->dist;
     /* Test hook (tests/integration/prometheus.sh): every step takes this

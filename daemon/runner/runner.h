@@ -56,6 +56,10 @@ typedef struct {
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
     int coordinator;       /* --role coordinator: runs of nodes.world_size
                             * > 1 can be grouped; else refused at submit */
+    const char *worker_of; /* --join HOST:PORT: this m6d is a worker of that
+                            * coordinator and trains only its ranks: a
+                            * submit or a resume of a run of its own is
+                            * refused; NULL none (copied) */
     http_stats *stats;     /* each step's figures for /metrics; NULL none */
     const runner_dist *dist; /* runs across nodes; NULL: world size 1 only
                              * (kept by pointer: the caller's) */

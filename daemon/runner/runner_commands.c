@@ -279,6 +279,16 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
         return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
+    /* A worker trains the coordinator's ranks: a run of its own would
+     * share its cores, memory and devices with them unplanned */
+    if (c->worker_of[0]) {
+        log_warn("run.submit_refused", "name=%s err=\"this m6d is a worker "
+                 "of %s\"", spec.name, c->worker_of);
+        return m6_err_make(M6_EBADSTATE, "this m6d is a worker of the "
+                           "coordinator at %s (--join): it trains that "
+                           "coordinator's runs and takes none of its own; "
+                           "submit to the coordinator", c->worker_of);
+    }
     /* A run across nodes could never start here: no node would join it */
     if (spec.nodes.world_size > 1 && !c->coordinator) {
         log_warn("run.submit_refused", "name=%s err=\"nodes.world_size %d on "
@@ -438,6 +448,12 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
     m6_err ret;
     unsigned act = 0;
+    if (cmd == CMD_RESUME && c->worker_of[0])
+        return m6_err_make(M6_EBADSTATE, "run %lld stays as it is: this m6d "
+                           "is a worker of the coordinator at %s (--join) and "
+                           "trains none of its own runs; start it without "
+                           "--join to resume it", (long long)id,
+                           c->worker_of);
     /* Acknowledged means recorded: a command that changes the active run
      * is written to the command log (synced) before it is applied and
      * answered; the runner marks it applied at the boundary that does it,

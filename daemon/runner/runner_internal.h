@@ -26,6 +26,7 @@ struct runner {
     char runs_dir[3072];
     int threads;
     int coordinator;
+    char worker_of[256];   /* runner_config.worker_of; "" none */
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const runner_dist *dist; /* runs across nodes (runner.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (runner_init) */

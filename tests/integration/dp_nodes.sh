@@ -118,6 +118,13 @@ grep -q 'cluster.rank_done run='"$RUN"' rank=1 step=30' "$T/m6d-w1.log" \
 losses "$RUN" >"$T/two.csv"
 close_enough "$T/two.csv" "$T/one.csv" || fail "2-rank losses differ from the single node's"
 [ -z "$(ls "$T/w1/runs" 2>/dev/null)" ] || fail "the worker wrote run state: $(ls "$T/w1/runs")"
+# a worker takes no run of its own (it would share the node with the
+# coordinator's ranks, unplanned): a submit to it is refused, naming why
+out=$("$M6CTL" --socket "$T/w1/m6d.sock" submit "$T/one.json" 2>&1) \
+    && fail "the worker took a run of its own: $out"
+has "is a worker of the coordinator at $ADDR (--join)" <<<"$out" \
+    || fail "the worker's refusal does not say why: $out"
+[ -z "$(db "$T/w1" "select id from runs")" ] || fail "the worker recorded a run"
 
 # ---- (b) kill -9 of the worker mid-run, restart, resume
 RUN2=$(ctl submit "$T/two.json")
