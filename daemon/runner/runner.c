@@ -118,6 +118,7 @@ void runner_publish_(run_ctx *r)
     c->active_step = trainer_step_count(r->t);
     c->machine.real = trainer_phase(r->t) == PHASE_REAL;
     c->machine.delink_step = trainer_delink_step(r->t);
+    c->delinking = 0;  /* done, or (a failed delink) no longer coming */
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -968,6 +969,8 @@ static void run_one_(runner *c, int64_t id)
             pthread_mutex_lock(&c->mu);
         }
         run_machine_take tk = run_machine_boundary(&c->machine);
+        /* the taken delink stays visible as pending until it is done */
+        c->delinking = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO;
         if (tk.resume) c->resume_serving = c->resume_asked;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
@@ -1038,6 +1041,7 @@ static void take_next_locked_(runner *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
+    c->delinking = 0;
     run_machine_set_error(&c->machine, NULL);
     c->machine = run_machine_init(paused ? RUN_PAUSED : RUN_STARTING);
     c->machine.shutdown = c->shutdown;

@@ -593,6 +593,8 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
 {
     pthread_mutex_lock(&c->mu);
     const char *p = id == c->active ? run_machine_pending(&c->machine) : "";
+    if (id == c->active && !p[0] && c->delinking)
+        p = "delinking";  /* taken at this boundary, not yet done */
     if (id == c->active && !p[0]) {
         /* applied in memory, m6.db not written yet */
         if (recorded == RUN_RUNNING && run_machine_is_paused(&c->machine))
@@ -607,7 +609,8 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
 int runner_delink_pending(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int d = id == c->active && run_machine_delink_pending(&c->machine);
+    int d = id == c->active &&
+            (run_machine_delink_pending(&c->machine) || c->delinking);
     pthread_mutex_unlock(&c->mu);
     return d;
 }

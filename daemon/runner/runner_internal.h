@@ -27,6 +27,8 @@ struct runner {
     int threads;
     int coordinator;
     char worker_of[256];   /* runner_config.worker_of; "" none */
+    int delinking;         /* under mu: a boundary took a delink that is
+                            * not yet published (status shows it pending) */
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const runner_dist *dist; /* runs across nodes (runner.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (runner_init) */

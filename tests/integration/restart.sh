@@ -138,6 +138,13 @@ P=$(field "$R" step)
 out=$(ctl delink "$R") || fail "delink of paused run $R: $out"
 echo "$out" | has "delinks now, at the step boundary it is paused at; it stays paused" \
     || fail "delink of a paused run answered: $out"
+# from the reply on, status shows the delink: pending until it is done,
+# then the real phase (never the pseudo phase with nothing pending)
+ctl status "$R" --json | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+assert 'delinking' in (s.get('pending') or '') or s['phase'] == 'real', s" \
+    || fail "status right after the delink's reply shows neither: $(ctl status "$R")"
 wait_for "paused run $R to delink" 20 sh -c \
     "[ \"\$(sqlite3 -cmd '.timeout 5000' '$T/op/m6.db' \"select phase from runs where id=$R\")\" = real ]"
 [ "$(field "$R" state)" = paused ] || fail "run $R after a delink while paused: $(field "$R" state)"
