@@ -85,8 +85,8 @@ static void r_phase_text_(const void *row, view_val *v)
         snprintf(v->buf, sizeof v->buf, "pseudo (delink on a plateau, at "
                  "step %lld at the latest)", (long long)r->pseudo_steps);
     else if (!real && r->pseudo_steps > 0 && !views_terminal(r->state))
-        /* next_delink_step: the current step while an operator's delink
-         * is pending, else pseudo_steps (0 from an m6d without it) */
+        /* next_delink_step: the boundary an operator's pending delink
+         * is taken at, else pseudo_steps (0 from an m6d without it) */
         snprintf(v->buf, sizeof v->buf, "pseudo (delink at step %lld)",
                  (long long)(r->next_delink_step > 0 ? r->next_delink_step
                                                      : r->pseudo_steps));

@@ -239,8 +239,10 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
                                       row->state == RUN_RUNNING ||
                                       row->state == RUN_PAUSED);
     ri->next_delink_step = -1;
-    if (to_come && runner_delink_pending(c->h->runner, row->id))
-        ri->next_delink_step = row->step;
+    long pending_at = to_come ? runner_delink_pending(c->h->runner, row->id)
+                              : -1;
+    if (pending_at >= 0)
+        ri->next_delink_step = pending_at;
     else if (to_come && ri->pseudo_steps > 0)
         ri->next_delink_step = ri->pseudo_steps;
     ri->eta_s = runner_eta(c->h->runner, row->id);

@@ -118,7 +118,8 @@ void runner_publish_(run_ctx *r)
     c->active_step = trainer_step_count(r->t);
     c->machine.real = trainer_phase(r->t) == PHASE_REAL;
     c->machine.delink_step = trainer_delink_step(r->t);
-    c->delinking = 0;  /* done, or (a failed delink) no longer coming */
+    c->delinking_at = -1;  /* done, or (a failed delink) no longer coming */
+    c->in_step = 0;        /* at the boundary of active_step */
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -968,9 +969,11 @@ static void run_one_(runner *c, int64_t id)
             runner_test_hold_(c, r.t ? trainer_step_count(r.t) : 0);
             pthread_mutex_lock(&c->mu);
         }
+        c->in_step = 0;  /* at a boundary, whatever the step's end did */
         run_machine_take tk = run_machine_boundary(&c->machine);
         /* the taken delink stays visible as pending until it is done */
-        c->delinking = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO;
+        c->delinking_at = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO
+                              ? trainer_step_count(r.t) : -1;
         if (tk.resume) c->resume_serving = c->resume_asked;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
@@ -1025,6 +1028,9 @@ static void run_one_(runner *c, int64_t id)
              * from rank 0 (dist_ready_) */
             dist_drop_(&r, "delinked");
         if (!dist_ready_(&r)) continue;
+        pthread_mutex_lock(&c->mu);
+        c->in_step = 1;  /* until the step's publication */
+        pthread_mutex_unlock(&c->mu);
         if (step_(&r) != 0) break;
     }
     dist_drop_(&r, "the run left the runner");
@@ -1041,7 +1047,7 @@ static void take_next_locked_(runner *c)
 {
     int paused = 0;
     c->active = queue_next(c->st, &paused);
-    c->delinking = 0;
+    c->delinking_at = -1;
     run_machine_set_error(&c->machine, NULL);
     c->machine = run_machine_init(paused ? RUN_PAUSED : RUN_STARTING);
     c->machine.shutdown = c->shutdown;
@@ -1109,6 +1115,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     c->st = cfg->st;
     c->threads = cfg->threads;
     c->coordinator = cfg->coordinator;
+    c->delinking_at = -1;
     snprintf(c->worker_of, sizeof c->worker_of, "%s",
              cfg->worker_of ? cfg->worker_of : "");
     c->stats = cfg->stats;

@@ -146,10 +146,11 @@ int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code);
 void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
                     size_t len);
 
-/* Whether a delink of run id is acknowledged and not yet applied (the
- * "delinking" of runner_pending, as a fact): 1 or 0 (0 when id is not
- * active). */
-int runner_delink_pending(runner *c, int64_t id);
+/* The step at which an acknowledged delink of run id not yet applied
+ * (the "delinking" of runner_pending, as a fact) takes place: the
+ * boundary the run is paused or delinking at, or the one after the step
+ * it is training; -1 when none is pending (or id is not active). */
+long runner_delink_pending(runner *c, int64_t id);
 
 /* One line for sd_notify STATUS= ("run 3 step 40/60 pseudo" or "idle"). */
 void runner_describe(runner *c, char *buf, size_t len);

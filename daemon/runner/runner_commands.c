@@ -593,7 +593,7 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
 {
     pthread_mutex_lock(&c->mu);
     const char *p = id == c->active ? run_machine_pending(&c->machine) : "";
-    if (id == c->active && !p[0] && c->delinking)
+    if (id == c->active && !p[0] && c->delinking_at >= 0)
         p = "delinking";  /* taken at this boundary, not yet done */
     if (id == c->active && !p[0]) {
         /* applied in memory, m6.db not written yet */
@@ -606,13 +606,20 @@ void runner_pending(runner *c, int64_t id, run_state recorded, char *buf,
     pthread_mutex_unlock(&c->mu);
 }
 
-int runner_delink_pending(runner *c, int64_t id)
+long runner_delink_pending(runner *c, int64_t id)
 {
     pthread_mutex_lock(&c->mu);
-    int d = id == c->active &&
-            (run_machine_delink_pending(&c->machine) || c->delinking);
+    long at = -1;
+    if (id == c->active && c->delinking_at >= 0)
+        at = c->delinking_at;
+    else if (id == c->active && run_machine_delink_pending(&c->machine))
+        /* active_step is the last boundary's: taken there while the
+         * runner is at it (paused, or between steps), else at the boundary
+         * after the step in progress */
+        at = c->in_step && !run_machine_is_paused(&c->machine)
+                 ? c->active_step + 1 : c->active_step;
     pthread_mutex_unlock(&c->mu);
-    return d;
+    return at;
 }
 
 void runner_describe(runner *c, char *buf, size_t len)

@@ -27,8 +27,11 @@ struct runner {
     int threads;
     int coordinator;
     char worker_of[256];   /* runner_config.worker_of; "" none */
-    int delinking;         /* under mu: a boundary took a delink that is
-                            * not yet published (status shows it pending) */
+    int in_step;           /* under mu: the runner is inside a step (1) or
+                            * at a boundary whose step active_step is (0) */
+    long delinking_at;     /* under mu: the step of a delink a boundary
+                            * took and has not yet published (status shows
+                            * it pending); -1 none */
     http_stats *stats;     /* /metrics (http/stats.h), NULL none */
     const runner_dist *dist; /* runs across nodes (runner.h), NULL none */
     int step_delay_ms;     /* test hook M6_TEST_STEP_DELAY_MS (runner_init) */

@@ -143,6 +143,22 @@ fi
 ctl status "$B" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["delink_step"] == int(sys.argv[1]), r' "$H" \
     || fail "run $B's delink_step: $(ctl status "$B" --json)"
 
+# An operator's delink of a running run, sent at a held boundary: status
+# names the step it is taken at, and the delink happens there.
+write_spec "$T/op.json" life-op "$N" "$H"
+O=$(ctl submit "$T/op.json")
+wait_step "$O" 2
+hold_boundary
+ctl delink "$O" >/dev/null || fail "delink of running run $O refused"
+D=$(ctl status "$O" | sed -n 's/^phase: *pseudo (delink at step \([0-9]*\))$/\1/p')
+[ -n "$D" ] && [ "$D" -lt "$H" ] || fail "status of the pending delink: $(ctl status "$O")"
+release_boundary
+for _ in $(seq 200); do [ "$(field "$O" phase)" = real ] && break; sleep 0.05; done
+db "$T/s" "select detail from events where run=$O and kind='delink'" | has "step=$D reason=operator" \
+    || fail "status said the delink comes at step $D: $(db "$T/s" "select detail from events where run=$O and kind='delink'")"
+ctl stop "$O" >/dev/null || fail "stop of run $O"
+wait_state "$O" stopped 30
+
 touch "$T/stop-reader"; wait "$READER"
 if [ -s "$T/reader.err" ]; then fail "concurrent reader: $(sort -u "$T/reader.err" | head -3)"; fi
 stop_daemon
