@@ -403,7 +403,12 @@ static int set_value_(run_spec *s, const key_ *k, const json_t *v, char *err,
             return 0;
         }
         if (!json_is_integer(v)) {
-            seterr_(err, errlen, "%s: must be an integer, got %s", path, shown);
+            if (k->ilo == 0 && k->ihi == 1)
+                seterr_(err, errlen, "%s: must be true or false (or 1, 0), "
+                        "got %s", path, shown);
+            else
+                seterr_(err, errlen, "%s: must be an integer, got %s", path,
+                        shown);
             return -1;
         }
         long long x = json_integer_value(v);

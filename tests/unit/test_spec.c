@@ -440,6 +440,10 @@ static void test_optimizer_shard(void **state)
     snprintf(j, sizeof j, base, "1", "");
     assert_int_equal(parse(&d, j, err, sizeof err), 0);
     assert_int_equal(d.optimizer.shard, 1);
+    /* a word for a switch: the error says what it takes */
+    snprintf(j, sizeof j, base, "\"yes\"", "");
+    assert_int_equal(parse(&d, j, err, sizeof err), -1);
+    assert_contains(err, "optimizer.shard: must be true or false (or 1, 0)");
     static const struct { const char *extra, *want; } bad[] = {
         {",\"device\":{\"backend\":\"cuda\"}", "device.backend \"cuda\""},
         {",\"device\":{\"memory_budget\":100000000}", "with offloading"},
