@@ -1086,11 +1086,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "m6d: %s\n", err);
         goto out_server;
     }
-    /* rank 0 takes its share of the cores too (folded into the runs'
-     * specs like --threads) */
+    /* rank 0 of a run across nodes takes its share of the cores too
+     * (folded into the run's spec like --threads); a run of one rank has
+     * them all */
     runner_config cc = {.st = g.st, .runs_dir = runs,
-                       .threads = local_ranks_() > 1 ? rank_threads_()
-                                                     : g.opt.threads,
+                       .threads = g.opt.threads,
+                       .rank_threads = local_ranks_() > 1 ? rank_threads_()
+                                                          : 0,
                        .coordinator = g.opt.coordinator,
                        .worker_of = g.opt.join[0] ? g.opt.join : NULL,
                        .stats = g.stats, .dist = &g.dist};

@@ -1114,6 +1114,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
     }
     c->st = cfg->st;
     c->threads = cfg->threads;
+    c->rank_threads = cfg->rank_threads;
     c->coordinator = cfg->coordinator;
     c->delinking_at = -1;
     snprintf(c->worker_of, sizeof c->worker_of, "%s",

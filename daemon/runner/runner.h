@@ -54,6 +54,9 @@ typedef struct {
     state *st;
     const char *runs_dir;  /* <state-dir>/runs */
     int threads;           /* --threads: device.threads for new runs, 0 keeps */
+    int rank_threads;      /* --devices N > 1: rank 0's share of the cores,
+                            * device.threads for new runs across nodes
+                            * instead of threads; 0 none */
     int coordinator;       /* --role coordinator: runs of nodes.world_size
                             * > 1 can be grouped; else refused at submit */
     const char *worker_of; /* --join HOST:PORT: this m6d is a worker of that

@@ -327,9 +327,12 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
         return m6_err_make(M6_ECANCELLED, "submit cancelled: nothing queued");
     }
     /* --threads is folded into the stored spec, so a restart with other
-     * flags still loads this run's checkpoints (the spec hash is stable). */
-    if (c->threads > 0 && spec.device.threads == 0)
-        spec.device.threads = c->threads;
+     * flags still loads this run's checkpoints (the spec hash is stable);
+     * a run across nodes on a node of several ranks: rank 0's share */
+    int threads = spec.nodes.world_size > 1 && c->rank_threads > 0
+                      ? c->rank_threads : c->threads;
+    if (threads > 0 && spec.device.threads == 0)
+        spec.device.threads = threads;
     int64_t rid = queue_add(c->st, &spec, json, name, namelen);
     if (rid < 0) {
         return m6_err_make(M6_EINTERNAL,

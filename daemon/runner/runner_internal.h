@@ -25,6 +25,7 @@ struct runner {
     state *st;
     char runs_dir[3072];
     int threads;
+    int rank_threads;      /* runner_config.rank_threads */
     int coordinator;
     char worker_of[256];   /* runner_config.worker_of; "" none */
     int in_step;           /* under mu: the runner is inside a step (1) or

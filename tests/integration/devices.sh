@@ -94,6 +94,12 @@ grep -q "cluster.rank_threads run=$R2 rank=1 local_rank=1 threads=1" "$T/m6d-c.l
     || fail "rank 1 not given its share of the cores: $(grep cluster.rank "$T/m6d-c.log" | tail -3)"
 db "$T/c" "select spec from runs where id=$R2" | has '"threads": *1[,}]' \
     || fail "rank 0 not given its share of the cores: $(db "$T/c" "select spec from runs where id=$R2")"
+# a run of one rank on the same m6d has all of --threads
+R1=$(ctl submit "$T/one.json")
+db "$T/c" "select spec from runs where id=$R1" | has '"threads": *2[,}]' \
+    || fail "a one-rank run got a rank's share: $(db "$T/c" "select spec from runs where id=$R1")"
+ctl stop "$R1" >/dev/null || fail "stop of the one-rank run"
+wait_state "$R1" stopped 60
 losses "$R2" >"$T/two.csv"
 close_to_one "$T/two.csv" "(a) 2 ranks in one m6d"
 # ... and the same run on two m6d of one device each (another cluster):
