@@ -662,8 +662,8 @@ static const command commands_[] = {
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
      "checkpoint.bad, interrupted, stop, ..."},
     {"nodes", cmd_nodes_, 0, 0, F_JSON, "",
-     "List the coordinator's nodes (state, backend, devices, GEMM, memory, run\n"
-     "and the ranks the node holds in it: RANKS \"2-3\" for a node of 2 devices).\n"
+     "List the coordinator's nodes (state, backend, devices, GEMM, memory, run).\n"
+     "RANKS: the ranks a node holds in its run (\"2-3\": a node of 2 devices).\n"
      "GEMM: the node's CPU GEMM library and the instruction set it runs on.\n"
      "States: joining, live, lost (silent past --node-timeout, or its\n"
      "connection closed), left (stopped). Also: last heartbeat, address, why."},
