@@ -34,10 +34,10 @@ struct moe_ep {
     /* the owner's side (cap_rows) */
     int32_t *rcounts;     /* [P][El]: rows from sender i for local expert e */
     int32_t *loff;        /* [El + 1] by-expert offsets */
+    int32_t *cursor;      /* [El] scratch: the next by-expert row of each */
     int32_t *perm;        /* by-expert row -> by-sender row */
     float *xr, *xl, *hpre, *hact, *yl, *yr, *dh1, *dh2;
     size_t *sb, *rb;      /* [P] bytes, scratch for the all-to-alls */
-    int rows_in;          /* rows received in the last forward */
 };
 
 static void *alloc_(size_t n, size_t size, int *ok)
@@ -101,6 +101,7 @@ moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
     m->dlogits = alloc_((size_t)N * E, sizeof(float), &ok);
     m->rcounts = alloc_((size_t)P * (m->El ? m->El : 1), sizeof(int32_t), &ok);
     m->loff = alloc_((size_t)m->El + 1, sizeof(int32_t), &ok);
+    m->cursor = alloc_((size_t)m->El, sizeof(int32_t), &ok);
     m->perm = alloc_(cr, sizeof(int32_t), &ok);
     m->xr = alloc_(cr * C, sizeof(float), &ok);
     m->xl = alloc_(cr * C, sizeof(float), &ok);
@@ -195,17 +196,9 @@ int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
     if (m6_coll_alltoallv(m->g, m->counts, m->sb, m->rcounts, m->rb, err) != 0)
         return -1;
 
-    /* by-expert offsets and the map to by-sender rows */
-    size_t total = 0;
-    for (int i = 0; i < P; i++)
-        for (int e = 0; e < El; e++)
-            total += (size_t)m->rcounts[(size_t)i * El + e];
-    if (total > m->cap_rows) {
-        m6_err_set(err, M6_EINTERNAL, "expert parallel MoE: %zu rows "
-                   "received, more than the %zu a sender's capacity allows",
-                   total, m->cap_rows);
-        return -1;
-    }
+    /* by-expert offsets, and the map to by-sender rows: the senders'
+     * rows arrive in sender order, each sender's expert by expert; each
+     * goes to its expert's next free by-expert row (cursor) */
     m->loff[0] = 0;
     for (int e = 0; e < El; e++) {
         int n = 0;
@@ -213,24 +206,18 @@ int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
             n += m->rcounts[(size_t)i * El + e];
         m->loff[e + 1] = m->loff[e] + n;
     }
-    {
-        int sender_base = 0;
-        for (int i = 0; i < P; i++) {
-            int within = sender_base;
-            for (int e = 0; e < El; e++) {
-                int c = m->rcounts[(size_t)i * El + e];
-                /* expert e's rows from senders before i come first */
-                int at = m->loff[e];
-                for (int j = 0; j < i; j++)
-                    at += m->rcounts[(size_t)j * El + e];
-                for (int r = 0; r < c; r++)
-                    m->perm[at + r] = within + r;
-                within += c;
-            }
-            sender_base = within;
-        }
+    if ((size_t)m->loff[El] > m->cap_rows) {
+        m6_err_set(err, M6_EINTERNAL, "expert parallel MoE: %d rows "
+                   "received, more than the %zu a sender's capacity allows",
+                   m->loff[El], m->cap_rows);
+        return -1;
     }
-    m->rows_in = (int)total;
+    memcpy(m->cursor, m->loff, (size_t)El * sizeof *m->cursor);
+    int sent = 0;  /* by-sender row */
+    for (int i = 0; i < P; i++)
+        for (int e = 0; e < El; e++)
+            for (int r = 0; r < m->rcounts[(size_t)i * El + e]; r++)
+                m->perm[m->cursor[e]++] = sent++;
 
     if (exchange_rows_(m, m->xe, m->xr, 1, err) != 0)
         return -1;
@@ -277,8 +264,8 @@ void moe_ep_free(moe_ep *m)
     void *bufs[] = {m->first_of, m->El_of, m->probs, m->lse, m->expert,
                     m->slot, m->counts, m->routed, m->offset, m->row_token,
                     m->xe, m->ye, m->dye, m->dxe, m->dlogits, m->rcounts,
-                    m->loff, m->perm, m->xr, m->xl, m->hpre, m->hact, m->yl,
-                    m->yr, m->dh1, m->dh2, m->sb, m->rb};
+                    m->loff, m->cursor, m->perm, m->xr, m->xl, m->hpre,
+                    m->hact, m->yl, m->yr, m->dh1, m->dh2, m->sb, m->rb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(m);
