@@ -422,9 +422,7 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .speculative = spec->offload.speculative,
         .clipped = spec->train.grad_clip > 0,
         .host_limit = 0,
-        .optim = {spec->optimizer.name == OPTIMIZER_ADAFACTOR,
-                  spec->optimizer.beta1 > 0,
-                  spec->optimizer.master == MASTER_BF16, spec->train.seed},
+        .optim = spec_gpt_optim(spec),
         .shard_world = spec->optimizer.shard ? spec_world_of_phase(spec, 0)
                                              : 1,
     };

@@ -16,14 +16,6 @@
 #include "model/facts.h"
 #include "model/gpt.h"
 
-/* The optimizer setting a spec asks for (gpt.h gpt_optim). */
-static gpt_optim optim_of_(const run_spec *spec)
-{
-    return (gpt_optim){spec->optimizer.name == OPTIMIZER_ADAFACTOR,
-                       spec->optimizer.beta1 > 0,
-                       spec->optimizer.master == MASTER_BF16, 0};
-}
-
 /* ------------------------------------------------------------- counting */
 
 /* The parameter counts of one block part (model/facts.h). */
@@ -66,7 +58,7 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     const model_config *c = &spec->model;
     int L = c->n_layer;
     memset(p, 0, sizeof *p);
-    gpt_optim o = optim_of_(spec);
+    gpt_optim o = spec_gpt_optim(spec);
     p->pb = model_param_bytes_for(1, &o);
     p->n_slots = S;
     p->devices = in->nodes * in->gpus_per_node;

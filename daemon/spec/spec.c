@@ -759,6 +759,18 @@ int spec_slots_of_phase(const run_spec *s, int pseudo)
     return pseudo ? s->pseudo.share_groups : s->model.n_layer;
 }
 
+int spec_has_first_moment(const run_spec *s)
+{
+    return s->optimizer.name != OPTIMIZER_ADAFACTOR || s->optimizer.beta1 > 0;
+}
+
+gpt_optim spec_gpt_optim(const run_spec *s)
+{
+    int af = s->optimizer.name == OPTIMIZER_ADAFACTOR;
+    return (gpt_optim){af, af && spec_has_first_moment(s),
+                       s->optimizer.master == MASTER_BF16, s->train.seed};
+}
+
 /* nodes.*: the worlds must split the global batch evenly, the pseudo
  * world is at most the real one and needs a pseudo phase, and what the
  * data-parallel step does not do yet is refused by name. */

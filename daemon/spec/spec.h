@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "model/config.h"
+#include "model/gpt.h"  /* gpt_optim */
 
 #define SPEC_STR 1024
 
@@ -165,6 +166,17 @@ const char *spec_precision_name(precision_kind p);
  * model.n_layer (every layer its own slot) for pseudo 0. The one place
  * this is decided: the trainer, the planners and init.from ask it. */
 int spec_slots_of_phase(const run_spec *s, int pseudo);
+
+/* Whether the run's optimizer keeps a first moment m: AdamW always,
+ * Adafactor only with optimizer.beta1 > 0 (Shazeer & Stern 2018, §5). The
+ * one place this is decided: state sizes, checkpoints and the gathers of
+ * sharded state ask it. 1 or 0. */
+int spec_has_first_moment(const run_spec *s);
+
+/* The optimizer setting of the spec as the model sizes and runs it
+ * (gpt.h gpt_optim): Adafactor or not, its first moment, bf16 masters,
+ * and train.seed as the stochastic rounding's seed. */
+gpt_optim spec_gpt_optim(const run_spec *s);
 
 /* Whether the run starts in the Pseudo phase (pseudo.steps > 0). */
 static inline int spec_starts_pseudo(const run_spec *s)

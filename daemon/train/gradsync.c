@@ -696,8 +696,7 @@ static int gather_root_(trainer *t, m6_err *err)
     if (!t->sharded)
         return 0;
     int W = t->world, me = t->rank, rc = 0;
-    int has_m = t->spec.optimizer.name != OPTIMIZER_ADAFACTOR ||
-                t->spec.optimizer.beta1 > 0;
+    int has_m = spec_has_first_moment(&t->spec);
     size_t *sb = calloc((size_t)W, sizeof *sb);
     size_t *rb = calloc((size_t)W, sizeof *rb);
     char e2[512];
@@ -794,7 +793,7 @@ static size_t state_floats_(const trainer *t, backend_buf b, int region,
     if (b == BACKEND_PARAMS || t->spec.optimizer.name != OPTIMIZER_ADAFACTOR)
         return n;
     if (b == BACKEND_M)
-        return t->spec.optimizer.beta1 > 0 ? n : 0;
+        return spec_has_first_moment(&t->spec) ? n : 0;
     size_t v = 0;
     return gpt_af_tensors(&t->spec.model, region, NULL, &v) < 0 ? SIZE_MAX
                                                                  : v;

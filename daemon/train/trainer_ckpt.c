@@ -318,7 +318,7 @@ static int optim_bufs_(const trainer *t, const backend_buf **bufs,
     }
     *bufs = af_b;
     *prefixes = af_p;
-    return t->spec.optimizer.beta1 > 0 ? 2 : 1;
+    return spec_has_first_moment(&t->spec) ? 2 : 1;
 }
 
 /* model.safetensors and optimizer.safetensors into dir: bytes or -1. */
@@ -736,7 +736,7 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
     gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
     if (t->spec.optimizer.name == OPTIMIZER_ADAFACTOR && which != 0) {
         /* Adafactor: m as AdamW's, or none; v in the af layout */
-        if (which == 1 && !(t->spec.optimizer.beta1 > 0)) {
+        if (which == 1 && !spec_has_first_moment(&t->spec)) {
             free(kind);
             return 0;
         }
