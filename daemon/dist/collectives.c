@@ -149,6 +149,18 @@ static int check_broken_(m6_coll *c, const char *what, m6_err *err)
     return -1;
 }
 
+/* An operation the engine may lack (have: its entry is set): refused by
+ * name when it does, or when the group is broken. 0, or -1 with err. */
+static int can_run_(m6_coll *c, int have, const char *what, m6_err *err)
+{
+    if (!have) {
+        m6_err_set(err, M6_EINVALID, "%s %s: not implemented by this engine",
+                   c->ops->name, what);
+        return -1;
+    }
+    return check_broken_(c, what, err);
+}
+
 /* After an engine's failure: err, and the group broken. */
 static int fail_(m6_coll *c, const coll_msg *e, const char *what,
                  m6_err *err)
@@ -218,12 +230,7 @@ int m6_coll_reduce_scatter_sum(m6_coll *c, float *buf, size_t n,
 int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
                       m6_err *err)
 {
-    if (!c->ops->allgather) {
-        m6_err_set(err, M6_EINVALID, "%s all-gather: not implemented by "
-                   "this engine", c->ops->name);
-        return -1;
-    }
-    if (check_broken_(c, "all-gather", err) != 0)
+    if (can_run_(c, c->ops->allgather != NULL, "all-gather", err) != 0)
         return -1;
     if (c->world_size == 1 ||
         counts_sum_(c, counts, SIZE_MAX, "all-gather", err) == 0)
@@ -237,12 +244,7 @@ int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
 int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
                       void *recv, const size_t *recv_bytes, m6_err *err)
 {
-    if (!c->ops->alltoallv) {
-        m6_err_set(err, M6_EINVALID, "%s all-to-all: not implemented by "
-                   "this engine", c->ops->name);
-        return -1;
-    }
-    if (check_broken_(c, "all-to-all", err) != 0)
+    if (can_run_(c, c->ops->alltoallv != NULL, "all-to-all", err) != 0)
         return -1;
     if (c->world_size == 1 && send_bytes[0] != recv_bytes[0]) {
         m6_err_set(err, M6_EINVALID, "all-to-all: world 1 sends %zu bytes "
