@@ -94,11 +94,9 @@ start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 wait_log w1 'cluster.joined' 20
 
 # ---- (a) kill -9 with an acknowledged delink
+hold_at_step 11 nowait  # before its delink at 25, whatever the speed of a step
 R1=$(ctl submit "$T/late.json")
-wait_step "$R1" 11 60
-before=$(log_count c 'test.hold')
-touch "$HOLD"
-wait_log c 'test.hold' 10 "$before"
+wait_held
 k=$(db "$T/c" "select step from runs where id=$R1")
 ctl delink "$R1" >/dev/null || fail "delink not acknowledged"
 kill -9 "${M6D_PIDS[c]}"
@@ -159,9 +157,9 @@ cmp -s "$T/ref.csv" "$T/r1.csv" \
 log "(a) losses equal the uninterrupted 2-rank run's bit for bit ($(wc -l <"$T/ref.csv") rows)"
 
 # ---- (b) SIGTERM mid-run, restart: the run goes on by itself
+hold_at_step $((K + 3)) nowait  # mid-run when SIGTERM comes, whatever the speed of a step
 R2=$(ctl submit "$T/ref.json")
-wait_step "$R2" $((K + 3)) 60
-hold_boundary  # mid-run when SIGTERM comes, whatever the speed of a step
+wait_held
 left=$(log_count w1 "cluster.rank_left run=$R2 rank=1")  # the delink's regroup
 kill -TERM "${M6D_PIDS[c]}"
 wait_exit c 20

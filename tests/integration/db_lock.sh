@@ -38,17 +38,21 @@ lock_db() {
 prepare_data "$T/data"
 CKPT_EVERY=1000 write_spec "$T/s.json" lk 1000 100 '"device": {"threads": 1}'
 
-# --- the undisturbed reference, then the same run under a 15 s lock
-start_daemon "$T/st"
+# --- the undisturbed reference, then the same run under a 15 s lock,
+# taken while the run is held at its boundary after step 200 (lib.sh
+# hold_at_step): it trains through the lock however short its steps
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/st"
 REF=$(ctl submit "$T/s.json")
 ctl watch "$REF" >/dev/null || fail "reference run did not complete"
 losses "$REF" >"$T/ref.csv"
 [ "$(wc -l <"$T/ref.csv")" -gt 1000 ] || fail "reference: $(wc -l <"$T/ref.csv") loss lines"
 
+hold_at_step 200 nowait
 R=$(ctl submit "$T/s.json")
 Q=$(ctl submit "$T/s.json")  # queued behind R
-wait_step "$R" 200
+wait_held
 lock_db "$T/st" 15
+release_boundary
 at_lock=$(db "$T/st" "select count(*) from metrics where run=$R")
 log "m6.db locked at $at_lock rows of run $R"
 sleep 2
@@ -108,16 +112,16 @@ n=$(db "$T/st" "select count(*) || ' ' || max(step) from metrics where run=$R3")
 [ "$n" = "$step $step" ] || fail "run $R3 paused at step $step: metrics rows (count max) $n"
 [ "$step" -lt 1000000 ] || fail "run $R3 finished before the hold limit"
 log "run $R3 paused at step $step past the hold limit; all its rows written"
+hold_at_step $((step + 50)) nowait
 ctl resume "$R3" >/dev/null || fail "resume of run $R3"
-wait_step "$R3" $((step + 50))
-hold_boundary
+wait_held
 ctl stop "$R3" >/dev/null || fail "stop of run $R3"
 release_boundary
 wait_state "$R3" stopped 30
 n=$(db "$T/st" "select step from runs where id=$R3")
+hold_at_step "$n" nowait
 R4=$(ctl submit "$T/long.json")
-wait_step "$R4" "$n" 120
-hold_boundary
+wait_held
 ctl stop "$R4" >/dev/null || fail "stop of run $R4"
 release_boundary
 wait_state "$R4" stopped 30

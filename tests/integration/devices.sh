@@ -35,6 +35,10 @@ for w in 2 4; do
     CKPT_EVERY=4 write_spec "$T/w$w.json" "w$w" $STEPS $PSEUDO \
         "\"nodes\": {\"world_size\": $w, \"timeout\": $TMO}"
 done
+# (b) holds rank 0 while it reads the nodes table: a timeout the hold
+# cannot reach, whatever the machine's load
+CKPT_EVERY=4 write_spec "$T/w4live.json" w4live $STEPS $PSEUDO \
+    "\"nodes\": {\"world_size\": 4, \"timeout\": 60}"
 CKPT_EVERY=4 write_spec "$T/z4.json" z4 $STEPS $PSEUDO \
     "\"nodes\": {\"world_size\": 4, \"timeout\": $TMO}, \"optimizer\": {\"shard\": true}"
 
@@ -121,14 +125,16 @@ log "(a) the same bits as a coordinator and a worker of one device each"
 
 # ---- (b) a worker with two devices: world 4 over two m6d; submitted
 # before it joins, the run waits saying how many devices it has and needs
-R4=$(ctl submit "$T/w4.json")
+hold_at_step 2 nowait
+R4=$(ctl submit "$T/w4live.json")
 wait_event "$R4" 'nodes.wait.*waiting for 4 devices on live nodes, have 2 \(this coordinator.s 2 and 0 workers. 0\)'
 worker_w
 [ "$(node_field w devices)" = 2 ] || fail "the worker does not report 2 devices: $(ctl nodes)"
-wait_step "$R4" 2 60
+wait_held  # rank 0 at its boundary after step 2: the run is alive
 ctl nodes >"$T/nodes.txt"
 [ "$(node_field w ranks)" = 2-3 ] || fail "m6ctl nodes does not show ranks 2-3 on w: $(cat "$T/nodes.txt")"
 grep -Eq "coordinator .* 0-1 " "$T/nodes.txt" || fail "m6ctl nodes does not show ranks 0-1 on the coordinator: $(cat "$T/nodes.txt")"
+release_boundary
 ctl watch "$R4" >/dev/null || fail "the world-4 run did not complete: $(ctl status "$R4")"
 ctl events "$R4" | has -E 'nodes.assign +node=[0-9]+ hostname=w rank=2 ranks=2-3 world_size=4' \
     || fail "no assignment of ranks 2-3 to w: $(ctl events "$R4")"

@@ -21,7 +21,7 @@ CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
 CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 M6D_ARGS="--node-timeout $TMO"
-M6_TEST_STEP_DELAY_MS=60 M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator \
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE M6_TEST_STEP_DELAY_MS=60 M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator \
     --listen 192.0.2.1:7070 --token-file "$T/token"
 CPID=$M6D_PID
 SOCK=$T/c/m6d.sock  # a Unix socket: any namespace
@@ -36,10 +36,11 @@ ctl watch "$R1" >/dev/null || fail "the single-node run did not complete"
 # the collectives bind the cluster addresses. Gloo's listeners live only
 # while a group forms (this run forms two, before and after its delink),
 # so the proof has three parts: each rank logs the address its group
-# binds (cluster.group local=); while the run trains, each side holds a
-# Gloo connection between 192.0.2.2 and a Gloo port of 192.0.2.1 (read
-# from both namespaces' sockets); and a poller in each namespace lists
-# m6d's listening TCP sockets until step 13: whatever it sees (it can
+# binds (cluster.group local=); while rank 0 is held at its boundary
+# after step 13 (the worker waiting in the step's all-reduce), each side
+# holds a Gloo connection between 192.0.2.2 and a Gloo port of 192.0.2.1
+# (read from both namespaces' sockets); and a poller in each namespace
+# lists m6d's listening TCP sockets until then: whatever it sees (it can
 # miss a short-lived listener on a loaded machine) is on the namespace's
 # veth address, never a wildcard nor 127.0.0.1 (unreachable for the
 # remote peer).
@@ -49,9 +50,24 @@ for ns in "$NC" "$NW"; do
         awk '/m6d/ {print $4}' >"$T/listen-$ns" &
     POLLERS="$POLLERS $!"
 done
+hold_at_step 13 nowait  # mid-run for the cut, whatever the speed of a step
 RUN=$(ctl submit "$T/two.json")
-wait_step "$RUN" 13 60
+wait_held
 touch "$T/ss.stop"
+ip netns exec "$NW" ss -Htnp state established | awk '/m6d/ {print $3, $4}' >"$T/conn-w"
+ip netns exec "$NC" ss -Htnp state established | awk '/m6d/ {print $4, $3}' >"$T/conn-c"
+# cut the worker's link while rank 0 holds: the run pauses within the
+# timeout once rank 0 goes on into the collective the worker cannot reach
+ip -n "$NW" link set "$VW" down
+t0=$EPOCHREALTIME
+release_boundary
+wait_paused_within "$RUN" "$t0" $((TMO + 2)) "the cut"
+wait_event "$RUN" 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1'
+log "paused ${TOOK}s after the cut: $(field "$RUN" error | cut -c1-160)"
+kill -0 "$CPID" || fail "the coordinator died"
+kill -0 "$WPID" || fail "the worker died"
+timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"
+
 # shellcheck disable=SC2086
 wait $POLLERS
 sort -u -o "$T/listen-$NC" "$T/listen-$NC"; sort -u -o "$T/listen-$NW" "$T/listen-$NW"
@@ -60,8 +76,6 @@ log "m6d listened on: coordinator $(tr '\n' ' ' <"$T/listen-$NC")| worker $(tr '
     || fail "the coordinator listened beyond 192.0.2.1: $(cat "$T/listen-$NC")"
 ! grep -vE '^192\.0\.2\.2:[0-9]+$' "$T/listen-$NW" | grep -q . \
     || fail "the worker listened beyond 192.0.2.2: $(cat "$T/listen-$NW")"
-ip netns exec "$NW" ss -Htnp state established | awk '/m6d/ {print $3, $4}' >"$T/conn-w"
-ip netns exec "$NC" ss -Htnp state established | awk '/m6d/ {print $4, $3}' >"$T/conn-c"
 for side in w c; do
     # as (worker end, coordinator end); the coordinator's end is not its
     # cluster port: a Gloo connection, whichever side opened it
@@ -77,16 +91,6 @@ ctl events "$RUN" | has -E 'nodes.assign +node=[0-9]+ hostname=netw rank=1' || f
 
 grep -q "cluster.assign coordinator=192.0.2.1:7070 run=$RUN rank=1 .* local=192.0.2.2" "$T/m6d-w.log" \
     || fail "the worker did not log binding 192.0.2.2: $(grep cluster.assign "$T/m6d-w.log")"
-
-# cut the worker's link: the run pauses within the timeout
-ip -n "$NW" link set "$VW" down
-t0=$EPOCHREALTIME
-wait_paused_within "$RUN" "$t0" $((TMO + 2)) "the cut"
-wait_event "$RUN" 'nodes.rank_lost +node=[0-9]+ hostname=netw rank=1'
-log "paused ${TOOK}s after the cut: $(field "$RUN" error | cut -c1-160)"
-kill -0 "$CPID" || fail "the coordinator died"
-kill -0 "$WPID" || fail "the worker died"
-timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"
 
 # restore the link, resume: the run completes with the single node's losses
 ip -n "$NW" link set "$VW" up

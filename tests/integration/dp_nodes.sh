@@ -127,9 +127,9 @@ has "is a worker of the coordinator at $ADDR (--join)" <<<"$out" \
 [ -z "$(db "$T/w1" "select id from runs")" ] || fail "the worker recorded a run"
 
 # ---- (b) kill -9 of the worker mid-run, restart, resume
+hold_at_step 12 nowait  # mid-run for the kill, whatever the speed of a step
 RUN2=$(ctl submit "$T/two.json")
-wait_step "$RUN2" 12 60
-hold_boundary
+wait_held
 [ "$(db "$T/c" "select run || ' ' || rank from nodes where hostname='w1'")" = "$RUN2 1" ] \
     || fail "the nodes table does not hold w1's run and rank: $(db "$T/c" "select * from nodes")"
 kill -9 "${M6D_PIDS[w1]}"; wait "${M6D_PIDS[w1]}" 2>/dev/null || true
@@ -205,9 +205,11 @@ log "(f) 3 ranks, grad_accum 3: the single node's losses"
 stop_worker w3
 CKPT_EVERY=10 write_spec "$T/op.json" op 24 23 \
     "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+hold_at_step 6 nowait  # the delink lands mid-run, whatever the speed of a step
 RUN5=$(ctl submit "$T/op.json")
-wait_step "$RUN5" 6 60
+wait_held
 ctl delink "$RUN5" >/dev/null || fail "delink refused"
+release_boundary
 ctl watch "$RUN5" >/dev/null || fail "the delinked run did not complete: $(ctl status "$RUN5")"
 K=$(field "$RUN5" delink_step)
 [ -n "$K" ] && [ "$K" -gt 0 ] && [ "$K" -lt 23 ] || fail "delink step '$K'"

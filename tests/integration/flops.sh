@@ -70,13 +70,17 @@ log "cpu_train: $got FLOPs/token"
 
 # the dashboard: a step of each run
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT" --metrics-peak-flops $PEAK
+# each run held at its boundary after step 2 while /metrics is read and
+# the stop sent: alive for both, however short its steps
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT" --metrics-peak-flops $PEAK
 for m in dense:$DENSE mixed:$MIXED; do
     name=${m%%:*} want=${m#*:}
+    hold_at_step 2 nowait
     R=$(ctl submit "$T/$name.json") || fail "submit $name"
-    wait_step "$R" 2 120
+    wait_held
     $PROM fetch "http://127.0.0.1:$PORT/metrics" >"$T/metrics-$name.txt" || fail "GET /metrics ($name)"
     ctl stop "$R" >/dev/null || fail "stop $name"
+    release_boundary
     wait_state "$R" stopped 60
     get() { $PROM get "$T/metrics-$name.txt" "$1" "run=$R"; }
     fps=$(get m6_model_flops_per_second) tps=$(get m6_tokens_per_second) mfu=$(get m6_mfu_ratio)

@@ -32,9 +32,9 @@ reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 S=$MNT/s
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$S"
 LOG=$T/m6d-s.log
+hold_at_step 1 nowait  # the run is alive for the pause, however short its steps
 R=$(ctl submit "$T/spec.json")
-wait_step "$R" 1
-hold_boundary  # the run is alive for the pause, however short its steps
+wait_held
 ctl pause "$R" >/dev/null || fail "pause"
 release_boundary
 wait_state "$R" paused

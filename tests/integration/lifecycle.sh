@@ -21,12 +21,12 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"  # lib.sh hold_boundary
   done ) &
 READER=$!
 
-A=$(ctl submit "$T/a.json")
 # Pause once the runner owns the run (until then it is queued and a pause is
-# refused), held at its boundary: it stops well before the spec's delink
-# whatever the speed of a step.
-wait_step "$A" 1
-hold_boundary
+# refused), held at its boundary after step 1: it stops well before the
+# spec's delink whatever the speed of a step.
+hold_at_step 1 nowait
+A=$(ctl submit "$T/a.json")
+wait_held
 ctl pause "$A" >/dev/null || fail "pause of run $A refused"
 release_boundary
 B=$(ctl submit "$T/b.json")
@@ -56,16 +56,16 @@ db "$T/s" "select detail from events where run=$A and kind='delink'" | has "step
 ctl delink "$A" 2>"$T/err" && fail "second delink should be refused"
 grep -q "already in the real phase" "$T/err" || fail "second delink: $(cat "$T/err")"
 
+hold_at_step $((P + 2)) nowait  # alive for the stop, however short its steps
 ctl resume "$A" >"$T/resume.out"
 # the step the reply names is the one it resumed at (the paused step), not
 # wherever the run got to before the reply was written
 grep -qx "run $A resumed at step $P" "$T/resume.out" || fail "resume reply: $(cat "$T/resume.out") (paused at $P)"
 wait_state "$A" running
-wait_step "$A" $((P + 2))
+wait_held
 [ "$(db "$T/s" "select phase from metrics where run=$A and step=$((P + 1))")" = real ] \
     || fail "step after delink not in the real phase"
 
-hold_boundary  # alive for the stop, however short its steps
 ctl stop "$A" >/dev/null
 release_boundary
 rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
@@ -146,9 +146,9 @@ ctl status "$B" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); as
 # An operator's delink of a running run, sent at a held boundary: status
 # names the step it is taken at, and the delink happens there.
 write_spec "$T/op.json" life-op "$N" "$H"
+hold_at_step 2 nowait
 O=$(ctl submit "$T/op.json")
-wait_step "$O" 2
-hold_boundary
+wait_held
 ctl delink "$O" >/dev/null || fail "delink of running run $O refused"
 D=$(ctl status "$O" | sed -n 's/^phase: *pseudo (delink at step \([0-9]*\))$/\1/p')
 [ -n "$D" ] && [ "$D" -lt "$H" ] || fail "status of the pending delink: $(ctl status "$O")"

@@ -27,9 +27,9 @@ grep -q "\"train\": \"$T/deep/d01" "$T/spec.json" || fail "spec not rewritten: $
 # held at its boundary (lib.sh hold_boundary) when its shard is truncated:
 # training when that happens, however short its steps
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
+hold_at_step 20 nowait
 A=$(ctl submit "$T/spec.json") || fail "submit of a spec with a long shard path"
-wait_step "$A" 20
-hold_boundary
+wait_held
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 release_boundary
 PROBLEM="truncated while in use: now 1000 tokens, was $N"

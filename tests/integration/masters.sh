@@ -19,9 +19,9 @@ reference_losses "$T/ref" "$T/ref.json" "$T/ref.csv"
 # 2. kill -9 past the delink: resumed from the newest checkpoint, the same
 #    losses
 start_daemon "$T/k9"
+hold_at_step 25 nowait
 R=$(ctl submit "$T/ref.json")
-wait_step "$R" 25
-hold_boundary
+wait_held
 kill9_daemon
 release_boundary
 resume_after_kill9 "$T/k9" "$R" "$N" "$T/ref.csv" "bf16 masters"

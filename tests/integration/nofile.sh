@@ -109,9 +109,9 @@ log "hard 64: submit refused ('$(tail -n 1 "$T/submit.out" | cut -c1-160)...'); 
 #    hard 64: it cannot open its shards, so it pauses (not fails) with the
 #    limit in its error; a resume under the same limit is refused.
 start "-S -n 64"
+hold_at_step 30 nowait
 M2=$(ctl submit "$T/many.json")
-wait_step "$M2" 30
-hold_boundary  # running when m6d stops, however short its steps
+wait_held  # running when m6d stops, however short its steps
 stop_daemon
 start "-n 64"
 want="^data.train: too many open files \(limit 64\): $T/many/train_[0-9]+\.bin: open: shard [0-9]+ of $NT; a run keeps every shard open: .*; once m6d can open them, .m6ctl resume. reopens the data$"
@@ -134,9 +134,9 @@ LIM=$((NT + NV + 60))
 start "-n $LIM"
 life_log | has "info daemon.nofile old=$LIM new=$LIM$" || fail "no daemon.nofile line at $LIM"
 [ "$(field "$M2" state)" = paused ] || fail "run $M2 not paused at the start: $(field "$M2" state)"
+hold_at_step $((K + 20)) nowait  # the poison meets a training run, however short its steps
 ctl resume "$M2" >/dev/null || fail "resume under $LIM files"
-wait_step "$M2" $((K + 20))
-hold_boundary  # the poison meets a training run, however short its steps
+wait_held
 poison_all
 release_boundary
 ERR=$(wait_paused_error "$M2" "^data.train: $T/many/train_[0-9]+\.bin: token 999 at index [0-9]+ >= vocab_size 256")

@@ -77,11 +77,11 @@ reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 # 2. The train shard is truncated in place while the run trains.
 start_daemon "$T/s"
 LOG=$T/m6d-s.log
+hold_at_step 50 nowait
 A=$(ctl submit "$T/spec.json")
 ctl watch "$A" --interval 0.05 >"$T/watch.out" 2>&1 &
 WATCH=$!
-wait_step "$A" 50
-hold_boundary
+wait_held
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 release_boundary
 ERR=$(wait_error "$A")
@@ -152,9 +152,9 @@ log "bad train token at step $K: '$ERR'"
 # 6. The same in the val shard while the run trains: the step that
 #    evaluates is recorded, the run pauses; restored, resume redoes the
 #    evaluation (the same val_loss).
+hold_at_step $((K + 20)) nowait
 ctl resume "$C" >/dev/null || fail "resume (restored train)"
-wait_step "$C" $((K + 20))
-hold_boundary
+wait_held
 poison "$VAL"
 release_boundary
 ERR=$(wait_error "$C")
@@ -176,9 +176,9 @@ log "bad val token at step $K: '$ERR'; completed with the reference's losses"
 #    again, as its message), not failed; m6d keeps serving. A resume with
 #    the shard still short pauses again; restored, the run completes with
 #    the reference's losses.
+hold_at_step 40 nowait
 D=$(ctl submit "$T/spec.json")
-wait_step "$D" 40
-hold_boundary
+wait_held
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 release_boundary
 wait_error "$D" >/dev/null
@@ -208,9 +208,9 @@ log "paused at step $K, restarted with the shard short: paused ('$ERR'); restore
 #    m6d was down: paused at the next start with the data error, not failed
 #    (as it would have paused had the shard gone bad under a running m6d);
 #    restored, resume completes it with the reference's losses.
+hold_at_step 30 nowait
 E=$(ctl submit "$T/spec.json")
-wait_step "$E" 30
-hold_boundary
+wait_held
 restart_daemon poison "$TRAIN"
 ERR=$(wait_paused_error "$E" "token 999")
 echo "$ERR" | has "^data.train: $TRAIN: token 999 at index 0 >= vocab_size 256; once the shard is fixed, .m6ctl resume. reopens the data$" \
@@ -227,9 +227,9 @@ log "running at the stop, shard bad at the start: paused at step $K ('$ERR'); re
 #    still bad: paused with the val error; restored, resume redoes that
 #    step's validation pass, and every loss, val_loss included, is the
 #    reference's.
+hold_at_step 20 nowait
 F=$(ctl submit "$T/spec.json")
-wait_step "$F" 20
-hold_boundary
+wait_held
 poison "$VAL"
 release_boundary
 wait_paused_error "$F" "^data.val: " >/dev/null
@@ -246,9 +246,9 @@ log "val bad at step $K across a restart: paused ('$ERR'); restored: the referen
 
 # 10. stop on a run paused by bad data: stopped at once, and the answer
 #     does not speak of a failed write (nothing failed to write).
+hold_at_step 5 nowait
 G=$(ctl submit "$T/spec.json")
-wait_step "$G" 5
-hold_boundary
+wait_held
 cp "$TRAIN" "$T/train.orig2"
 truncate -s 2000 "$TRAIN"
 release_boundary
@@ -268,9 +268,9 @@ log "stop of a run paused on bad data: '$OUT'"
 #     once it is gone, resume completes with the reference's losses.
 TOT=0
 for f in "$T"/data/train_*.bin; do TOT=$((TOT + ($(stat -c %s "$f") - 1024) / 2)); done
+hold_at_step 30 nowait
 H=$(ctl submit "$T/spec.json")
-wait_step "$H" 30
-hold_boundary
+wait_held
 restart_daemon cp "$TRAIN" "$T/data/train_000099.bin"
 grep -q "\"train_tokens\": $TOT" "$T"/s/runs/"$H"/checkpoints/*/meta.json \
     || fail "meta.json does not record train_tokens $TOT: $(cat "$T"/s/runs/"$H"/checkpoints/*/meta.json)"

@@ -22,9 +22,9 @@ CKPT_EVERY=500 write_spec "$T/s.json" lost 200 100
 export M6_TEST_HOLD_BOUNDARY=$HOLD_FILE
 start_daemon "$T/d"
 LOG=$T/m6d-d.log
+hold_at_step 5 nowait
 R=$(ctl submit "$T/s.json") || fail "submit"
-wait_step "$R" 5
-hold_boundary
+wait_held
 
 # 1. removed: reachable again, said in the log
 rm "$SOCK"
