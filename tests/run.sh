@@ -18,9 +18,10 @@
 # With other arguments (test names, --suite ...) or M6_SANITIZE=0, only the
 # release build's tests run, those named.
 #
-# Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc),
-# the longest first (test_priority in tests/meson.build): no test depends
-# on how fast a run trains, or on the machine being otherwise idle.
+# Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc,
+# and one more in the sanitized pass), the longest first (test_priority in
+# tests/meson.build): no test depends on how fast a run trains, or on the
+# machine being otherwise idle.
 #
 # A skip is not a pass: the GPU tests (suite gpu, no CUDA device here) are
 # the only ones that may skip. Any other test that skips (a missing oracle:
@@ -53,6 +54,10 @@ if ! .ci/setup; then
     exit 1
 fi
 jobs=${M6_TEST_JOBS:-$(nproc)}
+# The sanitized pass waits more than it computes (its integration tests
+# sleep on timeouts, locks and held boundaries: a quarter of the CPU idle
+# two at a time), so it runs one test more than there are CPUs.
+san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 1))}
 rc=0
 named=$#
 case $mode in
@@ -76,7 +81,7 @@ if [ "$mode" != quick ] && [ "$named" -eq 0 ] && [ "${M6_SANITIZE:-1}" != 0 ]; t
         # ASan report (or a leak at exit) does
         ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
         UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
-        meson test -C build-san --print-errorlogs --num-processes "$jobs" \
+        meson test -C build-san --print-errorlogs --num-processes "$san_jobs" \
             --suite unit --suite integration --no-suite nosan --no-suite emu $long \
             --timeout-multiplier 3 || rc=$?
         logs="$logs build-san/meson-logs/testlog.json"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # db_lock.sh — other writers on m6.db (issue 16, item 8). A sqlite3 shell
-# holding a write transaction (BEGIN IMMEDIATE) for 15 s mid-run must not
+# holding a write transaction (BEGIN IMMEDIATE) for 10 s mid-run must not
 # stop training: m6d holds the step records in memory and writes them once
 # the lock goes, so the run's metrics rows are complete (one per step), its
 # losses are bitwise those of an undisturbed run of the same spec (CPU,
 # one thread), and no pause is recorded. A stop of a queued run sent
 # during the lock is refused (after m6d's 5 s wait), naming the lock, and
 # the run stays queued until a stop after the lock. With a short hold limit
-# (--db-hold-limit 2) and a lock of 8 s the run pauses itself, and the
+# (--db-hold-limit 2) and a lock of 5 s the run pauses itself, and the
 # pause, its reason and every step's row are in m6.db once the lock goes;
 # resumed, it ends with the undisturbed losses. Under umask 000 m6d's
 # dir, socket and m6.db are 0750, 0660, 0640; a state dir or socket dir
@@ -38,7 +38,7 @@ lock_db() {
 prepare_data "$T/data"
 CKPT_EVERY=1000 write_spec "$T/s.json" lk 1000 100 '"device": {"threads": 1}'
 
-# --- the undisturbed reference, then the same run under a 15 s lock,
+# --- the undisturbed reference, then the same run under a 10 s lock,
 # taken while the run is held at its boundary after step 200 (lib.sh
 # hold_at_step): it trains through the lock however short its steps
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/st"
@@ -51,11 +51,10 @@ hold_at_step 200 nowait
 R=$(ctl submit "$T/s.json")
 Q=$(ctl submit "$T/s.json")  # queued behind R
 wait_held
-lock_db "$T/st" 15
+lock_db "$T/st" 10  # past the stop below and its 5 s wait
 release_boundary
 at_lock=$(db "$T/st" "select count(*) from metrics where run=$R")
 log "m6.db locked at $at_lock rows of run $R"
-sleep 2
 ctl status "$R" >/dev/null || fail "status while m6.db is locked"
 # a stop of the queued run: m6d's event loop waits 5 s for the lock, then
 # refuses, saying why; the run stays queued (nothing acknowledged)
@@ -94,7 +93,7 @@ CKPT_EVERY=1000 write_spec "$T/long.json" lkl 1000000 100 '"device": {"threads":
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/st" --db-hold-limit 2
 R3=$(ctl submit "$T/long.json")
 wait_step "$R3" 200
-lock_db "$T/st" 8
+lock_db "$T/st" 5
 wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
 for _ in $(seq 1 200); do
     [ "$(db "$T/st" "select state from runs where id=$R3")" = paused ] && break
