@@ -16,12 +16,12 @@ command -v promtool >/dev/null || { echo "SKIP: promtool not installed (Debian: 
 prepare_data "$T/data"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
-STEPS=60 PSEUDO=30 TOKENS_PER_STEP=$((4 * 32 * 2))
+STEPS=24 PSEUDO=12 TOKENS_PER_STEP=$((4 * 32 * 2))
 spec_file "$T/spec.json" prom <<JSON
   "model": $(tiny_model),
   "pseudo": {"steps": $PSEUDO},
-  "train": {"steps": $STEPS, "batch_size": 4, "grad_accum": 2, "eval_every": 20, "seed": 7},
-  "checkpoint": {"every": 30, "keep": 2}
+  "train": {"steps": $STEPS, "batch_size": 4, "grad_accum": 2, "eval_every": 8, "seed": 7},
+  "checkpoint": {"every": 12, "keep": 2}
 JSON
 
 export M6_TEST_STEP_DELAY_MS=200
