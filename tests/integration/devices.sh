@@ -22,6 +22,11 @@
 #  (d) one rank thread of the worker fails: the run pauses, an event naming
 #      the node, the rank and the local rank; the resumed run completes
 #      with the uninterrupted run's losses.
+# Throughout, `m6ctl status` (text and --json) shows where each rank
+# stands (rank, local rank, node, step, state): held at a step by rank 0's
+# boundary (lib.sh hold_at_step), every rank has completed that step and
+# waits in the next one's all-reduce; a lost node's ranks are "lost", a
+# failed rank "failed" with its error.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 M6D_ARGS="--node-timeout $TMO"
@@ -61,6 +66,21 @@ finish_same() {
         || fail "$2: losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/finish-$1.csv" | head -6)"
 }
 
+# ranks_are RUN WANT: the ranks of `m6ctl status RUN --json`, one line
+# each, "RANK LOCAL_RANK HOSTNAME STEP STATE[ REASON]", match the pattern
+# WANT (bash [[ == ]]: * for any text); else prints them (for wait_for)
+ranks_are() {
+    local got
+    got=$(ctl status "$1" --json | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("ranks") or []:
+    print(" ".join(str(r[k]) for k in ("rank", "local_rank", "hostname", "step", "state")
+                   + (("reason",) if r["reason"] else ())))')
+    [[ "$got" == $2 ]] && return 0
+    echo "$got"
+    return 1
+}
+
 close_to_one() {
     losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
         >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
@@ -86,7 +106,19 @@ wait_listen c
 ADDR=127.0.0.1:$PORT
 [ "$(node_field "$(hostname)" devices)" = 2 ] || [ "$(db "$T/c" "select devices from nodes where role='coordinator'")" = 2 ] \
     || fail "the coordinator does not report 2 devices: $(ctl nodes)"
+# held after step 3 (rank 0's boundary): rank 1, on this m6d's rank
+# thread, has completed step 3 too and waits in step 4's all-reduce
+hold_at_step 3 nowait
 R2=$(ctl submit "$T/w2.json")
+wait_held
+H=$(hostname)
+wait_for "status to show both ranks of run $R2 at step 3" 20 ranks_are "$R2" \
+    "0 0 $H 3 training
+1 1 $H 3 training"
+ctl status "$R2" >"$T/status2.txt"
+grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +training" "$T/status2.txt" \
+    || fail "m6ctl status (text) does not show rank 1 at step 3: $(cat "$T/status2.txt")"
+release_boundary
 ctl watch "$R2" >/dev/null || fail "the 2-rank run on one m6d did not complete: $(ctl status "$R2")"
 ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2' \
     || fail "no assignment of ranks 0-1 to the coordinator: $(ctl events "$R2")"
@@ -158,11 +190,26 @@ log "(b) optimizer.shard over 2 m6d x 2 ranks: the unsharded run's losses"
 hold_at_step 9 nowait   # past the delink (step 6) and its regroup
 R4b=$(ctl submit "$T/w4.json")
 wait_held
+# every rank at step 9: rank 1 on the coordinator's rank thread, 2-3 on
+# w (their state as w's heartbeats carry it)
+wait_for "status to show the 4 ranks of run $R4b at step 9" 20 ranks_are "$R4b" \
+    "0 0 $H 9 training
+1 1 $H 9 training
+2 0 w 9 training
+3 1 w 9 training"
 kill -9 "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
 release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
+# w's ranks lost with their node (its detail the reason); rank 1 left
+# the group when its all-reduce failed; rank 0 paused, the run back at
+# its checkpoint of step 8 (checkpoint.every 4) to resume from
+wait_for "status to show run $R4b's ranks after the loss" 20 ranks_are "$R4b" \
+    "0 0 $H 8 paused
+1 1 $H 9 left *
+2 0 w 9 lost *
+3 1 w 9 lost *"
 log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
 worker_w
 finish_same "$R4b" "the world-4 run resumed after kill -9"
@@ -176,6 +223,9 @@ M6_TEST_RANK_FAIL=3@9 worker_w
 R4c=$(ctl submit "$T/w4.json")
 wait_state "$R4c" paused 20
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
+wait_for "status to show rank 3 of run $R4c failed" 20 ranks_are "$R4c" \
+    "*
+3 1 w 9 failed test fault: M6_TEST_RANK_FAIL*"
 log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w
