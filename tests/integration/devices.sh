@@ -22,6 +22,11 @@
 #  (d) one rank thread of the worker fails: the run pauses, an event naming
 #      the node, the rank and the local rank; the resumed run completes
 #      with the uninterrupted run's losses.
+# A node's host memory is divided among the ranks a run has on it: m6d's
+# check (m6ctl plan --daemon, as at submit) of a model larger than any
+# machine here refuses a 2-rank run on the 2-device coordinator naming the
+# node, its 2 ranks and each one's bytes, half of what m6d may use; a run
+# of one rank there is held against all of it.
 # Throughout, `m6ctl status` (text and --json) shows where each rank
 # stands (rank, local rank, node, step, state): held at a step by rank 0's
 # boundary (lib.sh hold_at_step), every rank has completed that step and
@@ -103,6 +108,7 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0
     --threads 2 --devices 2
 SOCK=$T/c/m6d.sock
 wait_listen c
+H=$(hostname)   # the coordinator's node name
 ADDR=127.0.0.1:$PORT
 [ "$(node_field "$(hostname)" devices)" = 2 ] || [ "$(db "$T/c" "select devices from nodes where role='coordinator'")" = 2 ] \
     || fail "the coordinator does not report 2 devices: $(ctl nodes)"
@@ -111,7 +117,6 @@ ADDR=127.0.0.1:$PORT
 hold_at_step 3 nowait
 R2=$(ctl submit "$T/w2.json")
 wait_held
-H=$(hostname)
 wait_for "status to show both ranks of run $R2 at step 3" 20 ranks_are "$R2" \
     "0 0 $H 3 training
 1 1 $H 3 training"
@@ -136,6 +141,32 @@ db "$T/c" "select spec from runs where id=$R1" | has '"threads": *2[,}]' \
     || fail "a one-rank run got a rank's share: $(db "$T/c" "select spec from runs where id=$R1")"
 ctl stop "$R1" >/dev/null || fail "stop of the one-rank run"
 wait_state "$R1" stopped 60
+# ... and its host memory split between the 2 ranks of a run (~1 TB of
+# parameters: refused on any machine; the words say by how much)
+BIG='{"vocab_size": 256, "n_layer": 64, "n_head": 64, "n_embd": 8192, "seq_len": 16}'
+M6_TEST_MODEL=$BIG write_spec "$T/big2.json" big2 $STEPS 0 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+M6_TEST_MODEL=$BIG write_spec "$T/big1.json" big1 $STEPS 0
+out=$(ctl plan "$T/big2.json" --daemon 2>&1) && fail "a ~1 TB model planned: $out"
+echo "$out" | has "node $H runs 2 ranks of this run, which share its host memory: " \
+    || fail "the refusal does not name the node and its 2 ranks: $out"
+# each rank's bytes are half of what m6d may use (the clause before it,
+# "only X GiB available" or "m6d's cgroup allows X GiB", 2 decimals)
+echo "$out" | python3 -c '
+import re, sys
+t = sys.stdin.read()
+u = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+node = re.search(r"(?:only|allows) ([0-9.]+) ([KMGT]iB)", t)
+each = re.search(r"\(([0-9]+) bytes\) each", t)
+assert node and each, t
+n = float(node.group(1)) * u[node.group(2)]
+e = int(each.group(1))
+assert abs(2 * e - n) <= 0.01 * n, (2 * e, n)' \
+    || fail "each rank's bytes are not half of the node's: $out"
+out=$(ctl plan "$T/big1.json" --daemon 2>&1) && fail "a ~1 TB model planned: $out"
+echo "$out" | has "host memory: training needs" || fail "big1: $out"
+echo "$out" | has "ranks of this run" && fail "a run of one rank was given a share: $out"
+log "(a) host memory shared by 2 ranks: $(echo "$out" | cut -c1-60)..."
 losses "$R2" >"$T/two.csv"
 close_to_one "$T/two.csv" "(a) 2 ranks in one m6d"
 # ... and the same run on two m6d of one device each (another cluster):
