@@ -439,6 +439,16 @@ static int cmd_status_(int argc, char **argv)
     M6__Response *resp = m6ctl_run_request_(M6__REQUEST__BODY_STATUS, argv[0]);
     if (!resp) return EXIT_ERR;
     print_run_(resp->run, NULL);
+    if (!g.json && resp->run && resp->run->n_ranks > 0) {
+        /* a run of several ranks: where each stands */
+        printf("ranks:\n");
+        view_out o = {.f = stdout, .v = &views_ranks, .color = g.color,
+                      .form = VIEW_TABLE};
+        view_begin(&o);
+        for (size_t i = 0; i < resp->run->n_ranks; i++)
+            view_row(&o, resp->run->ranks[i]);
+        view_end(&o);
+    }
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
 }

@@ -48,6 +48,47 @@ int views_terminal(M6__RunState s)
            s == M6__RUN_STATE__RUN_STATE_STOPPED;
 }
 
+/* ---- a run's ranks (status): one row per M6__RankState */
+
+#define K_ ((const M6__RankState *)row)
+static void k_rank_(const void *row, view_val *v) { v->i = K_->rank; }
+static void k_local_(const void *row, view_val *v) { v->i = K_->local_rank; }
+static void k_node_(const void *row, view_val *v) { v->i = K_->node_id; }
+static void k_host_(const void *row, view_val *v) { v->s = unset_null_(K_->hostname); }
+static void k_step_(const void *row, view_val *v) { v->i = K_->step; }
+static void k_state_(const void *row, view_val *v) { v->s = unset_null_(K_->state); }
+static void k_reason_(const void *row, view_val *v) { v->s = unset_null_(K_->reason); }
+#undef K_
+
+static const view_field rank_fields_[] = {
+    {"rank", "RANK", 0, 5, VIEW_INT, VF_PLAIN, 0, k_rank_},
+    {"local_rank", "LOCAL", 0, 6, VIEW_INT, VF_PLAIN, 0, k_local_},
+    {"node_id", "NODE", 0, 5, VIEW_INT, VF_PLAIN, 0, k_node_},
+    {"hostname", "HOSTNAME", 0, -16, VIEW_STR, VF_PLAIN, 0, k_host_},
+    {"step", "STEP", 0, 7, VIEW_INT, VF_PLAIN, 0, k_step_},
+    {"state", "STATE", 0, -9, VIEW_STR, VF_PLAIN, 0, k_state_},
+    {"reason", "REASON", 0, 0, VIEW_STR, VF_PLAIN, 0, k_reason_},
+};
+const view views_ranks = VIEW_OF(rank_fields_);
+
+/* One rank as a JSON object of views_ranks' keys (integers and strings,
+ * null when unset): RunInfo.ranks in status --json. */
+static json_t *rank_json_(const M6__RankState *r)
+{
+    json_t *o = json_object();
+    for (int k = 0; o && k < views_ranks.n; k++) {
+        const view_field *fd = &views_ranks.fields[k];
+        view_val v;
+        memset(&v, 0, sizeof v);
+        fd->get(r, &v);
+        json_t *x = fd->type == VIEW_INT ? json_integer(v.i)
+                    : v.s                ? json_string(v.s)
+                                         : json_null();
+        json_object_set_new(o, fd->name, x);
+    }
+    return o;
+}
+
 /* ---- a run: list, status, the commands' replies, watch */
 
 #define R_ (((const views_run_row *)row)->r)
@@ -124,6 +165,15 @@ static void r_ckpt_text_(const void *row, view_val *v)
     v->null = R_->checkpoint_step < 0;
     snprintf(v->buf, sizeof v->buf, "step %lld", (long long)R_->checkpoint_step);
     v->s = v->buf;
+}
+/* every rank of a run of several (status --json); null (no key) for one */
+static void r_ranks_(const void *row, view_val *v)
+{
+    v->null = R_->n_ranks == 0;
+    if (v->null) return;
+    v->j = json_array();
+    for (size_t i = 0; v->j && i < R_->n_ranks; i++)
+        json_array_append_new(v->j, rank_json_(R_->ranks[i]));
 }
 static void r_created_(const void *row, view_val *v) { v->d = R_->created; }
 static void r_updated_(const void *row, view_val *v) { v->d = R_->updated; }
@@ -262,6 +312,7 @@ static const view_field run_fields_[] = {
     {"skipped_steps", 0, "skipped steps", 0, VIEW_INT, VF_PLAIN,
      VIEW_OMIT_NULL | VIEW_JSON_OMIT_NULL, r_skipped_},
     {"message", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_message_},
+    {"ranks", 0, 0, 0, VIEW_JSON, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_ranks_},
 };
 const view views_run = VIEW_OF(run_fields_);
 

@@ -41,6 +41,9 @@ extern const view views_events;
 extern const view views_submit;
 /* Rows: views_watch_event_row (watch --json's event lines). */
 extern const view views_watch_event;
+/* Rows: M6__RankState (status: the ranks of a run of several, a table
+ * after the run's lines; --json has them as the run's "ranks"). */
+extern const view views_ranks;
 /* Rows: M6__NodeInfo (nodes: table, --json). */
 extern const view views_nodes;
 

@@ -5,6 +5,7 @@
 #include "cluster/cluster.h"
 #include "common/durable.h"
 #include "common/memlimit.h"
+#include "common/node_share.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -377,7 +378,5 @@ int cluster_ranks_place(const int *slots, int n, int world, int *first,
 
 int cluster_rank_threads(int total, int local_ranks)
 {
-    int k = local_ranks < 1 ? 1 : local_ranks;
-    int t = total / k;
-    return t < 1 ? 1 : t;
+    return node_share_split(total, local_ranks);
 }

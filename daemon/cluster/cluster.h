@@ -85,7 +85,7 @@ int cluster_ranks_place(const int *slots, int n, int world, int *first,
                         int *count, int *have);
 
 /* The CPU threads each of a node's local ranks gets: its share of the
- * node's, max(1, total / local_ranks) (total: --threads, else
+ * node's, node_share_split(total, local_ranks) (total: --threads, else
  * cpus_available). */
 int cluster_rank_threads(int total, int local_ranks);
 

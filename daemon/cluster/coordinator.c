@@ -21,6 +21,7 @@
 #include <openssl/evp.h>
 
 #include "common/log.h"
+#include "common/rankboard.h"
 #include "common/readbuf.h"
 #include "common/uvw.h"
 #include "cluster/tls.h"
@@ -495,6 +496,27 @@ int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
     return 0;
 }
 
+/* A worker's heartbeat: where its ranks stand, onto the board (for
+ * m6ctl status; rankboard.h). A state this m6d does not know is left
+ * out. */
+static void put_ranks_(int64_t node_id, const M6__NodeHeartbeat *hb)
+{
+    static rank_entry e[RANKBOARD_DEVICES_MAX];  /* the loop thread's */
+    int n = 0;
+    for (size_t i = 0; i < hb->n_ranks && n < RANKBOARD_DEVICES_MAX; i++) {
+        const M6__RankState *r = hb->ranks[i];
+        int st = rankboard_state_parse(r->state);
+        if (st < 0) continue;
+        e[n] = (rank_entry){.run = r->run_id, .rank = r->rank,
+                            .local_rank = r->local_rank, .step = r->step,
+                            .state = (rank_state)st};
+        snprintf(e[n].reason, sizeof e[n].reason, "%s",
+                 r->reason ? r->reason : "");
+        n++;
+    }
+    rankboard_put_node(node_id, e, n);
+}
+
 static void do_node_frame_(peer *p, const M6__Request *rq)
 {
     cluster_coord *co = p->co;
@@ -504,6 +526,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
     case M6__REQUEST__BODY_NODE_HEARTBEAT: {
         state_node_heartbeat(co->st, p->node_id,
                              rq->node_heartbeat->free_device_memory);
+        put_ranks_(p->node_id, rq->node_heartbeat);
         assign_entry *a = take_assign_(co, p->node_id);
         if (!a) {
             coord_reply_status(p, M6__STATUS__STATUS_OK, "", 0);

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "cluster/store_client.h"
+#include "common/rankboard.h"
 #include "common/threads.h"
 #include "common/log.h"
 
@@ -476,9 +477,11 @@ static void train_rank_(rank_slot *sl, const assignment *a)
     m6_err e = M6_ERR_NONE;
     trainer *t = NULL;
     m6_coll *g = NULL;
+    rankboard_set(a->run, a->rank, sl->local, 0, RANK_GROUPING, NULL);
     if (spec_parse(&spec, a->spec, strlen(a->spec), err, sizeof err) < 0) {
         log_error("cluster.rank_failed", "run=%lld rank=%d%s err=\"spec: "
                   "%s\"", (long long)a->run, a->rank, lr, err);
+        rankboard_set(a->run, a->rank, sl->local, 0, RANK_FAILED, err);
         return;
     }
     /* the hash is of the spec as rank 0 sent it: this node's thread count
@@ -499,6 +502,10 @@ static void train_rank_(rank_slot *sl, const assignment *a)
     if (trainer_set_collectives(t, g, &e) < 0) goto failed;
     log_info("cluster.rank", "run=%lld rank=%d world_size=%d step=%ld%s",
              (long long)a->run, a->rank, a->world, trainer_step_count(t), lr);
+    /* where it stands, for m6ctl status: before each wait, and after
+     * each step */
+#define PUBLISH_(st, why) rankboard_set(a->run, a->rank, sl->local, \
+                                        trainer_step_count(t), (st), (why))
     while (trainer_step_count(t) < spec.train.steps) {
         pthread_mutex_lock(&w->mu);
         int stop = w->stop || sl->next.spec;  /* a newer assignment */
@@ -506,18 +513,24 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         if (stop) break;
         /* optimizer.shard: rank 0 may want the state whole here (a save,
          * a delink): the boundary's agreement, before every step */
+        if (spec.optimizer.shard) PUBLISH_(RANK_BOUNDARY, NULL);
         int rc = trainer_sync_boundary(t, 0, &e);
         step_result res;
         if (rc >= 0 && test_fail_(a->rank, trainer_step_count(t))) {
             m6_err_set(&e, M6_EINTERNAL, "test fault: M6_TEST_RANK_FAIL");
             goto failed;
         }
-        if (rc >= 0) rc = trainer_step(t, &res, &e);
+        if (rc >= 0) {
+            PUBLISH_(RANK_TRAINING, NULL);
+            rc = trainer_step(t, &res, &e);
+            PUBLISH_(RANK_TRAINING, NULL);
+        }
         if (rc == TRAINER_ECOLL) {
             /* rank 0 paused, delinked or stopped, or a rank died */
             log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
                      "why=\"%s\"", (long long)a->run, a->rank,
                      trainer_step_count(t), lr, m6_err_msg(&e));
+            PUBLISH_(RANK_LEFT, m6_err_msg(&e));
             m6_err_free(&e);
             goto done;
         }
@@ -535,20 +548,30 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         if (rc != 0) goto failed;
     }
     /* the last boundary: rank 0's final save may gather the state */
+    if (trainer_step_count(t) >= spec.train.steps && spec.optimizer.shard)
+        PUBLISH_(RANK_BOUNDARY, NULL);
     if (trainer_step_count(t) >= spec.train.steps &&
         trainer_sync_boundary(t, 0, &e) < 0) {
         log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
                  "why=\"%s\"", (long long)a->run, a->rank,
                  trainer_step_count(t), lr, m6_err_msg(&e));
+        PUBLISH_(RANK_LEFT, m6_err_msg(&e));
         m6_err_free(&e);
         goto done;
     }
     log_info("cluster.rank_done", "run=%lld rank=%d step=%ld%s",
              (long long)a->run, a->rank, trainer_step_count(t), lr);
+    PUBLISH_(trainer_step_count(t) >= spec.train.steps ? RANK_DONE
+                                                       : RANK_LEFT,
+             trainer_step_count(t) >= spec.train.steps
+                 ? NULL : "a newer assignment, or m6d stopping");
+#undef PUBLISH_
     goto done;
 failed:
     log_error("cluster.rank_failed", "run=%lld rank=%d%s err=\"%s\"",
               (long long)a->run, a->rank, lr, m6_err_msg(&e));
+    rankboard_set(a->run, a->rank, sl->local, t ? trainer_step_count(t) : 0,
+                  RANK_FAILED, m6_err_msg(&e));
     if (g) {
         /* its collectives first, so that the others' fail at once */
         m6_err e2 = M6_ERR_NONE;

@@ -94,7 +94,10 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id);
  * until a collective fails (rank 0 paused, delinked or died), then frees
  * the trainer and the group and waits for the next assignment. Only
  * failures are logged (cluster.rank_failed); nothing is written to this
- * node's m6.db. */
+ * node's m6.db. Each thread publishes where its rank stands (grouping,
+ * training, boundary, left, done, failed; its step) on this m6d's rank
+ * board (common/rankboard.h), which a worker's heartbeats carry to the
+ * coordinator for m6ctl status. */
 typedef struct cluster_dp_worker cluster_dp_worker;
 
 /* coord_addr: the coordinator (its store); state_dir: this node's

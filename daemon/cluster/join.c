@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rankboard.h"
 #include "common/readbuf.h"
 #include "common/uvw.h"
 #include "cluster/tls.h"
@@ -486,6 +487,22 @@ static void heartbeat_(uv_timer_t *t)
     }
     M6__NodeHeartbeat hb = M6__NODE_HEARTBEAT__INIT;
     hb.free_device_memory = cluster_free_device_memory(j->facts);
+    /* where this node's ranks stand (rankboard.h), for m6ctl status */
+    static rank_entry e[RANKBOARD_DEVICES_MAX];  /* the loop thread's */
+    M6__RankState rs[RANKBOARD_DEVICES_MAX], *rp[RANKBOARD_DEVICES_MAX];
+    int n = rankboard_local(e, RANKBOARD_DEVICES_MAX);
+    for (int i = 0; i < n; i++) {
+        m6__rank_state__init(&rs[i]);
+        rs[i].run_id = e[i].run;
+        rs[i].rank = e[i].rank;
+        rs[i].local_rank = e[i].local_rank;
+        rs[i].step = e[i].step;
+        rs[i].state = (char *)rankboard_state_name(e[i].state);
+        rs[i].reason = e[i].reason;
+        rp[i] = &rs[i];
+    }
+    hb.n_ranks = (size_t)n;
+    hb.ranks = rp;
     M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_HEARTBEAT, &hb.base);
     if (send_(j, &rq, 0) < 0) return lost_(j, "cannot send a heartbeat");
     uv_timer_start(&j->hb, heartbeat_, (uint64_t)j->heartbeat_ms, 0);

@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/rankboard.h"
+#include "common/run_state.h"
 #include "control/advice.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
@@ -300,6 +302,74 @@ static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
     return -1;
 }
 
+/* RunInfo.ranks: where each rank of a run of several stands. Rank 0 is
+ * the coordinator's runner (the run row's step and state, "training"
+ * while it runs); the others are the board's (rankboard.h: this m6d's
+ * rank threads, each worker's latest heartbeat), a rank whose node is no
+ * longer live "lost" with the node's detail. None (0) when no rank past 0
+ * was heard of: a run of one rank, or one whose ranks never started. 0,
+ * or -1 out of memory. */
+static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
+{
+    rank_entry *e = malloc(RANKBOARD_MAX * sizeof *e);
+    if (!e) return -1;
+    int n = rankboard_run(row->id, e, RANKBOARD_MAX);
+    if (n == 0) {
+        free(e);
+        return 0;
+    }
+    node_row *nodes = NULL;
+    int nn = 0;
+    if (state_nodes_list(c->h->st, &nodes, &nn) != 0) nn = 0;
+    M6__RankState **v = arena_alloc_(c->a, (size_t)(n + 1) * sizeof *v);
+    if (!v) goto oom;
+    int k = 0;
+    for (int i = -1; i < n; i++) {
+        if (i >= 0 && e[i].rank == 0) continue;  /* rank 0 is the runner */
+        M6__RankState *r = arena_alloc_(c->a, sizeof *r);
+        if (!r) goto oom;
+        m6__rank_state__init(r);
+        r->run_id = row->id;
+        const node_row *nd = NULL;
+        int64_t node = i < 0 ? 0 : e[i].node_id;  /* 0: this m6d */
+        for (int j = 0; j < nn && !nd; j++)
+            if (node ? nodes[j].id == node : nodes[j].coordinator)
+                nd = &nodes[j];
+        const char *state, *reason = "";
+        if (i < 0) {
+            r->step = row->step;
+            state = row->state == RUN_RUNNING ? "training"
+                                              : run_state_name(row->state);
+        } else {
+            r->rank = e[i].rank;
+            r->local_rank = e[i].local_rank;
+            r->step = e[i].step;
+            state = rankboard_state_name(e[i].state);
+            reason = e[i].reason;
+            if (nd && nd->state != NODE_LIVE && !nd->coordinator &&
+                e[i].state != RANK_DONE && e[i].state != RANK_FAILED) {
+                state = "lost";
+                reason = nd->detail;
+            }
+        }
+        r->node_id = nd ? nd->id : 0;
+        r->hostname = arena_strdup_(c->a, nd ? nd->hostname : "");
+        r->state = arena_strdup_(c->a, state);
+        r->reason = arena_strdup_(c->a, reason);
+        if (!r->hostname || !r->state || !r->reason) goto oom;
+        v[k++] = r;
+    }
+    free(nodes);
+    free(e);
+    ri->ranks = v;
+    ri->n_ranks = (size_t)k;
+    return 0;
+oom:
+    free(nodes);
+    free(e);
+    return -1;
+}
+
 static int reply_run_(call *c, int64_t id)
 {
     run_row row;
@@ -311,6 +381,7 @@ static int reply_run_(call *c, int64_t id)
         return -1;
     }
     M6__RunInfo *ri = run_info_(c, &row, row.spec);
+    if (ri && run_ranks_(c, &row, ri) < 0) ri = NULL;
     run_row_clear(&row);
     if (!ri) {
         reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");

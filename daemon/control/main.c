@@ -30,6 +30,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "common/node_share.h"
 #include "common/cpus.h"
 #include "common/threads.h"
 #include "common/log.h"
@@ -877,6 +878,9 @@ static int cluster_start_(char *err, size_t errlen)
     }
     if (g.opt.devices > 0 && strcmp(g.facts.backend, "cpu") == 0)
         g.facts.devices = g.opt.devices;
+    /* the node's host memory, lockable pages and host AdamW threads are
+     * divided among the ranks of a run on it (common/node_share.h) */
+    node_share_set(g.facts.hostname, local_ranks_());
     gemm_info gi;  /* the cluster library does not link the kernels */
     gemm_describe(&gi);
     snprintf(g.facts.gemm, sizeof g.facts.gemm, "%s %s", gi.library, gi.isa);

@@ -261,6 +261,11 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
  * capped by the room under its cgroup's memory limit (common/memlimit.h);
  * 0 when it cannot be read. */
 size_t offload_host_available(void);
+/* One rank's share of it for spec's run: offload_host_available split
+ * among the run's ranks on this node (common/node_share.h; the whole on
+ * a node of one rank). What the trainer plans with and offload_check
+ * admits by. */
+size_t offload_rank_host_available(const run_spec *spec);
 
 /* Human table (json 0) or one JSON object (json 1) with at least
  * resident_slots, offloaded_slots (arrays of slot indices),
@@ -395,7 +400,11 @@ offload_plan_input offload_plan_input_of(const run_spec *spec);
 enum { OFFLOAD_REQUIRE_PINNED = 1 };
 
 /* Preflight at submit. Plans the spec (both phases) and checks that the
- * host side can be had:
+ * host side can be had by one rank: on a node of several ranks each of
+ * the run's ranks there must fit its share of the host memory and of the
+ * lockable memory below (offload_rank_host_available; the refusal then
+ * ends "; node NAME runs K ranks of this run, which share its host
+ * memory: X each"):
  *  - the plan fits the budget (else offload_plan_for_spec's error);
  *  - host memory: on the CPU backend, everything (the plan's peak device
  *    bytes, which are host memory there, plus offloaded slots) must not

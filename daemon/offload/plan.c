@@ -14,6 +14,7 @@
 #include "model/facts.h"
 #include "common/view.h"
 #include "common/memlimit.h"
+#include "common/node_share.h"
 #include "offload/intervals.h"
 
 
@@ -736,6 +737,39 @@ size_t offload_host_available(void)
     return a == SIZE_MAX ? 0 : a;
 }
 
+size_t offload_rank_host_available(const run_spec *spec)
+{
+    return node_share_bytes(offload_host_available(),
+                            node_share_ranks(spec->nodes.world_size));
+}
+
+/* The node's host memory (and what bound it) as one rank of spec's run
+ * has it: its share among the run's ranks on this node (*k of them).
+ * SIZE_MAX unknown. */
+static size_t rank_mem_available_(const run_spec *spec, host_mem *m, int *k)
+{
+    *k = node_share_ranks(spec->nodes.world_size);
+    return node_share_bytes(mem_available_(m), *k);
+}
+
+/* For refusals on a node of several ranks: "; node vm runs 2 ranks of
+ * this run, which share its host memory: 1.50 GiB (1610612736 bytes)
+ * each" (empty with one rank). Returns buf. */
+static const char *share_clause_(char *buf, size_t len, int k,
+                                 size_t each, const char *what)
+{
+    char b[64];
+    if (k <= 1) {
+        buf[0] = 0;
+        return buf;
+    }
+    snprintf(buf, len, "; %s runs %d ranks of this run, which share its "
+             "%s: %s each", node_share_name(), k, what,
+             each == SIZE_MAX ? "no limit"
+                              : fmt_bytes_(b, sizeof b, each));
+    return buf;
+}
+
 int offload_check(const run_spec *spec, size_t budget_override, int flags,
                   offload_plan *out, char *warn, size_t warnlen, char *err,
                   size_t errlen)
@@ -752,46 +786,55 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
     char a[64], b[64], c[64];
     /* On the CPU backend the "device" is host memory too. */
     size_t cpu = p.backend == BACKEND_CPU ? p.peak_device_bytes : 0;
+    /* the node's memory and lockable pages are shared by the run's
+     * ranks on it (common/node_share.h): each must fit its share */
     host_mem hm;
-    size_t avail = cpu + host > 0 ? mem_available_(&hm) : SIZE_MAX;
-    char why[768];
+    int k = 1;
+    size_t avail = cpu + host > 0 ? rank_mem_available_(spec, &hm, &k)
+                                  : SIZE_MAX;
+    char why[768], sh[320];
     if (avail != SIZE_MAX && cpu > 0 && cpu + host > avail) {
         snprintf(err, errlen,
                  "host memory: training needs %s (parameters, gradients, AdamW "
-                 "moments and activations; `m6ctl plan` itemises them), %s",
+                 "moments and activations; `m6ctl plan` itemises them), %s%s",
                  fmt_bytes_(a, sizeof a, cpu + host),
-                 host_mem_describe(&hm, why, sizeof why));
+                 host_mem_describe(&hm, why, sizeof why),
+                 share_clause_(sh, sizeof sh, k, avail, "host memory"));
         offload_plan_free(&p);
         return -1;
     }
     if (avail != SIZE_MAX && host > avail) {
         snprintf(err, errlen,
                  "host memory: offloading %d slots needs %s of host memory, "
-                 "%s of it pinned; %s", p.n_offloaded,
+                 "%s of it pinned; %s%s", p.n_offloaded,
                  fmt_bytes_(a, sizeof a, host),
                  short_bytes_(c, sizeof c, pinned),
-                 host_mem_describe(&hm, why, sizeof why));
+                 host_mem_describe(&hm, why, sizeof why),
+                 share_clause_(sh, sizeof sh, k, avail, "host memory"));
         offload_plan_free(&p);
         return -1;
     }
     if (pinned > 0) {
-        size_t lim = offload_pin_limit();
+        int kp = node_share_ranks(spec->nodes.world_size);
+        size_t lim = node_share_bytes(offload_pin_limit(), kp);
         if (pinned > lim) {
             const char *fmt =
                 "pinning: offloading %d slots pins %s of host memory but "
                 "this process may lock only %s (RLIMIT_MEMLOCK, no "
-                "CAP_IPC_LOCK); raise LimitMEMLOCK= in m6d.service or "
+                "CAP_IPC_LOCK)%s; raise LimitMEMLOCK= in m6d.service or "
                 "`ulimit -l`%s";
+            share_clause_(sh, sizeof sh, kp, lim, "lockable memory");
             if (flags & OFFLOAD_REQUIRE_PINNED) {
                 snprintf(err, errlen, fmt, p.n_offloaded,
                          fmt_bytes_(a, sizeof a, pinned),
-                         fmt_bytes_(b, sizeof b, lim), "");
+                         fmt_bytes_(b, sizeof b, offload_pin_limit()), sh,
+                         "");
                 offload_plan_free(&p);
                 return -1;
             }
             snprintf(warn, warnlen, fmt, p.n_offloaded,
                      fmt_bytes_(a, sizeof a, pinned),
-                     fmt_bytes_(b, sizeof b, lim),
+                     fmt_bytes_(b, sizeof b, offload_pin_limit()), sh,
                      "; the run will use pageable memory (slower copies)");
         }
     }

@@ -6,6 +6,7 @@
 #include "spec/spec_internal.h"
 
 #include "common/cpus.h"
+#include "common/node_share.h"
 #include "common/durable.h"
 #include "common/err.h"
 
@@ -238,11 +239,14 @@ int spec_host_threads(const run_spec *s)
 {
     if (s->offload.host_threads > 0)
         return s->offload.host_threads;
+    /* auto is the node's: each of its ranks of this run takes its share */
+    int k = node_share_ranks(s->nodes.world_size);
     if (s->device.backend != BACKEND_CUDA)
-        return 2; /* the CPU backend's compute threads use the cores */
+        return node_share_split(2, k); /* the CPU backend's compute
+                                        * threads use the cores */
     long n = cpus_available(); /* affinity, capped by the cgroup quota */
     n -= 2; /* the thread that drives the GPU, and m6d's event loop */
-    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+    return node_share_split(n < 1 ? 1 : n > 64 ? 64 : (int)n, k);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -124,10 +124,12 @@ enum { SPEC_SPECULATIVE_AUTO = 0, SPEC_SPECULATIVE_ON = 1,
 void spec_defaults(run_spec *s);
 
 /* Host threads for offloaded slots' accumulation and AdamW:
- * offload.host_threads, or when it is 0 (auto, the default) 2 on the CPU
- * backend (whose compute threads use the cores) and, on cuda, the CPUs
- * this process may use (common/cpus.h: its affinity mask capped by its
- * cgroup's CPU quota) less 2, in [1, 64]. */
+ * offload.host_threads, or when it is 0 (auto, the default) the node's
+ * 2 on the CPU backend (whose compute threads use the cores) and, on
+ * cuda, the CPUs this process may use (common/cpus.h: its affinity mask
+ * capped by its cgroup's CPU quota) less 2, in [1, 64]; split among the
+ * run's ranks on this node (common/node_share.h: node_share_split by
+ * node_share_ranks(nodes.world_size); the whole on a node of one rank). */
 int spec_host_threads(const run_spec *s);
 
 /* Data parallelism: each of world ranks takes an equal share of every

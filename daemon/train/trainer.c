@@ -196,7 +196,7 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     /* 2. the plan, once: the Real phase and, with one, the Pseudo phase */
     /* offload.speculative auto: decided once, on the host memory now */
     size_t host_limit = spec->device.memory_budget > 0
-                            ? offload_host_available() : 0;
+                            ? offload_rank_host_available(spec) : 0;
     if (spec->device.memory_budget > 0) {
         char e2[768];
         if (offload_plan_for_run(spec, 0, host_limit, &t->plan, e2,

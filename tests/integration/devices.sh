@@ -22,6 +22,16 @@
 #  (d) one rank thread of the worker fails: the run pauses, an event naming
 #      the node, the rank and the local rank; the resumed run completes
 #      with the uninterrupted run's losses.
+# A node's host memory is divided among the ranks a run has on it: m6d's
+# check (m6ctl plan --daemon, as at submit) of a model larger than any
+# machine here refuses a 2-rank run on the 2-device coordinator naming the
+# node, its 2 ranks and each one's bytes, half of what m6d may use; a run
+# of one rank there is held against all of it.
+# Throughout, `m6ctl status` (text and --json) shows where each rank
+# stands (rank, local rank, node, step, state): held at a step by rank 0's
+# boundary (lib.sh hold_at_step), every rank has completed that step and
+# waits in the next one's all-reduce; a lost node's ranks are "lost", a
+# failed rank "failed" with its error.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 M6D_ARGS="--node-timeout $TMO"
@@ -35,6 +45,10 @@ for w in 2 4; do
     CKPT_EVERY=4 write_spec "$T/w$w.json" "w$w" $STEPS $PSEUDO \
         "\"nodes\": {\"world_size\": $w, \"timeout\": $TMO}"
 done
+# (a) holds rank 0 while status shows the ranks: rank 1 waits in the next
+# step's all-reduce, with a timeout the hold cannot reach (w2's numbers)
+CKPT_EVERY=4 write_spec "$T/w2h.json" w2 $STEPS $PSEUDO \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": 60}"
 # (b) holds rank 0 while it reads the nodes table: a timeout the hold
 # cannot reach, whatever the machine's load
 CKPT_EVERY=4 write_spec "$T/w4live.json" w4live $STEPS $PSEUDO \
@@ -61,6 +75,21 @@ finish_same() {
         || fail "$2: losses differ from the uninterrupted world-4 run: $(diff "$T/four.csv" "$T/finish-$1.csv" | head -6)"
 }
 
+# ranks_are RUN WANT: the ranks of `m6ctl status RUN --json`, one line
+# each, "RANK LOCAL_RANK HOSTNAME STEP STATE[ REASON]", match the pattern
+# WANT (bash [[ == ]]: * for any text); else prints them (for wait_for)
+ranks_are() {
+    local got
+    got=$(ctl status "$1" --json | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("ranks") or []:
+    print(" ".join(str(r[k]) for k in ("rank", "local_rank", "hostname", "step", "state")
+                   + (("reason",) if r["reason"] else ())))')
+    [[ "$got" == $2 ]] && return 0
+    echo "$got"
+    return 1
+}
+
 close_to_one() {
     losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
         >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
@@ -83,10 +112,22 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0
     --threads 2 --devices 2
 SOCK=$T/c/m6d.sock
 wait_listen c
+H=$(hostname)   # the coordinator's node name
 ADDR=127.0.0.1:$PORT
 [ "$(node_field "$(hostname)" devices)" = 2 ] || [ "$(db "$T/c" "select devices from nodes where role='coordinator'")" = 2 ] \
     || fail "the coordinator does not report 2 devices: $(ctl nodes)"
-R2=$(ctl submit "$T/w2.json")
+# held after step 3 (rank 0's boundary): rank 1, on this m6d's rank
+# thread, has completed step 3 too and waits in step 4's all-reduce
+hold_at_step 3 nowait
+R2=$(ctl submit "$T/w2h.json")
+wait_held
+wait_for "status to show both ranks of run $R2 at step 3" 20 ranks_are "$R2" \
+    "0 0 $H 3 training
+1 1 $H 3 training"
+ctl status "$R2" >"$T/status2.txt"
+grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +training" "$T/status2.txt" \
+    || fail "m6ctl status (text) does not show rank 1 at step 3: $(cat "$T/status2.txt")"
+release_boundary
 ctl watch "$R2" >/dev/null || fail "the 2-rank run on one m6d did not complete: $(ctl status "$R2")"
 ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2' \
     || fail "no assignment of ranks 0-1 to the coordinator: $(ctl events "$R2")"
@@ -104,6 +145,32 @@ db "$T/c" "select spec from runs where id=$R1" | has '"threads": *2[,}]' \
     || fail "a one-rank run got a rank's share: $(db "$T/c" "select spec from runs where id=$R1")"
 ctl stop "$R1" >/dev/null || fail "stop of the one-rank run"
 wait_state "$R1" stopped 60
+# ... and its host memory split between the 2 ranks of a run (~1 TB of
+# parameters: refused on any machine; the words say by how much)
+BIG='{"vocab_size": 256, "n_layer": 64, "n_head": 64, "n_embd": 8192, "seq_len": 16}'
+M6_TEST_MODEL=$BIG write_spec "$T/big2.json" big2 $STEPS 0 \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+M6_TEST_MODEL=$BIG write_spec "$T/big1.json" big1 $STEPS 0
+out=$(ctl plan "$T/big2.json" --daemon 2>&1) && fail "a ~1 TB model planned: $out"
+echo "$out" | has "node $H runs 2 ranks of this run, which share its host memory: " \
+    || fail "the refusal does not name the node and its 2 ranks: $out"
+# each rank's bytes are half of what m6d may use (the clause before it,
+# "only X GiB available" or "m6d's cgroup allows X GiB", 2 decimals)
+echo "$out" | python3 -c '
+import re, sys
+t = sys.stdin.read()
+u = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+node = re.search(r"(?:only|allows) ([0-9.]+) ([KMGT]iB)", t)
+each = re.search(r"\(([0-9]+) bytes\) each", t)
+assert node and each, t
+n = float(node.group(1)) * u[node.group(2)]
+e = int(each.group(1))
+assert abs(2 * e - n) <= 0.01 * n, (2 * e, n)' \
+    || fail "each rank's bytes are not half of the node's: $out"
+out=$(ctl plan "$T/big1.json" --daemon 2>&1) && fail "a ~1 TB model planned: $out"
+echo "$out" | has "host memory: training needs" || fail "big1: $out"
+echo "$out" | has "ranks of this run" && fail "a run of one rank was given a share: $out"
+log "(a) host memory shared by 2 ranks: $(echo "$out" | cut -c1-60)..."
 losses "$R2" >"$T/two.csv"
 close_to_one "$T/two.csv" "(a) 2 ranks in one m6d"
 # ... and the same run on two m6d of one device each (another cluster):
@@ -134,6 +201,13 @@ wait_held  # rank 0 at its boundary after step 2: the run is alive
 ctl nodes >"$T/nodes.txt"
 [ "$(node_field w ranks)" = 2-3 ] || fail "m6ctl nodes does not show ranks 2-3 on w: $(cat "$T/nodes.txt")"
 grep -Eq "coordinator .* 0-1 " "$T/nodes.txt" || fail "m6ctl nodes does not show ranks 0-1 on the coordinator: $(cat "$T/nodes.txt")"
+# every rank at step 2: rank 1 on the coordinator's rank thread, 2-3 on
+# w as its heartbeats carry them
+wait_for "status to show the 4 ranks of run $R4 at step 2" 20 ranks_are "$R4" \
+    "0 0 $H 2 training
+1 1 $H 2 training
+2 0 w 2 training
+3 1 w 2 training"
 release_boundary
 ctl watch "$R4" >/dev/null || fail "the world-4 run did not complete: $(ctl status "$R4")"
 ctl events "$R4" | has -E 'nodes.assign +node=[0-9]+ hostname=w rank=2 ranks=2-3 world_size=4' \
@@ -163,6 +237,15 @@ t0=$EPOCHREALTIME
 release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
+# w's ranks lost with their node (its detail the reason; their step the
+# one its last heartbeat carried, whenever that was); rank 1 left the
+# group when its all-reduce failed; rank 0 paused, the run back at its
+# checkpoint of step 8 (checkpoint.every 4) to resume from
+wait_for "status to show run $R4b's ranks after the loss" 20 ranks_are "$R4b" \
+    "0 0 $H 8 paused
+1 1 $H 9 left *
+2 0 w * lost ?*
+3 1 w * lost ?*"
 log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
 worker_w
 finish_same "$R4b" "the world-4 run resumed after kill -9"
@@ -176,6 +259,9 @@ M6_TEST_RANK_FAIL=3@9 worker_w
 R4c=$(ctl submit "$T/w4.json")
 wait_state "$R4c" paused 20
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
+wait_for "status to show rank 3 of run $R4c failed" 20 ranks_are "$R4c" \
+    "*
+3 1 w 9 failed test fault: M6_TEST_RANK_FAIL*"
 log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w

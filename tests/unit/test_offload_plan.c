@@ -16,6 +16,9 @@
 
 #include <cmocka.h>
 
+#include "common/cpus.h"
+#include "common/node_share.h"
+#include "offload/test_hooks.h"
 #include "offload/offload.h"
 #include "../common/test_main.h"
 
@@ -661,7 +664,168 @@ static void test_plan_hand_counted_cuda(void **state)
     offload_plan_free(&p);
 }
 
+/* ------------------------------------ a node's host memory among its ranks */
+
+/* A cuda spec of world_size 2 with every slot it can offloaded: its
+ * pinned bytes into *pinned. */
+static run_spec two_rank_spec_(size_t *pinned)
+{
+    run_spec s;
+    spec_defaults(&s);
+    s.device.backend = BACKEND_CUDA;
+    s.model = (model_config){.vocab_size = 256, .n_layer = 6, .n_head = 2,
+                             .n_embd = 64, .seq_len = 16};
+    s.pseudo.steps = 0;
+    s.nodes.world_size = 2;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    s.device.memory_budget = p.min_budget_bytes;
+    offload_plan_free(&p);
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    assert_true(p.n_offloaded > 0);
+    *pinned = p.pinned_bytes;
+    offload_plan_free(&p);
+    return s;
+}
+
+/* A node of 2 ranks: each rank of a 2-rank run must fit half of what the
+ * node may lock; a run of one rank there, and any run on a node of one
+ * rank, the whole. The refusal names the node, its ranks and the bytes
+ * each has. */
+static void test_node_share_pinned(void **state)
+{
+    (void)state;
+    size_t P;
+    run_spec s = two_rank_spec_(&P);
+    char err[1024], warn[1024];
+    node_share_set("t-node", 2);
+    /* 2P lockable: P each, exactly the need */
+    offload_test_set_pin_limit(2 * P);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), 0);
+    /* 2P - 2: P - 1 each, one byte short */
+    offload_test_set_pin_limit(2 * P - 2);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), -1);
+    printf("# %s\n", err);
+    char want[160];
+    snprintf(want, sizeof want, "node t-node runs 2 ranks of this run, which "
+             "share its lockable memory: ");
+    assert_non_null(strstr(err, want));
+    snprintf(want, sizeof want, "(%zu bytes) each", P - 1);
+    assert_non_null(strstr(err, want));
+    /* without the requirement: the same words as a warning */
+    assert_int_equal(offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                   sizeof err), 0);
+    assert_non_null(strstr(warn, "runs 2 ranks of this run"));
+    /* a run of one rank on the node: all of it */
+    run_spec one = s;
+    one.nodes.world_size = 1;
+    assert_int_equal(offload_check(&one, 0, OFFLOAD_REQUIRE_PINNED, NULL,
+                                   warn, sizeof warn, err, sizeof err), 0);
+    /* a node of one rank: all of it, the message as before */
+    node_share_set("t-node", 1);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), 0);
+    offload_test_set_pin_limit(P - 1);
+    assert_int_equal(offload_check(&s, 0, OFFLOAD_REQUIRE_PINNED, NULL, warn,
+                                   sizeof warn, err, sizeof err), -1);
+    assert_null(strstr(err, "ranks of this run"));
+    offload_test_set_pin_limit(SIZE_MAX);
+}
+
+/* The host memory check: a cpu run (everything resident, all of it host
+ * memory) needing about 0.7 of what m6d may use fits a node of one rank
+ * and is refused on a node of 2 ranks, each of which has half. The need
+ * is sized from MemAvailable (capped by the cgroup) measured here; a
+ * machine whose free memory moves by over a fifth meanwhile is measured
+ * again (3 tries). */
+static void test_node_share_host_memory(void **state)
+{
+    (void)state;
+    char err[1024], warn[1024];
+    run_spec s;
+    spec_defaults(&s);
+    s.pseudo.steps = 0;
+    s.nodes.world_size = 2;
+    s.train.batch_size = 1;
+    s.model = (model_config){.vocab_size = 256, .n_layer = 1, .n_head = 16,
+                             .n_embd = 1024, .seq_len = 16};
+    offload_plan p;
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    size_t one = p.peak_device_bytes;
+    offload_plan_free(&p);
+    s.model.n_layer = 2;
+    assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err), 0);
+    size_t layer = p.peak_device_bytes - one;  /* a layer's bytes */
+    offload_plan_free(&p);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        size_t avail = offload_host_available();
+        assert_true(avail > 0);
+        s.model.n_layer = (int)((0.7 * (double)avail - (double)one) /
+                                (double)layer) + 1;
+        assert_int_equal(offload_plan_for_spec(&s, 0, &p, err, sizeof err),
+                         0);
+        size_t need = p.peak_device_bytes;
+        offload_plan_free(&p);
+        node_share_set("t-node", 1);
+        int rc1 = offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                sizeof err);
+        node_share_set("t-node", 2);
+        int rc2 = offload_check(&s, 0, 0, NULL, warn, sizeof warn, err,
+                                sizeof err);
+        size_t after = offload_host_available();
+        node_share_set(NULL, 1);
+        if ((double)after < 0.8 * (double)avail ||
+            (double)after > 1.2 * (double)avail) {
+            printf("# free memory moved (%zu -> %zu bytes): again\n", avail,
+                   after);
+            continue;
+        }
+        printf("# need %zu of %zu bytes; 2 ranks: %s\n", need, avail, err);
+        assert_int_equal(rc1, 0);
+        assert_int_equal(rc2, -1);
+        assert_non_null(strstr(err, "host memory: training needs"));
+        assert_non_null(strstr(err, "node t-node runs 2 ranks of this run, "
+                                    "which share its host memory: "));
+        return;
+    }
+    fail_msg("free host memory kept moving by over a fifth");
+}
+
+/* Host AdamW threads (offload.host_threads 0, auto): the node's count
+ * (2 on cpu; on cuda the CPUs m6d may use less 2, in [1, 64]) split among
+ * a run's ranks on the node; an explicit count is each rank's as given. */
+static void test_node_share_host_threads(void **state)
+{
+    (void)state;
+    run_spec s;
+    spec_defaults(&s);
+    s.nodes.world_size = 4;
+    node_share_set(NULL, 1);
+    assert_int_equal(spec_host_threads(&s), 2);
+    node_share_set(NULL, 2);
+    assert_int_equal(spec_host_threads(&s), 1);  /* 2 / 2 */
+    node_share_set(NULL, 4);
+    assert_int_equal(spec_host_threads(&s), 1);  /* at least 1 */
+    s.nodes.world_size = 1;  /* a run of one rank has the node's */
+    assert_int_equal(spec_host_threads(&s), 2);
+    s.device.backend = BACKEND_CUDA;
+    s.nodes.world_size = 2;
+    node_share_set(NULL, 2);
+    long c = cpus_available() - 2;
+    long node = c < 1 ? 1 : c > 64 ? 64 : c;
+    assert_int_equal(spec_host_threads(&s), node / 2 < 1 ? 1 : node / 2);
+    s.offload.host_threads = 6;  /* the operator's: per rank */
+    assert_int_equal(spec_host_threads(&s), 6);
+    node_share_set(NULL, 1);
+}
+
 TEST_MAIN(
+    cmocka_unit_test(test_node_share_host_threads),
+    cmocka_unit_test(test_node_share_pinned),
+    cmocka_unit_test(test_node_share_host_memory),
     cmocka_unit_test(test_plan_hand_counted),
     cmocka_unit_test(test_plan_sharded),
     cmocka_unit_test(test_plan_hand_counted_moe),
