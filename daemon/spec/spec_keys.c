@@ -235,7 +235,8 @@ const key_ spec_keys_[] = {
     INT("offload", "host_threads", offload.host_threads, 0, 256,
         "Host threads that accumulate gradients and run AdamW for offloaded "
         "slots. 0: 2 on `cpu`, on `cuda` the CPUs m6d may use less 2 "
-        "(1 to 64)."),
+        "(1 to 64), divided among the run's ranks on the node; a number: "
+        "each rank's own."),
     ENUM("offload", "speculative", offload.speculative, speculative_names_,
          "With `grad_clip`: run an offloaded slot's AdamW as soon as its "
          "gradient lands, unclipped, into second buffers, kept when the "
