@@ -31,6 +31,7 @@
 #endif
 
 #include "common/node_share.h"
+#include "common/rankboard.h"
 #include "common/cpus.h"
 #include "common/threads.h"
 #include "common/log.h"
@@ -355,9 +356,9 @@ static int parse_args_(int argc, char **argv, options *o)
         case 'D': {
             char *end;
             long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > 256) {
-                fprintf(stderr, "m6d: --devices: want 1..256, got \"%s\"\n",
-                        optarg);
+            if (*end || v < 1 || v > RANKBOARD_DEVICES_MAX) {
+                fprintf(stderr, "m6d: --devices: want 1..%d, got \"%s\"\n",
+                        RANKBOARD_DEVICES_MAX, optarg);
                 return -1;
             }
             o->devices = (int)v;
