@@ -808,6 +808,36 @@ static int nodes_check_(const run_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* offload.stream_grads: what cannot stream is refused by name, never run
+ * unstreamed. */
+static int stream_check_(const run_spec *s, char *err, size_t errlen)
+{
+    const char *why =
+        s->device.memory_budget == 0
+            ? "needs offloading (device.memory_budget > 0): without it no "
+              "gradient is kept in host memory; remove offload.stream_grads"
+        : s->device.backend == BACKEND_CUDA
+            ? "on device.backend \"cuda\" is not supported yet (gpt_cuda "
+              "keeps every offloaded slot's gradient for the step); use "
+              "device.backend \"cpu\" or remove offload.stream_grads"
+        : s->train.grad_clip > 0
+            ? "needs train.grad_clip 0: the global-norm clip needs every "
+              "gradient before any update (Adafactor's update clipping, "
+              "optimizer.clip_threshold, bounds each update instead)"
+        : s->train.grad_accum > 1
+            ? "needs train.grad_accum 1: accumulating microbatches keeps "
+              "every offloaded slot's gradient for the whole step"
+        : s->nodes.world_size > 1 || s->nodes.pseudo_world_size > 1
+            ? "with nodes.world_size > 1 is not supported yet (an offloaded "
+              "slot's gradient is final only after the all-reduce); set "
+              "nodes.world_size to 1"
+            : NULL;
+    if (!why)
+        return 0;
+    seterr_(err, errlen, "offload.stream_grads %s", why);
+    return -1;
+}
+
 /* Checks between keys, once every key is read. */
 static int cross_check_(const run_spec *s, char *err, size_t errlen)
 {
@@ -830,6 +860,8 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
     if (nodes_check_(s, err, errlen) != 0)
         return -1;
     if (optimizer_check_(s, err, errlen) != 0)
+        return -1;
+    if (s->offload.stream_grads && stream_check_(s, err, errlen) != 0)
         return -1;
     /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
     if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {

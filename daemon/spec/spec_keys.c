@@ -241,6 +241,19 @@ const key_ spec_keys_[] = {
          "gradient lands, unclipped, into second buffers, kept when the "
          "global norm is within the clip and redone otherwise. `auto`: on "
          "when host memory allows its extra buffers (`m6ctl plan`)."),
+    INT("offload", "stream_grads", offload.stream_grads, 0, 1,
+        "`true` (or 1; `false`, 0: off): an offloaded slot's host update "
+        "runs as soon as its gradient is final, and its host gradient "
+        "buffer goes back to a small pool (the slots in flight, `m6ctl "
+        "plan`) instead of being kept for every offloaded slot for the "
+        "whole step. Needs offloading (`device.memory_budget` > 0), "
+        "`train.grad_clip` 0 (the global-norm clip needs every gradient "
+        "before any update; Adafactor's update clipping bounds each update "
+        "instead), `train.grad_accum` 1, one rank (`nodes.world_size` 1) "
+        "and `device.backend` `cpu`. A step whose gradient norm is NaN or "
+        "Inf skips the resident update and the update of each offloaded "
+        "slot whose own gradient is not finite; offloaded slots already "
+        "updated keep their update."),
     STR("init", "from", init.from,
         "A checkpoint directory (of a run, from `m6ctl import llmc` or "
         "`m6ctl export --format safetensors`) to start from: its weights, "
