@@ -18,6 +18,42 @@
 
 /* ------------------------------------------------------------- optimizer */
 
+float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq)
+{
+    gpt_grads_settle(g);
+    /* the buffers here in one parallel region up to the first slot that
+     * is elsewhere, then one by one: the same sum in the same order
+     * (grad_sumsq_many) */
+    int S = g->S, k = 0;
+    while (k < S && g->slots[k].grads)
+        k++;
+    const float **bufs = malloc((size_t)(1 + k) * sizeof *bufs);
+    size_t *ns = malloc((size_t)(1 + k) * sizeof *ns);
+    double sum = 0.0;
+    int rc = -1;
+    if (bufs && ns) {
+        bufs[0] = g->grads;
+        ns[0] = g->n_global;
+        for (int s = 0; s < k; s++) {
+            bufs[1 + s] = g->slots[s].grads;
+            ns[1 + s] = gpt_slot_floats(g, s);
+        }
+        rc = grad_sumsq_many(&sum, bufs, ns, 1 + k);
+    }
+    if (rc != 0) { /* out of memory: buffer by buffer */
+        sum = grad_sumsq(g->grads, g->n_global);
+        for (int s = 0; s < k; s++)
+            sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
+    }
+    free(bufs);
+    free(ns);
+    for (int s = k; s < S; s++)
+        sum += g->slots[s].grads
+                   ? grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s))
+                   : slot_sumsq[s];
+    return (float)sqrt(sum);
+}
+
 float gpt_grad_norm(const gpt_model *g)
 {
     gpt_grads_settle(g);

@@ -116,6 +116,11 @@ typedef struct {
     gpt_optim optim;       /* the optimizer state (zeroed: AdamW); the CPU
                             * model's Adafactor state by its own sizes
                             * (model_optim_floats), resident only */
+    int stream_grads;      /* offload.stream_grads: offloaded slots'
+                            * gradients streamed (cpu, one microbatch) */
+    int host_threads;      /* host update threads (offload.host_threads,
+                            * resolved); streamed gradients in flight
+                            * depend on it */
     int shard_world;       /* optimizer.shard: the AdamW state spread over
                             * this many data-parallel ranks (the phase's
                             * world size), each rank counted with its share
@@ -137,6 +142,11 @@ typedef struct {
  *     workspace     = 0
  *     host, per offloaded slot: params, grads, m, v, 16 bytes/parameter,
  *       all of it pinned (the host pool)
+ *     streamed gradients (offload.stream_grads): per offloaded slot
+ *       params, m, v, 12 bytes/parameter, and n_grad_bufs gradient buffers
+ *       of the largest slot (4 bytes/parameter, pinned; a pool of its own):
+ *       a slot's gradient takes one at its first drain and gives it back
+ *       when its host AdamW is done (offload_stream_grad_bufs)
  *
  *   cuda (daemon/model/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
  *     global_bytes  = 16 bytes * n_global_cuda (bf16 params 2 + bf16 grads
@@ -215,6 +225,9 @@ typedef struct offload_plan {
     size_t spec_slot_bytes;    /* second buffers of one offloaded slot */
     size_t spec_pinned_slot_bytes; /* of which page-locked */
     uint64_t h2d_bytes_per_step, d2h_bytes_per_step;
+    int stream_grads;          /* offloaded gradients streamed */
+    int n_grad_bufs;           /* ... through this many host buffers */
+    size_t grad_buf_bytes;     /* one of them (the largest slot's) */
     struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
                                    * phase's plan when the run has one */
 } offload_plan;
@@ -232,6 +245,18 @@ int offload_speculative_mode_of(const char *name);
  * constants plan.c copies (tests/gpu/test_trainer.c compares the two on a
  * GPU, and emu_gpu_trainer on the emulation). */
 size_t offload_cuda_act_bytes(const model_config *model, int B);
+
+/* offload.stream_grads: the host gradient buffers a step's offloaded
+ * slots share, the slots in flight: the most slots whose gradient is
+ * partial at once (offload_partial_max; 0 unless a slot's layers are not
+ * adjacent), plus one being updated on each of host_threads (>= 1) host
+ * threads, plus one landing; at most the offloaded slots. A drain that
+ * finds none free waits for an update to finish (the partial ones are
+ * fewer than the buffers, so one does). slot_of [L], offloaded [S]. -1
+ * when out of memory. */
+int offload_stream_grad_bufs(const int *slot_of, int L,
+                             const unsigned char *offloaded, int S,
+                             int host_threads);
 
 /* Plan one phase. 0, or -1 with err when the input is invalid or the model
  * does not fit even with every slot offloaded; the message gives the budget,
@@ -425,6 +450,9 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
  *   offload_step_begin(o, &adam or NULL)  // adam given: clip is off, so an
  *                                         // offloaded slot's AdamW starts
  *                                         // as soon as its gradient is final
+ *                                         // (offload.stream_grads: the
+ *                                         // backend gives it; the norm is
+ *                                         // then offload_stream_sumsq's)
  *   [offload_step_speculate(o, &adam)]    // clip on: the same, speculative
  *   gpt_zero_grad; for k in microbatches:
  *       offload_microbatch(o, k); gpt_forward; gpt_backward
@@ -465,6 +493,12 @@ typedef struct {
     uint64_t spec_restores;    /* slot updates redone from the second
                                 * buffers (the others were still queued
                                 * and ran once, clipped) */
+    int stream_grads;          /* the current plan streams gradients */
+    int n_grad_bufs;           /* ... through this many buffers */
+    offload_pool_stats grads;  /* the streamed gradients' own pool: its
+                                * peak is the most bytes in flight */
+    uint64_t stream_skips;     /* streamed slot updates skipped, their
+                                * gradient not finite, since creation */
 } offload_stats;
 
 /* Create the runtime for the planner input in (in->budget > 0 device
@@ -527,6 +561,12 @@ void offload_microbatch(offload_ctx *o, int k);
 void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
                             void *ready_ctx);
 void offload_wait_grads(offload_ctx *o);
+/* Streamed gradients (the plan's stream_grads), after offload_wait_grads:
+ * out[s] (S doubles, the model's slots) = grad_sumsq of offloaded slot s's
+ * final gradient of the step, taken as it landed (its buffer may be back
+ * in the pool since), 0 for a resident slot. 0, or -1 when the plan does
+ * not stream (out untouched). */
+int offload_stream_sumsq(offload_ctx *o, double *out);
 void offload_adamw(offload_ctx *o, const offload_adam *a);
 void offload_sync(offload_ctx *o);
 

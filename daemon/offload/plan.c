@@ -154,6 +154,31 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of,
     return 0;
 }
 
+int offload_stream_grad_bufs(const int *slot_of, int L,
+                             const unsigned char *offloaded, int S,
+                             int host_threads)
+{
+    int k = 0;
+    for (int s = 0; s < S; s++)
+        k += offloaded[s] != 0;
+    offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
+    int *at = malloc(2 * (size_t)L * sizeof(int));
+    unsigned char *touched = calloc((size_t)S, 1);
+    int n = -1;
+    if (iv && at && touched) {
+        int niv = offload_cut_pass(slot_of, L, offloaded, 1, 1, touched, iv,
+                                   at);
+        n = offload_partial_max(iv, niv) + (host_threads > 1 ? host_threads
+                                                             : 1) + 1;
+        if (n > k)
+            n = k;
+    }
+    free(iv);
+    free(at);
+    free(touched);
+    return n;
+}
+
 int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                       char *err, size_t errlen)
 {
@@ -188,6 +213,17 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->staging_bytes = pb.staging * ss;
     out->host_slot_bytes = pb.host * ss;
     out->pinned_slot_bytes = pb.pinned * ss;
+    if (in->stream_grads && (cuda || in->grad_accum != 1)) {
+        snprintf(err, errlen, "offload plan: streamed gradients "
+                 "(offload.stream_grads) are planned on the cpu backend "
+                 "with one microbatch a step only");
+        return -1;
+    }
+    /* streamed: an offloaded slot keeps no gradient of its own */
+    int host_keep = pb.host - (in->stream_grads ? pb.host_grads : 0);
+    int pin_keep = pb.pinned - (in->stream_grads ? pb.stream_grad : 0);
+    out->host_slot_bytes = (size_t)host_keep * ss;
+    out->pinned_slot_bytes = (size_t)pin_keep * ss;
     /* Adafactor (the CPU model only, resident only: the spec refuses it
      * elsewhere): weights and gradients per parameter, its state by the
      * tensors' shapes */
@@ -349,8 +385,23 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
      * pb.resident bytes each in res_of, pb.host on the host */
     size_t f = res_of ? (res_of[S] - res_of[R]) / pb.resident : 0;
     if (res_of) {
-        out->host_bytes = pb.host * f;
-        out->pinned_bytes = pb.pinned * f;
+        out->host_bytes = (size_t)host_keep * f;
+        out->pinned_bytes = (size_t)pin_keep * f;
+    }
+    if (in->stream_grads && out->n_offloaded > 0) {
+        out->stream_grads = 1;
+        out->n_grad_bufs = offload_stream_grad_bufs(map, L, out->placement, S,
+                                                    in->host_threads);
+        if (out->n_grad_bufs < 0) {
+            free(res_of);
+            free(map);
+            offload_plan_free(out);
+            snprintf(err, errlen, "offload plan: out of memory");
+            return -1;
+        }
+        out->grad_buf_bytes = (size_t)pb.stream_grad * ss;
+        out->host_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
+        out->pinned_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
     }
     /* the speculative update's second buffers (offload.h) */
     out->speculative_mode = in->speculative;
@@ -422,6 +473,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .speculative = spec->offload.speculative,
         .clipped = spec->train.grad_clip > 0,
         .host_limit = 0,
+        .stream_grads = spec->offload.stream_grads,
+        .host_threads = spec_host_threads(spec),
         .optim = spec_gpt_optim(spec),
         .shard_world = spec->optimizer.shard ? spec_world_of_phase(spec, 0)
                                              : 1,
@@ -554,6 +607,9 @@ static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_sl
 static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
 
 static void g_ssl_(const void *row, view_val *v) { v->i = (long long)P_->spec_slot_bytes; }
+static void g_sg_(const void *row, view_val *v) { v->i = P_->stream_grads; }
+static void g_ngb_(const void *row, view_val *v) { v->i = P_->n_grad_bufs; }
+static void g_gbb_(const void *row, view_val *v) { v->i = (long long)P_->grad_buf_bytes; }
 static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
 
 static const view_field breakdown_fields_[] = {
@@ -568,6 +624,9 @@ static const view_field breakdown_fields_[] = {
     {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
     {"speculative_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ssl_},
     {"speculative_pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spsl_},
+    {"stream_grads", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_sg_},
+    {"grad_buffers", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ngb_},
+    {"grad_buffer_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_gbb_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 
@@ -693,7 +752,16 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
             short_bytes_(w, sizeof w, p->workspace_bytes));
     short_bytes_(hs, sizeof hs, p->host_slot_bytes);
     short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded * p->host_slot_bytes);
-    if (cpu)
+    if (cpu && p->stream_grads) {
+        char gb[32], gt[32];
+        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params, "
+                "m, v) + %d gradient buffers in flight x %s = %s "
+                "(offload.stream_grads), page-locked\n", p->n_offloaded, hs,
+                ht, p->n_grad_bufs,
+                short_bytes_(gb, sizeof gb, p->grad_buf_bytes),
+                short_bytes_(gt, sizeof gt,
+                             (size_t)p->n_grad_bufs * p->grad_buf_bytes));
+    } else if (cpu)
         fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
                 "fp32 params, grads, m, v)\n", p->n_offloaded, hs, ht);
     else

@@ -84,9 +84,14 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
      * slot's gradient, or the loss, turns out NaN or Inf (the step is then
      * skipped, trainer.h). With clipping and a speculative plan they are
      * updated unclipped at once into second buffers, kept when the norm is
-     * finite and within the clip, else redone or (a skipped step) undone. */
+     * finite and within the clip, else redone or (a skipped step) undone.
+     * Streamed gradients (offload.stream_grads, no clip, one microbatch)
+     * are the exception the spec states: updated at once, a slot whose own
+     * gradient is not finite skipped, the others kept. */
     if (c->off) {
-        offload_step_begin(c->off, NULL);
+        int stream = offload_current_plan(c->off)->stream_grads;
+        offload_adam now = offload_adam_(h, 1.0f);
+        offload_step_begin(c->off, stream ? &now : NULL);
         /* an offloaded slot's gradient is divided where it lands, before
          * a speculative update reads it; data-parallel, it is final only
          * once the all-reduce has summed it (cpu_grad_summed_) */
@@ -188,9 +193,23 @@ static float cpu_grad_norm_(void *ctx)
         return NAN;
     if (c->grad_mean > 0)
         mean_slot_grads_(c);
-    if (c->poison_slot >= 0 && c->poison_slot < c->model.S)
-        c->model.slots[c->poison_slot].grads[0] = INFINITY;
-    return gpt_grad_norm(&c->model);
+    double *sq = NULL;
+    if (c->off && offload_current_plan(c->off)->stream_grads) {
+        /* streamed: offloaded slots' parts as they landed */
+        if (!(sq = malloc((size_t)c->model.S * sizeof *sq)))
+            return NAN;
+        offload_stream_sumsq(c->off, sq);
+    }
+    if (c->poison_slot >= 0 && c->poison_slot < c->model.S) {
+        if (c->model.slots[c->poison_slot].grads)
+            c->model.slots[c->poison_slot].grads[0] = INFINITY;
+        else if (sq)
+            sq[c->poison_slot] = INFINITY;
+    }
+    float norm = sq ? gpt_grad_norm_with(&c->model, sq)
+                    : gpt_grad_norm(&c->model);
+    free(sq);
+    return norm;
 }
 
 static void cpu_poison_grad_(void *ctx, int s)
