@@ -314,7 +314,10 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json);
  *     (bf16), optimizer 8 (fp32 m, v) = 16;
  *   device, staging buffer: 4 per parameter of the slot share it holds;
  *   host, offloaded: weights 6 (fp32 master 4 + pinned bf16 2), gradients 6
- *     (fp32 accumulator 4 + pinned bf16 2), optimizer 8 = 20.
+ *     (fp32 accumulator 4 + pinned bf16 2), optimizer 8 = 20; with
+ *     offload.stream_grads no gradients per offloaded parameter, but
+ *     n_grad_bufs in flight of the largest offloaded share, 2 bytes
+ *     (pinned bf16) a parameter each.
  * Resident slots are a prefix, the most the device memory holds with the
  * globals and min(prefetch, offloaded) staging buffers of the largest
  * offloaded share; host memory is per node, G devices' offloaded shares.
@@ -363,6 +366,13 @@ typedef struct {
     uint64_t af_dev_floats;     /* Adafactor's second moment on a device
                                  * (resident part) and on its host share */
     uint64_t af_host_floats;
+    int stream_grads;           /* offload.stream_grads: host_grads are
+                                 * n_grad_bufs gradients in flight
+                                 * (offload_stream_grad_bufs with the
+                                 * spec's host threads, spec_host_threads)
+                                 * of the largest offloaded share, each
+                                 * pb.stream_grad bytes a parameter */
+    int n_grad_bufs;
 } cluster_phase;
 
 typedef struct {
@@ -381,22 +391,24 @@ typedef struct {
     optimizer_kind optimizer;
     float beta1;                /* Adafactor's (0: no first moment) */
     master_kind master;
+    int stream;                 /* offload.stream_grads */
     cluster_plan plan;
     double device_bytes_per_param;  /* real phase, every slot resident:
                                  * all_resident_bytes / params per device */
     double host_bytes_per_param;    /* an offloaded parameter's host bytes
                                  * (per-parameter part; Adafactor's second
-                                 * moment beside) */
+                                 * moment and streamed gradients beside) */
     int possible;               /* 0: a device cannot hold even every slot
                                  * offloaded, in some phase */
     uint64_t least_host_bytes;  /* the least host memory per node it
                                  * needs over both phases (0: resident) */
 } cluster_setting;
-#define CLUSTER_N_SETTINGS 6
+#define CLUSTER_N_SETTINGS 12
 /* The plan of spec on in for each optimizer setting, in this order:
  * AdamW, Adafactor with a first moment (beta1 0.9, or the spec's when it
  * has one), Adafactor without one (beta1 0), each with fp32 then bf16
- * master weights. 0, or -1 with err. */
+ * master weights; then the same six with offload.stream_grads. 0, or -1
+ * with err. */
 int cluster_settings_plan(const run_spec *spec, const cluster_input *in,
                           cluster_setting out[CLUSTER_N_SETTINGS], char *err,
                           size_t errlen);
