@@ -233,10 +233,9 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                  "cpu backend without offloading only");
         return -1;
     }
-    if (in->optim.master_bf16 && (cuda || in->budget > 0)) {
+    if (in->optim.master_bf16 && cuda) {
         snprintf(err, errlen, "offload plan: bf16 master weights "
-                 "(optimizer.master) are planned on the cpu backend without "
-                 "offloading only");
+                 "(optimizer.master) are planned on the cpu backend only");
         return -1;
     }
     size_t wg = (size_t)(pb.weights + pb.grads);

@@ -191,9 +191,9 @@ const key_ spec_keys_[] = {
          "Master weights of either optimizer: `fp32`, or `bf16` (2 bytes a "
          "parameter in checkpoints; every update rounded to bf16 "
          "stochastically, seeded by `train.seed`, so a run and its resume "
-         "are reproducible). `bf16` runs on `cpu` without "
-         "offloading only; the CPU model still computes from an fp32 copy "
-         "of the bf16 values."),
+         "are reproducible). `bf16` runs on `cpu` (offloaded slots "
+         "included: their host AdamW rounds the same way); the CPU model "
+         "still computes from an fp32 copy of the bf16 values."),
     INT("optimizer", "shard", optimizer.shard, 0, 1,
         "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards the "
         "optimizer state over the data-parallel ranks, each keeping that of "

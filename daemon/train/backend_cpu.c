@@ -495,11 +495,6 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                  "offloading is not supported yet");
         goto fail;
     }
-    if (bs->optim.master_bf16 && c->off) {
-        snprintf(err, errlen, "optimizer.master \"bf16\" with "
-                 "offloading is not supported yet");
-        goto fail;
-    }
     if (gpt_create_optim(&c->model, &bs->model, bs->n_slots, bs->batch_size,
                          c->off ? offload_storage(c->off) : NULL,
                          &bs->optim) != 0) {

@@ -686,6 +686,68 @@ static void check_stream_same_(int n_layer, int host_threads)
     trainer_free(tb);
 }
 
+/* bf16 master weights (optimizer.master) on offloaded slots: the host
+ * AdamW rounds them stochastically with the same keys as gpt_adamw does
+ * resident ones, so 20 steps with the delink at 8, clipped, give the
+ * resident run's losses and state bit for bit; and streamed (no clip)
+ * the unstreamed offloaded run's. The weights are bf16 values. */
+static void test_bf16_masters_offloaded(void **state)
+{
+    (void)state;
+    run_spec plain = spec6_(20, 8);
+    plain.train.grad_accum = 1;
+    plain.optimizer.master = MASTER_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    trainer *ta, *tb;
+    fixture_train_same(&plain, &off, 20, NULL, &ta, &tb);
+    size_t n = trainer_copy_state(tb, 0, NULL);
+    float *w = fixture_copy_state(tb, 0);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        if (u & 0xffffu)
+            fail_msg("weight %zu is not a bf16 value (0x%08x)", i, u);
+    }
+    free(w);
+    trainer_free(ta);
+    trainer_free(tb);
+    off.train.grad_clip = 0;
+    run_spec str = off;
+    str.offload.stream_grads = 1;
+    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    assert_true(st.grads.peak > 0);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+/* Streamed, bf16 masters: saved at step 12 (after the delink at 8) and
+ * resumed in a fresh trainer, the run goes on bit for bit to step 20. */
+static void test_stream_resume_bitwise(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(20, 8);
+    s.train.grad_accum = 1;
+    s.train.grad_clip = 0;
+    s.optimizer.master = MASTER_BF16;
+    s.device.memory_budget = fixture_budget_for(&s, 1);
+    s.offload.stream_grads = 1;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt-stream-12", tmpdir_);
+    float l[20];
+    trainer *t = fixture_trainer(&s);
+    fixture_run_steps(t, &s, 12, l, NULL);
+    assert_true(fixture_save(t, dir) > 0);
+    fixture_resume_same(t, &s, dir, 12, 20, l);
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(t, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    trainer_free(t);
+}
+
 static void test_stream_grads_same_as_unstreamed(void **state)
 {
     (void)state;
@@ -904,6 +966,8 @@ int main(void)
         cmocka_unit_test(test_stream_grads_one_host_thread),
         cmocka_unit_test(test_stream_grads_partial_gradient),
         cmocka_unit_test(test_stream_grads_refusals),
+        cmocka_unit_test(test_bf16_masters_offloaded),
+        cmocka_unit_test(test_stream_resume_bitwise),
     };
     if (getenv("M6_TEST_FILTER")) /* e.g. M6_TEST_FILTER='*no_clip' */
         cmocka_set_test_filter(getenv("M6_TEST_FILTER"));
