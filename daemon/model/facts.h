@@ -156,8 +156,8 @@ model_param_bytes model_param_bytes_of(int cuda);
  *     shrink (2 bytes a weight).
  * resident and host follow (weights + grads + optim). The host update's
  * traffic (adam_direct, adam_accum) and the speculative buffers are fp32
- * AdamW's whatever o says: on offloaded slots the CPU model runs AdamW
- * only, with either master (its bf16 masters are fp32 floats).
+ * AdamW's whatever o says (the CPU model's offloaded slots run either
+ * optimizer, with either master: its bf16 masters are fp32 floats).
  * What the CUDA model does not run yet (Adafactor, bf16 masters) is its
  * design, for the planners at scale (offload/plan_cluster.c). */
 model_param_bytes model_param_bytes_for(int cuda, const gpt_optim *o);

@@ -308,6 +308,39 @@ out:
     return rc;
 }
 
+int gpt_adafactor_slot(gpt_model *g, int s, const adafactor_hparams *h,
+                       float weight_decay)
+{
+    if (!g->adafactor || s < 0 || s >= g->S) {
+        errno = EINVAL;
+        return -1;
+    }
+    gpt_settle_slot(g, s);
+    int region = g->slot_moe[s];
+    int nt = gpt_af_tensors(&g->cfg, region, NULL, NULL);
+    gpt_af_tensor *tab = nt < 0 ? NULL : malloc((size_t)nt * sizeof *tab);
+    adafactor_span *sp = nt < 0 ? NULL : malloc((size_t)nt * sizeof *sp);
+    int rc = -1;
+    if (!tab || !sp) {
+        errno = ENOMEM;
+        goto out;
+    }
+    gpt_af_tensors(&g->cfg, region, tab, NULL);
+    const gpt_slot_state *st = &g->slots[s];
+    int n = af_spans_(g, s, sp, st->params, st->grads, st->m, st->v, tab, nt,
+                      g->adam_t_slot[s] + 1, weight_decay);
+    if (adafactor_update_spans(sp, n, h) != 0) {
+        errno = ENOMEM;
+        goto out;
+    }
+    g->adam_t_slot[s]++;
+    rc = 0;
+out:
+    free(tab);
+    free(sp);
+    return rc;
+}
+
 /* ------------------------------------------------------------- sharding */
 
 void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi)

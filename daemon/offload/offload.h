@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kernels.h"
 #include "model/facts.h"
 #include "model/gpt.h"
 #include "spec/spec.h"
@@ -141,7 +142,10 @@ typedef struct {
  *     act_bytes     = gpt_act_floats(model, B) * 4
  *     workspace     = 0
  *     host, per offloaded slot: params, grads, m, v, 16 bytes/parameter,
- *       all of it pinned (the host pool)
+ *       all of it pinned (the host pool); with Adafactor params, grads,
+ *       its first moment (if any) and its factored second moment
+ *       (model_optim_floats), a block each, each rounded up to 64 bytes,
+ *       and the speculative update off (its second buffers are AdamW's)
  *     streamed gradients (offload.stream_grads): per offloaded slot
  *       params, m, v, 12 bytes/parameter, and n_grad_bufs gradient buffers
  *       of the largest slot (4 bytes/parameter, pinned; a pool of its own):
@@ -481,8 +485,13 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
  * it waits on condition variables. */
 typedef struct offload_ctx offload_ctx;
 
+/* A host update's hyperparameters: AdamW's, or with adafactor 1
+ * Adafactor's af (its grad_scale replaced by grad_scale, weight_decay
+ * decoupled as AdamW's). */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int adafactor;
+    adafactor_hparams af;
 } offload_adam;
 
 typedef struct {

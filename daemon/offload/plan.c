@@ -92,7 +92,10 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
     int nst = k < prefetch ? k : prefetch;
     size_t res = resident_of ? resident_of[n_resident]
                              : (size_t)n_resident * p->slot_bytes;
-    return p->global_bytes + p->act_bytes + p->workspace_bytes + res +
+    /* the globals and resident slots are one pool block, 64-byte rounded
+     * (AdamW's always fill it; Adafactor's factored state may not) */
+    size_t block = (p->global_bytes + res + 63) / 64 * 64;
+    return block + p->act_bytes + p->workspace_bytes +
            (size_t)nst * p->staging_bytes;
 }
 
@@ -224,14 +227,35 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     int pin_keep = pb.pinned - (in->stream_grads ? pb.stream_grad : 0);
     out->host_slot_bytes = (size_t)host_keep * ss;
     out->pinned_slot_bytes = (size_t)pin_keep * ss;
-    /* Adafactor (the CPU model only, resident only: the spec refuses it
-     * elsewhere): weights and gradients per parameter, its state by the
-     * tensors' shapes */
+    /* Adafactor (the CPU model only: the spec refuses it elsewhere):
+     * weights and gradients per parameter, its state by the tensors'
+     * shapes */
     int af = in->optim.adafactor;
-    if (af && (cuda || in->budget > 0)) {
+    if (af && cuda) {
         snprintf(err, errlen, "offload plan: Adafactor is planned on the "
-                 "cpu backend without offloading only");
+                 "cpu backend only");
         return -1;
+    }
+    /* Adafactor (cpu, everything pinned): weights and gradients per
+     * parameter, its state by the tensors' shapes (model_optim_floats) */
+    size_t af_host[2] = {0, 0};  /* an offloaded dense [0] and MoE [1] slot */
+    if (af) {
+        size_t dsz;
+        gpt_tensor dt[SLOT_NTENSORS_MAX];
+        gpt_slot_layout(c, 0, dt, &dsz);
+        /* weights and gradients (and the first moment) fill whole 64-byte
+         * pool blocks; the second moment's block is rounded up to one */
+        int wgh = host_keep - pb.optim;
+        for (int kd = 0; kd < 2; kd++) {
+            size_t n = kd ? ss : dsz;
+            size_t mb = in->optim.first_moment ? n * sizeof(float) : 0;
+            size_t vb = sizeof(float) *
+                            model_optim_floats(c, kd && c->moe_experts > 0,
+                                               &in->optim) - mb;
+            af_host[kd] = (size_t)wgh * n + mb + (vb + 63) / 64 * 64;
+        }
+        out->host_slot_bytes = out->pinned_slot_bytes =
+            af_host[c->moe_experts > 0];
     }
     if (in->optim.master_bf16 && cuda) {
         snprintf(err, errlen, "offload plan: bf16 master weights "
@@ -332,7 +356,6 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                                                         c, 0, &in->optim)
                                                   : pb.optim * ds, D));
     }
-    free(kind);
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
 
     int R = S;
@@ -361,6 +384,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                      fmt_bytes_(w, sizeof w, out->workspace_bytes));
             free(map);
             free(res_of);
+            free(kind);
             return -1;
         }
     }
@@ -368,6 +392,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (!out->placement) {
         free(map);
         free(res_of);
+        free(kind);
         snprintf(err, errlen, "offload plan: out of memory");
         return -1;
     }
@@ -387,12 +412,21 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->host_bytes = (size_t)host_keep * f;
         out->pinned_bytes = (size_t)pin_keep * f;
     }
+    if (af) { /* each offloaded slot at its kind's Adafactor bytes */
+        int mixed = gpt_model_mixed(c);
+        out->host_bytes = 0;
+        for (int s = R; s < S; s++)
+            out->host_bytes +=
+                af_host[mixed ? kind[s] : c->moe_experts > 0];
+        out->pinned_bytes = out->host_bytes;
+    }
     if (in->stream_grads && out->n_offloaded > 0) {
         out->stream_grads = 1;
         out->n_grad_bufs = offload_stream_grad_bufs(map, L, out->placement, S,
                                                     in->host_threads);
         if (out->n_grad_bufs < 0) {
             free(res_of);
+            free(kind);
             free(map);
             offload_plan_free(out);
             snprintf(err, errlen, "offload plan: out of memory");
@@ -411,7 +445,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
     out->speculative =
-        out->n_offloaded > 0 && in->clipped &&
+        out->n_offloaded > 0 && in->clipped && !af &&
         (in->speculative == SPEC_SPECULATIVE_ON ||
          (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
           need <= in->host_limit));
@@ -423,6 +457,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     int rc = count_step_bytes_(out, map, res_of);
     free(res_of);
+    free(kind);
     free(map);
     if (rc != 0) {
         offload_plan_free(out);

@@ -340,7 +340,14 @@ static void *host_thread_main_(void *arg)
          * (the step is skipped, trainer.h; the slots updated already
          * cannot be taken back: offload.stream_grads says so) */
         int skip = o->sumsq && !isfinite(o->sumsq[s]);
-        if (!skip)
+        if (!skip && a.adafactor) {
+            adafactor_hparams af = a.af;
+            af.grad_scale = a.grad_scale;
+            /* out of memory for its spans: the slot keeps its state */
+            if (gpt_adafactor_slot(o->g, s, &af, a.weight_decay) != 0)
+                fprintf(stderr, "offload: slot %d's Adafactor update "
+                        "skipped: out of memory\n", s);
+        } else if (!skip)
             gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps,
                            a.weight_decay, a.grad_scale);
         double dt = clock_mono_s() - t0;
@@ -578,7 +585,20 @@ static int alloc_state_(void *ctx, gpt_model *g)
             off_floats += gpt_slot_floats(g, s);
     }
     g->n_local = ng + res_floats;
-    size_t nb = 4 * g->n_local * sizeof(float);
+    /* m and v: AdamW's n_local floats each; Adafactor's first moment
+     * (n_local, or none) and its second moment in the af layout, the
+     * globals' then each resident slot's (gpt.h gpt_storage) */
+    int has_m = !g->adafactor || g->af_first_moment;
+    size_t nm = has_m ? g->n_local : 0, nv = g->n_local;
+    if (g->adafactor) {
+        nv = g->af_v_global;
+        for (int s = 0; s < S; s++) {
+            g->af_v_off[s] = nv - g->af_v_global;
+            if (plan.placement[s] == OFFLOAD_RESIDENT)
+                nv += g->af_v_kind[g->slot_moe[s]];
+        }
+    }
+    size_t nb = (2 * g->n_local + nm + nv) * sizeof(float);
     o->dev_block = offload_pool_alloc(o->dev, nb);
     if (!o->dev_block) {
         pool_error_(o, o->dev, "globals and resident slots", nb);
@@ -596,10 +616,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
             if (plan.placement[s] == OFFLOAD_RESIDENT)
                 continue;
             size_t bytes = gpt_slot_floats(g, s) * sizeof(float);
+            size_t vbytes = g->adafactor
+                                ? g->af_v_kind[g->slot_moe[s]] * sizeof(float)
+                                : bytes;
             for (int a = 0; a < 4; a++, o->n_host_arr++)
-                if (!(a == 1 && per == 3) &&
-                    !(o->host_arr[o->n_host_arr] =
-                          offload_pool_alloc(o->host, bytes))) {
+                if (!(a == 1 && per == 3) && !(a == 2 && !has_m) &&
+                    !(o->host_arr[o->n_host_arr] = offload_pool_alloc(
+                          o->host, a == 3 ? vbytes : bytes))) {
                     pool_error_(o, o->host, "offloaded slots", hb);
                     goto fail;
                 }
@@ -663,8 +686,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
 
     g->params = o->dev_block;
     g->grads = g->params + g->n_local;
-    g->m = g->grads + g->n_local;
-    g->v = g->m + g->n_local;
+    g->m = has_m ? g->grads + g->n_local : NULL;
+    g->v = g->grads + g->n_local + nm;
     size_t r = ng, k = 0;
     for (int s = 0; s < S; s++) {
         gpt_slot_state *st = &g->slots[s];
@@ -672,8 +695,10 @@ static int alloc_state_(void *ctx, gpt_model *g)
         if (o->plan.placement[s] == OFFLOAD_RESIDENT) {
             size_t off = r;
             r += n;
-            *st = (gpt_slot_state){g->params + off, g->grads + off, g->m + off,
-                                   g->v + off};
+            *st = (gpt_slot_state){
+                g->params + off, g->grads + off, has_m ? g->m + off : NULL,
+                g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
+                             : g->v + off};
             g->w[s] = st->params;
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;

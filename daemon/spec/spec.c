@@ -663,29 +663,6 @@ precision_kind spec_precision(const run_spec *s)
 
 
 
-/* `what` (a key and its value) refused by name where the engine does not
- * implement it yet: on device.backend cuda (cuda_why: what that backend
- * does instead; cuda_fix: the way out) and with offloading (off_why,
- * off_fix). 0, or -1 with err. */
-static int engine_support_(const run_spec *s, const char *what,
-                           const char *cuda_why, const char *cuda_fix,
-                           const char *off_why, const char *off_fix,
-                           char *err, size_t errlen)
-{
-    if (s->device.backend == BACKEND_CUDA) {
-        seterr_(err, errlen, "%s on device.backend \"cuda\" is not supported "
-                "yet (%s); %s", what, cuda_why, cuda_fix);
-        return -1;
-    }
-    if (s->device.memory_budget > 0) {
-        seterr_(err, errlen, "%s with offloading (device.memory_budget > 0, "
-                "and so the speculative host update) is not supported yet: "
-                "%s; %s", what, off_why, off_fix);
-        return -1;
-    }
-    return 0;
-}
-
 /* optimizer.master bf16: where it is not implemented, refused by name
  * (on cpu offloaded slots are bf16 masters too: the host AdamW rounds
  * them stochastically as gpt_adamw does the resident ones). */
@@ -748,11 +725,23 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
         }
         return 0;
     }
-    return engine_support_(s, "optimizer.name \"adafactor\"",
-                           "the CUDA backend runs AdamW only",
-                           "use device.backend \"cpu\"",
-                           "offloaded slots are updated by host AdamW only",
-                           "set device.memory_budget to 0", err, errlen);
+    if (s->device.backend == BACKEND_CUDA) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" on device.backend "
+                "\"cuda\" is not supported yet (the CUDA backend runs AdamW "
+                "only); use device.backend \"cpu\"");
+        return -1;
+    }
+    /* offloaded slots get host Adafactor; the speculative update's second
+     * buffers are AdamW's */
+    if (s->device.memory_budget > 0 &&
+        s->offload.speculative == SPEC_SPECULATIVE_ON) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" with "
+                "offload.speculative \"on\" is not supported yet (the "
+                "speculative update keeps AdamW's state only); set "
+                "offload.speculative to \"auto\" or \"off\"");
+        return -1;
+    }
+    return 0;
 }
 
 

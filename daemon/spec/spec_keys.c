@@ -169,8 +169,9 @@ const key_ spec_keys_[] = {
          "Stern 2018: factored second moment of every matrix, full for "
          "vectors, update clipping; the `optimizer.*` keys below). Both use "
          "`train.lr` and its schedule, `train.weight_decay` (decoupled) and "
-         "`train.grad_clip`. `adafactor` runs on `cpu` (any number of ranks) without "
-         "offloading only (`device.memory_budget` 0)."),
+         "`train.grad_clip`. `adafactor` runs on `cpu` (any number of "
+         "ranks; offloaded slots get a host Adafactor, without "
+         "`offload.speculative` `on`)."),
     FLT("optimizer", "beta1", optimizer.beta1, 0, 0, 1, 1,
         "Adafactor: first moment of the clipped update. 0: none (no "
         "memory for it)."),

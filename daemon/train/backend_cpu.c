@@ -52,7 +52,7 @@ static void cpu_free_(void *ctx)
 static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
 {
     return (offload_adam){h->lr, h->beta1, h->beta2, h->eps,
-                          h->weight_decay, grad_scale};
+                          h->weight_decay, grad_scale, h->adafactor, h->af};
 }
 
 /* share[s] = the layers using slot s under the model's share map, into
@@ -223,7 +223,10 @@ static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
     float clip = h->grad_clip;
     float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
     if (h->adafactor) {
-        /* no offloaded slot: the spec refuses Adafactor with a budget */
+        if (c->off) { /* host threads update offloaded slots meanwhile */
+            offload_adam a = offload_adam_(h, scale);
+            offload_adamw(c->off, &a);
+        }
         adafactor_hparams af = h->af;
         af.grad_scale = scale;
         /* out of memory for its span table: the weights, state and step
@@ -490,11 +493,6 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                                               backend_setup_phase_plan(bs),
                                               err, errlen)))
         goto fail;
-    if (bs->optim.adafactor && c->off) {
-        snprintf(err, errlen, "optimizer.name \"adafactor\" with "
-                 "offloading is not supported yet");
-        goto fail;
-    }
     if (gpt_create_optim(&c->model, &bs->model, bs->n_slots, bs->batch_size,
                          c->off ? offload_storage(c->off) : NULL,
                          &bs->optim) != 0) {

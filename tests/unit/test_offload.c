@@ -481,7 +481,8 @@ static float model_step_lr_(gpt_model *g, offload_ctx *o, int accum, int B,
 {
     int T = g->cfg.seq_len;
     int32_t inp[256], tgt[256];
-    offload_adam a = {lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    offload_adam a = {.lr = lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                      .weight_decay = 0.1f, .grad_scale = 1.0f};
     if (o)
         offload_step_begin(o, early ? &a : NULL);
     gpt_zero_grad(g);
@@ -613,7 +614,9 @@ static void test_late_update_keeps_its_step(void **state)
     offload_test_hold_updates(o, 1);
     model_step_lr_(&a, NULL, 1, 2, 1, 1e-2f, 1);
     model_step_lr_(&b, o, 1, 2, 1, 1e-2f, 1);
-    offload_adam next = {5e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    offload_adam next = {.lr = 5e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .weight_decay = 0.1f,
+                         .grad_scale = 1.0f};
     offload_step_begin(o, &next); /* the next step begins */
     offload_test_hold_updates(o, 0);
     offload_sync(o);
@@ -724,6 +727,71 @@ static void test_bf16_masters_offloaded(void **state)
     trainer_free(tb);
 }
 
+/* Adafactor (with and without a first moment, fp32 and bf16 masters) on
+ * offloaded slots: the host update (gpt_adafactor_slot) is gpt_adafactor's
+ * per slot, so 20 steps with the delink at 8, clipped, give the resident
+ * run's losses and state bit for bit (one OpenMP thread both ways: the
+ * same summation order), and streamed (no clip) the unstreamed offloaded
+ * run's; dense, MoE and mixed models. The offloaded state is
+ * Adafactor's: the host pool holds each
+ * offloaded slot's params, grads, first moment (if any) and factored
+ * second moment, as the plan counts. */
+static void check_adafactor_offloaded_(float beta1, int bf16, int moe_every)
+{
+    run_spec plain = spec6_(20, 8);
+    if (moe_every)
+        synth_tiny_moe(&plain.model, moe_every, 32, 1.0f);
+    plain.train.grad_accum = 1;
+    plain.optimizer.name = OPTIMIZER_ADAFACTOR;
+    plain.optimizer.beta1 = beta1;
+    if (bf16)
+        plain.optimizer.master = MASTER_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    trainer *ta, *tb;
+    fixture_train_same(&plain, &off, 20, NULL, &ta, &tb);
+    offload_stats st;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&off, 0, &p, err, sizeof err), 0);
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_true(st.n_offloaded >= 4);
+    assert_int_equal(st.n_offloaded, p.n_offloaded);
+    assert_int_equal(st.host.in_use, p.host_bytes);
+    /* the device pool's peak is the larger phase's plan */
+    size_t want = p.peak_device_bytes;
+    if (p.pseudo && p.pseudo->peak_device_bytes > want)
+        want = p.pseudo->peak_device_bytes;
+    assert_int_equal(st.device.peak, want);
+    /* Adafactor's factored state: less than AdamW's 16 bytes a parameter */
+    size_t ng, ss;
+    gpt_layout_sizes(&off.model, &ng, &ss);
+    assert_true(st.host.in_use < (size_t)st.n_offloaded * 16 * ss);
+    offload_plan_free(&p);
+    trainer_free(ta);
+    trainer_free(tb);
+    off.train.grad_clip = 0;
+    run_spec str = off;
+    str.offload.stream_grads = 1;
+    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    assert_true(st.grads.peak > 0 && st.grads.peak <= 3 * ss * sizeof(float));
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+static void test_adafactor_offloaded(void **state)
+{
+    (void)state;
+    check_adafactor_offloaded_(0.0f, 0, 0);
+    check_adafactor_offloaded_(0.9f, 0, 0);
+    check_adafactor_offloaded_(0.0f, 1, 0);
+    check_adafactor_offloaded_(0.9f, 1, 0);
+    check_adafactor_offloaded_(0.9f, 0, 1);  /* MoE in every block */
+    check_adafactor_offloaded_(0.0f, 1, 2);  /* dense and MoE slots */
+}
+
 /* Streamed, bf16 masters: saved at step 12 (after the delink at 8) and
  * resumed in a fresh trainer, the run goes on bit for bit to step 20. */
 static void test_stream_resume_bitwise(void **state)
@@ -822,7 +890,9 @@ static void test_stream_grads_partial_gradient(void **state)
     int32_t inp[128], tgt[128];
     double sq[4];
     for (int i = 0; i < 8; i++) {
-        offload_adam h = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+        offload_adam h = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+                          .eps = 1e-8f, .weight_decay = 0.1f,
+                          .grad_scale = 1.0f};
         synth_random_batch(inp, tgt, B * T, cfg.vocab_size, (uint64_t)i);
         offload_step_begin(o, &h);
         gpt_zero_grad(&a);
@@ -968,6 +1038,7 @@ int main(void)
         cmocka_unit_test(test_stream_grads_refusals),
         cmocka_unit_test(test_bf16_masters_offloaded),
         cmocka_unit_test(test_stream_resume_bitwise),
+        cmocka_unit_test(test_adafactor_offloaded),
     };
     if (getenv("M6_TEST_FILTER")) /* e.g. M6_TEST_FILTER='*no_clip' */
         cmocka_set_test_filter(getenv("M6_TEST_FILTER"));
