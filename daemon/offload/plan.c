@@ -788,8 +788,8 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
     short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded * p->host_slot_bytes);
     if (cpu && p->stream_grads) {
         char gb[32], gt[32];
-        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params, "
-                "m, v) + %d gradient buffers in flight x %s = %s "
+        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params "
+                "and optimizer state) + %d gradient buffers in flight x %s = %s "
                 "(offload.stream_grads), page-locked\n", p->n_offloaded, hs,
                 ht, p->n_grad_bufs,
                 short_bytes_(gb, sizeof gb, p->grad_buf_bytes),
@@ -797,7 +797,8 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                              (size_t)p->n_grad_bufs * p->grad_buf_bytes));
     } else if (cpu)
         fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
-                "fp32 params, grads, m, v)\n", p->n_offloaded, hs, ht);
+                "fp32 params, grads and optimizer state)\n", p->n_offloaded,
+                hs, ht);
     else
         fprintf(f, "host (real): %d offloaded x %s = %s, of which %s pinned (%s "
                 "a slot) (cuda: fp32 master, m, v, gradient accumulator; "

@@ -730,8 +730,8 @@ static void test_bf16_masters_offloaded(void **state)
 /* Adafactor (with and without a first moment, fp32 and bf16 masters) on
  * offloaded slots: the host update (gpt_adafactor_slot) is gpt_adafactor's
  * per slot, so 20 steps with the delink at 8, clipped, give the resident
- * run's losses and state bit for bit (one OpenMP thread both ways: the
- * same summation order), and streamed (no clip) the unstreamed offloaded
+ * run's losses and state bit for bit (spec6_'s one OpenMP thread; the
+ * host threads run one each), and streamed (no clip) the unstreamed offloaded
  * run's; dense, MoE and mixed models. The offloaded state is
  * Adafactor's: the host pool holds each
  * offloaded slot's params, grads, first moment (if any) and factored
