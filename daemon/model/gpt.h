@@ -464,10 +464,11 @@ void gpt_grads_settle(const gpt_model *g);
  * then of slot 0, 1, ..., S-1 (each slot's gradient where slots[s] says),
  * added in that order, so the result does not depend on placement. */
 float gpt_grad_norm(const gpt_model *g);
-/* gpt_grad_norm when some slots' gradients are elsewhere: slot s with
- * g->slots[s].grads NULL counts as slot_sumsq[s] ([S], the grad_sumsq of
- * its gradient, taken where it was; offload_stream_sumsq). The sum is
- * added in gpt_grad_norm's order, so the norm has its bits. */
+/* gpt_grad_norm when the offloaded slots' gradients are elsewhere: slot s
+ * with g->offloaded[s] counts as slot_sumsq[s] ([S], the grad_sumsq of its
+ * gradient, taken where it landed; offload_stream_sumsq), its grads never
+ * read (another thread may be giving them back). The sum is added in
+ * gpt_grad_norm's order, so the norm has its bits. */
 float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq);
 
 /* AdamW over the globals and every resident slot (decay on 2-D tensors

@@ -25,7 +25,7 @@ float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq)
      * is elsewhere, then one by one: the same sum in the same order
      * (grad_sumsq_many) */
     int S = g->S, k = 0;
-    while (k < S && g->slots[k].grads)
+    while (k < S && !g->offloaded[k])
         k++;
     const float **bufs = malloc((size_t)(1 + k) * sizeof *bufs);
     size_t *ns = malloc((size_t)(1 + k) * sizeof *ns);
@@ -48,9 +48,9 @@ float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq)
     free(bufs);
     free(ns);
     for (int s = k; s < S; s++)
-        sum += g->slots[s].grads
-                   ? grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s))
-                   : slot_sumsq[s];
+        sum += g->offloaded[s]
+                   ? slot_sumsq[s]
+                   : grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
     return (float)sqrt(sum);
 }
 

@@ -201,10 +201,10 @@ static float cpu_grad_norm_(void *ctx)
         offload_stream_sumsq(c->off, sq);
     }
     if (c->poison_slot >= 0 && c->poison_slot < c->model.S) {
-        if (c->model.slots[c->poison_slot].grads)
+        if (sq && c->model.offloaded[c->poison_slot])
+            sq[c->poison_slot] = INFINITY; /* its gradient may be gone */
+        else
             c->model.slots[c->poison_slot].grads[0] = INFINITY;
-        else if (sq)
-            sq[c->poison_slot] = INFINITY;
     }
     float norm = sq ? gpt_grad_norm_with(&c->model, sq)
                     : gpt_grad_norm(&c->model);
