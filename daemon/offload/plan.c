@@ -92,9 +92,12 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
     int nst = k < prefetch ? k : prefetch;
     size_t res = resident_of ? resident_of[n_resident]
                              : (size_t)n_resident * p->slot_bytes;
-    /* the globals and resident slots are one pool block, 64-byte rounded
-     * (AdamW's always fill it; Adafactor's factored state may not) */
-    size_t block = (p->global_bytes + res + 63) / 64 * 64;
+    /* cpu: the globals and resident slots are one pool block, 64-byte
+     * rounded (AdamW's always fill it; Adafactor's factored state may
+     * not); cuda: gpt_cuda's allocator's rounding is not counted */
+    size_t block = p->global_bytes + res;
+    if (p->backend == BACKEND_CPU)
+        block = (block + 63) / 64 * 64;
     return block + p->act_bytes + p->workspace_bytes +
            (size_t)nst * p->staging_bytes;
 }
