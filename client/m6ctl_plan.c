@@ -66,6 +66,9 @@ static int plan_from_reply_(const M6__PhasePlan *pp, backend_kind be, offload_pl
     p->speculative_mode = offload_speculative_mode_of(pp->speculative_mode);
     if (p->speculative_mode < 0) return -1;
     p->spec_slot_bytes = pp->speculative_slot_bytes;
+    p->stream_grads = pp->stream_grads;
+    p->n_grad_bufs = pp->grad_buffers;
+    p->grad_buf_bytes = pp->grad_buffer_bytes;
     p->spec_pinned_slot_bytes = pp->speculative_pinned_slot_bytes;
     return 0;
 }

@@ -653,6 +653,9 @@ static M6__PhasePlan *phase_plan_(call *c, const offload_plan *p)
         p->speculative_mode);
     pp->speculative_slot_bytes = p->spec_slot_bytes;
     pp->speculative_pinned_slot_bytes = p->spec_pinned_slot_bytes;
+    pp->stream_grads = p->stream_grads != 0;
+    pp->grad_buffers = p->n_grad_bufs;
+    pp->grad_buffer_bytes = p->grad_buf_bytes;
     return pp;
 }
 

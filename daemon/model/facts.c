@@ -139,6 +139,7 @@ static model_param_bytes adamw_fp32_bytes_(int cuda)
             .host_weights = 6, .host_grads = 6, .host = 20, .pinned = 4,
             .spec_host = 14, .spec_pinned = 2,
             .adam_direct = 30, .adam_accum = 36,
+            .stream_grad = 2,
         };
     return (model_param_bytes){
         .weights = 4, .grads = 4, .optim = 8, .resident = 16,
@@ -146,6 +147,7 @@ static model_param_bytes adamw_fp32_bytes_(int cuda)
         .host_weights = 4, .host_grads = 4, .host = 16, .pinned = 16,
         .spec_host = 12, .spec_pinned = 0,
         .adam_direct = 28, .adam_accum = 28,
+        .stream_grad = 4,
     };
 }
 

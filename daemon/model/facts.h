@@ -100,6 +100,9 @@ double model_flops_per_token(const model_config *cfg);
  *   speculative update's second buffers 12 (the old master, m, v), 0 pinned
  *   host AdamW traffic 28 (fp32 params, grads, m, v read 16; params, m, v
  *     written 12), the same when drained more than once
+ *   streamed gradients (offload.stream_grads): an offloaded slot keeps
+ *     weights and optimizer state (12, pinned); its gradient, 4 pinned,
+ *     lives only while in flight (offload_stream_grad_bufs of them)
  * cuda 1, the CUDA model (bf16 working copy, fp32 master and moments):
  *   resident  16 = weights 6 (bf16 2 + fp32 master 4) + gradients 2 (bf16)
  *     + optimizer 8
@@ -112,7 +115,12 @@ double model_flops_per_token(const model_config *cfg);
  *     allocate): 30 when the gradient is drained once in the step (bf16
  *     grad 2 + master, m, v 12 read; master, m, v 12 + bf16 copy 2
  *     written), 36 when drained more than once (+ the fp32 accumulator's
- *     widen and store). */
+ *     widen and store).
+ *   streamed gradients (a design for the plans at scale; gpt_cuda does
+ *     not stream yet): one microbatch a step needs no fp32 accumulator,
+ *     the host update reads the pinned bf16 landing buffer, 2 bytes a
+ *     parameter in flight; an offloaded slot keeps weights and optimizer
+ *     state (14, 2 pinned). */
 typedef struct {
     int weights, grads, optim;     /* resident, on the device */
     int resident;                  /* weights + grads + optim */
@@ -123,6 +131,9 @@ typedef struct {
     int pinned;                    /* of host, page-locked */
     int spec_host, spec_pinned;    /* speculative update's second buffers */
     int adam_direct, adam_accum;   /* host AdamW memory traffic */
+    int stream_grad;               /* offload.stream_grads: one gradient in
+                                    * flight, all of it pinned (of host_grads;
+                                    * the others are not kept) */
 } model_param_bytes;
 
 /* The bytes per parameter above for the CUDA model (cuda 1) or the CPU
@@ -145,7 +156,8 @@ model_param_bytes model_param_bytes_of(int cuda);
  *     shrink (2 bytes a weight).
  * resident and host follow (weights + grads + optim). The host update's
  * traffic (adam_direct, adam_accum) and the speculative buffers are fp32
- * AdamW's whatever o says: no other setting runs on offloaded slots yet.
+ * AdamW's whatever o says (the CPU model's offloaded slots run either
+ * optimizer, with either master: its bf16 masters are fp32 floats).
  * What the CUDA model does not run yet (Adafactor, bf16 masters) is its
  * design, for the planners at scale (offload/plan_cluster.c). */
 model_param_bytes model_param_bytes_for(int cuda, const gpt_optim *o);

@@ -195,8 +195,7 @@ int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
     memset(g, 0, sizeof *g);
     g->cfg = *cfg;
     g->storage = storage;
-    if (S < 1 || S > cfg->n_layer || B < 1 || cfg->n_embd % cfg->n_head ||
-        (o && (o->adafactor || o->master_bf16) && storage)) {
+    if (S < 1 || S > cfg->n_layer || B < 1 || cfg->n_embd % cfg->n_head) {
         errno = EINVAL;
         return -1;
     }

@@ -156,7 +156,10 @@ typedef struct gpt_model gpt_model;
 
 /* A placement of the model's state (NULL everywhere: plain allocations).
  * alloc_state: g->S, the layout and g->slot_of are set; allocate and zero
- *   g->params, grads, m, v (g->n_local floats each, set it), fill
+ *   g->params, grads, m, v (g->n_local floats each, set it; with
+ *   Adafactor's state m only with a first moment, else NULL, and v in the
+ *   af layout: af_v_global floats, then each resident slot's, its offset
+ *   in g->af_v_off[s]), fill
  *   g->slots[s], g->w[s], g->dw[s] (resident: = slots[s].params/grads;
  *   offloaded: NULL until an event) and g->offloaded[s] for every slot
  *   (those arrays are allocated by gpt.c). 0, or -1 with errno.
@@ -209,7 +212,7 @@ struct gpt_model {
      * round each update stochastically (kernels.h sr_round_bf16), keyed by
      * sr_seed, the region and the step count. The CPU model keeps no
      * second, fp32 copy: its weights cost 4 bytes a parameter either way
-     * (model_param_bytes_of), checkpoints 2. Not with a storage. */
+     * (model_param_bytes_of), checkpoints 2. */
     int master_bf16;
     uint64_t sr_seed;
     /* Sharded optimizer state (gpt_set_shard; ZeRO stage 1): shard_world
@@ -291,8 +294,8 @@ int gpt_create(gpt_model *g, const model_config *cfg, int S, int B);
 int gpt_create_with(gpt_model *g, const model_config *cfg, int S, int B,
                     const gpt_storage *storage);
 /* gpt_create_with and the optimizer state o asks for (NULL: AdamW's,
- * fp32 masters). Adafactor's state or bf16 masters with a storage
- * (offloading) are refused: -1, EINVAL. */
+ * fp32 masters); a storage places Adafactor's state as its alloc_state
+ * says. */
 int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
                      const gpt_storage *storage, const gpt_optim *o);
 /* Bytes of optimizer state g allocated (m and v as allocated, the
@@ -461,6 +464,12 @@ void gpt_grads_settle(const gpt_model *g);
  * then of slot 0, 1, ..., S-1 (each slot's gradient where slots[s] says),
  * added in that order, so the result does not depend on placement. */
 float gpt_grad_norm(const gpt_model *g);
+/* gpt_grad_norm when the offloaded slots' gradients are elsewhere: slot s
+ * with g->offloaded[s] counts as slot_sumsq[s] ([S], the grad_sumsq of its
+ * gradient, taken where it landed; offload_stream_sumsq), its grads never
+ * read (another thread may be giving them back). The sum is added in
+ * gpt_grad_norm's order, so the norm has its bits. */
+float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq);
 
 /* AdamW over the globals and every resident slot (decay on 2-D tensors
  * only), each region with its own step count (incremented here). grad_scale
@@ -479,6 +488,14 @@ void gpt_adamw(gpt_model *g, float lr, float beta1, float beta2, float eps,
 struct adafactor_hparams;
 int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
                   float weight_decay);
+
+/* gpt_adafactor of slot s alone, its state wherever it lives (slots[s]:
+ * the first moment, or NULL, and the second moment in its af layout), at
+ * step count adam_t_slot[s] + 1 (then counted). Safe to run for different
+ * slots on different threads. 0, or -1 with errno (EINVAL: AdamW's state
+ * or s out of range; ENOMEM: nothing updated). */
+int gpt_adafactor_slot(gpt_model *g, int s, const struct adafactor_hparams *h,
+                       float weight_decay);
 
 /* AdamW over slot s's state wherever it lives (slots[s]); increments
  * adam_t_slot[s]. Safe to run for different slots on different threads. */

@@ -18,6 +18,42 @@
 
 /* ------------------------------------------------------------- optimizer */
 
+float gpt_grad_norm_with(const gpt_model *g, const double *slot_sumsq)
+{
+    gpt_grads_settle(g);
+    /* the buffers here in one parallel region up to the first slot that
+     * is elsewhere, then one by one: the same sum in the same order
+     * (grad_sumsq_many) */
+    int S = g->S, k = 0;
+    while (k < S && !g->offloaded[k])
+        k++;
+    const float **bufs = malloc((size_t)(1 + k) * sizeof *bufs);
+    size_t *ns = malloc((size_t)(1 + k) * sizeof *ns);
+    double sum = 0.0;
+    int rc = -1;
+    if (bufs && ns) {
+        bufs[0] = g->grads;
+        ns[0] = g->n_global;
+        for (int s = 0; s < k; s++) {
+            bufs[1 + s] = g->slots[s].grads;
+            ns[1 + s] = gpt_slot_floats(g, s);
+        }
+        rc = grad_sumsq_many(&sum, bufs, ns, 1 + k);
+    }
+    if (rc != 0) { /* out of memory: buffer by buffer */
+        sum = grad_sumsq(g->grads, g->n_global);
+        for (int s = 0; s < k; s++)
+            sum += grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
+    }
+    free(bufs);
+    free(ns);
+    for (int s = k; s < S; s++)
+        sum += g->offloaded[s]
+                   ? slot_sumsq[s]
+                   : grad_sumsq(g->slots[s].grads, gpt_slot_floats(g, s));
+    return (float)sqrt(sum);
+}
+
 float gpt_grad_norm(const gpt_model *g)
 {
     gpt_grads_settle(g);
@@ -268,6 +304,39 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
 out:
     for (int k = 0; k < 3; k++)
         free(tab[k]);
+    free(sp);
+    return rc;
+}
+
+int gpt_adafactor_slot(gpt_model *g, int s, const adafactor_hparams *h,
+                       float weight_decay)
+{
+    if (!g->adafactor || s < 0 || s >= g->S) {
+        errno = EINVAL;
+        return -1;
+    }
+    gpt_settle_slot(g, s);
+    int region = g->slot_moe[s];
+    int nt = gpt_af_tensors(&g->cfg, region, NULL, NULL);
+    gpt_af_tensor *tab = nt < 0 ? NULL : malloc((size_t)nt * sizeof *tab);
+    adafactor_span *sp = nt < 0 ? NULL : malloc((size_t)nt * sizeof *sp);
+    int rc = -1;
+    if (!tab || !sp) {
+        errno = ENOMEM;
+        goto out;
+    }
+    gpt_af_tensors(&g->cfg, region, tab, NULL);
+    const gpt_slot_state *st = &g->slots[s];
+    int n = af_spans_(g, s, sp, st->params, st->grads, st->m, st->v, tab, nt,
+                      g->adam_t_slot[s] + 1, weight_decay);
+    if (adafactor_update_spans(sp, n, h) != 0) {
+        errno = ENOMEM;
+        goto out;
+    }
+    g->adam_t_slot[s]++;
+    rc = 0;
+out:
+    free(tab);
     free(sp);
     return rc;
 }

@@ -69,4 +69,28 @@ static inline int offload_cut_pass(const int *slot_of, int L,
     return n;
 }
 
+/* Of the n intervals of a step's only (so last) training microbatch: the
+ * most offloaded slots whose gradient is partial at once, on the host
+ * between a slot's first backward interval and its final one (a slot used
+ * by non-adjacent layers). 0 when every slot's backward is one interval. */
+static inline int offload_partial_max(const offload_interval *iv, int n)
+{
+    int most = 0;
+    for (int j = 0; j < n; j++) {
+        int open = 0;
+        for (int i = 0; i < j; i++) {
+            if (!iv[i].has_bwd || iv[i].final || iv[i].grad_from_host)
+                continue;   /* not where a slot's partial gradient opens */
+            for (int f = i + 1; f < n; f++)
+                if (iv[f].slot == iv[i].slot && iv[f].final) {
+                    open += f >= j;
+                    break;
+                }
+        }
+        if (open > most)
+            most = open;
+    }
+    return most;
+}
+
 #endif /* M6_OFFLOAD_INTERVALS_H */

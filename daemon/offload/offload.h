@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kernels.h"
 #include "model/facts.h"
 #include "model/gpt.h"
 #include "spec/spec.h"
@@ -116,6 +117,11 @@ typedef struct {
     gpt_optim optim;       /* the optimizer state (zeroed: AdamW); the CPU
                             * model's Adafactor state by its own sizes
                             * (model_optim_floats), resident only */
+    int stream_grads;      /* offload.stream_grads: offloaded slots'
+                            * gradients streamed (cpu, one microbatch) */
+    int host_threads;      /* host update threads (offload.host_threads,
+                            * resolved); streamed gradients in flight
+                            * depend on it */
     int shard_world;       /* optimizer.shard: the AdamW state spread over
                             * this many data-parallel ranks (the phase's
                             * world size), each rank counted with its share
@@ -136,7 +142,15 @@ typedef struct {
  *     act_bytes     = gpt_act_floats(model, B) * 4
  *     workspace     = 0
  *     host, per offloaded slot: params, grads, m, v, 16 bytes/parameter,
- *       all of it pinned (the host pool)
+ *       all of it pinned (the host pool); with Adafactor params, grads,
+ *       its first moment (if any) and its factored second moment
+ *       (model_optim_floats), a block each, each rounded up to 64 bytes,
+ *       and the speculative update off (its second buffers are AdamW's)
+ *     streamed gradients (offload.stream_grads): per offloaded slot
+ *       params, m, v, 12 bytes/parameter, and n_grad_bufs gradient buffers
+ *       of the largest slot (4 bytes/parameter, pinned; a pool of its own):
+ *       a slot's gradient takes one at its first drain and gives it back
+ *       when its host AdamW is done (offload_stream_grad_bufs)
  *
  *   cuda (daemon/model/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
  *     global_bytes  = 16 bytes * n_global_cuda (bf16 params 2 + bf16 grads
@@ -215,6 +229,9 @@ typedef struct offload_plan {
     size_t spec_slot_bytes;    /* second buffers of one offloaded slot */
     size_t spec_pinned_slot_bytes; /* of which page-locked */
     uint64_t h2d_bytes_per_step, d2h_bytes_per_step;
+    int stream_grads;          /* offloaded gradients streamed */
+    int n_grad_bufs;           /* ... through this many host buffers */
+    size_t grad_buf_bytes;     /* one of them (the largest slot's) */
     struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
                                    * phase's plan when the run has one */
 } offload_plan;
@@ -232,6 +249,18 @@ int offload_speculative_mode_of(const char *name);
  * constants plan.c copies (tests/gpu/test_trainer.c compares the two on a
  * GPU, and emu_gpu_trainer on the emulation). */
 size_t offload_cuda_act_bytes(const model_config *model, int B);
+
+/* offload.stream_grads: the host gradient buffers a step's offloaded
+ * slots share, the slots in flight: the most slots whose gradient is
+ * partial at once (offload_partial_max; 0 unless a slot's layers are not
+ * adjacent), plus one being updated on each of host_threads (>= 1) host
+ * threads, plus one landing; at most the offloaded slots. A drain that
+ * finds none free waits for an update to finish (the partial ones are
+ * fewer than the buffers, so one does). slot_of [L], offloaded [S]. -1
+ * when out of memory. */
+int offload_stream_grad_bufs(const int *slot_of, int L,
+                             const unsigned char *offloaded, int S,
+                             int host_threads);
 
 /* Plan one phase. 0, or -1 with err when the input is invalid or the model
  * does not fit even with every slot offloaded; the message gives the budget,
@@ -294,7 +323,10 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json);
  *     (bf16), optimizer 8 (fp32 m, v) = 16;
  *   device, staging buffer: 4 per parameter of the slot share it holds;
  *   host, offloaded: weights 6 (fp32 master 4 + pinned bf16 2), gradients 6
- *     (fp32 accumulator 4 + pinned bf16 2), optimizer 8 = 20.
+ *     (fp32 accumulator 4 + pinned bf16 2), optimizer 8 = 20; with
+ *     offload.stream_grads no gradients per offloaded parameter, but
+ *     n_grad_bufs in flight of the largest offloaded share, 2 bytes
+ *     (pinned bf16) a parameter each.
  * Resident slots are a prefix, the most the device memory holds with the
  * globals and min(prefetch, offloaded) staging buffers of the largest
  * offloaded share; host memory is per node, G devices' offloaded shares.
@@ -343,6 +375,13 @@ typedef struct {
     uint64_t af_dev_floats;     /* Adafactor's second moment on a device
                                  * (resident part) and on its host share */
     uint64_t af_host_floats;
+    int stream_grads;           /* offload.stream_grads: host_grads are
+                                 * n_grad_bufs gradients in flight
+                                 * (offload_stream_grad_bufs with the
+                                 * spec's host threads, spec_host_threads)
+                                 * of the largest offloaded share, each
+                                 * pb.stream_grad bytes a parameter */
+    int n_grad_bufs;
 } cluster_phase;
 
 typedef struct {
@@ -361,22 +400,24 @@ typedef struct {
     optimizer_kind optimizer;
     float beta1;                /* Adafactor's (0: no first moment) */
     master_kind master;
+    int stream;                 /* offload.stream_grads */
     cluster_plan plan;
     double device_bytes_per_param;  /* real phase, every slot resident:
                                  * all_resident_bytes / params per device */
     double host_bytes_per_param;    /* an offloaded parameter's host bytes
                                  * (per-parameter part; Adafactor's second
-                                 * moment beside) */
+                                 * moment and streamed gradients beside) */
     int possible;               /* 0: a device cannot hold even every slot
                                  * offloaded, in some phase */
     uint64_t least_host_bytes;  /* the least host memory per node it
                                  * needs over both phases (0: resident) */
 } cluster_setting;
-#define CLUSTER_N_SETTINGS 6
+#define CLUSTER_N_SETTINGS 12
 /* The plan of spec on in for each optimizer setting, in this order:
  * AdamW, Adafactor with a first moment (beta1 0.9, or the spec's when it
  * has one), Adafactor without one (beta1 0), each with fp32 then bf16
- * master weights. 0, or -1 with err. */
+ * master weights; then the same six with offload.stream_grads. 0, or -1
+ * with err. */
 int cluster_settings_plan(const run_spec *spec, const cluster_input *in,
                           cluster_setting out[CLUSTER_N_SETTINGS], char *err,
                           size_t errlen);
@@ -434,6 +475,9 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
  *   offload_step_begin(o, &adam or NULL)  // adam given: clip is off, so an
  *                                         // offloaded slot's AdamW starts
  *                                         // as soon as its gradient is final
+ *                                         // (offload.stream_grads: the
+ *                                         // backend gives it; the norm is
+ *                                         // then offload_stream_sumsq's)
  *   [offload_step_speculate(o, &adam)]    // clip on: the same, speculative
  *   gpt_zero_grad; for k in microbatches:
  *       offload_microbatch(o, k); gpt_forward; gpt_backward
@@ -450,8 +494,13 @@ int offload_check(const run_spec *spec, size_t budget_override, int flags,
  * it waits on condition variables. */
 typedef struct offload_ctx offload_ctx;
 
+/* A host update's hyperparameters: AdamW's, or with adafactor 1
+ * Adafactor's af (its grad_scale replaced by grad_scale, weight_decay
+ * decoupled as AdamW's). */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int adafactor;
+    adafactor_hparams af;
 } offload_adam;
 
 typedef struct {
@@ -474,6 +523,12 @@ typedef struct {
     uint64_t spec_restores;    /* slot updates redone from the second
                                 * buffers (the others were still queued
                                 * and ran once, clipped) */
+    int stream_grads;          /* the current plan streams gradients */
+    int n_grad_bufs;           /* ... through this many buffers */
+    offload_pool_stats grads;  /* the streamed gradients' own pool: its
+                                * peak is the most bytes in flight */
+    uint64_t stream_skips;     /* streamed slot updates skipped, their
+                                * gradient not finite, since creation */
 } offload_stats;
 
 /* Create the runtime for the planner input in (in->budget > 0 device
@@ -536,6 +591,12 @@ void offload_microbatch(offload_ctx *o, int k);
 void offload_set_grad_ready(offload_ctx *o, void (*ready)(void *ctx, int s),
                             void *ready_ctx);
 void offload_wait_grads(offload_ctx *o);
+/* Streamed gradients (the plan's stream_grads), after offload_wait_grads:
+ * out[s] (S doubles, the model's slots) = grad_sumsq of offloaded slot s's
+ * final gradient of the step, taken as it landed (its buffer may be back
+ * in the pool since), 0 for a resident slot. 0, or -1 when the plan does
+ * not stream (out untouched). */
+int offload_stream_sumsq(offload_ctx *o, double *out);
 void offload_adamw(offload_ctx *o, const offload_adam *a);
 void offload_sync(offload_ctx *o);
 

@@ -93,7 +93,13 @@ static size_t device_bytes_(const offload_plan *p, int n_resident, int prefetch,
     int nst = k < prefetch ? k : prefetch;
     size_t res = resident_of ? resident_of[n_resident]
                              : (size_t)n_resident * p->slot_bytes;
-    return p->global_bytes + p->act_bytes + p->workspace_bytes + res +
+    /* cpu: the globals and resident slots are one pool block, 64-byte
+     * rounded (AdamW's always fill it; Adafactor's factored state may
+     * not); cuda: gpt_cuda's allocator's rounding is not counted */
+    size_t block = p->global_bytes + res;
+    if (p->backend == BACKEND_CPU)
+        block = (block + 63) / 64 * 64;
+    return block + p->act_bytes + p->workspace_bytes +
            (size_t)nst * p->staging_bytes;
 }
 
@@ -155,6 +161,31 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of,
     return 0;
 }
 
+int offload_stream_grad_bufs(const int *slot_of, int L,
+                             const unsigned char *offloaded, int S,
+                             int host_threads)
+{
+    int k = 0;
+    for (int s = 0; s < S; s++)
+        k += offloaded[s] != 0;
+    offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
+    int *at = malloc(2 * (size_t)L * sizeof(int));
+    unsigned char *touched = calloc((size_t)S, 1);
+    int n = -1;
+    if (iv && at && touched) {
+        int niv = offload_cut_pass(slot_of, L, offloaded, 1, 1, touched, iv,
+                                   at);
+        n = offload_partial_max(iv, niv) + (host_threads > 1 ? host_threads
+                                                             : 1) + 1;
+        if (n > k)
+            n = k;
+    }
+    free(iv);
+    free(at);
+    free(touched);
+    return n;
+}
+
 int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                       char *err, size_t errlen)
 {
@@ -189,19 +220,50 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->staging_bytes = pb.staging * ss;
     out->host_slot_bytes = pb.host * ss;
     out->pinned_slot_bytes = pb.pinned * ss;
-    /* Adafactor (the CPU model only, resident only: the spec refuses it
-     * elsewhere): weights and gradients per parameter, its state by the
-     * tensors' shapes */
-    int af = in->optim.adafactor;
-    if (af && (cuda || in->budget > 0)) {
-        snprintf(err, errlen, "offload plan: Adafactor is planned on the "
-                 "cpu backend without offloading only");
+    if (in->stream_grads && (cuda || in->grad_accum != 1)) {
+        snprintf(err, errlen, "offload plan: streamed gradients "
+                 "(offload.stream_grads) are planned on the cpu backend "
+                 "with one microbatch a step only");
         return -1;
     }
-    if (in->optim.master_bf16 && (cuda || in->budget > 0)) {
+    /* streamed: an offloaded slot keeps no gradient of its own */
+    int host_keep = pb.host - (in->stream_grads ? pb.host_grads : 0);
+    int pin_keep = pb.pinned - (in->stream_grads ? pb.stream_grad : 0);
+    out->host_slot_bytes = (size_t)host_keep * ss;
+    out->pinned_slot_bytes = (size_t)pin_keep * ss;
+    /* Adafactor (the CPU model only: the spec refuses it elsewhere):
+     * weights and gradients per parameter, its state by the tensors'
+     * shapes */
+    int af = in->optim.adafactor;
+    if (af && cuda) {
+        snprintf(err, errlen, "offload plan: Adafactor is planned on the "
+                 "cpu backend only");
+        return -1;
+    }
+    /* Adafactor (cpu, everything pinned): weights and gradients per
+     * parameter, its state by the tensors' shapes (model_optim_floats) */
+    size_t af_host[2] = {0, 0};  /* an offloaded dense [0] and MoE [1] slot */
+    if (af) {
+        size_t dsz;
+        gpt_tensor dt[SLOT_NTENSORS_MAX];
+        gpt_slot_layout(c, 0, dt, &dsz);
+        /* weights and gradients (and the first moment) fill whole 64-byte
+         * pool blocks; the second moment's block is rounded up to one */
+        int wgh = host_keep - pb.optim;
+        for (int kd = 0; kd < 2; kd++) {
+            size_t n = kd ? ss : dsz;
+            size_t mb = in->optim.first_moment ? n * sizeof(float) : 0;
+            size_t vb = sizeof(float) *
+                            model_optim_floats(c, kd && c->moe_experts > 0,
+                                               &in->optim) - mb;
+            af_host[kd] = (size_t)wgh * n + mb + (vb + 63) / 64 * 64;
+        }
+        out->host_slot_bytes = out->pinned_slot_bytes =
+            af_host[c->moe_experts > 0];
+    }
+    if (in->optim.master_bf16 && cuda) {
         snprintf(err, errlen, "offload plan: bf16 master weights "
-                 "(optimizer.master) are planned on the cpu backend without "
-                 "offloading only");
+                 "(optimizer.master) are planned on the cpu backend only");
         return -1;
     }
     size_t wg = (size_t)(pb.weights + pb.grads);
@@ -298,7 +360,6 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                                                         c, 0, &in->optim)
                                                   : pb.optim * ds, D));
     }
-    free(kind);
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
 
     int R = S;
@@ -327,6 +388,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                      fmt_bytes_(w, sizeof w, out->workspace_bytes));
             free(map);
             free(res_of);
+            free(kind);
             return -1;
         }
     }
@@ -334,6 +396,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     if (!out->placement) {
         free(map);
         free(res_of);
+        free(kind);
         snprintf(err, errlen, "offload plan: out of memory");
         return -1;
     }
@@ -350,8 +413,32 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
      * pb.resident bytes each in res_of, pb.host on the host */
     size_t f = res_of ? (res_of[S] - res_of[R]) / pb.resident : 0;
     if (res_of) {
-        out->host_bytes = pb.host * f;
-        out->pinned_bytes = pb.pinned * f;
+        out->host_bytes = (size_t)host_keep * f;
+        out->pinned_bytes = (size_t)pin_keep * f;
+    }
+    if (af) { /* each offloaded slot at its kind's Adafactor bytes */
+        int mixed = gpt_model_mixed(c);
+        out->host_bytes = 0;
+        for (int s = R; s < S; s++)
+            out->host_bytes +=
+                af_host[mixed ? kind[s] : c->moe_experts > 0];
+        out->pinned_bytes = out->host_bytes;
+    }
+    if (in->stream_grads && out->n_offloaded > 0) {
+        out->stream_grads = 1;
+        out->n_grad_bufs = offload_stream_grad_bufs(map, L, out->placement, S,
+                                                    in->host_threads);
+        if (out->n_grad_bufs < 0) {
+            free(res_of);
+            free(kind);
+            free(map);
+            offload_plan_free(out);
+            snprintf(err, errlen, "offload plan: out of memory");
+            return -1;
+        }
+        out->grad_buf_bytes = (size_t)pb.stream_grad * ss;
+        out->host_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
+        out->pinned_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
     }
     /* the speculative update's second buffers (offload.h) */
     out->speculative_mode = in->speculative;
@@ -362,7 +449,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
     out->speculative =
-        out->n_offloaded > 0 && in->clipped &&
+        out->n_offloaded > 0 && in->clipped && !af &&
         (in->speculative == SPEC_SPECULATIVE_ON ||
          (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
           need <= in->host_limit));
@@ -374,6 +461,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     int rc = count_step_bytes_(out, map, res_of);
     free(res_of);
+    free(kind);
     free(map);
     if (rc != 0) {
         offload_plan_free(out);
@@ -423,6 +511,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .speculative = spec->offload.speculative,
         .clipped = spec->train.grad_clip > 0,
         .host_limit = 0,
+        .stream_grads = spec->offload.stream_grads,
+        .host_threads = spec_host_threads(spec),
         .optim = spec_gpt_optim(spec),
         .shard_world = spec->optimizer.shard ? spec_world_of_phase(spec, 0)
                                              : 1,
@@ -555,6 +645,9 @@ static void g_hsl_(const void *row, view_val *v) { v->i = (long long)P_->host_sl
 static void g_psl_(const void *row, view_val *v) { v->i = (long long)P_->pinned_slot_bytes; }
 
 static void g_ssl_(const void *row, view_val *v) { v->i = (long long)P_->spec_slot_bytes; }
+static void g_sg_(const void *row, view_val *v) { v->i = P_->stream_grads; }
+static void g_ngb_(const void *row, view_val *v) { v->i = P_->n_grad_bufs; }
+static void g_gbb_(const void *row, view_val *v) { v->i = (long long)P_->grad_buf_bytes; }
 static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
 
 static const view_field breakdown_fields_[] = {
@@ -569,6 +662,9 @@ static const view_field breakdown_fields_[] = {
     {"pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_psl_},
     {"speculative_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ssl_},
     {"speculative_pinned_slot_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_spsl_},
+    {"stream_grads", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_sg_},
+    {"grad_buffers", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ngb_},
+    {"grad_buffer_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_gbb_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 
@@ -694,9 +790,19 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
             short_bytes_(w, sizeof w, p->workspace_bytes));
     short_bytes_(hs, sizeof hs, p->host_slot_bytes);
     short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded * p->host_slot_bytes);
-    if (cpu)
+    if (cpu && p->stream_grads) {
+        char gb[32], gt[32];
+        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params "
+                "and optimizer state) + %d gradient buffers in flight x %s = %s "
+                "(offload.stream_grads), page-locked\n", p->n_offloaded, hs,
+                ht, p->n_grad_bufs,
+                short_bytes_(gb, sizeof gb, p->grad_buf_bytes),
+                short_bytes_(gt, sizeof gt,
+                             (size_t)p->n_grad_bufs * p->grad_buf_bytes));
+    } else if (cpu)
         fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
-                "fp32 params, grads, m, v)\n", p->n_offloaded, hs, ht);
+                "fp32 params, grads and optimizer state)\n", p->n_offloaded,
+                hs, ht);
     else
         fprintf(f, "host (real): %d offloaded x %s = %s, of which %s pinned (%s "
                 "a slot) (cuda: fp32 master, m, v, gradient accumulator; "

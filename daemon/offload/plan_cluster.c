@@ -140,6 +140,31 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     p->dev_total = p->dev_weights + p->dev_grads + p->dev_optim;
     p->host_weights = p->pb.host_weights * off_params;
     p->host_grads = p->pb.host_grads * off_params;
+    if (spec->offload.stream_grads && p->n_offloaded > 0) {
+        /* streamed: the gradients in flight only, each of the largest
+         * offloaded share (offload_stream_grad_bufs' rule, the spec's
+         * host threads per device) */
+        unsigned char *offl = calloc((size_t)S, 1);
+        uint64_t big = 0;
+        for (int s = R; offl && s < S; s++) {
+            offl[s] = 1;
+            if (p->slot_params[kind[s]] > big)
+                big = p->slot_params[kind[s]];
+        }
+        int nb = offl ? offload_stream_grad_bufs(map, L, offl, S,
+                                                 spec_host_threads(spec))
+                      : -1;
+        free(offl);
+        if (nb < 0) {
+            free(map);
+            free(kind);
+            snprintf(err, errlen, "plan: out of memory");
+            return -1;
+        }
+        p->stream_grads = 1;
+        p->n_grad_bufs = nb;
+        p->host_grads = (uint64_t)nb * p->pb.stream_grad * big;
+    }
     p->host_optim = p->pb.optim * off_params + 4 * p->af_host_floats;
     p->host_total = p->host_weights + p->host_grads + p->host_optim;
     p->node_host_total = p->host_total * (uint64_t)in->gpus_per_node;
@@ -355,27 +380,34 @@ int cluster_settings_plan(const run_spec *spec, const cluster_input *in,
 {
     static const char *const names[CLUSTER_N_SETTINGS] = {
         "adamw fp32", "adamw bf16", "adafactor fp32", "adafactor bf16",
-        "adafactor b1=0 fp32", "adafactor b1=0 bf16"};
+        "adafactor b1=0 fp32", "adafactor b1=0 bf16",
+        "adamw fp32 stream", "adamw bf16 stream", "adafactor fp32 stream",
+        "adafactor bf16 stream", "adafactor b1=0 fp32 stream",
+        "adafactor b1=0 bf16 stream"};
     float b1 = spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
                        spec->optimizer.beta1 > 0
                    ? spec->optimizer.beta1 : 0.9f;
     for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
         cluster_setting *st = &out[k];
         memset(st, 0, sizeof *st);
+        int j = k % 6; /* the optimizer and master */
         st->name = names[k];
-        st->optimizer = k < 2 ? OPTIMIZER_ADAMW : OPTIMIZER_ADAFACTOR;
-        st->beta1 = k < 2 ? 0.0f : k < 4 ? b1 : 0.0f;
-        st->master = k % 2 ? MASTER_BF16 : MASTER_FP32;
+        st->optimizer = j < 2 ? OPTIMIZER_ADAMW : OPTIMIZER_ADAFACTOR;
+        st->beta1 = j < 2 ? 0.0f : j < 4 ? b1 : 0.0f;
+        st->master = j % 2 ? MASTER_BF16 : MASTER_FP32;
+        st->stream = k >= 6;
         run_spec s = *spec;
         s.optimizer.name = st->optimizer;
         s.optimizer.beta1 = st->beta1;
         s.optimizer.master = st->master;
+        s.offload.stream_grads = st->stream;
         if (cluster_plan_for_spec(&s, in, &st->plan, err, errlen) != 0)
             return -1;
         const cluster_phase *r = &st->plan.real;
         st->device_bytes_per_param = (double)r->all_resident_bytes /
                                      (double)r->device_params;
-        st->host_bytes_per_param = r->pb.host;
+        st->host_bytes_per_param =
+            r->pb.host - (st->stream ? r->pb.host_grads : 0);
         st->possible = 1;
         const cluster_phase *ph[2] = {&st->plan.real, &st->plan.pseudo};
         for (int i = 0; i < 1 + st->plan.has_pseudo; i++) {
@@ -398,8 +430,12 @@ static void print_settings_(FILE *f, const cluster_setting *st,
     fprintf(f, "\noptimizer settings (each phase planned again with it; "
             "bytes per parameter on a device with every slot resident, and "
             "on the host per offloaded parameter before Adafactor's second "
-            "moment):\n");
-    fprintf(f, "  %-20s %9s %9s  %-9s %-9s %12s  %s\n", "setting",
+            "moment; stream: offload.stream_grads, which needs "
+            "train.grad_clip 0 and train.grad_accum 1, the host gradients "
+            "then only the slots in flight, %d bytes a parameter of the "
+            "largest offloaded share each):\n",
+            st[CLUSTER_N_SETTINGS - 1].plan.real.pb.stream_grad);
+    fprintf(f, "  %-26s %9s %9s  %-9s %-9s %12s  %s\n", "setting",
             "device/p", "host/p", "pseudo", "real", "least host",
             "against the node's host memory");
     for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
@@ -417,7 +453,7 @@ static void print_settings_(FILE *f, const cluster_setting *st,
         else
             snprintf(margin, sizeof margin, "does not fit, %s short",
                      gib_(a, sizeof a, s->least_host_bytes - in->host_memory));
-        fprintf(f, "  %-20s %9.3f %9.3f  %-9s %-9s %12s  %s\n", s->name,
+        fprintf(f, "  %-26s %9.3f %9.3f  %-9s %-9s %12s  %s\n", s->name,
                 s->device_bytes_per_param, s->host_bytes_per_param,
                 p->has_pseudo ? fit_name_(p->pseudo.fit) : "-",
                 fit_name_(p->real.fit),
@@ -432,9 +468,10 @@ static json_t *settings_json_(const cluster_setting *st)
     for (int k = 0; k < CLUSTER_N_SETTINGS; k++) {
         const cluster_setting *s = &st[k];
         json_t *o = json_pack(
-            "{s:s, s:s, s:f, s:s, s:f, s:f, s:b, s:I, s:s}",
+            "{s:s, s:s, s:f, s:s, s:b, s:f, s:f, s:b, s:I, s:s}",
             "name", s->name, "optimizer", spec_optimizer_name(s->optimizer),
             "beta1", (double)s->beta1, "master", spec_master_name(s->master),
+            "stream_grads", s->stream,
             "device_bytes_per_param", s->device_bytes_per_param,
             "host_bytes_per_param", s->host_bytes_per_param,
             "possible", s->possible,
@@ -451,7 +488,7 @@ static json_t *settings_json_(const cluster_setting *st)
 static json_t *phase_json_(const cluster_phase *p)
 {
     return json_pack(
-        "{s:i, s:i, s:I, s:I, s:I, s:s, s:i, s:i, s:i, s:I, s:I,"
+        "{s:i, s:i, s:I, s:I, s:I, s:s, s:i, s:i, s:i, s:i, s:I, s:I,"
         " s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I}, s:I}",
         "n_slots", p->n_slots, "moe_slots", p->n_moe_slots,
         "total_params", (json_int_t)p->total_params,
@@ -459,6 +496,7 @@ static json_t *phase_json_(const cluster_phase *p)
         "experts_per_device", (json_int_t)p->experts_per_device,
         "fits", fit_name_(p->fit), "resident_slots", p->n_resident,
         "offloaded_slots", p->n_offloaded, "staging_buffers", p->n_staging,
+        "grad_buffers", p->n_grad_bufs,
         "all_resident_bytes", (json_int_t)p->all_resident_bytes,
         "min_device_bytes", (json_int_t)p->min_device_bytes,
         "device", "weights_bytes", (json_int_t)p->dev_weights,
@@ -538,6 +576,11 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
             pb->host_grads, pb->optim,
             af ? "; and Adafactor's factored second moment, rows + cols fp32 "
                  "a matrix, n a vector, where its tensor lives" : "");
+    if (spec->offload.stream_grads)
+        fprintf(f, "offload.stream_grads: no host gradient per offloaded "
+                "parameter; %d gradients in flight per device of the "
+                "largest offloaded share, %d bytes (pinned bf16) a parameter "
+                "each\n", p->real.n_grad_bufs, pb->stream_grad);
     if (af || bf16)
         fprintf(f, "note: the cuda backend runs AdamW with fp32 masters only "
                 "(the spec is refused there): these are its bytes by design\n");

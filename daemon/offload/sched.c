@@ -14,6 +14,11 @@
  *     being updated. "Prefetch" is simply that the copy thread runs ahead
  *     of the compute thread by up to n_staging - 1 intervals.
  *   host threads: AdamW of offloaded slots whose gradient is final.
+ * Streamed gradients (offload.stream_grads): an offloaded slot's host
+ * gradient is a block of the gradient pool, taken by the copy thread at
+ * the slot's first drain of the step (waiting while plan.n_grad_bufs are
+ * out) and given back by the host thread once its AdamW is done; its sum
+ * of squares is taken at the final drain, for the step's norm.
  * One mutex guards all shared state; three condition variables wake the
  * copy thread, the host threads and waiters on the compute side. Copies and
  * updates run outside the lock. Nothing spins.
@@ -22,8 +27,10 @@
 #include "offload/test_hooks.h"
 #include "common/threads.h"
 #include "common/clock.h"
+#include "kernels.h"
 
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -65,6 +72,13 @@ struct offload_ctx {
                                 * allocation, if given (placement NULL
                                 * once used or when none) */
     offload_pool *dev, *host;
+    offload_pool *gpool;       /* streamed gradients (pinned, like host) */
+    int grads_out;             /* its blocks handed out now */
+    float **gout;              /* [n_gout] slot s's block, or NULL */
+    int n_gout;
+    double *sumsq;             /* [S] streamed: each offloaded slot's final
+                                * gradient's grad_sumsq of this step */
+    uint64_t stream_skips;     /* streamed updates skipped: not finite */
     gpt_storage storage;
     gpt_model *g;
     offload_plan plan;
@@ -155,7 +169,25 @@ static void do_drain_(offload_ctx *o)
     o->dq_head = (o->dq_head + 1) % o->nbuf;
     o->dq_n--;
     staging_ *B = &o->buf[b];
-    float *dst = o->g->slots[B->slot].grads;
+    gpt_slot_state *dst_st = &o->g->slots[B->slot];
+    if (o->plan.stream_grads && !dst_st->grads) {
+        /* the slot's first drain of the step: a gradient buffer, once an
+         * update has given one back (offload_stream_grad_bufs: one will) */
+        size_t gb = gpt_slot_floats(o->g, B->slot) * sizeof(float);
+        while (o->grads_out >= o->plan.n_grad_bufs && !o->quit)
+            pthread_cond_wait(&o->cv_copy, &o->mu);
+        if (o->quit)
+            return;
+        dst_st->grads = o->gout[B->slot] = offload_pool_alloc(o->gpool, gb);
+        if (!dst_st->grads) { /* the host is out of memory: nothing to
+                               * stream into; the step cannot go on */
+            fprintf(stderr, "offload: cannot allocate %zu bytes for a "
+                    "streamed gradient; aborting\n", gb);
+            abort();
+        }
+        o->grads_out++;
+    }
+    float *dst = dst_st->grads;
     int div = B->final && o->grad_div ? o->grad_div[B->slot] : 1;
     void (*ready)(void *, int) = B->final ? o->ready : NULL;
     void *ready_ctx = o->ready_ctx;
@@ -169,12 +201,18 @@ static void do_drain_(offload_ctx *o)
         for (size_t i = 0; i < W / sizeof(float); i++)
             dst[i] /= n;
     }
+    /* streamed: the norm's part of the slot (gpt_grad_norm_with), taken
+     * before its update gives the buffer back */
+    double sq = B->final && o->sumsq ? grad_sumsq(dst, W / sizeof(float))
+                                     : 0.0;
     if (ready)
         ready(ready_ctx, B->slot);
     pthread_mutex_lock(&o->mu);
     o->d2h_s += dt;
     o->d2h_bytes += W;
     o->pending_drains[B->slot]--;
+    if (B->final && o->sumsq)
+        o->sumsq[B->slot] = sq;
     if (B->pass == o->pass_id)
         o->iv_state[B->iv] = IV_DRAINED;
     if (B->final && (o->early || (o->speculate && !o->summed)) &&
@@ -225,6 +263,7 @@ static void do_fetch_(offload_ctx *o)
 static void *copy_main_(void *arg)
 {
     offload_ctx *o = arg;
+    omp_set_num_threads(1); /* grad_sumsq of streamed gradients: serial */
     pthread_mutex_lock(&o->mu);
     while (!o->quit) {
         if (o->dq_n > 0)
@@ -297,12 +336,30 @@ static void *host_thread_main_(void *arg)
         double t0 = clock_mono_s();
         if (job.spec)
             spec_keep_or_restore_(o, s, job.spec == JOB_SPECULATE);
-        gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                       a.grad_scale);
+        /* streamed: a slot whose gradient is not finite keeps its state
+         * (the step is skipped, trainer.h; the slots updated already
+         * cannot be taken back: offload.stream_grads says so) */
+        int skip = o->sumsq && !isfinite(o->sumsq[s]);
+        if (!skip && a.adafactor) {
+            adafactor_hparams af = a.af;
+            af.grad_scale = a.grad_scale;
+            /* out of memory for its spans: the slot keeps its state */
+            if (gpt_adafactor_slot(o->g, s, &af, a.weight_decay) != 0)
+                fprintf(stderr, "offload: slot %d's Adafactor update "
+                        "skipped: out of memory\n", s);
+        } else if (!skip)
+            gpt_adamw_slot(o->g, s, a.lr, a.beta1, a.beta2, a.eps,
+                           a.weight_decay, a.grad_scale);
         double dt = clock_mono_s() - t0;
         pthread_mutex_lock(&o->mu);
         o->adam_s += dt;
         o->updating[s] = 0;
+        if (o->gout && o->gout[s]) {
+            offload_pool_free(o->gpool, o->gout[s]);
+            o->gout[s] = o->g->slots[s].grads = NULL;
+            o->grads_out--;
+            o->stream_skips += (uint64_t)skip;
+        }
         pthread_cond_signal(&o->cv_copy);
         pthread_cond_broadcast(&o->cv_done);
     }
@@ -425,6 +482,13 @@ static void free_placement_(offload_ctx *o)
     offload_pool_free(o->dev, o->dev_block);
     for (int i = 0; o->host_arr && i < o->n_host_arr; i++)
         offload_pool_free(o->host, o->host_arr[i]);
+    for (int s = 0; o->gout && s < o->n_gout; s++)
+        offload_pool_free(o->gpool, o->gout[s]);
+    free(o->gout);
+    o->gout = NULL;
+    o->n_gout = o->grads_out = 0;
+    free(o->sumsq);
+    o->sumsq = NULL;
     free(o->host_arr);
     o->host_arr = NULL;
     o->n_host_arr = 0;
@@ -521,7 +585,20 @@ static int alloc_state_(void *ctx, gpt_model *g)
             off_floats += gpt_slot_floats(g, s);
     }
     g->n_local = ng + res_floats;
-    size_t nb = 4 * g->n_local * sizeof(float);
+    /* m and v: AdamW's n_local floats each; Adafactor's first moment
+     * (n_local, or none) and its second moment in the af layout, the
+     * globals' then each resident slot's (gpt.h gpt_storage) */
+    int has_m = !g->adafactor || g->af_first_moment;
+    size_t nm = has_m ? g->n_local : 0, nv = g->n_local;
+    if (g->adafactor) {
+        nv = g->af_v_global;
+        for (int s = 0; s < S; s++) {
+            g->af_v_off[s] = nv - g->af_v_global;
+            if (plan.placement[s] == OFFLOAD_RESIDENT)
+                nv += g->af_v_kind[g->slot_moe[s]];
+        }
+    }
+    size_t nb = (2 * g->n_local + nm + nv) * sizeof(float);
     o->dev_block = offload_pool_alloc(o->dev, nb);
     if (!o->dev_block) {
         pool_error_(o, o->dev, "globals and resident slots", nb);
@@ -529,7 +606,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
     }
     /* each offloaded slot's params, grads, m, v: a pool block of its own
      * (at its kind's size), so no block straddles a pinned chunk */
-    size_t hb = 4 * off_floats * sizeof(float);
+    int per = o->plan.stream_grads ? 3 : 4; /* streamed: no grads */
+    size_t hb = (size_t)per * off_floats * sizeof(float);
     if (hb) {
         int n = 4 * o->plan.n_offloaded;
         if (!(o->host_arr = calloc((size_t)n, sizeof *o->host_arr)))
@@ -538,9 +616,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
             if (plan.placement[s] == OFFLOAD_RESIDENT)
                 continue;
             size_t bytes = gpt_slot_floats(g, s) * sizeof(float);
+            size_t vbytes = g->adafactor
+                                ? g->af_v_kind[g->slot_moe[s]] * sizeof(float)
+                                : bytes;
             for (int a = 0; a < 4; a++, o->n_host_arr++)
-                if (!(o->host_arr[o->n_host_arr] =
-                          offload_pool_alloc(o->host, bytes))) {
+                if (!(a == 1 && per == 3) && !(a == 2 && !has_m) &&
+                    !(o->host_arr[o->n_host_arr] = offload_pool_alloc(
+                          o->host, a == 3 ? vbytes : bytes))) {
                     pool_error_(o, o->host, "offloaded slots", hb);
                     goto fail;
                 }
@@ -569,6 +651,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
     o->dep = calloc(2 * (size_t)L, sizeof(int));
     o->drainq = calloc((size_t)(o->nbuf ? o->nbuf : 1), sizeof(int));
     o->adamq = calloc((size_t)S, sizeof *o->adamq);
+    if (o->plan.stream_grads) {
+        o->gout = calloc((size_t)S, sizeof *o->gout);
+        o->sumsq = calloc((size_t)S, sizeof *o->sumsq);
+        if (!o->gout || !o->sumsq || !o->gpool)
+            goto oom;
+        o->n_gout = S;
+    }
     if (o->plan.speculative) {
         size_t sb = (size_t)o->plan.n_offloaded * 3 * o->W;
         o->spec_block = malloc(sb);
@@ -597,8 +686,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
 
     g->params = o->dev_block;
     g->grads = g->params + g->n_local;
-    g->m = g->grads + g->n_local;
-    g->v = g->m + g->n_local;
+    g->m = has_m ? g->grads + g->n_local : NULL;
+    g->v = g->grads + g->n_local + nm;
     size_t r = ng, k = 0;
     for (int s = 0; s < S; s++) {
         gpt_slot_state *st = &g->slots[s];
@@ -606,8 +695,10 @@ static int alloc_state_(void *ctx, gpt_model *g)
         if (o->plan.placement[s] == OFFLOAD_RESIDENT) {
             size_t off = r;
             r += n;
-            *st = (gpt_slot_state){g->params + off, g->grads + off, g->m + off,
-                                   g->v + off};
+            *st = (gpt_slot_state){
+                g->params + off, g->grads + off, has_m ? g->m + off : NULL,
+                g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
+                             : g->v + off};
             g->w[s] = st->params;
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;
@@ -686,7 +777,9 @@ offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
     pthread_cond_init(&o->cv_done, NULL);
     o->dev = offload_device_pool_create(in->budget);
     o->host = offload_host_pool_create(HOST_CHUNK_);
-    if (!o->dev || !o->host) {
+    if (in->stream_grads)
+        o->gpool = offload_host_pool_create(HOST_CHUNK_);
+    if (!o->dev || !o->host || (in->stream_grads && !o->gpool)) {
         snprintf(err, errlen, "offload: cannot create the memory pools "
                  "(device budget %zu bytes)", in->budget);
         goto fail;
@@ -712,6 +805,7 @@ offload_ctx *offload_create(const offload_plan_input *in, int host_threads,
 fail:
     offload_pool_destroy(o->dev);
     offload_pool_destroy(o->host);
+    offload_pool_destroy(o->gpool);
     offload_plan_free(&o->first);
     free(o);
     return NULL;
@@ -735,6 +829,7 @@ void offload_free(offload_ctx *o)
     offload_plan_free(&o->first);
     offload_pool_destroy(o->dev);
     offload_pool_destroy(o->host);
+    offload_pool_destroy(o->gpool);
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv_copy);
     pthread_cond_destroy(&o->cv_work);
@@ -884,9 +979,29 @@ void offload_adamw(offload_ctx *o, const offload_adam *a)
          * still be queued; one job per slot in the ring */
         while (o->updating[s])
             pthread_cond_wait(&o->cv_done, &o->mu);
+        if (o->gout && !o->gout[s]) { /* streamed: a zero gradient */
+            while (o->grads_out >= o->plan.n_grad_bufs)
+                pthread_cond_wait(&o->cv_done, &o->mu);
+            size_t gb = gpt_slot_floats(o->g, s) * sizeof(float);
+            if (!(o->gout[s] = offload_pool_alloc(o->gpool, gb)))
+                continue; /* out of memory: the unused slot keeps its state */
+            o->g->slots[s].grads = o->gout[s];
+            o->grads_out++;
+            o->sumsq[s] = 0.0;
+        }
         queue_adam_(o, s, a);
     }
     pthread_mutex_unlock(&o->mu);
+}
+
+int offload_stream_sumsq(offload_ctx *o, double *out)
+{
+    pthread_mutex_lock(&o->mu);
+    int on = o->sumsq != NULL;
+    for (int s = 0; on && s < o->g->S; s++)
+        out[s] = o->g->offloaded[s] ? o->sumsq[s] : 0.0;
+    pthread_mutex_unlock(&o->mu);
+    return on ? 0 : -1;
 }
 
 void offload_sync(offload_ctx *o)
@@ -919,7 +1034,12 @@ void offload_get_stats(offload_ctx *o, offload_stats *st)
     st->enabled = 1;
     offload_pool_get_stats(o->dev, &st->device);
     offload_pool_get_stats(o->host, &st->host);
+    if (o->gpool)
+        offload_pool_get_stats(o->gpool, &st->grads);
     pthread_mutex_lock(&o->mu);
+    st->stream_grads = o->plan.stream_grads;
+    st->n_grad_bufs = o->plan.n_grad_bufs;
+    st->stream_skips = o->stream_skips;
     st->n_slots = o->plan.n_slots;
     st->n_resident = o->plan.n_resident;
     st->n_offloaded = o->plan.n_offloaded;

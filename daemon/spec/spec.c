@@ -667,39 +667,18 @@ precision_kind spec_precision(const run_spec *s)
 
 
 
-/* `what` (a key and its value) refused by name where the engine does not
- * implement it yet: on device.backend cuda (cuda_why: what that backend
- * does instead; cuda_fix: the way out) and with offloading (off_why,
- * off_fix). 0, or -1 with err. */
-static int engine_support_(const run_spec *s, const char *what,
-                           const char *cuda_why, const char *cuda_fix,
-                           const char *off_why, const char *off_fix,
-                           char *err, size_t errlen)
-{
-    if (s->device.backend == BACKEND_CUDA) {
-        seterr_(err, errlen, "%s on device.backend \"cuda\" is not supported "
-                "yet (%s); %s", what, cuda_why, cuda_fix);
-        return -1;
-    }
-    if (s->device.memory_budget > 0) {
-        seterr_(err, errlen, "%s with offloading (device.memory_budget > 0, "
-                "and so the speculative host update) is not supported yet: "
-                "%s; %s", what, off_why, off_fix);
-        return -1;
-    }
-    return 0;
-}
-
-/* optimizer.master bf16: where it is not implemented, refused by name. */
+/* optimizer.master bf16: where it is not implemented, refused by name
+ * (on cpu offloaded slots are bf16 masters too: the host AdamW rounds
+ * them stochastically as gpt_adamw does the resident ones). */
 static int master_check_(const run_spec *s, char *err, size_t errlen)
 {
-    return engine_support_(s, "optimizer.master \"bf16\"",
-                           "the CUDA backend keeps fp32 master weights",
-                           "use device.backend \"cpu\" or optimizer.master "
-                           "\"fp32\"",
-                           "offloaded slots keep fp32 masters",
-                           "set device.memory_budget to 0 or optimizer.master "
-                           "\"fp32\"", err, errlen);
+    if (s->device.backend != BACKEND_CUDA)
+        return 0;
+    seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
+            "\"cuda\" is not supported yet (the CUDA backend keeps fp32 "
+            "master weights); use device.backend \"cpu\" or "
+            "optimizer.master \"fp32\"");
+    return -1;
 }
 
 /* optimizer.shard: where it is not implemented, refused by name. */
@@ -750,11 +729,23 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
         }
         return 0;
     }
-    return engine_support_(s, "optimizer.name \"adafactor\"",
-                           "the CUDA backend runs AdamW only",
-                           "use device.backend \"cpu\"",
-                           "offloaded slots are updated by host AdamW only",
-                           "set device.memory_budget to 0", err, errlen);
+    if (s->device.backend == BACKEND_CUDA) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" on device.backend "
+                "\"cuda\" is not supported yet (the CUDA backend runs AdamW "
+                "only); use device.backend \"cpu\"");
+        return -1;
+    }
+    /* offloaded slots get host Adafactor; the speculative update's second
+     * buffers are AdamW's */
+    if (s->device.memory_budget > 0 &&
+        s->offload.speculative == SPEC_SPECULATIVE_ON) {
+        seterr_(err, errlen, "optimizer.name \"adafactor\" with "
+                "offload.speculative \"on\" is not supported yet (the "
+                "speculative update keeps AdamW's state only); set "
+                "offload.speculative to \"auto\" or \"off\"");
+        return -1;
+    }
+    return 0;
 }
 
 
@@ -812,6 +803,36 @@ static int nodes_check_(const run_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* offload.stream_grads: what cannot stream is refused by name, never run
+ * unstreamed. */
+static int stream_check_(const run_spec *s, char *err, size_t errlen)
+{
+    const char *why =
+        s->device.memory_budget == 0
+            ? "needs offloading (device.memory_budget > 0): without it no "
+              "gradient is kept in host memory; remove offload.stream_grads"
+        : s->device.backend == BACKEND_CUDA
+            ? "on device.backend \"cuda\" is not supported yet (gpt_cuda "
+              "keeps every offloaded slot's gradient for the step); use "
+              "device.backend \"cpu\" or remove offload.stream_grads"
+        : s->train.grad_clip > 0
+            ? "needs train.grad_clip 0: the global-norm clip needs every "
+              "gradient before any update (Adafactor's update clipping, "
+              "optimizer.clip_threshold, bounds each update instead)"
+        : s->train.grad_accum > 1
+            ? "needs train.grad_accum 1: accumulating microbatches keeps "
+              "every offloaded slot's gradient for the whole step"
+        : s->nodes.world_size > 1 || s->nodes.pseudo_world_size > 1
+            ? "with nodes.world_size > 1 is not supported yet (an offloaded "
+              "slot's gradient is final only after the all-reduce); set "
+              "nodes.world_size to 1"
+            : NULL;
+    if (!why)
+        return 0;
+    seterr_(err, errlen, "offload.stream_grads %s", why);
+    return -1;
+}
+
 /* Checks between keys, once every key is read. */
 static int cross_check_(const run_spec *s, char *err, size_t errlen)
 {
@@ -834,6 +855,8 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
     if (nodes_check_(s, err, errlen) != 0)
         return -1;
     if (optimizer_check_(s, err, errlen) != 0)
+        return -1;
+    if (s->offload.stream_grads && stream_check_(s, err, errlen) != 0)
         return -1;
     /* B*T is the row count of every GEMM (an int for CBLAS and cuBLAS) */
     if ((long long)s->train.batch_size * m->seq_len > INT_MAX) {

@@ -103,6 +103,9 @@ typedef struct {
         int host_threads;    /* host AdamW threads; 0: spec_host_threads */
         int speculative;     /* SPEC_SPECULATIVE_*: speculative clipped
                               * host AdamW (offload.h, the planner) */
+        int stream_grads;    /* 1: an offloaded slot's gradient is consumed
+                              * by its host update as soon as it is final,
+                              * from a pool of slots in flight (offload.h) */
     } offload;
     /* init.from: a checkpoint directory (an m6 checkpoint, m6ctl import
      * llmc's or m6ctl export --format safetensors' output) whose weights

@@ -169,8 +169,9 @@ const key_ spec_keys_[] = {
          "Stern 2018: factored second moment of every matrix, full for "
          "vectors, update clipping; the `optimizer.*` keys below). Both use "
          "`train.lr` and its schedule, `train.weight_decay` (decoupled) and "
-         "`train.grad_clip`. `adafactor` runs on `cpu` (any number of ranks) without "
-         "offloading only (`device.memory_budget` 0)."),
+         "`train.grad_clip`. `adafactor` runs on `cpu` (any number of "
+         "ranks; offloaded slots get a host Adafactor, without "
+         "`offload.speculative` `on`)."),
     FLT("optimizer", "beta1", optimizer.beta1, 0, 0, 1, 1,
         "Adafactor: first moment of the clipped update. 0: none (no "
         "memory for it)."),
@@ -191,9 +192,9 @@ const key_ spec_keys_[] = {
          "Master weights of either optimizer: `fp32`, or `bf16` (2 bytes a "
          "parameter in checkpoints; every update rounded to bf16 "
          "stochastically, seeded by `train.seed`, so a run and its resume "
-         "are reproducible). `bf16` runs on `cpu` without "
-         "offloading only; the CPU model still computes from an fp32 copy "
-         "of the bf16 values."),
+         "are reproducible). `bf16` runs on `cpu` (offloaded slots "
+         "included: their host AdamW rounds the same way); the CPU model "
+         "still computes from an fp32 copy of the bf16 values."),
     INT("optimizer", "shard", optimizer.shard, 0, 1,
         "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards the "
         "optimizer state over the data-parallel ranks, each keeping that of "
@@ -242,6 +243,19 @@ const key_ spec_keys_[] = {
          "gradient lands, unclipped, into second buffers, kept when the "
          "global norm is within the clip and redone otherwise. `auto`: on "
          "when host memory allows its extra buffers (`m6ctl plan`)."),
+    INT("offload", "stream_grads", offload.stream_grads, 0, 1,
+        "`true` (or 1; `false`, 0: off): an offloaded slot's host update "
+        "runs as soon as its gradient is final, and its host gradient "
+        "buffer goes back to a small pool (the slots in flight, `m6ctl "
+        "plan`) instead of being kept for every offloaded slot for the "
+        "whole step. Needs offloading (`device.memory_budget` > 0), "
+        "`train.grad_clip` 0 (the global-norm clip needs every gradient "
+        "before any update; Adafactor's update clipping bounds each update "
+        "instead), `train.grad_accum` 1, one rank (`nodes.world_size` 1) "
+        "and `device.backend` `cpu`. A step whose gradient norm is NaN or "
+        "Inf skips the resident update and the update of each offloaded "
+        "slot whose own gradient is not finite; offloaded slots already "
+        "updated keep their update."),
     STR("init", "from", init.from,
         "A checkpoint directory (of a run, from `m6ctl import llmc` or "
         "`m6ctl export --format safetensors`) to start from: its weights, "

@@ -107,6 +107,9 @@ static int written_(const run_spec *s, const key_ *k)
     if (k->section && strcmp(k->section, "offload") == 0 && k->key &&
         strcmp(k->key, "speculative") == 0)
         return s->offload.speculative != SPEC_SPECULATIVE_AUTO;
+    /* offload.stream_grads only when set: older specs keep their hash */
+    if (k->off == OFF(offload.stream_grads))
+        return s->offload.stream_grads != 0;
     if (k->section && strcmp(k->section, "nodes") == 0) {
         /* nodes only when not all defaults: a one-node spec's hash is
          * what it was before data parallelism */

@@ -52,7 +52,7 @@ static void cpu_free_(void *ctx)
 static offload_adam offload_adam_(const backend_adam *h, float grad_scale)
 {
     return (offload_adam){h->lr, h->beta1, h->beta2, h->eps,
-                          h->weight_decay, grad_scale};
+                          h->weight_decay, grad_scale, h->adafactor, h->af};
 }
 
 /* share[s] = the layers using slot s under the model's share map, into
@@ -84,9 +84,14 @@ static void cpu_step_begin_(void *ctx, const backend_adam *h)
      * slot's gradient, or the loss, turns out NaN or Inf (the step is then
      * skipped, trainer.h). With clipping and a speculative plan they are
      * updated unclipped at once into second buffers, kept when the norm is
-     * finite and within the clip, else redone or (a skipped step) undone. */
+     * finite and within the clip, else redone or (a skipped step) undone.
+     * Streamed gradients (offload.stream_grads, no clip, one microbatch)
+     * are the exception the spec states: updated at once, a slot whose own
+     * gradient is not finite skipped, the others kept. */
     if (c->off) {
-        offload_step_begin(c->off, NULL);
+        int stream = offload_current_plan(c->off)->stream_grads;
+        offload_adam now = offload_adam_(h, 1.0f);
+        offload_step_begin(c->off, stream ? &now : NULL);
         /* an offloaded slot's gradient is divided where it lands, before
          * a speculative update reads it; data-parallel, it is final only
          * once the all-reduce has summed it (cpu_grad_summed_) */
@@ -188,9 +193,23 @@ static float cpu_grad_norm_(void *ctx)
         return NAN;
     if (c->grad_mean > 0)
         mean_slot_grads_(c);
-    if (c->poison_slot >= 0 && c->poison_slot < c->model.S)
-        c->model.slots[c->poison_slot].grads[0] = INFINITY;
-    return gpt_grad_norm(&c->model);
+    double *sq = NULL;
+    if (c->off && offload_current_plan(c->off)->stream_grads) {
+        /* streamed: offloaded slots' parts as they landed */
+        if (!(sq = malloc((size_t)c->model.S * sizeof *sq)))
+            return NAN;
+        offload_stream_sumsq(c->off, sq);
+    }
+    if (c->poison_slot >= 0 && c->poison_slot < c->model.S) {
+        if (sq && c->model.offloaded[c->poison_slot])
+            sq[c->poison_slot] = INFINITY; /* its gradient may be gone */
+        else
+            c->model.slots[c->poison_slot].grads[0] = INFINITY;
+    }
+    float norm = sq ? gpt_grad_norm_with(&c->model, sq)
+                    : gpt_grad_norm(&c->model);
+    free(sq);
+    return norm;
 }
 
 static void cpu_poison_grad_(void *ctx, int s)
@@ -204,7 +223,10 @@ static void cpu_adamw_(void *ctx, const backend_adam *h, float norm)
     float clip = h->grad_clip;
     float scale = (clip > 0 && norm > clip) ? clip / norm : 1.0f;
     if (h->adafactor) {
-        /* no offloaded slot: the spec refuses Adafactor with a budget */
+        if (c->off) { /* host threads update offloaded slots meanwhile */
+            offload_adam a = offload_adam_(h, scale);
+            offload_adamw(c->off, &a);
+        }
         adafactor_hparams af = h->af;
         af.grad_scale = scale;
         /* out of memory for its span table: the weights, state and step
@@ -471,16 +493,6 @@ int backend_cpu_create(backend *be, const backend_setup *bs, char *err,
                                               backend_setup_phase_plan(bs),
                                               err, errlen)))
         goto fail;
-    if (bs->optim.adafactor && c->off) {
-        snprintf(err, errlen, "optimizer.name \"adafactor\" with "
-                 "offloading is not supported yet");
-        goto fail;
-    }
-    if (bs->optim.master_bf16 && c->off) {
-        snprintf(err, errlen, "optimizer.master \"bf16\" with "
-                 "offloading is not supported yet");
-        goto fail;
-    }
     if (gpt_create_optim(&c->model, &bs->model, bs->n_slots, bs->batch_size,
                          c->off ? offload_storage(c->off) : NULL,
                          &bs->optim) != 0) {

@@ -2,8 +2,8 @@
 # masters.sh — optimizer.master bf16 through m6d: a run killed -9 past the
 # delink resumes from its checkpoint to the losses of an uninterrupted run
 # digit for digit; its checkpoints hold BF16 weights and say master bf16;
-# m6ctl export reads them; a spec asking for bf16 masters with offloading
-# is refused at submit naming the key.
+# m6ctl export reads them; a spec asking for bf16 masters on the cuda
+# backend is refused at submit naming the key.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -52,11 +52,12 @@ PY
 ctl export "$R" --format safetensors --out "$T/exp" >/dev/null 2>"$T/exp.err" \
     || fail "export of a bf16 run: $(cat "$T/exp.err")"
 
-# 4. refused at submit by name: bf16 masters with offloading
+# 4. refused at submit by name: bf16 masters on the cuda backend
 write_spec "$T/off.json" off 10 0 \
-    '"optimizer": {"master": "bf16"}, "device": {"memory_budget": "64MiB"}'
+    '"optimizer": {"master": "bf16"}, "device": {"backend": "cuda"}'
 rc=0; ctl submit "$T/off.json" >/dev/null 2>"$T/off.err" || rc=$?
-[ "$rc" != 0 ] && grep -q 'optimizer.master "bf16" with offloading' "$T/off.err" \
-    || fail "bf16 with offloading: rc $rc: $(cat "$T/off.err")"
+[ "$rc" != 0 ] &&
+    grep -q 'optimizer.master "bf16" on device.backend "cuda"' "$T/off.err" \
+    || fail "bf16 on cuda: rc $rc: $(cat "$T/off.err")"
 stop_daemon
 echo "PASS"

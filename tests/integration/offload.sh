@@ -184,5 +184,40 @@ assert rows[0]['h2d_gbps'] is None, rows[0]
 sed -n 1p "$T/metrics-b.txt" | has "OFFL .*PEAK .*H2D_GB/S .*HIDDEN" || fail "metrics table header"
 grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "metrics table: $(tail -1 "$T/metrics-b.txt")"
 
+# offload.stream_grads through m6d: without the global clip, the streamed
+# offloaded run gives the losses of the same spec with every slot resident,
+# bit for bit, through the delink; with the clip it is refused at submit,
+# naming the key and the reason, and nothing is queued.
+# stream_spec FILE NAME CLIP [extra members]: offload_spec's run with
+# train.grad_clip CLIP.
+stream_spec() {
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 6),
+  "pseudo": {"share_groups": 1, "steps": 20},
+  "train": {"steps": 120, "batch_size": 4, "eval_every": 20, "seed": 11,
+            "grad_clip": $3},
+  "checkpoint": {"every": 0, "keep": 2}${4:+,
+  $4}
+JSON
+}
+STREAM="\"device\": {\"memory_budget\": $BUDGET}, \"offload\": {\"stream_grads\": true}"
+stream_spec "$T/nc.json" stream-plain 0
+stream_spec "$T/st.json" stream-on 0 "$STREAM"
+stream_spec "$T/stc.json" stream-clip 1 "$STREAM"
+N0=$(db "$T/s" "select count(*) from runs")
+ctl submit "$T/stc.json" >/dev/null 2>"$T/err" && fail "streamed with grad_clip accepted"
+grep -q "offload.stream_grads needs train.grad_clip 0" "$T/err" ||
+    fail "stream refusal: $(cat "$T/err")"
+[ "$(db "$T/s" "select count(*) from runs")" = "$N0" ] || fail "a refused spec was queued"
+C=$(ctl submit "$T/nc.json")
+rc=0; ctl watch "$C" >/dev/null || rc=$?
+[ "$rc" = 0 ] || fail "unclipped run: watch exit $rc"
+D=$(ctl submit "$T/st.json")
+rc=0; ctl watch "$D" >/dev/null || rc=$?
+[ "$rc" = 0 ] || fail "streamed run: watch exit $rc"
+losses "$C" >"$T/loss-c.csv"
+[ "$(wc -l <"$T/loss-c.csv")" = 121 ] || fail "unclipped run rows"
+same_losses "$D" "$T/loss-c.csv" "losses of the streamed run differ"
+
 stop_daemon
 echo "ok offload ($OFFLOADED/6 slots offloaded at a budget of $BUDGET bytes; min $MIN, unlimited peak $PEAK)"

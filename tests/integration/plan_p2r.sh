@@ -185,7 +185,9 @@ PY
 # moment rows + cols floats a matrix, n a vector; bytes per parameter
 # weights (bf16 2 + fp32 master 4, or the bf16 master 2) + gradients 2 +
 # optimizer (AdamW 8, Adafactor's m 4 or none); on the host weights (6, or
-# 2) + gradients 6 + the optimizer's
+# 2) + gradients 6 + the optimizer's; streamed (offload.stream_grads) no
+# gradients per offloaded parameter but min(offloaded, 2 host threads + 1)
+# of a slot share in flight, 2 bytes a parameter
 ctl --json plan "$EX/m6-10t.json" --nodes 64 --gpus-per-node 8 \
     --device-memory 32GiB --host-memory 512GiB >"$T/cs.json" || fail "settings json"
 ctl plan "$EX/m6-10t.json" --nodes 64 --gpus-per-node 8 \
@@ -210,22 +212,24 @@ rows = {}
 for line in text.splitlines():
     f = line.split()
     if len(f) > 3 and f[0] in ("adamw", "adafactor"):
-        name = " ".join(f[:3] if f[1] == "b1=0" else f[:2])
-        rows[name] = line
+        n = 2 + (f[1] == "b1=0") + (f[2 + (f[1] == "b1=0")] == "stream")
+        rows[" ".join(f[:n])] = line
 want = {"adamw fp32": (6, 8, 0), "adamw bf16": (2, 8, 0),
         "adafactor fp32": (6, 4, 1), "adafactor bf16": (2, 4, 1),
         "adafactor b1=0 fp32": (6, 0, 1), "adafactor b1=0 bf16": (2, 0, 1)}
+want.update({n + " stream": w for n, w in want.items()})
 got = {x["name"]: x for x in plan["settings"]}
 assert sorted(got) == sorted(want), got.keys()
 for name, (w, o, af) in want.items():
+    stream = name.endswith(" stream")
     res = w + 2 + o
     dev_pp = (res * P + 4 * af * (v_glob + L * v_share)) / P
-    host_pp = (2 if w == 2 else 6) + 6 + o
+    host_pp = (2 if w == 2 else 6) + (0 if stream else 6) + o
     x = got[name]
     assert abs(x["device_bytes_per_param"] - dev_pp) <= 1e-9 * dev_pp, (name, x, dev_pp)
     assert x["host_bytes_per_param"] == host_pp, (name, x, host_pp)
     f = rows[name].split()
-    i = 3 if "b1=0" in name else 2
+    i = len(name.split())
     assert f[i] == "%.3f" % dev_pp and f[i + 1] == "%.3f" % host_pp, (name, f, dev_pp)
     # the least host memory per node: the most slots the device holds
     # resident (with min(2, offloaded) staging buffers of 4 bytes a
@@ -236,9 +240,14 @@ for name, (w, o, af) in want.items():
                      min(2, L - R) * 4 * share) > dev:
         R -= 1
     need = G * (L - R) * ((host_pp) * share + 4 * af * v_share)
+    if stream:
+        need += G * min(L - R, 2 + 1) * 2 * share
     assert x["least_host_bytes_per_node"] == need, (name, x, need, R)
     assert x["real_fits"] == ("offloaded" if need <= host else "none"), x
     assert x["pseudo_fits"] == "resident", x
+# the paper's cluster: Adafactor without a first moment, bf16 masters and
+# streamed gradients fit, the pseudo phase resident
+assert got["adafactor b1=0 bf16 stream"]["real_fits"] == "offloaded"
 print("settings: " + ", ".join("%s %.3f B/p, %.1f GiB host" % (n, got[n]["device_bytes_per_param"], got[n]["least_host_bytes_per_node"] / 2**30) for n in want))
 PY
 

@@ -256,9 +256,15 @@ static void test_spec_keys_and_refusals(void **state)
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
          "{\"backend\": \"cuda\"}", "\"cuda\" is not supported yet"},
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
-         "{\"memory_budget\": \"1GiB\"}", "with offloading"},
+         "{\"memory_budget\": \"1GiB\"}, \"offload\": {\"speculative\": "
+         "\"on\"}", "optimizer.name \"adafactor\" with offload.speculative "
+         "\"on\" is not supported yet"},
     };
     fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
+    /* offloaded slots get host Adafactor (test_offload.c) */
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"name\": \"adafactor\"}, "
+                       "\"device\": {\"memory_budget\": \"1GiB\"}");
+    assert_int_equal(s.optimizer.name, OPTIMIZER_ADAFACTOR);
 }
 
 /* ------------------------------------------------------------ trainer */

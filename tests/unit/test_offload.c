@@ -481,7 +481,8 @@ static float model_step_lr_(gpt_model *g, offload_ctx *o, int accum, int B,
 {
     int T = g->cfg.seq_len;
     int32_t inp[256], tgt[256];
-    offload_adam a = {lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    offload_adam a = {.lr = lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                      .weight_decay = 0.1f, .grad_scale = 1.0f};
     if (o)
         offload_step_begin(o, early ? &a : NULL);
     gpt_zero_grad(g);
@@ -613,7 +614,9 @@ static void test_late_update_keeps_its_step(void **state)
     offload_test_hold_updates(o, 1);
     model_step_lr_(&a, NULL, 1, 2, 1, 1e-2f, 1);
     model_step_lr_(&b, o, 1, 2, 1, 1e-2f, 1);
-    offload_adam next = {5e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    offload_adam next = {.lr = 5e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .weight_decay = 0.1f,
+                         .grad_scale = 1.0f};
     offload_step_begin(o, &next); /* the next step begins */
     offload_test_hold_updates(o, 0);
     offload_sync(o);
@@ -623,6 +626,364 @@ static void test_late_update_keeps_its_step(void **state)
     gpt_free(&a);
     gpt_free(&b);
     offload_free(o);
+}
+
+/* ---------------------------------------------------------- streamed */
+
+/* offload.stream_grads against the same run unstreamed (n_layer layers,
+ * all but one offloaded, no clip, one microbatch): 20 steps with the delink at 8 give the same
+ * losses and final weights and moments bit for bit (the same AdamW on the
+ * same gradient, only sooner). Then what the pools measured: the
+ * offloaded slots keep params, m, v (3 blocks, not 4) and the gradients
+ * in flight never took more than the plan's n_grad_bufs blocks of a slot;
+ * the plan's host bytes are within 10% of the measured ones. */
+static void check_stream_same_(int n_layer, int host_threads)
+{
+    run_spec off = spec6_(20, 8);
+    off.model.n_layer = n_layer;
+    off.train.grad_clip = 0;
+    off.train.grad_accum = 1;
+    off.offload.host_threads = host_threads;
+    off.device.memory_budget = fixture_budget_for(&off, 1);
+    run_spec str = off;
+    str.offload.stream_grads = 1;
+    trainer *ta, *tb;
+    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&str, 0, &p, err, sizeof err), 0);
+    assert_int_equal(p.stream_grads, 1);
+    int k = n_layer - 1; /* offloaded */
+    assert_int_equal(p.n_offloaded, k);
+    /* default map, one microbatch: no partial gradient; a buffer per host
+     * thread and one landing */
+    assert_int_equal(p.n_grad_bufs, host_threads + 1);
+    size_t ss;
+    size_t ng;
+    gpt_layout_sizes(&str.model, &ng, &ss);
+    size_t slot = ss * sizeof(float);
+    offload_stats su, ss_;
+    assert_int_equal(trainer_offload_stats(ta, &su), 0);
+    assert_int_equal(trainer_offload_stats(tb, &ss_), 0);
+    assert_int_equal(su.stream_grads, 0);
+    assert_int_equal(ss_.stream_grads, 1);
+    assert_int_equal(ss_.n_grad_bufs, p.n_grad_bufs);
+    assert_int_equal(su.host.in_use, (size_t)k * 4 * slot);
+    assert_int_equal(ss_.host.in_use, (size_t)k * 3 * slot);
+    assert_true(ss_.grads.peak > 0);
+    assert_true(ss_.grads.peak <= (size_t)p.n_grad_bufs * slot);
+    assert_int_equal(ss_.grads.in_use, 0); /* every update has given back */
+    size_t measured = ss_.host.in_use + ss_.grads.peak;
+    printf("# stream L %d host_threads %d: host measured %zu (slots %zu + "
+           "gradients in flight peak %zu = %.2f slot gradients), planned "
+           "%zu (%d buffers); unstreamed measured %zu\n", n_layer,
+           host_threads,
+           measured, ss_.host.in_use, ss_.grads.peak,
+           (double)ss_.grads.peak / (double)slot, p.host_bytes,
+           p.n_grad_bufs, su.host.in_use);
+    assert_true(p.host_bytes >= measured);
+    assert_true((double)p.host_bytes <= 1.10 * (double)measured);
+    offload_plan_free(&p);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+/* bf16 master weights (optimizer.master) on offloaded slots: the host
+ * AdamW rounds them stochastically with the same keys as gpt_adamw does
+ * resident ones, so 20 steps with the delink at 8, clipped, give the
+ * resident run's losses and state bit for bit; and streamed (no clip)
+ * the unstreamed offloaded run's. The weights are bf16 values. */
+static void test_bf16_masters_offloaded(void **state)
+{
+    (void)state;
+    run_spec plain = spec6_(20, 8);
+    plain.train.grad_accum = 1;
+    plain.optimizer.master = MASTER_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    trainer *ta, *tb;
+    fixture_train_same(&plain, &off, 20, NULL, &ta, &tb);
+    size_t n = trainer_copy_state(tb, 0, NULL);
+    float *w = fixture_copy_state(tb, 0);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        if (u & 0xffffu)
+            fail_msg("weight %zu is not a bf16 value (0x%08x)", i, u);
+    }
+    free(w);
+    trainer_free(ta);
+    trainer_free(tb);
+    off.train.grad_clip = 0;
+    run_spec str = off;
+    str.offload.stream_grads = 1;
+    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    assert_true(st.grads.peak > 0);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+/* Adafactor (with and without a first moment, fp32 and bf16 masters) on
+ * offloaded slots: the host update (gpt_adafactor_slot) is gpt_adafactor's
+ * per slot, so 20 steps with the delink at 8, clipped, give the resident
+ * run's losses and state bit for bit (spec6_'s one OpenMP thread; the
+ * host threads run one each), and streamed (no clip) the unstreamed offloaded
+ * run's; dense, MoE and mixed models. The offloaded state is
+ * Adafactor's: the host pool holds each
+ * offloaded slot's params, grads, first moment (if any) and factored
+ * second moment, as the plan counts. */
+static void check_adafactor_offloaded_(float beta1, int bf16, int moe_every)
+{
+    run_spec plain = spec6_(20, 8);
+    if (moe_every)
+        synth_tiny_moe(&plain.model, moe_every, 32, 1.0f);
+    plain.train.grad_accum = 1;
+    plain.optimizer.name = OPTIMIZER_ADAFACTOR;
+    plain.optimizer.beta1 = beta1;
+    if (bf16)
+        plain.optimizer.master = MASTER_BF16;
+    run_spec off = plain;
+    off.device.memory_budget = fixture_budget_for(&plain, 1);
+    trainer *ta, *tb;
+    fixture_train_same(&plain, &off, 20, NULL, &ta, &tb);
+    offload_stats st;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&off, 0, &p, err, sizeof err), 0);
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_true(st.n_offloaded >= 4);
+    assert_int_equal(st.n_offloaded, p.n_offloaded);
+    assert_int_equal(st.host.in_use, p.host_bytes);
+    /* the device pool's peak is the larger phase's plan */
+    size_t want = p.peak_device_bytes;
+    if (p.pseudo && p.pseudo->peak_device_bytes > want)
+        want = p.pseudo->peak_device_bytes;
+    assert_int_equal(st.device.peak, want);
+    /* Adafactor's factored state: less than AdamW's 16 bytes a parameter */
+    size_t ng, ss;
+    gpt_layout_sizes(&off.model, &ng, &ss);
+    assert_true(st.host.in_use < (size_t)st.n_offloaded * 16 * ss);
+    size_t unstreamed = st.host.in_use;
+    offload_plan_free(&p);
+    trainer_free(ta);
+    trainer_free(tb);
+    off.train.grad_clip = 0;
+    run_spec str = off;
+    str.offload.stream_grads = 1;
+    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+    assert_int_equal(trainer_offload_stats(tb, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    assert_true(st.grads.peak > 0 && st.grads.peak <= 3 * ss * sizeof(float));
+    /* measured against the streamed plan: the slots' state exactly, the
+     * gradients in flight at most the plan's buffers (a bound: how many
+     * are out at once depends on how far the host threads lag, and with
+     * Adafactor's small state they are a large share of the total, so
+     * no 10% check here; check_stream_same_ has one where the bound is
+     * within 10% whatever the lag) */
+    assert_int_equal(offload_plan_for_spec(&str, 0, &p, err, sizeof err), 0);
+    size_t bufs = (size_t)p.n_grad_bufs * p.grad_buf_bytes;
+    assert_int_equal(st.host.in_use, p.host_bytes - bufs);
+    assert_true(st.grads.peak <= bufs);
+    size_t measured = st.host.in_use + st.grads.peak;
+    printf("# adafactor b1=%.1f %s moe_every %d: streamed host measured %zu "
+           "(slots %zu + gradients in flight peak %zu), planned %zu; "
+           "unstreamed %zu\n", (double)beta1, bf16 ? "bf16" : "fp32",
+           moe_every, measured, st.host.in_use, st.grads.peak, p.host_bytes,
+           unstreamed);
+    offload_plan_free(&p);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+static void test_adafactor_offloaded(void **state)
+{
+    (void)state;
+    check_adafactor_offloaded_(0.0f, 0, 0);
+    check_adafactor_offloaded_(0.9f, 0, 0);
+    check_adafactor_offloaded_(0.0f, 1, 0);
+    check_adafactor_offloaded_(0.9f, 1, 0);
+    check_adafactor_offloaded_(0.9f, 0, 1);  /* MoE in every block */
+    check_adafactor_offloaded_(0.0f, 1, 2);  /* dense and MoE slots */
+}
+
+/* Streamed, bf16 masters: saved at step 12 (after the delink at 8) and
+ * resumed in a fresh trainer, the run goes on bit for bit to step 20. */
+static void test_stream_resume_bitwise(void **state)
+{
+    (void)state;
+    run_spec s = spec6_(20, 8);
+    s.train.grad_accum = 1;
+    s.train.grad_clip = 0;
+    s.optimizer.master = MASTER_BF16;
+    s.device.memory_budget = fixture_budget_for(&s, 1);
+    s.offload.stream_grads = 1;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt-stream-12", tmpdir_);
+    float l[20];
+    trainer *t = fixture_trainer(&s);
+    fixture_run_steps(t, &s, 12, l, NULL);
+    assert_true(fixture_save(t, dir) > 0);
+    fixture_resume_same(t, &s, dir, 12, 20, l);
+    offload_stats st;
+    assert_int_equal(trainer_offload_stats(t, &st), 0);
+    assert_int_equal(st.stream_grads, 1);
+    trainer_free(t);
+}
+
+static void test_stream_grads_same_as_unstreamed(void **state)
+{
+    (void)state;
+    check_stream_same_(12, 2);
+}
+
+/* Six layers, one host thread: two buffers for five offloaded slots, so
+ * drains wait
+ * for updates to give theirs back; still the same bits. */
+static void test_stream_grads_one_host_thread(void **state)
+{
+    (void)state;
+    check_stream_same_(6, 1);
+}
+
+/* A share map with a slot used by two non-adjacent layers (slot 1, layers
+ * 2 and 4): its partial gradient waits on the host in a streamed buffer
+ * between its two backward intervals. The plan counts it (one partial +
+ * one per host thread + one landing, at most the 3 offloaded slots); the
+ * streamed model and the plain one agree bit for bit, gradient norm
+ * included, over 8 steps. */
+static void test_stream_grads_partial_gradient(void **state)
+{
+    (void)state;
+    const model_config cfg = {.vocab_size = 29, .n_layer = 6, .n_head = 2,
+                              .n_embd = 64, .seq_len = 32};
+    const int B = 2;
+    run_spec s;
+    size_t ss;
+    spec_defaults(&s);
+    s.model = cfg;
+    s.train.batch_size = B;
+    s.offload.prefetch = 3;
+    s.offload.host_threads = 1;
+    s.offload.stream_grads = 1;
+    size_t ng;
+    gpt_layout_sizes(&cfg, &ng, &ss);
+    s.device.memory_budget = 4 * ng * 4 + gpt_act_floats(&cfg, B) * 4 +
+                             4 * ss * 4 + 3 * 2 * ss * 4;
+    char err[512];
+    offload_plan_input in = offload_plan_input_of(&s);
+    assert_int_equal(in.stream_grads, 1);
+    assert_int_equal(in.host_threads, 1);
+    offload_ctx *o = offload_create(&in, 1, NULL, err, sizeof err);
+    if (!o)
+        fail_msg("offload_create: %s", err);
+    gpt_model a, b;
+    assert_int_equal(gpt_create(&a, &cfg, 1, B), 0);
+    if (gpt_create_with(&b, &cfg, 1, B, offload_storage(o)) != 0)
+        fail_msg("create: %s", offload_last_error(o));
+    gpt_init_weights(&a, 7);
+    gpt_init_weights(&b, 7);
+    int map[6] = {0, 3, 1, 2, 1, 0}, src[4] = {0, 0, 0, 0};
+    assert_int_equal(gpt_reslot(&a, 4, map, src, 0), 0);
+    assert_int_equal(gpt_reslot(&b, 4, map, src, 0), 0);
+    const offload_plan *p = offload_current_plan(o);
+    assert_int_equal(p->n_offloaded, 3);
+    assert_int_equal(p->stream_grads, 1);
+    assert_int_equal(p->n_grad_bufs, 3);
+    /* the rule alone, by hand: at most the offloaded slots */
+    unsigned char offl1[4] = {0, 1, 0, 0};
+    assert_int_equal(offload_stream_grad_bufs(map, 6, offl1, 4, 4), 1);
+    /* adjacent layers: no partial gradient, 1 thread + 1 landing */
+    int adj[6] = {0, 1, 1, 2, 2, 3};
+    unsigned char all[6] = {1, 1, 1, 1, 1, 1};
+    assert_int_equal(offload_stream_grad_bufs(adj, 6, all, 4, 1), 2);
+    /* 8 layers, slots 0 (layers 0, 7) and 3 (layers 3, 5) are partial at
+     * once while layer 4 runs backward: 2 + 1 thread + 1 landing of 6 */
+    int two[8] = {0, 1, 2, 3, 4, 3, 5, 0};
+    assert_int_equal(offload_stream_grad_bufs(two, 8, all, 6, 1), 4);
+    int T = cfg.seq_len;
+    int32_t inp[128], tgt[128];
+    double sq[4];
+    for (int i = 0; i < 8; i++) {
+        offload_adam h = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+                          .eps = 1e-8f, .weight_decay = 0.1f,
+                          .grad_scale = 1.0f};
+        synth_random_batch(inp, tgt, B * T, cfg.vocab_size, (uint64_t)i);
+        offload_step_begin(o, &h);
+        gpt_zero_grad(&a);
+        gpt_zero_grad(&b);
+        offload_microbatch(o, 0);
+        float la = gpt_forward(&a, inp, tgt, B);
+        float lb = gpt_forward(&b, inp, tgt, B);
+        assert_true(la == lb);
+        gpt_backward(&a, inp, tgt, B, 1.0f / (float)(B * T));
+        gpt_backward(&b, inp, tgt, B, 1.0f / (float)(B * T));
+        offload_wait_grads(o);
+        assert_int_equal(offload_stream_sumsq(o, sq), 0);
+        float na = gpt_grad_norm(&a), nb = gpt_grad_norm_with(&b, sq);
+        assert_true(na == nb);
+        offload_adamw(o, &h);
+        gpt_adamw(&a, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1.0f);
+        gpt_adamw(&b, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1.0f);
+    }
+    offload_sync(o);
+    for (int sl = 0; sl < 4; sl++) {
+        assert_memory_equal(a.slots[sl].params, b.slots[sl].params,
+                            ss * sizeof(float));
+        assert_memory_equal(a.slots[sl].m, b.slots[sl].m, ss * sizeof(float));
+        assert_memory_equal(a.slots[sl].v, b.slots[sl].v, ss * sizeof(float));
+        assert_int_equal(a.adam_t_slot[sl], b.adam_t_slot[sl]);
+    }
+    offload_stats st;
+    offload_get_stats(o, &st);
+    assert_true(st.grads.peak <= 3 * ss * sizeof(float));
+    assert_int_equal(st.grads.in_use, 0);
+    gpt_free(&a);
+    gpt_free(&b);
+    offload_free(o);
+}
+
+/* What cannot stream is refused at submit, naming the key and why. */
+static void test_stream_grads_refusals(void **state)
+{
+    (void)state;
+    const char *base = "{\"data\": {\"train\": \"t*\", \"val\": \"v*\"}";
+    const char *ok = "\"offload\": {\"stream_grads\": true}, \"device\": "
+                     "{\"memory_budget\": \"1GiB\"}";
+    run_spec s;
+    char more[512];
+    snprintf(more, sizeof more, "%s, \"train\": {\"grad_clip\": 0}", ok);
+    fixture_spec_parse(&s, base, more);
+    assert_int_equal(s.offload.stream_grads, 1);
+    const char *const bad[][2] = {
+        {"\"offload\": {\"stream_grads\": true}, \"train\": "
+         "{\"grad_clip\": 0}",
+         "offload.stream_grads needs offloading (device.memory_budget > 0)"},
+        {"\"offload\": {\"stream_grads\": true}, \"train\": "
+         "{\"grad_clip\": 0}, \"device\": {\"memory_budget\": \"1GiB\", "
+         "\"backend\": \"cuda\"}",
+         "offload.stream_grads on device.backend \"cuda\" is not supported"},
+        {"\"offload\": {\"stream_grads\": true}, \"device\": "
+         "{\"memory_budget\": \"1GiB\"}",    /* grad_clip's default, 1 */
+         "offload.stream_grads needs train.grad_clip 0"},
+        {"\"offload\": {\"stream_grads\": true}, \"device\": "
+         "{\"memory_budget\": \"1GiB\"}, \"train\": {\"grad_clip\": 0, "
+         "\"grad_accum\": 2}", "offload.stream_grads needs train.grad_accum 1"},
+        {"\"offload\": {\"stream_grads\": true}, \"device\": "
+         "{\"memory_budget\": \"1GiB\"}, \"train\": {\"grad_clip\": 0, "
+         "\"batch_size\": 2}, \"nodes\": {\"world_size\": 2}",
+         "offload.stream_grads with nodes.world_size > 1"},
+        {"\"offload\": {\"stream_grads\": 2}", "offload.stream_grads"},
+    };
+    fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
+    /* unset, the canonical text has no such key: old hashes stay */
+    fixture_spec_parse(&s, base, NULL);
+    char *text = spec_to_json(&s);
+    assert_null(strstr(text, "stream_grads"));
+    free(text);
 }
 
 /* ---------------------------------------------------------- pools */
@@ -689,6 +1050,13 @@ int main(void)
         cmocka_unit_test(test_save_resume_offloaded),
         cmocka_unit_test(test_interleaved_share_map),
         cmocka_unit_test(test_late_update_keeps_its_step),
+        cmocka_unit_test(test_stream_grads_same_as_unstreamed),
+        cmocka_unit_test(test_stream_grads_one_host_thread),
+        cmocka_unit_test(test_stream_grads_partial_gradient),
+        cmocka_unit_test(test_stream_grads_refusals),
+        cmocka_unit_test(test_bf16_masters_offloaded),
+        cmocka_unit_test(test_stream_resume_bitwise),
+        cmocka_unit_test(test_adafactor_offloaded),
     };
     if (getenv("M6_TEST_FILTER")) /* e.g. M6_TEST_FILTER='*no_clip' */
         cmocka_set_test_filter(getenv("M6_TEST_FILTER"));
