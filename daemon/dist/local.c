@@ -227,8 +227,9 @@ static int reduce_(m6_local *h, m6_coll *leaders, float *buf, size_t n,
         if (me == 0 && leaders &&
             m6_coll_allreduce_sum(leaders, acc, n, err) != 0) {
             char msg[1024];
-            snprintf(msg, sizeof msg, "the leader's all-reduce over the "
-                     "nodes failed: %s", m6_err_msg(err));
+            snprintf(msg, sizeof msg, "the all-reduce among the nodes' "
+                     "leaders (its ranks are node indices) failed: %s",
+                     m6_err_msg(err));
             m6_err_free(err);
             return fail_(h, M6_EINTERNAL, msg, err);
         }
