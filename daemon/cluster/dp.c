@@ -374,7 +374,11 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         g = NULL;
         goto out;
     }
-    int lrc = node_layout_(g, rank, world, local, local_size, &nodes, &node,
+    /* a trainer that lives on (rank 0's) keeps no groups of an older
+     * generation */
+    int lrc = trainer_adopt_node_groups(t, NULL, NULL, err);
+    if (lrc == 0)
+        lrc = node_layout_(g, rank, world, local, local_size, &nodes, &node,
                            &max_local, leader, err);
     if (lrc == 0 && use_hier_(mode, max_local))
         lrc = node_groups_(&st, prefix, local, local_size, node, nodes,

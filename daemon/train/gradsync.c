@@ -479,12 +479,16 @@ static int adopt_(trainer *t, m6_coll *dev, int any_memory, m6_err *err)
 int trainer_adopt_node_groups(trainer *t, m6_local *local, m6_coll *leaders,
                               m6_err *err)
 {
-    if (!local || t->gcoll) {
-        m6_err_set(err, M6_EINVALID, "collectives: %s",
-                   !local ? "no node-local group"
-                          : "the gradient is summed in device memory "
-                            "(trainer_adopt_grad_group); a node-local group "
-                            "sums host memory");
+    if (!local && leaders) {
+        m6_err_set(err, M6_EINVALID, "collectives: the leaders' group "
+                   "without a node-local group");
+        m6_coll_destroy(leaders);
+        return -1;
+    }
+    if (local && t->gcoll) {
+        m6_err_set(err, M6_EINVALID, "collectives: the gradient is summed in "
+                   "device memory (trainer_adopt_grad_group); a node-local "
+                   "group sums host memory");
         m6_local_leave(local);
         m6_coll_destroy(leaders);
         return -1;

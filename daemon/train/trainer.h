@@ -344,9 +344,11 @@ int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err);
  * group. Every rank of the run adopts its node's groups, or none does.
  * The trainer owns both (on error too): freed by trainer_free or when
  * trainer_set_collectives leaves data parallelism (NULL or world 1).
- * Host-memory gradients only. 0, or -1 with err (M6_EINVALID: no local
- * group, a gradient group in device memory, leaders given to a rank that
- * is not local rank 0). */
+ * Host-memory gradients only. local NULL (and leaders NULL): leave the
+ * node's groups the trainer holds, if any; the buckets go over the host
+ * group again. 0, or -1 with err (M6_EINVALID: leaders without local, a
+ * gradient group in device memory, leaders given to a rank that is not
+ * local rank 0). */
 int trainer_adopt_node_groups(trainer *t, m6_local *local, m6_coll *leaders,
                               m6_err *err);
 
