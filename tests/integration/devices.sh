@@ -9,7 +9,9 @@
 #      summed in another order than one batch: float rounding carried by
 #      AdamW, far below what a wrong gradient or a repeated data slice
 #      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
-#      worker of one device each; its --threads 2 split one per rank;
+#      worker of one device each (the first sums in the node-local group,
+#      the second over Gloo: with two terms a+b is b+a, so the bits
+#      agree); its --threads 2 split one per rank;
 #  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
 #      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
