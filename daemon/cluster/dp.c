@@ -83,6 +83,10 @@ static const char *grad_engine_(const run_spec *s, char *why, size_t len)
     return "gloo";
 }
 
+/* every rank of one m6d fits in its node-local group */
+_Static_assert(M6_LOCAL_MAX >= RANKBOARD_DEVICES_MAX,
+               "dist/local.h's M6_LOCAL_MAX below the ranks one m6d runs");
+
 /* How the gradient buckets are summed: rank 0 reads M6_DP_ALLREDUCE
  * (flat, hier or auto; unset: auto) and passes it on (the store's key
  * "allreduce"), so every rank follows the coordinator's choice. NULL with

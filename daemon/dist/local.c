@@ -14,7 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#define LOCAL_MAX_ 64
 
 /* One group, shared by its local ranks' handles. */
 typedef struct group_ {
@@ -23,13 +22,15 @@ typedef struct group_ {
     int size, timeout_ms;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t joined, holding; /* bit r: rank r joined / has not left */
-    uint64_t arrived;         /* bit r: rank r waits at the barrier */
+    unsigned char joined[M6_LOCAL_MAX];  /* rank r joined */
+    unsigned char holding[M6_LOCAL_MAX]; /* rank r joined, has not left */
+    unsigned char arrived[M6_LOCAL_MAX]; /* rank r waits at the barrier */
+    int n_holding, n_arrived;
     unsigned long gen;        /* barriers passed */
     int broken_code;          /* an m6_code; 0: healthy */
     char broken[1024];        /* why, once broken */
-    float *buf[LOCAL_MAX_];   /* each rank's buffer of this operation */
-    size_t n[LOCAL_MAX_];
+    float *buf[M6_LOCAL_MAX]; /* each rank's buffer of this operation */
+    size_t n[M6_LOCAL_MAX];
 } group_;
 
 struct m6_local {
@@ -62,12 +63,12 @@ static void set_broken_err_(const m6_local *h, m6_err *err)
 m6_local *m6_local_join(const char *name, int rank, int size, int timeout_ms,
                         m6_err *err)
 {
-    if (!name || strlen(name) > 255 || size < 1 || size > LOCAL_MAX_ ||
+    if (!name || strlen(name) > 255 || size < 1 || size > M6_LOCAL_MAX ||
         rank < 0 || rank >= size || timeout_ms <= 0) {
         m6_err_set(err, M6_EINVALID, "node-local group %s: local rank %d of "
                    "%d, timeout %d ms (name at most 255 bytes, 1 <= size <= "
                    "%d, 0 <= rank < size, timeout > 0)", name ? name : "?",
-                   rank, size, timeout_ms, LOCAL_MAX_);
+                   rank, size, timeout_ms, M6_LOCAL_MAX);
         return NULL;
     }
     m6_local *h = calloc(1, sizeof *h);
@@ -99,10 +100,10 @@ m6_local *m6_local_join(const char *name, int rank, int size, int timeout_ms,
         table_ = g;
     }
     pthread_mutex_lock(&g->mu);
-    int bad_size = g->size != size, again = (g->joined >> rank) & 1;
+    int bad_size = g->size != size, again = !bad_size && g->joined[rank];
     if (!bad_size && !again) {
-        g->joined |= 1ull << rank;
-        g->holding |= 1ull << rank;
+        g->joined[rank] = g->holding[rank] = 1;
+        g->n_holding++;
     }
     pthread_mutex_unlock(&g->mu);
     pthread_mutex_unlock(&table_mu_);
@@ -139,10 +140,10 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
         return -1;
     }
     unsigned long gen = g->gen;
-    g->arrived |= 1ull << h->rank;
-    uint64_t all = g->size == 64 ? ~0ull : (1ull << g->size) - 1;
-    if (g->arrived == all) {
-        g->arrived = 0;
+    g->arrived[h->rank] = 1;
+    if (++g->n_arrived == g->size) {
+        memset(g->arrived, 0, (size_t)g->size);
+        g->n_arrived = 0;
         g->gen++;
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
@@ -160,7 +161,7 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
         if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT &&
             g->gen == gen && !g->broken_code) {
             int miss = 0;
-            while (miss < g->size && ((g->arrived >> miss) & 1))
+            while (miss < g->size && g->arrived[miss])
                 miss++;
             char msg[256];
             snprintf(msg, sizeof msg, "timed out: local rank %d waited %d ms "
@@ -170,7 +171,8 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
     }
     int rc = 0;
     if (g->gen == gen) {
-        g->arrived &= ~(1ull << h->rank);
+        g->arrived[h->rank] = 0;
+        g->n_arrived--;
         set_broken_err_(h, err);
         rc = -1;
     }
@@ -272,8 +274,8 @@ void m6_local_leave(m6_local *h)
     group_ *g = h->g;
     pthread_mutex_lock(&table_mu_);
     pthread_mutex_lock(&g->mu);
-    g->holding &= ~(1ull << h->rank);
-    int last = g->holding == 0;
+    g->holding[h->rank] = 0;
+    int last = --g->n_holding == 0;
     if (!last) {
         char msg[128];
         snprintf(msg, sizeof msg, "local rank %d left the group", h->rank);

@@ -37,8 +37,12 @@
 
 typedef struct m6_local m6_local;
 
+/* The most local ranks of one group: at least the ranks one m6d runs
+ * (dp.c asserts it against RANKBOARD_DEVICES_MAX). */
+#define M6_LOCAL_MAX 256
+
 /* Join the node-local group called name (at most 255 bytes) as local rank
- * rank of size (1 <= size <= 64). The handle, or NULL with err:
+ * rank of size (1 <= size <= M6_LOCAL_MAX). The handle, or NULL with err:
  * M6_EINVALID for a bad rank, size or timeout (<= 0), a size that differs
  * from the group's, or a rank that already joined; M6_EINTERNAL out of
  * memory. */
