@@ -13,14 +13,19 @@
  * and after it (trainer_set_dp_overlap 0), in buckets of --bucket-floats
  * (default 64 Ki floats, 256 KiB: smaller than a slot of the default
  * shape, so there is something to overlap); "early" is rank 0's buckets
- * of the last step whose all-reduce started before backward ended. Ends
- * with one key=value line. Exit 77 without Gloo.
+ * of the last step whose all-reduce started before backward ended.
+ * Each world of 2 ranks or more also runs as m6d --devices W runs it: the
+ * ranks as threads of one process (one node), overlapped, summing over
+ * Gloo ("threads flat") and through the node-local engine
+ * (dist/local.h, trainer_adopt_node_groups: "threads hier"). Ends with
+ * one key=value line. Exit 77 without Gloo.
  *
  *   dp_scaling [--layers L] [--embd C] [--seq T] [--batch B] [--steps N]
  *              [--warmup N] [--threads N] [--max-ranks R]
  *              [--bucket-floats N]
  */
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +35,18 @@
 #include "bench_args.h"
 #include "common/clock.h"
 #include "dist/collectives.h"
+#include "dist/local.h"
 #include "train/trainer.h"
 #include "../tests/common/file_store.h"
 #include "../tests/common/synth_data.h"
 
+/* How the ranks run: processes over Gloo, or threads of one process
+ * over Gloo or through the node-local engine. */
+enum { WAY_PROCS_, WAY_THREADS_FLAT_, WAY_THREADS_HIER_ };
+
 static int rank_(const run_spec *spec, const char *store_dir, int rank,
                  int world, int warmup, int overlap, size_t bucket,
-                 int out_fd)
+                 int out_fd, int hier)
 {
     m6_err err = M6_ERR_NONE;
     trainer *t = trainer_create(spec, &err);
@@ -55,6 +65,13 @@ static int rank_(const run_spec *spec, const char *store_dir, int rank,
                               "127.0.0.1", 0};
         if (!(c = m6_coll_init(&cfg, &err)) ||
             trainer_set_collectives(t, c, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+        m6_local *lg = NULL;
+        if (hier && (!(lg = m6_local_join(store_dir, rank, world, 120000,
+                                          &err)) ||
+                     trainer_adopt_node_groups(t, lg, NULL, &err) != 0)) {
             fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
             return 1;
         }
@@ -93,10 +110,47 @@ static int rank_(const run_spec *spec, const char *store_dir, int rank,
     return 0;
 }
 
-/* Seconds of the timed steps with W ranks, or -1; rank 0's early and
- * all buckets of its last step into early[2]. */
+typedef struct {
+    const run_spec *spec;
+    const char *store;
+    int rank, world, warmup, out_fd, hier, rc;
+    size_t bucket;
+} thread_rank_;
+
+static void *thread_rank_main_(void *p)
+{
+    thread_rank_ *a = p;
+    a->rc = rank_(a->spec, a->store, a->rank, a->world, a->warmup, 1,
+                  a->bucket, a->out_fd, a->hier);
+    return NULL;
+}
+
+/* W ranks as threads of this process (a child of the bench's). 0, or 1
+ * when one failed. */
+static int threads_world_(const run_spec *spec, const char *store, int W,
+                          int warmup, size_t bucket, int out_fd, int hier)
+{
+    thread_rank_ a[16];
+    pthread_t th[16];
+    int bad = 0;
+    for (int r = 0; r < W; r++) {
+        a[r] = (thread_rank_){spec, store, r, W, warmup, out_fd, hier, 1,
+                              bucket};
+        if (pthread_create(&th[r], NULL, thread_rank_main_, &a[r]) != 0)
+            _exit(1);  /* the others wait for a rank that never comes */
+    }
+    for (int r = 0; r < W; r++) {
+        pthread_join(th[r], NULL);
+        bad |= a[r].rc;
+    }
+    return bad;
+}
+
+/* Seconds of the timed steps with W ranks run way (WAY_*), or -1; rank
+ * 0's early and all buckets of its last step into early[2]. */
 static double run_world_(run_spec spec, const char *data_dir, int W,
-                         int warmup, int overlap, size_t bucket, long *early)
+                         int warmup, int overlap, size_t bucket, long *early,
+                         int way)
 {
     char store[] = "/tmp/m6-dp-scaling-store-XXXXXX";
     if (!mkdtemp(store))
@@ -106,12 +160,16 @@ static double run_world_(run_spec spec, const char *data_dir, int W,
     if (pipe(pfd) != 0)
         return -1;
     pid_t pids[16];
-    for (int r = 0; r < W; r++)
+    int np = way == WAY_PROCS_ ? W : 1;
+    for (int r = 0; r < np; r++)
         if ((pids[r] = fork()) == 0) {
             close(pfd[0]);
             srandom((unsigned)getpid());
-            _exit(rank_(&spec, store, r, W, warmup, overlap, bucket,
-                        pfd[1]));
+            _exit(way == WAY_PROCS_
+                      ? rank_(&spec, store, r, W, warmup, overlap, bucket,
+                              pfd[1], 0)
+                      : threads_world_(&spec, store, W, warmup, bucket,
+                                       pfd[1], way == WAY_THREADS_HIER_));
         }
     close(pfd[1]);
     double dt = -1;
@@ -119,7 +177,7 @@ static double run_world_(run_spec spec, const char *data_dir, int W,
     if (fscanf(in, "%lf %ld %ld", &dt, &early[0], &early[1]) != 3)
         dt = -1;
     fclose(in);
-    for (int r = 0; r < W; r++) {
+    for (int r = 0; r < np; r++) {
         int status;
         waitpid(pids[r], &status, 0);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
@@ -192,9 +250,11 @@ int main(int argc, char **argv)
     printf("dp_scaling: L=%d C=%d T=%d global batch %d, %d timed steps, "
            "%d thread(s) per rank, Gloo on loopback, buckets of %zu "
            "floats\n", L, C, T, B, steps, threads, bucket);
-    printf("%6s %12s %10s %11s %14s %9s\n", "ranks", "tokens/s",
-           "speed-up", "efficiency", "no-overlap t/s", "early");
-    double tps1 = 0, tps[17] = {0}, seq[17] = {0};
+    printf("%6s %12s %10s %11s %14s %9s %13s %13s\n", "ranks", "tokens/s",
+           "speed-up", "efficiency", "no-overlap t/s", "early",
+           "threads flat", "threads hier");
+    double tps1 = 0, tps[17] = {0}, seq[17] = {0}, tf[17] = {0},
+           th[17] = {0};
     int bad = 0;
     for (int W = 1; W <= max_ranks; W++) {
         int b, a;
@@ -204,23 +264,34 @@ int main(int argc, char **argv)
             continue;
         }
         long early[2] = {0, 0}, e2[2];
-        double dt = run_world_(spec, data, W, warmup, 1, bucket, early);
-        double ds = W > 1 ? run_world_(spec, data, W, warmup, 0, bucket, e2)
+        double dt = run_world_(spec, data, W, warmup, 1, bucket, early,
+                               WAY_PROCS_);
+        double ds = W > 1 ? run_world_(spec, data, W, warmup, 0, bucket, e2,
+                                       WAY_PROCS_)
                           : dt;
-        if (dt <= 0 || ds <= 0) {
+        double df = W > 1 ? run_world_(spec, data, W, warmup, 1, bucket, e2,
+                                       WAY_THREADS_FLAT_)
+                          : dt;
+        double dh = W > 1 ? run_world_(spec, data, W, warmup, 1, bucket, e2,
+                                       WAY_THREADS_HIER_)
+                          : dt;
+        if (dt <= 0 || ds <= 0 || df <= 0 || dh <= 0) {
             fprintf(stderr, "%d ranks: a rank failed\n", W);
             bad = 1;
             break;
         }
         tps[W] = (double)B * T * steps / dt;
         seq[W] = (double)B * T * steps / ds;
+        tf[W] = (double)B * T * steps / df;
+        th[W] = (double)B * T * steps / dh;
         if (W == 1)
             tps1 = tps[W];
         char eb[32] = "-";
         if (W > 1)
             snprintf(eb, sizeof eb, "%ld/%ld", early[0], early[1]);
-        printf("%6d %12.0f %10.2f %10.0f%% %14.0f %9s\n", W, tps[W],
-               tps[W] / tps1, 100.0 * tps[W] / (W * tps1), seq[W], eb);
+        printf("%6d %12.0f %10.2f %10.0f%% %14.0f %9s %13.0f %13.0f\n", W,
+               tps[W], tps[W] / tps1, 100.0 * tps[W] / (W * tps1), seq[W],
+               eb, tf[W], th[W]);
         fflush(stdout);
     }
     char cmd[128];
@@ -231,8 +302,11 @@ int main(int argc, char **argv)
         return 1;
     printf("ranks1_tok_s=%.0f ranks2_tok_s=%.0f ranks3_tok_s=%.0f "
            "eff2=%.3f eff3=%.3f ranks2_no_overlap_tok_s=%.0f "
-           "ranks3_no_overlap_tok_s=%.0f bucket_floats=%zu\n", tps[1],
+           "ranks3_no_overlap_tok_s=%.0f ranks2_threads_flat_tok_s=%.0f "
+           "ranks2_threads_hier_tok_s=%.0f ranks3_threads_flat_tok_s=%.0f "
+           "ranks3_threads_hier_tok_s=%.0f bucket_floats=%zu\n", tps[1],
            tps[2], tps[3], tps1 > 0 ? tps[2] / (2 * tps1) : 0,
-           tps1 > 0 ? tps[3] / (3 * tps1) : 0, seq[2], seq[3], bucket);
+           tps1 > 0 ? tps[3] / (3 * tps1) : 0, seq[2], seq[3], tf[2], th[2],
+           tf[3], th[3], bucket);
     return 0;
 }

@@ -83,16 +83,187 @@ static const char *grad_engine_(const run_spec *s, char *why, size_t len)
     return "gloo";
 }
 
+/* every rank of one m6d fits in its node-local group */
+_Static_assert(M6_LOCAL_MAX >= RANKBOARD_DEVICES_MAX,
+               "dist/local.h's M6_LOCAL_MAX below the ranks one m6d runs");
+
+/* How the gradient buckets are summed: rank 0 reads M6_DP_ALLREDUCE
+ * (flat, hier or auto; unset: auto) and passes it on (the store's key
+ * "allreduce"), so every rank follows the coordinator's choice. NULL with
+ * why for a bad value, or hier with a device-memory engine (nccl: the
+ * node-local engine sums host memory). */
+static const char *allreduce_mode_(const char *engine, char *why, size_t len)
+{
+    const char *want = getenv("M6_DP_ALLREDUCE");
+    if (!want || !*want) want = "auto";
+    if (strcmp(want, "flat") && strcmp(want, "hier") && strcmp(want, "auto")) {
+        snprintf(why, len, "M6_DP_ALLREDUCE=%s: expected flat, hier or auto",
+                 want);
+        return NULL;
+    }
+    if (strcmp(engine, "gloo") != 0 && !strcmp(want, "hier")) {
+        snprintf(why, len, "M6_DP_ALLREDUCE=hier: the gradient is summed "
+                 "with %s in device memory; the node-local engine sums host "
+                 "memory", engine);
+        return NULL;
+    }
+    return strcmp(engine, "gloo") != 0 ? "flat" : want;
+}
+
+/* The one rule: 1 to sum hierarchically. mode is rank 0's
+ * allreduce_mode_; max_local the most ranks one node runs. auto: hier
+ * wherever a node runs more than one rank: measured by bench/allreduce_hier
+ * on loopback (bench/RESULTS.md), the node-local sum beats Gloo between
+ * ranks of one process at every bucket size; with one rank per node the
+ * node-local step only adds a copy. */
+static int use_hier_(const char *mode, int max_local)
+{
+    if (!strcmp(mode, "hier")) return 1;
+    if (!strcmp(mode, "flat")) return 0;
+    return max_local > 1;
+}
+
+/* Every rank's node: each rank puts its node's first rank and its local
+ * size in its own pair of a 2*world all-reduce over g (zeros elsewhere:
+ * exact). Out: the number of nodes, this rank's node index (nodes
+ * ordered by their first rank), the most ranks any node runs, and each
+ * node's first rank (leader[k], the global rank of node k's leader;
+ * world entries). 0, or -1 with err. */
+static int node_layout_(m6_coll *g, int rank, int world, int local,
+                        int local_size, int *nodes, int *node,
+                        int *max_local, int *leader, m6_err *err)
+{
+    float *v = calloc(2 * (size_t)world, sizeof *v);
+    if (!v) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory (node layout)");
+        return -1;
+    }
+    int first = rank - local;
+    v[2 * rank] = (float)first;
+    v[2 * rank + 1] = (float)local_size;
+    if (m6_coll_allreduce_sum(g, v, 2 * (size_t)world, err) != 0) {
+        free(v);
+        return -1;
+    }
+    *nodes = 0;
+    *node = -1;
+    *max_local = 1;
+    for (int r = 0; r < world; r++) {
+        if (r == 0 || v[2 * r] != v[2 * (r - 1)]) leader[(*nodes)++] = r;
+        if (r == first) *node = *nodes - 1;
+        if ((int)v[2 * r + 1] > *max_local) *max_local = (int)v[2 * r + 1];
+    }
+    free(v);
+    return 0;
+}
+
+/* The leaders' rendezvous store: Gloo names a rank's keys by its rank in
+ * the group ("<k>", "rank_<k>"), but the coordinator's store lets only global
+ * rank k set a key ending in k (cluster_store_key_owner). Node k's leader
+ * is global rank leader[k], so its keys go to the store as
+ * "<key>/<leader[k]>" (every leader asks for them the same way). */
+typedef struct {
+    m6_store *inner;
+    const int *leader;
+    int nodes;
+} leaders_store_;
+
+/* key, with "/<global rank>" after a last part "<k>" or "rank_<k>",
+ * into out. */
+static const char *leaders_key_(const leaders_store_ *ls, const char *key,
+                                char *out, size_t len)
+{
+    const char *last = strrchr(key, '/');
+    last = last ? last + 1 : key;
+    int k = -1, n = 0;
+    if (!strncmp(last, "rank_", 5)) last += 5;
+    if (*last >= '0' && *last <= '9' && sscanf(last, "%d%n", &k, &n) == 1 &&
+        last[n] == 0 && k >= 0 && k < ls->nodes) {
+        snprintf(out, len, "%s/%d", key, ls->leader[k]);
+        return out;
+    }
+    return key;
+}
+
+static int leaders_set_(void *ctx, const char *key, const void *val,
+                        size_t len, m6_err *err)
+{
+    leaders_store_ *ls = ctx;
+    char k[M6_STORE_KEY_MAX + 16];
+    return ls->inner->set(ls->inner->ctx, leaders_key_(ls, key, k, sizeof k),
+                          val, len, err);
+}
+
+static int leaders_get_(void *ctx, const char *key, void **val, size_t *len,
+                        int timeout_ms, m6_err *err)
+{
+    leaders_store_ *ls = ctx;
+    char k[M6_STORE_KEY_MAX + 16];
+    return ls->inner->get(ls->inner->ctx, leaders_key_(ls, key, k, sizeof k),
+                          val, len, timeout_ms, err);
+}
+
+static int leaders_wait_(void *ctx, const char *const *keys, size_t n,
+                         int timeout_ms, m6_err *err)
+{
+    leaders_store_ *ls = ctx;
+    char (*k)[M6_STORE_KEY_MAX + 16] = malloc(n ? n * sizeof *k : 1);
+    const char **p = malloc(n ? n * sizeof *p : 1);
+    int rc = -1;
+    if (!k || !p)
+        m6_err_set(err, M6_EINTERNAL, "out of memory (store keys)");
+    else {
+        for (size_t i = 0; i < n; i++)
+            p[i] = leaders_key_(ls, keys[i], k[i], sizeof k[i]);
+        rc = ls->inner->wait(ls->inner->ctx, p, n, timeout_ms, err);
+    }
+    free(k);
+    free(p);
+    return rc;
+}
+
+/* The node-local group of this rank's node and, on its leader (local
+ * rank 0) with several nodes, the leaders' Gloo group (prefix
+ * "<prefix>/leaders"), handed to the trainer. 0, or -1 with err. */
+static int node_groups_(m6_store *st, const char *prefix, int local,
+                        int local_size, int node, int nodes,
+                        const int *leader, int timeout_ms, const char *host,
+                        trainer *t, m6_err *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "%s/node%d", prefix, node);
+    m6_local *lg = m6_local_join(name, local, local_size, timeout_ms, err);
+    if (!lg) return -1;
+    m6_coll *lead = NULL;
+    if (local == 0 && nodes > 1) {
+        char lp[96];
+        snprintf(lp, sizeof lp, "%s/leaders", prefix);
+        leaders_store_ ls = {st, leader, nodes};
+        m6_store lst = {&ls, leaders_set_, leaders_get_, leaders_wait_};
+        m6_coll_config lc = {.backend = "gloo", .rank = node,
+                             .world_size = nodes, .store = &lst, .prefix = lp,
+                             .timeout_ms = timeout_ms, .hostname = host};
+        if (!(lead = m6_coll_init(&lc, err))) {
+            m6_err_prefix(err, "the nodes' leaders' group");
+            m6_local_fail(lg, m6_err_msg(err));
+            m6_local_leave(lg);
+            return -1;
+        }
+    }
+    return trainer_adopt_node_groups(t, lg, lead, err);
+}
+
 /* Rendezvous as rank of world for (run, gen) through the store at addr:
  * the hash check, Gloo's group, rank 0's state on every rank. The group,
  * or NULL with err. */
 static m6_coll *group_(const char *addr, const cluster_token *token,
                        const char *state_dir,
                        int64_t run, int64_t gen, int rank, int world,
+                       int local, int local_size,
                        int timeout_ms, const char *host, trainer *t,
                        const run_spec *spec, const char *hash, m6_err *err)
 {
-    char engine[16] = "gloo";
+    char engine[16] = "gloo", mode[16] = "flat";
     m6_store st = {0};
     m6_store_who who;
     char werr[600];
@@ -141,6 +312,17 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
                     goto out;
             }
         }
+        if (!strcmp(verdict, "ok")) {
+            char why[256];
+            const char *m = allreduce_mode_(engine, why, sizeof why);
+            if (!m)
+                snprintf(verdict, sizeof verdict, "%s", why);
+            else {
+                snprintf(mode, sizeof mode, "%s", m);
+                if (st.set(st.ctx, "allreduce", mode, strlen(mode), err) < 0)
+                    goto out;
+            }
+        }
         if (st.set(st.ctx, "verdict", verdict, strlen(verdict), err) < 0)
             goto out;
         if (strcmp(verdict, "ok") != 0) {
@@ -160,6 +342,10 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         if (!ok) goto out;
         if (st.get(st.ctx, "engine", &v, &n, timeout_ms, err) < 0) goto out;
         snprintf(engine, sizeof engine, "%.*s", (int)(n < 15 ? n : 15),
+                 (const char *)v);
+        free(v);
+        if (st.get(st.ctx, "allreduce", &v, &n, timeout_ms, err) < 0) goto out;
+        snprintf(mode, sizeof mode, "%.*s", (int)(n < 15 ? n : 15),
                  (const char *)v);
         free(v);
         if (strcmp(engine, "gloo") &&
@@ -184,6 +370,35 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
     log_info("cluster.group", "run=%lld generation=%lld rank=%d "
              "world_size=%d local=%s", (long long)run, (long long)gen, rank,
              world, host ? host : "default");
+    int nodes = 1, node = 0, max_local = 1;
+    int *leader = malloc((size_t)world * sizeof *leader);
+    if (!leader) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        m6_coll_destroy(g);
+        g = NULL;
+        goto out;
+    }
+    /* a trainer that lives on (rank 0's) keeps no groups of an older
+     * generation */
+    int lrc = trainer_adopt_node_groups(t, NULL, NULL, err);
+    if (lrc == 0)
+        lrc = node_layout_(g, rank, world, local, local_size, &nodes, &node,
+                           &max_local, leader, err);
+    if (lrc == 0 && use_hier_(mode, max_local))
+        lrc = node_groups_(&st, prefix, local, local_size, node, nodes,
+                           leader, timeout_ms, host, t, err);
+    free(leader);
+    if (lrc != 0) {
+        m6_err_prefix(err, "the nodes' groups");
+        m6_coll_destroy(g);
+        g = NULL;
+        goto out;
+    }
+    if (rank == 0 || local == 0)
+        log_info("cluster.allreduce", "run=%lld rank=%d mode=%s nodes=%d "
+                 "max_local_ranks=%d", (long long)run, rank,
+                 use_hier_(mode, max_local) ? "hier" : "flat", nodes,
+                 max_local);
     int rc = trainer_broadcast_state(t, g, 0, err);
     if (rc != 0) {
         m6_err_prefix(err, "broadcasting rank 0's state");
@@ -236,8 +451,8 @@ void cluster_dp_coord_attach(cluster_dp_coord *d, cluster_coord *co)
  * nodes table, events, RunAssign), with d->mu held. 1 with *gen, 0 not
  * enough nodes, -1; why set unless 1. */
 static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
-                   int world, int timeout_ms, int64_t *gen_out, char *why,
-                   size_t len);
+                   int world, int timeout_ms, int64_t *gen_out,
+                   int *local_out, char *why, size_t len);
 
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
@@ -248,15 +463,16 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
     int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
                                              : 30000;
     int64_t gen = 0;
+    int here = 1;  /* ranks on this m6d: 0..here-1 */
     pthread_mutex_lock(&d->mu);
-    int rc = assign_(d, id, spec, world, timeout_ms, &gen, why, len);
+    int rc = assign_(d, id, spec, world, timeout_ms, &gen, &here, why, len);
     pthread_mutex_unlock(&d->mu);
     if (rc != 1) return rc;
     char hash[65];
     cluster_dp_hash(spec, t, world, hash);
     m6_err e = M6_ERR_NONE;
     m6_coll *g = group_(d->store_addr, d->token, d->state_dir, id, gen, 0,
-                        world,
+                        world, 0, here,
                         timeout_ms, d->host, t, spec, hash, &e);
     if (!g) {
         snprintf(why, len, "%s", m6_err_msg(&e));
@@ -269,8 +485,8 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
 }
 
 static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
-                   int world, int timeout_ms, int64_t *gen_out, char *why,
-                   size_t len)
+                   int world, int timeout_ms, int64_t *gen_out,
+                   int *local_out, char *why, size_t len)
 {
     if (!d->co) {
         snprintf(why, len, "nodes.world_size %d needs this m6d to be the "
@@ -388,6 +604,7 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
     }
     free(json);
     *gen_out = gen;
+    *local_out = count[0];
     return 1;
 }
 
@@ -403,6 +620,7 @@ typedef struct {
     int64_t run, gen;
     char *spec;
     int rank, world, timeout_ms;
+    int local, local_size;  /* its local rank and its node's ranks */
     char host[64];
 } assignment;
 
@@ -496,7 +714,7 @@ static void train_rank_(rank_slot *sl, const assignment *a)
     t = trainer_create(&spec, &e);
     if (!t) goto failed;
     g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
-               a->world,
+               a->world, a->local, a->local_size,
                a->timeout_ms, a->host, t, &spec, hash, &e);
     if (!g) goto failed;
     if (trainer_set_collectives(t, g, &e) < 0) goto failed;
@@ -669,7 +887,9 @@ void cluster_dp_assign(cluster_dp_worker *w, const cluster_assign *a)
                                 .spec = spec, .rank = a->rank + i,
                                 .world = a->world_size,
                                 .timeout_ms = a->timeout_ms > 0
-                                                  ? a->timeout_ms : 30000};
+                                                  ? a->timeout_ms : 30000,
+                                .local = w->first_local + i,
+                                .local_size = w->first_local + k};
         snprintf(sl->next.host, sizeof sl->next.host, "%s", a->local_host);
         pthread_mutex_unlock(&w->mu);
     }

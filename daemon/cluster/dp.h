@@ -24,6 +24,18 @@
  * 0's state (a fresh run, a resume from rank 0's checkpoint, a delink).
  * Every wait is bounded by nodes.timeout.
  *
+ * The gradient's sum: rank 0 also sets "allreduce" (M6_DP_ALLREDUCE in
+ * its environment: flat, hier or auto, the default). Every rank learns
+ * each rank's node from one all-reduce over the group (a node's ranks
+ * are contiguous: its first rank and its count), and the rule (dp.c
+ * use_hier_: auto is hier where a node runs more than one rank, measured
+ * by bench/allreduce_hier) decides for all alike. hier: every rank joins
+ * its node's node-local group (dist/local.h, "run<id>/g<gen>/node<k>"),
+ * each node's local rank 0 the leaders' Gloo group ("<prefix>/leaders",
+ * node k its rank k, its store keys carrying the leader's global rank),
+ * and the trainer sums its gradient buckets through them
+ * (trainer_adopt_node_groups); everything else stays on the group.
+ *
  * A generation is used once: every group of a run (a start, a resume
  * after a lost rank, a regroup after the delink) takes a new one.
  */

@@ -11,6 +11,11 @@
  * A backend is present when m6 was built with it (meson options gloo and
  * nccl, both `auto`); m6_coll_available says which.
  *
+ * Between the ranks of one process (m6d --devices N) the node-local
+ * engine of dist/local.h sums through shared memory, and its
+ * hierarchical all-reduce uses a group of this interface among the
+ * nodes' leaders.
+ *
  * Bootstrap: every rank of one group calls m6_coll_init with the same
  * world size, backend, store and key prefix and its own rank. The store
  * (dist/store.h: the coordinator's, or a file store in tests) carries the

@@ -270,7 +270,11 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
         size_t skip = start < grads_from ? grads_from - start : 0;
         local_stats_(t, t->bucket + (skip < len ? skip : len),
                      skip < len ? len - skip : 0);
-        if (m6_coll_allreduce_sum(t->coll, t->bucket, len, err) != 0)
+        int rc = t->local ? m6_local_hier_allreduce_sum(t->local, t->leaders,
+                                                        t->bucket, len, err)
+                          : m6_coll_allreduce_sum(t->coll, t->bucket, len,
+                                                  err);
+        if (rc != 0)
             return -1;
         grad_span_(t, start, len, t->bucket, loss, 0);
         /* a slot starting in this bucket is summed now (its later
@@ -472,6 +476,38 @@ static int adopt_(trainer *t, m6_coll *dev, int any_memory, m6_err *err)
     return 0;
 }
 
+int trainer_adopt_node_groups(trainer *t, m6_local *local, m6_coll *leaders,
+                              m6_err *err)
+{
+    if (!local && leaders) {
+        m6_err_set(err, M6_EINVALID, "collectives: the leaders' group "
+                   "without a node-local group");
+        m6_coll_destroy(leaders);
+        return -1;
+    }
+    if (local && t->gcoll) {
+        m6_err_set(err, M6_EINVALID, "collectives: the gradient is summed in "
+                   "device memory (trainer_adopt_grad_group); a node-local "
+                   "group sums host memory");
+        m6_local_leave(local);
+        m6_coll_destroy(leaders);
+        return -1;
+    }
+    if (leaders && m6_local_rank(local) != 0) {
+        m6_err_set(err, M6_EINVALID, "collectives: local rank %d is not its "
+                   "node's leader (local rank 0) but was given the leaders' "
+                   "group", m6_local_rank(local));
+        m6_local_leave(local);
+        m6_coll_destroy(leaders);
+        return -1;
+    }
+    m6_local_leave(t->local);
+    m6_coll_destroy(t->leaders);
+    t->local = local;
+    t->leaders = leaders;
+    return 0;
+}
+
 int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err)
 {
     return adopt_(t, dev, 0, err);
@@ -565,6 +601,13 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
     if (W <= 1 && t->gcoll) { /* alone: the gradient group goes too */
         m6_coll_destroy(t->gcoll);
         t->gcoll = NULL;
+    }
+    if (W <= 1 && t->local) { /* and the node's groups (its peers' waits
+                               * fail at once: it left) */
+        m6_local_leave(t->local);
+        m6_coll_destroy(t->leaders);
+        t->local = NULL;
+        t->leaders = NULL;
     }
     if (be->dp_device)
         be->dp_device(t->be.ctx, W > 1 && t->gcoll);

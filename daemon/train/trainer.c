@@ -349,6 +349,8 @@ void trainer_free(trainer *t)
     }
     free(t->win_pos);
     m6_coll_destroy(t->gcoll);
+    m6_local_leave(t->local);
+    m6_coll_destroy(t->leaders);
     free(t);
 }
 

@@ -29,6 +29,7 @@
 #include "common/err.h"
 #include "common/phase.h"
 #include "dist/collectives.h"
+#include "dist/local.h"
 #include "offload/offload.h"
 #include "spec/spec.h"
 
@@ -333,6 +334,23 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
  * err (M6_EINVALID: dev NULL or of host memory, a backend without device
  * gradients). */
 int trainer_adopt_grad_group(trainer *t, m6_coll *dev, m6_err *err);
+
+/* Sum the gradient buckets hierarchically (dist/local.h
+ * m6_local_hier_allreduce_sum): inside this rank's node over local (its
+ * m6d's local ranks, shared memory), across the nodes over leaders (Gloo,
+ * one rank per node in node order; given on local rank 0 only, and NULL
+ * with one node), back inside the node. Everything else (the loss's
+ * figures, the state broadcast, ZeRO-1) stays on trainer_set_collectives'
+ * group. Every rank of the run adopts its node's groups, or none does.
+ * The trainer owns both (on error too): freed by trainer_free or when
+ * trainer_set_collectives leaves data parallelism (NULL or world 1).
+ * Host-memory gradients only. local NULL (and leaders NULL): leave the
+ * node's groups the trainer holds, if any; the buckets go over the host
+ * group again. 0, or -1 with err (M6_EINVALID: leaders without local, a
+ * gradient group in device memory, leaders given to a rank that is not
+ * local rank 0). */
+int trainer_adopt_node_groups(trainer *t, m6_local *local, m6_coll *leaders,
+                              m6_err *err);
 
 /* Floats per all-reduce bucket (default 4 Mi floats, 16 MiB); n >= 1.
  * The result does not depend on it beyond float rounding (with 2 ranks

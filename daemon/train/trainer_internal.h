@@ -52,6 +52,11 @@ struct trainer {
     m6_coll *gcoll;         /* trainer_adopt_grad_group (owned): the
                              * gradient summed in device memory over it
                              * (NCCL); NULL: over coll (host memory) */
+    m6_local *local;        /* trainer_adopt_node_groups (owned): the
+                             * gradient buckets summed inside the node
+                             * first (dist/local.h); NULL: over coll */
+    m6_coll *leaders;       /* (owned) the nodes' leaders' group, on
+                             * local rank 0 of a run over several nodes */
     int rank, world;
     int B_rank, accum_rank;
     float *bucket;          /* bucket_floats: the all-reduce staging */

@@ -9,7 +9,9 @@
 #      summed in another order than one batch: float rounding carried by
 #      AdamW, far below what a wrong gradient or a repeated data slice
 #      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
-#      worker of one device each; its --threads 2 split one per rank;
+#      worker of one device each (the first sums in the node-local group,
+#      the second over Gloo: with two terms a+b is b+a, so the bits
+#      agree); its --threads 2 split one per rank;
 #  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
 #      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
@@ -184,6 +186,12 @@ ctl watch "$R11" >/dev/null || fail "the 2-rank run on 2 m6d did not complete: $
 losses "$R11" >"$T/oneone.csv"
 cmp -s "$T/two.csv" "$T/oneone.csv" \
     || fail "2 ranks in one m6d differ from 2 m6d of one rank: $(diff "$T/two.csv" "$T/oneone.csv" | head -6)"
+# ... the first summed in its node (the rule: a node of 2 ranks), the
+# second flat (one rank a node)
+grep -q "cluster.allreduce run=$R2 rank=0 mode=hier nodes=1 max_local_ranks=2" "$T/m6d-c.log" \
+    || fail "2 ranks in one m6d did not sum in the node: $(grep cluster.allreduce "$T/m6d-c.log")"
+grep -q "cluster.allreduce run=$R11 rank=0 mode=flat nodes=2 max_local_ranks=1" "$T/m6d-c1.log" \
+    || fail "2 m6d of one rank did not sum flat: $(grep cluster.allreduce "$T/m6d-c1.log")"
 kill -TERM "${M6D_PIDS[v]}" "${M6D_PIDS[c1]}"
 wait "${M6D_PIDS[c1]}" || fail "the second coordinator's exit"
 unset 'M6D_PIDS[c1]' 'M6D_PIDS[v]'
