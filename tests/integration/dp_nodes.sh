@@ -141,10 +141,7 @@ wait_event "$RUN2" 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1'
 ctl list >/dev/null || fail "the coordinator stopped serving"
 log "(b) paused ${TOOK}s after kill -9: $(field "$RUN2" error)"
 worker w1
-for _ in $(seq 1 200); do
-    [ "$(db "$T/c" "select state from nodes where hostname='w1'")" = live ] && break
-    sleep 0.05
-done
+wait_node w1 live 10 >/dev/null  # else the resumed run would wait for it
 ctl resume "$RUN2" >/dev/null || fail "resume refused"
 ctl watch "$RUN2" >/dev/null || fail "the resumed run did not complete: $(ctl status "$RUN2")"
 losses "$RUN2" >"$T/two2.csv"
