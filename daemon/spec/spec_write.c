@@ -107,6 +107,10 @@ static int written_(const run_spec *s, const key_ *k)
     if (k->section && strcmp(k->section, "offload") == 0 && k->key &&
         strcmp(k->key, "speculative") == 0)
         return s->offload.speculative != SPEC_SPECULATIVE_AUTO;
+    /* nodes.expert_parallel only when set: specs without expert
+     * parallelism keep their hash */
+    if (k->off == OFF(nodes.expert_parallel))
+        return s->nodes.expert_parallel != 1;
     if (k->section && strcmp(k->section, "nodes") == 0) {
         /* nodes only when not all defaults: a one-node spec's hash is
          * what it was before data parallelism */
