@@ -27,7 +27,9 @@
  * Checkpoints split these per expert and per prototype's gate
  * (gpt_slot_ckpt_tensors: slots.<s>.moe.experts.<e>.c_fc.weight, ...,
  * slots.<s>.moe.gate.<p>.weight). Weights are (out, in) row-major, as
- * nn.Linear stores them.
+ * nn.Linear stores them. Under expert parallelism (cfg.moe_ep_size > 1)
+ * the expert tensors hold only the rank's El local experts
+ * (model_local_experts: E replaced by El above); the gate stays whole.
  *
  * MoE blocks: layer l is MoE when (l + 1) % cfg.moe_every == 0
  * (model_layer_is_moe). With moe_every 1 every slot is an MoE slot; with
@@ -404,7 +406,10 @@ typedef struct {
  * global index; prototype e / (E/k))
  *   moe.experts.<e>.c_fc.weight (H, C), moe.experts.<e>.c_fc.bias (H),
  *   moe.experts.<e>.c_proj.weight (C, H), moe.experts.<e>.c_proj.bias (C)
- * each a view of the slot's whole expert tensors: 8 + 2k + 4E tensors. */
+ * each a view of the slot's whole expert tensors: 8 + 2k + 4E tensors.
+ * Under expert parallelism (cfg->moe_ep_size > 1) the slot holds only its
+ * El local experts (model_local_experts), listed by their global index:
+ * 8 + 2k + 4El tensors. */
 int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
                           gpt_ckpt_tensor *out);
 /* gpt_init_region for a slot of a given kind (moe 1/0): what a mixed
