@@ -156,6 +156,23 @@ typedef enum {
 
 typedef struct gpt_model gpt_model;
 
+/* MoE blocks run elsewhere (expert parallelism: train/moe_ep.h over a
+ * group). forward: MoE block l (slot s) of a forward over x (B*T,C) into
+ * out (B*T,C) (the residual added by the caller), recording its router
+ * facts in g->moe_stats (gpt_moe_stats_add). backward: its backward, d(x)
+ * accumulated into g->a.dln (zeroed by the caller) from d(out) in
+ * g->a.dres, the slot's router and local experts' gradients accumulated
+ * through g->dw[s]; daux, dz the weights of its aux and z losses. Both
+ * are entered by every rank in the same order; a failure is the hook's
+ * to record (gpt_forward has no error). */
+typedef struct {
+    void *ctx;
+    void (*forward)(void *ctx, gpt_model *g, int l, int s, const float *x,
+                    float *out, int B);
+    void (*backward)(void *ctx, gpt_model *g, int l, int s, const float *x,
+                     int B, float daux, float dz);
+} gpt_moe_ext;
+
 /* A placement of the model's state (NULL everywhere: plain allocations).
  * alloc_state: g->S, the layout and g->slot_of are set; allocate and zero
  *   g->params, grads, m, v (g->n_local floats each, set it), fill
@@ -252,6 +269,9 @@ struct gpt_model {
      * reports it. Called on the thread running gpt_backward. */
     void (*grad_ready)(void *ctx, int s);
     void *grad_ready_ctx;
+    /* NULL: MoE blocks run here (kernels.h moe_*). Else they run through
+     * it (cfg.moe_ep_size > 1: the slot holds only its local experts). */
+    const gpt_moe_ext *moe_ext;
 };
 
 /* One tensor as Adafactor sees it (gpt_af_tensors): a matrix (cols > 0,

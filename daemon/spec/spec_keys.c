@@ -265,7 +265,8 @@ const key_ spec_keys_[] = {
         "replicated). Must divide `world_size` and be at most "
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
         "without offloading, `optimizer.shard`, Adafactor or bf16 masters, "
-        "with `world_size` = P and no smaller pseudo world."),
+        "with `world_size` = P and no smaller pseudo world; m6d does not "
+        "run it yet (its checkpoints need the experts gathered)."),
     INT("nodes", "timeout", nodes.timeout, 1, 86400,
         "Seconds a collective (or the rendezvous) may wait for a peer "
         "before the run is paused."),

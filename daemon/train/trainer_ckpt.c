@@ -363,6 +363,13 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
                    "trainer_gather_optim before one saves", dir, t->world);
         return -1;
     }
+    if (t->ep) {
+        m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
+                   "rank holds only its experts, and the gather of every "
+                   "rank's experts for a checkpoint is not built yet", dir,
+                   t->spec.nodes.expert_parallel);
+        return -1;
+    }
     if (stat(dir, &st) == 0) {
         m6_err_set(err, M6_EINTERNAL, "%s: already exists", dir);
         return -1;
@@ -484,6 +491,13 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
 {
     char path[PATH_MAX];
     json_error_t je;
+    if (t->ep) {
+        m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
+                   "rank holds only its experts; load before "
+                   "trainer_set_collectives", dir,
+                   t->spec.nodes.expert_parallel);
+        return -1;
+    }
     snprintf(path, sizeof path, "%s/meta.json", dir);
     json_t *m = json_load_file(path, 0, &je);
     if (!m) {
@@ -732,8 +746,8 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
         return 0;
     size_t ks[2], ng = t->n_global;
     gpt_tensor tab[SLOT_NTENSORS_MAX];
-    gpt_slot_layout(&t->spec.model, 0, tab, &ks[0]);
-    gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
+    gpt_slot_layout(&t->bmodel, 0, tab, &ks[0]);
+    gpt_slot_layout(&t->bmodel, 1, tab, &ks[1]);
     if (t->spec.optimizer.name == OPTIMIZER_ADAFACTOR && which != 0) {
         /* Adafactor: m as AdamW's, or none; v in the af layout */
         if (which == 1 && !spec_has_first_moment(&t->spec)) {
