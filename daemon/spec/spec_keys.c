@@ -266,7 +266,8 @@ const key_ spec_keys_[] = {
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
         "without offloading, `optimizer.shard`, Adafactor or bf16 masters, "
         "with `world_size` = P and no smaller pseudo world; m6d does not "
-        "run it yet (its checkpoints need the experts gathered)."),
+        "run it yet (its runner does not gather the experts for "
+        "checkpoints)."),
     INT("nodes", "timeout", nodes.timeout, 1, 86400,
         "Seconds a collective (or the rendezvous) may wait for a peer "
         "before the run is paused."),

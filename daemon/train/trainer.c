@@ -664,6 +664,11 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     double t0 = clock_mono_s();
 
     memset(res, 0, sizeof *res);
+    /* rank 0 of an expert-parallel group after a save: its experts only
+     * again */
+    if (trainer_ep_local_again_(t, err) != 0)
+        return TRAINER_ECOLL;
+    be = t->be.iface;
     res->nonfinite_rank = res->outlier_rank = -1;
     res->phase = t->phase;
     float lr = lr_at_(t, t->step);

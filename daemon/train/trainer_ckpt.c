@@ -241,6 +241,7 @@ static uint64_t ckpt_hash_(const run_spec *spec)
     run_spec s = *spec;
     s.device.backend = BACKEND_CPU;
     s.optimizer.shard = 0;  /* changes no float: saved whole */
+    s.nodes.expert_parallel = 1;  /* the same: every expert saved */
     return spec_hash(&s);
 }
 
@@ -363,11 +364,11 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
                    "trainer_gather_optim before one saves", dir, t->world);
         return -1;
     }
-    if (t->ep) {
+    if (!trainer_ep_whole_(t)) {
         m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
-                   "rank holds only its experts, and the gather of every "
-                   "rank's experts for a checkpoint is not built yet", dir,
-                   t->spec.nodes.expert_parallel);
+                   "rank holds only its experts; every rank calls "
+                   "trainer_sync_boundary (rank 0 wanting the state whole) "
+                   "before rank 0 saves", dir, t->spec.nodes.expert_parallel);
         return -1;
     }
     if (stat(dir, &st) == 0) {

@@ -26,6 +26,10 @@ typedef struct {
 
 struct trainer_ep {
     m6_coll *g;              /* the group (the trainer's; not owned) */
+    int P, rank;             /* this rank's experts: model_expert_range */
+    int whole;               /* 1: the model holds every expert now (rank
+                              * 0 after trainer_ep_gather_root_) until its
+                              * next step */
     int L;
     ep_layer_ *layers;       /* [L]; unused for dense layers */
     int failed;              /* a collective failed: err says which */
@@ -178,51 +182,45 @@ static void copy_local_(trainer *t, const backend *from, const backend *to,
     }
 }
 
-int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
+/* A backend of model m (the spec's model, m's moe_ep_* set or not) in
+ * t's current phase and slots, into *nb. 0, or -1 with err. */
+static int backend_of_(trainer *t, const model_config *m, backend *nb,
+                       m6_err *err)
 {
-    int P = t->spec.nodes.expert_parallel, W = m6_coll_world_size(c);
-    if (t->ep || P <= 1)
-        return 0;
-    if (W != P || !t->be.iface->set_moe_ext || m6_coll_device_buffers(c)) {
-        m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d: needs a "
-                   "host group of exactly %d ranks and the cpu backend "
-                   "(got %d ranks on %s, the %s backend)", P, P, W,
-                   m6_coll_backend(c), t->be.iface->name);
-        return -1;
-    }
-    trainer_ep *e = calloc(1, sizeof *e);
-    unsigned char *kind = trainer_slot_kinds_(t);
-    int L = t->spec.model.n_layer;
-    if (e)
-        e->layers = calloc((size_t)L, sizeof *e->layers);
-    if (!e || !e->layers || !kind) {
-        free(kind);
-        trainer_ep_free_(e);
-        m6_err_set(err, M6_EINTERNAL, "out of memory");
-        return -1;
-    }
-    e->g = c;
-    e->L = L;
-    e->ext = (gpt_moe_ext){e, ep_forward_, ep_backward_};
-    /* the same model with this rank's experts only, then its state */
     backend_setup bs = t->bsetup;
-    bs.model = t->spec.model;
-    bs.model.moe_ep_size = P;
-    bs.model.moe_ep_rank = m6_coll_rank(c);
+    bs.model = *m;
     gpt_layout_sizes(&bs.model, &bs.n_global, &bs.slot_size);
     bs.n_slots = n_slots_(t);
     bs.pseudo = t->phase == PHASE_PSEUDO;
-    backend nb;
     char e1[1024];
-    if (backend_cpu_create(&nb, &bs, e1, sizeof e1) != 0) {
-        free(kind);
-        trainer_ep_free_(e);
+    if (backend_cpu_create(nb, &bs, e1, sizeof e1) != 0) {
         m6_err_set(err, M6_EINTERNAL, "expert parallelism: %s", e1);
         return -1;
     }
+    return 0;
+}
+
+/* t's backend, holding every expert, replaced by one holding this rank's
+ * (e->rank of e->P), its values copied; the MoE blocks then run over the
+ * group. 0, or -1 with err (the old backend kept). */
+static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
+{
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    model_config lc = t->spec.model;
+    lc.moe_ep_size = e->P;
+    lc.moe_ep_rank = e->rank;
+    backend nb;
+    if (backend_of_(t, &lc, &nb, err) != 0) {
+        free(kind);
+        return -1;
+    }
     model_config whole = t->bmodel;
-    t->bmodel = bs.model;
-    long *steps = calloc((size_t)bs.n_slots + 1, sizeof(long));
+    t->bmodel = lc;  /* copy_local_ reads the local layout from it */
+    long *steps = calloc((size_t)n_slots_(t) + 1, sizeof(long));
     int rc = steps && t->be.iface->state_begin(t->be.ctx, 0) == 0 ? 0 : -1;
     if (rc == 0 && nb.iface->state_begin(nb.ctx, 1) == 0) {
         for (int b = BACKEND_PARAMS; b <= BACKEND_V; b++)
@@ -240,7 +238,6 @@ int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
     if (rc != 0) {
         t->bmodel = whole;
         nb.iface->free(nb.ctx);
-        trainer_ep_free_(e);
         m6_err_set(err, M6_EINTERNAL, "expert parallelism: cannot copy the "
                    "model's state to this rank's experts");
         return -1;
@@ -248,9 +245,161 @@ int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
     t->be.iface->free(t->be.ctx);
     t->be = nb;
     t->be.iface->set_moe_ext(t->be.ctx, &e->ext);
+    e->whole = 0;
+    return 0;
+}
+
+int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
+{
+    int P = t->spec.nodes.expert_parallel, W = m6_coll_world_size(c);
+    if (t->ep || P <= 1)
+        return 0;
+    if (W != P || !t->be.iface->set_moe_ext || m6_coll_device_buffers(c)) {
+        m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d: needs a "
+                   "host group of exactly %d ranks and the cpu backend "
+                   "(got %d ranks on %s, the %s backend)", P, P, W,
+                   m6_coll_backend(c), t->be.iface->name);
+        return -1;
+    }
+    trainer_ep *e = calloc(1, sizeof *e);
+    int L = t->spec.model.n_layer;
+    if (e)
+        e->layers = calloc((size_t)L, sizeof *e->layers);
+    if (!e || !e->layers) {
+        trainer_ep_free_(e);
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    e->g = c;
+    e->P = P;
+    e->rank = m6_coll_rank(c);
+    e->L = L;
+    e->ext = (gpt_moe_ext){e, ep_forward_, ep_backward_};
+    if (to_local_(t, e, err) != 0) {
+        trainer_ep_free_(e);
+        return -1;
+    }
     t->ep = e;
     /* the backward's all-to-alls use the group: no all-reduce beside it */
     t->dp_overlap = 0;
+    return 0;
+}
+
+int trainer_ep_local_again_(trainer *t, m6_err *err)
+{
+    if (!t->ep || !t->ep->whole)
+        return 0;
+    return to_local_(t, t->ep, err);
+}
+
+int trainer_ep_whole_(const trainer *t)
+{
+    return !t->ep || t->ep->whole;
+}
+
+int trainer_ep_gather_root_(trainer *t, m6_err *err)
+{
+    trainer_ep *e = t->ep;
+    int W = t->world, me = t->rank, rc = 0;
+    if (trainer_ep_local_again_(t, err) != 0)  /* a second save in a row */
+        return -1;
+    int E = t->spec.model.moe_experts;
+    unsigned char *kind = trainer_slot_kinds_(t);
+    size_t *sb = calloc((size_t)W, sizeof *sb);
+    size_t *rb = calloc((size_t)W, sizeof *rb);
+    long *steps = calloc((size_t)n_slots_(t) + 1, sizeof(long));
+    if (!kind || !sb || !rb || !steps) {
+        free(kind);
+        free(sb);
+        free(rb);
+        free(steps);
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    backend nb = {0};
+    if (me == 0 && backend_of_(t, &t->spec.model, &nb, err) != 0)
+        rc = -1;
+    /* every rank enters every all-to-all, rank 0's failure or not: tell
+     * the others first */
+    float f = rc != 0;
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(t->coll, &f, 1, rc ? &e2 : err) != 0) {
+        rc = -1;
+    } else if (f > 0) {
+        if (rc == 0)
+            m6_err_set(err, M6_EINTERNAL, "expert parallelism: rank 0 "
+                       "cannot hold the whole model for a save");
+        rc = -1;
+    }
+    m6_err_free(&e2);
+    int begun = rc == 0 && t->be.iface->state_begin(t->be.ctx, 0) == 0;
+    if (!begun)
+        rc = -1;  /* (the cpu backend's never fails) */
+    if (rc == 0 && me == 0)
+        nb.iface->state_begin(nb.ctx, 1);
+    for (int b = BACKEND_PARAMS; b <= BACKEND_V && rc == 0; b++) {
+        float *src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, -1);
+        if (!src)
+            continue;  /* the same on every rank */
+        float *dst = me == 0 ? nb.iface->state_region(nb.ctx,
+                                                      (backend_buf)b, -1)
+                             : NULL;
+        if (dst)
+            memcpy(dst, src, t->n_global * sizeof(float));
+        for (int s = 0; s < n_slots_(t) && rc == 0; s++) {
+            gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
+            size_t sa, sl;
+            gpt_slot_layout(&t->spec.model, kind[s], all, &sa);
+            gpt_slot_layout(&t->bmodel, kind[s], loc, &sl);
+            src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, s);
+            dst = me == 0 ? nb.iface->state_region(nb.ctx, (backend_buf)b, s)
+                          : NULL;
+            int nt = kind[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+            for (int i = 0; i < nt && rc == 0; i++) {
+                int expert = kind[s] && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+                if (!expert) {
+                    if (dst)
+                        memcpy(dst + all[i].offset, src + loc[i].offset,
+                               loc[i].numel * sizeof(float));
+                    continue;
+                }
+                /* rank q's experts to rank 0, where they follow each
+                 * other in rank order (model_expert_range is contiguous) */
+                size_t per = all[i].numel / (size_t)E * sizeof(float);
+                memset(sb, 0, (size_t)W * sizeof *sb);
+                memset(rb, 0, (size_t)W * sizeof *rb);
+                sb[0] = loc[i].numel * sizeof(float);
+                if (me == 0)
+                    for (int q = 0; q < W; q++) {
+                        int f0;
+                        rb[q] = (size_t)model_expert_range(E, W, q, &f0) *
+                                per;
+                    }
+                rc = m6_coll_alltoallv(t->coll, src + loc[i].offset, sb,
+                                       dst ? dst + all[i].offset : NULL, rb,
+                                       err);
+            }
+        }
+    }
+    if (begun)
+        t->be.iface->state_end(t->be.ctx, 0);
+    t->be.iface->get_adam_steps(t->be.ctx, steps);
+    free(kind);
+    free(sb);
+    free(rb);
+    if (me != 0 || rc != 0) {
+        if (me == 0 && nb.iface)
+            nb.iface->free(nb.ctx);
+        free(steps);
+        return rc;
+    }
+    nb.iface->state_end(nb.ctx, 1);
+    nb.iface->set_adam_steps(nb.ctx, steps);
+    free(steps);
+    t->be.iface->free(t->be.ctx);
+    t->be = nb;
+    t->bmodel = t->spec.model;
+    e->whole = 1;
     return 0;
 }
 

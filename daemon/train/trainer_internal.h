@@ -196,6 +196,17 @@ void trainer_ep_free_(trainer_ep *e);
  * NULL: the group is gone, and every later step fails saying so (this
  * rank holds only its experts: it cannot train alone). */
 void trainer_ep_regroup_(trainer *t, m6_coll *c);
+/* At a save's step boundary (trainer_sync_boundary; every rank, after
+ * agreeing): every rank's experts sent to rank 0, whose model then holds
+ * every expert (a new backend of spec.model; the others keep theirs)
+ * until its next step (trainer_ep_local_again_). 0, or -1 with err. */
+int trainer_ep_gather_root_(trainer *t, m6_err *err);
+/* Rank 0 after a gather: back to its own experts (no collective).
+ * Nothing otherwise. 0, or -1 with err. */
+int trainer_ep_local_again_(trainer *t, m6_err *err);
+/* 1 when the model holds every expert (no expert parallelism, or rank 0
+ * gathered): it may be saved. */
+int trainer_ep_whole_(const trainer *t);
 /* -1 with the all-to-all's err when one failed since the last call (the
  * group is then broken), else 0. */
 int trainer_ep_check_(trainer *t, m6_err *err);

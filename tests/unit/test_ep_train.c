@@ -16,8 +16,14 @@
  *   memory     each rank's floats of weights and of AdamW's moments
  *              against the one-rank model's: the dense part the same, the
  *              experts El/E of them (P = 2: half; P = 4: a quarter)
- *   refused    a checkpoint save or load of an expert-parallel rank, by
- *              name
+ *   checkpoint at P = 2, after step 8, every rank at the boundary
+ *              (trainer_sync_boundary) and rank 0 saving the whole model
+ *              (every rank's experts gathered); the ranks train on (rank 0
+ *              with its own experts again) with the one-rank run's losses,
+ *              and the checkpoint, resumed by one rank of a spec without
+ *              expert parallelism, gives steps 9..12 of the one-rank run
+ *   refused    a save of a rank that holds its experts only, and a load
+ *              into one, by name
  *
  * Tolerance. Expert parallelism changes only the order of float
  * additions: the dense and router gradients are the ranks' sums added
@@ -59,7 +65,7 @@ static int rank_main_(char **argv)
 {
     const char *spec_path = argv[2], *out_path = argv[3];
     int world = atoi(argv[4]), rank = atoi(argv[5]);
-    const char *store_dir = argv[6];
+    const char *store_dir = argv[6], *mode = argv[7];
     run_spec spec;
     char e[1024];
     m6_err err = M6_ERR_NONE;
@@ -69,6 +75,11 @@ static int rank_main_(char **argv)
     m6_store st;
     file_store fs;
     m6_coll *c = NULL;
+    if (strncmp(mode, "resume:", 7) == 0 &&
+        trainer_load(t, mode + 7, &err) != 0) {
+        fprintf(stderr, "rank %d: resume: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
     if (world > 1) {
         if (!(c = rank_procs_group(store_dir, "g0", rank, world,
                                    spec.nodes.timeout * 1000, &st, &fs)))
@@ -82,7 +93,7 @@ static int rank_main_(char **argv)
     if (!out)
         return 1;
     int bad = 0;
-    if (world > 1) {
+    if (world > 1 && strcmp(mode, "save") == 0) {
         /* a checkpoint of one rank's experts would lose the others' */
         char dir[600];
         snprintf(dir, sizeof dir, "%s.ckpt", out_path);
@@ -119,6 +130,20 @@ static int rank_main_(char **argv)
         fprintf(out, "%ld %a %a %a %a %a\n", r.step, (double)r.train_loss,
                 (double)r.val_loss, (double)r.grad_norm, r.moe.aux_loss,
                 r.moe.z_loss);
+        if (strcmp(mode, "save") == 0 && r.step == 8) {
+            /* every rank at the boundary; rank 0 gets the whole model
+             * (every rank's experts), saves it, and trains on with its
+             * own experts again */
+            int rc = trainer_sync_boundary(t, rank == 0, &err);
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s.ckpt", out_path);
+            if (rc != (rank == 0) ||
+                (rank == 0 && trainer_save(t, dir, &err) < 0)) {
+                fprintf(stderr, "rank %d: save at step 8 (boundary %d): "
+                        "%s\n", rank, rc, m6_err_msg(&err));
+                bad = 1;
+            }
+        }
     }
     /* after the delink: one slot a layer */
     fprintf(out, "floats %zu %zu\n", trainer_copy_state(t, 0, NULL),
@@ -134,8 +159,8 @@ static int rank_main_(char **argv)
 
 typedef struct {
     size_t nw, nm;  /* floats of weights, of m */
-    int n;
-    double v[MAX_STEPS][5];  /* loss, val, norm, aux, z */
+    int n;          /* steps 1..n have a line */
+    double v[MAX_STEPS][5];  /* [step - 1]: loss, val, norm, aux, z */
 } result;
 
 static int load_(const char *tag, int r, result *res)
@@ -145,11 +170,13 @@ static int load_(const char *tag, int r, result *res)
     memset(res, 0, sizeof *res);
     FILE *f = fopen(path, "r");
     long step;
-    double *v = res->v[0];
-    while (f && res->n < MAX_STEPS &&
-           fscanf(f, "%ld %la %la %la %la %la\n", &step, &v[0], &v[1], &v[2],
-                  &v[3], &v[4]) == 6)
-        v = res->v[++res->n];
+    double v[5];
+    while (f && fscanf(f, "%ld %la %la %la %la %la\n", &step, &v[0], &v[1],
+                       &v[2], &v[3], &v[4]) == 6 && step >= 1 &&
+           step <= MAX_STEPS) {
+        memcpy(res->v[step - 1], v, sizeof v);
+        res->n = (int)step;
+    }
     if (!f || fscanf(f, "floats %zu %zu\n", &res->nw, &res->nm) != 2) {
         if (f)
             fclose(f);
@@ -160,9 +187,10 @@ static int load_(const char *tag, int r, result *res)
     return 0;
 }
 
-static void write_spec_(const char *tag, int world)
+/* world ranks; ep 1: expert parallelism over all of them */
+static void write_spec_(const char *tag, int world, int ep)
 {
-    FILE *f = rank_procs_spec(tag, tag);
+    FILE *f = rank_procs_spec(tag, "ep");  /* one name: the hash */
     if (!f)
         return;
     fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": %d, "
@@ -177,7 +205,7 @@ static void write_spec_(const char *tag, int world)
             " \"device\": {\"threads\": 1}", L_, C_, E_);
     if (world > 1)
         fprintf(f, ",\n \"nodes\": {\"world_size\": %d, "
-                "\"expert_parallel\": %d}", world, world);
+                "\"expert_parallel\": %d}", world, ep ? world : 1);
     fprintf(f, "}\n");
     fclose(f);
 }
@@ -189,28 +217,37 @@ static double rel_(double a, double b)
     return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12);
 }
 
+/* steps from..n of tag's rank r against ref; the worst relative
+ * difference */
+static double steps_close_(const char *tag, int r, const result *res,
+                           const result *ref, int from)
+{
+    const char *what[5] = {"loss", "val loss", "grad norm", "aux", "z"};
+    CHECK(res->n == ref->n, "%s rank %d: %d steps, the one-rank run %d", tag,
+          r, res->n, ref->n);
+    double worst = 0;
+    for (int i = from - 1; i < res->n && i < ref->n; i++)
+        for (int k = 0; k < 5; k++) {
+            double d = rel_(res->v[i][k], ref->v[i][k]);
+            worst = d > worst ? d : worst;
+            CHECK(d <= TOL, "%s rank %d step %d: %s %.9g, one rank %.9g "
+                  "(%.2g relative, over %g)", tag, r, i + 1, what[k],
+                  res->v[i][k], ref->v[i][k], d, TOL);
+        }
+    return worst;
+}
+
 static void compare_(int P, const result *ref)
 {
     char tag[32];
     snprintf(tag, sizeof tag, "ep%d", P);
-    const char *what[5] = {"loss", "val loss", "grad norm", "aux", "z"};
     /* the experts' floats of one slot of the whole model (weights, biases) */
     size_t per_expert = (size_t)2 * H_ * C_ + H_ + C_;
     for (int r = 0; r < P; r++) {
         result res;
         if (load_(tag, r, &res) != 0)
             continue;
-        CHECK(res.n == ref->n, "%s rank %d: %d steps, the one-rank run %d",
-              tag, r, res.n, ref->n);
-        double worst = 0;
-        for (int i = 0; i < res.n && i < ref->n; i++)
-            for (int k = 0; k < 5; k++) {
-                double d = rel_(res.v[i][k], ref->v[i][k]);
-                worst = d > worst ? d : worst;
-                CHECK(d <= TOL, "%s rank %d step %d: %s %.9g, one rank "
-                      "%.9g (%.2g relative, over %g)", tag, r, i + 1,
-                      what[k], res.v[i][k], ref->v[i][k], d, TOL);
-            }
+        double worst = steps_close_(tag, r, &res, ref, 1);
         /* memory: the rank's model after the delink has L MoE slots;
          * it lacks the experts of the other ranks, nothing else (each
          * slot padded to 16 floats: at most 15 floats a slot apart) */
@@ -234,15 +271,17 @@ static void compare_(int P, const result *ref)
 
 int main(int argc, char **argv)
 {
-    if (argc == 7 && strcmp(argv[1], "rank") == 0)
+    if (argc == 8 && strcmp(argv[1], "rank") == 0)
         return rank_main_(argv);
     int setup = rank_procs_setup("ep-train");
     if (setup != 0)
         return setup;
-    write_spec_("one", 1);
-    write_spec_("ep2", 2);
-    write_spec_("ep4", 4);
-    rank_procs_run("one", "one", 1, NULL, 0, 240, -1);
+    write_spec_("one", 1, 0);
+    write_spec_("ep2", 2, 1);
+    write_spec_("ep4", 4, 1);
+    write_spec_("dp2", 2, 0);  /* ep2's checkpoint taken up at P = 1 */
+    const char *plain[1] = {"plain"}, *save[1] = {"save"};
+    rank_procs_run("one", "one", 1, plain, 1, 240, -1);
     result ref;
     if (load_("one", 0, &ref) == 0) {
         CHECK(ref.n == 12, "one rank: %d steps of 12", ref.n);
@@ -254,9 +293,25 @@ int main(int argc, char **argv)
         for (int P = 2; P <= 4; P *= 2) {
             char tag[32];
             snprintf(tag, sizeof tag, "ep%d", P);
-            if (rank_procs_run(tag, tag, P, NULL, 0, 240, -1) == 0)
+            if (rank_procs_run(tag, tag, P, P == 2 ? save : plain, 1, 240,
+                               -1) == 0)
                 compare_(P, &ref);
         }
+        /* ep2's checkpoint of step 8, written whole by rank 0, resumed by
+         * one rank of a spec without expert parallelism: steps 9..12 are
+         * the one-rank run's */
+        char resume[600];
+        snprintf(resume, sizeof resume, "resume:%s/ep2-0.out.ckpt",
+                 rank_dir_);
+        const char *rs[1] = {resume};
+        result res;
+        if (rank_procs_run("resumed", "dp2", 1, rs, 1, 240, -1) == 0 &&
+            load_("resumed", 0, &res) == 0)
+            printf("ep2's checkpoint resumed at P = 1: steps 9..12 within "
+                   "%.2g of one rank's\n",
+                   steps_close_("resumed", 0, &res, &ref, 9));
+        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumed: it ran steps "
+              "other than 9..12");
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);
