@@ -818,10 +818,6 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         : s->optimizer.master == MASTER_BF16
             ? "with optimizer.master \"bf16\" (its stochastic rounding is "
               "keyed by the whole slot's offsets; use \"fp32\")"
-        : W != P
-            ? "with nodes.world_size other than nodes.expert_parallel "
-              "(replicas of an expert-parallel group need expert gradients "
-              "summed over sub-groups; set world_size to P)"
         : s->nodes.pseudo_world_size > 0 && s->nodes.pseudo_world_size != W
             ? "with a smaller pseudo world (nodes.pseudo_world_size; remove "
               "it)"

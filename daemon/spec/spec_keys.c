@@ -265,7 +265,8 @@ const key_ spec_keys_[] = {
         "replicated). Must divide `world_size` and be at most "
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
         "without offloading, `optimizer.shard`, Adafactor or bf16 masters, "
-        "with `world_size` = P and no smaller pseudo world; m6d does not "
+        "and no smaller pseudo world (`world_size` / P replicas of each "
+        "expert-parallel group); m6d does not "
         "run it yet (its runner does not gather the experts for "
         "checkpoints)."),
     INT("nodes", "timeout", nodes.timeout, 1, 86400,

@@ -740,6 +740,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
                         : gradsync_allreduce_host_(t, &loss_sum, err)) != 0)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
+        if (trainer_ep_reduce_experts_(t, err) != 0)
+            return TRAINER_ECOLL;
     }
     attribute_(t, res);
     if (moe_facts_(t, &res->moe, err) != 0)

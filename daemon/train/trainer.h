@@ -327,6 +327,19 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * leaves a trainer that fails every step (it cannot train alone). */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
 
+/* Expert parallelism with replicas (nodes.world_size W = D x P, D > 1),
+ * given before trainer_set_collectives' group of W: this rank's
+ * expert-parallel group ep (the P world ranks d*P .. d*P+P-1 with
+ * d = rank / P; its rank there rank % P), over which tokens travel, and
+ * edp, the D world ranks q, q+P, ... holding the same experts (q = rank %
+ * P; its rank there rank / P), over which the experts' gradients are
+ * summed (the dense ones over all W). trainer_set_collectives checks
+ * their sizes and ranks. The trainer does not own them; they must
+ * outlive it or the next groups given. 0, or -1 with err (M6_EINVALID:
+ * not two host groups). */
+int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                              m6_err *err);
+
 /* Sum the gradients over dev, a device-memory group (nccl) of the same
  * ranks as the host group given to trainer_set_collectives next, in place
  * on the device (backend.h device_grads; the cuda backend), instead of

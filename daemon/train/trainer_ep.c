@@ -25,7 +25,10 @@ typedef struct {
 } ep_layer_;
 
 struct trainer_ep {
-    m6_coll *g;              /* the group (the trainer's; not owned) */
+    m6_coll *g;              /* the expert-parallel group of P ranks: the
+                              * trainer's own when world = P; not owned */
+    m6_coll *edp;            /* the D ranks holding the same experts
+                              * (world = D x P, D > 1); NULL: none */
     int P, rank;             /* this rank's experts: model_expert_range */
     int whole;               /* 1: the model holds every expert now (rank
                               * 0 after trainer_ep_gather_root_) until its
@@ -124,14 +127,17 @@ void trainer_ep_free_(trainer_ep *e)
 void trainer_ep_regroup_(trainer *t, m6_coll *c)
 {
     trainer_ep *e = t->ep;
-    if (c == e->g)
+    m6_coll *g = c && t->ep_given[0] ? t->ep_given[0]
+                 : c && m6_coll_world_size(c) == e->P ? c : NULL;
+    if (g == e->g && (!g || t->ep_given[1] == e->edp))
         return;
     for (int l = 0; l < e->L; l++) {
         moe_ep_free(e->layers[l].m);
         e->layers[l].m = NULL;
     }
-    e->g = c;
-    if (!c && !e->failed) {
+    e->g = g;
+    e->edp = g ? t->ep_given[1] : NULL;
+    if (!g && !e->failed) {
         e->failed = 1;
         m6_err_set(&e->err, M6_EINVALID, "nodes.expert_parallel %d: the "
                    "group is gone and this rank holds only its experts; it "
@@ -254,11 +260,25 @@ int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
     int P = t->spec.nodes.expert_parallel, W = m6_coll_world_size(c);
     if (t->ep || P <= 1)
         return 0;
-    if (W != P || !t->be.iface->set_moe_ext || m6_coll_device_buffers(c)) {
+    if (W % P != 0 || !t->be.iface->set_moe_ext ||
+        m6_coll_device_buffers(c)) {
         m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d: needs a "
-                   "host group of exactly %d ranks and the cpu backend "
-                   "(got %d ranks on %s, the %s backend)", P, P, W,
+                   "host group of a multiple of %d ranks and the cpu "
+                   "backend (got %d ranks on %s, the %s backend)", P, P, W,
                    m6_coll_backend(c), t->be.iface->name);
+        return -1;
+    }
+    /* replicas: this rank's two sub-groups, given first */
+    int r = m6_coll_rank(c), D = W / P;
+    m6_coll *g = W == P ? c : t->ep_given[0], *edp = t->ep_given[1];
+    if (W > P && (!g || !edp || m6_coll_world_size(g) != P ||
+                  m6_coll_rank(g) != r % P || m6_coll_world_size(edp) != D ||
+                  m6_coll_rank(edp) != r / P)) {
+        m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d over %d "
+                   "ranks: rank %d needs its expert-parallel group (rank %d "
+                   "of %d) and the group of the ranks holding its experts "
+                   "(rank %d of %d) first (trainer_set_expert_groups)", P, W,
+                   r, r % P, P, r / P, D);
         return -1;
     }
     trainer_ep *e = calloc(1, sizeof *e);
@@ -270,9 +290,10 @@ int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
         m6_err_set(err, M6_EINTERNAL, "out of memory");
         return -1;
     }
-    e->g = c;
+    e->g = g;
+    e->edp = W > P ? edp : NULL;
     e->P = P;
-    e->rank = m6_coll_rank(c);
+    e->rank = m6_coll_rank(g);
     e->L = L;
     e->ext = (gpt_moe_ext){e, ep_forward_, ep_backward_};
     if (to_local_(t, e, err) != 0) {
@@ -300,7 +321,11 @@ int trainer_ep_whole_(const trainer *t)
 int trainer_ep_gather_root_(trainer *t, m6_err *err)
 {
     trainer_ep *e = t->ep;
-    int W = t->world, me = t->rank, rc = 0;
+    /* rank 0's expert-parallel group, world ranks 0..P-1, gathers; the
+     * replicas' ranks hold copies of the same experts */
+    if (t->rank >= e->P)
+        return 0;
+    int W = e->P, me = e->rank, rc = 0;
     if (trainer_ep_local_again_(t, err) != 0)  /* a second save in a row */
         return -1;
     int E = t->spec.model.moe_experts;
@@ -323,7 +348,7 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
      * the others first */
     float f = rc != 0;
     m6_err e2 = M6_ERR_NONE;
-    if (m6_coll_allreduce_sum(t->coll, &f, 1, rc ? &e2 : err) != 0) {
+    if (m6_coll_allreduce_sum(e->g, &f, 1, rc ? &e2 : err) != 0) {
         rc = -1;
     } else if (f > 0) {
         if (rc == 0)
@@ -375,7 +400,7 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
                         rb[q] = (size_t)model_expert_range(E, W, q, &f0) *
                                 per;
                     }
-                rc = m6_coll_alltoallv(t->coll, src + loc[i].offset, sb,
+                rc = m6_coll_alltoallv(e->g, src + loc[i].offset, sb,
                                        dst ? dst + all[i].offset : NULL, rb,
                                        err);
             }
@@ -444,17 +469,18 @@ int trainer_ep_norm_(trainer *t, float *norm, m6_err *err)
         }
     }
     free(kind);
-    /* every rank's expert squares, exactly (its own pair of columns:
-     * hi and lo), added in rank order */
-    int W = t->world;
+    /* every rank's expert squares over the expert-parallel group (each
+     * replica's the same), exactly (its own pair of columns: hi and lo),
+     * added in rank order */
+    int W = t->ep->P, me = t->ep->rank;
     float *v = calloc(2 * (size_t)W, sizeof(float));
     if (!v) {
         m6_err_set(err, M6_EINTERNAL, "out of memory");
         return -1;
     }
-    v[2 * t->rank] = (float)experts;
-    v[2 * t->rank + 1] = (float)(experts - (double)v[2 * t->rank]);
-    if (m6_coll_allreduce_sum(t->coll, v, 2 * (size_t)W, err) != 0) {
+    v[2 * me] = (float)experts;
+    v[2 * me + 1] = (float)(experts - (double)v[2 * me]);
+    if (m6_coll_allreduce_sum(t->ep->g, v, 2 * (size_t)W, err) != 0) {
         free(v);
         return -1;
     }
@@ -463,5 +489,42 @@ int trainer_ep_norm_(trainer *t, float *norm, m6_err *err)
         sum += (double)v[2 * r] + (double)v[2 * r + 1];
     free(v);
     *norm = (float)sqrt(sum);
+    return 0;
+}
+
+/* ------------------------------------------------------------- replicas */
+
+int trainer_ep_reduce_experts_(trainer *t, m6_err *err)
+{
+    if (!t->ep || !t->ep->edp)
+        return 0;
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    for (int s = n_slots_(t); s-- > 0 && rc == 0;) {
+        size_t h0, hl = trainer_ep_hole_(t, kind[s], &h0);
+        if (hl)
+            rc = m6_coll_allreduce_sum(t->ep->edp,
+                                       t->be.iface->grad_region(t->be.ctx, s)
+                                           + h0, hl, err);
+    }
+    free(kind);
+    return rc;
+}
+
+int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                              m6_err *err)
+{
+    if (!ep || !edp || m6_coll_device_buffers(ep) ||
+        m6_coll_device_buffers(edp)) {
+        m6_err_set(err, M6_EINVALID, "expert groups: two host groups "
+                   "(gloo) wanted");
+        return -1;
+    }
+    t->ep_given[0] = ep;
+    t->ep_given[1] = edp;
     return 0;
 }

@@ -31,6 +31,9 @@ struct trainer {
                             * slots then hold this rank's experts only) */
     trainer_ep *ep;        /* expert parallelism (trainer_ep.c); NULL:
                             * none */
+    m6_coll *ep_given[2];  /* trainer_set_expert_groups: the expert-
+                            * parallel group and the experts' replicas;
+                            * NULL: none given (not owned) */
     unsigned char *dp_kind;  /* [S] each slot's kind (gradsync_layout_) */
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
@@ -210,6 +213,11 @@ int trainer_ep_whole_(const trainer *t);
 /* -1 with the all-to-all's err when one failed since the last call (the
  * group is then broken), else 0. */
 int trainer_ep_check_(trainer *t, m6_err *err);
+/* Replicas (world = D x P): each MoE slot's local experts' gradient
+ * summed over the D ranks holding the same experts, after the step's
+ * all-reduce and before the norm. Nothing without replicas. 0, or -1
+ * with err. */
+int trainer_ep_reduce_experts_(trainer *t, m6_err *err);
 /* The floats of a slot of kind moe that the gradient all-reduce skips
  * (this rank's experts, summed by the all-to-all already) and their start
  * *h0 in the slot; 0 without expert parallelism or for a dense slot. */

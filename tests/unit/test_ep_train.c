@@ -22,8 +22,11 @@
  *              with its own experts again) with the one-rank run's losses,
  *              and the checkpoint, resumed by one rank of a spec without
  *              expert parallelism, gives steps 9..12 of the one-rank run
- *   refused    a save of a rank that holds its experts only, and a load
- *              into one, by name
+ *   replicas   W = 4 as 2 replicas of P = 2 (trainer_set_expert_groups:
+ *              the experts' gradients summed over the 2 ranks holding
+ *              them), the same comparisons, a save at step 8 too
+ *   refused    a save of a rank that holds its experts only, a load into
+ *              one, and replicas without their sub-groups, by name
  *
  * Tolerance. Expert parallelism changes only the order of float
  * additions: the dense and router gradients are the ranks' sums added
@@ -80,10 +83,45 @@ static int rank_main_(char **argv)
         fprintf(stderr, "rank %d: resume: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
+    int P = spec.nodes.expert_parallel, D = world / P;
+    m6_store sts[2];
+    file_store fss[2];
+    m6_coll *sub[2] = {NULL, NULL};
     if (world > 1) {
         if (!(c = rank_procs_group(store_dir, "g0", rank, world,
                                    spec.nodes.timeout * 1000, &st, &fs)))
             return 1;
+        if (D > 1 && strcmp(mode, "nogroups") == 0) {
+            /* replicas without their sub-groups: refused by name */
+            int rc = trainer_set_collectives(t, c, &err);
+            int ok = rc != 0 &&
+                     strstr(m6_err_msg(&err), "trainer_set_expert_groups");
+            if (!ok)
+                fprintf(stderr, "rank %d: no sub-groups, not refused by "
+                        "name: %s\n", rank, m6_err_msg(&err));
+            trainer_free(t);
+            m6_coll_destroy(c);
+            m6_err_free(&err);
+            return ok ? 0 : 1;
+        }
+        if (D > 1) {
+            /* replicas: the expert-parallel group of ranks d*P.., and
+             * the ranks q, q+P, ... holding the same experts */
+            char pe[32], pd[32];
+            snprintf(pe, sizeof pe, "ep%d", rank / P);
+            snprintf(pd, sizeof pd, "edp%d", rank % P);
+            if (!(sub[0] = rank_procs_group(store_dir, pe, rank % P, P,
+                                            spec.nodes.timeout * 1000,
+                                            &sts[0], &fss[0])) ||
+                !(sub[1] = rank_procs_group(store_dir, pd, rank / P, D,
+                                            spec.nodes.timeout * 1000,
+                                            &sts[1], &fss[1])) ||
+                trainer_set_expert_groups(t, sub[0], sub[1], &err) != 0) {
+                fprintf(stderr, "rank %d: groups: %s\n", rank,
+                        m6_err_msg(&err));
+                return 1;
+            }
+        }
         if (trainer_set_collectives(t, c, &err) != 0) {
             fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
             return 1;
@@ -151,6 +189,8 @@ static int rank_main_(char **argv)
     fclose(out);
     trainer_free(t);
     m6_coll_destroy(c);
+    m6_coll_destroy(sub[0]);
+    m6_coll_destroy(sub[1]);
     m6_err_free(&err);
     return bad;
 }
@@ -187,8 +227,8 @@ static int load_(const char *tag, int r, result *res)
     return 0;
 }
 
-/* world ranks; ep 1: expert parallelism over all of them */
-static void write_spec_(const char *tag, int world, int ep)
+/* world ranks, P of them an expert-parallel group (1: none) */
+static void write_spec_(const char *tag, int world, int P)
 {
     FILE *f = rank_procs_spec(tag, "ep");  /* one name: the hash */
     if (!f)
@@ -205,7 +245,7 @@ static void write_spec_(const char *tag, int world, int ep)
             " \"device\": {\"threads\": 1}", L_, C_, E_);
     if (world > 1)
         fprintf(f, ",\n \"nodes\": {\"world_size\": %d, "
-                "\"expert_parallel\": %d}", world, ep ? world : 1);
+                "\"expert_parallel\": %d}", world, P);
     fprintf(f, "}\n");
     fclose(f);
 }
@@ -237,13 +277,11 @@ static double steps_close_(const char *tag, int r, const result *res,
     return worst;
 }
 
-static void compare_(int P, const result *ref)
+static void compare_(const char *tag, int world, int P, const result *ref)
 {
-    char tag[32];
-    snprintf(tag, sizeof tag, "ep%d", P);
     /* the experts' floats of one slot of the whole model (weights, biases) */
     size_t per_expert = (size_t)2 * H_ * C_ + H_ + C_;
-    for (int r = 0; r < P; r++) {
+    for (int r = 0; r < world; r++) {
         result res;
         if (load_(tag, r, &res) != 0)
             continue;
@@ -251,7 +289,7 @@ static void compare_(int P, const result *ref)
         /* memory: the rank's model after the delink has L MoE slots;
          * it lacks the experts of the other ranks, nothing else (each
          * slot padded to 16 floats: at most 15 floats a slot apart) */
-        int first, El = model_expert_range(E_, P, r, &first);
+        int first, El = model_expert_range(E_, P, r % P, &first);
         double lack = (double)(E_ - El) * per_expert * L_;
         double all = (double)E_ * per_expert * L_;
         double mine_w = (double)ref->nw - (double)res.nw;
@@ -276,10 +314,11 @@ int main(int argc, char **argv)
     int setup = rank_procs_setup("ep-train");
     if (setup != 0)
         return setup;
-    write_spec_("one", 1, 0);
-    write_spec_("ep2", 2, 1);
-    write_spec_("ep4", 4, 1);
-    write_spec_("dp2", 2, 0);  /* ep2's checkpoint taken up at P = 1 */
+    write_spec_("one", 1, 1);
+    write_spec_("ep2", 2, 2);
+    write_spec_("ep4", 4, 4);
+    write_spec_("ep2x2", 4, 2);  /* two replicas of a group of 2 */
+    write_spec_("dp2", 2, 1);  /* ep2's checkpoint taken up at P = 1 */
     const char *plain[1] = {"plain"}, *save[1] = {"save"};
     rank_procs_run("one", "one", 1, plain, 1, 240, -1);
     result ref;
@@ -290,13 +329,14 @@ int main(int argc, char **argv)
             CHECK(ref.v[i][2] > 0.05 && ref.v[i][3] > 0 && ref.v[i][4] > 0,
                   "one rank step %d: norm %g (clip 0.05), aux %g, z %g",
                   i + 1, ref.v[i][2], ref.v[i][3], ref.v[i][4]);
-        for (int P = 2; P <= 4; P *= 2) {
-            char tag[32];
-            snprintf(tag, sizeof tag, "ep%d", P);
-            if (rank_procs_run(tag, tag, P, P == 2 ? save : plain, 1, 240,
-                               -1) == 0)
-                compare_(P, &ref);
-        }
+        static const struct { const char *tag; int world, P; } runs[] = {
+            {"ep2", 2, 2}, {"ep4", 4, 4}, {"ep2x2", 4, 2}};
+        for (int i = 0; i < 3; i++)
+            if (rank_procs_run(runs[i].tag, runs[i].tag, runs[i].world,
+                               runs[i].P == 2 ? save : plain, 1, 240, -1) == 0)
+                compare_(runs[i].tag, runs[i].world, runs[i].P, &ref);
+        const char *nogroups[1] = {"nogroups"};
+        rank_procs_run("nogroups", "ep2x2", 4, nogroups, 1, 120, -1);
         /* ep2's checkpoint of step 8, written whole by rank 0, resumed by
          * one rank of a spec without expert parallelism: steps 9..12 are
          * the one-rank run's */
