@@ -1,12 +1,13 @@
 /*
  * trainer_ep.c — expert parallelism in the trainer (nodes.expert_parallel
- * P > 1, one expert-parallel group of world_size = P ranks, the cpu
- * backend): the model re-laid to this rank's experts when the group is
- * given, its MoE blocks run by train/moe_ep.c over the group, the part of
- * each MoE slot's gradient that the all-reduce must skip (the local
- * experts: each rank's are other experts, already summed over every
- * rank's tokens by the all-to-all), and the global gradient norm that
- * counts every expert once.
+ * P > 1 on the cpu backend; world_size = D x P, D replicas of an
+ * expert-parallel group): the model re-laid to this rank's experts when
+ * the group is given, its MoE blocks run by train/moe_ep.c over the
+ * expert-parallel group, the part of each MoE slot's gradient that the
+ * all-reduce must skip (the local experts: each rank's are other experts,
+ * already summed over its group's tokens by the all-to-all, then over the
+ * replicas), the global gradient norm that counts every expert once, and
+ * the gather of the experts to rank 0 for a save.
  */
 #include "train/trainer_internal.h"
 
