@@ -242,7 +242,7 @@ build_() {
 
     # The trainer (spec, data, checkpoints, offload, both backends) for
     # test_trainer: needs jansson and zlib.
-    TRAINER_SRC="daemon/train/trainer.c daemon/train/gradsync.c daemon/train/trainer_ckpt.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
+    TRAINER_SRC="daemon/train/trainer.c daemon/train/gradsync.c daemon/train/trainer_ckpt.c daemon/train/moe_ep.c daemon/train/trainer_ep.c daemon/train/backend_cpu.c daemon/train/backend_cuda.c
       daemon/spec/spec.c daemon/spec/spec_keys.c daemon/spec/spec_write.c daemon/train/data.c daemon/ckpt/checkpoint.c daemon/ckpt/init_from.c daemon/dist/collectives.c daemon/dist/local.c
       daemon/common/log.c daemon/common/durable.c daemon/common/cpus.c daemon/common/memlimit.c daemon/common/node_share.c daemon/common/cgroup.c daemon/common/threads.c daemon/common/view.c client/corpus/corpus.c daemon/offload/pool.c daemon/offload/plan.c daemon/offload/sched.c"
     # the programs linked with it: test_trainer, and bench/p2r_offload (the

@@ -24,6 +24,12 @@ typedef struct {
     float moe_eval_capacity_factor;
     float moe_aux_coef;          /* balancing loss coefficient */
     float moe_z_coef;            /* router z-loss coefficient */
+    /* Expert parallelism (not spec keys: the trainer sets them for its
+     * rank's model). moe_ep_size 0 or 1: the model holds all E experts of
+     * each MoE slot; P > 1: only those of rank moe_ep_rank of P
+     * (model_local_experts), the router still whole. */
+    int moe_ep_size;
+    int moe_ep_rank;
 } model_config;
 
 /* Whether layer l of cfg is an MoE block. */

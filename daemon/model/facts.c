@@ -230,3 +230,13 @@ int model_expert_range(int E, int P, int q, int *first)
     *first = (int)lo;
     return (int)(hi - lo);
 }
+
+int model_local_experts(const model_config *cfg, int *first)
+{
+    if (cfg->moe_ep_size <= 1) {
+        *first = 0;
+        return cfg->moe_experts;
+    }
+    return model_expert_range(cfg->moe_experts, cfg->moe_ep_size,
+                              cfg->moe_ep_rank, first);
+}

@@ -202,6 +202,11 @@ size_t model_optim_bytes_sharded(size_t bytes, int world);
  * plan at scale (offload/plan_cluster.c) both ask it. */
 int model_expert_range(int E, int P, int q, int *first);
 
+/* The experts of each MoE slot a model of cfg holds: all E (*first 0)
+ * when cfg->moe_ep_size <= 1, else model_expert_range(E, moe_ep_size,
+ * moe_ep_rank). The layout (gpt.h) sizes the expert tensors by it. */
+int model_local_experts(const model_config *cfg, int *first);
+
 #ifdef __cplusplus
 }
 #endif

@@ -354,6 +354,10 @@ static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
 {
     moe_dims d = moe_dims_(g, B);
     g->moe_capacity = d.capacity;
+    if (g->moe_ext) {
+        g->moe_ext->forward(g->moe_ext->ctx, g, l, s, x, out, B);
+        return;
+    }
     moe_saved_ m = moe_saved_of_(g, l);
     int dropped = moe_route(m.probs, m.lse, m.expert, m.slot, m.counts,
                             m.routed, m.offset, m.row_token, x,
@@ -375,6 +379,10 @@ static void moe_layer_backward_(gpt_model *g, int s, int l, const float *x,
                                 int B, float daux, float dz)
 {
     gpt_acts *a = &g->a;
+    if (g->moe_ext) {
+        g->moe_ext->backward(g->moe_ext->ctx, g, l, s, x, B, daux, dz);
+        return;
+    }
     moe_dims d = moe_dims_(g, B);
     d.capacity = g->moe_capacity;  /* that of the forward */
     moe_saved_ m = moe_saved_of_(g, l);

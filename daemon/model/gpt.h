@@ -27,7 +27,9 @@
  * Checkpoints split these per expert and per prototype's gate
  * (gpt_slot_ckpt_tensors: slots.<s>.moe.experts.<e>.c_fc.weight, ...,
  * slots.<s>.moe.gate.<p>.weight). Weights are (out, in) row-major, as
- * nn.Linear stores them.
+ * nn.Linear stores them. Under expert parallelism (cfg.moe_ep_size > 1)
+ * the expert tensors hold only the rank's El local experts
+ * (model_local_experts: E replaced by El above); the gate stays whole.
  *
  * MoE blocks: layer l is MoE when (l + 1) % cfg.moe_every == 0
  * (model_layer_is_moe). With moe_every 1 every slot is an MoE slot; with
@@ -154,6 +156,23 @@ typedef enum {
 
 typedef struct gpt_model gpt_model;
 
+/* MoE blocks run elsewhere (expert parallelism: train/moe_ep.h over a
+ * group). forward: MoE block l (slot s) of a forward over x (B*T,C) into
+ * out (B*T,C) (the residual added by the caller), recording its router
+ * facts in g->moe_stats (gpt_moe_stats_add). backward: its backward, d(x)
+ * accumulated into g->a.dln (zeroed by the caller) from d(out) in
+ * g->a.dres, the slot's router and local experts' gradients accumulated
+ * through g->dw[s]; daux, dz the weights of its aux and z losses. Both
+ * are entered by every rank in the same order; a failure is the hook's
+ * to record (gpt_forward has no error). */
+typedef struct {
+    void *ctx;
+    void (*forward)(void *ctx, gpt_model *g, int l, int s, const float *x,
+                    float *out, int B);
+    void (*backward)(void *ctx, gpt_model *g, int l, int s, const float *x,
+                     int B, float daux, float dz);
+} gpt_moe_ext;
+
 /* A placement of the model's state (NULL everywhere: plain allocations).
  * alloc_state: g->S, the layout and g->slot_of are set; allocate and zero
  *   g->params, grads, m, v (g->n_local floats each, set it; with
@@ -253,6 +272,9 @@ struct gpt_model {
      * reports it. Called on the thread running gpt_backward. */
     void (*grad_ready)(void *ctx, int s);
     void *grad_ready_ctx;
+    /* NULL: MoE blocks run here (kernels.h moe_*). Else they run through
+     * it (cfg.moe_ep_size > 1: the slot holds only its local experts). */
+    const gpt_moe_ext *moe_ext;
 };
 
 /* One tensor as Adafactor sees it (gpt_af_tensors): a matrix (cols > 0,
@@ -407,7 +429,10 @@ typedef struct {
  * global index; prototype e / (E/k))
  *   moe.experts.<e>.c_fc.weight (H, C), moe.experts.<e>.c_fc.bias (H),
  *   moe.experts.<e>.c_proj.weight (C, H), moe.experts.<e>.c_proj.bias (C)
- * each a view of the slot's whole expert tensors: 8 + 2k + 4E tensors. */
+ * each a view of the slot's whole expert tensors: 8 + 2k + 4E tensors.
+ * Under expert parallelism (cfg->moe_ep_size > 1) the slot holds only its
+ * El local experts (model_local_experts), listed by their global index:
+ * 8 + 2k + 4El tensors. */
 int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
                           gpt_ckpt_tensor *out);
 /* gpt_init_region for a slot of a given kind (moe 1/0): what a mixed

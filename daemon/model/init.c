@@ -14,6 +14,7 @@
  * in any order, on any number of threads, with the same result.
  */
 #include "model/gpt.h"
+#include "model/facts.h"
 
 #include <math.h>
 #include <string.h>
@@ -53,12 +54,36 @@ static void fill_normal_(float *p, size_t n, float std, uint64_t seed,
     }
 }
 
+/* p[0, n) ~ N(0, std) as elements e0 .. e0+n-1 of a tensor whose pair j
+ * takes draws k0 + 2j + 1 and k0 + 2j + 2 (fill_normal_ when e0 is 0):
+ * a slice of a tensor, the same values as in the whole */
+static void fill_normal_at_(float *p, size_t n, float std, uint64_t seed,
+                            uint64_t k0, size_t e0)
+{
+    if (e0 == 0) {
+        fill_normal_(p, n, std, seed, k0);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > 131072)
+    for (size_t i = 0; i < n; i++) {
+        size_t g = e0 + i, j = g / 2;
+        double u1 = uniform_at_(seed, k0 + 2 * j + 1);
+        double u2 = uniform_at_(seed, k0 + 2 * j + 2);
+        double r = sqrt(-2.0 * log(u1));
+        p[i] = (float)(std * r * (g % 2 ? sin(2 * M_PI * u2)
+                                         : cos(2 * M_PI * u2)));
+    }
+}
+
+/* tensor t of a region at base; e0: t is elements e0.. of the whole
+ * model's tensor (an expert-parallel rank's experts), else 0 */
 static void init_tensor_(float *base, const gpt_tensor *t, float std,
-                         int is_ln_weight, uint64_t seed, uint64_t k0)
+                         int is_ln_weight, uint64_t seed, uint64_t k0,
+                         size_t e0)
 {
     float *p = base + t->offset;
     if (t->cols) {
-        fill_normal_(p, t->numel, std, seed, k0);
+        fill_normal_at_(p, t->numel, std, seed, k0, e0);
     } else {
         float v = is_ln_weight ? 1.0f : 0.0f;
         for (size_t i = 0; i < t->numel; i++)
@@ -74,13 +99,20 @@ void gpt_init_region(const model_config *cfg, int s, float *buf,
 
 /* Slot s of kind moe (the globals when s < 0). Slot s's draws start after
  * s slots of the largest kind, whatever the kinds, so a uniform model's
- * values are those it always had. */
+ * values are those it always had. Under expert parallelism the draws are
+ * the whole model's (cfg without moe_ep_*) and a rank's experts get their
+ * slice of them: the values of the same experts in the whole model. */
 void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
                    uint64_t seed)
 {
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
+    gpt_tensor whole[SLOT_NTENSORS_MAX];
     size_t n_global, slot_size;
-    gpt_layout(cfg, glob, slot, &n_global, &slot_size);
+    model_config all = *cfg;
+    all.moe_ep_size = all.moe_ep_rank = 0;
+    int first, E = cfg->moe_experts;
+    model_local_experts(cfg, &first);
+    gpt_layout(&all, glob, slot, &n_global, &slot_size);
     uint64_t global_draws = 0, slot_draws = 0;
     for (int i = 0; i < GLOB_NTENSORS; i++)
         global_draws += draws_(&glob[i]);
@@ -88,6 +120,7 @@ void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
     for (int i = 0; i < nt; i++)
         slot_draws += draws_(&slot[i]);
     moe = moe && cfg->moe_experts > 0;
+    gpt_slot_layout(&all, moe, whole, &slot_size);
     gpt_slot_layout(cfg, moe, slot, &slot_size);
     nt = moe ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
     if (s < 0) {
@@ -96,7 +129,8 @@ void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
         uint64_t k = 0;
         memset(buf, 0, n_global * sizeof(float));
         for (int i = 0; i < GLOB_NTENSORS; i++) {
-            init_tensor_(buf, &glob[i], std_of[i], i == GLOB_LNF_W, seed, k);
+            init_tensor_(buf, &glob[i], std_of[i], i == GLOB_LNF_W, seed, k,
+                         0);
             k += draws_(&glob[i]);
         }
         return;
@@ -110,9 +144,11 @@ void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
     for (int i = 0; i < nt; i++) {
         int is_proj = i == SLOT_ATTPROJ_W || i == SLOT_FCPROJ_W;
         int is_lnw = i == SLOT_LN1_W || i == SLOT_LN2_W;
+        int expert = moe && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+        size_t e0 = expert ? whole[i].numel / (size_t)E * (size_t)first : 0;
         init_tensor_(buf, &slot[i], is_proj ? proj_std : std, is_lnw, seed,
-                     k);
-        k += draws_(&slot[i]);
+                     k, e0);
+        k += draws_(&whole[i]);
     }
 }
 

@@ -5,6 +5,7 @@
  * gpt.c, model/init.c and the CUDA model build on it.
  */
 #include "model/gpt.h"
+#include "model/facts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +33,9 @@ static void set_tensor_(gpt_tensor *t, const char *name, size_t *off,
 static void slot_layout_(const model_config *cfg, int moe,
                          gpt_tensor slot[SLOT_NTENSORS_MAX], size_t *size)
 {
-    int C = cfg->n_embd;
+    int C = cfg->n_embd, first;
     int E = cfg->moe_experts, H = model_moe_hidden(cfg);
+    int El = model_local_experts(cfg, &first); /* E without expert parallelism */
     size_t off = 0;
     set_tensor_(&slot[SLOT_LN1_W], "ln_1.weight", &off, C, 0);
     set_tensor_(&slot[SLOT_LN1_B], "ln_1.bias", &off, C, 0);
@@ -50,14 +52,16 @@ static void slot_layout_(const model_config *cfg, int moe,
         set_tensor_(&slot[SLOT_FCPROJ_B], "mlp.c_proj.bias", &off, C, 0);
         memset(&slot[SLOT_GATE_W], 0, 2 * sizeof slot[0]);
     } else {
-        /* the experts and the gate where a dense block has its MLP */
-        set_tensor_(&slot[SLOT_FC_W], "moe.experts.c_fc.weight", &off, E * H,
-                    C);
-        set_tensor_(&slot[SLOT_FC_B], "moe.experts.c_fc.bias", &off, E * H, 0);
+        /* the (local) experts and the gate where a dense block has its
+         * MLP */
+        set_tensor_(&slot[SLOT_FC_W], "moe.experts.c_fc.weight", &off,
+                    El * H, C);
+        set_tensor_(&slot[SLOT_FC_B], "moe.experts.c_fc.bias", &off, El * H,
+                    0);
         set_tensor_(&slot[SLOT_FCPROJ_W], "moe.experts.c_proj.weight", &off,
-                    E * C, H);
+                    El * C, H);
         set_tensor_(&slot[SLOT_FCPROJ_B], "moe.experts.c_proj.bias", &off,
-                    E * C, 0);
+                    El * C, 0);
         set_tensor_(&slot[SLOT_GATE_W], "moe.gate.weight", &off, E, C);
         set_tensor_(&slot[SLOT_GATE_B], "moe.gate.bias", &off, E, 0);
     }
@@ -111,7 +115,8 @@ int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
     if (!moe)
         return n;
     int E = cfg->moe_experts, k = cfg->moe_prototypes, Ep = E / k;
-    int C = cfg->n_embd, H = model_moe_hidden(cfg);
+    int C = cfg->n_embd, H = model_moe_hidden(cfg), first;
+    int El = model_local_experts(cfg, &first);
     char nm[64];
     for (int p = 0; p < k; p++) {
         snprintf(nm, sizeof nm, "moe.gate.%d.weight", p);
@@ -120,16 +125,17 @@ int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
         snprintf(nm, sizeof nm, "moe.gate.%d.bias", p);
         n = ck_put_(out, n, nm, t[SLOT_GATE_B].offset + (size_t)p * Ep, Ep, 0);
     }
-    for (int e = 0; e < E; e++) {
-        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.weight", e);
+    /* local expert e is global expert first + e (all E: first 0) */
+    for (int e = 0; e < El; e++) {
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.weight", first + e);
         n = ck_put_(out, n, nm, t[SLOT_FC_W].offset + (size_t)e * H * C, H,
                     C);
-        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.bias", e);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_fc.bias", first + e);
         n = ck_put_(out, n, nm, t[SLOT_FC_B].offset + (size_t)e * H, H, 0);
-        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.weight", e);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.weight", first + e);
         n = ck_put_(out, n, nm, t[SLOT_FCPROJ_W].offset + (size_t)e * C * H,
                     C, H);
-        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.bias", e);
+        snprintf(nm, sizeof nm, "moe.experts.%d.c_proj.bias", first + e);
         n = ck_put_(out, n, nm, t[SLOT_FCPROJ_B].offset + (size_t)e * C, C,
                     0);
     }

@@ -191,6 +191,7 @@ void spec_defaults(run_spec *s)
                                .moe_aux_coef = 0.01f, .moe_z_coef = 0.001f };
     s->nodes.world_size = 1;
     s->nodes.pseudo_world_size = 0;
+    s->nodes.expert_parallel = 1;
     s->nodes.timeout = 30;
     s->pseudo.share_groups = 1;
     s->pseudo.steps = 0;
@@ -766,6 +767,63 @@ gpt_optim spec_gpt_optim(const run_spec *s)
                        s->optimizer.master == MASTER_BF16, s->train.seed};
 }
 
+/* nodes.expert_parallel: P divides the world, at most E, MoE blocks to
+ * split; P > 1 only where the engine builds it (one expert-parallel
+ * group of world_size ranks on the CPU backend), the rest refused by
+ * name. */
+static int ep_check_(const run_spec *s, char *err, size_t errlen)
+{
+    int P = s->nodes.expert_parallel, W = s->nodes.world_size;
+    int E = s->model.moe_experts;
+    if (P == 1)
+        return 0;
+    if (E == 0) {
+        seterr_(err, errlen, "nodes.expert_parallel: %d, but the model has "
+                "no MoE blocks (model.moe.num_experts is 0); remove it", P);
+        return -1;
+    }
+    if (P > E) {
+        seterr_(err, errlen, "nodes.expert_parallel: at most "
+                "model.moe.num_experts (%d), got %d: every rank holds at "
+                "least one expert of each MoE slot", E, P);
+        return -1;
+    }
+    if (W % P != 0) {
+        seterr_(err, errlen, "nodes.expert_parallel: %d must divide "
+                "nodes.world_size (%d): the ranks form world_size/P groups "
+                "of P", P, W);
+        return -1;
+    }
+    const char *why =
+        s->device.backend == BACKEND_CUDA
+            ? "on device.backend \"cuda\" (the all-to-all runs on host "
+              "memory over gloo; use device.backend \"cpu\")"
+        : s->device.memory_budget > 0
+            ? "with offloading (device.memory_budget > 0: an offloaded slot "
+              "holds every expert; set it to 0)"
+        : s->optimizer.shard
+            ? "with optimizer.shard (its ranges cover every expert; set it "
+              "to false)"
+        : s->optimizer.name == OPTIMIZER_ADAFACTOR
+            ? "with optimizer.name \"adafactor\" (use \"adamw\")"
+        : s->optimizer.master == MASTER_BF16
+            ? "with optimizer.master \"bf16\" (its stochastic rounding is "
+              "keyed by the whole slot's offsets; use \"fp32\")"
+        : s->nodes.pseudo_world_size > 0 && s->nodes.pseudo_world_size != W
+            ? "with a smaller pseudo world (nodes.pseudo_world_size; remove "
+              "it)"
+        : s->train.eval_batches % W != 0
+            ? "with train.eval_batches not a multiple of nodes.world_size "
+              "(every rank runs every all-to-all: each must evaluate as "
+              "many batches)"
+            : NULL;
+    if (!why)
+        return 0;
+    seterr_(err, errlen, "nodes.expert_parallel %d %s is not supported yet",
+            P, why);
+    return -1;
+}
+
 /* nodes.*: the worlds must split the global batch evenly, the pseudo
  * world is at most the real one and needs a pseudo phase, and what the
  * data-parallel step does not do yet is refused by name. */
@@ -852,7 +910,7 @@ static int cross_check_(const run_spec *s, char *err, size_t errlen)
     }
     if (moe_check_(s, err, errlen) != 0)
         return -1;
-    if (nodes_check_(s, err, errlen) != 0)
+    if (nodes_check_(s, err, errlen) != 0 || ep_check_(s, err, errlen) != 0)
         return -1;
     if (optimizer_check_(s, err, errlen) != 0)
         return -1;

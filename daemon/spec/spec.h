@@ -114,6 +114,8 @@ typedef struct {
     struct {
         int world_size;        /* data-parallel ranks of the real phase */
         int pseudo_world_size; /* ... of the pseudo phase; 0: world_size */
+        int expert_parallel;   /* P: ranks each MoE slot's experts are
+                                * split over (model_expert_range); 1: none */
         int timeout;           /* seconds a collective may wait */
     } nodes;
 } run_spec;

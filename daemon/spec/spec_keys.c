@@ -272,6 +272,17 @@ const key_ spec_keys_[] = {
         "Data-parallel ranks of the pseudo phase, at most `world_size` (the "
         "shared model needs less memory); the others join at the delink. "
         "0: `world_size`."),
+    INT("nodes", "expert_parallel", nodes.expert_parallel, 1, 65536,
+        "P: ranks each MoE slot's experts are split over (expert "
+        "parallelism: a rank holds about E/P experts of each MoE slot, "
+        "tokens reach them by all-to-all; dense and router weights are "
+        "replicated). Must divide `world_size` and be at most "
+        "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
+        "without offloading, `optimizer.shard`, Adafactor or bf16 masters, "
+        "and no smaller pseudo world (`world_size` / P replicas of each "
+        "expert-parallel group); m6d does not "
+        "run it yet (its runner does not gather the experts for "
+        "checkpoints)."),
     INT("nodes", "timeout", nodes.timeout, 1, 86400,
         "Seconds a collective (or the rendezvous) may wait for a peer "
         "before the run is paused."),

@@ -110,6 +110,10 @@ static int written_(const run_spec *s, const key_ *k)
     /* offload.stream_grads only when set: older specs keep their hash */
     if (k->off == OFF(offload.stream_grads))
         return s->offload.stream_grads != 0;
+    /* nodes.expert_parallel only when set: specs without expert
+     * parallelism keep their hash */
+    if (k->off == OFF(nodes.expert_parallel))
+        return s->nodes.expert_parallel != 1;
     if (k->section && strcmp(k->section, "nodes") == 0) {
         /* nodes only when not all defaults: a one-node spec's hash is
          * what it was before data parallelism */

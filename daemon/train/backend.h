@@ -192,6 +192,11 @@ typedef struct {
      * all-gathers. 0, or -1. */
     int (*shard_counts)(void *ctx, int world, backend_buf which,
                         size_t *counts);
+    /* Expert parallelism: the model's MoE blocks run through ext from now
+     * on (model/gpt.h gpt_moe_ext; NULL: here again); the model must have
+     * been made with the local experts (setup model.moe_ep_*). NULL
+     * member: the backend cannot (cuda). */
+    void (*set_moe_ext)(void *ctx, const gpt_moe_ext *ext);
 } backend_iface;
 
 typedef struct {

@@ -436,6 +436,11 @@ static int cpu_shard_counts_(void *ctx, int world, backend_buf b,
                             counts);
 }
 
+static void cpu_set_moe_ext_(void *ctx, const gpt_moe_ext *ext)
+{
+    ((cpu_ctx_ *)ctx)->model.moe_ext = ext;
+}
+
 static const backend_iface cpu_iface_ = {
     /* .name           = */ "cpu",
     /* .free           = */ cpu_free_,
@@ -466,6 +471,7 @@ static const backend_iface cpu_iface_ = {
     /* .shard          = */ cpu_shard_,
     /* .flat           = */ cpu_flat_,
     /* .shard_counts   = */ cpu_shard_counts_,
+    /* .set_moe_ext    = */ cpu_set_moe_ext_,
 };
 
 /* ------------------------------------------------------------- create */

@@ -99,14 +99,16 @@ static void kind_floats_(const trainer *t, size_t sz[2])
     gpt_tensor tab[SLOT_NTENSORS_MAX];
     sz[0] = sz[1] = t->slot_size;
     for (int k = 0; k < 2; k++)
-        if (k == 0 || t->spec.model.moe_experts > 0)
-            gpt_slot_layout(&t->spec.model, k, tab, &sz[k]);
+        if (k == 0 || t->bmodel.moe_experts > 0)
+            gpt_slot_layout(&t->bmodel, k, tab, &sz[k]);
 }
 
 /* The virtual gradient vector all-reduced each step:
  *     [loss | globals | slot 0 | ... | slot S-1]
  * region 0 the step's loss sum (1 float), region 1 the globals' gradient
- * (n_global), region 2+s slot s's (its kind's size), cut into buckets of
+ * (n_global), region 2+s slot s's (its kind's size; under expert
+ * parallelism an MoE slot's without its local experts,
+ * trainer_ep_hole_), cut into buckets of
  * bucket_floats from its start. dp_layout_ sets the regions' starts for
  * the current slots (once per step: a delink changes them); 0, or -1 out
  * of memory. Then its length, the region holding element x, and the
@@ -124,14 +126,16 @@ int gradsync_layout_(trainer *t)
     }
     t->dp_start = st;
     t->dp_nstart = n;
-    size_t sz[2];
+    size_t sz[2], h0;
     kind_floats_(t, sz);
     st[0] = 0;
     st[1] = 1;
     st[2] = 1 + t->n_global;
     for (int s = 0; s < S; s++)
-        st[3 + s] = st[2 + s] + sz[kind[s]];
-    free(kind);
+        st[3 + s] = st[2 + s] + sz[kind[s]] - trainer_ep_hole_(t, kind[s],
+                                                               &h0);
+    free(t->dp_kind);
+    t->dp_kind = kind;
     return 0;
 }
 
@@ -155,6 +159,24 @@ static size_t dp_region_start_(const trainer *t, int r)
 
 /* Copy elements [start, start+len) of the virtual vector into buf (out 1)
  * or back from it (out 0); loss is region 0. */
+/* k floats between buf and a region reg from its virtual offset off
+ * (out 1: into buf), skipping the region's hole [h0, h0 + hl) */
+static void region_copy_(float *reg, size_t off, float *buf, size_t k,
+                         size_t h0, size_t hl, int out)
+{
+    while (k > 0) {
+        size_t mem = off < h0 || !hl ? off : off + hl;
+        size_t n = off < h0 && hl && h0 - off < k ? h0 - off : k;
+        if (out)
+            memcpy(buf, reg + mem, n * sizeof(float));
+        else
+            memcpy(reg + mem, buf, n * sizeof(float));
+        off += n;
+        buf += n;
+        k -= n;
+    }
+}
+
 static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
                        float *loss, int out)
 {
@@ -165,12 +187,11 @@ static void grad_span_(trainer *t, size_t start, size_t len, float *buf,
         size_t rlen = t->dp_start[r + 1] - t->dp_start[r];
         float *reg = r == 0 ? loss : be->grad_region(t->be.ctx, r - 2);
         if (start < base + rlen) {
-            size_t off = start - base;
+            size_t off = start - base, h0 = 0, hl = 0;
             size_t k = rlen - off < end - start ? rlen - off : end - start;
-            if (out)
-                memcpy(buf, reg + off, k * sizeof(float));
-            else
-                memcpy(reg + off, buf, k * sizeof(float));
+            if (r >= 2)
+                hl = trainer_ep_hole_(t, t->dp_kind[r - 2], &h0);
+            region_copy_(reg, off, buf, k, h0, hl, out);
             buf += k;
             start += k;
         }
@@ -609,6 +630,14 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
         t->local = NULL;
         t->leaders = NULL;
     }
+    /* expert parallelism: the model re-laid to this rank's experts on
+     * the first group; a later group takes over the all-to-alls; without
+     * one the trainer cannot step (it holds only its experts) */
+    if (t->ep)
+        trainer_ep_regroup_(t, W > 1 ? c : NULL);
+    else if (W > 1 && trainer_ep_start_(t, c, err) != 0)
+        return -1;
+    be = t->be.iface;  /* a new backend under expert parallelism */
     if (be->dp_device)
         be->dp_device(t->be.ctx, W > 1 && t->gcoll);
     t->coll = c;
@@ -628,7 +657,8 @@ void trainer_set_eval_interrupt(trainer *t, int (*fn)(void *ud), void *ud)
 
 void trainer_set_dp_overlap(trainer *t, int on)
 {
-    t->dp_overlap = on != 0;
+    /* expert parallelism: the backward's all-to-alls use the group */
+    t->dp_overlap = on != 0 && !t->ep;
     dp_backend_(t);
 }
 
@@ -806,6 +836,16 @@ int trainer_gather_optim(trainer *t, m6_err *err)
 
 int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
 {
+    if (t->ep && t->world > 1) {  /* optimizer.shard is refused with it */
+        float v = t->rank == 0 && want_whole ? 1.0f : 0.0f;
+        if (m6_coll_allreduce_sum(t->coll, &v, 1, err) != 0)
+            return TRAINER_ECOLL;
+        if (v == 0)
+            return 0;
+        if (trainer_ep_gather_root_(t, err) != 0)
+            return TRAINER_ECOLL;
+        return t->rank == 0 ? 1 : 0;
+    }
     if (!t->spec.optimizer.shard || t->world <= 1)
         return 0;
     float v = t->rank == 0 && want_whole ? 1.0f : 0.0f;
@@ -848,6 +888,13 @@ int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
     int L = t->spec.model.n_layer, rc = -1;
     if (!c) {
         m6_err_set(err, M6_EINVALID, "broadcast of the state: no group");
+        return -1;
+    }
+    if (t->ep) {
+        m6_err_set(err, M6_EINVALID, "broadcast of the state: each rank "
+                   "holds other experts (nodes.expert_parallel %d); "
+                   "broadcast before trainer_set_collectives",
+                   t->spec.nodes.expert_parallel);
         return -1;
     }
     if (m6_coll_device_buffers(c)) {

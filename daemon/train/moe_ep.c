@@ -257,6 +257,11 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
     return 0;
 }
 
+const int32_t *moe_ep_counts(const moe_ep *m)
+{
+    return m->counts;
+}
+
 void moe_ep_free(moe_ep *m)
 {
     if (!m)

@@ -76,6 +76,10 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
                     const float *x, const float *wg, const float *w1,
                     const float *w2, float daux, float dz, m6_err *err);
 
+/* The tokens of this rank each expert took in the last forward (E, after
+ * capacity: moe_route's counts), for the router's figures. */
+const int32_t *moe_ep_counts(const moe_ep *m);
+
 void moe_ep_free(moe_ep *m);
 
 #endif /* M6_TRAIN_MOE_EP_H */

@@ -244,6 +244,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     /* later plans (re-slotting) follow the start's decision on auto */
     bs.plan_in.host_limit = t->planned && !t->plan.speculative ? 0
                                                                : host_limit;
+    t->bsetup = bs;
+    t->bmodel = *mc;
     int rc;
     if (spec->optimizer.name == OPTIMIZER_ADAFACTOR &&
         spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
@@ -332,6 +334,8 @@ void trainer_free(trainer *t)
         return;
     if (t->be.iface)
         t->be.iface->free(t->be.ctx);
+    trainer_ep_free_(t->ep);
+    free(t->dp_kind);
     token_set_close(&t->train);
     token_set_close(&t->val);
     offload_plan_free(&t->plan);
@@ -662,6 +666,11 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
     double t0 = clock_mono_s();
 
     memset(res, 0, sizeof *res);
+    /* rank 0 of an expert-parallel group after a save: its experts only
+     * again */
+    if (trainer_ep_local_again_(t, err) != 0)
+        return TRAINER_ECOLL;
+    be = t->be.iface;
     res->nonfinite_rank = res->outlier_rank = -1;
     res->phase = t->phase;
     float lr = lr_at_(t, t->step);
@@ -720,6 +729,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
                                        t->B_rank, loss_scale);
         if (!be->step_loss)
             loss_sum += mb_loss;
+        if (trainer_ep_check_(t, err) != 0)
+            return TRAINER_ECOLL;
     }
     float loss = NAN;
     if (t->world > 1) {
@@ -731,11 +742,16 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
                         : gradsync_allreduce_host_(t, &loss_sum, err)) != 0)
             return TRAINER_ECOLL;
         loss = (float)(loss_sum / ((double)t->accum_rank * t->world));
+        if (trainer_ep_reduce_experts_(t, err) != 0)
+            return TRAINER_ECOLL;
     }
     attribute_(t, res);
     if (moe_facts_(t, &res->moe, err) != 0)
         return TRAINER_ECOLL;
     float norm = be->grad_norm(t->be.ctx);
+    /* expert parallelism: each rank's experts counted once */
+    if (t->ep && trainer_ep_norm_(t, &norm, err) != 0)
+        return TRAINER_ECOLL;
     if (t->world == 1) {
         /* after grad_norm, which waits for the device: a backend that
          * queues its microbatches has their losses by then */

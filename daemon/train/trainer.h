@@ -320,8 +320,26 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * With optimizer.shard and more than one rank, the optimizer state is then
  * sharded over c (each rank keeps its part; trainer_gather_optim makes it
  * whole again); refused while it is sharded over an earlier group. Load
- * checkpoints before this call (trainer_load refuses a sharded trainer). */
+ * checkpoints before this call (trainer_load refuses a sharded trainer).
+ * With nodes.expert_parallel P > 1 the group must have P ranks: the model
+ * is then re-laid to this rank's experts (model_local_experts), its MoE
+ * blocks run over c by all-to-all (train/moe_ep.h), overlap is off, and
+ * trainer_load and trainer_broadcast_state are refused; c NULL after it
+ * leaves a trainer that fails every step (it cannot train alone). */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
+
+/* Expert parallelism with replicas (nodes.world_size W = D x P, D > 1),
+ * given before trainer_set_collectives' group of W: this rank's
+ * expert-parallel group ep (the P world ranks d*P .. d*P+P-1 with
+ * d = rank / P; its rank there rank % P), over which tokens travel, and
+ * edp, the D world ranks q, q+P, ... holding the same experts (q = rank %
+ * P; its rank there rank / P), over which the experts' gradients are
+ * summed (the dense ones over all W). trainer_set_collectives checks
+ * their sizes and ranks. The trainer does not own them; they must
+ * outlive it or the next groups given. 0, or -1 with err (M6_EINVALID:
+ * not two host groups). */
+int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                              m6_err *err);
 
 /* Sum the gradients over dev, a device-memory group (nccl) of the same
  * ranks as the host group given to trainer_set_collectives next, in place
@@ -413,7 +431,9 @@ const offload_plan *trainer_plan(const trainer *t);
 /* Checkpoint into dir (must not exist): model.safetensors,
  * optimizer.safetensors, meta.json (with "world_size" when the trainer is
  * one of several data-parallel ranks: replicated state, written by one
- * rank, loadable at any world size). Written to dir.tmp-<pid>, every file
+ * rank, loadable at any world size). A rank of an expert-parallel group
+ * holds only its experts: refused (M6_EINVALID) unless it is rank 0 after
+ * trainer_sync_boundary gathered them. Written to dir.tmp-<pid>, every file
  * fsynced, renamed to dir, parent fsynced. Returns bytes written, or -1
  * with err naming the file and the cause. */
 long trainer_save(trainer *t, const char *dir, m6_err *err);
@@ -437,7 +457,13 @@ int trainer_gather_optim(trainer *t, m6_err *err);
  * (one all-to-all per buffer) and keeps its shard, so the state is whole
  * on rank 0 alone (it may save it, delink, or leave the group; no other
  * rank's memory grows) and the next trainer_step shards rank 0 again.
- * Without optimizer.shard, or alone: no collective, returns 0. 1 the
+ * Expert parallelism (nodes.expert_parallel) the same way: when rank 0
+ * wants it, every rank sends rank 0 its experts (one all-to-all per
+ * expert tensor, slot and buffer), so rank 0's model is whole (it may
+ * save it: the checkpoint is the one-rank model's, and resumes at any
+ * P) until its next trainer_step, which keeps its own experts again.
+ * Without optimizer.shard or expert parallelism, or alone: no
+ * collective, returns 0. 1 the
  * state is whole on this rank now (rank 0, gathered), 0 not,
  * TRAINER_ECOLL with err (a rank failed: the group is lost, and the state
  * is still sharded; never save it). */

@@ -241,6 +241,7 @@ static uint64_t ckpt_hash_(const run_spec *spec)
     run_spec s = *spec;
     s.device.backend = BACKEND_CPU;
     s.optimizer.shard = 0;  /* changes no float: saved whole */
+    s.nodes.expert_parallel = 1;  /* the same: every expert saved */
     return spec_hash(&s);
 }
 
@@ -361,6 +362,13 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
         m6_err_set(err, M6_EINVALID, "%s: the optimizer state is sharded "
                    "over %d ranks (optimizer.shard); every rank calls "
                    "trainer_gather_optim before one saves", dir, t->world);
+        return -1;
+    }
+    if (!trainer_ep_whole_(t)) {
+        m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
+                   "rank holds only its experts; every rank calls "
+                   "trainer_sync_boundary (rank 0 wanting the state whole) "
+                   "before rank 0 saves", dir, t->spec.nodes.expert_parallel);
         return -1;
     }
     if (stat(dir, &st) == 0) {
@@ -484,6 +492,13 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
 {
     char path[PATH_MAX];
     json_error_t je;
+    if (t->ep) {
+        m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
+                   "rank holds only its experts; load before "
+                   "trainer_set_collectives", dir,
+                   t->spec.nodes.expert_parallel);
+        return -1;
+    }
     snprintf(path, sizeof path, "%s/meta.json", dir);
     json_t *m = json_load_file(path, 0, &je);
     if (!m) {
@@ -732,8 +747,8 @@ size_t trainer_copy_state(trainer *t, int which, float *dst)
         return 0;
     size_t ks[2], ng = t->n_global;
     gpt_tensor tab[SLOT_NTENSORS_MAX];
-    gpt_slot_layout(&t->spec.model, 0, tab, &ks[0]);
-    gpt_slot_layout(&t->spec.model, 1, tab, &ks[1]);
+    gpt_slot_layout(&t->bmodel, 0, tab, &ks[0]);
+    gpt_slot_layout(&t->bmodel, 1, tab, &ks[1]);
     if (t->spec.optimizer.name == OPTIMIZER_ADAFACTOR && which != 0) {
         /* Adafactor: m as AdamW's, or none; v in the af layout */
         if (which == 1 && !spec_has_first_moment(&t->spec)) {

@@ -20,9 +20,21 @@
 #include "train/test_hooks.h"
 #include "train/trainer.h"
 
+typedef struct trainer_ep trainer_ep;
+
 struct trainer {
     run_spec spec;
     backend be;            /* the model: weights, gradients, optimizer */
+    backend_setup bsetup;  /* what be was made from (create_) */
+    model_config bmodel;   /* the model be holds: spec.model, with
+                            * moe_ep_* set under expert parallelism (its
+                            * slots then hold this rank's experts only) */
+    trainer_ep *ep;        /* expert parallelism (trainer_ep.c); NULL:
+                            * none */
+    m6_coll *ep_given[2];  /* trainer_set_expert_groups: the expert-
+                            * parallel group and the experts' replicas;
+                            * NULL: none given (not owned) */
+    unsigned char *dp_kind;  /* [S] each slot's kind (gradsync_layout_) */
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
     size_t n_global, slot_size;
@@ -178,5 +190,47 @@ int gradsync_allgather_params_(trainer *t, m6_err *err);
 /* The MoE router sums of all ranks' microbatches: *st this rank's on
  * entry, the group's on return, exactly (rank order). 0, or -1 with err. */
 int gradsync_moe_gather_(trainer *t, gpt_moe_stats *st, m6_err *err);
+
+/* ---- trainer_ep.c (nodes.expert_parallel P > 1) */
+
+/* With the group c of P = world ranks: the model re-laid to this rank's
+ * experts (a new backend of t->bmodel, the old state's values copied),
+ * its MoE blocks run over c (train/moe_ep.h), no overlap. Nothing when
+ * the spec has no expert parallelism or it is on already. 0, or -1 with
+ * err (the old model kept). */
+int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err);
+void trainer_ep_free_(trainer_ep *e);
+/* The all-to-alls over c from now on (a new group of the same ranks); c
+ * NULL: the group is gone, and every later step fails saying so (this
+ * rank holds only its experts: it cannot train alone). */
+void trainer_ep_regroup_(trainer *t, m6_coll *c);
+/* At a save's step boundary (trainer_sync_boundary; every rank, after
+ * agreeing): every rank's experts sent to rank 0, whose model then holds
+ * every expert (a new backend of spec.model; the others keep theirs)
+ * until its next step (trainer_ep_local_again_). 0, or -1 with err. */
+int trainer_ep_gather_root_(trainer *t, m6_err *err);
+/* Rank 0 after a gather: back to its own experts (no collective).
+ * Nothing otherwise. 0, or -1 with err. */
+int trainer_ep_local_again_(trainer *t, m6_err *err);
+/* 1 when the model holds every expert (no expert parallelism, or rank 0
+ * gathered): it may be saved. */
+int trainer_ep_whole_(const trainer *t);
+/* -1 with the all-to-all's err when one failed since the last call (the
+ * group is then broken), else 0. */
+int trainer_ep_check_(trainer *t, m6_err *err);
+/* Replicas (world = D x P): each MoE slot's local experts' gradient
+ * summed over the D ranks holding the same experts, after the step's
+ * all-reduce and before the norm. Nothing without replicas. 0, or -1
+ * with err. */
+int trainer_ep_reduce_experts_(trainer *t, m6_err *err);
+/* The floats of a slot of kind moe that the gradient all-reduce skips
+ * (this rank's experts, summed by the all-to-all already) and their start
+ * *h0 in the slot; 0 without expert parallelism or for a dense slot. */
+size_t trainer_ep_hole_(const trainer *t, int moe, size_t *h0);
+/* The step's global gradient norm, every parameter once: the dense and
+ * router squares of this rank (the same on every rank after the
+ * all-reduce) plus every rank's expert squares (one all-reduce of 2W
+ * floats, exact). After the backend's grad_norm. 0, or -1 with err. */
+int trainer_ep_norm_(trainer *t, float *norm, m6_err *err);
 
 #endif /* M6_TRAIN_TRAINER_INTERNAL_H */

@@ -109,6 +109,16 @@ grep -q "nodes.world_size 2 needs a coordinator, and this m6d is not one" "$T/er
     || fail "world_size 2 on a plain m6d: $(cat "$T/err")"
 [ "$(ctl --json list | wc -l)" = "$NRUNS" ] || fail "a refused multi-node run was queued"
 
+# nodes.expert_parallel > 1: trained through the trainer's API only; m6d
+# refuses it at submit by name (before needing a coordinator), nothing
+# queued
+M6_TEST_MODEL='{"vocab_size": 256, "n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 32, "moe": {"num_experts": 4}}' \
+    write_spec "$T/ep.json" ep 100 10 '"nodes": {"world_size": 2, "expert_parallel": 2}'
+expect_rc 1 ctl submit "$T/ep.json"
+grep -q "nodes.expert_parallel 2 is not run by m6d yet" "$T/err" \
+    || fail "expert_parallel 2 on m6d: $(cat "$T/err")"
+[ "$(ctl --json list | wc -l)" = "$NRUNS" ] || fail "a refused expert-parallel run was queued"
+
 : >"$T/empty.json"
 expect_rc 1 ctl submit "$T/empty.json"
 grep -q "$T/empty.json: empty, want a JSON run spec" "$T/err" || fail "empty spec file: $(cat "$T/err")"

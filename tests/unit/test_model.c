@@ -18,6 +18,7 @@
 
 #include "kernels.h"
 #include "model/gpt.h"
+#include "model/facts.h"
 #include "ckpt/checkpoint.h"
 #include "train/data.h"
 #include "train/trainer.h"
@@ -339,6 +340,63 @@ static void test_moe_layout(void **state)
     assert_int_equal(g.slot[SLOT_GATE_B].numel, E);
     assert_int_equal(gpt_slot_ntensors(&c), SLOT_NTENSORS_MAX);
     gpt_free(&g);
+}
+
+/* Expert parallelism (cfg.moe_ep_size P): a rank's MoE slot holds its
+ * experts only (model_expert_range: E = 4 over P = 3 is 1, 1, 2), named
+ * by their global index, with the whole model's initial values bit for
+ * bit; everything else is the whole model's. The slot is shorter by the
+ * other experts' floats, counted by hand. */
+static void test_moe_expert_parallel_layout(void **state)
+{
+    (void)state;
+    model_config c = moe_cfg_();
+    gpt_model all, g;
+    assert_int_equal(gpt_create(&all, &c, 2, 2), 0);
+    gpt_init_weights(&all, 7);
+    const size_t C = 16, H = 12, E = 4, per = 2 * H * C + H + C;
+    int na = gpt_slot_ckpt_tensors(&c, 1, NULL);
+    gpt_ckpt_tensor *ta = calloc((size_t)na, sizeof *ta);
+    gpt_slot_ckpt_tensors(&c, 1, ta);
+    for (int q = 0; q < 3; q++) {
+        model_config cq = c;
+        cq.moe_ep_size = 3;
+        cq.moe_ep_rank = q;
+        int first, El = model_expert_range((int)E, 3, q, &first);
+        assert_int_equal(model_local_experts(&cq, &first), El);
+        assert_int_equal(gpt_create(&g, &cq, 2, 2), 0);
+        gpt_init_weights(&g, 7);
+        size_t unpadded = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
+                          + (size_t)El * per + E * C + E;
+        assert_int_equal(g.slot_size, (unpadded + 15) / 16 * 16);
+        assert_memory_equal(g.params, all.params, g.n_global * sizeof(float));
+        int n = gpt_slot_ckpt_tensors(&cq, 1, NULL);
+        assert_int_equal(n, 8 + 2 * 2 + 4 * El);
+        gpt_ckpt_tensor *t = calloc((size_t)n, sizeof *t);
+        gpt_slot_ckpt_tensors(&cq, 1, t);
+        char want[48];
+        snprintf(want, sizeof want, "moe.experts.%d.c_fc.weight", first);
+        int seen_first = 0;
+        for (int i = 0; i < n; i++) {
+            int j = 0;
+            while (j < na && strcmp(ta[j].name, t[i].name) != 0)
+                j++;
+            if (j == na)
+                fail_msg("rank %d: tensor %s not in the whole model", q,
+                         t[i].name);
+            seen_first |= strcmp(t[i].name, want) == 0;
+            size_t len = (size_t)t[i].rows * (t[i].cols ? t[i].cols : 1);
+            for (int s = 0; s < 2; s++)
+                assert_memory_equal(g.slots[s].params + t[i].offset,
+                                    all.slots[s].params + ta[j].offset,
+                                    len * sizeof(float));
+        }
+        assert_true(seen_first);
+        free(t);
+        gpt_free(&g);
+    }
+    free(ta);
+    gpt_free(&all);
 }
 
 /* MoE: the delink keeps the loss on the same batch bitwise, routing
@@ -836,6 +894,7 @@ int main(void)
         cmocka_unit_test(test_bf16_checkpoint_resume_bitwise),
         cmocka_unit_test(test_resumable_without_data),
         cmocka_unit_test(test_moe_layout),
+    cmocka_unit_test(test_moe_expert_parallel_layout),
         cmocka_unit_test(test_moe_stats_accumulate),
         cmocka_unit_test(test_moe_delink_preserves_function),
         cmocka_unit_test(test_moe_aux_in_gradient),

@@ -480,6 +480,81 @@ static void test_optimizer_shard(void **state)
     assert_contains(err, "optimizer.shard");
 }
 
+/* nodes.expert_parallel: 1 by default and then absent from the canonical
+ * JSON (older specs keep their hash); P written, hashed, parsed; each
+ * rule and each layout the engine does not build refused by name. */
+static void test_expert_parallel(void **state)
+{
+    (void)state;
+    run_spec s, d;
+    char err[512], j[768];
+    const char *moe = "\"model\":{\"moe\":{\"num_experts\":4,"
+                      "\"prototypes\":2}}";
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},%s,"
+             "\"train\":{\"grad_accum\":2},\"nodes\":{\"world_size\":2}}",
+             moe);
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(d.nodes.expert_parallel, 1);
+    char *w = spec_to_json(&d);
+    assert_null(strstr(w, "expert_parallel"));
+    free(w);
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},%s,"
+             "\"train\":{\"grad_accum\":2},\"nodes\":{\"world_size\":2,"
+             "\"expert_parallel\":2}}", moe);
+    if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(s.nodes.expert_parallel, 2);
+    w = spec_to_json(&s);
+    assert_non_null(strstr(w, "\"expert_parallel\": 2"));
+    free(w);
+    roundtrip(&s);
+    assert_true(spec_hash(&s) != spec_hash(&d));
+    /* replicas: world 4 as 2 groups of 2 */
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},%s,"
+             "\"train\":{\"grad_accum\":4},\"nodes\":{\"world_size\":4,"
+             "\"expert_parallel\":2}}", moe);
+    if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
+    static const struct { const char *model, *train, *nodes, *extra, *want;
+    } bad[] = {
+        {"", "", "\"world_size\":2,\"expert_parallel\":2", "",
+         "no MoE blocks"},
+        {"\"moe\":{\"num_experts\":2}", "", "\"world_size\":4,"
+         "\"expert_parallel\":4", "", "at most model.moe.num_experts (2)"},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":4", "", "must divide nodes.world_size (2)"},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":2", ",\"device\":{\"backend\":\"cuda\"}",
+         "device.backend \"cuda\""},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":2", ",\"device\":{\"memory_budget\":100000000}",
+         "with offloading"},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":2", ",\"optimizer\":{\"shard\":true}",
+         "optimizer.shard"},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":2", ",\"optimizer\":{\"name\":\"adafactor\"}",
+         "adafactor"},
+        {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
+         "\"expert_parallel\":2", ",\"optimizer\":{\"master\":\"bf16\"}",
+         "optimizer.master \"bf16\""},
+        {"\"moe\":{\"num_experts\":4}", ",\"steps\":20",
+         "\"world_size\":2,\"pseudo_world_size\":1,\"expert_parallel\":2",
+         ",\"pseudo\":{\"steps\":5}", "nodes.pseudo_world_size"},
+        {"\"moe\":{\"num_experts\":4}", ",\"eval_batches\":3",
+         "\"world_size\":2,\"expert_parallel\":2", "",
+         "train.eval_batches"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+                 "\"model\":{%s},\"train\":{\"grad_accum\":4%s},"
+                 "\"nodes\":{%s}%s}", bad[i].model, bad[i].train,
+                 bad[i].nodes, bad[i].extra);
+        if (parse(&d, j, err, sizeof err) != -1)
+            fail_msg("accepted: %s", j);
+        assert_contains(err, "nodes.expert_parallel");
+        assert_contains(err, bad[i].want);
+    }
+}
+
 /* offload.speculative: auto by default and then absent from the canonical
  * JSON (the hash of older specs stands); on/off written, hashed, parsed;
  * a wrong value named. */
@@ -995,6 +1070,7 @@ TEST_MAIN(
     cmocka_unit_test(test_delink_policy),
     cmocka_unit_test(test_nodes),
     cmocka_unit_test(test_optimizer_shard),
+    cmocka_unit_test(test_expert_parallel),
     cmocka_unit_test(test_offload_speculative),
     cmocka_unit_test(test_float_roundtrip),
     cmocka_unit_test(test_full_spec),

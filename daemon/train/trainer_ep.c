@@ -1,0 +1,531 @@
+/*
+ * trainer_ep.c — expert parallelism in the trainer (nodes.expert_parallel
+ * P > 1 on the cpu backend; world_size = D x P, D replicas of an
+ * expert-parallel group): the model re-laid to this rank's experts when
+ * the group is given, its MoE blocks run by train/moe_ep.c over the
+ * expert-parallel group, the part of each MoE slot's gradient that the
+ * all-reduce must skip (the local experts: each rank's are other experts,
+ * already summed over its group's tokens by the all-to-all, then over the
+ * replicas), the global gradient norm that counts every expert once, and
+ * the gather of the experts to rank 0 for a save.
+ */
+#include "train/trainer_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/facts.h"
+#include "train/moe_ep.h"
+
+/* one MoE layer's expert-parallel layer, made for N tokens a rank at one
+ * capacity (training and evaluation differ: remade when they change) */
+typedef struct {
+    moe_ep *m;
+    int N, capacity;
+} ep_layer_;
+
+struct trainer_ep {
+    m6_coll *g;              /* the expert-parallel group of P ranks: the
+                              * trainer's own when world = P; not owned */
+    m6_coll *edp;            /* the D ranks holding the same experts
+                              * (world = D x P, D > 1); NULL: none */
+    int P, rank;             /* this rank's experts: model_expert_range */
+    int whole;               /* 1: the model holds every expert now (rank
+                              * 0 after trainer_ep_gather_root_) until its
+                              * next step */
+    int L;
+    ep_layer_ *layers;       /* [L]; unused for dense layers */
+    int failed;              /* a collective failed: err says which */
+    m6_err err;
+    gpt_moe_ext ext;
+};
+
+/* slot s's tensor idx through the compute view, weights or gradients */
+static float *view_(const gpt_model *g, float *const *v, int s, int idx)
+{
+    return v[s] + g->kind[g->slot_moe[s]][idx].offset;
+}
+
+/* layer l's moe_ep for microbatches of B sequences at the pass's
+ * capacity (g->moe_capacity); NULL with e->err when it cannot be made */
+static moe_ep *layer_(trainer_ep *e, gpt_model *g, int l, int B)
+{
+    ep_layer_ *ly = &e->layers[l];
+    int N = B * g->T;
+    if (ly->m && ly->N == N && ly->capacity == g->moe_capacity)
+        return ly->m;
+    moe_ep_free(ly->m);
+    const model_config *c = &g->cfg;
+    moe_dims d = {.N = N, .C = c->n_embd, .E = c->moe_experts,
+                  .k = c->moe_prototypes, .H = model_moe_hidden(c),
+                  .capacity = g->moe_capacity};
+    ly->m = moe_ep_create(&d, e->g, &e->err);
+    ly->N = N;
+    ly->capacity = g->moe_capacity;
+    return ly->m;
+}
+
+static void ep_forward_(void *ctx, gpt_model *g, int l, int s, const float *x,
+                        float *out, int B)
+{
+    trainer_ep *e = ctx;
+    size_t n = (size_t)B * g->T * g->cfg.n_embd;
+    moe_ep *m = e->failed ? NULL : layer_(e, g, l, B);
+    float aux = 0, z = 0;
+    int dropped = 0;
+    if (!m || moe_ep_forward(m, out, &aux, &z, &dropped, x,
+                             view_(g, g->w, s, SLOT_GATE_W),
+                             view_(g, g->w, s, SLOT_GATE_B),
+                             view_(g, g->w, s, SLOT_FC_W),
+                             view_(g, g->w, s, SLOT_FC_B),
+                             view_(g, g->w, s, SLOT_FCPROJ_W),
+                             view_(g, g->w, s, SLOT_FCPROJ_B),
+                             &e->err) != 0) {
+        /* the group is broken (every later collective fails at once):
+         * the step fails when the microbatch returns */
+        e->failed = 1;
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    const model_config *c = &g->cfg;
+    gpt_moe_stats_add(&g->moe_stats, aux, z, 1, dropped,
+                      (long)B * g->T * c->moe_prototypes, moe_ep_counts(m),
+                      c->moe_experts);
+}
+
+static void ep_backward_(void *ctx, gpt_model *g, int l, int s,
+                         const float *x, int B, float daux, float dz)
+{
+    trainer_ep *e = ctx;
+    moe_ep *m = e->layers[l].m;
+    if (e->failed || !m)
+        return;
+    if (moe_ep_backward(m, g->a.dln, view_(g, g->dw, s, SLOT_GATE_W),
+                        view_(g, g->dw, s, SLOT_GATE_B),
+                        view_(g, g->dw, s, SLOT_FC_W),
+                        view_(g, g->dw, s, SLOT_FC_B),
+                        view_(g, g->dw, s, SLOT_FCPROJ_W),
+                        view_(g, g->dw, s, SLOT_FCPROJ_B), g->a.dres, x,
+                        view_(g, g->w, s, SLOT_GATE_W),
+                        view_(g, g->w, s, SLOT_FC_W),
+                        view_(g, g->w, s, SLOT_FCPROJ_W), daux, dz,
+                        &e->err) != 0)
+        e->failed = 1;
+}
+
+void trainer_ep_free_(trainer_ep *e)
+{
+    if (!e)
+        return;
+    for (int l = 0; l < e->L; l++)
+        moe_ep_free(e->layers[l].m);
+    free(e->layers);
+    m6_err_free(&e->err);
+    free(e);
+}
+
+void trainer_ep_regroup_(trainer *t, m6_coll *c)
+{
+    trainer_ep *e = t->ep;
+    m6_coll *g = c && t->ep_given[0] ? t->ep_given[0]
+                 : c && m6_coll_world_size(c) == e->P ? c : NULL;
+    if (g == e->g && (!g || t->ep_given[1] == e->edp))
+        return;
+    for (int l = 0; l < e->L; l++) {
+        moe_ep_free(e->layers[l].m);
+        e->layers[l].m = NULL;
+    }
+    e->g = g;
+    e->edp = g ? t->ep_given[1] : NULL;
+    if (!g && !e->failed) {
+        e->failed = 1;
+        m6_err_set(&e->err, M6_EINVALID, "nodes.expert_parallel %d: the "
+                   "group is gone and this rank holds only its experts; it "
+                   "cannot train alone", t->spec.nodes.expert_parallel);
+    }
+}
+
+/* ------------------------------------------------------------- layout */
+
+size_t trainer_ep_hole_(const trainer *t, int moe, size_t *h0)
+{
+    *h0 = 0;
+    if (!t->ep || !moe)
+        return 0;
+    gpt_tensor tab[SLOT_NTENSORS_MAX];
+    size_t size;
+    gpt_slot_layout(&t->bmodel, 1, tab, &size);
+    *h0 = tab[SLOT_FC_W].offset;
+    return tab[SLOT_GATE_W].offset - tab[SLOT_FC_W].offset;
+}
+
+/* Copy buffer b of every region of the old model (whole) into the new
+ * one (this rank's experts). */
+static void copy_local_(trainer *t, const backend *from, const backend *to,
+                        backend_buf b, const unsigned char *kind)
+{
+    float *src = from->iface->state_region(from->ctx, b, -1);
+    float *dst = to->iface->state_region(to->ctx, b, -1);
+    if (!src || !dst)
+        return;  /* no such buffer (refused optimizers) */
+    memcpy(dst, src, t->n_global * sizeof(float));
+    int first, E = t->spec.model.moe_experts;
+    model_local_experts(&t->bmodel, &first);
+    for (int s = 0; s < n_slots_(t); s++) {
+        gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
+        size_t sa, sl;
+        gpt_slot_layout(&t->spec.model, kind[s], all, &sa);
+        gpt_slot_layout(&t->bmodel, kind[s], loc, &sl);
+        src = from->iface->state_region(from->ctx, b, s);
+        dst = to->iface->state_region(to->ctx, b, s);
+        int nt = kind[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+        for (int i = 0; i < nt; i++) {
+            int expert = kind[s] && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+            size_t e0 = expert ? all[i].numel / (size_t)E * (size_t)first : 0;
+            memcpy(dst + loc[i].offset, src + all[i].offset + e0,
+                   loc[i].numel * sizeof(float));
+        }
+    }
+}
+
+/* A backend of model m (the spec's model, m's moe_ep_* set or not) in
+ * t's current phase and slots, into *nb. 0, or -1 with err. */
+static int backend_of_(trainer *t, const model_config *m, backend *nb,
+                       m6_err *err)
+{
+    backend_setup bs = t->bsetup;
+    bs.model = *m;
+    gpt_layout_sizes(&bs.model, &bs.n_global, &bs.slot_size);
+    bs.n_slots = n_slots_(t);
+    bs.pseudo = t->phase == PHASE_PSEUDO;
+    char e1[1024];
+    if (backend_cpu_create(nb, &bs, e1, sizeof e1) != 0) {
+        m6_err_set(err, M6_EINTERNAL, "expert parallelism: %s", e1);
+        return -1;
+    }
+    return 0;
+}
+
+/* t's backend, holding every expert, replaced by one holding this rank's
+ * (e->rank of e->P), its values copied; the MoE blocks then run over the
+ * group. 0, or -1 with err (the old backend kept). */
+static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
+{
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    model_config lc = t->spec.model;
+    lc.moe_ep_size = e->P;
+    lc.moe_ep_rank = e->rank;
+    backend nb;
+    if (backend_of_(t, &lc, &nb, err) != 0) {
+        free(kind);
+        return -1;
+    }
+    model_config whole = t->bmodel;
+    t->bmodel = lc;  /* copy_local_ reads the local layout from it */
+    long *steps = calloc((size_t)n_slots_(t) + 1, sizeof(long));
+    int rc = steps && t->be.iface->state_begin(t->be.ctx, 0) == 0 ? 0 : -1;
+    if (rc == 0 && nb.iface->state_begin(nb.ctx, 1) == 0) {
+        for (int b = BACKEND_PARAMS; b <= BACKEND_V; b++)
+            copy_local_(t, &t->be, &nb, (backend_buf)b, kind);
+        nb.iface->state_end(nb.ctx, 1);
+        t->be.iface->get_adam_steps(t->be.ctx, steps);
+        nb.iface->set_adam_steps(nb.ctx, steps);
+    } else {
+        rc = -1;
+    }
+    if (steps)
+        t->be.iface->state_end(t->be.ctx, 0);
+    free(steps);
+    free(kind);
+    if (rc != 0) {
+        t->bmodel = whole;
+        nb.iface->free(nb.ctx);
+        m6_err_set(err, M6_EINTERNAL, "expert parallelism: cannot copy the "
+                   "model's state to this rank's experts");
+        return -1;
+    }
+    t->be.iface->free(t->be.ctx);
+    t->be = nb;
+    t->be.iface->set_moe_ext(t->be.ctx, &e->ext);
+    e->whole = 0;
+    return 0;
+}
+
+int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
+{
+    int P = t->spec.nodes.expert_parallel, W = m6_coll_world_size(c);
+    if (t->ep || P <= 1)
+        return 0;
+    if (W % P != 0 || !t->be.iface->set_moe_ext ||
+        m6_coll_device_buffers(c)) {
+        m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d: needs a "
+                   "host group of a multiple of %d ranks and the cpu "
+                   "backend (got %d ranks on %s, the %s backend)", P, P, W,
+                   m6_coll_backend(c), t->be.iface->name);
+        return -1;
+    }
+    /* replicas: this rank's two sub-groups, given first */
+    int r = m6_coll_rank(c), D = W / P;
+    m6_coll *g = W == P ? c : t->ep_given[0], *edp = t->ep_given[1];
+    if (W > P && (!g || !edp || m6_coll_world_size(g) != P ||
+                  m6_coll_rank(g) != r % P || m6_coll_world_size(edp) != D ||
+                  m6_coll_rank(edp) != r / P)) {
+        m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d over %d "
+                   "ranks: rank %d needs its expert-parallel group (rank %d "
+                   "of %d) and the group of the ranks holding its experts "
+                   "(rank %d of %d) first (trainer_set_expert_groups)", P, W,
+                   r, r % P, P, r / P, D);
+        return -1;
+    }
+    trainer_ep *e = calloc(1, sizeof *e);
+    int L = t->spec.model.n_layer;
+    if (e)
+        e->layers = calloc((size_t)L, sizeof *e->layers);
+    if (!e || !e->layers) {
+        trainer_ep_free_(e);
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    e->g = g;
+    e->edp = W > P ? edp : NULL;
+    e->P = P;
+    e->rank = m6_coll_rank(g);
+    e->L = L;
+    e->ext = (gpt_moe_ext){e, ep_forward_, ep_backward_};
+    if (to_local_(t, e, err) != 0) {
+        trainer_ep_free_(e);
+        return -1;
+    }
+    t->ep = e;
+    /* the backward's all-to-alls use the group: no all-reduce beside it */
+    t->dp_overlap = 0;
+    return 0;
+}
+
+int trainer_ep_local_again_(trainer *t, m6_err *err)
+{
+    if (!t->ep || !t->ep->whole)
+        return 0;
+    return to_local_(t, t->ep, err);
+}
+
+int trainer_ep_whole_(const trainer *t)
+{
+    return !t->ep || t->ep->whole;
+}
+
+int trainer_ep_gather_root_(trainer *t, m6_err *err)
+{
+    trainer_ep *e = t->ep;
+    /* rank 0's expert-parallel group, world ranks 0..P-1, gathers; the
+     * replicas' ranks hold copies of the same experts */
+    if (t->rank >= e->P)
+        return 0;
+    int W = e->P, me = e->rank, rc = 0;
+    if (trainer_ep_local_again_(t, err) != 0)  /* a second save in a row */
+        return -1;
+    int E = t->spec.model.moe_experts;
+    unsigned char *kind = trainer_slot_kinds_(t);
+    size_t *sb = calloc((size_t)W, sizeof *sb);
+    size_t *rb = calloc((size_t)W, sizeof *rb);
+    long *steps = calloc((size_t)n_slots_(t) + 1, sizeof(long));
+    if (!kind || !sb || !rb || !steps) {
+        free(kind);
+        free(sb);
+        free(rb);
+        free(steps);
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    backend nb = {0};
+    if (me == 0 && backend_of_(t, &t->spec.model, &nb, err) != 0)
+        rc = -1;
+    /* every rank enters every all-to-all, rank 0's failure or not: tell
+     * the others first */
+    float f = rc != 0;
+    m6_err e2 = M6_ERR_NONE;
+    if (m6_coll_allreduce_sum(e->g, &f, 1, rc ? &e2 : err) != 0) {
+        rc = -1;
+    } else if (f > 0) {
+        if (rc == 0)
+            m6_err_set(err, M6_EINTERNAL, "expert parallelism: rank 0 "
+                       "cannot hold the whole model for a save");
+        rc = -1;
+    }
+    m6_err_free(&e2);
+    int begun = rc == 0 && t->be.iface->state_begin(t->be.ctx, 0) == 0;
+    if (!begun)
+        rc = -1;  /* (the cpu backend's never fails) */
+    if (rc == 0 && me == 0)
+        nb.iface->state_begin(nb.ctx, 1);
+    for (int b = BACKEND_PARAMS; b <= BACKEND_V && rc == 0; b++) {
+        float *src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, -1);
+        if (!src)
+            continue;  /* the same on every rank */
+        float *dst = me == 0 ? nb.iface->state_region(nb.ctx,
+                                                      (backend_buf)b, -1)
+                             : NULL;
+        if (dst)
+            memcpy(dst, src, t->n_global * sizeof(float));
+        for (int s = 0; s < n_slots_(t) && rc == 0; s++) {
+            gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
+            size_t sa, sl;
+            gpt_slot_layout(&t->spec.model, kind[s], all, &sa);
+            gpt_slot_layout(&t->bmodel, kind[s], loc, &sl);
+            src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, s);
+            dst = me == 0 ? nb.iface->state_region(nb.ctx, (backend_buf)b, s)
+                          : NULL;
+            int nt = kind[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+            for (int i = 0; i < nt && rc == 0; i++) {
+                int expert = kind[s] && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+                if (!expert) {
+                    if (dst)
+                        memcpy(dst + all[i].offset, src + loc[i].offset,
+                               loc[i].numel * sizeof(float));
+                    continue;
+                }
+                /* rank q's experts to rank 0, where they follow each
+                 * other in rank order (model_expert_range is contiguous) */
+                size_t per = all[i].numel / (size_t)E * sizeof(float);
+                memset(sb, 0, (size_t)W * sizeof *sb);
+                memset(rb, 0, (size_t)W * sizeof *rb);
+                sb[0] = loc[i].numel * sizeof(float);
+                if (me == 0)
+                    for (int q = 0; q < W; q++) {
+                        int f0;
+                        rb[q] = (size_t)model_expert_range(E, W, q, &f0) *
+                                per;
+                    }
+                rc = m6_coll_alltoallv(e->g, src + loc[i].offset, sb,
+                                       dst ? dst + all[i].offset : NULL, rb,
+                                       err);
+            }
+        }
+    }
+    if (begun)
+        t->be.iface->state_end(t->be.ctx, 0);
+    t->be.iface->get_adam_steps(t->be.ctx, steps);
+    free(kind);
+    free(sb);
+    free(rb);
+    if (me != 0 || rc != 0) {
+        if (me == 0 && nb.iface)
+            nb.iface->free(nb.ctx);
+        free(steps);
+        return rc;
+    }
+    nb.iface->state_end(nb.ctx, 1);
+    nb.iface->set_adam_steps(nb.ctx, steps);
+    free(steps);
+    t->be.iface->free(t->be.ctx);
+    t->be = nb;
+    t->bmodel = t->spec.model;
+    e->whole = 1;
+    return 0;
+}
+
+int trainer_ep_check_(trainer *t, m6_err *err)
+{
+    if (!t->ep || !t->ep->failed)
+        return 0;
+    m6_err_free(err);
+    *err = t->ep->err;
+    t->ep->err = M6_ERR_NONE;
+    if (!m6_err_msg(err)[0])
+        m6_err_set(err, M6_EINTERNAL, "expert parallelism: an all-to-all "
+                   "failed");
+    return -1;
+}
+
+/* ------------------------------------------------------------- norm */
+
+int trainer_ep_norm_(trainer *t, float *norm, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    double dense = 0, experts = 0;
+    const float *gr = be->grad_region(t->be.ctx, -1);
+    for (size_t i = 0; i < t->n_global; i++)
+        dense += (double)gr[i] * gr[i];
+    for (int s = 0; s < n_slots_(t); s++) {
+        gpt_tensor tab[SLOT_NTENSORS_MAX];
+        size_t size, h0, hl = trainer_ep_hole_(t, kind[s], &h0);
+        gpt_slot_layout(&t->bmodel, kind[s], tab, &size);
+        gr = be->grad_region(t->be.ctx, s);
+        for (size_t i = 0; i < size; i++) {
+            double v = (double)gr[i] * gr[i];
+            if (i >= h0 && i < h0 + hl)
+                experts += v;
+            else
+                dense += v;
+        }
+    }
+    free(kind);
+    /* every rank's expert squares over the expert-parallel group (each
+     * replica's the same), exactly (its own pair of columns: hi and lo),
+     * added in rank order */
+    int W = t->ep->P, me = t->ep->rank;
+    float *v = calloc(2 * (size_t)W, sizeof(float));
+    if (!v) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    v[2 * me] = (float)experts;
+    v[2 * me + 1] = (float)(experts - (double)v[2 * me]);
+    if (m6_coll_allreduce_sum(t->ep->g, v, 2 * (size_t)W, err) != 0) {
+        free(v);
+        return -1;
+    }
+    double sum = dense;
+    for (int r = 0; r < W; r++)
+        sum += (double)v[2 * r] + (double)v[2 * r + 1];
+    free(v);
+    *norm = (float)sqrt(sum);
+    return 0;
+}
+
+/* ------------------------------------------------------------- replicas */
+
+int trainer_ep_reduce_experts_(trainer *t, m6_err *err)
+{
+    if (!t->ep || !t->ep->edp)
+        return 0;
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!kind) {
+        m6_err_set(err, M6_EINTERNAL, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    for (int s = n_slots_(t); s-- > 0 && rc == 0;) {
+        size_t h0, hl = trainer_ep_hole_(t, kind[s], &h0);
+        if (hl)
+            rc = m6_coll_allreduce_sum(t->ep->edp,
+                                       t->be.iface->grad_region(t->be.ctx, s)
+                                           + h0, hl, err);
+    }
+    free(kind);
+    return rc;
+}
+
+int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                              m6_err *err)
+{
+    if (!ep || !edp || m6_coll_device_buffers(ep) ||
+        m6_coll_device_buffers(edp)) {
+        m6_err_set(err, M6_EINVALID, "expert groups: two host groups "
+                   "(gloo) wanted");
+        return -1;
+    }
+    t->ep_given[0] = ep;
+    t->ep_given[1] = edp;
+    return 0;
+}

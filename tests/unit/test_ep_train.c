@@ -1,0 +1,362 @@
+/*
+ * test_ep_train.c — expert parallelism in the trainer (nodes.expert_parallel)
+ * against the one-rank run, on real text (fortunes shards), without the
+ * daemon: each rank is a process of this binary over Gloo on loopback
+ * (rank_procs.h).
+ *
+ *   same run   a 2-layer MoE model (E = 4 experts in k = 2 prototypes,
+ *              capacity factor 1.25, balancing and z losses on), 12
+ *              steps with a delink after 4, grad_clip 0.05 (it fires
+ *              every step, so the global norm must count every expert
+ *              once), at W = P = 2 and W = P = 4 against one rank with the
+ *              same global batch (grad_accum 4: each rank takes whole
+ *              microbatches, so the routing, capacity and router losses of
+ *              each microbatch are the one-rank run's): train and
+ *              validation losses, gradient norms, aux and z losses
+ *   memory     each rank's floats of weights and of AdamW's moments
+ *              against the one-rank model's: the dense part the same, the
+ *              experts El/E of them (P = 2: half; P = 4: a quarter)
+ *   checkpoint at P = 2, after step 8, every rank at the boundary
+ *              (trainer_sync_boundary) and rank 0 saving the whole model
+ *              (every rank's experts gathered); the ranks train on (rank 0
+ *              with its own experts again) with the one-rank run's losses,
+ *              and the checkpoint, resumed by one rank of a spec without
+ *              expert parallelism, gives steps 9..12 of the one-rank run
+ *   replicas   W = 4 as 2 replicas of P = 2 (trainer_set_expert_groups:
+ *              the experts' gradients summed over the 2 ranks holding
+ *              them), the same comparisons, a save at step 8 too
+ *   refused    a save of a rank that holds its experts only, a load into
+ *              one, and replicas without their sub-groups, by name
+ *
+ * Tolerance. Expert parallelism changes only the order of float
+ * additions: the dense and router gradients are the ranks' sums added
+ * by the all-reduce, where one rank accumulates its microbatches in
+ * turn; an expert's weight gradient is one GEMM over the rows of every
+ * sender where one rank runs one per microbatch; the norm's squares are
+ * summed per rank, then added. Each is ~1e-7 relative per element; over
+ * 12 steps of AdamW the losses and norms drift by ~1e-6 relative
+ * (test_dp measures at most 2e-6 for the same reorderings of a dense
+ * model). TOL, 1e-4 relative, leaves a factor of 50 for that and still
+ * catches any real error: a gradient counted twice or missing (an expert
+ * all-reduced, or one rank's tokens not sent) moves the norm by tens of
+ * percent, and a wrong routing moves the losses at the first step.
+ *
+ * Exit 77 without Gloo or without the fortunes text.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/config.h"
+#include "model/facts.h"
+#include "spec/spec.h"
+#include "train/trainer.h"
+#include "../common/rank_procs.h"
+
+#define TOL 1e-4
+#define MAX_STEPS 16
+enum { E_ = 4, C_ = 32, H_ = 128, L_ = 2 };
+
+/* ------------------------------------------------------------ a rank */
+
+/* rank SPEC OUT WORLD RANK STORE: train the spec to its end (delinking
+ * after pseudo.steps); OUT gets "floats W M" (this rank's weights and
+ * moments) and one line per step: step, loss, val, norm, aux, z. */
+static int rank_main_(char **argv)
+{
+    const char *spec_path = argv[2], *out_path = argv[3];
+    int world = atoi(argv[4]), rank = atoi(argv[5]);
+    const char *store_dir = argv[6], *mode = argv[7];
+    run_spec spec;
+    char e[1024];
+    m6_err err = M6_ERR_NONE;
+    trainer *t = rank_procs_trainer(spec_path, rank, &spec);
+    if (!t)
+        return 1;
+    m6_store st;
+    file_store fs;
+    m6_coll *c = NULL;
+    if (strncmp(mode, "resume:", 7) == 0 &&
+        trainer_load(t, mode + 7, &err) != 0) {
+        fprintf(stderr, "rank %d: resume: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    int P = spec.nodes.expert_parallel, D = world / P;
+    m6_store sts[2];
+    file_store fss[2];
+    m6_coll *sub[2] = {NULL, NULL};
+    if (world > 1) {
+        if (!(c = rank_procs_group(store_dir, "g0", rank, world,
+                                   spec.nodes.timeout * 1000, &st, &fs)))
+            return 1;
+        if (D > 1 && strcmp(mode, "nogroups") == 0) {
+            /* replicas without their sub-groups: refused by name */
+            int rc = trainer_set_collectives(t, c, &err);
+            int ok = rc != 0 &&
+                     strstr(m6_err_msg(&err), "trainer_set_expert_groups");
+            if (!ok)
+                fprintf(stderr, "rank %d: no sub-groups, not refused by "
+                        "name: %s\n", rank, m6_err_msg(&err));
+            trainer_free(t);
+            m6_coll_destroy(c);
+            m6_err_free(&err);
+            return ok ? 0 : 1;
+        }
+        if (D > 1) {
+            /* replicas: the expert-parallel group of ranks d*P.., and
+             * the ranks q, q+P, ... holding the same experts */
+            char pe[32], pd[32];
+            snprintf(pe, sizeof pe, "ep%d", rank / P);
+            snprintf(pd, sizeof pd, "edp%d", rank % P);
+            if (!(sub[0] = rank_procs_group(store_dir, pe, rank % P, P,
+                                            spec.nodes.timeout * 1000,
+                                            &sts[0], &fss[0])) ||
+                !(sub[1] = rank_procs_group(store_dir, pd, rank / P, D,
+                                            spec.nodes.timeout * 1000,
+                                            &sts[1], &fss[1])) ||
+                trainer_set_expert_groups(t, sub[0], sub[1], &err) != 0) {
+                fprintf(stderr, "rank %d: groups: %s\n", rank,
+                        m6_err_msg(&err));
+                return 1;
+            }
+        }
+        if (trainer_set_collectives(t, c, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+    }
+    FILE *out = fopen(out_path, "w");
+    if (!out)
+        return 1;
+    int bad = 0;
+    if (world > 1 && strcmp(mode, "save") == 0) {
+        /* a checkpoint of one rank's experts would lose the others' */
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s.ckpt", out_path);
+        if (trainer_save(t, dir, &err) >= 0 ||
+            !strstr(m6_err_msg(&err), "nodes.expert_parallel")) {
+            fprintf(stderr, "rank %d: save not refused by name: %s\n", rank,
+                    m6_err_msg(&err));
+            bad = 1;
+        }
+        m6_err_free(&err);
+        if (trainer_load(t, dir, &err) == 0 ||
+            !strstr(m6_err_msg(&err), "nodes.expert_parallel")) {
+            fprintf(stderr, "rank %d: load not refused by name: %s\n", rank,
+                    m6_err_msg(&err));
+            bad = 1;
+        }
+        m6_err_free(&err);
+    }
+    while (!bad && trainer_step_count(t) < spec.train.steps) {
+        if (trainer_phase(t) == PHASE_PSEUDO &&
+            trainer_step_count(t) == spec.pseudo.steps &&
+            trainer_delink(t, e, sizeof e) != 0) {
+            fprintf(stderr, "rank %d: delink: %s\n", rank, e);
+            bad = 1;
+            break;
+        }
+        step_result r;
+        if (trainer_step(t, &r, &err) != 0) {
+            fprintf(stderr, "rank %d: step %ld: %s\n", rank,
+                    trainer_step_count(t) + 1, m6_err_msg(&err));
+            bad = 1;
+            break;
+        }
+        fprintf(out, "%ld %a %a %a %a %a\n", r.step, (double)r.train_loss,
+                (double)r.val_loss, (double)r.grad_norm, r.moe.aux_loss,
+                r.moe.z_loss);
+        if (strcmp(mode, "save") == 0 && r.step == 8) {
+            /* every rank at the boundary; rank 0 gets the whole model
+             * (every rank's experts), saves it, and trains on with its
+             * own experts again */
+            int rc = trainer_sync_boundary(t, rank == 0, &err);
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s.ckpt", out_path);
+            if (rc != (rank == 0) ||
+                (rank == 0 && trainer_save(t, dir, &err) < 0)) {
+                fprintf(stderr, "rank %d: save at step 8 (boundary %d): "
+                        "%s\n", rank, rc, m6_err_msg(&err));
+                bad = 1;
+            }
+        }
+    }
+    /* after the delink: one slot a layer */
+    fprintf(out, "floats %zu %zu\n", trainer_copy_state(t, 0, NULL),
+            trainer_copy_state(t, 1, NULL));
+    fclose(out);
+    trainer_free(t);
+    m6_coll_destroy(c);
+    m6_coll_destroy(sub[0]);
+    m6_coll_destroy(sub[1]);
+    m6_err_free(&err);
+    return bad;
+}
+
+/* ------------------------------------------------------------ results */
+
+typedef struct {
+    size_t nw, nm;  /* floats of weights, of m */
+    int n;          /* steps 1..n have a line */
+    double v[MAX_STEPS][5];  /* [step - 1]: loss, val, norm, aux, z */
+} result;
+
+static int load_(const char *tag, int r, result *res)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s-%d.out", rank_dir_, tag, r);
+    memset(res, 0, sizeof *res);
+    FILE *f = fopen(path, "r");
+    long step;
+    double v[5];
+    while (f && fscanf(f, "%ld %la %la %la %la %la\n", &step, &v[0], &v[1],
+                       &v[2], &v[3], &v[4]) == 6 && step >= 1 &&
+           step <= MAX_STEPS) {
+        memcpy(res->v[step - 1], v, sizeof v);
+        res->n = (int)step;
+    }
+    if (!f || fscanf(f, "floats %zu %zu\n", &res->nw, &res->nm) != 2) {
+        if (f)
+            fclose(f);
+        CHECK(0, "%s: no result", path);
+        return -1;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* world ranks, P of them an expert-parallel group (1: none) */
+static void write_spec_(const char *tag, int world, int P)
+{
+    FILE *f = rank_procs_spec(tag, "ep");  /* one name: the hash */
+    if (!f)
+        return;
+    fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": %d, "
+            "\"n_embd\": %d, \"n_head\": 2, \"seq_len\": 32, \"moe\": "
+            "{\"num_experts\": %d, \"prototypes\": 2, \"aux_loss_coef\": "
+            "0.05, \"z_loss_coef\": 0.01}},\n"
+            " \"pseudo\": {\"steps\": 4},\n"
+            " \"train\": {\"steps\": 12, \"batch_size\": 2, \"grad_accum\": "
+            "4, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2, "
+            "\"grad_clip\": 0.05, \"seed\": 5, \"eval_every\": 3, "
+            "\"eval_batches\": 4},\n"
+            " \"device\": {\"threads\": 1}", L_, C_, E_);
+    if (world > 1)
+        fprintf(f, ",\n \"nodes\": {\"world_size\": %d, "
+                "\"expert_parallel\": %d}", world, P);
+    fprintf(f, "}\n");
+    fclose(f);
+}
+
+static double rel_(double a, double b)
+{
+    if (isnan(a) && isnan(b))
+        return 0;
+    return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12);
+}
+
+/* steps from..n of tag's rank r against ref; the worst relative
+ * difference */
+static double steps_close_(const char *tag, int r, const result *res,
+                           const result *ref, int from)
+{
+    const char *what[5] = {"loss", "val loss", "grad norm", "aux", "z"};
+    CHECK(res->n == ref->n, "%s rank %d: %d steps, the one-rank run %d", tag,
+          r, res->n, ref->n);
+    double worst = 0;
+    for (int i = from - 1; i < res->n && i < ref->n; i++)
+        for (int k = 0; k < 5; k++) {
+            double d = rel_(res->v[i][k], ref->v[i][k]);
+            worst = d > worst ? d : worst;
+            CHECK(d <= TOL, "%s rank %d step %d: %s %.9g, one rank %.9g "
+                  "(%.2g relative, over %g)", tag, r, i + 1, what[k],
+                  res->v[i][k], ref->v[i][k], d, TOL);
+        }
+    return worst;
+}
+
+static void compare_(const char *tag, int world, int P, const result *ref)
+{
+    /* the experts' floats of one slot of the whole model (weights, biases) */
+    size_t per_expert = (size_t)2 * H_ * C_ + H_ + C_;
+    for (int r = 0; r < world; r++) {
+        result res;
+        if (load_(tag, r, &res) != 0)
+            continue;
+        double worst = steps_close_(tag, r, &res, ref, 1);
+        /* memory: the rank's model after the delink has L MoE slots;
+         * it lacks the experts of the other ranks, nothing else (each
+         * slot padded to 16 floats: at most 15 floats a slot apart) */
+        int first, El = model_expert_range(E_, P, r % P, &first);
+        double lack = (double)(E_ - El) * per_expert * L_;
+        double all = (double)E_ * per_expert * L_;
+        double mine_w = (double)ref->nw - (double)res.nw;
+        double mine_m = (double)ref->nm - (double)res.nm;
+        CHECK(fabs(mine_w - lack) <= 16.0 * L_ && fabs(mine_m - lack) <=
+              16.0 * L_, "%s rank %d: %zu floats of weights and %zu of m, "
+              "the one-rank model %zu and %zu: %.0f and %.0f fewer, not the "
+              "%.0f floats of %d experts", tag, r, res.nw, res.nm, ref->nw,
+              ref->nm, mine_w, mine_m, lack, E_ - El);
+        double ratio = (all - mine_w) / all;
+        printf("%s rank %d: losses, norms, aux and z within %.2g of one "
+               "rank's; experts %d..%d: %zu floats of weights (one rank "
+               "%zu), expert bytes %.3f of one rank's\n", tag, r, worst,
+               first, first + El - 1, res.nw, ref->nw, ratio);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 8 && strcmp(argv[1], "rank") == 0)
+        return rank_main_(argv);
+    int setup = rank_procs_setup("ep-train");
+    if (setup != 0)
+        return setup;
+    write_spec_("one", 1, 1);
+    write_spec_("ep2", 2, 2);
+    write_spec_("ep4", 4, 4);
+    write_spec_("ep2x2", 4, 2);  /* two replicas of a group of 2 */
+    write_spec_("dp2", 2, 1);  /* ep2's checkpoint taken up at P = 1 */
+    const char *plain[1] = {"plain"}, *save[1] = {"save"};
+    rank_procs_run("one", "one", 1, plain, 1, 240, -1);
+    result ref;
+    if (load_("one", 0, &ref) == 0) {
+        CHECK(ref.n == 12, "one rank: %d steps of 12", ref.n);
+        /* the clip fires every step, and the router losses count */
+        for (int i = 0; i < ref.n; i++)
+            CHECK(ref.v[i][2] > 0.05 && ref.v[i][3] > 0 && ref.v[i][4] > 0,
+                  "one rank step %d: norm %g (clip 0.05), aux %g, z %g",
+                  i + 1, ref.v[i][2], ref.v[i][3], ref.v[i][4]);
+        static const struct { const char *tag; int world, P; } runs[] = {
+            {"ep2", 2, 2}, {"ep4", 4, 4}, {"ep2x2", 4, 2}};
+        for (int i = 0; i < 3; i++)
+            if (rank_procs_run(runs[i].tag, runs[i].tag, runs[i].world,
+                               runs[i].P == 2 ? save : plain, 1, 240, -1) == 0)
+                compare_(runs[i].tag, runs[i].world, runs[i].P, &ref);
+        const char *nogroups[1] = {"nogroups"};
+        rank_procs_run("nogroups", "ep2x2", 4, nogroups, 1, 120, -1);
+        /* ep2's checkpoint of step 8, written whole by rank 0, resumed by
+         * one rank of a spec without expert parallelism: steps 9..12 are
+         * the one-rank run's */
+        char resume[600];
+        snprintf(resume, sizeof resume, "resume:%s/ep2-0.out.ckpt",
+                 rank_dir_);
+        const char *rs[1] = {resume};
+        result res;
+        if (rank_procs_run("resumed", "dp2", 1, rs, 1, 240, -1) == 0 &&
+            load_("resumed", 0, &res) == 0)
+            printf("ep2's checkpoint resumed at P = 1: steps 9..12 within "
+                   "%.2g of one rank's\n",
+                   steps_close_("resumed", 0, &res, &ref, 9));
+        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumed: it ran steps "
+              "other than 9..12");
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);
+    if (failures_ == 0 && system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", rank_dir_);
+    printf("%s\n", failures_ ? "FAILED" : "ok");
+    return failures_ ? 1 : 0;
+}
