@@ -604,6 +604,7 @@ static const backend_iface cuda_iface_ = {
     /* .shard          = */ NULL,  /* the whole state on the device */
     /* .flat           = */ NULL,
     /* .shard_counts   = */ NULL,
+    /* .set_moe_ext    = */ NULL,  /* expert parallelism: cpu only */
 };
 
 /* ------------------------------------------------------------- create */
