@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bench_args.h"
+#include "bench_ranks.h"
 #include "common/clock.h"
 #include "dist/collectives.h"
 #include "dist/local.h"
@@ -193,20 +194,11 @@ int main(int argc, char **argv)
                 "at least\n", argv[0]);
         return 2;
     }
-    if (!m6_coll_available("gloo")) {
-        printf("SKIP: m6 was built without Gloo\n");
-        return 77;
-    }
     char dir[] = "/tmp/m6-bench-hier-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
     int pfd[2];
-    if (pipe(pfd) != 0) {
-        perror("pipe");
-        return 1;
-    }
+    int rc0 = bench_ranks_begin(dir, pfd);
+    if (rc0 != 0)
+        return rc0;
     pid_t pids[16];
     for (int k = 0; k < N; k++)
         if ((pids[k] = fork()) == 0) {
