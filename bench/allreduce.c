@@ -132,18 +132,10 @@ int main(int argc, char **argv)
             peak_bus = bus;
     }
     fclose(in);
-    int bad = 0;
-    for (int r = 0; r < R; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        bad |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", dir);
-    if (bad || last_mib == 0) {
-        fprintf(stderr, "a rank failed\n");
+    if (bench_ranks_end(pids, R, dir) != 0)
+        return 1;
+    if (last_mib == 0) {
+        fprintf(stderr, "no figures came back from the ranks\n");
         return 1;
     }
     printf("backend=gloo ranks=%d max_mib=%d algbw_gbps=%.3f busbw_gbps=%.3f "

@@ -222,18 +222,10 @@ int main(int argc, char **argv)
         last_h = h;
     }
     fclose(in);
-    int bad = 0;
-    for (int k = 0; k < N; k++) {
-        int status;
-        waitpid(pids[k], &status, 0);
-        bad |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", dir);
-    if (bad || last_mib == 0) {
-        fprintf(stderr, "a rank failed\n");
+    if (bench_ranks_end(pids, N, dir) != 0)
+        return 1;
+    if (last_mib == 0) {
+        fprintf(stderr, "no figures came back from the ranks\n");
         return 1;
     }
     printf("bench=allreduce_hier nodes=%d local=%d mib=%d flat_ms=%.3f "

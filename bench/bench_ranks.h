@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dist/collectives.h"
@@ -32,6 +33,25 @@ static inline int bench_ranks_begin(char *dir, int pfd[2])
         return 1;
     }
     return 0;
+}
+
+/* Wait for the n forked ranks (pids) and remove dir. 0 when every rank
+ * exited 0, else 1 ("a rank failed" printed). */
+static inline int bench_ranks_end(const pid_t *pids, int n, const char *dir)
+{
+    int bad = 0;
+    for (int k = 0; k < n; k++) {
+        int status;
+        waitpid(pids[k], &status, 0);
+        bad |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    if (bad)
+        fprintf(stderr, "a rank failed\n");
+    return bad;
 }
 
 #endif /* M6_BENCH_RANKS_H */
