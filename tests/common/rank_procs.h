@@ -81,6 +81,24 @@ static inline int rank_procs_setup(const char *name)
     return 0;
 }
 
+/* What a test binary's main returns while it is the parent. */
+#define RANK_PROCS_PARENT (-1)
+
+/* A test binary's entry. Called as "SELF rank ..." with rank_argc
+ * arguments, it is one rank: returns rank_main's exit code. Otherwise it is
+ * the parent: the setup (rank_procs_setup when with_data, else
+ * rank_procs_setup_dir) runs, and RANK_PROCS_PARENT comes back when it
+ * succeeded, else its 77 or 1 for main to return. */
+static inline int rank_procs_enter(int argc, char **argv, int rank_argc,
+                                   int (*rank_main)(int, char **),
+                                   const char *name, int with_data)
+{
+    if (argc == rank_argc && strcmp(argv[1], "rank") == 0)
+        return rank_main(argc, argv);
+    int rc = with_data ? rank_procs_setup(name) : rank_procs_setup_dir(name);
+    return rc != 0 ? rc : RANK_PROCS_PARENT;
+}
+
 /* One life of `world` ranks (world <= RANK_PROCS_MAX) of the spec
  * rank_dir_/SPEC_TAG.json, each writing rank_dir_/TAG-R.out, over a fresh
  * store rank_dir_/store-TAG (removed after), with extra[0..n_extra) after

@@ -664,11 +664,9 @@ static void compare_moe_(const char *tag, const char *ref_tag)
 
 int main(int argc, char **argv)
 {
-    if (argc == 9 && strcmp(argv[1], "rank") == 0)
-        return rank_main_(argc, argv);
-    int setup = rank_procs_setup("dp");
-    if (setup != 0)
-        return setup;
+    int rc = rank_procs_enter(argc, argv, 9, rank_main_, "dp", 1);
+    if (rc != RANK_PROCS_PARENT)
+        return rc;
     /* same losses, coverage: 3 pseudo + 3 real steps, B 6 */
     write_spec_("one", 6, 1, 6, 3, "");
     write_spec_("w2", 6, 1, 6, 3, "\"nodes\": {\"world_size\": 2}");

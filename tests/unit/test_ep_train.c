@@ -64,8 +64,9 @@ enum { E_ = 4, C_ = 32, H_ = 128, L_ = 2 };
 /* rank SPEC OUT WORLD RANK STORE: train the spec to its end (delinking
  * after pseudo.steps); OUT gets "floats W M" (this rank's weights and
  * moments) and one line per step: step, loss, val, norm, aux, z. */
-static int rank_main_(char **argv)
+static int rank_main_(int argc, char **argv)
 {
+    (void)argc;
     const char *spec_path = argv[2], *out_path = argv[3];
     int world = atoi(argv[4]), rank = atoi(argv[5]);
     const char *store_dir = argv[6], *mode = argv[7];
@@ -309,11 +310,9 @@ static void compare_(const char *tag, int world, int P, const result *ref)
 
 int main(int argc, char **argv)
 {
-    if (argc == 8 && strcmp(argv[1], "rank") == 0)
-        return rank_main_(argv);
-    int setup = rank_procs_setup("ep-train");
-    if (setup != 0)
-        return setup;
+    int rc = rank_procs_enter(argc, argv, 8, rank_main_, "ep-train", 1);
+    if (rc != RANK_PROCS_PARENT)
+        return rc;
     write_spec_("one", 1, 1);
     write_spec_("ep2", 2, 2);
     write_spec_("ep4", 4, 4);

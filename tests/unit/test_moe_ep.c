@@ -89,8 +89,9 @@ static int close_(const char *what, int rank, const float *a, const float *b,
     return 0;
 }
 
-static int rank_main_(char **argv)
+static int rank_main_(int argc, char **argv)
 {
+    (void)argc;
     int world = atoi(argv[4]), rank = atoi(argv[5]);
     const char *store_dir = argv[6], *scenario = argv[7];
     int skew = strcmp(scenario, "skew") == 0;
@@ -216,11 +217,9 @@ static int rank_main_(char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc == 8 && strcmp(argv[1], "rank") == 0)
-        return rank_main_(argv);
-    int setup = rank_procs_setup_dir("moe-ep");
-    if (setup != 0)
-        return setup;
+    int rc = rank_procs_enter(argc, argv, 8, rank_main_, "moe-ep", 0);
+    if (rc != RANK_PROCS_PARENT)
+        return rc;
     const char *even[1] = {"even"}, *skew[1] = {"skew"};
     for (int P = 2; P <= 4; P++) {
         char tag[32];

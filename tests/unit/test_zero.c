@@ -105,8 +105,9 @@ static double inuse_(void)
  * and trains to the end. One line per step into OUT ("s step loss norm
  * val"), then "m inuse optim_bytes" after the first step of the life,
  * the final weights into OUT.params (p2). */
-static int rank_main_(char **argv)
+static int rank_main_(int argc, char **argv)
 {
+    (void)argc;
     const char *spec_path = argv[2], *out_path = argv[3];
     int world = atoi(argv[4]), rank = atoi(argv[5]);
     const char *store_dir = argv[6], *life = argv[7], *ckpt = argv[8];
@@ -385,11 +386,9 @@ static void compare_lives_(const char *got, const char *want,
 
 int main(int argc, char **argv)
 {
-    if (argc == 9 && strcmp(argv[1], "rank") == 0)
-        return rank_main_(argv);
-    int setup = rank_procs_setup("zero");
-    if (setup != 0)
-        return setup;
+    int rc = rank_procs_enter(argc, argv, 9, rank_main_, "zero", 1);
+    if (rc != RANK_PROCS_PARENT)
+        return rc;
     write_spec_("sh", 1, 4, 2, STEPS, "");
     write_spec_("un", 0, 4, 2, STEPS, "");
     write_spec_("sd", 1, 2, 0, DELINK_STEPS, "");
