@@ -77,22 +77,11 @@ static int rank_main_(const char *dir, int rank, int R, int min_mib,
 int main(int argc, char **argv)
 {
     int R = 2, min_mib = 1, max_mib = 256, reps = 3;
-    static const struct option opts[] = {
-        {"ranks", 1, 0, 'r'}, {"min-mib", 1, 0, 'a'}, {"max-mib", 1, 0, 'b'},
-        {"reps", 1, 0, 'n'}, {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case 'r': R = bench_int_arg(argv[0], "ranks", optarg, 2); break;
-        case 'a': min_mib = bench_int_arg(argv[0], "min-mib", optarg, 1); break;
-        case 'b': max_mib = bench_int_arg(argv[0], "max-mib", optarg, 1); break;
-        case 'n': reps = bench_int_arg(argv[0], "reps", optarg, 1); break;
-        default:
-            fprintf(stderr, "usage: %s [--ranks R] [--min-mib A] "
-                    "[--max-mib B] [--reps N]\n", argv[0]);
-            return 2;
-        }
-    }
+    const bench_opt opts[] = {
+        BENCH_INT("ranks", &R, 2), BENCH_INT("min-mib", &min_mib, 1),
+        BENCH_INT("max-mib", &max_mib, 1), BENCH_INT("reps", &reps, 1)};
+    bench_parse(argv[0], argc, argv, opts, 4, "usage: allreduce [--ranks R] "
+                "[--min-mib A] [--max-mib B] [--reps N]\n");
     if (R > 16 || max_mib < min_mib || max_mib > 4096) {
         fprintf(stderr, "%s: --ranks at most 16, --min-mib <= --max-mib <= "
                 "4096\n", argv[0]);

@@ -154,38 +154,29 @@ static int node_main_(const char *dir, int node, int nodes, int L, int reps,
 int main(int argc, char **argv)
 {
     int N = 2, L = 2, reps = 5, mib[MAX_SIZES] = {1, 4, 16}, nsizes = 3;
-    static const struct option opts[] = {
-        {"nodes", 1, 0, 'n'}, {"local", 1, 0, 'l'}, {"mib", 1, 0, 'm'},
-        {"reps", 1, 0, 'r'}, {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case 'n': N = bench_int_arg(argv[0], "nodes", optarg, 1); break;
-        case 'l': L = bench_int_arg(argv[0], "local", optarg, 1); break;
-        case 'r': reps = bench_int_arg(argv[0], "reps", optarg, 1); break;
-        case 'm': {
-            nsizes = 0;
-            char *s = optarg, *end;
-            while (*s && nsizes < MAX_SIZES) {
-                long v = strtol(s, &end, 10);
-                if (end == s || v < 1 || v > 1024 || (*end && *end != ',')) {
-                    fprintf(stderr, "%s: --mib: want sizes 1..1024 separated "
-                            "by commas, got \"%s\"\n", argv[0], optarg);
-                    return 2;
-                }
-                mib[nsizes++] = (int)v;
-                s = *end ? end + 1 : end;
-            }
-            if (nsizes == 0 || *s) {
-                fprintf(stderr, "%s: --mib: 1 to %d sizes\n", argv[0],
-                        MAX_SIZES);
+    const char *mib_list = NULL;
+    const bench_opt opts[] = {
+        BENCH_INT("nodes", &N, 1), BENCH_INT("local", &L, 1),
+        BENCH_TEXT("mib", &mib_list), BENCH_INT("reps", &reps, 1)};
+    bench_parse(argv[0], argc, argv, opts, 4, "usage: allreduce_hier "
+                "[--nodes N] [--local L] [--mib A,B,...] [--reps R]\n");
+    if (mib_list) {
+        nsizes = 0;
+        const char *s = mib_list;
+        char *end;
+        while (*s && nsizes < MAX_SIZES) {
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 1 || v > 1024 || (*end && *end != ',')) {
+                fprintf(stderr, "%s: --mib: want sizes 1..1024 separated "
+                        "by commas, got \"%s\"\n", argv[0], mib_list);
                 return 2;
             }
-            break;
+            mib[nsizes++] = (int)v;
+            s = *end ? end + 1 : end;
         }
-        default:
-            fprintf(stderr, "usage: %s [--nodes N] [--local L] "
-                    "[--mib A,B,...] [--reps R]\n", argv[0]);
+        if (nsizes == 0 || *s) {
+            fprintf(stderr, "%s: --mib: 1 to %d sizes\n", argv[0],
+                    MAX_SIZES);
             return 2;
         }
     }

@@ -102,6 +102,58 @@ static inline void bench_no_operands(const char *prog, int argc, char **argv)
     }
 }
 
+/* What an option of a benchmark's table parses into. */
+typedef enum { BENCH_OPT_INT, BENCH_OPT_REAL, BENCH_OPT_TEXT } bench_opt_kind;
+
+/* One option of a benchmark's table: --name VALUE, parsed by kind into dst
+ * (int *, double * or const char **): an integer >= lo (bench_int_arg), a
+ * real number in [lo, hi] (bench_real_arg), or the text itself. */
+typedef struct {
+    const char *name;
+    bench_opt_kind kind;
+    void *dst;
+    double lo, hi;
+} bench_opt;
+
+/* Entries of a bench_opt table. */
+#define BENCH_INT(name, dst, lo) {name, BENCH_OPT_INT, dst, lo, 0}
+#define BENCH_REAL(name, dst, lo, hi) {name, BENCH_OPT_REAL, dst, lo, hi}
+#define BENCH_TEXT(name, dst) {name, BENCH_OPT_TEXT, dst, 0, 0}
+
+/* argv parsed by the table opts[0..n) (n <= 32) plus --help, for a
+ * benchmark with no other options: each value lands in its dst as it
+ * comes. --help prints usage on stdout and exits 0; an unknown option
+ * prints usage on stderr and exits 2, as do a bad value (naming its option)
+ * and a stray operand (bench_no_operands). prog: the name in messages. */
+static inline void bench_parse(const char *prog, int argc, char **argv,
+                               const bench_opt *opts, int n,
+                               const char *usage)
+{
+    struct option lo[34];
+    if (n > 32)
+        n = 32;
+    for (int i = 0; i < n; i++)
+        lo[i] = (struct option){opts[i].name, required_argument, 0, 256 + i};
+    lo[n] = (struct option){"help", no_argument, 0, 'h'};
+    lo[n + 1] = (struct option){0, 0, 0, 0};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        if (o < 256 || o >= 256 + n) {
+            fputs(usage, o == 'h' ? stdout : stderr);
+            exit(o == 'h' ? 0 : 2);
+        }
+        const bench_opt *b = &opts[o - 256];
+        if (b->kind == BENCH_OPT_INT)
+            *(int *)b->dst = bench_int_arg(prog, b->name, optarg, (int)b->lo);
+        else if (b->kind == BENCH_OPT_REAL)
+            *(double *)b->dst = bench_real_arg(prog, b->name, optarg, b->lo,
+                                               b->hi);
+        else
+            *(const char **)b->dst = optarg;
+    }
+    bench_no_operands(prog, argc, argv);
+}
+
 /* Apply option o (from getopt_long) with argument arg: 1 when it was one of
  * BENCH_SHAPE_OPTIONS, 0 when the benchmark must handle it. c: model shape
  * (L, C, NH, T, V); B: sequences per microbatch; S: share groups (0: L);

@@ -195,33 +195,19 @@ int main(int argc, char **argv)
 {
     int L = 4, C = 128, T = 64, B = 12, steps = 8, warmup = 2, threads = 1;
     int max_ranks = 3;
-    size_t bucket = (size_t)64 << 10;
-    static const struct option opts[] = {
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
-        {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
-        {"threads", 1, 0, 't'}, {"max-ranks", 1, 0, 'r'},
-        {"bucket-floats", 1, 0, 'b'}, {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case 'L': L = bench_int_arg(argv[0], "layers", optarg, 1); break;
-        case 'C': C = bench_int_arg(argv[0], "embd", optarg, 4); break;
-        case 'T': T = bench_int_arg(argv[0], "seq", optarg, 1); break;
-        case 'B': B = bench_int_arg(argv[0], "batch", optarg, 1); break;
-        case 'n': steps = bench_int_arg(argv[0], "steps", optarg, 1); break;
-        case 'w': warmup = bench_int_arg(argv[0], "warmup", optarg, 0); break;
-        case 't': threads = bench_int_arg(argv[0], "threads", optarg, 1); break;
-        case 'r': max_ranks = bench_int_arg(argv[0], "max-ranks", optarg, 1); break;
-        case 'b':
-            bucket = (size_t)bench_int_arg(argv[0], "bucket-floats", optarg, 1);
-            break;
-        default:
-            fprintf(stderr, "usage: %s [--layers L] [--embd C] [--seq T] "
-                    "[--batch B] [--steps N] [--warmup N] [--threads N] "
-                    "[--max-ranks R] [--bucket-floats N]\n", argv[0]);
-            return 2;
-        }
-    }
+    int bucket_floats = 64 << 10;
+    const bench_opt opts[] = {
+        BENCH_INT("layers", &L, 1), BENCH_INT("embd", &C, 4),
+        BENCH_INT("seq", &T, 1), BENCH_INT("batch", &B, 1),
+        BENCH_INT("steps", &steps, 1),
+        BENCH_INT("warmup", &warmup, 0),
+        BENCH_INT("threads", &threads, 1),
+        BENCH_INT("max-ranks", &max_ranks, 1),
+        BENCH_INT("bucket-floats", &bucket_floats, 1)};
+    bench_parse(argv[0], argc, argv, opts, 9, "usage: dp_scaling [--layers L] "
+                "[--embd C] [--seq T] [--batch B] [--steps N] [--warmup N] "
+                "[--threads N] [--max-ranks R] [--bucket-floats N]\n");
+    size_t bucket = (size_t)bucket_floats;
     if (max_ranks > 16 || C % 4 != 0) {
         fprintf(stderr, "%s: --max-ranks at most 16; --embd a multiple of 4 "
                 "(4 heads)\n", argv[0]);

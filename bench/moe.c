@@ -149,36 +149,24 @@ static result run_moe_(int N, int C, int E, int k, double cf, int steps,
     return r;
 }
 
-static void usage_(void)
-{
-    printf("usage: moe [options]\n"
-           "  --embd C       width (256)           --tokens N  tokens (B*T) per step (1024)\n"
-           "  --capacity F   capacity factor (1.25)\n"
-           "  --steps N      timed steps (5)       --warmup N  untimed steps (1)\n"
-           "  --threads N    OpenMP threads (all cores)\n");
-}
+static const char usage_[] =
+    "usage: moe [options]\n"
+    "  --embd C       width (256)           --tokens N  tokens (B*T) per step (1024)\n"
+    "  --capacity F   capacity factor (1.25)\n"
+    "  --steps N      timed steps (5)       --warmup N  untimed steps (1)\n"
+    "  --threads N    OpenMP threads (all cores)\n";
 
 int main(int argc, char **argv)
 {
     int C = 256, N = 1024, steps = 5, warmup = 1, threads = 0;
     double cf = 1.25;
-    static const struct option opts[] = {
-        {"embd", 1, 0, 'C'}, {"tokens", 1, 0, 'N'}, {"capacity", 1, 0, 'f'},
-        {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'}, {"threads", 1, 0, 't'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'C': C = bench_int_arg("moe", "embd", optarg, 2); break;
-        case 'N': N = bench_int_arg("moe", "tokens", optarg, 1); break;
-        case 'f': cf = bench_real_arg("moe", "capacity", optarg, 0.01, 1e6); break;
-        case 'n': steps = bench_int_arg("moe", "steps", optarg, 1); break;
-        case 'w': warmup = bench_int_arg("moe", "warmup", optarg, 0); break;
-        case 't': threads = bench_int_arg("moe", "threads", optarg, 1); break;
-        default: bench_usage_exit(o, usage_);
-        }
-    }
-    bench_no_operands("moe", argc, argv);
+    const bench_opt opts[] = {
+        BENCH_INT("embd", &C, 2), BENCH_INT("tokens", &N, 1),
+        BENCH_REAL("capacity", &cf, 0.01, 1e6),
+        BENCH_INT("steps", &steps, 1),
+        BENCH_INT("warmup", &warmup, 0),
+        BENCH_INT("threads", &threads, 1)};
+    bench_parse("moe", argc, argv, opts, 6, usage_);
     if (C % 2) {
         fprintf(stderr, "moe: --embd: want an even C (k = 2 halves 4C)\n");
         return 2;

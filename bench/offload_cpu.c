@@ -137,30 +137,18 @@ int main(int argc, char **argv)
     s.train.eval_every = 0;
     s.train.steps = 100000;
     int steps = 10, resident = 2;
-    static const struct option opts[] = {
-        {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'}, {"seq", 1, 0, 'T'},
-        {"batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"resident", 1, 0, 'r'},
-        {"prefetch", 1, 0, 'p'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'L': s.model.n_layer = bench_int_arg(P_, "layers", optarg, 1); break;
-        case 'C': s.model.n_embd = bench_int_arg(P_, "embd", optarg, 1); break;
-        case 'T': s.model.seq_len = bench_int_arg(P_, "seq", optarg, 1); break;
-        case 'B': s.train.batch_size = bench_int_arg(P_, "batch", optarg, 1); break;
-        case 'n': steps = bench_int_arg(P_, "steps", optarg, 1); break;
-        case 'r': resident = bench_int_arg(P_, "resident", optarg, 0); break;
-        case 'p': s.offload.prefetch = bench_int_arg(P_, "prefetch", optarg, 1); break;
-        case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
-        default:
-            printf("usage: offload_cpu [--layers L] [--embd C] [--seq T] "
-                   "[--batch B] [--steps N] [--resident R] [--prefetch P] "
-                   "[--threads N]\n");
-            return o == 'h' ? 0 : 2;
-        }
-    }
-    bench_no_operands(P_, argc, argv);
+    const bench_opt opts[] = {
+        BENCH_INT("layers", &s.model.n_layer, 1),
+        BENCH_INT("embd", &s.model.n_embd, 1),
+        BENCH_INT("seq", &s.model.seq_len, 1),
+        BENCH_INT("batch", &s.train.batch_size, 1),
+        BENCH_INT("steps", &steps, 1),
+        BENCH_INT("resident", &resident, 0),
+        BENCH_INT("prefetch", &s.offload.prefetch, 1),
+        BENCH_INT("threads", &s.device.threads, 1)};
+    bench_parse(P_, argc, argv, opts, 8, "usage: offload_cpu [--layers L] "
+                "[--embd C] [--seq T] [--batch B] [--steps N] [--resident R] "
+                "[--prefetch P] [--threads N]\n");
     if (bench_shape_check(P_, &s.model, s.model.n_layer) < 0)
         return 2;
     if (resident >= s.model.n_layer) {

@@ -127,27 +127,16 @@ int main(int argc, char **argv)
 {
     double mparams = 128;
     int threads = omp_get_num_procs(), reps = 5;
-    static const struct option opts[] = {
-        {"params", 1, 0, 'p'}, {"threads", 1, 0, 't'}, {"reps", 1, 0, 'r'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'p':
-            mparams = bench_real_arg("offload_host", "params", optarg, 0, 1e9);
-            break;
-        case 't': threads = bench_int_arg("offload_host", "threads", optarg, 1); break;
-        case 'r': reps = bench_int_arg("offload_host", "reps", optarg, 1); break;
-        default:
-            printf("usage: offload_host [--params MILLIONS (128)] "
-                   "[--threads N (all cores)] [--reps R (5)]\n"
-                   "The host's AdamW work per offloaded parameter, through "
-                   "the fp32 accumulator\nand directly from the landed bf16 "
-                   "gradient, against an in-place STREAM-like pass.\n");
-            return o == 'h' ? 0 : 2;
-        }
-    }
-    bench_no_operands("offload_host", argc, argv);
+    const bench_opt opts[] = {
+        BENCH_REAL("params", &mparams, 0, 1e9),
+        BENCH_INT("threads", &threads, 1),
+        BENCH_INT("reps", &reps, 1)};
+    bench_parse("offload_host", argc, argv, opts, 3,
+                "usage: offload_host [--params MILLIONS (128)] "
+                "[--threads N (all cores)] [--reps R (5)]\n"
+                "The host's AdamW work per offloaded parameter, through "
+                "the fp32 accumulator\nand directly from the landed bf16 "
+                "gradient, against an in-place STREAM-like pass.\n");
     if (mparams <= 0 || threads < 1 || threads > 1024 || reps < 1) {
         fprintf(stderr, "offload_host: --params and --reps must be positive, "
                         "--threads from 1 to 1024\n");
