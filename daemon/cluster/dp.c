@@ -110,6 +110,21 @@ static const char *allreduce_mode_(const char *engine, char *why, size_t len)
     return strcmp(engine, "gloo") != 0 ? "flat" : want;
 }
 
+/* Rank 0's publication of one choice (the engine, the all-reduce mode):
+ * choice non-NULL is copied to out and set under key in the store; NULL
+ * makes why the verdict. -1 when the store write failed (err set), else 0. */
+static int publish_choice_(m6_store *st, const char *key, const char *choice,
+                           const char *why, char *out, size_t out_len,
+                           char *verdict, size_t verdict_len, m6_err *err)
+{
+    if (!choice) {
+        snprintf(verdict, verdict_len, "%s", why);
+        return 0;
+    }
+    snprintf(out, out_len, "%s", choice);
+    return st->set(st->ctx, key, out, strlen(out), err) < 0 ? -1 : 0;
+}
+
 /* The one rule: 1 to sum hierarchically. mode is rank 0's
  * allreduce_mode_; max_local the most ranks one node runs. auto: hier
  * wherever a node runs more than one rank: measured by bench/allreduce_hier
@@ -304,24 +319,16 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         if (!strcmp(verdict, "ok")) {
             char why[256];
             const char *e = grad_engine_(spec, why, sizeof why);
-            if (!e)
-                snprintf(verdict, sizeof verdict, "%s", why);
-            else {
-                snprintf(engine, sizeof engine, "%s", e);
-                if (st.set(st.ctx, "engine", engine, strlen(engine), err) < 0)
-                    goto out;
-            }
+            if (publish_choice_(&st, "engine", e, why, engine, sizeof engine,
+                                verdict, sizeof verdict, err) < 0)
+                goto out;
         }
         if (!strcmp(verdict, "ok")) {
             char why[256];
             const char *m = allreduce_mode_(engine, why, sizeof why);
-            if (!m)
-                snprintf(verdict, sizeof verdict, "%s", why);
-            else {
-                snprintf(mode, sizeof mode, "%s", m);
-                if (st.set(st.ctx, "allreduce", mode, strlen(mode), err) < 0)
-                    goto out;
-            }
+            if (publish_choice_(&st, "allreduce", m, why, mode, sizeof mode,
+                                verdict, sizeof verdict, err) < 0)
+                goto out;
         }
         if (st.set(st.ctx, "verdict", verdict, strlen(verdict), err) < 0)
             goto out;

@@ -836,24 +836,18 @@ int trainer_gather_optim(trainer *t, m6_err *err)
 
 int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
 {
-    if (t->ep && t->world > 1) {  /* optimizer.shard is refused with it */
-        float v = t->rank == 0 && want_whole ? 1.0f : 0.0f;
-        if (m6_coll_allreduce_sum(t->coll, &v, 1, err) != 0)
-            return TRAINER_ECOLL;
-        if (v == 0)
-            return 0;
-        if (trainer_ep_gather_root_(t, err) != 0)
-            return TRAINER_ECOLL;
-        return t->rank == 0 ? 1 : 0;
-    }
-    if (!t->spec.optimizer.shard || t->world <= 1)
+    /* expert parallel: the experts are spread (optimizer.shard is refused
+     * with it); sharded: the masters and moments are */
+    int ep = t->ep && t->world > 1;
+    if (!ep && (!t->spec.optimizer.shard || t->world <= 1))
         return 0;
     float v = t->rank == 0 && want_whole ? 1.0f : 0.0f;
     if (m6_coll_allreduce_sum(t->coll, &v, 1, err) != 0)
         return TRAINER_ECOLL;
     if (v == 0)
         return 0;
-    if (gather_root_(t, err) != 0)
+    int rc = ep ? trainer_ep_gather_root_(t, err) : gather_root_(t, err);
+    if (rc != 0)
         return TRAINER_ECOLL;
     return t->rank == 0 ? 1 : 0;
 }

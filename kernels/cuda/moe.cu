@@ -274,7 +274,6 @@ __global__ void moe_bias_backward_kernel(bf16 *dbias, const bf16 *d, int E,
     dbias[i] = st(ld(dbias[i]) + s);
 }
 
-/* dx (N,C) += sum over p of dxe[slot[n,p]] (prototypes in order). */
 /* dx (N,C) (+)= the sum of each token's k expert rows of dxe: first,
  * written (dx not read); else added. */
 __global__ void moe_scatter_kernel(bf16 *dx, const bf16 *dxe,
