@@ -316,20 +316,18 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
                          (int)(n < 64 ? n : 64), (const char *)v, hash);
             free(v);
         }
-        if (!strcmp(verdict, "ok")) {
-            char why[256];
-            const char *e = grad_engine_(spec, why, sizeof why);
-            if (publish_choice_(&st, "engine", e, why, engine, sizeof engine,
-                                verdict, sizeof verdict, err) < 0)
-                goto out;
-        }
-        if (!strcmp(verdict, "ok")) {
-            char why[256];
-            const char *m = allreduce_mode_(engine, why, sizeof why);
-            if (publish_choice_(&st, "allreduce", m, why, mode, sizeof mode,
-                                verdict, sizeof verdict, err) < 0)
-                goto out;
-        }
+        char why[256];  /* the engine first: the mode depends on it */
+        if (!strcmp(verdict, "ok") &&
+            publish_choice_(&st, "engine", grad_engine_(spec, why, sizeof why),
+                            why, engine, sizeof engine, verdict,
+                            sizeof verdict, err) < 0)
+            goto out;
+        if (!strcmp(verdict, "ok") &&
+            publish_choice_(&st, "allreduce",
+                            allreduce_mode_(engine, why, sizeof why), why,
+                            mode, sizeof mode, verdict, sizeof verdict,
+                            err) < 0)
+            goto out;
         if (st.set(st.ctx, "verdict", verdict, strlen(verdict), err) < 0)
             goto out;
         if (strcmp(verdict, "ok") != 0) {
