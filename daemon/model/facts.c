@@ -231,6 +231,17 @@ int model_expert_range(int E, int P, int q, int *first)
     return (int)(hi - lo);
 }
 
+double model_ep_alltoall_bytes(double N, int k, int C, int E, int P, int q,
+                               size_t elem)
+{
+    if (P <= 1 || E <= 0)
+        return 0;
+    int first, El = model_expert_range(E, P, q, &first);
+    double away = (double)(E - El) / E;
+    return 4.0 * N * k * away * C * (double)elem +
+           (double)(E - El) * sizeof(int32_t);
+}
+
 int model_local_experts(const model_config *cfg, int *first)
 {
     if (cfg->moe_ep_size <= 1) {

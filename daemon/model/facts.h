@@ -202,6 +202,22 @@ size_t model_optim_bytes_sharded(size_t bytes, int world);
  * plan at scale (offload/plan_cluster.c) both ask it. */
 int model_expert_range(int E, int P, int q, int *first);
 
+/* Bytes rank q of an expert-parallel group of P ranks sends to the other
+ * ranks in one training step of one MoE layer, with N tokens on the rank:
+ * its N k dispatch rows of C elements of elem bytes each travel four
+ * times (forward: to their experts and the outputs back; backward: the
+ * output gradients to the experts and the input gradients back: the
+ * dispatch and combine all-to-alls of GShard, Lepikhin et al. 2020, arXiv
+ * 2006.16668, section 3.2), the share (E - El_q) / E of them to experts
+ * held elsewhere under uniform routing with no token dropped (a rank sends
+ * back the rows it received, as many as it sent in expectation); plus the
+ * forward's per-expert row counts, one int32 for each expert held
+ * elsewhere. Rows kept on the rank cost no transfer. P <= 1: 0. The
+ * engine's measured bytes (moe_ep_stats) and the plan at scale compare
+ * with this. */
+double model_ep_alltoall_bytes(double N, int k, int C, int E, int P, int q,
+                               size_t elem);
+
 /* The experts of each MoE slot a model of cfg holds: all E (*first 0)
  * when cfg->moe_ep_size <= 1, else model_expert_range(E, moe_ep_size,
  * moe_ep_rank). The layout (gpt.h) sizes the expert tensors by it. */

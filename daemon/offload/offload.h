@@ -351,6 +351,11 @@ typedef struct {
     int n_slots, n_moe_slots;   /* S, and its MoE slots */
     int devices;                /* D */
     uint64_t experts_per_device;  /* ceil(E / D) of each MoE slot */
+    double alltoall_bytes;      /* sent by the device with the most
+                                 * experts in a step's all-to-alls: its
+                                 * B x grad_accum x T tokens in bf16 rows,
+                                 * every MoE layer, model_ep_alltoall_bytes */
+    int n_moe_layers;
     uint64_t global_params;     /* VC + TC + 2C */
     uint64_t attn_params;       /* a block's ln_1, attn, ln_2: 4C^2 + 8C */
     uint64_t mlp_params;        /* a dense block's MLP: 8C^2 + 5C */

@@ -86,6 +86,14 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     int first_expert;
     p->experts_per_device = (uint64_t)model_expert_range(
         c->moe_experts, p->devices, p->devices - 1, &first_expert);
+    for (int l = 0; l < L; l++)
+        p->n_moe_layers += model_layer_is_moe(c, l);
+    p->alltoall_bytes =
+        p->n_moe_layers *
+        model_ep_alltoall_bytes((double)spec->train.batch_size *
+                                    spec->train.grad_accum * c->seq_len,
+                                c->moe_prototypes, c->n_embd, c->moe_experts,
+                                p->devices, p->devices - 1, 2);
     af_share_ af = {{0, 0, 0}};
     model_af_floats aff;
     if (o.adafactor) {
@@ -286,6 +294,17 @@ static void print_phase_(FILE *f, const char *name, const cluster_plan *cp,
                 num_(h, sizeof h, p->slot_params[1]), Sd,
                 num_(a, sizeof a, p->slot_params[0]), c->moe_experts,
                 p->devices, (unsigned long long)p->experts_per_device);
+    if (p->alltoall_bytes > 0) {
+        fprintf(f, "  all-to-all per device  %s a step (token rows in bf16, "
+                "uniform routing, nothing dropped)\n",
+                gib_(a, sizeof a, (uint64_t)p->alltoall_bytes));
+        if (explain)
+            fprintf(f, "    = %d MoE layers x 4 exchanges (2 forward, 2 "
+                    "backward) x B x grad_accum x T tokens x k %d rows x "
+                    "(E - %llu) / E held elsewhere x C %d x 2 bytes, plus "
+                    "the row counts\n", p->n_moe_layers, c->moe_prototypes,
+                    (unsigned long long)p->experts_per_device, c->n_embd);
+    }
     fprintf(f, "  all slots resident     %s per device, of %s\n",
             gib_(a, sizeof a, p->all_resident_bytes),
             gib_(b, sizeof b, in->device_memory));
@@ -488,12 +507,13 @@ static json_t *settings_json_(const cluster_setting *st)
 static json_t *phase_json_(const cluster_phase *p)
 {
     return json_pack(
-        "{s:i, s:i, s:I, s:I, s:I, s:s, s:i, s:i, s:i, s:i, s:I, s:I,"
+        "{s:i, s:i, s:I, s:I, s:I, s:I, s:s, s:i, s:i, s:i, s:i, s:I, s:I,"
         " s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I}, s:I}",
         "n_slots", p->n_slots, "moe_slots", p->n_moe_slots,
         "total_params", (json_int_t)p->total_params,
         "params_per_device", (json_int_t)p->device_params,
         "experts_per_device", (json_int_t)p->experts_per_device,
+        "alltoall_bytes_per_step", (json_int_t)p->alltoall_bytes,
         "fits", fit_name_(p->fit), "resident_slots", p->n_resident,
         "offloaded_slots", p->n_offloaded, "staging_buffers", p->n_staging,
         "grad_buffers", p->n_grad_bufs,

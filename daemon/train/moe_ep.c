@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "model/facts.h"
 
 struct moe_ep {
@@ -38,6 +39,7 @@ struct moe_ep {
     int32_t *perm;        /* by-expert row -> by-sender row */
     float *xr, *xl, *hpre, *hact, *yl, *yr, *dh1, *dh2;
     size_t *sb, *rb;      /* [P] bytes, scratch for the all-to-alls */
+    moe_ep_stats stats;
 };
 
 static void *alloc_(size_t n, size_t size, int *ok)
@@ -46,6 +48,20 @@ static void *alloc_(size_t n, size_t size, int *ok)
     if (!p)
         *ok = 0;
     return p;
+}
+
+/* m6_coll_alltoallv of sb/rb (set by the caller), timed and counted in
+ * m->stats. */
+static int alltoall_(moe_ep *m, const void *send, void *recv, m6_err *err)
+{
+    double t0 = clock_mono_s();
+    int rc = m6_coll_alltoallv(m->g, send, m->sb, recv, m->rb, err);
+    m->stats.seconds += clock_mono_s() - t0;
+    m->stats.calls++;
+    for (int q = 0; q < m->P; q++)
+        if (q != m->rank)
+            m->stats.bytes_sent += m->sb[q];
+    return rc;
 }
 
 moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
@@ -152,8 +168,7 @@ static int exchange_rows_(moe_ep *m, float *tok, float *own, int to_owner,
         m->rb[q] = to_owner ? in * row : (size_t)n * row;
     }
     /* the dispatch rows start at row 0 and run owner by owner */
-    return to_owner ? m6_coll_alltoallv(m->g, tok, m->sb, own, m->rb, err)
-                    : m6_coll_alltoallv(m->g, own, m->sb, tok, m->rb, err);
+    return to_owner ? alltoall_(m, tok, own, err) : alltoall_(m, own, tok, err);
 }
 
 /* by sender <-> by expert, rows of w floats: dir 1 gathers src (by
@@ -193,7 +208,7 @@ int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
     }
     /* counts is expert-ordered, so owner q's part starts at first_q and
      * the parts run in rank order */
-    if (m6_coll_alltoallv(m->g, m->counts, m->sb, m->rcounts, m->rb, err) != 0)
+    if (alltoall_(m, m->counts, m->rcounts, err) != 0)
         return -1;
 
     /* by-expert offsets, and the map to by-sender rows: the senders'
@@ -260,6 +275,11 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
 const int32_t *moe_ep_counts(const moe_ep *m)
 {
     return m->counts;
+}
+
+void moe_ep_get_stats(const moe_ep *m, moe_ep_stats *out)
+{
+    *out = m->stats;
 }
 
 void moe_ep_free(moe_ep *m)

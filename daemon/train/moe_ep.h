@@ -80,6 +80,19 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
  * capacity: moe_route's counts), for the router's figures. */
 const int32_t *moe_ep_counts(const moe_ep *m);
 
+/* What a layer's all-to-alls have cost since moe_ep_create. */
+typedef struct {
+    double seconds;       /* wall seconds inside the all-to-alls */
+    uint64_t bytes_sent;  /* bytes this rank sent to the other ranks (rows
+                           * and counts; what stays on the rank not
+                           * counted): model_ep_alltoall_bytes predicts it
+                           * per step */
+    uint64_t calls;       /* all-to-alls entered: 3 a forward, 2 a backward */
+} moe_ep_stats;
+
+/* The layer's all-to-all figures so far into *out. */
+void moe_ep_get_stats(const moe_ep *m, moe_ep_stats *out);
+
 void moe_ep_free(moe_ep *m);
 
 #endif /* M6_TRAIN_MOE_EP_H */

@@ -285,9 +285,26 @@ static void test_expert_ranges(void **state)
     assert_int_equal(f, 10220);
 }
 
+/* The all-to-all bytes of one MoE layer's step, by hand: N 10 tokens, k
+ * 2, C 3, E 4 over P 2 (rank 0 holds experts 0-1): 20 rows, half to
+ * rank 1, four times, 3 floats of 4 bytes: 480; plus 2 int32 counts.
+ * E 10 over P 4, rank 1 holds 3: 7/10 of 20 rows x 4 x 3 x 2 bytes (bf16)
+ * = 336, plus 7 counts = 364. P 1: nothing. */
+static void test_ep_alltoall_bytes(void **state)
+{
+    (void)state;
+    assert_float_equal(model_ep_alltoall_bytes(10, 2, 3, 4, 2, 0, 4), 488.0,
+                       1e-9);
+    assert_float_equal(model_ep_alltoall_bytes(10, 2, 3, 10, 4, 1, 2), 364.0,
+                       1e-9);
+    assert_float_equal(model_ep_alltoall_bytes(10, 2, 3, 4, 1, 0, 4), 0.0,
+                       0.0);
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_against_allocation),
     cmocka_unit_test(test_optimizer_state),
+    cmocka_unit_test(test_ep_alltoall_bytes),
     cmocka_unit_test(test_hand_counts),
     cmocka_unit_test(test_parts_and_bytes),
     cmocka_unit_test(test_bad_input),

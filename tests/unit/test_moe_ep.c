@@ -177,6 +177,36 @@ static int rank_main_(int argc, char **argv)
         fprintf(stderr, "rank %d: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
+    /* bytes sent, against the reference's routing: the rows this rank
+     * routed to experts held elsewhere leave twice (inputs forward, output
+     * gradients backward), and the rows the other ranks routed to this
+     * rank's experts go back twice (outputs, input gradients), plus one
+     * int32 count for each expert held elsewhere; 3 + 2 all-to-alls */
+    moe_ep_stats es;
+    moe_ep_get_stats(m, &es);
+    float *all = zeroed_(E, 4);
+    for (int e = 0; e < E; e++)
+        all[e] = (float)counts[e];
+    if (m6_coll_allreduce_sum(g, all, E, &err) != 0) {
+        fprintf(stderr, "rank %d: all-reduce: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    uint64_t away = 0, back = 0;
+    for (int e = 0; e < E; e++)
+        if (e < first || e >= first + El)
+            away += (uint64_t)counts[e];
+        else
+            back += (uint64_t)all[e] - (uint64_t)counts[e];
+    uint64_t want_bytes = 2 * (away + back) * C * sizeof(float) +
+                          (uint64_t)(E - El) * sizeof(int32_t);
+    if (es.bytes_sent != want_bytes || es.calls != 5 || !(es.seconds >= 0)) {
+        fprintf(stderr, "FAIL: rank %d: all-to-all stats %llu bytes in %llu "
+                "calls, want %llu bytes (%llu rows away, %llu back) in 5\n",
+                rank, (unsigned long long)es.bytes_sent,
+                (unsigned long long)es.calls, (unsigned long long)want_bytes,
+                (unsigned long long)away, (unsigned long long)back);
+        ok = 0;
+    }
     if (drop != drop_r || aux != aux_r || z != z_r) {
         fprintf(stderr, "FAIL: rank %d: dropped %d aux %.9g z %.9g, the one-"
                 "rank layer %d %.9g %.9g\n", rank, drop, (double)aux,

@@ -1,0 +1,231 @@
+/*
+ * moe_ep.c — one expert-parallel MoE layer (train/moe_ep.h) at P = 1, 2
+ * and 4 ranks on this machine: forked processes meeting over Gloo on
+ * loopback, each with N tokens of its own and 1/P of the E experts.
+ *
+ * For each P it prints the layer's training tokens per second (forward and
+ * backward of all P N tokens a step), the share of a step spent inside the
+ * all-to-alls (timed by the layer itself, moe_ep_stats) apart from the
+ * compute, the bytes a rank sends per step against model_ep_alltoall_bytes
+ * (the rule `m6ctl plan` prints at scale: uniform routing, nothing
+ * dropped), and the expert bytes a rank holds, against P = 1.
+ *
+ * usage: moe_ep [--embd C] [--experts E] [--prototypes k] [--tokens N]
+ *               [--capacity F] [--steps S] [--warmup W] [--max-ranks P]
+ *               [--threads T]
+ * Ends with one key=value line. Exit 1 when a rank fails, or when a rank
+ * at the largest P holds more than 0.3 of the expert bytes of P = 1 (the
+ * layout's promise).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_args.h"
+#include "bench_ranks.h"
+#include "common/clock.h"
+#include "dist/collectives.h"
+#include "kernels.h"
+#include "model/facts.h"
+#include "train/moe_ep.h"
+#include "../tests/common/file_store.h"
+
+typedef struct {
+    int C, E, k, N, steps, warmup, threads;
+    double cf;
+} shape_;
+
+/* One rank's figures, as it writes them to the pipe. */
+typedef struct {
+    double step_s, a2a_s, bytes, expert_bytes;
+    int dropped;
+} figures_;
+
+static float *randn_(size_t n, unsigned seed, float scale)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p)
+        return NULL;
+    srandom(seed);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * ((float)random() / (float)RAND_MAX - 0.5f);
+    return p;
+}
+
+static int rank_main_(const char *dir, int rank, int P, const shape_ *s,
+                      int out_fd)
+{
+    omp_set_num_threads(s->threads);
+    file_store fs;
+    snprintf(fs.dir, sizeof fs.dir, "%s", dir);
+    m6_store st = file_store_table(&fs);
+    m6_err err = M6_ERR_NONE;
+    m6_coll_config cfg = {"gloo", rank, P, &st, "moe-ep", 60000,
+                          "127.0.0.1", 0};
+    m6_coll *g = m6_coll_init(&cfg, &err);
+    int H = 4 * s->C / s->k;  /* active weights per token: the dense 4C MLP */
+    moe_dims d = {s->N, s->C, s->E, s->k, H,
+                  moe_capacity(s->cf, s->N, s->E, s->k)};
+    moe_ep *m = g ? moe_ep_create(&d, g, &err) : NULL;
+    if (!m) {
+        fprintf(stderr, "moe_ep: rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    int first, El = moe_ep_local_experts(m, &first);
+    size_t C = (size_t)s->C, N = (size_t)s->N, E = (size_t)s->E, Hz = H;
+    size_t n_w1 = (size_t)El * Hz * C, n_b1 = (size_t)El * Hz;
+    size_t n_w2 = (size_t)El * C * Hz, n_b2 = (size_t)El * C;
+    float *x = randn_(N * C, 100u + rank, 2.0f);
+    float *dout = randn_(N * C, 200u + rank, 0.02f);
+    float *wg = randn_(E * C, 7u, 0.5f), *bg = randn_(E, 8u, 0.1f);
+    float *w1 = randn_(n_w1, 300u + first, 0.1f);
+    float *b1 = randn_(n_b1, 400u + first, 0.1f);
+    float *w2 = randn_(n_w2, 500u + first, 0.1f);
+    float *b2 = randn_(n_b2, 600u + first, 0.1f);
+    float *out = calloc(N * C, sizeof(float)), *dx = calloc(N * C, sizeof(float));
+    float *dwg = calloc(E * C, sizeof(float)), *dbg = calloc(E, sizeof(float));
+    float *dw1 = calloc(n_w1 + 1, sizeof(float)), *db1 = calloc(n_b1 + 1, sizeof(float));
+    float *dw2 = calloc(n_w2 + 1, sizeof(float)), *db2 = calloc(n_b2 + 1, sizeof(float));
+    if (!x || !dout || !wg || !bg || !w1 || !b1 || !w2 || !b2 || !out ||
+        !dx || !dwg || !dbg || !dw1 || !db1 || !dw2 || !db2) {
+        fprintf(stderr, "moe_ep: rank %d: out of memory\n", rank);
+        return 1;
+    }
+    moe_ep_stats a, b;
+    double t0 = 0;
+    int dropped = 0;
+    for (int it = 0; it < s->warmup + s->steps; it++) {
+        if (it == s->warmup) {
+            if (m6_coll_barrier(g, &err) != 0)
+                break;
+            moe_ep_get_stats(m, &a);
+            t0 = clock_mono_s();
+        }
+        float aux, z;
+        int drop;
+        if (moe_ep_forward(m, out, &aux, &z, &drop, x, wg, bg, w1, b1, w2,
+                           b2, &err) != 0 ||
+            moe_ep_backward(m, dx, dwg, dbg, dw1, db1, dw2, db2, dout, x, wg,
+                            w1, w2, 0.01f, 0.001f, &err) != 0)
+            break;
+        if (it >= s->warmup)
+            dropped += drop;
+    }
+    double t1 = clock_mono_s();
+    moe_ep_get_stats(m, &b);
+    if (err.code != M6_OK) {
+        fprintf(stderr, "moe_ep: rank %d: %s\n", rank, m6_err_msg(&err));
+        return 1;
+    }
+    figures_ f = {
+        (t1 - t0) / s->steps, (b.seconds - a.seconds) / s->steps,
+        (double)(b.bytes_sent - a.bytes_sent) / s->steps,
+        (double)(n_w1 + n_b1 + n_w2 + n_b2) * sizeof(float), dropped};
+    if (write(out_fd, &f, sizeof f) != (ssize_t)sizeof f)
+        return 1;
+    moe_ep_free(m);
+    m6_coll_destroy(g);
+    return 0;
+}
+
+/* The P ranks of one configuration; their figures into f[0..P). 0, or 1
+ * (a rank failed). */
+static int run_(int P, const shape_ *s, figures_ *f)
+{
+    char dir[] = "/tmp/m6-bench-moe-ep-XXXXXX";
+    int pfd[2];
+    int rc = bench_ranks_begin(dir, pfd);
+    if (rc != 0)
+        return rc;
+    pid_t pids[16];
+    for (int r = 0; r < P; r++)
+        if ((pids[r] = fork()) == 0) {
+            close(pfd[0]);
+            _exit(rank_main_(dir, r, P, s, pfd[1]));
+        }
+    close(pfd[1]);
+    int got = 0;
+    figures_ one;
+    while (got < P && read(pfd[0], &one, sizeof one) == (ssize_t)sizeof one)
+        f[got++] = one;
+    close(pfd[0]);
+    return bench_ranks_end(pids, P, dir) || got != P;
+}
+
+static const char usage_[] =
+    "usage: moe_ep [--embd C (256)] [--experts E (16)] [--prototypes k (2)]\n"
+    "              [--tokens N per rank (512)] [--capacity F (2)]\n"
+    "              [--steps S (5)] [--warmup W (1)] [--max-ranks P (4)]\n"
+    "              [--threads T per rank (1)]\n";
+
+int main(int argc, char **argv)
+{
+    shape_ s = {256, 16, 2, 512, 5, 1, 1, 2.0};
+    int max_ranks = 4;
+    const bench_opt opts[] = {
+        BENCH_INT("embd", &s.C, 2), BENCH_INT("experts", &s.E, 1),
+        BENCH_INT("prototypes", &s.k, 1), BENCH_INT("tokens", &s.N, 1),
+        BENCH_REAL("capacity", &s.cf, 0.01, 1e6),
+        BENCH_INT("steps", &s.steps, 1), BENCH_INT("warmup", &s.warmup, 0),
+        BENCH_INT("max-ranks", &max_ranks, 1),
+        BENCH_INT("threads", &s.threads, 1)};
+    bench_parse("moe_ep", argc, argv, opts, 9, usage_);
+    if (s.E % s.k || (4 * s.C) % s.k || max_ranks > 16 || max_ranks > s.E) {
+        fprintf(stderr, "moe_ep: --prototypes must divide --experts and "
+                "4 --embd; --max-ranks at most 16 and at most --experts\n");
+        return 2;
+    }
+    printf("moe_ep: one MoE layer, C %d, E %d in k %d prototypes, H %d, "
+           "%d tokens per rank, capacity factor %.2f, %d thread(s) a rank, "
+           "%d timed steps (forward + backward), Gloo on loopback\n", s.C,
+           s.E, s.k, 4 * s.C / s.k, s.N, s.cf, s.threads, s.steps);
+    printf("%3s %12s %10s %10s %14s %14s %7s %14s %8s %8s\n", "P", "tokens/s",
+           "step_ms", "a2a_ms", "sent_B/step", "predicted_B", "ratio",
+           "expert_B/rank", "vs_P=1", "dropped");
+    char kv[1024];
+    int kn = 0, bad = 0;
+    double expert1 = 0, worst_share = 0;
+    for (int P = 1; P <= max_ranks; P *= 2) {
+        figures_ f[16];
+        if (run_(P, &s, f) != 0) {
+            fprintf(stderr, "moe_ep: P = %d failed\n", P);
+            return 1;
+        }
+        double step = 0, a2a = 0, sent = 0, pred = 0, ebytes = 0;
+        int dropped = 0;
+        for (int r = 0; r < P; r++) {
+            step = fmax(step, f[r].step_s);
+            a2a += f[r].a2a_s / P;
+            sent += f[r].bytes / P;
+            pred += model_ep_alltoall_bytes(s.N, s.k, s.C, s.E, P, r,
+                                            sizeof(float)) / P;
+            ebytes = fmax(ebytes, f[r].expert_bytes);
+            dropped += f[r].dropped;
+        }
+        if (P == 1)
+            expert1 = ebytes;
+        double share = ebytes / expert1, tok_s = (double)P * s.N / step;
+        double ratio = pred > 0 ? sent / pred : 1.0;
+        worst_share = share;
+        printf("%3d %12.0f %10.2f %10.2f %14.0f %14.0f %7.3f %14.0f %8.3f "
+               "%8d\n", P, tok_s, step * 1e3, a2a * 1e3, sent, pred, ratio,
+               ebytes, share, dropped);
+        kn += snprintf(kv + kn, sizeof kv - (size_t)kn,
+                       "%stok_s_p%d=%.0f a2a_frac_p%d=%.3f bytes_ratio_p%d=%.3f "
+                       "expert_share_p%d=%.3f", kn ? " " : "", P, tok_s, P,
+                       step > 0 ? a2a / step : 0, P, ratio, P, share);
+        if (kn >= (int)sizeof kv)
+            kn = (int)sizeof kv - 1;
+    }
+    if (max_ranks >= 4 && worst_share > 0.3) {
+        printf("moe_ep: a rank at the largest P holds %.3f of P = 1's expert "
+               "bytes (> 0.3)\n", worst_share);
+        bad = 1;
+    }
+    printf("%s\n", kv);
+    return bad;
+}
