@@ -771,6 +771,7 @@ static int step_(run_ctx *r)
     }
     if (res.outlier_rank >= 0)
         report_outlier_(r, &res);
+    runner_report_idle_experts_(r, &res);
     if (runner_flush_(r, &err) < 0)
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))

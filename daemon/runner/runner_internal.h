@@ -203,6 +203,14 @@ void runner_resume_(run_ctx *r);
  * not applied before m6d stopped, applied to its state machine again. */
 void runner_replay_commands_locked_(runner *c);
 
+/* ---- runner_reports.c: what a step reports beyond its metrics */
+
+/* A step at which experts reached train.expert_idle_steps steps without a
+ * token (res->moe.idle_new > 0): a moe.expert_idle event and a
+ * run.expert_idle log line naming the first of them, once per expert
+ * until it processes a token again. */
+void runner_report_idle_experts_(run_ctx *r, const step_result *res);
+
 /* ---- runner_policy.c: when the run delinks; the bad-steps pause */
 
 /* delink.policy plateau: note a validation pass of the pseudo phase. */

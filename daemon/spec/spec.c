@@ -217,6 +217,7 @@ void spec_defaults(run_spec *s)
     s->train.eval_every = 100;
     s->train.eval_batches = 8;
     s->train.max_bad_steps = SPEC_MAX_BAD_STEPS;
+    s->train.expert_idle_steps = SPEC_EXPERT_IDLE_STEPS;
     s->optimizer.name = OPTIMIZER_ADAMW;
     s->optimizer.beta1 = 0.0f;
     s->optimizer.decay_rate = 0.8f;

@@ -43,6 +43,8 @@ typedef enum { GRAD_SCALE_SUM = 0, GRAD_SCALE_MEAN = 1 } grad_scale_mode;
 
 /* train.max_bad_steps' default. */
 #define SPEC_MAX_BAD_STEPS 5
+/* train.expert_idle_steps' default. */
+#define SPEC_EXPERT_IDLE_STEPS 100
 
 typedef struct {
     char name[256];
@@ -75,6 +77,9 @@ typedef struct {
         int eval_batches;
         long max_bad_steps;  /* consecutive non-finite (skipped) steps that
                               * pause the run (SPEC_MAX_BAD_STEPS) */
+        long expert_idle_steps; /* MoE: consecutive steps without a token
+                                 * after which an expert is reported (event
+                                 * moe.expert_idle); 0: never */
     } train;
     /* optimizer.*: which optimizer, and Adafactor's knobs (at their
      * defaults unless name is adafactor); lr, its schedule, weight decay

@@ -164,6 +164,10 @@ const key_ spec_keys_[] = {
     LONG("train", "max_bad_steps", train.max_bad_steps, 1, LONG_MAX,
          "A step whose loss or gradient norm is NaN or Inf is skipped (no "
          "update); this many in a row pause the run."),
+    LONG("train", "expert_idle_steps", train.expert_idle_steps, 0, LONG_MAX,
+         "MoE: an expert that received no token (of any rank) for this many "
+         "consecutive steps is named in an event `moe.expert_idle`, once "
+         "until it gets a token again. 0: never. Does not change training."),
     ENUM("optimizer", "name", optimizer.name, optimizer_names_,
          "`adamw` (`train.beta1`, `beta2`, `eps`) or `adafactor` (Shazeer & "
          "Stern 2018: factored second moment of every matrix, full for "

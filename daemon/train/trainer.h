@@ -71,6 +71,17 @@ typedef struct {
     double load_cv;           /* their coefficient of variation (std/mean) */
     double experts_empty;     /* experts with no tokens, mean per layer and
                                * microbatch */
+    /* train.expert_idle_steps: the (MoE block, expert) pairs that have
+     * processed no token of any rank for that many steps or more, those
+     * that reached it at this step, and the first of these (block index
+     * among the MoE blocks, model_moe_layer_index; global expert) */
+    long experts_idle, idle_new;
+    int idle_block, idle_expert;
+    /* (MoE blocks, E): the tokens each expert processed in the step, over
+     * every rank's microbatches; the trainer's, valid until its next step;
+     * NULL when train.expert_idle_steps is 0 */
+    const float *tokens;
+    size_t n_tokens;
 } step_moe;
 
 /* How many of a step's ranks with non-finite gradients step_result names

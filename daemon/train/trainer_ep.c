@@ -91,7 +91,7 @@ static void ep_forward_(void *ctx, gpt_model *g, int l, int s, const float *x,
     const model_config *c = &g->cfg;
     gpt_moe_stats_add(&g->moe_stats, aux, z, 1, dropped,
                       (long)B * g->T * c->moe_prototypes, moe_ep_counts(m),
-                      c->moe_experts);
+                      c->moe_experts, model_moe_layer_index(c, l));
 }
 
 static void ep_backward_(void *ctx, gpt_model *g, int l, int s,

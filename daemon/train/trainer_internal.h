@@ -80,6 +80,10 @@ struct trainer {
      * dp_rank_stats[2r], [2r+1]. dp_stats_valid: gathered this step. */
     double dp_local_sumsq, dp_local_nonfinite;
     float *dp_rank_stats;
+    /* (MoE blocks, E): consecutive steps each expert has processed no
+     * token of any rank (train.expert_idle_steps); NULL until first used */
+    long *moe_idle;
+    float *moe_tokens;    /* the step's tokens of each, over the ranks */
     int dp_rank_stats_world;
     int dp_stats_valid;
     /* overlap (dp_overlap 1): during the step's last microbatch the
