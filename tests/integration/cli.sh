@@ -211,4 +211,21 @@ ctl status "$P" >"$T/p.txt"
 grep -qx 'phase: *pseudo' "$T/p.txt" || fail "stopped pseudo run's phase: $(grep phase "$T/p.txt")"
 stop_daemon
 
+# M6_STATE_DIR: m6d without --state-dir keeps its state there, and m6ctl
+# without --socket finds it there (nothing of either under HOME).
+ENV_DIR=$T/env-state
+(
+    export M6_STATE_DIR=$ENV_DIR HOME=$T/no-home
+    unset XDG_STATE_HOME STATE_DIRECTORY M6_SOCKET
+    exec "$M6D" --threads 1
+) 2>>"$T/m6d-env.log" &
+M6D_PIDS[env]=$!
+wait_for "m6d to answer at M6_STATE_DIR's socket" 30 \
+    env M6_STATE_DIR="$ENV_DIR" HOME="$T/no-home" "$M6CTL" list
+[ -f "$ENV_DIR/m6.db" ] || fail "M6_STATE_DIR: no m6.db in $ENV_DIR"
+[ ! -e "$T/no-home" ] || fail "M6_STATE_DIR: m6d or m6ctl wrote under HOME"
+kill "${M6D_PIDS[env]}"
+wait "${M6D_PIDS[env]}" || fail "m6d with M6_STATE_DIR: exit $?"
+unset 'M6D_PIDS[env]'
+
 echo "cli: ok"
