@@ -787,10 +787,10 @@ static void test_bad_specs(void **state)
         /* model.moe */
         { "\"model\": {\"moe\": {\"num_experts\": 6, \"prototypes\": 4}}",
           "model.moe.prototypes: must divide model.moe.num_experts (6 % 4 != 0)" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"capacity_factor\": 0}}",
-          "model.moe.capacity_factor: must be > 0, got 0" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"capacity_factor\": -0.5}}",
+          "model.moe.capacity_factor: must be >= 0, got -0.5" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"eval_capacity_factor\": -1}}",
-          "model.moe.eval_capacity_factor: must be > 0, got -1" },
+          "model.moe.eval_capacity_factor: must be >= 0, got -1" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 7}}",
           "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",
