@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -65,8 +66,14 @@ static void node_gone_(peer *p, node_state s, const char *cause)
                  (long long)p->node_id, p->hostname, p->addr, cause);
     if (s == NODE_LOST && p->arun > 0) {
         /* a rank of a run across nodes (dp.h; the run of its latest
-         * assignment): the run's own event; its other ranks' collectives
-         * fail or time out and the run pauses */
+         * assignment): the run's own event and its lost ranks; its other
+         * ranks' collectives fail or time out and the run pauses */
+        run_lost l = {.node_id = p->node_id, .rank = p->arank,
+                      .local_rank = 0,
+                      .ranks = p->aranks > 1 ? p->aranks : 1};
+        snprintf(l.hostname, sizeof l.hostname, "%s", p->hostname);
+        snprintf(l.why, sizeof l.why, "node lost: %s", cause);
+        coord_rank_lost(co, p->arun, p->agen, &l);
         if (p->aranks > 1) {
             /* every local rank of the node went with it */
             state_event(co->st, p->arun, "nodes.rank_lost",
@@ -549,6 +556,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         p->arun = a->run;
         p->arank = a->rank;
         p->aranks = a->ranks;
+        p->agen = a->gen;
         free(a->spec);
         free(a);
         return;
@@ -663,18 +671,76 @@ int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
     return k;
 }
 
-/* ------------------------------------------------- the store's admission */
+/* The latest generation assigned in run (0: none), with co->amu held. */
+static int64_t run_gen_locked_(cluster_coord *co, int64_t run)
+{
+    int64_t g = 0;
+    for (run_gen *rg = co->gens; rg; rg = rg->next)
+        if (rg->run == run) g = rg->gen;
+    return g;
+}
 
 /* The latest generation assigned in run (0: none). */
 static int64_t run_gen_(cluster_coord *co, int64_t run)
 {
     pthread_mutex_lock(&co->amu);
-    int64_t g = 0;
-    for (run_gen *rg = co->gens; rg; rg = rg->next)
-        if (rg->run == run) g = rg->gen;
+    int64_t g = run_gen_locked_(co, run);
     pthread_mutex_unlock(&co->amu);
     return g;
 }
+
+/* ------------------------------------------------------- lost ranks */
+
+void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
+                     const run_lost *l)
+{
+    pthread_mutex_lock(&co->amu);
+    lost_entry *e = co->losts;
+    while (e && e->run != run) e = e->next;
+    if (gen == run_gen_locked_(co, run) && (!e || e->gen != gen)) {
+        if (!e && (e = calloc(1, sizeof *e))) {
+            e->run = run;
+            e->next = co->losts;
+            co->losts = e;
+        }
+        if (e) {
+            e->gen = gen;
+            e->lost = *l;
+            pthread_cond_broadcast(&co->lost_cv);
+        }
+    }
+    pthread_mutex_unlock(&co->amu);
+}
+
+int cluster_coord_rank_lost(cluster_coord *co, int64_t run, int wait_ms,
+                            run_lost *out)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int found = 0;
+    pthread_mutex_lock(&co->amu);
+    for (;;) {
+        int64_t gen = run_gen_locked_(co, run);
+        for (lost_entry *e = co->losts; e && !found; e = e->next)
+            if (e->run == run && e->gen == gen && gen > 0) {
+                *out = e->lost;
+                found = 1;
+            }
+        if (found || pthread_cond_timedwait(&co->lost_cv, &co->amu,
+                                            &until) != 0)
+            break;
+    }
+    pthread_mutex_unlock(&co->amu);
+    return found;
+}
+
+/* ------------------------------------------------- the store's admission */
 
 /* Whether the StoreOpen's node id, secret and rank are a rank of (run,
  * gen) (coordinator.h); why says what is wrong when not. 1 yes, 0 no, -1
@@ -987,6 +1053,11 @@ static void co_closed_(uv_handle_t *h)
         n = rg->next;
         free(rg);
     }
+    for (lost_entry *e = co->losts, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
+    pthread_cond_destroy(&co->lost_cv);
     pthread_mutex_destroy(&co->amu);
     cluster_tls_ctx_free(co->tls);
     free(co);
@@ -1019,6 +1090,7 @@ cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
         return NULL;
     }
     pthread_mutex_init(&co->amu, NULL);
+    pthread_cond_init(&co->lost_cv, NULL);
     co->loop = cfg->loop;
     co->st = cfg->st;
     co->timeout_ms = cfg->timeout_ms;

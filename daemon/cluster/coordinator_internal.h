@@ -37,6 +37,14 @@ typedef struct run_gen {
     struct run_gen *next;
 } run_gen;
 
+/* The first loss heard of in a run's generation (cluster_coord_rank_lost):
+ * one entry per run, replaced by a newer generation's. */
+typedef struct lost_entry {
+    int64_t run, gen;
+    run_lost lost;
+    struct lost_entry *next;
+} lost_entry;
+
 /* A rank assignment waiting for its node's next heartbeat (dp.h). */
 typedef struct assign_entry {
     int64_t node_id, run, gen;
@@ -47,9 +55,12 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
+    pthread_mutex_t amu;  /* guards assigns, gens, losts: set from the
+                           * runner thread */
+    pthread_cond_t lost_cv; /* with amu: a loss recorded in losts */
     assign_entry *assigns;
     run_gen *gens;
+    lost_entry *losts;
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;
     state *st;
@@ -91,6 +102,7 @@ struct peer {
     int64_t arun;       /* wiring: the run of its latest assignment, 0 */
     int arank;          /* ... its (first) rank there */
     int aranks;         /* ... how many: arank .. arank+aranks-1 */
+    int64_t agen;       /* ... and its generation */
     /* a store client */
     int64_t run, gen;
     int rank;           /* the rank it writes as (StoreOpen) */
@@ -118,6 +130,12 @@ void coord_pump(peer *p);
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why);
 /* Forget p's parked request's keys; p is no longer parked. */
 void coord_peer_free_keys(peer *p);
+/* Ranks of run's generation gen were lost (l: which, and why): kept for
+ * cluster_coord_rank_lost when gen is the run's latest generation and
+ * no loss of it was kept yet (the first loss is the cause; the others'
+ * failures follow from it). Any thread. */
+void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
+                     const run_lost *l);
 
 /* coordinator_store.c */
 

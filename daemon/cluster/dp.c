@@ -459,14 +459,20 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
                    int world, int timeout_ms, int64_t *gen_out,
                    int *local_out, char *why, size_t len);
 
+/* The run's collectives' and rendezvous' timeout: nodes.timeout, 30 s
+ * when unset. */
+static int timeout_ms_(const run_spec *spec)
+{
+    return spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000 : 30000;
+}
+
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len)
 {
     cluster_dp_coord *d = ud;
     *out = NULL;
-    int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
-                                             : 30000;
+    int timeout_ms = timeout_ms_(spec);
     int64_t gen = 0;
     int here = 1;  /* ranks on this m6d: 0..here-1 */
     pthread_mutex_lock(&d->mu);
@@ -617,6 +623,20 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id)
 {
     cluster_dp_coord *d = ud;
     state_nodes_clear_run(d->st, id);
+}
+
+int cluster_dp_coord_lost(void *ud, int64_t id, const run_spec *spec,
+                          run_lost *out)
+{
+    cluster_dp_coord *d = ud;
+    /* d->mu held: the coordinator is not detached and freed meanwhile
+     * (cluster_dp_coord_attach waits, at most the wait) */
+    pthread_mutex_lock(&d->mu);
+    int rc = d->co ? cluster_coord_rank_lost(d->co, id,
+                                             timeout_ms_(spec) / 2, out)
+                   : 0;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
 }
 
 /* ---------------------------------------------------------- a worker node */

@@ -635,7 +635,7 @@ static int step_(run_ctx *r)
     } else if (src == TRAINER_ECOLL) {
         /* a rank died or stopped answering: the step was not applied;
          * pause, and the runner reloads the last checkpoint (run_one_) */
-        char why[1400];
+        char why[2400];
         r->lost = 1;
         runner_lost_why_(r, "in the step", &data_err, why, sizeof why);
         r->data_code = M6_EBADSTATE;

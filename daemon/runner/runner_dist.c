@@ -25,8 +25,28 @@ void runner_lost_why_(run_ctx *r, const char *what, const m6_err *e,
         snprintf(back, sizeof back, "; the optimizer state is sharded and "
                  "could not be gathered: nothing is saved, resume starts "
                  "from step 0");
-    snprintf(buf, len, "a rank of the run's %d-rank group failed %s: %s%s",
-             trainer_world_size(r->t), what, m6_err_msg(e), back);
+    /* who was lost, as the coordinator heard it: the reason names it and
+     * the run's row keeps it (status) */
+    runner *c = r->c;
+    run_lost l = {0};
+    char who[1200] = "";
+    if (c->dist && c->dist->lost &&
+        c->dist->lost(c->dist->ud, r->id, &r->spec, &l) == 1) {
+        if (l.ranks > 1)
+            snprintf(who, sizeof who, "ranks %d-%d were lost (node %s, id "
+                     "%lld, local ranks %d-%d): %s; ", l.rank,
+                     l.rank + l.ranks - 1, l.hostname, (long long)l.node_id,
+                     l.local_rank, l.local_rank + l.ranks - 1, l.why);
+        else
+            snprintf(who, sizeof who, "rank %d was lost (node %s, id %lld, "
+                     "local rank %d): %s; ", l.rank, l.hostname,
+                     (long long)l.node_id, l.local_rank, l.why);
+        if (state_run_set_lost(c->st, r->id, &l) < 0)
+            log_warn("run.lost", "run=%lld err=\"state DB: cannot record "
+                     "the lost rank\"", (long long)r->id);
+    }
+    snprintf(buf, len, "%sa rank of the run's %d-rank group failed %s: %s%s",
+             who, trainer_world_size(r->t), what, m6_err_msg(e), back);
 }
 
 int runner_sync_(run_ctx *r, int whole, m6_err *err)
@@ -48,7 +68,7 @@ int runner_sync_(run_ctx *r, int whole, m6_err *err)
     m6_err e = M6_ERR_NONE;
     int rc = trainer_sync_boundary(r->t, whole, &e);
     if (rc < 0) {
-        char why[1200];
+        char why[2400];
         r->lost = 1;
         runner_lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
                                   : "at the step boundary", &e, why,
@@ -118,6 +138,8 @@ int runner_dist_ready_(run_ctx *r)
             r->synced = 0;
             r->coll_phase = trainer_phase(r->t);
             r->dist_why[0] = 0;
+            /* a loss that paused the run is behind it now */
+            state_run_set_lost(c->st, r->id, NULL);
             state_event(c->st, r->id, "nodes.group", "world_size=%d step=%ld",
                         world, trainer_step_count(r->t));
             log_info("run.group", "run=%lld world_size=%d step=%ld",
