@@ -17,13 +17,17 @@
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
 #      losses; with optimizer.shard, the unsharded run's losses bit for bit;
 #  (c) kill -9 of the worker holding ranks 2-3 mid-run: the run pauses
-#      within 2x nodes.timeout, an event naming the node and its local
-#      ranks; the worker restarts, `m6ctl resume` completes the run with
-#      the uninterrupted world-4 run's losses, bit for bit (both continue
-#      from rank 0's checkpointed state, rebroadcast);
-#  (d) one rank thread of the worker fails: the run pauses, an event naming
-#      the node, the rank and the local rank; the resumed run completes
-#      with the uninterrupted run's losses.
+#      within 2x nodes.timeout, its reason naming the node and its local
+#      ranks, which status also shows as fields (RunInfo.lost: the node's
+#      id as `m6ctl nodes` has it, its hostname, ranks and local ranks)
+#      beside an event; the worker restarts, `m6ctl resume` completes the
+#      run with the uninterrupted world-4 run's losses, bit for bit (both
+#      continue from rank 0's checkpointed state, rebroadcast), and the
+#      lost fields are gone once the group forms again;
+#  (d) one rank thread of the worker fails: the run pauses within 2x
+#      nodes.timeout of the failure, its reason and RunInfo.lost naming
+#      the node, the rank and the local rank, beside an event; the resumed
+#      run completes with the uninterrupted run's losses.
 # A node's host memory is divided among the ranks a run has on it: m6d's
 # check (m6ctl plan --daemon, as at submit) of a model larger than any
 # machine here refuses a 2-rank run on the 2-device coordinator naming the
@@ -90,6 +94,28 @@ for r in json.load(sys.stdin).get("ranks") or []:
     [[ "$got" == $2 ]] && return 0
     echo "$got"
     return 1
+}
+
+# lost_is RUN "RANK LOCAL_RANK RANKS HOSTNAME": RunInfo.lost of `m6ctl
+# status RUN --json` names those ranks of the node HOSTNAME, by its id in
+# `m6ctl nodes` too; the pause's reason (error) and the text status say
+# so in words
+lost_is() {
+    local want got id
+    read -r rank local ranks host <<<"$2"
+    id=$(node_field "$host" id)
+    want="$rank $local $ranks $host $id"
+    got=$(ctl status "$1" --json | python3 -c '
+import json, sys
+l = json.load(sys.stdin).get("lost")
+print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "node_id")) if l else "none")')
+    [ "$got" = "$want" ] || fail "run $1: lost ranks '$got', want '$want'"
+    local words="rank $rank was lost (node $host, id $id, local rank $local)"
+    [ "$ranks" -gt 1 ] && words="ranks $rank-$((rank + ranks - 1)) were lost (node $host, id $id, local ranks $local-$((local + ranks - 1)))"
+    field "$1" error | has -F "$words" \
+        || fail "run $1: the pause's reason does not say '$words': $(field "$1" error)"
+    ctl status "$1" | has -E "^ *lost: +rank.*node $host \(id $id\)" \
+        || fail "run $1: text status does not show the lost ranks: $(ctl status "$1")"
 }
 
 close_to_one() {
@@ -244,6 +270,7 @@ kill -9 "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
 release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
+lost_is "$R4b" "2 0 2 w"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
 # w's ranks lost with their node (its detail the reason; their step the
 # one its last heartbeat carried, whenever that was); rank 1 left the
@@ -257,6 +284,7 @@ wait_for "status to show run $R4b's ranks after the loss" 20 ranks_are "$R4b" \
 log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
 worker_w
 finish_same "$R4b" "the world-4 run resumed after kill -9"
+[ -z "$(field "$R4b" lost)" ] || fail "run $R4b still shows lost ranks after its group formed again: $(field "$R4b" lost)"
 log "(c) resumed, completed with the uninterrupted run's losses"
 # ---- (d) one rank thread fails (the test hook M6_TEST_RANK_FAIL, as a
 # trainer error would): the run pauses, an event naming the node, the rank
@@ -264,12 +292,20 @@ log "(c) resumed, completed with the uninterrupted run's losses"
 # completes the run
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 M6_TEST_RANK_FAIL=3@9 worker_w
+# rank 0 held after step 9, where rank 3 fails: timed from its failure
+hold_at_step 9 nowait
 R4c=$(ctl submit "$T/w4.json")
-wait_state "$R4c" paused 20
+wait_held
+wait_for "rank 3 to fail on w" 20 log_has "$T/m6d-w.log" "cluster.rank_failed run=$R4c rank=3"
+t0=$EPOCHREALTIME
+release_boundary
+wait_paused_within "$R4c" "$t0" $((2 * TMO)) "rank 3 (w's local rank 1) failed"
+lost_is "$R4c" "3 1 1 w"
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
 wait_for "status to show rank 3 of run $R4c failed" 20 ranks_are "$R4c" \
     "*
 3 1 w 9 failed test fault: M6_TEST_RANK_FAIL*"
+log "(d) paused ${TOOK}s after rank 3 failed; status: $(ctl status "$R4c" | grep -E '^ *lost:')"
 log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w
