@@ -736,6 +736,8 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         log_info("cluster.rank_threads", "run=%lld rank=%d local_rank=%d "
                  "threads=%d", (long long)a->run, a->rank, sl->local,
                  spec.device.threads);
+    /* its collective calls tell the board how long they block */
+    m6_coll_wait_clock(rankboard_wait_clock(sl->local));
     t = trainer_create(&spec, &e);
     if (!t) goto failed;
     g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
@@ -833,6 +835,7 @@ done:
     }
     m6_coll_destroy(g);
     trainer_free(t);
+    m6_coll_wait_clock(NULL);
 }
 
 static void *slot_main_(void *arg)

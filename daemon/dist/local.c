@@ -130,7 +130,7 @@ int m6_local_size(const m6_local *h) { return h->g->size; }
  * barrier that every rank passed succeeds even if the group breaks
  * afterwards. 0, or -1 with err (the group broken: by this wait's timeout,
  * naming the first local rank missing, or earlier). */
-static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
+static int barrier_wait_(m6_local *h, int timeout_ms, m6_err *err)
 {
     group_ *g = h->g;
     pthread_mutex_lock(&g->mu);
@@ -177,6 +177,15 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
         rc = -1;
     }
     pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+/* barrier_wait_ on the thread's wait clock (collectives.h) */
+static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
+{
+    m6_coll_wait_begin();
+    int rc = barrier_wait_(h, timeout_ms, err);
+    m6_coll_wait_end();
     return rc;
 }
 

@@ -36,8 +36,9 @@
 # Throughout, `m6ctl status` (text and --json) shows where each rank
 # stands (rank, local rank, node, step, state): held at a step by rank 0's
 # boundary (lib.sh hold_at_step), every rank has completed that step and
-# waits in the next one's all-reduce; a lost node's ranks are "lost", a
-# failed rank "failed" with its error.
+# waits in the next one's all-reduce, "waiting" once it has for a second
+# (rankboard.h RANKBOARD_WAIT_MS), its reason saying how long; a lost
+# node's ranks are "lost", a failed rank "failed" with its error.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 M6D_ARGS="--node-timeout $TMO"
@@ -149,12 +150,12 @@ ADDR=127.0.0.1:$PORT
 hold_at_step 3 nowait
 R2=$(ctl submit "$T/w2h.json")
 wait_held
-wait_for "status to show both ranks of run $R2 at step 3" 20 ranks_are "$R2" \
+wait_for "status to show both ranks of run $R2 at step 3, rank 1 waiting" 20 ranks_are "$R2" \
     "0 0 $H 3 training
-1 1 $H 3 training"
+1 1 $H 3 waiting in a collective for * s (training)"
 ctl status "$R2" >"$T/status2.txt"
-grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +training" "$T/status2.txt" \
-    || fail "m6ctl status (text) does not show rank 1 at step 3: $(cat "$T/status2.txt")"
+grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +waiting +in a collective for [0-9.]+ s" "$T/status2.txt" \
+    || fail "m6ctl status (text) does not show rank 1 at step 3, waiting: $(cat "$T/status2.txt")"
 release_boundary
 ctl watch "$R2" >/dev/null || fail "the 2-rank run on one m6d did not complete: $(ctl status "$R2")"
 ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2' \
@@ -237,11 +238,11 @@ ctl nodes >"$T/nodes.txt"
 grep -Eq "coordinator .* 0-1 " "$T/nodes.txt" || fail "m6ctl nodes does not show ranks 0-1 on the coordinator: $(cat "$T/nodes.txt")"
 # every rank at step 2: rank 1 on the coordinator's rank thread, 2-3 on
 # w as its heartbeats carry them
-wait_for "status to show the 4 ranks of run $R4 at step 2" 20 ranks_are "$R4" \
+wait_for "status to show the 4 ranks of run $R4 at step 2, waiting" 20 ranks_are "$R4" \
     "0 0 $H 2 training
-1 1 $H 2 training
-2 0 w 2 training
-3 1 w 2 training"
+1 1 $H 2 waiting in a collective for * s (training)
+2 0 w 2 waiting in a collective for * s (training)
+3 1 w 2 waiting in a collective for * s (training)"
 release_boundary
 ctl watch "$R4" >/dev/null || fail "the world-4 run did not complete: $(ctl status "$R4")"
 ctl events "$R4" | has -E 'nodes.assign +node=[0-9]+ hostname=w rank=2 ranks=2-3 world_size=4' \
