@@ -64,16 +64,21 @@ static void node_gone_(peer *p, node_state s, const char *cause)
     else
         log_warn(kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
                  (long long)p->node_id, p->hostname, p->addr, cause);
-    if (s == NODE_LOST && p->arun > 0) {
-        /* a rank of a run across nodes (dp.h; the run of its latest
-         * assignment): the run's own event and its lost ranks; its other
-         * ranks' collectives fail or time out and the run pauses */
+    if (p->arun > 0) {
+        /* its ranks of the run of its latest assignment (dp.h) are gone,
+         * lost or stopped: the run's lost ranks if it was still in that
+         * generation (its other ranks' collectives fail or time out and
+         * the run pauses, naming them) */
         run_lost l = {.node_id = p->node_id, .rank = p->arank,
                       .local_rank = 0,
                       .ranks = p->aranks > 1 ? p->aranks : 1};
         snprintf(l.hostname, sizeof l.hostname, "%s", p->hostname);
-        snprintf(l.why, sizeof l.why, "node lost: %s", cause);
+        snprintf(l.why, sizeof l.why, "node %s: %s",
+                 s == NODE_LEFT ? "left" : "lost", cause);
         coord_rank_lost(co, p->arun, p->agen, &l);
+    }
+    if (s == NODE_LOST && p->arun > 0) {
+        /* the run's own event */
         if (p->aranks > 1) {
             /* every local rank of the node went with it */
             state_event(co->st, p->arun, "nodes.rank_lost",

@@ -138,9 +138,9 @@ void cluster_coord_run_generation(cluster_coord *c, int64_t run, int64_t gen);
 
 /* Which ranks of run's latest generation were lost, as the coordinator
  * heard it: a rank that failed (its store key "failed/<rank>": that rank,
- * its node and local rank, its error) or a node lost while it held ranks
- * of the run (every one of its ranks, local ranks 0 .. ranks - 1; the
- * cause). The first loss of the generation; waits up to wait_ms (>= 0)
+ * its node and local rank, its error) or a node lost or stopped (left)
+ * while it held ranks of the run (every one of its ranks, local ranks 0
+ * .. ranks - 1; the cause). The first loss of the generation; waits up to wait_ms (>= 0)
  * for one. 1 with *out set, 0 none heard of. Any thread but the loop's
  * (the loop records the losses). */
 int cluster_coord_rank_lost(cluster_coord *c, int64_t run, int wait_ms,

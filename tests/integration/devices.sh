@@ -27,7 +27,9 @@
 #  (d) one rank thread of the worker fails: the run pauses within 2x
 #      nodes.timeout of the failure, its reason and RunInfo.lost naming
 #      the node, the rank and the local rank, beside an event; the resumed
-#      run completes with the uninterrupted run's losses.
+#      run completes with the uninterrupted run's losses;
+#  (e) one rank thread of the coordinator fails: likewise, naming the
+#      coordinator's own node and local rank 1.
 # A node's host memory is divided among the ranks a run has on it: m6d's
 # check (m6ctl plan --daemon, as at submit) of a model larger than any
 # machine here refuses a 2-rank run on the 2-device coordinator naming the
@@ -311,6 +313,23 @@ log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error:
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w
 finish_same "$R4c" "the world-4 run resumed after a rank failed"
+# ---- (e) a rank thread of the coordinator fails (its local rank 1): the
+# pause names the coordinator's own node; restarted on its address with
+# the fault hook, the worker reconnecting by itself
+kill -TERM "${M6D_PIDS[c]}"; wait "${M6D_PIDS[c]}" || fail "coordinator exit"
+M6_TEST_RANK_FAIL=1@9 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator \
+    --listen "$ADDR" --token-file "$T/token" --threads 2 --devices 2
+wait_m6d "$SOCK" "${M6D_PIDS[c]}" "the restarted coordinator"
+wait_node w live 10 >/dev/null
+hold_at_step 9 nowait
+R4e=$(ctl submit "$T/w4.json")
+wait_held
+wait_for "rank 1 to fail on the coordinator" 20 log_has "$T/m6d-c.log" "cluster.rank_failed run=$R4e rank=1"
+t0=$EPOCHREALTIME
+release_boundary
+wait_paused_within "$R4e" "$t0" $((2 * TMO)) "rank 1 (the coordinator's local rank 1) failed"
+lost_is "$R4e" "1 1 1 $H"
+log "(e) paused ${TOOK}s after rank 1 failed; status: $(ctl status "$R4e" | grep -E '^ *lost:')"
 kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
