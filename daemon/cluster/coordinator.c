@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/rankboard.h"
 #include "common/readbuf.h"
@@ -720,14 +720,8 @@ void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
 int cluster_coord_rank_lost(cluster_coord *co, int64_t run, int wait_ms,
                             run_lost *out)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    /* lost_cv is on CLOCK_REALTIME (pthread_cond_init's default) */
+    struct timespec until = clock_deadline(CLOCK_REALTIME, wait_ms);
     int found = 0;
     pthread_mutex_lock(&co->amu);
     for (;;) {

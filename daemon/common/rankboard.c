@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "common/clock.h"
 
 static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
 static rank_entry board_[RANKBOARD_MAX];
@@ -77,13 +78,6 @@ static void read_waiting_(rank_entry *e, int64_t now_ms)
     e->state = RANK_WAITING;
 }
 
-static int64_t now_ms_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* qsort: by run, then rank (then node and local rank) */
 static int by_rank_(const void *a, const void *b)
 {
@@ -98,7 +92,7 @@ int rankboard_local(rank_entry *out, int max)
 {
     int k = 0;
     pthread_mutex_lock(&mu_);
-    int64_t now = now_ms_();
+    int64_t now = clock_mono_ms();
     for (int i = 0; i < n_ && k < max; i++)
         if (board_[i].node_id == 0) {
             out[k] = board_[i];
@@ -130,7 +124,7 @@ int rankboard_run(int64_t run, rank_entry *out, int max)
 {
     int k = 0;
     pthread_mutex_lock(&mu_);
-    int64_t now = now_ms_();
+    int64_t now = clock_mono_ms();
     for (int i = 0; i < n_ && k < max; i++)
         if (board_[i].run == run) {
             out[k] = board_[i];

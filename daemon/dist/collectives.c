@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "dist/coll_backend.h"
 
 struct m6_coll {
@@ -189,9 +189,7 @@ void m6_coll_wait_clock(int64_t *clock)
 void m6_coll_wait_begin(void)
 {
     if (wait_depth_++ || !wait_clock_) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t ms = clock_mono_ms();
     __atomic_store_n(wait_clock_, ms > 0 ? ms : 1, __ATOMIC_RELAXED);
 }
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 
 /* One group, shared by its local ranks' handles. */
 typedef struct group_ {
@@ -149,14 +150,7 @@ static int barrier_wait_(m6_local *h, int timeout_ms, m6_err *err)
         pthread_mutex_unlock(&g->mu);
         return 0;
     }
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = clock_deadline(CLOCK_MONOTONIC, timeout_ms);
     while (g->gen == gen && !g->broken_code) {
         if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT &&
             g->gen == gen && !g->broken_code) {

@@ -121,6 +121,20 @@ print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "n
         || fail "run $1: text status does not show the lost ranks: $(ctl status "$1")"
 }
 
+# fault_pause LOG RANK WHAT: a world-4 run (RF) submitted with rank 0
+# held after step 9, where rank RANK fails (M6_TEST_RANK_FAIL of its m6d,
+# whose log is LOG); released once it has: the run pauses within 2x
+# nodes.timeout of the failure
+fault_pause() {
+    hold_at_step 9 nowait
+    RF=$(ctl submit "$T/w4.json")
+    wait_held
+    wait_for "rank $2 to fail" 20 log_has "$1" "cluster.rank_failed run=$RF rank=$2"
+    local t0=$EPOCHREALTIME
+    release_boundary
+    wait_paused_within "$RF" "$t0" $((2 * TMO)) "$3"
+}
+
 close_to_one() {
     losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
         >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
@@ -295,14 +309,8 @@ log "(c) resumed, completed with the uninterrupted run's losses"
 # completes the run
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 M6_TEST_RANK_FAIL=3@9 worker_w
-# rank 0 held after step 9, where rank 3 fails: timed from its failure
-hold_at_step 9 nowait
-R4c=$(ctl submit "$T/w4.json")
-wait_held
-wait_for "rank 3 to fail on w" 20 log_has "$T/m6d-w.log" "cluster.rank_failed run=$R4c rank=3"
-t0=$EPOCHREALTIME
-release_boundary
-wait_paused_within "$R4c" "$t0" $((2 * TMO)) "rank 3 (w's local rank 1) failed"
+fault_pause "$T/m6d-w.log" 3 "rank 3 (w's local rank 1) failed"
+R4c=$RF
 lost_is "$R4c" "3 1 1 w"
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
 wait_for "status to show rank 3 of run $R4c failed" 20 ranks_are "$R4c" \
@@ -321,13 +329,8 @@ M6_TEST_RANK_FAIL=1@9 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordi
     --listen "$ADDR" --token-file "$T/token" --threads 2 --devices 2
 wait_m6d "$SOCK" "${M6D_PIDS[c]}" "the restarted coordinator"
 wait_node w live 10 >/dev/null
-hold_at_step 9 nowait
-R4e=$(ctl submit "$T/w4.json")
-wait_held
-wait_for "rank 1 to fail on the coordinator" 20 log_has "$T/m6d-c.log" "cluster.rank_failed run=$R4e rank=1"
-t0=$EPOCHREALTIME
-release_boundary
-wait_paused_within "$R4e" "$t0" $((2 * TMO)) "rank 1 (the coordinator's local rank 1) failed"
+fault_pause "$T/m6d-c.log" 1 "rank 1 (the coordinator's local rank 1) failed"
+R4e=$RF
 lost_is "$R4e" "1 1 1 $H"
 log "(e) paused ${TOOK}s after rank 1 failed; status: $(ctl status "$R4e" | grep -E '^ *lost:')"
 kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"

@@ -349,6 +349,27 @@ static int set_(m6_store *s, const char *key, char *msg, size_t len)
     return rc;
 }
 
+/* A worker node's row called host (its uuid "beef...<fill>", its secret
+ * bytes fill, state lost: out of test_nodes_fit's way) and *w to open the
+ * store as its rank `rank`. Its id. */
+static int64_t worker_node_(const char *host, int rank, int fill,
+                            m6_store_who *w)
+{
+    *w = (m6_store_who){.rank = rank};
+    snprintf(w->node_uuid, sizeof w->node_uuid, "beef00000000000000000000000000%02x",
+             fill);
+    memset(w->secret, fill, sizeof w->secret);
+    node_row n = {0};
+    snprintf(n.hostname, sizeof n.hostname, "%s", host);
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w->node_uuid);
+    snprintf(n.backend, sizeof n.backend, "cpu");
+    n.state = NODE_LOST;
+    cluster_secret_hash(w->secret, sizeof w->secret, n.secret_sha256);
+    int64_t id;
+    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    return id;
+}
+
 /* Keys owned by their writer: the owner of each key by hand; a worker
  * node opens only the rank it holds, in its run's latest generation, with
  * its own secret, and sets only its own keys; rank 0 opening a newer
@@ -367,17 +388,8 @@ static void test_owners(void **st)
     /* a worker node holding rank 1 of run R, generation 9 */
     int64_t run = state_run_insert(g.st, "owners", "{}", 10, 0, NULL);
     assert_true(run > 0);
-    m6_store_who w = {.rank = 1};
-    snprintf(w.node_uuid, sizeof w.node_uuid, "beef0000000000000000000000000001");
-    memset(w.secret, 0x33, sizeof w.secret);
-    node_row n = {0};
-    snprintf(n.hostname, sizeof n.hostname, "w1");
-    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w.node_uuid);
-    snprintf(n.backend, sizeof n.backend, "cpu");
-    n.state = NODE_LOST;  /* out of test_nodes_fit's way */
-    cluster_secret_hash(w.secret, sizeof w.secret, n.secret_sha256);
-    int64_t id;
-    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    m6_store_who w;
+    int64_t id = worker_node_("w1", 1, 0x33, &w);
     assert_int_equal(state_node_set_run(g.st, id, run, 1), 0);
     assert_int_equal(cluster_coord_assign(g.co, id, run, "{}", 1, 2, 9, 1000), 0);
     char msg[512];
@@ -469,17 +481,8 @@ static void test_lost(void **st)
     (void)st;
     int64_t run = state_run_insert(g.st, "lost", "{}", 10, 0, NULL);
     assert_true(run > 0);
-    m6_store_who w = {.rank = 3};
-    snprintf(w.node_uuid, sizeof w.node_uuid, "beef0000000000000000000000000002");
-    memset(w.secret, 0x44, sizeof w.secret);
-    node_row n = {0};
-    snprintf(n.hostname, sizeof n.hostname, "w2");
-    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w.node_uuid);
-    snprintf(n.backend, sizeof n.backend, "cpu");
-    n.state = NODE_LOST;  /* out of test_nodes_fit's way */
-    cluster_secret_hash(w.secret, sizeof w.secret, n.secret_sha256);
-    int64_t id;
-    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    m6_store_who w;
+    int64_t id = worker_node_("w2", 3, 0x44, &w);
     assert_int_equal(state_node_set_ranks(g.st, id, run, 2, 2), 0);
     assert_int_equal(cluster_coord_assign_ranks(g.co, id, run, "{}", 2, 2, 4,
                                                  9, 1000), 0);
