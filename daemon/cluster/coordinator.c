@@ -448,6 +448,14 @@ static run_gen *run_gen_entry_(cluster_coord *co, int64_t run)
     return rg;
 }
 
+/* rg's generation is gen if that is newer: nothing lost in it yet */
+static void run_gen_newer_(run_gen *rg, int64_t gen)
+{
+    if (gen <= rg->gen) return;
+    rg->gen = gen;
+    rg->has_lost = 0;
+}
+
 /* The assignment for node id, unlinked (the caller frees it), or NULL. */
 static assign_entry *take_assign_(cluster_coord *co, int64_t id)
 {
@@ -501,7 +509,7 @@ int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
         free(a);
         return -1;
     }
-    if (gen > rg->gen) rg->gen = gen;
+    run_gen_newer_(rg, gen);
     a->next = co->assigns;
     co->assigns = a;
     pthread_mutex_unlock(&co->amu);
@@ -655,7 +663,7 @@ void cluster_coord_run_generation(cluster_coord *co, int64_t run, int64_t gen)
 {
     pthread_mutex_lock(&co->amu);
     run_gen *rg = run_gen_entry_(co, run);
-    if (rg && gen > rg->gen) rg->gen = gen;
+    if (rg) run_gen_newer_(rg, gen);
     pthread_mutex_unlock(&co->amu);
 }
 
@@ -676,20 +684,13 @@ int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
     return k;
 }
 
-/* The latest generation assigned in run (0: none), with co->amu held. */
-static int64_t run_gen_locked_(cluster_coord *co, int64_t run)
-{
-    int64_t g = 0;
-    for (run_gen *rg = co->gens; rg; rg = rg->next)
-        if (rg->run == run) g = rg->gen;
-    return g;
-}
-
 /* The latest generation assigned in run (0: none). */
 static int64_t run_gen_(cluster_coord *co, int64_t run)
 {
     pthread_mutex_lock(&co->amu);
-    int64_t g = run_gen_locked_(co, run);
+    int64_t g = 0;
+    for (run_gen *rg = co->gens; rg; rg = rg->next)
+        if (rg->run == run) g = rg->gen;
     pthread_mutex_unlock(&co->amu);
     return g;
 }
@@ -700,19 +701,12 @@ void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
                      const run_lost *l)
 {
     pthread_mutex_lock(&co->amu);
-    lost_entry *e = co->losts;
-    while (e && e->run != run) e = e->next;
-    if (gen == run_gen_locked_(co, run) && (!e || e->gen != gen)) {
-        if (!e && (e = calloc(1, sizeof *e))) {
-            e->run = run;
-            e->next = co->losts;
-            co->losts = e;
-        }
-        if (e) {
-            e->gen = gen;
-            e->lost = *l;
-            pthread_cond_broadcast(&co->lost_cv);
-        }
+    run_gen *rg = co->gens;
+    while (rg && rg->run != run) rg = rg->next;
+    if (rg && rg->gen == gen && gen > 0 && !rg->has_lost) {
+        rg->lost = *l;
+        rg->has_lost = 1;
+        pthread_cond_broadcast(&co->lost_cv);
     }
     pthread_mutex_unlock(&co->amu);
 }
@@ -725,10 +719,9 @@ int cluster_coord_rank_lost(cluster_coord *co, int64_t run, int wait_ms,
     int found = 0;
     pthread_mutex_lock(&co->amu);
     for (;;) {
-        int64_t gen = run_gen_locked_(co, run);
-        for (lost_entry *e = co->losts; e && !found; e = e->next)
-            if (e->run == run && e->gen == gen && gen > 0) {
-                *out = e->lost;
+        for (run_gen *rg = co->gens; rg && !found; rg = rg->next)
+            if (rg->run == run && rg->gen > 0 && rg->has_lost) {
+                *out = rg->lost;
                 found = 1;
             }
         if (found || pthread_cond_timedwait(&co->lost_cv, &co->amu,
@@ -1051,10 +1044,6 @@ static void co_closed_(uv_handle_t *h)
     for (run_gen *rg = co->gens, *n; rg; rg = n) {
         n = rg->next;
         free(rg);
-    }
-    for (lost_entry *e = co->losts, *n; e; e = n) {
-        n = e->next;
-        free(e);
     }
     pthread_cond_destroy(&co->lost_cv);
     pthread_mutex_destroy(&co->amu);

@@ -31,19 +31,14 @@ typedef struct store_entry {
 } store_entry;
 
 /* A run's latest generation (cluster_coord_assign): a worker's store
- * opens only that one. */
+ * opens only that one; and the first loss heard of in it
+ * (cluster_coord_rank_lost; has_lost 0: none yet). */
 typedef struct run_gen {
     int64_t run, gen;
+    int has_lost;
+    run_lost lost;
     struct run_gen *next;
 } run_gen;
-
-/* The first loss heard of in a run's generation (cluster_coord_rank_lost):
- * one entry per run, replaced by a newer generation's. */
-typedef struct lost_entry {
-    int64_t run, gen;
-    run_lost lost;
-    struct lost_entry *next;
-} lost_entry;
 
 /* A rank assignment waiting for its node's next heartbeat (dp.h). */
 typedef struct assign_entry {
@@ -55,12 +50,11 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns, gens, losts: set from the
-                           * runner thread */
-    pthread_cond_t lost_cv; /* with amu: a loss recorded in losts */
+    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner
+                           * thread */
+    pthread_cond_t lost_cv; /* with amu: a loss recorded in gens */
     assign_entry *assigns;
     run_gen *gens;
-    lost_entry *losts;
     uv_timer_t sweep;   /* heartbeat timeouts */
     uv_loop_t *loop;
     state *st;

@@ -199,6 +199,17 @@ void m6_coll_wait_end(void)
         __atomic_store_n(wait_clock_, 0, __ATOMIC_RELAXED);
 }
 
+/* m6_coll_wait_end, passing rc on */
+static int wait_end_(int rc)
+{
+    m6_coll_wait_end();
+    return rc;
+}
+
+/* An engine's call (an expression giving 0 or -1) on the thread's wait
+ * clock; its value. */
+#define ON_CLOCK_(call) (m6_coll_wait_begin(), wait_end_(call))
+
 /* ---------------------------------------------------------- operations */
 
 int m6_coll_allreduce_sum(m6_coll *c, float *buf, size_t n, m6_err *err)
@@ -208,10 +219,9 @@ int m6_coll_allreduce_sum(m6_coll *c, float *buf, size_t n, m6_err *err)
     if (n == 0 || c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    m6_coll_wait_begin();
-    int rc = c->ops->allreduce_sum(c->ctx, buf, n, c->timeout_ms, &e);
-    m6_coll_wait_end();
-    return rc != 0 ? fail_(c, &e, "all-reduce", err) : 0;
+    if (ON_CLOCK_(c->ops->allreduce_sum(c->ctx, buf, n, c->timeout_ms, &e)) != 0)
+        return fail_(c, &e, "all-reduce", err);
+    return 0;
 }
 
 int m6_coll_broadcast(m6_coll *c, void *buf, size_t bytes, int root,
@@ -227,10 +237,10 @@ int m6_coll_broadcast(m6_coll *c, void *buf, size_t bytes, int root,
     if (bytes == 0 || c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    m6_coll_wait_begin();
-    int rc = c->ops->broadcast(c->ctx, buf, bytes, root, c->timeout_ms, &e);
-    m6_coll_wait_end();
-    return rc != 0 ? fail_(c, &e, "broadcast", err) : 0;
+    if (ON_CLOCK_(c->ops->broadcast(c->ctx, buf, bytes, root, c->timeout_ms,
+                                    &e)) != 0)
+        return fail_(c, &e, "broadcast", err);
+    return 0;
 }
 
 /* The counts' sum, or SIZE_MAX after err when it is not n (n SIZE_MAX:
@@ -266,10 +276,9 @@ int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
         counts_sum_(c, counts, SIZE_MAX, "all-gather", err) == 0)
         return 0;
     coll_msg e = {0, ""};
-    m6_coll_wait_begin();
-    int rc = c->ops->allgather(c->ctx, buf, counts, c->timeout_ms, &e);
-    m6_coll_wait_end();
-    return rc != 0 ? fail_(c, &e, "all-gather", err) : 0;
+    if (ON_CLOCK_(c->ops->allgather(c->ctx, buf, counts, c->timeout_ms, &e)) != 0)
+        return fail_(c, &e, "all-gather", err);
+    return 0;
 }
 
 int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
@@ -289,11 +298,10 @@ int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
         return 0;
     }
     coll_msg e = {0, ""};
-    m6_coll_wait_begin();
-    int rc = c->ops->alltoallv(c->ctx, send, send_bytes, recv, recv_bytes,
-                               c->timeout_ms, &e);
-    m6_coll_wait_end();
-    return rc != 0 ? fail_(c, &e, "all-to-all", err) : 0;
+    if (ON_CLOCK_(c->ops->alltoallv(c->ctx, send, send_bytes, recv,
+                                    recv_bytes, c->timeout_ms, &e)) != 0)
+        return fail_(c, &e, "all-to-all", err);
+    return 0;
 }
 
 int m6_coll_alltoall_sizes(m6_coll *c, const uint64_t *send, uint64_t *recv,
@@ -319,10 +327,9 @@ int m6_coll_barrier(m6_coll *c, m6_err *err)
     if (c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    m6_coll_wait_begin();
-    int rc = c->ops->barrier(c->ctx, c->timeout_ms, &e);
-    m6_coll_wait_end();
-    return rc != 0 ? fail_(c, &e, "barrier", err) : 0;
+    if (ON_CLOCK_(c->ops->barrier(c->ctx, c->timeout_ms, &e)) != 0)
+        return fail_(c, &e, "barrier", err);
+    return 0;
 }
 
 int m6_coll_rank(const m6_coll *c) { return c->rank; }
