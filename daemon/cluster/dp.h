@@ -117,8 +117,11 @@ int cluster_dp_coord_lost(void *ud, int64_t id, const run_spec *spec,
  * failures are logged (cluster.rank_failed); nothing is written to this
  * node's m6.db. Each thread publishes where its rank stands (grouping,
  * training, boundary, left, done, failed; its step) on this m6d's rank
- * board (common/rankboard.h), which a worker's heartbeats carry to the
- * coordinator for m6ctl status. */
+ * board (common/rankboard.h), and hands its collective calls the board's
+ * wait clock (waiting: blocked in one for a second or more), which a
+ * worker's heartbeats carry to the coordinator for m6ctl status. A rank
+ * that fails sets its store key "failed/<rank>": the coordinator keeps it
+ * as the run's lost rank (cluster_coord_rank_lost). */
 typedef struct cluster_dp_worker cluster_dp_worker;
 
 /* coord_addr: the coordinator (its store); state_dir: this node's
