@@ -136,6 +136,16 @@ int cluster_coord_assign_ranks(cluster_coord *c, int64_t node_id,
  * the store in it. */
 void cluster_coord_run_generation(cluster_coord *c, int64_t run, int64_t gen);
 
+/* Which ranks of run's latest generation were lost, as the coordinator
+ * heard it: a rank that failed (its store key "failed/<rank>": that rank,
+ * its node and local rank, its error) or a node lost or stopped (left)
+ * while it held ranks of the run (every one of its ranks, local ranks 0
+ * .. ranks - 1; the cause). The first loss of the generation; waits up to wait_ms (>= 0)
+ * for one. 1 with *out set, 0 none heard of. Any thread but the loop's
+ * (the loop records the losses). */
+int cluster_coord_rank_lost(cluster_coord *c, int64_t run, int wait_ms,
+                            run_lost *out);
+
 /* The live worker nodes by id, at most max (ids into ids[]) and how many
  * ranks each runs (slots[]: its devices on a cpu node, m6d --devices; 1
  * on a cuda node, whose GPUs beyond the first m6d does not drive yet).

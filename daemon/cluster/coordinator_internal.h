@@ -31,9 +31,12 @@ typedef struct store_entry {
 } store_entry;
 
 /* A run's latest generation (cluster_coord_assign): a worker's store
- * opens only that one. */
+ * opens only that one; and the first loss heard of in it
+ * (cluster_coord_rank_lost; has_lost 0: none yet). */
 typedef struct run_gen {
     int64_t run, gen;
+    int has_lost;
+    run_lost lost;
     struct run_gen *next;
 } run_gen;
 
@@ -47,7 +50,9 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
+    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner
+                           * thread */
+    pthread_cond_t lost_cv; /* with amu: a loss recorded in gens */
     assign_entry *assigns;
     run_gen *gens;
     uv_timer_t sweep;   /* heartbeat timeouts */
@@ -91,6 +96,7 @@ struct peer {
     int64_t arun;       /* wiring: the run of its latest assignment, 0 */
     int arank;          /* ... its (first) rank there */
     int aranks;         /* ... how many: arank .. arank+aranks-1 */
+    int64_t agen;       /* ... and its generation */
     /* a store client */
     int64_t run, gen;
     int rank;           /* the rank it writes as (StoreOpen) */
@@ -118,6 +124,12 @@ void coord_pump(peer *p);
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why);
 /* Forget p's parked request's keys; p is no longer parked. */
 void coord_peer_free_keys(peer *p);
+/* Ranks of run's generation gen were lost (l: which, and why): kept for
+ * cluster_coord_rank_lost when gen is the run's latest generation and
+ * no loss of it was kept yet (the first loss is the cause; the others'
+ * failures follow from it). Any thread. */
+void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
+                     const run_lost *l);
 
 /* coordinator_store.c */
 

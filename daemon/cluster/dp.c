@@ -459,14 +459,20 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
                    int world, int timeout_ms, int64_t *gen_out,
                    int *local_out, char *why, size_t len);
 
+/* The run's collectives' and rendezvous' timeout: nodes.timeout, 30 s
+ * when unset. */
+static int timeout_ms_(const run_spec *spec)
+{
+    return spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000 : 30000;
+}
+
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len)
 {
     cluster_dp_coord *d = ud;
     *out = NULL;
-    int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
-                                             : 30000;
+    int timeout_ms = timeout_ms_(spec);
     int64_t gen = 0;
     int here = 1;  /* ranks on this m6d: 0..here-1 */
     pthread_mutex_lock(&d->mu);
@@ -619,6 +625,20 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id)
     state_nodes_clear_run(d->st, id);
 }
 
+int cluster_dp_coord_lost(void *ud, int64_t id, const run_spec *spec,
+                          run_lost *out)
+{
+    cluster_dp_coord *d = ud;
+    /* d->mu held: the coordinator is not detached and freed meanwhile
+     * (cluster_dp_coord_attach waits, at most the wait) */
+    pthread_mutex_lock(&d->mu);
+    int rc = d->co ? cluster_coord_rank_lost(d->co, id,
+                                             timeout_ms_(spec) / 2, out)
+                   : 0;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
 /* ---------------------------------------------------------- a worker node */
 
 typedef struct {
@@ -716,6 +736,8 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         log_info("cluster.rank_threads", "run=%lld rank=%d local_rank=%d "
                  "threads=%d", (long long)a->run, a->rank, sl->local,
                  spec.device.threads);
+    /* its collective calls tell the board how long they block */
+    m6_coll_wait_clock(rankboard_wait_clock(sl->local));
     t = trainer_create(&spec, &e);
     if (!t) goto failed;
     g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
@@ -813,6 +835,7 @@ done:
     }
     m6_coll_destroy(g);
     trainer_free(t);
+    m6_coll_wait_clock(NULL);
 }
 
 static void *slot_main_(void *arg)

@@ -370,6 +370,32 @@ oom:
     return -1;
 }
 
+/* RunInfo.lost: the ranks whose loss paused the run (the row's lost_*
+ * columns), the node's hostname from the nodes table. 0, or -1 out of
+ * memory. */
+static int run_lost_(call *c, const run_row *row, M6__RunInfo *ri)
+{
+    if (row->lost.node_id <= 0) return 0;
+    M6__LostRanks *l = arena_alloc_(c->a, sizeof *l);
+    if (!l) return -1;
+    m6__lost_ranks__init(l);
+    l->node_id = row->lost.node_id;
+    l->rank = row->lost.rank;
+    l->local_rank = row->lost.local_rank;
+    l->ranks = row->lost.ranks;
+    node_row *nodes = NULL;
+    int nn = 0;
+    if (state_nodes_list(c->h->st, &nodes, &nn) != 0) nn = 0;
+    const char *host = "";
+    for (int j = 0; j < nn; j++)
+        if (nodes[j].id == row->lost.node_id) host = nodes[j].hostname;
+    l->hostname = arena_strdup_(c->a, host);
+    free(nodes);
+    if (!l->hostname) return -1;
+    ri->lost = l;
+    return 0;
+}
+
 static int reply_run_(call *c, int64_t id)
 {
     run_row row;
@@ -381,7 +407,8 @@ static int reply_run_(call *c, int64_t id)
         return -1;
     }
     M6__RunInfo *ri = run_info_(c, &row, row.spec);
-    if (ri && run_ranks_(c, &row, ri) < 0) ri = NULL;
+    if (ri && (run_ranks_(c, &row, ri) < 0 || run_lost_(c, &row, ri) < 0))
+        ri = NULL;
     run_row_clear(&row);
     if (!ri) {
         reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");

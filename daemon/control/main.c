@@ -1083,7 +1083,8 @@ int main(int argc, char **argv)
     g.dpc.state_dir = g.opt.state_dir;
     g.dpc.st = g.st;
     g.dist = (runner_dist){.group = cluster_dp_coord_group,
-                          .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
+                          .ungroup = cluster_dp_coord_ungroup,
+                          .lost = cluster_dp_coord_lost, .ud = &g.dpc};
     /* the cluster before the runner: a run across nodes taken up at start
      * finds its coordinator attached (else its first nodes.wait event
      * said this m6d was no coordinator) */

@@ -45,58 +45,6 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
     return 0;
 }
 
-/* The group's failure, for the pause's reason: what failed, and with
- * sharded state the checkpoint the run goes back to. */
-static void lost_why_(run_ctx *r, const char *what, const m6_err *e,
-                      char *buf, size_t len)
-{
-    char back[160] = "";
-    if (r->spec.optimizer.shard && r->last_ckpt >= 0)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved after the last "
-                 "whole checkpoint (step %ld), resume starts from it",
-                 r->last_ckpt);
-    else if (r->spec.optimizer.shard)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved, resume starts "
-                 "from step 0");
-    snprintf(buf, len, "a rank of the run's %d-rank group failed %s: %s%s",
-             trainer_world_size(r->t), what, m6_err_msg(e), back);
-}
-
-int runner_sync_(run_ctx *r, int whole, m6_err *err)
-{
-    if (r->lost) {
-        m6_err_set(err, M6_EBADSTATE, "the run's group failed earlier; the "
-                   "optimizer state is not whole (optimizer.shard)");
-        return -1;
-    }
-    if (!r->spec.optimizer.shard || !r->coll || r->synced == 2 ||
-        (r->synced == 1 && !whole))
-        return 0;  /* whole: not sharded, or gathered at this boundary */
-    if (r->synced == 1) {  /* a step was due, not a save: a runner bug */
-        m6_err_set(err, M6_EINTERNAL, "the sharded optimizer state cannot "
-                   "be gathered at step %ld: this boundary's agreement was "
-                   "made for a step", trainer_step_count(r->t));
-        return -1;
-    }
-    m6_err e = M6_ERR_NONE;
-    int rc = trainer_sync_boundary(r->t, whole, &e);
-    if (rc < 0) {
-        char why[1200];
-        r->lost = 1;
-        lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
-                           : "at the step boundary", &e, why, sizeof why);
-        m6_err_free(&e);
-        m6_err_set(err, M6_EBADSTATE, "%s", why);
-        log_warn("run.group_lost", "run=%lld step=%ld why=\"%s\"",
-                 (long long)r->id, trainer_step_count(r->t), why);
-        return -1;
-    }
-    r->synced = rc == 1 ? 2 : 1;
-    return 0;
-}
-
 /* -------------------------------------------------------- the run's events */
 
 /* An event of the run's state machine (run_machine.h), under mu. */
@@ -687,9 +635,9 @@ static int step_(run_ctx *r)
     } else if (src == TRAINER_ECOLL) {
         /* a rank died or stopped answering: the step was not applied;
          * pause, and the runner reloads the last checkpoint (run_one_) */
-        char why[1400];
+        char why[2400];
         r->lost = 1;
-        lost_why_(r, "in the step", &data_err, why, sizeof why);
+        runner_lost_why_(r, "in the step", &data_err, why, sizeof why);
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, why);
         m6_err_free(&data_err);
@@ -788,105 +736,6 @@ static int step_(run_ctx *r)
     return 0;
 }
 
-/* ---------------------------------------------- across nodes (runner_dist) */
-
-/* Leave the run's group (if any): the trainer trains alone again, the
- * other ranks' collectives fail at once and they free their trainers. */
-static void dist_drop_(run_ctx *r, const char *why)
-{
-    if (!r->coll) return;
-    runner *c = r->c;
-    m6_err e = M6_ERR_NONE;
-    /* optimizer.shard: the state whole before the group goes (the other
-     * ranks are at this boundary); a lost group leaves it sharded, and
-     * the run is rebuilt from its last checkpoint */
-    if (!r->lost)
-        runner_sync_(r, 1, &e);  /* a failure: logged, r->lost */
-    m6_err_free(&e);
-    trainer_set_collectives(r->t, NULL, &e);
-    m6_err_free(&e);
-    r->synced = 0;
-    m6_coll_destroy(r->coll);
-    r->coll = NULL;
-    if (c->dist && c->dist->ungroup) c->dist->ungroup(c->dist->ud, r->id);
-    log_info("run.ungroup", "run=%lld step=%ld why=\"%s\"", (long long)r->id,
-             trainer_step_count(r->t), why);
-}
-
-/* Before a step: a run whose current phase has world size W > 1 trains
- * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
- * event and the run's error in status, once per change; the runner sleeps
- * a little, or less when a command comes in, and comes back). */
-static int dist_ready_(run_ctx *r)
-{
-    runner *c = r->c;
-    int world = spec_world_of_phase(&r->spec,
-                                    trainer_phase(r->t) == PHASE_PSEUDO);
-    if (world <= 1 || r->coll) return 1;
-    char why[512] = "";
-    m6_coll *g = NULL;
-    int rc = 0;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double now_s = (double)now.tv_sec + now.tv_nsec * 1e-9;
-    if (now_s < r->dist_retry_at) {
-        /* a group failed (a refused rank, a rendezvous timeout): not
-         * every 300 ms, which would reassign the nodes as often */
-        snprintf(why, sizeof why, "%s", r->dist_why);
-        rc = -1;
-    } else if (c->dist && c->dist->group)
-        rc = c->dist->group(c->dist->ud, r->id, &r->spec, r->t, world, &g,
-                            why, sizeof why);
-    else
-        snprintf(why, sizeof why, "nodes.world_size %d needs a coordinator "
-                 "(m6d --role coordinator --listen HOST:PORT)", world);
-    if (rc == 1) {
-        m6_err e = M6_ERR_NONE;
-        if (trainer_set_collectives(r->t, g, &e) == 0) {
-            r->coll = g;
-            r->synced = 0;
-            r->coll_phase = trainer_phase(r->t);
-            r->dist_why[0] = 0;
-            state_event(c->st, r->id, "nodes.group", "world_size=%d step=%ld",
-                        world, trainer_step_count(r->t));
-            log_info("run.group", "run=%lld world_size=%d step=%ld",
-                     (long long)r->id, world, trainer_step_count(r->t));
-            pthread_mutex_lock(&c->mu);
-            run_machine_set_error(&c->machine, NULL);
-            pthread_mutex_unlock(&c->mu);
-            return 1;
-        }
-        snprintf(why, sizeof why, "%s", m6_err_msg(&e));
-        m6_err_free(&e);
-        m6_coll_destroy(g);
-        rc = -1;
-    }
-    if (rc < 0 && now_s >= r->dist_retry_at)
-        r->dist_retry_at = now_s + (r->spec.nodes.timeout > 0
-                                        ? r->spec.nodes.timeout : 30);
-    if (strcmp(why, r->dist_why) != 0) {
-        snprintf(r->dist_why, sizeof r->dist_why, "%s", why);
-        state_event(c->st, r->id, rc == 0 ? "nodes.wait" : "nodes.refused",
-                    "%s", why);
-        log_warn(rc == 0 ? "run.wait" : "run.group_failed",
-                 "run=%lld why=\"%s\"", (long long)r->id, why);
-        pthread_mutex_lock(&c->mu);
-        run_machine_set_error(&c->machine, why);
-        pthread_mutex_unlock(&c->mu);
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += 300 * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&c->mu);
-    pthread_cond_timedwait(&c->cv, &c->mu, &until);
-    pthread_mutex_unlock(&c->mu);
-    return 0;
-}
-
 /* ------------------------------------------------------------ the loop */
 
 /* A stop m6d acknowledged before the run was set up (replayed at start
@@ -958,7 +807,7 @@ static void run_one_(runner *c, int64_t id)
         int waits = run_machine_waits(&c->machine);
         pthread_mutex_unlock(&c->mu);
         if (waits && r.coll) {
-            dist_drop_(&r, "the run is paused");
+            runner_dist_drop_(&r, "the run is paused");
             if (r.lost) break;  /* rebuilt from the last checkpoint */
         }
         /* commands */
@@ -1003,7 +852,7 @@ static void run_one_(runner *c, int64_t id)
         pthread_mutex_unlock(&c->mu);
         if (!trains) {
             /* paused (or stopping): the other ranks leave the group */
-            dist_drop_(&r, "the run is not training");
+            runner_dist_drop_(&r, "the run is not training");
             if (r.lost) break;  /* rebuilt from the last checkpoint */
             continue;
         }
@@ -1026,15 +875,15 @@ static void run_one_(runner *c, int64_t id)
         if (r.lost) break;  /* paused: rebuilt from the last checkpoint */
         if (r.coll && trainer_phase(r.t) != r.coll_phase)
             /* delinked: the ranks regroup and get the delinked state
-             * from rank 0 (dist_ready_) */
-            dist_drop_(&r, "delinked");
-        if (!dist_ready_(&r)) continue;
+             * from rank 0 (runner_dist_ready_) */
+            runner_dist_drop_(&r, "delinked");
+        if (!runner_dist_ready_(&r)) continue;
         pthread_mutex_lock(&c->mu);
         c->in_step = 1;  /* until the step's publication */
         pthread_mutex_unlock(&c->mu);
         if (step_(&r) != 0) break;
     }
-    dist_drop_(&r, "the run left the runner");
+    runner_dist_drop_(&r, "the run left the runner");
     trainer_free(r.t);
     free(r.best);
     free(r.outlier_at);

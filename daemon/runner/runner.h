@@ -42,11 +42,15 @@ typedef struct runner runner;
  * for 2 live nodes, have 1"; the caller retries later); -1: the group
  * failed (why names the cause: a rank's hash, a rendezvous timeout), the
  * caller retries later. ungroup(): the run holds no group any more (its
- * nodes' run and rank are cleared). Both may be NULL (no coordinator). */
+ * nodes' run and rank are cleared). lost(): the run's group failed; which
+ * ranks were lost (run_lost: node, rank, local rank), waiting a bounded
+ * time for word of it: 1 with *out, 0 none known. Each may be NULL (no
+ * coordinator). */
 typedef struct {
     int (*group)(void *ud, int64_t id, const run_spec *spec, trainer *t,
                  int world, m6_coll **out, char *why, size_t len);
     void (*ungroup)(void *ud, int64_t id);
+    int (*lost)(void *ud, int64_t id, const run_spec *spec, run_lost *out);
     void *ud;
 } runner_dist;
 

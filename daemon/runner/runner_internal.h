@@ -132,15 +132,6 @@ typedef struct {
  * run keeps its last good checkpoint. */
 int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err);
 
-/* The boundary's agreement of a group with optimizer.shard
- * (trainer_sync_boundary), once per boundary: whole 1 before a save or a
- * delink (every rank gathers the sharded optimizer state, so rank 0's is
- * whole), 0 right before a step. No-op (0) out of a group, once done, or
- * when the trainer is not sharded. -1 with err when a rank failed: r->lost
- * is set, nothing may be saved, the caller pauses with err and the runner
- * rebuilds the run from its last checkpoint. */
-int runner_sync_(run_ctx *r, int whole, m6_err *err);
-
 /* An event of the run's state machine (run_machine.h); takes mu. */
 void runner_on_(runner *c, run_machine_event ev, const char *reason);
 
@@ -173,6 +164,32 @@ int runner_flush_(run_ctx *r, m6_err *err);
  * runner_flush_. 0; -1 with err (still owed); 1 a command interrupted the
  * pass again. redo 0: a pass owed with the data sound waits. */
 int runner_owed_(run_ctx *r, int redo, m6_err *err);
+
+/* ---- runner_dist.c: the group across nodes (runner thread) */
+
+/* The boundary's agreement of a group with optimizer.shard
+ * (trainer_sync_boundary), once per boundary: whole 1 before a save or a
+ * delink (every rank gathers the sharded optimizer state, so rank 0's is
+ * whole), 0 right before a step. No-op (0) out of a group, once done, or
+ * when the trainer is not sharded. -1 with err when a rank failed: r->lost
+ * is set, nothing may be saved, the caller pauses with err and the runner
+ * rebuilds the run from its last checkpoint. */
+int runner_sync_(run_ctx *r, int whole, m6_err *err);
+
+/* The group's failure e, for the pause's reason (into buf): what failed
+ * ("in the step"), and with sharded state the checkpoint the run goes
+ * back to. */
+void runner_lost_why_(run_ctx *r, const char *what, const m6_err *e,
+                      char *buf, size_t len);
+
+/* Leave the run's group (if any): the trainer trains alone again, the
+ * other ranks' collectives fail at once and they free their trainers. */
+void runner_dist_drop_(run_ctx *r, const char *why);
+
+/* Before a step: a run whose current phase has world size W > 1 trains
+ * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
+ * event and the run's error in status, once per change). */
+int runner_dist_ready_(run_ctx *r);
 
 /* ---- runner_commands.c: commands taken at a boundary (runner thread) */
 

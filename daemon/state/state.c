@@ -732,15 +732,22 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
         state_copy_text_(r->delink_policy, sizeof r->delink_policy,
                    sqlite3_column_text(s, 13));
     }
+    if (sqlite3_column_type(s, 14) != SQLITE_NULL) {
+        r->lost.node_id = sqlite3_column_int64(s, 14);
+        r->lost.rank = sqlite3_column_int(s, 15);
+        r->lost.local_rank = sqlite3_column_int(s, 16);
+        r->lost.ranks = sqlite3_column_int(s, 17);
+    }
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 14);
+        const unsigned char *sp = sqlite3_column_text(s, 18);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
 
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
                  "updated, error, delink_step, pseudo_steps, device_budget, " \
-                 "backend, delink_policy"
+                 "backend, delink_policy, lost_node, lost_rank, " \
+                 "lost_local_rank, lost_ranks"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
@@ -840,6 +847,17 @@ int state_run_set_state_held(state *st, int64_t id, run_state rs,
     return SQL_HOLD(st,
         "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
         A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(state_now_()), A_INT(id));
+}
+
+int state_run_set_lost(state *st, int64_t id, const run_lost *l)
+{
+    int on = l && l->node_id > 0;
+    return SQL_HOLD(st,
+        "UPDATE runs SET lost_node = ?, lost_rank = ?, lost_local_rank = ?, "
+        "lost_ranks = ?, updated = ? WHERE id = ?",
+        on ? A_INT(l->node_id) : A_NULL, on ? A_INT(l->rank) : A_NULL,
+        on ? A_INT(l->local_rank) : A_NULL, on ? A_INT(l->ranks) : A_NULL,
+        A_REAL(state_now_()), A_INT(id));
 }
 
 int state_run_set_delink(state *st, int64_t id, int64_t step)
