@@ -60,6 +60,10 @@ typedef int (*http_auth_fn)(void *ctx, const void *p, size_t n);
 #define HTTP_PER_ADDRESS_MAX 8    /* connections from one client address */
 #define HTTP_CONNECTIONS_MAX 64   /* connections in all */
 #define HTTP_TIMEOUT_S 15         /* a connection idle (headers or body) */
+/* a request's headers, all of them, within this many seconds of the
+ * connection's start or of the previous response on it: a client that
+ * trickles a byte now and then is not idle, and is closed all the same */
+#define HTTP_HEADERS_DEADLINE_S 15
 
 typedef struct {
     int fd;                   /* from http_listen; owned by the server now */

@@ -7,20 +7,51 @@
 # another (HTTP_PER_ADDRESS_MAX); with --metrics-token-file every request
 # needs the bearer token (401 without). Bounded: 64 connections, a few
 # seconds each; and a client that stops sending, before or in the middle
-# of its request headers, is closed after HTTP_TIMEOUT_S (15 s: the
-# check runs beside the others and waits at most 22 s).
+# of its request headers, is closed after HTTP_TIMEOUT_S (15 s), and one
+# that trickles its headers a byte every 2 s (never idle) after
+# HTTP_HEADERS_DEADLINE_S (15 s): the check runs beside the others and
+# waits at most 22 s.
 . "$(dirname "$0")/lib.sh"
-HTTP_TIMEOUT_S=15  # daemon/http/http.h
+HTTP_TIMEOUT_S=15           # daemon/http/http.h
+HTTP_HEADERS_DEADLINE_S=15  # daemon/http/http.h
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_daemon "$T/s" --metrics-listen "$PORT" --metrics-host dash.example,other.example
 
 # the silent clients, from 127.0.0.5, watched in the background: one sends
 # nothing, one half a request's headers; each must be closed by m6d
-# between HTTP_TIMEOUT_S - 1 and HTTP_TIMEOUT_S + 7 s after its last byte
-/usr/bin/python3 - "$PORT" "$HTTP_TIMEOUT_S" >"$T/silent.out" 2>&1 <<'PY' &
-import socket, sys, time
-PORT, TMO = int(sys.argv[1]), float(sys.argv[2])
+# between HTTP_TIMEOUT_S - 1 and HTTP_TIMEOUT_S + 7 s after its last byte.
+# And one from 127.0.0.6 that sends a byte of its headers every 2 s: closed
+# between HTTP_HEADERS_DEADLINE_S - 1 and + 7 s after its first
+/usr/bin/python3 - "$PORT" "$HTTP_TIMEOUT_S" "$HTTP_HEADERS_DEADLINE_S" >"$T/silent.out" 2>&1 <<'PY' &
+import socket, sys, threading, time
+PORT, TMO, DEADLINE = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+trickled = [None]
+def trickle():
+    s = socket.socket()
+    s.bind(("127.0.0.6", 0))
+    s.connect(("127.0.0.1", PORT))
+    t0 = time.monotonic()
+    req = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 100
+    try:
+        for b in req:
+            s.sendall(bytes([b]))
+            s.settimeout(2)
+            try:
+                if not s.recv(4096):
+                    break
+            except socket.timeout:
+                pass
+            if time.monotonic() - t0 > DEADLINE + 7:
+                break
+        else:
+            pass
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    trickled[0] = time.monotonic() - t0
+    s.close()
+tr = threading.Thread(target=trickle)
+tr.start()
 socks = []
 for what, data in (("no bytes", b""),
                    ("half the headers", b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Ag")):
@@ -48,6 +79,13 @@ for what, s, t0 in socks:
         bad = 1
     else:
         print("a client that sent %s: closed after %.1f s" % (what, took))
+tr.join()
+if not DEADLINE - 1 <= trickled[0] <= DEADLINE + 7:
+    print("a client trickling its headers a byte every 2 s was closed after %.1f s, "
+          "want %g s" % (trickled[0], DEADLINE))
+    bad = 1
+else:
+    print("a client trickling its headers a byte every 2 s: closed after %.1f s" % trickled[0])
 sys.exit(bad)
 PY
 SILENT=$!
