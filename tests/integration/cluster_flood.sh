@@ -13,11 +13,13 @@
 #  - during that flood a worker w2 from 127.0.0.1 joins within 5 s, the
 #    coordinator answers m6ctl, and its log grows by a few lines, not one
 #    per connection;
-#  - then a client at 127.0.0.3 keeps starting TLS handshakes with a
-#    garbage ClientHello for CHURN_S seconds: each is refused, and the log
-#    gets at most one line per CLUSTER_REFUSAL_LOG_MS (10 s) for that
-#    address (with a count), not one per handshake; the step rate beside
-#    it is logged.
+#  - then clients keep starting TLS handshakes with a garbage ClientHello
+#    for CHURN_S seconds, half of them at 127.0.0.3 and half from 250
+#    addresses of 127.0.4.0/24 in turn: each is refused, and the log gets
+#    at most one line per CLUSTER_REFUSAL_LOG_MS (10 s) for 127.0.0.3
+#    (with a count), not one per handshake, and at most
+#    CLUSTER_REFUSAL_LOG_SLOTS + 1 (33) lines per 10 s in all, however
+#    many addresses; the step rate beside them is logged.
 # Bounded: 1000 connections, about 25 s. A shared machine makes rates
 # noisy: the quiet rate is the mean of a window before and one after. The
 # hostile clients run at nice 19: on a cluster they are other machines,
@@ -161,8 +163,8 @@ log "flood_rate_ratio=$ratio quiet1=$quiet1 flooded=$flooded quiet2=$quiet2"
 /usr/bin/python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$flooded" \
     || fail "the run made no step in ${RATE_S} s of the flood (quiet: $quiet1/s, $quiet2/s)"
 
-# garbage ClientHellos from 127.0.0.3: every one refused, the log
-# rate-limited per address
+# garbage ClientHellos from 127.0.0.3 and from 127.0.4.1-250: every one
+# refused, the log rate-limited per address and in all
 lines0=$(wc -l <"$T/m6d-c.log")
 a=$(steps_now)
 nice -n 19 /usr/bin/python3 - "$PORT" "$CHURN_S" >"$T/churn.out" 2>&1 <<'PY' || fail "the handshake client failed: $(cat "$T/churn.out")"
@@ -175,12 +177,14 @@ hello = b"\x16\x03\x01" + len(body).to_bytes(2, "big") + body
 counts = {"sent": 0, "refused": 0}
 lock = threading.Lock()
 end = time.monotonic() + SECS
-def churn():
+def churn(k):
+    n = 0
     while time.monotonic() < end:
         s = socket.socket()
         s.settimeout(2)
+        n += 1
         try:
-            s.bind(("127.0.0.3", 0))
+            s.bind(("127.0.0.3", 0) if k < 4 else ("127.0.4.%d" % (1 + (n * 4 + k) % 250), 0))
             s.connect(("127.0.0.1", PORT))
             s.sendall(hello)
             while s.recv(4096):  # an alert at most, then the close
@@ -195,7 +199,7 @@ def churn():
         with lock:
             counts["sent"] += 1
             counts["refused"] += ok
-th = [threading.Thread(target=churn) for _ in range(8)]
+th = [threading.Thread(target=churn, args=(k,)) for k in range(8)]
 for t in th: t.start()
 for t in th: t.join()
 print("churn: %d garbage ClientHellos, %d closed by the coordinator" % (counts["sent"], counts["refused"]))
@@ -209,6 +213,11 @@ log "the coordinator logged $(grep -c . <<<"$new" || true) lines during the hand
 [ "$mine" -ge 1 ] || fail "no refusal logged for 127.0.0.3's handshakes"
 [ "$mine" -le $(( CHURN_S * 1000 / 10000 + 1 )) ] \
     || fail "$mine log lines for 127.0.0.3 in ${CHURN_S} s (want one per 10 s, with a count)"
+many=$(grep -c '127\.0\.4\.' <<<"$new" || true)
+all=$(grep -c 'cluster.refused' <<<"$new" || true)
+log "$many lines name an address of 127.0.4.0/24, $all cluster.refused lines in all"
+[ "$all" -le $(( (CHURN_S * 1000 / 10000 + 1) * (32 + 1) )) ] \
+    || fail "$all cluster.refused lines in ${CHURN_S} s from 251 addresses (want at most 33 per 10 s)"
 
 ctl stop "$RUN" >/dev/null || fail "stop refused"
 kill -TERM "$W1" "$W2"; wait "$W1" || true; wait "$W2" || true
