@@ -581,13 +581,47 @@ static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
     return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
 }
 
+/* libmicrohttpd's messages, each text at most once per
+ * HTTP_LOG_INTERVAL_S with a count of the repeats in between: it says
+ * "connection limit" for every connection it refuses, and a flood of
+ * them would otherwise write a line each. */
+static pthread_mutex_t log_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char msg[160];
+    double last;
+    unsigned long repeats;
+} log_seen_[8];
+
 static void mhd_log_(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = 0;
-    log_warn("http.error", "msg=\"%s\"", msg);
+    double now = now_s_();
+    size_t n = sizeof log_seen_ / sizeof log_seen_[0], k = 0;
+    pthread_mutex_lock(&log_mu_);
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(log_seen_[i].msg, msg, sizeof log_seen_[i].msg - 1) == 0) {
+            k = i;
+            break;
+        }
+        if (log_seen_[i].last < log_seen_[k].last) k = i;
+    }
+    int same = strncmp(log_seen_[k].msg, msg, sizeof log_seen_[k].msg - 1) == 0;
+    if (same && log_seen_[k].last > 0 && now - log_seen_[k].last < HTTP_LOG_INTERVAL_S) {
+        log_seen_[k].repeats++;
+        pthread_mutex_unlock(&log_mu_);
+        return;
+    }
+    unsigned long repeats = same ? log_seen_[k].repeats : 0;
+    size_t len = strnlen(msg, sizeof log_seen_[k].msg - 1);
+    memcpy(log_seen_[k].msg, msg, len);  /* the key: the first 159 bytes */
+    log_seen_[k].msg[len] = 0;
+    log_seen_[k].last = now;
+    log_seen_[k].repeats = 0;
+    pthread_mutex_unlock(&log_mu_);
+    log_warn("http.error", "msg=\"%s\" repeats=%lu", msg, repeats);
 }
 
 http_server *http_start(const http_config *cfg, char *err, size_t errlen)

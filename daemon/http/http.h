@@ -64,6 +64,9 @@ typedef int (*http_auth_fn)(void *ctx, const void *p, size_t n);
  * connection's start or of the previous response on it: a client that
  * trickles a byte now and then is not idle, and is closed all the same */
 #define HTTP_HEADERS_DEADLINE_S 15
+/* libmicrohttpd's messages (http.error): each text once per interval,
+ * with the count of its repeats in between */
+#define HTTP_LOG_INTERVAL_S 10
 
 typedef struct {
     int fd;                   /* from http_listen; owned by the server now */

@@ -5,7 +5,8 @@
 # literals, localhost and --metrics-host names are served; one client
 # address holding many idle connections does not starve /metrics for
 # another (HTTP_PER_ADDRESS_MAX); with --metrics-token-file every request
-# needs the bearer token (401 without). Bounded: 64 connections, a few
+# needs the bearer token (401 without); the refusals of libmicrohttpd are
+# logged once per 10 s, not once each. Bounded: 64 connections, a few
 # seconds each; and a client that stops sending, before or in the middle
 # of its request headers, is closed after HTTP_TIMEOUT_S (15 s), and one
 # that trickles its headers a byte every 2 s (never idle) after
@@ -163,6 +164,11 @@ if alive > 8:
     fail("%d idle connections from one address are held, want at most 8" % alive)
 print("# 64 idle connections from 127.0.0.2: %d held; /metrics from 127.0.0.1 in %.3f s" % (alive, dt), file=sys.stderr)
 PY
+# libmicrohttpd refused the 56 connections past the per-address limit,
+# saying so for each: m6d logs the message once per HTTP_LOG_INTERVAL_S
+n=$(grep -c 'http.error msg=".*connection limit' "$T/m6d-s.log" || true)
+[ "$n" -ge 1 ] && [ "$n" -le 2 ] \
+    || fail "$n http.error lines for 56 refused connections (want 1 or 2: one per 10 s)"
 wait "$SILENT" || fail "silent HTTP clients: $(cat "$T/silent.out")"
 log "$(tr '\n' ';' <"$T/silent.out")"
 stop_daemon
