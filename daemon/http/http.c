@@ -507,7 +507,7 @@ static void *reaper_(void *arg)
         for (size_t i = 0; i < sizeof h->conns / sizeof h->conns[0]; i++) {
             hconn_ *c = &h->conns[i];
             if (c->used && c->waiting && now - c->since > HTTP_HEADERS_DEADLINE_S) {
-                log_info("http.deadline", "fd=%d waited=%.1fs", c->fd, now - c->since);
+                log_debug("http.deadline", "fd=%d waited=%.1fs", c->fd, now - c->since);
                 shutdown(c->fd, SHUT_RDWR);
                 c->waiting = 0;
             }
