@@ -181,7 +181,10 @@ static void hard_close_(uv_timer_t *t)
  * CLUSTER_REFUSAL_LOG_MS: the ones in between are counted and the count
  * comes with the next line (suppressed=N), so a flood of hostile
  * connections costs a few lines a minute (a handful of reasons), not one
- * each. */
+ * each. An address and reason not in the table takes the slot used
+ * longest ago only if that one's interval is over; while all are recent
+ * (a flood from many addresses), the refusals of the addresses outside
+ * the table share one line per interval (others=1, suppressed=N). */
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why)
 {
     uint64_t now = uv_now(co->loop);
@@ -197,6 +200,17 @@ void coord_log_refusal(cluster_coord *co, const peer *p, const char *why)
     }
     if (e && e->last_ms && now - e->last_ms < CLUSTER_REFUSAL_LOG_MS) {
         e->suppressed++;
+        return;
+    }
+    if (!e && oldest->host[0] && now - oldest->last_ms < CLUSTER_REFUSAL_LOG_MS) {
+        if (co->other_last_ms && now - co->other_last_ms < CLUSTER_REFUSAL_LOG_MS) {
+            co->other_suppressed++;
+            return;
+        }
+        log_warn("cluster.refused", "peer=%s reason=\"%s\" suppressed=%lu "
+                 "others=1", p->addr, why, co->other_suppressed);
+        co->other_last_ms = now ? now : 1;
+        co->other_suppressed = 0;
         return;
     }
     if (!e) {  /* a new address takes the slot used longest ago */

@@ -17,7 +17,10 @@
  * CLUSTER_PENDING_MAX in all may be unauthenticated at once: a new one
  * past either closes the oldest (so a peer that authenticates at once
  * always gets its turn), and refusals are logged at most once per address
- * per CLUSTER_REFUSAL_LOG_MS, with a count. Nothing a peer sends blocks the loop: every
+ * per CLUSTER_REFUSAL_LOG_MS, with a count (for CLUSTER_REFUSAL_LOG_SLOTS
+ * addresses and reasons; the refusals of any more share one line per
+ * interval, so that many addresses cannot flood the log either). Nothing
+ * a peer sends blocks the loop: every
  * read is asynchronous and every wait has a deadline.
  *
  * Node registry (the nodes table of m6.db, state.h): a NodeJoin inserts or
@@ -80,6 +83,9 @@
 #define CLUSTER_PENDING_MAX 64
 #define CLUSTER_PENDING_PER_ADDRESS 16
 #define CLUSTER_REFUSAL_LOG_MS 10000
+/* address and reason pairs whose refusals are counted apart; refusals of
+ * the others share one line per CLUSTER_REFUSAL_LOG_MS */
+#define CLUSTER_REFUSAL_LOG_SLOTS 32
 #define CLUSTER_STORE_BYTES_MAX (256u << 20)
 #define CLUSTER_STORE_KEYS_MAX 65536
 

@@ -68,13 +68,17 @@ struct cluster_coord {
     size_t store_bytes, store_keys;
     int handles_open;   /* listener, sweep: freed at 0 after fini */
     /* refusal log lines, one per address and reason per
-     * CLUSTER_REFUSAL_LOG_MS */
+     * CLUSTER_REFUSAL_LOG_MS for the CLUSTER_REFUSAL_LOG_SLOTS pairs seen
+     * last; while every slot is that recent, one line per interval for all
+     * the other addresses together (other_*) */
     struct refusal_log {
         char host[64];
         char why[64];
         uint64_t last_ms;
         unsigned long suppressed;
-    } refusals[32];
+    } refusals[CLUSTER_REFUSAL_LOG_SLOTS];
+    uint64_t other_last_ms;
+    unsigned long other_suppressed;
 };
 
 struct peer {
@@ -120,7 +124,9 @@ void coord_reply_status(peer *p, M6__Status st, const char *msg,
 /* Handle p's complete frames buffered, in order, until one is parked. */
 void coord_pump(peer *p);
 /* The log line of a refusal to p, at most one per address and reason per
- * CLUSTER_REFUSAL_LOG_MS (the ones between are counted). */
+ * CLUSTER_REFUSAL_LOG_MS (the ones between are counted), and at most
+ * CLUSTER_REFUSAL_LOG_SLOTS + 1 lines per interval whatever the number of
+ * addresses. */
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why);
 /* Forget p's parked request's keys; p is no longer parked. */
 void coord_peer_free_keys(peer *p);
