@@ -35,8 +35,9 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
-    /* optimizer.shard: every rank gathers first (a partial state, rank
-     * 0's shard, is never written: trainer_save refuses it) */
+    /* optimizer.shard, nodes.expert_parallel: every rank gathers first (a
+     * partial state, rank 0's part, is never written: trainer_save
+     * refuses it) */
     if (runner_sync_(r, 1, err) < 0) return -1;
     if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
                        err) < 0)
@@ -46,20 +47,20 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 }
 
 /* The group's failure, for the pause's reason: what failed, and with
- * sharded state the checkpoint the run goes back to. */
+ * split state the checkpoint the run goes back to. */
 static void lost_why_(run_ctx *r, const char *what, const m6_err *e,
                       char *buf, size_t len)
 {
-    char back[160] = "";
-    if (r->spec.optimizer.shard && r->last_ckpt >= 0)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved after the last "
-                 "whole checkpoint (step %ld), resume starts from it",
-                 r->last_ckpt);
-    else if (r->spec.optimizer.shard)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved, resume starts "
-                 "from step 0");
+    char back[200] = "";
+    const char *split = r->spec.optimizer.shard ? "the optimizer state is "
+                        "sharded" : "the experts are split over the ranks";
+    if (spec_state_split(&r->spec) && r->last_ckpt >= 0)
+        snprintf(back, sizeof back, "; %s and could not be gathered: "
+                 "nothing is saved after the last whole checkpoint (step "
+                 "%ld), resume starts from it", split, r->last_ckpt);
+    else if (spec_state_split(&r->spec))
+        snprintf(back, sizeof back, "; %s and could not be gathered: "
+                 "nothing is saved, resume starts from step 0", split);
     snprintf(buf, len, "a rank of the run's %d-rank group failed %s: %s%s",
              trainer_world_size(r->t), what, m6_err_msg(e), back);
 }
@@ -68,16 +69,17 @@ int runner_sync_(run_ctx *r, int whole, m6_err *err)
 {
     if (r->lost) {
         m6_err_set(err, M6_EBADSTATE, "the run's group failed earlier; the "
-                   "optimizer state is not whole (optimizer.shard)");
+                   "state is not whole (optimizer.shard, "
+                   "nodes.expert_parallel)");
         return -1;
     }
-    if (!r->spec.optimizer.shard || !r->coll || r->synced == 2 ||
+    if (!spec_state_split(&r->spec) || !r->coll || r->synced == 2 ||
         (r->synced == 1 && !whole))
         return 0;  /* whole: not sharded, or gathered at this boundary */
     if (r->synced == 1) {  /* a step was due, not a save: a runner bug */
-        m6_err_set(err, M6_EINTERNAL, "the sharded optimizer state cannot "
-                   "be gathered at step %ld: this boundary's agreement was "
-                   "made for a step", trainer_step_count(r->t));
+        m6_err_set(err, M6_EINTERNAL, "the split state cannot be gathered "
+                   "at step %ld: this boundary's agreement was made for a "
+                   "step", trainer_step_count(r->t));
         return -1;
     }
     m6_err e = M6_ERR_NONE;
@@ -85,7 +87,7 @@ int runner_sync_(run_ctx *r, int whole, m6_err *err)
     if (rc < 0) {
         char why[1200];
         r->lost = 1;
-        lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
+        lost_why_(r, whole ? "as rank 0 gathered the state"
                            : "at the step boundary", &e, why, sizeof why);
         m6_err_free(&e);
         m6_err_set(err, M6_EBADSTATE, "%s", why);
@@ -662,7 +664,7 @@ static int step_(run_ctx *r)
         nanosleep(&(struct timespec){c->step_delay_ms / 1000,
                                      (c->step_delay_ms % 1000) * 1000000L},
                   NULL);
-    /* optimizer.shard: the boundary's agreement, if no save made it */
+    /* split state: the boundary's agreement, if no save made it */
     if (runner_sync_(r, 0, &data_err) < 0) {
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
@@ -796,9 +798,9 @@ static void dist_drop_(run_ctx *r, const char *why)
     if (!r->coll) return;
     runner *c = r->c;
     m6_err e = M6_ERR_NONE;
-    /* optimizer.shard: the state whole before the group goes (the other
-     * ranks are at this boundary); a lost group leaves it sharded, and
-     * the run is rebuilt from its last checkpoint */
+    /* split state: whole before the group goes (the other ranks are at
+     * this boundary; rank 0's trainer is then a plain one); a lost group
+     * leaves it split, and the run is rebuilt from its last checkpoint */
     if (!r->lost)
         runner_sync_(r, 1, &e);  /* a failure: logged, r->lost */
     m6_err_free(&e);
@@ -947,7 +949,7 @@ static void run_one_(runner *c, int64_t id)
         return;
     }
     for (;;) {
-        /* the group failed with sharded state (a save that could not
+        /* the group failed with split state (a save that could not
          * gather): paused; the run is rebuilt from its last checkpoint */
         if (r.lost) break;
         /* paused by the run itself (a data error, a failed write): the

@@ -281,20 +281,6 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
         return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
-    /* Expert parallelism trains through the trainer's API (tests); m6d's
-     * runs save the model at every pause, stop and end, and the runner
-     * does not yet gather every rank's experts at those boundaries
-     * (trainer_sync_boundary) */
-    if (spec.nodes.expert_parallel > 1) {
-        log_warn("run.submit_refused", "name=%s err=\"nodes.expert_parallel "
-                 "%d: not run by m6d yet\"", spec.name,
-                 spec.nodes.expert_parallel);
-        return m6_err_make(M6_EINVALID, "invalid spec: "
-                           "nodes.expert_parallel %d is not run by m6d yet "
-                           "(its runner does not gather the experts "
-                           "for checkpoints); set it to 1",
-                           spec.nodes.expert_parallel);
-    }
     /* A worker trains the coordinator's ranks: a run of its own would
      * share its cores, memory and devices with them unplanned */
     if (c->worker_of[0]) {

@@ -109,12 +109,13 @@ typedef struct {
      * be made (said once per change). */
     m6_coll *coll;
     run_phase coll_phase;
-    /* optimizer.shard in a group: this boundary's agreement with the
-     * other ranks (trainer_sync_boundary, runner_sync_) is done: 0 not
-     * yet, 1 done with the state left sharded, 2 done and gathered
-     * (whole). lost: a collective failed; the group is no more, the
-     * trainer may hold only its shard: nothing is saved, the runner
-     * rebuilds the run from its last checkpoint. */
+    /* split state in a group (spec_state_split: optimizer.shard,
+     * nodes.expert_parallel): this boundary's agreement with the other
+     * ranks (trainer_sync_boundary, runner_sync_) is done: 0 not yet, 1
+     * done with the state left split, 2 done and gathered (whole).
+     * lost: a collective failed; the group is no more, the trainer may
+     * hold only its part: nothing is saved, the runner rebuilds the run
+     * from its last checkpoint. */
     int synced, lost;
     char dist_why[512];
     double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
@@ -132,11 +133,12 @@ typedef struct {
  * run keeps its last good checkpoint. */
 int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err);
 
-/* The boundary's agreement of a group with optimizer.shard
- * (trainer_sync_boundary), once per boundary: whole 1 before a save or a
- * delink (every rank gathers the sharded optimizer state, so rank 0's is
- * whole), 0 right before a step. No-op (0) out of a group, once done, or
- * when the trainer is not sharded. -1 with err when a rank failed: r->lost
+/* The boundary's agreement of a group whose state is split
+ * (spec_state_split; trainer_sync_boundary), once per boundary: whole 1
+ * before a save, a delink or leaving the group (every rank sends rank 0
+ * its part: the optimizer state's range, its experts, so rank 0's state
+ * is whole), 0 right before a step. No-op (0) out of a group, once done,
+ * or when the state is not split. -1 with err when a rank failed: r->lost
  * is set, nothing may be saved, the caller pauses with err and the runner
  * rebuilds the run from its last checkpoint. */
 int runner_sync_(run_ctx *r, int whole, m6_err *err);
