@@ -15,6 +15,7 @@
 #      worker joins at the delink and the experts are split then;
 #  (c) world 4 as 2 replicas of P = 2 (ranks 1-3 on one worker m6d with
 #      --devices 3): each rank's two expert sub-groups made with the group;
+#  (d) a stop of such a run at step 5: its save gathers every expert;
 #  and the per-step train and validation losses and gradient norms of
 #  every run equal the one-rank run's with the same global batch
 #  (batch_size 4, grad_accum 4: every rank whole microbatches of the
@@ -163,6 +164,19 @@ for r in 1 2 3; do
 done
 losses "$R3" >"$T/four.csv"
 rel_close "$T/four.csv" "$T/one.csv" 1e-6 || fail "the world-4 run's losses differ from the one-rank run's"
+
+# ---- (d) a stop at step 5 of the world-4 run: its save gathers every
+# rank's experts (trainer_save refuses a rank's part), and the worker's
+# ranks leave
+hold_at_step 5 nowait
+R4=$(ctl submit "$T/four.json")
+wait_held
+ctl stop "$R4" >/dev/null || fail "stop refused"
+release_boundary
+wait_state "$R4" stopped 30
+[ "$(db "$T/c" "select count(*) from checkpoints where run=$R4 and step=5")" = 1 ] \
+    || fail "no checkpoint of the stop at step 5: $(db "$T/c" "select step from checkpoints where run=$R4")"
+wait_for "ranks 1-3 to leave the stopped run" 10 log_has "$T/m6d-w3.log" "cluster.rank_left run=$R4 " 3
 kill -TERM "${M6D_PIDS[w3]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
