@@ -307,8 +307,9 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * (probes, saves, accessors) stay local. */
 
 /* Make t one rank of c's group (c NULL, or a group of world size 1: train
- * alone, the one-node path bit for bit). The group's world size must be
- * the spec's for the current phase (nodes.pseudo_world_size in the pseudo
+ * alone, the one-node path bit for bit; c NULL is always taken, whatever
+ * the spec's world: the trainer leaves its group). A group's world size
+ * must be the spec's for the current phase (nodes.pseudo_world_size in the pseudo
  * phase when set, else nodes.world_size), its buffers host memory (gloo),
  * and a backend that can train data-parallel: cpu (offloading or not),
  * cuda without offloaded slots (its gradients staged through host memory,
