@@ -102,16 +102,24 @@ watch_done() {
         || fail "$2 did not complete within ${WAIT}s: $(ctl status "$1")"
 }
 
+# saved_at SPEC STEP CMD STATE: SPEC submitted and held at the boundary
+# after STEP, CMD (pause, stop) sent there; waits for STATE and checks the
+# checkpoint CMD's save wrote at STEP (trainer_save refuses a rank's part
+# of the experts: without the gather there is none). The run's id in RUN.
+saved_at() {
+    hold_at_step "$2" nowait
+    RUN=$(ctl submit "$1") || fail "$1 refused by m6d"
+    WAIT_RUN=$RUN
+    wait_held
+    ctl "$3" "$RUN" >/dev/null || fail "$3 of run $RUN refused"
+    release_boundary
+    wait_state "$RUN" "$4" 30
+    [ "$(db "$T/c" "select count(*) from checkpoints where run=$RUN and step=$2")" = 1 ] \
+        || fail "no checkpoint of the $3 at step $2: $(db "$T/c" "select step from checkpoints where run=$RUN")"
+}
+
 # ---- (a) pause, resume, delink, kill -9, resume
-hold_at_step 3 nowait
-RUN=$(ctl submit "$T/ep.json") || fail "an expert-parallel spec refused by m6d"
-WAIT_RUN=$RUN
-wait_held
-ctl pause "$RUN" >/dev/null || fail "pause refused"
-release_boundary
-wait_state "$RUN" paused 30
-[ "$(db "$T/c" "select count(*) from checkpoints where run=$RUN and step=3")" = 1 ] \
-    || fail "no checkpoint of the pause at step 3: $(db "$T/c" "select step from checkpoints where run=$RUN")"
+saved_at "$T/ep.json" 3 pause paused
 hold_at_step 9 nowait
 ctl resume "$RUN" >/dev/null || fail "resume after the pause refused"
 wait_held
@@ -168,15 +176,8 @@ rel_close "$T/four.csv" "$T/one.csv" 1e-6 || fail "the world-4 run's losses diff
 # ---- (d) a stop at step 5 of the world-4 run: its save gathers every
 # rank's experts (trainer_save refuses a rank's part), and the worker's
 # ranks leave
-hold_at_step 5 nowait
-R4=$(ctl submit "$T/four.json")
-wait_held
-ctl stop "$R4" >/dev/null || fail "stop refused"
-release_boundary
-wait_state "$R4" stopped 30
-[ "$(db "$T/c" "select count(*) from checkpoints where run=$R4 and step=5")" = 1 ] \
-    || fail "no checkpoint of the stop at step 5: $(db "$T/c" "select step from checkpoints where run=$R4")"
-wait_for "ranks 1-3 to leave the stopped run" 10 log_has "$T/m6d-w3.log" "cluster.rank_left run=$R4 " 3
+saved_at "$T/four.json" 5 stop stopped
+wait_for "ranks 1-3 to leave the stopped run" 10 log_has "$T/m6d-w3.log" "cluster.rank_left run=$RUN " 3
 kill -TERM "${M6D_PIDS[w3]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
