@@ -977,6 +977,8 @@ static void run_one_(runner *c, int64_t id)
         c->delinking_at = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO
                               ? trainer_step_count(r.t) : -1;
         if (tk.resume) c->resume_serving = c->resume_asked;
+        int relayout = tk.resume && c->relayout == id;  /* runner_resume_at */
+        if (relayout) c->relayout = 0;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
@@ -998,6 +1000,7 @@ static void run_one_(runner *c, int64_t id)
         }
         if (tk.resume) runner_resume_(&r);
         runner_commands_done_(&r);
+        if (relayout) break;  /* set up again from m6.db: the new spec */
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = run_machine_trains(&c->machine);

@@ -59,6 +59,9 @@ struct runner {
     m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
                               * or M6_EBADSTATE */
     long resume_step;        /* ... the step it resumed at (its answer) */
+    int64_t relayout;        /* runner_resume_at changed this run's spec:
+                              * the boundary that takes its resume sets the
+                              * run up again from m6.db (0: none) */
     int offload_valid;    /* offload holds a sample of the active run */
     runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest

@@ -124,6 +124,10 @@ int state_run_list(state *st, run_row **rows, int *n);
 /* Ids of runs in state s, ascending (submit order). */
 int state_run_ids(state *st, run_state s, int64_t **ids, int *n);
 int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
+/* Replace run id's spec (canonical JSON) and record the event kind with
+ * detail, in one transaction. 0, 1 no such run, -1 error. */
+int state_run_set_spec(state *st, int64_t id, const char *spec,
+                       const char *kind, const char *detail);
 /* The same as a held record (never waits for another writer's lock; 0
  * written or held, -1 another error): for the run's own pause for an error,
  * recorded as soon as m6.db can take it, in order with the step records. */

@@ -153,6 +153,29 @@ ctl events "$R2" | grep nodes.group >"$T/groups.txt" || true
 losses "$R2" >"$T/late.csv"
 rel_close "$T/late.csv" "$T/one.csv" 1e-6 || fail "the late-join run's losses differ from the one-rank run's"
 
+# ---- (e) m6ctl resume RUN --world-size 1: a MoE run (expert_parallel 2)
+# and a dense one paused at step 5 of world 2 continue alone from that
+# checkpoint, with the uninterrupted world-2 runs' losses (the MoE one's:
+# (a)'s) within 1e-6 relative
+ep_spec "$T/dense.json" dense "\"world_size\": 2, \"timeout\": $TMO"
+sed -i 's/, "moe": {[^}]*}//' "$T/dense.json"
+! grep -q moe "$T/dense.json" || fail "the dense spec has MoE blocks: $(cat "$T/dense.json")"
+RD=$(ctl submit "$T/dense.json")
+watch_done "$RD" "the dense world-2 run"
+losses "$RD" >"$T/dense.csv"
+for s in ep dense; do
+    saved_at "$T/$s.json" 5 pause paused
+    out=$(ctl resume "$RUN" --world-size 1) || fail "resume of run $RUN at world size 1: $out"
+    watch_done "$RUN" "the $s run resumed at world size 1"
+    ctl events "$RUN" | has -E "layout +nodes.world_size 2 -> 1, nodes.expert_parallel ([12]) -> 1" \
+        || fail "no layout event: $(ctl events "$RUN")"
+    grep -q "run.recover run=$RUN step=5" "$T/m6d-c.log" \
+        || fail "run $RUN did not continue from its checkpoint of step 5: $(grep run.recover "$T/m6d-c.log")"
+    losses "$RUN" >"$T/$s-at1.csv"
+    rel_close "$T/$s-at1.csv" "$T/$s.csv" 1e-6 || fail "the $s run resumed at world size 1 differs from the world-2 run"
+done
+out=$(ctl resume "$RUN" --expert-parallel 2 2>&1) && fail "--expert-parallel without --world-size accepted: $out"
+
 # ---- (c) world 4 as 2 replicas of P = 2: ranks 1-3 on a worker with 3
 # devices; each rank's expert-parallel group and the group of the ranks
 # holding its experts are made with the run's group
