@@ -925,23 +925,21 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     }
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
-    case O_WORLD: case O_EP: {
+    case O_WORLD: case O_EP: case O_NODES: case O_GPN: {
+        /* counts of 1..65536: resume's layout, plan's cluster */
+        int plan = ch == O_NODES || ch == O_GPN;
+        const char *nm = ch == O_WORLD ? "--world-size"
+                         : ch == O_EP ? "--expert-parallel"
+                         : ch == O_NODES ? "--nodes" : "--gpus-per-node";
+        int *to = ch == O_WORLD ? &g.world_size
+                  : ch == O_EP ? &g.expert_parallel
+                  : ch == O_NODES ? &g.nodes : &g.gpus_per_node;
         double v = 0;
-        const char *nm = ch == O_WORLD ? "--world-size" : "--expert-parallel";
-        ok = cmd->flags & F_RESUME;
+        ok = cmd->flags & (plan ? F_PLAN : F_RESUME);
         if (ok && parse_number_(nm, optarg, 1, 65536, 1, &v) < 0)
             return EXIT_USAGE;
-        *(ch == O_WORLD ? &g.world_size : &g.expert_parallel) = (int)v;
-        break;
-    }
-    case O_NODES: case O_GPN: {
-        double v = 0;
-        const char *nm = ch == O_NODES ? "--nodes" : "--gpus-per-node";
-        ok = cmd->flags & F_PLAN;
-        if (ok && parse_number_(nm, optarg, 1, 65536, 1, &v) < 0)
-            return EXIT_USAGE;
-        *(ch == O_NODES ? &g.nodes : &g.gpus_per_node) = (int)v;
-        g.cluster = 1;
+        *to = (int)v;
+        g.cluster |= plan;
         break;
     }
     case O_EXPLAIN: ok = cmd->flags & F_PLAN; g.explain = g.cluster = 1; break;
