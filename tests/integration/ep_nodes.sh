@@ -16,8 +16,14 @@
 #  (c) world 4 as 2 replicas of P = 2 (ranks 1-3 on one worker m6d with
 #      --devices 3): each rank's two expert sub-groups made with the group;
 #  (d) a stop of such a run at step 5: its save gathers every expert;
+#  (e) (run between (b) and (c)) `m6ctl resume RUN --world-size 1`: a
+#      MoE run of (a)'s spec and a dense one, paused at step 5 of world 2,
+#      go on alone from that checkpoint (a layout event, run.recover) with
+#      the losses of world-2 runs of their specs ((a)'s; an uninterrupted
+#      dense one);
 #  and the per-step train and validation losses and gradient norms of
-#  every run equal the one-rank run's with the same global batch
+#  every expert-parallel run equal the one-rank run's with the same global
+#  batch
 #  (batch_size 4, grad_accum 4: every rank whole microbatches of the
 #  four, so routing and capacity see the one-rank run's microbatches)
 #  within 1e-6 relative. Only the order of float additions differs (the
