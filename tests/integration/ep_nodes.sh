@@ -171,6 +171,13 @@ watch_done "$RD" "the dense world-2 run"
 losses "$RD" >"$T/dense.csv"
 for s in ep dense; do
     saved_at "$T/$s.json" 5 pause paused
+    # a layout the spec checks refuse: named, the run stays paused as it was
+    out=$(ctl resume "$RUN" --world-size 1 --expert-parallel 2 2>&1) \
+        && fail "resume at world size 1 with expert_parallel 2 accepted: $out"
+    has 'could not resume, it stays paused: the layout nodes.world_size 1, nodes.expert_parallel 2: nodes.expert_parallel: 2' <<<"$out" \
+        || fail "the refused layout is not named: $out"
+    [ "$(field "$RUN" state)" = paused ] && ! ctl events "$RUN" | has layout \
+        || fail "a refused layout changed run $RUN: $(field "$RUN" state) $(ctl events "$RUN" | grep layout)"
     out=$(ctl resume "$RUN" --world-size 1) || fail "resume of run $RUN at world size 1: $out"
     watch_done "$RUN" "the $s run resumed at world size 1"
     ctl events "$RUN" | has -E "layout +nodes.world_size 2 -> 1, nodes.expert_parallel ([12]) -> 1" \
