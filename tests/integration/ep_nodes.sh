@@ -20,7 +20,8 @@
 #      MoE run of (a)'s spec and a dense one, paused at step 5 of world 2,
 #      go on alone from that checkpoint (a layout event, run.recover) with
 #      the losses of world-2 runs of their specs ((a)'s; an uninterrupted
-#      dense one);
+#      dense one); (f) a run interrupted by the coordinator's restart,
+#      waiting for its worker, paused and resumed alone the same way;
 #  and the per-step train and validation losses and gradient norms of
 #  every expert-parallel run equal the one-rank run's with the same global
 #  batch
@@ -188,6 +189,30 @@ for s in ep dense; do
     rel_close "$T/$s-at1.csv" "$T/$s.csv" 1e-6 || fail "the $s run resumed at world size 1 differs from the world-2 run"
 done
 out=$(ctl resume "$RUN" --expert-parallel 2 2>&1) && fail "--expert-parallel without --world-size accepted: $out"
+
+# ---- (f) an interrupted run: the coordinator stops (SIGTERM: a
+# checkpoint) at step 4 of a world-2 run and starts again on another
+# port, which the worker does not know: the run waits for 2 live nodes;
+# paused there, it goes on alone at world size 1 from step 4
+hold_at_step 4 nowait
+RF=$(ctl submit "$T/ep.json")
+wait_held
+kill -TERM "${M6D_PIDS[c]}"; wait "${M6D_PIDS[c]}" || fail "coordinator exit after SIGTERM"
+release_boundary
+mv "$T/m6d-c.log" "$T/m6d-c1.log"  # wait_listen reads the new life's port
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
+    --token-file "$T/token"
+wait_listen c
+ADDR=127.0.0.1:$PORT
+wait_event "$RF" 'nodes.wait.*waiting for 2 live nodes, have 1' 10
+ctl pause "$RF" >/dev/null || fail "pause of the waiting run refused"
+wait_state "$RF" paused 30
+out=$(ctl resume "$RF" --world-size 1) || fail "resume of the interrupted run at world size 1: $out"
+watch_done "$RF" "the interrupted run resumed at world size 1"
+[ "$(grep -c "run.recover run=$RF step=4" "$T/m6d-c.log")" = 2 ] \
+    || fail "run $RF did not go on from step 4 at the restart and at the layout: $(grep run.recover "$T/m6d-c.log")"
+losses "$RF" >"$T/f.csv"
+rel_close "$T/f.csv" "$T/ep.csv" 1e-6 || fail "the interrupted run resumed at world size 1 differs from the world-2 run"
 
 # ---- (c) world 4 as 2 replicas of P = 2: ranks 1-3 on a worker with 3
 # devices; each rank's expert-parallel group and the group of the ranks
