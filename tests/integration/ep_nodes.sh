@@ -22,6 +22,7 @@
 #      the losses of world-2 runs of their specs ((a)'s; an uninterrupted
 #      dense one); (f) a run interrupted by the coordinator's restart,
 #      waiting for its worker, paused and resumed alone the same way;
+#      (g, after (d)) (a)'s spec paused at world 2, resumed at world 4;
 #  and the per-step train and validation losses and gradient norms of
 #  every expert-parallel run equal the one-rank run's with the same global
 #  batch
@@ -239,6 +240,19 @@ rel_close "$T/four.csv" "$T/one.csv" 1e-6 || fail "the world-4 run's losses diff
 # ranks leave
 saved_at "$T/four.json" 5 stop stopped
 wait_for "ranks 1-3 to leave the stopped run" 10 log_has "$T/m6d-w3.log" "cluster.rank_left run=$RUN " 3
+
+# ---- (g) m6ctl resume RUN --world-size 4: (a)'s spec paused at step 5
+# of world 2 (ranks 0 and 1: the coordinator and w3) goes on at world 4
+# as 2 replicas of P = 2, the expert sub-groups made, with (a)'s losses
+saved_at "$T/ep.json" 5 pause paused
+out=$(ctl resume "$RUN" --world-size 4) || fail "resume of run $RUN at world size 4: $out"
+watch_done "$RUN" "the run resumed at world size 4"
+ctl events "$RUN" | has -E "layout +nodes.world_size 2 -> 4, nodes.expert_parallel 2 -> 2" \
+    || fail "no layout event: $(ctl events "$RUN")"
+log_has "$T/m6d-c.log" "cluster.expert_groups run=$RUN rank=0 " >/dev/null \
+    || fail "run $RUN made no expert groups at world size 4"
+losses "$RUN" >"$T/g.csv"
+rel_close "$T/g.csv" "$T/ep.csv" 1e-6 || fail "the run resumed at world size 4 differs from the world-2 run"
 kill -TERM "${M6D_PIDS[w3]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
