@@ -36,6 +36,14 @@
  * and the trainer sums its gradient buckets through them
  * (trainer_adopt_node_groups); everything else stays on the group.
  *
+ * Expert parallelism (nodes.expert_parallel P, 1 < P < world): every
+ * rank also makes its two sub-groups before the state broadcast, its
+ * expert-parallel group ("<prefix>/ep<d>", world ranks d*P .. d*P+P-1)
+ * first, then the ranks holding its experts ("<prefix>/edp<q>", q, q+P,
+ * ...), their store keys those of their global ranks as the leaders'
+ * are; the trainer adopts them (trainer_adopt_expert_groups). With
+ * P = world the group itself is the expert-parallel one.
+ *
  * A generation is used once: every group of a run (a start, a resume
  * after a lost rank, a regroup after the delink) takes a new one.
  */

@@ -544,6 +544,20 @@ static void do_command_(call *c, const M6__RunRef *ref, runner_cmd cmd)
 
 static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }
 static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resume, CMD_RESUME); }
+
+/* resume at another layout (ResumeAt): runner_resume_at, answered as a
+ * resume */
+static void do_resume_at_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    const M6__ResumeAt *q = rq->resume_at;
+    if (resolve_(c, q->run, &id) < 0) return;
+    m6_err e = runner_resume_at(c->h->runner, id, q->world_size,
+                                q->expert_parallel);
+    if (e.code != M6_OK || reply_run_(c, id) == 0)
+        reply_err_(c, &e, NULL);
+    m6_err_free(&e);
+}
 static void do_delink_(call *c, const M6__Request *rq) { do_command_(c, rq->delink, CMD_DELINK); }
 static void do_stop_(call *c, const M6__Request *rq) { do_command_(c, rq->stop, CMD_STOP); }
 
@@ -883,6 +897,7 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_STATUS, "status", do_status_},
     {M6__REQUEST__BODY_PAUSE, "pause", do_pause_},
     {M6__REQUEST__BODY_RESUME, "resume", do_resume_},
+    {M6__REQUEST__BODY_RESUME_AT, "resume_at", do_resume_at_},
     {M6__REQUEST__BODY_DELINK, "delink", do_delink_},
     {M6__REQUEST__BODY_STOP, "stop", do_stop_},
     {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
@@ -926,7 +941,8 @@ int handlers_is_slow(const uint8_t *payload, size_t len)
     int slow = rq->body_case == M6__REQUEST__BODY_SUBMIT ||
                rq->body_case == M6__REQUEST__BODY_PLAN ||
                rq->body_case == M6__REQUEST__BODY_METRICS ||
-               rq->body_case == M6__REQUEST__BODY_RESUME;
+               rq->body_case == M6__REQUEST__BODY_RESUME ||
+               rq->body_case == M6__REQUEST__BODY_RESUME_AT;
     m6__request__free_unpacked(rq, NULL);
     return slow;
 }

@@ -35,8 +35,9 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
     if (step == r->last_ckpt) return 0;
-    /* optimizer.shard: every rank gathers first (a partial state, rank
-     * 0's shard, is never written: trainer_save refuses it) */
+    /* optimizer.shard, nodes.expert_parallel: every rank gathers first (a
+     * partial state, rank 0's part, is never written: trainer_save
+     * refuses it) */
     if (runner_sync_(r, 1, err) < 0) return -1;
     if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
                        err) < 0)
@@ -610,7 +611,7 @@ static int step_(run_ctx *r)
         nanosleep(&(struct timespec){c->step_delay_ms / 1000,
                                      (c->step_delay_ms % 1000) * 1000000L},
                   NULL);
-    /* optimizer.shard: the boundary's agreement, if no save made it */
+    /* split state: the boundary's agreement, if no save made it */
     if (runner_sync_(r, 0, &data_err) < 0) {
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
@@ -797,7 +798,7 @@ static void run_one_(runner *c, int64_t id)
         return;
     }
     for (;;) {
-        /* the group failed with sharded state (a save that could not
+        /* the group failed with split state (a save that could not
          * gather): paused; the run is rebuilt from its last checkpoint */
         if (r.lost) break;
         /* paused by the run itself (a data error, a failed write): the
@@ -825,6 +826,8 @@ static void run_one_(runner *c, int64_t id)
         c->delinking_at = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO
                               ? trainer_step_count(r.t) : -1;
         if (tk.resume) c->resume_serving = c->resume_asked;
+        int relayout = tk.resume && c->relayout == id;  /* runner_resume_at */
+        if (relayout) c->relayout = 0;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
@@ -846,6 +849,7 @@ static void run_one_(runner *c, int64_t id)
         }
         if (tk.resume) runner_resume_(&r);
         runner_commands_done_(&r);
+        if (relayout) break;  /* set up again from m6.db: the new spec */
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = run_machine_trains(&c->machine);

@@ -1,7 +1,8 @@
 /*
  * runner_dist.c — the runner's side of a run across nodes (runner_dist in
  * runner.h): making the run's group before a step, leaving it, the
- * boundary's agreement of a sharded optimizer state, and the reason a
+ * boundary's agreement of a split state (sharded optimizer state, experts
+ * spread by expert parallelism), and the reason a
  * run pauses when its group fails.
  */
 #include "runner/runner_internal.h"
@@ -15,16 +16,16 @@
 void runner_lost_why_(run_ctx *r, const char *what, const m6_err *e,
                       char *buf, size_t len)
 {
-    char back[160] = "";
-    if (r->spec.optimizer.shard && r->last_ckpt >= 0)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved after the last "
-                 "whole checkpoint (step %ld), resume starts from it",
-                 r->last_ckpt);
-    else if (r->spec.optimizer.shard)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved, resume starts "
-                 "from step 0");
+    char back[200] = "";
+    const char *split = r->spec.optimizer.shard ? "the optimizer state is "
+                        "sharded" : "the experts are split over the ranks";
+    if (spec_state_split(&r->spec) && r->last_ckpt >= 0)
+        snprintf(back, sizeof back, "; %s and could not be gathered: "
+                 "nothing is saved after the last whole checkpoint (step "
+                 "%ld), resume starts from it", split, r->last_ckpt);
+    else if (spec_state_split(&r->spec))
+        snprintf(back, sizeof back, "; %s and could not be gathered: "
+                 "nothing is saved, resume starts from step 0", split);
     /* who was lost, as the coordinator heard it: the reason names it and
      * the run's row keeps it (status) */
     runner *c = r->c;
@@ -53,16 +54,17 @@ int runner_sync_(run_ctx *r, int whole, m6_err *err)
 {
     if (r->lost) {
         m6_err_set(err, M6_EBADSTATE, "the run's group failed earlier; the "
-                   "optimizer state is not whole (optimizer.shard)");
+                   "state is not whole (optimizer.shard, "
+                   "nodes.expert_parallel)");
         return -1;
     }
-    if (!r->spec.optimizer.shard || !r->coll || r->synced == 2 ||
+    if (!spec_state_split(&r->spec) || !r->coll || r->synced == 2 ||
         (r->synced == 1 && !whole))
         return 0;  /* whole: not sharded, or gathered at this boundary */
     if (r->synced == 1) {  /* a step was due, not a save: a runner bug */
-        m6_err_set(err, M6_EINTERNAL, "the sharded optimizer state cannot "
-                   "be gathered at step %ld: this boundary's agreement was "
-                   "made for a step", trainer_step_count(r->t));
+        m6_err_set(err, M6_EINTERNAL, "the split state cannot be gathered "
+                   "at step %ld: this boundary's agreement was made for a "
+                   "step", trainer_step_count(r->t));
         return -1;
     }
     m6_err e = M6_ERR_NONE;
@@ -70,7 +72,7 @@ int runner_sync_(run_ctx *r, int whole, m6_err *err)
     if (rc < 0) {
         char why[2400];
         r->lost = 1;
-        runner_lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
+        runner_lost_why_(r, whole ? "as rank 0 gathered the state"
                                   : "at the step boundary", &e, why,
                          sizeof why);
         m6_err_free(&e);
@@ -88,9 +90,9 @@ void runner_dist_drop_(run_ctx *r, const char *why)
     if (!r->coll) return;
     runner *c = r->c;
     m6_err e = M6_ERR_NONE;
-    /* optimizer.shard: the state whole before the group goes (the other
-     * ranks are at this boundary); a lost group leaves it sharded, and
-     * the run is rebuilt from its last checkpoint */
+    /* split state: whole before the group goes (the other ranks are at
+     * this boundary; rank 0's trainer is then a plain one); a lost group
+     * leaves it split, and the run is rebuilt from its last checkpoint */
     if (!r->lost)
         runner_sync_(r, 1, &e);  /* a failure: logged, r->lost */
     m6_err_free(&e);

@@ -59,6 +59,9 @@ struct runner {
     m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
                               * or M6_EBADSTATE */
     long resume_step;        /* ... the step it resumed at (its answer) */
+    int64_t relayout;        /* runner_resume_at changed this run's spec:
+                              * the boundary that takes its resume sets the
+                              * run up again from m6.db (0: none) */
     int offload_valid;    /* offload holds a sample of the active run */
     runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest
@@ -109,12 +112,13 @@ typedef struct {
      * be made (said once per change). */
     m6_coll *coll;
     run_phase coll_phase;
-    /* optimizer.shard in a group: this boundary's agreement with the
-     * other ranks (trainer_sync_boundary, runner_sync_) is done: 0 not
-     * yet, 1 done with the state left sharded, 2 done and gathered
-     * (whole). lost: a collective failed; the group is no more, the
-     * trainer may hold only its shard: nothing is saved, the runner
-     * rebuilds the run from its last checkpoint. */
+    /* split state in a group (spec_state_split: optimizer.shard,
+     * nodes.expert_parallel): this boundary's agreement with the other
+     * ranks (trainer_sync_boundary, runner_sync_) is done: 0 not yet, 1
+     * done with the state left split, 2 done and gathered (whole).
+     * lost: a collective failed; the group is no more, the trainer may
+     * hold only its part: nothing is saved, the runner rebuilds the run
+     * from its last checkpoint. */
     int synced, lost;
     char dist_why[512];
     double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
@@ -167,11 +171,12 @@ int runner_owed_(run_ctx *r, int redo, m6_err *err);
 
 /* ---- runner_dist.c: the group across nodes (runner thread) */
 
-/* The boundary's agreement of a group with optimizer.shard
- * (trainer_sync_boundary), once per boundary: whole 1 before a save or a
- * delink (every rank gathers the sharded optimizer state, so rank 0's is
- * whole), 0 right before a step. No-op (0) out of a group, once done, or
- * when the trainer is not sharded. -1 with err when a rank failed: r->lost
+/* The boundary's agreement of a group whose state is split
+ * (spec_state_split; trainer_sync_boundary), once per boundary: whole 1
+ * before a save, a delink or leaving the group (every rank sends rank 0
+ * its part: the optimizer state's range, its experts, so rank 0's state
+ * is whole), 0 right before a step. No-op (0) out of a group, once done,
+ * or when the state is not split. -1 with err when a rank failed: r->lost
  * is set, nothing may be saved, the caller pauses with err and the runner
  * rebuilds the run from its last checkpoint. */
 int runner_sync_(run_ctx *r, int whole, m6_err *err);

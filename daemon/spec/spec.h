@@ -156,6 +156,12 @@ int spec_dp_split(const run_spec *s, int world, int *B_rank,
  * set) for pseudo 1, else nodes.world_size. */
 int spec_world_of_phase(const run_spec *s, int pseudo);
 
+/* 1 when a data-parallel group's ranks hold parts of the state, so that
+ * a save of rank 0 needs every rank's trainer_sync_boundary first:
+ * optimizer.shard (each rank its range of the optimizer state) or
+ * nodes.expert_parallel > 1 (each rank its experts); else 0. */
+int spec_state_split(const run_spec *s);
+
 /* The spec's names of a backend ("cpu", "cuda") and a delink policy
  * ("step", "plateau"), as device.backend and delink.policy spell them;
  * "?" out of range. */

@@ -833,6 +833,39 @@ int state_run_ids(state *st, run_state rs, int64_t **ids, int *n)
     return ret;
 }
 
+typedef struct {
+    int64_t id;
+    const char *spec, *kind, *detail;
+    int changed;
+} run_spec_set_;
+
+static int run_spec_set_body_(state *st, void *arg)
+{
+    run_spec_set_ *a = arg;
+    double t = state_now_();
+    int n = SQL_WRITE_LOCKED(st, "UPDATE runs SET spec = ?, updated = ? "
+                             "WHERE id = ?", A_TEXT(a->spec), A_REAL(t),
+                             A_INT(a->id));
+    if (n < 0)
+        return -1;
+    a->changed = n;
+    if (n && SQL_WRITE_LOCKED(st, "INSERT INTO events(run, time, kind, "
+                              "detail) VALUES (?, ?, ?, ?)", A_INT(a->id),
+                              A_REAL(t), A_TEXT(a->kind),
+                              A_TEXT(a->detail)) < 0)
+        return -1;
+    return 0;
+}
+
+int state_run_set_spec(state *st, int64_t id, const char *spec,
+                       const char *kind, const char *detail)
+{
+    run_spec_set_ a = {id, spec, kind, detail, 0};
+    if (waited_(st, run_spec_set_body_, &a) < 0)
+        return -1;
+    return a.changed ? 0 : 1;
+}
+
 int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
 {
     int changed = SQL_WRITE(st,

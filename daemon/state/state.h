@@ -145,6 +145,10 @@ int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
  * the columns cleared). Held (see the top): 0 written or held, -1 another
  * error. */
 int state_run_set_lost(state *st, int64_t id, const run_lost *l);
+/* Replace run id's spec (canonical JSON) and record the event kind with
+ * detail, in one transaction. 0, 1 no such run, -1 error. */
+int state_run_set_spec(state *st, int64_t id, const char *spec,
+                       const char *kind, const char *detail);
 /* The same as a held record (never waits for another writer's lock; 0
  * written or held, -1 another error): for the run's own pause for an error,
  * recorded as soon as m6.db can take it, in order with the step records. */

@@ -335,6 +335,7 @@ void trainer_free(trainer *t)
     if (t->be.iface)
         t->be.iface->free(t->be.ctx);
     trainer_ep_free_(t->ep);
+    trainer_ep_groups_free_(t);
     free(t->dp_kind);
     token_set_close(&t->train);
     token_set_close(&t->val);

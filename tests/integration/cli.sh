@@ -109,14 +109,13 @@ grep -q "nodes.world_size 2 needs a coordinator, and this m6d is not one" "$T/er
     || fail "world_size 2 on a plain m6d: $(cat "$T/err")"
 [ "$(ctl --json list | wc -l)" = "$NRUNS" ] || fail "a refused multi-node run was queued"
 
-# nodes.expert_parallel > 1: trained through the trainer's API only; m6d
-# refuses it at submit by name (before needing a coordinator), nothing
-# queued
+# nodes.expert_parallel > 1 trains across ranks: a plain m6d refuses it
+# at submit as any multi-rank run, nothing queued
 M6_TEST_MODEL='{"vocab_size": 256, "n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 32, "moe": {"num_experts": 4}}' \
     write_spec "$T/ep.json" ep 100 10 '"nodes": {"world_size": 2, "expert_parallel": 2}'
 expect_rc 1 ctl submit "$T/ep.json"
-grep -q "nodes.expert_parallel 2 is not run by m6d yet" "$T/err" \
-    || fail "expert_parallel 2 on m6d: $(cat "$T/err")"
+grep -q "nodes.world_size 2 needs a coordinator, and this m6d is not one" "$T/err" \
+    || fail "expert_parallel 2 on a plain m6d: $(cat "$T/err")"
 [ "$(ctl --json list | wc -l)" = "$NRUNS" ] || fail "a refused expert-parallel run was queued"
 
 : >"$T/empty.json"

@@ -600,6 +600,42 @@ static void test_checkpoint_resume_bitwise(void **state)
     assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
     assert_non_null(strstr(err, "spec hash"));
     trainer_free(t);
+    s.train.lr /= 2;
+
+    /* the nodes' layout is not in the hash: the checkpoint resumes at
+     * another world size, with the same losses */
+    run_spec w = s;
+    w.nodes.world_size = 2;
+    w.nodes.timeout = 7;
+    t = fixture_resume(&w, dir, 15);
+    fixture_finish_same(t, &w, 30, a);
+
+    /* a checkpoint hashed with its layout (as before) loads at that
+     * layout only: its meta.json's hash made the old way, here */
+    run_spec o = w;
+    o.nodes.expert_parallel = 1;
+    char path[600], old[32];
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    snprintf(old, sizeof old, "%016llx", (unsigned long long)spec_hash(&o));
+    FILE *f = fopen(path, "r+");
+    assert_non_null(f);
+    char meta[1 << 16];
+    size_t n = fread(meta, 1, sizeof meta - 1, f);
+    meta[n] = 0;
+    char *h = strstr(meta, "\"spec_hash\"");
+    assert_non_null(h);
+    h = strchr(h + 11, '"');
+    assert_non_null(h);
+    memcpy(h + 1, old, 16);
+    rewind(f);
+    assert_int_equal(fwrite(meta, 1, n, f), n);
+    fclose(f);
+    t = fixture_resume(&w, dir, 15);
+    trainer_free(t);
+    t = fixture_trainer(&s);
+    assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
+    assert_non_null(strstr(err, "spec hash"));
+    trainer_free(t);
 }
 
 /* device.precision bf16: save at 15 (after a delink at 10), resume: the
