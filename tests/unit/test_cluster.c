@@ -23,22 +23,16 @@
 #include "common/rankboard.h"
 #include "state/state.h"
 #include "../common/test_main.h"
+#include "../common/fake_tree.h"
 
 static char dir_[256];
 
+/* a fresh dir_ for each test; tree_teardown removes it */
 static int setup_(void **st)
 {
-    (void)st;
-    snprintf(dir_, sizeof dir_, "/tmp/m6-test-cluster.XXXXXX");
-    return mkdtemp(dir_) ? 0 : -1;
-}
-
-static int teardown_(void **st)
-{
-    (void)st;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    return system(cmd) == 0 ? 0 : -1;
+    tree_make(dir_, sizeof dir_, "test-cluster");
+    *st = dir_;
+    return 0;
 }
 
 static void write_file_(const char *path, const char *text, mode_t mode)
@@ -370,10 +364,10 @@ static void test_rankboard_waiting(void **st)
 
 TEST_MAIN(
     cmocka_unit_test(test_parse_addr),
-    cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
-    cmocka_unit_test_setup_teardown(test_node_uuid, setup_, teardown_),
-    cmocka_unit_test_setup_teardown(test_node_secret, setup_, teardown_),
+    cmocka_unit_test_setup_teardown(test_token, setup_, tree_teardown),
+    cmocka_unit_test_setup_teardown(test_node_uuid, setup_, tree_teardown),
+    cmocka_unit_test_setup_teardown(test_node_secret, setup_, tree_teardown),
     cmocka_unit_test(test_facts),
     cmocka_unit_test(test_ranks_place),
-    cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_),
+    cmocka_unit_test_setup_teardown(test_nodes_table, setup_, tree_teardown),
     cmocka_unit_test(test_rankboard_waiting))

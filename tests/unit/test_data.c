@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "../common/open_fds.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -404,19 +406,6 @@ static void test_empty_glob(void **state)
     free(pat);
 }
 
-/* Descriptors this process has open now. */
-static int open_fds_(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n - 1;  /* the directory's own */
-}
-
 /* More shards than the process may open (a low soft RLIMIT_NOFILE): the
  * set is refused with TOKEN_SET_ENOFILE, the limit, the shard that could
  * not be opened and the set's size, and every descriptor it took is given
@@ -433,7 +422,7 @@ static void test_too_many_open_files(void **state)
     char *pat = join(dir, "f_*.bin");
     struct rlimit old, low;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int before = open_fds_();
+    int before = open_fds();
     low = old;
     low.rlim_cur = (rlim_t)before + 10;  /* room for 10 shards */
     if (low.rlim_cur > old.rlim_cur) skip();
@@ -442,7 +431,7 @@ static void test_too_many_open_files(void **state)
     token_set ts;
     m6_err e = M6_ERR_NONE;
     int rc = token_set_open(&ts, pat, 256, &e);
-    int after = open_fds_();
+    int after = open_fds();
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     assert_int_equal(rc, TOKEN_SET_ENOFILE);
     /* the core says what happened (code M6_ENOFILE); the edge adds what
@@ -464,7 +453,7 @@ static void test_too_many_open_files(void **state)
     assert_int_equal(token_set_open_buf(&ts, pat, 256, err, sizeof err), 0);
     assert_int_equal(ts.n_shards, N);
     token_set_close(&ts);
-    assert_int_equal(open_fds_(), before);
+    assert_int_equal(open_fds(), before);
     free(pat);
 }
 

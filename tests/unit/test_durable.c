@@ -21,6 +21,8 @@
 #include <dirent.h>
 
 #include "../common/test_main.h"
+#include "../common/fake_tree.h"
+#include "../common/open_fds.h"
 
 /* fsync_stub_: fails with fsync_errno_ when that is not 0 */
 static int fsync_errno_;
@@ -38,36 +40,14 @@ static int fsync_stub_(int fd)
 #include "../../daemon/common/durable.c"
 #undef fsync
 
-/* open_fds_: descriptors this process holds, from /proc (the oracle) */
-static int open_fds_(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1; /* the DIR's own */
-}
-
 static char dir_[256];
 
+/* a fresh dir_ for each test; tree_teardown removes it */
 static int setup_(void **st)
 {
-    (void)st;
-    snprintf(dir_, sizeof dir_, "%s/m6-durable-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    return mkdtemp(dir_) ? 0 : -1;
-}
-
-static int teardown_(void **st)
-{
-    (void)st;
-    char cmd[320];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
-    return system(cmd) == 0 ? 0 : -1;
+    tree_make(dir_, sizeof dir_, "durable");
+    *st = dir_;
+    return 0;
 }
 
 /* a failed fsync: -1, the error names the path and fsync, no fd left
@@ -77,7 +57,7 @@ static void test_fsync_failure_closes(void **st)
     (void)st;
     char path[300], err[512];
     snprintf(path, sizeof path, "%s/f", dir_);
-    int before = open_fds_();
+    int before = open_fds();
     fsync_errno_ = EIO;
     fsync_calls_ = 0;
     for (int i = 0; i < 64; i++) {
@@ -89,16 +69,16 @@ static void test_fsync_failure_closes(void **st)
     char want[400];
     snprintf(want, sizeof want, "%s: fsync: %s", path, strerror(EIO));
     assert_string_equal(err, want);
-    assert_int_equal(open_fds_(), before);
+    assert_int_equal(open_fds(), before);
 
     fsync_errno_ = ENOSPC;
     assert_int_equal(write_file_durable(path, "abc", 3, err, sizeof err), -1);
     assert_non_null(strstr(err, "(ENOSPC: disk full)"));
-    assert_int_equal(open_fds_(), before);
+    assert_int_equal(open_fds(), before);
 
     fsync_errno_ = 0;
     assert_int_equal(write_file_durable(path, "hello", 5, err, sizeof err), 5);
-    assert_int_equal(open_fds_(), before);
+    assert_int_equal(open_fds(), before);
     char buf[16] = {0};
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -119,13 +99,13 @@ static void on_alarm_(int sig)
 static void refused_(const char *path, const char *kind)
 {
     char err[512], want[512];
-    int before = open_fds_();
+    int before = open_fds();
     errno = 0;
     assert_int_equal(open_regular(path, 0, NULL, err, sizeof err), -1);
     assert_int_equal(errno, EINVAL);
     snprintf(want, sizeof want, "%s is %s, not a regular file", path, kind);
     assert_string_equal(err, want);
-    assert_int_equal(open_fds_(), before);
+    assert_int_equal(open_fds(), before);
 }
 
 static void test_open_regular_kinds(void **st)
@@ -170,6 +150,6 @@ static void test_open_regular_kinds(void **st)
 }
 
 TEST_MAIN(cmocka_unit_test_setup_teardown(test_fsync_failure_closes,
-                                          setup_, teardown_),
+                                          setup_, tree_teardown),
           cmocka_unit_test_setup_teardown(test_open_regular_kinds,
-                                          setup_, teardown_))
+                                          setup_, tree_teardown))
