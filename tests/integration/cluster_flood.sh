@@ -130,24 +130,32 @@ while time.monotonic() < end and not os.path.exists(STOP):
 print("flood: %d connections opened, %d closed by the coordinator, %d held at the end"
       % (opened, closed, len(sel.get_map())))
 PY
-nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" 127.0.0.2 \
-    >"$T/flood.out" 2>&1 &
-FLOOD=$!
-for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
-[ -e "$T/flooding" ] || fail "the flood did not start"
-sleep 1
+# flood_then_join ADDRS OUT NAME: the idle flood from ADDRS (its summary
+# in OUT, its pid in FLOOD), then worker NAME started through it (pid in
+# WPID): live within 5 s (LIVE 1, else empty), after TOOK seconds
+flood_then_join() {
+    rm -f "$T/flooding" "$T/flood.stop"
+    nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" "$1" \
+        >"$2" 2>&1 &
+    FLOOD=$!
+    for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
+    [ -e "$T/flooding" ] || fail "the flood from $1 did not start"
+    sleep 1
+    local t0=$EPOCHREALTIME
+    start_m6d "$3" --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name "$3" \
+        --node-timeout 5
+    WPID=$M6D_PID
+    LIVE=
+    for _ in $(seq 1 100); do
+        node_live "$3" && { LIVE=1; break; }
+        sleep 0.05
+    done
+    TOOK=$(/usr/bin/python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+}
 
 # a worker joins through the flood
-t0=$EPOCHREALTIME
-start_m6d w2 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w2 \
-    --node-timeout 5
-W2=$M6D_PID
-live=
-for _ in $(seq 1 100); do
-    node_live w2 && { live=1; break; }
-    sleep 0.05
-done
-took=$(/usr/bin/python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+flood_then_join 127.0.0.2 "$T/flood.out" w2
+W2=$WPID live=$LIVE took=$TOOK
 [ -n "$live" ] || { kill -9 "$W2"; fail "w2 did not join within 5 s of the flood (coordinator log: $(tail -3 "$T/m6d-c.log"))"; }
 log "w2 joined in ${took} s beside 1000 hostile connections"
 ctl list >/dev/null || fail "the coordinator does not answer m6ctl during the flood"
@@ -233,23 +241,8 @@ log "$many lines name an address of 127.0.4.0/24, $all cluster.refused lines in 
 # pending peer): a worker w3 still joins within 5 s, and the log gets at
 # most 33 refusal lines per 10 s in all
 lines0=$(wc -l <"$T/m6d-c.log")
-rm -f "$T/flooding" "$T/flood.stop"
-nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" '127.0.5.*' \
-    >"$T/flood2.out" 2>&1 &
-FLOOD=$!
-for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
-[ -e "$T/flooding" ] || fail "the flood from 250 addresses did not start"
-sleep 1
-t0=$EPOCHREALTIME
-start_m6d w3 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w3 \
-    --node-timeout 5
-W3=$M6D_PID
-live=
-for _ in $(seq 1 100); do
-    node_live w3 && { live=1; break; }
-    sleep 0.05
-done
-took=$(/usr/bin/python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+flood_then_join '127.0.5.*' "$T/flood2.out" w3
+W3=$WPID live=$LIVE took=$TOOK
 touch "$T/flood.stop"
 wait "$FLOOD" || fail "the flood client failed: $(cat "$T/flood2.out")"
 [ -n "$live" ] || { kill -9 "$W3"; fail "w3 did not join within 5 s of the flood from 250 addresses (coordinator log: $(tail -3 "$T/m6d-c.log"))"; }
