@@ -117,13 +117,8 @@ int main(int argc, char **argv)
         if (bus > peak_bus)
             peak_bus = bus;
     }
-    fclose(in);
-    if (bench_ranks_end(pids, R, dir) != 0)
+    if (bench_ranks_finish(in, pids, R, dir, last_mib != 0) != 0)
         return 1;
-    if (last_mib == 0) {
-        fprintf(stderr, "no figures came back from the ranks\n");
-        return 1;
-    }
     printf("backend=gloo ranks=%d max_mib=%d algbw_gbps=%.3f busbw_gbps=%.3f "
            "peak_busbw_gbps=%.3f\n", R, last_mib, last_alg, last_bus,
            peak_bus);

@@ -212,13 +212,8 @@ int main(int argc, char **argv)
         last_f = f;
         last_h = h;
     }
-    fclose(in);
-    if (bench_ranks_end(pids, N, dir) != 0)
+    if (bench_ranks_finish(in, pids, N, dir, last_mib != 0) != 0)
         return 1;
-    if (last_mib == 0) {
-        fprintf(stderr, "no figures came back from the ranks\n");
-        return 1;
-    }
     printf("bench=allreduce_hier nodes=%d local=%d mib=%d flat_ms=%.3f "
            "hier_ms=%.3f speedup=%.2f\n", N, L, last_mib, last_f * 1e3,
            last_h * 1e3, last_f / last_h);

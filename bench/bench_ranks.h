@@ -62,6 +62,24 @@ static inline int bench_ranks_fork(char *dir, int n, pid_t *pids, int *in,
     return 0;
 }
 
+static inline int bench_ranks_end(const pid_t *pids, int n, const char *dir);
+
+/* The end of a benchmark that read its ranks' figures from in: in closed,
+ * the ranks waited for, dir removed (bench_ranks_end). 0, or 1 when a rank
+ * failed or no figure came back (got 0; said on stderr). */
+static inline int bench_ranks_finish(FILE *in, const pid_t *pids, int n,
+                                     const char *dir, int got)
+{
+    fclose(in);
+    if (bench_ranks_end(pids, n, dir) != 0)
+        return 1;
+    if (!got) {
+        fprintf(stderr, "no figures came back from the ranks\n");
+        return 1;
+    }
+    return 0;
+}
+
 /* Wait for the n forked ranks (pids) and remove dir. 0 when every rank
  * exited 0, else 1 ("a rank failed" printed). */
 static inline int bench_ranks_end(const pid_t *pids, int n, const char *dir)

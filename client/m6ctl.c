@@ -453,14 +453,19 @@ static int cmd_status_(int argc, char **argv)
     return EXIT_OK;
 }
 
-static int command_(M6__Request__BodyCase which, const char *arg)
+/* A command's reply: the run (--json) or the message; freed. */
+static int reply_(M6__Response *resp)
 {
-    M6__Response *resp = m6ctl_run_request_(which, arg);
     if (!resp) return EXIT_ERR;
     if (g.json) print_run_(resp->run, resp->message);
     else printf("%s\n", resp->message);
     m6__response__free_unpacked(resp, NULL);
     return EXIT_OK;
+}
+
+static int command_(M6__Request__BodyCase which, const char *arg)
+{
+    return reply_(m6ctl_run_request_(which, arg));
 }
 
 static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
@@ -480,12 +485,7 @@ static int cmd_resume_(int argc, char **argv)
     q.run = &ref;
     q.world_size = g.world_size;
     q.expert_parallel = g.expert_parallel;
-    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_RESUME_AT, &q.base);
-    if (!resp) return EXIT_ERR;
-    if (g.json) print_run_(resp->run, resp->message);
-    else printf("%s\n", resp->message);
-    m6__response__free_unpacked(resp, NULL);
-    return EXIT_OK;
+    return reply_(m6ctl_ask_(M6__REQUEST__BODY_RESUME_AT, &q.base));
 }
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
