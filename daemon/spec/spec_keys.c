@@ -284,11 +284,10 @@ const key_ spec_keys_[] = {
         "tokens reach them by all-to-all; dense and router weights are "
         "replicated). Must divide `world_size` and be at most "
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
-        "without offloading, `optimizer.shard`, Adafactor or bf16 masters, "
-        "and no smaller pseudo world (`world_size` / P replicas of each "
-        "expert-parallel group); m6d does not "
-        "run it yet (its runner does not gather the experts for "
-        "checkpoints)."),
+        "without offloading, `optimizer.shard`, Adafactor or bf16 masters; "
+        "`pseudo_world_size` 1 or a multiple of P (`world_size` / P "
+        "replicas of each expert-parallel group). Every checkpoint is the "
+        "one-rank model's (rank 0 gathers the experts)."),
     INT("nodes", "timeout", nodes.timeout, 1, 86400,
         "Seconds a collective (or the rendezvous) may wait for a peer "
         "before the run is paused."),
