@@ -81,6 +81,14 @@ static inline int bench_choice_arg(const char *prog, const char *name,
     exit(2);
 }
 
+/* bench_choice_arg with a value for each word: va for a, vb for b. */
+static inline int bench_pick_arg(const char *prog, const char *name,
+                                 const char *arg, const char *a, int va,
+                                 const char *b, int vb)
+{
+    return bench_choice_arg(prog, name, arg, a, b) ? vb : va;
+}
+
 /* The end of a benchmark's option switch, for an option o that is none of
  * its own: --help ('h') prints usage on stdout and exits 0; anything else
  * (getopt_long has named it on stderr) prints usage and exits 2. */

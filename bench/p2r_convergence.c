@@ -125,25 +125,19 @@ int main(int argc, char **argv)
         case 's': s.train.seed = (uint64_t)bench_int_arg(P_, "seed", optarg, 0); break;
         case 't': s.device.threads = bench_int_arg(P_, "threads", optarg, 1); break;
         case 'P':
-            s.device.precision =
-                bench_choice_arg(P_, "precision", optarg,
-                                 spec_precision_name(PRECISION_FP32),
-                                 spec_precision_name(PRECISION_BF16))
-                    ? PRECISION_BF16 : PRECISION_FP32;
+            s.device.precision = bench_pick_arg(P_, "precision", optarg,
+                spec_precision_name(PRECISION_FP32), PRECISION_FP32,
+                spec_precision_name(PRECISION_BF16), PRECISION_BF16);
             break;
         case 'O':
-            s.optimizer.name =
-                bench_choice_arg(P_, "optimizer", optarg,
-                                 spec_optimizer_name(OPTIMIZER_ADAMW),
-                                 spec_optimizer_name(OPTIMIZER_ADAFACTOR))
-                    ? OPTIMIZER_ADAFACTOR : OPTIMIZER_ADAMW;
+            s.optimizer.name = bench_pick_arg(P_, "optimizer", optarg,
+                spec_optimizer_name(OPTIMIZER_ADAMW), OPTIMIZER_ADAMW,
+                spec_optimizer_name(OPTIMIZER_ADAFACTOR), OPTIMIZER_ADAFACTOR);
             break;
         case 'M':
-            s.optimizer.master =
-                bench_choice_arg(P_, "master", optarg,
-                                 spec_master_name(MASTER_FP32),
-                                 spec_master_name(MASTER_BF16))
-                    ? MASTER_BF16 : MASTER_FP32;
+            s.optimizer.master = bench_pick_arg(P_, "master", optarg,
+                spec_master_name(MASTER_FP32), MASTER_FP32,
+                spec_master_name(MASTER_BF16), MASTER_BF16);
             break;
         default: bench_usage_exit(o, usage_);
         }

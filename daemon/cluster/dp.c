@@ -827,15 +827,8 @@ static void train_rank_(rank_slot *sl, const assignment *a)
             rc = trainer_step(t, &res, &e);
             PUBLISH_(RANK_TRAINING, NULL);
         }
-        if (rc == TRAINER_ECOLL) {
-            /* rank 0 paused, delinked or stopped, or a rank died */
-            log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
-                     "why=\"%s\"", (long long)a->run, a->rank,
-                     trainer_step_count(t), lr, m6_err_msg(&e));
-            PUBLISH_(RANK_LEFT, m6_err_msg(&e));
-            m6_err_free(&e);
-            goto done;
-        }
+        if (rc == TRAINER_ECOLL)
+            goto left;
         if ((rc == TRAINER_EDATA || rc == TRAINER_ENOFILE) &&
             spec_state_split(&spec)) {
             /* every rank failed the step alike (the ranks agree on it):
@@ -853,20 +846,21 @@ static void train_rank_(rank_slot *sl, const assignment *a)
     if (trainer_step_count(t) >= spec.train.steps && spec_state_split(&spec))
         PUBLISH_(RANK_BOUNDARY, NULL);
     if (trainer_step_count(t) >= spec.train.steps &&
-        trainer_sync_boundary(t, 0, &e) < 0) {
-        log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
-                 "why=\"%s\"", (long long)a->run, a->rank,
-                 trainer_step_count(t), lr, m6_err_msg(&e));
-        PUBLISH_(RANK_LEFT, m6_err_msg(&e));
-        m6_err_free(&e);
-        goto done;
-    }
+        trainer_sync_boundary(t, 0, &e) < 0)
+        goto left;
     log_info("cluster.rank_done", "run=%lld rank=%d step=%ld%s",
              (long long)a->run, a->rank, trainer_step_count(t), lr);
     PUBLISH_(trainer_step_count(t) >= spec.train.steps ? RANK_DONE
                                                        : RANK_LEFT,
              trainer_step_count(t) >= spec.train.steps
                  ? NULL : "a newer assignment, or m6d stopping");
+    goto done;
+left:  /* rank 0 paused, delinked or stopped, or a rank died */
+    log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s why=\"%s\"",
+             (long long)a->run, a->rank, trainer_step_count(t), lr,
+             m6_err_msg(&e));
+    PUBLISH_(RANK_LEFT, m6_err_msg(&e));
+    m6_err_free(&e);
 #undef PUBLISH_
     goto done;
 failed:
