@@ -453,9 +453,10 @@ static int cmd_status_(int argc, char **argv)
     return EXIT_OK;
 }
 
-static int command_(M6__Request__BodyCase which, const char *arg)
+/* A command on one run (ref), its answer printed. */
+static int command_ref_(M6__Request__BodyCase which, M6__RunRef *ref)
 {
-    M6__Response *resp = m6ctl_run_request_(which, arg);
+    M6__Response *resp = m6ctl_ask_(which, &ref->base);
     if (!resp) return EXIT_ERR;
     if (g.json) print_run_(resp->run, resp->message);
     else printf("%s\n", resp->message);
@@ -463,8 +464,23 @@ static int command_(M6__Request__BodyCase which, const char *arg)
     return EXIT_OK;
 }
 
+static int command_(M6__Request__BodyCase which, const char *arg)
+{
+    M6__RunRef ref;
+    if (m6ctl_parse_run_(arg, &ref) < 0) return EXIT_ERR;
+    return command_ref_(which, &ref);
+}
+
 static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
-static int cmd_resume_(int argc, char **argv) { return command_(M6__REQUEST__BODY_RESUME, argv[0]); }
+/* resume, with --from-scratch for a run whose checkpoints are gone */
+static int cmd_resume_(int argc, char **argv)
+{
+    (void)argc;
+    M6__RunRef ref;
+    if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;
+    ref.from_scratch = g.from_scratch;
+    return command_ref_(M6__REQUEST__BODY_RESUME, &ref);
+}
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
 
@@ -595,7 +611,8 @@ static int cmd_data_(int argc, char **argv)
 
 enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
        F_RUN = 32 /* the first argument is a RUN: checked before dispatch */,
-       F_EXPORT = 64, F_IMPORT = 128, F_PLOT = 256 /* export's options */ };
+       F_EXPORT = 64, F_IMPORT = 128, F_PLOT = 256 /* export's options */,
+       F_SCRATCH = 512 /* resume --from-scratch */ };
 
 typedef struct {
     const char *name;
@@ -662,7 +679,11 @@ static const command commands_[] = {
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
-    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN, "RUN", "Resume a paused run."},
+    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_SCRATCH, "RUN [--from-scratch]",
+     "Resume a paused run.\n"
+     "A run paused because its checkpoint directories are gone resumes from\n"
+     "them once they are back; --from-scratch trains it again from step 0\n"
+     "instead, dropping its metrics rows (events say so)."},
     {"delink", cmd_delink_, 1, 1, F_JSON | F_RUN, "RUN",
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
@@ -739,6 +760,9 @@ static void command_usage_(FILE *f, const command *c)
             c->usage[0] ? " " : "", c->usage, c->help);
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
+    if (c->flags & F_SCRATCH)
+        fprintf(f, "  --from-scratch    a run whose checkpoints are gone: train it\n"
+                   "                    again from step 0 (its metrics rows dropped)\n");
     if (c->flags & F_WATCH)
         fprintf(f, "  --interval SEC    poll period (default 0.5)\n"
                    "  --reconnect SEC   keep retrying an unreachable m6d this long\n"
@@ -822,7 +846,7 @@ enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
        O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
        O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
-       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE };
+       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_SCRATCH };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -835,6 +859,7 @@ static const struct option opts_[] = {
     {"daemon", no_argument, 0, O_DAEMON},
     {"step", required_argument, 0, O_STEP}, {"format", required_argument, 0, O_FORMAT},
     {"force", no_argument, 0, O_FORCE},
+    {"from-scratch", no_argument, 0, O_SCRATCH},
     {"nodes", required_argument, 0, O_NODES},
     {"gpus-per-node", required_argument, 0, O_GPN},
     {"host-memory", required_argument, 0, O_HOSTMEM},
@@ -898,6 +923,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     }
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
+    case O_SCRATCH: ok = cmd->flags & F_SCRATCH; g.from_scratch = 1; break;
     case O_NODES: case O_GPN: {
         double v = 0;
         const char *nm = ch == O_NODES ? "--nodes" : "--gpus-per-node";
