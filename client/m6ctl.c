@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include <jansson.h>
 
 #include "common/clock.h"
+#include "common/durable.h"
 #include "common/paths.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
@@ -353,10 +355,17 @@ static char *resolve_data_paths_(char *buf, const char *path)
  * absolute; NULL with the error printed. */
 char *m6ctl_read_spec_(const char *path)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        m6ctl_errf_("%s: %s", path, strerror(errno));
-        return NULL;
+    FILE *f = stdin;
+    if (strcmp(path, "-") != 0) {
+        /* a FIFO (or a device) is refused, as m6d refuses one: reading it
+         * would wait for a writer forever */
+        char err[PATH_MAX + 128];
+        int fd = open_regular(path, 0, NULL, err, sizeof err);
+        if (fd < 0 || !(f = fdopen(fd, "rb"))) {
+            if (fd >= 0) close(fd);
+            m6ctl_errf_("%s", fd < 0 ? err : strerror(errno));
+            return NULL;
+        }
     }
     size_t cap = 65536, n = 0;
     char *buf = malloc(cap + 1);

@@ -33,6 +33,26 @@ done
 ctl list >/dev/null || fail "m6d does not answer after the FIFO submits"
 kill -0 "$DAEMON_PID" || fail "m6d died"
 
+# --- a FIFO where m6ctl reads a file: refused at once, as plan refuses it --
+mkfifo "$T/spec.fifo"
+# fifo_refused WHAT CMD...: CMD (an m6ctl command given the FIFO) exits 1
+# within 10 s naming the FIFO as such
+fifo_refused() {
+    local what=$1 rc=0
+    shift
+    timeout 10 "$@" >"$T/fifo.out" 2>"$T/fifo.err" || rc=$?
+    [ "$rc" != 124 ] || fail "$what of a FIFO hung (killed after 10 s)"
+    [ "$rc" = 1 ] || fail "$what of a FIFO: exit $rc, want 1: $(cat "$T/fifo.out" "$T/fifo.err")"
+    grep -qF "$T/spec.fifo is a FIFO, not a regular file" "$T/fifo.err" \
+        || fail "$what of a FIFO: the refusal does not name it: $(cat "$T/fifo.err")"
+}
+fifo_refused submit "$M6CTL" --socket "$SOCK" submit "$T/spec.fifo"
+fifo_refused plan "$M6CTL" plan "$T/spec.fifo"
+fifo_refused "plan --daemon" "$M6CTL" --socket "$SOCK" plan --daemon "$T/spec.fifo"
+fifo_refused "import llmc" "$M6CTL" import llmc "$T/spec.fifo" --out "$T/imported"
+fifo_refused "data prepare" "$M6CTL" data prepare --out "$T/prepared" "$T/spec.fifo"
+log "a FIFO given to submit, plan, import and data prepare: refused"
+
 # --- the lock file: 0600 --------------------------------------------------
 mode=$(stat -c %a "$T/s/m6d.lock")
 [ "$mode" = 600 ] || fail "m6d.lock has mode $mode, want 600"
