@@ -53,6 +53,17 @@ fifo_refused "import llmc" "$M6CTL" import llmc "$T/spec.fifo" --out "$T/importe
 fifo_refused "data prepare" "$M6CTL" data prepare --out "$T/prepared" "$T/spec.fifo"
 log "a FIFO given to submit, plan, import and data prepare: refused"
 
+# --- m6.db a FIFO: m6d refuses to start, naming it -------------------------
+mkdir "$T/fifodb"
+mkfifo "$T/fifodb/m6.db"
+rc=0
+timeout 10 "$M6D" --state-dir "$T/fifodb" --threads 1 2>"$T/fifodb.log" || rc=$?
+[ "$rc" != 124 ] || fail "m6d with m6.db a FIFO hung (killed after 10 s)"
+[ "$rc" != 0 ] || fail "m6d started with m6.db a FIFO"
+grep -qF "$T/fifodb/m6.db is a FIFO, not a regular file" "$T/fifodb.log" \
+    || fail "m6d with m6.db a FIFO does not say so: $(tail -n 3 "$T/fifodb.log")"
+log "m6.db a FIFO: m6d exits $rc, naming it"
+
 # --- the lock file: 0600 --------------------------------------------------
 mode=$(stat -c %a "$T/s/m6d.lock")
 [ "$mode" = 600 ] || fail "m6d.lock has mode $mode, want 600"
