@@ -29,6 +29,14 @@ for k in 1 2; do
         || fail "the refusal does not name the FIFO: $(cat "$T/fifo$k.err")"
     log "FIFO init.from ($k) refused in $ms ms: $(cat "$T/fifo$k.err")"
 done
+# init.from a FIFO itself: named as such
+mkfifo "$T/initfifo"
+write_spec "$T/fifo3.json" fifo3 20 0 "\"init\": {\"from\": \"$T/initfifo\"}"
+rc=0
+timeout 10 "$M6CTL" --socket "$SOCK" submit "$T/fifo3.json" >"$T/fifo3.out" 2>"$T/fifo3.err" || rc=$?
+[ "$rc" = 1 ] || fail "init.from a FIFO: exit $rc, want 1: $(cat "$T/fifo3.out" "$T/fifo3.err")"
+grep -qF "init.from: $T/initfifo is a FIFO, not a directory" "$T/fifo3.err" \
+    || fail "init.from a FIFO: the refusal does not name it: $(cat "$T/fifo3.err")"
 # m6d answers the next command: no pool thread is stuck on the FIFO
 ctl list >/dev/null || fail "m6d does not answer after the FIFO submits"
 kill -0 "$DAEMON_PID" || fail "m6d died"
