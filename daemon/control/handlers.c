@@ -291,13 +291,14 @@ static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
                "run reference needs an id > 0 or a name (1..255 bytes)");
         return -1;
     }
-    int rc = state_run_find_name(c->h->st, ref->name, id);
+    char ids[256];
+    int rc = state_run_find_name(c->h->st, ref->name, id, ids, sizeof ids);
     if (rc == 0) return 0;
     if (rc == 1)
         reply_(c, M6__STATUS__STATUS_NOT_FOUND, "no run named \"%s\"", ref->name);
     else if (rc == 2)
-        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-               "several runs are named \"%s\"; use the numeric id", ref->name);
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "several runs are named "
+               "\"%s\" (ids %s); use the numeric id", ref->name, ids);
     else
         reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
     return -1;

@@ -805,21 +805,31 @@ void run_rows_free(run_row *rows, int n)
 /* The SQL condition of a run that has not ended */
 #define LIVE_SQL_ "state IN ('queued', 'running', 'paused')"
 
-int state_run_find_name(state *st, const char *name, int64_t *id)
+int state_run_find_name(state *st, const char *name, int64_t *id,
+                        char *ids, size_t idslen)
 {
-    int ret = -1, n = 0, rc = -1;
+    int ret = -1, n = 0, rc = -1, top = 0, cut = 0;
+    size_t o = 0;
+    if (idslen) ids[0] = 0;
     pthread_mutex_lock(&st->mu);
-    /* live runs first, then the newest: the first row answers unless the
-     * second is as good (both live, or both ended) */
+    /* live runs first: the first row answers unless another is as good
+     * (both live, or both ended); those as good are listed */
     sqlite3_stmt *s = SQL_PREPARE(st,
         "SELECT id, " LIVE_SQL_ " FROM runs WHERE name = ? "
-        "ORDER BY 2 DESC, id DESC LIMIT 2", A_TEXT(name));
-    int live[2] = {0, 0};
+        "ORDER BY 2 DESC, id", A_TEXT(name));
     while (s && (rc = SQL_NEXT(st, s)) == 1) {
-        if (n == 0) *id = sqlite3_column_int64(s, 0);
-        live[n++] = sqlite3_column_int(s, 1);
+        int64_t rid = sqlite3_column_int64(s, 0);
+        int live = sqlite3_column_int(s, 1);
+        if (n == 0) *id = rid, top = live;
+        if (live != top) continue;
+        if (o + 24 < idslen)  /* room for one more id and ", ..." */
+            o += (size_t)snprintf(ids + o, idslen - o, "%s%lld", n ? ", " : "",
+                                  (long long)rid);
+        else if (o < idslen && !cut++)
+            o += (size_t)snprintf(ids + o, idslen - o, ", ...");
+        n++;
     }
-    if (rc == 0) ret = n == 0 ? 1 : n == 1 || live[0] != live[1] ? 0 : 2;
+    if (rc == 0) ret = n == 0 ? 1 : n == 1 ? 0 : 2;
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;
