@@ -1014,7 +1014,7 @@ static void key_at_(const char *json, size_t pos, char *buf, size_t len)
         } else if (json[i] == ':' && d > 0 && d <= DEPTH) {
             snprintf(keys[d - 1], KEY, "%s", last);
         } else if (json[i] == '{' || json[i] == '[') {
-            if (++d <= DEPTH) keys[d - 1][0] = 0;
+            if (++d >= 1 && d <= DEPTH) keys[d - 1][0] = 0;
         } else if (json[i] == '}' || json[i] == ']') {
             d--;
         }
