@@ -108,7 +108,8 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
  * loop (the thread pool). flags: RUNNER_FROM_SCRATCH with CMD_RESUME of
  * the active run paused because its checkpoints are gone (M6_ECKPTGONE):
  * it trains again from step 0 (its init.from, if any), the rows of the
- * gone checkpoints and its metrics rows dropped, each said in an event;
+ * gone checkpoints and its metrics rows dropped and its old delink not
+ * replayed, each said in an event;
  * refused (M6_EBADSTATE, nothing done) for any other command or run. A
  * resume replayed from the command log after a crash is a plain one. */
 enum { RUNNER_FROM_SCRATCH = 1 };

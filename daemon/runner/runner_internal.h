@@ -218,7 +218,8 @@ int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
 /* At a resume of a run whose checkpoints were gone (r->ckpts_gone; else
  * 0 at once): take it up again, from them if they are back, from step 0
  * when the resume being tried was sent with --from-scratch (event
- * resume.from_scratch). 0 taken up; -1 with err (M6_ECKPTGONE still gone,
+ * resume.from_scratch; the recorded delink dropped, event
+ * delink.forgotten). 0 taken up; -1 with err (M6_ECKPTGONE still gone,
  * M6_ENOCKPT back but none loads, a data error with r->data_error set;
  * r->t NULL: no trainer could be made). */
 int runner_retake_(run_ctx *r, m6_err *err);

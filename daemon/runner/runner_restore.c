@@ -95,6 +95,16 @@ int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
     pthread_mutex_unlock(&c->mu);
     r->dropped = 0;
     if (rc == 2) return 2;  /* m6.db as it was: nothing to agree with */
+    int64_t from;
+    if (from_scratch && r->last_ckpt < 0 &&
+        state_phase_get(c->st, r->id, 1, &from) == 0) {
+        /* started over: the old trajectory's delink is not replayed (the
+         * spec, the policy or the operator decide anew) */
+        state_phase_delete(c->st, r->id, 1);
+        state_event(c->st, r->id, "delink.forgotten", "the delink of the "
+                    "trajectory left behind (step %lld) is not replayed",
+                    (long long)from);
+    }
     /* the shards it opened must hold what the checkpoint was trained on */
     if (!was_queued && !*data_rc && r->last_ckpt >= 0)
         *data_rc = trainer_check_data(r->t, err);

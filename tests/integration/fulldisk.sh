@@ -32,12 +32,7 @@ reference_losses "$T/ref" "$T/spec.json" "$T/ref.csv"
 S=$MNT/s
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$S"
 LOG=$T/m6d-s.log
-hold_at_step 1 nowait  # the run is alive for the pause, however short its steps
-R=$(ctl submit "$T/spec.json")
-wait_held
-ctl pause "$R" >/dev/null || fail "pause"
-release_boundary
-wait_state "$R" paused
+submit_paused_at "$T/spec.json" 1  # alive for the pause, however short its steps
 P=$(field "$R" step)
 dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null || true  # until ENOSPC
 before=$(wc -l <"$LOG")

@@ -411,6 +411,19 @@ pause_at_step() {
     wait_state "$1" paused
 }
 
+# submit_paused_at SPEC N: submits SPEC (its id into R), held before it
+# can pass step N (hold_at_step before the submit, so a short run cannot
+# end first), pauses it at the boundary after step N and waits until it is
+# paused
+submit_paused_at() {
+    hold_at_step "$2" nowait
+    R=$(ctl submit "$1")
+    wait_held
+    ctl pause "$R" >/dev/null || fail "pause of run $R at step $2 refused"
+    release_boundary
+    wait_state "$R" paused
+}
+
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC
 # on a fresh m6d in STATE_DIR, its loss curve (losses) into CSV; m6d is
 # stopped again. WHAT names the run in a failure ("reference run").

@@ -69,36 +69,42 @@ same_losses "$R" "$T/ref.csv" "losses after the checkpoints came back"
 stop_daemon
 log "all gone: paused with '$e'; put back: same losses"
 
-# 2. Every checkpoint gone (in the pseudo phase), the operator starts it
-#    over (--from-scratch).
+# 2. Every checkpoint gone, the operator starts it over (--from-scratch):
+#    its old trajectory's operator delink (before the spec's step 20) is not
+#    replayed, so it ends as the reference does.
 D=$T/scratch
-killed_at "$D" 15
+start_daemon "$D"
+submit_paused_at "$T/ref.json" 5
+P=$(field "$R" step)
+ctl delink "$R" >/dev/null || fail "delink of paused run $R refused"
+wait_for "paused run $R to delink" 20 sh -c \
+    "[ \"\$(sqlite3 -readonly -cmd '.timeout 5000' '$D/m6.db' \"select phase from runs where id=$R\")\" = real ]"
+hold_at_step $((P + 3)) nowait
+ctl resume "$R" >/dev/null || fail "resume of run $R refused"
+wait_held
+kill9_daemon
+release_boundary
+M=$(db "$D" "select count(*) from metrics where run=$R")
 rm -rf "$D/runs/$R/checkpoints"
 start_daemon "$D"
 wait_state "$R" paused 20
 wait_paused_error "$R" "is gone" >/dev/null
-# a delink would delink the fresh trainer over the run's phases: refused
-rc=0; out=$(ctl delink "$R" 2>&1) || rc=$?
-[ "$rc" = 1 ] || fail "delink while the checkpoints are gone: exit $rc: $out"
-echo "$out" | has "is not delinked: its checkpoints are gone" || fail "delink refusal: $out"
-[ "$(db "$D" "select count(*) from phases where run=$R and phase='real'")" = 0 ] \
-    || fail "a delink was recorded while the checkpoints were gone ($out)"
-[ "$(field "$R" phase)" = pseudo ] || fail "phase after a refused delink: $(field "$R" phase)"
+[ "$(field "$R" phase)" = real ] || fail "phase while gone: $(field "$R" phase), want the recorded real"
 out=$(ctl resume "$R" --from-scratch) || fail "resume --from-scratch: $out"
 echo "$out" | has "resumed at step 0" || fail "resume --from-scratch: $out"
-events_has "$R" "checkpoint.forgotten.*step=10" >/dev/null || fail "no checkpoint.forgotten event"
-events_has "$R" "resume.from_scratch.*15 metrics rows dropped" >/dev/null \
+events_has "$R" "checkpoint.forgotten.*step=$P" >/dev/null || fail "no checkpoint.forgotten event"
+events_has "$R" "resume.from_scratch.*$M metrics rows dropped" >/dev/null \
     || fail "no resume.from_scratch event: $(ctl events "$R")"
+events_has "$R" "delink.forgotten.*step $P" >/dev/null || fail "no delink.forgotten event"
 ctl watch "$R" >/dev/null || fail "run $R did not complete from scratch"
 same_losses "$R" "$T/ref.csv" "losses after --from-scratch"
 # --from-scratch on a run that has its checkpoints: refused, nothing done
-R2=$(ctl submit "$T/ref.json")
-pause_at_step "$R2" 5
-rc=0; out=$(ctl resume "$R2" --from-scratch 2>&1) || rc=$?
+submit_paused_at "$T/ref.json" 5
+rc=0; out=$(ctl resume "$R" --from-scratch 2>&1) || rc=$?
 [ "$rc" = 1 ] || fail "resume --from-scratch of a run with its checkpoints: exit $rc: $out"
 echo "$out" | has "only a run paused because its checkpoints are gone" \
     || fail "resume --from-scratch refusal: $out"
-[ "$(field "$R2" state)" = paused ] || fail "run $R2 after a refused --from-scratch: $(field "$R2" state)"
+[ "$(field "$R" state)" = paused ] || fail "run $R after a refused --from-scratch: $(field "$R" state)"
 stop_daemon
 log "--from-scratch: same losses as the reference; refused for a sound run"
 
@@ -115,3 +121,27 @@ events_has "$R" "resume.restart.*step=10 metrics_dropped=15" >/dev/null \
 same_losses "$R" "$T/ref.csv" "losses after the newest checkpoint went"
 stop_daemon
 log "newest gone: went on from step 10, said; same losses"
+
+# 4. Gone in the pseudo phase: a delink (of the fresh trainer, over the
+#    run's phases) is refused; a stop ends it at its recorded step without
+#    writing a checkpoint.
+D=$T/pseudo
+killed_at "$D" 15
+rm -rf "$D/runs/$R/checkpoints"
+start_daemon "$D"
+wait_state "$R" paused 20
+wait_paused_error "$R" "is gone" >/dev/null
+rc=0; out=$(ctl delink "$R" 2>&1) || rc=$?
+[ "$rc" = 1 ] || fail "delink while the checkpoints are gone: exit $rc: $out"
+echo "$out" | has "is not delinked: its checkpoints are gone" || fail "delink refusal: $out"
+[ "$(db "$D" "select count(*) from phases where run=$R and phase='real'")" = 0 ] \
+    || fail "a delink was recorded while the checkpoints were gone ($out)"
+[ "$(field "$R" phase)" = pseudo ] || fail "phase after a refused delink: $(field "$R" phase)"
+ctl stop "$R" >/dev/null || fail "stop of run $R while its checkpoints are gone"
+wait_state "$R" stopped
+[ "$(db "$D" "select step from runs where id=$R")" = 15 ] \
+    || fail "stopped at step $(db "$D" "select step from runs where id=$R"), want the recorded 15"
+[ "$(db "$D" "select count(*) from metrics where run=$R")" = 15 ] || fail "metrics rows after the stop"
+[ ! -e "$D/runs/$R/checkpoints" ] || fail "the stop wrote a checkpoint: $(ls "$D/runs/$R/checkpoints")"
+stop_daemon
+log "gone in the pseudo phase: delink refused, stop kept step 15"

@@ -126,12 +126,7 @@ log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 #    is replayed at the same step (phases table), the curve is the same.
 CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
-hold_at_step 5 nowait
-R=$(ctl submit "$T/op.json")
-wait_held
-ctl pause "$R" >/dev/null || fail "pause of run $R at step 5 refused"
-release_boundary
-wait_state "$R" paused
+submit_paused_at "$T/op.json" 5
 P=$(field "$R" step)
 # a paused run delinks at once, at the boundary it is paused at, and stays
 # paused
