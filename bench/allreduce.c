@@ -24,9 +24,13 @@
 #include "dist/collectives.h"
 #include "../tests/common/file_store.h"
 
-static int rank_main_(const char *dir, int rank, int R, int min_mib,
-                      int max_mib, int reps, int out_fd)
+typedef struct { int min_mib, max_mib, reps; } args_;
+
+static int rank_main_(int rank, int R, const char *dir, int out_fd,
+                      const void *arg)
 {
+    const args_ *a = arg;
+    int min_mib = a->min_mib, max_mib = a->max_mib, reps = a->reps;
     file_store fs;
     snprintf(fs.dir, sizeof fs.dir, "%s", dir);
     m6_store st = file_store_table(&fs);
@@ -88,24 +92,17 @@ int main(int argc, char **argv)
         return 2;
     }
     char dir[] = "/tmp/m6-bench-allreduce-XXXXXX";
-    int pfd[2];
-    int rc0 = bench_ranks_begin(dir, pfd);
+    int in_fd;
+    pid_t pids[16];
+    args_ args = {min_mib, max_mib, reps};
+    int rc0 = bench_ranks_fork(dir, R, pids, &in_fd, rank_main_, &args);
     if (rc0 != 0)
         return rc0;
-    pid_t pids[16];
-    for (int r = 0; r < R; r++) {
-        if ((pids[r] = fork()) == 0) {
-            close(pfd[0]);
-            srandom((unsigned)getpid());
-            _exit(rank_main_(dir, r, R, min_mib, max_mib, reps, pfd[1]));
-        }
-    }
-    close(pfd[1]);
     printf("Gloo all-reduce (fp32 sum) on loopback, %d ranks, best of %d\n",
            R, reps);
     printf("%10s %12s %12s %12s\n", "size", "time_ms", "algbw_GB/s",
            "busbw_GB/s");
-    FILE *in = fdopen(pfd[0], "r");
+    FILE *in = fdopen(in_fd, "r");
     int mib;
     double dt, last_alg = 0, last_bus = 0, peak_bus = 0;
     int last_mib = 0;

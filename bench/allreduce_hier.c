@@ -129,9 +129,14 @@ static void *rank_main_(void *p)
 }
 
 /* One node: L rank threads. 0, or 1 when one failed. */
-static int node_main_(const char *dir, int node, int nodes, int L, int reps,
-                      const int *mib, int nsizes, int out_fd)
+typedef struct { int L, reps, nsizes; const int *mib; } args_;
+
+static int node_main_(int node, int nodes, const char *dir, int out_fd,
+                      const void *arg)
 {
+    const args_ *ar = arg;
+    int L = ar->L, reps = ar->reps, nsizes = ar->nsizes;
+    const int *mib = ar->mib;
     rank_arg_ a[64];
     pthread_t th[64];
     FILE *out = node == 0 ? fdopen(out_fd, "w") : NULL;
@@ -186,23 +191,18 @@ int main(int argc, char **argv)
         return 2;
     }
     char dir[] = "/tmp/m6-bench-hier-XXXXXX";
-    int pfd[2];
-    int rc0 = bench_ranks_begin(dir, pfd);
+    int in_fd;
+    pid_t pids[16];
+    args_ args = {L, reps, nsizes, mib};
+    int rc0 = bench_ranks_fork(dir, N, pids, &in_fd, node_main_, &args);
     if (rc0 != 0)
         return rc0;
-    pid_t pids[16];
-    for (int k = 0; k < N; k++)
-        if ((pids[k] = fork()) == 0) {
-            close(pfd[0]);
-            _exit(node_main_(dir, k, N, L, reps, mib, nsizes, pfd[1]));
-        }
-    close(pfd[1]);
     printf("fp32 sum, %d node%s x %d rank%s (processes x threads) on "
            "loopback, best of %d\n", N, N == 1 ? "" : "s", L,
            L == 1 ? "" : "s", reps);
     printf("%10s %12s %12s %9s\n", "bucket", "flat_ms", "hier_ms",
            "flat/hier");
-    FILE *in = fdopen(pfd[0], "r");
+    FILE *in = fdopen(in_fd, "r");
     int m, last_mib = 0;
     double f, h, last_f = 0, last_h = 0;
     while (fscanf(in, "%d %lf %lf", &m, &f, &h) == 3) {

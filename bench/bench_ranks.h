@@ -35,6 +35,33 @@ static inline int bench_ranks_begin(char *dir, int pfd[2])
     return 0;
 }
 
+/* A forked rank's body: rank r of n, the file store in dir, the report
+ * pipe's write end out_fd, the benchmark's arguments arg; returns the
+ * process's exit status. */
+typedef int (*bench_rank_fn)(int r, int n, const char *dir, int out_fd,
+                             const void *arg);
+
+/* bench_ranks_begin, then n processes forked (pids[0..n)), rank r running
+ * fn (its random() seeded apart); the pipe's read end into *in. 0 when
+ * all started; otherwise bench_ranks_begin's exit status. */
+static inline int bench_ranks_fork(char *dir, int n, pid_t *pids, int *in,
+                                   bench_rank_fn fn, const void *arg)
+{
+    int pfd[2];
+    int rc = bench_ranks_begin(dir, pfd);
+    if (rc != 0)
+        return rc;
+    for (int r = 0; r < n; r++)
+        if ((pids[r] = fork()) == 0) {
+            close(pfd[0]);
+            srandom((unsigned)getpid());
+            _exit(fn(r, n, dir, pfd[1], arg));
+        }
+    close(pfd[1]);
+    *in = pfd[0];
+    return 0;
+}
+
 /* Wait for the n forked ranks (pids) and remove dir. 0 when every rank
  * exited 0, else 1 ("a rank failed" printed). */
 static inline int bench_ranks_end(const pid_t *pids, int n, const char *dir)

@@ -56,9 +56,10 @@ static float *randn_(size_t n, unsigned seed, float scale)
     return p;
 }
 
-static int rank_main_(const char *dir, int rank, int P, const shape_ *s,
-                      int out_fd)
+static int rank_main_(int rank, int P, const char *dir, int out_fd,
+                      const void *arg)
 {
+    const shape_ *s = arg;
     omp_set_num_threads(s->threads);
     file_store fs;
     snprintf(fs.dir, sizeof fs.dir, "%s", dir);
@@ -137,22 +138,16 @@ static int rank_main_(const char *dir, int rank, int P, const shape_ *s,
 static int run_(int P, const shape_ *s, figures_ *f)
 {
     char dir[] = "/tmp/m6-bench-moe-ep-XXXXXX";
-    int pfd[2];
-    int rc = bench_ranks_begin(dir, pfd);
+    int in_fd;
+    pid_t pids[16];
+    int rc = bench_ranks_fork(dir, P, pids, &in_fd, rank_main_, s);
     if (rc != 0)
         return rc;
-    pid_t pids[16];
-    for (int r = 0; r < P; r++)
-        if ((pids[r] = fork()) == 0) {
-            close(pfd[0]);
-            _exit(rank_main_(dir, r, P, s, pfd[1]));
-        }
-    close(pfd[1]);
     int got = 0;
     figures_ one;
-    while (got < P && read(pfd[0], &one, sizeof one) == (ssize_t)sizeof one)
+    while (got < P && read(in_fd, &one, sizeof one) == (ssize_t)sizeof one)
         f[got++] = one;
-    close(pfd[0]);
+    close(in_fd);
     return bench_ranks_end(pids, P, dir) || got != P;
 }
 

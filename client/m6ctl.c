@@ -462,10 +462,11 @@ static int cmd_status_(int argc, char **argv)
     return EXIT_OK;
 }
 
-/* A command on one run (ref), its answer printed. */
-static int command_ref_(M6__Request__BodyCase which, M6__RunRef *ref)
+/* A command on one run (msg: its RunRef, or a request holding one), its
+ * answer printed. */
+static int command_ref_(M6__Request__BodyCase which, ProtobufCMessage *msg)
 {
-    M6__Response *resp = m6ctl_ask_(which, &ref->base);
+    M6__Response *resp = m6ctl_ask_(which, msg);
     if (!resp) return EXIT_ERR;
     if (g.json) print_run_(resp->run, resp->message);
     else printf("%s\n", resp->message);
@@ -477,18 +478,34 @@ static int command_(M6__Request__BodyCase which, const char *arg)
 {
     M6__RunRef ref;
     if (m6ctl_parse_run_(arg, &ref) < 0) return EXIT_ERR;
-    return command_ref_(which, &ref);
+    return command_ref_(which, &ref.base);
 }
 
 static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
-/* resume, with --from-scratch for a run whose checkpoints are gone */
+/* resume RUN: --from-scratch for a run whose checkpoints are gone; or
+ * with --world-size N [--expert-parallel P] a resume at that layout
+ * (ResumeAt) */
 static int cmd_resume_(int argc, char **argv)
 {
     (void)argc;
+    if (!g.world_size && g.expert_parallel) {
+        m6ctl_errf_("--expert-parallel: needs --world-size");
+        return EXIT_USAGE;
+    }
+    if (g.world_size && g.from_scratch) {
+        m6ctl_errf_("--from-scratch starts the run over at its own layout: "
+                    "leave out --world-size");
+        return EXIT_USAGE;
+    }
     M6__RunRef ref;
     if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;
     ref.from_scratch = g.from_scratch;
-    return command_ref_(M6__REQUEST__BODY_RESUME, &ref);
+    if (!g.world_size) return command_ref_(M6__REQUEST__BODY_RESUME, &ref.base);
+    M6__ResumeAt q = M6__RESUME_AT__INIT;
+    q.run = &ref;
+    q.world_size = g.world_size;
+    q.expert_parallel = g.expert_parallel;
+    return command_ref_(M6__REQUEST__BODY_RESUME_AT, &q.base);
 }
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
@@ -621,7 +638,7 @@ static int cmd_data_(int argc, char **argv)
 enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
        F_RUN = 32 /* the first argument is a RUN: checked before dispatch */,
        F_EXPORT = 64, F_IMPORT = 128, F_PLOT = 256 /* export's options */,
-       F_SCRATCH = 512 /* resume --from-scratch */ };
+       F_RESUME = 512 /* resume's layout, --from-scratch */ };
 
 typedef struct {
     const char *name;
@@ -688,8 +705,9 @@ static const command commands_[] = {
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
-    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_SCRATCH, "RUN [--from-scratch]",
-     "Resume a paused run.\n"
+    {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_RESUME,
+     "RUN [--world-size N [--expert-parallel P] | --from-scratch]",
+     "Resume a paused run (at another layout: from its newest checkpoint).\n"
      "A run paused because its checkpoint directories are gone resumes from\n"
      "them once they are back; --from-scratch trains it again from step 0\n"
      "instead, dropping its metrics rows (events say so)."},
@@ -769,7 +787,7 @@ static void command_usage_(FILE *f, const command *c)
             c->usage[0] ? " " : "", c->usage, c->help);
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
-    if (c->flags & F_SCRATCH)
+    if (c->flags & F_RESUME)
         fprintf(f, "  --from-scratch    a run whose checkpoints are gone: train it\n"
                    "                    again from step 0 (its metrics rows dropped)\n");
     if (c->flags & F_WATCH)
@@ -855,7 +873,7 @@ enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
        O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
        O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
-       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_SCRATCH };
+       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP, O_SCRATCH };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -885,6 +903,8 @@ static const struct option opts_[] = {
     {"corpus", required_argument, 0, O_CORPUS},
     {"grad-scale", required_argument, 0, O_GSCALE},
     {"pseudo-lr-scale", required_argument, 0, O_LRSCALE},
+    {"world-size", required_argument, 0, O_WORLD},
+    {"expert-parallel", required_argument, 0, O_EP},
     {0, 0, 0, 0},
 };
 
@@ -932,15 +952,22 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     }
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
-    case O_SCRATCH: ok = cmd->flags & F_SCRATCH; g.from_scratch = 1; break;
-    case O_NODES: case O_GPN: {
+    case O_SCRATCH: ok = cmd->flags & F_RESUME; g.from_scratch = 1; break;
+    case O_WORLD: case O_EP: case O_NODES: case O_GPN: {
+        /* counts of 1..65536: resume's layout, plan's cluster */
+        int plan = ch == O_NODES || ch == O_GPN;
+        const char *nm = ch == O_WORLD ? "--world-size"
+                         : ch == O_EP ? "--expert-parallel"
+                         : ch == O_NODES ? "--nodes" : "--gpus-per-node";
+        int *to = ch == O_WORLD ? &g.world_size
+                  : ch == O_EP ? &g.expert_parallel
+                  : ch == O_NODES ? &g.nodes : &g.gpus_per_node;
         double v = 0;
-        const char *nm = ch == O_NODES ? "--nodes" : "--gpus-per-node";
-        ok = cmd->flags & F_PLAN;
+        ok = cmd->flags & (plan ? F_PLAN : F_RESUME);
         if (ok && parse_number_(nm, optarg, 1, 65536, 1, &v) < 0)
             return EXIT_USAGE;
-        *(ch == O_NODES ? &g.nodes : &g.gpus_per_node) = (int)v;
-        g.cluster = 1;
+        *to = (int)v;
+        g.cluster |= plan;
         break;
     }
     case O_EXPLAIN: ok = cmd->flags & F_PLAN; g.explain = g.cluster = 1; break;

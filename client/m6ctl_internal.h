@@ -37,6 +37,8 @@ typedef struct {
     /* plan at scale (--nodes, --gpus-per-node, --host-memory, --explain):
      * cluster set when any of them is given */
     int cluster, nodes, gpus_per_node, explain;
+    int world_size, expert_parallel;  /* resume --world-size, --expert-parallel
+                                       * (0: not given) */
     size_t host_memory;     /* per node, bytes (0: not limited) */
     /* plan --p2r (offload/plan_p2r.h): rates 0 and the rest < 0 when not
      * given; p2r_only names the last option given that needs --p2r */

@@ -328,9 +328,22 @@ typedef struct {
     int capacity;  /* tokens per expert, moe_capacity() */
 } moe_dims;
 
-/* ceil(capacity_factor * N / (E/k)): the tokens each expert of a prototype
- * takes (Switch Transformer §2.2, per prototype). capacity_factor > 0. */
-int moe_capacity(double capacity_factor, int N, int E, int k);
+/* ceil(capacity_factor * N / (E/k)), at least 1 and at most N: the tokens
+ * each expert of a prototype takes of a microbatch of N (Switch
+ * Transformer §2.2, per prototype). capacity_factor 0: dropless, N (a
+ * prototype routes a token to one of its experts, so no expert is offered
+ * more). The one rule: the CPU kernels, the CUDA model and its activation
+ * layout all ask it (header-only, so the planner needs no CPU kernels). */
+static inline int moe_capacity(double capacity_factor, int N, int E, int k)
+{
+    if (capacity_factor <= 0)
+        return N;
+    double x = capacity_factor * ((double)N / (double)(E / k));
+    int c = x >= (double)N ? N : (int)x;
+    if ((double)c < x && c < N)
+        c++;  /* the ceiling, without libm */
+    return c < 1 ? 1 : c;
+}
 
 /* Router and dispatch plan.
  * In: x (N,C), wg (E,C), bg (E) (may be NULL).

@@ -175,6 +175,37 @@ static void r_ranks_(const void *row, view_val *v)
     for (size_t i = 0; v->j && i < R_->n_ranks; i++)
         json_array_append_new(v->j, rank_json_(R_->ranks[i]));
 }
+/* the ranks whose loss paused the run (status): --json an object of
+ * LostRanks' fields, null (no key) when none */
+static void r_lost_(const void *row, view_val *v)
+{
+    const M6__LostRanks *l = R_->lost;
+    v->null = !l;
+    if (v->null) return;
+    v->j = json_pack("{s:I, s:s, s:I, s:I, s:I}", "node_id",
+                     (json_int_t)l->node_id, "hostname",
+                     l->hostname ? l->hostname : "", "rank",
+                     (json_int_t)l->rank, "local_rank",
+                     (json_int_t)l->local_rank, "ranks", (json_int_t)l->ranks);
+}
+/* text: "rank 3: node w (id 2), local rank 1"; a whole node's "ranks 2-3:
+ * node w (id 2), local ranks 0-1" */
+static void r_lost_text_(const void *row, view_val *v)
+{
+    const M6__LostRanks *l = R_->lost;
+    v->null = !l;
+    if (v->null) return;
+    const char *h = l->hostname && *l->hostname ? l->hostname : "?";
+    if (l->ranks > 1)
+        snprintf(v->buf, sizeof v->buf, "ranks %d-%d: node %s (id %lld), "
+                 "local ranks %d-%d", l->rank, l->rank + l->ranks - 1, h,
+                 (long long)l->node_id, l->local_rank,
+                 l->local_rank + l->ranks - 1);
+    else
+        snprintf(v->buf, sizeof v->buf, "rank %d: node %s (id %lld), local "
+                 "rank %d", l->rank, h, (long long)l->node_id, l->local_rank);
+    v->s = v->buf;
+}
 static void r_created_(const void *row, view_val *v) { v->d = R_->created; }
 static void r_updated_(const void *row, view_val *v) { v->d = R_->updated; }
 static void r_error_(const void *row, view_val *v) { v->s = unset_null_(R_->error); }
@@ -293,6 +324,8 @@ static const view_field run_fields_[] = {
     {"created", 0, "created", 0, VIEW_F64, VF_UTC, 0, r_created_},
     {"updated", 0, "updated", 0, VIEW_F64, VF_UTC, 0, r_updated_},
     {"error", 0, "error", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_error_},
+    {0, 0, "lost", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_lost_text_},
+    {"lost", 0, 0, 0, VIEW_JSON, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_lost_},
     {"resident_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_res_},
     {"offloaded_slots", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_off_},
     {"device_bytes_in_use", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, r_inuse_},

@@ -20,6 +20,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/rankboard.h"
 #include "common/readbuf.h"
@@ -63,10 +64,21 @@ static void node_gone_(peer *p, node_state s, const char *cause)
     else
         log_warn(kind, "node=%lld hostname=%s peer=%s cause=\"%s\"",
                  (long long)p->node_id, p->hostname, p->addr, cause);
+    if (p->arun > 0) {
+        /* its ranks of the run of its latest assignment (dp.h) are gone,
+         * lost or stopped: the run's lost ranks if it was still in that
+         * generation (its other ranks' collectives fail or time out and
+         * the run pauses, naming them) */
+        run_lost l = {.node_id = p->node_id, .rank = p->arank,
+                      .local_rank = 0,
+                      .ranks = p->aranks > 1 ? p->aranks : 1};
+        snprintf(l.hostname, sizeof l.hostname, "%s", p->hostname);
+        snprintf(l.why, sizeof l.why, "node %s: %s",
+                 s == NODE_LEFT ? "left" : "lost", cause);
+        coord_rank_lost(co, p->arun, p->agen, &l);
+    }
     if (s == NODE_LOST && p->arun > 0) {
-        /* a rank of a run across nodes (dp.h; the run of its latest
-         * assignment): the run's own event; its other ranks' collectives
-         * fail or time out and the run pauses */
+        /* the run's own event */
         if (p->aranks > 1) {
             /* every local rank of the node went with it */
             state_event(co->st, p->arun, "nodes.rank_lost",
@@ -169,7 +181,10 @@ static void hard_close_(uv_timer_t *t)
  * CLUSTER_REFUSAL_LOG_MS: the ones in between are counted and the count
  * comes with the next line (suppressed=N), so a flood of hostile
  * connections costs a few lines a minute (a handful of reasons), not one
- * each. */
+ * each. An address and reason not in the table takes the slot used
+ * longest ago only if that one's interval is over; while all are recent
+ * (a flood from many addresses), the refusals of the addresses outside
+ * the table share one line per interval (others=1, suppressed=N). */
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why)
 {
     uint64_t now = uv_now(co->loop);
@@ -185,6 +200,17 @@ void coord_log_refusal(cluster_coord *co, const peer *p, const char *why)
     }
     if (e && e->last_ms && now - e->last_ms < CLUSTER_REFUSAL_LOG_MS) {
         e->suppressed++;
+        return;
+    }
+    if (!e && oldest->host[0] && now - oldest->last_ms < CLUSTER_REFUSAL_LOG_MS) {
+        if (co->other_last_ms && now - co->other_last_ms < CLUSTER_REFUSAL_LOG_MS) {
+            co->other_suppressed++;
+            return;
+        }
+        log_warn("cluster.refused", "peer=%s reason=\"%s\" suppressed=%lu "
+                 "others=1", p->addr, why, co->other_suppressed);
+        co->other_last_ms = now ? now : 1;
+        co->other_suppressed = 0;
         return;
     }
     if (!e) {  /* a new address takes the slot used longest ago */
@@ -436,6 +462,14 @@ static run_gen *run_gen_entry_(cluster_coord *co, int64_t run)
     return rg;
 }
 
+/* rg's generation is gen if that is newer: nothing lost in it yet */
+static void run_gen_newer_(run_gen *rg, int64_t gen)
+{
+    if (gen <= rg->gen) return;
+    rg->gen = gen;
+    rg->has_lost = 0;
+}
+
 /* The assignment for node id, unlinked (the caller frees it), or NULL. */
 static assign_entry *take_assign_(cluster_coord *co, int64_t id)
 {
@@ -489,7 +523,7 @@ int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
         free(a);
         return -1;
     }
-    if (gen > rg->gen) rg->gen = gen;
+    run_gen_newer_(rg, gen);
     a->next = co->assigns;
     co->assigns = a;
     pthread_mutex_unlock(&co->amu);
@@ -549,6 +583,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
         p->arun = a->run;
         p->arank = a->rank;
         p->aranks = a->ranks;
+        p->agen = a->gen;
         free(a->spec);
         free(a);
         return;
@@ -642,7 +677,7 @@ void cluster_coord_run_generation(cluster_coord *co, int64_t run, int64_t gen)
 {
     pthread_mutex_lock(&co->amu);
     run_gen *rg = run_gen_entry_(co, run);
-    if (rg && gen > rg->gen) rg->gen = gen;
+    if (rg) run_gen_newer_(rg, gen);
     pthread_mutex_unlock(&co->amu);
 }
 
@@ -663,8 +698,6 @@ int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
     return k;
 }
 
-/* ------------------------------------------------- the store's admission */
-
 /* The latest generation assigned in run (0: none). */
 static int64_t run_gen_(cluster_coord *co, int64_t run)
 {
@@ -675,6 +708,45 @@ static int64_t run_gen_(cluster_coord *co, int64_t run)
     pthread_mutex_unlock(&co->amu);
     return g;
 }
+
+/* ------------------------------------------------------- lost ranks */
+
+void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
+                     const run_lost *l)
+{
+    pthread_mutex_lock(&co->amu);
+    run_gen *rg = co->gens;
+    while (rg && rg->run != run) rg = rg->next;
+    if (rg && rg->gen == gen && gen > 0 && !rg->has_lost) {
+        rg->lost = *l;
+        rg->has_lost = 1;
+        pthread_cond_broadcast(&co->lost_cv);
+    }
+    pthread_mutex_unlock(&co->amu);
+}
+
+int cluster_coord_rank_lost(cluster_coord *co, int64_t run, int wait_ms,
+                            run_lost *out)
+{
+    /* lost_cv is on CLOCK_REALTIME (pthread_cond_init's default) */
+    struct timespec until = clock_deadline(CLOCK_REALTIME, wait_ms);
+    int found = 0;
+    pthread_mutex_lock(&co->amu);
+    for (;;) {
+        for (run_gen *rg = co->gens; rg && !found; rg = rg->next)
+            if (rg->run == run && rg->gen > 0 && rg->has_lost) {
+                *out = rg->lost;
+                found = 1;
+            }
+        if (found || pthread_cond_timedwait(&co->lost_cv, &co->amu,
+                                            &until) != 0)
+            break;
+    }
+    pthread_mutex_unlock(&co->amu);
+    return found;
+}
+
+/* ------------------------------------------------- the store's admission */
 
 /* Whether the StoreOpen's node id, secret and rank are a rank of (run,
  * gen) (coordinator.h); why says what is wrong when not. 1 yes, 0 no, -1
@@ -987,6 +1059,7 @@ static void co_closed_(uv_handle_t *h)
         n = rg->next;
         free(rg);
     }
+    pthread_cond_destroy(&co->lost_cv);
     pthread_mutex_destroy(&co->amu);
     cluster_tls_ctx_free(co->tls);
     free(co);
@@ -1019,6 +1092,7 @@ cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
         return NULL;
     }
     pthread_mutex_init(&co->amu, NULL);
+    pthread_cond_init(&co->lost_cv, NULL);
     co->loop = cfg->loop;
     co->st = cfg->st;
     co->timeout_ms = cfg->timeout_ms;

@@ -17,7 +17,10 @@
  * CLUSTER_PENDING_MAX in all may be unauthenticated at once: a new one
  * past either closes the oldest (so a peer that authenticates at once
  * always gets its turn), and refusals are logged at most once per address
- * per CLUSTER_REFUSAL_LOG_MS, with a count. Nothing a peer sends blocks the loop: every
+ * per CLUSTER_REFUSAL_LOG_MS, with a count (for CLUSTER_REFUSAL_LOG_SLOTS
+ * addresses and reasons; the refusals of any more share one line per
+ * interval, so that many addresses cannot flood the log either). Nothing
+ * a peer sends blocks the loop: every
  * read is asynchronous and every wait has a deadline.
  *
  * Node registry (the nodes table of m6.db, state.h): a NodeJoin inserts or
@@ -80,6 +83,9 @@
 #define CLUSTER_PENDING_MAX 64
 #define CLUSTER_PENDING_PER_ADDRESS 16
 #define CLUSTER_REFUSAL_LOG_MS 10000
+/* address and reason pairs whose refusals are counted apart; refusals of
+ * the others share one line per CLUSTER_REFUSAL_LOG_MS */
+#define CLUSTER_REFUSAL_LOG_SLOTS 32
 #define CLUSTER_STORE_BYTES_MAX (256u << 20)
 #define CLUSTER_STORE_KEYS_MAX 65536
 
@@ -135,6 +141,16 @@ int cluster_coord_assign_ranks(cluster_coord *c, int64_t node_id,
  * the coordinator's own local ranks beyond rank 0 (m6d --devices) open
  * the store in it. */
 void cluster_coord_run_generation(cluster_coord *c, int64_t run, int64_t gen);
+
+/* Which ranks of run's latest generation were lost, as the coordinator
+ * heard it: a rank that failed (its store key "failed/<rank>": that rank,
+ * its node and local rank, its error) or a node lost or stopped (left)
+ * while it held ranks of the run (every one of its ranks, local ranks 0
+ * .. ranks - 1; the cause). The first loss of the generation; waits up to wait_ms (>= 0)
+ * for one. 1 with *out set, 0 none heard of. Any thread but the loop's
+ * (the loop records the losses). */
+int cluster_coord_rank_lost(cluster_coord *c, int64_t run, int wait_ms,
+                            run_lost *out);
 
 /* The live worker nodes by id, at most max (ids into ids[]) and how many
  * ranks each runs (slots[]: its devices on a cpu node, m6d --devices; 1

@@ -31,9 +31,12 @@ typedef struct store_entry {
 } store_entry;
 
 /* A run's latest generation (cluster_coord_assign): a worker's store
- * opens only that one. */
+ * opens only that one; and the first loss heard of in it
+ * (cluster_coord_rank_lost; has_lost 0: none yet). */
 typedef struct run_gen {
     int64_t run, gen;
+    int has_lost;
+    run_lost lost;
     struct run_gen *next;
 } run_gen;
 
@@ -47,7 +50,9 @@ typedef struct assign_entry {
 
 struct cluster_coord {
     uv_tcp_t listener;  /* first: handle <-> coordinator */
-    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner thread */
+    pthread_mutex_t amu;  /* guards assigns, gens: set from the runner
+                           * thread */
+    pthread_cond_t lost_cv; /* with amu: a loss recorded in gens */
     assign_entry *assigns;
     run_gen *gens;
     uv_timer_t sweep;   /* heartbeat timeouts */
@@ -63,13 +68,17 @@ struct cluster_coord {
     size_t store_bytes, store_keys;
     int handles_open;   /* listener, sweep: freed at 0 after fini */
     /* refusal log lines, one per address and reason per
-     * CLUSTER_REFUSAL_LOG_MS */
+     * CLUSTER_REFUSAL_LOG_MS for the CLUSTER_REFUSAL_LOG_SLOTS pairs seen
+     * last; while every slot is that recent, one line per interval for all
+     * the other addresses together (other_*) */
     struct refusal_log {
         char host[64];
         char why[64];
         uint64_t last_ms;
         unsigned long suppressed;
-    } refusals[32];
+    } refusals[CLUSTER_REFUSAL_LOG_SLOTS];
+    uint64_t other_last_ms;
+    unsigned long other_suppressed;
 };
 
 struct peer {
@@ -91,6 +100,7 @@ struct peer {
     int64_t arun;       /* wiring: the run of its latest assignment, 0 */
     int arank;          /* ... its (first) rank there */
     int aranks;         /* ... how many: arank .. arank+aranks-1 */
+    int64_t agen;       /* ... and its generation */
     /* a store client */
     int64_t run, gen;
     int rank;           /* the rank it writes as (StoreOpen) */
@@ -114,10 +124,18 @@ void coord_reply_status(peer *p, M6__Status st, const char *msg,
 /* Handle p's complete frames buffered, in order, until one is parked. */
 void coord_pump(peer *p);
 /* The log line of a refusal to p, at most one per address and reason per
- * CLUSTER_REFUSAL_LOG_MS (the ones between are counted). */
+ * CLUSTER_REFUSAL_LOG_MS (the ones between are counted), and at most
+ * CLUSTER_REFUSAL_LOG_SLOTS + 1 lines per interval whatever the number of
+ * addresses. */
 void coord_log_refusal(cluster_coord *co, const peer *p, const char *why);
 /* Forget p's parked request's keys; p is no longer parked. */
 void coord_peer_free_keys(peer *p);
+/* Ranks of run's generation gen were lost (l: which, and why): kept for
+ * cluster_coord_rank_lost when gen is the run's latest generation and
+ * no loss of it was kept yet (the first loss is the cause; the others'
+ * failures follow from it). Any thread. */
+void coord_rank_lost(cluster_coord *co, int64_t run, int64_t gen,
+                     const run_lost *l);
 
 /* coordinator_store.c */
 

@@ -115,9 +115,10 @@ static int valid_key_(const char *k)
 enum { STORE_WAIT_MAX_MS = 600000, STORE_WAIT_KEYS_MAX = 1024 };
 
 /* A rank that failed says so in its key "failed/<rank>" (dp.c): the run's
- * event nodes.rank_failed and a log line name its node and local rank;
- * the run pauses when its collectives time out. The value is the rank's
- * error, printable ASCII kept (at most 400 bytes). */
+ * event nodes.rank_failed and a log line name its node and local rank,
+ * and it is the generation's lost rank (coord_rank_lost); the run pauses
+ * when its collectives fail or time out. The value is the rank's error,
+ * printable ASCII kept (at most 400 bytes). */
 static void store_rank_failed_(peer *p, const M6__StoreSet *s)
 {
     char why[401];
@@ -135,6 +136,11 @@ static void store_rank_failed_(peer *p, const M6__StoreSet *s)
              "local_rank=%d err=\"%s\"", (long long)p->run,
              (long long)p->store_node, p->hostname, p->rank, p->store_local,
              why);
+    run_lost l = {.node_id = p->store_node, .rank = p->rank,
+                  .local_rank = p->store_local, .ranks = 1};
+    snprintf(l.hostname, sizeof l.hostname, "%s", p->hostname);
+    snprintf(l.why, sizeof l.why, "%s", why);
+    coord_rank_lost(p->co, p->run, p->gen, &l);
 }
 
 void coord_store_request(peer *p, const M6__Request *rq)

@@ -172,20 +172,21 @@ static int node_layout_(m6_coll *g, int rank, int world, int local,
     return 0;
 }
 
-/* The leaders' rendezvous store: Gloo names a rank's keys by its rank in
- * the group ("<k>", "rank_<k>"), but the coordinator's store lets only global
- * rank k set a key ending in k (cluster_store_key_owner). Node k's leader
- * is global rank leader[k], so its keys go to the store as
- * "<key>/<leader[k]>" (every leader asks for them the same way). */
+/* A sub-group's rendezvous store (the nodes' leaders, the expert
+ * groups): Gloo names a rank's keys by its rank in the group ("<k>",
+ * "rank_<k>"), but the coordinator's store lets only global rank k set a
+ * key ending in k (cluster_store_key_owner). The sub-group's rank k is
+ * global rank member[k], so its keys go to the store as
+ * "<key>/<member[k]>" (every member asks for them the same way). */
 typedef struct {
     m6_store *inner;
-    const int *leader;
-    int nodes;
-} leaders_store_;
+    const int *member;
+    int n;
+} members_store_;
 
 /* key, with "/<global rank>" after a last part "<k>" or "rank_<k>",
  * into out. */
-static const char *leaders_key_(const leaders_store_ *ls, const char *key,
+static const char *members_key_(const members_store_ *ls, const char *key,
                                 char *out, size_t len)
 {
     const char *last = strrchr(key, '/');
@@ -193,35 +194,35 @@ static const char *leaders_key_(const leaders_store_ *ls, const char *key,
     int k = -1, n = 0;
     if (!strncmp(last, "rank_", 5)) last += 5;
     if (*last >= '0' && *last <= '9' && sscanf(last, "%d%n", &k, &n) == 1 &&
-        last[n] == 0 && k >= 0 && k < ls->nodes) {
-        snprintf(out, len, "%s/%d", key, ls->leader[k]);
+        last[n] == 0 && k >= 0 && k < ls->n) {
+        snprintf(out, len, "%s/%d", key, ls->member[k]);
         return out;
     }
     return key;
 }
 
-static int leaders_set_(void *ctx, const char *key, const void *val,
+static int members_set_(void *ctx, const char *key, const void *val,
                         size_t len, m6_err *err)
 {
-    leaders_store_ *ls = ctx;
+    members_store_ *ls = ctx;
     char k[M6_STORE_KEY_MAX + 16];
-    return ls->inner->set(ls->inner->ctx, leaders_key_(ls, key, k, sizeof k),
+    return ls->inner->set(ls->inner->ctx, members_key_(ls, key, k, sizeof k),
                           val, len, err);
 }
 
-static int leaders_get_(void *ctx, const char *key, void **val, size_t *len,
+static int members_get_(void *ctx, const char *key, void **val, size_t *len,
                         int timeout_ms, m6_err *err)
 {
-    leaders_store_ *ls = ctx;
+    members_store_ *ls = ctx;
     char k[M6_STORE_KEY_MAX + 16];
-    return ls->inner->get(ls->inner->ctx, leaders_key_(ls, key, k, sizeof k),
+    return ls->inner->get(ls->inner->ctx, members_key_(ls, key, k, sizeof k),
                           val, len, timeout_ms, err);
 }
 
-static int leaders_wait_(void *ctx, const char *const *keys, size_t n,
+static int members_wait_(void *ctx, const char *const *keys, size_t n,
                          int timeout_ms, m6_err *err)
 {
-    leaders_store_ *ls = ctx;
+    members_store_ *ls = ctx;
     char (*k)[M6_STORE_KEY_MAX + 16] = malloc(n ? n * sizeof *k : 1);
     const char **p = malloc(n ? n * sizeof *p : 1);
     int rc = -1;
@@ -229,7 +230,7 @@ static int leaders_wait_(void *ctx, const char *const *keys, size_t n,
         m6_err_set(err, M6_EINTERNAL, "out of memory (store keys)");
     else {
         for (size_t i = 0; i < n; i++)
-            p[i] = leaders_key_(ls, keys[i], k[i], sizeof k[i]);
+            p[i] = members_key_(ls, keys[i], k[i], sizeof k[i]);
         rc = ls->inner->wait(ls->inner->ctx, p, n, timeout_ms, err);
     }
     free(k);
@@ -253,8 +254,8 @@ static int node_groups_(m6_store *st, const char *prefix, int local,
     if (local == 0 && nodes > 1) {
         char lp[96];
         snprintf(lp, sizeof lp, "%s/leaders", prefix);
-        leaders_store_ ls = {st, leader, nodes};
-        m6_store lst = {&ls, leaders_set_, leaders_get_, leaders_wait_};
+        members_store_ ls = {st, leader, nodes};
+        m6_store lst = {&ls, members_set_, members_get_, members_wait_};
         m6_coll_config lc = {.backend = "gloo", .rank = node,
                              .world_size = nodes, .store = &lst, .prefix = lp,
                              .timeout_ms = timeout_ms, .hostname = host};
@@ -266,6 +267,49 @@ static int node_groups_(m6_store *st, const char *prefix, int local,
         }
     }
     return trainer_adopt_node_groups(t, lg, lead, err);
+}
+
+/* Expert parallelism with replicas (nodes.expert_parallel P, 1 < P <
+ * world): this rank's two sub-groups, adopted by the trainer
+ * (trainer_adopt_expert_groups): the expert-parallel group of world ranks
+ * d*P .. d*P+P-1 ("<prefix>/ep<d>", d = rank / P) and the ranks q, q+P,
+ * ... holding the same experts ("<prefix>/edp<q>", q = rank % P), their
+ * store keys those of members' global ranks (members_store_). Every rank
+ * makes its ep group first. 0, or -1 with err. */
+static int expert_groups_(m6_store *st, const char *prefix, int rank,
+                          int world, int P, int timeout_ms, const char *host,
+                          trainer *t, m6_err *err)
+{
+    int D = world / P;
+    int *mem = malloc((size_t)(P > D ? P : D) * sizeof *mem);
+    m6_coll *g[2] = {NULL, NULL};
+    if (!mem)
+        m6_err_set(err, M6_EINTERNAL, "out of memory (expert groups)");
+    for (int k = 0; k < 2 && mem; k++) {
+        int n = k == 0 ? P : D, id = k == 0 ? rank / P : rank % P;
+        for (int i = 0; i < n; i++)
+            mem[i] = k == 0 ? id * P + i : id + i * P;
+        char name[96];
+        snprintf(name, sizeof name, "%s/%s%d", prefix, k ? "edp" : "ep", id);
+        members_store_ ms = {st, mem, n};
+        m6_store mst = {&ms, members_set_, members_get_, members_wait_};
+        m6_coll_config cc = {.backend = "gloo",
+                             .rank = k == 0 ? rank % P : rank / P,
+                             .world_size = n, .store = &mst, .prefix = name,
+                             .timeout_ms = timeout_ms, .hostname = host};
+        if (!(g[k] = m6_coll_init(&cc, err))) {
+            m6_err_prefix(err, k ? "the group of the ranks holding this "
+                          "rank's experts" : "the expert-parallel group");
+            break;
+        }
+    }
+    free(mem);
+    if (!g[0] || !g[1]) {
+        m6_coll_destroy(g[0]);
+        m6_coll_destroy(g[1]);
+        return -1;
+    }
+    return trainer_adopt_expert_groups(t, g[0], g[1], err);
 }
 
 /* Rendezvous as rank of world for (run, gen) through the store at addr:
@@ -399,6 +443,18 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         g = NULL;
         goto out;
     }
+    int P = spec->nodes.expert_parallel;
+    if (P > 1 && world > P) {
+        if (expert_groups_(&st, prefix, rank, world, P, timeout_ms, host, t,
+                           err) != 0) {
+            m6_coll_destroy(g);
+            g = NULL;
+            goto out;
+        }
+        log_info("cluster.expert_groups", "run=%lld rank=%d "
+                 "expert_parallel_rank=%d of=%d replica=%d of=%d",
+                 (long long)run, rank, rank % P, P, rank / P, world / P);
+    }
     if (rank == 0 || local == 0)
         log_info("cluster.allreduce", "run=%lld rank=%d mode=%s nodes=%d "
                  "max_local_ranks=%d", (long long)run, rank,
@@ -459,14 +515,20 @@ static int assign_(cluster_dp_coord *d, int64_t id, const run_spec *spec,
                    int world, int timeout_ms, int64_t *gen_out,
                    int *local_out, char *why, size_t len);
 
+/* The run's collectives' and rendezvous' timeout: nodes.timeout, 30 s
+ * when unset. */
+static int timeout_ms_(const run_spec *spec)
+{
+    return spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000 : 30000;
+}
+
 int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            trainer *t, int world, m6_coll **out, char *why,
                            size_t len)
 {
     cluster_dp_coord *d = ud;
     *out = NULL;
-    int timeout_ms = spec->nodes.timeout > 0 ? spec->nodes.timeout * 1000
-                                             : 30000;
+    int timeout_ms = timeout_ms_(spec);
     int64_t gen = 0;
     int here = 1;  /* ranks on this m6d: 0..here-1 */
     pthread_mutex_lock(&d->mu);
@@ -619,6 +681,20 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id)
     state_nodes_clear_run(d->st, id);
 }
 
+int cluster_dp_coord_lost(void *ud, int64_t id, const run_spec *spec,
+                          run_lost *out)
+{
+    cluster_dp_coord *d = ud;
+    /* d->mu held: the coordinator is not detached and freed meanwhile
+     * (cluster_dp_coord_attach waits, at most the wait) */
+    pthread_mutex_lock(&d->mu);
+    int rc = d->co ? cluster_coord_rank_lost(d->co, id,
+                                             timeout_ms_(spec) / 2, out)
+                   : 0;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
 /* ---------------------------------------------------------- a worker node */
 
 typedef struct {
@@ -716,6 +792,8 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         log_info("cluster.rank_threads", "run=%lld rank=%d local_rank=%d "
                  "threads=%d", (long long)a->run, a->rank, sl->local,
                  spec.device.threads);
+    /* its collective calls tell the board how long they block */
+    m6_coll_wait_clock(rankboard_wait_clock(sl->local));
     t = trainer_create(&spec, &e);
     if (!t) goto failed;
     g = group_(w->addr, w->token, w->state_dir, a->run, a->gen, a->rank,
@@ -734,9 +812,10 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         int stop = w->stop || sl->next.spec;  /* a newer assignment */
         pthread_mutex_unlock(&w->mu);
         if (stop) break;
-        /* optimizer.shard: rank 0 may want the state whole here (a save,
-         * a delink): the boundary's agreement, before every step */
-        if (spec.optimizer.shard) PUBLISH_(RANK_BOUNDARY, NULL);
+        /* split state (optimizer.shard, nodes.expert_parallel): rank 0
+         * may want it whole here (a save, a delink): the boundary's
+         * agreement, before every step */
+        if (spec_state_split(&spec)) PUBLISH_(RANK_BOUNDARY, NULL);
         int rc = trainer_sync_boundary(t, 0, &e);
         step_result res;
         if (rc >= 0 && test_fail_(a->rank, trainer_step_count(t))) {
@@ -758,9 +837,9 @@ static void train_rank_(rank_slot *sl, const assignment *a)
             goto done;
         }
         if ((rc == TRAINER_EDATA || rc == TRAINER_ENOFILE) &&
-            spec.optimizer.shard) {
+            spec_state_split(&spec)) {
             /* every rank failed the step alike (the ranks agree on it):
-             * rank 0 pauses and saves, for which it gathers the sharded
+             * rank 0 pauses and saves, for which it gathers the split
              * state at the next boundary, then leaves the group */
             log_info("cluster.rank_data", "run=%lld rank=%d step=%ld "
                      "err=\"%s\"", (long long)a->run, a->rank,
@@ -771,7 +850,7 @@ static void train_rank_(rank_slot *sl, const assignment *a)
         if (rc != 0) goto failed;
     }
     /* the last boundary: rank 0's final save may gather the state */
-    if (trainer_step_count(t) >= spec.train.steps && spec.optimizer.shard)
+    if (trainer_step_count(t) >= spec.train.steps && spec_state_split(&spec))
         PUBLISH_(RANK_BOUNDARY, NULL);
     if (trainer_step_count(t) >= spec.train.steps &&
         trainer_sync_boundary(t, 0, &e) < 0) {
@@ -813,6 +892,7 @@ done:
     }
     m6_coll_destroy(g);
     trainer_free(t);
+    m6_coll_wait_clock(NULL);
 }
 
 static void *slot_main_(void *arg)

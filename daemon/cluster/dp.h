@@ -36,6 +36,14 @@
  * and the trainer sums its gradient buckets through them
  * (trainer_adopt_node_groups); everything else stays on the group.
  *
+ * Expert parallelism (nodes.expert_parallel P, 1 < P < world): every
+ * rank also makes its two sub-groups before the state broadcast, its
+ * expert-parallel group ("<prefix>/ep<d>", world ranks d*P .. d*P+P-1)
+ * first, then the ranks holding its experts ("<prefix>/edp<q>", q, q+P,
+ * ...), their store keys those of their global ranks as the leaders'
+ * are; the trainer adopts them (trainer_adopt_expert_groups). With
+ * P = world the group itself is the expert-parallel one.
+ *
  * A generation is used once: every group of a run (a start, a resume
  * after a lost rank, a regroup after the delink) takes a new one.
  */
@@ -100,6 +108,15 @@ int cluster_dp_coord_group(void *ud, int64_t id, const run_spec *spec,
                            size_t len);
 /* runner_dist.ungroup: the run's nodes lose their run and rank. */
 void cluster_dp_coord_ungroup(void *ud, int64_t id);
+/* runner_dist.lost: which ranks of the run's group were lost
+ * (cluster_coord_rank_lost), waiting up to half the run's nodes.timeout
+ * for the coordinator to hear of it: a rank's failure and a node's lost
+ * connection reach it at once, a silent node at its heartbeat timeout,
+ * which a collective's own timeout (nodes.timeout) may pass by a little;
+ * so the run pauses within 1.5 nodes.timeout. 1 with *out, 0 none heard
+ * of (a rank of this m6d, or one that hangs while its node lives). */
+int cluster_dp_coord_lost(void *ud, int64_t id, const run_spec *spec,
+                          run_lost *out);
 
 /* A worker node's trainer threads, one per local rank: take assignments (cluster_dp_assign,
  * from the join's loop), trains its rank until the run's last step or
@@ -108,8 +125,11 @@ void cluster_dp_coord_ungroup(void *ud, int64_t id);
  * failures are logged (cluster.rank_failed); nothing is written to this
  * node's m6.db. Each thread publishes where its rank stands (grouping,
  * training, boundary, left, done, failed; its step) on this m6d's rank
- * board (common/rankboard.h), which a worker's heartbeats carry to the
- * coordinator for m6ctl status. */
+ * board (common/rankboard.h), and hands its collective calls the board's
+ * wait clock (waiting: blocked in one for a second or more), which a
+ * worker's heartbeats carry to the coordinator for m6ctl status. A rank
+ * that fails sets its store key "failed/<rank>": the coordinator keeps it
+ * as the run's lost rank (cluster_coord_rank_lost). */
 typedef struct cluster_dp_worker cluster_dp_worker;
 
 /* coord_addr: the coordinator (its store); state_dir: this node's

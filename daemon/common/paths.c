@@ -14,6 +14,8 @@ static int fits_(int n, size_t len) { return n >= 0 && (size_t)n < len ? 0 : -1;
 
 int paths_state_dir(char *buf, size_t len)
 {
+    const char *m6 = getenv("M6_STATE_DIR");
+    if (m6 && *m6) return fits_(snprintf(buf, len, "%s", m6), len);
     const char *sd = getenv("STATE_DIRECTORY");
     if (sd && *sd) {
         size_t n = strcspn(sd, ":");

@@ -1,8 +1,8 @@
 /*
  * paths.h — default locations shared by m6d and m6ctl.
  *
- * State dir: $STATE_DIRECTORY (systemd StateDirectory=, first entry), else
- * $XDG_STATE_HOME/m6, else ~/.local/state/m6. The control socket defaults to
+ * State dir: $M6_STATE_DIR, else $STATE_DIRECTORY (systemd StateDirectory=,
+ * first entry), else $XDG_STATE_HOME/m6, else ~/.local/state/m6. The control socket defaults to
  * <state dir>/m6d.sock; m6ctl also looks at /run/m6d/m6d.sock (the systemd
  * unit's RuntimeDirectory) when the per-user one isn't there.
  */

@@ -8,14 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
+
 static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
 static rank_entry board_[RANKBOARD_MAX];
 static int n_;
+
+/* this m6d's local ranks' wait clocks (rankboard_wait_clock) */
+static int64_t clocks_[RANKBOARD_DEVICES_MAX];
 
 static const char *const names_[RANK_STATE_N] = {
     [RANK_GROUPING] = "grouping", [RANK_TRAINING] = "training",
     [RANK_BOUNDARY] = "boundary", [RANK_LEFT] = "left",
     [RANK_DONE] = "done",         [RANK_FAILED] = "failed",
+    [RANK_WAITING] = "waiting",
 };
 
 const char *rankboard_state_name(rank_state s)
@@ -49,6 +55,29 @@ void rankboard_set(int64_t run, int rank, int local_rank, int64_t step,
     pthread_mutex_unlock(&mu_);
 }
 
+int64_t *rankboard_wait_clock(int local_rank)
+{
+    return local_rank >= 0 && local_rank < RANKBOARD_DEVICES_MAX
+               ? &clocks_[local_rank] : NULL;
+}
+
+/* e as it reads now: one of this m6d's ranks blocked in a collective for
+ * RANKBOARD_WAIT_MS or more while training or at the boundary is
+ * RANK_WAITING, the wait's length its reason. */
+static void read_waiting_(rank_entry *e, int64_t now_ms)
+{
+    if (e->node_id != 0 || e->local_rank < 0 ||
+        e->local_rank >= RANKBOARD_DEVICES_MAX ||
+        (e->state != RANK_TRAINING && e->state != RANK_BOUNDARY))
+        return;
+    int64_t since = __atomic_load_n(&clocks_[e->local_rank],
+                                    __ATOMIC_RELAXED);
+    if (since <= 0 || now_ms - since < RANKBOARD_WAIT_MS) return;
+    snprintf(e->reason, sizeof e->reason, "in a collective for %.1f s (%s)",
+             (double)(now_ms - since) / 1000.0, names_[e->state]);
+    e->state = RANK_WAITING;
+}
+
 /* qsort: by run, then rank (then node and local rank) */
 static int by_rank_(const void *a, const void *b)
 {
@@ -63,8 +92,12 @@ int rankboard_local(rank_entry *out, int max)
 {
     int k = 0;
     pthread_mutex_lock(&mu_);
+    int64_t now = clock_mono_ms();
     for (int i = 0; i < n_ && k < max; i++)
-        if (board_[i].node_id == 0) out[k++] = board_[i];
+        if (board_[i].node_id == 0) {
+            out[k] = board_[i];
+            read_waiting_(&out[k++], now);
+        }
     pthread_mutex_unlock(&mu_);
     qsort(out, (size_t)k, sizeof *out, by_rank_);
     return k;
@@ -91,8 +124,12 @@ int rankboard_run(int64_t run, rank_entry *out, int max)
 {
     int k = 0;
     pthread_mutex_lock(&mu_);
+    int64_t now = clock_mono_ms();
     for (int i = 0; i < n_ && k < max; i++)
-        if (board_[i].run == run) out[k++] = board_[i];
+        if (board_[i].run == run) {
+            out[k] = board_[i];
+            read_waiting_(&out[k++], now);
+        }
     pthread_mutex_unlock(&mu_);
     qsort(out, (size_t)k, sizeof *out, by_rank_);
     return k;

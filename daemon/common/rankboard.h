@@ -28,11 +28,15 @@ typedef enum {
                         * stopped, or another rank was lost (reason) */
     RANK_DONE,         /* trained to the run's last step */
     RANK_FAILED,       /* failed (reason) */
+    RANK_WAITING,      /* training or at the boundary, blocked in a
+                        * collective for RANKBOARD_WAIT_MS or longer
+                        * (reason: since when); never set, only read: see
+                        * rankboard_wait_clock */
     RANK_STATE_N
 } rank_state;
 
-/* "grouping", "training", "boundary", "left", "done", "failed";
- * "unknown" past the table. */
+/* "grouping", "training", "boundary", "left", "done", "failed",
+ * "waiting"; "unknown" past the table. */
 const char *rankboard_state_name(rank_state s);
 /* The state named s (rankboard_state_name), or -1. */
 int rankboard_state_parse(const char *s);
@@ -61,6 +65,21 @@ typedef struct {
  * RANKBOARD_REASON_MAX - 1 bytes). Replaces that local rank's entry. */
 void rankboard_set(int64_t run, int rank, int local_rank, int64_t step,
                    rank_state st, const char *reason);
+
+/* How long a rank blocks in a collective before the board says
+ * "waiting" rather than what it published: longer than a step's own
+ * all-reduce takes at the sizes m6 trains here, short beside
+ * nodes.timeout. */
+#define RANKBOARD_WAIT_MS 1000
+
+/* This m6d's local rank local_rank's wait clock (0 <= local_rank <
+ * RANKBOARD_DEVICES_MAX), for its rank thread to hand to
+ * m6_coll_wait_clock (dist/collectives.h): while it holds the
+ * CLOCK_MONOTONIC ms a collective call began, and that was at least
+ * RANKBOARD_WAIT_MS ago, the rank's entry reads as RANK_WAITING (if it
+ * was RANK_TRAINING or RANK_BOUNDARY) with the wait's length as its
+ * reason. NULL out of range. */
+int64_t *rankboard_wait_clock(int local_rank);
 
 /* A copy of this m6d's own entries (node_id 0), up to max, by local rank;
  * returns how many. */

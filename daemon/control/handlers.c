@@ -372,6 +372,32 @@ oom:
     return -1;
 }
 
+/* RunInfo.lost: the ranks whose loss paused the run (the row's lost_*
+ * columns), the node's hostname from the nodes table. 0, or -1 out of
+ * memory. */
+static int run_lost_(call *c, const run_row *row, M6__RunInfo *ri)
+{
+    if (row->lost.node_id <= 0) return 0;
+    M6__LostRanks *l = arena_alloc_(c->a, sizeof *l);
+    if (!l) return -1;
+    m6__lost_ranks__init(l);
+    l->node_id = row->lost.node_id;
+    l->rank = row->lost.rank;
+    l->local_rank = row->lost.local_rank;
+    l->ranks = row->lost.ranks;
+    node_row *nodes = NULL;
+    int nn = 0;
+    if (state_nodes_list(c->h->st, &nodes, &nn) != 0) nn = 0;
+    const char *host = "";
+    for (int j = 0; j < nn; j++)
+        if (nodes[j].id == row->lost.node_id) host = nodes[j].hostname;
+    l->hostname = arena_strdup_(c->a, host);
+    free(nodes);
+    if (!l->hostname) return -1;
+    ri->lost = l;
+    return 0;
+}
+
 static int reply_run_(call *c, int64_t id)
 {
     run_row row;
@@ -383,7 +409,8 @@ static int reply_run_(call *c, int64_t id)
         return -1;
     }
     M6__RunInfo *ri = run_info_(c, &row, row.spec);
-    if (ri && run_ranks_(c, &row, ri) < 0) ri = NULL;
+    if (ri && (run_ranks_(c, &row, ri) < 0 || run_lost_(c, &row, ri) < 0))
+        ri = NULL;
     run_row_clear(&row);
     if (!ri) {
         reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");
@@ -520,6 +547,20 @@ static void do_command_(call *c, const M6__RunRef *ref, runner_cmd cmd)
 
 static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }
 static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resume, CMD_RESUME); }
+
+/* resume at another layout (ResumeAt): runner_resume_at, answered as a
+ * resume */
+static void do_resume_at_(call *c, const M6__Request *rq)
+{
+    int64_t id;
+    const M6__ResumeAt *q = rq->resume_at;
+    if (resolve_(c, q->run, &id) < 0) return;
+    m6_err e = runner_resume_at(c->h->runner, id, q->world_size,
+                                q->expert_parallel);
+    if (e.code != M6_OK || reply_run_(c, id) == 0)
+        reply_err_(c, &e, NULL);
+    m6_err_free(&e);
+}
 static void do_delink_(call *c, const M6__Request *rq) { do_command_(c, rq->delink, CMD_DELINK); }
 static void do_stop_(call *c, const M6__Request *rq) { do_command_(c, rq->stop, CMD_STOP); }
 
@@ -859,6 +900,7 @@ static const handler_entry table_[] = {
     {M6__REQUEST__BODY_STATUS, "status", do_status_},
     {M6__REQUEST__BODY_PAUSE, "pause", do_pause_},
     {M6__REQUEST__BODY_RESUME, "resume", do_resume_},
+    {M6__REQUEST__BODY_RESUME_AT, "resume_at", do_resume_at_},
     {M6__REQUEST__BODY_DELINK, "delink", do_delink_},
     {M6__REQUEST__BODY_STOP, "stop", do_stop_},
     {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
@@ -902,7 +944,8 @@ int handlers_is_slow(const uint8_t *payload, size_t len)
     int slow = rq->body_case == M6__REQUEST__BODY_SUBMIT ||
                rq->body_case == M6__REQUEST__BODY_PLAN ||
                rq->body_case == M6__REQUEST__BODY_METRICS ||
-               rq->body_case == M6__REQUEST__BODY_RESUME;
+               rq->body_case == M6__REQUEST__BODY_RESUME ||
+               rq->body_case == M6__REQUEST__BODY_RESUME_AT;
     m6__request__free_unpacked(rq, NULL);
     return slow;
 }

@@ -116,8 +116,9 @@ static void usage_(FILE *f)
     fprintf(f,
         "usage: m6d [options]\n"
         "Train GPT-style models with the Pseudo-to-Real schedule; controlled by m6ctl.\n\n"
-        "  --state-dir DIR    m6.db, runs/ and the socket (default $STATE_DIRECTORY,\n"
-        "                     $XDG_STATE_HOME/m6 or ~/.local/state/m6)\n"
+        "  --state-dir DIR    m6.db, runs/ and the socket (default $M6_STATE_DIR,\n"
+        "                     $STATE_DIRECTORY, $XDG_STATE_HOME/m6 or\n"
+        "                     ~/.local/state/m6)\n"
         "  --socket PATH      control socket (default STATE_DIR/m6d.sock)\n"
         "  --threads N        CPU threads for runs whose spec leaves device.threads\n"
         "                     at 0, 1..1024 (default: OMP_NUM_THREADS, else the\n"
@@ -1082,7 +1083,8 @@ int main(int argc, char **argv)
     g.dpc.state_dir = g.opt.state_dir;
     g.dpc.st = g.st;
     g.dist = (runner_dist){.group = cluster_dp_coord_group,
-                          .ungroup = cluster_dp_coord_ungroup, .ud = &g.dpc};
+                          .ungroup = cluster_dp_coord_ungroup,
+                          .lost = cluster_dp_coord_lost, .ud = &g.dpc};
     /* the cluster before the runner: a run across nodes taken up at start
      * finds its coordinator attached (else its first nodes.wait event
      * said this m6d was no coordinator) */

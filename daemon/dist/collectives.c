@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "dist/coll_backend.h"
 
 struct m6_coll {
@@ -173,6 +174,44 @@ static int fail_(m6_coll *c, const coll_msg *e, const char *what,
     return -1;
 }
 
+/* ------------------------------------------------ the thread's wait clock */
+
+static __thread int64_t *wait_clock_;
+static __thread int wait_depth_;
+
+void m6_coll_wait_clock(int64_t *clock)
+{
+    if (wait_clock_) __atomic_store_n(wait_clock_, 0, __ATOMIC_RELAXED);
+    wait_clock_ = clock;
+    wait_depth_ = 0;
+}
+
+void m6_coll_wait_begin(void)
+{
+    if (wait_depth_++ || !wait_clock_) return;
+    int64_t ms = clock_mono_ms();
+    __atomic_store_n(wait_clock_, ms > 0 ? ms : 1, __ATOMIC_RELAXED);
+}
+
+void m6_coll_wait_end(void)
+{
+    if (wait_depth_ > 0 && --wait_depth_ == 0 && wait_clock_)
+        __atomic_store_n(wait_clock_, 0, __ATOMIC_RELAXED);
+}
+
+/* m6_coll_wait_end, passing rc on */
+static int wait_end_(int rc)
+{
+    m6_coll_wait_end();
+    return rc;
+}
+
+/* An engine's call (an expression giving 0 or -1) on the thread's wait
+ * clock; its value. */
+#define ON_CLOCK_(call) (m6_coll_wait_begin(), wait_end_(call))
+
+/* ---------------------------------------------------------- operations */
+
 int m6_coll_allreduce_sum(m6_coll *c, float *buf, size_t n, m6_err *err)
 {
     if (check_broken_(c, "all-reduce", err) != 0)
@@ -180,7 +219,7 @@ int m6_coll_allreduce_sum(m6_coll *c, float *buf, size_t n, m6_err *err)
     if (n == 0 || c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    if (c->ops->allreduce_sum(c->ctx, buf, n, c->timeout_ms, &e) != 0)
+    if (ON_CLOCK_(c->ops->allreduce_sum(c->ctx, buf, n, c->timeout_ms, &e)) != 0)
         return fail_(c, &e, "all-reduce", err);
     return 0;
 }
@@ -198,7 +237,8 @@ int m6_coll_broadcast(m6_coll *c, void *buf, size_t bytes, int root,
     if (bytes == 0 || c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    if (c->ops->broadcast(c->ctx, buf, bytes, root, c->timeout_ms, &e) != 0)
+    if (ON_CLOCK_(c->ops->broadcast(c->ctx, buf, bytes, root, c->timeout_ms,
+                                    &e)) != 0)
         return fail_(c, &e, "broadcast", err);
     return 0;
 }
@@ -236,7 +276,7 @@ int m6_coll_allgather(m6_coll *c, float *buf, const size_t *counts,
         counts_sum_(c, counts, SIZE_MAX, "all-gather", err) == 0)
         return 0;
     coll_msg e = {0, ""};
-    if (c->ops->allgather(c->ctx, buf, counts, c->timeout_ms, &e) != 0)
+    if (ON_CLOCK_(c->ops->allgather(c->ctx, buf, counts, c->timeout_ms, &e)) != 0)
         return fail_(c, &e, "all-gather", err);
     return 0;
 }
@@ -258,8 +298,8 @@ int m6_coll_alltoallv(m6_coll *c, const void *send, const size_t *send_bytes,
         return 0;
     }
     coll_msg e = {0, ""};
-    if (c->ops->alltoallv(c->ctx, send, send_bytes, recv, recv_bytes,
-                          c->timeout_ms, &e) != 0)
+    if (ON_CLOCK_(c->ops->alltoallv(c->ctx, send, send_bytes, recv,
+                                    recv_bytes, c->timeout_ms, &e)) != 0)
         return fail_(c, &e, "all-to-all", err);
     return 0;
 }
@@ -287,7 +327,7 @@ int m6_coll_barrier(m6_coll *c, m6_err *err)
     if (c->world_size == 1)
         return 0;
     coll_msg e = {0, ""};
-    if (c->ops->barrier(c->ctx, c->timeout_ms, &e) != 0)
+    if (ON_CLOCK_(c->ops->barrier(c->ctx, c->timeout_ms, &e)) != 0)
         return fail_(c, &e, "barrier", err);
     return 0;
 }

@@ -137,4 +137,16 @@ int m6_coll_device_buffers(const m6_coll *c);
  * without waiting for peers. */
 void m6_coll_destroy(m6_coll *c);
 
+/* Where the calling thread says since when it waits in a collective (the
+ * rank threads: rankboard_wait_clock): while one of its collective calls
+ * runs (m6_coll_* with world > 1, m6_local_*; nested ones count once),
+ * *clock holds the CLOCK_MONOTONIC millisecond it entered the outermost,
+ * else 0; written with __atomic_store_n, for another thread to read with
+ * __atomic_load_n. NULL: none (the default). Per thread. */
+void m6_coll_wait_clock(int64_t *clock);
+/* Entering (begin) and leaving (end) a blocking collective call, for the
+ * engines of this folder (local.c): the clock above. Pairs; may nest. */
+void m6_coll_wait_begin(void);
+void m6_coll_wait_end(void);
+
 #endif /* M6_DIST_COLLECTIVES_H */

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 
 /* One group, shared by its local ranks' handles. */
 typedef struct group_ {
@@ -130,7 +131,7 @@ int m6_local_size(const m6_local *h) { return h->g->size; }
  * barrier that every rank passed succeeds even if the group breaks
  * afterwards. 0, or -1 with err (the group broken: by this wait's timeout,
  * naming the first local rank missing, or earlier). */
-static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
+static int barrier_wait_(m6_local *h, int timeout_ms, m6_err *err)
 {
     group_ *g = h->g;
     pthread_mutex_lock(&g->mu);
@@ -149,14 +150,7 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
         pthread_mutex_unlock(&g->mu);
         return 0;
     }
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = clock_deadline(CLOCK_MONOTONIC, timeout_ms);
     while (g->gen == gen && !g->broken_code) {
         if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT &&
             g->gen == gen && !g->broken_code) {
@@ -177,6 +171,15 @@ static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
         rc = -1;
     }
     pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+/* barrier_wait_ on the thread's wait clock (collectives.h) */
+static int barrier_(m6_local *h, int timeout_ms, m6_err *err)
+{
+    m6_coll_wait_begin();
+    int rc = barrier_wait_(h, timeout_ms, err);
+    m6_coll_wait_end();
     return rc;
 }
 

@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <time.h>
 #include <inttypes.h>
 #include <math.h>
 #include <arpa/inet.h>
@@ -32,10 +34,34 @@
  * libmicrohttpd headers lack the name */
 #define MHD_HTTP_MISDIRECTED_REQUEST_ 421
 
+/* A connection waiting for a request's headers since `since` (monotonic
+ * seconds); waiting 0 once they came, until its response is done. fd is
+ * a dup of the connection's socket, ours until the connection closes: the
+ * reaper's shutdown can never reach another file under a reused number. */
+typedef struct {
+    int used, waiting;
+    int fd;
+    double since;
+} hconn_;
+
 struct http_server {
     struct MHD_Daemon *d;
     http_config cfg;
+    /* the headers deadline: conns, guarded by mu, swept by the reaper
+     * thread (libmicrohttpd's timeout is one of idleness only) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t reaper;
+    int reaper_on, stopping;
+    hconn_ conns[HTTP_CONNECTIONS_MAX + 16];
 };
+
+static double now_s_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* ---------------------------------------------------------------- listen */
 
@@ -416,6 +442,89 @@ static enum MHD_Result api_run_(http_server *h, struct MHD_Connection *conn,
 
 /* ---------------------------------------------------------------- routes */
 
+/* The headers deadline's bookkeeping (MHD_OPTION_NOTIFY_CONNECTION): a
+ * new connection starts waiting for its headers (with a dup of its
+ * socket), a closed one is forgotten and its dup closed. Past the table,
+ * or without a descriptor to dup, a connection has no deadline beyond
+ * libmicrohttpd's idle timeout. */
+static void on_connection_(void *cls, struct MHD_Connection *conn,
+                           void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe)
+{
+    http_server *h = cls;
+    pthread_mutex_lock(&h->mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fi =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        hconn_ *c = NULL;
+        for (size_t i = 0; fi && !c && i < sizeof h->conns / sizeof h->conns[0]; i++)
+            if (!h->conns[i].used) c = &h->conns[i];
+        int fd = c ? fcntl(fi->connect_fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (fd >= 0)
+            *c = (hconn_){.used = 1, .waiting = 1, .fd = fd, .since = now_s_()};
+        *socket_context = fd >= 0 ? c : NULL;
+    } else if (*socket_context) {
+        hconn_ *c = *socket_context;
+        close(c->fd);
+        c->used = 0;
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* The connection's headers came (waiting 0) or its response is done and
+ * the next request's headers are awaited (waiting 1, from now). */
+static void set_waiting_(http_server *h, struct MHD_Connection *conn, int waiting)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    pthread_mutex_lock(&h->mu);
+    hconn_ *c = ci ? ci->socket_context : NULL;
+    if (c && c->used) {
+        c->waiting = waiting;
+        c->since = now_s_();
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void on_completed_(void *cls, struct MHD_Connection *conn,
+                          void **req_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)req_cls;
+    (void)toe;
+    set_waiting_(cls, conn, 1);
+}
+
+/* The reaper: four times a second, a connection that has waited longer
+ * than HTTP_HEADERS_DEADLINE_S for a request's headers is shut down (once:
+ * libmicrohttpd then sees its end and closes it). */
+static void *reaper_(void *arg)
+{
+    http_server *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        double now = now_s_();
+        for (size_t i = 0; i < sizeof h->conns / sizeof h->conns[0]; i++) {
+            hconn_ *c = &h->conns[i];
+            if (c->used && c->waiting && now - c->since > HTTP_HEADERS_DEADLINE_S) {
+                log_debug("http.deadline", "fd=%d waited=%.1fs", c->fd, now - c->since);
+                shutdown(c->fd, SHUT_RDWR);
+                c->waiting = 0;
+            }
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 250000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
 static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
                                    const char *url, const char *method,
                                    const char *version, const char *upload,
@@ -424,7 +533,10 @@ static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
     http_server *h = cls;
     (void)version;
     (void)upload;
-    (void)req_cls;
+    if (!*req_cls) { /* the first call of a request: its headers are in */
+        *req_cls = h;
+        set_waiting_(h, conn, 0);
+    }
     /* who may ask, before what is asked */
     const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                    MHD_HTTP_HEADER_HOST);
@@ -469,13 +581,47 @@ static enum MHD_Result on_request_(void *cls, struct MHD_Connection *conn,
     return text_(h, conn, MHD_HTTP_NOT_FOUND, "404 not found: %s\n", url);
 }
 
+/* libmicrohttpd's messages, each text at most once per
+ * HTTP_LOG_INTERVAL_S with a count of the repeats in between: it says
+ * "connection limit" for every connection it refuses, and a flood of
+ * them would otherwise write a line each. */
+static pthread_mutex_t log_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char msg[160];
+    double last;
+    unsigned long repeats;
+} log_seen_[8];
+
 static void mhd_log_(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = 0;
-    log_warn("http.error", "msg=\"%s\"", msg);
+    double now = now_s_();
+    size_t n = sizeof log_seen_ / sizeof log_seen_[0], k = 0;
+    pthread_mutex_lock(&log_mu_);
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(log_seen_[i].msg, msg, sizeof log_seen_[i].msg - 1) == 0) {
+            k = i;
+            break;
+        }
+        if (log_seen_[i].last < log_seen_[k].last) k = i;
+    }
+    int same = strncmp(log_seen_[k].msg, msg, sizeof log_seen_[k].msg - 1) == 0;
+    if (same && log_seen_[k].last > 0 && now - log_seen_[k].last < HTTP_LOG_INTERVAL_S) {
+        log_seen_[k].repeats++;
+        pthread_mutex_unlock(&log_mu_);
+        return;
+    }
+    unsigned long repeats = same ? log_seen_[k].repeats : 0;
+    size_t len = strnlen(msg, sizeof log_seen_[k].msg - 1);
+    memcpy(log_seen_[k].msg, msg, len);  /* the key: the first 159 bytes */
+    log_seen_[k].msg[len] = 0;
+    log_seen_[k].last = now;
+    log_seen_[k].repeats = 0;
+    pthread_mutex_unlock(&log_mu_);
+    log_warn("http.error", "msg=\"%s\" repeats=%lu", msg, repeats);
 }
 
 http_server *http_start(const http_config *cfg, char *err, size_t errlen)
@@ -487,15 +633,24 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
         return NULL;
     }
     h->cfg = *cfg;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* one polling thread (epoll) for every connection: a slow or hostile
      * client holds only its own connections, HTTP_PER_ADDRESS_MAX of them,
-     * for HTTP_TIMEOUT_S at most without sending */
+     * for HTTP_TIMEOUT_S at most without sending and HTTP_HEADERS_DEADLINE_S
+     * at most without a whole request's headers */
     h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request_, h,
                             /* first: libmicrohttpd logs the options
                              * before it to stderr, and says so */
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log_, NULL,
                             MHD_OPTION_LISTEN_SOCKET, cfg->fd,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection_, h,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed_, h,
                             MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)HTTP_TIMEOUT_S,
                             MHD_OPTION_CONNECTION_LIMIT,
@@ -509,15 +664,33 @@ http_server *http_start(const http_config *cfg, char *err, size_t errlen)
          * did is not said, and a second close could hit another thread's
          * new file (m6d stops anyway) */
         snprintf(err, errlen, "libmicrohttpd did not start on the metrics socket");
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
         free(h);
         return NULL;
     }
+    int rc = pthread_create(&h->reaper, NULL, reaper_, h);
+    if (rc != 0) {
+        snprintf(err, errlen, "the HTTP headers deadline's thread: %s", strerror(rc));
+        http_stop(h);
+        return NULL;
+    }
+    h->reaper_on = 1;
     return h;
 }
 
 void http_stop(http_server *h)
 {
     if (!h) return;
+    if (h->reaper_on) {
+        pthread_mutex_lock(&h->mu);
+        h->stopping = 1;
+        pthread_cond_signal(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->reaper, NULL);
+    }
     MHD_stop_daemon(h->d); /* closes the listening socket too */
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
     free(h);
 }

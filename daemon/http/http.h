@@ -60,6 +60,13 @@ typedef int (*http_auth_fn)(void *ctx, const void *p, size_t n);
 #define HTTP_PER_ADDRESS_MAX 8    /* connections from one client address */
 #define HTTP_CONNECTIONS_MAX 64   /* connections in all */
 #define HTTP_TIMEOUT_S 15         /* a connection idle (headers or body) */
+/* a request's headers, all of them, within this many seconds of the
+ * connection's start or of the previous response on it: a client that
+ * trickles a byte now and then is not idle, and is closed all the same */
+#define HTTP_HEADERS_DEADLINE_S 15
+/* libmicrohttpd's messages (http.error): each text once per interval,
+ * with the count of its repeats in between */
+#define HTTP_LOG_INTERVAL_S 10
 
 typedef struct {
     int fd;                   /* from http_listen; owned by the server now */
@@ -80,12 +87,14 @@ int http_listen_host(const char *addr_port, char *buf, size_t len);
  * absent) names this server under cfg's rule above. 1 or 0. */
 int http_host_ok(const http_config *cfg, const char *host);
 
-/* Start serving on cfg->fd from libmicrohttpd's thread. NULL with err when
- * it cannot start (the fd is then left as it is: m6d exits). */
+/* Start serving on cfg->fd from libmicrohttpd's thread, with a second
+ * thread that closes connections past HTTP_HEADERS_DEADLINE_S. NULL with
+ * err when it cannot start (the fd is then left as it is: m6d exits). */
 http_server *http_start(const http_config *cfg, char *err, size_t errlen);
 
-/* Stop: waits for the requests in flight, joins the thread; libmicrohttpd
- * closes the listening socket. NULL: nothing. */
+/* Stop: joins the deadline thread, waits for the requests in flight,
+ * joins libmicrohttpd's thread, which closes the listening socket. NULL:
+ * nothing. */
 void http_stop(http_server *h);
 
 #endif /* M6_HTTP_H */

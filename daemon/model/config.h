@@ -39,6 +39,22 @@ static inline int model_layer_is_moe(const model_config *cfg, int l)
            (l + 1) % cfg->moe_every == 0;
 }
 
+/* How many of cfg's n_layer blocks are MoE blocks (model_layer_is_moe). */
+static inline int model_moe_layers(const model_config *cfg)
+{
+    int n = 0;
+    for (int l = 0; l < cfg->n_layer; l++)
+        n += model_layer_is_moe(cfg, l);
+    return n;
+}
+
+/* The index among the MoE blocks (0 .. model_moe_layers - 1) of block l,
+ * which must be one. */
+static inline int model_moe_layer_index(const model_config *cfg, int l)
+{
+    return (l + 1) / cfg->moe_every - 1;
+}
+
 /* The expert hidden size H of cfg (moe_hidden, or 4*C when 0). */
 static inline int model_moe_hidden(const model_config *cfg)
 {

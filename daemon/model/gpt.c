@@ -225,6 +225,12 @@ int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
         errno = EINVAL;
         return -1;
     }
+    size_t n_tokens = (size_t)model_moe_layers(cfg) * (size_t)cfg->moe_experts;
+    if (n_tokens && !(g->moe_stats.tokens = calloc(n_tokens, sizeof(double)))) {
+        gpt_free(g);
+        errno = ENOMEM;
+        return -1;
+    }
     /* activations first: in a placed pool they stay put across re-slotting */
     if (alloc_acts_(g, B) != 0 || alloc_state_(g, S) != 0) {
         int e = errno ? errno : ENOMEM;
@@ -250,8 +256,10 @@ void gpt_free(gpt_model *g)
             free(g->act_mem);
     }
     free(g->slot_of);
+    free(g->moe_stats.tokens);
     g->slot_of = NULL;
     g->act_mem = NULL;
+    g->moe_stats.tokens = NULL;
 }
 
 /* ------------------------------------------------------------- init */
@@ -323,14 +331,30 @@ static moe_saved_ moe_saved_of_(const gpt_model *g, int l)
         a->moe_offset + l * (E + 1), a->moe_row_token + l * NK};
 }
 
+void gpt_moe_stats_clear(gpt_moe_stats *st, size_t n_tokens)
+{
+    double *tokens = st->tokens;
+    memset(st, 0, sizeof *st);
+    st->tokens = tokens;
+    if (tokens)
+        memset(tokens, 0, n_tokens * sizeof *tokens);
+}
+
 void gpt_moe_stats_reset(gpt_model *g)
 {
-    memset(&g->moe_stats, 0, sizeof g->moe_stats);
+    gpt_moe_stats_clear(&g->moe_stats, (size_t)model_moe_layers(&g->cfg) *
+                                           (size_t)g->cfg.moe_experts);
 }
 
 void gpt_moe_stats_add(gpt_moe_stats *st, double aux, double z, long layers,
-                       long dropped, long pairs, const int32_t *counts, int n)
+                       long dropped, long pairs, const int32_t *counts, int n,
+                       int first_moe)
 {
+    if (st->tokens && layers > 0) {
+        double *t = st->tokens + (size_t)first_moe * (size_t)(n / layers);
+        for (int i = 0; i < n; i++)
+            t[i] += counts[i];
+    }
     st->aux_sum += aux;
     st->z_sum += z;
     st->layers += layers;
@@ -369,7 +393,7 @@ static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
     float aux, z;
     moe_aux_losses(&aux, &z, m.probs, m.lse, m.routed, &d);
     gpt_moe_stats_add(&g->moe_stats, aux, z, 1, dropped, (long)d.N * d.k,
-                      m.counts, d.E);
+                      m.counts, d.E, model_moe_layer_index(&g->cfg, l));
 }
 
 /* MoE block l of a backward: d(ln2) (zeroed by the caller) in a->dln from
@@ -428,14 +452,6 @@ static void mlp_backward_(gpt_model *g, int s, int l, const float *x, int B,
     matmul_backward_first(a->dln, DW_(g, s, SLOT_FC_W), DW_(g, s, SLOT_FC_B),
                           a->dfch, x, W_(g, s, SLOT_FC_W), (int)BT, C, 4 * C,
                           dw_store);
-}
-
-static int n_moe_layers_(const model_config *c)
-{
-    int n = 0;
-    for (int l = 0; l < c->n_layer; l++)
-        n += model_layer_is_moe(c, l);
-    return n;
 }
 
 float gpt_forward(gpt_model *g, const int32_t *inp, const int32_t *targets,
@@ -591,7 +607,7 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
     gpt_acts *a = &g->a;
     /* d(training loss)/d(aux, z) of each MoE layer: coefficient over the
      * MoE layers, times the microbatch's weight (loss_scale * B*T) */
-    int n_moe = n_moe_layers_(&g->cfg);
+    int n_moe = model_moe_layers(&g->cfg);
     float daux = 0, dz = 0;
     if (n_moe > 0) {
         double w = (double)loss_scale * (double)BT / n_moe;

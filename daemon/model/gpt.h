@@ -141,6 +141,10 @@ typedef struct {
     long load_min, load_max;   /* tokens of one expert in one (layer, pass) */
     double load_sum, load_sumsq;  /* over (layer, pass, expert) */
     long load_n, empty;        /* such triples, and those with no tokens */
+    /* (model_moe_layers, E): the tokens each expert of each MoE block
+     * processed, summed over the passes; owned by the model or backend
+     * that records (NULL: not kept), kept across gpt_moe_stats_clear */
+    double *tokens;
 } gpt_moe_stats;
 
 /* Where one slot's state lives: slot_size floats each. */
@@ -460,13 +464,19 @@ void gpt_backward(gpt_model *g, const int32_t *inp, const int32_t *targets,
 /* Clear g->moe_stats (the trainer does so before a step's microbatches). */
 void gpt_moe_stats_reset(gpt_model *g);
 
+/* Zero *st's sums and its tokens (n_tokens of them), keeping the tokens
+ * array. */
+void gpt_moe_stats_clear(gpt_moe_stats *st, size_t n_tokens);
+
 /* Add the router facts of `layers` MoE (layer, pass) pairs to st: their
  * summed aux and z losses, dropped and all (token, prototype) pairs, and
- * the tokens each expert processed, counts[n] (n = layers * experts). The
- * CPU model and the CUDA backend both record through this. */
+ * the tokens each expert processed, counts[n] (n = layers * experts), of
+ * the consecutive MoE blocks from first_moe (model_moe_layer_index): into
+ * st->tokens too when it is kept. The CPU model and the CUDA backend both
+ * record through this. */
 void gpt_moe_stats_add(gpt_moe_stats *st, double aux, double z, long layers,
                        long dropped, long pairs, const int32_t *counts,
-                       int n);
+                       int n, int first_moe);
 
 /* Zero the gradients in the device block (globals and resident slots; with
  * plain storage, all of them). An offloaded slot's gradient belongs to its

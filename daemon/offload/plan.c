@@ -780,6 +780,11 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
             p->budget_bytes ? fmt_bytes_(b, sizeof b, p->budget_bytes)
                             : "unlimited",
             fmt_bytes_(m, sizeof m, p->min_budget_bytes));
+    if (!p->budget_bytes)
+        fprintf(f, "note: no device.memory_budget and no --device-memory, "
+                "so every slot is counted resident on one device; give "
+                "--device-memory SIZE to plan offloading, or --nodes N "
+                "--gpus-per-node G for the plan at scale\n");
     fprintf(f, "%s (real): globals %s + %d resident x %s + activations "
             "%s + %d staging x %s + workspace %s\n",
             cpu ? "budgeted memory pool" : "device",

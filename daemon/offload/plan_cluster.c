@@ -86,8 +86,7 @@ static int phase_(const run_spec *spec, const cluster_input *in, int S,
     int first_expert;
     p->experts_per_device = (uint64_t)model_expert_range(
         c->moe_experts, p->devices, p->devices - 1, &first_expert);
-    for (int l = 0; l < L; l++)
-        p->n_moe_layers += model_layer_is_moe(c, l);
+    p->n_moe_layers = model_moe_layers(c);
     p->alltoall_bytes =
         p->n_moe_layers *
         model_ep_alltoall_bytes((double)spec->train.batch_size *

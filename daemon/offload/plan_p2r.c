@@ -566,6 +566,7 @@ int p2r_plan_for_spec(const run_spec *spec, const p2r_options *o,
             snprintf(err, errlen, "%s", e2);
             return -1;
         }
+        out->unbudgeted = p.budget_bytes == 0;
         int rc = p2r_phase_of_plan(spec, p.pseudo, 1, &out->pseudo, e2,
                                    sizeof e2);
         if (rc == 0)
@@ -783,6 +784,11 @@ void p2r_print(FILE *f, const p2r_report *r, int json)
                 r->backend == BACKEND_CUDA ? ""
                 : " (its \"device\" is a budgeted pool of host memory: the "
                   "default rates are an H200 host's, pass this machine's)");
+    if (r->unbudgeted)
+        fprintf(f, "note: no device.memory_budget and no --device-memory: "
+                "both phases are counted resident, so no offloading is "
+                "priced and the steps differ only in compute; give "
+                "--device-memory SIZE, or --nodes N --gpus-per-node G\n");
     fprintf(f, "rates:\n");
     fprintf(f, "  compute       %9.4g TFLOP/s achieved  (%s)\n",
             q->gpu_flops / 1e12, q->gpu_src);

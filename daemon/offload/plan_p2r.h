@@ -189,6 +189,8 @@ typedef struct {
 typedef struct {
     p2r_rates rates;
     int cluster;               /* planned at scale */
+    int unbudgeted;            /* single-node, no memory budget: every slot
+                                * of both phases counted resident */
     cluster_input cin;
     backend_kind backend;
     p2r_phase pseudo, real;

@@ -37,65 +37,14 @@ int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
     /* checkpoints gone: the trainer is fresh, and a checkpoint of it is
      * one the next start would go on from, over the recorded steps */
     if (step == r->last_ckpt || r->ckpts_gone) return 0;
-    /* optimizer.shard: every rank gathers first (a partial state, rank
-     * 0's shard, is never written: trainer_save refuses it) */
+    /* optimizer.shard, nodes.expert_parallel: every rank gathers first (a
+     * partial state, rank 0's part, is never written: trainer_save
+     * refuses it) */
     if (runner_sync_(r, 1, err) < 0) return -1;
     if (run_ckpts_save(&r->c->ckpts, r->id, r->t, r->spec.checkpoint.keep, why,
                        err) < 0)
         return -1;
     r->last_ckpt = step;
-    return 0;
-}
-
-/* The group's failure, for the pause's reason: what failed, and with
- * sharded state the checkpoint the run goes back to. */
-static void lost_why_(run_ctx *r, const char *what, const m6_err *e,
-                      char *buf, size_t len)
-{
-    char back[160] = "";
-    if (r->spec.optimizer.shard && r->last_ckpt >= 0)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved after the last "
-                 "whole checkpoint (step %ld), resume starts from it",
-                 r->last_ckpt);
-    else if (r->spec.optimizer.shard)
-        snprintf(back, sizeof back, "; the optimizer state is sharded and "
-                 "could not be gathered: nothing is saved, resume starts "
-                 "from step 0");
-    snprintf(buf, len, "a rank of the run's %d-rank group failed %s: %s%s",
-             trainer_world_size(r->t), what, m6_err_msg(e), back);
-}
-
-int runner_sync_(run_ctx *r, int whole, m6_err *err)
-{
-    if (r->lost) {
-        m6_err_set(err, M6_EBADSTATE, "the run's group failed earlier; the "
-                   "optimizer state is not whole (optimizer.shard)");
-        return -1;
-    }
-    if (!r->spec.optimizer.shard || !r->coll || r->synced == 2 ||
-        (r->synced == 1 && !whole))
-        return 0;  /* whole: not sharded, or gathered at this boundary */
-    if (r->synced == 1) {  /* a step was due, not a save: a runner bug */
-        m6_err_set(err, M6_EINTERNAL, "the sharded optimizer state cannot "
-                   "be gathered at step %ld: this boundary's agreement was "
-                   "made for a step", trainer_step_count(r->t));
-        return -1;
-    }
-    m6_err e = M6_ERR_NONE;
-    int rc = trainer_sync_boundary(r->t, whole, &e);
-    if (rc < 0) {
-        char why[1200];
-        r->lost = 1;
-        lost_why_(r, whole ? "as rank 0 gathered the optimizer state"
-                           : "at the step boundary", &e, why, sizeof why);
-        m6_err_free(&e);
-        m6_err_set(err, M6_EBADSTATE, "%s", why);
-        log_warn("run.group_lost", "run=%lld step=%ld why=\"%s\"",
-                 (long long)r->id, trainer_step_count(r->t), why);
-        return -1;
-    }
-    r->synced = rc == 1 ? 2 : 1;
     return 0;
 }
 
@@ -600,7 +549,7 @@ static int step_(run_ctx *r)
         nanosleep(&(struct timespec){c->step_delay_ms / 1000,
                                      (c->step_delay_ms % 1000) * 1000000L},
                   NULL);
-    /* optimizer.shard: the boundary's agreement, if no save made it */
+    /* split state: the boundary's agreement, if no save made it */
     if (runner_sync_(r, 0, &data_err) < 0) {
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
@@ -625,9 +574,9 @@ static int step_(run_ctx *r)
     } else if (src == TRAINER_ECOLL) {
         /* a rank died or stopped answering: the step was not applied;
          * pause, and the runner reloads the last checkpoint (run_one_) */
-        char why[1400];
+        char why[2400];
         r->lost = 1;
-        lost_why_(r, "in the step", &data_err, why, sizeof why);
+        runner_lost_why_(r, "in the step", &data_err, why, sizeof why);
         r->data_code = M6_EBADSTATE;
         runner_pause_error_(r, RUN_EV_DATA_ERROR, why);
         m6_err_free(&data_err);
@@ -709,6 +658,7 @@ static int step_(run_ctx *r)
     }
     if (res.outlier_rank >= 0)
         report_outlier_(r, &res);
+    runner_report_idle_experts_(r, &res);
     if (runner_flush_(r, &err) < 0)
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     else if (state_hold_overdue(c->st, held_why, sizeof held_why))
@@ -722,105 +672,6 @@ static int step_(run_ctx *r)
         runner_publish_(r);
     m6_err_free(&err);
     m6_err_free(&data_err);
-    return 0;
-}
-
-/* ---------------------------------------------- across nodes (runner_dist) */
-
-/* Leave the run's group (if any): the trainer trains alone again, the
- * other ranks' collectives fail at once and they free their trainers. */
-static void dist_drop_(run_ctx *r, const char *why)
-{
-    if (!r->coll) return;
-    runner *c = r->c;
-    m6_err e = M6_ERR_NONE;
-    /* optimizer.shard: the state whole before the group goes (the other
-     * ranks are at this boundary); a lost group leaves it sharded, and
-     * the run is rebuilt from its last checkpoint */
-    if (!r->lost)
-        runner_sync_(r, 1, &e);  /* a failure: logged, r->lost */
-    m6_err_free(&e);
-    trainer_set_collectives(r->t, NULL, &e);
-    m6_err_free(&e);
-    r->synced = 0;
-    m6_coll_destroy(r->coll);
-    r->coll = NULL;
-    if (c->dist && c->dist->ungroup) c->dist->ungroup(c->dist->ud, r->id);
-    log_info("run.ungroup", "run=%lld step=%ld why=\"%s\"", (long long)r->id,
-             trainer_step_count(r->t), why);
-}
-
-/* Before a step: a run whose current phase has world size W > 1 trains
- * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
- * event and the run's error in status, once per change; the runner sleeps
- * a little, or less when a command comes in, and comes back). */
-static int dist_ready_(run_ctx *r)
-{
-    runner *c = r->c;
-    int world = spec_world_of_phase(&r->spec,
-                                    trainer_phase(r->t) == PHASE_PSEUDO);
-    if (world <= 1 || r->coll) return 1;
-    char why[512] = "";
-    m6_coll *g = NULL;
-    int rc = 0;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double now_s = (double)now.tv_sec + now.tv_nsec * 1e-9;
-    if (now_s < r->dist_retry_at) {
-        /* a group failed (a refused rank, a rendezvous timeout): not
-         * every 300 ms, which would reassign the nodes as often */
-        snprintf(why, sizeof why, "%s", r->dist_why);
-        rc = -1;
-    } else if (c->dist && c->dist->group)
-        rc = c->dist->group(c->dist->ud, r->id, &r->spec, r->t, world, &g,
-                            why, sizeof why);
-    else
-        snprintf(why, sizeof why, "nodes.world_size %d needs a coordinator "
-                 "(m6d --role coordinator --listen HOST:PORT)", world);
-    if (rc == 1) {
-        m6_err e = M6_ERR_NONE;
-        if (trainer_set_collectives(r->t, g, &e) == 0) {
-            r->coll = g;
-            r->synced = 0;
-            r->coll_phase = trainer_phase(r->t);
-            r->dist_why[0] = 0;
-            state_event(c->st, r->id, "nodes.group", "world_size=%d step=%ld",
-                        world, trainer_step_count(r->t));
-            log_info("run.group", "run=%lld world_size=%d step=%ld",
-                     (long long)r->id, world, trainer_step_count(r->t));
-            pthread_mutex_lock(&c->mu);
-            run_machine_set_error(&c->machine, NULL);
-            pthread_mutex_unlock(&c->mu);
-            return 1;
-        }
-        snprintf(why, sizeof why, "%s", m6_err_msg(&e));
-        m6_err_free(&e);
-        m6_coll_destroy(g);
-        rc = -1;
-    }
-    if (rc < 0 && now_s >= r->dist_retry_at)
-        r->dist_retry_at = now_s + (r->spec.nodes.timeout > 0
-                                        ? r->spec.nodes.timeout : 30);
-    if (strcmp(why, r->dist_why) != 0) {
-        snprintf(r->dist_why, sizeof r->dist_why, "%s", why);
-        state_event(c->st, r->id, rc == 0 ? "nodes.wait" : "nodes.refused",
-                    "%s", why);
-        log_warn(rc == 0 ? "run.wait" : "run.group_failed",
-                 "run=%lld why=\"%s\"", (long long)r->id, why);
-        pthread_mutex_lock(&c->mu);
-        run_machine_set_error(&c->machine, why);
-        pthread_mutex_unlock(&c->mu);
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += 300 * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&c->mu);
-    pthread_cond_timedwait(&c->cv, &c->mu, &until);
-    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 
@@ -885,7 +736,7 @@ static void run_one_(runner *c, int64_t id)
         return;
     }
     for (;;) {
-        /* the group failed with sharded state (a save that could not
+        /* the group failed with split state (a save that could not
          * gather): paused; the run is rebuilt from its last checkpoint */
         if (r.lost) break;
         /* paused by the run itself (a data error, a failed write): the
@@ -895,7 +746,7 @@ static void run_one_(runner *c, int64_t id)
         int waits = run_machine_waits(&c->machine);
         pthread_mutex_unlock(&c->mu);
         if (waits && r.coll) {
-            dist_drop_(&r, "the run is paused");
+            runner_dist_drop_(&r, "the run is paused");
             if (r.lost) break;  /* rebuilt from the last checkpoint */
         }
         /* commands */
@@ -913,6 +764,8 @@ static void run_one_(runner *c, int64_t id)
         c->delinking_at = tk.delink && trainer_phase(r.t) == PHASE_PSEUDO
                               ? trainer_step_count(r.t) : -1;
         if (tk.resume) c->resume_serving = c->resume_asked;
+        int relayout = tk.resume && c->relayout == id;  /* runner_resume_at */
+        if (relayout) c->relayout = 0;
         r.cmd_upto = c->cmd_last;
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
@@ -935,13 +788,14 @@ static void run_one_(runner *c, int64_t id)
         if (tk.resume) runner_resume_(&r);
         if (!r.t) break;  /* failed taking it up again (recorded) */
         runner_commands_done_(&r);
+        if (relayout) break;  /* set up again from m6.db: the new spec */
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = run_machine_trains(&c->machine);
         pthread_mutex_unlock(&c->mu);
         if (!trains) {
             /* paused (or stopping): the other ranks leave the group */
-            dist_drop_(&r, "the run is not training");
+            runner_dist_drop_(&r, "the run is not training");
             if (r.lost) break;  /* rebuilt from the last checkpoint */
             continue;
         }
@@ -964,15 +818,15 @@ static void run_one_(runner *c, int64_t id)
         if (r.lost) break;  /* paused: rebuilt from the last checkpoint */
         if (r.coll && trainer_phase(r.t) != r.coll_phase)
             /* delinked: the ranks regroup and get the delinked state
-             * from rank 0 (dist_ready_) */
-            dist_drop_(&r, "delinked");
-        if (!dist_ready_(&r)) continue;
+             * from rank 0 (runner_dist_ready_) */
+            runner_dist_drop_(&r, "delinked");
+        if (!runner_dist_ready_(&r)) continue;
         pthread_mutex_lock(&c->mu);
         c->in_step = 1;  /* until the step's publication */
         pthread_mutex_unlock(&c->mu);
         if (step_(&r) != 0) break;
     }
-    dist_drop_(&r, "the run left the runner");
+    runner_dist_drop_(&r, "the run left the runner");
     trainer_free(r.t);
     free(r.best);
     free(r.outlier_at);

@@ -42,11 +42,15 @@ typedef struct runner runner;
  * for 2 live nodes, have 1"; the caller retries later); -1: the group
  * failed (why names the cause: a rank's hash, a rendezvous timeout), the
  * caller retries later. ungroup(): the run holds no group any more (its
- * nodes' run and rank are cleared). Both may be NULL (no coordinator). */
+ * nodes' run and rank are cleared). lost(): the run's group failed; which
+ * ranks were lost (run_lost: node, rank, local rank), waiting a bounded
+ * time for word of it: 1 with *out, 0 none known. Each may be NULL (no
+ * coordinator). */
 typedef struct {
     int (*group)(void *ud, int64_t id, const run_spec *spec, trainer *t,
                  int world, m6_coll **out, char *why, size_t len);
     void (*ungroup)(void *ud, int64_t id);
+    int (*lost)(void *ud, int64_t id, const run_spec *spec, run_lost *out);
     void *ud;
 } runner_dist;
 
@@ -114,6 +118,19 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
  * resume replayed from the command log after a crash is a plain one. */
 enum { RUNNER_FROM_SCRATCH = 1 };
 m6_err runner_command(runner *c, int64_t id, runner_cmd cmd, unsigned flags);
+
+/* m6ctl resume RUN --world-size N [--expert-parallel P]: the paused run
+ * id continues at nodes.world_size world and nodes.expert_parallel ep (0:
+ * the run's own where it divides world, else 1; nodes.pseudo_world_size
+ * dropped where it is above world) from its newest checkpoint. The new
+ * spec is checked as a submit's (errors name the key), written to m6.db
+ * with a "layout" event naming both layouts, then the run is resumed
+ * (runner_command CMD_RESUME: its answer); the boundary that takes that
+ * resume sets the run up again from m6.db (spec and newest checkpoint,
+ * whose hash leaves the layout out). M6_EBADSTATE for a run that is not
+ * paused, M6_EINVALID for a layout the spec checks refuse. Off the event
+ * loop, as a resume. */
+m6_err runner_resume_at(runner *c, int64_t id, int world, int ep);
 
 /* Seconds left for the active run (-1 if id isn't active or unknown). */
 double runner_eta(runner *c, int64_t id);

@@ -295,20 +295,6 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
     if (spec_parse(&spec, json, len, err, sizeof err) < 0) {
         return m6_err_make(M6_EINVALID, "invalid spec: %s", err);
     }
-    /* Expert parallelism trains through the trainer's API (tests); m6d's
-     * runs save the model at every pause, stop and end, and the runner
-     * does not yet gather every rank's experts at those boundaries
-     * (trainer_sync_boundary) */
-    if (spec.nodes.expert_parallel > 1) {
-        log_warn("run.submit_refused", "name=%s err=\"nodes.expert_parallel "
-                 "%d: not run by m6d yet\"", spec.name,
-                 spec.nodes.expert_parallel);
-        return m6_err_make(M6_EINVALID, "invalid spec: "
-                           "nodes.expert_parallel %d is not run by m6d yet "
-                           "(its runner does not gather the experts "
-                           "for checkpoints); set it to 1",
-                           spec.nodes.expert_parallel);
-    }
     /* A worker trains the coordinator's ranks: a run of its own would
      * share its cores, memory and devices with them unplanned */
     if (c->worker_of[0]) {
@@ -693,4 +679,77 @@ void runner_describe(runner *c, char *buf, size_t len)
     else
         snprintf(buf, len, "idle");
     pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------ resume at a layout */
+
+m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
+{
+    run_row row;
+    if (world < 1 || ep < 0)
+        return m6_err_make(M6_EINVALID, "resume at a layout: world size %d, "
+                           "expert parallel %d: want >= 1 and >= 0", world,
+                           ep);
+    if (c->worker_of[0])
+        return runner_command(c, id, CMD_RESUME, 0);  /* its refusal */
+    if (state_run_get(c->st, id, &row) != 0)
+        return m6_err_make(M6_EINTERNAL, "run %lld: the state DB could not "
+                           "read it", (long long)id);
+    run_spec s;
+    char err[1024];
+    int paused = row.state == RUN_PAUSED;
+    int rc = spec_parse(&s, row.spec, strlen(row.spec), err, sizeof err);
+    run_row_clear(&row);
+    if (!paused)
+        return m6_err_make(M6_EBADSTATE, "run %lld could not resume at "
+                           "another layout: it is not paused (pause it "
+                           "first: it continues from its newest checkpoint)",
+                           (long long)id);
+    if (rc < 0)
+        return m6_err_make(M6_EINTERNAL, "run %lld: its spec does not parse "
+                           "any more: %s", (long long)id, err);
+    int W0 = s.nodes.world_size, P0 = s.nodes.expert_parallel;
+    s.nodes.world_size = world;
+    s.nodes.expert_parallel = ep > 0 ? ep : world % P0 == 0 ? P0 : 1;
+    if (s.nodes.pseudo_world_size > world)
+        s.nodes.pseudo_world_size = 0;
+    /* every check of a submit, by key */
+    char *json = spec_to_json(&s);
+    if (!json)
+        return m6_err_make(M6_EINTERNAL, "out of memory");
+    if (spec_parse(&s, json, strlen(json), err, sizeof err) < 0) {
+        free(json);
+        return m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
+                           "paused: the layout nodes.world_size %d, "
+                           "nodes.expert_parallel %d: %s", (long long)id,
+                           world, s.nodes.expert_parallel, err);
+    }
+    if (world > 1 && !c->coordinator) {
+        free(json);
+        return m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
+                           "paused: nodes.world_size %d needs a coordinator, "
+                           "and this m6d is not one", (long long)id, world);
+    }
+    char detail[256];
+    snprintf(detail, sizeof detail, "nodes.world_size %d -> %d, "
+             "nodes.expert_parallel %d -> %d: from the newest checkpoint",
+             W0, world, P0, s.nodes.expert_parallel);
+    pthread_mutex_lock(&c->cmd_mu);
+    int wrc = state_run_set_spec(c->st, id, json, "layout", detail);
+    free(json);
+    if (wrc == 0) {
+        pthread_mutex_lock(&c->mu);
+        if (id == c->active) c->relayout = id;
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->cmd_mu);
+    if (wrc != 0) {
+        char db[256];
+        state_last_error(c->st, db, sizeof db);
+        return m6_err_make(M6_EINTERNAL, "run %lld could not resume, it stays "
+                           "paused: the state DB could not record its new "
+                           "layout (%s)", (long long)id, db);
+    }
+    log_info("run.layout", "run=%lld %s", (long long)id, detail);
+    return runner_command(c, id, CMD_RESUME, 0);
 }

@@ -60,6 +60,9 @@ struct runner {
     m6_code resume_code;     /* ... its code: M6_OK, M6_EDATA, M6_ENOFILE
                               * or M6_EBADSTATE */
     long resume_step;        /* ... the step it resumed at (its answer) */
+    int64_t relayout;        /* runner_resume_at changed this run's spec:
+                              * the boundary that takes its resume sets the
+                              * run up again from m6.db (0: none) */
     int offload_valid;    /* offload holds a sample of the active run */
     runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest
@@ -123,12 +126,13 @@ typedef struct {
      * be made (said once per change). */
     m6_coll *coll;
     run_phase coll_phase;
-    /* optimizer.shard in a group: this boundary's agreement with the
-     * other ranks (trainer_sync_boundary, runner_sync_) is done: 0 not
-     * yet, 1 done with the state left sharded, 2 done and gathered
-     * (whole). lost: a collective failed; the group is no more, the
-     * trainer may hold only its shard: nothing is saved, the runner
-     * rebuilds the run from its last checkpoint. */
+    /* split state in a group (spec_state_split: optimizer.shard,
+     * nodes.expert_parallel): this boundary's agreement with the other
+     * ranks (trainer_sync_boundary, runner_sync_) is done: 0 not yet, 1
+     * done with the state left split, 2 done and gathered (whole).
+     * lost: a collective failed; the group is no more, the trainer may
+     * hold only its part: nothing is saved, the runner rebuilds the run
+     * from its last checkpoint. */
     int synced, lost;
     char dist_why[512];
     double dist_retry_at;  /* CLOCK_MONOTONIC s: after a failed group,
@@ -145,15 +149,6 @@ typedef struct {
 /* Save the trainer at its step (once per step). 0, or -1 with err: the
  * run keeps its last good checkpoint. */
 int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err);
-
-/* The boundary's agreement of a group with optimizer.shard
- * (trainer_sync_boundary), once per boundary: whole 1 before a save or a
- * delink (every rank gathers the sharded optimizer state, so rank 0's is
- * whole), 0 right before a step. No-op (0) out of a group, once done, or
- * when the trainer is not sharded. -1 with err when a rank failed: r->lost
- * is set, nothing may be saved, the caller pauses with err and the runner
- * rebuilds the run from its last checkpoint. */
-int runner_sync_(run_ctx *r, int whole, m6_err *err);
 
 /* An event of the run's state machine (run_machine.h); takes mu. */
 void runner_on_(runner *c, run_machine_event ev, const char *reason);
@@ -224,6 +219,33 @@ int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
  * r->t NULL: no trainer could be made). */
 int runner_retake_(run_ctx *r, m6_err *err);
 
+/* ---- runner_dist.c: the group across nodes (runner thread) */
+
+/* The boundary's agreement of a group whose state is split
+ * (spec_state_split; trainer_sync_boundary), once per boundary: whole 1
+ * before a save, a delink or leaving the group (every rank sends rank 0
+ * its part: the optimizer state's range, its experts, so rank 0's state
+ * is whole), 0 right before a step. No-op (0) out of a group, once done,
+ * or when the state is not split. -1 with err when a rank failed: r->lost
+ * is set, nothing may be saved, the caller pauses with err and the runner
+ * rebuilds the run from its last checkpoint. */
+int runner_sync_(run_ctx *r, int whole, m6_err *err);
+
+/* The group's failure e, for the pause's reason (into buf): what failed
+ * ("in the step"), and with sharded state the checkpoint the run goes
+ * back to. */
+void runner_lost_why_(run_ctx *r, const char *what, const m6_err *e,
+                      char *buf, size_t len);
+
+/* Leave the run's group (if any): the trainer trains alone again, the
+ * other ranks' collectives fail at once and they free their trainers. */
+void runner_dist_drop_(run_ctx *r, const char *why);
+
+/* Before a step: a run whose current phase has world size W > 1 trains
+ * only in a group of W ranks. 1: train now; 0: not yet (the reason is an
+ * event and the run's error in status, once per change). */
+int runner_dist_ready_(run_ctx *r);
+
 /* ---- runner_commands.c: commands taken at a boundary (runner thread) */
 
 /* Mark the commands this boundary took (r->cmd_upto) applied in m6.db. */
@@ -252,6 +274,14 @@ void runner_resume_(run_ctx *r);
 /* With mu held, for the run just taken up: the commands acknowledged and
  * not applied before m6d stopped, applied to its state machine again. */
 void runner_replay_commands_locked_(runner *c);
+
+/* ---- runner_reports.c: what a step reports beyond its metrics */
+
+/* A step at which experts reached train.expert_idle_steps steps without a
+ * token (res->moe.idle_new > 0): a moe.expert_idle event and a
+ * run.expert_idle log line naming the first of them, once per expert
+ * until it processes a token again. */
+void runner_report_idle_experts_(run_ctx *r, const step_result *res);
 
 /* ---- runner_policy.c: when the run delinks; the bad-steps pause */
 

@@ -100,8 +100,9 @@ static void delink_detail_(run_ctx *r, const char *reason, const char *detail)
                     "gone; delink once it is taken up again");
         return;
     }
-    /* optimizer.shard: every rank gathers, so rank 0 delinks the whole
-     * state (its group then goes: the ranks regroup with it) */
+    /* split state (optimizer.shard, nodes.expert_parallel): every rank
+     * gathers, so rank 0 delinks the whole state (its group then goes:
+     * the ranks regroup with it) */
     m6_err se = M6_ERR_NONE;
     if (runner_sync_(r, 1, &se) < 0) {
         r->data_code = M6_EBADSTATE;

@@ -217,6 +217,7 @@ void spec_defaults(run_spec *s)
     s->train.eval_every = 100;
     s->train.eval_batches = 8;
     s->train.max_bad_steps = SPEC_MAX_BAD_STEPS;
+    s->train.expert_idle_steps = SPEC_EXPERT_IDLE_STEPS;
     s->optimizer.name = OPTIMIZER_ADAMW;
     s->optimizer.beta1 = 0.0f;
     s->optimizer.decay_rate = 0.8f;
@@ -659,6 +660,11 @@ int spec_world_of_phase(const run_spec *s, int pseudo)
                ? s->nodes.pseudo_world_size : s->nodes.world_size;
 }
 
+int spec_state_split(const run_spec *s)
+{
+    return s->optimizer.shard || s->nodes.expert_parallel > 1;
+}
+
 
 precision_kind spec_precision(const run_spec *s)
 {
@@ -768,13 +774,13 @@ gpt_optim spec_gpt_optim(const run_spec *s)
 }
 
 /* nodes.expert_parallel: P divides the world, at most E, MoE blocks to
- * split; P > 1 only where the engine builds it (one expert-parallel
- * group of world_size ranks on the CPU backend), the rest refused by
- * name. */
+ * split; P > 1 only where the engine builds it (world_size/P groups of P
+ * ranks on the CPU backend; a pseudo phase alone or in groups of P too),
+ * the rest refused by name. */
 static int ep_check_(const run_spec *s, char *err, size_t errlen)
 {
     int P = s->nodes.expert_parallel, W = s->nodes.world_size;
-    int E = s->model.moe_experts;
+    int E = s->model.moe_experts, pw = s->nodes.pseudo_world_size;
     if (P == 1)
         return 0;
     if (E == 0) {
@@ -809,13 +815,15 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         : s->optimizer.master == MASTER_BF16
             ? "with optimizer.master \"bf16\" (its stochastic rounding is "
               "keyed by the whole slot's offsets; use \"fp32\")"
-        : s->nodes.pseudo_world_size > 0 && s->nodes.pseudo_world_size != W
-            ? "with a smaller pseudo world (nodes.pseudo_world_size; remove "
-              "it)"
-        : s->train.eval_batches % W != 0
+        : pw > 1 && pw % P != 0
+            ? "with a pseudo world that is neither 1 nor a multiple of it "
+              "(nodes.pseudo_world_size: the pseudo phase's groups are of "
+              "P ranks too)"
+        : s->train.eval_batches % W != 0 || (pw > 1 && s->train.eval_batches
+                                             % pw != 0)
             ? "with train.eval_batches not a multiple of nodes.world_size "
-              "(every rank runs every all-to-all: each must evaluate as "
-              "many batches)"
+              "and nodes.pseudo_world_size (every rank runs every "
+              "all-to-all: each must evaluate as many batches)"
             : NULL;
     if (!why)
         return 0;

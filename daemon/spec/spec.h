@@ -43,6 +43,8 @@ typedef enum { GRAD_SCALE_SUM = 0, GRAD_SCALE_MEAN = 1 } grad_scale_mode;
 
 /* train.max_bad_steps' default. */
 #define SPEC_MAX_BAD_STEPS 5
+/* train.expert_idle_steps' default. */
+#define SPEC_EXPERT_IDLE_STEPS 100
 
 typedef struct {
     char name[256];
@@ -75,6 +77,9 @@ typedef struct {
         int eval_batches;
         long max_bad_steps;  /* consecutive non-finite (skipped) steps that
                               * pause the run (SPEC_MAX_BAD_STEPS) */
+        long expert_idle_steps; /* MoE: consecutive steps without a token
+                                 * after which an expert is reported (event
+                                 * moe.expert_idle); 0: never */
     } train;
     /* optimizer.*: which optimizer, and Adafactor's knobs (at their
      * defaults unless name is adafactor); lr, its schedule, weight decay
@@ -150,6 +155,12 @@ int spec_dp_split(const run_spec *s, int world, int *B_rank,
 /* The data-parallel world size of a phase: nodes.pseudo_world_size (when
  * set) for pseudo 1, else nodes.world_size. */
 int spec_world_of_phase(const run_spec *s, int pseudo);
+
+/* 1 when a data-parallel group's ranks hold parts of the state, so that
+ * a save of rank 0 needs every rank's trainer_sync_boundary first:
+ * optimizer.shard (each rank its range of the optimizer state) or
+ * nodes.expert_parallel > 1 (each rank its experts); else 0. */
+int spec_state_split(const run_spec *s);
 
 /* The spec's names of a backend ("cpu", "cuda") and a delink policy
  * ("step", "plateau"), as device.backend and delink.policy spell them;

@@ -69,13 +69,15 @@ const key_ spec_keys_[] = {
     INT("model.moe", "prototypes", model.moe_prototypes, 1, INT_MAX,
         "k: prototypes of E/k experts each; every prototype routes every "
         "token top-1 among its experts. Must divide `num_experts`."),
-    FLT("model.moe", "capacity_factor", model.moe_capacity_factor, 0, 1,
+    FLT("model.moe", "capacity_factor", model.moe_capacity_factor, 0, 0,
         INFINITY, 0,
         "Training capacity: each expert takes at most "
         "ceil(factor * tokens / (E/k)) tokens of a microbatch; the rest "
-        "pass by on the residual stream."),
+        "pass by on the residual stream. 0: dropless, no token dropped "
+        "(buffers for every token at each expert)."),
     FLT("model.moe", "eval_capacity_factor", model.moe_eval_capacity_factor,
-        0, 1, INFINITY, 0, "The capacity factor of validation passes."),
+        0, 0, INFINITY, 0, "The capacity factor of validation passes; 0: "
+        "dropless."),
     FLT("model.moe", "aux_loss_coef", model.moe_aux_coef, 0, 0, INFINITY, 0,
         "Coefficient of the balancing loss (mean over MoE blocks) added to "
         "the loss for the gradient; the reported loss leaves it out."),
@@ -164,6 +166,10 @@ const key_ spec_keys_[] = {
     LONG("train", "max_bad_steps", train.max_bad_steps, 1, LONG_MAX,
          "A step whose loss or gradient norm is NaN or Inf is skipped (no "
          "update); this many in a row pause the run."),
+    LONG("train", "expert_idle_steps", train.expert_idle_steps, 0, LONG_MAX,
+         "MoE: an expert that received no token (of any rank) for this many "
+         "consecutive steps is named in an event `moe.expert_idle`, once "
+         "until it gets a token again. 0: never. Does not change training."),
     ENUM("optimizer", "name", optimizer.name, optimizer_names_,
          "`adamw` (`train.beta1`, `beta2`, `eps`) or `adafactor` (Shazeer & "
          "Stern 2018: factored second moment of every matrix, full for "

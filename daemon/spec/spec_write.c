@@ -128,6 +128,9 @@ static int written_(const run_spec *s, const key_ *k)
      * hashes and checkpoints, from before it existed stay as they were */
     if (k->off == OFF(train.max_bad_steps))
         return s->train.max_bad_steps != SPEC_MAX_BAD_STEPS;
+    /* train.expert_idle_steps the same way */
+    if (k->off == OFF(train.expert_idle_steps))
+        return s->train.expert_idle_steps != SPEC_EXPERT_IDLE_STEPS;
     return !k->section || strcmp(k->section, "model.moe") != 0 ||
            s->model.moe_experts > 0;
 }

@@ -760,15 +760,22 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
         state_copy_text_(r->delink_policy, sizeof r->delink_policy,
                    sqlite3_column_text(s, 13));
     }
+    if (sqlite3_column_type(s, 14) != SQLITE_NULL) {
+        r->lost.node_id = sqlite3_column_int64(s, 14);
+        r->lost.rank = sqlite3_column_int(s, 15);
+        r->lost.local_rank = sqlite3_column_int(s, 16);
+        r->lost.ranks = sqlite3_column_int(s, 17);
+    }
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 14);
+        const unsigned char *sp = sqlite3_column_text(s, 18);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
 
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
                  "updated, error, delink_step, pseudo_steps, device_budget, " \
-                 "backend, delink_policy"
+                 "backend, delink_policy, lost_node, lost_rank, " \
+                 "lost_local_rank, lost_ranks"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
@@ -864,6 +871,39 @@ int state_run_ids(state *st, run_state rs, int64_t **ids, int *n)
     return ret;
 }
 
+typedef struct {
+    int64_t id;
+    const char *spec, *kind, *detail;
+    int changed;
+} run_spec_set_;
+
+static int run_spec_set_body_(state *st, void *arg)
+{
+    run_spec_set_ *a = arg;
+    double t = state_now_();
+    int n = SQL_WRITE_LOCKED(st, "UPDATE runs SET spec = ?, updated = ? "
+                             "WHERE id = ?", A_TEXT(a->spec), A_REAL(t),
+                             A_INT(a->id));
+    if (n < 0)
+        return -1;
+    a->changed = n;
+    if (n && SQL_WRITE_LOCKED(st, "INSERT INTO events(run, time, kind, "
+                              "detail) VALUES (?, ?, ?, ?)", A_INT(a->id),
+                              A_REAL(t), A_TEXT(a->kind),
+                              A_TEXT(a->detail)) < 0)
+        return -1;
+    return 0;
+}
+
+int state_run_set_spec(state *st, int64_t id, const char *spec,
+                       const char *kind, const char *detail)
+{
+    run_spec_set_ a = {id, spec, kind, detail, 0};
+    if (waited_(st, run_spec_set_body_, &a) < 0)
+        return -1;
+    return a.changed ? 0 : 1;
+}
+
 int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)
 {
     int changed = SQL_WRITE(st,
@@ -878,6 +918,17 @@ int state_run_set_state_held(state *st, int64_t id, run_state rs,
     return SQL_HOLD(st,
         "UPDATE runs SET state = ?, error = ?, updated = ? WHERE id = ?",
         A_TEXT(run_state_name(rs)), A_TEXT(error), A_REAL(state_now_()), A_INT(id));
+}
+
+int state_run_set_lost(state *st, int64_t id, const run_lost *l)
+{
+    int on = l && l->node_id > 0;
+    return SQL_HOLD(st,
+        "UPDATE runs SET lost_node = ?, lost_rank = ?, lost_local_rank = ?, "
+        "lost_ranks = ?, updated = ? WHERE id = ?",
+        on ? A_INT(l->node_id) : A_NULL, on ? A_INT(l->rank) : A_NULL,
+        on ? A_INT(l->local_rank) : A_NULL, on ? A_INT(l->ranks) : A_NULL,
+        A_REAL(state_now_()), A_INT(id));
 }
 
 int state_run_set_delink(state *st, int64_t id, int64_t step)

@@ -36,6 +36,21 @@
 
 typedef struct state state;
 
+/* The ranks whose loss paused a run across nodes (schema 0013): node_id
+ * the nodes table's row (0: none known), hostname its name then; rank
+ * the first global rank lost, local_rank its local rank on that node,
+ * ranks how many went (1: one rank; a whole node: all of its ranks, local
+ * ranks local_rank .. local_rank + ranks - 1); why the cause as the
+ * coordinator heard it (a rank's error, "connection closed"). Only
+ * node_id, rank, local_rank and ranks are stored; hostname and why are
+ * for the pause's reason. */
+typedef struct {
+    int64_t node_id;
+    char hostname[256];
+    int rank, local_rank, ranks;
+    char why[512];
+} run_lost;
+
 typedef struct {
     int64_t id;
     char name[256];
@@ -56,6 +71,8 @@ typedef struct {
     int64_t device_budget;    /* device.memory_budget, bytes; 0 none */
     char backend[8];          /* device.backend: "cpu", "cuda" */
     char delink_policy[16];   /* delink.policy: "step", "plateau" */
+    run_lost lost;            /* lost.node_id 0: none (NULL columns);
+                               * hostname and why empty (not stored) */
 } run_row;
 
 /* What state_run_insert stores beside the spec (run_row's fields of the
@@ -127,6 +144,14 @@ int state_run_list(state *st, run_row **rows, int *n);
 /* Ids of runs in state s, ascending (submit order). */
 int state_run_ids(state *st, run_state s, int64_t **ids, int *n);
 int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
+/* The ranks whose loss paused run id (run_lost; NULL or node_id 0: none,
+ * the columns cleared). Held (see the top): 0 written or held, -1 another
+ * error. */
+int state_run_set_lost(state *st, int64_t id, const run_lost *l);
+/* Replace run id's spec (canonical JSON) and record the event kind with
+ * detail, in one transaction. 0, 1 no such run, -1 error. */
+int state_run_set_spec(state *st, int64_t id, const char *spec,
+                       const char *kind, const char *detail);
 /* The same as a held record (never waits for another writer's lock; 0
  * written or held, -1 another error): for the run's own pause for an error,
  * recorded as soon as m6.db can take it, in order with the step records. */

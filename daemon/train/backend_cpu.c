@@ -250,6 +250,7 @@ static float cpu_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
     cpu_ctx_ *c = ctx;
     /* validation capacity; the step's MoE facts stay those of training */
     gpt_moe_stats keep = c->model.moe_stats;
+    c->model.moe_stats.tokens = NULL;  /* kept out of the step's tokens */
     int cap = c->model.moe_capacity;
     c->model.moe_eval = 1;
     gemm_precision was = gemm_set_precision(c->precision);

@@ -122,6 +122,7 @@ static void cuda_free_(void *ctx)
     free_host_(c);
     free(c->ghost);
     free(c->moe_counts);
+    free(c->moe_st.tokens);
     free(c);
 }
 
@@ -144,7 +145,8 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
     cuda_ctx_ *c = ctx;
     gpt_cuda_step_begin(c->g, h->lr, h->beta1, h->beta2, h->eps,
                         h->weight_decay, clip_(h));
-    memset(&c->moe_st, 0, sizeof c->moe_st);
+    gpt_moe_stats_clear(&c->moe_st, (size_t)c->n_moe_layers *
+                                        (size_t)c->model.moe_experts);
     c->grad_mean = h->slot_grad_mean;
     c->dp_pending = 0;
 }
@@ -162,7 +164,7 @@ static void moe_note_(cuda_ctx_ *c, int B)
         return;
     gpt_moe_stats_add(&c->moe_st, aux, z, L, dropped,
                       (long)L * B * m->seq_len * m->moe_prototypes,
-                      c->moe_counts, L * E);
+                      c->moe_counts, L * E, 0);
 }
 
 static size_t resident_floats_(const cuda_ctx_ *c);
@@ -657,12 +659,15 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
     c->grad_accum = bs->grad_accum;
     c->model = bs->model;
     c->moe = bs->model.moe_experts > 0;
-    for (int l = 0; l < bs->model.n_layer; l++)
-        c->n_moe_layers += model_layer_is_moe(&bs->model, l);
-    if (c->moe && !(c->moe_counts = malloc((size_t)bs->model.n_layer *
-                                           bs->model.moe_experts *
-                                           sizeof(int32_t)))) {
+    c->n_moe_layers = model_moe_layers(&bs->model);
+    if (c->moe && (!(c->moe_counts = malloc((size_t)bs->model.n_layer *
+                                            bs->model.moe_experts *
+                                            sizeof(int32_t))) ||
+                   !(c->moe_st.tokens = calloc((size_t)c->n_moe_layers *
+                                                   bs->model.moe_experts,
+                                               sizeof(double))))) {
         snprintf(err, errlen, "out of memory");
+        free(c->moe_counts);
         free(c);
         return -1;
     }

@@ -544,7 +544,7 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
     int W = c ? m6_coll_world_size(c) : 1, B_r, A_r;
     int pseudo = t->phase == PHASE_PSEUDO;
     int want = spec_world_of_phase(&t->spec, pseudo);
-    if (W != want) {
+    if (c && W != want) {  /* leaving a group (c NULL) is always allowed */
         m6_err_set(err, M6_EINVALID, "collectives: a group of %d rank%s, but "
                    "the spec's %s phase has %s %d", W, W == 1 ? "" : "s",
                    pseudo ? "pseudo" : "real",
@@ -637,6 +637,8 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
         trainer_ep_regroup_(t, W > 1 ? c : NULL);
     else if (W > 1 && trainer_ep_start_(t, c, err) != 0)
         return -1;
+    if (W <= 1) /* alone: the expert groups go too */
+        trainer_ep_groups_free_(t);
     be = t->be.iface;  /* a new backend under expert parallelism */
     if (be->dp_device)
         be->dp_device(t->be.ctx, W > 1 && t->gcoll);

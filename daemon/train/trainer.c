@@ -335,6 +335,7 @@ void trainer_free(trainer *t)
     if (t->be.iface)
         t->be.iface->free(t->be.ctx);
     trainer_ep_free_(t->ep);
+    trainer_ep_groups_free_(t);
     free(t->dp_kind);
     token_set_close(&t->train);
     token_set_close(&t->val);
@@ -345,6 +346,8 @@ void trainer_free(trainer *t)
     free(t->init_error);
     free(t->bucket);
     free(t->dp_rank_stats);
+    free(t->moe_idle);
+    free(t->moe_tokens);
     free(t->dp_ready);
     free(t->dp_start);
     if (t->dp_sync) {
@@ -630,6 +633,44 @@ void trainer_placement(trainer *t, step_placement *p)
     placement_(t, NULL, p);
 }
 
+/* The step's tokens of each (MoE block, expert), summed over the ranks
+ * (float: exact below 2^24 tokens an expert a step), into m->tokens, and
+ * each one's run of steps without a token (train.expert_idle_steps) into
+ * m's idle fields. 0, or -1 with err (the collective's, or out of memory). */
+static int idle_experts_(trainer *t, const gpt_moe_stats *st, step_moe *m,
+                         m6_err *err)
+{
+    long N = t->spec.train.expert_idle_steps;
+    const model_config *c = &t->spec.model;
+    size_t E = (size_t)c->moe_experts, n = (size_t)model_moe_layers(c) * E;
+    m->idle_block = m->idle_expert = -1;
+    if (N <= 0 || !st->tokens || n == 0)
+        return 0;
+    if (!t->moe_idle && (!(t->moe_idle = calloc(n, sizeof *t->moe_idle)) ||
+                         !(t->moe_tokens = malloc(n * sizeof(float))))) {
+        free(t->moe_idle);
+        t->moe_idle = NULL;
+        m6_err_set(err, M6_EINTERNAL, "out of memory (tokens per expert)");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        t->moe_tokens[i] = (float)st->tokens[i];
+    if (t->world > 1 &&
+        m6_coll_allreduce_sum(t->coll, t->moe_tokens, n, err) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        t->moe_idle[i] = t->moe_tokens[i] > 0 ? 0 : t->moe_idle[i] + 1;
+        m->experts_idle += t->moe_idle[i] >= N;
+        if (t->moe_idle[i] == N && m->idle_new++ == 0) {
+            m->idle_block = (int)(i / E);
+            m->idle_expert = (int)(i % E);
+        }
+    }
+    m->tokens = t->moe_tokens;
+    m->n_tokens = n;
+    return 0;
+}
+
 /* The step's MoE facts from the backend's sums (gpt_moe_stats), over every
  * rank's microbatches when data-parallel. 0, or -1 with err (the
  * collective's). */
@@ -654,7 +695,7 @@ static int moe_facts_(trainer *t, step_moe *m, m6_err *err)
     double var = st.load_sumsq / (double)st.load_n - mean * mean;
     m->load_cv = mean > 0 ? sqrt(var > 0 ? var : 0) / mean : 0;
     m->experts_empty = (double)st.empty / (double)st.layers;
-    return 0;
+    return idle_experts_(t, &st, m, err);
 }
 
 int trainer_step(trainer *t, step_result *res, m6_err *err)

@@ -71,6 +71,17 @@ typedef struct {
     double load_cv;           /* their coefficient of variation (std/mean) */
     double experts_empty;     /* experts with no tokens, mean per layer and
                                * microbatch */
+    /* train.expert_idle_steps: the (MoE block, expert) pairs that have
+     * processed no token of any rank for that many steps or more, those
+     * that reached it at this step, and the first of these (block index
+     * among the MoE blocks, model_moe_layer_index; global expert) */
+    long experts_idle, idle_new;
+    int idle_block, idle_expert;
+    /* (MoE blocks, E): the tokens each expert processed in the step, over
+     * every rank's microbatches; the trainer's, valid until its next step;
+     * NULL when train.expert_idle_steps is 0 */
+    const float *tokens;
+    size_t n_tokens;
 } step_moe;
 
 /* How many of a step's ranks with non-finite gradients step_result names
@@ -307,8 +318,9 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * (probes, saves, accessors) stay local. */
 
 /* Make t one rank of c's group (c NULL, or a group of world size 1: train
- * alone, the one-node path bit for bit). The group's world size must be
- * the spec's for the current phase (nodes.pseudo_world_size in the pseudo
+ * alone, the one-node path bit for bit; c NULL is always taken, whatever
+ * the spec's world: the trainer leaves its group). A group's world size
+ * must be the spec's for the current phase (nodes.pseudo_world_size in the pseudo
  * phase when set, else nodes.world_size), its buffers host memory (gloo),
  * and a backend that can train data-parallel: cpu (offloading or not),
  * cuda without offloaded slots (its gradients staged through host memory,
@@ -325,7 +337,10 @@ int trainer_delink(trainer *t, char *err, size_t errlen);
  * is then re-laid to this rank's experts (model_local_experts), its MoE
  * blocks run over c by all-to-all (train/moe_ep.h), overlap is off, and
  * trainer_load and trainer_broadcast_state are refused; c NULL after it
- * leaves a trainer that fails every step (it cannot train alone). */
+ * leaves a trainer that fails every step (it cannot train alone), except
+ * on rank 0 holding every expert (trainer_sync_boundary gathered them):
+ * that one is a plain trainer again, whose state a later group's
+ * trainer_broadcast_state carries before it is re-laid. */
 int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
 
 /* Expert parallelism with replicas (nodes.world_size W = D x P, D > 1),
@@ -335,11 +350,13 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err);
  * edp, the D world ranks q, q+P, ... holding the same experts (q = rank %
  * P; its rank there rank / P), over which the experts' gradients are
  * summed (the dense ones over all W). trainer_set_collectives checks
- * their sizes and ranks. The trainer does not own them; they must
- * outlive it or the next groups given. 0, or -1 with err (M6_EINVALID:
- * not two host groups). */
-int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
-                              m6_err *err);
+ * their sizes and ranks. The trainer owns both from now on, on failure
+ * too: destroyed by the next adopt, by trainer_set_collectives with no
+ * group or one rank, and by trainer_free. Between steps, while the
+ * trainer's all-to-alls do not run over groups it holds already. 0, or
+ * -1 with err (M6_EINVALID: not two host groups, or groups in use). */
+int trainer_adopt_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                                m6_err *err);
 
 /* Sum the gradients over dev, a device-memory group (nccl) of the same
  * ranks as the host group given to trainer_set_collectives next, in place

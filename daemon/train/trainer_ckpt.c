@@ -233,15 +233,23 @@ out:
 }
 
 /* The spec hash a checkpoint carries: the spec's, with device.backend taken
- * as 'cpu', so checkpoints move between backends (a CPU spec's hash is
- * exactly spec_hash), and optimizer.shard as false: the state is saved
- * whole, and resumes sharded or not. */
-static uint64_t ckpt_hash_(const run_spec *spec)
+ * as 'cpu', so checkpoints move between backends, optimizer.shard as false
+ * and nodes.expert_parallel as 1 (the state is saved whole, and resumes
+ * sharded or not, at any P), and with layout 0 the nodes.* layout too:
+ * world_size, pseudo_world_size and timeout as the defaults, since a
+ * checkpoint resumes at any world that splits the batch. layout 1: the
+ * hash checkpoints carried before (nodes.world_size, pseudo_world_size
+ * and timeout in it), still accepted. */
+static uint64_t ckpt_hash_(const run_spec *spec, int layout)
 {
-    run_spec s = *spec;
+    run_spec s = *spec, d;
     s.device.backend = BACKEND_CPU;
     s.optimizer.shard = 0;  /* changes no float: saved whole */
     s.nodes.expert_parallel = 1;  /* the same: every expert saved */
+    if (!layout) {
+        spec_defaults(&d);
+        s.nodes = d.nodes;
+    }
     return spec_hash(&s);
 }
 
@@ -262,7 +270,7 @@ static char *meta_json_(const trainer *t)
     char rng[32], hash[32];
     snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->data_rng);
     snprintf(hash, sizeof hash, "%016llx",
-             (unsigned long long)ckpt_hash_(&t->spec));
+             (unsigned long long)ckpt_hash_(&t->spec, 0));
     json_t *m = json_pack(
         "{s:s, s:i, s:I, s:s, s:i, s:o, s:I, s:I, s:o, s:s, s:s}",
         "format", "m6-checkpoint", "version", CKPT_VERSION,
@@ -557,8 +565,11 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     }
     char want[32];
     snprintf(want, sizeof want, "%016llx",
-             (unsigned long long)ckpt_hash_(&t->spec));
-    if (strcmp(hash, want) != 0) {
+             (unsigned long long)ckpt_hash_(&t->spec, 0));
+    char was[32];  /* a checkpoint from before the layout left the hash */
+    snprintf(was, sizeof was, "%016llx",
+             (unsigned long long)ckpt_hash_(&t->spec, 1));
+    if (strcmp(hash, want) != 0 && strcmp(hash, was) != 0) {
         m6_err_set(err, M6_EINTERNAL,
                    "%s: spec hash %s does not match this run's %s",
                    path, hash, want);

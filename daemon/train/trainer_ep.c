@@ -91,7 +91,7 @@ static void ep_forward_(void *ctx, gpt_model *g, int l, int s, const float *x,
     const model_config *c = &g->cfg;
     gpt_moe_stats_add(&g->moe_stats, aux, z, 1, dropped,
                       (long)B * g->T * c->moe_prototypes, moe_ep_counts(m),
-                      c->moe_experts);
+                      c->moe_experts, model_moe_layer_index(c, l));
 }
 
 static void ep_backward_(void *ctx, gpt_model *g, int l, int s,
@@ -128,6 +128,14 @@ void trainer_ep_free_(trainer_ep *e)
 void trainer_ep_regroup_(trainer *t, m6_coll *c)
 {
     trainer_ep *e = t->ep;
+    if (!c && e->whole) {
+        /* rank 0 holds every expert (gathered for a save): a plain
+         * trainer again, whose state a later group's broadcast carries
+         * and whose model that group re-lays (trainer_ep_start_) */
+        trainer_ep_free_(e);
+        t->ep = NULL;
+        return;
+    }
     m6_coll *g = c && t->ep_given[0] ? t->ep_given[0]
                  : c && m6_coll_world_size(c) == e->P ? c : NULL;
     if (g == e->g && (!g || t->ep_given[1] == e->edp))
@@ -278,8 +286,8 @@ int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err)
         m6_err_set(err, M6_EINVALID, "nodes.expert_parallel %d over %d "
                    "ranks: rank %d needs its expert-parallel group (rank %d "
                    "of %d) and the group of the ranks holding its experts "
-                   "(rank %d of %d) first (trainer_set_expert_groups)", P, W,
-                   r, r % P, P, r / P, D);
+                   "(rank %d of %d) first (trainer_adopt_expert_groups)", P,
+                   W, r, r % P, P, r / P, D);
         return -1;
     }
     trainer_ep *e = calloc(1, sizeof *e);
@@ -516,11 +524,29 @@ int trainer_ep_reduce_experts_(trainer *t, m6_err *err)
     return rc;
 }
 
-int trainer_set_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
-                              m6_err *err)
+void trainer_ep_groups_free_(trainer *t)
 {
+    m6_coll_destroy(t->ep_given[0]);
+    m6_coll_destroy(t->ep_given[1]);
+    t->ep_given[0] = t->ep_given[1] = NULL;
+}
+
+int trainer_adopt_expert_groups(trainer *t, m6_coll *ep, m6_coll *edp,
+                                m6_err *err)
+{
+    if (t->ep && t->ep->g && t->ep->g == t->ep_given[0]) {
+        m6_coll_destroy(ep);
+        m6_coll_destroy(edp);
+        m6_err_set(err, M6_EINVALID, "expert groups: the trainer's "
+                   "all-to-alls still run over the groups it holds; "
+                   "trainer_set_collectives(NULL) first");
+        return -1;
+    }
+    trainer_ep_groups_free_(t);
     if (!ep || !edp || m6_coll_device_buffers(ep) ||
         m6_coll_device_buffers(edp)) {
+        m6_coll_destroy(ep);
+        m6_coll_destroy(edp);
         m6_err_set(err, M6_EINVALID, "expert groups: two host groups "
                    "(gloo) wanted");
         return -1;

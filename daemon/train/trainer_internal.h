@@ -31,9 +31,9 @@ struct trainer {
                             * slots then hold this rank's experts only) */
     trainer_ep *ep;        /* expert parallelism (trainer_ep.c); NULL:
                             * none */
-    m6_coll *ep_given[2];  /* trainer_set_expert_groups: the expert-
-                            * parallel group and the experts' replicas;
-                            * NULL: none given (not owned) */
+    m6_coll *ep_given[2];  /* trainer_adopt_expert_groups: the expert-
+                            * parallel group and the experts' replicas
+                            * (owned); NULL: none given */
     unsigned char *dp_kind;  /* [S] each slot's kind (gradsync_layout_) */
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
@@ -80,6 +80,10 @@ struct trainer {
      * dp_rank_stats[2r], [2r+1]. dp_stats_valid: gathered this step. */
     double dp_local_sumsq, dp_local_nonfinite;
     float *dp_rank_stats;
+    /* (MoE blocks, E): consecutive steps each expert has processed no
+     * token of any rank (train.expert_idle_steps); NULL until first used */
+    long *moe_idle;
+    float *moe_tokens;    /* the step's tokens of each, over the ranks */
     int dp_rank_stats_world;
     int dp_stats_valid;
     /* overlap (dp_overlap 1): during the step's last microbatch the
@@ -201,9 +205,14 @@ int gradsync_moe_gather_(trainer *t, gpt_moe_stats *st, m6_err *err);
 int trainer_ep_start_(trainer *t, m6_coll *c, m6_err *err);
 void trainer_ep_free_(trainer_ep *e);
 /* The all-to-alls over c from now on (a new group of the same ranks); c
- * NULL: the group is gone, and every later step fails saying so (this
+ * NULL: the group is gone: a trainer holding every expert (rank 0 after
+ * trainer_ep_gather_root_) is a plain one again (t->ep freed: a later
+ * group re-lays it), any other fails every later step saying so (this
  * rank holds only its experts: it cannot train alone). */
 void trainer_ep_regroup_(trainer *t, m6_coll *c);
+/* Destroy the groups trainer_adopt_expert_groups gave (leaving the run's
+ * group, trainer_free). */
+void trainer_ep_groups_free_(trainer *t);
 /* At a save's step boundary (trainer_sync_boundary; every rank, after
  * agreeing): every rank's experts sent to rank 0, whose model then holds
  * every expert (a new backend of spec.model; the others keep theirs)

@@ -21,15 +21,6 @@
 
 #include "kernels.h"
 
-int moe_capacity(double capacity_factor, int N, int E, int k)
-{
-    double per = (double)N / (double)(E / k);
-    double c = ceil(capacity_factor * per);
-    if (c < 1) c = 1;
-    if (c > N) c = N;  /* an expert never holds more than every token */
-    return (int)c;
-}
-
 /* ------------------------------------------------------------------ router */
 
 int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,

@@ -6,10 +6,13 @@
 # m6d runs as D under umask 000: the socket is 0660 D:G, the state dir 0750
 # D:G, m6.db 0640. Root and M may do everything; O cannot connect (mode
 # 0660). With --group-read-only M may read (list, status) and a pause is
-# refused with STATUS_PERMISSION_DENIED (11) naming M's uid, logged. On a
+# refused with STATUS_PERMISSION_DENIED (11) naming M's uid, logged; M's
+# frame header announcing 1 MiB is refused (5) from the header, before the
+# body is read (read requests are small). On a
 # socket that anyone may connect to (systemd-socket-activate's, made 0666
 # as by a unit with SocketMode=0666) O is refused by SO_PEERCRED with 11 naming its uid, and
-# the connection closed; m6d keeps serving root. Paths: run names with
+# the connection closed, also when its first bytes announce a 1 MiB frame
+# (refused at the header, not after the body); m6d keeps serving root. Paths: run names with
 # "..", "/", absolute paths are refused at submit (7) and unknown by
 # status/stop/pause (6); a data glob through a symlink and ".." only reads;
 # nothing is created outside the state dir, runs/ holds only run ids.
@@ -101,6 +104,12 @@ echo "$out" | has "^list 0 " || fail "read-only: the connection should go on aft
 out=$(actl "$M" submit "$A/run.json" 2>&1) && fail "read-only member could submit: $out"
 echo "$out" | has "uid $UM" || fail "read-only submit refusal does not name uid $UM: $out"
 grep -q "request.refused request=pause status=11 .*uid $UM" "$T/m6d-st.log" || fail "refused pause not logged"
+# a read-only member's large frame: refused from its header (the body of
+# 1 MiB is never sent; m6d waiting for it would be a timeout)
+out=$(as "$M" "$PY" "$CLIENT" "$SOCK" list big:1048576)
+log "read-only member, 1 MiB frame header: $out"
+echo "$out" | has "^big 5 frame of 1048576 bytes refused: uid $UM may only read here" \
+    || fail "a read-only member's 1 MiB frame was not refused from its header: $out"
 R2=$(ctl submit "$A/run.json") || fail "root may not submit under --group-read-only"
 ctl stop "$R2" >/dev/null || fail "root may not stop under --group-read-only"
 stop_daemon
@@ -122,6 +131,9 @@ if command -v systemd-socket-activate >/dev/null; then
     echo "$out" | has "^hello 11 permission denied: uid $UO ($O) may not use this m6d" \
         || fail "non-member $O not refused by SO_PEERCRED naming uid $UO: $out"
     echo "$out" | has "^list closed" || fail "refused connection not closed: $out"
+    out=$(as "$O" "$PY" "$CLIENT" "$SOCK" -n big:1048576)
+    echo "$out" | has "^big 11 permission denied: uid $UO ($O) may not use this m6d" \
+        || fail "non-member $O's 1 MiB frame header was not refused at once: $out"
     grep -q "conn.refused conn=[0-9]* uid=$UO " "$T/m6d-st.log" || fail "refusal of uid $UO not logged"
     ctl list >/dev/null || fail "m6d stopped serving after a refusal"
     kill -TERM "$SA_PID"

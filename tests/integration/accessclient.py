@@ -7,7 +7,10 @@ frames (proto/m6.proto field numbers), so no protobuf library is needed and
 names m6ctl refuses on its side (".." "/" absolute paths) reach m6d.
 
 REQUEST: list | status:ID | status-name:NAME | stop-name:NAME |
-pause-name:NAME | pause:ID | submit:SPECFILE[:ORIGIN]"""
+pause-name:NAME | pause:ID | submit:SPECFILE[:ORIGIN] | big:N (a frame
+header announcing N bytes and 16 of them, the rest never sent: m6d must
+answer from the header; "big timeout" when it waits 5 s for the rest).
+With -n first, no Hello is sent."""
 import socket
 import struct
 import sys
@@ -48,14 +51,25 @@ def main():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)
     s.connect(sys.argv[1])
-    for spec in ["hello"] + sys.argv[2:]:
-        payload = request(spec)
+    args = sys.argv[2:]
+    first = ["hello"]
+    if args[:1] == ["-n"]:
+        args, first = args[1:], []
+    for spec in first + args:
         try:
-            s.sendall(struct.pack(">I", len(payload)) + payload)
+            if spec.startswith("big:"):
+                s.settimeout(5)
+                s.sendall(struct.pack(">I", int(spec[4:])) + b"\x1a" * 16)
+            else:
+                payload = request(spec)
+                s.sendall(struct.pack(">I", len(payload)) + payload)
             (n,) = struct.unpack(">I", recv_exact(s, 4))
             status, msg = parse_response(recv_exact(s, n))
         except (EOFError, BrokenPipeError, ConnectionResetError):
             print(spec.partition(":")[0], "closed", flush=True)
+            return
+        except socket.timeout:
+            print(spec.partition(":")[0], "timeout", flush=True)
             return
         print(spec.partition(":")[0], status, msg.replace("\n", " "), flush=True)
 

@@ -13,12 +13,17 @@
 #  - during that flood a worker w2 from 127.0.0.1 joins within 5 s, the
 #    coordinator answers m6ctl, and its log grows by a few lines, not one
 #    per connection;
-#  - then a client at 127.0.0.3 keeps starting TLS handshakes with a
-#    garbage ClientHello for CHURN_S seconds: each is refused, and the log
-#    gets at most one line per CLUSTER_REFUSAL_LOG_MS (10 s) for that
-#    address (with a count), not one per handshake; the step rate beside
-#    it is logged.
-# Bounded: 1000 connections, about 25 s. A shared machine makes rates
+#  - the same flood from 250 addresses (4 connections each: the limit in
+#    all evicts, not the one per address): a worker w3 joins within 5 s,
+#    and the log gets at most 33 refusal lines per 10 s;
+#  - then clients keep starting TLS handshakes with a garbage ClientHello
+#    for CHURN_S seconds, half of them at 127.0.0.3 and half from 250
+#    addresses of 127.0.4.0/24 in turn: each is refused, and the log gets
+#    at most one line per CLUSTER_REFUSAL_LOG_MS (10 s) for 127.0.0.3
+#    (with a count), not one per handshake, and at most
+#    CLUSTER_REFUSAL_LOG_SLOTS + 1 (33) lines per 10 s in all, however
+#    many addresses; the step rate beside them is logged.
+# Bounded: 1000 connections at a time, about 30 s. A shared machine makes rates
 # noisy: the quiet rate is the mean of a window before and one after. The
 # hostile clients run at nice 19: on a cluster they are other machines,
 # here they share the run's cores, and what is measured is what the
@@ -82,9 +87,13 @@ a=$(steps_now); sleep "$RATE_S"; quiet1=$(rate_since "$a")
 
 # the idle flood
 lines0=$(wc -l <"$T/m6d-c.log")
-nice -n 19 /usr/bin/python3 - "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" >"$T/flood.out" 2>&1 <<'PY' &
+# flood.py PORT MARK HOLD STOP SRC: 1000 idle connections from SRC (an
+# address, or A.B.C.* for A.B.C.1-250 in turn), each closed one reopened,
+# until STOP exists or HOLD seconds passed
+cat >"$T/flood.py" <<'PY'
 import os, selectors, socket, sys, time
 PORT, MARK, HOLD, STOP = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+SRC = sys.argv[5]
 N = 1000
 sel = selectors.DefaultSelector()
 opened = closed = 0
@@ -92,7 +101,7 @@ def open_one():
     global opened
     s = socket.socket()
     s.setblocking(False)
-    s.bind(("127.0.0.2", 0))
+    s.bind((SRC.replace("*", str(1 + opened % 250)), 0))
     try:
         s.connect(("127.0.0.1", PORT))
     except BlockingIOError:
@@ -121,6 +130,8 @@ while time.monotonic() < end and not os.path.exists(STOP):
 print("flood: %d connections opened, %d closed by the coordinator, %d held at the end"
       % (opened, closed, len(sel.get_map())))
 PY
+nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" 127.0.0.2 \
+    >"$T/flood.out" 2>&1 &
 FLOOD=$!
 for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
 [ -e "$T/flooding" ] || fail "the flood did not start"
@@ -161,8 +172,8 @@ log "flood_rate_ratio=$ratio quiet1=$quiet1 flooded=$flooded quiet2=$quiet2"
 /usr/bin/python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$flooded" \
     || fail "the run made no step in ${RATE_S} s of the flood (quiet: $quiet1/s, $quiet2/s)"
 
-# garbage ClientHellos from 127.0.0.3: every one refused, the log
-# rate-limited per address
+# garbage ClientHellos from 127.0.0.3 and from 127.0.4.1-250: every one
+# refused, the log rate-limited per address and in all
 lines0=$(wc -l <"$T/m6d-c.log")
 a=$(steps_now)
 nice -n 19 /usr/bin/python3 - "$PORT" "$CHURN_S" >"$T/churn.out" 2>&1 <<'PY' || fail "the handshake client failed: $(cat "$T/churn.out")"
@@ -175,12 +186,14 @@ hello = b"\x16\x03\x01" + len(body).to_bytes(2, "big") + body
 counts = {"sent": 0, "refused": 0}
 lock = threading.Lock()
 end = time.monotonic() + SECS
-def churn():
+def churn(k):
+    n = 0
     while time.monotonic() < end:
         s = socket.socket()
         s.settimeout(2)
+        n += 1
         try:
-            s.bind(("127.0.0.3", 0))
+            s.bind(("127.0.0.3", 0) if k < 4 else ("127.0.4.%d" % (1 + (n * 4 + k) % 250), 0))
             s.connect(("127.0.0.1", PORT))
             s.sendall(hello)
             while s.recv(4096):  # an alert at most, then the close
@@ -195,7 +208,7 @@ def churn():
         with lock:
             counts["sent"] += 1
             counts["refused"] += ok
-th = [threading.Thread(target=churn) for _ in range(8)]
+th = [threading.Thread(target=churn, args=(k,)) for k in range(8)]
 for t in th: t.start()
 for t in th: t.join()
 print("churn: %d garbage ClientHellos, %d closed by the coordinator" % (counts["sent"], counts["refused"]))
@@ -209,8 +222,44 @@ log "the coordinator logged $(grep -c . <<<"$new" || true) lines during the hand
 [ "$mine" -ge 1 ] || fail "no refusal logged for 127.0.0.3's handshakes"
 [ "$mine" -le $(( CHURN_S * 1000 / 10000 + 1 )) ] \
     || fail "$mine log lines for 127.0.0.3 in ${CHURN_S} s (want one per 10 s, with a count)"
+many=$(grep -c '127\.0\.4\.' <<<"$new" || true)
+all=$(grep -c 'cluster.refused' <<<"$new" || true)
+log "$many lines name an address of 127.0.4.0/24, $all cluster.refused lines in all"
+[ "$all" -le $(( (CHURN_S * 1000 / 10000 + 1) * (32 + 1) )) ] \
+    || fail "$all cluster.refused lines in ${CHURN_S} s from 251 addresses (want at most 33 per 10 s)"
+
+# the idle flood again from 250 addresses of 127.0.5.0/24 (4 each, under
+# the per-address limit: the coordinator's limit in all evicts the oldest
+# pending peer): a worker w3 still joins within 5 s, and the log gets at
+# most 33 refusal lines per 10 s in all
+lines0=$(wc -l <"$T/m6d-c.log")
+rm -f "$T/flooding" "$T/flood.stop"
+nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" '127.0.5.*' \
+    >"$T/flood2.out" 2>&1 &
+FLOOD=$!
+for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
+[ -e "$T/flooding" ] || fail "the flood from 250 addresses did not start"
+sleep 1
+t0=$EPOCHREALTIME
+start_m6d w3 --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name w3 \
+    --node-timeout 5
+W3=$M6D_PID
+live=
+for _ in $(seq 1 100); do
+    node_live w3 && { live=1; break; }
+    sleep 0.05
+done
+took=$(/usr/bin/python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
+touch "$T/flood.stop"
+wait "$FLOOD" || fail "the flood client failed: $(cat "$T/flood2.out")"
+[ -n "$live" ] || { kill -9 "$W3"; fail "w3 did not join within 5 s of the flood from 250 addresses (coordinator log: $(tail -3 "$T/m6d-c.log"))"; }
+new=$(tail -n +"$((lines0 + 1))" "$T/m6d-c.log")
+all=$(grep -c 'cluster.refused' <<<"$new" || true)
+log "w3 joined in ${took} s beside 1000 connections from 250 addresses; $(cat "$T/flood2.out"); $all cluster.refused lines"
+[ "$all" -le $(( (HOLD_MAX * 1000 / 10000 + 1) * (32 + 1) )) ] \
+    || fail "$all cluster.refused lines during the flood from 250 addresses (want at most 33 per 10 s)"
 
 ctl stop "$RUN" >/dev/null || fail "stop refused"
-kill -TERM "$W1" "$W2"; wait "$W1" || true; wait "$W2" || true
+kill -TERM "$W1" "$W2" "$W3"; wait "$W1" || true; wait "$W2" || true; wait "$W3" || true
 stop_daemon
 echo "cluster_flood: ok"

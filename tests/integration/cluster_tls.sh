@@ -5,6 +5,9 @@
 #      both ways during the worker's join and a 2-rank run (its NodeJoin,
 #      heartbeats, the RunAssign with the spec, its rendezvous store
 #      traffic): neither the token nor any of the spec's text is in it;
+#      and the recorded bytes from the worker, replayed to the coordinator
+#      connection by connection, join nothing: each replay is refused in
+#      its handshake (TLS 1.3 keys every session afresh) and logged;
 #  (b) a forged coordinator — a listener speaking the old plaintext
 #      protocol, which answers any join with a NodeJoinReply and a
 #      RunAssign, or a real m6d holding another token — is refused by the
@@ -39,6 +42,7 @@ wait_listen c
 ADDR=127.0.0.1:$PORT
 
 # ---- (a) the proxy: every byte both ways, into one file per direction
+# (cap.up.N and cap.down.N for the Nth connection)
 /usr/bin/python3 - "$PORT" "$T/proxy.port" "$T/cap" <<'PY' >"$T/proxy.log" 2>&1 &
 import socket, sys, threading
 up, portfile, cap = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -68,11 +72,13 @@ def pump(a, b, path):
             pass
 open(portfile + ".tmp", "w").write(str(ls.getsockname()[1]))
 import os; os.rename(portfile + ".tmp", portfile)
+n = 0
 while True:
     c, _ = ls.accept()
     u = socket.create_connection(("127.0.0.1", up))
-    threading.Thread(target=pump, args=(c, u, cap + ".up"), daemon=True).start()
-    threading.Thread(target=pump, args=(u, c, cap + ".down"), daemon=True).start()
+    threading.Thread(target=pump, args=(c, u, "%s.up.%d" % (cap, n)), daemon=True).start()
+    threading.Thread(target=pump, args=(u, c, "%s.down.%d" % (cap, n)), daemon=True).start()
+    n += 1
 PY
 PROXY=$!
 for _ in $(seq 1 100); do [ -e "$T/proxy.port" ] && break; sleep 0.05; done
@@ -85,12 +91,12 @@ W1=$M6D_PID
 ctl watch "$RUN" >/dev/null || fail "the 2-rank run through the proxy did not complete: $(ctl status "$RUN")"
 grep -q "cluster.rank_done run=$RUN rank=1" "$T/m6d-w1.log" || fail "rank 1 did not train through the proxy"
 ctl events "$RUN" | grep -q 'nodes.assign .*hostname=w1 rank=1' || fail "no assignment of w1"
-up=$(stat -c %s "$T/cap.up"); down=$(stat -c %s "$T/cap.down")
-log "(a) captured $up bytes worker->coordinator, $down bytes back"
+up=$(cat "$T"/cap.up.* | wc -c); down=$(cat "$T"/cap.down.* | wc -c)
+log "(a) captured $up bytes worker->coordinator, $down bytes back, $(ls "$T"/cap.up.* | wc -l) connections"
 [ "$up" -gt 1000 ] && [ "$down" -gt 1000 ] || fail "the proxy saw too little traffic: $up / $down bytes"
 # the oracle: the token's bytes, the spec's name, and every string value
 # and key of the spec file of at least 4 characters, none in clear
-/usr/bin/python3 - "$T/token" "$T/two.json" "$MARK" "$T/cap.up" "$T/cap.down" <<'PY' || fail "(a) the capture holds clear text"
+/usr/bin/python3 - "$T/token" "$T/two.json" "$MARK" "$T"/cap.up.* "$T"/cap.down.* <<'PY' || fail "(a) the capture holds clear text"
 import json, sys
 tok = open(sys.argv[1], "rb").read().rstrip(b"\n")
 spec = json.load(open(sys.argv[2]))
@@ -108,12 +114,66 @@ def walk(x):
     elif isinstance(x, str) and len(x) >= 4:
         needles["spec value " + x] = x.encode()
 walk(spec)
-cap = open(sys.argv[4], "rb").read() + open(sys.argv[5], "rb").read()
+cap = b"".join(open(f, "rb").read() for f in sys.argv[4:])
 bad = [w for w, n in needles.items() if n in cap]
 if bad:
     sys.exit("in clear on the wire: " + ", ".join(bad))
 print("(a) none of %d needles in %d captured bytes" % (len(needles), len(cap)))
 PY
+
+# ---- (a) the captured connections replayed, the Nth from 127.0.1.N (an
+# address of its own: refusal lines are one per address per 10 s), all
+# its bytes in one go: each is closed by the coordinator, refused in the
+# TLS handshake and logged; nothing joins, the nodes are as they were
+lines0=$(wc -l <"$T/m6d-c.log")
+W1_ROW="$(node_field w1 id) $(node_field w1 state) $(node_field w1 address)"
+n_nodes() { c_ctl nodes --json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
+NODES0=$(n_nodes)
+/usr/bin/python3 - "$PORT" "$T"/cap.up.* <<'PY' >"$T/replay.out" 2>&1 || fail "(a) replay: $(cat "$T/replay.out")"
+import socket, sys, time
+port = int(sys.argv[1])
+for path in sys.argv[2:]:
+    data = open(path, "rb").read()
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind(("127.0.1.%d" % (int(path.rsplit(".", 1)[1]) + 1), 0))
+    s.connect(("127.0.0.1", port))
+    t0 = time.monotonic()
+    try:
+        s.sendall(data)
+    except OSError:
+        pass
+    got = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+    except socket.timeout:
+        sys.exit("%s: the coordinator held a replay open for 5 s" % path)
+    except ConnectionResetError:
+        pass
+    s.close()
+    print("%s: %d bytes replayed, %d back, closed after %.2f s"
+          % (path.rsplit("/", 1)[1], len(data), len(got), time.monotonic() - t0))
+PY
+log "(a) replay: $(tr '\n' ';' <"$T/replay.out")"
+n_rep=$(ls "$T"/cap.up.* | wc -l)
+for _ in $(seq 1 30); do  # the log lines may trail the closes a little
+    new=$(tail -n +"$((lines0 + 1))" "$T/m6d-c.log")
+    n_ref=$(grep -Ec "cluster\.refused peer=127\.0\.1\.[0-9]+:[0-9]+ reason=\"TLS handshake failed: " <<<"$new" || true)
+    [ "$n_ref" -ge "$n_rep" ] && break
+    sleep 0.1
+done
+grep -Eq "node\.(join|reconnect|replace) " <<<"$new" && fail "(a) a replayed capture joined: $(grep -E 'node\.' <<<"$new")"
+[ "$n_ref" = "$n_rep" ] \
+    || fail "(a) $n_ref of $n_rep replays refused in the handshake: $(grep -E '127\.0\.1\.' <<<"$new" | head -5)"
+[ "$(node_field w1 id) $(node_field w1 state) $(node_field w1 address)" = "$W1_ROW" ] \
+    || fail "(a) w1 changed under the replay: $(c_ctl nodes)"
+[ "$(n_nodes)" = "$NODES0" ] \
+    || fail "(a) the nodes changed under the replay: $(c_ctl nodes)"
+log "(a) $n_rep replays refused, e.g. $(grep -m1 -o 'cluster.refused peer=127.0.1.*' <<<"$new")"
 
 # ---- (c) a stolen node id (w1 still joined through the proxy)
 [ -f "$T/w1/node-secret" ] || fail "w1 keeps no node secret"

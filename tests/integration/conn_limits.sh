@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # conn_limits.sh — idle and piled-up connections on the control socket
-# (server.h's limits): with 200 idle connections open, m6ctl still gets
-# its answer at once; past SERVER_CONN_MAX (512) connections a new one is
+# (server.h's limits): with 200 idle connections open, `m6ctl status RUN`
+# still gets its answer (the run's name, state and step) at once, and so
+# does `m6ctl list`; past SERVER_CONN_MAX (512) connections a new one is
 # answered STATUS_BUSY (14) naming the limit and closed; connections idle
 # past --conn-idle-timeout are closed by m6d, after which m6ctl is served
 # again. Bounded: at most 530 connections, each wait a few seconds.
@@ -9,11 +10,19 @@
 
 start_daemon "$T/s" --conn-idle-timeout 2
 ulimit -n 4096 2>/dev/null || true
+# a finished run for `m6ctl status` to show
+prepare_data "$T/data"
+MARK=idle$RANDOM
+write_spec "$T/run.json" "$MARK" 4 2
+RUN=$(ctl submit "$T/run.json")
+ctl watch "$RUN" >/dev/null || fail "run $RUN did not complete"
+STEP=$(field "$RUN" step)
+[ "$(field "$RUN" state)" = completed ] && [ "$STEP" = 4 ] || fail "run $RUN: $(ctl status "$RUN")"
 WIRE_DIR=$(cd "$(dirname "$0")" && pwd)
-PYTHONPATH=$WIRE_DIR /usr/bin/python3 - "$SOCK" "$M6CTL" <<'PY' || fail "connection limits (above)"
-import socket, subprocess, sys, time
+PYTHONPATH=$WIRE_DIR /usr/bin/python3 - "$SOCK" "$M6CTL" "$RUN" "$MARK" <<'PY' || fail "connection limits (above)"
+import json, socket, subprocess, sys, time
 from m6wire import parse_response, recv_exact
-SOCK, M6CTL = sys.argv[1], sys.argv[2]
+SOCK, M6CTL, RUN, MARK = sys.argv[1:5]
 CONN_MAX, BUSY = 512, 14
 
 def conn():
@@ -30,7 +39,32 @@ def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
     sys.exit(1)
 
+def still_open(socks):
+    n = 0
+    for s in socks:
+        try:
+            if s.recv(1, socket.MSG_DONTWAIT) != b"":
+                fail("m6d sent bytes on an idle connection")
+        except BlockingIOError:
+            n += 1
+    return n
+
 idle = [conn() for _ in range(200)]
+t0 = time.monotonic()
+r = subprocess.run([M6CTL, "--socket", SOCK, "status", RUN, "--json"],
+                   capture_output=True, text=True, timeout=30)
+dt = time.monotonic() - t0
+if r.returncode != 0 or dt > 2.0:
+    fail("with 200 idle connections m6ctl status %s gave exit %d after %.2f s: %s"
+         % (RUN, r.returncode, dt, r.stderr.strip()))
+st = json.loads(r.stdout)
+if (st.get("name"), st.get("state"), st.get("step")) != (MARK, "completed", 4):
+    fail("m6ctl status %s beside 200 idle connections: %r" % (RUN, r.stdout[:300]))
+n_open = still_open(idle)
+if n_open != len(idle):
+    fail("only %d of 200 idle connections were still open when m6ctl status "
+         "answered (%.2f s; the idle timeout is 2 s)" % (n_open, dt))
+print("# 200 idle connections open: m6ctl status answered in %.3f s" % dt, file=sys.stderr)
 rc, dt, err = ctl_list()
 if rc != 0 or dt > 2.0:
     fail("with 200 idle connections m6ctl list gave exit %d after %.2f s: %s" % (rc, dt, err))

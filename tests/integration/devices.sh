@@ -17,13 +17,19 @@
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
 #      losses; with optimizer.shard, the unsharded run's losses bit for bit;
 #  (c) kill -9 of the worker holding ranks 2-3 mid-run: the run pauses
-#      within 2x nodes.timeout, an event naming the node and its local
-#      ranks; the worker restarts, `m6ctl resume` completes the run with
-#      the uninterrupted world-4 run's losses, bit for bit (both continue
-#      from rank 0's checkpointed state, rebroadcast);
-#  (d) one rank thread of the worker fails: the run pauses, an event naming
-#      the node, the rank and the local rank; the resumed run completes
-#      with the uninterrupted run's losses.
+#      within 2x nodes.timeout, its reason naming the node and its local
+#      ranks, which status also shows as fields (RunInfo.lost: the node's
+#      id as `m6ctl nodes` has it, its hostname, ranks and local ranks)
+#      beside an event; the worker restarts, `m6ctl resume` completes the
+#      run with the uninterrupted world-4 run's losses, bit for bit (both
+#      continue from rank 0's checkpointed state, rebroadcast), and the
+#      lost fields are gone once the group forms again;
+#  (d) one rank thread of the worker fails: the run pauses within 2x
+#      nodes.timeout of the failure, its reason and RunInfo.lost naming
+#      the node, the rank and the local rank, beside an event; the resumed
+#      run completes with the uninterrupted run's losses;
+#  (e) one rank thread of the coordinator fails: likewise, naming the
+#      coordinator's own node and local rank 1.
 # A node's host memory is divided among the ranks a run has on it: m6d's
 # check (m6ctl plan --daemon, as at submit) of a model larger than any
 # machine here refuses a 2-rank run on the 2-device coordinator naming the
@@ -32,8 +38,9 @@
 # Throughout, `m6ctl status` (text and --json) shows where each rank
 # stands (rank, local rank, node, step, state): held at a step by rank 0's
 # boundary (lib.sh hold_at_step), every rank has completed that step and
-# waits in the next one's all-reduce; a lost node's ranks are "lost", a
-# failed rank "failed" with its error.
+# waits in the next one's all-reduce, "waiting" once it has for a second
+# (rankboard.h RANKBOARD_WAIT_MS), its reason saying how long; a lost
+# node's ranks are "lost", a failed rank "failed" with its error.
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 M6D_ARGS="--node-timeout $TMO"
@@ -92,6 +99,42 @@ for r in json.load(sys.stdin).get("ranks") or []:
     return 1
 }
 
+# lost_is RUN "RANK LOCAL_RANK RANKS HOSTNAME": RunInfo.lost of `m6ctl
+# status RUN --json` names those ranks of the node HOSTNAME, by its id in
+# `m6ctl nodes` too; the pause's reason (error) and the text status say
+# so in words
+lost_is() {
+    local want got id
+    read -r rank local ranks host <<<"$2"
+    id=$(node_field "$host" id)
+    want="$rank $local $ranks $host $id"
+    got=$(ctl status "$1" --json | python3 -c '
+import json, sys
+l = json.load(sys.stdin).get("lost")
+print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "node_id")) if l else "none")')
+    [ "$got" = "$want" ] || fail "run $1: lost ranks '$got', want '$want'"
+    local words="rank $rank was lost (node $host, id $id, local rank $local)"
+    [ "$ranks" -gt 1 ] && words="ranks $rank-$((rank + ranks - 1)) were lost (node $host, id $id, local ranks $local-$((local + ranks - 1)))"
+    field "$1" error | has -F "$words" \
+        || fail "run $1: the pause's reason does not say '$words': $(field "$1" error)"
+    ctl status "$1" | has -E "^ *lost: +rank.*node $host \(id $id\)" \
+        || fail "run $1: text status does not show the lost ranks: $(ctl status "$1")"
+}
+
+# fault_pause LOG RANK WHAT: a world-4 run (RF) submitted with rank 0
+# held after step 9, where rank RANK fails (M6_TEST_RANK_FAIL of its m6d,
+# whose log is LOG); released once it has: the run pauses within 2x
+# nodes.timeout of the failure
+fault_pause() {
+    hold_at_step 9 nowait
+    RF=$(ctl submit "$T/w4.json")
+    wait_held
+    wait_for "rank $2 to fail" 20 log_has "$1" "cluster.rank_failed run=$RF rank=$2"
+    local t0=$EPOCHREALTIME
+    release_boundary
+    wait_paused_within "$RF" "$t0" $((2 * TMO)) "$3"
+}
+
 close_to_one() {
     losses_close "$1" "$T/one.csv" "$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')" 6e-4 \
         >"$T/close.out" 2>&1 || fail "$2: losses differ from one rank's: $(tail -3 "$T/close.out")"
@@ -123,12 +166,12 @@ ADDR=127.0.0.1:$PORT
 hold_at_step 3 nowait
 R2=$(ctl submit "$T/w2h.json")
 wait_held
-wait_for "status to show both ranks of run $R2 at step 3" 20 ranks_are "$R2" \
+wait_for "status to show both ranks of run $R2 at step 3, rank 1 waiting" 20 ranks_are "$R2" \
     "0 0 $H 3 training
-1 1 $H 3 training"
+1 1 $H 3 waiting in a collective for * s (training)"
 ctl status "$R2" >"$T/status2.txt"
-grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +training" "$T/status2.txt" \
-    || fail "m6ctl status (text) does not show rank 1 at step 3: $(cat "$T/status2.txt")"
+grep -Eq "^ +1 +1 +[0-9]+ +$H +3 +waiting +in a collective for [0-9.]+ s" "$T/status2.txt" \
+    || fail "m6ctl status (text) does not show rank 1 at step 3, waiting: $(cat "$T/status2.txt")"
 release_boundary
 ctl watch "$R2" >/dev/null || fail "the 2-rank run on one m6d did not complete: $(ctl status "$R2")"
 ctl events "$R2" | has -E 'nodes.assign +node=self rank=0 ranks=0-1 world_size=2' \
@@ -211,11 +254,11 @@ ctl nodes >"$T/nodes.txt"
 grep -Eq "coordinator .* 0-1 " "$T/nodes.txt" || fail "m6ctl nodes does not show ranks 0-1 on the coordinator: $(cat "$T/nodes.txt")"
 # every rank at step 2: rank 1 on the coordinator's rank thread, 2-3 on
 # w as its heartbeats carry them
-wait_for "status to show the 4 ranks of run $R4 at step 2" 20 ranks_are "$R4" \
+wait_for "status to show the 4 ranks of run $R4 at step 2, waiting" 20 ranks_are "$R4" \
     "0 0 $H 2 training
-1 1 $H 2 training
-2 0 w 2 training
-3 1 w 2 training"
+1 1 $H 2 waiting in a collective for * s (training)
+2 0 w 2 waiting in a collective for * s (training)
+3 1 w 2 waiting in a collective for * s (training)"
 release_boundary
 ctl watch "$R4" >/dev/null || fail "the world-4 run did not complete: $(ctl status "$R4")"
 ctl events "$R4" | has -E 'nodes.assign +node=[0-9]+ hostname=w rank=2 ranks=2-3 world_size=4' \
@@ -244,6 +287,7 @@ kill -9 "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" 2>/dev/null || true
 t0=$EPOCHREALTIME
 release_boundary
 wait_paused_within "$R4b" "$t0" $((2 * TMO)) "kill -9 of the worker holding two ranks"
+lost_is "$R4b" "2 0 2 w"
 wait_event "$R4b" 'nodes.rank_lost +node=[0-9]+ hostname=w rank=2 ranks=2-3 local_ranks=0-1'
 # w's ranks lost with their node (its detail the reason; their step the
 # one its last heartbeat carried, whenever that was); rank 1 left the
@@ -257,6 +301,7 @@ wait_for "status to show run $R4b's ranks after the loss" 20 ranks_are "$R4b" \
 log "(c) paused ${TOOK}s after kill -9: $(ctl events "$R4b" | grep rank_lost | head -1 | cut -c1-140); error: $(field "$R4b" error | cut -c1-120)"
 worker_w
 finish_same "$R4b" "the world-4 run resumed after kill -9"
+[ -z "$(field "$R4b" lost)" ] || fail "run $R4b still shows lost ranks after its group formed again: $(field "$R4b" lost)"
 log "(c) resumed, completed with the uninterrupted run's losses"
 # ---- (d) one rank thread fails (the test hook M6_TEST_RANK_FAIL, as a
 # trainer error would): the run pauses, an event naming the node, the rank
@@ -264,16 +309,30 @@ log "(c) resumed, completed with the uninterrupted run's losses"
 # completes the run
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 M6_TEST_RANK_FAIL=3@9 worker_w
-R4c=$(ctl submit "$T/w4.json")
-wait_state "$R4c" paused 20
+fault_pause "$T/m6d-w.log" 3 "rank 3 (w's local rank 1) failed"
+R4c=$RF
+lost_is "$R4c" "3 1 1 w"
 wait_event "$R4c" 'nodes.rank_failed +node=[0-9]+ hostname=w rank=3 local_rank=1 err="test fault'
 wait_for "status to show rank 3 of run $R4c failed" 20 ranks_are "$R4c" \
     "*
 3 1 w 9 failed test fault: M6_TEST_RANK_FAIL*"
+log "(d) paused ${TOOK}s after rank 3 failed; status: $(ctl status "$R4c" | grep -E '^ *lost:')"
 log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error: $(field "$R4c" error | cut -c1-120)"
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w
 finish_same "$R4c" "the world-4 run resumed after a rank failed"
+# ---- (e) a rank thread of the coordinator fails (its local rank 1): the
+# pause names the coordinator's own node; restarted on its address with
+# the fault hook, the worker reconnecting by itself
+kill -TERM "${M6D_PIDS[c]}"; wait "${M6D_PIDS[c]}" || fail "coordinator exit"
+M6_TEST_RANK_FAIL=1@9 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator \
+    --listen "$ADDR" --token-file "$T/token" --threads 2 --devices 2
+wait_m6d "$SOCK" "${M6D_PIDS[c]}" "the restarted coordinator"
+wait_node w live 10 >/dev/null
+fault_pause "$T/m6d-c.log" 1 "rank 1 (the coordinator's local rank 1) failed"
+R4e=$RF
+lost_is "$R4e" "1 1 1 $H"
+log "(e) paused ${TOOK}s after rank 1 failed; status: $(ctl status "$R4e" | grep -E '^ *lost:')"
 kill -TERM "${M6D_PIDS[w]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'

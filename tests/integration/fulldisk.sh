@@ -33,6 +33,7 @@ S=$MNT/s
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$S"
 LOG=$T/m6d-s.log
 submit_paused_at "$T/spec.json" 1  # alive for the pause, however short its steps
+R=$RUN
 P=$(field "$R" step)
 dd if=/dev/zero of="$MNT/filler" bs=64k 2>/dev/null || true  # until ENOSPC
 before=$(wc -l <"$LOG")

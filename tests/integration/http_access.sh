@@ -5,12 +5,91 @@
 # literals, localhost and --metrics-host names are served; one client
 # address holding many idle connections does not starve /metrics for
 # another (HTTP_PER_ADDRESS_MAX); with --metrics-token-file every request
-# needs the bearer token (401 without). Bounded: 64 connections, a few
-# seconds each.
+# needs the bearer token (401 without); the refusals of libmicrohttpd are
+# logged once per 10 s, not once each. Bounded: 64 connections, a few
+# seconds each; and a client that stops sending, before or in the middle
+# of its request headers, is closed after HTTP_TIMEOUT_S (15 s), and one
+# that trickles its headers a byte every 2 s (never idle) after
+# HTTP_HEADERS_DEADLINE_S (15 s): the check runs beside the others and
+# waits at most 22 s.
 . "$(dirname "$0")/lib.sh"
+HTTP_TIMEOUT_S=15           # daemon/http/http.h
+HTTP_HEADERS_DEADLINE_S=15  # daemon/http/http.h
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_daemon "$T/s" --metrics-listen "$PORT" --metrics-host dash.example,other.example
+
+# the silent clients, from 127.0.0.5, watched in the background: one sends
+# nothing, one half a request's headers; each must be closed by m6d
+# between HTTP_TIMEOUT_S - 1 and HTTP_TIMEOUT_S + 7 s after its last byte.
+# And one from 127.0.0.6 that sends a byte of its headers every 2 s: closed
+# between HTTP_HEADERS_DEADLINE_S - 1 and + 7 s after its first
+/usr/bin/python3 - "$PORT" "$HTTP_TIMEOUT_S" "$HTTP_HEADERS_DEADLINE_S" >"$T/silent.out" 2>&1 <<'PY' &
+import socket, sys, threading, time
+PORT, TMO, DEADLINE = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+trickled = [None]
+def trickle():
+    s = socket.socket()
+    s.bind(("127.0.0.6", 0))
+    s.connect(("127.0.0.1", PORT))
+    t0 = time.monotonic()
+    req = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 100
+    try:
+        for b in req:
+            s.sendall(bytes([b]))
+            s.settimeout(2)
+            try:
+                if not s.recv(4096):
+                    break
+            except socket.timeout:
+                pass
+            if time.monotonic() - t0 > DEADLINE + 7:
+                break
+        else:
+            pass
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    trickled[0] = time.monotonic() - t0
+    s.close()
+tr = threading.Thread(target=trickle)
+tr.start()
+socks = []
+for what, data in (("no bytes", b""),
+                   ("half the headers", b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Ag")):
+    s = socket.socket()
+    s.bind(("127.0.0.5", 0))
+    s.connect(("127.0.0.1", PORT))
+    s.sendall(data)
+    socks.append((what, s, time.monotonic()))
+bad = 0
+for what, s, t0 in socks:
+    s.settimeout(max(0.1, TMO + 7 - (time.monotonic() - t0)))
+    try:
+        got = s.recv(4096)
+        while got:  # an error response at most, then the close
+            got = s.recv(4096)
+        took = time.monotonic() - t0
+    except socket.timeout:
+        print("a client that sent %s is still open after %.0f s" % (what, TMO + 7))
+        bad = 1
+        continue
+    except ConnectionResetError:
+        took = time.monotonic() - t0
+    if took < TMO - 1:
+        print("a client that sent %s was closed after %.1f s, before the %g s timeout" % (what, took, TMO))
+        bad = 1
+    else:
+        print("a client that sent %s: closed after %.1f s" % (what, took))
+tr.join()
+if not DEADLINE - 1 <= trickled[0] <= DEADLINE + 7:
+    print("a client trickling its headers a byte every 2 s was closed after %.1f s, "
+          "want %g s" % (trickled[0], DEADLINE))
+    bad = 1
+else:
+    print("a client trickling its headers a byte every 2 s: closed after %.1f s" % trickled[0])
+sys.exit(bad)
+PY
+SILENT=$!
 
 # loopback by default: the listening socket is 127.0.0.1's
 command -v ss >/dev/null || fail "ss (iproute2) is needed to read the listening address"
@@ -85,6 +164,13 @@ if alive > 8:
     fail("%d idle connections from one address are held, want at most 8" % alive)
 print("# 64 idle connections from 127.0.0.2: %d held; /metrics from 127.0.0.1 in %.3f s" % (alive, dt), file=sys.stderr)
 PY
+# libmicrohttpd refused the 56 connections past the per-address limit,
+# saying so for each: m6d logs the message once per HTTP_LOG_INTERVAL_S
+n=$(grep -c 'http.error msg=".*connection limit' "$T/m6d-s.log" || true)
+[ "$n" -ge 1 ] && [ "$n" -le 2 ] \
+    || fail "$n http.error lines for 56 refused connections (want 1 or 2: one per 10 s)"
+wait "$SILENT" || fail "silent HTTP clients: $(cat "$T/silent.out")"
+log "$(tr '\n' ';' <"$T/silent.out")"
 stop_daemon
 
 # a bearer token

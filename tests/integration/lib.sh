@@ -406,22 +406,22 @@ wait_held() {
 # is paused
 pause_at_step() {
     hold_at_step "$2"
+    pause_held_ "$1" "$2"
+}
+pause_held_() {
     ctl pause "$1" >/dev/null || fail "pause of run $1 at step $2 refused"
     release_boundary
     wait_state "$1" paused
 }
 
-# submit_paused_at SPEC N: submits SPEC (its id into R), held before it
-# can pass step N (hold_at_step before the submit, so a short run cannot
-# end first), pauses it at the boundary after step N and waits until it is
-# paused
+# submit_paused_at SPEC N: submits SPEC with the hold after step N given
+# first (so a short run cannot pass N before the pause), pauses the run
+# there and waits until it is paused; its id in RUN.
 submit_paused_at() {
     hold_at_step "$2" nowait
-    R=$(ctl submit "$1")
+    RUN=$(ctl submit "$1") || fail "submit of $1 refused"
     wait_held
-    ctl pause "$R" >/dev/null || fail "pause of run $R at step $2 refused"
-    release_boundary
-    wait_state "$R" paused
+    pause_held_ "$RUN" "$2"
 }
 
 # reference_losses STATE_DIR SPEC CSV [WHAT]: the uninterrupted run of SPEC

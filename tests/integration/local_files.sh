@@ -82,8 +82,12 @@ mode=$(stat -c %a "$T/s/m6d.lock")
 [ "$mode" = 600 ] || fail "m6d did not make an old 0640 m6d.lock 0600 (mode $mode)"
 stop_daemon
 
-# a state dir shared with a group (setgid: dashboards read m6.db): a member
-# cannot hold the lock. Needs root, to act as that member (nobody:nogroup).
+# a state dir shared with a group (--group: the unit's Group=, whose
+# members may read the state dir): a member cannot hold the lock. Needs
+# root, to act as that member (nobody:nogroup). m6d makes its socket's
+# directory (here the state dir) 0750 with --group's group, or its own
+# group without one: the member must reach the lock file for this case
+# to show anything, so that is checked first.
 if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && command -v flock >/dev/null \
    && getent group nogroup >/dev/null && id nobody >/dev/null 2>&1; then
     chmod 0711 "$T"
@@ -91,12 +95,14 @@ if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && command -v flock >/dev
     mkdir "$G"
     chgrp nogroup "$G"
     chmod 2750 "$G"
-    start_daemon "$G"
+    member() { runuser -u nobody -g nogroup -- "$@"; }
+    start_daemon "$G" --group nogroup
     stop_daemon
-    ls -l "$G/m6d.lock" >&2
+    ls -ld "$G" "$G/m6d.lock" >&2
+    member ls "$G" >/dev/null 2>"$T/member.err" \
+        || fail "the group member cannot list the state dir, so the lock case proves nothing: $(cat "$T/member.err")"
     # a group member opens the lock read-only and holds a shared flock
-    runuser -u nobody -g nogroup -- flock -s -n "$G/m6d.lock" sleep 30 \
-        2>"$T/flock.err" &
+    member flock -s -n "$G/m6d.lock" sleep 30 2>"$T/flock.err" &
     FL=$!
     sleep 0.5
     if kill -0 "$FL" 2>/dev/null; then
@@ -104,7 +110,7 @@ if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && command -v flock >/dev
     else
         log "the group member could not lock m6d.lock: $(cat "$T/flock.err")"
     fi
-    start_daemon "$G"   # fails the test when m6d cannot start
+    start_daemon "$G" --group nogroup  # fails the test when m6d cannot start
     stop_daemon
     kill "$FL" 2>/dev/null || true
     wait "$FL" 2>/dev/null || true

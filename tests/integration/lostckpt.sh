@@ -75,6 +75,7 @@ log "all gone: paused with '$e'; put back: same losses"
 D=$T/scratch
 start_daemon "$D"
 submit_paused_at "$T/ref.json" 5
+R=$RUN
 P=$(field "$R" step)
 ctl delink "$R" >/dev/null || fail "delink of paused run $R refused"
 wait_for "paused run $R to delink" 20 sh -c \
@@ -100,6 +101,7 @@ ctl watch "$R" >/dev/null || fail "run $R did not complete from scratch"
 same_losses "$R" "$T/ref.csv" "losses after --from-scratch"
 # --from-scratch on a run that has its checkpoints: refused, nothing done
 submit_paused_at "$T/ref.json" 5
+R=$RUN
 rc=0; out=$(ctl resume "$R" --from-scratch 2>&1) || rc=$?
 [ "$rc" = 1 ] || fail "resume --from-scratch of a run with its checkpoints: exit $rc: $out"
 echo "$out" | has "only a run paused because its checkpoints are gone" \

@@ -94,6 +94,14 @@ ctl plan "$EX/fortunes-p2r.json" --p2r --device-memory 160MiB >"$T/f1.txt" || fa
 grep -q "^  predicted wall ratio P2R / scratch = " "$T/f1.txt" || fail "text: $(cat "$T/f1.txt")"
 grep -q "^  break-even steps ratio R\* = " "$T/f1.txt" || fail "text: break-even"
 grep -q "^step time ratio t_pseudo / t_real = " "$T/f1.txt" || fail "text: step ratio"
+! grep -q "^note: no device.memory_budget" "$T/f1.txt" || fail "text: a budget, yet the no-budget note"
+# without a budget both phases are resident: each plan says so
+ctl plan "$EX/m6-10t.json" --p2r >"$T/nb1.txt" || fail "no budget, --p2r"
+ctl plan "$EX/m6-10t.json" >"$T/nb2.txt" || fail "no budget"
+for f in nb1 nb2; do
+    grep -q "^note: no device.memory_budget and no --device-memory" "$T/$f.txt" ||
+        fail "no budget: no note in $(cat "$T/$f.txt")"
+done
 
 # --- the sweep's CSV: fortunes, S 1, 25% pseudo, copy, no re-warm; the
 # spec with 5% re-warm (50 of 1000 steps) picks the other rows

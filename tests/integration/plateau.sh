@@ -101,12 +101,8 @@ OUT=$(check_rule "$T/s" "$B" 0 1 40) || fail "bound run against the rule by hand
 # restarted (the passes so far come back from m6.db), resumed; then paused
 # again after the delink and restarted: it must not delink again.
 plat_spec "$T/c.json" plat-c 160 150 '{"policy": "plateau", "min_delta": 0.05, "patience": 2}'
-hold_at_step 30 nowait
-C=$(ctl submit "$T/c.json")
-wait_held  # paused well before the plateau, however short its steps
-ctl pause "$C" >/dev/null
-release_boundary
-wait_state "$C" paused
+submit_paused_at "$T/c.json" 30  # well before the plateau, however short its steps
+C=$RUN
 P=$(field "$C" step)
 [ "$P" -lt "$A_STEP" ] || fail "paused at $P, not before the plateau at $A_STEP"
 [ "$(field "$C" phase)" = pseudo ] || fail "run $C not pseudo at step $P"

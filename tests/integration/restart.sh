@@ -127,6 +127,7 @@ log "kill -9 during a checkpoint write (caught=${caught:-0}): same losses"
 CKPT_EVERY=1000 spec "$T/op.json" op
 start_daemon "$T/op"
 submit_paused_at "$T/op.json" 5
+R=$RUN
 P=$(field "$R" step)
 # a paused run delinks at once, at the boundary it is paused at, and stays
 # paused

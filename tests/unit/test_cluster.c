@@ -2,7 +2,8 @@
  * test_cluster.c — daemon/cluster's pieces without a network: HOST:PORT
  * parsing, the token file's checks and comparison, the node id file, and
  * the nodes table of m6.db (state.c, schema 0006) that the coordinator
- * keeps. The TCP side is tested with real m6d processes
+ * keeps, and the rank board's reading of a rank that waits in a
+ * collective. The TCP side is tested with real m6d processes
  * (tests/integration/nodes.sh).
  */
 #include <setjmp.h>
@@ -15,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cluster/cluster.h"
+#include "common/rankboard.h"
 #include "state/state.h"
 #include "../common/test_main.h"
 
@@ -323,6 +326,48 @@ static void test_nodes_table(void **st)
     state_close(s);
 }
 
+/* The rank board's waiting (rankboard_wait_clock): a training rank whose
+ * clock says it entered a collective 1.5 s ago reads waiting, with how
+ * long; 0.2 s ago, or no clock, it reads as published; a rank that left
+ * is never waiting. The clock is set by hand, as m6_coll_wait_begin
+ * would (CLOCK_MONOTONIC ms). */
+static void test_rankboard_waiting(void **st)
+{
+    (void)st;
+    rankboard_reset();
+    int64_t *clk = rankboard_wait_clock(1);
+    assert_non_null(clk);
+    assert_null(rankboard_wait_clock(RANKBOARD_DEVICES_MAX));
+    assert_null(rankboard_wait_clock(-1));
+    rankboard_set(5, 1, 1, 4, RANK_TRAINING, NULL);
+    rankboard_set(5, 2, 2, 4, RANK_LEFT, "gone");
+    int64_t *clk2 = rankboard_wait_clock(2);
+    rank_entry e[4];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    *clk = now - 1500;
+    *clk2 = now - 1500;
+    assert_int_equal(rankboard_local(e, 4), 2);
+    assert_int_equal(e[0].state, RANK_WAITING);
+    assert_string_equal(rankboard_state_name(e[0].state), "waiting");
+    assert_non_null(strstr(e[0].reason, "in a collective for 1."));
+    assert_non_null(strstr(e[0].reason, "(training)"));
+    assert_int_equal(e[1].state, RANK_LEFT);
+    assert_string_equal(e[1].reason, "gone");
+    assert_int_equal(rankboard_run(5, e, 4), 2);
+    assert_int_equal(e[0].state, RANK_WAITING);
+    *clk = now - 200;
+    assert_int_equal(rankboard_local(e, 4), 2);
+    assert_int_equal(e[0].state, RANK_TRAINING);
+    assert_string_equal(e[0].reason, "");
+    *clk = 0;
+    *clk2 = 0;
+    assert_int_equal(rankboard_run(5, e, 4), 2);
+    assert_int_equal(e[0].state, RANK_TRAINING);
+    rankboard_reset();
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_parse_addr),
     cmocka_unit_test_setup_teardown(test_token, setup_, teardown_),
@@ -330,4 +375,5 @@ TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_node_secret, setup_, teardown_),
     cmocka_unit_test(test_facts),
     cmocka_unit_test(test_ranks_place),
-    cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_))
+    cmocka_unit_test_setup_teardown(test_nodes_table, setup_, teardown_),
+    cmocka_unit_test(test_rankboard_waiting))

@@ -236,10 +236,16 @@ static int rank_main_(int argc, char **argv)
         for (size_t i = 0; i < nw; i++)
             fprintf(out, " %zu", pos[i]);
         fputc('\n', out);
-        if (r.moe.present)
-            fprintf(moe, "%ld %a %a %a %a %a %a\n", r.step, r.moe.aux_loss,
-                    r.moe.z_loss, r.moe.dropped_fraction, r.moe.load_min,
-                    r.moe.load_max, r.moe.experts_empty);
+        if (r.moe.present) {
+            /* the tokens of each (block, expert), weighted by position */
+            double tw = 0;
+            for (size_t i = 0; i < r.moe.n_tokens; i++)
+                tw += (double)(i + 1) * r.moe.tokens[i];
+            fprintf(moe, "%ld %a %a %a %a %a %a %a %a\n", r.step,
+                    r.moe.aux_loss, r.moe.z_loss, r.moe.dropped_fraction,
+                    r.moe.load_min, r.moe.load_max, r.moe.experts_empty,
+                    (double)r.moe.experts_idle, tw);
+        }
     }
     fclose(out);
     fclose(moe);
@@ -366,7 +372,7 @@ static void write_spec_full_(const char *tag, int B, int accum, long steps,
             " \"train\": {\"steps\": %ld, \"batch_size\": %d, \"grad_accum\":"
             " %d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
             " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 3,"
-            " \"eval_batches\": 6},\n"
+            " \"eval_batches\": 6, \"expert_idle_steps\": 1},\n"
             " \"device\": {\"threads\": 1, \"memory_budget\": %zu}%s%s}\n",
             model_extra[0] ? ", " : "", model_extra, pseudo,
             pseudo_extra, steps, B, accum, budget, extra[0] ? ",\n " : "",
@@ -598,7 +604,8 @@ static void compare_(const char *tag, int world, const result *ref,
 /* Rank 0's MoE facts of tag (its .moe file) against the one-node ref's,
  * step by step: the balancing and z-losses within LOSS_TOL (sums of the
  * same router probabilities in another order); the counts (dropped
- * fraction, least and most tokens of an expert, empty experts) exactly,
+ * fraction, least and most tokens of an expert, empty experts, idle
+ * experts, the tokens of each (block, expert) as a weighted sum) exactly,
  * being integers over the same routing decisions, which rounding of
  * ~1e-7 would change only at an exact tie of two logits. A rank that
  * reported only its own microbatches would have half the passes and
@@ -632,12 +639,12 @@ static void compare_moe_(const char *tag, const char *ref_tag)
     int n = 0;
     double worst = 0;
     long sa, sb;
-    double a[6], b[6];
+    double a[8], b[8];
     while (fa && fb &&
-           fscanf(fa, "%ld %la %la %la %la %la %la", &sa, &a[0], &a[1], &a[2],
-                  &a[3], &a[4], &a[5]) == 7 &&
-           fscanf(fb, "%ld %la %la %la %la %la %la", &sb, &b[0], &b[1], &b[2],
-                  &b[3], &b[4], &b[5]) == 7) {
+           fscanf(fa, "%ld %la %la %la %la %la %la %la %la", &sa, &a[0],
+                  &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7]) == 9 &&
+           fscanf(fb, "%ld %la %la %la %la %la %la %la %la", &sb, &b[0],
+                  &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7]) == 9) {
         n++;
         CHECK(sa == sb, "%s: MoE facts of step %ld against step %ld", tag, sa,
               sb);
@@ -648,8 +655,9 @@ static void compare_moe_(const char *tag, const char *ref_tag)
                   "%.9g", tag, sa, k ? "z" : "aux", a[k], b[k]);
         }
         static const char *name[] = {"dropped fraction", "least load",
-                                     "most load", "empty experts"};
-        for (int k = 2; k < 6; k++)
+                                     "most load", "empty experts",
+                                     "idle experts", "tokens per expert"};
+        for (int k = 2; k < 8; k++)
             CHECK(a[k] == b[k], "%s: step %ld: MoE %s %.9g, one node %.9g",
                   tag, sa, name[k - 2], a[k], b[k]);
     }

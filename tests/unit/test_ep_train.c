@@ -22,7 +22,7 @@
  *              with its own experts again) with the one-rank run's losses,
  *              and the checkpoint, resumed by one rank of a spec without
  *              expert parallelism, gives steps 9..12 of the one-rank run
- *   replicas   W = 4 as 2 replicas of P = 2 (trainer_set_expert_groups:
+ *   replicas   W = 4 as 2 replicas of P = 2 (trainer_adopt_expert_groups:
  *              the experts' gradients summed over the 2 ranks holding
  *              them), the same comparisons, a save at step 8 too
  *   refused    a save of a rank that holds its experts only, a load into
@@ -96,7 +96,7 @@ static int rank_main_(int argc, char **argv)
             /* replicas without their sub-groups: refused by name */
             int rc = trainer_set_collectives(t, c, &err);
             int ok = rc != 0 &&
-                     strstr(m6_err_msg(&err), "trainer_set_expert_groups");
+                     strstr(m6_err_msg(&err), "trainer_adopt_expert_groups");
             if (!ok)
                 fprintf(stderr, "rank %d: no sub-groups, not refused by "
                         "name: %s\n", rank, m6_err_msg(&err));
@@ -117,7 +117,7 @@ static int rank_main_(int argc, char **argv)
                 !(sub[1] = rank_procs_group(store_dir, pd, rank / P, D,
                                             spec.nodes.timeout * 1000,
                                             &sts[1], &fss[1])) ||
-                trainer_set_expert_groups(t, sub[0], sub[1], &err) != 0) {
+                trainer_adopt_expert_groups(t, sub[0], sub[1], &err) != 0) {
                 fprintf(stderr, "rank %d: groups: %s\n", rank,
                         m6_err_msg(&err));
                 return 1;
@@ -188,10 +188,8 @@ static int rank_main_(int argc, char **argv)
     fprintf(out, "floats %zu %zu\n", trainer_copy_state(t, 0, NULL),
             trainer_copy_state(t, 1, NULL));
     fclose(out);
-    trainer_free(t);
+    trainer_free(t);  /* and the sub-groups it adopted */
     m6_coll_destroy(c);
-    m6_coll_destroy(sub[0]);
-    m6_coll_destroy(sub[1]);
     m6_err_free(&err);
     return bad;
 }

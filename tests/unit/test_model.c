@@ -600,6 +600,42 @@ static void test_checkpoint_resume_bitwise(void **state)
     assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
     assert_non_null(strstr(err, "spec hash"));
     trainer_free(t);
+    s.train.lr /= 2;
+
+    /* the nodes' layout is not in the hash: the checkpoint resumes at
+     * another world size, with the same losses */
+    run_spec w = s;
+    w.nodes.world_size = 2;
+    w.nodes.timeout = 7;
+    t = fixture_resume(&w, dir, 15);
+    fixture_finish_same(t, &w, 30, a);
+
+    /* a checkpoint hashed with its layout (as before) loads at that
+     * layout only: its meta.json's hash made the old way, here */
+    run_spec o = w;
+    o.nodes.expert_parallel = 1;
+    char path[600], old[32];
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    snprintf(old, sizeof old, "%016llx", (unsigned long long)spec_hash(&o));
+    FILE *f = fopen(path, "r+");
+    assert_non_null(f);
+    char meta[1 << 16];
+    size_t n = fread(meta, 1, sizeof meta - 1, f);
+    meta[n] = 0;
+    char *h = strstr(meta, "\"spec_hash\"");
+    assert_non_null(h);
+    h = strchr(h + 11, '"');
+    assert_non_null(h);
+    memcpy(h + 1, old, 16);
+    rewind(f);
+    assert_int_equal(fwrite(meta, 1, n, f), n);
+    fclose(f);
+    t = fixture_resume(&w, dir, 15);
+    trainer_free(t);
+    t = fixture_trainer(&s);
+    assert_int_not_equal(ERR_INTO(err, trainer_load(t, dir, &err_)), 0);
+    assert_non_null(strstr(err, "spec hash"));
+    trainer_free(t);
 }
 
 /* device.precision bf16: save at 15 (after a delink at 10), resume: the
@@ -868,8 +904,8 @@ static void test_moe_stats_accumulate(void **state)
     gpt_moe_stats st;
     memset(&st, 0, sizeof st);
     const int32_t a[] = {0, 3, 5}, b[] = {7, 1};
-    gpt_moe_stats_add(&st, 1.25, 0.5, 1, 2, 16, a, 3);
-    gpt_moe_stats_add(&st, 0.75, 0.25, 2, 1, 8, b, 2);
+    gpt_moe_stats_add(&st, 1.25, 0.5, 1, 2, 16, a, 3, 0);
+    gpt_moe_stats_add(&st, 0.75, 0.25, 2, 1, 8, b, 2, 0);
     assert_true(st.aux_sum == 2.0 && st.z_sum == 0.75);
     assert_int_equal(st.layers, 3);
     assert_int_equal(st.dropped, 3);
@@ -879,6 +915,80 @@ static void test_moe_stats_accumulate(void **state)
     assert_true(st.load_sum == 16.0 && st.load_sumsq == 84.0);
     assert_int_equal(st.load_n, 5);
     assert_int_equal(st.empty, 1);
+}
+
+/* The tokens of each (MoE block, expert) a step reports, and the
+ * experts idle for train.expert_idle_steps (3) steps, against a count kept
+ * here from those tokens: 2 MoE blocks of E 16 experts in k 1 prototype,
+ * 128 (token, prototype) pairs a step. The tokens of a block add up to
+ * the pairs not dropped, and some expert must go idle in 12 steps (else
+ * the check saw nothing). */
+static void test_expert_idle(void **state)
+{
+    (void)state;
+    run_spec s = synth_tiny_spec(tmpdir_, 2, 12, 0);
+    synth_tiny_moe(&s.model, 1, 16, 1.0f);
+    s.model.moe_experts = 16;
+    s.model.moe_prototypes = 1;
+    s.train.expert_idle_steps = 3;
+    trainer *t = fixture_trainer(&s);
+    const int Lm = 2, E = 16, pairs = 4 * 2 * 16;
+    long idle[32] = {0}, seen_new = 0;
+    for (int k = 0; k < 12; k++) {
+        step_result r;
+        fixture_step(t, &r);
+        assert_true(r.moe.present && r.moe.tokens != NULL);
+        assert_int_equal(r.moe.n_tokens, Lm * E);
+        double sum = 0;
+        long want_idle = 0, want_new = 0;
+        int first = -1;
+        for (int i = 0; i < Lm * E; i++) {
+            assert_true(r.moe.tokens[i] >= 0);
+            sum += r.moe.tokens[i];
+            idle[i] = r.moe.tokens[i] > 0 ? 0 : idle[i] + 1;
+            want_idle += idle[i] >= 3;
+            if (idle[i] == 3 && want_new++ == 0)
+                first = i;
+        }
+        /* pairs of both blocks, less the dropped ones */
+        assert_float_equal(sum, Lm * pairs * (1.0 - r.moe.dropped_fraction),
+                           1e-6);
+        assert_int_equal(r.moe.experts_idle, want_idle);
+        assert_int_equal(r.moe.idle_new, want_new);
+        if (want_new) {
+            assert_int_equal(r.moe.idle_block, first / E);
+            assert_int_equal(r.moe.idle_expert, first % E);
+        }
+        seen_new += want_new;
+    }
+    assert_true(seen_new > 0);
+    trainer_free(t);
+}
+
+/* The tokens of each (MoE block, expert), E 2 over 3 MoE blocks, by hand:
+ * block 0 {1, 0}, then blocks 1 and 2 {0, 0, 4, 2}, then block 0 {3, 0}
+ * give {4, 0, 0, 0, 4, 2}; gpt_moe_stats_clear zeroes them and keeps the
+ * array. */
+static void test_moe_stats_tokens(void **state)
+{
+    (void)state;
+    double tokens[6];
+    gpt_moe_stats st;
+    memset(&st, 0, sizeof st);
+    st.tokens = tokens;
+    gpt_moe_stats_clear(&st, 6);
+    const int32_t a[] = {1, 0}, b[] = {0, 0, 4, 2}, c[] = {3, 0};
+    gpt_moe_stats_add(&st, 0, 0, 1, 0, 2, a, 2, 0);
+    gpt_moe_stats_add(&st, 0, 0, 2, 0, 4, b, 4, 1);
+    gpt_moe_stats_add(&st, 0, 0, 1, 0, 2, c, 2, 0);
+    const double want[6] = {4, 0, 0, 0, 4, 2};
+    for (int i = 0; i < 6; i++)
+        assert_true(tokens[i] == want[i]);
+    gpt_moe_stats_clear(&st, 6);
+    assert_ptr_equal(st.tokens, tokens);
+    for (int i = 0; i < 6; i++)
+        assert_true(tokens[i] == 0);
+    assert_int_equal(st.layers, 0);
 }
 
 int main(void)
@@ -896,6 +1006,8 @@ int main(void)
         cmocka_unit_test(test_moe_layout),
     cmocka_unit_test(test_moe_expert_parallel_layout),
         cmocka_unit_test(test_moe_stats_accumulate),
+    cmocka_unit_test(test_moe_stats_tokens),
+    cmocka_unit_test(test_expert_idle),
         cmocka_unit_test(test_moe_delink_preserves_function),
         cmocka_unit_test(test_moe_aux_in_gradient),
         cmocka_unit_test(test_moe_checkpoint_resume_bitwise),

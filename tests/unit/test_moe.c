@@ -596,6 +596,8 @@ static void test_capacity(void **state)
     assert_int_equal(moe_capacity(1.0, 10, 8, 1), 2);   /* ceil(1.25) */
     assert_int_equal(moe_capacity(100.0, 10, 8, 1), 10); /* at most N */
     assert_int_equal(moe_capacity(0.01, 10, 8, 1), 1);  /* at least 1 */
+    assert_int_equal(moe_capacity(0, 10, 8, 1), 10);    /* dropless: N */
+    assert_int_equal(moe_capacity(0, 16, 8, 2), 16);
 }
 
 TEST_MAIN(

@@ -97,18 +97,21 @@ static void test_offload_bitwise_no_clip(void **state)
 /* 20 steps with the delink at 8 of a model with MoE in every `every`-th
  * block (E = 4 in k = 2 prototypes, synth_tiny_moe), with a budget that
  * keeps 1 Real slot resident, give the resident run's losses and final
- * weights and moments bit for bit; the offloaded run's statistics into
- * *st, its budget into *budget. */
-static void moe_bitwise_(int every, offload_stats *st, size_t *budget)
+ * weights and moments bit for bit, and the pool's peak stays within the
+ * budget; in device.precision prec; the 20 losses into losses (NULL: not
+ * kept), the offloaded run's statistics into *st. */
+static void moe_bitwise_(int every, precision_kind prec, float *losses,
+                         offload_stats *st)
 {
     run_spec plain = spec6_(20, 8);
     synth_tiny_moe(&plain.model, every, 32, 1.0f);
+    plain.device.precision = prec;
     run_spec off = plain;
     off.device.memory_budget = fixture_budget_for(&plain, 1);
     trainer *ta, *tb;
-    fixture_train_same(&plain, &off, 20, NULL, &ta, &tb);
+    fixture_train_same(&plain, &off, 20, losses, &ta, &tb);
     assert_int_equal(trainer_offload_stats(tb, st), 0);
-    *budget = off.device.memory_budget;
+    assert_true(st->device.peak <= off.device.memory_budget);
     trainer_free(ta);
     trainer_free(tb);
 }
@@ -119,10 +122,8 @@ static void test_offload_moe_bitwise(void **state)
 {
     (void)state;
     offload_stats st;
-    size_t budget;
-    moe_bitwise_(1, &st, &budget);
+    moe_bitwise_(1, PRECISION_FP32, NULL, &st);
     assert_int_equal(st.n_resident, 1);
-    assert_true(st.device.peak <= budget);
 }
 
 /* moe_bitwise_'s model in device.precision bf16 (GEMM inputs rounded,
@@ -132,20 +133,14 @@ static void test_offload_moe_bitwise(void **state)
 static void test_offload_moe_bf16_bitwise(void **state)
 {
     (void)state;
+    float a[20], c[20];
+    offload_stats st;
+    moe_bitwise_(1, PRECISION_BF16, a, &st);
     run_spec f32 = spec6_(20, 8);
     synth_tiny_moe(&f32.model, 1, 32, 1.0f);
-    run_spec plain = f32;
-    plain.device.precision = PRECISION_BF16;
-    run_spec off = plain;
-    off.device.memory_budget = fixture_budget_for(&plain, 1);
-    float a[20], c[20];
-    trainer *ta, *tb;
-    fixture_train_same(&plain, &off, 20, a, &ta, &tb);
     trainer *tc = fixture_trainer(&f32);
     fixture_run_steps(tc, &f32, 20, c, NULL);
     assert_memory_not_equal(a, c, sizeof a);
-    trainer_free(ta);
-    trainer_free(tb);
     trainer_free(tc);
 }
 
@@ -156,10 +151,8 @@ static void test_offload_mixed_bitwise(void **state)
 {
     (void)state;
     offload_stats st;
-    size_t budget;
-    moe_bitwise_(2, &st, &budget);
+    moe_bitwise_(2, PRECISION_FP32, NULL, &st);
     assert_true(st.n_resident >= 1 && st.n_offloaded >= 4);
-    assert_true(st.device.peak <= budget);
     assert_int_equal(st.device.peak, st.predicted_peak_bytes);
 }
 
@@ -538,6 +531,18 @@ static offload_ctx *one_resident_ctx_(const model_config *cfg, int B,
     return o;
 }
 
+/* a plain, b on o's storage: the same model of cfg (S slots, B rows),
+ * both initialised from seed. */
+static void twin_models_(gpt_model *a, gpt_model *b, const model_config *cfg,
+                         int S, int B, offload_ctx *o, uint64_t seed)
+{
+    assert_int_equal(gpt_create(a, cfg, S, B), 0);
+    if (gpt_create_with(b, cfg, S, B, offload_storage(o)) != 0)
+        fail_msg("create: %s", offload_last_error(o));
+    gpt_init_weights(a, seed);
+    gpt_init_weights(b, seed);
+}
+
 /* A share map the trainer never makes, layers 0..5 -> slots 0,3,1,2,1,0,
  * re-slotted from a 1-slot model, slot 0 resident, 1-3 offloaded, three
  * staging buffers. Backward runs slots 1,2,1,3: slot 1's second backward
@@ -556,11 +561,7 @@ static void test_interleaved_share_map(void **state)
     size_t ss;
     offload_ctx *o = one_resident_ctx_(&cfg, B, accum, 3, &s, &ss);
     gpt_model a, b;
-    assert_int_equal(gpt_create(&a, &cfg, 1, B), 0);
-    if (gpt_create_with(&b, &cfg, 1, B, offload_storage(o)) != 0)
-        fail_msg("create: %s", offload_last_error(o));
-    gpt_init_weights(&a, 7);
-    gpt_init_weights(&b, 7);
+    twin_models_(&a, &b, &cfg, 1, B, o, 7);
     for (int i = 0; i < 2; i++)
         assert_true(model_step_(&a, NULL, accum, B, i) ==
                     model_step_(&b, o, accum, B, i));
@@ -606,11 +607,8 @@ static void test_late_update_keeps_its_step(void **state)
     size_t ss;
     offload_ctx *o = one_resident_ctx_(&cfg, 2, 1, 2, &s, &ss);
     gpt_model a, b;
-    assert_int_equal(gpt_create(&a, &cfg, 3, 2), 0);
-    assert_int_equal(gpt_create_with(&b, &cfg, 3, 2, offload_storage(o)), 0);
+    twin_models_(&a, &b, &cfg, 3, 2, o, 9);
     assert_int_equal(offload_current_plan(o)->n_offloaded, 2);
-    gpt_init_weights(&a, 9);
-    gpt_init_weights(&b, 9);
     offload_test_hold_updates(o, 1);
     model_step_lr_(&a, NULL, 1, 2, 1, 1e-2f, 1);
     model_step_lr_(&b, o, 1, 2, 1, 1e-2f, 1);
@@ -630,6 +628,24 @@ static void test_late_update_keeps_its_step(void **state)
 
 /* ---------------------------------------------------------- streamed */
 
+/* *off unclipped (its grad_clip set to 0) against itself with
+ * offload.stream_grads 1 (into *str unless NULL): 20 steps, the same
+ * losses and state bit for bit (fixture_train_same); the trainers into
+ * *ta, *tb, the streamed one's statistics into *st unless NULL. */
+static void streamed_same_(run_spec *off, run_spec *str, trainer **ta,
+                           trainer **tb, offload_stats *st)
+{
+    off->train.grad_clip = 0;
+    run_spec s = *off;
+    s.offload.stream_grads = 1;
+    fixture_train_same(off, &s, 20, NULL, ta, tb);
+    if (str)
+        *str = s;
+    offload_stats mine;
+    assert_int_equal(trainer_offload_stats(*tb, st ? st : &mine), 0);
+    assert_int_equal((st ? st : &mine)->stream_grads, 1);
+}
+
 /* offload.stream_grads against the same run unstreamed (n_layer layers,
  * all but one offloaded, no clip, one microbatch): 20 steps with the delink at 8 give the same
  * losses and final weights and moments bit for bit (the same AdamW on the
@@ -645,10 +661,9 @@ static void check_stream_same_(int n_layer, int host_threads)
     off.train.grad_accum = 1;
     off.offload.host_threads = host_threads;
     off.device.memory_budget = fixture_budget_for(&off, 1);
-    run_spec str = off;
-    str.offload.stream_grads = 1;
+    run_spec str;
     trainer *ta, *tb;
-    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
+    streamed_same_(&off, &str, &ta, &tb, NULL);
 
     offload_plan p;
     char err[512];
@@ -715,13 +730,8 @@ static void test_bf16_masters_offloaded(void **state)
     free(w);
     trainer_free(ta);
     trainer_free(tb);
-    off.train.grad_clip = 0;
-    run_spec str = off;
-    str.offload.stream_grads = 1;
-    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
     offload_stats st;
-    assert_int_equal(trainer_offload_stats(tb, &st), 0);
-    assert_int_equal(st.stream_grads, 1);
+    streamed_same_(&off, NULL, &ta, &tb, &st);
     assert_true(st.grads.peak > 0);
     trainer_free(ta);
     trainer_free(tb);
@@ -771,12 +781,8 @@ static void check_adafactor_offloaded_(float beta1, int bf16, int moe_every)
     offload_plan_free(&p);
     trainer_free(ta);
     trainer_free(tb);
-    off.train.grad_clip = 0;
-    run_spec str = off;
-    str.offload.stream_grads = 1;
-    fixture_train_same(&off, &str, 20, NULL, &ta, &tb);
-    assert_int_equal(trainer_offload_stats(tb, &st), 0);
-    assert_int_equal(st.stream_grads, 1);
+    run_spec str;
+    streamed_same_(&off, &str, &ta, &tb, &st);
     assert_true(st.grads.peak > 0 && st.grads.peak <= 3 * ss * sizeof(float));
     /* measured against the streamed plan: the slots' state exactly, the
      * gradients in flight at most the plan's buffers (a bound: how many
@@ -881,11 +887,7 @@ static void test_stream_grads_partial_gradient(void **state)
     if (!o)
         fail_msg("offload_create: %s", err);
     gpt_model a, b;
-    assert_int_equal(gpt_create(&a, &cfg, 1, B), 0);
-    if (gpt_create_with(&b, &cfg, 1, B, offload_storage(o)) != 0)
-        fail_msg("create: %s", offload_last_error(o));
-    gpt_init_weights(&a, 7);
-    gpt_init_weights(&b, 7);
+    twin_models_(&a, &b, &cfg, 1, B, o, 7);
     int map[6] = {0, 3, 1, 2, 1, 0}, src[4] = {0, 0, 0, 0};
     assert_int_equal(gpt_reslot(&a, 4, map, src, 0), 0);
     assert_int_equal(gpt_reslot(&b, 4, map, src, 0), 0);

@@ -7,7 +7,8 @@
  * that times out (and one of timeout 0), a wait on several keys, and one
  * store shared by several threads, as Gloo uses it (every rank sets its
  * key, then waits for all of them and reads them). And the seam where
- * the coordinator will pick nodes for a run (cluster_coord_nodes_fit).
+ * the coordinator will pick nodes for a run (cluster_coord_nodes_fit),
+ * and the lost rank it keeps for a run's generation.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -348,6 +349,27 @@ static int set_(m6_store *s, const char *key, char *msg, size_t len)
     return rc;
 }
 
+/* A worker node's row called host (its uuid "beef...<fill>", its secret
+ * bytes fill, state lost: out of test_nodes_fit's way) and *w to open the
+ * store as its rank `rank`. Its id. */
+static int64_t worker_node_(const char *host, int rank, int fill,
+                            m6_store_who *w)
+{
+    *w = (m6_store_who){.rank = rank};
+    snprintf(w->node_uuid, sizeof w->node_uuid, "beef00000000000000000000000000%02x",
+             fill);
+    memset(w->secret, fill, sizeof w->secret);
+    node_row n = {0};
+    snprintf(n.hostname, sizeof n.hostname, "%s", host);
+    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w->node_uuid);
+    snprintf(n.backend, sizeof n.backend, "cpu");
+    n.state = NODE_LOST;
+    cluster_secret_hash(w->secret, sizeof w->secret, n.secret_sha256);
+    int64_t id;
+    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    return id;
+}
+
 /* Keys owned by their writer: the owner of each key by hand; a worker
  * node opens only the rank it holds, in its run's latest generation, with
  * its own secret, and sets only its own keys; rank 0 opening a newer
@@ -366,17 +388,8 @@ static void test_owners(void **st)
     /* a worker node holding rank 1 of run R, generation 9 */
     int64_t run = state_run_insert(g.st, "owners", "{}", 10, 0, NULL);
     assert_true(run > 0);
-    m6_store_who w = {.rank = 1};
-    snprintf(w.node_uuid, sizeof w.node_uuid, "beef0000000000000000000000000001");
-    memset(w.secret, 0x33, sizeof w.secret);
-    node_row n = {0};
-    snprintf(n.hostname, sizeof n.hostname, "w1");
-    snprintf(n.node_uuid, sizeof n.node_uuid, "%s", w.node_uuid);
-    snprintf(n.backend, sizeof n.backend, "cpu");
-    n.state = NODE_LOST;  /* out of test_nodes_fit's way */
-    cluster_secret_hash(w.secret, sizeof w.secret, n.secret_sha256);
-    int64_t id;
-    assert_int_equal(state_node_insert(g.st, &n, &id), 0);
+    m6_store_who w;
+    int64_t id = worker_node_("w1", 1, 0x33, &w);
     assert_int_equal(state_node_set_run(g.st, id, run, 1), 0);
     assert_int_equal(cluster_coord_assign(g.co, id, run, "{}", 1, 2, 9, 1000), 0);
     char msg[512];
@@ -457,6 +470,48 @@ static void test_owners(void **st)
     m6_store_tcp_close(&r0);
 }
 
+/* A lost rank as the coordinator keeps it (cluster_coord_rank_lost): a
+ * worker of two devices (ranks 2-3, generation 9) whose rank 3 sets
+ * "failed/3" is named by its node, rank 3, local rank 1 and its error
+ * (all by hand); a second failure of that generation does not replace
+ * the first; a newer generation has none, and the wait for one ends at
+ * its bound. */
+static void test_lost(void **st)
+{
+    (void)st;
+    int64_t run = state_run_insert(g.st, "lost", "{}", 10, 0, NULL);
+    assert_true(run > 0);
+    m6_store_who w;
+    int64_t id = worker_node_("w2", 3, 0x44, &w);
+    assert_int_equal(state_node_set_ranks(g.st, id, run, 2, 2), 0);
+    assert_int_equal(cluster_coord_assign_ranks(g.co, id, run, "{}", 2, 2, 4,
+                                                 9, 1000), 0);
+    run_lost l;
+    assert_int_equal(cluster_coord_rank_lost(g.co, run, 0, &l), 0);
+    m6_store s;
+    m6_err e = M6_ERR_NONE;
+    char msg[512];
+    assert_int_equal(open_as_(&w, run, 9, &s, msg, sizeof msg), 0);
+    assert_int_equal(s.set(s.ctx, "failed/3", "disk on fire", 12, &e), 0);
+    assert_int_equal(s.set(s.ctx, "failed/3", "second", 6, &e), 0);
+    m6_store_tcp_close(&s);
+    assert_int_equal(cluster_coord_rank_lost(g.co, run, 1000, &l), 1);
+    assert_int_equal(l.node_id, id);
+    assert_string_equal(l.hostname, "w2");
+    assert_int_equal(l.rank, 3);
+    assert_int_equal(l.local_rank, 1);
+    assert_int_equal(l.ranks, 1);
+    assert_string_equal(l.why, "disk on fire");
+    /* generation 10: nothing lost yet; the wait gives up after 200 ms */
+    assert_int_equal(cluster_coord_assign_ranks(g.co, id, run, "{}", 2, 2, 4,
+                                                 10, 1000), 0);
+    double t0 = now_s_();
+    assert_int_equal(cluster_coord_rank_lost(g.co, run, 200, &l), 0);
+    double took = now_s_() - t0;
+    assert_true(took >= 0.19 && took < 2.0);
+    assert_int_equal(state_node_set_run(g.st, id, 0, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -466,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_nodes_fit),
         cmocka_unit_test(test_owners),
+        cmocka_unit_test(test_lost),
     };
     return cmocka_run_group_tests(tests, setup_, teardown_);
 }

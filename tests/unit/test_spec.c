@@ -513,6 +513,15 @@ static void test_expert_parallel(void **state)
              "\"train\":{\"grad_accum\":4},\"nodes\":{\"world_size\":4,"
              "\"expert_parallel\":2}}", moe);
     if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
+    /* a pseudo phase alone (the groups form at the delink) or in groups
+     * of P */
+    for (int pw = 1; pw <= 2; pw++) {
+        snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
+                 "%s,\"train\":{\"grad_accum\":4,\"steps\":20},"
+                 "\"pseudo\":{\"steps\":5},\"nodes\":{\"world_size\":4,"
+                 "\"pseudo_world_size\":%d,\"expert_parallel\":2}}", moe, pw);
+        if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
+    }
     static const struct { const char *model, *train, *nodes, *extra, *want;
     } bad[] = {
         {"", "", "\"world_size\":2,\"expert_parallel\":2", "",
@@ -536,8 +545,8 @@ static void test_expert_parallel(void **state)
         {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
          "\"expert_parallel\":2", ",\"optimizer\":{\"master\":\"bf16\"}",
          "optimizer.master \"bf16\""},
-        {"\"moe\":{\"num_experts\":4}", ",\"steps\":20",
-         "\"world_size\":2,\"pseudo_world_size\":1,\"expert_parallel\":2",
+        {"\"moe\":{\"num_experts\":4}", ",\"steps\":20,\"batch_size\":6",
+         "\"world_size\":6,\"pseudo_world_size\":3,\"expert_parallel\":2",
          ",\"pseudo\":{\"steps\":5}", "nodes.pseudo_world_size"},
         {"\"moe\":{\"num_experts\":4}", ",\"eval_batches\":3",
          "\"world_size\":2,\"expert_parallel\":2", "",
@@ -787,10 +796,10 @@ static void test_bad_specs(void **state)
         /* model.moe */
         { "\"model\": {\"moe\": {\"num_experts\": 6, \"prototypes\": 4}}",
           "model.moe.prototypes: must divide model.moe.num_experts (6 % 4 != 0)" },
-        { "\"model\": {\"moe\": {\"num_experts\": 8, \"capacity_factor\": 0}}",
-          "model.moe.capacity_factor: must be > 0, got 0" },
+        { "\"model\": {\"moe\": {\"num_experts\": 8, \"capacity_factor\": -0.5}}",
+          "model.moe.capacity_factor: must be >= 0, got -0.5" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"eval_capacity_factor\": -1}}",
-          "model.moe.eval_capacity_factor: must be > 0, got -1" },
+          "model.moe.eval_capacity_factor: must be >= 0, got -1" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 7}}",
           "model.moe.every: must be in [1, model.n_layer = 6], got 7" },
         { "\"model\": {\"moe\": {\"num_experts\": 8, \"every\": 0}}",

@@ -673,6 +673,52 @@ static void test_other_writer_held(void **s)
     state_close(st);
 }
 
+/* The lost ranks of a run (schema 0013): none on a new run; set, read
+ * back field by field (hostname and why are not stored); cleared by NULL
+ * and by node_id 0; both lists (get and list) read them. */
+static void test_lost_columns(void **s)
+{
+    (void)s;
+    state *st = state_db_open(dbpath);
+    int64_t id = state_run_insert(st, "lost", "{}", 10, 0, NULL);
+    assert_true(id > 0);
+    run_row r;
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.lost.node_id, 0);
+    run_row_clear(&r);
+    run_lost l = {.node_id = 7, .rank = 3, .local_rank = 1, .ranks = 2};
+    snprintf(l.hostname, sizeof l.hostname, "w");
+    snprintf(l.why, sizeof l.why, "gone");
+    assert_int_equal(state_run_set_lost(st, id, &l), 0);
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.lost.node_id, 7);
+    assert_int_equal(r.lost.rank, 3);
+    assert_int_equal(r.lost.local_rank, 1);
+    assert_int_equal(r.lost.ranks, 2);
+    assert_string_equal(r.lost.hostname, "");
+    assert_string_equal(r.lost.why, "");
+    run_row_clear(&r);
+    run_row *rows;
+    int n;
+    assert_int_equal(state_run_list(st, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].lost.node_id, 7);
+    assert_int_equal(rows[0].lost.local_rank, 1);
+    run_rows_free(rows, n);
+    assert_int_equal(state_run_set_lost(st, id, NULL), 0);
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.lost.node_id, 0);
+    assert_int_equal(r.lost.ranks, 0);
+    run_row_clear(&r);
+    assert_int_equal(state_run_set_lost(st, id, &l), 0);
+    l.node_id = 0;
+    assert_int_equal(state_run_set_lost(st, id, &l), 0);
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.lost.node_id, 0);
+    run_row_clear(&r);
+    state_close(st);
+}
+
 TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damaged_refused, setup, teardown),
@@ -683,4 +729,5 @@ TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_summary_columns, setup, teardown),
     cmocka_unit_test_setup_teardown(test_long_text_whole, setup, teardown),
     cmocka_unit_test_setup_teardown(test_other_writer_held, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_command_log, setup, teardown))
+    cmocka_unit_test_setup_teardown(test_command_log, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_lost_columns, setup, teardown))

@@ -118,7 +118,8 @@ def moe_mlp(h, p, cfg, aux_terms):
     probs = logits.softmax(-1)
     lse = torch.logsumexp(logits, -1)
     top = logits.detach().argmax(-1)  # (N, k), first maximum
-    cap = math.ceil(cf * N / Ep)
+    # capacity factor 0: dropless, every token an expert is offered
+    cap = N if cf == 0 else math.ceil(cf * N / Ep)
     W1 = p["moe.experts.c_fc.weight"].view(E, H, C)
     b1 = p["moe.experts.c_fc.bias"].view(E, H)
     W2 = p["moe.experts.c_proj.weight"].view(E, C, H)
@@ -299,6 +300,8 @@ def main():
         moe = ["3", "16", "2", "8", "37", "3", "4", "2", "12", "1.0",
                "0.5", "0.1"]
         fails += sum(check(dump_bin, S, tmp, moe) for S in (1, 2, 3))
+        # dropless (capacity factor 0): no token dropped
+        fails += check(dump_bin, 2, tmp, moe[:9] + ["0"] + moe[10:])
         mixed = ["4"] + moe[1:] + ["2"]
         fails += sum(check(dump_bin, S, tmp, mixed, every=2)
                      for S in (2, 3, 4))

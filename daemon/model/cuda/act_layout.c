@@ -3,21 +3,12 @@
  */
 #include "model/cuda/act_layout.h"
 
+#include "kernels.h"
+
 #include <math.h>
 #include <string.h>
 
 static size_t ceil_div_(size_t a, size_t b) { return (a + b - 1) / b; }
-
-/* kernels/cpu/moe.c moe_capacity, copied so that the planner and the CUDA
- * model need no CPU kernels: keep the two alike (tests/gpu/test_model_moe
- * compares the dropped counts of the two models) */
-int gpt_cuda_moe_capacity(double cf, int N, int E, int k)
-{
-    double c = ceil(cf * ((double)N / (double)(E / k)));
-    if (c < 1) c = 1;
-    if (c > (double)N) c = (double)N;
-    return (int)c;
-}
 
 size_t gpt_cuda_moe_rows(const model_config *cfg, int B)
 {
@@ -26,7 +17,7 @@ size_t gpt_cuda_moe_rows(const model_config *cfg, int B)
     size_t N = (size_t)B * (size_t)cfg->seq_len, E = (size_t)cfg->moe_experts;
     double cf = cfg->moe_capacity_factor > cfg->moe_eval_capacity_factor
                     ? cfg->moe_capacity_factor : cfg->moe_eval_capacity_factor;
-    return E * (size_t)gpt_cuda_moe_capacity(cf, (int)N, (int)E,
+    return E * (size_t)moe_capacity(cf, (int)N, (int)E,
                                              cfg->moe_prototypes);
 }
 

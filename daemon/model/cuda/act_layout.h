@@ -89,10 +89,6 @@ static inline int gpt_cuda_mlp_index(const model_config *cfg, int l)
  * sequences: E * the capacity (kernels.h moe_capacity) of the larger of
  * capacity_factor and eval_capacity_factor; 0 for a dense model. */
 size_t gpt_cuda_moe_rows(const model_config *cfg, int B);
-/* kernels.h moe_capacity (tokens per expert of N tokens at capacity factor
- * cf, E experts in k prototypes), for code that links no CPU kernels. */
-int gpt_cuda_moe_capacity(double cf, int N, int E, int k);
-
 /* What the ops need, in their own units. */
 typedef struct {
     size_t scratch_floats;  /* max of matmul backward (B*T rows, 4C

@@ -24,7 +24,7 @@ static moe_dims moe_dims_(const gpt_cuda *g, int B)
                   model_moe_hidden(c), 0};
     double cf = g->moe_eval ? c->moe_eval_capacity_factor
                             : c->moe_capacity_factor;
-    d.capacity = gpt_cuda_moe_capacity(cf, d.N, d.E, d.k);
+    d.capacity = moe_capacity(cf, d.N, d.E, d.k);
     return d;
 }
 
