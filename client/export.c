@@ -706,18 +706,16 @@ int weights_read_llmc(m6_weights *w, const char *path, char *err,
                       size_t errlen)
 {
     memset(w, 0, sizeof *w);
-    FILE *f = fopen(path, "rb");
+    struct stat st;
+    int fd = open_regular(path, 0, &st, err, errlen);  /* no FIFO hang */
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
-    struct stat st;
     int32_t hdr[LLMC_HEADER_INTS];
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        fclose(f);
-        return -1;
-    }
     if ((size_t)st.st_size < sizeof hdr ||
         fread(hdr, sizeof hdr, 1, f) != 1) {
         snprintf(err, errlen, "%s: truncated header: %lld bytes, an llm.c "

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include <jansson.h>
 
 #include "common/clock.h"
+#include "common/durable.h"
 #include "common/paths.h"
 #include "proto/frame.h"
 #include "m6.pb-c.h"
@@ -353,10 +355,17 @@ static char *resolve_data_paths_(char *buf, const char *path)
  * absolute; NULL with the error printed. */
 char *m6ctl_read_spec_(const char *path)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        m6ctl_errf_("%s: %s", path, strerror(errno));
-        return NULL;
+    FILE *f = stdin;
+    if (strcmp(path, "-") != 0) {
+        /* a FIFO (or a device) is refused, as m6d refuses one: reading it
+         * would wait for a writer forever */
+        char err[PATH_MAX + 128];
+        int fd = open_regular(path, 0, NULL, err, sizeof err);
+        if (fd < 0 || !(f = fdopen(fd, "rb"))) {
+            if (fd >= 0) close(fd);
+            m6ctl_errf_("%s", fd < 0 ? err : strerror(errno));
+            return NULL;
+        }
     }
     size_t cap = 65536, n = 0;
     char *buf = malloc(cap + 1);
@@ -453,9 +462,11 @@ static int cmd_status_(int argc, char **argv)
     return EXIT_OK;
 }
 
-/* A command's reply: the run (--json) or the message; freed. */
-static int reply_(M6__Response *resp)
+/* A command on one run (msg: its RunRef, or a request holding one), its
+ * answer printed. */
+static int command_ref_(M6__Request__BodyCase which, ProtobufCMessage *msg)
 {
+    M6__Response *resp = m6ctl_ask_(which, msg);
     if (!resp) return EXIT_ERR;
     if (g.json) print_run_(resp->run, resp->message);
     else printf("%s\n", resp->message);
@@ -465,12 +476,15 @@ static int reply_(M6__Response *resp)
 
 static int command_(M6__Request__BodyCase which, const char *arg)
 {
-    return reply_(m6ctl_run_request_(which, arg));
+    M6__RunRef ref;
+    if (m6ctl_parse_run_(arg, &ref) < 0) return EXIT_ERR;
+    return command_ref_(which, &ref.base);
 }
 
 static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
-/* resume RUN, or with --world-size N [--expert-parallel P] a resume at
- * that layout (ResumeAt) */
+/* resume RUN: --from-scratch for a run whose checkpoints are gone; or
+ * with --world-size N [--expert-parallel P] a resume at that layout
+ * (ResumeAt) */
 static int cmd_resume_(int argc, char **argv)
 {
     (void)argc;
@@ -478,14 +492,20 @@ static int cmd_resume_(int argc, char **argv)
         m6ctl_errf_("--expert-parallel: needs --world-size");
         return EXIT_USAGE;
     }
-    if (!g.world_size) return command_(M6__REQUEST__BODY_RESUME, argv[0]);
+    if (g.world_size && g.from_scratch) {
+        m6ctl_errf_("--from-scratch starts the run over at its own layout: "
+                    "leave out --world-size");
+        return EXIT_USAGE;
+    }
     M6__RunRef ref;
     if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;
+    ref.from_scratch = g.from_scratch;
+    if (!g.world_size) return command_ref_(M6__REQUEST__BODY_RESUME, &ref.base);
     M6__ResumeAt q = M6__RESUME_AT__INIT;
     q.run = &ref;
     q.world_size = g.world_size;
     q.expert_parallel = g.expert_parallel;
-    return reply_(m6ctl_ask_(M6__REQUEST__BODY_RESUME_AT, &q.base));
+    return command_ref_(M6__REQUEST__BODY_RESUME_AT, &q.base);
 }
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
 static int cmd_stop_(int argc, char **argv) { return command_(M6__REQUEST__BODY_STOP, argv[0]); }
@@ -618,7 +638,7 @@ static int cmd_data_(int argc, char **argv)
 enum { F_JSON = 1, F_CSV = 2, F_PREPARE = 4, F_WATCH = 8, F_PLAN = 16,
        F_RUN = 32 /* the first argument is a RUN: checked before dispatch */,
        F_EXPORT = 64, F_IMPORT = 128, F_PLOT = 256 /* export's options */,
-       F_RESUME = 512 /* resume's layout */ };
+       F_RESUME = 512 /* resume's layout, --from-scratch */ };
 
 typedef struct {
     const char *name;
@@ -686,8 +706,11 @@ static const command commands_[] = {
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
     {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_RESUME,
-     "RUN [--world-size N [--expert-parallel P]]",
-     "Resume a paused run (at another layout: from its newest checkpoint)."},
+     "RUN [--world-size N [--expert-parallel P] | --from-scratch]",
+     "Resume a paused run (at another layout: from its newest checkpoint).\n"
+     "A run paused because its checkpoint directories are gone resumes from\n"
+     "them once they are back; --from-scratch trains it again from step 0\n"
+     "instead, dropping its metrics rows (events say so)."},
     {"delink", cmd_delink_, 1, 1, F_JSON | F_RUN, "RUN",
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
@@ -764,6 +787,9 @@ static void command_usage_(FILE *f, const command *c)
             c->usage[0] ? " " : "", c->usage, c->help);
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
+    if (c->flags & F_RESUME)
+        fprintf(f, "  --from-scratch    a run whose checkpoints are gone: train it\n"
+                   "                    again from step 0 (its metrics rows dropped)\n");
     if (c->flags & F_WATCH)
         fprintf(f, "  --interval SEC    poll period (default 0.5)\n"
                    "  --reconnect SEC   keep retrying an unreachable m6d this long\n"
@@ -847,7 +873,7 @@ enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
        O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
        O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
-       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP };
+       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP, O_SCRATCH };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -860,6 +886,7 @@ static const struct option opts_[] = {
     {"daemon", no_argument, 0, O_DAEMON},
     {"step", required_argument, 0, O_STEP}, {"format", required_argument, 0, O_FORMAT},
     {"force", no_argument, 0, O_FORCE},
+    {"from-scratch", no_argument, 0, O_SCRATCH},
     {"nodes", required_argument, 0, O_NODES},
     {"gpus-per-node", required_argument, 0, O_GPN},
     {"host-memory", required_argument, 0, O_HOSTMEM},
@@ -925,6 +952,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     }
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
+    case O_SCRATCH: ok = cmd->flags & F_RESUME; g.from_scratch = 1; break;
     case O_WORLD: case O_EP: case O_NODES: case O_GPN: {
         /* counts of 1..65536: resume's layout, plan's cluster */
         int plan = ch == O_NODES || ch == O_GPN;

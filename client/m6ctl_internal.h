@@ -53,6 +53,7 @@ typedef struct {
     long export_step;       /* export --step; -1: the newest checkpoint */
     char format[32];        /* export --format */
     int force;              /* export, import: replace --out */
+    int from_scratch;       /* resume --from-scratch */
 } m6ctl_opts;
 extern m6ctl_opts g;
 

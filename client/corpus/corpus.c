@@ -254,6 +254,15 @@ static int collect_(file_list_ *fl, const char *path, int depth, char *err,
         fl->n++;
         return 0;
     }
+    if (!S_ISDIR(st.st_mode) && depth == 0) {
+        /* named: a FIFO, socket or device is refused as everywhere else
+         * (open_regular's words), not skipped */
+        int fd = open_regular(path, 0, NULL, err, errlen);
+        if (fd < 0) return -1;
+        close(fd);  /* a regular file since the stat */
+        seterr_(err, errlen, "%s: changed while being listed", path);
+        return -1;
+    }
     if (!S_ISDIR(st.st_mode)) {  /* fifo, socket, device: never read */
         fl->skipped++;
         return 0;
@@ -329,11 +338,8 @@ static int reader_open_(reader_ *r, const char *path, char *err, size_t errlen)
 {
     r->path = path;
     r->gz = NULL;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) {
-        seterr_(err, errlen, "%s: open: %s", path, strerror(errno));
-        return -1;
-    }
+    r->fd = open_regular(path, 0, NULL, err, errlen);  /* no FIFO hang */
+    if (r->fd < 0) return -1;
     /* .dz: dictzip (dictd's dictionaries), gzip with a chunk index */
     if (ends_with_(path, ".gz") || ends_with_(path, ".dz")) {
         r->gz = gzdopen(r->fd, "rb");

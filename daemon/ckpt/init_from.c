@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/gpt.h"
@@ -139,6 +140,13 @@ int init_from_open(const run_spec *spec, init_src *src, m6_err *err)
         gpt_slot_kinds(mc, S, map, kind, NULL, 0) != 0) {
         m6_err_set(err, M6_EINVALID, "init.from: %d slots cannot hold the "
                    "model", S);
+        goto fail_mem;
+    }
+    struct stat sb;  /* a FIFO or a file named: said, not "Not a directory" */
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        m6_err_set(err, M6_EINVALID, "init.from: %s is %s, not a directory "
+                   "(want an m6 checkpoint directory)", dir,
+                   file_kind_name((unsigned)sb.st_mode));
         goto fail_mem;
     }
     if (check_share_map_(dir, L, S, map, err) != 0)

@@ -40,6 +40,9 @@ typedef enum {
     M6_ENOFILE,    /* ... m6d ran out of file descriptors opening them */
     M6_ENOCKPT,    /* no checkpoint of a run loads (the run starts over
                     * from step 0 when resumed) */
+    M6_ECKPTGONE,  /* a run's recorded checkpoint directories are gone and
+                    * no older one loads: it stays paused, its rows kept,
+                    * until they are back or the operator starts it over */
     M6_ESUBMITFD,  /* m6d ran out of file descriptors checking a spec's
                     * data at submit: nothing is queued, the data may be
                     * fine */

@@ -39,6 +39,13 @@ static inline m6_advice m6_advice_for(m6_code code)
     case M6_ENOCKPT:
         return (m6_advice){": ", "`m6ctl resume` starts the run over from "
                                  "step 0"};
+    case M6_ECKPTGONE:
+        return (m6_advice){"; ", "put the checkpoints back where they were "
+                                 "and `m6ctl resume RUN` takes the run up "
+                                 "from them; or `m6ctl resume RUN "
+                                 "--from-scratch` trains it again from step 0 "
+                                 "(its metrics rows are then dropped, and "
+                                 "events say so)"};
     default:
         return (m6_advice){"", NULL};
     }

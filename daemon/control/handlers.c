@@ -92,6 +92,7 @@ static M6__Status status_of_(m6_code code)
     case M6_EDATA:    /* a run's data: what refused the command */
     case M6_ENOFILE:
     case M6_ENOCKPT: return M6__STATUS__STATUS_BAD_STATE;
+    case M6_ECKPTGONE: return M6__STATUS__STATUS_BAD_STATE;
     case M6_EINVALID: return M6__STATUS__STATUS_INVALID_SPEC;
     case M6_EINTERNAL:
     case M6_ESUBMITFD: /* m6d's limit, not the spec's fault */
@@ -290,13 +291,14 @@ static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
                "run reference needs an id > 0 or a name (1..255 bytes)");
         return -1;
     }
-    int rc = state_run_find_name(c->h->st, ref->name, id);
+    char ids[256];
+    int rc = state_run_find_name(c->h->st, ref->name, id, ids, sizeof ids);
     if (rc == 0) return 0;
     if (rc == 1)
         reply_(c, M6__STATUS__STATUS_NOT_FOUND, "no run named \"%s\"", ref->name);
     else if (rc == 2)
-        reply_(c, M6__STATUS__STATUS_BAD_REQUEST,
-               "several runs are named \"%s\"; use the numeric id", ref->name);
+        reply_(c, M6__STATUS__STATUS_BAD_REQUEST, "several runs are named "
+               "\"%s\" (ids %s); use the numeric id", ref->name, ids);
     else
         reply_(c, M6__STATUS__STATUS_INTERNAL, "database error");
     return -1;
@@ -536,7 +538,8 @@ static void do_command_(call *c, const M6__RunRef *ref, runner_cmd cmd)
 {
     int64_t id;
     if (resolve_(c, ref, &id) < 0) return;
-    m6_err e = runner_command(c->h->runner, id, cmd);
+    m6_err e = runner_command(c->h->runner, id, cmd,
+                              ref->from_scratch ? RUNNER_FROM_SCRATCH : 0);
     if (e.code != M6_OK || reply_run_(c, id) == 0)
         reply_err_(c, &e, NULL);
     m6_err_free(&e);

@@ -115,9 +115,11 @@ static void outside_(const run_ckpts *s, int64_t run, const ckpt_row *r,
 /* -------------------------------------------------------------- reconcile */
 
 /* For one run: remove *.tmp-* leftovers of an interrupted trainer_save, add
- * complete step-N dirs the DB missed (crash between rename and insert), drop
- * rows whose directory is gone. */
-static void reconcile_run_(const run_ckpts *s, int64_t run)
+ * complete step-N dirs the DB missed (crash between rename and insert).
+ * A row whose directory is gone is kept for a run that may train again
+ * (live: running or paused; run_ckpts_restore decides) and dropped, with an
+ * event, for one that has ended. */
+static void reconcile_run_(const run_ckpts *s, int64_t run, int live)
 {
     char dir[4096];
     run_ckpts_dir(s, run, dir, sizeof dir);
@@ -157,9 +159,16 @@ static void reconcile_run_(const run_ckpts *s, int64_t run)
         for (int i = 0; i < n; i++) {
             int ds = dir_state_(rows[i].path);
             if (ds == 0) {
-                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s",
-                         (long long)run, (long long)rows[i].step, rows[i].path);
-                state_checkpoint_delete(s->st, run, rows[i].step);
+                log_warn("checkpoint.missing", "run=%lld step=%lld path=%s "
+                         "action=%s", (long long)run, (long long)rows[i].step,
+                         rows[i].path, live ? "kept" : "row_dropped");
+                if (!live) {
+                    state_event(s->st, run, "checkpoint.missing", "step=%lld "
+                                "%s is gone; the run has ended: its row is "
+                                "dropped", (long long)rows[i].step,
+                                rows[i].path);
+                    state_checkpoint_delete(s->st, run, rows[i].step);
+                }
             } else if (ds < 0) {
                 log_warn("checkpoint.unreadable", "run=%lld step=%lld path=%s "
                          "err=\"%s\" action=kept", (long long)run,
@@ -176,7 +185,9 @@ void run_ckpts_reconcile(const run_ckpts *s)
     run_row *runs;
     int n;
     if (state_run_list(s->st, &runs, &n) < 0) return;
-    for (int i = 0; i < n; i++) reconcile_run_(s, runs[i].id);
+    for (int i = 0; i < n; i++)
+        reconcile_run_(s, runs[i].id, runs[i].state == RUN_RUNNING ||
+                                          runs[i].state == RUN_PAUSED);
     run_rows_free(runs, n);
 }
 
@@ -257,9 +268,61 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen)
     snprintf(kept, keptlen, "%s", path);
 }
 
+/* run_ckpts_restore's mark on its copy of a row whose directory is gone
+ * (its bytes: never a size). */
+enum { GONE_ = -1 };
+
+/* The recorded checkpoints of run whose directory is gone (rows[0..n),
+ * oldest first, marked GONE_), as m6_err code M6_ECKPTGONE into *lost: the
+ * directory that holds them when it is gone whole, else each step's. */
+static void gone_(const run_ckpts *s, int64_t run, const ckpt_row *rows,
+                  int n, m6_err *lost)
+{
+    char dir[4096], steps[512] = "";
+    run_ckpts_dir(s, run, dir, sizeof dir);
+    int whole = dir_state_(dir) == 0, ng = 0;
+    const char *newest = NULL;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].bytes != GONE_) continue;
+        size_t k = strlen(steps);
+        snprintf(steps + k, sizeof steps - k, "%s%lld", ng ? ", " : "",
+                 (long long)rows[i].step);
+        newest = rows[i].path;
+        ng++;
+    }
+    if (whole)
+        m6_err_set(lost, M6_ECKPTGONE, "run %lld's checkpoint directory %s "
+                   "is gone (it held the checkpoint%s of step %s); nothing "
+                   "was dropped and the run does not start over by itself",
+                   (long long)run, dir, ng > 1 ? "s" : "", steps);
+    else
+        m6_err_set(lost, M6_ECKPTGONE, "run %lld's checkpoint%s of step %s "
+                   "%s gone (the newest was %s) and no older one loads; "
+                   "nothing was dropped and the run does not start over by "
+                   "itself", (long long)run, ng > 1 ? "s" : "", steps,
+                   ng > 1 ? "are" : "is", newest);
+}
+
+/* The rows of run's checkpoints whose directory is gone, dropped at the
+ * operator's word (resume --from-scratch): said in an event each. */
+static void forget_gone_(const run_ckpts *s, int64_t run, const ckpt_row *rows,
+                         int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (dir_state_(rows[i].path) != 0) continue;
+        log_warn("checkpoint.forgotten", "run=%lld step=%lld path=%s",
+                 (long long)run, (long long)rows[i].step, rows[i].path);
+        state_event(s->st, run, "checkpoint.forgotten", "step=%lld %s is "
+                    "gone; its row is dropped at the operator's word "
+                    "(resume --from-scratch)", (long long)rows[i].step,
+                    rows[i].path);
+        state_checkpoint_delete(s->st, run, rows[i].step);
+    }
+}
+
 int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
-                      trainer **t, int *data_rc, long *step, m6_err *err,
-                      m6_err *lost)
+                      trainer **t, int *data_rc, long *step, int forget_gone,
+                      m6_err *err, m6_err *lost)
 {
     ckpt_row *rows;
     int n;
@@ -267,9 +330,21 @@ int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
     m6_err_free(lost);
     m6_err newest = M6_ERR_NONE;  /* why the newest does not load */
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) n = 0, rows = NULL;
+    if (forget_gone) {
+        forget_gone_(s, run, rows, n);
+        free(rows);
+        if (state_checkpoints_list(s->st, run, &rows, &n) < 0)
+            n = 0, rows = NULL;
+    }
+    int gone = 0;  /* rows whose directory is gone, newer than the loaded */
     for (int i = n - 1; i >= 0; i--) {
         char kept[4200];
         m6_err le = M6_ERR_NONE;
+        if (dir_state_(rows[i].path) == 0) {
+            gone++;  /* not there to load: not set aside, row kept */
+            rows[i].bytes = GONE_;
+            continue;
+        }
         if (trainer_load(*t, rows[i].path, &le) == 0) {
             *step = trainer_step_count(*t);
             log_info("run.restore", "run=%lld step=%ld path=%s",
@@ -302,6 +377,27 @@ int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
             m6_err_free(&newest);
             return -1;
         }
+    }
+    if (gone && *step < 0) {
+        /* nothing older loads: paused, the rows kept for when the
+         * directories are back */
+        gone_(s, run, rows, n, lost);
+        free(rows);
+        m6_err_free(&newest);
+        return 2;
+    }
+    for (int i = n - 1; gone && i >= 0 && rows[i].step > *step; i--) {
+        /* an older one loads: the run goes on from it, as from a newest
+         * that does not load (checkpoint.bad) */
+        if (rows[i].bytes != GONE_) continue;
+        log_warn("checkpoint.missing", "run=%lld step=%lld path=%s "
+                 "action=resumes_from step=%ld", (long long)run,
+                 (long long)rows[i].step, rows[i].path, *step);
+        state_event(s->st, run, "checkpoint.missing", "step=%lld %s is gone; "
+                    "the run goes on from the checkpoint of step %ld (the "
+                    "steps after it are trained again)",
+                    (long long)rows[i].step, rows[i].path, *step);
+        state_checkpoint_delete(s->st, run, rows[i].step);
     }
     free(rows);
     if (*step < 0 && trainer_init_error(*t)) {

@@ -6,8 +6,10 @@
  * A checkpoint is complete once its directory has its final name
  * (trainer_save renames <dir>.tmp-<pid>); *.tmp-* leftovers of an
  * interrupted save are removed at reconcile. A directory the DB missed is
- * adopted; a row whose directory is gone is dropped; a checkpoint that does
- * not load is set aside as <dir>.bad (never adopted again).
+ * adopted; a row whose directory is gone is kept while its run may train
+ * again (run_ckpts_restore: the run goes on from an older checkpoint, or
+ * pauses) and dropped once it has ended; a checkpoint that does not load is
+ * set aside as <dir>.bad (never adopted again).
  *
  * Threads: only the runner thread, or runner_init before it
  * starts (it walks directories and writes the state DB).
@@ -31,8 +33,10 @@ void run_ckpts_dir(const run_ckpts *s, int64_t run, char *buf, size_t len);
 
 /* For every run in the DB: remove *.tmp-* leftovers (event
  * checkpoint.stray), add complete step-N dirs the DB missed (a crash
- * between rename and insert), drop rows whose directory is gone (one that
- * m6d may not look at, EACCES or EIO, is kept and logged). */
+ * between rename and insert); a row whose directory is gone is logged
+ * (checkpoint.missing) and kept for a running or paused run, dropped for
+ * an ended one (event checkpoint.missing); one that m6d may not look at,
+ * EACCES or EIO, is kept and logged. */
 void run_ckpts_reconcile(const run_ckpts *s);
 
 /* Write t's state as the checkpoint of its current step (why: "every",
@@ -55,13 +59,23 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen);
  * may have half-filled it): with data_rc (not NULL) by
  * trainer_create_resumable, which sets *data_rc and err anew, else by
  * trainer_create. *step: the loaded step, -1 when none loaded.
+ * A checkpoint whose directory is gone is skipped, not set aside: when an
+ * older one loads, the run goes on from it and each gone one newer than it
+ * has its row dropped with an event (checkpoint.missing); when none loads,
+ * every row is kept (the directories may be put back). forget_gone (the
+ * operator's resume --from-scratch) first drops the rows of the gone ones
+ * (event checkpoint.forgotten each).
  * Returns 0; 1 when checkpoints existed but none loaded: *lost (code
  * M6_ENOCKPT) then says "no checkpoint of run N loads: checkpoint of step
  * S does not load (<why>; kept as <path>), nor does any older one" (what
- * the operator can do is the edge's to add); -1 with *err when no trainer
- * could be made (*t is then NULL). The caller frees *err and *lost. */
+ * the operator can do is the edge's to add); 2 when a checkpoint's
+ * directory is gone and none older loads: *lost (code M6_ECKPTGONE) names
+ * the directory (the run's checkpoint directory when it is gone whole) and
+ * the steps, *t is fresh and nothing in m6.db changed but the rows of
+ * older checkpoints that did not load; -1 with *err when no trainer could
+ * be made (*t is then NULL). The caller frees *err and *lost. */
 int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
-                      trainer **t, int *data_rc, long *step, m6_err *err,
-                      m6_err *lost);
+                      trainer **t, int *data_rc, long *step, int forget_gone,
+                      m6_err *err, m6_err *lost);
 
 #endif /* M6_RUNNER_RUN_CKPTS_H */

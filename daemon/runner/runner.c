@@ -34,7 +34,9 @@
 int runner_checkpoint_(run_ctx *r, const char *why, m6_err *err)
 {
     long step = trainer_step_count(r->t);
-    if (step == r->last_ckpt) return 0;
+    /* checkpoints gone: the trainer is fresh, and a checkpoint of it is
+     * one the next start would go on from, over the recorded steps */
+    if (step == r->last_ckpt || r->ckpts_gone) return 0;
     /* optimizer.shard, nodes.expert_parallel: every rank gathers first (a
      * partial state, rank 0's part, is never written: trainer_save
      * refuses it) */
@@ -60,13 +62,20 @@ void runner_on_(runner *c, run_machine_event ev, const char *reason)
 }
 
 /* What status shows of the trainer: its step and phase. */
+long runner_step_(const run_ctx *r)
+{
+    return r->ckpts_gone ? r->gone_step : trainer_step_count(r->t);
+}
+
 void runner_publish_(run_ctx *r)
 {
     runner *c = r->c;
     pthread_mutex_lock(&c->mu);
-    c->active_step = trainer_step_count(r->t);
-    c->machine.real = trainer_phase(r->t) == PHASE_REAL;
-    c->machine.delink_step = trainer_delink_step(r->t);
+    c->active_step = runner_step_(r);
+    c->machine.real = r->ckpts_gone ? r->gone_real
+                                    : trainer_phase(r->t) == PHASE_REAL;
+    c->machine.delink_step = r->ckpts_gone ? (long)r->recorded_delink
+                                           : trainer_delink_step(r->t);
     c->delinking_at = -1;  /* done, or (a failed delink) no longer coming */
     c->in_step = 0;        /* at the boundary of active_step */
     pthread_mutex_unlock(&c->mu);
@@ -106,7 +115,7 @@ void runner_offload_sample_(run_ctx *r)
     offload_publish_(r, &p, 0);
 }
 
-static void fail_run_(run_ctx *r, const char *what, const char *err)
+void runner_fail_run_(run_ctx *r, const char *what, const char *err)
 {
     m6_err m = m6_err_make(M6_EINTERNAL, "%s: %s", what, err);
     log_error("run.failed", "run=%lld err=\"%s\"", (long long)r->id, m.msg);
@@ -124,7 +133,7 @@ static void fail_run_(run_ctx *r, const char *what, const char *err)
 void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
 {
     runner *c = r->c;
-    long step = trainer_step_count(r->t);
+    long step = runner_step_(r);
     log_error("run.paused", "run=%lld step=%ld reason=\"%s\"",
               (long long)r->id, step, reason);
     pthread_mutex_lock(&c->mu);
@@ -132,7 +141,8 @@ void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
         log_warn("runner.event", "run=%lld event=%d state=%s: not expected",
                  (long long)r->id, (int)ev, run_state_name(c->machine.state));
     c->machine.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
-                      : ev == RUN_EV_CKPT_LOST ? M6_ENOCKPT : M6_EBADSTATE;
+                      : ev != RUN_EV_CKPT_LOST ? M6_EBADSTATE
+                      : r->ckpts_gone ? M6_ECKPTGONE : M6_ENOCKPT;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     /* held: recorded as soon as m6.db can take it, even while another
@@ -188,7 +198,7 @@ int runner_flush_(run_ctx *r, m6_err *err)
  * abandoned and the command taken at the boundary right after it. A pass
  * of many batches (train.eval_batches) would otherwise hold the command,
  * and SIGTERM, for as long as it runs. */
-static int eval_interrupt_(void *ud)
+int runner_eval_interrupt_(void *ud)
 {
     runner *c = ud;
     pthread_mutex_lock(&c->mu);
@@ -199,7 +209,7 @@ static int eval_interrupt_(void *ud)
 }
 
 /* The validation pass of step was abandoned for a command
- * (eval_interrupt_; why says after how many batches): the step has no
+ * (runner_eval_interrupt_; why says after how many batches): the step has no
  * val_loss for now and owes the pass (r->eval_owed), redone whole before
  * the next step (retry_data_: after a resume, or at the next start, where
  * align_tables_ finds the row without one). An event and a log line say
@@ -215,7 +225,7 @@ static void eval_interrupted_(run_ctx *r, long step, const m6_err *why)
 
 /* The code of a data error (rc TRAINER_EDATA or TRAINER_ENOFILE): what
  * the handler's advice is keyed by (`m6ctl resume` reopens the data). */
-static m6_code data_code_(int rc)
+m6_code runner_data_code_(int rc)
 {
     return rc == TRAINER_ENOFILE ? M6_ENOFILE : M6_EDATA;
 }
@@ -248,7 +258,7 @@ static int retry_data_(run_ctx *r, int redo, m6_err *err)
     }
     if (rc != 0) {
         r->data_error = 1;  /* reopen the data again next time */
-        r->data_code = data_code_(rc);
+        r->data_code = runner_data_code_(rc);
         return -1;
     }
     if (r->eval_owed) {
@@ -263,73 +273,6 @@ static int retry_data_(run_ctx *r, int redo, m6_err *err)
 }
 
 /* ------------------------------------------------------------ run set-up */
-
-/* Make the state DB agree with the trainer a run resumes from (its
- * checkpoint's step and phase): metrics past the checkpoint are redone;
- * an operator delink recorded at a step not reached yet is kept and
- * replayed at that step (r->replay_delink); runs.delink_step is where this
- * trajectory delinked. Returns state_metrics_truncate's count (-1: the
- * rows could not be dropped). */
-static int align_tables_(run_ctx *r, int was_queued, int64_t recorded_delink)
-{
-    runner *c = r->c;
-    int64_t id = r->id;
-    long step = trainer_step_count(r->t);
-    int phase = trainer_phase(r->t) == PHASE_REAL;
-    int dropped = state_metrics_truncate(c->st, id, step);
-    int64_t from;
-    if (phase == 0 && state_phase_get(c->st, id, 1, &from) == 0) {
-        if (from >= step)
-            r->replay_delink = (long)from;
-        else
-            state_phase_delete(c->st, id, 1);
-    }
-    if (state_phase_get(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, &from) == 1)
-        state_phase_set(c->st, id, r->spec.pseudo.steps > 0 ? 0 : 1, 0);
-    state_run_set_progress(c->st, id, step, phase);
-    /* runs.delink_step says where the trajectory we resume from delinked
-     * (-1: it has not, or it trains from scratch); a delink recorded past
-     * the checkpoint is recorded again when it is replayed */
-    if (recorded_delink != trainer_delink_step(r->t))
-        state_run_set_delink(c->st, id, trainer_delink_step(r->t));
-    /* Steps between the last row m6.db has and the checkpoint: their
-     * records were held in memory (m6.db locked by another process) when
-     * m6d ended, while the checkpoint made it to disk (adopted by
-     * run_ckpts_reconcile). They are not trained again: said, not
-     * silent. */
-    if (!was_queued && step > 0) {
-        metric_row last;
-        double last_val;
-        int lr = state_metric_last(c->st, id, &last, &last_val);
-        long first_missing = lr == 1 ? 1 : lr == 0 ? (long)last.step + 1 : 0;
-        if (first_missing > 0 && first_missing <= step) {
-            log_warn("metrics.gap", "run=%lld steps=%ld-%ld cause=\"their "
-                     "records were held in memory (m6.db locked) when m6d "
-                     "ended; the checkpoint at step %ld was kept\"",
-                     (long long)id, first_missing, step, step);
-            state_event(c->st, id, "metrics.gap", "steps %ld-%ld have no "
-                        "metrics rows: their records were held in memory "
-                        "(m6.db locked by another process) when m6d ended; "
-                        "training goes on from the checkpoint at step %ld",
-                        first_missing, step, step);
-        }
-    }
-    /* A step whose training went through but whose validation pass could
-     * not read the data (its row, the newest left, has no val_loss) owes
-     * that pass: redone before the next step, as in the life that paused
-     * on it. */
-    if (!was_queued && step > 0 && trainer_step_evaluates(r->t, step)) {
-        metric_row last;
-        double last_val;
-        if (state_metric_last(c->st, id, &last, &last_val) == 0 &&
-            last.step == step && isnan(last.val_loss)) {
-            r->pending = last;
-            r->eval_owed = r->data_error = 1;
-            r->data_code = M6_EDATA;
-        }
-    }
-    return dropped;
-}
 
 /* Take up run id: parse its spec, build the trainer, load the newest
  * checkpoint that loads, make the tables agree with it, record the start.
@@ -366,16 +309,18 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     int rc = spec_parse(&r->spec, row.spec, strlen(row.spec), err, sizeof err);
     int was_queued = row.state == RUN_QUEUED;
     int paused = row.state == RUN_PAUSED; /* left paused: stays paused */
-    int64_t recorded_delink = row.delink_step;
+    r->recorded_delink = row.delink_step;
+    r->gone_step = (long)row.step;  /* what it stays at if they are gone */
+    r->gone_real = row.phase;
     /* a paused run keeps its reason */
     char *kept_error = strdup(paused && row.error ? row.error : "");
     run_row_clear(&row);
     if (!kept_error) {
-        fail_run_(r, "setup", "out of memory");
+        runner_fail_run_(r, "setup", "out of memory");
         return -1;
     }
     if (rc < 0) {
-        fail_run_(r, "spec", err);
+        runner_fail_run_(r, "spec", err);
         free(kept_error);
         return -1;
     }
@@ -393,36 +338,27 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     r->t = was_queued ? trainer_create(&r->spec, &e)
                       : trainer_create_resumable(&r->spec, &data_rc, &e);
     if (!r->t) {
-        fail_run_(r, "trainer_create", m6_err_msg(&e));
+        runner_fail_run_(r, "trainer_create", m6_err_msg(&e));
         m6_err_free(&e);
         free(kept_error);
         return -1;
     }
-    if (run_ckpts_restore(&c->ckpts, id, &r->spec, &r->t,
-                          was_queued ? NULL : &data_rc, &r->last_ckpt, &e,
-                          &lost) < 0) {
-        fail_run_(r, "trainer_create", m6_err_msg(&e));
+    if (runner_take_up_(r, was_queued, 0, &data_rc, &e, &lost) < 0) {
+        runner_fail_run_(r, "trainer_create", m6_err_msg(&e));
         m6_err_free(&e);
         free(kept_error);
         return -1;
     }
-    trainer_set_eval_interrupt(r->t, eval_interrupt_, c);
-    /* the shards it opened must hold what the checkpoint was trained on */
-    if (!was_queued && !data_rc && r->last_ckpt >= 0)
-        data_rc = trainer_check_data(r->t, &e);
     m6_err open_err = M6_ERR_NONE;
     if (data_rc) {
         r->data_error = 1;
-        r->data_code = data_code_(data_rc);
+        r->data_code = runner_data_code_(data_rc);
         open_err = e;  /* the data's error, whole */
         e = M6_ERR_NONE;
     }
     m6_err_free(&e);
-    long step = trainer_step_count(r->t);
-    int phase = trainer_phase(r->t) == PHASE_REAL;
-
-    int dropped = align_tables_(r, was_queued, recorded_delink);
-    r->plateau_seed_owed = 1;  /* read before the first step (owed_) */
+    long step = runner_step_(r);
+    int phase = trainer_phase(r->t) == PHASE_REAL, dropped = r->dropped;
 
     pthread_mutex_lock(&c->mu);
     run_machine_set_error(&c->machine, kept_error);
@@ -440,8 +376,8 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
         runner_db_error_(r, "dropping metrics past the checkpoint", &e);
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&e));
     } else if (lost.msg) {
-        /* every checkpoint failed to load: starting over from step 0 is
-         * the operator's call, not a silent one */
+        /* every checkpoint failed to load, or they are gone: starting
+         * over from step 0 is the operator's call, not a silent one */
         runner_pause_error_(r, RUN_EV_CKPT_LOST, lost.msg);
     } else if (data_rc) {
         runner_pause_error_(r, RUN_EV_DATA_ERROR, m6_err_msg(&open_err));
@@ -481,6 +417,8 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
  * again (still owed). redo: as retry_data_'s. */
 int runner_owed_(run_ctx *r, int redo, m6_err *err)
 {
+    /* checkpoints gone: back now, or the operator's start over */
+    if (runner_retake_(r, err) < 0) return -1;
     /* the seed first: the pass retry_data_ redoes is not in m6.db yet */
     if (runner_plateau_seed_(r, err) < 0) return -1;
     int rc = retry_data_(r, redo, err);
@@ -625,7 +563,7 @@ static int step_(run_ctx *r)
         /* like a write that failed: pause, keep the model; the operator
          * fixes the shard and resumes (retry_data_) */
         r->data_error = 1;
-        r->data_code = data_code_(src);
+        r->data_code = runner_data_code_(src);
         if (!res.eval_failed) { /* nothing of the step was done */
             /* the model is the last step's, sound */
             runner_pause_saved_(r, RUN_EV_DATA_ERROR, m6_err_msg(&data_err));
@@ -645,7 +583,7 @@ static int step_(run_ctx *r)
         return 1;
     } else if (src < 0) {
         r->lost = 1;  /* the other ranks are not at a boundary */
-        fail_run_(r, "trainer_step", m6_err_msg(&data_err));
+        runner_fail_run_(r, "trainer_step", m6_err_msg(&data_err));
         m6_err_free(&data_err);
         return -1;
     }
@@ -848,6 +786,7 @@ static void run_one_(runner *c, int64_t id)
             break;
         }
         if (tk.resume) runner_resume_(&r);
+        if (!r.t) break;  /* failed taking it up again (recorded) */
         runner_commands_done_(&r);
         if (relayout) break;  /* set up again from m6.db: the new spec */
         runner_publish_(&r);

@@ -109,8 +109,15 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
  * (up to 10 s) for the runner to try it: the data a pause was for is
  * reopened, the writes owed are done; if that fails the run stays paused
  * and M6_EBADSTATE says why. So call it for a resume only off the event
- * loop (the thread pool). */
-m6_err runner_command(runner *c, int64_t id, runner_cmd cmd);
+ * loop (the thread pool). flags: RUNNER_FROM_SCRATCH with CMD_RESUME of
+ * the active run paused because its checkpoints are gone (M6_ECKPTGONE):
+ * it trains again from step 0 (its init.from, if any), the rows of the
+ * gone checkpoints and its metrics rows dropped and its old delink not
+ * replayed, each said in an event;
+ * refused (M6_EBADSTATE, nothing done) for any other command or run. A
+ * resume replayed from the command log after a crash is a plain one. */
+enum { RUNNER_FROM_SCRATCH = 1 };
+m6_err runner_command(runner *c, int64_t id, runner_cmd cmd, unsigned flags);
 
 /* m6ctl resume RUN --world-size N [--expert-parallel P]: the paused run
  * id continues at nodes.world_size world and nodes.expert_parallel ep (0:
@@ -151,7 +158,7 @@ int runner_offload_get(runner *c, int64_t id, runner_offload *out);
  * its data could not be read, no checkpoint loads), held in memory so
  * status shows it even when the DB cannot record it; *code its kind
  * (M6_EDATA, M6_ENOFILE: the data; M6_ENOCKPT: no checkpoint loads;
- * M6_EBADSTATE otherwise), for the operator's next step. 0: none (or id
+ * M6_ECKPTGONE: they are gone; M6_EBADSTATE otherwise), for the operator's next step. 0: none (or id
  * is not active); 1: *msg set (malloc'd, whole: free it), run not paused
  * yet; 2: *msg set, run paused; -1: out of memory. */
 int runner_run_error(runner *c, int64_t id, char **msg, m6_code *code);

@@ -63,7 +63,7 @@ void runner_commands_done_(run_ctx *r)
     if (r->cmd_upto <= r->cmd_marked)
         return;
     if (state_commands_mark(r->c->st, r->id, r->cmd_upto,
-                            trainer_step_count(r->t)) == 0)
+                            runner_step_(r)) == 0)
         r->cmd_marked = r->cmd_upto;
 }
 
@@ -114,7 +114,7 @@ int runner_stop_(run_ctx *r)
 {
     runner *c = r->c;
     m6_err err = M6_ERR_NONE;
-    long step = trainer_step_count(r->t);
+    long step = runner_step_(r);
     int ok = runner_flush_(r, &err) == 0 && runner_checkpoint_(r, "stop", &err) == 0;
     char detail[64];
     snprintf(detail, sizeof detail, "step=%ld", step);
@@ -151,7 +151,7 @@ int runner_stop_(run_ctx *r)
 void runner_pause_(run_ctx *r)
 {
     m6_err err = M6_ERR_NONE;
-    long step = trainer_step_count(r->t);
+    long step = runner_step_(r);
     if (runner_flush_(r, &err) < 0 || runner_checkpoint_(r, "pause", &err) < 0) {
         runner_pause_error_(r, RUN_EV_WRITE_FAILED, m6_err_msg(&err));
     } else if (commit_state_(r, RUN_PAUSED, "pause", step) < 0) {
@@ -171,7 +171,7 @@ void runner_interrupted_(run_ctx *r, int resume)
 {
     runner *c = r->c;
     m6_err err = M6_ERR_NONE;
-    long step = trainer_step_count(r->t);
+    long step = runner_step_(r);
     pthread_mutex_lock(&c->mu);
     int paused = c->machine.state != RUN_RUNNING; /* PAUSED, or RESUMING untried */
     pthread_mutex_unlock(&c->mu);
@@ -199,12 +199,24 @@ void runner_resume_(run_ctx *r)
 {
     runner *c = r->c;
     m6_err err = M6_ERR_NONE;
-    long step = trainer_step_count(r->t);
     /* a pass a command interrupted is redone after the answer (run_one_);
      * 1: the pass owed for bad data was interrupted again (still owed):
      * the resume stands, the command that interrupted it is taken next */
     int rc = runner_owed_(r, 0, &err) < 0 ? -1 : 0;
-    run_machine_event failed = r->data_error ? RUN_EV_DATA_ERROR : RUN_EV_WRITE_FAILED;
+    long step = r->t ? runner_step_(r) : 0;  /* taken up again: its own */
+    int lost = err.code == M6_ECKPTGONE || err.code == M6_ENOCKPT;
+    run_machine_event failed = lost ? RUN_EV_CKPT_LOST
+                             : r->data_error ? RUN_EV_DATA_ERROR
+                                             : RUN_EV_WRITE_FAILED;
+    if (rc < 0 && !r->t) {
+        /* taking it up again made no trainer: the run failed */
+        runner_fail_run_(r, "trainer_create", m6_err_msg(&err));
+        pthread_mutex_lock(&c->mu);
+        answer_locked_(c, c->resume_serving, m6_err_msg(&err), M6_EBADSTATE);
+        pthread_mutex_unlock(&c->mu);
+        m6_err_free(&err);
+        return;
+    }
     if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
         runner_db_error_(r, "recording the resume", &err);
         rc = -1;
@@ -214,7 +226,9 @@ void runner_resume_(run_ctx *r)
         runner_pause_error_(r, failed, m6_err_msg(&err));
         pthread_mutex_lock(&c->mu);
         answer_locked_(c, c->resume_serving, m6_err_msg(&err),
-                       failed == RUN_EV_DATA_ERROR ? r->data_code : M6_EBADSTATE);
+                       lost ? err.code
+                       : failed == RUN_EV_DATA_ERROR ? r->data_code
+                                                     : M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         m6_err_free(&err);
         return;
@@ -448,11 +462,37 @@ static m6_err not_recorded_(runner *c, int64_t id, runner_cmd cmd,
                        (long long)id, name, e);
 }
 
-m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
+/* --from-scratch is for a resume of the active run paused because its
+ * checkpoints are gone: M6_OK, else the refusal (nothing sent). */
+static m6_err scratch_ok_(runner *c, int64_t id, runner_cmd cmd)
+{
+    pthread_mutex_lock(&c->mu);
+    int ok = cmd == CMD_RESUME && id == c->active && c->ckpts_gone;
+    pthread_mutex_unlock(&c->mu);
+    if (ok) return m6_err_make(M6_OK, "ok");
+    return m6_err_make(M6_EBADSTATE, "run %lld: --from-scratch starts over "
+                       "only a run paused because its checkpoints are gone, "
+                       "and this one is not: nothing done (`m6ctl resume` "
+                       "without it resumes a paused run)", (long long)id);
+}
+
+m6_err runner_command(runner *c, int64_t id, runner_cmd cmd, unsigned flags)
 {
     static const char *const names[] = {"pause", "resume", "delink", "stop"};
     m6_err ret;
     unsigned act = 0;
+    if (flags & RUNNER_FROM_SCRATCH) {
+        ret = scratch_ok_(c, id, cmd);
+        if (ret.code != M6_OK) return ret;
+        m6_err_free(&ret);
+    }
+    pthread_mutex_lock(&c->mu);
+    int gone = cmd == CMD_DELINK && id == c->active && c->ckpts_gone;
+    pthread_mutex_unlock(&c->mu);
+    if (gone)  /* its trainer is fresh, not the run's (runner_restore.c) */
+        return m6_err_make(M6_EBADSTATE, "run %lld is not delinked: its "
+                           "checkpoints are gone; delink once it is taken "
+                           "up again", (long long)id);
     if (cmd == CMD_RESUME && c->worker_of[0])
         return m6_err_make(M6_EBADSTATE, "run %lld stays as it is: this m6d "
                            "is a worker of the coordinator at %s (--join) and "
@@ -502,6 +542,8 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd)
              * takes this one is served by the same try); or, being
              * tried, wait with it */
             m6_err_free(&ret);
+            if ((flags & RUNNER_FROM_SCRATCH) && (act & RUN_ACT_RESUME_NEW))
+                c->scratch_ticket = c->resume_asked + 1;  /* this one's */
             ret = wait_resume_(c, id, act & RUN_ACT_RESUME_NEW ? ++c->resume_asked
                                                           : c->resume_serving);
         }
@@ -649,7 +691,7 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
                            "expert parallel %d: want >= 1 and >= 0", world,
                            ep);
     if (c->worker_of[0])
-        return runner_command(c, id, CMD_RESUME);  /* its refusal */
+        return runner_command(c, id, CMD_RESUME, 0);  /* its refusal */
     if (state_run_get(c->st, id, &row) != 0)
         return m6_err_make(M6_EINTERNAL, "run %lld: the state DB could not "
                            "read it", (long long)id);
@@ -709,5 +751,5 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
                            "layout (%s)", (long long)id, db);
     }
     log_info("run.layout", "run=%lld %s", (long long)id, detail);
-    return runner_command(c, id, CMD_RESUME);
+    return runner_command(c, id, CMD_RESUME, 0);
 }

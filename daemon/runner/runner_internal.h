@@ -1,9 +1,10 @@
 /*
- * runner_internal.h — what the runner's three files share, private to
+ * runner_internal.h — what the runner's files share, private to
  * daemon/runner/: the runner's state (struct runner), one run's context
  * on the runner thread (run_ctx), and the helpers one file calls in
  * another. runner.c owns the runner thread's loop (set-up, the step, the
- * writes it owes, the group across nodes); runner_commands.c the operator's
+ * writes it owes, the group across nodes); runner_restore.c taking a run
+ * up from its checkpoint; runner_commands.c the operator's
  * commands, from the server thread that sends one to the boundary that
  * applies it; runner_policy.c the phase policy (when to delink) and the
  * bad-steps pause. runner.h is the interface.
@@ -71,6 +72,10 @@ struct runner {
      * applied, without holding mu over the database write. */
     int64_t cmd_last;
     pthread_mutex_t cmd_mu;
+    /* under mu: the active run's checkpoints are gone (run_ctx's, for the
+     * commands), and the resume ticket sent with --from-scratch (0 none) */
+    int ckpts_gone;
+    long scratch_ticket;
     /* tests: while this file exists the runner holds at its step boundary
      * (M6_TEST_HOLD_BOUNDARY), "" none */
     char hold_path[1024];
@@ -83,6 +88,15 @@ typedef struct {
     run_spec spec;
     trainer *t;
     long last_ckpt;   /* step of the newest checkpoint, -1 none */
+    /* Its checkpoint directories are gone and none older loads
+     * (run_ckpts_restore 2): paused, the trainer fresh and unsaved, m6.db
+     * as recorded (step and phase below, for status) until a resume finds
+     * them back or starts over (runner_retake_). */
+    int ckpts_gone;
+    long gone_step;
+    int gone_real;
+    int64_t recorded_delink; /* runs.delink_step when it was taken up */
+    int dropped;             /* metrics rows the take-up dropped */
     /* Writes owed at this step boundary, retried before the next step: a
      * metrics row the DB refused, a checkpoint that could not be written. */
     int metric_pending;
@@ -168,6 +182,42 @@ int runner_flush_(run_ctx *r, m6_err *err);
  * runner_flush_. 0; -1 with err (still owed); 1 a command interrupted the
  * pass again. redo 0: a pass owed with the data sound waits. */
 int runner_owed_(run_ctx *r, int redo, m6_err *err);
+
+/* The run failed (what: the stage, err: why): recorded, with an event. */
+void runner_fail_run_(run_ctx *r, const char *what, const char *err);
+
+/* The step and phase status shows: the trainer's, or while the
+ * checkpoints are gone the recorded ones. */
+long runner_step_(const run_ctx *r);
+
+/* trainer_set_eval_interrupt's function (ud: the runner). */
+int runner_eval_interrupt_(void *ud);
+
+/* The code of a data error (TRAINER_EDATA or TRAINER_ENOFILE). */
+m6_code runner_data_code_(int rc);
+
+/* ---- runner_restore.c: taking a run up from its checkpoint */
+
+/* Load the newest checkpoint of r's run that loads into r->t
+ * (run_ckpts_restore; from_scratch: its forget_gone) and make m6.db agree
+ * with it: metrics past it dropped (r->dropped), phases and progress set
+ * to it. *data_rc and err as run_ckpts_restore's (data_rc unused when
+ * was_queued); then the opened shards are checked against the checkpoint
+ * (trainer_check_data: *data_rc, err). Sets r->ckpts_gone (and the
+ * runner's). Returns run_ckpts_restore's: 0; 1 none loads (*lost,
+ * M6_ENOCKPT: tables set to step 0); 2 gone (*lost, M6_ECKPTGONE: m6.db
+ * untouched); -1 with err, r->t NULL. */
+int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
+                    int *data_rc, m6_err *err, m6_err *lost);
+
+/* At a resume of a run whose checkpoints were gone (r->ckpts_gone; else
+ * 0 at once): take it up again, from them if they are back, from step 0
+ * when the resume being tried was sent with --from-scratch (event
+ * resume.from_scratch; the recorded delink dropped, event
+ * delink.forgotten). 0 taken up; -1 with err (M6_ECKPTGONE still gone,
+ * M6_ENOCKPT back but none loads, a data error with r->data_error set;
+ * r->t NULL: no trainer could be made). */
+int runner_retake_(run_ctx *r, m6_err *err);
 
 /* ---- runner_dist.c: the group across nodes (runner thread) */
 

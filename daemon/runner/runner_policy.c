@@ -91,6 +91,15 @@ static void delink_detail_(run_ctx *r, const char *reason, const char *detail)
 {
     char err[512];
     long step = trainer_step_count(r->t);
+    if (r->ckpts_gone) {
+        /* the trainer is fresh, not the run's: a delink of it would be
+         * recorded over the run's own phases */
+        log_warn("run.delink_refused", "run=%lld reason=%s: its checkpoints "
+                 "are gone", (long long)r->id, reason);
+        state_event(r->c->st, r->id, "delink.refused", "its checkpoints are "
+                    "gone; delink once it is taken up again");
+        return;
+    }
     /* split state (optimizer.shard, nodes.expert_parallel): every rank
      * gathers, so rank 0 delinks the whole state (its group then goes:
      * the ranks regroup with it) */

@@ -1001,6 +1001,40 @@ static void p2r_defaults_(run_spec *s, const json_t *root)
     }
 }
 
+/* The dotted key ("train.steps") of the value that ends at byte pos of
+ * json, into buf ("" when there is none: the top level). The text before
+ * pos parsed (jansson stopped at pos), so a scan of its strings, brackets
+ * and colons is enough; array levels add nothing. For the error of a
+ * value jansson cannot hold, which names only a line and a column. */
+static void key_at_(const char *json, size_t pos, char *buf, size_t len)
+{
+    enum { DEPTH = 16, KEY = 64 };
+    char keys[DEPTH][KEY], last[KEY] = "";
+    int d = 0;
+    for (size_t i = 0; i < pos; i++) {
+        if (json[i] == '"') {  /* a string: the key, if a colon follows */
+            size_t k = 0;
+            for (i++; i < pos && json[i] != '"'; i++) {
+                if (json[i] == '\\') i++;
+                else if (k < KEY - 1) last[k++] = json[i];
+            }
+            last[k] = 0;
+        } else if (json[i] == ':' && d > 0 && d <= DEPTH) {
+            snprintf(keys[d - 1], KEY, "%s", last);
+        } else if (json[i] == '{' || json[i] == '[') {
+            if (++d >= 1 && d <= DEPTH) keys[d - 1][0] = 0;
+        } else if (json[i] == '}' || json[i] == ']') {
+            d--;
+        }
+    }
+    size_t o = 0;
+    buf[0] = 0;
+    for (int l = 0; l < d && l < DEPTH && o < len; l++)
+        if (keys[l][0])
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "." : "",
+                                  keys[l]);
+}
+
 int spec_parse(run_spec *out, const char *json, size_t len, char *err,
                size_t errlen)
 {
@@ -1017,8 +1051,14 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
     json_t *root = json_loadb(json ? json : "", json ? len : 0,
                               JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        seterr_(err, errlen, "JSON syntax error at line %d, column %d: %s",
-                jerr.line, jerr.column, jerr.text);
+        char key[256] = "";
+        if (json_error_code(&jerr) == json_error_numeric_overflow &&
+            jerr.position > 0 && (size_t)jerr.position <= len)
+            key_at_(json, (size_t)jerr.position, key, sizeof key);
+        seterr_(err, errlen, "JSON syntax error at line %d, column %d: %s%s%s%s",
+                jerr.line, jerr.column, jerr.text,
+                key[0] ? " (the value of " : "", key,
+                key[0] ? ": an integer must fit in 64 bits)" : "");
         return -1;
     }
     int rc = -1;

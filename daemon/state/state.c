@@ -8,6 +8,9 @@
  */
 #include "state/state_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +22,7 @@
 #include "common/threads.h"
 #include "common/clock.h"
 #include "common/crashpoint.h"
+#include "common/durable.h"
 #include "common/log.h"
 #include "state/schema.h"
 
@@ -172,6 +176,29 @@ static void open_reader_(state *st, const char *path)
     st->reader = r;
 }
 
+/* Whether m6.db or one of its WAL files at path is there as something
+ * other than a regular file (a FIFO, a directory...), which SQLite reports
+ * only as "disk I/O error": 1 with err naming the file and what it is
+ * (open_regular's words), else 0 (absent, regular, or not readable:
+ * SQLite says why). */
+static int not_regular_(const char *path, char *err, size_t errlen)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm"};
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        char p[PATH_MAX + 8], e[PATH_MAX + 128];
+        snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+        int fd = open_regular(p, 0, NULL, e, sizeof e);
+        if (fd >= 0) {
+            close(fd);
+        } else if (errno == EINVAL) {
+            snprintf(err, errlen, "%s; m6d keeps its state DB there: move "
+                     "it away (or remove it) and start m6d again", e);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 state *state_open(const char *path, char *err, size_t errlen)
 {
     state *st = calloc(1, sizeof *st);
@@ -184,6 +211,7 @@ state *state_open(const char *path, char *err, size_t errlen)
     st->held_tail = &st->held_head;
     st->hold_limit_s = STATE_HOLD_LIMIT_DEFAULT_S;
     snprintf(st->path, sizeof st->path, "%s", path);
+    if (not_regular_(path, err, errlen)) goto fail;
     int rc = sqlite3_open_v2(path, &st->db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                  SQLITE_OPEN_FULLMUTEX,
@@ -784,21 +812,31 @@ void run_rows_free(run_row *rows, int n)
 /* The SQL condition of a run that has not ended */
 #define LIVE_SQL_ "state IN ('queued', 'running', 'paused')"
 
-int state_run_find_name(state *st, const char *name, int64_t *id)
+int state_run_find_name(state *st, const char *name, int64_t *id,
+                        char *ids, size_t idslen)
 {
-    int ret = -1, n = 0, rc = -1;
+    int ret = -1, n = 0, rc = -1, top = 0, cut = 0;
+    size_t o = 0;
+    if (idslen) ids[0] = 0;
     pthread_mutex_lock(&st->mu);
-    /* live runs first, then the newest: the first row answers unless the
-     * second is as good (both live, or both ended) */
+    /* live runs first: the first row answers unless another is as good
+     * (both live, or both ended); those as good are listed */
     sqlite3_stmt *s = SQL_PREPARE(st,
         "SELECT id, " LIVE_SQL_ " FROM runs WHERE name = ? "
-        "ORDER BY 2 DESC, id DESC LIMIT 2", A_TEXT(name));
-    int live[2] = {0, 0};
+        "ORDER BY 2 DESC, id", A_TEXT(name));
     while (s && (rc = SQL_NEXT(st, s)) == 1) {
-        if (n == 0) *id = sqlite3_column_int64(s, 0);
-        live[n++] = sqlite3_column_int(s, 1);
+        int64_t rid = sqlite3_column_int64(s, 0);
+        int live = sqlite3_column_int(s, 1);
+        if (n == 0) *id = rid, top = live;
+        if (live != top) continue;
+        if (o + 24 < idslen)  /* room for one more id and ", ..." */
+            o += (size_t)snprintf(ids + o, idslen - o, "%s%lld", n ? ", " : "",
+                                  (long long)rid);
+        else if (o < idslen && !cut++)
+            o += (size_t)snprintf(ids + o, idslen - o, ", ...");
+        n++;
     }
-    if (rc == 0) ret = n == 0 ? 1 : n == 1 || live[0] != live[1] ? 0 : 2;
+    if (rc == 0) ret = n == 0 ? 1 : n == 1 ? 0 : 2;
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->mu);
     return ret;

@@ -134,8 +134,11 @@ void run_row_clear(run_row *r);
 /* The run named name: the one queued, running or paused if there is
  * exactly one, else the only one (a spec submitted again after its run
  * was stopped names the new run). 0 found (*id set), 1 none, 2 several
- * live ones, or no live one and several ended ones, -1 error. */
-int state_run_find_name(state *st, const char *name, int64_t *id);
+ * live ones, or no live one and several ended ones, -1 error. ids (idslen
+ * bytes, at least 32): with 2, their ids in order, "3, 5" (cut with
+ * ", ..." when they do not fit); else "" or the one found. */
+int state_run_find_name(state *st, const char *name, int64_t *id,
+                        char *ids, size_t idslen);
 /* All runs by id, spec not loaded. *rows malloc'd, caller frees. */
 int state_run_list(state *st, run_row **rows, int *n);
 /* Ids of runs in state s, ascending (submit order). */

@@ -137,6 +137,11 @@ rm -r "$T/data-b"
 ctl stop "$A" >/dev/null
 expect_rc 1 ctl watch "$B" --interval 0.05
 grep -q "run $B failed at step 0: .*no files match" "$T/out" || fail "watch of a failed run: $(cat "$T/out")"
+# two ended runs named cli (A stopped, B failed), none live: the name is
+# ambiguous, and the refusal lists the ids to choose from
+expect_rc 1 ctl status cli
+grep -qF "several runs are named \"cli\" (ids $A, $B); use the numeric id" "$T/err" \
+    || fail "status of an ambiguous name: $(cat "$T/err")"
 C=$(ctl submit "$T/spec.json")
 wait_step "$C" 5
 for r in 0 1; do

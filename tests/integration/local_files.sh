@@ -29,9 +29,48 @@ for k in 1 2; do
         || fail "the refusal does not name the FIFO: $(cat "$T/fifo$k.err")"
     log "FIFO init.from ($k) refused in $ms ms: $(cat "$T/fifo$k.err")"
 done
+# init.from a FIFO itself: named as such
+mkfifo "$T/initfifo"
+write_spec "$T/fifo3.json" fifo3 20 0 "\"init\": {\"from\": \"$T/initfifo\"}"
+rc=0
+timeout 10 "$M6CTL" --socket "$SOCK" submit "$T/fifo3.json" >"$T/fifo3.out" 2>"$T/fifo3.err" || rc=$?
+[ "$rc" = 1 ] || fail "init.from a FIFO: exit $rc, want 1: $(cat "$T/fifo3.out" "$T/fifo3.err")"
+grep -qF "init.from: $T/initfifo is a FIFO, not a directory" "$T/fifo3.err" \
+    || fail "init.from a FIFO: the refusal does not name it: $(cat "$T/fifo3.err")"
 # m6d answers the next command: no pool thread is stuck on the FIFO
 ctl list >/dev/null || fail "m6d does not answer after the FIFO submits"
 kill -0 "$DAEMON_PID" || fail "m6d died"
+
+# --- a FIFO where m6ctl reads a file: refused at once, as plan refuses it --
+mkfifo "$T/spec.fifo"
+# fifo_refused WHAT CMD...: CMD (an m6ctl command given the FIFO) exits 1
+# within 10 s naming the FIFO as such
+fifo_refused() {
+    local what=$1 rc=0
+    shift
+    timeout 10 "$@" >"$T/fifo.out" 2>"$T/fifo.err" || rc=$?
+    [ "$rc" != 124 ] || fail "$what of a FIFO hung (killed after 10 s)"
+    [ "$rc" = 1 ] || fail "$what of a FIFO: exit $rc, want 1: $(cat "$T/fifo.out" "$T/fifo.err")"
+    grep -qF "$T/spec.fifo is a FIFO, not a regular file" "$T/fifo.err" \
+        || fail "$what of a FIFO: the refusal does not name it: $(cat "$T/fifo.err")"
+}
+fifo_refused submit "$M6CTL" --socket "$SOCK" submit "$T/spec.fifo"
+fifo_refused plan "$M6CTL" plan "$T/spec.fifo"
+fifo_refused "plan --daemon" "$M6CTL" --socket "$SOCK" plan --daemon "$T/spec.fifo"
+fifo_refused "import llmc" "$M6CTL" import llmc "$T/spec.fifo" --out "$T/imported"
+fifo_refused "data prepare" "$M6CTL" data prepare --out "$T/prepared" "$T/spec.fifo"
+log "a FIFO given to submit, plan, import and data prepare: refused"
+
+# --- m6.db a FIFO: m6d refuses to start, naming it -------------------------
+mkdir "$T/fifodb"
+mkfifo "$T/fifodb/m6.db"
+rc=0
+timeout 10 "$M6D" --state-dir "$T/fifodb" --threads 1 2>"$T/fifodb.log" || rc=$?
+[ "$rc" != 124 ] || fail "m6d with m6.db a FIFO hung (killed after 10 s)"
+[ "$rc" != 0 ] || fail "m6d started with m6.db a FIFO"
+grep -qF "$T/fifodb/m6.db is a FIFO, not a regular file" "$T/fifodb.log" \
+    || fail "m6d with m6.db a FIFO does not say so: $(tail -n 3 "$T/fifodb.log")"
+log "m6.db a FIFO: m6d exits $rc, naming it"
 
 # --- the lock file: 0600 --------------------------------------------------
 mode=$(stat -c %a "$T/s/m6d.lock")

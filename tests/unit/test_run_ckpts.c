@@ -119,7 +119,7 @@ static void test_prune_and_restore(void **unused)
     assert_non_null(t2);
     long step = -1;
     m6_err lost = M6_ERR_NONE;
-    int rc = run_ckpts_restore(&s, run, &spec, &t2, NULL, &step, &err,
+    int rc = run_ckpts_restore(&s, run, &spec, &t2, NULL, &step, 0, &err,
                                &lost);
     assert_int_equal(rc, 0);
     assert_int_equal(step, 1);

@@ -948,6 +948,15 @@ static void test_bad_specs(void **state)
         /* a UTF-8 byte order mark, named as such */
         { "\xef\xbb\xbf{\"data\": {\"train\": \"t\", \"val\": \"v\"}}",
           "line 1, column 1: the spec starts with a UTF-8 byte order mark (bytes EF BB BF)" },
+        /* an integer past 64 bits: the key whose value it is, after
+         * strings holding brackets and an escaped quote, and a closed
+         * section before it */
+        { "{\"data\": {\"train\": \"t{[\\\"\", \"val\": \"v]}\"},\n"
+          "\"train\": {\"lr\": 1e-3, \"steps\": 99999999999999999999}}",
+          "line 2, column 51: too big integer near '99999999999999999999' (the "
+          "value of train.steps: an integer must fit in 64 bits)" },
+        { "{\"model\": {\"n_layer\": -99999999999999999999}}",
+          "too big negative integer (the value of model.n_layer: " },
     };
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
         char err[512] = "";

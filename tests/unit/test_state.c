@@ -131,25 +131,31 @@ static void test_runs_crud(void **s)
     assert_int_equal(state_run_get(st, 99, &r), 1);
 
     int64_t id;
-    assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
+    char ids_[64], want[64];
+    assert_int_equal(state_run_find_name(st, "alpha", &id, ids_, sizeof ids_), 0);
     assert_int_equal(id, a);
-    assert_int_equal(state_run_find_name(st, "nope", &id), 1);
+    assert_int_equal(state_run_find_name(st, "nope", &id, ids_, sizeof ids_), 1);
     int64_t a2 = state_run_insert(st, "alpha", "{}", 1, 0, NULL);
-    assert_int_equal(state_run_find_name(st, "alpha", &id), 2); /* 2 live */
+    assert_int_equal(state_run_find_name(st, "alpha", &id, ids_, sizeof ids_), 2); /* 2 live */
+    snprintf(want, sizeof want, "%lld, %lld", (long long)a, (long long)a2);
+    assert_string_equal(ids_, want);  /* both, for the refusal */
     /* the name finds the one live run among ended ones (a spec submitted
      * again after its run was stopped), whichever is newer */
     assert_int_equal(state_run_set_state(st, a2, RUN_STOPPED, NULL), 0);
     id = 0;
-    assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
+    assert_int_equal(state_run_find_name(st, "alpha", &id, ids_, sizeof ids_), 0);
     assert_int_equal(id, a);
     int64_t a3 = state_run_insert(st, "alpha", "{}", 1, 0, NULL);
     assert_int_equal(state_run_set_state(st, a, RUN_COMPLETED, NULL), 0);
     assert_int_equal(state_run_set_state(st, a3, RUN_PAUSED, NULL), 0);
-    assert_int_equal(state_run_find_name(st, "alpha", &id), 0);
+    assert_int_equal(state_run_find_name(st, "alpha", &id, ids_, sizeof ids_), 0);
     assert_int_equal(id, a3);
     /* no live one, several ended: ambiguous */
     assert_int_equal(state_run_set_state(st, a3, RUN_FAILED, "x"), 0);
-    assert_int_equal(state_run_find_name(st, "alpha", &id), 2);
+    assert_int_equal(state_run_find_name(st, "alpha", &id, ids_, sizeof ids_), 2);
+    snprintf(want, sizeof want, "%lld, %lld, %lld", (long long)a,
+             (long long)a2, (long long)a3);
+    assert_string_equal(ids_, want);
     assert_int_equal(state_run_set_state(st, a2, RUN_QUEUED, NULL), 0);
 
     assert_int_equal(state_run_set_state(st, a, RUN_FAILED, "boom"), 0);
@@ -166,6 +172,15 @@ static void test_runs_crud(void **s)
     assert_int_equal(n, 2);
     assert_true(ids[0] < ids[1]);
     free(ids);
+    /* more than fit: cut, and said to be */
+    char few[32];
+    int64_t first = state_run_insert(st, "many", "{}", 1, 0, NULL);
+    for (int i = 0; i < 9; i++) state_run_insert(st, "many", "{}", 1, 0, NULL);
+    assert_int_equal(state_run_find_name(st, "many", &id, few, sizeof few), 2);
+    snprintf(want, sizeof want, "%lld, ", (long long)first);
+    assert_memory_equal(few, want, strlen(want));
+    assert_non_null(strstr(few, ", ..."));
+    assert_true(strlen(few) < sizeof few);
     state_close(st);
 }
 
