@@ -163,9 +163,11 @@ build_() {
              -Xlinker -rpath -Xlinker /usr/local/cuda/lib64 -lcublasLt -lgomp)
     KERNELS="kernels/cuda/encoder kernels/cuda/layernorm kernels/cuda/matmul
              kernels/cuda/attention kernels/cuda/gelu kernels/cuda/residual
-             kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/moe
+             kernels/cuda/crossentropy kernels/cuda/adamw kernels/cuda/adafactor
+             kernels/cuda/moe
              daemon/model/cuda/gpt_cuda daemon/model/cuda/moe_cuda
              daemon/model/cuda/graphs_cuda daemon/model/cuda/state_cuda
+             daemon/model/cuda/optim_cuda
              daemon/offload/cuda/gpt_cuda_offload"
     # the CPU ops: kernels/meson.build's list (kernels_cpu_src), less those
     # compiled apart below (matmul, attention, gemm, moe, offload_host),
