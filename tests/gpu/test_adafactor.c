@@ -14,7 +14,9 @@
  *     TOL_UPDATE (normalised L2 error of the GPU's change against the
  *     CPU's), and the second moment (the af layout: row and column
  *     statistics) and the first moment, where kept, within TOL_STATE;
- *   - the step counts equal.
+ *   - the step counts equal;
+ *   - (A, B) the device bytes of each phase (trainer_device_bytes: what
+ *     gpt_cuda allocated) equal to the planner's prediction.
  * Cases: A no first moment (beta1 0), update clipping at d = 1; B first
  * moment (beta1 0.9) and delink.optimizer reset; C as A with update
  * clipping at d = 0.25. That the clipping fires: C's weight change on
@@ -51,6 +53,7 @@
 #include "report.h"
 
 #include "model/cuda/gpt_cuda.h"
+#include "offload/offload.h"
 #include "train/trainer.h"
 #include "../common/cuda_fixture.h"
 #include "../common/err_into.h"
@@ -90,6 +93,7 @@ typedef struct {
     size_t n[3];
     long steps[64];
     int n_steps;
+    size_t dev[2];      /* trainer_device_bytes: pseudo phase, real */
 } run_;
 
 static void state_get_(trainer *t, run_ *r)
@@ -122,6 +126,7 @@ static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
 {
     char err[512];
     trainer *t = fixture_create_or_exit(s);
+    r->dev[0] = trainer_device_bytes(t);
     if (w0) {
         size_t n = *n0 = trainer_copy_state(t, 0, NULL);
         *w0 = malloc(n * sizeof(float));
@@ -148,6 +153,7 @@ static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
                st.train_loss, st.grad_norm);
     }
     state_get_(t, r);
+    r->dev[1] = trainer_device_bytes(t);
     if (save) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir_, save);
@@ -223,6 +229,30 @@ static void compare_(const char *name, const run_ *g, const run_ *c,
                     !memcmp(g->steps, c->steps,
                             (size_t)g->n_steps * sizeof(long)),
                 what);
+}
+
+/* The cuda run g's device bytes in each phase against the planner's
+ * prediction for spec s (offload_plan_for_spec: what gpt_cuda allocates
+ * for all-resident slots, cuBLASLt's workspace aside). */
+static void plan_check_(const run_spec *s, const run_ *g, const char *name)
+{
+    char err[512], what[160];
+    offload_plan p;
+    if (offload_plan_for_spec(s, 0, &p, err, sizeof err) != 0) {
+        printf("  offload_plan_for_spec: %s\n", err);
+        check_true_(0, "the planner plans the spec");
+        return;
+    }
+    const offload_plan *ph[2] = {p.pseudo, &p};
+    static const char *phase[2] = {"pseudo", "real"};
+    for (int i = 0; i < 2; i++) {
+        size_t want = ph[i] ? ph[i]->peak_device_bytes - ph[i]->workspace_bytes
+                            : 0;
+        snprintf(what, sizeof what, "%s: %s device bytes vs the plan", name,
+                 phase[i]);
+        check_(g->dev[i] == want, what, (double)g->dev[i], (double)want, 0);
+    }
+    offload_plan_free(&p);
 }
 
 /* The checkpoint `name` loads into a fresh trainer of spec s with its
@@ -311,6 +341,8 @@ int main(void)
         }
         train_(&sc, &c[k], NULL, NULL, NULL);
         compare_(cases[k].name, &g[k], &c[k], w0);
+        if (k < 2) /* without and with a first moment */
+            plan_check_(&sg, &g[k], cases[k].name);
         if (k == 1) {
             load_check_(&sg, "cuda-b", &g[k],
                         "B: cuda checkpoint into cuda, state bitwise");
