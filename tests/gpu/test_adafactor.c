@@ -16,11 +16,11 @@
  *     CPU's), and the second moment (the af layout: row and column
  *     statistics) and the first moment, where kept, within TOL_STATE;
  *   - the step counts equal;
- *   - (A, B) the device bytes of each phase (trainer_device_bytes: what
+ *   - (A, B, D) the device bytes of each phase (trainer_device_bytes: what
  *     gpt_cuda allocated) equal to the planner's prediction.
  * Cases: A no first moment (beta1 0), update clipping at d = 1; B first
  * moment (beta1 0.9) and delink.optimizer reset; C as A with update
- * clipping at d = 0.25. That the clipping fires: C's weight change on
+ * clipping at d = 0.25; D B's optimizer (delink copying) on MoE blocks. That the clipping fires: C's weight change on
  * the GPU differs from A's by more than CLIP_APART (C is A but for d);
  * the CPU agreeing with each within TOL_UPDATE then says the GPU clips
  * as the CPU does.
@@ -63,6 +63,7 @@
 #define TOL_UPDATE 5e-2
 #define TOL_STATE 5e-2
 #define CLIP_APART 0.2
+#define NCASES 4
 
 /* 8 steps, the delink at 4; M6_TEST_STEPS=N (even, 4 to 8) runs N */
 #define STEPS_MAX 8
@@ -87,6 +88,22 @@ static run_spec spec_(backend_kind backend, float beta1, float clip,
     s.optimizer.clip_threshold = clip;
     s.delink.optimizer = dopt;
     return s;
+}
+
+/* Case D: MoE in every block (8 experts in 2 prototypes, capacity
+ * factor 2, so that few tokens are dropped and a route that bf16 flips
+ * moves little): each expert's matrices and each prototype's gate are
+ * tensors of their own (gpt_af_tensors). */
+static void moe_(run_spec *s)
+{
+    s->model.moe_experts = 8;
+    s->model.moe_prototypes = 2;
+    s->model.moe_every = 1;
+    s->model.moe_hidden = 64;
+    s->model.moe_capacity_factor = 2.0f;
+    s->model.moe_eval_capacity_factor = 2.0f;
+    s->model.moe_aux_coef = 0.01f;
+    s->model.moe_z_coef = 0.001f;
 }
 
 /* A run's losses, state buffers (0 weights, 1 m, 2 v; n[i] floats, 0:
@@ -322,30 +339,33 @@ int main(void)
         const char *name;
         float beta1, clip;
         delink_optimizer dopt;
-    } cases[3] = {
-        {"A beta1 0", 0.0f, 1.0f, DELINK_OPT_COPY},
-        {"B beta1 0.9, reset", 0.9f, 1.0f, DELINK_OPT_RESET},
-        {"C d 0.25", 0.0f, 0.25f, DELINK_OPT_COPY},
+        int moe;
+    } cases[NCASES] = {
+        {"A beta1 0", 0.0f, 1.0f, DELINK_OPT_COPY, 0},
+        {"B beta1 0.9, reset", 0.9f, 1.0f, DELINK_OPT_RESET, 0},
+        {"C d 0.25", 0.0f, 0.25f, DELINK_OPT_COPY, 0},
+        {"D MoE", 0.9f, 1.0f, DELINK_OPT_COPY, 1},
     };
-    run_ g[3], c[3];
-    float *w0 = NULL;
-    size_t n0 = 0;
-    for (int k = 0; k < 3; k++) {
+    run_ g[NCASES], c[NCASES];
+    float *w0[NCASES];
+    for (int k = 0; k < NCASES; k++) {
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].beta1, cases[k].clip,
                             cases[k].dopt);
+        if (cases[k].moe)
+            moe_(&sg);
         run_spec sc = sg;
         sc.device.backend = BACKEND_CPU;
-        train_(&sg, &g[k], k ? NULL : &w0, &n0, k == 1 ? "cuda-b" : NULL);
-        if (k == 0) { /* the start in the real phase's layout */
-            float *w = w0_real_(w0, n0, g[0].n[0], sg.model.n_layer);
-            free(w0);
-            w0 = w;
-        }
+        size_t n0;
+        train_(&sg, &g[k], &w0[k], &n0, k == 1 ? "cuda-b" : NULL);
+        /* the start in the real phase's layout */
+        float *w = w0_real_(w0[k], n0, g[k].n[0], sg.model.n_layer);
+        free(w0[k]);
+        w0[k] = w;
         train_(&sc, &c[k], NULL, NULL, NULL);
-        compare_(cases[k].name, &g[k], &c[k], w0);
-        if (k < 2) /* without and with a first moment */
+        compare_(cases[k].name, &g[k], &c[k], w0[k]);
+        if (k != 2) /* without and with a first moment, MoE slots */
             plan_check_(&sg, &g[k], cases[k].name);
         if (k == 1) {
             load_check_(&sg, "cuda-b", &g[k],
@@ -354,14 +374,14 @@ int main(void)
                         "B: cuda checkpoint into cpu, state bitwise");
         }
     }
-    double apart = update_nerr_(g[2].buf[0], g[0].buf[0], w0, g[0].n[0]);
+    double apart = update_nerr_(g[2].buf[0], g[0].buf[0], w0[0], g[0].n[0]);
     check_(apart > CLIP_APART, "update clipping fires: C's change vs A's",
            apart, CLIP_APART, 0);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < NCASES; k++) {
         run_free_(&g[k]);
         run_free_(&c[k]);
+        free(w0[k]);
     }
-    free(w0);
     printf("test_adafactor: %s (%d failed)\n", n_failed ? "FAIL" : "ok",
            n_failed);
     return n_failed ? 1 : 0;
