@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
@@ -275,10 +276,14 @@ static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 {
     cuda_ctx_ *c = ctx;
     (void)norm;
-    if (h->adafactor)  /* its lr is h->lr (backend.h); -1: never a model
-                        * made without its state (backend_cuda_create) */
-        (void)gpt_cuda_adafactor(c->g, &h->af, h->weight_decay, clip_(h));
-    else
+    /* Adafactor's lr is h->lr (backend.h). Should its tensor table not
+     * fit in host memory, weights, state and step counts stay as they
+     * were (a skipped update), said in the log as on cpu */
+    if (h->adafactor) {
+        if (gpt_cuda_adafactor(c->g, &h->af, h->weight_decay, clip_(h)) != 0)
+            log_event(LOG_ERROR, "train.adafactor", "update=skipped "
+                      "error=\"out of host memory (details on stderr)\"");
+    } else
         gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps,
                        h->weight_decay, clip_(h));
     if (c->placed)

@@ -452,6 +452,20 @@ void adamw_multi_dev_cuda(const adamw_multi_plan *p, float *master,
                           const float *args, const float *sumsq,
                           cudaStream_t stream);
 
+/* grads[i] = bf16(grads[i] / d) for i < n, in fp32 (one more bf16
+ * rounding): pseudo.grad_scale mean's division of a shared slot's
+ * gradient by the layers that share it. */
+void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream);
+
+/* params (n) = bf16(master): the working copy after loading fp32 weights. */
+void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
+                       cudaStream_t stream);
+
+/* dst (n, fp32) = src (n, bf16), exact: data parallelism's fp32 copy of
+ * the bf16 gradients (gpt_cuda_grads_f32). */
+void copy_to_f32_cuda(float *dst, const bf16 *src, size_t n,
+                      cudaStream_t stream);
+
 /* ---------------------------------------------------------------- Adafactor */
 
 /* Adafactor's hyperparameters of a step (kernels.h adafactor_hparams,
@@ -492,20 +506,6 @@ void adafactor_update_cuda(const adafactor_tensor_step_cuda *x,
                            const adafactor_hparams_cuda *h,
                            const float *grad_scale, double *scratch,
                            cudaStream_t stream);
-
-/* grads[i] = bf16(grads[i] / d) for i < n, in fp32 (one more bf16
- * rounding): pseudo.grad_scale mean's division of a shared slot's
- * gradient by the layers that share it. */
-void grad_div_cuda(bf16 *grads, size_t n, float d, cudaStream_t stream);
-
-/* params (n) = bf16(master): the working copy after loading fp32 weights. */
-void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
-                       cudaStream_t stream);
-
-/* dst (n, fp32) = src (n, bf16), exact: data parallelism's fp32 copy of
- * the bf16 gradients (gpt_cuda_grads_f32). */
-void copy_to_f32_cuda(float *dst, const bf16 *src, size_t n,
-                      cudaStream_t stream);
 
 /* ---------------------------------------------------- mixture of experts */
 

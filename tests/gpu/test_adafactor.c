@@ -20,7 +20,9 @@
  *     gpt_cuda allocated) equal to the planner's prediction.
  * Cases: A no first moment (beta1 0), update clipping at d = 1; B first
  * moment (beta1 0.9) and delink.optimizer reset; C as A with update
- * clipping at d = 0.25; D B's optimizer (delink copying) on MoE blocks. That the clipping fires: C's weight change on
+ * clipping at d = 0.25; D B's optimizer (delink copying) on MoE blocks
+ * (each expert's matrices and each prototype's gate are tensors of their
+ * own: gpt_af_tensors). That the clipping fires: C's weight change on
  * the GPU differs from A's by more than CLIP_APART (C is A but for d);
  * the CPU agreeing with each within TOL_UPDATE then says the GPU clips
  * as the CPU does.
@@ -88,22 +90,6 @@ static run_spec spec_(backend_kind backend, float beta1, float clip,
     s.optimizer.clip_threshold = clip;
     s.delink.optimizer = dopt;
     return s;
-}
-
-/* Case D: MoE in every block (8 experts in 2 prototypes, capacity
- * factor 2, so that few tokens are dropped and a route that bf16 flips
- * moves little): each expert's matrices and each prototype's gate are
- * tensors of their own (gpt_af_tensors). */
-static void moe_(run_spec *s)
-{
-    s->model.moe_experts = 8;
-    s->model.moe_prototypes = 2;
-    s->model.moe_every = 1;
-    s->model.moe_hidden = 64;
-    s->model.moe_capacity_factor = 2.0f;
-    s->model.moe_eval_capacity_factor = 2.0f;
-    s->model.moe_aux_coef = 0.01f;
-    s->model.moe_z_coef = 0.001f;
 }
 
 /* A run's losses, state buffers (0 weights, 1 m, 2 v; n[i] floats, 0:
@@ -304,21 +290,7 @@ static void load_check_(const run_spec *s, const char *name,
 
 int main(void)
 {
-    const char *why = "";
-    if (gpt_cuda_device_count(&why) < 1) {
-        printf("test_adafactor: SKIP: no CUDA device (%s)\n", why);
-        return 77;
-    }
-    const char *steps = getenv("M6_TEST_STEPS");
-    if (steps) {
-        int n = atoi(steps);
-        if (n < 4 || n > STEPS_MAX || n % 2) {
-            fprintf(stderr, "test_adafactor: M6_TEST_STEPS=%s: want an "
-                            "even number from 4 to %d\n", steps, STEPS_MAX);
-            return 1;
-        }
-        STEPS = n;
-    }
+    STEPS = fixture_gpu_steps("test_adafactor", 4, STEPS_MAX);
     if (synth_shards_tmp(dir_, sizeof dir_, "test_adafactor", 40000) != 0)
         return 1;
     char err[512];
@@ -353,8 +325,9 @@ int main(void)
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].beta1, cases[k].clip,
                             cases[k].dopt);
-        if (cases[k].moe)
-            moe_(&sg);
+        if (cases[k].moe) /* capacity factor 2: few tokens dropped, so
+                           * that a route bf16 flips moves little */
+            synth_cuda_moe(&sg, 1, 2.0f);
         run_spec sc = sg;
         sc.device.backend = BACKEND_CPU;
         size_t n0;

@@ -92,8 +92,10 @@ int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n);
 int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n);
 
 /* The same for any state buffer, in the gpt.h layout: which 0 fp32 master
- * weights (set also writes the bf16 copy), 1 AdamW m, 2 AdamW v. The padded
- * rows of wte stay zero. 0 or -1. */
+ * weights (set also writes the bf16 copy), 1 m, 2 v (AdamW's moments; with
+ * Adafactor its first moment, none without one: -1, and its second
+ * moment in the af layout: gpt_cuda_state_offset gives each layout's
+ * sizes). The padded rows of wte stay zero. 0 or -1. */
 int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n);
 int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n);
 
