@@ -29,7 +29,8 @@
  * Checkpoints: B's GPU run saves at the end; the checkpoint loads into a
  * fresh cuda trainer and into a cpu trainer with weights, both moments
  * and step counts bitwise the GPU's (the optimizer's state in the
- * checkpoint, at full precision, in the CPU engine's layout).
+ * checkpoint, at full precision, in the CPU engine's layout); a cuda
+ * AdamW run refuses it, naming the optimizer.
  * A spec with a memory budget (offloading) is refused by the trainer's
  * check, naming device.memory_budget and Adafactor (a spec file is
  * refused at parse already: tests/unit/test_adafactor.c).
@@ -288,6 +289,24 @@ static void load_check_(const run_spec *s, const char *name,
     trainer_free(t);
 }
 
+/* The Adafactor checkpoint `name` into a cuda AdamW trainer of s's shape:
+ * refused, naming the checkpoint's optimizer. */
+static void refuse_check_(const run_spec *s, const char *name)
+{
+    char err[512], path[512];
+    snprintf(path, sizeof path, "%s/%s", dir_, name);
+    run_spec a = *s;
+    a.optimizer.name = OPTIMIZER_ADAMW;
+    a.optimizer.beta1 = 0.0f;
+    trainer *t = fixture_create_or_exit(&a);
+    int ok = ERR_INTO(err, trainer_load(t, path, &err_)) != 0 &&
+             strstr(err, "optimizer \"adafactor\"") != NULL; /* not the
+                                                        * path's name */
+    printf("  (%s)\n", err);
+    check_true_(ok, "B: into a cuda AdamW run: refused, naming adafactor");
+    trainer_free(t);
+}
+
 int main(void)
 {
     STEPS = fixture_gpu_steps("test_adafactor", 4, STEPS_MAX);
@@ -345,6 +364,7 @@ int main(void)
                         "B: cuda checkpoint into cuda, state bitwise");
             load_check_(&sc, "cuda-b", &g[k],
                         "B: cuda checkpoint into cpu, state bitwise");
+            refuse_check_(&sg, "cuda-b");
         }
     }
     double apart = update_nerr_(g[2].buf[0], g[0].buf[0], w0[0], g[0].n[0]);
