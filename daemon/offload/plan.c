@@ -231,13 +231,13 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     int pin_keep = pb.pinned - (in->stream_grads ? pb.stream_grad : 0);
     out->host_slot_bytes = (size_t)host_keep * ss;
     out->pinned_slot_bytes = (size_t)pin_keep * ss;
-    /* Adafactor (the CPU model only: the spec refuses it elsewhere):
-     * weights and gradients per parameter, its state by the tensors'
-     * shapes */
+    /* Adafactor: weights and gradients per parameter, its state by the
+     * tensors' shapes; on cuda resident slots only (the spec refuses a
+     * budget there) */
     int af = in->optim.adafactor;
-    if (af && cuda) {
-        snprintf(err, errlen, "offload plan: Adafactor is planned on the "
-                 "cpu backend only");
+    if (af && cuda && in->budget > 0) {
+        snprintf(err, errlen, "offload plan: Adafactor with a device "
+                 "memory budget is planned on the cpu backend only");
         return -1;
     }
     /* Adafactor (cpu, everything pinned): weights and gradients per
@@ -268,8 +268,12 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     }
     size_t wg = (size_t)(pb.weights + pb.grads);
     if (af) {
-        out->global_bytes = wg * ng + sizeof(float) *
-                            model_optim_floats(c, -1, &in->optim);
+        /* cuda: the globals' weights, gradients and first moment span wte's
+         * padded rows too (cuda_n_global_); the statistics do not */
+        size_t ngd = cuda ? cuda_n_global_(c) : ng;
+        out->global_bytes = wg * ngd + sizeof(float) *
+                            (model_optim_floats(c, -1, &in->optim) +
+                             (in->optim.first_moment ? ngd - ng : 0));
         out->slot_bytes = wg * ss + sizeof(float) *
                           model_optim_floats(c, c->moe_experts > 0,
                                              &in->optim);

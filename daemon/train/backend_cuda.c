@@ -1,8 +1,10 @@
 /*
  * backend_cuda.c — the trainer's CUDA backend (backend.h): the model on one
  * GPU through daemon/model/cuda/gpt_cuda.h. bf16 weights' working copy,
- * activations and gradients; fp32 master weights and AdamW moments; the
- * global gradient norm and clipping computed on the device; delink as an
+ * activations and gradients; fp32 master weights and the optimizer's
+ * state (AdamW's moments, or Adafactor's with optimizer.name adafactor,
+ * laid out as the CPU model's: gpt_cuda_state_offset); the global
+ * gradient norm and clipping computed on the device; delink as an
  * on-device reslot. Plain C: only gpt_cuda's C interface is used.
  * Compiled only when m6 is built with CUDA (M6_HAVE_CUDA).
  *
@@ -50,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
 #include "offload/offload.h"
@@ -59,7 +62,8 @@ typedef struct {
     gpt_cuda *g;
     size_t n_global, slot_size;   /* the plain layout of gpt.h */
     float *host[3];               /* state_begin..state_end: the state in
-                                   * the plain layout, by backend_buf */
+                                   * gpt_cuda_state_offset's layout, by
+                                   * backend_buf (NULL: no such buffer) */
     int grad_accum;               /* microbatches per step */
     /* offloading (device.memory_budget > 0) */
     offload_plan_input plan_in;   /* the run's planner input; n_slots and
@@ -274,8 +278,16 @@ static void cuda_adamw_(void *ctx, const backend_adam *h, float norm)
 {
     cuda_ctx_ *c = ctx;
     (void)norm;
-    gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
-                   clip_(h));
+    /* Adafactor's lr is h->lr (backend.h). Should its tensor table not
+     * fit in host memory, weights, state and step counts stay as they
+     * were (a skipped update), said in the log as on cpu */
+    if (h->adafactor) {
+        if (gpt_cuda_adafactor(c->g, &h->af, h->weight_decay, clip_(h)) != 0)
+            log_event(LOG_ERROR, "train.adafactor", "update=skipped "
+                      "error=\"out of host memory (details on stderr)\"");
+    } else
+        gpt_cuda_adamw(c->g, h->lr, h->beta1, h->beta2, h->eps,
+                       h->weight_decay, clip_(h));
     if (c->placed)
         (void)gpt_cuda_last_grad_norm(c->g);
     else if (c->budget)
@@ -374,10 +386,10 @@ static const int *cuda_slot_of_(void *ctx)
 /* ------------------------------------------------------------- state */
 
 /* The device's part of the state (globals and resident slots) as host
- * copies of master weights, m and v in the plain layout (3 x 4 bytes per
- * resident parameter while a checkpoint is written or read); offloaded
- * slots are read and written in place, in gpt_cuda's host memory, with no
- * second copy. */
+ * copies of master weights, m and v in gpt_cuda_state_offset's layout
+ * (AdamW: 3 x 4 bytes per resident parameter while a checkpoint is
+ * written or read); offloaded slots are read and written in place, in
+ * gpt_cuda's host memory, with no second copy. */
 static size_t resident_floats_(const cuda_ctx_ *c)
 {
     gpt_cuda_info info;
@@ -385,13 +397,23 @@ static size_t resident_floats_(const cuda_ctx_ *c)
     return c->n_global + gpt_cuda_slot_offset(c->g, info.n_resident);
 }
 
+/* Floats of the device's part of buffer b. */
+static size_t state_floats_(const cuda_ctx_ *c, int b)
+{
+    gpt_cuda_info info;
+    gpt_cuda_get_info(c->g, &info);
+    return gpt_cuda_state_offset(c->g, b, info.n_resident);
+}
+
 static int cuda_state_begin_(void *ctx, int for_load)
 {
     cuda_ctx_ *c = ctx;
-    size_t n = resident_floats_(c);
     gpt_cuda_synchronize(c->g); /* settle host AdamW jobs, copies */
     free_host_(c);
     for (int i = 0; i < 3; i++) {
+        size_t n = state_floats_(c, i);
+        if (n == 0) /* Adafactor without a first moment: no m */
+            continue;
         c->host[i] = calloc(n, sizeof(float));
         if (!c->host[i] ||
             (!for_load &&
@@ -409,19 +431,21 @@ static float *cuda_state_region_(void *ctx, backend_buf b, int s)
     float *in_place = s < 0 ? NULL : gpt_cuda_host_slot(c->g, (int)b, s);
     if (in_place)
         return in_place;
-    return c->host[b] +
-           (s < 0 ? 0 : c->n_global + gpt_cuda_slot_offset(c->g, s));
+    if (!c->host[b])
+        return NULL;
+    return c->host[b] + (s < 0 ? 0 : gpt_cuda_state_offset(c->g, b, s));
 }
 
 static int cuda_state_end_(void *ctx, int modified)
 {
     cuda_ctx_ *c = ctx;
-    size_t n = resident_floats_(c);
     int rc = 0;
-    for (int i = 0; i < 3 && modified; i++)
-        if (!c->host[i] ||
-            gpt_cuda_set_state_resident(c->g, i, c->host[i], n) != 0)
+    for (int i = 0; i < 3 && modified; i++) {
+        size_t n = state_floats_(c, i);
+        if (n && (!c->host[i] ||
+                  gpt_cuda_set_state_resident(c->g, i, c->host[i], n) != 0))
             rc = -1;
+    }
     if (modified) { /* offloaded masters written in place: bf16 copies */
         gpt_cuda_info info;
         gpt_cuda_get_info(c->g, &info);
@@ -690,7 +714,13 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
             c->placed = 1;
         }
     }
-    c->g = gpt_cuda_create_offload(&bs->model, S, bs->batch_size, offp);
+    if (offp && bs->optim.adafactor) { /* the spec refuses it */
+        snprintf(err, errlen, "optimizer.name \"adafactor\" with offloaded "
+                 "slots is not supported on device.backend \"cuda\"");
+        goto fail;
+    }
+    c->g = gpt_cuda_create_optim(&bs->model, S, bs->batch_size, offp,
+                                 &bs->optim);
     if (!c->g) {
         snprintf(err, errlen, "cannot create the model on the GPU (%d "
                  "slots%s, batch_size %d): out of device or host memory or "

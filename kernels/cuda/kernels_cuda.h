@@ -466,6 +466,47 @@ void copy_to_bf16_cuda(bf16 *params, const float *master, size_t n,
 void copy_to_f32_cuda(float *dst, const bf16 *src, size_t n,
                       cudaStream_t stream);
 
+/* ---------------------------------------------------------------- Adafactor */
+
+/* Adafactor's hyperparameters of a step (kernels.h adafactor_hparams,
+ * without grad_scale: the CUDA path reads the clip scale from the device). */
+typedef struct {
+    float lr, beta1, clip_threshold, eps1, eps2;
+    int scale_parameter;
+} adafactor_hparams_cuda;
+
+/* One tensor's Adafactor step: cols > 0 a rows x cols row-major matrix
+ * with its factored second moment r (rows) and c (cols); cols 0 a vector
+ * of rows elements, r (rows) its second moment, c unused. master (fp32),
+ * params (bf16 working copy, written), grads (bf16) and m (fp32 first
+ * moment, NULL without one) at the tensor's first element. beta2 the
+ * step's (adafactor_beta2 of the tensor's step count); weight_decay the
+ * tensor's (0: none). */
+typedef struct {
+    float *master;
+    bf16 *params;
+    const bf16 *grads;
+    float *m, *r, *c;
+    int rows, cols;
+    float beta2, weight_decay;
+} adafactor_tensor_step_cuda;
+
+/* Doubles of scratch adafactor_update_cuda needs for a tensor of numel
+ * elements (a buffer for the largest serves every tensor of a stream). */
+size_t adafactor_scratch_doubles(size_t numel);
+
+/* One Adafactor step of tensor x (kernels.h's formula, the CPU reference
+ * adafactor_update_spans): its second moment, the update clipped at
+ * h->clip_threshold, the first moment, decoupled weight decay, master and
+ * bf16 copy. The gradient is multiplied by grad_scale[0] (device pointer,
+ * e.g. grad_clip_scale_cuda's; NULL: 1). Reductions in double in a fixed
+ * order (deterministic); queued on stream (five launches), scratch
+ * (device, adafactor_scratch_doubles(numel)) in use until they are done. */
+void adafactor_update_cuda(const adafactor_tensor_step_cuda *x,
+                           const adafactor_hparams_cuda *h,
+                           const float *grad_scale, double *scratch,
+                           cudaStream_t stream);
+
 /* ---------------------------------------------------- mixture of experts */
 
 /* The MoE ops of kernels.h (expert prototyping, M6-T) with fixed-capacity

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "model/cuda/gpt_cuda.h"
 #include "train/trainer.h"
 #include "synth_data.h"
 #include "err_into.h"
@@ -35,6 +36,45 @@ static inline run_spec synth_cuda_spec(const char *dir, backend_kind backend,
     s.train.eval_batches = 2;
     s.device.backend = backend;
     return s;
+}
+
+/* MoE in every `every`-th block of synth_cuda_spec's model: 8 experts of
+ * hidden 64 in 2 prototypes (E and H multiples of 8, as gpt_cuda needs),
+ * training capacity factor `capacity`, 2 for evaluation, aux and z loss
+ * coefficients 0.01 and 0.001. */
+static inline void synth_cuda_moe(run_spec *s, int every, float capacity)
+{
+    s->model.moe_experts = 8;
+    s->model.moe_prototypes = 2;
+    s->model.moe_every = every;
+    s->model.moe_hidden = 64;
+    s->model.moe_capacity_factor = capacity;
+    s->model.moe_eval_capacity_factor = 2.0f;
+    s->model.moe_aux_coef = 0.01f;
+    s->model.moe_z_coef = 0.001f;
+}
+
+/* A GPU trainer test's start: exits 77 (meson's SKIP) with a line naming
+ * prog when there is no CUDA device; returns the steps to run: hi, or
+ * M6_TEST_STEPS when set (an even number from lo to hi, else exits 1
+ * naming prog), as the CUDA emulation sets fewer. */
+static inline int fixture_gpu_steps(const char *prog, int lo, int hi)
+{
+    const char *why = "";
+    if (gpt_cuda_device_count(&why) < 1) {
+        printf("%s: SKIP: no CUDA device (%s)\n", prog, why);
+        exit(77);
+    }
+    const char *steps = getenv("M6_TEST_STEPS");
+    if (!steps)
+        return hi;
+    int n = atoi(steps);
+    if (n < lo || n > hi || n % 2) {
+        fprintf(stderr, "%s: M6_TEST_STEPS=%s: want an even number from %d "
+                "to %d\n", prog, steps, lo, hi);
+        exit(1);
+    }
+    return n;
 }
 
 /* trainer_create; on error prints it and exits 1. */

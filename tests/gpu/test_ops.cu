@@ -793,6 +793,91 @@ static void test_adamw_(void)
     cudaFree(d_m); cudaFree(d_v); cudaFree(d_pb);
 }
 
+/* Adafactor (adafactor_update_cuda) against the CPU op
+ * (adafactor_update_spans) on the same inputs, the gradient rounded to
+ * bf16 first (the CUDA op reads bf16): one tensor of rows x cols (cols 0:
+ * a vector) at step t = 3 from random statistics, gradient scale 0.5
+ * from device memory. The new master (as an update), r, c and m within
+ * TOL_F32, the bf16 copy bf16(master). The CPU's new master into out
+ * (n floats) when given. */
+static void test_adafactor_case_(int rows, int cols, float beta1, float clip,
+                                 int scale_parameter, float *out)
+{
+    size_t n = (size_t)rows * (cols ? cols : 1), nc = cols ? cols : 1;
+    printf("adafactor %dx%d, beta1 %g, d %g%s\n", rows, cols, beta1, clip,
+           scale_parameter ? ", scale_parameter" : "");
+    float *p0 = hrand_(n, -1, 1), *gr = hrand_(n, -0.5f, 0.5f);
+    float *m0 = hrand_(n, -0.1f, 0.1f);
+    float *r0 = hrand_(rows, 0.01f, 0.1f), *c0 = hrand_(nc, 0.01f, 0.1f);
+    for (size_t i = 0; i < n; i++)
+        gr[i] = bf_(gr[i]);
+    float *p = hcopy_(p0, n), *m = hcopy_(m0, n), *r = hcopy_(r0, rows);
+    float *c = hcopy_(c0, nc);
+    const float lr = 1e-2f, wd = 0.1f, half = 0.5f;
+    const long t = 3;
+    adafactor_span sp = {p, gr, beta1 > 0 ? m : NULL, r, cols ? c : NULL,
+                         rows, cols, wd, t, 0};
+    adafactor_hparams h = {lr, beta1, 0.8f, clip, 1e-30f, 1e-3f,
+                           scale_parameter, half};
+    check_true_("adafactor cpu op ran", adafactor_update_spans(&sp, 1, &h)
+                                            == 0);
+    float *d_p = dcopy_(p0, n), *d_m = dcopy_(m0, n), *d_r = dcopy_(r0, rows);
+    float *d_c = dcopy_(c0, nc), *d_sc = dcopy_(&half, 1);
+    bf16 *d_g = dbf_(gr, n), *d_pb = dnan_bf16_(n);
+    double *d_scr = dnan_<double>(adafactor_scratch_doubles(n));
+    adafactor_tensor_step_cuda x = {d_p, d_pb, d_g, beta1 > 0 ? d_m : NULL,
+                                    d_r, cols ? d_c : NULL, rows, cols,
+                                    adafactor_beta2(t, 0.8f), wd};
+    adafactor_hparams_cuda hc = {lr, beta1, clip, 1e-30f, 1e-3f,
+                                 scale_parameter};
+    adafactor_update_cuda(&x, &hc, d_sc, d_scr, st);
+    float *gp = hcopy_dev_(d_p, n), *gm = hcopy_dev_(d_m, n);
+    float *gr_ = hcopy_dev_(d_r, rows), *gc = hcopy_dev_(d_c, nc);
+    float *gpb = hbf_(d_pb, n);
+    check_("adafactor master (update)", gp, p, p0, n, TOL_F32);
+    check_("adafactor r", gr_, r, NULL, rows, TOL_F32);
+    if (cols)
+        check_("adafactor c", gc, c, NULL, nc, TOL_F32);
+    if (beta1 > 0)
+        check_("adafactor m", gm, m, NULL, n, TOL_F32);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= gpb[i] == bf_(gp[i]);
+    check_true_("adafactor bf16 copy = bf16(master)", same);
+    if (out)
+        memcpy(out, p, n * sizeof(float));
+    free(p0); free(gr); free(m0); free(r0); free(c0); free(p); free(m);
+    free(r); free(c); free(gp); free(gm); free(gr_); free(gc); free(gpb);
+    cudaFree(d_p); cudaFree(d_m); cudaFree(d_r); cudaFree(d_c);
+    cudaFree(d_sc); cudaFree(d_g); cudaFree(d_pb); cudaFree(d_scr);
+}
+
+/* Matrices with rows not a multiple of a block's 8 and cols not of 32,
+ * over several chunks of sums; a vector; each with and without the first
+ * moment; update clipping that fires (d 0.1: the CPU's update then
+ * differs from the unclipped one, d 1e3, by far more than the tolerance,
+ * so both paths are compared); scale_parameter. */
+static void test_adafactor_(void)
+{
+    const int R = 300, C = 70;
+    float *clipped = (float *)malloc((size_t)R * C * sizeof(float));
+    float *free_ = (float *)malloc((size_t)R * C * sizeof(float));
+    uint64_t seed = rng_state;
+    test_adafactor_case_(R, C, 0.0f, 0.1f, 0, clipped);
+    rng_state = seed; /* the same inputs */
+    test_adafactor_case_(R, C, 0.0f, 1e3f, 0, free_);
+    rng_state = seed; /* their first draw: p0 */
+    float *p0 = hrand_((size_t)R * C, -1, 1);
+    double upd = nerr_(clipped, free_, p0, (size_t)R * C);
+    printf("  (clipped vs unclipped update: nerr %.3e)\n", upd);
+    check_true_("adafactor update clipping fires", upd > 0.5);
+    test_adafactor_case_(R, C, 0.9f, 1.0f, 0, NULL);
+    test_adafactor_case_(R, C, 0.9f, 1.0f, 1, NULL);
+    test_adafactor_case_(5003, 0, 0.0f, 1.0f, 0, NULL);
+    test_adafactor_case_(5003, 0, 0.9f, 0.1f, 1, NULL);
+    free(clipped); free(free_); free(p0);
+}
+
 /* Multi-tensor AdamW (adamw_multi_cuda) over nt tensors of the given sizes
  * laid out in one block with 3-element gaps (padding, which must stay as
  * it is), against the CPU AdamW (kernels/cpu) tensor by tensor, with the
@@ -1035,6 +1120,7 @@ int main(void)
     test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
     test_adamw_();
     test_adamw_multi_();
+    test_adafactor_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));
     matmul_cuda_fini();

@@ -470,16 +470,9 @@ static int moe_case_(int every, int offload)
     step_result r[2][8];
     for (int b = 0; b < 2; b++) {
         run_spec *s = &sp[b];
-        s->model.moe_experts = 8;
-        s->model.moe_prototypes = 2;
-        s->model.moe_every = every;
+        synth_cuda_moe(s, every, 1.0f);
         if (every > 1)
             s->pseudo.share_groups = 2;
-        s->model.moe_hidden = 64;
-        s->model.moe_capacity_factor = 1.0f;
-        s->model.moe_eval_capacity_factor = 2.0f;
-        s->model.moe_aux_coef = 0.01f;
-        s->model.moe_z_coef = 0.001f;
         s->train.steps = 8;
         s->pseudo.steps = 4;
         s->train.eval_every = 4;
@@ -674,21 +667,8 @@ static int grad_mean_case_(void)
 
 int main(void)
 {
-    const char *why = "";
-    if (gpt_cuda_device_count(&why) < 1) {
-        printf("test_trainer: SKIP: no CUDA device (%s)\n", why);
-        return 77;
-    }
-    const char *steps = getenv("M6_TEST_STEPS");
-    if (steps) {
-        int n = atoi(steps);
-        if (n < 8 || n > STEPS_MAX || n % 2) {
-            fprintf(stderr, "test_trainer: M6_TEST_STEPS=%s: want an even "
-                            "number from 8 to %d\n", steps, STEPS_MAX);
-            return 1;
-        }
-        STEPS = n, DELINK_AT = n / 2, SAVE_AT = 3 * n / 4;
-    }
+    STEPS = fixture_gpu_steps("test_trainer", 8, STEPS_MAX);
+    DELINK_AT = STEPS / 2, SAVE_AT = 3 * STEPS / 4;
     if (synth_shards_tmp(dir_, sizeof dir_, "test_trainer", 40000) != 0)
         return 1;
     run_spec sg = spec_(BACKEND_CUDA), sc = spec_(BACKEND_CPU);

@@ -254,13 +254,19 @@ static void test_spec_keys_and_refusals(void **state)
         {"\"optimizer\": {\"name\": \"adafactor\", \"eps1\": 0}",
          "optimizer.eps1"},
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
-         "{\"backend\": \"cuda\"}", "\"cuda\" is not supported yet"},
+         "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
+         "on device.backend \"cuda\" with device.memory_budget > 0 is not "
+         "supported yet"},
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
          "{\"memory_budget\": \"1GiB\"}, \"offload\": {\"speculative\": "
          "\"on\"}", "optimizer.name \"adafactor\" with offload.speculative "
          "\"on\" is not supported yet"},
     };
     fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
+    /* resident slots on cuda (tests/gpu/test_adafactor.c) */
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"name\": \"adafactor\"}, "
+                       "\"device\": {\"backend\": \"cuda\"}");
+    assert_int_equal(s.device.backend, BACKEND_CUDA);
     /* offloaded slots get host Adafactor (test_offload.c) */
     fixture_spec_parse(&s, base, "\"optimizer\": {\"name\": \"adafactor\"}, "
                        "\"device\": {\"memory_budget\": \"1GiB\"}");

@@ -63,12 +63,13 @@ int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
 }
 
 /* Device state for globals + n_res resident slots placed by off (their
- * elements: off[n_res]), step counts for S. */
+ * elements: off[n_res]) of kinds moe, step counts for S. */
 int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
-                        bf16 **params, bf16 **grads, float **opt,
-                        long **t_slot)
+                          const unsigned char *moe, bf16 **params,
+                          bf16 **grads, float **opt, long **t_slot)
 {
     size_t n = g->n_global + off[n_res];
+    size_t no = gpt_cuda_opt_layout_(g, NULL, n, n_res, moe, NULL, NULL);
     *params = NULL;
     *grads = NULL;
     *opt = NULL;
@@ -76,7 +77,7 @@ int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
     /* allocation failures are not fatal: the caller may keep its old state */
     if (!*t_slot || cudaMalloc((void **)params, n * sizeof(bf16)) != cudaSuccess ||
         cudaMalloc((void **)grads, n * sizeof(bf16)) != cudaSuccess ||
-        cudaMalloc((void **)opt, 3 * n * sizeof(float)) != cudaSuccess) {
+        cudaMalloc((void **)opt, no * sizeof(float)) != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the (non-sticky) OOM error */
         if (*params) CUDA_CHECK(cudaFree(*params));
         if (*grads) CUDA_CHECK(cudaFree(*grads));
@@ -89,7 +90,7 @@ int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
     }
     CUDA_CHECK(cudaMemset(*params, 0, n * sizeof(bf16)));
     CUDA_CHECK(cudaMemset(*grads, 0, n * sizeof(bf16)));
-    CUDA_CHECK(cudaMemset(*opt, 0, 3 * n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(*opt, 0, no * sizeof(float)));
     return 0;
 }
 
@@ -99,8 +100,8 @@ int gpt_cuda_alloc_placed_(gpt_cuda *g, int S, int n_res, unsigned char *moe,
 {
     int failed = 0;
     *hs = gpt_offload_alloc_slots(g, S, n_res, moe, &failed);
-    if (failed || gpt_cuda_alloc_state_(g, S, n_res, off, params, grads, opt,
-                                        t_slot) != 0) {
+    if (failed || gpt_cuda_alloc_state_(g, S, n_res, off, moe, params, grads,
+                                        opt, t_slot) != 0) {
         gpt_offload_free_slots(g, *hs, S - n_res);
         *hs = NULL;
         free(moe);
@@ -124,13 +125,13 @@ void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
     /* the multi-tensor AdamW plan follows the slots' kinds: made anew */
     adamw_multi_plan_destroy(g->mt);
     g->mt = NULL;
+    gpt_cuda_optim_drop_plan_(g);
     g->n_params = g->n_global + off[n_res];
     g->params = params;
     g->grads = grads;
     g->opt = opt;
     g->master = opt;
-    g->m = opt + g->n_params;
-    g->v = opt + 2 * g->n_params;
+    gpt_cuda_opt_layout_(g, opt, g->n_params, n_res, moe, &g->m, &g->v);
     g->adam_t_slot = t_slot;
 }
 
@@ -446,11 +447,18 @@ static int choose_paths_(gpt_cuda *g)
 
 gpt_cuda *gpt_cuda_create(const model_config *cfg, int S, int B)
 {
-    return gpt_cuda_create_offload(cfg, S, B, NULL);
+    return gpt_cuda_create_optim(cfg, S, B, NULL, NULL);
 }
 
 gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
                                   const gpt_cuda_offload *off)
+{
+    return gpt_cuda_create_optim(cfg, S, B, off, NULL);
+}
+
+gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
+                                const gpt_cuda_offload *off,
+                                const gpt_optim *o)
 {
     int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head;
     char why[256];
@@ -490,7 +498,8 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
     }
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     matmul_cuda_init();
-    if (off && gpt_offload_init(g, off) != 0) {
+    if (gpt_cuda_optim_init_(g, o, off) != 0 ||
+        (off && gpt_offload_init(g, off) != 0)) {
         gpt_cuda_free(g);
         return NULL;
     }
@@ -543,6 +552,7 @@ void gpt_cuda_free(gpt_cuda *g)
     if (g->gradf) CUDA_CHECK(cudaFree(g->gradf));
     adamw_multi_plan_destroy(g->mt);
     free(g->mt_t);
+    gpt_cuda_optim_fini_(g);
     if (g->act_mem) CUDA_CHECK(cudaFree(g->act_mem));
     if (g->h_inp) CUDA_CHECK(cudaFreeHost(g->h_inp));
     if (g->h_tgt) CUDA_CHECK(cudaFreeHost(g->h_tgt));
@@ -570,7 +580,9 @@ void gpt_cuda_get_info(const gpt_cuda *g, gpt_cuda_info *info)
     info->n_params_cpu = g->n_global_cpu + g->slot_off[g->S];
     info->bytes_params = g->n_params * sizeof(bf16);
     info->bytes_grads = g->n_params * sizeof(bf16);
-    info->bytes_opt = 3 * g->n_params * sizeof(float);
+    info->bytes_opt = gpt_cuda_opt_layout_(g, NULL, g->n_params, g->n_res,
+                                           g->slot_moe, NULL, NULL) *
+                      sizeof(float);
     info->bytes_acts = g->act_bytes;
     info->att_gemm = g->a.att_ws != NULL;
     info->epi_fallback = g->epi_fallback;
@@ -1109,6 +1121,11 @@ int gpt_cuda_env_flag_(const char *name, int dflt, const char *dflt_means,
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm)
 {
+    if (g->af) {
+        fprintf(stderr, "gpt_cuda_adamw: the model keeps Adafactor's state "
+                        "(gpt_cuda_adafactor); nothing updated\n");
+        return;
+    }
     gpt_cuda_flush_(g);
     if (g->step_graph && g->n_res == g->S && !gpt_cuda_adamw_per_tensor_()) {
         mt_plan_(g);

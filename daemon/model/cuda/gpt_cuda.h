@@ -12,7 +12,8 @@
  * model can start from the same weights.
  *
  * Memory: four cudaMalloc blocks planned up front — bf16 params, bf16 grads,
- * fp32 optimizer state (master | m | v) and all activations + scratch — plus
+ * fp32 optimizer state (master | m | v: AdamW's moments, or Adafactor's
+ * state, gpt_cuda_create_optim) and all activations + scratch — plus
  * cuBLASLt's workspace. No managed memory. With offloading (end of this
  * file) the first three hold only the globals and the resident slots, and
  * staging buffers are added.
@@ -26,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
+#include "model/gpt.h"  /* gpt_optim */
 
 #ifdef __cplusplus
 extern "C" {
@@ -90,8 +92,10 @@ int gpt_cuda_set_params(gpt_cuda *g, const float *host, size_t n);
 int gpt_cuda_get_params(gpt_cuda *g, float *host, size_t n);
 
 /* The same for any state buffer, in the gpt.h layout: which 0 fp32 master
- * weights (set also writes the bf16 copy), 1 AdamW m, 2 AdamW v. The padded
- * rows of wte stay zero. 0 or -1. */
+ * weights (set also writes the bf16 copy), 1 m, 2 v (AdamW's moments; with
+ * Adafactor its first moment, none without one: -1, and its second
+ * moment in the af layout: gpt_cuda_state_offset gives each layout's
+ * sizes). The padded rows of wte stay zero. 0 or -1. */
 int gpt_cuda_get_state(gpt_cuda *g, int which, float *host, size_t n);
 int gpt_cuda_set_state(gpt_cuda *g, int which, const float *host, size_t n);
 
@@ -114,7 +118,17 @@ int gpt_cuda_set_state_resident(gpt_cuda *g, int which, const float *host,
 float *gpt_cuda_host_slot(gpt_cuda *g, int which, int s);
 void gpt_cuda_host_slot_written(gpt_cuda *g, int s);
 
-/* AdamW step counts [globals, slot 0, ..., slot S-1] (S+1 entries). */
+/* Floats of state buffer `which` (0 master weights, 1 m, 2 v) before
+ * slot s (0 <= s <= S) in the layout get_state and set_state use: the
+ * globals' and slots [0, s)'s. gpt.h's plain layout, except Adafactor's
+ * v, which is gpt.h's af layout (gpt_af_tensors: row and column
+ * statistics of each matrix, a vector's elements); s = n_resident: the
+ * floats of get_state_resident. 0 for m on a model with Adafactor
+ * without a first moment (it keeps none: get/set_state of m fail). */
+size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s);
+
+/* Step counts [globals, slot 0, ..., slot S-1] (S+1 entries), AdamW's or
+ * Adafactor's. */
 void gpt_cuda_get_adam_steps(const gpt_cuda *g, long *dst);
 void gpt_cuda_set_adam_steps(gpt_cuda *g, const long *src);
 
@@ -178,6 +192,22 @@ float gpt_cuda_grad_norm(gpt_cuda *g);
 void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float max_norm);
 float gpt_cuda_last_grad_norm(gpt_cuda *g);
+
+/* Adafactor (a model made by gpt_cuda_create_optim with o->adafactor)
+ * over all parameters, kernels.h's formula and the CPU model's tensors
+ * and state layout (gpt.h gpt_af_tensors; gpt_adafactor): each matrix
+ * (wte of V rows, not Vp) with factored row and column statistics, each
+ * vector with a full second moment; beta2 = 1 - t^-h->decay_rate at
+ * each region's step count t (globals, each slot: counted as AdamW's);
+ * the update clipped at h->clip_threshold; h->beta1 > 0 with a first
+ * moment; weight decay (2-D tensors) decoupled. h->grad_scale is not
+ * read: global-norm clipping to max_norm (<= 0: none) is computed on the
+ * device, as gpt_cuda_adamw. Queued; gpt_cuda_last_grad_norm as after
+ * gpt_cuda_adamw. -1 (a message, nothing done) on a model without
+ * Adafactor's state. */
+struct adafactor_hparams;
+int gpt_cuda_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
+                       float weight_decay, float max_norm);
 
 /* As gpt_reslot: S' slots, each a device copy of old slot src_of[s']
  * (params, master, m, v, step count; zeroed m, v, count with
@@ -271,6 +301,15 @@ typedef struct {
  * so a later reslot may offload). NULL on failure (message on stderr). */
 gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
                                   const gpt_cuda_offload *off);
+
+/* As gpt_cuda_create_offload with the optimizer state o asks for (NULL:
+ * AdamW's m and v). o->adafactor: Adafactor's (gpt_cuda_adafactor), m
+ * only with o->first_moment; refused (NULL, a message) with off, whose
+ * offloaded slots' host update is AdamW's, and with o->master_bf16 (fp32
+ * masters only). */
+gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
+                                const gpt_cuda_offload *off,
+                                const gpt_optim *o);
 
 /* As gpt_cuda_reslot, the new state placed with slots [0, n_resident)
  * resident (>= new_S: all). Needs a model made by gpt_cuda_create_offload

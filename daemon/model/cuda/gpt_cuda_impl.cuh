@@ -233,6 +233,15 @@ struct gpt_cuda {
                                          * step; for mt_nres slots */
     int mt_nres;
     long *mt_t;                         /* [1 + mt_nres] its step counts */
+    /* the optimizer (gpt_cuda_create_optim): AdamW, or Adafactor (af),
+     * with its first moment (af_m) or without (m NULL). Adafactor's v is
+     * gpt.h's af layout (gpt_af_tensors): af_glob floats of the globals,
+     * then af_kind[kind] floats per resident slot (optim_cuda.cu) */
+    int af, af_m;
+    size_t af_glob, af_kind[2];
+    struct af_plan_ *af_plan;           /* its tensors on the device block,
+                                         * or NULL until the next step */
+    double *af_scratch;                 /* adafactor_update_cuda's */
     acts_ a;
     void *act_mem;
     size_t act_bytes;
@@ -350,11 +359,11 @@ static inline size_t pad_(size_t n) { return (n + PAD - 1) / PAD * PAD; }
  * a message. */
 int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
                           unsigned char **moe, size_t **off);
-/* Device state for the globals and n_res resident slots placed by off,
- * step counts for S: 0, or -1 out of device memory (nothing allocated). */
+/* Device state for the globals and n_res resident slots placed by off
+ * (of kinds moe), step counts for S: 0, or -1 out of device memory (nothing allocated). */
 int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
-                          bf16 **params, bf16 **grads, float **opt,
-                          long **t_slot);
+                          const unsigned char *moe, bf16 **params,
+                          bf16 **grads, float **opt, long **t_slot);
 /* A whole state for share map places moe, off (gpt_cuda_slot_places_):
  * host slots for [n_res, S) into *hs (gpt_offload_alloc_slots) and the
  * device state (gpt_cuda_alloc_state_). 0; or -1 with nothing allocated
@@ -369,6 +378,26 @@ void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
 /* Free a state gpt_cuda_alloc_state_ made. */
 void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt,
                           long *t_slot);
+
+/* optim_cuda.cu: the optimizer. g's optimizer from o (NULL: AdamW) before
+ * any state is allocated; refused (-1, a message) where it is not built:
+ * bf16 masters, Adafactor on a model made with offloading (off). */
+int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
+                         const gpt_cuda_offload *off);
+void gpt_cuda_optim_fini_(gpt_cuda *g);
+/* Forget the Adafactor tensor plan (the slots changed). */
+void gpt_cuda_optim_drop_plan_(gpt_cuda *g);
+/* Adafactor: floats of the af layout before slot s (0 <= s <= its slot
+ * count) of slots of kinds moe: the globals' and slots [0, s)'s. */
+size_t gpt_cuda_af_off_(const gpt_cuda *g, const unsigned char *moe, int s);
+/* The optimizer state block of a state with n device parameters, its
+ * resident slots [0, n_res) of kinds moe: master (n) | m (n; none for
+ * Adafactor without a first moment) | v (AdamW n, Adafactor the af
+ * layout's floats). The pointers into opt (NULL: sizes only) into *m
+ * (NULL when none) and *v (either may be NULL); returns the floats. */
+size_t gpt_cuda_opt_layout_(const gpt_cuda *g, float *opt, size_t n,
+                            int n_res, const unsigned char *moe, float **m,
+                            float **v);
 
 /* gpt_cuda.cu: passes. Exit with a message naming who when microbatch B
  * exceeds the B the model was created for. */

@@ -105,11 +105,33 @@ static size_t host_slot_off_(const gpt_cuda *g, int s)
     return g->n_global_cpu + g->slot_off[s];
 }
 
+/* Adafactor's v (a model with Adafactor has no offloaded slots): the
+ * device's af layout is the host's, one copy of n floats either way (set:
+ * from host; else into it). 0, or -1 for a wrong n. */
+static int af_v_copy_(gpt_cuda *g, float *host, size_t n, int set)
+{
+    size_t need = gpt_cuda_state_offset(g, 2, g->n_res);
+    if (n != need) {
+        fprintf(stderr, "gpt_cuda: host buffer has %zu floats, Adafactor's "
+                        "second moment %zu\n", n, need);
+        return -1;
+    }
+    gpt_cuda_synchronize(g);
+    CUDA_CHECK(cudaMemcpy(set ? (void *)g->v : (void *)host,
+                          set ? (const void *)host : (const void *)g->v,
+                          n * sizeof(float),
+                          set ? cudaMemcpyHostToDevice
+                              : cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 /* set_state / get_state, of the offloaded slots too or not */
 static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
                       int with_host_slots)
 {
     gpt_cuda_flush_(g);
+    if (which == 2 && g->af)
+        return af_v_copy_(g, (float *)host, n, 1);
     size_t off[5][3];
     float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -137,6 +159,8 @@ static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
                       int with_host_slots)
 {
     gpt_cuda_flush_(g);
+    if (which == 2 && g->af)
+        return af_v_copy_(g, host, n, 0);
     size_t off[5][3];
     const float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -288,16 +312,29 @@ int gpt_cuda_set_grads_resident(gpt_cuda *g, const float *host, size_t n)
 /* ------------------------------------------------------------- delink */
 
 /* fp32 state (master, m, v) of slot s of a state whose device buffers
- * are opt (master | m | v, n_res resident slots placed by off) and host
- * slots hs: device pointers for a resident slot, host pointers for an
- * offloaded one. */
+ * are opt (gpt_cuda_opt_layout_: n_res resident slots placed by off, of
+ * kinds moe) and host slots hs, and each buffer's floats: device pointers
+ * for a resident slot, host pointers for an offloaded one; m NULL
+ * (Adafactor without a first moment), v Adafactor's af layout. */
 static void slot_state_(const gpt_cuda *g, float *opt, int n_res,
-                        const size_t *off, hslot_ *hs, int s, float *p[3])
+                        const size_t *off, const unsigned char *moe,
+                        hslot_ *hs, int s, float *p[3], size_t sz[3])
 {
-    size_t n = g->n_global + off[n_res];
     size_t at = g->n_global + off[s];
-    for (int i = 0; i < 3; i++)
-        p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : opt + i * n + at;
+    float *m, *v;
+    gpt_cuda_opt_layout_(g, opt, g->n_global + off[n_res], n_res, moe, &m,
+                         &v);
+    for (int i = 0; i < 3; i++) {
+        sz[i] = off[s + 1] - off[s];
+        p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : NULL;
+    }
+    if (s >= n_res)
+        return;
+    p[0] = opt + at;
+    p[1] = m ? m + at : NULL;
+    p[2] = g->af ? v + gpt_cuda_af_off_(g, moe, s) : v + at;
+    if (g->af)
+        sz[2] = g->af_kind[moe[s]];
 }
 
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
@@ -321,9 +358,9 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
     int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
-    if (n_res < new_S && !g->off.enabled) {
+    if (n_res < new_S && (!g->off.enabled || g->af)) {
         fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
-                        "made by gpt_cuda_create_offload\n");
+                        "made by gpt_cuda_create_offload, with AdamW\n");
         return -1;
     }
     /* each new slot's kind from its layers; it copies an old slot of the
@@ -355,25 +392,29 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
     if (gpt_cuda_alloc_placed_(g, new_S, n_res, moe, soff, &params, &grads,
                                &opt, &t_slot, &hs) != 0)
         return -1;
-    size_t n_new = g->n_global + soff[n_res];
     size_t ng = g->n_global;
-    float *nbuf[3] = {opt, opt + n_new, opt + 2 * n_new};
+    float *nbuf[3] = {opt, NULL, NULL};
+    gpt_cuda_opt_layout_(g, opt, ng + soff[n_res], n_res, moe, &nbuf[1],
+                         &nbuf[2]);
     cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
     CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
     CUDA_CHECK(cudaMemcpy(nbuf[0], g->master, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[1], g->m, ng * sizeof(float), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[2], g->v, ng * sizeof(float), dd));
+    if (nbuf[1])
+        CUDA_CHECK(cudaMemcpy(nbuf[1], g->m, ng * sizeof(float), dd));
+    CUDA_CHECK(cudaMemcpy(nbuf[2], g->v,
+                          (g->af ? g->af_glob : ng) * sizeof(float), dd));
     int nbufs = reset_moments ? 1 : 3; /* else m, v stay zero */
     for (int s = 0; s < new_S; s++) {
         float *from[3], *to[3];
-        size_t ss = soff[s + 1] - soff[s]; /* = the source's: same kind */
-        slot_state_(g, g->opt, g->n_res, g->slot_off, g->off.hs, src_of[s],
-                    from);
-        slot_state_(g, opt, n_res, soff, hs, s, to);
+        size_t sz[3]; /* the source's too: the same kind */
+        slot_state_(g, g->opt, g->n_res, g->slot_off, g->slot_moe, g->off.hs,
+                    src_of[s], from, sz);
+        slot_state_(g, opt, n_res, soff, moe, hs, s, to, sz);
         /* host or device on either side: unified addressing tells which */
         for (int i = 0; i < nbufs; i++)
-            CUDA_CHECK(cudaMemcpy(to[i], from[i], ss * sizeof(float),
-                                  cudaMemcpyDefault));
+            if (to[i])
+                CUDA_CHECK(cudaMemcpy(to[i], from[i], sz[i] * sizeof(float),
+                                      cudaMemcpyDefault));
         if (!reset_moments)
             t_slot[s] = g->adam_t_slot[src_of[s]];
     }
