@@ -66,20 +66,31 @@ class TlsPeer:
         return self.p.returncode, self.p.stderr.read().decode(errors="replace")
 
 
-def expect_refusal(s, want_status, what, t0):
-    """One Response with want_status, then EOF, all within MAX_S of t0."""
+def read_to_close(s, what, t0, limit, timeout_msg, reset_ends=False):
+    """Every byte s sends until it closes (a reset too when reset_ends),
+    within limit s of t0; else exits naming what. Returns (bytes, took)."""
     buf = b""
     while True:
         try:
             chunk = s.recv(65536)
         except socket.timeout:
-            sys.exit("%s: no answer and no close within %.1f s" % (what, MAX_S + 2))
+            sys.exit("%s: %s within %.1f s" % (what, timeout_msg, MAX_S + 2))
+        except ConnectionResetError:
+            if not reset_ends:
+                raise
+            break
         if not chunk:
             break
         buf += chunk
     took = time.monotonic() - t0
-    if took > MAX_S:
-        sys.exit("%s: closed after %.1f s, limit %.1f s" % (what, took, MAX_S))
+    if took > limit:
+        sys.exit("%s: closed after %.1f s, limit %.1f s" % (what, took, limit))
+    return buf, took
+
+
+def expect_refusal(s, want_status, what, t0):
+    """One Response with want_status, then EOF, all within MAX_S of t0."""
+    buf, took = read_to_close(s, what, t0, MAX_S, "no answer and no close")
     if len(buf) < 4:
         sys.exit("%s: closed without a refusal status (%d bytes)" % (what, len(buf)))
     n = struct.unpack(">I", buf[:4])[0]
@@ -94,20 +105,7 @@ def expect_refusal(s, want_status, what, t0):
 def expect_tls_close(s, what, t0, limit):
     """Closed within limit s of t0 with nothing but TLS alerts (records of
     type 21): a peer that does not speak the port's TLS gets no Response."""
-    buf = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except socket.timeout:
-            sys.exit("%s: not closed within %.1f s" % (what, MAX_S + 2))
-        except ConnectionResetError:
-            break
-        if not chunk:
-            break
-        buf += chunk
-    took = time.monotonic() - t0
-    if took > limit:
-        sys.exit("%s: closed after %.1f s, limit %.1f s" % (what, took, limit))
+    buf, took = read_to_close(s, what, t0, limit, "not closed", reset_ends=True)
     i = 0
     while i < len(buf):
         if buf[i] != 21 or i + 5 > len(buf):
