@@ -42,23 +42,17 @@
 #include <stdint.h>
 #include "model/cuda/gpt_cuda.h"
 #include "train/trainer.h"
-#include "../common/synth_data.h"
+#include "../common/cuda_fixture.h"
 
 /* 5 steps of a small cuda spec, with group c or alone: losses in out. */
 static int train_(const char *data, m6_coll *c, float *out)
 {
-    run_spec s;
-    spec_defaults(&s);
-    synth_spec_data(&s, data);
+    run_spec s = synth_cuda_spec(data, BACKEND_CUDA, 5, 0);
     s.model.n_layer = 2;
-    s.model.n_embd = 64;
-    s.model.n_head = 2;
     s.model.seq_len = 32;
-    s.train.steps = 5;
     s.train.batch_size = 4;
     s.train.eval_every = 0;
     s.train.eval_batches = 1;
-    s.device.backend = BACKEND_CUDA;
     m6_err err = M6_ERR_NONE;
     trainer *t = trainer_create(&s, &err);
     if (!t || (c && trainer_set_collectives(t, c, &err) != 0)) {
