@@ -340,6 +340,63 @@ static void run_counter_(sbuf *b, const http_stats *s, const char *name,
         }
 }
 
+/* A gauge of every run: its name, help text and value. */
+typedef struct {
+    const char *name, *help;
+    run_get get;
+} gauge_def_;
+
+/* The gauges of /metrics, in the order they are written, by group. */
+static const gauge_def_ step_gauges_[] = {
+    {"m6_run_step",
+     "Optimizer steps the run has done.", g_step_},
+    {"m6_train_loss",
+     "Training loss of the latest step, nats per token.", g_train_},
+    {"m6_val_loss",
+     "Validation loss of the latest evaluation, nats per token.", g_val_},
+    {"m6_learning_rate",
+     "Learning rate of the latest step.", g_lr_},
+    {"m6_grad_norm",
+     "Global L2 norm of the gradient before clipping, latest step.", g_gn_},
+    {"m6_tokens_per_second",
+     "Training tokens per second of the latest step.", g_tps_},
+    {"m6_model_flops_per_second",
+     "Model FLOP/s of the latest step (6N + 12LCT per token).", g_flops_},
+    {"m6_mfu_ratio",
+     "Model FLOPs utilisation of the latest step against --metrics-peak-flops.", g_mfu_},
+};
+static const gauge_def_ placement_gauges_[] = {
+    {"m6_resident_slots",
+     "Parameter slots resident on the device.", g_res_},
+    {"m6_offloaded_slots",
+     "Parameter slots offloaded to host memory.", g_off_},
+    {"m6_device_bytes_in_use",
+     "Device bytes in use after the latest step.", g_inuse_},
+    {"m6_device_peak_bytes",
+     "Most device bytes in use at once since the run's trainer was made.", g_peak_},
+};
+static const gauge_def_ copy_moe_gauges_[] = {
+    {"m6_copy_hidden_ratio",
+     "Fraction of the latest step's copy time hidden behind compute.", g_hidden_},
+    {"m6_moe_aux_loss",
+     "MoE load-balancing loss of the latest step (before its coefficient).", g_aux_},
+    {"m6_moe_dropped_ratio",
+     "Fraction of (token, prototype) pairs dropped by capacity, latest step.", g_drop_},
+    {"m6_moe_expert_load_min_tokens",
+     "Fewest tokens one expert processed in one layer and microbatch, latest step.", g_lmin_},
+    {"m6_moe_expert_load_max_tokens",
+     "Most tokens one expert processed in one layer and microbatch, latest step.", g_lmax_},
+    {"m6_moe_expert_load_cv",
+     "Coefficient of variation of the tokens per expert, latest step.", g_lcv_},
+};
+
+static void gauges_(sbuf *b, const http_stats *s, const gauge_def_ *g,
+                    size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        run_gauge_(b, s, g[i].name, g[i].help, g[i].get);
+}
+
 static void render_locked_(sbuf *b, const http_stats *s)
 {
     char nb[40], lab[1600];
@@ -395,14 +452,7 @@ static void render_locked_(sbuf *b, const http_stats *s)
                      (s->runs[i].last.phase ? 1 : 0) == ph);
             }
     }
-    run_gauge_(b, s, "m6_run_step", "Optimizer steps the run has done.", g_step_);
-    run_gauge_(b, s, "m6_train_loss", "Training loss of the latest step, nats per token.", g_train_);
-    run_gauge_(b, s, "m6_val_loss", "Validation loss of the latest evaluation, nats per token.", g_val_);
-    run_gauge_(b, s, "m6_learning_rate", "Learning rate of the latest step.", g_lr_);
-    run_gauge_(b, s, "m6_grad_norm", "Global L2 norm of the gradient before clipping, latest step.", g_gn_);
-    run_gauge_(b, s, "m6_tokens_per_second", "Training tokens per second of the latest step.", g_tps_);
-    run_gauge_(b, s, "m6_model_flops_per_second", "Model FLOP/s of the latest step (6N + 12LCT per token).", g_flops_);
-    run_gauge_(b, s, "m6_mfu_ratio", "Model FLOPs utilisation of the latest step against --metrics-peak-flops.", g_mfu_);
+    gauges_(b, s, step_gauges_, sizeof step_gauges_ / sizeof step_gauges_[0]);
     run_counter_(b, s, "m6_steps_total", "Steps trained by this m6d, by phase.",
                  offsetof(phase_counters, steps));
     run_counter_(b, s, "m6_tokens_total", "Training tokens processed by this m6d, by phase.",
@@ -428,20 +478,12 @@ static void render_locked_(sbuf *b, const http_stats *s)
                 put_(b, "%s_count{%s} %llu\n", h, lab, (unsigned long long)p->steps);
             }
     }
-    run_gauge_(b, s, "m6_resident_slots", "Parameter slots resident on the device.", g_res_);
-    run_gauge_(b, s, "m6_offloaded_slots", "Parameter slots offloaded to host memory.", g_off_);
-    run_gauge_(b, s, "m6_device_bytes_in_use", "Device bytes in use after the latest step.", g_inuse_);
-    run_gauge_(b, s, "m6_device_peak_bytes", "Most device bytes in use at once since the run's trainer was made.", g_peak_);
+    gauges_(b, s, placement_gauges_, sizeof placement_gauges_ / sizeof placement_gauges_[0]);
     run_counter_(b, s, "m6_host_to_device_bytes_total", "Bytes copied host to device by offloading, by phase.",
                  offsetof(phase_counters, h2d_bytes));
     run_counter_(b, s, "m6_device_to_host_bytes_total", "Bytes copied device to host by offloading, by phase.",
                  offsetof(phase_counters, d2h_bytes));
-    run_gauge_(b, s, "m6_copy_hidden_ratio", "Fraction of the latest step's copy time hidden behind compute.", g_hidden_);
-    run_gauge_(b, s, "m6_moe_aux_loss", "MoE load-balancing loss of the latest step (before its coefficient).", g_aux_);
-    run_gauge_(b, s, "m6_moe_dropped_ratio", "Fraction of (token, prototype) pairs dropped by capacity, latest step.", g_drop_);
-    run_gauge_(b, s, "m6_moe_expert_load_min_tokens", "Fewest tokens one expert processed in one layer and microbatch, latest step.", g_lmin_);
-    run_gauge_(b, s, "m6_moe_expert_load_max_tokens", "Most tokens one expert processed in one layer and microbatch, latest step.", g_lmax_);
-    run_gauge_(b, s, "m6_moe_expert_load_cv", "Coefficient of variation of the tokens per expert, latest step.", g_lcv_);
+    gauges_(b, s, copy_moe_gauges_, sizeof copy_moe_gauges_ / sizeof copy_moe_gauges_[0]);
 }
 
 int stats_render(http_stats *s, char **out, size_t *len)
