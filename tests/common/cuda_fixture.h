@@ -38,6 +38,18 @@ static inline run_spec synth_cuda_spec(const char *dir, backend_kind backend,
     return s;
 }
 
+/* s's batch and schedule: B sequences a microbatch, accum microbatches a
+ * step, warmup steps of warmup, an evaluation every eval_every steps (0:
+ * only at the end). */
+static inline void synth_cuda_batch(run_spec *s, int B, int accum,
+                                    long warmup, long eval_every)
+{
+    s->train.batch_size = B;
+    s->train.grad_accum = accum;
+    s->train.warmup_steps = warmup;
+    s->train.eval_every = eval_every;
+}
+
 /* MoE in every `every`-th block of synth_cuda_spec's model: 8 experts of
  * hidden 64 in 2 prototypes (E and H multiples of 8, as gpt_cuda needs),
  * training capacity factor `capacity`, 2 for evaluation, aux and z loss

@@ -81,11 +81,8 @@ static run_spec spec_(backend_kind backend, float beta1, float clip,
     /* V 300, not a multiple of 128: the device's wte has padded rows
      * (Vp 384), which the statistics must not count */
     s.model.vocab_size = 300;
-    s.train.batch_size = 4;
-    s.train.grad_accum = 2;
-    s.train.warmup_steps = 2;
+    synth_cuda_batch(&s, 4, 2, 2, 0);
     s.train.grad_clip = 1.0f;
-    s.train.eval_every = 0;
     s.optimizer.name = OPTIMIZER_ADAFACTOR;
     s.optimizer.beta1 = beta1;
     s.optimizer.clip_threshold = clip;

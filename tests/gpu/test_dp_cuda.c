@@ -84,10 +84,7 @@ static char dir_[256];
 static run_spec spec_(int world)
 {
     run_spec s = synth_cuda_spec(dir_, BACKEND_CUDA, STEPS, DELINK_AT);
-    s.train.batch_size = 2;
-    s.train.grad_accum = 4;
-    s.train.warmup_steps = 2;
-    s.train.eval_every = DELINK_AT;
+    synth_cuda_batch(&s, 2, 4, 2, DELINK_AT);
     s.train.grad_clip = 1.0f;
     s.nodes.world_size = world;
     s.nodes.timeout = 120;

@@ -100,10 +100,7 @@ static char dir_[256];
 static run_spec spec_(backend_kind backend)
 {
     run_spec s = synth_cuda_spec(dir_, backend, STEPS, DELINK_AT);
-    s.train.batch_size = 4;
-    s.train.grad_accum = 2;
-    s.train.warmup_steps = 3;
-    s.train.eval_every = DELINK_AT;
+    synth_cuda_batch(&s, 4, 2, 3, DELINK_AT);
     return s;
 }
 
