@@ -601,8 +601,10 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
                 "largest offloaded share, %d bytes (pinned bf16) a parameter "
                 "each\n", p->real.n_grad_bufs, pb->stream_grad);
     if (af || bf16)
-        fprintf(f, "note: the cuda backend runs AdamW with fp32 masters only "
-                "(the spec is refused there): these are its bytes by design\n");
+        fprintf(f, "note: the cuda backend does not run %s yet (the spec is "
+                "refused there): these are its bytes by design\n",
+                bf16 ? "bf16 masters" : "Adafactor on offloaded slots "
+                                        "(resident ones it runs)");
     fprintf(f, "not counted: activations, the CUDA context and the cuBLASLt "
             "workspace (what is left of a device is shown as headroom)\n");
     if (p->has_pseudo)
