@@ -628,22 +628,24 @@ void trainer_placement(trainer *t, step_placement *p)
 }
 
 /* The step's tokens of each (MoE block, expert), summed over the ranks
- * (float: exact below 2^24 tokens an expert a step), into m->tokens, and
- * each one's run of steps without a token (train.expert_idle_steps) into
- * m's idle fields. 0, or -1 with err (the collective's, or out of memory). */
-static int idle_experts_(trainer *t, const gpt_moe_stats *st, step_moe *m,
-                         m6_err *err)
+ * (float: exact below 2^24 tokens an expert a step), into m->tokens; their
+ * least, most and the pairs with none into m's step_* fields; and each
+ * one's run of steps without a token (train.expert_idle_steps) into m's
+ * idle fields. Every rank enters the same collective whatever N is. 0, or
+ * -1 with err (the collective's, or out of memory). */
+static int step_tokens_(trainer *t, const gpt_moe_stats *st, step_moe *m,
+                        m6_err *err)
 {
     long N = t->spec.train.expert_idle_steps;
     const model_config *c = &t->spec.model;
     size_t E = (size_t)c->moe_experts, n = (size_t)model_moe_layers(c) * E;
     m->idle_block = m->idle_expert = -1;
-    if (N <= 0 || !st->tokens || n == 0)
+    m->step_tokens_min = m->step_tokens_max = m->step_experts_empty = -1;
+    if (!st->tokens || n == 0)
         return 0;
-    if (!t->moe_idle && (!(t->moe_idle = calloc(n, sizeof *t->moe_idle)) ||
-                         !(t->moe_tokens = malloc(n * sizeof(float))))) {
-        free(t->moe_idle);
-        t->moe_idle = NULL;
+    if ((!t->moe_tokens && !(t->moe_tokens = malloc(n * sizeof(float)))) ||
+        (N > 0 && !t->moe_idle &&
+         !(t->moe_idle = calloc(n, sizeof *t->moe_idle)))) {
         m6_err_set(err, M6_EINTERNAL, "out of memory (tokens per expert)");
         return -1;
     }
@@ -652,8 +654,15 @@ static int idle_experts_(trainer *t, const gpt_moe_stats *st, step_moe *m,
     if (t->world > 1 &&
         m6_coll_allreduce_sum(t->coll, t->moe_tokens, n, err) != 0)
         return -1;
+    m->step_experts_empty = 0;
     for (size_t i = 0; i < n; i++) {
-        t->moe_idle[i] = t->moe_tokens[i] > 0 ? 0 : t->moe_idle[i] + 1;
+        long k = (long)t->moe_tokens[i];
+        if (i == 0 || k < m->step_tokens_min) m->step_tokens_min = k;
+        if (i == 0 || k > m->step_tokens_max) m->step_tokens_max = k;
+        m->step_experts_empty += k == 0;
+        if (N <= 0)
+            continue;
+        t->moe_idle[i] = k > 0 ? 0 : t->moe_idle[i] + 1;
         m->experts_idle += t->moe_idle[i] >= N;
         if (t->moe_idle[i] == N && m->idle_new++ == 0) {
             m->idle_block = (int)(i / E);
@@ -689,7 +698,8 @@ static int moe_facts_(trainer *t, step_moe *m, m6_err *err)
     double var = st.load_sumsq / (double)st.load_n - mean * mean;
     m->load_cv = mean > 0 ? sqrt(var > 0 ? var : 0) / mean : 0;
     m->experts_empty = (double)st.empty / (double)st.layers;
-    return idle_experts_(t, &st, m, err);
+    m->step_dropped = st.dropped;
+    return step_tokens_(t, &st, m, err);
 }
 
 int trainer_step(trainer *t, step_result *res, m6_err *err)

@@ -71,15 +71,25 @@ typedef struct {
     double load_cv;           /* their coefficient of variation (std/mean) */
     double experts_empty;     /* experts with no tokens, mean per layer and
                                * microbatch */
+    /* The whole step, every rank's microbatches (from tokens, below):
+     * the fewest and most tokens one (MoE block, expert) processed, the
+     * (MoE block, expert) pairs that processed none, and the (token,
+     * prototype) pairs dropped by capacity, a count; -1 when tokens is
+     * NULL. Unlike load_min, load_max and experts_empty these are not
+     * per microbatch. */
+    long step_tokens_min, step_tokens_max, step_experts_empty;
+    long step_dropped;
     /* train.expert_idle_steps: the (MoE block, expert) pairs that have
      * processed no token of any rank for that many steps or more, those
      * that reached it at this step, and the first of these (block index
-     * among the MoE blocks, model_moe_layer_index; global expert) */
+     * among the MoE blocks, model_moe_layer_index; global expert); 0 and
+     * -1 when train.expert_idle_steps is 0 */
     long experts_idle, idle_new;
     int idle_block, idle_expert;
     /* (MoE blocks, E): the tokens each expert processed in the step, over
-     * every rank's microbatches; the trainer's, valid until its next step;
-     * NULL when train.expert_idle_steps is 0 */
+     * every rank's microbatches (they add up to the step's (token,
+     * prototype) pairs less step_dropped); the trainer's, valid until its
+     * next step; NULL only when the backend keeps no per-expert counts */
     const float *tokens;
     size_t n_tokens;
 } step_moe;

@@ -241,10 +241,14 @@ static int rank_main_(int argc, char **argv)
             double tw = 0;
             for (size_t i = 0; i < r.moe.n_tokens; i++)
                 tw += (double)(i + 1) * r.moe.tokens[i];
-            fprintf(moe, "%ld %a %a %a %a %a %a %a %a\n", r.step,
-                    r.moe.aux_loss, r.moe.z_loss, r.moe.dropped_fraction,
-                    r.moe.load_min, r.moe.load_max, r.moe.experts_empty,
-                    (double)r.moe.experts_idle, tw);
+            fprintf(moe, "%ld %a %a %a %a %a %a %a %a %a %a %a %a\n",
+                    r.step, r.moe.aux_loss, r.moe.z_loss,
+                    r.moe.dropped_fraction, r.moe.load_min, r.moe.load_max,
+                    r.moe.experts_empty, (double)r.moe.experts_idle, tw,
+                    (double)r.moe.step_tokens_min,
+                    (double)r.moe.step_tokens_max,
+                    (double)r.moe.step_experts_empty,
+                    (double)r.moe.step_dropped);
         }
     }
     fclose(out);
@@ -601,15 +605,6 @@ static void compare_(const char *tag, int world, const result *ref,
         free(rk[r].params);
 }
 
-/* Rank 0's MoE facts of tag (its .moe file) against the one-node ref's,
- * step by step: the balancing and z-losses within LOSS_TOL (sums of the
- * same router probabilities in another order); the counts (dropped
- * fraction, least and most tokens of an expert, empty experts, idle
- * experts, the tokens of each (block, expert) as a weighted sum) exactly,
- * being integers over the same routing decisions, which rounding of
- * ~1e-7 would change only at an exact tie of two logits. A rank that
- * reported only its own microbatches would have half the passes and
- * other extremes. */
 /* A run of spec tag in mode join (2 ranks; rank 1 joins at the delink
  * after 3 pseudo steps): rank 1 ran steps 4..6 with rank 0's weights at
  * each of them, and rank 0's steps are one node's (ref). */
@@ -630,6 +625,30 @@ static void check_join_(const char *tag, const result *ref)
     compare_(tag, 1, ref, 0, 1, 0);
 }
 
+/* The figures of one line of a .moe file after its step (rank_main_). */
+enum { MOE_FACTS_ = 12 };
+
+/* One line of a .moe file: its step into *step, its figures into x. */
+static int read_moe_(FILE *f, long *step, double *x)
+{
+    if (fscanf(f, "%ld", step) != 1)
+        return 0;
+    for (int k = 0; k < MOE_FACTS_; k++)
+        if (fscanf(f, " %la", &x[k]) != 1)
+            return 0;
+    return 1;
+}
+
+/* Rank 0's MoE facts of tag (its .moe file) against the one-node ref's,
+ * step by step: the balancing and z-losses within LOSS_TOL (sums of the
+ * same router probabilities in another order); the counts (dropped
+ * fraction, least and most tokens of an expert, empty experts, idle
+ * experts, the tokens of each (block, expert) as a weighted sum, the whole
+ * step's least and most tokens, empty experts and dropped pairs) exactly,
+ * being integers over the same routing decisions, which rounding of
+ * ~1e-7 would change only at an exact tie of two logits. A rank that
+ * reported only its own microbatches would have half the passes and
+ * other extremes. */
 static void compare_moe_(const char *tag, const char *ref_tag)
 {
     char pa[512], pb[512];
@@ -639,12 +658,8 @@ static void compare_moe_(const char *tag, const char *ref_tag)
     int n = 0;
     double worst = 0;
     long sa, sb;
-    double a[8], b[8];
-    while (fa && fb &&
-           fscanf(fa, "%ld %la %la %la %la %la %la %la %la", &sa, &a[0],
-                  &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7]) == 9 &&
-           fscanf(fb, "%ld %la %la %la %la %la %la %la %la", &sb, &b[0],
-                  &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7]) == 9) {
+    double a[MOE_FACTS_], b[MOE_FACTS_];
+    while (fa && fb && read_moe_(fa, &sa, a) && read_moe_(fb, &sb, b)) {
         n++;
         CHECK(sa == sb, "%s: MoE facts of step %ld against step %ld", tag, sa,
               sb);
@@ -654,10 +669,11 @@ static void compare_moe_(const char *tag, const char *ref_tag)
             CHECK(d <= LOSS_TOL, "%s: step %ld: MoE %s loss %.9g, one node "
                   "%.9g", tag, sa, k ? "z" : "aux", a[k], b[k]);
         }
-        static const char *name[] = {"dropped fraction", "least load",
-                                     "most load", "empty experts",
-                                     "idle experts", "tokens per expert"};
-        for (int k = 2; k < 8; k++)
+        static const char *name[] = {
+            "dropped fraction", "least load", "most load", "empty experts",
+            "idle experts", "tokens per expert", "step's least tokens",
+            "step's most tokens", "step's empty experts", "step's dropped"};
+        for (int k = 2; k < MOE_FACTS_; k++)
             CHECK(a[k] == b[k], "%s: step %ld: MoE %s %.9g, one node %.9g",
                   tag, sa, name[k - 2], a[k], b[k]);
     }

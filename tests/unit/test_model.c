@@ -917,6 +917,59 @@ static void test_moe_stats_accumulate(void **state)
     assert_int_equal(st.empty, 1);
 }
 
+/* The whole step's per-expert figures of r against a count kept here
+ * from its tokens of each (MoE block, expert): the least, the most, the
+ * pairs with none; and the dropped count against the step's all_pairs
+ * (token, prototype) pairs less the tokens processed, and against the
+ * dropped fraction. */
+static void check_step_tokens_(const step_result *r, long all_pairs)
+{
+    long lo = -1, hi = -1, empty = 0, sum = 0;
+    for (size_t i = 0; i < r->moe.n_tokens; i++) {
+        long k = (long)r->moe.tokens[i];
+        lo = lo < 0 || k < lo ? k : lo;
+        hi = k > hi ? k : hi;
+        empty += k == 0;
+        sum += k;
+    }
+    assert_true(r->moe.n_tokens > 0);
+    assert_int_equal(r->moe.step_tokens_min, lo);
+    assert_int_equal(r->moe.step_tokens_max, hi);
+    assert_int_equal(r->moe.step_experts_empty, empty);
+    assert_int_equal(r->moe.step_dropped, all_pairs - sum);
+    assert_int_equal(r->moe.step_dropped,
+                     lround(r->moe.dropped_fraction * (double)all_pairs));
+}
+
+/* Without train.expert_idle_steps (0) a step still has its tokens of each
+ * (MoE block, expert) and the whole step's figures; no expert is counted
+ * idle. 2 MoE blocks of E 4 experts in k 2 prototypes at capacity factor
+ * 1 (tokens dropped), 2 microbatches of 4 x 16 tokens: 2 x 128 x 2 = 512
+ * (token, prototype) pairs a step; some step must drop a pair (else the
+ * count was not tried). */
+static void test_step_tokens(void **state)
+{
+    (void)state;
+    run_spec s = synth_tiny_spec(tmpdir_, 2, 4, 0);
+    synth_tiny_moe(&s.model, 1, 16, 1.0f);
+    s.train.expert_idle_steps = 0;
+    trainer *t = fixture_trainer(&s);
+    long dropped = 0;
+    for (int k = 0; k < 4; k++) {
+        step_result r;
+        fixture_step(t, &r);
+        assert_true(r.moe.present && r.moe.tokens != NULL);
+        assert_int_equal(r.moe.n_tokens, 2 * 4);
+        check_step_tokens_(&r, 2L * (2 * 4 * 16) * 2);
+        assert_int_equal(r.moe.experts_idle, 0);
+        assert_int_equal(r.moe.idle_new, 0);
+        assert_int_equal(r.moe.idle_block, -1);
+        dropped += r.moe.step_dropped;
+    }
+    assert_true(dropped > 0);
+    trainer_free(t);
+}
+
 /* The tokens of each (MoE block, expert) a step reports, and the
  * experts idle for train.expert_idle_steps (3) steps, against a count kept
  * here from those tokens: 2 MoE blocks of E 16 experts in k 1 prototype,
@@ -953,6 +1006,7 @@ static void test_expert_idle(void **state)
         /* pairs of both blocks, less the dropped ones */
         assert_float_equal(sum, Lm * pairs * (1.0 - r.moe.dropped_fraction),
                            1e-6);
+        check_step_tokens_(&r, Lm * pairs);
         assert_int_equal(r.moe.experts_idle, want_idle);
         assert_int_equal(r.moe.idle_new, want_new);
         if (want_new) {
@@ -1008,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_moe_stats_accumulate),
     cmocka_unit_test(test_moe_stats_tokens),
     cmocka_unit_test(test_expert_idle),
+    cmocka_unit_test(test_step_tokens),
         cmocka_unit_test(test_moe_delink_preserves_function),
         cmocka_unit_test(test_moe_aux_in_gradient),
         cmocka_unit_test(test_moe_checkpoint_resume_bitwise),
