@@ -393,6 +393,11 @@ static void m_lmin_(const void *row, view_val *v) { v->d = M_->moe_load_min; }
 static void m_lmax_(const void *row, view_val *v) { v->d = M_->moe_load_max; }
 static void m_cv_(const void *row, view_val *v) { v->d = M_->moe_load_cv; }
 static void m_empty_(const void *row, view_val *v) { v->d = M_->moe_experts_empty; }
+static void m_smin_(const void *row, view_val *v) { v->i = M_->moe_step_tokens_min; }
+static void m_smax_(const void *row, view_val *v) { v->i = M_->moe_step_tokens_max; }
+static void m_sempty_(const void *row, view_val *v) { v->i = M_->moe_step_experts_empty; }
+static void m_sdrop_(const void *row, view_val *v) { v->i = M_->moe_step_dropped; }
+static void m_idle_(const void *row, view_val *v) { v->i = M_->moe_experts_idle; }
 #undef M_
 
 /* The columns of every run's rows; hidden_w: the width of the last of
@@ -421,7 +426,8 @@ static const view_field metric_fields_[] = {
 const view views_metrics = VIEW_OF(metric_fields_);
 
 /* An MoE run's rows: the same, then the router's figures (a dense run's
- * output stays as it was: views_metrics). */
+ * output stays as it was: views_metrics): those per (block, microbatch)
+ * (LOAD_*, EMPTY), then those of the whole step (STEP_*, IDLE). */
 static const view_field metric_moe_fields_[] = {
     METRIC_FIELDS_(-7),
     {"moe_aux_loss", "AUX", 0, -7, VIEW_F64, VF_G3, 0, m_aux_},
@@ -430,7 +436,18 @@ static const view_field metric_moe_fields_[] = {
     {"moe_load_min", "LOAD_MIN", 0, -9, VIEW_F64, VF_RATE, 0, m_lmin_},
     {"moe_load_max", "LOAD_MAX", 0, -9, VIEW_F64, VF_RATE, 0, m_lmax_},
     {"moe_load_cv", "LOAD_CV", 0, -8, VIEW_F64, VF_G3, 0, m_cv_},
-    {"moe_experts_empty", "EMPTY", 0, 0, VIEW_F64, VF_G3, 0, m_empty_},
+    {"moe_experts_empty", "EMPTY", 0, -6, VIEW_F64, VF_G3, 0, m_empty_},
+    /* the whole step over every rank: (block, expert) counts */
+    {"moe_step_tokens_min", "STEP_MIN", 0, -9, VIEW_INT, VF_PLAIN,
+     VIEW_NEG_NULL, m_smin_},
+    {"moe_step_tokens_max", "STEP_MAX", 0, -9, VIEW_INT, VF_PLAIN,
+     VIEW_NEG_NULL, m_smax_},
+    {"moe_step_experts_empty", "STEP_EMPTY", 0, -11, VIEW_INT, VF_PLAIN,
+     VIEW_NEG_NULL, m_sempty_},
+    {"moe_step_dropped", "STEP_DROP", 0, -10, VIEW_INT, VF_PLAIN,
+     VIEW_NEG_NULL, m_sdrop_},
+    {"moe_experts_idle", "IDLE", 0, 0, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL,
+     m_idle_},
 };
 const view views_metrics_moe = VIEW_OF(metric_moe_fields_);
 

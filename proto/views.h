@@ -33,7 +33,8 @@ extern const view views_watch_line;
 /* Rows: M6__MetricRow (metrics: table, --csv, --json). */
 extern const view views_metrics;
 /* views_metrics with the MoE router's columns after it (moe_aux_loss ...
- * moe_experts_empty): `m6ctl metrics` of an MoE run. */
+ * moe_experts_empty per block and microbatch, then moe_step_tokens_min ...
+ * moe_experts_idle of the whole step): `m6ctl metrics` of an MoE run. */
 extern const view views_metrics_moe;
 /* Rows: M6__Event (events: table with UTC times, --json). */
 extern const view views_events;

@@ -639,6 +639,11 @@ static void do_metrics_(call *c, const M6__Request *rq)
         r->moe_load_max = rows[i].moe_load_max;
         r->moe_load_cv = rows[i].moe_load_cv;
         r->moe_experts_empty = rows[i].moe_experts_empty;
+        r->moe_step_tokens_min = rows[i].moe_step_tokens_min;
+        r->moe_step_tokens_max = rows[i].moe_step_tokens_max;
+        r->moe_step_experts_empty = rows[i].moe_step_experts_empty;
+        r->moe_step_dropped = rows[i].moe_step_dropped;
+        r->moe_experts_idle = rows[i].moe_experts_idle;
         r->skipped = rows[i].skipped != 0;
         r->skipped_total = rows[i].skipped_total;
         v[i] = r;

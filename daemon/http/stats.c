@@ -321,6 +321,15 @@ G_(g_drop_, r->last.moe ? r->last.moe_dropped_fraction : NAN)
 G_(g_lmin_, r->last.moe ? r->last.moe_load_min : NAN)
 G_(g_lmax_, r->last.moe ? r->last.moe_load_max : NAN)
 G_(g_lcv_, r->last.moe ? r->last.moe_load_cv : NAN)
+/* the step's per-expert counts: -1 unknown */
+#define G_COUNT_(fn, field)                                               \
+    G_(fn, r->last.moe && r->last.field >= 0 ? (double)r->last.field : NAN)
+G_COUNT_(g_smin_, moe_step_tokens_min)
+G_COUNT_(g_smax_, moe_step_tokens_max)
+G_COUNT_(g_sempty_, moe_step_experts_empty)
+G_COUNT_(g_sdrop_, moe_step_dropped)
+G_COUNT_(g_idle_, moe_experts_idle)
+#undef G_COUNT_
 #undef G_
 
 /* A counter of every run and phase it trained in. */
@@ -388,6 +397,16 @@ static const gauge_def_ copy_moe_gauges_[] = {
      "Most tokens one expert processed in one layer and microbatch, latest step.", g_lmax_},
     {"m6_moe_expert_load_cv",
      "Coefficient of variation of the tokens per expert, latest step.", g_lcv_},
+    {"m6_moe_step_expert_tokens_min",
+     "Fewest tokens one expert of one MoE block processed in the latest step, all ranks.", g_smin_},
+    {"m6_moe_step_expert_tokens_max",
+     "Most tokens one expert of one MoE block processed in the latest step, all ranks.", g_smax_},
+    {"m6_moe_step_experts_empty",
+     "Experts (of all MoE blocks) that processed no token in the latest step, all ranks.", g_sempty_},
+    {"m6_moe_step_dropped_pairs",
+     "(token, prototype) pairs dropped by capacity in the latest step, all ranks.", g_sdrop_},
+    {"m6_moe_experts_idle",
+     "Experts with no token for train.expert_idle_steps steps or more, latest step.", g_idle_},
 };
 
 static void gauges_(sbuf *b, const http_stats *s, const gauge_def_ *g,

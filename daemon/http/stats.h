@@ -44,7 +44,14 @@ typedef struct {
     double copy_hidden_fraction;    /* NAN: nothing copied */
     int moe;                   /* the MoE figures below are set */
     double moe_aux_loss, moe_dropped_fraction;
-    double moe_load_min, moe_load_max, moe_load_cv; /* tokens per expert */
+    double moe_load_min, moe_load_max, moe_load_cv; /* tokens per expert,
+                                * one layer and microbatch */
+    /* the whole step over every rank (trainer.h step_moe's step_* and
+     * experts_idle): tokens of one (MoE block, expert), fewest and most;
+     * the pairs with none; (token, prototype) pairs dropped; pairs idle
+     * for train.expert_idle_steps steps. -1: unknown (not exported) */
+    long moe_step_tokens_min, moe_step_tokens_max, moe_step_experts_empty;
+    long moe_step_dropped, moe_experts_idle;
 } stats_step_rec;
 
 /* A new set of figures; start_unix: the process start (unix seconds,

@@ -472,6 +472,12 @@ static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
         .moe_dropped_fraction = res->moe.dropped_fraction,
         .moe_load_min = res->moe.load_min, .moe_load_max = res->moe.load_max,
         .moe_load_cv = res->moe.load_cv,
+        .moe_step_tokens_min = res->moe.step_tokens_min,
+        .moe_step_tokens_max = res->moe.step_tokens_max,
+        .moe_step_experts_empty = res->moe.step_experts_empty,
+        .moe_step_dropped = res->moe.step_dropped,
+        .moe_experts_idle = r->spec.train.expert_idle_steps > 0
+                                ? res->moe.experts_idle : -1,
     };
     stats_step(r->c->stats, &s);
 }
@@ -610,6 +616,14 @@ static int step_(run_ctx *r)
         .moe_load_max = res.moe.present ? res.moe.load_max : NAN,
         .moe_load_cv = res.moe.present ? res.moe.load_cv : NAN,
         .moe_experts_empty = res.moe.present ? res.moe.experts_empty : NAN,
+        .moe_step_tokens_min = res.moe.present ? res.moe.step_tokens_min : -1,
+        .moe_step_tokens_max = res.moe.present ? res.moe.step_tokens_max : -1,
+        .moe_step_experts_empty = res.moe.present ? res.moe.step_experts_empty
+                                                  : -1,
+        .moe_step_dropped = res.moe.present ? res.moe.step_dropped : -1,
+        .moe_experts_idle = res.moe.present &&
+                                    r->spec.train.expert_idle_steps > 0
+                                ? res.moe.experts_idle : -1,
         .skipped = res.skipped, .skipped_total = res.skipped_total,
     };
     r->pending = m;

@@ -96,6 +96,12 @@ typedef struct {
      * for a dense model */
     double moe_aux_loss, moe_z_loss, moe_dropped_fraction;
     double moe_load_min, moe_load_max, moe_load_cv, moe_experts_empty;
+    /* The whole step's per-expert figures (schema 0014; trainer.h
+     * step_moe's step_* and experts_idle): -1 (NULL) for a dense model,
+     * rows from before the migration, and moe_experts_idle when
+     * train.expert_idle_steps is 0 */
+    int64_t moe_step_tokens_min, moe_step_tokens_max;
+    int64_t moe_step_experts_empty, moe_step_dropped, moe_experts_idle;
     /* Non-finite steps (schema 0007; trainer.h step_result): the update
      * of this step was skipped; the run's skipped steps up to this one.
      * 0 in rows from before the migration. */

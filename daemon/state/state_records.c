@@ -26,19 +26,27 @@ static int64_t column_int_or_neg_(sqlite3_stmt *s, int i)
                                                     : sqlite3_column_int64(s, i);
 }
 
+/* The metrics columns in the order metric_from_stmt_ reads them and
+ * state_record_step binds them (after run). */
+#define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
+                    "grad_norm, resident_slots, offloaded_slots, "         \
+                    "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
+                    "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "       \
+                    "moe_dropped_fraction, moe_load_min, moe_load_max, "     \
+                    "moe_load_cv, moe_experts_empty, skipped, "             \
+                    "skipped_total, offload_redo_steps, "                   \
+                    "moe_step_tokens_min, moe_step_tokens_max, "           \
+                    "moe_step_experts_empty, moe_step_dropped, "           \
+                    "moe_experts_idle"
+
 int state_record_step(state *st, int64_t run, const metric_row *m)
 {
     /* A_REAL(NAN) stores NULL: the metrics that were not measured. */
     const stmt_ v[2] = {
         SQL_STMT(
-            "INSERT OR REPLACE INTO metrics(run, step, phase, train_loss, "
-            "val_loss, lr, tokens_per_s, grad_norm, resident_slots, "
-            "offloaded_slots, peak_device_bytes, h2d_gbps, d2h_gbps, "
-            "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "
-            "moe_dropped_fraction, moe_load_min, moe_load_max, moe_load_cv, "
-            "moe_experts_empty, skipped, skipped_total, offload_redo_steps) "
+            "INSERT OR REPLACE INTO metrics(run, " METRIC_COLS ") "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?, ?)",
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             A_INT(run), A_INT(m->step), A_TEXT(phase_name(m->phase)),
             A_REAL(m->train_loss), A_REAL(m->val_loss), A_REAL(m->lr),
             A_REAL(m->tokens_per_s), A_REAL(m->grad_norm),
@@ -50,7 +58,12 @@ int state_record_step(state *st, int64_t run, const metric_row *m)
             A_REAL(m->moe_load_max), A_REAL(m->moe_load_cv),
             A_REAL(m->moe_experts_empty), A_INT(m->skipped),
             A_INT(m->skipped_total),
-            A_INT_OR_NULL(m->offload_redo_steps)),
+            A_INT_OR_NULL(m->offload_redo_steps),
+            A_INT_OR_NULL(m->moe_step_tokens_min),
+            A_INT_OR_NULL(m->moe_step_tokens_max),
+            A_INT_OR_NULL(m->moe_step_experts_empty),
+            A_INT_OR_NULL(m->moe_step_dropped),
+            A_INT_OR_NULL(m->moe_experts_idle)),
         SQL_STMT(SET_PROGRESS_SQL, A_INT(m->step),
                  A_TEXT(phase_name(m->phase)), A_REAL(state_now_()), A_INT(run)),
     };
@@ -88,20 +101,17 @@ static void metric_from_stmt_(sqlite3_stmt *s, metric_row *m)
     m->skipped = (int)sqlite3_column_int64(s, 20);      /* NULL: 0 */
     m->skipped_total = sqlite3_column_int64(s, 21);
     m->offload_redo_steps = (int)column_int_or_neg_(s, 22);
+    m->moe_step_tokens_min = column_int_or_neg_(s, 23);
+    m->moe_step_tokens_max = column_int_or_neg_(s, 24);
+    m->moe_step_experts_empty = column_int_or_neg_(s, 25);
+    m->moe_step_dropped = column_int_or_neg_(s, 26);
+    m->moe_experts_idle = column_int_or_neg_(s, 27);
 }
 
 static void metric_fill_(sqlite3_stmt *s, void *elem)
 {
     metric_from_stmt_(s, elem);
 }
-
-#define METRIC_COLS "step, phase, train_loss, val_loss, lr, tokens_per_s, " \
-                    "grad_norm, resident_slots, offloaded_slots, "         \
-                    "peak_device_bytes, h2d_gbps, d2h_gbps, "               \
-                    "copy_hidden_fraction, moe_aux_loss, moe_z_loss, "       \
-                    "moe_dropped_fraction, moe_load_min, moe_load_max, "     \
-                    "moe_load_cv, moe_experts_empty, skipped, "             \
-                    "skipped_total, offload_redo_steps"
 
 int state_metrics_page(state *st, int64_t run, int64_t after_step, int max,
                        metric_row **rows, int *n)

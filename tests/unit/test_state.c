@@ -337,6 +337,40 @@ static void test_offload_columns(void **s)
     assert_true(rows[3].moe_load_cv == 0.25 && rows[3].moe_experts_empty == 1.5);
     assert_true(isnan(rows[4].moe_aux_loss) && isnan(rows[4].moe_load_cv));
     free(rows);
+
+    /* schema 0014: the whole step's per-expert counts exactly (an idle
+     * count of 0 is a count), -1 (NULL) for a dense row and for the row
+     * written before the migration */
+    metric_row w = e;
+    w.step = 6;
+    w.moe_step_tokens_min = 0;
+    w.moe_step_tokens_max = 3000000000LL; /* beyond 32 bits */
+    w.moe_step_experts_empty = 3;
+    w.moe_step_dropped = 17;
+    w.moe_experts_idle = 0;
+    assert_int_equal(state_record_step(st, 1, &w), 0);
+    d.step = 7;
+    d.moe_step_tokens_min = d.moe_step_tokens_max = -1;
+    d.moe_step_experts_empty = d.moe_step_dropped = d.moe_experts_idle = -1;
+    assert_int_equal(state_record_step(st, 1, &d), 0);
+    assert_int_equal(state_metrics_list(st, 1, 5, &rows, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(rows[0].moe_step_tokens_min, 0);
+    assert_true(rows[0].moe_step_tokens_max == 3000000000LL);
+    assert_int_equal(rows[0].moe_step_experts_empty, 3);
+    assert_int_equal(rows[0].moe_step_dropped, 17);
+    assert_int_equal(rows[0].moe_experts_idle, 0);
+    assert_true(rows[0].moe_aux_loss == 1.125 && rows[0].moe_load_max == 40);
+    assert_int_equal(rows[1].moe_step_tokens_min, -1);
+    assert_int_equal(rows[1].moe_step_tokens_max, -1);
+    assert_int_equal(rows[1].moe_step_experts_empty, -1);
+    assert_int_equal(rows[1].moe_step_dropped, -1);
+    assert_int_equal(rows[1].moe_experts_idle, -1);
+    free(rows);
+    assert_int_equal(state_metrics_list(st, 1, 0, &rows, &n), 0);
+    assert_int_equal(rows[0].moe_step_tokens_max, -1);  /* the v1 row */
+    assert_int_equal(rows[0].moe_experts_idle, -1);
+    free(rows);
     state_close(st);
 
     assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);

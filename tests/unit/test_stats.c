@@ -136,6 +136,7 @@ static void test_counters_by_phase(void **state)
     /* unknown: left out, never NaN; a dense run has no MoE series */
     assert_null(strstr(t, "m6_copy_hidden_ratio{"));
     assert_null(strstr(t, "m6_moe_aux_loss{"));
+    assert_null(strstr(t, "m6_moe_step"));
     assert_null(strstr(t, "NaN"));
     free(t);
     stats_free(s);
@@ -166,8 +167,49 @@ static void test_labels_and_requests(void **state)
     stats_free(s);
 }
 
+/* An MoE run's latest step: the whole step's per-expert counts as
+ * gauges, exactly as published; after a step whose idle count is unknown
+ * (-1: train.expert_idle_steps 0) that gauge is left out, the others
+ * stay. */
+static void test_moe_step_gauges(void **state)
+{
+    (void)state;
+    http_stats *s = stats_new(1000, "n1", 0);
+    stats_step_rec r = rec_(0, 1, 0.01);
+    r.moe = 1;
+    r.moe_aux_loss = 1.5;
+    r.moe_dropped_fraction = 0.25;
+    r.moe_load_min = 1;
+    r.moe_load_max = 9;
+    r.moe_load_cv = 0.5;
+    r.moe_step_tokens_min = 0;
+    r.moe_step_tokens_max = 123456789;
+    r.moe_step_experts_empty = 3;
+    r.moe_step_dropped = 17;
+    r.moe_experts_idle = 2;
+    stats_step(s, &r);
+    char *t = render_(s);
+    assert_float_equal(value_(t, "m6_moe_step_expert_tokens_min{" L_ "}"), 0, 0);
+    assert_float_equal(value_(t, "m6_moe_step_expert_tokens_max{" L_ "}"), 123456789, 0);
+    assert_float_equal(value_(t, "m6_moe_step_experts_empty{" L_ "}"), 3, 0);
+    assert_float_equal(value_(t, "m6_moe_step_dropped_pairs{" L_ "}"), 17, 0);
+    assert_float_equal(value_(t, "m6_moe_experts_idle{" L_ "}"), 2, 0);
+    assert_non_null(strstr(t, "# TYPE m6_moe_step_dropped_pairs gauge\n"));
+    free(t);
+    r.step = 2;
+    r.moe_experts_idle = -1;
+    stats_step(s, &r);
+    t = render_(s);
+    assert_null(strstr(t, "m6_moe_experts_idle"));
+    assert_float_equal(value_(t, "m6_moe_step_experts_empty{" L_ "}"), 3, 0);
+    assert_null(strstr(t, "NaN"));
+    free(t);
+    stats_free(s);
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_histogram_bounds),
+    cmocka_unit_test(test_moe_step_gauges),
     cmocka_unit_test(test_gemm_info),
     cmocka_unit_test(test_counters_by_phase),
     cmocka_unit_test(test_labels_and_requests))

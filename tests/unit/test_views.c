@@ -1,7 +1,8 @@
 /*
  * test_views.c — m6ctl's run views (proto/views.c) on hand-made RunInfos:
  * what status, list and watch say of states, pending commands, phases,
- * times and memory. Expected texts are written out by hand.
+ * times and memory; the metrics rows of an MoE run. Expected texts are
+ * written out by hand.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -185,6 +186,96 @@ static void test_json_and_lines(void **state)
     free(s);
 }
 
+/* Rows of `m6ctl metrics` for an MoE run (views_metrics_moe) in form
+ * (caller frees). */
+static char *metrics_render_(view_form form, M6__MetricRow *const *rows,
+                             int n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    view_out o = {.f = f, .v = &views_metrics_moe, .form = form};
+    view_begin(&o);
+    for (int i = 0; i < n; i++)
+        view_row(&o, rows[i]);
+    view_end(&o);
+    fclose(f);
+    return buf;
+}
+
+/* The whole step's per-expert figures: an MoE step with 3..40 tokens per
+ * (block, expert), 2 empty, 17 pairs dropped, 1 idle; and a row without
+ * them (-1: before schema 0014, or no idle count): empty in CSV, null in
+ * JSON, "-" in the table. Expected texts by hand. */
+static void test_metrics_moe_step(void **state)
+{
+    (void)state;
+    M6__MetricRow a = M6__METRIC_ROW__INIT, b;
+    a.step = 4;
+    a.phase = M6__PHASE__PHASE_REAL;
+    a.train_loss = 2.5f;
+    a.val_loss = NAN;
+    a.lr = 0.5f;
+    a.tokens_per_s = 100;
+    a.grad_norm = 1;
+    a.resident_slots = 2;
+    a.peak_device_bytes = -1;
+    a.h2d_gbps = a.d2h_gbps = a.copy_hidden_fraction = NAN;
+    a.moe_aux_loss = 1.25;
+    a.moe_z_loss = 0.5;
+    a.moe_dropped_fraction = 0.25;
+    a.moe_load_min = 1;
+    a.moe_load_max = 20;
+    a.moe_load_cv = 0.5;
+    a.moe_experts_empty = 0.75;
+    a.moe_step_tokens_min = 3;
+    a.moe_step_tokens_max = 40;
+    a.moe_step_experts_empty = 2;
+    a.moe_step_dropped = 17;
+    a.moe_experts_idle = 1;
+    b = a;
+    b.step = 5;
+    b.moe_step_tokens_min = b.moe_step_tokens_max = -1;
+    b.moe_step_experts_empty = b.moe_step_dropped = b.moe_experts_idle = -1;
+    M6__MetricRow *rows[] = {&a, &b};
+
+    char *s = metrics_render_(VIEW_CSV, rows, 2);
+    assert_non_null(strstr(s, ",moe_load_cv,moe_experts_empty,moe_step_tokens_min,"
+                              "moe_step_tokens_max,moe_step_experts_empty,"
+                              "moe_step_dropped,moe_experts_idle\n"));
+    assert_non_null(strstr(s, ",0.5,0.75,3,40,2,17,1\n"));
+    assert_non_null(strstr(s, ",0.5,0.75,,,,,\n"));
+    free(s);
+
+    s = metrics_render_(VIEW_JSON_ARRAY, rows, 2);
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    assert_non_null(j);
+    json_t *r0 = json_array_get(j, 0), *r1 = json_array_get(j, 1);
+    assert_int_equal(json_integer_value(json_object_get(r0, "moe_step_tokens_min")), 3);
+    assert_int_equal(json_integer_value(json_object_get(r0, "moe_step_tokens_max")), 40);
+    assert_int_equal(json_integer_value(json_object_get(r0, "moe_step_experts_empty")), 2);
+    assert_int_equal(json_integer_value(json_object_get(r0, "moe_step_dropped")), 17);
+    assert_int_equal(json_integer_value(json_object_get(r0, "moe_experts_idle")), 1);
+    const char *k[] = {"moe_step_tokens_min", "moe_step_tokens_max",
+                       "moe_step_experts_empty", "moe_step_dropped",
+                       "moe_experts_idle"};
+    for (int i = 0; i < 5; i++)
+        assert_true(json_is_null(json_object_get(r1, k[i])));
+    json_decref(j);
+    free(s);
+
+    s = metrics_render_(VIEW_TABLE, rows, 2);
+    assert_non_null(strstr(s, "LOAD_CV  EMPTY  STEP_MIN  STEP_MAX  STEP_EMPTY  "
+                              "STEP_DROP  IDLE\n"));
+    assert_non_null(strstr(s, "0.5      0.75   3         40        2           "
+                               "17         1\n"));
+    assert_non_null(strstr(s, "0.5      0.75   -         -         -           "
+                               "-          -\n"));
+    free(s);
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_status),
-    cmocka_unit_test(test_json_and_lines))
+    cmocka_unit_test(test_json_and_lines),
+    cmocka_unit_test(test_metrics_moe_step))
