@@ -1,8 +1,9 @@
 // dashboard.js — m6's dashboard: polls m6d's JSON (the data of m6ctl
 // --json: /api/runs, /api/runs/ID/metrics?after=N, /api/runs/ID/events) and
-// draws the runs table and, for the selected run, its curves, phases and
-// slot placement as plain SVG. No libraries. Select a run by clicking its
-// row or with #run=ID in the address; ?poll=MS sets the poll period.
+// draws the runs table and, for the selected run, its curves, phases,
+// slot placement and (an MoE run) tokens per expert as plain SVG. No
+// libraries. Select a run by clicking its row or with #run=ID in the
+// address; ?poll=MS sets the poll period.
 "use strict";
 
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -174,6 +175,32 @@ function slots(svg, run) {
     : " (no sample yet)";
 }
 
+// The MoE panel: per-expert token counts of each whole step (the metrics
+// rows' moe_step_* and moe_experts_idle, m6ctl metrics' STEP_* and IDLE
+// columns); hidden for a dense run, whose rows have none.
+function moePanel(run, rows) {
+  const m = rows.filter(r => r.moe_step_tokens_max != null);
+  const sec = document.getElementById("moe");
+  sec.hidden = !m.length;
+  if (!m.length) return;
+  const opts = id => ({marker: run.delink_step, markerId: id, maxStep: run.total_steps, zero: true});
+  lineChart(document.getElementById("moe-tokens-chart"), [
+    {cls: "smax", pts: m.map(r => [r.step, r.moe_step_tokens_max])},
+    {cls: "smin", pts: m.map(r => [r.step, r.moe_step_tokens_min])},
+  ], opts("delink-marker-moe"));
+  lineChart(document.getElementById("moe-empty-chart"), [
+    {cls: "sempty", pts: m.map(r => [r.step, r.moe_step_experts_empty])},
+    {cls: "sidle", pts: m.filter(r => r.moe_experts_idle != null).map(r => [r.step, r.moe_experts_idle])},
+  ], opts("delink-marker-moe-empty"));
+  const last = m[m.length - 1];
+  const t = document.getElementById("moe-text");
+  t.dataset.step = last.step;
+  t.textContent = `Step ${last.step}: tokens per expert ${last.moe_step_tokens_min}–` +
+    `${last.moe_step_tokens_max}, ${last.moe_step_experts_empty} experts without a token, ` +
+    `${last.moe_step_dropped} (token, prototype) pairs dropped` +
+    (last.moe_experts_idle != null ? `, ${last.moe_experts_idle} idle` : "");
+}
+
 // ------------------------------------------------------------------ views
 
 function renderRuns() {
@@ -216,6 +243,7 @@ function renderRun() {
   ], {marker: run.delink_step, markerId: "delink-marker-tps", maxStep: run.total_steps, zero: true});
   timeline(document.getElementById("timeline"), run, st.events);
   slots(document.getElementById("slots"), run);
+  moePanel(run, rows);
 }
 
 // ------------------------------------------------------------------- poll
