@@ -73,10 +73,10 @@ typedef struct {
                                * microbatch */
     /* The whole step, every rank's microbatches (from tokens, below):
      * the fewest and most tokens one (MoE block, expert) processed, the
-     * (MoE block, expert) pairs that processed none, and the (token,
-     * prototype) pairs dropped by capacity, a count; -1 when tokens is
-     * NULL. Unlike load_min, load_max and experts_empty these are not
-     * per microbatch. */
+     * (MoE block, expert) pairs that processed none (these three -1 when
+     * tokens is NULL), and the (token, prototype) pairs dropped by
+     * capacity, a count. Unlike load_min, load_max and experts_empty
+     * these are not per microbatch. */
     long step_tokens_min, step_tokens_max, step_experts_empty;
     long step_dropped;
     /* train.expert_idle_steps: the (MoE block, expert) pairs that have
