@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# ep_stop.sh — a rank that stops answering inside an expert-parallel step:
+# nodes.expert_parallel 2 over two m6d on loopback (a coordinator, rank 0,
+# and a worker w1, rank 1; ep_spec's MoE model, nodes.timeout 2 s), the
+# worker frozen with SIGSTOP while the run trains. Its sockets stay open,
+# so no peer sees a connection close: only the timeouts can end the wait
+# (the kill -9 variant, where the connections close, is ep_nodes' (a)).
+#  (a) rank 0 held at the boundary after step 9, the worker stopped there
+#      (its rank ahead, waiting in step 10's first collective), rank 0
+#      let go into step 10's all-to-all: the run pauses within 2x
+#      nodes.timeout, its reason, status and `lost` naming rank 1 of w1;
+#      the worker continued (SIGCONT) comes back as a live node, `m6ctl
+#      resume` goes on from the checkpoint of step 8, and the run
+#      completes with the one-rank run's losses and gradient norms
+#      (rel_close, 1e-6 relative);
+#  (b) the same stop at step 5, then `m6ctl stop` at once, while rank 0
+#      waits in the all-to-all: the command answers within a second and
+#      the run is stopped within 2x nodes.timeout (its end save cannot
+#      gather the frozen rank's experts: the newest checkpoint is the last
+#      one written, step 4); the worker continued, both m6d end on
+#      SIGTERM within nodes.timeout (nothing of the run left waiting).
+. "$(dirname "$0")/lib.sh"
+TMO=2   # --node-timeout and nodes.timeout, seconds
+WAIT=120  # the most any whole run may take here, seconds
+M6D_ARGS="--node-timeout $TMO"
+
+prepare_data "$T/data"
+write_token "$T/token"
+ep_spec "$T/one.json" one
+ep_spec "$T/ep.json" ep "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
+
+# ---- the one-rank reference (same global batch)
+start_daemon "$T/solo"
+R=$(ctl submit "$T/one.json")
+timeout "$WAIT" "$M6CTL" --socket "$SOCK" watch "$R" >/dev/null || fail "the one-rank run did not complete"
+losses "$R" >"$T/one.csv"
+stop_daemon
+
+# ---- the coordinator (its boundary held by the test hook) and the worker
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
+    --token-file "$T/token"
+SOCK=$T/c/m6d.sock
+wait_listen c
+ADDR=127.0.0.1:$PORT
+start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+W=${M6D_PIDS[w1]}
+wait_node w1 live 10 >/dev/null
+
+# stop_at STEP: a run of ep.json (its id in RUN) held at the boundary
+# after STEP, the worker stopped (SIGSTOP) there and rank 0 let go into
+# the next step; T0 the time of the stop
+stop_at() {
+    hold_at_step "$1" nowait
+    RUN=$(ctl submit "$T/ep.json") || fail "$T/ep.json refused by m6d"
+    WAIT_RUN=$RUN
+    wait_held
+    sleep 0.2  # the worker's rank into its next collective (or about to)
+    kill -STOP "$W"
+    T0=$EPOCHREALTIME
+    release_boundary
+}
+# cont_worker: the stopped worker goes on, and is a live node again
+cont_worker() {
+    kill -CONT "$W"
+    wait_node w1 live $((5 * TMO)) >/dev/null
+}
+
+# ---- (a) SIGSTOP at step 9, pause naming the rank, SIGCONT, resume
+stop_at 9
+wait_paused_within "$RUN" "$T0" $((2 * TMO)) "SIGSTOP of the worker"
+lost_is "$RUN" "1 0 1 w1"
+wait_event "$RUN" 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1 '
+log "(a) paused ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-160)"
+cont_worker
+ctl resume "$RUN" >/dev/null || fail "resume after SIGCONT refused"
+timeout "$WAIT" "$M6CTL" --socket "$SOCK" watch "$RUN" >/dev/null \
+    || fail "the resumed run did not complete within ${WAIT}s: $(ctl status "$RUN")"
+grep -q "run.recover run=$RUN step=8" "$T/m6d-c.log" \
+    || fail "did not resume from the checkpoint of step 8: $(grep run.recover "$T/m6d-c.log")"
+[ "$(ctl events "$RUN" | grep -c 'nodes.group.*world_size=2')" -ge 3 ] \
+    || fail "want a group at the start, the delink and the resume: $(ctl events "$RUN")"
+losses "$RUN" >"$T/a.csv"
+rel_close "$T/a.csv" "$T/one.csv" 1e-6 || fail "the run stopped and resumed differs from the one-rank run"
+
+# ---- (b) SIGSTOP at step 5, then m6ctl stop while rank 0 waits
+stop_at 5
+t1=$EPOCHREALTIME
+out=$(timeout 10 "$M6CTL" --socket "$SOCK" stop "$RUN" 2>&1) \
+    || fail "m6ctl stop with a frozen rank: exit $?: $out"
+took=$(python3 -c "print(round($EPOCHREALTIME - $t1, 2))")
+python3 -c "import sys; sys.exit(not $took <= 1)" || fail "m6ctl stop took ${took}s, want <= 1 s"
+wait_state "$RUN" stopped $((2 * TMO + 2))
+TOOK=$(python3 -c "print(round($EPOCHREALTIME - $T0, 2))")
+python3 -c "import sys; sys.exit(not $TOOK <= 2 * $TMO)" \
+    || fail "run $RUN stopped ${TOOK}s after SIGSTOP, want <= $((2 * TMO)) s"
+[ "$(db "$T/c" "select max(step) from checkpoints where run=$RUN")" = 4 ] \
+    || fail "want the checkpoint of step 4 kept: $(db "$T/c" "select step from checkpoints where run=$RUN")"
+log "(b) m6ctl stop answered in ${took}s, the run stopped ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-160)"
+cont_worker
+kill -TERM "$W" "${M6D_PIDS[c]}"
+wait_gone "$W" "$TMO" "the worker m6d after SIGTERM"
+wait_gone "${M6D_PIDS[c]}" "$TMO" "the coordinator m6d after SIGTERM"
+wait "${M6D_PIDS[c]}" || fail "coordinator exit after SIGTERM"
+wait "$W" || fail "worker exit after SIGTERM"
+unset 'M6D_PIDS[c]' 'M6D_PIDS[w1]'
+echo "ok"
