@@ -5,17 +5,18 @@
 # worker frozen with SIGSTOP while the run trains. Its sockets stay open,
 # so no peer sees a connection close: only the timeouts can end the wait
 # (the kill -9 variant, where the connections close, is ep_nodes' (a)).
-#  (a) rank 0 held at the boundary after step 9, the worker stopped there
-#      (its rank ahead, waiting in step 10's first collective), rank 0
-#      let go into step 10's all-to-all: the run pauses within 2x
-#      nodes.timeout, its reason, status and `lost` naming rank 1 of w1;
-#      the worker continued (SIGCONT) comes back as a live node, `m6ctl
+#  (a) the worker stops itself (M6_TEST_FAULT stop_a2a, test_hooks.h)
+#      before step 10's first all-to-all, which rank 0 enters and waits
+#      in: the run pauses within 2x nodes.timeout, its reason naming rank
+#      1 of w1 and the all-to-all, status and `lost` naming them too; the
+#      worker continued (SIGCONT) comes back as a live node, `m6ctl
 #      resume` goes on from the checkpoint of step 8, and the run
 #      completes with the one-rank run's losses and gradient norms
 #      (rel_close, 1e-6 relative);
-#  (b) the same stop at step 5, then `m6ctl stop` at once, while rank 0
-#      waits in the all-to-all: the command answers within a second and
-#      the run is stopped within 2x nodes.timeout (its end save cannot
+#  (b) rank 0 held at the boundary after step 5, the worker stopped
+#      (SIGSTOP from here) there, rank 0 let go into the boundary's
+#      agreement, where it waits, then `m6ctl stop` at once: the command
+#      answers within a second and the run is stopped within 2x nodes.timeout (its end save cannot
 #      gather the frozen rank's experts: the newest checkpoint is the last
 #      one written, step 4); the worker continued, both m6d end on
 #      SIGTERM within nodes.timeout (nothing of the run left waiting).
@@ -42,10 +43,16 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0
 SOCK=$T/c/m6d.sock
 wait_listen c
 ADDR=127.0.0.1:$PORT
-start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
+M6_TEST_FAULT=stop_a2a@10 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 W=${M6D_PIDS[w1]}
 wait_node w1 live 10 >/dev/null
 
+# stopped_ PID: the process is stopped (state T); else says its state
+stopped_() {
+    local st
+    st=$(cut -d' ' -f3 "/proc/$1/stat") || return 1
+    [ "$st" = T ] || { echo "process $1 in state $st"; return 1; }
+}
 # stop_at STEP: a run of ep.json (its id in RUN) held at the boundary
 # after STEP, the worker stopped (SIGSTOP) there and rank 0 let go into
 # the next step; T0 the time of the stop
@@ -65,12 +72,20 @@ cont_worker() {
     wait_node w1 live $((5 * TMO)) >/dev/null
 }
 
-# ---- (a) SIGSTOP at step 9, pause naming the rank, SIGCONT, resume
-stop_at 9
-wait_paused_within "$RUN" "$T0" $((2 * TMO)) "SIGSTOP of the worker"
+# ---- (a) the worker frozen before its all-to-all, pause naming it,
+# SIGCONT, resume
+RUN=$(ctl submit "$T/ep.json") || fail "$T/ep.json refused by m6d"
+WAIT_RUN=$RUN
+wait_for "the worker to stop itself in step 10" 60 stopped_ "$W"
+T0=$EPOCHREALTIME
+log_has "$T/m6d-w1.log" 'test.stop fault=stop_a2a' >/dev/null \
+    || fail "the worker stopped, but not by its stop_a2a fault"
+wait_paused_within "$RUN" "$T0" $((2 * TMO)) "the worker's SIGSTOP"
 lost_is "$RUN" "1 0 1 w1"
+field "$RUN" error | has -E 'failed in the step: .*all-to-all' \
+    || fail "the pause's reason does not name the step's all-to-all: $(field "$RUN" error)"
 wait_event "$RUN" 'nodes.rank_lost +node=[0-9]+ hostname=w1 rank=1 '
-log "(a) paused ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-160)"
+log "(a) paused ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-300)"
 cont_worker
 ctl resume "$RUN" >/dev/null || fail "resume after SIGCONT refused"
 timeout "$WAIT" "$M6CTL" --socket "$SOCK" watch "$RUN" >/dev/null \
@@ -82,7 +97,7 @@ grep -q "run.recover run=$RUN step=8" "$T/m6d-c.log" \
 losses "$RUN" >"$T/a.csv"
 rel_close "$T/a.csv" "$T/one.csv" 1e-6 || fail "the run stopped and resumed differs from the one-rank run"
 
-# ---- (b) SIGSTOP at step 5, then m6ctl stop while rank 0 waits
+# ---- (b) SIGSTOP at step 5, then m6ctl stop while rank 0 waits for it
 stop_at 5
 t1=$EPOCHREALTIME
 out=$(timeout 10 "$M6CTL" --socket "$SOCK" stop "$RUN" 2>&1) \
