@@ -14,15 +14,19 @@
 #      completes with the one-rank run's losses and gradient norms
 #      (rel_close, 1e-6 relative);
 #  (b) rank 0 held at the boundary after step 5, the worker stopped
-#      (SIGSTOP from here) there, rank 0 let go into the boundary's
-#      agreement, where it waits, then `m6ctl stop` at once: the command
-#      answers within a second and the run is stopped within 2x nodes.timeout (its end save cannot
-#      gather the frozen rank's experts: the newest checkpoint is the last
-#      one written, step 4); the worker continued, both m6d end on
-#      SIGTERM within nodes.timeout (nothing of the run left waiting).
+#      (SIGSTOP from here) there, and `m6ctl stop` sent before rank 0 goes
+#      on (the boundary's command: its save cannot gather the frozen
+#      rank's experts, so the run pauses, "stop not done", naming rank 1)
+#      and, in a second run, 0.5 s after (rank 0 waiting in the
+#      boundary's agreement): each stop answers within a second, the run
+#      leaves running within 2x nodes.timeout, stopped or paused so; a
+#      second stop of the paused run stops it; the newest checkpoint is
+#      the last one written before, step 4. Then the worker continued,
+#      both m6d end on SIGTERM within nodes.timeout (nothing of the run
+#      left waiting).
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
-WAIT=120  # the most any whole run may take here, seconds
+WAIT=60   # the most any whole run may take here, seconds
 M6D_ARGS="--node-timeout $TMO"
 
 prepare_data "$T/data"
@@ -53,9 +57,31 @@ stopped_() {
     st=$(cut -d' ' -f3 "/proc/$1/stat") || return 1
     [ "$st" = T ] || { echo "process $1 in state $st"; return 1; }
 }
-# stop_at STEP: a run of ep.json (its id in RUN) held at the boundary
-# after STEP, the worker stopped (SIGSTOP) there and rank 0 let go into
-# the next step; T0 the time of the stop
+# stop_bounded RUN: `m6ctl stop RUN` answers within a second
+stop_bounded() {
+    local t1=$EPOCHREALTIME out took
+    out=$(timeout 10 "$M6CTL" --socket "$SOCK" stop "$1" 2>&1) \
+        || fail "m6ctl stop of run $1 with a frozen rank: exit $?: $out"
+    took=$(python3 -c "print(round($EPOCHREALTIME - $t1, 2))")
+    python3 -c "import sys; sys.exit(not $took <= 1)" \
+        || fail "m6ctl stop of run $1 took ${took}s, want <= 1 s"
+}
+# not_running_ RUN: the run is in another state than running (says which)
+not_running_() {
+    local s
+    s=$(field "$1" state)
+    [ "$s" != running ] || { echo "run $1 running"; return 1; }
+}
+# stop_at STEP WHEN: a run of ep.json (its id in RUN) held at the
+# boundary after STEP, the worker stopped (SIGSTOP) there (T0 the time),
+# `m6ctl stop` sent (stop_bounded) before rank 0 is let go into the
+# boundary's agreement (WHEN before: the stop is this boundary's command)
+# or 0.5 s after (WHEN after: rank 0 waits in the agreement); then, within
+# 2x nodes.timeout of T0, the run is stopped, or paused because its stop
+# could not save (the frozen rank's experts cannot be gathered), naming
+# rank 1 of w1, and a second stop (stop_bounded) stops it at once; its
+# newest checkpoint is the last one written before, step 4. OUTCOME says
+# which.
 stop_at() {
     hold_at_step "$1" nowait
     RUN=$(ctl submit "$T/ep.json") || fail "$T/ep.json refused by m6d"
@@ -64,7 +90,28 @@ stop_at() {
     sleep 0.2  # the worker's rank into its next collective (or about to)
     kill -STOP "$W"
     T0=$EPOCHREALTIME
-    release_boundary
+    if [ "$2" = before ]; then
+        stop_bounded "$RUN"
+        release_boundary
+    else
+        release_boundary
+        sleep 0.5
+        stop_bounded "$RUN"
+    fi
+    wait_for "run $RUN to leave running after its stop" $((2 * TMO + 2)) not_running_ "$RUN"
+    TOOK=$(python3 -c "print(round($EPOCHREALTIME - $T0, 2))")
+    python3 -c "import sys; sys.exit(not $TOOK <= 2 * $TMO)" \
+        || fail "run $RUN left running ${TOOK}s after SIGSTOP, want <= $((2 * TMO)) s"
+    OUTCOME="stopped ${TOOK}s after SIGSTOP"
+    if [ "$(field "$RUN" state)" = paused ]; then
+        field "$RUN" error | has -F "stop not done (rank 1 was lost (node w1, id " \
+            || fail "run $RUN paused, not by its stop naming rank 1: $(field "$RUN" error)"
+        OUTCOME="paused ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-140)"
+        stop_bounded "$RUN"
+    fi
+    wait_state "$RUN" stopped 5
+    [ "$(db "$T/c" "select max(step) from checkpoints where run=$RUN")" = 4 ] \
+        || fail "want the checkpoint of step 4 kept: $(db "$T/c" "select step from checkpoints where run=$RUN")"
 }
 # cont_worker: the stopped worker goes on, and is a live node again
 cont_worker() {
@@ -97,20 +144,14 @@ grep -q "run.recover run=$RUN step=8" "$T/m6d-c.log" \
 losses "$RUN" >"$T/a.csv"
 rel_close "$T/a.csv" "$T/one.csv" 1e-6 || fail "the run stopped and resumed differs from the one-rank run"
 
-# ---- (b) SIGSTOP at step 5, then m6ctl stop while rank 0 waits for it
-stop_at 5
-t1=$EPOCHREALTIME
-out=$(timeout 10 "$M6CTL" --socket "$SOCK" stop "$RUN" 2>&1) \
-    || fail "m6ctl stop with a frozen rank: exit $?: $out"
-took=$(python3 -c "print(round($EPOCHREALTIME - $t1, 2))")
-python3 -c "import sys; sys.exit(not $took <= 1)" || fail "m6ctl stop took ${took}s, want <= 1 s"
-wait_state "$RUN" stopped $((2 * TMO + 2))
-TOOK=$(python3 -c "print(round($EPOCHREALTIME - $T0, 2))")
-python3 -c "import sys; sys.exit(not $TOOK <= 2 * $TMO)" \
-    || fail "run $RUN stopped ${TOOK}s after SIGSTOP, want <= $((2 * TMO)) s"
-[ "$(db "$T/c" "select max(step) from checkpoints where run=$RUN")" = 4 ] \
-    || fail "want the checkpoint of step 4 kept: $(db "$T/c" "select step from checkpoints where run=$RUN")"
-log "(b) m6ctl stop answered in ${took}s, the run stopped ${TOOK}s after SIGSTOP: $(field "$RUN" error | cut -c1-160)"
+# ---- (b) SIGSTOP at step 5, m6ctl stop before and while rank 0 waits
+stop_at 5 before
+[ "$(field "$RUN" state)" = stopped ] && has -F "stop not done" <<<"$OUTCOME" \
+    || fail "the stop at the boundary: want it paused (its save not done), then stopped: $OUTCOME"
+log "(b) stop at the boundary: $OUTCOME"
+cont_worker
+stop_at 5 after
+log "(b) stop in the agreement: $OUTCOME"
 cont_worker
 kill -TERM "$W" "${M6D_PIDS[c]}"
 wait_gone "$W" "$TMO" "the worker m6d after SIGTERM"
