@@ -25,6 +25,13 @@ typedef enum {
      * any data-parallel sum; the loss stays as it is. A rank whose
      * gradient norm stands out (step_result.outlier_rank) */
     TRAINER_FAULT_GRAD_SCALE,
+    /* the whole process stops itself (raise SIGSTOP) once the step's
+     * batches are read and agreed, before its forward: in an
+     * expert-parallel run, before its first all-to-all, which the other
+     * ranks enter and wait in (a rank frozen inside the exchange; SIGCONT
+     * lets it go on). Once per process: a run rebuilt from a checkpoint
+     * trains past the step */
+    TRAINER_FAULT_STOP_A2A,
 } trainer_fault;
 
 /* TRAINER_FAULT_GRAD_SCALE's factor: far over GRAD_OUTLIER_RATIO. */
@@ -37,7 +44,7 @@ void trainer_test_fault(trainer *t, trainer_fault kind, long first,
                         long count, int slot);
 
 /* The environment form, M6_TEST_FAULT="KIND@FIRST[xCOUNT][/SLOT]" with
- * KIND nan_batch, inf_grad or grad_scale, e.g. "nan_batch@4x3" (steps 4,
+ * KIND nan_batch, inf_grad, grad_scale or stop_a2a, e.g. "nan_batch@4x3" (steps 4,
  * 5, 6) or "inf_grad@2/1". Parsed into the arguments of
  * trainer_test_fault: 0, or -1 when text is not of that form. */
 int trainer_test_fault_parse(const char *text, trainer_fault *kind,

@@ -19,12 +19,15 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/crashpoint.h"
+#include "common/log.h"
 #include "ckpt/init_from.h"
 
 /* xorshift64* (Vigna 2016): the data sampler's generator; its whole state is
@@ -500,6 +503,18 @@ static void attribute_(trainer *t, step_result *res)
     free(ss);
 }
 
+/* TRAINER_FAULT_STOP_A2A: this process stops (SIGSTOP) the first time
+ * only, whichever trainer asks. */
+static void stop_once_(void)
+{
+    static int stopped;
+    if (__atomic_exchange_n(&stopped, 1, __ATOMIC_RELAXED))
+        return;
+    log_warn("test.stop", "fault=stop_a2a pid=%d: SIGSTOP before the "
+             "step's forward", (int)getpid());
+    raise(SIGSTOP);
+}
+
 /* The test fault armed for 1-based step `step`, TRAINER_FAULT_NONE none. */
 static trainer_fault fault_at_(const trainer *t, long step)
 {
@@ -531,6 +546,8 @@ int trainer_test_fault_parse(const char *text, trainer_fault *kind,
         *kind = TRAINER_FAULT_INF_GRAD;
     else if (n == 10 && strncmp(text, "grad_scale", n) == 0)
         *kind = TRAINER_FAULT_GRAD_SCALE;
+    else if (n == 8 && strncmp(text, "stop_a2a", n) == 0)
+        *kind = TRAINER_FAULT_STOP_A2A;
     else
         return -1;
     char *end;
@@ -749,6 +766,8 @@ int trainer_step(trainer *t, step_result *res, m6_err *err)
         loss_scale = NAN;  /* every gradient NaN */
     if (fault == TRAINER_FAULT_GRAD_SCALE)
         loss_scale *= TRAINER_FAULT_GRAD_SCALE_FACTOR;
+    if (fault == TRAINER_FAULT_STOP_A2A)
+        stop_once_();
     be->step_begin(t->be.ctx, &adam);
     if (fault == TRAINER_FAULT_INF_GRAD && be->poison_grad)
         be->poison_grad(t->be.ctx, t->fault_slot);

@@ -99,28 +99,6 @@ for r in json.load(sys.stdin).get("ranks") or []:
     return 1
 }
 
-# lost_is RUN "RANK LOCAL_RANK RANKS HOSTNAME": RunInfo.lost of `m6ctl
-# status RUN --json` names those ranks of the node HOSTNAME, by its id in
-# `m6ctl nodes` too; the pause's reason (error) and the text status say
-# so in words
-lost_is() {
-    local want got id
-    read -r rank local ranks host <<<"$2"
-    id=$(node_field "$host" id)
-    want="$rank $local $ranks $host $id"
-    got=$(ctl status "$1" --json | python3 -c '
-import json, sys
-l = json.load(sys.stdin).get("lost")
-print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "node_id")) if l else "none")')
-    [ "$got" = "$want" ] || fail "run $1: lost ranks '$got', want '$want'"
-    local words="rank $rank was lost (node $host, id $id, local rank $local)"
-    [ "$ranks" -gt 1 ] && words="ranks $rank-$((rank + ranks - 1)) were lost (node $host, id $id, local ranks $local-$((local + ranks - 1)))"
-    field "$1" error | has -F "$words" \
-        || fail "run $1: the pause's reason does not say '$words': $(field "$1" error)"
-    ctl status "$1" | has -E "^ *lost: +rank.*node $host \(id $id\)" \
-        || fail "run $1: text status does not show the lost ranks: $(ctl status "$1")"
-}
-
 # fault_pause LOG RANK WHAT: a world-4 run (RF) submitted with rank 0
 # held after step 9, where rank RANK fails (M6_TEST_RANK_FAIL of its m6d,
 # whose log is LOG); released once it has: the run pauses within 2x

@@ -37,51 +37,8 @@ TMO=2   # --node-timeout and nodes.timeout, seconds
 WAIT=120  # the most any whole run may take here, seconds
 M6D_ARGS="--node-timeout $TMO"
 
-# rel_close A.csv B.csv TOL: same steps and phases, train and val losses
-# and gradient norms within TOL relative; prints the largest difference
-rel_close() {
-    python3 - "$@" <<'PY'
-import csv, math, sys
-a = list(csv.reader(open(sys.argv[1])))
-b = list(csv.reader(open(sys.argv[2])))
-tol = float(sys.argv[3])
-assert a[0] == b[0], (a[0], b[0])
-h = a[0]
-assert len(a) == len(b) == 17, ("rows", len(a), len(b))
-worst = 0.0
-for ra, rb in zip(a[1:], b[1:]):
-    assert ra[:2] == rb[:2], ("step/phase", ra, rb)
-    for c in (h.index("train_loss"), h.index("val_loss"),
-              h.index("grad_norm")):
-        if ra[c] in ("", "nan") and rb[c] in ("", "nan"):
-            continue
-        x, y = float(ra[c]), float(rb[c])
-        assert math.isfinite(x) and math.isfinite(y), (ra, rb)
-        d = abs(x - y) / abs(y)
-        worst = max(worst, d)
-        assert d <= tol, ("step", ra[0], h[c], x, y, d)
-print(f"# worst relative difference {worst:.3g} over {len(a) - 1} steps")
-PY
-}
-
 prepare_data "$T/data"
 write_token "$T/token"
-MOE='"moe": {"num_experts": 4, "prototypes": 2, "expert_hidden": 48}'
-# ep_spec FILE NAME [NODES]: 16 steps, the delink after 6, a checkpoint
-# every 4, a validation pass every 4 (4 batches: whole ones on every rank
-# at world 2 and 4); NODES the members of "nodes"
-ep_spec() {
-    local nodes=
-    [ -z "${3:-}" ] || nodes=",
-  \"nodes\": {$3}"
-    spec_file "$1" "$2" <<JSON
-  "model": $(tiny_model 2 "$MOE"),
-  "pseudo": {"steps": 6},
-  "train": {"steps": 16, "batch_size": 4, "grad_accum": 4, "eval_every": 4,
-            "eval_batches": 4, "seed": 7},
-  "checkpoint": {"every": 4, "keep": 5}$nodes
-JSON
-}
 ep_spec "$T/one.json" one
 ep_spec "$T/ep.json" ep "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
 ep_spec "$T/late.json" late "\"world_size\": 2, \"pseudo_world_size\": 1, \"expert_parallel\": 2, \"timeout\": $TMO"

@@ -537,3 +537,73 @@ if "--falls" in opt:
 print(f"# max |d loss| {d:.2e} over {n} steps; loss {la[0]:.4f} -> {la[-1]:.4f}")
 PY
 }
+
+# lost_is RUN "RANK LOCAL_RANK RANKS HOSTNAME": RunInfo.lost of `m6ctl
+# status RUN --json` names those ranks of the node HOSTNAME, by its id in
+# `m6ctl nodes` too; the pause's reason (error) and the text status say
+# so in words
+lost_is() {
+    local want got id
+    read -r rank local ranks host <<<"$2"
+    id=$(node_field "$host" id)
+    want="$rank $local $ranks $host $id"
+    got=$(ctl status "$1" --json | python3 -c '
+import json, sys
+l = json.load(sys.stdin).get("lost")
+print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "node_id")) if l else "none")')
+    [ "$got" = "$want" ] || fail "run $1: lost ranks '$got', want '$want'"
+    local words="rank $rank was lost (node $host, id $id, local rank $local)"
+    [ "$ranks" -gt 1 ] && words="ranks $rank-$((rank + ranks - 1)) were lost (node $host, id $id, local ranks $local-$((local + ranks - 1)))"
+    field "$1" error | has -F "$words" \
+        || fail "run $1: the pause's reason does not say '$words': $(field "$1" error)"
+    ctl status "$1" | has -E "^ *lost: +rank.*node $host \(id $id\)" \
+        || fail "run $1: text status does not show the lost ranks: $(ctl status "$1")"
+}
+
+# rel_close A.csv B.csv TOL: two runs of ep_spec's 16 steps (losses RUN):
+# same steps and phases, train and val losses and gradient norms within
+# TOL relative; prints the largest difference
+rel_close() {
+    python3 - "$@" <<'PY'
+import csv, math, sys
+a = list(csv.reader(open(sys.argv[1])))
+b = list(csv.reader(open(sys.argv[2])))
+tol = float(sys.argv[3])
+assert a[0] == b[0], (a[0], b[0])
+h = a[0]
+assert len(a) == len(b) == 17, ("rows", len(a), len(b))
+worst = 0.0
+for ra, rb in zip(a[1:], b[1:]):
+    assert ra[:2] == rb[:2], ("step/phase", ra, rb)
+    for c in (h.index("train_loss"), h.index("val_loss"),
+              h.index("grad_norm")):
+        if ra[c] in ("", "nan") and rb[c] in ("", "nan"):
+            continue
+        x, y = float(ra[c]), float(rb[c])
+        assert math.isfinite(x) and math.isfinite(y), (ra, rb)
+        d = abs(x - y) / abs(y)
+        worst = max(worst, d)
+        assert d <= tol, ("step", ra[0], h[c], x, y, d)
+print(f"# worst relative difference {worst:.3g} over {len(a) - 1} steps")
+PY
+}
+
+# The expert-parallel tests' model (ep_nodes, ep_stop): E = 4 experts in
+# k = 2 prototypes, every block MoE, so at nodes.expert_parallel 2 each
+# rank holds 2 of each MoE slot's 4 experts.
+MOE='"moe": {"num_experts": 4, "prototypes": 2, "expert_hidden": 48}'
+# ep_spec FILE NAME [NODES]: that model in 16 steps, the delink after 6, a checkpoint
+# every 4, a validation pass every 4 (4 batches: whole ones on every rank
+# at world 2 and 4); NODES the members of "nodes"
+ep_spec() {
+    local nodes=
+    [ -z "${3:-}" ] || nodes=",
+  \"nodes\": {$3}"
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 2 "$MOE"),
+  "pseudo": {"steps": 6},
+  "train": {"steps": 16, "batch_size": 4, "grad_accum": 4, "eval_every": 4,
+            "eval_batches": 4, "seed": 7},
+  "checkpoint": {"every": 4, "keep": 5}$nodes
+JSON
+}

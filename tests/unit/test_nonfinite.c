@@ -275,8 +275,13 @@ static void test_fault_parse(void **state)
     assert_int_equal(first, 2);
     assert_int_equal(count, 1);
     assert_int_equal(slot, 1);
+    assert_int_equal(trainer_test_fault_parse("stop_a2a@10", &k, &first,
+                                              &count, &slot), 0);
+    assert_int_equal(k, TRAINER_FAULT_STOP_A2A);
+    assert_int_equal(first, 10);
+    assert_int_equal(count, 1);
     const char *bad[] = {"nan_batch", "nan@3", "nan_batch@0", "inf_grad@2x",
-                         "inf_grad@2/1z", ""};
+                         "inf_grad@2/1z", "stop_a2a", "stop@3", ""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(trainer_test_fault_parse(bad[i], &k, &first,
                                                   &count, &slot), -1);
