@@ -35,29 +35,16 @@
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 WAIT=120  # the most any whole run may take here, seconds
-M6D_ARGS="--node-timeout $TMO"
-
-prepare_data "$T/data"
-write_token "$T/token"
-ep_spec "$T/one.json" one
-ep_spec "$T/ep.json" ep "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
+ep_setup
 ep_spec "$T/late.json" late "\"world_size\": 2, \"pseudo_world_size\": 1, \"expert_parallel\": 2, \"timeout\": $TMO"
 ep_spec "$T/four.json" four "\"world_size\": 4, \"expert_parallel\": 2, \"timeout\": $TMO"
 
 # ---- the one-rank reference (same global batch)
-start_daemon "$T/solo"
-R=$(ctl submit "$T/one.json")
-timeout "$WAIT" "$M6CTL" --socket "$SOCK" watch "$R" >/dev/null || fail "the one-rank run did not complete"
-losses "$R" >"$T/one.csv"
-stop_daemon
+reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "the one-rank run"
 
 # ---- the coordinator (its boundary held by the test hook where the test
 # acts mid-run) and the worker
-M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
-    --token-file "$T/token"
-SOCK=$T/c/m6d.sock
-wait_listen c
-ADDR=127.0.0.1:$PORT
+start_coordinator c
 worker() { start_m6d "$1" --join "$ADDR" --token-file "$T/token" --node-name "$1"; }
 worker w1
 wait_node w1 live 10 >/dev/null

@@ -27,26 +27,13 @@
 . "$(dirname "$0")/lib.sh"
 TMO=2   # --node-timeout and nodes.timeout, seconds
 WAIT=60   # the most any whole run may take here, seconds
-M6D_ARGS="--node-timeout $TMO"
-
-prepare_data "$T/data"
-write_token "$T/token"
-ep_spec "$T/one.json" one
-ep_spec "$T/ep.json" ep "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
+ep_setup
 
 # ---- the one-rank reference (same global batch)
-start_daemon "$T/solo"
-R=$(ctl submit "$T/one.json")
-timeout "$WAIT" "$M6CTL" --socket "$SOCK" watch "$R" >/dev/null || fail "the one-rank run did not complete"
-losses "$R" >"$T/one.csv"
-stop_daemon
+reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "the one-rank run"
 
 # ---- the coordinator (its boundary held by the test hook) and the worker
-M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d c --role coordinator --listen 127.0.0.1:0 \
-    --token-file "$T/token"
-SOCK=$T/c/m6d.sock
-wait_listen c
-ADDR=127.0.0.1:$PORT
+start_coordinator c
 M6_TEST_FAULT=stop_a2a@10 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 W=${M6D_PIDS[w1]}
 wait_node w1 live 10 >/dev/null

@@ -431,9 +431,23 @@ reference_losses() {
     local r
     start_daemon "$1"
     r=$(ctl submit "$2")
-    ctl watch "$r" >/dev/null || fail "${4:-reference run} did not complete"
+    timeout "${WAIT:-300}" "$M6CTL" --socket "$SOCK" watch "$r" >/dev/null ||
+        fail "${4:-reference run} did not complete"
     losses "$r" >"$3"
     stop_daemon
+}
+
+# start_coordinator NAME [M6D ARGS...]: m6d NAME as the coordinator on a
+# free loopback port with $T/token (its boundary held by the test hook):
+# SOCK is its socket, ADDR its HOST:PORT for --join.
+start_coordinator() {
+    local name=$1
+    shift
+    M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_m6d "$name" --role coordinator \
+        --listen 127.0.0.1:0 --token-file "$T/token" "$@"
+    SOCK=$T/$name/m6d.sock
+    wait_listen "$name"
+    ADDR=127.0.0.1:$PORT
 }
 
 # resume_after_kill9 DIR RUN STEPS REF_CSV WHAT: m6d in DIR was killed
@@ -606,4 +620,15 @@ ep_spec() {
             "eval_batches": 4, "seed": 7},
   "checkpoint": {"every": 4, "keep": 5}$nodes
 JSON
+}
+
+# ep_setup: the start of an expert-parallel test on loopback nodes (TMO:
+# seconds of --node-timeout and nodes.timeout): the data, the token,
+# M6D_ARGS, and the specs one.json (one rank) and ep.json (world 2, P 2).
+ep_setup() {
+    M6D_ARGS="--node-timeout $TMO"
+    prepare_data "$T/data"
+    write_token "$T/token"
+    ep_spec "$T/one.json" one
+    ep_spec "$T/ep.json" ep "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
 }
