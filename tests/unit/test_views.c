@@ -16,6 +16,7 @@
 
 #include "proto/views.h"
 #include "../common/test_main.h"
+#include "../common/view_render.h"
 
 /* A run as m6d describes it: running, step 5 of 100, Pseudo until 40. */
 static M6__RunInfo run_(void)
@@ -49,16 +50,9 @@ static M6__RunInfo run_(void)
 /* The run rendered in form (caller frees). */
 static char *render_(const view *v, view_form form, const M6__RunInfo *r, double eta)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
     views_run_row row = {.r = r, .watch_eta = eta};
-    view_out o = {.f = f, .v = v, .form = form};
-    view_begin(&o);
-    view_row(&o, &row);
-    view_end(&o);
-    fclose(f);
-    return buf;
+    const void *rows[1] = {&row};
+    return view_render(v, form, rows, 1);
 }
 
 /* status's line for label, e.g. "phase", without the label ("" none) */
@@ -191,16 +185,8 @@ static void test_json_and_lines(void **state)
 static char *metrics_render_(view_form form, M6__MetricRow *const *rows,
                              int n)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    view_out o = {.f = f, .v = &views_metrics_moe, .form = form};
-    view_begin(&o);
-    for (int i = 0; i < n; i++)
-        view_row(&o, rows[i]);
-    view_end(&o);
-    fclose(f);
-    return buf;
+    return view_render(&views_metrics_moe, form, (const void *const *)rows,
+                       n);
 }
 
 /* The whole step's per-expert figures: an MoE step with 3..40 tokens per
