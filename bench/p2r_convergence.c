@@ -108,15 +108,13 @@ int main(int argc, char **argv)
         case 'f': frac = bench_frac_arg(P_, "pseudo-frac", optarg, 0); break;
         case 'S': s.pseudo.share_groups = bench_int_arg(P_, "share-groups", optarg, 1); break;
         case 'o':
-            s.delink.optimizer = bench_choice_arg(P_, "delink-optimizer", optarg,
-                                                  "copy", "reset")
-                                     ? DELINK_OPT_RESET : DELINK_OPT_COPY;
+            s.delink.optimizer = bench_pick_arg(P_, "delink-optimizer", optarg,
+                "copy", DELINK_OPT_COPY, "reset", DELINK_OPT_RESET);
             break;
         case 'r': s.delink.rewarm_steps = bench_int_arg(P_, "rewarm", optarg, 0); break;
         case 'g':
-            s.pseudo.grad_scale = bench_choice_arg(P_, "grad-scale", optarg,
-                                                   "sum", "mean")
-                                      ? GRAD_SCALE_MEAN : GRAD_SCALE_SUM;
+            s.pseudo.grad_scale = bench_pick_arg(P_, "grad-scale", optarg,
+                "sum", GRAD_SCALE_SUM, "mean", GRAD_SCALE_MEAN);
             break;
         case 'x':
             s.pseudo.lr_scale = (float)bench_real_arg(P_, "pseudo-lr-scale",
