@@ -2,7 +2,8 @@
 # cluster_fuzz.sh PORT_FUZZ_PY — the coordinator's TCP port fuzzed from
 # outside, black-box, on loopback (port_fuzz.py: mutated ClientHellos,
 # frames and random bytes before TLS; mutated join and store frames inside
-# TLS, through m6tls): for FUZZ_S seconds (default 20) beside a joined
+# TLS, through m6tls): for FUZZ_S seconds (default 10; longer by hand:
+# FUZZ_S=600) beside a joined
 # worker, m6d does not crash (its pid is checked after every batch), no
 # connection before TLS is held past the handshake deadline, and after it
 # the coordinator answers m6ctl, w1 is still live under the same id, and
@@ -12,7 +13,7 @@
 : "${M6TLS:?set M6TLS to the m6tls binary}"
 FUZZER=${1:?usage: cluster_fuzz.sh port_fuzz.py}
 CORPUS=$(cd "$(dirname "$0")/../fuzz/corpus/cluster" && pwd)
-FUZZ_S=${FUZZ_S:-20}
+FUZZ_S=${FUZZ_S:-10}
 TMO=2
 M6D_ARGS="--node-timeout $TMO"
 
