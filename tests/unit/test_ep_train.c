@@ -227,7 +227,9 @@ static int load_(const char *tag, int r, result *res)
 }
 
 /* world ranks, P of them an expert-parallel group (1: none) */
-static void write_spec_(const char *tag, int world, int P)
+/* the spec of tag; moe_extra: more members of model.moe ("" none) */
+static void write_spec_moe_(const char *tag, int world, int P,
+                            const char *moe_extra)
 {
     FILE *f = rank_procs_spec(tag, "ep");  /* one name: the hash */
     if (!f)
@@ -235,18 +237,23 @@ static void write_spec_(const char *tag, int world, int P)
     fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": %d, "
             "\"n_embd\": %d, \"n_head\": 2, \"seq_len\": 32, \"moe\": "
             "{\"num_experts\": %d, \"prototypes\": 2, \"aux_loss_coef\": "
-            "0.05, \"z_loss_coef\": 0.01}},\n"
+            "0.05, \"z_loss_coef\": 0.01%s}},\n"
             " \"pseudo\": {\"steps\": 4},\n"
             " \"train\": {\"steps\": 12, \"batch_size\": 2, \"grad_accum\": "
             "4, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2, "
             "\"grad_clip\": 0.05, \"seed\": 5, \"eval_every\": 3, "
             "\"eval_batches\": 4},\n"
-            " \"device\": {\"threads\": 1}", L_, C_, E_);
+            " \"device\": {\"threads\": 1}", L_, C_, E_, moe_extra);
     if (world > 1)
         fprintf(f, ",\n \"nodes\": {\"world_size\": %d, "
                 "\"expert_parallel\": %d}", world, P);
     fprintf(f, "}\n");
     fclose(f);
+}
+
+static void write_spec_(const char *tag, int world, int P)
+{
+    write_spec_moe_(tag, world, P, "");
 }
 
 static double rel_(double a, double b)
@@ -316,6 +323,9 @@ int main(int argc, char **argv)
     write_spec_("ep4", 4, 4);
     write_spec_("ep2x2", 4, 2);  /* two replicas of a group of 2 */
     write_spec_("dp2", 2, 1);  /* ep2's checkpoint taken up at P = 1 */
+    /* dropless (capacity factor 0): every token reaches its expert */
+    write_spec_moe_("one0", 1, 1, ", \"capacity_factor\": 0");
+    write_spec_moe_("ep2d", 2, 2, ", \"capacity_factor\": 0");
     const char *plain[1] = {"plain"}, *save[1] = {"save"};
     rank_procs_run("one", "one", 1, plain, 1, 240, -1);
     result ref;
@@ -349,6 +359,12 @@ int main(int argc, char **argv)
                    steps_close_("resumed", 0, &res, &ref, 9));
         CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumed: it ran steps "
               "other than 9..12");
+        /* dropless at P = 2 against dropless on one rank */
+        result ref0;
+        if (rank_procs_run("one0", "one0", 1, plain, 1, 240, -1) == 0 &&
+            load_("one0", 0, &ref0) == 0 &&
+            rank_procs_run("ep2d", "ep2d", 2, plain, 1, 240, -1) == 0)
+            compare_("ep2d", 2, 2, &ref0);
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);
