@@ -10,6 +10,8 @@
 # resume` finish the run with the single node's losses (to the tolerance
 # of dp_nodes.sh, for the same reason: float rounding of the gradient sum).
 # Skips (77) where namespaces cannot be made (no root, no iproute2).
+# NETNS_EP=1 (ep_netns.sh): the same with expert parallelism, P = 2 over
+# the two hosts (ep_spec's MoE model: tokens cross the veth by all-to-all).
 . "$(dirname "$0")/lib.sh"
 TMO=2
 PREFIX=m6d
@@ -17,9 +19,16 @@ PREFIX=m6d
 
 prepare_data "$T/data"
 write_token "$T/token"
-CKPT_EVERY=5 write_spec "$T/one.json" one 30 10
-CKPT_EVERY=5 write_spec "$T/two.json" two 30 10 \
-    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+if [ "${NETNS_EP:-0}" = 1 ]; then
+    STEPS=16
+    ep_spec "$T/one.json" one
+    ep_spec "$T/two.json" two "\"world_size\": 2, \"expert_parallel\": 2, \"timeout\": $TMO"
+else
+    STEPS=30
+    CKPT_EVERY=5 write_spec "$T/one.json" one $STEPS 10
+    CKPT_EVERY=5 write_spec "$T/two.json" two $STEPS 10 \
+        "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
+fi
 M6D_ARGS="--node-timeout $TMO"
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE M6_TEST_STEP_DELAY_MS=60 M6D_PREFIX="ip netns exec $NC" start_m6d c --role coordinator \
     --listen 192.0.2.1:7070 --token-file "$T/token"
@@ -103,12 +112,12 @@ ctl resume "$RUN" >/dev/null || fail "resume refused"
 ctl watch "$RUN" >/dev/null || fail "the resumed run did not complete: $(ctl status "$RUN")"
 losses "$R1" >"$T/one.csv"
 losses "$RUN" >"$T/two.csv"
-python3 - "$T/two.csv" "$T/one.csv" <<'PY' || fail "losses differ from the single node's"
+python3 - "$T/two.csv" "$T/one.csv" "$STEPS" <<'PY' || fail "losses differ from the single node's"
 import csv, sys
 a = list(csv.reader(open(sys.argv[1])))
 b = list(csv.reader(open(sys.argv[2])))
 h = a[0]
-assert a[0] == b[0] and len(a) == len(b) == 31, (len(a), len(b))
+assert a[0] == b[0] and len(a) == len(b) == int(sys.argv[3]) + 1, (len(a), len(b))
 worst = 0.0
 for ra, rb in zip(a[1:], b[1:]):
     assert ra[:2] == rb[:2], (ra, rb)
@@ -124,4 +133,4 @@ kill -TERM "$WPID"; timeout 20 tail --pid="$WPID" -f /dev/null || fail "worker h
 WPID=
 kill -TERM "$CPID"; timeout 20 tail --pid="$CPID" -f /dev/null || fail "coordinator hangs at SIGTERM"
 CPID=
-echo "dp_netns: ok"
+echo "dp_netns${NETNS_EP:+ (expert parallel)}: ok"
