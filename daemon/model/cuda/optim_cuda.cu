@@ -11,6 +11,10 @@
  * layout's offsets (wte with Vp rows, of which the af tensor covers the
  * V real ones; the padded rows keep zero weights and are not updated).
  * The update of each tensor is kernels/cuda/adafactor.cu's.
+ *
+ * bf16 master weights (g->mbf) keep no fp32 copy: the block is m | v and
+ * the bf16 params are the masters, AdamW's only (kernels/cuda/adamw.cu
+ * rounds them stochastically with the CPU model's keys).
  */
 #include <math.h>
 #include <stdio.h>
@@ -48,13 +52,24 @@ size_t gpt_cuda_opt_layout_(const gpt_cuda *g, float *opt, size_t n,
                             int n_res, const unsigned char *moe, float **m,
                             float **v)
 {
+    size_t nw = g->mbf ? 0 : n; /* bf16 masters: params are they */
     size_t nm = !g->af || g->af_m ? n : 0;
     size_t nv = g->af ? gpt_cuda_af_off_(g, moe, n_res) : n;
     if (m)
-        *m = opt && nm ? opt + n : NULL;
+        *m = opt && nm ? opt + nw : NULL;
     if (v)
-        *v = opt ? opt + n + nm : NULL;
-    return n + nm + nv;
+        *v = opt ? opt + nw + nm : NULL;
+    return nw + nm + nv;
+}
+
+float *gpt_cuda_opt_master_(const gpt_cuda *g, float *opt)
+{
+    return g->mbf ? NULL : opt;
+}
+
+uint64_t gpt_cuda_sr_key_(const gpt_cuda *g, int region, size_t off)
+{
+    return g->mbf ? sr_span_key(g->sr_seed, region, off) : 0;
 }
 
 size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s)
@@ -71,10 +86,15 @@ size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s)
 int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
                          const gpt_cuda_offload *off)
 {
-    if (o && o->master_bf16) {
-        fprintf(stderr, "gpt_cuda_create: bf16 master weights are not "
-                        "supported (fp32 masters only)\n");
+    if (o && o->master_bf16 && (o->adafactor || off)) {
+        fprintf(stderr, "gpt_cuda_create: bf16 master weights %s are not "
+                        "supported (fp32 masters only there)\n",
+                o->adafactor ? "with Adafactor" : "with offloading");
         return -1;
+    }
+    if (o && o->master_bf16) {
+        g->mbf = 1;
+        g->sr_seed = o->sr_seed;
     }
     if (!o || !o->adafactor)
         return 0;
