@@ -677,22 +677,16 @@ precision_kind spec_precision(const run_spec *s)
 /* optimizer.master bf16: where it is not implemented, refused by name
  * (on cpu offloaded slots are bf16 masters too: the host AdamW rounds
  * them stochastically as gpt_adamw does the resident ones; on cuda
- * resident slots with AdamW only). */
+ * resident slots only). */
 static int master_check_(const run_spec *s, char *err, size_t errlen)
 {
     if (s->device.backend != BACKEND_CUDA)
         return 0;
-    const char *why =
-        s->device.memory_budget > 0
-            ? "with device.memory_budget > 0 (offloaded slots keep fp32 "
-              "master weights on the host on cuda); set "
-              "device.memory_budget to 0"
-        : s->optimizer.name == OPTIMIZER_ADAFACTOR
-            ? "with optimizer.name \"adafactor\" (cuda's Adafactor "
-              "updates fp32 master weights); use \"adamw\""
-            : NULL;
-    if (!why)
+    if (s->device.memory_budget <= 0)
         return 0;
+    const char *why = "with device.memory_budget > 0 (offloaded slots keep "
+                      "fp32 master weights on the host on cuda); set "
+                      "device.memory_budget to 0";
     seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
             "\"cuda\" %s is not supported yet; or use device.backend "
             "\"cpu\" or optimizer.master \"fp32\"", why);

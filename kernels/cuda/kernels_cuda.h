@@ -500,6 +500,12 @@ typedef struct {
     float *m, *r, *c;
     int rows, cols;
     float beta2, weight_decay;
+    /* 0: fp32 master weights. Else bf16 master weights: master NULL, the
+     * bf16 params are the masters (read for RMS(params) too) and each new
+     * value is rounded by sr_round_bf16(x, sr_bits(sr_key, t, i))
+     * (kernels/sround.h, the CPU's rule), t the tensor's step count. */
+    uint64_t sr_key;
+    long t;
 } adafactor_tensor_step_cuda;
 
 /* Doubles of scratch adafactor_update_cuda needs for a tensor of numel

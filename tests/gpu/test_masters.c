@@ -15,13 +15,15 @@
  *   - every step's loss within TOL_LOSS;
  *   - the weights' change since the start (the whole flat layout) within
  *     TOL_UPDATE (normalised L2 error of the GPU's change against the
- *     CPU's), and AdamW's moments within TOL_STATE;
+ *     CPU's), and the optimizer's moments within TOL_STATE;
  *   - every weight of the GPU run a bf16 value, and the step counts equal;
  *   - the device bytes of each phase (trainer_device_bytes: what gpt_cuda
  *     allocated) equal to the planner's prediction (model_param_bytes_for:
  *     2 bytes of weights per parameter with bf16 masters), and less than
  *     an fp32-master run's by 4 bytes per device parameter at least.
- * Cases: A delink.optimizer copy; B reset, saved at the end: the
+ * Cases: A delink.optimizer copy; C as A with Adafactor (no first
+ * moment; kernels/cuda/adafactor.cu rounds as the CPU's
+ * adafactor_update_spans); B reset, saved at the end: the
  * checkpoint loads into a fresh cuda trainer and into a cpu trainer with
  * weights (BF16 in the file), moments and step counts bitwise the GPU's;
  * a checkpoint of the cpu run loads into a cuda trainer bitwise too.
@@ -60,7 +62,7 @@
 #define TOL_LOSS 5e-2
 #define TOL_UPDATE 1e-1
 #define TOL_STATE 5e-2
-#define NCASES 2
+#define NCASES 3
 
 /* 8 steps, the delink at 4; M6_TEST_STEPS=N (even, 4 to 8) runs N */
 #define STEPS_MAX 8
@@ -68,7 +70,8 @@ static int STEPS = STEPS_MAX;
 
 static char dir_[256];
 
-static run_spec spec_(backend_kind backend, delink_optimizer dopt)
+static run_spec spec_(backend_kind backend, delink_optimizer dopt,
+                      int adafactor)
 {
     run_spec s = synth_cuda_spec(dir_, backend, STEPS, STEPS / 2);
     s.model.vocab_size = 300; /* the device's wte has padded rows */
@@ -76,6 +79,8 @@ static run_spec spec_(backend_kind backend, delink_optimizer dopt)
     s.train.grad_clip = 1.0f;
     s.optimizer.master = MASTER_BF16;
     s.delink.optimizer = dopt;
+    if (adafactor) /* without a first moment, clipping at d = 1 */
+        s.optimizer.name = OPTIMIZER_ADAFACTOR;
     return s;
 }
 
@@ -226,8 +231,10 @@ static void compare_(const char *name, const run_ *g, const run_ *c,
     snprintf(what, sizeof what, "%s: cuda weights that moved", name);
     check_(moved > g->n[0] / 2, what, (double)moved, (double)(g->n[0] / 2),
            0);
-    static const char *buf_name[3] = {"", "AdamW m", "AdamW v"};
+    static const char *buf_name[3] = {"", "first moment", "second moment"};
     for (int i = 1; i < 3; i++) {
+        if (g->n[i] == 0 && c->n[i] == 0)
+            continue; /* Adafactor without a first moment */
         snprintf(what, sizeof what, "%s: %s, nerr", name, buf_name[i]);
         e = g->n[i] == c->n[i] ? nerr_(g->buf[i], c->buf[i], g->n[i])
                                : INFINITY;
@@ -305,7 +312,7 @@ int main(void)
     char err[512];
 
     printf("0. the spec\n");
-    run_spec sb = spec_(BACKEND_CUDA, DELINK_OPT_COPY);
+    run_spec sb = spec_(BACKEND_CUDA, DELINK_OPT_COPY, 0);
     int ok = ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
     if (!ok)
         printf("  trainer_check_spec: %s\n", err);
@@ -319,16 +326,18 @@ int main(void)
     static const struct {
         const char *name;
         delink_optimizer dopt;
+        int adafactor;
     } cases[NCASES] = {
-        {"A copy", DELINK_OPT_COPY},
-        {"B reset", DELINK_OPT_RESET},
+        {"A copy", DELINK_OPT_COPY, 0},
+        {"B reset", DELINK_OPT_RESET, 0},
+        {"C adafactor", DELINK_OPT_COPY, 1},
     };
     run_ g[NCASES], c[NCASES];
     float *w0[NCASES];
     for (int k = 0; k < NCASES; k++) {
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
-        run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt);
+        run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt, cases[k].adafactor);
         run_spec sc = sg;
         sc.device.backend = BACKEND_CPU;
         size_t n0;
@@ -338,7 +347,7 @@ int main(void)
         w0[k] = w;
         train_(&sc, &c[k], NULL, NULL, k == 1 ? "cpu-b" : NULL);
         compare_(cases[k].name, &g[k], &c[k], w0[k]);
-        if (k == 0) { /* the bytes against the plan and fp32 masters' */
+        if (k != 1) { /* the bytes against the plan and fp32 masters' */
             run_spec sf = sg;
             sf.optimizer.master = MASTER_FP32;
             run_ f;

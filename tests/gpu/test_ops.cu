@@ -828,7 +828,7 @@ static void test_adafactor_case_(int rows, int cols, float beta1, float clip,
     double *d_scr = dnan_<double>(adafactor_scratch_doubles(n));
     adafactor_tensor_step_cuda x = {d_p, d_pb, d_g, beta1 > 0 ? d_m : NULL,
                                     d_r, cols ? d_c : NULL, rows, cols,
-                                    adafactor_beta2(t, 0.8f), wd};
+                                    adafactor_beta2(t, 0.8f), wd, 0, t};
     adafactor_hparams_cuda hc = {lr, beta1, clip, 1e-30f, 1e-3f,
                                  scale_parameter};
     adafactor_update_cuda(&x, &hc, d_sc, d_scr, st);

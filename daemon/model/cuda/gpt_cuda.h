@@ -308,7 +308,7 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
  * offloaded slots' host update is AdamW's. o->master_bf16: the bf16
  * params are the master weights (no fp32 copy: 2 bytes per parameter
  * instead of 6), AdamW rounding each update stochastically with the CPU
- * model's keys from o->sr_seed; refused with off and with o->adafactor. */
+ * model's keys from o->sr_seed (Adafactor's too); refused with off. */
 gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
                                 const gpt_cuda_offload *off,
                                 const gpt_optim *o);

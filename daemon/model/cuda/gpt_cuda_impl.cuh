@@ -386,8 +386,8 @@ void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt,
 
 /* optim_cuda.cu: the optimizer. g's optimizer from o (NULL: AdamW) before
  * any state is allocated; refused (-1, a message) where it is not built:
- * bf16 masters with Adafactor or with offloading (off), Adafactor on a
- * model made with offloading. */
+ * bf16 masters with offloading (off), Adafactor on a model made with
+ * offloading. */
 int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
                          const gpt_cuda_offload *off);
 void gpt_cuda_optim_fini_(gpt_cuda *g);
