@@ -1,7 +1,8 @@
 /*
- * adamw_sr_check.cuh — test_ops.cu's checks of the multi-tensor AdamW on
- * bf16 master weights (stochastic rounding, kernels/sround.h) against the
- * CPU op, in a file of their own so that test_ops.cu stays readable.
+ * adamw_sr_check.cuh — test_ops.cu's checks of the multi-tensor AdamW and
+ * of Adafactor on bf16 master weights (stochastic rounding,
+ * kernels/sround.h) against the CPU ops, in a file of their own so that
+ * test_ops.cu stays readable.
  * Included by test_ops.cu after op_check.cuh (its helpers and counters).
  */
 #ifndef M6_ADAMW_SR_CHECK_CUH
@@ -160,6 +161,71 @@ static void test_adamw_sr_small_(void)
     adamw_multi_plan_destroy(plan);
     free(ones); free(gs); free(gp);
     cudaFree(d_pb); cudaFree(d_g); cudaFree(d_m); cudaFree(d_v);
+}
+
+/* Adafactor on bf16 master weights (adafactor_update_cuda with an sr_key
+ * and master NULL) against the CPU op (adafactor_update_spans with the
+ * same key) on the same inputs: a rows x cols matrix (cols 0: a vector)
+ * at step t = 3, no first moment, gradient scale 0.5, clipping at d = 1,
+ * with and without the relative step (scale_parameter, RMS of the bf16
+ * masters). The same rule for the weights as test_adamw_sr_: bit for bit
+ * on the emulation, one bf16 ulp in at most 1 of 1000 on a GPU. */
+static void test_adafactor_sr_case_(int rows, int cols, int scale_parameter)
+{
+    size_t n = (size_t)rows * (cols ? cols : 1), nc = cols ? cols : 1;
+    const long t = 3;
+    const float lr = 1e-2f, wd = 0.1f, half = 0.5f;
+    printf("adafactor %dx%d, bf16 masters, scale_parameter %d\n", rows, cols,
+           scale_parameter);
+    float *p0 = hrand_(n, -1, 1), *gr = hrand_(n, -0.5f, 0.5f);
+    float *r0 = hrand_(rows, 0.01f, 0.1f), *c0 = hrand_(nc, 0.01f, 0.1f);
+    float *p = hcopy_(p0, n), *r = hcopy_(r0, rows), *c = hcopy_(c0, nc);
+    uint64_t key = sr_span_key(5, 2, 640);
+    adafactor_span sp = {p, gr, NULL, r, cols ? c : NULL, rows, cols, wd, t,
+                         key};
+    adafactor_hparams h = {lr, 0.0f, 0.8f, 1.0f, 1e-30f, 1e-3f,
+                           scale_parameter, half};
+    check_true_("adafactor sr cpu op ran",
+                adafactor_update_spans(&sp, 1, &h) == 0);
+    float *d_r = dcopy_(r0, rows), *d_c = dcopy_(c0, nc);
+    float *d_sc = dcopy_(&half, 1);
+    bf16 *d_g = dbf_(gr, n), *d_pb = dbf_(p0, n);
+    double *d_scr = dnan_<double>(adafactor_scratch_doubles(n));
+    adafactor_tensor_step_cuda x = {NULL, d_pb, d_g, NULL, d_r,
+                                    cols ? d_c : NULL, rows, cols,
+                                    adafactor_beta2(t, 0.8f), wd, key, t};
+    adafactor_hparams_cuda hc = {lr, 0.0f, 1.0f, 1e-30f, 1e-3f,
+                                 scale_parameter};
+    adafactor_update_cuda(&x, &hc, d_sc, d_scr, st);
+    float *gpb = hbf_(d_pb, n);
+    size_t differ = 0, far = 0, moved = 0;
+    for (size_t i = 0; i < n; i++) {
+        moved += gpb[i] != p0[i];
+        if (gpb[i] == p[i])
+            continue;
+        differ++;
+        far += fabsf(gpb[i] - p[i]) > fmaxf(fabsf(gpb[i]), fabsf(p[i])) / 128;
+    }
+#ifdef __CUDACC__
+    size_t allowed = n / 1000;
+#else
+    size_t allowed = 0;
+#endif
+    printf("  %zu of %zu weights differ from the CPU op's (allowed %zu), "
+           "%zu moved\n", differ, n, allowed, moved);
+    check_true_("adafactor sr weights = CPU op's", differ <= allowed && !far);
+    check_true_("adafactor sr weights moved", moved > n / 2);
+    free(p0); free(gr); free(r0); free(c0); free(p); free(r); free(c);
+    free(gpb);
+    cudaFree(d_r); cudaFree(d_c); cudaFree(d_sc); cudaFree(d_g);
+    cudaFree(d_pb); cudaFree(d_scr);
+}
+
+static void test_adafactor_sr_(void)
+{
+    test_adafactor_sr_case_(300, 70, 0);
+    test_adafactor_sr_case_(300, 70, 1);
+    test_adafactor_sr_case_(5003, 0, 0);
 }
 
 #endif /* M6_ADAMW_SR_CHECK_CUH */

@@ -54,7 +54,8 @@ extern "C" {
 #define TOL_ATT_TC_BWD 2e-2
 
 #include "op_check.cuh"
-#include "adamw_sr_check.cuh" /* test_adamw_sr_, test_adamw_sr_small_ */
+#include "adamw_sr_check.cuh" /* test_adamw_sr_, test_adamw_sr_small_,
+                                 * test_adafactor_sr_ */
 
 /* the path taken, against $env (expect_path.h) */
 static void check_path_(const char *env, const char *what, const char *got)
@@ -1123,6 +1124,7 @@ int main(void)
     test_adamw_multi_();
     test_adamw_sr_();
     test_adamw_sr_small_();
+    test_adafactor_sr_();
     test_adafactor_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));
