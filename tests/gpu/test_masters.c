@@ -23,7 +23,9 @@
  *     an fp32-master run's by 4 bytes per device parameter at least.
  * Cases: A delink.optimizer copy; C as A with Adafactor (no first
  * moment; kernels/cuda/adafactor.cu rounds as the CPU's
- * adafactor_update_spans); B reset, saved at the end: the
+ * adafactor_update_spans); D as A on MoE blocks (the experts' and gates'
+ * tensors keyed by their places in the MoE slot); B reset, saved at the
+ * end: the
  * checkpoint loads into a fresh cuda trainer and into a cpu trainer with
  * weights (BF16 in the file), moments and step counts bitwise the GPU's;
  * a checkpoint of the cpu run loads into a cuda trainer bitwise too.
@@ -62,7 +64,7 @@
 #define TOL_LOSS 5e-2
 #define TOL_UPDATE 1e-1
 #define TOL_STATE 5e-2
-#define NCASES 3
+#define NCASES 4
 
 /* 8 steps, the delink at 4; M6_TEST_STEPS=N (even, 4 to 8) runs N */
 #define STEPS_MAX 8
@@ -326,11 +328,12 @@ int main(void)
     static const struct {
         const char *name;
         delink_optimizer dopt;
-        int adafactor;
+        int adafactor, moe;
     } cases[NCASES] = {
-        {"A copy", DELINK_OPT_COPY, 0},
-        {"B reset", DELINK_OPT_RESET, 0},
-        {"C adafactor", DELINK_OPT_COPY, 1},
+        {"A copy", DELINK_OPT_COPY, 0, 0},
+        {"B reset", DELINK_OPT_RESET, 0, 0},
+        {"C adafactor", DELINK_OPT_COPY, 1, 0},
+        {"D MoE", DELINK_OPT_COPY, 0, 1},
     };
     run_ g[NCASES], c[NCASES];
     float *w0[NCASES];
@@ -338,6 +341,9 @@ int main(void)
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt, cases[k].adafactor);
+        if (cases[k].moe) /* capacity factor 2: few tokens dropped, so
+                           * that a route bf16 flips moves little */
+            synth_cuda_moe(&sg, 1, 2.0f);
         run_spec sc = sg;
         sc.device.backend = BACKEND_CPU;
         size_t n0;
