@@ -28,7 +28,9 @@
  * end: the
  * checkpoint loads into a fresh cuda trainer and into a cpu trainer with
  * weights (BF16 in the file), moments and step counts bitwise the GPU's;
- * a checkpoint of the cpu run loads into a cuda trainer bitwise too.
+ * a checkpoint of the cpu run loads into a cuda trainer bitwise too; the
+ * checkpoint written before the last step, resumed in a fresh cuda
+ * trainer, gives that step's loss and the end state bitwise.
  * (The op itself against the CPU op, bit for bit, and updates below
  * bf16's resolution moving the mean: tests/gpu/test_ops.cu.)
  * A spec with a memory budget (offloading) is refused by the trainer's
@@ -118,14 +120,27 @@ static void run_free_(run_ *r)
         free(r->buf[i]);
 }
 
+/* Checkpoint `name` of trainer t written into dir_; exits 1 on an
+ * error. */
+static void save_(trainer *t, const char *name)
+{
+    char err[512], path[512];
+    snprintf(path, sizeof path, "%s/%s", dir_, name);
+    if (ERR_INTO(err, trainer_save(t, path, &err_)) < 0) {
+        fprintf(stderr, "trainer_save: %s\n", err);
+        exit(1);
+    }
+}
+
 /* STEPS steps of spec s from a fresh trainer, delinking at pseudo.steps;
  * the end state in *r, the initial weights in *w0 (malloc'd, *n0 floats)
- * when w0 is not NULL; the checkpoint `save` written at the end when not
- * NULL. Exits 1 on an error. */
+ * when w0 is not NULL; the checkpoint `save` written at the end, and
+ * `save` with "-mid" before the last step, when not NULL. Exits 1 on an
+ * error. */
 static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
                    const char *save)
 {
-    char err[512];
+    char err[512], mid[128];
     trainer *t = fixture_create_or_exit(s);
     r->dev[0] = trainer_device_bytes(t);
     if (w0) {
@@ -137,6 +152,10 @@ static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
         }
     }
     while (trainer_step_count(t) < STEPS) {
+        if (save && trainer_step_count(t) == STEPS - 1) {
+            snprintf(mid, sizeof mid, "%s-mid", save);
+            save_(t, mid);
+        }
         if (trainer_phase(t) == PHASE_PSEUDO &&
             trainer_step_count(t) == s->pseudo.steps &&
             trainer_delink(t, err, sizeof err) != 0) {
@@ -155,14 +174,44 @@ static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
     }
     state_get_(t, r);
     r->dev[1] = trainer_device_bytes(t);
-    if (save) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", dir_, save);
-        if (ERR_INTO(err, trainer_save(t, path, &err_)) < 0) {
-            fprintf(stderr, "trainer_save: %s\n", err);
-            exit(1);
-        }
+    if (save)
+        save_(t, save);
+    trainer_free(t);
+}
+
+/* The checkpoint `name` (written before the last step of run want) into
+ * a fresh trainer of spec s, one step: the loss and the end state bitwise
+ * want's (the stochastic rounding's bits come from the step counts in the
+ * checkpoint, so a resumed run rounds as the uninterrupted one). */
+static void resume_check_(const run_spec *s, const char *name,
+                          const run_ *want, const char *what)
+{
+    char err[512], path[512];
+    snprintf(path, sizeof path, "%s/%s", dir_, name);
+    trainer *t = fixture_create_or_exit(s);
+    int ok = ERR_INTO(err, trainer_load(t, path, &err_)) == 0;
+    if (!ok)
+        printf("  trainer_load: %s\n", err);
+    step_result st;
+    memset(&st, 0, sizeof st);
+    if (ok && ERR_INTO(err, trainer_step(t, &st, &err_)) != 0) {
+        printf("  trainer_step: %s\n", err);
+        ok = 0;
     }
+    ok = ok && st.step == STEPS &&
+         !memcmp(&st.train_loss, &want->loss[STEPS - 1], sizeof(float));
+    printf("  resumed step %ld loss %.9g, uninterrupted %.9g\n", st.step,
+           st.train_loss, want->loss[STEPS - 1]);
+    run_ got;
+    memset(&got, 0, sizeof got);
+    if (ok)
+        state_get_(t, &got);
+    for (int i = 0; ok && i < 3; i++)
+        ok = got.n[i] == want->n[i] &&
+             !memcmp(got.buf[i], want->buf[i], want->n[i] * sizeof(float));
+    check_true_(ok, what);
+    if (got.buf[0])
+        run_free_(&got);
     trainer_free(t);
 }
 
@@ -369,6 +418,9 @@ int main(void)
                         "B: cuda checkpoint into cpu, state bitwise");
             load_check_(&sg, "cpu-b", &c[k],
                         "B: cpu checkpoint into cuda, state bitwise");
+            resume_check_(&sg, "cuda-b-mid", &g[k],
+                          "B: cuda resumed before the last step: its loss "
+                          "and state bitwise");
         }
     }
     for (int k = 0; k < NCASES; k++) {
