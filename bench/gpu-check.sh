@@ -77,7 +77,7 @@
 #                                 (the calls above: 200 and 270)
 #   GPU_CHECK_ONLY="name ..."     run only these (test_ops test_moe test_model
 #                                 test_model_moe test_offload test_offload_moe test_trainer
-#                                 test_adafactor
+#                                 test_adafactor test_masters
 #                                 train_124m train_124m_pseudo train_350m
 #                                 offload_1p5b offload_largest
 #                                 offload_1p5b_spec p2r_offload; the last
@@ -252,7 +252,7 @@ build_() {
     # Pseudo-to-Real pay-off under a memory budget, issue 19 item 3)
     # (GPU_CHECK_P2R=1 only: 7 MiB more, and the carried build's size
     # matters)
-    TRAINER_MAINS="tests/gpu/test_trainer.c tests/gpu/test_adafactor.c"
+    TRAINER_MAINS="tests/gpu/test_trainer.c tests/gpu/test_adafactor.c tests/gpu/test_masters.c"
     [ -n "${GPU_CHECK_P2R:-}" ] && TRAINER_MAINS+=" bench/p2r_offload.c"
     TRAINER_LIBS=(-ljansson -lz -lpthread)
     if printf '#include <jansson.h>\n#include <zlib.h>\nint main(void) { json_decref(json_object()); return zlibVersion() == 0; }\n' |
@@ -295,7 +295,7 @@ build_() {
     fi
     if [ $build_ok = yes ] && [ $HAVE_TRAINER_LIBS = yes ]; then
         TOBJ=(); for f in $TRAINER_SRC; do TOBJ+=("$OUT/obj/tr_$(basename "$f" .c).o"); done
-        for b in test_trainer test_adafactor $([ -n "${GPU_CHECK_P2R:-}" ] && echo p2r_offload); do
+        for b in test_trainer test_adafactor test_masters $([ -n "${GPU_CHECK_P2R:-}" ] && echo p2r_offload); do
             "$NVCC" -o "$OUT/$b" "$OUT/obj/tr_$b.o" "${TOBJ[@]}" "${GPULIB[@]}" "${LDFLAGS[@]}" \
                 "${TRAINER_LIBS[@]}" || build_ok=no
         done
@@ -310,7 +310,7 @@ build_() {
 travel_() {
     mkdir -p "$OUT/lib"
     local b lib
-    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe test_trainer test_adafactor p2r_offload gpu_train gpu_offload; do
+    for b in test_ops test_moe test_model test_model_moe test_offload test_offload_moe test_trainer test_adafactor test_masters p2r_offload gpu_train gpu_offload; do
         [ -x "$OUT/$b" ] || continue
         for lib in $(ldd "$OUT/$b" | awk '$3 ~ /^\// && $1 ~ /^lib(gomp|jansson|z)\.so/ {print $3}'); do
             cp -L "$lib" "$OUT/lib/$(basename "$lib")"
@@ -374,7 +374,7 @@ if [ $reuse = yes ]; then
     echo "gpu-check: reusing the binaries in $OUT (sources $SRC_HASH)"
 else
     [ -n "${GPU_CHECK_REUSE:-}" ] && echo "gpu-check: GPU_CHECK_REUSE: no binaries of these sources in $OUT: building"
-    rm -rf "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,offload_moe,trainer,adafactor} "$OUT"/gpu_{train,offload} \
+    rm -rf "$OUT/src-hash" "$OUT"/test_{ops,model,model_moe,offload,offload_moe,trainer,adafactor,masters} "$OUT"/gpu_{train,offload} \
         "$OUT/p2r_offload" "$OUT/p2r-data"
     build_
     [ $build_ok = yes ] && echo "$SRC_HASH" > "$OUT/src-hash"
@@ -439,7 +439,7 @@ okv() { kv "$1" "$2" tokens_per_s_resident; } # gpu_offload's line
 
 # ---- part tests: the GPU tests against the CPU reference
 OPS=not_run MOE=not_run MODEL=not_run MODEL_MOE=not_run OFFLOAD=not_run
-OFFLOAD_MOE=not_run TRAINER=not_run ADAFACTOR=not_run
+OFFLOAD_MOE=not_run TRAINER=not_run ADAFACTOR=not_run MASTERS=not_run
 if [ "$PART" != bench ]; then
 run test_ops 90 "$OUT/test_ops";     OPS=$(verdict $RC)
 run test_moe 60 "$OUT/test_moe";     MOE=$(verdict $RC)
@@ -450,12 +450,13 @@ run test_offload_moe 60 "$OUT/test_offload_moe"; OFFLOAD_MOE=$(verdict $RC)
 if [ $HAVE_TRAINER_LIBS = yes ]; then
     run test_trainer 120 "$OUT/test_trainer"; TRAINER=$(verdict $RC)
     run test_adafactor 60 "$OUT/test_adafactor"; ADAFACTOR=$(verdict $RC)
+    run test_masters 60 "$OUT/test_masters"; MASTERS=$(verdict $RC)
 else
-    echo "gpu-check: test_trainer, test_adafactor not built (no jansson/zlib): skipped"
-    TRAINER=no_libs ADAFACTOR=no_libs
+    echo "gpu-check: test_trainer, test_adafactor, test_masters not built (no jansson/zlib): skipped"
+    TRAINER=no_libs ADAFACTOR=no_libs MASTERS=no_libs
 fi
 fi
-TESTS="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER adafactor_ok=$ADAFACTOR"
+TESTS="ops_ok=$OPS moe_ok=$MOE model_ok=$MODEL model_moe_ok=$MODEL_MOE offload_ok=$OFFLOAD offload_moe_ok=$OFFLOAD_MOE trainer_ok=$TRAINER adafactor_ok=$ADAFACTOR masters_ok=$MASTERS"
 nodev_() { [ "$1" = skip ] || [ "$1" = not_run ]; } # skipped, or left out
 nodevice=no
 if [ "$PART" = bench ]; then
@@ -480,7 +481,8 @@ tests_passed_() {
         passed_ test_model_moe "$MODEL_MOE" &&
         passed_ test_offload "$OFFLOAD" && passed_ test_offload_moe "$OFFLOAD_MOE" &&
         { passed_ test_trainer "$TRAINER" || [ "$TRAINER" = no_libs ]; } &&
-        { passed_ test_adafactor "$ADAFACTOR" || [ "$ADAFACTOR" = no_libs ]; }
+        { passed_ test_adafactor "$ADAFACTOR" || [ "$ADAFACTOR" = no_libs ]; } &&
+        { passed_ test_masters "$MASTERS" || [ "$MASTERS" = no_libs ]; }
 }
 if [ "$PART" = tests ]; then
     TOTAL_S=$(( $(date +%s) - START ))

@@ -278,22 +278,9 @@ int adafactor_update_spans(const adafactor_span *spans, int ns,
  * bf16 masters by gemm_bf16_round (to nearest): the initial weights and
  * init.from's. */
 
-/* 32 well-mixed bits of (key, t, i): splitmix64's finaliser (Steele,
- * Lea & Flood 2014) over the three words folded in turn. */
-uint32_t sr_bits(uint64_t key, uint64_t t, uint64_t i);
-
-/* The key of a tensor's span: seed the run's, region -1 the globals or a
- * slot index, offset the tensor's first float in its region. Never 0 (0
- * means fp32 masters in a span). */
-uint64_t sr_span_key(uint64_t seed, int region, size_t offset);
-
-/* x rounded to bf16 stochastically with 16 random bits r (the low 16 of
- * r are used): r added to the low 16 bits of x's pattern, then those
- * truncated, which is rounding of the magnitude up with probability
- * (|x| - |down|) / ulp for r uniform. A bf16 value (low bits 0) stays
- * itself; NaN stays NaN; a magnitude within an ulp of FLT_MAX may round
- * to infinity. Returned widened to fp32. */
-float sr_round_bf16(float x, uint32_t r);
+/* sr_bits, sr_span_key, sr_round_bf16: sround.h, header-only (the CUDA
+ * optimizers use the same rule on the device). */
+#include "sround.h"
 
 /* ------------------------------------------------ mixture of experts (MoE) */
 

@@ -261,9 +261,12 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->host_slot_bytes = out->pinned_slot_bytes =
             af_host[c->moe_experts > 0];
     }
-    if (in->optim.master_bf16 && cuda) {
+    /* bf16 masters on cuda: resident slots only (the spec refuses a
+     * budget there), the bf16 weights their masters (pb.weights) */
+    if (in->optim.master_bf16 && cuda && in->budget > 0) {
         snprintf(err, errlen, "offload plan: bf16 master weights "
-                 "(optimizer.master) are planned on the cpu backend only");
+                 "(optimizer.master) with a device memory budget are "
+                 "planned on the cpu backend only");
         return -1;
     }
     size_t wg = (size_t)(pb.weights + pb.grads);

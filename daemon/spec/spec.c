@@ -676,15 +676,20 @@ precision_kind spec_precision(const run_spec *s)
 
 /* optimizer.master bf16: where it is not implemented, refused by name
  * (on cpu offloaded slots are bf16 masters too: the host AdamW rounds
- * them stochastically as gpt_adamw does the resident ones). */
+ * them stochastically as gpt_adamw does the resident ones; on cuda
+ * resident slots only). */
 static int master_check_(const run_spec *s, char *err, size_t errlen)
 {
     if (s->device.backend != BACKEND_CUDA)
         return 0;
+    if (s->device.memory_budget <= 0)
+        return 0;
+    const char *why = "with device.memory_budget > 0 (offloaded slots keep "
+                      "fp32 master weights on the host on cuda); set "
+                      "device.memory_budget to 0";
     seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
-            "\"cuda\" is not supported yet (the CUDA backend keeps fp32 "
-            "master weights); use device.backend \"cpu\" or "
-            "optimizer.master \"fp32\"");
+            "\"cuda\" %s is not supported yet; or use device.backend "
+            "\"cpu\" or optimizer.master \"fp32\"", why);
     return -1;
 }
 

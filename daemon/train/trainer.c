@@ -250,12 +250,6 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
     t->bsetup = bs;
     t->bmodel = *mc;
     int rc;
-    if (spec->optimizer.master == MASTER_BF16 &&
-        spec->device.backend == BACKEND_CUDA) { /* the spec refuses it */
-        m6_err_set(err, M6_EINVALID, "optimizer.master \"bf16\" on "
-                   "device.backend \"cuda\" is not supported yet");
-        goto fail;
-    }
 #ifdef M6_HAVE_CUDA
     if (spec->device.backend == BACKEND_CUDA)
         rc = backend_cuda_create(&t->be, &bs, e1, sizeof e1);

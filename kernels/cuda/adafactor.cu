@@ -22,6 +22,7 @@
  */
 #include <stdio.h>
 #include "common.cuh"
+#include "sround.h"
 
 #define AF_THREADS 256
 #define AF_CHUNK (16 * AF_THREADS)  /* elements per block of sums */
@@ -140,7 +141,8 @@ static __device__ __forceinline__ float vhat_(const float *r, const float *c,
 __global__ void af_sums_kernel(double *scratch, const bf16 *grads,
                                const float *master, const float *r,
                                const float *c, size_t n, int cols,
-                               const float *grad_scale, int want_p)
+                               const float *grad_scale, int want_p,
+                               const bf16 *params)
 {
     float scale = scale_of_(grad_scale);
     float imr = cols ? (float)scratch[AF_S_INV_MEAN_R] : 0.0f;
@@ -150,8 +152,10 @@ __global__ void af_sums_kernel(double *scratch, const bf16 *grads,
     for (size_t i = i0 + threadIdx.x; i < i1; i += AF_THREADS) {
         float u = ld(grads[i]) * scale / sqrtf(vhat_(r, c, cols, imr, i));
         su += (double)u * u;
-        if (want_p)
-            sp += (double)master[i] * master[i];
+        if (want_p) { /* master NULL: bf16 masters, params are they */
+            float w = master ? master[i] : ld(params[i]);
+            sp += (double)w * w;
+        }
     }
     su = af_block_sum_(su);
     sp = af_block_sum_(sp);
@@ -189,7 +193,8 @@ __global__ void af_apply_kernel(float *master, bf16 *params, const bf16 *grads,
                                 float *m, const float *r, const float *c,
                                 size_t n, int cols, float lr, float beta1,
                                 float wd, const double *scratch,
-                                const float *grad_scale)
+                                const float *grad_scale, uint64_t sr_key,
+                                uint64_t t)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
@@ -202,6 +207,12 @@ __global__ void af_apply_kernel(float *master, bf16 *params, const bf16 *grads,
     if (m) {
         m[i] = beta1 * m[i] + (1.0f - beta1) * u;
         u = m[i];
+    }
+    if (sr_key) { /* bf16 masters: params are they, rounded as the CPU */
+        float p = ld(params[i]);
+        p = p - (alpha * u + lr * wd * p);
+        params[i] = st(sr_round_bf16(p, sr_bits(sr_key, t, i)));
+        return;
     }
     float p = master[i];
     p = p - (alpha * u + lr * wd * p);
@@ -244,7 +255,7 @@ void adafactor_update_cuda(const adafactor_tensor_step_cuda *x,
     int nb = (int)ceil_div(n, AF_CHUNK);
     af_sums_kernel<<<nb, AF_THREADS, 0, stream>>>(
         scratch, x->grads, x->master, x->r, x->c, n, x->cols, grad_scale,
-        h->scale_parameter);
+        h->scale_parameter, x->params);
     CUDA_CHECK_LAUNCH();
     af_final_kernel<<<1, AF_THREADS, 0, stream>>>(
         scratch, nb, n, h->lr, h->clip_threshold, h->eps2,
@@ -252,6 +263,7 @@ void adafactor_update_cuda(const adafactor_tensor_step_cuda *x,
     CUDA_CHECK_LAUNCH();
     af_apply_kernel<<<ceil_div(n, AF_THREADS), AF_THREADS, 0, stream>>>(
         x->master, x->params, x->grads, x->m, x->r, x->c, n, x->cols, h->lr,
-        h->beta1, x->weight_decay, scratch, grad_scale);
+        h->beta1, x->weight_decay, scratch, grad_scale, x->sr_key,
+        (uint64_t)x->t);
     CUDA_CHECK_LAUNCH();
 }

@@ -14,11 +14,14 @@
  * its tensor by binary search and updates one chunk of it; the clip scale
  * is computed in the kernel from the device sum of squares, by the same
  * function as clip_scale_kernel, so the separate scale kernel is not run.
+ * A tensor with an sr_key has bf16 master weights: the update reads and
+ * writes the bf16 params alone, rounded stochastically by sround.h's rule.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common.cuh"
+#include "sround.h"
 
 #define SUMSQ_THREADS 256
 
@@ -83,6 +86,25 @@ static __device__ __forceinline__ void adamw_elem_(
     params[i] = st(p);
 }
 
+/* adamw_elem_ for a bf16 master weight: params[i] is the master; the new
+ * value rounded to bf16 stochastically with the bits of (key, t, i)
+ * (sround.h, the CPU optimizers' rule), so that st() of it is exact. */
+static __device__ __forceinline__ void adamw_elem_sr_(
+    bf16 *params, const bf16 *grads, float *m, float *v, size_t i, size_t e,
+    float lr, float beta1, float beta2, float eps, float wd, float scale,
+    float bc1, float bc2, uint64_t key, uint64_t t)
+{
+    float g = ld(grads[i]) * scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    float p = ld(params[i]);
+    p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    m[i] = mi;
+    v[i] = vi;
+    params[i] = st(sr_round_bf16(p, sr_bits(key, t, e)));
+}
+
 __global__ void adamw_kernel(float *master, bf16 *params, const bf16 *grads,
                              float *m, float *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd,
@@ -100,6 +122,7 @@ __global__ void adamw_kernel(float *master, bf16 *params, const bf16 *grads,
  * its first block blk0 (blocks of MT_CHUNK elements, tensor by tensor). */
 typedef struct {
     size_t off, numel;
+    uint64_t sr_key;        /* 0 fp32 master, else bf16 (adamw_tensor_cuda) */
     unsigned blk0;
     int decay, region;
 } mt_tensor_;
@@ -110,6 +133,7 @@ typedef struct {
 /* bias corrections of up to ADAMW_MULTI_REGIONS regions, by value */
 typedef struct {
     float bc1[ADAMW_MULTI_REGIONS], bc2[ADAMW_MULTI_REGIONS];
+    unsigned long long t[ADAMW_MULTI_REGIONS];  /* step counts */
 } mt_bc_;
 
 /* Blocks b0 + blockIdx.x of tensors [k0, k1) (of regions from region0):
@@ -134,6 +158,7 @@ __global__ void adamw_multi_kernel(const mt_tensor_ *ts, int k0, int k1,
     }
     const mt_tensor_ t = ts[lo];
     float bc1, bc2;
+    uint64_t step;
     if (args) { /* adamw_multi_dev_cuda: the step's values on the device */
         lr = args[MT_ARG_LR];
         beta1 = args[MT_ARG_BETA1];
@@ -143,15 +168,27 @@ __global__ void adamw_multi_kernel(const mt_tensor_ *ts, int k0, int k1,
         max_norm = args[MT_ARG_MAX_NORM];
         bc1 = args[MT_ARG_BC + t.region];
         bc2 = args[MT_ARG_BC + n_regions + t.region];
+        uint32_t lo32, hi32;
+        memcpy(&lo32, &args[MT_ARG_BC + 2 * n_regions + 2 * t.region], 4);
+        memcpy(&hi32, &args[MT_ARG_BC + 2 * n_regions + 2 * t.region + 1],
+               4);
+        step = (uint64_t)lo32 | (uint64_t)hi32 << 32;
     } else {
         int r = t.region - region0;
         bc1 = bc.bc1[r];
         bc2 = bc.bc2[r];
+        step = bc.t[r];
     }
     float scale = sumsq ? clip_scale_(sumsq, max_norm) : 1.0f;
     float twd = t.decay ? wd : 0.0f;
     size_t s0 = (size_t)(b - t.blk0) * MT_CHUNK;
     size_t s1 = s0 + MT_CHUNK < t.numel ? s0 + MT_CHUNK : t.numel;
+    if (t.sr_key) {
+        for (size_t i = s0 + threadIdx.x; i < s1; i += blockDim.x)
+            adamw_elem_sr_(params, grads, m, v, t.off + i, i, lr, beta1,
+                           beta2, eps, twd, scale, bc1, bc2, t.sr_key, step);
+        return;
+    }
     for (size_t i = s0 + threadIdx.x; i < s1; i += blockDim.x)
         adamw_elem_(master, params, grads, m, v, t.off + i, lr, beta1, beta2,
                     eps, twd, scale, bc1, bc2);
@@ -264,6 +301,7 @@ adamw_multi_plan *adamw_multi_plan_create(const adamw_tensor_cuda *ts,
         h[k].blk0 = (unsigned)blk;
         h[k].decay = ts[k].decay;
         h[k].region = ts[k].region;
+        h[k].sr_key = ts[k].sr_key;
         blk += ceil_div(ts[k].numel, MT_CHUNK);
         if (blk > 0x7fffffffu) {
             fprintf(stderr, "adamw_multi_plan_create: more than 2^31 "
@@ -317,6 +355,7 @@ void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
             /* bias corrections in double, as adamw_update_cuda */
             bc.bc1[r - r0] = (float)(1.0 - pow((double)beta1, (double)t[r]));
             bc.bc2[r - r0] = (float)(1.0 - pow((double)beta2, (double)t[r]));
+            bc.t[r - r0] = (unsigned long long)t[r];
         }
         adamw_multi_kernel<<<nb, MT_THREADS, 0, stream>>>(
             p->d_ts, p->reg_k0[r0], p->reg_k0[r1], p->reg_b0[r0], master,
@@ -328,7 +367,7 @@ void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
 
 size_t adamw_multi_args_floats(const adamw_multi_plan *p)
 {
-    return MT_ARG_BC + 2 * (size_t)p->n_regions;
+    return MT_ARG_BC + 4 * (size_t)p->n_regions;
 }
 
 void adamw_multi_args_fill(const adamw_multi_plan *p, float *args,
@@ -347,6 +386,11 @@ void adamw_multi_args_fill(const adamw_multi_plan *p, float *args,
             (float)(1.0 - pow((double)beta1, (double)t[r]));
         args[MT_ARG_BC + p->n_regions + r] =
             (float)(1.0 - pow((double)beta2, (double)t[r]));
+        /* the step count's bits, for the stochastic rounding */
+        uint64_t tr = (uint64_t)t[r];
+        uint32_t lo32 = (uint32_t)tr, hi32 = (uint32_t)(tr >> 32);
+        memcpy(&args[MT_ARG_BC + 2 * p->n_regions + 2 * r], &lo32, 4);
+        memcpy(&args[MT_ARG_BC + 2 * p->n_regions + 2 * r + 1], &hi32, 4);
     }
 }
 

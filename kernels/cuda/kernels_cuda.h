@@ -398,6 +398,14 @@ void adamw_update_cuda(float *master, bf16 *params, const bf16 *grads,
 typedef struct {
     size_t off, numel;
     int decay, region;
+    /* 0: fp32 master weights (master[off..] updated, params = bf16 of
+     * it). Else bf16 master weights (optimizer.master bf16): the tensor's
+     * master IS params (master not read nor written), and each new value
+     * is rounded to bf16 stochastically, element i at step t by
+     * sr_round_bf16(x, sr_bits(sr_key, t, i)) (kernels/sround.h, the CPU
+     * optimizers' rule: sr_key = sr_span_key of the tensor's place in
+     * gpt.h's plain layout gives the CPU's bits). */
+    uint64_t sr_key;
 } adamw_tensor_cuda;
 
 /* regions per launch (their bias corrections go by value); more regions
@@ -438,7 +446,10 @@ void adamw_multi_cuda(const adamw_multi_plan *p, float *master, bf16 *params,
  * adamw_multi_cuda with the same values. */
 enum {
     MT_ARG_LR, MT_ARG_BETA1, MT_ARG_BETA2, MT_ARG_EPS, MT_ARG_WD,
-    MT_ARG_MAX_NORM, MT_ARG_BC /* bc1[n_regions], then bc2[n_regions] */
+    MT_ARG_MAX_NORM, MT_ARG_BC /* bc1[n_regions], then bc2[n_regions],
+                                * then each region's step count t (for
+                                * the stochastic rounding) as the bits of
+                                * two floats, low word first */
 };
 size_t adamw_multi_args_floats(const adamw_multi_plan *p);
 /* Host: args (adamw_multi_args_floats(p) floats) for step counts
@@ -489,6 +500,12 @@ typedef struct {
     float *m, *r, *c;
     int rows, cols;
     float beta2, weight_decay;
+    /* 0: fp32 master weights. Else bf16 master weights: master NULL, the
+     * bf16 params are the masters (read for RMS(params) too) and each new
+     * value is rounded by sr_round_bf16(x, sr_bits(sr_key, t, i))
+     * (kernels/sround.h, the CPU's rule), t the tensor's step count. */
+    uint64_t sr_key;
+    long t;
 } adafactor_tensor_step_cuda;
 
 /* Doubles of scratch adafactor_update_cuda needs for a tensor of numel

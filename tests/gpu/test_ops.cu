@@ -54,6 +54,8 @@ extern "C" {
 #define TOL_ATT_TC_BWD 2e-2
 
 #include "op_check.cuh"
+#include "adamw_sr_check.cuh" /* test_adamw_sr_, test_adamw_sr_small_,
+                                 * test_adafactor_sr_ */
 
 /* the path taken, against $env (expect_path.h) */
 static void check_path_(const char *env, const char *what, const char *got)
@@ -827,7 +829,7 @@ static void test_adafactor_case_(int rows, int cols, float beta1, float clip,
     double *d_scr = dnan_<double>(adafactor_scratch_doubles(n));
     adafactor_tensor_step_cuda x = {d_p, d_pb, d_g, beta1 > 0 ? d_m : NULL,
                                     d_r, cols ? d_c : NULL, rows, cols,
-                                    adafactor_beta2(t, 0.8f), wd};
+                                    adafactor_beta2(t, 0.8f), wd, 0, t};
     adafactor_hparams_cuda hc = {lr, beta1, clip, 1e-30f, 1e-3f,
                                  scale_parameter};
     adafactor_update_cuda(&x, &hc, d_sc, d_scr, st);
@@ -901,7 +903,7 @@ static void test_adamw_multi_case_(const char *name, const size_t *sizes,
     float *p0 = hrand_(n, -1, 1), *gr = hrand_(n, -0.5f, 0.5f);
     float *m0 = hrand_(n, -0.1f, 0.1f), *v0 = hrand_(n, 0, 0.01f);
     float *p = hcopy_(p0, n), *m = hcopy_(m0, n), *v = hcopy_(v0, n);
-    adamw_tensor_cuda *ts = (adamw_tensor_cuda *)malloc(nt * sizeof *ts);
+    adamw_tensor_cuda *ts = (adamw_tensor_cuda *)calloc(nt, sizeof *ts);
     long *t = (long *)malloc(n_regions * sizeof(long));
     for (int r = 0; r < n_regions; r++)
         t[r] = 1 + 3 * r;
@@ -1031,7 +1033,7 @@ static void test_adamw_multi_(void)
                            NT / 2, 0.5f);
 
     printf("adamw_multi_plan_create refusals\n");
-    adamw_tensor_cuda bad[2] = {{0, 8, 1, 1}, {8, 8, 1, 0}};
+    adamw_tensor_cuda bad[2] = {{0, 8, 1, 1, 0}, {8, 8, 1, 0, 0}};
     check_true_("regions out of order refused",
                 adamw_multi_plan_create(bad, 2, 2) == NULL);
     bad[1].region = 2;
@@ -1120,6 +1122,9 @@ int main(void)
     test_crossentropy_fused_(3, 1000, 1024); /* V past the block */
     test_adamw_();
     test_adamw_multi_();
+    test_adamw_sr_();
+    test_adamw_sr_small_();
+    test_adafactor_sr_();
     test_adafactor_();
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaStreamDestroy(st));

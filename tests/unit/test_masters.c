@@ -265,15 +265,23 @@ static void test_spec_key_and_refusals(void **state)
     const char *const bad[][2] = {
         {"\"optimizer\": {\"master\": \"fp16\"}", "optimizer.master"},
         {"\"optimizer\": {\"master\": \"bf16\"}, \"device\": "
-         "{\"backend\": \"cuda\"}",
-         "optimizer.master \"bf16\" on device.backend \"cuda\" is not "
-         "supported yet"},
+         "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
+         "optimizer.master \"bf16\" on device.backend \"cuda\" with "
+         "device.memory_budget > 0"},
     };
     fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
+    /* cuda's resident slots have bf16 masters (tests/gpu/test_masters) */
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"master\": \"bf16\"}, "
+                       "\"device\": {\"backend\": \"cuda\"}");
+    assert_int_equal(s.optimizer.master, MASTER_BF16);
     /* offloaded slots on cpu are bf16 masters too (test_offload.c) */
     fixture_spec_parse(&s, base, "\"optimizer\": {\"master\": \"bf16\"}, "
                        "\"device\": {\"memory_budget\": \"1GiB\"}");
     assert_int_equal(s.optimizer.master, MASTER_BF16);
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"master\": \"bf16\", "
+                       "\"name\": \"adafactor\"}, \"device\": "
+                       "{\"backend\": \"cuda\"}");
+    assert_int_equal(s.optimizer.name, OPTIMIZER_ADAFACTOR);
 }
 
 /* ------------------------------------------------------------ trainer */

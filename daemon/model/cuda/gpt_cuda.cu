@@ -130,7 +130,7 @@ void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
     g->params = params;
     g->grads = grads;
     g->opt = opt;
-    g->master = opt;
+    g->master = gpt_cuda_opt_master_(g, opt);
     gpt_cuda_opt_layout_(g, opt, g->n_params, n_res, moe, &g->m, &g->v);
     g->adam_t_slot = t_slot;
 }
@@ -1072,6 +1072,11 @@ static void mt_plan_(gpt_cuda *g)
         fprintf(stderr, "gpt_cuda_adamw: out of memory\n");
         exit(1);
     }
+    /* bf16 masters: each tensor's key from its place in gpt.h's plain
+     * layout (the globals' offsets there differ: wte has V rows, not Vp) */
+    gpt_tensor cpu_glob[GLOB_NTENSORS], cpu_slot[SLOT_NTENSORS_MAX];
+    size_t cpu_ng, cpu_ss;
+    gpt_layout(&g->cfg, cpu_glob, cpu_slot, &cpu_ng, &cpu_ss);
     for (int r = 0; r <= g->n_res; r++) {
         /* the globals (region 0), then resident slot r - 1 */
         const tensor_ *src = r ? slot_ts_(g, r - 1) : g->glob;
@@ -1082,6 +1087,8 @@ static void mt_plan_(gpt_cuda *g)
             ts[k].numel = src[i].numel;
             ts[k].decay = src[i].two_d;
             ts[k].region = r;
+            ts[k].sr_key = gpt_cuda_sr_key_(g, r - 1, r ? src[i].off
+                                                          : cpu_glob[i].offset);
         }
     }
     g->mt = adamw_multi_plan_create(ts, nt, 1 + g->n_res);
@@ -1127,7 +1134,8 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
         return;
     }
     gpt_cuda_flush_(g);
-    if (g->step_graph && g->n_res == g->S && !gpt_cuda_adamw_per_tensor_()) {
+    if (g->step_graph && g->n_res == g->S &&
+        (!gpt_cuda_adamw_per_tensor_() || g->mbf)) {
         mt_plan_(g);
         g->mt_t[0] = g->adam_t_global + 1;
         for (int s = 0; s < g->n_res; s++)
@@ -1159,8 +1167,9 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                                    sizeof(float), cudaMemcpyDeviceToHost,
                                    g->stream));
     }
-    if (!gpt_cuda_adamw_per_tensor_()) {
-        /* one launch over the device block, the clip scale in it */
+    if (!gpt_cuda_adamw_per_tensor_() || g->mbf) {
+        /* one launch over the device block, the clip scale in it (bf16
+         * masters: the only path that rounds them) */
         mt_plan_(g);
         g->mt_t[0] = ++g->adam_t_global;
         for (int s = 0; s < g->n_res; s++)

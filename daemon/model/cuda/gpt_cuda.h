@@ -305,8 +305,10 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
 /* As gpt_cuda_create_offload with the optimizer state o asks for (NULL:
  * AdamW's m and v). o->adafactor: Adafactor's (gpt_cuda_adafactor), m
  * only with o->first_moment; refused (NULL, a message) with off, whose
- * offloaded slots' host update is AdamW's, and with o->master_bf16 (fp32
- * masters only). */
+ * offloaded slots' host update is AdamW's. o->master_bf16: the bf16
+ * params are the master weights (no fp32 copy: 2 bytes per parameter
+ * instead of 6), AdamW rounding each update stochastically with the CPU
+ * model's keys from o->sr_seed (Adafactor's too); refused with off. */
 gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
                                 const gpt_cuda_offload *off,
                                 const gpt_optim *o);

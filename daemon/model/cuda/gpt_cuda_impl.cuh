@@ -239,6 +239,11 @@ struct gpt_cuda {
      * then af_kind[kind] floats per resident slot (optim_cuda.cu) */
     int af, af_m;
     size_t af_glob, af_kind[2];
+    /* bf16 master weights (optimizer.master bf16): params ARE the masters
+     * (master NULL, opt = m | v), AdamW rounds each update stochastically
+     * keyed by sr_seed (kernels/sround.h, the CPU model's keys) */
+    int mbf;
+    uint64_t sr_seed;
     struct af_plan_ *af_plan;           /* its tensors on the device block,
                                          * or NULL until the next step */
     double *af_scratch;                 /* adafactor_update_cuda's */
@@ -381,7 +386,8 @@ void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt,
 
 /* optim_cuda.cu: the optimizer. g's optimizer from o (NULL: AdamW) before
  * any state is allocated; refused (-1, a message) where it is not built:
- * bf16 masters, Adafactor on a model made with offloading (off). */
+ * bf16 masters with offloading (off), Adafactor on a model made with
+ * offloading. */
 int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
                          const gpt_cuda_offload *off);
 void gpt_cuda_optim_fini_(gpt_cuda *g);
@@ -391,13 +397,20 @@ void gpt_cuda_optim_drop_plan_(gpt_cuda *g);
  * count) of slots of kinds moe: the globals' and slots [0, s)'s. */
 size_t gpt_cuda_af_off_(const gpt_cuda *g, const unsigned char *moe, int s);
 /* The optimizer state block of a state with n device parameters, its
- * resident slots [0, n_res) of kinds moe: master (n) | m (n; none for
+ * resident slots [0, n_res) of kinds moe: master (n; none with bf16
+ * masters, g->mbf) | m (n; none for
  * Adafactor without a first moment) | v (AdamW n, Adafactor the af
  * layout's floats). The pointers into opt (NULL: sizes only) into *m
  * (NULL when none) and *v (either may be NULL); returns the floats. */
 size_t gpt_cuda_opt_layout_(const gpt_cuda *g, float *opt, size_t n,
                             int n_res, const unsigned char *moe, float **m,
                             float **v);
+/* The fp32 master weights in opt (NULL with bf16 masters). */
+float *gpt_cuda_opt_master_(const gpt_cuda *g, float *opt);
+/* The stochastic-rounding key of the tensor at offset off of region
+ * (-1 the globals, else slot s) in gpt.h's plain layout: the CPU model's
+ * (gpt_optim.c), so both round alike; 0 with fp32 masters. */
+uint64_t gpt_cuda_sr_key_(const gpt_cuda *g, int region, size_t off);
 
 /* gpt_cuda.cu: passes. Exit with a message naming who when microbatch B
  * exceeds the B the model was created for. */

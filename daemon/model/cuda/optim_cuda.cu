@@ -11,6 +11,10 @@
  * layout's offsets (wte with Vp rows, of which the af tensor covers the
  * V real ones; the padded rows keep zero weights and are not updated).
  * The update of each tensor is kernels/cuda/adafactor.cu's.
+ *
+ * bf16 master weights (g->mbf) keep no fp32 copy: the block is m | v and
+ * the bf16 params are the masters (kernels/cuda/adamw.cu and adafactor.cu
+ * round them stochastically with the CPU model's keys).
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +29,7 @@
 typedef struct {
     size_t off;         /* element of the device parameter block */
     size_t v_off;       /* element of v (the af layout) */
+    uint64_t sr_key;    /* bf16 masters: the CPU model's key, else 0 */
     int rows, cols, decay;
     int region;         /* 0 the globals, 1 + s resident slot s */
 } af_tensor_;
@@ -48,13 +53,24 @@ size_t gpt_cuda_opt_layout_(const gpt_cuda *g, float *opt, size_t n,
                             int n_res, const unsigned char *moe, float **m,
                             float **v)
 {
+    size_t nw = g->mbf ? 0 : n; /* bf16 masters: params are they */
     size_t nm = !g->af || g->af_m ? n : 0;
     size_t nv = g->af ? gpt_cuda_af_off_(g, moe, n_res) : n;
     if (m)
-        *m = opt && nm ? opt + n : NULL;
+        *m = opt && nm ? opt + nw : NULL;
     if (v)
-        *v = opt ? opt + n + nm : NULL;
-    return n + nm + nv;
+        *v = opt ? opt + nw + nm : NULL;
+    return nw + nm + nv;
+}
+
+float *gpt_cuda_opt_master_(const gpt_cuda *g, float *opt)
+{
+    return g->mbf ? NULL : opt;
+}
+
+uint64_t gpt_cuda_sr_key_(const gpt_cuda *g, int region, size_t off)
+{
+    return g->mbf ? sr_span_key(g->sr_seed, region, off) : 0;
 }
 
 size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s)
@@ -71,10 +87,15 @@ size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s)
 int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
                          const gpt_cuda_offload *off)
 {
-    if (o && o->master_bf16) {
-        fprintf(stderr, "gpt_cuda_create: bf16 master weights are not "
-                        "supported (fp32 masters only)\n");
+    if (o && o->master_bf16 && off) {
+        fprintf(stderr, "gpt_cuda_create: bf16 master weights with "
+                        "offloading are not supported (fp32 masters only "
+                        "there)\n");
         return -1;
+    }
+    if (o && o->master_bf16) {
+        g->mbf = 1;
+        g->sr_seed = o->sr_seed;
     }
     if (!o || !o->adafactor)
         return 0;
@@ -178,8 +199,9 @@ static struct af_plan_ *af_plan_(gpt_cuda *g)
         for (int i = 0; i < nk[k]; i++, n++) {
             const gpt_af_tensor *a = &tab[k][i];
             p->ts[n] = (af_tensor_){r ? base + a->offset : g->glob[i].off,
-                                    vbase + a->state_off, a->rows, a->cols,
-                                    a->decay, r};
+                                    vbase + a->state_off,
+                                    gpt_cuda_sr_key_(g, r - 1, a->offset),
+                                    a->rows, a->cols, a->decay, r};
         }
     }
     for (int k = 0; k < 3; k++)
@@ -221,10 +243,11 @@ int gpt_cuda_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
                                : g->adam_t_global) + 1;
         float *r = r_at + t->v_off;
         adafactor_tensor_step_cuda x = {
-            g->master + t->off, g->params + t->off, g->grads + t->off,
-            g->m ? g->m + t->off : NULL, r, t->cols ? r + t->rows : NULL,
-            t->rows, t->cols, adafactor_beta2(step, h->decay_rate),
-            t->decay ? weight_decay : 0.0f};
+            g->master ? g->master + t->off : NULL, g->params + t->off,
+            g->grads + t->off, g->m ? g->m + t->off : NULL, r,
+            t->cols ? r + t->rows : NULL, t->rows, t->cols,
+            adafactor_beta2(step, h->decay_rate),
+            t->decay ? weight_decay : 0.0f, t->sr_key, step};
         adafactor_update_cuda(&x, &hc, sc + RED_SCALE, g->af_scratch,
                               g->stream);
     }

@@ -15,6 +15,38 @@
 
 /* ------------------------------------------------------------- weights */
 
+/* bf16 masters (g->mbf): n host floats into the bf16 params at device
+ * element `at` (rounded to nearest, as the CPU model's gemm_bf16_round
+ * makes its masters), or out of them widened; through one bounce buffer.
+ * Synchronous. */
+static void params_put_(gpt_cuda *g, size_t at, const float *h, size_t n)
+{
+    bf16 *b = (bf16 *)malloc((n ? n : 1) * sizeof(bf16));
+    if (!b) {
+        fprintf(stderr, "gpt_cuda: out of host memory (%zu bf16)\n", n);
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++)
+        b[i] = __float2bfloat16_rn(h[i]);
+    CUDA_CHECK(cudaMemcpy(g->params + at, b, n * sizeof(bf16),
+                          cudaMemcpyHostToDevice));
+    free(b);
+}
+
+static void params_get_(gpt_cuda *g, size_t at, float *h, size_t n)
+{
+    bf16 *b = (bf16 *)malloc((n ? n : 1) * sizeof(bf16));
+    if (!b) {
+        fprintf(stderr, "gpt_cuda: out of host memory (%zu bf16)\n", n);
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpy(b, g->params + at, n * sizeof(bf16),
+                          cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        h[i] = __bfloat162float(b[i]);
+    free(b);
+}
+
 /* The CPU model's init (model/init.c: gpt_init_region), region by region
  * through one host buffer, so that the host holds one region at a time
  * and every model, CPU or GPU, starts from the same weights for a seed. */
@@ -31,7 +63,10 @@ int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
         return -1;
     }
     gpt_cuda_synchronize(g); /* host AdamW may still write host masters */
-    CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
+    if (g->mbf)
+        CUDA_CHECK(cudaMemset(g->params, 0, g->n_params * sizeof(bf16)));
+    else
+        CUDA_CHECK(cudaMemset(g->master, 0, g->n_params * sizeof(float)));
     /* globals: the gpt.h layout has V rows of wte, this one Vp (the padded
      * rows stay zero) */
     gpt_init_region(&g->cfg, -1, h, seed);
@@ -39,14 +74,19 @@ int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
                                            V * C + T * C + C};
     const size_t numel[GLOB_NTENSORS] = {V * C, T * C, C, C};
     for (int i = 0; i < GLOB_NTENSORS; i++)
-        CUDA_CHECK(cudaMemcpy(g->master + g->glob[i].off, h + cpu_off[i],
-                              numel[i] * sizeof(float),
-                              cudaMemcpyHostToDevice));
+        if (g->mbf)
+            params_put_(g, g->glob[i].off, h + cpu_off[i], numel[i]);
+        else
+            CUDA_CHECK(cudaMemcpy(g->master + g->glob[i].off, h + cpu_off[i],
+                                  numel[i] * sizeof(float),
+                                  cudaMemcpyHostToDevice));
     /* slots: the same layout on both sides; an offloaded one to its host
      * master */
     for (int s = 0; s < g->S; s++) {
         gpt_init_slot(&g->cfg, g->slot_moe[s], s, h, seed);
-        if (s < g->n_res) {
+        if (s < g->n_res && g->mbf) {
+            params_put_(g, g->n_global + g->slot_off[s], h, slot_n_(g, s));
+        } else if (s < g->n_res) {
             CUDA_CHECK(cudaMemcpy(g->master + g->n_global + g->slot_off[s],
                                   h, slot_n_(g, s) * sizeof(float),
                                   cudaMemcpyHostToDevice));
@@ -56,7 +96,8 @@ int gpt_cuda_init_weights(gpt_cuda *g, uint64_t seed)
             gpt_offload_refresh_bf16(g, s);
         }
     }
-    copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
+    if (!g->mbf)
+        copy_to_bf16_cuda(g->params, g->master, g->n_params, g->stream);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     free(h);
     return 0;
@@ -135,9 +176,15 @@ static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
     size_t off[5][3];
     float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
-    if (k < 0 || !buf)
+    if (k < 0 || (!buf && !(which == 0 && g->mbf)))
         return -1;
     gpt_cuda_synchronize(g);
+    if (which == 0 && g->mbf) { /* the bf16 params are the masters */
+        CUDA_CHECK(cudaMemset(g->params, 0, g->n_params * sizeof(bf16)));
+        for (int i = 0; i < k; i++)
+            params_put_(g, off[i][1], host + off[i][0], off[i][2]);
+        return 0; /* no host slots: offloading is refused */
+    }
     CUDA_CHECK(cudaMemset(buf, 0, g->n_params * sizeof(float)));
     for (int i = 0; i < k; i++)
         CUDA_CHECK(cudaMemcpy(buf + off[i][1], host + off[i][0],
@@ -164,10 +211,15 @@ static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
     size_t off[5][3];
     const float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
-    if (k < 0 || !buf)
+    if (k < 0 || (!buf && !(which == 0 && g->mbf)))
         return -1;
     gpt_cuda_synchronize(g);
     memset(host, 0, n * sizeof(float));
+    if (which == 0 && g->mbf) { /* the bf16 params are the masters */
+        for (int i = 0; i < k; i++)
+            params_get_(g, off[i][1], host + off[i][0], off[i][2]);
+        return 0; /* no host slots: offloading is refused */
+    }
     for (int i = 0; i < k; i++)
         CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
                               off[i][2] * sizeof(float),
@@ -330,7 +382,7 @@ static void slot_state_(const gpt_cuda *g, float *opt, int n_res,
     }
     if (s >= n_res)
         return;
-    p[0] = opt + at;
+    p[0] = g->mbf ? NULL : opt + at; /* bf16 masters: reslot copies params */
     p[1] = m ? m + at : NULL;
     p[2] = g->af ? v + gpt_cuda_af_off_(g, moe, s) : v + at;
     if (g->af)
@@ -393,12 +445,13 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
                                &opt, &t_slot, &hs) != 0)
         return -1;
     size_t ng = g->n_global;
-    float *nbuf[3] = {opt, NULL, NULL};
+    float *nbuf[3] = {gpt_cuda_opt_master_(g, opt), NULL, NULL};
     gpt_cuda_opt_layout_(g, opt, ng + soff[n_res], n_res, moe, &nbuf[1],
                          &nbuf[2]);
     cudaMemcpyKind dd = cudaMemcpyDeviceToDevice;
     CUDA_CHECK(cudaMemcpy(params, g->params, ng * sizeof(bf16), dd));
-    CUDA_CHECK(cudaMemcpy(nbuf[0], g->master, ng * sizeof(float), dd));
+    if (nbuf[0])
+        CUDA_CHECK(cudaMemcpy(nbuf[0], g->master, ng * sizeof(float), dd));
     if (nbuf[1])
         CUDA_CHECK(cudaMemcpy(nbuf[1], g->m, ng * sizeof(float), dd));
     CUDA_CHECK(cudaMemcpy(nbuf[2], g->v,
@@ -417,10 +470,15 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
                                       cudaMemcpyDefault));
         if (!reset_moments)
             t_slot[s] = g->adam_t_slot[src_of[s]];
+        if (g->mbf) /* the bf16 params are the masters: all resident */
+            CUDA_CHECK(cudaMemcpy(params + ng + soff[s],
+                                  g->params + ng + g->slot_off[src_of[s]],
+                                  sz[0] * sizeof(bf16), dd));
     }
     /* bf16 working copies: resident ones from the new masters on the
      * device; host ones below, once the new state is in place */
-    copy_to_bf16_cuda(params + ng, nbuf[0] + ng, soff[n_res], g->stream);
+    if (nbuf[0])
+        copy_to_bf16_cuda(params + ng, nbuf[0] + ng, soff[n_res], g->stream);
     CUDA_CHECK(cudaDeviceSynchronize());
     gpt_offload_free_slots(g, g->off.hs, g->S - g->n_res);
     gpt_cuda_free_state_(g->params, g->grads, g->opt, g->adam_t_slot);
