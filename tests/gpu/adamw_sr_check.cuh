@@ -8,6 +8,35 @@
 #ifndef M6_ADAMW_SR_CHECK_CUH
 #define M6_ADAMW_SR_CHECK_CUH
 
+/* The cuda op's bf16 master weights gpb against the CPU op's p (n of
+ * them, from p0): equal but for at most 1 in 1,000 (on a GPU, where nvcc
+ * may fuse multiply-adds; none under the emulation), and then by one bf16
+ * ulp of the larger (2^-7 relative) at most; more than half moved. */
+static void sr_weights_check_(const char *op, const float *gpb,
+                              const float *p, const float *p0, size_t n)
+{
+    size_t differ = 0, far = 0, moved = 0;
+    for (size_t i = 0; i < n; i++) {
+        moved += gpb[i] != p0[i];
+        if (gpb[i] == p[i])
+            continue;
+        differ++;
+        far += fabsf(gpb[i] - p[i]) > fmaxf(fabsf(gpb[i]), fabsf(p[i])) / 128;
+    }
+#ifdef __CUDACC__
+    size_t allowed = n / 1000;
+#else
+    size_t allowed = 0;
+#endif
+    char what[96];
+    printf("  %zu of %zu weights differ from the CPU op's (allowed %zu), "
+           "%zu moved\n", differ, n, allowed, moved);
+    snprintf(what, sizeof what, "%s sr weights = CPU op's", op);
+    check_true_(what, differ <= allowed && !far);
+    snprintf(what, sizeof what, "%s sr weights moved", op);
+    check_true_(what, moved > n / 2);
+}
+
 /* Multi-tensor AdamW on bf16 master weights (tensors with an sr_key:
  * params are the masters, no fp32 copy) against the CPU op
  * (adamw_update_spans with the same keys) on the same inputs: weights and
@@ -62,24 +91,7 @@ static void test_adamw_sr_(void)
                      d_ssq, max_norm, st);
     float *gpb = hbf_(d_pb, n), *gm = hcopy_dev_(d_m, n);
     float *gv = hcopy_dev_(d_v, n);
-    size_t differ = 0, far = 0, moved = 0;
-    for (size_t i = 0; i < n; i++) {
-        moved += gpb[i] != p0[i];
-        if (gpb[i] == p[i])
-            continue;
-        differ++;
-        /* one bf16 ulp of the larger: 2^-7 relative at most */
-        far += fabsf(gpb[i] - p[i]) > fmaxf(fabsf(gpb[i]), fabsf(p[i])) / 128;
-    }
-#ifdef __CUDACC__
-    size_t allowed = n / 1000;
-#else
-    size_t allowed = 0;
-#endif
-    printf("  %zu of %zu weights differ from the CPU op's (allowed %zu), "
-           "%zu moved\n", differ, n, allowed, moved);
-    check_true_("adamw sr weights = CPU op's", differ <= allowed && !far);
-    check_true_("adamw sr weights moved", moved > n / 2);
+    sr_weights_check_("adamw", gpb, p, p0, n);
     check_("adamw sr m", gm, m, NULL, n, TOL_F32);
     check_("adamw sr v", gv, v, NULL, n, TOL_F32);
     int gaps = 1;
@@ -198,23 +210,7 @@ static void test_adafactor_sr_case_(int rows, int cols, int scale_parameter)
                                  scale_parameter};
     adafactor_update_cuda(&x, &hc, d_sc, d_scr, st);
     float *gpb = hbf_(d_pb, n);
-    size_t differ = 0, far = 0, moved = 0;
-    for (size_t i = 0; i < n; i++) {
-        moved += gpb[i] != p0[i];
-        if (gpb[i] == p[i])
-            continue;
-        differ++;
-        far += fabsf(gpb[i] - p[i]) > fmaxf(fabsf(gpb[i]), fabsf(p[i])) / 128;
-    }
-#ifdef __CUDACC__
-    size_t allowed = n / 1000;
-#else
-    size_t allowed = 0;
-#endif
-    printf("  %zu of %zu weights differ from the CPU op's (allowed %zu), "
-           "%zu moved\n", differ, n, allowed, moved);
-    check_true_("adafactor sr weights = CPU op's", differ <= allowed && !far);
-    check_true_("adafactor sr weights moved", moved > n / 2);
+    sr_weights_check_("adafactor", gpb, p, p0, n);
     free(p0); free(gr); free(r0); free(c0); free(p); free(r); free(c);
     free(gpb);
     cudaFree(d_r); cudaFree(d_c); cudaFree(d_sc); cudaFree(d_g);

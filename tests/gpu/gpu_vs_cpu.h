@@ -145,10 +145,12 @@ static double update_nerr_(const float *a, const float *b, const float *w0,
     return sqrt(num / den);
 }
 
-/* The checkpoint `name` loads into a fresh trainer of spec s with its
- * state bitwise want's. */
-static void load_check_(const run_spec *s, const char *name,
-                        const run_ *want, const char *what)
+/* The checkpoint `name` into a fresh trainer of spec s, then `steps`
+ * steps (0 or 1; 1: from a checkpoint written before the last step of run
+ * want, that step's loss bitwise want's): its state and step counts
+ * bitwise want's. */
+static void load_check_steps_(const run_spec *s, const char *name,
+                              const run_ *want, const char *what, int steps)
 {
     char err[512], path[512];
     snprintf(path, sizeof path, "%s/%s", dir_, name);
@@ -156,6 +158,18 @@ static void load_check_(const run_spec *s, const char *name,
     int ok = ERR_INTO(err, trainer_load(t, path, &err_)) == 0;
     if (!ok)
         printf("  trainer_load: %s\n", err);
+    if (steps) {
+        step_result st;
+        memset(&st, 0, sizeof st);
+        if (ok && ERR_INTO(err, trainer_step(t, &st, &err_)) != 0) {
+            printf("  trainer_step: %s\n", err);
+            ok = 0;
+        }
+        ok = ok && st.step == STEPS &&
+             !memcmp(&st.train_loss, &want->loss[STEPS - 1], sizeof(float));
+        printf("  resumed step %ld loss %.9g, uninterrupted %.9g\n", st.step,
+               st.train_loss, want->loss[STEPS - 1]);
+    }
     run_ got;
     memset(&got, 0, sizeof got);
     if (ok)
@@ -169,6 +183,14 @@ static void load_check_(const run_spec *s, const char *name,
     if (got.buf[0])
         run_free_(&got);
     trainer_free(t);
+}
+
+/* The checkpoint `name` loads into a fresh trainer of spec s with its
+ * state bitwise want's. */
+static void load_check_(const run_spec *s, const char *name,
+                        const run_ *want, const char *what)
+{
+    load_check_steps_(s, name, want, what, 0);
 }
 
 /* The checks every case shares: cuda run g against cpu run c from weights

@@ -91,33 +91,7 @@ static run_spec spec_(backend_kind backend, delink_optimizer dopt,
 static void resume_check_(const run_spec *s, const char *name,
                           const run_ *want, const char *what)
 {
-    char err[512], path[512];
-    snprintf(path, sizeof path, "%s/%s", dir_, name);
-    trainer *t = fixture_create_or_exit(s);
-    int ok = ERR_INTO(err, trainer_load(t, path, &err_)) == 0;
-    if (!ok)
-        printf("  trainer_load: %s\n", err);
-    step_result st;
-    memset(&st, 0, sizeof st);
-    if (ok && ERR_INTO(err, trainer_step(t, &st, &err_)) != 0) {
-        printf("  trainer_step: %s\n", err);
-        ok = 0;
-    }
-    ok = ok && st.step == STEPS &&
-         !memcmp(&st.train_loss, &want->loss[STEPS - 1], sizeof(float));
-    printf("  resumed step %ld loss %.9g, uninterrupted %.9g\n", st.step,
-           st.train_loss, want->loss[STEPS - 1]);
-    run_ got;
-    memset(&got, 0, sizeof got);
-    if (ok)
-        state_get_(t, &got);
-    for (int i = 0; ok && i < 3; i++)
-        ok = got.n[i] == want->n[i] &&
-             !memcmp(got.buf[i], want->buf[i], want->n[i] * sizeof(float));
-    check_true_(ok, what);
-    if (got.buf[0])
-        run_free_(&got);
-    trainer_free(t);
+    load_check_steps_(s, name, want, what, 1);
 }
 
 /* x is a bf16 value: its low 16 bits zero (checked by hand, not by the
