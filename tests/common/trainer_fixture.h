@@ -51,6 +51,27 @@ static inline void fixture_spec_parse(run_spec *s, const char *base,
         fail_msg("%s: %s", js, err);
 }
 
+/* The optimizer members opt (JSON, "{...}") accepted with base on cuda's
+ * resident slots (no memory budget) and on cpu with a budget (offloaded
+ * slots): both parsed, keeping opt's name and master. */
+static inline void fixture_optimizer_accepted(const char *base,
+                                              const char *opt)
+{
+    static const char *const where[2] = {
+        "\"device\": {\"backend\": \"cuda\"}",
+        "\"device\": {\"memory_budget\": \"1GiB\"}"};
+    run_spec plain, s;
+    char more[512];
+    snprintf(more, sizeof more, "\"optimizer\": %s", opt);
+    fixture_spec_parse(&plain, base, more);
+    for (int i = 0; i < 2; i++) {
+        snprintf(more, sizeof more, "\"optimizer\": %s, %s", opt, where[i]);
+        fixture_spec_parse(&s, base, more);
+        assert_int_equal(s.optimizer.name, plain.optimizer.name);
+        assert_int_equal(s.optimizer.master, plain.optimizer.master);
+    }
+}
+
 /* Each of the n specs base + ", " + bad[i][0] refused by spec_parse with
  * an error containing bad[i][1] (what it must name). */
 static inline void fixture_spec_refusals(const char *base,
