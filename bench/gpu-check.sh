@@ -22,7 +22,7 @@
 #      LD_LIBRARY_PATH, which this script sets and writes to
 #      build-gpu/ld-library-path); libgomp, jansson and zlib are copied into
 #      build-gpu/lib.
-#   2. The tests (carry ["build-gpu"], timeout_s 300): the seven GPU tests
+#   2. The tests (carry ["build-gpu"], timeout_s 300): the nine GPU tests
 #      against the CPU reference within 200 s, then compute-sanitizer
 #      memcheck and racecheck on test_ops and test_offload while time is
 #      left (60 s each at most). Figures: each test's lines; last line
