@@ -207,6 +207,30 @@ static inline trainer *rank_procs_trainer(const char *spec_path, int rank,
     return t;
 }
 
+/* In a rank: the arguments rank_procs_run gives every rank (argv[2] the
+ * spec, [3] the output file, [4] the world size, [5] the rank, [6] the
+ * store directory; the test's own ones from argv[7]), its spec and a
+ * trainer of it. */
+typedef struct {
+    const char *spec_path, *out_path, *store_dir;
+    int world, rank;
+    run_spec spec;
+    trainer *t;
+} rank_proc;
+
+/* Fills *rp from argv and creates its trainer; -1 with the reason on
+ * stderr (naming the rank). */
+static inline int rank_proc_open(rank_proc *rp, char **argv)
+{
+    rp->spec_path = argv[2];
+    rp->out_path = argv[3];
+    rp->world = atoi(argv[4]);
+    rp->rank = atoi(argv[5]);
+    rp->store_dir = argv[6];
+    rp->t = rank_procs_trainer(rp->spec_path, rp->rank, &rp->spec);
+    return rp->t ? 0 : -1;
+}
+
 /* In a rank: its Gloo group on 127.0.0.1 over the file store in
  * store_dir (*fs and *st must outlive the group), keys under prefix;
  * NULL with the reason on stderr. */

@@ -112,18 +112,19 @@ static double param_tol_ = PARAM_TOL;
  * OUT.attr). */
 static int rank_main_(int argc, char **argv)
 {
-    const char *spec_path = argv[2], *out_path = argv[3];
-    int world = atoi(argv[4]), rank = atoi(argv[5]);
-    const char *store_dir = argv[6], *mode = argv[8];
-    size_t bucket = (size_t)atol(argv[7]);
     (void)argc;
     srandom((unsigned)getpid());
-    run_spec spec;
+    rank_proc rp;
+    if (rank_proc_open(&rp, argv) != 0)
+        return 1;
+    const char *out_path = rp.out_path, *store_dir = rp.store_dir;
+    const char *mode = argv[8];
+    size_t bucket = (size_t)atol(argv[7]);
+    int world = rp.world, rank = rp.rank;
+    const run_spec spec = rp.spec;
+    trainer *t = rp.t;
     char e[1024];
     m6_err err = M6_ERR_NONE;
-    trainer *t = rank_procs_trainer(spec_path, rank, &spec);
-    if (!t)
-        return 1;
     if (bucket)
         trainer_set_bucket_floats(t, bucket);
     if (strcmp(mode, "seq") == 0)

@@ -108,13 +108,14 @@ static double inuse_(void)
 static int rank_main_(int argc, char **argv)
 {
     (void)argc;
-    const char *spec_path = argv[2], *out_path = argv[3];
-    int world = atoi(argv[4]), rank = atoi(argv[5]);
-    const char *store_dir = argv[6], *life = argv[7], *ckpt = argv[8];
-    run_spec spec;
-    trainer *t = rank_procs_trainer(spec_path, rank, &spec);
-    if (!t)
+    rank_proc rp;
+    if (rank_proc_open(&rp, argv) != 0)
         return 1;
+    const char *out_path = rp.out_path, *store_dir = rp.store_dir;
+    const char *life = argv[7], *ckpt = argv[8];
+    int world = rp.world, rank = rp.rank;
+    const run_spec spec = rp.spec;
+    trainer *t = rp.t;
     char e[1024];
     m6_err err = M6_ERR_NONE;
     /* p2f: p2 with the last rank's batch of step 3 all NaN (every rank
