@@ -108,14 +108,14 @@ static double inuse_(void)
 static int rank_main_(int argc, char **argv)
 {
     (void)argc;
+    const char *life = argv[7], *ckpt = argv[8];
     rank_proc rp;
     if (rank_proc_open(&rp, argv) != 0)
         return 1;
-    const char *out_path = rp.out_path, *store_dir = rp.store_dir;
-    const char *life = argv[7], *ckpt = argv[8];
-    int world = rp.world, rank = rp.rank;
-    const run_spec spec = rp.spec;
     trainer *t = rp.t;
+    const run_spec spec = rp.spec;
+    const char *out_path = rp.out_path, *store_dir = rp.store_dir;
+    int world = rp.world, rank = rp.rank;
     char e[1024];
     m6_err err = M6_ERR_NONE;
     /* p2f: p2 with the last rank's batch of step 3 all NaN (every rank
