@@ -81,6 +81,36 @@ void run_ckpts_dir(const run_ckpts *s, int64_t run, char *buf, size_t len)
     snprintf(buf, len, "%s/%lld/checkpoints", s->runs_dir, (long long)run);
 }
 
+/* How many checkpoints of run are set aside (step-N.bad, step-N.bad-K in
+ * its checkpoint directory); *newest: the name of the one of the highest
+ * step ("" none). */
+static int set_aside_(const run_ckpts *s, int64_t run, char *newest,
+                      size_t len)
+{
+    char dir[4096];
+    run_ckpts_dir(s, run, dir, sizeof dir);
+    newest[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    long long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long step;
+        int end = 0;
+        if (sscanf(e->d_name, "step-%lld.bad%n", &step, &end) != 1 ||
+            end == 0 || (e->d_name[end] && e->d_name[end] != '-'))
+            continue;
+        n++;
+        if (step > best) {
+            best = step;
+            snprintf(newest, len, "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 /* Whether path names a step-N entry of run's checkpoint directory
  * (<runs_dir>/<run>/checkpoints/step-N, nothing after N): the only paths
  * run_ckpts removes or renames. A row of m6.db only says where its
@@ -415,6 +445,19 @@ int run_ckpts_restore(const run_ckpts *s, int64_t run, const run_spec *spec,
         m6_err_set(lost, M6_ENOCKPT, "no checkpoint of run %lld loads: %s, "
                    "nor does any older one", (long long)run,
                    m6_err_msg(&newest));
+        m6_err_free(&newest);
+        return 1;
+    }
+    char aside[512];
+    int na;
+    if (n == 0 && data_rc && !forget_gone &&
+        (na = set_aside_(s, run, aside, sizeof aside)) > 0) {
+        /* taken up again (an m6d restart) after every checkpoint failed
+         * to load: still none to go on from, and starting over is the
+         * operator's word (forget_gone), not a restart's */
+        m6_err_set(lost, M6_ENOCKPT, "no checkpoint of run %lld loads: "
+                   "every one it had was set aside (%d, the newest as %s)",
+                   (long long)run, na, aside);
         m6_err_free(&newest);
         return 1;
     }

@@ -68,7 +68,10 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen);
  * Returns 0; 1 when checkpoints existed but none loaded: *lost (code
  * M6_ENOCKPT) then says "no checkpoint of run N loads: checkpoint of step
  * S does not load (<why>; kept as <path>), nor does any older one" (what
- * the operator can do is the edge's to add); 2 when a checkpoint's
+ * the operator can do is the edge's to add); 1 too when the run has no
+ * checkpoint row but set-aside ones (step-N.bad: every one failed to load
+ * in an earlier life), data_rc is not NULL (a resumable run) and
+ * forget_gone is 0 (the operator has not said to start over); 2 when a checkpoint's
  * directory is gone and none older loads: *lost (code M6_ECKPTGONE) names
  * the directory (the run's checkpoint directory when it is gone whole) and
  * the steps, *t is fresh and nothing in m6.db changed but the rows of

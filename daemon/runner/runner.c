@@ -142,7 +142,7 @@ void runner_pause_error_(run_ctx *r, run_machine_event ev, const char *reason)
                  (long long)r->id, (int)ev, run_state_name(c->machine.state));
     c->machine.error_code = ev == RUN_EV_DATA_ERROR ? r->data_code
                       : ev != RUN_EV_CKPT_LOST ? M6_EBADSTATE
-                      : r->ckpts_gone ? M6_ECKPTGONE : M6_ENOCKPT;
+                      : r->ckpts_gone == 2 ? M6_ECKPTGONE : M6_ENOCKPT;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     /* held: recorded as soon as m6.db can take it, even while another

@@ -88,10 +88,13 @@ typedef struct {
     run_spec spec;
     trainer *t;
     long last_ckpt;   /* step of the newest checkpoint, -1 none */
-    /* Its checkpoint directories are gone and none older loads
-     * (run_ckpts_restore 2): paused, the trainer fresh and unsaved, m6.db
-     * as recorded (step and phase below, for status) until a resume finds
-     * them back or starts over (runner_retake_). */
+    /* No checkpoint to go on from (run_ckpts_restore's code): 2 its
+     * checkpoint directories are gone and none older loads, 1 every one
+     * failed to load (set aside as .bad); 0 neither. While set: paused,
+     * the trainer fresh and unsaved, m6.db as recorded (step and phase
+     * below, for status; no metrics row dropped) until a resume finds them
+     * back (2) or starts over (1, or 2 with --from-scratch;
+     * runner_retake_). */
     int ckpts_gone;
     long gone_step;
     int gone_real;
@@ -205,14 +208,16 @@ m6_code runner_data_code_(int rc);
  * was_queued); then the opened shards are checked against the checkpoint
  * (trainer_check_data: *data_rc, err). Sets r->ckpts_gone (and the
  * runner's). Returns run_ckpts_restore's: 0; 1 none loads (*lost,
- * M6_ENOCKPT: tables set to step 0); 2 gone (*lost, M6_ECKPTGONE: m6.db
- * untouched); -1 with err, r->t NULL. */
+ * M6_ENOCKPT) and 2 gone (*lost, M6_ECKPTGONE), m6.db untouched by both
+ * (the resume that starts over drops the rows); -1 with err, r->t NULL. */
 int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
                     int *data_rc, m6_err *err, m6_err *lost);
 
-/* At a resume of a run whose checkpoints were gone (r->ckpts_gone; else
- * 0 at once): take it up again, from them if they are back, from step 0
- * when the resume being tried was sent with --from-scratch (event
+/* At a resume of a run whose checkpoints were gone or failed to load
+ * (r->ckpts_gone; else 0 at once): take it up again, from them if they
+ * are back, from step 0 when every one had failed to load (event
+ * resume.start_over; the metrics rows dropped then, not before) or when
+ * the resume being tried was sent with --from-scratch (event
  * resume.from_scratch; the recorded delink dropped, event
  * delink.forgotten). 0 taken up; -1 with err (M6_ECKPTGONE still gone,
  * M6_ENOCKPT back but none loads, a data error with r->data_error set;

@@ -2,9 +2,11 @@
  * runner_restore.c — taking a run up from its checkpoint, on the runner
  * thread: the newest checkpoint that loads (runner/run_ckpts.c) and m6.db
  * made to agree with it (metrics past it dropped, phases and progress set
- * to it); and a run whose checkpoint directories are gone with none older
- * to load, held paused with its rows and metrics untouched until the
- * operator puts them back or starts it over (`m6ctl resume --from-scratch`).
+ * to it); and a run with no checkpoint to go on from (their directories
+ * gone with none older to load, or every one failing to load), held paused
+ * with its rows and metrics untouched until the operator puts them back,
+ * starts it over (a resume when none loads; `m6ctl resume --from-scratch`
+ * when they are gone) or stops it.
  */
 #include "runner/runner_internal.h"
 
@@ -89,12 +91,14 @@ int runner_take_up_(run_ctx *r, int was_queued, int from_scratch,
                                from_scratch, err, lost);
     if (rc < 0) return -1;
     trainer_set_eval_interrupt(r->t, runner_eval_interrupt_, c);
-    r->ckpts_gone = rc == 2;
+    r->ckpts_gone = rc;
     pthread_mutex_lock(&c->mu);
     c->ckpts_gone = r->ckpts_gone;
     pthread_mutex_unlock(&c->mu);
     r->dropped = 0;
-    if (rc == 2) return 2;  /* m6.db as it was: nothing to agree with */
+    /* m6.db as it was: nothing to agree with yet (the operator's resume
+     * takes it up again, runner_retake_) */
+    if (rc != 0) return rc;
     int64_t from;
     if (from_scratch && r->last_ckpt < 0 &&
         state_phase_get(c->st, r->id, 1, &from) == 0) {
@@ -123,9 +127,19 @@ int runner_retake_(run_ctx *r, m6_err *err)
     c->scratch_ticket = 0;
     pthread_mutex_unlock(&c->mu);
     int drc = r->data_error;  /* bad data: reopened later (runner_owed_) */
+    /* every checkpoint failed to load: this resume is the word to start
+     * over (run_ckpts_restore's forget_gone) */
+    int none_loaded = r->ckpts_gone == 1;
     m6_err lost = M6_ERR_NONE;
-    int rc = runner_take_up_(r, 0, scratch, &drc, err, &lost);
+    int rc = runner_take_up_(r, 0, scratch || none_loaded, &drc, err, &lost);
     if (rc < 0) return -1;  /* no trainer: r->t is NULL */
+    if (rc == 0 && none_loaded && !scratch && r->last_ckpt < 0) {
+        log_warn("run.start_over", "run=%lld metrics_dropped=%d (no "
+                 "checkpoint loaded)", (long long)r->id, r->dropped);
+        state_event(c->st, r->id, "resume.start_over", "at the operator's "
+                    "resume: no checkpoint of the run loaded, so it trains "
+                    "again from step 0; %d metrics rows dropped", r->dropped);
+    }
     if (scratch) {
         log_warn("run.from_scratch", "run=%lld step=%ld metrics_dropped=%d",
                  (long long)r->id, trainer_step_count(r->t), r->dropped);
@@ -145,7 +159,7 @@ int runner_retake_(run_ctx *r, m6_err *err)
         return -1;  /* err: the data's */
     }
     m6_err_free(err);
-    if (!scratch)
+    if (!scratch && r->last_ckpt >= 0)
         log_info("run.restore", "run=%lld step=%ld metrics_dropped=%d (its "
                  "checkpoints are back)", (long long)r->id,
                  trainer_step_count(r->t), r->dropped);

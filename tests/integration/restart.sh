@@ -205,13 +205,32 @@ stop_daemon
 log "newest checkpoint ($C) data damaged: kept as step-$C.bad, went on from $PREV, same losses"
 
 ref_killed "$T/bad2" 15
+ROWS=$(db "$T/bad2" "select count(*) from metrics where run=$R")
+STEP=$(db "$T/bad2" "select step from runs where id=$R")
 for d in "$T/bad2/runs/$R/checkpoints"/step-*; do corrupt_ckpt "$d"; done
 start_daemon "$T/bad2"
 ERR=$(wait_paused_error "$R" "does not load")
 echo "$ERR" | has "nor does any older one: .m6ctl resume. starts the run over from step 0" \
     || fail "no checkpoint loads: error '$ERR'"
 compgen -G "$T/bad2/runs/$R/checkpoints/step-*.bad" >/dev/null || fail "bad checkpoints not kept"
-resume_to_reference "$R" "started over after every checkpoint failed"
+# paused, nothing dropped: starting over is the operator's word (resume),
+# not the start's, and a stop would keep the run's history; across a
+# restart of m6d too
+kept_rows() {
+    [ "$ROWS" -gt 0 ] && [ "$(db "$T/bad2" "select count(*) from metrics where run=$R")" = "$ROWS" ] \
+        && [ "$(db "$T/bad2" "select step from runs where id=$R")" = "$STEP" ] \
+        || fail "$1: metrics rows $(db "$T/bad2" "select count(*) from metrics where run=$R") (had $ROWS), step $(db "$T/bad2" "select step from runs where id=$R") (had $STEP)"
+}
+kept_rows "paused with no checkpoint that loads"
 stop_daemon
-log "every checkpoint bad: paused ('$ERR'); resumed from step 0, same losses"
+start_daemon "$T/bad2"
+ERR=$(wait_paused_error "$R" "set aside")
+echo "$ERR" | has "no checkpoint of run $R loads: every one it had was set aside ([0-9]*, the newest as step-[0-9]*.bad)" \
+    || fail "no checkpoint loads, after a restart: error '$ERR'"
+kept_rows "the same after a restart"
+resume_to_reference "$R" "started over after every checkpoint failed"
+events_has "$R" "resume.start_over.*metrics rows dropped" >/dev/null \
+    || fail "$(events_has "$R" "resume.start_over")"
+stop_daemon
+log "every checkpoint bad: paused ('$ERR'), $ROWS metrics rows kept across a restart; resumed from step 0, same losses"
 echo "ok restart"
