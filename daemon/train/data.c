@@ -7,6 +7,7 @@
  */
 #include "train/data.h"
 
+#include "common/durable.h"
 #include "common/err.h"
 
 #include <errno.h>
@@ -237,11 +238,21 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
 {
     char shown[SHOWN_PATH];
     const char *name = shown_path_(path, shown, shorten);  /* in messages */
-    /* O_NONBLOCK: a FIFO matched by the glob must not block the caller;
-     * fstat then refuses it. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    /* a FIFO matched by the glob must not block the caller: open_regular
+     * opens without blocking and refuses what is not a regular file */
+    struct stat st;
+    char why[64];
+    int fd = open_regular(path, 0, &st, why, sizeof why);
     if (fd < 0) {
         int e = errno;
+        if (e == EINVAL) {  /* the wrong kind; the message names the shard
+                             * as shown (why names the whole path) */
+            struct stat ls;
+            m6_err_set(err, M6_EDATA, "%s is %s, not a regular file", name,
+                       stat(path, &ls) == 0 ? file_kind_name(ls.st_mode)
+                                            : "gone");
+            return -1;
+        }
         if (e == EMFILE || e == ENFILE) {
             m6_err w = M6_ERR_NONE;
             m6_err_set(&w, M6_ENOFILE, "%s: open: shard %d of %d", name,
@@ -252,15 +263,6 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
         }
         m6_err_set(err, M6_EDATA, "%s: open: %s", name, strerror(e));
         return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        m6_err_set(err, M6_EDATA, "%s: stat: %s", name, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        m6_err_set(err, M6_EDATA, "%s: not a regular file", name);
-        goto fail;
     }
     size_t size = (size_t)st.st_size;
     if (size < HEADER_BYTES) {

@@ -62,7 +62,7 @@ fi
 mkfifo "$T/fifo.bin"
 sed "s#$T/data/train_\*.bin#$T/fifo.bin#" "$T/spec.json" >"$T/fifo.json"
 timeout 10 "$M6CTL" --socket "$SOCK" submit "$T/fifo.json" 2>"$T/err" && fail "a FIFO as a shard was accepted"
-grep -q "not a regular file" "$T/err" || fail "FIFO shard: $(cat "$T/err")"
+grep -q "is a FIFO, not a regular file" "$T/err" || fail "FIFO shard: $(cat "$T/err")"
 # A token id >= vocab_size: refused at submit, naming the shard, the token
 # and its index (the check runs on libuv's thread pool: see server.c).
 mkdir "$T/badtok"
