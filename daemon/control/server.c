@@ -539,8 +539,10 @@ static void check_peer_(server *s, conn *c)
 }
 
 /* The socket m6d bound: group-owned by the group (0660 is set by the
- * caller); its directory, when it is m6d's state dir, 0750 and the
- * group's, so that members reach the socket and no one else lists or
+ * caller); its directory, when it is m6d's state dir, 02750 and the
+ * group's, so that members reach the socket, what m6d creates there
+ * (m6.db, runs/ and the checkpoints) is the group's too (setgid: members
+ * read what its modes let the group read), and no one else lists or
  * enters the directory. Another directory is the operator's: a warning
  * when it is looser than 0750. 0, or -1 with err. */
 static int socket_group_(server *s, char *err, size_t errlen)
@@ -574,13 +576,13 @@ static int secure_socket_(server *s, const server_config *cfg, char *err,
     if (stat(dir, &sb) < 0) return 0;
     if (own && sb.st_uid == geteuid()) {
         if ((sb.st_gid != s->group && chown(dir, (uid_t)-1, s->group) < 0) ||
-            ((sb.st_mode & 07777) != 0750 && chmod(dir, 0750) < 0)) {
-            snprintf(err, errlen, "cannot make the state dir %s mode 0750, "
+            ((sb.st_mode & 07777) != 02750 && chmod(dir, 02750) < 0)) {
+            snprintf(err, errlen, "cannot make the state dir %s mode 02750, "
                      "group %s: %s", dir, s->group_name, strerror(errno));
             return -1;
         }
-        if ((sb.st_mode & 07777) != 0750)
-            log_info("server.dir", "dir=%s old_mode=%04o mode=0750 group=%s",
+        if ((sb.st_mode & 07777) != 02750)
+            log_info("server.dir", "dir=%s old_mode=%04o mode=2750 group=%s",
                      dir, (unsigned)(sb.st_mode & 07777), s->group_name);
     } else if (sb.st_mode & 0027) {
         log_warn("server.dir", "dir=%s mode=%04o msg=\"the socket's directory "

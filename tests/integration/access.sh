@@ -3,7 +3,7 @@
 # that the test creates and removes (root only; else it skips):
 #   D  m6d's user (a member of group G, as the unit's Group= would make it)
 #   M  a member of G          O  a user outside G
-# m6d runs as D under umask 000: the socket is 0660 D:G, the state dir 0750
+# m6d runs as D under umask 000: the socket is 0660 D:G, the state dir 02750
 # D:G, m6.db 0640. Root and M may do everything; O cannot connect (mode
 # 0660). With --group-read-only M may read (list, status) and a pause is
 # refused with STATUS_PERMISSION_DENIED (11) naming M's uid, logged; M's
@@ -79,8 +79,8 @@ start_as_d() {
 # --- modes under umask 000, and full rights for root and a member
 start_as_d
 [ "$(stat -c '%a %U %G' "$SOCK")" = "660 $D $G" ] || fail "socket: $(stat -c '%a %U %G' "$SOCK"), want 660 $D $G"
-[ "$(stat -c '%a %U %G' "$A/st")" = "750 $D $G" ] || fail "state dir: $(stat -c '%a %U %G' "$A/st"), want 750 $D $G"
-[ "$(stat -c '%a' "$A/st/m6.db")" = 640 ] || fail "m6.db mode $(stat -c '%a' "$A/st/m6.db"), want 640"
+[ "$(stat -c '%a %U %G' "$A/st")" = "2750 $D $G" ] || fail "state dir: $(stat -c '%a %U %G' "$A/st"), want 2750 $D $G"
+[ "$(stat -c '%a %G' "$A/st/m6.db")" = "640 $G" ] || fail "m6.db: $(stat -c '%a %G' "$A/st/m6.db"), want 640 $G (the state dir's setgid group: members read it)"
 ctl list >/dev/null || fail "root may not list"
 R=$(actl "$M" submit "$A/run.json") || fail "member $M may not submit"
 wait_state "$R" running
@@ -90,6 +90,15 @@ actl "$M" resume "$R" >/dev/null || fail "member $M may not resume"
 out=$(actl "$O" list 2>&1) && fail "non-member $O could list: $out"
 echo "$out" | has "Permission denied" || fail "non-member $O: '$out' (want the socket's Permission denied)"
 ctl watch "$R" >/dev/null || fail "run $R did not complete"
+# a member reads m6.db as a dashboard would (read-only, while m6d runs),
+# and the run's checkpoints; O may not
+out=$(as "$M" sqlite3 -readonly -cmd '.timeout 1000' "$A/st/m6.db" \
+      "select state from runs where id=$R" 2>&1) || fail "member $M cannot read m6.db: $out"
+[ "$out" = completed ] || fail "member $M reads m6.db: '$out', want completed"
+ck=$(db "$A/st" "select path from checkpoints where run=$R order by step desc limit 1")
+[ -n "$ck" ] && as "$M" cat "$ck/model.safetensors" >/dev/null 2>"$T/ck.err" \
+    || fail "member $M cannot read checkpoint '$ck': $(cat "$T/ck.err" 2>/dev/null)"
+as "$O" sqlite3 -readonly "$A/st/m6.db" "select 1" >/dev/null 2>&1 && fail "non-member $O could read m6.db"
 stop_daemon
 
 # --- --group-read-only: a member reads, a write is refused naming its uid

@@ -10,7 +10,7 @@
 # (--db-hold-limit 2) and a lock of 5 s the run pauses itself, and the
 # pause, its reason and every step's row are in m6.db once the lock goes;
 # resumed, it ends with the undisturbed losses. Under umask 000 m6d's
-# dir, socket and m6.db are 0750, 0660, 0640; a state dir or socket dir
+# dir, socket and m6.db are 02750, 0660, 0640; a state dir or socket dir
 # that others may write (o+w) is refused at start, naming mode and fix.
 . "$(dirname "$0")/lib.sh"
 
@@ -169,7 +169,7 @@ stop_daemon
 M6D_UMASK=000 start_daemon "$T/um"
 ctl list >/dev/null || fail "m6d under umask 000 did not answer"
 modes=$(stat -c %a "$T/um" "$SOCK" "$T/um/m6.db" "$T/um/m6d.lock" | tr '\n' ' ')
-[ "$modes" = "750 660 640 600 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 750 660 640 600 (the lock: no group member may hold it)"
+[ "$modes" = "2750 660 640 600 " ] || fail "under umask 000: dir, socket, m6.db, lock modes $modes, want 2750 660 640 600 (the lock: no group member may hold it)"
 stop_daemon
 
 # --- directories others may write are refused at start

@@ -85,7 +85,7 @@ stop_daemon
 # a state dir shared with a group (--group: the unit's Group=, whose
 # members may read the state dir): a member cannot hold the lock. Needs
 # root, to act as that member (nobody:nogroup). m6d makes its socket's
-# directory (here the state dir) 0750 with --group's group, or its own
+# directory (here the state dir) 02750 with --group's group, or its own
 # group without one: the member must reach the lock file for this case
 # to show anything, so that is checked first.
 if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && command -v flock >/dev/null \
