@@ -55,6 +55,25 @@ static void run_free_(run_ *r)
         free(r->buf[i]);
 }
 
+/* The test's step 0: the cuda spec sb passes trainer_check_spec ("what
+ * on cuda accepted"), and with a device.memory_budget (offloading) is
+ * refused by a message naming the budget and `named`. */
+static void spec_check_(run_spec sb, const char *what, const char *named)
+{
+    char err[512], name[128];
+    printf("0. the spec\n");
+    int ok = ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
+    if (!ok)
+        printf("  trainer_check_spec: %s\n", err);
+    snprintf(name, sizeof name, "%s on cuda accepted", what);
+    check_true_(ok, name);
+    sb.device.memory_budget = (size_t)64 << 20;
+    ok = ERR_INTO(err, trainer_check_spec(&sb, &err_)) != 0 &&
+         strstr(err, "device.memory_budget") && strstr(err, named);
+    printf("  (%s)\n", err);
+    check_true_(ok, "with a memory budget: refused, naming it");
+}
+
 /* Checkpoint `name` of trainer t written into dir_; exits 1 on an
  * error. */
 static void save_(trainer *t, const char *name)
