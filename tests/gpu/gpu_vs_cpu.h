@@ -149,6 +149,28 @@ static float *w0_real_(const float *w0, size_t n0, size_t n, int L)
     return w;
 }
 
+/* One case of a test: spec sg on cuda (MoE blocks, capacity factor 2,
+ * when moe) and the same spec on the cpu engine (*sc), each trained from
+ * a fresh trainer: the end states in *g and *c, the initial weights as the
+ * real phase lays them out in *w0 (malloc'd), the pseudo phase's count in
+ * *n0. gsave, csave: checkpoints of each run at the end (NULL none); mid:
+ * gsave's "-mid" too (train_). */
+static void case_pair_(run_spec *sg, int moe, run_spec *sc, run_ *g,
+                       run_ *c, float **w0, size_t *n0, const char *gsave,
+                       const char *csave, int mid)
+{
+    if (moe) /* capacity factor 2: few tokens dropped, so that a route
+              * bf16 flips moves little */
+        synth_cuda_moe(sg, 1, 2.0f);
+    *sc = *sg;
+    sc->device.backend = BACKEND_CPU;
+    train_(sg, g, w0, n0, gsave, mid);
+    float *w = w0_real_(*w0, *n0, g->n[0], sg->model.n_layer);
+    free(*w0);
+    *w0 = w;
+    train_(sc, c, NULL, NULL, csave, mid);
+}
+
 /* Normalised L2 error of a's change from w0 against b's (n floats). */
 static double update_nerr_(const float *a, const float *b, const float *w0,
                            size_t n)

@@ -137,18 +137,10 @@ int main(void)
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].beta1, cases[k].clip,
                             cases[k].dopt);
-        if (cases[k].moe) /* capacity factor 2: few tokens dropped, so
-                           * that a route bf16 flips moves little */
-            synth_cuda_moe(&sg, 1, 2.0f);
-        run_spec sc = sg;
-        sc.device.backend = BACKEND_CPU;
+        run_spec sc;
         size_t n0;
-        train_(&sg, &g[k], &w0[k], &n0, k == 1 ? "cuda-b" : NULL, 0);
-        /* the start in the real phase's layout */
-        float *w = w0_real_(w0[k], n0, g[k].n[0], sg.model.n_layer);
-        free(w0[k]);
-        w0[k] = w;
-        train_(&sc, &c[k], NULL, NULL, NULL, 0);
+        case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0,
+                   k == 1 ? "cuda-b" : NULL, NULL, 0);
         compare_(cases[k].name, &g[k], &c[k], w0[k]);
         if (k != 2) /* without and with a first moment, MoE slots */
             plan_check_(&sg, &g[k], cases[k].name);

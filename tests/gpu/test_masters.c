@@ -166,17 +166,10 @@ int main(void)
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt, cases[k].adafactor);
-        if (cases[k].moe) /* capacity factor 2: few tokens dropped, so
-                           * that a route bf16 flips moves little */
-            synth_cuda_moe(&sg, 1, 2.0f);
-        run_spec sc = sg;
-        sc.device.backend = BACKEND_CPU;
+        run_spec sc;
         size_t n0;
-        train_(&sg, &g[k], &w0[k], &n0, k == 1 ? "cuda-b" : NULL, 1);
-        float *w = w0_real_(w0[k], n0, g[k].n[0], sg.model.n_layer);
-        free(w0[k]);
-        w0[k] = w;
-        train_(&sc, &c[k], NULL, NULL, k == 1 ? "cpu-b" : NULL, 1);
+        case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0,
+                   k == 1 ? "cuda-b" : NULL, k == 1 ? "cpu-b" : NULL, 1);
         compare_(cases[k].name, &g[k], &c[k], w0[k]);
         if (k != 1) { /* the bytes against the plan and fp32 masters' */
             run_spec sf = sg;
