@@ -162,6 +162,8 @@ int open_regular(const char *path, int extra_flags, struct stat *st,
         errno = e;
         return -1;
     }
+    if (st)
+        *st = sb;  /* also when refused for its kind: the caller may say it */
     if (!S_ISREG(sb.st_mode)) {
         seterr_(err, errlen, "%s is %s, not a regular file", path,
                 file_kind_name((unsigned)sb.st_mode));
@@ -177,8 +179,6 @@ int open_regular(const char *path, int extra_flags, struct stat *st,
         errno = e;
         return -1;
     }
-    if (st)
-        *st = sb;
     return fd;
 }
 

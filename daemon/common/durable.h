@@ -33,7 +33,8 @@ long write_file_durable(const char *path, const void *buf, size_t len,
  * socket or a directory is refused with err naming the path and what it is
  * ("is a FIFO, not a regular file"), so that a FIFO given as init.from or
  * a checkpoint does not hang the thread that reads it. The returned fd is
- * in blocking mode again. st (may be NULL) receives its fstat. The fd, or
+ * in blocking mode again. st (may be NULL) receives its fstat, also when
+ * it is refused for its kind (EINVAL). The fd, or
  * -1 with err and errno (ENOENT, EACCES... from open(2); EINVAL for a file
  * of the wrong kind). */
 struct stat;

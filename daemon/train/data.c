@@ -240,17 +240,15 @@ static int shard_open_(token_set *ts, int i, const char *path, int vocab_size,
     const char *name = shown_path_(path, shown, shorten);  /* in messages */
     /* a FIFO matched by the glob must not block the caller: open_regular
      * opens without blocking and refuses what is not a regular file */
-    struct stat st;
+    struct stat st = {0};
     char why[64];
     int fd = open_regular(path, 0, &st, why, sizeof why);
     if (fd < 0) {
         int e = errno;
-        if (e == EINVAL) {  /* the wrong kind; the message names the shard
-                             * as shown (why names the whole path) */
-            struct stat ls;
+        if (e == EINVAL) {  /* the wrong kind (st says which); the message
+                             * names the shard as shown, why the whole path */
             m6_err_set(err, M6_EDATA, "%s is %s, not a regular file", name,
-                       stat(path, &ls) == 0 ? file_kind_name(ls.st_mode)
-                                            : "gone");
+                       file_kind_name(st.st_mode));
             return -1;
         }
         if (e == EMFILE || e == ENFILE) {
