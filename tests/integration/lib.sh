@@ -336,21 +336,42 @@ events_has() {
 # (5 s by default)
 wait_event() { wait_for "an event of run $1" "${3:-5}" events_has "$1" "$2"; }
 
+# left_running_at RUN T0: the time (as $EPOCHREALTIME) at which m6d
+# recorded RUN leaving running after T0: its first pause, paused.error,
+# stop, failed or completed event at or after T0, from the events table
+# (m6d's own clock, so the test's polling is not counted); empty if none
+left_running_at() {
+    ctl events "$1" --json | python3 -c "
+import json, sys
+ends = {'pause', 'paused.error', 'stop', 'failed', 'completed'}
+t = [e['time'] for e in json.load(sys.stdin) if e['kind'] in ends and e['time'] >= $2]
+print(min(t) if t else '')"
+}
+
+# within_ RUN T0 LIMIT WHAT: RUN left running (left_running_at) within
+# LIMIT seconds of T0, taken at WHAT; the seconds into TOOK, else fails
+within_() {
+    local at
+    at=$(left_running_at "$1" "$2")
+    [ -n "$at" ] || fail "run $1 left running after $4 without an event saying so: $(ctl events "$1")"
+    TOOK=$(python3 -c "print(round($at - $2, 2))")
+    python3 -c "import sys; sys.exit(not $TOOK <= $3)" \
+        || fail "run $1 left running ${TOOK} s after $4 (m6d's event time), want <= $3 s"
+}
+
 # wait_paused_within RUN T0 LIMIT WHAT: until RUN is paused (10 s at
-# most), then requires that it paused within LIMIT seconds of T0 (an
-# $EPOCHREALTIME, taken at WHAT: "the cut", "kill -9"); the seconds it
-# took into TOOK
+# most), then requires that m6d paused it within LIMIT seconds of T0 (an
+# $EPOCHREALTIME, taken at WHAT: "the cut", "kill -9"), by the time of
+# the event that recorded it (within_); the seconds it took into TOOK
 wait_paused_within() {
     local run=$1 t0=$2 limit=$3 what=$4
     for _ in $(seq 1 400); do
         [ "$(field "$run" state)" = paused ] && break
         sleep 0.025
     done
-    TOOK=$(python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
     [ "$(field "$run" state)" = paused ] \
         || fail "run $run not paused 10 s after $what: $(field "$run" state)"
-    python3 -c "import sys; sys.exit(not $TOOK <= $limit)" \
-        || fail "run $run paused ${TOOK} s after $what, want <= $limit s"
+    within_ "$run" "$t0" "$limit" "$what"
 }
 
 # wait_gone PID SECONDS WHAT: process PID (WHAT, for the message) ends
