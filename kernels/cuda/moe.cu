@@ -138,11 +138,16 @@ __global__ void moe_bias_gelu_kernel(bf16 *pre, bf16 *act, const bf16 *bias,
     }
 }
 
-/* out (N,C) = sum over p of gate * ye[slot[n,p]] (prototypes in order). */
-__global__ void moe_combine_kernel(bf16 *out, const bf16 *ye,
-                                   const float *probs, const int32_t *expert,
-                                   const int32_t *slot, int N, int C, int E,
-                                   int k)
+/* out (N,C) (+)= each token's sum over its k expert rows of rows (the
+ * prototypes in order, a dropped one (slot -1) skipped), each row scaled
+ * by its gate probs[n, expert[n,p]] (probs NULL: by 1, exactly); add 0
+ * writes out (not read), else adds to it. The forward's combine
+ * (ye -> out, gated) and the backward's scatter (dxe -> dx, ungated). */
+__global__ void moe_token_sum_kernel(bf16 *out, const bf16 *rows,
+                                     const float *probs,
+                                     const int32_t *expert,
+                                     const int32_t *slot, int N, int C,
+                                     int E, int k, int add)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C)
@@ -153,10 +158,11 @@ __global__ void moe_combine_kernel(bf16 *out, const bf16 *ye,
         int r = slot[(size_t)n * k + p];
         if (r < 0)
             continue;
-        float g = probs[(size_t)n * E + expert[(size_t)n * k + p]];
-        s += g * ld(ye[(size_t)r * C + c]);
+        float g = probs ? probs[(size_t)n * E + expert[(size_t)n * k + p]]
+                        : 1.0f;
+        s += g * ld(rows[(size_t)r * C + c]);
     }
-    out[i] = st(s);
+    out[i] = st(add ? ld(out[i]) + s : s);
 }
 
 /* ------------------------------------------------------------- losses */
@@ -274,24 +280,6 @@ __global__ void moe_bias_backward_kernel(bf16 *dbias, const bf16 *d, int E,
     dbias[i] = st(ld(dbias[i]) + s);
 }
 
-/* dx (N,C) (+)= the sum of each token's k expert rows of dxe: first,
- * written (dx not read); else added. */
-__global__ void moe_scatter_kernel(bf16 *dx, const bf16 *dxe,
-                                   const int32_t *slot, int N, int C, int k,
-                                   int first)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * C)
-        return;
-    int n = (int)(i / C), c = (int)(i % C);
-    float s = 0.0f;
-    for (int p = 0; p < k; p++) {
-        int r = slot[(size_t)n * k + p];
-        if (r >= 0)
-            s += ld(dxe[(size_t)r * C + c]);
-    }
-    dx[i] = st(first ? s : ld(dx[i]) + s);
-}
 
 /* ------------------------------------------------------------ launchers */
 
@@ -356,8 +344,8 @@ void moe_forward_cuda(bf16 *out, bf16 *xe, bf16 *hpre, bf16 *hact, bf16 *ye,
     moe_bias_gelu_kernel<<<grid_((size_t)rows * C), MOE_BS, 0, stream>>>(
         ye, (bf16 *)NULL, b2, row_token, rows, cap, C);
     CUDA_CHECK_LAUNCH();
-    moe_combine_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
-        out, ye, probs, expert, slot, N, C, E, k);
+    moe_token_sum_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
+        out, ye, probs, expert, slot, N, C, E, k, 0);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -436,8 +424,8 @@ static void moe_backward_(bf16 *dx, bf16 *dwg, bf16 *dbg, bf16 *dw1, bf16 *db1,
     CUDA_CHECK_LAUNCH();
     /* hpre = xe W1^T + b1: dxe = dh W1, dW1 += dh^T xe, db1 += sums */
     experts_linear_backward_(dxe, dw1, db1, dh, xe, w1, E, cap, C, H, stream);
-    moe_scatter_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
-        dx, dxe, slot, N, C, k, first);
+    moe_token_sum_kernel<<<grid_((size_t)N * C), MOE_BS, 0, stream>>>(
+        dx, dxe, (const float *)NULL, expert, slot, N, C, E, k, !first);
     CUDA_CHECK_LAUNCH();
     /* logits = x Wg^T + bg */
     matmul_backward_cuda(dx, dwg, dbg, colsum, dlogits, x, wg, N, C, E,
