@@ -15,6 +15,45 @@
 #include "common/log.h"
 #include "common/paths.h"
 
+/* ------------------------------------------------------------ entry names
+ * The one owner of the names in a run's checkpoint directory:
+ *   step-N          the checkpoint of step N (run_ckpts_save)
+ *   step-N.bad      one set aside (run_ckpts_quarantine); step-N.bad-K,
+ *                   K = 2, 3, ..., when that name is taken */
+
+enum { NAME_OTHER_ = 0, NAME_STEP_ = 1, NAME_ASIDE_ = 2 };
+
+/* What the entry name is: NAME_STEP_ (step-N, nothing after N),
+ * NAME_ASIDE_ (step-N.bad or step-N.bad-K) with N into *step, else
+ * NAME_OTHER_. */
+static int name_kind_(const char *name, long long *step)
+{
+    int end = 0;
+    if (sscanf(name, "step-%lld%n", step, &end) != 1 || end == 0)
+        return NAME_OTHER_;
+    const char *rest = name + end;
+    if (!*rest)
+        return NAME_STEP_;
+    if (strncmp(rest, ".bad", 4) == 0 && (!rest[4] || rest[4] == '-'))
+        return NAME_ASIDE_;
+    return NAME_OTHER_;
+}
+
+/* buf = <dir>/step-<step> */
+static void step_path_(char *buf, size_t len, const char *dir, long step)
+{
+    snprintf(buf, len, "%s/step-%ld", dir, step);
+}
+
+/* buf = the k-th name (k >= 1) for setting path (a step-N) aside */
+static void aside_path_(char *buf, size_t len, const char *path, int k)
+{
+    if (k == 1)
+        snprintf(buf, len, "%s.bad", path);
+    else
+        snprintf(buf, len, "%s.bad-%d", path, k);
+}
+
 /* ---------------------------------------------------------------- helpers */
 
 static int rm_entry_(const char *path, const struct stat *sb, int flag,
@@ -97,9 +136,7 @@ static int set_aside_(const run_ckpts *s, int64_t run, char *newest,
     struct dirent *e;
     while ((e = readdir(d))) {
         long long step;
-        int end = 0;
-        if (sscanf(e->d_name, "step-%lld.bad%n", &step, &end) != 1 ||
-            end == 0 || (e->d_name[end] && e->d_name[end] != '-'))
+        if (name_kind_(e->d_name, &step) != NAME_ASIDE_)
             continue;
         n++;
         if (step > best) {
@@ -125,9 +162,7 @@ static int in_dir_(const run_ckpts *s, int64_t run, const char *path)
         return 0;
     const char *name = path + n + 1;
     long long step;
-    char rest;
-    return !strchr(name, '/') &&
-           sscanf(name, "step-%lld%c", &step, &rest) == 1;
+    return !strchr(name, '/') && name_kind_(name, &step) == NAME_STEP_;
 }
 
 /* A row naming a path outside the run's checkpoint directory (in_dir_):
@@ -159,7 +194,6 @@ static void reconcile_run_(const run_ckpts *s, int64_t run, int live)
         while ((e = readdir(d))) {
             char p[8192];
             long long step;
-            char rest;
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
             if (strstr(e->d_name, ".tmp-")) {
                 log_warn("checkpoint.stray", "run=%lld path=%s action=removed",
@@ -167,7 +201,7 @@ static void reconcile_run_(const run_ckpts *s, int64_t run, int live)
                 state_event(s->st, run, "checkpoint.stray", "removed %s",
                             e->d_name);
                 rm_rf_(p);
-            } else if (sscanf(e->d_name, "step-%lld%c", &step, &rest) == 1) {
+            } else if (name_kind_(e->d_name, &step) == NAME_STEP_) {
                 ckpt_row *rows;
                 int n, found = 0;
                 if (state_checkpoints_list(s->st, run, &rows, &n) == 0) {
@@ -252,7 +286,7 @@ int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
                    strerror(errno));
         return -1;
     }
-    snprintf(path, sizeof path, "%s/step-%ld", dir, step);
+    step_path_(path, sizeof path, dir, step);
     if (dir_exists_(path)) discard_(path);  /* stale, from a trajectory we left */
     long bytes = trainer_save(t, path, err);
     if (bytes < 0) {
@@ -283,10 +317,7 @@ void run_ckpts_quarantine(const char *path, char *kept, size_t keptlen)
 {
     for (int k = 1; k < 100; k++) {
         char to[4200];
-        if (k == 1)
-            snprintf(to, sizeof to, "%s.bad", path);
-        else
-            snprintf(to, sizeof to, "%s.bad-%d", path, k);
+        aside_path_(to, sizeof to, path, k);
         if (access(to, F_OK) == 0)
             continue;
         if (rename(path, to) == 0) {

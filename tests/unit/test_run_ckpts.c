@@ -17,6 +17,12 @@
  *     the older real checkpoint.
  *  3. Lookalikes are outside: <dir>/step-5/.., <dir>/step-5x, <dir>x/step-5
  *     and a step-N of another run survive a prune.
+ *  4. Set aside only: a resumable run with no checkpoint row whose
+ *     directory holds lookalikes (step-7.badx, step-8.bad.tmp, step-9x.bad)
+ *     starts fresh (0); with step-3.bad-2 and step-5.bad there as well,
+ *     the restore says none loads (1), counting 2, the newest step-5.bad,
+ *     and --from-scratch (forget_gone) starts fresh again. The names
+ *     checked are those run_ckpts_quarantine writes, made here by hand.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -161,6 +167,50 @@ static void test_prune_and_restore(void **unused)
     assert_int_equal(n, 1);
     assert_int_equal(rows[0].step, 2);
     free(rows);
+
+    printf("4. a run with set-aside checkpoints only\n");
+    int64_t run4 = state_run_insert(st, "r4", "{}", 10, 0, NULL);
+    assert_true(run4 > 0);
+    char cdir4[4096];
+    run_ckpts_dir(&s, run4, cdir4, sizeof cdir4);
+    const char *looks[] = {"step-7.badx", "step-8.bad.tmp", "step-9x.bad"};
+    for (int i = 0; i < 3; i++) {
+        char d[8192];
+        snprintf(d, sizeof d, "%s/%s", cdir4, looks[i]);
+        mkfile_(d, "x");
+    }
+    int data_rc = 0;
+    trainer *t4 = trainer_create_resumable(&spec, &data_rc, &err);
+    assert_non_null(t4);
+    rc = run_ckpts_restore(&s, run4, &spec, &t4, &data_rc, &step, 0, &err,
+                           &lost);
+    printf("   lookalikes only: rc %d step %ld\n", rc, step);
+    assert_int_equal(rc, 0);
+    assert_int_equal(step, -1);
+    trainer_free(t4);
+    const char *aside[] = {"step-3.bad-2", "step-5.bad"};
+    for (int i = 0; i < 2; i++) {
+        char d[8192];
+        snprintf(d, sizeof d, "%s/%s", cdir4, aside[i]);
+        mkfile_(d, "x");
+    }
+    t4 = trainer_create_resumable(&spec, &data_rc, &err);
+    assert_non_null(t4);
+    rc = run_ckpts_restore(&s, run4, &spec, &t4, &data_rc, &step, 0, &err,
+                           &lost);
+    printf("   set aside: rc %d: %s\n", rc, m6_err_msg(&lost));
+    assert_int_equal(rc, 1);
+    assert_int_equal(lost.code, M6_ENOCKPT);
+    assert_non_null(strstr(m6_err_msg(&lost), "set aside (2, the newest as "
+                                              "step-5.bad)"));
+    m6_err_free(&lost);
+    trainer_free(t4);
+    t4 = trainer_create_resumable(&spec, &data_rc, &err);
+    assert_non_null(t4);
+    rc = run_ckpts_restore(&s, run4, &spec, &t4, &data_rc, &step, 1, &err,
+                           &lost);
+    assert_int_equal(rc, 0);
+    trainer_free(t4);
 
     trainer_free(t);
     trainer_free(t2);
