@@ -784,7 +784,12 @@ static void run_one_(runner *c, int64_t id)
         pthread_mutex_unlock(&c->mu);
         if (tk.stop) {
             int stopped = runner_stop_(&r);
-            runner_commands_done_(&r);
+            /* a stop that could not save because a rank is lost stays
+             * pending: the run, taken up again from its last whole
+             * checkpoint (it leaves the runner: r.lost), applies it there
+             * (runner_replay_commands_locked_), and so after a restart */
+            if (stopped || !r.lost)
+                runner_commands_done_(&r);
             if (stopped) break;
             continue;
         }

@@ -109,7 +109,10 @@ void runner_test_hold_(runner *c, long step)
 }
 
 /* Stop: final only with everything written. Otherwise the run pauses
- * (training ends now) and a later stop retries. 1 stopped, 0 not. */
+ * (training ends now): a later stop retries, or, when a rank is lost
+ * (r->lost: what it holds cannot be saved), the stop itself is applied
+ * again once the run is taken up from its last whole checkpoint (the
+ * runner leaves it pending). 1 stopped, 0 not. */
 int runner_stop_(run_ctx *r)
 {
     runner *c = r->c;
@@ -127,10 +130,11 @@ int runner_stop_(run_ctx *r)
         ok = 0;
     }
     if (!ok) {
-        m6_err why = m6_err_make(M6_EBADSTATE, "stop not done (%s); stop "
-                                 "again %s", m6_err_msg(&err),
-                                 r->lost ? "(it stops at that checkpoint)"
-                                         : "once there is space");
+        m6_err why = r->lost
+            ? m6_err_make(M6_EBADSTATE, "stop not done (%s); it stops at "
+                          "that checkpoint", m6_err_msg(&err))
+            : m6_err_make(M6_EBADSTATE, "stop not done (%s); stop again "
+                          "once there is space", m6_err_msg(&err));
         m6_err_free(&err);
         runner_pause_error_(r, RUN_EV_STOP_FAILED, why.msg);
         /* a resume sent before the stop, not tried: it stays paused */
