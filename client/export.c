@@ -236,6 +236,13 @@ int weights_load(m6_weights *w, const char *dir, const model_config *cfg,
     snprintf(path, sizeof path, "%s/m6-model.json", dir);
     json_t *m = json_load_file(path, 0, &je);
     model_config own;
+    struct stat mst;
+    if (!m && stat(path, &mst) == 0) {
+        /* there, but not JSON (or unreadable): say so, not "no file" */
+        snprintf(err, errlen, "%s: not valid JSON: %s (line %d)", path,
+                 je.text, je.line);
+        return -1;
+    }
     if (m) {  /* a directory of weights_write_m6: its own model */
         if (model_from_json_(json_object_get(m, "model"), &own, err, errlen,
                              path) != 0)

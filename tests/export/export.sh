@@ -120,6 +120,10 @@ refused 1 'an MoE model \(4 experts in every block\): no Hugging Face GPT-2 layo
 [ ! -e "$T/x3" ] || fail "MoE export wrote"
 ctl export "$M" --format safetensors --out "$T/moe-m6" >/dev/null || fail "MoE --format safetensors"
 [ -f "$T/moe-m6/m6-model.json" ] || fail "MoE safetensors export"
+# a directory whose m6-model.json is not JSON: named so, not "no file"
+cp -r "$T/moe-m6" "$T/badjson"
+echo '{"model": ' >"$T/badjson/m6-model.json"
+refused 1 'badjson/m6-model.json: not valid JSON: .*line' "$T/badjson" --format safetensors --out "$T/x4"
 
 # a mixed MoE model (MoE in every other block: a dense and an MoE slot of
 # different sizes) exports in m6's layout: every tensor bitwise the
