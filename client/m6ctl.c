@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -187,8 +188,18 @@ static int connect_(void)
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g.socket);
     g.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (g.fd < 0 || connect(g.fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        transport_fail_("cannot reach m6d at %s: %s (is m6d running? --socket or "
-                        "M6_SOCKET choose another socket)", g.socket, strerror(errno));
+        int e = errno;
+        struct stat st;
+        if (stat(g.socket, &st) == 0 && !S_ISSOCK(st.st_mode))
+            transport_fail_("cannot reach m6d at %s: not a socket (a %s; "
+                            "--socket or M6_SOCKET choose m6d's socket)",
+                            g.socket, S_ISDIR(st.st_mode) ? "directory"
+                                      : S_ISREG(st.st_mode) ? "regular file"
+                                                            : "file");
+        else
+            transport_fail_("cannot reach m6d at %s: %s (is m6d running? "
+                            "--socket or M6_SOCKET choose another socket)",
+                            g.socket, strerror(e));
         return -1;
     }
     struct timeval tv = {.tv_sec = RECV_TIMEOUT_S};

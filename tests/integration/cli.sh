@@ -53,6 +53,13 @@ for o in --interval --reconnect; do
     expect_rc 2 "$M6CTL" --socket "$T/none.sock" watch 1 "$o" 1e-400
     grep -q -- "$o: want a number in" "$T/err" || fail "$o 1e-400: $(cat "$T/err")"
 done
+# A socket path that is a directory or a regular file is named as not a
+# socket (exit 4, as any unreachable m6d), not as a refused connection.
+touch "$T/plain.file"
+for p in "$T" "$T/plain.file"; do
+    expect_rc 4 "$M6CTL" --socket "$p" list
+    grep -q "cannot reach m6d at $p: not a socket" "$T/err" || fail "--socket $p: $(cat "$T/err")"
+done
 # Output formats that exclude each other are refused, in either order and
 # wherever --json stands, not settled silently.
 for args in "metrics 1 --csv --json" "metrics 1 --json --csv" "--json metrics 1 --csv"; do
