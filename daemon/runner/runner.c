@@ -338,13 +338,13 @@ static int setup_(runner *c, int64_t id, run_ctx *r)
     r->t = was_queued ? trainer_create(&r->spec, &e)
                       : trainer_create_resumable(&r->spec, &data_rc, &e);
     if (!r->t) {
-        runner_fail_run_(r, "trainer_create", m6_err_msg(&e));
+        runner_fail_run_(r, "setup", m6_err_msg(&e));
         m6_err_free(&e);
         free(kept_error);
         return -1;
     }
     if (runner_take_up_(r, was_queued, 0, &data_rc, &e, &lost) < 0) {
-        runner_fail_run_(r, "trainer_create", m6_err_msg(&e));
+        runner_fail_run_(r, "setup", m6_err_msg(&e));
         m6_err_free(&e);
         free(kept_error);
         return -1;
@@ -589,7 +589,7 @@ static int step_(run_ctx *r)
         return 1;
     } else if (src < 0) {
         r->lost = 1;  /* the other ranks are not at a boundary */
-        runner_fail_run_(r, "trainer_step", m6_err_msg(&data_err));
+        runner_fail_run_(r, "training step", m6_err_msg(&data_err));
         m6_err_free(&data_err);
         return -1;
     }

@@ -214,7 +214,7 @@ void runner_resume_(run_ctx *r)
                                              : RUN_EV_WRITE_FAILED;
     if (rc < 0 && !r->t) {
         /* taking it up again made no trainer: the run failed */
-        runner_fail_run_(r, "trainer_create", m6_err_msg(&err));
+        runner_fail_run_(r, "setup", m6_err_msg(&err));
         pthread_mutex_lock(&c->mu);
         answer_locked_(c, c->resume_serving, m6_err_msg(&err), M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);

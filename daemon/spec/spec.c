@@ -1063,8 +1063,13 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
         if (json_error_code(&jerr) == json_error_numeric_overflow &&
             jerr.position > 0 && (size_t)jerr.position <= len)
             key_at_(json, (size_t)jerr.position, key, sizeof key);
+        /* jansson's words for \u0000 name its flag, not the input */
+        const char *text = strstr(jerr.text, "JSON_ALLOW_NUL")
+                               ? "\\u0000 (a NUL character) is not allowed "
+                                 "in a spec's strings"
+                               : jerr.text;
         seterr_(err, errlen, "JSON syntax error at line %d, column %d: %s%s%s%s",
-                jerr.line, jerr.column, jerr.text,
+                jerr.line, jerr.column, text,
                 key[0] ? " (the value of " : "", key,
                 key[0] ? ": an integer must fit in 64 bits)" : "");
         return -1;

@@ -967,6 +967,10 @@ static void test_bad_specs(void **state)
           "value of train.steps: an integer must fit in 64 bits)" },
         { "{\"model\": {\"n_layer\": -99999999999999999999}}",
           "too big negative integer (the value of model.n_layer: " },
+        /* \u0000 named as the input's, not by jansson's flag */
+        { "{\"name\": \"a\\u0000b\"}",
+          "column 19: \\u0000 (a NUL character) is not allowed in a spec's "
+          "strings" },
     };
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
         refused_(whole[i].json, whole[i].want, 0);
