@@ -204,6 +204,25 @@ int safetensors_open(st_file *sf, const char *path, char *err, size_t errlen)
         return -1;
     }
     sf->data_start = 8 + hl;
+    /* a file cut short: said so before the checksum (which would call it
+     * damaged) from the largest end the header's data_offsets name */
+    uint64_t need = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)sf->header, k, v) {
+        json_t *e = json_array_get(json_object_get(v, "data_offsets"), 1);
+        if (strcmp(k, "__metadata__") != 0 && json_is_integer(e) &&
+            json_integer_value(e) > 0 &&
+            (uint64_t)json_integer_value(e) > need)
+            need = (uint64_t)json_integer_value(e);
+    }
+    if (need > sf->len - sf->data_start) {
+        snprintf(err, errlen, "%s: truncated: its tensors need %llu bytes of "
+                 "data, the file holds %zu", path, (unsigned long long)need,
+                 sf->len - sf->data_start);
+        safetensors_close(sf);
+        return -1;
+    }
     /* the data's checksum, where the writer left one (m6 does; files from
      * elsewhere may not): a flipped bit in a tensor fails here, not as
      * NaN losses after a resume */

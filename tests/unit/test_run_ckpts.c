@@ -232,8 +232,9 @@ static void flip_(const char *path, long at, int bit)
 
 /* The data's CRC-32 in the header: one flipped bit anywhere in the
  * tensors makes the file refuse to open, naming it; flipped back it opens
- * with the values written. A file without the key (another writer's)
- * opens as before. */
+ * with the values written. A file cut short says truncated, with the
+ * bytes its header needs and those it holds. A file without the key
+ * (another writer's) opens as before. */
 static void test_safetensors_crc(void **unused)
 {
     (void)unused;
@@ -258,6 +259,19 @@ static void test_safetensors_crc(void **unused)
         assert_non_null(strstr(err, path));
         flip_(path, at[i], i * 3);
     }
+    /* cut short by 5 bytes: truncated, with the sizes, not "damaged" */
+    assert_int_equal(truncate(path, len - 5), 0);
+    assert_int_equal(safetensors_open(&sf, path, err, sizeof err), -1);
+    printf("cut: %s\n", err);
+    char want[128];
+    snprintf(want, sizeof want, "truncated: its tensors need %zu bytes of "
+             "data, the file holds %zu", sizeof a + sizeof b,
+             sizeof a + sizeof b - 5);
+    assert_non_null(strstr(err, want));
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(safetensors_write(f, ts, 2, err, sizeof err), len);
+    assert_int_equal(fclose(f), 0);
     float got[3];
     assert_int_equal(safetensors_open(&sf, path, err, sizeof err), 0);
     assert_int_equal(safetensors_get(&sf, "b", got, 3, err, sizeof err), 0);
