@@ -263,7 +263,17 @@ static void prune_(const run_ckpts *s, int64_t run, int keep)
     int n;
     if (state_checkpoints_list(s->st, run, &rows, &n) < 0) return;
     if (keep < 1) keep = 1;
-    for (int i = 0; i < n - keep; i++) {
+    /* the newest keep that are there count; a row whose directory is gone
+     * (deleted by hand, not yet back) keeps its row but not a place, so
+     * it cannot leave the run with fewer than keep checkpoints on disk */
+    int cut = 0, held = 0;
+    for (int i = n - 1; i >= 0 && held < keep; i--) {
+        held += in_dir_(s, run, rows[i].path) && dir_exists_(rows[i].path);
+        cut = i;
+    }
+    if (held < keep)
+        cut = 0;
+    for (int i = 0; i < cut; i++) {
         if (in_dir_(s, run, rows[i].path))
             discard_(rows[i].path);
         else

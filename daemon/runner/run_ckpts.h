@@ -41,7 +41,8 @@ void run_ckpts_reconcile(const run_ckpts *s);
 
 /* Write t's state as the checkpoint of its current step (why: "every",
  * "pause", "stop", "end", "shutdown"; in the event and the log), record it,
- * then keep only the newest `keep` (>= 1; 0 means 1). 0 with *bytes the
+ * then keep only the newest `keep` (>= 1; 0 means 1) whose directories
+ * are there (a gone one's row stays, not counted). 0 with *bytes the
  * size written; -1 with *err saying what failed, whole (mkdir, the write,
  * or the DB row: then the directory is removed too, so disk and DB agree);
  * the caller frees it. A stale directory of the same step (a trajectory

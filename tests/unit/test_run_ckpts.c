@@ -23,6 +23,9 @@
  *     the restore says none loads (1), counting 2, the newest step-5.bad,
  *     and --from-scratch (forget_gone) starts fresh again. The names
  *     checked are those run_ckpts_quarantine writes, made here by hand.
+ *  5. Keep counts what is on disk: with keep 2 and the newest checkpoint's
+ *     directory deleted by hand, the next save keeps the older one (two on
+ *     disk, the gone one's row kept); the save after drops both.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -211,6 +214,42 @@ static void test_prune_and_restore(void **unused)
                            &lost);
     assert_int_equal(rc, 0);
     trainer_free(t4);
+
+    printf("5. keep 2 with the newest checkpoint deleted by hand\n");
+    int64_t run5 = state_run_insert(st, "r5", "{}", 10, 0, NULL);
+    assert_true(run5 > 0);
+    long s0 = trainer_step_count(t);
+    assert_int_equal(run_ckpts_save(&s, run5, t, 2, "every", &err), 0);
+    assert_int_equal(trainer_step(t, &(step_result){0}, &err), 0);
+    assert_int_equal(run_ckpts_save(&s, run5, t, 2, "every", &err), 0);
+    n = rows_(st, run5, &rows);
+    assert_int_equal(n, 2);
+    char gone[4200], first[4200];
+    snprintf(first, sizeof first, "%s", rows[0].path);
+    snprintf(gone, sizeof gone, "%s", rows[1].path);
+    free(rows);
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", gone);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(trainer_step(t, &(step_result){0}, &err), 0);
+    assert_int_equal(run_ckpts_save(&s, run5, t, 2, "every", &err), 0);
+    /* two on disk still: the first and the new; the gone one's row kept */
+    assert_true(exists_(first));
+    n = rows_(st, run5, &rows);
+    printf("   rows after the save: %d (steps %lld..%lld)\n", n,
+           (long long)rows[0].step, (long long)rows[n - 1].step);
+    assert_int_equal(n, 3);
+    assert_int_equal(rows[0].step, s0);
+    free(rows);
+    assert_int_equal(trainer_step(t, &(step_result){0}, &err), 0);
+    assert_int_equal(run_ckpts_save(&s, run5, t, 2, "every", &err), 0);
+    /* now the two newest are there: the older two rows go */
+    assert_false(exists_(first));
+    n = rows_(st, run5, &rows);
+    assert_int_equal(n, 2);
+    assert_int_equal(rows[0].step, s0 + 2);
+    assert_true(exists_(rows[0].path) && exists_(rows[1].path));
+    free(rows);
 
     trainer_free(t);
     trainer_free(t2);
