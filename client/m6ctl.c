@@ -724,7 +724,7 @@ static const command commands_[] = {
      "instead, dropping its metrics rows (events say so)."},
     {"delink", cmd_delink_, 1, 1, F_JSON | F_RUN, "RUN",
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
-    {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run (checkpoints) or dequeue it."},
+    {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run for good (a checkpoint first; `pause` to resume later), or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
     {"events", cmd_events_, 1, 1, F_JSON | F_RUN, "RUN",
      "What happened to a run, oldest first (its events table).\n"
