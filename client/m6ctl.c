@@ -712,7 +712,8 @@ static const command commands_[] = {
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
-     "Follow a run until it ends; rides out m6d restarts.\n"
+     "Follow a run until it ends (a pause is not an end: it waits on);\n"
+     "rides out m6d restarts.\n"
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
