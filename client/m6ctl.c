@@ -687,6 +687,27 @@ static int cmd_events_(int argc, char **argv)
     return EXIT_OK;
 }
 
+/* A run's complete checkpoints, oldest first: one CheckpointsQuery (the
+ * query export asks), its list as a view. */
+static int cmd_checkpoints_(int argc, char **argv)
+{
+    (void)argc;
+    M6__RunRef ref;
+    if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;  /* checked in main */
+    M6__CheckpointsQuery q = M6__CHECKPOINTS_QUERY__INIT;
+    q.run = &ref;
+    M6__Response *resp = m6ctl_ask_(M6__REQUEST__BODY_CHECKPOINTS, &q.base);
+    if (!resp) return EXIT_ERR;
+    view_out o = rows_out_(&views_checkpoints);
+    view_begin(&o);
+    const M6__CheckpointList *cl = resp->checkpoints;
+    for (size_t i = 0; cl && i < cl->n_checkpoints; i++)
+        view_row(&o, cl->checkpoints[i]);
+    view_end(&o);
+    m6__response__free_unpacked(resp, NULL);
+    return EXIT_OK;
+}
+
 /* The coordinator's nodes (issue 14): one NodesQuery. */
 static int cmd_nodes_(int argc, char **argv)
 {
@@ -712,8 +733,8 @@ static const command commands_[] = {
     {"list", cmd_list_, 0, 0, F_JSON, "", "List runs."},
     {"status", cmd_status_, 1, 1, F_JSON | F_RUN, "RUN", "Show one run."},
     {"watch", cmd_watch_, 1, 1, F_JSON | F_RUN | F_WATCH, "RUN",
-     "Follow a run until it ends (a pause is not an end: it waits on);\n"
-     "rides out m6d restarts.\n"
+     "Follow a run until it ends; rides out m6d restarts.\n"
+     "A pause is not an end: it says why and waits for the resume.\n"
      "Exit 0 completed, 1 failed, 3 stopped, 4 m6d unreachable for longer\n"
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
@@ -727,6 +748,9 @@ static const command commands_[] = {
      "Delink now (at the next step boundary), before the spec's pseudo.steps."},
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run for good (a checkpoint first; `pause` to resume later), or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
+    {"checkpoints", cmd_checkpoints_, 1, 1, F_JSON | F_RUN, "RUN",
+     "A run's checkpoints, oldest first (step, size, directory).\n"
+     "What export --step and init.from take; as recorded in m6.db."},
     {"events", cmd_events_, 1, 1, F_JSON | F_RUN, "RUN",
      "What happened to a run, oldest first (its events table).\n"
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"
@@ -781,7 +805,7 @@ static void usage_(FILE *f)
     for (size_t i = 0; i < N_COMMANDS; i++) {
         const char *h = commands_[i].help;  /* first line only */
         int n = (int)strcspn(h, "\n");
-        fprintf(f, "  %-8s %-10s %.*s\n", commands_[i].name,
+        fprintf(f, "  %-11s %-10s %.*s\n", commands_[i].name,
                 strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...", n, h);
     }
     fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"

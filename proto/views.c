@@ -468,6 +468,21 @@ static const view_field event_fields_[] = {
 };
 const view views_events = VIEW_OF(event_fields_);
 
+/* ---- checkpoints: a run's complete checkpoints */
+
+#define C_ ((const M6__CheckpointEntry *)row)
+static void c_step_(const void *row, view_val *v) { v->i = C_->step; }
+static void c_bytes_(const void *row, view_val *v) { v->i = C_->bytes; }
+static void c_path_(const void *row, view_val *v) { v->s = C_->path; }
+#undef C_
+
+static const view_field checkpoint_fields_[] = {
+    {"step", "STEP", 0, 8, VIEW_INT, VF_PLAIN, 0, c_step_},
+    {"bytes", "SIZE", 0, 11, VIEW_INT, VF_BYTES, 0, c_bytes_},
+    {"path", "DIRECTORY", 0, 0, VIEW_STR, VF_PLAIN, 0, c_path_},
+};
+const view views_checkpoints = VIEW_OF(checkpoint_fields_);
+
 /* ---- submit's answer: the run's id (text: the id alone) */
 
 static void s_id_(const void *row, view_val *v) { v->i = ((const M6__SubmitReply *)row)->run_id; }

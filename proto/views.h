@@ -38,6 +38,8 @@ extern const view views_metrics;
 extern const view views_metrics_moe;
 /* Rows: M6__Event (events: table with UTC times, --json). */
 extern const view views_events;
+/* Rows: M6__CheckpointEntry (checkpoints: table with sizes, --json). */
+extern const view views_checkpoints;
 /* Rows: M6__SubmitReply (text: the id alone). */
 extern const view views_submit;
 /* Rows: views_watch_event_row (watch --json's event lines). */

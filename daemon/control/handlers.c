@@ -896,37 +896,53 @@ typedef struct {
     M6__Request__BodyCase which;
     const char *name;
     void (*fn)(call *, const M6__Request *);
+    int read;  /* only reads: what a --group-read-only member may send */
 } handler_entry;
 
 static const handler_entry table_[] = {
-    {M6__REQUEST__BODY_HELLO, "hello", do_hello_},
-    {M6__REQUEST__BODY_SUBMIT, "submit", do_submit_},
-    {M6__REQUEST__BODY_LIST, "list", do_list_},
-    {M6__REQUEST__BODY_STATUS, "status", do_status_},
-    {M6__REQUEST__BODY_PAUSE, "pause", do_pause_},
-    {M6__REQUEST__BODY_RESUME, "resume", do_resume_},
-    {M6__REQUEST__BODY_RESUME_AT, "resume_at", do_resume_at_},
-    {M6__REQUEST__BODY_DELINK, "delink", do_delink_},
-    {M6__REQUEST__BODY_STOP, "stop", do_stop_},
-    {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_},
-    {M6__REQUEST__BODY_PLAN, "plan", do_plan_},
-    {M6__REQUEST__BODY_EVENTS, "events", do_events_},
-    {M6__REQUEST__BODY_CHECKPOINTS, "checkpoints", do_checkpoints_},
-    {M6__REQUEST__BODY_NODES, "nodes", do_nodes_},
+    {M6__REQUEST__BODY_HELLO, "hello", do_hello_, 1},
+    {M6__REQUEST__BODY_SUBMIT, "submit", do_submit_, 0},
+    {M6__REQUEST__BODY_LIST, "list", do_list_, 1},
+    {M6__REQUEST__BODY_STATUS, "status", do_status_, 1},
+    {M6__REQUEST__BODY_PAUSE, "pause", do_pause_, 0},
+    {M6__REQUEST__BODY_RESUME, "resume", do_resume_, 0},
+    {M6__REQUEST__BODY_RESUME_AT, "resume_at", do_resume_at_, 0},
+    {M6__REQUEST__BODY_DELINK, "delink", do_delink_, 0},
+    {M6__REQUEST__BODY_STOP, "stop", do_stop_, 0},
+    {M6__REQUEST__BODY_METRICS, "metrics", do_metrics_, 1},
+    {M6__REQUEST__BODY_PLAN, "plan", do_plan_, 1},
+    {M6__REQUEST__BODY_EVENTS, "events", do_events_, 1},
+    {M6__REQUEST__BODY_CHECKPOINTS, "checkpoints", do_checkpoints_, 1},
+    {M6__REQUEST__BODY_NODES, "nodes", do_nodes_, 1},
 };
+enum { N_HANDLERS_ = sizeof table_ / sizeof table_[0] };
 
 int handlers_is_read(int body_case)
 {
-    switch (body_case) {
-    case M6__REQUEST__BODY_HELLO:
-    case M6__REQUEST__BODY_LIST:
-    case M6__REQUEST__BODY_STATUS:
-    case M6__REQUEST__BODY_METRICS:
-    case M6__REQUEST__BODY_EVENTS:
-    case M6__REQUEST__BODY_PLAN:
-        return 1;
-    default:
-        return 0;
+    for (int i = 0; i < N_HANDLERS_; i++)
+        if ((int)table_[i].which == body_case)
+            return table_[i].read;
+    return 0;
+}
+
+/* "hello, list, ... and nodes": the names of the reads, from table_ */
+static void reads_named_(char *buf, size_t len)
+{
+    int n = 0, k = 0;
+    for (int i = 0; i < N_HANDLERS_; i++)
+        n += table_[i].read;
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_HANDLERS_ && o < len; i++) {
+        if (!table_[i].read)
+            continue;
+        k++;
+        int w = snprintf(buf + o, len - o, "%s%s",
+                         k == 1 ? "" : k == n ? " and " : ", ",
+                         table_[i].name);
+        if (w < 0)
+            break;
+        o += (size_t)w;
     }
 }
 
@@ -1012,10 +1028,12 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
         goto done;
     }
     if (s->read_only && !handlers_is_read(rq->body_case)) {
+        char reads[256];
+        reads_named_(reads, sizeof reads);
         reply_(&c, M6__STATUS__STATUS_PERMISSION_DENIED,
                "permission denied: uid %u may only read on this m6d "
-               "(--group-read-only): %s refused; the reads are hello, list, "
-               "status, metrics, events and plan", s->peer_uid, name);
+               "(--group-read-only): %s refused; the reads are %s",
+               s->peer_uid, name, reads);
         goto done;
     }
     if (!s->hello_done && rq->body_case != M6__REQUEST__BODY_HELLO) {

@@ -62,10 +62,11 @@ int handlers_dispatch(handlers_ctx *h, session *s, const uint8_t *payload,
  * are answered on the event loop at once. */
 int handlers_is_slow(const uint8_t *payload, size_t len);
 
-/* Whether a request type (M6__Request body case) only reads: Hello, List,
- * Status, Metrics, Events, Plan. What a --group-read-only member may send;
- * any other (Submit, Pause, Resume, Delink, Stop and every type added
- * later until listed here) changes m6d's state. */
+/* Whether a request type (M6__Request body case) only reads: those marked
+ * read in handlers.c's table (hello, list, status, metrics, plan, events,
+ * checkpoints, nodes), what a --group-read-only member may send; any other
+ * (submit, pause, resume, delink, stop, and every type added later until
+ * marked) changes m6d's state. */
 int handlers_is_read(int body_case);
 
 /* A reply frame carrying only a status and message (for framing errors

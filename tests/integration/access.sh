@@ -105,6 +105,9 @@ stop_daemon
 start_as_d --group-read-only
 actl "$M" list >/dev/null || fail "read-only member may not list"
 actl "$M" status "$R" >/dev/null || fail "read-only member may not see status"
+out=$(actl "$M" checkpoints "$R" 2>&1) || fail "read-only member may not list checkpoints: $out"
+has -F "$ck" <<<"$out" || fail "read-only checkpoints does not list $ck: $out"
+actl "$M" nodes >/dev/null || fail "read-only member may not list nodes"
 out=$(as "$M" "$PY" "$CLIENT" "$SOCK" status:"$R" pause:"$R" list)
 log "read-only member: $out"
 echo "$out" | has "^status 0 " || fail "read-only status: $out"

@@ -169,10 +169,10 @@ grep -q "m6d still unreachable after 1 s" "$T/watch-1.err" || fail "watch --reco
 # sentence per command (the events line used to stop mid-list at "pause,").
 expect_rc 0 "$M6CTL" --help
 sed -n '/^commands:$/,/^$/p' "$T/out" | sed '1d;$d' >"$T/cmds"
-# (16: export, import, plot and nodes joined the 12)
-[ "$(wc -l <"$T/cmds")" = 16 ] || fail "--help lists $(wc -l <"$T/cmds") commands: $(cat "$T/cmds")"
+# (17: export, import, plot, nodes and checkpoints joined the 12)
+[ "$(wc -l <"$T/cmds")" = 17 ] || fail "--help lists $(wc -l <"$T/cmds") commands: $(cat "$T/cmds")"
 ! grep -v '\.$' "$T/cmds" || fail "--help: a command's line does not end its sentence"
-grep -qx '  events   RUN        What happened to a run, oldest first (its events table).' "$T/cmds" \
+grep -qx '  events      RUN        What happened to a run, oldest first (its events table).' "$T/cmds" \
     || fail "--help, events: $(grep events "$T/cmds")"
 
 start_daemon "$T/v"
