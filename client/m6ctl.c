@@ -749,8 +749,9 @@ static const command commands_[] = {
     {"stop", cmd_stop_, 1, 1, F_JSON | F_RUN, "RUN", "Stop a run for good (a checkpoint first; `pause` to resume later), or dequeue it."},
     {"metrics", cmd_metrics_, 1, 1, F_JSON | F_RUN | F_CSV, "RUN", "Loss curve, one row per step."},
     {"checkpoints", cmd_checkpoints_, 1, 1, F_JSON | F_RUN, "RUN",
-     "A run's checkpoints, oldest first (step, size, directory).\n"
-     "What export --step and init.from take; as recorded in m6.db."},
+     "A run's checkpoints, oldest first (step, size, on disk, directory).\n"
+     "What export --step and init.from take; one whose directory is gone\n"
+     "says so (its row is kept for when it is back)."},
     {"events", cmd_events_, 1, 1, F_JSON | F_RUN, "RUN",
      "What happened to a run, oldest first (its events table).\n"
      "Kinds: submit, start, delink, pause, paused.error (and why), resume,\n"

@@ -474,11 +474,17 @@ const view views_events = VIEW_OF(event_fields_);
 static void c_step_(const void *row, view_val *v) { v->i = C_->step; }
 static void c_bytes_(const void *row, view_val *v) { v->i = C_->bytes; }
 static void c_path_(const void *row, view_val *v) { v->s = C_->path; }
+static void c_on_disk_(const void *row, view_val *v)
+{
+    v->j = json_boolean(C_->on_disk);
+    v->text = C_->on_disk ? "yes" : "gone";
+}
 #undef C_
 
 static const view_field checkpoint_fields_[] = {
     {"step", "STEP", 0, 8, VIEW_INT, VF_PLAIN, 0, c_step_},
     {"bytes", "SIZE", 0, 11, VIEW_INT, VF_BYTES, 0, c_bytes_},
+    {"on_disk", "ON DISK", 0, -8, VIEW_JSON, VF_PLAIN, 0, c_on_disk_},
     {"path", "DIRECTORY", 0, 0, VIEW_STR, VF_PLAIN, 0, c_path_},
 };
 const view views_checkpoints = VIEW_OF(checkpoint_fields_);

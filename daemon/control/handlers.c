@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <time.h>
 
@@ -816,6 +817,8 @@ static void do_checkpoints_(call *c, const M6__Request *rq)
         e->step = rows[i].step;
         e->bytes = rows[i].bytes;
         char *abs = realpath(rows[i].path, NULL);
+        struct stat st;
+        e->on_disk = stat(rows[i].path, &st) == 0 && S_ISDIR(st.st_mode);
         e->path = arena_strdup_(c->a, abs ? abs : rows[i].path);
         free(abs);
         ok = e->path != NULL;

@@ -47,6 +47,12 @@ echo "$e" | has -F "$CK is gone" || fail "the pause does not name the directory:
 echo "$e" | has -F "step 10, 20" || fail "the pause does not name the steps: $e"
 echo "$e" | has -F "m6ctl resume RUN --from-scratch" || fail "no advice in: $e"
 [ "$(field "$R" step)" = 25 ] || fail "status step while gone: $(field "$R" step)"
+# m6ctl checkpoints lists the rows kept, each said gone
+on_disk() { ctl checkpoints "$R" --json | python3 -c "
+import json, sys
+print(' '.join('%d:%s' % (c['step'], c['on_disk']) for c in json.load(sys.stdin)))"; }
+[ "$(on_disk)" = "10:False 20:False" ] || fail "checkpoints while gone: $(ctl checkpoints "$R")"
+ctl checkpoints "$R" | has -E '^ +20 .* gone +/' || fail "checkpoints' table while gone: $(ctl checkpoints "$R")"
 [ "$(rows "$D" "$R")" = "$before" ] || fail "rows changed while gone: $(rows "$D" "$R") (were $before)"
 out=$(resume_refused "$R" "is gone")
 [ "$(rows "$D" "$R")" = "$before" ] || fail "rows changed by a refused resume: $(rows "$D" "$R")"
@@ -60,6 +66,7 @@ wait_paused_error "$R" "is gone" >/dev/null
 [ "$(rows "$D" "$R")" = "$before" ] || fail "rows changed by a restart while gone: $(rows "$D" "$R")"
 # put back: resume takes it up from step 20 and it ends as the reference
 mv "$T/moved" "$CK"
+[ "$(on_disk)" = "10:True 20:True" ] || fail "checkpoints put back: $(ctl checkpoints "$R")"
 out=$(ctl resume "$R") || fail "resume with the checkpoints back: $out"
 echo "$out" | has "resumed at step 20" || fail "resume with the checkpoints back: $out"
 db "$D" "select detail from events where run=$R and kind='resume'" | has "step=20" \
