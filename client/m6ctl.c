@@ -687,8 +687,9 @@ static int cmd_events_(int argc, char **argv)
     return EXIT_OK;
 }
 
-/* A run's complete checkpoints, oldest first: one CheckpointsQuery (the
- * query export asks), its list as a view. */
+/* A run's checkpoints as m6.db records them (one whose directory is gone
+ * says so), oldest first: one CheckpointsQuery (the query export asks),
+ * its list as a view. */
 static int cmd_checkpoints_(int argc, char **argv)
 {
     (void)argc;

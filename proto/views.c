@@ -468,7 +468,7 @@ static const view_field event_fields_[] = {
 };
 const view views_events = VIEW_OF(event_fields_);
 
-/* ---- checkpoints: a run's complete checkpoints */
+/* ---- checkpoints: a run's recorded checkpoints, on disk or gone */
 
 #define C_ ((const M6__CheckpointEntry *)row)
 static void c_step_(const void *row, view_val *v) { v->i = C_->step; }

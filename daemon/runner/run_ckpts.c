@@ -266,13 +266,11 @@ static void prune_(const run_ckpts *s, int64_t run, int keep)
     /* the newest keep that are there count; a row whose directory is gone
      * (deleted by hand, not yet back) keeps its row but not a place, so
      * it cannot leave the run with fewer than keep checkpoints on disk */
-    int cut = 0, held = 0;
+    int cut = 0, held = 0;  /* fewer than keep there: cut ends at 0 */
     for (int i = n - 1; i >= 0 && held < keep; i--) {
         held += in_dir_(s, run, rows[i].path) && dir_exists_(rows[i].path);
         cut = i;
     }
-    if (held < keep)
-        cut = 0;
     for (int i = 0; i < cut; i++) {
         if (in_dir_(s, run, rows[i].path))
             discard_(rows[i].path);

@@ -70,9 +70,8 @@ not_running_() {
 # stopped, or paused because its stop could not save (the frozen rank's
 # experts cannot be gathered) or by the lost rank, naming rank 1 of w1,
 # and then stopped at its last whole checkpoint by that same stop (no
-# second one is sent);
-# its newest checkpoint is the last one written before, step 4. OUTCOME
-# says which.
+# second one is sent); its newest checkpoint is the last one written
+# before, step 4. OUTCOME says which.
 stop_at() {
     hold_at_step "$1" nowait
     RUN=$(ctl submit "$T/ep.json") || fail "$T/ep.json refused by m6d"
