@@ -56,33 +56,47 @@ static void softmax_row_backward_(float *d, const float *a, float scale,
 /* Where task bh (batch row b = bh / NH, head h = bh % NH) finds its head
  * at t = 0: qkv, the offset of its query in a (B,T,3C) buffer (key at +C,
  * value at +2C, rows 3C apart); out, of its slice of a (B,T,C) buffer
- * (rows C apart). */
-typedef struct { size_t qkv, out; } head_at_;
+ * (rows C apart); q, k, v, its query, key and value in qkv itself. */
+typedef struct {
+    size_t qkv, out;
+    const float *q, *k, *v;
+} head_at_;
 
-static inline head_at_ head_at_of_(int bh, int T, int C, int NH)
+static inline head_at_ head_at_of_(const float *qkv, int bh, int T, int C,
+                                   int NH)
 {
     size_t b = (size_t)(bh / NH), h = (size_t)(bh % NH), hs = (size_t)(C / NH);
-    return (head_at_){b * T * 3 * C + h * hs, b * T * C + h * hs};
+    head_at_ at = {b * T * 3 * C + h * hs, b * T * C + h * hs, NULL, NULL,
+                   NULL};
+    at.q = qkv + at.qkv;
+    at.k = at.q + C;
+    at.v = at.q + 2 * C;
+    return at;
+}
+
+/* the scores' scale, 1/sqrt(hs) (Vaswani et al. 2017, section 3.2.1) */
+static inline float scale_of_(int C, int NH)
+{
+    return 1.0f / sqrtf((float)(C / NH));
 }
 
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int C, int NH)
 {
     int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
 
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-        head_at_ at = head_at_of_(bh, T, C, NH);
-        const float *q = qkv + at.qkv, *k = q + C, *v = q + 2 * C;
+        head_at_ at = head_at_of_(qkv, bh, T, C, NH);
+        const float *q = at.q, *k = at.k, *v = at.v;
         float *P = att + (size_t)bh * T * T;
         float *o = out + at.out;
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
             int i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T, M = i1 - i0;
             float *Pb = P + (size_t)i0 * T;
             /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
-            gemm_f32_(GEMM_N, GEMM_T, M, i1, hs,
-                        scale, q + (size_t)i0 * C3, C3, k, C3, 0.0f, Pb, T);
+            gemm_f32_(GEMM_N, GEMM_T, M, i1, hs, scale_of_(C, NH),
+                      q + (size_t)i0 * C3, C3, k, C3, 0.0f, Pb, T);
             /* softmax over s <= t; zeros above the diagonal */
             for (int t = i0; t < i1; t++)
                 softmax_row_(P + (size_t)t * T, t, T);
@@ -102,12 +116,12 @@ static void backward_(float *dqkv, float *scratch, const float *dout,
                       int C, int NH, int first)
 {
     int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
+    float scale = scale_of_(C, NH);
 
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-        head_at_ at = head_at_of_(bh, T, C, NH);
-        const float *q = qkv + at.qkv, *k = q + C, *v = q + 2 * C;
+        head_at_ at = head_at_of_(qkv, bh, T, C, NH);
+        const float *q = at.q, *k = at.k, *v = at.v;
         float *dq = dqkv + at.qkv, *dk = dq + C, *dv = dq + 2 * C;
         const float *P = att + (size_t)bh * T * T;
         float *dS = scratch + (size_t)bh * T * T;
