@@ -16,8 +16,10 @@ import logging
 import sys
 
 try:
-    import torch
+    # transformers first: where it is missing, that is known before torch's
+    # two seconds of import
     import transformers
+    import torch
     from transformers import GPT2LMHeadModel
 except ImportError as e:
     print(f"SKIP: {e}")

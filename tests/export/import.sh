@@ -9,7 +9,8 @@
 . "$(dirname "$0")/../integration/lib.sh"
 : "${HF_REF:?}"
 PY=/usr/bin/python3
-$PY -c 'import torch' 2>/dev/null || { echo "SKIP: /usr/bin/python3 has no torch"; exit 77; }
+$PY -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' ||
+    { echo "SKIP: /usr/bin/python3 has no torch"; exit 77; }
 
 # V L NH C T
 $PY "$HF_REF" write-llmc "$T/a3.bin" 3 1 256 2 2 32 16 || fail "write-llmc 3"
