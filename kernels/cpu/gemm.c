@@ -532,8 +532,10 @@ static int check_case_(gemm_precision p, gemm_f32_fn fn, const case_ *c,
     float *C0 = malloc(sizeof(float) * (size_t)M * ldc);
     float *C1 = malloc(sizeof(float) * (size_t)M * ldc);
     float *C2 = malloc(sizeof(float) * (size_t)M * ldc);
+    double *Ad = malloc(sizeof(double) * ((size_t)M * K + 1));
+    double *Bd = malloc(sizeof(double) * ((size_t)N * K + 1));
     int rc = -2;
-    if (!A || !B || !C0 || !C1 || !C2)
+    if (!A || !B || !C0 || !C1 || !C2 || !Ad || !Bd)
         goto out;
     uint64_t s = 0x6d36u + (uint64_t)M * 131 + (uint64_t)K;
     for (size_t i = 0; i < (size_t)ar * lda; i++)
@@ -547,18 +549,28 @@ static int check_case_(gemm_precision p, gemm_f32_fn fn, const case_ *c,
     fn(c->ta, c->tb, M, N, K, c->alpha, A, lda, B, ldb, c->beta, C1, ldc);
     fn(c->ta, c->tb, M, N, K, c->alpha, A, lda, B, ldb, c->beta, C2, ldc);
     rc = 0;
+    /* op(A) (M,K) and op(B)^T (N,K) in double, rounded as the precision
+     * rounds them, once: the reference's inner loop is then a plain dot
+     * product (this check runs at every m6d start) */
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            float af = c->ta == GEMM_N ? A[(size_t)i * lda + k]
+                                       : A[(size_t)k * lda + i];
+            Ad[(size_t)i * K + k] = p == GEMM_BF16 ? gemm_bf16_round(af) : af;
+        }
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++) {
+            float bf = c->tb == GEMM_N ? B[(size_t)k * ldb + j]
+                                       : B[(size_t)j * ldb + k];
+            Bd[(size_t)j * K + k] = p == GEMM_BF16 ? gemm_bf16_round(bf) : bf;
+        }
     for (int i = 0; i < M && rc == 0; i++) {
         for (int j = 0; j < N; j++) {
+            const double *a = Ad + (size_t)i * K, *b = Bd + (size_t)j * K;
             double sum = 0.0, mag = 0.0;
             for (int k = 0; k < K; k++) {
-                float af = c->ta == GEMM_N ? A[(size_t)i * lda + k]
-                                           : A[(size_t)k * lda + i];
-                float bf = c->tb == GEMM_N ? B[(size_t)k * ldb + j]
-                                           : B[(size_t)j * ldb + k];
-                double a = p == GEMM_BF16 ? gemm_bf16_round(af) : af;
-                double b = p == GEMM_BF16 ? gemm_bf16_round(bf) : bf;
-                sum += a * b;
-                mag += fabs(a * b);
+                sum += a[k] * b[k];
+                mag += fabs(a[k] * b[k]);
             }
             double c0 = c->beta != 0.0f ? C0[(size_t)i * ldc + j] : 0.0;
             double ref = c->alpha * sum + c->beta * c0;
@@ -598,6 +610,8 @@ out:
     free(C0);
     free(C1);
     free(C2);
+    free(Ad);
+    free(Bd);
     return rc;
 }
 
