@@ -643,6 +643,10 @@ int backend_cuda_check(const model_config *model, char *err, size_t errlen)
                  "(cudaGetDeviceCount: %s)", why);
         return -1;
     }
+    if (gpt_cuda_blas_ready(&why) != 0) {
+        snprintf(err, errlen, "device.backend: 'cuda': %s", why);
+        return -1;
+    }
     return gpt_cuda_check_config(model, err, errlen);
 }
 

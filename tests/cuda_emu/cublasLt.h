@@ -136,7 +136,10 @@ static inline const char *cublasLtGetStatusName(cublasStatus_t st)
 static inline const char *cublasLtGetStatusString(cublasStatus_t st)
 {
     return st == CUBLAS_STATUS_SUCCESS ? "success"
-                                       : "emulated cuBLASLt error";
+           : st == CUBLAS_STATUS_NOT_INITIALIZED
+               ? "cuBLASLt could not be loaded: (emulated, "
+                 "M6_EMU_CUBLASLT_UNLOADABLE)"
+               : "emulated cuBLASLt error";
 }
 
 #endif /* M6_EMU_CUBLASLT_H */

@@ -195,6 +195,11 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
+    /* M6_EMU_CUBLASLT_UNLOADABLE=1: as kernels/cuda/cublaslt_load.c
+     * answers when the library cannot be opened */
+    const char *u = getenv("M6_EMU_CUBLASLT_UNLOADABLE");
+    if (u && strcmp(u, "1") == 0)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
     *p = new emu_lt_pref_{0, {256, 256, 256, 256}};
     return CUBLAS_STATUS_SUCCESS;
 }

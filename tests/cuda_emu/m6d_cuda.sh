@@ -6,7 +6,8 @@
 # finish with the same losses (to the tolerance of host vs device AdamW);
 # status and metrics report the placement; the offloaded run paused in its
 # Real phase survives an m6d restart and finishes with the losses of the
-# uninterrupted run, bit for bit.
+# uninterrupted run, bit for bit. With cuBLASLt unloadable the spec is
+# refused at submit, naming it.
 . "$(dirname "$0")/../integration/lib.sh"
 
 prepare_data "$T/data"
@@ -66,5 +67,15 @@ rc=0; ctl watch "$C" >"$T/watch-c.out" || rc=$?
 [ "$rc" = 0 ] || fail "resumed run: watch exit $rc: $(tail -3 "$T/watch-c.out")"
 losses "$C" >"$T/loss-c.csv"
 diff "$T/loss-b.csv" "$T/loss-c.csv" >"$T/diff" || fail "resumed losses differ: $(head "$T/diff")"
+stop_daemon
+
+# cuBLASLt that cannot be opened (kernels/cuda/cublaslt_load.c's answer,
+# emulated): the cuda spec is refused at submit naming it; m6d serves on
+M6_EMU_CUBLASLT_UNLOADABLE=1 start_daemon "$T/s"
+out=$(ctl submit "$T/plain.json" 2>&1) && fail "submit with cuBLASLt unloadable was accepted: $out"
+grep -q "device.backend: 'cuda': cuBLASLt could not be loaded" <<<"$out" \
+    || fail "refusal does not name cuBLASLt: $out"
+ctl list >/dev/null || fail "m6d stopped answering after the refusal"
+log "refused: $out"
 stop_daemon
 echo "ok m6d cuda (emulated GPU; budget $BUDGET bytes: 3 of 4 slots offloaded)"

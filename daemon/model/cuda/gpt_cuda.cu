@@ -244,6 +244,19 @@ int gpt_cuda_device_count(const char **why)
     return n;
 }
 
+int gpt_cuda_blas_ready(const char **why)
+{
+    cublasLtMatmulPreference_t p;
+    cublasStatus_t st = cublasLtMatmulPreferenceCreate(&p);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        *why = cublasLtGetStatusString(st);
+        return -1;
+    }
+    cublasLtMatmulPreferenceDestroy(p);
+    *why = "";
+    return 0;
+}
+
 int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen)
 {
     int C = cfg->n_embd, NH = cfg->n_head;

@@ -40,6 +40,12 @@ typedef struct gpt_cuda gpt_cuda;
  * Never exits. */
 int gpt_cuda_device_count(const char **why);
 
+/* Whether cuBLASLt answers (kernels/cuda/cublaslt_load.c opens it on the
+ * first call): 0, or -1 with *why cuBLASLt's status string, which names
+ * the library and the loader's reason when it could not be opened
+ * (static). A host-side call: needs no device. Never exits. */
+int gpt_cuda_blas_ready(const char **why);
+
 /* The shapes gpt_cuda supports: n_embd % 8 == 0, n_embd % n_head == 0 and
  * head size 16, 32, 64 or 128. 0, or -1 with err naming the model key. */
 int gpt_cuda_check_config(const model_config *cfg, char *err, size_t errlen);
