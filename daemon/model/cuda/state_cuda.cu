@@ -3,7 +3,8 @@
  * init (the CPU model's, region by region), the state copied in and out
  * in gpt.h's plain layout (checkpoints, the trainer's state regions), host
  * slots, AdamW's step counts, the fp32 gradient for data parallelism, and
- * reslot (delink and placement changes), device and host slots alike.
+ * reslot (delink and placement changes), device and host slots alike; and
+ * the allocation of that state (slots' places, device buffers).
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,117 @@
 
 #include "model/cuda/gpt_cuda_impl.cuh"
 #include "model/cuda/gpt_offload.h"
+
+/* ------------------------------------------------------------- memory */
+
+/* Each slot's kind under share map slot_of (S slots) into *moe and its
+ * place, the elements before it, into *off ([S+1]; malloc'd both). 0, or
+ * -1 with a message (a slot shared by blocks of both kinds, or out of
+ * host memory). */
+int gpt_cuda_slot_places_(const gpt_cuda *g, int S, const int *slot_of,
+                        unsigned char **moe, size_t **off)
+{
+    char why[256];
+    *moe = (unsigned char *)malloc((size_t)S);
+    *off = (size_t *)malloc(((size_t)S + 1) * sizeof(size_t));
+    if (!*moe || !*off) {
+        fprintf(stderr, "gpt_cuda: out of host memory\n");
+    } else if (gpt_slot_kinds(&g->cfg, S, slot_of, *moe, why,
+                              sizeof why) != 0) {
+        fprintf(stderr, "gpt_cuda: share map: %s\n", why);
+    } else {
+        (*off)[0] = 0;
+        for (int s = 0; s < S; s++)
+            (*off)[s + 1] = (*off)[s] + g->kind_size[(*moe)[s]];
+        return 0;
+    }
+    free(*moe);
+    free(*off);
+    *moe = NULL;
+    *off = NULL;
+    return -1;
+}
+
+/* Device state for globals + n_res resident slots placed by off (their
+ * elements: off[n_res]) of kinds moe, step counts for S. */
+int gpt_cuda_alloc_state_(gpt_cuda *g, int S, int n_res, const size_t *off,
+                          const unsigned char *moe, bf16 **params,
+                          bf16 **grads, float **opt, long **t_slot)
+{
+    size_t n = g->n_global + off[n_res];
+    size_t no = gpt_cuda_opt_layout_(g, NULL, n, n_res, moe, NULL, NULL);
+    *params = NULL;
+    *grads = NULL;
+    *opt = NULL;
+    *t_slot = (long *)calloc((size_t)S, sizeof(long));
+    /* allocation failures are not fatal: the caller may keep its old state */
+    if (!*t_slot || cudaMalloc((void **)params, n * sizeof(bf16)) != cudaSuccess ||
+        cudaMalloc((void **)grads, n * sizeof(bf16)) != cudaSuccess ||
+        cudaMalloc((void **)opt, no * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the (non-sticky) OOM error */
+        if (*params) CUDA_CHECK(cudaFree(*params));
+        if (*grads) CUDA_CHECK(cudaFree(*grads));
+        free(*t_slot);
+        *params = *grads = NULL;
+        *t_slot = NULL;
+        fprintf(stderr, "gpt_cuda: out of device memory for %d resident "
+                        "slots (%zu parameters)\n", n_res, n);
+        return -1;
+    }
+    CUDA_CHECK(cudaMemset(*params, 0, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(*grads, 0, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(*opt, 0, no * sizeof(float)));
+    return 0;
+}
+
+int gpt_cuda_alloc_placed_(gpt_cuda *g, int S, int n_res, unsigned char *moe,
+                           size_t *off, bf16 **params, bf16 **grads,
+                           float **opt, long **t_slot, hslot_ **hs)
+{
+    int failed = 0;
+    *hs = gpt_offload_alloc_slots(g, S, n_res, moe, &failed);
+    if (failed || gpt_cuda_alloc_state_(g, S, n_res, off, moe, params, grads,
+                                        opt, t_slot) != 0) {
+        gpt_offload_free_slots(g, *hs, S - n_res);
+        *hs = NULL;
+        free(moe);
+        free(off);
+        return -1;
+    }
+    return 0;
+}
+
+void gpt_cuda_use_state_(gpt_cuda *g, int S, int n_res, bf16 *params,
+                       bf16 *grads, float *opt, long *t_slot, hslot_ *hs,
+                       unsigned char *moe, size_t *off)
+{
+    g->S = S;
+    g->n_res = n_res;
+    g->off.hs = hs;
+    free(g->slot_moe);
+    free(g->slot_off);
+    g->slot_moe = moe;
+    g->slot_off = off;
+    /* the multi-tensor AdamW plan follows the slots' kinds: made anew */
+    adamw_multi_plan_destroy(g->mt);
+    g->mt = NULL;
+    gpt_cuda_optim_drop_plan_(g);
+    g->n_params = g->n_global + off[n_res];
+    g->params = params;
+    g->grads = grads;
+    g->opt = opt;
+    g->master = gpt_cuda_opt_master_(g, opt);
+    gpt_cuda_opt_layout_(g, opt, g->n_params, n_res, moe, &g->m, &g->v);
+    g->adam_t_slot = t_slot;
+}
+
+void gpt_cuda_free_state_(bf16 *params, bf16 *grads, float *opt, long *t_slot)
+{
+    if (params) CUDA_CHECK(cudaFree(params));
+    if (grads) CUDA_CHECK(cudaFree(grads));
+    if (opt) CUDA_CHECK(cudaFree(opt));
+    free(t_slot);
+}
 
 /* ------------------------------------------------------------- weights */
 
