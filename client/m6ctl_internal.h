@@ -70,6 +70,8 @@ M6__Response *m6ctl_ask_(M6__Request__BodyCase which, ProtobufCMessage *body);
 int m6ctl_parse_run_(const char *arg, M6__RunRef *ref);
 /* The output of a run's view: text_form with lines, or g's --json/--csv. */
 view_out m6ctl_run_out_(view_form text_form, int lines);
+/* One row of a view: --json an indented object, else its line. */
+void m6ctl_print_one_(const view *v, const void *row);
 /* A request of kind which about the run arg names: its answer, or NULL
  * (said; a malformed RUN too). */
 M6__Response *m6ctl_run_request_(M6__Request__BodyCase which, const char *arg);
@@ -87,5 +89,6 @@ int cmd_plan_(int argc, char **argv);
 int cmd_export_(int argc, char **argv);
 int cmd_import_(int argc, char **argv);
 int cmd_plot_(int argc, char **argv);
+int cmd_data_(int argc, char **argv);
 
 #endif /* M6CTL_INTERNAL_H */
