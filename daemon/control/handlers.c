@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -16,6 +15,7 @@
 #include "common/run_state.h"
 #include "control/advice.h"
 #include "proto/frame.h"
+#include "runner/run_ckpts.h"
 #include "m6.pb-c.h"
 #include "offload/offload.h"
 #include "spec/spec.h"
@@ -817,8 +817,7 @@ static void do_checkpoints_(call *c, const M6__Request *rq)
         e->step = rows[i].step;
         e->bytes = rows[i].bytes;
         char *abs = realpath(rows[i].path, NULL);
-        struct stat st;
-        e->on_disk = stat(rows[i].path, &st) == 0 && S_ISDIR(st.st_mode);
+        e->on_disk = run_ckpts_on_disk(rows[i].path);
         e->path = arena_strdup_(c->a, abs ? abs : rows[i].path);
         free(abs);
         ok = e->path != NULL;

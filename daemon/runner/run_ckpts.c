@@ -100,7 +100,7 @@ static int64_t du_(const char *path)  /* only from the runner / init */
     return du_total_;
 }
 
-static int dir_exists_(const char *p)
+int run_ckpts_on_disk(const char *p)
 {
     struct stat sb;
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -268,7 +268,7 @@ static void prune_(const run_ckpts *s, int64_t run, int keep)
      * it cannot leave the run with fewer than keep checkpoints on disk */
     int cut = 0, held = 0;  /* fewer than keep there: cut ends at 0 */
     for (int i = n - 1; i >= 0 && held < keep; i--) {
-        held += in_dir_(s, run, rows[i].path) && dir_exists_(rows[i].path);
+        held += in_dir_(s, run, rows[i].path) && run_ckpts_on_disk(rows[i].path);
         cut = i;
     }
     for (int i = 0; i < cut; i++) {
@@ -295,7 +295,7 @@ int run_ckpts_save(const run_ckpts *s, int64_t run, trainer *t, int keep,
         return -1;
     }
     step_path_(path, sizeof path, dir, step);
-    if (dir_exists_(path)) discard_(path);  /* stale, from a trajectory we left */
+    if (run_ckpts_on_disk(path)) discard_(path);  /* stale, from a trajectory we left */
     long bytes = trainer_save(t, path, err);
     if (bytes < 0) {
         m6_err_prefix(err, "checkpoint failed");

@@ -31,6 +31,12 @@ typedef struct {
 /* "<runs_dir>/<run>/checkpoints" into buf. */
 void run_ckpts_dir(const run_ckpts *s, int64_t run, char *buf, size_t len);
 
+/* Whether a checkpoint's directory (a row's path) is on disk: 1 when a
+ * directory is there, else 0 (gone, something else there, or m6d may not
+ * look). What pruning counts toward `keep` and what `m6ctl checkpoints`
+ * shows as ON DISK. */
+int run_ckpts_on_disk(const char *path);
+
 /* For every run in the DB: remove *.tmp-* leftovers (event
  * checkpoint.stray), add complete step-N dirs the DB missed (a crash
  * between rename and insert); a row whose directory is gone is logged
