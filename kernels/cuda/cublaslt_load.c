@@ -11,23 +11,16 @@
  * it takes), paid by every m6d start, CPU runs included, and every test
  * program that links the backend. bench/RESULTS.md has the figures.
  *
- * The library is the one the build found (the soname of the cublasLt.h
- * compiled against, CUBLAS_VER_MAJOR), looked up as the dynamic linker
- * would (the executable's rpath to the toolkit, then the usual paths).
- * When it cannot be opened every call returns CUBLAS_STATUS_NOT_INITIALIZED
- * and cublasLtGetStatusString says why (dlerror's text), so the backend's
- * first check (cublasLtCreate, in matmul.cu) fails with that reason.
+ * The library is CUBLASLT_SONAME (cublaslt_load.h). When it cannot be
+ * opened every call returns CUBLAS_STATUS_NOT_INITIALIZED and
+ * cublasLtGetStatusString says why (dlerror's text): a cuda spec is then
+ * refused at submit with that reason (backend_cuda_check asks
+ * gpt_cuda_blas_ready) before any GEMM setup could meet it.
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <cublasLt.h>
-
-#define STR_(x) #x
-#define STR(x) STR_(x)
-#ifndef CUBLASLT_SONAME        /* tests name a missing one */
-#define CUBLASLT_SONAME "libcublasLt.so." STR(CUBLAS_VER_MAJOR)
-#endif
+#include "cublaslt_load.h"
 
 /* The functions m6 calls that return a status, in one table: (name,
  * parameters, arguments). Each becomes a pointer filled by load_() and a

@@ -15,20 +15,16 @@
 #include <stdint.h>
 #include <string.h>
 #include <cmocka.h>
-#include <cublasLt.h>
-
-#define STR_(x) #x
-#define STR(x) STR_(x)
-#define REAL_SONAME "libcublasLt.so." STR(CUBLAS_VER_MAJOR)
+#include "cublaslt_load.h"   /* CUBLASLT_SONAME: the library it opens */
 
 #ifndef MISSING
 static void test_opened_on_first_call(void **unused)
 {
     (void)unused;
     /* linked, the library would be here before main */
-    void *h = dlopen(REAL_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    void *h = dlopen(CUBLASLT_SONAME, RTLD_NOW | RTLD_NOLOAD);
     if (h)
-        fail_msg("%s is loaded before any cuBLASLt call", REAL_SONAME);
+        fail_msg("%s is loaded before any cuBLASLt call", CUBLASLT_SONAME);
 
     cublasLtMatrixLayout_t l = NULL;
     assert_int_equal(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, 4, 8, 4),
@@ -45,9 +41,9 @@ static void test_opened_on_first_call(void **unused)
     assert_string_equal(cublasLtGetStatusName(CUBLAS_STATUS_INVALID_VALUE),
                         "CUBLAS_STATUS_INVALID_VALUE");
 
-    h = dlopen(REAL_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    h = dlopen(CUBLASLT_SONAME, RTLD_NOW | RTLD_NOLOAD);
     if (!h)
-        fail_msg("%s is not loaded after the first call", REAL_SONAME);
+        fail_msg("%s is not loaded after the first call", CUBLASLT_SONAME);
     dlclose(h);
 }
 #else
