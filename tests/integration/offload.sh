@@ -102,8 +102,8 @@ rc=0; ctl watch "$A" >"$T/watch-a.out" || rc=$?
 
 # The offloaded run: pause it after its first step (Pseudo phase, the
 # coordinator's live sample), then again in the Real phase.
-B=$(ctl submit "$T/off.json")
-pause_at_step "$B" 1
+submit_paused_at "$T/off.json" 1
+B=$RUN
 ctl status "$B" --json | python3 -c "
 import json, sys
 r = json.load(sys.stdin)

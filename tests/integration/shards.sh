@@ -132,8 +132,8 @@ log "restored: completed with the reference's losses; the queued run ran"
 # 5. A token id >= vocab_size written into the train shard while the run
 #    is paused (the fd is open, the shard was checked): resume pauses again
 #    naming the file and the token; restored, the run completes as before.
-C=$(ctl submit "$T/spec.json")
-pause_at_step "$C" 30
+submit_paused_at "$T/spec.json" 30
+C=$RUN
 K=$(field "$C" step)
 poison "$TRAIN"
 ctl resume "$C" >/dev/null || fail "resume (poisoned)"

@@ -72,8 +72,8 @@ wait_live
 ckpts() { ls "$T/c/runs/$1/checkpoints"; }
 
 # ---- the unsharded reference, paused at step 8 for its checkpoint
-REF=$(ctl submit "$T/ref.json")
-pause_at_step "$REF" 8
+submit_paused_at "$T/ref.json" 8
+REF=$RUN
 # kept aside: checkpoint.keep 3 drops it before the run ends
 cp -r "$T/c/runs/$REF/checkpoints/step-8" "$T/ref-step-8" \
     || fail "no step-8 checkpoint of the reference: $(ckpts "$REF")"
