@@ -82,8 +82,8 @@ ctl watch "$REF" >/dev/null || fail "the unsharded run did not complete: $(ctl s
 losses "$REF" >"$T/ref.csv"
 
 # ---- (a) sharded: saved at 5, delinked at 6, paused at 8
-Z=$(ctl submit "$T/z.json") || fail "optimizer.shard with world_size 2 refused"
-pause_at_step "$Z" 8
+submit_paused_at "$T/z.json" 8   # fails naming a refused submit
+Z=$RUN
 ctl events "$Z" >"$T/events1.txt"
 grep -q 'nodes.group.*world_size=2 step=0' "$T/events1.txt" || fail "no 2-rank group: $(cat "$T/events1.txt")"
 grep -Eq 'delink +step=6 ' "$T/events1.txt" || fail "no delink at step 6: $(cat "$T/events1.txt")"
@@ -141,8 +141,9 @@ log "(c) resumed from step 8, saved at SIGTERM (step 13), resumed and completed:
 # ---- (d) bad data under the sharded run
 TRAIN=$T/data/train_000000.bin
 cp "$TRAIN" "$T/train.orig"
+hold_at_step 11 nowait
 D=$(ctl submit "$T/z.json")
-hold_at_step 11
+wait_held
 truncate -s $((1024 + 2 * 1000)) "$TRAIN"
 release_boundary
 wait_state "$D" paused
