@@ -469,9 +469,10 @@ cublasStatus_t cublasLtMatmul(
         !mock_is_device(C, span_(c, esize_(c))) ||
         !mock_is_device(D, span_(dl, esize_(dl))))
         return bad_("matmul: A, B, C or D (with its batch) not inside one "
-                    "device allocation");
+                    "allocation of the current device");
     if (workspace_size && !mock_is_device(workspace, workspace_size))
-        return bad_("matmul: workspace not inside one device allocation");
+        return bad_("matmul: workspace not inside one allocation of the "
+                    "current device");
     if (has_bias_(d->epi) &&
         !mock_is_device(d->bias, dl->rows * sizeof(__nv_bfloat16)))
         return bad_("matmul: bias epilogue without m device values");

@@ -56,6 +56,8 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
@@ -94,6 +96,8 @@ struct cudaDeviceProp {
     size_t totalGlobalMem;
 };
 
+/* $M6_EMU_DEVICES devices (default 1) through CUDA_VISIBLE_DEVICES, and a
+ * current device per thread: mock_cuda.cpp's opening comment. */
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
 cudaError_t cudaGetDevice(int *device);
@@ -103,8 +107,9 @@ const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);
-/* The device has 1 GiB (cudaGetDeviceProperties, cudaMemGetInfo); past
- * it cudaMalloc fails with cudaErrorMemoryAllocation. */
+/* Each device has 1 GiB ($M6_EMU_DEVICE_MIB; cudaGetDeviceProperties,
+ * cudaMemGetInfo); past it cudaMalloc fails with
+ * cudaErrorMemoryAllocation. */
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
@@ -191,7 +196,8 @@ void mock_launch_kept(cudaStream_t s, void (*fn)(void *),
                       void (*drop)(void *), void *arg);
 /* Misuses of the API found so far (each also printed as "MOCK: ..."). */
 long mock_errors(void);
-/* Whether [p, p + n) lies inside one cudaMalloc block (for cublasLt.h). */
+/* Whether [p, p + n) lies inside one cudaMalloc block of the calling
+ * thread's current device (for cublasLt.h: a GEMM's kernels run there). */
 int mock_is_device(const void *p, size_t n);
 /* Report a misuse found outside this file (kernel emulation, cuBLASLt). */
 void mock_misuse(const char *what);

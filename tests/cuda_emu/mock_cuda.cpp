@@ -13,6 +13,21 @@
  * latencies of up to $M6_EMU_DELAY_US microseconds (default 0: none), and
  * misuse is fatal (printed, then exit 1), as a GPU fault would end the
  * program.
+ *
+ * Devices: $M6_EMU_DEVICES of them (1 to MOCK_DEVICES_MAX, default 1),
+ * of which CUDA_VISIBLE_DEVICES shows a list as the real runtime does
+ * (renumbered from 0; the list ends at its first unknown entry). Each has
+ * MOCK_DEVICE_BYTES of memory ($M6_EMU_DEVICE_MIB to change it), and
+ * every thread a current device (cudaSetDevice; 0 at first). Streams,
+ * events and allocations belong to the device current when they were
+ * made; as on a GPU, a kernel launched on a stream of another device than
+ * the current one and an event recorded on another device's stream are
+ * errors (copies may use any stream), cudaDeviceSynchronize and the
+ * legacy stream wait for the current device's streams, and cudaMemGetInfo
+ * reports the current device. One pool of GPU threads runs them all.
+ * With $M6_EMU_DEVICE_LOG set, a program that exits normally writes each
+ * device's peak bytes in use there ("device D peak_bytes N" lines), so a
+ * test can see which devices a process used.
  */
 #include "cuda_runtime.h"
 #include "emu_counts.h"
@@ -58,7 +73,10 @@ struct mock_graph_exec_ {
 
 struct mock_stream_ {
     std::deque<op_> q;
+    int device;                 /* current when it was made */
     mock_graph_ *cap;           /* capturing into it, or NULL */
+    int cap_mode;               /* cap: its cudaStreamCaptureMode */
+    pthread_t cap_thread;       /* cap: the thread that began it */
     int busy;                   /* its front operation is running */
     int dead;                   /* destroyed */
     int nonblocking;            /* cudaStreamNonBlocking: not synchronised
@@ -67,6 +85,7 @@ struct mock_stream_ {
 
 struct mock_event_ {
     unsigned flags;
+    int device;                 /* current when it was made */
     long issued;                /* records made */
     std::set<long> pending;     /* records not yet reached by their stream */
     int dead;
@@ -76,6 +95,7 @@ enum { MEM_DEVICE, MEM_PINNED };
 struct block_ {
     size_t n;
     int kind;
+    int device;                 /* MEM_DEVICE: whose memory */
 };
 
 static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
@@ -92,21 +112,42 @@ static int quit_, max_delay_us_;
 static std::mt19937 &rng_ = *new std::mt19937();
 static long errors_;
 static int started_, explicit_start_;
-static size_t device_in_use_;   /* bytes in cudaMalloc blocks */
+#define MOCK_DEVICES_MAX 8
 #define MOCK_DEVICE_BYTES ((size_t)1 << 30)
+static size_t device_in_use_[MOCK_DEVICES_MAX]; /* bytes in cudaMalloc blocks */
+static size_t device_peak_[MOCK_DEVICES_MAX];   /* the most in use so far */
+static thread_local int cur_;   /* the thread's current device */
 static thread_local cudaError_t last_ = cudaSuccess;
 static int sticky_;             /* an injected kernel fault has happened */
 static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
 static long host_waits_;        /* emu_host_waits (emu_counts.h) */
 static long stream_ops_;        /* emu_stream_ops */
 static long captures_, graph_launches_; /* emu_graph_captures, _launches */
-static int capturing_n_;        /* streams capturing now (lock held) */
+static int global_captures_;    /* captures now in cudaStreamCaptureModeGlobal
+                                 * (lock held) */
+static thread_local int my_captures_; /* this thread's, global or thread-local */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
 static cudaError_t event_sync_(cudaEvent_t e);
+static int device_count_(void);
+
+/* $M6_EMU_DEVICE_LOG: each device's peak, at a normal exit */
+static void log_peaks_(void)
+{
+    const char *path = getenv("M6_EMU_DEVICE_LOG");
+    FILE *f = path && *path ? fopen(path, "w") : NULL;
+    if (!f)
+        return;
+    pthread_mutex_lock(&mu_);
+    for (int d = 0; d < device_count_(); d++)
+        fprintf(f, "device %d peak_bytes %zu\n", d, device_peak_[d]);
+    pthread_mutex_unlock(&mu_);
+    fclose(f);
+}
 
 __attribute__((constructor)) static void init_cv_(void)
 {
+    atexit(log_peaks_);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -156,14 +197,17 @@ long emu_graph_launches(void)
     return __atomic_load_n(&graph_launches_, __ATOMIC_RELAXED);
 }
 
-/* What the real runtime refuses while a stream captures (in the global
- * and thread-local modes m6 uses): allocating or freeing memory and the
- * legacy default stream (cudaErrorStreamCaptureImplicit). The mock does
- * not know which thread captures, so it refuses them from any thread. */
+/* What the real runtime refuses while a stream captures: allocating or
+ * freeing memory and the legacy default stream
+ * (cudaErrorStreamCaptureImplicit), from the thread that began a capture
+ * in the global or thread-local mode, and from every thread while any
+ * capture in the global mode is on. (A thread-local capture, m6's, leaves
+ * the other threads free: the ranks of a node capture and allocate at
+ * once, each on its own device.) */
 static cudaError_t capture_refuses_(const char *what)
 {
     pthread_mutex_lock(&mu_);
-    int n = capturing_n_;
+    int n = global_captures_ + my_captures_;
     pthread_mutex_unlock(&mu_);
     if (!n)
         return cudaSuccess;
@@ -265,7 +309,8 @@ static int is_device_(const void *p, size_t n)
 int mock_is_device(const void *p, size_t n)
 {
     pthread_mutex_lock(&mu_);
-    int r = is_device_(p, n);
+    const block_ *b = block_of_(p, n, NULL);
+    int r = b && b->kind == MEM_DEVICE && b->device == cur_;
     pthread_mutex_unlock(&mu_);
     return r;
 }
@@ -287,12 +332,65 @@ static int event_ok_(cudaEvent_t e)
     return e && !e->dead;
 }
 
+/* $M6_EMU_DEVICES (physical) through CUDA_VISIBLE_DEVICES: the visible
+ * devices' count, and each one's physical index in phys[] (unused) */
+static int visible_(int phys[MOCK_DEVICES_MAX])
+{
+    const char *s = getenv("M6_EMU_DEVICES");
+    char *end;
+    long n = s && *s ? strtol(s, &end, 10) : 1;
+    if (s && *s && (*end || n < 1 || n > MOCK_DEVICES_MAX)) {
+        fprintf(stderr, "MOCK: M6_EMU_DEVICES=%s: want 1 to %d\n", s,
+                MOCK_DEVICES_MAX);
+        exit(1);
+    }
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) {
+        for (int i = 0; i < n; i++) phys[i] = i;
+        return (int)n;
+    }
+    int k = 0;
+    while (*v && k < MOCK_DEVICES_MAX) {
+        long d = strtol(v, &end, 10);
+        if (end == v || d < 0 || d >= n) break;  /* the list ends here */
+        phys[k++] = (int)d;
+        v = *end == ',' ? end + 1 : end;
+        if (*end != ',') break;
+    }
+    return k;
+}
+
+static int n_devices_;
+static pthread_once_t n_devices_once_ = PTHREAD_ONCE_INIT;
+
+static void n_devices_read_(void)
+{
+    int phys[MOCK_DEVICES_MAX];
+    n_devices_ = visible_(phys);
+}
+
+/* the visible devices; the environment is read once */
+static int device_count_(void)
+{
+    pthread_once(&n_devices_once_, n_devices_read_);
+    return n_devices_;
+}
+
+/* each device's memory: $M6_EMU_DEVICE_MIB, else MOCK_DEVICE_BYTES */
+static size_t device_bytes_(void)
+{
+    const char *s = getenv("M6_EMU_DEVICE_MIB");
+    long mib = s && *s ? atol(s) : 0;
+    return mib > 0 ? (size_t)mib << 20 : MOCK_DEVICE_BYTES;
+}
+
 /* Whether every stream (blocking_only: every stream the legacy default
  * stream synchronises with) is idle. Lock held. */
-static int all_idle_(int blocking_only = 0)
+static int all_idle_(int blocking_only = 0, int device = -1)
 {
     for (mock_stream_ *s : streams_)
-        if ((!s->q.empty() || s->busy) && !(blocking_only && s->nonblocking))
+        if ((!s->q.empty() || s->busy) && !(blocking_only && s->nonblocking)
+            && (device < 0 || s->device == device))
             return 0;
     return 1;
 }
@@ -310,7 +408,7 @@ static void wait_idle_locked_(void)
  * waited for too.) */
 static void wait_legacy_locked_(void)
 {
-    while (!all_idle_(1))
+    while (!all_idle_(1, cur_))
         pthread_cond_wait(&cv_, &mu_);
 }
 
@@ -482,6 +580,15 @@ static cudaError_t push_(cudaStream_t s, const op_ &o)
         return misuse_(cudaErrorInvalidResourceHandle,
                        "operation on a destroyed or null stream");
     }
+    if (o.kind == OP_KERNEL && s->device != cur_) {
+        int sd = s->device;
+        pthread_mutex_unlock(&mu_);
+        char what[160];
+        snprintf(what, sizeof what, "kernel launched on a stream of device "
+                 "%d while device %d is current (cudaSetDevice first)", sd,
+                 cur_);
+        return misuse_(cudaErrorInvalidResourceHandle, what);
+    }
     if (s->cap) { /* captured: run at each launch of the graph */
         if (o.kind == OP_KERNEL && !o.drop) {
             pthread_mutex_unlock(&mu_);
@@ -539,7 +646,6 @@ static int capturing_(cudaStream_t s)
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
 {
-    (void)mode;
     pthread_mutex_lock(&mu_);
     const char *bad = !s || !stream_ok_(s) ? "cudaStreamBeginCapture of the "
                                              "legacy or a destroyed stream"
@@ -548,7 +654,10 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
                                            : NULL;
     if (!bad) {
         s->cap = new mock_graph_{std::vector<op_>(), 1};
-        capturing_n_++;
+        s->cap_mode = mode;
+        s->cap_thread = pthread_self();
+        global_captures_ += mode == cudaStreamCaptureModeGlobal;
+        my_captures_ += mode != cudaStreamCaptureModeRelaxed;
         captures_++;
     }
     pthread_mutex_unlock(&mu_);
@@ -564,9 +673,17 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
         return misuse_(cudaErrorIllegalState,
                        "cudaStreamEndCapture of a stream not capturing");
     }
+    if (s->cap_mode != cudaStreamCaptureModeRelaxed &&
+        !pthread_equal(s->cap_thread, pthread_self())) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorIllegalState,
+                       "cudaStreamEndCapture from another thread than the "
+                       "one that began a global or thread-local capture");
+    }
     *g = s->cap;
     s->cap = NULL;
-    capturing_n_--;
+    global_captures_ -= s->cap_mode == cudaStreamCaptureModeGlobal;
+    my_captures_ -= s->cap_mode != cudaStreamCaptureModeRelaxed;
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
@@ -598,11 +715,12 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&mu_);
-    if (!s || !stream_ok_(s) || s->cap) {
+    if (!s || !stream_ok_(s) || s->cap || s->device != cur_) {
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
-                       "cudaGraphLaunch on the legacy, a destroyed or a "
-                       "capturing stream (not emulated)");
+                       "cudaGraphLaunch on the legacy, a destroyed, a "
+                       "capturing stream (not emulated) or one of another "
+                       "device than the current one");
     }
     graph_launches_++;
     for (op_ o : e->g->ops) {
@@ -647,30 +765,35 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g)
 
 cudaError_t cudaGetDeviceCount(int *n)
 {
-    *n = 1;
-    return cudaSuccess;
+    *n = device_count_();
+    return *n > 0 ? cudaSuccess : ret_(cudaErrorNoDevice);
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
-    (void)device;
+    if (device < 0 || device >= device_count_())
+        return ret_(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "mock GPU");
+    snprintf(p->name, sizeof p->name, "mock GPU %d", device);
     p->major = 9;
-    p->totalGlobalMem = MOCK_DEVICE_BYTES;
+    p->totalGlobalMem = device_bytes_();
     return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *device)
 {
-    *device = 0;
+    *device = cur_;
     return cudaSuccess;
 }
 
+/* As the real one: an index outside the visible devices is an error
+ * returned (cudaErrorInvalidDevice), not a misuse. */
 cudaError_t cudaSetDevice(int device)
 {
-    return device == 0 ? cudaSuccess
-                       : misuse_(cudaErrorInvalidValue, "cudaSetDevice(!= 0)");
+    if (device < 0 || device >= device_count_())
+        return ret_(cudaErrorInvalidDevice);
+    cur_ = device;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetLastError(void)
@@ -693,6 +816,8 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorStreamCaptureUnsupported:
         return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     default: return "cudaErrorUnknown";
     }
 }
@@ -713,9 +838,9 @@ static cudaError_t alloc_(void **p, size_t n, int kind)
         return last_;
     if (kind == MEM_DEVICE) {
         pthread_mutex_lock(&mu_);
-        int full = n > MOCK_DEVICE_BYTES - device_in_use_;
-        if (!full)
-            device_in_use_ += n;
+        int full = n > device_bytes_() - device_in_use_[cur_];
+        if (!full && (device_in_use_[cur_] += n) > device_peak_[cur_])
+            device_peak_[cur_] = device_in_use_[cur_];
         pthread_mutex_unlock(&mu_);
         if (full)
             return ret_(cudaErrorMemoryAllocation);
@@ -729,7 +854,7 @@ static cudaError_t alloc_(void **p, size_t n, int kind)
     if (kind == MEM_DEVICE)
         memset(*p, 0xff, n); /* NaN for whoever reads it unwritten */
     pthread_mutex_lock(&mu_);
-    blocks_[(uintptr_t)*p] = block_{n, kind};
+    blocks_[(uintptr_t)*p] = block_{n, kind, cur_};
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
@@ -754,7 +879,7 @@ static cudaError_t free_(void *p, int kind)
     }
     wait_idle_locked_();
     if (kind == MEM_DEVICE)
-        device_in_use_ -= it->second.n;
+        device_in_use_[it->second.device] -= it->second.n;
     blocks_.erase(it);
     pthread_mutex_unlock(&mu_);
     free(p);
@@ -764,8 +889,8 @@ static cudaError_t free_(void *p, int kind)
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     pthread_mutex_lock(&mu_);
-    *free_bytes = MOCK_DEVICE_BYTES - device_in_use_;
-    *total = MOCK_DEVICE_BYTES;
+    *free_bytes = device_bytes_() - device_in_use_[cur_];
+    *total = device_bytes_();
     pthread_mutex_unlock(&mu_);
     return cudaSuccess;
 }
@@ -861,7 +986,8 @@ cudaError_t cudaDeviceSynchronize(void)
 {
     count_wait_();
     pthread_mutex_lock(&mu_);
-    wait_idle_locked_();
+    while (!all_idle_(0, cur_)) /* the current device's streams */
+        pthread_cond_wait(&cv_, &mu_);
     pthread_mutex_unlock(&mu_);
     return synced_(cudaSuccess);
 }
@@ -888,6 +1014,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
     mock_stream_ *st = new mock_stream_();
     st->busy = st->dead = st->nonblocking = 0;
+    st->device = cur_;
     pthread_mutex_lock(&mu_);
     streams_.push_back(st);
     pthread_mutex_unlock(&mu_);
@@ -982,6 +1109,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     mock_event_ *ev = new mock_event_();
     ev->flags = flags;
+    ev->device = cur_;
     ev->issued = 0;
     ev->dead = 0;
     pthread_mutex_lock(&mu_);
@@ -1019,6 +1147,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         pthread_mutex_unlock(&mu_);
         return misuse_(cudaErrorInvalidResourceHandle,
                        "cudaEventRecord on a destroyed stream or event");
+    }
+    if (e->device != s->device) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventRecord of an event of one device on a "
+                       "stream of another");
     }
     if (s->cap) {
         pthread_mutex_unlock(&mu_);

@@ -21,10 +21,19 @@
  *    nothing then; each launch of the graph runs them on the pinned
  *    input as it is at that launch, by hand; a sync of a capturing stream
  *    is a misuse.
+ *  - two devices ($M6_EMU_DEVICES, set here): a current device per
+ *    thread; an index past the last is refused; memory counted per
+ *    device; a kernel launched on another device's stream, and an event
+ *    recorded on another device's stream, are misuse and run nothing; a
+ *    copy on another device's stream is allowed; while one thread
+ *    captures in the thread-local mode, another thread may allocate and
+ *    the capturing one may not.
  * Exit 0 passed, 1 failed.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_runtime.h"
@@ -220,8 +229,20 @@ static int lt_gemm_2x2_(cudaStream_t s, int offset, uint32_t tell_a)
     return out;
 }
 
+/* another thread's cudaMalloc: its error (0 success) */
+static void *malloc_elsewhere_(void *out)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, 256);
+    if (e == cudaSuccess)
+        cudaFree(p);
+    *(cudaError_t *)out = e;
+    return NULL;
+}
+
 int main(void)
 {
+    setenv("M6_EMU_DEVICES", "2", 1); /* read at the first device call */
     mock_start(7, 2, 20); /* misuse counted, not fatal; random latencies */
     cudaStream_t s;
     cudaStreamCreate(&s);
@@ -431,6 +452,85 @@ int main(void)
         cudaGraphExecDestroy(exec);
         cudaFreeHost(h_x); cudaFreeHost(h_y);
         cudaFree(d_x); cudaFree(d_y);
+    }
+
+    printf("two devices\n");
+    {
+        enum { N = 64 };
+        int nd = 0, cur = -1;
+        cudaGetDeviceCount(&nd);
+        check_(nd == 2, "M6_EMU_DEVICES=2: cudaGetDeviceCount 2");
+        check_(cudaSetDevice(2) == cudaErrorInvalidDevice &&
+                   cudaGetDevice(&cur) == cudaSuccess && cur == 0,
+               "cudaSetDevice(2): cudaErrorInvalidDevice, device 0 kept");
+        (void)cudaGetLastError();
+        size_t free0, free1, tot, free0b;
+        cudaMemGetInfo(&free0, &tot);
+        cudaSetDevice(1);
+        cudaStream_t s1;
+        cudaStreamCreate(&s1);
+        int *d_x, *d_y, h_y[N], h_x[N];
+        cudaMalloc(&d_x, N * sizeof(int));
+        cudaMalloc(&d_y, N * sizeof(int));
+        cudaMemGetInfo(&free1, &tot);
+        cudaSetDevice(0);
+        cudaMemGetInfo(&free0b, &tot);
+        check_(free0b == free0 && free1 == tot - 2 * 256,
+               "cudaMalloc on device 1 counts on device 1 alone");
+        for (int i = 0; i < N; i++)
+            h_x[i] = 3 * i;
+        /* a copy may use another device's stream */
+        long e0 = mock_errors();
+        cudaMemcpyAsync(d_x, h_x, sizeof h_x, cudaMemcpyHostToDevice, s1);
+        cudaStreamSynchronize(s1);
+        check_(mock_errors() == e0, "a copy on device 1's stream from device 0");
+        add_one_kernel<<<1, N, 0, s1>>>(d_y, d_x, N);
+        cudaStreamSynchronize(s1);
+        cudaMemcpyAsync(h_y, d_y, sizeof h_y, cudaMemcpyDeviceToHost, s1);
+        cudaStreamSynchronize(s1);
+        check_(mock_errors() > e0 && h_y[0] == -1 && h_y[N - 1] == -1,
+               "a kernel on device 1's stream with device 0 current: an "
+               "error, nothing written");
+        (void)cudaGetLastError();
+        cudaEvent_t ev0;
+        cudaEventCreate(&ev0);
+        long e1 = mock_errors();
+        cudaEventRecord(ev0, s1);
+        check_(mock_errors() > e1, "device 0's event recorded on device 1's "
+                                   "stream: an error");
+        (void)cudaGetLastError();
+        cudaSetDevice(1);
+        cudaMemsetAsync(d_y, 0, sizeof h_y, s1);
+        add_one_kernel<<<1, N, 0, s1>>>(d_y, d_x, N);
+        cudaMemcpyAsync(h_y, d_y, sizeof h_y, cudaMemcpyDeviceToHost, s1);
+        cudaStreamSynchronize(s1);
+        int ok = 1;
+        for (int i = 0; i < N; i++)
+            ok &= h_y[i] == 3 * i + 1;
+        check_(ok, "with device 1 current its kernel runs once: y = x + 1");
+        cudaFree(d_x); cudaFree(d_y);
+        cudaStreamDestroy(s1);
+        cudaEventDestroy(ev0);
+        cudaSetDevice(0);
+    }
+
+    printf("thread-local capture\n");
+    {
+        cudaGraph_t graph;
+        cudaError_t other = cudaErrorInvalidValue; /* until the thread says */
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        pthread_t th;
+        pthread_create(&th, NULL, malloc_elsewhere_, &other);
+        pthread_join(th, NULL);
+        check_(other == cudaSuccess, "another thread allocates meanwhile");
+        long e0 = mock_errors();
+        void *p = NULL;
+        cudaMalloc(&p, 256);
+        check_(mock_errors() > e0, "the capturing thread's cudaMalloc: an "
+                                   "error");
+        (void)cudaGetLastError();
+        cudaStreamEndCapture(s, &graph);
+        cudaGraphDestroy(graph);
     }
 
     cudaFree(d_in); cudaFree(d_out); cudaFree(d_f); cudaFree(d_g);
