@@ -115,7 +115,8 @@ void layernorm_backward_first_cuda(bf16 *dinp, bf16 *dweight, bf16 *dbias,
 
 /* ------------------------------------------------------------------- matmul */
 
-/* cuBLASLt handle and workspace: created on first use, or explicitly. */
+/* cuBLASLt handle and workspace of the calling thread's current device:
+ * created on its first GEMM, or explicitly; fini frees every device's. */
 void matmul_cuda_init(void);
 void matmul_cuda_fini(void);
 

@@ -34,8 +34,16 @@
 #include "common.cuh"
 
 
-static cublasLtHandle_t lt_handle_;
-static void *lt_workspace_;
+/* A cuBLASLt handle and workspace per device, made on the device's first
+ * GEMM (matmul_cuda_init): each rank of a node runs on its own device,
+ * from its own thread, and a workspace is device memory. */
+#define LT_DEVICES 64
+typedef struct {
+    cublasLtHandle_t h;
+    void *ws;                 /* MM_WORKSPACE bytes on the device */
+} lt_device_;
+static lt_device_ lt_dev_[LT_DEVICES];
+static pthread_mutex_t lt_dev_mu_ = PTHREAD_MUTEX_INITIALIZER;
 static int warned_fallback_;
 static long n_fused_, n_separate_;  /* forward epilogues, by path */
 
@@ -53,6 +61,7 @@ static long n_fused_, n_separate_;  /* forward epilogues, by path */
  * during the call only. A full table just stops keeping new answers:
  * those calls make and free their descriptors as before. */
 typedef struct {
+    int device;                   /* the heuristic asked that device's */
     int ta, tb, m, n, k, lda, ldb, ldd, batch, d_f32, epi, aux_ld;
     long long sA, sB, sD;
     uint32_t al[4], al_bias, al_aux;
@@ -155,22 +164,50 @@ static void lt_descs_destroy_(lt_descs_ *d)
     memset(d, 0, sizeof *d);
 }
 
+/* The calling thread's current device's handle and workspace, made on
+ * its first use; *device its index. */
+static const lt_device_ *lt_this_(int *device)
+{
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d < 0 || d >= LT_DEVICES) {
+        fprintf(stderr, "matmul: CUDA device %d: cuBLASLt state is kept "
+                        "for devices 0..%d\n", d, LT_DEVICES - 1);
+        exit(1);
+    }
+    *device = d;
+    lt_device_ *v = &lt_dev_[d];
+    if (__atomic_load_n(&v->h, __ATOMIC_ACQUIRE))
+        return v;
+    pthread_mutex_lock(&lt_dev_mu_);
+    if (!v->h) {
+        cublasLtHandle_t h;
+        CUDA_CHECK(cudaMalloc(&v->ws, MM_WORKSPACE));
+        CUBLAS_CHECK(cublasLtCreate(&h));
+        __atomic_store_n(&v->h, h, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lt_dev_mu_);
+    return v;
+}
+
 void matmul_cuda_init(void)
 {
-    if (lt_handle_)
-        return;
-    CUBLAS_CHECK(cublasLtCreate(&lt_handle_));
-    CUDA_CHECK(cudaMalloc(&lt_workspace_, MM_WORKSPACE));
+    int d;
+    (void)lt_this_(&d);
 }
 
 void matmul_cuda_fini(void)
 {
-    if (!lt_handle_)
-        return;
-    CUDA_CHECK(cudaFree(lt_workspace_));
-    CUBLAS_CHECK(cublasLtDestroy(lt_handle_));
-    lt_handle_ = NULL;
-    lt_workspace_ = NULL;
+    pthread_mutex_lock(&lt_dev_mu_);
+    for (int d = 0; d < LT_DEVICES; d++) {
+        if (!lt_dev_[d].h)
+            continue;
+        CUDA_CHECK(cudaFree(lt_dev_[d].ws));
+        CUBLAS_CHECK(cublasLtDestroy(lt_dev_[d].h));
+        lt_dev_[d].h = NULL;
+        lt_dev_[d].ws = NULL;
+    }
+    pthread_mutex_unlock(&lt_dev_mu_);
     pthread_mutex_lock(&lt_cache_mu_);
     for (size_t i = 0; i < LT_CACHE; i++)
         lt_descs_destroy_(&lt_cache_[i].d);
@@ -304,7 +341,8 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
                    const bf16 *bias, bf16 *aux, int aux_ld,
                    cudaStream_t stream, int run)
 {
-    matmul_cuda_init();
+    int device;
+    const lt_device_ *dv = lt_this_(&device);
     int batch = g->batch > 0 ? g->batch : 1;
     size_t dsize = g->d_f32 ? sizeof(float) : sizeof(bf16);
     /* The heuristic does not see A, B, C and D: it assumes 256-byte
@@ -320,6 +358,7 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
         batch_align_(g->D, g->sD * (long long)dsize, batch)};
     lt_key_ key;
     memset(&key, 0, sizeof key); /* padding too: keys compare as bytes */
+    key.device = device;
     key.ta = g->ta; key.tb = g->tb; key.m = g->m; key.n = g->n; key.k = g->k;
     key.lda = g->lda; key.ldb = g->ldb; key.ldd = g->ldd; key.batch = batch;
     key.d_f32 = g->d_f32; key.epi = (int)epi; key.aux_ld = aux_ld;
@@ -352,7 +391,7 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
         cublasLtMatmulHeuristicResult_t res;
         int nres = 0;
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
-            lt_handle_, d.op, d.la, d.lb, d.ld, d.ld, pref, 1, &res, &nres);
+            dv->h, d.op, d.la, d.lb, d.ld, d.ld, pref, 1, &res, &nres);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (hst != CUBLAS_STATUS_SUCCESS && hst != CUBLAS_STATUS_NOT_SUPPORTED)
             CUBLAS_CHECK(hst);
@@ -384,8 +423,8 @@ static int lt_run_(const gemm_batched_args *g, cublasLtEpilogue_t epi,
             }
         }
         cublasStatus_t st = cublasLtMatmul(
-            lt_handle_, use->op, &g->alpha, g->A, use->la, g->B, use->lb,
-            &g->beta, g->D, use->ld, g->D, use->ld, &algo, lt_workspace_,
+            dv->h, use->op, &g->alpha, g->A, use->la, g->B, use->lb,
+            &g->beta, g->D, use->ld, g->D, use->ld, &algo, dv->ws,
             MM_WORKSPACE, stream);
         if (mu)
             pthread_mutex_unlock(mu);
