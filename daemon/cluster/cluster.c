@@ -20,9 +20,6 @@
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 
-#ifdef M6_CLUSTER_CUDA
-#include <cuda_runtime.h>
-#endif
 
 /* path replaced whole by n bytes of buf, mode `mode`: written to a fresh
  * temporary name beside it (mkstemp, never a planted link), fsynced, then
@@ -183,28 +180,12 @@ int cluster_token_matches(const cluster_token *t, const void *p, size_t n)
 
 /* ------------------------------------------------------------------ facts */
 
-#ifdef M6_CLUSTER_CUDA
-static int cuda_devices_(void)
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
+static cluster_gpus gpus_;  /* set once, before any thread reads it */
 
-static uint64_t cuda_free_(int n)
+void cluster_set_gpus(const cluster_gpus *g)
 {
-    uint64_t sum = 0;
-    int cur = 0;
-    cudaGetDevice(&cur);
-    for (int d = 0; d < n; d++) {
-        size_t fr = 0, tot = 0;
-        if (cudaSetDevice(d) == cudaSuccess &&
-            cudaMemGetInfo(&fr, &tot) == cudaSuccess)
-            sum += fr;
-    }
-    cudaSetDevice(cur);
-    return sum;
+    gpus_ = *g;
 }
-#endif
 
 void cluster_facts_get(cluster_facts *f, const char *name, int measure_free)
 {
@@ -217,24 +198,23 @@ void cluster_facts_get(cluster_facts *f, const char *name, int measure_free)
     f->memory = total == UINT64_MAX ? 0 : total; /* 0: unknown */
     snprintf(f->backend, sizeof f->backend, "cpu");
     f->devices = 1;
-#ifdef M6_CLUSTER_CUDA
-    int n = cuda_devices_();
+    int n = gpus_.count ? gpus_.count() : 0;
     if (n > 0) {
         snprintf(f->backend, sizeof f->backend, "cuda");
         f->devices = n;
     }
-#endif
     if (measure_free || strcmp(f->backend, "cpu") == 0)
         f->free_device_memory = cluster_free_device_memory(f);
 }
 
 uint64_t cluster_free_device_memory(const cluster_facts *f)
 {
-#ifdef M6_CLUSTER_CUDA
-    if (strcmp(f->backend, "cuda") == 0) return cuda_free_(f->devices);
-#else
-    (void)f;
-#endif
+    if (strcmp(f->backend, "cuda") == 0 && gpus_.free_bytes) {
+        uint64_t sum = 0;  /* over the devices this node's ranks use */
+        for (int d = 0; d < f->devices; d++)
+            sum += gpus_.free_bytes(d);
+        return sum;
+    }
     host_mem m;  /* MemAvailable, capped by m6d's cgroup memory limit */
     host_mem_available(&m);
     return m.avail == UINT64_MAX ? 0 : m.avail;

@@ -62,7 +62,9 @@ int cluster_token_matches(const cluster_token *t, const void *p, size_t n);
 typedef struct {
     char hostname[256];
     char backend[16];            /* "cpu" or "cuda" */
-    int devices;                 /* CUDA devices; 1 (the host) for cpu */
+    int devices;                 /* the devices whose ranks this node runs
+                                  * (m6d: --devices, else its visible GPUs
+                                  * in a cluster); 1 (the host) for cpu */
     uint64_t memory;             /* host memory (MemTotal), bytes */
     uint64_t free_device_memory; /* bytes: CUDA free memory over devices;
                                   * MemAvailable, capped by m6d's cgroup
@@ -89,8 +91,18 @@ int cluster_ranks_place(const int *slots, int n, int world, int *first,
  * cpus_available). */
 int cluster_rank_threads(int total, int local_ranks);
 
+/* How a node reads its GPUs: count() the visible CUDA devices (0: none
+ * or no CUDA), free_bytes(d) device d's free memory now (bytes). m6d sets
+ * it from its engine (trainer_cuda_devices) before cluster_facts_get:
+ * this library links no CUDA. Unset, every node is cpu. */
+typedef struct {
+    int (*count)(void);
+    uint64_t (*free_bytes)(int device);
+} cluster_gpus;
+void cluster_set_gpus(const cluster_gpus *g);
+
 /* Fill f for this machine; name overrides gethostname() when non-empty.
- * CUDA is reported when this m6d was built with it and sees a device.
+ * CUDA is reported when cluster_set_gpus' count sees a device.
  * measure_free 0: free_device_memory is left 0 (not measured) on CUDA,
  * where measuring it opens a CUDA context on every device (hundreds of
  * MiB each): a single m6d does not, a coordinator or worker does. */

@@ -468,14 +468,14 @@ static m6_coll *group_(const char *addr, const cluster_token *token,
         goto out;
     }
     if (!strcmp(engine, "nccl")) {
-        /* the gradients' own group, of GPU 0 of this node: the trainer
-         * owns it (trainer_adopt_grad_group) */
+        /* the gradients' own group, on this rank's GPU (its local
+         * rank): the trainer owns it (trainer_adopt_grad_group) */
         char np[80];
         snprintf(np, sizeof np, "%s/nccl", prefix);
         m6_coll_config nc = {.backend = "nccl", .rank = rank,
                              .world_size = world, .store = &st,
                              .prefix = np, .timeout_ms = timeout_ms,
-                             .device = 0};
+                             .device = local};
         m6_coll *n = m6_coll_init(&nc, err);
         if (!n || trainer_adopt_grad_group(t, n, err) != 0) {
             m6_err_prefix(err, "the gradients' NCCL group");
@@ -788,6 +788,7 @@ static void train_rank_(rank_slot *sl, const assignment *a)
     char hash[65];
     cluster_dp_hash(&spec, NULL, a->world, hash);
     if (w->threads > 0) spec.device.threads = w->threads;
+    spec.device.index = sl->local;  /* cuda: local rank r on GPU r */
     if (several)
         log_info("cluster.rank_threads", "run=%lld rank=%d local_rank=%d "
                  "threads=%d", (long long)a->run, a->rank, sl->local,

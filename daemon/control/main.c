@@ -47,6 +47,7 @@
 #include "cluster/dp.h"
 #include "cluster/join.h"
 #include "state/state.h"
+#include "train/trainer.h"
 
 typedef struct {
     char state_dir[2048];
@@ -157,9 +158,11 @@ static void usage_(FILE *f)
         "  --node-name NAME   this node's name among the nodes (default: hostname)\n"
         "  --node-timeout S   a node silent this long is lost; a first join gives\n"
         "                     up after it (0.1..3600 s, default 30)\n"
-        "  --devices N        cpu: run N data-parallel ranks of a run across nodes\n"
-        "                     here, each with its share of the cores (1..256,\n"
-        "                     default 1; needs --listen or --join)\n"
+        "  --devices N        run N data-parallel ranks of a run across nodes here\n"
+        "                     (1..256; N > 1 needs --listen or --join): cpu, each\n"
+        "                     with its share of the cores (default 1); cuda, one\n"
+        "                     per GPU, GPUs 0..N-1 of CUDA_VISIBLE_DEVICES'\n"
+        "                     (default: all of them with --listen or --join, else 1)\n"
         "  --help, --version\n");
 }
 
@@ -846,10 +849,12 @@ static void on_join_assign_(void *ud, const cluster_assign *a)
     cluster_dp_assign(g.dpw, a);
 }
 
-/* The ranks this node runs (--devices; 1 unset). */
+/* The ranks this node runs, one per device: --devices; unset, every GPU
+ * of a cuda node in a cluster (--listen or --join), else 1. Decided in
+ * cluster_start_, from the node's facts. */
 static int local_ranks_(void)
 {
-    return g.opt.devices > 1 ? g.opt.devices : 1;
+    return g.facts.devices > 1 ? g.facts.devices : 1;
 }
 
 /* device.threads for each local rank: --threads as today with one rank
@@ -870,16 +875,26 @@ static int rank_threads_(void)
 
 static int cluster_start_(char *err, size_t errlen)
 {
+    static const cluster_gpus gpus = {trainer_cuda_devices,
+                                      trainer_cuda_free_bytes};
+    cluster_set_gpus(&gpus);  /* the cluster library links no CUDA */
     cluster_facts_get(&g.facts, g.opt.node_name,
                       g.opt.join[0] || g.opt.listen[0]);
-    if (g.opt.devices > 1 && strcmp(g.facts.backend, "cpu") != 0) {
-        snprintf(err, errlen, "--devices %d: several ranks per node run on "
-                 "the cpu backend only for now (this node's is %s)",
-                 g.opt.devices, g.facts.backend);
+    /* facts.devices: the GPUs this process sees (CUDA_VISIBLE_DEVICES),
+     * or 1 on cpu; it becomes the ranks this node runs */
+    int cuda = strcmp(g.facts.backend, "cpu") != 0;
+    if (cuda && g.opt.devices > g.facts.devices) {
+        snprintf(err, errlen, "--devices %d: this node has %d visible CUDA "
+                 "device%s (CUDA_VISIBLE_DEVICES=%s)", g.opt.devices,
+                 g.facts.devices, g.facts.devices == 1 ? "" : "s",
+                 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
+                                                : "unset");
         return -1;
     }
-    if (g.opt.devices > 0 && strcmp(g.facts.backend, "cpu") == 0)
+    if (g.opt.devices > 0)
         g.facts.devices = g.opt.devices;
+    else if (cuda && !g.opt.join[0] && !g.opt.listen[0])
+        g.facts.devices = 1;  /* a single m6d: one rank, on GPU 0 */
     /* the node's host memory, lockable pages and host AdamW threads are
      * divided among the ranks of a run on it (common/node_share.h) */
     node_share_set(g.facts.hostname, local_ranks_());

@@ -102,6 +102,9 @@ typedef struct {
         int threads;
         size_t memory_budget;
         precision_kind precision;  /* as written; spec_precision: in use */
+        int index;            /* the node's, never from JSON: the device
+                               * (GPU) this rank runs on, its local rank
+                               * (cluster/dp.c); 0 for rank 0 of a node */
     } device;
     struct {
         int prefetch;        /* staging buffers: fetches run ahead */

@@ -218,6 +218,7 @@ typedef struct {
     uint64_t seed;            /* initial weights (gpt_init_region) */
     gpt_optim optim;          /* the optimizer state to allocate */
     int host_threads;         /* offloaded slots' host AdamW threads */
+    int device;               /* cuda: the GPU (spec device.index) */
     int bf16;                 /* 1: GEMM inputs in bf16, fp32 sums
                                * (spec_precision; the CUDA backend is bf16
                                * whatever this says) */

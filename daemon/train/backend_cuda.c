@@ -677,6 +677,13 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
                         size_t errlen)
 {
     int S = bs->n_slots;
+    const char *why = "";
+    /* this thread's device, for the model and every later call on it */
+    if (gpt_cuda_use_device(bs->device, &why) != 0) {
+        snprintf(err, errlen, "cannot use CUDA device %d: %s", bs->device,
+                 why);
+        return -1;
+    }
     cuda_ctx_ *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");

@@ -29,6 +29,9 @@
 #include "common/crashpoint.h"
 #include "common/log.h"
 #include "ckpt/init_from.h"
+#ifdef M6_HAVE_CUDA
+#include "model/cuda/gpt_cuda.h"
+#endif
 
 /* xorshift64* (Vigna 2016): the data sampler's generator; its whole state is
  * one u64, stored in checkpoints. */
@@ -54,6 +57,27 @@ static int check_backend_(const run_spec *spec, char *err, size_t errlen)
     snprintf(err, errlen, "device.backend: 'cuda': this m6d was built "
              "without CUDA");
     return -1;
+#endif
+}
+
+int trainer_cuda_devices(void)
+{
+#ifdef M6_HAVE_CUDA
+    const char *why;
+    int n = gpt_cuda_device_count(&why);
+    return n > 0 ? n : 0;
+#else
+    return 0;
+#endif
+}
+
+uint64_t trainer_cuda_free_bytes(int device)
+{
+#ifdef M6_HAVE_CUDA
+    return gpt_cuda_free_bytes(device);
+#else
+    (void)device;
+    return 0;
 #endif
 }
 
@@ -240,6 +264,7 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         .seed = spec->train.seed,
         .optim = spec_gpt_optim(spec),
         .host_threads = spec_host_threads(spec),
+        .device = spec->device.index,
         .bf16 = spec_precision(spec) == PRECISION_BF16,
         .plan_in = offload_plan_input_of(spec),
         .plan = t->planned ? &t->plan : NULL,

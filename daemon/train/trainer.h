@@ -241,6 +241,15 @@ const char *trainer_init_error(const trainer *t);
  * or the offloaded slots need more host memory than is available. */
 int trainer_check_spec(const run_spec *spec, m6_err *err);
 
+/* The CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0
+ * when there are none or m6d was built without CUDA. A rank of a cuda run
+ * runs on device spec device.index. Never exits. */
+int trainer_cuda_devices(void);
+
+/* Device `device`'s free memory now, bytes (0: unknown or no CUDA); opens
+ * a CUDA context on it if none is open. */
+uint64_t trainer_cuda_free_bytes(int device);
+
 /* One optimizer step: grad_accum microbatches forward+backward, global-norm
  * clip, AdamW. Runs a validation pass afterwards when eval_every divides the
  * step or it is the last step. Returns 0, or -1 with err.

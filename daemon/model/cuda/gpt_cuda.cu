@@ -136,6 +136,32 @@ int gpt_cuda_device_count(const char **why)
     return n;
 }
 
+int gpt_cuda_use_device(int device, const char **why)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *why = cudaGetErrorString(e);
+        return -1;
+    }
+    *why = "";
+    return 0;
+}
+
+uint64_t gpt_cuda_free_bytes(int device)
+{
+    int cur = 0;
+    size_t fr = 0, tot = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess)
+        cur = 0;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+        fr = 0;
+    (void)cudaSetDevice(cur);
+    (void)cudaGetLastError();
+    return fr;
+}
+
 int gpt_cuda_blas_ready(const char **why)
 {
     cublasLtMatmulPreference_t p;

@@ -40,6 +40,18 @@ typedef struct gpt_cuda gpt_cuda;
  * Never exits. */
 int gpt_cuda_device_count(const char **why);
 
+/* Makes device (0 .. gpt_cuda_device_count - 1) the calling thread's
+ * current CUDA device: what gpt_cuda_create* and every later call on that
+ * thread allocate on and launch to (a model is used from the thread that
+ * made it; its own host threads take its device). 0, or -1 with *why the
+ * runtime's error string (static). Never exits. */
+int gpt_cuda_use_device(int device, const char **why);
+
+/* Device `device`'s free memory now (cudaMemGetInfo on it; the calling
+ * thread's current device is kept), bytes; 0 when it cannot be read.
+ * Opens a CUDA context on the device if none is open. Never exits. */
+uint64_t gpt_cuda_free_bytes(int device);
+
 /* Whether cuBLASLt answers (kernels/cuda/cublaslt_load.c opens it on the
  * first call): 0, or -1 with *why cuBLASLt's status string, which names
  * the library and the loader's reason when it could not be opened
