@@ -773,6 +773,9 @@ static void command_usage_(FILE *f, const command *c)
                    "  --d2h-gbps X      device->host GB/s (default: as --h2d-gbps)\n"
                    "  --host-adam-gbps X\n"
                    "                    host AdamW GB/s (default 24: bench/offload_host)\n"
+                   "  --nvlink-gbps X, --net-gbps X, --alltoall-latency-us X\n"
+                   "                    the experts' all-to-all inside a node, across\n"
+                   "                    nodes and per call (default 450, 50, 20)\n"
                    "  --steps-ratio R   Pseudo-to-Real's steps to the target over\n"
                    "                    scratch's (default 1)\n"
                    "  --scratch-steps N scratch's steps to the target (default: the\n"
@@ -827,7 +830,8 @@ enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP
        O_VERSION, O_NOCOLOR, O_DEVMEM, O_RECONNECT, O_DAEMON,
        O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
        O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
-       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP, O_SCRATCH };
+       O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP, O_SCRATCH,
+       O_NVLINK, O_NET, O_A2ALAT };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -851,6 +855,9 @@ static const struct option opts_[] = {
     {"h2d-gbps", required_argument, 0, O_H2D},
     {"d2h-gbps", required_argument, 0, O_D2H},
     {"host-adam-gbps", required_argument, 0, O_ADAMGB},
+    {"nvlink-gbps", required_argument, 0, O_NVLINK},
+    {"net-gbps", required_argument, 0, O_NET},
+    {"alltoall-latency-us", required_argument, 0, O_A2ALAT},
     {"steps-ratio", required_argument, 0, O_SRATIO},
     {"scratch-steps", required_argument, 0, O_SSTEPS},
     {"sweep", required_argument, 0, O_SWEEP},
@@ -927,12 +934,15 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     case O_EXPLAIN: ok = cmd->flags & F_PLAN; g.explain = g.cluster = 1; break;
     case O_P2R: ok = cmd->flags & F_PLAN; g.p2r = 1; break;
     case O_GPUTF: case O_MFU: case O_H2D: case O_D2H: case O_ADAMGB:
-    case O_SRATIO: case O_SSTEPS: case O_LRSCALE: {
+    case O_SRATIO: case O_SSTEPS: case O_LRSCALE: case O_NVLINK: case O_NET:
+    case O_A2ALAT: {
         /* rates above 0; --mfu a fraction; a steps ratio may be 0 */
         static const struct { int ch; double lo, hi; int whole; double *to; } t[] = {
             {O_GPUTF, 1e-6, 1e6, 0, &g.gpu_tflops}, {O_MFU, 1e-6, 1, 0, &g.mfu},
             {O_H2D, 1e-6, 1e6, 0, &g.h2d_gbps}, {O_D2H, 1e-6, 1e6, 0, &g.d2h_gbps},
             {O_ADAMGB, 1e-6, 1e6, 0, &g.adam_gbps},
+            {O_NVLINK, 1e-6, 1e6, 0, &g.nvlink_gbps}, {O_NET, 1e-6, 1e6, 0, &g.net_gbps},
+            {O_A2ALAT, 0, 1e9, 0, &g.a2a_latency_us},
             {O_SRATIO, 0, 1e6, 0, &g.steps_ratio},
             {O_SSTEPS, 1, 9.2e18, 1, &g.scratch_steps},
             {O_LRSCALE, 1e-9, 1e6, 0, &g.pseudo_lr_scale},
@@ -942,6 +952,7 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
             if (t[i].ch == ch &&
                 parse_number_(opt, optarg, t[i].lo, t[i].hi, t[i].whole, t[i].to) < 0)
                 return EXIT_USAGE;
+        g.a2a_latency_given |= ch == O_A2ALAT;  /* 0 is a value */
         g.p2r_only = opt;
         break;
     }

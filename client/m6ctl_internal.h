@@ -45,6 +45,8 @@ typedef struct {
     int p2r;
     const char *p2r_only;
     double gpu_tflops, mfu, h2d_gbps, d2h_gbps, adam_gbps;
+    double nvlink_gbps, net_gbps, a2a_latency_us;  /* the experts' all-to-all */
+    int a2a_latency_given;
     double steps_ratio, scratch_steps, pseudo_lr_scale;
     char sweep[4096], corpus[256], grad_scale[8];
     char out_dir[4096];     /* data prepare */

@@ -181,6 +181,18 @@ static int plan_p2r_(const run_spec *spec)
         o.rates.host_adam_bytes_per_s = g.adam_gbps * 1e9;
         o.rates.adam_src = "--host-adam-gbps";
     }
+    if (g.nvlink_gbps > 0) {
+        o.rates.nvlink_bytes_per_s = g.nvlink_gbps * 1e9;
+        o.rates.nvlink_src = "--nvlink-gbps";
+    }
+    if (g.net_gbps > 0) {
+        o.rates.net_bytes_per_s = g.net_gbps * 1e9;
+        o.rates.net_src = "--net-gbps";
+    }
+    if (g.a2a_latency_given) {
+        o.rates.alltoall_latency_s = g.a2a_latency_us * 1e-6;
+        o.rates.latency_src = "--alltoall-latency-us";
+    }
     cluster_input in = cluster_input_(spec);
     if (g.cluster) {
         if (!in.device_memory) {

@@ -242,6 +242,19 @@ double model_ep_alltoall_bytes(double N, int k, int C, int E, int P, int q,
            (double)(E - El) * sizeof(int32_t);
 }
 
+double model_ep_alltoall_seconds(double bytes, double calls, int P, int G,
+                                 double intra_Bps, double inter_Bps,
+                                 double latency_s)
+{
+    double t = calls * latency_s;
+    if (P <= 1 || bytes <= 0)
+        return t;
+    int in_node = G < P ? (G > 1 ? G : 1) : P;
+    double inter = bytes * (double)(P - in_node) / (P - 1);
+    double t_in = (bytes - inter) / intra_Bps, t_out = inter / inter_Bps;
+    return t + (t_in > t_out ? t_in : t_out);
+}
+
 int model_local_experts(const model_config *cfg, int *first)
 {
     if (cfg->moe_ep_size <= 1) {

@@ -219,6 +219,27 @@ int model_expert_range(int E, int P, int q, int *first);
 double model_ep_alltoall_bytes(double N, int k, int C, int E, int P, int q,
                                size_t elem);
 
+/* All-to-alls an expert-parallel rank makes per MoE layer and microbatch
+ * in a training step (train/moe_ep.c): the forward's per-expert row
+ * counts, its dispatch and its combine, and the backward's two. */
+#define MODEL_EP_ALLTOALLS 5
+
+/* Seconds a rank of an expert-parallel group of P ranks spends in a
+ * step's all-to-alls: `calls` of them carrying `bytes` in all (what it
+ * sends: model_ep_alltoall_bytes), by the alpha-beta model (Hockney 1994,
+ * "The communication challenge for MPP", Parallel Computing 20(3)):
+ *   t = calls * latency_s + max(bytes_intra / intra_Bps,
+ *                               bytes_inter / inter_Bps)
+ * where the group is packed node by node, G ranks a node (the ranks of a
+ * node are contiguous), and under uniform routing each of its P - 1 peers
+ * gets the same share: bytes_inter = bytes (P - min(P, G)) / (P - 1) go
+ * over the network, the rest inside the node, the two links at once. The
+ * all-to-alls block the step (none overlaps compute). P <= 1 or bytes 0:
+ * calls * latency_s (0 calls: 0). Rates in bytes/s, > 0. */
+double model_ep_alltoall_seconds(double bytes, double calls, int P, int G,
+                                 double intra_Bps, double inter_Bps,
+                                 double latency_s);
+
 /* The experts of each MoE slot a model of cfg holds: all E (*first 0)
  * when cfg->moe_ep_size <= 1, else model_expert_range(E, moe_ep_size,
  * moe_ep_rank). The layout (gpt.h) sizes the expert tensors by it. */

@@ -25,6 +25,15 @@ void p2r_rates_default(p2r_rates *r)
         .h2d_bytes_per_s = P2R_PCIE5_X16_GBPS * 1e9,
         .d2h_bytes_per_s = P2R_PCIE5_X16_GBPS * 1e9,
         .host_adam_bytes_per_s = P2R_HOST_ADAM_GBPS * 1e9,
+        .nvlink_bytes_per_s = P2R_NVLINK4_GBPS * 1e9,
+        .net_bytes_per_s = P2R_NDR400_GBPS * 1e9,
+        .alltoall_latency_s = P2R_ALLTOALL_LATENCY_US * 1e-6,
+        .nvlink_src = "default: NVLink 4 of an H200 SXM, one direction "
+                      "(datasheet: 900 GB/s both ways)",
+        .net_src = "default: one 400 Gb/s InfiniBand NDR port a GPU "
+                   "(ConnectX-7, as in DGX H100/H200)",
+        .latency_src = "default: an assumption; bench/moe_ep measures "
+                       "this machine's",
         .gpu_src = "default: H200 SXM dense BF16 peak 990 TFLOP/s "
                    "(NVIDIA H200 datasheet) x MFU 0.4",
         .h2d_src = "default: PCIe 5.0 x16 link rate, one direction (32 GT/s "
@@ -58,7 +67,14 @@ void p2r_phase_time(p2r_phase *ph, const p2r_rates *r)
                                 : 0);
     ph->t_adam_exposed = ph->t_adam > cap ? ph->t_adam - cap : 0;
     ph->t_adam_hidden = ph->t_adam - ph->t_adam_exposed;
-    ph->t_step = busy + ph->t_adam_exposed;
+    ph->t_alltoall = ph->ep_size > 1
+                         ? model_ep_alltoall_seconds(
+                               ph->alltoall_bytes, ph->alltoall_calls,
+                               ph->ep_size, ph->ep_per_node,
+                               r->nvlink_bytes_per_s, r->net_bytes_per_s,
+                               r->alltoall_latency_s)
+                         : 0;
+    ph->t_step = busy + ph->t_adam_exposed + ph->t_alltoall;
 }
 
 /* Bytes moved in one optimizer step of A microbatches (offload.h's
@@ -263,6 +279,13 @@ int p2r_phase_of_cluster(const run_spec *spec, const cluster_input *in,
     out->devices = in->nodes * in->gpus_per_node;
     out->tokens = (double)spec->train.batch_size * c->seq_len *
                   spec->train.grad_accum;
+    if (c->moe_experts > 0 && cp->devices > 1) { /* experts on every device */
+        out->ep_size = cp->devices;
+        out->ep_per_node = in->gpus_per_node;
+        out->alltoall_bytes = cp->alltoall_bytes;
+        out->alltoall_calls = (double)cp->n_moe_layers *
+                              spec->train.grad_accum * MODEL_EP_ALLTOALLS;
+    }
     out->flops = out->flops_per_token * out->tokens;
     free(P);
     free(map);
@@ -514,7 +537,14 @@ static int rates_ok_(const p2r_rates *r, char *err, size_t errlen)
         {"--h2d-gbps", r->h2d_bytes_per_s},
         {"--d2h-gbps", r->d2h_bytes_per_s},
         {"--host-adam-gbps", r->host_adam_bytes_per_s},
+        {"--nvlink-gbps", r->nvlink_bytes_per_s},
+        {"--net-gbps", r->net_bytes_per_s},
     };
+    if (!(r->alltoall_latency_s >= 0) || !isfinite(r->alltoall_latency_s)) {
+        snprintf(err, errlen, "p2r plan: --alltoall-latency-us: want 0 or "
+                 "more, got %g", r->alltoall_latency_s * 1e6);
+        return -1;
+    }
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!(t[i].v > 0) || !isfinite(t[i].v)) {
             snprintf(err, errlen, "p2r plan: %s: want a rate above 0, got "
@@ -679,6 +709,11 @@ static json_t *phase_json_(const p2r_phase *p)
                         json_real(p->t_adam_hidden));
     json_object_set_new(o, "t_host_adam_exposed_s",
                         json_real(p->t_adam_exposed));
+    json_object_set_new(o, "alltoall_bytes_per_step",
+                        json_real(p->alltoall_bytes));
+    json_object_set_new(o, "alltoall_calls_per_step",
+                        json_real(p->alltoall_calls));
+    json_object_set_new(o, "t_alltoall_s", json_real(p->t_alltoall));
     json_object_set_new(o, "t_step_s", json_real(p->t_step));
     return o;
 }
@@ -702,6 +737,15 @@ static void print_json_(FILE *f, const p2r_report *r)
     json_object_set_new(rt, "gpu_flops_source", json_string(q->gpu_src));
     json_object_set_new(rt, "h2d_bytes_per_s", json_real(q->h2d_bytes_per_s));
     json_object_set_new(rt, "h2d_source", json_string(q->h2d_src));
+    json_object_set_new(rt, "nvlink_bytes_per_s",
+                        json_real(q->nvlink_bytes_per_s));
+    json_object_set_new(rt, "nvlink_source", json_string(q->nvlink_src));
+    json_object_set_new(rt, "net_bytes_per_s", json_real(q->net_bytes_per_s));
+    json_object_set_new(rt, "net_source", json_string(q->net_src));
+    json_object_set_new(rt, "alltoall_latency_s",
+                        json_real(q->alltoall_latency_s));
+    json_object_set_new(rt, "alltoall_latency_source",
+                        json_string(q->latency_src));
     json_object_set_new(rt, "d2h_bytes_per_s", json_real(q->d2h_bytes_per_s));
     json_object_set_new(rt, "d2h_source", json_string(q->d2h_src));
     json_object_set_new(rt, "host_adam_bytes_per_s",
@@ -798,9 +842,18 @@ void p2r_print(FILE *f, const p2r_report *r, int json)
             q->d2h_src);
     fprintf(f, "  host AdamW    %9.4g GB/s  (%s)\n",
             q->host_adam_bytes_per_s / 1e9, q->adam_src);
+    if (re->ep_size > 1 || ps->ep_size > 1) {
+        fprintf(f, "  NVLink        %9.4g GB/s  (%s)\n",
+                q->nvlink_bytes_per_s / 1e9, q->nvlink_src);
+        fprintf(f, "  network       %9.4g GB/s  (%s)\n",
+                q->net_bytes_per_s / 1e9, q->net_src);
+        fprintf(f, "  all-to-all    %9.4g us a call  (%s)\n",
+                q->alltoall_latency_s * 1e6, q->latency_src);
+    }
     fprintf(f, "FLOPs per token = 6 N + 12 L C T (PaLM appendix B), N the "
             "parameters a token passes through\n");
-    fprintf(f, "step = max(compute, copy) + the host AdamW not hidden; %s\n",
+    fprintf(f, "step = max(compute, copy) + the host AdamW not hidden + "
+            "the experts' all-to-alls; %s\n",
             re->adam_overlaps
                 ? "the host update overlaps the step (no clipping, or "
                   "offload.speculative on/auto: auto counted as on)"
@@ -822,12 +875,20 @@ void p2r_print(FILE *f, const p2r_report *r, int json)
     row_g_(f, "device->host bytes per step", ps->d2h_bytes, re->d2h_bytes);
     row_g_(f, "offloaded params", ps->offloaded_params, re->offloaded_params);
     row_g_(f, "host AdamW bytes per step", ps->adam_bytes, re->adam_bytes);
+    if (re->ep_size > 1 || ps->ep_size > 1) {
+        row_g_(f, "all-to-all bytes per step", ps->alltoall_bytes,
+               re->alltoall_bytes);
+        row_g_(f, "all-to-all calls per step", ps->alltoall_calls,
+               re->alltoall_calls);
+    }
     row_s_(f, "compute", ps->t_compute, re->t_compute);
     row_s_(f, "host->device", ps->t_h2d, re->t_h2d);
     row_s_(f, "device->host", ps->t_d2h, re->t_d2h);
     row_s_(f, "copy = max of the two", ps->t_copy, re->t_copy);
     row_s_(f, "host AdamW", ps->t_adam, re->t_adam);
     row_s_(f, "  of which exposed", ps->t_adam_exposed, re->t_adam_exposed);
+    if (re->ep_size > 1 || ps->ep_size > 1)
+        row_s_(f, "all-to-all (experts)", ps->t_alltoall, re->t_alltoall);
     row_s_(f, "step", ps->t_step, re->t_step);
     fprintf(f, "\nstep time ratio t_pseudo / t_real = %.4f\n", r->step_ratio);
     fprintf(f, "to the target loss: scratch N_s = %.0f steps, P = %.0f "

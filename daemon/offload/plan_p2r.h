@@ -21,6 +21,10 @@
  *                  run on two copy streams, PCIe is full duplex
  *   t_adam       = sum over offloaded slots of params * bytes touched per
  *                  parameter / host AdamW rate
+ *   t_alltoall   = model_ep_alltoall_seconds (model/facts.h): the experts'
+ *                  all-to-alls (latency per call, bytes over NVLink inside
+ *                  a node and the network across nodes); none on one
+ *                  device. They block the step: added to it below.
  *   t_step       = max(t_compute, t_copy, t_adam) when the host update
  *                  overlaps the step (no clipping: a slot's update starts
  *                  when its gradient is final; clipping with
@@ -30,9 +34,10 @@
  *                  resident slots / L): the update waits for the global
  *                  norm and hides only behind the next forward's resident
  *                  layers (forward is a third of 6N + 12LCT).
+ *                (+ t_alltoall in both cases)
  * Not modelled: the device AdamW of resident slots, evaluation passes,
- * collectives (expert all-to-all, gradient all-reduce), stalls from a
- * prefetch depth too short for the copy.
+ * the gradient all-reduce, stalls from a prefetch depth too short for the
+ * copy.
  */
 #ifndef M6_OFFLOAD_PLAN_P2R_H
 #define M6_OFFLOAD_PLAN_P2R_H
@@ -57,15 +62,28 @@
 #define P2R_HOST_ADAM_GBPS 24.0
 /* Bytes the host AdamW touches per offloaded parameter: model/facts.h
  * model_param_bytes (adam_direct, adam_accum). */
+/* NVLink 4 of an H200 SXM, one direction: the datasheet's 900 GB/s is
+ * both directions (NVIDIA H200 datasheet). */
+#define P2R_NVLINK4_GBPS 450.0
+/* The network per GPU: one 400 Gb/s InfiniBand NDR port a GPU (ConnectX-7,
+ * as in NVIDIA's DGX H100 and H200 systems) = 50 GB/s one way. */
+#define P2R_NDR400_GBPS 50.0
+/* Per all-to-all call, microseconds: an assumption of the order of a small
+ * all-to-all across nodes; bench/moe_ep measures this machine's. */
+#define P2R_ALLTOALL_LATENCY_US 20.0
 
 typedef struct {
     double gpu_flops;             /* achieved FLOP/s per device, > 0 */
     double h2d_bytes_per_s;       /* host->device copies, > 0 */
     double d2h_bytes_per_s;       /* device->host copies, > 0 */
     double host_adam_bytes_per_s; /* host AdamW memory traffic, > 0 */
+    double nvlink_bytes_per_s;    /* all-to-all inside a node, > 0 */
+    double net_bytes_per_s;       /* all-to-all across nodes, > 0 */
+    double alltoall_latency_s;    /* per all-to-all call, >= 0 */
     /* where each came from, printed beside it (static strings or the
      * caller's; the model only reads them) */
-    const char *gpu_src, *h2d_src, *d2h_src, *adam_src;
+    const char *gpu_src, *h2d_src, *d2h_src, *adam_src, *nvlink_src,
+        *net_src, *latency_src;
 } p2r_rates;
 
 /* The defaults above, with their sources. */
@@ -84,8 +102,13 @@ typedef struct {
     double offloaded_params;   /* in offloaded slots, per device */
     double adam_bytes;         /* host AdamW traffic per step, bytes */
     int adam_overlaps;         /* 1: the host update overlaps the step */
+    int ep_size, ep_per_node;  /* the experts' group: P devices, G a node
+                                * (P 1: no all-to-all) */
+    double alltoall_bytes;     /* sent per step per device (the most) */
+    double alltoall_calls;     /* per step: MoE layers x grad_accum x
+                                * MODEL_EP_ALLTOALLS */
     /* seconds (p2r_phase_time) */
-    double t_compute, t_h2d, t_d2h, t_copy, t_adam;
+    double t_compute, t_h2d, t_d2h, t_copy, t_adam, t_alltoall;
     double t_adam_hidden;      /* of t_adam behind compute when it does not
                                 * overlap the step (else t_adam) */
     double t_adam_exposed;     /* added to the step */

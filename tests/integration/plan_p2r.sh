@@ -179,11 +179,25 @@ N = L * (attn + gate + k * expert) + V * C
 tok = t["batch_size"] * T * t["grad_accum"]
 tc = (6 * N + 12 * L * C * T) * tok / (990e12 * 0.4)
 close(p["t_compute_s"], tc, "compute")
-tr = max(tc, (2 * n_off - 1) * 2 * share / 63e9, 30 * n_off * share / 24e9)
+# the experts' all-to-alls (GShard's four passes of the dispatch rows, bf16,
+# the share bound for the other devices, plus int32 counts), every layer MoE
+# (every 1) and 5 calls a layer: 20 us each, then the network's share of the
+# bytes (504 of the 511 peers are on other nodes) at 50 GB/s against the
+# rest over NVLink at 450 GB/s
+assert moe.get("every", 1) == 1
+El = E * D // D - E * (D - 1) // D               # the last device's experts
+a2a_b = L * (4 * tok * k * (E - El) / E * C * 2 + (E - El) * 4)
+calls = L * t["grad_accum"] * 5
+inter = a2a_b * (D - 8) / (D - 1)
+t_a2a = calls * 20e-6 + max(inter / 50e9, (a2a_b - inter) / 450e9)
+close(p["alltoall_bytes_per_step"], a2a_b, "all-to-all bytes")
+close(p["alltoall_calls_per_step"], calls, "all-to-all calls")
+close(p["t_alltoall_s"], t_a2a, "t_alltoall")
+tr = max(tc, (2 * n_off - 1) * 2 * share / 63e9, 30 * n_off * share / 24e9) + t_a2a
 close(p["t_step_s"], tr, "t_real")
-close(r["pseudo"]["t_step_s"], tc, "t_pseudo")
+close(r["pseudo"]["t_step_s"], tc + t_a2a, "t_pseudo")
 P, Ns = s["pseudo"]["steps"], t["steps"]
-close(r["wall_ratio"], (P * tc + (Ns - P) * tr) / (Ns * tr), "wall ratio")
+close(r["wall_ratio"], (P * (tc + t_a2a) + (Ns - P) * tr) / (Ns * tr), "wall ratio")
 PY
 
 # --- M6-10T: each optimizer setting's bytes per parameter and least host

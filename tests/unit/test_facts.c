@@ -301,10 +301,34 @@ static void test_ep_alltoall_bytes(void **state)
                        0.0);
 }
 
+/* model_ep_alltoall_seconds by hand: latency per call, then the slower of
+ * the two links, the bytes split by where the P - 1 peers are */
+static void test_ep_alltoall_seconds(void **state)
+{
+    (void)state;
+    /* one node of 4: 10 calls x 1 ms + 3e9 B / 1e9 B/s = 3.01 s */
+    assert_float_equal(model_ep_alltoall_seconds(3e9, 10, 4, 8, 1e9, 1e8,
+                                                 1e-3), 3.01, 1e-12);
+    /* 16 ranks, 4 a node: 12 of 15 peers away; 3e9 B: 2.4e9 over the
+     * network at 1e9 (2.4 s), 0.6e9 inside at 2e9 (0.3 s): 2.4 + 5 x 0 */
+    assert_float_equal(model_ep_alltoall_seconds(3e9, 5, 16, 4, 2e9, 1e9, 0),
+                       2.4, 1e-12);
+    /* the inside link the slower: 0.6e9 / 1e8 = 6 s */
+    assert_float_equal(model_ep_alltoall_seconds(3e9, 5, 16, 4, 1e8, 1e9, 0),
+                       6.0, 1e-12);
+    /* one rank a node: every peer away */
+    assert_float_equal(model_ep_alltoall_seconds(2e9, 0, 3, 1, 1e12, 1e9, 1),
+                       2.0, 1e-12);
+    /* no group: the calls' latency alone */
+    assert_float_equal(model_ep_alltoall_seconds(2e9, 3, 1, 8, 1e9, 1e9, 0.5),
+                       1.5, 1e-12);
+}
+
 TEST_MAIN(
     cmocka_unit_test(test_against_allocation),
     cmocka_unit_test(test_optimizer_state),
     cmocka_unit_test(test_ep_alltoall_bytes),
+    cmocka_unit_test(test_ep_alltoall_seconds),
     cmocka_unit_test(test_hand_counts),
     cmocka_unit_test(test_parts_and_bytes),
     cmocka_unit_test(test_bad_input),

@@ -104,6 +104,20 @@ static void test_phase_time(void **st)
     p2r_phase z = {.n_layer = 2, .resident_layers = 2, .flops = 5e11};
     p2r_phase_time(&z, &r);
     near_(z.t_step, 0.5, TOL, "resident step");
+    /* experts over 16 devices, 8 a node: 8 of 15 peers away; 1.5e9 B a
+     * step: 0.8e9 over the network at 1e9 (0.8 s), 0.7e9 over NVLink at
+     * 1e10 (0.07 s); 40 calls of 1 ms: t_alltoall 0.84 s, added to the
+     * step (0.5 s of compute) */
+    r.nvlink_bytes_per_s = 1e10;
+    r.net_bytes_per_s = 1e9;
+    r.alltoall_latency_s = 1e-3;
+    z.ep_size = 16;
+    z.ep_per_node = 8;
+    z.alltoall_bytes = 1.5e9;
+    z.alltoall_calls = 40;
+    p2r_phase_time(&z, &r);
+    near_(z.t_alltoall, 0.84, TOL, "t_alltoall");
+    near_(z.t_step, 1.34, TOL, "step with the all-to-alls");
 }
 
 /* The spec's real phase planned with slot 1 of 2 offloaded: the budget is
@@ -395,8 +409,9 @@ static void test_plan_for_spec(void **st)
      * 6560 B/s = 1 s; AdamW 98400 B at 32800 B/s = 3 s */
     o.rates = (p2r_rates){.gpu_flops = 777216, .h2d_bytes_per_s = 3280,
                           .d2h_bytes_per_s = 6560,
-                          .host_adam_bytes_per_s = 32800};
-    p2r_report r;
+                          .host_adam_bytes_per_s = 32800,
+                          .nvlink_bytes_per_s = 1, .net_bytes_per_s = 1};
+    p2r_report r;  /* (one device: no all-to-all, the link rates unused) */
     assert_int_equal(p2r_plan_for_spec(&s, &o, &r, err, sizeof err), 0);
     /* the pseudo phase (S 1) fits the budget: resident, 1 s */
     assert_int_equal(r.pseudo.n_offloaded, 0);
