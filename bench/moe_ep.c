@@ -10,6 +10,21 @@
  * (the rule `m6ctl plan` prints at scale: uniform routing, nothing
  * dropped), and the expert bytes a rank holds, against P = 1.
  *
+ * The all-to-all time is also predicted, by the model `m6ctl plan --p2r`
+ * prices it with (model_ep_alltoall_seconds: latency per call plus bytes
+ * over the link) on this machine's link, measured first by the ranks
+ * themselves with plain all-to-alls and no MoE (plain_alltoall_: each
+ * after compute and a barrier, as in a step; the mean call): the latency
+ * from calls of 4 bytes a peer, the rate from the extra time of calls of 4
+ * MiB a peer. The ratio measured /
+ * predicted says how well the plan's figure holds here (`m6ctl plan ...
+ * --p2r --nvlink-gbps R --alltoall-latency-us L` with the printed R and L
+ * gives the same prediction for a run of these shapes). Each P runs twice:
+ * as the engine runs (tokens/s, and the time inside the all-to-alls, which
+ * includes waiting for the rank that arrives last), then with a barrier
+ * before each all-to-all timed apart (moe_ep_set_timing_barrier), whose
+ * transfer time is what the prediction is compared with.
+ *
  * usage: moe_ep [--embd C] [--experts E] [--prototypes k] [--tokens N]
  *               [--capacity F] [--steps S] [--warmup W] [--max-ranks P]
  *               [--threads T]
@@ -37,13 +52,58 @@
 typedef struct {
     int C, E, k, N, steps, warmup, threads;
     double cf;
+    int timing_barrier;   /* moe_ep_set_timing_barrier for this pass */
 } shape_;
 
 /* One rank's figures, as it writes them to the pipe. */
 typedef struct {
-    double step_s, a2a_s, bytes, expert_bytes;
+    double step_s, a2a_s, wait_s, bytes, expert_bytes;
+    double link_latency_s, link_Bps;  /* the plain all-to-alls' */
     int dropped;
 } figures_;
+
+/* Seconds per call of `reps` plain all-to-alls sending `per_peer` bytes to
+ * every other rank, each as a step makes it: after GAP_S of computing
+ * (the ranks' threads busy, not asleep) and a barrier, which are not
+ * timed. Back to back, calls cost a fraction of that on a machine where
+ * waking a thread is dear (a VM: 0.1-0.3 ms against about 1 ms here). -1
+ * on an error (err set). */
+#define GAP_S 2e-3
+static double plain_alltoall_(m6_coll *g, int rank, int P, size_t per_peer,
+                              int reps, m6_err *err)
+{
+    size_t sb[16], rb[16];
+    for (int q = 0; q < P; q++)
+        sb[q] = rb[q] = q == rank ? 0 : per_peer;
+    char *s = calloc((size_t)P, per_peer ? per_peer : 1);
+    char *r = calloc((size_t)P, per_peer ? per_peer : 1);
+    double t = -1;
+    if (s && r && m6_coll_alltoallv(g, s, sb, r, rb, err) == 0 &&
+        m6_coll_barrier(g, err) == 0) {  /* one untimed: connections warm */
+        double ts[64];
+        int i = 0;
+        reps = reps < 64 ? reps : 64;
+        for (; i < reps; i++) {
+            double t0 = clock_mono_s() + GAP_S;
+            while (clock_mono_s() < t0)
+                ;  /* compute stands in for the layer's */
+            if (m6_coll_barrier(g, err) != 0)
+                break;
+            t0 = clock_mono_s();
+            if (m6_coll_alltoallv(g, s, sb, r, rb, err) != 0)
+                break;
+            ts[i] = clock_mono_s() - t0;
+        }
+        if (i == reps) {  /* the mean: a step pays its slow calls too */
+            t = 0;
+            for (int j = 0; j < reps; j++)
+                t += ts[j] / reps;
+        }
+    }
+    free(s);
+    free(r);
+    return t;
+}
 
 static float *randn_(size_t n, unsigned seed, float scale)
 {
@@ -96,6 +156,19 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
         fprintf(stderr, "moe_ep: rank %d: out of memory\n", rank);
         return 1;
     }
+    /* the link: latency from tiny calls, the rate from 4 MiB a peer */
+    double lat = 0, big = 0, bw = 0;
+    const size_t big_b = (size_t)4 << 20;
+    if (P > 1) {
+        lat = plain_alltoall_(g, rank, P, 4, 30, &err);
+        big = lat >= 0 ? plain_alltoall_(g, rank, P, big_b, 15, &err) : -1;
+        if (big < 0) {
+            fprintf(stderr, "moe_ep: rank %d: %s\n", rank, m6_err_msg(&err));
+            return 1;
+        }
+        bw = (double)big_b * (P - 1) / fmax(big - lat, 1e-9);
+    }
+    moe_ep_set_timing_barrier(m, s->timing_barrier);
     moe_ep_stats a, b;
     double t0 = 0;
     int dropped = 0;
@@ -124,8 +197,10 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
     }
     figures_ f = {
         (t1 - t0) / s->steps, (b.seconds - a.seconds) / s->steps,
+        (b.wait_seconds - a.wait_seconds) / s->steps,
         (double)(b.bytes_sent - a.bytes_sent) / s->steps,
-        (double)(n_w1 + n_b1 + n_w2 + n_b2) * sizeof(float), dropped};
+        (double)(n_w1 + n_b1 + n_w2 + n_b2) * sizeof(float), lat, bw,
+        dropped};
     if (write(out_fd, &f, sizeof f) != (ssize_t)sizeof f)
         return 1;
     moe_ep_free(m);
@@ -159,7 +234,7 @@ static const char usage_[] =
 
 int main(int argc, char **argv)
 {
-    shape_ s = {256, 16, 2, 512, 5, 1, 1, 2.0};
+    shape_ s = {256, 16, 2, 512, 5, 1, 1, 2.0, 0};
     int max_ranks = 4;
     const bench_opt opts[] = {
         BENCH_INT("embd", &s.C, 2), BENCH_INT("experts", &s.E, 1),
@@ -178,23 +253,34 @@ int main(int argc, char **argv)
            "%d tokens per rank, capacity factor %.2f, %d thread(s) a rank, "
            "%d timed steps (forward + backward), Gloo on loopback\n", s.C,
            s.E, s.k, 4 * s.C / s.k, s.N, s.cf, s.threads, s.steps);
-    printf("%3s %12s %10s %10s %14s %14s %7s %14s %8s %8s\n", "P", "tokens/s",
-           "step_ms", "a2a_ms", "sent_B/step", "predicted_B", "ratio",
-           "expert_B/rank", "vs_P=1", "dropped");
+    printf("%3s %12s %10s %10s %14s %14s %7s %14s %8s %8s | %9s %9s %9s "
+           "%9s %10s %7s\n", "P", "tokens/s", "step_ms", "a2a_ms",
+           "sent_B/step", "predicted_B", "ratio", "expert_B/rank", "vs_P=1",
+           "dropped", "link_us", "link_GB/s", "wait_ms", "xfer_ms",
+           "xfer_pred_ms", "ratio");
     char kv[1024];
     int kn = 0, bad = 0;
     double expert1 = 0, worst_share = 0;
     for (int P = 1; P <= max_ranks; P *= 2) {
-        figures_ f[16];
-        if (run_(P, &s, f) != 0) {
+        figures_ f[16], fb[16];
+        shape_ sb = s;
+        sb.timing_barrier = 1;
+        if (run_(P, &s, f) != 0 || (P > 1 && run_(P, &sb, fb) != 0)) {
             fprintf(stderr, "moe_ep: P = %d failed\n", P);
             return 1;
         }
         double step = 0, a2a = 0, sent = 0, pred = 0, ebytes = 0;
+        double lat = 0, bw = 0, xfer = 0, wait = 0;
         int dropped = 0;
         for (int r = 0; r < P; r++) {
             step = fmax(step, f[r].step_s);
             a2a += f[r].a2a_s / P;
+            if (P > 1) {
+                lat += fb[r].link_latency_s / P;
+                bw += fb[r].link_Bps / P;
+                xfer += fb[r].a2a_s / P;
+                wait += fb[r].wait_s / P;
+            }
             sent += f[r].bytes / P;
             pred += model_ep_alltoall_bytes(s.N, s.k, s.C, s.E, P, r,
                                             sizeof(float)) / P;
@@ -205,14 +291,24 @@ int main(int argc, char **argv)
             expert1 = ebytes;
         double share = ebytes / expert1, tok_s = (double)P * s.N / step;
         double ratio = pred > 0 ? sent / pred : 1.0;
+        /* the plan's model on this link: one node of P ranks */
+        double a2a_pred = P > 1 ? model_ep_alltoall_seconds(
+                                      pred, MODEL_EP_ALLTOALLS, P, P, bw, bw,
+                                      lat)
+                                : 0;
+        double tratio = a2a_pred > 0 ? xfer / a2a_pred : 1.0;
         worst_share = share;
         printf("%3d %12.0f %10.2f %10.2f %14.0f %14.0f %7.3f %14.0f %8.3f "
-               "%8d\n", P, tok_s, step * 1e3, a2a * 1e3, sent, pred, ratio,
-               ebytes, share, dropped);
+               "%8d | %9.1f %9.3f %9.2f %9.2f %10.2f %7.3f\n", P, tok_s,
+               step * 1e3, a2a * 1e3, sent, pred, ratio, ebytes, share,
+               dropped, lat * 1e6, bw / 1e9, wait * 1e3, xfer * 1e3,
+               a2a_pred * 1e3, tratio);
         kn += snprintf(kv + kn, sizeof kv - (size_t)kn,
                        "%stok_s_p%d=%.0f a2a_frac_p%d=%.3f bytes_ratio_p%d=%.3f "
-                       "expert_share_p%d=%.3f", kn ? " " : "", P, tok_s, P,
-                       step > 0 ? a2a / step : 0, P, ratio, P, share);
+                       "expert_share_p%d=%.3f a2a_time_ratio_p%d=%.3f",
+                       kn ? " " : "", P, tok_s, P,
+                       step > 0 ? a2a / step : 0, P, ratio, P, share, P,
+                       tratio);
         if (kn >= (int)sizeof kv)
             kn = (int)sizeof kv - 1;
     }

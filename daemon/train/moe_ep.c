@@ -39,6 +39,7 @@ struct moe_ep {
     int32_t *perm;        /* by-expert row -> by-sender row */
     float *xr, *xl, *hpre, *hact, *yl, *yr, *dh1, *dh2;
     size_t *sb, *rb;      /* [P] bytes, scratch for the all-to-alls */
+    int timing_barrier;   /* moe_ep_set_timing_barrier */
     moe_ep_stats stats;
 };
 
@@ -55,6 +56,13 @@ static void *alloc_(size_t n, size_t size, int *ok)
 static int alltoall_(moe_ep *m, const void *send, void *recv, m6_err *err)
 {
     double t0 = clock_mono_s();
+    if (m->timing_barrier) {
+        if (m6_coll_barrier(m->g, err) != 0)
+            return -1;
+        double t1 = clock_mono_s();
+        m->stats.wait_seconds += t1 - t0;
+        t0 = t1;
+    }
     int rc = m6_coll_alltoallv(m->g, send, m->sb, recv, m->rb, err);
     m->stats.seconds += clock_mono_s() - t0;
     m->stats.calls++;
@@ -275,6 +283,11 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
 const int32_t *moe_ep_counts(const moe_ep *m)
 {
     return m->counts;
+}
+
+void moe_ep_set_timing_barrier(moe_ep *m, int on)
+{
+    m->timing_barrier = on != 0;
 }
 
 void moe_ep_get_stats(const moe_ep *m, moe_ep_stats *out)

@@ -82,13 +82,23 @@ const int32_t *moe_ep_counts(const moe_ep *m);
 
 /* What a layer's all-to-alls have cost since moe_ep_create. */
 typedef struct {
-    double seconds;       /* wall seconds inside the all-to-alls */
+    double seconds;       /* wall seconds inside the all-to-alls (with the
+                           * timing barrier on: the transfers alone) */
+    double wait_seconds;  /* with the timing barrier on: seconds in the
+                           * barrier before each, waiting for the slowest
+                           * rank to arrive; else 0 */
     uint64_t bytes_sent;  /* bytes this rank sent to the other ranks (rows
                            * and counts; what stays on the rank not
                            * counted): model_ep_alltoall_bytes predicts it
                            * per step */
     uint64_t calls;       /* all-to-alls entered: 3 a forward, 2 a backward */
 } moe_ep_stats;
+
+/* Timing only (bench/moe_ep): with on, every all-to-all is preceded by a
+ * barrier, timed apart (wait_seconds), so that `seconds` holds the
+ * transfers and not the wait for ranks that arrive later (as Megatron-LM's
+ * --barrier-with-L1-time). Every rank of the group must set the same. */
+void moe_ep_set_timing_barrier(moe_ep *m, int on);
 
 /* The layer's all-to-all figures so far into *out. */
 void moe_ep_get_stats(const moe_ep *m, moe_ep_stats *out);
