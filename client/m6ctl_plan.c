@@ -177,18 +177,18 @@ static int plan_p2r_(const run_spec *spec)
         o.rates.d2h_bytes_per_s = g.d2h_gbps * 1e9;
         o.rates.d2h_src = "--d2h-gbps";
     }
-    if (g.adam_gbps > 0) {
-        o.rates.host_adam_bytes_per_s = g.adam_gbps * 1e9;
-        o.rates.adam_src = "--host-adam-gbps";
-    }
-    if (g.nvlink_gbps > 0) {
-        o.rates.nvlink_bytes_per_s = g.nvlink_gbps * 1e9;
-        o.rates.nvlink_src = "--nvlink-gbps";
-    }
-    if (g.net_gbps > 0) {
-        o.rates.net_bytes_per_s = g.net_gbps * 1e9;
-        o.rates.net_src = "--net-gbps";
-    }
+    const struct { double gbps; double *to; const char **src, *opt; } gb[] = {
+        {g.adam_gbps, &o.rates.host_adam_bytes_per_s, &o.rates.adam_src,
+         "--host-adam-gbps"},
+        {g.nvlink_gbps, &o.rates.nvlink_bytes_per_s, &o.rates.nvlink_src,
+         "--nvlink-gbps"},
+        {g.net_gbps, &o.rates.net_bytes_per_s, &o.rates.net_src,
+         "--net-gbps"}};
+    for (size_t i = 0; i < sizeof gb / sizeof gb[0]; i++)
+        if (gb[i].gbps > 0) {  /* given: GB/s to bytes/s */
+            *gb[i].to = gb[i].gbps * 1e9;
+            *gb[i].src = gb[i].opt;
+        }
     if (g.a2a_latency_given) {
         o.rates.alltoall_latency_s = g.a2a_latency_us * 1e-6;
         o.rates.latency_src = "--alltoall-latency-us";

@@ -732,25 +732,24 @@ static void print_json_(FILE *f, const p2r_report *r)
         json_object_set_new(o, "gpus_per_node",
                             json_integer(r->cin.gpus_per_node));
     }
+    /* each rate, and where it came from */
+    const struct { const char *key, *src_key; double v; const char *src; }
+        rates[] = {
+        {"gpu_flops", "gpu_flops_source", q->gpu_flops, q->gpu_src},
+        {"h2d_bytes_per_s", "h2d_source", q->h2d_bytes_per_s, q->h2d_src},
+        {"d2h_bytes_per_s", "d2h_source", q->d2h_bytes_per_s, q->d2h_src},
+        {"host_adam_bytes_per_s", "host_adam_source",
+         q->host_adam_bytes_per_s, q->adam_src},
+        {"nvlink_bytes_per_s", "nvlink_source", q->nvlink_bytes_per_s,
+         q->nvlink_src},
+        {"net_bytes_per_s", "net_source", q->net_bytes_per_s, q->net_src},
+        {"alltoall_latency_s", "alltoall_latency_source",
+         q->alltoall_latency_s, q->latency_src}};
     json_t *rt = json_object();
-    json_object_set_new(rt, "gpu_flops", json_real(q->gpu_flops));
-    json_object_set_new(rt, "gpu_flops_source", json_string(q->gpu_src));
-    json_object_set_new(rt, "h2d_bytes_per_s", json_real(q->h2d_bytes_per_s));
-    json_object_set_new(rt, "h2d_source", json_string(q->h2d_src));
-    json_object_set_new(rt, "nvlink_bytes_per_s",
-                        json_real(q->nvlink_bytes_per_s));
-    json_object_set_new(rt, "nvlink_source", json_string(q->nvlink_src));
-    json_object_set_new(rt, "net_bytes_per_s", json_real(q->net_bytes_per_s));
-    json_object_set_new(rt, "net_source", json_string(q->net_src));
-    json_object_set_new(rt, "alltoall_latency_s",
-                        json_real(q->alltoall_latency_s));
-    json_object_set_new(rt, "alltoall_latency_source",
-                        json_string(q->latency_src));
-    json_object_set_new(rt, "d2h_bytes_per_s", json_real(q->d2h_bytes_per_s));
-    json_object_set_new(rt, "d2h_source", json_string(q->d2h_src));
-    json_object_set_new(rt, "host_adam_bytes_per_s",
-                        json_real(q->host_adam_bytes_per_s));
-    json_object_set_new(rt, "host_adam_source", json_string(q->adam_src));
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        json_object_set_new(rt, rates[i].key, json_real(rates[i].v));
+        json_object_set_new(rt, rates[i].src_key, json_string(rates[i].src));
+    }
     json_object_set_new(o, "rates", rt);
     json_object_set_new(o, "flops_formula",
                         json_string("6 N + 12 L C T per token (PaLM, "

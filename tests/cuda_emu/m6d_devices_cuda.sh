@@ -15,28 +15,9 @@
 #    ranks (Gloo: m6d_emu has no NCCL), its train losses within 2e-3 nats
 #    of the single-rank cuda run with the same global batch (as
 #    m6d_dp_cuda.sh, where the two ranks are two m6d).
-. "$(dirname "$0")/../integration/lib.sh"
-TMO=30
-M6D_ARGS="--node-timeout $TMO"
+. "$(dirname "$0")/dp_cuda_common.sh"  # one.json, two.json, one.csv
 export M6_EMU_DEVICES=2
 
-prepare_data "$T/data"
-cuda_spec() { # FILE NAME [nodes]
-    spec_file "$1" "$2" <<JSON
-  "model": $(tiny_model 3),
-  "pseudo": {"steps": 4},
-  "train": {"steps": 8, "batch_size": 2, "grad_accum": 2, "eval_every": 4, "seed": 5},
-  "device": {"backend": "cuda"}${3:+, $3}
-JSON
-}
-cuda_spec "$T/one.json" one
-cuda_spec "$T/two.json" two "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
-
-# the device memory one rank of this model takes at its peak: the
-# single-rank run's, as the emulator counts it (m6ctl status)
-reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-rank cuda run"
-
-write_token "$T/token"
 out=$(CUDA_VISIBLE_DEVICES=1 "$M6D" --state-dir "$T/v" --role coordinator \
       --listen 127.0.0.1:0 --token-file "$T/token" --devices 2 2>&1) \
     && fail "--devices 2 with one visible GPU accepted"

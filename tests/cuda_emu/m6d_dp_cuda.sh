@@ -9,24 +9,8 @@
 # (one bf16 rounding of each summed gradient element: see
 # tests/gpu/test_dp_cuda.c, where 6.5e-5 is measured; a rank training on
 # its own half of the batch is off by 6e-3 there).
-. "$(dirname "$0")/../integration/lib.sh"
-TMO=30
-M6D_ARGS="--node-timeout $TMO" # every m6d lib.sh's start_m6d starts here
+. "$(dirname "$0")/dp_cuda_common.sh"  # one.json, two.json, one.csv
 
-prepare_data "$T/data"
-cuda_spec() { # FILE NAME [nodes]
-    spec_file "$1" "$2" <<JSON
-  "model": $(tiny_model 3),
-  "pseudo": {"steps": 4},
-  "train": {"steps": 8, "batch_size": 2, "grad_accum": 2, "eval_every": 4, "seed": 5},
-  "device": {"backend": "cuda"}${3:+, $3}
-JSON
-}
-cuda_spec "$T/one.json" one
-cuda_spec "$T/two.json" two "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
-reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "single-node cuda run"
-
-write_token "$T/token"
 start_m6d c --role coordinator --listen 127.0.0.1:0 --token-file "$T/token"
 SOCK=$T/c/m6d.sock
 wait_listen c 200
