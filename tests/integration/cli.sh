@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cli.sh — m6ctl's user-facing contract: exit codes (the same for the same
 # mistake in every command), argument checks that name the option, and
-# what data prepare leaves behind and says.
+# what data prepare leaves behind and says, also when interrupted.
 . "$(dirname "$0")/lib.sh"
 
 # expect_rc WANT CMD...: run CMD (stderr in $T/err), assert its exit status.
@@ -77,6 +77,30 @@ grep -q 'no text in the inputs' "$T/err" || fail "binary-only prepare: $(cat "$T
 mkdir -p "$T/there/keep"
 expect_rc 1 "$M6CTL" data prepare --out "$T/there/keep/new/" "$T/binary.dat"
 [ -d "$T/there/keep" ] && [ ! -e "$T/there/keep/new" ] || fail "failed prepare under an existing dir: $(find "$T/there")"
+
+# Ctrl-C in the middle of a data prepare: exit 128 + SIGINT, said, and no
+# shard of it left for a train_*.bin glob. The prepare is frozen
+# (SIGSTOP) once its first shard is there, sent SIGINT, then let go, so
+# the signal lands mid-run whatever the machine's speed.
+python3 -c "import sys; sys.stdout.write('the quick brown fox jumps. ' * 1000000)" >"$T/big.txt"
+"$M6CTL" data prepare --out "$T/int" --shard-tokens 1048576 "$T/big.txt" \
+    >"$T/int.out" 2>"$T/int.err" &
+pid=$!
+for _ in $(seq 1 1000); do
+    compgen -G "$T/int/train_*.bin" >/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.01
+done
+kill -STOP "$pid" 2>/dev/null || fail "data prepare ended before the test could stop it"
+compgen -G "$T/int/train_*.bin" >/dev/null || fail "no first shard seen: $(ls "$T/int")"
+kill -INT "$pid"
+kill -CONT "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 130 ] || fail "data prepare after SIGINT exited $rc, want 130: $(cat "$T/int.err")"
+grep -q 'stopped by signal 2; the shards written so far were removed' "$T/int.err" \
+    || fail "SIGINT: $(cat "$T/int.err")"
+! compgen -G "$T/int/*_*.bin*" >/dev/null || fail "SIGINT left shards: $(ls "$T/int")"
 
 write_spec "$T/spec.json" cli 100000 10
 start_daemon "$T/s"
