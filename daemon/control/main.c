@@ -161,8 +161,8 @@ static void usage_(FILE *f)
         "  --devices N        run N data-parallel ranks of a run across nodes here\n"
         "                     (1..256; N > 1 needs --listen or --join): cpu, each\n"
         "                     with its share of the cores (default 1); cuda, one\n"
-        "                     per GPU, GPUs 0..N-1 of CUDA_VISIBLE_DEVICES'\n"
-        "                     (default: all of them with --listen or --join, else 1)\n"
+        "                     per GPU, the first N visible (CUDA_VISIBLE_DEVICES;\n"
+        "                     default: all of them with --listen or --join, else 1)\n"
         "  --help, --version\n");
 }
 
