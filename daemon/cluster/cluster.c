@@ -20,7 +20,6 @@
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 
-
 /* path replaced whole by n bytes of buf, mode `mode`: written to a fresh
  * temporary name beside it (mkstemp, never a planted link), fsynced, then
  * renamed over it, so a crash leaves the old file or the new one, never
