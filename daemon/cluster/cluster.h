@@ -62,9 +62,10 @@ int cluster_token_matches(const cluster_token *t, const void *p, size_t n);
 typedef struct {
     char hostname[256];
     char backend[16];            /* "cpu" or "cuda" */
-    int devices;                 /* the devices whose ranks this node runs
-                                  * (m6d: --devices, else its visible GPUs
-                                  * in a cluster); 1 (the host) for cpu */
+    int devices;                 /* the ranks this node runs, one a device:
+                                  * m6d --devices; else every visible GPU
+                                  * of a cuda node in a cluster, or 1 (a
+                                  * single cuda m6d; the host on cpu) */
     uint64_t memory;             /* host memory (MemTotal), bytes */
     uint64_t free_device_memory; /* bytes: CUDA free memory over devices;
                                   * MemAvailable, capped by m6d's cgroup

@@ -690,9 +690,7 @@ int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
     for (int i = 0; i < n && k < max; i++)
         if (!rows[i].coordinator && rows[i].state == NODE_LIVE) {
             ids[k] = rows[i].id;
-            slots[k++] = strcmp(rows[i].backend, "cpu") == 0 &&
-                                 rows[i].devices > 1
-                             ? rows[i].devices : 1;
+            slots[k++] = rows[i].devices > 1 ? rows[i].devices : 1;
         }
     free(rows);
     return k;

@@ -153,9 +153,9 @@ int cluster_coord_rank_lost(cluster_coord *c, int64_t run, int wait_ms,
                             run_lost *out);
 
 /* The live worker nodes by id, at most max (ids into ids[]) and how many
- * ranks each runs (slots[]: its devices on a cpu node, m6d --devices; 1
- * on a cuda node, whose GPUs beyond the first m6d does not drive yet).
- * Returns how many, or -1 (DB). */
+ * ranks each runs (slots[]: its devices, cluster_facts.devices: m6d
+ * --devices, or every visible GPU of a cuda node). Returns how many, or
+ * -1 (DB). */
 int cluster_coord_nodes_slots(cluster_coord *c, int64_t *ids, int *slots,
                               int max);
 
