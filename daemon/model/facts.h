@@ -234,8 +234,11 @@ double model_ep_alltoall_bytes(double N, int k, int C, int E, int P, int q,
  * node are contiguous), and under uniform routing each of its P - 1 peers
  * gets the same share: bytes_inter = bytes (P - min(P, G)) / (P - 1) go
  * over the network, the rest inside the node, the two links at once. The
- * all-to-alls block the step (none overlaps compute). P <= 1 or bytes 0:
- * calls * latency_s (0 calls: 0). Rates in bytes/s, > 0. */
+ * all-to-alls block the compute (plan_p2r.h). The equal shares hold when
+ * every rank holds experts (E >= P) and the rank's node is full (P a
+ * multiple of G, or P <= G): the plan at scale (P = N G) and
+ * bench/moe_ep (G = P) ask it so. P <= 1 or bytes 0: calls * latency_s
+ * (0 calls: 0). Rates in bytes/s, > 0. */
 double model_ep_alltoall_seconds(double bytes, double calls, int P, int G,
                                  double intra_Bps, double inter_Bps,
                                  double latency_s);

@@ -55,7 +55,17 @@ void p2r_phase_time(p2r_phase *ph, const p2r_rates *r)
     ph->t_d2h = ph->d2h_bytes / r->d2h_bytes_per_s;
     ph->t_copy = ph->t_h2d > ph->t_d2h ? ph->t_h2d : ph->t_d2h;
     ph->t_adam = ph->adam_bytes / r->host_adam_bytes_per_s;
-    double busy = ph->t_compute > ph->t_copy ? ph->t_compute : ph->t_copy;
+    /* the all-to-alls block the compute stream, not the copy streams or
+     * the host threads */
+    ph->t_alltoall = ph->ep_size > 1
+                         ? model_ep_alltoall_seconds(
+                               ph->alltoall_bytes, ph->alltoall_calls,
+                               ph->ep_size, ph->ep_per_node,
+                               r->nvlink_bytes_per_s, r->net_bytes_per_s,
+                               r->alltoall_latency_s)
+                         : 0;
+    double device = ph->t_compute + ph->t_alltoall;
+    double busy = device > ph->t_copy ? device : ph->t_copy;
     /* overlapped: the host update runs beside the whole step; else it
      * waits for the global norm and hides only behind the next forward's
      * layers on resident slots (a prefix: offloaded slots are a suffix) */
@@ -67,14 +77,7 @@ void p2r_phase_time(p2r_phase *ph, const p2r_rates *r)
                                 : 0);
     ph->t_adam_exposed = ph->t_adam > cap ? ph->t_adam - cap : 0;
     ph->t_adam_hidden = ph->t_adam - ph->t_adam_exposed;
-    ph->t_alltoall = ph->ep_size > 1
-                         ? model_ep_alltoall_seconds(
-                               ph->alltoall_bytes, ph->alltoall_calls,
-                               ph->ep_size, ph->ep_per_node,
-                               r->nvlink_bytes_per_s, r->net_bytes_per_s,
-                               r->alltoall_latency_s)
-                         : 0;
-    ph->t_step = busy + ph->t_adam_exposed + ph->t_alltoall;
+    ph->t_step = busy + ph->t_adam_exposed;
 }
 
 /* Bytes moved in one optimizer step of A microbatches (offload.h's
@@ -851,8 +854,8 @@ void p2r_print(FILE *f, const p2r_report *r, int json)
     }
     fprintf(f, "FLOPs per token = 6 N + 12 L C T (PaLM appendix B), N the "
             "parameters a token passes through\n");
-    fprintf(f, "step = max(compute, copy) + the host AdamW not hidden + "
-            "the experts' all-to-alls; %s\n",
+    fprintf(f, "step = max(compute + the experts' all-to-alls, copy) + the "
+            "host AdamW not hidden; %s\n",
             re->adam_overlaps
                 ? "the host update overlaps the step (no clipping, or "
                   "offload.speculative on/auto: auto counted as on)"

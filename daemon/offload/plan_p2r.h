@@ -24,17 +24,18 @@
  *   t_alltoall   = model_ep_alltoall_seconds (model/facts.h): the experts'
  *                  all-to-alls (latency per call, bytes over NVLink inside
  *                  a node and the network across nodes); none on one
- *                  device. They block the step: added to it below.
- *   t_step       = max(t_compute, t_copy, t_adam) when the host update
+ *                  device. They block the compute stream, not the copy
+ *                  streams or the host threads:
+ *   t_device     = t_compute + t_alltoall
+ *   t_step       = max(t_device, t_copy, t_adam) when the host update
  *                  overlaps the step (no clipping: a slot's update starts
  *                  when its gradient is final; clipping with
  *                  offload.speculative on or auto: the speculative update);
- *                = max(t_compute, t_copy) + max(0, t_adam - t_hidden)
+ *                = max(t_device, t_copy) + max(0, t_adam - t_hidden)
  *                  otherwise, t_hidden = t_compute / 3 * (layers on
  *                  resident slots / L): the update waits for the global
  *                  norm and hides only behind the next forward's resident
  *                  layers (forward is a third of 6N + 12LCT).
- *                (+ t_alltoall in both cases)
  * Not modelled: the device AdamW of resident slots, evaluation passes,
  * the gradient all-reduce, stalls from a prefetch depth too short for the
  * copy.

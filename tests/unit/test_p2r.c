@@ -106,8 +106,8 @@ static void test_phase_time(void **st)
     near_(z.t_step, 0.5, TOL, "resident step");
     /* experts over 16 devices, 8 a node: 8 of 15 peers away; 1.5e9 B a
      * step: 0.8e9 over the network at 1e9 (0.8 s), 0.7e9 over NVLink at
-     * 1e10 (0.07 s); 40 calls of 1 ms: t_alltoall 0.84 s, added to the
-     * step (0.5 s of compute) */
+     * 1e10 (0.07 s); 40 calls of 1 ms: t_alltoall 0.84 s, after the 0.5 s
+     * of compute on the device: 1.34 s */
     r.nvlink_bytes_per_s = 1e10;
     r.net_bytes_per_s = 1e9;
     r.alltoall_latency_s = 1e-3;
@@ -118,6 +118,15 @@ static void test_phase_time(void **st)
     p2r_phase_time(&z, &r);
     near_(z.t_alltoall, 0.84, TOL, "t_alltoall");
     near_(z.t_step, 1.34, TOL, "step with the all-to-alls");
+    /* the host update overlaps them as it does the compute: 2 s of AdamW
+     * over 1.34 s of device time is a 2 s step; copies likewise (3 s) */
+    z.adam_bytes = 4.8e9;
+    z.adam_overlaps = 1;
+    p2r_phase_time(&z, &r);
+    near_(z.t_step, 2, TOL, "AdamW beside the all-to-alls");
+    z.h2d_bytes = 6e9;
+    p2r_phase_time(&z, &r);
+    near_(z.t_step, 3, TOL, "copies beside the all-to-alls");
 }
 
 /* The spec's real phase planned with slot 1 of 2 offloaded: the budget is
