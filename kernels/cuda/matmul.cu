@@ -74,7 +74,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, ld;
 } lt_descs_;
 
-#define LT_CACHE 1024
+#define LT_CACHE 4096   /* a few hundred configurations per device, 8 devices */
 #define LT_LOCKS 64               /* entry i uses lt_lock_[i % LT_LOCKS] */
 static struct {
     lt_key_ key;

@@ -138,10 +138,13 @@ static void log_peaks_(void)
     FILE *f = path && *path ? fopen(path, "w") : NULL;
     if (!f)
         return;
-    pthread_mutex_lock(&mu_);
+    /* exit(1) may come from a thread holding the lock (a fatal misuse):
+     * then read the peaks without it, rather than hang */
+    int locked = pthread_mutex_trylock(&mu_) == 0;
     for (int d = 0; d < device_count_(); d++)
         fprintf(f, "device %d peak_bytes %zu\n", d, device_peak_[d]);
-    pthread_mutex_unlock(&mu_);
+    if (locked)
+        pthread_mutex_unlock(&mu_);
     fclose(f);
 }
 
@@ -198,16 +201,22 @@ long emu_graph_launches(void)
 }
 
 /* What the real runtime refuses while a stream captures: allocating or
- * freeing memory and the legacy default stream
- * (cudaErrorStreamCaptureImplicit), from the thread that began a capture
- * in the global or thread-local mode, and from every thread while any
- * capture in the global mode is on. (A thread-local capture, m6's, leaves
- * the other threads free: the ranks of a node capture and allocate at
- * once, each on its own device.) */
-static cudaError_t capture_refuses_(const char *what)
+ * freeing memory and the legacy default stream, from the thread that
+ * began a capture in the global or thread-local mode, and from every
+ * thread while any capture in the global mode is on; and the legacy
+ * stream (legacy 1) from any thread while a blocking stream of the
+ * current device captures, whose capture it would join implicitly
+ * (cudaErrorStreamCaptureImplicit). A thread-local capture, m6's, leaves
+ * the other threads free otherwise: the ranks of a node capture and
+ * allocate at once, each on its own device. */
+static cudaError_t capture_refuses_(const char *what, int legacy = 0)
 {
     pthread_mutex_lock(&mu_);
     int n = global_captures_ + my_captures_;
+    for (size_t i = 0; legacy && i < streams_.size(); i++) {
+        const mock_stream_ *s = streams_[i];
+        n += s->cap && !s->dead && !s->nonblocking && s->device == cur_;
+    }
     pthread_mutex_unlock(&mu_);
     if (!n)
         return cudaSuccess;
@@ -567,7 +576,8 @@ static cudaError_t push_(cudaStream_t s, const op_ &o)
 {
     if (!s) {
         if (o.kind != OP_RECORD && o.kind != OP_WAIT &&
-            capture_refuses_("an operation on the legacy default stream") !=
+            capture_refuses_("an operation on the legacy default stream",
+                             1) !=
                 cudaSuccess)
             return last_;
         __atomic_add_fetch(&stream_ops_, 1, __ATOMIC_RELAXED);
@@ -1137,6 +1147,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&mu_);
+    if (!s && event_ok_(e) && e->device != cur_) {
+        pthread_mutex_unlock(&mu_);
+        return misuse_(cudaErrorInvalidResourceHandle,
+                       "cudaEventRecord of an event of one device on "
+                       "another device's legacy stream");
+    }
     if (!s && event_ok_(e)) { /* legacy stream: complete at once */
         wait_legacy_locked_();
         e->issued++;

@@ -27,7 +27,8 @@
  *    recorded on another device's stream, are misuse and run nothing; a
  *    copy on another device's stream is allowed; while one thread
  *    captures in the thread-local mode, another thread may allocate and
- *    the capturing one may not.
+ *    the capturing one may not, and the legacy stream (which would join
+ *    the blocking stream's capture) is refused on every thread.
  * Exit 0 passed, 1 failed.
  */
 #include <math.h>
@@ -227,6 +228,17 @@ static int lt_gemm_2x2_(cudaStream_t s, int offset, uint32_t tell_a)
     cublasLtDestroy(h);
     cudaFree(blk); cudaFree(b); cudaFree(d);
     return out;
+}
+
+/* another thread's cudaMemset (the legacy stream) of 4 bytes at *out:
+ * whether it was refused (a misuse counted) */
+static void *memset_elsewhere_(void *arg)
+{
+    void **p = (void **)arg;
+    long e0 = mock_errors();
+    cudaMemset(p[0], 0, 4);
+    *(long *)p[1] = mock_errors() - e0;
+    return NULL;
 }
 
 /* another thread's cudaMalloc: its error (0 success) */
@@ -523,6 +535,12 @@ int main(void)
         pthread_create(&th, NULL, malloc_elsewhere_, &other);
         pthread_join(th, NULL);
         check_(other == cudaSuccess, "another thread allocates meanwhile");
+        long refused = 0;
+        void *args[2] = {d_nan, &refused};
+        pthread_create(&th, NULL, memset_elsewhere_, args);
+        pthread_join(th, NULL);
+        check_(refused > 0, "another thread's legacy-stream memset: an "
+                            "error (it would join the capture)");
         long e0 = mock_errors();
         void *p = NULL;
         cudaMalloc(&p, 256);
