@@ -600,6 +600,10 @@ int p2r_plan_for_spec(const run_spec *spec, const p2r_options *o,
             return -1;
         }
         out->unbudgeted = p.budget_bytes == 0;
+        out->ep_unpriced = spec->model.moe_experts > 0 &&
+                                   spec->nodes.expert_parallel > 1
+                               ? spec->nodes.expert_parallel
+                               : 0;
         int rc = p2r_phase_of_plan(spec, p.pseudo, 1, &out->pseudo, e2,
                                    sizeof e2);
         if (rc == 0)
@@ -835,6 +839,11 @@ void p2r_print(FILE *f, const p2r_report *r, int json)
                 "both phases are counted resident, so no offloading is "
                 "priced and the steps differ only in compute; give "
                 "--device-memory SIZE, or --nodes N --gpus-per-node G\n");
+    if (r->ep_unpriced)
+        fprintf(f, "note: nodes.expert_parallel %d: the experts' all-to-all "
+                "is priced at scale only (the single-node planner plans one "
+                "device); give --nodes N --gpus-per-node G\n",
+                r->ep_unpriced);
     fprintf(f, "rates:\n");
     fprintf(f, "  compute       %9.4g TFLOP/s achieved  (%s)\n",
             q->gpu_flops / 1e12, q->gpu_src);

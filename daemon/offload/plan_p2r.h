@@ -215,6 +215,9 @@ typedef struct {
     int cluster;               /* planned at scale */
     int unbudgeted;            /* single-node, no memory budget: every slot
                                 * of both phases counted resident */
+    int ep_unpriced;           /* single-node, an MoE model with
+                                * nodes.expert_parallel P > 1: P (no
+                                * all-to-all priced), else 0 */
     cluster_input cin;
     backend_kind backend;
     p2r_phase pseudo, real;

@@ -151,6 +151,19 @@ assert r['reaches_target'] is False and r['wall_ratio'] is None, r
 assert r['sweep']['never'] == 2, r['sweep']
 " || fail "sweep never --json"
 
+# --- an expert-parallel spec on the single-node planner: its all-to-all
+# is not priced there, and the plan says so
+python3 - "$EX/fortunes-moe.json" "$T/ep.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["nodes"] = {"world_size": 2, "expert_parallel": 2}
+s.setdefault("pseudo", {}).setdefault("steps", 100)
+json.dump(s, open(sys.argv[2], "w"))
+PY
+ctl plan "$T/ep.json" --p2r >"$T/ep.txt" || fail "EP spec --p2r: $(cat "$T/ep.txt")"
+grep -q "^note: nodes.expert_parallel 2: the experts' all-to-all is priced at scale only" "$T/ep.txt" \
+    || fail "EP spec --p2r: no note: $(head -5 "$T/ep.txt")"
+
 # --- M6-10T at paper scale: 64 x 8 devices of 32 GiB
 ctl --json plan "$EX/m6-10t.json" --nodes 64 --gpus-per-node 8 \
     --device-memory 32GiB >"$T/c.json" || fail "cluster plan"
