@@ -341,9 +341,9 @@ static int event_ok_(cudaEvent_t e)
     return e && !e->dead;
 }
 
-/* $M6_EMU_DEVICES (physical) through CUDA_VISIBLE_DEVICES: the visible
- * devices' count, and each one's physical index in phys[] (unused) */
-static int visible_(int phys[MOCK_DEVICES_MAX])
+/* $M6_EMU_DEVICES (physical) through CUDA_VISIBLE_DEVICES: how many
+ * devices are visible */
+static int visible_(void)
 {
     const char *s = getenv("M6_EMU_DEVICES");
     char *end;
@@ -354,43 +354,43 @@ static int visible_(int phys[MOCK_DEVICES_MAX])
         exit(1);
     }
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (!v) {
-        for (int i = 0; i < n; i++) phys[i] = i;
+    if (!v)
         return (int)n;
-    }
     int k = 0;
     while (*v && k < MOCK_DEVICES_MAX) {
         long d = strtol(v, &end, 10);
         if (end == v || d < 0 || d >= n) break;  /* the list ends here */
-        phys[k++] = (int)d;
-        v = *end == ',' ? end + 1 : end;
+        k++;
         if (*end != ',') break;
+        v = end + 1;
     }
     return k;
 }
 
+/* The devices' environment, read once: how many are visible, and each
+ * one's memory ($M6_EMU_DEVICE_MIB, else MOCK_DEVICE_BYTES). */
 static int n_devices_;
-static pthread_once_t n_devices_once_ = PTHREAD_ONCE_INIT;
+static size_t device_bytes_v_;
+static pthread_once_t env_once_ = PTHREAD_ONCE_INIT;
 
-static void n_devices_read_(void)
+static void env_read_(void)
 {
-    int phys[MOCK_DEVICES_MAX];
-    n_devices_ = visible_(phys);
+    n_devices_ = visible_();
+    const char *s = getenv("M6_EMU_DEVICE_MIB");
+    long mib = s && *s ? atol(s) : 0;
+    device_bytes_v_ = mib > 0 ? (size_t)mib << 20 : MOCK_DEVICE_BYTES;
 }
 
-/* the visible devices; the environment is read once */
 static int device_count_(void)
 {
-    pthread_once(&n_devices_once_, n_devices_read_);
+    pthread_once(&env_once_, env_read_);
     return n_devices_;
 }
 
-/* each device's memory: $M6_EMU_DEVICE_MIB, else MOCK_DEVICE_BYTES */
 static size_t device_bytes_(void)
 {
-    const char *s = getenv("M6_EMU_DEVICE_MIB");
-    long mib = s && *s ? atol(s) : 0;
-    return mib > 0 ? (size_t)mib << 20 : MOCK_DEVICE_BYTES;
+    pthread_once(&env_once_, env_read_);
+    return device_bytes_v_;
 }
 
 /* Whether every stream (blocking_only: every stream the legacy default
