@@ -55,9 +55,7 @@ ulimit -n 4096 2>/dev/null || true
 
 # node_live NAME: the coordinator's nodes table has NAME live
 node_live() {
-    [ "$("$M6CTL" --socket "$T/c/m6d.sock" nodes --json 2>/dev/null | /usr/bin/python3 -c '
-import json, sys
-print(any(n["hostname"] == sys.argv[1] and n["state"] == "live" for n in json.load(sys.stdin)))' "$1" || true)" = True ]
+    [ "$(node_field "$1" state 2>/dev/null || true)" = live ]
 }
 # steps_now: "STEP TIME" of the flood run, from the coordinator's runs table
 steps_now() { echo "$(db "$T/c" "select step from runs where id=$RUN") $EPOCHREALTIME"; }

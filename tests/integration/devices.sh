@@ -89,11 +89,9 @@ finish_same() {
 # WANT (bash [[ == ]]: * for any text); else prints them (for wait_for)
 ranks_are() {
     local got
-    got=$(ctl status "$1" --json | python3 -c '
-import json, sys
-for r in json.load(sys.stdin).get("ranks") or []:
-    print(" ".join(str(r[k]) for k in ("rank", "local_rank", "hostname", "step", "state")
-                   + (("reason",) if r["reason"] else ())))')
+    got=$(ctl status "$1" --json | jqr '(.ranks // [])[]
+        | "\(.rank) \(.local_rank) \(.hostname) \(.step) \(.state)"
+          + (if (.reason // "") != "" then " \(.reason)" else "" end)')
     [[ "$got" == $2 ]] && return 0
     echo "$got"
     return 1

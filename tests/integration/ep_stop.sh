@@ -50,8 +50,8 @@ stop_bounded() {
     local t1=$EPOCHREALTIME out took
     out=$(timeout 10 "$M6CTL" --socket "$SOCK" stop "$1" 2>&1) \
         || fail "m6ctl stop of run $1 with a frozen rank: exit $?: $out"
-    took=$(python3 -c "print(round($EPOCHREALTIME - $t1, 2))")
-    python3 -c "import sys; sys.exit(not $took <= 1)" \
+    took=$(since "$t1")
+    le "$took" 1 \
         || fail "m6ctl stop of run $1 took ${took}s, want <= 1 s"
 }
 # not_running_ RUN: the run is in another state than running (says which)

@@ -34,10 +34,8 @@ N=$(wc -l <"$T/one.csv" | awk '{print $1 - 1}')
 
 # node_live HOSTNAME: the node is live at the coordinator on $SOCK
 node_live() {
-    ctl nodes --json | python3 -c "
-import json, sys
-sys.exit(not [x for x in json.load(sys.stdin)
-              if x['hostname'] == '$1' and x['state'] == 'live'])"
+    [ "$(ctl nodes --json | jqr 'map(select(.hostname == $h and .state == "live")) | length' \
+        --arg h "$1")" -gt 0 ]
 }
 
 # run4 NAME MODE: a coordinator (M6_DP_ALLREDUCE=MODE; "" unset) and a

@@ -6,6 +6,7 @@ set -euo pipefail
 : "${M6D:?set M6D to the m6d binary}"
 : "${M6CTL:?set M6CTL to the m6ctl binary}"
 FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
+command -v jq >/dev/null || { echo "FAIL: jq not installed (Debian: jq; .ci/setup installs it)" >&2; exit 1; }
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-it.XXXXXX")
 DAEMON_PID=
@@ -53,6 +54,22 @@ log() { echo "# $*" >&2; }
 fail() { FAILED=1; echo "FAIL: $*" >&2; for f in "$T"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done; exit 1; }
 
 ctl() { "$M6CTL" --socket "$SOCK" "$@"; }
+
+# jqr FILTER [jq options]: jq -r on stdin, with scalar_ defined (a value as
+# one line: "" for null, objects and arrays as JSON). jq, not a Python
+# start (a third of a second here) in every poll of a wait.
+jqr() {
+    local f=$1; shift
+    jq -r "$@" 'def scalar_: if . == null then "" elif type == "object" or type == "array"
+        then tojson else . end; '"$f"
+}
+# since T0: seconds since T0 (an $EPOCHREALTIME), two decimals
+since() {
+    local us=$((${EPOCHREALTIME//[.,]/} - ${1//[.,]/}))
+    printf '%d.%02d\n' $((us / 1000000)) $((us % 1000000 / 10000))
+}
+# le A B: whether the number A <= B (decimals allowed)
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 <= b + 0) }'; }
 
 # prepare_data DIR: shards from the fortunes text (once per test).
 prepare_data() {
@@ -179,10 +196,8 @@ for _ in range(200):
 # node_field HOSTNAME KEY: the node's KEY in `m6ctl nodes --json` of the
 # coordinator started as start_m6d c ("" when there is no such node)
 node_field() {
-    "$M6CTL" --socket "$T/c/m6d.sock" nodes --json | python3 -c "
-import json, sys
-n = [x for x in json.load(sys.stdin) if x['hostname'] == '$1']
-print(n[0]['$2'] if n and n[0]['$2'] is not None else '')"
+    "$M6CTL" --socket "$T/c/m6d.sock" nodes --json \
+        | jqr 'map(select(.hostname == $h))[0] // {} | .[$k] | scalar_' --arg h "$1" --arg k "$2"
 }
 # wait_node HOSTNAME STATE SECONDS: until the node is in STATE there;
 # prints the seconds it took, or fails the test
@@ -190,8 +205,8 @@ wait_node() {
     local t0=$EPOCHREALTIME s=
     while :; do
         s=$(node_field "$1" state)
-        [ "$s" = "$2" ] && { python3 -c "print(round($EPOCHREALTIME - $t0, 2))"; return 0; }
-        python3 -c "import sys; sys.exit($EPOCHREALTIME - $t0 < $3)" && break
+        [ "$s" = "$2" ] && { since "$t0"; return 0; }
+        le "$3" "$(since "$t0")" && break
         sleep 0.05
     done
     fail "node $1: state '$s', want $2 within $3 s"
@@ -241,8 +256,8 @@ kill9_daemon() {
     DAEMON_PID=
 }
 
-field() {  # field RUN KEY -> value from status --json
-    ctl status "$1" --json | python3 -c "import json,sys; v=json.load(sys.stdin)['$2']; print('' if v is None else v)"
+field() {  # field RUN KEY -> value from status --json ("" for null)
+    ctl status "$1" --json | jqr '.[$k] | scalar_' --arg k "$2"
 }
 
 # run_state RUN: the run's last state in one line, from the state
@@ -341,11 +356,9 @@ wait_event() { wait_for "an event of run $1" "${3:-5}" events_has "$1" "$2"; }
 # stop, failed or completed event at or after T0, from the events table
 # (m6d's own clock, so the test's polling is not counted); empty if none
 left_running_at() {
-    ctl events "$1" --json | python3 -c "
-import json, sys
-ends = {'pause', 'paused.error', 'stop', 'failed', 'completed'}
-t = [e['time'] for e in json.load(sys.stdin) if e['kind'] in ends and e['time'] >= $2]
-print(min(t) if t else '')"
+    ctl events "$1" --json | jqr '[.[] | select(.kind
+        | IN("pause", "paused.error", "stop", "failed", "completed")) | .time
+        | select(. >= $t0)] | min | scalar_' --argjson t0 "$2"
 }
 
 # within_ RUN T0 LIMIT WHAT: RUN left running (left_running_at) within
@@ -354,8 +367,8 @@ within_() {
     local at
     at=$(left_running_at "$1" "$2")
     [ -n "$at" ] || fail "run $1 left running after $4 without an event saying so: $(ctl events "$1")"
-    TOOK=$(python3 -c "print(round($at - $2, 2))")
-    python3 -c "import sys; sys.exit(not $TOOK <= $3)" \
+    TOOK=$(awk -v a="$at" -v b="$2" 'BEGIN { printf "%.2f", a - b }')
+    le "$TOOK" "$3" \
         || fail "run $1 left running ${TOOK} s after $4 (m6d's event time), want <= $3 s"
 }
 
@@ -582,10 +595,8 @@ lost_is() {
     read -r rank local ranks host <<<"$2"
     id=$(node_field "$host" id)
     want="$rank $local $ranks $host $id"
-    got=$(ctl status "$1" --json | python3 -c '
-import json, sys
-l = json.load(sys.stdin).get("lost")
-print(" ".join(str(l[k]) for k in ("rank", "local_rank", "ranks", "hostname", "node_id")) if l else "none")')
+    got=$(ctl status "$1" --json | jqr '.lost // null
+        | if . then "\(.rank) \(.local_rank) \(.ranks) \(.hostname) \(.node_id)" else "none" end')
     [ "$got" = "$want" ] || fail "run $1: lost ranks '$got', want '$want'"
     local words="rank $rank was lost (node $host, id $id, local rank $local)"
     [ "$ranks" -gt 1 ] && words="ranks $rank-$((rank + ranks - 1)) were lost (node $host, id $id, local ranks $local-$((local + ranks - 1)))"

@@ -26,26 +26,12 @@ ip netns exec "$NW" python3 -c "$tcp_probe" || fail "no route from the worker's 
 M6D_PREFIX="ip netns exec $NW" start_m6d w --join 192.0.2.1:7070 --token-file "$T/token" \
     --node-name netw
 WPID=$M6D_PID
-state_of() { c_ctl nodes --json | python3 -c "
-import json, sys
-n = [x for x in json.load(sys.stdin) if x['hostname'] == 'netw']
-print(n[0]['state'] if n else '')"; }
-wait_state_of() {  # STATE SECONDS -> prints the seconds taken
-    local t0=$EPOCHREALTIME s=
-    while :; do
-        s=$(state_of)
-        [ "$s" = "$1" ] && { python3 -c "print(round($EPOCHREALTIME - $t0, 2))"; return 0; }
-        python3 -c "import sys; sys.exit($EPOCHREALTIME - $t0 < $2)" && break
-        sleep 0.05
-    done
-    fail "node netw: state '$s', want $1 within $2 s"
-}
-wait_state_of live 10 >/dev/null
+wait_node netw live 10 >/dev/null
 c_ctl nodes --json | has '"address": "192.0.2.2:' || fail "netw did not join from 192.0.2.2"
 
 # cut the worker's link: no heartbeat arrives, lost within the timeout
 ip -n "$NW" link set "$VW" down
-took=$(wait_state_of lost $((TMO + 2)))
+took=$(wait_node netw lost $((TMO + 2)))
 log "netw lost ${took}s after its link went down (timeout ${TMO}s)"
 db "$T/c" "select detail from events where kind = 'node.lost'" | has 'hostname=netw .*no heartbeat for' \
     || fail "no node.lost event naming netw: $(db "$T/c" 'select kind, detail from events')"
@@ -54,12 +40,12 @@ kill -0 "$WPID" || fail "the worker died"
 timeout 5 "$M6CTL" --socket "$T/w/m6d.sock" list >/dev/null || fail "the worker's control socket hangs"
 # restore it: the worker rejoins as the same node
 ip -n "$NW" link set "$VW" up
-wait_state_of live 10 >/dev/null
+wait_node netw live 10 >/dev/null
 grep -q 'node.reconnect node=[0-9]* hostname=netw peer=192.0.2.2' "$T/m6d-c.log" || fail "netw back, but not as a reconnect"
 
 kill -TERM "$WPID"; timeout 20 tail --pid="$WPID" -f /dev/null || fail "worker hangs at SIGTERM"
 WPID=
-[ "$(state_of)" = left ] || fail "netw after SIGTERM: $(state_of)"
+[ "$(node_field netw state)" = left ] || fail "netw after SIGTERM: $(node_field netw state)"
 kill -TERM "$CPID"; timeout 20 tail --pid="$CPID" -f /dev/null || fail "coordinator hangs at SIGTERM"
 CPID=
 echo "nodes_netns: ok"
