@@ -1,13 +1,19 @@
 /*
  * emu_kernel.cpp — kernel execution for the CPU emulation of CUDA
  * (emu_kernel.h): a grid's blocks one after the other, a block's threads as
- * fibers scheduled round-robin on the OS thread that runs the launch (a GPU
- * thread of mock_cuda.cpp, or the caller for stream 0).
+ * fibers on the OS thread that runs the launch (a GPU thread of
+ * mock_cuda.cpp, or the caller for stream 0).
  *
  * A thread runs until it finishes or waits: at __syncthreads() for every
- * thread of its block still running, in a shuffle for every lane of its
- * warp. When no thread can run, the scheduler releases the barrier that is
- * complete; if none is, the block is stuck (a barrier some threads skip):
+ * thread of its block still running, in a shuffle or mma.sync for every
+ * lane of its warp. Then the next ready thread runs, its own warp's lanes
+ * first: a fiber switches straight to another, and a thread that finishes
+ * hands its stack to the next one that has not started (a kernel without
+ * barriers runs its threads one after the other without a switch). The
+ * last lane of a warp to arrive at a shuffle releases the warp. When no
+ * thread is ready, the scheduler releases __syncthreads() if every thread
+ * still running waits there; if nothing can be released, the block is
+ * stuck (a barrier some threads skip, a shuffle some lanes skip):
  * reported (fatal unless the mock was started by mock_start).
  *
  * Threads run on "workers": fiber stacks that each run one thread after
@@ -88,6 +94,10 @@ struct block_run {
     uint3 bid;
     const std::function<void()> *body;
     std::vector<fiber> fibers;
+    int ready;                  /* fibers in state READY */
+    int arrived[MAX_THREADS / 32]; /* lanes of each warp at AT_WARP */
+    std::vector<worker *> free_workers; /* started, their thread done */
+    int n_workers;              /* of this OS thread's, in use this block */
     /* shuffle values by linear thread index, two sets used in turn: a lane
      * may publish its next value while the others still read this one */
     uint64_t xchg[2][MAX_THREADS];
@@ -104,15 +114,12 @@ struct block_run {
     int stuck;
 };
 
-/* Per OS thread: the block it runs, the thread running, the scheduler's
- * resume point, the workers (created on first need, kept). */
+/* Per OS thread: the block it runs, the thread running, the scheduler (a
+ * worker whose stack is the OS thread's own), the workers (created on
+ * first need, kept). */
 thread_local block_run *blk_;
 thread_local fiber *cur_;
-#ifdef EMU_ASM_SWITCH
-thread_local void *sched_sp_;
-#else
-thread_local jmp_buf sched_;
-#endif
+thread_local worker sched_w_;
 thread_local std::vector<worker *> *workers_;
 thread_local unsigned long block_epoch_;    /* blocks run on this thread */
 thread_local std::map<void *, unsigned long> *fresh_; /* shared_fresh */
@@ -123,12 +130,15 @@ thread_local size_t sched_size_;
 
 /* AddressSanitizer's side of a switch: before it, where to; after it, back
  * on the stack that switched away. No-ops without ASan. */
-inline void asan_leave_(void **fake, const void *bottom, size_t size)
+inline void asan_leave_(void **fake, const worker *to)
 {
 #ifdef EMU_ASAN
-    __sanitizer_start_switch_fiber(fake, bottom, size);
+    if (to == &sched_w_)
+        __sanitizer_start_switch_fiber(fake, sched_bottom_, sched_size_);
+    else
+        __sanitizer_start_switch_fiber(fake, to->stack, STACK_BYTES);
 #else
-    (void)fake, (void)bottom, (void)size;
+    (void)fake, (void)to;
 #endif
 }
 
@@ -141,44 +151,43 @@ inline void asan_back_(void *fake)
 #endif
 }
 
-/* From the running thread back to the scheduler. */
-inline void to_sched_(worker *w)
+void worker_main_(void);
+
+/* From the code running on worker `from` (a fiber's, or the scheduler's)
+ * to worker `to`, entering worker_main_ if `to` has not started; returns
+ * when something switches back to `from`. */
+void switch_(worker *from, worker *to)
 {
 #ifdef EMU_ASM_SWITCH
+    if (!to->started) {
+        /* a frame that emu_switch's pops and ret enter worker_main_ with,
+         * the stack aligned as after a call */
+        uintptr_t top = ((uintptr_t)to->stack + STACK_BYTES) & ~(uintptr_t)15;
+        void **sp = (void **)top;
+        *--sp = NULL;                       /* worker_main_'s return address */
+        *--sp = (void *)worker_main_;       /* where ret goes */
+        for (int i = 0; i < 6; i++)
+            *--sp = NULL;                   /* rbp rbx r12 r13 r14 r15 */
+        to->sp = sp;
+        to->started = 1;
+    }
     void *fake = NULL;
-#ifdef EMU_ASAN
-    asan_leave_(&fake, sched_bottom_, sched_size_);
-#endif
-    emu_switch(&w->sp, sched_sp_);
+    asan_leave_(&fake, to);
+    emu_switch(&from->sp, to->sp);
     asan_back_(fake);
 #else
-    if (!_setjmp(w->jb))
-        _longjmp(sched_, 1);
+    if (_setjmp(from->jb))
+        return; /* switched back to */
+    if (to->started)
+        _longjmp(to->jb, 1);
+    to->started = 1;
+    getcontext(&to->uc);
+    to->uc.uc_stack.ss_sp = to->stack;
+    to->uc.uc_stack.ss_size = STACK_BYTES;
+    to->uc.uc_link = NULL;
+    makecontext(&to->uc, worker_main_, 0);
+    setcontext(&to->uc);
 #endif
-}
-
-/* Leave the running thread in `state` and return to the scheduler; back
- * here when the scheduler resumes it. */
-void yield_(int state)
-{
-    fiber *f = cur_;
-    f->state = state;
-    to_sched_(f->w);
-}
-
-/* A worker's life: run the thread it is given, report it done, wait for
- * the next one. Never returns. */
-void worker_main_(void)
-{
-#ifdef EMU_ASAN
-    __sanitizer_finish_switch_fiber(NULL, &sched_bottom_, &sched_size_);
-#endif
-    for (;;) {
-        fiber *f = cur_;
-        (*blk_->body)();
-        f->state = DONE;
-        to_sched_(f->w);
-    }
 }
 
 worker *worker_(int i)
@@ -198,41 +207,137 @@ worker *worker_(int i)
     return (*workers_)[i];
 }
 
-/* Run thread f (given a worker) until it finishes or waits. */
-void resume_(fiber *f)
+/* A worker for fiber f, which has none: one whose thread is done, else the
+ * next of this OS thread's. */
+void give_worker_(block_run *b, fiber *f)
 {
-    cur_ = f;
-    worker *w = f->w;
-#ifdef EMU_ASM_SWITCH
-    if (!w->started) {
-        /* a frame that emu_switch's pops and ret enter worker_main_ with,
-         * the stack aligned as after a call */
-        uintptr_t top = ((uintptr_t)w->stack + STACK_BYTES) & ~(uintptr_t)15;
-        void **sp = (void **)top;
-        *--sp = NULL;                       /* worker_main_'s return address */
-        *--sp = (void *)worker_main_;       /* where ret goes */
-        for (int i = 0; i < 6; i++)
-            *--sp = NULL;                   /* rbp rbx r12 r13 r14 r15 */
-        w->sp = sp;
-        w->started = 1;
+    if (!b->free_workers.empty()) {
+        f->w = b->free_workers.back();
+        b->free_workers.pop_back();
+    } else {
+        f->w = worker_(b->n_workers++);
     }
-    void *fake = NULL;
-    asan_leave_(&fake, w->stack, STACK_BYTES);
-    emu_switch(&sched_sp_, w->sp);
-    asan_back_(fake);
-#else
-    if (_setjmp(sched_))
-        return; /* back from the thread */
-    if (w->started)
-        _longjmp(w->jb, 1);
-    w->started = 1;
-    getcontext(&w->uc);
-    w->uc.uc_stack.ss_sp = w->stack;
-    w->uc.uc_stack.ss_size = STACK_BYTES;
-    w->uc.uc_link = NULL;
-    makecontext(&w->uc, worker_main_, 0);
-    setcontext(&w->uc);
+}
+
+/* The fiber to run after f has waited or finished: the next ready lane of
+ * f's warp after it, then before it (a warp's lanes run together, their
+ * stacks warm), then the later warps, then the earlier ones; NULL when
+ * none is ready (the scheduler's turn: a barrier to release, or the end) */
+fiber *next_ready_(block_run *b, fiber *f)
+{
+    if (b->ready == 0)
+        return NULL;
+    int n = (int)b->fibers.size();
+    int base = f->lin - f->lin % 32, end = base + 32 < n ? base + 32 : n;
+    for (int i = f->lin + 1; i < end; i++)
+        if (b->fibers[i].state == READY)
+            return &b->fibers[i];
+    for (int i = base; i < f->lin; i++)
+        if (b->fibers[i].state == READY)
+            return &b->fibers[i];
+    for (int i = end; i < n; i++)
+        if (b->fibers[i].state == READY)
+            return &b->fibers[i];
+    for (int i = 0; i < base; i++)
+        if (b->fibers[i].state == READY)
+            return &b->fibers[i];
+    return NULL;
+}
+
+/* Leave fiber f (state already set, not READY) for the next ready fiber,
+ * or the scheduler when none is; back here when f runs again. */
+void leave_(fiber *f)
+{
+    block_run *b = blk_;
+    fiber *g = next_ready_(b, f);
+    if (!g) {
+        switch_(f->w, &sched_w_);
+        return;
+    }
+    if (!g->w)
+        give_worker_(b, g);
+    cur_ = g;
+    switch_(f->w, g->w);
+}
+
+/* The running thread waits (state AT_BLOCK or AT_WARP) until released. */
+void wait_(int state)
+{
+    fiber *f = cur_;
+    f->state = state;
+    blk_->ready--;
+    leave_(f);
+}
+
+/* A worker's life: run the thread it is given; when it finishes, run the
+ * next ready thread that has not started on the same stack (no switch),
+ * or hand the stack back and go to the next ready one, or to the
+ * scheduler. Never returns. */
+void worker_main_(void)
+{
+#ifdef EMU_ASAN
+    /* the first worker of this OS thread starts from the scheduler */
+    const void *old_bottom;
+    size_t old_size;
+    __sanitizer_finish_switch_fiber(NULL, &old_bottom, &old_size);
+    if (!sched_bottom_) {
+        sched_bottom_ = old_bottom;
+        sched_size_ = old_size;
+    }
 #endif
+    for (;;) {
+        fiber *f = cur_;
+        (*blk_->body)();
+        block_run *b = blk_;
+        f->state = DONE;
+        b->ready--;
+        worker *w = f->w;
+        f->w = NULL;
+        fiber *g = next_ready_(b, f);
+        if (g && !g->w) {
+            g->w = w; /* the same stack, from its top */
+            cur_ = g;
+            continue;
+        }
+        b->free_workers.push_back(w);
+        if (g)
+            cur_ = g;
+        switch_(w, g ? g->w : &sched_w_);
+    }
+}
+
+/* The scheduler's side: run ready fibers until none is; returns whether
+ * any ran. */
+int run_ready_(block_run *b)
+{
+    for (fiber &f : b->fibers) {
+        if (f.state != READY)
+            continue;
+        if (!f.w)
+            give_worker_(b, &f);
+        cur_ = &f;
+        switch_(&sched_w_, f.w);
+        return 1;
+    }
+    return 0;
+}
+
+/* Lanes base..end-1 of a warp, all at AT_WARP: whether they are at the same
+ * shuffle call (else reported, the block stuck); if so, released. */
+int release_warp_(block_run *b, int base, int end)
+{
+    for (int i = base; i < end; i++)
+        if (b->fibers[i].shuffles != b->fibers[base].shuffles) {
+            mock_misuse("warp shuffles that disagree: lanes of one warp "
+                        "at different shuffle calls");
+            b->stuck = 1;
+            return 0;
+        }
+    for (int i = base; i < end; i++)
+        b->fibers[i].state = READY;
+    b->ready += end - base;
+    b->arrived[base / 32] = 0;
+    return 1;
 }
 
 /* Release what can be released; returns whether any thread became ready. */
@@ -250,6 +355,7 @@ int release_(block_run *b)
         for (fiber &f : b->fibers)
             if (f.state == AT_BLOCK)
                 f.state = READY;
+        b->ready += waiting_block;
         return 1;
     }
     for (int w = 0; w < n; w += 32) {
@@ -276,15 +382,8 @@ int release_(block_run *b)
             b->stuck = 1;
             return 0;
         }
-        for (int i = w; i < end; i++)
-            if (b->fibers[i].shuffles != b->fibers[w].shuffles) {
-                mock_misuse("warp shuffles that disagree: lanes of one warp "
-                            "at different shuffle calls");
-                b->stuck = 1;
-                return 0;
-            }
-        for (int i = w; i < end; i++)
-            b->fibers[i].state = READY;
+        if (!release_warp_(b, w, end))
+            return 0;
         released = 1;
     }
     return released;
@@ -294,8 +393,14 @@ void run_block_(block_run *b)
 {
     int n = (int)(b->block.x * b->block.y * b->block.z);
     block_epoch_++;
+    sched_w_.started = 1; /* runs on this OS thread's own stack */
     b->fibers.assign(n, fiber());
     b->stuck = 0;
+    b->ready = n;
+    b->free_workers.clear();
+    b->n_workers = 0;
+    for (int i = 0; i < (n + 31) / 32; i++)
+        b->arrived[i] = 0;
     for (int i = 0; i < n; i++) {
         fiber &f = b->fibers[i];
         f.lin = i;
@@ -307,36 +412,19 @@ void run_block_(block_run *b)
         f.w = NULL;
     }
     /* Threads take a worker when they first run and give it back when they
-     * finish, so a kernel without barriers needs only one. */
-    std::vector<worker *> free_list;
-    int n_workers = 0;
+     * finish, so a kernel without barriers needs only one (and runs its
+     * threads one after the other on it, without a switch). The fibers
+     * switch among themselves; the scheduler is back when none is ready. */
     for (;;) {
-        int ran = 0;
-        for (fiber &f : b->fibers) {
-            if (f.state != READY)
-                continue;
-            ran = 1;
-            if (!f.w) {
-                if (free_list.empty())
-                    free_list.push_back(worker_(n_workers++));
-                f.w = free_list.back();
-                free_list.pop_back();
-            }
-            resume_(&f);
-            if (f.state == DONE) {
-                free_list.push_back(f.w);
-                f.w = NULL;
-            }
-        }
-        if (ran)
+        if (!b->stuck && run_ready_(b))
             continue;
-        int done = 1;
+        int done = !b->stuck;
         for (fiber &f : b->fibers)
             if (f.state != DONE)
                 done = 0;
         if (done)
             break;
-        if (!release_(b)) {
+        if (b->stuck || !release_(b)) {
             if (!b->stuck)
                 mock_misuse("__syncthreads() not reached by every thread of "
                             "the block still running (the block is stuck)");
@@ -345,6 +433,8 @@ void run_block_(block_run *b)
             for (fiber &f : b->fibers)
                 if (f.w)
                     f.w->started = 0;
+            for (worker *w : b->free_workers)
+                w->started = 0;
             break;
         }
     }
@@ -431,7 +521,27 @@ void shared_fresh(void *p, size_t bytes)
 
 void sync_block(void)
 {
-    yield_(AT_BLOCK);
+    wait_(AT_BLOCK);
+}
+
+/* The running lane waits at its warp's collective call: released at once
+ * by the last of the warp's lanes to arrive, which goes on (the others
+ * run next, their stacks warm); a warp that never completes is the
+ * scheduler's to release or report (release_). */
+static void warp_wait_(void)
+{
+    block_run *b = blk_;
+    fiber *f = cur_;
+    int base = f->lin - f->lin % 32, n = (int)b->fibers.size();
+    int lanes = base + 32 < n ? 32 : n - base;
+    if (++b->arrived[base / 32] == lanes) {
+        f->state = AT_WARP;
+        b->ready--;
+        if (!release_warp_(b, base, base + lanes))
+            switch_(f->w, &sched_w_); /* stuck: the block ends here */
+        return;
+    }
+    wait_(AT_WARP);
 }
 
 uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask)
@@ -446,7 +556,7 @@ uint64_t warp_exchange(uint64_t bits, int src_lane, unsigned mask)
     if (!(mask >> (f->lin % 32) & 1))
         mock_misuse("warp shuffle by a lane not in its own mask");
     b->xchg[set][f->lin] = bits;
-    yield_(AT_WARP);            /* every lane has published */
+    warp_wait_();               /* every lane has published */
     int src = base + src_lane;
     if (src_lane < 0 || src_lane >= 32 || src >= (int)b->fibers.size()) {
         mock_misuse("warp shuffle from a lane that does not exist");
@@ -491,7 +601,7 @@ void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
     uint32_t *mine = bk->mma[set][f->lin];
     memcpy(mine, a, 4 * sizeof *a);
     memcpy(mine + 4, b, 2 * sizeof *b);
-    yield_(AT_WARP); /* every lane has published (safe as warp_exchange) */
+    warp_wait_(); /* every lane has published (safe as warp_exchange) */
     int warp = base / 32;
     if (bk->mma_epoch[warp] != block_epoch_ ||
         bk->mma_call[warp] != f->shuffles) {
