@@ -19,7 +19,7 @@
 # release build's tests run, those named.
 #
 # Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc,
-# and one more in the sanitized pass), the longest first (test_priority in
+# and two more in the sanitized pass), the longest first (test_priority in
 # tests/meson.build): no test depends on how fast a run trains, or on the
 # machine being otherwise idle.
 #
@@ -55,9 +55,10 @@ if ! .ci/setup; then
 fi
 jobs=${M6_TEST_JOBS:-$(nproc)}
 # The sanitized pass waits more than it computes (its integration tests
-# sleep on timeouts, locks and held boundaries: a quarter of the CPU idle
-# two at a time), so it runs one test more than there are CPUs.
-san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 1))}
+# sleep on timeouts, locks and held boundaries: one alone leaves about
+# half of the CPU time idle), so it runs two tests more than there are
+# CPUs.
+san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 2))}
 rc=0
 named=$#
 case $mode in
