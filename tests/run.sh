@@ -58,7 +58,7 @@ jobs=${M6_TEST_JOBS:-$(nproc)}
 # sleep on timeouts, locks and held boundaries: one alone leaves about
 # half of the CPU time idle), so it runs two tests more than there are
 # CPUs.
-san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 2))}
+san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 1))}
 rc=0
 named=$#
 case $mode in
