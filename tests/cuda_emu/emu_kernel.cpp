@@ -117,15 +117,15 @@ struct block_run {
 /* Per OS thread: the block it runs, the thread running, the scheduler (a
  * worker whose stack is the OS thread's own), the workers (created on
  * first need, kept). */
-thread_local block_run *blk_;
-thread_local fiber *cur_;
-thread_local worker sched_w_;
-thread_local std::vector<worker *> *workers_;
-thread_local unsigned long block_epoch_;    /* blocks run on this thread */
-thread_local std::map<void *, unsigned long> *fresh_; /* shared_fresh */
+EMU_TLS block_run *blk_;
+EMU_TLS fiber *cur_;
+EMU_TLS worker sched_w_;
+EMU_TLS std::vector<worker *> *workers_;
+EMU_TLS unsigned long block_epoch_;    /* blocks run on this thread */
+EMU_TLS std::map<void *, unsigned long> *fresh_; /* shared_fresh */
 #ifdef EMU_ASAN
-thread_local const void *sched_bottom_; /* the scheduler's stack */
-thread_local size_t sched_size_;
+EMU_TLS const void *sched_bottom_; /* the scheduler's stack */
+EMU_TLS size_t sched_size_;
 #endif
 
 /* AddressSanitizer's side of a switch: before it, where to; after it, back
@@ -457,7 +457,7 @@ void run_grid_(void *arg)
     blk_ = b;
     /* the blocks in a shuffled order (Fisher-Yates on a per-thread LCG),
      * so that nothing can rely on one block running before another */
-    static thread_local uint64_t rng = 0x9e3779b97f4a7c15ull;
+    static EMU_TLS uint64_t rng = 0x9e3779b97f4a7c15ull;
     size_t nb = (size_t)l->grid.x * l->grid.y * l->grid.z;
     std::vector<uint32_t> order(nb);
     for (size_t i = 0; i < nb; i++)

@@ -66,7 +66,11 @@ struct dim3 {
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
-#define __shared__ static thread_local
+/* initial-exec: the emulation links into executables only, and the
+ * default TLS model of -fPIC code (meson's static libraries) calls
+ * __tls_get_addr at every access, which AddressSanitizer intercepts */
+#define EMU_TLS __attribute__((tls_model("initial-exec"))) thread_local
+#define __shared__ static EMU_TLS
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define warpSize 32

@@ -116,8 +116,8 @@ static int started_, explicit_start_;
 #define MOCK_DEVICE_BYTES ((size_t)1 << 30)
 static size_t device_in_use_[MOCK_DEVICES_MAX]; /* bytes in cudaMalloc blocks */
 static size_t device_peak_[MOCK_DEVICES_MAX];   /* the most in use so far */
-static thread_local int cur_;   /* the thread's current device */
-static thread_local cudaError_t last_ = cudaSuccess;
+static EMU_TLS int cur_;   /* the thread's current device */
+static EMU_TLS cudaError_t last_ = cudaSuccess;
 static int sticky_;             /* an injected kernel fault has happened */
 static long launches_;          /* kernel launches (M6_EMU_FAULT_LAUNCH) */
 static long host_waits_;        /* emu_host_waits (emu_counts.h) */
@@ -125,7 +125,7 @@ static long stream_ops_;        /* emu_stream_ops */
 static long captures_, graph_launches_; /* emu_graph_captures, _launches */
 static int global_captures_;    /* captures now in cudaStreamCaptureModeGlobal
                                  * (lock held) */
-static thread_local int my_captures_; /* this thread's, global or thread-local */
+static EMU_TLS int my_captures_; /* this thread's, global or thread-local */
 
 static void start_locked_(unsigned seed, int gpu_threads, int max_delay_us);
 static cudaError_t event_sync_(cudaEvent_t e);
