@@ -19,7 +19,7 @@
 # release build's tests run, those named.
 #
 # Tests run M6_TEST_JOBS at a time (default: the number of CPUs, nproc,
-# and two more in the sanitized pass), the longest first (test_priority in
+# and one more in the sanitized pass), the longest first (test_priority in
 # tests/meson.build): no test depends on how fast a run trains, or on the
 # machine being otherwise idle.
 #
@@ -54,10 +54,10 @@ if ! .ci/setup; then
     exit 1
 fi
 jobs=${M6_TEST_JOBS:-$(nproc)}
-# The sanitized pass waits more than it computes (its integration tests
-# sleep on timeouts, locks and held boundaries: one alone leaves about
-# half of the CPU time idle), so it runs two tests more than there are
-# CPUs.
+# The sanitized pass waits on timeouts, locks and held boundaries (one
+# of its integration tests alone leaves about half of the CPU idle), so it
+# runs one test more than there are CPUs; two more were slower (the CPU
+# then 88% busy, a third of it in the kernel: bench/RESULTS.md).
 san_jobs=${M6_TEST_JOBS:-$(($(nproc) + 1))}
 rc=0
 named=$#
