@@ -17,8 +17,9 @@
  * reported (fatal unless the mock was started by mock_start).
  *
  * Threads run on "workers": fiber stacks that each run one thread after
- * another and are kept per OS thread. Switching between the scheduler and a
- * worker saves the callee-saved registers and swaps stack pointers (a few
+ * another and are kept per OS thread; the scheduler is a worker too, on
+ * the OS thread's own stack. Switching between two workers saves the
+ * callee-saved registers and swaps stack pointers (a few
  * instructions of assembly on x86-64; elsewhere ucontext for the first
  * entry and _setjmp/_longjmp after it), with no system call, which is what
  * makes a launch of a million threads cheap.
