@@ -82,7 +82,7 @@ static result run_moe_(int N, int C, int E, int k, double cf, int steps,
 {
     uint64_t rng = 2;
     int H = 4 * C / k;
-    moe_dims d = {N, C, E, k, H, moe_capacity(cf, N, E, k)};
+    moe_dims d = {N, C, E, k, H, moe_capacity(cf, N, E, k), 0};
     size_t NK = (size_t)N * k;
     float *x = alloc_((size_t)N * C, 2, &rng), *wg = alloc_((size_t)E * C, 0.5f, &rng);
     float *bg = alloc_(E, 0, &rng), *w1 = alloc_((size_t)E * H * C, 0.1f, &rng);

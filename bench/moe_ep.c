@@ -130,7 +130,7 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
     m6_coll *g = m6_coll_init(&cfg, &err);
     int H = 4 * s->C / s->k;  /* active weights per token: the dense 4C MLP */
     moe_dims d = {s->N, s->C, s->E, s->k, H,
-                  moe_capacity(s->cf, s->N, s->E, s->k)};
+                  moe_capacity(s->cf, s->N, s->E, s->k), 0};
     moe_ep *m = g ? moe_ep_create(&d, g, &err) : NULL;
     if (!m) {
         fprintf(stderr, "moe_ep: rank %d: %s\n", rank, m6_err_msg(&err));

@@ -302,6 +302,14 @@ int adafactor_update_spans(const adafactor_span *spans, int ns,
  * the microbatch (moe_capacity); tokens past it, in token order, get
  * nothing from that prototype (the residual stream carries them).
  *
+ * Routing group: the tokens over which capacity is counted and the
+ * balancing loss's fractions are taken, N_group (0: N, the microbatch).
+ * An expert-parallel group of P ranks may route its P microbatches as one
+ * of P*N tokens (spec model.moe.capacity_scope "group"): rank i's tokens
+ * then follow those of ranks 0..i-1 (moe_route_plan's `before`), and
+ * routed and the probability sums are the group's (moe_balance_loss,
+ * moe_router_backward) -- exactly one microbatch of P*N tokens.
+ *
  * Dispatch: the processed (token, prototype) pairs are laid out expert by
  * expert (rows offset[e] .. offset[e+1]-1 of the dispatch buffers, tokens in
  * order within an expert: a stable permutation), so every expert's MLP is
@@ -312,8 +320,15 @@ typedef struct {
     int E;         /* experts, all prototypes */
     int k;         /* prototypes; k divides E */
     int H;         /* expert hidden size */
-    int capacity;  /* tokens per expert, moe_capacity() */
+    int capacity;  /* tokens per expert, moe_capacity() of N_group */
+    int N_group;   /* tokens routed together (see above); 0: N */
 } moe_dims;
+
+/* The tokens routed together: N_group, or N when it is 0. */
+static inline int moe_route_tokens(const moe_dims *d)
+{
+    return d->N_group > 0 ? d->N_group : d->N;
+}
 
 /* ceil(capacity_factor * N / (E/k)), at least 1 and at most N: the tokens
  * each expert of a prototype takes of a microbatch of N (Switch
@@ -348,6 +363,22 @@ int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
               int32_t *row_token, const float *x, const float *wg,
               const float *bg, const moe_dims *d);
 
+/* moe_route's two halves, for a routing group of several ranks.
+ * moe_route_top1: probs, lse, expert and routed as moe_route writes them
+ * (the softmaxes and top-1 choices: nothing about capacity).
+ * moe_route_plan: capacity and the dispatch plan from expert: slot,
+ * counts, offset and row_token as moe_route writes them; before (E, or
+ * NULL: zeros) counts the pairs that the group's earlier ranks routed to
+ * each expert, which take its capacity first: a pair is kept when
+ * before[e] plus the pairs routed to e before it here is under
+ * d->capacity. Returns the number of dropped pairs. Never fails. */
+void moe_route_top1(float *probs, float *lse, int32_t *expert,
+                    int32_t *routed, const float *x, const float *wg,
+                    const float *bg, const moe_dims *d);
+int moe_route_plan(int32_t *slot, int32_t *counts, int32_t *offset,
+                   int32_t *row_token, const int32_t *expert,
+                   const int32_t *before, const moe_dims *d);
+
 /* Experts and combine, from moe_route's plan.
  * out (N,C) = sum over p of probs[n, expert[n,p]] * y_{expert[n,p]}(x[n])
  * for the pairs not dropped (0 for a token dropped by every prototype).
@@ -370,12 +401,27 @@ void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
 void moe_aux_losses(float *aux, float *z, const float *probs, const float *lse,
                     const int32_t *routed, const moe_dims *d);
 
+/* The pieces of moe_aux_losses, for a routing group of several ranks.
+ * moe_prob_sums: psum (E) = sum over this microbatch's N tokens of
+ * probs[:,e], in double, tokens in order. moe_balance_loss: aux from
+ * routed and psum taken over the routing group's moe_route_tokens(d)
+ * tokens (f_e = routed[e] / N_group, P_e = psum[e] / N_group; a group sums
+ * its ranks' routed and psum first). moe_z_loss: z of this microbatch. */
+void moe_prob_sums(double *psum, const float *probs, const moe_dims *d);
+float moe_balance_loss(const int32_t *routed, const double *psum,
+                       const moe_dims *d);
+float moe_z_loss(const float *lse, const moe_dims *d);
+
 /* Backward of moe_route + moe_forward + the auxiliary losses, for
  *   loss = <dout, out> + daux * aux + dz * z
  * (daux, dz: the gradient of the training loss w.r.t. this layer's aux and
  * z values, i.e. their coefficients). f_e in aux counts tokens and has no
  * gradient (as in Switch); the gradient reaches the router through the
- * gate scaling of every processed pair, P_e and the z-loss.
+ * gate scaling of every processed pair, P_e and the z-loss. In a routing
+ * group (N_group > N) routed is the group's and f_e its fraction; the
+ * gradient is this microbatch's share, scaled as the microbatch's own
+ * losses are (an average over the group's ranks gives the gradient of one
+ * microbatch of N_group tokens).
  * Accumulates (+=) into dx (N,C), dwg (E,C), dbg (E) (may be NULL), dw1,
  * db1, dw2, db2 (shapes of the weights). An expert with no tokens gets no
  * contribution (an exact zero when the caller zeroed its gradient), and no

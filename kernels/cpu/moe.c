@@ -23,10 +23,9 @@
 
 /* ------------------------------------------------------------------ router */
 
-int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
-              int32_t *counts, int32_t *routed, int32_t *offset,
-              int32_t *row_token, const float *x, const float *wg,
-              const float *bg, const moe_dims *d)
+void moe_route_top1(float *probs, float *lse, int32_t *expert,
+                    int32_t *routed, const float *x, const float *wg,
+                    const float *bg, const moe_dims *d)
 {
     const int N = d->N, E = d->E, k = d->k, Ep = E / k;
     matmul_forward(probs, x, wg, bg, N, d->C, E);  /* logits, in place */
@@ -52,17 +51,28 @@ int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
             lse[(size_t)n * k + p] = mx + (float)log(s);
         }
     }
-
-    /* capacity in token order; slot holds the place within the expert
-     * until the offsets are known */
-    memset(counts, 0, (size_t)E * sizeof *counts);
     memset(routed, 0, (size_t)E * sizeof *routed);
+    for (size_t i = 0; i < (size_t)N * k; i++)
+        routed[expert[i]]++;
+}
+
+int moe_route_plan(int32_t *slot, int32_t *counts, int32_t *offset,
+                   int32_t *row_token, const int32_t *expert,
+                   const int32_t *before, const moe_dims *d)
+{
+    const int N = d->N, E = d->E, k = d->k;
+    /* capacity in token order, after the group's earlier ranks (seen,
+     * scratch in offset: pairs routed to e so far, kept or not); slot
+     * holds the place within the expert until the offsets are known */
+    int32_t *seen = offset;
+    for (int e = 0; e < E; e++)
+        seen[e] = before ? before[e] : 0;
+    memset(counts, 0, (size_t)E * sizeof *counts);
     int dropped = 0;
     for (int n = 0; n < N; n++) {
         for (int p = 0; p < k; p++) {
             int g = expert[(size_t)n * k + p];
-            routed[g]++;
-            if (counts[g] < d->capacity) {
+            if (seen[g]++ < d->capacity) {
                 slot[(size_t)n * k + p] = counts[g]++;
             } else {
                 slot[(size_t)n * k + p] = -1;
@@ -81,6 +91,15 @@ int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
         }
     }
     return dropped;
+}
+
+int moe_route(float *probs, float *lse, int32_t *expert, int32_t *slot,
+              int32_t *counts, int32_t *routed, int32_t *offset,
+              int32_t *row_token, const float *x, const float *wg,
+              const float *bg, const moe_dims *d)
+{
+    moe_route_top1(probs, lse, expert, routed, x, wg, bg, d);
+    return moe_route_plan(slot, counts, offset, row_token, expert, NULL, d);
 }
 
 /* ----------------------------------------------------------------- forward */
@@ -145,20 +164,41 @@ void moe_forward(float *out, float *xe, float *hpre, float *hact, float *ye,
 
 /* ------------------------------------------------------------------ losses */
 
-void moe_aux_losses(float *aux, float *z, const float *probs, const float *lse,
-                    const int32_t *routed, const moe_dims *d)
+void moe_prob_sums(double *psum, const float *probs, const moe_dims *d)
 {
-    const int N = d->N, E = d->E, k = d->k, Ep = E / k;
-    double a = 0.0;
+    const int N = d->N, E = d->E;
     for (int e = 0; e < E; e++) {
         double P = 0.0;
         for (int n = 0; n < N; n++) P += probs[(size_t)n * E + e];
-        a += ((double)routed[e] / N) * (P / N);
+        psum[e] = P;
     }
-    *aux = (float)(a * Ep / k);
+}
+
+float moe_balance_loss(const int32_t *routed, const double *psum,
+                       const moe_dims *d)
+{
+    const int E = d->E, k = d->k, Ep = E / k, Ng = moe_route_tokens(d);
+    double a = 0.0;
+    for (int e = 0; e < E; e++)
+        a += ((double)routed[e] / Ng) * (psum[e] / Ng);
+    return (float)(a * Ep / k);
+}
+
+float moe_z_loss(const float *lse, const moe_dims *d)
+{
+    const int N = d->N, k = d->k;
     double s = 0.0;
     for (size_t i = 0; i < (size_t)N * k; i++) s += (double)lse[i] * lse[i];
-    *z = (float)(s / ((double)N * k));
+    return (float)(s / ((double)N * k));
+}
+
+void moe_aux_losses(float *aux, float *z, const float *probs, const float *lse,
+                    const int32_t *routed, const moe_dims *d)
+{
+    double psum[d->E > 0 ? d->E : 1];
+    moe_prob_sums(psum, probs, d);
+    *aux = moe_balance_loss(routed, psum, d);
+    *z = moe_z_loss(lse, d);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -244,9 +284,11 @@ void moe_router_backward(float *dx, float *dwg, float *dbg, float *dlogits,
                          float dz, const moe_dims *d)
 {
     const int N = d->N, C = d->C, E = d->E, k = d->k, Ep = E / k;
-    /* d aux / d probs[n,e] = daux * Ep f_e / (k N); then the softmax of each
-     * prototype, dlogit = p (dprob - <p, dprob>), and the z-loss's
-     * d z / d logit[n,e] = dz * 2 lse[n,p] p[n,e] / (N k) */
+    const int Ng = moe_route_tokens(d);
+    /* d aux / d probs[n,e] = daux * Ep f_e / (k N), f_e = routed[e] / Ng
+     * (the routing group's fraction; Ng = N for one microbatch); then the
+     * softmax of each prototype, dlogit = p (dprob - <p, dprob>), and the
+     * z-loss's d z / d logit[n,e] = dz * 2 lse[n,p] p[n,e] / (N k) */
     const double aux_scale = (double)daux * Ep / ((double)k * N);
     const double z_scale = 2.0 * (double)dz / ((double)N * k);
     #pragma omp parallel for schedule(static)
@@ -257,7 +299,7 @@ void moe_router_backward(float *dx, float *dwg, float *dbg, float *dlogits,
             const int32_t *rt = routed + (size_t)p * Ep;
             double dot = 0.0;
             for (int e = 0; e < Ep; e++) {
-                dl[e] += (float)(aux_scale * ((double)rt[e] / N));
+                dl[e] += (float)(aux_scale * ((double)rt[e] / Ng));
                 dot += (double)pr[e] * dl[e];
             }
             double zl = z_scale * lse[(size_t)n * k + p];

@@ -85,7 +85,7 @@ static void draw_router_(float *x, float *wg, float *bg, const moe_dims *d,
 static void run_case_(int N, int C, int E, int k, int H, double cf,
                       int empty, int ties = 0)
 {
-    moe_dims d = {N, C, E, k, H, moe_capacity(cf, N, E, k)};
+    moe_dims d = {N, C, E, k, H, moe_capacity(cf, N, E, k), 0};
     const int cap = d.capacity, rows = E * cap;
     const size_t NK = (size_t)N * k;
     printf("moe N=%d C=%d E=%d k=%d H=%d cf=%.2f cap=%d%s\n", N, C, E, k, H,

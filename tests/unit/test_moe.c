@@ -82,7 +82,7 @@ static void layer_alloc(layer *L, int N, int C, int E, int k, int H,
                         double cf)
 {
     memset(L, 0, sizeof *L);
-    L->d = (moe_dims){N, C, E, k, H, moe_capacity(cf, N, E, k)};
+    L->d = (moe_dims){N, C, E, k, H, moe_capacity(cf, N, E, k), 0};
     size_t NK = (size_t)N * k;
     L->x = falloc((size_t)N * C);
     L->wg = falloc((size_t)E * C);

@@ -101,7 +101,7 @@ static int rank_main_(int argc, char **argv)
                                   &fs);
     if (!g)
         return 1;
-    moe_dims d = {N, C, E, K, H, moe_capacity(1.0, N, E, K)};
+    moe_dims d = {N, C, E, K, H, moe_capacity(1.0, N, E, K), 0};
     /* the same weights on every rank, each rank's own tokens */
     float *wg = fill_((size_t)E * C, 1), *bg = fill_(E, 2);
     float *w1 = fill_((size_t)E * H * C, 3), *b1 = fill_((size_t)E * H, 4);

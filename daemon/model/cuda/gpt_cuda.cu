@@ -108,7 +108,7 @@ static int alloc_acts_(gpt_cuda *g)
         /* the region table's scratch must hold what moe.cu asks for */
         moe_dims d = {(int)BT, (int)C, g->cfg.moe_experts,
                       g->cfg.moe_prototypes, model_moe_hidden(&g->cfg),
-                      (int)(a->moe_rows / (size_t)g->cfg.moe_experts)};
+                      (int)(a->moe_rows / (size_t)g->cfg.moe_experts), 0};
         if (moe_backward_scratch_bytes(&d) > bytes[CUDA_ACT_MOE_SCRATCH]) {
             fprintf(stderr, "gpt_cuda: MoE scratch: the table has %zu bytes, "
                             "moe.cu needs %zu\n",

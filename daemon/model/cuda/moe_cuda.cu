@@ -21,7 +21,7 @@ static moe_dims moe_dims_(const gpt_cuda *g, int B)
 {
     const model_config *c = &g->cfg;
     moe_dims d = {B * g->T, c->n_embd, c->moe_experts, c->moe_prototypes,
-                  model_moe_hidden(c), 0};
+                  model_moe_hidden(c), 0, 0};
     double cf = g->moe_eval ? c->moe_eval_capacity_factor
                             : c->moe_capacity_factor;
     d.capacity = moe_capacity(cf, d.N, d.E, d.k);
