@@ -6,6 +6,13 @@
 #ifndef M6_MODEL_CONFIG_H
 #define M6_MODEL_CONFIG_H
 
+/* Over which tokens an expert's capacity and the balancing loss's
+ * fractions are taken (spec model.moe.capacity_scope; kernels.h "routing
+ * group"): MOE_SCOPE_RANK, each rank's microbatch; MOE_SCOPE_GROUP, the
+ * P microbatches of an expert-parallel group together, as one microbatch
+ * of P*N tokens. Without expert parallelism the two are the same. */
+typedef enum { MOE_SCOPE_RANK = 0, MOE_SCOPE_GROUP = 1 } moe_scope;
+
 typedef struct {
     int vocab_size;   /* V */
     int n_layer;      /* L */
@@ -24,6 +31,8 @@ typedef struct {
     float moe_eval_capacity_factor;
     float moe_aux_coef;          /* balancing loss coefficient */
     float moe_z_coef;            /* router z-loss coefficient */
+    int moe_capacity_scope;      /* moe_scope: the tokens capacity and the
+                                  * balancing fractions count */
     /* Expert parallelism (not spec keys: the trainer sets them for its
      * rank's model). moe_ep_size 0 or 1: the model holds all E experts of
      * each MoE slot; P > 1: only those of rank moe_ep_rank of P

@@ -299,15 +299,18 @@ void gpt_round_masters(gpt_model *g)
 
 /* ------------------------------------------------------------- MoE */
 
-/* The MoE dims of a microbatch of B sequences at the pass's capacity. */
-static moe_dims moe_dims_(const gpt_model *g, int B)
+moe_dims gpt_moe_dims(const gpt_model *g, int B)
 {
     const model_config *c = &g->cfg;
     moe_dims d = {.N = B * g->T, .C = c->n_embd, .E = c->moe_experts,
                   .k = c->moe_prototypes, .H = model_moe_hidden(c)};
+    /* a group routes as one only where its MoE blocks run over the group */
+    int G = g->moe_ext && c->moe_capacity_scope == MOE_SCOPE_GROUP &&
+            c->moe_ep_size > 1 ? c->moe_ep_size : 1;
+    d.N_group = G * d.N;
     double cf = g->moe_eval ? c->moe_eval_capacity_factor
                             : c->moe_capacity_factor;
-    d.capacity = moe_capacity(cf, d.N, d.E, d.k);
+    d.capacity = moe_capacity(cf, d.N_group, d.E, d.k);
     return d;
 }
 
@@ -376,7 +379,7 @@ void gpt_moe_stats_add(gpt_moe_stats *st, double aux, double z, long layers,
 static void moe_layer_forward_(gpt_model *g, int s, int l, const float *x,
                                float *out, int B)
 {
-    moe_dims d = moe_dims_(g, B);
+    moe_dims d = gpt_moe_dims(g, B);
     g->moe_capacity = d.capacity;
     if (g->moe_ext) {
         g->moe_ext->forward(g->moe_ext->ctx, g, l, s, x, out, B);
@@ -407,7 +410,7 @@ static void moe_layer_backward_(gpt_model *g, int s, int l, const float *x,
         g->moe_ext->backward(g->moe_ext->ctx, g, l, s, x, B, daux, dz);
         return;
     }
-    moe_dims d = moe_dims_(g, B);
+    moe_dims d = gpt_moe_dims(g, B);
     d.capacity = g->moe_capacity;  /* that of the forward */
     moe_saved_ m = moe_saved_of_(g, l);
     moe_backward(a->dln, DW_(g, s, SLOT_GATE_W), DW_(g, s, SLOT_GATE_B),

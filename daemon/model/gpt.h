@@ -55,6 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
+#include "kernels.h"  /* moe_dims */
 
 #ifdef __cplusplus
 extern "C" {
@@ -443,6 +444,15 @@ int gpt_slot_ckpt_tensors(const model_config *cfg, int moe,
  * model's slot s of that kind starts from. */
 void gpt_init_slot(const model_config *cfg, int moe, int s, float *buf,
                    uint64_t seed);
+
+/* The MoE dims (kernels.h moe_dims) of g's MoE blocks for a microbatch of
+ * B sequences in the current pass: N = B*T tokens, capacity from
+ * cfg.moe_capacity_factor (moe_eval_capacity_factor when g->moe_eval)
+ * over the routing group's tokens, N_group: N, or moe_ep_size*N when the
+ * MoE blocks run over an expert-parallel group (g->moe_ext) and
+ * cfg.moe_capacity_scope is MOE_SCOPE_GROUP. The one place of that
+ * rule. */
+moe_dims gpt_moe_dims(const gpt_model *g, int B);
 
 /* Forward pass. inp, targets (B,T) int32 token ids; targets may be NULL (no
  * loss). Returns the mean loss in nats (or 0 without targets); per-position

@@ -22,6 +22,8 @@ static const char *const master_names_[] = { "fp32", "bf16", NULL };
 static const char *const grad_scale_names_[] = { "sum", "mean", NULL };
 /* device.precision (spec.h precision_kind) */
 static const char *const precision_names_[] = { "fp32", "bf16", NULL };
+/* model.moe.capacity_scope (model/config.h moe_scope) */
+static const char *const scope_names_[] = { "rank", "group", NULL };
 /* offload.speculative (spec.h SPEC_SPECULATIVE_*) */
 static const char *const speculative_names_[] = { "auto", "on", "off", NULL };
 
@@ -78,6 +80,16 @@ const key_ spec_keys_[] = {
     FLT("model.moe", "eval_capacity_factor", model.moe_eval_capacity_factor,
         0, 0, INFINITY, 0, "The capacity factor of validation passes; 0: "
         "dropless."),
+    ENUM("model.moe", "capacity_scope", model.moe_capacity_scope,
+         scope_names_,
+         "Over which tokens both capacity factors and the balancing loss's "
+         "fractions count, with `nodes.expert_parallel` P > 1. `rank`: each "
+         "rank's microbatch (the run equals one rank accumulating the P "
+         "microbatches). `group`: the P microbatches of an expert-parallel "
+         "group as one of P times the tokens, an expert's capacity shared "
+         "by the whole group, ranks in order (the run equals one rank with "
+         "a P times larger `batch_size`). Without expert parallelism the "
+         "two are the same."),
     FLT("model.moe", "aux_loss_coef", model.moe_aux_coef, 0, 0, INFINITY, 0,
         "Coefficient of the balancing loss (mean over MoE blocks) added to "
         "the loss for the gradient; the reported loss leaves it out."),

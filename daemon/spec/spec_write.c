@@ -110,6 +110,10 @@ static int written_(const run_spec *s, const key_ *k)
     /* offload.stream_grads only when set: older specs keep their hash */
     if (k->off == OFF(offload.stream_grads))
         return s->offload.stream_grads != 0;
+    /* model.moe.capacity_scope only when group: older MoE specs keep
+     * their hash */
+    if (k->off == OFF(model.moe_capacity_scope))
+        return s->model.moe_capacity_scope != MOE_SCOPE_RANK;
     /* nodes.expert_parallel only when set: specs without expert
      * parallelism keep their hash */
     if (k->off == OFF(nodes.expert_parallel))

@@ -30,6 +30,11 @@ struct moe_ep {
     /* the tokens' side: moe_route's plan and the dispatch rows (N*k) */
     float *probs, *lse;                 /* (N,E), (N,k) */
     int32_t *expert, *slot, *counts, *routed, *offset, *row_token;
+    /* a routing group (N_group > N): the group's routed (E, the backward's
+     * f_e), the lower ranks' (before, E), and the all-to-all of every
+     * rank's routed and probability sums (gsend, grecv: P x 2E doubles) */
+    int32_t *routed_g, *before;
+    double *gsend, *grecv;
     float *xe, *ye, *dye, *dxe, *dlogits;
 
     /* the owner's side (cap_rows) */
@@ -80,6 +85,13 @@ moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
                    d->E, d->k, d->N, d->capacity);
         return NULL;
     }
+    if (d->N_group > 0 && d->N_group != d->N &&
+        d->N_group != d->N * m6_coll_world_size(g)) {
+        m6_err_set(err, M6_EINVALID, "expert parallel MoE: a routing group "
+                   "of %d tokens, neither this rank's %d nor the group's %d",
+                   d->N_group, d->N, d->N * m6_coll_world_size(g));
+        return NULL;
+    }
     if (m6_coll_device_buffers(g)) {
         m6_err_set(err, M6_EINVALID, "expert parallel MoE on the CPU: the "
                    "group's engine (%s) moves device memory; use gloo",
@@ -104,11 +116,15 @@ moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
     m->El = ok ? m->El_of[m->rank] : 0;
     m->first = ok ? m->first_of[m->rank] : 0;
     /* every sender sends an expert at most `capacity` rows, and no more
-     * than its N*k in all */
+     * than its N*k in all; in a routing group the capacity bounds the
+     * rows of all senders together too */
     size_t per = (size_t)m->El * (size_t)d->capacity;
     if (per > (size_t)N * k)
         per = (size_t)N * k;
     m->cap_rows = per * (size_t)P;
+    if (moe_route_tokens(d) > N &&
+        (size_t)m->El * (size_t)d->capacity < m->cap_rows)
+        m->cap_rows = (size_t)m->El * (size_t)d->capacity;
     size_t Nk = (size_t)N * k, cr = m->cap_rows;
     m->probs = alloc_((size_t)N * E, sizeof(float), &ok);
     m->lse = alloc_(Nk, sizeof(float), &ok);
@@ -118,6 +134,10 @@ moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
     m->routed = alloc_((size_t)E, sizeof(int32_t), &ok);
     m->offset = alloc_((size_t)E + 1, sizeof(int32_t), &ok);
     m->row_token = alloc_(Nk, sizeof(int32_t), &ok);
+    m->routed_g = alloc_((size_t)E, sizeof(int32_t), &ok);
+    m->before = alloc_((size_t)E, sizeof(int32_t), &ok);
+    m->gsend = alloc_((size_t)P * 2 * E, sizeof(double), &ok);
+    m->grecv = alloc_((size_t)P * 2 * E, sizeof(double), &ok);
     m->xe = alloc_(Nk * C, sizeof(float), &ok);
     m->ye = alloc_(Nk * C, sizeof(float), &ok);
     m->dye = alloc_(Nk * C, sizeof(float), &ok);
@@ -195,6 +215,48 @@ static void permute_(const moe_ep *m, float *dst, const float *src, int w,
     }
 }
 
+/* A routing group's first half of the routing: this rank's top-1
+ * choices (moe_route_top1), then every rank's routed counts and
+ * probability sums to every rank (one all-to-all of 2E doubles each way;
+ * counts are exact in double), from which before (the lower ranks'
+ * routed), routed_g (the group's) and the group's balancing loss *aux,
+ * the sums taken in rank order: the same on every rank. */
+static int route_group_(moe_ep *m, const float *x, const float *wg,
+                        const float *bg, float *aux, m6_err *err)
+{
+    const moe_dims *d = &m->d;
+    const int P = m->P, E = d->E;
+    moe_route_top1(m->probs, m->lse, m->expert, m->routed, x, wg, bg, d);
+    double *mine = m->gsend;
+    for (int e = 0; e < E; e++)
+        mine[e] = (double)m->routed[e];
+    moe_prob_sums(mine + E, m->probs, d);
+    for (int q = 1; q < P; q++)
+        memcpy(m->gsend + (size_t)q * 2 * E, mine, 2 * E * sizeof(double));
+    for (int q = 0; q < P; q++)
+        m->sb[q] = m->rb[q] = 2 * (size_t)E * sizeof(double);
+    if (alltoall_(m, m->gsend, m->grecv, err) != 0)
+        return -1;
+    double *psum = m->gsend;   /* free again: the group's sums */
+    for (int e = 0; e < E; e++) {
+        long before = 0, all = 0;
+        double ps = 0.0;
+        for (int i = 0; i < P; i++) {
+            const double *r = m->grecv + (size_t)i * 2 * E;
+            long n = (long)r[e];
+            if (i < m->rank)
+                before += n;
+            all += n;
+            ps += r[E + e];
+        }
+        m->before[e] = (int32_t)before;
+        m->routed_g[e] = (int32_t)all;
+        psum[e] = ps;
+    }
+    *aux = moe_balance_loss(m->routed_g, psum, d);
+    return 0;
+}
+
 int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
                    const float *x, const float *wg, const float *bg,
                    const float *w1, const float *b1, const float *w2,
@@ -202,11 +264,20 @@ int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
 {
     const moe_dims *d = &m->d;
     const int P = m->P, El = m->El;
-    int drop = moe_route(m->probs, m->lse, m->expert, m->slot, m->counts,
+    int drop;
+    if (moe_route_tokens(d) > d->N) {
+        if (route_group_(m, x, wg, bg, aux, err) != 0)
+            return -1;
+        drop = moe_route_plan(m->slot, m->counts, m->offset, m->row_token,
+                              m->expert, m->before, d);
+        *z = moe_z_loss(m->lse, d);
+    } else {
+        drop = moe_route(m->probs, m->lse, m->expert, m->slot, m->counts,
                          m->routed, m->offset, m->row_token, x, wg, bg, d);
+        moe_aux_losses(aux, z, m->probs, m->lse, m->routed, d);
+    }
     if (dropped)
         *dropped = drop;
-    moe_aux_losses(aux, z, m->probs, m->lse, m->routed, d);
     moe_gather(m->xe, x, m->row_token, m->offset[d->E], d->C);
 
     /* the per-expert row counts: counts[first_q .. first_q + El_q) to q */
@@ -276,7 +347,8 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
         return -1;
     moe_scatter_add(dx, m->dxe, m->slot, d);
     moe_router_backward(dx, dwg, dbg, m->dlogits, x, m->probs, m->lse,
-                        m->routed, wg, daux, dz, d);
+                        moe_route_tokens(d) > d->N ? m->routed_g : m->routed,
+                        wg, daux, dz, d);
     return 0;
 }
 
@@ -301,6 +373,7 @@ void moe_ep_free(moe_ep *m)
         return;
     void *bufs[] = {m->first_of, m->El_of, m->probs, m->lse, m->expert,
                     m->slot, m->counts, m->routed, m->offset, m->row_token,
+                    m->routed_g, m->before, m->gsend, m->grecv,
                     m->xe, m->ye, m->dye, m->dxe, m->dlogits, m->rcounts,
                     m->loff, m->cursor, m->perm, m->xr, m->xl, m->hpre,
                     m->hact, m->yl, m->yr, m->dh1, m->dh2, m->sb, m->rb};

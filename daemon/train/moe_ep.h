@@ -22,7 +22,18 @@
  *             sender's rows); all-to-all of the input gradients back;
  *             scatter and the router's backward on the tokens' rank
  *
- * Three all-to-alls forward and two backward, entered by every rank of
+ * A routing group (d->N_group = P*N, spec model.moe.capacity_scope
+ * "group") routes the group's P*N tokens as one microbatch, ranks in
+ * order: before the capacity, one more all-to-all gives every rank every
+ * rank's routed counts and probability sums (as doubles), so that each
+ * expert's capacity counts the pairs of lower ranks first (moe_route_plan
+ * with `before`) and every rank's balancing loss and its gradient use the
+ * group's fractions (moe_balance_loss, moe_router_backward on the group's
+ * routed). The z-loss stays each rank's mean: averaged over the ranks it
+ * is the group's.
+ *
+ * Three all-to-alls forward (four in a routing group) and two backward,
+ * entered by every rank of
  * the group in the same order whatever the routing (a rank whose experts
  * get no token, or that sends none, still takes part). An expert with no
  * rows gets nothing added to its gradients (an exact zero where the

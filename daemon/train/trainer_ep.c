@@ -19,10 +19,11 @@
 #include "train/moe_ep.h"
 
 /* one MoE layer's expert-parallel layer, made for N tokens a rank at one
- * capacity (training and evaluation differ: remade when they change) */
+ * capacity and routing group (training and evaluation differ: remade when
+ * they change) */
 typedef struct {
     moe_ep *m;
-    int N, capacity;
+    int N, capacity, N_group;
 } ep_layer_;
 
 struct trainer_ep {
@@ -47,22 +48,21 @@ static float *view_(const gpt_model *g, float *const *v, int s, int idx)
     return v[s] + g->kind[g->slot_moe[s]][idx].offset;
 }
 
-/* layer l's moe_ep for microbatches of B sequences at the pass's
- * capacity (g->moe_capacity); NULL with e->err when it cannot be made */
+/* layer l's moe_ep for microbatches of B sequences in the pass's dims
+ * (gpt_moe_dims: its capacity and routing group); NULL with e->err when
+ * it cannot be made */
 static moe_ep *layer_(trainer_ep *e, gpt_model *g, int l, int B)
 {
     ep_layer_ *ly = &e->layers[l];
-    int N = B * g->T;
-    if (ly->m && ly->N == N && ly->capacity == g->moe_capacity)
+    moe_dims d = gpt_moe_dims(g, B);
+    if (ly->m && ly->N == d.N && ly->capacity == d.capacity &&
+        ly->N_group == d.N_group)
         return ly->m;
     moe_ep_free(ly->m);
-    const model_config *c = &g->cfg;
-    moe_dims d = {.N = N, .C = c->n_embd, .E = c->moe_experts,
-                  .k = c->moe_prototypes, .H = model_moe_hidden(c),
-                  .capacity = g->moe_capacity};
     ly->m = moe_ep_create(&d, e->g, &e->err);
-    ly->N = N;
-    ly->capacity = g->moe_capacity;
+    ly->N = d.N;
+    ly->capacity = d.capacity;
+    ly->N_group = d.N_group;
     return ly->m;
 }
 
