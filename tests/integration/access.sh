@@ -38,7 +38,7 @@ acc_cleanup_() {
     for u in "$D" "$M" "$O"; do
         id "$u" >/dev/null 2>&1 || continue
         for p in $(pgrep -u "$u" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-        for _ in $(seq 1 100); do pgrep -u "$u" >/dev/null || break; sleep 0.05; done
+        for _ in $(seq 1 100); do pgrep -u "$u" >/dev/null || break; nap 0.05; done
         userdel "$u" 2>/dev/null || echo "# userdel $u failed" >&2
     done
     getent group "$G" >/dev/null && groupdel "$G" 2>/dev/null
@@ -133,7 +133,7 @@ if command -v systemd-socket-activate >/dev/null; then
         setpriv --reuid="$D" --regid="$D" --init-groups \
         "$M6D" --state-dir "$A/st" --threads 1 --group "$G" ) 2>>"$T/m6d-st.log" &
     SA_PID=$!
-    for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+    for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; nap 0.05; done
     [ -S "$SOCK" ] || fail "systemd-socket-activate made no socket"
     # as a unit with SocketMode=0666 would leave it: anyone may connect
     chmod 0666 "$SOCK"

@@ -43,7 +43,7 @@ e=$(wait_paused_error "$B" "3 non-finite steps in a row \(train.max_bad_steps 3\
 [ "$(field "$B" step)" = 6 ] || fail "run b paused at step $(field "$B" step), want 6"
 db "$T/s" "select detail from events where run=$B and kind='paused.error'" | has "non-finite steps in a row" \
     || fail "run b: no paused.error event saying why"
-sleep 0.3
+nap 0.3
 [ "$(field "$B" step)" = 6 ] || fail "run b trained on after its pause"
 # the pause took a checkpoint of step 6 (the weights before step 4): a
 # crash before the resume trains no step again

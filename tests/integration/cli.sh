@@ -89,13 +89,13 @@ pid=$!
 for _ in $(seq 1 1000); do
     compgen -G "$T/int/train_*.bin" >/dev/null && break
     kill -0 "$pid" 2>/dev/null || break
-    sleep 0.01
+    nap 0.01
 done
 kill -STOP "$pid" 2>/dev/null || fail "data prepare ended before the test could stop it"
 for _ in $(seq 1 200); do  # stopped (T), or already done (Z)
     st=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)
     [ "$st" = T ] || [ "$st" = Z ] || [ -z "$st" ] && break
-    sleep 0.01
+    nap 0.01
 done
 [ "$st" = T ] || fail "data prepare ended (state ${st:-gone}) before the test could stop it: give it a bigger input"
 compgen -G "$T/int/train_*.bin" >/dev/null || fail "no first shard seen: $(ls "$T/int")"

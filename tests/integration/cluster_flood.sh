@@ -81,7 +81,7 @@ spec_file "$T/two.json" flood <<JSON
 JSON
 RUN=$(ctl submit "$T/two.json")
 wait_step "$RUN" 20 20
-a=$(steps_now); sleep "$RATE_S"; quiet1=$(rate_since "$a")
+a=$(steps_now); nap "$RATE_S"; quiet1=$(rate_since "$a")
 
 # the idle flood
 lines0=$(wc -l <"$T/m6d-c.log")
@@ -136,9 +136,9 @@ flood_then_join() {
     nice -n 19 /usr/bin/python3 "$T/flood.py" "$PORT" "$T/flooding" "$HOLD_MAX" "$T/flood.stop" "$1" \
         >"$2" 2>&1 &
     FLOOD=$!
-    for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; sleep 0.05; done
+    for _ in $(seq 1 200); do [ -e "$T/flooding" ] && break; nap 0.05; done
     [ -e "$T/flooding" ] || fail "the flood from $1 did not start"
-    sleep 1
+    nap 1
     local t0=$EPOCHREALTIME
     start_m6d "$3" --join "127.0.0.1:$PORT" --token-file "$T/token" --node-name "$3" \
         --node-timeout 5
@@ -146,7 +146,7 @@ flood_then_join() {
     LIVE=
     for _ in $(seq 1 100); do
         node_live "$3" && { LIVE=1; break; }
-        sleep 0.05
+        nap 0.05
     done
     TOOK=$(/usr/bin/python3 -c "print(round($EPOCHREALTIME - $t0, 2))")
 }
@@ -159,7 +159,7 @@ log "w2 joined in ${took} s beside 1000 hostile connections"
 ctl list >/dev/null || fail "the coordinator does not answer m6ctl during the flood"
 # the run's rate while the 1000 connections are held (w2's start is over)
 c0=$(cpu_s "$DAEMON_PID"); f0=$(cpu_s "$FLOOD")
-a=$(steps_now); sleep "$RATE_S"; flooded=$(rate_since "$a")
+a=$(steps_now); nap "$RATE_S"; flooded=$(rate_since "$a")
 c1=$(cpu_s "$DAEMON_PID"); f1=$(cpu_s "$FLOOD")
 kill -0 "$FLOOD" 2>/dev/null || fail "the flood ended (after ${HOLD_MAX} s) before the rate was measured"
 touch "$T/flood.stop"
@@ -169,7 +169,7 @@ lines=$(( $(wc -l <"$T/m6d-c.log") - lines0 ))
 refusals=$(tail -n +"$((lines0 + 1))" "$T/m6d-c.log" | grep -c 'cluster.refused' || true)
 log "the coordinator logged $lines lines during the flood ($refusals cluster.refused)"
 [ "$refusals" -le 10 ] || fail "$refusals cluster.refused lines in the flood from one address (want a few, with counts)"
-a=$(steps_now); sleep "$RATE_S"; quiet2=$(rate_since "$a")
+a=$(steps_now); nap "$RATE_S"; quiet2=$(rate_since "$a")
 log "steps/s of the 2-rank run: quiet $quiet1, 1000 connections held $flooded, quiet $quiet2 (a shared machine: noisy)"
 log "in the ${RATE_S} s of the flood the coordinator (rank 0 and its loop) used $(echo "$c1 - $c0" | bc) s of CPU, the flood client $(echo "$f1 - $f0" | bc) s"
 ratio=$(/usr/bin/python3 -c 'import sys; q1, f, q2 = map(float, sys.argv[1:]); q = (q1 + q2) / 2; print("%.3f" % (f / q if q > 0 else 0))' \

@@ -81,7 +81,7 @@ while True:
     n += 1
 PY
 PROXY=$!
-for _ in $(seq 1 100); do [ -e "$T/proxy.port" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -e "$T/proxy.port" ] && break; nap 0.05; done
 [ -e "$T/proxy.port" ] || fail "the proxy did not start"
 PADDR=127.0.0.1:$(cat "$T/proxy.port")
 
@@ -164,7 +164,7 @@ for _ in $(seq 1 30); do  # the log lines may trail the closes a little
     new=$(tail -n +"$((lines0 + 1))" "$T/m6d-c.log")
     n_ref=$(grep -Ec "cluster\.refused peer=127\.0\.1\.[0-9]+:[0-9]+ reason=\"TLS handshake failed: " <<<"$new" || true)
     [ "$n_ref" -ge "$n_rep" ] && break
-    sleep 0.1
+    nap 0.1
 done
 grep -Eq "node\.(join|reconnect|replace) " <<<"$new" && fail "(a) a replayed capture joined: $(grep -E 'node\.' <<<"$new")"
 [ "$n_ref" = "$n_rep" ] \
@@ -190,7 +190,7 @@ for how in none wrong; do
             --token-file "$T/token" --node-name "$name" 2>"$T/thief.err" || rc=$?
         [ "$rc" = 1 ] && grep -q "refused the join: this node id is registered with a node secret that this join did not present" "$T/thief.err" \
             || fail "(c) stolen id ($how secret, name $name): rc $rc $(tail -2 "$T/thief.err")"
-        sleep 0.3
+        nap 0.3
         [ "$(node_field w1 state)" = live ] && [ "$(node_field w1 id)" = "$W1_ID" ] \
             && [ "$(node_field w1 address)" = "$W1_ADDR" ] \
             || fail "(c) w1 lost its place to a stolen id: $(c_ctl nodes)"
@@ -241,7 +241,7 @@ while True:
     c.close()
 PY
 FORGED=$!
-for _ in $(seq 1 100); do [ -e "$T/forged.port" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -e "$T/forged.port" ] && break; nap 0.05; done
 [ -e "$T/forged.port" ] || fail "the forged coordinator did not start: $(cat "$T/forged.log")"
 FADDR=127.0.0.1:$(cat "$T/forged.port")
 t0=$EPOCHREALTIME
@@ -296,7 +296,7 @@ prk = hmac.new(b"m6 cluster token", tok, hashlib.sha256).digest()
 print(hmac.new(prk, b"m6 tls13 external psk v1\x01", hashlib.sha256).hexdigest())' "$1"
 }
 s_client() {
-    (sleep 1) | timeout 10 openssl s_client -connect "$ADDR" -tls1_3 -brief \
+    (nap 1) | timeout 10 openssl s_client -connect "$ADDR" -tls1_3 -brief \
         -ciphersuites TLS_AES_128_GCM_SHA256 -psk_identity m6-cluster-psk-v1 -psk "$1" 2>&1 || true
 }
 s_client "$(psk_of "$T/token")" >"$T/sc.out"

@@ -46,7 +46,7 @@ log "stop then SIGTERM: stopped"
 command_then_sigterm pause paused
 P=$RUN
 K=$(field "$P" step)
-sleep 0.5
+nap 0.5
 [ "$(field "$P" step)" = "$K" ] || fail "run $P trained after its pause and a restart"
 log "pause then SIGTERM: paused at step $K"
 
@@ -82,9 +82,9 @@ for delay in 0 0.002 0.005 0.01 0.02 0.04 0.08; do
     for _ in $(seq 1 5000); do
         tail -n +"$from" "$LOG" | has "request=hello" && break
         kill -0 "$r3" 2>/dev/null || break
-        sleep 0.001
+        nap 0.001
     done
-    sleep "$delay"
+    nap "$delay"
     sigterm_and_restart
     rc=0; wait $r3 || rc=$?
     if tail -n +"$from" "$LOG" | has "request=resume"; then
@@ -127,7 +127,7 @@ for _ in $(seq 1 6000); do
     [ "$st" != Z ] || break
     kill -INT "$DAEMON_PID" 2>/dev/null || break
     kill -HUP "$DAEMON_PID" 2>/dev/null || break
-    sleep 0.005
+    nap 0.005
 done
 rc=0; wait "$DAEMON_PID" || rc=$?
 [ "$rc" = 0 ] || fail "m6d exited $rc after SIGTERM then SIGINT/SIGHUP: $(tail -n +"$from" "$LOG" | tail -5)"
@@ -142,7 +142,7 @@ K=$(db "$T/s" "select max(step) from metrics where run=$P")
 start_daemon "$T/s"
 for _ in $(seq 1 200); do
     tail -n +"$from" "$LOG" | has "run.recover run=$P" && break
-    sleep 0.05
+    nap 0.05
 done
 tail -n +"$from" "$LOG" | has "run.recover run=$P step=$K metrics_dropped=0" \
     || fail "run $P did not go on from step $K: $(tail -n +"$from" "$LOG" | grep "run.recover run=$P")"

@@ -49,7 +49,7 @@ log_count() { grep -Ec "$2" "$T/m6d-$1.log" || true; }
 wait_log() {
     for _ in $(seq 1 $(($3 * 20))); do
         [ "$(log_count "$1" "$2")" -gt "${4:-0}" ] && return 0
-        sleep 0.05
+        nap 0.05
     done
     fail "m6d $1 did not log '$2' within $3 s"
 }
@@ -64,7 +64,7 @@ start_coord() {
     for _ in $(seq 1 200); do
         ctl list >/dev/null 2>&1 && return 0
         kill -0 "${M6D_PIDS[c]}" 2>/dev/null || fail "the coordinator exited at start"
-        sleep 0.05
+        nap 0.05
     done
     fail "the coordinator did not answer"
 }
@@ -179,7 +179,7 @@ start_coord
 for _ in $(seq 1 200); do
     db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
         | has 'waiting for 2 live nodes, have 1' && break
-    sleep 0.05
+    nap 0.05
 done
 db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>$last" \
     | has 'waiting for 2 live nodes, have 1' \
@@ -189,7 +189,7 @@ db "$T/c" "select detail from events where run=$R2 and kind='nodes.wait' and id>
 db "$T/c" "select detail from events where run=$R2 and id>$last" | has "needs this m6d to be the coordinator" \
     && fail "the restarted coordinator took the run up before its cluster: $(ctl events "$R2" | tail -4)"
 [ "$(field "$R2" state)" = running ] || fail "run $R2 is $(field "$R2" state) after the restart, want running"
-sleep 1
+nap 1
 [ "$(db "$T/c" "select step from runs where id=$R2")" = "$S" ] || fail "run $R2 trained without its worker"
 log "(b) restarted without the worker: $(ctl status "$R2" | grep -o 'waiting for [^)]*)')"
 start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1

@@ -30,7 +30,7 @@ lock_db() {
         [ -e "$T/locked" ] && return 0
         kill -0 "$LOCK_PID" 2>/dev/null \
             || fail "sqlite3 could not take m6.db's write lock: $(cat "$T/locker.out")"
-        sleep 0.05
+        nap 0.05
     done
     fail "sqlite3 did not take m6.db's write lock in 20 s"
 }
@@ -97,7 +97,7 @@ lock_db "$T/st" 5
 wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
 for _ in $(seq 1 200); do
     [ "$(db "$T/st" "select state from runs where id=$R3")" = paused ] && break
-    sleep 0.05
+    nap 0.05
 done
 row=$(db "$T/st" "select state || '|' || step || '|' || coalesce(error, '') from runs where id=$R3")
 case "$row" in
@@ -147,7 +147,7 @@ ck=0
 for _ in $(seq 1 100); do   # a checkpoint past the last row, on disk
     ck=$(ls "$T/st/runs/$G/checkpoints" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' | sort -n | tail -1)
     [ -n "$ck" ] && [ "$ck" -gt $((last + 1)) ] && break
-    sleep 0.05
+    nap 0.05
 done
 [ -n "$ck" ] && [ "$ck" -gt $((last + 1)) ] || fail "no checkpoint past step $last during the lock"
 kill -9 "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true

@@ -105,7 +105,7 @@ grep -q "cluster.assign coordinator=192.0.2.1:7070 run=$RUN rank=1 .* local=192.
 ip -n "$NW" link set "$VW" up
 for _ in $(seq 1 200); do
     [ "$(db "$T/c" "select state from nodes where hostname='netw'")" = live ] && break
-    sleep 0.05
+    nap 0.05
 done
 [ "$(db "$T/c" "select state from nodes where hostname='netw'")" = live ] || fail "netw not back"
 ctl resume "$RUN" >/dev/null || fail "resume refused"

@@ -82,7 +82,7 @@ wait_event "$RUN" 'nodes.wait.*waiting for 2 live nodes, have 1'
 ctl status "$RUN" | has 'waiting for 2 live nodes, have 1' \
     || fail "status does not say why the run waits: $(ctl status "$RUN")"
 [ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
-sleep 1
+nap 1
 [ "$(db "$T/c" "select step from runs where id=$RUN")" = 0 ] || fail "the run trained alone"
 log "(c) waits: $(ctl events "$RUN" | grep nodes.wait | head -1)"
 

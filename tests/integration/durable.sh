@@ -61,7 +61,7 @@ ack_then_kill "$R" pause
 wait_state "$R" paused 30
 [ "$(events_of "$R" pause)" = 1 ] || fail "pause: $(events_of "$R" pause) pause events, want 1"
 P=$(field "$R" step)
-sleep 0.5  # an absence: no step in 0.5 s (25 steps of 20 ms, hundreds at full speed)
+nap 0.5  # an absence: no step in 0.5 s (25 steps of 20 ms, hundreds at full speed)
 [ "$(field "$R" step)" = "$P" ] || fail "run trained on after its pause was re-applied"
 [ "$(pending "$R")" = 0 ] || fail "pause still pending"
 log "pause applied once, at step $P"

@@ -77,7 +77,7 @@ stop_at() {
     RUN=$(ctl submit "$T/ep.json") || fail "$T/ep.json refused by m6d"
     WAIT_RUN=$RUN
     wait_held
-    sleep 0.2  # the worker's rank into its next collective (or about to)
+    nap 0.2  # the worker's rank into its next collective (or about to)
     kill -STOP "$W"
     T0=$EPOCHREALTIME
     local what="SIGSTOP"
@@ -88,7 +88,7 @@ stop_at() {
         what="rank 0's release into the frozen rank's collective"
     else
         release_boundary
-        sleep 0.5
+        nap 0.5
         stop_bounded "$RUN"
     fi
     wait_for "run $RUN to leave running after its stop" $((2 * TMO + 5)) not_running_ "$RUN"

@@ -43,7 +43,7 @@ out=$(ctl resume "$R" 2>&1) || echo "$out" \
     || fail "resume (disk full): $out"
 for _ in $(seq 1 200); do
     [ -n "$(field "$R" error)" ] && break
-    sleep 0.05
+    nap 0.05
 done
 wait_state "$R" paused 10
 ERR=$(field "$R" error)
@@ -53,7 +53,7 @@ K=$(field "$R" step)
 [ "$K" -lt 600 ] || fail "run reached the end on a full disk"
 [ "$K" -le $((P + 10)) ] || fail "run trained on to step $K after the disk filled at $P"
 ctl list >/dev/null || fail "daemon does not answer on a full disk"
-sleep 1  # a looping or step-spamming runner would show now
+nap 1  # a looping or step-spamming runner would show now
 [ "$(field "$R" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$R" step)"
 errs=$(tail -n +"$((before + 1))" "$LOG" | grep -c " error " || true)
 [ "$errs" -le 8 ] || fail "$errs error lines for one full disk: $(tail -n +"$((before + 1))" "$LOG")"

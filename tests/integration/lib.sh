@@ -9,6 +9,24 @@ FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
 command -v jq >/dev/null || { echo "FAIL: jq not installed (Debian: jq; .ci/setup installs it)" >&2; exit 1; }
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/m6-it.XXXXXX")
+# nap SECONDS: sleep without starting a process. The waits below poll every
+# few tens of ms, and a start of /usr/bin/sleep costs ~10 ms of CPU on the
+# suite's VMs (process starts are their dearest syscalls): nap times out a
+# read on a FIFO that no one writes, in bash itself.
+mkfifo "$T/nap"
+exec {NAP_FD}<>"$T/nap"
+nap() { read -rt "$1" -u "$NAP_FD" _ || true; }
+# backoff VAR: naps VAR ms (the caller's variable, set to the first wait
+# before its loop), then makes the next nap half as long again, 100 ms at
+# most: a wait that ends soon sees it at once, a long one polls (starts a
+# process) a few times a second, not fifty.
+backoff() {
+    local -n ms_=$1
+    local s
+    printf -v s '%d.%03d' $((ms_ / 1000)) $((ms_ % 1000))
+    nap "$s"
+    ms_=$((ms_ * 3 / 2 > 100 ? 100 : ms_ * 3 / 2))
+}
 DAEMON_PID=
 declare -A M6D_PIDS  # name -> pid of every m6d start_m6d started
 cleanup_() {
@@ -174,7 +192,7 @@ wait_listen() {
             sed 's/.*://') || true
         [ -n "$PORT" ] && "$M6CTL" --socket "$T/$name/m6d.sock" list >/dev/null 2>&1 &&
             return 0
-        sleep 0.05
+        nap 0.05
     done
     fail "m6d $name did not log its cluster port (or answer on its socket)"
 }
@@ -214,7 +232,7 @@ wait_node() {
         s=$(node_field "$1" state)
         [ "$s" = "$2" ] && { since "$t0"; return 0; }
         le "$3" "$(since "$t0")" && break
-        sleep 0.05
+        nap 0.05
     done
     fail "node $1: state '$s', want $2 within $3 s"
 }
@@ -227,7 +245,7 @@ wait_m6d() {
     for _ in $(seq 1 $tries); do
         if polled "$M6CTL" --socket "$sock" list >/dev/null 2>&1; then return 0; fi
         kill -0 "$pid" 2>/dev/null || fail "$what exited at start"
-        sleep 0.05
+        nap 0.05
     done
     fail "$what did not answer on $sock within $((tries / 20)) s"
 }
@@ -275,17 +293,18 @@ run_state() {
         || echo "(state database unreadable)"
 }
 
-# wait_for WHAT TMO CMD...: runs CMD every 20 ms until it succeeds, at most
-# TMO s. On timeout the test fails naming WHAT, CMD's last output (what it
-# saw instead) and, with WAIT_RUN set, that run's last state (run_state).
+# wait_for WHAT TMO CMD...: runs CMD until it succeeds (backoff between
+# tries), at most TMO s. On timeout the test fails naming WHAT, CMD's last
+# output (what it saw instead) and, with WAIT_RUN set, that run's last
+# state (run_state).
 wait_for() {
-    local what=$1 tmo=$2 out= end
+    local what=$1 tmo=$2 out= end ms=10
     shift 2
     end=$((SECONDS + tmo))
     while :; do
         out=$(polled "$@" 2>&1) && return 0
         [ "$SECONDS" -lt "$end" ] || break
-        sleep 0.02
+        backoff ms
     done
     fail "waited ${tmo}s for $what; saw instead: '${out:-nothing}'${WAIT_RUN:+; run $WAIT_RUN: $(run_state "$WAIT_RUN")}"
 }
@@ -311,7 +330,7 @@ log_has() {
 # wait_state RUN STATE [timeout s]: until the run is in STATE; a run that
 # reaches another final state first fails at once
 wait_state() {
-    local run=$1 want=$2 tmo=${3:-60} s= end
+    local run=$1 want=$2 tmo=${3:-60} s= end ms=10
     end=$((SECONDS + tmo))
     while [ "$SECONDS" -le "$end" ]; do
         s=$(field "$run" state)
@@ -319,19 +338,19 @@ wait_state() {
         case $s in completed | failed | stopped)
             fail "run $run: wanted state $want, it ended $s instead; last state: $(run_state "$run")" ;;
         esac
-        sleep 0.05
+        backoff ms
     done
     fail "run $run: wanted state $want within ${tmo}s, saw $s; last state: $(run_state "$run")"
 }
 
 # wait_step RUN N: until step >= N. Polls the state database (one sqlite3
-# process, a few ms) rather than `field` (m6ctl and a Python start). The
+# process, a few ms) rather than `field` (m6ctl and jq), with backoff. The
 # step is the one m6d commits at the end of each step. A run that ends
 # (completed, failed, stopped) before step N fails at once: a test that
 # must act while the run is alive keeps it alive by design (a step count it
 # cannot finish, or the boundary hold hook), never by racing it.
 wait_step() {
-    local run=$1 n=$2 tmo=${3:-60} s= st= end
+    local run=$1 n=$2 tmo=${3:-60} s= st= end ms=5
     end=$((SECONDS + tmo))
     while [ "$SECONDS" -le "$end" ]; do
         IFS='|' read -r s st < <(db "$(dirname "$SOCK")" "select step, state from runs where id=$run") || true
@@ -339,7 +358,7 @@ wait_step() {
         case $st in completed | failed | stopped)
             fail "run $run: wanted step >= $n, it ended first; last state: $(run_state "$run")" ;;
         esac
-        sleep 0.01
+        backoff ms
     done
     fail "run $run: wanted step >= $n within ${tmo}s, saw step ${s:-?}; last state: $(run_state "$run")"
 }
@@ -387,7 +406,7 @@ wait_paused_within() {
     local run=$1 t0=$2 limit=$3 what=$4
     for _ in $(seq 1 400); do
         [ "$(field "$run" state)" = paused ] && break
-        sleep 0.025
+        nap 0.025
     done
     [ "$(field "$run" state)" = paused ] \
         || fail "run $run not paused 10 s after $what: $(field "$run" state)"
@@ -399,7 +418,7 @@ wait_paused_within() {
 wait_gone() {
     for _ in $(seq 1 $(($2 * 20))); do
         kill -0 "$1" 2>/dev/null || return 0
-        sleep 0.05
+        nap 0.05
     done
     kill -0 "$1" 2>/dev/null && fail "$3 still running $2 s after it was told to stop"
     return 0
@@ -550,7 +569,7 @@ wait_paused_error() {
             e=$(field "$1" error)
             echo "$e" | has -E "$2" && { echo "$e"; return 0; }
         fi
-        sleep 0.05
+        nap 0.05
     done
     fail "run $1 did not pause with an error like '$2' within 30 s (state $s, error '$e'); last state: $(run_state "$1")"
 }

@@ -17,7 +17,7 @@ M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"  # lib.sh hold_boundary
 ( while [ ! -f "$T/stop-reader" ]; do
       sqlite3 "$T/s/m6.db" 'select count(*) from metrics; select count(*) from events;' \
           >/dev/null 2>>"$T/reader.err" || echo "rc=$? at $(date +%H:%M:%S.%N)" >>"$T/reader.err"
-      sleep 0.01
+      nap 0.01
   done ) &
 READER=$!
 
@@ -37,7 +37,7 @@ ctl pause "$B" 2>"$T/err" && fail "pausing a queued run should be refused"
 grep -q "queued" "$T/err" || fail "pause of a queued run: $(cat "$T/err")"
 
 P=$(field "$A" step)
-sleep 0.3
+nap 0.3
 [ "$(field "$A" step)" = "$P" ] || fail "run advanced while paused"
 [ "$P" -lt "$H" ] || fail "paused too late (step $P)"
 [ "$(db "$T/s" "select count(*) from checkpoints where run=$A and step=$P")" = 1 ] \
@@ -47,7 +47,7 @@ grep -q "already paused" "$T/err" || fail "second pause: $(cat "$T/err")"
 
 # Delink by command while paused: takes effect at this boundary.
 ctl delink "$A" >/dev/null
-for _ in $(seq 100); do [ "$(field "$A" phase)" = real ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ "$(field "$A" phase)" = real ] && break; nap 0.05; done
 [ "$(field "$A" phase)" = real ] || fail "no delink after the command"
 [ "$(db "$T/s" "select from_step from phases where run=$A and phase='real'")" = "$P" ] \
     || fail "phases row: $(db "$T/s" "select * from phases")"
@@ -153,7 +153,7 @@ ctl delink "$O" >/dev/null || fail "delink of running run $O refused"
 D=$(ctl status "$O" | sed -n 's/^phase: *pseudo (delink at step \([0-9]*\))$/\1/p')
 [ -n "$D" ] && [ "$D" -lt "$H" ] || fail "status of the pending delink: $(ctl status "$O")"
 release_boundary
-for _ in $(seq 200); do [ "$(field "$O" phase)" = real ] && break; sleep 0.05; done
+for _ in $(seq 200); do [ "$(field "$O" phase)" = real ] && break; nap 0.05; done
 db "$T/s" "select detail from events where run=$O and kind='delink'" | has "step=$D reason=operator" \
     || fail "status said the delink comes at step $D: $(db "$T/s" "select detail from events where run=$O and kind='delink'")"
 ctl stop "$O" >/dev/null || fail "stop of run $O"

@@ -104,7 +104,7 @@ if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && command -v flock >/dev
     # a group member opens the lock read-only and holds a shared flock
     member flock -s -n "$G/m6d.lock" sleep 30 2>"$T/flock.err" &
     FL=$!
-    sleep 0.5
+    nap 0.5
     if kill -0 "$FL" 2>/dev/null; then
         log "a group member holds a shared flock on m6d.lock"
     else

@@ -27,7 +27,7 @@ sed 's/"eval_batches": 1000000/"eval_batches": 2000000000/' "$T/a.json" >"$T/big
 # 1-4 have none; step 5's row is committed only after its pass)
 in_pass() {
     wait_step "$1" 4 60
-    sleep 1
+    nap 1
     [ "$(db "$2" "select step from runs where id=$1")" = 4 ] \
         || fail "run $1: past step 4 within 1 s, not in a long validation pass"
 }
@@ -46,7 +46,7 @@ no_val() {
 
 # redoing RUN DIR: resumed at step 5, the run redoes its pass (no step 6)
 redoing() {
-    sleep 1
+    nap 1
     [ "$(db "$2" "select step from runs where id=$1")" = 5 ] \
         || fail "run $1: at step $(db "$2" "select step from runs where id=$1") 1 s after it went on, want 5 (the owed pass redone first)"
     [ "$(db "$2" "select count(*) from metrics where run=$1 and step>5")" = 0 ] \

@@ -44,7 +44,7 @@ for try in 1 2 3; do
     python3 "$(dirname "$0")/rawclient.py" "$SOCK" --rtt "$R" "$T/csv.done" "$max_ms" \
         >"$T/rtt.out" 2>&1 &
     RTT_PID=$!
-    sleep 0.2  # connected and sampling
+    nap 0.2  # connected and sampling
     t0=$(date +%s.%N)
     rc=0; ctl metrics "$R" --csv >"$T/m.csv" 2>"$T/m.err" || rc=$?
     t1=$(date +%s.%N)

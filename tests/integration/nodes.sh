@@ -92,7 +92,7 @@ for _ in $(seq 1 1000); do
         ctl pause "$RUN" >/dev/null || fail "pause while the nodes join"
         PAUSED=1
     fi
-    sleep 0.01
+    nap 0.01
 done
 joined w1 && joined w2 || fail "the workers did not join within 10 s"
 if [ -n "$PAUSED" ]; then
@@ -203,7 +203,7 @@ grep -q 'reason="no first frame in time"' "$T/m6d-c.log" || fail "silent TLS pee
 grep -q 'reason="no TLS handshake in time"' "$T/m6d-c.log" || fail "silent peer not logged"
 python3 "$PEER" "$PORT" flood 80 3 "$T/flooding" >&2 &
 FLOOD=$!
-for _ in $(seq 1 100); do [ -e "$T/flooding" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -e "$T/flooding" ] && break; nap 0.05; done
 # while 64 connections wait to authenticate: the store and the nodes answer
 "$M6STORE" "$ADDR" "$T/token" "$T/c" 0 1 0 2000 set during-flood yes || fail "store set during the flood"
 c_ctl nodes >/dev/null || fail "control socket during the flood"
@@ -215,7 +215,7 @@ wait "$FLOOD" || fail "flood case"
 G=$!
 "$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 wait 8000 k1 k2 2>"$T/wait.err" &
 W=$!
-sleep 0.3
+nap 0.3
 kill -0 "$G" 2>/dev/null || fail "get returned before the key was set: $(cat "$T/get.err")"
 "$M6STORE" "$ADDR" "$T/token" "$T/c" 0 7 1 2000 set rank0.addr "tcp://127.0.0.1:29500" || fail "store set"
 wait "$G" || fail "store get: $(cat "$T/get.err")"

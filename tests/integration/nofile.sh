@@ -50,7 +50,7 @@ wait_completed() {
         failed|stopped) fail "run $1 $s: $(field "$1" error)" ;;
         paused) [ -z "$(field "$1" error)" ] || fail "run $1 paused: $(field "$1" error)" ;;
         esac
-        sleep 0.05
+        nap 0.05
     done
     fail "run $1 did not complete within 120 s; last state: $(run_state "$1")"
 }

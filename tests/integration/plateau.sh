@@ -113,7 +113,7 @@ ctl status "$C" | has -x 'phase: *pseudo (delink on a plateau, at step 150 at th
 stop_daemon
 start_daemon "$T/s"
 ctl resume "$C" >/dev/null
-for _ in $(seq 600); do [ "$(field "$C" phase)" = real ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ "$(field "$C" phase)" = real ] && break; nap 0.05; done
 [ "$(field "$C" phase)" = real ] || fail "run $C did not delink after the restart"
 ctl pause "$C" >/dev/null 2>&1 || true  # it may have completed already
 stop_daemon

@@ -42,7 +42,7 @@ grep -q "^m6_step_duration_seconds_bucket{run=\"$R\",name=\"prom\",node=\"[^\"]*
 # meanwhile, as does /metrics, while a client sits on an unfinished request.
 $PROM slow 127.0.0.1 "$PORT" 4 &
 SLOW=$!
-sleep 0.3
+nap 0.3
 for c in "/nope GET 404" "/metrics POST 405" "/metrics PUT 405" "/api/runs/x GET 404" \
          "/metrics GET 200" "/ GET 200"; do
     set -- $c
@@ -117,7 +117,7 @@ ctl list >/dev/null || fail "first m6d stopped answering"
 # a restart: counters from 0 under a new start time
 t_start=$(get process_start_time_seconds)
 stop_daemon
-sleep 1
+nap 1
 start_daemon "$T/s" --metrics-listen "127.0.0.1:$PORT"
 $PROM fetch "$URL/metrics" >"$T/end.txt" || fail "GET /metrics after the restart"
 python3 -c "assert $(get process_start_time_seconds) > $t_start" || fail "process_start_time_seconds did not move"

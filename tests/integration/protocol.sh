@@ -76,7 +76,7 @@ sed "s#$T/data/train_\*.bin#$T/badtok/train_*.bin#" "$T/spec.json" >"$T/badtok.j
 ctl submit "$T/badtok.json" 2>"$T/err" && fail "a shard with token 300 >= vocab_size 256 was accepted"
 grep -q "data.train: $T/badtok/train_000000.bin: token 300 at index 17 >= vocab_size 256" "$T/err" \
     || fail "bad token not named: $(cat "$T/err")"
-kill -HUP "$DAEMON_PID"; sleep 0.2
+kill -HUP "$DAEMON_PID"; nap 0.2
 ctl list >/dev/null || fail "m6d did not survive SIGHUP"
 grep -q "signal=SIGHUP action=ignored" "$T"/m6d-*.log || fail "SIGHUP not logged"
 echo '{"name": ' >"$T/broken.json"
@@ -194,7 +194,7 @@ huge_corpus huge $HUGE_N
 t0=$(date +%s%N)
 (ctl submit "$T/huge.json" >"$T/huge.id" 2>"$T/huge.err"; echo $? >"$T/huge.rc"; date +%s%N >"$T/huge.done") &
 SUBMIT_PID=$!
-sleep 0.1
+nap 0.1
 python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" "$T/huge.done" >"$T/lat2.out" 2>&1 || fail "latency during a slow submit: $(cat "$T/lat2.out")"
 wait "$SUBMIT_PID"
 [ "$(cat "$T/huge.rc")" = 0 ] || fail "slow submit: $(cat "$T/huge.err")"
@@ -212,7 +212,7 @@ for k in 1 2 3 4 5 6; do huge_corpus "many$k" $MANY_N; done
  wait; date +%s%N >"$T/many.done") &
 MANY_PID=$!
 t0=$(date +%s%N)
-sleep 0.2
+nap 0.2
 python3 "$(dirname "$0")/rawclient.py" "$SOCK" "$B" "$T/many.done" >"$T/lat3.out" 2>&1 \
     || fail "latency during six slow submits: $(cat "$T/lat3.out")"
 wait "$MANY_PID"
@@ -223,9 +223,9 @@ huge_corpus gone $MANY_N
 runs_before=$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 "$M6CTL" --socket "$SOCK" submit "$T/gone.json" >/dev/null 2>&1 &
 GONE=$!
-sleep 0.5
+nap 0.5
 kill "$GONE"; wait "$GONE" 2>/dev/null || true
-for _ in $(seq 1 300); do grep -q "run.submit_dropped" "$T/m6d-s.log" && break; sleep 0.1; done
+for _ in $(seq 1 300); do grep -q "run.submit_dropped" "$T/m6d-s.log" && break; nap 0.1; done
 grep -q "run.submit_dropped" "$T/m6d-s.log" || fail "no run.submit_dropped in the log"
 [ "$(ctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = "$runs_before" ] \
     || fail "a submit whose client went away was queued"

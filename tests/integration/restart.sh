@@ -40,7 +40,7 @@ watch_bg() {
      echo "$rc" >"$T/watch-$1.rc") &
     WATCH_PID=$!
     # until it has shown the run once (a fixed sleep let the run end first)
-    for _ in $(seq 1 1000); do [ -s "$T/watch-$1.out" ] && break; sleep 0.01; done
+    for _ in $(seq 1 1000); do [ -s "$T/watch-$1.out" ] && break; nap 0.01; done
     [ -s "$T/watch-$1.out" ] || fail "watch of run $2 showed nothing in 10 s: $(cat "$T/watch-$1.err")"
 }
 
@@ -67,7 +67,7 @@ K=$(db "$T/term" "select step from runs where id=$R")
     || fail "no checkpoint at the SIGTERM step $K"
 db "$T/term" "select kind from events where run=$R" | has -x interrupted || fail "no interrupted event"
 release_boundary
-sleep 1.2  # the watch retries while m6d is away: it must see it unreachable
+nap 1.2  # the watch retries while m6d is away: it must see it unreachable
 start_daemon "$T/term"
 ctl watch "$R" >/dev/null || fail "resumed run (SIGTERM) did not complete"
 wait "$WATCH_PID"
@@ -98,7 +98,7 @@ for _ in $(seq 1 4000); do
         kill9_daemon; caught=1; break
     fi
     [ "$(db "$T/ck" "select state from runs where id=$R")" = completed ] && break
-    sleep 0.002
+    nap 0.002
 done
 if ! compgen -G "$T/ck/runs/$R/checkpoints/*.tmp-*" >/dev/null; then
     caught=

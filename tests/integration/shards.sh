@@ -48,7 +48,7 @@ wait_error() {
             e=$(field "$1" error)
             [ -n "$e" ] && { echo "$e"; return 0; }
         fi
-        sleep 0.05
+        nap 0.05
     done
     fail "run $1 did not pause with an error within 30 s; last state: $(run_state "$1")"
 }
@@ -100,11 +100,11 @@ ctl list >/dev/null || fail "list"
 ctl status "$A" | has "truncated while in use" || fail "status does not show the error"
 for _ in $(seq 1 100); do
     grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" && break
-    sleep 0.05
+    nap 0.05
 done
 grep -q "run $A paused at step $K: data.train: .*truncated while in use" "$T/watch.out" \
     || fail "watch does not say why the run paused: $(tail -n 3 "$T/watch.out")"
-sleep 0.5
+nap 0.5
 [ "$(field "$A" step)" = "$K" ] || fail "paused run moved on: $K -> $(field "$A" step)"
 # the pause took a checkpoint of step K, as a plain pause does
 [ "$(db "$T/s" "select max(step) from checkpoints where run=$A")" = "$K" ] \
@@ -255,7 +255,7 @@ release_boundary
 wait_paused_error "$G" "truncated" >/dev/null
 OUT=$(ctl stop "$G") || fail "stop of a run paused on bad data"
 echo "$OUT" | has "write failed" && fail "stop speaks of a failed write: $OUT"
-for _ in $(seq 1 100); do [ "$(field "$G" state)" = stopped ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ "$(field "$G" state)" = stopped ] && break; nap 0.05; done
 [ "$(field "$G" state)" = stopped ] || fail "run paused on bad data not stopped: $(field "$G" state)"
 restore "$TRAIN" "$T/train.orig2"
 kill -0 "$DAEMON_PID" 2>/dev/null || fail "m6d died"

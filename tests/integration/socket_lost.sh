@@ -9,7 +9,7 @@
 wait_answer() {  # wait_answer SECONDS: m6ctl list answers again
     for _ in $(seq 1 $(( $1 * 10 ))); do
         ctl list >/dev/null 2>&1 && return 0
-        sleep 0.1
+        nap 0.1
     done
     return 1
 }
@@ -40,7 +40,7 @@ mv -f "$T/file" "$SOCK"
 # m6d looks at its socket path every 2 s (server.c PATH_CHECK_MS): the
 # loss line, then two more looks that must not repeat it
 WAIT_RUN=$R wait_for "the server.socket_lost line" 10 log_has "$LOG" "server.socket_lost .*socket=$SOCK"
-sleep 4.5
+nap 4.5
 [ -f "$SOCK" ] && [ "$(cat "$SOCK")" = keep ] || fail "m6d touched the file put at $SOCK"
 n=$(grep -c "server.socket_lost .*socket=$SOCK" "$LOG")
 [ "$n" = 1 ] || fail "server.socket_lost logged $n times over 5 s, want once"
@@ -58,7 +58,7 @@ s.bind(sys.argv[1]); s.listen(8)
 open(sys.argv[2], "w").close()
 time.sleep(60)' "$SOCK" "$T/other.ready" &
 OTHER=$!
-for _ in $(seq 1 50); do [ -e "$T/other.ready" ] && break; sleep 0.1; done
+for _ in $(seq 1 50); do [ -e "$T/other.ready" ] && break; nap 0.1; done
 [ -e "$T/other.ready" ] || fail "the other listener did not start"
 WAIT_RUN=$R wait_for "the loss line for another process's socket" 10 \
     log_has "$LOG" "server.socket_lost .*another m6d is listening there"

@@ -52,7 +52,7 @@ SOCK=$T/act.sock
 systemd-socket-activate -l "$SOCK" "$M6D" --state-dir "$T/st" --threads 1 \
     2>>"$T/m6d-act.log" &
 DAEMON_PID=$!
-for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; nap 0.05; done
 [ -S "$SOCK" ] || fail "systemd-socket-activate made no socket at $SOCK"
 ctl list >/dev/null || fail "m6ctl list through the activated socket"
 R=$(ctl submit "$T/run.json") || fail "submit through the activated socket"

@@ -64,7 +64,7 @@ start_m6d w1 --join "$ADDR" --token-file "$T/token" --node-name w1
 wait_live() {
     for _ in $(seq 1 200); do
         [ "$(db "$T/c" "select state from nodes where hostname='w1'")" = live ] && return 0
-        sleep 0.05
+        nap 0.05
     done
     fail "the worker w1 did not join"
 }
