@@ -225,11 +225,18 @@ int cmd_watch_(int argc, char **argv)
             watch_line_(r, eta, 0);
         }
         if (!g.json && r->state != last_state &&
-            r->state == M6__RUN_STATE__RUN_STATE_PAUSED && r->error && *r->error) {
-            /* paused by m6d itself (a write failed, a shard went bad): why */
+            r->state == M6__RUN_STATE__RUN_STATE_PAUSED) {
+            /* why: m6d's reason when it paused the run itself (a write
+             * failed, a shard went bad, a node was lost); without one, a
+             * command paused it */
             m6ctl_end_bar_();
-            printf("run %lld paused at step %lld: %s\n", (long long)r->id,
-                   (long long)r->step, r->error);
+            if (r->error && *r->error)
+                printf("run %lld paused at step %lld: %s\n", (long long)r->id,
+                       (long long)r->step, r->error);
+            else
+                printf("run %lld paused at step %lld by a command (m6ctl "
+                       "pause); waiting for its resume\n", (long long)r->id,
+                       (long long)r->step);
         }
         fflush(stdout);
         last_step = r->step;
