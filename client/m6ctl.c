@@ -726,8 +726,9 @@ static void usage_(FILE *f)
         fprintf(f, "  %-11s %-10s %.*s\n", commands_[i].name,
                 strlen(commands_[i].usage) <= 10 ? commands_[i].usage : "...", n, h);
     }
-    fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or the\n"
-               "default of m6d. 'm6ctl COMMAND --help' for details.\n"
+    fprintf(f, "\nRUN is a run id (or a unique name). Socket: --socket, $M6_SOCKET, or\n"
+               "m6d's default ($M6_STATE_DIR/m6d.sock when set). 'm6ctl COMMAND --help'\n"
+               "for details.\n"
                "Options for every command: --socket PATH, --no-color (or NO_COLOR=1),\n"
                "--help. Exit status: 0 ok; 1 error (refused by m6d, an unknown RUN\n"
                "included, or a local failure; the message is on stderr) or the watched\n"

@@ -12,10 +12,14 @@
 #include "client/corpus/corpus.h"
 #include "client/prepare_view.h"
 
+/* Each file read; the first one says where the shards go (not before:
+ * a refused --out, one that already holds shards, says so alone). */
 static void progress_(const char *file, size_t bytes, void *ud)
 {
     size_t *count = ud;
-    (*count)++;
+    if ((*count)++ == 0)
+        fprintf(stderr, "preparing shards in %s (val fraction %.3g)\n",
+                g.out_dir, g.val_fraction);
     fprintf(stderr, "  [%zu] %s (%zu bytes)\n", *count, file, bytes);
 }
 
@@ -44,7 +48,6 @@ int cmd_data_(int argc, char **argv)
     prepare_stats st;
     size_t count = 0;
     char err[1024];
-    fprintf(stderr, "preparing shards in %s (val fraction %.3g)\n", g.out_dir, g.val_fraction);
     /* Ctrl-C or SIGTERM: stop and remove this run's shards (no partial
      * corpus left for a train_*.bin glob to pick up). */
     struct sigaction sa = {.sa_handler = prepare_signal_};
