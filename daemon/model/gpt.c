@@ -11,16 +11,21 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels.h"
 #include "model/gpt_internal.h"
 
 float *gpt_alloc_floats(size_t n)
 {
+    const size_t huge = (size_t)2 << 20;  /* x86-64's and arm64's THP size */
+    size_t bytes = gpt_pad_floats(n ? n : 1) * sizeof(float);
     void *p = NULL;
-    if (posix_memalign(&p, 64, gpt_pad_floats(n ? n : 1) * sizeof(float)) != 0)
+    if (posix_memalign(&p, bytes >= 2 * huge ? huge : 64, bytes) != 0)
         return NULL;
-    memset(p, 0, n * sizeof(float));
+    if (bytes >= 2 * huge)  /* advice only: no error is ours to report */
+        (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    memset(p, 0, n * sizeof(float));  /* faults the pages in, huge ones */
     return p;
 }
 

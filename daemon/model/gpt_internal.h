@@ -27,7 +27,13 @@ static inline void gpt_copy_floats(float *dst, const float *src, size_t n)
         memcpy(dst, src, n * sizeof(float));
 }
 
-/* n zeroed floats, 64-byte aligned (free()); NULL when out of memory */
+/* n zeroed floats, 64-byte aligned (free()); NULL when out of memory.
+ * From 4 MiB up, 2 MiB aligned and offered transparent huge pages
+ * (madvise MADV_HUGEPAGE: taken where the system's THP policy is
+ * "madvise" or "always", ignored under "never"): the weights, gradients,
+ * moments and activations. With 4 KiB pages bench/cpu_train's model
+ * (10.7M parameters) faulted 57,000 times to start, 4,600 with them, and
+ * its start took about 0.4 s less CPU; steps as fast (bench/RESULTS.md). */
 float *gpt_alloc_floats(size_t n);
 
 /* Floats of v for the whole model: AdamW's the parameters', Adafactor's
