@@ -154,7 +154,8 @@ kill -9 "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
 wait "$LOCK_PID" || fail "the locker failed: $(cat "$T/locker.out")"
 last=$(db "$T/st" "select max(step) from metrics where run=$G")
 start_daemon "$T/st"
-wait_state "$G" running
+# the resume's event, not the state: m6d records the run running first
+wait_event "$G" 'resume\.restart' 30
 took=$(db "$T/st" "select detail from events where run=$G and kind='resume.restart'")
 took=${took#step=}; took=${took%% *}
 [ "$took" -gt "$((last + 1))" ] || fail "run $G resumed at step $took, the last row is $last: no gap to name"
