@@ -783,8 +783,8 @@ gpt_optim spec_gpt_optim(const run_spec *s)
 
 /* nodes.expert_parallel: P divides the world, at most E, MoE blocks to
  * split; P > 1 only where the engine builds it (world_size/P groups of P
- * ranks on the CPU backend; a pseudo phase alone or in groups of P too),
- * the rest refused by name. */
+ * ranks on the CPU backend, offloading or not; a pseudo phase alone or in
+ * groups of P too), the rest refused by name. */
 static int ep_check_(const run_spec *s, char *err, size_t errlen)
 {
     int P = s->nodes.expert_parallel, W = s->nodes.world_size;
@@ -812,9 +812,6 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         s->device.backend == BACKEND_CUDA
             ? "on device.backend \"cuda\" (the all-to-all runs on host "
               "memory over gloo; use device.backend \"cpu\")"
-        : s->device.memory_budget > 0
-            ? "with offloading (device.memory_budget > 0: an offloaded slot "
-              "holds every expert; set it to 0)"
         : s->optimizer.shard
             ? "with optimizer.shard (its ranges cover every expert; set it "
               "to false)"

@@ -297,8 +297,9 @@ const key_ spec_keys_[] = {
         "parallelism: a rank holds about E/P experts of each MoE slot, "
         "tokens reach them by all-to-all; dense and router weights are "
         "replicated). Must divide `world_size` and be at most "
-        "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu` "
-        "without offloading, `optimizer.shard`, Adafactor or bf16 masters; "
+        "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu`, "
+        "offloading or not (a rank's slots hold its experts, placed by its "
+        "own plan), without `optimizer.shard`, Adafactor or bf16 masters; "
         "`pseudo_world_size` 1 or a multiple of P (`world_size` / P "
         "replicas of each expert-parallel group). Every checkpoint is the "
         "one-rank model's (rank 0 gathers the experts)."),

@@ -299,8 +299,10 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
             return -1;
         grad_span_(t, start, len, t->bucket, loss, 0);
         /* a slot starting in this bucket is summed now (its later
-         * buckets went before): the backend may start on it */
-        if (t->be.iface->grad_summed)
+         * buckets went before): the backend may start on it. Expert
+         * replicas: its experts are not (trainer_ep_reduce_experts_
+         * reports every slot after their sums) */
+        if (t->be.iface->grad_summed && !trainer_ep_replicas_(t))
             for (int r = dp_region_of_(t, start + len - 1);
                  r >= 2 && dp_region_start_(t, r) >= start; r--)
                 t->be.iface->grad_summed(t->be.ctx, r - 2);

@@ -198,7 +198,10 @@ static void copy_local_(trainer *t, const backend *from, const backend *to,
 }
 
 /* A backend of model m (the spec's model, m's moe_ep_* set or not) in
- * t's current phase and slots, into *nb. 0, or -1 with err. */
+ * t's current phase and slots, into *nb. Offloading, its memory plan is
+ * m's own (a rank's slots hold only its experts: smaller slots, so more
+ * of them may be resident), made as the run's was (the same budget and
+ * decision on offload.speculative). 0, or -1 with err. */
 static int backend_of_(trainer *t, const model_config *m, backend *nb,
                        m6_err *err)
 {
@@ -208,7 +211,23 @@ static int backend_of_(trainer *t, const model_config *m, backend *nb,
     bs.n_slots = n_slots_(t);
     bs.pseudo = t->phase == PHASE_PSEUDO;
     char e1[1024];
-    if (backend_cpu_create(nb, &bs, e1, sizeof e1) != 0) {
+    offload_plan plan;
+    if (bs.plan) {
+        run_spec sp = t->spec;
+        sp.model = *m;
+        if (offload_plan_for_run(&sp, 0, bs.plan_in.host_limit, &plan, e1,
+                                 sizeof e1) != 0) {
+            m6_err_set(err, M6_EINVALID, "expert parallelism: "
+                       "device.memory_budget: %s", e1);
+            return -1;
+        }
+        bs.plan = &plan;
+        bs.plan_in.model = *m;
+    }
+    int rc = backend_cpu_create(nb, &bs, e1, sizeof e1);
+    if (bs.plan)
+        offload_plan_free(&plan);
+    if (rc != 0) {
         m6_err_set(err, M6_EINTERNAL, "expert parallelism: %s", e1);
         return -1;
     }
@@ -519,9 +538,17 @@ int trainer_ep_reduce_experts_(trainer *t, m6_err *err)
             rc = m6_coll_allreduce_sum(t->ep->edp,
                                        t->be.iface->grad_region(t->be.ctx, s)
                                            + h0, hl, err);
+        /* the slot is summed whole now (the all-reduce held it back) */
+        if (rc == 0 && t->be.iface->grad_summed)
+            t->be.iface->grad_summed(t->be.ctx, s);
     }
     free(kind);
     return rc;
+}
+
+int trainer_ep_replicas_(const trainer *t)
+{
+    return t->ep && t->ep->edp;
 }
 
 void trainer_ep_groups_free_(trainer *t)

@@ -229,9 +229,14 @@ int trainer_ep_whole_(const trainer *t);
 int trainer_ep_check_(trainer *t, m6_err *err);
 /* Replicas (world = D x P): each MoE slot's local experts' gradient
  * summed over the D ranks holding the same experts, after the step's
- * all-reduce and before the norm. Nothing without replicas. 0, or -1
- * with err. */
+ * all-reduce and before the norm, each slot then reported to the backend
+ * as summed (backend.h grad_summed; the all-reduce does not report them
+ * with replicas: trainer_ep_replicas_). Nothing without replicas. 0, or
+ * -1 with err. */
 int trainer_ep_reduce_experts_(trainer *t, m6_err *err);
+/* 1 when the trainer runs expert parallelism with replicas (its experts'
+ * gradients are summed after the all-reduce), else 0. */
+int trainer_ep_replicas_(const trainer *t);
 /* The floats of a slot of kind moe that the gradient all-reduce skips
  * (this rank's experts, summed by the all-to-all already) and their start
  * *h0 in the slot; 0 without expert parallelism or for a dense slot. */

@@ -14,7 +14,8 @@
 #  (b) nodes.pseudo_world_size 1: the pseudo phase on rank 0 alone, the
 #      worker joins at the delink and the experts are split then;
 #  (c) world 4 as 2 replicas of P = 2 (ranks 1-3 on one worker m6d with
-#      --devices 3): each rank's two expert sub-groups made with the group;
+#      --devices 3), offloading: each rank's two expert sub-groups made with
+#      the group, each rank's slots placed by its own model's plan;
 #  (d) a stop of such a run at step 5: its save gathers every expert;
 #  (e) (run between (b) and (c)) `m6ctl resume RUN --world-size 1`: a
 #      MoE run of (a)'s spec and a dense one, paused at step 5 of world 2,
@@ -38,6 +39,12 @@ WAIT=120  # the most any whole run may take here, seconds
 ep_setup
 ep_spec "$T/late.json" late "\"world_size\": 2, \"pseudo_world_size\": 1, \"expert_parallel\": 2, \"timeout\": $TMO"
 ep_spec "$T/four.json" four "\"world_size\": 4, \"expert_parallel\": 2, \"timeout\": $TMO"
+# (c) and (d) offload: device.memory_budget the whole model's minimum (all
+# of its slots on the host); a rank's slots hold only its experts, and its
+# own plan keeps one of its two real slots resident
+MIN=$("$M6CTL" plan "$T/four.json" --json | jq .min_budget_bytes) || fail "plan --json"
+jq --argjson b "$MIN" '.device.memory_budget = $b' "$T/four.json" >"$T/four.tmp" &&
+    mv "$T/four.tmp" "$T/four.json" || fail "four.json with a budget"
 
 # ---- the one-rank reference (same global batch)
 reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "the one-rank run"
@@ -177,6 +184,8 @@ for r in 1 2 3; do
         || fail "rank $r did not make its expert groups twice: $(grep cluster. "$T/m6d-w3.log" | tail -3)"
 done
 losses "$R3" >"$T/four.csv"
+[ "$(db "$T/c" "select offloaded_slots from metrics where run=$R3 and step=16")" = 1 ] \
+    || fail "rank 0 of the world-4 run: not 1 of its 2 slots offloaded: $(db "$T/c" "select step, offloaded_slots from metrics where run=$R3")"
 rel_close "$T/four.csv" "$T/one.csv" 1e-6 || fail "the world-4 run's losses differ from the one-rank run's"
 
 # ---- (d) a stop at step 5 of the world-4 run: its save gathers every

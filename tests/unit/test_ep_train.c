@@ -27,6 +27,15 @@
  *              them), the same comparisons, a save at step 8 too
  *   refused    a save of a rank that holds its experts only, a load into
  *              one, and replicas without their sub-groups, by name
+ *   offloaded  device.memory_budget the whole model's minimum (all its
+ *              slots offloaded): at W = P = 2 (clip firing, pseudo phase
+ *              included) each rank's own plan keeps one of its two real
+ *              slots resident, the one-rank run's figures, and the save
+ *              of step 8 (gathered into a whole offloaded model) resumed
+ *              at P = 1; 2 replicas of P = 2 with offload.speculative on
+ *              and a clip that never fires: every speculative update kept,
+ *              so made only after the replicas summed the experts'
+ *              gradients (reported early, 1e-4 to 5e-3 off from step 6)
  *   group      capacity over the whole group (model.moe.capacity_scope
  *              "group", capacity factor 1: pairs are dropped), one
  *              microbatch per rank, at W = P = 2, W = P = 4 and 2 replicas
@@ -69,13 +78,14 @@
 
 #include "model/config.h"
 #include "model/facts.h"
+#include "offload/offload.h"
 #include "spec/spec.h"
 #include "train/trainer.h"
 #include "../common/rank_procs.h"
 
 #define TOL 1e-4
 #define MAX_STEPS 16
-enum { E_ = 4, C_ = 32, H_ = 128, L_ = 2 };
+enum { E_ = 4, C_ = 32, H_ = 128, L_ = 2, PSEUDO_ = 4 };
 
 /* ------------------------------------------------------------ a rank */
 
@@ -204,9 +214,16 @@ static int rank_main_(int argc, char **argv)
             }
         }
     }
-    /* after the delink: one slot a layer */
-    fprintf(out, "floats %zu %zu\n", trainer_copy_state(t, 0, NULL),
-            trainer_copy_state(t, 1, NULL));
+    /* after the delink: one slot a layer; offloading: this rank's slots
+     * on the host, the steps that updated them speculatively and the
+     * steps whose speculation the clip undid */
+    offload_stats os;
+    if (trainer_offload_stats(t, &os) != 0)
+        memset(&os, 0, sizeof os);
+    fprintf(out, "floats %zu %zu offloaded %d %llu %llu\n",
+            trainer_copy_state(t, 0, NULL), trainer_copy_state(t, 1, NULL),
+            os.n_offloaded, (unsigned long long)os.spec_steps,
+            (unsigned long long)os.redo_steps);
     fclose(out);
     trainer_free(t);  /* and the sub-groups it adopted */
     m6_coll_destroy(c);
@@ -218,6 +235,8 @@ static int rank_main_(int argc, char **argv)
 
 typedef struct {
     size_t nw, nm;  /* floats of weights, of m */
+    int offloaded;  /* slots on the host after the delink */
+    unsigned long long spec_steps, redo_steps;  /* offload_stats' */
     int n;          /* steps 1..n have a line */
     double v[MAX_STEPS][5];  /* [step - 1]: loss, val, norm, aux, z */
     long dropped[MAX_STEPS]; /* [step - 1]: (token, prototype) pairs the
@@ -239,7 +258,9 @@ static int load_(const char *tag, int r, result *res)
         res->dropped[step - 1] = dropped;
         res->n = (int)step;
     }
-    if (!f || fscanf(f, "floats %zu %zu\n", &res->nw, &res->nm) != 2) {
+    if (!f || fscanf(f, "floats %zu %zu offloaded %d %llu %llu\n",
+                     &res->nw, &res->nm, &res->offloaded, &res->spec_steps,
+                     &res->redo_steps) != 5) {
         if (f)
             fclose(f);
         CHECK(0, "%s: no result", path);
@@ -252,9 +273,10 @@ static int load_(const char *tag, int r, result *res)
 /* world ranks, P of them an expert-parallel group (1: none) */
 /* the spec of tag; moe_extra: more members of model.moe ("" none); B
  * sequences a microbatch, M microbatches a step, eval_batches of B */
-static void write_spec_batch_(const char *tag, int world, int P,
-                              const char *moe_extra, int B, int M,
-                              int eval_batches)
+static void write_spec_full_(const char *tag, int world, int P,
+                             const char *moe_extra, int B, int M,
+                             int eval_batches, double clip,
+                             const char *top_extra)
 {
     FILE *f = rank_procs_spec(tag, "ep");  /* one name: the hash */
     if (!f)
@@ -263,18 +285,26 @@ static void write_spec_batch_(const char *tag, int world, int P,
             "\"n_embd\": %d, \"n_head\": 2, \"seq_len\": 32, \"moe\": "
             "{\"num_experts\": %d, \"prototypes\": 2, \"aux_loss_coef\": "
             "0.05, \"z_loss_coef\": 0.01%s}},\n"
-            " \"pseudo\": {\"steps\": 4},\n"
+            " \"pseudo\": {\"steps\": %d},\n"
             " \"train\": {\"steps\": 12, \"batch_size\": %d, \"grad_accum\": "
             "%d, \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2, "
-            "\"grad_clip\": 0.05, \"seed\": 5, \"eval_every\": 3, "
-            "\"eval_batches\": %d},\n"
-            " \"device\": {\"threads\": 1}", L_, C_, E_, moe_extra, B, M,
-            eval_batches);
+            "\"grad_clip\": %g, \"seed\": 5, \"eval_every\": 3, "
+            "\"eval_batches\": %d}%s", L_, C_, E_, moe_extra, PSEUDO_, B, M,
+            clip,
+            eval_batches, top_extra);
     if (world > 1)
         fprintf(f, ",\n \"nodes\": {\"world_size\": %d, "
                 "\"expert_parallel\": %d}", world, P);
     fprintf(f, "}\n");
     fclose(f);
+}
+
+static void write_spec_batch_(const char *tag, int world, int P,
+                              const char *moe_extra, int B, int M,
+                              int eval_batches)
+{
+    write_spec_full_(tag, world, P, moe_extra, B, M, eval_batches, 0.05,
+                     ",\n \"device\": {\"threads\": 1}");
 }
 
 static void write_spec_moe_(const char *tag, int world, int P,
@@ -407,6 +437,98 @@ static void group_scope_(void)
     }
 }
 
+/* The device.memory_budget that tag's whole model needs in its real
+ * phase with every slot offloaded (the planner's minimum): each rank
+ * starts with the whole model, and the slots of its own experts are
+ * smaller. 0 when it cannot be planned. */
+static size_t min_budget_(const char *tag)
+{
+    char p[600], e[512];
+    snprintf(p, sizeof p, "%s/%s.json", rank_dir_, tag);
+    run_spec sp;
+    offload_plan pl;
+    if (spec_load_file(&sp, p, e, sizeof e) != 0 ||
+        offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) != 0) {
+        CHECK(0, "plan %s: %s", tag, e);
+        return 0;
+    }
+    size_t b = pl.min_budget_bytes;
+    offload_plan_free(&pl);
+    return b;
+}
+
+/* Offloading under expert parallelism: each rank's slots hold its own
+ * experts, placed by a plan of its own model (device.memory_budget the
+ * whole model's minimum). At W = P = 2 with the clip firing every step
+ * (pseudo phase included), and as 2 replicas of P = 2 with
+ * offload.speculative on and a clip that never fires (every step's
+ * speculative update of an offloaded slot kept: made only once the
+ * replicas have summed its experts' gradient), the one-rank run's
+ * figures; every rank has offloaded slots. */
+static void offloaded_(const result *ref)
+{
+    size_t b = min_budget_("one");
+    if (b == 0)
+        return;
+    char dev[300];
+    snprintf(dev, sizeof dev, ",\n \"device\": {\"threads\": 1, "
+             "\"memory_budget\": %zu}", b);
+    write_spec_full_("ep2o", 2, 2, "", 2, 4, 4, 0.05, dev);
+    write_spec_full_("dp2o", 2, 1, "", 2, 4, 4, 0.05, dev);
+    snprintf(dev, sizeof dev, ",\n \"device\": {\"threads\": 1, "
+             "\"memory_budget\": %zu},\n \"offload\": {\"speculative\": "
+             "\"on\"}", b);
+    write_spec_full_("ep2x2k", 4, 2, "", 2, 4, 4, 1000, dev);
+    write_spec_full_("onek", 1, 1, "", 2, 4, 4, 1000,
+                     ",\n \"device\": {\"threads\": 1}");
+    const char *plain[1] = {"plain"}, *save[1] = {"save"};
+    result refk;
+    static const struct { const char *tag; int world; int kept; } runs[] = {
+        {"ep2o", 2, 0}, {"ep2x2k", 4, 1}};
+    if (rank_procs_run("onek", "onek", 1, plain, 1, 240, -1) != 0 ||
+        load_("onek", 0, &refk) != 0)
+        return;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        if (rank_procs_run(runs[i].tag, runs[i].tag, runs[i].world,
+                           runs[i].kept ? plain : save, 1, 240, -1) != 0)
+            continue;
+        compare_(runs[i].tag, runs[i].world, 2, runs[i].kept ? &refk : ref);
+        for (int r = 0; r < runs[i].world; r++) {
+            result res;
+            if (load_(runs[i].tag, r, &res) != 0)
+                continue;
+            CHECK(res.offloaded > 0 && res.offloaded < L_, "%s rank %d: %d "
+                  "of its %d slots offloaded (want some, not all)",
+                  runs[i].tag, r, res.offloaded, L_);
+            /* the pseudo phase's one slot is resident */
+            CHECK(!runs[i].kept ||
+                      (res.spec_steps == (unsigned long long)(res.n - PSEUDO_)
+                       && res.redo_steps == 0),
+                  "%s rank %d: %llu of its %d real steps speculated, %llu "
+                  "redone (want every one, kept)", runs[i].tag, r,
+                  res.spec_steps, res.n - PSEUDO_, res.redo_steps);
+            printf("%s rank %d: %d of %d slots offloaded; %llu steps "
+                   "speculated, %llu redone\n", runs[i].tag, r,
+                   res.offloaded, L_, res.spec_steps, res.redo_steps);
+        }
+    }
+    /* ep2o's checkpoint of step 8 (rank 0 gathered the experts into a
+     * whole model placed by the whole model's plan), resumed by one
+     * offloading rank without expert parallelism */
+    char resume[600];
+    snprintf(resume, sizeof resume, "resume:%s/ep2o-0.out.ckpt", rank_dir_);
+    const char *rs[1] = {resume};
+    result res;
+    if (rank_procs_run("resumedo", "dp2o", 1, rs, 1, 240, -1) == 0 &&
+        load_("resumedo", 0, &res) == 0) {
+        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumedo: it ran "
+              "steps other than 9..12");
+        printf("ep2o's checkpoint resumed at P = 1, offloading: steps "
+               "9..12 within %.2g of one rank's\n",
+               steps_close_("resumedo", 0, &res, ref, 9));
+    }
+}
+
 int main(int argc, char **argv)
 {
     int rc = rank_procs_enter(argc, argv, 8, rank_main_, "ep-train", 1);
@@ -459,6 +581,7 @@ int main(int argc, char **argv)
             load_("one0", 0, &ref0) == 0 &&
             rank_procs_run("ep2d", "ep2d", 2, plain, 1, 240, -1) == 0)
             compare_("ep2d", 2, 2, &ref0);
+        offloaded_(&ref);
     }
     group_scope_();
     char cmd[300];
