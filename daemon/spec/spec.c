@@ -815,8 +815,6 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         : s->optimizer.shard
             ? "with optimizer.shard (its ranges cover every expert; set it "
               "to false)"
-        : s->optimizer.name == OPTIMIZER_ADAFACTOR
-            ? "with optimizer.name \"adafactor\" (use \"adamw\")"
         : s->optimizer.master == MASTER_BF16
             ? "with optimizer.master \"bf16\" (its stochastic rounding is "
               "keyed by the whole slot's offsets; use \"fp32\")"

@@ -863,13 +863,8 @@ typedef struct {
     int32_t phase, n_slots;
 } bcast_head_;
 
-/* Floats of state buffer b of one region (region -1 the globals, 0 a
- * dense slot, 1 an MoE slot) whose weights are n floats: n for the
- * weights and for AdamW's m and v; Adafactor's m only with a first
- * moment (else 0), its v factored (gpt_af_tensors owns the sizes).
- * SIZE_MAX when out of memory. */
-static size_t state_floats_(const trainer *t, backend_buf b, int region,
-                            size_t n)
+size_t trainer_state_floats_(const trainer *t, backend_buf b, int region,
+                             size_t n)
 {
     if (b == BACKEND_PARAMS || t->spec.optimizer.name != OPTIMIZER_ADAFACTOR)
         return n;
@@ -957,8 +952,10 @@ int trainer_broadcast_state(trainer *t, m6_coll *c, int root, m6_err *err)
     }
     for (int b = 0; b < 3 && crc == 0; b++)
         for (int s = -1; s < S && crc == 0; s++) {
-            size_t n = state_floats_(t, (backend_buf)b, s < 0 ? -1 : kind[s],
-                                     s < 0 ? t->n_global : sz[kind[s]]);
+            size_t n = trainer_state_floats_(t, (backend_buf)b,
+                                             s < 0 ? -1 : kind[s],
+                                             s < 0 ? t->n_global
+                                                   : sz[kind[s]]);
             if (n == SIZE_MAX) {
                 crc = -1;
                 m6_err_set(err, M6_EINTERNAL, "out of memory");

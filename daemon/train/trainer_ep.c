@@ -168,33 +168,100 @@ size_t trainer_ep_hole_(const trainer *t, int moe, size_t *h0)
     return tab[SLOT_GATE_W].offset - tab[SLOT_FC_W].offset;
 }
 
-/* Copy buffer b of every region of the old model (whole) into the new
- * one (this rank's experts). */
-static void copy_local_(trainer *t, const backend *from, const backend *to,
-                        backend_buf b, const unsigned char *kind)
+/* ------------------------------------------------------------- runs */
+
+/* A run of floats of one region of a state buffer, in the whole model
+ * and in this rank's: n floats at loc in this rank's region; per 0, at
+ * all in the whole model's too; per > 0, this rank's experts, per floats
+ * each: at all + first * per in the whole model's region, where every
+ * rank's follow each other in rank order from all (model_expert_range is
+ * contiguous). */
+typedef struct {
+    size_t all, loc, n, per;
+} ep_run_;
+
+/* tensors of one expert in a slot's layout (and in Adafactor's v) */
+enum { EXPERT_TENSORS_ = SLOT_FCPROJ_B - SLOT_FC_W + 1 };
+
+/* The runs of a region of buffer b into r[SLOT_NTENSORS_MAX]: region -1
+ * the globals, else a slot of kind region (0 dense, 1 MoE). Weights,
+ * AdamW's m and v and Adafactor's m: tensor by tensor (an expert
+ * tensor is [E x rows, cols], expert by expert); Adafactor's v: the
+ * statistics before the experts', then the experts' (gpt_af_tensors:
+ * expert by expert, after the gates). Their count (0: the buffer has
+ * none), or -1 when out of memory. */
+static int runs_(const trainer *t, backend_buf b, int region, ep_run_ *r)
 {
-    float *src = from->iface->state_region(from->ctx, b, -1);
-    float *dst = to->iface->state_region(to->ctx, b, -1);
-    if (!src || !dst)
-        return;  /* no such buffer (refused optimizers) */
-    memcpy(dst, src, t->n_global * sizeof(float));
-    int first, E = t->spec.model.moe_experts;
-    model_local_experts(&t->bmodel, &first);
-    for (int s = 0; s < n_slots_(t); s++) {
-        gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
-        size_t sa, sl;
-        gpt_slot_layout(&t->spec.model, kind[s], all, &sa);
-        gpt_slot_layout(&t->bmodel, kind[s], loc, &sl);
-        src = from->iface->state_region(from->ctx, b, s);
-        dst = to->iface->state_region(to->ctx, b, s);
-        int nt = kind[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
-        for (int i = 0; i < nt; i++) {
-            int expert = kind[s] && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
-            size_t e0 = expert ? all[i].numel / (size_t)E * (size_t)first : 0;
-            memcpy(dst + loc[i].offset, src + all[i].offset + e0,
-                   loc[i].numel * sizeof(float));
-        }
+    const run_spec *sp = &t->spec;
+    if (region < 0) {
+        size_t n = trainer_state_floats_(t, b, -1, t->n_global);
+        if (n == SIZE_MAX)
+            return -1;
+        r[0] = (ep_run_){0, 0, n, 0};
+        return n > 0;
     }
+    int first, E = sp->model.moe_experts;
+    int El = model_local_experts(&t->bmodel, &first);
+    int af = sp->optimizer.name == OPTIMIZER_ADAFACTOR;
+    if (af && b == BACKEND_M && !spec_has_first_moment(sp))
+        return 0;
+    if (af && b == BACKEND_V) {
+        size_t vl;
+        int nl = gpt_af_tensors(&t->bmodel, region, NULL, &vl);
+        int na = gpt_af_tensors(&sp->model, region, NULL, NULL);
+        if (nl < 0 || na < 0)
+            return -1;
+        r[0] = (ep_run_){0, 0, vl, 0};
+        if (!region)
+            return 1;
+        gpt_af_tensor *tl = malloc((size_t)nl * sizeof *tl);
+        gpt_af_tensor *ta = malloc((size_t)na * sizeof *ta);
+        if (!tl || !ta || gpt_af_tensors(&t->bmodel, region, tl, NULL) < 0 ||
+            gpt_af_tensors(&sp->model, region, ta, NULL) < 0) {
+            free(tl);
+            free(ta);
+            return -1;
+        }
+        int x = nl - EXPERT_TENSORS_ * El;  /* the first expert's first */
+        size_t pre = tl[x].state_off;
+        r[0].n = pre;
+        r[1] = (ep_run_){ta[x].state_off, pre, vl - pre, (vl - pre) / El};
+        free(tl);
+        free(ta);
+        return 2;
+    }
+    gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
+    size_t sa, sl;
+    gpt_slot_layout(&sp->model, region, all, &sa);
+    gpt_slot_layout(&t->bmodel, region, loc, &sl);
+    int nt = region ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
+    for (int i = 0; i < nt; i++) {
+        int expert = region && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+        r[i] = (ep_run_){all[i].offset, loc[i].offset, loc[i].numel,
+                         expert ? all[i].numel / (size_t)E : 0};
+    }
+    return nt;
+}
+
+/* Copy buffer b of every region of the old model (whole) into the new
+ * one (this rank's experts). 0, or -1 when out of memory. */
+static int copy_local_(trainer *t, const backend *from, const backend *to,
+                       backend_buf b, const unsigned char *kind)
+{
+    int first;
+    model_local_experts(&t->bmodel, &first);
+    ep_run_ r[SLOT_NTENSORS_MAX];
+    for (int s = -1; s < n_slots_(t); s++) {
+        int n = runs_(t, b, s < 0 ? -1 : kind[s], r);
+        if (n < 0)
+            return -1;
+        float *src = n ? from->iface->state_region(from->ctx, b, s) : NULL;
+        float *dst = n ? to->iface->state_region(to->ctx, b, s) : NULL;
+        for (int i = 0; src && dst && i < n; i++)
+            memcpy(dst + r[i].loc, src + r[i].all + (size_t)first * r[i].per,
+                   r[i].n * sizeof(float));
+    }
+    return 0;
 }
 
 /* A backend of model m (the spec's model, m's moe_ep_* set or not) in
@@ -257,8 +324,8 @@ static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
     long *steps = calloc((size_t)n_slots_(t) + 1, sizeof(long));
     int rc = steps && t->be.iface->state_begin(t->be.ctx, 0) == 0 ? 0 : -1;
     if (rc == 0 && nb.iface->state_begin(nb.ctx, 1) == 0) {
-        for (int b = BACKEND_PARAMS; b <= BACKEND_V; b++)
-            copy_local_(t, &t->be, &nb, (backend_buf)b, kind);
+        for (int b = BACKEND_PARAMS; b <= BACKEND_V && rc == 0; b++)
+            rc = copy_local_(t, &t->be, &nb, (backend_buf)b, kind);
         nb.iface->state_end(nb.ctx, 1);
         t->be.iface->get_adam_steps(t->be.ctx, steps);
         nb.iface->set_adam_steps(nb.ctx, steps);
@@ -390,50 +457,43 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
         rc = -1;  /* (the cpu backend's never fails) */
     if (rc == 0 && me == 0)
         nb.iface->state_begin(nb.ctx, 1);
-    for (int b = BACKEND_PARAMS; b <= BACKEND_V && rc == 0; b++) {
-        float *src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, -1);
-        if (!src)
-            continue;  /* the same on every rank */
-        float *dst = me == 0 ? nb.iface->state_region(nb.ctx,
-                                                      (backend_buf)b, -1)
-                             : NULL;
-        if (dst)
-            memcpy(dst, src, t->n_global * sizeof(float));
-        for (int s = 0; s < n_slots_(t) && rc == 0; s++) {
-            gpt_tensor all[SLOT_NTENSORS_MAX], loc[SLOT_NTENSORS_MAX];
-            size_t sa, sl;
-            gpt_slot_layout(&t->spec.model, kind[s], all, &sa);
-            gpt_slot_layout(&t->bmodel, kind[s], loc, &sl);
-            src = t->be.iface->state_region(t->be.ctx, (backend_buf)b, s);
-            dst = me == 0 ? nb.iface->state_region(nb.ctx, (backend_buf)b, s)
-                          : NULL;
-            int nt = kind[s] ? SLOT_NTENSORS_MAX : SLOT_NTENSORS;
-            for (int i = 0; i < nt && rc == 0; i++) {
-                int expert = kind[s] && i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
-                if (!expert) {
+    ep_run_ r[SLOT_NTENSORS_MAX];
+    for (int b = BACKEND_PARAMS; b <= BACKEND_V && rc == 0; b++)
+        for (int s = -1; s < n_slots_(t) && rc == 0; s++) {
+            /* the same runs on every rank (the spec's) */
+            int n = runs_(t, (backend_buf)b, s < 0 ? -1 : kind[s], r);
+            if (n < 0) {
+                m6_err_set(err, M6_EINTERNAL, "out of memory");
+                rc = -1;  /* (the others fail at nodes.timeout) */
+                break;
+            }
+            float *src = n ? t->be.iface->state_region(t->be.ctx,
+                                                       (backend_buf)b, s)
+                           : NULL;
+            float *dst = n && me == 0 ? nb.iface->state_region(
+                                            nb.ctx, (backend_buf)b, s)
+                                      : NULL;
+            for (int i = 0; i < n && rc == 0; i++) {
+                if (!r[i].per) {
                     if (dst)
-                        memcpy(dst + all[i].offset, src + loc[i].offset,
-                               loc[i].numel * sizeof(float));
+                        memcpy(dst + r[i].all, src + r[i].loc,
+                               r[i].n * sizeof(float));
                     continue;
                 }
-                /* rank q's experts to rank 0, where they follow each
-                 * other in rank order (model_expert_range is contiguous) */
-                size_t per = all[i].numel / (size_t)E * sizeof(float);
+                /* rank q's experts to rank 0, in rank order */
                 memset(sb, 0, (size_t)W * sizeof *sb);
                 memset(rb, 0, (size_t)W * sizeof *rb);
-                sb[0] = loc[i].numel * sizeof(float);
+                sb[0] = r[i].n * sizeof(float);
                 if (me == 0)
                     for (int q = 0; q < W; q++) {
                         int f0;
                         rb[q] = (size_t)model_expert_range(E, W, q, &f0) *
-                                per;
+                                r[i].per * sizeof(float);
                     }
-                rc = m6_coll_alltoallv(e->g, src + loc[i].offset, sb,
-                                       dst ? dst + all[i].offset : NULL, rb,
-                                       err);
+                rc = m6_coll_alltoallv(e->g, src + r[i].loc, sb,
+                                       dst ? dst + r[i].all : NULL, rb, err);
             }
         }
-    }
     if (begun)
         t->be.iface->state_end(t->be.ctx, 0);
     t->be.iface->get_adam_steps(t->be.ctx, steps);

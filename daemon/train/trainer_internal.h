@@ -146,6 +146,13 @@ int trainer_val_batch_(trainer *t, int i, m6_err *err);
 /* Each slot's kind (1 MoE) under the backend's share map, malloc'd [S];
  * NULL when out of memory. */
 unsigned char *trainer_slot_kinds_(const trainer *t);
+/* Floats of state buffer b of one region (region -1 the globals, 0 a
+ * dense slot, 1 an MoE slot) of the spec's model whose weights are n
+ * floats: n for the weights and for AdamW's m and v; Adafactor's m only
+ * with a first moment (else 0), its v factored (gpt_af_tensors owns the
+ * sizes). SIZE_MAX when out of memory. */
+size_t trainer_state_floats_(const trainer *t, backend_buf b, int region,
+                             size_t n);
 
 /* init.from (ckpt/init_from.h): the weights of the spec's directory into
  * the new model, checked first; the optimizer stays fresh. 0, or -1 with
