@@ -201,9 +201,13 @@ typedef struct {
     long t;
     /* 0: fp32 master weights, params updated in fp32. Else bf16 masters:
      * params hold bf16 values (widened to fp32) and each new value is
-     * rounded to bf16 stochastically, element i by sr_bits(sr_key, t, i)
-     * (sr_round_bf16). */
+     * rounded to bf16 stochastically, element i by
+     * sr_bits(sr_key, t, sr_base + i) (sr_round_bf16). sr_base: the
+     * span's first element in the tensor its key names (0: the span is
+     * that tensor; a rank's experts, part of the whole model's tensor,
+     * are rounded as the whole model rounds them). */
     uint64_t sr_key;
+    uint64_t sr_base;
 } adamw_span;
 
 /* adamw_update on each of spans[0..ns) in one parallel region (no barrier

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "model/facts.h"
 #include "model/gpt_internal.h"
 
 /* ------------------------------------------------------------- optimizer */
@@ -82,11 +83,46 @@ float gpt_grad_norm(const gpt_model *g)
     return (float)sqrt(sum);
 }
 
-/* The stochastic-rounding key of the tensor at offset in region (-1 the
- * globals, else a slot) of g: 0 with fp32 masters. */
-static uint64_t sr_key_(const gpt_model *g, int region, size_t offset)
+/* The stochastic-rounding key of the span at offset in region (-1 the
+ * globals, else slot s) of g, 0 with fp32 masters, as the whole model
+ * (every expert) keys it: under expert parallelism a slot holds a rank's
+ * experts only, and they are rounded as one rank rounds them. whole 1: the
+ * span is a slot tensor (AdamW's), keyed by the whole model's tensor, *base
+ * its first element there; 0: the span is one expert's tensor or inside a
+ * dense tensor (Adafactor's), keyed by its own place in the whole model,
+ * *base 0. */
+static uint64_t sr_key_(const gpt_model *g, int region, size_t offset,
+                        int whole, uint64_t *base)
 {
-    return g->master_bf16 ? sr_span_key(g->sr_seed, region, offset) : 0;
+    *base = 0;
+    if (!g->master_bf16)
+        return 0;
+    if (region >= 0 && g->cfg.moe_ep_size > 1 && g->slot_moe[region]) {
+        model_config all = g->cfg;
+        all.moe_ep_size = all.moe_ep_rank = 0;
+        gpt_tensor ta[SLOT_NTENSORS_MAX], tl[SLOT_NTENSORS_MAX];
+        size_t sa, sl;
+        gpt_slot_layout(&all, 1, ta, &sa);
+        gpt_slot_layout(&g->cfg, 1, tl, &sl);
+        int first;
+        model_local_experts(&g->cfg, &first);
+        for (int i = 0; i < SLOT_NTENSORS_MAX; i++) {
+            if (offset < tl[i].offset || offset >= tl[i].offset + tl[i].numel)
+                continue;
+            int expert = i >= SLOT_FC_W && i <= SLOT_FCPROJ_B;
+            size_t skip = expert ? ta[i].numel / (size_t)all.moe_experts *
+                                       (size_t)first
+                                 : 0;
+            if (whole) {
+                *base = skip;
+                offset = ta[i].offset;
+            } else {
+                offset = ta[i].offset + skip + (offset - tl[i].offset);
+            }
+            break;
+        }
+    }
+    return sr_span_key(g->sr_seed, region, offset);
 }
 
 /* The AdamW spans of one region (region -1 the globals, else slot s of g;
@@ -98,9 +134,10 @@ static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
 {
     for (int i = 0; i < nt; i++) {
         size_t o = ts[i].offset;
+        uint64_t base;
+        uint64_t key = sr_key_(g, region, o, 1, &base);
         sp[i] = (adamw_span){p + o, gr + o, m + o, v + o, ts[i].numel,
-                             ts[i].decay ? wd : 0.0f, t,
-                             sr_key_(g, region, o)};
+                             ts[i].decay ? wd : 0.0f, t, key, base};
     }
     return nt;
 }
@@ -137,7 +174,7 @@ static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
         size_t o = ts[i].offset + (lo - a);
         sp[n++] = (adamw_span){p + o, gr + o, g->m + (lo - g->shard_lo),
                                g->v + (lo - g->shard_lo), hi - lo,
-                               ts[i].decay ? wd : 0.0f, t, 0};
+                               ts[i].decay ? wd : 0.0f, t, 0, 0};
     }
     return n;
 }
@@ -210,11 +247,12 @@ static int af_spans_(const gpt_model *g, int region, adafactor_span *sp,
     for (int i = 0; i < nt; i++) {
         const gpt_af_tensor *a = &ts[i];
         float *r = v + a->state_off;
+        uint64_t base;  /* 0: an Adafactor span is one expert's */
         sp[i] = (adafactor_span){p + a->offset, gr + a->offset,
                                  m ? m + a->offset : NULL, r,
                                  a->cols ? r + a->rows : NULL, a->rows,
                                  a->cols, a->decay ? wd : 0.0f, t,
-                                 sr_key_(g, region, a->offset)};
+                                 sr_key_(g, region, a->offset, 0, &base)};
     }
     return nt;
 }

@@ -815,9 +815,6 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         : s->optimizer.shard
             ? "with optimizer.shard (its ranges cover every expert; set it "
               "to false)"
-        : s->optimizer.master == MASTER_BF16
-            ? "with optimizer.master \"bf16\" (its stochastic rounding is "
-              "keyed by the whole slot's offsets; use \"fp32\")"
         : pw > 1 && pw % P != 0
             ? "with a pseudo world that is neither 1 nor a multiple of it "
               "(nodes.pseudo_world_size: the pseudo phase's groups are of "

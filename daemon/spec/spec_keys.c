@@ -299,8 +299,8 @@ const key_ spec_keys_[] = {
         "replicated). Must divide `world_size` and be at most "
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu`, "
         "offloading or not (a rank's slots hold its experts, placed by its "
-        "own plan), AdamW or Adafactor, without `optimizer.shard` or bf16 "
-        "masters; "
+        "own plan), AdamW or Adafactor, fp32 or bf16 masters, without "
+        "`optimizer.shard`; "
         "`pseudo_world_size` 1 or a multiple of P (`world_size` / P "
         "replicas of each expert-parallel group). Every checkpoint is the "
         "one-rank model's (rank 0 gathers the experts)."),

@@ -123,19 +123,19 @@ static void adamw_span_(float *params, const float *grads, float *m, float *v,
 
 /* adamw_span_ for bf16 master weights: the same arithmetic, each new
  * weight rounded to bf16 stochastically (kernels.h sr_round_bf16), the
- * bits of element i at step t from key (sr_bits). A loop of its own: the
+ * bits of element i at step t from key (sr_bits of base + i). A loop of its own: the
  * fp32 one above stays as it was, vectorised. */
 static void adamw_span_sr_(float *params, const float *grads, float *m,
                            float *v, size_t n, float lr, float beta1,
                            float beta2, float eps, float weight_decay,
                            float grad_scale, float bc1, float bc2,
-                           uint64_t key, long t)
+                           uint64_t key, uint64_t base, long t)
 {
     #pragma omp for schedule(static) nowait
     for (size_t i = 0; i < n; i++) {
         float p = adamw_elem_(params[i], grads[i] * grad_scale, &m[i], &v[i],
                               lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-        params[i] = sr_round_bf16(p, sr_bits(key, (uint64_t)t, i));
+        params[i] = sr_round_bf16(p, sr_bits(key, (uint64_t)t, base + i));
     }
 }
 
@@ -162,7 +162,7 @@ void adamw_update_spans(const adamw_span *spans, int ns, float lr,
         if (sp->sr_key)
             adamw_span_sr_(sp->params, sp->grads, sp->m, sp->v, sp->n, lr,
                            beta1, beta2, eps, sp->weight_decay, grad_scale,
-                           bc1, bc2, sp->sr_key, sp->t);
+                           bc1, bc2, sp->sr_key, sp->sr_base, sp->t);
         else
             adamw_span_(sp->params, sp->grads, sp->m, sp->v, sp->n, lr,
                         beta1, beta2, eps, sp->weight_decay, grad_scale, bc1,

@@ -44,6 +44,15 @@
  *              without a first moment, its save of step 8 resumed at
  *              P = 1 and at P = 2; with one, 2 replicas of P = 2
  *              offloading (prefetch 1: some slots offloaded)
+ *   bf16       optimizer.master "bf16" (stochastic rounding keyed by the
+ *              whole model's layout): AdamW at W = P = 2 and its save
+ *              resumed at P = 1, against one rank; Adafactor without a
+ *              first moment as 2 replicas of P = 2 offloading, against 4
+ *              data-parallel ranks: every multi-rank layout of that mode
+ *              leaves one rank by 9e-5 and 2 dropped pairs at step 12 (a
+ *              reordered sum now and then rounds a weight the other way,
+ *              and Adafactor's normalised update carries it), expert
+ *              parallelism must add nothing to that
  *   group      capacity over the whole group (model.moe.capacity_scope
  *              "group", capacity factor 1: pairs are dropped), one
  *              microbatch per rank, at W = P = 2, W = P = 4 and 2 replicas
@@ -605,6 +614,59 @@ static void adafactor_(void)
     }
 }
 
+/* bf16 master weights (optimizer.master "bf16": every update rounded
+ * stochastically, keyed by the element's place in the whole model, so a
+ * rank rounds its experts as one rank does): AdamW at W = P = 2, its save
+ * of step 8 resumed at P = 1, against one rank; Adafactor without a first
+ * moment as 2 replicas of P = 2 offloading, against 4 data-parallel ranks
+ * (the header says why). */
+static void bf16_masters_(void)
+{
+    const char *plain[1] = {"plain"}, *save[1] = {"save"};
+    const char *dev = ",\n \"device\": {\"threads\": 1}";
+    char top[400];
+    result ref, res;
+    snprintf(top, sizeof top, "%s,\n \"optimizer\": {\"master\": "
+             "\"bf16\"}", dev);
+    write_spec_full_("onebf", 1, 1, "", 2, 4, 4, 0.05, top);
+    write_spec_full_("ep2bf", 2, 2, "", 2, 4, 4, 0.05, top);
+    write_spec_full_("dp2bf", 2, 1, "", 2, 4, 4, 0.05, top);
+    if (rank_procs_run("onebf", "onebf", 1, plain, 1, 240, -1) == 0 &&
+        load_("onebf", 0, &ref) == 0 &&
+        rank_procs_run("ep2bf", "ep2bf", 2, save, 1, 240, -1) == 0) {
+        compare_("ep2bf", 2, 2, &ref);
+        char resume[600];
+        snprintf(resume, sizeof resume, "resume:%s/ep2bf-0.out.ckpt",
+                 rank_dir_);
+        const char *rs[1] = {resume};
+        if (rank_procs_run("resumedbf", "dp2bf", 1, rs, 1, 240, -1) == 0 &&
+            load_("resumedbf", 0, &res) == 0)
+            printf("ep2bf's checkpoint resumed at P = 1: steps 9..12 within "
+                   "%.2g of one rank's\n",
+                   steps_close_("resumedbf", 0, &res, &ref, 9));
+    }
+    const char *af = "\"optimizer\": {\"name\": \"adafactor\", \"beta1\": 0, "
+                     "\"eps1\": 1e-4, \"master\": \"bf16\"}";
+    snprintf(top, sizeof top, "%s,\n \"offload\": {\"prefetch\": 1},\n "
+             "%s", dev, af);
+    write_spec_full_("bfaf", 1, 1, "", 2, 4, 4, 0.05, top);
+    size_t b = min_budget_("bfaf");
+    snprintf(top, sizeof top, ",\n \"device\": {\"threads\": 1, "
+             "\"memory_budget\": %zu},\n \"offload\": {\"prefetch\": "
+             "1},\n %s", b, af);
+    write_spec_full_("dp4bfaf", 4, 1, "", 2, 4, 4, 0.05, top);
+    write_spec_full_("ep2x2bfaf", 4, 2, "", 2, 4, 4, 0.05, top);
+    if (b && rank_procs_run("dp4bfaf", "dp4bfaf", 4, plain, 1, 240, -1) == 0 &&
+        load_("dp4bfaf", 0, &ref) == 0 &&
+        rank_procs_run("ep2x2bfaf", "ep2x2bfaf", 4, plain, 1, 240, -1) == 0) {
+        compare_("ep2x2bfaf", 4, 2, &ref);
+        for (int r = 0; r < 4; r++)
+            if (load_("ep2x2bfaf", r, &res) == 0)
+                CHECK(res.offloaded > 0, "ep2x2bfaf rank %d: no slot "
+                      "offloaded", r);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int rc = rank_procs_enter(argc, argv, 8, rank_main_, "ep-train", 1);
@@ -660,6 +722,7 @@ int main(int argc, char **argv)
         offloaded_(&ref);
     }
     adafactor_();
+    bf16_masters_();
     group_scope_();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", rank_dir_);

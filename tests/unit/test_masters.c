@@ -151,7 +151,8 @@ static void sr_moves_(int adafactor, int threads)
             double u = g0 / sqrt((double)g0 * g0 + 1e-30);
             want += lr * u / fmax(1.0, fabs(u) / 1.0);
         } else {
-            adamw_span sp = {p, g, m, v, N, 0.0f, t, sr_span_key(42, 0, 0)};
+            adamw_span sp = {p, g, m, v, N, 0.0f, t, sr_span_key(42, 0, 0),
+                             0};
             adamw_update_spans(&sp, 1, lr, 0.9f, 0.999f, eps, 1.0f);
             want += lr * g0 / (g0 + eps);
         }
@@ -208,7 +209,7 @@ static void test_sr_threads_bitwise(void **state)
         omp_set_num_threads(k ? 3 : 1);
         for (long t = 1; t <= 3; t++) {
             adamw_span sp = {k ? b : a, g, m[k], v[k], N, 0.1f, t,
-                             sr_span_key(7, 3, 16)};
+                             sr_span_key(7, 3, 16), 0};
             adamw_update_spans(&sp, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f);
         }
     }
@@ -226,6 +227,43 @@ static void test_sr_threads_bitwise(void **state)
         free(m[k]);
         free(v[k]);
     }
+}
+
+/* A span that is the second part of a tensor (sr_base its first
+ * element there: a rank's experts) rounds as the whole tensor's update
+ * rounds those elements; with base 0 it rounds otherwise. */
+static void test_sr_base_part_of_tensor(void **state)
+{
+    (void)state;
+    const size_t N = 4096, K = 1536;
+    float *w = malloc(N * sizeof *w), *p = malloc(N * sizeof *p);
+    float *q = malloc(N * sizeof *q), *g = malloc(N * sizeof *g);
+    float *m = calloc(3 * N, sizeof *m), *v = calloc(3 * N, sizeof *v);
+    assert_true(w && p && q && g && m && v);
+    for (size_t i = 0; i < N; i++) {
+        w[i] = p[i] = q[i] = rne_by_hand_(sinf((float)i));
+        g[i] = cosf(0.37f * (float)i);
+    }
+    uint64_t key = sr_span_key(7, 2, 64);
+    adamw_span whole = {w, g, m, v, N, 0.1f, 1, key, 0};
+    adamw_span part = {p + K, g + K, m + N + K, v + N + K, N - K, 0.1f, 1,
+                       key, K};
+    adamw_span nobase = {q + K, g + K, m + 2 * N + K, v + 2 * N + K, N - K,
+                         0.1f, 1, key, 0};
+    adamw_update_spans(&whole, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f);
+    adamw_update_spans(&part, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f);
+    adamw_update_spans(&nobase, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f);
+    assert_memory_equal(w + K, p + K, (N - K) * sizeof *w);
+    size_t differ = 0;
+    for (size_t i = K; i < N; i++)
+        differ += q[i] != w[i];
+    assert_true(differ > (N - K) / 8);  /* half the roundings, about */
+    free(w);
+    free(p);
+    free(q);
+    free(g);
+    free(m);
+    free(v);
 }
 
 /* ------------------------------------------------------------ the spec */
@@ -491,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_sr_unbiased),
         cmocka_unit_test(test_sr_moves_small_updates),
         cmocka_unit_test(test_sr_threads_bitwise),
+        cmocka_unit_test(test_sr_base_part_of_tensor),
         cmocka_unit_test(test_spec_key_and_refusals),
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_delink_copies_masters),
