@@ -812,9 +812,11 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
         s->device.backend == BACKEND_CUDA
             ? "on device.backend \"cuda\" (the all-to-all runs on host "
               "memory over gloo; use device.backend \"cpu\")"
-        : s->optimizer.shard
-            ? "with optimizer.shard (its ranges cover every expert; set it "
-              "to false)"
+        : s->optimizer.shard && W == P
+            ? "with optimizer.shard and nodes.world_size equal to it (the "
+              "state is sharded over the world_size / P ranks holding the "
+              "same experts: there is one; set optimizer.shard to false or "
+              "add replicas)"
         : pw > 1 && pw % P != 0
             ? "with a pseudo world that is neither 1 nor a multiple of it "
               "(nodes.pseudo_world_size: the pseudo phase's groups are of "

@@ -224,8 +224,10 @@ const key_ spec_keys_[] = {
         "unsharded; checkpoints hold the whole state (any world size "
         "resumes them): rank 0 saves after every rank has gathered the "
         "state at that boundary, and a run whose rank is lost resumes "
-        "from its last whole checkpoint. `cpu` without offloading, fp32 "
-        "masters only; nothing with one rank."),
+        "from its last whole checkpoint. With `nodes.expert_parallel` P "
+        "the ranks holding the same experts shard their own state "
+        "(`world_size` / P of them; at least 2). `cpu` without offloading, "
+        "fp32 masters only; nothing with one rank."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),
@@ -299,8 +301,8 @@ const key_ spec_keys_[] = {
         "replicated). Must divide `world_size` and be at most "
         "`model.moe.num_experts`; needs MoE blocks. P > 1 runs on `cpu`, "
         "offloading or not (a rank's slots hold its experts, placed by its "
-        "own plan), AdamW or Adafactor, fp32 or bf16 masters, without "
-        "`optimizer.shard`; "
+        "own plan), AdamW or Adafactor, fp32 or bf16 masters, "
+        "`optimizer.shard` over each expert's replicas; "
         "`pseudo_world_size` 1 or a multiple of P (`world_size` / P "
         "replicas of each expert-parallel group). Every checkpoint is the "
         "one-rank model's (rank 0 gathers the experts)."),

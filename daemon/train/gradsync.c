@@ -696,14 +696,32 @@ size_t trainer_step_windows(const trainer *t, size_t *dst)
 
 /* ------------------------------------------------------------ ZeRO stage 1 */
 
+/* The group the state is sharded over: the trainer's ranks, or under
+ * expert parallelism the ranks holding this rank's experts (the same
+ * local layout; world/P of them, NULL alone), *rank and *world this
+ * rank's place in it. */
+static m6_coll *zgroup_(const trainer *t, int *rank, int *world)
+{
+    if (!t->ep) {
+        *rank = t->rank;
+        *world = t->world;
+        return t->coll;
+    }
+    m6_coll *c = trainer_ep_replica_group_(t);
+    *rank = c ? m6_coll_rank(c) : 0;
+    *world = c ? m6_coll_world_size(c) : 1;
+    return c;
+}
+
 /* Each rank's floats of buffer b under the backend's partition (the
- * model owns it: gpt_set_shard), malloc'd [t->world]; NULL when out of
- * memory or the backend cannot say. */
+ * model owns it: gpt_set_shard) over the shard group, malloc'd [its
+ * world]; NULL when out of memory or the backend cannot say. */
 static size_t *shard_counts_(const trainer *t, backend_buf b)
 {
-    size_t *counts = malloc((size_t)t->world * sizeof *counts);
-    if (counts && t->be.iface->shard_counts(t->be.ctx, t->world, b,
-                                            counts) != 0) {
+    int zr, zw;
+    zgroup_(t, &zr, &zw);
+    size_t *counts = malloc((size_t)zw * sizeof *counts);
+    if (counts && t->be.iface->shard_counts(t->be.ctx, zw, b, counts) != 0) {
         free(counts);
         return NULL;
     }
@@ -713,7 +731,9 @@ static size_t *shard_counts_(const trainer *t, backend_buf b)
 int gradsync_shard_(trainer *t, m6_err *err)
 {
     const backend_iface *be = t->be.iface;
-    if (!t->spec.optimizer.shard || t->world <= 1 || t->sharded)
+    int zr, zw;
+    zgroup_(t, &zr, &zw);
+    if (!t->spec.optimizer.shard || zw <= 1 || t->sharded)
         return 0;
     char e2[512];
     if (!be->shard || !be->flat || !be->shard_counts) {
@@ -721,7 +741,7 @@ int gradsync_shard_(trainer *t, m6_err *err)
                    "cannot shard its optimizer state", be->name);
         return -1;
     }
-    if (be->shard(t->be.ctx, t->rank, t->world, e2, sizeof e2) != 0) {
+    if (be->shard(t->be.ctx, zr, zw, e2, sizeof e2) != 0) {
         m6_err_set(err, M6_EINTERNAL, "optimizer.shard: %s", e2);
         return -1;
     }
@@ -755,7 +775,8 @@ int gradsync_unshard_(trainer *t, m6_err *err)
                        "state: out of memory");
             return -1;
         }
-        rc = m6_coll_allgather(t->coll, buf, counts, err);
+        int zr, zw;
+        rc = m6_coll_allgather(zgroup_(t, &zr, &zw), buf, counts, err);
         free(counts);
     }
     return rc;
@@ -828,7 +849,8 @@ int gradsync_allgather_params_(trainer *t, m6_err *err)
                    "%s", p ? "out of memory" : "no flat weights");
         return -1;
     }
-    int rc = m6_coll_allgather(t->coll, p, counts, err);
+    int zr, zw;
+    int rc = m6_coll_allgather(zgroup_(t, &zr, &zw), p, counts, err);
     free(counts);
     return rc;
 }
@@ -840,8 +862,8 @@ int trainer_gather_optim(trainer *t, m6_err *err)
 
 int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
 {
-    /* expert parallel: the experts are spread (optimizer.shard is refused
-     * with it); sharded: the masters and moments are */
+    /* expert parallel: the experts are spread (and sharded, the moments
+     * over each expert's replicas); sharded: the masters and moments are */
     int ep = t->ep && t->world > 1;
     if (!ep && (!t->spec.optimizer.shard || t->world <= 1))
         return 0;
@@ -850,7 +872,11 @@ int trainer_sync_boundary(trainer *t, int want_whole, m6_err *err)
         return TRAINER_ECOLL;
     if (v == 0)
         return 0;
-    int rc = ep ? trainer_ep_gather_root_(t, err) : gather_root_(t, err);
+    /* expert parallel: every replica group whole first (each rank in one,
+     * at once), then the experts to rank 0 */
+    int rc = ep ? (gradsync_unshard_(t, err) != 0
+                       ? -1 : trainer_ep_gather_root_(t, err))
+                : gather_root_(t, err);
     if (rc != 0)
         return TRAINER_ECOLL;
     return t->rank == 0 ? 1 : 0;

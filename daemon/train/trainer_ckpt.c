@@ -366,17 +366,17 @@ long trainer_save(trainer *t, const char *dir, m6_err *err)
 {
     char tmp[PATH_MAX], path[PATH_MAX + 64];
     struct stat st;
-    if (t->sharded) {
-        m6_err_set(err, M6_EINVALID, "%s: the optimizer state is sharded "
-                   "over %d ranks (optimizer.shard); every rank calls "
-                   "trainer_gather_optim before one saves", dir, t->world);
-        return -1;
-    }
     if (!trainer_ep_whole_(t)) {
         m6_err_set(err, M6_EINVALID, "%s: nodes.expert_parallel %d: this "
                    "rank holds only its experts; every rank calls "
                    "trainer_sync_boundary (rank 0 wanting the state whole) "
                    "before rank 0 saves", dir, t->spec.nodes.expert_parallel);
+        return -1;
+    }
+    if (t->sharded) {
+        m6_err_set(err, M6_EINVALID, "%s: the optimizer state is sharded "
+                   "(optimizer.shard); every rank calls trainer_gather_optim "
+                   "before one saves", dir);
         return -1;
     }
     if (stat(dir, &st) == 0) {

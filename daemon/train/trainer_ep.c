@@ -611,6 +611,11 @@ int trainer_ep_replicas_(const trainer *t)
     return t->ep && t->ep->edp;
 }
 
+m6_coll *trainer_ep_replica_group_(const trainer *t)
+{
+    return t->ep ? t->ep->edp : NULL;
+}
+
 void trainer_ep_groups_free_(trainer *t)
 {
     m6_coll_destroy(t->ep_given[0]);

@@ -116,8 +116,9 @@ struct trainer {
                              * windows of the last step; n_win of them */
     size_t n_win;
     int sharded;           /* the backend's optimizer state is sharded
-                            * over this group (optimizer.shard; world
-                            * ranks, gradsync_shard_) */
+                            * (optimizer.shard, gradsync_shard_: over
+                            * the world's ranks, or each expert's
+                            * replicas) */
     long bad_steps;        /* consecutive skipped (non-finite) steps */
     long skipped_steps;    /* all of them; both in checkpoints */
     /* tests (train/test_hooks.h): a fault armed for steps
@@ -188,7 +189,9 @@ int gradsync_overlap_finish_(trainer *t, pthread_t th, double *loss_sum,
  * all-reduced into *loss. 0, TRAINER_EDATA or TRAINER_ECOLL with err. */
 int gradsync_eval_(trainer *t, float *loss, m6_err *err);
 
-/* optimizer.shard (ZeRO stage 1) over t->coll. shard: keep this rank's
+/* optimizer.shard (ZeRO stage 1) over t->coll, or under expert
+ * parallelism over the D ranks holding this rank's experts (each replica
+ * group shards its own layout; nothing when D is 1). shard: keep this rank's
  * range of the AdamW state (nothing when the spec does not shard, alone,
  * or sharded already). unshard: every rank's range gathered, the state
  * whole again on every rank (a collective: every rank calls it at the same
@@ -244,6 +247,9 @@ int trainer_ep_reduce_experts_(trainer *t, m6_err *err);
 /* 1 when the trainer runs expert parallelism with replicas (its experts'
  * gradients are summed after the all-reduce), else 0. */
 int trainer_ep_replicas_(const trainer *t);
+/* The group of the D ranks holding this rank's experts (world = D x P,
+ * D > 1), or NULL: none. */
+m6_coll *trainer_ep_replica_group_(const trainer *t);
 /* The floats of a slot of kind moe that the gradient all-reduce skips
  * (this rank's experts, summed by the all-to-all already) and their start
  * *h0 in the slot; 0 without expert parallelism or for a dense slot. */

@@ -53,6 +53,10 @@
  *              reordered sum now and then rounds a weight the other way,
  *              and Adafactor's normalised update carries it), expert
  *              parallelism must add nothing to that
+ *   sharded    optimizer.shard as 2 replicas of P = 2 (each replica
+ *              group shards its own layout): the one-rank run's figures,
+ *              each rank's optimizer state bytes half its own model's,
+ *              its save resumed at P = 1
  *   group      capacity over the whole group (model.moe.capacity_scope
  *              "group", capacity factor 1: pairs are dropped), one
  *              microbatch per rank, at W = P = 2, W = P = 4 and 2 replicas
@@ -237,10 +241,10 @@ static int rank_main_(int argc, char **argv)
     offload_stats os;
     if (trainer_offload_stats(t, &os) != 0)
         memset(&os, 0, sizeof os);
-    fprintf(out, "floats %zu %zu offloaded %d %llu %llu\n",
+    fprintf(out, "floats %zu %zu offloaded %d %llu %llu optim %zu\n",
             trainer_copy_state(t, 0, NULL), trainer_copy_state(t, 1, NULL),
             os.n_offloaded, (unsigned long long)os.spec_steps,
-            (unsigned long long)os.redo_steps);
+            (unsigned long long)os.redo_steps, trainer_optim_bytes(t));
     fclose(out);
     trainer_free(t);  /* and the sub-groups it adopted */
     m6_coll_destroy(c);
@@ -254,6 +258,7 @@ typedef struct {
     size_t nw, nm;  /* floats of weights, of m */
     int offloaded;  /* slots on the host after the delink */
     unsigned long long spec_steps, redo_steps;  /* offload_stats' */
+    size_t optim;   /* bytes of optimizer state (trainer_optim_bytes) */
     int n;          /* steps 1..n have a line */
     double v[MAX_STEPS][5];  /* [step - 1]: loss, val, norm, aux, z */
     long dropped[MAX_STEPS]; /* [step - 1]: (token, prototype) pairs the
@@ -275,9 +280,9 @@ static int load_(const char *tag, int r, result *res)
         res->dropped[step - 1] = dropped;
         res->n = (int)step;
     }
-    if (!f || fscanf(f, "floats %zu %zu offloaded %d %llu %llu\n",
+    if (!f || fscanf(f, "floats %zu %zu offloaded %d %llu %llu optim %zu\n",
                      &res->nw, &res->nm, &res->offloaded, &res->spec_steps,
-                     &res->redo_steps) != 5) {
+                     &res->redo_steps, &res->optim) != 6) {
         if (f)
             fclose(f);
         CHECK(0, "%s: no result", path);
@@ -384,6 +389,21 @@ static void compare_(const char *tag, int world, int P, const result *ref)
         double mine_w = (double)ref->nw - (double)res.nw;
         double mine_m = (double)ref->nm - (double)res.nm;
         double lack_m = ref->nm ? lack : 0;  /* Adafactor without m: none */
+        if (res.nm == 0 && ref->nm > 0) {
+            /* sharded over the world/P ranks holding the same experts
+             * (AdamW's m and v: 8 bytes a float of weights): each holds
+             * its share of its own model's, padding aside */
+            int D = world / P;
+            double want = ((double)ref->optim - 8.0 * lack) / D;
+            CHECK(fabs((double)res.optim - want) <= 0.01 * want, "%s rank "
+                  "%d: %zu bytes of optimizer state, want %.0f (the one-rank "
+                  "model's %zu less the other experts', over %d ranks)", tag,
+                  r, res.optim, want, ref->optim, D);
+            printf("%s rank %d: %zu bytes of optimizer state, %.3f of the "
+                   "one-rank model's\n", tag, r, res.optim,
+                   (double)res.optim / (double)ref->optim);
+            mine_m = lack_m;
+        }
         CHECK(fabs(mine_w - lack) <= 16.0 * L_ && fabs(mine_m - lack_m) <=
               16.0 * L_, "%s rank %d: %zu floats of weights and %zu of m, "
               "the one-rank model %zu and %zu: %.0f and %.0f fewer, not the "
@@ -667,6 +687,32 @@ static void bf16_masters_(void)
     }
 }
 
+/* optimizer.shard with replicas (ZeRO stage 1 over the D ranks holding
+ * the same experts): 2 replicas of P = 2, its save of step 8 (every
+ * replica group whole, then the experts to rank 0) resumed at P = 1;
+ * against one rank. */
+static void sharded_(const result *ref)
+{
+    const char *save[1] = {"save"};
+    const char *top = ",\n \"device\": {\"threads\": 1},\n "
+                      "\"optimizer\": {\"shard\": true}";
+    write_spec_full_("ep2x2z", 4, 2, "", 2, 4, 4, 0.05, top);
+    write_spec_full_("dp2z", 2, 1, "", 2, 4, 4, 0.05, top);
+    if (rank_procs_run("ep2x2z", "ep2x2z", 4, save, 1, 240, -1) != 0)
+        return;
+    compare_("ep2x2z", 4, 2, ref);
+    char resume[600];
+    snprintf(resume, sizeof resume, "resume:%s/ep2x2z-0.out.ckpt",
+             rank_dir_);
+    const char *rs[1] = {resume};
+    result res;
+    if (rank_procs_run("resumedz", "dp2z", 1, rs, 1, 240, -1) == 0 &&
+        load_("resumedz", 0, &res) == 0)
+        printf("ep2x2z's checkpoint resumed at P = 1: steps 9..12 within "
+               "%.2g of one rank's\n",
+               steps_close_("resumedz", 0, &res, ref, 9));
+}
+
 int main(int argc, char **argv)
 {
     int rc = rank_procs_enter(argc, argv, 8, rank_main_, "ep-train", 1);
@@ -720,6 +766,7 @@ int main(int argc, char **argv)
             rank_procs_run("ep2d", "ep2d", 2, plain, 1, 240, -1) == 0)
             compare_("ep2d", 2, 2, &ref0);
         offloaded_(&ref);
+        sharded_(&ref);
     }
     adafactor_();
     bf16_masters_();

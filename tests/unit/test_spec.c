@@ -536,6 +536,11 @@ static void test_expert_parallel(void **state)
              "\"expert_parallel\":2},\"optimizer\":{\"name\":"
              "\"adafactor\",\"master\":\"bf16\"}}", moe);
     if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
+    /* optimizer.shard over each expert's replicas */
+    snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},%s,"
+             "\"train\":{\"grad_accum\":4},\"nodes\":{\"world_size\":4,"
+             "\"expert_parallel\":2},\"optimizer\":{\"shard\":true}}", moe);
+    if (parse(&s, j, err, sizeof err) != 0) fail_msg("%s", err);
     /* offloading: each rank's slots hold its experts */
     snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},%s,"
              "\"train\":{\"grad_accum\":4},\"nodes\":{\"world_size\":4,"
@@ -564,7 +569,7 @@ static void test_expert_parallel(void **state)
          "device.backend \"cuda\""},
         {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
          "\"expert_parallel\":2", ",\"optimizer\":{\"shard\":true}",
-         "optimizer.shard"},
+         "optimizer.shard and nodes.world_size equal to it"},
         {"\"moe\":{\"num_experts\":4}", ",\"steps\":20,\"batch_size\":6",
          "\"world_size\":6,\"pseudo_world_size\":3,\"expert_parallel\":2",
          ",\"pseudo\":{\"steps\":5}", "nodes.pseudo_world_size"},
