@@ -640,7 +640,8 @@ int backend_cuda_check(const model_config *model, char *err, size_t errlen)
     const char *why = "";
     if (gpt_cuda_device_count(&why) < 1) {
         snprintf(err, errlen, "device.backend: 'cuda': no CUDA device "
-                 "(cudaGetDeviceCount: %s)", why);
+                 "(cudaGetDeviceCount: %s); device.backend \"cpu\" trains "
+                 "without one", why);
         return -1;
     }
     if (gpt_cuda_blas_ready(&why) != 0) {

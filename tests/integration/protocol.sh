@@ -56,7 +56,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
     ctl submit "$T/cuda.json" 2>"$T/err" && fail "a cuda spec was accepted by a daemon that cannot run it"
     grep -q "device.backend" "$T/err" || fail "cuda refusal not named: $(cat "$T/err")"
-    grep -Eq "device.backend: 'cuda': (no CUDA device \(cudaGetDeviceCount: .+\)|this m6d was built without CUDA)" "$T/err" \
+    grep -Eq "device.backend: 'cuda': (no CUDA device \(cudaGetDeviceCount: .+\); device.backend \"cpu\" trains without one|this m6d was built without CUDA)" "$T/err" \
         || fail "cuda refusal does not say why: $(cat "$T/err")"
 fi
 mkfifo "$T/fifo.bin"

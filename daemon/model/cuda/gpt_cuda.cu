@@ -129,7 +129,16 @@ int gpt_cuda_device_count(const char **why)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        *why = cudaGetErrorString(e);
+        /* CUDA's words, then what they mean on a node */
+        *why = e == cudaErrorInsufficientDriver
+                   ? "CUDA driver version is insufficient for CUDA runtime "
+                     "version: this machine has no NVIDIA driver, or one "
+                     "older than this build's CUDA runtime needs"
+               : e == cudaErrorNoDevice
+                   ? "no CUDA-capable device is detected: no NVIDIA GPU is "
+                     "visible to this process (CUDA_VISIBLE_DEVICES, the "
+                     "container's devices)"
+                   : cudaGetErrorString(e);
         return -1;
     }
     *why = n > 0 ? "" : "no devices";
