@@ -23,6 +23,9 @@ struct moe_ep {
     moe_dims d;
     m6_coll *g;
     int P, rank;
+    int grouped;          /* routing over the group's tokens
+                           * (moe_route_tokens(d) > N: capacity_scope
+                           * group) */
     int first, El;        /* this rank's experts */
     int *first_of, *El_of; /* [P] every rank's */
     size_t cap_rows;      /* rows the owner side can hold */
@@ -122,8 +125,8 @@ moe_ep *moe_ep_create(const moe_dims *d, m6_coll *g, m6_err *err)
     if (per > (size_t)N * k)
         per = (size_t)N * k;
     m->cap_rows = per * (size_t)P;
-    if (moe_route_tokens(d) > N &&
-        (size_t)m->El * (size_t)d->capacity < m->cap_rows)
+    m->grouped = moe_route_tokens(d) > N;
+    if (m->grouped && (size_t)m->El * (size_t)d->capacity < m->cap_rows)
         m->cap_rows = (size_t)m->El * (size_t)d->capacity;
     size_t Nk = (size_t)N * k, cr = m->cap_rows;
     m->probs = alloc_((size_t)N * E, sizeof(float), &ok);
@@ -265,7 +268,7 @@ int moe_ep_forward(moe_ep *m, float *out, float *aux, float *z, int *dropped,
     const moe_dims *d = &m->d;
     const int P = m->P, El = m->El;
     int drop;
-    if (moe_route_tokens(d) > d->N) {
+    if (m->grouped) {
         if (route_group_(m, x, wg, bg, aux, err) != 0)
             return -1;
         drop = moe_route_plan(m->slot, m->counts, m->offset, m->row_token,
@@ -347,7 +350,7 @@ int moe_ep_backward(moe_ep *m, float *dx, float *dwg, float *dbg, float *dw1,
         return -1;
     moe_scatter_add(dx, m->dxe, m->slot, d);
     moe_router_backward(dx, dwg, dbg, m->dlogits, x, m->probs, m->lse,
-                        moe_route_tokens(d) > d->N ? m->routed_g : m->routed,
+                        m->grouped ? m->routed_g : m->routed,
                         wg, daux, dz, d);
     return 0;
 }
