@@ -693,7 +693,8 @@ static const command commands_[] = {
      "Computed here, no daemon needed; --daemon asks m6d, which also checks\n"
      "its own host memory and pinned-memory limit.\n"
      "Resident and offloaded slots, peak device bytes, host<->device bytes per\n"
-     "step and the minimum budget with every slot offloaded."},
+     "step and the minimum budget with every slot offloaded; with\n"
+     "nodes.expert_parallel, also a rank's own model (its experts only)."},
     {"export", cmd_export_, 1, 1, F_EXPORT,
      "RUN --out PATH [--step N] [--format F] [--force]",
      "Write a run's checkpoint (newest, or --step N) for other tools.\n"

@@ -92,6 +92,16 @@ static int plan_on_daemon_(const char *path)
         plan.pseudo = calloc(1, sizeof *plan.pseudo);
         ok = plan.pseudo && plan_from_reply_(pr->pseudo, be, plan.pseudo) == 0;
     }
+    if (ok && pr->rank_real) {  /* expert parallelism: a rank's model */
+        offload_plan *er = plan.ep_rank = calloc(1, sizeof *er);
+        ok = er && plan_from_reply_(pr->rank_real, be, er) == 0;
+        if (ok && pr->rank_pseudo) {
+            er->pseudo = calloc(1, sizeof *er->pseudo);
+            ok = er->pseudo &&
+                 plan_from_reply_(pr->rank_pseudo, be, er->pseudo) == 0;
+        }
+        plan.ep_experts = pr->rank_experts;
+    }
     if (!ok) {
         m6ctl_errf_("m6d sent no plan, or a plan whose slots do not add up");
     } else {

@@ -731,6 +731,13 @@ static void do_plan_(call *c, const M6__Request *rq)
         pr->real = phase_plan_(c, &plan);
         pr->pseudo = plan.pseudo ? phase_plan_(c, plan.pseudo) : NULL;
         ok = pr->warning && pr->real && (!plan.pseudo || pr->pseudo);
+        const offload_plan *er = plan.ep_rank;
+        if (ok && er) {
+            pr->rank_real = phase_plan_(c, er);
+            pr->rank_pseudo = er->pseudo ? phase_plan_(c, er->pseudo) : NULL;
+            pr->rank_experts = plan.ep_experts;
+            ok = pr->rank_real && (!er->pseudo || pr->rank_pseudo);
+        }
     }
     offload_plan_free(&plan);
     if (!ok) return reply_(c, M6__STATUS__STATUS_INTERNAL, "out of memory");

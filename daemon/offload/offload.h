@@ -234,6 +234,12 @@ typedef struct offload_plan {
     size_t grad_buf_bytes;     /* one of them (the largest slot's) */
     struct offload_plan *pseudo;  /* offload_plan_for_spec: the Pseudo
                                    * phase's plan when the run has one */
+    struct offload_plan *ep_rank; /* offload_plan_for_spec of a spec with
+                                   * nodes.expert_parallel P > 1: a rank's
+                                   * own model once its group forms (the
+                                   * most experts a rank holds; its Pseudo
+                                   * phase in ep_rank->pseudo); else NULL */
+    int ep_experts;               /* ... those experts a MoE slot */
 } offload_plan;
 
 /* offload.speculative's mode (SPEC_SPECULATIVE_*) as the spec writes it:

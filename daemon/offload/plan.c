@@ -489,12 +489,18 @@ void offload_plan_free(offload_plan *p)
         free(p->pseudo);
         p->pseudo = NULL;
     }
+    if (p->ep_rank) {
+        offload_plan_free(p->ep_rank);
+        free(p->ep_rank);
+        p->ep_rank = NULL;
+    }
 }
 
 int offload_plan_copy(offload_plan *dst, const offload_plan *src)
 {
     *dst = *src;
     dst->pseudo = NULL;
+    dst->ep_rank = NULL;
     if (!src->placement)
         return 0;
     dst->placement = malloc((size_t)(src->n_slots > 0 ? src->n_slots : 1));
@@ -521,8 +527,8 @@ offload_plan_input offload_plan_input_of(const run_spec *spec)
         .stream_grads = spec->offload.stream_grads,
         .host_threads = spec_host_threads(spec),
         .optim = spec_gpt_optim(spec),
-        .shard_world = spec->optimizer.shard ? spec_world_of_phase(spec, 0)
-                                             : 1,
+        .shard_world = spec->optimizer.shard
+                           ? spec_shard_world_of_phase(spec, 0) : 1,
     };
 }
 
@@ -556,7 +562,7 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
         out->pseudo = calloc(1, sizeof *out->pseudo);
         in.n_slots = spec_slots_of_phase(spec, 1);
         if (spec->optimizer.shard)
-            in.shard_world = spec_world_of_phase(spec, 1);
+            in.shard_world = spec_shard_world_of_phase(spec, 1);
         if (!out->pseudo ||
             offload_plan_make(&in, out->pseudo, e2, sizeof e2) != 0) {
             snprintf(err, errlen, "pseudo phase: %s",
@@ -564,6 +570,32 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
             offload_plan_free(out);
             return -1;
         }
+    }
+    /* expert parallelism: a rank's own model, the most experts a rank
+     * holds (model_expert_range), planned alike */
+    int P = spec->nodes.expert_parallel, E = spec->model.moe_experts;
+    if (P > 1 && E > 0 && spec->model.moe_ep_size <= 1) {
+        run_spec rs = *spec;
+        int most = 0, f;
+        for (int q = 0; q < P; q++) {
+            int n = model_expert_range(E, P, q, &f);
+            if (n > model_expert_range(E, P, most, &f))
+                most = q;
+        }
+        rs.model.moe_ep_size = P;
+        rs.model.moe_ep_rank = most;
+        char e2[512];
+        out->ep_rank = calloc(1, sizeof *out->ep_rank);
+        if (!out->ep_rank ||
+            offload_plan_for_run(&rs, budget_override, host_limit,
+                                 out->ep_rank, e2, sizeof e2) != 0) {
+            snprintf(err, errlen, "a rank's own model "
+                     "(nodes.expert_parallel %d): %s", P,
+                     out->ep_rank ? e2 : "out of memory");
+            offload_plan_free(out);
+            return -1;
+        }
+        out->ep_experts = model_expert_range(E, P, most, &f);
     }
     return 0;
 }
@@ -713,6 +745,17 @@ static void g_backend_(const void *row, view_val *v)
 
 static const view plan_view_;
 
+static void g_ep_rank_(const void *row, view_val *v)
+{
+    const plan_row_ *r = row;
+    if (!r->top || !r->p->ep_rank)
+        return; /* none: no key */
+    plan_row_ *sub = (plan_row_ *)v->buf;
+    *sub = (plan_row_){.p = r->p->ep_rank, .phase = "real", .top = 1};
+    v->sub = &plan_view_;
+    v->sub_row = sub;
+}
+
 static void g_pseudo_(const void *row, view_val *v)
 {
     const plan_row_ *r = row;
@@ -748,6 +791,8 @@ static const view_field plan_fields_[] = {
     {"breakdown", 0, 0, 0, VIEW_SUB, VF_PLAIN, 0, g_breakdown_},
     {"backend", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_backend_},
     {"pseudo", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_pseudo_},
+    {"expert_parallel_rank", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL,
+     g_ep_rank_},
 };
 static const view plan_view_ = VIEW_OF(plan_fields_);
 
@@ -834,6 +879,13 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                     : "off",
                 short_bytes_(sb, sizeof sb, p->spec_slot_bytes),
                 short_bytes_(sp, sizeof sp, p->spec_pinned_slot_bytes));
+    }
+    if (p->ep_rank) {
+        fprintf(f, "\nexpert parallelism: above, the whole model (what each "
+                "rank starts with, and rank 0 holds for a save); below, a "
+                "rank's own model once its group forms (%d experts of each "
+                "MoE slot, the most a rank holds):\n", p->ep_experts);
+        offload_plan_print(f, p->ep_rank, 0);
     }
 }
 

@@ -660,6 +660,12 @@ int spec_world_of_phase(const run_spec *s, int pseudo)
                ? s->nodes.pseudo_world_size : s->nodes.world_size;
 }
 
+int spec_shard_world_of_phase(const run_spec *s, int pseudo)
+{
+    int W = spec_world_of_phase(s, pseudo), P = s->nodes.expert_parallel;
+    return P > 1 ? (W >= P ? W / P : 1) : W;
+}
+
 int spec_state_split(const run_spec *s)
 {
     return s->optimizer.shard || s->nodes.expert_parallel > 1;

@@ -159,6 +159,11 @@ int spec_dp_split(const run_spec *s, int world, int *B_rank,
  * set) for pseudo 1, else nodes.world_size. */
 int spec_world_of_phase(const run_spec *s, int pseudo);
 
+/* The ranks a phase's optimizer state is sharded over (optimizer.shard):
+ * its world size, or with nodes.expert_parallel P > 1 the world/P ranks
+ * holding the same experts (1 where the phase's world is below P). */
+int spec_shard_world_of_phase(const run_spec *s, int pseudo);
+
 /* 1 when a data-parallel group's ranks hold parts of the state, so that
  * a save of rank 0 needs every rank's trainer_sync_boundary first:
  * optimizer.shard (each rank its range of the optimizer state) or

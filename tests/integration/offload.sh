@@ -82,7 +82,18 @@ done
 # speed of a step
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 
-for f in cuda-off cuda-spec-on; do
+# expert parallelism: the plan adds a rank's own model (its experts only),
+# the same from m6d: its slots and its minimum budget are smaller
+jq '.model.moe = {"num_experts": 4, "prototypes": 2} | .nodes = {"world_size": 2, "expert_parallel": 2} | del(.device)' \
+    "$T/plain.json" >"$T/ep-plain.json" || fail "ep spec"
+EMIN=$("$M6CTL" plan "$T/ep-plain.json" --json | jq .min_budget_bytes) || fail "ep plan --json"
+jq --argjson b "$EMIN" '.device.memory_budget = $b' "$T/ep-plain.json" >"$T/ep-off.json"
+"$M6CTL" plan "$T/ep-off.json" --json >"$T/ep-plan.json" || fail "ep-off plan"
+[ "$(jq '.expert_parallel_rank.breakdown.slot_bytes < .breakdown.slot_bytes and
+         .expert_parallel_rank.min_budget_bytes < .min_budget_bytes' "$T/ep-plan.json")" = true ] ||
+    fail "ep-off plan: no rank's model, or not smaller: $(cat "$T/ep-plan.json")"
+
+for f in cuda-off cuda-spec-on ep-off; do
 for a in "" "--json"; do
     ctl plan "$T/$f.json" $a >"$T/plan.local" || fail "$f plan $a"
     ctl plan "$T/$f.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "$f plan $a --daemon: $(cat "$T/err")"

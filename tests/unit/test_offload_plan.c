@@ -409,6 +409,61 @@ static void test_plan_sharded(void **state)
     assert_int_equal(offload_plan_input_of(&sp).shard_world, 4);
     sp.optimizer.shard = 0;
     assert_int_equal(offload_plan_input_of(&sp).shard_world, 1);
+    /* expert parallelism P = 2: over the 2 ranks holding the same
+     * experts */
+    sp.optimizer.shard = 1;
+    sp.nodes.expert_parallel = 2;
+    assert_int_equal(offload_plan_input_of(&sp).shard_world, 2);
+}
+
+/* A spec with nodes.expert_parallel: the plan carries a rank's own model
+ * (its experts only) beside the whole one, counted by hand as in
+ * test_plan_hand_counted_moe: E = 4 in k = 2, H = 24, C 16, every block
+ * MoE; at P = 3 the ranks hold 1, 1 and 2 experts (model_expert_range),
+ * and the plan is the largest's. */
+static void test_plan_expert_parallel_rank(void **state)
+{
+    (void)state;
+    const size_t C = 16, E = 4, H = 24, F = sizeof(float);
+    size_t dense = 4 * C * C + 8 * C, gate = E * C + E;
+    size_t expert = 2 * H * C + H + C;
+    run_spec sp;
+    spec_defaults(&sp);
+    sp.model = (model_config){.vocab_size = 64, .n_layer = 4, .n_head = 2,
+                              .n_embd = 16, .seq_len = 8, .moe_experts = 4,
+                              .moe_prototypes = 2, .moe_every = 1,
+                              .moe_hidden = 24, .moe_capacity_factor = 1.25f,
+                              .moe_eval_capacity_factor = 2.0f};
+    sp.train.batch_size = 2;
+    sp.train.grad_accum = 3;
+    sp.nodes.world_size = 3;
+    offload_plan p;
+    char err[512];
+    assert_int_equal(offload_plan_for_spec(&sp, 0, &p, err, sizeof err), 0);
+    assert_null(p.ep_rank);  /* no expert parallelism: none */
+    offload_plan_free(&p);
+    sp.nodes.expert_parallel = 3;
+    if (offload_plan_for_spec(&sp, 0, &p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(p.slot_bytes, 4 * pad16_(dense + E * expert + gate) * F);
+    assert_non_null(p.ep_rank);
+    assert_int_equal(p.ep_experts, 2);
+    assert_int_equal(p.ep_rank->slot_bytes,
+                     4 * pad16_(dense + 2 * expert + gate) * F);
+    assert_int_equal(p.ep_rank->global_bytes, p.global_bytes);
+    /* and in JSON, under its own key */
+    json_t *j = plan_json_(&p);
+    json_t *r = json_object_get(j, "expert_parallel_rank");
+    assert_non_null(r);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(r, "breakdown"), "slot_bytes")),
+                     (json_int_t)p.ep_rank->slot_bytes);
+    json_decref(j);
+    char *t = plan_text_(&p);
+    assert_non_null(strstr(t, "a rank's own model once its group forms (2 "
+                              "experts of each MoE slot"));
+    free(t);
+    offload_plan_free(&p);
 }
 
 static void test_plan_hand_counted(void **state)
@@ -828,6 +883,7 @@ TEST_MAIN(
     cmocka_unit_test(test_node_share_host_memory),
     cmocka_unit_test(test_plan_hand_counted),
     cmocka_unit_test(test_plan_sharded),
+    cmocka_unit_test(test_plan_expert_parallel_rank),
     cmocka_unit_test(test_plan_hand_counted_moe),
     cmocka_unit_test(test_plan_m6_10t),
     cmocka_unit_test(test_plan_mixed_kinds),
