@@ -25,6 +25,10 @@
  *   replicas   W = 4 as 2 replicas of P = 2 (trainer_adopt_expert_groups:
  *              the experts' gradients summed over the 2 ranks holding
  *              them), the same comparisons, a save at step 8 too
+ *   reshard    the step-8 checkpoints (ep2 AdamW, its Adafactor, bf16
+ *              and sharded siblings) loaded by P = 2, 4 and 2 x 2 ranks,
+ *              each taking its experts, gathered back and saved: weights
+ *              and optimizer state byte for byte those loaded
  *   refused    a save of a rank that holds its experts only, a load into
  *              one, and replicas without their sub-groups, by name
  *   offloaded  device.memory_budget the whole model's minimum (all its
@@ -129,8 +133,11 @@ static int rank_main_(int argc, char **argv)
     m6_store st;
     file_store fs;
     m6_coll *c = NULL;
-    if (strncmp(mode, "resume:", 7) == 0 &&
-        trainer_load(t, mode + 7, &err) != 0) {
+    /* reshard:DIR loads DIR like resume:DIR, then only writes it again
+     * (the experts split over the group and gathered back) */
+    int reshard = strncmp(mode, "reshard:", 8) == 0;
+    if ((strncmp(mode, "resume:", 7) == 0 || reshard) &&
+        trainer_load(t, mode + (reshard ? 8 : 7), &err) != 0) {
         fprintf(stderr, "rank %d: resume: %s\n", rank, m6_err_msg(&err));
         return 1;
     }
@@ -201,7 +208,20 @@ static int rank_main_(int argc, char **argv)
         }
         m6_err_free(&err);
     }
-    while (!bad && trainer_step_count(t) < spec.train.steps) {
+    if (reshard) {
+        /* every rank at the boundary; rank 0 gets the whole model back
+         * and saves it */
+        int rc = trainer_sync_boundary(t, rank == 0, &err);
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s.ckpt", out_path);
+        if (rc != (rank == 0 && world > 1) ||
+            (rank == 0 && trainer_save(t, dir, &err) < 0)) {
+            fprintf(stderr, "rank %d: reshard (boundary %d): %s\n", rank, rc,
+                    m6_err_msg(&err));
+            bad = 1;
+        }
+    }
+    while (!bad && !reshard && trainer_step_count(t) < spec.train.steps) {
         if (trainer_phase(t) == PHASE_PSEUDO &&
             trainer_step_count(t) == spec.pseudo.steps &&
             trainer_delink(t, e, sizeof e) != 0) {
@@ -339,6 +359,8 @@ static void write_spec_(const char *tag, int world, int P)
 {
     write_spec_moe_(tag, world, P, "");
 }
+
+static void reshard_(const char *ckpt_tag, const char *tag, int world);
 
 static double rel_(double a, double b)
 {
@@ -599,6 +621,7 @@ static void adafactor_(void)
                    "%.2g of one rank's\n",
                    steps_close_("resumedaf", 0, &res, &ref, 9));
         }
+        reshard_("ep2af", "ep2af", 2);
         /* and at P = 2: each rank takes its experts' statistics from the
          * whole model it loaded */
         if (rank_procs_run("resumedaf2", "ep2af", 2, rs, 1, 240, -1) == 0)
@@ -655,6 +678,7 @@ static void bf16_masters_(void)
         load_("onebf", 0, &ref) == 0 &&
         rank_procs_run("ep2bf", "ep2bf", 2, save, 1, 240, -1) == 0) {
         compare_("ep2bf", 2, 2, &ref);
+        reshard_("ep2bf", "ep2bf", 2);
         char resume[600];
         snprintf(resume, sizeof resume, "resume:%s/ep2bf-0.out.ckpt",
                  rank_dir_);
@@ -687,6 +711,56 @@ static void bf16_masters_(void)
     }
 }
 
+/* 0 when files a and b hold the same bytes (CHECKs otherwise) */
+static int same_file_(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    long n = 0;
+    int ca = EOF, cb = EOF, same = fa && fb;
+    while (same) {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+        n++;
+    }
+    CHECK(same && ca == EOF, "%s and %s differ at byte %ld (%s)", a, b, n,
+          fa && fb ? "contents" : "missing");
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same && ca == EOF ? 0 : -1;
+}
+
+/* A checkpoint (written whole by rank 0) loaded by the world ranks of
+ * spec tag, each taking its experts, gathered back and saved: its
+ * weights and optimizer state are those saved, byte for byte (every
+ * tensor by its global expert). */
+static void reshard_(const char *ckpt_tag, const char *tag, int world)
+{
+    char src[600], arg[700], a[800], b[800];
+    snprintf(src, sizeof src, "%s/%s-0.out.ckpt", rank_dir_, ckpt_tag);
+    snprintf(arg, sizeof arg, "reshard:%s", src);
+    const char *mode[1] = {arg};
+    char out[100];
+    snprintf(out, sizeof out, "re-%s-%s", ckpt_tag, tag);
+    if (rank_procs_run(out, tag, world, mode, 1, 240, -1) != 0)
+        return;
+    const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
+    int ok = 1;
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s-0.out.ckpt/%s", rank_dir_, out, files[i]);
+        ok &= same_file_(a, b) == 0;
+    }
+    if (ok)
+        printf("%s's checkpoint split over %d ranks (%s) and gathered: "
+               "weights and optimizer state byte for byte\n", ckpt_tag,
+               world, tag);
+}
+
 /* optimizer.shard with replicas (ZeRO stage 1 over the D ranks holding
  * the same experts): 2 replicas of P = 2, its save of step 8 (every
  * replica group whole, then the experts to rank 0) resumed at P = 1;
@@ -701,6 +775,7 @@ static void sharded_(const result *ref)
     if (rank_procs_run("ep2x2z", "ep2x2z", 4, save, 1, 240, -1) != 0)
         return;
     compare_("ep2x2z", 4, 2, ref);
+    reshard_("ep2x2z", "ep2x2z", 4);
     char resume[600];
     snprintf(resume, sizeof resume, "resume:%s/ep2x2z-0.out.ckpt",
              rank_dir_);
@@ -742,6 +817,9 @@ int main(int argc, char **argv)
             if (rank_procs_run(runs[i].tag, runs[i].tag, runs[i].world,
                                runs[i].P == 2 ? save : plain, 1, 240, -1) == 0)
                 compare_(runs[i].tag, runs[i].world, runs[i].P, &ref);
+        reshard_("ep2", "ep2", 2);
+        reshard_("ep2", "ep4", 4);
+        reshard_("ep2", "ep2x2", 4);
         const char *nogroups[1] = {"nogroups"};
         rank_procs_run("nogroups", "ep2x2", 4, nogroups, 1, 120, -1);
         /* ep2's checkpoint of step 8, written whole by rank 0, resumed by
