@@ -25,9 +25,15 @@
  * before each all-to-all timed apart (moe_ep_set_timing_barrier), whose
  * transfer time is what the prediction is compared with.
  *
+ * Forced routing, last, at the largest P: rank 0's router input is
+ * constant (every token the same row), so all its tokens choose the same
+ * expert of each prototype; each step is timed, and the slowest rank's
+ * median and worst step are printed against the uniform run's median
+ * (the issue's bound: no step over twice the median).
+ *
  * usage: moe_ep [--embd C] [--experts E] [--prototypes k] [--tokens N]
  *               [--capacity F] [--steps S] [--warmup W] [--max-ranks P]
- *               [--threads T]
+ *               [--threads T] [--forced-steps S]
  * Ends with one key=value line. Exit 1 when a rank fails, or when a rank
  * at the largest P holds more than 0.3 of the expert bytes of P = 1 (the
  * layout's promise).
@@ -53,14 +59,26 @@ typedef struct {
     int C, E, k, N, steps, warmup, threads;
     double cf;
     int timing_barrier;   /* moe_ep_set_timing_barrier for this pass */
+    int forced;           /* rank 0's router input constant: all its
+                           * tokens choose the same expert of each
+                           * prototype */
 } shape_;
+
+#define MAX_STEPS 256
 
 /* One rank's figures, as it writes them to the pipe. */
 typedef struct {
     double step_s, a2a_s, wait_s, bytes, expert_bytes;
     double link_latency_s, link_Bps;  /* the plain all-to-alls' */
     int dropped;
+    double step_med_s, step_max_s;    /* of its timed steps, one by one */
 } figures_;
+
+static int cmp_double_(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 /* Seconds per call of `reps` plain all-to-alls sending `per_peer` bytes to
  * every other rank, each as a step makes it: after GAP_S of computing
@@ -141,6 +159,9 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
     size_t n_w1 = (size_t)El * Hz * C, n_b1 = (size_t)El * Hz;
     size_t n_w2 = (size_t)El * C * Hz, n_b2 = (size_t)El * C;
     float *x = randn_(N * C, 100u + rank, 2.0f);
+    if (x && s->forced && rank == 0)  /* every token rank 0's first */
+        for (size_t i = 1; i < N; i++)
+            memcpy(x + i * C, x, C * sizeof(float));
     float *dout = randn_(N * C, 200u + rank, 0.02f);
     float *wg = randn_(E * C, 7u, 0.5f), *bg = randn_(E, 8u, 0.1f);
     float *w1 = randn_(n_w1, 300u + first, 0.1f);
@@ -170,7 +191,7 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
     }
     moe_ep_set_timing_barrier(m, s->timing_barrier);
     moe_ep_stats a, b;
-    double t0 = 0;
+    double t0 = 0, ts = 0, step_t[MAX_STEPS];
     int dropped = 0;
     for (int it = 0; it < s->warmup + s->steps; it++) {
         if (it == s->warmup) {
@@ -179,6 +200,9 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
             moe_ep_get_stats(m, &a);
             t0 = clock_mono_s();
         }
+        if (it > s->warmup)
+            step_t[it - s->warmup - 1] = clock_mono_s() - ts;
+        ts = clock_mono_s();
         float aux, z;
         int drop;
         if (moe_ep_forward(m, out, &aux, &z, &drop, x, wg, bg, w1, b1, w2,
@@ -190,7 +214,9 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
             dropped += drop;
     }
     double t1 = clock_mono_s();
+    step_t[s->steps - 1] = t1 - ts;
     moe_ep_get_stats(m, &b);
+    qsort(step_t, (size_t)s->steps, sizeof step_t[0], cmp_double_);
     if (err.code != M6_OK) {
         fprintf(stderr, "moe_ep: rank %d: %s\n", rank, m6_err_msg(&err));
         return 1;
@@ -200,7 +226,7 @@ static int rank_main_(int rank, int P, const char *dir, int out_fd,
         (b.wait_seconds - a.wait_seconds) / s->steps,
         (double)(b.bytes_sent - a.bytes_sent) / s->steps,
         (double)(n_w1 + n_b1 + n_w2 + n_b2) * sizeof(float), lat, bw,
-        dropped};
+        dropped, step_t[s->steps / 2], step_t[s->steps - 1]};
     if (write(out_fd, &f, sizeof f) != (ssize_t)sizeof f)
         return 1;
     moe_ep_free(m);
@@ -230,23 +256,26 @@ static const char usage_[] =
     "usage: moe_ep [--embd C (256)] [--experts E (16)] [--prototypes k (2)]\n"
     "              [--tokens N per rank (512)] [--capacity F (2)]\n"
     "              [--steps S (5)] [--warmup W (1)] [--max-ranks P (4)]\n"
-    "              [--threads T per rank (1)]\n";
+    "              [--threads T per rank (1)] [--forced-steps S (20)]\n";
 
 int main(int argc, char **argv)
 {
-    shape_ s = {256, 16, 2, 512, 5, 1, 1, 2.0, 0};
-    int max_ranks = 4;
+    shape_ s = {256, 16, 2, 512, 5, 1, 1, 2.0, 0, 0};
+    int max_ranks = 4, forced_steps = 20;
     const bench_opt opts[] = {
         BENCH_INT("embd", &s.C, 2), BENCH_INT("experts", &s.E, 1),
         BENCH_INT("prototypes", &s.k, 1), BENCH_INT("tokens", &s.N, 1),
         BENCH_REAL("capacity", &s.cf, 0.01, 1e6),
         BENCH_INT("steps", &s.steps, 1), BENCH_INT("warmup", &s.warmup, 0),
+        BENCH_INT("forced-steps", &forced_steps, 1),
         BENCH_INT("max-ranks", &max_ranks, 1),
         BENCH_INT("threads", &s.threads, 1)};
-    bench_parse("moe_ep", argc, argv, opts, 9, usage_);
-    if (s.E % s.k || (4 * s.C) % s.k || max_ranks > 16 || max_ranks > s.E) {
+    bench_parse("moe_ep", argc, argv, opts, 10, usage_);
+    if (s.E % s.k || (4 * s.C) % s.k || max_ranks > 16 || max_ranks > s.E ||
+        s.steps > MAX_STEPS || forced_steps > MAX_STEPS) {
         fprintf(stderr, "moe_ep: --prototypes must divide --experts and "
-                "4 --embd; --max-ranks at most 16 and at most --experts\n");
+                "4 --embd; --max-ranks at most 16 and at most --experts; "
+                "--steps and --forced-steps at most %d\n", MAX_STEPS);
         return 2;
     }
     printf("moe_ep: one MoE layer, C %d, E %d in k %d prototypes, H %d, "
@@ -258,9 +287,9 @@ int main(int argc, char **argv)
            "sent_B/step", "predicted_B", "ratio", "expert_B/rank", "vs_P=1",
            "dropped", "link_us", "link_GB/s", "wait_ms", "xfer_ms",
            "xfer_pred_ms", "ratio");
-    char kv[1024];
+    char kv[1280];
     int kn = 0, bad = 0;
-    double expert1 = 0, worst_share = 0;
+    double expert1 = 0, worst_share = 0, uniform_med = 0;
     for (int P = 1; P <= max_ranks; P *= 2) {
         figures_ f[16], fb[16];
         shape_ sb = s;
@@ -298,6 +327,9 @@ int main(int argc, char **argv)
                                 : 0;
         double tratio = a2a_pred > 0 ? xfer / a2a_pred : 1.0;
         worst_share = share;
+        uniform_med = 0;
+        for (int r = 0; r < P; r++)
+            uniform_med = fmax(uniform_med, f[r].step_med_s);
         printf("%3d %12.0f %10.2f %10.2f %14.0f %14.0f %7.3f %14.0f %8.3f "
                "%8d | %9.1f %9.3f %9.2f %9.2f %10.2f %7.3f\n", P, tok_s,
                step * 1e3, a2a * 1e3, sent, pred, ratio, ebytes, share,
@@ -312,6 +344,41 @@ int main(int argc, char **argv)
         if (kn >= (int)sizeof kv)
             kn = (int)sizeof kv - 1;
     }
+    /* forced routing at the largest P: rank 0's router input constant, so
+     * its N tokens all choose one expert of each prototype (the capacity
+     * keeps that expert's rows and drops the rest); each step's time, the
+     * slowest rank's median and maximum over the timed steps, against
+     * the uniform run's median */
+    int Pf = 1;
+    while (Pf * 2 <= max_ranks)
+        Pf *= 2;
+    shape_ sf = s;
+    sf.forced = 1;
+    sf.steps = forced_steps;
+    figures_ ff[16];
+    if (run_(Pf, &sf, ff) != 0) {
+        fprintf(stderr, "moe_ep: forced routing at P = %d failed\n", Pf);
+        return 1;
+    }
+    double fmed = 0, fmax_s = 0;
+    int fdrop = 0;
+    for (int r = 0; r < Pf; r++) {
+        fmed = fmax(fmed, ff[r].step_med_s);
+        fmax_s = fmax(fmax_s, ff[r].step_max_s);
+        fdrop += ff[r].dropped;
+    }
+    printf("forced routing, P = %d, %d steps: rank 0's %d tokens to one "
+           "expert a prototype; step median %.2f ms, max %.2f ms (max / "
+           "median %.2f), the uniform run's median %.2f ms (%.2fx); %d "
+           "pairs dropped\n", Pf, forced_steps, s.N, fmed * 1e3,
+           fmax_s * 1e3, fmax_s / fmed, uniform_med * 1e3, fmed / uniform_med,
+           fdrop);
+    kn += snprintf(kv + kn, sizeof kv - (size_t)kn,
+                   " forced_max_over_median_p%d=%.2f forced_vs_uniform_p%d=%.2f "
+                   "forced_dropped_p%d=%d", Pf, fmax_s / fmed, Pf,
+                   fmed / uniform_med, Pf, fdrop);
+    if (kn >= (int)sizeof kv)
+        kn = (int)sizeof kv - 1;
     if (max_ranks >= 4 && worst_share > 0.3) {
         printf("moe_ep: a rank at the largest P holds %.3f of P = 1's expert "
                "bytes (> 0.3)\n", worst_share);
