@@ -362,6 +362,44 @@ static void write_spec_(const char *tag, int world, int P)
 
 static void reshard_(const char *ckpt_tag, const char *tag, int world);
 
+static int load_(const char *tag, int r, result *res);
+static double steps_close_(const char *tag, int r, const result *res,
+                           const result *ref, int from);
+
+/* The step-8 checkpoint rank 0 of ckpt_tag saved (mode "save") resumed by
+ * `world` ranks of spec spec_tag as run `tag`: steps 9..12, and only
+ * those, on every rank those of ref. */
+static void resumed_(const char *tag, const char *ckpt_tag,
+                     const char *spec_tag, int world, const result *ref)
+{
+    char resume[600];
+    snprintf(resume, sizeof resume, "resume:%s/%s-0.out.ckpt", rank_dir_,
+             ckpt_tag);
+    const char *rs[1] = {resume};
+    if (rank_procs_run(tag, spec_tag, world, rs, 1, 240, -1) != 0)
+        return;
+    for (int r = 0; r < world; r++) {
+        result res;
+        if (load_(tag, r, &res) != 0)
+            continue;
+        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "%s: it ran steps "
+              "other than 9..12", tag);
+        printf("%s's checkpoint resumed by %s (rank %d of %d): steps 9..12 "
+               "within %.2g of the reference's\n", ckpt_tag, spec_tag, r,
+               world, steps_close_(tag, r, &res, ref, 9));
+    }
+}
+
+/* Every rank of tag has slots offloaded. */
+static void offloaded_some_(const char *tag, int world)
+{
+    for (int r = 0; r < world; r++) {
+        result res;
+        if (load_(tag, r, &res) == 0)
+            CHECK(res.offloaded > 0, "%s rank %d: no slot offloaded", tag, r);
+    }
+}
+
 static double rel_(double a, double b)
 {
     if (isnan(a) && isnan(b))
@@ -575,18 +613,7 @@ static void offloaded_(const result *ref)
     /* ep2o's checkpoint of step 8 (rank 0 gathered the experts into a
      * whole model placed by the whole model's plan), resumed by one
      * offloading rank without expert parallelism */
-    char resume[600];
-    snprintf(resume, sizeof resume, "resume:%s/ep2o-0.out.ckpt", rank_dir_);
-    const char *rs[1] = {resume};
-    result res;
-    if (rank_procs_run("resumedo", "dp2o", 1, rs, 1, 240, -1) == 0 &&
-        load_("resumedo", 0, &res) == 0) {
-        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumedo: it ran "
-              "steps other than 9..12");
-        printf("ep2o's checkpoint resumed at P = 1, offloading: steps "
-               "9..12 within %.2g of one rank's\n",
-               steps_close_("resumedo", 0, &res, ref, 9));
-    }
+    resumed_("resumedo", "ep2o", "dp2o", 1, ref);
 }
 
 /* Adafactor (its statistics factored per expert matrix, so a rank's
@@ -599,7 +626,7 @@ static void adafactor_(void)
     const char *dev = ",\n \"device\": {\"threads\": 1}";
     char top[400];
     const char *plain[1] = {"plain"}, *save[1] = {"save"};
-    result ref, res;
+    result ref;
     snprintf(top, sizeof top, "%s,\n \"optimizer\": {\"name\": "
              "\"adafactor\", \"beta1\": 0, \"eps1\": 1e-4}", dev);
     write_spec_full_("oneaf", 1, 1, "", 2, 4, 4, 0.05, top);
@@ -609,27 +636,11 @@ static void adafactor_(void)
         load_("oneaf", 0, &ref) == 0 &&
         rank_procs_run("ep2af", "ep2af", 2, save, 1, 240, -1) == 0) {
         compare_("ep2af", 2, 2, &ref);
-        char resume[600];
-        snprintf(resume, sizeof resume, "resume:%s/ep2af-0.out.ckpt",
-                 rank_dir_);
-        const char *rs[1] = {resume};
-        if (rank_procs_run("resumedaf", "dp2af", 1, rs, 1, 240, -1) == 0 &&
-            load_("resumedaf", 0, &res) == 0) {
-            CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumedaf: it ran "
-                  "steps other than 9..12");
-            printf("ep2af's checkpoint resumed at P = 1: steps 9..12 within "
-                   "%.2g of one rank's\n",
-                   steps_close_("resumedaf", 0, &res, &ref, 9));
-        }
+        resumed_("resumedaf", "ep2af", "dp2af", 1, &ref);
         reshard_("ep2af", "ep2af", 2);
         /* and at P = 2: each rank takes its experts' statistics from the
          * whole model it loaded */
-        if (rank_procs_run("resumedaf2", "ep2af", 2, rs, 1, 240, -1) == 0)
-            for (int r = 0; r < 2; r++)
-                if (load_("resumedaf2", r, &res) == 0)
-                    printf("ep2af's checkpoint resumed at P = 2, rank %d: "
-                           "steps 9..12 within %.2g of one rank's\n", r,
-                           steps_close_("resumedaf2", r, &res, &ref, 9));
+        resumed_("resumedaf2", "ep2af", "ep2af", 2, &ref);
     }
     snprintf(top, sizeof top, "%s,\n \"optimizer\": {\"name\": "
              "\"adafactor\", \"beta1\": 0.9, \"eps1\": 1e-4}", dev);
@@ -650,10 +661,7 @@ static void adafactor_(void)
         load_("oneafm", 0, &ref) == 0 &&
         rank_procs_run("ep2x2afo", "ep2x2afo", 4, plain, 1, 240, -1) == 0) {
         compare_("ep2x2afo", 4, 2, &ref);
-        for (int r = 0; r < 4; r++)
-            if (load_("ep2x2afo", r, &res) == 0)
-                CHECK(res.offloaded > 0, "ep2x2afo rank %d: no slot "
-                      "offloaded", r);
+        offloaded_some_("ep2x2afo", 4);
     }
 }
 
@@ -668,7 +676,7 @@ static void bf16_masters_(void)
     const char *plain[1] = {"plain"}, *save[1] = {"save"};
     const char *dev = ",\n \"device\": {\"threads\": 1}";
     char top[400];
-    result ref, res;
+    result ref;
     snprintf(top, sizeof top, "%s,\n \"optimizer\": {\"master\": "
              "\"bf16\"}", dev);
     write_spec_full_("onebf", 1, 1, "", 2, 4, 4, 0.05, top);
@@ -679,15 +687,7 @@ static void bf16_masters_(void)
         rank_procs_run("ep2bf", "ep2bf", 2, save, 1, 240, -1) == 0) {
         compare_("ep2bf", 2, 2, &ref);
         reshard_("ep2bf", "ep2bf", 2);
-        char resume[600];
-        snprintf(resume, sizeof resume, "resume:%s/ep2bf-0.out.ckpt",
-                 rank_dir_);
-        const char *rs[1] = {resume};
-        if (rank_procs_run("resumedbf", "dp2bf", 1, rs, 1, 240, -1) == 0 &&
-            load_("resumedbf", 0, &res) == 0)
-            printf("ep2bf's checkpoint resumed at P = 1: steps 9..12 within "
-                   "%.2g of one rank's\n",
-                   steps_close_("resumedbf", 0, &res, &ref, 9));
+        resumed_("resumedbf", "ep2bf", "dp2bf", 1, &ref);
     }
     const char *af = "\"optimizer\": {\"name\": \"adafactor\", \"beta1\": 0, "
                      "\"eps1\": 1e-4, \"master\": \"bf16\"}";
@@ -704,10 +704,7 @@ static void bf16_masters_(void)
         load_("dp4bfaf", 0, &ref) == 0 &&
         rank_procs_run("ep2x2bfaf", "ep2x2bfaf", 4, plain, 1, 240, -1) == 0) {
         compare_("ep2x2bfaf", 4, 2, &ref);
-        for (int r = 0; r < 4; r++)
-            if (load_("ep2x2bfaf", r, &res) == 0)
-                CHECK(res.offloaded > 0, "ep2x2bfaf rank %d: no slot "
-                      "offloaded", r);
+        offloaded_some_("ep2x2bfaf", 4);
     }
 }
 
@@ -776,16 +773,7 @@ static void sharded_(const result *ref)
         return;
     compare_("ep2x2z", 4, 2, ref);
     reshard_("ep2x2z", "ep2x2z", 4);
-    char resume[600];
-    snprintf(resume, sizeof resume, "resume:%s/ep2x2z-0.out.ckpt",
-             rank_dir_);
-    const char *rs[1] = {resume};
-    result res;
-    if (rank_procs_run("resumedz", "dp2z", 1, rs, 1, 240, -1) == 0 &&
-        load_("resumedz", 0, &res) == 0)
-        printf("ep2x2z's checkpoint resumed at P = 1: steps 9..12 within "
-               "%.2g of one rank's\n",
-               steps_close_("resumedz", 0, &res, ref, 9));
+    resumed_("resumedz", "ep2x2z", "dp2z", 1, ref);
 }
 
 int main(int argc, char **argv)
@@ -825,18 +813,7 @@ int main(int argc, char **argv)
         /* ep2's checkpoint of step 8, written whole by rank 0, resumed by
          * one rank of a spec without expert parallelism: steps 9..12 are
          * the one-rank run's */
-        char resume[600];
-        snprintf(resume, sizeof resume, "resume:%s/ep2-0.out.ckpt",
-                 rank_dir_);
-        const char *rs[1] = {resume};
-        result res;
-        if (rank_procs_run("resumed", "dp2", 1, rs, 1, 240, -1) == 0 &&
-            load_("resumed", 0, &res) == 0)
-            printf("ep2's checkpoint resumed at P = 1: steps 9..12 within "
-                   "%.2g of one rank's\n",
-                   steps_close_("resumed", 0, &res, &ref, 9));
-        CHECK(res.v[7][0] == 0 && res.v[8][0] != 0, "resumed: it ran steps "
-              "other than 9..12");
+        resumed_("resumed", "ep2", "dp2", 1, &ref);
         /* dropless at P = 2 against dropless on one rank */
         result ref0;
         if (rank_procs_run("one0", "one0", 1, plain, 1, 240, -1) == 0 &&
