@@ -756,6 +756,13 @@ static void g_ep_rank_(const void *row, view_val *v)
     v->sub_row = sub;
 }
 
+static void g_ep_experts_(const void *row, view_val *v)
+{
+    const plan_row_ *r = row;
+    v->null = !r->top || !r->p->ep_rank;
+    v->i = r->p->ep_experts;
+}
+
 static void g_pseudo_(const void *row, view_val *v)
 {
     const plan_row_ *r = row;
@@ -793,6 +800,8 @@ static const view_field plan_fields_[] = {
     {"pseudo", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL, g_pseudo_},
     {"expert_parallel_rank", 0, 0, 0, VIEW_SUB, VF_PLAIN, VIEW_JSON_OMIT_NULL,
      g_ep_rank_},
+    {"expert_parallel_rank_experts", 0, 0, 0, VIEW_INT, VF_PLAIN,
+     VIEW_JSON_OMIT_NULL, g_ep_experts_},
 };
 static const view plan_view_ = VIEW_OF(plan_fields_);
 

@@ -814,28 +814,40 @@ static int ep_check_(const run_spec *s, char *err, size_t errlen)
                 "of P", P, W);
         return -1;
     }
+    if (s->optimizer.shard && W == P) {
+        seterr_(err, errlen, "optimizer.shard with nodes.expert_parallel "
+                "%d equal to nodes.world_size: the optimizer state is "
+                "sharded over the world_size / P ranks that hold the same "
+                "experts, and here each rank is alone with its own; set "
+                "optimizer.shard to false, or nodes.world_size to a "
+                "multiple of %d (replicas)", P, P);
+        return -1;
+    }
     const char *why =
         s->device.backend == BACKEND_CUDA
             ? "on device.backend \"cuda\" (the all-to-all runs on host "
               "memory over gloo; use device.backend \"cpu\")"
-        : s->optimizer.shard && W == P
-            ? "with optimizer.shard and nodes.world_size equal to it (the "
-              "state is sharded over the world_size / P ranks holding the "
-              "same experts: there is one; set optimizer.shard to false or "
-              "add replicas)"
         : pw > 1 && pw % P != 0
             ? "with a pseudo world that is neither 1 nor a multiple of it "
               "(nodes.pseudo_world_size: the pseudo phase's groups are of "
               "P ranks too)"
-        : s->train.eval_batches % W != 0 || (pw > 1 && s->train.eval_batches
-                                             % pw != 0)
-            ? "with train.eval_batches not a multiple of nodes.world_size "
-              "and nodes.pseudo_world_size (every rank runs every "
-              "all-to-all: each must evaluate as many batches)"
             : NULL;
+    int eb = s->train.eval_batches;
+    if (!why && (eb % W != 0 || (pw > 1 && eb % pw != 0))) {
+        /* not a missing feature: every rank enters every all-to-all */
+        char pws[64] = "";
+        if (pw > 1)
+            snprintf(pws, sizeof pws, " and of nodes.pseudo_world_size (%d)",
+                     pw);
+        seterr_(err, errlen, "nodes.expert_parallel %d: train.eval_batches "
+                "(%d) must be a multiple of nodes.world_size (%d)%s: every "
+                "rank runs every all-to-all of an evaluation, so each must "
+                "evaluate as many batches", P, eb, W, pws);
+        return -1;
+    }
     if (!why)
         return 0;
-    seterr_(err, errlen, "nodes.expert_parallel %d %s is not supported yet",
+    seterr_(err, errlen, "nodes.expert_parallel %d is not supported yet %s",
             P, why);
     return -1;
 }

@@ -456,6 +456,8 @@ static void test_plan_expert_parallel_rank(void **state)
     json_t *r = json_object_get(j, "expert_parallel_rank");
     assert_non_null(r);
     assert_int_equal(json_integer_value(json_object_get(
+                         j, "expert_parallel_rank_experts")), 2);
+    assert_int_equal(json_integer_value(json_object_get(
                          json_object_get(r, "breakdown"), "slot_bytes")),
                      (json_int_t)p.ep_rank->slot_bytes);
     json_decref(j);

@@ -569,13 +569,14 @@ static void test_expert_parallel(void **state)
          "device.backend \"cuda\""},
         {"\"moe\":{\"num_experts\":4}", "", "\"world_size\":2,"
          "\"expert_parallel\":2", ",\"optimizer\":{\"shard\":true}",
-         "optimizer.shard and nodes.world_size equal to it"},
+         "set optimizer.shard to false, or nodes.world_size to a multiple "
+         "of 2 (replicas)"},
         {"\"moe\":{\"num_experts\":4}", ",\"steps\":20,\"batch_size\":6",
          "\"world_size\":6,\"pseudo_world_size\":3,\"expert_parallel\":2",
          ",\"pseudo\":{\"steps\":5}", "nodes.pseudo_world_size"},
         {"\"moe\":{\"num_experts\":4}", ",\"eval_batches\":3",
          "\"world_size\":2,\"expert_parallel\":2", "",
-         "train.eval_batches"},
+         "train.eval_batches (3) must be a multiple of nodes.world_size (2)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
