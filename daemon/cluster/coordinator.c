@@ -526,6 +526,8 @@ int cluster_coord_assign_ranks(cluster_coord *co, int64_t node_id,
     run_gen_newer_(rg, gen);
     a->next = co->assigns;
     co->assigns = a;
+    if (!co->push_closed)
+        uv_async_send(&co->push);  /* sent now, not on a heartbeat */
     pthread_mutex_unlock(&co->amu);
     return 0;
 }
@@ -551,6 +553,47 @@ static void put_ranks_(int64_t node_id, const M6__NodeHeartbeat *hb)
     rankboard_put_node(node_id, e, n);
 }
 
+/* Send assignment a (taken from the queue; freed here) to node p as a
+ * RunAssign response: on the reply to its heartbeat, or pushed as soon as
+ * it is queued (push_cb_; a worker takes a RunAssign whenever it comes). */
+static void send_assign_(peer *p, assign_entry *a)
+{
+    M6__RunAssign ra = M6__RUN_ASSIGN__INIT;
+    ra.run_id = a->run;
+    ra.spec = a->spec;
+    ra.rank = a->rank;
+    ra.local_ranks = a->ranks > 1 ? a->ranks : 0;  /* 0: one, as before */
+    ra.world_size = a->world;
+    ra.generation = a->gen;
+    ra.timeout_ms = a->timeout_ms;
+    M6__Response r = M6__RESPONSE__INIT;
+    r.status = M6__STATUS__STATUS_OK;
+    r.message = (char *)"";
+    r.body_case = M6__RESPONSE__BODY_RUN_ASSIGN;
+    r.run_assign = &ra;
+    coord_send(p, &r, 0);
+    p->arun = a->run;
+    p->arank = a->rank;
+    p->aranks = a->ranks;
+    p->agen = a->gen;
+    free(a->spec);
+    free(a);
+}
+
+/* Assignments queued by a runner thread go out at once to the nodes
+ * connected now (the others' on their next heartbeat, when they are). */
+static void push_cb_(uv_async_t *h)
+{
+    cluster_coord *co = h->data;
+    for (peer *p = co->peers; p; p = p->next) {
+        if (!p->node_id)
+            continue;  /* not a node yet, or replaced */
+        assign_entry *a = take_assign_(co, p->node_id);
+        if (a)
+            send_assign_(p, a);
+    }
+}
+
 static void do_node_frame_(peer *p, const M6__Request *rq)
 {
     cluster_coord *co = p->co;
@@ -566,26 +609,7 @@ static void do_node_frame_(peer *p, const M6__Request *rq)
             coord_reply_status(p, M6__STATUS__STATUS_OK, "", 0);
             return;
         }
-        M6__RunAssign ra = M6__RUN_ASSIGN__INIT;
-        ra.run_id = a->run;
-        ra.spec = a->spec;
-        ra.rank = a->rank;
-        ra.local_ranks = a->ranks > 1 ? a->ranks : 0;  /* 0: one, as before */
-        ra.world_size = a->world;
-        ra.generation = a->gen;
-        ra.timeout_ms = a->timeout_ms;
-        M6__Response r = M6__RESPONSE__INIT;
-        r.status = M6__STATUS__STATUS_OK;
-        r.message = (char *)"";
-        r.body_case = M6__RESPONSE__BODY_RUN_ASSIGN;
-        r.run_assign = &ra;
-        coord_send(p, &r, 0);
-        p->arun = a->run;
-        p->arank = a->rank;
-        p->aranks = a->ranks;
-        p->agen = a->gen;
-        free(a->spec);
-        free(a);
+        send_assign_(p, a);
         return;
     }
     case M6__REQUEST__BODY_NODE_LEAVE:
@@ -1098,8 +1122,9 @@ cluster_coord *cluster_coord_init(const cluster_coord_config *cfg, char *err,
                       ? cfg->timeout_ms : CLUSTER_AUTH_TIMEOUT_MS;
     uv_tcp_init(co->loop, &co->listener);
     uv_timer_init(co->loop, &co->sweep);
-    co->listener.data = co->sweep.data = co;
-    co->handles_open = 2;
+    uv_async_init(co->loop, &co->push, push_cb_);
+    co->listener.data = co->sweep.data = co->push.data = co;
+    co->handles_open = 3;
     int rc = uv_tcp_bind(&co->listener, (struct sockaddr *)&ss, 0);
     if (rc == 0) rc = uv_listen((uv_stream_t *)&co->listener, 128,
                                 on_connection_);
@@ -1131,6 +1156,10 @@ void cluster_coord_fini(cluster_coord *co)
         p->node_id = 0;  /* not lost: the coordinator goes, not the node */
         peer_close_(p, "coordinator stopping");
     }
+    pthread_mutex_lock(&co->amu);
+    co->push_closed = 1;
+    pthread_mutex_unlock(&co->amu);
+    uv_close((uv_handle_t *)&co->push, co_closed_);
     uv_close((uv_handle_t *)&co->sweep, co_closed_);
     uv_close((uv_handle_t *)&co->listener, co_closed_);
 }

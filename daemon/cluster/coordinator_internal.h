@@ -56,6 +56,9 @@ struct cluster_coord {
     assign_entry *assigns;
     run_gen *gens;
     uv_timer_t sweep;   /* heartbeat timeouts */
+    uv_async_t push;    /* a runner thread queued an assignment: send it
+                         * to its node now (push_cb_) */
+    int push_closed;    /* with amu: push is closing, not to be sent */
     uv_loop_t *loop;
     state *st;
     SSL_CTX *tls;       /* the PSK's server side (tls.h) */
@@ -66,7 +69,7 @@ struct cluster_coord {
     peer *peers;
     store_entry *store;
     size_t store_bytes, store_keys;
-    int handles_open;   /* listener, sweep: freed at 0 after fini */
+    int handles_open;   /* listener, sweep, push: freed at 0 after fini */
     /* refusal log lines, one per address and reason per
      * CLUSTER_REFUSAL_LOG_MS for the CLUSTER_REFUSAL_LOG_SLOTS pairs seen
      * last; while every slot is that recent, one line per interval for all

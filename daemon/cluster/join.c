@@ -65,9 +65,6 @@ struct cluster_join {
     int leaving;        /* NodeLeave queued: busy until written */
     uint64_t start, last_rx;
     int heartbeat_ms, coord_timeout_ms;
-    uint64_t eager_since;  /* uv_now when a rank of this node was first
-                            * seen left its group (0: none is) */
-    uint64_t last_hb;      /* uv_now of the last heartbeat sent (0: none) */
     int64_t node_id;
     char last_err[256];
     int cut;            /* this attempt was cut short by its deadline */
@@ -76,13 +73,6 @@ struct cluster_join {
 
 static void attempt_(cluster_join *j);
 static void heartbeat_(uv_timer_t *t);
-
-/* The heartbeat timer ticks every EAGER_MS_ (at most the interval) and
- * sends a heartbeat every interval, or every tick for EAGER_FOR_MS_ after
- * a rank of this node left its group (a regroup takes the coordinator
- * well under that; a longer pause goes back to the interval). */
-#define EAGER_MS_ 200
-#define EAGER_FOR_MS_ 30000
 
 static void retry_cb_(uv_timer_t *t) { attempt_(t->data); }
 
@@ -301,8 +291,7 @@ static void on_reply_(cluster_join *j, const M6__Response *r)
              j->facts->hostname, j->heartbeat_ms, j->coord_timeout_ms,
              jr->reconnect ? 1 : 0);
     j->joined_once = 1;
-    j->last_hb = 0;  /* the first one now: live */
-    uv_timer_start(&j->hb, heartbeat_, 0, 0);
+    uv_timer_start(&j->hb, heartbeat_, 0, 0);  /* the first one now: live */
 }
 
 /* The first frame, once the TLS handshake is done. 0, or -1. */
@@ -496,30 +485,12 @@ static void heartbeat_(uv_timer_t *t)
                  (unsigned long long)(now - j->last_rx), j->coord_timeout_ms);
         return lost_(j, why);
     }
-    /* where this node's ranks stand (rankboard.h), for m6ctl status */
-    static rank_entry e[RANKBOARD_DEVICES_MAX];  /* the loop thread's */
-    int n = rankboard_local(e, RANKBOARD_DEVICES_MAX);
-    /* A rank of this node left its group (rank 0 paused, delinked or
-     * regrouping): its next assignment comes on a heartbeat's reply, so
-     * for a while ask every tick rather than every interval (a delink's
-     * regroup would otherwise wait up to an interval) */
-    int left = 0;
-    for (int i = 0; i < n; i++)
-        left |= e[i].state == RANK_LEFT;
-    j->eager_since = !left ? 0 : j->eager_since ? j->eager_since : now;
-    uint64_t tick = (uint64_t)j->heartbeat_ms < EAGER_MS_
-                        ? (uint64_t)j->heartbeat_ms : EAGER_MS_;
-    int eager = left && now - j->eager_since < EAGER_FOR_MS_;
-    uint64_t every = eager ? tick : (uint64_t)j->heartbeat_ms;
-    if (j->last_hb && now - j->last_hb < every) {
-        /* the next tick, or when the next heartbeat is due if sooner */
-        uint64_t due = every - (now - j->last_hb);
-        uv_timer_start(&j->hb, heartbeat_, due < tick ? due : tick, 0);
-        return;
-    }
     M6__NodeHeartbeat hb = M6__NODE_HEARTBEAT__INIT;
     hb.free_device_memory = cluster_free_device_memory(j->facts);
+    /* where this node's ranks stand (rankboard.h), for m6ctl status */
+    static rank_entry e[RANKBOARD_DEVICES_MAX];  /* the loop thread's */
     M6__RankState rs[RANKBOARD_DEVICES_MAX], *rp[RANKBOARD_DEVICES_MAX];
+    int n = rankboard_local(e, RANKBOARD_DEVICES_MAX);
     for (int i = 0; i < n; i++) {
         m6__rank_state__init(&rs[i]);
         rs[i].run_id = e[i].run;
@@ -534,8 +505,7 @@ static void heartbeat_(uv_timer_t *t)
     hb.ranks = rp;
     M6__Request rq = frame_request(M6__REQUEST__BODY_NODE_HEARTBEAT, &hb.base);
     if (send_(j, &rq, 0) < 0) return lost_(j, "cannot send a heartbeat");
-    j->last_hb = now;
-    uv_timer_start(&j->hb, heartbeat_, tick, 0);
+    uv_timer_start(&j->hb, heartbeat_, (uint64_t)j->heartbeat_ms, 0);
 }
 
 /* ------------------------------------------------------------------ public */
