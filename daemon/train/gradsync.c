@@ -302,7 +302,7 @@ static int reduce_buckets_(trainer *t, float *loss, int wait, m6_err *err)
          * buckets went before): the backend may start on it. Expert
          * replicas: its experts are not (trainer_ep_reduce_experts_
          * reports every slot after their sums) */
-        if (t->be.iface->grad_summed && !trainer_ep_replicas_(t))
+        if (t->be.iface->grad_summed && !trainer_ep_replica_group_(t))
             for (int r = dp_region_of_(t, start + len - 1);
                  r >= 2 && dp_region_start_(t, r) >= start; r--)
                 t->be.iface->grad_summed(t->be.ctx, r - 2);

@@ -606,11 +606,6 @@ int trainer_ep_reduce_experts_(trainer *t, m6_err *err)
     return rc;
 }
 
-int trainer_ep_replicas_(const trainer *t)
-{
-    return t->ep && t->ep->edp;
-}
-
 m6_coll *trainer_ep_replica_group_(const trainer *t)
 {
     return t->ep ? t->ep->edp : NULL;

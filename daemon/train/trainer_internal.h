@@ -241,12 +241,9 @@ int trainer_ep_check_(trainer *t, m6_err *err);
  * summed over the D ranks holding the same experts, after the step's
  * all-reduce and before the norm, each slot then reported to the backend
  * as summed (backend.h grad_summed; the all-reduce does not report them
- * with replicas: trainer_ep_replicas_). Nothing without replicas. 0, or
- * -1 with err. */
+ * with replicas: trainer_ep_replica_group_). Nothing without replicas.
+ * 0, or -1 with err. */
 int trainer_ep_reduce_experts_(trainer *t, m6_err *err);
-/* 1 when the trainer runs expert parallelism with replicas (its experts'
- * gradients are summed after the all-reduce), else 0. */
-int trainer_ep_replicas_(const trainer *t);
 /* The group of the D ranks holding this rank's experts (world = D x P,
  * D > 1), or NULL: none. */
 m6_coll *trainer_ep_replica_group_(const trainer *t);
