@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lifecycle.sh — submit -> pause -> delink (by command) -> resume -> stop on a
 # real m6d; the queue (one run at a time, submit order); phases/events rows;
-# a concurrent sqlite3 reader that must never see "database is locked".
+# a concurrent sqlite3 reader, opened as OPERATIONS.md tells dashboards to
+# (read-only, with a busy timeout), that must never fail.
 # LIFECYCLE_STEPS (default 400; the pseudo phase half of it) is smaller
 # for the run under valgrind (M6D_VALGRIND=1, lib.sh).
 . "$(dirname "$0")/lib.sh"
@@ -13,9 +14,12 @@ write_spec "$T/a.json" life-a "$N" "$H"
 write_spec "$T/b.json" life-b "$N" "$H"
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"  # lib.sh hold_boundary
 
-# A dashboard polling the DB all along, as the run writes.
+# A dashboard polling the DB all along, as the run writes. A WAL reader
+# without a busy timeout may see SQLITE_BUSY when it races the writer's
+# update of the WAL index (wal.c rereads a torn header under the write
+# lock), so the reader is the documented one, and it must never fail.
 ( while [ ! -f "$T/stop-reader" ]; do
-      sqlite3 "$T/s/m6.db" 'select count(*) from metrics; select count(*) from events;' \
+      sqlite3 -readonly -cmd '.timeout 1000' "$T/s/m6.db" 'select count(*) from metrics; select count(*) from events;' \
           >/dev/null 2>>"$T/reader.err" || echo "rc=$? at $(date +%H:%M:%S.%N)" >>"$T/reader.err"
       nap 0.01
   done ) &
