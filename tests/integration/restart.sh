@@ -151,10 +151,10 @@ kill9_daemon
 release_boundary
 K=$(db "$T/op" "select step from runs where id=$R")
 [ "$K" -lt $N ] || fail "run finished before kill -9 (op)"
-sqlite3 -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R order by step" >"$T/op-before.csv"
+sqlite3 -readonly -cmd '.timeout 5000' -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R order by step" >"$T/op-before.csv"
 start_daemon "$T/op"
 ctl watch "$R" >/dev/null || fail "op run did not complete"
-sqlite3 -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R and step<=$K order by step" >"$T/op-after.csv"
+sqlite3 -readonly -cmd '.timeout 5000' -csv "$T/op/m6.db" "select step, phase, printf('%.9g', train_loss) from metrics where run=$R and step<=$K order by step" >"$T/op-after.csv"
 diff "$T/op-before.csv" "$T/op-after.csv" >"$T/diff" || fail "operator-delink replay differs: $(head "$T/diff")"
 [ "$(db "$T/op" "select from_step from phases where run=$R and phase='real'")" = "$P" ] || fail "op phases"
 db "$T/op" "select detail from events where run=$R and kind='delink'" | has "step=$P reason=replay" \
