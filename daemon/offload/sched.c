@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "offload/intervals.h"
 
@@ -163,6 +164,10 @@ static void queue_adam_(offload_ctx *o, int s, const offload_adam *a)
     pthread_cond_signal(&o->cv_work);
 }
 
+static _Atomic unsigned slow_drains_; /* offload_test_slow_drains */
+
+void offload_test_slow_drains(unsigned usec) { slow_drains_ = usec; }
+
 static void do_drain_(offload_ctx *o)
 {
     int b = o->drainq[o->dq_head];
@@ -192,6 +197,10 @@ static void do_drain_(offload_ctx *o)
     void (*ready)(void *, int) = B->final ? o->ready : NULL;
     void *ready_ctx = o->ready_ctx;
     pthread_mutex_unlock(&o->mu);
+    unsigned slow = slow_drains_;
+    if (slow)
+        nanosleep(&(struct timespec){slow / 1000000, slow % 1000000 * 1000L},
+                  NULL);
     double t0 = clock_mono_s();
     size_t W = gpt_slot_floats(o->g, B->slot) * sizeof(float);
     memcpy(dst, B->dw, W);

@@ -23,4 +23,11 @@ void offload_test_hold_updates(offload_ctx *o, int hold);
  * re-scaling a job still queued. 0: as the daemon runs. Process-wide. */
 void offload_test_spec_wait(int wait);
 
+/* Tests: every gradient drain (device -> host) waits usec microseconds
+ * before its copy, as a loaded host's copy thread may, so that a reader
+ * that does not wait for the drains (offload_wait_grads) reads a gradient
+ * half landed every time rather than now and then. 0: as the daemon runs.
+ * Process-wide. */
+void offload_test_slow_drains(unsigned usec);
+
 #endif /* M6_OFFLOAD_TEST_HOOKS_H */

@@ -461,11 +461,11 @@ int gradsync_eval_(trainer *t, float *loss, m6_err *err)
     return 0;
 }
 
-/* Tell the backend how the gradient is summed (world > 1): after
- * microbatch accum_rank-1, with per-slot reports when overlapping. */
-static void dp_backend_(trainer *t)
+void gradsync_backend_(trainer *t)
 {
     const backend_iface *be = t->be.iface;
+    if (be->dp_device)
+        be->dp_device(t->be.ctx, t->world > 1 && t->gcoll);
     if (!be->data_parallel)
         return;
     if (t->world > 1)
@@ -641,15 +641,12 @@ int trainer_set_collectives(trainer *t, m6_coll *c, m6_err *err)
         return -1;
     if (W <= 1) /* alone: the expert groups go too */
         trainer_ep_groups_free_(t);
-    be = t->be.iface;  /* a new backend under expert parallelism */
-    if (be->dp_device)
-        be->dp_device(t->be.ctx, W > 1 && t->gcoll);
     t->coll = c;
     t->world = W;
     t->rank = c ? m6_coll_rank(c) : 0;
     t->B_rank = B_r;
     t->accum_rank = A_r;
-    dp_backend_(t);
+    gradsync_backend_(t);  /* a new backend under expert parallelism */
     return gradsync_shard_(t, err);
 }
 
@@ -663,7 +660,7 @@ void trainer_set_dp_overlap(trainer *t, int on)
 {
     /* expert parallelism: the backward's all-to-alls use the group */
     t->dp_overlap = on != 0 && !t->ep;
-    dp_backend_(t);
+    gradsync_backend_(t);
 }
 
 void trainer_dp_overlap_counts(const trainer *t, long *reported, long *early,

@@ -346,6 +346,7 @@ static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
     t->be.iface->free(t->be.ctx);
     t->be = nb;
     t->be.iface->set_moe_ext(t->be.ctx, &e->ext);
+    gradsync_backend_(t);
     e->whole = 0;
     return 0;
 }
@@ -512,6 +513,7 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
     t->be.iface->free(t->be.ctx);
     t->be = nb;
     t->bmodel = t->spec.model;
+    gradsync_backend_(t);
     e->whole = 1;
     return 0;
 }

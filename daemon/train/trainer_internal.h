@@ -199,6 +199,14 @@ int gradsync_eval_(trainer *t, float *loss, m6_err *err);
  * range of the weights to every rank. 0, or -1 with err. */
 int gradsync_shard_(trainer *t, m6_err *err);
 int gradsync_unshard_(trainer *t, m6_err *err);
+
+/* Tell t's backend how the step's gradient is summed over t->coll
+ * (backend.h dp_device and data_parallel: the rank's microbatches, the
+ * last one's gradient final in host memory on return). Every backend the
+ * trainer adopts hears it, a replacement included (trainer_ep.c's
+ * re-lays): one that has not waits for no drain at the last microbatch,
+ * and the all-reduce reads an offloaded slot's gradient half landed. */
+void gradsync_backend_(trainer *t);
 int gradsync_allgather_params_(trainer *t, m6_err *err);
 
 /* The MoE router sums of all ranks' microbatches: *st this rank's on
