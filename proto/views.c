@@ -65,7 +65,7 @@ static const view_field rank_fields_[] = {
     {"local_rank", "LOCAL", 0, 6, VIEW_INT, VF_PLAIN, 0, k_local_},
     {"node_id", "NODE", 0, 5, VIEW_INT, VF_PLAIN, 0, k_node_},
     {"hostname", "HOSTNAME", 0, -16, VIEW_STR, VF_PLAIN, 0, k_host_},
-    {"step", "STEP", 0, 7, VIEW_INT, VF_PLAIN, 0, k_step_},
+    {"step", "STEP", 0, 7, VIEW_INT, VF_PLAIN, VIEW_NEG_NULL, k_step_},
     {"state", "STATE", 0, -9, VIEW_STR, VF_PLAIN, 0, k_state_},
     {"reason", "REASON", 0, 0, VIEW_STR, VF_PLAIN, 0, k_reason_},
 };

@@ -305,36 +305,56 @@ static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
     return -1;
 }
 
+/* Whether the board's n entries e hold rank r of their run. */
+static int on_board_(const rank_entry *e, int n, int r)
+{
+    for (int i = 0; i < n; i++)
+        if (e[i].rank == r) return 1;
+    return 0;
+}
+
 /* RunInfo.ranks: where each rank of a run of several stands. Rank 0 is
  * the coordinator's runner (the run row's step and state, "training"
  * while it runs); the others are the board's (rankboard.h: this m6d's
  * rank threads, each worker's latest heartbeat), a rank whose node is no
- * longer live "lost" with the node's detail. None (0) when no rank past 0
- * was heard of: a run of one rank, or one whose ranks never started. 0,
- * or -1 out of memory. */
+ * longer live "lost" with the node's detail. The ranks whose loss paused
+ * the run (the row's lost_*) are there whether or not a heartbeat ever
+ * carried them (a node killed before its first one): "lost" (or
+ * "failed", its node live), step -1 (never heard from). None (0) when no rank past 0 was heard of or lost:
+ * a run of one rank, or one whose ranks never started. 0, or -1 out of
+ * memory. */
 static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
 {
     rank_entry *e = malloc(RANKBOARD_MAX * sizeof *e);
     if (!e) return -1;
     int n = rankboard_run(row->id, e, RANKBOARD_MAX);
-    if (n == 0) {
+    const run_lost *lo = &row->lost;
+    int unheard = 0;  /* lost ranks the board lacks: after its entries */
+    for (int i = 0; lo->node_id > 0 && i < lo->ranks; i++)
+        if (lo->rank + i > 0 && !on_board_(e, n, lo->rank + i)) unheard++;
+    if (n == 0 && unheard == 0) {
         free(e);
         return 0;
     }
     node_row *nodes = NULL;
     int nn = 0;
     if (state_nodes_list(c->h->st, &nodes, &nn) != 0) nn = 0;
-    M6__RankState **v = arena_alloc_(c->a, (size_t)(n + 1) * sizeof *v);
+    M6__RankState **v = arena_alloc_(c->a, (size_t)(n + unheard + 1) * sizeof *v);
     if (!v) goto oom;
     int k = 0;
-    for (int i = -1; i < n; i++) {
-        if (i >= 0 && e[i].rank == 0) continue;  /* rank 0 is the runner */
+    for (int i = -1; i < n + lo->ranks; i++) {
+        int lost_i = i - n;  /* >= 0: the lost_i-th lost rank */
+        if (i >= 0 && i < n && e[i].rank == 0) continue;  /* the runner */
+        if (lost_i >= 0 && (lo->node_id <= 0 || lo->rank + lost_i <= 0 ||
+                            on_board_(e, n, lo->rank + lost_i)))
+            continue;
         M6__RankState *r = arena_alloc_(c->a, sizeof *r);
         if (!r) goto oom;
         m6__rank_state__init(r);
         r->run_id = row->id;
         const node_row *nd = NULL;
-        int64_t node = i < 0 ? 0 : e[i].node_id;  /* 0: this m6d */
+        int64_t node = i < 0 ? 0 : lost_i >= 0 ? lo->node_id
+                                               : e[i].node_id; /* 0: here */
         for (int j = 0; j < nn && !nd; j++)
             if (node ? nodes[j].id == node : nodes[j].coordinator)
                 nd = &nodes[j];
@@ -343,6 +363,14 @@ static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
             r->step = row->step;
             state = row->state == RUN_RUNNING ? "training"
                                               : run_state_name(row->state);
+        } else if (lost_i >= 0) {
+            r->rank = lo->rank + lost_i;
+            r->local_rank = lo->local_rank + lost_i;
+            r->step = -1;
+            /* its node gone, or (ranks 1) a rank that failed on a live one */
+            int live = nd && nd->state == NODE_LIVE;
+            state = live ? "failed" : "lost";
+            reason = nd && !live ? nd->detail : "";
         } else {
             r->rank = e[i].rank;
             r->local_rank = e[i].local_rank;
