@@ -212,6 +212,34 @@ static void r_error_(const void *row, view_val *v) { v->s = unset_null_(R_->erro
 static void r_pending_(const void *row, view_val *v) { v->s = unset_null_(R_->pending); }
 static void r_backend_(const void *row, view_val *v) { v->s = unset_null_(R_->backend); }
 static void r_policy_(const void *row, view_val *v) { v->s = unset_null_(R_->delink_policy); }
+/* the layout: unknown (0) from an m6d without it */
+static void r_world_(const void *row, view_val *v)
+{
+    v->i = R_->world_size;
+    v->null = R_->world_size <= 0;
+}
+static void r_ep_(const void *row, view_val *v)
+{
+    v->i = R_->expert_parallel;
+    v->null = R_->expert_parallel <= 0;
+}
+/* "4 ranks: 2 data-parallel replicas x 2 expert-parallel" (each MoE
+ * layer's experts split over 2 ranks), "2 ranks, data parallel"; none
+ * for one rank */
+static void r_layout_text_(const void *row, view_val *v)
+{
+    const M6__RunInfo *r = R_;
+    int W = r->world_size, P = r->expert_parallel > 0 ? r->expert_parallel : 1;
+    v->null = W <= 1;
+    if (v->null) return;
+    if (P > 1)
+        snprintf(v->buf, sizeof v->buf, "%d ranks: %d data-parallel "
+                 "replica%s x %d expert-parallel", W, W / P,
+                 W / P == 1 ? "" : "s", P);
+    else
+        snprintf(v->buf, sizeof v->buf, "%d ranks, data parallel", W);
+    v->s = v->buf;
+}
 static void r_res_(const void *row, view_val *v) { v->i = R_->resident_slots; }
 static void r_off_(const void *row, view_val *v) { v->i = R_->offloaded_slots; }
 static void r_inuse_(const void *row, view_val *v) { v->i = R_->device_bytes_in_use; }
@@ -321,6 +349,9 @@ static const view_field run_fields_[] = {
     {0, 0, "checkpoint", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_ckpt_text_},
     {0, 0, "offload", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_offload_text_},
     {"backend", 0, "backend", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_backend_},
+    {"world_size", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_world_},
+    {"expert_parallel", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_ep_},
+    {0, 0, "layout", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_layout_text_},
     {"created", 0, "created", 0, VIEW_F64, VF_UTC, 0, r_created_},
     {"updated", 0, "updated", 0, VIEW_F64, VF_UTC, 0, r_updated_},
     {"error", 0, "error", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_error_},

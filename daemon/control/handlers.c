@@ -227,6 +227,11 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->backend = arena_strdup_(c->a, row->backend);
         ri->delink_policy = arena_strdup_(c->a, row->delink_policy);
         if (!ri->backend || !ri->delink_policy) return NULL;
+    }
+    ri->world_size = row->world_size;
+    ri->expert_parallel = row->expert_parallel;
+    if (row->have_summary && row->world_size > 0) {
+        /* every column stored */
     } else if (spec_json) {
         /* a run submitted before m6.db had them: from its spec */
         run_spec spec;
@@ -236,6 +241,8 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
             ri->device_budget_bytes = (int64_t)spec.device.memory_budget;
             ri->backend = (char *)spec_backend_name(spec.device.backend);
             ri->delink_policy = (char *)spec_delink_policy_name(spec.delink.policy);
+            ri->world_size = spec.nodes.world_size;
+            ri->expert_parallel = spec.nodes.expert_parallel;
         }
     }
     /* a delink to come: only for a live run still in the pseudo phase */
@@ -539,7 +546,7 @@ static void do_list_(call *c, const M6__Request *rq)
         /* the spec's fields from the row's columns; only a row from
          * before them needs its spec */
         run_row full;
-        int have = !rows[i].have_summary &&
+        int have = (!rows[i].have_summary || rows[i].world_size <= 0) &&
                    state_run_get(c->h->st, rows[i].id, &full) == 0;
         v[i] = run_info_(c, &rows[i], have ? full.spec : NULL);
         if (have) run_row_clear(&full);

@@ -25,17 +25,24 @@ int64_t queue_next(state *st, int *paused)
     return 0;
 }
 
+run_summary queue_summary(const run_spec *spec)
+{
+    return (run_summary){
+        .pseudo_steps = spec->pseudo.steps,
+        .device_budget = (int64_t)spec->device.memory_budget,
+        .backend = spec_backend_name(spec->device.backend),
+        .delink_policy = spec_delink_policy_name(spec->delink.policy),
+        .world_size = spec->nodes.world_size,
+        .expert_parallel = spec->nodes.expert_parallel,
+    };
+}
+
 int64_t queue_add(state *st, const run_spec *spec, const char *json,
                   char *name, size_t namelen)
 {
     char *canon = spec_to_json(spec);
     int phase = spec->pseudo.steps > 0 ? 0 : 1;
-    run_summary sum = {
-        .pseudo_steps = spec->pseudo.steps,
-        .device_budget = (int64_t)spec->device.memory_budget,
-        .backend = spec_backend_name(spec->device.backend),
-        .delink_policy = spec_delink_policy_name(spec->delink.policy),
-    };
+    run_summary sum = queue_summary(spec);
     int64_t rid = state_run_insert(st, spec->name, canon ? canon : json,
                                    spec->train.steps, phase, &sum);
     free(canon);

@@ -19,6 +19,10 @@
  * the oldest queued. 0 if none (or the DB could not say). */
 int64_t queue_next(state *st, int *paused);
 
+/* The runs table's summary of spec (run_summary: what list and status
+ * show without parsing the spec), its strings static. */
+run_summary queue_summary(const run_spec *spec);
+
 /* Append a checked spec to the queue: stored as canonical JSON
  * (spec_to_json; json as given if that fails), phase pseudo when
  * spec->pseudo.steps > 0, else real; event "submit". The run's id, and

@@ -739,7 +739,8 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
              "nodes.expert_parallel %d -> %d: from the newest checkpoint",
              W0, world, P0, s.nodes.expert_parallel);
     pthread_mutex_lock(&c->cmd_mu);
-    int wrc = state_run_set_spec(c->st, id, json, "layout", detail);
+    run_summary sum = queue_summary(&s);
+    int wrc = state_run_set_spec(c->st, id, json, &sum, "layout", detail);
     free(json);
     if (wrc == 0) {
         pthread_mutex_lock(&c->mu);

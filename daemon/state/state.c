@@ -704,13 +704,16 @@ static int run_insert_body_(state *st, void *arg)
     if (SQL_WRITE_LOCKED(st,
             "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
             "created, updated, pseudo_steps, device_budget, backend, "
-            "delink_policy) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+            "delink_policy, world_size, expert_parallel) VALUES (?, ?, "
+            "'queued', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             A_TEXT(a->name ? a->name : ""), A_TEXT(a->spec),
             A_TEXT(phase_name(a->phase)), A_INT(a->total_steps), A_REAL(t),
             A_REAL(t), u ? A_INT(u->pseudo_steps) : A_NULL,
             u ? A_INT(u->device_budget) : A_NULL,
             A_TEXT(u ? u->backend : NULL),
-            A_TEXT(u ? u->delink_policy : NULL)) < 0)
+            A_TEXT(u ? u->delink_policy : NULL),
+            u ? A_INT(u->world_size) : A_NULL,
+            u ? A_INT(u->expert_parallel) : A_NULL) < 0)
         return -1;
     a->id = sqlite3_last_insert_rowid(st->db);
     if (!a->name || !*a->name) {
@@ -766,8 +769,13 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
         r->lost.local_rank = sqlite3_column_int(s, 16);
         r->lost.ranks = sqlite3_column_int(s, 17);
     }
+    if (sqlite3_column_type(s, 18) != SQLITE_NULL &&
+        sqlite3_column_type(s, 19) != SQLITE_NULL) {
+        r->world_size = sqlite3_column_int(s, 18);
+        r->expert_parallel = sqlite3_column_int(s, 19);
+    }
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 18);
+        const unsigned char *sp = sqlite3_column_text(s, 20);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
@@ -775,7 +783,7 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
                  "updated, error, delink_step, pseudo_steps, device_budget, " \
                  "backend, delink_policy, lost_node, lost_rank, " \
-                 "lost_local_rank, lost_ranks"
+                 "lost_local_rank, lost_ranks, world_size, expert_parallel"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
@@ -873,16 +881,25 @@ int state_run_ids(state *st, run_state rs, int64_t **ids, int *n)
 
 typedef struct {
     int64_t id;
-    const char *spec, *kind, *detail;
+    const char *spec;
+    const run_summary *sum;
+    const char *kind, *detail;
     int changed;
 } run_spec_set_;
 
 static int run_spec_set_body_(state *st, void *arg)
 {
     run_spec_set_ *a = arg;
+    const run_summary *u = a->sum;
     double t = state_now_();
-    int n = SQL_WRITE_LOCKED(st, "UPDATE runs SET spec = ?, updated = ? "
-                             "WHERE id = ?", A_TEXT(a->spec), A_REAL(t),
+    int n = SQL_WRITE_LOCKED(st, "UPDATE runs SET spec = ?, updated = ?, "
+                             "pseudo_steps = ?, device_budget = ?, "
+                             "backend = ?, delink_policy = ?, world_size = ?, "
+                             "expert_parallel = ? WHERE id = ?",
+                             A_TEXT(a->spec), A_REAL(t),
+                             A_INT(u->pseudo_steps), A_INT(u->device_budget),
+                             A_TEXT(u->backend), A_TEXT(u->delink_policy),
+                             A_INT(u->world_size), A_INT(u->expert_parallel),
                              A_INT(a->id));
     if (n < 0)
         return -1;
@@ -896,9 +913,10 @@ static int run_spec_set_body_(state *st, void *arg)
 }
 
 int state_run_set_spec(state *st, int64_t id, const char *spec,
-                       const char *kind, const char *detail)
+                       const run_summary *sum, const char *kind,
+                       const char *detail)
 {
-    run_spec_set_ a = {id, spec, kind, detail, 0};
+    run_spec_set_ a = {id, spec, sum, kind, detail, 0};
     if (waited_(st, run_spec_set_body_, &a) < 0)
         return -1;
     return a.changed ? 0 : 1;

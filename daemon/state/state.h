@@ -71,6 +71,11 @@ typedef struct {
     int64_t device_budget;    /* device.memory_budget, bytes; 0 none */
     char backend[8];          /* device.backend: "cpu", "cuda" */
     char delink_policy[16];   /* delink.policy: "step", "plateau" */
+    /* The layout (schema 0015): nodes.world_size and
+     * nodes.expert_parallel, as submitted or as the latest resume at
+     * another layout set them; 0 both: a row from before it (read them
+     * from the spec). */
+    int world_size, expert_parallel;
     run_lost lost;            /* lost.node_id 0: none (NULL columns);
                                * hostname and why empty (not stored) */
 } run_row;
@@ -80,6 +85,7 @@ typedef struct {
 typedef struct {
     int64_t pseudo_steps, device_budget;
     const char *backend, *delink_policy;
+    int world_size, expert_parallel;
 } run_summary;
 
 typedef struct {
@@ -154,10 +160,12 @@ int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
  * the columns cleared). Held (see the top): 0 written or held, -1 another
  * error. */
 int state_run_set_lost(state *st, int64_t id, const run_lost *l);
-/* Replace run id's spec (canonical JSON) and record the event kind with
- * detail, in one transaction. 0, 1 no such run, -1 error. */
+/* Replace run id's spec (canonical JSON) and its summary columns (sum,
+ * that spec's) and record the event kind with detail, in one transaction.
+ * 0, 1 no such run, -1 error. */
 int state_run_set_spec(state *st, int64_t id, const char *spec,
-                       const char *kind, const char *detail);
+                       const run_summary *sum, const char *kind,
+                       const char *detail);
 /* The same as a held record (never waits for another writer's lock; 0
  * written or held, -1 another error): for the run's own pause for an error,
  * recorded as soon as m6.db can take it, in order with the step records. */

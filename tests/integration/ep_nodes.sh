@@ -46,6 +46,16 @@ MIN=$("$M6CTL" plan "$T/four.json" --json | jq .min_budget_bytes) || fail "plan 
 jq --argjson b "$MIN" '.device.memory_budget = $b' "$T/four.json" >"$T/four.tmp" &&
     mv "$T/four.tmp" "$T/four.json" || fail "four.json with a budget"
 
+# layout_is RUN W P TEXT: status --json's world_size and expert_parallel
+# (list --json's the same), and the text's layout line ("" none: one rank)
+layout_is() {
+    local got
+    got="$(ctl status "$1" --json | jqr '"\(.world_size) \(.expert_parallel)"') $(ctl list --json | jqr ".[] | select(.id == $1) | \"\(.world_size) \(.expert_parallel)\"")"
+    [ "$got" = "$2 $3 $2 $3" ] || fail "run $1's layout in status and list: $got, want $2 $3 (twice)"
+    got=$(ctl status "$1" | sed -n 's/^layout: *//p')
+    [ "$got" = "$4" ] || fail "run $1's status layout line: '$got', want '$4'"
+}
+
 # ---- the one-rank reference (same global batch)
 reference_losses "$T/solo" "$T/one.json" "$T/one.csv" "the one-rank run"
 
@@ -135,6 +145,7 @@ for s in ep dense; do
     watch_done "$RUN" "the $s run resumed at world size 1"
     ctl events "$RUN" | has -E "layout +nodes.world_size 2 -> 1, nodes.expert_parallel ([12]) -> 1" \
         || fail "no layout event: $(ctl events "$RUN")"
+    layout_is "$RUN" 1 1 ""
     grep -q "run.recover run=$RUN step=5" "$T/m6d-c.log" \
         || fail "run $RUN did not continue from its checkpoint of step 5: $(grep run.recover "$T/m6d-c.log")"
     losses "$RUN" >"$T/$s-at1.csv"
@@ -202,6 +213,7 @@ out=$(ctl resume "$RUN" --world-size 4) || fail "resume of run $RUN at world siz
 watch_done "$RUN" "the run resumed at world size 4"
 ctl events "$RUN" | has -E "layout +nodes.world_size 2 -> 4, nodes.expert_parallel 2 -> 2" \
     || fail "no layout event: $(ctl events "$RUN")"
+layout_is "$RUN" 4 2 "4 ranks: 2 data-parallel replicas x 2 expert-parallel"
 log_has "$T/m6d-c.log" "cluster.expert_groups run=$RUN rank=0 " >/dev/null \
     || fail "run $RUN made no expert groups at world size 4"
 losses "$RUN" >"$T/g.csv"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_columns.sh — the spec fields `m6ctl list` and `status` show
-# (pseudo_steps, device_budget_bytes, backend, delink_policy) are stored as
-# columns of runs at submit (schema 0009) and read from there; a row
+# (pseudo_steps, device_budget_bytes, backend, delink_policy; world_size
+# and expert_parallel) are stored as columns of runs at submit (schemas
+# 0009, 0015) and read from there; a row
 # without them (a run submitted before the migration: columns NULL) shows
 # the same figures, read from its spec.
 . "$(dirname "$0")/lib.sh"
@@ -13,22 +14,23 @@ R=$(ctl submit "$T/spec.json") || fail "submit"
 wait_state "$R" completed 120
 stop_daemon
 
-cols=$(db "$T/s" "select pseudo_steps, device_budget, backend, delink_policy from runs where id=$R")
-[ "$cols" = "3|536870912|cpu|step" ] || fail "runs columns at submit: '$cols', want 3|536870912|cpu|step"
+cols=$(db "$T/s" "select pseudo_steps, device_budget, backend, delink_policy, world_size, expert_parallel from runs where id=$R")
+[ "$cols" = "3|536870912|cpu|step|1|1" ] || fail "runs columns at submit: '$cols', want 3|536870912|cpu|step|1|1"
 
-# status and list, as JSON, of the four fields
+# status and list, as JSON, of the six fields
 show() {
-    ctl status "$R" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["pseudo_steps"], r["device_budget_bytes"], r["backend"], r.get("delink_policy"))'
-    ctl list --json | python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["id"]=='"$R"'][0]; print(r["pseudo_steps"], r["device_budget_bytes"], r["backend"], r.get("delink_policy"))'
+    local f='"\(.pseudo_steps) \(.device_budget_bytes) \(.backend) \(.delink_policy) \(.world_size) \(.expert_parallel)"'
+    ctl status "$R" --json | jq -r "$f"
+    ctl list --json | jq -r ".[] | select(.id == $R) | $f"
 }
 start_daemon "$T/s"
 show >"$T/with.txt" || fail "status/list with the columns"
 stop_daemon
-want="3 536870912 cpu step"
+want="3 536870912 cpu step 1 1"
 [ "$(sort -u "$T/with.txt")" = "$want" ] || fail "status/list from the columns: $(cat "$T/with.txt"), want $want"
 
 # a row from before the columns: the same figures, from its spec
-sqlite3 "$T/s/m6.db" "update runs set pseudo_steps = NULL, device_budget = NULL, backend = NULL, delink_policy = NULL where id = $R" \
+sqlite3 "$T/s/m6.db" "update runs set pseudo_steps = NULL, device_budget = NULL, backend = NULL, delink_policy = NULL, world_size = NULL, expert_parallel = NULL where id = $R" \
     || fail "clearing the columns"
 start_daemon "$T/s"
 show >"$T/without.txt" || fail "status/list without the columns"
