@@ -614,6 +614,13 @@ void offload_sync(offload_ctx *o);
 /* The current plan (valid until the model is re-slotted). */
 const offload_plan *offload_current_plan(const offload_ctx *o);
 void offload_get_stats(offload_ctx *o, offload_stats *st);
+/* A runtime that took over from an earlier one (a model re-laid, the
+ * earlier runtime freed): st's since-creation counts (bytes and seconds
+ * of copies, stalls, host updates; speculated, redone and restored
+ * steps; streamed skips) += earlier's, and the rates and the hidden
+ * fraction taken again from the sums. The plan's figures and the pools'
+ * stay st's own. */
+void offload_stats_carry(offload_stats *st, const offload_stats *earlier);
 void offload_free(offload_ctx *o);
 
 #endif /* M6_OFFLOAD_H */

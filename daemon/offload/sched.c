@@ -1037,6 +1037,19 @@ void offload_test_hold_updates(offload_ctx *o, int hold)
     pthread_mutex_unlock(&o->mu);
 }
 
+/* st's rates and hidden fraction, from its bytes and seconds. */
+static void rates_(offload_stats *st)
+{
+    st->h2d_gbps = st->h2d_s > 0 ? st->h2d_bytes / st->h2d_s / 1e9 : 0;
+    st->d2h_gbps = st->d2h_s > 0 ? st->d2h_bytes / st->d2h_s / 1e9 : 0;
+    double copy = st->h2d_s + st->d2h_s;
+    st->hidden_fraction = 1.0;
+    if (copy > 0) {
+        double h = 1.0 - st->stall_s / copy;
+        st->hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
+    }
+}
+
 void offload_get_stats(offload_ctx *o, offload_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -1068,12 +1081,20 @@ void offload_get_stats(offload_ctx *o, offload_stats *st)
     st->redo_steps = o->redo_steps;
     st->spec_restores = o->spec_restores;
     pthread_mutex_unlock(&o->mu);
-    st->h2d_gbps = st->h2d_s > 0 ? st->h2d_bytes / st->h2d_s / 1e9 : 0;
-    st->d2h_gbps = st->d2h_s > 0 ? st->d2h_bytes / st->d2h_s / 1e9 : 0;
-    double copy = st->h2d_s + st->d2h_s;
-    st->hidden_fraction = 1.0;
-    if (copy > 0) {
-        double h = 1.0 - st->stall_s / copy;
-        st->hidden_fraction = h < 0 ? 0 : h > 1 ? 1 : h;
-    }
+    rates_(st);
+}
+
+void offload_stats_carry(offload_stats *st, const offload_stats *earlier)
+{
+    st->h2d_bytes += earlier->h2d_bytes;
+    st->d2h_bytes += earlier->d2h_bytes;
+    st->h2d_s += earlier->h2d_s;
+    st->d2h_s += earlier->d2h_s;
+    st->stall_s += earlier->stall_s;
+    st->adam_s += earlier->adam_s;
+    st->spec_steps += earlier->spec_steps;
+    st->redo_steps += earlier->redo_steps;
+    st->spec_restores += earlier->spec_restores;
+    st->stream_skips += earlier->stream_skips;
+    rates_(st);
 }

@@ -343,6 +343,7 @@ static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
                    "model's state to this rank's experts");
         return -1;
     }
+    trainer_keep_offload_counts_(t);
     t->be.iface->free(t->be.ctx);
     t->be = nb;
     t->be.iface->set_moe_ext(t->be.ctx, &e->ext);
@@ -510,6 +511,7 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
     nb.iface->state_end(nb.ctx, 1);
     nb.iface->set_adam_steps(nb.ctx, steps);
     free(steps);
+    trainer_keep_offload_counts_(t);
     t->be.iface->free(t->be.ctx);
     t->be = nb;
     t->bmodel = t->spec.model;

@@ -34,6 +34,12 @@ struct trainer {
     m6_coll *ep_given[2];  /* trainer_adopt_expert_groups: the expert-
                             * parallel group and the experts' replicas
                             * (owned); NULL: none given */
+    offload_stats off_before; /* the since-creation offload counts of the
+                               * backends be replaced (trainer_ep.c's
+                               * re-lays), added to be's own by
+                               * trainer_offload_stats; off_replaced 0:
+                               * none */
+    int off_replaced;
     unsigned char *dp_kind;  /* [S] each slot's kind (gradsync_layout_) */
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
@@ -199,6 +205,11 @@ int gradsync_eval_(trainer *t, float *loss, m6_err *err);
  * range of the weights to every rank. 0, or -1 with err. */
 int gradsync_shard_(trainer *t, m6_err *err);
 int gradsync_unshard_(trainer *t, m6_err *err);
+
+/* Before t's backend is freed for another (trainer_ep.c): its offload
+ * counts kept in t->off_before, so that the run's since-start figures
+ * (trainer_offload_stats) go on from them. */
+void trainer_keep_offload_counts_(trainer *t);
 
 /* Tell t's backend how the step's gradient is summed over t->coll
  * (backend.h dp_device and data_parallel: the rank's microbatches, the
