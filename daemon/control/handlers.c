@@ -141,6 +141,13 @@ static M6__Phase phase_to_pb_(int phase)
     return phase ? M6__PHASE__PHASE_REAL : M6__PHASE__PHASE_PSEUDO;
 }
 
+/* Whether row lacks a summary column (schemas 0009, 0015: a run
+ * submitted before them), so that run_info_ reads its spec instead. */
+static int summary_from_spec_(const run_row *row)
+{
+    return !row->have_summary || row->world_size <= 0;
+}
+
 /* Fill a RunInfo from the DB row (+ latest metrics, phases, checkpoints). */
 static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json)
 {
@@ -230,10 +237,8 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     }
     ri->world_size = row->world_size;
     ri->expert_parallel = row->expert_parallel;
-    if (row->have_summary && row->world_size > 0) {
-        /* every column stored */
-    } else if (spec_json) {
-        /* a run submitted before m6.db had them: from its spec */
+    if (summary_from_spec_(row) && spec_json) {
+        /* a run submitted before m6.db had them all: from its spec */
         run_spec spec;
         char err[256];
         if (spec_parse(&spec, spec_json, strlen(spec_json), err, sizeof err) == 0) {
@@ -327,9 +332,9 @@ static int on_board_(const rank_entry *e, int n, int r)
  * longer live "lost" with the node's detail. The ranks whose loss paused
  * the run (the row's lost_*) are there whether or not a heartbeat ever
  * carried them (a node killed before its first one): "lost" (or
- * "failed", its node live), step -1 (never heard from). None (0) when no rank past 0 was heard of or lost:
- * a run of one rank, or one whose ranks never started. 0, or -1 out of
- * memory. */
+ * "failed", its node live), step -1 (never heard from). None (0) when no
+ * rank past 0 was heard of or lost: a run of one rank, or one whose ranks
+ * never started. 0, or -1 out of memory. */
 static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
 {
     rank_entry *e = malloc(RANKBOARD_MAX * sizeof *e);
@@ -546,7 +551,7 @@ static void do_list_(call *c, const M6__Request *rq)
         /* the spec's fields from the row's columns; only a row from
          * before them needs its spec */
         run_row full;
-        int have = (!rows[i].have_summary || rows[i].world_size <= 0) &&
+        int have = summary_from_spec_(&rows[i]) &&
                    state_run_get(c->h->st, rows[i].id, &full) == 0;
         v[i] = run_info_(c, &rows[i], have ? full.spec : NULL);
         if (have) run_row_clear(&full);

@@ -29,6 +29,15 @@ stop_daemon
 want="3 536870912 cpu step 1 1"
 [ "$(sort -u "$T/with.txt")" = "$want" ] || fail "status/list from the columns: $(cat "$T/with.txt"), want $want"
 
+# a row from between the two migrations (0009's columns, not 0015's): the
+# same figures, its layout from its spec
+sqlite3 "$T/s/m6.db" "update runs set world_size = NULL, expert_parallel = NULL where id = $R" \
+    || fail "clearing the layout columns"
+start_daemon "$T/s"
+show >"$T/between.txt" || fail "status/list without the layout columns"
+stop_daemon
+[ "$(sort -u "$T/between.txt")" = "$want" ] || fail "status/list, the layout from the spec: $(cat "$T/between.txt"), want $want"
+
 # a row from before the columns: the same figures, from its spec
 sqlite3 "$T/s/m6.db" "update runs set pseudo_steps = NULL, device_budget = NULL, backend = NULL, delink_policy = NULL, world_size = NULL, expert_parallel = NULL where id = $R" \
     || fail "clearing the columns"
