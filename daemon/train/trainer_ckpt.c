@@ -808,7 +808,7 @@ int trainer_copy_adam_steps(trainer *t, long *dst)
 int trainer_offload_stats(trainer *t, offload_stats *st)
 {
     int rc = t->be.iface->offload_stats(t->be.ctx, st);
-    if (rc == 0 && t->off_replaced)
+    if (rc == 0)  /* off_before: zeros until a backend is replaced */
         offload_stats_carry(st, &t->off_before);
     return rc;
 }
@@ -819,5 +819,4 @@ void trainer_keep_offload_counts_(trainer *t)
     if (trainer_offload_stats(t, &st) != 0)
         return;
     t->off_before = st;
-    t->off_replaced = 1;
 }

@@ -301,6 +301,17 @@ static int backend_of_(trainer *t, const model_config *m, backend *nb,
     return 0;
 }
 
+/* nb in place of t's backend (freed): its offload counts go on from the
+ * old one's, and it hears how gradients are summed, as every backend the
+ * trainer adopts must. */
+static void adopt_(trainer *t, backend nb)
+{
+    trainer_keep_offload_counts_(t);
+    t->be.iface->free(t->be.ctx);
+    t->be = nb;
+    gradsync_backend_(t);
+}
+
 /* t's backend, holding every expert, replaced by one holding this rank's
  * (e->rank of e->P), its values copied; the MoE blocks then run over the
  * group. 0, or -1 with err (the old backend kept). */
@@ -343,11 +354,8 @@ static int to_local_(trainer *t, trainer_ep *e, m6_err *err)
                    "model's state to this rank's experts");
         return -1;
     }
-    trainer_keep_offload_counts_(t);
-    t->be.iface->free(t->be.ctx);
-    t->be = nb;
+    adopt_(t, nb);
     t->be.iface->set_moe_ext(t->be.ctx, &e->ext);
-    gradsync_backend_(t);
     e->whole = 0;
     return 0;
 }
@@ -511,11 +519,8 @@ int trainer_ep_gather_root_(trainer *t, m6_err *err)
     nb.iface->state_end(nb.ctx, 1);
     nb.iface->set_adam_steps(nb.ctx, steps);
     free(steps);
-    trainer_keep_offload_counts_(t);
-    t->be.iface->free(t->be.ctx);
-    t->be = nb;
+    adopt_(t, nb);
     t->bmodel = t->spec.model;
-    gradsync_backend_(t);
     e->whole = 1;
     return 0;
 }

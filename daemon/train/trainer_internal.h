@@ -37,9 +37,7 @@ struct trainer {
     offload_stats off_before; /* the since-creation offload counts of the
                                * backends be replaced (trainer_ep.c's
                                * re-lays), added to be's own by
-                               * trainer_offload_stats; off_replaced 0:
-                               * none */
-    int off_replaced;
+                               * trainer_offload_stats; zeros: none */
     unsigned char *dp_kind;  /* [S] each slot's kind (gradsync_layout_) */
     /* the plain layout of gpt.h (checkpoints, state access) */
     gpt_tensor glob[GLOB_NTENSORS], slot[SLOT_NTENSORS_MAX];
