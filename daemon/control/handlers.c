@@ -317,12 +317,16 @@ static int resolve_(call *c, const M6__RunRef *ref, int64_t *id)
     return -1;
 }
 
-/* Whether the board's n entries e hold rank r of their run. */
-static int on_board_(const rank_entry *e, int n, int r)
+/* Whether the k-th rank whose loss paused the run (lo) is one past rank
+ * 0 that the board's n entries e lack (no heartbeat carried it). */
+static int lost_unheard_(const run_lost *lo, const rank_entry *e, int n,
+                         int k)
 {
+    int r = lo->rank + k;
+    if (lo->node_id <= 0 || k >= lo->ranks || r <= 0) return 0;
     for (int i = 0; i < n; i++)
-        if (e[i].rank == r) return 1;
-    return 0;
+        if (e[i].rank == r) return 0;
+    return 1;
 }
 
 /* RunInfo.ranks: where each rank of a run of several stands. Rank 0 is
@@ -342,8 +346,8 @@ static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
     int n = rankboard_run(row->id, e, RANKBOARD_MAX);
     const run_lost *lo = &row->lost;
     int unheard = 0;  /* lost ranks the board lacks: after its entries */
-    for (int i = 0; lo->node_id > 0 && i < lo->ranks; i++)
-        if (lo->rank + i > 0 && !on_board_(e, n, lo->rank + i)) unheard++;
+    for (int k = 0; k < lo->ranks; k++)
+        unheard += lost_unheard_(lo, e, n, k);
     if (n == 0 && unheard == 0) {
         free(e);
         return 0;
@@ -357,9 +361,7 @@ static int run_ranks_(call *c, const run_row *row, M6__RunInfo *ri)
     for (int i = -1; i < n + lo->ranks; i++) {
         int lost_i = i - n;  /* >= 0: the lost_i-th lost rank */
         if (i >= 0 && i < n && e[i].rank == 0) continue;  /* the runner */
-        if (lost_i >= 0 && (lo->node_id <= 0 || lo->rank + lost_i <= 0 ||
-                            on_board_(e, n, lo->rank + lost_i)))
-            continue;
+        if (lost_i >= 0 && !lost_unheard_(lo, e, n, lost_i)) continue;
         M6__RankState *r = arena_alloc_(c->a, sizeof *r);
         if (!r) goto oom;
         m6__rank_state__init(r);
