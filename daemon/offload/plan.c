@@ -231,17 +231,11 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     int pin_keep = pb.pinned - (in->stream_grads ? pb.stream_grad : 0);
     out->host_slot_bytes = (size_t)host_keep * ss;
     out->pinned_slot_bytes = (size_t)pin_keep * ss;
-    /* Adafactor: weights and gradients per parameter, its state by the
-     * tensors' shapes; on cuda resident slots only (the spec refuses a
-     * budget there) */
+    /* Adafactor: an offloaded slot's weights and gradients per parameter
+     * (cpu: all pinned; cuda: the fp32 master and accumulator pageable,
+     * the bf16 copies pinned: pb), its state by the tensors' shapes
+     * (model_optim_floats; gpt_cuda_offload.cu allocates the same) */
     int af = in->optim.adafactor;
-    if (af && cuda && in->budget > 0) {
-        snprintf(err, errlen, "offload plan: Adafactor with a device "
-                 "memory budget is planned on the cpu backend only");
-        return -1;
-    }
-    /* Adafactor (cpu, everything pinned): weights and gradients per
-     * parameter, its state by the tensors' shapes (model_optim_floats) */
     size_t af_host[2] = {0, 0};  /* an offloaded dense [0] and MoE [1] slot */
     if (af) {
         size_t dsz;
@@ -258,8 +252,9 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                                                &in->optim) - mb;
             af_host[kd] = (size_t)wgh * n + mb + (vb + 63) / 64 * 64;
         }
-        out->host_slot_bytes = out->pinned_slot_bytes =
-            af_host[c->moe_experts > 0];
+        out->host_slot_bytes = af_host[c->moe_experts > 0];
+        out->pinned_slot_bytes = cuda ? (size_t)pin_keep * ss
+                                      : out->host_slot_bytes;
     }
     /* bf16 masters on cuda: resident slots only (the spec refuses a
      * budget there), the bf16 weights their masters (pb.weights) */
@@ -429,7 +424,8 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         for (int s = R; s < S; s++)
             out->host_bytes +=
                 af_host[mixed ? kind[s] : c->moe_experts > 0];
-        out->pinned_bytes = out->host_bytes;
+        if (!cuda)
+            out->pinned_bytes = out->host_bytes;
     }
     if (in->stream_grads && out->n_offloaded > 0) {
         out->stream_grads = 1;

@@ -747,15 +747,6 @@ static int optimizer_check_(const run_spec *s, char *err, size_t errlen)
         }
         return 0;
     }
-    /* cuda: resident slots only (an offloaded slot's host update there
-     * is AdamW's) */
-    if (s->device.backend == BACKEND_CUDA && s->device.memory_budget > 0) {
-        seterr_(err, errlen, "optimizer.name \"adafactor\" on device.backend "
-                "\"cuda\" with device.memory_budget > 0 is not supported yet "
-                "(offloaded slots are updated by AdamW only on cuda); set "
-                "device.memory_budget to 0 or use device.backend \"cpu\"");
-        return -1;
-    }
     /* offloaded slots get host Adafactor; the speculative update's second
      * buffers are AdamW's */
     if (s->device.memory_budget > 0 &&

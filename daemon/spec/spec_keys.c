@@ -188,9 +188,8 @@ const key_ spec_keys_[] = {
          "vectors, update clipping; the `optimizer.*` keys below). Both use "
          "`train.lr` and its schedule, `train.weight_decay` (decoupled) and "
          "`train.grad_clip`. `adafactor` runs on `cpu` (any number of "
-         "ranks; offloaded slots get a host Adafactor, without "
-         "`offload.speculative` `on`) and on `cuda` without a memory "
-         "budget (every slot resident)."),
+         "ranks) and on `cuda`; offloaded slots get a host Adafactor, "
+         "without `offload.speculative` `on`."),
     FLT("optimizer", "beta1", optimizer.beta1, 0, 0, 1, 1,
         "Adafactor: first moment of the clipped update. 0: none (no "
         "memory for it)."),

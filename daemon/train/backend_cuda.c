@@ -726,11 +726,6 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
             c->placed = 1;
         }
     }
-    if (offp && bs->optim.adafactor) { /* the spec refuses it */
-        snprintf(err, errlen, "optimizer.name \"adafactor\" with offloaded "
-                 "slots is not supported on device.backend \"cuda\"");
-        goto fail;
-    }
     c->g = gpt_cuda_create_optim(&bs->model, S, bs->batch_size, offp,
                                  &bs->optim);
     if (!c->g) {

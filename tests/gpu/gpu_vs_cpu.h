@@ -32,6 +32,9 @@ typedef struct {
     long steps[64];
     int n_steps;
     size_t dev[2];      /* trainer_device_bytes: pseudo phase, real */
+    size_t host;        /* offloading: the host bytes gpt_cuda holds at
+                         * the end (trainer_offload_stats), else 0 */
+    int n_offloaded;    /* ... and the slots it offloads */
 } run_;
 
 static void state_get_(trainer *t, run_ *r)
@@ -128,6 +131,11 @@ static void train_(const run_spec *s, run_ *r, float **w0, size_t *n0,
     }
     state_get_(t, r);
     r->dev[1] = trainer_device_bytes(t);
+    offload_stats os;
+    if (trainer_offload_stats(t, &os) == 0 && os.enabled) {
+        r->host = os.host.in_use;
+        r->n_offloaded = os.n_offloaded;
+    }
     if (save)
         save_(t, save);
     trainer_free(t);
@@ -164,6 +172,7 @@ static void case_pair_(run_spec *sg, int moe, run_spec *sc, run_ *g,
         synth_cuda_moe(sg, 1, 2.0f);
     *sc = *sg;
     sc->device.backend = BACKEND_CPU;
+    sc->device.memory_budget = 0; /* the reference: every slot resident */
     train_(sg, g, w0, n0, gsave, mid);
     float *w = w0_real_(*w0, *n0, g->n[0], sg->model.n_layer);
     free(*w0);
@@ -273,8 +282,9 @@ static void compare_runs_(const char *name, const run_ *g, const run_ *c,
 
 
 /* The cuda run g's device bytes in each phase against the planner's
- * prediction for spec s (offload_plan_for_spec: what gpt_cuda allocates
- * for all-resident slots, cuBLASLt's workspace aside). */
+ * prediction for spec s (offload_plan_for_spec: what gpt_cuda allocates,
+ * cuBLASLt's workspace aside), and with offloading the real phase's host
+ * bytes and offloaded slots. */
 static void plan_check_(const run_spec *s, const run_ *g, const char *name)
 {
     char err[512], what[160];
@@ -292,6 +302,14 @@ static void plan_check_(const run_spec *s, const run_ *g, const char *name)
         snprintf(what, sizeof what, "%s: %s device bytes vs the plan", name,
                  phase[i]);
         check_(g->dev[i] == want, what, (double)g->dev[i], (double)want, 0);
+    }
+    if (p.n_offloaded > 0) {
+        snprintf(what, sizeof what, "%s: real host bytes vs the plan", name);
+        check_(g->host == p.host_bytes, what, (double)g->host,
+               (double)p.host_bytes, 0);
+        snprintf(what, sizeof what, "%s: slots offloaded vs the plan", name);
+        check_(g->n_offloaded == p.n_offloaded, what, g->n_offloaded,
+               p.n_offloaded, 0);
     }
     offload_plan_free(&p);
 }

@@ -22,7 +22,13 @@
  * moment (beta1 0.9) and delink.optimizer reset; C as A with update
  * clipping at d = 0.25; D B's optimizer (delink copying) on MoE blocks
  * (each expert's matrices and each prototype's gate are tensors of their
- * own: gpt_af_tensors). That the clipping fires: C's weight change on
+ * own: gpt_af_tensors); E and F offloaded (a device.memory_budget that
+ * keeps one slot of the real phase resident: the other two are updated
+ * by the host Adafactor of gpt_cuda_offload.cu, the delink copying
+ * state between device and host slots), E A's optimizer on dense
+ * blocks, F D's (first moment) on MoE blocks; the cpu reference of every
+ * case keeps all slots resident. E and F also check the host bytes
+ * gpt_cuda holds against the planner's. That the clipping fires: C's weight change on
  * the GPU differs from A's by more than CLIP_APART (C is A but for d);
  * the CPU agreeing with each within TOL_UPDATE then says the GPU clips
  * as the CPU does.
@@ -31,9 +37,11 @@
  * and step counts bitwise the GPU's (the optimizer's state in the
  * checkpoint, at full precision, in the CPU engine's layout); a cuda
  * AdamW run refuses it, naming the optimizer.
- * A spec with a memory budget (offloading) is refused by the trainer's
- * check, naming device.memory_budget and Adafactor (a spec file is
- * refused at parse already: tests/unit/test_adafactor.c).
+ * E's GPU run saves before its last step and at the end: the end
+ * checkpoint loads into a fresh offloaded cuda trainer and into a cpu
+ * trainer bitwise, and the offloaded trainer resumed from the earlier
+ * one takes the last step with the uninterrupted run's loss bitwise.
+ * The spec with a budget passes the trainer's check.
  *
  * Tolerances (tests/gpu/test_trainer.c's, for the same reasons):
  *  TOL_LOSS 5e-2 nats: bf16 activations, working copy and gradients on
@@ -66,7 +74,7 @@
 #define TOL_UPDATE 5e-2
 #define TOL_STATE 5e-2
 #define CLIP_APART 0.2
-#define NCASES 4
+#define NCASES 6
 
 #include "gpu_vs_cpu.h"
 
@@ -84,6 +92,39 @@ static run_spec spec_(backend_kind backend, float beta1, float clip,
     s.optimizer.clip_threshold = clip;
     s.delink.optimizer = dopt;
     return s;
+}
+
+/* The test's step 0: the cuda spec sb passes trainer_check_spec, with a
+ * memory budget too (offload.speculative "on" with Adafactor is refused
+ * when a spec is parsed: tests/unit/test_adafactor.c). */
+static void spec_check_af_(run_spec sb)
+{
+    char err[512];
+    printf("0. the spec\n");
+    int ok = ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
+    sb.device.memory_budget = (size_t)64 << 20;
+    ok = ok && ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
+    if (!ok)
+        printf("  trainer_check_spec: %s\n", err);
+    check_true_(ok, "adafactor on cuda accepted, with a memory budget too");
+}
+
+/* A device.memory_budget for s (no budget in it) that keeps one slot of
+ * the real phase resident: the least budget of the planner plus one
+ * slot. */
+static size_t one_resident_(const run_spec *s)
+{
+    run_spec u = *s;
+    char err[512];
+    offload_plan p;
+    u.device.memory_budget = 0;
+    if (offload_plan_for_spec(&u, 0, &p, err, sizeof err) != 0) {
+        fprintf(stderr, "offload_plan_for_spec: %s\n", err);
+        exit(1);
+    }
+    size_t b = p.min_budget_bytes + p.slot_bytes;
+    offload_plan_free(&p);
+    return b;
 }
 
 /* The checks of one case: cuda run g against cpu run c from weights w0. */
@@ -116,19 +157,20 @@ int main(void)
     STEPS = fixture_gpu_steps("test_adafactor", 4, STEPS_MAX);
     if (synth_shards_tmp(dir_, sizeof dir_, "test_adafactor", 40000) != 0)
         return 1;
-    spec_check_(spec_(BACKEND_CUDA, 0.0f, 1.0f, DELINK_OPT_COPY),
-                "adafactor", "Adafactor");
+    spec_check_af_(spec_(BACKEND_CUDA, 0.0f, 1.0f, DELINK_OPT_COPY));
 
     static const struct {
         const char *name;
         float beta1, clip;
         delink_optimizer dopt;
-        int moe;
+        int moe, offload;
     } cases[NCASES] = {
-        {"A beta1 0", 0.0f, 1.0f, DELINK_OPT_COPY, 0},
-        {"B beta1 0.9, reset", 0.9f, 1.0f, DELINK_OPT_RESET, 0},
-        {"C d 0.25", 0.0f, 0.25f, DELINK_OPT_COPY, 0},
-        {"D MoE", 0.9f, 1.0f, DELINK_OPT_COPY, 1},
+        {"A beta1 0", 0.0f, 1.0f, DELINK_OPT_COPY, 0, 0},
+        {"B beta1 0.9, reset", 0.9f, 1.0f, DELINK_OPT_RESET, 0, 0},
+        {"C d 0.25", 0.0f, 0.25f, DELINK_OPT_COPY, 0, 0},
+        {"D MoE", 0.9f, 1.0f, DELINK_OPT_COPY, 1, 0},
+        {"E offloaded", 0.0f, 1.0f, DELINK_OPT_COPY, 0, 1},
+        {"F offloaded MoE", 0.9f, 1.0f, DELINK_OPT_COPY, 1, 1},
     };
     run_ g[NCASES], c[NCASES];
     float *w0[NCASES];
@@ -137,19 +179,43 @@ int main(void)
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].beta1, cases[k].clip,
                             cases[k].dopt);
+        if (cases[k].moe)
+            synth_cuda_moe(&sg, 1, 2.0f); /* as case_pair_ makes it */
+        if (cases[k].offload) {
+            sg.device.memory_budget = one_resident_(&sg);
+            printf("   device.memory_budget %zu bytes\n",
+                   sg.device.memory_budget);
+        }
         run_spec sc;
         size_t n0;
         case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0,
-                   k == 1 ? "cuda-b" : NULL, NULL, 0);
+                   k == 1 ? "cuda-b" : k == 4 ? "cuda-e" : NULL, NULL,
+                   k == 4);
         compare_(cases[k].name, &g[k], &c[k], w0[k]);
         if (k != 2) /* without and with a first moment, MoE slots */
             plan_check_(&sg, &g[k], cases[k].name);
+        if (cases[k].offload)
+            check_true_(g[k].n_offloaded == 2,
+                        "E, F: the real phase offloads 2 slots of 3");
         if (k == 1) {
             load_check_(&sg, "cuda-b", &g[k],
                         "B: cuda checkpoint into cuda, state bitwise");
             load_check_(&sc, "cuda-b", &g[k],
                         "B: cuda checkpoint into cpu, state bitwise");
             refuse_check_(&sg, "cuda-b");
+        }
+        if (k == 4) {
+            load_check_(&sg, "cuda-e", &g[k],
+                        "E: offloaded cuda checkpoint into offloaded cuda, "
+                        "state bitwise");
+            run_spec so = sc; /* the same budget: it is in the spec hash */
+            so.device.memory_budget = sg.device.memory_budget;
+            load_check_(&so, "cuda-e", &g[k],
+                        "E: offloaded cuda checkpoint into cpu, state "
+                        "bitwise");
+            load_check_steps_(&sg, "cuda-e-mid", &g[k],
+                              "E: resumed before the last step: its loss "
+                              "and the end state bitwise", 1);
         }
     }
     double apart = update_nerr_(g[2].buf[0], g[0].buf[0], w0[0], g[0].n[0]);

@@ -254,18 +254,19 @@ static void test_spec_keys_and_refusals(void **state)
         {"\"optimizer\": {\"name\": \"adafactor\", \"eps1\": 0}",
          "optimizer.eps1"},
         {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
-         "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
-         "on device.backend \"cuda\" with device.memory_budget > 0 is not "
-         "supported yet"},
-        {"\"optimizer\": {\"name\": \"adafactor\"}, \"device\": "
          "{\"memory_budget\": \"1GiB\"}, \"offload\": {\"speculative\": "
          "\"on\"}", "optimizer.name \"adafactor\" with offload.speculative "
          "\"on\" is not supported yet"},
     };
     fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
-    /* resident slots on cuda (tests/gpu/test_adafactor.c); offloaded
-     * slots get host Adafactor (test_offload.c) */
+    /* on cuda, and offloaded slots get host Adafactor (cpu:
+     * test_offload.c; cuda, both at once: tests/gpu/test_adafactor.c) */
     fixture_optimizer_accepted(base, "{\"name\": \"adafactor\"}");
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"name\": \"adafactor\"}, "
+                       "\"device\": {\"backend\": \"cuda\", "
+                       "\"memory_budget\": \"1GiB\"}");
+    assert_int_equal(s.optimizer.name, OPTIMIZER_ADAFACTOR);
+    assert_true(s.device.memory_budget == (size_t)1 << 30);
 }
 
 /* ------------------------------------------------------------ trainer */

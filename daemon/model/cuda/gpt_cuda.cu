@@ -926,8 +926,10 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
 {
     gpt_cuda_zero_grad(g);
     offload_rt_ *o = &g->off;
-    o->early = max_norm <= 0.0f;
-    o->speculate = !o->early && o->speculative && g->n_res < g->S;
+    /* Adafactor: one whole-slot update per slot, after the step's norm
+     * (gpt_cuda_adafactor), never early */
+    o->early = max_norm <= 0.0f && !g->af;
+    o->speculate = max_norm > 0.0f && o->speculative && g->n_res < g->S;
     o->lr = lr;
     o->beta1 = beta1;
     o->beta2 = beta2;
@@ -951,6 +953,26 @@ static float grad_sumsq_(gpt_cuda *g)
     if (g->n_res < g->S)
         g->h_out[1] = (float)((double)g->h_out[1] + gpt_offload_grad_sumsq(g));
     return g->h_out[1];
+}
+
+float gpt_cuda_norm_sumsq_(gpt_cuda *g, float max_norm)
+{
+    float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
+    if (g->n_res == g->S) {
+        grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params,
+                        g->stream);
+        CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
+                                   sizeof(float), cudaMemcpyDeviceToHost,
+                                   g->stream));
+        return 1.0f;
+    }
+    /* the norm needs the host's part: one round trip, then the clip scale
+     * on the device from the total, as without offloading */
+    float total = grad_sumsq_(g), norm = sqrtf(total);
+    g->h_out[2] = total;
+    CUDA_CHECK(cudaMemcpyAsync(sc + RED_SUMSQ, g->h_out + 2, sizeof(float),
+                               cudaMemcpyHostToDevice, g->stream));
+    return max_norm > 0.0f && norm > max_norm ? max_norm / norm : 1.0f;
 }
 
 int gpt_cuda_div_slot_grads(gpt_cuda *g, const int *div)
@@ -1089,24 +1111,7 @@ void gpt_cuda_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
         }
     }
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
-    float host_scale = 1.0f;
-    if (g->n_res < g->S) {
-        /* the norm needs the host's part: one round trip, then the clip
-         * scale on the device from the total, as without offloading */
-        float total = grad_sumsq_(g), norm = sqrtf(total);
-        g->h_out[2] = total;
-        CUDA_CHECK(cudaMemcpyAsync(sc + RED_SUMSQ, g->h_out + 2,
-                                   sizeof(float), cudaMemcpyHostToDevice,
-                                   g->stream));
-        if (max_norm > 0.0f && norm > max_norm)
-            host_scale = max_norm / norm;
-    } else {
-        grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params,
-                        g->stream);
-        CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ,
-                                   sizeof(float), cudaMemcpyDeviceToHost,
-                                   g->stream));
-    }
+    float host_scale = gpt_cuda_norm_sumsq_(g, max_norm);
     if (!gpt_cuda_adamw_per_tensor_() || g->mbf) {
         /* one launch over the device block, the clip scale in it (bf16
          * masters: the only path that rounds them) */

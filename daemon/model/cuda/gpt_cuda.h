@@ -220,8 +220,10 @@ float gpt_cuda_last_grad_norm(gpt_cuda *g);
  * the update clipped at h->clip_threshold; h->beta1 > 0 with a first
  * moment; weight decay (2-D tensors) decoupled. h->grad_scale is not
  * read: global-norm clipping to max_norm (<= 0: none) is computed on the
- * device, as gpt_cuda_adamw. Queued; gpt_cuda_last_grad_norm as after
- * gpt_cuda_adamw. -1 (a message, nothing done) on a model without
+ * device, as gpt_cuda_adamw. Offloaded slots: the same update on the
+ * host (fp32 masters, kernels.h adafactor_update_spans), one host job per
+ * slot, with the norm's clip scale. Queued; gpt_cuda_last_grad_norm as
+ * after gpt_cuda_adamw. -1 (a message, nothing done) on a model without
  * Adafactor's state. */
 struct adafactor_hparams;
 int gpt_cuda_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
@@ -322,8 +324,8 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
 
 /* As gpt_cuda_create_offload with the optimizer state o asks for (NULL:
  * AdamW's m and v). o->adafactor: Adafactor's (gpt_cuda_adafactor), m
- * only with o->first_moment; refused (NULL, a message) with off, whose
- * offloaded slots' host update is AdamW's. o->master_bf16: the bf16
+ * only with o->first_moment; with off, offloaded slots keep theirs on the
+ * host (off->speculative refused: NULL, a message). o->master_bf16: the bf16
  * params are the master weights (no fp32 copy: 2 bytes per parameter
  * instead of 6), AdamW rounding each update stochastically with the CPU
  * model's keys from o->sr_seed (Adafactor's too); refused with off. */

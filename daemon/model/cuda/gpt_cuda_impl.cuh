@@ -17,6 +17,7 @@
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
 #include "model/cuda/act_layout.h"
+#include "kernels.h"       /* adafactor_hparams: a host Adafactor job's */
 #include "offload_host.h"  /* the host jobs' loops; bf16 bits <-> fp32 */
 
 #define PAD 16      /* elements: region padding, as gpt.c */
@@ -73,9 +74,13 @@ enum { RED_LOSS, RED_SUMSQ, RED_SCALE, RED_NSCALARS };
 /* One offloaded slot on the host (n elements each: its kind's size). */
 typedef struct {
     size_t n;                      /* elements of the slot (its kind's) */
+    int kind;                      /* 0 dense, 1 MoE (g->kind[kind]) */
     const struct tensor_ *ts;      /* its kind's tensors (g->kind[]) */
     int nt;                        /* how many */
-    float *master, *m, *v, *gacc;  /* one pageable block: master|m|v|gacc */
+    float *master, *m, *v, *gacc;  /* one pageable block: master|m|v|gacc;
+                                    * Adafactor: master|gacc|m|v, m NULL
+                                    * without a first moment, v the slot
+                                    * kind's af layout (af_kind floats) */
     uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing */
     int pinned;                    /* wbf/gbf from cudaHostAlloc */
     int accum_jobs, adam_jobs;     /* host jobs queued or running */
@@ -119,7 +124,7 @@ typedef struct {
 } timing_;
 #define TIMING_RING 256
 
-enum { JOB_ACCUM, JOB_ADAM, JOB_SUMSQ, JOB_TO_BF16 };
+enum { JOB_ACCUM, JOB_ADAM, JOB_SUMSQ, JOB_TO_BF16, JOB_ADAFACTOR };
 typedef struct {
     int kind, slot;
     size_t i0, i1;                 /* element range of the slot */
@@ -133,6 +138,8 @@ typedef struct {
     long t;
     int spec;                      /* ADAM / ACCUM+adam: write the second
                                     * buffers (speculative) */
+    adafactor_hparams af;          /* ADAFACTOR (a whole slot: i0 0, i1 n;
+                                    * grad_scale the clip) */
 } hjob_;
 
 typedef struct {
@@ -396,6 +403,11 @@ void gpt_cuda_optim_drop_plan_(gpt_cuda *g);
 /* Adafactor: floats of the af layout before slot s (0 <= s <= its slot
  * count) of slots of kinds moe: the globals' and slots [0, s)'s. */
 size_t gpt_cuda_af_off_(const gpt_cuda *g, const unsigned char *moe, int s);
+/* The step's gradient sum of squares into red[RED_SUMSQ] on the device
+ * (and h_out[1]), the offloaded slots' host part added (waits for their
+ * accumulations); returns the clip scale for the host updates (max_norm /
+ * norm when the norm exceeds max_norm > 0, else 1). gpt_cuda.cu. */
+float gpt_cuda_norm_sumsq_(gpt_cuda *g, float max_norm);
 /* The optimizer state block of a state with n device parameters, its
  * resident slots [0, n_res) of kinds moe: master (n; none with bf16
  * masters, g->mbf) | m (n; none for

@@ -52,6 +52,12 @@ double gpt_offload_grad_sumsq(gpt_cuda *g);
  * host threads; scale: the clip scale of the global norm. */
 void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
                        float eps, float wd, float scale);
+/* Adafactor (hyperparameters h, weight decay wd on 2-D tensors) of every
+ * offloaded slot, one host job each, at step count adam_t_slot[s] + 1
+ * (counted when queued); scale: the clip scale of the global norm (h's
+ * grad_scale is not read). A model made with Adafactor's state only. */
+void gpt_offload_adafactor(gpt_cuda *g, const adafactor_hparams *h, float wd,
+                           float scale);
 /* Host slot s's bf16 working copy made again from its fp32 master (waits
  * for its queued jobs). */
 void gpt_offload_refresh_bf16(gpt_cuda *g, int s);

@@ -23,6 +23,7 @@
 
 #include "kernels.h"
 #include "model/cuda/gpt_cuda_impl.cuh"
+#include "model/cuda/gpt_offload.h"
 
 /* The Adafactor tensors of the device block: for each, where its
  * parameters and statistics lie and which step count it uses. */
@@ -99,12 +100,8 @@ int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
     }
     if (!o || !o->adafactor)
         return 0;
-    if (off) {
-        fprintf(stderr, "gpt_cuda_create: Adafactor with offloading is not "
-                        "supported (offloaded slots' host update is "
-                        "AdamW's)\n");
-        return -1;
-    }
+    /* offloaded slots: host Adafactor (gpt_cuda_offload.cu), no
+     * speculation (gpt_offload_init refuses it) */
     g->af = 1;
     g->af_m = o->first_moment != 0;
     /* the scratch of the largest tensor serves every one */
@@ -217,22 +214,19 @@ static struct af_plan_ *af_plan_(gpt_cuda *g)
 int gpt_cuda_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
                        float weight_decay, float max_norm)
 {
-    if (!g->af || g->n_res < g->S) {
-        fprintf(stderr, "gpt_cuda_adafactor: %s; nothing updated\n",
-                !g->af ? "the model keeps AdamW's state (made without "
-                         "Adafactor)"
-                       : "offloaded slots have no Adafactor");
+    if (!g->af) {
+        fprintf(stderr, "gpt_cuda_adafactor: the model keeps AdamW's state "
+                        "(made without Adafactor); nothing updated\n");
         return -1;
     }
     gpt_cuda_flush_(g);
     struct af_plan_ *p = af_plan_(g);
     if (!p)
         return -1;
-    /* the norm as gpt_cuda_adamw: on the device, the clip scale from it */
+    /* the norm as gpt_cuda_adamw (the offloaded slots' part from the
+     * host), the clip scale from it on the device */
     float *red = g->a.red, *sc = red + grad_sumsq_scratch_floats();
-    grad_sumsq_cuda(sc + RED_SUMSQ, red, g->grads, g->n_params, g->stream);
-    CUDA_CHECK(cudaMemcpyAsync(g->h_out + 1, sc + RED_SUMSQ, sizeof(float),
-                               cudaMemcpyDeviceToHost, g->stream));
+    float host_scale = gpt_cuda_norm_sumsq_(g, max_norm);
     grad_clip_scale_cuda(sc + RED_SCALE, sc + RED_SUMSQ, max_norm, g->stream);
     adafactor_hparams_cuda hc = {h->lr, h->beta1, h->clip_threshold, h->eps1,
                                  h->eps2, h->scale_parameter};
@@ -254,5 +248,7 @@ int gpt_cuda_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
     g->adam_t_global++;
     for (int s = 0; s < g->n_res; s++)
         g->adam_t_slot[s]++;
+    if (g->n_res < g->S)
+        gpt_offload_adafactor(g, h, weight_decay, host_scale);
     return 0;
 }

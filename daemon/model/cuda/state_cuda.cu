@@ -258,12 +258,17 @@ static size_t host_slot_off_(const gpt_cuda *g, int s)
     return g->n_global_cpu + g->slot_off[s];
 }
 
-/* Adafactor's v (a model with Adafactor has no offloaded slots): the
- * device's af layout is the host's, one copy of n floats either way (set:
- * from host; else into it). 0, or -1 for a wrong n. */
-static int af_v_copy_(gpt_cuda *g, float *host, size_t n, int set)
+/* Adafactor's v: the device's af layout is the host's (the globals',
+ * then the resident slots'), one copy of the device's floats either way
+ * (set: from host; else into it); with_host_slots, each offloaded slot's
+ * af floats follow at their places, copied from or to its host block. 0,
+ * or -1 for a wrong n. */
+static int af_v_copy_(gpt_cuda *g, float *host, size_t n, int set,
+                      int with_host_slots)
 {
-    size_t need = gpt_cuda_state_offset(g, 2, g->n_res);
+    size_t dev = gpt_cuda_state_offset(g, 2, g->n_res);
+    size_t need = gpt_cuda_state_offset(g, 2, with_host_slots ? g->S
+                                                              : g->n_res);
     if (n != need) {
         fprintf(stderr, "gpt_cuda: host buffer has %zu floats, Adafactor's "
                         "second moment %zu\n", n, need);
@@ -272,9 +277,15 @@ static int af_v_copy_(gpt_cuda *g, float *host, size_t n, int set)
     gpt_cuda_synchronize(g);
     CUDA_CHECK(cudaMemcpy(set ? (void *)g->v : (void *)host,
                           set ? (const void *)host : (const void *)g->v,
-                          n * sizeof(float),
+                          dev * sizeof(float),
                           set ? cudaMemcpyHostToDevice
                               : cudaMemcpyDeviceToHost));
+    for (int s = g->n_res; s < g->S && with_host_slots; s++) {
+        float *h = g->off.hs[s - g->n_res].v;
+        float *at = host + gpt_cuda_state_offset(g, 2, s);
+        size_t k = g->af_kind[g->slot_moe[s]];
+        memcpy(set ? h : at, set ? at : h, k * sizeof(float));
+    }
     return 0;
 }
 
@@ -284,7 +295,7 @@ static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
 {
     gpt_cuda_flush_(g);
     if (which == 2 && g->af)
-        return af_v_copy_(g, (float *)host, n, 1);
+        return af_v_copy_(g, (float *)host, n, 1, with_host_slots);
     size_t off[5][3];
     float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -319,7 +330,7 @@ static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
 {
     gpt_cuda_flush_(g);
     if (which == 2 && g->af)
-        return af_v_copy_(g, host, n, 0);
+        return af_v_copy_(g, host, n, 0, with_host_slots);
     size_t off[5][3];
     const float *buf = state_buf_(g, which);
     int k = pieces_(g, n, off, with_host_slots);
@@ -492,13 +503,13 @@ static void slot_state_(const gpt_cuda *g, float *opt, int n_res,
         sz[i] = off[s + 1] - off[s];
         p[i] = s >= n_res ? host_buf_(&hs[s - n_res], i) : NULL;
     }
+    if (g->af)
+        sz[2] = g->af_kind[moe[s]];
     if (s >= n_res)
-        return;
+        return; /* an offloaded slot's m is NULL without a first moment */
     p[0] = g->mbf ? NULL : opt + at; /* bf16 masters: reslot copies params */
     p[1] = m ? m + at : NULL;
     p[2] = g->af ? v + gpt_cuda_af_off_(g, moe, s) : v + at;
-    if (g->af)
-        sz[2] = g->af_kind[moe[s]];
 }
 
 int gpt_cuda_reslot(gpt_cuda *g, int new_S, const int *new_slot_of,
@@ -522,9 +533,9 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
         if (new_slot_of[l] < 0 || new_slot_of[l] >= new_S)
             return -1;
     int n_res = n_resident < 0 ? 0 : n_resident > new_S ? new_S : n_resident;
-    if (n_res < new_S && (!g->off.enabled || g->af)) {
+    if (n_res < new_S && !g->off.enabled) {
         fprintf(stderr, "gpt_cuda_reslot_placed: offloading needs a model "
-                        "made by gpt_cuda_create_offload, with AdamW\n");
+                        "made by gpt_cuda_create_offload\n");
         return -1;
     }
     /* each new slot's kind from its layers; it copies an old slot of the

@@ -27,6 +27,12 @@
  *     squares and AdamW read the landed bf16 gradient (job.from_bf), which
  *     moves 8 fewer bytes per parameter through host memory and gives the
  *     same bits; its next drain waits for that AdamW.
+ *     With Adafactor (optimizer.name adafactor) the update is one
+ *     ADAFACTOR job per slot, queued by gpt_offload_adafactor: a matrix's
+ *     row and column statistics need its whole gradient, so there are no
+ *     chunks, no early updates and no speculation, and the gradient is
+ *     always accumulated into gacc (fp32, what kernels.h's Adafactor
+ *     reads).
  * One mutex guards the queue and the per-slot counters; nothing spins.
  */
 #include <math.h>
@@ -81,6 +87,45 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
     }
 }
 
+/* Adafactor of a whole host slot: its kind's gpt_af_tensors tensors (the
+ * CPU model's tensors and state layout, so checkpoints and the delink move
+ * the state as they move a CPU slot's) through kernels.h
+ * adafactor_update_spans on the fp32 master, the accumulated gradient and
+ * the slot's m (or NULL) and v, at step count j->t; then the bf16 working
+ * copy. Out of host memory (the tensor list, the column sums): reported
+ * and m6d exits, as for the job queue. */
+static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
+{
+    int nt = gpt_af_tensors(&g->cfg, h->kind, NULL, NULL);
+    gpt_af_tensor *ts = nt > 0 ? (gpt_af_tensor *)malloc((size_t)nt *
+                                                         sizeof *ts)
+                               : NULL;
+    adafactor_span *sp = nt > 0 ? (adafactor_span *)malloc((size_t)nt *
+                                                           sizeof *sp)
+                                : NULL;
+    if (!ts || !sp || gpt_af_tensors(&g->cfg, h->kind, ts, NULL) != nt) {
+        fprintf(stderr, "gpt_cuda offload: out of host memory for slot "
+                        "%d's Adafactor\n", j->slot);
+        exit(1);
+    }
+    for (int i = 0; i < nt; i++) {
+        const gpt_af_tensor *a = &ts[i];
+        float *r = h->v + a->state_off;
+        sp[i] = (adafactor_span){h->master + a->offset, h->gacc + a->offset,
+                                 h->m ? h->m + a->offset : NULL, r,
+                                 a->cols ? r + a->rows : NULL, a->rows,
+                                 a->cols, a->decay ? j->wd : 0.0f, j->t, 0};
+    }
+    if (adafactor_update_spans(sp, nt, &j->af) != 0) {
+        fprintf(stderr, "gpt_cuda offload: out of host memory in slot "
+                        "%d's Adafactor\n", j->slot);
+        exit(1);
+    }
+    free(ts);
+    free(sp);
+    host_to_bf16(h->wbf, h->master, h->n);
+}
+
 static double sumsq_range_(const hslot_ *h, const hjob_ *j)
 {
     return j->from_bf ? host_sumsq_bf16(h->gbf + j->i0, j->i1 - j->i0)
@@ -123,6 +168,9 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
         break;
     case JOB_TO_BF16:
         host_to_bf16(h->wbf + j->i0, h->master + j->i0, j->i1 - j->i0);
+        break;
+    case JOB_ADAFACTOR:
+        adafactor_slot_(g, h, j);
         break;
     }
     return ss;
@@ -175,9 +223,10 @@ static void *host_thread_(void *arg)
             pthread_mutex_lock(&o->mu);
             h->adam_jobs--;
             o->adam_s += dt;
-        } else if (j.kind == JOB_ADAM || j.kind == JOB_TO_BF16) {
+        } else if (j.kind == JOB_ADAM || j.kind == JOB_ADAFACTOR ||
+                   j.kind == JOB_TO_BF16) {
             h->adam_jobs--;
-            if (j.kind == JOB_ADAM)
+            if (j.kind != JOB_TO_BF16)
                 o->adam_s += dt;
             else
                 o->accum_s += dt;
@@ -191,13 +240,15 @@ static void *host_thread_(void *arg)
     return NULL;
 }
 
-/* Queue job *proto over every chunk of its slot and count the jobs on the
- * slot, as host_thread_ uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM,
- * TO_BF16 and an ACCUM with adam in adam_jobs. Called with the lock held. */
+/* Queue job *proto over every chunk of its slot (an ADAFACTOR job: one,
+ * the whole slot) and count the jobs on the slot, as host_thread_
+ * uncounts them: ACCUM and SUMSQ in accum_jobs; ADAM, ADAFACTOR, TO_BF16
+ * and an ACCUM with adam in adam_jobs. Called with the lock held. */
 static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
 {
     offload_rt_ *o = &g->off;
-    size_t n = hslot_of_(g, proto->slot)->n, c = o->chunk;
+    size_t n = hslot_of_(g, proto->slot)->n;
+    size_t c = proto->kind == JOB_ADAFACTOR ? n : o->chunk;
     int nj = (int)ceil_div(n, c);
     if (o->q_n + nj > o->q_cap) {
         int cap = 2 * (o->q_cap + nj);
@@ -223,8 +274,8 @@ static void queue_chunks_(gpt_cuda *g, const hjob_ *proto)
     hslot_ *h = hslot_of_(g, proto->slot);
     if (proto->kind == JOB_ACCUM || proto->kind == JOB_SUMSQ)
         h->accum_jobs += nj;
-    if (proto->kind == JOB_ADAM || proto->kind == JOB_TO_BF16 ||
-        (proto->kind == JOB_ACCUM && proto->adam))
+    if (proto->kind == JOB_ADAM || proto->kind == JOB_ADAFACTOR ||
+        proto->kind == JOB_TO_BF16 || (proto->kind == JOB_ACCUM && proto->adam))
         h->adam_jobs += nj;
     pthread_cond_broadcast(&o->cv_job);
 }
@@ -315,6 +366,11 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
         o->n_staging = TIMING_RING / 2;
     o->n_threads = cfg->host_threads < 1 ? 1 : cfg->host_threads;
     o->speculative = cfg->speculative != 0;
+    if (o->speculative && g->af) { /* the planner never asks it */
+        fprintf(stderr, "gpt_cuda: the speculative update keeps AdamW's "
+                        "state only, not Adafactor's\n");
+        return -1;
+    }
     CUDA_CHECK(cudaGetDevice(&o->device));
     size_t per = ceil_div(g->slot_size, (size_t)o->n_threads);
     per = ceil_div(per, 64) * 64;
@@ -505,6 +561,17 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
     h->pin2 = NULL;
 }
 
+/* Floats of an offloaded slot's pageable block (kind kd, ss elements):
+ * AdamW's master, m, v and gacc, ss each; Adafactor's master, gacc, m
+ * (with a first moment) and v in its af layout, rounded up to 16 floats
+ * (64 bytes, as the planner counts it: offload/plan.c). */
+static size_t host_floats_(const gpt_cuda *g, int kd, size_t ss)
+{
+    if (!g->af)
+        return 4 * ss;
+    return (2 + (size_t)g->af_m) * ss + (g->af_kind[kd] + 15) / 16 * 16;
+}
+
 hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
                          const unsigned char *kinds, int *failed)
 {
@@ -525,22 +592,30 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         int kd = kinds ? kinds[n_res + i] != 0 : big;
         size_t ss = kinds ? g->kind_size[kd] : g->slot_size;
         h->n = ss;
+        h->kind = kd;
         h->ts = kinds ? g->kind[kd] : g->slot;
         h->nt = kinds ? g->kind_nt[kd] : g->slot_nt;
         /* calloc: large blocks come zeroed from mmap, pages on first touch */
-        h->master = (float *)calloc(4 * ss, sizeof(float));
+        size_t nf = host_floats_(g, kd, ss);
+        h->master = (float *)calloc(nf, sizeof(float));
         if (!h->master) {
             fprintf(stderr, "gpt_cuda: out of host memory for offloaded "
                             "slot %d (%.1f MiB)\n", n_res + i,
-                    4.0 * ss * sizeof(float) / 1048576.0);
+                    (double)nf * sizeof(float) / 1048576.0);
             gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
         }
         h->blk = h->master;
-        h->m = h->master + ss;
-        h->v = h->master + 2 * ss;
-        h->gacc = h->master + 3 * ss;
+        if (g->af) { /* master | gacc | m (with a first moment) | v */
+            h->gacc = h->master + ss;
+            h->m = g->af_m ? h->master + 2 * ss : NULL;
+            h->v = h->master + (2 + g->af_m) * ss;
+        } else {
+            h->m = h->master + ss;
+            h->v = h->master + 2 * ss;
+            h->gacc = h->master + 3 * ss;
+        }
         size_t pin = 2 * ss * sizeof(uint16_t);
         if (o->speculative && spec_alloc_(o, h, ss, n_res + i) != 0) {
             free(h->master);
@@ -580,7 +655,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         /* host threads wait on it: block, don't spin */
         CUDA_CHECK(cudaEventCreateWithFlags(&h->drained,
                                             cudaEventBlockingSync));
-        o->host_bytes += 4 * ss * sizeof(float) + pin;
+        o->host_bytes += nf * sizeof(float) + pin;
         if (h->pinned)
             o->pinned_bytes += pin;
     }
@@ -605,7 +680,7 @@ void gpt_offload_free_slots(gpt_cuda *g, hslot_ *hs, int n)
         free(h->ssq);
         CUDA_CHECK(cudaEventDestroy(h->d2h_start));
         CUDA_CHECK(cudaEventDestroy(h->drained));
-        o->host_bytes -= 4 * ss * sizeof(float) + pin;
+        o->host_bytes -= host_floats_(g, h->kind, ss) * sizeof(float) + pin;
     }
     free(hs);
 }
@@ -786,7 +861,7 @@ void gpt_offload_leave(gpt_cuda *g, int p)
     job.slot = s;
     job.first = !h->touched;
     job.final = I->final;
-    job.from_bf = job.first && job.final;
+    job.from_bf = job.first && job.final && !g->af; /* Adafactor: gacc */
     job.adam = I->final && (o->early || o->speculate);
     if (job.adam && !o->early) { /* unclipped, into the second buffers */
         job.spec = 1;
@@ -932,6 +1007,27 @@ void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2, float ep
         h->updated = 1;
         j.slot = s;
         j.from_bf = h->g_in_bf;
+        j.t = ++g->adam_t_slot[s];
+        queue_chunks_(g, &j);
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+void gpt_offload_adafactor(gpt_cuda *g, const adafactor_hparams *h, float wd,
+                           float scale)
+{
+    offload_rt_ *o = &g->off;
+    hjob_ j;
+    memset(&j, 0, sizeof j);
+    j.kind = JOB_ADAFACTOR;
+    j.af = *h;
+    j.af.grad_scale = scale;
+    j.wd = wd;
+    pthread_mutex_lock(&o->mu);
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *hs = hslot_of_(g, s);
+        hs->updated = 1;
+        j.slot = s;
         j.t = ++g->adam_t_slot[s];
         queue_chunks_(g, &j);
     }

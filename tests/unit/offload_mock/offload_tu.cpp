@@ -6,3 +6,18 @@
 #define MIN_CHUNK (1u << 10)
 #include "common.cuh"             /* the mock: first (see there) */
 #include "offload/cuda/gpt_cuda_offload.cu"
+
+/* The host Adafactor job (optimizer.name adafactor) is not driven here:
+ * the mock's models keep AdamW's state (g->af 0), so these are never
+ * called; emu_gpu_adafactor runs the job on the real kernels. */
+#include <stdlib.h>
+extern "C" int gpt_af_tensors(const model_config *, int, gpt_af_tensor *,
+                              size_t *)
+{
+    abort();
+}
+extern "C" int adafactor_update_spans(const adafactor_span *, int,
+                                      const adafactor_hparams *)
+{
+    abort();
+}
