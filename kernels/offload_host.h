@@ -81,6 +81,18 @@ void host_adamw_bf16(float *master, float *m, float *v, uint16_t *w,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, float grad_scale, long t);
 
+/* host_adamw_bf16 for bf16 master weights (optimizer.master bf16): w (n,
+ * bf16 bits) is the master, read widened and written rounded
+ * stochastically (kernels/sround.h: sr_round_bf16 with the bits
+ * sr_bits(sr_key, t, sr_base + i) for element i; sr_key the tensor's key,
+ * sr_base the first element's index in that tensor), the formula of
+ * kernels.h adamw_update with a span's sr_key. m, v fp32 (n); gradient
+ * g32, or g16 when g32 is NULL, as host_adamw_bf16. */
+void host_adamw_sr_bf16(uint16_t *w, float *m, float *v, const float *g32,
+                        const uint16_t *g16, size_t n, float lr, float beta1,
+                        float beta2, float eps, float weight_decay,
+                        float grad_scale, long t, uint64_t sr_key,
+                        uint64_t sr_base);
 /* host_adamw_bf16 out of place: reads master, m, v (n, unchanged) and
  * writes the updated ones to master_out, m_out, v_out and the bf16 copy to
  * w_out, with the same bits as host_adamw_bf16 on the same inputs (the

@@ -256,12 +256,14 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->pinned_slot_bytes = cuda ? (size_t)pin_keep * ss
                                       : out->host_slot_bytes;
     }
-    /* bf16 masters on cuda: resident slots only (the spec refuses a
-     * budget there), the bf16 weights their masters (pb.weights) */
-    if (in->optim.master_bf16 && cuda && in->budget > 0) {
+    /* bf16 masters on cuda: the bf16 weights are their masters, on the
+     * device and in an offloaded slot's pinned copy (pb); not with the
+     * host Adafactor (the spec refuses it) */
+    int mbf_cuda = in->optim.master_bf16 && cuda;
+    if (mbf_cuda && af && in->budget > 0) {
         snprintf(err, errlen, "offload plan: bf16 master weights "
-                 "(optimizer.master) with a device memory budget are "
-                 "planned on the cpu backend only");
+                 "(optimizer.master) with Adafactor and a device memory "
+                 "budget are planned on the cpu backend only");
         return -1;
     }
     size_t wg = (size_t)(pb.weights + pb.grads);
@@ -452,7 +454,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
     out->speculative =
-        out->n_offloaded > 0 && in->clipped && !af &&
+        out->n_offloaded > 0 && in->clipped && !af && !mbf_cuda &&
         (in->speculative == SPEC_SPECULATIVE_ON ||
          (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
           need <= in->host_limit));

@@ -65,6 +65,9 @@ typedef struct {
                                    * gpt_cuda_state_offset's layout, by
                                    * backend_buf (NULL: no such buffer) */
     int grad_accum;               /* microbatches per step */
+    int master_bf16;              /* optimizer.master bf16: an offloaded
+                                   * slot's weights are its bf16 copy, so
+                                   * host[0] holds every slot's */
     /* offloading (device.memory_budget > 0) */
     offload_plan_input plan_in;   /* the run's planner input; n_slots and
                                    * slot_of set per phase (reslot) */
@@ -397,12 +400,23 @@ static size_t resident_floats_(const cuda_ctx_ *c)
     return c->n_global + gpt_cuda_slot_offset(c->g, info.n_resident);
 }
 
-/* Floats of the device's part of buffer b. */
+/* Whether host[b] holds the offloaded slots' part too: with bf16
+ * masters, the weights (b 0), which have no fp32 copy on the host to read
+ * in place, widened into host[0] (4 bytes a weight while a checkpoint is
+ * written or read). */
+static int whole_(const cuda_ctx_ *c, int b)
+{
+    return b == 0 && c->master_bf16;
+}
+
+/* Floats of host[b]: the device's part of buffer b (whole_: every
+ * slot's). */
 static size_t state_floats_(const cuda_ctx_ *c, int b)
 {
     gpt_cuda_info info;
     gpt_cuda_get_info(c->g, &info);
-    return gpt_cuda_state_offset(c->g, b, info.n_resident);
+    return gpt_cuda_state_offset(c->g, b, whole_(c, b) ? info.S
+                                                       : info.n_resident);
 }
 
 static int cuda_state_begin_(void *ctx, int for_load)
@@ -417,7 +431,9 @@ static int cuda_state_begin_(void *ctx, int for_load)
         c->host[i] = calloc(n, sizeof(float));
         if (!c->host[i] ||
             (!for_load &&
-             gpt_cuda_get_state_resident(c->g, i, c->host[i], n) != 0)) {
+             (whole_(c, i) ? gpt_cuda_get_state(c->g, i, c->host[i], n)
+                           : gpt_cuda_get_state_resident(c->g, i, c->host[i],
+                                                         n)) != 0)) {
             free_host_(c);
             return -1;
         }
@@ -443,7 +459,10 @@ static int cuda_state_end_(void *ctx, int modified)
     for (int i = 0; i < 3 && modified; i++) {
         size_t n = state_floats_(c, i);
         if (n && (!c->host[i] ||
-                  gpt_cuda_set_state_resident(c->g, i, c->host[i], n) != 0))
+                  (whole_(c, i)
+                       ? gpt_cuda_set_state(c->g, i, c->host[i], n)
+                       : gpt_cuda_set_state_resident(c->g, i, c->host[i],
+                                                     n)) != 0))
             rc = -1;
     }
     if (modified) { /* offloaded masters written in place: bf16 copies */
@@ -691,6 +710,7 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
         return -1;
     }
     c->n_global = bs->n_global;
+    c->master_bf16 = bs->optim.master_bf16;
     c->slot_size = bs->slot_size;
     c->grad_accum = bs->grad_accum;
     c->model = bs->model;

@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include "offload_host.h"
+#include "sround.h"
 
 void host_grad_accumulate(float *acc, const uint16_t *g, size_t n,
                           int accumulate)
@@ -90,6 +91,25 @@ void host_adamw_bf16(float *master, float *m, float *v, uint16_t *w,
                                             bf16_to_f32(g16[i]) * grad_scale,
                                             lr, beta1, beta2, eps,
                                             weight_decay, bc1, bc2));
+}
+
+void host_adamw_sr_bf16(uint16_t *w, float *m, float *v, const float *g32,
+                        const uint16_t *g16, size_t n, float lr, float beta1,
+                        float beta2, float eps, float weight_decay,
+                        float grad_scale, long t, uint64_t sr_key,
+                        uint64_t sr_base)
+{
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    for (size_t i = 0; i < n; i++) {
+        float p = bf16_to_f32(w[i]);
+        float g = g32 ? g32[i] : bf16_to_f32(g16[i]);
+        adamw_one_(&p, &m[i], &v[i], g * grad_scale, lr, beta1, beta2, eps,
+                   weight_decay, bc1, bc2);
+        /* a bf16 value widened: its top half is it (NaN stays NaN) */
+        w[i] = bf16_from_f32(sr_round_bf16(p, sr_bits(sr_key, (uint64_t)t,
+                                                      sr_base + i)));
+    }
 }
 
 /* one element of AdamW from (p0, m0, v0) into (*p1, *m1, *v1): the same

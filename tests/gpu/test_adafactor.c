@@ -94,39 +94,6 @@ static run_spec spec_(backend_kind backend, float beta1, float clip,
     return s;
 }
 
-/* The test's step 0: the cuda spec sb passes trainer_check_spec, with a
- * memory budget too (offload.speculative "on" with Adafactor is refused
- * when a spec is parsed: tests/unit/test_adafactor.c). */
-static void spec_check_af_(run_spec sb)
-{
-    char err[512];
-    printf("0. the spec\n");
-    int ok = ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
-    sb.device.memory_budget = (size_t)64 << 20;
-    ok = ok && ERR_INTO(err, trainer_check_spec(&sb, &err_)) == 0;
-    if (!ok)
-        printf("  trainer_check_spec: %s\n", err);
-    check_true_(ok, "adafactor on cuda accepted, with a memory budget too");
-}
-
-/* A device.memory_budget for s (no budget in it) that keeps one slot of
- * the real phase resident: the least budget of the planner plus one
- * slot. */
-static size_t one_resident_(const run_spec *s)
-{
-    run_spec u = *s;
-    char err[512];
-    offload_plan p;
-    u.device.memory_budget = 0;
-    if (offload_plan_for_spec(&u, 0, &p, err, sizeof err) != 0) {
-        fprintf(stderr, "offload_plan_for_spec: %s\n", err);
-        exit(1);
-    }
-    size_t b = p.min_budget_bytes + p.slot_bytes;
-    offload_plan_free(&p);
-    return b;
-}
-
 /* The checks of one case: cuda run g against cpu run c from weights w0. */
 static void compare_(const char *name, const run_ *g, const run_ *c,
                      const float *w0)
@@ -157,7 +124,7 @@ int main(void)
     STEPS = fixture_gpu_steps("test_adafactor", 4, STEPS_MAX);
     if (synth_shards_tmp(dir_, sizeof dir_, "test_adafactor", 40000) != 0)
         return 1;
-    spec_check_af_(spec_(BACKEND_CUDA, 0.0f, 1.0f, DELINK_OPT_COPY));
+    spec_check_(spec_(BACKEND_CUDA, 0.0f, 1.0f, DELINK_OPT_COPY), "adafactor");
 
     static const struct {
         const char *name;

@@ -33,8 +33,15 @@
  * trainer, gives that step's loss and the end state bitwise.
  * (The op itself against the CPU op, bit for bit, and updates below
  * bf16's resolution moving the mean: tests/gpu/test_ops.cu.)
- * A spec with a memory budget (offloading) is refused by the trainer's
- * check naming device.memory_budget.
+ * E and F offloaded (a device.memory_budget that keeps one slot of the
+ * real phase resident: host AdamW on the other two's pinned bf16 copies,
+ * which are their masters, rounded with the same keys), E as A, F as D:
+ * the same checks against the resident cpu run, the device and host bytes
+ * against the planner's, the host bytes at least a fifth below an
+ * fp32-master offloaded run's; E saves before its last step and at the
+ * end: the end checkpoint loads bitwise into offloaded cuda and into cpu,
+ * and the earlier one resumes with the last step's loss bitwise.
+ * The spec with a memory budget passes the trainer's check.
  *
  * Tolerances (tests/gpu/test_trainer.c's, for the same reasons):
  *  TOL_LOSS 5e-2 nats: bf16 activations and gradients on the GPU against
@@ -66,7 +73,7 @@
 #define TOL_LOSS 5e-2
 #define TOL_UPDATE 1e-1
 #define TOL_STATE 5e-2
-#define NCASES 4
+#define NCASES 6
 
 #include "gpu_vs_cpu.h"
 
@@ -122,6 +129,24 @@ static void compare_(const char *name, const run_ *g, const run_ *c,
            0);
 }
 
+/* An offloaded cuda run g: its device and host bytes and offloaded slots
+ * against the planner's (plan_check_), 2 slots of 3 offloaded in the real
+ * phase, and its host bytes against fp32-master run f's: an offloaded
+ * slot keeps no fp32 master (20 bytes a parameter with one, 16 without:
+ * model_param_bytes_for), so at least a fifth less. */
+static void host_bytes_check_(const run_spec *s, const run_ *g,
+                              const run_ *f, const char *name)
+{
+    char what[160];
+    plan_check_(s, g, name);
+    snprintf(what, sizeof what, "%s: real phase slots offloaded", name);
+    check_(g->n_offloaded == 2, what, g->n_offloaded, 2, 0);
+    snprintf(what, sizeof what, "%s: host bytes saved vs fp32 masters", name);
+    double saved = (double)f->host - (double)g->host;
+    check_(f->n_offloaded == 2 && saved >= (double)f->host / 5.0, what,
+           saved, (double)f->host / 5.0, 0);
+}
+
 /* The cuda run g's device bytes in each phase against the planner's
  * prediction for spec s, and against fp32-master run f's: smaller by 4
  * bytes per parameter of the device block at least (n[i] parameters in
@@ -147,18 +172,19 @@ int main(void)
     STEPS = fixture_gpu_steps("test_masters", 4, STEPS_MAX);
     if (synth_shards_tmp(dir_, sizeof dir_, "test_masters", 40000) != 0)
         return 1;
-    spec_check_(spec_(BACKEND_CUDA, DELINK_OPT_COPY, 0), "bf16 masters",
-                "bf16");
+    spec_check_(spec_(BACKEND_CUDA, DELINK_OPT_COPY, 0), "bf16 masters");
 
     static const struct {
         const char *name;
         delink_optimizer dopt;
-        int adafactor, moe;
+        int adafactor, moe, offload;
     } cases[NCASES] = {
-        {"A copy", DELINK_OPT_COPY, 0, 0},
-        {"B reset", DELINK_OPT_RESET, 0, 0},
-        {"C adafactor", DELINK_OPT_COPY, 1, 0},
-        {"D MoE", DELINK_OPT_COPY, 0, 1},
+        {"A copy", DELINK_OPT_COPY, 0, 0, 0},
+        {"B reset", DELINK_OPT_RESET, 0, 0, 0},
+        {"C adafactor", DELINK_OPT_COPY, 1, 0, 0},
+        {"D MoE", DELINK_OPT_COPY, 0, 1, 0},
+        {"E offloaded", DELINK_OPT_COPY, 0, 0, 1},
+        {"F offloaded MoE", DELINK_OPT_COPY, 0, 1, 1},
     };
     run_ g[NCASES], c[NCASES];
     float *w0[NCASES];
@@ -166,19 +192,45 @@ int main(void)
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt, cases[k].adafactor);
+        if (cases[k].moe)
+            synth_cuda_moe(&sg, 1, 2.0f); /* as case_pair_ makes it */
+        if (cases[k].offload) {
+            sg.device.memory_budget = one_resident_(&sg);
+            printf("   device.memory_budget %zu bytes\n",
+                   sg.device.memory_budget);
+        }
         run_spec sc;
         size_t n0;
-        case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0,
-                   k == 1 ? "cuda-b" : NULL, k == 1 ? "cpu-b" : NULL, 1);
+        const char *gsave = k == 1 ? "cuda-b" : k == 4 ? "cuda-e" : NULL;
+        case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0, gsave,
+                   k == 1 ? "cpu-b" : NULL, 1);
         compare_(cases[k].name, &g[k], &c[k], w0[k]);
         if (k != 1) { /* the bytes against the plan and fp32 masters' */
             run_spec sf = sg;
             sf.optimizer.master = MASTER_FP32;
+            if (cases[k].offload) /* its own budget: bigger slots */
+                sf.device.memory_budget = one_resident_(&sf);
             run_ f;
             train_(&sf, &f, NULL, NULL, NULL, 0);
             size_t n[2] = {n0, g[k].n[0]};
-            bytes_check_(&sg, &g[k], &f, n, cases[k].name);
+            if (cases[k].offload)
+                host_bytes_check_(&sg, &g[k], &f, cases[k].name);
+            else
+                bytes_check_(&sg, &g[k], &f, n, cases[k].name);
             run_free_(&f);
+        }
+        if (k == 4) {
+            load_check_(&sg, "cuda-e", &g[k],
+                        "E: offloaded cuda checkpoint into offloaded cuda, "
+                        "state bitwise");
+            run_spec so = sc; /* the same budget: it is in the spec hash */
+            so.device.memory_budget = sg.device.memory_budget;
+            load_check_(&so, "cuda-e", &g[k],
+                        "E: offloaded cuda checkpoint into cpu, state "
+                        "bitwise");
+            resume_check_(&sg, "cuda-e-mid", &g[k],
+                          "E: offloaded cuda resumed before the last step: "
+                          "its loss and state bitwise");
         }
         if (k == 1) {
             load_check_(&sg, "cuda-b", &g[k],

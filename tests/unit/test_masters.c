@@ -302,15 +302,24 @@ static void test_spec_key_and_refusals(void **state)
     }
     const char *const bad[][2] = {
         {"\"optimizer\": {\"master\": \"fp16\"}", "optimizer.master"},
-        {"\"optimizer\": {\"master\": \"bf16\"}, \"device\": "
-         "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
+        {"\"optimizer\": {\"master\": \"bf16\", \"name\": \"adafactor\"}, "
+         "\"device\": {\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}",
          "optimizer.master \"bf16\" on device.backend \"cuda\" with "
-         "device.memory_budget > 0"},
+         "optimizer.name \"adafactor\" and device.memory_budget > 0"},
+        {"\"optimizer\": {\"master\": \"bf16\"}, \"device\": "
+         "{\"backend\": \"cuda\", \"memory_budget\": \"1GiB\"}, "
+         "\"offload\": {\"speculative\": \"on\"}",
+         "optimizer.master \"bf16\" on device.backend \"cuda\" with "
+         "offload.speculative \"on\""},
     };
     fixture_spec_refusals(base, bad, sizeof bad / sizeof bad[0]);
-    /* cuda's resident slots have bf16 masters (tests/gpu/test_masters);
-     * offloaded slots on cpu too (test_offload.c) */
+    /* bf16 masters on cuda, offloaded slots too (tests/gpu/test_masters),
+     * and offloaded slots on cpu (test_offload.c) */
     fixture_optimizer_accepted(base, "{\"master\": \"bf16\"}");
+    fixture_spec_parse(&s, base, "\"optimizer\": {\"master\": \"bf16\"}, "
+                       "\"device\": {\"backend\": \"cuda\", "
+                       "\"memory_budget\": \"1GiB\"}");
+    assert_int_equal(s.optimizer.master, MASTER_BF16);
     fixture_optimizer_accepted(base, "{\"master\": \"bf16\", "
                                      "\"name\": \"adafactor\"}");
 }

@@ -4,7 +4,8 @@
  * worked out on paper, grad_sumsq against a long double sum (same bits
  * for 1 and 2 threads), and the offloaded slots' host loops
  * (offload_host.h): bf16 rounding by hand, gradient accumulation, sums of
- * squares, and AdamW with the bf16 working copy.
+ * squares, AdamW with the bf16 working copy, and AdamW on bf16 masters
+ * against the CPU op.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -220,7 +221,67 @@ static void test_host_adamw(void **state)
     (void)state;
 }
 
+/* host_adamw_sr_bf16 (bf16 masters of an offloaded cuda slot) against the
+ * CPU op, adamw_update_spans with the tensor's sr_key: three steps of a
+ * tensor of N weights (bf16 values) that the host updates in two chunks,
+ * the second with sr_base at its first element, the gradient in fp32 and
+ * then in bf16: the same weights (bitwise: the same rounding decisions
+ * from the same bits) and moments. */
+static void test_host_adamw_sr(void **state)
+{
+    enum { N = 1000, K = 377, STEPS = 3 };
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const float gscale = 0.75f;
+    const uint64_t key = sr_span_key(1234, 2, 4096);
+    float *p = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
+    float *m = calloc(N, sizeof(float)), *v = calloc(N, sizeof(float));
+    float *hm = calloc(N, sizeof(float)), *hv = calloc(N, sizeof(float));
+    uint16_t *w = malloc(N * sizeof(uint16_t)), *g16 = malloc(N * 2);
+    assert_true(p && g && m && v && hm && hv && w && g16);
+    for (int as_bf16 = 0; as_bf16 <= 1; as_bf16++) {
+        rng_seed(7 + (uint64_t)as_bf16);
+        for (int i = 0; i < N; i++) {
+            w[i] = bf16_from_f32(rng_float(-1.0f, 1.0f));
+            p[i] = bf16_to_f32(w[i]);
+        }
+        memset(m, 0, N * sizeof(float));
+        memset(v, 0, N * sizeof(float));
+        memset(hm, 0, N * sizeof(float));
+        memset(hv, 0, N * sizeof(float));
+        for (long t = 1; t <= STEPS; t++) {
+            for (int i = 0; i < N; i++) {
+                g16[i] = bf16_from_f32(rng_float(-0.5f, 0.5f));
+                g[i] = bf16_to_f32(g16[i]); /* both forms the same values */
+            }
+            adamw_span sp = {p, g, m, v, N, wd, t, key, 0};
+            adamw_update_spans(&sp, 1, lr, b1, b2, eps, gscale);
+            const float *g32 = as_bf16 ? NULL : g;
+            host_adamw_sr_bf16(w, hm, hv, g32, g16, K, lr, b1, b2, eps, wd,
+                               gscale, t, key, 0);
+            host_adamw_sr_bf16(w + K, hm + K, hv + K, g32 ? g32 + K : NULL,
+                               g16 + K, N - K, lr, b1, b2, eps, wd, gscale,
+                               t, key, K);
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(w[i], bf16_from_f32(p[i]));
+                assert_true(bf16_to_f32(w[i]) == p[i]); /* a bf16 value */
+                assert_memory_equal(&hm[i], &m[i], sizeof(float));
+                assert_memory_equal(&hv[i], &v[i], sizeof(float));
+            }
+        }
+    }
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(hm);
+    free(hv);
+    free(w);
+    free(g16);
+    (void)state;
+}
+
 TEST_MAIN(
+    cmocka_unit_test(test_host_adamw_sr),
     cmocka_unit_test(test_adamw),
     cmocka_unit_test(test_grad_sumsq),
     cmocka_unit_test(test_bf16_convert),

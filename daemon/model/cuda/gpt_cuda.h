@@ -328,7 +328,9 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
  * host (off->speculative refused: NULL, a message). o->master_bf16: the bf16
  * params are the master weights (no fp32 copy: 2 bytes per parameter
  * instead of 6), AdamW rounding each update stochastically with the CPU
- * model's keys from o->sr_seed (Adafactor's too); refused with off. */
+ * model's keys from o->sr_seed (Adafactor's too); with off, an offloaded
+ * slot's pinned bf16 copy is its master, updated in place by host AdamW
+ * (refused with Adafactor or off->speculative: NULL, a message). */
 gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
                                 const gpt_cuda_offload *off,
                                 const gpt_optim *o);

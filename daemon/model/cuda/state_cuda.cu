@@ -306,7 +306,12 @@ static int set_state_(gpt_cuda *g, int which, const float *host, size_t n,
         CUDA_CHECK(cudaMemset(g->params, 0, g->n_params * sizeof(bf16)));
         for (int i = 0; i < k; i++)
             params_put_(g, off[i][1], host + off[i][0], off[i][2]);
-        return 0; /* no host slots: offloading is refused */
+        /* an offloaded slot's master is its bf16 copy, rounded to nearest
+         * as params_put_ rounds (the jobs that read it are done: synced) */
+        for (int s = g->n_res; s < g->S && with_host_slots; s++)
+            host_to_bf16(g->off.hs[s - g->n_res].wbf,
+                         host + host_slot_off_(g, s), slot_n_(g, s));
+        return 0;
     }
     CUDA_CHECK(cudaMemset(buf, 0, g->n_params * sizeof(float)));
     for (int i = 0; i < k; i++)
@@ -341,7 +346,13 @@ static int get_state_(gpt_cuda *g, int which, float *host, size_t n,
     if (which == 0 && g->mbf) { /* the bf16 params are the masters */
         for (int i = 0; i < k; i++)
             params_get_(g, off[i][1], host + off[i][0], off[i][2]);
-        return 0; /* no host slots: offloading is refused */
+        for (int s = g->n_res; s < g->S && with_host_slots; s++) {
+            const uint16_t *w = g->off.hs[s - g->n_res].wbf;
+            float *at = host + host_slot_off_(g, s);
+            for (size_t i = 0; i < slot_n_(g, s); i++)
+                at[i] = bf16_to_f32(w[i]);
+        }
+        return 0;
     }
     for (int i = 0; i < k; i++)
         CUDA_CHECK(cudaMemcpy(host + off[i][0], buf + off[i][1],
@@ -593,10 +604,16 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
                                       cudaMemcpyDefault));
         if (!reset_moments)
             t_slot[s] = g->adam_t_slot[src_of[s]];
-        if (g->mbf) /* the bf16 params are the masters: all resident */
-            CUDA_CHECK(cudaMemcpy(params + ng + soff[s],
-                                  g->params + ng + g->slot_off[src_of[s]],
-                                  sz[0] * sizeof(bf16), dd));
+        if (g->mbf) { /* the bf16 params are the masters: device or host */
+            int o = src_of[s];
+            const void *from16 =
+                o < g->n_res ? (const void *)(g->params + ng + g->slot_off[o])
+                             : (const void *)g->off.hs[o - g->n_res].wbf;
+            void *to16 = s < n_res ? (void *)(params + ng + soff[s])
+                                   : (void *)hs[s - n_res].wbf;
+            CUDA_CHECK(cudaMemcpy(to16, from16, sz[0] * sizeof(bf16),
+                                  cudaMemcpyDefault));
+        }
     }
     /* bf16 working copies: resident ones from the new masters on the
      * device; host ones below, once the new state is in place */

@@ -62,10 +62,12 @@ static hslot_ *hslot_of_(gpt_cuda *g, int s)
  * 2-D tensors only), and the bf16 working copy: host_adamw_bf16, the
  * formula of kernels.h, computed as adamw_kernel in adamw.cu (fp32, bias
  * corrections in double rounded to float). The gradient is gacc, or gbf
- * when j->from_bf. The slot's tail padding is zero in master and wbf. */
+ * when j->from_bf. The slot's tail padding is zero in master and wbf.
+ * bf16 masters (g->mbf): no fp32 master; wbf is updated in place, each
+ * weight rounded stochastically with the CPU model's key of its tensor
+ * (host_adamw_sr_bf16). */
 static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
-    (void)g;
     for (int k = 0; k < h->nt; k++) {
         size_t a = h->ts[k].off, b = a + h->ts[k].numel;
         if (a < j->i0) a = j->i0;
@@ -73,7 +75,14 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
         if (a >= b)
             continue;
         float wd = h->ts[k].two_d ? j->wd : 0.0f;
-        if (j->spec) /* speculative: old state kept, new in the second */
+        if (g->mbf) /* bf16 masters: wbf is the master, keyed by tensor */
+            host_adamw_sr_bf16(h->wbf + a, h->m + a, h->v + a,
+                               j->from_bf ? NULL : h->gacc + a, h->gbf + a,
+                               b - a, j->lr, j->beta1, j->beta2, j->eps, wd,
+                               j->scale, j->t,
+                               gpt_cuda_sr_key_(g, j->slot, h->ts[k].off),
+                               a - h->ts[k].off);
+        else if (j->spec) /* speculative: old state kept, new in the second */
             host_adamw_bf16_to(h->master + a, h->m + a, h->v + a,
                                h->master2 + a, h->m2 + a, h->v2 + a,
                                h->wbf2 + a, j->from_bf ? NULL : h->gacc + a,
@@ -332,6 +341,8 @@ void gpt_offload_wait_idle(gpt_cuda *g)
 void gpt_offload_refresh_bf16(gpt_cuda *g, int s)
 {
     offload_rt_ *o = &g->off;
+    if (g->mbf) /* the bf16 copy is the master: nothing to make */
+        return;
     hjob_ j;
     memset(&j, 0, sizeof j);
     j.kind = JOB_TO_BF16;
@@ -366,9 +377,9 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
         o->n_staging = TIMING_RING / 2;
     o->n_threads = cfg->host_threads < 1 ? 1 : cfg->host_threads;
     o->speculative = cfg->speculative != 0;
-    if (o->speculative && g->af) { /* the planner never asks it */
+    if (o->speculative && (g->af || g->mbf)) { /* the planner never asks */
         fprintf(stderr, "gpt_cuda: the speculative update keeps AdamW's "
-                        "state only, not Adafactor's\n");
+                        "fp32-master state only\n");
         return -1;
     }
     CUDA_CHECK(cudaGetDevice(&o->device));
@@ -564,9 +575,12 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
 /* Floats of an offloaded slot's pageable block (kind kd, ss elements):
  * AdamW's master, m, v and gacc, ss each; Adafactor's master, gacc, m
  * (with a first moment) and v in its af layout, rounded up to 16 floats
- * (64 bytes, as the planner counts it: offload/plan.c). */
+ * (64 bytes, as the planner counts it: offload/plan.c); with bf16
+ * masters (AdamW), m, v and gacc. */
 static size_t host_floats_(const gpt_cuda *g, int kd, size_t ss)
 {
+    if (g->mbf) /* m, v, gacc: the pinned bf16 copy is the master */
+        return 3 * ss;
     if (!g->af)
         return 4 * ss;
     return (2 + (size_t)g->af_m) * ss + (g->af_kind[kd] + 15) / 16 * 16;
@@ -607,7 +621,12 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
             return NULL;
         }
         h->blk = h->master;
-        if (g->af) { /* master | gacc | m (with a first moment) | v */
+        if (g->mbf) { /* m | v | gacc: wbf is the master */
+            h->m = h->blk;
+            h->v = h->blk + ss;
+            h->gacc = h->blk + 2 * ss;
+            h->master = NULL;
+        } else if (g->af) { /* master | gacc | m (with a first moment) | v */
             h->gacc = h->master + ss;
             h->m = g->af_m ? h->master + 2 * ss : NULL;
             h->v = h->master + (2 + g->af_m) * ss;
@@ -618,7 +637,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         }
         size_t pin = 2 * ss * sizeof(uint16_t);
         if (o->speculative && spec_alloc_(o, h, ss, n_res + i) != 0) {
-            free(h->master);
+            free(h->blk);
             gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
@@ -626,7 +645,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         h->wbf = (uint16_t *)host_alloc_(pin, &h->pinned);
         if (!h->wbf) {
             spec_free_(o, h, ss);
-            free(h->master);
+            free(h->blk);
             gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;
@@ -646,7 +665,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
         if (!h->ssq) {
             host_free_(h->wbf, h->pinned);
             spec_free_(o, h, ss);
-            free(h->master);
+            free(h->blk);
             gpt_offload_free_slots(g, hs, i);
             *failed = 1;
             return NULL;

@@ -7,9 +7,10 @@
 #include "common.cuh"             /* the mock: first (see there) */
 #include "offload/cuda/gpt_cuda_offload.cu"
 
-/* The host Adafactor job (optimizer.name adafactor) is not driven here:
- * the mock's models keep AdamW's state (g->af 0), so these are never
- * called; emu_gpu_adafactor runs the job on the real kernels. */
+/* The host Adafactor job (optimizer.name adafactor) and bf16 masters are
+ * not driven here: the mock's models keep AdamW's fp32-master state (g->af
+ * and g->mbf 0), so these are never called; emu_gpu_adafactor and
+ * emu_gpu_masters run those paths on the real kernels. */
 #include <stdlib.h>
 extern "C" int gpt_af_tensors(const model_config *, int, gpt_af_tensor *,
                               size_t *)
@@ -18,6 +19,11 @@ extern "C" int gpt_af_tensors(const model_config *, int, gpt_af_tensor *,
 }
 extern "C" int adafactor_update_spans(const adafactor_span *, int,
                                       const adafactor_hparams *)
+{
+    abort();
+}
+/* nor bf16 masters (g->mbf 0): no key is asked */
+uint64_t gpt_cuda_sr_key_(const gpt_cuda *, int, size_t)
 {
     abort();
 }
