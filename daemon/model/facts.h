@@ -158,9 +158,8 @@ model_param_bytes model_param_bytes_of(int cuda);
  * traffic (adam_direct, adam_accum) and the speculative buffers are fp32
  * AdamW's whatever o says (the CPU model's offloaded slots run either
  * optimizer, with either master: its bf16 masters are fp32 floats).
- * What the CUDA model does not run yet (bf16 masters with Adafactor on
- * offloaded slots: it runs resident ones, gpt_cuda_create_optim) is its
- * design, for the planners at scale (offload/plan_cluster.c). */
+ * The CUDA model runs every combination, offloaded slots included
+ * (gpt_cuda_create_optim). */
 model_param_bytes model_param_bytes_for(int cuda, const gpt_optim *o);
 
 /* Adafactor's second-moment floats (gpt_af_tensors: rows + cols a matrix,

@@ -257,15 +257,8 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                                       : out->host_slot_bytes;
     }
     /* bf16 masters on cuda: the bf16 weights are their masters, on the
-     * device and in an offloaded slot's pinned copy (pb); not with the
-     * host Adafactor (the spec refuses it) */
+     * device and in an offloaded slot's pinned copy (pb) */
     int mbf_cuda = in->optim.master_bf16 && cuda;
-    if (mbf_cuda && af && in->budget > 0) {
-        snprintf(err, errlen, "offload plan: bf16 master weights "
-                 "(optimizer.master) with Adafactor and a device memory "
-                 "budget are planned on the cpu backend only");
-        return -1;
-    }
     size_t wg = (size_t)(pb.weights + pb.grads);
     if (af) {
         /* cuda: the globals' weights, gradients and first moment span wte's

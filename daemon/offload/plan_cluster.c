@@ -600,11 +600,6 @@ void cluster_plan_print(FILE *f, const cluster_plan *p, const run_spec *spec,
                 "parameter; %d gradients in flight per device of the "
                 "largest offloaded share, %d bytes (pinned bf16) a parameter "
                 "each\n", p->real.n_grad_bufs, pb->stream_grad);
-    if (af && bf16)
-        fprintf(f, "note: the cuda backend does not run bf16 masters with "
-                "Adafactor on offloaded slots yet (the spec is refused "
-                "there; resident ones it runs): these are its bytes by "
-                "design\n");
     fprintf(f, "not counted: activations, the CUDA context and the cuBLASLt "
             "workspace (what is left of a device is shown as headroom)\n");
     if (p->has_pseudo)

@@ -690,23 +690,15 @@ static int master_check_(const run_spec *s, char *err, size_t errlen)
         return 0;
     if (s->device.memory_budget <= 0)
         return 0;
-    /* offloaded slots: host AdamW on the bf16 masters; the host Adafactor
-     * and the speculative update keep fp32 masters */
-    const char *why =
-        s->optimizer.name == OPTIMIZER_ADAFACTOR
-            ? "with optimizer.name \"adafactor\" and device.memory_budget > "
-              "0 (an offloaded slot's host Adafactor keeps fp32 masters); "
-              "set device.memory_budget to 0"
-        : s->offload.speculative == SPEC_SPECULATIVE_ON
-            ? "with offload.speculative \"on\" (the speculative update's "
-              "second buffers are fp32 masters'); set it to \"auto\" or "
-              "\"off\""
-            : NULL;
-    if (!why)
+    /* offloaded slots: host updates of the bf16 masters; the speculative
+     * update keeps fp32 masters */
+    if (s->offload.speculative != SPEC_SPECULATIVE_ON)
         return 0;
     seterr_(err, errlen, "optimizer.master \"bf16\" on device.backend "
-            "\"cuda\" %s is not supported yet; or use device.backend "
-            "\"cpu\" or optimizer.master \"fp32\"", why);
+            "\"cuda\" with offload.speculative \"on\" is not supported "
+            "yet (the speculative update's second buffers are fp32 "
+            "masters'); set it to \"auto\" or \"off\", or use "
+            "device.backend \"cpu\" or optimizer.master \"fp32\"");
     return -1;
 }
 

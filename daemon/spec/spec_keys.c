@@ -214,8 +214,7 @@ const key_ spec_keys_[] = {
          "included: their host AdamW rounds the same way; the CPU model "
          "computes from an fp32 copy of the bf16 values) and on `cuda` (the "
          "bf16 weights are the masters, an offloaded slot's pinned copy "
-         "too; with a memory budget AdamW only, without "
-         "`offload.speculative` `on`)."),
+         "too; not with `offload.speculative` `on`)."),
     INT("optimizer", "shard", optimizer.shard, 0, 1,
         "ZeRO stage 1: `true` (or 1; `false`, 0: off) shards the "
         "optimizer state over the data-parallel ranks, each keeping that of "

@@ -33,9 +33,10 @@
  * trainer, gives that step's loss and the end state bitwise.
  * (The op itself against the CPU op, bit for bit, and updates below
  * bf16's resolution moving the mean: tests/gpu/test_ops.cu.)
- * E and F offloaded (a device.memory_budget that keeps one slot of the
- * real phase resident: host AdamW on the other two's pinned bf16 copies,
- * which are their masters, rounded with the same keys), E as A, F as D:
+ * E, F and G offloaded (a device.memory_budget that keeps one slot of the
+ * real phase resident: host updates of the other two's pinned bf16
+ * copies, which are their masters, rounded with the same keys), E as A,
+ * F as D, G as C:
  * the same checks against the resident cpu run, the device and host bytes
  * against the planner's, the host bytes at least a fifth below an
  * fp32-master offloaded run's; E saves before its last step and at the
@@ -73,7 +74,7 @@
 #define TOL_LOSS 5e-2
 #define TOL_UPDATE 1e-1
 #define TOL_STATE 5e-2
-#define NCASES 6
+#define NCASES 7
 
 #include "gpu_vs_cpu.h"
 
@@ -132,8 +133,9 @@ static void compare_(const char *name, const run_ *g, const run_ *c,
 /* An offloaded cuda run g: its device and host bytes and offloaded slots
  * against the planner's (plan_check_), 2 slots of 3 offloaded in the real
  * phase, and its host bytes against fp32-master run f's: an offloaded
- * slot keeps no fp32 master (20 bytes a parameter with one, 16 without:
- * model_param_bytes_for), so at least a fifth less. */
+ * slot keeps no fp32 master, 4 bytes a parameter less (model_param_bytes_
+ * for), at least a fifth of f's (AdamW: 20 bytes a parameter, 16 without
+ * the master; Adafactor's slots are smaller, so saved more than a fifth). */
 static void host_bytes_check_(const run_spec *s, const run_ *g,
                               const run_ *f, const char *name)
 {
@@ -185,6 +187,7 @@ int main(void)
         {"D MoE", DELINK_OPT_COPY, 0, 1, 0},
         {"E offloaded", DELINK_OPT_COPY, 0, 0, 1},
         {"F offloaded MoE", DELINK_OPT_COPY, 0, 1, 1},
+        {"G offloaded adafactor", DELINK_OPT_COPY, 1, 0, 1},
     };
     run_ g[NCASES], c[NCASES];
     float *w0[NCASES];

@@ -88,13 +88,6 @@ size_t gpt_cuda_state_offset(const gpt_cuda *g, int which, int s)
 int gpt_cuda_optim_init_(gpt_cuda *g, const gpt_optim *o,
                          const gpt_cuda_offload *off)
 {
-    if (o && o->master_bf16 && o->adafactor && off) {
-        fprintf(stderr, "gpt_cuda_create: bf16 master weights with "
-                        "Adafactor and offloading are not supported (an "
-                        "offloaded slot's host Adafactor keeps fp32 "
-                        "masters)\n");
-        return -1;
-    }
     if (o && o->master_bf16) {
         g->mbf = 1;
         g->sr_seed = o->sr_seed;

@@ -101,10 +101,24 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
  * the state as they move a CPU slot's) through kernels.h
  * adafactor_update_spans on the fp32 master, the accumulated gradient and
  * the slot's m (or NULL) and v, at step count j->t; then the bf16 working
- * copy. Out of host memory (the tensor list, the column sums): reported
- * and m6d exits, as for the job queue. */
+ * copy. bf16 masters (g->mbf): the master is the bf16 copy, widened into
+ * a scratch of the slot's size for the update (each span rounding with
+ * the CPU model's key of its tensor, so every value stays a bf16 one) and
+ * written back exactly. Out of host memory (the tensor list, the scratch,
+ * the column sums): reported and m6d exits, as for the job queue. */
 static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
+    float *p = h->master;
+    if (g->mbf) {
+        p = (float *)malloc((h->n ? h->n : 1) * sizeof(float));
+        if (!p) {
+            fprintf(stderr, "gpt_cuda offload: out of host memory for slot "
+                            "%d's Adafactor\n", j->slot);
+            exit(1);
+        }
+        for (size_t i = 0; i < h->n; i++)
+            p[i] = bf16_to_f32(h->wbf[i]);
+    }
     int nt = gpt_af_tensors(&g->cfg, h->kind, NULL, NULL);
     gpt_af_tensor *ts = nt > 0 ? (gpt_af_tensor *)malloc((size_t)nt *
                                                          sizeof *ts)
@@ -120,10 +134,11 @@ static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
     for (int i = 0; i < nt; i++) {
         const gpt_af_tensor *a = &ts[i];
         float *r = h->v + a->state_off;
-        sp[i] = (adafactor_span){h->master + a->offset, h->gacc + a->offset,
+        uint64_t key = g->mbf ? gpt_cuda_sr_key_(g, j->slot, a->offset) : 0;
+        sp[i] = (adafactor_span){p + a->offset, h->gacc + a->offset,
                                  h->m ? h->m + a->offset : NULL, r,
                                  a->cols ? r + a->rows : NULL, a->rows,
-                                 a->cols, a->decay ? j->wd : 0.0f, j->t, 0};
+                                 a->cols, a->decay ? j->wd : 0.0f, j->t, key};
     }
     if (adafactor_update_spans(sp, nt, &j->af) != 0) {
         fprintf(stderr, "gpt_cuda offload: out of host memory in slot "
@@ -132,7 +147,9 @@ static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
     }
     free(ts);
     free(sp);
-    host_to_bf16(h->wbf, h->master, h->n);
+    host_to_bf16(h->wbf, p, h->n);
+    if (p != h->master)
+        free(p);
 }
 
 static double sumsq_range_(const hslot_ *h, const hjob_ *j)
@@ -575,15 +592,14 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
 /* Floats of an offloaded slot's pageable block (kind kd, ss elements):
  * AdamW's master, m, v and gacc, ss each; Adafactor's master, gacc, m
  * (with a first moment) and v in its af layout, rounded up to 16 floats
- * (64 bytes, as the planner counts it: offload/plan.c); with bf16
- * masters (AdamW), m, v and gacc. */
+ * (64 bytes, as the planner counts it: offload/plan.c); bf16 masters
+ * keep no master there (the pinned bf16 copy is it). */
 static size_t host_floats_(const gpt_cuda *g, int kd, size_t ss)
 {
-    if (g->mbf) /* m, v, gacc: the pinned bf16 copy is the master */
-        return 3 * ss;
-    if (!g->af)
-        return 4 * ss;
-    return (2 + (size_t)g->af_m) * ss + (g->af_kind[kd] + 15) / 16 * 16;
+    if (!g->af) /* AdamW: master (not with bf16 masters), m, v, gacc */
+        return (g->mbf ? 3 : 4) * ss;
+    return (2 - (size_t)g->mbf + (size_t)g->af_m) * ss +
+           (g->af_kind[kd] + 15) / 16 * 16;
 }
 
 hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
@@ -621,15 +637,18 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
             return NULL;
         }
         h->blk = h->master;
-        if (g->mbf) { /* m | v | gacc: wbf is the master */
+        if (g->af) { /* [master] | gacc | m (with a first moment) | v */
+            float *at = h->blk + (g->mbf ? 0 : ss);
+            h->gacc = at;
+            h->m = g->af_m ? at + ss : NULL;
+            h->v = at + (1 + g->af_m) * ss;
+            if (g->mbf)
+                h->master = NULL; /* wbf is the master */
+        } else if (g->mbf) { /* m | v | gacc: wbf is the master */
             h->m = h->blk;
             h->v = h->blk + ss;
             h->gacc = h->blk + 2 * ss;
             h->master = NULL;
-        } else if (g->af) { /* master | gacc | m (with a first moment) | v */
-            h->gacc = h->master + ss;
-            h->m = g->af_m ? h->master + 2 * ss : NULL;
-            h->v = h->master + (2 + g->af_m) * ss;
         } else {
             h->m = h->master + ss;
             h->v = h->master + 2 * ss;
