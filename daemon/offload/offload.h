@@ -268,6 +268,14 @@ int offload_stream_grad_bufs(const int *slot_of, int L,
                              const unsigned char *offloaded, int S,
                              int host_threads);
 
+/* The most offloaded slots whose gradient is partial at once in a
+ * backward pass of share map slot_of (offload_partial_max): 0 when every
+ * offloaded slot's layers are adjacent, so that each is drained once a
+ * step, as the cuda backend's streamed gradients need (it keeps no fp32
+ * accumulator). -1 when out of memory. */
+int offload_stream_partials(const int *slot_of, int L,
+                            const unsigned char *offloaded, int S);
+
 /* Plan one phase. 0, or -1 with err when the input is invalid or the model
  * does not fit even with every slot offloaded; the message gives the budget,
  * the minimum and its parts. out is filled in both cases (placement NULL on

@@ -161,13 +161,9 @@ static int count_step_bytes_(offload_plan *p, const int *slot_of,
     return 0;
 }
 
-int offload_stream_grad_bufs(const int *slot_of, int L,
-                             const unsigned char *offloaded, int S,
-                             int host_threads)
+int offload_stream_partials(const int *slot_of, int L,
+                            const unsigned char *offloaded, int S)
 {
-    int k = 0;
-    for (int s = 0; s < S; s++)
-        k += offloaded[s] != 0;
     offload_interval *iv = malloc(2 * (size_t)L * sizeof *iv);
     int *at = malloc(2 * (size_t)L * sizeof(int));
     unsigned char *touched = calloc((size_t)S, 1);
@@ -175,15 +171,26 @@ int offload_stream_grad_bufs(const int *slot_of, int L,
     if (iv && at && touched) {
         int niv = offload_cut_pass(slot_of, L, offloaded, 1, 1, touched, iv,
                                    at);
-        n = offload_partial_max(iv, niv) + (host_threads > 1 ? host_threads
-                                                             : 1) + 1;
-        if (n > k)
-            n = k;
+        n = offload_partial_max(iv, niv);
     }
     free(iv);
     free(at);
     free(touched);
     return n;
+}
+
+int offload_stream_grad_bufs(const int *slot_of, int L,
+                             const unsigned char *offloaded, int S,
+                             int host_threads)
+{
+    int k = 0;
+    for (int s = 0; s < S; s++)
+        k += offloaded[s] != 0;
+    int n = offload_stream_partials(slot_of, L, offloaded, S);
+    if (n < 0)
+        return -1;
+    n += (host_threads > 1 ? host_threads : 1) + 1;
+    return n > k ? k : n;
 }
 
 int offload_plan_make(const offload_plan_input *in, offload_plan *out,
@@ -220,10 +227,11 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->staging_bytes = pb.staging * ss;
     out->host_slot_bytes = pb.host * ss;
     out->pinned_slot_bytes = pb.pinned * ss;
-    if (in->stream_grads && (cuda || in->grad_accum != 1)) {
+    if (in->stream_grads && (in->grad_accum != 1 ||
+                             (cuda && in->optim.adafactor))) {
         snprintf(err, errlen, "offload plan: streamed gradients "
-                 "(offload.stream_grads) are planned on the cpu backend "
-                 "with one microbatch a step only");
+                 "(offload.stream_grads) are planned with one microbatch a "
+                 "step only, and on cuda with AdamW only");
         return -1;
     }
     /* streamed: an offloaded slot keeps no gradient of its own */
@@ -426,12 +434,23 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->stream_grads = 1;
         out->n_grad_bufs = offload_stream_grad_bufs(map, L, out->placement, S,
                                                     in->host_threads);
-        if (out->n_grad_bufs < 0) {
+        /* cuda keeps no fp32 accumulator: each slot drained once a step */
+        int partial = cuda ? offload_stream_partials(map, L, out->placement,
+                                                     S)
+                           : 0;
+        if (out->n_grad_bufs < 0 || partial != 0) {
             free(res_of);
             free(kind);
             free(map);
             offload_plan_free(out);
-            snprintf(err, errlen, "offload plan: out of memory");
+            if (partial > 0)
+                snprintf(err, errlen, "offload plan: streamed gradients "
+                         "(offload.stream_grads) on cuda need each "
+                         "offloaded slot's layers adjacent (one drain a "
+                         "step); this share map uses a slot in layers "
+                         "apart");
+            else
+                snprintf(err, errlen, "offload plan: out of memory");
             return -1;
         }
         out->grad_buf_bytes = (size_t)pb.stream_grad * ss;

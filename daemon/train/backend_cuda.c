@@ -65,6 +65,7 @@ typedef struct {
                                    * gpt_cuda_state_offset's layout, by
                                    * backend_buf (NULL: no such buffer) */
     int grad_accum;               /* microbatches per step */
+    int stream_grads;             /* offload.stream_grads (the plan's) */
     int master_bf16;              /* optimizer.master bf16: an offloaded
                                    * slot's weights are its bf16 copy, so
                                    * host[0] holds every slot's */
@@ -150,8 +151,11 @@ static float clip_(const backend_adam *h)
 static void cuda_step_begin_(void *ctx, const backend_adam *h)
 {
     cuda_ctx_ *c = ctx;
+    /* streamed gradients (offload.stream_grads, no clipping): each
+     * offloaded slot's update runs once its gradient is final, and is
+     * skipped when that gradient is not finite; the others stand */
     gpt_cuda_step_begin(c->g, h->lr, h->beta1, h->beta2, h->eps,
-                        h->weight_decay, clip_(h));
+                        h->weight_decay, c->stream_grads ? 0.0f : clip_(h));
     gpt_moe_stats_clear(&c->moe_st, (size_t)c->n_moe_layers *
                                         (size_t)c->model.moe_experts);
     c->grad_mean = h->slot_grad_mean;
@@ -554,6 +558,16 @@ static int cuda_offload_stats_(void *ctx, offload_stats *st)
     st->spec_steps = os.spec_steps;
     st->redo_steps = os.redo_steps;
     st->spec_restores = os.spec_restores;
+    /* streamed: the pool's buffers (in host and pinned above too); the
+     * skips of updates whose slot's gradient was not finite */
+    st->stream_grads = os.n_grad_bufs > 0;
+    st->n_grad_bufs = os.n_grad_bufs;
+    st->grads.capacity = os.grad_buf_bytes;
+    st->grads.pinned = os.grad_buf_bytes;
+    st->grads.in_use = os.grad_buf_in_use;
+    st->grads.peak = os.grad_buf_peak;
+    if (st->stream_grads)
+        st->stream_skips = os.update_skips;
     double copy = os.h2d_s + os.d2h_s;
     if (copy > 0) {
         double h = 1.0 - os.stall_s / copy;
@@ -742,6 +756,9 @@ int backend_cuda_create(backend *be, const backend_setup *bs, char *err,
             off.n_staging = bs->plan->n_staging; /* min(prefetch, offloaded) */
             off.host_threads = bs->host_threads;
             off.speculative = bs->plan->speculative; /* the Real phase's */
+            off.n_grad_bufs = bs->plan->stream_grads ? bs->plan->n_grad_bufs
+                                                     : 0;
+            c->stream_grads = bs->plan->stream_grads;
             offp = &off;
             c->placed = 1;
         }

@@ -175,6 +175,7 @@ static gpt_cuda *make_(int S, int Bmax, const gpt_cuda_offload *off,
 static gpt_cuda_offload placement_(int n_resident, int n_staging)
 {
     gpt_cuda_offload off;
+    memset(&off, 0, sizeof off); /* no speculation, gradients not streamed */
     off.n_resident = n_resident;
     off.n_staging = n_staging;
     off.host_threads = HOST_THREADS;

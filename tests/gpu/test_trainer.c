@@ -420,6 +420,70 @@ static int offload_case_(float clip)
     return 0;
 }
 
+/* ------------------------------------------------------ 6b: streamed */
+
+/* offload.stream_grads on cuda (no clipping, one microbatch): the same
+ * run with and without it, one slot of the real phase resident: losses
+ * and the end state (weights, moments, step counts) bitwise, as the
+ * update is the same early host AdamW on the same landed gradient; the
+ * streamed run's host bytes as planned (the landing buffers' pool in
+ * them), fewer than the unstreamed run's, and its pool used. */
+static int stream_case_(void)
+{
+    run_spec a = spec_(BACKEND_CUDA), b;
+    a.train.grad_clip = 0;
+    a.train.grad_accum = 1;
+    offload_plan p;
+    a.device.memory_budget = offload_budget_(&a, 1, &p);
+    offload_plan_free(&p);
+    b = a;
+    b.offload.stream_grads = 1;
+    char err[512];
+    if (offload_plan_for_spec(&b, 0, &p, err, sizeof err) != 0) {
+        printf("  offload_plan_for_spec: %s\n", err);
+        check_true_(0, "streamed: the planner plans it");
+        return 0;
+    }
+    printf("  budget %zu bytes: real %d offloaded, %d landing buffers of "
+           "%zu bytes\n", b.device.memory_budget, p.n_offloaded,
+           p.n_grad_bufs, p.grad_buf_bytes);
+    float la[STEPS_MAX], lb[STEPS_MAX];
+    state_ sa, sb;
+    offload_stats ta, tb;
+    trainer *t = fixture_create_or_exit(&a);
+    if (run_(t, &a, STEPS, la, NULL) != 0)
+        return -1;
+    state_get_(t, &sa);
+    trainer_offload_stats(t, &ta);
+    trainer_free(t);
+    t = fixture_create_or_exit(&b);
+    if (run_(t, &b, STEPS, lb, NULL) != 0)
+        return -1;
+    state_get_(t, &sb);
+    check_true_(trainer_offload_stats(t, &tb) == 0 && tb.stream_grads &&
+                    tb.n_grad_bufs == p.n_grad_bufs && tb.n_offloaded == 2,
+                "streamed: on, 2 slots offloaded, the planned buffers");
+    check_true_(!memcmp(la, lb, (size_t)STEPS * sizeof(float)),
+                "streamed: losses bitwise the unstreamed run's");
+    check_true_(state_equal_(&sa, &sb),
+                "streamed: weights, moments, step counts bitwise");
+    printf("  host bytes %zu (plan %zu), unstreamed %zu; buffers %zu bytes, "
+           "peak %zu in use\n", tb.host.in_use, p.host_bytes,
+           ta.host.in_use, tb.grads.capacity, tb.grads.peak);
+    check_true_(tb.host.in_use == p.host_bytes,
+                "streamed: host bytes as planned");
+    check_true_(tb.host.in_use < ta.host.in_use,
+                "streamed: fewer host bytes than unstreamed");
+    check_true_(tb.grads.peak > 0 && tb.grads.peak <= tb.grads.capacity &&
+                    tb.grads.in_use == 0 && tb.stream_skips == 0,
+                "streamed: the pool used, all back, nothing skipped");
+    state_free_(&sa);
+    state_free_(&sb);
+    trainer_free(t);
+    offload_plan_free(&p);
+    return 0;
+}
+
 static int offload_bytes_case_(void)
 {
     run_spec s = spec_(BACKEND_CUDA);
@@ -754,6 +818,9 @@ int main(void)
         return 1;
     printf("6. offloading, no clipping (host AdamW during backward)\n");
     if (offload_case_(0.0f) != 0)
+        return 1;
+    printf("6b. offloading, streamed gradients\n");
+    if (stream_case_() != 0)
         return 1;
     printf("7. offloading: copy bytes against the plan\n");
     if (offload_bytes_case_() != 0)

@@ -314,6 +314,13 @@ typedef struct {
                          * gradient is final; gpt_cuda_adamw keeps them
                          * when the clip scale is 1 and redoes the update
                          * from the old state otherwise */
+    int n_grad_bufs;    /* offload.stream_grads (the plan's n_grad_bufs):
+                         * > 0, offloaded slots keep no gradient of their
+                         * own; a drain lands in one of these pinned bf16
+                         * buffers, held until the slot's early update is
+                         * done (max_norm <= 0 only; each offloaded slot
+                         * drained once a step). 0: each slot its own
+                         * landing buffer and fp32 accumulator */
 } gpt_cuda_offload;
 
 /* As gpt_cuda_create with the state placed by *off (NULL: all resident;
@@ -391,6 +398,11 @@ typedef struct {
     uint64_t spec_steps;     /* steps that speculated */
     uint64_t redo_steps;     /* of which the clip applied: redone */
     uint64_t spec_restores;  /* slot updates redone */
+    int n_grad_bufs;         /* streamed gradients' buffers (0: off) */
+    size_t grad_buf_bytes;   /* ... their bytes, pinned, in host_bytes */
+    size_t grad_buf_in_use, grad_buf_peak; /* bytes out now, most at once */
+    uint64_t update_skips;   /* early (unclipped) slot updates skipped, the
+                              * slot's own gradient not finite */
 } gpt_cuda_offload_stats;
 
 /* Statistics (times of copies still in flight are not yet counted). Any

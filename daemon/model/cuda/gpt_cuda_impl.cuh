@@ -78,10 +78,14 @@ typedef struct {
     const struct tensor_ *ts;      /* its kind's tensors (g->kind[]) */
     int nt;                        /* how many */
     float *master, *m, *v, *gacc;  /* one pageable block: master|m|v|gacc;
-                                    * Adafactor: master|gacc|m|v, m NULL
-                                    * without a first moment, v the slot
-                                    * kind's af layout (af_kind floats) */
-    uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing */
+                                    * master NULL with bf16 masters (wbf is
+                                    * it), m NULL with Adafactor without a
+                                    * first moment, v Adafactor's af layout
+                                    * (af_kind floats, rounded up to 16),
+                                    * gacc NULL with streamed gradients */
+    uint16_t *wbf, *gbf;           /* bf16 bits: working copy | landing
+                                    * (streamed: a pool buffer while the
+                                    * slot holds one, else NULL) */
     int pinned;                    /* wbf/gbf from cudaHostAlloc */
     int accum_jobs, adam_jobs;     /* host jobs queued or running */
     int touched;                   /* this step's gradient has landed */
@@ -89,6 +93,11 @@ typedef struct {
                                     * not written; gbf held until AdamW) */
     int sumsq_done;                /* ssq is of the final gradient */
     int updated;                   /* AdamW queued this step (early) */
+    int pending;                   /* an early update waits for the slot's
+                                    * whole gradient (counted in adam_jobs
+                                    * until queued or skipped) */
+    int gbf_release;               /* streamed: give gbf back when the
+                                    * update queued on it is done */
     double *ssq;                   /* [chunks] per-chunk sums of squares */
     /* the allocations (master/m/v and wbf swap between them) and the
      * speculative update's second buffers (offload.speculative) */
@@ -178,6 +187,17 @@ typedef struct {
     double h2d_ms, d2h_ms, stall_ms, accum_s, adam_s;
     size_t pinned_bytes, host_bytes;
     int warned_pin;
+    /* streamed gradients (gpt_cuda_offload.n_grad_bufs > 0): the landing
+     * buffers, slot_size bf16 each, a slot holding one from its drain to
+     * the end of its update */
+    int n_gbufs;
+    uint16_t *gpool;               /* n_gbufs * slot_size, as allocated */
+    int gpool_pinned;
+    uint16_t **gfree;              /* [n_gbufs] the free ones */
+    int n_gfree;
+    int gbuf_peak;                 /* most out at once */
+    uint64_t skips;                /* early updates skipped: the slot's
+                                    * gradient not finite */
 } offload_rt_;
 
 /* The pinned staging of a step's k-th queued microbatch: its tokens,

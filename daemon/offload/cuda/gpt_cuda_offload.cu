@@ -27,6 +27,16 @@
  *     squares and AdamW read the landed bf16 gradient (job.from_bf), which
  *     moves 8 fewer bytes per parameter through host memory and gives the
  *     same bits; its next drain waits for that AdamW.
+ *     An early update (no clipping) waits for the slot's whole gradient:
+ *     the last of its final ACCUM chunks queues its ADAM chunks when the
+ *     slot's sum of squares is finite, and skips them (the slot keeps its
+ *     state) when it is not; until then a token in adam_jobs holds the
+ *     slot's next fetch and drain.
+ *     Streamed gradients (n_grad_bufs > 0): a slot has no accumulator and
+ *     no landing buffer of its own; its drain takes one of n_grad_bufs
+ *     pinned buffers (waiting while all are out), and the slot gives it
+ *     back once its early update is done or skipped. Each offloaded slot
+ *     is drained once a step (the planner checks it).
  *     With Adafactor (optimizer.name adafactor) the update is one
  *     ADAFACTOR job per slot, queued by gpt_offload_adafactor: a matrix's
  *     row and column statistics need its whole gradient, so there are no
@@ -154,6 +164,8 @@ static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 
 static double sumsq_range_(const hslot_ *h, const hjob_ *j)
 {
+    if (j->from_bf && !h->gbf) /* streamed, given back: nothing landed */
+        return 0.0;
     return j->from_bf ? host_sumsq_bf16(h->gbf + j->i0, j->i1 - j->i0)
                       : host_sumsq_f32(h->gacc + j->i0, j->i1 - j->i0);
 }
@@ -202,6 +214,71 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
     return ss;
 }
 
+static void queue_chunks_(gpt_cuda *g, const hjob_ *proto);
+
+/* Streamed gradients: slot h's landing buffer back to the pool (lock
+ * held). */
+static void gbuf_release_(offload_rt_ *o, hslot_ *h)
+{
+    if (!o->n_gbufs || !h->gbf)
+        return;
+    o->gfree[o->n_gfree++] = h->gbf;
+    h->gbf = NULL;
+    h->gbf_release = 0;
+    pthread_cond_broadcast(&o->cv_done);
+}
+
+/* Streamed gradients: a pool buffer for slot h, zeroed, as its gradient
+ * (a slot no layer used this step), waiting while none is free (lock
+ * held; its last update is done). */
+static void gbuf_zero_(offload_rt_ *o, hslot_ *h)
+{
+    while (o->n_gfree == 0)
+        pthread_cond_wait(&o->cv_done, &o->mu);
+    h->gbf = o->gfree[--o->n_gfree];
+    if (o->n_gbufs - o->n_gfree > o->gbuf_peak)
+        o->gbuf_peak = o->n_gbufs - o->n_gfree;
+    memset(h->gbf, 0, h->n * sizeof(uint16_t));
+    h->g_in_bf = 1;
+}
+
+/* The early update of slot s, whose final gradient's chunks are all
+ * summed (lock held): queued when the slot's sum of squares is finite,
+ * else skipped (the slot keeps its weights, moments and step count; a
+ * streamed slot's buffer goes back); then the token taken by
+ * gpt_offload_leave is given back. */
+static void resolve_early_(gpt_cuda *g, int s)
+{
+    offload_rt_ *o = &g->off;
+    hslot_ *h = hslot_of_(g, s);
+    size_t nc = ceil_div(h->n, o->chunk);
+    double ss = 0.0;
+    for (size_t c = 0; c < nc; c++)
+        ss += h->ssq[c];
+    h->pending = 0;
+    if (isfinite(ss)) {
+        hjob_ j;
+        memset(&j, 0, sizeof j);
+        j.kind = JOB_ADAM;
+        j.slot = s;
+        j.from_bf = h->g_in_bf;
+        j.lr = o->lr;
+        j.beta1 = o->beta1;
+        j.beta2 = o->beta2;
+        j.eps = o->eps;
+        j.wd = o->wd;
+        j.scale = 1.0f;
+        j.t = ++g->adam_t_slot[s];
+        h->gbf_release = 1;
+        queue_chunks_(g, &j);
+    } else {
+        o->skips++;
+        gbuf_release_(o, h);
+    }
+    h->adam_jobs--; /* the token */
+    pthread_cond_broadcast(&o->cv_done);
+}
+
 static void *host_thread_(void *arg)
 {
     gpt_cuda *g = (gpt_cuda *)arg;
@@ -235,6 +312,8 @@ static void *host_thread_(void *arg)
                 h->ssq[j.i0 / o->chunk] = ss;
             if (--h->accum_jobs == 0 && (j.final || j.kind == JOB_SUMSQ))
                 h->sumsq_done = 1;
+            if (h->accum_jobs == 0 && h->pending)
+                resolve_early_(g, j.slot);
         }
         if (j.kind == JOB_ACCUM && j.adam) {
             /* the gradient of this chunk is final and counted: let
@@ -254,6 +333,8 @@ static void *host_thread_(void *arg)
             h->adam_jobs--;
             if (j.kind != JOB_TO_BF16)
                 o->adam_s += dt;
+            if (h->adam_jobs == 0 && h->gbf_release)
+                gbuf_release_(o, h);
             else
                 o->accum_s += dt;
         } else {
@@ -372,10 +453,55 @@ void gpt_offload_refresh_bf16(gpt_cuda *g, int s)
 
 /* ------------------------------------------------------------ runtime */
 
+static void *host_alloc_(size_t bytes, int *pinned);
+static void host_free_(void *p, int pinned);
+
+/* Streamed gradients: the pool of n_gbufs pinned landing buffers of the
+ * largest slot, made with the staging buffers (while some slot is
+ * offloaded, as the planner counts it). 0, or -1 out of host memory (a
+ * message). */
+static int gpool_alloc_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    size_t per = g->slot_size, bytes = (size_t)o->n_gbufs * per * 2;
+    if (!o->n_gbufs || o->gpool)
+        return 0;
+    o->gpool = (uint16_t *)host_alloc_(bytes, &o->gpool_pinned);
+    if (!o->gpool) {
+        fprintf(stderr, "gpt_cuda: out of host memory for %d streamed "
+                        "gradient buffers (%.1f MiB)\n", o->n_gbufs,
+                bytes / 1048576.0);
+        return -1;
+    }
+    for (int b = 0; b < o->n_gbufs; b++)
+        o->gfree[b] = o->gpool + (size_t)b * per;
+    o->n_gfree = o->n_gbufs;
+    o->host_bytes += bytes;
+    if (o->gpool_pinned)
+        o->pinned_bytes += bytes;
+    return 0;
+}
+
+/* The pool freed (every buffer back: no slot is offloaded). */
+static void gpool_free_(gpt_cuda *g)
+{
+    offload_rt_ *o = &g->off;
+    size_t bytes = (size_t)o->n_gbufs * g->slot_size * 2;
+    if (!o->gpool)
+        return;
+    host_free_(o->gpool, o->gpool_pinned);
+    o->host_bytes -= bytes;
+    if (o->gpool_pinned)
+        o->pinned_bytes -= bytes;
+    o->gpool = NULL;
+    o->n_gfree = 0;
+}
+
 /* The offload runtime's host arrays freed and the runtime zeroed (init's
  * failure path and fini share it). */
 static void runtime_free_(offload_rt_ *o)
 {
+    free(o->gfree);
     free(o->iv);
     free(o->at_pos);
     free(o->stg);
@@ -399,6 +525,12 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
                         "fp32-master state only\n");
         return -1;
     }
+    o->n_gbufs = cfg->n_grad_bufs > 0 ? cfg->n_grad_bufs : 0;
+    if (o->n_gbufs && (o->speculative || g->af)) { /* nor these */
+        fprintf(stderr, "gpt_cuda: streamed gradients need early AdamW "
+                        "updates (not speculative ones, not Adafactor's)\n");
+        return -1;
+    }
     CUDA_CHECK(cudaGetDevice(&o->device));
     size_t per = ceil_div(g->slot_size, (size_t)o->n_threads);
     per = ceil_div(per, 64) * 64;
@@ -409,7 +541,9 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
     o->q_cap = 64;
     o->q = (hjob_ *)calloc((size_t)o->q_cap, sizeof(hjob_));
     o->th = (pthread_t *)calloc((size_t)o->n_threads, sizeof(pthread_t));
-    if (!o->iv || !o->at_pos || !o->stg || !o->q || !o->th)
+    if (o->n_gbufs &&
+        !(o->gfree = (uint16_t **)calloc((size_t)o->n_gbufs,
+                                         sizeof *o->gfree)))
         goto fail;
     for (int b = 0; b < o->n_staging; b++) {
         stage_ *sb = &o->stg[b];
@@ -495,6 +629,7 @@ int gpt_offload_set_staging(gpt_cuda *g, int on)
             CUDA_CHECK(cudaFree(o->stg[b].w));
             o->stg[b].w = o->stg[b].dw = NULL;
         }
+        gpool_free_(g);
         o->staging_on = 0;
         return 0;
     }
@@ -513,6 +648,13 @@ int gpt_offload_set_staging(gpt_cuda *g, int on)
             return -1;
         }
         sb->dw = sb->w + g->slot_size;
+    }
+    if (gpool_alloc_(g) != 0) {
+        for (int b = 0; b < o->n_staging; b++) {
+            CUDA_CHECK(cudaFree(o->stg[b].w));
+            o->stg[b].w = o->stg[b].dw = NULL;
+        }
+        return -1;
     }
     o->staging_on = 1;
     return 0;
@@ -589,17 +731,28 @@ static void spec_free_(offload_rt_ *o, hslot_ *h, size_t ss)
     h->pin2 = NULL;
 }
 
-/* Floats of an offloaded slot's pageable block (kind kd, ss elements):
- * AdamW's master, m, v and gacc, ss each; Adafactor's master, gacc, m
- * (with a first moment) and v in its af layout, rounded up to 16 floats
- * (64 bytes, as the planner counts it: offload/plan.c); bf16 masters
- * keep no master there (the pinned bf16 copy is it). */
+/* Floats of an offloaded slot's pageable block (kind kd, ss elements),
+ * master | m | v | gacc: the fp32 master (none with bf16 masters: the
+ * pinned bf16 copy is it), m (none with Adafactor without a first
+ * moment), v (Adafactor's af layout, rounded up to 16 floats, 64 bytes,
+ * as the planner counts it: offload/plan.c), the fp32 accumulator (none
+ * with streamed gradients). */
+static size_t v_floats_(const gpt_cuda *g, int kd, size_t ss)
+{
+    return g->af ? (g->af_kind[kd] + 15) / 16 * 16 : ss;
+}
+
 static size_t host_floats_(const gpt_cuda *g, int kd, size_t ss)
 {
-    if (!g->af) /* AdamW: master (not with bf16 masters), m, v, gacc */
-        return (g->mbf ? 3 : 4) * ss;
-    return (2 - (size_t)g->mbf + (size_t)g->af_m) * ss +
-           (g->af_kind[kd] + 15) / 16 * 16;
+    return (g->mbf ? 0 : ss) + (!g->af || g->af_m ? ss : 0) +
+           v_floats_(g, kd, ss) + (g->off.n_gbufs ? 0 : ss);
+}
+
+/* An offloaded slot's pinned bytes (ss elements): its bf16 copy and,
+ * unless gradients are streamed, its landing buffer. */
+static size_t pin_bytes_(const offload_rt_ *o, size_t ss)
+{
+    return (o->n_gbufs ? 1 : 2) * ss * sizeof(uint16_t);
 }
 
 hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
@@ -637,24 +790,15 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
             return NULL;
         }
         h->blk = h->master;
-        if (g->af) { /* [master] | gacc | m (with a first moment) | v */
-            float *at = h->blk + (g->mbf ? 0 : ss);
-            h->gacc = at;
-            h->m = g->af_m ? at + ss : NULL;
-            h->v = at + (1 + g->af_m) * ss;
-            if (g->mbf)
-                h->master = NULL; /* wbf is the master */
-        } else if (g->mbf) { /* m | v | gacc: wbf is the master */
-            h->m = h->blk;
-            h->v = h->blk + ss;
-            h->gacc = h->blk + 2 * ss;
-            h->master = NULL;
-        } else {
-            h->m = h->master + ss;
-            h->v = h->master + 2 * ss;
-            h->gacc = h->master + 3 * ss;
-        }
-        size_t pin = 2 * ss * sizeof(uint16_t);
+        float *at = h->blk;
+        h->master = g->mbf ? NULL : at; /* else wbf is the master */
+        at += g->mbf ? 0 : ss;
+        h->m = !g->af || g->af_m ? at : NULL;
+        at += h->m ? ss : 0;
+        h->v = at;
+        at += v_floats_(g, kd, ss);
+        h->gacc = o->n_gbufs ? NULL : at;
+        size_t pin = pin_bytes_(o, ss);
         if (o->speculative && spec_alloc_(o, h, ss, n_res + i) != 0) {
             free(h->blk);
             gpt_offload_free_slots(g, hs, i);
@@ -679,7 +823,7 @@ hslot_ *gpt_offload_alloc_slots(gpt_cuda *g, int S, int n_res,
             o->warned_pin = 1;
         }
         h->pin = h->wbf;
-        h->gbf = h->wbf + ss;
+        h->gbf = o->n_gbufs ? NULL : h->wbf + ss; /* streamed: at drains */
         h->ssq = (double *)calloc(ceil_div(ss, o->chunk), sizeof(double));
         if (!h->ssq) {
             host_free_(h->wbf, h->pinned);
@@ -707,9 +851,12 @@ void gpt_offload_free_slots(gpt_cuda *g, hslot_ *hs, int n)
         return;
     for (int i = 0; i < n; i++) {
         hslot_ *h = &hs[i];
-        size_t ss = h->n, pin = 2 * ss * sizeof(uint16_t);
+        size_t ss = h->n, pin = pin_bytes_(o, ss);
         if (!h->blk)
             continue;
+        pthread_mutex_lock(&o->mu); /* a streamed buffer it still holds */
+        gbuf_release_(o, h);
+        pthread_mutex_unlock(&o->mu);
         host_free_(h->pin, h->pinned);
         if (h->pinned)
             o->pinned_bytes -= pin;
@@ -884,6 +1031,23 @@ void gpt_offload_leave(gpt_cuda *g, int p)
     pthread_mutex_lock(&o->mu);
     while (h->accum_jobs > 0 || (h->g_in_bf && h->adam_jobs > 0))
         pthread_cond_wait(&o->cv_done, &o->mu);
+    if (o->n_gbufs) {
+        /* streamed: one drain a step, final (one microbatch, trained by
+         * gpt_cuda_train_microbatch with last), unclipped: the planner and
+         * the spec see to all three; a landing buffer from the pool */
+        if (h->touched || !I->final || !o->early) {
+            fprintf(stderr, "gpt_cuda offload: streamed gradients need "
+                            "each offloaded slot drained once a step, by "
+                            "the step's last microbatch, without clipping "
+                            "(slot %d)\n", s);
+            exit(1);
+        }
+        while (o->n_gfree == 0)
+            pthread_cond_wait(&o->cv_done, &o->mu);
+        h->gbf = o->gfree[--o->n_gfree];
+        if (o->n_gbufs - o->n_gfree > o->gbuf_peak)
+            o->gbuf_peak = o->n_gbufs - o->n_gfree;
+    }
     pthread_mutex_unlock(&o->mu);
     CUDA_CHECK(cudaStreamWaitEvent(o->drain, sb->freed, 0));
     CUDA_CHECK(cudaEventRecord(h->d2h_start, o->drain));
@@ -899,9 +1063,13 @@ void gpt_offload_leave(gpt_cuda *g, int p)
     job.slot = s;
     job.first = !h->touched;
     job.final = I->final;
-    job.from_bf = job.first && job.final && !g->af; /* Adafactor: gacc */
-    job.adam = I->final && (o->early || o->speculate);
-    if (job.adam && !o->early) { /* unclipped, into the second buffers */
+    /* Adafactor reads gacc; streamed, there is none (and no second drain) */
+    job.from_bf = (job.first && job.final && !g->af) || o->n_gbufs > 0;
+    /* early: queued by the last chunk, once the whole gradient is summed
+     * (resolve_early_), its token in adam_jobs from now */
+    int early = I->final && o->early;
+    job.adam = I->final && o->speculate;
+    if (job.adam) { /* unclipped, into the second buffers */
         job.spec = 1;
         h->spec = 1;
         h->spec_t = g->adam_t_slot[s];
@@ -920,6 +1088,11 @@ void gpt_offload_leave(gpt_cuda *g, int p)
     pthread_mutex_lock(&o->mu);
     h->g_in_bf = job.from_bf;
     h->sumsq_done = 0; /* a norm taken earlier in the step is stale now */
+    if (early) {
+        h->pending = 1;
+        h->updated = 1;
+        h->adam_jobs++;
+    }
     queue_chunks_(g, &job);
     pthread_mutex_unlock(&o->mu);
     /* buffer j % n_staging may be refetched from now on: the fetch
@@ -965,10 +1138,14 @@ double gpt_offload_grad_sumsq(gpt_cuda *g)
              * step's AdamW of it may still read gacc) */
             while (h->adam_jobs > 0)
                 pthread_cond_wait(&o->cv_done, &o->mu);
-            memset(h->gacc, 0, h->n * sizeof(float));
+            if (o->n_gbufs) { /* its zero buffer comes with its update */
+                h->g_in_bf = 1;
+            } else {
+                memset(h->gacc, 0, h->n * sizeof(float));
+                h->g_in_bf = 0;
+            }
             memset(h->ssq, 0, nc * sizeof(double));
             h->touched = 1;
-            h->g_in_bf = 0;
             h->sumsq_done = 1;
             continue;
         }
@@ -1043,6 +1220,11 @@ void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2, float ep
         if (h->updated)
             continue; /* early update, already queued */
         h->updated = 1;
+        if (o->n_gbufs) { /* streamed: a zero gradient unless one landed */
+            if (!h->gbf)
+                gbuf_zero_(o, h);
+            h->gbf_release = 1;
+        }
         j.slot = s;
         j.from_bf = h->g_in_bf;
         j.t = ++g->adam_t_slot[s];
@@ -1105,6 +1287,15 @@ void gpt_cuda_get_offload_stats(gpt_cuda *g, gpt_cuda_offload_stats *st)
     st->adam_s = o->adam_s;
     st->spec_bytes = o->spec_bytes;
     st->spec_pinned_bytes = o->spec_pinned_bytes;
+    st->n_grad_bufs = o->gpool ? o->n_gbufs : 0;
+    st->grad_buf_bytes = o->gpool ? (size_t)o->n_gbufs * g->slot_size * 2
+                                  : 0;
+    st->update_skips = o->skips;
+    if (o->gpool) {
+        size_t b = g->slot_size * 2;
+        st->grad_buf_in_use = (size_t)(o->n_gbufs - o->n_gfree) * b;
+        st->grad_buf_peak = (size_t)o->gbuf_peak * b;
+    }
     st->spec_steps = o->spec_steps;
     st->redo_steps = o->redo_steps;
     st->spec_restores = o->spec_restores;

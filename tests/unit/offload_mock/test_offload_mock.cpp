@@ -16,7 +16,13 @@
  *   - master weights, m and v after every AdamW (bit for bit), the bf16
  *     working copies, the per-slot step counts, early updates vs clipped;
  *   - copy byte counts and memory figures of the statistics, no sticky
- *     error left behind, no misuse of the CUDA API (mock_cuda.cpp).
+ *     error left behind, no misuse of the CUDA API (mock_cuda.cpp);
+ *   - an early step whose last microbatch makes one offloaded slot's
+ *     gradient infinite: that slot's update skipped (state and step count
+ *     kept, counted in update_skips), the others made;
+ *   - streamed gradients (a third of the seeds whose slots are used by
+ *     adjacent layers): no accumulator, 1 to 3 pooled landing buffers, all
+ *     back in the pool at the end, the same state bit for bit.
  * Fake gradients are small multiples of 2^-12 so that bf16 sums on the
  * "device" and fp32 sums on the host are exact: any difference is an
  * ordering bug, not rounding.
@@ -71,6 +77,10 @@ typedef struct {
                          * ones unused: their AdamW overlaps the next step) */
     int gpu_threads, delay_us;
     int spec;           /* speculative clipped update (second buffers) */
+    int gbufs;          /* streamed gradients: landing buffers (0: off);
+                         * then one microbatch trained whole (no discarded
+                         * step, no separate backward), early updates,
+                         * slots used in adjacent layers only (maps 0, 2) */
 } config_;
 
 /* speculative steps and redone ones expected so far */
@@ -88,6 +98,12 @@ static std::vector<std::vector<uint16_t>> exp_w;   /* [S] bf16 weights the
                                                     * kernels must read */
 static std::vector<ref_> ref;              /* [S], offloaded slots only */
 static long fetches_, drains_;             /* expected copies so far */
+/* an early (unclipped) step's poisoned slot: element 0 of its gradient
+ * infinite, from one layer of the step's last microbatch; its update must
+ * be skipped (-1: none this step) */
+static int poison_slot_ = -1, poison_step_ = -1, poison_layer_ = -1,
+           poison_mb_ = -1;
+static long skips_;                        /* expected skipped updates */
 
 /* a "kernel": reads the staging weights; in backward, adds the layer's
  * gradient to the staging gradient (bf16, as the real kernels) */
@@ -96,6 +112,7 @@ typedef struct {
     uint16_t *dw;
     int slot, layer, mb, step, pos;
     size_t n;
+    int poison;         /* k_grad_: element 0 +inf (decided at launch) */
 } karg_;
 static std::vector<karg_ *> kargs_;
 
@@ -124,12 +141,16 @@ static void k_grad_(void *arg)
     for (size_t i = 0; i < used_; i++)
         a->dw[i] = bf16_from_f32(bf16_to_f32(a->dw[i]) + grad_of_(i, a->layer, a->mb,
                                                     a->step));
+    if (a->poison)
+        a->dw[0] = 0x7f80; /* +inf */
 }
 
 static void launch_(gpt_cuda *g, void (*fn)(void *), const bf16 *w, bf16 *dw,
                     int s, int l, int mb, int step, int p, size_t n)
 {
-    karg_ *a = new karg_{w, dw, s, l, mb, step, p, n};
+    int poison = s == poison_slot_ && step == poison_step_ &&
+                 l == poison_layer_ && mb == poison_mb_;
+    karg_ *a = new karg_{w, dw, s, l, mb, step, p, n, poison};
     kargs_.push_back(a);
     mock_launch(g->stream, fn, a);
 }
@@ -230,17 +251,31 @@ static void check_stats_(gpt_cuda *g, const config_ *c)
     if (st.staging_bytes != stg || st.device_bytes != stg)
         FAIL("STATS: staging %zu device %zu bytes, expected %zu\n",
              st.staging_bytes, st.device_bytes, stg);
-    size_t pin = 2 * ss * sizeof(uint16_t);
-    if (st.host_bytes != n_off * (4 * ss * sizeof(float) + pin) ||
-        st.pinned_bytes != n_off * pin)
+    /* streamed: no accumulator and no landing buffer per slot, the pool's
+     * buffers instead (while a slot is offloaded) */
+    size_t pin = (c->gbufs ? 1 : 2) * ss * sizeof(uint16_t);
+    size_t pool = n_off ? (size_t)c->gbufs * ss * sizeof(uint16_t) : 0;
+    size_t fl = c->gbufs ? 3 : 4;
+    if (st.host_bytes != n_off * (fl * ss * sizeof(float) + pin) + pool ||
+        st.pinned_bytes != n_off * pin + pool)
         FAIL("STATS: host %zu pinned %zu bytes, expected %zu %zu\n",
              st.host_bytes, st.pinned_bytes,
-             n_off * (4 * ss * sizeof(float) + pin), n_off * pin);
+             n_off * (fl * ss * sizeof(float) + pin) + pool,
+             n_off * pin + pool);
+    if (st.n_grad_bufs != (n_off ? c->gbufs : 0) ||
+        st.grad_buf_bytes != pool)
+        FAIL("STATS: %d streamed gradient buffers of %zu bytes, expected "
+             "%d, %zu\n", st.n_grad_bufs, st.grad_buf_bytes,
+             n_off ? c->gbufs : 0, pool);
+
     size_t sb = c->spec ? n_off * (3 * ss * sizeof(float) + ss * 2) : 0;
     if (st.spec_bytes != sb || st.spec_pinned_bytes != (c->spec ? n_off * ss * 2 : 0))
         FAIL("STATS: second buffers %zu bytes (%zu pinned), expected %zu "
              "(14 per parameter)\n", st.spec_bytes, st.spec_pinned_bytes,
              sb);
+    if (st.update_skips != (uint64_t)skips_)
+        FAIL("STATS: %llu early updates skipped, expected %ld\n",
+             (unsigned long long)st.update_skips, skips_);
     if (st.spec_steps != (uint64_t)spec_steps_ ||
         st.redo_steps != (uint64_t)redo_steps_)
         FAIL("STATS: %llu speculative steps, %llu redone; expected %ld, "
@@ -308,7 +343,14 @@ static int run_seed_(unsigned seed)
      * were before speculation existed */
     std::mt19937 r2(seed ^ 0x5bd1e995u);
     c.spec = (int)(r2() % 2);
-    spec_steps_ = redo_steps_ = 0;
+    spec_steps_ = redo_steps_ = skips_ = 0;
+    /* and one more for streaming, drawn last */
+    std::mt19937 r3(seed ^ 0x9e3779b9u);
+    c.gbufs = r3() % 3 == 0 && c.map != 1 ? 1 + (int)(r3() % 3) : 0;
+    if (c.gbufs) {
+        c.M = 1;
+        c.spec = 0;
+    }
 
     gpt_cuda *g = (gpt_cuda *)calloc(1, sizeof *g);
     g->cfg.n_layer = c.L;
@@ -324,8 +366,9 @@ static int run_seed_(unsigned seed)
     size_t ss = g->slot_size;
     printf("seed %u: L=%d S=%d C=%d slot=%zu (used %zu) n_res=%d "
            "staging=%d threads=%d M=%d gpu_threads=%d delay=%dus spec=%d "
-           "map=", seed, c.L, c.S, c.C, ss, used_, c.n_res, c.n_staging,
-           c.threads, c.M, c.gpu_threads, c.delay_us, c.spec);
+           "gbufs=%d map=", seed, c.L, c.S, c.C, ss, used_, c.n_res,
+           c.n_staging, c.threads, c.M, c.gpu_threads, c.delay_us, c.spec,
+           c.gbufs);
     for (int l = 0; l < c.L; l++)
         printf("%d", g->slot_of[l]);
     printf("\n");
@@ -333,7 +376,7 @@ static int run_seed_(unsigned seed)
     /* gpt_cuda_create_offload */
     mock_start(seed, c.gpu_threads, c.delay_us);
     CUDA_CHECK(cudaStreamCreate(&g->stream));
-    gpt_cuda_offload oc = {c.n_res, c.n_staging, c.threads, c.spec};
+    gpt_cuda_offload oc = {c.n_res, c.n_staging, c.threads, c.spec, c.gbufs};
     if (gpt_offload_init(g, &oc) != 0) {
         FAIL("gpt_offload_init failed\n");
         return 1;
@@ -375,11 +418,12 @@ static int run_seed_(unsigned seed)
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     const int L = c.L, off = c.n_res < c.S;
     for (int step = 0; step < c.steps; step++) {
-        /* gpt_cuda_step_begin: max_norm 0 means early updates */
-        int early = (int)(r() % 2);
+        /* gpt_cuda_step_begin: max_norm 0 means early updates (always,
+         * streamed) */
+        int early = (int)(r() % 2) || c.gbufs;
         /* discarded: microbatches without last, then the next step_begin
          * (as tests/gpu/test_offload.cu around a delink) */
-        int discard = step < c.steps - 1 && r() % 5 == 0;
+        int discard = step < c.steps - 1 && r() % 5 == 0 && !c.gbufs;
         float max_norm = early ? 0.0f : (r() % 2 ? 1e-3f : 100.0f);
         /* failed: a clipped step whose last microbatch ran (its
          * speculative updates queued) but that never reaches adamw, as
@@ -399,9 +443,29 @@ static int run_seed_(unsigned seed)
         g->off.wd = wd;
         for (int s = c.n_res; s < c.S; s++)
             std::fill(ref[s].g.begin(), ref[s].g.end(), 0.0f);
+        /* now and then an early step poisons one offloaded slot in its
+         * last microbatch (a layer that uses it) */
+        poison_slot_ = poison_step_ = poison_layer_ = -1;
+        poison_mb_ = c.M - 1;
+        if (early && !discard && off && r3() % 4 == 0) {
+            int l = (int)(r3() % (unsigned)L);
+            if (g->slot_of[l] >= c.n_res) {
+                poison_slot_ = g->slot_of[l];
+                poison_layer_ = l;
+                poison_step_ = step;
+            }
+        }
         for (int mb = 0; mb < c.M; mb++) {
             int last = mb == c.M - 1 && !discard;
-            if (r() % 3 != 0) { /* gpt_cuda_train_microbatch */
+            /* streamed: gpt_cuda_train_microbatch only (a drain by
+             * gpt_cuda_backward is not final: the runtime refuses it) */
+            int fused = r() % 3 != 0 || c.gbufs;
+            /* a poisoned slot's update is skipped on the early path only
+             * (gpt_cuda_backward's drains are not final: gpt_offload_adamw
+             * updates, and only once the trainer found the norm finite) */
+            if (mb == c.M - 1 && !fused)
+                poison_slot_ = -1;
+            if (fused) { /* gpt_cuda_train_microbatch */
                 run_pass_(g, 0, 2 * L, last, mb, step);
                 CUDA_CHECK(cudaStreamSynchronize(g->stream));
             } else {            /* gpt_cuda_forward + gpt_cuda_backward */
@@ -415,6 +479,8 @@ static int run_seed_(unsigned seed)
                     for (size_t i = 0; i < used_; i++)
                         ref[s].g[i] += grad_of_(i, l, mb, step);
             }
+            if (poison_slot_ >= 0 && mb == c.M - 1)
+                ref[poison_slot_].g[0] = INFINITY;
         }
         if (discard)
             continue;
@@ -441,9 +507,11 @@ static int run_seed_(unsigned seed)
         double tot = off ? gpt_offload_grad_sumsq(g) : 0.0;
         if (fabs(tot - rtot) > 1e-9 * (1.0 + rtot))
             FAIL("SUMSQ step %d: %.17g, expected %.17g\n", step, tot, rtot);
-        for (int s = c.n_res; s < c.S; s++) {
+        for (int s = c.n_res; s < c.S && !c.gbufs; s++) {
             /* the slot's gradient: the fp32 accumulator, or the landed
-             * bf16 one where the slot was drained once this step */
+             * bf16 one where the slot was drained once this step
+             * (streamed, the buffer may be back in the pool already: the
+             * weights after the update check it) */
             const hslot_ *h = &g->off.hs[s - c.n_res];
             for (size_t i = 0; i < ss; i++) {
                 float ga = h->g_in_bf ? bf16_to_f32(h->gbf[i]) : h->gacc[i];
@@ -465,7 +533,10 @@ static int run_seed_(unsigned seed)
         if (off)
             gpt_offload_adamw(g, lr, b1, b2, eps, wd, scale);
         for (int s = c.n_res; s < c.S; s++) {
-            ref_adamw_(g, s, lr, b1, b2, eps, wd, scale);
+            if (s == poison_slot_) /* skipped: state and count kept */
+                skips_++;
+            else
+                ref_adamw_(g, s, lr, b1, b2, eps, wd, scale);
             if (g->adam_t_slot[s] != ref[s].t)
                 FAIL("T step %d slot %d: %ld, expected %ld\n", step, s,
                      g->adam_t_slot[s], ref[s].t);
@@ -490,6 +561,9 @@ static int run_seed_(unsigned seed)
     synchronize_(g);
     check_state_(g, "final", c.steps);
     check_stats_(g, &c);
+    if (c.n_res < c.S && g->off.n_gfree != c.gbufs) /* streamed, idle */
+        FAIL("POOL: %d streamed gradient buffers back, expected %d\n",
+             g->off.n_gfree, c.gbufs);
     gpt_offload_free_slots(g, g->off.hs, c.S - c.n_res);
     gpt_offload_fini(g);
     free(g->adam_t_slot);
