@@ -227,11 +227,10 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->staging_bytes = pb.staging * ss;
     out->host_slot_bytes = pb.host * ss;
     out->pinned_slot_bytes = pb.pinned * ss;
-    if (in->stream_grads && (in->grad_accum != 1 ||
-                             (cuda && in->optim.adafactor))) {
+    if (in->stream_grads && in->grad_accum != 1) {
         snprintf(err, errlen, "offload plan: streamed gradients "
                  "(offload.stream_grads) are planned with one microbatch a "
-                 "step only, and on cuda with AdamW only");
+                 "step only");
         return -1;
     }
     /* streamed: an offloaded slot keeps no gradient of its own */

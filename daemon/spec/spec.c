@@ -891,12 +891,6 @@ static int stream_check_(const run_spec *s, char *err, size_t errlen)
         s->device.memory_budget == 0
             ? "needs offloading (device.memory_budget > 0): without it no "
               "gradient is kept in host memory; remove offload.stream_grads"
-        : s->device.backend == BACKEND_CUDA &&
-                  s->optimizer.name == OPTIMIZER_ADAFACTOR
-            ? "with optimizer.name \"adafactor\" on device.backend \"cuda\" "
-              "is not supported yet (an offloaded slot's Adafactor runs "
-              "there once the step's backward is done); use \"adamw\", "
-              "device.backend \"cpu\" or remove offload.stream_grads"
         : s->train.grad_clip > 0
             ? "needs train.grad_clip 0: the global-norm clip needs every "
               "gradient before any update (Adafactor's update clipping, "

@@ -274,8 +274,8 @@ const key_ spec_keys_[] = {
         "`train.grad_clip` 0 (the global-norm clip needs every gradient "
         "before any update; Adafactor's update clipping bounds each update "
         "instead), `train.grad_accum` 1 and one rank (`nodes.world_size` "
-        "1); on `cuda` also AdamW, and each offloaded slot's layers "
-        "adjacent (the planner says so). A step whose gradient norm is NaN or "
+        "1); on `cuda` also each offloaded slot's layers adjacent (the "
+        "planner says so). A step whose gradient norm is NaN or "
         "Inf skips the resident update and the update of each offloaded "
         "slot whose own gradient is not finite; offloaded slots already "
         "updated keep their update."),

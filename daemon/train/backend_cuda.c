@@ -156,6 +156,8 @@ static void cuda_step_begin_(void *ctx, const backend_adam *h)
      * skipped when that gradient is not finite; the others stand */
     gpt_cuda_step_begin(c->g, h->lr, h->beta1, h->beta2, h->eps,
                         h->weight_decay, c->stream_grads ? 0.0f : clip_(h));
+    if (c->stream_grads && h->adafactor)
+        gpt_cuda_step_adafactor(c->g, &h->af, h->weight_decay);
     gpt_moe_stats_clear(&c->moe_st, (size_t)c->n_moe_layers *
                                         (size_t)c->model.moe_experts);
     c->grad_mean = h->slot_grad_mean;

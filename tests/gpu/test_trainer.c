@@ -425,14 +425,19 @@ static int offload_case_(float clip)
 /* offload.stream_grads on cuda (no clipping, one microbatch): the same
  * run with and without it, one slot of the real phase resident: losses
  * and the end state (weights, moments, step counts) bitwise, as the
- * update is the same early host AdamW on the same landed gradient; the
+ * update is the same host AdamW (or with adafactor, Adafactor; bf16:
+ * bf16 masters) on the same landed gradient, early when streamed; the
  * streamed run's host bytes as planned (the landing buffers' pool in
  * them), fewer than the unstreamed run's, and its pool used. */
-static int stream_case_(void)
+static int stream_case_(int adafactor, int bf16)
 {
     run_spec a = spec_(BACKEND_CUDA), b;
     a.train.grad_clip = 0;
     a.train.grad_accum = 1;
+    if (adafactor)
+        a.optimizer.name = OPTIMIZER_ADAFACTOR;
+    if (bf16)
+        a.optimizer.master = MASTER_BF16;
     offload_plan p;
     a.device.memory_budget = offload_budget_(&a, 1, &p);
     offload_plan_free(&p);
@@ -819,8 +824,11 @@ int main(void)
     printf("6. offloading, no clipping (host AdamW during backward)\n");
     if (offload_case_(0.0f) != 0)
         return 1;
-    printf("6b. offloading, streamed gradients\n");
-    if (stream_case_() != 0)
+    printf("6b. offloading, streamed gradients: AdamW\n");
+    if (stream_case_(0, 0) != 0)
+        return 1;
+    printf("6b. offloading, streamed gradients: Adafactor, bf16 masters\n");
+    if (stream_case_(1, 1) != 0)
         return 1;
     printf("7. offloading: copy bytes against the plan\n");
     if (offload_bytes_case_() != 0)

@@ -926,15 +926,24 @@ void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
 {
     gpt_cuda_zero_grad(g);
     offload_rt_ *o = &g->off;
-    /* Adafactor: one whole-slot update per slot, after the step's norm
-     * (gpt_cuda_adafactor), never early */
-    o->early = max_norm <= 0.0f && !g->af;
+    /* Adafactor: early only with gpt_cuda_step_adafactor's
+     * hyperparameters (one whole-slot job per slot), else after the
+     * step's norm (gpt_cuda_adafactor) */
+    o->early = max_norm <= 0.0f;
+    o->af_early = 0;
     o->speculate = max_norm > 0.0f && o->speculative && g->n_res < g->S;
     o->lr = lr;
     o->beta1 = beta1;
     o->beta2 = beta2;
     o->eps = eps;
     o->wd = weight_decay;
+}
+
+void gpt_cuda_step_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
+                             float weight_decay)
+{
+    if (g->af && g->off.enabled)
+        gpt_offload_set_adafactor(g, h, weight_decay);
 }
 
 /* ------------------------------------------------------------- optimizer */

@@ -355,6 +355,15 @@ int gpt_cuda_reslot_placed(gpt_cuda *g, int new_S, const int *new_slot_of,
 void gpt_cuda_step_begin(gpt_cuda *g, float lr, float beta1, float beta2,
                          float eps, float weight_decay, float max_norm);
 
+/* After gpt_cuda_step_begin(max_norm <= 0) on a model with Adafactor's
+ * state: this step's Adafactor hyperparameters (h, its grad_scale not
+ * read, and weight decay), so that an offloaded slot's update runs as soon
+ * as its gradient is final (streamed gradients), as AdamW's does. Without
+ * it such a model's offloaded slots wait for gpt_cuda_adafactor. */
+struct adafactor_hparams;
+void gpt_cuda_step_adafactor(gpt_cuda *g, const struct adafactor_hparams *h,
+                             float weight_decay);
+
 /* One training microbatch: forward and backward in one pass, so that the
  * last layer's slot is fetched once for both, accumulating the gradient of
  * loss_scale * sum(losses). last = 1 on the step's last microbatch (lets

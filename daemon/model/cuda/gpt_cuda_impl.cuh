@@ -172,6 +172,8 @@ typedef struct {
     uint64_t spec_steps, redo_steps, spec_restores;
     size_t spec_bytes, spec_pinned_bytes;
     float lr, beta1, beta2, eps, wd;
+    int af_early;                  /* early updates are Adafactor's: */
+    adafactor_hparams af_h;        /* ... these (grad_scale 1) */
     /* host threads */
     pthread_mutex_t mu;
     pthread_cond_t cv_job, cv_done;

@@ -58,6 +58,10 @@ void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2,
  * grad_scale is not read). A model made with Adafactor's state only. */
 void gpt_offload_adafactor(gpt_cuda *g, const adafactor_hparams *h, float wd,
                            float scale);
+/* This step's early Adafactor updates (h, weight decay wd; after
+ * gpt_cuda_step_begin with max_norm <= 0): what resolve_early_ queues. */
+void gpt_offload_set_adafactor(gpt_cuda *g, const adafactor_hparams *h,
+                               float wd);
 /* Host slot s's bf16 working copy made again from its fp32 master (waits
  * for its queued jobs). */
 void gpt_offload_refresh_bf16(gpt_cuda *g, int s);

@@ -118,16 +118,26 @@ static void adam_range_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
  * the column sums): reported and m6d exits, as for the job queue. */
 static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
 {
-    float *p = h->master;
-    if (g->mbf) {
-        p = (float *)malloc((h->n ? h->n : 1) * sizeof(float));
-        if (!p) {
+    /* a scratch of two slots: the widened bf16 master (bf16 masters) and
+     * the widened landed gradient (streamed: no accumulator) */
+    float *scratch = NULL, *p = h->master, *gr = h->gacc;
+    if (g->mbf || j->from_bf) {
+        scratch = (float *)malloc((2 * h->n + 1) * sizeof(float));
+        if (!scratch) {
             fprintf(stderr, "gpt_cuda offload: out of host memory for slot "
                             "%d's Adafactor\n", j->slot);
             exit(1);
         }
-        for (size_t i = 0; i < h->n; i++)
-            p[i] = bf16_to_f32(h->wbf[i]);
+        if (g->mbf) {
+            p = scratch;
+            for (size_t i = 0; i < h->n; i++)
+                p[i] = bf16_to_f32(h->wbf[i]);
+        }
+        if (j->from_bf) {
+            gr = scratch + h->n;
+            for (size_t i = 0; i < h->n; i++)
+                gr[i] = bf16_to_f32(h->gbf[i]);
+        }
     }
     int nt = gpt_af_tensors(&g->cfg, h->kind, NULL, NULL);
     gpt_af_tensor *ts = nt > 0 ? (gpt_af_tensor *)malloc((size_t)nt *
@@ -145,7 +155,7 @@ static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
         const gpt_af_tensor *a = &ts[i];
         float *r = h->v + a->state_off;
         uint64_t key = g->mbf ? gpt_cuda_sr_key_(g, j->slot, a->offset) : 0;
-        sp[i] = (adafactor_span){p + a->offset, h->gacc + a->offset,
+        sp[i] = (adafactor_span){p + a->offset, gr + a->offset,
                                  h->m ? h->m + a->offset : NULL, r,
                                  a->cols ? r + a->rows : NULL, a->rows,
                                  a->cols, a->decay ? j->wd : 0.0f, j->t, key};
@@ -158,8 +168,7 @@ static void adafactor_slot_(const gpt_cuda *g, hslot_ *h, const hjob_ *j)
     free(ts);
     free(sp);
     host_to_bf16(h->wbf, p, h->n);
-    if (p != h->master)
-        free(p);
+    free(scratch);
 }
 
 static double sumsq_range_(const hslot_ *h, const hjob_ *j)
@@ -259,7 +268,9 @@ static void resolve_early_(gpt_cuda *g, int s)
     if (isfinite(ss)) {
         hjob_ j;
         memset(&j, 0, sizeof j);
-        j.kind = JOB_ADAM;
+        j.kind = o->af_early ? JOB_ADAFACTOR : JOB_ADAM;
+        j.af = o->af_h;
+        j.af.grad_scale = 1.0f;
         j.slot = s;
         j.from_bf = h->g_in_bf;
         j.lr = o->lr;
@@ -526,9 +537,9 @@ int gpt_offload_init(gpt_cuda *g, const gpt_cuda_offload *cfg)
         return -1;
     }
     o->n_gbufs = cfg->n_grad_bufs > 0 ? cfg->n_grad_bufs : 0;
-    if (o->n_gbufs && (o->speculative || g->af)) { /* nor these */
-        fprintf(stderr, "gpt_cuda: streamed gradients need early AdamW "
-                        "updates (not speculative ones, not Adafactor's)\n");
+    if (o->n_gbufs && o->speculative) { /* nor this */
+        fprintf(stderr, "gpt_cuda: streamed gradients need early updates, "
+                        "not speculative ones\n");
         return -1;
     }
     CUDA_CHECK(cudaGetDevice(&o->device));
@@ -1067,7 +1078,7 @@ void gpt_offload_leave(gpt_cuda *g, int p)
     job.from_bf = (job.first && job.final && !g->af) || o->n_gbufs > 0;
     /* early: queued by the last chunk, once the whole gradient is summed
      * (resolve_early_), its token in adam_jobs from now */
-    int early = I->final && o->early;
+    int early = I->final && o->early && (!g->af || o->af_early);
     job.adam = I->final && o->speculate;
     if (job.adam) { /* unclipped, into the second buffers */
         job.spec = 1;
@@ -1246,12 +1257,29 @@ void gpt_offload_adafactor(gpt_cuda *g, const adafactor_hparams *h, float wd,
     pthread_mutex_lock(&o->mu);
     for (int s = g->n_res; s < g->S; s++) {
         hslot_ *hs = hslot_of_(g, s);
+        if (hs->updated)
+            continue; /* early update (streamed), already queued */
         hs->updated = 1;
+        if (o->n_gbufs) { /* streamed: a zero gradient unless one landed */
+            if (!hs->gbf)
+                gbuf_zero_(o, hs);
+            hs->gbf_release = 1;
+        }
         j.slot = s;
+        j.from_bf = hs->g_in_bf;
         j.t = ++g->adam_t_slot[s];
         queue_chunks_(g, &j);
     }
     pthread_mutex_unlock(&o->mu);
+}
+
+void gpt_offload_set_adafactor(gpt_cuda *g, const adafactor_hparams *h,
+                               float wd)
+{
+    offload_rt_ *o = &g->off;
+    o->af_h = *h;
+    o->wd = wd;
+    o->af_early = 1;
 }
 
 /* ------------------------------------------------------------ statistics */
