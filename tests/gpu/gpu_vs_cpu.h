@@ -258,6 +258,28 @@ static void load_check_(const run_spec *s, const char *name,
     load_check_steps_(s, name, want, what, 0);
 }
 
+/* An offloaded cuda run's checkpoints (spec sg, its cpu twin sc with no
+ * budget): `name` (the end) into an offloaded cuda trainer and into a cpu
+ * trainer (of sg's budget: the budget is in the spec hash) with the state
+ * bitwise want's; `name`-mid (before the last step) resumed in an
+ * offloaded cuda trainer, its last loss and the end state bitwise. */
+static void offload_load_checks_(const run_spec *sg, const run_spec *sc,
+                                 const char *name, const run_ *want)
+{
+    char mid[128];
+    run_spec so = *sc;
+    so.device.memory_budget = sg->device.memory_budget;
+    snprintf(mid, sizeof mid, "%s-mid", name);
+    load_check_(sg, name, want,
+                "offloaded cuda checkpoint into offloaded cuda, state "
+                "bitwise");
+    load_check_(&so, name, want,
+                "offloaded cuda checkpoint into cpu, state bitwise");
+    load_check_steps_(sg, mid, want,
+                      "offloaded cuda resumed before the last step: its "
+                      "loss and the end state bitwise", 1);
+}
+
 /* The checks every case shares: cuda run g against cpu run c from weights
  * w0: losses within TOL_LOSS, the weights' change within TOL_UPDATE, the
  * moments (as many floats, within TOL_STATE), equal step counts. TOL_*

@@ -171,19 +171,8 @@ int main(void)
                         "B: cuda checkpoint into cpu, state bitwise");
             refuse_check_(&sg, "cuda-b");
         }
-        if (k == 4) {
-            load_check_(&sg, "cuda-e", &g[k],
-                        "E: offloaded cuda checkpoint into offloaded cuda, "
-                        "state bitwise");
-            run_spec so = sc; /* the same budget: it is in the spec hash */
-            so.device.memory_budget = sg.device.memory_budget;
-            load_check_(&so, "cuda-e", &g[k],
-                        "E: offloaded cuda checkpoint into cpu, state "
-                        "bitwise");
-            load_check_steps_(&sg, "cuda-e-mid", &g[k],
-                              "E: resumed before the last step: its loss "
-                              "and the end state bitwise", 1);
-        }
+        if (k == 4)
+            offload_load_checks_(&sg, &sc, "cuda-e", &g[k]);
     }
     double apart = update_nerr_(g[2].buf[0], g[0].buf[0], w0[0], g[0].n[0]);
     check_(apart > CLIP_APART, "update clipping fires: C's change vs A's",

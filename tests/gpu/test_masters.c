@@ -222,19 +222,8 @@ int main(void)
                 bytes_check_(&sg, &g[k], &f, n, cases[k].name);
             run_free_(&f);
         }
-        if (k == 4) {
-            load_check_(&sg, "cuda-e", &g[k],
-                        "E: offloaded cuda checkpoint into offloaded cuda, "
-                        "state bitwise");
-            run_spec so = sc; /* the same budget: it is in the spec hash */
-            so.device.memory_budget = sg.device.memory_budget;
-            load_check_(&so, "cuda-e", &g[k],
-                        "E: offloaded cuda checkpoint into cpu, state "
-                        "bitwise");
-            resume_check_(&sg, "cuda-e-mid", &g[k],
-                          "E: offloaded cuda resumed before the last step: "
-                          "its loss and state bitwise");
-        }
+        if (k == 4)
+            offload_load_checks_(&sg, &sc, "cuda-e", &g[k]);
         if (k == 1) {
             load_check_(&sg, "cuda-b", &g[k],
                         "B: cuda checkpoint into cuda, state bitwise");

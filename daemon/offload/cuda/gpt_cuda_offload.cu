@@ -1180,6 +1180,31 @@ double gpt_offload_grad_sumsq(gpt_cuda *g)
     return total;
 }
 
+/* The update *proto (ADAM or ADAFACTOR) of every offloaded slot not
+ * updated yet this step (early), at its next step count (lock held);
+ * streamed, a slot without a landed gradient gets a zero one, and each
+ * gives its buffer back when the update is done. */
+static void queue_updates_(gpt_cuda *g, const hjob_ *proto)
+{
+    offload_rt_ *o = &g->off;
+    hjob_ j = *proto;
+    for (int s = g->n_res; s < g->S; s++) {
+        hslot_ *h = hslot_of_(g, s);
+        if (h->updated)
+            continue; /* early update, already queued */
+        h->updated = 1;
+        if (o->n_gbufs) {
+            if (!h->gbf)
+                gbuf_zero_(o, h);
+            h->gbf_release = 1;
+        }
+        j.slot = s;
+        j.from_bf = h->g_in_bf;
+        j.t = ++g->adam_t_slot[s];
+        queue_chunks_(g, &j);
+    }
+}
+
 void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2, float eps,
                 float wd, float scale)
 {
@@ -1226,21 +1251,7 @@ void gpt_offload_adamw(gpt_cuda *g, float lr, float beta1, float beta2, float ep
         o->spec_restores++;
     }
     o->speculate = 0;
-    for (int s = g->n_res; s < g->S; s++) {
-        hslot_ *h = hslot_of_(g, s);
-        if (h->updated)
-            continue; /* early update, already queued */
-        h->updated = 1;
-        if (o->n_gbufs) { /* streamed: a zero gradient unless one landed */
-            if (!h->gbf)
-                gbuf_zero_(o, h);
-            h->gbf_release = 1;
-        }
-        j.slot = s;
-        j.from_bf = h->g_in_bf;
-        j.t = ++g->adam_t_slot[s];
-        queue_chunks_(g, &j);
-    }
+    queue_updates_(g, &j);
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -1255,21 +1266,7 @@ void gpt_offload_adafactor(gpt_cuda *g, const adafactor_hparams *h, float wd,
     j.af.grad_scale = scale;
     j.wd = wd;
     pthread_mutex_lock(&o->mu);
-    for (int s = g->n_res; s < g->S; s++) {
-        hslot_ *hs = hslot_of_(g, s);
-        if (hs->updated)
-            continue; /* early update (streamed), already queued */
-        hs->updated = 1;
-        if (o->n_gbufs) { /* streamed: a zero gradient unless one landed */
-            if (!hs->gbf)
-                gbuf_zero_(o, hs);
-            hs->gbf_release = 1;
-        }
-        j.slot = s;
-        j.from_bf = hs->g_in_bf;
-        j.t = ++g->adam_t_slot[s];
-        queue_chunks_(g, &j);
-    }
+    queue_updates_(g, &j);
     pthread_mutex_unlock(&o->mu);
 }
 
