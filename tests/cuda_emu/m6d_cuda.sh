@@ -6,8 +6,10 @@
 # finish with the same losses (to the tolerance of host vs device AdamW);
 # status and metrics report the placement; the offloaded run paused in its
 # Real phase survives an m6d restart and finishes with the losses of the
-# uninterrupted run, bit for bit. With cuBLASLt unloadable the spec is
-# refused at submit, naming it.
+# uninterrupted run, bit for bit. The 10T plan's optimizer setting
+# (Adafactor without a first moment, bf16 masters, streamed gradients)
+# runs offloaded with the losses of its unstreamed twin. With cuBLASLt
+# unloadable the spec is refused at submit, naming it.
 . "$(dirname "$0")/../integration/lib.sh"
 
 prepare_data "$T/data"
@@ -67,6 +69,48 @@ rc=0; ctl watch "$C" >"$T/watch-c.out" || rc=$?
 [ "$rc" = 0 ] || fail "resumed run: watch exit $rc: $(tail -3 "$T/watch-c.out")"
 losses "$C" >"$T/loss-c.csv"
 diff "$T/loss-b.csv" "$T/loss-c.csv" >"$T/diff" || fail "resumed losses differ: $(head "$T/diff")"
+
+# The optimizer setting the plan at scale fits ten trillion parameters
+# with (Adafactor without a first moment, bf16 masters, streamed
+# gradients, offloading), through m6d: streamed, the losses of the same
+# spec unstreamed bit for bit (the same host updates, made as each slot's
+# gradient lands), 3 slots of 4 offloaded (the host bytes:
+# emu_gpu_trainer).
+lean_spec() { # FILE NAME BUDGET [offload members]
+    spec_file "$1" "$2" <<JSON
+  "model": $(tiny_model 4),
+  "pseudo": {"steps": 5},
+  "train": {"steps": 10, "batch_size": 2, "eval_every": 5, "seed": 5,
+            "grad_clip": 0},
+  "optimizer": {"name": "adafactor", "master": "bf16"},
+  "checkpoint": {"every": 0, "keep": 2},
+  "device": {"backend": "cuda", "memory_budget": $3}${4:+,
+  $4}
+JSON
+}
+# its own budget: one slot resident (its slots are smaller than AdamW's)
+lean_spec "$T/lean0.json" cuda-lean0 0
+read -r LMIN LSLOT < <("$M6CTL" plan "$T/lean0.json" --json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+print(p["min_budget_bytes"], p["breakdown"]["slot_bytes"])') || fail "plan --json (lean)"
+lean_spec "$T/lean.json" cuda-lean $((LMIN + LSLOT))
+lean_spec "$T/lean-st.json" cuda-lean-stream $((LMIN + LSLOT)) \
+    '"offload": {"stream_grads": true}'
+E=$(ctl submit "$T/lean.json") || fail "submit of the lean spec"
+F=$(ctl submit "$T/lean-st.json") || fail "submit of the streamed lean spec"
+for r in "$E" "$F"; do
+    rc=0; ctl watch "$r" >"$T/watch-$r.out" || rc=$?
+    [ "$rc" = 0 ] || fail "lean run $r: watch exit $rc: $(tail -3 "$T/watch-$r.out")"
+done
+losses "$E" >"$T/loss-e.csv"
+same_losses "$F" "$T/loss-e.csv" "streamed lean run's losses differ"
+ctl status "$F" --json | python3 -c "
+import json, sys
+f = json.load(sys.stdin)
+assert f['state'] == 'completed' and f['phase'] == 'real', f
+assert f['offloaded_slots'] == 3 and f['backend'] == 'cuda', f
+" || fail "status of the streamed lean run: $(ctl status "$F" --json)"
 stop_daemon
 
 # cuBLASLt that cannot be opened (kernels/cuda/cublaslt_load.c's answer,
