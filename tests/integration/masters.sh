@@ -3,7 +3,8 @@
 # delink resumes from its checkpoint to the losses of an uninterrupted run
 # digit for digit; its checkpoints hold BF16 weights and say master bf16;
 # m6ctl export reads them; a spec asking for bf16 masters on the cuda
-# backend with offloading is refused at submit naming the key.
+# backend with the speculative offloaded update is refused at submit
+# naming the keys.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -53,12 +54,13 @@ ctl export "$R" --format safetensors --out "$T/exp" >/dev/null 2>"$T/exp.err" \
     || fail "export of a bf16 run: $(cat "$T/exp.err")"
 
 # 4. refused at submit by name: bf16 masters on the cuda backend with
-# offloading (offloaded slots keep fp32 masters there)
+# offload.speculative on (the speculative update's second buffers are
+# fp32 masters')
 write_spec "$T/off.json" off 10 0 \
-    '"optimizer": {"master": "bf16"}, "device": {"backend": "cuda", "memory_budget": "1GiB"}'
+    '"optimizer": {"master": "bf16"}, "device": {"backend": "cuda", "memory_budget": "1GiB"}, "offload": {"speculative": "on"}'
 rc=0; ctl submit "$T/off.json" >/dev/null 2>"$T/off.err" || rc=$?
 [ "$rc" != 0 ] &&
-    grep -q 'optimizer.master "bf16" on device.backend "cuda"' "$T/off.err" \
+    grep -q 'optimizer.master "bf16" on device.backend "cuda" with offload.speculative "on"' "$T/off.err" \
     || fail "bf16 on cuda: rc $rc: $(cat "$T/off.err")"
 stop_daemon
 echo "PASS"
