@@ -92,6 +92,19 @@ static size_t one_resident_(const run_spec *s)
     return b;
 }
 
+/* A case's cuda spec sg made MoE (capacity factor 2, as case_pair_ makes
+ * it) and offloaded (one_resident_'s budget, printed) as asked. */
+static void case_spec_(run_spec *sg, int moe, int offload)
+{
+    if (moe)
+        synth_cuda_moe(sg, 1, 2.0f);
+    if (offload) {
+        sg->device.memory_budget = one_resident_(sg);
+        printf("   device.memory_budget %zu bytes\n",
+               sg->device.memory_budget);
+    }
+}
+
 /* Checkpoint `name` of trainer t written into dir_; exits 1 on an
  * error. */
 static void save_(trainer *t, const char *name)

@@ -146,13 +146,7 @@ int main(void)
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].beta1, cases[k].clip,
                             cases[k].dopt);
-        if (cases[k].moe)
-            synth_cuda_moe(&sg, 1, 2.0f); /* as case_pair_ makes it */
-        if (cases[k].offload) {
-            sg.device.memory_budget = one_resident_(&sg);
-            printf("   device.memory_budget %zu bytes\n",
-                   sg.device.memory_budget);
-        }
+        case_spec_(&sg, cases[k].moe, cases[k].offload);
         run_spec sc;
         size_t n0;
         case_pair_(&sg, cases[k].moe, &sc, &g[k], &c[k], &w0[k], &n0,

@@ -197,13 +197,7 @@ int main(void)
         printf("%d. %s: %d steps, delink at %d\n", k + 1, cases[k].name,
                STEPS, STEPS / 2);
         run_spec sg = spec_(BACKEND_CUDA, cases[k].dopt, cases[k].adafactor);
-        if (cases[k].moe)
-            synth_cuda_moe(&sg, 1, 2.0f); /* as case_pair_ makes it */
-        if (cases[k].offload) {
-            sg.device.memory_budget = one_resident_(&sg);
-            printf("   device.memory_budget %zu bytes\n",
-                   sg.device.memory_budget);
-        }
+        case_spec_(&sg, cases[k].moe, cases[k].offload);
         run_spec sc;
         size_t n0;
         const char *gsave = k == 1 ? "cuda-b" : k == 4 ? "cuda-e" : NULL;

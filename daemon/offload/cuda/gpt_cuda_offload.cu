@@ -225,6 +225,18 @@ static double run_job_(gpt_cuda *g, const hjob_ *j)
 
 static void queue_chunks_(gpt_cuda *g, const hjob_ *proto);
 
+/* Job j's AdamW hyperparameters: this step's (gpt_cuda_step_begin), at
+ * clip scale 1 (an early or speculative update). */
+static void unclipped_(const offload_rt_ *o, hjob_ *j)
+{
+    j->lr = o->lr;
+    j->beta1 = o->beta1;
+    j->beta2 = o->beta2;
+    j->eps = o->eps;
+    j->wd = o->wd;
+    j->scale = 1.0f;
+}
+
 /* Streamed gradients: slot h's landing buffer back to the pool (lock
  * held). */
 static void gbuf_release_(offload_rt_ *o, hslot_ *h)
@@ -273,12 +285,7 @@ static void resolve_early_(gpt_cuda *g, int s)
         j.af.grad_scale = 1.0f;
         j.slot = s;
         j.from_bf = h->g_in_bf;
-        j.lr = o->lr;
-        j.beta1 = o->beta1;
-        j.beta2 = o->beta2;
-        j.eps = o->eps;
-        j.wd = o->wd;
-        j.scale = 1.0f;
+        unclipped_(o, &j);
         j.t = ++g->adam_t_slot[s];
         h->gbf_release = 1;
         queue_chunks_(g, &j);
@@ -1086,12 +1093,7 @@ void gpt_offload_leave(gpt_cuda *g, int p)
         h->spec_t = g->adam_t_slot[s];
     }
     if (job.adam) {
-        job.lr = o->lr;
-        job.beta1 = o->beta1;
-        job.beta2 = o->beta2;
-        job.eps = o->eps;
-        job.wd = o->wd;
-        job.scale = 1.0f;
+        unclipped_(o, &job);
         job.t = ++g->adam_t_slot[s];
         h->updated = 1;
     }
