@@ -337,7 +337,8 @@ gpt_cuda *gpt_cuda_create_offload(const model_config *cfg, int S, int B,
  * instead of 6), AdamW rounding each update stochastically with the CPU
  * model's keys from o->sr_seed (Adafactor's too); with off, an offloaded
  * slot's pinned bf16 copy is its master, updated in place by host AdamW
- * (refused with Adafactor or off->speculative: NULL, a message). */
+ * (or widened and rounded back by host Adafactor; refused with
+ * off->speculative: NULL, a message). */
 gpt_cuda *gpt_cuda_create_optim(const model_config *cfg, int S, int B,
                                 const gpt_cuda_offload *off,
                                 const gpt_optim *o);

@@ -38,11 +38,12 @@
  *     back once its early update is done or skipped. Each offloaded slot
  *     is drained once a step (the planner checks it).
  *     With Adafactor (optimizer.name adafactor) the update is one
- *     ADAFACTOR job per slot, queued by gpt_offload_adafactor: a matrix's
- *     row and column statistics need its whole gradient, so there are no
- *     chunks, no early updates and no speculation, and the gradient is
- *     always accumulated into gacc (fp32, what kernels.h's Adafactor
- *     reads).
+ *     ADAFACTOR job per slot (a matrix's row and column statistics need
+ *     its whole gradient: no chunks, no speculation), queued by
+ *     gpt_offload_adafactor after the step's norm, the gradient
+ *     accumulated into gacc (fp32, what kernels.h's Adafactor reads); or,
+ *     streamed (gpt_offload_set_adafactor), early by resolve_early_ on the
+ *     landed bf16 gradient, widened into a scratch.
  * One mutex guards the queue and the per-slot counters; nothing spins.
  */
 #include <math.h>
