@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     printf("%-20s %12s %12s %12s %10s %12s %10s\n", "setting", "weights B",
            "optim B", "w+optim B/p", "model B/p", "ckpt w B", "ckpt B/p");
     for (int k = 0; k < 4; k++) {
-        gpt_optim o = {k >= 2, 0, k % 2, 1337};
+        gpt_optim o = {k >= 2, 0, k % 2, 1337, 0};
         gpt_model g;
         size_t before = in_use_();
         if (gpt_create_optim(&g, &c, c.n_layer, 1, NULL, &o) != 0) {

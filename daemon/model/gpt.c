@@ -105,8 +105,41 @@ static int alloc_plain_state_(gpt_model *g)
     return 0;
 }
 
+/* The optimizer state on the host (gpt_model.state_on_host) once the
+ * storage has placed params and grads: m and v whole in the plain flat
+ * layout (Adafactor's v in the plain af layout), every slot's pointers
+ * into them. 0, or -1 out of memory. */
+static int alloc_host_state_(gpt_model *g)
+{
+    int has_m = !g->adafactor || g->af_first_moment;
+    size_t nv = g->n_params;
+    if (g->adafactor) {
+        nv = g->af_v_global;
+        for (int s = 0; s < g->S; s++) {
+            g->af_v_off[s] = nv - g->af_v_global;
+            nv += g->af_v_kind[g->slot_moe[s]];
+        }
+    }
+    g->m = has_m ? gpt_alloc_floats(g->n_params) : NULL;
+    g->v = gpt_alloc_floats(nv);
+    if ((has_m && !g->m) || !g->v)
+        return -1;
+    for (int s = 0; s < g->S; s++) {
+        g->slots[s].m = has_m ? gpt_slot_ptr(g, g->m, s) : NULL;
+        g->slots[s].v = g->adafactor
+                            ? g->v + g->af_v_global + g->af_v_off[s]
+                            : gpt_slot_ptr(g, g->v, s);
+    }
+    return 0;
+}
+
 static void free_state_(gpt_model *g)
 {
+    if (g->storage && g->state_on_host) {
+        free(g->m);
+        free(g->v);
+        g->m = g->v = NULL;
+    }
     if (g->storage && g->slots)
         g->storage->free_state(g->storage->ctx, g);
     else if (!g->storage) {
@@ -151,6 +184,12 @@ static int alloc_state_(gpt_model *g, int S)
     g->n_params = g->n_global + off;
     int rc = g->storage ? g->storage->alloc_state(g->storage->ctx, g)
                         : alloc_plain_state_(g);
+    if (rc == 0 && g->storage && g->state_on_host &&
+        alloc_host_state_(g) != 0) {
+        free_state_(g);   /* the storage's part too */
+        errno = ENOMEM;
+        return -1;
+    }
     if (rc != 0) {
         int e = errno ? errno : ENOMEM;
         if (!g->storage)
@@ -209,6 +248,7 @@ int gpt_create_optim(gpt_model *g, const model_config *cfg, int S, int B,
         g->master_bf16 = 1;
         g->sr_seed = o->sr_seed;
     }
+    g->state_on_host = storage && o && o->state_on_host;
     if (o && o->adafactor) {
         g->adafactor = 1;
         g->af_first_moment = o->first_moment != 0;
@@ -732,7 +772,7 @@ static size_t v_floats_(const gpt_model *g, int s)
 
 size_t gpt_optim_bytes(const gpt_model *g)
 {
-    if (g->shard_world > 1)
+    if (g->shard_world > 1 || g->state_on_host)
         return ((g->m ? g->shard_hi - g->shard_lo : 0) +
                 (g->shard_vhi - g->shard_vlo)) * sizeof(float);
     size_t n = m_floats_(g, -1) + v_floats_(g, -1);

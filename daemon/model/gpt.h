@@ -249,6 +249,16 @@ struct gpt_model {
     int shard_rank, shard_world;
     size_t shard_lo, shard_hi;
     size_t shard_vlo, shard_vhi;
+    /* Optimizer state on the host (gpt_optim.state_on_host; a storage
+     * places the model): the storage places params and grads only, and
+     * m, v are this file's own host allocations in the plain flat layout
+     * (the af layout's for Adafactor's v), whole or the shard as above,
+     * every slot's (offloaded or not) in them: slots[s].m and .v point
+     * into them while whole. So an offloaded slot's host block holds its
+     * weights and gradient, and a rank's host holds only its shard of the
+     * state (DeepSpeed's ZeRO-Offload; Rajbhandari et al. 2021, "ZeRO-
+     * Offload", section 4). */
+    int state_on_host;
     long adam_t_global;        /* optimizer step count of the globals
                                 * (AdamW's, or Adafactor's t) */
     long *adam_t_slot;         /* [S] the same of each slot */
@@ -312,6 +322,10 @@ typedef struct {
      * (kernels.h sr_span_key). 0: fp32 masters. */
     int master_bf16;
     uint64_t sr_seed;
+    /* The optimizer state on the host, apart from the placed slots
+     * (gpt_model.state_on_host): optimizer.shard with offloading, the
+     * ZeRO-Offload layout. 0: m and v where each slot lives. */
+    int state_on_host;
 } gpt_optim;
 /* Allocate a model with S slots (1 <= S <= L; gpt_default_share_map) and
  * activations for microbatches of B sequences of cfg->seq_len tokens.
@@ -535,15 +549,18 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
                   float weight_decay);
 
 /* gpt_adafactor of slot s alone, its state wherever it lives (slots[s]:
- * the first moment, or NULL, and the second moment in its af layout), at
+ * the first moment, or NULL, and the second moment in its af layout;
+ * sharded: the slot's tensors whose first element is in the shard), at
  * step count adam_t_slot[s] + 1 (then counted). Safe to run for different
  * slots on different threads. 0, or -1 with errno (EINVAL: AdamW's state
  * or s out of range; ENOMEM: nothing updated). */
 int gpt_adafactor_slot(gpt_model *g, int s, const struct adafactor_hparams *h,
                        float weight_decay);
 
-/* AdamW over slot s's state wherever it lives (slots[s]); increments
- * adam_t_slot[s]. Safe to run for different slots on different threads. */
+/* AdamW over slot s's state wherever it lives (slots[s]; sharded: the
+ * slot's elements in [shard_lo, shard_hi) only, their moments in m, v);
+ * increments adam_t_slot[s]. Safe to run for different slots on
+ * different threads. */
 void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale);
 
@@ -561,9 +578,9 @@ void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
  * gathers the rest); step counts unchanged. AdamW's part is
  * gpt_shard_range's element range; Adafactor's (its statistics are per
  * tensor) the whole tensors whose first element is in that range, m in
- * the flat layout and v in the af layout. Only plain storage and fp32
- * masters: -1 with errno EINVAL otherwise, ENOMEM when out of memory
- * (the old state kept). */
+ * the flat layout and v in the af layout. Only fp32 masters, and plain
+ * storage or the state on the host (state_on_host): -1 with errno EINVAL
+ * otherwise, ENOMEM when out of memory (the old state kept). */
 int gpt_set_shard(gpt_model *g, int rank, int world);
 
 /* Each rank's floats of g's state under gpt_set_shard's partition over

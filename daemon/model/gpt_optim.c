@@ -142,18 +142,6 @@ static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
     return nt;
 }
 
-void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
-                    float eps, float weight_decay, float grad_scale)
-{
-    const gpt_slot_state *st = &g->slots[s];
-    gpt_settle_slot(g, s);
-    long t = ++g->adam_t_slot[s];
-    adamw_span sp[SLOT_NTENSORS_MAX];
-    int n = adamw_spans_(g, s, sp, st->params, st->grads, st->m, st->v,
-                         gpt_slot_tensors(g, s), gpt_slot_ntensors_of(g, s), t,
-                         weight_decay);
-    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
-}
 
 /* Sharded AdamW spans of one region (-1 the globals, else slot s) whose
  * first element is element `base` of the flat layout: each tensor's part
@@ -179,8 +167,28 @@ static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
     return n;
 }
 
+void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float grad_scale)
+{
+    const gpt_slot_state *st = &g->slots[s];
+    gpt_settle_slot(g, s);
+    long t = ++g->adam_t_slot[s];
+    adamw_span sp[SLOT_NTENSORS_MAX];
+    int n = g->shard_world > 1
+                ? adamw_shard_spans_(g, sp, st->params, st->grads,
+                                     g->n_global + g->slot_off[s],
+                                     gpt_slot_tensors(g, s),
+                                     gpt_slot_ntensors_of(g, s), t,
+                                     weight_decay)
+                : adamw_spans_(g, s, sp, st->params, st->grads, st->m, st->v,
+                               gpt_slot_tensors(g, s),
+                               gpt_slot_ntensors_of(g, s), t, weight_decay);
+    adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
+}
+
 /* gpt_adamw of a model with sharded state: region by region, the step
- * counts of every region counted (the same on every rank). */
+ * counts of every resident region counted (the same on every rank; an
+ * offloaded slot's by its storage's gpt_adamw_slot). */
 static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
                            float eps, float wd, float grad_scale)
 {
@@ -190,6 +198,8 @@ static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
                                GLOB_NTENSORS, ++g->adam_t_global, wd);
     adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
     for (int s = 0; s < g->S; s++) {
+        if (g->offloaded[s])
+            continue;
         n = adamw_shard_spans_(g, sp, g->slots[s].params, g->slots[s].grads,
                                g->n_global + g->slot_off[s],
                                gpt_slot_tensors(g, s),
@@ -365,8 +375,13 @@ int gpt_adafactor_slot(gpt_model *g, int s, const adafactor_hparams *h,
     }
     gpt_af_tensors(&g->cfg, region, tab, NULL);
     const gpt_slot_state *st = &g->slots[s];
-    int n = af_spans_(g, s, sp, st->params, st->grads, st->m, st->v, tab, nt,
-                      g->adam_t_slot[s] + 1, weight_decay);
+    int n = g->shard_world > 1
+                ? af_shard_spans_(g, sp, st->params, st->grads,
+                                  g->n_global + g->slot_off[s],
+                                  g->af_v_global + g->af_v_off[s], tab, nt,
+                                  g->adam_t_slot[s] + 1, weight_decay)
+                : af_spans_(g, s, sp, st->params, st->grads, st->m, st->v,
+                            tab, nt, g->adam_t_slot[s] + 1, weight_decay);
     if (adafactor_update_spans(sp, n, h) != 0) {
         errno = ENOMEM;
         goto out;
@@ -489,7 +504,8 @@ static void copy_overlap_(float *dst, size_t a, size_t b, const float *src,
 int gpt_set_shard(gpt_model *g, int rank, int world)
 {
     size_t lo, hi, vlo, vhi;
-    if (world < 1 || rank < 0 || rank >= world || g->storage ||
+    if (world < 1 || rank < 0 || rank >= world ||
+        (g->storage && !g->state_on_host) ||
         g->master_bf16 ||
         shard_ranges_(g, world, rank, &lo, &hi, &vlo, &vhi) != 0) {
         errno = EINVAL;

@@ -151,6 +151,13 @@ typedef struct {
  *       of the largest slot (4 bytes/parameter, pinned; a pool of its own):
  *       a slot's gradient takes one at its first drain and gives it back
  *       when its host AdamW is done (offload_stream_grad_bufs)
+ *     sharded optimizer state (optimizer.shard; gpt.h state_on_host):
+ *       the globals, a resident slot and an offloaded slot's host block
+ *       hold weights and gradients only (8 bytes/parameter; streamed: 4 on
+ *       the host), and the optimizer state of the whole model lives in
+ *       ordinary host memory, this rank's share of it
+ *       (model_optim_bytes_sharded over shard_world): host_state_bytes,
+ *       in host_bytes; no speculative update (it copies a slot's state)
  *
  *   cuda (daemon/model/cuda/gpt_cuda.h; bf16 working copy, fp32 optimizer):
  *     global_bytes  = 16 bytes * n_global_cuda (bf16 params 2 + bf16 grads
@@ -223,6 +230,9 @@ typedef struct offload_plan {
     size_t pinned_slot_bytes;  /* of which page-locked */
     size_t host_bytes;         /* host memory of the offloaded slots (with
                                 * the second buffers when speculative) */
+    size_t host_state_bytes;   /* optimizer state kept on the host apart
+                                * from the slots (state_on_host; in
+                                * host_bytes), this rank's share; else 0 */
     size_t pinned_bytes;       /* of which page-locked */
     int speculative;           /* the speculative update is on */
     int speculative_mode;      /* the input's SPEC_SPECULATIVE_* */

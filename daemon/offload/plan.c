@@ -279,12 +279,21 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                                              &in->optim);
     }
     /* optimizer.shard: a rank keeps its share of the optimizer state (the
-     * cpu backend without offloading, AdamW: the spec refuses the rest) */
+     * cpu backend: the spec refuses the rest); with offloading the state
+     * is kept on the host apart from the slots (gpt.h state_on_host), so
+     * the device and an offloaded slot's block hold weights and
+     * gradients only */
     int D = in->shard_world > 1 ? in->shard_world : 1;
-    if (D > 1 && (cuda || in->budget > 0)) {
+    int soh = in->optim.state_on_host;
+    if ((D > 1 || soh) && cuda) {
         snprintf(err, errlen, "offload plan: sharded optimizer state "
-                 "(optimizer.shard) is planned on the cpu backend without "
-                 "offloading only");
+                 "(optimizer.shard) is planned on the cpu backend only");
+        return -1;
+    }
+    if (D > 1 && in->budget > 0 && !soh) {
+        snprintf(err, errlen, "offload plan: optimizer.shard with "
+                 "offloading keeps the state on the host (gpt_optim "
+                 "state_on_host unset)");
         return -1;
     }
     /* the optimizer state of the globals and of a slot of each kind,
@@ -295,9 +304,16 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
                             model_optim_floats(c, c->moe_experts > 0,
                                                &in->optim)
                       : pb.optim * ss;
-    if (D > 1) {
-        out->global_bytes = wg * ng + model_optim_bytes_sharded(opt_g, D);
-        out->slot_bytes = wg * ss + model_optim_bytes_sharded(opt_s, D);
+    if (D > 1 || soh) {
+        out->global_bytes = wg * ng + (soh ? 0 : model_optim_bytes_sharded(
+                                                     opt_g, D));
+        out->slot_bytes = wg * ss + (soh ? 0 : model_optim_bytes_sharded(
+                                                   opt_s, D));
+    }
+    if (soh) { /* an offloaded slot: its weights and gradient */
+        host_keep -= pb.optim;
+        out->host_slot_bytes = out->pinned_slot_bytes = (size_t)host_keep * ss;
+        af_host[0] = af_host[1] = 0;  /* counted below at their sizes */
     }
     if (cuda) {
         out->act_bytes = offload_cuda_act_bytes(c, in->batch_size);
@@ -358,11 +374,11 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         for (int s = 0; s < S; s++)
             res_of[s + 1] = res_of[s] + (kind[s] ? out->slot_bytes
                                          : wg * ds +
-                                           model_optim_bytes_sharded(
+                                           (soh ? 0 : model_optim_bytes_sharded(
                                                af ? sizeof(float) *
                                                     model_optim_floats(
                                                         c, 0, &in->optim)
-                                                  : pb.optim * ds, D));
+                                                  : pb.optim * ds, D)));
     }
     out->min_budget_bytes = device_bytes_(out, 0, in->prefetch, res_of);
 
@@ -415,12 +431,13 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     out->pinned_bytes = (size_t)out->n_offloaded * out->pinned_slot_bytes;
     /* a mixed model's offloaded slots at their own sizes: f parameters,
      * pb.resident bytes each in res_of, pb.host on the host */
-    size_t f = res_of ? (res_of[S] - res_of[R]) / pb.resident : 0;
+    size_t f = res_of ? (res_of[S] - res_of[R]) / (soh ? wg : (size_t)pb.resident)
+                      : 0;
     if (res_of) {
         out->host_bytes = (size_t)host_keep * f;
         out->pinned_bytes = (size_t)pin_keep * f;
     }
-    if (af) { /* each offloaded slot at its kind's Adafactor bytes */
+    if (af && !soh) { /* each offloaded slot at its kind's Adafactor bytes */
         int mixed = gpt_model_mixed(c);
         out->host_bytes = 0;
         for (int s = R; s < S; s++)
@@ -456,6 +473,19 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
         out->host_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
         out->pinned_bytes += (size_t)out->n_grad_bufs * out->grad_buf_bytes;
     }
+    if (soh) {
+        /* the optimizer state of the whole model (each slot at its kind's
+         * size), this rank's share of it, in ordinary host memory */
+        size_t whole = opt_g;
+        for (int s = 0; s < S; s++)
+            whole += !gpt_model_mixed(c) || kind[s]
+                         ? opt_s
+                         : af ? sizeof(float) *
+                                    model_optim_floats(c, 0, &in->optim)
+                              : pb.optim * (res_of[s + 1] - res_of[s]) / wg;
+        out->host_state_bytes = model_optim_bytes_sharded(whole, D);
+        out->host_bytes += out->host_state_bytes;
+    }
     /* the speculative update's second buffers (offload.h) */
     out->speculative_mode = in->speculative;
     out->spec_slot_bytes = pb.spec_host * ss;
@@ -465,7 +495,7 @@ int offload_plan_make(const offload_plan_input *in, offload_plan *out,
     size_t need = out->host_bytes + spec +
                   (cuda ? 0 : out->peak_device_bytes);
     out->speculative =
-        out->n_offloaded > 0 && in->clipped && !af && !mbf_cuda &&
+        out->n_offloaded > 0 && in->clipped && !af && !mbf_cuda && !soh &&
         (in->speculative == SPEC_SPECULATIVE_ON ||
          (in->speculative == SPEC_SPECULATIVE_AUTO && in->host_limit > 0 &&
           need <= in->host_limit));
@@ -551,10 +581,11 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
                          size_t host_limit, offload_plan *out, char *err,
                          size_t errlen)
 {
-    offload_plan_input in = offload_plan_input_of(spec);
-    in.host_limit = host_limit;
+    run_spec bs = *spec;  /* the budget decides where state lives too */
     if (budget_override)
-        in.budget = budget_override;
+        bs.device.memory_budget = budget_override;
+    offload_plan_input in = offload_plan_input_of(&bs);
+    in.host_limit = host_limit;
     if (offload_plan_make(&in, out, err, errlen) != 0)
         return -1;
     /* auto also needs the pinned part of the second buffers to be
@@ -874,6 +905,12 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                 short_bytes_(gb, sizeof gb, p->grad_buf_bytes),
                 short_bytes_(gt, sizeof gt,
                              (size_t)p->n_grad_bufs * p->grad_buf_bytes));
+    } else if (cpu && p->host_state_bytes) {
+        char sb[32];
+        fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
+                "fp32 params and grads) + optimizer state %s (this rank's "
+                "share, optimizer.shard)\n", p->n_offloaded, hs, ht,
+                short_bytes_(sb, sizeof sb, p->host_state_bytes));
     } else if (cpu)
         fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
                 "fp32 params, grads and optimizer state)\n", p->n_offloaded,
@@ -885,7 +922,12 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
                 short_bytes_(pt, sizeof pt,
                              (size_t)p->n_offloaded * p->pinned_slot_bytes),
                 short_bytes_(ps, sizeof ps, p->pinned_slot_bytes));
-    if (p->n_offloaded > 0) {
+    if (p->n_offloaded > 0 && p->host_state_bytes)
+        fprintf(f, "speculative clipped update (offload.speculative %s): "
+                "off (it copies a slot's optimizer state, which "
+                "optimizer.shard keeps apart)\n",
+                offload_speculative_mode_name(p->speculative_mode));
+    else if (p->n_offloaded > 0) {
         char sb[32], sp[32];
         fprintf(f, "speculative clipped update (offload.speculative %s): "
                 "%s; %s a slot more (%s pinned) when on\n",

@@ -597,9 +597,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
     /* m and v: AdamW's n_local floats each; Adafactor's first moment
      * (n_local, or none) and its second moment in the af layout, the
      * globals' then each resident slot's (gpt.h gpt_storage) */
-    int has_m = !g->adafactor || g->af_first_moment;
-    size_t nm = has_m ? g->n_local : 0, nv = g->n_local;
-    if (g->adafactor) {
+    /* the state on the host (optimizer.shard): the model keeps m and v
+     * itself (gpt.h state_on_host), the blocks here hold weights and
+     * gradients only */
+    int has_m = (!g->adafactor || g->af_first_moment) && !g->state_on_host;
+    size_t nm = has_m ? g->n_local : 0;
+    size_t nv = g->state_on_host ? 0 : g->n_local;
+    if (g->adafactor && !g->state_on_host) {
         nv = g->af_v_global;
         for (int s = 0; s < S; s++) {
             g->af_v_off[s] = nv - g->af_v_global;
@@ -613,9 +617,10 @@ static int alloc_state_(void *ctx, gpt_model *g)
         pool_error_(o, o->dev, "globals and resident slots", nb);
         goto fail;
     }
-    /* each offloaded slot's params, grads, m, v: a pool block of its own
-     * (at its kind's size), so no block straddles a pinned chunk */
-    int per = o->plan.stream_grads ? 3 : 4; /* streamed: no grads */
+    /* each offloaded slot's params, grads, m, v (streamed: no grads; the
+     * state on the host: no m, v): a pool block of its own (at its kind's
+     * size), so no block straddles a pinned chunk */
+    int per = 4 - o->plan.stream_grads - (g->state_on_host ? 2 : 0);
     size_t hb = (size_t)per * off_floats * sizeof(float);
     if (hb) {
         int n = 4 * o->plan.n_offloaded;
@@ -629,7 +634,8 @@ static int alloc_state_(void *ctx, gpt_model *g)
                                 ? g->af_v_kind[g->slot_moe[s]] * sizeof(float)
                                 : bytes;
             for (int a = 0; a < 4; a++, o->n_host_arr++)
-                if (!(a == 1 && per == 3) && !(a == 2 && !has_m) &&
+                if (!(a == 1 && o->plan.stream_grads) &&
+                    !(a == 2 && !has_m) && !(a == 3 && g->state_on_host) &&
                     !(o->host_arr[o->n_host_arr] = offload_pool_alloc(
                           o->host, a == 3 ? vbytes : bytes))) {
                     pool_error_(o, o->host, "offloaded slots", hb);
@@ -667,6 +673,13 @@ static int alloc_state_(void *ctx, gpt_model *g)
             goto oom;
         o->n_gout = S;
     }
+    if (o->plan.speculative && g->state_on_host) {
+        snprintf(o->last_err, sizeof o->last_err,
+                 "offload: the speculative update keeps a copy of each "
+                 "offloaded slot's state, which lives apart with "
+                 "optimizer.shard (offload.speculative: off)");
+        goto fail;
+    }
     if (o->plan.speculative) {
         size_t sb = (size_t)o->plan.n_offloaded * 3 * o->W;
         o->spec_block = malloc(sb);
@@ -696,7 +709,7 @@ static int alloc_state_(void *ctx, gpt_model *g)
     g->params = o->dev_block;
     g->grads = g->params + g->n_local;
     g->m = has_m ? g->grads + g->n_local : NULL;
-    g->v = g->grads + g->n_local + nm;
+    g->v = g->state_on_host ? NULL : g->grads + g->n_local + nm;
     size_t r = ng, k = 0;
     for (int s = 0; s < S; s++) {
         gpt_slot_state *st = &g->slots[s];
@@ -706,8 +719,9 @@ static int alloc_state_(void *ctx, gpt_model *g)
             r += n;
             *st = (gpt_slot_state){
                 g->params + off, g->grads + off, has_m ? g->m + off : NULL,
-                g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
-                             : g->v + off};
+                !g->v          ? NULL
+                : g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
+                               : g->v + off};
             g->w[s] = st->params;
             g->dw[s] = st->grads;
             g->offloaded[s] = 0;

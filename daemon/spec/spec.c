@@ -709,9 +709,11 @@ static int shard_check_(const run_spec *s, char *err, size_t errlen)
         s->device.backend == BACKEND_CUDA
             ? "on device.backend \"cuda\" (the CUDA backend keeps the whole "
               "state; use device.backend \"cpu\")"
-        : s->device.memory_budget > 0
-            ? "with offloading (device.memory_budget > 0: offloaded slots "
-              "keep their whole state on the host; set it to 0)"
+        : s->device.memory_budget > 0 &&
+                s->offload.speculative == SPEC_SPECULATIVE_ON
+            ? "with offload.speculative \"on\" (the speculative update "
+              "keeps a copy of an offloaded slot's state, which lives "
+              "apart, sharded; set it to \"auto\" or \"off\")"
         : s->optimizer.name == OPTIMIZER_ADAFACTOR && s->model.moe_experts > 0
             ? "with optimizer.name \"adafactor\" on an MoE model (an MoE "
               "slot's Adafactor statistics are not laid out in its "
@@ -777,8 +779,13 @@ int spec_has_first_moment(const run_spec *s)
 gpt_optim spec_gpt_optim(const run_spec *s)
 {
     int af = s->optimizer.name == OPTIMIZER_ADAFACTOR;
+    /* sharded with offloading: the state on the host, apart from the
+     * placed slots (the cpu backend: the spec refuses the rest) */
+    int soh = s->optimizer.shard && s->device.memory_budget > 0 &&
+              s->device.backend == BACKEND_CPU;
     return (gpt_optim){af, af && spec_has_first_moment(s),
-                       s->optimizer.master == MASTER_BF16, s->train.seed};
+                       s->optimizer.master == MASTER_BF16, s->train.seed,
+                       soh};
 }
 
 /* nodes.expert_parallel: P divides the world, at most E, MoE blocks to

@@ -201,7 +201,9 @@ int spec_has_first_moment(const run_spec *s);
 
 /* The optimizer setting of the spec as the model sizes and runs it
  * (gpt.h gpt_optim): Adafactor or not, its first moment, bf16 masters,
- * and train.seed as the stochastic rounding's seed. */
+ * train.seed as the stochastic rounding's seed, and the state on the host
+ * apart from the slots (optimizer.shard with offloading on the cpu
+ * backend: the one place that is decided). */
 gpt_optim spec_gpt_optim(const run_spec *s);
 
 /* Whether the run starts in the Pseudo phase (pseudo.steps > 0). */

@@ -226,8 +226,11 @@ const key_ spec_keys_[] = {
         "state at that boundary, and a run whose rank is lost resumes "
         "from its last whole checkpoint. With `nodes.expert_parallel` P "
         "the ranks holding the same experts shard their own state "
-        "(`world_size` / P of them; at least 2). `cpu` without offloading, "
-        "fp32 masters only; nothing with one rank."),
+        "(`world_size` / P of them; at least 2). With offloading "
+        "(`device.memory_budget`) the optimizer state leaves the slots: "
+        "each rank's share lives in its host memory (ZeRO-Offload), the "
+        "device and an offloaded slot keep weights and gradients; not "
+        "with `offload.speculative` `on`. `cpu`, fp32 masters only."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),

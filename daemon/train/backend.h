@@ -184,8 +184,10 @@ typedef struct {
      * (Adafactor's v: the af layout), contiguous, *n floats; BACKEND_M and
      * BACKEND_V while sharded: this rank's part only (its shard_counts
      * entry, the elements from its range's start). NULL: not one buffer
-     * (offloaded slots; Adafactor's m without a first moment). NULL
-     * member: none. */
+     * (the weights of a model with offloaded slots: the trainer then
+     * all-gathers them region by region through state_region; its
+     * optimizer state unless kept on the host, gpt.h state_on_host;
+     * Adafactor's m without a first moment). NULL member: none. */
     float *(*flat)(void *ctx, backend_buf which, size_t *n);
     /* Each of `world` ranks' floats of buffer `which` (as flat lays it)
      * under shard's partition, in rank order: what the trainer

@@ -409,8 +409,9 @@ static int cpu_shard_(void *ctx, int rank, int world, char *err,
         return 0;
     snprintf(err, errlen, "cannot shard the optimizer state (rank %d of "
              "%d): %s", rank, world, errno == EINVAL
-                 ? "only fp32 masters without offloading shard (or "
-                   "Adafactor's tensors out of order)"
+                 ? "only fp32 masters shard, and with offloading only "
+                   "the state kept on the host (or Adafactor's tensors "
+                   "out of order)"
                  : strerror(errno));
     return -1;
 }
@@ -418,7 +419,10 @@ static int cpu_shard_(void *ctx, int rank, int world, char *err,
 static float *cpu_flat_(void *ctx, backend_buf b, size_t *n)
 {
     gpt_model *g = &((cpu_ctx_ *)ctx)->model;
-    if (g->storage)
+    /* placed: the weights are the globals' and each slot's blocks; the
+     * optimizer state one buffer only when the model keeps it on the
+     * host (gpt.h state_on_host) */
+    if (g->storage && (b == BACKEND_PARAMS || !g->state_on_host))
         return NULL;
     if (b == BACKEND_PARAMS) {
         *n = g->n_params;

@@ -835,19 +835,66 @@ static int gather_root_(trainer *t, m6_err *err)
     return rc;
 }
 
+/* The sharded update's weights all-gathered region by region, for a
+ * backend whose weights are not one buffer (offloaded slots live apart):
+ * the globals, then slot 0, 1, ... at their places in the flat layout
+ * (the model's plain one: each slot at its kind's size), each rank's
+ * part of a region its range (counts, in rank order) cut to the region,
+ * so the ranks' parts are consecutive in it and in rank order: one
+ * in-place all-gather a region, entered by every rank in that order.
+ * The backend's pending host updates are settled first (state_begin). */
+static int allgather_regions_(trainer *t, const size_t *counts, m6_err *err)
+{
+    const backend_iface *be = t->be.iface;
+    int zr, zw, S = n_slots_(t), rc = 0;
+    m6_coll *c = zgroup_(t, &zr, &zw);
+    size_t sz[2], *rc_counts = malloc((size_t)zw * sizeof *rc_counts);
+    unsigned char *kind = trainer_slot_kinds_(t);
+    if (!rc_counts || !kind || be->state_begin(t->be.ctx, 0) != 0) {
+        free(rc_counts);
+        free(kind);
+        m6_err_set(err, M6_EINTERNAL, "all-gather of the sharded update: "
+                   "out of memory");
+        return -1;
+    }
+    kind_floats_(t, sz);
+    size_t a = 0;  /* the region's first element in the flat layout */
+    for (int s = -1; s < S && rc == 0; s++) {
+        size_t b = a + (s < 0 ? t->n_global : sz[kind[s]]), r0 = 0;
+        for (int r = 0; r < zw; r++) {
+            size_t r1 = r0 + counts[r];
+            size_t lo = r0 > a ? r0 : a, hi = r1 < b ? r1 : b;
+            rc_counts[r] = lo < hi ? hi - lo : 0;
+            r0 = r1;
+        }
+        float *p = be->state_region(t->be.ctx, BACKEND_PARAMS, s);
+        rc = p ? m6_coll_allgather(c, p, rc_counts, err) : -1;
+        if (!p)
+            m6_err_set(err, M6_EINTERNAL, "all-gather of the sharded "
+                       "update: no weights of region %d", s);
+        a = b;
+    }
+    /* received weights are the other ranks' masters already */
+    be->state_end(t->be.ctx, 0);
+    free(rc_counts);
+    free(kind);
+    return rc;
+}
+
 int gradsync_allgather_params_(trainer *t, m6_err *err)
 {
     const backend_iface *be = t->be.iface;
     size_t n = 0;
     float *p = be->flat(t->be.ctx, BACKEND_PARAMS, &n);
-    size_t *counts = p ? shard_counts_(t, BACKEND_PARAMS) : NULL;
+    size_t *counts = shard_counts_(t, BACKEND_PARAMS);
     if (!counts) {
         m6_err_set(err, M6_EINTERNAL, "all-gather of the sharded update: "
-                   "%s", p ? "out of memory" : "no flat weights");
+                   "out of memory");
         return -1;
     }
     int zr, zw;
-    int rc = m6_coll_allgather(zgroup_(t, &zr, &zw), p, counts, err);
+    int rc = p ? m6_coll_allgather(zgroup_(t, &zr, &zw), p, counts, err)
+               : allgather_regions_(t, counts, err);
     free(counts);
     return rc;
 }

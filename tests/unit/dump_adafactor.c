@@ -92,7 +92,7 @@ int main(int argc, char **argv)
     adafactor_hparams h = {lr, (float)atof(argv[3]), 0.8f,
                            (float)atof(argv[4]), 1e-30f, 1e-3f,
                            atoi(argv[5]), 1.0f};
-    gpt_optim o = {1, h.beta1 > 0, 0, 0};
+    gpt_optim o = {1, h.beta1 > 0, 0, 0, 0};
     gpt_model g;
     if (gpt_create_optim(&g, &cfg, S, B, NULL, &o) != 0) {
         perror("dump_adafactor: gpt_create_optim");

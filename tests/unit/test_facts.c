@@ -137,7 +137,7 @@ static void optimizer_state_(const case_ *c, int L, int S)
     const model_config *m = &c->cfg;
     const size_t hand_v[3] = {105, 348, 464};   /* globals, dense, MoE */
     for (int opt = 0; opt < 3; opt++) {
-        gpt_optim o = {opt > 0, opt == 2, 0, 0};
+        gpt_optim o = {opt > 0, opt == 2, 0, 0, 0};
         gpt_model g;
         memset(&g, 0, sizeof g);
         assert_int_equal(gpt_create_optim(&g, m, L, 1, NULL, &o), 0);
@@ -227,7 +227,7 @@ static void test_parts_and_bytes(void **st)
          * hand: Adafactor's m 4 or none; bf16 masters 4 bytes less on
          * the CUDA model (no fp32 master), nothing less on the CPU one */
         for (int k = 0; k < 6; k++) {
-            gpt_optim o = {k >= 2, k >= 4, k % 2, 0};
+            gpt_optim o = {k >= 2, k >= 4, k % 2, 0, 0};
             model_param_bytes x = model_param_bytes_for(cuda, &o);
             int optim = k < 2 ? 8 : k < 4 ? 0 : 4;
             int w = cuda ? (k % 2 ? 2 : 6) : 4;
@@ -239,7 +239,7 @@ static void test_parts_and_bytes(void **st)
             assert_int_equal(x.resident, w + b.grads + optim);
             assert_int_equal(x.host, hw + b.host_grads + optim);
         }
-        gpt_optim fp = {0, 0, 0, 0};
+        gpt_optim fp = {0, 0, 0, 0, 0};
         model_param_bytes y = model_param_bytes_for(cuda, &fp);
         assert_memory_equal(&y, &b, sizeof y);
     }

@@ -379,7 +379,10 @@ static void test_plan_at_scale_mixed(void **state)
 /* optimizer.shard at D = 4 on the hand-counted model below: each rank
  * keeps weights 4 + gradients 4 bytes a parameter and a quarter of
  * AdamW's m and v (8 / 4 = 2): 10 bytes a parameter, by hand; with a
- * budget (offloading) the sharded plan is refused. */
+ * budget (offloading) the state lives on the host (state_on_host): 8
+ * bytes a parameter on the device and in an offloaded slot's block, and
+ * a quarter of the whole model's 8 on the host (a plan with a budget but
+ * without state_on_host is refused). */
 static void test_plan_sharded(void **state)
 {
     (void)state;
@@ -400,6 +403,33 @@ static void test_plan_sharded(void **state)
     in.budget = (size_t)1 << 30;
     assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), -1);
     assert_non_null(strstr(err, "optimizer.shard"));
+    in.optim.state_on_host = 1;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 0);
+    assert_int_equal(p.global_bytes, 8 * n_global);
+    assert_int_equal(p.slot_bytes, 8 * slot);
+    size_t hstate = 8 * (n_global + 4 * slot) / 4;
+    assert_int_equal(p.host_state_bytes, hstate);
+    assert_int_equal(p.host_bytes, hstate);
+    assert_int_equal(p.speculative, 0);
+    /* room for two slots and one staging buffer (prefetch 1) beside the
+     * globals and activations: the other two offloaded, 8 bytes a
+     * parameter each */
+    size_t act = p.act_bytes;
+    offload_plan_free(&p);
+    in.prefetch = 1;
+    in.budget = 8 * n_global + 3 * 8 * slot + act;
+    in.clipped = 1;
+    in.speculative = SPEC_SPECULATIVE_AUTO;
+    in.host_limit = (size_t)1 << 40;
+    assert_int_equal(offload_plan_make(&in, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_offloaded, 2);
+    assert_int_equal(p.host_slot_bytes, 8 * slot);
+    assert_int_equal(p.host_bytes, 2 * 8 * slot + hstate);
+    assert_int_equal(p.speculative, 0);  /* it copies a slot's state */
+    offload_plan_free(&p);
+    in.optim.state_on_host = 0;
+    in.prefetch = 2;
     /* from a spec: the real phase's world, the pseudo phase's own */
     run_spec sp;
     spec_defaults(&sp);

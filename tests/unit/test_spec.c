@@ -462,7 +462,8 @@ static void test_optimizer_shard(void **state)
     assert_contains(err, "optimizer.shard: must be true or false (or 1, 0)");
     static const struct { const char *extra, *want; } bad[] = {
         {",\"device\":{\"backend\":\"cuda\"}", "device.backend \"cuda\""},
-        {",\"device\":{\"memory_budget\":100000000}", "with offloading"},
+        {",\"device\":{\"memory_budget\":100000000},\"offload\":"
+         "{\"speculative\":\"on\"}", "offload.speculative \"on\""},
     };
     for (int i = 0; i < 2; i++) {
         snprintf(j, sizeof j, base, "true", bad[i].extra);
@@ -484,7 +485,20 @@ static void test_optimizer_shard(void **state)
     assert_int_equal(parse(&d, j, err, sizeof err), -1);
     assert_contains(err, "optimizer.shard");
     assert_contains(err, "MoE model");
-        /* Adafactor shards (by whole tensors) */
+    /* with offloading: the state on the host (spec_gpt_optim says so),
+     * without: where the slots are */
+    snprintf(j, sizeof j, base, "true",
+             ",\"device\":{\"memory_budget\":100000000}");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(spec_gpt_optim(&d).state_on_host, 1);
+    snprintf(j, sizeof j, base, "true", "");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(spec_gpt_optim(&d).state_on_host, 0);
+    snprintf(j, sizeof j, base, "false",
+             ",\"device\":{\"memory_budget\":100000000}");
+    assert_int_equal(parse(&d, j, err, sizeof err), 0);
+    assert_int_equal(spec_gpt_optim(&d).state_on_host, 0);
+    /* Adafactor shards (by whole tensors) */
     snprintf(j, sizeof j, "{\"data\":{\"train\":\"t\",\"val\":\"v\"},"
              "\"nodes\":{\"world_size\":2},\"optimizer\":{\"shard\":true,"
              "\"name\":\"adafactor\"}}");

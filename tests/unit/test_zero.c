@@ -159,8 +159,13 @@ static int rank_main_(int argc, char **argv)
         }
         fprintf(out, "s %ld %a %a %a %d\n", r.step, (double)r.train_loss,
                 (double)r.grad_norm, (double)r.val_loss, r.skipped);
-        if (first)
-            fprintf(out, "m %.0f %zu\n", inuse_(), trainer_optim_bytes(t));
+        if (first) {
+            offload_stats os;
+            int off = trainer_offload_stats(t, &os) == 0 ? os.n_offloaded
+                                                          : 0;
+            fprintf(out, "m %.0f %zu %d\n", inuse_(), trainer_optim_bytes(t),
+                    off);
+        }
         first = 0;
     }
     if (root) {
@@ -226,6 +231,7 @@ typedef struct {
     double loss[STEPS], norm[STEPS], val[STEPS];
     double inuse;        /* after the life's first step */
     size_t optim;
+    int offloaded;       /* slots offloaded at the life's first step */
     int refused;         /* p1 sharded rank 0: the early save refused */
     int skipped;         /* steps skipped (non-finite) */
     int g_rc;            /* root: trainer_sync_boundary's answer (-1: no line) */
@@ -236,9 +242,11 @@ typedef struct {
 
 /* The spec tag.json: nodes.world_size world, pseudo_world_size pw (0:
  * none), steps in all, PSEUDO of them pseudo. */
-static void write_spec_moe_(const char *tag, int shard, int world, int pw,
-                            int steps, const char *opt_extra,
-                            const char *model_extra, const char *pseudo_extra)
+static void write_spec_all_(const char *tag, int shard, int world, int pw,
+                            int steps, int n_layer, double grad_clip,
+                            const char *opt_extra,
+                            const char *model_extra, const char *pseudo_extra,
+                            const char *dev_extra, const char *top_extra)
 {
     char nodes[96];
     snprintf(nodes, sizeof nodes, pw ? "\"world_size\": %d, "
@@ -246,19 +254,28 @@ static void write_spec_moe_(const char *tag, int shard, int world, int pw,
     FILE *f = rank_procs_spec(tag, "zero");
     if (!f)
         return;
-    fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": 2, \"n_embd\": 64,"
-            " \"n_head\": 2, \"seq_len\": 32%s},\n"
+    fprintf(f, " \"model\": {\"vocab_size\": 256, \"n_layer\": %d, "
+            "\"n_embd\": 64, \"n_head\": 2, \"seq_len\": 32%s},\n"
             " \"pseudo\": {\"steps\": %d%s},\n"
             " \"train\": {\"steps\": %d, \"batch_size\": 4, \"grad_accum\": 1,"
             " \"lr\": 0.01, \"min_lr\": 0.001, \"warmup_steps\": 2,"
-            " \"grad_clip\": 1.0, \"seed\": 5, \"eval_every\": 10,"
+            " \"grad_clip\": %g, \"seed\": 5, \"eval_every\": 10,"
             " \"eval_batches\": 2},\n"
             " \"nodes\": {%s},\n"
             " \"optimizer\": {\"shard\": %s%s},\n"
-            " \"device\": {\"threads\": 1}}\n",
-            model_extra, PSEUDO, pseudo_extra, steps, nodes,
-            shard ? "true" : "false", opt_extra);
+            " \"device\": {\"threads\": 1%s}%s}\n",
+            n_layer, model_extra, PSEUDO, pseudo_extra, steps, grad_clip,
+            nodes,
+            shard ? "true" : "false", opt_extra, dev_extra, top_extra);
     fclose(f);
+}
+
+static void write_spec_moe_(const char *tag, int shard, int world, int pw,
+                            int steps, const char *opt_extra,
+                            const char *model_extra, const char *pseudo_extra)
+{
+    write_spec_all_(tag, shard, world, pw, steps, 2, 1.0, opt_extra,
+                    model_extra, pseudo_extra, "", "");
 }
 
 static void write_spec_(const char *tag, int shard, int world, int pw,
@@ -300,7 +317,8 @@ static void load_(const char *tag, int r, result *res)
             res->norm[res->n] = b;
             res->val[res->n++] = c;
         } else if (line[0] == 'm') {
-            sscanf(line, "m %lf %zu", &res->inuse, &res->optim);
+            sscanf(line, "m %lf %zu %d", &res->inuse, &res->optim,
+                   &res->offloaded);
         } else if (line[0] == 'r') {
             sscanf(line, "r %d", &res->refused);
         } else if (line[0] == 'g') {
@@ -385,6 +403,64 @@ static void compare_lives_(const char *got, const char *want,
     }
 }
 
+/* The runs with offloading against the unsharded resident ones: the
+ * same losses and weights, slots offloaded where the plan says, and the
+ * optimizer state a rank keeps (the model's allocation) at most
+ * MEM_RATIO of the whole at D 4 and within 10% of the plan's
+ * host_state_bytes. */
+static void offloaded_checks_(void)
+{
+    result a[4], b[4];
+    for (int r = 0; r < 2; r++) {
+        load_("oh1", r, &a[r]);
+        load_("ou1", r, &b[r]);
+        char what[64];
+        snprintf(what, sizeof what, "offloaded pseudo D 2 rank %d", r);
+        compare_(what, &a[r], &b[r], PSEUDO);
+        CHECK(a[r].offloaded == 2, "offloaded pseudo D 2 rank %d: %d slots "
+              "offloaded, the plan says 2", r, a[r].offloaded);
+    }
+    char p[512], e[512];
+    snprintf(p, sizeof p, "%s/oh.json", rank_dir_);
+    run_spec sp;
+    offload_plan pl;
+    double planned = -1;
+    if (spec_load_file(&sp, p, e, sizeof e) == 0 &&
+        offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) == 0) {
+        planned = (double)pl.host_state_bytes;
+        offload_plan_free(&pl);
+    } else {
+        fprintf(stderr, "plan: %s\n", e);
+    }
+    for (int r = 0; r < 4; r++) {
+        load_("oh2", r, &a[r]);
+        load_("ou2", r, &b[r]);
+        char what[64];
+        snprintf(what, sizeof what, "offloaded real D 4 (resumed) rank %d",
+                 r);
+        compare_(what, &a[r], &b[r], STEPS - PSEUDO);
+        CHECK(a[r].offloaded == 4, "offloaded real D 4 rank %d: %d slots "
+              "offloaded, the plan says 4", r, a[r].offloaded);
+        double got = (double)a[r].optim, whole = (double)b[r].optim;
+        CHECK(whole > 0 && got <= MEM_RATIO * whole, "offloaded memory: "
+              "rank %d keeps %.0f bytes of optimizer state, %.0f whole",
+              r, got, whole);
+        CHECK(planned > 0 && fabs(planned - got) <= 0.1 * got, "offloaded "
+              "plan: %.0f bytes of host optimizer state a rank, rank %d "
+              "keeps %.0f (more than 10%% apart)", planned, r, got);
+        printf("offloaded D 4 rank %d: optimizer state %.0f bytes on the "
+               "host, %.0f unsharded (ratio %.3f), plan %.0f\n", r, got,
+               whole, whole > 0 ? got / whole : 0, planned);
+        free(a[r].params);
+        free(b[r].params);
+    }
+    for (int r = 0; r < 2; r++) {
+        compare_lives_("od", "odu", "offloaded Adafactor delink D 2", r, a);
+        CHECK(a[0].offloaded == 0, "offloaded Adafactor delink: the pseudo "
+              "phase offloaded %d slots, the plan none", a[0].offloaded);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int rc = rank_procs_enter(argc, argv, 9, rank_main_, "zero", 1);
@@ -410,6 +486,26 @@ int main(int argc, char **argv)
     const char *sg = ", \"share_groups\": 2";
     write_spec_moe_("sn", 1, 2, 0, DELINK_STEPS, "", mx, sg);
     write_spec_moe_("un_", 0, 2, 0, DELINK_STEPS, "", mx, sg);
+    /* with offloading (the state on the host, apart from the slots): 4
+     * layers; "oh" every slot offloaded in both phases (the pseudo phase
+     * on 2 ranks, then resumed on 4), "od" Adafactor without a first
+     * moment, no clipping, through a delink on 2 ranks, the real phase 2
+     * slots resident and 2 offloaded; each against the unsharded resident run of its model
+     * (offloading changes no float operation on the CPU) */
+    write_spec_all_("oh", 1, 4, 2, STEPS, 4, 1.0, "", "", "",
+                    ", \"memory_budget\": \"3761KiB\"",
+                    ",\n \"offload\": {\"prefetch\": 1}");
+    write_spec_all_("ou", 0, 4, 2, STEPS, 4, 1.0, "", "", "", "", "");
+    write_spec_all_("od", 1, 2, 0, DELINK_STEPS, 4, 0.0, af0, "", "",
+                    ", \"memory_budget\": \"4542KiB\"",
+                    ",\n \"offload\": {\"prefetch\": 1}");
+    write_spec_all_("odu", 0, 2, 0, DELINK_STEPS, 4, 0.0, af0, "", "", "", "");
+    run_("oh1", "oh", 2, "p1", "oh1");
+    run_("ou1", "ou", 2, "p1", "ou1");
+    run_("oh2", "oh", 4, "p2", "oh1");
+    run_("ou2", "ou", 4, "p2", "ou1");
+    run_("od", "od", 2, "p2", "");
+    run_("odu", "odu", 2, "p2", "");
     run_("sn", "sn", 2, "p2", "");
     run_("un_", "un_", 2, "p2", "");
     run_("sa", "sa", 4, "p2", "");
@@ -500,6 +596,8 @@ int main(int argc, char **argv)
     }
     load_("x2", 0, &x2);
     compare_("sharded ckpt resumed unsharded", &x2, &un2[0], STEPS - PSEUDO);
+
+    offloaded_checks_();
 
     /* memory: what the allocator holds, sharded against unsharded */
     for (int r = 0; r < 4; r++) {
