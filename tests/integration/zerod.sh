@@ -32,6 +32,12 @@
 #      fails that step alike, the worker stays for the gather, and rank 0
 #      pauses with a checkpoint of the step (a pause saved, as on one
 #      node); the shard restored, resume completes with the same losses.
+#  (e) sharded with offloading (device.memory_budget at the plan's
+#      minimum: the real phase's two slots offloaded, the optimizer state
+#      each rank's half on its host, apart from the slots): paused at step
+#      8, its checkpoint byte for byte the unsharded run's; resumed, it
+#      completes with the unsharded run's losses bit for bit (offloading
+#      changes no float operation on the cpu backend either).
 # A resume at another world size is the trainer's (test_zero: a sharded
 # checkpoint of 2 ranks resumed on 4, and unsharded): m6d keeps a run's
 # spec, and so its world size, across a resume.
@@ -45,6 +51,14 @@ write_token "$T/token"
 NODES="\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}"
 CKPT_EVERY=5 write_spec "$T/ref.json" ref 20 6 "$NODES"
 CKPT_EVERY=5 write_spec "$T/z.json" z 20 6 "$NODES, \"optimizer\": {\"shard\": true}"
+# (e): the budget m6ctl plan gives as the least (every slot offloaded)
+CKPT_EVERY=5 write_spec "$T/zo.json" zo 20 6 "$NODES, \"optimizer\": {\"shard\": true},
+  \"offload\": {\"prefetch\": 1}, \"device\": {\"memory_budget\": 1048576}"
+MIN=$({ "$M6CTL" plan "$T/zo.json" 2>&1 || true; } | sed -n 's/.*even with all 2 slots offloaded it needs [^(]*(\([0-9]*\) bytes).*/\1/p')
+[ -n "$MIN" ] || fail "m6ctl plan gave no least budget for zo.json: $("$M6CTL" plan "$T/zo.json" 2>&1)"
+sed -i "s/\"memory_budget\": 1048576/\"memory_budget\": $MIN/" "$T/zo.json"
+"$M6CTL" plan "$T/zo.json" | grep -Eq '^real +2 +- +0-1 ' \
+    || fail "the plan of zo.json does not offload the real phase's slots: $("$M6CTL" plan "$T/zo.json")"
 
 # a fixed port, outside the ephemeral range, free now: the coordinator
 # restarts on it in (c), and the worker finds it there again
@@ -157,6 +171,19 @@ ctl resume "$D" >/dev/null || fail "resume after the shard was restored"
 ctl watch "$D" >/dev/null || fail "run $D did not complete: $(ctl status "$D")"
 same_losses "$D" "$T/ref.csv" "the sharded run's losses differ from the unsharded run's after bad data"
 log "(d) bad data at step 12: paused with a checkpoint of step 11, restored, the unsharded run's losses"
+# ---- (e) sharded with offloading: the state on each rank's host
+submit_paused_at "$T/zo.json" 8
+ZO=$RUN
+for f in model.safetensors optimizer.safetensors; do
+    cmp -s "$T/ref-step-8/$f" "$T/c/runs/$ZO/checkpoints/step-8/$f" \
+        || fail "the sharded offloaded run's step-8 $f differs from the unsharded run's"
+done
+ctl resume "$ZO" >/dev/null || fail "resume of the sharded offloaded run"
+ctl watch "$ZO" >/dev/null || fail "the sharded offloaded run did not complete: $(ctl status "$ZO")"
+[ "$(db "$T/c" "select offloaded_slots from metrics where run=$ZO and step=20")" = 2 ] \
+    || fail "the sharded offloaded run did not offload its 2 slots: $(db "$T/c" "select step, offloaded_slots from metrics where run=$ZO")"
+same_losses "$ZO" "$T/ref.csv" "the sharded offloaded run's losses differ from the unsharded run's"
+log "(e) sharded with offloading: checkpoint at step 8 and every loss the unsharded run's"
 kill -TERM "${M6D_PIDS[w1]}" "${M6D_PIDS[c]}"
 wait "${M6D_PIDS[c]}" || fail "coordinator exit"
 unset 'M6D_PIDS[c]'
