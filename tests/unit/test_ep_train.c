@@ -165,6 +165,14 @@ static int rank_main_(int argc, char **argv)
             if (!ok)
                 fprintf(stderr, "rank %d: no sub-groups, not refused by "
                         "name: %s\n", rank, m6_err_msg(&err));
+            /* every rank past its group's set-up before any leaves it (a
+             * rank gone early closes a connection another still makes) */
+            float one = 1.0f;
+            m6_err e2 = M6_ERR_NONE;
+            if (m6_coll_allreduce_sum(c, &one, 1, &e2) != 0)
+                fprintf(stderr, "rank %d: barrier: %s\n", rank,
+                        m6_err_msg(&e2));
+            m6_err_free(&e2);
             trainer_free(t);
             m6_coll_destroy(c);
             m6_err_free(&err);
@@ -773,9 +781,33 @@ static void reshard_(const char *ckpt_tag, const char *tag, int world)
 /* optimizer.shard with replicas (ZeRO stage 1 over the D ranks holding
  * the same experts): 2 replicas of P = 2, its save of step 8 (every
  * replica group whole, then the experts to rank 0) resumed at P = 1;
- * against one rank. */
+ * against one rank. And with offloading (device.memory_budget the whole
+ * model's minimum; the state on each rank's host, apart from its slots):
+ * the same figures, slots offloaded on every rank, and its save of step
+ * 8 loaded by its 4 ranks, gathered back and saved byte for byte. */
 static void sharded_(const result *ref)
 {
+    /* the minimum of the whole model with its state on the host and one
+     * staging buffer: a resident slot costs what a staging buffer does
+     * then (weights and gradients), so only prefetch 1 leaves a smaller
+     * footprint offloaded, and a rank's own model offloads its slots */
+    size_t b = min_budget_("one");
+    char dev[300];
+    for (int k = 0; k < 2 && b > 0; k++) {
+        snprintf(dev, sizeof dev, ",\n \"device\": {\"threads\": 1, "
+                 "\"memory_budget\": %zu},\n \"offload\": {\"prefetch\": "
+                 "1},\n \"optimizer\": {\"shard\": true}", b);
+        write_spec_full_("ep2x2zo", 4, 2, "", 2, 4, 4, 0.05, dev);
+        if (k == 0)
+            b = min_budget_("ep2x2zo");
+    }
+    const char *save_o[1] = {"save"};
+    if (b > 0 &&
+        rank_procs_run("ep2x2zo", "ep2x2zo", 4, save_o, 1, 240, -1) == 0) {
+        compare_("ep2x2zo", 4, 2, ref);
+        offloaded_some_("ep2x2zo", 4);
+        reshard_("ep2x2zo", "ep2x2zo", 4);
+    }
     const char *save[1] = {"save"};
     const char *top = ",\n \"device\": {\"threads\": 1},\n "
                       "\"optimizer\": {\"shard\": true}";
