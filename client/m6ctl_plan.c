@@ -70,6 +70,7 @@ static int plan_from_reply_(const M6__PhasePlan *pp, backend_kind be, offload_pl
     p->n_grad_bufs = pp->grad_buffers;
     p->grad_buf_bytes = pp->grad_buffer_bytes;
     p->spec_pinned_slot_bytes = pp->speculative_pinned_slot_bytes;
+    p->host_state_bytes = pp->host_state_bytes;
     return 0;
 }
 

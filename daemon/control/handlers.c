@@ -748,6 +748,7 @@ static M6__PhasePlan *phase_plan_(call *c, const offload_plan *p)
     pp->stream_grads = p->stream_grads != 0;
     pp->grad_buffers = p->n_grad_bufs;
     pp->grad_buffer_bytes = p->grad_buf_bytes;
+    pp->host_state_bytes = p->host_state_bytes;
     return pp;
 }
 

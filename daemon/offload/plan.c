@@ -728,6 +728,7 @@ static void g_sg_(const void *row, view_val *v) { v->i = P_->stream_grads; }
 static void g_ngb_(const void *row, view_val *v) { v->i = P_->n_grad_bufs; }
 static void g_gbb_(const void *row, view_val *v) { v->i = (long long)P_->grad_buf_bytes; }
 static void g_spsl_(const void *row, view_val *v) { v->i = (long long)P_->spec_pinned_slot_bytes; }
+static void g_hstate_(const void *row, view_val *v) { v->i = (long long)P_->host_state_bytes; }
 
 static const view_field breakdown_fields_[] = {
     {"globals_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_glob_},
@@ -744,6 +745,7 @@ static const view_field breakdown_fields_[] = {
     {"stream_grads", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_sg_},
     {"grad_buffers", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_ngb_},
     {"grad_buffer_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_gbb_},
+    {"host_state_bytes", 0, 0, 0, VIEW_INT, VF_PLAIN, 0, g_hstate_},
 };
 static const view breakdown_view_ = VIEW_OF(breakdown_fields_);
 

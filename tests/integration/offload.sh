@@ -93,7 +93,12 @@ jq --argjson b "$EMIN" '.device.memory_budget = $b' "$T/ep-plain.json" >"$T/ep-o
          .expert_parallel_rank.min_budget_bytes < .min_budget_bytes' "$T/ep-plan.json")" = true ] ||
     fail "ep-off plan: no rank's model, or not smaller: $(cat "$T/ep-plan.json")"
 
-for f in cuda-off cuda-spec-on ep-off; do
+# sharded with offloading: the state's share on the host, the same from m6d
+jq --argjson b "$MIN" '.device.memory_budget = $b | .optimizer = {"shard": true} | .nodes = {"world_size": 2}' \
+    "$T/plain.json" >"$T/zero-off.json" || fail "zero-off spec"
+"$M6CTL" plan "$T/zero-off.json" | grep -q "optimizer state .* (this rank's share, optimizer.shard)" \
+    || fail "zero-off plan: no line for the optimizer state on the host: $("$M6CTL" plan "$T/zero-off.json")"
+for f in cuda-off cuda-spec-on ep-off zero-off; do
 for a in "" "--json"; do
     ctl plan "$T/$f.json" $a >"$T/plan.local" || fail "$f plan $a"
     ctl plan "$T/$f.json" $a --daemon >"$T/plan.daemon" 2>"$T/err" || fail "$f plan $a --daemon: $(cat "$T/err")"
