@@ -578,9 +578,11 @@ void gpt_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
  * gathers the rest); step counts unchanged. AdamW's part is
  * gpt_shard_range's element range; Adafactor's (its statistics are per
  * tensor) the whole tensors whose first element is in that range, m in
- * the flat layout and v in the af layout. Only fp32 masters, and plain
- * storage or the state on the host (state_on_host): -1 with errno EINVAL
- * otherwise, ENOMEM when out of memory (the old state kept). */
+ * the flat layout and v in the af layout (bf16 masters: the same
+ * stochastic rounding as unsharded, each element keyed by its tensor and
+ * its place in it). Only plain storage or the state on the host
+ * (state_on_host): -1 with errno EINVAL otherwise, ENOMEM when out of
+ * memory (the old state kept). */
 int gpt_set_shard(gpt_model *g, int rank, int world);
 
 /* Each rank's floats of g's state under gpt_set_shard's partition over

@@ -143,13 +143,15 @@ static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
 }
 
 
-/* Sharded AdamW spans of one region (-1 the globals, else slot s) whose
+/* Sharded AdamW spans of region (-1 the globals, else slot s) whose
  * first element is element `base` of the flat layout: each tensor's part
  * inside [shard_lo, shard_hi), its moments at m, v + (element - shard_lo);
  * appended at sp, returns the number appended. AdamW is elementwise, so
- * the parts get the same update as the whole tensors would. */
-static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
-                              const float *gr, size_t base,
+ * the parts get the same update as the whole tensors would; bf16 masters
+ * round each element with its tensor's key at its place in the tensor
+ * (sr_base), so the same bits too. */
+static int adamw_shard_spans_(const gpt_model *g, int region, adamw_span *sp,
+                              float *p, const float *gr, size_t base,
                               const gpt_tensor *ts, int nt, long t, float wd)
 {
     int n = 0;
@@ -160,9 +162,12 @@ static int adamw_shard_spans_(const gpt_model *g, adamw_span *sp, float *p,
         if (lo >= hi)
             continue;
         size_t o = ts[i].offset + (lo - a);
+        uint64_t kbase;
+        uint64_t key = sr_key_(g, region, ts[i].offset, 1, &kbase);
         sp[n++] = (adamw_span){p + o, gr + o, g->m + (lo - g->shard_lo),
                                g->v + (lo - g->shard_lo), hi - lo,
-                               ts[i].decay ? wd : 0.0f, t, 0, 0};
+                               ts[i].decay ? wd : 0.0f, t, key,
+                               kbase + (lo - a)};
     }
     return n;
 }
@@ -175,7 +180,7 @@ void gpt_adamw_slot(gpt_model *g, int s, float lr, float beta1, float beta2,
     long t = ++g->adam_t_slot[s];
     adamw_span sp[SLOT_NTENSORS_MAX];
     int n = g->shard_world > 1
-                ? adamw_shard_spans_(g, sp, st->params, st->grads,
+                ? adamw_shard_spans_(g, s, sp, st->params, st->grads,
                                      g->n_global + g->slot_off[s],
                                      gpt_slot_tensors(g, s),
                                      gpt_slot_ntensors_of(g, s), t,
@@ -194,13 +199,14 @@ static void adamw_sharded_(gpt_model *g, float lr, float beta1, float beta2,
 {
     adamw_span sp[(int)GLOB_NTENSORS > (int)SLOT_NTENSORS_MAX
                       ? (int)GLOB_NTENSORS : (int)SLOT_NTENSORS_MAX];
-    int n = adamw_shard_spans_(g, sp, g->params, g->grads, 0, g->glob,
+    int n = adamw_shard_spans_(g, -1, sp, g->params, g->grads, 0, g->glob,
                                GLOB_NTENSORS, ++g->adam_t_global, wd);
     adamw_update_spans(sp, n, lr, beta1, beta2, eps, grad_scale);
     for (int s = 0; s < g->S; s++) {
         if (g->offloaded[s])
             continue;
-        n = adamw_shard_spans_(g, sp, g->slots[s].params, g->slots[s].grads,
+        n = adamw_shard_spans_(g, s, sp, g->slots[s].params,
+                               g->slots[s].grads,
                                g->n_global + g->slot_off[s],
                                gpt_slot_tensors(g, s),
                                gpt_slot_ntensors_of(g, s),
@@ -272,8 +278,9 @@ static int af_spans_(const gpt_model *g, int region, adafactor_span *sp,
  * tensors starting inside [shard_lo, shard_hi) (whole tensors: the
  * factored statistics are per tensor), m and v at their offsets from the
  * shard's starts; appended at sp, returns the number appended. */
-static int af_shard_spans_(const gpt_model *g, adafactor_span *sp, float *p,
-                           const float *gr, size_t base, size_t vbase,
+static int af_shard_spans_(const gpt_model *g, int region,
+                           adafactor_span *sp, float *p, const float *gr,
+                           size_t base, size_t vbase,
                            const gpt_af_tensor *ts, int nt, long t, float wd)
 {
     int n = 0;
@@ -283,10 +290,12 @@ static int af_shard_spans_(const gpt_model *g, adafactor_span *sp, float *p,
         if (x < g->shard_lo || x >= g->shard_hi)
             continue;
         float *r = g->v + (vbase + a->state_off - g->shard_vlo);
+        uint64_t kbase;  /* 0: an Adafactor span is one expert's */
         sp[n++] = (adafactor_span){p + a->offset, gr + a->offset,
                                    g->m ? g->m + (x - g->shard_lo) : NULL, r,
                                    a->cols ? r + a->rows : NULL, a->rows,
-                                   a->cols, a->decay ? wd : 0.0f, t, 0};
+                                   a->cols, a->decay ? wd : 0.0f, t,
+                                   sr_key_(g, region, a->offset, 0, &kbase)};
     }
     return n;
 }
@@ -320,8 +329,8 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
     /* the spans first, the step counts only once the update is certain */
     int sh = g->shard_world > 1, n;
     if (sh)
-        n = af_shard_spans_(g, sp, g->params, g->grads, 0, 0, tab[0], nk[0],
-                            g->adam_t_global + 1, weight_decay);
+        n = af_shard_spans_(g, -1, sp, g->params, g->grads, 0, 0, tab[0],
+                            nk[0], g->adam_t_global + 1, weight_decay);
     else
         n = af_spans_(g, -1, sp, g->params, g->grads, g->m, g->v, tab[0],
                       nk[0], g->adam_t_global + 1, weight_decay);
@@ -331,7 +340,7 @@ int gpt_adafactor(gpt_model *g, const struct adafactor_hparams *h,
         const gpt_slot_state *st = &g->slots[s];
         int k = 1 + g->slot_moe[s];
         if (sh)
-            n += af_shard_spans_(g, sp + n, st->params, st->grads,
+            n += af_shard_spans_(g, s, sp + n, st->params, st->grads,
                                  g->n_global + g->slot_off[s],
                                  g->af_v_global + g->af_v_off[s], tab[k],
                                  nk[k], g->adam_t_slot[s] + 1, weight_decay);
@@ -376,7 +385,7 @@ int gpt_adafactor_slot(gpt_model *g, int s, const adafactor_hparams *h,
     gpt_af_tensors(&g->cfg, region, tab, NULL);
     const gpt_slot_state *st = &g->slots[s];
     int n = g->shard_world > 1
-                ? af_shard_spans_(g, sp, st->params, st->grads,
+                ? af_shard_spans_(g, s, sp, st->params, st->grads,
                                   g->n_global + g->slot_off[s],
                                   g->af_v_global + g->af_v_off[s], tab, nt,
                                   g->adam_t_slot[s] + 1, weight_decay)
@@ -506,7 +515,6 @@ int gpt_set_shard(gpt_model *g, int rank, int world)
     size_t lo, hi, vlo, vhi;
     if (world < 1 || rank < 0 || rank >= world ||
         (g->storage && !g->state_on_host) ||
-        g->master_bf16 ||
         shard_ranges_(g, world, rank, &lo, &hi, &vlo, &vhi) != 0) {
         errno = EINVAL;
         return -1;

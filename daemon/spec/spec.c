@@ -719,9 +719,6 @@ static int shard_check_(const run_spec *s, char *err, size_t errlen)
               "slot's Adafactor statistics are not laid out in its "
               "tensors' order, so whole tensors make no contiguous shard; "
               "use \"adamw\")"
-        : s->optimizer.master == MASTER_BF16
-            ? "with optimizer.master \"bf16\" (its stochastic rounding is "
-              "keyed by whole tensors; use \"fp32\")"
             : NULL;
     if (!why)
         return 0;

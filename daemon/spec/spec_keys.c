@@ -230,7 +230,8 @@ const key_ spec_keys_[] = {
         "(`device.memory_budget`) the optimizer state leaves the slots: "
         "each rank's share lives in its host memory (ZeRO-Offload), the "
         "device and an offloaded slot keep weights and gradients; not "
-        "with `offload.speculative` `on`. `cpu`, fp32 masters only."),
+        "with `offload.speculative` `on`. `cpu` (fp32 or bf16 masters: "
+        "the same rounding as unsharded)."),
     LONG("checkpoint", "every", checkpoint.every, 0, LONG_MAX,
          "Checkpoint every this many steps (also at the end, pause, stop and "
          "shutdown). 0: only at those."),

@@ -409,9 +409,8 @@ static int cpu_shard_(void *ctx, int rank, int world, char *err,
         return 0;
     snprintf(err, errlen, "cannot shard the optimizer state (rank %d of "
              "%d): %s", rank, world, errno == EINVAL
-                 ? "only fp32 masters shard, and with offloading only "
-                   "the state kept on the host (or Adafactor's tensors "
-                   "out of order)"
+                 ? "with offloading only the state kept on the host "
+                   "shards (or Adafactor's tensors are out of order)"
                  : strerror(errno));
     return -1;
 }

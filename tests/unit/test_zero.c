@@ -454,6 +454,9 @@ static void offloaded_checks_(void)
         free(a[r].params);
         free(b[r].params);
     }
+    for (int r = 0; r < 2; r++)
+        compare_lives_("om", "omu", "offloaded bf16 masters delink D 2", r,
+                       NULL);
     for (int r = 0; r < 2; r++) {
         compare_lives_("od", "odu", "offloaded Adafactor delink D 2", r, a);
         CHECK(a[0].offloaded == 0, "offloaded Adafactor delink: the pseudo "
@@ -500,6 +503,17 @@ int main(int argc, char **argv)
                     ", \"memory_budget\": \"4542KiB\"",
                     ",\n \"offload\": {\"prefetch\": 1}");
     write_spec_all_("odu", 0, 2, 0, DELINK_STEPS, 4, 0.0, af0, "", "", "", "");
+    /* bf16 masters (stochastic rounding keyed by whole tensors, a shard's
+     * elements at their places in them), half the real phase's slots
+     * offloaded, through a delink on 2 ranks */
+    const char *bf = ", \"master\": \"bf16\"";
+    write_spec_all_("om", 1, 2, 0, DELINK_STEPS, 4, 1.0, bf, "", "",
+                    ", \"memory_budget\": \"4542KiB\"",
+                    ",\n \"offload\": {\"prefetch\": 1}");
+    write_spec_all_("omu", 0, 2, 0, DELINK_STEPS, 4, 1.0, bf, "", "", "",
+                    "");
+    run_("om", "om", 2, "p2", "");
+    run_("omu", "omu", 2, "p2", "");
     run_("oh1", "oh", 2, "p1", "oh1");
     run_("ou1", "ou", 2, "p1", "ou1");
     run_("oh2", "oh", 4, "p2", "oh1");
