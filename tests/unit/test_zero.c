@@ -457,6 +457,12 @@ static void offloaded_checks_(void)
     for (int r = 0; r < 2; r++)
         compare_lives_("om", "omu", "offloaded bf16 masters delink D 2", r,
                        NULL);
+    compare_lives_("o1", "o1u", "one rank, state on the host, streamed", 0,
+                   a);
+    CHECK(a[0].optim == a[1].optim && a[0].offloaded == 0, "one rank, "
+          "state on the host: %zu bytes of optimizer state (resident run "
+          "%zu), %d slots offloaded in the pseudo phase", a[0].optim,
+          a[1].optim, a[0].offloaded);
     for (int r = 0; r < 2; r++) {
         compare_lives_("od", "odu", "offloaded Adafactor delink D 2", r, a);
         CHECK(a[0].offloaded == 0, "offloaded Adafactor delink: the pseudo "
@@ -512,6 +518,16 @@ int main(int argc, char **argv)
                     ",\n \"offload\": {\"prefetch\": 1}");
     write_spec_all_("omu", 0, 2, 0, DELINK_STEPS, 4, 1.0, bf, "", "", "",
                     "");
+    /* one rank: the state whole on the host, streamed gradients (no
+     * clipping; one rank only), Adafactor without a first moment */
+    write_spec_all_("o1", 1, 1, 0, DELINK_STEPS, 4, 0.0, af0, "", "",
+                    ", \"memory_budget\": \"4542KiB\"",
+                    ",\n \"offload\": {\"prefetch\": 1, "
+                    "\"stream_grads\": true}");
+    write_spec_all_("o1u", 0, 1, 0, DELINK_STEPS, 4, 0.0, af0, "", "", "",
+                    "");
+    run_("o1", "o1", 1, "p2", "");
+    run_("o1u", "o1u", 1, "p2", "");
     run_("om", "om", 2, "p2", "");
     run_("omu", "omu", 2, "p2", "");
     run_("oh1", "oh", 2, "p1", "oh1");
