@@ -74,42 +74,11 @@ static void free_tables_(gpt_model *g)
     FREE_NULL_(g->af_v_off);
 }
 
-/* Plain storage: one allocation per buffer, every slot resident. */
-static int alloc_plain_state_(gpt_model *g)
-{
-    g->n_local = g->n_params;
-    g->params = gpt_alloc_floats(g->n_local);
-    g->grads = gpt_alloc_floats(g->n_local);
-    int has_m = !g->adafactor || g->af_first_moment;
-    size_t nv = g->n_local;
-    if (g->adafactor) {
-        nv = g->af_v_global;
-        for (int s = 0; s < g->S; s++) {
-            g->af_v_off[s] = nv - g->af_v_global;
-            nv += g->af_v_kind[g->slot_moe[s]];
-        }
-    }
-    g->m = has_m ? gpt_alloc_floats(g->n_local) : NULL;
-    g->v = gpt_alloc_floats(nv);
-    if (!g->params || !g->grads || (has_m && !g->m) || !g->v)
-        return -1;
-    for (int s = 0; s < g->S; s++) {
-        g->slots[s] = (gpt_slot_state){
-            gpt_slot_ptr(g, g->params, s), gpt_slot_ptr(g, g->grads, s),
-            has_m ? gpt_slot_ptr(g, g->m, s) : NULL,
-            g->adafactor ? g->v + g->af_v_global + g->af_v_off[s]
-                         : gpt_slot_ptr(g, g->v, s)};
-        g->w[s] = g->slots[s].params;
-        g->dw[s] = g->slots[s].grads;
-    }
-    return 0;
-}
-
-/* The optimizer state on the host (gpt_model.state_on_host) once the
- * storage has placed params and grads: m and v whole in the plain flat
- * layout (Adafactor's v in the plain af layout), every slot's pointers
- * into them. 0, or -1 out of memory. */
-static int alloc_host_state_(gpt_model *g)
+/* m and v whole in the plain flat layout (Adafactor's v in the plain af
+ * layout), every slot's pointers into them: plain storage's, and the
+ * optimizer state on the host (gpt_model.state_on_host) once the storage
+ * has placed params and grads. 0, or -1 out of memory. */
+static int alloc_flat_state_(gpt_model *g)
 {
     int has_m = !g->adafactor || g->af_first_moment;
     size_t nv = g->n_params;
@@ -129,6 +98,23 @@ static int alloc_host_state_(gpt_model *g)
         g->slots[s].v = g->adafactor
                             ? g->v + g->af_v_global + g->af_v_off[s]
                             : gpt_slot_ptr(g, g->v, s);
+    }
+    return 0;
+}
+
+/* Plain storage: one allocation per buffer, every slot resident. */
+static int alloc_plain_state_(gpt_model *g)
+{
+    g->n_local = g->n_params;
+    g->params = gpt_alloc_floats(g->n_local);
+    g->grads = gpt_alloc_floats(g->n_local);
+    if (!g->params || !g->grads || alloc_flat_state_(g) != 0)
+        return -1;
+    for (int s = 0; s < g->S; s++) {
+        g->slots[s].params = gpt_slot_ptr(g, g->params, s);
+        g->slots[s].grads = gpt_slot_ptr(g, g->grads, s);
+        g->w[s] = g->slots[s].params;
+        g->dw[s] = g->slots[s].grads;
     }
     return 0;
 }
@@ -185,7 +171,7 @@ static int alloc_state_(gpt_model *g, int S)
     int rc = g->storage ? g->storage->alloc_state(g->storage->ctx, g)
                         : alloc_plain_state_(g);
     if (rc == 0 && g->storage && g->state_on_host &&
-        alloc_host_state_(g) != 0) {
+        alloc_flat_state_(g) != 0) {
         free_state_(g);   /* the storage's part too */
         errno = ENOMEM;
         return -1;
