@@ -899,14 +899,20 @@ void offload_plan_print(FILE *f, const offload_plan *p, int json)
     short_bytes_(hs, sizeof hs, p->host_slot_bytes);
     short_bytes_(ht, sizeof ht, (size_t)p->n_offloaded * p->host_slot_bytes);
     if (cpu && p->stream_grads) {
-        char gb[32], gt[32];
-        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params "
-                "and optimizer state) + %d gradient buffers in flight x %s = %s "
-                "(offload.stream_grads), page-locked\n", p->n_offloaded, hs,
-                ht, p->n_grad_bufs,
+        char gb[32], gt[32], sb[32];
+        fprintf(f, "host (real): %d offloaded x %s = %s (cpu: fp32 params%s) "
+                "+ %d gradient buffers in flight x %s = %s "
+                "(offload.stream_grads), page-locked", p->n_offloaded, hs,
+                ht, p->host_state_bytes ? "" : " and optimizer state",
+                p->n_grad_bufs,
                 short_bytes_(gb, sizeof gb, p->grad_buf_bytes),
                 short_bytes_(gt, sizeof gt,
                              (size_t)p->n_grad_bufs * p->grad_buf_bytes));
+        if (p->host_state_bytes)
+            fprintf(f, " + optimizer state %s (this rank's share, "
+                    "optimizer.shard)",
+                    short_bytes_(sb, sizeof sb, p->host_state_bytes));
+        fprintf(f, "\n");
     } else if (cpu && p->host_state_bytes) {
         char sb[32];
         fprintf(f, "host (real): %d offloaded x %s = %s, page-locked (cpu: "
