@@ -577,6 +577,28 @@ int offload_plan_for_spec(const run_spec *spec, size_t budget_override,
     return offload_plan_for_run(spec, budget_override, 0, out, err, errlen);
 }
 
+/* Without a budget, out's least budget as offloading would place the
+ * state: spec_gpt_optim decides where (sharded, it leaves the device), so
+ * the plan of in is made again with a budget's optimizer setting. */
+static void offloaded_minimum_(const run_spec *spec,
+                               const offload_plan_input *in,
+                               offload_plan *out)
+{
+    if (in->budget)
+        return;
+    run_spec ob = *spec;
+    ob.device.memory_budget = 1;
+    offload_plan_input oin = *in;
+    oin.optim = offload_plan_input_of(&ob).optim;
+    offload_plan op;
+    char e2[256];
+    if (oin.optim.state_on_host != in->optim.state_on_host &&
+        offload_plan_make(&oin, &op, e2, sizeof e2) == 0) {
+        out->min_budget_bytes = op.min_budget_bytes;
+        offload_plan_free(&op);
+    }
+}
+
 int offload_plan_for_run(const run_spec *spec, size_t budget_override,
                          size_t host_limit, offload_plan *out, char *err,
                          size_t errlen)
@@ -588,6 +610,7 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
     in.host_limit = host_limit;
     if (offload_plan_make(&in, out, err, errlen) != 0)
         return -1;
+    offloaded_minimum_(&bs, &in, out);
     /* auto also needs the pinned part of the second buffers to be
      * lockable: else plan without them (as for host memory) */
     if (out->speculative && in.speculative == SPEC_SPECULATIVE_AUTO &&
@@ -610,6 +633,7 @@ int offload_plan_for_run(const run_spec *spec, size_t budget_override,
             offload_plan_free(out);
             return -1;
         }
+        offloaded_minimum_(&bs, &in, out->pseudo);
     }
     /* expert parallelism: a rank's own model, the most experts a rank
      * holds (model_expert_range), planned alike */

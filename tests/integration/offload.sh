@@ -98,6 +98,11 @@ jq --argjson b "$MIN" '.device.memory_budget = $b | .optimizer = {"shard": true}
     "$T/plain.json" >"$T/zero-off.json" || fail "zero-off spec"
 "$M6CTL" plan "$T/zero-off.json" | grep -q "optimizer state .* (this rank's share, optimizer.shard)" \
     || fail "zero-off plan: no line for the optimizer state on the host: $("$M6CTL" plan "$T/zero-off.json")"
+# ... and its least budget is the same whether the spec has one or not
+jq 'del(.device.memory_budget)' "$T/zero-off.json" >"$T/zero-nobudget.json"
+[ "$("$M6CTL" plan "$T/zero-off.json" --json | jq .min_budget_bytes)" = \
+  "$("$M6CTL" plan "$T/zero-nobudget.json" --json | jq .min_budget_bytes)" ] \
+    || fail "zero-off: the least budget differs without a budget"
 for f in cuda-off cuda-spec-on ep-off zero-off; do
 for a in "" "--json"; do
     ctl plan "$T/$f.json" $a >"$T/plan.local" || fail "$f plan $a"
