@@ -702,28 +702,32 @@ static int master_check_(const run_spec *s, char *err, size_t errlen)
     return -1;
 }
 
-/* optimizer.shard: where it is not implemented, refused by name. */
+/* optimizer.shard: where it is not implemented, refused by name, with
+ * the other setting that would do and the way out of sharding. */
 static int shard_check_(const run_spec *s, char *err, size_t errlen)
 {
-    const char *why =
-        s->device.backend == BACKEND_CUDA
-            ? "on device.backend \"cuda\" (the CUDA backend keeps the whole "
-              "state; use device.backend \"cpu\")"
-        : s->device.memory_budget > 0 &&
-                s->offload.speculative == SPEC_SPECULATIVE_ON
-            ? "with offload.speculative \"on\" (the speculative update "
+    const char *why = NULL, *instead = NULL;
+    if (s->device.backend == BACKEND_CUDA) {
+        why = "on device.backend \"cuda\" (the CUDA backend keeps the "
+              "whole state)";
+        instead = "device.backend to \"cpu\"";
+    } else if (s->device.memory_budget > 0 &&
+               s->offload.speculative == SPEC_SPECULATIVE_ON) {
+        why = "with offload.speculative \"on\" (the speculative update "
               "keeps a copy of an offloaded slot's state, which lives "
-              "apart, sharded; set it to \"auto\" or \"off\")"
-        : s->optimizer.name == OPTIMIZER_ADAFACTOR && s->model.moe_experts > 0
-            ? "with optimizer.name \"adafactor\" on an MoE model (an MoE "
+              "apart, sharded)";
+        instead = "offload.speculative to \"auto\" or \"off\"";
+    } else if (s->optimizer.name == OPTIMIZER_ADAFACTOR &&
+               s->model.moe_experts > 0) {
+        why = "with optimizer.name \"adafactor\" on an MoE model (an MoE "
               "slot's Adafactor statistics are not laid out in its "
-              "tensors' order, so whole tensors make no contiguous shard; "
-              "use \"adamw\")"
-            : NULL;
+              "tensors' order, so whole tensors make no contiguous shard)";
+        instead = "optimizer.name to \"adamw\"";
+    }
     if (!why)
         return 0;
-    seterr_(err, errlen, "optimizer.shard %s is not supported yet; set "
-            "optimizer.shard to false", why);
+    seterr_(err, errlen, "optimizer.shard %s is not supported yet; set %s, "
+            "or optimizer.shard to false", why, instead);
     return -1;
 }
 
