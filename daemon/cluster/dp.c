@@ -857,10 +857,19 @@ static void train_rank_(rank_slot *sl, const assignment *a)
                  ? NULL : "a newer assignment, or m6d stopping");
     goto done;
 left:  /* rank 0 paused, delinked or stopped, or a rank died */
-    log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s why=\"%s\"",
-             (long long)a->run, a->rank, trainer_step_count(t), lr,
-             m6_err_msg(&e));
-    PUBLISH_(RANK_LEFT, m6_err_msg(&e));
+    {
+        /* a worker cannot tell which from its side: the collective that
+         * failed says only that a peer went; the coordinator's events and
+         * status say why */
+        char why[600];
+        snprintf(why, sizeof why, "the group ended (rank 0 paused, "
+                 "regrouped or stopped, or a rank was lost): %s",
+                 m6_err_msg(&e));
+        log_info("cluster.rank_left", "run=%lld rank=%d step=%ld%s "
+                 "why=\"%s\"", (long long)a->run, a->rank,
+                 trainer_step_count(t), lr, why);
+        PUBLISH_(RANK_LEFT, why);
+    }
     m6_err_free(&e);
 #undef PUBLISH_
     goto done;
