@@ -142,7 +142,6 @@ static int adamw_spans_(const gpt_model *g, int region, adamw_span *sp,
     return nt;
 }
 
-
 /* Sharded AdamW spans of region (-1 the globals, else slot s) whose
  * first element is element `base` of the flat layout: each tensor's part
  * inside [shard_lo, shard_hi), its moments at m, v + (element - shard_lo);

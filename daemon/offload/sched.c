@@ -596,10 +596,10 @@ static int alloc_state_(void *ctx, gpt_model *g)
     g->n_local = ng + res_floats;
     /* m and v: AdamW's n_local floats each; Adafactor's first moment
      * (n_local, or none) and its second moment in the af layout, the
-     * globals' then each resident slot's (gpt.h gpt_storage) */
-    /* the state on the host (optimizer.shard): the model keeps m and v
-     * itself (gpt.h state_on_host), the blocks here hold weights and
-     * gradients only */
+     * globals' then each resident slot's (gpt.h gpt_storage); none with
+     * the state on the host (optimizer.shard: the model keeps m and v
+     * itself, gpt.h state_on_host, the blocks here hold weights and
+     * gradients only) */
     int has_m = (!g->adafactor || g->af_first_moment) && !g->state_on_host;
     size_t nm = has_m ? g->n_local : 0;
     size_t nv = g->state_on_host ? 0 : g->n_local;
