@@ -483,8 +483,10 @@ static void stats_publish_(run_ctx *r, const step_result *res, double seconds)
 }
 
 /* Which node holds rank of run, for an event or a log line: "node=self"
- * for rank 0 (this m6d, the coordinator), "node=ID hostname=NAME" from
- * the nodes table for the others, "node=?" when it has no such row. */
+ * for this m6d's ranks (rank 0, and those after it with --devices N),
+ * "node=ID hostname=NAME" from the nodes table for the others (a node
+ * holds ranks rank .. rank + ranks - 1), "node=?" when it has no such
+ * row. */
 static void rank_node_(runner *c, int64_t run, int rank, char *out,
                        size_t len)
 {
@@ -493,10 +495,18 @@ static void rank_node_(runner *c, int64_t run, int rank, char *out,
     int n;
     if (rank == 0 || state_nodes_list(c->st, &rows, &n) != 0)
         return;
-    for (int i = 0; i < n; i++)
-        if (rows[i].run == run && rows[i].rank == rank)
-            snprintf(out, len, "node=%lld hostname=%s",
-                     (long long)rows[i].id, rows[i].hostname);
+    for (int i = 0; i < n; i++) {
+        const node_row *w = &rows[i];
+        int held = w->ranks > 0 ? w->ranks : 1;
+        if (w->run != run || w->rank < 0 || rank < w->rank ||
+            rank >= w->rank + held)
+            continue;
+        if (w->coordinator)
+            snprintf(out, len, "node=self");
+        else
+            snprintf(out, len, "node=%lld hostname=%s", (long long)w->id,
+                     w->hostname);
+    }
     free(rows);
 }
 

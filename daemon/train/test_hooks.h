@@ -46,7 +46,9 @@ void trainer_test_fault(trainer *t, trainer_fault kind, long first,
 /* The environment form, M6_TEST_FAULT="KIND@FIRST[xCOUNT][/SLOT]" with
  * KIND nan_batch, inf_grad, grad_scale or stop_a2a, e.g. "nan_batch@4x3" (steps 4,
  * 5, 6) or "inf_grad@2/1". Parsed into the arguments of
- * trainer_test_fault: 0, or -1 when text is not of that form. */
+ * trainer_test_fault: 0, or -1 when text is not of that form. With
+ * M6_TEST_FAULT_RANK=R as well, only the trainer of rank R (of its group)
+ * takes the fault: one rank among several of an m6d (--devices N). */
 int trainer_test_fault_parse(const char *text, trainer_fault *kind,
                              long *first, long *count, int *slot);
 

@@ -324,6 +324,8 @@ static trainer *create_(const run_spec *spec, int *data_rc, m6_err *err)
         trainer_test_fault_parse(fault, &t->fault, &t->fault_first,
                                  &t->fault_count, &t->fault_slot) != 0)
         t->fault = TRAINER_FAULT_NONE;
+    const char *fr = getenv("M6_TEST_FAULT_RANK");
+    t->fault_rank = fr && fr[0] ? atoi(fr) : -1;
     return t;
 fail:
     m6_err_free(&data_err);
@@ -538,7 +540,8 @@ static void stop_once_(void)
 static trainer_fault fault_at_(const trainer *t, long step)
 {
     if (t->fault == TRAINER_FAULT_NONE || step < t->fault_first ||
-        step - t->fault_first >= t->fault_count)
+        step - t->fault_first >= t->fault_count ||
+        (t->fault_rank >= 0 && t->fault_rank != t->rank))
         return TRAINER_FAULT_NONE;
     return t->fault;
 }

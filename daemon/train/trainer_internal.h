@@ -130,6 +130,7 @@ struct trainer {
     trainer_fault fault;
     long fault_first, fault_count;
     int fault_slot;
+    int fault_rank;            /* M6_TEST_FAULT_RANK: only this rank; -1 all */
 };
 
 /* The all-reduce bucket's size in floats until trainer_set_bucket_floats. */

@@ -28,6 +28,8 @@
 #      nodes.timeout of the failure, its reason and RunInfo.lost naming
 #      the node, the rank and the local rank, beside an event; the resumed
 #      run completes with the uninterrupted run's losses;
+#      A rank made loud (its gradient 1000x, M6_TEST_FAULT_RANK 3): the
+#      grad.outlier event names its node, though it is w's second rank;
 #  (e) one rank thread of the coordinator fails: likewise, naming the
 #      coordinator's own node and local rank 1.
 # A node's host memory is divided among the ranks a run has on it: m6d's
@@ -297,6 +299,18 @@ log "(d) $(ctl events "$R4c" | grep rank_failed | head -1 | cut -c1-140); error:
 kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
 worker_w
 finish_same "$R4c" "the world-4 run resumed after a rank failed"
+# ---- rank 3 alone loud (its gradient 1000x at steps 3-4, the fault hook
+# on that rank only): the grad.outlier event names w, though rank 3 is the
+# second of w's ranks
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+M6_TEST_FAULT=grad_scale@3x2 M6_TEST_FAULT_RANK=3 worker_w
+RO=$(ctl submit "$T/w4.json") || fail "the loud-rank run refused"
+ctl watch "$RO" >/dev/null || fail "the loud-rank run did not complete: $(ctl status "$RO")"
+ctl events "$RO" | has -E 'grad.outlier +step=3 rank=3 node=[0-9]+ hostname=w:' \
+    || fail "no grad.outlier event naming rank 3 on w: $(ctl events "$RO" | grep -E 'outlier|skipped')"
+log "(d) a loud rank 3: $(ctl events "$RO" | grep grad.outlier | head -1 | cut -c1-110)"
+kill -TERM "${M6D_PIDS[w]}"; wait "${M6D_PIDS[w]}" || fail "worker exit after SIGTERM"
+worker_w
 # ---- (e) a rank thread of the coordinator fails (its local rank 1): the
 # pause names the coordinator's own node; restarted on its address with
 # the fault hook, the worker reconnecting by itself
