@@ -403,6 +403,19 @@ static void compare_lives_(const char *got, const char *want,
     }
 }
 
+/* The spec tag.json loaded into *sp and planned as m6ctl plan would
+ * (offload_plan_for_spec) into *pl: 0, or -1 with the error printed. */
+static int plan_of_(const char *tag, run_spec *sp, offload_plan *pl)
+{
+    char p[512], e[512];
+    snprintf(p, sizeof p, "%s/%s.json", rank_dir_, tag);
+    if (spec_load_file(sp, p, e, sizeof e) == 0 &&
+        offload_plan_for_spec(sp, 0, pl, e, sizeof e) == 0)
+        return 0;
+    fprintf(stderr, "plan %s: %s\n", tag, e);
+    return -1;
+}
+
 /* The runs with offloading against the unsharded resident ones: the
  * same losses and weights, slots offloaded where the plan says, and the
  * optimizer state a rank keeps (the model's allocation) at most
@@ -420,17 +433,12 @@ static void offloaded_checks_(void)
         CHECK(a[r].offloaded == 2, "offloaded pseudo D 2 rank %d: %d slots "
               "offloaded, the plan says 2", r, a[r].offloaded);
     }
-    char p[512], e[512];
-    snprintf(p, sizeof p, "%s/oh.json", rank_dir_);
     run_spec sp;
     offload_plan pl;
     double planned = -1;
-    if (spec_load_file(&sp, p, e, sizeof e) == 0 &&
-        offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) == 0) {
+    if (plan_of_("oh", &sp, &pl) == 0) {
         planned = (double)pl.host_state_bytes;
         offload_plan_free(&pl);
-    } else {
-        fprintf(stderr, "plan: %s\n", e);
     }
     for (int r = 0; r < 4; r++) {
         load_("oh2", r, &a[r]);
@@ -644,21 +652,16 @@ int main(int argc, char **argv)
 
     /* the plan's figure for one rank's optimizer state, real phase */
     {
-        char p[512], e[512];
-        snprintf(p, sizeof p, "%s/sh.json", rank_dir_);
         run_spec sp;
         offload_plan pl;
         size_t ng, ss;
         double planned = -1;
-        if (spec_load_file(&sp, p, e, sizeof e) == 0 &&
-            offload_plan_for_spec(&sp, 0, &pl, e, sizeof e) == 0) {
+        if (plan_of_("sh", &sp, &pl) == 0) {
             gpt_layout_sizes(&sp.model, &ng, &ss);
             planned = (double)(pl.global_bytes +
                                (size_t)pl.n_slots * pl.slot_bytes) -
                       8.0 * (double)(ng + (size_t)pl.n_slots * ss);
             offload_plan_free(&pl);
-        } else {
-            fprintf(stderr, "plan: %s\n", e);
         }
         for (int r = 0; r < 4; r++) {
             double shard = (double)un2[r].optim - (un2[r].inuse -
