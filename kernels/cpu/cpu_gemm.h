@@ -20,6 +20,8 @@
 #ifndef M6_CPU_GEMM_H
 #define M6_CPU_GEMM_H
 
+#include <stdint.h>
+
 #include "kernels.h"
 
 /* Whether an operand is read as stored (N) or transposed (T). */
@@ -48,5 +50,13 @@ void gemm_f32_(gemm_op ta, gemm_op tb, int M, int N, int K, float alpha,
  * one. Not thread-safe:
  * call before any kernel runs. */
 gemm_f32_fn gemm_swap_for_test(gemm_precision p, gemm_f32_fn fn);
+
+/* Tests only: rows x cols of src (row stride ld floats) rounded to bf16
+ * (gemm_bf16_round's rounding, as bits) into dst (rows of cols) by one of
+ * the packers the bf16 GEMM uses: native 1 the AVX512-BF16 one, native 0
+ * the portable one. 0, or -1 when native is asked and this CPU (or the
+ * compiler) has no AVX512-BF16. */
+int gemm_pack_bf16_for_test(uint16_t *dst, const float *src, int rows,
+                            int cols, int ld, int native);
 
 #endif /* M6_CPU_GEMM_H */

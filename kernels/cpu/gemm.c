@@ -46,6 +46,115 @@ float gemm_bf16_round(float x)
     return x;
 }
 
+/* ---- bf16 packing: rows x cols of src (row stride ld floats) rounded
+ * into dst (rows of cols), each element as bf16_bits_ rounds it. Every
+ * bf16 GEMM call packs its two operands (about a sixth of a bf16 step's
+ * time went to it, bench/RESULTS.md), so where the CPU has AVX512-BF16 a
+ * vcvtneps2bf16 rounds 16 floats at once. That instruction rounds to
+ * nearest even and quiets NaN as bf16_bits_ does, but reads subnormal
+ * inputs as zero (Intel SDM, VCVTNEPS2BF16): a vector holding one goes
+ * through bf16_bits_ instead, so both packers give the same bits for
+ * every input (test_gemm compares them over every sign, exponent and
+ * leading mantissa bits). */
+
+/* the portable packer (integer arithmetic: every SIMD clone gives the
+ * same bits) */
+M6_SIMD_CLONES static void pack_plain_(uint16_t *dst, const float *src,
+                                       int rows, int cols, int ld)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *s = src + (size_t)r * ld;
+        uint16_t *d = dst + (size_t)r * cols;
+        for (int c = 0; c < cols; c++)
+            d[c] = bf16_bits_(s[c]);
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 10)
+#include <immintrin.h>
+#define PACK_NATIVE_ 1
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void pack_native_(uint16_t *dst, const float *src, int rows, int cols,
+                         int ld)
+{
+    const __m512i exp_bits = _mm512_set1_epi32(0x7f800000);
+    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+    for (int r = 0; r < rows; r++) {
+        const float *s = src + (size_t)r * ld;
+        uint16_t *d = dst + (size_t)r * cols;
+        int c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            __m512 x = _mm512_loadu_ps(s + c);
+            __m512i u = _mm512_castps_si512(x);
+            /* subnormal: exponent bits 0, magnitude not 0 */
+            __mmask16 sub = _mm512_testn_epi32_mask(u, exp_bits) &
+                            _mm512_test_epi32_mask(u, abs_bits);
+            if (sub) {
+                for (int i = 0; i < 16; i++)
+                    d[c + i] = bf16_bits_(s[c + i]);
+                continue;
+            }
+            __m256bh y = _mm512_cvtneps_pbh(x);
+            _mm256_storeu_si256((__m256i *)(d + c), (__m256i)y);
+        }
+        for (; c < cols; c++)
+            d[c] = bf16_bits_(s[c]);
+    }
+}
+#else
+#define PACK_NATIVE_ 0
+#endif
+
+/* 1 when this CPU runs pack_native_ */
+static int pack_native_ok_(void)
+{
+#if PACK_NATIVE_
+    static int ok = -1;
+    int v = __atomic_load_n(&ok, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512bf16") &&
+            __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl");
+        __atomic_store_n(&ok, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+#ifndef M6_NO_GEMM_LIB  /* the bf16 GEMM's packer */
+static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
+                       int ld)
+{
+#if PACK_NATIVE_
+    if (pack_native_ok_()) {
+        pack_native_(dst, src, rows, cols, ld);
+        return;
+    }
+#endif
+    pack_plain_(dst, src, rows, cols, ld);
+}
+#endif
+
+int gemm_pack_bf16_for_test(uint16_t *dst, const float *src, int rows,
+                            int cols, int ld, int native)
+{
+    if (!native) {
+        pack_plain_(dst, src, rows, cols, ld);
+        return 0;
+    }
+#if PACK_NATIVE_
+    if (pack_native_ok_()) {
+        pack_native_(dst, src, rows, cols, ld);
+        return 0;
+    }
+#endif
+    return -1;
+}
+
 #ifndef M6_NO_GEMM_LIB
 #include <oneapi/dnnl/dnnl.h>
 
@@ -241,19 +350,6 @@ static bf16_tls_ *tls_get_(void)
         abort();
     }
     return t;
-}
-
-/* rows x cols of src (row stride ld) rounded into dst, rows of cols
- * (integer arithmetic: every SIMD clone gives the same bits) */
-M6_SIMD_CLONES static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
-                       int ld)
-{
-    for (int r = 0; r < rows; r++) {
-        const float *s = src + (size_t)r * ld;
-        uint16_t *d = dst + (size_t)r * cols;
-        for (int c = 0; c < cols; c++)
-            d[c] = bf16_bits_(s[c]);
-    }
 }
 
 static void gemm_lib_bf16_(gemm_op ta, gemm_op tb, int M, int N, int K,

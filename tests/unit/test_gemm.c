@@ -10,8 +10,9 @@
  *
  * The bf16 GEMM's values are also checked here against this file's own
  * double loop on inputs rounded by this file's own bf16_ (at the engine's
- * shapes, all three transposes), and gemm_bf16_round against hand-worked
- * values. The kernels' products are test_kernels' and torch_reference's
+ * shapes, all three transposes), gemm_bf16_round against hand-worked
+ * values, and both of gemm.c's bf16 packers against this file's own
+ * rounding on every sign, exponent and leading mantissa bits. The kernels' products are test_kernels' and torch_reference's
  * (PyTorch) business.
  */
 #include <setjmp.h>
@@ -250,6 +251,104 @@ static void test_bf16_round(void **unused)
     assert_true(isnan(gemm_bf16_round(n)));
 }
 
+/* bf16 bits of x by this file's own rule, worked another way than gemm.c's
+ * integer sum: the two bf16 neighbours of |x| (truncated, and one step up,
+ * 2^128 above the largest finite), the nearer in double, a tie to the one
+ * with an even last bit; NaN: its upper half, quieted */
+static uint16_t bf16_ref_bits_(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t sign = u & 0x80000000u, mag = u & 0x7fffffffu;
+    if (mag > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    uint32_t lo = mag & 0xffff0000u, hi = lo + 0x10000u;
+    float flo;
+    memcpy(&flo, &lo, 4);
+    double dlo = flo, dhi, dx = fabs((double)x);
+    if (hi >= 0x7f800000u) {
+        dhi = ldexp(1.0, 128);
+    } else {
+        float fhi;
+        memcpy(&fhi, &hi, 4);
+        dhi = fhi;
+    }
+    uint32_t pick = dx - dlo < dhi - dx   ? lo
+                    : dx - dlo > dhi - dx ? hi
+                    : (lo & 0x10000u)     ? hi : lo;
+    if (mag == 0x7f800000u)
+        pick = mag;   /* infinity stays */
+    return (uint16_t)((sign | pick) >> 16);
+}
+
+/* Both of gemm.c's bf16 packers (the portable one, and the AVX512-BF16 one
+ * where this CPU has it) against bf16_ref_bits_ on every sign, exponent and
+ * top 7 mantissa bits, each with 8 lower halves (0, 1, just under, at and
+ * just over the tie, ...), packed as rows as they come, in rows with a
+ * tail and a row stride wider than the row, and shuffled (so that vectors
+ * mix subnormals, NaN and normals). */
+static void test_bf16_packers(void **unused)
+{
+    (void)unused;
+    static const uint16_t lows[8] = {0x0000, 0x0001, 0x7fff, 0x8000,
+                                     0x8001, 0xc000, 0xffff, 0x5a3c};
+    enum { NV = 65536 * 8, COLS = 128 };
+    float *x = malloc(NV * sizeof *x), *y = malloc(NV * sizeof *y);
+    uint16_t *want = malloc(NV * sizeof *want), *got = malloc(NV * sizeof *got);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_non_null(want);
+    assert_non_null(got);
+    for (uint32_t i = 0; i < NV; i++) {
+        uint32_t u = (i / 8) << 16 | lows[i % 8];
+        memcpy(&x[i], &u, 4);
+        /* an odd multiplier permutes [0, 2^19) */
+        y[(uint32_t)((uint64_t)i * 2654435761u) % NV] = x[i];
+    }
+    const float *srcs[2] = {x, y};
+    for (int native = 0; native <= 1; native++) {
+        long bad = 0;
+        for (int v = 0; v < 2; v++) {
+            const float *src = srcs[v];
+            for (uint32_t i = 0; i < NV; i++)
+                want[i] = bf16_ref_bits_(src[i]);
+            /* every element, rows of COLS */
+            memset(got, 0, NV * sizeof *got);
+            if (gemm_pack_bf16_for_test(got, src, NV / COLS, COLS, COLS,
+                                        native) != 0) {
+                assert_int_equal(native, 1);
+                print_message("bf16 packer native: this CPU has no "
+                              "AVX512-BF16 (portable one checked)\n");
+                goto next;
+            }
+            for (uint32_t i = 0; i < NV; i++)
+                if (got[i] != want[i] && bad++ < 5)
+                    print_message("%s packer: %08x -> %04x, want %04x\n",
+                                  native ? "native" : "portable",
+                                  (unsigned)((uint32_t *)src)[i], got[i],
+                                  want[i]);
+            /* rows of COLS - 3 (a tail) out of a stride of COLS */
+            int c = COLS - 3, rows = NV / COLS;
+            assert_int_equal(gemm_pack_bf16_for_test(got, src, rows, c, COLS,
+                                                     native), 0);
+            for (int r = 0; r < rows; r++)
+                for (int k = 0; k < c; k++)
+                    if (got[(size_t)r * c + k] != want[(size_t)r * COLS + k] &&
+                        bad++ < 5)
+                        print_message("%s packer, strided: row %d col %d\n",
+                                      native ? "native" : "portable", r, k);
+        }
+        print_message("bf16 packer %s: %d inputs, %ld wrong\n",
+                      native ? "native" : "portable", 2 * NV, bad);
+        assert_int_equal(bad, 0);
+    next:;
+    }
+    free(x);
+    free(y);
+    free(want);
+    free(got);
+}
+
 /* The bf16 GEMM (gemm_f32_ under GEMM_BF16) at the engine's shapes (the
  * benchmark model, B4 T64 C384: N = 256 rows, 3C = 1152 and 4C = 1536
  * outputs cut in thread blocks as matmul.c cuts them; attention's
@@ -402,6 +501,7 @@ int main(void)
         cmocka_unit_test(test_library_passes),
         cmocka_unit_test(test_wrong_gemms_refused),
         cmocka_unit_test(test_bf16_round),
+        cmocka_unit_test(test_bf16_packers),
         cmocka_unit_test(test_bf16_values),
         cmocka_unit_test(test_training_refused),
         cmocka_unit_test(test_bf16_training_refused),
