@@ -125,22 +125,10 @@ static int pack_native_ok_(void)
 #endif
 }
 
-#ifndef M6_NO_GEMM_LIB  /* the bf16 GEMM's packer */
-static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
-                       int ld)
-{
-#if PACK_NATIVE_
-    if (pack_native_ok_()) {
-        pack_native_(dst, src, rows, cols, ld);
-        return;
-    }
-#endif
-    pack_plain_(dst, src, rows, cols, ld);
-}
-#endif
-
-int gemm_pack_bf16_for_test(uint16_t *dst, const float *src, int rows,
-                            int cols, int ld, int native)
+/* native 0: the portable packer; 1: the native one, or -1 where this CPU
+ * (or the compiler) has none */
+static int pack_with_(uint16_t *dst, const float *src, int rows, int cols,
+                      int ld, int native)
 {
     if (!native) {
         pack_plain_(dst, src, rows, cols, ld);
@@ -153,6 +141,12 @@ int gemm_pack_bf16_for_test(uint16_t *dst, const float *src, int rows,
     }
 #endif
     return -1;
+}
+
+int gemm_pack_bf16_for_test(uint16_t *dst, const float *src, int rows,
+                            int cols, int ld, int native)
+{
+    return pack_with_(dst, src, rows, cols, ld, native);
 }
 
 #ifndef M6_NO_GEMM_LIB
@@ -334,6 +328,14 @@ static int prim_make_(bf16_prim_ *p)
     dnnl_primitive_attr_destroy(attr);
     p->used = 1;
     return 0;
+}
+
+/* the native packer where the CPU has one, else the portable one */
+static void pack_bf16_(uint16_t *dst, const float *src, int rows, int cols,
+                       int ld)
+{
+    if (pack_with_(dst, src, rows, cols, ld, 1) != 0)
+        pack_with_(dst, src, rows, cols, ld, 0);
 }
 
 static bf16_tls_ *tls_get_(void)
