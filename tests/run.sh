@@ -8,13 +8,16 @@
 #   --quick   release build only: the unit tests and the fast integration
 #             tests (suite quick), for the inner loop
 #   (none)    the README's test command and CI (.ci/run): every test but
-#             the long ones in the release build, then the unit and
-#             integration suites again in a build with AddressSanitizer and
+#             the long and sanonly ones in the release build, then the unit
+#             and integration suites in a build with AddressSanitizer and
 #             UndefinedBehaviorSanitizer (./build-san), less what that pass
 #             cannot check better (suite nosan: fuzz, TSan, valgrind, the
-#             GPU-check build; the CUDA emulation is not built there)
+#             GPU-check build; the CUDA emulation is not built there). The
+#             sanonly tests (the slower integration tests, the multi-rank
+#             training tests) run there only: the same checks, sanitized.
 #   --long    the same plus the long suite (slow and redundant with a check
 #             the default run makes: valgrind memcheck next to ASan+LSan)
+#             and the sanonly tests in the release build too
 # With other arguments (test names, --suite ...) or M6_SANITIZE=0, only the
 # release build's tests run, those named.
 #
@@ -63,7 +66,13 @@ rc=0
 named=$#
 case $mode in
 quick) set -- --suite quick "$@" ;;
-default) [ "$#" -gt 0 ] || set -- --no-suite long ;;
+default)
+    # the sanonly suite runs once, in the sanitized pass, unless there is
+    # none (M6_SANITIZE=0)
+    if [ "$#" -eq 0 ]; then
+        set -- --no-suite long
+        [ "${M6_SANITIZE:-1}" = 0 ] || set -- "$@" --no-suite sanonly
+    fi ;;
 esac
 meson test -C build --print-errorlogs --num-processes "$jobs" "$@" || rc=$?
 logs=build/meson-logs/testlog.json
