@@ -1148,9 +1148,9 @@ int spec_parse(run_spec *out, const char *json, size_t len, char *err,
     if (s.device.backend == BACKEND_CUDA && s.device.precision ==
         PRECISION_FP32 && dev && json_object_get(dev, "precision")) {
         seterr_(err, errlen, "device.precision: \"fp32\" is not available "
-                "on device.backend \"cuda\" (its kernels are bf16 with fp32 "
-                "accumulation and fp32 master weights); use \"bf16\" or the "
-                "\"cpu\" backend");
+                "on device.backend \"cuda\" (its kernels take bf16 inputs "
+                "and sum in fp32; optimizer.master chooses the master "
+                "weights); use \"bf16\" or the \"cpu\" backend");
         goto out;
     }
     *out = s;

@@ -238,8 +238,9 @@ const key_ spec_keys_[] = {
     INT("checkpoint", "keep", checkpoint.keep, 1, INT_MAX,
         "Newest checkpoints kept per run; older ones are deleted."),
     ENUM("device", "backend", device.backend, backend_names_,
-         "`cpu` (oneDNN GEMMs in `precision`, OpenMP) or `cuda` (bf16 with "
-         "fp32 master weights; needs an m6d built with nvcc and a GPU)."),
+         "`cpu` (oneDNN GEMMs in `precision`, OpenMP) or `cuda` (bf16 "
+         "kernels, fp32 sums, masters as `optimizer.master` says; needs an "
+         "m6d built with nvcc and a GPU)."),
     INT("device", "threads", device.threads, 0, 1024,
         "OpenMP threads for the CPU kernels. 0: m6d's `--threads`, else "
         "`OMP_NUM_THREADS`, else the CPUs m6d may use (its affinity mask, "
