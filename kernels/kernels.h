@@ -514,14 +514,23 @@ typedef enum { GEMM_FP32 = 0, GEMM_BF16 = 1, GEMM_N_PRECISIONS } gemm_precision;
  * logs use. */
 const char *gemm_precision_name(gemm_precision p);
 
-/* Sets the precision of every CPU kernel's GEMMs from now on, in the whole
- * process (OpenMP workers and nested regions included), and returns the
- * previous one (GEMM_FP32 at start). The CPU trainer sets its run's for
- * each forward/backward pass and puts the previous one back after it, so
- * one process trains one precision at a time (m6d trains one run at a
- * time); set it between kernels, never while one runs. */
+/* The precision of every CPU kernel's GEMMs, for the whole process
+ * (OpenMP workers and nested regions included: one setting, not one per
+ * thread). gemm_set_precision sets the one outside any pass (GEMM_FP32 at
+ * start; for benchmarks and tests that call kernels directly) and returns
+ * the previous one; set it between kernels, never while one runs.
+ *
+ * A pass (the CPU trainer's forward and backward, an evaluation) runs
+ * between gemm_precision_enter(p) and gemm_precision_leave(): the GEMMs
+ * are in p throughout, whatever other threads do. Passes in the same
+ * precision may overlap (several ranks of one m6d, --devices N); one in
+ * another precision waits in gemm_precision_enter until the last is out,
+ * and after it the precision outside passes holds again. Ranks of one run
+ * share its precision, so no rank waits on another's. */
 gemm_precision gemm_set_precision(gemm_precision p);
 gemm_precision gemm_get_precision(void);
+void gemm_precision_enter(gemm_precision p);
+void gemm_precision_leave(void);
 
 /* x rounded to bf16 (8 significant bits; to nearest, ties to even; NaN
  * stays NaN, overflow gives infinity), returned as a float: the rounding

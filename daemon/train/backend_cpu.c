@@ -126,11 +126,12 @@ static float cpu_microbatch_(void *ctx, int k, const int32_t *inp,
     }
     if (c->off)
         offload_microbatch(c->off, k);
-    /* the run's precision for this pass, the caller's again after it */
-    gemm_precision was = gemm_set_precision(c->precision);
+    /* the run's precision for this pass (the process's: other ranks of
+     * this m6d pass in the same one meanwhile) */
+    gemm_precision_enter(c->precision);
     float loss = gpt_forward(&c->model, inp, tgt, B);
     gpt_backward(&c->model, inp, tgt, B, loss_scale);
-    gemm_set_precision(was);
+    gemm_precision_leave();
     if (last && c->off)
         offload_wait_grads(c->off);
     if (last && c->ready) {
@@ -253,9 +254,9 @@ static float cpu_loss_(void *ctx, const int32_t *inp, const int32_t *tgt,
     c->model.moe_stats.tokens = NULL;  /* kept out of the step's tokens */
     int cap = c->model.moe_capacity;
     c->model.moe_eval = 1;
-    gemm_precision was = gemm_set_precision(c->precision);
+    gemm_precision_enter(c->precision);
     float loss = gpt_forward(&c->model, inp, tgt, B);
-    gemm_set_precision(was);
+    gemm_precision_leave();
     c->model.moe_eval = 0;
     c->model.moe_stats = keep;
     c->model.moe_capacity = cap;

@@ -528,7 +528,16 @@ static gemm_f32_fn gemm_impl_[GEMM_N_PRECISIONS] = {gemm_lib_,
                                                     gemm_lib_bf16_};
 static gemm_f32_fn const gemm_builtin_[GEMM_N_PRECISIONS] = {gemm_lib_,
                                                              gemm_lib_bf16_};
-static int precision_;      /* gemm_precision; set between kernels */
+/* The precision gemm_f32_ runs in: base_ (gemm_set_precision's) outside
+ * any pass, the passes' own while users_ passes are inside
+ * gemm_precision_enter. A pass of another precision waits for the last
+ * one out (prec_cv_), so a pass never sees its precision change under
+ * it: several ranks of one process (m6d --devices N) each enter and leave
+ * their passes when they will. */
+static int precision_;
+static int base_, users_;
+static pthread_mutex_t prec_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t prec_cv_ = PTHREAD_COND_INITIALIZER;
 
 const char *gemm_precision_name(gemm_precision p)
 {
@@ -537,8 +546,34 @@ const char *gemm_precision_name(gemm_precision p)
 
 gemm_precision gemm_set_precision(gemm_precision p)
 {
-    return (gemm_precision)__atomic_exchange_n(&precision_, (int)p,
-                                               __ATOMIC_RELAXED);
+    pthread_mutex_lock(&prec_mu_);
+    int was = base_;
+    base_ = (int)p;
+    if (users_ == 0)
+        __atomic_store_n(&precision_, (int)p, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&prec_mu_);
+    return (gemm_precision)was;
+}
+
+void gemm_precision_enter(gemm_precision p)
+{
+    pthread_mutex_lock(&prec_mu_);
+    while (users_ > 0 && __atomic_load_n(&precision_, __ATOMIC_RELAXED) !=
+                             (int)p)
+        pthread_cond_wait(&prec_cv_, &prec_mu_);
+    users_++;
+    __atomic_store_n(&precision_, (int)p, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&prec_mu_);
+}
+
+void gemm_precision_leave(void)
+{
+    pthread_mutex_lock(&prec_mu_);
+    if (users_ > 0 && --users_ == 0) {
+        __atomic_store_n(&precision_, base_, __ATOMIC_RELAXED);
+        pthread_cond_broadcast(&prec_cv_);
+    }
+    pthread_mutex_unlock(&prec_mu_);
 }
 
 gemm_precision gemm_get_precision(void)

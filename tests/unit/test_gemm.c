@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,6 +351,62 @@ static void test_bf16_packers(void **unused)
     free(got);
 }
 
+/* ---------------------------------------------- the precision of passes */
+
+enum { PASSES_ = 300, LOOKS_ = 8 };
+
+typedef struct {
+    gemm_precision p;
+    int bad;              /* looks that saw another precision */
+    volatile int *go;
+} pass_arg_;
+
+/* PASSES_ passes in a->p, each looking at the precision LOOKS_ times with
+ * a yield between looks (the GEMMs of a pass) */
+static void *passes_(void *v)
+{
+    pass_arg_ *a = v;
+    while (!*a->go)
+        sched_yield();
+    for (int i = 0; i < PASSES_; i++) {
+        gemm_precision_enter(a->p);
+        for (int j = 0; j < LOOKS_; j++) {
+            if (gemm_get_precision() != a->p)
+                a->bad++;
+            sched_yield();
+        }
+        gemm_precision_leave();
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* Two ranks of one process (m6d --devices 2) each pass in bf16 when they
+ * will: neither may see fp32 inside a pass (a pass that set the
+ * precision and put the previous one back afterwards let one rank's end
+ * turn the other's GEMMs back to fp32 halfway, and runs of the same spec
+ * differed); a third thread in fp32 waits for them and sees fp32 only;
+ * after all of them, the precision outside passes again. */
+static void test_precision_of_passes(void **unused)
+{
+    (void)unused;
+    assert_int_equal(gemm_set_precision(GEMM_FP32), GEMM_FP32);
+    volatile int go = 0;
+    pass_arg_ a[3] = {{GEMM_BF16, 0, &go}, {GEMM_BF16, 0, &go},
+                      {GEMM_FP32, 0, &go}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, passes_, &a[i]), 0);
+    go = 1;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    print_message("passes that saw another precision: bf16 %d, %d; "
+                  "fp32 %d (of %d looks each)\n", a[0].bad, a[1].bad,
+                  a[2].bad, PASSES_ * LOOKS_);
+    assert_int_equal(a[0].bad + a[1].bad + a[2].bad, 0);
+    assert_int_equal(gemm_get_precision(), GEMM_FP32);
+}
+
 /* The bf16 GEMM (gemm_f32_ under GEMM_BF16) at the engine's shapes (the
  * benchmark model, B4 T64 C384: N = 256 rows, 3C = 1152 and 4C = 1536
  * outputs cut in thread blocks as matmul.c cuts them; attention's
@@ -502,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_wrong_gemms_refused),
         cmocka_unit_test(test_bf16_round),
         cmocka_unit_test(test_bf16_packers),
+        cmocka_unit_test(test_precision_of_passes),
         cmocka_unit_test(test_bf16_values),
         cmocka_unit_test(test_training_refused),
         cmocka_unit_test(test_bf16_training_refused),
