@@ -11,7 +11,9 @@
 #      moves, ~1e-2 a step), and bit for bit those of a coordinator and a
 #      worker of one device each (the first sums in the node-local group,
 #      the second over Gloo: with two terms a+b is b+a, so the bits
-#      agree); its --threads 2 split one per rank;
+#      agree), in fp32 and in bf16 (the GEMMs' precision is one setting
+#      of the process, which its two ranks' passes share); its --threads
+#      2 split one per rank;
 #  (b) a world 4 run waits, saying it has 2 devices of 4; a worker with
 #      --devices 2 joins: the run (0-1 on the coordinator, 2-3 on the
 #      worker; `m6ctl nodes` shows them) trains to the end with the same
@@ -56,6 +58,10 @@ for w in 2 4; do
     CKPT_EVERY=4 write_spec "$T/w$w.json" "w$w" $STEPS $PSEUDO \
         "\"nodes\": {\"world_size\": $w, \"timeout\": $TMO}"
 done
+# (a) again in bf16: the GEMMs' precision is one setting for the process,
+# which the two ranks of one m6d pass in side by side
+CKPT_EVERY=4 write_spec "$T/w2b.json" w2b $STEPS $PSEUDO \
+    "\"nodes\": {\"world_size\": 2, \"timeout\": $TMO}, \"device\": {\"precision\": \"bf16\"}"
 # (a) holds rank 0 while status shows the ranks: rank 1 waits in the next
 # step's all-reduce, with a timeout the hold cannot reach (w2's numbers)
 CKPT_EVERY=4 write_spec "$T/w2h.json" w2 $STEPS $PSEUDO \
@@ -207,6 +213,9 @@ ctl watch "$R11" >/dev/null || fail "the 2-rank run on 2 m6d did not complete: $
 losses "$R11" >"$T/oneone.csv"
 cmp -s "$T/two.csv" "$T/oneone.csv" \
     || fail "2 ranks in one m6d differ from 2 m6d of one rank: $(diff "$T/two.csv" "$T/oneone.csv" | head -6)"
+R11B=$(ctl submit "$T/w2b.json")
+ctl watch "$R11B" >/dev/null || fail "the bf16 2-rank run on 2 m6d did not complete: $(ctl status "$R11B")"
+losses "$R11B" >"$T/oneone-bf16.csv"
 # ... the first summed in its node (the rule: a node of 2 ranks), the
 # second flat (one rank a node)
 grep -q "cluster.allreduce run=$R2 rank=0 mode=hier nodes=1 max_local_ranks=2" "$T/m6d-c.log" \
@@ -217,7 +226,14 @@ kill -TERM "${M6D_PIDS[v]}" "${M6D_PIDS[c1]}"
 wait "${M6D_PIDS[c1]}" || fail "the second coordinator's exit"
 unset 'M6D_PIDS[c1]' 'M6D_PIDS[v]'
 SOCK=$T/c/m6d.sock
-log "(a) the same bits as a coordinator and a worker of one device each"
+# bf16 on the two ranks of c, after its fp32 runs: each rank's passes keep
+# bf16 while the other's begin and end
+R2B=$(ctl submit "$T/w2b.json")
+ctl watch "$R2B" >/dev/null || fail "the bf16 2-rank run on one m6d did not complete: $(ctl status "$R2B")"
+losses "$R2B" >"$T/two-bf16.csv"
+cmp -s "$T/two-bf16.csv" "$T/oneone-bf16.csv" \
+    || fail "bf16: 2 ranks in one m6d differ from 2 m6d of one rank: $(diff "$T/two-bf16.csv" "$T/oneone-bf16.csv" | head -6)"
+log "(a) the same bits as a coordinator and a worker of one device each (fp32 and bf16)"
 
 # ---- (b) a worker with two devices: world 4 over two m6d; submitted
 # before it joins, the run waits saying how many devices it has and needs
