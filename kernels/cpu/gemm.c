@@ -106,20 +106,14 @@ static void pack_native_(uint16_t *dst, const float *src, int rows, int cols,
 #define PACK_NATIVE_ 0
 #endif
 
-/* 1 when this CPU runs pack_native_ */
+/* 1 when this CPU runs pack_native_ (bits of the CPU model that libgcc's
+ * constructor read once: no CPUID here) */
 static int pack_native_ok_(void)
 {
 #if PACK_NATIVE_
-    static int ok = -1;
-    int v = __atomic_load_n(&ok, __ATOMIC_RELAXED);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512bf16") &&
-            __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl");
-        __atomic_store_n(&ok, v, __ATOMIC_RELAXED);
-    }
-    return v;
+    return __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
 #else
     return 0;
 #endif
