@@ -240,6 +240,20 @@ static void r_layout_text_(const void *row, view_val *v)
         snprintf(v->buf, sizeof v->buf, "%d ranks, data parallel", W);
     v->s = v->buf;
 }
+/* "" (an m6d without them): unknown */
+static void r_prec_(const void *row, view_val *v) { v->s = unset_null_(R_->precision); }
+static void r_master_(const void *row, view_val *v) { v->s = unset_null_(R_->master_precision); }
+/* "bf16 GEMM inputs, fp32 sums; masters fp32" */
+static void r_prec_text_(const void *row, view_val *v)
+{
+    const M6__RunInfo *r = R_;
+    v->null = !r->precision || !*r->precision || !r->master_precision ||
+              !*r->master_precision;
+    if (v->null) return;
+    snprintf(v->buf, sizeof v->buf, "%s GEMM inputs, fp32 sums; masters %s",
+             r->precision, r->master_precision);
+    v->s = v->buf;
+}
 static void r_res_(const void *row, view_val *v) { v->i = R_->resident_slots; }
 static void r_off_(const void *row, view_val *v) { v->i = R_->offloaded_slots; }
 static void r_inuse_(const void *row, view_val *v) { v->i = R_->device_bytes_in_use; }
@@ -352,6 +366,9 @@ static const view_field run_fields_[] = {
     {"world_size", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_world_},
     {"expert_parallel", 0, 0, 0, VIEW_INT, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_ep_},
     {0, 0, "layout", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_layout_text_},
+    {"precision", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_prec_},
+    {"master_precision", 0, 0, 0, VIEW_STR, VF_PLAIN, VIEW_JSON_OMIT_NULL, r_master_},
+    {0, 0, "precision", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_prec_text_},
     {"created", 0, "created", 0, VIEW_F64, VF_UTC, 0, r_created_},
     {"updated", 0, "updated", 0, VIEW_F64, VF_UTC, 0, r_updated_},
     {"error", 0, "error", 0, VIEW_STR, VF_PLAIN, VIEW_OMIT_NULL, r_error_},

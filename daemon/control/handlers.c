@@ -145,7 +145,7 @@ static M6__Phase phase_to_pb_(int phase)
  * submitted before them), so that run_info_ reads its spec instead. */
 static int summary_from_spec_(const run_row *row)
 {
-    return !row->have_summary || row->world_size <= 0;
+    return !row->have_summary || row->world_size <= 0 || !row->precision[0];
 }
 
 /* Fill a RunInfo from the DB row (+ latest metrics, phases, checkpoints). */
@@ -237,6 +237,9 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
     }
     ri->world_size = row->world_size;
     ri->expert_parallel = row->expert_parallel;
+    ri->precision = arena_strdup_(c->a, row->precision);
+    ri->master_precision = arena_strdup_(c->a, row->master_precision);
+    if (!ri->precision || !ri->master_precision) return NULL;
     if (summary_from_spec_(row) && spec_json) {
         /* a run submitted before m6.db had them all: from its spec */
         run_spec spec;
@@ -248,6 +251,8 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
             ri->delink_policy = (char *)spec_delink_policy_name(spec.delink.policy);
             ri->world_size = spec.nodes.world_size;
             ri->expert_parallel = spec.nodes.expert_parallel;
+            ri->precision = (char *)spec_precision_name(spec_precision(&spec));
+            ri->master_precision = (char *)spec_master_name(spec.optimizer.master);
         }
     }
     /* a delink to come: only for a live run still in the pseudo phase */

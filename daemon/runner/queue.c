@@ -34,6 +34,8 @@ run_summary queue_summary(const run_spec *spec)
         .delink_policy = spec_delink_policy_name(spec->delink.policy),
         .world_size = spec->nodes.world_size,
         .expert_parallel = spec->nodes.expert_parallel,
+        .precision = spec_precision_name(spec_precision(spec)),
+        .master_precision = spec_master_name(spec->optimizer.master),
     };
 }
 

@@ -704,8 +704,9 @@ static int run_insert_body_(state *st, void *arg)
     if (SQL_WRITE_LOCKED(st,
             "INSERT INTO runs(name, spec, state, phase, step, total_steps, "
             "created, updated, pseudo_steps, device_budget, backend, "
-            "delink_policy, world_size, expert_parallel) VALUES (?, ?, "
-            "'queued', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "delink_policy, world_size, expert_parallel, precision, "
+            "master_precision) VALUES (?, ?, 'queued', ?, 0, ?, ?, ?, ?, ?, "
+            "?, ?, ?, ?, ?, ?)",
             A_TEXT(a->name ? a->name : ""), A_TEXT(a->spec),
             A_TEXT(phase_name(a->phase)), A_INT(a->total_steps), A_REAL(t),
             A_REAL(t), u ? A_INT(u->pseudo_steps) : A_NULL,
@@ -713,7 +714,9 @@ static int run_insert_body_(state *st, void *arg)
             A_TEXT(u ? u->backend : NULL),
             A_TEXT(u ? u->delink_policy : NULL),
             u ? A_INT(u->world_size) : A_NULL,
-            u ? A_INT(u->expert_parallel) : A_NULL) < 0)
+            u ? A_INT(u->expert_parallel) : A_NULL,
+            A_TEXT(u ? u->precision : NULL),
+            A_TEXT(u ? u->master_precision : NULL)) < 0)
         return -1;
     a->id = sqlite3_last_insert_rowid(st->db);
     if (!a->name || !*a->name) {
@@ -774,8 +777,15 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
         r->world_size = sqlite3_column_int(s, 18);
         r->expert_parallel = sqlite3_column_int(s, 19);
     }
+    if (sqlite3_column_type(s, 20) != SQLITE_NULL &&
+        sqlite3_column_type(s, 21) != SQLITE_NULL) {
+        state_copy_text_(r->precision, sizeof r->precision,
+                         sqlite3_column_text(s, 20));
+        state_copy_text_(r->master_precision, sizeof r->master_precision,
+                         sqlite3_column_text(s, 21));
+    }
     if (with_spec) {
-        const unsigned char *sp = sqlite3_column_text(s, 20);
+        const unsigned char *sp = sqlite3_column_text(s, 22);
         r->spec = strdup(sp ? (const char *)sp : "");
     }
 }
@@ -783,7 +793,8 @@ static void row_from_stmt_(sqlite3_stmt *s, run_row *r, int with_spec)
 #define RUN_COLS "id, name, state, phase, step, total_steps, created, " \
                  "updated, error, delink_step, pseudo_steps, device_budget, " \
                  "backend, delink_policy, lost_node, lost_rank, " \
-                 "lost_local_rank, lost_ranks, world_size, expert_parallel"
+                 "lost_local_rank, lost_ranks, world_size, expert_parallel, " \
+                 "precision, master_precision"
 
 int state_run_get(state *st, int64_t id, run_row *out)
 {
@@ -895,11 +906,13 @@ static int run_spec_set_body_(state *st, void *arg)
     int n = SQL_WRITE_LOCKED(st, "UPDATE runs SET spec = ?, updated = ?, "
                              "pseudo_steps = ?, device_budget = ?, "
                              "backend = ?, delink_policy = ?, world_size = ?, "
-                             "expert_parallel = ? WHERE id = ?",
+                             "expert_parallel = ?, precision = ?, "
+                             "master_precision = ? WHERE id = ?",
                              A_TEXT(a->spec), A_REAL(t),
                              A_INT(u->pseudo_steps), A_INT(u->device_budget),
                              A_TEXT(u->backend), A_TEXT(u->delink_policy),
                              A_INT(u->world_size), A_INT(u->expert_parallel),
+                             A_TEXT(u->precision), A_TEXT(u->master_precision),
                              A_INT(a->id));
     if (n < 0)
         return -1;

@@ -76,6 +76,10 @@ typedef struct {
      * another layout set them; 0 both: a row from before it (read them
      * from the spec). */
     int world_size, expert_parallel;
+    /* The arithmetic (schema 0016): spec_precision's and
+     * optimizer.master's names, "fp32" or "bf16"; "" both: a row from
+     * before it (read them from the spec). */
+    char precision[8], master_precision[8];
     run_lost lost;            /* lost.node_id 0: none (NULL columns);
                                * hostname and why empty (not stored) */
 } run_row;
@@ -86,6 +90,7 @@ typedef struct {
     int64_t pseudo_steps, device_budget;
     const char *backend, *delink_policy;
     int world_size, expert_parallel;
+    const char *precision, *master_precision;
 } run_summary;
 
 typedef struct {
