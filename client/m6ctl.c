@@ -491,8 +491,8 @@ static int command_(M6__Request__BodyCase which, const char *arg)
 
 static int cmd_pause_(int argc, char **argv) { return command_(M6__REQUEST__BODY_PAUSE, argv[0]); }
 /* resume RUN: --from-scratch for a run whose checkpoints are gone; or
- * with --world-size N [--expert-parallel P] a resume at that layout
- * (ResumeAt) */
+ * with --world-size N [--expert-parallel P] and/or --memory-budget a
+ * resume at that layout or budget (ResumeAt) */
 static int cmd_resume_(int argc, char **argv)
 {
     (void)argc;
@@ -500,19 +500,21 @@ static int cmd_resume_(int argc, char **argv)
         m6ctl_errf_("--expert-parallel: needs --world-size");
         return EXIT_USAGE;
     }
-    if (g.world_size && g.from_scratch) {
-        m6ctl_errf_("--from-scratch starts the run over at its own layout: "
-                    "leave out --world-size");
+    if ((g.world_size || g.memory_budget) && g.from_scratch) {
+        m6ctl_errf_("--from-scratch starts the run over at its own layout "
+                    "and budget: leave out --world-size and --memory-budget");
         return EXIT_USAGE;
     }
     M6__RunRef ref;
     if (m6ctl_parse_run_(argv[0], &ref) < 0) return EXIT_ERR;
     ref.from_scratch = g.from_scratch;
-    if (!g.world_size) return command_ref_(M6__REQUEST__BODY_RESUME, &ref.base);
+    if (!g.world_size && !g.memory_budget)
+        return command_ref_(M6__REQUEST__BODY_RESUME, &ref.base);
     M6__ResumeAt q = M6__RESUME_AT__INIT;
     q.run = &ref;
     q.world_size = g.world_size;
     q.expert_parallel = g.expert_parallel;
+    q.memory_budget = g.memory_budget;
     return command_ref_(M6__REQUEST__BODY_RESUME_AT, &q.base);
 }
 static int cmd_delink_(int argc, char **argv) { return command_(M6__REQUEST__BODY_DELINK, argv[0]); }
@@ -656,8 +658,10 @@ static const command commands_[] = {
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
     {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_RESUME,
-     "RUN [--world-size N [--expert-parallel P] | --from-scratch]",
-     "Resume a paused run (at another layout: from its newest checkpoint).\n"
+     "RUN [--world-size N [--expert-parallel P]] [--memory-budget SIZE] "
+     "| RUN --from-scratch",
+     "Resume a paused run, at another layout or memory budget if asked.\n"
+     "(That takes it up from its newest checkpoint.)\n"
      "A run paused because its checkpoint directories are gone resumes from\n"
      "them once they are back; --from-scratch trains it again from step 0\n"
      "instead, dropping its metrics rows (events say so)."},
@@ -744,7 +748,13 @@ static void command_usage_(FILE *f, const command *c)
     if (c->flags & F_JSON) fprintf(f, "  --json            machine-readable output\n");
     if (c->flags & F_CSV) fprintf(f, "  --csv             comma-separated output\n");
     if (c->flags & F_RESUME)
-        fprintf(f, "  --from-scratch    a run whose checkpoints are gone: train it\n"
+        fprintf(f, "  --world-size N    continue at N ranks (nodes.world_size)\n"
+                   "  --expert-parallel P\n"
+                   "                    and P ranks to each MoE slot's experts\n"
+                   "  --memory-budget SIZE|none\n"
+                   "                    continue under this device.memory_budget\n"
+                   "                    (none: every slot resident)\n"
+                   "  --from-scratch    a run whose checkpoints are gone: train it\n"
                    "                    again from step 0 (its metrics rows dropped)\n");
     if (c->flags & F_WATCH)
         fprintf(f, "  --interval SEC    poll period (default 0.5)\n"
@@ -833,7 +843,7 @@ enum { O_SOCKET = 256, O_JSON, O_CSV, O_OUT, O_VALF, O_SHARD, O_INTERVAL, O_HELP
        O_STEP, O_FORMAT, O_FORCE, O_NODES, O_GPN, O_HOSTMEM, O_EXPLAIN,
        O_P2R, O_GPUTF, O_MFU, O_H2D, O_D2H, O_ADAMGB, O_SRATIO, O_SSTEPS,
        O_SWEEP, O_CORPUS, O_GSCALE, O_LRSCALE, O_WORLD, O_EP, O_SCRATCH,
-       O_NVLINK, O_NET, O_A2ALAT };
+       O_NVLINK, O_NET, O_A2ALAT, O_BUDGET };
 static const struct option opts_[] = {
     {"socket", required_argument, 0, O_SOCKET}, {"json", no_argument, 0, O_JSON},
     {"csv", no_argument, 0, O_CSV}, {"out", required_argument, 0, O_OUT},
@@ -847,6 +857,7 @@ static const struct option opts_[] = {
     {"step", required_argument, 0, O_STEP}, {"format", required_argument, 0, O_FORMAT},
     {"force", no_argument, 0, O_FORCE},
     {"from-scratch", no_argument, 0, O_SCRATCH},
+    {"memory-budget", required_argument, 0, O_BUDGET},
     {"nodes", required_argument, 0, O_NODES},
     {"gpus-per-node", required_argument, 0, O_GPN},
     {"host-memory", required_argument, 0, O_HOSTMEM},
@@ -916,6 +927,21 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
     case O_FORMAT: ok = cmd->flags & F_EXPORT; snprintf(g.format, sizeof g.format, "%s", optarg); break;
     case O_FORCE: ok = cmd->flags & (F_EXPORT | F_IMPORT); g.force = 1; break;
     case O_SCRATCH: ok = cmd->flags & F_RESUME; g.from_scratch = 1; break;
+    case O_BUDGET:
+        ok = cmd->flags & F_RESUME;
+        if (ok && strcmp(optarg, "none") == 0) {
+            g.memory_budget = -1;
+        } else if (ok) {
+            size_t b = 0;
+            int rc = spec_parse_size(optarg, &b);
+            if (rc != 0 || b == 0 || b > (size_t)INT64_MAX) {
+                m6ctl_errf_("--memory-budget: want a size above 0 such as 8GiB "
+                      "(units " SPEC_SIZE_UNITS ") or none, got \"%s\"", optarg);
+                return EXIT_USAGE;
+            }
+            g.memory_budget = (long long)b;
+        }
+        break;
     case O_WORLD: case O_EP: case O_NODES: case O_GPN: {
         /* counts of 1..65536: resume's layout, plan's cluster */
         int plan = ch == O_NODES || ch == O_GPN;

@@ -56,6 +56,8 @@ typedef struct {
     char format[32];        /* export --format */
     int force;              /* export, import: replace --out */
     int from_scratch;       /* resume --from-scratch */
+    long long memory_budget; /* resume --memory-budget: bytes, -1 none,
+                              * 0 not given */
 } m6ctl_opts;
 extern m6ctl_opts g;
 

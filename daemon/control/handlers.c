@@ -596,15 +596,15 @@ static void do_command_(call *c, const M6__RunRef *ref, runner_cmd cmd)
 static void do_pause_(call *c, const M6__Request *rq) { do_command_(c, rq->pause, CMD_PAUSE); }
 static void do_resume_(call *c, const M6__Request *rq) { do_command_(c, rq->resume, CMD_RESUME); }
 
-/* resume at another layout (ResumeAt): runner_resume_at, answered as a
- * resume */
+/* resume at another layout or memory budget (ResumeAt):
+ * runner_resume_at, answered as a resume */
 static void do_resume_at_(call *c, const M6__Request *rq)
 {
     int64_t id;
     const M6__ResumeAt *q = rq->resume_at;
     if (resolve_(c, q->run, &id) < 0) return;
     m6_err e = runner_resume_at(c->h->runner, id, q->world_size,
-                                q->expert_parallel);
+                                q->expert_parallel, q->memory_budget);
     if (e.code != M6_OK || reply_run_(c, id) == 0)
         reply_err_(c, &e, NULL);
     m6_err_free(&e);

@@ -119,18 +119,23 @@ m6_err runner_submit(runner *c, const char *json, size_t len, const int *cancel,
 enum { RUNNER_FROM_SCRATCH = 1 };
 m6_err runner_command(runner *c, int64_t id, runner_cmd cmd, unsigned flags);
 
-/* m6ctl resume RUN --world-size N [--expert-parallel P]: the paused run
- * id continues at nodes.world_size world and nodes.expert_parallel ep (0:
- * the run's own where it divides world, else 1; nodes.pseudo_world_size
- * dropped where it is above world) from its newest checkpoint. The new
- * spec is checked as a submit's (errors name the key), written to m6.db
- * with a "layout" event naming both layouts, then the run is resumed
- * (runner_command CMD_RESUME: its answer); the boundary that takes that
- * resume sets the run up again from m6.db (spec and newest checkpoint,
- * whose hash leaves the layout out). M6_EBADSTATE for a run that is not
- * paused, M6_EINVALID for a layout the spec checks refuse. Off the event
- * loop, as a resume. */
-m6_err runner_resume_at(runner *c, int64_t id, int world, int ep);
+/* m6ctl resume RUN [--world-size N [--expert-parallel P]]
+ * [--memory-budget SIZE|none]: the paused run id continues from its
+ * newest checkpoint at nodes.world_size world (0: its own; then ep 0 too)
+ * and nodes.expert_parallel ep (0: the run's own where it divides world,
+ * else 1; nodes.pseudo_world_size dropped where it is above world), under
+ * device.memory_budget budget bytes (0: its own, -1: none). The new spec
+ * is checked as a submit's (errors name the key) and, with a budget, by
+ * the offload planner (a budget below the model's minimum is refused with
+ * the planner's figures), written to m6.db with a "layout" event naming
+ * what changed, then the run is resumed (runner_command CMD_RESUME: its
+ * answer); the boundary that takes that resume sets the run up again from
+ * m6.db (spec and newest checkpoint, whose hash leaves the layout, the
+ * budget and offload.* out). M6_EBADSTATE for a run that is not paused,
+ * M6_EINVALID for a layout or budget refused (the run stays paused as it
+ * was). Off the event loop, as a resume. */
+m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
+                        int64_t budget);
 
 /* Seconds left for the active run (-1 if id isn't active or unknown). */
 double runner_eta(runner *c, int64_t id);

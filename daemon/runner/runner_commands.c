@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "offload/offload.h"
 #include "runner/queue.h"
 
 /* With c->mu held: answer the resumes up to ticket (never backwards): err
@@ -687,13 +688,17 @@ void runner_describe(runner *c, char *buf, size_t len)
 
 /* ------------------------------------------------------ resume at a layout */
 
-m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
+m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
+                        int64_t budget)
 {
     run_row row;
-    if (world < 1 || ep < 0)
+    if (world < 0 || ep < 0 || (world == 0 && ep > 0) || budget < -1 ||
+        (world == 0 && budget == 0))
         return m6_err_make(M6_EINVALID, "resume at a layout: world size %d, "
-                           "expert parallel %d: want >= 1 and >= 0", world,
-                           ep);
+                           "expert parallel %d, memory budget %lld: want a "
+                           "world size >= 1 (0: the run's own) with an "
+                           "expert parallel >= 0, or a memory budget (-1: "
+                           "none)", world, ep, (long long)budget);
     if (c->worker_of[0])
         return runner_command(c, id, CMD_RESUME, 0);  /* its refusal */
     if (state_run_get(c->st, id, &row) != 0)
@@ -713,10 +718,17 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
         return m6_err_make(M6_EINTERNAL, "run %lld: its spec does not parse "
                            "any more: %s", (long long)id, err);
     int W0 = s.nodes.world_size, P0 = s.nodes.expert_parallel;
-    s.nodes.world_size = world;
-    s.nodes.expert_parallel = ep > 0 ? ep : world % P0 == 0 ? P0 : 1;
-    if (s.nodes.pseudo_world_size > world)
-        s.nodes.pseudo_world_size = 0;
+    size_t B0 = s.device.memory_budget;
+    int relayout = world > 0;
+    if (relayout) {
+        s.nodes.world_size = world;
+        s.nodes.expert_parallel = ep > 0 ? ep : world % P0 == 0 ? P0 : 1;
+        if (s.nodes.pseudo_world_size > world)
+            s.nodes.pseudo_world_size = 0;
+    }
+    world = s.nodes.world_size;
+    if (budget != 0)
+        s.device.memory_budget = budget < 0 ? 0 : (size_t)budget;
     /* every check of a submit, by key */
     char *json = spec_to_json(&s);
     if (!json)
@@ -728,6 +740,18 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
                            "nodes.expert_parallel %d: %s", (long long)id,
                            world, s.nodes.expert_parallel, err);
     }
+    if (s.device.memory_budget > 0) {
+        /* a budget the planner refuses would fail the run at its set-up:
+         * refused here, the run paused as it was */
+        offload_plan plan;
+        if (offload_plan_for_spec(&s, 0, &plan, err, sizeof err) != 0) {
+            free(json);
+            return m6_err_make(M6_EINVALID, "run %lld could not resume, it "
+                               "stays paused: device.memory_budget %zu: %s",
+                               (long long)id, s.device.memory_budget, err);
+        }
+        offload_plan_free(&plan);
+    }
     if (world > 1 && !c->coordinator) {
         free(json);
         return m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
@@ -735,9 +759,18 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep)
                            "and this m6d is not one", (long long)id, world);
     }
     char detail[256];
-    snprintf(detail, sizeof detail, "nodes.world_size %d -> %d, "
-             "nodes.expert_parallel %d -> %d: from the newest checkpoint",
-             W0, world, P0, s.nodes.expert_parallel);
+    size_t o = 0;
+    if (relayout)
+        o += (size_t)snprintf(detail, sizeof detail, "nodes.world_size %d -> "
+                              "%d, nodes.expert_parallel %d -> %d, ", W0,
+                              world, P0, s.nodes.expert_parallel);
+    if (budget != 0 && o < sizeof detail)
+        o += (size_t)snprintf(detail + o, sizeof detail - o,
+                              "device.memory_budget %zu -> %zu, ", B0,
+                              s.device.memory_budget);
+    if (o >= 2 && o < sizeof detail)  /* ", " -> ": from ..." */
+        snprintf(detail + o - 2, sizeof detail - (o - 2),
+                 ": from the newest checkpoint");
     pthread_mutex_lock(&c->cmd_mu);
     run_summary sum = queue_summary(&s);
     int wrc = state_run_set_spec(c->st, id, json, &sum, "layout", detail);

@@ -232,23 +232,29 @@ out:
     return rc;
 }
 
-/* The spec hash a checkpoint carries: the spec's, with device.backend taken
- * as 'cpu', so checkpoints move between backends, optimizer.shard as false
- * and nodes.expert_parallel as 1 (the state is saved whole, and resumes
- * sharded or not, at any P), and with layout 0 the nodes.* layout too:
- * world_size, pseudo_world_size and timeout as the defaults, since a
- * checkpoint resumes at any world that splits the batch. layout 1: the
- * hash checkpoints carried before (nodes.world_size, pseudo_world_size
- * and timeout in it), still accepted. */
-static uint64_t ckpt_hash_(const run_spec *spec, int layout)
+/* The spec hash a checkpoint carries (form 0): the spec's, with
+ * device.backend taken as 'cpu', so checkpoints move between backends,
+ * optimizer.shard as false and nodes.expert_parallel as 1 (the state is
+ * saved whole, and resumes sharded or not, at any P), the nodes.* layout
+ * (world_size, pseudo_world_size, timeout) as the defaults, since a
+ * checkpoint resumes at any world that splits the batch, and where the
+ * state lives as the defaults too (device.memory_budget, offload.*: a
+ * checkpoint holds every slot's state whole, offloaded or not, and
+ * resumes under any budget the planner accepts). The hashes checkpoints
+ * carried before, still accepted: form 1 with device.memory_budget and
+ * offload.* in it, form 2 with the nodes.* layout in it too. */
+static uint64_t ckpt_hash_(const run_spec *spec, int form)
 {
     run_spec s = *spec, d;
+    spec_defaults(&d);
     s.device.backend = BACKEND_CPU;
     s.optimizer.shard = 0;  /* changes no float: saved whole */
     s.nodes.expert_parallel = 1;  /* the same: every expert saved */
-    if (!layout) {
-        spec_defaults(&d);
+    if (form < 2)
         s.nodes = d.nodes;
+    if (form < 1) {
+        s.device.memory_budget = d.device.memory_budget;
+        s.offload = d.offload;
     }
     return spec_hash(&s);
 }
@@ -566,10 +572,12 @@ int trainer_load(trainer *t, const char *dir, m6_err *err)
     char want[32];
     snprintf(want, sizeof want, "%016llx",
              (unsigned long long)ckpt_hash_(&t->spec, 0));
-    char was[32];  /* a checkpoint from before the layout left the hash */
-    snprintf(was, sizeof was, "%016llx",
-             (unsigned long long)ckpt_hash_(&t->spec, 1));
-    if (strcmp(hash, want) != 0 && strcmp(hash, was) != 0) {
+    char was[2][32];  /* checkpoints from before (ckpt_hash_'s forms) */
+    for (int f = 0; f < 2; f++)
+        snprintf(was[f], sizeof was[f], "%016llx",
+                 (unsigned long long)ckpt_hash_(&t->spec, f + 1));
+    if (strcmp(hash, want) != 0 && strcmp(hash, was[0]) != 0 &&
+        strcmp(hash, was[1]) != 0) {
         m6_err_set(err, M6_EINTERNAL,
                    "%s: spec hash %s does not match this run's %s",
                    path, hash, want);

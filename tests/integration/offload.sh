@@ -4,7 +4,9 @@
 # delink; status and metrics report the slot placement, peak device bytes
 # (<= the budget), copy rates and the hidden share of copy time; a budget
 # below the planner's minimum is refused at submit, with the numbers; the
-# plan of a cuda spec counts bf16 copies and pinned vs ordinary host bytes.
+# plan of a cuda spec counts bf16 copies and pinned vs ordinary host bytes;
+# a paused run resumes under another budget (m6ctl resume --memory-budget)
+# with the same losses.
 . "$(dirname "$0")/lib.sh"
 
 prepare_data "$T/data"
@@ -204,6 +206,36 @@ assert rows[0]['h2d_gbps'] is None, rows[0]
 " || fail "metrics --json"
 sed -n 1p "$T/metrics-b.txt" | has "OFFL .*PEAK .*H2D_GB/S .*HIDDEN" || fail "metrics table header"
 grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "metrics table: $(tail -1 "$T/metrics-b.txt")"
+
+# m6ctl resume --memory-budget: the plain spec paused in the Real phase
+# continues under the budget (slots offloaded from the resume on), paused
+# again continues with none (every slot resident): the plain run's losses
+# bit for bit; a budget below the minimum is refused, the run paused as
+# it was.
+submit_paused_at "$T/plain.json" 30
+E=$RUN
+out=$(ctl resume "$E" --memory-budget "$SMALL" 2>&1) && fail "resume under $SMALL < min $MIN accepted: $out"
+has "run $E could not resume, it stays paused: device.memory_budget $SMALL: " <<<"$out" &&
+    has "($MIN bytes)" <<<"$out" || fail "refused budget: $out"
+[ "$(field "$E" state)" = paused ] && ! ctl events "$E" | has layout ||
+    fail "a refused budget changed run $E: $(field "$E" state) $(ctl events "$E" | grep layout)"
+hold_at_step 60 nowait
+ctl resume "$E" --memory-budget "$BUDGET" >/dev/null || fail "resume of run $E under $BUDGET"
+wait_held
+pause_held_ "$E" 60
+[ "$(ctl status "$E" --json | jq .device_budget_bytes)" = "$BUDGET" ] ||
+    fail "run $E's budget after the resume: $(ctl status "$E" --json | jq .device_budget_bytes)"
+ctl resume "$E" --memory-budget none >/dev/null || fail "resume of run $E with no budget"
+rc=0; ctl watch "$E" >/dev/null || rc=$?
+[ "$rc" = 0 ] || fail "run $E resumed under budgets: watch exit $rc"
+ctl events "$E" >"$T/events-e.txt"
+has -E "layout +device.memory_budget 0 -> $BUDGET: from the newest checkpoint" <"$T/events-e.txt" &&
+    has -E "layout +device.memory_budget $BUDGET -> 0: from the newest checkpoint" <"$T/events-e.txt" ||
+    fail "no budget events: $(cat "$T/events-e.txt")"
+[ "$(db "$T/s" "select count(*) from metrics where run=$E and step between 31 and 60 and offloaded_slots=$OFFLOADED")" = 30 ] &&
+[ "$(db "$T/s" "select count(*) from metrics where run=$E and (step <= 30 or step > 60) and offloaded_slots=0")" = 90 ] ||
+    fail "run $E's slots by step: $(db "$T/s" "select step, offloaded_slots from metrics where run=$E and step in (30, 31, 60, 61)")"
+same_losses "$E" "$T/loss-a.csv" "losses of the run resumed under budgets differ"
 
 # offload.stream_grads through m6d: without the global clip, the streamed
 # offloaded run gives the losses of the same spec with every slot resident,
