@@ -125,9 +125,9 @@ m6_err runner_command(runner *c, int64_t id, runner_cmd cmd, unsigned flags);
  * and nodes.expert_parallel ep (0: the run's own where it divides world,
  * else 1; nodes.pseudo_world_size dropped where it is above world), under
  * device.memory_budget budget bytes (0: its own, -1: none). The new spec
- * is checked as a submit's (errors name the key) and, with a budget, by
- * the offload planner (a budget below the model's minimum is refused with
- * the planner's figures), written to m6.db with a "layout" event naming
+ * is checked as a submit's (errors name the key; trainer_check_spec: the
+ * data, and the memory plan at that layout and budget, a budget below the
+ * model's minimum refused with the planner's figures), written to m6.db with a "layout" event naming
  * what changed, then the run is resumed (runner_command CMD_RESUME: its
  * answer); the boundary that takes that resume sets the run up again from
  * m6.db (spec and newest checkpoint, whose hash leaves the layout, the

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "offload/offload.h"
 #include "runner/queue.h"
 
 /* With c->mu held: answer the resumes up to ticket (never backwards): err
@@ -740,17 +739,17 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
                            "nodes.expert_parallel %d: %s", (long long)id,
                            world, s.nodes.expert_parallel, err);
     }
-    if (s.device.memory_budget > 0) {
-        /* a budget the planner refuses would fail the run at its set-up:
-         * refused here, the run paused as it was */
-        offload_plan plan;
-        if (offload_plan_for_spec(&s, 0, &plan, err, sizeof err) != 0) {
-            free(json);
-            return m6_err_make(M6_EINVALID, "run %lld could not resume, it "
-                               "stays paused: device.memory_budget %zu: %s",
-                               (long long)id, s.device.memory_budget, err);
-        }
-        offload_plan_free(&plan);
+    /* a submit's checks of what it needs (the data, the memory plan at
+     * this budget and layout, host memory): what would fail the run at
+     * its set-up is refused here, the run paused as it was */
+    m6_err ce = M6_ERR_NONE;
+    if (trainer_check_spec(&s, &ce) != 0) {
+        free(json);
+        m6_err e = m6_err_make(M6_EINVALID, "run %lld could not resume, it "
+                               "stays paused: %s", (long long)id,
+                               m6_err_msg(&ce));
+        m6_err_free(&ce);
+        return e;
     }
     if (world > 1 && !c->coordinator) {
         free(json);

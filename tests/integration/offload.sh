@@ -215,8 +215,8 @@ grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "me
 submit_paused_at "$T/plain.json" 30
 E=$RUN
 out=$(ctl resume "$E" --memory-budget "$SMALL" 2>&1) && fail "resume under $SMALL < min $MIN accepted: $out"
-has "run $E could not resume, it stays paused: device.memory_budget $SMALL: " <<<"$out" &&
-    has "($MIN bytes)" <<<"$out" || fail "refused budget: $out"
+has "run $E could not resume, it stays paused: device.memory_budget" <<<"$out" &&
+    has "($SMALL bytes)" <<<"$out" && has "($MIN bytes)" <<<"$out" || fail "refused budget: $out"
 [ "$(field "$E" state)" = paused ] && ! ctl events "$E" | has layout ||
     fail "a refused budget changed run $E: $(field "$E" state) $(ctl events "$E" | grep layout)"
 hold_at_step 60 nowait
