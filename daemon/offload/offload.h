@@ -58,7 +58,8 @@ typedef struct {
 
 /* Device pool with a hard budget of `budget` bytes: an allocation that
  * would take in_use past the budget fails (NULL, errno ENOMEM). The CPU
- * stand-in reserves `budget` bytes of address space once (pages are
+ * stand-in reserves `budget` bytes of address space once, at most this
+ * machine's physical memory (a budget above it is no limit; pages are
  * committed as they are touched). NULL on failure. */
 offload_pool *offload_device_pool_create(size_t budget);
 

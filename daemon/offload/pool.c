@@ -241,7 +241,15 @@ offload_pool *offload_device_pool_create(size_t budget)
     if (!p)
         return NULL;
     p->budget = budget;
-    p->chunks = chunk_new_(round_up_(budget, ALIGN_), 1);
+    /* address space for the budget, but never more than this machine's
+     * memory: a budget above it is no limit (the pool would run out of
+     * memory first), and reserving 100 TiB of addresses fails */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t reserve = budget;
+    if (pages > 0 && page > 0 && (size_t)pages <= SIZE_MAX / (size_t)page &&
+        reserve > (size_t)pages * (size_t)page)
+        reserve = (size_t)pages * (size_t)page;
+    p->chunks = chunk_new_(round_up_(reserve, ALIGN_), 1);
     if (!p->chunks) {
         offload_pool_destroy(p);
         errno = ENOMEM;

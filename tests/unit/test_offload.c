@@ -1024,6 +1024,19 @@ static void test_pools(void **state)
     assert_non_null(a);
     offload_pool_destroy(d);
 
+    /* a budget above the machine's memory (and its address space: 2^47
+     * bytes of user addresses on x86-64) is no limit: the pool is made,
+     * reserving the machine's memory at most, and serves allocations */
+    size_t huge = (size_t)1 << 50;  /* 1 PiB */
+    d = offload_device_pool_create(huge);
+    assert_non_null(d);
+    offload_pool_get_stats(d, &st);
+    assert_int_equal(st.capacity, huge);
+    a = offload_pool_alloc(d, 1 << 20);
+    assert_non_null(a);
+    offload_pool_free(d, a);
+    offload_pool_destroy(d);
+
     offload_pool *h = offload_host_pool_create(4096);
     a = offload_pool_alloc(h, 1000);
     b = offload_pool_alloc(h, 100000); /* its own chunk */
