@@ -658,7 +658,7 @@ static const command commands_[] = {
      "than --reconnect."},
     {"pause", cmd_pause_, 1, 1, F_JSON | F_RUN, "RUN", "Pause at the next step boundary (checkpoints)."},
     {"resume", cmd_resume_, 1, 1, F_JSON | F_RUN | F_RESUME,
-     "RUN [--world-size N [--expert-parallel P]] [--memory-budget SIZE] "
+     "RUN [--world-size N [--expert-parallel P]] [--memory-budget SIZE|none] "
      "| RUN --from-scratch",
      "Resume a paused run, at another layout or memory budget if asked.\n"
      "(That takes it up from its newest checkpoint.)\n"
@@ -753,7 +753,7 @@ static void command_usage_(FILE *f, const command *c)
                    "                    and P ranks to each MoE slot's experts\n"
                    "  --memory-budget SIZE|none\n"
                    "                    continue under this device.memory_budget\n"
-                   "                    (none: every slot resident)\n"
+                   "                    (none or 0: every slot resident)\n"
                    "  --from-scratch    a run whose checkpoints are gone: train it\n"
                    "                    again from step 0 (its metrics rows dropped)\n");
     if (c->flags & F_WATCH)
@@ -932,14 +932,16 @@ static int command_option_(const command *cmd, int ch, const char *opt, int *noc
         if (ok && strcmp(optarg, "none") == 0) {
             g.memory_budget = -1;
         } else if (ok) {
+            /* 0, as in device.memory_budget: none */
             size_t b = 0;
             int rc = spec_parse_size(optarg, &b);
-            if (rc != 0 || b == 0 || b > (size_t)INT64_MAX) {
-                m6ctl_errf_("--memory-budget: want a size above 0 such as 8GiB "
-                      "(units " SPEC_SIZE_UNITS ") or none, got \"%s\"", optarg);
+            if (rc != 0 || b > (size_t)INT64_MAX) {
+                m6ctl_errf_("--memory-budget: want a size such as 8GiB "
+                      "(units " SPEC_SIZE_UNITS "), or none (or 0), got \"%s\"",
+                      optarg);
                 return EXIT_USAGE;
             }
-            g.memory_budget = (long long)b;
+            g.memory_budget = b ? (long long)b : -1;
         }
         break;
     case O_WORLD: case O_EP: case O_NODES: case O_GPN: {

@@ -200,9 +200,12 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->skipped_steps = m.skipped_total;
     }
     /* Offloading: the runner's latest sample while the run is active, else
-     * what its last step recorded (nothing is held then). */
+     * what its last step recorded (nothing is held then); nothing while
+     * the active run's placement is being set up (the last step's may be
+     * another budget's) */
     runner_offload off;
-    if (runner_offload_get(c->h->runner, row->id, &off) == 0) {
+    int orc = runner_offload_get(c->h->runner, row->id, &off);
+    if (orc == 0) {
         ri->resident_slots = off.resident_slots;
         ri->offloaded_slots = off.offloaded_slots;
         ri->device_bytes_in_use = off.device_bytes_in_use;
@@ -212,7 +215,7 @@ static M6__RunInfo *run_info_(call *c, const run_row *row, const char *spec_json
         ri->d2h_gbps = off.d2h_gbps;
         ri->copy_hidden_fraction = off.copy_hidden_fraction;
         ri->offload_redo_steps = off.offload_redo_steps;
-    } else if (have_metrics) {
+    } else if (orc == 1 && have_metrics) {
         ri->resident_slots = m.resident_slots > 0 ? m.resident_slots : 0;
         ri->offloaded_slots = m.offloaded_slots > 0 ? m.offloaded_slots : 0;
         ri->peak_device_bytes = m.peak_device_bytes > 0 ? m.peak_device_bytes : 0;

@@ -814,10 +814,12 @@ static void run_one_(runner *c, int64_t id)
             runner_commands_done_(&r);
             break;
         }
-        if (tk.resume) runner_resume_(&r);
+        /* a refused resume sets nothing up from a new spec
+         * (runner_resume_at puts the old one back) */
+        int resumed = tk.resume && runner_resume_(&r) == 0;
         if (!r.t) break;  /* failed taking it up again (recorded) */
         runner_commands_done_(&r);
-        if (relayout) break;  /* set up again from m6.db: the new spec */
+        if (relayout && resumed) break;  /* set up again from m6.db: the new spec */
         runner_publish_(&r);
         pthread_mutex_lock(&c->mu);
         int trains = run_machine_trains(&c->machine);

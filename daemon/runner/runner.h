@@ -156,7 +156,9 @@ typedef struct {
 } runner_offload;
 
 /* 0 with *out filled when id is the active run and the runner has sampled
- * it; 1 otherwise. Never waits on a step (copies under the lock). */
+ * it; 2 when it is active and its placement is being set up (no sample
+ * yet, or a resume at another budget or layout dropped the old one); 1
+ * when it is not active. Never waits on a step (copies under the lock). */
 int runner_offload_get(runner *c, int64_t id, runner_offload *out);
 
 /* Why the active run paused itself (a checkpoint or state DB write failed,

@@ -198,8 +198,9 @@ void runner_interrupted_(run_ctx *r, int resume)
 
 /* Try the resume taken at this boundary: the writes owed, then the state.
  * Only then is it a resume (event); one that fails leaves the run paused
- * with the reason. The resumes waiting get the answer. */
-void runner_resume_(run_ctx *r)
+ * with the reason. The resumes waiting get the answer. 0 resumed, -1
+ * not. */
+int runner_resume_(run_ctx *r)
 {
     runner *c = r->c;
     m6_err err = M6_ERR_NONE;
@@ -219,7 +220,7 @@ void runner_resume_(run_ctx *r)
         answer_locked_(c, c->resume_serving, m6_err_msg(&err), M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         m6_err_free(&err);
-        return;
+        return -1;
     }
     if (rc == 0 && commit_state_(r, RUN_RUNNING, "resume", step) < 0) {
         runner_db_error_(r, "recording the resume", &err);
@@ -235,7 +236,7 @@ void runner_resume_(run_ctx *r)
                                                      : M6_EBADSTATE);
         pthread_mutex_unlock(&c->mu);
         m6_err_free(&err);
-        return;
+        return -1;
     }
     log_info("run.resume", "run=%lld step=%ld", (long long)r->id, step);
     /* a pause for non-finite steps: the operator gives it max_bad_steps
@@ -245,6 +246,7 @@ void runner_resume_(run_ctx *r)
     run_machine_on(&c->machine, RUN_EV_RESUMED, NULL);
     answer_locked_(c, c->resume_serving, NULL, M6_OK);
     pthread_mutex_unlock(&c->mu);
+    return 0;
 }
 
 /* With mu held, for the run just taken up (c->active): the commands m6d
@@ -620,6 +622,8 @@ int runner_offload_get(runner *c, int64_t id, runner_offload *out)
     if (id == c->active && c->offload_valid) {
         *out = c->offload;
         rc = 0;
+    } else if (id == c->active) {
+        rc = 2;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -687,10 +691,22 @@ void runner_describe(runner *c, char *buf, size_t len)
 
 /* ------------------------------------------------------ resume at a layout */
 
+/* the spec of run id set to json (summary sum) with a "layout" event
+ * saying detail; 0, or -1 with the state DB's reason in db */
+static int set_spec_(runner *c, int64_t id, const char *json,
+                     const run_spec *s, const char *detail, char *db,
+                     size_t dblen)
+{
+    run_summary sum = queue_summary(s);
+    if (state_run_set_spec(c->st, id, json, &sum, "layout", detail) == 0)
+        return 0;
+    state_last_error(c->st, db, dblen);
+    return -1;
+}
+
 m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
                         int64_t budget)
 {
-    run_row row;
     if (world < 0 || ep < 0 || (world == 0 && ep > 0) || budget < -1 ||
         (world == 0 && budget == 0))
         return m6_err_make(M6_EINVALID, "resume at a layout: world size %d, "
@@ -700,22 +716,26 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
                            "none)", world, ep, (long long)budget);
     if (c->worker_of[0])
         return runner_command(c, id, CMD_RESUME, 0);  /* its refusal */
+    run_row row;
     if (state_run_get(c->st, id, &row) != 0)
         return m6_err_make(M6_EINTERNAL, "run %lld: the state DB could not "
                            "read it", (long long)id);
-    run_spec s;
+    run_spec s, old;
     char err[1024];
-    int paused = row.state == RUN_PAUSED;
+    run_state st = row.state;
     int rc = spec_parse(&s, row.spec, strlen(row.spec), err, sizeof err);
     run_row_clear(&row);
-    if (!paused)
+    if (st == RUN_RUNNING)
         return m6_err_make(M6_EBADSTATE, "run %lld could not resume at "
-                           "another layout: it is not paused (pause it "
-                           "first: it continues from its newest checkpoint)",
-                           (long long)id);
+                           "another layout or budget: it is running (pause "
+                           "it first: it continues from its newest "
+                           "checkpoint)", (long long)id);
+    if (st != RUN_PAUSED)  /* queued or ended: a resume's refusal */
+        return runner_command(c, id, CMD_RESUME, 0);
     if (rc < 0)
         return m6_err_make(M6_EINTERNAL, "run %lld: its spec does not parse "
                            "any more: %s", (long long)id, err);
+    old = s;
     int W0 = s.nodes.world_size, P0 = s.nodes.expert_parallel;
     size_t B0 = s.device.memory_budget;
     int relayout = world > 0;
@@ -729,35 +749,55 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
     if (budget != 0)
         s.device.memory_budget = budget < 0 ? 0 : (size_t)budget;
     /* every check of a submit, by key */
-    char *json = spec_to_json(&s);
-    if (!json)
+    char *json = spec_to_json(&s), *was = spec_to_json(&old);
+    if (!json || !was) {
+        free(json);
+        free(was);
         return m6_err_make(M6_EINTERNAL, "out of memory");
-    if (spec_parse(&s, json, strlen(json), err, sizeof err) < 0) {
-        free(json);
-        return m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
-                           "paused: the layout nodes.world_size %d, "
-                           "nodes.expert_parallel %d: %s", (long long)id,
-                           world, s.nodes.expert_parallel, err);
     }
-    /* a submit's checks of what it needs (the data, the memory plan at
-     * this budget and layout, host memory): what would fail the run at
-     * its set-up is refused here, the run paused as it was */
-    m6_err ce = M6_ERR_NONE;
-    if (trainer_check_spec(&s, &ce) != 0) {
-        free(json);
-        m6_err e = m6_err_make(M6_EINVALID, "run %lld could not resume, it "
-                               "stays paused: %s", (long long)id,
-                               m6_err_msg(&ce));
+    m6_err e = M6_ERR_NONE, ce = M6_ERR_NONE;
+    if (spec_parse(&s, json, strlen(json), err, sizeof err) < 0) {
+        e = m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
+                        "paused: the layout nodes.world_size %d, "
+                        "nodes.expert_parallel %d: %s", (long long)id,
+                        world, s.nodes.expert_parallel, err);
+    } else if (trainer_check_spec(&s, &ce) != 0) {
+        /* a submit's checks of what it needs (the data, the memory plan
+         * at this layout and budget, host memory): what would fail the
+         * run at its set-up is refused here, the run paused as it was */
+        e = m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
+                        "paused: %s", (long long)id, m6_err_msg(&ce));
         m6_err_free(&ce);
+    } else if (world > 1 && !c->coordinator) {
+        e = m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
+                        "paused: nodes.world_size %d needs a coordinator, "
+                        "and this m6d is not one", (long long)id, world);
+    } else if (strcmp(json, was) == 0) {
+        /* nothing changes: a plain resume */
+        free(json);
+        free(was);
+        return runner_command(c, id, CMD_RESUME, 0);
+    }
+    if (e.code != M6_OK) {
+        free(json);
+        free(was);
         return e;
     }
-    if (world > 1 && !c->coordinator) {
+    /* one such resume of a run at a time: a second, with other figures,
+     * would be answered as if its own had been taken */
+    pthread_mutex_lock(&c->mu);
+    int busy = c->resuming_at == id;
+    if (!busy) c->resuming_at = id;
+    pthread_mutex_unlock(&c->mu);
+    if (busy) {
         free(json);
-        return m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
-                           "paused: nodes.world_size %d needs a coordinator, "
-                           "and this m6d is not one", (long long)id, world);
+        free(was);
+        return m6_err_make(M6_EBADSTATE, "run %lld could not resume at "
+                           "another layout or budget: another resume of it "
+                           "at a layout or budget is being tried",
+                           (long long)id);
     }
-    char detail[256];
+    char detail[256], back[320], db[256];
     size_t o = 0;
     if (relayout)
         o += (size_t)snprintf(detail, sizeof detail, "nodes.world_size %d -> "
@@ -771,22 +811,44 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
         snprintf(detail + o - 2, sizeof detail - (o - 2),
                  ": from the newest checkpoint");
     pthread_mutex_lock(&c->cmd_mu);
-    run_summary sum = queue_summary(&s);
-    int wrc = state_run_set_spec(c->st, id, json, &sum, "layout", detail);
-    free(json);
+    int wrc = set_spec_(c, id, json, &s, detail, db, sizeof db);
     if (wrc == 0) {
         pthread_mutex_lock(&c->mu);
-        if (id == c->active) c->relayout = id;
+        if (id == c->active) {
+            c->relayout = id;
+            c->offload_valid = 0;  /* the old placement: none until set up */
+        }
         pthread_mutex_unlock(&c->mu);
     }
     pthread_mutex_unlock(&c->cmd_mu);
     if (wrc != 0) {
-        char db[256];
-        state_last_error(c->st, db, sizeof db);
-        return m6_err_make(M6_EINTERNAL, "run %lld could not resume, it stays "
-                           "paused: the state DB could not record its new "
-                           "layout (%s)", (long long)id, db);
+        e = m6_err_make(M6_EINTERNAL, "run %lld could not resume, it stays "
+                        "paused: the state DB could not record its new "
+                        "layout (%s)", (long long)id, db);
+    } else {
+        log_info("run.layout", "run=%lld %s", (long long)id, detail);
+        e = runner_command(c, id, CMD_RESUME, 0);
     }
-    log_info("run.layout", "run=%lld %s", (long long)id, detail);
-    return runner_command(c, id, CMD_RESUME, 0);
+    if (wrc == 0 && e.code != M6_OK) {
+        /* refused: the run keeps the spec it paused with (the boundary
+         * that refused it set nothing up from the new one) */
+        snprintf(back, sizeof back, "undone, the resume was refused: %s",
+                 detail);
+        pthread_mutex_lock(&c->cmd_mu);
+        pthread_mutex_lock(&c->mu);
+        if (c->relayout == id) c->relayout = 0;
+        pthread_mutex_unlock(&c->mu);
+        if (set_spec_(c, id, was, &old, back, db, sizeof db) == 0)
+            log_info("run.layout", "run=%lld %s", (long long)id, back);
+        else
+            log_error("run.layout", "run=%lld the spec of before the refused "
+                      "resume could not be put back: %s", (long long)id, db);
+        pthread_mutex_unlock(&c->cmd_mu);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->resuming_at = 0;
+    pthread_mutex_unlock(&c->mu);
+    free(json);
+    free(was);
+    return e;
 }

@@ -63,6 +63,8 @@ struct runner {
     int64_t relayout;        /* runner_resume_at changed this run's spec:
                               * the boundary that takes its resume sets the
                               * run up again from m6.db (0: none) */
+    int64_t resuming_at;     /* the run a runner_resume_at is changing and
+                              * resuming now (0: none): one at a time */
     int offload_valid;    /* offload holds a sample of the active run */
     runner_offload offload;
     /* The command log (state.h, schema 0007): cmd_last is the newest
@@ -274,7 +276,7 @@ void runner_pause_(run_ctx *r);
 void runner_interrupted_(run_ctx *r, int resume);
 
 /* Try the resume taken at this boundary and answer the resumes waiting. */
-void runner_resume_(run_ctx *r);
+int runner_resume_(run_ctx *r);
 
 /* With mu held, for the run just taken up: the commands acknowledged and
  * not applied before m6d stopped, applied to its state machine again. */

@@ -210,8 +210,10 @@ grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "me
 # m6ctl resume --memory-budget: the plain spec paused in the Real phase
 # continues under the budget (slots offloaded from the resume on), paused
 # again continues with none (every slot resident): the plain run's losses
-# bit for bit; a budget below the minimum is refused, the run paused as
-# it was.
+# bit for bit. Refused, changing nothing: a budget below the minimum; a
+# budget whose resume is refused (the run's checkpoints gone over a
+# restart: the new spec is put back, said in an event). The same budget
+# again is a plain resume.
 submit_paused_at "$T/plain.json" 30
 E=$RUN
 out=$(ctl resume "$E" --memory-budget "$SMALL" 2>&1) && fail "resume under $SMALL < min $MIN accepted: $out"
@@ -225,6 +227,23 @@ wait_held
 pause_held_ "$E" 60
 [ "$(ctl status "$E" --json | jq .device_budget_bytes)" = "$BUDGET" ] ||
     fail "run $E's budget after the resume: $(ctl status "$E" --json | jq .device_budget_bytes)"
+stop_daemon
+mv "$T/s/runs/$E/checkpoints" "$T/away"
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
+wait_paused_error "$E" "is gone" >/dev/null
+out=$(ctl resume "$E" --memory-budget none 2>&1) && fail "resume with its checkpoints gone accepted: $out"
+has "could not resume, it stays paused" <<<"$out" || fail "refusal: $out"
+[ "$(ctl status "$E" --json | jq .device_budget_bytes)" = "$BUDGET" ] ||
+    fail "a refused resume changed run $E's budget: $(ctl status "$E" --json | jq .device_budget_bytes)"
+ctl events "$E" | has -E "layout +undone, the resume was refused: device.memory_budget $BUDGET -> 0" ||
+    fail "no event of the undone budget: $(ctl events "$E")"
+mv "$T/away" "$T/s/runs/$E/checkpoints"
+n=$(ctl events "$E" | grep -c layout)
+hold_at_step 90 nowait
+ctl resume "$E" --memory-budget "$BUDGET" >/dev/null || fail "resume of run $E under its own budget"
+wait_held
+[ "$(ctl events "$E" | grep -c layout)" = "$n" ] || fail "the same budget again made an event: $(ctl events "$E")"
+pause_held_ "$E" 90
 ctl resume "$E" --memory-budget none >/dev/null || fail "resume of run $E with no budget"
 rc=0; ctl watch "$E" >/dev/null || rc=$?
 [ "$rc" = 0 ] || fail "run $E resumed under budgets: watch exit $rc"
@@ -232,9 +251,9 @@ ctl events "$E" >"$T/events-e.txt"
 has -E "layout +device.memory_budget 0 -> $BUDGET: from the newest checkpoint" <"$T/events-e.txt" &&
     has -E "layout +device.memory_budget $BUDGET -> 0: from the newest checkpoint" <"$T/events-e.txt" ||
     fail "no budget events: $(cat "$T/events-e.txt")"
-[ "$(db "$T/s" "select count(*) from metrics where run=$E and step between 31 and 60 and offloaded_slots=$OFFLOADED")" = 30 ] &&
-[ "$(db "$T/s" "select count(*) from metrics where run=$E and (step <= 30 or step > 60) and offloaded_slots=0")" = 90 ] ||
-    fail "run $E's slots by step: $(db "$T/s" "select step, offloaded_slots from metrics where run=$E and step in (30, 31, 60, 61)")"
+[ "$(db "$T/s" "select count(*) from metrics where run=$E and step between 31 and 90 and offloaded_slots=$OFFLOADED")" = 60 ] &&
+[ "$(db "$T/s" "select count(*) from metrics where run=$E and (step <= 30 or step > 90) and offloaded_slots=0")" = 60 ] ||
+    fail "run $E's slots by step: $(db "$T/s" "select step, offloaded_slots from metrics where run=$E and step in (30, 31, 60, 61, 90, 91)")"
 same_losses "$E" "$T/loss-a.csv" "losses of the run resumed under budgets differ"
 
 # offload.stream_grads through m6d: without the global clip, the streamed
