@@ -107,9 +107,17 @@ static void offload_publish_(run_ctx *r, const step_placement *p, int step)
     pthread_mutex_unlock(&r->c->mu);
 }
 
-/* The placement now (set-up, after a delink). */
+/* The placement now (set-up, after a delink). None while the run's
+ * checkpoints are gone: the trainer held then is a stand-in built from
+ * the spec (step 0, pseudo phase), not the run's, as for its step. */
 void runner_offload_sample_(run_ctx *r)
 {
+    if (r->ckpts_gone) {
+        pthread_mutex_lock(&r->c->mu);
+        r->c->offload_valid = 0;
+        pthread_mutex_unlock(&r->c->mu);
+        return;
+    }
     step_placement p;
     trainer_placement(r->t, &p);
     offload_publish_(r, &p, 0);

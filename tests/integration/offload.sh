@@ -231,6 +231,10 @@ stop_daemon
 mv "$T/s/runs/$E/checkpoints" "$T/away"
 M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
 wait_paused_error "$E" "is gone" >/dev/null
+# no placement while its checkpoints are gone (m6d holds a stand-in, not
+# the run's real-phase model)
+! ctl status "$E" | grep '^offload:' && [ "$(ctl status "$E" --json | jq '.resident_slots + .offloaded_slots')" = 0 ] ||
+    fail "placement of run $E with its checkpoints gone: $(ctl status "$E" --json | jq -c '[.resident_slots, .offloaded_slots]')"
 out=$(ctl resume "$E" --memory-budget none 2>&1) && fail "resume with its checkpoints gone accepted: $out"
 has "could not resume, it stays paused" <<<"$out" || fail "refusal: $out"
 [ "$(ctl status "$E" --json | jq .device_budget_bytes)" = "$BUDGET" ] ||
