@@ -756,11 +756,17 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
         return m6_err_make(M6_EINTERNAL, "out of memory");
     }
     m6_err e = M6_ERR_NONE, ce = M6_ERR_NONE;
+    char what[160] = "";  /* what the spec checks refused */
+    if (relayout)
+        snprintf(what, sizeof what, "the layout nodes.world_size %d, "
+                 "nodes.expert_parallel %d%s", world,
+                 s.nodes.expert_parallel, budget ? " and " : "");
+    if (budget)
+        snprintf(what + strlen(what), sizeof what - strlen(what),
+                 "device.memory_budget %zu", s.device.memory_budget);
     if (spec_parse(&s, json, strlen(json), err, sizeof err) < 0) {
         e = m6_err_make(M6_EINVALID, "run %lld could not resume, it stays "
-                        "paused: the layout nodes.world_size %d, "
-                        "nodes.expert_parallel %d: %s", (long long)id,
-                        world, s.nodes.expert_parallel, err);
+                        "paused: %s: %s", (long long)id, what, err);
     } else if (trainer_check_spec(&s, &ce) != 0) {
         /* a submit's checks of what it needs (the data, the memory plan
          * at this layout and budget, host memory): what would fail the
