@@ -974,6 +974,7 @@ runner *runner_init(const runner_config *cfg, char *err, size_t errlen)
         goto fail;
     }
     run_ckpts_reconcile(&c->ckpts);
+    runner_settle_specs_(c);
     if (cfg->no_thread) return c;  /* the testing seam (runner.h) */
     /* Pick the first active run now, so commands that arrive before the
      * runner thread gets going already find it. */

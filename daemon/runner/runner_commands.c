@@ -692,16 +692,77 @@ void runner_describe(runner *c, char *buf, size_t len)
 /* ------------------------------------------------------ resume at a layout */
 
 /* the spec of run id set to json (summary sum) with a "layout" event
- * saying detail; 0, or -1 with the state DB's reason in db */
+ * saying detail, before kept to be put back until the change is settled
+ * (NULL: settled); 0, or -1 with the state DB's reason in db */
 static int set_spec_(runner *c, int64_t id, const char *json,
-                     const run_spec *s, const char *detail, char *db,
-                     size_t dblen)
+                     const run_spec *s, const char *detail,
+                     const char *before, char *db, size_t dblen)
 {
     run_summary sum = queue_summary(s);
-    if (state_run_set_spec(c->st, id, json, &sum, "layout", detail) == 0)
+    if (state_run_set_spec(c->st, id, json, &sum, "layout", detail,
+                           before) == 0)
         return 0;
     state_last_error(c->st, db, dblen);
     return -1;
+}
+
+/* whether run id has a resume m6d recorded and not yet applied (the
+ * command log replays it) */
+static int resume_pending_(runner *c, int64_t id)
+{
+    command_row *rows = NULL;
+    int n = 0, found = 0;
+    if (state_commands_pending(c->st, id, &rows, &n) < 0)
+        return 0;
+    for (int i = 0; i < n; i++)
+        found |= strcmp(rows[i].kind, "resume") == 0;
+    free(rows);
+    return found;
+}
+
+void runner_settle_specs_(runner *c)
+{
+    run_unsettled *u = NULL;
+    int n = 0;
+    if (state_run_unsettled(c->st, &u, &n) < 0) {
+        char db[256];
+        state_last_error(c->st, db, sizeof db);
+        log_error("run.layout", "the state DB could not list the runs "
+                  "changed by a resume never answered: %s", db);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        run_spec s;
+        char err[512], db[256];
+        int64_t id = u[i].id;
+        if (resume_pending_(c, id)) {
+            /* the resume was recorded: replayed, it takes the new spec */
+            if (state_run_settle_spec(c->st, id) == 0) {
+                state_event(c->st, id, "layout", "kept: m6d stopped after "
+                            "recording the resume at this layout or budget, "
+                            "which it tries again");
+                log_warn("run.layout", "run=%lld kept: the resume at a "
+                         "layout or budget was recorded", (long long)id);
+            }
+        } else if (spec_parse(&s, u[i].spec_before, strlen(u[i].spec_before),
+                              err, sizeof err) < 0) {
+            log_error("run.layout", "run=%lld the spec to put back does not "
+                      "parse (%s): the run keeps its new one",
+                      (long long)id, err);
+        } else {
+            const char *why = "undone: m6d stopped before the resume at "
+                              "this layout or budget was recorded";
+            if (set_spec_(c, id, u[i].spec_before, &s, why, NULL, db,
+                          sizeof db) == 0)
+                log_warn("run.layout", "run=%lld %s", (long long)id, why);
+            else
+                log_error("run.layout", "run=%lld the spec of before an "
+                          "unrecorded resume could not be put back: %s",
+                          (long long)id, db);
+        }
+        free(u[i].spec_before);
+    }
+    free(u);
 }
 
 m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
@@ -817,7 +878,7 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
         snprintf(detail + o - 2, sizeof detail - (o - 2),
                  ": from the newest checkpoint");
     pthread_mutex_lock(&c->cmd_mu);
-    int wrc = set_spec_(c, id, json, &s, detail, db, sizeof db);
+    int wrc = set_spec_(c, id, json, &s, detail, was, db, sizeof db);
     if (wrc == 0) {
         pthread_mutex_lock(&c->mu);
         if (id == c->active) {
@@ -844,12 +905,20 @@ m6_err runner_resume_at(runner *c, int64_t id, int world, int ep,
         pthread_mutex_lock(&c->mu);
         if (c->relayout == id) c->relayout = 0;
         pthread_mutex_unlock(&c->mu);
-        if (set_spec_(c, id, was, &old, back, db, sizeof db) == 0)
+        if (set_spec_(c, id, was, &old, back, NULL, db, sizeof db) == 0)
             log_info("run.layout", "run=%lld %s", (long long)id, back);
         else
             log_error("run.layout", "run=%lld the spec of before the refused "
                       "resume could not be put back: %s", (long long)id, db);
         pthread_mutex_unlock(&c->cmd_mu);
+    }
+    if (wrc == 0 && e.code == M6_OK && state_run_settle_spec(c->st, id) < 0) {
+        /* taken; m6d's next start would put the old spec back (the
+         * checkpoints load under either) */
+        state_last_error(c->st, db, sizeof db);
+        log_error("run.layout", "run=%lld resumed, but the state DB could "
+                  "not record its new spec as settled (%s): a restart of "
+                  "m6d would put the old one back", (long long)id, db);
     }
     pthread_mutex_lock(&c->mu);
     c->resuming_at = 0;

@@ -277,6 +277,12 @@ void runner_interrupted_(run_ctx *r, int resume);
 
 /* Try the resume taken at this boundary and answer the resumes waiting. */
 int runner_resume_(run_ctx *r);
+/* At start, before any run is taken up: the runs whose spec a resume at
+ * another layout or budget changed and that m6d never answered (it
+ * stopped in between: spec_before set) keep the new spec where the
+ * resume itself was recorded (the command log replays it), and get their
+ * old spec back where it was not; a "layout" event says which. */
+void runner_settle_specs_(runner *c);
 
 /* With mu held, for the run just taken up: the commands acknowledged and
  * not applied before m6d stopped, applied to its state machine again. */

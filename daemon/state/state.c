@@ -894,7 +894,7 @@ typedef struct {
     int64_t id;
     const char *spec;
     const run_summary *sum;
-    const char *kind, *detail;
+    const char *kind, *detail, *before;
     int changed;
 } run_spec_set_;
 
@@ -907,13 +907,14 @@ static int run_spec_set_body_(state *st, void *arg)
                              "pseudo_steps = ?, device_budget = ?, "
                              "backend = ?, delink_policy = ?, world_size = ?, "
                              "expert_parallel = ?, precision = ?, "
-                             "master_precision = ? WHERE id = ?",
+                             "master_precision = ?, spec_before = ? "
+                             "WHERE id = ?",
                              A_TEXT(a->spec), A_REAL(t),
                              A_INT(u->pseudo_steps), A_INT(u->device_budget),
                              A_TEXT(u->backend), A_TEXT(u->delink_policy),
                              A_INT(u->world_size), A_INT(u->expert_parallel),
                              A_TEXT(u->precision), A_TEXT(u->master_precision),
-                             A_INT(a->id));
+                             A_TEXT(a->before), A_INT(a->id));
     if (n < 0)
         return -1;
     a->changed = n;
@@ -927,12 +928,36 @@ static int run_spec_set_body_(state *st, void *arg)
 
 int state_run_set_spec(state *st, int64_t id, const char *spec,
                        const run_summary *sum, const char *kind,
-                       const char *detail)
+                       const char *detail, const char *before)
 {
-    run_spec_set_ a = {id, spec, sum, kind, detail, 0};
+    run_spec_set_ a = {id, spec, sum, kind, detail, before, 0};
     if (waited_(st, run_spec_set_body_, &a) < 0)
         return -1;
     return a.changed ? 0 : 1;
+}
+
+int state_run_settle_spec(state *st, int64_t id)
+{
+    return SQL_WRITE(st, "UPDATE runs SET spec_before = NULL WHERE id = ?",
+                     A_INT(id)) < 0 ? -1 : 0;
+}
+
+static void unsettled_fill_(sqlite3_stmt *s, void *elem)
+{
+    run_unsettled *u = elem;
+    u->id = sqlite3_column_int64(s, 0);
+    const unsigned char *t = sqlite3_column_text(s, 1);
+    u->spec_before = strdup(t ? (const char *)t : "");
+}
+
+int state_run_unsettled(state *st, run_unsettled **rows, int *n)
+{
+    void *v;
+    int ret = SQL_LIST(st, &v, n, sizeof **rows, unsettled_fill_,
+                       "SELECT id, spec_before FROM runs WHERE spec_before "
+                       "IS NOT NULL ORDER BY id");
+    *rows = v;
+    return ret;
 }
 
 int state_run_set_state(state *st, int64_t id, run_state rs, const char *error)

@@ -166,11 +166,24 @@ int state_run_set_state(state *st, int64_t id, run_state s, const char *error);
  * error. */
 int state_run_set_lost(state *st, int64_t id, const run_lost *l);
 /* Replace run id's spec (canonical JSON) and its summary columns (sum,
- * that spec's) and record the event kind with detail, in one transaction.
+ * that spec's) and record the event kind with detail, in one transaction;
+ * before (NULL: none) is kept as the spec to put back should m6d stop
+ * before the change is settled (state_run_settle_spec; schema 0017).
  * 0, 1 no such run, -1 error. */
 int state_run_set_spec(state *st, int64_t id, const char *spec,
                        const run_summary *sum, const char *kind,
-                       const char *detail);
+                       const char *detail, const char *before);
+/* The change of run id's spec is settled: its spec_before dropped. 0 or
+ * -1. */
+int state_run_settle_spec(state *st, int64_t id);
+/* Runs whose spec change was never settled (an m6d stopped between the
+ * change and its answer): ids and the specs to put back. *rows malloc'd,
+ * each spec_before malloc'd; the caller frees both. 0 or -1. */
+typedef struct {
+    int64_t id;
+    char *spec_before;
+} run_unsettled;
+int state_run_unsettled(state *st, run_unsettled **rows, int *n);
 /* The same as a held record (never waits for another writer's lock; 0
  * written or held, -1 another error): for the run's own pause for an error,
  * recorded as soon as m6.db can take it, in order with the step records. */

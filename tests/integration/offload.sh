@@ -212,7 +212,9 @@ grep -Eq "^ +120 real .* $OFFLOADED/6 .*MiB .*%$" "$T/metrics-b.txt" || fail "me
 # again continues with none (every slot resident): the plain run's losses
 # bit for bit. Refused, changing nothing: a budget below the minimum; a
 # budget whose resume is refused (the run's checkpoints gone over a
-# restart: the new spec is put back, said in an event). The same budget
+# restart: the new spec is put back, said in an event); an m6d stopped
+# before it answered such a resume (its successor keeps the new spec if
+# the resume was recorded, else puts the old one back). The same budget
 # again is a plain resume.
 submit_paused_at "$T/plain.json" 30
 E=$RUN
@@ -248,7 +250,39 @@ ctl resume "$E" --memory-budget "$BUDGET" >/dev/null || fail "resume of run $E u
 wait_held
 [ "$(ctl events "$E" | grep -c layout)" = "$n" ] || fail "the same budget again made an event: $(ctl events "$E")"
 pause_held_ "$E" 90
-ctl resume "$E" --memory-budget none >/dev/null || fail "resume of run $E with no budget"
+# m6d stopped between changing a run's spec and answering its resume:
+# (1) before the resume was recorded (m6.db as such an m6d leaves it: the
+# new spec, the old one kept in spec_before): the next m6d puts the old
+# spec back and says so; (2) after (killed while the resume waits at the
+# held boundary): the next m6d keeps the new spec and the command log
+# resumes the run with it
+stop_daemon
+sqlite3 "$T/s/m6.db" "update runs set spec_before = spec,
+    spec = replace(spec, '\"memory_budget\": $BUDGET', '\"memory_budget\": $((2 * BUDGET))'),
+    device_budget = $((2 * BUDGET)) where id = $E" || fail "an unsettled spec"
+grep -q "memory_budget\": $((2 * BUDGET))" <<<"$(db "$T/s" "select spec from runs where id = $E")" ||
+    fail "the unsettled spec has no budget $((2 * BUDGET)): $(db "$T/s" "select spec from runs where id = $E")"
+M6_TEST_HOLD_BOUNDARY=$HOLD_FILE start_daemon "$T/s"
+[ "$(ctl status "$E" --json | jq .device_budget_bytes)" = "$BUDGET" ] ||
+    fail "an unrecorded resume changed run $E's budget: $(ctl status "$E" --json | jq .device_budget_bytes)"
+ctl events "$E" | has -E "layout +undone: m6d stopped before the resume at this layout or budget was recorded" ||
+    fail "no event of the unrecorded resume undone: $(ctl events "$E")"
+lg=$T/m6d-s.log
+seen=$(grep -c 'test.hold' "$lg" || true)
+hold_boundary nowait
+ctl resume "$E" --memory-budget none >"$T/unanswered.out" 2>&1 &
+rpid=$!
+wait_for "the resume to wait at the held boundary" 20 log_has "$lg" 'test.hold' $((seen + 1))
+log_has "$lg" "run.layout run=$E device.memory_budget $BUDGET -> 0" >/dev/null ||
+    fail "the new spec was not written before the boundary: $(grep run.layout "$lg")"
+kill9_daemon
+wait "$rpid" && fail "the resume was answered: $(cat "$T/unanswered.out")"
+release_boundary
+start_daemon "$T/s"
+ctl events "$E" | has -E "layout +kept: m6d stopped after recording the resume at this layout or budget" ||
+    fail "no event of the recorded resume kept: $(ctl events "$E")"
+[ "$(db "$T/s" "select spec_before is null from runs where id = $E")" = 1 ] ||
+    fail "run $E's spec change left unsettled"
 rc=0; ctl watch "$E" >/dev/null || rc=$?
 [ "$rc" = 0 ] || fail "run $E resumed under budgets: watch exit $rc"
 ctl events "$E" >"$T/events-e.txt"
